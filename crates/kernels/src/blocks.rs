@@ -1,0 +1,143 @@
+//! GGML block layouts, byte for byte as ggml defines them (`ggml-common.h`). Each struct has a
+//! compile-time size assert; weights in a GGUF are reinterpreted as slices of these blocks.
+
+use half::f16;
+
+pub const QK4_1: usize = 32;
+pub const QK5_0: usize = 32;
+pub const QK8_0: usize = 32;
+pub const QK8_1: usize = 32;
+pub use corelm_gguf::QK_K;
+/// Bytes of packed scales/mins in a Q4_K/Q5_K super-block.
+pub const K_SCALE_SIZE: usize = 12;
+
+/// 32 weights: `x = d * q + m`, q in 0..16.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4_1 {
+    pub d: f16,
+    pub m: f16,
+    /// Element j in the low nibble of byte j, element j+16 in its high nibble.
+    pub qs: [u8; QK4_1 / 2],
+}
+
+/// 32 weights: `x = d * (q - 16)`, the fifth bit of each q in `qh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5_0 {
+    pub d: f16,
+    /// Bit j is the high bit of element j (little-endian u32).
+    pub qh: [u8; 4],
+    pub qs: [u8; QK5_0 / 2],
+}
+
+/// 32 values: `x = d * q`, q in -127..=127.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ8_0 {
+    pub d: f16,
+    pub qs: [i8; QK8_0],
+}
+
+/// 32 activations for Q4_1 dot products: like Q8_0 plus `s = d * sum(qs)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ8_1 {
+    pub d: f16,
+    pub s: f16,
+    pub qs: [i8; QK8_1],
+}
+
+/// 256 weights in 8 sub-blocks of 32: `x = d * sc * q - dmin * m`, 6-bit sc and m.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4K {
+    pub d: f16,
+    pub dmin: f16,
+    pub scales: [u8; K_SCALE_SIZE],
+    pub qs: [u8; QK_K / 2],
+}
+
+/// 256 weights in 16 sub-blocks of 16: `x = d * sc * (q - 32)`, q 6-bit, sc i8.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ6K {
+    pub ql: [u8; QK_K / 2],
+    pub qh: [u8; QK_K / 4],
+    pub scales: [i8; QK_K / 16],
+    pub d: f16,
+}
+
+/// 256 activations for K-quant dot products, with sums of each 16 for the min terms.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ8K {
+    pub d: f32,
+    pub qs: [i8; QK_K],
+    pub bsums: [i16; QK_K / 16],
+}
+
+const _: () = assert!(std::mem::size_of::<BlockQ4_1>() == 20);
+const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
+const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
+const _: () = assert!(std::mem::size_of::<BlockQ8_1>() == 36);
+const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
+const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
+const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
+
+/// Plain-old-data block types that may be viewed from raw bytes.
+///
+/// # Safety
+/// Implementors must be `#[repr(C)]`, contain only integer/float fields (every bit pattern
+/// valid) and have no padding.
+pub unsafe trait Block: Copy + 'static {}
+// SAFETY: all of these are #[repr(C)] structs of integers, f16 and f32 with no padding (sizes
+// asserted above equal the sum of their fields).
+unsafe impl Block for BlockQ4_1 {}
+// SAFETY: as above.
+unsafe impl Block for BlockQ5_0 {}
+// SAFETY: as above.
+unsafe impl Block for BlockQ8_0 {}
+// SAFETY: as above.
+unsafe impl Block for BlockQ8_1 {}
+// SAFETY: as above.
+unsafe impl Block for BlockQ4K {}
+// SAFETY: as above.
+unsafe impl Block for BlockQ6K {}
+// SAFETY: as above.
+unsafe impl Block for BlockQ8K {}
+// SAFETY: primitive.
+unsafe impl Block for f32 {}
+// SAFETY: f16 is repr(transparent) over u16.
+unsafe impl Block for f16 {}
+
+/// View bytes as blocks. Panics if the length is not a whole number of blocks or the pointer is
+/// misaligned: both are caller bugs (GGUF data is 32-byte aligned and rows are whole blocks).
+#[inline]
+pub fn as_blocks<T: Block>(bytes: &[u8]) -> &[T] {
+    let size = std::mem::size_of::<T>();
+    assert!(bytes.len() % size == 0, "byte length {} not a multiple of {size}", bytes.len());
+    assert!(bytes.as_ptr() as usize % std::mem::align_of::<T>() == 0, "misaligned block data");
+    // SAFETY: length and alignment checked above; T is plain old data (Block's contract).
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, bytes.len() / size) }
+}
+
+/// Mutable view of bytes as blocks; same checks as [`as_blocks`].
+#[inline]
+pub fn as_blocks_mut<T: Block>(bytes: &mut [u8]) -> &mut [T] {
+    let size = std::mem::size_of::<T>();
+    assert!(bytes.len() % size == 0, "byte length {} not a multiple of {size}", bytes.len());
+    assert!(bytes.as_ptr() as usize % std::mem::align_of::<T>() == 0, "misaligned block data");
+    // SAFETY: length and alignment checked above; T is plain old data; the borrow is unique.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut T, bytes.len() / size) }
+}
+
+/// The 6-bit scale and min of sub-block `j` of a Q4_K/Q5_K super-block (ggml `get_scale_min_k4`).
+#[inline]
+pub fn scale_min_k4(j: usize, q: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}

@@ -1,0 +1,130 @@
+//! The per-type kernel table (ggml's `type_traits_cpu`): for each weight type, the activation
+//! type its dot product wants (`vec_dot_type`), the dot product, and the row converters. Filled
+//! once at start-up from runtime CPU feature detection; [`Kernels::portable`] is the same table
+//! with only the portable twins, used by the parity tests.
+
+use crate::portable::{dot as pd, quant as pq};
+use crate::DType;
+
+/// Dot product of one weight row (`x`, type T) and one activation row (`y`, T's vec_dot_type).
+pub type VecDot = fn(x: &[u8], y: &[u8]) -> f32;
+/// Convert a row of blocks to f32.
+pub type ToFloat = fn(x: &[u8], y: &mut [f32]);
+/// Quantize an f32 row into blocks.
+pub type FromFloat = fn(x: &[f32], y: &mut [u8]);
+
+#[derive(Clone, Copy)]
+pub struct TypeOps {
+    pub vec_dot_type: DType,
+    pub vec_dot: VecDot,
+    pub to_float: ToFloat,
+    pub from_float: Option<FromFloat>,
+}
+
+/// Which instruction set a table was built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Portable,
+    Avx2,
+}
+
+#[derive(Clone)]
+pub struct Kernels {
+    pub isa: Isa,
+    ops: [TypeOps; WEIGHT_TYPES.len()],
+}
+
+/// Weight types this build computes with.
+pub const WEIGHT_TYPES: [DType; 7] =
+    [DType::F32, DType::F16, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q6K];
+
+fn slot(t: DType) -> Option<usize> {
+    WEIGHT_TYPES.iter().position(|&x| x == t)
+}
+
+impl Kernels {
+    /// Portable table: the reference for every SIMD kernel.
+    pub fn portable() -> Kernels {
+        let op = |vdt, vd: VecDot, tf: ToFloat, ff: Option<FromFloat>| TypeOps {
+            vec_dot_type: vdt,
+            vec_dot: vd,
+            to_float: tf,
+            from_float: ff,
+        };
+        Kernels {
+            isa: Isa::Portable,
+            ops: [
+                op(DType::F32, pd::dot_f32, pq::dequant_f32, Some(pq::quant_f32)),
+                op(DType::F16, pd::dot_f16, pq::dequant_f16, Some(pq::quant_f16)),
+                op(DType::Q8_1, pd::dot_q4_1_q8_1, pq::dequant_q4_1, None),
+                op(DType::Q8_0, pd::dot_q5_0_q8_0, pq::dequant_q5_0, None),
+                op(DType::Q8_0, pd::dot_q8_0_q8_0, pq::dequant_q8_0, Some(pq::quant_q8_0)),
+                op(DType::Q8K, pd::dot_q4_k_q8_k, pq::dequant_q4_k, None),
+                op(DType::Q8K, pd::dot_q6_k_q8_k, pq::dequant_q6_k, None),
+            ],
+        }
+    }
+
+    /// The best table for this CPU.
+    pub fn detect() -> Kernels {
+        #[allow(unused_mut)]
+        let mut k = Kernels::portable();
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c")
+        {
+            use crate::x86::avx2;
+            k.isa = Isa::Avx2;
+            // SAFETY (all closures below): the features these functions are compiled for were
+            // detected on this CPU just above.
+            let set = |k: &mut Kernels, t: DType, f: VecDot| k.ops[slot(t).unwrap()].vec_dot = f;
+            set(&mut k, DType::F32, |x, y| unsafe { avx2::dot_f32(x, y) });
+            set(&mut k, DType::F16, |x, y| unsafe { avx2::dot_f16(x, y) });
+            set(&mut k, DType::Q4_1, |x, y| unsafe { avx2::dot_q4_1_q8_1(x, y) });
+            set(&mut k, DType::Q5_0, |x, y| unsafe { avx2::dot_q5_0_q8_0(x, y) });
+            set(&mut k, DType::Q8_0, |x, y| unsafe { avx2::dot_q8_0_q8_0(x, y) });
+            set(&mut k, DType::Q4K, |x, y| unsafe { avx2::dot_q4_k_q8_k(x, y) });
+            set(&mut k, DType::Q6K, |x, y| unsafe { avx2::dot_q6_k_q8_k(x, y) });
+        }
+        k
+    }
+
+    /// Kernels for a weight type, `None` if this build cannot compute with it.
+    pub fn ops(&self, t: DType) -> Option<&TypeOps> {
+        Some(&self.ops[slot(t)?])
+    }
+
+    /// Quantizer for an activation type (the `vec_dot_type` of some weight type).
+    pub fn from_float(&self, t: DType) -> Option<FromFloat> {
+        match t {
+            DType::F32 => Some(pq::quant_f32),
+            DType::F16 => Some(pq::quant_f16),
+            DType::Q8_0 => Some(pq::quant_q8_0),
+            DType::Q8_1 => Some(pq::quant_q8_1),
+            DType::Q8K => Some(pq::quant_q8_k),
+            _ => None,
+        }
+    }
+
+    /// Row-to-f32 converter for any type this build knows (weights and activation types).
+    pub fn to_float(&self, t: DType) -> Option<ToFloat> {
+        match t {
+            DType::Q8K => Some(pq::dequant_q8_k),
+            DType::Q8_1 => None,
+            _ => self.ops(t).map(|o| o.to_float),
+        }
+    }
+}
+
+/// The process-wide table, detected on first use.
+pub fn kernels() -> &'static Kernels {
+    static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    K.get_or_init(|| {
+        if std::env::var_os("CORELM_FORCE_PORTABLE").is_some() {
+            Kernels::portable()
+        } else {
+            Kernels::detect()
+        }
+    })
+}

@@ -1,0 +1,155 @@
+//! Row kernels for everything that is not a matrix product: RMS norm, RoPE, gated activations,
+//! fused online-softmax attention. Portable Rust; numerics follow ggml-cpu (f64 sum of squares
+//! in RMS norm, iterated RoPE angles, GELU through f16 as ggml's table does, F16 queries against
+//! an F16 KV cache).
+
+use half::f16;
+
+/// `y = x / sqrt(mean(x²) + eps) * w` over one group (`x.len() == w.len()`).
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for ((o, &v), &g) in y.iter_mut().zip(x).zip(w) {
+        *o = (v * scale) * g;
+    }
+}
+
+/// cos/sin pairs for one position: `cache[2i] = cos θ_i`, `cache[2i+1] = sin θ_i`, with
+/// `θ_i = pos · freq_scale · base^(-2i/n_rot)` computed by repeated multiplication as ggml does.
+pub fn rope_cache(pos: i32, n_rot: usize, base: f32, freq_scale: f32, cache: &mut [f32]) {
+    let theta_scale = base.powf(-2.0 / n_rot as f32);
+    let mut theta = pos as f32;
+    for i in 0..n_rot / 2 {
+        let t = freq_scale * theta;
+        cache[2 * i] = t.cos();
+        cache[2 * i + 1] = t.sin();
+        theta *= theta_scale;
+    }
+}
+
+/// Rotate one head in place. `neox`: pairs `(i, i + n_rot/2)` (GPT-NeoX, Qwen, Gemma); otherwise
+/// adjacent pairs `(2i, 2i+1)` (LLaMA layout in GGUF). Dimensions past `n_rot` are untouched.
+pub fn rope_apply(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
+    for i in 0..n_rot / 2 {
+        let (c, s) = (cache[2 * i], cache[2 * i + 1]);
+        let (a, b) = if neox { (i, i + n_rot / 2) } else { (2 * i, 2 * i + 1) };
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0 * c - x1 * s;
+        x[b] = x0 * s + x1 * c;
+    }
+}
+
+#[inline]
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `y = silu(g) · u`.
+pub fn swiglu(g: &[f32], u: &[f32], y: &mut [f32]) {
+    for ((o, &a), &b) in y.iter_mut().zip(g).zip(u) {
+        *o = silu(a) * b;
+    }
+}
+
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+const GELU_COEF_A: f32 = 0.044715;
+
+/// GELU (tanh approximation) as ggml-cpu computes it: input and output rounded through f16, as
+/// its lookup table does, exact outside (-10, 10).
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        let v = f16::from_f32(x).to_f32();
+        let g = 0.5 * v * (1.0 + (SQRT_2_OVER_PI * v * (1.0 + GELU_COEF_A * v * v)).tanh());
+        f16::from_f32(g).to_f32()
+    }
+}
+
+/// `y = gelu_tanh(g) · u`.
+pub fn geglu(g: &[f32], u: &[f32], y: &mut [f32]) {
+    for ((o, &a), &b) in y.iter_mut().zip(g).zip(u) {
+        *o = gelu_tanh(a) * b;
+    }
+}
+
+/// Scratch for one attention row: the query in F16 and the running output.
+pub struct AttnScratch {
+    pub q16: Vec<f16>,
+    pub acc: Vec<f32>,
+}
+
+impl AttnScratch {
+    pub fn new(head_dim: usize) -> Self {
+        AttnScratch { q16: vec![f16::ZERO; head_dim], acc: vec![0.0; head_dim] }
+    }
+}
+
+/// Fused attention for one query head over an F16 KV cache, with online softmax (one pass, no
+/// score matrix): `out = Σ_c softmax(scale · q·k_c) v_c` over the cells `c < n_cells` for which
+/// `visible(c)` holds. `k` and `v` hold `n_cells` rows of `head_dim` for this KV head.
+/// `dot_f16` is the table's F16 dot product. Writes zeros if no cell is visible.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_row(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    n_cells: usize,
+    scale: f32,
+    visible: impl Fn(usize) -> bool,
+    dot_f16: crate::dispatch::VecDot,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    for (d, &s) in scratch.q16.iter_mut().zip(q) {
+        *d = f16::from_f32(s);
+    }
+    let qb = f16_bytes(&scratch.q16);
+    scratch.acc.iter_mut().for_each(|a| *a = 0.0);
+    let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
+    for c in 0..n_cells {
+        if !visible(c) {
+            continue;
+        }
+        let kc = &k[c * hd..(c + 1) * hd];
+        let score = dot_f16(f16_bytes(kc), qb) * scale;
+        let (mut ms, mut vs) = (1f32, 1f32);
+        if score > m {
+            let old = m;
+            m = score;
+            ms = (old - m).exp();
+            if ms != 1.0 {
+                scratch.acc.iter_mut().for_each(|a| *a *= ms);
+            }
+        } else {
+            vs = (score - m).exp();
+        }
+        for (a, &vv) in scratch.acc.iter_mut().zip(&v[c * hd..(c + 1) * hd]) {
+            *a += vv.to_f32() * vs;
+        }
+        s = s * ms + vs;
+    }
+    let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+    for (o, &a) in out.iter_mut().zip(&scratch.acc) {
+        *o = a * inv;
+    }
+}
+
+/// Bytes of an f16 slice (for the byte-typed dot products).
+#[inline]
+pub fn f16_bytes(s: &[f16]) -> &[u8] {
+    // SAFETY: f16 is 2 plain bytes; the byte view covers exactly the same memory.
+    unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }
+}
+
+/// Bytes of an f32 slice.
+#[inline]
+pub fn f32_bytes(s: &[f32]) -> &[u8] {
+    // SAFETY: f32 is 4 plain bytes; the byte view covers exactly the same memory.
+    unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }
+}

@@ -1,0 +1,83 @@
+//! Portable dot products between one weight row and one activation row in its `vec_dot_type`.
+//! Integer sums per block as ggml does, then one float multiply-add per block.
+
+use crate::blocks::*;
+use crate::portable::quant::{q4_k_values, q5_0_values, q6_k_values};
+use half::f16;
+
+pub fn dot_f32(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<f32>(x), as_blocks::<f32>(y));
+    x.iter().zip(y).map(|(a, b)| a * b).sum()
+}
+
+pub fn dot_f16(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<f16>(x), as_blocks::<f16>(y));
+    x.iter().zip(y).map(|(a, b)| a.to_f32() * b.to_f32()).sum()
+}
+
+pub fn dot_q4_1_q8_1(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ4_1>(x), as_blocks::<BlockQ8_1>(y));
+    let mut sum = 0f32;
+    for (a, b) in x.iter().zip(y) {
+        let mut sumi = 0i32;
+        for j in 0..QK4_1 / 2 {
+            sumi += (a.qs[j] & 0xF) as i32 * b.qs[j] as i32;
+            sumi += (a.qs[j] >> 4) as i32 * b.qs[j + QK4_1 / 2] as i32;
+        }
+        sum += a.d.to_f32() * b.d.to_f32() * sumi as f32 + a.m.to_f32() * b.s.to_f32();
+    }
+    sum
+}
+
+pub fn dot_q5_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ5_0>(x), as_blocks::<BlockQ8_0>(y));
+    let mut sum = 0f32;
+    for (a, b) in x.iter().zip(y) {
+        let q = q5_0_values(a);
+        let sumi: i32 = q.iter().zip(&b.qs).map(|(&u, &v)| u as i32 * v as i32).sum();
+        sum += a.d.to_f32() * b.d.to_f32() * sumi as f32;
+    }
+    sum
+}
+
+pub fn dot_q8_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ8_0>(x), as_blocks::<BlockQ8_0>(y));
+    let mut sum = 0f32;
+    for (a, b) in x.iter().zip(y) {
+        let sumi: i32 = a.qs.iter().zip(&b.qs).map(|(&u, &v)| u as i32 * v as i32).sum();
+        sum += a.d.to_f32() * b.d.to_f32() * sumi as f32;
+    }
+    sum
+}
+
+pub fn dot_q4_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ4K>(x), as_blocks::<BlockQ8K>(y));
+    let mut sum = 0f32;
+    for (a, b) in x.iter().zip(y) {
+        let q = q4_k_values(a);
+        let (mut sumi, mut summ) = (0i32, 0i32);
+        for j in 0..QK_K / 32 {
+            let (sc, m) = scale_min_k4(j, &a.scales);
+            let s: i32 = (0..32).map(|l| q[j * 32 + l] as i32 * b.qs[j * 32 + l] as i32).sum();
+            sumi += sc as i32 * s;
+            summ += m as i32 * (b.bsums[2 * j] as i32 + b.bsums[2 * j + 1] as i32);
+        }
+        sum += b.d * a.d.to_f32() * sumi as f32 - b.d * a.dmin.to_f32() * summ as f32;
+    }
+    sum
+}
+
+pub fn dot_q6_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ6K>(x), as_blocks::<BlockQ8K>(y));
+    let mut sum = 0f32;
+    for (a, b) in x.iter().zip(y) {
+        let q = q6_k_values(a);
+        let mut sumi = 0i32;
+        for g in 0..QK_K / 16 {
+            let s: i32 = (0..16).map(|l| q[g * 16 + l] as i32 * b.qs[g * 16 + l] as i32).sum();
+            sumi += a.scales[g] as i32 * s;
+        }
+        sum += b.d * a.d.to_f32() * sumi as f32;
+    }
+    sum
+}

@@ -1,0 +1,242 @@
+//! AVX2 + FMA + F16C dot products, following ggml's integer scheme: `maddubs` (u8×i8 → i16 pairs)
+//! then `madd` with ones or scales (→ i32), one float FMA per block.
+
+use crate::blocks::*;
+use std::arch::x86_64::*;
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum_f32x8(x: __m256) -> f32 {
+    let r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    let r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    _mm_cvtss_f32(r)
+}
+
+/// 32 nibbles → 32 bytes: low nibbles of the 16 bytes first, then the high nibbles.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn nibbles_32(p: &[u8; 16]) -> __m256i {
+    // SAFETY: p is 16 readable bytes; loadu has no alignment requirement.
+    let tmp = unsafe { _mm_loadu_si128(p.as_ptr() as *const __m128i) };
+    let bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
+    _mm256_and_si256(bytes, _mm256_set1_epi8(0xF))
+}
+
+/// Bit j of the u32 → byte j set to 0xFF.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn bits_32(qh: [u8; 4]) -> __m256i {
+    let x = u32::from_le_bytes(qh) as i32;
+    let shuf = _mm256_set_epi64x(
+        0x0303030303030303,
+        0x0202020202020202,
+        0x0101010101010101,
+        0x0000000000000000,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+/// Sum of u8×i8 products, as 8 float lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn mul_sum_us8(ax: __m256i, sy: __m256i) -> __m256 {
+    let dot = _mm256_maddubs_epi16(ax, sy);
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot))
+}
+
+/// Sum of i8×i8 products, as 8 float lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
+    let ax = _mm256_sign_epi8(x, x);
+    let sy = _mm256_sign_epi8(y, x);
+    mul_sum_us8(ax, sy)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load32(p: &[i8; 32]) -> __m256i {
+    // SAFETY: p is 32 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load32u(p: &[u8]) -> __m256i {
+    assert!(p.len() >= 32);
+    // SAFETY: at least 32 readable bytes (asserted).
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_q4_1_q8_1(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ4_1>(x), as_blocks::<BlockQ8_1>(y));
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0f32;
+    for (a, b) in x.iter().zip(y) {
+        summs += a.m.to_f32() * b.s.to_f32();
+        let d = _mm256_set1_ps(a.d.to_f32() * b.d.to_f32());
+        let qx = nibbles_32(&a.qs);
+        let qy = load32(&b.qs);
+        acc = _mm256_fmadd_ps(d, mul_sum_us8(qx, qy), acc);
+    }
+    hsum_f32x8(acc) + summs
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_q5_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ5_0>(x), as_blocks::<BlockQ8_0>(y));
+    let mut acc = _mm256_setzero_ps();
+    for (a, b) in x.iter().zip(y) {
+        let d = _mm256_set1_ps(a.d.to_f32() * b.d.to_f32());
+        let qx = nibbles_32(&a.qs);
+        // Where the fifth bit is clear, set the top nibble: byte becomes q - 16 as i8.
+        let hi = _mm256_andnot_si256(bits_32(a.qh), _mm256_set1_epi8(0xF0u8 as i8));
+        let qx = _mm256_or_si256(qx, hi);
+        acc = _mm256_fmadd_ps(d, mul_sum_i8(qx, load32(&b.qs)), acc);
+    }
+    hsum_f32x8(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_q8_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ8_0>(x), as_blocks::<BlockQ8_0>(y));
+    let mut acc = _mm256_setzero_ps();
+    for (a, b) in x.iter().zip(y) {
+        let d = _mm256_set1_ps(a.d.to_f32() * b.d.to_f32());
+        acc = _mm256_fmadd_ps(d, mul_sum_i8(load32(&a.qs), load32(&b.qs)), acc);
+    }
+    hsum_f32x8(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_q4_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ4K>(x), as_blocks::<BlockQ8K>(y));
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc = _mm256_setzero_ps();
+    let mut summ = 0f32;
+    for (a, b) in x.iter().zip(y) {
+        let mut sc = [0i16; 8];
+        let mut mins = 0i32;
+        for (j, s) in sc.iter_mut().enumerate() {
+            let (scale, m) = scale_min_k4(j, &a.scales);
+            *s = scale as i16;
+            mins += m as i32 * (b.bsums[2 * j] as i32 + b.bsums[2 * j + 1] as i32);
+        }
+        summ += b.d * a.dmin.to_f32() * mins as f32;
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..QK_K / 64 {
+            let q4 = load32u(&a.qs[j * 32..]);
+            let q4l = _mm256_and_si256(q4, m4);
+            let q4h = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            let q8l = load32u(bytes_of_i8(&b.qs[j * 64..]));
+            let q8h = load32u(bytes_of_i8(&b.qs[j * 64 + 32..]));
+            let pl = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j]), _mm256_maddubs_epi16(q4l, q8l));
+            let ph =
+                _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1]), _mm256_maddubs_epi16(q4h, q8h));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+        }
+        let d = _mm256_set1_ps(b.d * a.d.to_f32());
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_f32x8(acc) - summ
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_q6_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ6K>(x), as_blocks::<BlockQ8K>(y));
+    let m4 = _mm256_set1_epi8(0xF);
+    let m2 = _mm256_set1_epi8(3);
+    let m32s = _mm256_set1_epi8(32);
+    let mut acc = _mm256_setzero_ps();
+    for (a, b) in x.iter().zip(y) {
+        let mut sumi = _mm256_setzero_si256();
+        for n in 0..QK_K / 128 {
+            let ql1 = load32u(&a.ql[n * 64..]);
+            let ql2 = load32u(&a.ql[n * 64 + 32..]);
+            let qh = load32u(&a.qh[n * 32..]);
+            let h = |s: i32| -> __m256i {
+                let sh = match s {
+                    0 => qh,
+                    2 => _mm256_srli_epi16(qh, 2),
+                    4 => _mm256_srli_epi16(qh, 4),
+                    _ => _mm256_srli_epi16(qh, 6),
+                };
+                _mm256_slli_epi16(_mm256_and_si256(sh, m2), 4)
+            };
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(ql1, m4), h(0)),
+                _mm256_or_si256(_mm256_and_si256(ql2, m4), h(2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), h(4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql2, 4), m4), h(6)),
+            ];
+            for (k, &qk) in q.iter().enumerate() {
+                let q8 = load32u(bytes_of_i8(&b.qs[n * 128 + k * 32..]));
+                let g = n * 8 + k * 2;
+                let scale = _mm256_set_m128i(
+                    _mm_set1_epi16(a.scales[g + 1] as i16),
+                    _mm_set1_epi16(a.scales[g] as i16),
+                );
+                // (q - 32)·y = q·y - 32·y, both via maddubs on unsigned q.
+                let p = _mm256_sub_epi16(_mm256_maddubs_epi16(qk, q8), _mm256_maddubs_epi16(m32s, q8));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale, p));
+            }
+        }
+        let d = _mm256_set1_ps(b.d * a.d.to_f32());
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_f32x8(acc)
+}
+
+/// F16·F16 with F16C conversion, f32 accumulation (KV cache and F16 weights).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_f16(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<half::f16>(x), as_blocks::<half::f16>(y));
+    let n = x.len().min(y.len());
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n, both slices have at least n elements of 2 bytes.
+        let (a, b) = unsafe {
+            (
+                _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i) as *const __m128i)),
+                _mm256_cvtph_ps(_mm_loadu_si128(y.as_ptr().add(i) as *const __m128i)),
+            )
+        };
+        acc = _mm256_fmadd_ps(a, b, acc);
+        i += 8;
+    }
+    let mut s = hsum_f32x8(acc);
+    for j in i..n {
+        s += x[j].to_f32() * y[j].to_f32();
+    }
+    s
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub fn dot_f32(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<f32>(x), as_blocks::<f32>(y));
+    let n = x.len().min(y.len());
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n for both slices.
+        let (a, b) = unsafe { (_mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(y.as_ptr().add(i))) };
+        acc = _mm256_fmadd_ps(a, b, acc);
+        i += 8;
+    }
+    let mut s = hsum_f32x8(acc);
+    for j in i..n {
+        s += x[j] * y[j];
+    }
+    s
+}
+
+#[inline]
+fn bytes_of_i8(s: &[i8]) -> &[u8] {
+    // SAFETY: i8 and u8 have identical size and alignment; every bit pattern is valid.
+    unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, s.len()) }
+}

@@ -1,0 +1,5 @@
+//! x86-64 SIMD kernels. Every function here has a portable twin in `crate::portable` and is
+//! tested against it (tests/parity.rs). They are only reached through the dispatch table, which
+//! selects them after runtime feature detection.
+
+pub mod avx2;

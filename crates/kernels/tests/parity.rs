@@ -1,0 +1,153 @@
+//! Every kernel of the detected table against the portable table, and both against an f32
+//! reference (dequantized weights · f32 activations). Random blocks, several row lengths.
+
+use corelm_kernels::blocks::*;
+use corelm_kernels::{row_bytes, DType, Kernels};
+use half::f16;
+
+/// Deterministic xorshift, so failures reproduce.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() % 2_000_001) as f32 / 1_000_000.0 - 1.0
+    }
+}
+
+/// A random but well-formed weight row of `n` elements: random quant bits, scales in a range
+/// real models use.
+fn random_row(t: DType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut b = vec![0u8; row_bytes(t, n)];
+    b.iter_mut().for_each(|x| *x = rng.next() as u8);
+    let sc = |rng: &mut Rng| f16::from_f32(0.01 + 0.02 * rng.f32().abs());
+    match t {
+        DType::F32 => as_blocks_mut::<f32>(&mut b).iter_mut().for_each(|x| *x = rng.f32()),
+        DType::F16 => as_blocks_mut::<f16>(&mut b).iter_mut().for_each(|x| *x = f16::from_f32(rng.f32())),
+        DType::Q4_1 => as_blocks_mut::<BlockQ4_1>(&mut b).iter_mut().for_each(|x| {
+            x.d = sc(rng);
+            x.m = f16::from_f32(-0.1 * rng.f32().abs());
+        }),
+        DType::Q5_0 => as_blocks_mut::<BlockQ5_0>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::Q8_0 => as_blocks_mut::<BlockQ8_0>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::Q4K => as_blocks_mut::<BlockQ4K>(&mut b).iter_mut().for_each(|x| {
+            x.d = sc(rng);
+            x.dmin = sc(rng);
+        }),
+        DType::Q6K => as_blocks_mut::<BlockQ6K>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        _ => unreachable!(),
+    }
+    b
+}
+
+fn aligned(bytes: Vec<u8>) -> Vec<u8> {
+    // Vec<u8> from the global allocator is at least 8-aligned for these sizes in practice;
+    // assert so a platform where it is not fails loudly rather than reading misaligned.
+    assert_eq!(bytes.as_ptr() as usize % 4, 0);
+    bytes
+}
+
+#[test]
+fn dot_products_match_portable_and_f32_reference() {
+    let (fast, port) = (Kernels::detect(), Kernels::portable());
+    eprintln!("detected ISA: {:?}", fast.isa);
+    let mut rng = Rng(0x9E3779B97F4A7C15);
+    for t in [DType::F32, DType::F16, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q6K] {
+        let ops_f = fast.ops(t).unwrap();
+        let ops_p = port.ops(t).unwrap();
+        let bs = t.block_size().max(32);
+        for blocks in [1usize, 2, 3, 7, 18] {
+            let n = if t.block_size() == 1 { bs * blocks + 5 } else { bs * blocks };
+            let w = aligned(random_row(t, n, &mut rng));
+            let x: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
+            let vdt = ops_p.vec_dot_type;
+            let mut xq = aligned(vec![0u8; row_bytes(vdt, n)]);
+            port.from_float(vdt).unwrap()(&x, &mut xq);
+            let a = (ops_f.vec_dot)(&w, &xq);
+            let b = (ops_p.vec_dot)(&w, &xq);
+            // Fast vs portable: same integer sums, only float summation order differs.
+            let tol = 1e-4 * (1.0 + b.abs());
+            assert!((a - b).abs() <= tol, "{t} n={n}: simd {a} vs portable {b}");
+            // Against dequantized weights · f32 activations: bounded by activation quantization.
+            let mut wf = vec![0f32; n];
+            (ops_p.to_float)(&w, &mut wf);
+            let r: f64 = wf.iter().zip(&x).map(|(&p, &q)| p as f64 * q as f64).sum();
+            let mag: f64 = wf.iter().map(|v| v.abs() as f64).sum();
+            let bound = match vdt {
+                DType::F32 => 1e-4 * (1.0 + mag),
+                DType::F16 => 2e-3 * (1.0 + mag),
+                _ => 0.01 * mag + 1e-3,
+            };
+            assert!((b as f64 - r).abs() <= bound, "{t} n={n}: portable {b} vs f32 ref {r} (bound {bound})");
+        }
+    }
+}
+
+#[test]
+fn activation_quantizers_round_trip() {
+    let k = Kernels::portable();
+    let mut rng = Rng(42);
+    for t in [DType::Q8_0, DType::Q8_1, DType::Q8K, DType::F16] {
+        let n = 512;
+        let x: Vec<f32> = (0..n).map(|_| rng.f32() * 3.0).collect();
+        let mut q = vec![0u8; row_bytes(t, n)];
+        k.from_float(t).unwrap()(&x, &mut q);
+        let y: Vec<f32> = match t {
+            DType::Q8_1 => as_blocks::<BlockQ8_1>(&q)
+                .iter()
+                .flat_map(|b| b.qs.iter().map(move |&v| v as f32 * b.d.to_f32()))
+                .collect(),
+            _ => {
+                let mut y = vec![0f32; n];
+                k.to_float(t).unwrap()(&q, &mut y);
+                y
+            }
+        };
+        for (a, b) in x.iter().zip(&y) {
+            assert!((a - b).abs() <= 3.0 / 127.0 * 0.51 + 1e-3, "{t}: {a} -> {b}");
+        }
+        if t == DType::Q8K {
+            for b in as_blocks::<BlockQ8K>(&q) {
+                for (j, s) in b.bsums.iter().enumerate() {
+                    let sum: i16 = b.qs[j * 16..j * 16 + 16].iter().map(|&v| v as i16).sum();
+                    assert_eq!(*s, sum);
+                }
+            }
+        }
+        if t == DType::Q8_1 {
+            for b in as_blocks::<BlockQ8_1>(&q) {
+                let sum: i32 = b.qs.iter().map(|&v| v as i32).sum();
+                assert!((b.s.to_f32() - sum as f32 * b.d.to_f32()).abs() <= 1e-2 * (1.0 + b.s.to_f32().abs()));
+            }
+        }
+    }
+}
+
+#[test]
+fn known_block_values() {
+    // Q4_1: d=0.5, m=-1, nibble j=3 low, high=5 → elements 0..16 = 0.5, 16..32 = 1.5.
+    let mut b = vec![0u8; 20];
+    {
+        let blk = &mut as_blocks_mut::<BlockQ4_1>(&mut b)[0];
+        blk.d = f16::from_f32(0.5);
+        blk.m = f16::from_f32(-1.0);
+        blk.qs = [0x53; 16];
+    }
+    let mut y = vec![0f32; 32];
+    Kernels::portable().to_float(DType::Q4_1).unwrap()(&b, &mut y);
+    assert!(y[..16].iter().all(|&v| v == 0.5) && y[16..].iter().all(|&v| v == 1.5));
+    // Q5_0 with every high bit set and nibble 0 → (16 - 16) * d = 0; nibble 15 → 15 * d.
+    let mut b = vec![0u8; 22];
+    {
+        let blk = &mut as_blocks_mut::<BlockQ5_0>(&mut b)[0];
+        blk.d = f16::from_f32(2.0);
+        blk.qh = [0xFF; 4];
+        blk.qs = [0xF0; 16];
+    }
+    Kernels::portable().to_float(DType::Q5_0).unwrap()(&b, &mut y);
+    assert!(y[..16].iter().all(|&v| v == 0.0) && y[16..].iter().all(|&v| v == 30.0));
+}
