@@ -1,1 +1,29 @@
-//! placeholder
+//! corelm core — the small, hackable engine core of ArcLight.
+//!
+//! * [`tensor`]: tensor headers (shape, type, op, sources) separate from their data, which
+//!   lives in the model mapping, the activation pools, the output pool or the KV cache.
+//! * [`memory`]: pools allocated once at start-up and tagged with their NUMA node; activations
+//!   in two buffers alternating by layer parity.
+//! * [`kv`]: the preallocated F16 KV cache in its reader's layout.
+//! * [`threads`]: pinned workers that split into groups and re-join, with group and global
+//!   barriers on their own cache lines; idle workers park.
+//! * [`graph`]: the builder (functions on tensor bundles, nodes appended in construction order)
+//!   and the static graph with its memory plan.
+//! * [`sched`]: the sequential scheduler, a barrier after each node.
+//!
+//! Invariant: depends only on `kernels` (and the GGUF type enum); knows nothing of models,
+//! tokenizers or front ends.
+
+pub mod graph;
+pub mod kv;
+pub mod memory;
+pub mod sched;
+pub mod tensor;
+pub mod threads;
+
+pub use graph::{Builder, Graph, Mode};
+pub use kv::KvCache;
+pub use memory::{Buffer, Pools};
+pub use sched::{BatchView, Executor, Profile};
+pub use tensor::{AttnParams, Bundle, Glu, Op, RopeParams, Storage, Tensor, TensorId, WeightRef};
+pub use threads::{PoolConfig, ThreadPool, Worker};

@@ -1,0 +1,359 @@
+//! The sequential scheduler: walks the graph's node list; every worker runs its share of each
+//! node (rows, output columns or (token, head) pairs), then all meet at a barrier before the
+//! next node. Kernels come from the dispatch table chosen at start-up.
+//!
+//! Invariant: running a graph allocates nothing; per-worker scratch is created with the
+//! executor and reused.
+
+use crate::graph::Graph;
+use crate::kv::KvCache;
+use crate::memory::Pools;
+use crate::tensor::{Glu, Op, Storage, Tensor, TensorId};
+use crate::threads::{ThreadPool, Worker};
+use corelm_kernels::ops::{self, AttnScratch};
+use corelm_kernels::{DType, Kernels};
+use half::f16;
+use std::ops::Range;
+use std::time::Instant;
+
+/// Largest rotary dimension supported (per-thread stack cache).
+pub const MAX_ROT: usize = 1024;
+
+/// The contents of one batch, read by nodes at run time.
+#[derive(Clone, Copy)]
+pub struct BatchView<'a> {
+    pub tokens: &'a [u32],
+    pub pos: &'a [i32],
+    pub seq: &'a [i32],
+    /// KV cell each token writes.
+    pub slots: &'a [u32],
+    /// Batch rows whose outputs are wanted, in output order.
+    pub out_rows: &'a [u32],
+}
+
+/// Per-worker scratch, allocated once.
+pub struct Scratch {
+    attn: AttnScratch,
+}
+
+/// Time spent per op kind, summed over nodes (worker 0's view, barrier included).
+#[derive(Default, Clone, Debug)]
+pub struct Profile {
+    pub per_op: Vec<(&'static str, f64, usize)>,
+}
+
+impl Profile {
+    fn add(&mut self, name: &'static str, secs: f64) {
+        match self.per_op.iter_mut().find(|e| e.0 == name) {
+            Some(e) => {
+                e.1 += secs;
+                e.2 += 1;
+            }
+            None => self.per_op.push((name, secs, 1)),
+        }
+    }
+}
+
+/// Runs graphs on a thread pool.
+pub struct Executor {
+    scratch: Vec<std::sync::Mutex<Scratch>>,
+}
+
+impl Executor {
+    pub fn new(n_threads: usize, max_head_dim: usize) -> Self {
+        Executor {
+            scratch: (0..n_threads)
+                .map(|_| std::sync::Mutex::new(Scratch { attn: AttnScratch::new(max_head_dim) }))
+                .collect(),
+        }
+    }
+
+    /// Run `graph` to completion. `weights` is the model file's bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &self,
+        pool: &ThreadPool,
+        graph: &Graph,
+        weights: &[u8],
+        pools: &Pools,
+        kv: &KvCache,
+        batch: BatchView,
+        kernels: &Kernels,
+        mut profile: Option<&mut Profile>,
+    ) {
+        assert!(pools.act[0].len() >= graph.act_bytes[0] && pools.act[1].len() >= graph.act_bytes[1]);
+        assert!(pools.out.len() >= graph.out_bytes);
+        assert!(batch.tokens.len() == graph.n_tokens && batch.out_rows.len() == graph.n_outputs);
+        assert!(self.scratch.len() >= pool.n_threads());
+        let ctx = Ctx {
+            graph,
+            weights,
+            act: [pools.act[0].as_ptr(), pools.act[1].as_ptr()],
+            out: pools.out.as_ptr(),
+            kv,
+            batch,
+            kernels,
+        };
+        let prof = std::sync::Mutex::new(profile.as_deref_mut());
+        pool.run(&|w: &Worker| {
+            let mut scratch = self.scratch[w.ith].lock().unwrap_or_else(|e| e.into_inner());
+            let mut prof = if w.ith == 0 { prof.lock().ok() } else { None };
+            let profiling = prof.as_ref().is_some_and(|g| g.is_some());
+            for &id in &graph.nodes {
+                let t0 = profiling.then(Instant::now);
+                ctx.exec(id, w, &mut scratch);
+                w.barrier();
+                if let (Some(t0), Some(Some(p))) = (t0, prof.as_deref_mut()) {
+                    p.add(graph.tensor(id).op.name(), t0.elapsed().as_secs_f64());
+                }
+            }
+        });
+    }
+}
+
+/// Contiguous share `ith` of `n` items split `nth` ways.
+pub fn split(n: usize, ith: usize, nth: usize) -> Range<usize> {
+    let per = n.div_ceil(nth);
+    let start = (ith * per).min(n);
+    start..(start + per).min(n)
+}
+
+struct Ctx<'a> {
+    graph: &'a Graph,
+    weights: &'a [u8],
+    act: [*mut u8; 2],
+    out: *mut u8,
+    kv: &'a KvCache,
+    batch: BatchView<'a>,
+    kernels: &'a Kernels,
+}
+
+// SAFETY: the raw pointers address the pools, which outlive the run; workers write disjoint
+// ranges within a node and are separated by barriers between nodes.
+unsafe impl Sync for Ctx<'_> {}
+
+impl Ctx<'_> {
+    fn t(&self, id: TensorId) -> &Tensor {
+        self.graph.tensor(id)
+    }
+
+    /// Base pointer of a tensor's bytes.
+    fn base(&self, t: &Tensor) -> *mut u8 {
+        match t.storage {
+            Storage::Weight { offset, .. } => self.weights[offset..].as_ptr() as *mut u8,
+            // SAFETY: offsets were planned within the pool sizes asserted in `run`.
+            Storage::Act { buf, offset } => unsafe { self.act[buf as usize].add(offset) },
+            // SAFETY: as above, for the output pool.
+            Storage::Output { offset } => unsafe { self.out.add(offset) },
+            Storage::None => std::ptr::null_mut(),
+        }
+    }
+
+    /// All bytes of a source tensor (read-only while the node runs).
+    fn bytes(&self, id: TensorId) -> &[u8] {
+        let t = self.t(id);
+        if let Storage::Weight { offset, len } = t.storage {
+            return &self.weights[offset..offset + len];
+        }
+        // SAFETY: the tensor's planned range lies in its pool; no worker writes it during the
+        // nodes that read it (it was produced by an earlier node, before a barrier).
+        unsafe { std::slice::from_raw_parts(self.base(t), t.n_bytes()) }
+    }
+
+    fn f32s(&self, id: TensorId) -> &[f32] {
+        let b = self.bytes(id);
+        // SAFETY: activation tensors are f32, 64-byte aligned, whole rows.
+        unsafe { std::slice::from_raw_parts(b.as_ptr() as *const f32, b.len() / 4) }
+    }
+
+    /// Mutable f32 elements `[start, start+len)` of the node's own tensor.
+    ///
+    /// # Safety
+    /// Callers in different workers must pass disjoint ranges.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn out_f32(&self, t: &Tensor, start: usize, len: usize) -> &mut [f32] {
+        debug_assert!(start + len <= t.ne[0] * t.ne[1]);
+        // SAFETY: within the tensor (asserted); disjointness is the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut((self.base(t) as *mut f32).add(start), len) }
+    }
+
+    fn exec(&self, id: TensorId, w: &Worker, scratch: &mut Scratch) {
+        let t = self.t(id);
+        let (ith, nth) = (w.group_ith, w.group_nth);
+        let [ne0, rows] = t.ne;
+        match t.op {
+            Op::Leaf => {}
+            Op::Embed { table } => {
+                let tt = self.t(table);
+                let rb = tt.row_bytes();
+                let to_float = self.kernels.to_float(tt.dtype).expect("embedding type checked at load");
+                let data = self.bytes(table);
+                for r in split(rows, ith, nth) {
+                    let tok = self.batch.tokens[r] as usize;
+                    // SAFETY: row r belongs to this worker only.
+                    let y = unsafe { self.out_f32(t, r * ne0, ne0) };
+                    to_float(&data[tok * rb..(tok + 1) * rb], y);
+                }
+            }
+            Op::RmsNorm { x, w: wt, eps } => {
+                let (x, g) = (self.f32s(x), self.f32s(wt));
+                let n = g.len();
+                for r in split(rows, ith, nth) {
+                    // SAFETY: row r belongs to this worker only.
+                    let y = unsafe { self.out_f32(t, r * ne0, ne0) };
+                    for (yc, xc) in y.chunks_exact_mut(n).zip(x[r * ne0..(r + 1) * ne0].chunks_exact(n)) {
+                        ops::rms_norm(xc, g, eps, yc);
+                    }
+                }
+            }
+            Op::Add { a, b } => {
+                let (a, b, b_rows) = (self.f32s(a), self.f32s(b), self.t(b).ne[1]);
+                for r in split(rows, ith, nth) {
+                    // SAFETY: row r belongs to this worker only.
+                    let y = unsafe { self.out_f32(t, r * ne0, ne0) };
+                    let br = if b_rows == 1 { 0 } else { r };
+                    for ((o, &p), &q) in y.iter_mut().zip(&a[r * ne0..]).zip(&b[br * ne0..(br + 1) * ne0]) {
+                        *o = p + q;
+                    }
+                }
+            }
+            Op::Scale { x, s } => {
+                let x = self.f32s(x);
+                for r in split(rows, ith, nth) {
+                    // SAFETY: row r belongs to this worker only.
+                    let y = unsafe { self.out_f32(t, r * ne0, ne0) };
+                    y.iter_mut().zip(&x[r * ne0..]).for_each(|(o, &v)| *o = v * s);
+                }
+            }
+            Op::Quantize { x } => {
+                let x = self.f32s(x);
+                let q = self.kernels.from_float(t.dtype).expect("activation type has a quantizer");
+                let rb = t.row_bytes();
+                for r in split(rows, ith, nth) {
+                    // SAFETY: row r's bytes belong to this worker only.
+                    let y = unsafe { std::slice::from_raw_parts_mut(self.base(t).add(r * rb), rb) };
+                    q(&x[r * ne0..(r + 1) * ne0], y);
+                }
+            }
+            Op::MatMul { w: wid, x } => self.matmul(t, wid, x, ith, nth),
+            Op::Rope { x, p } => {
+                let x = self.f32s(x);
+                let mut cache = [0f32; MAX_ROT];
+                for r in split(rows, ith, nth) {
+                    ops::rope_cache(self.batch.pos[r], p.n_rot, p.base, p.freq_scale, &mut cache);
+                    // SAFETY: row r belongs to this worker only.
+                    let y = unsafe { self.out_f32(t, r * ne0, ne0) };
+                    y.copy_from_slice(&x[r * ne0..(r + 1) * ne0]);
+                    for h in y.chunks_exact_mut(p.head_dim) {
+                        ops::rope_apply(h, &cache, p.n_rot, p.neox);
+                    }
+                }
+            }
+            Op::KvStore { layer, k, v } => self.kv_store(layer as usize, k, v, ith, nth),
+            Op::Attention { layer, q, p } => {
+                let q = self.f32s(q);
+                let kv = self.kv;
+                let (kp, vp) = kv.layer_ptrs(layer as usize);
+                let (hd, cells) = (p.head_dim, kv.n_cells);
+                let group = p.n_head / p.n_kv_head;
+                let dot = self.kernels.ops(DType::F16).expect("f16 kernels").vec_dot;
+                let n_used = kv.used_end;
+                for item in (ith..rows * p.n_head).step_by(nth) {
+                    let (r, h) = (item / p.n_head, item % p.n_head);
+                    let kvh = h / group;
+                    // SAFETY: K/V of this layer were written by the kv_store node before the
+                    // barrier; nobody writes them during attention.
+                    let (k, v) = unsafe {
+                        (
+                            std::slice::from_raw_parts(kp.add(kvh * cells * hd), cells * hd),
+                            std::slice::from_raw_parts(vp.add(kvh * cells * hd), cells * hd),
+                        )
+                    };
+                    let (pos, seq) = (self.batch.pos[r], self.batch.seq[r]);
+                    let visible = |c: usize| {
+                        kv.cell_seq[c] == seq
+                            && kv.cell_pos[c] <= pos
+                            && p.window.is_none_or(|win| pos - kv.cell_pos[c] < win as i32)
+                    };
+                    // SAFETY: (row, head) pairs are dealt to exactly one worker.
+                    let out = unsafe { self.out_f32(t, r * ne0 + h * hd, hd) };
+                    let qh = &q[r * ne0 + h * hd..r * ne0 + (h + 1) * hd];
+                    ops::attend_row(qh, k, v, n_used, p.scale, visible, dot, &mut scratch.attn, out);
+                }
+            }
+            Op::Glu { gate, up, kind } => {
+                let (g, u) = (self.f32s(gate), self.f32s(up));
+                for r in split(rows, ith, nth) {
+                    // SAFETY: row r belongs to this worker only.
+                    let y = unsafe { self.out_f32(t, r * ne0, ne0) };
+                    let (gr, ur) = (&g[r * ne0..(r + 1) * ne0], &u[r * ne0..(r + 1) * ne0]);
+                    match kind {
+                        Glu::Silu => ops::swiglu(gr, ur, y),
+                        Glu::GeluTanh => ops::geglu(gr, ur, y),
+                    }
+                }
+            }
+            Op::SelectOutputs { x } => {
+                let x = self.f32s(x);
+                for i in split(rows, ith, nth) {
+                    let r = self.batch.out_rows[i] as usize;
+                    // SAFETY: output row i belongs to this worker only.
+                    let y = unsafe { self.out_f32(t, i * ne0, ne0) };
+                    y.copy_from_slice(&x[r * ne0..(r + 1) * ne0]);
+                }
+            }
+        }
+    }
+
+    /// Output columns (weight rows) are split across workers; each worker walks its columns in
+    /// blocks small enough to stay in cache while every batch row streams past them.
+    fn matmul(&self, t: &Tensor, wid: TensorId, x: TensorId, ith: usize, nth: usize) {
+        const COL_BLOCK: usize = 16;
+        let wt = self.t(wid);
+        let [k, n_out] = wt.ne;
+        let rows = t.ne[1];
+        let wrb = wt.row_bytes();
+        let xt = self.t(x);
+        let xrb = xt.row_bytes();
+        let (wb, xb) = (self.bytes(wid), self.bytes(x));
+        let vec_dot = self.kernels.ops(wt.dtype).expect("weight type checked at load").vec_dot;
+        debug_assert_eq!(xt.ne[0], k);
+        let cols = split(n_out, ith, nth);
+        let base = self.base(t) as *mut f32;
+        let mut c0 = cols.start;
+        while c0 < cols.end {
+            let c1 = (c0 + COL_BLOCK).min(cols.end);
+            for r in 0..rows {
+                let xr = &xb[r * xrb..(r + 1) * xrb];
+                for c in c0..c1 {
+                    let v = vec_dot(&wb[c * wrb..(c + 1) * wrb], xr);
+                    // SAFETY: column c of row r is written by this worker only (columns split).
+                    unsafe { *base.add(r * n_out + c) = v };
+                }
+            }
+            c0 = c1;
+        }
+    }
+
+    fn kv_store(&self, layer: usize, k: TensorId, v: TensorId, ith: usize, nth: usize) {
+        let kv = self.kv;
+        let (kp, vp) = kv.layer_ptrs(layer);
+        let (hd, cells) = (kv.head_dim, kv.n_cells);
+        let (k, v) = (self.f32s(k), self.f32s(v));
+        let ne0 = kv.n_kv_head * hd;
+        for r in split(self.batch.tokens.len(), ith, nth) {
+            let slot = self.batch.slots[r] as usize;
+            for h in 0..kv.n_kv_head {
+                let dst = (h * cells + slot) * hd;
+                for d in 0..hd {
+                    // SAFETY: each token has its own slot (engine invariant), so writes of
+                    // different workers are disjoint; dst + d < n_kv_head * cells * hd.
+                    unsafe {
+                        *kp.add(dst + d) = f16::from_f32(k[r * ne0 + h * hd + d]);
+                        *vp.add(dst + d) = f16::from_f32(v[r * ne0 + h * hd + d]);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! Tensor headers, kept apart from tensor data. A header says what a tensor is (shape, type,
+//! the op that produces it and its sources) and where its bytes are (a [`Storage`]); the bytes
+//! themselves live in the model mapping, the activation pools, the output pool or the KV cache.
+
+use corelm_kernels::DType;
+
+/// Index of a tensor in its graph's arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TensorId(pub u32);
+
+/// Where a tensor's bytes are.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Storage {
+    /// Zero-copy range of the model file mapping.
+    Weight { offset: usize, len: usize },
+    /// In activation buffer `buf` (0 or 1: layer parity) at a byte offset.
+    Act { buf: u8, offset: usize },
+    /// In the output (logits) buffer at a byte offset.
+    Output { offset: usize },
+    /// Produces no tensor of its own (writes into the KV cache).
+    None,
+}
+
+/// Gated activation kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Glu {
+    /// `silu(gate) · up` (LLaMA, Qwen).
+    Silu,
+    /// `gelu_tanh(gate) · up` (Gemma).
+    GeluTanh,
+}
+
+/// RoPE parameters of one `rope` node.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub n_rot: usize,
+    pub base: f32,
+    pub freq_scale: f32,
+    /// NeoX pairing `(i, i + n_rot/2)` instead of adjacent pairs.
+    pub neox: bool,
+}
+
+/// Attention parameters of one `attention` node.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnParams {
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    /// Multiplies q·k before the softmax.
+    pub scale: f32,
+    /// Sliding window: a query at position p sees keys at positions > p - window.
+    pub window: Option<u32>,
+}
+
+/// The operation producing a tensor. Activation tensors are f32 rows (one row per batch token
+/// or output) unless quantized by `Quantize`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Op {
+    /// A weight (no computation).
+    Leaf,
+    /// Rows of an embedding table, one per batch token.
+    Embed { table: TensorId },
+    /// RMS-normalise groups of `w.len()` elements, then multiply by `w`.
+    RmsNorm { x: TensorId, w: TensorId, eps: f32 },
+    /// `a + b`; `b` may be a single row broadcast over `a`'s rows (a bias).
+    Add { a: TensorId, b: TensorId },
+    /// `x · s`.
+    Scale { x: TensorId, s: f32 },
+    /// Quantize f32 rows to the `vec_dot_type` of the matrices that will read them.
+    Quantize { x: TensorId },
+    /// `y[r][c] = w[c] · x[r]` for weight rows `c`.
+    MatMul { w: TensorId, x: TensorId },
+    /// Rotary embedding at each batch token's position.
+    Rope { x: TensorId, p: RopeParams },
+    /// Write K and V rows into the cache cells the batch was given.
+    KvStore { layer: u32, k: TensorId, v: TensorId },
+    /// Fused attention of each query head over the cache.
+    Attention { layer: u32, q: TensorId, p: AttnParams },
+    /// Gated activation.
+    Glu { gate: TensorId, up: TensorId, kind: Glu },
+    /// The batch rows whose outputs were asked for.
+    SelectOutputs { x: TensorId },
+}
+
+impl Op {
+    /// Short name for profiles and errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Leaf => "leaf",
+            Op::Embed { .. } => "embed",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::Add { .. } => "add",
+            Op::Scale { .. } => "scale",
+            Op::Quantize { .. } => "quantize",
+            Op::MatMul { .. } => "matmul",
+            Op::Rope { .. } => "rope",
+            Op::KvStore { .. } => "kv_store",
+            Op::Attention { .. } => "attention",
+            Op::Glu { .. } => "glu",
+            Op::SelectOutputs { .. } => "select_outputs",
+        }
+    }
+}
+
+/// A tensor header.
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    /// `ne[0]` is the row length (contiguous), `ne[1]` the number of rows.
+    pub ne: [usize; 2],
+    pub dtype: DType,
+    pub op: Op,
+    pub storage: Storage,
+    /// Layer that produced it (-1 before the first layer; weights: -1).
+    pub layer: i32,
+}
+
+impl Tensor {
+    pub fn row_bytes(&self) -> usize {
+        corelm_kernels::row_bytes(self.dtype, self.ne[0])
+    }
+
+    pub fn n_bytes(&self) -> usize {
+        self.row_bytes() * self.ne[1]
+    }
+}
+
+/// A weight as models name it: its type, GGML shape and byte range in the model file.
+#[derive(Clone, Debug)]
+pub struct WeightRef {
+    pub name: String,
+    pub dtype: DType,
+    pub ne: [usize; 2],
+    pub offset: usize,
+    pub len: usize,
+}
+
+/// One tensor, or one per parallel subgraph: builder functions take and return bundles so a
+/// model is written once and runs with or without tensor parallelism. In serial mode a bundle
+/// holds exactly one tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bundle(pub Vec<TensorId>);
+
+impl Bundle {
+    pub fn one(t: TensorId) -> Bundle {
+        Bundle(vec![t])
+    }
+
+    /// The single tensor of a serial-mode bundle.
+    pub fn single(&self) -> TensorId {
+        assert_eq!(self.0.len(), 1, "bundle of {} tensors used where one was expected", self.0.len());
+        self.0[0]
+    }
+}

@@ -1,0 +1,342 @@
+//! The thread pool: `n` workers (the calling thread is worker 0), optionally pinned to CPUs, that
+//! can be split into groups and re-joined (ArcLight's multi-view pool).
+//!
+//! * A job is one closure run by every worker; [`ThreadPool::run`] returns when all are done.
+//! * Inside a job, [`Worker::barrier`] syncs the worker's group and [`Worker::global_barrier`]
+//!   syncs all workers. Barrier counters sit on their own cache lines.
+//! * Barriers spin (then yield) because they separate nodes microseconds apart; between jobs
+//!   idle workers spin briefly and then park on a condition variable, so an idle server does
+//!   not burn its cores.
+//!
+//! Invariant: the group layout changes only between jobs (`split`/`rejoin` take `&mut self`).
+
+use std::cell::UnsafeCell;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+/// Pads a value to its own 64-byte cache line.
+#[repr(align(64))]
+#[derive(Default)]
+pub struct CachePadded<T>(pub T);
+
+/// Iterations of pure spinning before a waiter starts yielding its core.
+const SPIN_BEFORE_YIELD: u32 = 1 << 12;
+/// Iterations of waiting for a new job before an idle worker parks.
+const SPIN_BEFORE_PARK: u32 = 1 << 14;
+
+/// A reusable barrier for a fixed number of participants (generation counting).
+#[derive(Default)]
+pub struct Barrier {
+    count: CachePadded<AtomicUsize>,
+    phase: CachePadded<AtomicUsize>,
+}
+
+impl Barrier {
+    /// Wait until `n` participants (the same `n` for everyone) have arrived.
+    pub fn wait(&self, n: usize) {
+        if n <= 1 {
+            return;
+        }
+        let phase = self.phase.0.load(Ordering::Acquire);
+        if self.count.0.fetch_add(1, Ordering::AcqRel) == n - 1 {
+            // Last to arrive: reset before releasing, so nobody can re-enter early.
+            self.count.0.store(0, Ordering::Relaxed);
+            self.phase.0.fetch_add(1, Ordering::Release);
+        } else {
+            let mut spins = 0u32;
+            while self.phase.0.load(Ordering::Acquire) == phase {
+                if spins < SPIN_BEFORE_YIELD {
+                    std::hint::spin_loop();
+                    spins += 1;
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+}
+
+/// How workers are divided into groups: contiguous ranges of worker indices.
+pub struct Layout {
+    pub groups: Vec<Range<usize>>,
+    barriers: Vec<Barrier>,
+}
+
+impl Layout {
+    fn new(groups: Vec<Range<usize>>) -> Self {
+        let barriers = groups.iter().map(|_| Barrier::default()).collect();
+        Layout { groups, barriers }
+    }
+
+    fn group_of(&self, w: usize) -> usize {
+        self.groups.iter().position(|g| g.contains(&w)).expect("worker outside every group")
+    }
+}
+
+/// What a worker knows while it runs a job.
+pub struct Worker<'a> {
+    /// Index among all workers, and their number.
+    pub ith: usize,
+    pub nth: usize,
+    /// Group index, index inside the group, and the group's size.
+    pub group: usize,
+    pub group_ith: usize,
+    pub group_nth: usize,
+    layout: &'a Layout,
+    global: &'a Barrier,
+}
+
+impl Worker<'_> {
+    /// Sync this worker's group.
+    pub fn barrier(&self) {
+        self.layout.barriers[self.group].wait(self.group_nth);
+    }
+
+    /// Sync every worker of the pool.
+    pub fn global_barrier(&self) {
+        self.global.wait(self.nth);
+    }
+
+    /// The worker ranges of all groups.
+    pub fn groups(&self) -> &[Range<usize>] {
+        &self.layout.groups
+    }
+}
+
+type Job = dyn Fn(&Worker) + Sync;
+
+struct Shared {
+    n: usize,
+    /// The published job and layout; written by worker 0 only while no job runs.
+    job: UnsafeCell<Option<(*const Job, *const Layout)>>,
+    generation: CachePadded<AtomicU64>,
+    done: CachePadded<AtomicUsize>,
+    shutdown: AtomicBool,
+    sleepers: Mutex<usize>,
+    wake: Condvar,
+    global: Barrier,
+}
+
+// SAFETY: the raw pointers in `job` are written by the owner of the pool before bumping
+// `generation` (Release) and read by workers after observing it (Acquire); the pointees outlive
+// the job because `run` waits for every worker to finish before returning.
+unsafe impl Sync for Shared {}
+// SAFETY: as above; the pointers are only dereferenced during a job.
+unsafe impl Send for Shared {}
+
+/// Configuration of a pool.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    pub n_threads: usize,
+    /// CPUs to pin workers to, one per worker (worker `i` → `cpus[i % len]`); empty = no pinning.
+    pub cpus: Vec<usize>,
+}
+
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    layout: Box<Layout>,
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl ThreadPool {
+    pub fn new(cfg: PoolConfig) -> ThreadPool {
+        let n = cfg.n_threads.max(1);
+        let shared = Arc::new(Shared {
+            n,
+            job: UnsafeCell::new(None),
+            generation: CachePadded(AtomicU64::new(0)),
+            done: CachePadded(AtomicUsize::new(0)),
+            shutdown: AtomicBool::new(false),
+            sleepers: Mutex::new(0),
+            wake: Condvar::new(),
+            global: Barrier::default(),
+        });
+        if let Some(&cpu) = cfg.cpus.first() {
+            pin_current(cpu);
+        }
+        let handles = (1..n)
+            .map(|i| {
+                let s = shared.clone();
+                let cpu = (!cfg.cpus.is_empty()).then(|| cfg.cpus[i % cfg.cpus.len()]);
+                std::thread::Builder::new()
+                    .name(format!("corelm-w{i}"))
+                    .spawn(move || {
+                        if let Some(c) = cpu {
+                            pin_current(c);
+                        }
+                        worker_loop(&s, i)
+                    })
+                    .expect("spawning a worker thread")
+            })
+            .collect();
+        ThreadPool { shared, layout: Box::new(Layout::new(vec![0..n])), handles }
+    }
+
+    pub fn n_threads(&self) -> usize {
+        self.shared.n
+    }
+
+    /// Split the workers into groups of the given sizes (must sum to the pool size).
+    pub fn split(&mut self, sizes: &[usize]) -> Result<(), String> {
+        if sizes.iter().sum::<usize>() != self.shared.n || sizes.contains(&0) {
+            return Err(format!("group sizes {sizes:?} do not partition {} workers", self.shared.n));
+        }
+        let mut start = 0;
+        let groups = sizes
+            .iter()
+            .map(|&s| {
+                start += s;
+                start - s..start
+            })
+            .collect();
+        self.layout = Box::new(Layout::new(groups));
+        Ok(())
+    }
+
+    /// Back to one group of all workers.
+    pub fn rejoin(&mut self) {
+        self.layout = Box::new(Layout::new(vec![0..self.shared.n]));
+    }
+
+    pub fn groups(&self) -> &[Range<usize>] {
+        &self.layout.groups
+    }
+
+    /// Run `f` on every worker (the caller is worker 0) and wait for all to finish.
+    pub fn run(&self, f: &(dyn Fn(&Worker) + Sync)) {
+        let s = &*self.shared;
+        if s.n > 1 {
+            // SAFETY: no job is running (the previous `run` waited for all workers), so nobody
+            // reads `job` now; workers read it only after the generation bump below.
+            unsafe {
+                let f: *const Job = std::mem::transmute::<&(dyn Fn(&Worker) + Sync), &'static Job>(f);
+                *s.job.get() = Some((f, &*self.layout as *const Layout));
+            }
+            s.generation.0.fetch_add(1, Ordering::Release);
+            let sleepers = s.sleepers.lock().unwrap_or_else(|e| e.into_inner());
+            if *sleepers > 0 {
+                s.wake.notify_all();
+            }
+        }
+        run_job(s, 0, f, &self.layout);
+        if s.n > 1 {
+            let mut spins = 0u32;
+            while s.done.0.load(Ordering::Acquire) != s.n - 1 {
+                if spins < SPIN_BEFORE_YIELD {
+                    std::hint::spin_loop();
+                    spins += 1;
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            s.done.0.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+fn run_job(s: &Shared, ith: usize, f: &(dyn Fn(&Worker) + Sync + '_), layout: &Layout) {
+    let group = layout.group_of(ith);
+    let g = &layout.groups[group];
+    let w = Worker {
+        ith,
+        nth: s.n,
+        group,
+        group_ith: ith - g.start,
+        group_nth: g.len(),
+        layout,
+        global: &s.global,
+    };
+    f(&w);
+}
+
+fn worker_loop(s: &Shared, ith: usize) {
+    let mut seen = 0u64;
+    loop {
+        // Wait for a new generation: spin, then park.
+        let mut spins = 0u32;
+        loop {
+            let g = s.generation.0.load(Ordering::Acquire);
+            if g != seen || s.shutdown.load(Ordering::Acquire) {
+                break;
+            }
+            if spins < SPIN_BEFORE_PARK {
+                std::hint::spin_loop();
+                spins += 1;
+                continue;
+            }
+            let mut sl = s.sleepers.lock().unwrap_or_else(|e| e.into_inner());
+            *sl += 1;
+            while s.generation.0.load(Ordering::Acquire) == seen && !s.shutdown.load(Ordering::Acquire) {
+                sl = s.wake.wait(sl).unwrap_or_else(|e| e.into_inner());
+            }
+            *sl -= 1;
+        }
+        if s.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        seen = s.generation.0.load(Ordering::Acquire);
+        // SAFETY: the generation bump (Acquire above) happened after `job` was written; the job
+        // and layout stay alive until `done` reaches n-1, which we signal only afterwards.
+        let Some((f, layout)) = (unsafe { *s.job.get() }) else { continue };
+        // SAFETY: see above; both pointers were set from live references by `run`.
+        unsafe { run_job(s, ith, &*f, &*layout) };
+        s.done.0.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        {
+            let _g = self.shared.sleepers.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Pin the calling thread to one CPU (best effort: failure leaves it unpinned).
+pub fn pin_current(cpu: usize) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: cpu_set_t is plain data; CPU_SET bounds-checks against CPU_SETSIZE internally in
+    // libc's macro implementation, and sched_setaffinity(0, ..) affects only this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if cpu < libc::CPU_SETSIZE as usize {
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+}
+
+/// CPUs this process may run on, in order.
+pub fn allowed_cpus() -> Vec<usize> {
+    #[cfg(target_os = "linux")]
+    // SAFETY: sched_getaffinity fills a plain cpu_set_t for this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+            return (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect();
+        }
+    }
+    (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect()
+}
+
+/// Physical cores (one per core, hyper-thread siblings removed) among the allowed CPUs, read
+/// from sysfs; falls back to all allowed CPUs.
+pub fn physical_cores() -> Vec<usize> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for c in allowed_cpus() {
+        let p = format!("/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list");
+        let key = std::fs::read_to_string(&p).unwrap_or_else(|_| c.to_string());
+        if seen.insert(key.trim().to_string()) {
+            out.push(c);
+        }
+    }
+    out
+}

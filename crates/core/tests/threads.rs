@@ -1,0 +1,110 @@
+//! Thread pool: jobs reach every worker, barriers order phases under stress, groups sync only
+//! their members, and the pool splits and re-joins.
+
+use corelm_core::threads::{PoolConfig, ThreadPool, Worker};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+fn pool(n: usize) -> ThreadPool {
+    ThreadPool::new(PoolConfig { n_threads: n, cpus: vec![] })
+}
+
+#[test]
+fn every_worker_runs_every_job() {
+    let p = pool(4);
+    let hits = AtomicUsize::new(0);
+    for _ in 0..200 {
+        p.run(&|_w: &Worker| {
+            hits.fetch_add(1, Ordering::Relaxed);
+        });
+    }
+    assert_eq!(hits.load(Ordering::Relaxed), 800);
+}
+
+#[test]
+fn global_barrier_orders_phases_under_stress() {
+    // Each round, every worker increments the counter, meets at the barrier, and checks that
+    // all increments of the round are visible, then meets again before the next round.
+    let n = 5; // more workers than cores, to exercise the yield path
+    let p = pool(n);
+    let counter = AtomicUsize::new(0);
+    let failures = AtomicUsize::new(0);
+    p.run(&|w: &Worker| {
+        for round in 1..=2000 {
+            counter.fetch_add(1, Ordering::Relaxed);
+            w.global_barrier();
+            if counter.load(Ordering::Relaxed) != round * w.nth {
+                failures.fetch_add(1, Ordering::Relaxed);
+            }
+            w.global_barrier();
+        }
+    });
+    assert_eq!(failures.load(Ordering::Relaxed), 0);
+    assert_eq!(counter.load(Ordering::Relaxed), 2000 * n);
+}
+
+#[test]
+fn groups_sync_independently_then_rejoin() {
+    let mut p = pool(4);
+    assert!(p.split(&[3, 2]).is_err());
+    p.split(&[1, 3]).unwrap();
+    assert_eq!(p.groups(), &[0..1, 1..4]);
+    let counters = [AtomicUsize::new(0), AtomicUsize::new(0)];
+    let failures = AtomicUsize::new(0);
+    let seen = AtomicUsize::new(0);
+    p.run(&|w: &Worker| {
+        assert_eq!(w.groups().len(), 2);
+        seen.fetch_add(w.group_nth * 10 + w.group, Ordering::Relaxed);
+        // Groups run different numbers of rounds: a group barrier must not wait for the other
+        // group (it would deadlock if it did).
+        let rounds = if w.group == 0 { 10 } else { 1000 };
+        for round in 1..=rounds {
+            counters[w.group].fetch_add(1, Ordering::Relaxed);
+            w.barrier();
+            if counters[w.group].load(Ordering::Relaxed) != round * w.group_nth {
+                failures.fetch_add(1, Ordering::Relaxed);
+            }
+            w.barrier();
+        }
+        // Then everybody meets.
+        w.global_barrier();
+    });
+    assert_eq!(failures.load(Ordering::Relaxed), 0);
+    assert_eq!(seen.load(Ordering::Relaxed), 10 + 3 * (30 + 1));
+    assert_eq!(counters[0].load(Ordering::Relaxed), 10);
+    assert_eq!(counters[1].load(Ordering::Relaxed), 3000);
+
+    p.rejoin();
+    let n = AtomicUsize::new(0);
+    p.run(&|w: &Worker| {
+        assert_eq!((w.group, w.group_nth), (0, 4));
+        w.barrier();
+        n.fetch_add(w.group_ith, Ordering::Relaxed);
+    });
+    assert_eq!(n.load(Ordering::Relaxed), 1 + 2 + 3);
+}
+
+#[test]
+fn parked_workers_wake_for_new_jobs() {
+    let p = pool(3);
+    let hits = AtomicUsize::new(0);
+    for _ in 0..3 {
+        // Long enough for idle workers to give up spinning and park.
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        p.run(&|_w: &Worker| {
+            hits.fetch_add(1, Ordering::Relaxed);
+        });
+    }
+    assert_eq!(hits.load(Ordering::Relaxed), 9);
+}
+
+#[test]
+fn single_thread_pool_runs_inline() {
+    let p = pool(1);
+    let hits = AtomicUsize::new(0);
+    p.run(&|w: &Worker| {
+        w.barrier();
+        w.global_barrier();
+        hits.fetch_add(1, Ordering::Relaxed);
+    });
+    assert_eq!(hits.load(Ordering::Relaxed), 1);
+}
