@@ -1,1 +1,285 @@
-fn main() {}
+//! `corelm`: run, chat, tokenize, eval.
+//!
+//! The model defaults to SmolLM2-135M-Instruct Q4_1 in the model cache; when it is missing the
+//! project's fetch script downloads it (`scripts/fetch_models.py`).
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use corelm_engine::chat::{ChatTemplate, Message};
+use corelm_engine::eval::{run_case, Case};
+use corelm_engine::generate::{generate, GenerateParams, StopReason};
+use corelm_engine::sample::SamplingParams;
+use corelm_engine::{Engine, EngineConfig, Tokenizer};
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+const DEFAULT_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[derive(Parser)]
+#[command(name = "corelm", version, about = "Fast LLM inference on CPUs for GGUF models")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Args, Clone)]
+struct ModelArgs {
+    /// GGUF file (default: SmolLM2-135M-Instruct Q4_1 from the model cache, fetched if missing).
+    #[arg(short, long)]
+    model: Option<PathBuf>,
+    /// Worker threads (default: physical cores).
+    #[arg(short, long)]
+    threads: Option<usize>,
+    /// Context size in tokens (KV cells).
+    #[arg(short = 'c', long, default_value_t = 4096)]
+    ctx_size: usize,
+    /// Most tokens per forward pass.
+    #[arg(short = 'b', long, default_value_t = 256)]
+    batch_size: usize,
+    /// Do not pin worker threads to cores.
+    #[arg(long)]
+    no_pin: bool,
+}
+
+#[derive(Args, Clone)]
+struct SampleArgs {
+    /// Tokens to generate.
+    #[arg(short = 'n', long, default_value_t = 128)]
+    n_predict: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temp: f32,
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    #[arg(long, default_value_t = 64)]
+    repeat_last_n: usize,
+    #[arg(long, default_value_t = 0.0)]
+    frequency_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
+    /// RNG seed.
+    #[arg(short, long, default_value_t = 0xC0FFEE)]
+    seed: u64,
+    /// Stop when this text is generated (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate text from a prompt, streamed to stdout.
+    Run {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        sample: SampleArgs,
+        /// The prompt (special tokens such as <|im_start|> are recognised).
+        #[arg(short, long)]
+        prompt: String,
+        /// Wrap the prompt as a user message with the model's chat template.
+        #[arg(long)]
+        chat: bool,
+    },
+    /// Interactive chat; the conversation stays in the KV cache between turns.
+    Chat {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        sample: SampleArgs,
+        /// System message.
+        #[arg(long)]
+        system: Option<String>,
+    },
+    /// Print the token ids of a text.
+    Tokenize {
+        #[arg(short, long)]
+        model: Option<PathBuf>,
+        text: String,
+        /// Do not add BOS even if the model asks for it.
+        #[arg(long)]
+        no_special: bool,
+        /// Treat special-token text as plain text.
+        #[arg(long)]
+        no_parse_special: bool,
+    },
+    /// Evaluate a golden case file and print its output fields as one JSON object.
+    Eval {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Case file in the format of ../shared/golden.
+        #[arg(long)]
+        case: PathBuf,
+        /// Feed the case's prompt_token_ids + greedy_ids[:-1] instead of our own choices.
+        #[arg(long)]
+        teacher_forced: bool,
+    },
+}
+
+fn models_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("CORELM_MODELS_DIR") {
+        return d.into();
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"));
+    base.join("corelm").join("models")
+}
+
+/// The model path: as given, or the default model, fetched with the project's script if absent.
+fn resolve_model(m: &Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(p) = m {
+        return Ok(p.clone());
+    }
+    let p = models_dir().join(DEFAULT_MODEL);
+    if !p.exists() {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/fetch_models.py");
+        eprintln!("default model not found at {}; fetching it with {}", p.display(), script.display());
+        let ok = std::process::Command::new("python3").arg(&script).arg("smollm2").status()
+            .with_context(|| format!("running {}", script.display()))?
+            .success();
+        if !ok || !p.exists() {
+            bail!("could not fetch the default model; run scripts/fetch_models.py smollm2");
+        }
+    }
+    Ok(p)
+}
+
+fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
+    let path = resolve_model(&m.model)?;
+    let cfg = EngineConfig {
+        n_ctx: m.ctx_size,
+        n_batch: m.batch_size,
+        n_seq_max: n_seq,
+        n_threads: m.threads.unwrap_or_else(corelm_engine::engine::default_threads),
+        pin: !m.no_pin,
+    };
+    let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
+    let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", path.display()))?;
+    Ok((engine, tok))
+}
+
+fn gen_params(s: &SampleArgs) -> GenerateParams {
+    GenerateParams {
+        max_tokens: s.n_predict,
+        sampling: SamplingParams {
+            temperature: s.temp,
+            top_k: s.top_k,
+            top_p: s.top_p,
+            min_p: s.min_p,
+            repeat_penalty: s.repeat_penalty,
+            repeat_last_n: s.repeat_last_n,
+            frequency_penalty: s.frequency_penalty,
+            presence_penalty: s.presence_penalty,
+            seed: s.seed,
+        },
+        stop: s.stop.clone(),
+        seq: 0,
+    }
+}
+
+fn print_stream(s: &str) -> bool {
+    let mut out = std::io::stdout().lock();
+    out.write_all(s.as_bytes()).and_then(|_| out.flush()).is_ok()
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Run { model, sample, prompt, chat } => {
+            let (mut engine, tok) = load(&model, 1)?;
+            let text = if chat {
+                ChatTemplate::from_gguf(engine.gguf(), &tok)?.render(&[Message::new("user", &prompt)], true)?
+            } else {
+                prompt
+            };
+            let ids = tok.encode(&text, true, true)?;
+            let g = generate(&mut engine, &tok, &ids, &gen_params(&sample), print_stream)?;
+            println!();
+            eprintln!(
+                "[{} prompt tokens in {:.3} s = {:.1} t/s; {} generated in {:.3} s = {:.1} t/s; stop: {:?}; {} threads, {:?}]",
+                g.n_prompt,
+                g.prefill_secs,
+                g.n_prompt as f64 / g.prefill_secs,
+                g.tokens.len(),
+                g.decode_secs,
+                g.tokens.len() as f64 / g.decode_secs.max(1e-9),
+                g.reason,
+                engine.config().n_threads,
+                engine.kernels().isa,
+            );
+        }
+        Cmd::Chat { model, sample, system } => chat(&model, &sample, system)?,
+        Cmd::Tokenize { model, text, no_special, no_parse_special } => {
+            let path = resolve_model(&model)?;
+            let g = corelm_engine::engine::open_gguf(&path)?;
+            let tok = Tokenizer::from_gguf(&g)?;
+            let ids = tok.encode(&text, !no_special, !no_parse_special)?;
+            println!("{}", serde_json::to_string(&ids)?);
+        }
+        Cmd::Eval { model, case, teacher_forced } => {
+            let src = std::fs::read_to_string(&case).with_context(|| format!("reading {}", case.display()))?;
+            let c: Case = serde_json::from_str(&src).with_context(|| format!("parsing case {}", case.display()))?;
+            let (mut engine, tok) = load(&model, 1)?;
+            let out = run_case(&mut engine, &tok, &c, teacher_forced)?;
+            println!("{}", serde_json::to_string(&out)?);
+        }
+    }
+    Ok(())
+}
+
+/// Interactive chat. Each turn renders the whole conversation with the template and feeds only
+/// the text past what the KV cache already holds; if the template does not extend the previous
+/// rendering, the sequence is re-prefilled.
+fn chat(model: &ModelArgs, sample: &SampleArgs, system: Option<String>) -> Result<()> {
+    let (mut engine, tok) = load(model, 1)?;
+    let tmpl = ChatTemplate::from_gguf(engine.gguf(), &tok)?;
+    let mut msgs: Vec<Message> = system.iter().map(|s| Message::new("system", s)).collect();
+    let mut in_kv = String::new(); // the text whose tokens are in the KV cache
+    let params = gen_params(sample);
+    let stdin = std::io::stdin();
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            break;
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
+        if line.is_empty() {
+            continue;
+        }
+        msgs.push(Message::new("user", line));
+        let full = tmpl.render(&msgs, true)?;
+        let new_text = match full.strip_prefix(in_kv.as_str()) {
+            Some(rest) if !in_kv.is_empty() => rest.to_string(),
+            _ => {
+                engine.clear_seq(0);
+                full.clone()
+            }
+        };
+        let ids = tok.encode(&new_text, engine.seq_len(0) == 0, true)?;
+        let g = match generate(&mut engine, &tok, &ids, &params, print_stream) {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("error: {e}");
+                msgs.pop();
+                engine.clear_seq(0);
+                in_kv.clear();
+                continue;
+            }
+        };
+        println!();
+        in_kv = full + &g.text;
+        if g.reason == StopReason::ContextFull {
+            eprintln!("[context full: starting over]");
+            engine.clear_seq(0);
+            in_kv.clear();
+        }
+        msgs.push(Message::new("assistant", &g.text));
+    }
+    Ok(())
+}

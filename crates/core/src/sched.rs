@@ -258,6 +258,7 @@ impl Ctx<'_> {
                 let group = p.n_head / p.n_kv_head;
                 let dot = self.kernels.ops(DType::F16).expect("f16 kernels").vec_dot;
                 let n_used = kv.used_end;
+                let kind = if rows >= ops::TILED_MIN_ROWS { ops::AttnKernel::Tiled } else { ops::AttnKernel::Reference };
                 for item in (ith..rows * p.n_head).step_by(nth) {
                     let (r, h) = (item / p.n_head, item % p.n_head);
                     let kvh = h / group;
@@ -278,7 +279,7 @@ impl Ctx<'_> {
                     // SAFETY: (row, head) pairs are dealt to exactly one worker.
                     let out = unsafe { self.out_f32(t, r * ne0 + h * hd, hd) };
                     let qh = &q[r * ne0 + h * hd..r * ne0 + (h + 1) * hd];
-                    ops::attend_row(qh, k, v, n_used, p.scale, visible, dot, &mut scratch.attn, out);
+                    ops::attend_row(kind, qh, k, v, n_used, p.scale, visible, dot, &mut scratch.attn, out);
                 }
             }
             Op::Glu { gate, up, kind } => {

@@ -1,1 +1,43 @@
-//! placeholder
+//! corelm engine: the API front ends use.
+//!
+//! * [`engine`]: load a GGUF, the multi-sequence batch API (`decode(batch) → logits`).
+//! * [`tokenizer`]: GGUF vocabulary → `tokenizers` BPE (byte-level or SentencePiece-style),
+//!   byte-exact pieces and a UTF-8-safe stream.
+//! * [`chat`]: chat templates from the GGUF rendered with minijinja, built-in ones when absent.
+//! * [`sample`]: greedy, temperature, top-k/top-p/min-p, penalties, seeded RNG.
+//! * [`generate`]: prompt → stream of tokens with stop conditions.
+//! * [`eval`]: golden-case evaluation in the format of llama.cpp's reference data.
+
+pub mod chat;
+pub mod engine;
+pub mod eval;
+pub mod generate;
+pub mod sample;
+pub mod tokenizer;
+
+pub use engine::{Batch, Engine, EngineConfig, Logits};
+pub use tokenizer::{Tokenizer, Utf8Stream};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Gguf(#[from] corelm_gguf::Error),
+    #[error(transparent)]
+    Model(#[from] corelm_models::ModelError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("invalid batch: {0}")]
+    Batch(String),
+    #[error("context full: {needed} tokens need cells but only {free} of {n_ctx} are free")]
+    ContextFull { needed: usize, free: usize, n_ctx: usize },
+    #[error("prompt of {prompt} tokens does not fit in the context of {n_ctx}")]
+    PromptTooLong { prompt: usize, n_ctx: usize },
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("invalid sampling parameter: {0}")]
+    Sampling(String),
+    #[error("golden case: {0}")]
+    Case(String),
+}

@@ -258,6 +258,11 @@ impl Gguf {
         &self.bytes[start..start + t.n_bytes as usize]
     }
 
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
     /// Offset of the data section in the file.
     pub fn data_start(&self) -> u64 {
         self.data_start

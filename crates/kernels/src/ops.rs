@@ -77,15 +77,41 @@ pub fn geglu(g: &[f32], u: &[f32], y: &mut [f32]) {
     }
 }
 
-/// Scratch for one attention row: the query in F16 and the running output.
+/// Which of ggml-cpu's flash-attention algorithms to reproduce. They give different bits, and
+/// on rows with massive activations the difference is visible in the logits, so the scheduler
+/// picks the one llama.cpp would: `Tiled` for batches of at least [`TILED_MIN_ROWS`] query rows,
+/// `Reference` otherwise (single-token decode included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnKernel {
+    /// ggml's `one_chunk`: query rounded to F16, F16 dot products, the V accumulator kept in
+    /// F16 and rescaled whenever the running maximum grows.
+    Reference,
+    /// ggml's tiled kernel: F32 query and keys, KV in tiles of [`KV_TILE`] cells, the softmax
+    /// sum of each tile in double, an F32 accumulator.
+    Tiled,
+}
+
+/// Query rows from which ggml switches to the tiled kernel.
+pub const TILED_MIN_ROWS: usize = 64;
+/// KV cells per tile of the tiled kernel.
+pub const KV_TILE: usize = 64;
+
+/// Scratch for one attention row, allocated once per worker.
 pub struct AttnScratch {
-    pub q16: Vec<f16>,
-    pub acc: Vec<f32>,
+    q16: Vec<f16>,
+    acc16: Vec<f16>,
+    acc: Vec<f32>,
+    scores: [f32; KV_TILE],
 }
 
 impl AttnScratch {
     pub fn new(head_dim: usize) -> Self {
-        AttnScratch { q16: vec![f16::ZERO; head_dim], acc: vec![0.0; head_dim] }
+        AttnScratch {
+            q16: vec![f16::ZERO; head_dim],
+            acc16: vec![f16::ZERO; head_dim],
+            acc: vec![0.0; head_dim],
+            scores: [0.0; KV_TILE],
+        }
     }
 }
 
@@ -95,6 +121,25 @@ impl AttnScratch {
 /// `dot_f16` is the table's F16 dot product. Writes zeros if no cell is visible.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_row(
+    kind: AttnKernel,
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    n_cells: usize,
+    scale: f32,
+    visible: impl Fn(usize) -> bool,
+    dot_f16: crate::dispatch::VecDot,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) {
+    match kind {
+        AttnKernel::Reference => attend_reference(q, k, v, n_cells, scale, visible, dot_f16, scratch, out),
+        AttnKernel::Tiled => attend_tiled(q, k, v, n_cells, scale, visible, scratch, out),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend_reference(
     q: &[f32],
     k: &[f16],
     v: &[f16],
@@ -109,32 +154,92 @@ pub fn attend_row(
     for (d, &s) in scratch.q16.iter_mut().zip(q) {
         *d = f16::from_f32(s);
     }
+    scratch.acc16.iter_mut().for_each(|a| *a = f16::ZERO);
     let qb = f16_bytes(&scratch.q16);
-    scratch.acc.iter_mut().for_each(|a| *a = 0.0);
     let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
     for c in 0..n_cells {
         if !visible(c) {
             continue;
         }
-        let kc = &k[c * hd..(c + 1) * hd];
-        let score = dot_f16(f16_bytes(kc), qb) * scale;
+        let score = dot_f16(f16_bytes(&k[c * hd..(c + 1) * hd]), qb) * scale;
         let (mut ms, mut vs) = (1f32, 1f32);
         if score > m {
             let old = m;
             m = score;
             ms = (old - m).exp();
-            if ms != 1.0 {
-                scratch.acc.iter_mut().for_each(|a| *a *= ms);
+            for a in scratch.acc16.iter_mut() {
+                *a = f16::from_f32(a.to_f32() * ms);
             }
         } else {
             vs = (score - m).exp();
         }
-        for (a, &vv) in scratch.acc.iter_mut().zip(&v[c * hd..(c + 1) * hd]) {
-            *a += vv.to_f32() * vs;
+        for (a, &vv) in scratch.acc16.iter_mut().zip(&v[c * hd..(c + 1) * hd]) {
+            *a = f16::from_f32(vv.to_f32().mul_add(vs, a.to_f32()));
         }
         s = s * ms + vs;
     }
-    let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+    let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+    for (o, a) in out.iter_mut().zip(&scratch.acc16) {
+        *o = a.to_f32() * inv;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend_tiled(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    n_cells: usize,
+    scale: f32,
+    visible: impl Fn(usize) -> bool,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    scratch.acc.iter_mut().for_each(|a| *a = 0.0);
+    let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
+    let mut t0 = 0;
+    while t0 < n_cells {
+        let t1 = (t0 + KV_TILE).min(n_cells);
+        let mut tile_max = f32::NEG_INFINITY;
+        for c in t0..t1 {
+            let sc = if visible(c) {
+                let kc = &k[c * hd..(c + 1) * hd];
+                kc.iter().zip(q).fold(0f32, |acc, (&kk, &qq)| kk.to_f32().mul_add(qq, acc)) * scale
+            } else {
+                f32::NEG_INFINITY
+            };
+            scratch.scores[c - t0] = sc;
+            tile_max = tile_max.max(sc);
+        }
+        if tile_max == f32::NEG_INFINITY {
+            t0 = t1;
+            continue;
+        }
+        let m_new = m.max(tile_max);
+        if m_new > m {
+            let ms = (m - m_new).exp();
+            scratch.acc.iter_mut().for_each(|a| *a *= ms);
+            s *= ms;
+        }
+        m = m_new;
+        let mut sum = 0f64;
+        for p in scratch.scores[..t1 - t0].iter_mut() {
+            *p = (*p - m).exp();
+            sum += *p as f64;
+        }
+        s += sum as f32;
+        for c in t0..t1 {
+            let p = scratch.scores[c - t0];
+            if p != 0.0 {
+                for (a, &vv) in scratch.acc.iter_mut().zip(&v[c * hd..(c + 1) * hd]) {
+                    *a = p.mul_add(vv.to_f32(), *a);
+                }
+            }
+        }
+        t0 = t1;
+    }
+    let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
     for (o, &a) in out.iter_mut().zip(&scratch.acc) {
         *o = a * inv;
     }

@@ -1,1 +1,176 @@
-//! placeholder
+//! Model architectures. Each file reads hyper-parameters from GGUF metadata, resolves its
+//! weights by name, and builds the forward graph with the core builder — nothing else: no I/O,
+//! no kernels, no threads.
+//!
+//! Invariant: every weight a graph uses is resolved (and its type and shape checked) in
+//! [`load`], so building a graph cannot fail on a missing tensor.
+
+mod common;
+pub mod gemma3;
+pub mod llama;
+pub mod qwen2;
+
+use corelm_core::{Builder, Bundle, WeightRef};
+use corelm_gguf::Gguf;
+use corelm_kernels::{DType, Kernels};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("unsupported architecture '{0}' (supported: llama, qwen2, gemma3)")]
+    UnknownArch(String),
+    #[error("model is missing tensor '{0}'")]
+    MissingTensor(String),
+    #[error("tensor '{name}' has shape {found:?}, expected {expected:?}")]
+    BadShape { name: String, found: Vec<u64>, expected: Vec<u64> },
+    #[error("tensor '{name}' has type {dtype}, which this build cannot compute with")]
+    UnsupportedType { name: String, dtype: DType },
+    #[error("bad hyper-parameter: {0}")]
+    BadHyper(String),
+    #[error(transparent)]
+    Gguf(#[from] corelm_gguf::Error),
+}
+
+/// Hyper-parameters common to the supported decoder-only transformers.
+#[derive(Clone, Debug)]
+pub struct Hyper {
+    pub arch: String,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub eps: f32,
+    pub rope_base: f32,
+    pub n_rot: usize,
+}
+
+/// A loaded architecture: builds the forward graph of one batch shape.
+pub trait Model: Send + Sync {
+    fn hyper(&self) -> &Hyper;
+    /// Append the forward pass for the builder's batch; returns the logits of the output rows.
+    fn build(&self, b: &mut Builder) -> Bundle;
+}
+
+/// Pick the architecture named by `general.architecture` and resolve its weights.
+pub fn load(g: &Gguf, kernels: &Kernels) -> Result<Box<dyn Model>, ModelError> {
+    let arch = g.str("general.architecture")?;
+    match arch {
+        "llama" => Ok(Box::new(llama::Llama::load(g, kernels)?)),
+        "qwen2" => Ok(Box::new(qwen2::Qwen2::load(g, kernels)?)),
+        "gemma3" => Ok(Box::new(gemma3::Gemma3::load(g, kernels)?)),
+        other => Err(ModelError::UnknownArch(other.to_string())),
+    }
+}
+
+/// Reads hyper-parameters and weights of one file, checking as it goes.
+pub(crate) struct Loader<'a> {
+    pub g: &'a Gguf,
+    pub kernels: &'a Kernels,
+    pub arch: String,
+}
+
+impl<'a> Loader<'a> {
+    pub fn new(g: &'a Gguf, kernels: &'a Kernels) -> Result<Self, ModelError> {
+        Ok(Loader { g, kernels, arch: g.str("general.architecture")?.to_string() })
+    }
+
+    /// `<arch>.<key>` as an integer.
+    pub fn u(&self, key: &str) -> Result<usize, ModelError> {
+        let v = self.g.u64(&format!("{}.{key}", self.arch))?;
+        usize::try_from(v).ok().filter(|&v| v > 0 && v < 1 << 40).ok_or_else(|| {
+            ModelError::BadHyper(format!("{}.{key} = {v}", self.arch))
+        })
+    }
+
+    pub fn opt_u(&self, key: &str) -> Result<Option<usize>, ModelError> {
+        match self.g.get(&format!("{}.{key}", self.arch)) {
+            None => Ok(None),
+            Some(_) => self.u(key).map(Some),
+        }
+    }
+
+    pub fn f(&self, key: &str) -> Result<f32, ModelError> {
+        Ok(self.g.f32(&format!("{}.{key}", self.arch))?)
+    }
+
+    pub fn opt_f(&self, key: &str) -> Result<Option<f32>, ModelError> {
+        Ok(self.g.opt_f32(&format!("{}.{key}", self.arch))?)
+    }
+
+    /// The hyper-parameters every supported architecture shares, validated.
+    pub fn hyper(&self) -> Result<Hyper, ModelError> {
+        let n_embd = self.u("embedding_length")?;
+        let n_head = self.u("attention.head_count")?;
+        let n_kv_head = self.opt_u("attention.head_count_kv")?.unwrap_or(n_head);
+        let head_dim = match self.opt_u("attention.key_length")? {
+            Some(d) => d,
+            None if n_embd % n_head == 0 => n_embd / n_head,
+            None => return Err(ModelError::BadHyper(format!("{n_embd} not divisible by {n_head} heads"))),
+        };
+        if n_head % n_kv_head != 0 {
+            return Err(ModelError::BadHyper(format!("{n_head} heads not a multiple of {n_kv_head} KV heads")));
+        }
+        if let Some(vd) = self.opt_u("attention.value_length")? {
+            if vd != head_dim {
+                return Err(ModelError::BadHyper(format!("value length {vd} differs from key length {head_dim}")));
+            }
+        }
+        let n_rot = self.opt_u("rope.dimension_count")?.unwrap_or(head_dim);
+        if n_rot > head_dim || n_rot % 2 != 0 || n_rot > 1024 {
+            return Err(ModelError::BadHyper(format!("rope dimension {n_rot} with head dim {head_dim}")));
+        }
+        let eps = self.f("attention.layer_norm_rms_epsilon")?;
+        let tok = self.g.tensor("token_embd.weight").ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
+        Ok(Hyper {
+            arch: self.arch.clone(),
+            n_layer: self.u("block_count")?,
+            n_embd,
+            n_head,
+            n_kv_head,
+            head_dim,
+            n_ff: self.u("feed_forward_length")?,
+            n_vocab: tok.shape[1] as usize,
+            n_ctx_train: self.u("context_length")?,
+            eps,
+            rope_base: self.opt_f("rope.freq_base")?.unwrap_or(10000.0),
+            n_rot,
+        })
+    }
+
+    /// A weight by name with its expected GGML shape `[ne0, ne1]` (`ne1 = 1` for vectors).
+    pub fn weight(&self, name: &str, ne: [usize; 2]) -> Result<WeightRef, ModelError> {
+        let t = self.g.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let found = t.shape[..t.n_dims].to_vec();
+        let expected: Vec<u64> =
+            if ne[1] == 1 { vec![ne[0] as u64] } else { vec![ne[0] as u64, ne[1] as u64] };
+        if found != expected {
+            return Err(ModelError::BadShape { name: name.to_string(), found, expected });
+        }
+        if self.kernels.ops(t.dtype).is_none() {
+            return Err(ModelError::UnsupportedType { name: name.to_string(), dtype: t.dtype });
+        }
+        Ok(WeightRef {
+            name: name.to_string(),
+            dtype: t.dtype,
+            ne,
+            offset: (self.g.data_start() + t.offset) as usize,
+            len: t.n_bytes as usize,
+        })
+    }
+
+    /// A norm/bias vector, which must be F32.
+    pub fn vector(&self, name: &str, n: usize) -> Result<WeightRef, ModelError> {
+        let w = self.weight(name, [n, 1])?;
+        if w.dtype != DType::F32 {
+            return Err(ModelError::UnsupportedType { name: name.to_string(), dtype: w.dtype });
+        }
+        Ok(w)
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.g.tensor(name).is_some()
+    }
+}

@@ -127,17 +127,23 @@ pub fn quant_f16(x: &[f32], y: &mut [u8]) {
     }
 }
 
-/// Round half away from zero, as C's `roundf`.
+/// Activation quantizers follow what ggml runs on x86 and ARM (`quantize_row_q8_0` with AVX2 or
+/// NEON), not its scalar `_ref`: the inverse scale is `127 / amax` and rounding is half to even.
+/// On rows with massive activations the two differ visibly in the logits.
 #[inline]
 fn round(v: f32) -> i32 {
-    v.round() as i32
+    v.round_ties_even() as i32
+}
+
+#[inline]
+fn q8_scale(xs: &[f32]) -> (f32, f32) {
+    let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
+    (amax / 127.0, if amax != 0.0 { 127.0 / amax } else { 0.0 })
 }
 
 pub fn quant_q8_0(x: &[f32], y: &mut [u8]) {
     for (b, xs) in as_blocks_mut::<BlockQ8_0>(y).iter_mut().zip(x.chunks_exact(QK8_0)) {
-        let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let (d, id) = q8_scale(xs);
         b.d = f16::from_f32(d);
         for (q, &v) in b.qs.iter_mut().zip(xs) {
             *q = round(v * id) as i8;
@@ -147,9 +153,7 @@ pub fn quant_q8_0(x: &[f32], y: &mut [u8]) {
 
 pub fn quant_q8_1(x: &[f32], y: &mut [u8]) {
     for (b, xs) in as_blocks_mut::<BlockQ8_1>(y).iter_mut().zip(x.chunks_exact(QK8_1)) {
-        let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let (d, id) = q8_scale(xs);
         b.d = f16::from_f32(d);
         let mut sum = 0i32;
         for (q, &v) in b.qs.iter_mut().zip(xs) {

@@ -1,0 +1,316 @@
+//! The engine: one loaded model, its pools, KV cache and thread pool, and the batch API.
+//!
+//! A [`Batch`] lists tokens, each with its sequence id, position and whether its logits are
+//! wanted (like `llama_batch`). [`Engine::decode`] assigns every token a KV cell, plans (or
+//! reuses) the graph for the batch shape, runs it, and returns the wanted logits as a view of
+//! the output pool.
+//!
+//! Invariants: pools and the KV cache are sized at load and never grow; a graph is planned once
+//! per batch shape (`n_tokens`, `n_outputs`) and reused, so decoding token after token does no
+//! planning and no allocation.
+
+use crate::Error;
+use corelm_core::{BatchView, Builder, Executor, Graph, KvCache, PoolConfig, Pools, Profile, ThreadPool};
+use corelm_gguf::Gguf;
+use corelm_kernels::Kernels;
+use corelm_models::{Hyper, Model};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Load-time settings.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// KV cells shared by all sequences (the context size).
+    pub n_ctx: usize,
+    /// Most tokens one `decode` call may carry (and most outputs).
+    pub n_batch: usize,
+    /// Most sequences alive at once.
+    pub n_seq_max: usize,
+    pub n_threads: usize,
+    /// Pin worker threads to physical cores.
+    pub pin: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { n_ctx: 4096, n_batch: 256, n_seq_max: 4, n_threads: default_threads(), pin: true }
+    }
+}
+
+/// Map and parse a GGUF without loading a model (tokenizer-only uses).
+pub fn open_gguf(path: impl AsRef<Path>) -> Result<Gguf, Error> {
+    Ok(Gguf::open(path)?)
+}
+
+/// Physical cores available to this process.
+pub fn default_threads() -> usize {
+    corelm_core::threads::physical_cores().len().max(1)
+}
+
+/// Tokens of one forward pass.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    pub tokens: Vec<u32>,
+    pub pos: Vec<i32>,
+    pub seq: Vec<i32>,
+    pub logits: Vec<bool>,
+}
+
+impl Batch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.pos.clear();
+        self.seq.clear();
+        self.logits.clear();
+    }
+
+    pub fn add(&mut self, token: u32, pos: i32, seq: i32, logits: bool) -> &mut Self {
+        self.tokens.push(token);
+        self.pos.push(pos);
+        self.seq.push(seq);
+        self.logits.push(logits);
+        self
+    }
+
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+/// Logits of the output rows of the last `decode`, in batch order.
+pub struct Logits<'a> {
+    data: &'a [f32],
+    pub n_vocab: usize,
+}
+
+impl<'a> Logits<'a> {
+    pub fn rows(&self) -> usize {
+        self.data.len() / self.n_vocab
+    }
+
+    pub fn row(&self, i: usize) -> &'a [f32] {
+        &self.data[i * self.n_vocab..(i + 1) * self.n_vocab]
+    }
+}
+
+pub struct Engine {
+    gguf: Arc<Gguf>,
+    model: Box<dyn Model>,
+    kernels: &'static Kernels,
+    pool: ThreadPool,
+    exec: Executor,
+    pools: Pools,
+    kv: KvCache,
+    graphs: HashMap<(usize, usize), Graph>,
+    cfg: EngineConfig,
+    /// Highest position stored per sequence (-1 when empty).
+    seq_max_pos: Vec<i32>,
+    next_free: usize,
+    // Reused per-call buffers (capacity n_batch).
+    slots: Vec<u32>,
+    out_rows: Vec<u32>,
+    n_out: usize,
+    pub profile: Option<Profile>,
+}
+
+impl Engine {
+    /// Map a GGUF, resolve the architecture and plan memory for `cfg`.
+    pub fn load(path: impl AsRef<Path>, cfg: EngineConfig) -> Result<Engine, Error> {
+        let gguf = Arc::new(Gguf::open(path)?);
+        Self::from_gguf(gguf, cfg)
+    }
+
+    pub fn from_gguf(gguf: Arc<Gguf>, cfg: EngineConfig) -> Result<Engine, Error> {
+        if cfg.n_ctx == 0 || cfg.n_batch == 0 || cfg.n_seq_max == 0 || cfg.n_threads == 0 {
+            return Err(Error::Config(format!("context, batch, sequences and threads must be > 0: {cfg:?}")));
+        }
+        let kernels = corelm_kernels::kernels();
+        let model = corelm_models::load(&gguf, kernels)?;
+        let h = model.hyper().clone();
+        // Plan the largest batch once to size the pools.
+        let mut b = Builder::new(kernels, cfg.n_batch, cfg.n_batch);
+        let out = model.build(&mut b);
+        let g = b.finish(&out);
+        let pools = Pools::new(g.act_bytes, g.out_bytes, None);
+        let kv = KvCache::new(h.n_layer, cfg.n_ctx, h.n_kv_head, h.head_dim, None);
+        let cpus = if cfg.pin { corelm_core::threads::physical_cores() } else { vec![] };
+        let pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
+        let exec = Executor::new(cfg.n_threads, h.head_dim);
+        let mut graphs = HashMap::new();
+        graphs.insert((cfg.n_batch, cfg.n_batch), g);
+        Ok(Engine {
+            gguf,
+            model,
+            kernels,
+            pool,
+            exec,
+            pools,
+            kv,
+            graphs,
+            seq_max_pos: vec![-1; cfg.n_seq_max],
+            next_free: 0,
+            slots: Vec::with_capacity(cfg.n_batch),
+            out_rows: Vec::with_capacity(cfg.n_batch),
+            n_out: 0,
+            cfg,
+            profile: None,
+        })
+    }
+
+    pub fn hyper(&self) -> &Hyper {
+        self.model.hyper()
+    }
+
+    pub fn gguf(&self) -> &Arc<Gguf> {
+        &self.gguf
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    pub fn kernels(&self) -> &'static Kernels {
+        self.kernels
+    }
+
+    /// Bytes of the pools planned at load: activations (both buffers), outputs, KV cache.
+    pub fn memory(&self) -> (usize, usize, usize) {
+        (self.pools.act[0].len() + self.pools.act[1].len(), self.pools.out.len(), self.kv.bytes())
+    }
+
+    /// Number of tokens stored for a sequence (positions are 0-based and contiguous in normal use).
+    pub fn seq_len(&self, seq: i32) -> usize {
+        self.seq_max_pos.get(seq as usize).map_or(0, |&p| (p + 1) as usize)
+    }
+
+    /// Cells not holding any token.
+    pub fn free_cells(&self) -> usize {
+        self.kv.cell_seq.iter().filter(|&&s| s == corelm_core::kv::EMPTY).count()
+    }
+
+    /// Forget a sequence: free its cells.
+    pub fn clear_seq(&mut self, seq: i32) {
+        for c in 0..self.kv.n_cells {
+            if self.kv.cell_seq[c] == seq {
+                self.kv.cell_seq[c] = corelm_core::kv::EMPTY;
+                self.kv.cell_pos[c] = corelm_core::kv::EMPTY;
+                self.next_free = self.next_free.min(c);
+            }
+        }
+        if let Some(p) = self.seq_max_pos.get_mut(seq as usize) {
+            *p = -1;
+        }
+        self.kv.refresh_used_end();
+    }
+
+    /// Forget every sequence.
+    pub fn clear_all(&mut self) {
+        for s in 0..self.cfg.n_seq_max as i32 {
+            self.clear_seq(s);
+        }
+    }
+
+    fn validate(&self, batch: &Batch) -> Result<(), Error> {
+        let n = batch.len();
+        if n == 0 {
+            return Err(Error::Batch("empty batch".into()));
+        }
+        if batch.pos.len() != n || batch.seq.len() != n || batch.logits.len() != n {
+            return Err(Error::Batch("tokens, pos, seq and logits must have the same length".into()));
+        }
+        if n > self.cfg.n_batch {
+            return Err(Error::Batch(format!("{n} tokens exceed the batch size {}", self.cfg.n_batch)));
+        }
+        let n_vocab = self.hyper().n_vocab;
+        let mut last = self.seq_max_pos.clone();
+        for i in 0..n {
+            let (t, p, s) = (batch.tokens[i], batch.pos[i], batch.seq[i]);
+            if t as usize >= n_vocab {
+                return Err(Error::Batch(format!("token id {t} at batch index {i} is outside the vocabulary of {n_vocab}")));
+            }
+            if s < 0 || s as usize >= self.cfg.n_seq_max {
+                return Err(Error::Batch(format!("sequence id {s} outside 0..{}", self.cfg.n_seq_max)));
+            }
+            if p <= last[s as usize] {
+                return Err(Error::Batch(format!(
+                    "position {p} of sequence {s} is not after its last position {}",
+                    last[s as usize]
+                )));
+            }
+            last[s as usize] = p;
+        }
+        if n > self.free_cells() {
+            return Err(Error::ContextFull { needed: n, free: self.free_cells(), n_ctx: self.cfg.n_ctx });
+        }
+        Ok(())
+    }
+
+    /// Run one forward pass over `batch`; returns the logits of the tokens flagged `logits`,
+    /// in batch order. On error nothing is changed (the KV cache keeps its contents).
+    pub fn decode(&mut self, batch: &Batch) -> Result<Logits<'_>, Error> {
+        self.validate(batch)?;
+        let n = batch.len();
+        // Assign KV cells.
+        self.slots.clear();
+        let mut c = self.next_free;
+        for i in 0..n {
+            while self.kv.cell_seq[c] != corelm_core::kv::EMPTY {
+                c += 1; // validate() guaranteed enough free cells
+            }
+            self.slots.push(c as u32);
+            self.kv.cell_seq[c] = batch.seq[i];
+            self.kv.cell_pos[c] = batch.pos[i];
+            self.seq_max_pos[batch.seq[i] as usize] = batch.pos[i];
+            self.kv.used_end = self.kv.used_end.max(c + 1);
+            c += 1;
+        }
+        self.next_free = c;
+        self.out_rows.clear();
+        self.out_rows.extend((0..n as u32).filter(|&i| batch.logits[i as usize]));
+        let n_out = self.out_rows.len();
+        let key = (n, n_out);
+        if !self.graphs.contains_key(&key) {
+            let mut b = Builder::new(self.kernels, n, n_out);
+            let out = self.model.build(&mut b);
+            self.graphs.insert(key, b.finish(&out));
+        }
+        let graph = &self.graphs[&key];
+        let view = BatchView {
+            tokens: &batch.tokens,
+            pos: &batch.pos,
+            seq: &batch.seq,
+            slots: &self.slots,
+            out_rows: &self.out_rows,
+        };
+        self.exec.run(
+            &self.pool,
+            graph,
+            self.gguf.bytes(),
+            &self.pools,
+            &self.kv,
+            view,
+            self.kernels,
+            self.profile.as_mut(),
+        );
+        self.n_out = n_out;
+        Ok(self.logits())
+    }
+
+    /// The logits of the last `decode`.
+    pub fn logits(&self) -> Logits<'_> {
+        let n_vocab = self.hyper().n_vocab;
+        let data = &self.pools.out.as_slice()[..self.n_out * n_vocab * 4];
+        // SAFETY: the output pool is 64-byte aligned and holds f32 logits written by the last run.
+        let data = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const f32, self.n_out * n_vocab) };
+        Logits { data, n_vocab }
+    }
+}

@@ -1,0 +1,330 @@
+//! Tokenizer built from the GGUF vocabulary with the Hugging Face `tokenizers` crate.
+//!
+//! * `tokenizer.ggml.model = gpt2`: byte-level BPE over the file's vocabulary and merges. The
+//!   split regex is not in the file: it is chosen by `tokenizer.ggml.pre` from a table (the same
+//!   table llama.cpp keeps).
+//! * `tokenizer.ggml.model = llama`: SentencePiece-style BPE. Merges are derived from the piece
+//!   scores (every split of a piece into two pieces, ranked by the merged piece's score, which is
+//!   what SentencePiece's bigram merging does); unknown characters fall back to `<0xXX>` bytes;
+//!   spaces become `▁`.
+//! * Control tokens (type 3) are special tokens, recognised in prompts only when parsing of
+//!   special tokens is asked for; user-defined tokens (type 4) are always recognised.
+//! * Detokenization is byte-exact per token ([`Tokenizer::piece`]), so a stream can be cut at
+//!   any token; [`Utf8Stream`] then holds back incomplete UTF-8 sequences.
+
+use crate::Error;
+use corelm_gguf::{Array, Gguf};
+use std::collections::HashMap;
+use tokenizers::models::bpe::BPE;
+use tokenizers::normalizers::Replace;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
+
+const TOKEN_CONTROL: i64 = 3;
+const TOKEN_USER_DEFINED: i64 = 4;
+const TOKEN_BYTE: i64 = 6;
+
+/// Pre-tokenizer split regexes by `tokenizer.ggml.pre` (applied in order).
+fn pre_regexes(pre: &str) -> Option<&'static [&'static str]> {
+    const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+    const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    Some(match pre {
+        "gpt-2" | "gpt2" | "default" | "phi-2" | "jina-es" | "jina-de" | "jina-v2-es" | "jina-v2-de" => &[GPT2],
+        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => &[r"\p{N}", GPT2],
+        "llama3" | "llama-bpe" | "llama-v3" | "falcon3" | "pixtral" | "smaug-bpe" => &[LLAMA3],
+        "qwen2" | "deepseek-r1-qwen" | "megrez" | "hunyuan" => &[QWEN2],
+        _ => return None,
+    })
+}
+
+/// GPT-2's byte ↔ printable-character map used by byte-level vocabularies.
+fn byte_level_chars() -> [char; 256] {
+    let mut map = ['\0'; 256];
+    let mut n = 0u32;
+    for b in 0..256u32 {
+        let printable = (b'!' as u32..=b'~' as u32).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+        map[b as usize] = if printable {
+            char::from_u32(b).unwrap()
+        } else {
+            n += 1;
+            char::from_u32(255 + n).unwrap()
+        };
+    }
+    map
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VocabKind {
+    /// Byte-level BPE (`gpt2`).
+    Bpe,
+    /// SentencePiece-style (`llama`).
+    Spm,
+}
+
+pub struct Tokenizer {
+    /// Recognises special tokens in text.
+    hf: tokenizers::Tokenizer,
+    /// Treats control-token text as plain text.
+    hf_plain: tokenizers::Tokenizer,
+    pub kind: VocabKind,
+    pieces: Vec<Vec<u8>>,
+    texts: Vec<String>,
+    token_type: Vec<i64>,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub add_bos: bool,
+    eog: Vec<u32>,
+}
+
+fn strings<'a>(g: &'a Gguf, key: &str) -> Result<&'a [String], Error> {
+    match g.opt_array(key)? {
+        Some(Array::String(v)) => Ok(v),
+        Some(_) => Err(Error::Tokenizer(format!("'{key}' is not an array of strings"))),
+        None => Err(Error::Tokenizer(format!("GGUF has no '{key}'"))),
+    }
+}
+
+fn tok_err(e: impl std::fmt::Display) -> Error {
+    Error::Tokenizer(e.to_string())
+}
+
+impl Tokenizer {
+    pub fn from_gguf(g: &Gguf) -> Result<Tokenizer, Error> {
+        let model = g.str("tokenizer.ggml.model")?;
+        let tokens = strings(g, "tokenizer.ggml.tokens")?;
+        let n = tokens.len();
+        let token_type = match g.opt_array("tokenizer.ggml.token_type")? {
+            Some(a) => a.to_i64().ok_or_else(|| Error::Tokenizer("token_type is not an integer array".into()))?,
+            None => vec![1; n],
+        };
+        if token_type.len() != n {
+            return Err(Error::Tokenizer(format!("{} token types for {n} tokens", token_type.len())));
+        }
+        let id = |key: &str| -> Result<Option<u32>, Error> {
+            Ok(g.opt_u64(key)?.filter(|&v| (v as usize) < n).map(|v| v as u32))
+        };
+        let (kind, bpe, normalizer, pre) = match model {
+            "gpt2" => {
+                let pre_name = g.opt_str("tokenizer.ggml.pre")?.unwrap_or("default");
+                let regexes = pre_regexes(pre_name)
+                    .ok_or_else(|| Error::Tokenizer(format!("unknown pre-tokenizer '{pre_name}'")))?;
+                let merges = strings(g, "tokenizer.ggml.merges")?
+                    .iter()
+                    .map(|m| {
+                        m.split_once(' ')
+                            .map(|(a, b)| (a.to_string(), b.to_string()))
+                            .ok_or_else(|| Error::Tokenizer(format!("merge '{m}' has no space")))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let vocab: tokenizers::models::bpe::Vocab =
+                    tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+                let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(tok_err)?;
+                let mut splits: Vec<PreTokenizerWrapper> = regexes
+                    .iter()
+                    .map(|r| {
+                        Split::new(SplitPattern::Regex((*r).to_string()), SplitDelimiterBehavior::Isolated, false)
+                            .map(PreTokenizerWrapper::Split)
+                            .map_err(tok_err)
+                    })
+                    .collect::<Result<_, _>>()?;
+                splits.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)));
+                (VocabKind::Bpe, bpe, None, Some(Sequence::new(splits)))
+            }
+            "llama" => {
+                let scores: Vec<f32> = match g.opt_array("tokenizer.ggml.scores")? {
+                    Some(Array::F32(v)) if v.len() == n => v.clone(),
+                    _ => return Err(Error::Tokenizer("SentencePiece vocabulary needs f32 scores per token".into())),
+                };
+                let bpe = spm_as_bpe(tokens, &scores, &token_type)?;
+                if g.opt_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true) {
+                    return Err(Error::Tokenizer("SentencePiece with add_space_prefix is not supported yet".into()));
+                }
+                let norm = Replace::new(" ", "▁").map_err(tok_err)?;
+                (VocabKind::Spm, bpe, Some(norm), None)
+            }
+            other => return Err(Error::Tokenizer(format!("unsupported tokenizer model '{other}'"))),
+        };
+        let mut hf = tokenizers::Tokenizer::new(bpe);
+        if let Some(nz) = normalizer {
+            hf.with_normalizer(Some(nz)).map_err(tok_err)?;
+        }
+        if let Some(p) = pre {
+            hf.with_pre_tokenizer(Some(p));
+        }
+        let specials: Vec<AddedToken> = (0..n)
+            .filter(|&i| token_type[i] == TOKEN_CONTROL && !tokens[i].is_empty())
+            .map(|i| AddedToken::from(tokens[i].clone(), true))
+            .collect();
+        let user: Vec<AddedToken> = (0..n)
+            .filter(|&i| token_type[i] == TOKEN_USER_DEFINED && !tokens[i].is_empty())
+            .map(|i| AddedToken::from(tokens[i].clone(), false).normalized(false))
+            .collect();
+        hf.add_special_tokens(specials).map_err(tok_err)?;
+        hf.add_tokens(user).map_err(tok_err)?;
+        let mut hf_plain = hf.clone();
+        hf_plain.set_encode_special_tokens(true);
+
+        let bl = byte_level_chars();
+        let inv: HashMap<char, u8> = bl.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
+        let pieces = (0..n)
+            .map(|i| piece_bytes(&tokens[i], token_type[i], kind, &inv))
+            .collect();
+        let add_bos = g.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(kind == VocabKind::Spm);
+        let bos = id("tokenizer.ggml.bos_token_id")?;
+        let eos = id("tokenizer.ggml.eos_token_id")?;
+        let mut eog: Vec<u32> = [eos, id("tokenizer.ggml.eot_token_id")?, id("tokenizer.ggml.eom_token_id")?]
+            .into_iter()
+            .flatten()
+            .collect();
+        const EOG_TEXTS: [&str; 8] =
+            ["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<|eom_id|>", "<EOT>"];
+        for i in 0..n {
+            if token_type[i] == TOKEN_CONTROL && EOG_TEXTS.contains(&tokens[i].as_str()) && !eog.contains(&(i as u32)) {
+                eog.push(i as u32);
+            }
+        }
+        Ok(Tokenizer { hf, hf_plain, kind, pieces, texts: tokens.to_vec(), token_type, bos, eos, add_bos, eog })
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// Tokenize `text`. `add_special`: prepend BOS if the model asks for it; `parse_special`:
+    /// recognise control-token text (e.g. `<|im_start|>`) as those tokens.
+    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>, Error> {
+        let t = if parse_special { &self.hf } else { &self.hf_plain };
+        let enc = t.encode(text, false).map_err(tok_err)?;
+        let mut ids = Vec::with_capacity(enc.len() + 1);
+        if add_special && self.add_bos {
+            if let Some(b) = self.bos {
+                ids.push(b);
+            }
+        }
+        ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    /// The bytes a token stands for (control tokens as their text).
+    pub fn piece(&self, id: u32) -> &[u8] {
+        self.pieces.get(id as usize).map_or(&[], |p| p.as_slice())
+    }
+
+    /// The token's vocabulary string.
+    pub fn text(&self, id: u32) -> &str {
+        self.texts.get(id as usize).map_or("", |s| s.as_str())
+    }
+
+    /// Concatenated bytes of tokens, as UTF-8 with replacement characters.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let bytes: Vec<u8> = ids.iter().flat_map(|&i| self.piece(i).iter().copied()).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Does this token end generation?
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog.contains(&id)
+    }
+
+    pub fn is_control(&self, id: u32) -> bool {
+        self.token_type.get(id as usize) == Some(&TOKEN_CONTROL)
+    }
+}
+
+fn piece_bytes(text: &str, ty: i64, kind: VocabKind, inv: &HashMap<char, u8>) -> Vec<u8> {
+    if ty == TOKEN_CONTROL || ty == TOKEN_USER_DEFINED {
+        return text.as_bytes().to_vec();
+    }
+    match kind {
+        VocabKind::Bpe => text.chars().map(|c| inv.get(&c).copied().unwrap_or(b'?')).collect(),
+        VocabKind::Spm => {
+            if ty == TOKEN_BYTE {
+                if let Some(h) = text.strip_prefix("<0x").and_then(|s| s.strip_suffix('>')) {
+                    if let Ok(b) = u8::from_str_radix(h, 16) {
+                        return vec![b];
+                    }
+                }
+            }
+            text.replace('▁', " ").into_bytes()
+        }
+    }
+}
+
+/// A SentencePiece vocabulary as a BPE model: for each normal piece, every split into two
+/// pieces of the vocabulary is a merge, ranked by the merged piece's score (higher first).
+fn spm_as_bpe(tokens: &[String], scores: &[f32], types: &[i64]) -> Result<BPE, Error> {
+    let vocab: tokenizers::models::bpe::Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+    let mut ranked: Vec<(f32, u32, u32, u32)> = Vec::new(); // (score, merged, left, right)
+    for (i, t) in tokens.iter().enumerate() {
+        if types[i] != 1 || t.chars().nth(1).is_none() {
+            continue;
+        }
+        for (split, _) in t.char_indices().skip(1) {
+            let (a, b) = t.split_at(split);
+            if let (Some(&l), Some(&r)) = (vocab.get(a), vocab.get(b)) {
+                ranked.push((scores[i], i as u32, l, r));
+            }
+        }
+    }
+    ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
+    let merges = ranked
+        .iter()
+        .map(|&(_, _, l, r)| (tokens[l as usize].clone(), tokens[r as usize].clone()))
+        .collect();
+    let unk = types.iter().position(|&t| t == 2).map(|i| tokens[i].clone());
+    let mut b = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true);
+    if let Some(u) = unk {
+        b = b.unk_token(u);
+    }
+    b.build().map_err(tok_err)
+}
+
+/// Turns a stream of token bytes into text without ever emitting half a UTF-8 character.
+#[derive(Default)]
+pub struct Utf8Stream {
+    pending: Vec<u8>,
+}
+
+impl Utf8Stream {
+    /// Append bytes; return the text that is complete so far.
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let mut out = String::new();
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(s) => {
+                    out.push_str(s);
+                    self.pending.clear();
+                    return out;
+                }
+                Err(e) => {
+                    let good = e.valid_up_to();
+                    // SAFETY-free: valid_up_to marks a valid prefix.
+                    out.push_str(std::str::from_utf8(&self.pending[..good]).unwrap_or_default());
+                    match e.error_len() {
+                        // Incomplete sequence at the end: keep it for the next token.
+                        None => {
+                            self.pending.drain(..good);
+                            return out;
+                        }
+                        // Invalid bytes: replace them and go on.
+                        Some(bad) => {
+                            out.push('\u{FFFD}');
+                            self.pending.drain(..good + bad);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Flush at the end of a stream (an incomplete tail becomes U+FFFD).
+    pub fn finish(&mut self) -> String {
+        let s = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        s
+    }
+}

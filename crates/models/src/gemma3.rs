@@ -1,0 +1,101 @@
+//! Gemma 3: embeddings scaled by √n_embd; interleaved sliding-window and global attention
+//! layers (every `pattern`-th layer global), each kind with its own RoPE base; RMS norm on Q
+//! and K per head; norms before *and* after attention and feed-forward; GELU-tanh gated FFN;
+//! queries scaled by 1/√head_dim; LM head tied to the embedding.
+
+use crate::common::{attention, ffn, head, output_weight, AttnCfg, Extras, LayerWeights};
+use crate::{Hyper, Loader, Model, ModelError};
+use corelm_core::{Builder, Bundle, Glu, RopeParams, WeightRef};
+use corelm_gguf::Gguf;
+use corelm_kernels::Kernels;
+
+/// RoPE base of the sliding-window layers (llama.cpp hard-codes it for Gemma 3).
+const ROPE_BASE_SWA: f32 = 10_000.0;
+/// Every sixth layer is global unless the file says otherwise.
+const DEFAULT_SWA_PATTERN: usize = 6;
+
+pub struct Gemma3 {
+    h: Hyper,
+    tok_embd: WeightRef,
+    layers: Vec<LayerWeights>,
+    norm: WeightRef,
+    output: WeightRef,
+    window: u32,
+    pattern: usize,
+    freq_scale_global: f32,
+}
+
+impl Gemma3 {
+    pub fn load(g: &Gguf, k: &Kernels) -> Result<Self, ModelError> {
+        let l = Loader::new(g, k)?;
+        let h = l.hyper()?;
+        let extras = Extras { qk_norm: true, post_norms: true, ..Extras::default() };
+        let layers = (0..h.n_layer)
+            .map(|il| LayerWeights::load(&l, &h, il, extras))
+            .collect::<Result<_, _>>()?;
+        let window = l.u("attention.sliding_window")?;
+        let window = u32::try_from(window).map_err(|_| ModelError::BadHyper(format!("sliding window {window}")))?;
+        let pattern = l.opt_u("attention.sliding_window_pattern")?.unwrap_or(DEFAULT_SWA_PATTERN);
+        let freq_scale_global = match l.opt_f("rope.scaling.factor")? {
+            Some(f) if f > 0.0 => 1.0 / f,
+            _ => 1.0,
+        };
+        Ok(Gemma3 {
+            tok_embd: l.weight("token_embd.weight", [h.n_embd, h.n_vocab])?,
+            norm: l.vector("output_norm.weight", h.n_embd)?,
+            output: output_weight(&l, &h)?,
+            layers,
+            h,
+            window,
+            pattern,
+            freq_scale_global,
+        })
+    }
+
+    /// Sliding-window layers are all but the last of each group of `pattern`.
+    fn is_swa(&self, il: usize) -> bool {
+        il % self.pattern < self.pattern - 1
+    }
+}
+
+impl Model for Gemma3 {
+    fn hyper(&self) -> &Hyper {
+        &self.h
+    }
+
+    fn build(&self, b: &mut Builder) -> Bundle {
+        let h = &self.h;
+        let te = b.weight(&self.tok_embd);
+        let x = b.embed(&te); // [n_tokens, n_embd]
+        let mut x = b.scale(&x, (h.n_embd as f32).sqrt());
+        for (il, lw) in self.layers.iter().enumerate() {
+            b.begin_layer(il);
+            let swa = self.is_swa(il);
+            let cfg = AttnCfg {
+                rope: RopeParams {
+                    n_head: h.n_head,
+                    head_dim: h.head_dim,
+                    n_rot: h.n_rot,
+                    base: if swa { ROPE_BASE_SWA } else { h.rope_base },
+                    freq_scale: if swa { 1.0 } else { self.freq_scale_global },
+                    neox: true,
+                },
+                scale: 1.0 / (h.head_dim as f32).sqrt(),
+                window: swa.then_some(self.window),
+            };
+            let an = b.weight(&lw.attn_norm);
+            let hn = b.rms_norm(&x, &an, h.eps);
+            let a = attention(b, h, lw, il, &hn, &cfg); // Q/K norms inside
+            let pn = b.weight(lw.attn_post_norm.as_ref().expect("loaded with post norms"));
+            let a = b.rms_norm(&a, &pn, h.eps);
+            let x1 = b.add(&a, &x);
+            let fnw = b.weight(&lw.ffn_norm);
+            let hn = b.rms_norm(&x1, &fnw, h.eps);
+            let f = ffn(b, lw, &hn, Glu::GeluTanh);
+            let pf = b.weight(lw.ffn_post_norm.as_ref().expect("loaded with post norms"));
+            let f = b.rms_norm(&f, &pf, h.eps);
+            x = b.add(&f, &x1);
+        }
+        head(b, h, &x, &self.norm, &self.output)
+    }
+}
