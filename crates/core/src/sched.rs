@@ -11,7 +11,7 @@ use crate::memory::Pools;
 use crate::tensor::{Glu, Op, Storage, Tensor, TensorId};
 use crate::threads::{ThreadPool, Worker};
 use corelm_kernels::ops::{self, AttnScratch};
-use corelm_kernels::{DType, Kernels};
+use corelm_kernels::Kernels;
 use half::f16;
 use std::ops::Range;
 use std::time::Instant;
@@ -57,6 +57,10 @@ impl Profile {
 /// Runs graphs on a thread pool.
 pub struct Executor {
     scratch: Vec<std::sync::Mutex<Scratch>>,
+    /// When set, every F32 node's result is written to `<dir>/<node>_<op>_L<layer>_<ne0>.bin`
+    /// (raw little-endian f32) after it runs — for comparing against another engine's tensors.
+    /// Debugging only: it allocates and writes files on the hot path.
+    pub dump_dir: Option<std::path::PathBuf>,
 }
 
 impl Executor {
@@ -65,6 +69,7 @@ impl Executor {
             scratch: (0..n_threads)
                 .map(|_| std::sync::Mutex::new(Scratch { attn: AttnScratch::new(max_head_dim) }))
                 .collect(),
+            dump_dir: None,
         }
     }
 
@@ -103,6 +108,9 @@ impl Executor {
                 let t0 = profiling.then(Instant::now);
                 ctx.exec(id, w, &mut scratch);
                 w.barrier();
+                if let (0, Some(dir)) = (w.ith, &self.dump_dir) {
+                    ctx.dump(id, dir);
+                }
                 if let (Some(t0), Some(Some(p))) = (t0, prof.as_deref_mut()) {
                     p.add(graph.tensor(id).op.name(), t0.elapsed().as_secs_f64());
                 }
@@ -175,6 +183,18 @@ impl Ctx<'_> {
         debug_assert!(start + len <= t.ne[0] * t.ne[1]);
         // SAFETY: within the tensor (asserted); disjointness is the caller's contract.
         unsafe { std::slice::from_raw_parts_mut((self.base(t) as *mut f32).add(start), len) }
+    }
+
+    fn dump(&self, id: TensorId, dir: &std::path::Path) {
+        let t = self.t(id);
+        if t.dtype != corelm_kernels::DType::F32 || t.ne[1] == 0 {
+            return;
+        }
+        let bytes: Vec<u8> = self.f32s(id).iter().flat_map(|v| v.to_le_bytes()).collect();
+        let name = format!("{:05}_{}_L{}_{}.bin", id.0, t.op.name(), t.layer, t.ne[0]);
+        if let Err(e) = std::fs::write(dir.join(&name), bytes) {
+            eprintln!("corelm: cannot dump {name}: {e}");
+        }
     }
 
     fn exec(&self, id: TensorId, w: &Worker, scratch: &mut Scratch) {
@@ -256,7 +276,6 @@ impl Ctx<'_> {
                 let (kp, vp) = kv.layer_ptrs(layer as usize);
                 let (hd, cells) = (p.head_dim, kv.n_cells);
                 let group = p.n_head / p.n_kv_head;
-                let dot = self.kernels.ops(DType::F16).expect("f16 kernels").vec_dot;
                 let n_used = kv.used_end;
                 let kind = if rows >= ops::TILED_MIN_ROWS { ops::AttnKernel::Tiled } else { ops::AttnKernel::Reference };
                 for item in (ith..rows * p.n_head).step_by(nth) {
@@ -279,7 +298,7 @@ impl Ctx<'_> {
                     // SAFETY: (row, head) pairs are dealt to exactly one worker.
                     let out = unsafe { self.out_f32(t, r * ne0 + h * hd, hd) };
                     let qh = &q[r * ne0 + h * hd..r * ne0 + (h + 1) * hd];
-                    ops::attend_row(kind, qh, k, v, n_used, p.scale, visible, dot, &mut scratch.attn, out);
+                    ops::attend_row(kind, qh, k, v, n_used, p.scale, visible, &mut scratch.attn, out);
                 }
             }
             Op::Glu { gate, up, kind } => {
@@ -317,7 +336,9 @@ impl Ctx<'_> {
         let xt = self.t(x);
         let xrb = xt.row_bytes();
         let (wb, xb) = (self.bytes(wid), self.bytes(x));
-        let vec_dot = self.kernels.ops(wt.dtype).expect("weight type checked at load").vec_dot;
+        let ops = self.kernels.ops(wt.dtype).expect("weight type checked at load");
+        // Rows in complete groups of four use the tile dot (llama.cpp's 4-row kernels' order).
+        let tiled_rows = if rows >= 4 { rows - rows % 4 } else { 0 };
         debug_assert_eq!(xt.ne[0], k);
         let cols = split(n_out, ith, nth);
         let base = self.base(t) as *mut f32;
@@ -326,6 +347,7 @@ impl Ctx<'_> {
             let c1 = (c0 + COL_BLOCK).min(cols.end);
             for r in 0..rows {
                 let xr = &xb[r * xrb..(r + 1) * xrb];
+                let vec_dot = if r < tiled_rows { ops.vec_dot_tile } else { ops.vec_dot };
                 for c in c0..c1 {
                     let v = vec_dot(&wb[c * wrb..(c + 1) * wrb], xr);
                     // SAFETY: column c of row r is written by this worker only (columns split).

@@ -144,7 +144,8 @@ impl Engine {
         let kv = KvCache::new(h.n_layer, cfg.n_ctx, h.n_kv_head, h.head_dim, None);
         let cpus = if cfg.pin { corelm_core::threads::physical_cores() } else { vec![] };
         let pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
-        let exec = Executor::new(cfg.n_threads, h.head_dim);
+        let mut exec = Executor::new(cfg.n_threads, h.head_dim);
+        exec.dump_dir = std::env::var_os("CORELM_DUMP_DIR").map(Into::into);
         let mut graphs = HashMap::new();
         graphs.insert((cfg.n_batch, cfg.n_batch), g);
         Ok(Engine {

@@ -17,6 +17,10 @@ pub type FromFloat = fn(x: &[f32], y: &mut [u8]);
 pub struct TypeOps {
     pub vec_dot_type: DType,
     pub vec_dot: VecDot,
+    /// The dot product for batch rows that llama.cpp computes four at a time (rows below
+    /// `n - n % 4` of a batch of `n ≥ 4`). Same value up to float order; kept separate so
+    /// results match llama.cpp bit for bit. Equal to `vec_dot` for most types.
+    pub vec_dot_tile: VecDot,
     pub to_float: ToFloat,
     pub from_float: Option<FromFloat>,
 }
@@ -48,6 +52,7 @@ impl Kernels {
         let op = |vdt, vd: VecDot, tf: ToFloat, ff: Option<FromFloat>| TypeOps {
             vec_dot_type: vdt,
             vec_dot: vd,
+            vec_dot_tile: vd,
             to_float: tf,
             from_float: ff,
         };
@@ -59,7 +64,7 @@ impl Kernels {
                 op(DType::Q8_1, pd::dot_q4_1_q8_1, pq::dequant_q4_1, None),
                 op(DType::Q8_0, pd::dot_q5_0_q8_0, pq::dequant_q5_0, None),
                 op(DType::Q8_0, pd::dot_q8_0_q8_0, pq::dequant_q8_0, Some(pq::quant_q8_0)),
-                op(DType::Q8K, pd::dot_q4_k_q8_k, pq::dequant_q4_k, None),
+                TypeOps { vec_dot_tile: pd::dot_q4_k_q8_k_tile, ..op(DType::Q8K, pd::dot_q4_k_q8_k, pq::dequant_q4_k, None) },
                 op(DType::Q8K, pd::dot_q6_k_q8_k, pq::dequant_q6_k, None),
             ],
         }
@@ -78,13 +83,20 @@ impl Kernels {
             k.isa = Isa::Avx2;
             // SAFETY (all closures below): the features these functions are compiled for were
             // detected on this CPU just above.
-            let set = |k: &mut Kernels, t: DType, f: VecDot| k.ops[slot(t).unwrap()].vec_dot = f;
+            let set = |k: &mut Kernels, t: DType, f: VecDot| {
+                let o = &mut k.ops[slot(t).unwrap()];
+                if o.vec_dot_tile as usize == o.vec_dot as usize {
+                    o.vec_dot_tile = f;
+                }
+                o.vec_dot = f;
+            };
             set(&mut k, DType::F32, |x, y| unsafe { avx2::dot_f32(x, y) });
             set(&mut k, DType::F16, |x, y| unsafe { avx2::dot_f16(x, y) });
             set(&mut k, DType::Q4_1, |x, y| unsafe { avx2::dot_q4_1_q8_1(x, y) });
             set(&mut k, DType::Q5_0, |x, y| unsafe { avx2::dot_q5_0_q8_0(x, y) });
             set(&mut k, DType::Q8_0, |x, y| unsafe { avx2::dot_q8_0_q8_0(x, y) });
             set(&mut k, DType::Q4K, |x, y| unsafe { avx2::dot_q4_k_q8_k(x, y) });
+            k.ops[slot(DType::Q4K).unwrap()].vec_dot_tile = |x, y| unsafe { avx2::dot_q4_k_q8_k_tile(x, y) };
             set(&mut k, DType::Q6K, |x, y| unsafe { avx2::dot_q6_k_q8_k(x, y) });
         }
         k

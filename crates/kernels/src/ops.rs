@@ -35,14 +35,51 @@ pub fn rope_apply(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
         let (c, s) = (cache[2 * i], cache[2 * i + 1]);
         let (a, b) = if neox { (i, i + n_rot / 2) } else { (2 * i, 2 * i + 1) };
         let (x0, x1) = (x[a], x[b]);
-        x[a] = x0 * c - x1 * s;
-        x[b] = x0 * s + x1 * c;
+        // ggml is built with FMA contraction: the first product of each expression is fused.
+        x[a] = x0.mul_add(c, -(x1 * s));
+        x[b] = x0.mul_add(s, x1 * c);
     }
 }
 
+/// ggml's vectorised `expf` (`ggml_v_expf`, the AVX-512 build; from Arm's optimized routines),
+/// lane for lane: max error 1.45 ulp + 0.5, overflow to +inf above ~88.38, zero below ~-103.97.
+#[inline]
+pub fn expf_ggml(x: f32) -> f32 {
+    let r = f32::from_bits(0x4B40_0000); // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3FB8_AA3B), r); // 0x1.715476p+0 = log2(e)
+    let n = z - r;
+    // ln2 split in two: 0x1.62e4p-1 + 0x1.7f7d1cp-20.
+    let b = (-n).mul_add(f32::from_bits(0x35BF_BE8E), (-n).mul_add(f32::from_bits(0x3F31_7200), x));
+    let u = b * b;
+    // Polynomial coefficients 0x1.0e4020p-7, 0x1.573e2ep-5, 0x1.555e66p-3, 0x1.fffdb6p-2, 0x1.ffffecp-1.
+    let j = f32::from_bits(0x3C07_2010)
+        .mul_add(b, f32::from_bits(0x3D2B_9F17))
+        .mul_add(u, f32::from_bits(0x3E2A_AF33).mul_add(b, f32::from_bits(0x3EFF_FEDB)))
+        .mul_add(u, f32::from_bits(0x3F7F_FFF6).mul_add(b, 1.0));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    scalef(j, n as i32)
+}
+
+/// `j · 2^n` with one rounding (as `vscalefps`), for |n| ≤ 192.
+#[inline]
+fn scalef(j: f32, n: i32) -> f32 {
+    let pow2 = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+    if (-126..=127).contains(&n) {
+        j * pow2(n)
+    } else if n > 127 {
+        j * pow2(127) * pow2(n - 127)
+    } else {
+        // Scale into the normal range first so the final product rounds once.
+        (j * pow2(n + 64)) * pow2(-64)
+    }
+}
+
+/// SiLU as ggml computes it: `x / (1 + expf(-x))` with [`expf_ggml`].
 #[inline]
 fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + expf_ggml(0.0 - x))
 }
 
 /// `y = silu(g) · u`.
@@ -64,8 +101,10 @@ pub fn gelu_tanh(x: f32) -> f32 {
     } else if x >= 10.0 {
         x
     } else {
+        // ggml's table entry: gelu of the f16 input, contracted as GCC compiles it, stored f16.
         let v = f16::from_f32(x).to_f32();
-        let g = 0.5 * v * (1.0 + (SQRT_2_OVER_PI * v * (1.0 + GELU_COEF_A * v * v)).tanh());
+        let inner = (GELU_COEF_A * v).mul_add(v, 1.0);
+        let g = (0.5 * v) * (1.0 + ((SQRT_2_OVER_PI * v) * inner).tanh());
         f16::from_f32(g).to_f32()
     }
 }
@@ -128,12 +167,11 @@ pub fn attend_row(
     n_cells: usize,
     scale: f32,
     visible: impl Fn(usize) -> bool,
-    dot_f16: crate::dispatch::VecDot,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
     match kind {
-        AttnKernel::Reference => attend_reference(q, k, v, n_cells, scale, visible, dot_f16, scratch, out),
+        AttnKernel::Reference => attend_reference(q, k, v, n_cells, scale, visible, scratch, out),
         AttnKernel::Tiled => attend_tiled(q, k, v, n_cells, scale, visible, scratch, out),
     }
 }
@@ -146,7 +184,6 @@ fn attend_reference(
     n_cells: usize,
     scale: f32,
     visible: impl Fn(usize) -> bool,
-    dot_f16: crate::dispatch::VecDot,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
@@ -155,13 +192,12 @@ fn attend_reference(
         *d = f16::from_f32(s);
     }
     scratch.acc16.iter_mut().for_each(|a| *a = f16::ZERO);
-    let qb = f16_bytes(&scratch.q16);
     let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
     for c in 0..n_cells {
         if !visible(c) {
             continue;
         }
-        let score = dot_f16(f16_bytes(&k[c * hd..(c + 1) * hd]), qb) * scale;
+        let score = dot_f16_ggml(&k[c * hd..(c + 1) * hd], &scratch.q16) * scale;
         let (mut ms, mut vs) = (1f32, 1f32);
         if score > m {
             let old = m;
@@ -176,7 +212,7 @@ fn attend_reference(
         for (a, &vv) in scratch.acc16.iter_mut().zip(&v[c * hd..(c + 1) * hd]) {
             *a = f16::from_f32(vv.to_f32().mul_add(vs, a.to_f32()));
         }
-        s = s * ms + vs;
+        s = s.mul_add(ms, vs);
     }
     let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
     for (o, a) in out.iter_mut().zip(&scratch.acc16) {
@@ -223,12 +259,19 @@ fn attend_tiled(
             s *= ms;
         }
         m = m_new;
-        let mut sum = 0f64;
-        for p in scratch.scores[..t1 - t0].iter_mut() {
-            *p = (*p - m).exp();
-            sum += *p as f64;
+        // ggml_vec_soft_max_f32: its own expf, each group of 16 reduced in float (GCC's
+        // `_mm512_reduce_add_ps` order), the groups summed in double, added to S in double.
+        for p in scratch.scores[t1 - t0..].iter_mut() {
+            *p = f32::NEG_INFINITY; // the padding of a short last tile
         }
-        s += sum as f32;
+        let mut sum = 0f64;
+        for g in scratch.scores.chunks_exact_mut(16) {
+            for p in g.iter_mut() {
+                *p = expf_ggml(*p - m);
+            }
+            sum += reduce_add_16(&<[f32; 16]>::try_from(&*g).expect("16 lanes")) as f64;
+        }
+        s = (s as f64 + sum) as f32;
         for c in t0..t1 {
             let p = scratch.scores[c - t0];
             if p != 0.0 {
@@ -243,6 +286,45 @@ fn attend_tiled(
     for (o, &a) in out.iter_mut().zip(&scratch.acc) {
         *o = a * inv;
     }
+}
+
+/// F16 dot product in exactly the order ggml-cpu's AVX-512 build sums it (`ggml_vec_dot_f16`
+/// with `F32Cx16`): four 16-lane f32 accumulators over 64-element steps, fused multiply-adds,
+/// the accumulators folded (0+2, 1+3, then 0+1), the 16 lanes reduced as GCC's
+/// `_mm512_reduce_add_ps` does, the tail added in double. Attention scores of massive-activation
+/// rows are sensitive to these bits.
+pub fn dot_f16_ggml(x: &[f16], y: &[f16]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n & !63;
+    let mut acc = [[0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, al) in a.iter_mut().enumerate() {
+                let k = i + j * 16 + l;
+                *al = x[k].to_f32().mul_add(y[k].to_f32(), *al);
+            }
+        }
+    }
+    for l in 0..16 {
+        acc[0][l] += acc[2][l];
+        acc[1][l] += acc[3][l];
+    }
+    for l in 0..16 {
+        acc[0][l] += acc[1][l];
+    }
+    let mut sum = reduce_add_16(&acc[0]) as f64;
+    for k in np..n {
+        sum += (x[k].to_f32() * y[k].to_f32()) as f64;
+    }
+    sum as f32
+}
+
+/// Sum of 16 lanes in the order of GCC's `_mm512_reduce_add_ps`: halves, quarters, then pairs.
+#[inline]
+pub fn reduce_add_16(a: &[f32; 16]) -> f32 {
+    let t3: [f32; 8] = std::array::from_fn(|i| a[8 + i] + a[i]);
+    let t6: [f32; 4] = std::array::from_fn(|i| t3[4 + i] + t3[i]);
+    (t6[0] + t6[2]) + (t6[1] + t6[3])
 }
 
 /// Bytes of an f16 slice (for the byte-typed dot products).

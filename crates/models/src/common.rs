@@ -64,7 +64,11 @@ impl LayerWeights {
 /// Per-layer attention settings.
 pub struct AttnCfg {
     pub rope: RopeParams,
+    /// Multiplies q·k inside attention.
     pub scale: f32,
+    /// Multiplies the queries before attention (Gemma), as a graph node of its own: the
+    /// attention kernel rounds queries to F16, so where the scale is applied shows in the bits.
+    pub q_scale: Option<f32>,
     pub window: Option<u32>,
 }
 
@@ -88,7 +92,10 @@ pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &B
         q = b.rms_norm(&q, &qn, h.eps);
         k = b.rms_norm(&k, &kn, h.eps);
     }
-    let q = b.rope(&q, RopeParams { n_head: h.n_head, ..cfg.rope });
+    let mut q = b.rope(&q, RopeParams { n_head: h.n_head, ..cfg.rope });
+    if let Some(s) = cfg.q_scale {
+        q = b.scale(&q, s);
+    }
     let k = b.rope(&k, RopeParams { n_head: h.n_kv_head, ..cfg.rope });
     b.kv_store(il, &k, &v);
     let p = AttnParams {

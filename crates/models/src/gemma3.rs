@@ -80,7 +80,8 @@ impl Model for Gemma3 {
                     freq_scale: if swa { 1.0 } else { self.freq_scale_global },
                     neox: true,
                 },
-                scale: 1.0 / (h.head_dim as f32).sqrt(),
+                scale: 1.0,
+                q_scale: Some(1.0 / (h.head_dim as f32).sqrt()),
                 window: swa.then_some(self.window),
             };
             let an = b.weight(&lw.attn_norm);

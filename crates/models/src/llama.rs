@@ -56,6 +56,7 @@ impl Model for Llama {
                 neox: false,
             },
             scale: 1.0 / (h.head_dim as f32).sqrt(),
+            q_scale: None,
             window: None,
         };
         let te = b.weight(&self.tok_embd);

@@ -50,6 +50,7 @@ impl Model for Qwen2 {
                 neox: true,
             },
             scale: 1.0 / (h.head_dim as f32).sqrt(),
+            q_scale: None,
             window: None,
         };
         let te = b.weight(&self.tok_embd);

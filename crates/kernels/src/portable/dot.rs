@@ -50,9 +50,13 @@ pub fn dot_q8_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
     sum
 }
 
+/// Float order of ggml's repacked `q4_K_8x8` kernels (what llama.cpp runs for Q4_K on AVX2):
+/// per super-block an exact integer sum for the scales and one for the mins, each folded into
+/// its own running sum with one FMA by `d_w·d_x` (resp. `dmin_w·d_x`); the two are subtracted
+/// at the end.
 pub fn dot_q4_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
     let (x, y) = (as_blocks::<BlockQ4K>(x), as_blocks::<BlockQ8K>(y));
-    let mut sum = 0f32;
+    let (mut acc, mut acc_min) = (0f32, 0f32);
     for (a, b) in x.iter().zip(y) {
         let q = q4_k_values(a);
         let (mut sumi, mut summ) = (0i32, 0i32);
@@ -62,9 +66,34 @@ pub fn dot_q4_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
             sumi += sc as i32 * s;
             summ += m as i32 * (b.bsums[2 * j] as i32 + b.bsums[2 * j + 1] as i32);
         }
-        sum += b.d * a.d.to_f32() * sumi as f32 - b.d * a.dmin.to_f32() * summ as f32;
+        acc = (sumi as f32).mul_add(a.d.to_f32() * b.d, acc);
+        acc_min = (summ as f32).mul_add(a.dmin.to_f32() * b.d, acc_min);
     }
-    sum
+    acc - acc_min
+}
+
+/// Float order of ggml's 4-row `q4_K_8x8` gemm (batch rows in complete groups of four): the
+/// same integer sums as [`dot_q4_k_q8_k`], folded in per pair of sub-blocks (64 values) instead
+/// of per super-block.
+pub fn dot_q4_k_q8_k_tile(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ4K>(x), as_blocks::<BlockQ8K>(y));
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    for (a, b) in x.iter().zip(y) {
+        let q = q4_k_values(a);
+        let (d, dmin) = (a.d.to_f32() * b.d, a.dmin.to_f32() * b.d);
+        for p in 0..QK_K / 64 {
+            let (mut sumi, mut summ) = (0i32, 0i32);
+            for j in 2 * p..2 * p + 2 {
+                let (sc, m) = scale_min_k4(j, &a.scales);
+                let s: i32 = (0..32).map(|l| q[j * 32 + l] as i32 * b.qs[j * 32 + l] as i32).sum();
+                sumi += sc as i32 * s;
+                summ += m as i32 * (b.bsums[2 * j] as i32 + b.bsums[2 * j + 1] as i32);
+            }
+            acc = (sumi as f32).mul_add(d, acc);
+            acc_min = (summ as f32).mul_add(dmin, acc_min);
+        }
+    }
+    acc - acc_min
 }
 
 pub fn dot_q6_k_q8_k(x: &[u8], y: &[u8]) -> f32 {

@@ -112,21 +112,21 @@ pub fn dot_q8_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
     hsum_f32x8(acc)
 }
 
+/// Integer sums with AVX2, float order of ggml's repacked `q4_K_8x8` kernels (see the portable
+/// twin): the two are bit-identical.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn dot_q4_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
     let (x, y) = (as_blocks::<BlockQ4K>(x), as_blocks::<BlockQ8K>(y));
     let m4 = _mm256_set1_epi8(0xF);
-    let mut acc = _mm256_setzero_ps();
-    let mut summ = 0f32;
+    let (mut acc, mut acc_min) = (0f32, 0f32);
     for (a, b) in x.iter().zip(y) {
         let mut sc = [0i16; 8];
-        let mut mins = 0i32;
+        let mut summ = 0i32;
         for (j, s) in sc.iter_mut().enumerate() {
             let (scale, m) = scale_min_k4(j, &a.scales);
             *s = scale as i16;
-            mins += m as i32 * (b.bsums[2 * j] as i32 + b.bsums[2 * j + 1] as i32);
+            summ += m as i32 * (b.bsums[2 * j] as i32 + b.bsums[2 * j + 1] as i32);
         }
-        summ += b.d * a.dmin.to_f32() * mins as f32;
         let mut sumi = _mm256_setzero_si256();
         for j in 0..QK_K / 64 {
             let q4 = load32u(&a.qs[j * 32..]);
@@ -139,20 +139,67 @@ pub fn dot_q4_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
                 _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1]), _mm256_maddubs_epi16(q4h, q8h));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
-        let d = _mm256_set1_ps(b.d * a.d.to_f32());
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+        acc = (hsum_i32x8(sumi) as f32).mul_add(a.d.to_f32() * b.d, acc);
+        acc_min = (summ as f32).mul_add(a.dmin.to_f32() * b.d, acc_min);
     }
-    hsum_f32x8(acc) - summ
+    acc - acc_min
 }
 
+/// AVX2 twin of `portable::dot::dot_q4_k_q8_k_tile` (bit-identical).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_q4_k_q8_k_tile(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ4K>(x), as_blocks::<BlockQ8K>(y));
+    let m4 = _mm256_set1_epi8(0xF);
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    for (a, b) in x.iter().zip(y) {
+        let (d, dmin) = (a.d.to_f32() * b.d, a.dmin.to_f32() * b.d);
+        for j in 0..QK_K / 64 {
+            let (s0, m0) = scale_min_k4(2 * j, &a.scales);
+            let (s1, m1) = scale_min_k4(2 * j + 1, &a.scales);
+            let q4 = load32u(&a.qs[j * 32..]);
+            let q4l = _mm256_and_si256(q4, m4);
+            let q4h = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            let q8l = load32u(bytes_of_i8(&b.qs[j * 64..]));
+            let q8h = load32u(bytes_of_i8(&b.qs[j * 64 + 32..]));
+            let pl = _mm256_madd_epi16(_mm256_set1_epi16(s0 as i16), _mm256_maddubs_epi16(q4l, q8l));
+            let ph = _mm256_madd_epi16(_mm256_set1_epi16(s1 as i16), _mm256_maddubs_epi16(q4h, q8h));
+            let sumi = hsum_i32x8(_mm256_add_epi32(pl, ph));
+            let bs = &b.bsums[4 * j..4 * j + 4];
+            let summ = m0 as i32 * (bs[0] as i32 + bs[1] as i32) + m1 as i32 * (bs[2] as i32 + bs[3] as i32);
+            acc = (sumi as f32).mul_add(d, acc);
+            acc_min = (summ as f32).mul_add(dmin, acc_min);
+        }
+    }
+    acc - acc_min
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_i32x8(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
+}
+
+/// ggml's AVX2 layout: unsigned 6-bit values times activations, scaled per 16, and the −32
+/// offset subtracted at the end per lane pair from the activation block sums (`bsums`), so the
+/// eight float lanes hold exactly what ggml's hold.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn dot_q6_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
     let (x, y) = (as_blocks::<BlockQ6K>(x), as_blocks::<BlockQ8K>(y));
     let m4 = _mm256_set1_epi8(0xF);
     let m2 = _mm256_set1_epi8(3);
-    let m32s = _mm256_set1_epi8(32);
     let mut acc = _mm256_setzero_ps();
     for (a, b) in x.iter().zip(y) {
+        // SAFETY: bsums is 16 i16 (32 bytes), scales 16 i8 (16 bytes); loadu is unaligned.
+        let (q8sums, scales) = unsafe {
+            (
+                _mm256_loadu_si256(b.bsums.as_ptr() as *const __m256i),
+                _mm_loadu_si128(a.scales.as_ptr() as *const __m128i),
+            )
+        };
+        let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, _mm256_cvtepi8_epi16(scales)), 5);
         let mut sumi = _mm256_setzero_si256();
         for n in 0..QK_K / 128 {
             let ql1 = load32u(&a.ql[n * 64..]);
@@ -173,6 +220,7 @@ pub fn dot_q6_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), h(4)),
                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql2, 4), m4), h(6)),
             ];
+            let mut p = [_mm256_setzero_si256(); 4];
             for (k, &qk) in q.iter().enumerate() {
                 let q8 = load32u(bytes_of_i8(&b.qs[n * 128 + k * 32..]));
                 let g = n * 8 + k * 2;
@@ -180,11 +228,12 @@ pub fn dot_q6_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
                     _mm_set1_epi16(a.scales[g + 1] as i16),
                     _mm_set1_epi16(a.scales[g] as i16),
                 );
-                // (q - 32)·y = q·y - 32·y, both via maddubs on unsigned q.
-                let p = _mm256_sub_epi16(_mm256_maddubs_epi16(qk, q8), _mm256_maddubs_epi16(m32s, q8));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale, p));
+                p[k] = _mm256_madd_epi16(scale, _mm256_maddubs_epi16(qk, q8));
             }
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p[0], p[1]));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p[2], p[3]));
         }
+        let sumi = _mm256_sub_epi32(sumi, q8sclsub);
         let d = _mm256_set1_ps(b.d * a.d.to_f32());
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
