@@ -183,6 +183,11 @@ impl Engine {
         self.kernels
     }
 
+    /// Graphs planned so far (one per batch shape; decoding reuses one).
+    pub fn n_graphs(&self) -> usize {
+        self.graphs.len()
+    }
+
     /// Bytes of the pools planned at load: activations (both buffers), outputs, KV cache.
     pub fn memory(&self) -> (usize, usize, usize) {
         (self.pools.act[0].len() + self.pools.act[1].len(), self.pools.out.len(), self.kv.bytes())

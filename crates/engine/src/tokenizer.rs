@@ -23,6 +23,18 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
 
 const TOKEN_CONTROL: i64 = 3;
+/// Texts llama.cpp treats as end of generation (and therefore as control tokens).
+const EOG_TEXTS: [&str; 22] = [
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~[",
+];
+/// FIM pad / repository / file-separator tokens, which llama.cpp also ends generation on.
+const FIM_EOG_TEXTS: [&str; 11] = [
+    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>",
+    "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>",
+];
 const TOKEN_USER_DEFINED: i64 = 4;
 const TOKEN_BYTE: i64 = 6;
 
@@ -106,6 +118,28 @@ impl Tokenizer {
         let id = |key: &str| -> Result<Option<u32>, Error> {
             Ok(g.opt_u64(key)?.filter(|&v| (v as usize) < n).map(|v| v as u32))
         };
+        // llama.cpp promotes tokens by their text: end-of-generation and FIM tokens become
+        // control tokens (parsed as special, never as text) whatever type the file gives them.
+        let mut token_type = token_type;
+        let mut eog: Vec<u32> = [
+            id("tokenizer.ggml.eos_token_id")?,
+            id("tokenizer.ggml.eot_token_id")?,
+            id("tokenizer.ggml.eom_token_id")?,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let has_tool_response = tokens.iter().any(|t| t == "<|tool_response>");
+        for (i, t) in tokens.iter().enumerate() {
+            let text_eog = EOG_TEXTS.contains(&t.as_str()) && !(t == "</s>" && has_tool_response);
+            let fim = FIM_EOG_TEXTS.contains(&t.as_str());
+            if text_eog || fim {
+                token_type[i] = TOKEN_CONTROL;
+                if !eog.contains(&(i as u32)) {
+                    eog.push(i as u32);
+                }
+            }
+        }
         let (kind, bpe, normalizer, pre) = match model {
             "gpt2" => {
                 let pre_name = g.opt_str("tokenizer.ggml.pre")?.unwrap_or("default");
@@ -175,17 +209,6 @@ impl Tokenizer {
         let add_bos = g.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(kind == VocabKind::Spm);
         let bos = id("tokenizer.ggml.bos_token_id")?;
         let eos = id("tokenizer.ggml.eos_token_id")?;
-        let mut eog: Vec<u32> = [eos, id("tokenizer.ggml.eot_token_id")?, id("tokenizer.ggml.eom_token_id")?]
-            .into_iter()
-            .flatten()
-            .collect();
-        const EOG_TEXTS: [&str; 8] =
-            ["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<|eom_id|>", "<EOT>"];
-        for i in 0..n {
-            if token_type[i] == TOKEN_CONTROL && EOG_TEXTS.contains(&tokens[i].as_str()) && !eog.contains(&(i as u32)) {
-                eog.push(i as u32);
-            }
-        }
         Ok(Tokenizer { hf, hf_plain, kind, pieces, texts: tokens.to_vec(), token_type, bos, eos, add_bos, eog })
     }
 

@@ -1,0 +1,105 @@
+//! The `corelm` binary end to end on SmolLM2.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+fn models_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("CORELM_MODELS_DIR") {
+        return d.into();
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"));
+    base.join("corelm/models")
+}
+
+fn smol() -> String {
+    let p = models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.exists(), "run scripts/fetch_models.py first: {} is missing", p.display());
+    p.display().to_string()
+}
+
+fn golden(case: &str) -> PathBuf {
+    let base = std::env::var_os("CORELM_GOLDEN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden"));
+    base.join("SmolLM2-135M-Instruct.Q4_1").join(case)
+}
+
+fn corelm() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_corelm"))
+}
+
+#[test]
+fn eval_prints_the_golden_fields() {
+    let out = corelm()
+        .args(["eval", "--model", &smol(), "--threads", "1", "--no-pin", "--case"])
+        .arg(golden("p02_sentence.json"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let case: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(golden("p02_sentence.json")).unwrap()).unwrap();
+    assert_eq!(v["prompt_token_ids"], case["prompt_token_ids"]);
+    assert_eq!(v["prompt_top10"].as_array().unwrap().len(), case["prompt_token_ids"].as_array().unwrap().len());
+    assert_eq!(v["greedy_ids"].as_array().unwrap().len(), 48);
+    assert_eq!(v["greedy_top10"].as_array().unwrap().len(), 48);
+    assert_eq!(v["greedy_ids"].as_array().unwrap()[..16], case["greedy_ids"].as_array().unwrap()[..16]);
+    // Teacher-forced runs the case's own tokens.
+    let out = corelm()
+        .args(["eval", "--model", &smol(), "--threads", "2", "--no-pin", "--teacher-forced", "--case"])
+        .arg(golden("p02_sentence.json"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let tf: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(tf["greedy_ids"], case["greedy_ids"]);
+}
+
+#[test]
+fn tokenize_and_run() {
+    let out = corelm().args(["tokenize", "--model", &smol(), "Hello"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[19556]");
+    let out = corelm()
+        .args(["run", "--model", &smol(), "-p", "The capital of France is", "-n", "8", "--temp", "0", "--no-pin"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Paris"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("generated"));
+}
+
+#[test]
+fn chat_keeps_the_conversation() {
+    let mut child = corelm()
+        .args(["chat", "--model", &smol(), "-n", "24", "--temp", "0", "--no-pin"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"My name is Ada.\nWhat is my name?\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.lines().filter(|l| !l.trim().is_empty()).count() >= 2, "{text}");
+    assert!(text.contains("Ada"), "the second answer should use the first turn: {text}");
+}
+
+#[test]
+fn bad_model_paths_and_files_are_named() {
+    let out = corelm().args(["run", "--model", "/no/such/model.gguf", "-p", "hi"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/no/such/model.gguf"), "{err}");
+
+    let bad = std::env::temp_dir().join(format!("corelm-cli-bad-{}.gguf", std::process::id()));
+    std::fs::write(&bad, b"GGUF\x03\x00\x00\x00garbage").unwrap();
+    let out = corelm().args(["run", "--model"]).arg(&bad).args(["-p", "hi"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("truncated") || err.contains("tensor_count"), "{err}");
+    std::fs::remove_file(bad).ok();
+}

@@ -1,0 +1,51 @@
+//! Shared helpers for the engine's integration tests: where models and golden data live.
+
+#![allow(dead_code)]
+
+use corelm_engine::{Engine, EngineConfig, Tokenizer};
+use std::path::PathBuf;
+
+/// (golden directory name, model file name, logit tolerance from ../shared/golden/README.md)
+pub const MODELS: [(&str, &str, f32); 3] = [
+    ("SmolLM2-135M-Instruct.Q4_1", "SmolLM2-135M-Instruct.Q4_1.gguf", 1.0),
+    ("gemma-3-270m-q4_k_m", "gemma-3-270m-q4_k_m.gguf", 2.5),
+    ("qwen2.5-coder-0.5b-instruct-awq-q4_k_m", "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf", 1.5),
+];
+
+pub fn models_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("CORELM_MODELS_DIR") {
+        return d.into();
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache"));
+    base.join("corelm").join("models")
+}
+
+pub fn golden_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("CORELM_GOLDEN_DIR") {
+        return d.into();
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden")
+}
+
+pub fn model_path(file: &str) -> PathBuf {
+    let p = models_dir().join(file);
+    assert!(
+        p.exists(),
+        "model {} is missing: run `scripts/fetch_models.py all` (or `make test`, which does)",
+        p.display()
+    );
+    p
+}
+
+pub fn load(file: &str, cfg: EngineConfig) -> (Engine, Tokenizer) {
+    let engine = Engine::load(model_path(file), cfg).expect("model loads");
+    let tok = Tokenizer::from_gguf(engine.gguf()).expect("tokenizer builds");
+    (engine, tok)
+}
+
+/// Small deterministic config for tests (no pinning: the harness runs tests in parallel).
+pub fn test_config(n_threads: usize) -> EngineConfig {
+    EngineConfig { n_ctx: 1024, n_batch: 128, n_seq_max: 4, n_threads, pin: false }
+}

@@ -1,0 +1,270 @@
+//! Engine behaviour on a real model (SmolLM2): multi-sequence batches, graph reuse, errors that
+//! leave the engine usable, refused models, templates, sampling and streaming.
+
+mod common;
+
+use common::*;
+use corelm_engine::chat::{ChatTemplate, Message};
+use corelm_engine::generate::{generate, GenerateParams, StopReason};
+use corelm_engine::sample::{argmax, Sampler, SamplingParams};
+use corelm_engine::{Batch, Engine, Error, Utf8Stream};
+use corelm_gguf::writer::Writer;
+use corelm_gguf::{GgmlType, Value};
+
+const SMOL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+fn logits_alone(engine: &mut Engine, seq: i32, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let mut b = Batch::new();
+    for (i, &t) in tokens.iter().enumerate() {
+        b.add(t, i as i32, seq, true);
+    }
+    let l = engine.decode(&b).unwrap();
+    (0..l.rows()).map(|r| l.row(r).to_vec()).collect()
+}
+
+#[test]
+fn two_sequences_in_one_batch_equal_each_alone() {
+    let (mut engine, tok) = load(SMOL, test_config(2));
+    let a = tok.encode("The quick brown fox jumps over", false, true).unwrap();
+    let b = tok.encode("In 1492, Columbus sailed", false, true).unwrap();
+    let alone_a = logits_alone(&mut engine, 0, &a);
+    engine.clear_all();
+    let alone_b = logits_alone(&mut engine, 1, &b);
+    engine.clear_all();
+
+    // Interleave the two prompts in one batch, sequences 2 and 3.
+    let mut batch = Batch::new();
+    let mut order = Vec::new();
+    for i in 0..a.len().max(b.len()) {
+        if i < a.len() {
+            batch.add(a[i], i as i32, 2, true);
+            order.push((0, i));
+        }
+        if i < b.len() {
+            batch.add(b[i], i as i32, 3, true);
+            order.push((1, i));
+        }
+    }
+    let l = engine.decode(&batch).unwrap();
+    for (row, &(s, i)) in order.iter().enumerate() {
+        let want = if s == 0 { &alone_a[i] } else { &alone_b[i] };
+        assert_eq!(l.row(row), &want[..], "sequence {s} position {i} differs when batched");
+    }
+
+    // And decoding one more token for each, in one batch, equals decoding alone.
+    let (na, nb) = (argmax(&alone_a[a.len() - 1]), argmax(&alone_b[b.len() - 1]));
+    let mut step = Batch::new();
+    step.add(na, a.len() as i32, 2, true).add(nb, b.len() as i32, 3, true);
+    let both: Vec<Vec<f32>> = {
+        let l = engine.decode(&step).unwrap();
+        (0..2).map(|r| l.row(r).to_vec()).collect()
+    };
+    engine.clear_all();
+    let mut a2 = a.clone();
+    a2.push(na);
+    let solo = logits_alone(&mut engine, 0, &a2);
+    let d: f32 = both[0].iter().zip(&solo[a.len()]).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+    assert!(d < 1e-3, "batched decode step differs from a solo prefill by {d}");
+}
+
+#[test]
+fn decode_reuses_one_graph_and_matches_prefill() {
+    let (mut engine, tok) = load(SMOL, test_config(2));
+    let ids = tok.encode("Once upon a time there was", false, true).unwrap();
+    let full = logits_alone(&mut engine, 0, &ids);
+    engine.clear_all();
+    // Token by token: prompt one at a time, same logits (the reference attention path is used
+    // for both, so equal to the bit).
+    let graphs_before = engine.n_graphs();
+    let mut b = Batch::new();
+    for (i, &t) in ids.iter().enumerate() {
+        b.clear();
+        b.add(t, i as i32, 0, true);
+        let l = engine.decode(&b).unwrap();
+        assert_eq!(l.row(0), &full[i][..], "position {i}");
+    }
+    assert_eq!(engine.n_graphs(), graphs_before + 1, "single-token decode must plan exactly one graph");
+}
+
+#[test]
+fn bad_batches_are_refused_and_state_is_kept() {
+    let (mut engine, tok) = load(SMOL, EngineConfig { n_ctx: 16, ..test_config(1) });
+    let ids = tok.encode("Hello there", false, true).unwrap();
+    let before = logits_alone(&mut engine, 0, &ids);
+    let n = ids.len() as i32;
+
+    let mut b = Batch::new();
+    b.add(1_000_000, n, 0, true);
+    let e = engine.decode(&b).err().unwrap().to_string();
+    assert!(e.contains("1000000") && e.contains("vocabulary"), "{e}");
+
+    b.clear();
+    b.add(1, 0, 0, true); // position already used
+    let e = engine.decode(&b).err().unwrap().to_string();
+    assert!(e.contains("position 0"), "{e}");
+
+    b.clear();
+    b.add(1, 0, 9, true);
+    assert!(matches!(engine.decode(&b), Err(Error::Batch(_))));
+
+    b.clear();
+    for i in 0..20 {
+        b.add(1, n + i, 0, true);
+    }
+    let e = engine.decode(&b).err().unwrap();
+    assert!(matches!(e, Error::Batch(_) | Error::ContextFull { .. }), "{e}");
+
+    // The sequence is intact: decoding its next token equals a fresh run.
+    b.clear();
+    b.add(argmax(&before[before.len() - 1]), n, 0, true);
+    let next = engine.decode(&b).unwrap().row(0).to_vec();
+    engine.clear_all();
+    let mut ids2 = ids.clone();
+    ids2.push(argmax(&before[before.len() - 1]));
+    let fresh = logits_alone(&mut engine, 0, &ids2);
+    assert_eq!(next, fresh[ids.len()]);
+
+    // A prompt longer than the context is refused with the sizes.
+    engine.clear_all();
+    let long = vec![1u32; 40];
+    let e = generate(&mut engine, &tok, &long, &GenerateParams::default(), |_| true).err().unwrap();
+    assert!(matches!(e, Error::PromptTooLong { prompt: 40, n_ctx: 16 }), "{e}");
+}
+
+use corelm_engine::EngineConfig;
+
+fn tiny_gguf(arch: &str, with_tensors: bool) -> Vec<u8> {
+    let mut w = Writer::new();
+    let k = |s: &str| format!("{arch}.{s}");
+    w.kv("general.architecture", Value::String(arch.into()))
+        .kv(&k("block_count"), Value::U32(1))
+        .kv(&k("context_length"), Value::U32(64))
+        .kv(&k("embedding_length"), Value::U32(32))
+        .kv(&k("feed_forward_length"), Value::U32(64))
+        .kv(&k("attention.head_count"), Value::U32(2))
+        .kv(&k("attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
+    if with_tensors {
+        w.tensor("token_embd.weight", &[32, 10], GgmlType::F32, vec![0; 32 * 10 * 4]);
+        w.tensor("output_norm.weight", &[32], GgmlType::F32, vec![0; 32 * 4]);
+    }
+    w.to_bytes()
+}
+
+#[test]
+fn unknown_architecture_and_missing_tensor_are_named() {
+    let dir = std::env::temp_dir().join(format!("corelm-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("mamba.gguf");
+    std::fs::write(&p, tiny_gguf("mamba9", true)).unwrap();
+    let e = Engine::load(&p, test_config(1)).err().unwrap().to_string();
+    assert!(e.contains("mamba9") && e.contains("unsupported architecture"), "{e}");
+
+    let p = dir.join("llama.gguf");
+    std::fs::write(&p, tiny_gguf("llama", true)).unwrap();
+    let e = Engine::load(&p, test_config(1)).err().unwrap().to_string();
+    assert!(e.contains("blk.0.attn_norm.weight"), "{e}");
+
+    let p = dir.join("truncated.gguf");
+    let bytes = tiny_gguf("llama", true);
+    std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+    let e = Engine::load(&p, test_config(1)).err().unwrap().to_string();
+    assert!(e.contains("token_embd.weight") || e.contains("truncated"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn chat_templates_reproduce_the_golden_prompts() {
+    for (dir, file, _) in MODELS {
+        let path = golden_dir().join(dir).join("p08_chat.json");
+        let case: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let msgs: Vec<Message> = case["chat_messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let g = corelm_engine::engine::open_gguf(model_path(file)).unwrap();
+        let tok = corelm_engine::Tokenizer::from_gguf(&g).unwrap();
+        let t = ChatTemplate::from_gguf(&g, &tok).unwrap();
+        assert_eq!(t.render(&msgs, true).unwrap(), case["prompt"].as_str().unwrap(), "{dir}");
+    }
+    // Templates that raise report the message.
+    let t = ChatTemplate::from_jinja("{{ raise_exception('roles must alternate') }}", "", "").unwrap();
+    let e = t.render(&[], true).err().unwrap().to_string();
+    assert!(e.contains("roles must alternate"), "{e}");
+}
+
+#[test]
+fn sampler_behaviour() {
+    let logits = vec![0.0, 3.0, 2.9, -1.0, 1.0];
+    let mut s = Sampler::new(SamplingParams::greedy(), 5).unwrap();
+    assert_eq!(s.sample(&logits), 1);
+    // top_k = 1 is greedy at any temperature.
+    let mut s = Sampler::new(SamplingParams { temperature: 5.0, top_k: 1, ..Default::default() }, 5).unwrap();
+    assert!((0..20).all(|_| s.sample(&logits) == 1));
+    // Same seed, same draws; the distribution is not degenerate at high temperature.
+    let p = SamplingParams { temperature: 2.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 7, ..Default::default() };
+    let draws = |p: &SamplingParams| {
+        let mut s = Sampler::new(p.clone(), 5).unwrap();
+        (0..50).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+    };
+    assert_eq!(draws(&p), draws(&p));
+    assert!(draws(&p).iter().collect::<std::collections::HashSet<_>>().len() >= 3);
+    // min_p keeps only tokens with p ≥ min_p · p_max: 1 and 2 here.
+    let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.5, ..p.clone() }, 5).unwrap();
+    assert!((0..50).all(|_| matches!(s.sample(&logits), 1 | 2)));
+    // A repetition penalty steers greedy away from a recent token.
+    let mut s = Sampler::new(SamplingParams { temperature: 0.0, repeat_penalty: 2.0, ..Default::default() }, 5).unwrap();
+    s.accept(1);
+    assert_eq!(s.sample(&logits), 2);
+    // Presence penalty likewise.
+    let mut s = Sampler::new(SamplingParams { temperature: 0.0, presence_penalty: 0.5, ..Default::default() }, 5).unwrap();
+    s.accept(1);
+    assert_eq!(s.sample(&logits), 2);
+    // Bad parameters are refused by name.
+    for bad in [
+        SamplingParams { temperature: -1.0, ..Default::default() },
+        SamplingParams { top_p: 0.0, ..Default::default() },
+        SamplingParams { min_p: 2.0, ..Default::default() },
+        SamplingParams { repeat_penalty: 0.0, ..Default::default() },
+    ] {
+        assert!(matches!(Sampler::new(bad, 5), Err(Error::Sampling(_))));
+    }
+}
+
+#[test]
+fn utf8_stream_never_splits_a_character() {
+    let mut s = Utf8Stream::default();
+    let bytes = "é😀".as_bytes();
+    assert_eq!(s.push(&bytes[..1]), "");
+    assert_eq!(s.push(&bytes[1..3]), "é");
+    assert_eq!(s.push(&bytes[3..5]), "");
+    assert_eq!(s.push(&bytes[5..]), "😀");
+    assert_eq!(s.push(&[0xFF, b'a']), "\u{FFFD}a");
+    assert_eq!(s.push(&[0xE2, 0x82]), "");
+    assert_eq!(s.finish(), "\u{FFFD}");
+}
+
+#[test]
+fn generation_stops_on_stop_strings_and_limits() {
+    let (mut engine, tok) = load(SMOL, test_config(2));
+    let ids = tok.encode("1, 2, 3, 4, 5,", false, true).unwrap();
+    let params = GenerateParams { max_tokens: 40, sampling: SamplingParams::greedy(), stop: vec!["9".into()], seq: 0 };
+    let mut streamed = String::new();
+    let g = generate(&mut engine, &tok, &ids, &params, |t| {
+        streamed.push_str(t);
+        true
+    })
+    .unwrap();
+    assert_eq!(g.reason, StopReason::StopString, "text: {:?}", g.text);
+    assert!(!g.text.contains('9') && g.text.contains('8'), "{:?}", g.text);
+    assert_eq!(streamed, g.text, "streamed text equals the final text");
+
+    engine.clear_all();
+    let params = GenerateParams { max_tokens: 5, sampling: SamplingParams::greedy(), stop: vec![], seq: 0 };
+    let g = generate(&mut engine, &tok, &ids, &params, |_| true).unwrap();
+    assert_eq!((g.reason, g.tokens.len()), (StopReason::MaxTokens, 5));
+
+    // Greedy generation is deterministic and the tokens are in the KV cache afterwards.
+    assert_eq!(engine.seq_len(0), ids.len() + 4);
+}

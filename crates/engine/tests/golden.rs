@@ -1,0 +1,163 @@
+//! Every public golden case of the three models against llama.cpp's reference outputs, with the
+//! four checks and tolerances of ../shared/golden/README.md:
+//! 1. exact tokenization (`prompt_token_ids` and all of `tokenizer.json`);
+//! 2. prompt logits: top-1 equal where the golden margin ≥ 1.5, shared top-10 ids within the
+//!    model's tolerance;
+//! 3. teacher-forced decode: the same on `greedy_top10`, argmax equal where the margin ≥ 0.5;
+//! 4. free-running greedy ids equal up to min(16, first step with golden margin < 0.25).
+
+mod common;
+
+use common::*;
+use corelm_engine::eval::{run_case, Case, EvalOutput};
+use serde_json::Value;
+
+fn pairs(v: &Value) -> Vec<Vec<(u32, f32)>> {
+    serde_json::from_value(v.clone()).expect("top-10 lists")
+}
+
+fn margin(top: &[(u32, f32)]) -> f32 {
+    top[0].1 - top[1].1
+}
+
+struct Stats {
+    diffs: Vec<f32>,
+    errors: Vec<String>,
+}
+
+fn compare_rows(ours: &[Vec<(u32, f32)>], gold: &[Vec<(u32, f32)>], tol: f32, top1_margin: f32, what: &str, st: &mut Stats) {
+    assert_eq!(ours.len(), gold.len(), "{what}: row count");
+    for (i, (o, g)) in ours.iter().zip(gold).enumerate() {
+        for &(id, l) in g {
+            if let Some(&(_, ol)) = o.iter().find(|e| e.0 == id) {
+                let d = (ol - l).abs();
+                st.diffs.push(d);
+                if d > tol {
+                    st.errors.push(format!("{what}[{i}] id {id}: {ol:.4} vs golden {l:.4}"));
+                }
+            }
+        }
+        if margin(g) >= top1_margin && o[0].0 != g[0].0 {
+            st.errors.push(format!("{what}[{i}] top-1 {} vs golden {} (margin {:.2})", o[0].0, g[0].0, margin(g)));
+        }
+    }
+}
+
+fn check_model(dir: &str, file: &str, tol: f32) {
+    let (mut engine, tok) = load(file, test_config(2));
+    let gdir = golden_dir().join(dir);
+    let mut cases: Vec<_> = std::fs::read_dir(&gdir)
+        .unwrap_or_else(|e| panic!("golden data at {}: {e}", gdir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with('p'))
+        .collect();
+    cases.sort();
+    assert_eq!(cases.len(), 8, "expected 8 golden cases in {}", gdir.display());
+    let mut report = Vec::new();
+    let mut failures = Vec::new();
+    for path in &cases {
+        let raw: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let case: Case = serde_json::from_value(raw.clone()).unwrap();
+        let free: EvalOutput = run_case(&mut engine, &tok, &case, false).unwrap();
+        let tf: EvalOutput = run_case(&mut engine, &tok, &case, true).unwrap();
+        let mut st = Stats { diffs: vec![], errors: vec![] };
+        // 1. tokenization
+        if free.prompt_token_ids != case.prompt_token_ids {
+            st.errors.push(format!("tokenization: {:?} vs golden {:?}", free.prompt_token_ids, case.prompt_token_ids));
+        }
+        // 2. prompt logits
+        compare_rows(&free.prompt_top10, &pairs(&raw["prompt_top10"]), tol, 1.5, "prompt", &mut st);
+        // 3. teacher-forced decode
+        let gold_steps = pairs(&raw["greedy_top10"]);
+        compare_rows(&tf.greedy_top10, &gold_steps, tol, 0.5, "tf_step", &mut st);
+        for (k, g) in gold_steps.iter().enumerate() {
+            if margin(g) >= 0.5 && tf.greedy_ids[k] != case.greedy_ids[k] {
+                st.errors.push(format!("tf argmax step {k}: {} vs {}", tf.greedy_ids[k], case.greedy_ids[k]));
+            }
+        }
+        // 4. free-running greedy
+        let limit = gold_steps.iter().position(|g| margin(g) < 0.25).unwrap_or(usize::MAX).min(16);
+        for k in 0..limit.min(case.greedy_ids.len()) {
+            if free.greedy_ids[k] != case.greedy_ids[k] {
+                st.errors.push(format!("greedy step {k}: {} vs golden {}", free.greedy_ids[k], case.greedy_ids[k]));
+                break;
+            }
+        }
+        st.diffs.sort_by(f32::total_cmp);
+        let med = st.diffs.get(st.diffs.len() / 2).copied().unwrap_or(0.0);
+        let max = st.diffs.last().copied().unwrap_or(0.0);
+        report.push(format!("{dir}/{}: median |Δlogit| {med:.4}, max {max:.4}", case.case_id));
+        if !st.errors.is_empty() {
+            failures.push(format!("{}: {}", case.case_id, st.errors[..st.errors.len().min(5)].join("; ")));
+        }
+    }
+    eprintln!("{}", report.join("\n"));
+    assert!(failures.is_empty(), "{dir}: {} failing case(s):\n{}", failures.len(), failures.join("\n"));
+}
+
+fn check_tokenizer(dir: &str, file: &str) {
+    let g = corelm_engine::engine::open_gguf(model_path(file)).unwrap();
+    let tok = corelm_engine::Tokenizer::from_gguf(&g).unwrap();
+    let path = golden_dir().join(dir).join("tokenizer.json");
+    let raw: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let cases = raw["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 100);
+    let mut bad = Vec::new();
+    for c in cases {
+        let text = c["text"].as_str().unwrap();
+        let want = |k: &str| -> Vec<u32> { serde_json::from_value(c[k].clone()).unwrap() };
+        let ids = tok.encode(text, false, true).unwrap();
+        if ids != want("ids") {
+            bad.push(format!("ids of {text:?}: {ids:?} vs {:?}", want("ids")));
+        }
+        let ids_sp = tok.encode(text, true, true).unwrap();
+        if ids_sp != want("ids_add_special") {
+            bad.push(format!("ids_add_special of {text:?}: {ids_sp:?}"));
+        }
+        let ids_np = tok.encode(text, false, false).unwrap();
+        if ids_np != want("ids_no_parse_special") {
+            bad.push(format!("ids_no_parse_special of {text:?}: {ids_np:?} vs {:?}", want("ids_no_parse_special")));
+        }
+        let detok = tok.decode(&want("ids"));
+        if detok != c["detokenized"].as_str().unwrap() {
+            bad.push(format!("detokenized {text:?}: {detok:?}"));
+        }
+    }
+    assert!(bad.is_empty(), "{dir}: {} tokenizer mismatches:\n{}", bad.len(), bad[..bad.len().min(10)].join("\n"));
+}
+
+#[test]
+fn golden_smollm2() {
+    let (d, f, t) = MODELS[0];
+    check_model(d, f, t);
+}
+
+#[test]
+fn golden_gemma3() {
+    let (d, f, t) = MODELS[1];
+    check_model(d, f, t);
+}
+
+#[test]
+fn golden_qwen2() {
+    let (d, f, t) = MODELS[2];
+    check_model(d, f, t);
+}
+
+#[test]
+fn tokenizer_conformance_smollm2() {
+    let (d, f, _) = MODELS[0];
+    check_tokenizer(d, f);
+}
+
+#[test]
+fn tokenizer_conformance_gemma3() {
+    let (d, f, _) = MODELS[1];
+    check_tokenizer(d, f);
+}
+
+#[test]
+fn tokenizer_conformance_qwen2() {
+    let (d, f, _) = MODELS[2];
+    check_tokenizer(d, f);
+}
