@@ -69,6 +69,9 @@ struct SampleArgs {
     /// Stop when this text is generated (repeatable).
     #[arg(long)]
     stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens (for benchmarks).
+    #[arg(long)]
+    ignore_eos: bool,
 }
 
 #[derive(Subcommand)]
@@ -80,11 +83,17 @@ enum Cmd {
         #[command(flatten)]
         sample: SampleArgs,
         /// The prompt (special tokens such as <|im_start|> are recognised).
-        #[arg(short, long)]
+        #[arg(short, long, required_unless_present = "prompt_ids", default_value = "")]
         prompt: String,
+        /// The prompt as comma-separated token ids instead of text (benchmarks, debugging).
+        #[arg(long, value_delimiter = ',')]
+        prompt_ids: Option<Vec<u32>>,
         /// Wrap the prompt as a user message with the model's chat template.
         #[arg(long)]
         chat: bool,
+        /// Print time per operation kind after the run.
+        #[arg(long)]
+        profile: bool,
     },
     /// Interactive chat; the conversation stays in the KV cache between turns.
     Chat {
@@ -180,6 +189,7 @@ fn gen_params(s: &SampleArgs) -> GenerateParams {
         },
         stop: s.stop.clone(),
         seq: 0,
+        ignore_eos: s.ignore_eos,
     }
 }
 
@@ -190,14 +200,22 @@ fn print_stream(s: &str) -> bool {
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Run { model, sample, prompt, chat } => {
+        Cmd::Run { model, sample, prompt, prompt_ids, chat, profile } => {
             let (mut engine, tok) = load(&model, 1)?;
-            let text = if chat {
-                ChatTemplate::from_gguf(engine.gguf(), &tok)?.render(&[Message::new("user", &prompt)], true)?
-            } else {
-                prompt
+            if profile {
+                engine.profile = Some(Default::default());
+            }
+            let ids = match prompt_ids {
+                Some(ids) => ids,
+                None => {
+                    let text = if chat {
+                        ChatTemplate::from_gguf(engine.gguf(), &tok)?.render(&[Message::new("user", &prompt)], true)?
+                    } else {
+                        prompt
+                    };
+                    tok.encode(&text, true, true)?
+                }
             };
-            let ids = tok.encode(&text, true, true)?;
             let g = generate(&mut engine, &tok, &ids, &gen_params(&sample), print_stream)?;
             println!();
             eprintln!(
@@ -212,6 +230,15 @@ fn main() -> Result<()> {
                 engine.config().n_threads,
                 engine.kernels().isa,
             );
+            if let Some(p) = &engine.profile {
+                let total: f64 = p.per_op.iter().map(|e| e.1).sum();
+                eprintln!("{:<16} {:>10} {:>8} {:>7}", "op", "ms", "nodes", "share");
+                let mut rows = p.per_op.clone();
+                rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+                for (name, secs, n) in rows {
+                    eprintln!("{name:<16} {:>10.1} {n:>8} {:>6.1}%", secs * 1e3, 100.0 * secs / total);
+                }
+            }
         }
         Cmd::Chat { model, sample, system } => chat(&model, &sample, system)?,
         Cmd::Tokenize { model, text, no_special, no_parse_special } => {

@@ -298,7 +298,7 @@ impl Ctx<'_> {
                     // SAFETY: (row, head) pairs are dealt to exactly one worker.
                     let out = unsafe { self.out_f32(t, r * ne0 + h * hd, hd) };
                     let qh = &q[r * ne0 + h * hd..r * ne0 + (h + 1) * hd];
-                    ops::attend_row(kind, qh, k, v, n_used, p.scale, visible, &mut scratch.attn, out);
+                    ops::attend_row(kind, self.kernels.isa, qh, k, v, n_used, p.scale, visible, &mut scratch.attn, out);
                 }
             }
             Op::Glu { gate, up, kind } => {

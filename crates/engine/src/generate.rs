@@ -13,11 +13,13 @@ pub struct GenerateParams {
     pub stop: Vec<String>,
     /// Sequence to use; its KV contents so far are the context (a chat session continues it).
     pub seq: i32,
+    /// Do not stop at end-of-generation tokens (benchmarks).
+    pub ignore_eos: bool,
 }
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        GenerateParams { max_tokens: 128, sampling: SamplingParams::default(), stop: vec![], seq: 0 }
+        GenerateParams { max_tokens: 128, sampling: SamplingParams::default(), stop: vec![], seq: 0, ignore_eos: false }
     }
 }
 
@@ -101,7 +103,7 @@ pub fn generate(
     let mut batch = Batch::new();
     while out.tokens.len() < params.max_tokens {
         let t = sampler.sample(&logits);
-        if tok.is_eog(t) {
+        if tok.is_eog(t) && !params.ignore_eos {
             out.reason = StopReason::Eog;
             break;
         }

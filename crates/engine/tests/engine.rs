@@ -249,7 +249,7 @@ fn utf8_stream_never_splits_a_character() {
 fn generation_stops_on_stop_strings_and_limits() {
     let (mut engine, tok) = load(SMOL, test_config(2));
     let ids = tok.encode("1, 2, 3, 4, 5,", false, true).unwrap();
-    let params = GenerateParams { max_tokens: 40, sampling: SamplingParams::greedy(), stop: vec!["9".into()], seq: 0 };
+    let params = GenerateParams { max_tokens: 40, sampling: SamplingParams::greedy(), stop: vec!["9".into()], seq: 0, ignore_eos: false };
     let mut streamed = String::new();
     let g = generate(&mut engine, &tok, &ids, &params, |t| {
         streamed.push_str(t);
@@ -261,7 +261,7 @@ fn generation_stops_on_stop_strings_and_limits() {
     assert_eq!(streamed, g.text, "streamed text equals the final text");
 
     engine.clear_all();
-    let params = GenerateParams { max_tokens: 5, sampling: SamplingParams::greedy(), stop: vec![], seq: 0 };
+    let params = GenerateParams { max_tokens: 5, sampling: SamplingParams::greedy(), ..Default::default() };
     let g = generate(&mut engine, &tok, &ids, &params, |_| true).unwrap();
     assert_eq!((g.reason, g.tokens.len()), (StopReason::MaxTokens, 5));
 

@@ -31,6 +31,16 @@ pub fn rope_cache(pos: i32, n_rot: usize, base: f32, freq_scale: f32, cache: &mu
 /// Rotate one head in place. `neox`: pairs `(i, i + n_rot/2)` (GPT-NeoX, Qwen, Gemma); otherwise
 /// adjacent pairs `(2i, 2i+1)` (LLaMA layout in GGUF). Dimensions past `n_rot` are untouched.
 pub fn rope_apply(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: FMA support was detected.
+        return unsafe { rope_apply_fma(x, cache, n_rot, neox) };
+    }
+    rope_apply_body(x, cache, n_rot, neox)
+}
+
+#[inline(always)]
+fn rope_apply_body(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
     for i in 0..n_rot / 2 {
         let (c, s) = (cache[2 * i], cache[2 * i + 1]);
         let (a, b) = if neox { (i, i + n_rot / 2) } else { (2 * i, 2 * i + 1) };
@@ -43,7 +53,7 @@ pub fn rope_apply(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
 
 /// ggml's vectorised `expf` (`ggml_v_expf`, the AVX-512 build; from Arm's optimized routines),
 /// lane for lane: max error 1.45 ulp + 0.5, overflow to +inf above ~88.38, zero below ~-103.97.
-#[inline]
+#[inline(always)]
 pub fn expf_ggml(x: f32) -> f32 {
     let r = f32::from_bits(0x4B40_0000); // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3FB8_AA3B), r); // 0x1.715476p+0 = log2(e)
@@ -63,7 +73,7 @@ pub fn expf_ggml(x: f32) -> f32 {
 }
 
 /// `j · 2^n` with one rounding (as `vscalefps`), for |n| ≤ 192.
-#[inline]
+#[inline(always)]
 fn scalef(j: f32, n: i32) -> f32 {
     let pow2 = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
     if (-126..=127).contains(&n) {
@@ -77,16 +87,54 @@ fn scalef(j: f32, n: i32) -> f32 {
 }
 
 /// SiLU as ggml computes it: `x / (1 + expf(-x))` with [`expf_ggml`].
-#[inline]
+#[inline(always)]
 fn silu(x: f32) -> f32 {
     x / (1.0 + expf_ggml(0.0 - x))
 }
 
 /// `y = silu(g) · u`.
 pub fn swiglu(g: &[f32], u: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: FMA support was detected.
+        return unsafe { swiglu_fma(g, u, y) };
+    }
+    swiglu_body(g, u, y)
+}
+
+#[inline(always)]
+fn swiglu_body(g: &[f32], u: &[f32], y: &mut [f32]) {
     for ((o, &a), &b) in y.iter_mut().zip(g).zip(u) {
         *o = silu(a) * b;
     }
+}
+
+/// The same code compiled with hardware FMA (bit-identical: `mul_add` is a fused multiply-add
+/// either way; without the feature it is a slow libm call).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+fn swiglu_fma(g: &[f32], u: &[f32], y: &mut [f32]) {
+    swiglu_body(g, u, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+fn geglu_fma(g: &[f32], u: &[f32], y: &mut [f32]) {
+    geglu_body(g, u, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+fn rope_apply_fma(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
+    rope_apply_body(x, cache, n_rot, neox)
+}
+
+/// Detected once.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn has_fma() -> bool {
+    static FMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FMA.get_or_init(|| std::is_x86_feature_detected!("fma"))
 }
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
@@ -94,7 +142,7 @@ const GELU_COEF_A: f32 = 0.044715;
 
 /// GELU (tanh approximation) as ggml-cpu computes it: input and output rounded through f16, as
 /// its lookup table does, exact outside (-10, 10).
-#[inline]
+#[inline(always)]
 pub fn gelu_tanh(x: f32) -> f32 {
     if x <= -10.0 {
         0.0
@@ -111,6 +159,16 @@ pub fn gelu_tanh(x: f32) -> f32 {
 
 /// `y = gelu_tanh(g) · u`.
 pub fn geglu(g: &[f32], u: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: FMA support was detected.
+        return unsafe { geglu_fma(g, u, y) };
+    }
+    geglu_body(g, u, y)
+}
+
+#[inline(always)]
+fn geglu_body(g: &[f32], u: &[f32], y: &mut [f32]) {
     for ((o, &a), &b) in y.iter_mut().zip(g).zip(u) {
         *o = gelu_tanh(a) * b;
     }
@@ -144,6 +202,11 @@ pub struct AttnScratch {
 }
 
 impl AttnScratch {
+    /// The F16 query and accumulator buffers (for SIMD twins of the reference kernel).
+    pub fn f16_buffers(&mut self) -> (&mut [f16], &mut [f16]) {
+        (&mut self.q16, &mut self.acc16)
+    }
+
     pub fn new(head_dim: usize) -> Self {
         AttnScratch {
             q16: vec![f16::ZERO; head_dim],
@@ -161,6 +224,7 @@ impl AttnScratch {
 #[allow(clippy::too_many_arguments)]
 pub fn attend_row(
     kind: AttnKernel,
+    isa: crate::Isa,
     q: &[f32],
     k: &[f16],
     v: &[f16],
@@ -171,8 +235,13 @@ pub fn attend_row(
     out: &mut [f32],
 ) {
     match kind {
+        #[cfg(target_arch = "x86_64")]
+        AttnKernel::Reference if isa == crate::Isa::Avx2 => {
+            // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
+            unsafe { crate::x86::attn::attend_reference(q, k, v, n_cells, scale, &visible, scratch, out) }
+        }
         AttnKernel::Reference => attend_reference(q, k, v, n_cells, scale, visible, scratch, out),
-        AttnKernel::Tiled => attend_tiled(q, k, v, n_cells, scale, visible, scratch, out),
+        AttnKernel::Tiled => attend_tiled(isa, q, k, v, n_cells, scale, visible, scratch, out),
     }
 }
 
@@ -222,6 +291,7 @@ fn attend_reference(
 
 #[allow(clippy::too_many_arguments)]
 fn attend_tiled(
+    isa: crate::Isa,
     q: &[f32],
     k: &[f16],
     v: &[f16],
@@ -232,13 +302,29 @@ fn attend_tiled(
     out: &mut [f32],
 ) {
     let hd = q.len();
+    let simd = cfg!(target_arch = "x86_64") && isa == crate::Isa::Avx2 && hd % 8 == 0;
     scratch.acc.iter_mut().for_each(|a| *a = 0.0);
     let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
     let mut t0 = 0;
     while t0 < n_cells {
         let t1 = (t0 + KV_TILE).min(n_cells);
         let mut tile_max = f32::NEG_INFINITY;
-        for c in t0..t1 {
+        let mut c = t0;
+        while c < t1 {
+            // Eight cells at a time with SIMD (same per-cell FMA chain), else one by one.
+            #[cfg(target_arch = "x86_64")]
+            if simd && c + 8 <= t1 && (c..c + 8).any(&visible) {
+                let mut sc8 = [0f32; 8];
+                // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
+                unsafe { crate::x86::attn::scores8(q, k, c, &mut sc8) };
+                for (j, &v8) in sc8.iter().enumerate() {
+                    let sc = if visible(c + j) { v8 * scale } else { f32::NEG_INFINITY };
+                    scratch.scores[c + j - t0] = sc;
+                    tile_max = tile_max.max(sc);
+                }
+                c += 8;
+                continue;
+            }
             let sc = if visible(c) {
                 let kc = &k[c * hd..(c + 1) * hd];
                 kc.iter().zip(q).fold(0f32, |acc, (&kk, &qq)| kk.to_f32().mul_add(qq, acc)) * scale
@@ -247,6 +333,7 @@ fn attend_tiled(
             };
             scratch.scores[c - t0] = sc;
             tile_max = tile_max.max(sc);
+            c += 1;
         }
         if tile_max == f32::NEG_INFINITY {
             t0 = t1;
@@ -274,10 +361,18 @@ fn attend_tiled(
         s = (s as f64 + sum) as f32;
         for c in t0..t1 {
             let p = scratch.scores[c - t0];
-            if p != 0.0 {
-                for (a, &vv) in scratch.acc.iter_mut().zip(&v[c * hd..(c + 1) * hd]) {
-                    *a = p.mul_add(vv.to_f32(), *a);
-                }
+            if p == 0.0 {
+                continue;
+            }
+            let vc = &v[c * hd..(c + 1) * hd];
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                // SAFETY: as above.
+                unsafe { crate::x86::attn::axpy_f16(&mut scratch.acc, p, vc) };
+                continue;
+            }
+            for (a, &vv) in scratch.acc.iter_mut().zip(vc) {
+                *a = p.mul_add(vv.to_f32(), *a);
             }
         }
         t0 = t1;

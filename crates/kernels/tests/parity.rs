@@ -151,3 +151,41 @@ fn known_block_values() {
     Kernels::portable().to_float(DType::Q5_0).unwrap()(&b, &mut y);
     assert!(y[..16].iter().all(|&v| v == 0.0) && y[16..].iter().all(|&v| v == 30.0));
 }
+
+#[test]
+fn attention_simd_twin_is_bit_identical() {
+    use corelm_kernels::ops::{attend_row, AttnKernel, AttnScratch};
+    let mut rng = Rng(99);
+    for hd in [64usize, 72, 256] {
+        let cells = 37;
+        let q: Vec<f32> = (0..hd).map(|_| rng.f32() * 4.0).collect();
+        let k: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 3.0)).collect();
+        let v: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 50.0)).collect();
+        let vis = |c: usize| c % 5 != 3;
+        let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
+        let mut s = AttnScratch::new(hd);
+        attend_row(AttnKernel::Reference, Kernels::detect().isa, &q, &k, &v, cells, 0.125, vis, &mut s, &mut a);
+        attend_row(AttnKernel::Reference, corelm_kernels::Isa::Portable, &q, &k, &v, cells, 0.125, vis, &mut s, &mut b);
+        assert_eq!(a, b, "head_dim {hd}");
+        // Against an f64 softmax reference, within F16 accumulation error.
+        let kf: Vec<f64> = k.iter().map(|x| x.to_f64()).collect();
+        let scores: Vec<(usize, f64)> = (0..cells)
+            .filter(|&c| vis(c))
+            .map(|c| (c, (0..hd).map(|d| kf[c * hd + d] * half::f16::from_f32(q[d]).to_f64()).sum::<f64>() * 0.125))
+            .collect();
+        let mx = scores.iter().map(|s| s.1).fold(f64::MIN, f64::max);
+        let z: f64 = scores.iter().map(|s| (s.1 - mx).exp()).sum();
+        for d in 0..hd {
+            let r: f64 = scores.iter().map(|&(c, sc)| (sc - mx).exp() / z * v[c * hd + d].to_f64()).sum();
+            assert!((a[d] as f64 - r).abs() < 0.05 + 2e-3 * r.abs(), "hd {hd} dim {d}: {} vs {r}", a[d]);
+        }
+        // The tiled kernel: SIMD twin bit-identical to the portable one, both near the reference.
+        let mut t = vec![0f32; hd];
+        attend_row(AttnKernel::Tiled, Kernels::detect().isa, &q, &k, &v, cells, 0.125, vis, &mut s, &mut t);
+        attend_row(AttnKernel::Tiled, corelm_kernels::Isa::Portable, &q, &k, &v, cells, 0.125, vis, &mut s, &mut b);
+        assert_eq!(t, b, "tiled head_dim {hd}");
+        for d in 0..hd {
+            assert!((a[d] - b[d]).abs() < 0.05 + 2e-3 * a[d].abs(), "tiled hd {hd} dim {d}");
+        }
+    }
+}

@@ -2,4 +2,5 @@
 //! tested against it (tests/parity.rs). They are only reached through the dispatch table, which
 //! selects them after runtime feature detection.
 
+pub mod attn;
 pub mod avx2;

@@ -1,0 +1,184 @@
+//! AVX2 + F16C twin of the reference flash-attention kernel (`ops::attend_row` with
+//! `AttnKernel::Reference`). Same arithmetic, lane for lane: the F16 dot keeps ggml's four
+//! 16-lane accumulators (each as two 8-lane halves), the F16 accumulator is rounded with the
+//! hardware converter (round to nearest even, as the portable twin), so results are bit-identical.
+
+use crate::ops::{reduce_add_16, AttnScratch};
+use half::f16;
+use std::arch::x86_64::*;
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load_ph(p: &[f16]) -> __m256 {
+    assert!(p.len() >= 8);
+    // SAFETY: at least 8 f16 (16 bytes) readable; unaligned load.
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.as_ptr() as *const __m128i)) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn store_ph(p: &mut [f16], v: __m256) {
+    assert!(p.len() >= 8);
+    // SAFETY: at least 8 f16 writable; unaligned store.
+    unsafe { _mm_storeu_si128(p.as_mut_ptr() as *mut __m128i, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)) }
+}
+
+/// `ops::dot_f16_ggml`, vectorised.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_f16_ggml(x: &[f16], y: &[f16]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n & !63;
+    let mut acc = [_mm256_setzero_ps(); 8]; // accumulator j = (acc[2j], acc[2j+1])
+    let mut i = 0;
+    while i < np {
+        for (h, a) in acc.iter_mut().enumerate() {
+            let o = i + h * 8;
+            *a = _mm256_fmadd_ps(load_ph(&x[o..]), load_ph(&y[o..]), *a);
+        }
+        i += 64;
+    }
+    let (a0, a1) = (_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[1], acc[5]));
+    let (a2, a3) = (_mm256_add_ps(acc[2], acc[6]), _mm256_add_ps(acc[3], acc[7]));
+    let (lo, hi) = (_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+    let mut lanes = [0f32; 16];
+    // SAFETY: 16 f32 of stack memory.
+    unsafe {
+        _mm256_storeu_ps(lanes.as_mut_ptr(), lo);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi);
+    }
+    let mut sum = reduce_add_16(&lanes) as f64;
+    for k in np..n {
+        sum += (x[k].to_f32() * y[k].to_f32()) as f64;
+    }
+    sum as f32
+}
+
+/// The reference kernel with F16C: see `ops::attend_reference` for the algorithm.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn attend_reference(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    n_cells: usize,
+    scale: f32,
+    visible: &dyn Fn(usize) -> bool,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let body = hd & !7;
+    let (q16, acc16) = scratch.f16_buffers();
+    for (d, &s) in q16.iter_mut().zip(q) {
+        *d = f16::from_f32(s);
+    }
+    acc16.iter_mut().for_each(|a| *a = f16::ZERO);
+    let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
+    for c in 0..n_cells {
+        if !visible(c) {
+            continue;
+        }
+        let kc = &k[c * hd..(c + 1) * hd];
+        let score = dot_f16_ggml(kc, q16) * scale;
+        let (mut ms, mut vs) = (1f32, 1f32);
+        if score > m {
+            let old = m;
+            m = score;
+            ms = (old - m).exp();
+            let msv = _mm256_set1_ps(ms);
+            let mut d = 0;
+            while d < body {
+                let a = load_ph(&acc16[d..]);
+                store_ph(&mut acc16[d..], _mm256_mul_ps(a, msv));
+                d += 8;
+            }
+            for a in acc16[body..].iter_mut() {
+                *a = f16::from_f32(a.to_f32() * ms);
+            }
+        } else {
+            vs = (score - m).exp();
+        }
+        let vc = &v[c * hd..(c + 1) * hd];
+        let vsv = _mm256_set1_ps(vs);
+        let mut d = 0;
+        while d < body {
+            let a = load_ph(&acc16[d..]);
+            store_ph(&mut acc16[d..], _mm256_fmadd_ps(load_ph(&vc[d..]), vsv, a));
+            d += 8;
+        }
+        for (a, &vv) in acc16[body..].iter_mut().zip(&vc[body..]) {
+            *a = f16::from_f32(vv.to_f32().mul_add(vs, a.to_f32()));
+        }
+        s = s.mul_add(ms, vs);
+    }
+    let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+    for (o, a) in out.iter_mut().zip(acc16.iter()) {
+        *o = a.to_f32() * inv;
+    }
+}
+
+/// 8×8 transpose of f32 rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    [
+        _mm256_permute2f128_ps::<0x20>(s0, s4),
+        _mm256_permute2f128_ps::<0x20>(s1, s5),
+        _mm256_permute2f128_ps::<0x20>(s2, s6),
+        _mm256_permute2f128_ps::<0x20>(s3, s7),
+        _mm256_permute2f128_ps::<0x31>(s0, s4),
+        _mm256_permute2f128_ps::<0x31>(s1, s5),
+        _mm256_permute2f128_ps::<0x31>(s2, s6),
+        _mm256_permute2f128_ps::<0x31>(s3, s7),
+    ]
+}
+
+/// Scores `q·k_c` of 8 consecutive cells, each a sequential FMA chain over the dimensions in
+/// order (lane = cell), exactly as ggml's `simd_gemm` computes them. `head_dim % 8 == 0`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn scores8(q: &[f32], k: &[f16], c0: usize, out: &mut [f32; 8]) {
+    let hd = q.len();
+    let mut acc = _mm256_setzero_ps();
+    let mut d = 0;
+    while d < hd {
+        let rows: [__m256; 8] = std::array::from_fn(|j| load_ph(&k[(c0 + j) * hd + d..]));
+        let cols = transpose8(rows);
+        for (j, col) in cols.iter().enumerate() {
+            acc = _mm256_fmadd_ps(*col, _mm256_set1_ps(q[d + j]), acc);
+        }
+        d += 8;
+    }
+    // SAFETY: 8 f32 writable.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+}
+
+/// `acc += p · v_row` over the dimensions (lane = dimension), one FMA each. `len % 8 == 0`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn axpy_f16(acc: &mut [f32], p: f32, v: &[f16]) {
+    let pv = _mm256_set1_ps(p);
+    let mut d = 0;
+    while d + 8 <= acc.len() {
+        // SAFETY: d + 8 <= acc.len(); unaligned load/store.
+        unsafe {
+            let a = _mm256_loadu_ps(acc.as_ptr().add(d));
+            _mm256_storeu_ps(acc.as_mut_ptr().add(d), _mm256_fmadd_ps(pv, load_ph(&v[d..]), a));
+        }
+        d += 8;
+    }
+}
