@@ -5,7 +5,7 @@
 //!
 //! Invariant: sized once at creation; never reallocated per token.
 
-use crate::memory::Buffer;
+use crate::memory::{AllocError, Buffer};
 use half::f16;
 
 pub const EMPTY: i32 = -1;
@@ -26,19 +26,30 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(n_layer: usize, n_cells: usize, n_kv_head: usize, head_dim: usize, node: Option<usize>) -> Self {
-        let bytes = n_kv_head * n_cells * head_dim * 2;
-        KvCache {
+    pub fn new(
+        n_layer: usize,
+        n_cells: usize,
+        n_kv_head: usize,
+        head_dim: usize,
+        node: Option<usize>,
+    ) -> Result<Self, AllocError> {
+        let bytes = n_kv_head
+            .checked_mul(n_cells)
+            .and_then(|b| b.checked_mul(head_dim * 2))
+            .ok_or(AllocError { bytes: usize::MAX, gib: f64::INFINITY })?;
+        let total = bytes as f64 * 2.0 * n_layer as f64;
+        let alloc = |_| Buffer::new(bytes, node).map_err(|_| AllocError { bytes: total as usize, gib: total / (1u64 << 30) as f64 });
+        Ok(KvCache {
             n_layer,
             n_cells,
             n_kv_head,
             head_dim,
-            k: (0..n_layer).map(|_| Buffer::new(bytes, node)).collect(),
-            v: (0..n_layer).map(|_| Buffer::new(bytes, node)).collect(),
+            k: (0..n_layer).map(alloc).collect::<Result<_, _>>()?,
+            v: (0..n_layer).map(alloc).collect::<Result<_, _>>()?,
             cell_pos: vec![EMPTY; n_cells],
             cell_seq: vec![EMPTY; n_cells],
             used_end: 0,
-        }
+        })
     }
 
     /// Total bytes of K and V.

@@ -25,20 +25,29 @@ unsafe impl Send for Buffer {}
 // SAFETY: as above.
 unsafe impl Sync for Buffer {}
 
+/// A pool could not be allocated.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot allocate {bytes} bytes ({gib:.2} GiB)")]
+pub struct AllocError {
+    pub bytes: usize,
+    pub gib: f64,
+}
+
 impl Buffer {
     /// Allocate `len` bytes (at least one cache line), on `node` if given.
-    pub fn new(len: usize, node: Option<usize>) -> Buffer {
-        let len = len.max(ALIGN).div_ceil(ALIGN) * ALIGN;
+    pub fn new(len: usize, node: Option<usize>) -> Result<Buffer, AllocError> {
+        let err = || AllocError { bytes: len, gib: len as f64 / (1u64 << 30) as f64 };
+        let len = len.max(ALIGN).checked_next_multiple_of(ALIGN).ok_or_else(err)?;
         if len >= HUGE_THRESHOLD {
             if let Some(b) = Self::mmap(len, node) {
-                return b;
+                return Ok(b);
             }
         }
-        let layout = std::alloc::Layout::from_size_align(len, ALIGN).expect("buffer layout");
+        let layout = std::alloc::Layout::from_size_align(len, ALIGN).map_err(|_| err())?;
         // SAFETY: layout has non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        Buffer { ptr, len, mapped: false, node: None }
+        let ptr = NonNull::new(p).ok_or_else(err)?;
+        Ok(Buffer { ptr, len, mapped: false, node: None })
     }
 
     #[cfg(target_os = "linux")]
@@ -123,10 +132,10 @@ pub struct Pools {
 }
 
 impl Pools {
-    pub fn new(act_bytes: [usize; 2], out_bytes: usize, node: Option<usize>) -> Pools {
-        Pools {
-            act: [Buffer::new(act_bytes[0], node), Buffer::new(act_bytes[1], node)],
-            out: Buffer::new(out_bytes, node),
-        }
+    pub fn new(act_bytes: [usize; 2], out_bytes: usize, node: Option<usize>) -> Result<Pools, AllocError> {
+        Ok(Pools {
+            act: [Buffer::new(act_bytes[0], node)?, Buffer::new(act_bytes[1], node)?],
+            out: Buffer::new(out_bytes, node)?,
+        })
     }
 }

@@ -140,8 +140,10 @@ impl Engine {
         let mut b = Builder::new(kernels, cfg.n_batch, cfg.n_batch);
         let out = model.build(&mut b);
         let g = b.finish(&out);
-        let pools = Pools::new(g.act_bytes, g.out_bytes, None);
-        let kv = KvCache::new(h.n_layer, cfg.n_ctx, h.n_kv_head, h.head_dim, None);
+        let pools = Pools::new(g.act_bytes, g.out_bytes, None)
+            .map_err(|e| Error::Config(format!("activation pools for a batch of {}: {e}", cfg.n_batch)))?;
+        let kv = KvCache::new(h.n_layer, cfg.n_ctx, h.n_kv_head, h.head_dim, None)
+            .map_err(|e| Error::Config(format!("KV cache for a context of {} tokens: {e}", cfg.n_ctx)))?;
         let cpus = if cfg.pin { corelm_core::threads::physical_cores() } else { vec![] };
         let pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
         let mut exec = Executor::new(cfg.n_threads, h.head_dim);

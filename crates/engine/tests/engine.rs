@@ -173,6 +173,14 @@ fn unknown_architecture_and_missing_tensor_are_named() {
 }
 
 #[test]
+fn impossible_context_sizes_are_errors_not_aborts() {
+    // 2^40 cells of KV: far beyond any address space budget; must be a clear error.
+    let cfg = EngineConfig { n_ctx: 1 << 40, ..test_config(1) };
+    let e = Engine::load(model_path(SMOL), cfg).err().unwrap().to_string();
+    assert!(e.contains("KV cache") && e.contains("1099511627776"), "{e}");
+}
+
+#[test]
 fn chat_templates_reproduce_the_golden_prompts() {
     for (dir, file, _) in MODELS {
         let path = golden_dir().join(dir).join("p08_chat.json");
