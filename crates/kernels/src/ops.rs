@@ -94,33 +94,32 @@ fn silu(x: f32) -> f32 {
 
 /// `y = silu(g) · u`.
 pub fn swiglu(g: &[f32], u: &[f32], y: &mut [f32]) {
+    gated(g, u, y, silu)
+}
+
+/// `y = act(g) · u`, with hardware FMA when the CPU has it (bit-identical: `mul_add` is a fused
+/// multiply-add either way; without the feature it is a slow libm call).
+#[inline(always)]
+fn gated(g: &[f32], u: &[f32], y: &mut [f32], act: impl Fn(f32) -> f32) {
     #[cfg(target_arch = "x86_64")]
     if has_fma() {
         // SAFETY: FMA support was detected.
-        return unsafe { swiglu_fma(g, u, y) };
+        return unsafe { gated_fma(g, u, y, act) };
     }
-    swiglu_body(g, u, y)
+    gated_body(g, u, y, act)
 }
 
 #[inline(always)]
-fn swiglu_body(g: &[f32], u: &[f32], y: &mut [f32]) {
+fn gated_body(g: &[f32], u: &[f32], y: &mut [f32], act: impl Fn(f32) -> f32) {
     for ((o, &a), &b) in y.iter_mut().zip(g).zip(u) {
-        *o = silu(a) * b;
+        *o = act(a) * b;
     }
 }
 
-/// The same code compiled with hardware FMA (bit-identical: `mul_add` is a fused multiply-add
-/// either way; without the feature it is a slow libm call).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "fma")]
-fn swiglu_fma(g: &[f32], u: &[f32], y: &mut [f32]) {
-    swiglu_body(g, u, y)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma")]
-fn geglu_fma(g: &[f32], u: &[f32], y: &mut [f32]) {
-    geglu_body(g, u, y)
+fn gated_fma(g: &[f32], u: &[f32], y: &mut [f32], act: impl Fn(f32) -> f32) {
+    gated_body(g, u, y, act)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -159,19 +158,7 @@ pub fn gelu_tanh(x: f32) -> f32 {
 
 /// `y = gelu_tanh(g) · u`.
 pub fn geglu(g: &[f32], u: &[f32], y: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_fma() {
-        // SAFETY: FMA support was detected.
-        return unsafe { geglu_fma(g, u, y) };
-    }
-    geglu_body(g, u, y)
-}
-
-#[inline(always)]
-fn geglu_body(g: &[f32], u: &[f32], y: &mut [f32]) {
-    for ((o, &a), &b) in y.iter_mut().zip(g).zip(u) {
-        *o = gelu_tanh(a) * b;
-    }
+    gated(g, u, y, gelu_tanh)
 }
 
 /// Which of ggml-cpu's flash-attention algorithms to reproduce. They give different bits, and

@@ -119,6 +119,24 @@ pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle 
     b.matmul(&wd, &a) // [n_tokens, n_embd]
 }
 
+/// Weights of every layer.
+pub fn load_layers(l: &Loader, h: &Hyper, x: Extras) -> Result<Vec<LayerWeights>, ModelError> {
+    (0..h.n_layer).map(|il| LayerWeights::load(l, h, il, x)).collect()
+}
+
+/// One pre-norm transformer block (LLaMA, Qwen2):
+/// `x1 = x + attn(norm(x))`, `out = x1 + ffn(norm(x1))`, all `[n_tokens, n_embd]`.
+pub fn pre_norm_block(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &Bundle, cfg: &AttnCfg, glu: Glu) -> Bundle {
+    let an = b.weight(&lw.attn_norm);
+    let hn = b.rms_norm(x, &an, h.eps);
+    let a = attention(b, h, lw, il, &hn, cfg);
+    let x1 = b.add(&a, x);
+    let fnw = b.weight(&lw.ffn_norm);
+    let hn = b.rms_norm(&x1, &fnw, h.eps);
+    let f = ffn(b, lw, &hn, glu);
+    b.add(&f, &x1)
+}
+
 /// Final norm and LM head over the output rows: `[n_outputs, n_vocab]` logits.
 pub fn head(b: &mut Builder, h: &Hyper, x: &Bundle, norm: &WeightRef, output: &WeightRef) -> Bundle {
     b.begin_layer(h.n_layer);

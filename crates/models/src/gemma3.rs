@@ -3,7 +3,7 @@
 //! and K per head; norms before *and* after attention and feed-forward; GELU-tanh gated FFN;
 //! queries scaled by 1/√head_dim; LM head tied to the embedding.
 
-use crate::common::{attention, ffn, head, output_weight, AttnCfg, Extras, LayerWeights};
+use crate::common::{attention, ffn, head, load_layers, output_weight, AttnCfg, Extras, LayerWeights};
 use crate::{Hyper, Loader, Model, ModelError};
 use corelm_core::{Builder, Bundle, Glu, RopeParams, WeightRef};
 use corelm_gguf::Gguf;
@@ -30,9 +30,7 @@ impl Gemma3 {
         let l = Loader::new(g, k)?;
         let h = l.hyper()?;
         let extras = Extras { qk_norm: true, post_norms: true, ..Extras::default() };
-        let layers = (0..h.n_layer)
-            .map(|il| LayerWeights::load(&l, &h, il, extras))
-            .collect::<Result<_, _>>()?;
+        let layers = load_layers(&l, &h, extras)?;
         let window = l.u("attention.sliding_window")?;
         let window = u32::try_from(window).map_err(|_| ModelError::BadHyper(format!("sliding window {window}")))?;
         let pattern = l.opt_u("attention.sliding_window_pattern")?.unwrap_or(DEFAULT_SWA_PATTERN);

@@ -2,7 +2,7 @@
 //! stores Q/K permuted for it), SwiGLU feed-forward, LM head tied to the embedding if the file
 //! has no `output.weight`.
 
-use crate::common::{attention, ffn, head, output_weight, AttnCfg, Extras, LayerWeights};
+use crate::common::{head, load_layers, output_weight, pre_norm_block, AttnCfg, Extras, LayerWeights};
 use crate::{Hyper, Loader, Model, ModelError};
 use corelm_core::{Builder, Bundle, Glu, RopeParams, WeightRef};
 use corelm_gguf::Gguf;
@@ -21,9 +21,7 @@ impl Llama {
     pub fn load(g: &Gguf, k: &Kernels) -> Result<Self, ModelError> {
         let l = Loader::new(g, k)?;
         let h = l.hyper()?;
-        let layers = (0..h.n_layer)
-            .map(|il| LayerWeights::load(&l, &h, il, Extras::default()))
-            .collect::<Result<_, _>>()?;
+        let layers = load_layers(&l, &h, Extras::default())?;
         let freq_scale = match l.opt_f("rope.scaling.factor")? {
             Some(f) if f > 0.0 => 1.0 / f,
             _ => 1.0,
@@ -63,14 +61,7 @@ impl Model for Llama {
         let mut x = b.embed(&te); // [n_tokens, n_embd]
         for (il, lw) in self.layers.iter().enumerate() {
             b.begin_layer(il);
-            let an = b.weight(&lw.attn_norm);
-            let hn = b.rms_norm(&x, &an, h.eps);
-            let a = attention(b, h, lw, il, &hn, &cfg);
-            let x1 = b.add(&a, &x); // residual
-            let fnw = b.weight(&lw.ffn_norm);
-            let hn = b.rms_norm(&x1, &fnw, h.eps);
-            let f = ffn(b, lw, &hn, Glu::Silu);
-            x = b.add(&f, &x1); // residual
+            x = pre_norm_block(b, h, lw, il, &x, &cfg, Glu::Silu); // [n_tokens, n_embd]
         }
         head(b, h, &x, &self.norm, &self.output)
     }

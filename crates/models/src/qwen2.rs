@@ -1,7 +1,7 @@
 //! Qwen2 family: the LLaMA block with biases on Q, K and V, NeoX-style RoPE, and (usually) an
 //! LM head of its own.
 
-use crate::common::{attention, ffn, head, output_weight, AttnCfg, Extras, LayerWeights};
+use crate::common::{head, load_layers, output_weight, pre_norm_block, AttnCfg, Extras, LayerWeights};
 use crate::{Hyper, Loader, Model, ModelError};
 use corelm_core::{Builder, Bundle, Glu, RopeParams, WeightRef};
 use corelm_gguf::Gguf;
@@ -20,9 +20,7 @@ impl Qwen2 {
         let l = Loader::new(g, k)?;
         let h = l.hyper()?;
         let extras = Extras { qkv_bias: true, ..Extras::default() };
-        let layers = (0..h.n_layer)
-            .map(|il| LayerWeights::load(&l, &h, il, extras))
-            .collect::<Result<_, _>>()?;
+        let layers = load_layers(&l, &h, extras)?;
         Ok(Qwen2 {
             tok_embd: l.weight("token_embd.weight", [h.n_embd, h.n_vocab])?,
             norm: l.vector("output_norm.weight", h.n_embd)?,
@@ -57,14 +55,7 @@ impl Model for Qwen2 {
         let mut x = b.embed(&te); // [n_tokens, n_embd]
         for (il, lw) in self.layers.iter().enumerate() {
             b.begin_layer(il);
-            let an = b.weight(&lw.attn_norm);
-            let hn = b.rms_norm(&x, &an, h.eps);
-            let a = attention(b, h, lw, il, &hn, &cfg); // Q/K/V biases inside
-            let x1 = b.add(&a, &x);
-            let fnw = b.weight(&lw.ffn_norm);
-            let hn = b.rms_norm(&x1, &fnw, h.eps);
-            let f = ffn(b, lw, &hn, Glu::Silu);
-            x = b.add(&f, &x1);
+            x = pre_norm_block(b, h, lw, il, &x, &cfg, Glu::Silu); // Q/K/V biases inside
         }
         head(b, h, &x, &self.norm, &self.output)
     }
