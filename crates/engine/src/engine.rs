@@ -62,6 +62,16 @@ impl Batch {
         Self::default()
     }
 
+    /// A batch that can hold `n` tokens without reallocating.
+    pub fn with_capacity(n: usize) -> Self {
+        Batch {
+            tokens: Vec::with_capacity(n),
+            pos: Vec::with_capacity(n),
+            seq: Vec::with_capacity(n),
+            logits: Vec::with_capacity(n),
+        }
+    }
+
     pub fn clear(&mut self) {
         self.tokens.clear();
         self.pos.clear();
@@ -115,8 +125,9 @@ pub struct Engine {
     /// Highest position stored per sequence (-1 when empty).
     seq_max_pos: Vec<i32>,
     next_free: usize,
-    // Reused per-call buffers (capacity n_batch).
+    // Reused per-call buffers (capacity n_batch / n_seq_max).
     slots: Vec<u32>,
+    last_pos: Vec<i32>,
     out_rows: Vec<u32>,
     n_out: usize,
     pub profile: Option<Profile>,
@@ -162,6 +173,7 @@ impl Engine {
             seq_max_pos: vec![-1; cfg.n_seq_max],
             next_free: 0,
             slots: Vec::with_capacity(cfg.n_batch),
+            last_pos: vec![-1; cfg.n_seq_max],
             out_rows: Vec::with_capacity(cfg.n_batch),
             n_out: 0,
             cfg,
@@ -227,7 +239,7 @@ impl Engine {
         }
     }
 
-    fn validate(&self, batch: &Batch) -> Result<(), Error> {
+    fn validate(&mut self, batch: &Batch) -> Result<(), Error> {
         let n = batch.len();
         if n == 0 {
             return Err(Error::Batch("empty batch".into()));
@@ -239,7 +251,8 @@ impl Engine {
             return Err(Error::Batch(format!("{n} tokens exceed the batch size {}", self.cfg.n_batch)));
         }
         let n_vocab = self.hyper().n_vocab;
-        let mut last = self.seq_max_pos.clone();
+        let last = &mut self.last_pos;
+        last.copy_from_slice(&self.seq_max_pos);
         for i in 0..n {
             let (t, p, s) = (batch.tokens[i], batch.pos[i], batch.seq[i]);
             if t as usize >= n_vocab {
@@ -256,8 +269,9 @@ impl Engine {
             }
             last[s as usize] = p;
         }
-        if n > self.free_cells() {
-            return Err(Error::ContextFull { needed: n, free: self.free_cells(), n_ctx: self.cfg.n_ctx });
+        let free = self.free_cells();
+        if n > free {
+            return Err(Error::ContextFull { needed: n, free, n_ctx: self.cfg.n_ctx });
         }
         Ok(())
     }

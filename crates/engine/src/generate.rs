@@ -98,6 +98,7 @@ pub fn generate(
         decode_secs: 0.0,
     };
     let mut stream = Utf8Stream::default();
+    out.text.reserve(params.max_tokens.min(1 << 16) * 8);
     let mut emitted = 0; // bytes of out.text already handed to on_text
     let max_stop = params.stop.iter().map(|s| s.len()).max().unwrap_or(0);
     let mut batch = Batch::new();
@@ -109,7 +110,7 @@ pub fn generate(
         }
         sampler.accept(t);
         out.tokens.push(t);
-        out.text.push_str(&stream.push(tok.piece(t)));
+        stream.push_to(tok.piece(t), &mut out.text);
         // Stop strings: cut the text at the first match; hold back a possible partial match.
         if let Some(pos) = params.stop.iter().filter_map(|s| out.text.find(s.as_str())).min() {
             out.text.truncate(pos);

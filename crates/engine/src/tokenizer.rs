@@ -314,14 +314,21 @@ pub struct Utf8Stream {
 impl Utf8Stream {
     /// Append bytes; return the text that is complete so far.
     pub fn push(&mut self, bytes: &[u8]) -> String {
-        self.pending.extend_from_slice(bytes);
         let mut out = String::new();
+        self.push_to(bytes, &mut out);
+        out
+    }
+
+    /// Append bytes; append the text that is complete so far to `out` (no allocation beyond
+    /// `out`'s own growth).
+    pub fn push_to(&mut self, bytes: &[u8], out: &mut String) {
+        self.pending.extend_from_slice(bytes);
         loop {
             match std::str::from_utf8(&self.pending) {
                 Ok(s) => {
                     out.push_str(s);
                     self.pending.clear();
-                    return out;
+                    return;
                 }
                 Err(e) => {
                     let good = e.valid_up_to();
@@ -331,7 +338,7 @@ impl Utf8Stream {
                         // Incomplete sequence at the end: keep it for the next token.
                         None => {
                             self.pending.drain(..good);
-                            return out;
+                            return;
                         }
                         // Invalid bytes: replace them and go on.
                         Some(bad) => {

@@ -1,0 +1,64 @@
+//! Invariant: after planning, decoding token after token allocates nothing. A counting global
+//! allocator watches a run of single-token decodes on a real model.
+
+mod common;
+
+use common::*;
+use corelm_engine::sample::{Sampler, SamplingParams};
+use corelm_engine::Batch;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+struct Counting;
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn decoding_allocates_nothing_per_token() {
+    for (_, file, _) in MODELS {
+        let (mut engine, tok) = load(file, test_config(2));
+        let prompt = tok.encode("The weather today is", true, true).unwrap();
+        let mut b = Batch::with_capacity(64);
+        for (i, &t) in prompt.iter().enumerate() {
+            b.add(t, i as i32, 0, i + 1 == prompt.len());
+        }
+        let mut sampler = Sampler::new(SamplingParams::default(), engine.hyper().n_vocab).unwrap();
+        let mut next = sampler.sample(engine.decode(&b).unwrap().row(0));
+        // Warm-up step plans the single-token graph.
+        let mut pos = prompt.len() as i32;
+        b.clear();
+        b.add(next, pos, 0, true);
+        next = sampler.sample(engine.decode(&b).unwrap().row(0));
+        pos += 1;
+        ALLOCS.store(0, Ordering::Relaxed);
+        COUNTING.store(true, Ordering::Relaxed);
+        for _ in 0..16 {
+            b.clear();
+            b.add(next, pos, 0, true);
+            let l = engine.decode(&b).unwrap();
+            next = sampler.sample(l.row(0));
+            sampler.accept(next);
+            pos += 1;
+        }
+        COUNTING.store(false, Ordering::Relaxed);
+        assert_eq!(ALLOCS.load(Ordering::Relaxed), 0, "{file}: allocations during 16 decode steps");
+    }
+}
