@@ -342,11 +342,28 @@ impl Ctx<'_> {
         debug_assert_eq!(xt.ne[0], k);
         let cols = split(n_out, ith, nth);
         let base = self.base(t) as *mut f32;
+        let xrow = |r: usize| &xb[r * xrb..(r + 1) * xrb];
         let mut c0 = cols.start;
         while c0 < cols.end {
             let c1 = (c0 + COL_BLOCK).min(cols.end);
-            for r in 0..rows {
-                let xr = &xb[r * xrb..(r + 1) * xrb];
+            let mut r = 0;
+            // Complete groups of four rows: one call per weight row when a 4-row kernel exists.
+            if let Some(dot4) = ops.vec_dot4 {
+                while r + 4 <= tiled_rows {
+                    let ys = [xrow(r), xrow(r + 1), xrow(r + 2), xrow(r + 3)];
+                    for c in c0..c1 {
+                        let mut o = [0f32; 4];
+                        dot4(&wb[c * wrb..(c + 1) * wrb], ys, &mut o);
+                        for (j, v) in o.into_iter().enumerate() {
+                            // SAFETY: column c of these rows is written by this worker only.
+                            unsafe { *base.add((r + j) * n_out + c) = v };
+                        }
+                    }
+                    r += 4;
+                }
+            }
+            for r in r..rows {
+                let xr = xrow(r);
                 let vec_dot = if r < tiled_rows { ops.vec_dot_tile } else { ops.vec_dot };
                 for c in c0..c1 {
                     let v = vec_dot(&wb[c * wrb..(c + 1) * wrb], xr);

@@ -8,6 +8,8 @@ use crate::DType;
 
 /// Dot product of one weight row (`x`, type T) and one activation row (`y`, T's vec_dot_type).
 pub type VecDot = fn(x: &[u8], y: &[u8]) -> f32;
+/// One weight row against four activation rows: `out[j] = vec_dot_tile(x, y[j])`, bit for bit.
+pub type VecDot4 = fn(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4]);
 /// Convert a row of blocks to f32.
 pub type ToFloat = fn(x: &[u8], y: &mut [f32]);
 /// Quantize an f32 row into blocks.
@@ -21,6 +23,8 @@ pub struct TypeOps {
     /// `n - n % 4` of a batch of `n ≥ 4`). Same value up to float order; kept separate so
     /// results match llama.cpp bit for bit. Equal to `vec_dot` for most types.
     pub vec_dot_tile: VecDot,
+    /// Four activation rows at once (weights decoded once), where a SIMD version exists.
+    pub vec_dot4: Option<VecDot4>,
     pub to_float: ToFloat,
     pub from_float: Option<FromFloat>,
 }
@@ -53,6 +57,7 @@ impl Kernels {
             vec_dot_type: vdt,
             vec_dot: vd,
             vec_dot_tile: vd,
+            vec_dot4: None,
             to_float: tf,
             from_float: ff,
         };
@@ -97,6 +102,9 @@ impl Kernels {
             set(&mut k, DType::Q8_0, |x, y| unsafe { avx2::dot_q8_0_q8_0(x, y) });
             set(&mut k, DType::Q4K, |x, y| unsafe { avx2::dot_q4_k_q8_k(x, y) });
             k.ops[slot(DType::Q4K).unwrap()].vec_dot_tile = |x, y| unsafe { avx2::dot_q4_k_q8_k_tile(x, y) };
+            k.ops[slot(DType::Q8_0).unwrap()].vec_dot4 = Some(|x, y, o| unsafe { avx2::dot4_q8_0_q8_0(x, y, o) });
+            k.ops[slot(DType::Q5_0).unwrap()].vec_dot4 = Some(|x, y, o| unsafe { avx2::dot4_q5_0_q8_0(x, y, o) });
+            k.ops[slot(DType::Q4_1).unwrap()].vec_dot4 = Some(|x, y, o| unsafe { avx2::dot4_q4_1_q8_1(x, y, o) });
             set(&mut k, DType::Q6K, |x, y| unsafe { avx2::dot_q6_k_q8_k(x, y) });
         }
         k

@@ -189,3 +189,28 @@ fn attention_simd_twin_is_bit_identical() {
         }
     }
 }
+
+#[test]
+fn four_row_dots_equal_single_row_dots() {
+    let k = Kernels::detect();
+    let mut rng = Rng(5);
+    for t in [DType::Q4_1, DType::Q5_0, DType::Q8_0] {
+        let ops = k.ops(t).unwrap();
+        let Some(dot4) = ops.vec_dot4 else { continue };
+        let n = 32 * 9;
+        let w = random_row(t, n, &mut rng);
+        let ys: Vec<Vec<u8>> = (0..4)
+            .map(|_| {
+                let x: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
+                let mut q = vec![0u8; row_bytes(ops.vec_dot_type, n)];
+                k.from_float(ops.vec_dot_type).unwrap()(&x, &mut q);
+                q
+            })
+            .collect();
+        let mut o = [0f32; 4];
+        dot4(&w, [&ys[0], &ys[1], &ys[2], &ys[3]], &mut o);
+        for j in 0..4 {
+            assert_eq!(o[j], (ops.vec_dot_tile)(&w, &ys[j]), "{t} row {j}");
+        }
+    }
+}

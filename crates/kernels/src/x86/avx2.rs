@@ -289,3 +289,70 @@ fn bytes_of_i8(s: &[i8]) -> &[u8] {
     // SAFETY: i8 and u8 have identical size and alignment; every bit pattern is valid.
     unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, s.len()) }
 }
+
+/// One weight row against four activation rows, decoding each weight block once. Every row's
+/// accumulator sees exactly the operations of the single-row kernel, so
+/// `out[j] == dot(x, y[j])` bit for bit.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot4_q8_0_q8_0(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4]) {
+    let a = as_blocks::<BlockQ8_0>(x);
+    let b: [&[BlockQ8_0]; 4] = y.map(as_blocks::<BlockQ8_0>);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (i, blk) in a.iter().enumerate() {
+        let qx = load32(&blk.qs);
+        let ax = _mm256_sign_epi8(qx, qx);
+        let dx = blk.d.to_f32();
+        for j in 0..4 {
+            let by = &b[j][i];
+            let sy = _mm256_sign_epi8(load32(&by.qs), qx);
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dx * by.d.to_f32()), mul_sum_us8(ax, sy), acc[j]);
+        }
+    }
+    for j in 0..4 {
+        out[j] = hsum_f32x8(acc[j]);
+    }
+}
+
+/// Four-row twin of [`dot_q5_0_q8_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot4_q5_0_q8_0(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4]) {
+    let a = as_blocks::<BlockQ5_0>(x);
+    let b: [&[BlockQ8_0]; 4] = y.map(as_blocks::<BlockQ8_0>);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (i, blk) in a.iter().enumerate() {
+        let hi = _mm256_andnot_si256(bits_32(blk.qh), _mm256_set1_epi8(0xF0u8 as i8));
+        let qx = _mm256_or_si256(nibbles_32(&blk.qs), hi);
+        let ax = _mm256_sign_epi8(qx, qx);
+        let dx = blk.d.to_f32();
+        for j in 0..4 {
+            let by = &b[j][i];
+            let sy = _mm256_sign_epi8(load32(&by.qs), qx);
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dx * by.d.to_f32()), mul_sum_us8(ax, sy), acc[j]);
+        }
+    }
+    for j in 0..4 {
+        out[j] = hsum_f32x8(acc[j]);
+    }
+}
+
+/// Four-row twin of [`dot_q4_1_q8_1`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot4_q4_1_q8_1(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4]) {
+    let a = as_blocks::<BlockQ4_1>(x);
+    let b: [&[BlockQ8_1]; 4] = y.map(as_blocks::<BlockQ8_1>);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut summs = [0f32; 4];
+    for (i, blk) in a.iter().enumerate() {
+        let qx = nibbles_32(&blk.qs);
+        let (dx, mx) = (blk.d.to_f32(), blk.m.to_f32());
+        for j in 0..4 {
+            let by = &b[j][i];
+            summs[j] += mx * by.s.to_f32();
+            let d = _mm256_set1_ps(dx * by.d.to_f32());
+            acc[j] = _mm256_fmadd_ps(d, mul_sum_us8(qx, load32(&by.qs)), acc[j]);
+        }
+    }
+    for j in 0..4 {
+        out[j] = hsum_f32x8(acc[j]) + summs[j];
+    }
+}
