@@ -86,72 +86,30 @@ pub fn dot_q4_1_q8_1(x: &[u8], y: &[u8]) -> f32 {
     hsum_f32x8(acc) + summs
 }
 
-/// Signed 8-bit values of one Q5_0 block (`q - 16`) and its scale.
-#[inline(always)]
-fn decode_q5_0(b: &BlockQ5_0) -> (__m256i, f32) {
-    // SAFETY: only called from functions compiled with AVX2 (see the callers' target_feature).
-    unsafe {
-        // Where the fifth bit is clear, set the top nibble: the byte becomes q - 16 as i8.
-        let hi = _mm256_andnot_si256(bits_32(b.qh), _mm256_set1_epi8(0xF0u8 as i8));
-        (_mm256_or_si256(nibbles_32(&b.qs), hi), b.d.to_f32())
-    }
-}
-
-#[inline(always)]
-fn decode_q8_0(b: &BlockQ8_0) -> (__m256i, f32) {
-    // SAFETY: only called from functions compiled with AVX2.
-    unsafe { (load32(&b.qs), b.d.to_f32()) }
-}
-
-/// Dot of a row of signed-8-bit-decodable blocks with Q8_0 activations: per block
-/// `acc = fma(d_w·d_x, Σ w·x (8 lanes), acc)`, then a horizontal sum (ggml's order).
-#[inline(always)]
-fn dot_signed<B: Block>(x: &[u8], y: &[u8], decode: impl Fn(&B) -> (__m256i, f32)) -> f32 {
-    let (x, y) = (as_blocks::<B>(x), as_blocks::<BlockQ8_0>(y));
-    // SAFETY: only called from functions compiled with AVX2 and FMA.
-    unsafe {
-        let mut acc = _mm256_setzero_ps();
-        for (a, b) in x.iter().zip(y) {
-            let (qx, dx) = decode(a);
-            let d = _mm256_set1_ps(dx * b.d.to_f32());
-            acc = _mm256_fmadd_ps(d, mul_sum_i8(qx, load32(&b.qs)), acc);
-        }
-        hsum_f32x8(acc)
-    }
-}
-
-/// Four activation rows at once: each weight block decoded once; every row's accumulator sees
-/// the operations of [`dot_signed`], so the results are bit-identical to it.
-#[inline(always)]
-fn dot4_signed<B: Block>(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4], decode: impl Fn(&B) -> (__m256i, f32)) {
-    let a = as_blocks::<B>(x);
-    let b: [&[BlockQ8_0]; 4] = y.map(as_blocks::<BlockQ8_0>);
-    // SAFETY: only called from functions compiled with AVX2 and FMA.
-    unsafe {
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for (i, blk) in a.iter().enumerate() {
-            let (qx, dx) = decode(blk);
-            let ax = _mm256_sign_epi8(qx, qx);
-            for j in 0..4 {
-                let by = &b[j][i];
-                let sy = _mm256_sign_epi8(load32(&by.qs), qx);
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dx * by.d.to_f32()), mul_sum_us8(ax, sy), acc[j]);
-            }
-        }
-        for j in 0..4 {
-            out[j] = hsum_f32x8(acc[j]);
-        }
-    }
-}
-
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn dot_q5_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
-    dot_signed(x, y, decode_q5_0)
+    let (x, y) = (as_blocks::<BlockQ5_0>(x), as_blocks::<BlockQ8_0>(y));
+    let mut acc = _mm256_setzero_ps();
+    for (a, b) in x.iter().zip(y) {
+        let d = _mm256_set1_ps(a.d.to_f32() * b.d.to_f32());
+        let qx = nibbles_32(&a.qs);
+        // Where the fifth bit is clear, set the top nibble: byte becomes q - 16 as i8.
+        let hi = _mm256_andnot_si256(bits_32(a.qh), _mm256_set1_epi8(0xF0u8 as i8));
+        let qx = _mm256_or_si256(qx, hi);
+        acc = _mm256_fmadd_ps(d, mul_sum_i8(qx, load32(&b.qs)), acc);
+    }
+    hsum_f32x8(acc)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn dot_q8_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
-    dot_signed(x, y, decode_q8_0)
+    let (x, y) = (as_blocks::<BlockQ8_0>(x), as_blocks::<BlockQ8_0>(y));
+    let mut acc = _mm256_setzero_ps();
+    for (a, b) in x.iter().zip(y) {
+        let d = _mm256_set1_ps(a.d.to_f32() * b.d.to_f32());
+        acc = _mm256_fmadd_ps(d, mul_sum_i8(load32(&a.qs), load32(&b.qs)), acc);
+    }
+    hsum_f32x8(acc)
 }
 
 /// Integer sums with AVX2, float order of ggml's repacked `q4_K_8x8` kernels (see the portable
@@ -332,16 +290,49 @@ fn bytes_of_i8(s: &[i8]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, s.len()) }
 }
 
-/// Four-row twin of [`dot_q8_0_q8_0`] (bit-identical per row).
+/// One weight row against four activation rows, decoding each weight block once. Every row's
+/// accumulator sees exactly the operations of the single-row kernel, so
+/// `out[j] == dot(x, y[j])` bit for bit.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn dot4_q8_0_q8_0(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4]) {
-    dot4_signed(x, y, out, decode_q8_0)
+    let a = as_blocks::<BlockQ8_0>(x);
+    let b: [&[BlockQ8_0]; 4] = y.map(as_blocks::<BlockQ8_0>);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (i, blk) in a.iter().enumerate() {
+        let qx = load32(&blk.qs);
+        let ax = _mm256_sign_epi8(qx, qx);
+        let dx = blk.d.to_f32();
+        for j in 0..4 {
+            let by = &b[j][i];
+            let sy = _mm256_sign_epi8(load32(&by.qs), qx);
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dx * by.d.to_f32()), mul_sum_us8(ax, sy), acc[j]);
+        }
+    }
+    for j in 0..4 {
+        out[j] = hsum_f32x8(acc[j]);
+    }
 }
 
-/// Four-row twin of [`dot_q5_0_q8_0`] (bit-identical per row).
+/// Four-row twin of [`dot_q5_0_q8_0`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn dot4_q5_0_q8_0(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4]) {
-    dot4_signed(x, y, out, decode_q5_0)
+    let a = as_blocks::<BlockQ5_0>(x);
+    let b: [&[BlockQ8_0]; 4] = y.map(as_blocks::<BlockQ8_0>);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (i, blk) in a.iter().enumerate() {
+        let hi = _mm256_andnot_si256(bits_32(blk.qh), _mm256_set1_epi8(0xF0u8 as i8));
+        let qx = _mm256_or_si256(nibbles_32(&blk.qs), hi);
+        let ax = _mm256_sign_epi8(qx, qx);
+        let dx = blk.d.to_f32();
+        for j in 0..4 {
+            let by = &b[j][i];
+            let sy = _mm256_sign_epi8(load32(&by.qs), qx);
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dx * by.d.to_f32()), mul_sum_us8(ax, sy), acc[j]);
+        }
+    }
+    for j in 0..4 {
+        out[j] = hsum_f32x8(acc[j]);
+    }
 }
 
 /// Four-row twin of [`dot_q4_1_q8_1`].
