@@ -117,6 +117,32 @@ enum Cmd {
         #[arg(long)]
         no_parse_special: bool,
     },
+    /// Measure prompt processing and generation speed, in the manner of llama-bench.
+    Bench {
+        /// GGUF file (default: SmolLM2 from the model cache).
+        #[arg(short, long)]
+        model: Option<PathBuf>,
+        /// Prompt lengths to test (comma-separated; 0 skips).
+        #[arg(short = 'p', long, value_delimiter = ',', default_value = "512")]
+        n_prompt: Vec<usize>,
+        /// Generation lengths to test (comma-separated; 0 skips).
+        #[arg(short = 'n', long, value_delimiter = ',', default_value = "128")]
+        n_gen: Vec<usize>,
+        /// Thread counts to test (comma-separated; default: physical cores).
+        #[arg(short = 't', long, value_delimiter = ',')]
+        threads: Vec<usize>,
+        /// Repetitions per test (after one warm-up).
+        #[arg(short = 'r', long, default_value_t = 5)]
+        reps: usize,
+        /// Tokens per forward pass for prompt processing.
+        #[arg(short = 'b', long, default_value_t = 512)]
+        batch_size: usize,
+        /// Print one JSON object per test (llama-bench field names) instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[arg(long)]
+        no_pin: bool,
+    },
     /// Evaluate a golden case file and print its output fields as one JSON object.
     Eval {
         #[command(flatten)]
@@ -248,12 +274,88 @@ fn main() -> Result<()> {
             let ids = tok.encode(&text, !no_special, !no_parse_special)?;
             println!("{}", serde_json::to_string(&ids)?);
         }
+        Cmd::Bench { model, n_prompt, n_gen, threads, reps, batch_size, json, no_pin } => {
+            bench(model, &n_prompt, &n_gen, &threads, reps.max(1), batch_size, json, no_pin)?
+        }
         Cmd::Eval { model, case, teacher_forced } => {
             let src = std::fs::read_to_string(&case).with_context(|| format!("reading {}", case.display()))?;
             let c: Case = serde_json::from_str(&src).with_context(|| format!("parsing case {}", case.display()))?;
             let (mut engine, tok) = load(&model, 1)?;
             let out = run_case(&mut engine, &tok, &c, teacher_forced)?;
             println!("{}", serde_json::to_string(&out)?);
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench(
+    model: Option<PathBuf>,
+    n_prompt: &[usize],
+    n_gen: &[usize],
+    threads: &[usize],
+    reps: usize,
+    batch_size: usize,
+    json: bool,
+    no_pin: bool,
+) -> Result<()> {
+    use corelm_engine::bench::{bytes_per_token, memory_bandwidth, run_test, BenchResult};
+    let path = resolve_model(&model)?;
+    let threads =
+        if threads.is_empty() { vec![corelm_engine::engine::default_threads()] } else { threads.to_vec() };
+    let max_tokens = n_prompt.iter().chain(n_gen).copied().max().unwrap_or(0);
+    let mut results = Vec::new();
+    if !json {
+        println!("| model | threads | test | t/s | roofline t/s |");
+        println!("|---|---|---|---|---|");
+    }
+    for &t in &threads {
+        let ma = ModelArgs {
+            model: Some(path.clone()),
+            threads: Some(t),
+            ctx_size: max_tokens + 16,
+            batch_size: batch_size.min(max_tokens.max(1)),
+            no_pin,
+        };
+        let (mut engine, _) = load(&ma, 1)?;
+        let name = engine.gguf().opt_str("general.name").ok().flatten().unwrap_or("?").to_string();
+        let bw = memory_bandwidth(t, 256 << 20, 3);
+        let roof = bw / bytes_per_token(&engine) as f64;
+        let tests: Vec<(usize, usize)> = n_prompt
+            .iter()
+            .filter(|&&p| p > 0)
+            .map(|&p| (p, 0))
+            .chain(n_gen.iter().filter(|&&n| n > 0).map(|&n| (0, n)))
+            .collect();
+        for (p, n) in tests {
+            let (avg, sd, samples, ns) = run_test(&mut engine, p, n, reps)?;
+            let r = BenchResult {
+                model_filename: path.display().to_string(),
+                model_type: name.clone(),
+                n_prompt: p,
+                n_gen: n,
+                n_threads: t,
+                n_batch: engine.config().n_batch,
+                avg_ts: avg,
+                stddev_ts: sd,
+                samples_ts: samples,
+                samples_ns: ns,
+            };
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                let test = if p > 0 { format!("pp{p}") } else { format!("tg{n}") };
+                let roofline = if p > 0 { "".to_string() } else { format!("{roof:.1} ({:.0}%)", 100.0 * avg / roof) };
+                println!("| {name} | {t} | {test} | {avg:.2} ± {sd:.2} | {roofline} |");
+            }
+            results.push(r);
+        }
+        if !json {
+            eprintln!(
+                "[{t} threads: read bandwidth {:.1} GB/s, {:.1} MB of weights per token, decode roofline {roof:.1} t/s]",
+                bw / 1e9,
+                bytes_per_token(&engine) as f64 / 1e6
+            );
         }
     }
     Ok(())

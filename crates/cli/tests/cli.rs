@@ -103,3 +103,23 @@ fn bad_model_paths_and_files_are_named() {
     assert!(err.contains("truncated") || err.contains("tensor_count"), "{err}");
     std::fs::remove_file(bad).ok();
 }
+
+#[test]
+fn bench_json_has_llama_bench_fields() {
+    let out = corelm()
+        .args(["bench", "--model", &smol(), "-p", "16", "-n", "4", "-t", "1", "-r", "2", "--json", "--no-pin"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2, "one object per test (pp16, tg4)");
+    assert_eq!((lines[0]["n_prompt"].as_u64(), lines[0]["n_gen"].as_u64()), (Some(16), Some(0)));
+    assert_eq!((lines[1]["n_prompt"].as_u64(), lines[1]["n_gen"].as_u64()), (Some(0), Some(4)));
+    for l in &lines {
+        assert_eq!(l["n_threads"].as_u64(), Some(1));
+        assert!(l["avg_ts"].as_f64().unwrap() > 0.0);
+        assert!(l["stddev_ts"].as_f64().unwrap() >= 0.0);
+        assert_eq!(l["samples_ts"].as_array().unwrap().len(), 2);
+    }
+}

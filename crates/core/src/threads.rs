@@ -138,6 +138,8 @@ pub struct ThreadPool {
     shared: Arc<Shared>,
     layout: Box<Layout>,
     handles: Vec<JoinHandle<()>>,
+    /// The caller's CPU affinity before worker 0 (the caller) was pinned; restored on drop.
+    caller_affinity: Option<Vec<usize>>,
 }
 
 impl ThreadPool {
@@ -153,9 +155,11 @@ impl ThreadPool {
             wake: Condvar::new(),
             global: Barrier::default(),
         });
-        if let Some(&cpu) = cfg.cpus.first() {
+        let caller_affinity = cfg.cpus.first().map(|&cpu| {
+            let before = current_affinity();
             pin_current(cpu);
-        }
+            before
+        });
         let handles = (1..n)
             .map(|i| {
                 let s = shared.clone();
@@ -171,7 +175,7 @@ impl ThreadPool {
                     .expect("spawning a worker thread")
             })
             .collect();
-        ThreadPool { shared, layout: Box::new(Layout::new(vec![0..n])), handles }
+        ThreadPool { shared, layout: Box::new(Layout::new(vec![0..n])), handles, caller_affinity }
     }
 
     pub fn n_threads(&self) -> usize {
@@ -296,25 +300,35 @@ impl Drop for ThreadPool {
         for h in self.handles.drain(..) {
             let _ = h.join();
         }
+        if let Some(cpus) = self.caller_affinity.take() {
+            set_affinity(&cpus);
+        }
     }
 }
 
 /// Pin the calling thread to one CPU (best effort: failure leaves it unpinned).
 pub fn pin_current(cpu: usize) {
-    #[cfg(target_os = "linux")]
-    // SAFETY: cpu_set_t is plain data; CPU_SET bounds-checks against CPU_SETSIZE internally in
-    // libc's macro implementation, and sched_setaffinity(0, ..) affects only this thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if cpu < libc::CPU_SETSIZE as usize {
-            libc::CPU_SET(cpu, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        }
-    }
+    set_affinity(&[cpu]);
 }
 
-/// CPUs this process may run on, in order.
-pub fn allowed_cpus() -> Vec<usize> {
+/// Restrict the calling thread to `cpus` (best effort).
+fn set_affinity(cpus: &[usize]) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: cpu_set_t is plain data; indices are checked against CPU_SETSIZE before CPU_SET,
+    // and sched_setaffinity(0, ..) affects only this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &cpu in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+            libc::CPU_SET(cpu, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cpus;
+}
+
+/// The calling thread's current CPU affinity.
+fn current_affinity() -> Vec<usize> {
     #[cfg(target_os = "linux")]
     // SAFETY: sched_getaffinity fills a plain cpu_set_t for this thread.
     unsafe {
@@ -324,6 +338,13 @@ pub fn allowed_cpus() -> Vec<usize> {
         }
     }
     (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect()
+}
+
+/// CPUs this process may run on, in order: read once, on first use, so that pinning a thread
+/// afterwards (worker 0 is the caller) does not shrink what later pools see.
+pub fn allowed_cpus() -> Vec<usize> {
+    static ALLOWED: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+    ALLOWED.get_or_init(current_affinity).clone()
 }
 
 /// Physical cores (one per core, hyper-thread siblings removed) among the allowed CPUs, read

@@ -108,3 +108,27 @@ fn single_thread_pool_runs_inline() {
     });
     assert_eq!(hits.load(Ordering::Relaxed), 1);
 }
+
+#[test]
+fn pinning_pools_do_not_shrink_later_pools_or_leak_affinity() {
+    let allowed = corelm_core::threads::allowed_cpus();
+    let cores = corelm_core::threads::physical_cores();
+    {
+        let _p = ThreadPool::new(PoolConfig { n_threads: 1, cpus: vec![cores[0]] });
+        // While the caller is pinned, the process's CPUs are still all visible.
+        assert_eq!(corelm_core::threads::allowed_cpus(), allowed);
+        assert_eq!(corelm_core::threads::physical_cores(), cores);
+    }
+    // After the pool is gone, a fresh thread spawned by the caller may run anywhere again.
+    let seen = std::thread::spawn(|| {
+        // SAFETY: plain sched_getaffinity into a zeroed cpu_set_t for this thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+            (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).count()
+        }
+    })
+    .join()
+    .unwrap();
+    assert_eq!(seen, allowed.len());
+}

@@ -7,7 +7,9 @@
 //! * [`sample`]: greedy, temperature, top-k/top-p/min-p, penalties, seeded RNG.
 //! * [`generate`]: prompt → stream of tokens with stop conditions.
 //! * [`eval`]: golden-case evaluation in the format of llama.cpp's reference data.
+//! * [`bench`]: llama-bench-style pp/tg measurements, memory bandwidth and decode roofline.
 
+pub mod bench;
 pub mod chat;
 pub mod engine;
 pub mod eval;

@@ -1,0 +1,125 @@
+//! `llama-bench`-style measurements: prompt processing (pp) and generation (tg) tokens/s over
+//! repetitions, plus the memory bandwidth of this machine and the decode roofline it implies
+//! (tokens/s ≤ bandwidth ÷ bytes read per token).
+
+use crate::{Batch, Engine, Error};
+use corelm_core::{PoolConfig, ThreadPool, Worker};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// One measured test, with llama-bench's field names.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BenchResult {
+    pub model_filename: String,
+    pub model_type: String,
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub n_threads: usize,
+    pub n_batch: usize,
+    pub avg_ts: f64,
+    pub stddev_ts: f64,
+    pub samples_ts: Vec<f64>,
+    pub samples_ns: Vec<u64>,
+}
+
+/// Deterministic pseudo-random token ids (llama-bench also times random tokens).
+fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % n_vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn mean_sd(xs: &[f64]) -> (f64, f64) {
+    let m = xs.iter().sum::<f64>() / xs.len() as f64;
+    let v = if xs.len() > 1 { xs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (xs.len() - 1) as f64 } else { 0.0 };
+    (m, v.sqrt())
+}
+
+/// Time `n_prompt` tokens of prefill (or, with `n_prompt == 0`, `n_gen` single-token decodes)
+/// `reps` times after one warm-up run.
+pub fn run_test(engine: &mut Engine, n_prompt: usize, n_gen: usize, reps: usize) -> Result<(f64, f64, Vec<f64>, Vec<u64>), Error> {
+    let n_vocab = engine.hyper().n_vocab;
+    let nb = engine.config().n_batch;
+    let mut batch = Batch::with_capacity(nb);
+    let mut samples = Vec::with_capacity(reps);
+    let mut ns = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        engine.clear_all();
+        let toks = tokens(n_prompt.max(n_gen), n_vocab, 0x5EED + rep as u64);
+        let t0 = Instant::now();
+        if n_prompt > 0 {
+            for (ci, chunk) in toks[..n_prompt].chunks(nb).enumerate() {
+                batch.clear();
+                for (j, &t) in chunk.iter().enumerate() {
+                    let i = ci * nb + j;
+                    batch.add(t, i as i32, 0, i + 1 == n_prompt);
+                }
+                engine.decode(&batch)?;
+            }
+        } else {
+            for (i, &t) in toks[..n_gen].iter().enumerate() {
+                batch.clear();
+                batch.add(t, i as i32, 0, true);
+                engine.decode(&batch)?;
+            }
+        }
+        let dt = t0.elapsed();
+        if rep > 0 {
+            ns.push(dt.as_nanos() as u64);
+            samples.push((n_prompt + if n_prompt > 0 { 0 } else { n_gen }) as f64 / dt.as_secs_f64());
+        }
+    }
+    engine.clear_all();
+    let (m, sd) = mean_sd(&samples);
+    Ok((m, sd, samples, ns))
+}
+
+/// Read bandwidth of main memory with `n_threads` threads, in bytes/s: each thread sums its
+/// share of a buffer much larger than the caches; best of `reps` passes.
+pub fn memory_bandwidth(n_threads: usize, bytes: usize, reps: usize) -> f64 {
+    let words = vec![1u64; bytes / 8];
+    let cpus = corelm_core::threads::physical_cores();
+    let pool = ThreadPool::new(PoolConfig { n_threads, cpus });
+    let sink = AtomicU64::new(0);
+    let mut best = 0f64;
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        pool.run(&|w: &Worker| {
+            let r = corelm_core::sched::split(words.len(), w.ith, w.nth);
+            // Eight independent lanes so the loop is bound by loads, not by the add chain.
+            let mut acc = [0u64; 8];
+            for c in words[r].chunks_exact(8) {
+                for (a, &v) in acc.iter_mut().zip(c) {
+                    *a = a.wrapping_add(v);
+                }
+            }
+            sink.fetch_add(acc.iter().fold(0, |a, &b| a.wrapping_add(b)), Ordering::Relaxed);
+        });
+        best = best.max(bytes as f64 / t0.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(sink.load(Ordering::Relaxed));
+    best
+}
+
+/// Bytes of weights one decoded token reads: every tensor except the token embedding, of which
+/// one row is read — unless the embedding is also the output matrix (tied), then all of it.
+pub fn bytes_per_token(engine: &Engine) -> u64 {
+    let g = engine.gguf();
+    let tied = g.tensor("output.weight").is_none();
+    g.tensors
+        .iter()
+        .map(|t| {
+            if t.name == "token_embd.weight" && !tied {
+                t.n_bytes / t.shape[1].max(1)
+            } else {
+                t.n_bytes
+            }
+        })
+        .sum()
+}
