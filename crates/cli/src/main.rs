@@ -156,22 +156,13 @@ enum Cmd {
     },
 }
 
-fn models_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("CORELM_MODELS_DIR") {
-        return d.into();
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"));
-    base.join("corelm").join("models")
-}
 
 /// The model path: as given, or the default model, fetched with the project's script if absent.
 fn resolve_model(m: &Option<PathBuf>) -> Result<PathBuf> {
     if let Some(p) = m {
         return Ok(p.clone());
     }
-    let p = models_dir().join(DEFAULT_MODEL);
+    let p = corelm_engine::models_dir().join(DEFAULT_MODEL);
     if !p.exists() {
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/fetch_models.py");
         eprintln!("default model not found at {}; fetching it with {}", p.display(), script.display());

@@ -4,18 +4,9 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-fn models_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("CORELM_MODELS_DIR") {
-        return d.into();
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"));
-    base.join("corelm/models")
-}
 
 fn smol() -> String {
-    let p = models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let p = corelm_engine::models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(p.exists(), "run scripts/fetch_models.py first: {} is missing", p.display());
     p.display().to_string()
 }

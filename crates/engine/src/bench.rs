@@ -45,8 +45,7 @@ fn mean_sd(xs: &[f64]) -> (f64, f64) {
 /// `reps` times after one warm-up run.
 pub fn run_test(engine: &mut Engine, n_prompt: usize, n_gen: usize, reps: usize) -> Result<(f64, f64, Vec<f64>, Vec<u64>), Error> {
     let n_vocab = engine.hyper().n_vocab;
-    let nb = engine.config().n_batch;
-    let mut batch = Batch::with_capacity(nb);
+    let mut batch = Batch::with_capacity(1);
     let mut samples = Vec::with_capacity(reps);
     let mut ns = Vec::with_capacity(reps);
     for rep in 0..=reps {
@@ -54,14 +53,7 @@ pub fn run_test(engine: &mut Engine, n_prompt: usize, n_gen: usize, reps: usize)
         let toks = tokens(n_prompt.max(n_gen), n_vocab, 0x5EED + rep as u64);
         let t0 = Instant::now();
         if n_prompt > 0 {
-            for (ci, chunk) in toks[..n_prompt].chunks(nb).enumerate() {
-                batch.clear();
-                for (j, &t) in chunk.iter().enumerate() {
-                    let i = ci * nb + j;
-                    batch.add(t, i as i32, 0, i + 1 == n_prompt);
-                }
-                engine.decode(&batch)?;
-            }
+            engine.feed(0, &toks[..n_prompt], false, |_| {})?;
         } else {
             for (i, &t) in toks[..n_gen].iter().enumerate() {
                 batch.clear();
@@ -72,7 +64,8 @@ pub fn run_test(engine: &mut Engine, n_prompt: usize, n_gen: usize, reps: usize)
         let dt = t0.elapsed();
         if rep > 0 {
             ns.push(dt.as_nanos() as u64);
-            samples.push((n_prompt + if n_prompt > 0 { 0 } else { n_gen }) as f64 / dt.as_secs_f64());
+            let n_tokens = if n_prompt > 0 { n_prompt } else { n_gen };
+            samples.push(n_tokens as f64 / dt.as_secs_f64());
         }
     }
     engine.clear_all();

@@ -125,6 +125,8 @@ pub struct Engine {
     /// Highest position stored per sequence (-1 when empty).
     seq_max_pos: Vec<i32>,
     next_free: usize,
+    /// Cells holding no token (kept up to date instead of scanning the cache).
+    n_free: usize,
     // Reused per-call buffers (capacity n_batch / n_seq_max).
     slots: Vec<u32>,
     last_pos: Vec<i32>,
@@ -157,7 +159,7 @@ impl Engine {
             .map_err(|e| Error::Config(format!("KV cache for a context of {} tokens: {e}", cfg.n_ctx)))?;
         let cpus = if cfg.pin { corelm_core::threads::physical_cores() } else { vec![] };
         let pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
-        let mut exec = Executor::new(cfg.n_threads, h.head_dim);
+        let mut exec = Executor::new(cfg.n_threads, g.max_head_dim);
         exec.dump_dir = std::env::var_os("CORELM_DUMP_DIR").map(Into::into);
         let mut graphs = HashMap::new();
         graphs.insert((cfg.n_batch, cfg.n_batch), g);
@@ -172,6 +174,7 @@ impl Engine {
             graphs,
             seq_max_pos: vec![-1; cfg.n_seq_max],
             next_free: 0,
+            n_free: cfg.n_ctx,
             slots: Vec::with_capacity(cfg.n_batch),
             last_pos: vec![-1; cfg.n_seq_max],
             out_rows: Vec::with_capacity(cfg.n_batch),
@@ -214,7 +217,7 @@ impl Engine {
 
     /// Cells not holding any token.
     pub fn free_cells(&self) -> usize {
-        self.kv.cell_seq.iter().filter(|&&s| s == corelm_core::kv::EMPTY).count()
+        self.n_free
     }
 
     /// Forget a sequence: free its cells.
@@ -224,6 +227,7 @@ impl Engine {
                 self.kv.cell_seq[c] = corelm_core::kv::EMPTY;
                 self.kv.cell_pos[c] = corelm_core::kv::EMPTY;
                 self.next_free = self.next_free.min(c);
+                self.n_free += 1;
             }
         }
         if let Some(p) = self.seq_max_pos.get_mut(seq as usize) {
@@ -296,6 +300,7 @@ impl Engine {
             c += 1;
         }
         self.next_free = c;
+        self.n_free -= n;
         self.out_rows.clear();
         self.out_rows.extend((0..n as u32).filter(|&i| batch.logits[i as usize]));
         let n_out = self.out_rows.len();
@@ -325,6 +330,34 @@ impl Engine {
         );
         self.n_out = n_out;
         Ok(self.logits())
+    }
+
+    /// Append `tokens` to sequence `seq` (positions continue from its length) in forward passes
+    /// of at most `n_batch` tokens. Logits are produced for every token when `all_logits`, else
+    /// for the last one only; `on_logits` sees each pass's logits (in token order). Prefill,
+    /// evaluation and benchmarks all go through here.
+    pub fn feed(
+        &mut self,
+        seq: i32,
+        tokens: &[u32],
+        all_logits: bool,
+        mut on_logits: impl FnMut(&Logits),
+    ) -> Result<(), Error> {
+        let start = self.seq_len(seq);
+        let nb = self.cfg.n_batch;
+        let mut batch = Batch::with_capacity(nb.min(tokens.len()));
+        for (ci, chunk) in tokens.chunks(nb).enumerate() {
+            batch.clear();
+            for (j, &t) in chunk.iter().enumerate() {
+                let i = ci * nb + j;
+                batch.add(t, (start + i) as i32, seq, all_logits || i + 1 == tokens.len());
+            }
+            let logits = self.decode(&batch)?;
+            if logits.rows() > 0 {
+                on_logits(&logits);
+            }
+        }
+        Ok(())
     }
 
     /// The logits of the last `decode`.

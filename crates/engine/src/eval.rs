@@ -53,21 +53,15 @@ pub fn run_case(engine: &mut Engine, tok: &Tokenizer, case: &Case, teacher_force
         return Err(Error::PromptTooLong { prompt: prompt.len() + n_greedy, n_ctx: engine.config().n_ctx });
     }
     engine.clear_all();
-    let nb = engine.config().n_batch;
     let mut out = EvalOutput { prompt_token_ids: ours, prompt_top10: vec![], greedy_ids: vec![], greedy_top10: vec![] };
     let mut batch = Batch::new();
     let mut last = Vec::new();
-    for (ci, chunk) in prompt.chunks(nb).enumerate() {
-        batch.clear();
-        for (j, &t) in chunk.iter().enumerate() {
-            batch.add(t, (ci * nb + j) as i32, 0, true);
-        }
-        let logits = engine.decode(&batch)?;
+    engine.feed(0, &prompt, true, |logits| {
         for r in 0..logits.rows() {
             out.prompt_top10.push(top_k(logits.row(r), 10));
         }
         last = logits.row(logits.rows() - 1).to_vec();
-    }
+    })?;
     let mut pos = prompt.len() as i32;
     for k in 0..n_greedy {
         out.greedy_top10.push(top_k(&last, 10));

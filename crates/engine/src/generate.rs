@@ -54,21 +54,10 @@ pub fn prefill(engine: &mut Engine, seq: i32, tokens: &[u32], last: &mut Vec<f32
     if start + tokens.len() > engine.config().n_ctx || tokens.len() > engine.free_cells() {
         return Err(Error::PromptTooLong { prompt: start + tokens.len(), n_ctx: engine.config().n_ctx });
     }
-    let nb = engine.config().n_batch;
-    let mut batch = Batch::new();
-    for (ci, chunk) in tokens.chunks(nb).enumerate() {
-        batch.clear();
-        for (j, &t) in chunk.iter().enumerate() {
-            let i = ci * nb + j;
-            batch.add(t, (start + i) as i32, seq, i == tokens.len() - 1);
-        }
-        let logits = engine.decode(&batch)?;
-        if ci * nb + chunk.len() == tokens.len() {
-            last.clear();
-            last.extend_from_slice(logits.row(0));
-        }
-    }
-    Ok(())
+    engine.feed(seq, tokens, false, |l| {
+        last.clear();
+        last.extend_from_slice(l.row(0));
+    })
 }
 
 /// Generate after `prompt` (already tokenized) in `params.seq`. `on_text` receives each piece

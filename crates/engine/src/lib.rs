@@ -20,6 +20,19 @@ pub mod tokenizer;
 pub use engine::{Batch, Engine, EngineConfig, Logits};
 pub use tokenizer::{Tokenizer, Utf8Stream};
 
+/// Where models are cached: `$CORELM_MODELS_DIR`, else `$XDG_CACHE_HOME/corelm/models`, else
+/// `~/.cache/corelm/models` (the same rule as `scripts/fetch_models.py`).
+pub fn models_dir() -> std::path::PathBuf {
+    use std::path::PathBuf;
+    if let Some(d) = std::env::var_os("CORELM_MODELS_DIR") {
+        return d.into();
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"));
+    base.join("corelm").join("models")
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]

@@ -12,15 +12,6 @@ pub const MODELS: [(&str, &str, f32); 3] = [
     ("qwen2.5-coder-0.5b-instruct-awq-q4_k_m", "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf", 1.5),
 ];
 
-pub fn models_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("CORELM_MODELS_DIR") {
-        return d.into();
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache"));
-    base.join("corelm").join("models")
-}
 
 pub fn golden_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("CORELM_GOLDEN_DIR") {
@@ -30,7 +21,7 @@ pub fn golden_dir() -> PathBuf {
 }
 
 pub fn model_path(file: &str) -> PathBuf {
-    let p = models_dir().join(file);
+    let p = corelm_engine::models_dir().join(file);
     assert!(
         p.exists(),
         "model {} is missing: run `scripts/fetch_models.py all` (or `make test`, which does)",
