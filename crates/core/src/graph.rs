@@ -191,26 +191,28 @@ impl<'k> Builder<'k> {
         q
     }
 
-    /// `[rows, w.ne1]` = x · wᵀ.
-    pub fn matmul(&mut self, w: &Bundle, x: &Bundle) -> Bundle {
+    /// Checks shapes and quantizes `x` for `w`: the op and result shape of `x · wᵀ`.
+    fn matmul_op(&mut self, w: &Bundle, x: &Bundle) -> (Op, [usize; 2]) {
         let (w, x) = (w.single(), x.single());
         self.check_src(x);
         let (nw, nx) = (self.t(w).ne, self.t(x).ne);
         assert_eq!(nw[0], nx[0], "matmul inner dimensions");
         let xq = self.quantized_for(x, self.t(w).dtype);
-        self.node([nw[1], nx[1]], DType::F32, Op::MatMul { w, x: xq })
+        (Op::MatMul { w, x: xq }, [nw[1], nx[1]])
+    }
+
+    /// `[rows, w.ne1]` = x · wᵀ.
+    pub fn matmul(&mut self, w: &Bundle, x: &Bundle) -> Bundle {
+        let (op, ne) = self.matmul_op(w, x);
+        self.node(ne, DType::F32, op)
     }
 
     /// Like [`Builder::matmul`] but the result goes to the output pool (logits).
     pub fn matmul_output(&mut self, w: &Bundle, x: &Bundle) -> Bundle {
-        let (w, x) = (w.single(), x.single());
-        self.check_src(x);
-        let (nw, nx) = (self.t(w).ne, self.t(x).ne);
-        assert_eq!(nw[0], nx[0], "matmul inner dimensions");
-        let xq = self.quantized_for(x, self.t(w).dtype);
+        let (op, ne) = self.matmul_op(w, x);
         let offset = self.out_bump;
-        self.out_bump += nw[1] * nx[1] * 4;
-        Bundle::one(self.push([nw[1], nx[1]], DType::F32, Op::MatMul { w, x: xq }, Storage::Output { offset }))
+        self.out_bump += ne[0] * ne[1] * 4;
+        Bundle::one(self.push(ne, DType::F32, op, Storage::Output { offset }))
     }
 
     pub fn rope(&mut self, x: &Bundle, p: RopeParams) -> Bundle {

@@ -84,7 +84,6 @@ pub struct Tokenizer {
     pub kind: VocabKind,
     pieces: Vec<Vec<u8>>,
     texts: Vec<String>,
-    token_type: Vec<i64>,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub add_bos: bool,
@@ -209,7 +208,7 @@ impl Tokenizer {
         let add_bos = g.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(kind == VocabKind::Spm);
         let bos = id("tokenizer.ggml.bos_token_id")?;
         let eos = id("tokenizer.ggml.eos_token_id")?;
-        Ok(Tokenizer { hf, hf_plain, kind, pieces, texts: tokens.to_vec(), token_type, bos, eos, add_bos, eog })
+        Ok(Tokenizer { hf, hf_plain, kind, pieces, texts: tokens.to_vec(), bos, eos, add_bos, eog })
     }
 
     pub fn n_vocab(&self) -> usize {
@@ -250,10 +249,6 @@ impl Tokenizer {
     /// Does this token end generation?
     pub fn is_eog(&self, id: u32) -> bool {
         self.eog.contains(&id)
-    }
-
-    pub fn is_control(&self, id: u32) -> bool {
-        self.token_type.get(id as usize) == Some(&TOKEN_CONTROL)
     }
 }
 

@@ -88,12 +88,11 @@ impl Kernels {
             k.isa = Isa::Avx2;
             // SAFETY (all closures below): the features these functions are compiled for were
             // detected on this CPU just above.
+            // Sets both dots; types whose tile dot differs (Q4_K) override it below.
             let set = |k: &mut Kernels, t: DType, f: VecDot| {
                 let o = &mut k.ops[slot(t).unwrap()];
-                if o.vec_dot_tile as usize == o.vec_dot as usize {
-                    o.vec_dot_tile = f;
-                }
                 o.vec_dot = f;
+                o.vec_dot_tile = f;
             };
             set(&mut k, DType::F32, |x, y| unsafe { avx2::dot_f32(x, y) });
             set(&mut k, DType::F16, |x, y| unsafe { avx2::dot_f16(x, y) });

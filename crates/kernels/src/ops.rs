@@ -408,17 +408,3 @@ pub fn reduce_add_16(a: &[f32; 16]) -> f32 {
     let t6: [f32; 4] = std::array::from_fn(|i| t3[4 + i] + t3[i]);
     (t6[0] + t6[2]) + (t6[1] + t6[3])
 }
-
-/// Bytes of an f16 slice (for the byte-typed dot products).
-#[inline]
-pub fn f16_bytes(s: &[f16]) -> &[u8] {
-    // SAFETY: f16 is 2 plain bytes; the byte view covers exactly the same memory.
-    unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }
-}
-
-/// Bytes of an f32 slice.
-#[inline]
-pub fn f32_bytes(s: &[f32]) -> &[u8] {
-    // SAFETY: f32 is 4 plain bytes; the byte view covers exactly the same memory.
-    unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }
-}
