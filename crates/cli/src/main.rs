@@ -184,6 +184,7 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         n_seq_max: n_seq,
         n_threads: m.threads.unwrap_or_else(corelm_engine::engine::default_threads),
         pin: !m.no_pin,
+        batch_invariant: false,
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", path.display()))?;

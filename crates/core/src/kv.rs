@@ -1,44 +1,65 @@
-//! KV cache storage: preallocated per layer, F16, laid out as its reader wants it —
-//! `[kv_head][cell][head_dim]`, so attention for one head scans contiguous memory — plus the
-//! position and sequence of each cell. Which cells a batch writes is the engine's decision;
-//! here is only the memory and its metadata.
+//! Paged KV cache: the storage (preallocated per layer, F16, laid out as its reader wants it —
+//! `[kv_head][row][head_dim]`, so attention for one head reads contiguous rows) and the
+//! [`Blocks`] that hand it out to sequences.
 //!
-//! Invariant: sized once at creation; never reallocated per token.
+//! Rows are grouped into blocks of [`BLOCK`] rows. Each sequence owns a block table; the token
+//! at position `p` of a sequence lives in row `table[p / BLOCK] * BLOCK + p % BLOCK`, so a
+//! sequence's positions are contiguous from 0 and its logical order is its position order
+//! (what attention iterates). Blocks are reference counted: a full block is immutable and is
+//! registered under a key chaining its tokens with its predecessor's key, so a later sequence
+//! starting with the same tokens attaches the same block instead of recomputing it (prefix
+//! caching). A registered block nobody references stays cached, on an LRU list, until a fresh
+//! block is needed and no free block is left.
+//!
+//! Invariants: storage is sized once at creation and never reallocated; the block tables, the
+//! key map and the LRU list are preallocated too, so appending tokens allocates nothing. A
+//! block with a key is full and never written again.
 
 use crate::memory::{AllocError, Buffer};
 use half::f16;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 
-pub const EMPTY: i32 = -1;
+/// log2 of the rows per block.
+pub const BLOCK_SHIFT: u32 = 4;
+/// Rows (tokens) per block.
+pub const BLOCK: usize = 1 << BLOCK_SHIFT;
+const NIL: u32 = u32::MAX;
+/// Key of the empty prefix.
+const ROOT: u64 = 0x9E37_79B9_7F4A_7C15;
 
 pub struct KvCache {
     pub n_layer: usize,
+    /// Rows per layer and KV head (`n_blocks * BLOCK`).
     pub n_cells: usize,
     pub n_kv_head: usize,
     pub head_dim: usize,
     k: Vec<Buffer>,
     v: Vec<Buffer>,
-    /// Position of the token stored in each cell, or [`EMPTY`].
-    pub cell_pos: Vec<i32>,
-    /// Sequence owning each cell, or [`EMPTY`].
-    pub cell_seq: Vec<i32>,
-    /// One past the highest cell in use (attention scans `0..used_end`).
-    pub used_end: usize,
+    pub blocks: Blocks,
 }
 
 impl KvCache {
+    /// Room for at least `n_cells` tokens (rounded up to whole blocks) shared by `n_seq`
+    /// sequences.
     pub fn new(
         n_layer: usize,
         n_cells: usize,
         n_kv_head: usize,
         head_dim: usize,
+        n_seq: usize,
         node: Option<usize>,
     ) -> Result<Self, AllocError> {
-        let bytes = n_kv_head
-            .checked_mul(n_cells)
-            .and_then(|b| b.checked_mul(head_dim * 2))
-            .ok_or(AllocError { bytes: usize::MAX, gib: f64::INFINITY })?;
+        let n_blocks = n_cells.div_ceil(BLOCK);
+        let n_cells = n_blocks * BLOCK;
+        let too_big = || AllocError { bytes: usize::MAX, gib: f64::INFINITY };
+        let bytes = n_kv_head.checked_mul(n_cells).and_then(|b| b.checked_mul(head_dim * 2)).ok_or_else(too_big)?;
+        if n_blocks >= NIL as usize {
+            return Err(too_big());
+        }
         let total = bytes as f64 * 2.0 * n_layer as f64;
-        let alloc = |_| Buffer::new(bytes, node).map_err(|_| AllocError { bytes: total as usize, gib: total / (1u64 << 30) as f64 });
+        let alloc =
+            |_| Buffer::new(bytes, node).map_err(|_| AllocError { bytes: total as usize, gib: total / (1u64 << 30) as f64 });
         Ok(KvCache {
             n_layer,
             n_cells,
@@ -46,9 +67,7 @@ impl KvCache {
             head_dim,
             k: (0..n_layer).map(alloc).collect::<Result<_, _>>()?,
             v: (0..n_layer).map(alloc).collect::<Result<_, _>>()?,
-            cell_pos: vec![EMPTY; n_cells],
-            cell_seq: vec![EMPTY; n_cells],
-            used_end: 0,
+            blocks: Blocks::new(n_blocks, n_seq),
         })
     }
 
@@ -61,9 +80,301 @@ impl KvCache {
     pub(crate) fn layer_ptrs(&self, l: usize) -> (*mut f16, *mut f16) {
         (self.k[l].as_ptr() as *mut f16, self.v[l].as_ptr() as *mut f16)
     }
+}
 
-    /// Recompute `used_end` after cells were freed.
-    pub fn refresh_used_end(&mut self) {
-        self.used_end = self.cell_seq.iter().rposition(|&s| s != EMPTY).map_or(0, |i| i + 1);
+/// Block allocator, per-sequence block tables and the prefix cache.
+pub struct Blocks {
+    n_blocks: usize,
+    /// Sequences referencing each block.
+    refs: Vec<u32>,
+    /// Prefix key of each registered (full, immutable) block.
+    key: Vec<Option<u64>>,
+    /// Key of each block's predecessor in its sequence (checked on lookup with the tokens).
+    parent: Vec<u64>,
+    /// Token stored in each row.
+    tokens: Vec<u32>,
+    /// Unreferenced blocks without a key.
+    free: Vec<u32>,
+    /// Unreferenced registered blocks, least recently released first (intrusive list).
+    lru_prev: Vec<u32>,
+    lru_next: Vec<u32>,
+    lru_head: u32,
+    lru_tail: u32,
+    n_lru: usize,
+    map: HashMap<u64, u32>,
+    tables: Vec<Vec<u32>>,
+    lens: Vec<usize>,
+    /// Key of the last full block of each sequence.
+    tips: Vec<u64>,
+    /// Tokens served from cached blocks, and blocks evicted, since creation.
+    pub hits: u64,
+    pub evictions: u64,
+}
+
+impl Blocks {
+    fn new(n_blocks: usize, n_seq: usize) -> Blocks {
+        Blocks {
+            n_blocks,
+            refs: vec![0; n_blocks],
+            key: vec![None; n_blocks],
+            parent: vec![ROOT; n_blocks],
+            tokens: vec![0; n_blocks * BLOCK],
+            free: (0..n_blocks as u32).rev().collect(),
+            lru_prev: vec![NIL; n_blocks],
+            lru_next: vec![NIL; n_blocks],
+            lru_head: NIL,
+            lru_tail: NIL,
+            n_lru: 0,
+            map: HashMap::with_capacity(n_blocks),
+            tables: (0..n_seq).map(|_| Vec::with_capacity(n_blocks)).collect(),
+            lens: vec![0; n_seq],
+            tips: vec![ROOT; n_seq],
+            hits: 0,
+            evictions: 0,
+        }
+    }
+
+    pub fn n_blocks(&self) -> usize {
+        self.n_blocks
+    }
+
+    pub fn n_seq(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Blocks a new token can get: free ones plus cached ones that may be evicted.
+    pub fn available(&self) -> usize {
+        self.free.len() + self.n_lru
+    }
+
+    /// Blocks referenced by at least one sequence.
+    pub fn used(&self) -> usize {
+        self.n_blocks - self.available()
+    }
+
+    /// Unreferenced blocks kept for their prefix.
+    pub fn cached(&self) -> usize {
+        self.n_lru
+    }
+
+    /// Tokens stored for `seq`.
+    pub fn len(&self, seq: usize) -> usize {
+        self.lens[seq]
+    }
+
+    /// Block table of `seq`, in position order.
+    pub fn table(&self, seq: usize) -> &[u32] {
+        &self.tables[seq]
+    }
+
+    /// Fresh blocks `seq` needs to store `n` more tokens.
+    pub fn needed(&self, seq: usize, n: usize) -> usize {
+        (self.lens[seq] + n).div_ceil(BLOCK) - self.tables[seq].len()
+    }
+
+    /// Tokens `seq` could still append before running out of blocks.
+    pub fn room(&self, seq: usize) -> usize {
+        self.tables[seq].len() * BLOCK - self.lens[seq] + self.available() * BLOCK
+    }
+
+    /// Append `token` to `seq` and return the row it goes to. The caller checked [`Self::needed`]
+    /// against [`Self::available`].
+    pub fn append(&mut self, seq: usize, token: u32) -> usize {
+        let len = self.lens[seq];
+        if len % BLOCK == 0 {
+            let b = self.take().expect("caller checked available blocks");
+            self.refs[b as usize] = 1;
+            self.parent[b as usize] = self.tips[seq];
+            self.tables[seq].push(b);
+        }
+        let b = self.tables[seq][len / BLOCK] as usize;
+        let row = b * BLOCK + len % BLOCK;
+        self.tokens[row] = token;
+        self.lens[seq] = len + 1;
+        if (len + 1) % BLOCK == 0 {
+            let k = chain(self.tips[seq], &self.tokens[b * BLOCK..(b + 1) * BLOCK]);
+            self.tips[seq] = k;
+            // A block with the same prefix may exist already (computed concurrently): keep it.
+            if let std::collections::hash_map::Entry::Vacant(e) = self.map.entry(k) {
+                e.insert(b as u32);
+                self.key[b] = Some(k);
+            }
+        }
+        row
+    }
+
+    /// Attach to the empty sequence `seq` the cached blocks that hold a prefix of `tokens`,
+    /// leaving at least one token to compute (its logits are needed). Returns the tokens reused.
+    pub fn attach_prefix(&mut self, seq: usize, tokens: &[u32]) -> usize {
+        if self.lens[seq] != 0 || tokens.is_empty() {
+            return 0;
+        }
+        let mut tip = ROOT;
+        for chunk in tokens[..tokens.len() - 1].chunks_exact(BLOCK) {
+            let k = chain(tip, chunk);
+            let Some(&b) = self.map.get(&k) else { break };
+            let bu = b as usize;
+            if self.parent[bu] != tip || self.tokens[bu * BLOCK..(bu + 1) * BLOCK] != *chunk {
+                break; // a key collision: treat as a miss
+            }
+            if self.refs[bu] == 0 {
+                self.lru_unlink(b);
+            }
+            self.refs[bu] += 1;
+            self.tables[seq].push(b);
+            self.lens[seq] += BLOCK;
+            self.hits += BLOCK as u64;
+            tip = k;
+        }
+        self.tips[seq] = tip;
+        self.lens[seq]
+    }
+
+    /// Drop `seq`'s references; its blocks become free, or cached if registered.
+    pub fn release(&mut self, seq: usize) {
+        let mut table = std::mem::take(&mut self.tables[seq]);
+        for &b in &table {
+            let bu = b as usize;
+            self.refs[bu] -= 1;
+            if self.refs[bu] == 0 {
+                if self.key[bu].is_some() {
+                    self.lru_push(b);
+                } else {
+                    self.free.push(b);
+                }
+            }
+        }
+        table.clear();
+        self.tables[seq] = table;
+        self.lens[seq] = 0;
+        self.tips[seq] = ROOT;
+    }
+
+    /// Forget every cached prefix (blocks in use keep their contents but are no longer shared).
+    pub fn clear_cache(&mut self) {
+        while let Some(b) = self.lru_pop() {
+            self.unregister(b);
+            self.free.push(b);
+        }
+        for k in self.key.iter_mut() {
+            *k = None;
+        }
+        self.map.clear();
+    }
+
+    fn take(&mut self) -> Option<u32> {
+        if let Some(b) = self.free.pop() {
+            return Some(b);
+        }
+        let b = self.lru_pop()?;
+        self.unregister(b);
+        self.evictions += 1;
+        Some(b)
+    }
+
+    fn unregister(&mut self, b: u32) {
+        if let Some(k) = self.key[b as usize].take() {
+            self.map.remove(&k);
+        }
+    }
+
+    fn lru_push(&mut self, b: u32) {
+        self.lru_prev[b as usize] = self.lru_tail;
+        self.lru_next[b as usize] = NIL;
+        if self.lru_tail != NIL {
+            self.lru_next[self.lru_tail as usize] = b;
+        } else {
+            self.lru_head = b;
+        }
+        self.lru_tail = b;
+        self.n_lru += 1;
+    }
+
+    fn lru_unlink(&mut self, b: u32) {
+        let (p, n) = (self.lru_prev[b as usize], self.lru_next[b as usize]);
+        if p != NIL {
+            self.lru_next[p as usize] = n;
+        } else {
+            self.lru_head = n;
+        }
+        if n != NIL {
+            self.lru_prev[n as usize] = p;
+        } else {
+            self.lru_tail = p;
+        }
+        self.n_lru -= 1;
+    }
+
+    fn lru_pop(&mut self) -> Option<u32> {
+        let b = self.lru_head;
+        if b == NIL {
+            return None;
+        }
+        self.lru_unlink(b);
+        Some(b)
+    }
+}
+
+/// Key of a block holding `tokens` after the prefix keyed `parent`.
+fn chain(parent: u64, tokens: &[u32]) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    parent.hash(&mut h);
+    tokens.hash(&mut h);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fill(b: &mut Blocks, seq: usize, toks: &[u32]) -> Vec<usize> {
+        toks.iter().map(|&t| b.append(seq, t)).collect()
+    }
+
+    #[test]
+    fn rows_follow_block_tables() {
+        let mut b = Blocks::new(4, 2);
+        let r0 = fill(&mut b, 0, &[1; BLOCK + 1]);
+        let r1 = fill(&mut b, 1, &[2; 3]);
+        assert_eq!(b.table(0), &[0, 1]);
+        assert_eq!(b.table(1), &[2]);
+        assert_eq!(r0[BLOCK], BLOCK);
+        assert_eq!(r1[2], 2 * BLOCK + 2);
+        assert_eq!((b.available(), b.needed(1, BLOCK - 3), b.needed(1, BLOCK - 2)), (1, 0, 1));
+        assert_eq!(b.room(1), BLOCK - 3 + BLOCK);
+        b.release(0);
+        // Block 0 is full and registered: cached, not free; block 1 is free.
+        assert_eq!((b.available(), b.cached()), (3, 1));
+    }
+
+    #[test]
+    fn prefix_blocks_are_shared_then_cached_then_evicted_lru() {
+        let mut b = Blocks::new(6, 3);
+        let prompt: Vec<u32> = (0..2 * BLOCK as u32 + 5).collect();
+        fill(&mut b, 0, &prompt);
+        // Same prompt: both full blocks are reused, the rest is computed.
+        assert_eq!(b.attach_prefix(1, &prompt), 2 * BLOCK);
+        assert_eq!(b.table(1), &b.table(0)[..2]);
+        fill(&mut b, 1, &prompt[2 * BLOCK..]);
+        assert_ne!(b.table(1)[2], b.table(0)[2]);
+        // A prompt of exactly two blocks reuses only the first (the last token must be computed).
+        assert_eq!(b.attach_prefix(2, &prompt[..2 * BLOCK]), BLOCK);
+        b.release(2);
+        // A different first block shares nothing, even with an equal second block.
+        let mut other = prompt.clone();
+        other[0] = 999;
+        assert_eq!(b.attach_prefix(2, &other), 0);
+        b.release(0);
+        b.release(1);
+        assert_eq!((b.used(), b.cached()), (0, 2));
+        assert_eq!(b.attach_prefix(2, &prompt), 2 * BLOCK);
+        b.release(2);
+        // Filling the whole cache evicts the cached blocks (least recently released first).
+        fill(&mut b, 0, &vec![7; 5 * BLOCK]);
+        assert_eq!((b.cached(), b.evictions), (1, 1));
+        fill(&mut b, 0, &[7]);
+        assert_eq!((b.cached(), b.evictions, b.available()), (0, 2, 0));
+        b.release(0);
+        assert_eq!(b.attach_prefix(1, &prompt), 0);
     }
 }

@@ -61,6 +61,11 @@ pub struct Executor {
     /// (raw little-endian f32) after it runs — for comparing against another engine's tensors.
     /// Debugging only: it allocates and writes files on the hot path.
     pub dump_dir: Option<std::path::PathBuf>,
+    /// Compute every row as if it were alone: single-row dot order in matmuls and the
+    /// reference attention kernel whatever the batch size, so a token's results do not depend
+    /// on what else shares its batch (serving). Off, kernels follow llama.cpp's choice by batch
+    /// size (bit-identical to it).
+    pub batch_invariant: bool,
 }
 
 impl Executor {
@@ -70,6 +75,7 @@ impl Executor {
                 .map(|_| std::sync::Mutex::new(Scratch { attn: AttnScratch::new(max_head_dim) }))
                 .collect(),
             dump_dir: None,
+            batch_invariant: false,
         }
     }
 
@@ -98,6 +104,7 @@ impl Executor {
             kv,
             batch,
             kernels,
+            batch_invariant: self.batch_invariant,
         };
         let prof = std::sync::Mutex::new(profile.as_deref_mut());
         pool.run(&|w: &Worker| {
@@ -134,6 +141,7 @@ struct Ctx<'a> {
     kv: &'a KvCache,
     batch: BatchView<'a>,
     kernels: &'a Kernels,
+    batch_invariant: bool,
 }
 
 // SAFETY: the raw pointers address the pools, which outlive the run; workers write disjoint
@@ -276,29 +284,33 @@ impl Ctx<'_> {
                 let (kp, vp) = kv.layer_ptrs(layer as usize);
                 let (hd, cells) = (p.head_dim, kv.n_cells);
                 let group = p.n_head / p.n_kv_head;
-                let n_used = kv.used_end;
-                let kind = if rows >= ops::TILED_MIN_ROWS { ops::AttnKernel::Tiled } else { ops::AttnKernel::Reference };
+                let kind = if rows >= ops::TILED_MIN_ROWS && !self.batch_invariant {
+                    ops::AttnKernel::Tiled
+                } else {
+                    ops::AttnKernel::Reference
+                };
                 for item in (ith..rows * p.n_head).step_by(nth) {
                     let (r, h) = (item / p.n_head, item % p.n_head);
                     let kvh = h / group;
+                    let (pos, seq) = (self.batch.pos[r], self.batch.seq[r]);
                     // SAFETY: K/V of this layer were written by the kv_store node before the
                     // barrier; nobody writes them during attention.
-                    let (k, v) = unsafe {
-                        (
-                            std::slice::from_raw_parts(kp.add(kvh * cells * hd), cells * hd),
-                            std::slice::from_raw_parts(vp.add(kvh * cells * hd), cells * hd),
-                        )
+                    let rows_kv = unsafe {
+                        ops::KvRows {
+                            k: std::slice::from_raw_parts(kp.add(kvh * cells * hd), cells * hd),
+                            v: std::slice::from_raw_parts(vp.add(kvh * cells * hd), cells * hd),
+                            head_dim: hd,
+                            table: kv.blocks.table(seq as usize),
+                            shift: crate::kv::BLOCK_SHIFT,
+                        }
                     };
-                    let (pos, seq) = (self.batch.pos[r], self.batch.seq[r]);
-                    let visible = |c: usize| {
-                        kv.cell_seq[c] == seq
-                            && kv.cell_pos[c] <= pos
-                            && p.window.is_none_or(|win| pos - kv.cell_pos[c] < win as i32)
-                    };
+                    // Logical cell c holds position c: causal means c <= pos.
+                    let visible = |c: usize| p.window.is_none_or(|win| pos - (c as i32) < win as i32);
                     // SAFETY: (row, head) pairs are dealt to exactly one worker.
                     let out = unsafe { self.out_f32(t, r * ne0 + h * hd, hd) };
                     let qh = &q[r * ne0 + h * hd..r * ne0 + (h + 1) * hd];
-                    ops::attend_row(kind, self.kernels.isa, qh, k, v, n_used, p.scale, visible, &mut scratch.attn, out);
+                    let n = pos as usize + 1;
+                    ops::attend_row(kind, self.kernels.isa, qh, &rows_kv, n, p.scale, visible, &mut scratch.attn, out);
                 }
             }
             Op::Glu { gate, up, kind } => {
@@ -364,7 +376,7 @@ impl Ctx<'_> {
             }
             for r in r..rows {
                 let xr = xrow(r);
-                let vec_dot = if r < tiled_rows { ops.vec_dot_tile } else { ops.vec_dot };
+                let vec_dot = if r < tiled_rows && !self.batch_invariant { ops.vec_dot_tile } else { ops.vec_dot };
                 for c in c0..c1 {
                     let v = vec_dot(&wb[c * wrb..(c + 1) * wrb], xr);
                     // SAFETY: column c of row r is written by this worker only (columns split).

@@ -1,15 +1,17 @@
 //! The engine: one loaded model, its pools, KV cache and thread pool, and the batch API.
 //!
 //! A [`Batch`] lists tokens, each with its sequence id, position and whether its logits are
-//! wanted (like `llama_batch`). [`Engine::decode`] assigns every token a KV cell, plans (or
-//! reuses) the graph for the batch shape, runs it, and returns the wanted logits as a view of
-//! the output pool.
+//! wanted (like `llama_batch`). [`Engine::decode`] appends every token to its sequence in the
+//! paged KV cache, plans (or reuses) the graph for the batch shape, runs it, and returns the
+//! wanted logits as a view of the output pool. [`Engine::attach_prefix`] starts a sequence on
+//! cached blocks of an earlier one with the same leading tokens.
 //!
 //! Invariants: pools and the KV cache are sized at load and never grow; a graph is planned once
 //! per batch shape (`n_tokens`, `n_outputs`) and reused, so decoding token after token does no
-//! planning and no allocation.
+//! planning and no allocation; a sequence's positions are `0..len` with no gaps.
 
 use crate::Error;
+use corelm_core::kv::BLOCK;
 use corelm_core::{BatchView, Builder, Executor, Graph, KvCache, PoolConfig, Pools, Profile, ThreadPool};
 use corelm_gguf::Gguf;
 use corelm_kernels::Kernels;
@@ -21,7 +23,8 @@ use std::sync::Arc;
 /// Load-time settings.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
-    /// KV cells shared by all sequences (the context size).
+    /// KV cells shared by all sequences (rounded up to whole blocks of 16); also the longest
+    /// a single sequence can grow.
     pub n_ctx: usize,
     /// Most tokens one `decode` call may carry (and most outputs).
     pub n_batch: usize,
@@ -30,11 +33,14 @@ pub struct EngineConfig {
     pub n_threads: usize,
     /// Pin worker threads to physical cores.
     pub pin: bool,
+    /// Results of a token independent of the rest of its batch (see
+    /// `Executor::batch_invariant`); a server sets it, so batching never changes an answer.
+    pub batch_invariant: bool,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { n_ctx: 4096, n_batch: 256, n_seq_max: 4, n_threads: default_threads(), pin: true }
+        EngineConfig { n_ctx: 4096, n_batch: 256, n_seq_max: 4, n_threads: default_threads(), pin: true, batch_invariant: false }
     }
 }
 
@@ -122,14 +128,9 @@ pub struct Engine {
     kv: KvCache,
     graphs: HashMap<(usize, usize), Graph>,
     cfg: EngineConfig,
-    /// Highest position stored per sequence (-1 when empty).
-    seq_max_pos: Vec<i32>,
-    next_free: usize,
-    /// Cells holding no token (kept up to date instead of scanning the cache).
-    n_free: usize,
     // Reused per-call buffers (capacity n_batch / n_seq_max).
     slots: Vec<u32>,
-    last_pos: Vec<i32>,
+    next_pos: Vec<usize>,
     out_rows: Vec<u32>,
     n_out: usize,
     pub profile: Option<Profile>,
@@ -155,12 +156,13 @@ impl Engine {
         let g = b.finish(&out);
         let pools = Pools::new(g.act_bytes, g.out_bytes, None)
             .map_err(|e| Error::Config(format!("activation pools for a batch of {}: {e}", cfg.n_batch)))?;
-        let kv = KvCache::new(h.n_layer, cfg.n_ctx, h.n_kv_head, h.head_dim, None)
+        let kv = KvCache::new(h.n_layer, cfg.n_ctx, h.n_kv_head, h.head_dim, cfg.n_seq_max, None)
             .map_err(|e| Error::Config(format!("KV cache for a context of {} tokens: {e}", cfg.n_ctx)))?;
         let cpus = if cfg.pin { corelm_core::threads::physical_cores() } else { vec![] };
         let pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
         let mut exec = Executor::new(cfg.n_threads, g.max_head_dim);
         exec.dump_dir = std::env::var_os("CORELM_DUMP_DIR").map(Into::into);
+        exec.batch_invariant = cfg.batch_invariant;
         let mut graphs = HashMap::new();
         graphs.insert((cfg.n_batch, cfg.n_batch), g);
         Ok(Engine {
@@ -172,11 +174,8 @@ impl Engine {
             pools,
             kv,
             graphs,
-            seq_max_pos: vec![-1; cfg.n_seq_max],
-            next_free: 0,
-            n_free: cfg.n_ctx,
             slots: Vec::with_capacity(cfg.n_batch),
-            last_pos: vec![-1; cfg.n_seq_max],
+            next_pos: vec![0; cfg.n_seq_max],
             out_rows: Vec::with_capacity(cfg.n_batch),
             n_out: 0,
             cfg,
@@ -210,37 +209,54 @@ impl Engine {
         (self.pools.act[0].len() + self.pools.act[1].len(), self.pools.out.len(), self.kv.bytes())
     }
 
-    /// Number of tokens stored for a sequence (positions are 0-based and contiguous in normal use).
+    /// Tokens stored for a sequence (its next position).
     pub fn seq_len(&self, seq: i32) -> usize {
-        self.seq_max_pos.get(seq as usize).map_or(0, |&p| (p + 1) as usize)
+        usize::try_from(seq).ok().filter(|&s| s < self.cfg.n_seq_max).map_or(0, |s| self.kv.blocks.len(s))
     }
 
-    /// Cells not holding any token.
+    /// Cells in blocks no sequence holds (free or cached-evictable).
     pub fn free_cells(&self) -> usize {
-        self.n_free
+        self.kv.blocks.available() * BLOCK
     }
 
-    /// Forget a sequence: free its cells.
+    /// Tokens `seq` can still append: the rest of its last block plus the available blocks,
+    /// capped by `n_ctx`.
+    pub fn room(&self, seq: i32) -> usize {
+        if seq < 0 || seq as usize >= self.cfg.n_seq_max {
+            return 0;
+        }
+        let s = seq as usize;
+        self.kv.blocks.room(s).min(self.cfg.n_ctx.saturating_sub(self.kv.blocks.len(s)))
+    }
+
+    /// The paged KV cache's block accounting (tables, prefix cache, counters).
+    pub fn blocks(&self) -> &corelm_core::kv::Blocks {
+        &self.kv.blocks
+    }
+
+    /// Start the empty sequence `seq` on cached blocks holding a prefix of `tokens`; returns
+    /// how many leading tokens are already in the cache (a multiple of the block size, and
+    /// always less than `tokens.len()`). Feed the rest.
+    pub fn attach_prefix(&mut self, seq: i32, tokens: &[u32]) -> usize {
+        if seq < 0 || seq as usize >= self.cfg.n_seq_max {
+            return 0;
+        }
+        self.kv.blocks.attach_prefix(seq as usize, tokens)
+    }
+
+    /// Forget a sequence: release its blocks (full ones stay cached for prefix reuse).
     pub fn clear_seq(&mut self, seq: i32) {
-        for c in 0..self.kv.n_cells {
-            if self.kv.cell_seq[c] == seq {
-                self.kv.cell_seq[c] = corelm_core::kv::EMPTY;
-                self.kv.cell_pos[c] = corelm_core::kv::EMPTY;
-                self.next_free = self.next_free.min(c);
-                self.n_free += 1;
-            }
+        if seq >= 0 && (seq as usize) < self.cfg.n_seq_max {
+            self.kv.blocks.release(seq as usize);
         }
-        if let Some(p) = self.seq_max_pos.get_mut(seq as usize) {
-            *p = -1;
-        }
-        self.kv.refresh_used_end();
     }
 
-    /// Forget every sequence.
+    /// Forget every sequence and every cached prefix.
     pub fn clear_all(&mut self) {
         for s in 0..self.cfg.n_seq_max as i32 {
             self.clear_seq(s);
         }
+        self.kv.blocks.clear_cache();
     }
 
     fn validate(&mut self, batch: &Batch) -> Result<(), Error> {
@@ -255,8 +271,10 @@ impl Engine {
             return Err(Error::Batch(format!("{n} tokens exceed the batch size {}", self.cfg.n_batch)));
         }
         let n_vocab = self.hyper().n_vocab;
-        let last = &mut self.last_pos;
-        last.copy_from_slice(&self.seq_max_pos);
+        for s in 0..self.cfg.n_seq_max {
+            self.next_pos[s] = self.kv.blocks.len(s);
+        }
+        let mut new_blocks = 0;
         for i in 0..n {
             let (t, p, s) = (batch.tokens[i], batch.pos[i], batch.seq[i]);
             if t as usize >= n_vocab {
@@ -265,17 +283,18 @@ impl Engine {
             if s < 0 || s as usize >= self.cfg.n_seq_max {
                 return Err(Error::Batch(format!("sequence id {s} outside 0..{}", self.cfg.n_seq_max)));
             }
-            if p <= last[s as usize] {
-                return Err(Error::Batch(format!(
-                    "position {p} of sequence {s} is not after its last position {}",
-                    last[s as usize]
-                )));
+            let next = &mut self.next_pos[s as usize];
+            if p < 0 || p as usize != *next {
+                return Err(Error::Batch(format!("position {p} of sequence {s} is not its next position {next}")));
             }
-            last[s as usize] = p;
+            if *next >= self.cfg.n_ctx {
+                return Err(Error::ContextFull { needed: n, free: 0, n_ctx: self.cfg.n_ctx });
+            }
+            new_blocks += usize::from(*next % BLOCK == 0);
+            *next += 1;
         }
-        let free = self.free_cells();
-        if n > free {
-            return Err(Error::ContextFull { needed: n, free, n_ctx: self.cfg.n_ctx });
+        if new_blocks > self.kv.blocks.available() {
+            return Err(Error::ContextFull { needed: n, free: self.free_cells(), n_ctx: self.cfg.n_ctx });
         }
         Ok(())
     }
@@ -285,22 +304,12 @@ impl Engine {
     pub fn decode(&mut self, batch: &Batch) -> Result<Logits<'_>, Error> {
         self.validate(batch)?;
         let n = batch.len();
-        // Assign KV cells.
+        // Append each token to its sequence's blocks.
         self.slots.clear();
-        let mut c = self.next_free;
         for i in 0..n {
-            while self.kv.cell_seq[c] != corelm_core::kv::EMPTY {
-                c += 1; // validate() guaranteed enough free cells
-            }
-            self.slots.push(c as u32);
-            self.kv.cell_seq[c] = batch.seq[i];
-            self.kv.cell_pos[c] = batch.pos[i];
-            self.seq_max_pos[batch.seq[i] as usize] = batch.pos[i];
-            self.kv.used_end = self.kv.used_end.max(c + 1);
-            c += 1;
+            let row = self.kv.blocks.append(batch.seq[i] as usize, batch.tokens[i]);
+            self.slots.push(row as u32);
         }
-        self.next_free = c;
-        self.n_free -= n;
         self.out_rows.clear();
         self.out_rows.extend((0..n as u32).filter(|&i| batch.logits[i as usize]));
         let n_out = self.out_rows.len();

@@ -51,7 +51,7 @@ pub fn prefill(engine: &mut Engine, seq: i32, tokens: &[u32], last: &mut Vec<f32
         return Err(Error::Batch("empty prompt".into()));
     }
     let start = engine.seq_len(seq);
-    if start + tokens.len() > engine.config().n_ctx || tokens.len() > engine.free_cells() {
+    if tokens.len() > engine.room(seq) {
         return Err(Error::PromptTooLong { prompt: start + tokens.len(), n_ctx: engine.config().n_ctx });
     }
     engine.feed(seq, tokens, false, |l| {
@@ -122,7 +122,7 @@ pub fn generate(
             break;
         }
         let pos = engine.seq_len(params.seq) as i32;
-        if pos as usize >= engine.config().n_ctx || engine.free_cells() == 0 {
+        if engine.room(params.seq) == 0 {
             out.reason = StopReason::ContextFull;
             break;
         }

@@ -276,3 +276,51 @@ fn generation_stops_on_stop_strings_and_limits() {
     // Greedy generation is deterministic and the tokens are in the KV cache afterwards.
     assert_eq!(engine.seq_len(0), ids.len() + 4);
 }
+
+#[test]
+fn prefix_cache_reuses_blocks_and_gives_the_same_logits() {
+    // Gemma: Q4_K (batch-size-dependent dot order without batch invariance) and SWA layers.
+    let cfg = EngineConfig { batch_invariant: true, ..test_config(2) };
+    let (mut engine, tok) = load("gemma-3-270m-q4_k_m.gguf", cfg);
+    let system = "You are a helpful assistant who answers in one short sentence. ".repeat(4);
+    let a = tok.encode(&format!("{system}Question: what is the capital of France?"), true, true).unwrap();
+    let b = tok.encode(&format!("{system}Question: name a large ocean."), true, true).unwrap();
+    // Sequence 0 computes A; sequence 1 computes B from scratch (prefix caching unused).
+    let last = |e: &mut Engine, seq: i32, toks: &[u32]| {
+        let mut out = vec![];
+        e.feed(seq, toks, false, |l| out = l.row(0).to_vec()).unwrap();
+        out
+    };
+    last(&mut engine, 0, &a);
+    let scratch_b = last(&mut engine, 1, &b);
+    engine.clear_seq(1);
+    // B again on sequence 2, starting from A's cached blocks.
+    let hits = engine.blocks().hits;
+    let reused = engine.attach_prefix(2, &b);
+    let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    assert!(reused >= 16 && reused <= common && reused % 16 == 0, "reused {reused} of a {common}-token common prefix");
+    assert_eq!(engine.seq_len(2), reused);
+    assert_eq!(engine.blocks().hits - hits, reused as u64);
+    let cached_b = last(&mut engine, 2, &b[reused..]);
+    assert_eq!(cached_b, scratch_b, "logits after a cached prefix differ from a full computation");
+    // Released sequences leave their full blocks cached; clear_all forgets them.
+    engine.clear_seq(0);
+    engine.clear_seq(2);
+    assert!(engine.blocks().cached() > 0);
+    assert_eq!(engine.blocks().used(), 0);
+    engine.clear_all();
+    assert_eq!((engine.blocks().cached(), engine.attach_prefix(0, &b)), (0, 0));
+}
+
+#[test]
+fn positions_must_continue_the_sequence() {
+    let (mut engine, _) = load(SMOL, test_config(1));
+    let mut b = Batch::new();
+    b.add(1, 1, 0, true);
+    let e = engine.decode(&b).err().expect("gap refused");
+    assert!(e.to_string().contains("not its next position 0"), "{e}");
+    b.clear();
+    b.add(1, 0, 0, true);
+    engine.decode(&b).unwrap();
+    assert_eq!(engine.seq_len(0), 1);
+}

@@ -204,17 +204,55 @@ impl AttnScratch {
     }
 }
 
+/// The K and V rows of one KV head in a paged cache. Logical cell `i` (the token at position
+/// `i` of the sequence) lives in physical row `table[i >> shift] << shift | i & mask`: the cache
+/// is cut into blocks of `1 << shift` rows and `table` lists the sequence's blocks in order.
+#[derive(Clone, Copy)]
+pub struct KvRows<'a> {
+    /// `[physical row][head_dim]` keys of this KV head.
+    pub k: &'a [f16],
+    /// `[physical row][head_dim]` values of this KV head.
+    pub v: &'a [f16],
+    pub head_dim: usize,
+    /// Physical block of each logical block.
+    pub table: &'a [u32],
+    /// log2 of the rows per block.
+    pub shift: u32,
+}
+
+impl<'a> KvRows<'a> {
+    /// Rows `0..n` stored contiguously (an identity table over blocks of one row).
+    pub fn contiguous(k: &'a [f16], v: &'a [f16], head_dim: usize, identity: &'a [u32]) -> Self {
+        KvRows { k, v, head_dim, table: identity, shift: 0 }
+    }
+
+    #[inline(always)]
+    pub fn row(&self, i: usize) -> usize {
+        ((self.table[i >> self.shift] as usize) << self.shift) | (i & ((1 << self.shift) - 1))
+    }
+
+    #[inline(always)]
+    pub fn k(&self, i: usize) -> &'a [f16] {
+        let r = self.row(i) * self.head_dim;
+        &self.k[r..r + self.head_dim]
+    }
+
+    #[inline(always)]
+    pub fn v(&self, i: usize) -> &'a [f16] {
+        let r = self.row(i) * self.head_dim;
+        &self.v[r..r + self.head_dim]
+    }
+}
+
 /// Fused attention for one query head over an F16 KV cache, with online softmax (one pass, no
-/// score matrix): `out = Σ_c softmax(scale · q·k_c) v_c` over the cells `c < n_cells` for which
-/// `visible(c)` holds. `k` and `v` hold `n_cells` rows of `head_dim` for this KV head.
-/// `dot_f16` is the table's F16 dot product. Writes zeros if no cell is visible.
+/// score matrix): `out = Σ_c softmax(scale · q·k_c) v_c` over the logical cells `c < n_cells`
+/// of `kv` for which `visible(c)` holds, in logical order. Writes zeros if no cell is visible.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_row(
     kind: AttnKernel,
     isa: crate::Isa,
     q: &[f32],
-    k: &[f16],
-    v: &[f16],
+    kv: &KvRows,
     n_cells: usize,
     scale: f32,
     visible: impl Fn(usize) -> bool,
@@ -225,25 +263,23 @@ pub fn attend_row(
         #[cfg(target_arch = "x86_64")]
         AttnKernel::Reference if isa == crate::Isa::Avx2 => {
             // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
-            unsafe { crate::x86::attn::attend_reference(q, k, v, n_cells, scale, &visible, scratch, out) }
+            unsafe { crate::x86::attn::attend_reference(q, kv, n_cells, scale, &visible, scratch, out) }
         }
-        AttnKernel::Reference => attend_reference(q, k, v, n_cells, scale, visible, scratch, out),
-        AttnKernel::Tiled => attend_tiled(isa, q, k, v, n_cells, scale, visible, scratch, out),
+        AttnKernel::Reference => attend_reference(q, kv, n_cells, scale, visible, scratch, out),
+        AttnKernel::Tiled => attend_tiled(isa, q, kv, n_cells, scale, visible, scratch, out),
     }
 }
 
 #[allow(clippy::too_many_arguments)]
 fn attend_reference(
     q: &[f32],
-    k: &[f16],
-    v: &[f16],
+    kv: &KvRows,
     n_cells: usize,
     scale: f32,
     visible: impl Fn(usize) -> bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
-    let hd = q.len();
     for (d, &s) in scratch.q16.iter_mut().zip(q) {
         *d = f16::from_f32(s);
     }
@@ -253,7 +289,7 @@ fn attend_reference(
         if !visible(c) {
             continue;
         }
-        let score = dot_f16_ggml(&k[c * hd..(c + 1) * hd], &scratch.q16) * scale;
+        let score = dot_f16_ggml(kv.k(c), &scratch.q16) * scale;
         let (mut ms, mut vs) = (1f32, 1f32);
         if score > m {
             let old = m;
@@ -265,7 +301,7 @@ fn attend_reference(
         } else {
             vs = (score - m).exp();
         }
-        for (a, &vv) in scratch.acc16.iter_mut().zip(&v[c * hd..(c + 1) * hd]) {
+        for (a, &vv) in scratch.acc16.iter_mut().zip(kv.v(c)) {
             *a = f16::from_f32(vv.to_f32().mul_add(vs, a.to_f32()));
         }
         s = s.mul_add(ms, vs);
@@ -280,8 +316,7 @@ fn attend_reference(
 fn attend_tiled(
     isa: crate::Isa,
     q: &[f32],
-    k: &[f16],
-    v: &[f16],
+    kv: &KvRows,
     n_cells: usize,
     scale: f32,
     visible: impl Fn(usize) -> bool,
@@ -303,7 +338,7 @@ fn attend_tiled(
             if simd && c + 8 <= t1 && (c..c + 8).any(&visible) {
                 let mut sc8 = [0f32; 8];
                 // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
-                unsafe { crate::x86::attn::scores8(q, k, c, &mut sc8) };
+                unsafe { crate::x86::attn::scores8(q, kv, c, &mut sc8) };
                 for (j, &v8) in sc8.iter().enumerate() {
                     let sc = if visible(c + j) { v8 * scale } else { f32::NEG_INFINITY };
                     scratch.scores[c + j - t0] = sc;
@@ -313,8 +348,7 @@ fn attend_tiled(
                 continue;
             }
             let sc = if visible(c) {
-                let kc = &k[c * hd..(c + 1) * hd];
-                kc.iter().zip(q).fold(0f32, |acc, (&kk, &qq)| kk.to_f32().mul_add(qq, acc)) * scale
+                kv.k(c).iter().zip(q).fold(0f32, |acc, (&kk, &qq)| kk.to_f32().mul_add(qq, acc)) * scale
             } else {
                 f32::NEG_INFINITY
             };
@@ -351,7 +385,7 @@ fn attend_tiled(
             if p == 0.0 {
                 continue;
             }
-            let vc = &v[c * hd..(c + 1) * hd];
+            let vc = kv.v(c);
             #[cfg(target_arch = "x86_64")]
             if simd {
                 // SAFETY: as above.

@@ -154,7 +154,7 @@ fn known_block_values() {
 
 #[test]
 fn attention_simd_twin_is_bit_identical() {
-    use corelm_kernels::ops::{attend_row, AttnKernel, AttnScratch};
+    use corelm_kernels::ops::{attend_row, AttnKernel, AttnScratch, KvRows};
     let mut rng = Rng(99);
     for hd in [64usize, 72, 256] {
         let cells = 37;
@@ -162,10 +162,12 @@ fn attention_simd_twin_is_bit_identical() {
         let k: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 3.0)).collect();
         let v: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 50.0)).collect();
         let vis = |c: usize| c % 5 != 3;
+        let ident: Vec<u32> = (0..cells as u32).collect();
+        let kvr = KvRows::contiguous(&k, &v, hd, &ident);
         let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
         let mut s = AttnScratch::new(hd);
-        attend_row(AttnKernel::Reference, Kernels::detect().isa, &q, &k, &v, cells, 0.125, vis, &mut s, &mut a);
-        attend_row(AttnKernel::Reference, corelm_kernels::Isa::Portable, &q, &k, &v, cells, 0.125, vis, &mut s, &mut b);
+        attend_row(AttnKernel::Reference, Kernels::detect().isa, &q, &kvr, cells, 0.125, vis, &mut s, &mut a);
+        attend_row(AttnKernel::Reference, corelm_kernels::Isa::Portable, &q, &kvr, cells, 0.125, vis, &mut s, &mut b);
         assert_eq!(a, b, "head_dim {hd}");
         // Against an f64 softmax reference, within F16 accumulation error.
         let kf: Vec<f64> = k.iter().map(|x| x.to_f64()).collect();
@@ -181,11 +183,29 @@ fn attention_simd_twin_is_bit_identical() {
         }
         // The tiled kernel: SIMD twin bit-identical to the portable one, both near the reference.
         let mut t = vec![0f32; hd];
-        attend_row(AttnKernel::Tiled, Kernels::detect().isa, &q, &k, &v, cells, 0.125, vis, &mut s, &mut t);
-        attend_row(AttnKernel::Tiled, corelm_kernels::Isa::Portable, &q, &k, &v, cells, 0.125, vis, &mut s, &mut b);
+        attend_row(AttnKernel::Tiled, Kernels::detect().isa, &q, &kvr, cells, 0.125, vis, &mut s, &mut t);
+        attend_row(AttnKernel::Tiled, corelm_kernels::Isa::Portable, &q, &kvr, cells, 0.125, vis, &mut s, &mut b);
         assert_eq!(t, b, "tiled head_dim {hd}");
         for d in 0..hd {
             assert!((a[d] - b[d]).abs() < 0.05 + 2e-3 * a[d].abs(), "tiled hd {hd} dim {d}");
+        }
+        // Paged: the same rows scattered over shuffled blocks of 8 give the same bits.
+        let n_blocks = cells.div_ceil(8);
+        let table: Vec<u32> = (1..=n_blocks as u32).rev().collect();
+        let (mut kp, mut vp) = (vec![f16::ZERO; (n_blocks + 1) * 8 * hd], vec![f16::ZERO; (n_blocks + 1) * 8 * hd]);
+        let paged = KvRows { k: &[], v: &[], head_dim: hd, table: &table, shift: 3 };
+        for c in 0..cells {
+            let r = paged.row(c) * hd;
+            kp[r..r + hd].copy_from_slice(&k[c * hd..(c + 1) * hd]);
+            vp[r..r + hd].copy_from_slice(&v[c * hd..(c + 1) * hd]);
+        }
+        let paged = KvRows { k: &kp, v: &vp, ..paged };
+        for kind in [AttnKernel::Reference, AttnKernel::Tiled] {
+            for isa in [Kernels::detect().isa, corelm_kernels::Isa::Portable] {
+                let mut p = vec![0f32; hd];
+                attend_row(kind, isa, &q, &paged, cells, 0.125, vis, &mut s, &mut p);
+                assert_eq!(&p, if kind == AttnKernel::Tiled { &t } else { &a }, "paged {kind:?} {isa:?} hd {hd}");
+            }
         }
     }
 }

@@ -3,7 +3,7 @@
 //! 16-lane accumulators (each as two 8-lane halves), the F16 accumulator is rounded with the
 //! hardware converter (round to nearest even, as the portable twin), so results are bit-identical.
 
-use crate::ops::{reduce_add_16, AttnScratch};
+use crate::ops::{reduce_add_16, AttnScratch, KvRows};
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -58,8 +58,7 @@ pub fn dot_f16_ggml(x: &[f16], y: &[f16]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn attend_reference(
     q: &[f32],
-    k: &[f16],
-    v: &[f16],
+    kv: &KvRows,
     n_cells: usize,
     scale: f32,
     visible: &dyn Fn(usize) -> bool,
@@ -78,8 +77,7 @@ pub fn attend_reference(
         if !visible(c) {
             continue;
         }
-        let kc = &k[c * hd..(c + 1) * hd];
-        let score = dot_f16_ggml(kc, q16) * scale;
+        let score = dot_f16_ggml(kv.k(c), q16) * scale;
         let (mut ms, mut vs) = (1f32, 1f32);
         if score > m {
             let old = m;
@@ -98,7 +96,7 @@ pub fn attend_reference(
         } else {
             vs = (score - m).exp();
         }
-        let vc = &v[c * hd..(c + 1) * hd];
+        let vc = kv.v(c);
         let vsv = _mm256_set1_ps(vs);
         let mut d = 0;
         while d < body {
@@ -149,15 +147,16 @@ fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     ]
 }
 
-/// Scores `q·k_c` of 8 consecutive cells, each a sequential FMA chain over the dimensions in
+/// Scores `q·k_c` of 8 consecutive logical cells, each a sequential FMA chain over the dimensions in
 /// order (lane = cell), exactly as ggml's `simd_gemm` computes them. `head_dim % 8 == 0`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn scores8(q: &[f32], k: &[f16], c0: usize, out: &mut [f32; 8]) {
+pub fn scores8(q: &[f32], kv: &KvRows, c0: usize, out: &mut [f32; 8]) {
     let hd = q.len();
+    let krows: [&[f16]; 8] = std::array::from_fn(|j| kv.k(c0 + j));
     let mut acc = _mm256_setzero_ps();
     let mut d = 0;
     while d < hd {
-        let rows: [__m256; 8] = std::array::from_fn(|j| load_ph(&k[(c0 + j) * hd + d..]));
+        let rows: [__m256; 8] = std::array::from_fn(|j| load_ph(&krows[j][d..]));
         let cols = transpose8(rows);
         for (j, col) in cols.iter().enumerate() {
             acc = _mm256_fmadd_ps(*col, _mm256_set1_ps(q[d + j]), acc);
