@@ -60,6 +60,59 @@ pub fn prefill(engine: &mut Engine, seq: i32, tokens: &[u32], last: &mut Vec<f32
     })
 }
 
+/// Incremental detokenizer with stop strings: pieces go in, text that can no longer become
+/// part of a stop string comes out (never splitting a UTF-8 character). Shared by
+/// [`generate`] and the serving batcher.
+pub struct TextOut {
+    stream: Utf8Stream,
+    /// All text so far (cut at a stop string once one is seen).
+    pub text: String,
+    /// Bytes of `text` already handed out.
+    emitted: usize,
+    stop: Vec<String>,
+    max_stop: usize,
+    stopped: bool,
+}
+
+impl TextOut {
+    pub fn new(stop: Vec<String>, capacity: usize) -> TextOut {
+        let max_stop = stop.iter().map(|s| s.len()).max().unwrap_or(0);
+        TextOut { stream: Utf8Stream::default(), text: String::with_capacity(capacity), emitted: 0, stop, max_stop, stopped: false }
+    }
+
+    /// Add a token's bytes. Returns the newly safe text and whether a stop string was found
+    /// (the text is then cut before it, and the returned piece is final).
+    pub fn push(&mut self, piece: &[u8]) -> (&str, bool) {
+        self.stream.push_to(piece, &mut self.text);
+        let from = self.emitted;
+        if let Some(pos) = self.stop.iter().filter(|s| !s.is_empty()).filter_map(|s| self.text.find(s.as_str())).min() {
+            self.text.truncate(pos);
+            self.stopped = true;
+            self.emitted = self.text.len().max(from);
+            return (&self.text[from.min(self.text.len())..], true);
+        }
+        // Hold back what could still be the start of a stop string.
+        let mut safe = self.text.len().saturating_sub(self.max_stop.saturating_sub(1));
+        while !self.text.is_char_boundary(safe) {
+            safe -= 1;
+        }
+        self.emitted = safe.max(from);
+        (&self.text[from..self.emitted], false)
+    }
+
+    /// End of generation: flush held-back text and incomplete characters (nothing after a
+    /// stop string).
+    pub fn finish(&mut self) -> &str {
+        if self.stopped {
+            return "";
+        }
+        self.text.push_str(&self.stream.finish());
+        let from = self.emitted.min(self.text.len());
+        self.emitted = self.text.len();
+        &self.text[from..]
+    }
+}
+
 /// Generate after `prompt` (already tokenized) in `params.seq`. `on_text` receives each piece
 /// of decoded text; returning `false` cancels.
 pub fn generate(
@@ -78,66 +131,52 @@ pub fn generate(
     prefill(engine, params.seq, prompt, &mut logits)?;
     let prefill_secs = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    let mut out = Generation {
-        tokens: Vec::with_capacity(params.max_tokens),
-        text: String::new(),
-        reason: StopReason::MaxTokens,
-        n_prompt: prompt.len(),
-        prefill_secs,
-        decode_secs: 0.0,
-    };
-    let mut stream = Utf8Stream::default();
-    out.text.reserve(params.max_tokens.min(1 << 16) * 8);
-    let mut emitted = 0; // bytes of out.text already handed to on_text
-    let max_stop = params.stop.iter().map(|s| s.len()).max().unwrap_or(0);
+    let mut tokens = Vec::with_capacity(params.max_tokens);
+    let mut reason = StopReason::MaxTokens;
+    let mut out = TextOut::new(params.stop.clone(), params.max_tokens.min(1 << 16) * 8);
     let mut batch = Batch::new();
-    while out.tokens.len() < params.max_tokens {
+    while tokens.len() < params.max_tokens {
         let t = sampler.sample(&logits);
         if tok.is_eog(t) && !params.ignore_eos {
-            out.reason = StopReason::Eog;
+            reason = StopReason::Eog;
             break;
         }
         sampler.accept(t);
-        out.tokens.push(t);
-        stream.push_to(tok.piece(t), &mut out.text);
-        // Stop strings: cut the text at the first match; hold back a possible partial match.
-        if let Some(pos) = params.stop.iter().filter_map(|s| out.text.find(s.as_str())).min() {
-            out.text.truncate(pos);
-            out.reason = StopReason::StopString;
+        tokens.push(t);
+        let (piece, stopped) = out.push(tok.piece(t));
+        if !piece.is_empty() && !on_text(piece) {
+            reason = StopReason::Cancelled;
             break;
         }
-        let mut safe = out.text.len().saturating_sub(max_stop.saturating_sub(1));
-        while !out.text.is_char_boundary(safe) {
-            safe -= 1;
-        }
-        if safe > emitted {
-            if !on_text(&out.text[emitted..safe]) {
-                out.reason = StopReason::Cancelled;
-                emitted = safe;
-                break;
-            }
-            emitted = safe;
-        }
-        if out.tokens.len() == params.max_tokens {
+        if stopped {
+            reason = StopReason::StopString;
             break;
         }
-        let pos = engine.seq_len(params.seq) as i32;
+        if tokens.len() == params.max_tokens {
+            break;
+        }
         if engine.room(params.seq) == 0 {
-            out.reason = StopReason::ContextFull;
+            reason = StopReason::ContextFull;
             break;
         }
         batch.clear();
-        batch.add(t, pos, params.seq, true);
+        batch.add(t, engine.seq_len(params.seq) as i32, params.seq, true);
         let l = engine.decode(&batch)?;
         logits.clear();
         logits.extend_from_slice(l.row(0));
     }
-    if out.reason != StopReason::StopString {
-        out.text.push_str(&stream.finish());
+    if !matches!(reason, StopReason::StopString | StopReason::Cancelled) {
+        let rest = out.finish();
+        if !rest.is_empty() {
+            on_text(rest);
+        }
     }
-    if out.text.len() > emitted && out.reason != StopReason::Cancelled {
-        on_text(&out.text[emitted..]);
-    }
-    out.decode_secs = t1.elapsed().as_secs_f64();
-    Ok(out)
+    Ok(Generation {
+        tokens,
+        text: out.text,
+        reason,
+        n_prompt: prompt.len(),
+        prefill_secs,
+        decode_secs: t1.elapsed().as_secs_f64(),
+    })
 }

@@ -6,9 +6,12 @@
 //! * [`chat`]: chat templates from the GGUF rendered with minijinja, built-in ones when absent.
 //! * [`sample`]: greedy, temperature, top-k/top-p/min-p, penalties, seeded RNG.
 //! * [`generate`]: prompt → stream of tokens with stop conditions.
+//! * [`batcher`]: continuous batching for serving — requests in, token events out, on the
+//!   engine thread (no HTTP here).
 //! * [`eval`]: golden-case evaluation in the format of llama.cpp's reference data.
 //! * [`bench`]: llama-bench-style pp/tg measurements, memory bandwidth and decode roofline.
 
+pub mod batcher;
 pub mod bench;
 pub mod chat;
 pub mod engine;

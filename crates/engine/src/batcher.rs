@@ -1,0 +1,473 @@
+//! Iteration-level continuous batching (the serving loop, without HTTP).
+//!
+//! A [`Batcher`] owns the engine and runs on one dedicated thread. Each [`Batcher::step`] is
+//! one forward pass that mixes the next token of every running sequence with chunks of the
+//! prompts still being prefilled, under a per-step token budget (`n_batch`): decode tokens
+//! first, then prompt chunks in arrival order (chunked prefill). New requests join between
+//! steps; a finished or cancelled sequence leaves at once and its blocks are released (full
+//! ones stay cached for prefix reuse).
+//!
+//! Admission reserves blocks for the worst case (prompt + `max_tokens`), minus the blocks a
+//! cached prefix provides, so an admitted request never runs out of KV cache mid-way and no
+//! preemption is needed; a request that does not fit waits (first come, first served).
+//!
+//! Results reach the caller through each request's [`Sink`]: a token event per generated
+//! token (text held back while it could still become a stop string) and one final event. A
+//! sink returning `false` means the client has gone: the sequence is cancelled.
+//!
+//! Invariant: with `EngineConfig::batch_invariant`, a request's tokens do not depend on what
+//! else is batched with it (a test compares 16 concurrent requests with each alone).
+
+use crate::generate::TextOut;
+use crate::sample::{Sampler, SamplingParams};
+use crate::{Batch, Engine, Error, Tokenizer};
+use corelm_core::kv::BLOCK;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A generation request (tokens in, events out).
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    /// Report log-probabilities: `Some(n)` with the `n` most likely alternatives per token.
+    pub logprobs: Option<usize>,
+    pub sink: Sink,
+    /// When the request arrived (for queueing time and TTFT).
+    pub arrived: Instant,
+}
+
+/// Receives a request's events; returns `false` when nobody listens any more (cancel).
+pub type Sink = Box<dyn FnMut(Event) -> bool + Send>;
+
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// One generated token and the text it releases (may be empty: held back or partial UTF-8).
+    Token { id: u32, text: String, logprob: Option<TokenLogprob> },
+    /// Held-back text released at the end (no token of its own).
+    Text(String),
+    Done(Finish),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub logprob: f32,
+    /// Most likely tokens with their log-probabilities, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End-of-generation token or stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    Cancelled,
+    Error(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct Finish {
+    pub reason: FinishReason,
+    pub prompt_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+    /// Arrival to admission.
+    pub queue_secs: f64,
+    /// Arrival to first generated token.
+    pub ttft_secs: f64,
+    /// Mean time per generated token after the first.
+    pub tpot_secs: f64,
+}
+
+/// Live counters for metrics (read from other threads).
+#[derive(Default, Debug)]
+pub struct Stats {
+    pub waiting: AtomicUsize,
+    pub running: AtomicUsize,
+    pub kv_blocks_used: AtomicUsize,
+    pub kv_blocks_cached: AtomicUsize,
+    pub kv_blocks_total: AtomicUsize,
+    pub steps: AtomicU64,
+    pub prefix_hit_tokens: AtomicU64,
+}
+
+struct Running {
+    req: Request,
+    seq: i32,
+    sampler: Sampler,
+    /// Prompt tokens in the KV cache.
+    fed: usize,
+    cached: usize,
+    /// Token sampled and not yet fed.
+    next: Option<u32>,
+    generated: usize,
+    text: TextOut,
+    /// Blocks reserved at admission (its table never grows past this).
+    reserved: usize,
+    admitted: Instant,
+    first: Option<Instant>,
+    last: Instant,
+}
+
+pub struct Batcher {
+    engine: Engine,
+    tok: Arc<Tokenizer>,
+    waiting: VecDeque<Request>,
+    slots: Vec<Option<Running>>,
+    batch: Batch,
+    /// Sequence of each batch row with logits, in row order.
+    rows: Vec<i32>,
+    /// Prefilling slots by admission time (reused each step).
+    order: Vec<(Instant, usize)>,
+    done: Vec<(i32, FinishReason)>,
+    stats: Arc<Stats>,
+}
+
+impl Batcher {
+    /// `engine`'s `n_seq_max` is the number of running sequences, its `n_batch` the per-step
+    /// token budget.
+    pub fn new(engine: Engine, tok: Arc<Tokenizer>) -> Batcher {
+        let n_seq = engine.config().n_seq_max;
+        let nb = engine.config().n_batch;
+        let stats = Arc::new(Stats::default());
+        stats.kv_blocks_total.store(engine.blocks().n_blocks(), Ordering::Relaxed);
+        Batcher {
+            engine,
+            tok,
+            waiting: VecDeque::new(),
+            slots: (0..n_seq).map(|_| None).collect(),
+            batch: Batch::with_capacity(nb),
+            rows: Vec::with_capacity(nb),
+            order: Vec::with_capacity(n_seq),
+            done: Vec::with_capacity(n_seq),
+            stats,
+        }
+    }
+
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Longest prompt + generation one request may have.
+    pub fn max_context(&self) -> usize {
+        self.engine.config().n_ctx.min(self.engine.blocks().n_blocks() * BLOCK)
+    }
+
+    /// Queue a request. Requests that can never fit are refused here.
+    pub fn submit(&mut self, req: Request) -> Result<(), (Request, Error)> {
+        let total = req.prompt.len() + req.max_tokens;
+        if req.prompt.is_empty() {
+            return Err((req, Error::Batch("empty prompt".into())));
+        }
+        if total > self.max_context() {
+            let n_ctx = self.max_context();
+            return Err((req, Error::PromptTooLong { prompt: total, n_ctx }));
+        }
+        if let Err(e) = req.sampling.validate() {
+            return Err((req, e));
+        }
+        self.waiting.push_back(req);
+        self.publish();
+        Ok(())
+    }
+
+    /// Nothing running and nothing waiting.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.slots.iter().all(Option::is_none)
+    }
+
+    pub fn n_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn n_running(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+
+    fn publish(&self) {
+        let b = self.engine.blocks();
+        self.stats.waiting.store(self.waiting.len(), Ordering::Relaxed);
+        self.stats.running.store(self.n_running(), Ordering::Relaxed);
+        self.stats.kv_blocks_used.store(b.used(), Ordering::Relaxed);
+        self.stats.kv_blocks_cached.store(b.cached(), Ordering::Relaxed);
+        self.stats.prefix_hit_tokens.store(b.hits, Ordering::Relaxed);
+    }
+
+    /// Blocks promised to running sequences and not yet taken.
+    fn outstanding(&self) -> usize {
+        self.slots.iter().flatten().map(|r| r.reserved - self.engine.blocks().table(r.seq as usize).len()).sum()
+    }
+
+    /// Move waiting requests into free slots while their worst case fits.
+    fn admit(&mut self) {
+        while let Some(slot) = self.slots.iter().position(Option::is_none) {
+            let Some(req) = self.waiting.pop_front() else { break };
+            let seq = slot as i32;
+            let cached = self.engine.attach_prefix(seq, &req.prompt);
+            let have = self.engine.blocks().table(slot).len();
+            let reserved = (req.prompt.len() + req.max_tokens).div_ceil(BLOCK);
+            let fresh = reserved - have;
+            if fresh + self.outstanding() > self.engine.blocks().available() {
+                self.engine.clear_seq(seq);
+                self.waiting.push_front(req);
+                break;
+            }
+            let mut sampler = match Sampler::new(req.sampling.clone(), self.engine.hyper().n_vocab) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.engine.clear_seq(seq);
+                    finish_now(req, FinishReason::Error(e.to_string()));
+                    continue;
+                }
+            };
+            for &t in &req.prompt {
+                sampler.accept(t);
+            }
+            let now = Instant::now();
+            let text = TextOut::new(req.stop.clone(), req.max_tokens.min(4096) * 8);
+            self.slots[slot] = Some(Running {
+                req,
+                seq,
+                sampler,
+                fed: cached,
+                cached,
+                next: None,
+                generated: 0,
+                text,
+                reserved,
+                admitted: now,
+                first: None,
+                last: now,
+            });
+        }
+    }
+
+    /// One iteration: admit, run one forward pass, sample, deliver events. Returns whether any
+    /// work was done.
+    pub fn step(&mut self) -> bool {
+        self.admit();
+        let budget = self.engine.config().n_batch;
+        self.batch.clear();
+        self.rows.clear();
+        // Decode tokens of running sequences first: they are latency-bound.
+        for r in self.slots.iter_mut().flatten() {
+            if self.batch.len() < budget {
+                if let Some(t) = r.next.take() {
+                    self.batch.add(t, self.engine.seq_len(r.seq) as i32, r.seq, true);
+                    self.rows.push(r.seq);
+                }
+            }
+        }
+        // Then prompt chunks, oldest first.
+        self.order.clear();
+        for (i, r) in self.slots.iter().enumerate() {
+            if let Some(r) = r {
+                if r.fed < r.req.prompt.len() {
+                    self.order.push((r.admitted, i));
+                }
+            }
+        }
+        self.order.sort_unstable();
+        for &(_, i) in &self.order {
+            let room = budget - self.batch.len();
+            if room == 0 {
+                break;
+            }
+            let r = self.slots[i].as_mut().expect("slot listed above");
+            let end = (r.fed + room).min(r.req.prompt.len());
+            let start_pos = self.engine.seq_len(r.seq);
+            for (j, &t) in r.req.prompt[r.fed..end].iter().enumerate() {
+                let last = r.fed + j + 1 == r.req.prompt.len();
+                self.batch.add(t, (start_pos + j) as i32, r.seq, last);
+                if last {
+                    self.rows.push(r.seq);
+                }
+            }
+            r.fed = end;
+        }
+        if self.batch.is_empty() {
+            self.publish();
+            return false;
+        }
+        let result = self.engine.decode(&self.batch);
+        self.done.clear();
+        match result {
+            Err(e) => {
+                // Not expected (admission reserved the blocks): fail the sequences involved.
+                let msg = e.to_string();
+                for &s in self.batch.seq.iter() {
+                    if !self.done.iter().any(|d| d.0 == s) {
+                        self.done.push((s, FinishReason::Error(msg.clone())));
+                    }
+                }
+            }
+            Ok(logits) => {
+                for (row, &seq) in self.rows.iter().enumerate() {
+                    let r = self.slots[seq as usize].as_mut().expect("row of a running sequence");
+                    if let Some(reason) = sample_one(r, logits.row(row), &self.tok) {
+                        self.done.push((seq, reason));
+                    }
+                }
+            }
+        }
+        for i in 0..self.done.len() {
+            let (seq, reason) = self.done[i].clone();
+            if let Some(r) = self.slots[seq as usize].take() {
+                self.engine.clear_seq(seq);
+                finish(r, reason);
+            }
+        }
+        self.stats.steps.fetch_add(1, Ordering::Relaxed);
+        self.publish();
+        true
+    }
+
+    /// Cancel everything (shutdown).
+    pub fn cancel_all(&mut self) {
+        while let Some(req) = self.waiting.pop_front() {
+            finish_now(req, FinishReason::Cancelled);
+        }
+        for s in 0..self.slots.len() {
+            if let Some(r) = self.slots[s].take() {
+                self.engine.clear_seq(r.seq);
+                finish(r, FinishReason::Cancelled);
+            }
+        }
+        self.publish();
+    }
+}
+
+/// Sample the next token of `r` from its logits row and deliver it; `Some` when it finished.
+fn sample_one(r: &mut Running, logits: &[f32], tok: &Tokenizer) -> Option<FinishReason> {
+    let t = r.sampler.sample(logits);
+    let now = Instant::now();
+    if r.first.is_none() {
+        r.first = Some(now);
+    }
+    r.last = now;
+    if tok.is_eog(t) && !r.req.ignore_eos {
+        return Some(FinishReason::Stop);
+    }
+    r.sampler.accept(t);
+    r.generated += 1;
+    let logprob = r.req.logprobs.map(|n| token_logprob(logits, t, n));
+    let (piece, stopped) = r.text.push(tok.piece(t));
+    let text = piece.to_string();
+    if !(r.req.sink)(Event::Token { id: t, text, logprob }) {
+        return Some(FinishReason::Cancelled);
+    }
+    if stopped {
+        return Some(FinishReason::Stop);
+    }
+    if r.generated >= r.req.max_tokens {
+        return Some(FinishReason::Length);
+    }
+    r.next = Some(t);
+    None
+}
+
+fn finish(mut r: Running, reason: FinishReason) {
+    if matches!(reason, FinishReason::Stop | FinishReason::Length) {
+        let rest = r.text.finish().to_string();
+        if !rest.is_empty() {
+            (r.req.sink)(Event::Text(rest));
+        }
+    }
+    let arrived = r.req.arrived;
+    let first = r.first.unwrap_or_else(Instant::now);
+    let tpot = if r.generated > 1 { (r.last - first).as_secs_f64() / (r.generated - 1) as f64 } else { 0.0 };
+    let f = Finish {
+        reason,
+        prompt_tokens: r.req.prompt.len(),
+        cached_tokens: r.cached,
+        completion_tokens: r.generated,
+        queue_secs: (r.admitted - arrived).as_secs_f64(),
+        ttft_secs: (first - arrived).as_secs_f64(),
+        tpot_secs: tpot,
+    };
+    (r.req.sink)(Event::Done(f));
+}
+
+/// Finish a request that never ran.
+pub fn finish_now(mut req: Request, reason: FinishReason) {
+    let waited = req.arrived.elapsed().as_secs_f64();
+    let f = Finish {
+        reason,
+        prompt_tokens: req.prompt.len(),
+        cached_tokens: 0,
+        completion_tokens: 0,
+        queue_secs: waited,
+        ttft_secs: waited,
+        tpot_secs: 0.0,
+    };
+    (req.sink)(Event::Done(f));
+}
+
+/// Log-probability of `t` and the `n` most likely tokens under the model's distribution.
+pub fn token_logprob(logits: &[f32], t: u32, n: usize) -> TokenLogprob {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let lse = max + logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    for (i, &l) in logits.iter().enumerate() {
+        if top.len() < n || top.last().is_some_and(|x| l > x.1) {
+            let at = top.partition_point(|x| x.1 >= l);
+            top.insert(at, (i as u32, l));
+            top.truncate(n);
+        }
+    }
+    for x in top.iter_mut() {
+        x.1 -= lse;
+    }
+    TokenLogprob { logprob: logits[t as usize] - lse, top }
+}
+
+/// The engine thread: take requests from `rx` between steps, step while there is work, block
+/// when idle. Returns when every sender is gone and all work is finished.
+pub fn run(mut batcher: Batcher, rx: std::sync::mpsc::Receiver<Request>) {
+    use std::sync::mpsc::{RecvTimeoutError, TryRecvError};
+    loop {
+        if batcher.is_idle() {
+            match rx.recv() {
+                Ok(req) => batcher.submit_or_fail(req),
+                Err(_) => return,
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(req) => batcher.submit_or_fail(req),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => break,
+            }
+        }
+        if !batcher.step() && !batcher.is_idle() {
+            // Waiting for blocks that nobody is about to free: wait for news instead of spinning.
+            match rx.recv_timeout(std::time::Duration::from_millis(5)) {
+                Ok(req) => batcher.submit_or_fail(req),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    batcher.cancel_all();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Batcher {
+    /// [`Batcher::submit`], finishing the request with an error event when it is refused.
+    pub fn submit_or_fail(&mut self, req: Request) {
+        if let Err((req, e)) = self.submit(req) {
+            finish_now(req, FinishReason::Error(e.to_string()));
+        }
+    }
+}
