@@ -1,4 +1,4 @@
-//! `corelm`: run, chat, tokenize, eval.
+//! `corelm`: run, chat, serve, tokenize, eval, bench.
 //!
 //! The model defaults to SmolLM2-135M-Instruct Q4_1 in the model cache; when it is missing the
 //! project's fetch script downloads it (`scripts/fetch_models.py`).
@@ -12,6 +12,8 @@ use corelm_engine::sample::SamplingParams;
 use corelm_engine::{Engine, EngineConfig, Tokenizer};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
+
+mod serve;
 
 const DEFAULT_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -105,6 +107,8 @@ enum Cmd {
         #[arg(long)]
         system: Option<String>,
     },
+    /// Serve the model over an OpenAI-compatible HTTP API with continuous batching.
+    Serve(serve::ServeArgs),
     /// Print the token ids of a text.
     Tokenize {
         #[arg(short, long)]
@@ -268,6 +272,10 @@ fn main() -> Result<()> {
         }
         Cmd::Bench { model, n_prompt, n_gen, threads, reps, batch_size, json, no_pin } => {
             bench(model, &n_prompt, &n_gen, &threads, reps.max(1), batch_size, json, no_pin)?
+        }
+        Cmd::Serve(a) => {
+            let path = resolve_model(&a.model_path())?;
+            serve::serve(a, path)?;
         }
         Cmd::Eval { model, case, teacher_forced } => {
             let src = std::fs::read_to_string(&case).with_context(|| format!("reading {}", case.display()))?;

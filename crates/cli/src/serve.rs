@@ -1,0 +1,88 @@
+//! `corelm serve`: the OpenAI-compatible server (see the `corelm-server` crate).
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use corelm_engine::{Engine, EngineConfig, Tokenizer};
+use corelm_server::ServeConfig;
+use std::path::PathBuf;
+
+#[derive(Args, Clone)]
+pub struct ServeArgs {
+    /// GGUF file (default: SmolLM2-135M-Instruct Q4_1 from the model cache, fetched if missing).
+    #[arg(short, long)]
+    model: Option<PathBuf>,
+    /// Address to bind (default 127.0.0.1; 0.0.0.0 when --api-key is set).
+    #[arg(long)]
+    host: Option<String>,
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Most sequences running at once.
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    /// Longest prompt + completion of one request, in tokens.
+    #[arg(short = 'c', long, default_value_t = 4096)]
+    ctx_size: usize,
+    /// KV cache size in tokens shared by all sequences (default: ctx-size × parallel).
+    #[arg(long)]
+    kv_size: Option<usize>,
+    /// Token budget of one step (decode tokens plus prompt chunks).
+    #[arg(short = 'b', long, default_value_t = 128)]
+    batch_size: usize,
+    /// Requests accepted and waiting for their first token before new ones get 429.
+    #[arg(long, default_value_t = 64)]
+    max_queue: usize,
+    /// Require `Authorization: Bearer <key>` on /v1 endpoints.
+    #[arg(long, env = "CORELM_API_KEY")]
+    api_key: Option<String>,
+    /// Worker threads (default: physical cores).
+    #[arg(short, long)]
+    threads: Option<usize>,
+    #[arg(long)]
+    no_pin: bool,
+}
+
+impl ServeArgs {
+    pub fn model_path(&self) -> Option<PathBuf> {
+        self.model.clone()
+    }
+}
+
+pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
+    if a.parallel == 0 || a.ctx_size == 0 || a.max_queue == 0 {
+        bail!("--parallel, --ctx-size and --max-queue must be at least 1");
+    }
+    let kv = a.kv_size.unwrap_or(a.ctx_size.saturating_mul(a.parallel));
+    let cfg = EngineConfig {
+        n_ctx: kv,
+        n_batch: a.batch_size,
+        n_seq_max: a.parallel,
+        n_threads: a.threads.unwrap_or_else(corelm_engine::engine::default_threads),
+        pin: !a.no_pin,
+        batch_invariant: true,
+    };
+    let engine = Engine::load(&model, cfg).with_context(|| format!("loading {}", model.display()))?;
+    let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", model.display()))?;
+    let model_id = model.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned());
+    let host = a.host.clone().unwrap_or_else(|| if a.api_key.is_some() { "0.0.0.0" } else { "127.0.0.1" }.into());
+    if a.api_key.is_none() && host != "127.0.0.1" && host != "localhost" && host != "::1" {
+        eprintln!("warning: serving on {host} without --api-key: anyone who can reach it can use it");
+    }
+    let scfg = ServeConfig { model_id: model_id.clone(), max_queue: a.max_queue, ctx_size: a.ctx_size, api_key: a.api_key };
+    let (router, engine_thread) = corelm_server::app(engine, tok, scfg).map_err(anyhow::Error::msg)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind((host.as_str(), a.port))
+            .await
+            .with_context(|| format!("binding {host}:{}", a.port))?;
+        eprintln!(
+            "corelm serving {model_id} on http://{} (parallel {}, context {} per request, KV {kv} tokens)",
+            listener.local_addr()?,
+            a.parallel,
+            a.ctx_size
+        );
+        corelm_server::serve(listener, router).await.context("serving")
+    })?;
+    drop(rt);
+    let _ = engine_thread.join();
+    Ok(())
+}

@@ -1,0 +1,294 @@
+//! OpenAI request bodies, their validation into engine parameters, and error bodies.
+//!
+//! Bodies are parsed once into JSON, then read twice with `serde_path_to_error` (the fields
+//! both endpoints share, then the endpoint's own), so a bad field is named in the 400 answer
+//! (`messages[1].content: invalid type ...`). Unknown fields are ignored, as OpenAI clients
+//! send fields this server does not use (`user`, `response_format` ...); fields it cannot
+//! honour with a different meaning (`n > 1`, `echo`, tools) are refused by name.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use corelm_engine::sample::SamplingParams;
+use serde::Deserialize;
+use serde_json::json;
+
+/// An OpenAI-style error answer.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+    /// Seconds for `Retry-After` (429).
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn bad(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: Some(param.to_string()).filter(|p| !p.is_empty()),
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    pub fn new(status: StatusCode, kind: &'static str, code: Option<&'static str>, message: impl Into<String>) -> Self {
+        ApiError { status, message: message.into(), kind, param: None, code, retry_after: None }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {
+            "message": self.message, "type": self.kind, "param": self.param, "code": self.code,
+        }});
+        let mut r = (self.status, axum::Json(body)).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut().insert("retry-after", s.into());
+        }
+        r
+    }
+}
+
+/// Parse a JSON body (an object) into a value, or a 400 naming the syntax error.
+pub fn parse_body(body: &[u8]) -> Result<serde_json::Value, ApiError> {
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad("", format!("malformed JSON body: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::bad("", "the request body must be a JSON object"));
+    }
+    Ok(v)
+}
+
+/// Read `T`'s fields from a parsed body, naming the offending field on error.
+pub fn fields<T: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v.clone()).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            ApiError::bad("", format!("invalid request body: {inner}"))
+        } else {
+            ApiError::bad(&path, format!("{path}: {inner}"))
+        }
+    })
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Deserialize, Debug)]
+pub struct Part {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Fields shared by both completion endpoints.
+#[derive(Deserialize, Debug, Default)]
+pub struct Common {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub stop: Option<Stop>,
+    pub n: Option<u64>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<u64>,
+    pub tools: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+}
+
+#[derive(Deserialize, Debug)]
+pub struct CompletionRequest {
+    pub prompt: Prompt,
+    /// Legacy API: how many top alternatives per token (0..=5).
+    pub logprobs: Option<u64>,
+    #[serde(default)]
+    pub echo: bool,
+}
+
+/// What the engine needs from a request, validated.
+#[derive(Debug)]
+pub struct GenParams {
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+fn range(param: &str, v: Option<f32>, lo: f32, hi: f32, default: f32) -> Result<f32, ApiError> {
+    match v {
+        None => Ok(default),
+        Some(x) if x.is_finite() && (lo..=hi).contains(&x) => Ok(x),
+        Some(x) => Err(ApiError::bad(param, format!("{param} must be in [{lo}, {hi}], got {x}"))),
+    }
+}
+
+impl Common {
+    /// Validate the shared fields. Defaults follow llama.cpp's server (temperature 0.8,
+    /// top_k 40, top_p 0.95, min_p 0.05); a missing seed draws a fresh one.
+    pub fn params(&self) -> Result<GenParams, ApiError> {
+        if let Some(n) = self.n {
+            if n != 1 {
+                return Err(ApiError::bad("n", format!("n must be 1 (one choice per request), got {n}")));
+            }
+        }
+        let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
+            Some(0) => return Err(ApiError::bad("max_tokens", "max_tokens must be at least 1")),
+            Some(m) => Some(m.min(usize::MAX as u64) as usize),
+            None => None,
+        };
+        let top_k = match self.top_k {
+            None => 40,
+            Some(k) if k <= 0 => 0,
+            Some(k) => k as usize,
+        };
+        let stop = match &self.stop {
+            None => vec![],
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) if v.len() <= 16 => v.clone(),
+            Some(Stop::Many(_)) => return Err(ApiError::bad("stop", "at most 16 stop strings")),
+        };
+        let seed = self.seed.unwrap_or_else(|| {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            t.as_nanos() as u64 ^ 0x5DEE_CE66_D1CE_4E5B
+        });
+        let sampling = SamplingParams {
+            temperature: range("temperature", self.temperature, 0.0, 2.0, 0.8)?,
+            top_k,
+            top_p: range("top_p", self.top_p, 0.0, 1.0, 0.95)?.max(f32::MIN_POSITIVE),
+            min_p: range("min_p", self.min_p, 0.0, 1.0, 0.05)?,
+            repeat_penalty: range("repeat_penalty", self.repeat_penalty, 0.0, 10.0, 1.0)?.max(f32::MIN_POSITIVE),
+            repeat_last_n: 64,
+            frequency_penalty: range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, 0.0)?,
+            presence_penalty: range("presence_penalty", self.presence_penalty, -2.0, 2.0, 0.0)?,
+            seed,
+        };
+        Ok(GenParams {
+            max_tokens,
+            sampling,
+            stop,
+            ignore_eos: self.ignore_eos,
+            stream: self.stream,
+            include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        })
+    }
+}
+
+impl ChatRequest {
+    /// The messages as (role, text); `top_logprobs` when `logprobs` is set.
+    pub fn messages(&self) -> Result<Vec<corelm_engine::chat::Message>, ApiError> {
+        if self.tools.as_ref().is_some_and(|t| !t.is_null()) {
+            return Err(ApiError::bad("tools", "tool calling is not supported"));
+        }
+        if self.messages.is_empty() {
+            return Err(ApiError::bad("messages", "messages must not be empty"));
+        }
+        let mut out = Vec::with_capacity(self.messages.len());
+        for (i, m) in self.messages.iter().enumerate() {
+            if !matches!(m.role.as_str(), "system" | "developer" | "user" | "assistant" | "tool") {
+                return Err(ApiError::bad(&format!("messages[{i}].role"), format!("unknown role {:?}", m.role)));
+            }
+            let text = match &m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => {
+                    let mut t = String::new();
+                    for (j, p) in parts.iter().enumerate() {
+                        match (p.kind.as_str(), &p.text) {
+                            ("text", Some(s)) => t.push_str(s),
+                            _ => {
+                                return Err(ApiError::bad(
+                                    &format!("messages[{i}].content[{j}]"),
+                                    format!("only text content parts are supported, got type {:?}", p.kind),
+                                ))
+                            }
+                        }
+                    }
+                    t
+                }
+            };
+            let role = if m.role == "developer" { "system" } else { m.role.as_str() };
+            out.push(corelm_engine::chat::Message::new(role, &text));
+        }
+        Ok(out)
+    }
+
+    pub fn top_logprobs(&self) -> Result<Option<usize>, ApiError> {
+        match (self.logprobs, self.top_logprobs) {
+            (false, None) => Ok(None),
+            (false, Some(_)) => Err(ApiError::bad("top_logprobs", "top_logprobs needs logprobs: true")),
+            (true, None) => Ok(Some(0)),
+            (true, Some(n)) if n <= 20 => Ok(Some(n as usize)),
+            (true, Some(n)) => Err(ApiError::bad("top_logprobs", format!("top_logprobs must be in 0..=20, got {n}"))),
+        }
+    }
+}
+
+impl CompletionRequest {
+    pub fn top_logprobs(&self) -> Result<Option<usize>, ApiError> {
+        match self.logprobs {
+            None => Ok(None),
+            Some(n) if n <= 5 => Ok(Some(n as usize)),
+            Some(n) => Err(ApiError::bad("logprobs", format!("logprobs must be in 0..=5, got {n}"))),
+        }
+    }
+}

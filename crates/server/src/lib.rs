@@ -1,0 +1,295 @@
+//! corelm server: an OpenAI-compatible HTTP front end over the engine's continuous batcher.
+//!
+//! ```text
+//!  HTTP (axum, tokio)                      engine thread (std)
+//!  handler ─ validate ─ Request{sink} ──▶ mpsc ──▶ batcher::run: step, step, ...
+//!     ▲                                              │ sink(Event) per token
+//!     └──── tokio mpsc ◀──── (events) ◀──────────────┘
+//! ```
+//!
+//! * [`api`]: request bodies, validation into engine parameters, OpenAI error bodies.
+//! * [`metrics`]: Prometheus text exposition.
+//! * this file: the router, the handlers (JSON and SSE), admission (bounded queue → 429,
+//!   never-fitting request → 400 `context_length_exceeded`), bearer authentication.
+//!
+//! Invariants: HTTP and JSON live here only — the engine sees token ids and sinks. A client
+//! that goes away drops its event receiver; the next event the engine sends fails and the
+//! sequence is cancelled and its blocks released.
+
+pub mod api;
+pub mod metrics;
+mod respond;
+
+use api::{ApiError, ChatRequest, CompletionRequest, GenParams, Prompt};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use corelm_engine::batcher::{self, Batcher, Event, Request, Stats};
+use corelm_engine::chat::ChatTemplate;
+use corelm_engine::{Engine, Tokenizer};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
+
+/// Server settings (the engine's own are in its `EngineConfig`).
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// Model id reported by `/v1/models` and required in requests' `model` field.
+    pub model_id: String,
+    /// Most requests accepted and still without a first token; beyond, 429.
+    pub max_queue: usize,
+    /// Longest prompt + completion of one request.
+    pub ctx_size: usize,
+    pub api_key: Option<String>,
+}
+
+pub struct AppState {
+    cfg: ServeConfig,
+    tx: Mutex<mpsc::Sender<Request>>,
+    tok: Arc<Tokenizer>,
+    template: ChatTemplate,
+    stats: Arc<Stats>,
+    pub metrics: metrics::Metrics,
+    /// Requests accepted and without a first event yet.
+    queued: Arc<AtomicU64>,
+    created: u64,
+}
+
+/// Start the engine thread and build the router. The engine thread ends when the router (and
+/// with it every sender) is dropped.
+pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, std::thread::JoinHandle<()>), String> {
+    let template = ChatTemplate::from_gguf(engine.gguf(), &tok).map_err(|e| e.to_string())?;
+    let tok = Arc::new(tok);
+    let mut cfg = cfg;
+    let b = Batcher::new(engine, tok.clone());
+    cfg.ctx_size = cfg.ctx_size.min(b.max_context());
+    let stats = b.stats();
+    let (tx, rx) = mpsc::channel();
+    let handle = std::thread::Builder::new()
+        .name("corelm-engine".into())
+        .spawn(move || batcher::run(b, rx))
+        .map_err(|e| format!("engine thread: {e}"))?;
+    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let state = Arc::new(AppState {
+        cfg,
+        tx: Mutex::new(tx),
+        tok,
+        template,
+        stats,
+        metrics: metrics::Metrics::default(),
+        queued: Arc::new(AtomicU64::new(0)),
+        created,
+    });
+    let router = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .with_state(state);
+    Ok((router, handle))
+}
+
+/// Serve on `listener` until ctrl-c, then drain in-flight requests.
+pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+}
+
+type S = State<Arc<AppState>>;
+
+fn check_auth(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &st.cfg.api_key else { return Ok(()) };
+    let given = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(key.as_str()) {
+        Ok(())
+    } else {
+        Err(ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", Some("invalid_api_key"), "missing or invalid API key"))
+    }
+}
+
+fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if *m != st.cfg.model_id => Err(ApiError {
+            param: Some("model".into()),
+            ..ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("model_not_found"),
+                format!("model {m:?} does not exist; this server serves {:?}", st.cfg.model_id),
+            )
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Record the status of a finished handler in the metrics.
+fn counted(st: &AppState, endpoint: &'static str, r: Result<Response, ApiError>) -> Response {
+    let r = r.unwrap_or_else(IntoResponse::into_response);
+    st.metrics.request(endpoint, r.status().as_u16());
+    r
+}
+
+async fn health(State(st): S) -> Response {
+    let body = serde_json::json!({
+        "status": "ok",
+        "running": st.stats.running.load(Ordering::Relaxed),
+        "waiting": st.stats.waiting.load(Ordering::Relaxed),
+    });
+    counted(&st, "health", Ok(axum::Json(body).into_response()))
+}
+
+async fn metrics_text(State(st): S) -> Response {
+    let text = st.metrics.render(&st.stats, st.queued.load(Ordering::Relaxed));
+    let r = ([("content-type", "text/plain; version=0.0.4")], text).into_response();
+    counted(&st, "metrics", Ok(r))
+}
+
+async fn models(State(st): S, headers: HeaderMap) -> Response {
+    let r = check_auth(&st, &headers).map(|_| {
+        axum::Json(serde_json::json!({"object": "list", "data": [{
+            "id": st.cfg.model_id, "object": "model", "created": st.created, "owned_by": "corelm",
+            "meta": {"n_ctx": st.cfg.ctx_size},
+        }]}))
+        .into_response()
+    });
+    counted(&st, "models", r)
+}
+
+async fn not_found() -> Response {
+    ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", Some("not_found"), "no such endpoint").into_response()
+}
+
+/// What a handler needs to answer once the request is submitted.
+pub(crate) struct Job {
+    pub events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    pub params: GenParams,
+    pub logprobs: Option<usize>,
+    pub id: String,
+}
+
+/// Admission: context check, queue bound, then hand the request to the engine thread.
+fn submit(
+    st: &Arc<AppState>,
+    prompt: Vec<u32>,
+    params: GenParams,
+    logprobs: Option<usize>,
+    prefix: &str,
+    prompt_field: &str,
+) -> Result<Job, ApiError> {
+    let ctx = st.cfg.ctx_size;
+    if prompt.is_empty() {
+        return Err(ApiError::bad(prompt_field, "the prompt is empty"));
+    }
+    let n_vocab = st.tok.n_vocab();
+    if let Some(&t) = prompt.iter().find(|&&t| t as usize >= n_vocab) {
+        return Err(ApiError::bad("prompt", format!("token id {t} is outside the vocabulary of {n_vocab}")));
+    }
+    let max_tokens = params.max_tokens.unwrap_or(ctx.saturating_sub(prompt.len()));
+    if max_tokens == 0 || prompt.len().saturating_add(max_tokens) > ctx {
+        let mut e = ApiError::bad(
+            prompt_field,
+            format!(
+                "this model's maximum context length is {ctx} tokens; the request has {} prompt tokens and asks for {} completion tokens",
+                prompt.len(),
+                max_tokens.max(1)
+            ),
+        );
+        e.code = Some("context_length_exceeded");
+        return Err(e);
+    }
+    let queued = st.queued.fetch_add(1, Ordering::AcqRel);
+    if queued as usize >= st.cfg.max_queue {
+        st.queued.fetch_sub(1, Ordering::AcqRel);
+        let mut e = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            Some("queue_full"),
+            format!("the server queue is full ({} requests waiting); retry later", st.cfg.max_queue),
+        );
+        e.retry_after = Some(1);
+        return Err(e);
+    }
+    let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
+    let q = st.queued.clone();
+    let mut first = true;
+    let sink = Box::new(move |e: Event| {
+        if first {
+            first = false;
+            q.fetch_sub(1, Ordering::AcqRel);
+        }
+        etx.send(e).is_ok()
+    });
+    let req = Request {
+        prompt,
+        max_tokens,
+        sampling: params.sampling.clone(),
+        stop: params.stop.clone(),
+        ignore_eos: params.ignore_eos,
+        logprobs,
+        sink,
+        arrived: Instant::now(),
+    };
+    let sent = st.tx.lock().unwrap_or_else(|e| e.into_inner()).send(req);
+    if sent.is_err() {
+        st.queued.fetch_sub(1, Ordering::AcqRel);
+        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", None, "the engine has stopped"));
+    }
+    let n = REQ_ID.fetch_add(1, Ordering::Relaxed);
+    Ok(Job { events: erx, params, logprobs, id: format!("{prefix}-{:x}{n:06x}", st.created) })
+}
+
+static REQ_ID: AtomicU64 = AtomicU64::new(0);
+
+async fn chat(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
+    let r = async {
+        check_auth(&st, &headers)?;
+        let body = api::parse_body(&body)?;
+        let common: api::Common = api::fields(&body)?;
+        let req: ChatRequest = api::fields(&body)?;
+        check_model(&st, &common.model)?;
+        let params = common.params()?;
+        let logprobs = req.top_logprobs()?;
+        let msgs = req.messages()?;
+        let text = st.template.render(&msgs, true).map_err(|e| ApiError::bad("messages", e.to_string()))?;
+        let prompt = st.tok.encode(&text, true, true).map_err(|e| ApiError::bad("messages", e.to_string()))?;
+        let job = submit(&st, prompt, params, logprobs, "chatcmpl", "messages")?;
+        Ok(respond::answer(st.clone(), job, respond::Kind::Chat).await)
+    }
+    .await;
+    counted(&st, "chat_completions", r)
+}
+
+async fn completions(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
+    let r = async {
+        check_auth(&st, &headers)?;
+        let body = api::parse_body(&body)?;
+        let common: api::Common = api::fields(&body)?;
+        let req: CompletionRequest = api::fields(&body)?;
+        check_model(&st, &common.model)?;
+        if req.echo {
+            return Err(ApiError::bad("echo", "echo is not supported"));
+        }
+        let params = common.params()?;
+        let logprobs = req.top_logprobs()?;
+        let prompt = match req.prompt {
+            Prompt::Tokens(t) => t,
+            Prompt::Text(s) => st.tok.encode(&s, true, true).map_err(|e| ApiError::bad("prompt", e.to_string()))?,
+            Prompt::Texts(v) if v.len() == 1 => {
+                st.tok.encode(&v[0], true, true).map_err(|e| ApiError::bad("prompt", e.to_string()))?
+            }
+            Prompt::Texts(_) => return Err(ApiError::bad("prompt", "one prompt per request")),
+        };
+        let job = submit(&st, prompt, params, logprobs, "cmpl", "prompt")?;
+        Ok(respond::answer(st.clone(), job, respond::Kind::Text).await)
+    }
+    .await;
+    counted(&st, "completions", r)
+}
