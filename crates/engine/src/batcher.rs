@@ -324,6 +324,7 @@ impl Batcher {
             let (seq, reason) = self.done[i].clone();
             if let Some(r) = self.slots[seq as usize].take() {
                 self.engine.clear_seq(seq);
+                self.publish(); // before the client hears of the end
                 finish(r, reason);
             }
         }

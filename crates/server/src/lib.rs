@@ -218,12 +218,17 @@ fn submit(
         return Err(e);
     }
     let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
-    let q = st.queued.clone();
+    let st2 = st.clone();
     let mut first = true;
+    // Runs on the engine thread: bookkeeping here sees every request's end, including those
+    // whose client has gone.
     let sink = Box::new(move |e: Event| {
         if first {
             first = false;
-            q.fetch_sub(1, Ordering::AcqRel);
+            st2.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        if let Event::Done(f) = &e {
+            st2.metrics.finished(f);
         }
         etx.send(e).is_ok()
     });

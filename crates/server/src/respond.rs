@@ -110,7 +110,6 @@ async fn whole(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
             None => return error_response("the engine dropped the request"),
         }
     };
-    st.metrics.finished(&fin);
     if let FinishReason::Error(e) = &fin.reason {
         return error_response(e);
     }
@@ -176,7 +175,6 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
                 }
                 Some(Event::Text(t)) => (t, Value::Null),
                 Some(Event::Done(f)) => {
-                    st.metrics.finished(&f);
                     if let FinishReason::Error(e) = &f.reason {
                         let err = json!({"error": {"message": e, "type": "server_error"}});
                         let _ = send(Sse::default().data(err.to_string())).await;

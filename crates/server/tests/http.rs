@@ -1,0 +1,268 @@
+//! The server over real HTTP on a real model (SmolLM2): answers, streams, errors, admission,
+//! batching invariance and cancellation on disconnect. The client is a minimal HTTP/1.1 one
+//! over a TCP socket, so a test can also hang up mid-stream.
+
+use corelm_engine::{Engine, EngineConfig, Tokenizer};
+use corelm_server::ServeConfig;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1";
+
+struct Server {
+    addr: SocketAddr,
+    _rt: tokio::runtime::Runtime,
+}
+
+fn start(parallel: usize, max_queue: usize, api_key: Option<&str>) -> Server {
+    let path = corelm_engine::models_dir().join(format!("{MODEL}.gguf"));
+    assert!(path.exists(), "{} missing: run scripts/fetch_models.py all", path.display());
+    let cfg = EngineConfig { n_ctx: 1024 * parallel, n_batch: 64, n_seq_max: parallel, n_threads: 2, pin: false, batch_invariant: true };
+    let engine = Engine::load(&path, cfg).unwrap();
+    let tok = Tokenizer::from_gguf(engine.gguf()).unwrap();
+    let scfg = ServeConfig { model_id: MODEL.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into) };
+    let (router, _engine) = corelm_server::app(engine, tok, scfg).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(async move { axum::serve(listener, router).await });
+    Server { addr, _rt: rt }
+}
+
+struct Reply {
+    status: u16,
+    headers: String,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+
+    /// The `data:` payloads of an SSE body.
+    fn events(&self) -> Vec<String> {
+        self.body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
+    }
+}
+
+fn request(method: &str, path: &str, body: &str, extra: &str) -> String {
+    format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n{extra}\r\n{body}",
+        body.len()
+    )
+}
+
+async fn call(addr: SocketAddr, method: &str, path: &str, body: &str, extra: &str) -> Reply {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(request(method, path, body, extra).as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
+    Reply { status, headers: head.to_ascii_lowercase(), body }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn post(srv: &Server, path: &str, body: Value) -> Reply {
+    srv._rt.block_on(call(srv.addr, "POST", path, &body.to_string(), ""))
+}
+
+fn get(srv: &Server, path: &str) -> Reply {
+    srv._rt.block_on(call(srv.addr, "GET", path, "", ""))
+}
+
+fn metric(srv: &Server, name: &str) -> f64 {
+    let m = get(srv, "/metrics").body;
+    m.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing"))
+}
+
+fn chat(content: &str, max_tokens: usize, stream: bool) -> Value {
+    json!({"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+           "temperature": 0, "stream": stream, "stream_options": {"include_usage": true}})
+}
+
+#[test]
+fn chat_completions_json_and_stream_agree() {
+    let srv = start(2, 16, None);
+    let r = post(&srv, "/v1/chat/completions", chat("What is the capital of France?", 12, false));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(!text.is_empty());
+    assert_eq!(v["object"], "chat.completion");
+    let usage = &v["usage"];
+    assert_eq!(usage["total_tokens"], usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap());
+
+    // The same request streamed: same text, chunks then usage then [DONE].
+    let r = post(&srv, "/v1/chat/completions", chat("What is the capital of France?", 12, true));
+    assert_eq!(r.status, 200);
+    assert!(r.headers.contains("text/event-stream"), "{}", r.headers);
+    let ev = r.events();
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = ev[..ev.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(streamed, text);
+    let fin = chunks.iter().find_map(|c| c["choices"][0]["finish_reason"].as_str()).unwrap();
+    assert_eq!(fin, v["choices"][0]["finish_reason"].as_str().unwrap());
+    let u = &chunks.last().unwrap()["usage"];
+    assert_eq!(u["completion_tokens"], usage["completion_tokens"]);
+    // The repeated prompt was served from the prefix cache.
+    assert!(u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() >= 16, "{u}");
+
+    // Text completions with logprobs.
+    let r = post(&srv, "/v1/completions", json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0, "logprobs": 3}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 4);
+    assert!(lp["token_logprobs"][0].as_f64().unwrap() <= 0.0);
+    assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 3);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+
+    // Models, health, metrics.
+    let m = get(&srv, "/v1/models").json();
+    assert_eq!(m["data"][0]["id"], MODEL);
+    assert_eq!(get(&srv, "/health").json()["status"], "ok");
+    assert!(metric(&srv, "corelm_generated_tokens_total") >= 28.0);
+    assert!(metric(&srv, "corelm_ttft_seconds_count") >= 3.0);
+    assert_eq!(metric(&srv, "corelm_sequences_running"), 0.0);
+    assert!(metric(&srv, "corelm_kv_blocks_cached") > 0.0);
+    let body = get(&srv, "/metrics").body;
+    assert!(body.contains("corelm_requests_total{endpoint=\"chat_completions\",status=\"200\"} 2"), "{body}");
+}
+
+#[test]
+fn bad_requests_get_openai_errors_naming_the_problem() {
+    let srv = start(1, 16, None);
+    let cases: Vec<(Value, u16, &str)> = vec![
+        (json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "five"}), 400, "max_tokens"),
+        (json!({"messages": [{"role": "user", "content": 5}]}), 400, "messages[0].content"),
+        (json!({"messages": [{"role": "wizard", "content": "hi"}]}), 400, "messages[0].role"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 9}), 400, "temperature"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "n": 2}), 400, "n"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4o"}), 404, "model"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}), 400, "messages"),
+        (json!({"model": MODEL}), 400, "messages"),
+    ];
+    for (body, status, param) in cases {
+        let r = post(&srv, "/v1/chat/completions", body.clone());
+        assert_eq!(r.status, status, "{body} -> {}", r.body);
+        let e = r.json();
+        assert!(e["error"]["message"].as_str().unwrap().contains(param) || e["error"]["param"] == param, "{body} -> {e}");
+    }
+    let r = post(&srv, "/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}));
+    assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
+    let r = srv._rt.block_on(call(srv.addr, "POST", "/v1/completions", "{\"prompt\": ", ""));
+    assert_eq!(r.status, 400);
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("malformed JSON"));
+    let r = post(&srv, "/v1/completions", json!({"prompt": [1, 2, 999999]}));
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("999999"), "{}", r.body);
+    assert_eq!(get(&srv, "/v1/nothing").status, 404);
+    // The server is unharmed.
+    assert_eq!(post(&srv, "/v1/completions", json!({"prompt": "Hi", "max_tokens": 2})).status, 200);
+}
+
+#[test]
+fn api_key_is_required_when_set() {
+    let srv = start(1, 4, Some("sekret"));
+    assert_eq!(get(&srv, "/v1/models").status, 401);
+    let r = srv._rt.block_on(call(srv.addr, "GET", "/v1/models", "", "authorization: Bearer wrong\r\n"));
+    assert_eq!(r.status, 401);
+    let r = srv._rt.block_on(call(srv.addr, "GET", "/v1/models", "", "authorization: Bearer sekret\r\n"));
+    assert_eq!(r.status, 200);
+    assert_eq!(get(&srv, "/health").status, 200);
+}
+
+#[test]
+fn full_queue_answers_429_with_retry_after() {
+    let srv = start(1, 1, None);
+    let long = "Tell me a long story about the sea and its ships. ".repeat(40);
+    let addr = srv.addr;
+    let first = srv._rt.spawn(async move {
+        let body = json!({"prompt": long, "max_tokens": 4, "temperature": 0}).to_string();
+        call(addr, "POST", "/v1/completions", &body, "").await
+    });
+    std::thread::sleep(Duration::from_millis(150));
+    let r = post(&srv, "/v1/completions", json!({"prompt": "Hi", "max_tokens": 2}));
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert!(r.headers.contains("retry-after: 1"), "{}", r.headers);
+    assert_eq!(r.json()["error"]["type"], "rate_limit_error");
+    assert_eq!(srv._rt.block_on(first).unwrap().status, 200);
+    assert_eq!(post(&srv, "/v1/completions", json!({"prompt": "Hi", "max_tokens": 2})).status, 200);
+}
+
+#[test]
+fn sixteen_concurrent_requests_equal_each_alone_over_http() {
+    let srv = start(4, 64, None);
+    let topics = ["the sea", "robots", "bread", "winter", "chess", "the moon", "rivers", "music"];
+    let bodies: Vec<String> = (0..16)
+        .map(|i| chat(&format!("Write one sentence about {} (#{i}).", topics[i % 8]), 16, false).to_string())
+        .collect();
+    let text = |r: &Reply| r.json()["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let alone: Vec<String> =
+        bodies.iter().map(|b| text(&srv._rt.block_on(call(srv.addr, "POST", "/v1/chat/completions", b, "")))).collect();
+    let addr = srv.addr;
+    let together: Vec<String> = srv._rt.block_on(async {
+        let hs: Vec<_> = bodies
+            .iter()
+            .cloned()
+            .map(|b| tokio::spawn(async move { call(addr, "POST", "/v1/chat/completions", &b, "").await }))
+            .collect();
+        let mut out = vec![];
+        for h in hs {
+            out.push(text(&h.await.unwrap()));
+        }
+        out
+    });
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a, t, "request {i} differs when run with 15 others");
+    }
+}
+
+#[test]
+fn a_client_that_hangs_up_cancels_its_sequence() {
+    let srv = start(1, 4, None);
+    let body = json!({"prompt": "Count slowly:", "max_tokens": 800, "ignore_eos": true, "stream": true}).to_string();
+    srv._rt.block_on(async {
+        let mut s = TcpStream::connect(srv.addr).await.unwrap();
+        s.write_all(request("POST", "/v1/completions", &body, "").as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut seen = String::new();
+        while !seen.contains("data: ") {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0);
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        drop(s); // hang up mid-stream
+    });
+    let t0 = Instant::now();
+    while metric(&srv, "corelm_requests_cancelled_total") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the sequence was not cancelled");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(metric(&srv, "corelm_generated_tokens_total") < 800.0);
+    assert_eq!(metric(&srv, "corelm_kv_blocks_used"), 0.0);
+    assert_eq!(metric(&srv, "corelm_sequences_running"), 0.0);
+}
