@@ -1,0 +1,82 @@
+"""The official `openai` Python client against `corelm serve`, unchanged: chat (streaming and
+not), text completions, models, and errors surfacing as the client's exception types.
+
+Run by scripts/test_openai_client.sh (which installs `openai` in a venv and starts the server);
+CORELM_BASE_URL and CORELM_MODEL_ID say where the server is and what it serves.
+"""
+
+import os
+import sys
+
+import openai
+
+BASE = os.environ["CORELM_BASE_URL"]
+MODEL = os.environ["CORELM_MODEL_ID"]
+client = openai.OpenAI(base_url=BASE, api_key="unused", max_retries=0, timeout=120)
+failures = []
+
+
+def check(name, cond, detail=""):
+    print(("ok   " if cond else "FAIL ") + name + ("" if cond else f": {detail}"))
+    if not cond:
+        failures.append(name)
+
+
+models = client.models.list()
+check("models.list names the model", [m.id for m in models.data] == [MODEL], models)
+
+messages = [
+    {"role": "system", "content": "You answer in one short sentence."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0, seed=1)
+text = r.choices[0].message.content
+check("chat: assistant message", r.choices[0].message.role == "assistant" and len(text) > 0, r)
+check("chat: mentions Paris", "Paris" in text, text)
+check("chat: finish_reason", r.choices[0].finish_reason in ("stop", "length"), r.choices[0].finish_reason)
+check("chat: usage adds up", r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens, r.usage)
+
+stream = client.chat.completions.create(
+    model=MODEL, messages=messages, max_tokens=24, temperature=0, seed=1, stream=True,
+    stream_options={"include_usage": True},
+)
+pieces, finish, usage = [], None, None
+for chunk in stream:
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for c in chunk.choices:
+        if c.delta.content:
+            pieces.append(c.delta.content)
+        if c.finish_reason:
+            finish = c.finish_reason
+check("stream: same text as non-streaming", "".join(pieces) == text, ("".join(pieces), text))
+check("stream: finish_reason", finish == r.choices[0].finish_reason, finish)
+check("stream: usage chunk", usage is not None and usage.completion_tokens == r.usage.completion_tokens, usage)
+
+r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2)
+lp = r.choices[0].logprobs.content
+check("chat logprobs", len(lp) == 3 and all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in lp), lp)
+
+r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5, temperature=0, stop=["\n"])
+check("completions: text", isinstance(r.choices[0].text, str) and "\n" not in r.choices[0].text, r)
+
+try:
+    client.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=3)
+    check("unknown model -> NotFoundError", False, "no error")
+except openai.NotFoundError as e:
+    check("unknown model -> NotFoundError", e.status_code == 404)
+
+try:
+    client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10**6)
+    check("too long -> BadRequestError", False, "no error")
+except openai.BadRequestError as e:
+    check("too long -> BadRequestError context_length_exceeded", e.code == "context_length_exceeded", e)
+
+try:
+    client.chat.completions.create(model=MODEL, messages=messages, temperature=5)
+    check("bad field -> BadRequestError", False, "no error")
+except openai.BadRequestError as e:
+    check("bad field -> BadRequestError naming temperature", "temperature" in str(e), e)
+
+print(f"{len(failures)} failure(s)")
+sys.exit(1 if failures else 0)
