@@ -8,8 +8,8 @@ tokens/s and requests/s) and goodput: requests per second that met the SLO
 (TTFT <= --slo-ttft and TPOT <= --slo-tpot, per request).
 
 Distribution ("chat-like", after ShareGPT's shape, scaled to a small model's context):
-  prompt tokens ~ lognormal(median 160, sigma 0.7) clipped to [24, 1024]
-  output tokens ~ lognormal(median 64, sigma 0.6) clipped to [8, 256]
+  prompt tokens ~ lognormal(median 96, sigma 0.7) clipped to [16, 512]
+  output tokens ~ lognormal(median 48, sigma 0.6) clipped to [8, 192]
 Prompts are built from a fixed word list so their token counts are close to the draw.
 
 Needs: `openai`-venv's httpx (scripts/test_openai_client.sh makes it) or any Python with httpx;
@@ -17,7 +17,7 @@ for llama.cpp the llama-cpp-python venv (see scripts/bench_compare.py) with the 
 (`pip install uvicorn fastapi sse-starlette starlette-context pydantic-settings`).
 
 Usage:
-  python scripts/bench_serve.py --rates 0.25,0.5,1,2 --requests 24 \
+  python scripts/bench_serve.py --rates 0.2,0.4,0.6,0.8 --requests 24 \
       [--llama-venv ~/.cache/corelm/llama-venv] [--threads 2] [--parallel 4]
 """
 
@@ -51,8 +51,8 @@ def workload(n, seed):
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        p = int(min(1024, max(24, rng.lognormvariate(math.log(160), 0.7))))
-        o = int(min(256, max(8, rng.lognormvariate(math.log(64), 0.6))))
+        p = int(min(512, max(16, rng.lognormvariate(math.log(96), 0.7))))
+        o = int(min(192, max(8, rng.lognormvariate(math.log(48), 0.6))))
         words = [rng.choice(WORDS) for _ in range(p)]
         text = f"Request {i}. Summarise these notes, then continue the story: " + " ".join(words)
         out.append((text, o))
@@ -172,11 +172,11 @@ def start_llama(model, port, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(models_dir() / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--rates", default="0.25,0.5,1,2")
+    ap.add_argument("--rates", default="0.2,0.4,0.6,0.8")
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parallel", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--slo-ttft", type=float, default=2.0)
     ap.add_argument("--slo-tpot", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=7)

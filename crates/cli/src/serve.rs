@@ -25,8 +25,9 @@ pub struct ServeArgs {
     /// KV cache size in tokens shared by all sequences (default: ctx-size × parallel).
     #[arg(long)]
     kv_size: Option<usize>,
-    /// Token budget of one step (decode tokens plus prompt chunks).
-    #[arg(short = 'b', long, default_value_t = 128)]
+    /// Token budget of one step (decode tokens plus prompt chunks): smaller keeps TPOT low
+    /// while prompts are prefilled, larger finishes prompts in fewer steps.
+    #[arg(short = 'b', long, default_value_t = 64)]
     batch_size: usize,
     /// Requests accepted and waiting for their first token before new ones get 429.
     #[arg(long, default_value_t = 64)]
