@@ -156,7 +156,8 @@ def start_corelm(model, port, args):
     exe = ROOT / "target" / "release" / "corelm"
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "corelm-cli"], cwd=ROOT, check=True)
     cmd = [str(exe), "serve", "-m", str(model), "--port", str(port), "-t", str(args.threads),
-           "--parallel", str(args.parallel), "--ctx-size", "2048", "-b", str(args.batch), "--max-queue", "1000"]
+           "--parallel", str(args.parallel), "--ctx-size", "2048", "-b", str(args.batch), "--max-queue", "1000",
+           "--tpot-target-ms", str(args.tpot_target_ms)]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -177,6 +178,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--tpot-target-ms", type=float, default=0.0, help="corelm's step-time target (0 = off)")
     ap.add_argument("--slo-ttft", type=float, default=2.0)
     ap.add_argument("--slo-tpot", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=7)

@@ -29,6 +29,10 @@ pub struct ServeArgs {
     /// while prompts are prefilled, larger finishes prompts in fewer steps.
     #[arg(short = 'b', long, default_value_t = 64)]
     batch_size: usize,
+    /// TPOT target in milliseconds: while sequences are decoding, prompt chunks are cut so a
+    /// step stays within it (0 = off: prompts always get the whole --batch-size).
+    #[arg(long, default_value_t = 0.0)]
+    tpot_target_ms: f64,
     /// Requests accepted and waiting for their first token before new ones get 429.
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
@@ -68,7 +72,8 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
     if a.api_key.is_none() && host != "127.0.0.1" && host != "localhost" && host != "::1" {
         eprintln!("warning: serving on {host} without --api-key: anyone who can reach it can use it");
     }
-    let scfg = ServeConfig { model_id: model_id.clone(), max_queue: a.max_queue, ctx_size: a.ctx_size, api_key: a.api_key };
+    let scfg = ServeConfig { model_id: model_id.clone(), max_queue: a.max_queue, ctx_size: a.ctx_size, api_key: a.api_key,
+        tpot_target: Some(a.tpot_target_ms / 1e3).filter(|t| *t > 0.0) };
     let (router, engine_thread) = corelm_server::app(engine, tok, scfg).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {

@@ -7,6 +7,12 @@
 //! steps; a finished or cancelled sequence leaves at once and its blocks are released (full
 //! ones stay cached for prefix reuse).
 //!
+//! With a TPOT target ([`Batcher::set_tpot_target`]), prompt chunks shrink while sequences
+//! are decoding, so that a step — which every running sequence waits for — stays within the
+//! target: a step's time is modelled as `fixed + per_token · tokens`, both learnt online
+//! (exponential averages of measured steps). Without running decodes, prompts get the whole
+//! budget (TTFT matters then).
+//!
 //! Admission reserves blocks for the worst case (prompt + `max_tokens`), minus the blocks a
 //! cached prefix provides, so an admitted request never runs out of KV cache mid-way and no
 //! preemption is needed; a request that does not fit waits (first come, first served).
@@ -127,6 +133,34 @@ pub struct Batcher {
     order: Vec<(Instant, usize)>,
     done: Vec<(i32, FinishReason)>,
     stats: Arc<Stats>,
+    tpot_target: Option<f64>,
+    cost: StepCost,
+}
+
+/// Online model of a step's time: `fixed + per_token · n_tokens` seconds.
+#[derive(Clone, Copy, Debug)]
+pub struct StepCost {
+    pub fixed: f64,
+    pub per_token: f64,
+}
+
+impl StepCost {
+    fn observe(&mut self, n: usize, secs: f64) {
+        const A: f64 = 0.2;
+        if n >= 16 {
+            // Large steps are dominated by the per-token part.
+            let pt = (secs - self.fixed).max(secs * 0.5) / n as f64;
+            self.per_token += A * (pt - self.per_token);
+        } else {
+            let fx = (secs - self.per_token * n as f64).max(0.0);
+            self.fixed += A * (fx - self.fixed);
+        }
+    }
+
+    /// Tokens a step may carry to finish within `target` seconds.
+    fn tokens_within(&self, target: f64) -> usize {
+        ((target - self.fixed) / self.per_token.max(1e-6)).max(0.0) as usize
+    }
 }
 
 impl Batcher {
@@ -147,7 +181,21 @@ impl Batcher {
             order: Vec::with_capacity(n_seq),
             done: Vec::with_capacity(n_seq),
             stats,
+            tpot_target: None,
+            // A first guess (refined after a few steps): 5 ms per step plus 5 ms per token.
+            cost: StepCost { fixed: 0.005, per_token: 0.005 },
         }
+    }
+
+    /// Keep steps that carry decode tokens within `secs` (None: prompt chunks always get the
+    /// whole token budget).
+    pub fn set_tpot_target(&mut self, secs: Option<f64>) {
+        self.tpot_target = secs.filter(|s| *s > 0.0);
+    }
+
+    /// The learnt step-time model.
+    pub fn step_cost(&self) -> StepCost {
+        self.cost
     }
 
     pub fn stats(&self) -> Arc<Stats> {
@@ -268,7 +316,13 @@ impl Batcher {
                 }
             }
         }
-        // Then prompt chunks, oldest first.
+        // Then prompt chunks, oldest first; while sequences decode, only as many prompt tokens
+        // as keep the step within the TPOT target (at least 16, so prompts always progress).
+        let n_decode = self.batch.len();
+        let budget = match self.tpot_target {
+            Some(t) if n_decode > 0 => budget.min(self.cost.tokens_within(t).max(n_decode + 16)),
+            _ => budget,
+        };
         self.order.clear();
         for (i, r) in self.slots.iter().enumerate() {
             if let Some(r) = r {
@@ -279,7 +333,7 @@ impl Batcher {
         }
         self.order.sort_unstable();
         for &(_, i) in &self.order {
-            let room = budget - self.batch.len();
+            let room = budget.saturating_sub(self.batch.len());
             if room == 0 {
                 break;
             }
@@ -299,7 +353,9 @@ impl Batcher {
             self.publish();
             return false;
         }
+        let t0 = Instant::now();
         let result = self.engine.decode(&self.batch);
+        self.cost.observe(self.batch.len(), t0.elapsed().as_secs_f64());
         self.done.clear();
         match result {
             Err(e) => {
@@ -470,5 +526,26 @@ impl Batcher {
         if let Err((req, e)) = self.submit(req) {
             finish_now(req, FinishReason::Error(e.to_string()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StepCost;
+
+    #[test]
+    fn step_cost_learns_fixed_and_per_token_parts() {
+        // True cost: 4 ms per step + 2 ms per token.
+        let mut c = StepCost { fixed: 0.005, per_token: 0.005 };
+        for _ in 0..60 {
+            c.observe(64, 0.004 + 0.002 * 64.0);
+            c.observe(4, 0.004 + 0.002 * 4.0);
+        }
+        assert!((c.per_token - 0.002).abs() < 2e-4, "{c:?}");
+        assert!((c.fixed - 0.004).abs() < 1e-3, "{c:?}");
+        // 100 ms allows about (0.1 - 0.004) / 0.002 = 48 tokens.
+        let n = c.tokens_within(0.1);
+        assert!((44..=52).contains(&n), "{n}");
+        assert_eq!(c.tokens_within(0.001), 0);
     }
 }

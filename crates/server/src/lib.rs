@@ -44,6 +44,8 @@ pub struct ServeConfig {
     /// Longest prompt + completion of one request.
     pub ctx_size: usize,
     pub api_key: Option<String>,
+    /// Keep steps with running decodes within this many seconds by shrinking prompt chunks.
+    pub tpot_target: Option<f64>,
 }
 
 pub struct AppState {
@@ -64,7 +66,8 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
     let template = ChatTemplate::from_gguf(engine.gguf(), &tok).map_err(|e| e.to_string())?;
     let tok = Arc::new(tok);
     let mut cfg = cfg;
-    let b = Batcher::new(engine, tok.clone());
+    let mut b = Batcher::new(engine, tok.clone());
+    b.set_tpot_target(cfg.tpot_target);
     cfg.ctx_size = cfg.ctx_size.min(b.max_context());
     let stats = b.stats();
     let (tx, rx) = mpsc::channel();

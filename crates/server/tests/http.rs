@@ -23,7 +23,7 @@ fn start(parallel: usize, max_queue: usize, api_key: Option<&str>) -> Server {
     let cfg = EngineConfig { n_ctx: 1024 * parallel, n_batch: 64, n_seq_max: parallel, n_threads: 2, pin: false, batch_invariant: true };
     let engine = Engine::load(&path, cfg).unwrap();
     let tok = Tokenizer::from_gguf(engine.gguf()).unwrap();
-    let scfg = ServeConfig { model_id: MODEL.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into) };
+    let scfg = ServeConfig { model_id: MODEL.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1) };
     let (router, _engine) = corelm_server::app(engine, tok, scfg).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
