@@ -41,6 +41,10 @@ struct ModelArgs {
     /// Do not pin worker threads to cores.
     #[arg(long)]
     no_pin: bool,
+    /// Compute every batch row as if alone (what `serve` does): results independent of
+    /// batching, without llama.cpp's batch-size-dependent kernel choices.
+    #[arg(long)]
+    batch_invariant: bool,
 }
 
 #[derive(Args, Clone)]
@@ -146,6 +150,9 @@ enum Cmd {
         json: bool,
         #[arg(long)]
         no_pin: bool,
+        /// Batch-invariant kernels, as `serve` runs them.
+        #[arg(long)]
+        batch_invariant: bool,
     },
     /// Evaluate a golden case file and print its output fields as one JSON object.
     Eval {
@@ -188,7 +195,7 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         n_seq_max: n_seq,
         n_threads: m.threads.unwrap_or_else(corelm_engine::engine::default_threads),
         pin: !m.no_pin,
-        batch_invariant: false,
+        batch_invariant: m.batch_invariant,
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", path.display()))?;
@@ -270,8 +277,8 @@ fn main() -> Result<()> {
             let ids = tok.encode(&text, !no_special, !no_parse_special)?;
             println!("{}", serde_json::to_string(&ids)?);
         }
-        Cmd::Bench { model, n_prompt, n_gen, threads, reps, batch_size, json, no_pin } => {
-            bench(model, &n_prompt, &n_gen, &threads, reps.max(1), batch_size, json, no_pin)?
+        Cmd::Bench { model, n_prompt, n_gen, threads, reps, batch_size, json, no_pin, batch_invariant } => {
+            bench(model, &n_prompt, &n_gen, &threads, reps.max(1), batch_size, json, no_pin, batch_invariant)?
         }
         Cmd::Serve(a) => {
             let path = resolve_model(&a.model_path())?;
@@ -298,6 +305,7 @@ fn bench(
     batch_size: usize,
     json: bool,
     no_pin: bool,
+    batch_invariant: bool,
 ) -> Result<()> {
     use corelm_engine::bench::{bytes_per_token, memory_bandwidth, run_test, BenchResult};
     let path = resolve_model(&model)?;
@@ -316,6 +324,7 @@ fn bench(
             ctx_size: max_tokens + 16,
             batch_size: batch_size.min(max_tokens.max(1)),
             no_pin,
+            batch_invariant,
         };
         let (mut engine, _) = load(&ma, 1)?;
         let name = engine.gguf().opt_str("general.name").ok().flatten().unwrap_or("?").to_string();
