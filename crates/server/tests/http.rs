@@ -204,7 +204,12 @@ fn full_queue_answers_429_with_retry_after() {
         let body = json!({"prompt": long, "max_tokens": 4, "temperature": 0}).to_string();
         call(addr, "POST", "/v1/completions", &body, "").await
     });
-    std::thread::sleep(Duration::from_millis(150));
+    // Wait until the long request is accepted and still without its first token.
+    let t0 = Instant::now();
+    while metric(&srv, "corelm_queue_depth") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the first request never queued");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let r = post(&srv, "/v1/completions", json!({"prompt": "Hi", "max_tokens": 2}));
     assert_eq!(r.status, 429, "{}", r.body);
     assert!(r.headers.contains("retry-after: 1"), "{}", r.headers);
