@@ -100,7 +100,6 @@ pub struct Stats {
     pub kv_blocks_cached: AtomicUsize,
     pub kv_blocks_total: AtomicUsize,
     pub steps: AtomicU64,
-    pub prefix_hit_tokens: AtomicU64,
 }
 
 struct Running {
@@ -193,11 +192,6 @@ impl Batcher {
         self.tpot_target = secs.filter(|s| *s > 0.0);
     }
 
-    /// The learnt step-time model.
-    pub fn step_cost(&self) -> StepCost {
-        self.cost
-    }
-
     pub fn stats(&self) -> Arc<Stats> {
         self.stats.clone()
     }
@@ -248,7 +242,6 @@ impl Batcher {
         self.stats.running.store(self.n_running(), Ordering::Relaxed);
         self.stats.kv_blocks_used.store(b.used(), Ordering::Relaxed);
         self.stats.kv_blocks_cached.store(b.cached(), Ordering::Relaxed);
-        self.stats.prefix_hit_tokens.store(b.hits, Ordering::Relaxed);
     }
 
     /// Blocks promised to running sequences and not yet taken.

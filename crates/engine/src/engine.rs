@@ -209,9 +209,14 @@ impl Engine {
         (self.pools.act[0].len() + self.pools.act[1].len(), self.pools.out.len(), self.kv.bytes())
     }
 
+    /// `seq` as an index, if it names one of the `n_seq_max` sequences.
+    fn seq_index(&self, seq: i32) -> Option<usize> {
+        usize::try_from(seq).ok().filter(|&s| s < self.cfg.n_seq_max)
+    }
+
     /// Tokens stored for a sequence (its next position).
     pub fn seq_len(&self, seq: i32) -> usize {
-        usize::try_from(seq).ok().filter(|&s| s < self.cfg.n_seq_max).map_or(0, |s| self.kv.blocks.len(s))
+        self.seq_index(seq).map_or(0, |s| self.kv.blocks.len(s))
     }
 
     /// Cells in blocks no sequence holds (free or cached-evictable).
@@ -222,11 +227,8 @@ impl Engine {
     /// Tokens `seq` can still append: the rest of its last block plus the available blocks,
     /// capped by `n_ctx`.
     pub fn room(&self, seq: i32) -> usize {
-        if seq < 0 || seq as usize >= self.cfg.n_seq_max {
-            return 0;
-        }
-        let s = seq as usize;
-        self.kv.blocks.room(s).min(self.cfg.n_ctx.saturating_sub(self.kv.blocks.len(s)))
+        self.seq_index(seq)
+            .map_or(0, |s| self.kv.blocks.room(s).min(self.cfg.n_ctx.saturating_sub(self.kv.blocks.len(s))))
     }
 
     /// The paged KV cache's block accounting (tables, prefix cache, counters).
@@ -238,16 +240,13 @@ impl Engine {
     /// how many leading tokens are already in the cache (a multiple of the block size, and
     /// always less than `tokens.len()`). Feed the rest.
     pub fn attach_prefix(&mut self, seq: i32, tokens: &[u32]) -> usize {
-        if seq < 0 || seq as usize >= self.cfg.n_seq_max {
-            return 0;
-        }
-        self.kv.blocks.attach_prefix(seq as usize, tokens)
+        self.seq_index(seq).map_or(0, |s| self.kv.blocks.attach_prefix(s, tokens))
     }
 
     /// Forget a sequence: release its blocks (full ones stay cached for prefix reuse).
     pub fn clear_seq(&mut self, seq: i32) {
-        if seq >= 0 && (seq as usize) < self.cfg.n_seq_max {
-            self.kv.blocks.release(seq as usize);
+        if let Some(s) = self.seq_index(seq) {
+            self.kv.blocks.release(s);
         }
     }
 
@@ -280,10 +279,10 @@ impl Engine {
             if t as usize >= n_vocab {
                 return Err(Error::Batch(format!("token id {t} at batch index {i} is outside the vocabulary of {n_vocab}")));
             }
-            if s < 0 || s as usize >= self.cfg.n_seq_max {
+            let Some(si) = self.seq_index(s) else {
                 return Err(Error::Batch(format!("sequence id {s} outside 0..{}", self.cfg.n_seq_max)));
-            }
-            let next = &mut self.next_pos[s as usize];
+            };
+            let next = &mut self.next_pos[si];
             if p < 0 || p as usize != *next {
                 return Err(Error::Batch(format!("position {p} of sequence {s} is not its next position {next}")));
             }

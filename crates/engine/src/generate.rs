@@ -85,11 +85,15 @@ impl TextOut {
     pub fn push(&mut self, piece: &[u8]) -> (&str, bool) {
         self.stream.push_to(piece, &mut self.text);
         let from = self.emitted;
-        if let Some(pos) = self.stop.iter().filter(|s| !s.is_empty()).filter_map(|s| self.text.find(s.as_str())).min() {
-            self.text.truncate(pos);
+        // A stop string can only start in text not handed out yet: at most `max_stop - 1`
+        // bytes are held back, so one starting earlier would have been complete, and found,
+        // before. Search from there instead of the whole text on every token.
+        let rest = &self.text[from..];
+        if let Some(pos) = self.stop.iter().filter(|s| !s.is_empty()).filter_map(|s| rest.find(s.as_str())).min() {
+            self.text.truncate(from + pos);
             self.stopped = true;
-            self.emitted = self.text.len().max(from);
-            return (&self.text[from.min(self.text.len())..], true);
+            self.emitted = self.text.len();
+            return (&self.text[from..], true);
         }
         // Hold back what could still be the start of a stop string.
         let mut safe = self.text.len().saturating_sub(self.max_stop.saturating_sub(1));
@@ -179,4 +183,32 @@ pub fn generate(
         prefill_secs,
         decode_secs: t1.elapsed().as_secs_f64(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TextOut;
+
+    #[test]
+    fn stop_strings_spanning_pieces_cut_the_text_and_nothing_is_emitted_twice() {
+        let mut t = TextOut::new(vec!["o W".into(), "xyz".into()], 64);
+        let mut out = String::new();
+        for piece in ["He", "llo", " ", "Wor", "ld"] {
+            let (s, stopped) = t.push(piece.as_bytes());
+            out.push_str(s);
+            if stopped {
+                break;
+            }
+        }
+        assert_eq!(t.finish(), "");
+        assert_eq!((out.as_str(), t.text.as_str()), ("Hell", "Hell"));
+        // Without a match everything comes out once, held-back text at the end.
+        let mut t = TextOut::new(vec!["zz".into()], 64);
+        let mut out = String::new();
+        for piece in ["ab", "cz", "d", "z"] {
+            out.push_str(t.push(piece.as_bytes()).0);
+        }
+        out.push_str(t.finish());
+        assert_eq!(out, "abczdz");
+    }
 }

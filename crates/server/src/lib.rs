@@ -256,18 +256,34 @@ fn submit(
 
 static REQ_ID: AtomicU64 = AtomicU64::new(0);
 
+/// The shared start of both completion endpoints: authentication, the body parsed once, the
+/// common fields and the endpoint's own, and the model check — in that order.
+fn read_request<T: serde::de::DeserializeOwned>(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(api::Common, T), ApiError> {
+    check_auth(st, headers)?;
+    let body = api::parse_body(body)?;
+    let common: api::Common = api::fields(&body)?;
+    let req: T = api::fields(&body)?;
+    check_model(st, &common.model)?;
+    Ok((common, req))
+}
+
+/// Tokenize request text (BOS as the model wants it, special tokens parsed), or a 400 on `field`.
+fn encode(st: &AppState, text: &str, field: &str) -> Result<Vec<u32>, ApiError> {
+    st.tok.encode(text, true, true).map_err(|e| ApiError::bad(field, e.to_string()))
+}
+
 async fn chat(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
     let r = async {
-        check_auth(&st, &headers)?;
-        let body = api::parse_body(&body)?;
-        let common: api::Common = api::fields(&body)?;
-        let req: ChatRequest = api::fields(&body)?;
-        check_model(&st, &common.model)?;
+        let (common, req): (_, ChatRequest) = read_request(&st, &headers, &body)?;
         let params = common.params()?;
         let logprobs = req.top_logprobs()?;
         let msgs = req.messages()?;
         let text = st.template.render(&msgs, true).map_err(|e| ApiError::bad("messages", e.to_string()))?;
-        let prompt = st.tok.encode(&text, true, true).map_err(|e| ApiError::bad("messages", e.to_string()))?;
+        let prompt = encode(&st, &text, "messages")?;
         let job = submit(&st, prompt, params, logprobs, "chatcmpl", "messages")?;
         Ok(respond::answer(st.clone(), job, respond::Kind::Chat).await)
     }
@@ -277,11 +293,7 @@ async fn chat(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
 
 async fn completions(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
     let r = async {
-        check_auth(&st, &headers)?;
-        let body = api::parse_body(&body)?;
-        let common: api::Common = api::fields(&body)?;
-        let req: CompletionRequest = api::fields(&body)?;
-        check_model(&st, &common.model)?;
+        let (common, req): (_, CompletionRequest) = read_request(&st, &headers, &body)?;
         if req.echo {
             return Err(ApiError::bad("echo", "echo is not supported"));
         }
@@ -289,10 +301,8 @@ async fn completions(State(st): S, headers: HeaderMap, body: Bytes) -> Response 
         let logprobs = req.top_logprobs()?;
         let prompt = match req.prompt {
             Prompt::Tokens(t) => t,
-            Prompt::Text(s) => st.tok.encode(&s, true, true).map_err(|e| ApiError::bad("prompt", e.to_string()))?,
-            Prompt::Texts(v) if v.len() == 1 => {
-                st.tok.encode(&v[0], true, true).map_err(|e| ApiError::bad("prompt", e.to_string()))?
-            }
+            Prompt::Text(s) => encode(&st, &s, "prompt")?,
+            Prompt::Texts(v) if v.len() == 1 => encode(&st, &v[0], "prompt")?,
             Prompt::Texts(_) => return Err(ApiError::bad("prompt", "one prompt per request")),
         };
         let job = submit(&st, prompt, params, logprobs, "cmpl", "prompt")?;
