@@ -3,13 +3,24 @@
 
 use half::f16;
 
+pub const QK4_0: usize = 32;
 pub const QK4_1: usize = 32;
+pub const QK5_1: usize = 32;
+pub const QK4_NL: usize = 32;
 pub const QK5_0: usize = 32;
 pub const QK8_0: usize = 32;
 pub const QK8_1: usize = 32;
 pub use corelm_gguf::QK_K;
 /// Bytes of packed scales/mins in a Q4_K/Q5_K super-block.
 pub const K_SCALE_SIZE: usize = 12;
+
+/// 32 weights: `x = d * (q - 8)`, q in 0..16, nibbles as in [`BlockQ4_1`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4_0 {
+    pub d: f16,
+    pub qs: [u8; QK4_0 / 2],
+}
 
 /// 32 weights: `x = d * q + m`, q in 0..16.
 #[repr(C)]
@@ -30,6 +41,27 @@ pub struct BlockQ5_0 {
     pub qh: [u8; 4],
     pub qs: [u8; QK5_0 / 2],
 }
+
+/// 32 weights: `x = d * q + m`, q in 0..32, the fifth bit of each q in `qh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5_1 {
+    pub d: f16,
+    pub m: f16,
+    pub qh: [u8; 4],
+    pub qs: [u8; QK5_1 / 2],
+}
+
+/// 32 weights: `x = d * KVALUES_IQ4NL[q]`, nibbles as in [`BlockQ4_1`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockIQ4NL {
+    pub d: f16,
+    pub qs: [u8; QK4_NL / 2],
+}
+
+/// The non-linear 4-bit grid of IQ4_NL and IQ4_XS (ggml `kvalues_iq4nl`).
+pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
 /// 32 values: `x = d * q`, q in -127..=127.
 #[repr(C)]
@@ -58,6 +90,50 @@ pub struct BlockQ4K {
     pub qs: [u8; QK_K / 2],
 }
 
+/// 256 weights in 16 sub-blocks of 16: `x = d * (sc & 15) * q - dmin * (sc >> 4)`, q 2-bit.
+/// Byte `l` of each 32-byte half of `qs` holds four elements `l + 32 * k` (k = shift / 2).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ2K {
+    pub scales: [u8; QK_K / 16],
+    pub qs: [u8; QK_K / 4],
+    pub d: f16,
+    pub dmin: f16,
+}
+
+/// 256 weights in 16 sub-blocks of 16: `x = d * (sc - 32) * (q - 4 * !h)`, q 2-bit low part in
+/// `qs` (as Q2_K), high bit in `hmask`, 6-bit scales packed in 12 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ3K {
+    pub hmask: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 4],
+    pub scales: [u8; 12],
+    pub d: f16,
+}
+
+/// Like [`BlockQ4K`] plus a fifth bit of each q in `qh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5K {
+    pub d: f16,
+    pub dmin: f16,
+    pub scales: [u8; K_SCALE_SIZE],
+    pub qh: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 2],
+}
+
+/// 256 weights in 8 sub-blocks of 32: `x = d * (ls - 32) * KVALUES_IQ4NL[q]`, 6-bit ls split
+/// over `scales_l` (low 4 bits) and `scales_h` (high 2 bits).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockIQ4XS {
+    pub d: f16,
+    pub scales_h: u16,
+    pub scales_l: [u8; QK_K / 64],
+    pub qs: [u8; QK_K / 2],
+}
+
 /// 256 weights in 16 sub-blocks of 16: `x = d * sc * (q - 32)`, q 6-bit, sc i8.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -77,7 +153,14 @@ pub struct BlockQ8K {
     pub bsums: [i16; QK_K / 16],
 }
 
+const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == 18);
 const _: () = assert!(std::mem::size_of::<BlockQ4_1>() == 20);
+const _: () = assert!(std::mem::size_of::<BlockQ5_1>() == 24);
+const _: () = assert!(std::mem::size_of::<BlockIQ4NL>() == 18);
+const _: () = assert!(std::mem::size_of::<BlockQ2K>() == 84);
+const _: () = assert!(std::mem::size_of::<BlockQ3K>() == 110);
+const _: () = assert!(std::mem::size_of::<BlockQ5K>() == 176);
+const _: () = assert!(std::mem::size_of::<BlockIQ4XS>() == 136);
 const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
 const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
 const _: () = assert!(std::mem::size_of::<BlockQ8_1>() == 36);
@@ -96,6 +179,22 @@ pub unsafe trait Block: Copy + 'static {}
 unsafe impl Block for BlockQ4_1 {}
 // SAFETY: as above.
 unsafe impl Block for BlockQ5_0 {}
+// SAFETY: as above.
+unsafe impl Block for BlockQ4_0 {}
+// SAFETY: as above.
+unsafe impl Block for BlockQ5_1 {}
+// SAFETY: as above.
+unsafe impl Block for BlockIQ4NL {}
+// SAFETY: as above.
+unsafe impl Block for BlockQ2K {}
+// SAFETY: as above.
+unsafe impl Block for BlockQ3K {}
+// SAFETY: as above.
+unsafe impl Block for BlockQ5K {}
+// SAFETY: as above (u16 scales_h is at offset 2, naturally aligned).
+unsafe impl Block for BlockIQ4XS {}
+// SAFETY: u16 (BF16 bits) is plain old data.
+unsafe impl Block for u16 {}
 // SAFETY: as above.
 unsafe impl Block for BlockQ8_0 {}
 // SAFETY: as above.

@@ -43,8 +43,23 @@ pub struct Kernels {
 }
 
 /// Weight types this build computes with.
-pub const WEIGHT_TYPES: [DType; 7] =
-    [DType::F32, DType::F16, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q6K];
+pub const WEIGHT_TYPES: [DType; 15] = [
+    DType::F32,
+    DType::F16,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q8_0,
+    DType::Q4K,
+    DType::Q6K,
+    DType::Q4_0,
+    DType::Q5_1,
+    DType::Q2K,
+    DType::Q3K,
+    DType::Q5K,
+    DType::IQ4NL,
+    DType::IQ4XS,
+    DType::BF16,
+];
 
 fn slot(t: DType) -> Option<usize> {
     WEIGHT_TYPES.iter().position(|&x| x == t)
@@ -71,6 +86,14 @@ impl Kernels {
                 op(DType::Q8_0, pd::dot_q8_0_q8_0, pq::dequant_q8_0, Some(pq::quant_q8_0)),
                 TypeOps { vec_dot_tile: pd::dot_q4_k_q8_k_tile, ..op(DType::Q8K, pd::dot_q4_k_q8_k, pq::dequant_q4_k, None) },
                 op(DType::Q8K, pd::dot_q6_k_q8_k, pq::dequant_q6_k, None),
+                op(DType::Q8_0, pd::dot_q4_0_q8_0, pq::dequant_q4_0, None),
+                op(DType::Q8_1, pd::dot_q5_1_q8_1, pq::dequant_q5_1, None),
+                op(DType::Q8K, pd::dot_q2_k_q8_k, pq::dequant_q2_k, None),
+                op(DType::Q8K, pd::dot_q3_k_q8_k, pq::dequant_q3_k, None),
+                op(DType::Q8K, pd::dot_q5_k_q8_k, pq::dequant_q5_k, None),
+                op(DType::Q8_0, pd::dot_iq4_nl_q8_0, pq::dequant_iq4_nl, None),
+                op(DType::Q8K, pd::dot_iq4_xs_q8_k, pq::dequant_iq4_xs, None),
+                op(DType::BF16, pd::dot_bf16, pq::dequant_bf16, Some(pq::quant_bf16)),
             ],
         }
     }
@@ -105,6 +128,15 @@ impl Kernels {
             k.ops[slot(DType::Q5_0).unwrap()].vec_dot4 = Some(|x, y, o| unsafe { avx2::dot4_q5_0_q8_0(x, y, o) });
             k.ops[slot(DType::Q4_1).unwrap()].vec_dot4 = Some(|x, y, o| unsafe { avx2::dot4_q4_1_q8_1(x, y, o) });
             set(&mut k, DType::Q6K, |x, y| unsafe { avx2::dot_q6_k_q8_k(x, y) });
+            use crate::x86::avx2_ext as ext;
+            set(&mut k, DType::Q4_0, |x, y| unsafe { ext::dot_q4_0_q8_0(x, y) });
+            set(&mut k, DType::Q5_1, |x, y| unsafe { ext::dot_q5_1_q8_1(x, y) });
+            set(&mut k, DType::IQ4NL, |x, y| unsafe { ext::dot_iq4_nl_q8_0(x, y) });
+            set(&mut k, DType::Q2K, |x, y| unsafe { ext::dot_q2_k_q8_k(x, y) });
+            set(&mut k, DType::Q3K, |x, y| unsafe { ext::dot_q3_k_q8_k(x, y) });
+            set(&mut k, DType::Q5K, |x, y| unsafe { ext::dot_q5_k_q8_k(x, y) });
+            set(&mut k, DType::IQ4XS, |x, y| unsafe { ext::dot_iq4_xs_q8_k(x, y) });
+            set(&mut k, DType::BF16, |x, y| unsafe { ext::dot_bf16(x, y) });
         }
         k
     }
@@ -119,6 +151,7 @@ impl Kernels {
         match t {
             DType::F32 => Some(pq::quant_f32),
             DType::F16 => Some(pq::quant_f16),
+            DType::BF16 => Some(pq::quant_bf16),
             DType::Q8_0 => Some(pq::quant_q8_0),
             DType::Q8_1 => Some(pq::quant_q8_1),
             DType::Q8K => Some(pq::quant_q8_k),

@@ -39,6 +39,25 @@ fn random_row(t: DType, n: usize, rng: &mut Rng) -> Vec<u8> {
             x.dmin = sc(rng);
         }),
         DType::Q6K => as_blocks_mut::<BlockQ6K>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::Q4_0 => as_blocks_mut::<BlockQ4_0>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::Q5_1 => as_blocks_mut::<BlockQ5_1>(&mut b).iter_mut().for_each(|x| {
+            x.d = sc(rng);
+            x.m = f16::from_f32(-0.2 * rng.f32().abs());
+        }),
+        DType::IQ4NL => as_blocks_mut::<BlockIQ4NL>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::Q2K => as_blocks_mut::<BlockQ2K>(&mut b).iter_mut().for_each(|x| {
+            x.d = sc(rng);
+            x.dmin = sc(rng);
+        }),
+        DType::Q3K => as_blocks_mut::<BlockQ3K>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::Q5K => as_blocks_mut::<BlockQ5K>(&mut b).iter_mut().for_each(|x| {
+            x.d = sc(rng);
+            x.dmin = sc(rng);
+        }),
+        DType::IQ4XS => as_blocks_mut::<BlockIQ4XS>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::BF16 => as_blocks_mut::<u16>(&mut b)
+            .iter_mut()
+            .for_each(|x| *x = (rng.f32().to_bits() >> 16) as u16),
         _ => unreachable!(),
     }
     b
@@ -56,7 +75,7 @@ fn dot_products_match_portable_and_f32_reference() {
     let (fast, port) = (Kernels::detect(), Kernels::portable());
     eprintln!("detected ISA: {:?}", fast.isa);
     let mut rng = Rng(0x9E3779B97F4A7C15);
-    for t in [DType::F32, DType::F16, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q6K] {
+    for t in corelm_kernels::dispatch::WEIGHT_TYPES {
         let ops_f = fast.ops(t).unwrap();
         let ops_p = port.ops(t).unwrap();
         let bs = t.block_size().max(32);
@@ -80,6 +99,7 @@ fn dot_products_match_portable_and_f32_reference() {
             let bound = match vdt {
                 DType::F32 => 1e-4 * (1.0 + mag),
                 DType::F16 => 2e-3 * (1.0 + mag),
+                DType::BF16 => 1e-2 * (1.0 + mag),
                 _ => 0.01 * mag + 1e-3,
             };
             assert!((b as f64 - r).abs() <= bound, "{t} n={n}: portable {b} vs f32 ref {r} (bound {bound})");

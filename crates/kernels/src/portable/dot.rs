@@ -2,7 +2,7 @@
 //! Integer sums per block as ggml does, then one float multiply-add per block.
 
 use crate::blocks::*;
-use crate::portable::quant::{q4_k_values, q5_0_values, q6_k_values};
+use crate::portable::quant::*;
 use half::f16;
 
 pub fn dot_f32(x: &[u8], y: &[u8]) -> f32 {
@@ -105,6 +105,100 @@ pub fn dot_q6_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
         for g in 0..QK_K / 16 {
             let s: i32 = (0..16).map(|l| q[g * 16 + l] as i32 * b.qs[g * 16 + l] as i32).sum();
             sumi += a.scales[g] as i32 * s;
+        }
+        sum += b.d * a.d.to_f32() * sumi as f32;
+    }
+    sum
+}
+
+pub fn dot_bf16(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<u16>(x), as_blocks::<u16>(y));
+    let f = |v: u16| f32::from_bits((v as u32) << 16);
+    x.iter().zip(y).map(|(&a, &b)| f(a) * f(b)).sum()
+}
+
+/// Integer dot of 32 signed weights with 32 activations.
+#[inline]
+fn isum(q: &[i8], a: &[i8]) -> i32 {
+    q.iter().zip(a).map(|(&u, &v)| u as i32 * v as i32).sum()
+}
+
+#[inline]
+fn usum(q: &[u8], a: &[i8]) -> i32 {
+    q.iter().zip(a).map(|(&u, &v)| u as i32 * v as i32).sum()
+}
+
+pub fn dot_q4_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ4_0>(x), as_blocks::<BlockQ8_0>(y));
+    x.iter().zip(y).map(|(a, b)| a.d.to_f32() * b.d.to_f32() * isum(&q4_0_values(a), &b.qs) as f32).sum()
+}
+
+pub fn dot_q5_1_q8_1(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ5_1>(x), as_blocks::<BlockQ8_1>(y));
+    let mut sum = 0f32;
+    for (a, b) in x.iter().zip(y) {
+        let sumi = usum(&q5_1_values(a), &b.qs);
+        sum += a.d.to_f32() * b.d.to_f32() * sumi as f32 + a.m.to_f32() * b.s.to_f32();
+    }
+    sum
+}
+
+pub fn dot_iq4_nl_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockIQ4NL>(x), as_blocks::<BlockQ8_0>(y));
+    x.iter().zip(y).map(|(a, b)| a.d.to_f32() * b.d.to_f32() * isum(&iq4_nl_values(&a.qs), &b.qs) as f32).sum()
+}
+
+pub fn dot_q2_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ2K>(x), as_blocks::<BlockQ8K>(y));
+    let mut sum = 0f32;
+    for (a, b) in x.iter().zip(y) {
+        let q = q2_bits(&a.qs);
+        let (mut sumi, mut summ) = (0i32, 0i32);
+        for (g, &sc) in a.scales.iter().enumerate() {
+            sumi += (sc & 0xF) as i32 * usum(&q[g * 16..g * 16 + 16], &b.qs[g * 16..g * 16 + 16]);
+            summ += (sc >> 4) as i32 * b.bsums[g] as i32;
+        }
+        sum += b.d * a.d.to_f32() * sumi as f32 - b.d * a.dmin.to_f32() * summ as f32;
+    }
+    sum
+}
+
+pub fn dot_q3_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ3K>(x), as_blocks::<BlockQ8K>(y));
+    let mut sum = 0f32;
+    for (a, b) in x.iter().zip(y) {
+        let (q, sc) = (q3_k_values(a), q3_k_scales(&a.scales));
+        let sumi: i32 = (0..16).map(|g| sc[g] as i32 * isum(&q[g * 16..g * 16 + 16], &b.qs[g * 16..g * 16 + 16])).sum();
+        sum += b.d * a.d.to_f32() * sumi as f32;
+    }
+    sum
+}
+
+pub fn dot_q5_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ5K>(x), as_blocks::<BlockQ8K>(y));
+    let mut sum = 0f32;
+    for (a, b) in x.iter().zip(y) {
+        let q = q5_k_values(a);
+        let (mut sumi, mut summ) = (0i32, 0i32);
+        for j in 0..QK_K / 32 {
+            let (sc, m) = scale_min_k4(j, &a.scales);
+            sumi += sc as i32 * usum(&q[j * 32..j * 32 + 32], &b.qs[j * 32..j * 32 + 32]);
+            summ += m as i32 * (b.bsums[2 * j] as i32 + b.bsums[2 * j + 1] as i32);
+        }
+        sum += b.d * a.d.to_f32() * sumi as f32 - b.d * a.dmin.to_f32() * summ as f32;
+    }
+    sum
+}
+
+pub fn dot_iq4_xs_q8_k(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockIQ4XS>(x), as_blocks::<BlockQ8K>(y));
+    let mut sum = 0f32;
+    for (a, b) in x.iter().zip(y) {
+        let sc = iq4_xs_scales(a);
+        let mut sumi = 0i32;
+        for ib in 0..QK_K / 32 {
+            let qs: &[u8; 16] = a.qs[ib * 16..ib * 16 + 16].try_into().unwrap();
+            sumi += sc[ib] as i32 * isum(&iq4_nl_values(qs), &b.qs[ib * 32..ib * 32 + 32]);
         }
         sum += b.d * a.d.to_f32() * sumi as f32;
     }

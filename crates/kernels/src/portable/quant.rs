@@ -109,6 +109,206 @@ pub fn dequant_q6_k(x: &[u8], y: &mut [f32]) {
     }
 }
 
+/// Signed values (-8..8) of one Q4_0 block, in element order.
+#[inline]
+pub fn q4_0_values(b: &BlockQ4_0) -> [i8; QK4_0] {
+    let mut v = [0i8; QK4_0];
+    for j in 0..QK4_0 / 2 {
+        v[j] = (b.qs[j] & 0xF) as i8 - 8;
+        v[j + QK4_0 / 2] = (b.qs[j] >> 4) as i8 - 8;
+    }
+    v
+}
+
+pub fn dequant_q4_0(x: &[u8], y: &mut [f32]) {
+    for (b, out) in as_blocks::<BlockQ4_0>(x).iter().zip(y.chunks_exact_mut(QK4_0)) {
+        let d = b.d.to_f32();
+        for (o, q) in out.iter_mut().zip(q4_0_values(b)) {
+            *o = q as f32 * d;
+        }
+    }
+}
+
+/// Unsigned 5-bit values (0..32) of one Q5_1 block, in element order.
+#[inline]
+pub fn q5_1_values(b: &BlockQ5_1) -> [u8; QK5_1] {
+    let qh = u32::from_le_bytes(b.qh);
+    let mut v = [0u8; QK5_1];
+    for j in 0..QK5_1 / 2 {
+        v[j] = (b.qs[j] & 0x0F) | ((((qh >> j) << 4) & 0x10) as u8);
+        v[j + QK5_1 / 2] = (b.qs[j] >> 4) | (((qh >> (j + 12)) & 0x10) as u8);
+    }
+    v
+}
+
+pub fn dequant_q5_1(x: &[u8], y: &mut [f32]) {
+    for (b, out) in as_blocks::<BlockQ5_1>(x).iter().zip(y.chunks_exact_mut(QK5_1)) {
+        let (d, m) = (b.d.to_f32(), b.m.to_f32());
+        for (o, q) in out.iter_mut().zip(q5_1_values(b)) {
+            *o = q as f32 * d + m;
+        }
+    }
+}
+
+/// Grid values of one IQ4_NL block, in element order.
+#[inline]
+pub fn iq4_nl_values(qs: &[u8; 16]) -> [i8; 32] {
+    let mut v = [0i8; 32];
+    for j in 0..16 {
+        v[j] = KVALUES_IQ4NL[(qs[j] & 0xF) as usize];
+        v[j + 16] = KVALUES_IQ4NL[(qs[j] >> 4) as usize];
+    }
+    v
+}
+
+pub fn dequant_iq4_nl(x: &[u8], y: &mut [f32]) {
+    for (b, out) in as_blocks::<BlockIQ4NL>(x).iter().zip(y.chunks_exact_mut(QK4_NL)) {
+        let d = b.d.to_f32();
+        for (o, q) in out.iter_mut().zip(iq4_nl_values(&b.qs)) {
+            *o = q as f32 * d;
+        }
+    }
+}
+
+/// 2-bit values (0..4) of a Q2_K/Q3_K `qs` array, in element order: within each 128-element
+/// half, byte `l` (of 32) holds elements `l`, `l+32`, `l+64`, `l+96` in bits 0-1, 2-3, 4-5, 6-7.
+#[inline]
+pub fn q2_bits(qs: &[u8; QK_K / 4]) -> [u8; QK_K] {
+    let mut v = [0u8; QK_K];
+    for n in 0..QK_K / 128 {
+        for k in 0..4 {
+            for l in 0..32 {
+                v[n * 128 + k * 32 + l] = (qs[n * 32 + l] >> (2 * k)) & 3;
+            }
+        }
+    }
+    v
+}
+
+pub fn dequant_q2_k(x: &[u8], y: &mut [f32]) {
+    for (b, out) in as_blocks::<BlockQ2K>(x).iter().zip(y.chunks_exact_mut(QK_K)) {
+        let (d, dmin) = (b.d.to_f32(), b.dmin.to_f32());
+        let q = q2_bits(&b.qs);
+        for (g, sc) in b.scales.iter().enumerate() {
+            let (dl, ml) = (d * (sc & 0xF) as f32, dmin * (sc >> 4) as f32);
+            for l in 0..16 {
+                out[g * 16 + l] = dl * q[g * 16 + l] as f32 - ml;
+            }
+        }
+    }
+}
+
+/// The 16 signed 6-bit scales (-32..32) of a Q3_K super-block.
+#[inline]
+pub fn q3_k_scales(s: &[u8; 12]) -> [i8; 16] {
+    let mut out = [0i8; 16];
+    for j in 0..16 {
+        let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
+        let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        out[j] = (low | (high << 4)) as i8 - 32;
+    }
+    out
+}
+
+/// Signed 3-bit values (-4..4) of one Q3_K super-block: the 2-bit part minus 4 where the high
+/// bit (bit `k + 4n` of `hmask[l]` for element `128n + 32k + l`) is clear.
+#[inline]
+pub fn q3_k_values(b: &BlockQ3K) -> [i8; QK_K] {
+    let low = q2_bits(&b.qs);
+    let mut v = [0i8; QK_K];
+    for (i, o) in v.iter_mut().enumerate() {
+        let bit = i / 32;
+        let h = (b.hmask[i % 32] >> bit) & 1;
+        *o = low[i] as i8 - if h == 0 { 4 } else { 0 };
+    }
+    v
+}
+
+pub fn dequant_q3_k(x: &[u8], y: &mut [f32]) {
+    for (b, out) in as_blocks::<BlockQ3K>(x).iter().zip(y.chunks_exact_mut(QK_K)) {
+        let d = b.d.to_f32();
+        let (q, sc) = (q3_k_values(b), q3_k_scales(&b.scales));
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = d * sc[i / 16] as f32 * q[i] as f32;
+        }
+    }
+}
+
+/// Unsigned 5-bit values (0..32) of one Q5_K super-block, in element order.
+#[inline]
+pub fn q5_k_values(b: &BlockQ5K) -> [u8; QK_K] {
+    let mut v = [0u8; QK_K];
+    for (c, q) in b.qs.chunks_exact(32).enumerate() {
+        for l in 0..32 {
+            let (h0, h1) = ((b.qh[l] >> (2 * c)) & 1, (b.qh[l] >> (2 * c + 1)) & 1);
+            v[c * 64 + l] = (q[l] & 0xF) | (h0 << 4);
+            v[c * 64 + 32 + l] = (q[l] >> 4) | (h1 << 4);
+        }
+    }
+    v
+}
+
+pub fn dequant_q5_k(x: &[u8], y: &mut [f32]) {
+    for (b, out) in as_blocks::<BlockQ5K>(x).iter().zip(y.chunks_exact_mut(QK_K)) {
+        let (d, dmin) = (b.d.to_f32(), b.dmin.to_f32());
+        let q = q5_k_values(b);
+        for j in 0..QK_K / 32 {
+            let (sc, m) = scale_min_k4(j, &b.scales);
+            let (d1, m1) = (d * sc as f32, dmin * m as f32);
+            for l in 0..32 {
+                out[j * 32 + l] = d1 * q[j * 32 + l] as f32 - m1;
+            }
+        }
+    }
+}
+
+/// The 8 signed 6-bit sub-block scales (-32..32) of an IQ4_XS super-block.
+#[inline]
+pub fn iq4_xs_scales(b: &BlockIQ4XS) -> [i8; 8] {
+    let mut out = [0i8; 8];
+    for (ib, o) in out.iter_mut().enumerate() {
+        let ls = ((b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | ((((b.scales_h >> (2 * ib)) & 3) as u8) << 4);
+        *o = ls as i8 - 32;
+    }
+    out
+}
+
+pub fn dequant_iq4_xs(x: &[u8], y: &mut [f32]) {
+    for (b, out) in as_blocks::<BlockIQ4XS>(x).iter().zip(y.chunks_exact_mut(QK_K)) {
+        let d = b.d.to_f32();
+        let sc = iq4_xs_scales(b);
+        for (ib, o) in out.chunks_exact_mut(32).enumerate() {
+            let qs: &[u8; 16] = b.qs[ib * 16..ib * 16 + 16].try_into().unwrap();
+            let dl = d * sc[ib] as f32;
+            for (o, q) in o.iter_mut().zip(iq4_nl_values(qs)) {
+                *o = dl * q as f32;
+            }
+        }
+    }
+}
+
+pub fn dequant_bf16(x: &[u8], y: &mut [f32]) {
+    for (o, &v) in y.iter_mut().zip(as_blocks::<u16>(x)) {
+        *o = f32::from_bits((v as u32) << 16);
+    }
+}
+
+/// ggml's `ggml_compute_fp32_to_bf16`: round to nearest even; NaN stays a (quiet) NaN.
+#[inline]
+pub fn f32_to_bf16(v: f32) -> u16 {
+    let u = v.to_bits();
+    if (u & 0x7fff_ffff) > 0x7f80_0000 {
+        return ((u >> 16) | 64) as u16;
+    }
+    ((u + (0x7fff + ((u >> 16) & 1))) >> 16) as u16
+}
+
+pub fn quant_bf16(x: &[f32], y: &mut [u8]) {
+    for (o, &v) in as_blocks_mut::<u16>(y).iter_mut().zip(x) {
+        *o = f32_to_bf16(v);
+    }
+}
+
 pub fn dequant_q8_k(x: &[u8], y: &mut [f32]) {
     for (b, out) in as_blocks::<BlockQ8K>(x).iter().zip(y.chunks_exact_mut(QK_K)) {
         for (o, &q) in out.iter_mut().zip(&b.qs) {

@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn hsum_f32x8(x: __m256) -> f32 {
+pub(crate) fn hsum_f32x8(x: __m256) -> f32 {
     let r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
     let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     let r = _mm_add_ss(r, _mm_movehdup_ps(r));
@@ -16,7 +16,7 @@ fn hsum_f32x8(x: __m256) -> f32 {
 /// 32 nibbles → 32 bytes: low nibbles of the 16 bytes first, then the high nibbles.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn nibbles_32(p: &[u8; 16]) -> __m256i {
+pub(crate) fn nibbles_32(p: &[u8; 16]) -> __m256i {
     // SAFETY: p is 16 readable bytes; loadu has no alignment requirement.
     let tmp = unsafe { _mm_loadu_si128(p.as_ptr() as *const __m128i) };
     let bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
@@ -26,7 +26,7 @@ fn nibbles_32(p: &[u8; 16]) -> __m256i {
 /// Bit j of the u32 → byte j set to 0xFF.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn bits_32(qh: [u8; 4]) -> __m256i {
+pub(crate) fn bits_32(qh: [u8; 4]) -> __m256i {
     let x = u32::from_le_bytes(qh) as i32;
     let shuf = _mm256_set_epi64x(
         0x0303030303030303,
@@ -42,7 +42,7 @@ fn bits_32(qh: [u8; 4]) -> __m256i {
 /// Sum of u8×i8 products, as 8 float lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn mul_sum_us8(ax: __m256i, sy: __m256i) -> __m256 {
+pub(crate) fn mul_sum_us8(ax: __m256i, sy: __m256i) -> __m256 {
     let dot = _mm256_maddubs_epi16(ax, sy);
     _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot))
 }
@@ -50,7 +50,7 @@ fn mul_sum_us8(ax: __m256i, sy: __m256i) -> __m256 {
 /// Sum of i8×i8 products, as 8 float lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
+pub(crate) fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
     let ax = _mm256_sign_epi8(x, x);
     let sy = _mm256_sign_epi8(y, x);
     mul_sum_us8(ax, sy)
@@ -58,14 +58,14 @@ fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn load32(p: &[i8; 32]) -> __m256i {
+pub(crate) fn load32(p: &[i8; 32]) -> __m256i {
     // SAFETY: p is 32 readable bytes; loadu has no alignment requirement.
     unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn load32u(p: &[u8]) -> __m256i {
+pub(crate) fn load32u(p: &[u8]) -> __m256i {
     assert!(p.len() >= 32);
     // SAFETY: at least 32 readable bytes (asserted).
     unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
@@ -175,7 +175,7 @@ pub fn dot_q4_k_q8_k_tile(x: &[u8], y: &[u8]) -> f32 {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn hsum_i32x8(v: __m256i) -> i32 {
+pub(crate) fn hsum_i32x8(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
@@ -285,7 +285,7 @@ pub fn dot_f32(x: &[u8], y: &[u8]) -> f32 {
 }
 
 #[inline]
-fn bytes_of_i8(s: &[i8]) -> &[u8] {
+pub(crate) fn bytes_of_i8(s: &[i8]) -> &[u8] {
     // SAFETY: i8 and u8 have identical size and alignment; every bit pattern is valid.
     unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, s.len()) }
 }

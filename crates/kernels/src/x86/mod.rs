@@ -4,3 +4,4 @@
 
 pub mod attn;
 pub mod avx2;
+pub mod avx2_ext;

@@ -1,0 +1,84 @@
+//! Our dequantizers against ggml's own, bit for bit, on `fixtures/quants.gguf` (written by
+//! `scripts/make_fixtures.py quants` from llama.cpp's `ggml_quantize_chunk` and `to_float`).
+//! This is the independent check of every block layout: the parity tests only compare our own
+//! kernels with each other and with our own dequantization.
+
+use corelm_gguf::Gguf;
+use corelm_kernels::blocks::as_blocks;
+use corelm_kernels::{DType, Kernels};
+
+fn fixture() -> Gguf {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/quants.gguf");
+    Gguf::open(path).expect("fixtures/quants.gguf (see scripts/make_fixtures.py)")
+}
+
+/// Names in the fixture and our types.
+pub const TYPES: [(&str, DType); 14] = [
+    ("Q4_0", DType::Q4_0),
+    ("Q4_1", DType::Q4_1),
+    ("Q5_0", DType::Q5_0),
+    ("Q5_1", DType::Q5_1),
+    ("Q8_0", DType::Q8_0),
+    ("Q2_K", DType::Q2K),
+    ("Q3_K", DType::Q3K),
+    ("Q4_K", DType::Q4K),
+    ("Q5_K", DType::Q5K),
+    ("Q6_K", DType::Q6K),
+    ("IQ4_NL", DType::IQ4NL),
+    ("IQ4_XS", DType::IQ4XS),
+    ("F16", DType::F16),
+    ("BF16", DType::BF16),
+];
+
+#[test]
+fn dequantize_matches_ggml_bit_for_bit() {
+    let g = fixture();
+    let k = Kernels::portable();
+    for (name, t) in TYPES {
+        let q = g.tensor(&format!("{name}.q")).unwrap();
+        assert_eq!(q.dtype, t, "{name}");
+        let want: &[f32] = as_blocks(g.tensor_data(g.tensor(&format!("{name}.deq")).unwrap()));
+        let mut got = vec![0f32; want.len()];
+        (k.to_float(t).unwrap())(g.tensor_data(q), &mut got);
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "{name}: element {i}: ours {a}, ggml {b}");
+        }
+    }
+}
+
+/// The dot product of a ggml-quantized row with quantized activations, against the f32 dot of
+/// ggml's dequantization: a per-type bound, relative to the sum of |w·x|.
+#[test]
+fn dot_products_of_ggml_rows_within_bounds() {
+    let g = fixture();
+    let (fast, port) = (Kernels::detect(), Kernels::portable());
+    let input: &[f32] = as_blocks(g.tensor_data(g.tensor("input").unwrap()));
+    let cols = g.tensor("input").unwrap().shape[0] as usize;
+    for (name, t) in TYPES {
+        let q = g.tensor_data(g.tensor(&format!("{name}.q")).unwrap());
+        let deq: &[f32] = as_blocks(g.tensor_data(g.tensor(&format!("{name}.deq")).unwrap()));
+        let rb = corelm_kernels::row_bytes(t, cols);
+        let ops = port.ops(t).unwrap();
+        let vdt = ops.vec_dot_type;
+        // Activations: the input rows reversed, so weights and activations differ.
+        for r in 0..input.len() / cols {
+            let x: Vec<f32> = input[r * cols..(r + 1) * cols].iter().rev().map(|v| v * 10.0).collect();
+            let mut xq = vec![0u8; corelm_kernels::row_bytes(vdt, cols)];
+            port.from_float(vdt).unwrap()(&x, &mut xq);
+            let w = &q[r * rb..(r + 1) * rb];
+            let wf = &deq[r * cols..(r + 1) * cols];
+            let exact: f64 = wf.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let mag: f64 = wf.iter().zip(&x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+            let bound = match vdt {
+                DType::F16 => 1e-3,
+                DType::BF16 => 1e-2,
+                _ => 2e-2,
+            } * mag
+                + 1e-6;
+            for (isa, k) in [("portable", &port), ("detected", &fast)] {
+                let got = (k.ops(t).unwrap().vec_dot)(w, &xq) as f64;
+                assert!((got - exact).abs() <= bound, "{name} row {r} {isa}: {got} vs {exact} (bound {bound})");
+            }
+        }
+    }
+}

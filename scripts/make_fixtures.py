@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Write corelm's test fixtures with llama.cpp as the independent reference.
+
+Run by hand (never in CI), with the llama-cpp-python venv that bench_compare.py uses plus the
+`gguf` package:
+
+    /work/cache/llama-venv/bin/pip install gguf
+    /work/cache/llama-venv/bin/python scripts/make_fixtures.py quants
+    /work/cache/llama-venv/bin/python scripts/make_fixtures.py models
+
+`quants` writes fixtures/quants.gguf: one f32 input matrix, and for each weight type the bytes
+ggml's own quantizer (`ggml_quantize_chunk`, no importance matrix) makes of it, and ggml's own
+dequantization of those bytes (`type_traits.to_float`). Tests check our dequantizers against
+the latter bit for bit and our quantizer (`corelm quantize`) against the former.
+
+`models` writes tiny random-weight GGUFs, one per architecture (see models.py beside this
+file), and the logits llama.cpp computes on them.
+"""
+import argparse
+import ctypes
+import glob
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+OUT = os.path.join(ROOT, "fixtures")
+
+# ggml type ids (ggml.h) of the weight types corelm reads.
+TYPES = {
+    "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11,
+    "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "F16": 1, "BF16": 30,
+}
+
+
+class TypeTraits(ctypes.Structure):
+    _fields_ = [
+        ("type_name", ctypes.c_char_p),
+        ("blck_size", ctypes.c_int64),
+        ("blck_size_interleave", ctypes.c_int64),
+        ("type_size", ctypes.c_size_t),
+        ("is_quantized", ctypes.c_bool),
+        ("to_float", ctypes.c_void_p),
+        ("from_float_ref", ctypes.c_void_p),
+    ]
+
+
+def libggml():
+    import llama_cpp
+    libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    path = glob.glob(os.path.join(libdir, "libggml-base.so"))[0]
+    lib = ctypes.CDLL(path)
+    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                        ctypes.c_void_p]
+    lib.ggml_get_type_traits.restype = ctypes.POINTER(TypeTraits)
+    lib.ggml_get_type_traits.argtypes = [ctypes.c_int]
+    lib.ggml_row_size.restype = ctypes.c_size_t
+    lib.ggml_row_size.argtypes = [ctypes.c_int, ctypes.c_int64]
+    return lib
+
+
+def quant_input(rows=4, cols=512, seed=7):
+    rng = np.random.default_rng(seed)
+    x = np.empty((rows, cols), dtype=np.float32)
+    x[0] = rng.normal(0, 0.02, cols)              # typical weight row
+    x[1] = rng.uniform(-3, 3, cols)               # wide uniform
+    x[2] = rng.normal(0, 0.05, cols)              # with outliers
+    x[2, rng.choice(cols, 6, replace=False)] = rng.normal(0, 2.0, 6)
+    x[3] = rng.normal(0, 1e-3, cols) + 1e-3       # tiny, off-centre
+    return x
+
+
+def make_quants():
+    import gguf
+    lib = libggml()
+    x = quant_input()
+    rows, cols = x.shape
+    w = gguf.GGUFWriter(os.path.join(OUT, "quants.gguf"), "corelm-quant-fixture")
+    w.add_string("fixture.source", "ggml_quantize_chunk / type_traits.to_float, llama.cpp 4df29be")
+    w.add_tensor("input", x)
+    for name, tid in TYPES.items():
+        rs = lib.ggml_row_size(tid, cols)
+        q = np.zeros(rows * rs, dtype=np.uint8)
+        n = lib.ggml_quantize_chunk(tid, x.ctypes.data, q.ctypes.data, 0, rows, cols, None)
+        assert n == rows * rs, (name, n, rows * rs)
+        tt = lib.ggml_get_type_traits(tid).contents
+        to_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(tt.to_float)
+        deq = np.zeros((rows, cols), dtype=np.float32)
+        to_float(q.ctypes.data, deq.ctypes.data, rows * cols)
+        qtype = gguf.GGMLQuantizationType(tid)
+        w.add_tensor(f"{name}.q", q.reshape(rows, rs), raw_dtype=qtype)
+        w.add_tensor(f"{name}.deq", deq)
+        err = np.abs(deq - x).max(axis=1) / np.abs(x).max(axis=1)
+        print(f"{name:7} {rs:5} bytes/row  max rel err per row {np.round(err, 4)}")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["quants", "models", "all"])
+    a = ap.parse_args()
+    os.makedirs(OUT, exist_ok=True)
+    if a.what in ("quants", "all"):
+        make_quants()
+    if a.what in ("models", "all"):
+        sys.path.insert(0, HERE)
+        import fixture_models
+        fixture_models.make_all(OUT)
+
+
+if __name__ == "__main__":
+    main()
