@@ -216,12 +216,56 @@ impl<'k> Builder<'k> {
     }
 
     pub fn rope(&mut self, x: &Bundle, p: RopeParams) -> Bundle {
+        self.rope_ext(x, p, None)
+    }
+
+    /// RoPE with per-frequency divisors (`freqs`: an F32 weight of `n_rot / 2`).
+    pub fn rope_ext(&mut self, x: &Bundle, p: RopeParams, freqs: Option<&Bundle>) -> Bundle {
         let x = x.single();
         self.check_src(x);
         let ne = self.t(x).ne;
         assert_eq!(ne[0], p.n_head * p.head_dim, "rope row length");
         assert!(p.n_rot <= p.head_dim && p.n_rot % 2 == 0 && p.n_rot <= crate::sched::MAX_ROT);
-        self.node(ne, DType::F32, Op::Rope { x, p })
+        let freqs = freqs.map(|f| f.single());
+        if let Some(f) = freqs {
+            let t = self.t(f);
+            assert!(t.dtype == DType::F32 && t.ne[0] * t.ne[1] == p.n_rot / 2, "rope freq factors");
+        }
+        self.node(ne, DType::F32, Op::Rope { x, p, freqs })
+    }
+
+    /// Route each token to its top experts: `logits` `[n_expert, n_tokens]` → routing table.
+    pub fn moe_route(&mut self, logits: &Bundle, p: MoeParams) -> Bundle {
+        let logits = logits.single();
+        self.check_src(logits);
+        let ne = self.t(logits).ne;
+        assert!(ne[0] == p.n_expert && p.n_used >= 1 && p.n_used <= p.n_expert, "moe routing shape");
+        let len = crate::moe::Route::len(ne[1], p);
+        self.node([len, 1], DType::I32, Op::MoeRoute { logits, p })
+    }
+
+    /// Grouped expert matmul: `w` stacks `n_expert` matrices of `w.ne1 / n_expert` rows; `x`
+    /// has one row per token or (`per_pair`) per routed pair. Result `[n_out, n_tokens·n_used]`.
+    pub fn matmul_id(&mut self, w: &Bundle, x: &Bundle, route: &Bundle, p: MoeParams, per_pair: bool) -> Bundle {
+        let (w, x, route) = (w.single(), x.single(), route.single());
+        self.check_src(x);
+        let (nw, nx) = (self.t(w).ne, self.t(x).ne);
+        assert_eq!(nw[0], nx[0], "matmul_id inner dimensions");
+        assert_eq!(nw[1] % p.n_expert, 0, "stacked experts");
+        let n_tok = self.n_tokens;
+        assert_eq!(nx[1], if per_pair { n_tok * p.n_used } else { n_tok }, "matmul_id rows");
+        let xq = self.quantized_for(x, self.t(w).dtype);
+        let op = Op::MatMulId { w, x: xq, route, p, per_pair };
+        self.node([nw[1] / p.n_expert, n_tok * p.n_used], DType::F32, op)
+    }
+
+    /// Weighted sum of each token's expert outputs: `[ne0, n_tokens·n_used]` → `[ne0, n_tokens]`.
+    pub fn moe_combine(&mut self, y: &Bundle, route: &Bundle, p: MoeParams) -> Bundle {
+        let (y, route) = (y.single(), route.single());
+        self.check_src(y);
+        let ne = self.t(y).ne;
+        assert_eq!(ne[1], self.n_tokens * p.n_used, "moe_combine rows");
+        self.node([ne[0], self.n_tokens], DType::F32, Op::MoeCombine { y, route, p })
     }
 
     pub fn kv_store(&mut self, layer: usize, k: &Bundle, v: &Bundle) {

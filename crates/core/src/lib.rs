@@ -17,6 +17,7 @@
 pub mod graph;
 pub mod kv;
 pub mod memory;
+pub mod moe;
 pub mod sched;
 pub mod tensor;
 pub mod threads;
@@ -25,5 +26,5 @@ pub use graph::{Builder, Graph, Mode};
 pub use kv::KvCache;
 pub use memory::{Buffer, Pools};
 pub use sched::{BatchView, Executor, Profile};
-pub use tensor::{AttnParams, Bundle, Glu, Op, RopeParams, Storage, Tensor, TensorId, WeightRef};
+pub use tensor::{AttnParams, Bundle, Glu, MoeParams, Op, RopeParams, Storage, Tensor, TensorId, WeightRef};
 pub use threads::{PoolConfig, ThreadPool, Worker};

@@ -182,6 +182,12 @@ impl Ctx<'_> {
         unsafe { std::slice::from_raw_parts(b.as_ptr() as *const f32, b.len() / 4) }
     }
 
+    fn i32s(&self, id: TensorId) -> &[i32] {
+        let b = self.bytes(id);
+        // SAFETY: I32 tensors are 64-byte aligned whole rows.
+        unsafe { std::slice::from_raw_parts(b.as_ptr() as *const i32, b.len() / 4) }
+    }
+
     /// Mutable f32 elements `[start, start+len)` of the node's own tensor.
     ///
     /// # Safety
@@ -264,11 +270,12 @@ impl Ctx<'_> {
                 }
             }
             Op::MatMul { w: wid, x } => self.matmul(t, wid, x, ith, nth),
-            Op::Rope { x, p } => {
+            Op::Rope { x, p, freqs } => {
                 let x = self.f32s(x);
+                let freqs = freqs.map(|f| self.f32s(f));
                 let mut cache = [0f32; MAX_ROT];
                 for r in split(rows, ith, nth) {
-                    ops::rope_cache(self.batch.pos[r], p.n_rot, p.base, p.freq_scale, &mut cache);
+                    ops::rope_cache(self.batch.pos[r], p.n_rot, p.base, p.freq_scale, freqs, &mut cache);
                     // SAFETY: row r belongs to this worker only.
                     let y = unsafe { self.out_f32(t, r * ne0, ne0) };
                     y.copy_from_slice(&x[r * ne0..(r + 1) * ne0]);
@@ -323,6 +330,32 @@ impl Ctx<'_> {
                         Glu::Silu => ops::swiglu(gr, ur, y),
                         Glu::GeluTanh => ops::geglu(gr, ur, y),
                     }
+                }
+            }
+            Op::MoeRoute { logits, p } => {
+                if ith == 0 {
+                    let n_tokens = self.t(logits).ne[1];
+                    // SAFETY: only worker 0 writes the table; it is I32, 64-byte aligned.
+                    let table = unsafe { std::slice::from_raw_parts_mut(self.base(t) as *mut i32, ne0) };
+                    crate::moe::route(self.f32s(logits), n_tokens, p, table);
+                }
+            }
+            Op::MatMulId { w: wid, x, route, p, per_pair } => {
+                let wt = self.t(wid);
+                let ops = self.kernels.ops(wt.dtype).expect("weight type checked at load");
+                let table = self.i32s(route);
+                let cols = split(ne0, ith, nth);
+                let (wrb, xrb) = (wt.row_bytes(), self.t(x).row_bytes());
+                let out = self.base(t) as *mut f32;
+                let (wb, xb) = (self.bytes(wid), self.bytes(x));
+                crate::moe::matmul_id(ops.vec_dot, wb, wrb, xb, xrb, table, p, per_pair, ne0, cols, out);
+            }
+            Op::MoeCombine { y, route, p } => {
+                let (y, table) = (self.f32s(y), self.i32s(route));
+                for r in split(rows, ith, nth) {
+                    // SAFETY: row r belongs to this worker only.
+                    let o = unsafe { self.out_f32(t, r * ne0, ne0) };
+                    crate::moe::combine(y, table, p, r, o);
                 }
             }
             Op::SelectOutputs { x } => {

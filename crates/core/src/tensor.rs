@@ -72,8 +72,9 @@ pub enum Op {
     Quantize { x: TensorId },
     /// `y[r][c] = w[c] · x[r]` for weight rows `c`.
     MatMul { w: TensorId, x: TensorId },
-    /// Rotary embedding at each batch token's position.
-    Rope { x: TensorId, p: RopeParams },
+    /// Rotary embedding at each batch token's position; `freqs`: optional per-frequency
+    /// divisors (`n_rot / 2` f32).
+    Rope { x: TensorId, p: RopeParams, freqs: Option<TensorId> },
     /// Write K and V rows into the cache cells the batch was given.
     KvStore { layer: u32, k: TensorId, v: TensorId },
     /// Fused attention of each query head over the cache.
@@ -82,6 +83,28 @@ pub enum Op {
     Glu { gate: TensorId, up: TensorId, kind: Glu },
     /// The batch rows whose outputs were asked for.
     SelectOutputs { x: TensorId },
+    /// Mixture-of-experts routing of each token from its router logits `[n_expert, n_tokens]`:
+    /// an I32 table (layout in `crate::moe::Route`) of the chosen experts, their weights and
+    /// the (token, slot) pairs grouped by expert.
+    MoeRoute { logits: TensorId, p: MoeParams },
+    /// Grouped matmul over the routed pairs: `y[pair] = w[expert(pair)] · x[row(pair)]`, where
+    /// `w` stacks the experts' matrices (`n_out` rows each) and `x` has a row per token
+    /// (`per_pair` false) or per pair. Each expert's rows are read once for all its tokens.
+    MatMulId { w: TensorId, x: TensorId, route: TensorId, p: MoeParams, per_pair: bool },
+    /// `out[token] = Σ_slot weight · y[pair]`, slots in order.
+    MoeCombine { y: TensorId, route: TensorId, p: MoeParams },
+}
+
+/// Shape of a mixture-of-experts layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeParams {
+    pub n_expert: usize,
+    /// Experts per token (top-k).
+    pub n_used: usize,
+    /// Divide the chosen experts' probabilities by their sum.
+    pub norm_w: bool,
+    /// Multiply the weights by this (1 = none).
+    pub w_scale: f32,
 }
 
 impl Op {
@@ -100,6 +123,9 @@ impl Op {
             Op::Attention { .. } => "attention",
             Op::Glu { .. } => "glu",
             Op::SelectOutputs { .. } => "select_outputs",
+            Op::MoeRoute { .. } => "moe_route",
+            Op::MatMulId { .. } => "matmul_id",
+            Op::MoeCombine { .. } => "moe_combine",
         }
     }
 }

@@ -17,11 +17,13 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
 
 /// cos/sin pairs for one position: `cache[2i] = cos θ_i`, `cache[2i+1] = sin θ_i`, with
 /// `θ_i = pos · freq_scale · base^(-2i/n_rot)` computed by repeated multiplication as ggml does.
-pub fn rope_cache(pos: i32, n_rot: usize, base: f32, freq_scale: f32, cache: &mut [f32]) {
+pub fn rope_cache(pos: i32, n_rot: usize, base: f32, freq_scale: f32, freq_factors: Option<&[f32]>, cache: &mut [f32]) {
     let theta_scale = base.powf(-2.0 / n_rot as f32);
     let mut theta = pos as f32;
     for i in 0..n_rot / 2 {
-        let t = freq_scale * theta;
+        // Per-frequency divisors (Llama 3 `rope_freqs`, Phi-3 rope factors), as ggml applies them.
+        let ff = freq_factors.map_or(1.0, |f| f[i]);
+        let t = freq_scale * (theta / ff);
         cache[2 * i] = t.cos();
         cache[2 * i + 1] = t.sin();
         theta *= theta_scale;

@@ -1,8 +1,8 @@
 //! Pieces shared by the architectures: per-layer weights of a pre-norm transformer block and
 //! the attention and feed-forward sub-graphs.
 
-use crate::{Hyper, Loader, ModelError};
-use corelm_core::{AttnParams, Builder, Bundle, Glu, RopeParams, WeightRef};
+use crate::{Hyper, Loader, Model, ModelError};
+use corelm_core::{AttnParams, Builder, Bundle, Glu, MoeParams, RopeParams, WeightRef};
 
 /// Weights of one transformer layer. Optional tensors are those only some families have.
 pub struct LayerWeights {
@@ -18,10 +18,17 @@ pub struct LayerWeights {
     pub k_norm: Option<WeightRef>,
     pub attn_post_norm: Option<WeightRef>,
     pub ffn_norm: WeightRef,
-    pub gate: WeightRef,
-    pub up: WeightRef,
-    pub down: WeightRef,
+    pub ffn: Ffn,
     pub ffn_post_norm: Option<WeightRef>,
+}
+
+/// The feed-forward part of a layer.
+pub enum Ffn {
+    /// `down(act(gate x) · up x)`.
+    Dense { gate: WeightRef, up: WeightRef, down: WeightRef },
+    /// Mixture of experts: a router (`[n_embd, n_expert]`) and the experts' matrices stacked
+    /// (`[n_embd, n_ff_exp · n_expert]`, expert `e` at rows `e · n_ff_exp ..`).
+    Moe { router: WeightRef, gate: WeightRef, up: WeightRef, down: WeightRef, p: MoeParams },
 }
 
 /// Which optional tensors a family has.
@@ -30,6 +37,8 @@ pub struct Extras {
     pub qkv_bias: bool,
     pub qk_norm: bool,
     pub post_norms: bool,
+    /// Experts instead of a dense feed-forward.
+    pub moe: Option<MoeParams>,
 }
 
 impl LayerWeights {
@@ -40,11 +49,42 @@ impl LayerWeights {
         let opt = |cond: bool, name: String, len: usize| -> Result<Option<WeightRef>, ModelError> {
             cond.then(|| l.vector(&name, len)).transpose()
         };
+        // Q, K and V as separate matrices or one fused `attn_qkv` (Phi-3), split by rows.
+        let (wq, wk, wv) = if l.has(&n("attn_qkv")) {
+            let name = n("attn_qkv");
+            let total = qd + 2 * kvd;
+            (l.rows(&name, e, total, 0, qd)?, l.rows(&name, e, total, qd, kvd)?, l.rows(&name, e, total, qd + kvd, kvd)?)
+        } else {
+            (l.weight(&n("attn_q"), [e, qd])?, l.weight(&n("attn_k"), [e, kvd])?, l.weight(&n("attn_v"), [e, kvd])?)
+        };
+        let ffn = match x.moe {
+            Some(p) => {
+                let ff = l.u("expert_feed_forward_length")?;
+                Ffn::Moe {
+                    router: l.weight(&n("ffn_gate_inp"), [e, p.n_expert])?,
+                    gate: l.weight3(&n("ffn_gate_exps"), [e, ff, p.n_expert])?,
+                    up: l.weight3(&n("ffn_up_exps"), [e, ff, p.n_expert])?,
+                    down: l.weight3(&n("ffn_down_exps"), [ff, e, p.n_expert])?,
+                    p,
+                }
+            }
+            // Gate and up fused in one `ffn_up` of 2·n_ff rows, gate first (Phi-3).
+            None if !l.has(&n("ffn_gate")) => Ffn::Dense {
+                gate: l.rows(&n("ffn_up"), e, 2 * h.n_ff, 0, h.n_ff)?,
+                up: l.rows(&n("ffn_up"), e, 2 * h.n_ff, h.n_ff, h.n_ff)?,
+                down: l.weight(&n("ffn_down"), [h.n_ff, e])?,
+            },
+            None => Ffn::Dense {
+                gate: l.weight(&n("ffn_gate"), [e, h.n_ff])?,
+                up: l.weight(&n("ffn_up"), [e, h.n_ff])?,
+                down: l.weight(&n("ffn_down"), [h.n_ff, e])?,
+            },
+        };
         Ok(LayerWeights {
             attn_norm: l.vector(&n("attn_norm"), e)?,
-            wq: l.weight(&n("attn_q"), [e, qd])?,
-            wk: l.weight(&n("attn_k"), [e, kvd])?,
-            wv: l.weight(&n("attn_v"), [e, kvd])?,
+            wq,
+            wk,
+            wv,
             wo: l.weight(&n("attn_output"), [qd, e])?,
             bq: opt(x.qkv_bias, b("attn_q"), qd)?,
             bk: opt(x.qkv_bias, b("attn_k"), kvd)?,
@@ -53,9 +93,7 @@ impl LayerWeights {
             k_norm: opt(x.qk_norm, n("attn_k_norm"), h.head_dim)?,
             attn_post_norm: opt(x.post_norms, n("post_attention_norm"), e)?,
             ffn_norm: l.vector(&n("ffn_norm"), e)?,
-            gate: l.weight(&n("ffn_gate"), [e, h.n_ff])?,
-            up: l.weight(&n("ffn_up"), [e, h.n_ff])?,
-            down: l.weight(&n("ffn_down"), [h.n_ff, e])?,
+            ffn,
             ffn_post_norm: opt(x.post_norms, n("post_ffw_norm"), e)?,
         })
     }
@@ -70,6 +108,8 @@ pub struct AttnCfg {
     /// attention kernel rounds queries to F16, so where the scale is applied shows in the bits.
     pub q_scale: Option<f32>,
     pub window: Option<u32>,
+    /// Per-frequency RoPE divisors (Llama 3 `rope_freqs.weight`).
+    pub freqs: Option<WeightRef>,
 }
 
 /// `x_in [n_tokens, n_embd]` → attention output `[n_tokens, n_embd]` (before the residual add).
@@ -92,11 +132,12 @@ pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &B
         q = b.rms_norm(&q, &qn, h.eps);
         k = b.rms_norm(&k, &kn, h.eps);
     }
-    let mut q = b.rope(&q, RopeParams { n_head: h.n_head, ..cfg.rope });
+    let freqs = cfg.freqs.as_ref().map(|f| b.weight(f));
+    let mut q = b.rope_ext(&q, RopeParams { n_head: h.n_head, ..cfg.rope }, freqs.as_ref());
     if let Some(s) = cfg.q_scale {
         q = b.scale(&q, s);
     }
-    let k = b.rope(&k, RopeParams { n_head: h.n_kv_head, ..cfg.rope });
+    let k = b.rope_ext(&k, RopeParams { n_head: h.n_kv_head, ..cfg.rope }, freqs.as_ref());
     b.kv_store(il, &k, &v);
     let p = AttnParams {
         n_head: h.n_head,
@@ -110,13 +151,29 @@ pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &B
     b.matmul(&wo, &a) // [n_tokens, n_embd]
 }
 
-/// Gated feed-forward: `down(act(gate x) · up x)`, `[n_tokens, n_embd]` → same.
+/// Gated feed-forward: `down(act(gate x) · up x)`, `[n_tokens, n_embd]` → same; with
+/// experts, the same per routed (token, expert) pair, summed with the routing weights.
 pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle {
-    let (wg, wu, wd) = (b.weight(&lw.gate), b.weight(&lw.up), b.weight(&lw.down));
-    let g = b.matmul(&wg, x); // [n_tokens, n_ff]
-    let u = b.matmul(&wu, x); // [n_tokens, n_ff]
-    let a = b.glu(&g, &u, kind);
-    b.matmul(&wd, &a) // [n_tokens, n_embd]
+    match &lw.ffn {
+        Ffn::Dense { gate, up, down } => {
+            let (wg, wu, wd) = (b.weight(gate), b.weight(up), b.weight(down));
+            let g = b.matmul(&wg, x); // [n_tokens, n_ff]
+            let u = b.matmul(&wu, x); // [n_tokens, n_ff]
+            let a = b.glu(&g, &u, kind);
+            b.matmul(&wd, &a) // [n_tokens, n_embd]
+        }
+        Ffn::Moe { router, gate, up, down, p } => {
+            let wr = b.weight(router);
+            let logits = b.matmul(&wr, x); // [n_tokens, n_expert]
+            let route = b.moe_route(&logits, *p); // routing table
+            let (wg, wu, wd) = (b.weight(gate), b.weight(up), b.weight(down));
+            let g = b.matmul_id(&wg, x, &route, *p, false); // [n_tokens · n_used, n_ff_exp]
+            let u = b.matmul_id(&wu, x, &route, *p, false); // [n_tokens · n_used, n_ff_exp]
+            let a = b.glu(&g, &u, kind);
+            let y = b.matmul_id(&wd, &a, &route, *p, true); // [n_tokens · n_used, n_embd]
+            b.moe_combine(&y, &route, *p) // [n_tokens, n_embd]
+        }
+    }
 }
 
 /// Weights of every layer.
@@ -151,4 +208,76 @@ pub fn head(b: &mut Builder, h: &Hyper, x: &Bundle, norm: &WeightRef, output: &W
 pub fn output_weight(l: &Loader, h: &Hyper) -> Result<WeightRef, ModelError> {
     let name = if l.has("output.weight") { "output.weight" } else { "token_embd.weight" };
     l.weight(name, [h.n_embd, h.n_vocab])
+}
+
+/// What distinguishes the pre-norm families (LLaMA, Mistral, Qwen2, Qwen3, Qwen3-MoE, Phi-3).
+pub struct PreNormSpec {
+    pub extras: Extras,
+    /// NeoX RoPE pairing (all but LLaMA's permuted layout).
+    pub neox: bool,
+    /// Scale queries by 1/√head_dim as a node of its own (Phi-3) instead of inside attention.
+    pub scale_q: bool,
+}
+
+/// A pre-norm decoder: embeddings, `n_layer` × [`pre_norm_block`], final norm and LM head.
+pub struct PreNorm {
+    h: Hyper,
+    tok_embd: WeightRef,
+    layers: Vec<LayerWeights>,
+    norm: WeightRef,
+    output: WeightRef,
+    cfg: AttnCfg,
+}
+
+impl PreNorm {
+    pub(crate) fn load(l: &Loader, spec: PreNormSpec) -> Result<Self, ModelError> {
+        let h = l.hyper()?;
+        let layers = load_layers(l, &h, spec.extras)?;
+        let freq_scale = match l.opt_f("rope.scaling.factor")? {
+            Some(f) if f > 0.0 => 1.0 / f,
+            _ => 1.0,
+        };
+        // Llama 3.x stores its `llama3` RoPE scaling as per-frequency divisors.
+        let freqs = if l.has("rope_freqs.weight") { Some(l.vector("rope_freqs.weight", h.n_rot / 2)?) } else { None };
+        let scale = 1.0 / (h.head_dim as f32).sqrt();
+        let cfg = AttnCfg {
+            rope: RopeParams {
+                n_head: h.n_head,
+                head_dim: h.head_dim,
+                n_rot: h.n_rot,
+                base: h.rope_base,
+                freq_scale,
+                neox: spec.neox,
+            },
+            scale: if spec.scale_q { 1.0 } else { scale },
+            q_scale: spec.scale_q.then_some(scale),
+            window: None,
+            freqs,
+        };
+        Ok(PreNorm {
+            tok_embd: l.weight("token_embd.weight", [h.n_embd, h.n_vocab])?,
+            norm: l.vector("output_norm.weight", h.n_embd)?,
+            output: output_weight(l, &h)?,
+            layers,
+            h,
+            cfg,
+        })
+    }
+}
+
+impl Model for PreNorm {
+    fn hyper(&self) -> &Hyper {
+        &self.h
+    }
+
+    fn build(&self, b: &mut Builder) -> Bundle {
+        let h = &self.h;
+        let te = b.weight(&self.tok_embd);
+        let mut x = b.embed(&te); // [n_tokens, n_embd]
+        for (il, lw) in self.layers.iter().enumerate() {
+            b.begin_layer(il);
+            x = pre_norm_block(b, h, lw, il, &x, &self.cfg, Glu::Silu); // [n_tokens, n_embd]
+        }
+        head(b, h, &x, &self.norm, &self.output)
+    }
 }

@@ -81,6 +81,7 @@ impl Model for Gemma3 {
                 scale: 1.0,
                 q_scale: Some(1.0 / (h.head_dim as f32).sqrt()),
                 window: swa.then_some(self.window),
+                freqs: None,
             };
             let an = b.weight(&lw.attn_norm);
             let hn = b.rms_norm(&x, &an, h.eps);

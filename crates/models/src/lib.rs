@@ -8,7 +8,9 @@
 mod common;
 pub mod gemma3;
 pub mod llama;
+pub mod phi3;
 pub mod qwen2;
+pub mod qwen3;
 
 use corelm_core::{Builder, Bundle, WeightRef};
 use corelm_gguf::Gguf;
@@ -16,8 +18,10 @@ use corelm_kernels::{DType, Kernels};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("unsupported architecture '{0}' (supported: llama, qwen2, gemma3)")]
+    #[error("unsupported architecture '{0}' (supported: {SUPPORTED_ARCHS})")]
     UnknownArch(String),
+    #[error("unsupported model feature: {0}")]
+    Unsupported(String),
     #[error("model is missing tensor '{0}'")]
     MissingTensor(String),
     #[error("tensor '{name}' has shape {found:?}, expected {expected:?}")]
@@ -54,12 +58,18 @@ pub trait Model: Send + Sync {
     fn build(&self, b: &mut Builder) -> Bundle;
 }
 
+/// `general.architecture` values this build runs.
+pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), qwen2, qwen3, qwen3moe, phi3, gemma3";
+
 /// Pick the architecture named by `general.architecture` and resolve its weights.
 pub fn load(g: &Gguf, kernels: &Kernels) -> Result<Box<dyn Model>, ModelError> {
     let arch = g.str("general.architecture")?;
     match arch {
-        "llama" => Ok(Box::new(llama::Llama::load(g, kernels)?)),
-        "qwen2" => Ok(Box::new(qwen2::Qwen2::load(g, kernels)?)),
+        "llama" => Ok(Box::new(llama::load(g, kernels)?)),
+        "qwen2" => Ok(Box::new(qwen2::load(g, kernels)?)),
+        "qwen3" => Ok(Box::new(qwen3::load(g, kernels, false)?)),
+        "qwen3moe" => Ok(Box::new(qwen3::load(g, kernels, true)?)),
+        "phi3" => Ok(Box::new(phi3::load(g, kernels)?)),
         "gemma3" => Ok(Box::new(gemma3::Gemma3::load(g, kernels)?)),
         other => Err(ModelError::UnknownArch(other.to_string())),
     }
@@ -149,8 +159,37 @@ impl<'a> Loader<'a> {
         if found != expected {
             return Err(ModelError::BadShape { name: name.to_string(), found, expected });
         }
+        self.checked(name, t, ne)
+    }
+
+    /// A 3-D weight `[ne0, ne1, ne2]` (stacked experts), seen as `[ne0, ne1 · ne2]`.
+    pub fn weight3(&self, name: &str, ne: [usize; 3]) -> Result<WeightRef, ModelError> {
+        let t = self.g.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let found = t.shape[..t.n_dims].to_vec();
+        let expected: Vec<u64> = ne.iter().map(|&v| v as u64).collect();
+        if found != expected {
+            return Err(ModelError::BadShape { name: name.to_string(), found, expected });
+        }
+        self.checked(name, t, [ne[0], ne[1] * ne[2]])
+    }
+
+    /// Rows `start .. start + n` of a `[ne0, total]` weight (one part of a fused matrix).
+    pub fn rows(&self, name: &str, ne0: usize, total: usize, start: usize, n: usize) -> Result<WeightRef, ModelError> {
+        let w = self.weight(name, [ne0, total])?;
+        let rb = corelm_kernels::row_bytes(w.dtype, ne0);
+        Ok(WeightRef { offset: w.offset + start * rb, len: n * rb, ne: [ne0, n], ..w })
+    }
+
+    fn checked(&self, name: &str, t: &corelm_gguf::TensorInfo, ne: [usize; 2]) -> Result<WeightRef, ModelError> {
         if self.kernels.ops(t.dtype).is_none() {
             return Err(ModelError::UnsupportedType { name: name.to_string(), dtype: t.dtype });
+        }
+        if ne[0] % t.dtype.block_size() != 0 {
+            return Err(ModelError::BadHyper(format!(
+                "tensor '{name}': rows of {} elements are not whole {} blocks",
+                ne[0],
+                t.dtype
+            )));
         }
         Ok(WeightRef {
             name: name.to_string(),

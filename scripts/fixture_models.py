@@ -1,0 +1,183 @@
+"""Tiny random-weight GGUFs, one per architecture, and llama.cpp's logits on them.
+
+Called by make_fixtures.py (`models`). Each fixture is `fixtures/<name>.gguf` (F16 matrices,
+F32 norms; a few hundred kB) plus `fixtures/<name>.json`: the token ids fed, llama.cpp's
+logits at every prompt position (one batch, flash attention on as in the golden data), and 8 greedy steps decoded one token at a time
+with their logits. RoPE bases are small so every rotary frequency turns visibly within the
+prompt, and the Llama 3 fixture's `rope_freqs` spread from 1 to 8, so a mistake in either
+shows in the logits.
+"""
+import json
+import os
+
+import numpy as np
+
+N_VOCAB = 288
+PROMPT = 32
+GREEDY = 8
+
+
+def byte_tokens():
+    # GPT-2's printable stand-ins for the 256 byte values.
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs))
+    return [chr(table[b]) for b in range(256)]
+
+
+def vocab():
+    toks = byte_tokens()
+    merges = []
+    # A few merges so the BPE vocab is well formed; the rest are plain filler tokens.
+    for a, b in [("Ġ", "t"), ("Ġ", "a"), ("h", "e"), ("i", "n"), ("Ġt", "he"), ("e", "r")]:
+        merges.append(f"{a} {b}")
+        toks.append(a + b)
+    while len(toks) < N_VOCAB - 2:
+        toks.append(f"<|filler_{len(toks)}|>")
+    toks += ["<|endoftext|>", "<|im_end|>"]
+    types = [1] * (N_VOCAB - 2) + [3, 3]
+    return toks, types, merges
+
+
+class Spec:
+    def __init__(self, name, arch, n_embd=64, n_head=4, n_kv=2, head_dim=16, n_ff=128, n_layer=2,
+                 rope_base=300.0, tied=True, freqs=None, qk_norm=False, bias=False, fused=False,
+                 experts=None, q_scale=False):
+        self.__dict__.update(locals())
+        del self.__dict__["self"]
+
+
+SPECS = [
+    Spec("llama3", "llama", tied=False, freqs=[1.0, 1.0, 1.2, 1.7, 2.6, 4.0, 6.0, 8.0]),
+    Spec("mistral", "llama", n_kv=1, tied=False, rope_base=1000.0),
+    Spec("qwen3", "qwen3", head_dim=32, qk_norm=True, tied=True),
+    Spec("qwen3moe", "qwen3moe", head_dim=32, qk_norm=True, tied=False, experts=(8, 2, 48)),
+    Spec("phi3", "phi3", n_kv=4, fused=True, tied=False),
+]
+
+
+def write(spec, path, rng):
+    import gguf
+    w = gguf.GGUFWriter(path, spec.arch)
+    a = spec.arch
+    # Not the family name: llama.cpp keys tokenizer quirks on `general.name` ("phi3" → RSTRIP).
+    w.add_name("corelm test fixture")
+    w.add_block_count(spec.n_layer)
+    w.add_context_length(256)
+    w.add_embedding_length(spec.n_embd)
+    w.add_feed_forward_length(spec.n_ff)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_kv)
+    w.add_key_length(spec.head_dim)
+    w.add_value_length(spec.head_dim)
+    w.add_rope_dimension_count(spec.head_dim)
+    w.add_rope_freq_base(spec.rope_base)
+    w.add_layer_norm_rms_eps(1e-5)
+    if spec.experts:
+        n_exp, n_used, ff = spec.experts
+        w.add_expert_count(n_exp)
+        w.add_expert_used_count(n_used)
+        w.add_expert_feed_forward_length(ff)
+    toks, types, merges = vocab()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(N_VOCAB - 2)
+    w.add_eos_token_id(N_VOCAB - 1)
+    w.add_add_bos_token(False)
+
+    e, hd = spec.n_embd, spec.head_dim
+    qd, kvd = spec.n_head * hd, spec.n_kv * hd
+
+    def mat(rows, cols, gain=1.0):  # GGML [cols, rows] = numpy (rows, cols)
+        return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float16)
+
+    def norm(n):
+        return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    # Small embeddings: logits (tied) stay O(1) and the layers, not the input token, dominate.
+    w.add_tensor("token_embd.weight", (0.3 * rng.standard_normal((N_VOCAB, e))).astype(np.float16))
+    w.add_tensor("output_norm.weight", norm(e))
+    if not spec.tied:
+        w.add_tensor("output.weight", mat(N_VOCAB, e, 2.0))
+    if spec.freqs:
+        w.add_tensor("rope_freqs.weight", np.array(spec.freqs, dtype=np.float32))
+    for il in range(spec.n_layer):
+        p = f"blk.{il}."
+        w.add_tensor(p + "attn_norm.weight", norm(e))
+        if spec.fused:
+            w.add_tensor(p + "attn_qkv.weight", mat(qd + 2 * kvd, e, 1.5))
+        else:
+            w.add_tensor(p + "attn_q.weight", mat(qd, e, 1.5))
+            w.add_tensor(p + "attn_k.weight", mat(kvd, e, 1.5))
+            w.add_tensor(p + "attn_v.weight", mat(kvd, e))
+        if spec.qk_norm:
+            w.add_tensor(p + "attn_q_norm.weight", norm(hd))
+            w.add_tensor(p + "attn_k_norm.weight", norm(hd))
+        w.add_tensor(p + "attn_output.weight", mat(e, qd))
+        w.add_tensor(p + "ffn_norm.weight", norm(e))
+        if spec.experts:
+            n_exp, _, ff = spec.experts
+            w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((n_exp, e)) / np.sqrt(e) * 3).astype(np.float32))
+            w.add_tensor(p + "ffn_gate_exps.weight", np.stack([mat(ff, e) for _ in range(n_exp)]))
+            w.add_tensor(p + "ffn_up_exps.weight", np.stack([mat(ff, e) for _ in range(n_exp)]))
+            w.add_tensor(p + "ffn_down_exps.weight", np.stack([mat(e, ff) for _ in range(n_exp)]))
+        elif spec.fused:
+            w.add_tensor(p + "ffn_up.weight", mat(2 * spec.n_ff, e))
+            w.add_tensor(p + "ffn_down.weight", mat(e, spec.n_ff))
+        else:
+            w.add_tensor(p + "ffn_gate.weight", mat(spec.n_ff, e))
+            w.add_tensor(p + "ffn_up.weight", mat(spec.n_ff, e))
+            w.add_tensor(p + "ffn_down.weight", mat(e, spec.n_ff))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def reference(path, tokens):
+    from llama_cpp import Llama
+    llm = Llama(model_path=path, n_ctx=128, n_batch=64, n_ubatch=64, n_threads=2,
+                logits_all=True, verbose=False, seed=0, flash_attn=True)
+    llm.eval(tokens)
+    prompt = np.array(llm.scores[: len(tokens)], dtype=np.float32)
+    ids, steps = [], []
+    last = prompt[-1]
+    for _ in range(GREEDY):
+        nxt = int(np.argmax(last))
+        ids.append(nxt)
+        steps.append(last)
+        llm.eval([nxt])
+        last = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+    return prompt, ids, np.array(steps)
+
+
+def make_all(out):
+    import llama_cpp
+    for i, spec in enumerate(SPECS):
+        rng = np.random.default_rng(1000 + i)
+        path = os.path.join(out, f"{spec.name}.gguf")
+        write(spec, path, rng)
+        tokens = [int(t) for t in rng.integers(0, N_VOCAB - 2, PROMPT)]
+        prompt, ids, steps = reference(path, tokens)
+        rec = {
+            "model": f"{spec.name}.gguf",
+            "arch": spec.arch,
+            "llama_cpp": f"llama-cpp-python {llama_cpp.__version__}",
+            "tokens": tokens,
+            "prompt_logits": np.round(prompt.astype(np.float64), 4).tolist(),
+            "greedy_ids": ids,
+            "greedy_logits": np.round(steps.astype(np.float64), 4).tolist(),
+        }
+        with open(os.path.join(out, f"{spec.name}.json"), "w") as f:
+            json.dump(rec, f, separators=(",", ":"))
+        spread = prompt.max(axis=1) - prompt.min(axis=1)
+        print(f"{spec.name:9} {os.path.getsize(path):7} bytes  logit spread {spread.mean():.2f}  greedy {ids}")
