@@ -143,10 +143,13 @@ def write(spec, path, rng):
     w.close()
 
 
-def reference(path, tokens):
+def reference(path, tokens, kv_type=None):
+    """Prompt logits, greedy ids and greedy-step logits from llama.cpp (`kv_type`: ggml type
+    id of the K and V cache, F16 when None)."""
     from llama_cpp import Llama
+    kv = {"type_k": kv_type, "type_v": kv_type} if kv_type is not None else {}
     llm = Llama(model_path=path, n_ctx=128, n_batch=64, n_ubatch=64, n_threads=2,
-                logits_all=True, verbose=False, seed=0, flash_attn=True)
+                logits_all=True, verbose=False, seed=0, flash_attn=True, **kv)
     llm.eval(tokens)
     prompt = np.array(llm.scores[: len(tokens)], dtype=np.float32)
     ids, steps = [], []
@@ -177,6 +180,11 @@ def make_all(out):
             "greedy_ids": ids,
             "greedy_logits": np.round(steps.astype(np.float64), 4).tolist(),
         }
+        if spec.head_dim % 32 == 0 and spec.name == "qwen3":
+            # Quantized KV cache (llama.cpp's --cache-type-k/-v): prompt logits only.
+            for name, tid in [("q8_0", 8), ("q4_0", 2)]:
+                p, _, _ = reference(path, tokens, tid)
+                rec[f"kv_{name}_prompt_logits"] = np.round(p.astype(np.float64), 4).tolist()
         with open(os.path.join(out, f"{spec.name}.json"), "w") as f:
             json.dump(rec, f, separators=(",", ":"))
         spread = prompt.max(axis=1) - prompt.min(axis=1)

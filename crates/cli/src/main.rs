@@ -10,6 +10,7 @@ use corelm_engine::eval::{run_case, Case};
 use corelm_engine::generate::{generate, GenerateParams, StopReason};
 use corelm_engine::sample::SamplingParams;
 use corelm_engine::{Engine, EngineConfig, Tokenizer};
+use corelm_kernels::DType;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
@@ -45,6 +46,12 @@ struct ModelArgs {
     /// batching, without llama.cpp's batch-size-dependent kernel choices.
     #[arg(long)]
     batch_invariant: bool,
+    /// Element type of cached keys: f16, q8_0 or q4_0.
+    #[arg(long = "cache-type-k", short = 'k', default_value = "f16", value_parser = corelm_engine::parse_cache_type)]
+    cache_type_k: DType,
+    /// Element type of cached values: f16, q8_0 or q4_0.
+    #[arg(long = "cache-type-v", short = 'v', default_value = "f16", value_parser = corelm_engine::parse_cache_type)]
+    cache_type_v: DType,
 }
 
 #[derive(Args, Clone)]
@@ -78,6 +85,42 @@ struct SampleArgs {
     /// Keep generating past end-of-generation tokens (for benchmarks).
     #[arg(long)]
     ignore_eos: bool,
+}
+
+#[derive(Args, Clone)]
+struct BenchArgs {
+    /// GGUF file (default: SmolLM2 from the model cache).
+    #[arg(short, long)]
+    model: Option<PathBuf>,
+    /// Prompt lengths to test (comma-separated; 0 skips).
+    #[arg(short = 'p', long, value_delimiter = ',', default_value = "512")]
+    n_prompt: Vec<usize>,
+    /// Generation lengths to test (comma-separated; 0 skips).
+    #[arg(short = 'n', long, value_delimiter = ',', default_value = "128")]
+    n_gen: Vec<usize>,
+    /// Thread counts to test (comma-separated; default: physical cores).
+    #[arg(short = 't', long, value_delimiter = ',')]
+    threads: Vec<usize>,
+    /// Repetitions per test (after one warm-up).
+    #[arg(short = 'r', long, default_value_t = 5)]
+    reps: usize,
+    /// Tokens per forward pass for prompt processing.
+    #[arg(short = 'b', long, default_value_t = 512)]
+    batch_size: usize,
+    /// Print one JSON object per test (llama-bench field names) instead of a table.
+    #[arg(long)]
+    json: bool,
+    #[arg(long)]
+    no_pin: bool,
+    /// Batch-invariant kernels, as `serve` runs them.
+    #[arg(long)]
+    batch_invariant: bool,
+    /// Element type of cached keys: f16, q8_0 or q4_0.
+    #[arg(long = "cache-type-k", short = 'k', default_value = "f16", value_parser = corelm_engine::parse_cache_type)]
+    cache_type_k: DType,
+    /// Element type of cached values: f16, q8_0 or q4_0.
+    #[arg(long = "cache-type-v", short = 'v', default_value = "f16", value_parser = corelm_engine::parse_cache_type)]
+    cache_type_v: DType,
 }
 
 #[derive(Subcommand)]
@@ -126,33 +169,21 @@ enum Cmd {
         no_parse_special: bool,
     },
     /// Measure prompt processing and generation speed, in the manner of llama-bench.
-    Bench {
-        /// GGUF file (default: SmolLM2 from the model cache).
+    Bench(BenchArgs),
+    /// Perplexity of a text file, by llama-perplexity's protocol: chunks of --ctx-size tokens,
+    /// the second half of each scored (use -c 512 to compare with llama.cpp's usual figures).
+    Perplexity {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Text file to score.
         #[arg(short, long)]
-        model: Option<PathBuf>,
-        /// Prompt lengths to test (comma-separated; 0 skips).
-        #[arg(short = 'p', long, value_delimiter = ',', default_value = "512")]
-        n_prompt: Vec<usize>,
-        /// Generation lengths to test (comma-separated; 0 skips).
-        #[arg(short = 'n', long, value_delimiter = ',', default_value = "128")]
-        n_gen: Vec<usize>,
-        /// Thread counts to test (comma-separated; default: physical cores).
-        #[arg(short = 't', long, value_delimiter = ',')]
-        threads: Vec<usize>,
-        /// Repetitions per test (after one warm-up).
-        #[arg(short = 'r', long, default_value_t = 5)]
-        reps: usize,
-        /// Tokens per forward pass for prompt processing.
-        #[arg(short = 'b', long, default_value_t = 512)]
-        batch_size: usize,
-        /// Print one JSON object per test (llama-bench field names) instead of a table.
+        file: PathBuf,
+        /// Score at most this many chunks.
+        #[arg(long)]
+        chunks: Option<usize>,
+        /// Print the result as one JSON object.
         #[arg(long)]
         json: bool,
-        #[arg(long)]
-        no_pin: bool,
-        /// Batch-invariant kernels, as `serve` runs them.
-        #[arg(long)]
-        batch_invariant: bool,
     },
     /// Evaluate a golden case file and print its output fields as one JSON object.
     Eval {
@@ -196,6 +227,8 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         n_threads: m.threads.unwrap_or_else(corelm_engine::engine::default_threads),
         pin: !m.no_pin,
         batch_invariant: m.batch_invariant,
+        cache_type_k: m.cache_type_k,
+        cache_type_v: m.cache_type_v,
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", path.display()))?;
@@ -277,13 +310,12 @@ fn main() -> Result<()> {
             let ids = tok.encode(&text, !no_special, !no_parse_special)?;
             println!("{}", serde_json::to_string(&ids)?);
         }
-        Cmd::Bench { model, n_prompt, n_gen, threads, reps, batch_size, json, no_pin, batch_invariant } => {
-            bench(model, &n_prompt, &n_gen, &threads, reps.max(1), batch_size, json, no_pin, batch_invariant)?
-        }
+        Cmd::Bench(a) => bench(&a)?,
         Cmd::Serve(a) => {
             let path = resolve_model(&a.model_path())?;
             serve::serve(a, path)?;
         }
+        Cmd::Perplexity { model, file, chunks, json } => perplexity(&model, &file, chunks, json)?,
         Cmd::Eval { model, case, teacher_forced } => {
             let src = std::fs::read_to_string(&case).with_context(|| format!("reading {}", case.display()))?;
             let c: Case = serde_json::from_str(&src).with_context(|| format!("parsing case {}", case.display()))?;
@@ -296,21 +328,44 @@ fn main() -> Result<()> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn bench(
-    model: Option<PathBuf>,
-    n_prompt: &[usize],
-    n_gen: &[usize],
-    threads: &[usize],
-    reps: usize,
-    batch_size: usize,
-    json: bool,
-    no_pin: bool,
-    batch_invariant: bool,
-) -> Result<()> {
+fn perplexity(m: &ModelArgs, file: &std::path::Path, chunks: Option<usize>, json: bool) -> Result<()> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let (mut engine, tok) = load(m, 1)?;
+    // As llama-perplexity: BOS added if the model wants it, special-token text not parsed.
+    let tokens = tok.encode(&text, true, false)?;
+    let bos = if tok.add_bos { tok.bos } else { None };
+    if !json {
+        eprintln!("{}: {} tokens, chunks of {}", file.display(), tokens.len(), m.ctx_size);
+    }
+    let r = corelm_engine::perplexity::perplexity(&mut engine, &tokens, bos, m.ctx_size, chunks, |c, p| {
+        if !json {
+            eprint!("[{}]{p:.4},", c + 1);
+        }
+    })?;
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        eprintln!();
+        println!(
+            "Final estimate: PPL = {:.4} +/- {:.5}  ({} chunks of {}, {} tokens scored, {:.1} s, {:.1} tokens/s)",
+            r.ppl,
+            r.ppl_stderr,
+            r.n_chunks,
+            r.n_ctx,
+            r.tokens_scored,
+            r.seconds,
+            (r.n_chunks * r.n_ctx) as f64 / r.seconds
+        );
+    }
+    Ok(())
+}
+
+fn bench(a: &BenchArgs) -> Result<()> {
+    let (n_prompt, n_gen, reps, json) = (&a.n_prompt, &a.n_gen, a.reps.max(1), a.json);
     use corelm_engine::bench::{bytes_per_token, memory_bandwidth, run_test, BenchResult};
-    let path = resolve_model(&model)?;
+    let path = resolve_model(&a.model)?;
     let threads =
-        if threads.is_empty() { vec![corelm_engine::engine::default_threads()] } else { threads.to_vec() };
+        if a.threads.is_empty() { vec![corelm_engine::engine::default_threads()] } else { a.threads.clone() };
     let max_tokens = n_prompt.iter().chain(n_gen).copied().max().unwrap_or(0);
     let mut results = Vec::new();
     if !json {
@@ -322,9 +377,11 @@ fn bench(
             model: Some(path.clone()),
             threads: Some(t),
             ctx_size: max_tokens + 16,
-            batch_size: batch_size.min(max_tokens.max(1)),
-            no_pin,
-            batch_invariant,
+            batch_size: a.batch_size.min(max_tokens.max(1)),
+            no_pin: a.no_pin,
+            batch_invariant: a.batch_invariant,
+            cache_type_k: a.cache_type_k,
+            cache_type_v: a.cache_type_v,
         };
         let (mut engine, _) = load(&ma, 1)?;
         let name = engine.gguf().opt_str("general.name").ok().flatten().unwrap_or("?").to_string();

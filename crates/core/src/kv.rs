@@ -1,6 +1,7 @@
-//! Paged KV cache: the storage (preallocated per layer, F16, laid out as its reader wants it —
-//! `[kv_head][row][head_dim]`, so attention for one head reads contiguous rows) and the
-//! [`Blocks`] that hand it out to sequences.
+//! Paged KV cache: the storage (preallocated per layer, laid out as its reader wants it —
+//! `[kv_head][row][head_dim]`, so attention for one head reads contiguous rows; each row F16,
+//! or Q8_0 / Q4_0 blocks when K or V is quantized) and the [`Blocks`] that hand it out to
+//! sequences.
 //!
 //! Rows are grouped into blocks of [`BLOCK`] rows. Each sequence owns a block table; the token
 //! at position `p` of a sequence lives in row `table[p / BLOCK] * BLOCK + p % BLOCK`, so a
@@ -16,7 +17,7 @@
 //! block with a key is full and never written again.
 
 use crate::memory::{AllocError, Buffer};
-use half::f16;
+use corelm_kernels::DType;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
@@ -28,12 +29,17 @@ const NIL: u32 = u32::MAX;
 /// Key of the empty prefix.
 const ROOT: u64 = 0x9E37_79B9_7F4A_7C15;
 
+/// Element types a KV cache row may have.
+pub const KV_TYPES: [DType; 3] = [DType::F16, DType::Q8_0, DType::Q4_0];
+
 pub struct KvCache {
     pub n_layer: usize,
     /// Rows per layer and KV head (`n_blocks * BLOCK`).
     pub n_cells: usize,
     pub n_kv_head: usize,
     pub head_dim: usize,
+    pub k_type: DType,
+    pub v_type: DType,
     k: Vec<Buffer>,
     v: Vec<Buffer>,
     pub blocks: Blocks,
@@ -42,31 +48,39 @@ pub struct KvCache {
 impl KvCache {
     /// Room for at least `n_cells` tokens (rounded up to whole blocks) shared by `n_seq`
     /// sequences.
+    /// `types`: element types of K and V rows (from [`KV_TYPES`]; quantized types need
+    /// `head_dim` to be a whole number of blocks, which the caller checks).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         n_layer: usize,
         n_cells: usize,
         n_kv_head: usize,
         head_dim: usize,
+        types: (DType, DType),
         n_seq: usize,
         node: Option<usize>,
     ) -> Result<Self, AllocError> {
         let n_blocks = n_cells.div_ceil(BLOCK);
         let n_cells = n_blocks * BLOCK;
         let too_big = || AllocError { bytes: usize::MAX, gib: f64::INFINITY };
-        let bytes = n_kv_head.checked_mul(n_cells).and_then(|b| b.checked_mul(head_dim * 2)).ok_or_else(too_big)?;
+        let layer_bytes = |t: DType| {
+            n_kv_head.checked_mul(n_cells).and_then(|b| b.checked_mul(corelm_kernels::row_bytes(t, head_dim)))
+        };
+        let (kb, vb) = (layer_bytes(types.0).ok_or_else(too_big)?, layer_bytes(types.1).ok_or_else(too_big)?);
         if n_blocks >= NIL as usize {
             return Err(too_big());
         }
-        let total = bytes as f64 * 2.0 * n_layer as f64;
-        let alloc =
-            |_| Buffer::new(bytes, node).map_err(|_| AllocError { bytes: total as usize, gib: total / (1u64 << 30) as f64 });
+        let total = (kb + vb) as f64 * n_layer as f64;
+        let err = |_| AllocError { bytes: total as usize, gib: total / (1u64 << 30) as f64 };
         Ok(KvCache {
             n_layer,
             n_cells,
             n_kv_head,
             head_dim,
-            k: (0..n_layer).map(alloc).collect::<Result<_, _>>()?,
-            v: (0..n_layer).map(alloc).collect::<Result<_, _>>()?,
+            k_type: types.0,
+            v_type: types.1,
+            k: (0..n_layer).map(|_| Buffer::new(kb, node).map_err(err)).collect::<Result<_, _>>()?,
+            v: (0..n_layer).map(|_| Buffer::new(vb, node).map_err(err)).collect::<Result<_, _>>()?,
             blocks: Blocks::new(n_blocks, n_seq),
         })
     }
@@ -77,8 +91,14 @@ impl KvCache {
     }
 
     /// Raw base pointers of layer `l`'s K and V (written by the scheduler's kv_store nodes).
-    pub(crate) fn layer_ptrs(&self, l: usize) -> (*mut f16, *mut f16) {
-        (self.k[l].as_ptr() as *mut f16, self.v[l].as_ptr() as *mut f16)
+    /// Base pointers of layer `l`'s K and V storage.
+    pub(crate) fn layer_ptrs(&self, l: usize) -> (*mut u8, *mut u8) {
+        (self.k[l].as_ptr(), self.v[l].as_ptr())
+    }
+
+    /// Bytes of one K row and one V row.
+    pub fn row_bytes(&self) -> (usize, usize) {
+        (corelm_kernels::row_bytes(self.k_type, self.head_dim), corelm_kernels::row_bytes(self.v_type, self.head_dim))
     }
 }
 

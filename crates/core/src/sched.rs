@@ -12,7 +12,6 @@ use crate::tensor::{Glu, Op, Storage, Tensor, TensorId};
 use crate::threads::{ThreadPool, Worker};
 use corelm_kernels::ops::{self, AttnScratch};
 use corelm_kernels::Kernels;
-use half::f16;
 use std::ops::Range;
 use std::time::Instant;
 
@@ -290,6 +289,7 @@ impl Ctx<'_> {
                 let kv = self.kv;
                 let (kp, vp) = kv.layer_ptrs(layer as usize);
                 let (hd, cells) = (p.head_dim, kv.n_cells);
+                let (krb, vrb) = kv.row_bytes();
                 let group = p.n_head / p.n_kv_head;
                 let kind = if rows >= ops::TILED_MIN_ROWS && !self.batch_invariant {
                     ops::AttnKernel::Tiled
@@ -304,8 +304,10 @@ impl Ctx<'_> {
                     // barrier; nobody writes them during attention.
                     let rows_kv = unsafe {
                         ops::KvRows {
-                            k: std::slice::from_raw_parts(kp.add(kvh * cells * hd), cells * hd),
-                            v: std::slice::from_raw_parts(vp.add(kvh * cells * hd), cells * hd),
+                            k: std::slice::from_raw_parts(kp.add(kvh * cells * krb), cells * krb),
+                            v: std::slice::from_raw_parts(vp.add(kvh * cells * vrb), cells * vrb),
+                            k_type: kv.k_type,
+                            v_type: kv.v_type,
                             head_dim: hd,
                             table: kv.blocks.table(seq as usize),
                             shift: crate::kv::BLOCK_SHIFT,
@@ -317,7 +319,7 @@ impl Ctx<'_> {
                     let out = unsafe { self.out_f32(t, r * ne0 + h * hd, hd) };
                     let qh = &q[r * ne0 + h * hd..r * ne0 + (h + 1) * hd];
                     let n = pos as usize + 1;
-                    ops::attend_row(kind, self.kernels.isa, qh, &rows_kv, n, p.scale, visible, &mut scratch.attn, out);
+                    ops::attend_row(kind, self.kernels, qh, &rows_kv, n, p.scale, visible, &mut scratch.attn, out);
                 }
             }
             Op::Glu { gate, up, kind } => {
@@ -424,20 +426,26 @@ impl Ctx<'_> {
         let kv = self.kv;
         let (kp, vp) = kv.layer_ptrs(layer);
         let (hd, cells) = (kv.head_dim, kv.n_cells);
+        let (krb, vrb) = kv.row_bytes();
         let (k, v) = (self.f32s(k), self.f32s(v));
         let ne0 = kv.n_kv_head * hd;
+        let quant = |t| self.kernels.from_float(t).expect("KV cache type checked at start-up");
+        let (qk, qv) = (quant(kv.k_type), quant(kv.v_type));
         for r in split(self.batch.tokens.len(), ith, nth) {
             let slot = self.batch.slots[r] as usize;
             for h in 0..kv.n_kv_head {
-                let dst = (h * cells + slot) * hd;
-                for d in 0..hd {
-                    // SAFETY: each token has its own slot (engine invariant), so writes of
-                    // different workers are disjoint; dst + d < n_kv_head * cells * hd.
-                    unsafe {
-                        *kp.add(dst + d) = f16::from_f32(k[r * ne0 + h * hd + d]);
-                        *vp.add(dst + d) = f16::from_f32(v[r * ne0 + h * hd + d]);
-                    }
-                }
+                let row = h * cells + slot;
+                let src = r * ne0 + h * hd..r * ne0 + (h + 1) * hd;
+                // SAFETY: each token has its own slot (engine invariant), so rows written by
+                // different workers are disjoint; row < n_kv_head * cells, the storage size.
+                let (kd, vd) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(kp.add(row * krb), krb),
+                        std::slice::from_raw_parts_mut(vp.add(row * vrb), vrb),
+                    )
+                };
+                qk(&k[src.clone()], kd);
+                qv(&v[src], vd);
             }
         }
     }

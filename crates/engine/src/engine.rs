@@ -14,7 +14,7 @@ use crate::Error;
 use corelm_core::kv::BLOCK;
 use corelm_core::{BatchView, Builder, Executor, Graph, KvCache, PoolConfig, Pools, Profile, ThreadPool};
 use corelm_gguf::Gguf;
-use corelm_kernels::Kernels;
+use corelm_kernels::{DType, Kernels};
 use corelm_models::{Hyper, Model};
 use std::collections::HashMap;
 use std::path::Path;
@@ -36,12 +36,35 @@ pub struct EngineConfig {
     /// Results of a token independent of the rest of its batch (see
     /// `Executor::batch_invariant`); a server sets it, so batching never changes an answer.
     pub batch_invariant: bool,
+    /// Element types of the cached keys and values (`corelm_core::kv::KV_TYPES`: F16, Q8_0,
+    /// Q4_0), like llama.cpp's `--cache-type-k/-v`.
+    pub cache_type_k: DType,
+    pub cache_type_v: DType,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { n_ctx: 4096, n_batch: 256, n_seq_max: 4, n_threads: default_threads(), pin: true, batch_invariant: false }
+        EngineConfig {
+            n_ctx: 4096,
+            n_batch: 256,
+            n_seq_max: 4,
+            n_threads: default_threads(),
+            pin: true,
+            batch_invariant: false,
+            cache_type_k: DType::F16,
+            cache_type_v: DType::F16,
+        }
     }
+}
+
+/// Parse a KV cache type name as llama.cpp spells it (`f16`, `q8_0`, `q4_0`).
+pub fn parse_cache_type(s: &str) -> Result<DType, String> {
+    let names: Vec<String> = corelm_core::kv::KV_TYPES.iter().map(|t| t.name().to_lowercase()).collect();
+    corelm_core::kv::KV_TYPES
+        .iter()
+        .find(|t| t.name().eq_ignore_ascii_case(s))
+        .copied()
+        .ok_or_else(|| format!("unknown KV cache type '{s}' (supported: {})", names.join(", ")))
 }
 
 /// Map and parse a GGUF without loading a model (tokenizer-only uses).
@@ -156,7 +179,20 @@ impl Engine {
         let g = b.finish(&out);
         let pools = Pools::new(g.act_bytes, g.out_bytes, None)
             .map_err(|e| Error::Config(format!("activation pools for a batch of {}: {e}", cfg.n_batch)))?;
-        let kv = KvCache::new(h.n_layer, cfg.n_ctx, h.n_kv_head, h.head_dim, cfg.n_seq_max, None)
+        for (what, t) in [("K", cfg.cache_type_k), ("V", cfg.cache_type_v)] {
+            if !corelm_core::kv::KV_TYPES.contains(&t) {
+                return Err(Error::Config(format!("KV cache type {t} for {what} is not supported (F16, Q8_0, Q4_0)")));
+            }
+            if h.head_dim % t.block_size() != 0 {
+                return Err(Error::Config(format!(
+                    "{what} cache type {t} needs a head dimension that is a multiple of {}, the model's is {}",
+                    t.block_size(),
+                    h.head_dim
+                )));
+            }
+        }
+        let types = (cfg.cache_type_k, cfg.cache_type_v);
+        let kv = KvCache::new(h.n_layer, cfg.n_ctx, h.n_kv_head, h.head_dim, types, cfg.n_seq_max, None)
             .map_err(|e| Error::Config(format!("KV cache for a context of {} tokens: {e}", cfg.n_ctx)))?;
         let cpus = if cfg.pin { corelm_core::threads::physical_cores() } else { vec![] };
         let pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });

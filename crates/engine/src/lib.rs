@@ -10,6 +10,7 @@
 //!   engine thread (no HTTP here).
 //! * [`eval`]: golden-case evaluation in the format of llama.cpp's reference data.
 //! * [`bench`]: llama-bench-style pp/tg measurements, memory bandwidth and decode roofline.
+//! * [`perplexity`]: perplexity of a text by llama-perplexity's protocol.
 
 pub mod batcher;
 pub mod bench;
@@ -17,10 +18,11 @@ pub mod chat;
 pub mod engine;
 pub mod eval;
 pub mod generate;
+pub mod perplexity;
 pub mod sample;
 pub mod tokenizer;
 
-pub use engine::{Batch, Engine, EngineConfig, Logits};
+pub use engine::{parse_cache_type, Batch, Engine, EngineConfig, Logits};
 pub use tokenizer::{Tokenizer, Utf8Stream};
 
 /// Where models are cached: `$CORELM_MODELS_DIR`, else `$XDG_CACHE_HOME/corelm/models`, else

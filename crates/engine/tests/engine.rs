@@ -162,7 +162,22 @@ fn unknown_architecture_and_missing_tensor_are_named() {
     let p = dir.join("llama.gguf");
     std::fs::write(&p, tiny_gguf("llama", true)).unwrap();
     let e = Engine::load(&p, test_config(1)).err().unwrap().to_string();
-    assert!(e.contains("blk.0.attn_norm.weight"), "{e}");
+    assert!(e.contains("missing tensor 'blk.0."), "{e}");
+
+    // A tensor type no kernel computes with is refused by tensor and type name.
+    let p = dir.join("i8.gguf");
+    let mut w = Writer::new();
+    w.kv("general.architecture", Value::String("llama".into()))
+        .kv("llama.block_count", Value::U32(1))
+        .kv("llama.context_length", Value::U32(64))
+        .kv("llama.embedding_length", Value::U32(32))
+        .kv("llama.feed_forward_length", Value::U32(64))
+        .kv("llama.attention.head_count", Value::U32(2))
+        .kv("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
+    w.tensor("token_embd.weight", &[32, 10], GgmlType::I8, vec![0; 32 * 10]);
+    std::fs::write(&p, w.to_bytes()).unwrap();
+    let e = Engine::load(&p, test_config(1)).err().unwrap().to_string();
+    assert!(e.contains("token_embd.weight") && e.contains("I8"), "{e}");
 
     let p = dir.join("truncated.gguf");
     let bytes = tiny_gguf("llama", true);

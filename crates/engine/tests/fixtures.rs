@@ -8,6 +8,7 @@
 //! llama.cpp's (logits span ~12), and the greedy ids equal.
 
 use corelm_engine::{Batch, Engine, EngineConfig};
+use corelm_kernels::DType;
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -40,7 +41,7 @@ fn argmax(v: &[f32]) -> u32 {
 
 fn check(name: &str, batch_invariant: bool) {
     let (path, want) = fixture(name);
-    let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, batch_invariant };
+    let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, batch_invariant, ..Default::default() };
     let mut e = Engine::load(&path, cfg).unwrap_or_else(|err| panic!("{name}: {err}"));
     let tokens: Vec<u32> = serde_json::from_value(want["tokens"].clone()).unwrap();
     let mut b = Batch::new();
@@ -89,6 +90,41 @@ fn qwen3_qk_norm() {
     check("qwen3", false);
 }
 
+/// `--cache-type-k/-v q8_0` and `q4_0` against llama.cpp with the same cache types.
+#[test]
+fn quantized_kv_cache() {
+    let (path, want) = fixture("qwen3");
+    let tokens: Vec<u32> = serde_json::from_value(want["tokens"].clone()).unwrap();
+    let f16_gold = rows(&want["prompt_logits"]);
+    for (name, t) in [("q8_0", DType::Q8_0), ("q4_0", DType::Q4_0)] {
+        let cfg = EngineConfig {
+            n_ctx: 128,
+            n_batch: 64,
+            n_seq_max: 1,
+            n_threads: 2,
+            pin: false,
+            cache_type_k: t,
+            cache_type_v: t,
+            ..Default::default()
+        };
+        let mut e = Engine::load(&path, cfg).unwrap();
+        let mut b = Batch::new();
+        for (i, &tok) in tokens.iter().enumerate() {
+            b.add(tok, i as i32, 0, true);
+        }
+        let l = e.decode(&b).unwrap();
+        let gold = rows(&want[format!("kv_{name}_prompt_logits")]);
+        let (mut worst, mut moved) = (0f32, 0f32);
+        for (i, g) in gold.iter().enumerate() {
+            let d = max_diff(l.row(i), g);
+            worst = worst.max(d);
+            moved = moved.max(max_diff(g, &f16_gold[i]));
+            assert!(d <= TOL, "KV {name}: prompt position {i}: max |Δlogit| {d}");
+        }
+        eprintln!("KV {name}: worst |Δlogit| vs llama.cpp {worst:.5} (its own shift from F16: {moved:.4})");
+    }
+}
+
 #[test]
 fn qwen3_moe() {
     check("qwen3moe", false);
@@ -98,4 +134,29 @@ fn qwen3_moe() {
 #[test]
 fn phi3_fused() {
     check("phi3", false);
+}
+
+/// `corelm perplexity`'s protocol on SmolLM2 against llama.cpp's figure for the same text,
+/// context and chunks (fixtures/perplexity.json, from scripts/check_perplexity.py): within 1%
+/// (the bound; measured: equal to 1e-8).
+#[test]
+fn perplexity_matches_llama_cpp() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+    let rec: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("perplexity.json")).unwrap()).unwrap();
+    let model = corelm_engine::models_dir().join(rec["model"].as_str().unwrap());
+    assert!(model.exists(), "{} missing: run scripts/fetch_models.py all", model.display());
+    let n_ctx = rec["n_ctx"].as_u64().unwrap() as usize;
+    let cfg = EngineConfig { n_ctx, n_batch: n_ctx, n_seq_max: 1, n_threads: 2, pin: false, ..Default::default() };
+    let mut e = Engine::load(&model, cfg).unwrap();
+    let tok = corelm_engine::Tokenizer::from_gguf(e.gguf()).unwrap();
+    let text = std::fs::read_to_string(dir.join(rec["file"].as_str().unwrap())).unwrap();
+    let tokens = tok.encode(&text, true, false).unwrap();
+    let bos = if tok.add_bos { tok.bos } else { None };
+    let chunks = rec["chunks"].as_u64().map(|c| c as usize);
+    let r = corelm_engine::perplexity::perplexity(&mut e, &tokens, bos, n_ctx, chunks, |_, _| {}).unwrap();
+    let want = rec["llama_cpp_ppl"].as_f64().unwrap();
+    assert_eq!(r.tokens_scored as u64, rec["tokens_scored"].as_u64().unwrap());
+    let rel = r.ppl / want - 1.0;
+    eprintln!("perplexity {:.4} vs llama.cpp {want:.4} ({:+.2e})", r.ppl, rel);
+    assert!(rel.abs() < 0.01, "perplexity {} vs llama.cpp {want}", r.ppl);
 }

@@ -221,6 +221,13 @@ pub fn as_blocks<T: Block>(bytes: &[u8]) -> &[T] {
     unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, bytes.len() / size) }
 }
 
+/// The bytes of a slice of blocks.
+#[inline]
+pub fn bytes_of<T: Block>(s: &[T]) -> &[u8] {
+    // SAFETY: T is plain old data without padding (Block's contract); u8 has alignment 1.
+    unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }
+}
+
 /// Mutable view of bytes as blocks; same checks as [`as_blocks`].
 #[inline]
 pub fn as_blocks_mut<T: Block>(bytes: &mut [u8]) -> &mut [T] {

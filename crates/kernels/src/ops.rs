@@ -3,6 +3,8 @@
 //! in RMS norm, iterated RoPE angles, GELU through f16 as ggml's table does, F16 queries against
 //! an F16 KV cache).
 
+use crate::blocks::{as_blocks, bytes_of};
+use crate::DType;
 use half::f16;
 
 /// `y = x / sqrt(mean(x²) + eps) * w` over one group (`x.len() == w.len()`).
@@ -184,6 +186,10 @@ pub const KV_TILE: usize = 64;
 
 /// Scratch for one attention row, allocated once per worker.
 pub struct AttnScratch {
+    /// The query in the key type's `vec_dot_type` (quantized caches).
+    qq: Vec<u8>,
+    /// One value row converted to f32 (quantized caches).
+    v32: Vec<f32>,
     q16: Vec<f16>,
     acc16: Vec<f16>,
     acc: Vec<f32>,
@@ -198,6 +204,9 @@ impl AttnScratch {
 
     pub fn new(head_dim: usize) -> Self {
         AttnScratch {
+            // Enough for any activation type: F32 is the widest per element.
+            qq: vec![0; head_dim * 4 + 64],
+            v32: vec![0.0; head_dim],
             q16: vec![f16::ZERO; head_dim],
             acc16: vec![f16::ZERO; head_dim],
             acc: vec![0.0; head_dim],
@@ -209,12 +218,15 @@ impl AttnScratch {
 /// The K and V rows of one KV head in a paged cache. Logical cell `i` (the token at position
 /// `i` of the sequence) lives in physical row `table[i >> shift] << shift | i & mask`: the cache
 /// is cut into blocks of `1 << shift` rows and `table` lists the sequence's blocks in order.
+/// Rows are `head_dim` elements of `k_type` / `v_type` (F16 by default; Q8_0 or Q4_0 blocks).
 #[derive(Clone, Copy)]
 pub struct KvRows<'a> {
-    /// `[physical row][head_dim]` keys of this KV head.
-    pub k: &'a [f16],
-    /// `[physical row][head_dim]` values of this KV head.
-    pub v: &'a [f16],
+    /// `[physical row][row bytes]` keys of this KV head.
+    pub k: &'a [u8],
+    /// `[physical row][row bytes]` values of this KV head.
+    pub v: &'a [u8],
+    pub k_type: DType,
+    pub v_type: DType,
     pub head_dim: usize,
     /// Physical block of each logical block.
     pub table: &'a [u32],
@@ -223,9 +235,17 @@ pub struct KvRows<'a> {
 }
 
 impl<'a> KvRows<'a> {
-    /// Rows `0..n` stored contiguously (an identity table over blocks of one row).
+    /// F16 rows `0..n` stored contiguously (an identity table over blocks of one row).
     pub fn contiguous(k: &'a [f16], v: &'a [f16], head_dim: usize, identity: &'a [u32]) -> Self {
-        KvRows { k, v, head_dim, table: identity, shift: 0 }
+        KvRows {
+            k: bytes_of(k),
+            v: bytes_of(v),
+            k_type: DType::F16,
+            v_type: DType::F16,
+            head_dim,
+            table: identity,
+            shift: 0,
+        }
     }
 
     #[inline(always)]
@@ -234,15 +254,35 @@ impl<'a> KvRows<'a> {
     }
 
     #[inline(always)]
-    pub fn k(&self, i: usize) -> &'a [f16] {
-        let r = self.row(i) * self.head_dim;
-        &self.k[r..r + self.head_dim]
+    pub fn k_bytes(&self, i: usize) -> &'a [u8] {
+        let rb = crate::row_bytes(self.k_type, self.head_dim);
+        let r = self.row(i) * rb;
+        &self.k[r..r + rb]
     }
 
     #[inline(always)]
+    pub fn v_bytes(&self, i: usize) -> &'a [u8] {
+        let rb = crate::row_bytes(self.v_type, self.head_dim);
+        let r = self.row(i) * rb;
+        &self.v[r..r + rb]
+    }
+
+    /// Key row of an F16 cache.
+    #[inline(always)]
+    pub fn k(&self, i: usize) -> &'a [f16] {
+        debug_assert_eq!(self.k_type, DType::F16);
+        as_blocks(self.k_bytes(i))
+    }
+
+    /// Value row of an F16 cache.
+    #[inline(always)]
     pub fn v(&self, i: usize) -> &'a [f16] {
-        let r = self.row(i) * self.head_dim;
-        &self.v[r..r + self.head_dim]
+        debug_assert_eq!(self.v_type, DType::F16);
+        as_blocks(self.v_bytes(i))
+    }
+
+    pub fn is_f16(&self) -> bool {
+        self.k_type == DType::F16 && self.v_type == DType::F16
     }
 }
 
@@ -252,7 +292,7 @@ impl<'a> KvRows<'a> {
 #[allow(clippy::too_many_arguments)]
 pub fn attend_row(
     kind: AttnKernel,
-    isa: crate::Isa,
+    kernels: &crate::Kernels,
     q: &[f32],
     kv: &KvRows,
     n_cells: usize,
@@ -261,6 +301,10 @@ pub fn attend_row(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
+    let isa = kernels.isa;
+    if !kv.is_f16() {
+        return attend_quant(kernels, q, kv, n_cells, scale, visible, scratch, out);
+    }
     match kind {
         #[cfg(target_arch = "x86_64")]
         AttnKernel::Reference if isa == crate::Isa::Avx2 => {
@@ -269,6 +313,65 @@ pub fn attend_row(
         }
         AttnKernel::Reference => attend_reference(q, kv, n_cells, scale, visible, scratch, out),
         AttnKernel::Tiled => attend_tiled(isa, q, kv, n_cells, scale, visible, scratch, out),
+    }
+}
+
+/// ggml's `one_chunk` kernel over a quantized cache: the query quantized to the key type's
+/// `vec_dot_type` and scored with the type's dot product; F16 values accumulated in F16 as in
+/// [`AttnKernel::Reference`], quantized values converted to f32 and accumulated in f32.
+#[allow(clippy::too_many_arguments)]
+fn attend_quant(
+    kernels: &crate::Kernels,
+    q: &[f32],
+    kv: &KvRows,
+    n_cells: usize,
+    scale: f32,
+    visible: impl Fn(usize) -> bool,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) {
+    let kops = kernels.ops(kv.k_type).expect("KV cache type checked at start-up");
+    let qt = kops.vec_dot_type;
+    let qq = &mut scratch.qq[..crate::row_bytes(qt, q.len())];
+    kernels.from_float(qt).expect("activation quantizer")(q, qq);
+    let v_f16 = kv.v_type == DType::F16;
+    let v_to_float = kernels.to_float(kv.v_type).expect("KV cache type checked at start-up");
+    scratch.acc16.iter_mut().for_each(|a| *a = f16::ZERO);
+    scratch.acc.iter_mut().for_each(|a| *a = 0.0);
+    let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
+    for c in 0..n_cells {
+        if !visible(c) {
+            continue;
+        }
+        let score = (kops.vec_dot)(kv.k_bytes(c), qq) * scale;
+        let (mut ms, mut vs) = (1f32, 1f32);
+        if score > m {
+            let old = m;
+            m = score;
+            ms = (old - m).exp();
+            if v_f16 {
+                scratch.acc16.iter_mut().for_each(|a| *a = f16::from_f32(a.to_f32() * ms));
+            } else {
+                scratch.acc.iter_mut().for_each(|a| *a *= ms);
+            }
+        } else {
+            vs = (score - m).exp();
+        }
+        if v_f16 {
+            for (a, &vv) in scratch.acc16.iter_mut().zip(kv.v(c)) {
+                *a = f16::from_f32(vv.to_f32().mul_add(vs, a.to_f32()));
+            }
+        } else {
+            v_to_float(kv.v_bytes(c), &mut scratch.v32);
+            for (a, &vv) in scratch.acc.iter_mut().zip(&scratch.v32) {
+                *a = vv.mul_add(vs, *a);
+            }
+        }
+        s = s.mul_add(ms, vs);
+    }
+    let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = if v_f16 { scratch.acc16[i].to_f32() } else { scratch.acc[i] } * inv;
     }
 }
 

@@ -176,6 +176,7 @@ fn known_block_values() {
 fn attention_simd_twin_is_bit_identical() {
     use corelm_kernels::ops::{attend_row, AttnKernel, AttnScratch, KvRows};
     let mut rng = Rng(99);
+    let (fast, port) = (Kernels::detect(), Kernels::portable());
     for hd in [64usize, 72, 256] {
         let cells = 37;
         let q: Vec<f32> = (0..hd).map(|_| rng.f32() * 4.0).collect();
@@ -186,8 +187,8 @@ fn attention_simd_twin_is_bit_identical() {
         let kvr = KvRows::contiguous(&k, &v, hd, &ident);
         let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
         let mut s = AttnScratch::new(hd);
-        attend_row(AttnKernel::Reference, Kernels::detect().isa, &q, &kvr, cells, 0.125, vis, &mut s, &mut a);
-        attend_row(AttnKernel::Reference, corelm_kernels::Isa::Portable, &q, &kvr, cells, 0.125, vis, &mut s, &mut b);
+        attend_row(AttnKernel::Reference, &fast, &q, &kvr, cells, 0.125, vis, &mut s, &mut a);
+        attend_row(AttnKernel::Reference, &port, &q, &kvr, cells, 0.125, vis, &mut s, &mut b);
         assert_eq!(a, b, "head_dim {hd}");
         // Against an f64 softmax reference, within F16 accumulation error.
         let kf: Vec<f64> = k.iter().map(|x| x.to_f64()).collect();
@@ -203,8 +204,8 @@ fn attention_simd_twin_is_bit_identical() {
         }
         // The tiled kernel: SIMD twin bit-identical to the portable one, both near the reference.
         let mut t = vec![0f32; hd];
-        attend_row(AttnKernel::Tiled, Kernels::detect().isa, &q, &kvr, cells, 0.125, vis, &mut s, &mut t);
-        attend_row(AttnKernel::Tiled, corelm_kernels::Isa::Portable, &q, &kvr, cells, 0.125, vis, &mut s, &mut b);
+        attend_row(AttnKernel::Tiled, &fast, &q, &kvr, cells, 0.125, vis, &mut s, &mut t);
+        attend_row(AttnKernel::Tiled, &port, &q, &kvr, cells, 0.125, vis, &mut s, &mut b);
         assert_eq!(t, b, "tiled head_dim {hd}");
         for d in 0..hd {
             assert!((a[d] - b[d]).abs() < 0.05 + 2e-3 * a[d].abs(), "tiled hd {hd} dim {d}");
@@ -213,19 +214,66 @@ fn attention_simd_twin_is_bit_identical() {
         let n_blocks = cells.div_ceil(8);
         let table: Vec<u32> = (1..=n_blocks as u32).rev().collect();
         let (mut kp, mut vp) = (vec![f16::ZERO; (n_blocks + 1) * 8 * hd], vec![f16::ZERO; (n_blocks + 1) * 8 * hd]);
-        let paged = KvRows { k: &[], v: &[], head_dim: hd, table: &table, shift: 3 };
+        let paged = KvRows { table: &table, shift: 3, ..KvRows::contiguous(&[], &[], hd, &[]) };
         for c in 0..cells {
             let r = paged.row(c) * hd;
             kp[r..r + hd].copy_from_slice(&k[c * hd..(c + 1) * hd]);
             vp[r..r + hd].copy_from_slice(&v[c * hd..(c + 1) * hd]);
         }
-        let paged = KvRows { k: &kp, v: &vp, ..paged };
+        let paged = KvRows { table: &table, shift: 3, ..KvRows::contiguous(&kp, &vp, hd, &[]) };
         for kind in [AttnKernel::Reference, AttnKernel::Tiled] {
-            for isa in [Kernels::detect().isa, corelm_kernels::Isa::Portable] {
+            for ks in [&fast, &port] {
                 let mut p = vec![0f32; hd];
-                attend_row(kind, isa, &q, &paged, cells, 0.125, vis, &mut s, &mut p);
-                assert_eq!(&p, if kind == AttnKernel::Tiled { &t } else { &a }, "paged {kind:?} {isa:?} hd {hd}");
+                attend_row(kind, ks, &q, &paged, cells, 0.125, vis, &mut s, &mut p);
+                assert_eq!(&p, if kind == AttnKernel::Tiled { &t } else { &a }, "paged {kind:?} {:?} hd {hd}", ks.isa);
             }
+        }
+    }
+}
+
+/// Quantized KV cache rows (Q8_0 / Q4_0 keys and values, as `--cache-type-k/-v`): the result
+/// stays within the quantization error of an f64 softmax over the f32 rows, for every mix of
+/// types, SIMD and portable tables agreeing.
+#[test]
+fn attention_over_quantized_cache() {
+    use corelm_kernels::ops::{attend_row, AttnKernel, AttnScratch, KvRows};
+    let mut rng = Rng(7);
+    let (fast, port) = (Kernels::detect(), Kernels::portable());
+    let (hd, cells) = (64usize, 45usize);
+    let q: Vec<f32> = (0..hd).map(|_| rng.f32() * 2.0).collect();
+    let k: Vec<f32> = (0..cells * hd).map(|_| rng.f32() * 2.0).collect();
+    let v: Vec<f32> = (0..cells * hd).map(|_| rng.f32() * 10.0).collect();
+    let scores: Vec<f64> = (0..cells)
+        .map(|c| (0..hd).map(|d| k[c * hd + d] as f64 * q[d] as f64).sum::<f64>() * 0.125)
+        .collect();
+    let mx = scores.iter().copied().fold(f64::MIN, f64::max);
+    let z: f64 = scores.iter().map(|s| (s - mx).exp()).sum();
+    let want: Vec<f64> =
+        (0..hd).map(|d| (0..cells).map(|c| (scores[c] - mx).exp() / z * v[c * hd + d] as f64).sum()).collect();
+    let ident: Vec<u32> = (0..cells as u32).collect();
+    let enc = |t: DType, x: &[f32]| {
+        let rb = row_bytes(t, hd);
+        let mut out = vec![0u8; rb * cells];
+        for c in 0..cells {
+            port.from_float(t).unwrap()(&x[c * hd..(c + 1) * hd], &mut out[c * rb..(c + 1) * rb]);
+        }
+        out
+    };
+    for (kt, vt, tol) in [
+        (DType::Q8_0, DType::F16, 0.05),
+        (DType::F16, DType::Q8_0, 0.1),
+        (DType::Q8_0, DType::Q8_0, 0.1),
+        (DType::Q4_0, DType::Q4_0, 1.0),
+    ] {
+        let (kb, vb) = (enc(kt, &k), enc(vt, &v));
+        let rows = KvRows { k: &kb, v: &vb, k_type: kt, v_type: vt, head_dim: hd, table: &ident, shift: 0 };
+        let mut s = AttnScratch::new(hd);
+        let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
+        attend_row(AttnKernel::Reference, &fast, &q, &rows, cells, 0.125, |_| true, &mut s, &mut a);
+        attend_row(AttnKernel::Reference, &port, &q, &rows, cells, 0.125, |_| true, &mut s, &mut b);
+        for d in 0..hd {
+            assert!((a[d] - b[d]).abs() < 1e-3 * (1.0 + a[d].abs()), "{kt}/{vt} dim {d}: simd {} portable {}", a[d], b[d]);
+            assert!((a[d] as f64 - want[d]).abs() < tol, "{kt}/{vt} dim {d}: {} vs f64 {}", a[d], want[d]);
         }
     }
 }

@@ -84,6 +84,11 @@ pub(crate) struct Loader<'a> {
 
 impl<'a> Loader<'a> {
     pub fn new(g: &'a Gguf, kernels: &'a Kernels) -> Result<Self, ModelError> {
+        // Every tensor of a model file is a weight: refuse types no kernel computes with up
+        // front, naming the first such tensor, before any shape or hyper-parameter checks.
+        if let Some(t) = g.tensors.iter().find(|t| kernels.ops(t.dtype).is_none()) {
+            return Err(ModelError::UnsupportedType { name: t.name.clone(), dtype: t.dtype });
+        }
         Ok(Loader { g, kernels, arch: g.str("general.architecture")?.to_string() })
     }
 

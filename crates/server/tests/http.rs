@@ -20,7 +20,7 @@ struct Server {
 fn start(parallel: usize, max_queue: usize, api_key: Option<&str>) -> Server {
     let path = corelm_engine::models_dir().join(format!("{MODEL}.gguf"));
     assert!(path.exists(), "{} missing: run scripts/fetch_models.py all", path.display());
-    let cfg = EngineConfig { n_ctx: 1024 * parallel, n_batch: 64, n_seq_max: parallel, n_threads: 2, pin: false, batch_invariant: true };
+    let cfg = EngineConfig { n_ctx: 1024 * parallel, n_batch: 64, n_seq_max: parallel, n_threads: 2, pin: false, batch_invariant: true, ..Default::default() };
     let engine = Engine::load(&path, cfg).unwrap();
     let tok = Tokenizer::from_gguf(engine.gguf()).unwrap();
     let scfg = ServeConfig { model_id: MODEL.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1) };

@@ -38,5 +38,5 @@ pub fn load(file: &str, cfg: EngineConfig) -> (Engine, Tokenizer) {
 
 /// Small deterministic config for tests (no pinning: the harness runs tests in parallel).
 pub fn test_config(n_threads: usize) -> EngineConfig {
-    EngineConfig { n_ctx: 1024, n_batch: 128, n_seq_max: 4, n_threads, pin: false, batch_invariant: false }
+    EngineConfig { n_ctx: 1024, n_batch: 128, n_seq_max: 4, n_threads, pin: false, batch_invariant: false, ..Default::default() }
 }
