@@ -185,6 +185,22 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Quantize a GGUF's F32/F16/BF16 weight matrices to one type (ggml's block semantics, so
+    /// llama.cpp reads the result): q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q6_k (or f16, bf16, f32).
+    Quantize {
+        /// Input GGUF.
+        input: PathBuf,
+        /// Output GGUF (written to <output>.part, renamed when complete).
+        output: PathBuf,
+        #[arg(long = "type", value_parser = corelm_engine::quantize::parse_type)]
+        ty: DType,
+        /// Also convert matrices that are already quantized (dequantized first).
+        #[arg(long)]
+        allow_requantize: bool,
+        /// Worker threads (default: physical cores).
+        #[arg(short, long)]
+        threads: Option<usize>,
+    },
     /// Evaluate a golden case file and print its output fields as one JSON object.
     Eval {
         #[command(flatten)]
@@ -314,6 +330,28 @@ fn main() -> Result<()> {
         Cmd::Serve(a) => {
             let path = resolve_model(&a.model_path())?;
             serve::serve(a, path)?;
+        }
+        Cmd::Quantize { input, output, ty, allow_requantize, threads } => {
+            let t0 = std::time::Instant::now();
+            let n = threads.unwrap_or_else(corelm_engine::engine::default_threads);
+            let r = corelm_engine::quantize::quantize_file(&input, &output, ty, allow_requantize, n)
+                .with_context(|| format!("quantizing {}", input.display()))?;
+            if let Some((name, t)) = r.fell_back.first() {
+                eprintln!(
+                    "{} matrices have rows that are not whole {ty} blocks and were written as {t} (e.g. {name})",
+                    r.fell_back.len()
+                );
+            }
+            println!(
+                "{}: {} tensors quantized to {ty}, {} fell back, {} copied; {:.1} MB -> {:.1} MB in {:.1} s",
+                output.display(),
+                r.quantized,
+                r.fell_back.len(),
+                r.copied,
+                r.bytes_in as f64 / 1e6,
+                r.bytes_out as f64 / 1e6,
+                t0.elapsed().as_secs_f64()
+            );
         }
         Cmd::Perplexity { model, file, chunks, json } => perplexity(&model, &file, chunks, json)?,
         Cmd::Eval { model, case, teacher_forced } => {

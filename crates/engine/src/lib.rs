@@ -11,6 +11,7 @@
 //! * [`eval`]: golden-case evaluation in the format of llama.cpp's reference data.
 //! * [`bench`]: llama-bench-style pp/tg measurements, memory bandwidth and decode roofline.
 //! * [`perplexity`]: perplexity of a text by llama-perplexity's protocol.
+//! * [`quantize`]: GGUF F32/F16/BF16 → quantized types with ggml's block semantics.
 
 pub mod batcher;
 pub mod bench;
@@ -19,6 +20,7 @@ pub mod engine;
 pub mod eval;
 pub mod generate;
 pub mod perplexity;
+pub mod quantize;
 pub mod sample;
 pub mod tokenizer;
 

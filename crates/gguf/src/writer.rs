@@ -4,13 +4,16 @@
 use crate::value::{tag, Array, Value};
 use crate::GgmlType;
 
-/// Builds a GGUF file in memory.
+/// Builds a GGUF file, in memory ([`Writer::to_bytes`]) or streamed: declare tensors with
+/// [`Writer::tensor_info`], write [`Writer::header`], then each tensor's bytes in order, each
+/// followed by [`Writer::padding`] zero bytes.
 #[derive(Default)]
 pub struct Writer {
     pub version: u32,
     pub alignment: u64,
     metadata: Vec<(String, Value)>,
-    tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>,
+    /// Name, GGML shape, type, byte length, data (empty for streamed tensors).
+    tensors: Vec<(String, Vec<u64>, GgmlType, u64, Vec<u8>)>,
 }
 
 impl Writer {
@@ -25,11 +28,35 @@ impl Writer {
 
     /// Add a tensor; `shape` is in GGML order and `data` its raw bytes.
     pub fn tensor(&mut self, name: &str, shape: &[u64], dtype: GgmlType, data: Vec<u8>) -> &mut Self {
-        self.tensors.push((name.to_string(), shape.to_vec(), dtype, data));
+        self.tensors.push((name.to_string(), shape.to_vec(), dtype, data.len() as u64, data));
         self
     }
 
+    /// Declare a tensor of `n_bytes` whose data the caller streams after [`Writer::header`].
+    pub fn tensor_info(&mut self, name: &str, shape: &[u64], dtype: GgmlType, n_bytes: u64) -> &mut Self {
+        self.tensors.push((name.to_string(), shape.to_vec(), dtype, n_bytes, Vec::new()));
+        self
+    }
+
+    /// Zero bytes to write after a tensor of `n_bytes` so the next one starts aligned.
+    pub fn padding(&self, n_bytes: u64) -> usize {
+        (n_bytes.div_ceil(self.alignment) * self.alignment - n_bytes) as usize
+    }
+
     pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = self.header();
+        for (i, (_, _, _, n, data)) in self.tensors.iter().enumerate() {
+            out.extend_from_slice(data);
+            if i + 1 < self.tensors.len() {
+                out.resize(out.len() + self.padding(*n), 0);
+            }
+        }
+        out
+    }
+
+    /// Everything before the first tensor's data: magic, version, counts, metadata, the tensor
+    /// directory (offsets of aligned, back-to-back tensors) and padding to the data section.
+    pub fn header(&self) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(b"GGUF");
         out.extend_from_slice(&self.version.to_le_bytes());
@@ -41,8 +68,7 @@ impl Writer {
             put_value(&mut out, v);
         }
         let mut offset = 0u64;
-        let mut offsets = Vec::new();
-        for (name, shape, dtype, data) in &self.tensors {
+        for (name, shape, dtype, n, _) in &self.tensors {
             put_str(&mut out, name);
             out.extend_from_slice(&(shape.len() as u32).to_le_bytes());
             for d in shape {
@@ -50,15 +76,10 @@ impl Writer {
             }
             out.extend_from_slice(&dtype.id().to_le_bytes());
             out.extend_from_slice(&offset.to_le_bytes());
-            offsets.push(offset);
-            offset = (offset + data.len() as u64).div_ceil(self.alignment) * self.alignment;
+            offset = (offset + n).div_ceil(self.alignment) * self.alignment;
         }
         let start = (out.len() as u64).div_ceil(self.alignment) * self.alignment;
         out.resize(start as usize, 0);
-        for ((_, _, _, data), off) in self.tensors.iter().zip(offsets) {
-            out.resize((start + off) as usize, 0);
-            out.extend_from_slice(data);
-        }
         out
     }
 }

@@ -86,7 +86,7 @@ impl Kernels {
                 op(DType::Q8_0, pd::dot_q8_0_q8_0, pq::dequant_q8_0, Some(pq::quant_q8_0)),
                 TypeOps { vec_dot_tile: pd::dot_q4_k_q8_k_tile, ..op(DType::Q8K, pd::dot_q4_k_q8_k, pq::dequant_q4_k, None) },
                 op(DType::Q8K, pd::dot_q6_k_q8_k, pq::dequant_q6_k, None),
-                op(DType::Q8_0, pd::dot_q4_0_q8_0, pq::dequant_q4_0, Some(pq::quant_q4_0)),
+                op(DType::Q8_0, pd::dot_q4_0_q8_0, pq::dequant_q4_0, Some(crate::portable::quantize::quant_q4_0)),
                 op(DType::Q8_1, pd::dot_q5_1_q8_1, pq::dequant_q5_1, None),
                 op(DType::Q8K, pd::dot_q2_k_q8_k, pq::dequant_q2_k, None),
                 op(DType::Q8K, pd::dot_q3_k_q8_k, pq::dequant_q3_k, None),

@@ -82,3 +82,23 @@ fn dot_products_of_ggml_rows_within_bounds() {
         }
     }
 }
+
+/// Our reference quantizers (what `corelm quantize` writes) against ggml's own
+/// `ggml_quantize_chunk` on the same input: identical bytes.
+#[test]
+fn quantize_matches_ggml_bit_for_bit() {
+    let g = fixture();
+    let input: &[f32] = as_blocks(g.tensor_data(g.tensor("input").unwrap()));
+    for (name, t) in TYPES {
+        let Some(q) = corelm_kernels::portable::quantize::quantizer(t) else { continue };
+        let want = g.tensor_data(g.tensor(&format!("{name}.q")).unwrap());
+        let mut got = vec![0u8; want.len()];
+        q(input, &mut got);
+        let rb = want.len() / 4;
+        for r in 0..4 {
+            let (a, b) = (&got[r * rb..(r + 1) * rb], &want[r * rb..(r + 1) * rb]);
+            let first = a.iter().zip(b).position(|(x, y)| x != y);
+            assert!(first.is_none(), "{name} row {r}: first differing byte {first:?} of {rb}");
+        }
+    }
+}

@@ -3,3 +3,4 @@
 
 pub mod quant;
 pub mod dot;
+pub mod quantize;

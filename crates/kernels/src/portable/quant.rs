@@ -309,28 +309,6 @@ pub fn quant_bf16(x: &[f32], y: &mut [u8]) {
     }
 }
 
-/// ggml's `quantize_row_q4_0_ref` (what its CPU backend also runs): the scale is the value of
-/// largest magnitude over -8, codes `min(15, trunc(x/d + 8.5))`.
-pub fn quant_q4_0(x: &[f32], y: &mut [u8]) {
-    for (b, xs) in as_blocks_mut::<BlockQ4_0>(y).iter_mut().zip(x.chunks_exact(QK4_0)) {
-        let (mut amax, mut max) = (0f32, 0f32);
-        for &v in xs {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        let d = max / -8.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        b.d = f16::from_f32(d);
-        for j in 0..QK4_0 / 2 {
-            let q0 = ((xs[j] * id + 8.5) as i8).min(15) as u8;
-            let q1 = ((xs[j + QK4_0 / 2] * id + 8.5) as i8).min(15) as u8;
-            b.qs[j] = q0 | (q1 << 4);
-        }
-    }
-}
-
 pub fn dequant_q8_k(x: &[u8], y: &mut [f32]) {
     for (b, out) in as_blocks::<BlockQ8K>(x).iter().zip(y.chunks_exact_mut(QK_K)) {
         for (o, &q) in out.iter_mut().zip(&b.qs) {
@@ -388,7 +366,7 @@ pub fn quant_q8_1(x: &[f32], y: &mut [u8]) {
 
 /// ggml's `nearest_int`: round half to even via the float magic-number trick.
 #[inline]
-fn nearest_int(f: f32) -> i32 {
+pub(crate) fn nearest_int(f: f32) -> i32 {
     let val = f + 12582912.0;
     (val.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
