@@ -48,7 +48,7 @@ def vocab():
 class Spec:
     def __init__(self, name, arch, n_embd=64, n_head=4, n_kv=2, head_dim=16, n_ff=128, n_layer=2,
                  rope_base=300.0, tied=True, freqs=None, qk_norm=False, bias=False, fused=False,
-                 experts=None, q_scale=False):
+                 experts=None, q_scale=False, shared_ff=None):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -59,6 +59,7 @@ SPECS = [
     Spec("qwen3", "qwen3", head_dim=32, qk_norm=True, tied=True),
     Spec("qwen3moe", "qwen3moe", head_dim=32, qk_norm=True, tied=False, experts=(8, 2, 48)),
     Spec("phi3", "phi3", n_kv=4, fused=True, tied=False),
+    Spec("qwen2moe", "qwen2moe", bias=True, tied=False, experts=(8, 2, 32), shared_ff=64),
 ]
 
 
@@ -84,6 +85,8 @@ def write(spec, path, rng):
         w.add_expert_count(n_exp)
         w.add_expert_used_count(n_used)
         w.add_expert_feed_forward_length(ff)
+        if spec.shared_ff:
+            w.add_expert_shared_feed_forward_length(spec.shared_ff)
     toks, types, merges = vocab()
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
@@ -119,6 +122,10 @@ def write(spec, path, rng):
             w.add_tensor(p + "attn_q.weight", mat(qd, e, 1.5))
             w.add_tensor(p + "attn_k.weight", mat(kvd, e, 1.5))
             w.add_tensor(p + "attn_v.weight", mat(kvd, e))
+        if spec.bias:
+            w.add_tensor(p + "attn_q.bias", (0.3 * rng.standard_normal(qd)).astype(np.float32))
+            w.add_tensor(p + "attn_k.bias", (0.3 * rng.standard_normal(kvd)).astype(np.float32))
+            w.add_tensor(p + "attn_v.bias", (0.3 * rng.standard_normal(kvd)).astype(np.float32))
         if spec.qk_norm:
             w.add_tensor(p + "attn_q_norm.weight", norm(hd))
             w.add_tensor(p + "attn_k_norm.weight", norm(hd))
@@ -130,6 +137,12 @@ def write(spec, path, rng):
             w.add_tensor(p + "ffn_gate_exps.weight", np.stack([mat(ff, e) for _ in range(n_exp)]))
             w.add_tensor(p + "ffn_up_exps.weight", np.stack([mat(ff, e) for _ in range(n_exp)]))
             w.add_tensor(p + "ffn_down_exps.weight", np.stack([mat(e, ff) for _ in range(n_exp)]))
+            if spec.shared_ff:
+                sf = spec.shared_ff
+                w.add_tensor(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(e) / np.sqrt(e) * 2).astype(np.float32))
+                w.add_tensor(p + "ffn_gate_shexp.weight", mat(sf, e))
+                w.add_tensor(p + "ffn_up_shexp.weight", mat(sf, e))
+                w.add_tensor(p + "ffn_down_shexp.weight", mat(e, sf))
         elif spec.fused:
             w.add_tensor(p + "ffn_up.weight", mat(2 * spec.n_ff, e))
             w.add_tensor(p + "ffn_down.weight", mat(e, spec.n_ff))

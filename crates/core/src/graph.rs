@@ -259,6 +259,16 @@ impl<'k> Builder<'k> {
         self.node([nw[1] / p.n_expert, n_tok * p.n_used], DType::F32, op)
     }
 
+    /// `x · sigmoid(g)` with `g` one value per row: `[ne0, rows]`, `[1, rows]` → `[ne0, rows]`.
+    pub fn sigmoid_mul(&mut self, x: &Bundle, g: &Bundle) -> Bundle {
+        let (x, g) = (x.single(), g.single());
+        self.check_src(x);
+        self.check_src(g);
+        let (nx, ng) = (self.t(x).ne, self.t(g).ne);
+        assert!(ng[0] == 1 && ng[1] == nx[1], "sigmoid_mul shapes {nx:?} {ng:?}");
+        self.node(nx, DType::F32, Op::SigmoidMul { x, g })
+    }
+
     /// Weighted sum of each token's expert outputs: `[ne0, n_tokens·n_used]` → `[ne0, n_tokens]`.
     pub fn moe_combine(&mut self, y: &Bundle, route: &Bundle, p: MoeParams) -> Bundle {
         let (y, route) = (y.single(), route.single());

@@ -352,6 +352,15 @@ impl Ctx<'_> {
                 let (wb, xb) = (self.bytes(wid), self.bytes(x));
                 crate::moe::matmul_id(ops.vec_dot, wb, wrb, xb, xrb, table, p, per_pair, ne0, cols, out);
             }
+            Op::SigmoidMul { x, g } => {
+                let (x, g) = (self.f32s(x), self.f32s(g));
+                for r in split(rows, ith, nth) {
+                    let s = 1.0 / (1.0 + (-g[r]).exp());
+                    // SAFETY: row r belongs to this worker only.
+                    let y = unsafe { self.out_f32(t, r * ne0, ne0) };
+                    y.iter_mut().zip(&x[r * ne0..]).for_each(|(o, &v)| *o = v * s);
+                }
+            }
             Op::MoeCombine { y, route, p } => {
                 let (y, table) = (self.f32s(y), self.i32s(route));
                 for r in split(rows, ith, nth) {

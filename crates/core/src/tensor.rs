@@ -91,6 +91,8 @@ pub enum Op {
     /// `w` stacks the experts' matrices (`n_out` rows each) and `x` has a row per token
     /// (`per_pair` false) or per pair. Each expert's rows are read once for all its tokens.
     MatMulId { w: TensorId, x: TensorId, route: TensorId, p: MoeParams, per_pair: bool },
+    /// `x[r][c] · sigmoid(g[r][0])`: a per-row gate (Qwen2-MoE's shared expert).
+    SigmoidMul { x: TensorId, g: TensorId },
     /// `out[token] = Σ_slot weight · y[pair]`, slots in order.
     MoeCombine { y: TensorId, route: TensorId, p: MoeParams },
 }
@@ -126,6 +128,7 @@ impl Op {
             Op::MoeRoute { .. } => "moe_route",
             Op::MatMulId { .. } => "matmul_id",
             Op::MoeCombine { .. } => "moe_combine",
+            Op::SigmoidMul { .. } => "sigmoid_mul",
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Architectures no small real model covers here (Llama 3 with `rope_freqs`, Mistral-style
-//! GQA, Qwen3 QK-norm with head_dim ≠ n_embd/n_head, Qwen3-MoE, Phi-3 fused tensors), checked
+//! GQA, Qwen3 QK-norm with head_dim ≠ n_embd/n_head, Qwen3-MoE, Qwen2-MoE with a shared
+//! expert and Q/K/V biases, Phi-3 fused tensors), checked
 //! against llama.cpp on tiny random-weight GGUFs in `fixtures/` (written by
 //! `scripts/make_fixtures.py models`, which records llama.cpp's logits next to each file).
 //!
@@ -129,6 +130,11 @@ fn quantized_kv_cache() {
 fn qwen3_moe() {
     check("qwen3moe", false);
     check("qwen3moe", true);
+}
+
+#[test]
+fn qwen2_moe_shared_expert() {
+    check("qwen2moe", false);
 }
 
 #[test]

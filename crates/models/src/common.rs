@@ -28,7 +28,15 @@ pub enum Ffn {
     Dense { gate: WeightRef, up: WeightRef, down: WeightRef },
     /// Mixture of experts: a router (`[n_embd, n_expert]`) and the experts' matrices stacked
     /// (`[n_embd, n_ff_exp · n_expert]`, expert `e` at rows `e · n_ff_exp ..`).
-    Moe { router: WeightRef, gate: WeightRef, up: WeightRef, down: WeightRef, p: MoeParams },
+    Moe { router: WeightRef, gate: WeightRef, up: WeightRef, down: WeightRef, p: MoeParams, shared: Option<Shared> },
+}
+
+/// A shared expert every token goes through, scaled by `sigmoid(gate_inp · x)` (Qwen2-MoE).
+pub struct Shared {
+    pub gate_inp: WeightRef,
+    pub gate: WeightRef,
+    pub up: WeightRef,
+    pub down: WeightRef,
 }
 
 /// Which optional tensors a family has.
@@ -66,6 +74,17 @@ impl LayerWeights {
                     up: l.weight3(&n("ffn_up_exps"), [e, ff, p.n_expert])?,
                     down: l.weight3(&n("ffn_down_exps"), [ff, e, p.n_expert])?,
                     p,
+                    shared: if l.has(&n("ffn_gate_shexp")) {
+                        let sf = l.opt_u("expert_shared_feed_forward_length")?.unwrap_or(h.n_ff);
+                        Some(Shared {
+                            gate_inp: l.weight(&n("ffn_gate_inp_shexp"), [e, 1])?,
+                            gate: l.weight(&n("ffn_gate_shexp"), [e, sf])?,
+                            up: l.weight(&n("ffn_up_shexp"), [e, sf])?,
+                            down: l.weight(&n("ffn_down_shexp"), [sf, e])?,
+                        })
+                    } else {
+                        None
+                    },
                 }
             }
             // Gate and up fused in one `ffn_up` of 2·n_ff rows, gate first (Phi-3).
@@ -155,14 +174,8 @@ pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &B
 /// experts, the same per routed (token, expert) pair, summed with the routing weights.
 pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle {
     match &lw.ffn {
-        Ffn::Dense { gate, up, down } => {
-            let (wg, wu, wd) = (b.weight(gate), b.weight(up), b.weight(down));
-            let g = b.matmul(&wg, x); // [n_tokens, n_ff]
-            let u = b.matmul(&wu, x); // [n_tokens, n_ff]
-            let a = b.glu(&g, &u, kind);
-            b.matmul(&wd, &a) // [n_tokens, n_embd]
-        }
-        Ffn::Moe { router, gate, up, down, p } => {
+        Ffn::Dense { gate, up, down } => dense_ffn(b, gate, up, down, x, kind),
+        Ffn::Moe { router, gate, up, down, p, shared } => {
             let wr = b.weight(router);
             let logits = b.matmul(&wr, x); // [n_tokens, n_expert]
             let route = b.moe_route(&logits, *p); // routing table
@@ -171,9 +184,24 @@ pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle 
             let u = b.matmul_id(&wu, x, &route, *p, false); // [n_tokens · n_used, n_ff_exp]
             let a = b.glu(&g, &u, kind);
             let y = b.matmul_id(&wd, &a, &route, *p, true); // [n_tokens · n_used, n_embd]
-            b.moe_combine(&y, &route, *p) // [n_tokens, n_embd]
+            let moe = b.moe_combine(&y, &route, *p); // [n_tokens, n_embd]
+            let Some(sh) = shared else { return moe };
+            let s = dense_ffn(b, &sh.gate, &sh.up, &sh.down, x, kind); // [n_tokens, n_embd]
+            let wgi = b.weight(&sh.gate_inp);
+            let g = b.matmul(&wgi, x); // [n_tokens, 1]
+            let s = b.sigmoid_mul(&s, &g);
+            b.add(&moe, &s)
         }
     }
+}
+
+/// `down(act(gate x) · up x)`: `[n_tokens, n_embd]` → same.
+fn dense_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRef, x: &Bundle, kind: Glu) -> Bundle {
+    let (wg, wu, wd) = (b.weight(gate), b.weight(up), b.weight(down));
+    let g = b.matmul(&wg, x); // [n_tokens, n_ff]
+    let u = b.matmul(&wu, x); // [n_tokens, n_ff]
+    let a = b.glu(&g, &u, kind);
+    b.matmul(&wd, &a) // [n_tokens, n_embd]
 }
 
 /// Weights of every layer.

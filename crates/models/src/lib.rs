@@ -59,14 +59,15 @@ pub trait Model: Send + Sync {
 }
 
 /// `general.architecture` values this build runs.
-pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), qwen2, qwen3, qwen3moe, phi3, gemma3";
+pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma3";
 
 /// Pick the architecture named by `general.architecture` and resolve its weights.
 pub fn load(g: &Gguf, kernels: &Kernels) -> Result<Box<dyn Model>, ModelError> {
     let arch = g.str("general.architecture")?;
     match arch {
         "llama" => Ok(Box::new(llama::load(g, kernels)?)),
-        "qwen2" => Ok(Box::new(qwen2::load(g, kernels)?)),
+        "qwen2" => Ok(Box::new(qwen2::load(g, kernels, false)?)),
+        "qwen2moe" => Ok(Box::new(qwen2::load(g, kernels, true)?)),
         "qwen3" => Ok(Box::new(qwen3::load(g, kernels, false)?)),
         "qwen3moe" => Ok(Box::new(qwen3::load(g, kernels, true)?)),
         "phi3" => Ok(Box::new(phi3::load(g, kernels)?)),
