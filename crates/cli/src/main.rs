@@ -46,12 +46,8 @@ struct ModelArgs {
     /// batching, without llama.cpp's batch-size-dependent kernel choices.
     #[arg(long)]
     batch_invariant: bool,
-    /// Element type of cached keys: f16, q8_0 or q4_0.
-    #[arg(long = "cache-type-k", short = 'k', default_value = "f16", value_parser = corelm_engine::parse_cache_type)]
-    cache_type_k: DType,
-    /// Element type of cached values: f16, q8_0 or q4_0.
-    #[arg(long = "cache-type-v", short = 'v', default_value = "f16", value_parser = corelm_engine::parse_cache_type)]
-    cache_type_v: DType,
+    #[command(flatten)]
+    cache: CacheArgs,
 }
 
 #[derive(Args, Clone)]
@@ -87,6 +83,17 @@ struct SampleArgs {
     ignore_eos: bool,
 }
 
+/// `--cache-type-k/-v`, shared by every command that loads a model.
+#[derive(Args, Clone, Copy)]
+pub(crate) struct CacheArgs {
+    /// Element type of cached keys: f16, q8_0 or q4_0.
+    #[arg(long = "cache-type-k", short = 'k', default_value = "f16", value_parser = corelm_engine::parse_cache_type)]
+    pub cache_type_k: DType,
+    /// Element type of cached values: f16, q8_0 or q4_0.
+    #[arg(long = "cache-type-v", short = 'v', default_value = "f16", value_parser = corelm_engine::parse_cache_type)]
+    pub cache_type_v: DType,
+}
+
 #[derive(Args, Clone)]
 struct BenchArgs {
     /// GGUF file (default: SmolLM2 from the model cache).
@@ -115,12 +122,8 @@ struct BenchArgs {
     /// Batch-invariant kernels, as `serve` runs them.
     #[arg(long)]
     batch_invariant: bool,
-    /// Element type of cached keys: f16, q8_0 or q4_0.
-    #[arg(long = "cache-type-k", short = 'k', default_value = "f16", value_parser = corelm_engine::parse_cache_type)]
-    cache_type_k: DType,
-    /// Element type of cached values: f16, q8_0 or q4_0.
-    #[arg(long = "cache-type-v", short = 'v', default_value = "f16", value_parser = corelm_engine::parse_cache_type)]
-    cache_type_v: DType,
+    #[command(flatten)]
+    cache: CacheArgs,
 }
 
 #[derive(Subcommand)]
@@ -243,8 +246,8 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         n_threads: m.threads.unwrap_or_else(corelm_engine::engine::default_threads),
         pin: !m.no_pin,
         batch_invariant: m.batch_invariant,
-        cache_type_k: m.cache_type_k,
-        cache_type_v: m.cache_type_v,
+        cache_type_k: m.cache.cache_type_k,
+        cache_type_v: m.cache.cache_type_v,
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", path.display()))?;
@@ -418,8 +421,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
             batch_size: a.batch_size.min(max_tokens.max(1)),
             no_pin: a.no_pin,
             batch_invariant: a.batch_invariant,
-            cache_type_k: a.cache_type_k,
-            cache_type_v: a.cache_type_v,
+            cache: a.cache,
         };
         let (mut engine, _) = load(&ma, 1)?;
         let name = engine.gguf().opt_str("general.name").ok().flatten().unwrap_or("?").to_string();

@@ -44,12 +44,8 @@ pub struct ServeArgs {
     threads: Option<usize>,
     #[arg(long)]
     no_pin: bool,
-    /// Element type of cached keys: f16, q8_0 or q4_0.
-    #[arg(long = "cache-type-k", short = 'k', default_value = "f16", value_parser = corelm_engine::parse_cache_type)]
-    cache_type_k: corelm_kernels::DType,
-    /// Element type of cached values: f16, q8_0 or q4_0.
-    #[arg(long = "cache-type-v", short = 'v', default_value = "f16", value_parser = corelm_engine::parse_cache_type)]
-    cache_type_v: corelm_kernels::DType,
+    #[command(flatten)]
+    cache: crate::CacheArgs,
 }
 
 impl ServeArgs {
@@ -70,8 +66,8 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         n_threads: a.threads.unwrap_or_else(corelm_engine::engine::default_threads),
         pin: !a.no_pin,
         batch_invariant: true,
-        cache_type_k: a.cache_type_k,
-        cache_type_v: a.cache_type_v,
+        cache_type_k: a.cache.cache_type_k,
+        cache_type_v: a.cache.cache_type_v,
     };
     let engine = Engine::load(&model, cfg).with_context(|| format!("loading {}", model.display()))?;
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", model.display()))?;

@@ -68,17 +68,22 @@ pub fn q4_k_values(b: &BlockQ4K) -> [u8; QK_K] {
     v
 }
 
+/// `out = d · sc · q - dmin · m` per sub-block of 32 (the Q4_K/Q5_K formula).
+#[inline]
+fn dequant_k_min(d: f16, dmin: f16, scales: &[u8; K_SCALE_SIZE], q: &[u8; QK_K], out: &mut [f32]) {
+    let (d, dmin) = (d.to_f32(), dmin.to_f32());
+    for j in 0..QK_K / 32 {
+        let (sc, m) = scale_min_k4(j, scales);
+        let (d1, m1) = (d * sc as f32, dmin * m as f32);
+        for l in 0..32 {
+            out[j * 32 + l] = d1 * q[j * 32 + l] as f32 - m1;
+        }
+    }
+}
+
 pub fn dequant_q4_k(x: &[u8], y: &mut [f32]) {
     for (b, out) in as_blocks::<BlockQ4K>(x).iter().zip(y.chunks_exact_mut(QK_K)) {
-        let (d, dmin) = (b.d.to_f32(), b.dmin.to_f32());
-        let q = q4_k_values(b);
-        for j in 0..QK_K / 32 {
-            let (sc, m) = scale_min_k4(j, &b.scales);
-            let (d1, m1) = (d * sc as f32, dmin * m as f32);
-            for l in 0..32 {
-                out[j * 32 + l] = d1 * q[j * 32 + l] as f32 - m1;
-            }
-        }
+        dequant_k_min(b.d, b.dmin, &b.scales, &q4_k_values(b), out);
     }
 }
 
@@ -250,15 +255,7 @@ pub fn q5_k_values(b: &BlockQ5K) -> [u8; QK_K] {
 
 pub fn dequant_q5_k(x: &[u8], y: &mut [f32]) {
     for (b, out) in as_blocks::<BlockQ5K>(x).iter().zip(y.chunks_exact_mut(QK_K)) {
-        let (d, dmin) = (b.d.to_f32(), b.dmin.to_f32());
-        let q = q5_k_values(b);
-        for j in 0..QK_K / 32 {
-            let (sc, m) = scale_min_k4(j, &b.scales);
-            let (d1, m1) = (d * sc as f32, dmin * m as f32);
-            for l in 0..32 {
-                out[j * 32 + l] = d1 * q[j * 32 + l] as f32 - m1;
-            }
-        }
+        dequant_k_min(b.d, b.dmin, &b.scales, &q5_k_values(b), out);
     }
 }
 
