@@ -102,3 +102,40 @@ fn quantize_matches_ggml_bit_for_bit() {
         }
     }
 }
+
+/// Each type against the f32 input it was quantized from: the RMS error of our dequantization
+/// of ggml's blocks, relative to the row's RMS, within a per-type bound (roughly the type's
+/// bits: 2-bit ~ 0.3, 4-bit ~ 0.1, 8-bit ~ 0.01).
+#[test]
+fn quantization_error_within_per_type_bounds() {
+    let g = fixture();
+    let k = Kernels::portable();
+    let input: &[f32] = as_blocks(g.tensor_data(g.tensor("input").unwrap()));
+    let cols = g.tensor("input").unwrap().shape[0] as usize;
+    // Measured worst rows (the one with outliers): Q2_K 0.29, Q3_K 0.15, Q4_0 0.12, Q4_1 0.13,
+    // IQ4_NL/XS 0.11, Q4_K 0.087, Q5_0 0.082, Q5_1 0.055, Q5_K 0.050, Q6_K 0.037, Q8_0 0.012,
+    // BF16 0.0017, F16 0.0002; bounds leave ~25% headroom.
+    let bound = |t: DType| match t {
+        DType::Q2K => 0.37,
+        DType::Q3K => 0.19,
+        DType::Q4_0 | DType::Q4_1 => 0.16,
+        DType::IQ4NL | DType::IQ4XS => 0.14,
+        DType::Q4K | DType::Q5_0 => 0.11,
+        DType::Q5_1 | DType::Q5K => 0.07,
+        DType::Q6K => 0.047,
+        DType::Q8_0 => 0.016,
+        DType::BF16 => 0.0025,
+        DType::F16 => 0.0003,
+        _ => unreachable!(),
+    };
+    for (name, t) in TYPES {
+        let q = g.tensor_data(g.tensor(&format!("{name}.q")).unwrap());
+        let mut y = vec![0f32; input.len()];
+        (k.to_float(t).unwrap())(q, &mut y);
+        for (r, (xr, yr)) in input.chunks(cols).zip(y.chunks(cols)).enumerate() {
+            let rms = (xr.iter().map(|v| (v * v) as f64).sum::<f64>() / cols as f64).sqrt();
+            let err = (xr.iter().zip(yr).map(|(a, b)| ((a - b) * (a - b)) as f64).sum::<f64>() / cols as f64).sqrt();
+            assert!(err <= bound(t) * rms, "{name} row {r}: relative RMS error {:.4} above {}", err / rms, bound(t));
+        }
+    }
+}
