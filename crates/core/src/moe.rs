@@ -128,8 +128,12 @@ impl ProbRow {
 /// `w`: stacked expert rows (`n_out` per expert, `wrb` bytes each); `x`: rows of `xrb` bytes,
 /// one per token or (`per_pair`) per pair; `out`: `[n_pairs][n_out]` f32, written at
 /// `(pair, c)` for `c` in `cols` only.
+///
+/// # Safety
+/// `out` must point to `n_pairs · n_out` writable f32 that no other thread accesses at the
+/// columns `cols` while this runs (workers are given disjoint column ranges).
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_id(
+pub unsafe fn matmul_id(
     vec_dot: corelm_kernels::dispatch::VecDot,
     w: &[u8],
     wrb: usize,

@@ -350,7 +350,9 @@ impl Ctx<'_> {
                 let (wrb, xrb) = (wt.row_bytes(), self.t(x).row_bytes());
                 let out = self.base(t) as *mut f32;
                 let (wb, xb) = (self.bytes(wid), self.bytes(x));
-                crate::moe::matmul_id(ops.vec_dot, wb, wrb, xb, xrb, table, p, per_pair, ne0, cols, out);
+                // SAFETY: `out` is this node's tensor of [pairs][ne0] f32; workers own disjoint
+                // column ranges `cols` (split above), and nothing else touches it during the node.
+                unsafe { crate::moe::matmul_id(ops.vec_dot, wb, wrb, xb, xrb, table, p, per_pair, ne0, cols, out) };
             }
             Op::SigmoidMul { x, g } => {
                 let (x, g) = (self.f32s(x), self.f32s(g));

@@ -1,6 +1,12 @@
 //! x86-64 SIMD kernels. Every function here has a portable twin in `crate::portable` and is
 //! tested against it (tests/parity.rs). They are only reached through the dispatch table, which
 //! selects them after runtime feature detection.
+//!
+//! # Safety
+//! One contract for every `#[target_feature]` function in these modules: call it only on a CPU
+//! with the features it names (AVX2, FMA, F16C). `dispatch::Kernels::detect` checks them before
+//! it puts any of them in the table, and nothing else calls them.
+#![allow(clippy::missing_safety_doc)]
 
 pub mod attn;
 pub mod avx2;
