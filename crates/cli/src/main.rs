@@ -48,6 +48,10 @@ struct ModelArgs {
     batch_invariant: bool,
     #[command(flatten)]
     cache: CacheArgs,
+    /// Prefill with the panel GEMM (VNNI): faster, but logits no longer bit-identical to
+    /// llama.cpp's (summation order).
+    #[arg(long)]
+    fast_prefill: bool,
 }
 
 #[derive(Args, Clone)]
@@ -124,6 +128,9 @@ struct BenchArgs {
     batch_invariant: bool,
     #[command(flatten)]
     cache: CacheArgs,
+    /// Prefill with the panel GEMM (see `run --help`).
+    #[arg(long)]
+    fast_prefill: bool,
 }
 
 #[derive(Subcommand)]
@@ -248,6 +255,7 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         batch_invariant: m.batch_invariant,
         cache_type_k: m.cache.cache_type_k,
         cache_type_v: m.cache.cache_type_v,
+        fast_prefill: m.fast_prefill,
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", path.display()))?;
@@ -422,6 +430,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
             no_pin: a.no_pin,
             batch_invariant: a.batch_invariant,
             cache: a.cache,
+            fast_prefill: a.fast_prefill,
         };
         let (mut engine, _) = load(&ma, 1)?;
         let name = engine.gguf().opt_str("general.name").ok().flatten().unwrap_or("?").to_string();

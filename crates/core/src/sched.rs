@@ -10,6 +10,7 @@ use crate::kv::KvCache;
 use crate::memory::Pools;
 use crate::tensor::{Glu, Op, Storage, Tensor, TensorId};
 use crate::threads::{ThreadPool, Worker};
+use corelm_kernels::gemm::{self, GemmScratch};
 use corelm_kernels::ops::{self, AttnScratch};
 use corelm_kernels::Kernels;
 use std::ops::Range;
@@ -33,7 +34,11 @@ pub struct BatchView<'a> {
 /// Per-worker scratch, allocated once.
 pub struct Scratch {
     attn: AttnScratch,
+    gemm: GemmScratch,
 }
+
+/// Batch rows from which a matmul over a panel-GEMM type uses the panel kernel.
+pub const GEMM_MIN_ROWS: usize = 8;
 
 /// Time spent per op kind, summed over nodes (worker 0's view, barrier included).
 #[derive(Default, Clone, Debug)]
@@ -65,16 +70,38 @@ pub struct Executor {
     /// on what else shares its batch (serving). Off, kernels follow llama.cpp's choice by batch
     /// size (bit-identical to it).
     pub batch_invariant: bool,
+    /// Use the panel GEMM for batches of at least [`GEMM_MIN_ROWS`] rows (types it supports).
+    /// Off, every matmul uses ggml's per-row dot order (bit-identical to llama.cpp).
+    pub panel_gemm: bool,
 }
 
 impl Executor {
-    pub fn new(n_threads: usize, max_head_dim: usize) -> Self {
+    /// Scratch for attention rows of `max_head_dim` and panel GEMMs of the largest (inner
+    /// dimension, rows) among `graph`'s matmuls.
+    pub fn new(n_threads: usize, max_head_dim: usize, graph: &Graph) -> Self {
+        let (mut max_k, mut max_rows) = (0, 0);
+        for &id in &graph.nodes {
+            let t = graph.tensor(id);
+            if let Op::MatMul { w, .. } = t.op {
+                let wt = graph.tensor(w);
+                if gemm::supported(wt.dtype) {
+                    max_k = max_k.max(wt.ne[0]);
+                    max_rows = max_rows.max(t.ne[1]);
+                }
+            }
+        }
         Executor {
             scratch: (0..n_threads)
-                .map(|_| std::sync::Mutex::new(Scratch { attn: AttnScratch::new(max_head_dim) }))
+                .map(|_| {
+                    std::sync::Mutex::new(Scratch {
+                        attn: AttnScratch::new(max_head_dim),
+                        gemm: GemmScratch::new(max_k, max_rows),
+                    })
+                })
                 .collect(),
             dump_dir: None,
             batch_invariant: false,
+            panel_gemm: false,
         }
     }
 
@@ -104,6 +131,7 @@ impl Executor {
             batch,
             kernels,
             batch_invariant: self.batch_invariant,
+            panel_gemm: self.panel_gemm,
         };
         let prof = std::sync::Mutex::new(profile.as_deref_mut());
         pool.run(&|w: &Worker| {
@@ -141,6 +169,7 @@ struct Ctx<'a> {
     batch: BatchView<'a>,
     kernels: &'a Kernels,
     batch_invariant: bool,
+    panel_gemm: bool,
 }
 
 // SAFETY: the raw pointers address the pools, which outlive the run; workers write disjoint
@@ -268,7 +297,7 @@ impl Ctx<'_> {
                     q(&x[r * ne0..(r + 1) * ne0], y);
                 }
             }
-            Op::MatMul { w: wid, x } => self.matmul(t, wid, x, ith, nth),
+            Op::MatMul { w: wid, x } => self.matmul(t, wid, x, ith, nth, &mut scratch.gemm),
             Op::Rope { x, p, freqs } => {
                 let x = self.f32s(x);
                 let freqs = freqs.map(|f| self.f32s(f));
@@ -385,11 +414,32 @@ impl Ctx<'_> {
 
     /// Output columns (weight rows) are split across workers; each worker walks its columns in
     /// blocks small enough to stay in cache while every batch row streams past them.
-    fn matmul(&self, t: &Tensor, wid: TensorId, x: TensorId, ith: usize, nth: usize) {
+    fn matmul(&self, t: &Tensor, wid: TensorId, x: TensorId, ith: usize, nth: usize, gs: &mut GemmScratch) {
         const COL_BLOCK: usize = 16;
         let wt = self.t(wid);
         let [k, n_out] = wt.ne;
         let rows = t.ne[1];
+        let panel = self.panel_gemm && !self.batch_invariant && rows >= GEMM_MIN_ROWS;
+        if panel && gemm::supported(wt.dtype) && gs.fits(k, rows) {
+            let xt = self.t(x);
+            // SAFETY: the output tensor is [rows][n_out] f32 and this worker owns its columns.
+            unsafe {
+                gemm::gemm(
+                    wt.dtype,
+                    self.bytes(wid),
+                    k,
+                    split(n_out, ith, nth),
+                    self.bytes(x),
+                    xt.row_bytes(),
+                    rows,
+                    self.base(t) as *mut f32,
+                    n_out,
+                    self.kernels.vnni,
+                    gs,
+                )
+            };
+            return;
+        }
         let wrb = wt.row_bytes();
         let xt = self.t(x);
         let xrb = xt.row_bytes();

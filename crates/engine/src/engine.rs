@@ -40,6 +40,11 @@ pub struct EngineConfig {
     /// Q4_0), like llama.cpp's `--cache-type-k/-v`.
     pub cache_type_k: DType,
     pub cache_type_v: DType,
+    /// Prefill matmuls of Q4_0/Q5_0/Q8_0/Q4_1/Q5_1 weights through the panel GEMM
+    /// (`kernels::gemm`, AVX-512 VNNI where present): 1.3–1.6× faster prefill, but the float
+    /// summation order is no longer ggml's, so logits are no longer bit-identical to llama.cpp
+    /// (off by default; never used with `batch_invariant`).
+    pub fast_prefill: bool,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +58,7 @@ impl Default for EngineConfig {
             batch_invariant: false,
             cache_type_k: DType::F16,
             cache_type_v: DType::F16,
+            fast_prefill: false,
         }
     }
 }
@@ -196,9 +202,10 @@ impl Engine {
             .map_err(|e| Error::Config(format!("KV cache for a context of {} tokens: {e}", cfg.n_ctx)))?;
         let cpus = if cfg.pin { corelm_core::threads::physical_cores() } else { vec![] };
         let pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
-        let mut exec = Executor::new(cfg.n_threads, g.max_head_dim);
+        let mut exec = Executor::new(cfg.n_threads, g.max_head_dim, &g);
         exec.dump_dir = std::env::var_os("CORELM_DUMP_DIR").map(Into::into);
         exec.batch_invariant = cfg.batch_invariant;
+        exec.panel_gemm = cfg.fast_prefill;
         let mut graphs = HashMap::new();
         graphs.insert((cfg.n_batch, cfg.n_batch), g);
         Ok(Engine {

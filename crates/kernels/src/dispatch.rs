@@ -39,6 +39,8 @@ pub enum Isa {
 #[derive(Clone)]
 pub struct Kernels {
     pub isa: Isa,
+    /// AVX-512 F/VL/VNNI present: the panel GEMM (`crate::gemm`) uses its VNNI kernel.
+    pub vnni: bool,
     ops: [TypeOps; WEIGHT_TYPES.len()],
 }
 
@@ -78,6 +80,7 @@ impl Kernels {
         };
         Kernels {
             isa: Isa::Portable,
+            vnni: false,
             ops: [
                 op(DType::F32, pd::dot_f32, pq::dequant_f32, Some(pq::quant_f32)),
                 op(DType::F16, pd::dot_f16, pq::dequant_f16, Some(pq::quant_f16)),
@@ -109,6 +112,7 @@ impl Kernels {
         {
             use crate::x86::avx2;
             k.isa = Isa::Avx2;
+            k.vnni = crate::gemm::has_vnni();
             // SAFETY (all closures below): the features these functions are compiled for were
             // detected on this CPU just above.
             // Sets both dots; types whose tile dot differs (Q4_K) override it below.

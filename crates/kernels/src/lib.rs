@@ -13,6 +13,7 @@
 
 pub mod blocks;
 pub mod dispatch;
+pub mod gemm;
 pub mod ops;
 pub mod portable;
 #[cfg(target_arch = "x86_64")]

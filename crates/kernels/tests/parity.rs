@@ -302,3 +302,50 @@ fn four_row_dots_equal_single_row_dots() {
         }
     }
 }
+
+/// The panel GEMM (prefill): VNNI kernel bit-identical to its portable twin, both equal to
+/// the per-row dot products up to float summation order, on ragged shapes (columns not a
+/// multiple of the panel, rows not a multiple of four).
+#[test]
+fn panel_gemm_matches_row_dots() {
+    use corelm_kernels::gemm::{gemm, has_vnni, supported, GemmScratch};
+    let port = Kernels::portable();
+    let mut rng = Rng(1234);
+    for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1] {
+        assert!(supported(t));
+        for (k, n_out, rows) in [(32usize, 3usize, 1usize), (96, 13, 7), (256, 16, 9)] {
+            let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(t, k, &mut rng)).collect();
+            let vdt = port.ops(t).unwrap().vec_dot_type;
+            let xrb = row_bytes(vdt, k);
+            let mut x = vec![0u8; rows * xrb];
+            for r in 0..rows {
+                let xf: Vec<f32> = (0..k).map(|_| rng.f32() * 2.0).collect();
+                port.from_float(vdt).unwrap()(&xf, &mut x[r * xrb..(r + 1) * xrb]);
+            }
+            let mut scratch = GemmScratch::new(k, rows);
+            let run = |simd: bool, scratch: &mut GemmScratch| {
+                let mut out = vec![f32::NAN; rows * n_out];
+                // Two column ranges, as two workers would own them.
+                let mid = n_out / 2;
+                for cols in [0..mid, mid..n_out] {
+                    // SAFETY: out holds rows × n_out f32; each call writes only its columns.
+                    unsafe { gemm(t, &w, k, cols, &x, xrb, rows, out.as_mut_ptr(), n_out, simd, scratch) };
+                }
+                out
+            };
+            let p = run(false, &mut scratch);
+            if has_vnni() {
+                let s = run(true, &mut scratch);
+                assert!(p.iter().zip(&s).all(|(a, b)| a.to_bits() == b.to_bits()), "{t} k={k}: vnni vs portable");
+            }
+            let rb = row_bytes(t, k);
+            for r in 0..rows {
+                for c in 0..n_out {
+                    let want = (port.ops(t).unwrap().vec_dot)(&w[c * rb..(c + 1) * rb], &x[r * xrb..(r + 1) * xrb]);
+                    let got = p[r * n_out + c];
+                    assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{t} k={k} ({r},{c}): {got} vs {want}");
+                }
+            }
+        }
+    }
+}

@@ -3,6 +3,7 @@
 //! 16-lane accumulators (each as two 8-lane halves), the F16 accumulator is rounded with the
 //! hardware converter (round to nearest even, as the portable twin), so results are bit-identical.
 
+use super::avx2::h2f;
 use crate::ops::{reduce_add_16, AttnScratch, KvRows};
 use half::f16;
 use std::arch::x86_64::*;
@@ -48,7 +49,7 @@ pub fn dot_f16_ggml(x: &[f16], y: &[f16]) -> f32 {
     }
     let mut sum = reduce_add_16(&lanes) as f64;
     for k in np..n {
-        sum += (x[k].to_f32() * y[k].to_f32()) as f64;
+        sum += (h2f(x[k]) * h2f(y[k])) as f64;
     }
     sum as f32
 }
@@ -91,7 +92,7 @@ pub fn attend_reference(
                 d += 8;
             }
             for a in acc16[body..].iter_mut() {
-                *a = f16::from_f32(a.to_f32() * ms);
+                *a = f16::from_f32(h2f(*a) * ms);
             }
         } else {
             vs = (score - m).exp();
@@ -105,13 +106,13 @@ pub fn attend_reference(
             d += 8;
         }
         for (a, &vv) in acc16[body..].iter_mut().zip(&vc[body..]) {
-            *a = f16::from_f32(vv.to_f32().mul_add(vs, a.to_f32()));
+            *a = f16::from_f32(h2f(vv).mul_add(vs, h2f(*a)));
         }
         s = s.mul_add(ms, vs);
     }
     let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
     for (o, a) in out.iter_mut().zip(acc16.iter()) {
-        *o = a.to_f32() * inv;
+        *o = h2f(*a) * inv;
     }
 }
 

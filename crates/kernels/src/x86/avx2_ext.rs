@@ -13,7 +13,7 @@ pub fn dot_q4_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
     let (x, y) = (as_blocks::<BlockQ4_0>(x), as_blocks::<BlockQ8_0>(y));
     let mut acc = _mm256_setzero_ps();
     for (a, b) in x.iter().zip(y) {
-        let d = _mm256_set1_ps(a.d.to_f32() * b.d.to_f32());
+        let d = _mm256_set1_ps(h2f(a.d) * h2f(b.d));
         let qx = _mm256_sub_epi8(nibbles_32(&a.qs), _mm256_set1_epi8(8));
         acc = _mm256_fmadd_ps(d, mul_sum_i8(qx, load32(&b.qs)), acc);
     }
@@ -26,8 +26,8 @@ pub fn dot_q5_1_q8_1(x: &[u8], y: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut summs = 0f32;
     for (a, b) in x.iter().zip(y) {
-        summs += a.m.to_f32() * b.s.to_f32();
-        let d = _mm256_set1_ps(a.d.to_f32() * b.d.to_f32());
+        summs += h2f(a.m) * h2f(b.s);
+        let d = _mm256_set1_ps(h2f(a.d) * h2f(b.d));
         let hi = _mm256_and_si256(bits_32(a.qh), _mm256_set1_epi8(0x10));
         let qx = _mm256_or_si256(nibbles_32(&a.qs), hi);
         acc = _mm256_fmadd_ps(d, mul_sum_us8(qx, load32(&b.qs)), acc);
@@ -50,7 +50,7 @@ pub fn dot_iq4_nl_q8_0(x: &[u8], y: &[u8]) -> f32 {
     let table = iq4_table();
     let mut acc = _mm256_setzero_ps();
     for (a, b) in x.iter().zip(y) {
-        let d = _mm256_set1_ps(a.d.to_f32() * b.d.to_f32());
+        let d = _mm256_set1_ps(h2f(a.d) * h2f(b.d));
         let qx = _mm256_shuffle_epi8(table, nibbles_32(&a.qs));
         acc = _mm256_fmadd_ps(d, mul_sum_i8(qx, load32(&b.qs)), acc);
     }
@@ -86,7 +86,7 @@ pub fn dot_iq4_xs_q8_k(x: &[u8], y: &[u8]) -> f32 {
             let p = _mm256_madd_epi16(_mm256_set1_epi16(sc[ib] as i16), madd_i8(qx, q8));
             sumi = _mm256_add_epi32(sumi, p);
         }
-        let d = _mm256_set1_ps(a.d.to_f32() * b.d);
+        let d = _mm256_set1_ps(h2f(a.d) * b.d);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_f32x8(acc)
@@ -121,8 +121,8 @@ pub fn dot_q5_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
             let ph = _mm256_madd_epi16(_mm256_set1_epi16(s1 as i16), _mm256_maddubs_epi16(qhi, q8h));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(a.d.to_f32() * b.d), _mm256_cvtepi32_ps(sumi), acc);
-        acc_m += a.dmin.to_f32() * b.d * summ as f32;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a.d) * b.d), _mm256_cvtepi32_ps(sumi), acc);
+        acc_m += h2f(a.dmin) * b.d * summ as f32;
     }
     hsum_f32x8(acc) - acc_m
 }
@@ -155,8 +155,8 @@ pub fn dot_q2_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s, _mm256_maddubs_epi16(qk, q8)));
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(a.d.to_f32() * b.d), _mm256_cvtepi32_ps(sumi), acc);
-        acc_m += a.dmin.to_f32() * b.d * summ as f32;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a.d) * b.d), _mm256_cvtepi32_ps(sumi), acc);
+        acc_m += h2f(a.dmin) * b.d * summ as f32;
     }
     hsum_f32x8(acc) - acc_m
 }
@@ -185,7 +185,7 @@ pub fn dot_q3_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale_pair(sc[g] as i16, sc[g + 1] as i16), p));
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(a.d.to_f32() * b.d), _mm256_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a.d) * b.d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_f32x8(acc)
 }

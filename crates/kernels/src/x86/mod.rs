@@ -11,3 +11,4 @@
 pub mod attn;
 pub mod avx2;
 pub mod avx2_ext;
+pub mod gemm_vnni;

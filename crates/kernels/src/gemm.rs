@@ -1,0 +1,242 @@
+//! Panel GEMM for prefill: `out[r][c] = w[c] · x[r]` over many activation rows at once, for the
+//! 32-block weight types whose activations are Q8_0 or Q8_1 (Q4_0, Q5_0, Q8_0, Q4_1, Q5_1).
+//!
+//! Where the per-row dot product (`vec_dot`) decodes every weight block again for every
+//! activation row and reduces each (row, column) pair horizontally, this kernel decodes a panel
+//! of [`PANEL`] weight rows (output columns) once into an interleaved layout and streams all
+//! activation rows past it: within a 32-element block, group `g` of 4 elements of all 8 columns
+//! sits in one 32-byte vector, so one `vpdpbusd` (u8 × i8 → i32, 4 products per lane) advances
+//! 8 columns at once, lanes being columns (no horizontal sums), and 4 rows share each loaded
+//! weight vector. Weights are stored unsigned (`u = q + o`; `w = d·(u − o) + m`), the offset
+//! removed per block with the activation block sum `Σy`.
+//!
+//! Arithmetic per (row, column): `acc = fma((Σ u·y − o·Σy) as f32, d_w·d_x, acc)`, then for
+//! Q4_1/Q5_1 `acc = fma(m_w, s_x, acc)`, blocks in order. The integer sums are exact, so the
+//! portable twin ([`panel_portable`]) and the AVX-512 VNNI kernel are bit-identical; against
+//! `vec_dot` (ggml's order) only the float summation order differs. Not used in
+//! batch-invariant mode (its rows would depend on the batch size) — the scheduler decides.
+
+use crate::blocks::*;
+use crate::portable::quant::{q4_0_values, q5_0_values, q5_1_values};
+use crate::DType;
+
+/// Output columns per panel (lanes of one 256-bit vector of i32).
+pub const PANEL: usize = 8;
+/// Bytes of one packed block: 32 elements × 8 columns, plus 8 scales and 8 mins (f32).
+pub const PACKED_BLOCK: usize = 32 * PANEL + 2 * 4 * PANEL;
+
+/// Weight types the panel GEMM handles.
+pub fn supported(t: DType) -> bool {
+    matches!(t, DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4_1 | DType::Q5_1)
+}
+
+/// The offset `o` of a type's unsigned codes (`u = q + o`).
+fn offset(t: DType) -> i32 {
+    match t {
+        DType::Q4_0 => 8,
+        DType::Q5_0 => 16,
+        DType::Q8_0 => 128,
+        _ => 0,
+    }
+}
+
+/// Per-thread buffers, sized once: a packed panel for rows of up to `max_k` elements and the
+/// activation block sums of up to `max_rows` rows.
+pub struct GemmScratch {
+    panel: Vec<u8>,
+    ysum: Vec<i32>,
+}
+
+impl GemmScratch {
+    pub fn new(max_k: usize, max_rows: usize) -> Self {
+        GemmScratch { panel: vec![0; max_k / 32 * PACKED_BLOCK], ysum: vec![0; max_rows * (max_k / 32)] }
+    }
+
+    pub fn fits(&self, k: usize, rows: usize) -> bool {
+        self.panel.len() >= k / 32 * PACKED_BLOCK && self.ysum.len() >= rows * (k / 32)
+    }
+}
+
+/// Decode weight rows `c0 .. c0 + n` (n ≤ 8, missing columns zero) of `w` into `panel`.
+fn pack(t: DType, w: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
+    let nb = k / 32;
+    let rb = crate::row_bytes(t, k);
+    for b in 0..nb {
+        let blk = &mut panel[b * PACKED_BLOCK..(b + 1) * PACKED_BLOCK];
+        let (qs, sc) = blk.split_at_mut(32 * PANEL);
+        let mut d = [0f32; PANEL];
+        let mut m = [0f32; PANEL];
+        for col in 0..PANEL {
+            let mut u = [0u8; 32];
+            if col < n {
+                let row = &w[(c0 + col) * rb..(c0 + col + 1) * rb];
+                match t {
+                    DType::Q4_0 => {
+                        let x = &as_blocks::<BlockQ4_0>(row)[b];
+                        d[col] = x.d.to_f32();
+                        u = q4_0_values(x).map(|v| (v + 8) as u8);
+                    }
+                    DType::Q5_0 => {
+                        let x = &as_blocks::<BlockQ5_0>(row)[b];
+                        d[col] = x.d.to_f32();
+                        u = q5_0_values(x).map(|v| (v + 16) as u8);
+                    }
+                    DType::Q8_0 => {
+                        let x = &as_blocks::<BlockQ8_0>(row)[b];
+                        d[col] = x.d.to_f32();
+                        u = x.qs.map(|v| (v as i32 + 128) as u8);
+                    }
+                    DType::Q4_1 => {
+                        let x = &as_blocks::<BlockQ4_1>(row)[b];
+                        (d[col], m[col]) = (x.d.to_f32(), x.m.to_f32());
+                        for j in 0..16 {
+                            u[j] = x.qs[j] & 0xF;
+                            u[j + 16] = x.qs[j] >> 4;
+                        }
+                    }
+                    DType::Q5_1 => {
+                        let x = &as_blocks::<BlockQ5_1>(row)[b];
+                        (d[col], m[col]) = (x.d.to_f32(), x.m.to_f32());
+                        u = q5_1_values(x);
+                    }
+                    _ => unreachable!("checked by supported()"),
+                }
+            } else {
+                // A padding column: codes at the offset, zero scale and min: contributes 0.
+                u = [offset(t) as u8; 32];
+            }
+            for g in 0..8 {
+                qs[g * 32 + col * 4..g * 32 + col * 4 + 4].copy_from_slice(&u[g * 4..g * 4 + 4]);
+            }
+        }
+        for col in 0..PANEL {
+            sc[col * 4..col * 4 + 4].copy_from_slice(&d[col].to_le_bytes());
+            sc[32 + col * 4..32 + col * 4 + 4].copy_from_slice(&m[col].to_le_bytes());
+        }
+    }
+}
+
+/// `Σy` of every 32-block of every activation row (Q8_0 and Q8_1 share the layout prefix).
+fn block_sums(x: &[u8], xrb: usize, rows: usize, nb: usize, q8_1: bool, out: &mut [i32]) {
+    for r in 0..rows {
+        let row = &x[r * xrb..(r + 1) * xrb];
+        for b in 0..nb {
+            out[r * nb + b] = act_block(row, b, q8_1).2.iter().map(|&v| v as i32).sum();
+        }
+    }
+}
+
+/// Activation scale and sum term of block `b` of a row (`s` is 0 for Q8_0).
+#[inline]
+pub(crate) fn act_block(row: &[u8], b: usize, q8_1: bool) -> (f32, f32, &[i8; 32]) {
+    if q8_1 {
+        let x = &as_blocks::<BlockQ8_1>(row)[b];
+        (x.d.to_f32(), x.s.to_f32(), &x.qs)
+    } else {
+        let x = &as_blocks::<BlockQ8_0>(row)[b];
+        (x.d.to_f32(), 0.0, &x.qs)
+    }
+}
+
+/// Scalar micro-kernel over one packed panel: the twin of the VNNI kernel, bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub fn panel_portable(
+    panel: &[u8],
+    nb: usize,
+    o: i32,
+    q8_1: bool,
+    x: &[u8],
+    xrb: usize,
+    ysum: &[i32],
+    rows: usize,
+    mut store: impl FnMut(usize, &[f32; PANEL]),
+) {
+    for r in 0..rows {
+        let row = &x[r * xrb..(r + 1) * xrb];
+        let mut acc = [0f32; PANEL];
+        for b in 0..nb {
+            let blk = &panel[b * PACKED_BLOCK..(b + 1) * PACKED_BLOCK];
+            let (dx, sx, y) = act_block(row, b, q8_1);
+            for (col, a) in acc.iter_mut().enumerate() {
+                let mut s = 0i32;
+                for g in 0..8 {
+                    for i in 0..4 {
+                        s += blk[g * 32 + col * 4 + i] as i32 * y[g * 4 + i] as i32;
+                    }
+                }
+                s -= o * ysum[r * nb + b];
+                let dw = f32::from_le_bytes(blk[256 + col * 4..256 + col * 4 + 4].try_into().unwrap());
+                *a = (s as f32).mul_add(dw * dx, *a);
+                if q8_1 {
+                    let mw = f32::from_le_bytes(blk[288 + col * 4..288 + col * 4 + 4].try_into().unwrap());
+                    *a = mw.mul_add(sx, *a);
+                }
+            }
+        }
+        store(r, &acc);
+    }
+}
+
+/// `out[r * n_out + c] = w[c] · x[r]` for `c` in `cols`, all `rows` activation rows (`x`, rows
+/// of `xrb` bytes in `t`'s `vec_dot_type`). `simd`: use the AVX-512 VNNI kernel (the caller
+/// has detected it).
+///
+/// # Safety
+/// `out` must address `rows · n_out` f32 of which this call alone writes columns `cols`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm(
+    t: DType,
+    w: &[u8],
+    k: usize,
+    cols: std::ops::Range<usize>,
+    x: &[u8],
+    xrb: usize,
+    rows: usize,
+    out: *mut f32,
+    n_out: usize,
+    simd: bool,
+    scratch: &mut GemmScratch,
+) {
+    debug_assert!(supported(t) && k % 32 == 0 && scratch.fits(k, rows));
+    let nb = k / 32;
+    let (o, q8_1) = (offset(t), matches!(t, DType::Q4_1 | DType::Q5_1));
+    let GemmScratch { panel, ysum } = scratch;
+    if o != 0 {
+        block_sums(x, xrb, rows, nb, q8_1, ysum);
+    }
+    let mut c0 = cols.start;
+    while c0 < cols.end {
+        let n = (cols.end - c0).min(PANEL);
+        pack(t, w, k, c0, n, panel);
+        let store = |r: usize, acc: &[f32; PANEL]| {
+            for (j, &v) in acc.iter().enumerate().take(n) {
+                // SAFETY: r < rows and c0 + j < cols.end ≤ n_out; this call owns these columns.
+                unsafe { *out.add(r * n_out + c0 + j) = v };
+            }
+        };
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: the caller detected AVX-512 F/VL/VNNI.
+            unsafe { crate::x86::gemm_vnni::panel(panel, nb, o, q8_1, x, xrb, ysum, rows, store) };
+            c0 += n;
+            continue;
+        }
+        let _ = simd;
+        panel_portable(panel, nb, o, q8_1, x, xrb, ysum, rows, store);
+        c0 += n;
+    }
+}
+
+/// Whether this CPU runs the VNNI panel kernel.
+pub fn has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512vnni")
+            && std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}

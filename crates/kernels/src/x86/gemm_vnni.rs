@@ -1,0 +1,101 @@
+//! AVX-512 VNNI (256-bit, AVX512VL) twin of `gemm::panel_portable`: lanes are the panel's 8
+//! columns; `vpdpbusd` adds 4 u8×i8 products per lane; four activation rows share every
+//! loaded weight vector. Bit-identical to the portable kernel (exact integer sums, the same
+//! float operations per lane in the same order).
+
+use super::avx2::h2f;
+use crate::blocks::{as_blocks, BlockQ8_0, BlockQ8_1};
+use crate::gemm::{PACKED_BLOCK, PANEL};
+use std::arch::x86_64::*;
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
+pub fn panel(
+    panel: &[u8],
+    nb: usize,
+    o: i32,
+    q8_1: bool,
+    x: &[u8],
+    xrb: usize,
+    ysum: &[i32],
+    rows: usize,
+    mut store: impl FnMut(usize, &[f32; PANEL]),
+) {
+    assert!(panel.len() >= nb * PACKED_BLOCK && x.len() >= rows * xrb);
+    let mut r = 0;
+    while r + 4 <= rows {
+        rows_block::<4>(panel, nb, o, q8_1, x, xrb, ysum, r, &mut store);
+        r += 4;
+    }
+    while r < rows {
+        rows_block::<1>(panel, nb, o, q8_1, x, xrb, ysum, r, &mut store);
+        r += 1;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
+fn rows_block<const R: usize>(
+    panel: &[u8],
+    nb: usize,
+    o: i32,
+    q8_1: bool,
+    x: &[u8],
+    xrb: usize,
+    ysum: &[i32],
+    r0: usize,
+    store: &mut impl FnMut(usize, &[f32; PANEL]),
+) {
+    let mut accf = [_mm256_setzero_ps(); R];
+    let rows: [&[u8]; R] = std::array::from_fn(|j| &x[(r0 + j) * xrb..(r0 + j + 1) * xrb]);
+    for b in 0..nb {
+        let blk = &panel[b * PACKED_BLOCK..(b + 1) * PACKED_BLOCK];
+        let acts: [(f32, f32, &[i8; 32]); R] = std::array::from_fn(|j| act_block_fast(rows[j], b, q8_1));
+        let mut acci = [_mm256_setzero_si256(); R];
+        for g in 0..8 {
+            // SAFETY: blk has PACKED_BLOCK ≥ 256 bytes; g * 32 + 32 ≤ 256.
+            let wv = unsafe { _mm256_loadu_si256(blk.as_ptr().add(g * 32) as *const __m256i) };
+            for j in 0..R {
+                let y = acts[j].2;
+                let y4 = i32::from_le_bytes([y[g * 4] as u8, y[g * 4 + 1] as u8, y[g * 4 + 2] as u8, y[g * 4 + 3] as u8]);
+                acci[j] = _mm256_dpbusd_epi32(acci[j], wv, _mm256_set1_epi32(y4));
+            }
+        }
+        // SAFETY: scales at bytes 256..288 and mins at 288..320 of the block.
+        let (dw, mw) = unsafe {
+            (_mm256_loadu_ps(blk.as_ptr().add(256) as *const f32), _mm256_loadu_ps(blk.as_ptr().add(288) as *const f32))
+        };
+        for j in 0..R {
+            let s = if o != 0 {
+                _mm256_sub_epi32(acci[j], _mm256_set1_epi32(o * ysum[(r0 + j) * nb + b]))
+            } else {
+                acci[j]
+            };
+            let (dx, sx, _) = acts[j];
+            accf[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), accf[j]);
+            if q8_1 {
+                accf[j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx), accf[j]);
+            }
+        }
+    }
+    for j in 0..R {
+        let mut out = [0f32; PANEL];
+        // SAFETY: 8 f32 of stack memory.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), accf[j]) };
+        store(r0 + j, &out);
+    }
+}
+
+/// `gemm::act_block` with F16C conversions.
+#[inline]
+#[target_feature(enable = "f16c")]
+fn act_block_fast(row: &[u8], b: usize, q8_1: bool) -> (f32, f32, &[i8; 32]) {
+    if q8_1 {
+        let x = &as_blocks::<BlockQ8_1>(row)[b];
+        (h2f(x.d), h2f(x.s), &x.qs)
+    } else {
+        let x = &as_blocks::<BlockQ8_0>(row)[b];
+        (h2f(x.d), 0.0, &x.qs)
+    }
+}
