@@ -42,11 +42,12 @@ LLAMA_SNIPPET = textwrap.dedent(
                 n_threads_batch=threads, verbose=False)
     toks = llm.tokenize(sys.argv[5].encode(), add_bos=True, special=True)[:n_pp]
     t0 = time.perf_counter(); llm.eval(toks); t1 = time.perf_counter()
-    import numpy as np
-    nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    # Decode speed does not depend on which token is fed; llama-cpp-python keeps no logits
+    # without logits_all (its `scores` rows stay unwritten), so feed a fixed token.
+    nxt = toks[-1]
     t2 = time.perf_counter()
     for _ in range(n_tg):
-        llm.eval([nxt]); nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        llm.eval([nxt])
     t3 = time.perf_counter()
     print(json.dumps({"n_prompt": len(toks), "pp": len(toks) / (t1 - t0), "tg": n_tg / (t3 - t2)}))
     """
@@ -66,13 +67,13 @@ def run_llama(py, model, threads, pp, tg, prompt):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_corelm(binary, model, threads, pp, tg, prompt, n_prompt):
+def run_corelm(binary, model, threads, pp, tg, prompt, n_prompt, extra=()):
     # Tokenize exactly as llama.cpp did and cut to the same length, so both see the same tokens.
     ids = json.loads(subprocess.run([binary, "tokenize", "--model", str(model), prompt],
                                     check=True, capture_output=True, text=True).stdout)[:n_prompt]
     out = subprocess.run(
         [binary, "run", "--model", str(model), "-t", str(threads), "--temp", "0", "--ignore-eos",
-         "-n", str(tg), "--prompt-ids", ",".join(map(str, ids))],
+         "-n", str(tg), "-b", "512", "-c", "2048", "--prompt-ids", ",".join(map(str, ids)), *extra],
         check=True, capture_output=True, text=True)
     m = re.search(r"\[(\d+) prompt tokens in [\d.]+ s = ([\d.]+) t/s; (\d+) generated in [\d.]+ s = ([\d.]+) t/s", out.stderr)
     if not m:
@@ -88,6 +89,7 @@ def main():
     ap.add_argument("--tg", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--models", default="smollm2,gemma3,qwen2")
+    ap.add_argument("--corelm-args", default="", help="extra flags for `corelm run`, e.g. --fast-prefill")
     a = ap.parse_args()
     py = Path(a.venv) / "bin" / "python"
     if not py.exists():
@@ -97,7 +99,7 @@ def main():
     prompt = TEXT * 20
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    print(f"# corelm {commit} vs llama.cpp (llama-cpp-python 0.3.35) on {cpu}; pp{a.pp} tg{a.tg}, {a.reps} reps, medians")
+    print(f"# corelm {commit} {a.corelm_args} vs llama.cpp (llama-cpp-python 0.3.35) on {cpu}; pp{a.pp} tg{a.tg}, {a.reps} reps, medians")
     print("| model | threads | llama.cpp pp t/s | corelm pp t/s | pp ratio | llama.cpp tg t/s | corelm tg t/s | tg ratio |")
     print("|---|---|---|---|---|---|---|---|")
     for name in a.models.split(","):
@@ -107,7 +109,7 @@ def main():
             for _ in range(a.reps):
                 l = run_llama(py, model, t, a.pp, a.tg, prompt)
                 L.append(l)
-                C.append(run_corelm(binary, model, t, a.pp, a.tg, prompt, l["n_prompt"]))
+                C.append(run_corelm(binary, model, t, a.pp, a.tg, prompt, l["n_prompt"], a.corelm_args.split()))
             med = lambda xs, k: statistics.median(x[k] for x in xs)
             lp, cp, lt, ct = med(L, "pp"), med(C, "pp"), med(L, "tg"), med(C, "tg")
             print(f"| {name} | {t} | {lp:.1f} | {cp:.1f} | {cp / lp:.2f} | {lt:.1f} | {ct:.1f} | {ct / lt:.2f} |", flush=True)

@@ -152,17 +152,60 @@ pub fn gelu_tanh(x: f32) -> f32 {
     } else if x >= 10.0 {
         x
     } else {
-        // ggml's table entry: gelu of the f16 input, contracted as GCC compiles it, stored f16.
-        let v = f16::from_f32(x).to_f32();
-        let inner = (GELU_COEF_A * v).mul_add(v, 1.0);
-        let g = (0.5 * v) * (1.0 + ((SQRT_2_OVER_PI * v) * inner).tanh());
-        f16::from_f32(g).to_f32()
+        gelu_entry(f16::from_f32(x)).to_f32()
     }
+}
+
+/// ggml's table entry for an f16 input: gelu contracted as GCC compiles it, stored f16.
+#[inline(always)]
+fn gelu_entry(h: f16) -> f16 {
+    let v = h.to_f32();
+    let inner = (GELU_COEF_A * v).mul_add(v, 1.0);
+    let g = (0.5 * v) * (1.0 + ((SQRT_2_OVER_PI * v) * inner).tanh());
+    f16::from_f32(g)
 }
 
 /// `y = gelu_tanh(g) · u`.
 pub fn geglu(g: &[f32], u: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() && has_f16c() {
+        // SAFETY: FMA and F16C support were detected.
+        return unsafe { geglu_f16c(g, u, y, gelu_table()) };
+    }
     gated(g, u, y, gelu_tanh)
+}
+
+/// [`gelu_tanh`] of every f16 value, as f16 bits (what ggml's table holds), built once.
+fn gelu_table() -> &'static [u16] {
+    static T: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
+    T.get_or_init(|| (0..=u16::MAX).map(|b| gelu_entry(f16::from_bits(b)).to_bits()).collect())
+}
+
+/// [`geglu`] through the table with F16C conversions: the same bits as `gelu_tanh` (whose
+/// result is the table entry of the f16-rounded input), without two software conversions per
+/// element.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma,f16c")]
+fn geglu_f16c(g: &[f32], u: &[f32], y: &mut [f32], table: &[u16]) {
+    use std::arch::x86_64::*;
+    for ((o, &a), &b) in y.iter_mut().zip(g).zip(u) {
+        let act = if a <= -10.0 {
+            0.0
+        } else if a >= 10.0 {
+            a
+        } else {
+            let h = _mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(a))) as u16;
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(table[h as usize] as i32)))
+        };
+        *o = act * b;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn has_f16c() -> bool {
+    static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F16C.get_or_init(|| std::is_x86_feature_detected!("f16c"))
 }
 
 /// Which of ggml-cpu's flash-attention algorithms to reproduce. They give different bits, and
