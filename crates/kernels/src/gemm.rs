@@ -1,5 +1,6 @@
 //! Panel GEMM for prefill: `out[r][c] = w[c] · x[r]` over many activation rows at once, for the
-//! 32-block weight types whose activations are Q8_0 or Q8_1 (Q4_0, Q5_0, Q8_0, Q4_1, Q5_1).
+//! weight types with one scale (and min) per 32 elements: Q4_0, Q5_0, Q8_0 (Q8_0 activations),
+//! Q4_1, Q5_1 (Q8_1) and the K-quants Q4_K, Q5_K (Q8_K; sub-block scale and min folded to f32).
 //!
 //! Where the per-row dot product (`vec_dot`) decodes every weight block again for every
 //! activation row and reduces each (row, column) pair horizontally, this kernel decodes a panel
@@ -11,7 +12,8 @@
 //! removed per block with the activation block sum `Σy`.
 //!
 //! Arithmetic per (row, column): `acc = fma((Σ u·y − o·Σy) as f32, d_w·d_x, acc)`, then for
-//! Q4_1/Q5_1 `acc = fma(m_w, s_x, acc)`, blocks in order. The integer sums are exact, so the
+//! types with a min `acc = fma(m_w, s_x, acc)` (`s_x = d_x·Σy`: Q8_1's `s`, or computed from
+//! Q8_K's `bsums`), blocks in order. The integer sums are exact, so the
 //! portable twin ([`panel_portable`]) and the AVX-512 VNNI kernel are bit-identical; against
 //! `vec_dot` (ggml's order) only the float summation order differs. Not used in
 //! batch-invariant mode (its rows would depend on the batch size) — the scheduler decides.
@@ -27,7 +29,23 @@ pub const PACKED_BLOCK: usize = 32 * PANEL + 2 * 4 * PANEL;
 
 /// Weight types the panel GEMM handles.
 pub fn supported(t: DType) -> bool {
-    matches!(t, DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4_1 | DType::Q5_1)
+    matches!(t, DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K)
+}
+
+/// Activation block layout of a weight type's `vec_dot_type`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Act {
+    Q8_0,
+    Q8_1,
+    Q8K,
+}
+
+fn act_of(t: DType) -> Act {
+    match t {
+        DType::Q4_1 | DType::Q5_1 => Act::Q8_1,
+        DType::Q4K | DType::Q5K => Act::Q8K,
+        _ => Act::Q8_0,
+    }
 }
 
 /// The offset `o` of a type's unsigned codes (`u = q + o`).
@@ -99,6 +117,28 @@ fn pack(t: DType, w: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
                         (d[col], m[col]) = (x.d.to_f32(), x.m.to_f32());
                         u = q5_1_values(x);
                     }
+                    DType::Q4K | DType::Q5K => {
+                        // Sub-block j of super-block b / 8: nibbles of qs[32·(j/2)..], low for
+                        // even j, high for odd; Q5_K's fifth bit is bit j of qh[l].
+                        let (sb, j) = (b / 8, b % 8);
+                        let (dd, dmin, scales, qs, qh) = if t == DType::Q4K {
+                            let x = &as_blocks::<BlockQ4K>(row)[sb];
+                            (x.d, x.dmin, &x.scales, &x.qs, None)
+                        } else {
+                            let x = &as_blocks::<BlockQ5K>(row)[sb];
+                            (x.d, x.dmin, &x.scales, &x.qs, Some(&x.qh))
+                        };
+                        let (sc, mn) = scale_min_k4(j, scales);
+                        d[col] = dd.to_f32() * sc as f32;
+                        m[col] = -(dmin.to_f32() * mn as f32);
+                        for (l, v) in u.iter_mut().enumerate() {
+                            let q = qs[(j / 2) * 32 + l];
+                            *v = if j % 2 == 0 { q & 0xF } else { q >> 4 };
+                            if let Some(qh) = qh {
+                                *v |= ((qh[l] >> j) & 1) << 4;
+                            }
+                        }
+                    }
                     _ => unreachable!("checked by supported()"),
                 }
             } else {
@@ -117,25 +157,38 @@ fn pack(t: DType, w: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
 }
 
 /// `Σy` of every 32-block of every activation row (Q8_0 and Q8_1 share the layout prefix).
-fn block_sums(x: &[u8], xrb: usize, rows: usize, nb: usize, q8_1: bool, out: &mut [i32]) {
+fn block_sums(x: &[u8], xrb: usize, rows: usize, nb: usize, act: Act, out: &mut [i32]) {
     for r in 0..rows {
         let row = &x[r * xrb..(r + 1) * xrb];
         for b in 0..nb {
-            out[r * nb + b] = act_block(row, b, q8_1).2.iter().map(|&v| v as i32).sum();
+            out[r * nb + b] = act_block(row, b, act).2.iter().map(|&v| v as i32).sum();
         }
     }
 }
 
 /// Activation scale and sum term of block `b` of a row (`s` is 0 for Q8_0).
 #[inline]
-pub(crate) fn act_block(row: &[u8], b: usize, q8_1: bool) -> (f32, f32, &[i8; 32]) {
-    if q8_1 {
-        let x = &as_blocks::<BlockQ8_1>(row)[b];
-        (x.d.to_f32(), x.s.to_f32(), &x.qs)
-    } else {
-        let x = &as_blocks::<BlockQ8_0>(row)[b];
-        (x.d.to_f32(), 0.0, &x.qs)
+pub(crate) fn act_block(row: &[u8], b: usize, act: Act) -> (f32, f32, &[i8; 32]) {
+    match act {
+        Act::Q8_1 => {
+            let x = &as_blocks::<BlockQ8_1>(row)[b];
+            (x.d.to_f32(), x.s.to_f32(), &x.qs)
+        }
+        Act::Q8_0 => {
+            let x = &as_blocks::<BlockQ8_0>(row)[b];
+            (x.d.to_f32(), 0.0, &x.qs)
+        }
+        Act::Q8K => q8k_block(row, b),
     }
+}
+
+/// Block `b` (32 values) of a Q8_K row: scale, `d·Σy` from the two 16-sums, values.
+#[inline]
+pub(crate) fn q8k_block(row: &[u8], b: usize) -> (f32, f32, &[i8; 32]) {
+    let x = &as_blocks::<BlockQ8K>(row)[b / 8];
+    let j = b % 8;
+    let sum = x.bsums[2 * j] as i32 + x.bsums[2 * j + 1] as i32;
+    (x.d, x.d * sum as f32, x.qs[j * 32..j * 32 + 32].try_into().expect("32 values"))
 }
 
 /// Scalar micro-kernel over one packed panel: the twin of the VNNI kernel, bit for bit.
@@ -144,19 +197,20 @@ pub fn panel_portable(
     panel: &[u8],
     nb: usize,
     o: i32,
-    q8_1: bool,
+    act: Act,
     x: &[u8],
     xrb: usize,
     ysum: &[i32],
     rows: usize,
     mut store: impl FnMut(usize, &[f32; PANEL]),
 ) {
+    let has_min = act != Act::Q8_0;
     for r in 0..rows {
         let row = &x[r * xrb..(r + 1) * xrb];
         let mut acc = [0f32; PANEL];
         for b in 0..nb {
             let blk = &panel[b * PACKED_BLOCK..(b + 1) * PACKED_BLOCK];
-            let (dx, sx, y) = act_block(row, b, q8_1);
+            let (dx, sx, y) = act_block(row, b, act);
             for (col, a) in acc.iter_mut().enumerate() {
                 let mut s = 0i32;
                 for g in 0..8 {
@@ -167,7 +221,7 @@ pub fn panel_portable(
                 s -= o * ysum[r * nb + b];
                 let dw = f32::from_le_bytes(blk[256 + col * 4..256 + col * 4 + 4].try_into().unwrap());
                 *a = (s as f32).mul_add(dw * dx, *a);
-                if q8_1 {
+                if has_min {
                     let mw = f32::from_le_bytes(blk[288 + col * 4..288 + col * 4 + 4].try_into().unwrap());
                     *a = mw.mul_add(sx, *a);
                 }
@@ -199,10 +253,10 @@ pub unsafe fn gemm(
 ) {
     debug_assert!(supported(t) && k % 32 == 0 && scratch.fits(k, rows));
     let nb = k / 32;
-    let (o, q8_1) = (offset(t), matches!(t, DType::Q4_1 | DType::Q5_1));
+    let (o, act) = (offset(t), act_of(t));
     let GemmScratch { panel, ysum } = scratch;
     if o != 0 {
-        block_sums(x, xrb, rows, nb, q8_1, ysum);
+        block_sums(x, xrb, rows, nb, act, ysum);
     }
     let mut c0 = cols.start;
     while c0 < cols.end {
@@ -217,12 +271,12 @@ pub unsafe fn gemm(
         #[cfg(target_arch = "x86_64")]
         if simd {
             // SAFETY: the caller detected AVX-512 F/VL/VNNI.
-            unsafe { crate::x86::gemm_vnni::panel(panel, nb, o, q8_1, x, xrb, ysum, rows, store) };
+            unsafe { crate::x86::gemm_vnni::panel(panel, nb, o, act, x, xrb, ysum, rows, store) };
             c0 += n;
             continue;
         }
         let _ = simd;
-        panel_portable(panel, nb, o, q8_1, x, xrb, ysum, rows, store);
+        panel_portable(panel, nb, o, act, x, xrb, ysum, rows, store);
         c0 += n;
     }
 }

@@ -311,9 +311,14 @@ fn panel_gemm_matches_row_dots() {
     use corelm_kernels::gemm::{gemm, has_vnni, supported, GemmScratch};
     let port = Kernels::portable();
     let mut rng = Rng(1234);
-    for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1] {
+    for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K] {
         assert!(supported(t));
-        for (k, n_out, rows) in [(32usize, 3usize, 1usize), (96, 13, 7), (256, 16, 9)] {
+        let shapes: &[(usize, usize, usize)] = if t.block_size() == 256 {
+            &[(256, 3, 1), (512, 13, 7), (768, 16, 9)]
+        } else {
+            &[(32, 3, 1), (96, 13, 7), (256, 16, 9)]
+        };
+        for &(k, n_out, rows) in shapes {
             let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(t, k, &mut rng)).collect();
             let vdt = port.ops(t).unwrap().vec_dot_type;
             let xrb = row_bytes(vdt, k);

@@ -5,7 +5,7 @@
 
 use super::avx2::h2f;
 use crate::blocks::{as_blocks, BlockQ8_0, BlockQ8_1};
-use crate::gemm::{PACKED_BLOCK, PANEL};
+use crate::gemm::{q8k_block, Act, PACKED_BLOCK, PANEL};
 use std::arch::x86_64::*;
 
 #[allow(clippy::too_many_arguments)]
@@ -14,7 +14,7 @@ pub fn panel(
     panel: &[u8],
     nb: usize,
     o: i32,
-    q8_1: bool,
+    act: Act,
     x: &[u8],
     xrb: usize,
     ysum: &[i32],
@@ -24,11 +24,11 @@ pub fn panel(
     assert!(panel.len() >= nb * PACKED_BLOCK && x.len() >= rows * xrb);
     let mut r = 0;
     while r + 4 <= rows {
-        rows_block::<4>(panel, nb, o, q8_1, x, xrb, ysum, r, &mut store);
+        rows_block::<4>(panel, nb, o, act, x, xrb, ysum, r, &mut store);
         r += 4;
     }
     while r < rows {
-        rows_block::<1>(panel, nb, o, q8_1, x, xrb, ysum, r, &mut store);
+        rows_block::<1>(panel, nb, o, act, x, xrb, ysum, r, &mut store);
         r += 1;
     }
 }
@@ -40,7 +40,7 @@ fn rows_block<const R: usize>(
     panel: &[u8],
     nb: usize,
     o: i32,
-    q8_1: bool,
+    act: Act,
     x: &[u8],
     xrb: usize,
     ysum: &[i32],
@@ -51,7 +51,7 @@ fn rows_block<const R: usize>(
     let rows: [&[u8]; R] = std::array::from_fn(|j| &x[(r0 + j) * xrb..(r0 + j + 1) * xrb]);
     for b in 0..nb {
         let blk = &panel[b * PACKED_BLOCK..(b + 1) * PACKED_BLOCK];
-        let acts: [(f32, f32, &[i8; 32]); R] = std::array::from_fn(|j| act_block_fast(rows[j], b, q8_1));
+        let acts: [(f32, f32, &[i8; 32]); R] = std::array::from_fn(|j| act_block_fast(rows[j], b, act));
         let mut acci = [_mm256_setzero_si256(); R];
         for g in 0..8 {
             // SAFETY: blk has PACKED_BLOCK ≥ 256 bytes; g * 32 + 32 ≤ 256.
@@ -74,7 +74,7 @@ fn rows_block<const R: usize>(
             };
             let (dx, sx, _) = acts[j];
             accf[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), accf[j]);
-            if q8_1 {
+            if act != Act::Q8_0 {
                 accf[j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx), accf[j]);
             }
         }
@@ -90,12 +90,16 @@ fn rows_block<const R: usize>(
 /// `gemm::act_block` with F16C conversions.
 #[inline]
 #[target_feature(enable = "f16c")]
-fn act_block_fast(row: &[u8], b: usize, q8_1: bool) -> (f32, f32, &[i8; 32]) {
-    if q8_1 {
-        let x = &as_blocks::<BlockQ8_1>(row)[b];
-        (h2f(x.d), h2f(x.s), &x.qs)
-    } else {
-        let x = &as_blocks::<BlockQ8_0>(row)[b];
-        (h2f(x.d), 0.0, &x.qs)
+fn act_block_fast(row: &[u8], b: usize, act: Act) -> (f32, f32, &[i8; 32]) {
+    match act {
+        Act::Q8_1 => {
+            let x = &as_blocks::<BlockQ8_1>(row)[b];
+            (h2f(x.d), h2f(x.s), &x.qs)
+        }
+        Act::Q8_0 => {
+            let x = &as_blocks::<BlockQ8_0>(row)[b];
+            (h2f(x.d), 0.0, &x.qs)
+        }
+        Act::Q8K => q8k_block(row, b),
     }
 }
