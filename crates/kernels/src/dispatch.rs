@@ -39,6 +39,9 @@ pub enum Isa {
 #[derive(Clone)]
 pub struct Kernels {
     pub isa: Isa,
+    /// Activation quantizers to Q8_0 / Q8_1 (SIMD where detected; same bytes as portable).
+    q8_0: FromFloat,
+    q8_1: FromFloat,
     /// AVX-512 F/VL/VNNI present: the panel GEMM (`crate::gemm`) uses its VNNI kernel.
     pub vnni: bool,
     ops: [TypeOps; WEIGHT_TYPES.len()],
@@ -80,6 +83,8 @@ impl Kernels {
         };
         Kernels {
             isa: Isa::Portable,
+            q8_0: pq::quant_q8_0,
+            q8_1: pq::quant_q8_1,
             vnni: false,
             ops: [
                 op(DType::F32, pd::dot_f32, pq::dequant_f32, Some(pq::quant_f32)),
@@ -113,6 +118,8 @@ impl Kernels {
             use crate::x86::avx2;
             k.isa = Isa::Avx2;
             k.vnni = crate::gemm::has_vnni();
+            k.q8_0 = |x, y| unsafe { crate::x86::avx2_ext::quant_q8_0(x, y) };
+            k.q8_1 = |x, y| unsafe { crate::x86::avx2_ext::quant_q8_1(x, y) };
             // SAFETY (all closures below): the features these functions are compiled for were
             // detected on this CPU just above.
             // Sets both dots; types whose tile dot differs (Q4_K) override it below.
@@ -157,8 +164,8 @@ impl Kernels {
             DType::F32 => Some(pq::quant_f32),
             DType::F16 => Some(pq::quant_f16),
             DType::BF16 => Some(pq::quant_bf16),
-            DType::Q8_0 => Some(pq::quant_q8_0),
-            DType::Q8_1 => Some(pq::quant_q8_1),
+            DType::Q8_0 => Some(self.q8_0),
+            DType::Q8_1 => Some(self.q8_1),
             DType::Q8K => Some(pq::quant_q8_k),
             _ => self.ops(t).and_then(|o| o.from_float),
         }

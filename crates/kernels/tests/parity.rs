@@ -369,3 +369,25 @@ fn geglu_table_equals_portable() {
         assert_eq!(y[i].to_bits(), want.to_bits(), "x = {}", g[i]);
     }
 }
+
+/// SIMD activation quantizers write the same bytes as the portable ones (ties to even, zero
+/// blocks, a block whose amax sits at the end).
+#[test]
+fn activation_quantizers_simd_equal_portable() {
+    let (fast, port) = (Kernels::detect(), Kernels::portable());
+    let mut rng = Rng(77);
+    let mut x: Vec<f32> = (0..32 * 40).map(|_| rng.f32() * 5.0).collect();
+    x[32..64].iter_mut().for_each(|v| *v = 0.0);
+    // amax 127 makes the scale exactly 1, so these are exact ties: 0.5 → 0, 1.5 → 2, ...
+    for (i, v) in x[64..96].iter_mut().enumerate() {
+        *v = if i == 0 { 127.0 } else { i as f32 - 15.5 };
+    }
+    x[127] = -100.0; // the largest magnitude last in its block
+    for t in [DType::Q8_0, DType::Q8_1] {
+        let n = row_bytes(t, x.len());
+        let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
+        fast.from_float(t).unwrap()(&x, &mut a);
+        port.from_float(t).unwrap()(&x, &mut b);
+        assert_eq!(a, b, "{t}");
+    }
+}

@@ -215,3 +215,57 @@ pub fn dot_bf16(x: &[u8], y: &[u8]) -> f32 {
     }
     s
 }
+
+/// One 32-value block quantized as ggml's SIMD `quantize_row_q8_0/1`: `amax`, `d = amax/127`,
+/// `q = round_half_even(x · 127/amax)`. Returns (d, Σq) and writes the codes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_block(xs: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
+    assert!(xs.len() >= 32);
+    // SAFETY: 32 readable f32 (asserted).
+    let v: [__m256; 4] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(xs.as_ptr().add(8 * i)) });
+    let sign = _mm256_set1_ps(-0.0);
+    let a = v.map(|x| _mm256_andnot_ps(sign, x));
+    let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+    let m = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    let d = amax / 127.0;
+    let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+    let q = v.map(|x| {
+        let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, id));
+        _mm256_cvtps_epi32(r)
+    });
+    let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    let p16 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    let p8 = _mm256_permutevar8x32_epi32(p16, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    // SAFETY: qs is 32 writable bytes.
+    unsafe { _mm256_storeu_si256(qs.as_mut_ptr() as *mut __m256i, p8) };
+    (d, hsum_i32x8(sum))
+}
+
+/// f32 → f16 bits with F16C (round to nearest even, as `half`).
+#[inline]
+#[target_feature(enable = "f16c")]
+fn f2h(v: f32) -> half::f16 {
+    half::f16::from_bits(_mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(v))) as u16)
+}
+
+/// AVX2 twin of `portable::quant::quant_q8_0` (same bytes).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn quant_q8_0(x: &[f32], y: &mut [u8]) {
+    for (b, xs) in as_blocks_mut::<BlockQ8_0>(y).iter_mut().zip(x.chunks_exact(QK8_0)) {
+        let (d, _) = q8_block(xs, &mut b.qs);
+        b.d = f2h(d);
+    }
+}
+
+/// AVX2 twin of `portable::quant::quant_q8_1` (same bytes).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn quant_q8_1(x: &[f32], y: &mut [u8]) {
+    for (b, xs) in as_blocks_mut::<BlockQ8_1>(y).iter_mut().zip(x.chunks_exact(QK8_1)) {
+        let (d, sum) = q8_block(xs, &mut b.qs);
+        b.d = f2h(d);
+        b.s = f2h(sum as f32 * d);
+    }
+}
