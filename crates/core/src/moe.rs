@@ -20,6 +20,11 @@ impl Route {
         3 * n_tokens * p.n_used + p.n_expert + 1
     }
 
+    /// Pairs in a table (the inverse of [`Route::len`]).
+    pub fn n_pairs(table: &[i32], p: MoeParams) -> usize {
+        (table.len() - p.n_expert - 1) / 3
+    }
+
     /// Weight of each pair.
     pub fn weight(table: &[i32], n_pairs: usize, pair: usize) -> f32 {
         f32::from_bits(table[n_pairs + pair] as u32)
@@ -147,8 +152,7 @@ pub unsafe fn matmul_id(
     out: *mut f32,
 ) {
     const COL_BLOCK: usize = 16;
-    let n_pairs = table.len() - p.n_expert - 1;
-    let n_pairs = n_pairs / 3;
+    let n_pairs = Route::n_pairs(table, p);
     for e in 0..p.n_expert {
         let pairs = Route::pairs_of(table, n_pairs, e);
         if pairs.is_empty() {
@@ -176,7 +180,7 @@ pub unsafe fn matmul_id(
 /// `out[ne0]` of token `t` = Σ_s weight(t, s) · y[t·n_used + s], slots in order.
 pub fn combine(y: &[f32], table: &[i32], p: MoeParams, t: usize, out: &mut [f32]) {
     let ne0 = out.len();
-    let n_pairs = (table.len() - p.n_expert - 1) / 3;
+    let n_pairs = Route::n_pairs(table, p);
     for s in 0..p.n_used {
         let pair = t * p.n_used + s;
         let w = Route::weight(table, n_pairs, pair);

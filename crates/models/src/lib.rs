@@ -158,25 +158,13 @@ impl<'a> Loader<'a> {
 
     /// A weight by name with its expected GGML shape `[ne0, ne1]` (`ne1 = 1` for vectors).
     pub fn weight(&self, name: &str, ne: [usize; 2]) -> Result<WeightRef, ModelError> {
-        let t = self.g.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        let found = t.shape[..t.n_dims].to_vec();
-        let expected: Vec<u64> =
-            if ne[1] == 1 { vec![ne[0] as u64] } else { vec![ne[0] as u64, ne[1] as u64] };
-        if found != expected {
-            return Err(ModelError::BadShape { name: name.to_string(), found, expected });
-        }
-        self.checked(name, t, ne)
+        let shape: &[usize] = if ne[1] == 1 { &ne[..1] } else { &ne };
+        self.checked(name, shape, ne)
     }
 
     /// A 3-D weight `[ne0, ne1, ne2]` (stacked experts), seen as `[ne0, ne1 · ne2]`.
     pub fn weight3(&self, name: &str, ne: [usize; 3]) -> Result<WeightRef, ModelError> {
-        let t = self.g.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        let found = t.shape[..t.n_dims].to_vec();
-        let expected: Vec<u64> = ne.iter().map(|&v| v as u64).collect();
-        if found != expected {
-            return Err(ModelError::BadShape { name: name.to_string(), found, expected });
-        }
-        self.checked(name, t, [ne[0], ne[1] * ne[2]])
+        self.checked(name, &ne, [ne[0], ne[1] * ne[2]])
     }
 
     /// Rows `start .. start + n` of a `[ne0, total]` weight (one part of a fused matrix).
@@ -186,7 +174,15 @@ impl<'a> Loader<'a> {
         Ok(WeightRef { offset: w.offset + start * rb, len: n * rb, ne: [ne0, n], ..w })
     }
 
-    fn checked(&self, name: &str, t: &corelm_gguf::TensorInfo, ne: [usize; 2]) -> Result<WeightRef, ModelError> {
+    /// The tensor `name`, checked to have exactly the GGML `shape`, a type some kernel computes
+    /// with and whole blocks per row; referenced as a matrix `ne`.
+    fn checked(&self, name: &str, shape: &[usize], ne: [usize; 2]) -> Result<WeightRef, ModelError> {
+        let t = self.g.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let found = t.shape[..t.n_dims].to_vec();
+        let expected: Vec<u64> = shape.iter().map(|&v| v as u64).collect();
+        if found != expected {
+            return Err(ModelError::BadShape { name: name.to_string(), found, expected });
+        }
         if self.kernels.ops(t.dtype).is_none() {
             return Err(ModelError::UnsupportedType { name: name.to_string(), dtype: t.dtype });
         }
