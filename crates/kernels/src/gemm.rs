@@ -21,6 +21,7 @@
 use crate::blocks::*;
 use crate::portable::quant::{q4_0_values, q5_0_values, q5_1_values};
 use crate::DType;
+use half::f16;
 
 /// Output columns per panel (lanes of one 256-bit vector of i32).
 pub const PANEL: usize = 8;
@@ -169,14 +170,20 @@ fn block_sums(x: &[u8], xrb: usize, rows: usize, nb: usize, act: Act, out: &mut 
 /// Activation scale and sum term of block `b` of a row (`s` is 0 for Q8_0).
 #[inline]
 pub(crate) fn act_block(row: &[u8], b: usize, act: Act) -> (f32, f32, &[i8; 32]) {
+    act_block_with(row, b, act, f16::to_f32)
+}
+
+/// [`act_block`] with the F16 → f32 conversion given (the SIMD kernel passes F16C's).
+#[inline(always)]
+pub(crate) fn act_block_with(row: &[u8], b: usize, act: Act, h2f: impl Fn(f16) -> f32) -> (f32, f32, &[i8; 32]) {
     match act {
         Act::Q8_1 => {
             let x = &as_blocks::<BlockQ8_1>(row)[b];
-            (x.d.to_f32(), x.s.to_f32(), &x.qs)
+            (h2f(x.d), h2f(x.s), &x.qs)
         }
         Act::Q8_0 => {
             let x = &as_blocks::<BlockQ8_0>(row)[b];
-            (x.d.to_f32(), 0.0, &x.qs)
+            (h2f(x.d), 0.0, &x.qs)
         }
         Act::Q8K => q8k_block(row, b),
     }

@@ -4,8 +4,7 @@
 //! float operations per lane in the same order).
 
 use super::avx2::h2f;
-use crate::blocks::{as_blocks, BlockQ8_0, BlockQ8_1};
-use crate::gemm::{q8k_block, Act, PACKED_BLOCK, PANEL};
+use crate::gemm::{act_block_with, Act, PACKED_BLOCK, PANEL};
 use std::arch::x86_64::*;
 
 #[allow(clippy::too_many_arguments)]
@@ -51,7 +50,7 @@ fn rows_block<const R: usize>(
     let rows: [&[u8]; R] = std::array::from_fn(|j| &x[(r0 + j) * xrb..(r0 + j + 1) * xrb]);
     for b in 0..nb {
         let blk = &panel[b * PACKED_BLOCK..(b + 1) * PACKED_BLOCK];
-        let acts: [(f32, f32, &[i8; 32]); R] = std::array::from_fn(|j| act_block_fast(rows[j], b, act));
+        let acts: [(f32, f32, &[i8; 32]); R] = std::array::from_fn(|j| act_block_with(rows[j], b, act, |h| h2f(h)));
         let mut acci = [_mm256_setzero_si256(); R];
         for g in 0..8 {
             // SAFETY: blk has PACKED_BLOCK ≥ 256 bytes; g * 32 + 32 ≤ 256.
@@ -84,22 +83,5 @@ fn rows_block<const R: usize>(
         // SAFETY: 8 f32 of stack memory.
         unsafe { _mm256_storeu_ps(out.as_mut_ptr(), accf[j]) };
         store(r0 + j, &out);
-    }
-}
-
-/// `gemm::act_block` with F16C conversions.
-#[inline]
-#[target_feature(enable = "f16c")]
-fn act_block_fast(row: &[u8], b: usize, act: Act) -> (f32, f32, &[i8; 32]) {
-    match act {
-        Act::Q8_1 => {
-            let x = &as_blocks::<BlockQ8_1>(row)[b];
-            (h2f(x.d), h2f(x.s), &x.qs)
-        }
-        Act::Q8_0 => {
-            let x = &as_blocks::<BlockQ8_0>(row)[b];
-            (h2f(x.d), 0.0, &x.qs)
-        }
-        Act::Q8K => q8k_block(row, b),
     }
 }
