@@ -187,15 +187,14 @@ fn gelu_table() -> &'static [u16] {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "fma,f16c")]
 fn geglu_f16c(g: &[f32], u: &[f32], y: &mut [f32], table: &[u16]) {
-    use std::arch::x86_64::*;
+    use crate::x86::avx2::{f2h, h2f};
     for ((o, &a), &b) in y.iter_mut().zip(g).zip(u) {
         let act = if a <= -10.0 {
             0.0
         } else if a >= 10.0 {
             a
         } else {
-            let h = _mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(a))) as u16;
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(table[h as usize] as i32)))
+            h2f(f16::from_bits(table[f2h(a).to_bits() as usize]))
         };
         *o = act * b;
     }

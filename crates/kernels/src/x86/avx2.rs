@@ -12,6 +12,13 @@ pub(crate) fn h2f(h: half::f16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
 }
 
+/// f32 → F16 with F16C (round to nearest even, as `half`).
+#[inline]
+#[target_feature(enable = "f16c")]
+pub(crate) fn f2h(v: f32) -> half::f16 {
+    half::f16::from_bits(_mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(v))) as u16)
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn hsum_f32x8(x: __m256) -> f32 {

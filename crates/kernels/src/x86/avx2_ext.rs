@@ -244,13 +244,6 @@ fn q8_block(xs: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
     (d, hsum_i32x8(sum))
 }
 
-/// f32 → f16 bits with F16C (round to nearest even, as `half`).
-#[inline]
-#[target_feature(enable = "f16c")]
-fn f2h(v: f32) -> half::f16 {
-    half::f16::from_bits(_mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(v))) as u16)
-}
-
 /// AVX2 twin of `portable::quant::quant_q8_0` (same bytes).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn quant_q8_0(x: &[f32], y: &mut [u8]) {
