@@ -42,6 +42,14 @@ struct ModelArgs {
     /// Do not pin worker threads to cores.
     #[arg(long)]
     no_pin: bool,
+    #[command(flatten)]
+    kernels: KernelArgs,
+}
+
+/// Kernel choices, shared by every command that computes with a model except `serve` (which
+/// is always batch-invariant and takes only the cache types).
+#[derive(Args, Clone, Copy)]
+struct KernelArgs {
     /// Compute every batch row as if alone (what `serve` does): results independent of
     /// batching, without llama.cpp's batch-size-dependent kernel choices.
     #[arg(long)]
@@ -123,14 +131,8 @@ struct BenchArgs {
     json: bool,
     #[arg(long)]
     no_pin: bool,
-    /// Batch-invariant kernels, as `serve` runs them.
-    #[arg(long)]
-    batch_invariant: bool,
     #[command(flatten)]
-    cache: CacheArgs,
-    /// Prefill with the panel GEMM (see `run --help`).
-    #[arg(long)]
-    fast_prefill: bool,
+    kernels: KernelArgs,
 }
 
 #[derive(Subcommand)]
@@ -252,10 +254,10 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         n_seq_max: n_seq,
         n_threads: m.threads.unwrap_or_else(corelm_engine::engine::default_threads),
         pin: !m.no_pin,
-        batch_invariant: m.batch_invariant,
-        cache_type_k: m.cache.cache_type_k,
-        cache_type_v: m.cache.cache_type_v,
-        fast_prefill: m.fast_prefill,
+        batch_invariant: m.kernels.batch_invariant,
+        cache_type_k: m.kernels.cache.cache_type_k,
+        cache_type_v: m.kernels.cache.cache_type_v,
+        fast_prefill: m.kernels.fast_prefill,
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", path.display()))?;
@@ -428,9 +430,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
             ctx_size: max_tokens + 16,
             batch_size: a.batch_size.min(max_tokens.max(1)),
             no_pin: a.no_pin,
-            batch_invariant: a.batch_invariant,
-            cache: a.cache,
-            fast_prefill: a.fast_prefill,
+            kernels: a.kernels,
         };
         let (mut engine, _) = load(&ma, 1)?;
         let name = engine.gguf().opt_str("general.name").ok().flatten().unwrap_or("?").to_string();
