@@ -4,7 +4,7 @@
 //! type's error.
 
 use corelm_engine::quantize::quantize_file;
-use corelm_engine::{Batch, Engine, EngineConfig};
+use corelm_engine::{Engine, EngineConfig};
 use corelm_gguf::Gguf;
 use corelm_kernels::DType;
 use std::path::PathBuf;
@@ -54,12 +54,9 @@ fn written_bytes_equal_ggml_quantizer() {
 fn logits(path: &std::path::Path, tokens: &[u32]) -> Vec<Vec<f32>> {
     let cfg = EngineConfig { n_ctx: 64, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, ..Default::default() };
     let mut e = Engine::load(path, cfg).unwrap();
-    let mut b = Batch::new();
-    for (i, &t) in tokens.iter().enumerate() {
-        b.add(t, i as i32, 0, true);
-    }
-    let l = e.decode(&b).unwrap();
-    (0..tokens.len()).map(|i| l.row(i).to_vec()).collect()
+    let mut out = Vec::new();
+    e.feed(0, tokens, true, |l| out.extend((0..l.rows()).map(|i| l.row(i).to_vec()))).unwrap();
+    out
 }
 
 /// Requantize SmolLM2 (Q4_1) to other types and back into the engine: the logits move by what
