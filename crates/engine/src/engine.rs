@@ -41,7 +41,7 @@ pub struct EngineConfig {
     pub cache_type_k: DType,
     pub cache_type_v: DType,
     /// Prefill matmuls of Q4_0/Q5_0/Q8_0/Q4_1/Q5_1/Q4_K/Q5_K weights through the panel GEMM
-    /// (`kernels::gemm`, AVX-512 VNNI where present): 1.3–1.6× faster prefill, but the float
+    /// (`kernels::gemm`, AVX-512 VNNI where present): 1.6–1.9× faster prefill, but the float
     /// summation order is no longer ggml's, so logits are no longer bit-identical to llama.cpp
     /// (off by default; never used with `batch_invariant`).
     pub fast_prefill: bool,
