@@ -520,11 +520,18 @@ fn attend_tiled(
             *p = f32::NEG_INFINITY; // the padding of a short last tile
         }
         let mut sum = 0f64;
-        for g in scratch.scores.chunks_exact_mut(16) {
-            for p in g.iter_mut() {
-                *p = expf_ggml(*p - m);
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: as above.
+            sum = unsafe { crate::x86::attn::softmax_tile(&mut scratch.scores, m) };
+        }
+        if !simd {
+            for g in scratch.scores.chunks_exact_mut(16) {
+                for p in g.iter_mut() {
+                    *p = expf_ggml(*p - m);
+                }
+                sum += reduce_add_16(&<[f32; 16]>::try_from(&*g).expect("16 lanes")) as f64;
             }
-            sum += reduce_add_16(&<[f32; 16]>::try_from(&*g).expect("16 lanes")) as f64;
         }
         s = (s as f64 + sum) as f32;
         for c in t0..t1 {

@@ -391,3 +391,39 @@ fn activation_quantizers_simd_equal_portable() {
         assert_eq!(a, b, "{t}");
     }
 }
+
+/// The tiled attention's softmax step with AVX2 (`x86::attn::softmax_tile`) against ggml's
+/// scalar `expf_ggml` and 16-lane reduction: the same bits on every lane, including the
+/// subnormal, overflow and saturated ranges and the -inf padding of short tiles.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn softmax_tile_simd_is_bit_identical() {
+    use corelm_kernels::ops::{expf_ggml, reduce_add_16};
+    if Kernels::detect().isa != corelm_kernels::Isa::Avx2 {
+        return;
+    }
+    let mut rng = Rng(5);
+    let edges = [f32::NEG_INFINITY, -1e30, -200.0, -133.0, -103.9, -87.4, -87.0, -20.0, -1e-3, -0.0, 0.0, 1e-7, 60.0, 88.7, 100.0, 140.0];
+    let mut inputs: Vec<f32> = edges.to_vec();
+    inputs.extend((0..64 * 40).map(|i| rng.f32() * [1.0, 10.0, 60.0, 120.0][i % 4] - [0.0, 5.0, 40.0, 90.0][i % 4]));
+    inputs.resize(inputs.len().next_multiple_of(64), f32::NEG_INFINITY);
+    for (t, tile) in inputs.chunks_exact(64).enumerate() {
+        let m = if t % 2 == 0 { 0.0 } else { 3.5 };
+        let mut fast = tile.to_vec();
+        // SAFETY: AVX2, FMA and F16C were detected above.
+        let sum = unsafe { corelm_kernels::x86::attn::softmax_tile(&mut fast, m) };
+        let mut want = 0f64;
+        let mut slow = tile.to_vec();
+        for g in slow.chunks_exact_mut(16) {
+            g.iter_mut().for_each(|p| *p = expf_ggml(*p - m));
+            want += reduce_add_16(&<[f32; 16]>::try_from(&*g).unwrap()) as f64;
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fast), bits(&slow), "tile {t}");
+        assert_eq!(sum.to_bits(), want.to_bits(), "tile {t} sum");
+    }
+    // And exp itself stays close to the true exponential.
+    for &x in &[-80.0f32, -10.0, -1.0, -0.5, 0.0] {
+        assert!((expf_ggml(x) as f64 / (x as f64).exp() - 1.0).abs() < 1e-6, "expf({x})");
+    }
+}

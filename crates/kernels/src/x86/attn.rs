@@ -3,7 +3,7 @@
 //! 16-lane accumulators (each as two 8-lane halves), the F16 accumulator is rounded with the
 //! hardware converter (round to nearest even, as the portable twin), so results are bit-identical.
 
-use super::avx2::h2f;
+use super::avx2::{h2f, hsum_f32x8};
 use crate::ops::{reduce_add_16, AttnScratch, KvRows};
 use half::f16;
 use std::arch::x86_64::*;
@@ -181,4 +181,68 @@ pub fn axpy_f16(acc: &mut [f32], p: f32, v: &[f16]) {
         }
         d += 8;
     }
+}
+
+/// `ops::expf_ggml` on 8 lanes: the same operations in the same order (FMA for every
+/// `mul_add`, the three `scalef` ranges selected per lane), so every lane is bit-identical to
+/// the scalar function.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn expf_ggml8(x: __m256) -> __m256 {
+    let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
+    let r = c(0x4B40_0000);
+    let z = _mm256_fmadd_ps(x, c(0x3FB8_AA3B), r);
+    let n = _mm256_sub_ps(z, r);
+    // fma(-n, c, x) == fnmadd(n, c, x): negation is exact.
+    let b = _mm256_fnmadd_ps(n, c(0x35BF_BE8E), _mm256_fnmadd_ps(n, c(0x3F31_7200), x));
+    let u = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(c(0x3C07_2010), b, c(0x3D2B_9F17)),
+            u,
+            _mm256_fmadd_ps(c(0x3E2A_AF33), b, c(0x3EFF_FEDB)),
+        ),
+        u,
+        _mm256_fmadd_ps(c(0x3F7F_FFF6), b, _mm256_set1_ps(1.0)),
+    );
+    // scalef(j, n): n is integral here (|n| ≤ 192 on the lanes that use it).
+    let ni = _mm256_cvttps_epi32(n);
+    let pow2 = |e: __m256i| _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(e, _mm256_set1_epi32(127))));
+    let k = |v: i32| _mm256_set1_epi32(v);
+    let normal = _mm256_mul_ps(j, pow2(ni));
+    let low = _mm256_mul_ps(_mm256_mul_ps(j, pow2(_mm256_add_epi32(ni, k(64)))), pow2(k(-64)));
+    let high = _mm256_mul_ps(_mm256_mul_ps(j, pow2(k(127))), pow2(_mm256_sub_epi32(ni, k(127))));
+    let is_low = _mm256_castsi256_ps(_mm256_cmpgt_epi32(k(-126), ni));
+    let is_high = _mm256_castsi256_ps(_mm256_cmpgt_epi32(ni, k(127)));
+    let v = _mm256_blendv_ps(_mm256_blendv_ps(normal, low, is_low), high, is_high);
+    // |n| > 192: 0 below, infinity above.
+    let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+    let out_of_range = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
+    let sat = _mm256_blendv_ps(
+        _mm256_set1_ps(f32::INFINITY),
+        _mm256_setzero_ps(),
+        _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps()),
+    );
+    _mm256_blendv_ps(v, sat, out_of_range)
+}
+
+/// The softmax step of the tiled kernel: `p = expf_ggml(p - m)` in place, each group of 16
+/// summed in float as `ops::reduce_add_16`, the groups summed in double (ggml's
+/// `ggml_vec_soft_max_f32`). Bit-identical to the scalar loop in `ops::attend_tiled`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn softmax_tile(scores: &mut [f32], m: f32) -> f64 {
+    let mv = _mm256_set1_ps(m);
+    let mut sum = 0f64;
+    for g in scores.chunks_exact_mut(16) {
+        // SAFETY: 16 f32 in g; unaligned loads and stores.
+        unsafe {
+            let p = g.as_mut_ptr();
+            let lo = expf_ggml8(_mm256_sub_ps(_mm256_loadu_ps(p), mv));
+            let hi = expf_ggml8(_mm256_sub_ps(_mm256_loadu_ps(p.add(8)), mv));
+            _mm256_storeu_ps(p, lo);
+            _mm256_storeu_ps(p.add(8), hi);
+            sum += hsum_f32x8(_mm256_add_ps(hi, lo)) as f64;
+        }
+    }
+    sum
 }
