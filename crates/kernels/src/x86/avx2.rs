@@ -34,6 +34,30 @@ pub(crate) fn f2h(v: f32) -> half::f16 {
     half::f16::from_bits(_mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(v))) as u16)
 }
 
+/// The first four bytes of a block (its f16 scale, and the f16 after it or the first two
+/// quant bytes) as a u32: every block type here is at least 18 bytes long.
+#[inline(always)]
+fn head<B: Block>(b: &B) -> i32 {
+    // SAFETY: B is plain old data of more than 4 bytes (Block's contract; see the size asserts
+    // in blocks.rs); unaligned read.
+    unsafe { (b as *const B as *const i32).read_unaligned() }
+}
+
+/// The f16 pairs at the start of four blocks, converted: lanes 2j and 2j+1 hold block j's
+/// first and second f16 (the scales `d`, and `m` or `s` where the block has one).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn heads4<B: Block>(b: [&B; 4]) -> __m256 {
+    _mm256_cvtph_ps(_mm_setr_epi32(head(b[0]), head(b[1]), head(b[2]), head(b[3])))
+}
+
+/// Lane `L` of `v` in all eight lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn lane<const L: i32>(v: __m256) -> __m256 {
+    _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(L))
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn hsum_f32x8(x: __m256) -> f32 {
@@ -105,15 +129,18 @@ pub(crate) fn load32u(p: &[u8]) -> __m256i {
 pub fn dot_q4_1_q8_1(x: &[u8], y: &[u8]) -> f32 {
     let (x, y) = (as_blocks::<BlockQ4_1>(x), as_blocks::<BlockQ8_1>(y));
     let mut acc = _mm256_setzero_ps();
-    let mut summs = 0f32;
+    // Lane 1 is ggml's `summs` (Σ m·s), accumulated in the same order; lane 0 is unused.
+    let mut summs = _mm_setzero_ps();
     for (a, b) in x.iter().zip(y) {
-        summs += h2f(a.m) * h2f(b.s);
-        let d = _mm256_set1_ps(h2f(a.d) * h2f(b.d));
+        // [d_x·d_y, m·s]: both products in one multiply.
+        let p = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(head(a))), _mm_cvtph_ps(_mm_cvtsi32_si128(head(b))));
+        summs = _mm_add_ps(summs, p);
+        let d = _mm256_broadcastss_ps(p);
         let qx = nibbles_32(&a.qs);
         let qy = load32(&b.qs);
         acc = _mm256_fmadd_ps(d, mul_sum_us8(qx, qy), acc);
     }
-    hsum_f32x8(acc) + summs
+    hsum_f32x8(acc) + _mm_cvtss_f32(_mm_movehdup_ps(summs))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -331,11 +358,12 @@ pub fn dot4_q8_0_q8_0(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4]) {
     for (i, blk) in a.iter().enumerate() {
         let qx = load32(&blk.qs);
         let ax = _mm256_sign_epi8(qx, qx);
-        let dx = h2f(blk.d);
+        // Lane 2j: d_x·d_y of row j (the odd lanes are unused).
+        let d = _mm256_mul_ps(_mm256_set1_ps(h2f(blk.d)), heads4([&b[0][i], &b[1][i], &b[2][i], &b[3][i]]));
+        let ds = [lane::<0>(d), lane::<2>(d), lane::<4>(d), lane::<6>(d)];
         for j in 0..4 {
-            let by = &b[j][i];
-            let sy = _mm256_sign_epi8(load32(&by.qs), qx);
-            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dx * h2f(by.d)), mul_sum_us8(ax, sy), acc[j]);
+            let sy = _mm256_sign_epi8(load32(&b[j][i].qs), qx);
+            acc[j] = _mm256_fmadd_ps(ds[j], mul_sum_us8(ax, sy), acc[j]);
         }
     }
     for j in 0..4 {
@@ -353,11 +381,11 @@ pub fn dot4_q5_0_q8_0(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4]) {
         let hi = _mm256_andnot_si256(bits_32(blk.qh), _mm256_set1_epi8(0xF0u8 as i8));
         let qx = _mm256_or_si256(nibbles_32(&blk.qs), hi);
         let ax = _mm256_sign_epi8(qx, qx);
-        let dx = h2f(blk.d);
+        let d = _mm256_mul_ps(_mm256_set1_ps(h2f(blk.d)), heads4([&b[0][i], &b[1][i], &b[2][i], &b[3][i]]));
+        let ds = [lane::<0>(d), lane::<2>(d), lane::<4>(d), lane::<6>(d)];
         for j in 0..4 {
-            let by = &b[j][i];
-            let sy = _mm256_sign_epi8(load32(&by.qs), qx);
-            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dx * h2f(by.d)), mul_sum_us8(ax, sy), acc[j]);
+            let sy = _mm256_sign_epi8(load32(&b[j][i].qs), qx);
+            acc[j] = _mm256_fmadd_ps(ds[j], mul_sum_us8(ax, sy), acc[j]);
         }
     }
     for j in 0..4 {
@@ -371,18 +399,23 @@ pub fn dot4_q4_1_q8_1(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4]) {
     let a = as_blocks::<BlockQ4_1>(x);
     let b: [&[BlockQ8_1]; 4] = y.map(as_blocks::<BlockQ8_1>);
     let mut acc = [_mm256_setzero_ps(); 4];
-    let mut summs = [0f32; 4];
+    // Lane 2j+1: `summs` of row j, in the single-row kernel's order.
+    let mut summs = _mm256_setzero_ps();
     for (i, blk) in a.iter().enumerate() {
         let qx = nibbles_32(&blk.qs);
-        let (dx, mx) = (h2f(blk.d), h2f(blk.m));
+        // [d_x, m_x] in every lane pair times [d_y, s_y] of row j in lanes 2j, 2j+1.
+        let xdm = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_cvtph_ps(_mm_cvtsi32_si128(head(blk))))));
+        let p = _mm256_mul_ps(xdm, heads4([&b[0][i], &b[1][i], &b[2][i], &b[3][i]]));
+        summs = _mm256_add_ps(summs, p);
+        let ds = [lane::<0>(p), lane::<2>(p), lane::<4>(p), lane::<6>(p)];
         for j in 0..4 {
-            let by = &b[j][i];
-            summs[j] += mx * h2f(by.s);
-            let d = _mm256_set1_ps(dx * h2f(by.d));
-            acc[j] = _mm256_fmadd_ps(d, mul_sum_us8(qx, load32(&by.qs)), acc[j]);
+            acc[j] = _mm256_fmadd_ps(ds[j], mul_sum_us8(qx, load32(&b[j][i].qs)), acc[j]);
         }
     }
+    let mut sm = [0f32; 8];
+    // SAFETY: 8 f32 of stack memory.
+    unsafe { _mm256_storeu_ps(sm.as_mut_ptr(), summs) };
     for j in 0..4 {
-        out[j] = hsum_f32x8(acc[j]) + summs[j];
+        out[j] = hsum_f32x8(acc[j]) + sm[2 * j + 1];
     }
 }
