@@ -131,6 +131,10 @@ struct BenchArgs {
     json: bool,
     #[arg(long)]
     no_pin: bool,
+    /// After each test, one profiled pass: time per op kind, graph nodes per token, and the
+    /// measured cost of the barriers that separate them.
+    #[arg(long)]
+    profile: bool,
     #[command(flatten)]
     kernels: KernelArgs,
 }
@@ -464,6 +468,9 @@ fn bench(a: &BenchArgs) -> Result<()> {
                 println!("| {name} | {t} | {test} | {avg:.2} ± {sd:.2} | {roofline} |");
             }
             results.push(r);
+            if a.profile {
+                print_bench_profile(&mut engine, p, n, t)?;
+            }
         }
         if !json {
             eprintln!(
@@ -473,6 +480,34 @@ fn bench(a: &BenchArgs) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// `corelm bench --profile`: one profiled pass of a test, per op kind, and what the barriers
+/// between nodes cost (measured on this pool size).
+fn print_bench_profile(engine: &mut corelm_engine::Engine, p: usize, n: usize, t: usize) -> Result<()> {
+    let (prof, secs) = corelm_engine::bench::profile_test(engine, p, n)?;
+    let total: f64 = prof.per_op.iter().map(|e| e.1).sum();
+    let per = if p > 0 { 1 } else { n.max(1) };
+    let mut ops = prof.per_op.clone();
+    ops.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let test = if p > 0 { format!("pp{p} (per pass)") } else { format!("tg{n} (per token)") };
+    eprintln!("  profile of {test}, {t} threads:");
+    eprintln!("  | op | ms | nodes | share |");
+    eprintln!("  |---|---|---|---|");
+    for (name, s, c) in &ops {
+        eprintln!("  | {name} | {:.3} | {} | {:.1}% |", 1e3 * s / per as f64, c / per, 100.0 * s / total.max(1e-12));
+    }
+    let nodes = ops.iter().map(|e| e.2).sum::<usize>() / per;
+    let bar = corelm_engine::bench::barrier_ns(t, 20_000);
+    let wall = secs / per as f64;
+    eprintln!(
+        "  {nodes} nodes (= barriers) per {}; one barrier at {t} threads: {bar:.0} ns, so barriers cost {:.1} µs = {:.2}% of the {:.2} ms",
+        if p > 0 { "pass" } else { "token" },
+        nodes as f64 * bar / 1e3,
+        100.0 * nodes as f64 * bar * 1e-9 / wall,
+        1e3 * wall
+    );
     Ok(())
 }
 

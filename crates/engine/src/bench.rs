@@ -3,7 +3,7 @@
 //! (tokens/s ≤ bandwidth ÷ bytes read per token).
 
 use crate::{Batch, Engine, Error};
-use corelm_core::{PoolConfig, ThreadPool, Worker};
+use corelm_core::{PoolConfig, Profile, ThreadPool, Worker};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -98,6 +98,48 @@ pub fn memory_bandwidth(n_threads: usize, bytes: usize, reps: usize) -> f64 {
     }
     std::hint::black_box(sink.load(Ordering::Relaxed));
     best
+}
+
+/// Cost of one pool barrier (what every graph node ends with) with `n_threads` pinned workers,
+/// in nanoseconds: the mean over `rounds` back-to-back barriers after a warm-up.
+pub fn barrier_ns(n_threads: usize, rounds: usize) -> f64 {
+    let cpus = corelm_core::threads::physical_cores();
+    let pool = ThreadPool::new(PoolConfig { n_threads, cpus });
+    let spin = |n: usize| {
+        pool.run(&|w: &Worker| {
+            for _ in 0..n {
+                w.barrier();
+            }
+        })
+    };
+    spin(rounds / 10 + 1);
+    let t0 = Instant::now();
+    spin(rounds);
+    t0.elapsed().as_nanos() as f64 / rounds.max(1) as f64
+}
+
+/// One profiled pass of a test (as [`run_test`]: `n_prompt` tokens of prefill, or `n_gen`
+/// single-token decodes): the time per op kind, summed over nodes, as seen by worker 0 (its
+/// own work plus its wait at each node's barrier). Returns the profile and the wall time.
+pub fn profile_test(engine: &mut Engine, n_prompt: usize, n_gen: usize) -> Result<(Profile, f64), Error> {
+    engine.clear_all();
+    let toks = tokens(n_prompt.max(n_gen), engine.hyper().n_vocab, 0x5EED);
+    engine.profile = Some(Profile::default());
+    let t0 = Instant::now();
+    let r = if n_prompt > 0 {
+        engine.feed(0, &toks[..n_prompt], false, |_| {}).map(|_| ())
+    } else {
+        let mut batch = Batch::with_capacity(1);
+        toks[..n_gen].iter().enumerate().try_for_each(|(i, &t)| {
+            batch.clear();
+            batch.add(t, i as i32, 0, true);
+            engine.decode(&batch).map(|_| ())
+        })
+    };
+    let secs = t0.elapsed().as_secs_f64();
+    let p = engine.profile.take().unwrap_or_default();
+    engine.clear_all();
+    r.map(|_| (p, secs))
 }
 
 /// Bytes of weights one decoded token reads: every tensor except the token embedding, of which
