@@ -280,11 +280,11 @@ pub fn dot_q6_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
             let mut p = [_mm256_setzero_si256(); 4];
             for (k, &qk) in q.iter().enumerate() {
                 let q8 = load32u(bytes_of_i8(&b.qs[n * 128 + k * 32..]));
-                let g = n * 8 + k * 2;
-                let scale = _mm256_set_m128i(
-                    _mm_set1_epi16(a.scales[g + 1] as i16),
-                    _mm_set1_epi16(a.scales[g] as i16),
-                );
+                // Sub-block scales g and g + 1 as eight i16 each (low, high half): one byte
+                // shuffle of the loaded scales and a sign extension.
+                let g = (n * 8 + k * 2) as i8;
+                let pick = _mm_set_epi8(g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g, g, g, g, g, g, g, g);
+                let scale = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
                 p[k] = _mm256_madd_epi16(scale, _mm256_maddubs_epi16(qk, q8));
             }
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p[0], p[1]));
