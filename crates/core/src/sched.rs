@@ -79,9 +79,12 @@ impl Executor {
     /// Scratch for attention rows of `max_head_dim` and panel GEMMs of the largest (inner
     /// dimension, rows) among `graph`'s matmuls.
     pub fn new(n_threads: usize, max_head_dim: usize, graph: &Graph) -> Self {
-        let (mut max_k, mut max_rows) = (0, 0);
+        let (mut max_k, mut max_rows, mut max_group) = (0, 0, 1);
         for &id in &graph.nodes {
             let t = graph.tensor(id);
+            if let Op::Attention { p, .. } = t.op {
+                max_group = max_group.max(p.n_head / p.n_kv_head);
+            }
             if let Op::MatMul { w, .. } = t.op {
                 let wt = graph.tensor(w);
                 if gemm::supported(wt.dtype) {
@@ -94,7 +97,7 @@ impl Executor {
             scratch: (0..n_threads)
                 .map(|_| {
                     std::sync::Mutex::new(Scratch {
-                        attn: AttnScratch::new(max_head_dim),
+                        attn: AttnScratch::with_heads(max_head_dim, max_group),
                         gemm: GemmScratch::new(max_k, max_rows),
                     })
                 })
@@ -325,9 +328,14 @@ impl Ctx<'_> {
                 } else {
                     ops::AttnKernel::Reference
                 };
-                for item in (ith..rows * p.n_head).step_by(nth) {
-                    let (r, h) = (item / p.n_head, item % p.n_head);
-                    let kvh = h / group;
+                // Work items are (row, KV head, chunk of its query heads): the heads of a chunk
+                // share each key/value block read. Groups are cut into chunks only when there
+                // are fewer (row, KV head) pairs than workers.
+                let pairs = rows * p.n_kv_head;
+                let chunks = group.min(nth.div_ceil(pairs)).max(1);
+                for item in (ith..pairs * chunks).step_by(nth) {
+                    let (r, kvh, ch) = (item / (p.n_kv_head * chunks), item / chunks % p.n_kv_head, item % chunks);
+                    let heads = kvh * group + ch * group / chunks..kvh * group + (ch + 1) * group / chunks;
                     let (pos, seq) = (self.batch.pos[r], self.batch.seq[r]);
                     // SAFETY: K/V of this layer were written by the kv_store node before the
                     // barrier; nobody writes them during attention.
@@ -344,11 +352,11 @@ impl Ctx<'_> {
                     };
                     // Logical cell c holds position c: causal means c <= pos.
                     let visible = |c: usize| p.window.is_none_or(|win| pos - (c as i32) < win as i32);
-                    // SAFETY: (row, head) pairs are dealt to exactly one worker.
-                    let out = unsafe { self.out_f32(t, r * ne0 + h * hd, hd) };
-                    let qh = &q[r * ne0 + h * hd..r * ne0 + (h + 1) * hd];
+                    let span = r * ne0 + heads.start * hd..r * ne0 + heads.end * hd;
+                    // SAFETY: (row, KV head, chunk) items are dealt to exactly one worker.
+                    let out = unsafe { self.out_f32(t, span.start, span.len()) };
                     let n = pos as usize + 1;
-                    ops::attend_row(kind, self.kernels, qh, &rows_kv, n, p.scale, visible, &mut scratch.attn, out);
+                    ops::attend_heads(kind, self.kernels, &q[span], &rows_kv, n, p.scale, visible, &mut scratch.attn, out);
                 }
             }
             Op::Glu { gate, up, kind } => {

@@ -236,9 +236,42 @@ pub struct AttnScratch {
     acc16: Vec<f16>,
     acc: Vec<f32>,
     scores: [f32; KV_TILE],
+    /// Grouped tiled kernel: `[heads][KV_TILE]` probabilities of the current tile.
+    gscores: Vec<f32>,
+    /// Grouped tiled kernel: `[heads][head_dim]` f32 accumulators.
+    gacc: Vec<f32>,
+    /// Grouped tiled kernel: running maximum and sum per head.
+    gstate: Vec<[f32; 2]>,
 }
 
+/// The buffers of the grouped tiled kernel for `heads` heads: probabilities `[heads][KV_TILE]`,
+/// accumulators `[heads][head_dim]`, (maximum, sum) per head, one value row in f32.
+pub type GroupBuffers<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [[f32; 2]], &'a mut [f32]);
+
 impl AttnScratch {
+    /// Buffers for [`attend_heads`]' grouped kernel, `None` if sized for fewer heads.
+    pub fn group_buffers(&mut self, heads: usize) -> Option<GroupBuffers<'_>> {
+        let hd = self.acc.len();
+        (heads <= self.gstate.len()).then(|| {
+            (
+                &mut self.gscores[..heads * KV_TILE],
+                &mut self.gacc[..heads * hd],
+                &mut self.gstate[..heads],
+                &mut self.v32[..],
+            )
+        })
+    }
+
+    /// Scratch for up to `heads` query heads per [`attend_heads`] call.
+    pub fn with_heads(head_dim: usize, heads: usize) -> Self {
+        AttnScratch {
+            gscores: vec![0.0; heads * KV_TILE],
+            gacc: vec![0.0; heads * head_dim],
+            gstate: vec![[0.0; 2]; heads],
+            ..Self::new(head_dim)
+        }
+    }
+
     /// The F16 query and accumulator buffers (for SIMD twins of the reference kernel).
     pub fn f16_buffers(&mut self) -> (&mut [f16], &mut [f16]) {
         (&mut self.q16, &mut self.acc16)
@@ -253,6 +286,9 @@ impl AttnScratch {
             acc16: vec![f16::ZERO; head_dim],
             acc: vec![0.0; head_dim],
             scores: [0.0; KV_TILE],
+            gscores: Vec::new(),
+            gacc: Vec::new(),
+            gstate: Vec::new(),
         }
     }
 }
@@ -355,6 +391,41 @@ pub fn attend_row(
         }
         AttnKernel::Reference => attend_reference(q, kv, n_cells, scale, visible, scratch, out),
         AttnKernel::Tiled => attend_tiled(isa, q, kv, n_cells, scale, visible, scratch, out),
+    }
+}
+
+/// [`attend_row`] for consecutive query heads that read the same KV head (a GQA group or part of
+/// one; `q` and `out` hold `heads × kv.head_dim` values). With the AVX2 table, an F16 cache and
+/// the tiled kernel, the heads go through the cells together: each 8-cell block of keys is
+/// loaded and transposed once for all of them, each value row converted once. Every head gets
+/// the bits of its own `attend_row` call.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_heads(
+    kind: AttnKernel,
+    kernels: &crate::Kernels,
+    q: &[f32],
+    kv: &KvRows,
+    n_cells: usize,
+    scale: f32,
+    visible: impl Fn(usize) -> bool,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) {
+    let hd = kv.head_dim;
+    #[cfg(target_arch = "x86_64")]
+    if kind == AttnKernel::Tiled
+        && kernels.isa == crate::Isa::Avx2
+        && kv.is_f16()
+        && hd % 8 == 0
+        && (2..=crate::x86::attn::MAX_GROUP).contains(&(q.len() / hd))
+    {
+        if let Some(bufs) = scratch.group_buffers(q.len() / hd) {
+            // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
+            return unsafe { crate::x86::attn::attend_tiled_group(q, kv, n_cells, scale, &visible, bufs, out) };
+        }
+    }
+    for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
+        attend_row(kind, kernels, qh, kv, n_cells, scale, &visible, scratch, oh);
     }
 }
 

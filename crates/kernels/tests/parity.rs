@@ -427,3 +427,35 @@ fn softmax_tile_simd_is_bit_identical() {
         assert!((expf_ggml(x) as f64 / (x as f64).exp() - 1.0).abs() < 1e-6, "expf({x})");
     }
 }
+
+/// `attend_heads` (the heads of a GQA group together) gives every head the bits of its own
+/// `attend_row` call, for both kernels, over several tiles, with cells hidden individually and
+/// whole tiles hidden (a sliding window), in the SIMD and the portable tables.
+#[test]
+fn grouped_attention_equals_per_head_attention() {
+    use corelm_kernels::ops::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
+    let mut rng = Rng(123);
+    for (hd, heads, cells) in [(64usize, 3usize, 37usize), (64, 7, 200), (256, 4, 131), (72, 2, 70)] {
+        let q: Vec<f32> = (0..heads * hd).map(|_| rng.f32() * 4.0).collect();
+        let k: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 3.0)).collect();
+        let v: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 50.0)).collect();
+        let ident: Vec<u32> = (0..cells as u32).collect();
+        let kvr = KvRows::contiguous(&k, &v, hd, &ident);
+        let masks: [&dyn Fn(usize) -> bool; 2] = [&|c| c % 5 != 3, &|c| c + 60 >= cells];
+        for vis in masks {
+            for ks in [Kernels::detect(), Kernels::portable()] {
+                for kind in [AttnKernel::Tiled, AttnKernel::Reference] {
+                    let mut s = AttnScratch::with_heads(hd, heads);
+                    let mut grouped = vec![0f32; heads * hd];
+                    attend_heads(kind, &ks, &q, &kvr, cells, 0.125, vis, &mut s, &mut grouped);
+                    for h in 0..heads {
+                        let mut one = vec![0f32; hd];
+                        attend_row(kind, &ks, &q[h * hd..(h + 1) * hd], &kvr, cells, 0.125, vis, &mut s, &mut one);
+                        let g = &grouped[h * hd..(h + 1) * hd];
+                        assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{kind:?} {:?} hd {hd} head {h}", ks.isa);
+                    }
+                }
+            }
+        }
+    }
+}

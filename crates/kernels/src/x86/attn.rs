@@ -246,3 +246,148 @@ pub fn softmax_tile(scores: &mut [f32], m: f32) -> f64 {
     }
     sum
 }
+
+/// Most query heads `attend_tiled_group` takes at once.
+pub const MAX_GROUP: usize = 16;
+
+/// `scores8` for the `q.len() / head_dim` heads of a GQA group: each 8×8 block of keys is
+/// loaded and transposed once for all heads. Head `h`'s scores go to `out[h * stride..][..8]`.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scores8_heads(q: &[f32], kv: &KvRows, c0: usize, out: &mut [f32], stride: usize) {
+    const MAX_HEADS: usize = MAX_GROUP;
+    let hd = kv.head_dim;
+    let heads = q.len() / hd;
+    assert!(heads <= MAX_HEADS && hd % 8 == 0);
+    let krows: [&[f16]; 8] = std::array::from_fn(|j| kv.k(c0 + j));
+    let mut acc = [_mm256_setzero_ps(); MAX_HEADS];
+    let mut d = 0;
+    while d < hd {
+        let rows: [__m256; 8] = std::array::from_fn(|j| load_ph(&krows[j][d..]));
+        let cols = transpose8(rows);
+        for (h, a) in acc[..heads].iter_mut().enumerate() {
+            let qh = &q[h * hd + d..h * hd + d + 8];
+            for (j, col) in cols.iter().enumerate() {
+                *a = _mm256_fmadd_ps(*col, _mm256_set1_ps(qh[j]), *a);
+            }
+        }
+        d += 8;
+    }
+    for (h, a) in acc[..heads].iter().enumerate() {
+        let o = &mut out[h * stride..h * stride + 8];
+        // SAFETY: 8 f32 writable.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *a) };
+    }
+}
+
+/// The tiled kernel (`ops::attend_tiled` with its AVX2 steps) for the heads of one GQA group at
+/// once: keys transposed once per 8-cell block and values converted once per cell for all
+/// heads; per head, every operation is the single-head kernel's, in the same order, so the
+/// bits are equal. `head_dim % 8 == 0`; at most 16 heads.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn attend_tiled_group(
+    q: &[f32],
+    kv: &KvRows,
+    n_cells: usize,
+    scale: f32,
+    visible: &dyn Fn(usize) -> bool,
+    bufs: crate::ops::GroupBuffers,
+    out: &mut [f32],
+) {
+    use crate::ops::KV_TILE;
+    let hd = kv.head_dim;
+    let heads = q.len() / hd;
+    let (scores, acc, state, v32) = bufs;
+    acc.fill(0.0);
+    state.fill([f32::NEG_INFINITY, 0.0]);
+    let mut t0 = 0;
+    while t0 < n_cells {
+        let t1 = (t0 + KV_TILE).min(n_cells);
+        let mut c = t0;
+        while c < t1 {
+            if c + 8 <= t1 && (c..c + 8).any(visible) {
+                scores8_heads(q, kv, c, &mut scores[c - t0..], KV_TILE);
+                for j in 0..8 {
+                    let vis = visible(c + j);
+                    for h in 0..heads {
+                        let p = &mut scores[h * KV_TILE + c + j - t0];
+                        *p = if vis { *p * scale } else { f32::NEG_INFINITY };
+                    }
+                }
+                c += 8;
+                continue;
+            }
+            let vis = visible(c);
+            for h in 0..heads {
+                let qh = &q[h * hd..(h + 1) * hd];
+                scores[h * KV_TILE + c - t0] = if vis {
+                    kv.k(c).iter().zip(qh).fold(0f32, |a, (&kk, &qq)| h2f(kk).mul_add(qq, a)) * scale
+                } else {
+                    f32::NEG_INFINITY
+                };
+            }
+            c += 1;
+        }
+        for (h, st) in state.iter_mut().enumerate() {
+            let sh = &mut scores[h * KV_TILE..(h + 1) * KV_TILE];
+            let tile_max = sh[..t1 - t0].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            if tile_max == f32::NEG_INFINITY {
+                sh.fill(0.0); // nothing visible: no value rows for this head
+                continue;
+            }
+            let [m, s] = st;
+            let m_new = m.max(tile_max);
+            if m_new > *m {
+                let ms = (*m - m_new).exp();
+                acc[h * hd..(h + 1) * hd].iter_mut().for_each(|a| *a *= ms);
+                *s *= ms;
+            }
+            *m = m_new;
+            sh[t1 - t0..].fill(f32::NEG_INFINITY);
+            let sum = softmax_tile(sh, *m);
+            *s = (*s as f64 + sum) as f32;
+        }
+        for c in t0..t1 {
+            if (0..heads).all(|h| scores[h * KV_TILE + c - t0] == 0.0) {
+                continue;
+            }
+            widen(kv.v(c), v32);
+            for h in 0..heads {
+                let p = scores[h * KV_TILE + c - t0];
+                if p == 0.0 {
+                    continue;
+                }
+                let pv = _mm256_set1_ps(p);
+                let a = &mut acc[h * hd..(h + 1) * hd];
+                let mut d = 0;
+                while d + 8 <= hd {
+                    // SAFETY: d + 8 <= hd = a.len() = v32.len(); unaligned loads and stores.
+                    unsafe {
+                        let av = _mm256_loadu_ps(a.as_ptr().add(d));
+                        _mm256_storeu_ps(a.as_mut_ptr().add(d), _mm256_fmadd_ps(pv, _mm256_loadu_ps(v32.as_ptr().add(d)), av));
+                    }
+                    d += 8;
+                }
+            }
+        }
+        t0 = t1;
+    }
+    for (h, st) in state.iter().enumerate() {
+        let inv = if st[1] == 0.0 { 0.0 } else { 1.0 / st[1] };
+        for (o, &a) in out[h * hd..(h + 1) * hd].iter_mut().zip(&acc[h * hd..(h + 1) * hd]) {
+            *o = a * inv;
+        }
+    }
+}
+
+/// F16 → f32, 8 at a time (`dst.len() % 8 == 0`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn widen(src: &[f16], dst: &mut [f32]) {
+    let mut d = 0;
+    while d + 8 <= dst.len() {
+        // SAFETY: d + 8 <= dst.len(); unaligned store.
+        unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(d), load_ph(&src[d..])) };
+        d += 8;
+    }
+}
