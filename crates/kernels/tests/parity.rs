@@ -459,3 +459,33 @@ fn grouped_attention_equals_per_head_attention() {
         }
     }
 }
+
+/// The AVX-512 instances in the detected table against the AVX2 kernels they replace: the same
+/// bits, including extreme quants (every activation ±127; fifth bits all set or all clear).
+#[test]
+fn avx512_dots_equal_avx2_dots() {
+    let (best, avx2) = (Kernels::detect(), Kernels::detect_avx2());
+    let mut rng = Rng(17);
+    for t in [DType::Q5_0] {
+        let (ob, oa) = (best.ops(t).unwrap(), avx2.ops(t).unwrap());
+        for blocks in [1usize, 5, 28] {
+            let n = 32 * blocks;
+            let mut ws = vec![aligned(random_row(t, n, &mut rng))];
+            // All fifth bits set, then all clear (Q5_0: bytes 2..6 of each 22-byte block).
+            for fill in [0xFFu8, 0x00] {
+                let mut w = ws[0].clone();
+                w.chunks_exact_mut(22).for_each(|b| b[2..6].fill(fill));
+                ws.push(w);
+            }
+            for (i, w) in ws.iter().enumerate() {
+                for j in 0..3 {
+                    let x: Vec<f32> = (0..n).map(|e| if j == 2 { [1.0, -1.0][e % 2] } else { rng.f32() * 3.0 }).collect();
+                    let mut y = aligned(vec![0u8; row_bytes(oa.vec_dot_type, n)]);
+                    avx2.from_float(oa.vec_dot_type).unwrap()(&x, &mut y);
+                    let (a, b) = ((ob.vec_dot)(w, &y), (oa.vec_dot)(w, &y));
+                    assert_eq!(a.to_bits(), b.to_bits(), "{t} n={n} weights {i} acts {j}: {a} vs {b}");
+                }
+            }
+        }
+    }
+}

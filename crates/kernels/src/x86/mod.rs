@@ -4,11 +4,13 @@
 //!
 //! # Safety
 //! One contract for every `#[target_feature]` function in these modules: call it only on a CPU
-//! with the features it names (AVX2, FMA, F16C). `dispatch::Kernels::detect` checks them before
+//! with the features it names (AVX2, FMA, F16C; AVX-512 F/BW/VL/VNNI for `avx512` and
+//! `gemm_vnni`). `dispatch::Kernels::detect` checks them before
 //! it puts any of them in the table, and nothing else calls them.
 #![allow(clippy::missing_safety_doc)]
 
 pub mod attn;
+pub mod avx512;
 pub mod avx2;
 pub mod avx2_ext;
 pub mod gemm_vnni;
