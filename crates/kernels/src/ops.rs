@@ -416,7 +416,7 @@ pub fn attend_heads(
     if kind == AttnKernel::Tiled
         && kernels.isa == crate::Isa::Avx2
         && kv.is_f16()
-        && hd % 8 == 0
+        && hd.is_multiple_of(8)
         && (2..=crate::x86::attn::MAX_GROUP).contains(&(q.len() / hd))
     {
         if let Some(bufs) = scratch.group_buffers(q.len() / hd) {

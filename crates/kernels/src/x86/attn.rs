@@ -257,7 +257,7 @@ fn scores8_heads(q: &[f32], kv: &KvRows, c0: usize, out: &mut [f32], stride: usi
     const MAX_HEADS: usize = MAX_GROUP;
     let hd = kv.head_dim;
     let heads = q.len() / hd;
-    assert!(heads <= MAX_HEADS && hd % 8 == 0);
+    assert!(heads <= MAX_HEADS && hd.is_multiple_of(8));
     let krows: [&[f16]; 8] = std::array::from_fn(|j| kv.k(c0 + j));
     let mut acc = [_mm256_setzero_ps(); MAX_HEADS];
     let mut d = 0;
