@@ -1,6 +1,8 @@
 //! Panel GEMM for prefill: `out[r][c] = w[c] · x[r]` over many activation rows at once, for the
 //! weight types with one scale (and min) per 32 elements: Q4_0, Q5_0, Q8_0 (Q8_0 activations),
-//! Q4_1, Q5_1 (Q8_1) and the K-quants Q4_K, Q5_K (Q8_K; sub-block scale and min folded to f32).
+//! Q4_1, Q5_1 (Q8_1) and the K-quants Q4_K, Q5_K (Q8_K; sub-block scale and min folded to f32);
+//! and Q6_K (Q8_K), whose scales cover 16 elements: its blocks carry two scales in place of a
+//! scale and a min, and the integer sums of the two halves are kept apart ([`split16`]).
 //!
 //! Where the per-row dot product (`vec_dot`) decodes every weight block again for every
 //! activation row and reduces each (row, column) pair horizontally, this kernel decodes a panel
@@ -19,7 +21,7 @@
 //! batch-invariant mode (its rows would depend on the batch size) — the scheduler decides.
 
 use crate::blocks::*;
-use crate::portable::quant::{q4_0_values, q5_0_values, q5_1_values};
+use crate::portable::quant::{q4_0_values, q5_0_values, q5_1_values, q6_k_values};
 use crate::DType;
 use half::f16;
 
@@ -30,7 +32,13 @@ pub const PACKED_BLOCK: usize = 32 * PANEL + 2 * 4 * PANEL;
 
 /// Weight types the panel GEMM handles.
 pub fn supported(t: DType) -> bool {
-    matches!(t, DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K)
+    matches!(t, DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K | DType::Q6K)
+}
+
+/// Types with a scale per 16 elements: a packed block holds the scales of its two halves (in
+/// the scale and min slots), `Σy` is kept per half, and there is no min term.
+pub fn split16(t: DType) -> bool {
+    t == DType::Q6K
 }
 
 /// Activation block layout of a weight type's `vec_dot_type`.
@@ -44,7 +52,7 @@ pub enum Act {
 fn act_of(t: DType) -> Act {
     match t {
         DType::Q4_1 | DType::Q5_1 => Act::Q8_1,
-        DType::Q4K | DType::Q5K => Act::Q8K,
+        DType::Q4K | DType::Q5K | DType::Q6K => Act::Q8K,
         _ => Act::Q8_0,
     }
 }
@@ -55,12 +63,13 @@ fn offset(t: DType) -> i32 {
         DType::Q4_0 => 8,
         DType::Q5_0 => 16,
         DType::Q8_0 => 128,
+        DType::Q6K => 32,
         _ => 0,
     }
 }
 
 /// Per-thread buffers, sized once: a packed panel for rows of up to `max_k` elements and the
-/// activation block sums of up to `max_rows` rows.
+/// activation half-block sums of up to `max_rows` rows.
 pub struct GemmScratch {
     panel: Vec<u8>,
     ysum: Vec<i32>,
@@ -68,11 +77,11 @@ pub struct GemmScratch {
 
 impl GemmScratch {
     pub fn new(max_k: usize, max_rows: usize) -> Self {
-        GemmScratch { panel: vec![0; max_k / 32 * PACKED_BLOCK], ysum: vec![0; max_rows * (max_k / 32)] }
+        GemmScratch { panel: vec![0; max_k / 32 * PACKED_BLOCK], ysum: vec![0; max_rows * (max_k / 16)] }
     }
 
     pub fn fits(&self, k: usize, rows: usize) -> bool {
-        self.panel.len() >= k / 32 * PACKED_BLOCK && self.ysum.len() >= rows * (k / 32)
+        self.panel.len() >= k / 32 * PACKED_BLOCK && self.ysum.len() >= rows * (k / 16)
     }
 }
 
@@ -140,6 +149,16 @@ fn pack(t: DType, w: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
                             }
                         }
                     }
+                    DType::Q6K => {
+                        let (sb, j) = (b / 8, b % 8);
+                        let x = &as_blocks::<BlockQ6K>(row)[sb];
+                        let dd = x.d.to_f32();
+                        (d[col], m[col]) = (dd * x.scales[2 * j] as f32, dd * x.scales[2 * j + 1] as f32);
+                        let q = q6_k_values(x);
+                        for (v, &qv) in u.iter_mut().zip(&q[j * 32..j * 32 + 32]) {
+                            *v = (qv as i32 + 32) as u8;
+                        }
+                    }
                     _ => unreachable!("checked by supported()"),
                 }
             } else {
@@ -157,12 +176,16 @@ fn pack(t: DType, w: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
     }
 }
 
-/// `Σy` of every 32-block of every activation row (Q8_0 and Q8_1 share the layout prefix).
+/// `Σy` of both 16-element halves of every 32-block of every activation row, at
+/// `out[(r · nb + b) · 2 + half]`.
 fn block_sums(x: &[u8], xrb: usize, rows: usize, nb: usize, act: Act, out: &mut [i32]) {
     for r in 0..rows {
         let row = &x[r * xrb..(r + 1) * xrb];
         for b in 0..nb {
-            out[r * nb + b] = act_block(row, b, act).2.iter().map(|&v| v as i32).sum();
+            let y = act_block(row, b, act).2;
+            for (h, half) in y.chunks_exact(16).enumerate() {
+                out[(r * nb + b) * 2 + h] = half.iter().map(|&v| v as i32).sum();
+            }
         }
     }
 }
@@ -205,13 +228,14 @@ pub fn panel_portable(
     nb: usize,
     o: i32,
     act: Act,
+    split: bool,
     x: &[u8],
     xrb: usize,
     ysum: &[i32],
     rows: usize,
     mut store: impl FnMut(usize, &[f32; PANEL]),
 ) {
-    let has_min = act != Act::Q8_0;
+    let has_min = act != Act::Q8_0 && !split;
     for r in 0..rows {
         let row = &x[r * xrb..(r + 1) * xrb];
         let mut acc = [0f32; PANEL];
@@ -219,17 +243,23 @@ pub fn panel_portable(
             let blk = &panel[b * PACKED_BLOCK..(b + 1) * PACKED_BLOCK];
             let (dx, sx, y) = act_block(row, b, act);
             for (col, a) in acc.iter_mut().enumerate() {
-                let mut s = 0i32;
+                // Integer sums of the two 16-element halves (groups 0..4 and 4..8).
+                let mut s = [0i32; 2];
                 for g in 0..8 {
                     for i in 0..4 {
-                        s += blk[g * 32 + col * 4 + i] as i32 * y[g * 4 + i] as i32;
+                        s[g / 4] += blk[g * 32 + col * 4 + i] as i32 * y[g * 4 + i] as i32;
                     }
                 }
-                s -= o * ysum[r * nb + b];
+                let ys = &ysum[(r * nb + b) * 2..(r * nb + b) * 2 + 2];
                 let dw = f32::from_le_bytes(blk[256 + col * 4..256 + col * 4 + 4].try_into().unwrap());
-                *a = (s as f32).mul_add(dw * dx, *a);
+                let mw = f32::from_le_bytes(blk[288 + col * 4..288 + col * 4 + 4].try_into().unwrap());
+                if split {
+                    *a = ((s[0] - o * ys[0]) as f32).mul_add(dw * dx, *a);
+                    *a = ((s[1] - o * ys[1]) as f32).mul_add(mw * dx, *a);
+                    continue;
+                }
+                *a = ((s[0] + s[1] - o * (ys[0] + ys[1])) as f32).mul_add(dw * dx, *a);
                 if has_min {
-                    let mw = f32::from_le_bytes(blk[288 + col * 4..288 + col * 4 + 4].try_into().unwrap());
                     *a = mw.mul_add(sx, *a);
                 }
             }
@@ -260,7 +290,7 @@ pub unsafe fn gemm(
 ) {
     debug_assert!(supported(t) && k % 32 == 0 && scratch.fits(k, rows));
     let nb = k / 32;
-    let (o, act) = (offset(t), act_of(t));
+    let (o, act, split) = (offset(t), act_of(t), split16(t));
     let GemmScratch { panel, ysum } = scratch;
     if o != 0 {
         block_sums(x, xrb, rows, nb, act, ysum);
@@ -278,12 +308,12 @@ pub unsafe fn gemm(
         #[cfg(target_arch = "x86_64")]
         if simd {
             // SAFETY: the caller detected AVX-512 F/VL/VNNI.
-            unsafe { crate::x86::gemm_vnni::panel(panel, nb, o, act, x, xrb, ysum, rows, store) };
+            unsafe { crate::x86::gemm_vnni::panel(panel, nb, o, act, split, x, xrb, ysum, rows, store) };
             c0 += n;
             continue;
         }
         let _ = simd;
-        panel_portable(panel, nb, o, act, x, xrb, ysum, rows, store);
+        panel_portable(panel, nb, o, act, split, x, xrb, ysum, rows, store);
         c0 += n;
     }
 }

@@ -14,6 +14,7 @@ pub fn panel(
     nb: usize,
     o: i32,
     act: Act,
+    split: bool,
     x: &[u8],
     xrb: usize,
     ysum: &[i32],
@@ -22,12 +23,22 @@ pub fn panel(
 ) {
     assert!(panel.len() >= nb * PACKED_BLOCK && x.len() >= rows * xrb);
     let mut r = 0;
+    // Split and unsplit kernels are separate instances: the unsplit one keeps one set of
+    // integer accumulators (the second set is constant zero and folds away).
     while r + 4 <= rows {
-        rows_block::<4>(panel, nb, o, act, x, xrb, ysum, r, &mut store);
+        if split {
+            rows_block::<4, true>(panel, nb, o, act, x, xrb, ysum, r, &mut store);
+        } else {
+            rows_block::<4, false>(panel, nb, o, act, x, xrb, ysum, r, &mut store);
+        }
         r += 4;
     }
     while r < rows {
-        rows_block::<1>(panel, nb, o, act, x, xrb, ysum, r, &mut store);
+        if split {
+            rows_block::<1, true>(panel, nb, o, act, x, xrb, ysum, r, &mut store);
+        } else {
+            rows_block::<1, false>(panel, nb, o, act, x, xrb, ysum, r, &mut store);
+        }
         r += 1;
     }
 }
@@ -35,7 +46,7 @@ pub fn panel(
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
-fn rows_block<const R: usize>(
+fn rows_block<const R: usize, const SPLIT: bool>(
     panel: &[u8],
     nb: usize,
     o: i32,
@@ -55,14 +66,16 @@ fn rows_block<const R: usize>(
         for (a, row) in acts.iter_mut().zip(rows) {
             *a = act_block_with(row, b, act, |h| h2f(h));
         }
-        let mut acci = [_mm256_setzero_si256(); R];
+        // Integer sums of the two 16-element halves (groups 0..4, 4..8) kept apart.
+        let mut acci = [[_mm256_setzero_si256(); R]; 2];
         for g in 0..8 {
             // SAFETY: blk has PACKED_BLOCK ≥ 256 bytes; g * 32 + 32 ≤ 256.
             let wv = unsafe { _mm256_loadu_si256(blk.as_ptr().add(g * 32) as *const __m256i) };
             for j in 0..R {
                 let y = acts[j].2;
                 let y4 = i32::from_le_bytes([y[g * 4] as u8, y[g * 4 + 1] as u8, y[g * 4 + 2] as u8, y[g * 4 + 3] as u8]);
-                acci[j] = _mm256_dpbusd_epi32(acci[j], wv, _mm256_set1_epi32(y4));
+                let h = if SPLIT { g / 4 } else { 0 };
+                acci[h][j] = _mm256_dpbusd_epi32(acci[h][j], wv, _mm256_set1_epi32(y4));
             }
         }
         // SAFETY: scales at bytes 256..288 and mins at 288..320 of the block.
@@ -70,13 +83,21 @@ fn rows_block<const R: usize>(
             (_mm256_loadu_ps(blk.as_ptr().add(256) as *const f32), _mm256_loadu_ps(blk.as_ptr().add(288) as *const f32))
         };
         for j in 0..R {
-            let s = if o != 0 {
-                _mm256_sub_epi32(acci[j], _mm256_set1_epi32(o * ysum[(r0 + j) * nb + b]))
-            } else {
-                acci[j]
-            };
+            let ys = &ysum[((r0 + j) * nb + b) * 2..((r0 + j) * nb + b) * 2 + 2];
             let (dx, sx, _) = acts[j];
-            accf[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), accf[j]);
+            let dxv = _mm256_set1_ps(dx);
+            if SPLIT {
+                let lo = _mm256_sub_epi32(acci[0][j], _mm256_set1_epi32(o * ys[0]));
+                let hi = _mm256_sub_epi32(acci[1][j], _mm256_set1_epi32(o * ys[1]));
+                accf[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(dw, dxv), accf[j]);
+                accf[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(mw, dxv), accf[j]);
+                continue;
+            }
+            let mut s = _mm256_add_epi32(acci[0][j], acci[1][j]);
+            if o != 0 {
+                s = _mm256_sub_epi32(s, _mm256_set1_epi32(o * (ys[0] + ys[1])));
+            }
+            accf[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dxv), accf[j]);
             if act != Act::Q8_0 {
                 accf[j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx), accf[j]);
             }
