@@ -262,22 +262,19 @@ impl AttnScratch {
         })
     }
 
-    /// Scratch for up to `heads` query heads per [`attend_heads`] call.
-    pub fn with_heads(head_dim: usize, heads: usize) -> Self {
-        AttnScratch {
-            gscores: vec![0.0; heads * KV_TILE],
-            gacc: vec![0.0; heads * head_dim],
-            gstate: vec![[0.0; 2]; heads],
-            ..Self::new(head_dim)
-        }
-    }
 
     /// The F16 query and accumulator buffers (for SIMD twins of the reference kernel).
     pub fn f16_buffers(&mut self) -> (&mut [f16], &mut [f16]) {
         (&mut self.q16, &mut self.acc16)
     }
 
+    /// Scratch for one query head at a time.
     pub fn new(head_dim: usize) -> Self {
+        Self::with_heads(head_dim, 1)
+    }
+
+    /// Scratch for up to `heads` query heads per [`attend_heads`] call.
+    pub fn with_heads(head_dim: usize, heads: usize) -> Self {
         AttnScratch {
             // Enough for any activation type: F32 is the widest per element.
             qq: vec![0; head_dim * 4 + 64],
@@ -286,9 +283,9 @@ impl AttnScratch {
             acc16: vec![f16::ZERO; head_dim],
             acc: vec![0.0; head_dim],
             scores: [0.0; KV_TILE],
-            gscores: Vec::new(),
-            gacc: Vec::new(),
-            gstate: Vec::new(),
+            gscores: vec![0.0; heads * KV_TILE],
+            gacc: vec![0.0; heads * head_dim],
+            gstate: vec![[0.0; 2]; heads],
         }
     }
 }
@@ -390,15 +387,19 @@ pub fn attend_row(
             unsafe { crate::x86::attn::attend_reference(q, kv, n_cells, scale, &visible, scratch, out) }
         }
         AttnKernel::Reference => attend_reference(q, kv, n_cells, scale, visible, scratch, out),
-        AttnKernel::Tiled => attend_tiled(isa, q, kv, n_cells, scale, visible, scratch, out),
+        AttnKernel::Tiled => {
+            if !tiled_group(kernels, q, kv, n_cells, scale, &visible, scratch, out) {
+                attend_tiled(q, kv, n_cells, scale, visible, scratch, out)
+            }
+        }
     }
 }
 
 /// [`attend_row`] for consecutive query heads that read the same KV head (a GQA group or part of
 /// one; `q` and `out` hold `heads × kv.head_dim` values). With the AVX2 table, an F16 cache and
-/// the tiled kernel, the heads go through the cells together: each 8-cell block of keys is
-/// loaded and transposed once for all of them, each value row converted once. Every head gets
-/// the bits of its own `attend_row` call.
+/// the tiled kernel, the heads go through the cells together (`x86::attn::attend_tiled_group`):
+/// each 8-cell block of keys is loaded and transposed once for all of them, each value row
+/// converted once. Every head gets the bits of its own `attend_row` call.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_heads(
     kind: AttnKernel,
@@ -411,22 +412,44 @@ pub fn attend_heads(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
-    let hd = kv.head_dim;
-    #[cfg(target_arch = "x86_64")]
-    if kind == AttnKernel::Tiled
-        && kernels.isa == crate::Isa::Avx2
-        && kv.is_f16()
-        && hd.is_multiple_of(8)
-        && (2..=crate::x86::attn::MAX_GROUP).contains(&(q.len() / hd))
-    {
-        if let Some(bufs) = scratch.group_buffers(q.len() / hd) {
-            // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
-            return unsafe { crate::x86::attn::attend_tiled_group(q, kv, n_cells, scale, &visible, bufs, out) };
-        }
+    if kind == AttnKernel::Tiled && tiled_group(kernels, q, kv, n_cells, scale, &visible, scratch, out) {
+        return;
     }
+    let hd = kv.head_dim;
     for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
         attend_row(kind, kernels, qh, kv, n_cells, scale, &visible, scratch, oh);
     }
+}
+
+/// The tiled kernel's SIMD version (`x86::attn::attend_tiled_group`) over the `q.len() /
+/// head_dim` heads in `q`, if this table, cache and shape allow it; `false` if it did not run.
+#[allow(clippy::too_many_arguments)]
+fn tiled_group(
+    kernels: &crate::Kernels,
+    q: &[f32],
+    kv: &KvRows,
+    n_cells: usize,
+    scale: f32,
+    visible: &dyn Fn(usize) -> bool,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) -> bool {
+    let hd = kv.head_dim;
+    #[cfg(target_arch = "x86_64")]
+    if kernels.isa == crate::Isa::Avx2
+        && kv.is_f16()
+        && hd.is_multiple_of(8)
+        && q.len() / hd <= crate::x86::attn::MAX_GROUP
+    {
+        if let Some(bufs) = scratch.group_buffers(q.len() / hd) {
+            // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
+            unsafe { crate::x86::attn::attend_tiled_group(q, kv, n_cells, scale, visible, bufs, out) };
+            return true;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (kernels, q, hd, n_cells, scale, visible, scratch, out);
+    false
 }
 
 /// ggml's `one_chunk` kernel over a quantized cache: the query quantized to the key type's
@@ -530,9 +553,10 @@ fn attend_reference(
     }
 }
 
+/// ggml's tiled kernel, portable. The AVX2 version is `x86::attn::attend_tiled_group` (one or
+/// more heads of a GQA group at once), bit-identical to this per head.
 #[allow(clippy::too_many_arguments)]
 fn attend_tiled(
-    isa: crate::Isa,
     q: &[f32],
     kv: &KvRows,
     n_cells: usize,
@@ -541,30 +565,13 @@ fn attend_tiled(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
-    let hd = q.len();
-    let simd = cfg!(target_arch = "x86_64") && isa == crate::Isa::Avx2 && hd % 8 == 0;
     scratch.acc.iter_mut().for_each(|a| *a = 0.0);
     let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
     let mut t0 = 0;
     while t0 < n_cells {
         let t1 = (t0 + KV_TILE).min(n_cells);
         let mut tile_max = f32::NEG_INFINITY;
-        let mut c = t0;
-        while c < t1 {
-            // Eight cells at a time with SIMD (same per-cell FMA chain), else one by one.
-            #[cfg(target_arch = "x86_64")]
-            if simd && c + 8 <= t1 && (c..c + 8).any(&visible) {
-                let mut sc8 = [0f32; 8];
-                // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
-                unsafe { crate::x86::attn::scores8(q, kv, c, &mut sc8) };
-                for (j, &v8) in sc8.iter().enumerate() {
-                    let sc = if visible(c + j) { v8 * scale } else { f32::NEG_INFINITY };
-                    scratch.scores[c + j - t0] = sc;
-                    tile_max = tile_max.max(sc);
-                }
-                c += 8;
-                continue;
-            }
+        for c in t0..t1 {
             let sc = if visible(c) {
                 kv.k(c).iter().zip(q).fold(0f32, |acc, (&kk, &qq)| kk.to_f32().mul_add(qq, acc)) * scale
             } else {
@@ -572,7 +579,6 @@ fn attend_tiled(
             };
             scratch.scores[c - t0] = sc;
             tile_max = tile_max.max(sc);
-            c += 1;
         }
         if tile_max == f32::NEG_INFINITY {
             t0 = t1;
@@ -591,18 +597,11 @@ fn attend_tiled(
             *p = f32::NEG_INFINITY; // the padding of a short last tile
         }
         let mut sum = 0f64;
-        #[cfg(target_arch = "x86_64")]
-        if simd {
-            // SAFETY: as above.
-            sum = unsafe { crate::x86::attn::softmax_tile(&mut scratch.scores, m) };
-        }
-        if !simd {
-            for g in scratch.scores.chunks_exact_mut(16) {
-                for p in g.iter_mut() {
-                    *p = expf_ggml(*p - m);
-                }
-                sum += reduce_add_16(&<[f32; 16]>::try_from(&*g).expect("16 lanes")) as f64;
+        for g in scratch.scores.chunks_exact_mut(16) {
+            for p in g.iter_mut() {
+                *p = expf_ggml(*p - m);
             }
+            sum += reduce_add_16(&<[f32; 16]>::try_from(&*g).expect("16 lanes")) as f64;
         }
         s = (s as f64 + sum) as f32;
         for c in t0..t1 {
@@ -610,14 +609,7 @@ fn attend_tiled(
             if p == 0.0 {
                 continue;
             }
-            let vc = kv.v(c);
-            #[cfg(target_arch = "x86_64")]
-            if simd {
-                // SAFETY: as above.
-                unsafe { crate::x86::attn::axpy_f16(&mut scratch.acc, p, vc) };
-                continue;
-            }
-            for (a, &vv) in scratch.acc.iter_mut().zip(vc) {
+            for (a, &vv) in scratch.acc.iter_mut().zip(kv.v(c)) {
                 *a = p.mul_add(vv.to_f32(), *a);
             }
         }

@@ -1,7 +1,11 @@
-//! AVX2 + F16C twin of the reference flash-attention kernel (`ops::attend_row` with
-//! `AttnKernel::Reference`). Same arithmetic, lane for lane: the F16 dot keeps ggml's four
-//! 16-lane accumulators (each as two 8-lane halves), the F16 accumulator is rounded with the
-//! hardware converter (round to nearest even, as the portable twin), so results are bit-identical.
+//! AVX2 + F16C twins of the two flash-attention kernels of `ops`. Same arithmetic, lane for
+//! lane, so results are bit-identical to the portable kernels:
+//! - the reference kernel (`attend_reference`): the F16 dot keeps ggml's four 16-lane
+//!   accumulators (each as two 8-lane halves), the F16 accumulator is rounded with the hardware
+//!   converter (round to nearest even, as the portable twin);
+//! - the tiled kernel (`attend_tiled_group`), for one head or all heads of a GQA group at once:
+//!   scores of 8 cells per lane-parallel FMA chain over the dimensions (ggml's `simd_gemm`
+//!   order), ggml's softmax step on 8 lanes (`softmax_tile`).
 
 use super::avx2::{h2f, hsum_f32x8};
 use crate::ops::{reduce_add_16, AttnScratch, KvRows};
@@ -148,41 +152,6 @@ fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     ]
 }
 
-/// Scores `q·k_c` of 8 consecutive logical cells, each a sequential FMA chain over the dimensions in
-/// order (lane = cell), exactly as ggml's `simd_gemm` computes them. `head_dim % 8 == 0`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub fn scores8(q: &[f32], kv: &KvRows, c0: usize, out: &mut [f32; 8]) {
-    let hd = q.len();
-    let krows: [&[f16]; 8] = std::array::from_fn(|j| kv.k(c0 + j));
-    let mut acc = _mm256_setzero_ps();
-    let mut d = 0;
-    while d < hd {
-        let rows: [__m256; 8] = std::array::from_fn(|j| load_ph(&krows[j][d..]));
-        let cols = transpose8(rows);
-        for (j, col) in cols.iter().enumerate() {
-            acc = _mm256_fmadd_ps(*col, _mm256_set1_ps(q[d + j]), acc);
-        }
-        d += 8;
-    }
-    // SAFETY: 8 f32 writable.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
-}
-
-/// `acc += p · v_row` over the dimensions (lane = dimension), one FMA each. `len % 8 == 0`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub fn axpy_f16(acc: &mut [f32], p: f32, v: &[f16]) {
-    let pv = _mm256_set1_ps(p);
-    let mut d = 0;
-    while d + 8 <= acc.len() {
-        // SAFETY: d + 8 <= acc.len(); unaligned load/store.
-        unsafe {
-            let a = _mm256_loadu_ps(acc.as_ptr().add(d));
-            _mm256_storeu_ps(acc.as_mut_ptr().add(d), _mm256_fmadd_ps(pv, load_ph(&v[d..]), a));
-        }
-        d += 8;
-    }
-}
-
 /// `ops::expf_ggml` on 8 lanes: the same operations in the same order (FMA for every
 /// `mul_add`, the three `scalef` ranges selected per lane), so every lane is bit-identical to
 /// the scalar function.
@@ -250,8 +219,10 @@ pub fn softmax_tile(scores: &mut [f32], m: f32) -> f64 {
 /// Most query heads `attend_tiled_group` takes at once.
 pub const MAX_GROUP: usize = 16;
 
-/// `scores8` for the `q.len() / head_dim` heads of a GQA group: each 8×8 block of keys is
-/// loaded and transposed once for all heads. Head `h`'s scores go to `out[h * stride..][..8]`.
+/// Scores `q·k_c` of 8 consecutive logical cells for each of the `q.len() / head_dim` heads:
+/// lane = cell, a sequential FMA chain over the dimensions in order, exactly as ggml's
+/// `simd_gemm` computes them; each 8×8 block of keys is loaded and transposed once for all
+/// heads. Head `h`'s scores go to `out[h * stride..][..8]`.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn scores8_heads(q: &[f32], kv: &KvRows, c0: usize, out: &mut [f32], stride: usize) {
     const MAX_HEADS: usize = MAX_GROUP;
@@ -279,7 +250,7 @@ fn scores8_heads(q: &[f32], kv: &KvRows, c0: usize, out: &mut [f32], stride: usi
     }
 }
 
-/// The tiled kernel (`ops::attend_tiled` with its AVX2 steps) for the heads of one GQA group at
+/// The tiled kernel (`ops::attend_tiled`) for one head or the heads of a GQA group at
 /// once: keys transposed once per 8-cell block and values converted once per cell for all
 /// heads; per head, every operation is the single-head kernel's, in the same order, so the
 /// bits are equal. `head_dim % 8 == 0`; at most 16 heads.
