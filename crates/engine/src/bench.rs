@@ -41,6 +41,21 @@ fn mean_sd(xs: &[f64]) -> (f64, f64) {
     (m, v.sqrt())
 }
 
+/// One pass of a test: `n_prompt` tokens of `toks` prefilled (if `n_prompt > 0`), else `n_gen`
+/// of them decoded one at a time.
+fn one_pass(engine: &mut Engine, toks: &[u32], n_prompt: usize, n_gen: usize, batch: &mut Batch) -> Result<(), Error> {
+    if n_prompt > 0 {
+        engine.feed(0, &toks[..n_prompt], false, |_| {})?;
+        return Ok(());
+    }
+    for (i, &t) in toks[..n_gen].iter().enumerate() {
+        batch.clear();
+        batch.add(t, i as i32, 0, true);
+        engine.decode(batch)?;
+    }
+    Ok(())
+}
+
 /// Time `n_prompt` tokens of prefill (or, with `n_prompt == 0`, `n_gen` single-token decodes)
 /// `reps` times after one warm-up run.
 pub fn run_test(engine: &mut Engine, n_prompt: usize, n_gen: usize, reps: usize) -> Result<(f64, f64, Vec<f64>, Vec<u64>), Error> {
@@ -52,15 +67,7 @@ pub fn run_test(engine: &mut Engine, n_prompt: usize, n_gen: usize, reps: usize)
         engine.clear_all();
         let toks = tokens(n_prompt.max(n_gen), n_vocab, 0x5EED + rep as u64);
         let t0 = Instant::now();
-        if n_prompt > 0 {
-            engine.feed(0, &toks[..n_prompt], false, |_| {})?;
-        } else {
-            for (i, &t) in toks[..n_gen].iter().enumerate() {
-                batch.clear();
-                batch.add(t, i as i32, 0, true);
-                engine.decode(&batch)?;
-            }
-        }
+        one_pass(engine, &toks, n_prompt, n_gen, &mut batch)?;
         let dt = t0.elapsed();
         if rep > 0 {
             ns.push(dt.as_nanos() as u64);
@@ -126,16 +133,7 @@ pub fn profile_test(engine: &mut Engine, n_prompt: usize, n_gen: usize) -> Resul
     let toks = tokens(n_prompt.max(n_gen), engine.hyper().n_vocab, 0x5EED);
     engine.profile = Some(Profile::default());
     let t0 = Instant::now();
-    let r = if n_prompt > 0 {
-        engine.feed(0, &toks[..n_prompt], false, |_| {}).map(|_| ())
-    } else {
-        let mut batch = Batch::with_capacity(1);
-        toks[..n_gen].iter().enumerate().try_for_each(|(i, &t)| {
-            batch.clear();
-            batch.add(t, i as i32, 0, true);
-            engine.decode(&batch).map(|_| ())
-        })
-    };
+    let r = one_pass(engine, &toks, n_prompt, n_gen, &mut Batch::with_capacity(1));
     let secs = t0.elapsed().as_secs_f64();
     let p = engine.profile.take().unwrap_or_default();
     engine.clear_all();

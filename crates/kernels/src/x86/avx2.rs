@@ -51,6 +51,15 @@ fn heads4<B: Block>(b: [&B; 4]) -> __m256 {
     _mm256_cvtph_ps(_mm_setr_epi32(head(b[0]), head(b[1]), head(b[2]), head(b[3])))
 }
 
+/// `d_x · d_y` of four activation blocks (Q8_0 rows), each in all eight lanes of its vector.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scales4(dx: f32, y: [&BlockQ8_0; 4]) -> [__m256; 4] {
+    // Lane 2j: d_x·d_y of row j (the odd lanes are unused).
+    let d = _mm256_mul_ps(_mm256_set1_ps(dx), heads4(y));
+    [lane::<0>(d), lane::<2>(d), lane::<4>(d), lane::<6>(d)]
+}
+
 /// Lane `L` of `v` in all eight lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -358,9 +367,7 @@ pub fn dot4_q8_0_q8_0(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4]) {
     for (i, blk) in a.iter().enumerate() {
         let qx = load32(&blk.qs);
         let ax = _mm256_sign_epi8(qx, qx);
-        // Lane 2j: d_x·d_y of row j (the odd lanes are unused).
-        let d = _mm256_mul_ps(_mm256_set1_ps(h2f(blk.d)), heads4([&b[0][i], &b[1][i], &b[2][i], &b[3][i]]));
-        let ds = [lane::<0>(d), lane::<2>(d), lane::<4>(d), lane::<6>(d)];
+        let ds = scales4(h2f(blk.d), [&b[0][i], &b[1][i], &b[2][i], &b[3][i]]);
         for j in 0..4 {
             let sy = _mm256_sign_epi8(load32(&b[j][i].qs), qx);
             acc[j] = _mm256_fmadd_ps(ds[j], mul_sum_us8(ax, sy), acc[j]);
@@ -381,8 +388,7 @@ pub fn dot4_q5_0_q8_0(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4]) {
         let hi = _mm256_andnot_si256(bits_32(blk.qh), _mm256_set1_epi8(0xF0u8 as i8));
         let qx = _mm256_or_si256(nibbles_32(&blk.qs), hi);
         let ax = _mm256_sign_epi8(qx, qx);
-        let d = _mm256_mul_ps(_mm256_set1_ps(h2f(blk.d)), heads4([&b[0][i], &b[1][i], &b[2][i], &b[3][i]]));
-        let ds = [lane::<0>(d), lane::<2>(d), lane::<4>(d), lane::<6>(d)];
+        let ds = scales4(h2f(blk.d), [&b[0][i], &b[1][i], &b[2][i], &b[3][i]]);
         for j in 0..4 {
             let sy = _mm256_sign_epi8(load32(&b[j][i].qs), qx);
             acc[j] = _mm256_fmadd_ps(ds[j], mul_sum_us8(ax, sy), acc[j]);
