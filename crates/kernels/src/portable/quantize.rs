@@ -81,16 +81,21 @@ pub fn quant_q5_0(x: &[f32], y: &mut [u8]) {
         let d = max / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         b.d = f16::from_f32(d);
-        let mut qh = 0u32;
-        for j in 0..QK5_0 / 2 {
-            let q0 = ((xs[j] * id + 16.5) as i8).min(31) as u8;
-            let q1 = ((xs[j + QK5_0 / 2] * id + 16.5) as i8).min(31) as u8;
-            b.qs[j] = (q0 & 0x0F) | ((q1 & 0x0F) << 4);
-            qh |= (((q0 & 0x10) >> 4) as u32) << j;
-            qh |= (((q1 & 0x10) >> 4) as u32) << (j + QK5_0 / 2);
-        }
-        b.qh = qh.to_le_bytes();
+        let q: [u8; QK5_0] = std::array::from_fn(|j| ((xs[j] * id + 16.5) as i8).min(31) as u8);
+        b.qh = pack_5bit(&q, &mut b.qs);
     }
+}
+
+/// 32 five-bit codes in Q5_0/Q5_1's layout: the low nibbles of elements j and j + 16 share
+/// byte j of `qs`, and bit j of the returned `qh` is element j's fifth bit.
+fn pack_5bit(q: &[u8; 32], qs: &mut [u8; 16]) -> [u8; 4] {
+    let mut qh = 0u32;
+    for j in 0..16 {
+        qs[j] = (q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4);
+        qh |= (((q[j] & 0x10) >> 4) as u32) << j;
+        qh |= (((q[j + 16] & 0x10) >> 4) as u32) << (j + 16);
+    }
+    qh.to_le_bytes()
 }
 
 pub fn quant_q5_1(x: &[f32], y: &mut [u8]) {
@@ -100,15 +105,8 @@ pub fn quant_q5_1(x: &[f32], y: &mut [u8]) {
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         b.d = f16::from_f32(d);
         b.m = f16::from_f32(min);
-        let mut qh = 0u32;
-        for j in 0..QK5_1 / 2 {
-            let q0 = ((xs[j] - min) * id + 0.5) as u8;
-            let q1 = ((xs[j + QK5_1 / 2] - min) * id + 0.5) as u8;
-            b.qs[j] = (q0 & 0x0F) | ((q1 & 0x0F) << 4);
-            qh |= (((q0 & 0x10) >> 4) as u32) << j;
-            qh |= (((q1 & 0x10) >> 4) as u32) << (j + QK5_1 / 2);
-        }
-        b.qh = qh.to_le_bytes();
+        let q: [u8; QK5_1] = std::array::from_fn(|j| ((xs[j] - min) * id + 0.5) as u8);
+        b.qh = pack_5bit(&q, &mut b.qs);
     }
 }
 
