@@ -463,11 +463,27 @@ impl Ctx<'_> {
         while c0 < cols.end {
             let c1 = (c0 + COL_BLOCK).min(cols.end);
             let mut r = 0;
-            // Complete groups of four rows: one call per weight row when a 4-row kernel exists.
+            // Complete groups of four rows: 4×4 tiles where a tile kernel exists, then one call
+            // per weight row when a 4-row kernel exists.
             if let Some(dot4) = ops.vec_dot4 {
                 while r + 4 <= tiled_rows {
                     let ys = [xrow(r), xrow(r + 1), xrow(r + 2), xrow(r + 3)];
-                    for c in c0..c1 {
+                    let mut c = c0;
+                    if let Some(tile) = ops.vec_tile {
+                        while c + 4 <= c1 {
+                            let mut o = [[0f32; 4]; 4];
+                            tile(&wb[c * wrb..(c + 4) * wrb], wrb, ys, &mut o);
+                            for (i, col) in o.into_iter().enumerate() {
+                                for (j, v) in col.into_iter().enumerate() {
+                                    // SAFETY: column c + i of these rows is written by this
+                                    // worker only.
+                                    unsafe { *base.add((r + j) * n_out + c + i) = v };
+                                }
+                            }
+                            c += 4;
+                        }
+                    }
+                    for c in c..c1 {
                         let mut o = [0f32; 4];
                         dot4(&wb[c * wrb..(c + 1) * wrb], ys, &mut o);
                         for (j, v) in o.into_iter().enumerate() {

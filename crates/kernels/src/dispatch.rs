@@ -10,6 +10,9 @@ use crate::DType;
 pub type VecDot = fn(x: &[u8], y: &[u8]) -> f32;
 /// One weight row against four activation rows: `out[j] = vec_dot_tile(x, y[j])`, bit for bit.
 pub type VecDot4 = fn(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4]);
+/// Four weight rows (`x`, rows `xrb` bytes apart) against four activation rows:
+/// `out[r][j] = vec_dot_tile(x_r, y[j])`, bit for bit.
+pub type VecDotTile = fn(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]; 4]);
 /// Convert a row of blocks to f32.
 pub type ToFloat = fn(x: &[u8], y: &mut [f32]);
 /// Quantize an f32 row into blocks.
@@ -25,6 +28,8 @@ pub struct TypeOps {
     pub vec_dot_tile: VecDot,
     /// Four activation rows at once (weights decoded once), where a SIMD version exists.
     pub vec_dot4: Option<VecDot4>,
+    /// Four weight rows against four activation rows (register-blocked), where it exists.
+    pub vec_tile: Option<VecDotTile>,
     pub to_float: ToFloat,
     pub from_float: Option<FromFloat>,
 }
@@ -78,6 +83,7 @@ impl Kernels {
             vec_dot: vd,
             vec_dot_tile: vd,
             vec_dot4: None,
+            vec_tile: None,
             to_float: tf,
             from_float: ff,
         };
@@ -119,6 +125,7 @@ impl Kernels {
             let f: VecDot = |x, y| unsafe { avx512::dot_q5_0_q8_0(x, y) };
             let o = &mut k.ops[slot(DType::Q5_0).unwrap()];
             (o.vec_dot, o.vec_dot_tile) = (f, f);
+            o.vec_tile = Some(|x, xrb, y, out| unsafe { avx512::tile_q5_0_q8_0::<4, 4>(x, xrb, y, out) });
         }
         k
     }

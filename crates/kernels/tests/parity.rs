@@ -303,6 +303,51 @@ fn four_row_dots_equal_single_row_dots() {
     }
 }
 
+/// The 4×4 register-blocked tiles (default prefill) give each pair exactly the tile dot's
+/// value, for row lengths of 1 to 9 blocks and extreme values (all fifth bits set or clear,
+/// ±127 activations).
+#[test]
+fn tile_dots_equal_row_dots() {
+    let k = Kernels::detect();
+    let mut rng = Rng(77);
+    let mut tested = 0;
+    for t in [DType::Q4_1, DType::Q5_0, DType::Q8_0] {
+        let ops = k.ops(t).unwrap();
+        let Some(tile) = ops.vec_tile else { continue };
+        for nb in 1..=9 {
+            let n = 32 * nb;
+            let rb = row_bytes(t, n);
+            let mut w: Vec<u8> = (0..4).flat_map(|_| random_row(t, n, &mut rng)).collect();
+            if nb == 2 && t == DType::Q5_0 {
+                // Row 0: every fifth bit set; row 1: none set.
+                w[2..6].fill(0xFF);
+                w[rb + 2..rb + 6].fill(0);
+            }
+            let ys: Vec<Vec<u8>> = (0..4)
+                .map(|j| {
+                    let x: Vec<f32> = (0..n).map(|i| if j == 3 { [1.0, -1.0][i % 2] } else { rng.f32() }).collect();
+                    let mut q = vec![0u8; row_bytes(ops.vec_dot_type, n)];
+                    k.from_float(ops.vec_dot_type).unwrap()(&x, &mut q);
+                    q
+                })
+                .collect();
+            let mut o = [[0f32; 4]; 4];
+            tile(&w, rb, [&ys[0], &ys[1], &ys[2], &ys[3]], &mut o);
+            for r in 0..4 {
+                for j in 0..4 {
+                    let want = (ops.vec_dot_tile)(&w[r * rb..(r + 1) * rb], &ys[j]);
+                    assert_eq!(o[r][j], want, "{t} {nb} blocks, weight row {r}, activation row {j}");
+                }
+            }
+            tested += 1;
+        }
+    }
+    // Every AVX-512 VNNI machine has the tiles; elsewhere there is nothing to compare.
+    if Kernels::detect().vnni {
+        assert!(tested > 0);
+    }
+}
+
 /// The panel GEMM (prefill): VNNI kernel bit-identical to its portable twin, both equal to
 /// the per-row dot products up to float summation order, on ragged shapes (columns not a
 /// multiple of the panel, rows not a multiple of four).
