@@ -119,13 +119,17 @@ impl Kernels {
         let mut k = Kernels::detect_avx2();
         #[cfg(target_arch = "x86_64")]
         if k.vnni && std::is_x86_feature_detected!("avx512bw") {
+            use crate::blocks::{BlockQ5_0, BlockQ8_0};
             use crate::x86::avx512;
             // SAFETY: AVX2/FMA/F16C (detect_avx2) and AVX512F/VL/VNNI (`vnni`) and BW were
             // detected on this CPU.
             let f: VecDot = |x, y| unsafe { avx512::dot_q5_0_q8_0(x, y) };
             let o = &mut k.ops[slot(DType::Q5_0).unwrap()];
             (o.vec_dot, o.vec_dot_tile) = (f, f);
-            o.vec_tile = Some(|x, xrb, y, out| unsafe { avx512::tile_q5_0_q8_0::<4, 4>(x, xrb, y, out) });
+            o.vec_tile = Some(|x, xrb, y, out| unsafe { avx512::tile_offset::<BlockQ5_0, 4, 4>(x, xrb, y, out) });
+            k.ops[slot(DType::Q4_1).unwrap()].vec_tile = Some(|x, xrb, y, out| unsafe { avx512::tile4_q4_1_q8_1(x, xrb, y, out) });
+            k.ops[slot(DType::Q8_0).unwrap()].vec_tile =
+                Some(|x, xrb, y, out| unsafe { avx512::tile_offset::<BlockQ8_0, 4, 4>(x, xrb, y, out) });
         }
         k
     }

@@ -47,7 +47,7 @@ fn head<B: Block>(b: &B) -> i32 {
 /// first and second f16 (the scales `d`, and `m` or `s` where the block has one).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn heads4<B: Block>(b: [&B; 4]) -> __m256 {
+pub(crate) fn heads4<B: Block>(b: [&B; 4]) -> __m256 {
     _mm256_cvtph_ps(_mm_setr_epi32(head(b[0]), head(b[1]), head(b[2]), head(b[3])))
 }
 
