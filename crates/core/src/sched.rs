@@ -470,18 +470,17 @@ impl Ctx<'_> {
                     let ys = [xrow(r), xrow(r + 1), xrow(r + 2), xrow(r + 3)];
                     let mut c = c0;
                     if let Some(tile) = ops.vec_tile {
-                        while c + 4 <= c1 {
-                            let mut o = [[0f32; 4]; 4];
-                            tile(&wb[c * wrb..(c + 4) * wrb], wrb, ys, &mut o);
-                            for (i, col) in o.into_iter().enumerate() {
-                                for (j, v) in col.into_iter().enumerate() {
-                                    // SAFETY: column c + i of these rows is written by this
-                                    // worker only.
-                                    unsafe { *base.add((r + j) * n_out + c + i) = v };
-                                }
+                        let n = (c1 - c0) / 4 * 4;
+                        let mut o = [[0f32; 4]; COL_BLOCK];
+                        tile(&wb[c0 * wrb..(c0 + n) * wrb], wrb, ys, &mut o[..n]);
+                        for (i, col) in o[..n].iter().enumerate() {
+                            for (j, &v) in col.iter().enumerate() {
+                                // SAFETY: column c0 + i of these rows is written by this worker
+                                // only.
+                                unsafe { *base.add((r + j) * n_out + c0 + i) = v };
                             }
-                            c += 4;
                         }
+                        c += n;
                     }
                     for c in c..c1 {
                         let mut o = [0f32; 4];

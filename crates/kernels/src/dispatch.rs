@@ -10,9 +10,10 @@ use crate::DType;
 pub type VecDot = fn(x: &[u8], y: &[u8]) -> f32;
 /// One weight row against four activation rows: `out[j] = vec_dot_tile(x, y[j])`, bit for bit.
 pub type VecDot4 = fn(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4]);
-/// Four weight rows (`x`, rows `xrb` bytes apart) against four activation rows:
-/// `out[r][j] = vec_dot_tile(x_r, y[j])`, bit for bit.
-pub type VecDotTile = fn(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]; 4]);
+/// `out.len()` weight rows (a multiple of four; `x`, rows `xrb` bytes apart) against four
+/// activation rows, in register-blocked 4×4 tiles: `out[c][j] = vec_dot_tile(x_c, y[j])`, bit
+/// for bit.
+pub type VecDotTile = fn(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]);
 /// Convert a row of blocks to f32.
 pub type ToFloat = fn(x: &[u8], y: &mut [f32]);
 /// Quantize an f32 row into blocks.
@@ -126,10 +127,10 @@ impl Kernels {
             let f: VecDot = |x, y| unsafe { avx512::dot_q5_0_q8_0(x, y) };
             let o = &mut k.ops[slot(DType::Q5_0).unwrap()];
             (o.vec_dot, o.vec_dot_tile) = (f, f);
-            o.vec_tile = Some(|x, xrb, y, out| unsafe { avx512::tile_offset::<BlockQ5_0, 4, 4>(x, xrb, y, out) });
-            k.ops[slot(DType::Q4_1).unwrap()].vec_tile = Some(|x, xrb, y, out| unsafe { avx512::tile4_q4_1_q8_1(x, xrb, y, out) });
+            o.vec_tile = Some(|x, xrb, y, out| unsafe { avx512::tiles_offset::<BlockQ5_0>(x, xrb, y, out) });
+            k.ops[slot(DType::Q4_1).unwrap()].vec_tile = Some(|x, xrb, y, out| unsafe { avx512::tiles_q4_1_q8_1(x, xrb, y, out) });
             k.ops[slot(DType::Q8_0).unwrap()].vec_tile =
-                Some(|x, xrb, y, out| unsafe { avx512::tile_offset::<BlockQ8_0, 4, 4>(x, xrb, y, out) });
+                Some(|x, xrb, y, out| unsafe { avx512::tiles_offset::<BlockQ8_0>(x, xrb, y, out) });
         }
         k
     }

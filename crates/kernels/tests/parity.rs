@@ -317,7 +317,8 @@ fn tile_dots_equal_row_dots() {
         for nb in 1..=9 {
             let n = 32 * nb;
             let rb = row_bytes(t, n);
-            let mut w: Vec<u8> = (0..4).flat_map(|_| random_row(t, n, &mut rng)).collect();
+            // Eight weight rows: two passes of the 4×4 tile.
+            let mut w: Vec<u8> = (0..8).flat_map(|_| random_row(t, n, &mut rng)).collect();
             if nb == 2 && t == DType::Q5_0 {
                 // Row 0: every fifth bit set; row 1: none set.
                 w[2..6].fill(0xFF);
@@ -331,9 +332,9 @@ fn tile_dots_equal_row_dots() {
                     q
                 })
                 .collect();
-            let mut o = [[0f32; 4]; 4];
-            tile(&w, rb, [&ys[0], &ys[1], &ys[2], &ys[3]], &mut o);
-            for r in 0..4 {
+            let mut o = [[0f32; 4]; 8];
+            tile(&w, rb, [&ys[0], &ys[1], &ys[2], &ys[3]], &mut o[..]);
+            for r in 0..8 {
                 for j in 0..4 {
                     let want = (ops.vec_dot_tile)(&w[r * rb..(r + 1) * rb], &ys[j]);
                     assert_eq!(o[r][j], want, "{t} {nb} blocks, weight row {r}, activation row {j}");

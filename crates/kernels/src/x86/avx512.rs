@@ -8,7 +8,7 @@
 //! `maddubs` and `madd`. The identity is exact in integers and AVX2's 16-bit pair sums never
 //! saturate here (|q| ≤ 16, |y| ≤ 127), so every lane holds the AVX2 kernel's value.
 //!
-//! Prefill tiles ([`tile_offset`], Q5_0 and Q8_0 weights): four weight rows × four activation
+//! Prefill tiles ([`tiles_offset`], Q5_0 and Q8_0 weights): four weight rows × four activation
 //! rows per pass, the same identity with the offset term computed once per activation block
 //! and the weight decode once per weight block, so one pair is one `vpdpbusd`, a convert, the
 //! scale product and the FMA (2.4–2.6 cycles with hot caches, against 4.2–4.4 for AVX2's
@@ -80,59 +80,80 @@ impl OffsetBlock for BlockQ8_0 {
     }
 }
 
-/// `R` weight rows (`x`, rows `xrb` bytes apart) against `C` Q8_0 activation rows: R·C dot
-/// products per pass, `out[r][j]` equal bit for bit to the AVX2 single-row dot of weight row r
-/// and activation row j (each accumulator sees that kernel's integer sum per lane, computed as
-/// `Σ (q + off)·y − off·Σ y`, and its float steps, block by block). Each weight block is
-/// decoded once for `C` activation rows and each activation block's `off·Σ y` is computed once
-/// for `R` weight rows, so a pair costs one `vpdpbusd`, a convert, the scale product and the FMA.
+/// `4·m` weight rows (`x`, rows `xrb` bytes apart) against four Q8_0 activation rows, four
+/// weight rows per pass: `out[c][j]` equals bit for bit the AVX2 single-row dot of weight row
+/// c and activation row j (each accumulator sees that kernel's integer sum per lane, computed
+/// as `Σ (q + off)·y − off·Σ y`, and its float steps, block by block). Each weight block is
+/// decoded once for four activation rows and each activation block's `off·Σ y` once for four
+/// weight rows, so a pair costs one `vpdpbusd`, a convert, the scale product and the FMA.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub fn tile_offset<B: OffsetBlock, const R: usize, const C: usize>(
-    x: &[u8],
-    xrb: usize,
-    y: [&[u8]; C],
-    out: &mut [[f32; C]; R],
-) {
+pub fn tiles_offset<B: OffsetBlock>(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
     let nb = xrb / std::mem::size_of::<B>();
-    // Equal lengths up front, so the loop below has no bounds checks.
-    let a: [&[B]; R] = std::array::from_fn(|r| &as_blocks::<B>(&x[r * xrb..(r + 1) * xrb])[..nb]);
-    let b: [&[BlockQ8_0]; C] = y.map(|y| &as_blocks::<BlockQ8_0>(y)[..nb]);
-    let mut acc = [[_mm256_setzero_ps(); C]; R];
+    let b = rows4::<BlockQ8_0>(y, nb);
+    for (c, o) in out.chunks_exact_mut(4).enumerate() {
+        let w = &x[4 * c * xrb..4 * (c + 1) * xrb];
+        let a = rows4::<B>([&w[..xrb], &w[xrb..2 * xrb], &w[2 * xrb..3 * xrb], &w[3 * xrb..]], nb);
+        let acc = tile_offset(a, b);
+        for r in 0..4 {
+            for j in 0..4 {
+                o[r][j] = hsum_f32x8(acc[r][j]);
+            }
+        }
+    }
+}
+
+/// Four rows as slices of exactly `nb` blocks (so the kernels' loops carry no bounds checks).
+#[inline(always)]
+fn rows4<B: Block>(y: [&[u8]; 4], nb: usize) -> [&[B]; 4] {
+    [&as_blocks::<B>(y[0])[..nb], &as_blocks::<B>(y[1])[..nb], &as_blocks::<B>(y[2])[..nb], &as_blocks::<B>(y[3])[..nb]]
+}
+
+/// The 4×4 accumulators of [`tiles_offset`] (`acc[r][j]`: weight row r, activation row j).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn tile_offset<B: OffsetBlock>(a: [&[B]; 4], b: [&[BlockQ8_0]; 4]) -> [[__m256; 4]; 4] {
+    let mut acc = [[_mm256_setzero_ps(); 4]; 4];
     let off = _mm256_set1_epi8(B::OFFSET as i8);
-    for i in 0..nb {
-        let mut u = [_mm256_setzero_si256(); R];
-        let mut dw = [_mm256_setzero_ps(); R];
-        for r in 0..R {
+    for i in 0..a[0].len() {
+        let mut u = [_mm256_setzero_si256(); 4];
+        let mut dw = [_mm256_setzero_ps(); 4];
+        for r in 0..4 {
             // SAFETY: this function's features include the ones `unsigned` needs.
             u[r] = unsafe { a[r][i].unsigned() };
             dw[r] = bcast_h(a[r][i].scale());
         }
-        for j in 0..C {
+        for j in 0..4 {
             let blk = &b[j][i];
             let qy = load32(&blk.qs);
             let dy = bcast_h(blk.d);
             let neg = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), off, qy));
-            for r in 0..R {
+            for r in 0..4 {
                 let s = _mm256_dpbusd_epi32(neg, u[r], qy);
                 acc[r][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dy), _mm256_cvtepi32_ps(s), acc[r][j]);
             }
         }
     }
-    for r in 0..R {
-        for j in 0..C {
-            out[r][j] = hsum_f32x8(acc[r][j]);
-        }
+    acc
+}
+
+/// The Q4_1 twin of [`tiles_offset`] (Q8_1 activations): nibbles are already unsigned, so a
+/// pair's integer sum is one `vpdpbusd`; the `m·s` terms of the 16 pairs of a pass are
+/// multiplied and accumulated two vectors at a time (lane = pair), each in the single-row
+/// kernel's order.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn tiles_q4_1_q8_1(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
+    let nb = xrb / std::mem::size_of::<BlockQ4_1>();
+    let b = rows4::<BlockQ8_1>(y, nb);
+    for (c, o) in out.chunks_exact_mut(4).enumerate() {
+        let w = &x[4 * c * xrb..4 * (c + 1) * xrb];
+        let a = rows4::<BlockQ4_1>([&w[..xrb], &w[xrb..2 * xrb], &w[2 * xrb..3 * xrb], &w[3 * xrb..]], nb);
+        tile_q4_1(a, b, o.try_into().expect("chunks of four"));
     }
 }
 
-/// The Q4_1 twin of [`tile_offset`] (Q8_1 activations): nibbles are already unsigned, so a
-/// pair's integer sum is one `vpdpbusd`; the `m·s` terms of the 16 pairs are multiplied and
-/// accumulated two vectors at a time (lane = pair), each in the single-row kernel's order.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub fn tile4_q4_1_q8_1(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]; 4]) {
-    let nb = xrb / std::mem::size_of::<BlockQ4_1>();
-    let a: [&[BlockQ4_1]; 4] = std::array::from_fn(|r| &as_blocks::<BlockQ4_1>(&x[r * xrb..(r + 1) * xrb])[..nb]);
-    let b: [&[BlockQ8_1]; 4] = y.map(|y| &as_blocks::<BlockQ8_1>(y)[..nb]);
+fn tile_q4_1(a: [&[BlockQ4_1]; 4], b: [&[BlockQ8_1]; 4], out: &mut [[f32; 4]; 4]) {
     let mut acc = [[_mm256_setzero_ps(); 4]; 4];
     // Lane 4(r % 2) + j of summs[r / 2]: Σ m_r·s_j.
     let mut summs = [_mm256_setzero_ps(); 2];
@@ -141,7 +162,7 @@ pub fn tile4_q4_1_q8_1(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4];
     let (m01, m23) = (_mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3), _mm256_setr_epi32(5, 5, 5, 5, 7, 7, 7, 7));
     let s_idx = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
     let shifts = _mm256_setr_epi64x(0, 0, 0x0004_0004_0004_0004, 0x0004_0004_0004_0004);
-    for i in 0..nb {
+    for i in 0..a[0].len() {
         let mut u = [_mm256_setzero_si256(); 4];
         let mut dw = [_mm256_setzero_ps(); 4];
         for r in 0..4 {
