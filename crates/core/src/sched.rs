@@ -463,35 +463,38 @@ impl Ctx<'_> {
         while c0 < cols.end {
             let c1 = (c0 + COL_BLOCK).min(cols.end);
             let mut r = 0;
-            // Complete groups of four rows: 4×4 tiles where a tile kernel exists, then one call
-            // per weight row when a 4-row kernel exists.
-            if let Some(dot4) = ops.vec_dot4 {
-                while r + 4 <= tiled_rows {
-                    let ys = [xrow(r), xrow(r + 1), xrow(r + 2), xrow(r + 3)];
-                    let mut c = c0;
-                    if let Some(tile) = ops.vec_tile {
-                        let n = (c1 - c0) / 4 * 4;
-                        let mut o = [[0f32; 4]; COL_BLOCK];
-                        tile(&wb[c0 * wrb..(c0 + n) * wrb], wrb, ys, &mut o[..n]);
-                        for (i, col) in o[..n].iter().enumerate() {
-                            for (j, &v) in col.iter().enumerate() {
-                                // SAFETY: column c0 + i of these rows is written by this worker
-                                // only.
-                                unsafe { *base.add((r + j) * n_out + c0 + i) = v };
-                            }
-                        }
-                        c += n;
-                    }
-                    for c in c..c1 {
-                        let mut o = [0f32; 4];
-                        dot4(&wb[c * wrb..(c + 1) * wrb], ys, &mut o);
-                        for (j, v) in o.into_iter().enumerate() {
-                            // SAFETY: column c of these rows is written by this worker only.
-                            unsafe { *base.add((r + j) * n_out + c) = v };
+            // Complete groups of four rows: register-blocked tiles where a tile kernel exists,
+            // then one call per weight row (a 4-row kernel, or the tile dot four times). All give
+            // `vec_dot_tile` values, which batch-invariant runs avoid where its order differs.
+            let grouped = !(self.batch_invariant && ops.tile_order);
+            while grouped && r + 4 <= tiled_rows && (ops.vec_tile.is_some() || ops.vec_dot4.is_some()) {
+                let ys = [xrow(r), xrow(r + 1), xrow(r + 2), xrow(r + 3)];
+                let mut c = c0;
+                if let Some(tile) = ops.vec_tile {
+                    let n = (c1 - c0) / 4 * 4;
+                    let mut o = [[0f32; 4]; COL_BLOCK];
+                    tile(&wb[c0 * wrb..(c0 + n) * wrb], wrb, ys, &mut o[..n]);
+                    for (i, col) in o[..n].iter().enumerate() {
+                        for (j, &v) in col.iter().enumerate() {
+                            // SAFETY: column c0 + i of these rows is written by this worker only.
+                            unsafe { *base.add((r + j) * n_out + c0 + i) = v };
                         }
                     }
-                    r += 4;
+                    c += n;
                 }
+                for c in c..c1 {
+                    let w = &wb[c * wrb..(c + 1) * wrb];
+                    let mut o = [0f32; 4];
+                    match ops.vec_dot4 {
+                        Some(dot4) => dot4(w, ys, &mut o),
+                        None => o = ys.map(|y| (ops.vec_dot_tile)(w, y)),
+                    }
+                    for (j, v) in o.into_iter().enumerate() {
+                        // SAFETY: column c of these rows is written by this worker only.
+                        unsafe { *base.add((r + j) * n_out + c) = v };
+                    }
+                }
+                r += 4;
             }
             for r in r..rows {
                 let xr = xrow(r);

@@ -27,6 +27,9 @@ pub struct TypeOps {
     /// `n - n % 4` of a batch of `n ≥ 4`). Same value up to float order; kept separate so
     /// results match llama.cpp bit for bit. Equal to `vec_dot` for most types.
     pub vec_dot_tile: VecDot,
+    /// `vec_dot_tile` has a float order of its own (differs from `vec_dot` in the last bits):
+    /// batch-invariant runs must not use it, nor `vec_dot4`/`vec_tile`, which compute its values.
+    pub tile_order: bool,
     /// Four activation rows at once (weights decoded once), where a SIMD version exists.
     pub vec_dot4: Option<VecDot4>,
     /// Four weight rows against four activation rows (register-blocked), where it exists.
@@ -83,6 +86,7 @@ impl Kernels {
             vec_dot_type: vdt,
             vec_dot: vd,
             vec_dot_tile: vd,
+            tile_order: false,
             vec_dot4: None,
             vec_tile: None,
             to_float: tf,
@@ -99,7 +103,7 @@ impl Kernels {
                 op(DType::Q8_1, pd::dot_q4_1_q8_1, pq::dequant_q4_1, None),
                 op(DType::Q8_0, pd::dot_q5_0_q8_0, pq::dequant_q5_0, None),
                 op(DType::Q8_0, pd::dot_q8_0_q8_0, pq::dequant_q8_0, Some(pq::quant_q8_0)),
-                TypeOps { vec_dot_tile: pd::dot_q4_k_q8_k_tile, ..op(DType::Q8K, pd::dot_q4_k_q8_k, pq::dequant_q4_k, None) },
+                TypeOps { vec_dot_tile: pd::dot_q4_k_q8_k_tile, tile_order: true, ..op(DType::Q8K, pd::dot_q4_k_q8_k, pq::dequant_q4_k, None) },
                 op(DType::Q8K, pd::dot_q6_k_q8_k, pq::dequant_q6_k, None),
                 op(DType::Q8_0, pd::dot_q4_0_q8_0, pq::dequant_q4_0, Some(crate::portable::quantize::quant_q4_0)),
                 op(DType::Q8_1, pd::dot_q5_1_q8_1, pq::dequant_q5_1, None),
@@ -129,6 +133,8 @@ impl Kernels {
             (o.vec_dot, o.vec_dot_tile) = (f, f);
             o.vec_tile = Some(|x, xrb, y, out| unsafe { avx512::tiles_offset::<BlockQ5_0>(x, xrb, y, out) });
             k.ops[slot(DType::Q4_1).unwrap()].vec_tile = Some(|x, xrb, y, out| unsafe { avx512::tiles_q4_1_q8_1(x, xrb, y, out) });
+            k.ops[slot(DType::Q4K).unwrap()].vec_tile =
+                Some(|x, xrb, y, out| unsafe { crate::x86::tiles_k::tiles_q4_k_q8_k(x, xrb, y, out) });
             k.ops[slot(DType::Q8_0).unwrap()].vec_tile =
                 Some(|x, xrb, y, out| unsafe { avx512::tiles_offset::<BlockQ8_0>(x, xrb, y, out) });
         }

@@ -311,14 +311,13 @@ fn tile_dots_equal_row_dots() {
     let k = Kernels::detect();
     let mut rng = Rng(77);
     let mut tested = 0;
-    for t in [DType::Q4_1, DType::Q5_0, DType::Q8_0] {
+    for t in [DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4K] {
         let ops = k.ops(t).unwrap();
         let Some(tile) = ops.vec_tile else { continue };
         for nb in 1..=9 {
-            let n = 32 * nb;
+            let n = t.block_size() * nb;
             let rb = row_bytes(t, n);
-            // Eight weight rows: two passes of the 4×4 tile.
-            let mut w: Vec<u8> = (0..8).flat_map(|_| random_row(t, n, &mut rng)).collect();
+            let mut w: Vec<u8> = (0..12).flat_map(|_| random_row(t, n, &mut rng)).collect();
             if nb == 2 && t == DType::Q5_0 {
                 // Row 0: every fifth bit set; row 1: none set.
                 w[2..6].fill(0xFF);
@@ -332,9 +331,10 @@ fn tile_dots_equal_row_dots() {
                     q
                 })
                 .collect();
-            let mut o = [[0f32; 4]; 8];
+            // Twelve weight rows: three 4-row passes, or one 8-row pass and a 4-row rest.
+            let mut o = [[0f32; 4]; 12];
             tile(&w, rb, [&ys[0], &ys[1], &ys[2], &ys[3]], &mut o[..]);
-            for r in 0..8 {
+            for r in 0..12 {
                 for j in 0..4 {
                     let want = (ops.vec_dot_tile)(&w[r * rb..(r + 1) * rb], &ys[j]);
                     assert_eq!(o[r][j], want, "{t} {nb} blocks, weight row {r}, activation row {j}");

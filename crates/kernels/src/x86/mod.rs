@@ -14,3 +14,4 @@ pub mod avx512;
 pub mod avx2;
 pub mod avx2_ext;
 pub mod gemm_vnni;
+pub mod tiles_k;

@@ -1,0 +1,175 @@
+//! Prefill tiles for K-quant weights (AVX-512 VL + VNNI on 256-bit vectors).
+//!
+//! Q4_K: eight weight rows × four activation rows per pass with **lanes = weight rows**, the
+//! float order of ggml's repacked `q4_K_8x8` GEMM (and of `dot_q4_k_q8_k_tile`): per 64 values
+//! one `fma(sumi, d·d_y, acc)` and one `fma(summ, dmin·d_y, acc_min)` per pair, here eight pairs
+//! per instruction. The integer sums are exact whatever the method: the raw bytes of eight rows
+//! are transposed in 4-byte groups (an 8×8 dword transpose per 64 values, shared by the four
+//! activation rows), so one `vpdpbusd` against a broadcast group of four activation bytes adds
+//! four products to each of the eight rows. Scales and mins of the eight rows are unpacked
+//! side by side with ggml's `utmp` masks.
+
+use super::avx2::dot_q4_k_q8_k_tile;
+use crate::blocks::*;
+use std::arch::x86_64::*;
+
+/// `out.len()` weight rows (a multiple of four; `x`, rows `xrb` bytes apart) against four Q8_K
+/// activation rows: `out[c][j]` equals `dot_q4_k_q8_k_tile(x_c, y_j)` bit for bit. Eight weight
+/// rows per pass; a last group of four goes through the tile dot itself.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn tiles_q4_k_q8_k(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
+    let nb = xrb / std::mem::size_of::<BlockQ4K>();
+    let b: [&[BlockQ8K]; 4] = [0, 1, 2, 3].map(|j| &as_blocks::<BlockQ8K>(y[j])[..nb]);
+    let full = out.len() / 8 * 8;
+    for (c, o) in out[..full].chunks_exact_mut(8).enumerate() {
+        let w = &x[8 * c * xrb..8 * (c + 1) * xrb];
+        let mut a: [&[BlockQ4K]; 8] = [&[]; 8];
+        for (r, a) in a.iter_mut().enumerate() {
+            *a = &as_blocks::<BlockQ4K>(&w[r * xrb..(r + 1) * xrb])[..nb];
+        }
+        tile_q4_k(a, b, o);
+    }
+    for (c, o) in out.iter_mut().enumerate().skip(full) {
+        for j in 0..4 {
+            o[j] = dot_q4_k_q8_k_tile(&x[c * xrb..(c + 1) * xrb], y[j]);
+        }
+    }
+}
+
+/// The `u32` at byte `off` of block `i` of each of eight rows, lane r = row r.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn words8(a: &[&[BlockQ4K]; 8], i: usize, off: usize) -> __m256i {
+    let w = |r: usize| {
+        let p = &a[r][i] as *const BlockQ4K as *const u8;
+        // SAFETY: off + 4 ≤ 16 < size_of::<BlockQ4K>() at every call site; unaligned read.
+        unsafe { (p.add(off) as *const i32).read_unaligned() }
+    };
+    _mm256_setr_epi32(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7))
+}
+
+/// The f16 in the low half of each dword lane, converted.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512vl")]
+fn f16_lanes(v: __m256i) -> __m256 {
+    _mm256_cvtph_ps(_mm256_cvtepi32_epi16(v))
+}
+
+/// Dword transpose: lane r of result k is dword k of `v[r]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
+    let t = [
+        _mm256_unpacklo_epi32(v[0], v[1]),
+        _mm256_unpackhi_epi32(v[0], v[1]),
+        _mm256_unpacklo_epi32(v[2], v[3]),
+        _mm256_unpackhi_epi32(v[2], v[3]),
+        _mm256_unpacklo_epi32(v[4], v[5]),
+        _mm256_unpackhi_epi32(v[4], v[5]),
+        _mm256_unpacklo_epi32(v[6], v[7]),
+        _mm256_unpackhi_epi32(v[6], v[7]),
+    ];
+    // u[k] / u[4 + k]: dwords k and k + 4 of rows 0..4 / rows 4..8 (one per 128-bit half).
+    let u = [
+        _mm256_unpacklo_epi64(t[0], t[2]),
+        _mm256_unpackhi_epi64(t[0], t[2]),
+        _mm256_unpacklo_epi64(t[1], t[3]),
+        _mm256_unpackhi_epi64(t[1], t[3]),
+        _mm256_unpacklo_epi64(t[4], t[6]),
+        _mm256_unpackhi_epi64(t[4], t[6]),
+        _mm256_unpacklo_epi64(t[5], t[7]),
+        _mm256_unpackhi_epi64(t[5], t[7]),
+    ];
+    [
+        _mm256_permute2x128_si256::<0x20>(u[0], u[4]),
+        _mm256_permute2x128_si256::<0x20>(u[1], u[5]),
+        _mm256_permute2x128_si256::<0x20>(u[2], u[6]),
+        _mm256_permute2x128_si256::<0x20>(u[3], u[7]),
+        _mm256_permute2x128_si256::<0x31>(u[0], u[4]),
+        _mm256_permute2x128_si256::<0x31>(u[1], u[5]),
+        _mm256_permute2x128_si256::<0x31>(u[2], u[6]),
+        _mm256_permute2x128_si256::<0x31>(u[3], u[7]),
+    ]
+}
+
+/// Byte `s` of every dword lane, zero-extended.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn byte_lanes(v: __m256i, s: usize) -> __m256i {
+    _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_set1_epi32(8 * s as i32)), _mm256_set1_epi32(0xFF))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn tile_q4_k(a: [&[BlockQ4K]; 8], b: [&[BlockQ8K]; 4], out: &mut [[f32; 4]]) {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut acc_min = [_mm256_setzero_ps(); 4];
+    let (k1, k2, k3) = (_mm256_set1_epi32(0x3f3f3f3f), _mm256_set1_epi32(0x0f0f0f0f), _mm256_set1_epi32(0x03030303));
+    let m4 = _mm256_set1_epi8(0xF);
+    for i in 0..a[0].len() {
+        // [d | dmin << 16] per row, then the 12 scale bytes as three words (ggml's utmp).
+        let head = words8(&a, i, 0);
+        let d = f16_lanes(head);
+        let dmin = f16_lanes(_mm256_srli_epi32(head, 16));
+        let (u0, u1, u2) = (words8(&a, i, 4), words8(&a, i, 8), words8(&a, i, 12));
+        // Bytes of sc[0], sc[1]: the eight 6-bit scales; of mn[0], mn[1]: the eight mins.
+        let sc = [
+            _mm256_and_si256(u0, k1),
+            _mm256_or_si256(_mm256_and_si256(u2, k2), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), k3), 4)),
+        ];
+        let mn = [
+            _mm256_and_si256(u1, k1),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi32(u2, 4), k2),
+                _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), k3), 4),
+            ),
+        ];
+        for ch in 0..QK_K / 64 {
+            // Sub-blocks 2ch (low nibbles) and 2ch + 1 (high nibbles).
+            let (s0, s1) = (byte_lanes(sc[ch / 2], 2 * (ch % 2)), byte_lanes(sc[ch / 2], 2 * (ch % 2) + 1));
+            let (m0, m1) = (byte_lanes(mn[ch / 2], 2 * (ch % 2)), byte_lanes(mn[ch / 2], 2 * (ch % 2) + 1));
+            let mut raw = [_mm256_setzero_si256(); 8];
+            for (r, v) in raw.iter_mut().enumerate() {
+                // SAFETY: 32 readable bytes of qs (ch < 4); unaligned load.
+                *v = unsafe { _mm256_loadu_si256(a[r][i].qs.as_ptr().add(32 * ch) as *const __m256i) };
+            }
+            let t = transpose8(raw);
+            let mut lo = [_mm256_setzero_si256(); 8];
+            let mut hi = [_mm256_setzero_si256(); 8];
+            for k in 0..8 {
+                lo[k] = _mm256_and_si256(t[k], m4);
+                hi[k] = _mm256_and_si256(_mm256_srli_epi16(t[k], 4), m4);
+            }
+            for j in 0..4 {
+                let by = &b[j][i];
+                let q = &by.qs[64 * ch..64 * ch + 64];
+                let group = |k: usize| {
+                    // SAFETY: k < 16, so 4 bytes inside the 64-byte slice; unaligned read.
+                    _mm256_set1_epi32(unsafe { (q.as_ptr().add(4 * k) as *const i32).read_unaligned() })
+                };
+                let (mut sl, mut sh) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                for k in 0..8 {
+                    sl = _mm256_dpbusd_epi32(sl, lo[k], group(k));
+                    sh = _mm256_dpbusd_epi32(sh, hi[k], group(8 + k));
+                }
+                let sumi = _mm256_add_epi32(_mm256_mullo_epi32(s0, sl), _mm256_mullo_epi32(s1, sh));
+                let bs = &by.bsums[4 * ch..4 * ch + 4];
+                let summ = _mm256_add_epi32(
+                    _mm256_mullo_epi32(m0, _mm256_set1_epi32(bs[0] as i32 + bs[1] as i32)),
+                    _mm256_mullo_epi32(m1, _mm256_set1_epi32(bs[2] as i32 + bs[3] as i32)),
+                );
+                let dy = _mm256_set1_ps(by.d);
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(d, dy), acc[j]);
+                acc_min[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dmin, dy), acc_min[j]);
+            }
+        }
+    }
+    for j in 0..4 {
+        let mut v = [0f32; 8];
+        // SAFETY: 8 f32 of stack memory.
+        unsafe { _mm256_storeu_ps(v.as_mut_ptr(), _mm256_sub_ps(acc[j], acc_min[j])) };
+        for r in 0..8 {
+            out[r][j] = v[r];
+        }
+    }
+}
