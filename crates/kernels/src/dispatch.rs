@@ -135,6 +135,8 @@ impl Kernels {
             k.ops[slot(DType::Q4_1).unwrap()].vec_tile = Some(|x, xrb, y, out| unsafe { avx512::tiles_q4_1_q8_1(x, xrb, y, out) });
             k.ops[slot(DType::Q4K).unwrap()].vec_tile =
                 Some(|x, xrb, y, out| unsafe { crate::x86::tiles_k::tiles_q4_k_q8_k(x, xrb, y, out) });
+            k.ops[slot(DType::Q6K).unwrap()].vec_tile =
+                Some(|x, xrb, y, out| unsafe { crate::x86::tiles_k::tiles_q6_k_q8_k(x, xrb, y, out) });
             k.ops[slot(DType::Q8_0).unwrap()].vec_tile =
                 Some(|x, xrb, y, out| unsafe { avx512::tiles_offset::<BlockQ8_0>(x, xrb, y, out) });
         }

@@ -311,7 +311,7 @@ fn tile_dots_equal_row_dots() {
     let k = Kernels::detect();
     let mut rng = Rng(77);
     let mut tested = 0;
-    for t in [DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4K] {
+    for t in [DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q6K] {
         let ops = k.ops(t).unwrap();
         let Some(tile) = ops.vec_tile else { continue };
         for nb in 1..=9 {

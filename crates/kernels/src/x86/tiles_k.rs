@@ -9,7 +9,7 @@
 //! four products to each of the eight rows. Scales and mins of the eight rows are unpacked
 //! side by side with ggml's `utmp` masks.
 
-use super::avx2::dot_q4_k_q8_k_tile;
+use super::avx2::{dot_q4_k_q8_k_tile, h2f, hsum_f32x8};
 use crate::blocks::*;
 use std::arch::x86_64::*;
 
@@ -170,6 +170,102 @@ fn tile_q4_k(a: [&[BlockQ4K]; 8], b: [&[BlockQ8K]; 4], out: &mut [[f32; 4]]) {
         unsafe { _mm256_storeu_ps(v.as_mut_ptr(), _mm256_sub_ps(acc[j], acc_min[j])) };
         for r in 0..8 {
             out[r][j] = v[r];
+        }
+    }
+}
+
+/// Four Q6_K weight rows against four Q8_K activation rows per pass: `out[c][j]` equals
+/// `avx2::dot_q6_k_q8_k(x_c, y_j)` bit for bit. That kernel's eight float lanes per pair are
+/// kept: each lane's integer sum is accumulated with `vpdpwssd` (scale × `maddubs` pair sums,
+/// one instruction for AVX2's `madd` + `add`), the 6-bit values of a 32-value group are decoded
+/// once for four activation rows, and the `−32` offset and the float step come once per
+/// super-block per pair, as in the single-row kernel.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn tiles_q6_k_q8_k(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
+    let nb = xrb / std::mem::size_of::<BlockQ6K>();
+    let b: [&[BlockQ8K]; 4] = [0, 1, 2, 3].map(|j| &as_blocks::<BlockQ8K>(y[j])[..nb]);
+    for (c, o) in out.chunks_exact_mut(4).enumerate() {
+        let w = &x[4 * c * xrb..4 * (c + 1) * xrb];
+        let mut a: [&[BlockQ6K]; 4] = [&[]; 4];
+        for (r, a) in a.iter_mut().enumerate() {
+            *a = &as_blocks::<BlockQ6K>(&w[r * xrb..(r + 1) * xrb])[..nb];
+        }
+        tile_q6_k(a, b, o.try_into().expect("chunks of four"));
+    }
+}
+
+/// Values `32k .. 32k + 32` of the 128-value half `n` of a Q6_K block, unsigned (0..=63).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q6_group(a: &BlockQ6K, n: usize, k: usize) -> __m256i {
+    // SAFETY: n < 2, so ql[64n + 32(k % 2) ..][..32] and qh[32n ..][..32] are in bounds.
+    let (ql, qh) = unsafe {
+        (
+            _mm256_loadu_si256(a.ql.as_ptr().add(64 * n + 32 * (k % 2)) as *const __m256i),
+            _mm256_loadu_si256(a.qh.as_ptr().add(32 * n) as *const __m256i),
+        )
+    };
+    let lo = if k < 2 { ql } else { _mm256_srli_epi16(ql, 4) };
+    let hi = match k {
+        0 => qh,
+        1 => _mm256_srli_epi16(qh, 2),
+        2 => _mm256_srli_epi16(qh, 4),
+        _ => _mm256_srli_epi16(qh, 6),
+    };
+    _mm256_or_si256(
+        _mm256_and_si256(lo, _mm256_set1_epi8(0xF)),
+        _mm256_slli_epi16(_mm256_and_si256(hi, _mm256_set1_epi8(3)), 4),
+    )
+}
+
+/// The scales of sub-blocks g (low eight i16 lanes) and g + 1 (high eight).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q6_scales(scales: __m128i, g: usize) -> __m256i {
+    let g = g as i8;
+    let pick = _mm_set_epi8(g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g, g, g, g, g, g, g, g);
+    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn tile_q6_k(a: [&[BlockQ6K]; 4], b: [&[BlockQ8K]; 4], out: &mut [[f32; 4]; 4]) {
+    let mut acc = [[_mm256_setzero_ps(); 4]; 4];
+    for i in 0..a[0].len() {
+        // SAFETY: scales is 16 bytes; unaligned load.
+        let scales: [__m128i; 4] =
+            [0, 1, 2, 3].map(|r| unsafe { _mm_loadu_si128(a[r][i].scales.as_ptr() as *const __m128i) });
+        let mut sumi = [[_mm256_setzero_si256(); 4]; 4];
+        for n in 0..QK_K / 128 {
+            for k in 0..4 {
+                let mut q = [_mm256_setzero_si256(); 4];
+                let mut sc = [_mm256_setzero_si256(); 4];
+                for r in 0..4 {
+                    q[r] = q6_group(&a[r][i], n, k);
+                    sc[r] = q6_scales(scales[r], n * 8 + k * 2);
+                }
+                for j in 0..4 {
+                    // SAFETY: n * 128 + k * 32 + 32 ≤ 256 bytes of qs; unaligned load.
+                    let q8 = unsafe { _mm256_loadu_si256(b[j][i].qs.as_ptr().add(n * 128 + k * 32) as *const __m256i) };
+                    for r in 0..4 {
+                        sumi[r][j] = _mm256_dpwssd_epi32(sumi[r][j], sc[r], _mm256_maddubs_epi16(q[r], q8));
+                    }
+                }
+            }
+        }
+        for j in 0..4 {
+            // SAFETY: bsums is 16 i16 (32 bytes); unaligned load.
+            let q8sums = unsafe { _mm256_loadu_si256(b[j][i].bsums.as_ptr() as *const __m256i) };
+            for r in 0..4 {
+                let sub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, _mm256_cvtepi8_epi16(scales[r])), 5);
+                let d = _mm256_set1_ps(b[j][i].d * h2f(a[r][i].d));
+                acc[r][j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[r][j], sub)), acc[r][j]);
+            }
+        }
+    }
+    for r in 0..4 {
+        for j in 0..4 {
+            out[r][j] = hsum_f32x8(acc[r][j]);
         }
     }
 }
