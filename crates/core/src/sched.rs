@@ -455,6 +455,9 @@ impl Ctx<'_> {
         let ops = self.kernels.ops(wt.dtype).expect("weight type checked at load");
         // Rows in complete groups of four use the tile dot (llama.cpp's 4-row kernels' order).
         let tiled_rows = if rows >= 4 { rows - rows % 4 } else { 0 };
+        // Tiles and 4-row kernels give `vec_dot_tile` values, which batch-invariant runs avoid
+        // where its order differs.
+        let grouped = !(self.batch_invariant && ops.tile_order);
         debug_assert_eq!(xt.ne[0], k);
         let cols = split(n_out, ith, nth);
         let base = self.base(t) as *mut f32;
@@ -464,9 +467,7 @@ impl Ctx<'_> {
             let c1 = (c0 + COL_BLOCK).min(cols.end);
             let mut r = 0;
             // Complete groups of four rows: register-blocked tiles where a tile kernel exists,
-            // then one call per weight row (a 4-row kernel, or the tile dot four times). All give
-            // `vec_dot_tile` values, which batch-invariant runs avoid where its order differs.
-            let grouped = !(self.batch_invariant && ops.tile_order);
+            // then one call per weight row (a 4-row kernel, or the tile dot four times).
             while grouped && r + 4 <= tiled_rows && (ops.vec_tile.is_some() || ops.vec_dot4.is_some()) {
                 let ys = [xrow(r), xrow(r + 1), xrow(r + 2), xrow(r + 3)];
                 let mut c = c0;

@@ -125,7 +125,7 @@ impl Kernels {
         #[cfg(target_arch = "x86_64")]
         if k.vnni && std::is_x86_feature_detected!("avx512bw") {
             use crate::blocks::{BlockQ5_0, BlockQ8_0};
-            use crate::x86::avx512;
+            use crate::x86::{avx512, tiles_k};
             // SAFETY: AVX2/FMA/F16C (detect_avx2) and AVX512F/VL/VNNI (`vnni`) and BW were
             // detected on this CPU.
             let f: VecDot = |x, y| unsafe { avx512::dot_q5_0_q8_0(x, y) };
@@ -133,10 +133,8 @@ impl Kernels {
             (o.vec_dot, o.vec_dot_tile) = (f, f);
             o.vec_tile = Some(|x, xrb, y, out| unsafe { avx512::tiles_offset::<BlockQ5_0>(x, xrb, y, out) });
             k.ops[slot(DType::Q4_1).unwrap()].vec_tile = Some(|x, xrb, y, out| unsafe { avx512::tiles_q4_1_q8_1(x, xrb, y, out) });
-            k.ops[slot(DType::Q4K).unwrap()].vec_tile =
-                Some(|x, xrb, y, out| unsafe { crate::x86::tiles_k::tiles_q4_k_q8_k(x, xrb, y, out) });
-            k.ops[slot(DType::Q6K).unwrap()].vec_tile =
-                Some(|x, xrb, y, out| unsafe { crate::x86::tiles_k::tiles_q6_k_q8_k(x, xrb, y, out) });
+            k.ops[slot(DType::Q4K).unwrap()].vec_tile = Some(|x, xrb, y, out| unsafe { tiles_k::tiles_q4_k_q8_k(x, xrb, y, out) });
+            k.ops[slot(DType::Q6K).unwrap()].vec_tile = Some(|x, xrb, y, out| unsafe { tiles_k::tiles_q6_k_q8_k(x, xrb, y, out) });
             k.ops[slot(DType::Q8_0).unwrap()].vec_tile =
                 Some(|x, xrb, y, out| unsafe { avx512::tiles_offset::<BlockQ8_0>(x, xrb, y, out) });
         }

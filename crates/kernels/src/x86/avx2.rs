@@ -254,8 +254,6 @@ pub(crate) fn hsum_i32x8(v: __m256i) -> i32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn dot_q6_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
     let (x, y) = (as_blocks::<BlockQ6K>(x), as_blocks::<BlockQ8K>(y));
-    let m4 = _mm256_set1_epi8(0xF);
-    let m2 = _mm256_set1_epi8(3);
     let mut acc = _mm256_setzero_ps();
     for (a, b) in x.iter().zip(y) {
         // SAFETY: bsums is 16 i16 (32 bytes), scales 16 i8 (16 bytes); loadu is unaligned.
@@ -268,33 +266,10 @@ pub fn dot_q6_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
         let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, _mm256_cvtepi8_epi16(scales)), 5);
         let mut sumi = _mm256_setzero_si256();
         for n in 0..QK_K / 128 {
-            let ql1 = load32u(&a.ql[n * 64..]);
-            let ql2 = load32u(&a.ql[n * 64 + 32..]);
-            let qh = load32u(&a.qh[n * 32..]);
-            let h = |s: i32| -> __m256i {
-                let sh = match s {
-                    0 => qh,
-                    2 => _mm256_srli_epi16(qh, 2),
-                    4 => _mm256_srli_epi16(qh, 4),
-                    _ => _mm256_srli_epi16(qh, 6),
-                };
-                _mm256_slli_epi16(_mm256_and_si256(sh, m2), 4)
-            };
-            let q = [
-                _mm256_or_si256(_mm256_and_si256(ql1, m4), h(0)),
-                _mm256_or_si256(_mm256_and_si256(ql2, m4), h(2)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), h(4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql2, 4), m4), h(6)),
-            ];
             let mut p = [_mm256_setzero_si256(); 4];
-            for (k, &qk) in q.iter().enumerate() {
+            for (k, p) in p.iter_mut().enumerate() {
                 let q8 = load32u(bytes_of_i8(&b.qs[n * 128 + k * 32..]));
-                // Sub-block scales g and g + 1 as eight i16 each (low, high half): one byte
-                // shuffle of the loaded scales and a sign extension.
-                let g = (n * 8 + k * 2) as i8;
-                let pick = _mm_set_epi8(g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g, g, g, g, g, g, g, g);
-                let scale = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
-                p[k] = _mm256_madd_epi16(scale, _mm256_maddubs_epi16(qk, q8));
+                *p = _mm256_madd_epi16(q6_scales(scales, n * 8 + k * 2), _mm256_maddubs_epi16(q6_group(a, n, k), q8));
             }
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p[0], p[1]));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p[2], p[3]));
@@ -304,6 +279,40 @@ pub fn dot_q6_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_f32x8(acc)
+}
+
+/// Values `32k .. 32k + 32` of the 128-value half `n` of a Q6_K block, unsigned (0..=63).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn q6_group(a: &BlockQ6K, n: usize, k: usize) -> __m256i {
+    // SAFETY: n < 2, so ql[64n + 32(k % 2) ..][..32] and qh[32n ..][..32] are in bounds.
+    let (ql, qh) = unsafe {
+        (
+            _mm256_loadu_si256(a.ql.as_ptr().add(64 * n + 32 * (k % 2)) as *const __m256i),
+            _mm256_loadu_si256(a.qh.as_ptr().add(32 * n) as *const __m256i),
+        )
+    };
+    let lo = if k < 2 { ql } else { _mm256_srli_epi16(ql, 4) };
+    let hi = match k {
+        0 => qh,
+        1 => _mm256_srli_epi16(qh, 2),
+        2 => _mm256_srli_epi16(qh, 4),
+        _ => _mm256_srli_epi16(qh, 6),
+    };
+    _mm256_or_si256(
+        _mm256_and_si256(lo, _mm256_set1_epi8(0xF)),
+        _mm256_slli_epi16(_mm256_and_si256(hi, _mm256_set1_epi8(3)), 4),
+    )
+}
+
+/// The scales of sub-blocks g (low eight i16 lanes) and g + 1 (high eight): one byte shuffle
+/// of the block's 16 scales and a sign extension.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn q6_scales(scales: __m128i, g: usize) -> __m256i {
+    let g = g as i8;
+    let pick = _mm_set_epi8(g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g, g, g, g, g, g, g, g);
+    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick))
 }
 
 /// F16·F16 with F16C conversion, f32 accumulation (KV cache and F16 weights).

@@ -53,17 +53,13 @@ impl OffsetBlock for BlockQ5_0 {
     fn scale(&self) -> half::f16 {
         self.d
     }
-    /// The 16 nibble bytes broadcast to both halves and shifted by 0 / 4 per half in one
-    /// `vpsrlvw`, the fifth bits as a mask that selects 16, one `vpternlogd` for
-    /// `(v & 0x0F) | hi`.
+    /// The nibbles ([`nibble_halves`]), the fifth bits as a mask that selects 16, one
+    /// `vpternlogd` for `(v & 0x0F) | hi`.
     #[inline]
     #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
     unsafe fn unsigned(&self) -> __m256i {
-        // SAFETY: qs is 16 readable bytes; no alignment requirement.
-        let raw = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(self.qs.as_ptr() as *const __m128i) });
-        let v = _mm256_srlv_epi16(raw, _mm256_setr_epi64x(0, 0, 0x0004_0004_0004_0004, 0x0004_0004_0004_0004));
         let hi = _mm256_maskz_mov_epi8(u32::from_le_bytes(self.qh), _mm256_set1_epi8(16));
-        _mm256_ternarylogic_epi32::<0xEA>(v, _mm256_set1_epi8(0x0F), hi)
+        _mm256_ternarylogic_epi32::<0xEA>(nibble_halves(&self.qs), _mm256_set1_epi8(0x0F), hi)
     }
 }
 
@@ -91,8 +87,7 @@ pub fn tiles_offset<B: OffsetBlock>(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &m
     let nb = xrb / std::mem::size_of::<B>();
     let b = rows4::<BlockQ8_0>(y, nb);
     for (c, o) in out.chunks_exact_mut(4).enumerate() {
-        let w = &x[4 * c * xrb..4 * (c + 1) * xrb];
-        let a = rows4::<B>([&w[..xrb], &w[xrb..2 * xrb], &w[2 * xrb..3 * xrb], &w[3 * xrb..]], nb);
+        let a = pass_rows::<B, 4>(x, xrb, c, nb);
         let acc = tile_offset(a, b);
         for r in 0..4 {
             for j in 0..4 {
@@ -104,8 +99,31 @@ pub fn tiles_offset<B: OffsetBlock>(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &m
 
 /// Four rows as slices of exactly `nb` blocks (so the kernels' loops carry no bounds checks).
 #[inline(always)]
-fn rows4<B: Block>(y: [&[u8]; 4], nb: usize) -> [&[B]; 4] {
+pub(super) fn rows4<B: Block>(y: [&[u8]; 4], nb: usize) -> [&[B]; 4] {
     [&as_blocks::<B>(y[0])[..nb], &as_blocks::<B>(y[1])[..nb], &as_blocks::<B>(y[2])[..nb], &as_blocks::<B>(y[3])[..nb]]
+}
+
+/// Weight rows `N·c .. N·(c + 1)` of `x` (rows `xrb` bytes apart) as slices of exactly `nb`
+/// blocks: the rows of a tile kernel's pass `c`.
+#[inline(always)]
+pub(super) fn pass_rows<B: Block, const N: usize>(x: &[u8], xrb: usize, c: usize, nb: usize) -> [&[B]; N] {
+    let w = &x[N * c * xrb..N * (c + 1) * xrb];
+    let mut a: [&[B]; N] = [&[]; N];
+    for (r, a) in a.iter_mut().enumerate() {
+        *a = &as_blocks::<B>(&w[r * xrb..(r + 1) * xrb])[..nb];
+    }
+    a
+}
+
+/// The 16 bytes of a 4-bit block broadcast to both halves of a register, the upper half shifted
+/// right by 4 (`vbroadcasti128` + `vpsrlvw`): the low nibbles of its bytes are values 0..16,
+/// then 16..32; the high bits are still to be masked.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+fn nibble_halves(qs: &[u8; 16]) -> __m256i {
+    // SAFETY: qs is 16 readable bytes; no alignment requirement.
+    let raw = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(qs.as_ptr() as *const __m128i) });
+    _mm256_srlv_epi16(raw, _mm256_setr_epi64x(0, 0, 0x0004_0004_0004_0004, 0x0004_0004_0004_0004))
 }
 
 /// The 4×4 accumulators of [`tiles_offset`] (`acc[r][j]`: weight row r, activation row j).
@@ -145,8 +163,7 @@ pub fn tiles_q4_1_q8_1(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]
     let nb = xrb / std::mem::size_of::<BlockQ4_1>();
     let b = rows4::<BlockQ8_1>(y, nb);
     for (c, o) in out.chunks_exact_mut(4).enumerate() {
-        let w = &x[4 * c * xrb..4 * (c + 1) * xrb];
-        let a = rows4::<BlockQ4_1>([&w[..xrb], &w[xrb..2 * xrb], &w[2 * xrb..3 * xrb], &w[3 * xrb..]], nb);
+        let a = pass_rows::<BlockQ4_1, 4>(x, xrb, c, nb);
         tile_q4_1(a, b, o.try_into().expect("chunks of four"));
     }
 }
@@ -161,15 +178,12 @@ fn tile_q4_1(a: [&[BlockQ4_1]; 4], b: [&[BlockQ8_1]; 4], out: &mut [[f32; 4]; 4]
     // [d0, s0, d1, s1, ...]: s0, s1, s2, s3 twice.
     let (m01, m23) = (_mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3), _mm256_setr_epi32(5, 5, 5, 5, 7, 7, 7, 7));
     let s_idx = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
-    let shifts = _mm256_setr_epi64x(0, 0, 0x0004_0004_0004_0004, 0x0004_0004_0004_0004);
     for i in 0..a[0].len() {
         let mut u = [_mm256_setzero_si256(); 4];
         let mut dw = [_mm256_setzero_ps(); 4];
         for r in 0..4 {
             let blk = &a[r][i];
-            // SAFETY: qs is 16 readable bytes; no alignment requirement.
-            let raw = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(blk.qs.as_ptr() as *const __m128i) });
-            u[r] = _mm256_and_si256(_mm256_srlv_epi16(raw, shifts), _mm256_set1_epi8(0x0F));
+            u[r] = _mm256_and_si256(nibble_halves(&blk.qs), _mm256_set1_epi8(0x0F));
             dw[r] = bcast_h(blk.d);
         }
         let xm = heads4([&a[0][i], &a[1][i], &a[2][i], &a[3][i]]);

@@ -9,7 +9,8 @@
 //! four products to each of the eight rows. Scales and mins of the eight rows are unpacked
 //! side by side with ggml's `utmp` masks.
 
-use super::avx2::{dot_q4_k_q8_k_tile, h2f, hsum_f32x8};
+use super::avx2::{dot_q4_k_q8_k_tile, h2f, hsum_f32x8, q6_group, q6_scales};
+use super::avx512::{pass_rows, rows4};
 use crate::blocks::*;
 use std::arch::x86_64::*;
 
@@ -19,14 +20,10 @@ use std::arch::x86_64::*;
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn tiles_q4_k_q8_k(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
     let nb = xrb / std::mem::size_of::<BlockQ4K>();
-    let b: [&[BlockQ8K]; 4] = [0, 1, 2, 3].map(|j| &as_blocks::<BlockQ8K>(y[j])[..nb]);
+    let b = rows4::<BlockQ8K>(y, nb);
     let full = out.len() / 8 * 8;
     for (c, o) in out[..full].chunks_exact_mut(8).enumerate() {
-        let w = &x[8 * c * xrb..8 * (c + 1) * xrb];
-        let mut a: [&[BlockQ4K]; 8] = [&[]; 8];
-        for (r, a) in a.iter_mut().enumerate() {
-            *a = &as_blocks::<BlockQ4K>(&w[r * xrb..(r + 1) * xrb])[..nb];
-        }
+        let a = pass_rows::<BlockQ4K, 8>(x, xrb, c, nb);
         tile_q4_k(a, b, o);
     }
     for (c, o) in out.iter_mut().enumerate().skip(full) {
@@ -183,48 +180,11 @@ fn tile_q4_k(a: [&[BlockQ4K]; 8], b: [&[BlockQ8K]; 4], out: &mut [[f32; 4]]) {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn tiles_q6_k_q8_k(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
     let nb = xrb / std::mem::size_of::<BlockQ6K>();
-    let b: [&[BlockQ8K]; 4] = [0, 1, 2, 3].map(|j| &as_blocks::<BlockQ8K>(y[j])[..nb]);
+    let b = rows4::<BlockQ8K>(y, nb);
     for (c, o) in out.chunks_exact_mut(4).enumerate() {
-        let w = &x[4 * c * xrb..4 * (c + 1) * xrb];
-        let mut a: [&[BlockQ6K]; 4] = [&[]; 4];
-        for (r, a) in a.iter_mut().enumerate() {
-            *a = &as_blocks::<BlockQ6K>(&w[r * xrb..(r + 1) * xrb])[..nb];
-        }
+        let a = pass_rows::<BlockQ6K, 4>(x, xrb, c, nb);
         tile_q6_k(a, b, o.try_into().expect("chunks of four"));
     }
-}
-
-/// Values `32k .. 32k + 32` of the 128-value half `n` of a Q6_K block, unsigned (0..=63).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn q6_group(a: &BlockQ6K, n: usize, k: usize) -> __m256i {
-    // SAFETY: n < 2, so ql[64n + 32(k % 2) ..][..32] and qh[32n ..][..32] are in bounds.
-    let (ql, qh) = unsafe {
-        (
-            _mm256_loadu_si256(a.ql.as_ptr().add(64 * n + 32 * (k % 2)) as *const __m256i),
-            _mm256_loadu_si256(a.qh.as_ptr().add(32 * n) as *const __m256i),
-        )
-    };
-    let lo = if k < 2 { ql } else { _mm256_srli_epi16(ql, 4) };
-    let hi = match k {
-        0 => qh,
-        1 => _mm256_srli_epi16(qh, 2),
-        2 => _mm256_srli_epi16(qh, 4),
-        _ => _mm256_srli_epi16(qh, 6),
-    };
-    _mm256_or_si256(
-        _mm256_and_si256(lo, _mm256_set1_epi8(0xF)),
-        _mm256_slli_epi16(_mm256_and_si256(hi, _mm256_set1_epi8(3)), 4),
-    )
-}
-
-/// The scales of sub-blocks g (low eight i16 lanes) and g + 1 (high eight).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn q6_scales(scales: __m128i, g: usize) -> __m256i {
-    let g = g as i8;
-    let pick = _mm_set_epi8(g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g, g, g, g, g, g, g, g);
-    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick))
 }
 
 #[inline]
@@ -232,9 +192,11 @@ fn q6_scales(scales: __m128i, g: usize) -> __m256i {
 fn tile_q6_k(a: [&[BlockQ6K]; 4], b: [&[BlockQ8K]; 4], out: &mut [[f32; 4]; 4]) {
     let mut acc = [[_mm256_setzero_ps(); 4]; 4];
     for i in 0..a[0].len() {
-        // SAFETY: scales is 16 bytes; unaligned load.
-        let scales: [__m128i; 4] =
-            [0, 1, 2, 3].map(|r| unsafe { _mm_loadu_si128(a[r][i].scales.as_ptr() as *const __m128i) });
+        let mut scales = [_mm_setzero_si128(); 4];
+        for r in 0..4 {
+            // SAFETY: scales is 16 bytes; unaligned load.
+            scales[r] = unsafe { _mm_loadu_si128(a[r][i].scales.as_ptr() as *const __m128i) };
+        }
         let mut sumi = [[_mm256_setzero_si256(); 4]; 4];
         for n in 0..QK_K / 128 {
             for k in 0..4 {
