@@ -328,35 +328,60 @@ impl Ctx<'_> {
                 } else {
                     ops::AttnKernel::Reference
                 };
-                // Work items are (row, KV head, chunk of its query heads): the heads of a chunk
-                // share each key/value block read. Groups are cut into chunks only when there
-                // are fewer (row, KV head) pairs than workers.
-                let pairs = rows * p.n_kv_head;
+                // Work items are (block of rows, KV head, chunk of its query heads): the heads
+                // and rows of an item share each key/value block read. The tiled kernel takes
+                // up to ROWS_MAX_VECTORS rows × heads per call; decode's kernel one row. Groups
+                // are cut into chunks only when there are fewer items than workers.
+                let per_block = match kind {
+                    ops::AttnKernel::Tiled => (ops::ROWS_MAX_VECTORS / group).max(1),
+                    ops::AttnKernel::Reference => 1,
+                };
+                let blocks = rows.div_ceil(per_block);
+                let pairs = blocks * p.n_kv_head;
                 let chunks = group.min(nth.div_ceil(pairs)).max(1);
                 for item in (ith..pairs * chunks).step_by(nth) {
-                    let (r, kvh, ch) = (item / (p.n_kv_head * chunks), item / chunks % p.n_kv_head, item % chunks);
+                    let (b, kvh, ch) = (item / (p.n_kv_head * chunks), item / chunks % p.n_kv_head, item % chunks);
                     let heads = kvh * group + ch * group / chunks..kvh * group + (ch + 1) * group / chunks;
-                    let (pos, seq) = (self.batch.pos[r], self.batch.seq[r]);
-                    // SAFETY: K/V of this layer were written by the kv_store node before the
-                    // barrier; nobody writes them during attention.
-                    let rows_kv = unsafe {
-                        ops::KvRows {
-                            k: std::slice::from_raw_parts(kp.add(kvh * cells * krb), cells * krb),
-                            v: std::slice::from_raw_parts(vp.add(kvh * cells * vrb), cells * vrb),
-                            k_type: kv.k_type,
-                            v_type: kv.v_type,
-                            head_dim: hd,
-                            table: kv.blocks.table(seq as usize),
-                            shift: crate::kv::BLOCK_SHIFT,
+                    let block = b * per_block..((b + 1) * per_block).min(rows);
+                    // Rows of one sequence go to the kernel together.
+                    let mut r0 = block.start;
+                    while r0 < block.end {
+                        let seq = self.batch.seq[r0];
+                        let r1 = (r0..block.end).find(|&r| self.batch.seq[r] != seq).unwrap_or(block.end);
+                        // SAFETY: K/V of this layer were written by the kv_store node before
+                        // the barrier; nobody writes them during attention.
+                        let rows_kv = unsafe {
+                            ops::KvRows {
+                                k: std::slice::from_raw_parts(kp.add(kvh * cells * krb), cells * krb),
+                                v: std::slice::from_raw_parts(vp.add(kvh * cells * vrb), cells * vrb),
+                                k_type: kv.k_type,
+                                v_type: kv.v_type,
+                                head_dim: hd,
+                                table: kv.blocks.table(seq as usize),
+                                shift: crate::kv::BLOCK_SHIFT,
+                            }
+                        };
+                        let mut qs: [&[f32]; ops::ROWS_MAX_VECTORS] = [&[]; ops::ROWS_MAX_VECTORS];
+                        let mut outs: [&mut [f32]; ops::ROWS_MAX_VECTORS] = std::array::from_fn(|_| &mut [][..]);
+                        let mut spans: [std::ops::Range<usize>; ops::ROWS_MAX_VECTORS] = std::array::from_fn(|_| 0..0);
+                        for r in r0..r1 {
+                            let i = r - r0;
+                            let span = r * ne0 + heads.start * hd..r * ne0 + heads.end * hd;
+                            qs[i] = &q[span.clone()];
+                            // SAFETY: (row, KV head, chunk) triples are dealt to exactly one
+                            // worker, and each row of the block is taken once.
+                            outs[i] = unsafe { self.out_f32(t, span.start, span.len()) };
+                            // Logical cell c holds position c: causal means c <= pos; a window
+                            // w keeps the cells with pos - c < w.
+                            let pos = self.batch.pos[r] as usize;
+                            let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
+                            spans[i] = lo..pos + 1;
                         }
-                    };
-                    // Logical cell c holds position c: causal means c <= pos.
-                    let visible = |c: usize| p.window.is_none_or(|win| pos - (c as i32) < win as i32);
-                    let span = r * ne0 + heads.start * hd..r * ne0 + heads.end * hd;
-                    // SAFETY: (row, KV head, chunk) items are dealt to exactly one worker.
-                    let out = unsafe { self.out_f32(t, span.start, span.len()) };
-                    let n = pos as usize + 1;
-                    ops::attend_heads(kind, self.kernels, &q[span], &rows_kv, n, p.scale, visible, &mut scratch.attn, out);
+                        let n = r1 - r0;
+                        let (q_rows, out_rows) = (&qs[..n], &mut outs[..n]);
+                        ops::attend_rows(kind, self.kernels, q_rows, heads.len(), &spans[..n], &rows_kv, p.scale, &mut scratch.attn, out_rows);
+                        r0 = r1;
+                    }
                 }
             }
             Op::Glu { gate, up, kind } => {

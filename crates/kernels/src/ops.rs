@@ -242,6 +242,41 @@ pub struct AttnScratch {
     gacc: Vec<f32>,
     /// Grouped tiled kernel: running maximum and sum per head.
     gstate: Vec<[f32; 2]>,
+    /// Buffers of the multi-row kernel ([`attend_rows`]).
+    rows: RowsScratch,
+}
+
+/// Buffers of [`attend_rows`]' SIMD kernel (`x86::attn_rows`) for up to
+/// [`ROWS_MAX_VECTORS`] query vectors (rows × heads).
+pub struct RowsScratch {
+    /// `[head_dim][8]` f32: the keys of one 8-cell chunk, transposed.
+    pub(crate) kt: Vec<f32>,
+    /// `[vector][KV_TILE]` scores, then probabilities, of the current tile.
+    pub(crate) scores: Vec<f32>,
+    /// `[vector][head_dim]` f32 accumulators.
+    pub(crate) acc: Vec<f32>,
+    /// Running (maximum, sum) per vector.
+    pub(crate) state: Vec<[f32; 2]>,
+    /// `[KV_TILE][head_dim]` f32: the values of the current tile.
+    pub(crate) v32: Vec<f32>,
+    /// `head_dim` zeros: the key row of a chunk's missing cells.
+    pub(crate) zero: Vec<f16>,
+}
+
+/// Most query vectors (rows × heads) one [`attend_rows`] call takes.
+pub const ROWS_MAX_VECTORS: usize = 16;
+
+impl RowsScratch {
+    fn new(head_dim: usize) -> Self {
+        RowsScratch {
+            kt: vec![0.0; head_dim * 8],
+            scores: vec![0.0; ROWS_MAX_VECTORS * KV_TILE],
+            acc: vec![0.0; ROWS_MAX_VECTORS * head_dim],
+            state: vec![[0.0; 2]; ROWS_MAX_VECTORS],
+            v32: vec![0.0; KV_TILE * head_dim],
+            zero: vec![f16::ZERO; head_dim],
+        }
+    }
 }
 
 /// The buffers of the grouped tiled kernel for `heads` heads: probabilities `[heads][KV_TILE]`,
@@ -286,6 +321,7 @@ impl AttnScratch {
             gscores: vec![0.0; heads * KV_TILE],
             gacc: vec![0.0; heads * head_dim],
             gstate: vec![[0.0; 2]; heads],
+            rows: RowsScratch::new(head_dim),
         }
     }
 }
@@ -418,6 +454,43 @@ pub fn attend_heads(
     let hd = kv.head_dim;
     for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
         attend_row(kind, kernels, qh, kv, n_cells, scale, &visible, scratch, oh);
+    }
+}
+
+/// Attention for a block of query rows of one sequence (prefill): row `r` holds `heads`
+/// query heads that read the KV head `kv` (`q[r]`, `out[r]`: `heads × head_dim` values) and
+/// sees the logical cells `spans[r]` (causal limit and sliding window). Every head of every row
+/// gets the bits of its own [`attend_row`] call with `n_cells = spans[r].end` and `visible(c)
+/// = c >= spans[r].start`. With the AVX2 table, an F16 cache, the tiled kernel and at most
+/// [`ROWS_MAX_VECTORS`] rows × heads, the rows go through the cells together
+/// (`x86::attn_rows`); otherwise row by row.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_rows(
+    kind: AttnKernel,
+    kernels: &crate::Kernels,
+    q: &[&[f32]],
+    heads: usize,
+    spans: &[std::ops::Range<usize>],
+    kv: &KvRows,
+    scale: f32,
+    scratch: &mut AttnScratch,
+    out: &mut [&mut [f32]],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if kind == AttnKernel::Tiled
+        && kernels.isa == crate::Isa::Avx2
+        && kv.is_f16()
+        && kv.head_dim.is_multiple_of(8)
+        && q.len() * heads <= ROWS_MAX_VECTORS
+        && scratch.rows.zero.len() >= kv.head_dim
+    {
+        // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
+        unsafe { crate::x86::attn_rows::attend_tiled_rows(q, heads, spans, kv, scale, &mut scratch.rows, out) };
+        return;
+    }
+    for ((qr, or), span) in q.iter().zip(out.iter_mut()).zip(spans) {
+        let lo = span.start;
+        attend_heads(kind, kernels, qr, kv, span.end, scale, |c| c >= lo, scratch, or);
     }
 }
 

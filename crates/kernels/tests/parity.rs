@@ -535,3 +535,53 @@ fn avx512_dots_equal_avx2_dots() {
         }
     }
 }
+
+/// `attend_rows` (a block of query rows through the cells together) gives every head of every
+/// row the bits of the portable single-head tiled kernel with that row's span: causal spans
+/// ending mid-tile, sliding windows that hide whole tiles, rows that see nothing, a paged cache,
+/// head dimensions that are not a multiple of 32, 1–16 vectors.
+#[test]
+fn row_block_attention_equals_per_row_attention() {
+    use corelm_kernels::ops::{attend_row, attend_rows, AttnKernel, AttnScratch, KvRows};
+    let (fast, port) = (Kernels::detect(), Kernels::portable());
+    let mut rng = Rng(321);
+    for (hd, heads, rows, cells) in [(64usize, 3usize, 5usize, 150usize), (64, 7, 2, 200), (256, 4, 4, 131), (72, 2, 3, 70), (96, 1, 16, 90), (40, 4, 3, 9)] {
+        let q: Vec<f32> = (0..rows * heads * hd).map(|_| rng.f32() * 4.0).collect();
+        let k: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 3.0)).collect();
+        let v: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 50.0)).collect();
+        // Paged over shuffled blocks of 8 rows.
+        let n_blocks = cells.div_ceil(8);
+        let table: Vec<u32> = (1..=n_blocks as u32).rev().collect();
+        let (mut kp, mut vp) = (vec![f16::ZERO; (n_blocks + 1) * 8 * hd], vec![f16::ZERO; (n_blocks + 1) * 8 * hd]);
+        let layout = KvRows { table: &table, shift: 3, ..KvRows::contiguous(&[], &[], hd, &[]) };
+        for c in 0..cells {
+            let r = layout.row(c) * hd;
+            kp[r..r + hd].copy_from_slice(&k[c * hd..(c + 1) * hd]);
+            vp[r..r + hd].copy_from_slice(&v[c * hd..(c + 1) * hd]);
+        }
+        let kvr = KvRows { table: &table, shift: 3, ..KvRows::contiguous(&kp, &vp, hd, &[]) };
+        // Causal rows ending at the last cells; then a sliding window of 70 over rows spread
+        // through the cache; then one row that sees nothing.
+        let causal: Vec<_> = (0..rows).map(|r| 0..cells - rows + 1 + r).collect();
+        let window: Vec<_> = (0..rows).map(|r| (cells * (r + 1) / rows).saturating_sub(70)..cells * (r + 1) / rows).collect();
+        let mut empty = causal.clone();
+        empty[rows / 2] = 5..5;
+        for spans in [causal, window, empty] {
+            let mut s = AttnScratch::with_heads(hd, heads);
+            let mut out = vec![0f32; rows * heads * hd];
+            let qs: Vec<&[f32]> = q.chunks_exact(heads * hd).collect();
+            let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(heads * hd).collect();
+            attend_rows(AttnKernel::Tiled, &fast, &qs, heads, &spans, &kvr, 0.125, &mut s, &mut outs);
+            for (r, span) in spans.iter().enumerate() {
+                for h in 0..heads {
+                    let o = (r * heads + h) * hd;
+                    let mut one = vec![0f32; hd];
+                    let lo = span.start;
+                    attend_row(AttnKernel::Tiled, &port, &q[o..o + hd], &kvr, span.end, 0.125, |c| c >= lo, &mut s, &mut one);
+                    let got = &out[o..o + hd];
+                    assert!(got.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "hd {hd} heads {heads} row {r} head {h} span {span:?}");
+                }
+            }
+        }
+    }
+}

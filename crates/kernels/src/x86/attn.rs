@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn load_ph(p: &[f16]) -> __m256 {
+pub(super) fn load_ph(p: &[f16]) -> __m256 {
     assert!(p.len() >= 8);
     // SAFETY: at least 8 f16 (16 bytes) readable; unaligned load.
     unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.as_ptr() as *const __m128i)) }
@@ -123,7 +123,7 @@ pub fn attend_reference(
 /// 8×8 transpose of f32 rows.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+pub(super) fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     let t0 = _mm256_unpacklo_ps(r[0], r[1]);
     let t1 = _mm256_unpackhi_ps(r[0], r[1]);
     let t2 = _mm256_unpacklo_ps(r[2], r[3]);
@@ -216,6 +216,32 @@ pub fn softmax_tile(scores: &mut [f32], m: f32) -> f64 {
     sum
 }
 
+/// One head's online-softmax step over a tile whose first `len` scores are set (`sh` holds
+/// [`KV_TILE`](crate::ops::KV_TILE) of them): the running (maximum, sum) `st` and the
+/// accumulator `acc` rescaled if the maximum grows, the scores turned into probabilities in
+/// place (`softmax_tile`). A tile with nothing visible leaves `st` and `acc` alone and zeroes
+/// `sh`; returns whether anything was visible.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn tile_softmax(sh: &mut [f32], len: usize, st: &mut [f32; 2], acc: &mut [f32]) -> bool {
+    let tile_max = sh[..len].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    if tile_max == f32::NEG_INFINITY {
+        sh.fill(0.0);
+        return false;
+    }
+    let [m, s] = st;
+    let m_new = m.max(tile_max);
+    if m_new > *m {
+        let ms = (*m - m_new).exp();
+        acc.iter_mut().for_each(|a| *a *= ms);
+        *s *= ms;
+    }
+    *m = m_new;
+    sh[len..].fill(f32::NEG_INFINITY);
+    let sum = softmax_tile(sh, *m);
+    *s = (*s as f64 + sum) as f32;
+    true
+}
+
 /// Most query heads `attend_tiled_group` takes at once.
 pub const MAX_GROUP: usize = 16;
 
@@ -301,22 +327,7 @@ pub fn attend_tiled_group(
         }
         for (h, st) in state.iter_mut().enumerate() {
             let sh = &mut scores[h * KV_TILE..(h + 1) * KV_TILE];
-            let tile_max = sh[..t1 - t0].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            if tile_max == f32::NEG_INFINITY {
-                sh.fill(0.0); // nothing visible: no value rows for this head
-                continue;
-            }
-            let [m, s] = st;
-            let m_new = m.max(tile_max);
-            if m_new > *m {
-                let ms = (*m - m_new).exp();
-                acc[h * hd..(h + 1) * hd].iter_mut().for_each(|a| *a *= ms);
-                *s *= ms;
-            }
-            *m = m_new;
-            sh[t1 - t0..].fill(f32::NEG_INFINITY);
-            let sum = softmax_tile(sh, *m);
-            *s = (*s as f64 + sum) as f32;
+            tile_softmax(sh, t1 - t0, st, &mut acc[h * hd..(h + 1) * hd]);
         }
         for c in t0..t1 {
             if (0..heads).all(|h| scores[h * KV_TILE + c - t0] == 0.0) {
@@ -354,7 +365,7 @@ pub fn attend_tiled_group(
 /// F16 → f32, 8 at a time (`dst.len() % 8 == 0`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn widen(src: &[f16], dst: &mut [f32]) {
+pub(super) fn widen(src: &[f16], dst: &mut [f32]) {
     let mut d = 0;
     while d + 8 <= dst.len() {
         // SAFETY: d + 8 <= dst.len(); unaligned store.

@@ -10,6 +10,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod attn;
+pub mod attn_rows;
 pub mod avx512;
 pub mod avx2;
 pub mod avx2_ext;
