@@ -2,6 +2,10 @@
 //! on. Large pools are anonymous mappings with transparent huge pages requested; on a NUMA
 //! machine a pool can be bound to a node with `mbind` (raw syscall: glibc has no wrapper).
 //!
+//! Pages are faulted in when a pool is created (`MADV_POPULATE_WRITE`, or a write per page on
+//! kernels without it), so the first request does not pay for page faults and zeroing — at two
+//! threads that was 15 % of a first 512-token prefill.
+//!
 //! Invariant: nothing here is allocated on the per-token path; pools are created at load and
 //! only viewed afterwards.
 
@@ -47,6 +51,8 @@ impl Buffer {
         // SAFETY: layout has non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(p).ok_or_else(err)?;
+        // SAFETY: p is valid for len bytes, just allocated and zeroed.
+        unsafe { touch_pages(p, len) };
         Ok(Buffer { ptr, len, mapped: false, node: None })
     }
 
@@ -75,6 +81,10 @@ impl Buffer {
                 if r == 0 {
                     bound = Some(n);
                 }
+            }
+            // After mbind, so the pages come from the bound node.
+            if libc::madvise(p, len, libc::MADV_POPULATE_WRITE) != 0 {
+                touch_pages(p as *mut u8, len);
             }
             Some(Buffer { ptr: NonNull::new(p as *mut u8)?, len, mapped: true, node: bound })
         }
@@ -105,6 +115,18 @@ impl Buffer {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: ptr is valid for len bytes; &mut self guarantees exclusivity.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+/// Fault in every page of `[p, p + len)` by rewriting one zero byte per page.
+///
+/// # Safety
+/// `p` is valid for reads and writes of `len` bytes, all zero, and nobody else uses them yet.
+unsafe fn touch_pages(p: *mut u8, len: usize) {
+    const PAGE: usize = 4096;
+    for off in (0..len).step_by(PAGE) {
+        // SAFETY: off < len; volatile so the store is not elided (the byte is already zero).
+        unsafe { std::ptr::write_volatile(p.add(off), 0) };
     }
 }
 

@@ -178,6 +178,8 @@ impl Engine {
         }
         let kernels = corelm_kernels::kernels();
         let model = corelm_models::load(&gguf, kernels)?;
+        // Weights resident before the first request (llama.cpp maps with MAP_POPULATE too).
+        gguf.populate();
         let h = model.hyper().clone();
         // Plan the largest batch once to size the pools.
         let mut b = Builder::new(kernels, cfg.n_batch, cfg.n_batch);

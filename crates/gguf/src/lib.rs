@@ -116,6 +116,17 @@ impl Gguf {
         Self::parse(Bytes::Mmap(map))
     }
 
+    /// Fault the whole mapping into memory now (`MADV_POPULATE_READ` on Linux), so that the
+    /// first pass over the weights does not stall on page faults; a no-op for owned bytes or
+    /// where the kernel lacks the advice. Returns whether the pages were populated.
+    pub fn populate(&self) -> bool {
+        match &self.bytes {
+            #[cfg(target_os = "linux")]
+            Bytes::Mmap(m) => m.advise(memmap2::Advice::PopulateRead).is_ok(),
+            _ => false,
+        }
+    }
+
     /// Parse a file held in memory.
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Gguf, Error> {
         Self::parse(Bytes::Owned(bytes))
