@@ -2,7 +2,7 @@
 //! on. Large pools are anonymous mappings with transparent huge pages requested; on a NUMA
 //! machine a pool can be bound to a node with `mbind` (raw syscall: glibc has no wrapper).
 //!
-//! Pages are faulted in when a pool is created (`MADV_POPULATE_WRITE`, or a write per page on
+//! Pages are faulted in when a pool is created (except the worst-case-sized logits buffer) (`MADV_POPULATE_WRITE`, or a write per page on
 //! kernels without it), so the first request does not pay for page faults and zeroing — at two
 //! threads that was 15 % of a first 512-token prefill.
 //!
@@ -38,12 +38,22 @@ pub struct AllocError {
 }
 
 impl Buffer {
-    /// Allocate `len` bytes (at least one cache line), on `node` if given.
+    /// Allocate `len` bytes (at least one cache line), on `node` if given, every page faulted in.
     pub fn new(len: usize, node: Option<usize>) -> Result<Buffer, AllocError> {
+        Self::alloc(len, node, true)
+    }
+
+    /// [`Buffer::new`] whose pages are faulted in on first use: for buffers sized for a worst
+    /// case that most passes touch a small part of (the logits of every row of a batch).
+    pub fn lazy(len: usize, node: Option<usize>) -> Result<Buffer, AllocError> {
+        Self::alloc(len, node, false)
+    }
+
+    fn alloc(len: usize, node: Option<usize>, populate: bool) -> Result<Buffer, AllocError> {
         let err = || AllocError { bytes: len, gib: len as f64 / (1u64 << 30) as f64 };
         let len = len.max(ALIGN).checked_next_multiple_of(ALIGN).ok_or_else(err)?;
         if len >= HUGE_THRESHOLD {
-            if let Some(b) = Self::mmap(len, node) {
+            if let Some(b) = Self::mmap(len, node, populate) {
                 return Ok(b);
             }
         }
@@ -51,13 +61,15 @@ impl Buffer {
         // SAFETY: layout has non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(p).ok_or_else(err)?;
-        // SAFETY: p is valid for len bytes, just allocated and zeroed.
-        unsafe { touch_pages(p, len) };
+        if populate {
+            // SAFETY: p is valid for len bytes, just allocated and zeroed.
+            unsafe { touch_pages(p, len) };
+        }
         Ok(Buffer { ptr, len, mapped: false, node: None })
     }
 
     #[cfg(target_os = "linux")]
-    fn mmap(len: usize, node: Option<usize>) -> Option<Buffer> {
+    fn mmap(len: usize, node: Option<usize>, populate: bool) -> Option<Buffer> {
         // SAFETY: anonymous private mapping; checked for MAP_FAILED; madvise/mbind only affect
         // the range we just mapped.
         unsafe {
@@ -83,7 +95,7 @@ impl Buffer {
                 }
             }
             // After mbind, so the pages come from the bound node.
-            if libc::madvise(p, len, libc::MADV_POPULATE_WRITE) != 0 {
+            if populate && libc::madvise(p, len, libc::MADV_POPULATE_WRITE) != 0 {
                 touch_pages(p as *mut u8, len);
             }
             Some(Buffer { ptr: NonNull::new(p as *mut u8)?, len, mapped: true, node: bound })
@@ -91,7 +103,7 @@ impl Buffer {
     }
 
     #[cfg(not(target_os = "linux"))]
-    fn mmap(_len: usize, _node: Option<usize>) -> Option<Buffer> {
+    fn mmap(_len: usize, _node: Option<usize>, _populate: bool) -> Option<Buffer> {
         None
     }
 
@@ -157,7 +169,8 @@ impl Pools {
     pub fn new(act_bytes: [usize; 2], out_bytes: usize, node: Option<usize>) -> Result<Pools, AllocError> {
         Ok(Pools {
             act: [Buffer::new(act_bytes[0], node)?, Buffer::new(act_bytes[1], node)?],
-            out: Buffer::new(out_bytes, node)?,
+            // Sized for the logits of every row; most passes want one row's.
+            out: Buffer::lazy(out_bytes, node)?,
         })
     }
 }
