@@ -262,14 +262,10 @@ impl Ctx<'_> {
             }
             Op::RmsNorm { x, w: wt, eps } => {
                 let (x, g) = (self.f32s(x), self.f32s(wt));
-                let n = g.len();
-                for r in split(rows, ith, nth) {
-                    // SAFETY: row r belongs to this worker only.
-                    let y = unsafe { self.out_f32(t, r * ne0, ne0) };
-                    for (yc, xc) in y.chunks_exact_mut(n).zip(x[r * ne0..(r + 1) * ne0].chunks_exact(n)) {
-                        ops::rms_norm(xc, g, eps, yc);
-                    }
-                }
+                let rs = split(rows, ith, nth);
+                // SAFETY: rows `rs` belong to this worker only.
+                let y = unsafe { self.out_f32(t, rs.start * ne0, rs.len() * ne0) };
+                ops::rms_norm_groups(&x[rs.start * ne0..rs.end * ne0], g, eps, y);
             }
             Op::Add { a, b } => {
                 let (a, b, b_rows) = (self.f32s(a), self.f32s(b), self.t(b).ne[1]);

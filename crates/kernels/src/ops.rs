@@ -7,13 +7,42 @@ use crate::blocks::{as_blocks, bytes_of};
 use crate::DType;
 use half::f16;
 
-/// `y = x / sqrt(mean(x²) + eps) * w` over one group (`x.len() == w.len()`).
+/// `y = x / sqrt(mean(x²) + eps) * w` over one group (`x.len() == w.len()`): ggml's order, the
+/// squares summed one by one in double.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
-    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let sum = x.iter().fold(0f64, |a, &v| a + (v * v) as f64);
+    rms_scale(sum, x, w, eps, y);
+}
+
+fn rms_scale(sum: f64, x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     let mean = (sum / x.len() as f64) as f32;
     let scale = 1.0 / (mean + eps).sqrt();
     for ((o, &v), &g) in y.iter_mut().zip(x).zip(w) {
         *o = (v * scale) * g;
+    }
+}
+
+/// [`rms_norm`] over every group of `w.len()` values of `x` (rows, or heads of rows), with the
+/// same bits. With AVX2 and groups of a multiple of four values, the sums of eight groups run
+/// together (`x86::norm`): one group alone is a chain of dependent double additions.
+pub fn rms_norm_groups(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    let n = w.len();
+    #[cfg(target_arch = "x86_64")]
+    if n.is_multiple_of(4) && has_avx2() {
+        const CHUNK: usize = 64;
+        let mut sums = [0f64; CHUNK];
+        for (xc, yc) in x.chunks(CHUNK * n).zip(y.chunks_mut(CHUNK * n)) {
+            let groups = xc.len() / n;
+            // SAFETY: AVX2 and FMA were detected.
+            unsafe { crate::x86::norm::sum_squares(xc, n, &mut sums[..groups]) };
+            for ((xg, yg), &s) in xc.chunks_exact(n).zip(yc.chunks_exact_mut(n)).zip(&sums) {
+                rms_scale(s, xg, w, eps, yg);
+            }
+        }
+        return;
+    }
+    for (xg, yg) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
+        rms_norm(xg, w, eps, yg);
     }
 }
 
@@ -138,6 +167,13 @@ fn rope_apply_fma(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
 fn has_fma() -> bool {
     static FMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *FMA.get_or_init(|| std::is_x86_feature_detected!("fma"))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn has_avx2() -> bool {
+    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX2.get_or_init(|| std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"))
 }
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;

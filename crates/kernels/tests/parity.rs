@@ -585,3 +585,37 @@ fn row_block_attention_equals_per_row_attention() {
         }
     }
 }
+
+/// `rms_norm_groups` (eight groups' double sums advancing together) gives every group the bits
+/// of `rms_norm` on it alone, for group sizes with and without the SIMD path and counts that
+/// leave a tail of fewer than eight groups, with values spanning many magnitudes.
+#[test]
+fn grouped_rms_norm_equals_per_group() {
+    use corelm_kernels::ops::{rms_norm, rms_norm_groups};
+    let mut rng = Rng(99);
+    for n in [4usize, 12, 64, 640, 100, 3] {
+        for groups in [1usize, 7, 8, 9, 17, 70, 130] {
+            let x: Vec<f32> = (0..groups * n).map(|i| rng.f32() * [1e-3, 1.0, 300.0][i % 3]).collect();
+            let w: Vec<f32> = (0..n).map(|_| rng.f32() + 1.0).collect();
+            let mut y = vec![0f32; groups * n];
+            rms_norm_groups(&x, &w, 1e-6, &mut y);
+            for g in 0..groups {
+                let mut one = vec![0f32; n];
+                rms_norm(&x[g * n..(g + 1) * n], &w, 1e-6, &mut one);
+                let got = &y[g * n..(g + 1) * n];
+                assert!(got.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "n {n} groups {groups} group {g}");
+            }
+            // The double sums themselves (most order errors vanish in the f32 rounding above).
+            #[cfg(target_arch = "x86_64")]
+            if n % 4 == 0 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                let mut sums = vec![0f64; groups];
+                // SAFETY: AVX2 and FMA detected just above.
+                unsafe { corelm_kernels::x86::norm::sum_squares(&x, n, &mut sums) };
+                for (g, s) in sums.iter().enumerate() {
+                    let want = x[g * n..(g + 1) * n].iter().fold(0f64, |a, &v| a + (v * v) as f64);
+                    assert_eq!(s.to_bits(), want.to_bits(), "sum of squares n {n} groups {groups} group {g}");
+                }
+            }
+        }
+    }
+}

@@ -15,4 +15,5 @@ pub mod avx512;
 pub mod avx2;
 pub mod avx2_ext;
 pub mod gemm_vnni;
+pub mod norm;
 pub mod tiles_k;
