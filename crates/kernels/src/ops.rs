@@ -125,8 +125,18 @@ fn silu(x: f32) -> f32 {
     x / (1.0 + expf_ggml(0.0 - x))
 }
 
-/// `y = silu(g) · u`.
+/// `y = silu(g) · u`: eight lanes at a time with AVX2 (`x86::norm::swiglu`, same bits).
 pub fn swiglu(g: &[f32], u: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() && has_f16c() {
+        // SAFETY: AVX2, FMA and F16C were detected.
+        return unsafe { crate::x86::norm::swiglu(g, u, y) };
+    }
+    swiglu_scalar(g, u, y)
+}
+
+/// [`swiglu`] one element at a time: the portable twin.
+pub fn swiglu_scalar(g: &[f32], u: &[f32], y: &mut [f32]) {
     gated(g, u, y, silu)
 }
 

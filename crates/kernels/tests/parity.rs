@@ -619,3 +619,21 @@ fn grouped_rms_norm_equals_per_group() {
         }
     }
 }
+
+/// The SIMD SwiGLU against the scalar one, bit for bit: inputs across the exponential's
+/// ranges (underflow to 0, overflow to ∞, subnormal scaling), lengths with ragged tails.
+#[test]
+fn swiglu_simd_equals_scalar() {
+    use corelm_kernels::ops::{swiglu, swiglu_scalar};
+    let mut rng = Rng(5);
+    for n in [1usize, 7, 8, 9, 64, 1000] {
+        let g: Vec<f32> = (0..n).map(|i| rng.f32() * [1.0, 20.0, 95.0, 200.0][i % 4]).collect();
+        let u: Vec<f32> = (0..n).map(|_| rng.f32() * 3.0).collect();
+        let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+        swiglu(&g, &u, &mut a);
+        swiglu_scalar(&g, &u, &mut b);
+        for i in 0..n {
+            assert_eq!(a[i].to_bits(), b[i].to_bits(), "n {n} i {i} g {}", g[i]);
+        }
+    }
+}

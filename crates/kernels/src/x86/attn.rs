@@ -157,7 +157,7 @@ pub(super) fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
 /// the scalar function.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn expf_ggml8(x: __m256) -> __m256 {
+pub(super) fn expf_ggml8(x: __m256) -> __m256 {
     let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
     let r = c(0x4B40_0000);
     let z = _mm256_fmadd_ps(x, c(0x3FB8_AA3B), r);

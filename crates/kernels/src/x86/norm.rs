@@ -1,4 +1,6 @@
-//! RMSNorm's sum of squares for many groups at once. ggml sums `(double)(x·x)` one element at a
+//! Row-wise SIMD kernels: RMSNorm's sum of squares for many groups at once, and SwiGLU.
+//!
+//! RMSNorm: ggml sums `(double)(x·x)` one element at a
 //! time, so one group is a chain of dependent double additions; here the chains of eight groups
 //! advance together (lane = group, two 4-lane double vectors), each lane adding the same values
 //! in the same order as the scalar loop, so the sums are bit-identical.
@@ -43,4 +45,26 @@ pub fn sum_squares(x: &[f32], n: usize, sums: &mut [f64]) {
     for (s, row) in sums[g..].iter_mut().zip(x[g * n..].chunks_exact(n)) {
         *s = row.iter().fold(0f64, |a, &v| a + (v * v) as f64);
     }
+}
+
+/// `y = silu(g) · u` on eight lanes: `g / (1 + expf_ggml(0 - g)) · u`, every operation the
+/// scalar `ops::swiglu`'s (the exponential is `attn::expf_ggml8`, lane-exact; division and
+/// multiplication are correctly rounded), so the bits are equal.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn swiglu(g: &[f32], u: &[f32], y: &mut [f32]) {
+    let n = y.len().min(g.len()).min(u.len());
+    let body = n & !7;
+    let one = _mm256_set1_ps(1.0);
+    let mut i = 0;
+    while i < body {
+        // SAFETY: i + 8 <= n ≤ every slice's length; unaligned loads and store.
+        unsafe {
+            let x = _mm256_loadu_ps(g.as_ptr().add(i));
+            let e = super::attn::expf_ggml8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            let s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(y.as_mut_ptr().add(i), _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr().add(i))));
+        }
+        i += 8;
+    }
+    crate::ops::swiglu_scalar(&g[body..n], &u[body..n], &mut y[body..n]);
 }
