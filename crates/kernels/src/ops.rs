@@ -288,6 +288,10 @@ pub struct AttnScratch {
     gacc: Vec<f32>,
     /// Grouped tiled kernel: running maximum and sum per head.
     gstate: Vec<[f32; 2]>,
+    /// Grouped reference kernel: `[heads][head_dim]` F16 accumulators.
+    gacc16: Vec<f16>,
+    /// One key row in f32.
+    k32: Vec<f32>,
     /// Buffers of the multi-row kernel ([`attend_rows`]).
     rows: RowsScratch,
 }
@@ -325,6 +329,11 @@ impl RowsScratch {
     }
 }
 
+/// The buffers of the grouped reference kernel for `heads` heads: widened queries
+/// `[heads][head_dim]`, F16 accumulators `[heads][head_dim]`, (maximum, sum) per head, one key
+/// row and one value row in f32.
+pub type ReferenceBuffers<'a> = (&'a mut [f32], &'a mut [f16], &'a mut [[f32; 2]], &'a mut [f32], &'a mut [f32]);
+
 /// The buffers of the grouped tiled kernel for `heads` heads: probabilities `[heads][KV_TILE]`,
 /// accumulators `[heads][head_dim]`, (maximum, sum) per head, one value row in f32.
 pub type GroupBuffers<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [[f32; 2]], &'a mut [f32]);
@@ -343,6 +352,20 @@ impl AttnScratch {
         })
     }
 
+
+    /// Buffers for the grouped reference kernel, `None` if sized for fewer heads.
+    pub fn reference_buffers(&mut self, heads: usize) -> Option<ReferenceBuffers<'_>> {
+        let hd = self.acc.len();
+        (heads <= self.gstate.len()).then(|| {
+            (
+                &mut self.gacc[..heads * hd],
+                &mut self.gacc16[..heads * hd],
+                &mut self.gstate[..heads],
+                &mut self.k32[..],
+                &mut self.v32[..],
+            )
+        })
+    }
 
     /// The F16 query and accumulator buffers (for SIMD twins of the reference kernel).
     pub fn f16_buffers(&mut self) -> (&mut [f16], &mut [f16]) {
@@ -367,6 +390,8 @@ impl AttnScratch {
             gscores: vec![0.0; heads * KV_TILE],
             gacc: vec![0.0; heads * head_dim],
             gstate: vec![[0.0; 2]; heads],
+            gacc16: vec![f16::ZERO; heads * head_dim],
+            k32: vec![0.0; head_dim],
             rows: RowsScratch::new(head_dim),
         }
     }
@@ -478,10 +503,11 @@ pub fn attend_row(
 }
 
 /// [`attend_row`] for consecutive query heads that read the same KV head (a GQA group or part of
-/// one; `q` and `out` hold `heads × kv.head_dim` values). With the AVX2 table, an F16 cache and
-/// the tiled kernel, the heads go through the cells together (`x86::attn::attend_tiled_group`):
-/// each 8-cell block of keys is loaded and transposed once for all of them, each value row
-/// converted once. Every head gets the bits of its own `attend_row` call.
+/// one; `q` and `out` hold `heads × kv.head_dim` values). With the AVX2 table and an F16 cache
+/// the heads go through the cells together: for the tiled kernel (`x86::attn::attend_tiled_group`)
+/// each 8-cell block of keys is loaded and transposed once for all of them; for the reference
+/// kernel, decode's (`x86::attn::attend_reference_group`), each key and value row is widened
+/// once. Every head gets the bits of its own `attend_row` call.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_heads(
     kind: AttnKernel,
@@ -498,6 +524,14 @@ pub fn attend_heads(
         return;
     }
     let hd = kv.head_dim;
+    #[cfg(target_arch = "x86_64")]
+    if kind == AttnKernel::Reference && kernels.isa == crate::Isa::Avx2 && kv.is_f16() && hd.is_multiple_of(8) && q.len() > hd {
+        if let Some(bufs) = scratch.reference_buffers(q.len() / hd) {
+            // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
+            unsafe { crate::x86::attn::attend_reference_group(q, kv, n_cells, scale, &visible, bufs, out) };
+            return;
+        }
+    }
     for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
         attend_row(kind, kernels, qh, kv, n_cells, scale, &visible, scratch, oh);
     }

@@ -120,6 +120,107 @@ pub fn attend_reference(
     }
 }
 
+/// `dot_f16_ggml` on rows already widened to f32 (the same products, exactly: F16 → f32 is
+/// exact), in the same order.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_f32_ggml(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n & !63;
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let mut i = 0;
+    while i < np {
+        for (h, a) in acc.iter_mut().enumerate() {
+            let o = i + h * 8;
+            // SAFETY: o + 8 <= np <= n; unaligned loads.
+            unsafe { *a = _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr().add(o)), _mm256_loadu_ps(y.as_ptr().add(o)), *a) };
+        }
+        i += 64;
+    }
+    let (a0, a1) = (_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[1], acc[5]));
+    let (a2, a3) = (_mm256_add_ps(acc[2], acc[6]), _mm256_add_ps(acc[3], acc[7]));
+    let (lo, hi) = (_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+    let mut lanes = [0f32; 16];
+    // SAFETY: 16 f32 of stack memory.
+    unsafe {
+        _mm256_storeu_ps(lanes.as_mut_ptr(), lo);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi);
+    }
+    let mut sum = reduce_add_16(&lanes) as f64;
+    for k in np..n {
+        sum += (x[k] * y[k]) as f64;
+    }
+    sum as f32
+}
+
+/// The reference kernel for the query heads of a GQA group at once (`q`: heads × head_dim):
+/// each key and value row is converted once for all heads and the F16-rounded queries are
+/// widened once; per head every operation is `attend_reference`'s, in the same order, so the
+/// bits are equal. `head_dim % 8 == 0`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn attend_reference_group(
+    q: &[f32],
+    kv: &KvRows,
+    n_cells: usize,
+    scale: f32,
+    visible: &dyn Fn(usize) -> bool,
+    bufs: crate::ops::ReferenceBuffers,
+    out: &mut [f32],
+) {
+    let hd = kv.head_dim;
+    let heads = q.len() / hd;
+    let (qf, acc16, state, k32, v32) = bufs;
+    assert!(hd.is_multiple_of(8) && qf.len() >= heads * hd && acc16.len() >= heads * hd && state.len() >= heads);
+    for (d, &s) in qf.iter_mut().zip(q) {
+        *d = h2f(f16::from_f32(s));
+    }
+    acc16[..heads * hd].fill(f16::ZERO);
+    state[..heads].fill([f32::NEG_INFINITY, 0.0]);
+    for c in 0..n_cells {
+        if !visible(c) {
+            continue;
+        }
+        widen(kv.k(c), k32);
+        widen(kv.v(c), v32);
+        for (h, st) in state[..heads].iter_mut().enumerate() {
+            let score = dot_f32_ggml(k32, &qf[h * hd..(h + 1) * hd]) * scale;
+            let a16 = &mut acc16[h * hd..(h + 1) * hd];
+            let [m, s] = st;
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if score > *m {
+                let old = *m;
+                *m = score;
+                ms = (old - *m).exp();
+                let msv = _mm256_set1_ps(ms);
+                let mut d = 0;
+                while d < hd {
+                    let a = load_ph(&a16[d..]);
+                    store_ph(&mut a16[d..], _mm256_mul_ps(a, msv));
+                    d += 8;
+                }
+            } else {
+                vs = (score - *m).exp();
+            }
+            let vsv = _mm256_set1_ps(vs);
+            let mut d = 0;
+            while d < hd {
+                let a = load_ph(&a16[d..]);
+                // SAFETY: d + 8 <= hd = v32.len(); unaligned load.
+                let v = unsafe { _mm256_loadu_ps(v32.as_ptr().add(d)) };
+                store_ph(&mut a16[d..], _mm256_fmadd_ps(v, vsv, a));
+                d += 8;
+            }
+            *s = s.mul_add(ms, vs);
+        }
+    }
+    for (h, st) in state[..heads].iter().enumerate() {
+        let inv = if st[1] == 0.0 { 0.0 } else { 1.0 / st[1] };
+        for (o, a) in out[h * hd..(h + 1) * hd].iter_mut().zip(&acc16[h * hd..(h + 1) * hd]) {
+            *o = h2f(*a) * inv;
+        }
+    }
+}
+
 /// 8×8 transpose of f32 rows.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
