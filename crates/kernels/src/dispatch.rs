@@ -48,9 +48,10 @@ pub enum Isa {
 #[derive(Clone)]
 pub struct Kernels {
     pub isa: Isa,
-    /// Activation quantizers to Q8_0 / Q8_1 (SIMD where detected; same bytes as portable).
+    /// Activation quantizers to Q8_0 / Q8_1 / Q8_K (SIMD where detected; same bytes as portable).
     q8_0: FromFloat,
     q8_1: FromFloat,
+    q8_k: FromFloat,
     /// AVX-512 F/VL/VNNI present: the panel GEMM (`crate::gemm`) uses its VNNI kernel.
     pub vnni: bool,
     ops: [TypeOps; WEIGHT_TYPES.len()],
@@ -96,6 +97,7 @@ impl Kernels {
             isa: Isa::Portable,
             q8_0: pq::quant_q8_0,
             q8_1: pq::quant_q8_1,
+            q8_k: pq::quant_q8_k,
             vnni: false,
             ops: [
                 op(DType::F32, pd::dot_f32, pq::dequant_f32, Some(pq::quant_f32)),
@@ -156,6 +158,7 @@ impl Kernels {
             k.vnni = crate::gemm::has_vnni();
             k.q8_0 = |x, y| unsafe { crate::x86::avx2_ext::quant_q8_0(x, y) };
             k.q8_1 = |x, y| unsafe { crate::x86::avx2_ext::quant_q8_1(x, y) };
+            k.q8_k = |x, y| unsafe { crate::x86::avx2_ext::quant_q8_k(x, y) };
             // SAFETY (all closures below): the features these functions are compiled for were
             // detected on this CPU just above.
             // Sets both dots; types whose tile dot differs (Q4_K) override it below.
@@ -202,7 +205,7 @@ impl Kernels {
             DType::BF16 => Some(pq::quant_bf16),
             DType::Q8_0 => Some(self.q8_0),
             DType::Q8_1 => Some(self.q8_1),
-            DType::Q8K => Some(pq::quant_q8_k),
+            DType::Q8K => Some(self.q8_k),
             _ => self.ops(t).and_then(|o| o.from_float),
         }
     }

@@ -417,7 +417,7 @@ fn geglu_table_equals_portable() {
 }
 
 /// SIMD activation quantizers write the same bytes as the portable ones (ties to even, zero
-/// blocks, a block whose amax sits at the end).
+/// blocks, a block whose amax sits at the end, Q8_K's sign from the first of equal magnitudes).
 #[test]
 fn activation_quantizers_simd_equal_portable() {
     let (fast, port) = (Kernels::detect(), Kernels::portable());
@@ -429,7 +429,11 @@ fn activation_quantizers_simd_equal_portable() {
         *v = if i == 0 { 127.0 } else { i as f32 - 15.5 };
     }
     x[127] = -100.0; // the largest magnitude last in its block
-    for t in [DType::Q8_0, DType::Q8_1] {
+    // Q8_K: equal magnitudes of both signs; the first one (negative) sets the scale's sign.
+    x[256..512].iter_mut().for_each(|v| *v *= 0.9);
+    (x[300], x[400]) = (-4.9, 4.9);
+    x[1279] = 200.0; // the largest magnitude last in its super-block
+    for t in [DType::Q8_0, DType::Q8_1, DType::Q8K] {
         let n = row_bytes(t, x.len());
         let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
         fast.from_float(t).unwrap()(&x, &mut a);

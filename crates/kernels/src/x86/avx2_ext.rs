@@ -262,3 +262,59 @@ pub fn quant_q8_1(x: &[f32], y: &mut [u8]) {
         b.s = f2h(sum as f32 * d);
     }
 }
+
+/// AVX2 twin of `portable::quant::quant_q8_k` (same bytes): the scale comes from the first
+/// element of largest magnitude (ties keep the earliest, NaN never wins, as the scalar scan),
+/// codes are `min(round_half_even(x · -127/max), 127)`, `bsums` the sums of each 16 codes.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn quant_q8_k(x: &[f32], y: &mut [u8]) {
+    for (b, xs) in as_blocks_mut::<BlockQ8K>(y).iter_mut().zip(x.chunks_exact(QK_K)) {
+        let xs: &[f32; QK_K] = xs.try_into().expect("chunks of QK_K");
+        let mut v = [_mm256_setzero_ps(); QK_K / 8];
+        let sign = _mm256_set1_ps(-0.0);
+        let mut m = _mm256_setzero_ps();
+        for (i, vi) in v.iter_mut().enumerate() {
+            // SAFETY: 8 f32 at 8i < QK_K; unaligned load.
+            *vi = unsafe { _mm256_loadu_ps(xs.as_ptr().add(8 * i)) };
+            // maxps returns its second operand when either is NaN: NaN never replaces m.
+            m = _mm256_max_ps(_mm256_andnot_ps(sign, *vi), m);
+        }
+        let h = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+        let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        let amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+        if amax == 0.0 {
+            b.d = 0.0;
+            b.qs = [0; QK_K];
+            b.bsums = [0; QK_K / 16];
+            continue;
+        }
+        // The first element whose magnitude is amax gives the sign.
+        let am = _mm256_set1_ps(amax);
+        let mut max = amax;
+        for (i, vi) in v.iter().enumerate() {
+            let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(sign, *vi), am));
+            if hit != 0 {
+                max = xs[8 * i + hit.trailing_zeros() as usize];
+                break;
+            }
+        }
+        let iscale = -127.0 / max;
+        let is = _mm256_set1_ps(iscale);
+        let cap = _mm256_set1_epi32(127);
+        for g in 0..QK_K / 32 {
+            let mut q = [_mm256_setzero_si256(); 4];
+            for (k, qk) in q.iter_mut().enumerate() {
+                *qk = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(is, v[4 * g + k])), cap);
+            }
+            // Σ of each 16 codes: two vectors of eight.
+            for h in 0..2 {
+                b.bsums[2 * g + h] = hsum_i32x8(_mm256_add_epi32(q[2 * h], q[2 * h + 1])) as i16;
+            }
+            let p16 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            let p8 = _mm256_permutevar8x32_epi32(p16, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            // SAFETY: 32 writable bytes at 32g < QK_K; unaligned store.
+            unsafe { _mm256_storeu_si256(b.qs.as_mut_ptr().add(32 * g) as *mut __m256i, p8) };
+        }
+        b.d = 1.0 / iscale;
+    }
+}
