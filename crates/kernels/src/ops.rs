@@ -214,6 +214,17 @@ fn gelu_entry(h: f16) -> f16 {
 /// `y = gelu_tanh(g) · u`.
 pub fn geglu(g: &[f32], u: &[f32], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
+    if has_avx2() && has_f16c() {
+        // SAFETY: AVX2, FMA and F16C were detected.
+        return unsafe { crate::x86::norm::geglu(g, u, y, gelu_table()) };
+    }
+    geglu_scalar_table(g, u, y)
+}
+
+/// [`geglu`] one element at a time (through the table with F16C where the CPU has it): the
+/// twin of the eight-lane kernel and its tail.
+pub fn geglu_scalar_table(g: &[f32], u: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
     if has_fma() && has_f16c() {
         // SAFETY: FMA and F16C support were detected.
         return unsafe { geglu_f16c(g, u, y, gelu_table()) };
@@ -221,10 +232,11 @@ pub fn geglu(g: &[f32], u: &[f32], y: &mut [f32]) {
     gated(g, u, y, gelu_tanh)
 }
 
-/// [`gelu_tanh`] of every f16 value, as f16 bits (what ggml's table holds), built once.
+/// [`gelu_tanh`] of every f16 value, as f16 bits (what ggml's table holds), built once; one
+/// zero entry of padding for the SIMD gather.
 fn gelu_table() -> &'static [u16] {
     static T: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
-    T.get_or_init(|| (0..=u16::MAX).map(|b| gelu_entry(f16::from_bits(b)).to_bits()).collect())
+    T.get_or_init(|| (0..=u16::MAX).map(|b| gelu_entry(f16::from_bits(b)).to_bits()).chain([0]).collect())
 }
 
 /// [`geglu`] through the table with F16C conversions: the same bits as `gelu_tanh` (whose
