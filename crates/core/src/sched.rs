@@ -35,7 +35,12 @@ pub struct BatchView<'a> {
 pub struct Scratch {
     attn: AttnScratch,
     gemm: GemmScratch,
+    /// One column block of weight rows packed for the tile kernels (`TypeOps::packing`).
+    pack: Vec<u8>,
 }
+
+/// Weight rows per column block of the default matmul (tiles run over one block at a time).
+const COL_BLOCK: usize = 16;
 
 /// Batch rows from which a matmul over a panel-GEMM type uses the panel kernel.
 pub const GEMM_MIN_ROWS: usize = 8;
@@ -79,7 +84,7 @@ impl Executor {
     /// Scratch for attention rows of `max_head_dim` and panel GEMMs of the largest (inner
     /// dimension, rows) among `graph`'s matmuls.
     pub fn new(n_threads: usize, max_head_dim: usize, graph: &Graph) -> Self {
-        let (mut max_k, mut max_rows, mut max_group) = (0, 0, 1);
+        let (mut max_k, mut max_rows, mut max_group, mut max_k_all) = (0, 0, 1, 0);
         for &id in &graph.nodes {
             let t = graph.tensor(id);
             if let Op::Attention { p, .. } = t.op {
@@ -87,6 +92,7 @@ impl Executor {
             }
             if let Op::MatMul { w, .. } = t.op {
                 let wt = graph.tensor(w);
+                max_k_all = max_k_all.max(wt.ne[0]);
                 if gemm::supported(wt.dtype) {
                     max_k = max_k.max(wt.ne[0]);
                     max_rows = max_rows.max(t.ne[1]);
@@ -99,6 +105,7 @@ impl Executor {
                     std::sync::Mutex::new(Scratch {
                         attn: AttnScratch::with_heads(max_head_dim, max_group),
                         gemm: GemmScratch::new(max_k, max_rows),
+                        pack: vec![0; COL_BLOCK * corelm_kernels::max_packed_row_bytes(max_k_all)],
                     })
                 })
                 .collect(),
@@ -296,7 +303,7 @@ impl Ctx<'_> {
                     q(&x[r * ne0..(r + 1) * ne0], y);
                 }
             }
-            Op::MatMul { w: wid, x } => self.matmul(t, wid, x, ith, nth, &mut scratch.gemm),
+            Op::MatMul { w: wid, x } => self.matmul(t, wid, x, ith, nth, &mut scratch.gemm, &mut scratch.pack),
             Op::Rope { x, p, freqs } => {
                 let x = self.f32s(x);
                 let freqs = freqs.map(|f| self.f32s(f));
@@ -443,8 +450,8 @@ impl Ctx<'_> {
 
     /// Output columns (weight rows) are split across workers; each worker walks its columns in
     /// blocks small enough to stay in cache while every batch row streams past them.
-    fn matmul(&self, t: &Tensor, wid: TensorId, x: TensorId, ith: usize, nth: usize, gs: &mut GemmScratch) {
-        const COL_BLOCK: usize = 16;
+    #[allow(clippy::too_many_arguments)]
+    fn matmul(&self, t: &Tensor, wid: TensorId, x: TensorId, ith: usize, nth: usize, gs: &mut GemmScratch, pack: &mut [u8]) {
         let wt = self.t(wid);
         let [k, n_out] = wt.ne;
         let rows = t.ne[1];
@@ -486,6 +493,17 @@ impl Ctx<'_> {
         let mut c0 = cols.start;
         while c0 < cols.end {
             let c1 = (c0 + COL_BLOCK).min(cols.end);
+            let n_tile = (c1 - c0) / 4 * 4;
+            // With two or more groups of four activation rows, decode the block's weight rows
+            // once into the tile kernel's layout instead of once per group.
+            let packed = match ops.packing {
+                Some(pk) if grouped && tiled_rows >= 8 && n_tile * (pk.row_bytes)(wrb) <= pack.len() => {
+                    let buf = &mut pack[..n_tile * (pk.row_bytes)(wrb)];
+                    (pk.pack)(&wb[c0 * wrb..(c0 + n_tile) * wrb], wrb, buf);
+                    Some((pk.tile, &*buf))
+                }
+                _ => None,
+            };
             let mut r = 0;
             // Complete groups of four rows: register-blocked tiles where a tile kernel exists,
             // then one call per weight row (a 4-row kernel, or the tile dot four times).
@@ -493,9 +511,12 @@ impl Ctx<'_> {
                 let ys = [xrow(r), xrow(r + 1), xrow(r + 2), xrow(r + 3)];
                 let mut c = c0;
                 if let Some(tile) = ops.vec_tile {
-                    let n = (c1 - c0) / 4 * 4;
+                    let n = n_tile;
                     let mut o = [[0f32; 4]; COL_BLOCK];
-                    tile(&wb[c0 * wrb..(c0 + n) * wrb], wrb, ys, &mut o[..n]);
+                    match packed {
+                        Some((packed_tile, buf)) => packed_tile(buf, wrb, ys, &mut o[..n]),
+                        None => tile(&wb[c0 * wrb..(c0 + n) * wrb], wrb, ys, &mut o[..n]),
+                    }
                     for (i, col) in o[..n].iter().enumerate() {
                         for (j, &v) in col.iter().enumerate() {
                             // SAFETY: column c0 + i of these rows is written by this worker only.

@@ -14,6 +14,24 @@ pub type VecDot4 = fn(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4]);
 /// activation rows, in register-blocked 4×4 tiles: `out[c][j] = vec_dot_tile(x_c, y[j])`, bit
 /// for bit.
 pub type VecDotTile = fn(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]);
+/// Weight rows decoded once into a tile kernel's own layout ([`TilePacking`]), so that a matmul
+/// does not decode them again for every group of four activation rows.
+#[derive(Clone, Copy)]
+pub struct TilePacking {
+    /// Packed bytes per weight row of the given original row bytes.
+    pub row_bytes: fn(xrb: usize) -> usize,
+    /// Pack the rows of `x` (a multiple of four, `xrb` bytes apart) into `out`.
+    pub pack: fn(x: &[u8], xrb: usize, out: &mut [u8]),
+    /// The tile kernel on packed rows: called with the packed buffer in place of the rows and
+    /// the original row bytes as `xrb`; `out[c][j] = vec_dot_tile(x_c, y[j])`, bit for bit.
+    pub tile: VecDotTile,
+}
+
+/// Most packed bytes per weight row of `k` values any [`TilePacking`] uses (36 per 32 values).
+pub fn max_packed_row_bytes(k: usize) -> usize {
+    k.div_ceil(32) * 36
+}
+
 /// Convert a row of blocks to f32.
 pub type ToFloat = fn(x: &[u8], y: &mut [f32]);
 /// Quantize an f32 row into blocks.
@@ -34,6 +52,8 @@ pub struct TypeOps {
     pub vec_dot4: Option<VecDot4>,
     /// Four weight rows against four activation rows (register-blocked), where it exists.
     pub vec_tile: Option<VecDotTile>,
+    /// `vec_tile` on weights packed once per run of rows, where it exists.
+    pub packing: Option<TilePacking>,
     pub to_float: ToFloat,
     pub from_float: Option<FromFloat>,
 }
@@ -90,6 +110,7 @@ impl Kernels {
             tile_order: false,
             vec_dot4: None,
             vec_tile: None,
+            packing: None,
             to_float: tf,
             from_float: ff,
         };
@@ -139,6 +160,16 @@ impl Kernels {
             k.ops[slot(DType::Q6K).unwrap()].vec_tile = Some(|x, xrb, y, out| unsafe { tiles_k::tiles_q6_k_q8_k(x, xrb, y, out) });
             k.ops[slot(DType::Q8_0).unwrap()].vec_tile =
                 Some(|x, xrb, y, out| unsafe { avx512::tiles_offset::<BlockQ8_0>(x, xrb, y, out) });
+            k.ops[slot(DType::Q5_0).unwrap()].packing = Some(TilePacking {
+                row_bytes: avx512::packed_row_bytes::<BlockQ5_0>,
+                pack: |x, xrb, out| unsafe { avx512::pack_offset::<BlockQ5_0>(x, xrb, out) },
+                tile: |p, xrb, y, out| unsafe { avx512::tiles_packed::<BlockQ5_0>(p, xrb, y, out) },
+            });
+            k.ops[slot(DType::Q8_0).unwrap()].packing = Some(TilePacking {
+                row_bytes: avx512::packed_row_bytes::<BlockQ8_0>,
+                pack: |x, xrb, out| unsafe { avx512::pack_offset::<BlockQ8_0>(x, xrb, out) },
+                tile: |p, xrb, y, out| unsafe { avx512::tiles_packed::<BlockQ8_0>(p, xrb, y, out) },
+            });
         }
         k
     }

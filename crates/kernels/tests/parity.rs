@@ -305,7 +305,7 @@ fn four_row_dots_equal_single_row_dots() {
 
 /// The 4×4 register-blocked tiles (default prefill) give each pair exactly the tile dot's
 /// value, for row lengths of 1 to 9 blocks and extreme values (all fifth bits set or clear,
-/// ±127 activations).
+/// ±127 activations), packed once or decoded on every pass.
 #[test]
 fn tile_dots_equal_row_dots() {
     let k = Kernels::detect();
@@ -338,6 +338,18 @@ fn tile_dots_equal_row_dots() {
                 for j in 0..4 {
                     let want = (ops.vec_dot_tile)(&w[r * rb..(r + 1) * rb], &ys[j]);
                     assert_eq!(o[r][j], want, "{t} {nb} blocks, weight row {r}, activation row {j}");
+                }
+            }
+            // The same rows packed once (what a matmul does per column block) give the same bits.
+            if let Some(pk) = ops.packing {
+                let mut buf = vec![0u8; 12 * (pk.row_bytes)(rb)];
+                (pk.pack)(&w, rb, &mut buf);
+                let mut p = [[0f32; 4]; 12];
+                (pk.tile)(&buf, rb, [&ys[0], &ys[1], &ys[2], &ys[3]], &mut p[..]);
+                for r in 0..12 {
+                    for j in 0..4 {
+                        assert_eq!(p[r][j].to_bits(), o[r][j].to_bits(), "{t} {nb} blocks, packed, weight row {r}, activation row {j}");
+                    }
                 }
             }
             tested += 1;

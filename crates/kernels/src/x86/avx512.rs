@@ -140,18 +140,89 @@ fn tile_offset<B: OffsetBlock>(a: [&[B]; 4], b: [&[BlockQ8_0]; 4]) -> [[__m256; 
             u[r] = unsafe { a[r][i].unsigned() };
             dw[r] = bcast_h(a[r][i].scale());
         }
-        for j in 0..4 {
-            let blk = &b[j][i];
-            let qy = load32(&blk.qs);
-            let dy = bcast_h(blk.d);
-            let neg = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), off, qy));
+        tile_block(&u, &dw, b, i, off, &mut acc);
+    }
+    acc
+}
+
+/// One weight block of four rows (unsigned codes `u`, scales `dw`) against block `i` of the
+/// four activation rows, into the 4×4 accumulators.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn tile_block(u: &[__m256i; 4], dw: &[__m256; 4], b: [&[BlockQ8_0]; 4], i: usize, off: __m256i, acc: &mut [[__m256; 4]; 4]) {
+    for j in 0..4 {
+        let blk = &b[j][i];
+        let qy = load32(&blk.qs);
+        let dy = bcast_h(blk.d);
+        let neg = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), off, qy));
+        for r in 0..4 {
+            let s = _mm256_dpbusd_epi32(neg, u[r], qy);
+            acc[r][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dy), _mm256_cvtepi32_ps(s), acc[r][j]);
+        }
+    }
+}
+
+/// Bytes of one (four-row pass, block) group once packed by [`pack_offset`]: four rows' 32
+/// unsigned codes, then their four f32 scales.
+const PACKED_GROUP: usize = 4 * 32 + 4 * 4;
+
+/// Bytes per weight row once packed by [`pack_offset`] (rows of `xrb` bytes): 36 per block.
+pub fn packed_row_bytes<B: OffsetBlock>(xrb: usize) -> usize {
+    xrb / std::mem::size_of::<B>() * PACKED_GROUP / 4
+}
+
+/// The weight rows of `x` (a multiple of four, `xrb` bytes apart) decoded once for
+/// [`tiles_packed`]: per four-row pass and block, the codes plus [`OffsetBlock::OFFSET`] as
+/// bytes (what [`tiles_offset`] decodes on every pass) and the scales as f32. A matmul packs a
+/// run of weight rows once and runs every group of activation rows against it.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn pack_offset<B: OffsetBlock>(x: &[u8], xrb: usize, out: &mut [u8]) {
+    let nb = xrb / std::mem::size_of::<B>();
+    let passes = x.len() / xrb / 4;
+    assert!(out.len() >= passes * nb * PACKED_GROUP);
+    for p in 0..passes {
+        let a = pass_rows::<B, 4>(x, xrb, p, nb);
+        for i in 0..nb {
+            let g = &mut out[(p * nb + i) * PACKED_GROUP..(p * nb + i + 1) * PACKED_GROUP];
             for r in 0..4 {
-                let s = _mm256_dpbusd_epi32(neg, u[r], qy);
-                acc[r][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dy), _mm256_cvtepi32_ps(s), acc[r][j]);
+                // SAFETY: this function's features include the ones `unsigned` needs; the store
+                // writes bytes 32r..32r + 32 of the 144-byte group.
+                unsafe { _mm256_storeu_si256(g.as_mut_ptr().add(32 * r) as *mut __m256i, a[r][i].unsigned()) };
+                g[128 + 4 * r..132 + 4 * r].copy_from_slice(&h2f(a[r][i].scale()).to_le_bytes());
             }
         }
     }
-    acc
+}
+
+/// [`tiles_offset`] on rows packed by [`pack_offset`] (`xrb`: the rows' original bytes):
+/// the same values bit for bit, without decoding the weights again for every four
+/// activation rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn tiles_packed<B: OffsetBlock>(packed: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
+    let nb = xrb / std::mem::size_of::<B>();
+    let b = rows4::<BlockQ8_0>(y, nb);
+    let off = _mm256_set1_epi8(B::OFFSET as i8);
+    for (p, o) in out.chunks_exact_mut(4).enumerate() {
+        let pk = &packed[p * nb * PACKED_GROUP..(p + 1) * nb * PACKED_GROUP];
+        let mut acc = [[_mm256_setzero_ps(); 4]; 4];
+        for (i, g) in pk.chunks_exact(PACKED_GROUP).enumerate() {
+            let mut u = [_mm256_setzero_si256(); 4];
+            let mut dw = [_mm256_setzero_ps(); 4];
+            for r in 0..4 {
+                // SAFETY: bytes 32r..32r + 32 and 128 + 4r..132 + 4r of the 144-byte group.
+                unsafe {
+                    u[r] = _mm256_loadu_si256(g.as_ptr().add(32 * r) as *const __m256i);
+                    dw[r] = _mm256_set1_ps(std::ptr::read_unaligned(g.as_ptr().add(128 + 4 * r) as *const f32));
+                }
+            }
+            tile_block(&u, &dw, b, i, off, &mut acc);
+        }
+        for r in 0..4 {
+            for j in 0..4 {
+                o[r][j] = hsum_f32x8(acc[r][j]);
+            }
+        }
+    }
 }
 
 /// The Q4_1 twin of [`tiles_offset`] (Q8_1 activations): nibbles are already unsigned, so a
