@@ -27,7 +27,8 @@ pub struct TilePacking {
     pub tile: VecDotTile,
 }
 
-/// Most packed bytes per weight row of `k` values any [`TilePacking`] uses (36 per 32 values).
+/// Most packed bytes per weight row of `k` values any [`TilePacking`] uses (36 per 32 values
+/// for Q5_0/Q8_0; Q4_K: 152 per 256).
 pub fn max_packed_row_bytes(k: usize) -> usize {
     k.div_ceil(32) * 36
 }
@@ -160,6 +161,11 @@ impl Kernels {
             k.ops[slot(DType::Q6K).unwrap()].vec_tile = Some(|x, xrb, y, out| unsafe { tiles_k::tiles_q6_k_q8_k(x, xrb, y, out) });
             k.ops[slot(DType::Q8_0).unwrap()].vec_tile =
                 Some(|x, xrb, y, out| unsafe { avx512::tiles_offset::<BlockQ8_0>(x, xrb, y, out) });
+            k.ops[slot(DType::Q4K).unwrap()].packing = Some(TilePacking {
+                row_bytes: tiles_k::packed_row_bytes_q4_k,
+                pack: |x, xrb, out| unsafe { tiles_k::pack_q4_k(x, xrb, out) },
+                tile: |p, xrb, y, out| unsafe { tiles_k::tiles_q4_k_packed(p, xrb, y, out) },
+            });
             k.ops[slot(DType::Q5_0).unwrap()].packing = Some(TilePacking {
                 row_bytes: avx512::packed_row_bytes::<BlockQ5_0>,
                 pack: |x, xrb, out| unsafe { avx512::pack_offset::<BlockQ5_0>(x, xrb, out) },
