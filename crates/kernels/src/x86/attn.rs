@@ -28,6 +28,23 @@ fn store_ph(p: &mut [f16], v: __m256) {
     unsafe { _mm_storeu_si128(p.as_mut_ptr() as *mut __m128i, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)) }
 }
 
+/// ggml's fold of its four 16-lane accumulators (here eight 8-lane halves: accumulator j =
+/// `acc[2j], acc[2j + 1]`): 0+2 and 1+3, then 0+1, then the 16 lanes as `reduce_add_16`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn fold_ggml(acc: &[__m256; 8]) -> f64 {
+    let (a0, a1) = (_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[1], acc[5]));
+    let (a2, a3) = (_mm256_add_ps(acc[2], acc[6]), _mm256_add_ps(acc[3], acc[7]));
+    let (lo, hi) = (_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+    let mut lanes = [0f32; 16];
+    // SAFETY: 16 f32 of stack memory.
+    unsafe {
+        _mm256_storeu_ps(lanes.as_mut_ptr(), lo);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi);
+    }
+    reduce_add_16(&lanes) as f64
+}
+
 /// `ops::dot_f16_ggml`, vectorised.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn dot_f16_ggml(x: &[f16], y: &[f16]) -> f32 {
@@ -42,16 +59,7 @@ pub fn dot_f16_ggml(x: &[f16], y: &[f16]) -> f32 {
         }
         i += 64;
     }
-    let (a0, a1) = (_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[1], acc[5]));
-    let (a2, a3) = (_mm256_add_ps(acc[2], acc[6]), _mm256_add_ps(acc[3], acc[7]));
-    let (lo, hi) = (_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
-    let mut lanes = [0f32; 16];
-    // SAFETY: 16 f32 of stack memory.
-    unsafe {
-        _mm256_storeu_ps(lanes.as_mut_ptr(), lo);
-        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi);
-    }
-    let mut sum = reduce_add_16(&lanes) as f64;
+    let mut sum = fold_ggml(&acc);
     for k in np..n {
         sum += (h2f(x[k]) * h2f(y[k])) as f64;
     }
@@ -136,16 +144,7 @@ fn dot_f32_ggml(x: &[f32], y: &[f32]) -> f32 {
         }
         i += 64;
     }
-    let (a0, a1) = (_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[1], acc[5]));
-    let (a2, a3) = (_mm256_add_ps(acc[2], acc[6]), _mm256_add_ps(acc[3], acc[7]));
-    let (lo, hi) = (_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
-    let mut lanes = [0f32; 16];
-    // SAFETY: 16 f32 of stack memory.
-    unsafe {
-        _mm256_storeu_ps(lanes.as_mut_ptr(), lo);
-        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi);
-    }
-    let mut sum = reduce_add_16(&lanes) as f64;
+    let mut sum = fold_ggml(&acc);
     for k in np..n {
         sum += (x[k] * y[k]) as f64;
     }
