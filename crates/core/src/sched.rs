@@ -541,7 +541,18 @@ impl Ctx<'_> {
             }
             for r in r..rows {
                 let xr = xrow(r);
-                let vec_dot = if r < tiled_rows && !self.batch_invariant { ops.vec_dot_tile } else { ops.vec_dot };
+                let tile_dot = r < tiled_rows && !self.batch_invariant;
+                // Many weight rows per call (decode's GEMV), where it gives this row's values.
+                if let Some(rows_dot) = ops.vec_dot_rows.filter(|_| !(tile_dot && ops.tile_order)) {
+                    let mut o = [0f32; COL_BLOCK];
+                    rows_dot(&wb[c0 * wrb..c1 * wrb], wrb, xr, &mut o[..c1 - c0]);
+                    for (i, &v) in o[..c1 - c0].iter().enumerate() {
+                        // SAFETY: column c0 + i of row r is written by this worker only.
+                        unsafe { *base.add(r * n_out + c0 + i) = v };
+                    }
+                    continue;
+                }
+                let vec_dot = if tile_dot { ops.vec_dot_tile } else { ops.vec_dot };
                 for c in c0..c1 {
                     let v = vec_dot(&wb[c * wrb..(c + 1) * wrb], xr);
                     // SAFETY: column c of row r is written by this worker only (columns split).

@@ -33,6 +33,9 @@ pub fn max_packed_row_bytes(k: usize) -> usize {
     k.div_ceil(32) * 36
 }
 
+/// `out.len()` weight rows (`x`, rows `xrb` bytes apart) against one activation row (decode's
+/// GEMV): `out[c] = vec_dot(x_c, y)`, bit for bit.
+pub type VecDotRows = fn(x: &[u8], xrb: usize, y: &[u8], out: &mut [f32]);
 /// Convert a row of blocks to f32.
 pub type ToFloat = fn(x: &[u8], y: &mut [f32]);
 /// Quantize an f32 row into blocks.
@@ -55,6 +58,8 @@ pub struct TypeOps {
     pub vec_tile: Option<VecDotTile>,
     /// `vec_tile` on weights packed once per run of rows, where it exists.
     pub packing: Option<TilePacking>,
+    /// Many weight rows against one activation row, where it exists (`vec_dot`'s values).
+    pub vec_dot_rows: Option<VecDotRows>,
     pub to_float: ToFloat,
     pub from_float: Option<FromFloat>,
 }
@@ -112,6 +117,7 @@ impl Kernels {
             vec_dot4: None,
             vec_tile: None,
             packing: None,
+            vec_dot_rows: None,
             to_float: tf,
             from_float: ff,
         };
@@ -161,6 +167,10 @@ impl Kernels {
             k.ops[slot(DType::Q6K).unwrap()].vec_tile = Some(|x, xrb, y, out| unsafe { tiles_k::tiles_q6_k_q8_k(x, xrb, y, out) });
             k.ops[slot(DType::Q8_0).unwrap()].vec_tile =
                 Some(|x, xrb, y, out| unsafe { avx512::tiles_offset::<BlockQ8_0>(x, xrb, y, out) });
+            k.ops[slot(DType::Q5_0).unwrap()].vec_dot_rows =
+                Some(|x, xrb, y, out| unsafe { avx512::rows_offset::<BlockQ5_0>(x, xrb, y, out, |a, b| avx512::dot_q5_0_q8_0(a, b)) });
+            k.ops[slot(DType::Q8_0).unwrap()].vec_dot_rows =
+                Some(|x, xrb, y, out| unsafe { avx512::rows_offset::<BlockQ8_0>(x, xrb, y, out, |a, b| crate::x86::avx2::dot_q8_0_q8_0(a, b)) });
             k.ops[slot(DType::Q4K).unwrap()].packing = Some(TilePacking {
                 row_bytes: tiles_k::packed_row_bytes_q4_k,
                 pack: |x, xrb, out| unsafe { tiles_k::pack_q4_k(x, xrb, out) },

@@ -305,7 +305,8 @@ fn four_row_dots_equal_single_row_dots() {
 
 /// The 4×4 register-blocked tiles (default prefill) give each pair exactly the tile dot's
 /// value, for row lengths of 1 to 9 blocks and extreme values (all fifth bits set or clear,
-/// ±127 activations), packed once or decoded on every pass.
+/// ±127 activations), packed once or decoded on every pass; decode's many-rows kernels give
+/// each row `vec_dot`'s value.
 #[test]
 fn tile_dots_equal_row_dots() {
     let k = Kernels::detect();
@@ -338,6 +339,19 @@ fn tile_dots_equal_row_dots() {
                 for j in 0..4 {
                     let want = (ops.vec_dot_tile)(&w[r * rb..(r + 1) * rb], &ys[j]);
                     assert_eq!(o[r][j], want, "{t} {nb} blocks, weight row {r}, activation row {j}");
+                }
+            }
+            // Decode's GEMV: 12 rows (three groups of four), then 7 (a short last group).
+            if let Some(rows) = ops.vec_dot_rows {
+                for n_rows in [12usize, 7] {
+                    for y in &ys {
+                        let mut g = vec![0f32; n_rows];
+                        rows(&w[..n_rows * rb], rb, y, &mut g);
+                        for (r, &v) in g.iter().enumerate() {
+                            let want = (ops.vec_dot)(&w[r * rb..(r + 1) * rb], y);
+                            assert_eq!(v.to_bits(), want.to_bits(), "{t} {nb} blocks, rows kernel, weight row {r} of {n_rows}");
+                        }
+                    }
                 }
             }
             // The same rows packed once (what a matmul does per column block) give the same bits.
