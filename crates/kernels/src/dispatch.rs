@@ -169,6 +169,7 @@ impl Kernels {
                 Some(|x, xrb, y, out| unsafe { avx512::tiles_offset::<BlockQ8_0>(x, xrb, y, out) });
             k.ops[slot(DType::Q5_0).unwrap()].vec_dot_rows =
                 Some(|x, xrb, y, out| unsafe { avx512::rows_offset::<BlockQ5_0>(x, xrb, y, out, |a, b| avx512::dot_q5_0_q8_0(a, b)) });
+            k.ops[slot(DType::Q4_1).unwrap()].vec_dot_rows = Some(|x, xrb, y, out| unsafe { avx512::rows_q4_1(x, xrb, y, out) });
             k.ops[slot(DType::Q8_0).unwrap()].vec_dot_rows =
                 Some(|x, xrb, y, out| unsafe { avx512::rows_offset::<BlockQ8_0>(x, xrb, y, out, |a, b| crate::x86::avx2::dot_q8_0_q8_0(a, b)) });
             k.ops[slot(DType::Q4K).unwrap()].packing = Some(TilePacking {

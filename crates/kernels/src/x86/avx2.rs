@@ -37,7 +37,7 @@ pub(crate) fn f2h(v: f32) -> half::f16 {
 /// The first four bytes of a block (its f16 scale, and the f16 after it or the first two
 /// quant bytes) as a u32: every block type here is at least 18 bytes long.
 #[inline(always)]
-fn head<B: Block>(b: &B) -> i32 {
+pub(crate) fn head<B: Block>(b: &B) -> i32 {
     // SAFETY: B is plain old data of more than 4 bytes (Block's contract; see the size asserts
     // in blocks.rs); unaligned read.
     unsafe { (b as *const B as *const i32).read_unaligned() }

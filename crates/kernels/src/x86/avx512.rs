@@ -14,7 +14,7 @@
 //! scale product and the FMA (2.4–2.6 cycles with hot caches, against 4.2–4.4 for AVX2's
 //! one-weight-row, four-activation-row kernel).
 
-use super::avx2::{h2f, heads4, hsum_f32x8, load32};
+use super::avx2::{h2f, head, heads4, hsum_f32x8, load32};
 use crate::blocks::*;
 use std::arch::x86_64::*;
 
@@ -110,17 +110,14 @@ pub fn rows_offset<B: OffsetBlock>(x: &[u8], xrb: usize, y: &[u8], out: &mut [f3
     let nb = xrb / bs;
     let b = &as_blocks::<BlockQ8_0>(y)[..nb];
     let off = _mm256_set1_epi8(B::OFFSET as i8);
-    let region = 4 * xrb;
-    let ahead = region * 8192usize.div_ceil(region);
+    let ahead = prefetch_distance(xrb);
     let full = out.len() / 4 * 4;
     for (c, o) in out[..full].chunks_exact_mut(4).enumerate() {
         let a = pass_rows::<B, 4>(x, xrb, c, nb);
         let next = x.as_ptr().wrapping_add(4 * c * xrb + ahead);
         let mut acc = [_mm256_setzero_ps(); 4];
         for (i, blk) in b.iter().enumerate() {
-            // Prefetches never fault: the addresses are only computed (wrapping), never read.
-            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(4 * i * bs) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(4 * i * bs + 64) as *const i8);
+            prefetch_step(next, 4 * i * bs);
             let qy = load32(&blk.qs);
             let dy = bcast_h(blk.d);
             let neg = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), off, qy));
@@ -137,6 +134,64 @@ pub fn rows_offset<B: OffsetBlock>(x: &[u8], xrb: usize, y: &[u8], out: &mut [f3
     }
     for (c, v) in out.iter_mut().enumerate().skip(full) {
         *v = single(&x[c * xrb..(c + 1) * xrb], y);
+    }
+}
+
+/// How far ahead of a group of four rows (`xrb` bytes each) the GEMVs prefetch: whole groups,
+/// at least 8 KiB.
+#[inline(always)]
+fn prefetch_distance(xrb: usize) -> usize {
+    let group = 4 * xrb;
+    group * 8192usize.div_ceil(group)
+}
+
+/// The two cache lines at `next + off`, into L1. Prefetches never fault: the addresses are only
+/// computed (wrapping), never read.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn prefetch_step(next: *const u8, off: usize) {
+    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off) as *const i8);
+    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off + 64) as *const i8);
+}
+
+/// [`rows_offset`] for Q4_1 weights (Q8_1 activations): `out[c]` equals bit for bit
+/// `avx2::dot_q4_1_q8_1` of row c, whose `Σ m·s` runs in lanes 2r + 1 of one vector (lane pairs
+/// [d·d_y, m·s] per row, as that kernel's one multiply per block).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn rows_q4_1(x: &[u8], xrb: usize, y: &[u8], out: &mut [f32]) {
+    let bs = std::mem::size_of::<BlockQ4_1>();
+    let nb = xrb / bs;
+    let b = &as_blocks::<BlockQ8_1>(y)[..nb];
+    let ahead = prefetch_distance(xrb);
+    let full = out.len() / 4 * 4;
+    let m4 = _mm256_set1_epi8(0x0F);
+    for (c, o) in out[..full].chunks_exact_mut(4).enumerate() {
+        let a = pass_rows::<BlockQ4_1, 4>(x, xrb, c, nb);
+        let next = x.as_ptr().wrapping_add(4 * c * xrb + ahead);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut summs = _mm256_setzero_ps();
+        for (i, blk) in b.iter().enumerate() {
+            prefetch_step(next, 4 * i * bs);
+            let qy = load32(&blk.qs);
+            // [d_r·d_y, m_r·s_y] in lanes 2r, 2r + 1.
+            let p = _mm256_mul_ps(heads4([&a[0][i], &a[1][i], &a[2][i], &a[3][i]]), _mm256_cvtph_ps(_mm_set1_epi32(head(blk))));
+            summs = _mm256_add_ps(summs, p);
+            for r in 0..4 {
+                let d = _mm256_permutevar8x32_ps(p, _mm256_set1_epi32(2 * r as i32));
+                let u = _mm256_and_si256(nibble_halves(&a[r][i].qs), m4);
+                let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, qy);
+                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[r]);
+            }
+        }
+        let mut sm = [0f32; 8];
+        // SAFETY: 8 f32 of stack memory.
+        unsafe { _mm256_storeu_ps(sm.as_mut_ptr(), summs) };
+        for (r, (v, a)) in o.iter_mut().zip(&acc).enumerate() {
+            *v = hsum_f32x8(*a) + sm[2 * r + 1];
+        }
+    }
+    for (c, v) in out.iter_mut().enumerate().skip(full) {
+        *v = super::avx2::dot_q4_1_q8_1(&x[c * xrb..(c + 1) * xrb], y);
     }
 }
 
