@@ -28,9 +28,9 @@ pub struct TilePacking {
 }
 
 /// Most packed bytes per weight row of `k` values any [`TilePacking`] uses (36 per 32 values
-/// for Q5_0/Q8_0; Q4_K: 152 per 256).
+/// for Q5_0/Q8_0, 40 per 32 for Q4_1; Q4_K: 152 per 256).
 pub fn max_packed_row_bytes(k: usize) -> usize {
-    k.div_ceil(32) * 36
+    k.div_ceil(32) * 40
 }
 
 /// `out.len()` weight rows (`x`, rows `xrb` bytes apart) against one activation row (decode's
@@ -176,6 +176,11 @@ impl Kernels {
                 row_bytes: tiles_k::packed_row_bytes_q4_k,
                 pack: |x, xrb, out| unsafe { tiles_k::pack_q4_k(x, xrb, out) },
                 tile: |p, xrb, y, out| unsafe { tiles_k::tiles_q4_k_packed(p, xrb, y, out) },
+            });
+            k.ops[slot(DType::Q4_1).unwrap()].packing = Some(TilePacking {
+                row_bytes: avx512::packed_row_bytes_q4_1,
+                pack: |x, xrb, out| unsafe { avx512::pack_q4_1(x, xrb, out) },
+                tile: |p, xrb, y, out| unsafe { avx512::tiles_q4_1_packed(p, xrb, y, out) },
             });
             k.ops[slot(DType::Q5_0).unwrap()].packing = Some(TilePacking {
                 row_bytes: avx512::packed_row_bytes::<BlockQ5_0>,

@@ -343,10 +343,6 @@ fn tile_q4_1(a: [&[BlockQ4_1]; 4], b: [&[BlockQ8_1]; 4], out: &mut [[f32; 4]; 4]
     let mut acc = [[_mm256_setzero_ps(); 4]; 4];
     // Lane 4(r % 2) + j of summs[r / 2]: Σ m_r·s_j.
     let mut summs = [_mm256_setzero_ps(); 2];
-    // From [d0, m0, d1, m1, d2, m2, d3, m3]: m0 ×4, m1 ×4 / m2 ×4, m3 ×4; from the activations'
-    // [d0, s0, d1, s1, ...]: s0, s1, s2, s3 twice.
-    let (m01, m23) = (_mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3), _mm256_setr_epi32(5, 5, 5, 5, 7, 7, 7, 7));
-    let s_idx = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
     for i in 0..a[0].len() {
         let mut u = [_mm256_setzero_si256(); 4];
         let mut dw = [_mm256_setzero_ps(); 4];
@@ -356,19 +352,37 @@ fn tile_q4_1(a: [&[BlockQ4_1]; 4], b: [&[BlockQ8_1]; 4], out: &mut [[f32; 4]; 4]
             dw[r] = bcast_h(blk.d);
         }
         let xm = heads4([&a[0][i], &a[1][i], &a[2][i], &a[3][i]]);
-        let ys = _mm256_permutevar8x32_ps(heads4([&b[0][i], &b[1][i], &b[2][i], &b[3][i]]), s_idx);
-        summs[0] = _mm256_add_ps(summs[0], _mm256_mul_ps(_mm256_permutevar8x32_ps(xm, m01), ys));
-        summs[1] = _mm256_add_ps(summs[1], _mm256_mul_ps(_mm256_permutevar8x32_ps(xm, m23), ys));
-        for j in 0..4 {
-            let blk = &b[j][i];
-            let qy = load32(&blk.qs);
-            let dy = bcast_h(blk.d);
-            for r in 0..4 {
-                let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[r], qy);
-                acc[r][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dy), _mm256_cvtepi32_ps(s), acc[r][j]);
-            }
+        q4_1_block(&u, &dw, xm, b, i, &mut acc, &mut summs);
+    }
+    q4_1_store(&acc, &summs, out);
+}
+
+/// One block of four Q4_1 rows (nibbles `u`, scales `dw`, `xm` = [d0, m0, …, d3, m3]) against
+/// block `i` of the four activation rows: the `m·s` terms into `summs`, the pairs into `acc`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q4_1_block(u: &[__m256i; 4], dw: &[__m256; 4], xm: __m256, b: [&[BlockQ8_1]; 4], i: usize, acc: &mut [[__m256; 4]; 4], summs: &mut [__m256; 2]) {
+    // From [d0, m0, d1, m1, d2, m2, d3, m3]: m0 ×4, m1 ×4 / m2 ×4, m3 ×4; from the activations'
+    // [d0, s0, d1, s1, ...]: s0, s1, s2, s3 twice.
+    let (m01, m23) = (_mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3), _mm256_setr_epi32(5, 5, 5, 5, 7, 7, 7, 7));
+    let s_idx = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+    let ys = _mm256_permutevar8x32_ps(heads4([&b[0][i], &b[1][i], &b[2][i], &b[3][i]]), s_idx);
+    summs[0] = _mm256_add_ps(summs[0], _mm256_mul_ps(_mm256_permutevar8x32_ps(xm, m01), ys));
+    summs[1] = _mm256_add_ps(summs[1], _mm256_mul_ps(_mm256_permutevar8x32_ps(xm, m23), ys));
+    for j in 0..4 {
+        let blk = &b[j][i];
+        let qy = load32(&blk.qs);
+        let dy = bcast_h(blk.d);
+        for r in 0..4 {
+            let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[r], qy);
+            acc[r][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dy), _mm256_cvtepi32_ps(s), acc[r][j]);
         }
     }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn q4_1_store(acc: &[[__m256; 4]; 4], summs: &[__m256; 2], out: &mut [[f32; 4]]) {
     let mut sm = [[0f32; 8]; 2];
     for h in 0..2 {
         // SAFETY: 8 f32 of stack memory.
@@ -378,6 +392,66 @@ fn tile_q4_1(a: [&[BlockQ4_1]; 4], b: [&[BlockQ8_1]; 4], out: &mut [[f32; 4]; 4]
         for j in 0..4 {
             out[r][j] = hsum_f32x8(acc[r][j]) + sm[r / 2][4 * (r % 2) + j];
         }
+    }
+}
+
+/// Bytes of one (four-row pass, block) once packed by [`pack_q4_1`]: four rows' 32 nibble
+/// values as bytes, then [d0, m0, …, d3, m3] as f32.
+const Q4_1_PACKED: usize = 4 * 32 + 8 * 4;
+
+/// Bytes per weight row once packed by [`pack_q4_1`] (rows of `xrb` bytes): 40 per block.
+pub fn packed_row_bytes_q4_1(xrb: usize) -> usize {
+    xrb / std::mem::size_of::<BlockQ4_1>() * Q4_1_PACKED / 4
+}
+
+/// Q4_1 weight rows (a multiple of four) decoded once for [`tiles_q4_1_packed`]: the nibbles
+/// as bytes and the scales and mins as f32, per four-row pass and block.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn pack_q4_1(x: &[u8], xrb: usize, out: &mut [u8]) {
+    let nb = xrb / std::mem::size_of::<BlockQ4_1>();
+    let passes = x.len() / xrb / 4;
+    assert!(out.len() >= passes * nb * Q4_1_PACKED);
+    for p in 0..passes {
+        let a = pass_rows::<BlockQ4_1, 4>(x, xrb, p, nb);
+        for i in 0..nb {
+            let g = &mut out[(p * nb + i) * Q4_1_PACKED..(p * nb + i + 1) * Q4_1_PACKED];
+            // SAFETY: four 32-byte stores at 32r and one at 128 inside the 160-byte group.
+            unsafe {
+                for r in 0..4 {
+                    let u = _mm256_and_si256(nibble_halves(&a[r][i].qs), _mm256_set1_epi8(0x0F));
+                    _mm256_storeu_si256(g.as_mut_ptr().add(32 * r) as *mut __m256i, u);
+                }
+                _mm256_storeu_ps(g.as_mut_ptr().add(128) as *mut f32, heads4([&a[0][i], &a[1][i], &a[2][i], &a[3][i]]));
+            }
+        }
+    }
+}
+
+/// [`tiles_q4_1_q8_1`] on rows packed by [`pack_q4_1`] (`xrb`: the rows' original bytes): the
+/// same values bit for bit.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn tiles_q4_1_packed(packed: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
+    let nb = xrb / std::mem::size_of::<BlockQ4_1>();
+    let b = rows4::<BlockQ8_1>(y, nb);
+    for (p, o) in out.chunks_exact_mut(4).enumerate() {
+        let pk = &packed[p * nb * Q4_1_PACKED..(p + 1) * nb * Q4_1_PACKED];
+        let mut acc = [[_mm256_setzero_ps(); 4]; 4];
+        let mut summs = [_mm256_setzero_ps(); 2];
+        for (i, g) in pk.chunks_exact(Q4_1_PACKED).enumerate() {
+            let mut u = [_mm256_setzero_si256(); 4];
+            let mut dw = [_mm256_setzero_ps(); 4];
+            // SAFETY: 32-byte loads at 32r and 128, and f32 reads at 128 + 8r, inside the
+            // 160-byte group.
+            let xm = unsafe {
+                for r in 0..4 {
+                    u[r] = _mm256_loadu_si256(g.as_ptr().add(32 * r) as *const __m256i);
+                    dw[r] = _mm256_set1_ps(std::ptr::read_unaligned(g.as_ptr().add(128 + 8 * r) as *const f32));
+                }
+                _mm256_loadu_ps(g.as_ptr().add(128) as *const f32)
+            };
+            q4_1_block(&u, &dw, xm, b, i, &mut acc, &mut summs);
+        }
+        q4_1_store(&acc, &summs, o);
     }
 }
 
