@@ -4,7 +4,9 @@
 //!
 //! Pages are faulted in when a pool is created (except the worst-case-sized logits buffer) (`MADV_POPULATE_WRITE`, or a write per page on
 //! kernels without it), so the first request does not pay for page faults and zeroing — at two
-//! threads that was 15 % of a first 512-token prefill.
+//! threads that was 15 % of a first 512-token prefill. A pool larger than the memory the kernel
+//! reports available (`MemAvailable`) is refused with an [`AllocError`] at load, where faulting
+//! it in would have ended in the OOM killer.
 //!
 //! Invariant: nothing here is allocated on the per-token path; pools are created at load and
 //! only viewed afterwards.
@@ -53,8 +55,11 @@ impl Buffer {
         let err = || AllocError { bytes: len, gib: len as f64 / (1u64 << 30) as f64 };
         let len = len.max(ALIGN).checked_next_multiple_of(ALIGN).ok_or_else(err)?;
         if len >= HUGE_THRESHOLD {
-            if let Some(b) = Self::mmap(len, node, populate) {
-                return Ok(b);
+            match Self::mmap(len, node, populate) {
+                Mapped::Ok(b) => return Ok(b),
+                // The kernel could not back the pages: fail now, not in a request.
+                Mapped::NoMemory => return Err(err()),
+                Mapped::Unavailable => {}
             }
         }
         let layout = std::alloc::Layout::from_size_align(len, ALIGN).map_err(|_| err())?;
@@ -69,7 +74,7 @@ impl Buffer {
     }
 
     #[cfg(target_os = "linux")]
-    fn mmap(len: usize, node: Option<usize>, populate: bool) -> Option<Buffer> {
+    fn mmap(len: usize, node: Option<usize>, populate: bool) -> Mapped {
         // SAFETY: anonymous private mapping; checked for MAP_FAILED; madvise/mbind only affect
         // the range we just mapped.
         unsafe {
@@ -82,7 +87,7 @@ impl Buffer {
                 0,
             );
             if p == libc::MAP_FAILED {
-                return None;
+                return Mapped::Unavailable;
             }
             libc::madvise(p, len, libc::MADV_HUGEPAGE);
             let mut bound = None;
@@ -94,17 +99,32 @@ impl Buffer {
                     bound = Some(n);
                 }
             }
-            // After mbind, so the pages come from the bound node.
+            // Faulting in more than the kernel can hand out would end in the OOM killer, not in
+            // an error: refuse up front.
+            if populate && mem_available().is_some_and(|avail| len > avail) {
+                libc::munmap(p, len);
+                return Mapped::NoMemory;
+            }
+            // After mbind, so the pages come from the bound node. Kernels before 5.14 lack the
+            // advice (EINVAL): touch the pages instead. Any other failure means the pages
+            // cannot be backed.
             if populate && libc::madvise(p, len, libc::MADV_POPULATE_WRITE) != 0 {
+                if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+                    libc::munmap(p, len);
+                    return Mapped::NoMemory;
+                }
                 touch_pages(p as *mut u8, len);
             }
-            Some(Buffer { ptr: NonNull::new(p as *mut u8)?, len, mapped: true, node: bound })
+            match NonNull::new(p as *mut u8) {
+                Some(ptr) => Mapped::Ok(Buffer { ptr, len, mapped: true, node: bound }),
+                None => Mapped::Unavailable,
+            }
         }
     }
 
     #[cfg(not(target_os = "linux"))]
-    fn mmap(_len: usize, _node: Option<usize>, _populate: bool) -> Option<Buffer> {
-        None
+    fn mmap(_len: usize, _node: Option<usize>, _populate: bool) -> Mapped {
+        Mapped::Unavailable
     }
 
     pub fn len(&self) -> usize {
@@ -128,6 +148,24 @@ impl Buffer {
         // SAFETY: ptr is valid for len bytes; &mut self guarantees exclusivity.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
+}
+
+/// `MemAvailable` of /proc/meminfo in bytes: what the kernel can still give without swapping.
+#[cfg(target_os = "linux")]
+fn mem_available() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+/// What [`Buffer::mmap`] got.
+enum Mapped {
+    Ok(Buffer),
+    /// No mapping (not Linux, or `mmap` refused): use the allocator instead.
+    Unavailable,
+    /// Mapped, but its pages could not be faulted in: out of memory.
+    NoMemory,
 }
 
 /// Fault in every page of `[p, p + len)` by rewriting one zero byte per page.
@@ -172,5 +210,31 @@ impl Pools {
             // Sized for the logits of every row; most passes want one row's.
             out: Buffer::lazy(out_bytes, node)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_zeroed_aligned_and_sized() {
+        for len in [1usize, 100, 5 << 20] {
+            for b in [Buffer::new(len, None).unwrap(), Buffer::lazy(len, None).unwrap()] {
+                assert!(b.len() >= len && b.len().is_multiple_of(ALIGN));
+                assert_eq!(b.as_ptr() as usize % ALIGN, 0);
+                assert!(b.as_slice().iter().all(|&x| x == 0));
+            }
+        }
+    }
+
+    /// Faulting in more than the kernel can give would end in the OOM killer; a pool that large
+    /// must be a clear error at load instead.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn populating_more_than_available_memory_is_an_error() {
+        let avail = mem_available().expect("/proc/meminfo has MemAvailable");
+        let e = Buffer::new(avail + (1 << 30), None).err().expect("an error, not a populated buffer");
+        assert_eq!(e.bytes, avail + (1 << 30));
     }
 }
