@@ -2,9 +2,10 @@
 //! on. Large pools are anonymous mappings with transparent huge pages requested; on a NUMA
 //! machine a pool can be bound to a node with `mbind` (raw syscall: glibc has no wrapper).
 //!
-//! Pages are faulted in when a pool is created (except the worst-case-sized logits buffer) (`MADV_POPULATE_WRITE`, or a write per page on
-//! kernels without it), so the first request does not pay for page faults and zeroing — at two
-//! threads that was 15 % of a first 512-token prefill. A pool larger than the memory the kernel
+//! Pages are faulted in when a pool is created (`MADV_POPULATE_WRITE`, or a write per page on
+//! kernels without it; [`Buffer::lazy`] for the worst-case-sized logits buffer), so the first
+//! request does not pay for page faults and zeroing — at two threads that was 15 % of a first
+//! 512-token prefill. A pool larger than the memory the kernel
 //! reports available (`MemAvailable`) is refused with an [`AllocError`] at load, where faulting
 //! it in would have ended in the OOM killer.
 //!
