@@ -379,9 +379,10 @@ impl AttnScratch {
         })
     }
 
-    /// The F16 query and accumulator buffers (for SIMD twins of the reference kernel).
-    pub fn f16_buffers(&mut self) -> (&mut [f16], &mut [f16]) {
-        (&mut self.q16, &mut self.acc16)
+    /// The F16 query and accumulator buffers and one f32 value row (for SIMD twins of the
+    /// reference kernel).
+    pub fn f16_buffers(&mut self) -> (&mut [f16], &mut [f16], &mut [f32]) {
+        (&mut self.q16, &mut self.acc16, &mut self.v32)
     }
 
     /// Scratch for one query head at a time.

@@ -177,7 +177,7 @@ fn attention_simd_twin_is_bit_identical() {
     use corelm_kernels::ops::{attend_row, AttnKernel, AttnScratch, KvRows};
     let mut rng = Rng(99);
     let (fast, port) = (Kernels::detect(), Kernels::portable());
-    for hd in [64usize, 72, 256] {
+    for hd in [64usize, 72, 256, 36] {
         let cells = 37;
         let q: Vec<f32> = (0..hd).map(|_| rng.f32() * 4.0).collect();
         let k: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 3.0)).collect();

@@ -80,52 +80,70 @@ pub fn attend_reference(
 ) {
     let hd = q.len();
     let body = hd & !7;
-    let (q16, acc16) = scratch.f16_buffers();
+    let (q16, acc16, v32) = scratch.f16_buffers();
     for (d, &s) in q16.iter_mut().zip(q) {
         *d = f16::from_f32(s);
     }
     acc16.iter_mut().for_each(|a| *a = f16::ZERO);
-    let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
+    let mut st = [f32::NEG_INFINITY, 0f32];
     for c in 0..n_cells {
         if !visible(c) {
             continue;
         }
         let score = dot_f16_ggml(kv.k(c), q16) * scale;
-        let (mut ms, mut vs) = (1f32, 1f32);
-        if score > m {
-            let old = m;
-            m = score;
-            ms = (old - m).exp();
-            let msv = _mm256_set1_ps(ms);
-            let mut d = 0;
-            while d < body {
-                let a = load_ph(&acc16[d..]);
-                store_ph(&mut acc16[d..], _mm256_mul_ps(a, msv));
-                d += 8;
-            }
-            for a in acc16[body..].iter_mut() {
-                *a = f16::from_f32(h2f(*a) * ms);
-            }
-        } else {
-            vs = (score - m).exp();
-        }
         let vc = kv.v(c);
-        let vsv = _mm256_set1_ps(vs);
-        let mut d = 0;
-        while d < body {
-            let a = load_ph(&acc16[d..]);
-            store_ph(&mut acc16[d..], _mm256_fmadd_ps(load_ph(&vc[d..]), vsv, a));
-            d += 8;
-        }
+        widen(&vc[..body], &mut v32[..body]);
+        let (ms, vs) = reference_cell(score, &mut st, &mut acc16[..body], &v32[..body]);
+        // The dimensions past the last multiple of 8, one at a time: rescaled and rounded to
+        // F16 (`ms` is 1 unless the maximum grew, and F16 × 1 is exact), then accumulated.
         for (a, &vv) in acc16[body..].iter_mut().zip(&vc[body..]) {
-            *a = f16::from_f32(h2f(vv).mul_add(vs, h2f(*a)));
+            let r = h2f(f16::from_f32(h2f(*a) * ms));
+            *a = f16::from_f32(h2f(vv).mul_add(vs, r));
         }
-        s = s.mul_add(ms, vs);
     }
+    let s = st[1];
     let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
     for (o, a) in out.iter_mut().zip(acc16.iter()) {
         *o = h2f(*a) * inv;
     }
+}
+
+/// One visible cell of the reference kernel for one head: the running (maximum, sum) `st`
+/// updated with `score`, the F16 accumulator `a16` rescaled (`× ms`) if the maximum grew and
+/// `v · vs` added, rounded to F16 at each step as ggml's `VKQ16`. `a16` and the f32 value row
+/// `v` hold a multiple of 8 values; returns `(ms, vs)` for a caller with a tail.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn reference_cell(score: f32, st: &mut [f32; 2], a16: &mut [f16], v: &[f32]) -> (f32, f32) {
+    let [m, s] = st;
+    let n = a16.len();
+    assert!(n.is_multiple_of(8) && v.len() >= n);
+    let (mut ms, mut vs) = (1f32, 1f32);
+    if score > *m {
+        let old = *m;
+        *m = score;
+        ms = (old - *m).exp();
+        let msv = _mm256_set1_ps(ms);
+        let mut d = 0;
+        while d < n {
+            let a = load_ph(&a16[d..]);
+            store_ph(&mut a16[d..], _mm256_mul_ps(a, msv));
+            d += 8;
+        }
+    } else {
+        vs = (score - *m).exp();
+    }
+    let vsv = _mm256_set1_ps(vs);
+    let mut d = 0;
+    while d < n {
+        let a = load_ph(&a16[d..]);
+        // SAFETY: d + 8 <= n <= v.len(); unaligned load.
+        let vv = unsafe { _mm256_loadu_ps(v.as_ptr().add(d)) };
+        store_ph(&mut a16[d..], _mm256_fmadd_ps(vv, vsv, a));
+        d += 8;
+    }
+    *s = s.mul_add(ms, vs);
+    (ms, vs)
 }
 
 /// `dot_f16_ggml` on rows already widened to f32 (the same products, exactly: F16 → f32 is
@@ -183,33 +201,7 @@ pub fn attend_reference_group(
         widen(kv.v(c), v32);
         for (h, st) in state[..heads].iter_mut().enumerate() {
             let score = dot_f32_ggml(k32, &qf[h * hd..(h + 1) * hd]) * scale;
-            let a16 = &mut acc16[h * hd..(h + 1) * hd];
-            let [m, s] = st;
-            let (mut ms, mut vs) = (1f32, 1f32);
-            if score > *m {
-                let old = *m;
-                *m = score;
-                ms = (old - *m).exp();
-                let msv = _mm256_set1_ps(ms);
-                let mut d = 0;
-                while d < hd {
-                    let a = load_ph(&a16[d..]);
-                    store_ph(&mut a16[d..], _mm256_mul_ps(a, msv));
-                    d += 8;
-                }
-            } else {
-                vs = (score - *m).exp();
-            }
-            let vsv = _mm256_set1_ps(vs);
-            let mut d = 0;
-            while d < hd {
-                let a = load_ph(&a16[d..]);
-                // SAFETY: d + 8 <= hd = v32.len(); unaligned load.
-                let v = unsafe { _mm256_loadu_ps(v32.as_ptr().add(d)) };
-                store_ph(&mut a16[d..], _mm256_fmadd_ps(v, vsv, a));
-                d += 8;
-            }
-            *s = s.mul_add(ms, vs);
+            reference_cell(score, st, &mut acc16[h * hd..(h + 1) * hd], v32);
         }
     }
     for (h, st) in state[..heads].iter().enumerate() {
