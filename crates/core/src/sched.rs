@@ -511,19 +511,18 @@ impl Ctx<'_> {
                 let ys = [xrow(r), xrow(r + 1), xrow(r + 2), xrow(r + 3)];
                 let mut c = c0;
                 if let Some(tile) = ops.vec_tile {
-                    let n = n_tile;
                     let mut o = [[0f32; 4]; COL_BLOCK];
                     match packed {
-                        Some((packed_tile, buf)) => packed_tile(buf, wrb, ys, &mut o[..n]),
-                        None => tile(&wb[c0 * wrb..(c0 + n) * wrb], wrb, ys, &mut o[..n]),
+                        Some((packed_tile, buf)) => packed_tile(buf, wrb, ys, &mut o[..n_tile]),
+                        None => tile(&wb[c0 * wrb..(c0 + n_tile) * wrb], wrb, ys, &mut o[..n_tile]),
                     }
-                    for (i, col) in o[..n].iter().enumerate() {
+                    for (i, col) in o[..n_tile].iter().enumerate() {
                         for (j, &v) in col.iter().enumerate() {
                             // SAFETY: column c0 + i of these rows is written by this worker only.
                             unsafe { *base.add((r + j) * n_out + c0 + i) = v };
                         }
                     }
-                    c += n;
+                    c += n_tile;
                 }
                 for c in c..c1 {
                     let w = &wb[c * wrb..(c + 1) * wrb];

@@ -110,20 +110,17 @@ fn transpose_keys(kv: &KvRows, c0: usize, w: usize, zero: &[half::f16], kt: &mut
     }
 }
 
-/// Scores of the chunk `c0..c0 + 8` for every vector into `scores[v][c0 - t0..][..8]`: `q·k ×
-/// scale` where row `v / heads` sees the cell, -∞ elsewhere.
+/// Scores of the chunk `c0..c0 + 8` for every vector (`ptrs[v]`: its `head_dim` query values)
+/// into `scores[v][c0 - t0..][..8]`: `q·k × scale` where row `v / heads` sees the cell, -∞
+/// elsewhere.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn chunk_scores(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
+fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
     let hd = kv.head_dim;
-    let nv = q.len() * heads;
+    let nv = ptrs.len();
     let lanes = _mm256_add_epi32(_mm256_set1_epi32(c0 as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
     let any = spans.iter().any(|s| s.start < c0 + w && s.end > c0 && s.start < s.end);
-    let mut ptrs = [std::ptr::null::<f32>(); MAX_VECTORS];
-    for (v, p) in ptrs.iter_mut().enumerate().take(nv) {
-        *p = q[v / heads][v % heads * hd..].as_ptr();
-    }
     if any {
         transpose_keys(kv, c0, w, &sc.zero, &mut sc.kt);
     }
@@ -172,6 +169,11 @@ pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv:
     assert!(sc.acc.len() >= nv * hd && sc.v32.len() >= KV_TILE * hd && sc.zero.len() >= hd);
     sc.acc[..nv * hd].fill(0.0);
     sc.state[..nv].fill([f32::NEG_INFINITY, 0.0]);
+    // Vector v = head v % heads of row v / heads.
+    let mut ptrs = [std::ptr::null::<f32>(); MAX_VECTORS];
+    for (v, p) in ptrs.iter_mut().enumerate().take(nv) {
+        *p = q[v / heads][v % heads * hd..(v % heads + 1) * hd].as_ptr();
+    }
     let n_max = spans.iter().map(|s| s.end).max().unwrap_or(0);
     let t_first = spans.iter().map(|s| s.start).min().unwrap_or(0) / KV_TILE * KV_TILE;
     let mut t0 = t_first;
@@ -179,7 +181,7 @@ pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv:
         let t1 = (t0 + KV_TILE).min(n_max);
         let mut c0 = t0;
         while c0 < t1 {
-            chunk_scores(q, heads, spans, kv, scale, c0, (t1 - c0).min(8), sc, c0 - t0);
+            chunk_scores(&ptrs[..nv], heads, spans, kv, scale, c0, (t1 - c0).min(8), sc, c0 - t0);
             c0 += 8;
         }
         let mut active = [0usize; MAX_VECTORS];

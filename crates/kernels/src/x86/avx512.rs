@@ -88,11 +88,17 @@ pub fn tiles_offset<B: OffsetBlock>(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &m
     let b = rows4::<BlockQ8_0>(y, nb);
     for (c, o) in out.chunks_exact_mut(4).enumerate() {
         let a = pass_rows::<B, 4>(x, xrb, c, nb);
-        let acc = tile_offset(a, b);
-        for r in 0..4 {
-            for j in 0..4 {
-                o[r][j] = hsum_f32x8(acc[r][j]);
-            }
+        store_tile(&tile_offset(a, b), o);
+    }
+}
+
+/// The sums of a pass's 4×4 accumulators: `out[r][j]` = all lanes of `acc[r][j]`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn store_tile(acc: &[[__m256; 4]; 4], out: &mut [[f32; 4]]) {
+    for r in 0..4 {
+        for j in 0..4 {
+            out[r][j] = hsum_f32x8(acc[r][j]);
         }
     }
 }
@@ -315,11 +321,7 @@ pub fn tiles_packed<B: OffsetBlock>(packed: &[u8], xrb: usize, y: [&[u8]; 4], ou
             }
             tile_block(&u, &dw, b, i, off, &mut acc);
         }
-        for r in 0..4 {
-            for j in 0..4 {
-                o[r][j] = hsum_f32x8(acc[r][j]);
-            }
-        }
+        store_tile(&acc, o);
     }
 }
 

@@ -9,8 +9,8 @@
 //! four products to each of the eight rows. Scales and mins of the eight rows are unpacked
 //! side by side with ggml's `utmp` masks.
 
-use super::avx2::{dot_q4_k_q8_k_tile, h2f, hsum_f32x8, q6_group, q6_scales};
-use super::avx512::{pass_rows, rows4};
+use super::avx2::{dot_q4_k_q8_k_tile, h2f, q6_group, q6_scales};
+use super::avx512::{pass_rows, rows4, store_tile};
 use crate::blocks::*;
 use std::arch::x86_64::*;
 
@@ -353,9 +353,5 @@ fn tile_q6_k(a: [&[BlockQ6K]; 4], b: [&[BlockQ8K]; 4], out: &mut [[f32; 4]; 4]) 
             }
         }
     }
-    for r in 0..4 {
-        for j in 0..4 {
-            out[r][j] = hsum_f32x8(acc[r][j]);
-        }
-    }
+    store_tile(&acc, out);
 }
