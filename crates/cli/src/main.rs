@@ -117,6 +117,10 @@ struct BenchArgs {
     /// Generation lengths to test (comma-separated; 0 skips).
     #[arg(short = 'n', long, value_delimiter = ',', default_value = "128")]
     n_gen: Vec<usize>,
+    /// Tokens already in the context before each test (comma-separated), as llama-bench's `-d`:
+    /// `-p 0 -n 128 -d 512` times decoding at positions 512..640.
+    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
+    n_depth: Vec<usize>,
     /// Thread counts to test (comma-separated; default: physical cores).
     #[arg(short = 't', long, value_delimiter = ',')]
     threads: Vec<usize>,
@@ -417,11 +421,13 @@ fn perplexity(m: &ModelArgs, file: &std::path::Path, chunks: Option<usize>, json
 
 fn bench(a: &BenchArgs) -> Result<()> {
     let (n_prompt, n_gen, reps, json) = (&a.n_prompt, &a.n_gen, a.reps.max(1), a.json);
-    use corelm_engine::bench::{bytes_per_token, memory_bandwidth, run_test, BenchResult};
+    use corelm_engine::bench::{bytes_per_token, kv_bytes_per_token, memory_bandwidth, run_test, BenchResult};
     let path = resolve_model(&a.model)?;
     let threads =
         if a.threads.is_empty() { vec![corelm_engine::engine::default_threads()] } else { a.threads.clone() };
-    let max_tokens = n_prompt.iter().chain(n_gen).copied().max().unwrap_or(0);
+    let max_depth = a.n_depth.iter().copied().max().unwrap_or(0);
+    let max_tokens = max_depth + n_prompt.iter().chain(n_gen).copied().max().unwrap_or(0);
+    let n_batch = a.batch_size.min(max_tokens.max(1));
     let mut results = Vec::new();
     if !json {
         println!("| model | threads | test | t/s | roofline t/s |");
@@ -432,27 +438,29 @@ fn bench(a: &BenchArgs) -> Result<()> {
             model: Some(path.clone()),
             threads: Some(t),
             ctx_size: max_tokens + 16,
-            batch_size: a.batch_size.min(max_tokens.max(1)),
+            batch_size: n_batch,
             no_pin: a.no_pin,
             kernels: a.kernels,
         };
         let (mut engine, _) = load(&ma, 1)?;
         let name = engine.gguf().opt_str("general.name").ok().flatten().unwrap_or("?").to_string();
         let bw = memory_bandwidth(t, 256 << 20, 3);
-        let roof = bw / bytes_per_token(&engine) as f64;
-        let tests: Vec<(usize, usize)> = n_prompt
+        let tests: Vec<(usize, usize, usize)> = a
+            .n_depth
             .iter()
-            .filter(|&&p| p > 0)
-            .map(|&p| (p, 0))
-            .chain(n_gen.iter().filter(|&&n| n > 0).map(|&n| (0, n)))
+            .flat_map(|&d| {
+                let pp = n_prompt.iter().filter(|&&p| p > 0).map(move |&p| (d, p, 0));
+                pp.chain(n_gen.iter().filter(|&&n| n > 0).map(move |&n| (d, 0, n)))
+            })
             .collect();
-        for (p, n) in tests {
-            let (avg, sd, samples, ns) = run_test(&mut engine, p, n, reps)?;
+        for (d, p, n) in tests {
+            let (avg, sd, samples, ns) = run_test(&mut engine, d, p, n, reps)?;
             let r = BenchResult {
                 model_filename: path.display().to_string(),
                 model_type: name.clone(),
                 n_prompt: p,
                 n_gen: n,
+                n_depth: d,
                 n_threads: t,
                 n_batch: engine.config().n_batch,
                 avg_ts: avg,
@@ -463,20 +471,27 @@ fn bench(a: &BenchArgs) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
-                let test = if p > 0 { format!("pp{p}") } else { format!("tg{n}") };
+                let mut test = if p > 0 { format!("pp{p}") } else { format!("tg{n}") };
+                if d > 0 {
+                    test += &format!(" @ d{d}");
+                }
+                // Weights plus the KV cache at the test's mean context.
+                let bytes = bytes_per_token(&engine) + kv_bytes_per_token(&engine, d + n.div_ceil(2));
+                let roof = bw / bytes as f64;
                 let roofline = if p > 0 { "".to_string() } else { format!("{roof:.1} ({:.0}%)", 100.0 * avg / roof) };
                 println!("| {name} | {t} | {test} | {avg:.2} ± {sd:.2} | {roofline} |");
             }
             results.push(r);
             if a.profile {
-                print_bench_profile(&mut engine, p, n, t)?;
+                print_bench_profile(&mut engine, d, p, n, t)?;
             }
         }
         if !json {
             eprintln!(
-                "[{t} threads: read bandwidth {:.1} GB/s, {:.1} MB of weights per token, decode roofline {roof:.1} t/s]",
+                "[{t} threads: read bandwidth {:.1} GB/s, {:.1} MB of weights + {:.1} kB of KV cache per context token read per decoded token; roofline = bandwidth / bytes at the mean context]",
                 bw / 1e9,
-                bytes_per_token(&engine) as f64 / 1e6
+                bytes_per_token(&engine) as f64 / 1e6,
+                engine.kv_bytes_per_cell() as f64 / 1e3
             );
         }
     }
@@ -485,13 +500,14 @@ fn bench(a: &BenchArgs) -> Result<()> {
 
 /// `corelm bench --profile`: one profiled pass of a test, per op kind, and what the barriers
 /// between nodes cost (measured on this pool size).
-fn print_bench_profile(engine: &mut corelm_engine::Engine, p: usize, n: usize, t: usize) -> Result<()> {
-    let (prof, secs) = corelm_engine::bench::profile_test(engine, p, n)?;
+fn print_bench_profile(engine: &mut corelm_engine::Engine, d: usize, p: usize, n: usize, t: usize) -> Result<()> {
+    let (prof, secs) = corelm_engine::bench::profile_test(engine, d, p, n)?;
     let total: f64 = prof.per_op.iter().map(|e| e.1).sum();
     let per = if p > 0 { 1 } else { n.max(1) };
     let mut ops = prof.per_op.clone();
     ops.sort_by(|a, b| b.1.total_cmp(&a.1));
-    let test = if p > 0 { format!("pp{p} (per pass)") } else { format!("tg{n} (per token)") };
+    let at = if d > 0 { format!(" @ d{d}") } else { String::new() };
+    let test = if p > 0 { format!("pp{p}{at} (per pass)") } else { format!("tg{n}{at} (per token)") };
     eprintln!("  profile of {test}, {t} threads:");
     eprintln!("  | op | ms | nodes | share |");
     eprintln!("  |---|---|---|---|");

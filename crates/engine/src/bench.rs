@@ -14,6 +14,8 @@ pub struct BenchResult {
     pub model_type: String,
     pub n_prompt: usize,
     pub n_gen: usize,
+    /// Tokens already in the context when the test starts (llama-bench's `-d`).
+    pub n_depth: usize,
     pub n_threads: usize,
     pub n_batch: usize,
     pub avg_ts: f64,
@@ -41,33 +43,49 @@ fn mean_sd(xs: &[f64]) -> (f64, f64) {
     (m, v.sqrt())
 }
 
-/// One pass of a test: `n_prompt` tokens of `toks` prefilled (if `n_prompt > 0`), else `n_gen`
-/// of them decoded one at a time.
-fn one_pass(engine: &mut Engine, toks: &[u32], n_prompt: usize, n_gen: usize, batch: &mut Batch) -> Result<(), Error> {
+/// The test of one repetition: with `n_prompt > 0`, tokens `depth..depth + n_prompt` of `toks`
+/// prefilled after the `depth` tokens already in the context; else `n_gen` of them decoded one at
+/// a time at positions `depth..`.
+fn one_pass(engine: &mut Engine, toks: &[u32], depth: usize, n_prompt: usize, n_gen: usize, batch: &mut Batch) -> Result<(), Error> {
     if n_prompt > 0 {
-        engine.feed(0, &toks[..n_prompt], false, |_| {})?;
+        engine.feed(0, &toks[depth..depth + n_prompt], false, |_| {})?;
         return Ok(());
     }
-    for (i, &t) in toks[..n_gen].iter().enumerate() {
+    for (i, &t) in toks[depth..depth + n_gen].iter().enumerate() {
         batch.clear();
-        batch.add(t, i as i32, 0, true);
+        batch.add(t, (depth + i) as i32, 0, true);
         engine.decode(batch)?;
     }
     Ok(())
 }
 
+/// An empty context, then the first `depth` tokens of `toks` prefilled (untimed).
+fn prepare(engine: &mut Engine, toks: &[u32], depth: usize) -> Result<(), Error> {
+    engine.clear_all();
+    if depth > 0 {
+        engine.feed(0, &toks[..depth], false, |_| {})?;
+    }
+    Ok(())
+}
+
 /// Time `n_prompt` tokens of prefill (or, with `n_prompt == 0`, `n_gen` single-token decodes)
-/// `reps` times after one warm-up run.
-pub fn run_test(engine: &mut Engine, n_prompt: usize, n_gen: usize, reps: usize) -> Result<(f64, f64, Vec<f64>, Vec<u64>), Error> {
+/// after `depth` tokens of context, `reps` times after one warm-up run.
+pub fn run_test(
+    engine: &mut Engine,
+    depth: usize,
+    n_prompt: usize,
+    n_gen: usize,
+    reps: usize,
+) -> Result<(f64, f64, Vec<f64>, Vec<u64>), Error> {
     let n_vocab = engine.hyper().n_vocab;
     let mut batch = Batch::with_capacity(1);
     let mut samples = Vec::with_capacity(reps);
     let mut ns = Vec::with_capacity(reps);
     for rep in 0..=reps {
-        engine.clear_all();
-        let toks = tokens(n_prompt.max(n_gen), n_vocab, 0x5EED + rep as u64);
+        let toks = tokens(depth + n_prompt.max(n_gen), n_vocab, 0x5EED + rep as u64);
+        prepare(engine, &toks, depth)?;
         let t0 = Instant::now();
-        one_pass(engine, &toks, n_prompt, n_gen, &mut batch)?;
+        one_pass(engine, &toks, depth, n_prompt, n_gen, &mut batch)?;
         let dt = t0.elapsed();
         if rep > 0 {
             ns.push(dt.as_nanos() as u64);
@@ -125,15 +143,16 @@ pub fn barrier_ns(n_threads: usize, rounds: usize) -> f64 {
     t0.elapsed().as_nanos() as f64 / rounds.max(1) as f64
 }
 
-/// One profiled pass of a test (as [`run_test`]: `n_prompt` tokens of prefill, or `n_gen`
-/// single-token decodes): the time per op kind, summed over nodes, as seen by worker 0 (its
-/// own work plus its wait at each node's barrier). Returns the profile and the wall time.
-pub fn profile_test(engine: &mut Engine, n_prompt: usize, n_gen: usize) -> Result<(Profile, f64), Error> {
-    engine.clear_all();
-    let toks = tokens(n_prompt.max(n_gen), engine.hyper().n_vocab, 0x5EED);
+/// One profiled pass of a test (as [`run_test`]: after `depth` tokens of context, `n_prompt`
+/// tokens of prefill, or `n_gen` single-token decodes): the time per op kind, summed over nodes,
+/// as seen by worker 0 (its own work plus its wait at each node's barrier). Returns the profile
+/// and the wall time.
+pub fn profile_test(engine: &mut Engine, depth: usize, n_prompt: usize, n_gen: usize) -> Result<(Profile, f64), Error> {
+    let toks = tokens(depth + n_prompt.max(n_gen), engine.hyper().n_vocab, 0x5EED);
+    prepare(engine, &toks, depth)?;
     engine.profile = Some(Profile::default());
     let t0 = Instant::now();
-    let r = one_pass(engine, &toks, n_prompt, n_gen, &mut Batch::with_capacity(1));
+    let r = one_pass(engine, &toks, depth, n_prompt, n_gen, &mut Batch::with_capacity(1));
     let secs = t0.elapsed().as_secs_f64();
     let p = engine.profile.take().unwrap_or_default();
     engine.clear_all();
@@ -155,4 +174,11 @@ pub fn bytes_per_token(engine: &Engine) -> u64 {
             }
         })
         .sum()
+}
+
+/// Bytes of KV cache one decoded token reads at `context` cached tokens: every layer's K and V
+/// rows of every cached cell. An upper bound for sliding-window layers, which read at most their
+/// window.
+pub fn kv_bytes_per_token(engine: &Engine, context: usize) -> u64 {
+    (engine.kv_bytes_per_cell() * context) as u64
 }

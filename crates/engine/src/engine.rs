@@ -254,6 +254,11 @@ impl Engine {
         (self.pools.act[0].len() + self.pools.act[1].len(), self.pools.out.len(), self.kv.bytes())
     }
 
+    /// Bytes of K and V that one cached token occupies, over all layers.
+    pub fn kv_bytes_per_cell(&self) -> usize {
+        self.kv.bytes() / self.kv.n_cells.max(1)
+    }
+
     /// `seq` as an index, if it names one of the `n_seq_max` sequences.
     fn seq_index(&self, seq: i32) -> Option<usize> {
         usize::try_from(seq).ok().filter(|&s| s < self.cfg.n_seq_max)

@@ -80,6 +80,9 @@ pub struct Kernels {
     q8_k: FromFloat,
     /// AVX-512 F/VL/VNNI present: the panel GEMM (`crate::gemm`) uses its VNNI kernel.
     pub vnni: bool,
+    /// AVX-512 F/BW/VL/VNNI present and its kernels chosen (`detect`): decode attention uses
+    /// `x86::attn_decode`.
+    pub avx512: bool,
     ops: [TypeOps; WEIGHT_TYPES.len()],
 }
 
@@ -127,6 +130,7 @@ impl Kernels {
             q8_1: pq::quant_q8_1,
             q8_k: pq::quant_q8_k,
             vnni: false,
+            avx512: false,
             ops: [
                 op(DType::F32, pd::dot_f32, pq::dequant_f32, Some(pq::quant_f32)),
                 op(DType::F16, pd::dot_f16, pq::dequant_f16, Some(pq::quant_f16)),
@@ -156,6 +160,7 @@ impl Kernels {
         if k.vnni && std::is_x86_feature_detected!("avx512bw") {
             use crate::blocks::{BlockQ5_0, BlockQ8_0};
             use crate::x86::{avx512, tiles_k};
+            k.avx512 = true;
             // SAFETY: AVX2/FMA/F16C (detect_avx2) and AVX512F/VL/VNNI (`vnni`) and BW were
             // detected on this CPU.
             let f: VecDot = |x, y| unsafe { avx512::dot_q5_0_q8_0(x, y) };

@@ -304,6 +304,10 @@ pub struct AttnScratch {
     gacc16: Vec<f16>,
     /// One key row in f32.
     k32: Vec<f32>,
+    /// AVX-512 decode kernel: `[heads][head_dim]` f32 accumulators (F16 values).
+    dacc: Vec<f32>,
+    /// AVX-512 decode kernel: per head, the cells of a chunk that raise its maximum.
+    dgrow: Vec<u64>,
     /// Buffers of the multi-row kernel ([`attend_rows`]).
     rows: RowsScratch,
 }
@@ -379,6 +383,22 @@ impl AttnScratch {
         })
     }
 
+    /// Buffers for the AVX-512 decode kernel (`x86::attn_decode`), `None` if sized for fewer
+    /// heads.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn decode_buffers(&mut self, heads: usize) -> Option<crate::x86::attn_decode::DecodeBuffers<'_>> {
+        let hd = self.acc.len();
+        (heads <= self.gstate.len() && KV_TILE >= crate::x86::attn_decode::CHUNK).then(|| {
+            (
+                &mut self.gacc[..heads * hd],
+                &mut self.dacc[..heads * hd],
+                &mut self.gstate[..heads],
+                &mut self.gscores[..],
+                &mut self.dgrow[..heads],
+            )
+        })
+    }
+
     /// The F16 query and accumulator buffers and one f32 value row (for SIMD twins of the
     /// reference kernel).
     pub fn f16_buffers(&mut self) -> (&mut [f16], &mut [f16], &mut [f32]) {
@@ -405,6 +425,8 @@ impl AttnScratch {
             gstate: vec![[0.0; 2]; heads],
             gacc16: vec![f16::ZERO; heads * head_dim],
             k32: vec![0.0; head_dim],
+            dacc: vec![0.0; heads * head_dim],
+            dgrow: vec![0; heads],
             rows: RowsScratch::new(head_dim),
         }
     }
@@ -500,6 +522,10 @@ pub fn attend_row(
     if !kv.is_f16() {
         return attend_quant(kernels, q, kv, n_cells, scale, visible, scratch, out);
     }
+    #[cfg(target_arch = "x86_64")]
+    if kind == AttnKernel::Reference && attend_decode(kernels, q, kv, n_cells, scale, &visible, scratch, out) {
+        return;
+    }
     match kind {
         #[cfg(target_arch = "x86_64")]
         AttnKernel::Reference if isa == crate::Isa::Avx2 => {
@@ -538,6 +564,10 @@ pub fn attend_heads(
     }
     let hd = kv.head_dim;
     #[cfg(target_arch = "x86_64")]
+    if kind == AttnKernel::Reference && attend_decode(kernels, q, kv, n_cells, scale, &visible, scratch, out) {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if kind == AttnKernel::Reference && kernels.isa == crate::Isa::Avx2 && kv.is_f16() && hd.is_multiple_of(8) && q.len() > hd {
         if let Some(bufs) = scratch.reference_buffers(q.len() / hd) {
             // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
@@ -548,6 +578,32 @@ pub fn attend_heads(
     for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
         attend_row(kind, kernels, qh, kv, n_cells, scale, &visible, scratch, oh);
     }
+}
+
+/// The reference kernel for `q.len() / head_dim` heads with the AVX-512 decode kernel
+/// (`x86::attn_decode`), if the table has it, the cache is F16 and the head dimension one it
+/// takes; returns whether it ran.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn attend_decode(
+    kernels: &crate::Kernels,
+    q: &[f32],
+    kv: &KvRows,
+    n_cells: usize,
+    scale: f32,
+    visible: &dyn Fn(usize) -> bool,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) -> bool {
+    use crate::x86::attn_decode;
+    if !(kernels.avx512 && kv.is_f16() && attn_decode::supports(kv.head_dim)) {
+        return false;
+    }
+    let Some(bufs) = scratch.decode_buffers(q.len() / kv.head_dim) else { return false };
+    // SAFETY: `avx512` is only set by `Kernels::detect` after detecting AVX-512 F/BW/VL/VNNI
+    // (and AVX2, FMA, F16C).
+    unsafe { attn_decode::attend_decode_group(q, kv, n_cells, scale, visible, bufs, out) };
+    true
 }
 
 /// Attention for a block of query rows of one sequence (prefill): row `r` holds `heads`

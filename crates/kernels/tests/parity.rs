@@ -673,3 +673,74 @@ fn swiglu_simd_equals_scalar() {
         }
     }
 }
+
+/// The AVX-512 `expf` (glibc's algorithm on 16 lanes, used by decode attention) against
+/// `f32::exp` — libm's `expf` — on every negative float above -104 (the arguments attention
+/// passes), and on the edges: ±0, ±∞, NaN, overflow, underflow, subnormals.
+#[test]
+fn vector_expf_equals_libm_expf() {
+    if !Kernels::detect().avx512 {
+        return;
+    }
+    use corelm_kernels::x86::expf::expf_slice;
+    let (start, end) = (0x8000_0000u32, (-104f32).to_bits());
+    let mut xs = vec![0f32; 1 << 16];
+    let mut ys = vec![0f32; 1 << 16];
+    let mut bits = start;
+    while bits <= end {
+        let n = ((end - bits + 1) as usize).min(xs.len());
+        for (i, x) in xs[..n].iter_mut().enumerate() {
+            *x = f32::from_bits(bits + i as u32);
+        }
+        ys[..n].copy_from_slice(&xs[..n]);
+        // SAFETY: AVX-512 F/VL (and FMA) were detected.
+        unsafe { expf_slice(&mut ys[..n]) };
+        for (x, y) in xs[..n].iter().zip(&ys[..n]) {
+            assert_eq!(y.to_bits(), x.exp().to_bits(), "expf({x:e})");
+        }
+        bits += n as u32;
+    }
+    let mut edges: Vec<f32> = vec![0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 88.0, 88.8, 100.0, -103.5, -103.99, -200.0];
+    edges.extend([1e-40f32, -1e-40, 0.5, 1.0, 10.0, 87.9, f32::MAX, f32::MIN]);
+    let mut ys = edges.clone();
+    // SAFETY: as above.
+    unsafe { expf_slice(&mut ys) };
+    for (x, y) in edges.iter().zip(&ys) {
+        let want = x.exp();
+        assert!(y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan()), "expf({x:e}) = {y:e}, libm {want:e}");
+    }
+}
+
+/// Decode attention over a GQA group with the detected table (the AVX-512 two-phase kernel
+/// where the CPU has it) gives every head the bits of the portable per-head kernel: head
+/// dimensions 64–256, 1–8 heads (every register grouping), cell counts around the 64-cell
+/// chunk, cells hidden one by one, a window, nothing visible, and scores that make the
+/// maximum grow late (large keys at the end).
+#[test]
+fn decode_attention_equals_portable_per_head() {
+    use corelm_kernels::ops::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
+    let mut rng = Rng(2024);
+    let (fast, port) = (Kernels::detect(), Kernels::portable());
+    for (hd, heads, cells) in [(64usize, 3usize, 64usize), (64, 7, 200), (64, 8, 65), (64, 1, 130), (128, 5, 129), (192, 2, 70), (256, 4, 131), (256, 1, 1)] {
+        let q: Vec<f32> = (0..heads * hd).map(|_| rng.f32() * 4.0).collect();
+        let mut k: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 3.0)).collect();
+        for x in &mut k[cells.saturating_sub(3) * hd..] {
+            *x = f16::from_f32(x.to_f32() * 6.0);
+        }
+        let v: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 50.0)).collect();
+        let ident: Vec<u32> = (0..cells as u32).collect();
+        let kvr = KvRows::contiguous(&k, &v, hd, &ident);
+        let masks: [&dyn Fn(usize) -> bool; 4] = [&|_| true, &|c| c % 5 != 3, &|c| c + 60 >= cells, &|_| false];
+        for vis in masks {
+            let mut s = AttnScratch::with_heads(hd, heads);
+            let mut grouped = vec![f32::NAN; heads * hd];
+            attend_heads(AttnKernel::Reference, &fast, &q, &kvr, cells, 0.125, vis, &mut s, &mut grouped);
+            for h in 0..heads {
+                let mut one = vec![0f32; hd];
+                attend_row(AttnKernel::Reference, &port, &q[h * hd..(h + 1) * hd], &kvr, cells, 0.125, vis, &mut s, &mut one);
+                let g = &grouped[h * hd..(h + 1) * hd];
+                assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "hd {hd} heads {heads} cells {cells} head {h}");
+            }
+        }
+    }
+}

@@ -10,8 +10,10 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod attn;
+pub mod attn_decode;
 pub mod attn_rows;
 pub mod avx512;
+pub mod expf;
 pub mod avx2;
 pub mod avx2_ext;
 pub mod gemm_vnni;

@@ -1,0 +1,355 @@
+//! Decode attention with AVX-512: ggml's `one_chunk` F16 path (the reference kernel of
+//! `ops::attend_reference`) for the query heads of one GQA group, in two phases per chunk of
+//! [`CHUNK`] visible cells, bit-identical per head to the portable kernel:
+//!
+//! 1. **Scores.** Each key row is widened once into registers (head_dim = 64·S: 4·S zmm) and
+//!    dotted with every head's F16-rounded query in ggml's order — four 16-lane accumulators
+//!    over 64-value steps, folded (0+2)+(1+3), the 16 lanes reduced as GCC's
+//!    `_mm512_reduce_add_ps` does — in registers (the AVX2 twin spills the fold to the stack
+//!    and adds 15 scalars one after another).
+//! 2. **Online softmax.** Per cell and head the running maximum and sum, and the accumulator
+//!    updated `acc = f16(v · vs + f16(acc · ms))` exactly as ggml's `VKQ16`; the accumulator
+//!    lives as f32 values that F16 represents exactly, rounded through `vcvtps2ph`/`vcvtph2ps`
+//!    in registers instead of being stored as F16 and converted back at every cell.
+//!
+//! Heads are independent, so running them cell by cell instead of head by head changes no
+//! bits; the scores of a chunk do not depend on the softmax state, so computing them first
+//! changes none either.
+
+use super::expf::expf_slice;
+use crate::ops::KvRows;
+use half::f16;
+use std::arch::x86_64::*;
+
+/// Visible cells per phase.
+pub const CHUNK: usize = 64;
+
+/// Largest head dimension (in 64-value steps) the kernel keeps in registers.
+pub const MAX_STEPS: usize = 4;
+
+/// The buffers of [`attend_decode_group`] for `heads` heads: widened F16-rounded queries
+/// `[heads][head_dim]`, f32 accumulators `[heads][head_dim]`, (maximum, sum) per head, scores
+/// `[heads][CHUNK]`, and per head the chunk's cells that raise its maximum (bit mask).
+pub type DecodeBuffers<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [[f32; 2]], &'a mut [f32], &'a mut [u64]);
+
+/// Whether [`attend_decode_group`] takes this head dimension.
+pub fn supports(head_dim: usize) -> bool {
+    head_dim.is_multiple_of(64) && (1..=MAX_STEPS).contains(&(head_dim / 64))
+}
+
+/// Attention of the `q.len() / head_dim` query heads of one KV head over the visible cells
+/// `c < n_cells` of an F16 cache (`supports(head_dim)`); every head gets the bits of
+/// `ops::attend_reference`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+pub fn attend_decode_group(
+    q: &[f32],
+    kv: &KvRows,
+    n_cells: usize,
+    scale: f32,
+    visible: &dyn Fn(usize) -> bool,
+    bufs: DecodeBuffers,
+    out: &mut [f32],
+) {
+    match kv.head_dim / 64 {
+        1 => group::<1>(q, kv, n_cells, scale, visible, bufs, out),
+        2 => group::<2>(q, kv, n_cells, scale, visible, bufs, out),
+        3 => group::<3>(q, kv, n_cells, scale, visible, bufs, out),
+        4 => group::<4>(q, kv, n_cells, scale, visible, bufs, out),
+        _ => panic!("attend_decode_group: head_dim {} is not 64, 128, 192 or 256", kv.head_dim),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+fn group<const S: usize>(
+    q: &[f32],
+    kv: &KvRows,
+    n_cells: usize,
+    scale: f32,
+    visible: &dyn Fn(usize) -> bool,
+    bufs: DecodeBuffers,
+    out: &mut [f32],
+) {
+    let hd = 64 * S;
+    let heads = q.len() / hd;
+    let (qf, acc, state, scores, grow) = bufs;
+    assert!(kv.head_dim == hd && kv.is_f16());
+    assert!(qf.len() >= heads * hd && acc.len() >= heads * hd && state.len() >= heads && scores.len() >= heads * CHUNK);
+    assert!(grow.len() >= heads);
+    assert!(out.len() >= heads * hd);
+    for (d, &s) in qf.iter_mut().zip(q) {
+        *d = f16::from_f32(s).to_f32();
+    }
+    acc[..heads * hd].fill(0.0);
+    state[..heads].fill([f32::NEG_INFINITY, 0.0]);
+    // Row pointers of the chunk's visible cells: `[CHUNK]` keys, `[CHUNK]` values.
+    let mut kr = [std::ptr::null::<f16>(); CHUNK];
+    let mut vr = [std::ptr::null::<f16>(); CHUNK];
+    let mut n = 0;
+    for c in 0..n_cells {
+        if visible(c) {
+            (kr[n], vr[n]) = (kv.k(c).as_ptr(), kv.v(c).as_ptr());
+            n += 1;
+        }
+        if n > 0 && (n == CHUNK || c + 1 == n_cells) {
+            // SAFETY: every pointer is the start of a row of `hd` F16 values of `kv`; the
+            // buffers hold `heads` heads (asserted above).
+            unsafe {
+                chunk_scores::<S>(&kr[..n], &vr[..n], qf, heads, scale, scores);
+                chunk_accumulate::<S>(&vr[..n], scores, grow, heads, acc, state);
+            }
+            n = 0;
+        }
+    }
+    for (h, st) in state[..heads].iter().enumerate() {
+        let inv = if st[1] == 0.0 { 0.0 } else { 1.0 / st[1] };
+        for (o, &a) in out[h * hd..(h + 1) * hd].iter_mut().zip(&acc[h * hd..(h + 1) * hd]) {
+            *o = a * inv;
+        }
+    }
+}
+
+/// 16 F16 values at `p`, widened.
+#[inline(always)]
+unsafe fn load_ph16(p: *const f16) -> __m512 {
+    // SAFETY (caller): 16 F16 values readable at `p`; unaligned load.
+    unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+}
+
+/// Each lane rounded to the nearest F16 (ties to even), as `f16::from_f32`, and widened back.
+#[inline(always)]
+unsafe fn round_f16(x: __m512) -> __m512 {
+    _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x))
+}
+
+/// The 16 lanes summed as GCC's `_mm512_reduce_add_ps` (`ops::reduce_add_16`): halves,
+/// quarters, then `(t0 + t2) + (t1 + t3)`.
+#[inline(always)]
+unsafe fn reduce_add_16(t: __m512) -> f32 {
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(t)));
+    let t3 = _mm256_add_ps(hi, _mm512_castps512_ps256(t));
+    let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
+    let u = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
+    _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)))
+}
+
+/// The 2·S cache lines of a row of 64·S F16 values into L1: phase 1 fetches the chunk's value
+/// rows for phase 2 (value rows of a cache page follow its key rows' page elsewhere in memory).
+#[inline(always)]
+fn prefetch_row<const S: usize>(p: *const f16) {
+    for l in 0..2 * S {
+        // SAFETY: a prefetch does not fault; `p` points into the cache anyway.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(32 * l) as *const i8) };
+    }
+}
+
+/// Phase 1: `scores[h][i] = (q_h · k_i) · scale` for the chunk's key rows `kr`; the value
+/// rows `vr` of phase 2 are prefetched meanwhile.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+unsafe fn chunk_scores<const S: usize>(
+    kr: &[*const f16],
+    vr: &[*const f16],
+    qf: &[f32],
+    heads: usize,
+    scale: f32,
+    scores: &mut [f32],
+) {
+    for (i, &kp) in kr.iter().enumerate() {
+        prefetch_row::<S>(vr[i]);
+        let mut k = [[_mm512_setzero_ps(); 4]; S];
+        for (s, ks) in k.iter_mut().enumerate() {
+            for (j, kj) in ks.iter_mut().enumerate() {
+                // SAFETY (caller): `kp` starts a row of 64·S F16 values.
+                *kj = unsafe { load_ph16(kp.add(64 * s + 16 * j)) };
+            }
+        }
+        for h in 0..heads {
+            let qh = &qf[h * 64 * S..(h + 1) * 64 * S];
+            let mut a = [_mm512_setzero_ps(); 4];
+            for (s, ks) in k.iter().enumerate() {
+                for (j, aj) in a.iter_mut().enumerate() {
+                    // SAFETY: 64·s + 16·j + 16 <= 64·S = qh.len(); unaligned load.
+                    let qv = unsafe { _mm512_loadu_ps(qh.as_ptr().add(64 * s + 16 * j)) };
+                    *aj = _mm512_fmadd_ps(ks[j], qv, *aj);
+                }
+            }
+            let t = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+            // SAFETY: pure register arithmetic.
+            scores[h * CHUNK + i] = unsafe { reduce_add_16(t) } * scale;
+        }
+    }
+}
+
+/// Phase 2: the online-softmax step of every head for each of the chunk's value rows `vr`,
+/// in cell order, with the scores of phase 1 (consumed). Per head first the running maximum
+/// over the chunk, which fixes every cell's exponent — `max_old - score` where the maximum
+/// grows (`grow` bit set), `score - max` elsewhere, exactly the scalar kernel's arguments —
+/// and all the chunk's exponentials at once ([`super::expf::expf16`]); then cell by cell the accumulators.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+unsafe fn chunk_accumulate<const S: usize>(
+    vr: &[*const f16],
+    scores: &mut [f32],
+    grow: &mut [u64],
+    heads: usize,
+    acc: &mut [f32],
+    state: &mut [[f32; 2]],
+) {
+    let n = vr.len();
+    for ((st, g), sc) in state[..heads].iter_mut().zip(grow.iter_mut()).zip(scores.chunks_exact_mut(CHUNK)) {
+        let mut m = st[0];
+        *g = 0;
+        for (i, s) in sc[..n].iter_mut().enumerate() {
+            if *s > m {
+                (*s, m) = (m - *s, *s);
+                *g |= 1 << i;
+            } else {
+                *s -= m;
+            }
+        }
+        st[0] = m;
+        expf_slice(&mut sc[..n]);
+    }
+    // Heads in groups whose accumulators stay in registers for the whole chunk: with one
+    // head at a time each cell would wait on the previous one's rounding (a chain of FMA and
+    // two conversions); through memory, on store-to-load forwarding.
+    if S > 2 {
+        // SAFETY: as this function's contract.
+        return unsafe { accumulate_rows::<S>(vr, scores, grow, heads, acc, state) };
+    }
+    let mut h = 0;
+    while h < heads {
+        let left = heads - h;
+        // SAFETY (all): as this function's contract; h + H <= heads.
+        h += match S {
+            1 if left >= 4 => unsafe { accumulate_heads::<S, 4>(vr, scores, grow, h, acc, state) },
+            1 | 2 if left >= 3 => unsafe { accumulate_heads::<S, 3>(vr, scores, grow, h, acc, state) },
+            1 | 2 if left >= 2 => unsafe { accumulate_heads::<S, 2>(vr, scores, grow, h, acc, state) },
+            _ => unsafe { accumulate_heads::<S, 1>(vr, scores, grow, h, acc, state) },
+        };
+    }
+}
+
+/// A row of 64·S F16 values at `vp`, widened.
+#[inline(always)]
+unsafe fn widen_row<const S: usize>(vp: *const f16) -> [[__m512; 4]; S] {
+    let mut v = [[_mm512_setzero_ps(); 4]; S];
+    for (s, vs) in v.iter_mut().enumerate() {
+        for (j, vj) in vs.iter_mut().enumerate() {
+            // SAFETY (caller): `vp` starts a row of 64·S F16 values.
+            *vj = unsafe { load_ph16(vp.add(64 * s + 16 * j)) };
+        }
+    }
+    v
+}
+
+/// The accumulator updates of every head with the accumulators in memory, cell by cell: for
+/// head dimensions whose accumulators and value row do not fit in registers together (a head
+/// alone would widen each value row again).
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+unsafe fn accumulate_rows<const S: usize>(
+    vr: &[*const f16],
+    scores: &[f32],
+    grow: &[u64],
+    heads: usize,
+    acc: &mut [f32],
+    state: &mut [[f32; 2]],
+) {
+    for (i, &vp) in vr.iter().enumerate() {
+        // SAFETY (caller): `vp` starts a row of 64·S F16 values.
+        let v = unsafe { widen_row::<S>(vp) };
+        for (h, st) in state[..heads].iter_mut().enumerate() {
+            let e = scores[h * CHUNK + i];
+            let (ms, vs) = if grow[h] & (1 << i) != 0 { (e, 1f32) } else { (1f32, e) };
+            let a = &mut acc[h * 64 * S..(h + 1) * 64 * S];
+            if ms != 1.0 {
+                let msv = _mm512_set1_ps(ms);
+                for x in 0..4 * S {
+                    let p = a.as_mut_ptr().wrapping_add(16 * x);
+                    // SAFETY: 16·x + 16 <= a.len(); unaligned load and store.
+                    unsafe { _mm512_storeu_ps(p, round_f16(_mm512_mul_ps(_mm512_loadu_ps(p), msv))) };
+                }
+            }
+            let vsv = _mm512_set1_ps(vs);
+            for (s, vv) in v.iter().enumerate() {
+                for (j, &vj) in vv.iter().enumerate() {
+                    let p = a.as_mut_ptr().wrapping_add(64 * s + 16 * j);
+                    // SAFETY: 64·s + 16·j + 16 <= a.len(); unaligned load and store.
+                    unsafe { _mm512_storeu_ps(p, round_f16(_mm512_fmadd_ps(vj, vsv, _mm512_loadu_ps(p)))) };
+                }
+            }
+            st[1] = st[1].mul_add(ms, vs);
+        }
+    }
+}
+
+/// The accumulator updates of heads `h0..h0 + H` over the chunk's value rows `vr`, given
+/// their exponentials (`scores`) and `grow` masks; returns `H`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+unsafe fn accumulate_heads<const S: usize, const H: usize>(
+    vr: &[*const f16],
+    scores: &[f32],
+    grow: &[u64],
+    h0: usize,
+    acc: &mut [f32],
+    state: &mut [[f32; 2]],
+) -> usize {
+    let hd = 64 * S;
+    let a = &mut acc[h0 * hd..(h0 + H) * hd];
+    // `[H][S][4]` accumulators in registers.
+    let mut r = [[[_mm512_setzero_ps(); 4]; S]; H];
+    for (h, rh) in r.iter_mut().enumerate() {
+        for (s, rs) in rh.iter_mut().enumerate() {
+            for (j, rj) in rs.iter_mut().enumerate() {
+                // SAFETY: h·hd + 64·s + 16·j + 16 <= H·hd = a.len().
+                *rj = unsafe { _mm512_loadu_ps(a.as_ptr().add(h * hd + 64 * s + 16 * j)) };
+            }
+        }
+    }
+    let mut sums = [0f32; H];
+    for (h, sum) in sums.iter_mut().enumerate() {
+        *sum = state[h0 + h][1];
+    }
+    for (i, &vp) in vr.iter().enumerate() {
+        // SAFETY (caller): `vp` starts a row of 64·S F16 values.
+        let v = unsafe { widen_row::<S>(vp) };
+        #[allow(clippy::needless_range_loop)] // constant bounds: fully unrolled, in registers
+        for h in 0..H {
+            let e = scores[(h0 + h) * CHUNK + i];
+            let (ms, vs) = if grow[h0 + h] & (1 << i) != 0 { (e, 1f32) } else { (1f32, e) };
+            // Skipping the rescale when `ms` is 1 changes no bits (an F16 value times 1 is itself).
+            if ms != 1.0 {
+                let msv = _mm512_set1_ps(ms);
+                for s in 0..S {
+                    for j in 0..4 {
+                        // SAFETY: register arithmetic.
+                        r[h][s][j] = unsafe { round_f16(_mm512_mul_ps(r[h][s][j], msv)) };
+                    }
+                }
+            }
+            let vsv = _mm512_set1_ps(vs);
+            for s in 0..S {
+                for j in 0..4 {
+                    // SAFETY: register arithmetic.
+                    r[h][s][j] = unsafe { round_f16(_mm512_fmadd_ps(v[s][j], vsv, r[h][s][j])) };
+                }
+            }
+            sums[h] = sums[h].mul_add(ms, vs);
+        }
+    }
+    for (h, rh) in r.iter().enumerate() {
+        state[h0 + h][1] = sums[h];
+        for (s, rs) in rh.iter().enumerate() {
+            for (j, &rj) in rs.iter().enumerate() {
+                // SAFETY: as the loads above.
+                unsafe { _mm512_storeu_ps(a.as_mut_ptr().add(h * hd + 64 * s + 16 * j), rj) };
+            }
+        }
+    }
+    H
+}

@@ -1,0 +1,106 @@
+//! glibc's `expf` on 16 lanes with AVX-512, bit for bit. ggml's one-chunk attention (decode)
+//! calls libm's `expf` once per cell and head; the portable kernel does the same through
+//! `f32::exp`, so the bits the golden data pins down are glibc's. On CPUs with FMA, glibc
+//! selects `__expf_fma` (the Arm optimized-routines algorithm: `x·32/ln2 = k + r` in double,
+//! `2^(k/32)` from a 32-entry table, a cubic in `r`, one rounding to float at the end); this is
+//! that function with the same fused operations in the same order, read off glibc 2.36's
+//! machine code. Lanes outside its fast path (|x| ≥ 88, ±∞, NaN) are recomputed by the scalar
+//! libm call, so errno-style edge cases keep libm's values. The test compares every negative
+//! float above -104 (the arguments attention passes) with `f32::exp`.
+
+use std::arch::x86_64::*;
+
+/// `32 / ln 2`, `1.5 · 2^52` (rounds to an integer in the low bits), the cubic's coefficients
+/// (scaled by powers of 1/32): glibc's `__exp2f_data.invln2_scaled`, `shift`, `poly_scaled`.
+const INV_LN2_N: f64 = f64::from_bits(0x4047_1547_652b_82fe);
+const SHIFT: f64 = f64::from_bits(0x4338_0000_0000_0000);
+const C0: f64 = f64::from_bits(0x3ebc_6af8_4b91_2394);
+const C1: f64 = f64::from_bits(0x3f2e_bfce_50fa_c4f3);
+const C2: f64 = f64::from_bits(0x3f96_2e42_ff0c_52d6);
+
+/// `bits(2^(i/32)) - (i << 47)`: glibc's `__exp2f_data.tab`.
+static TAB: [u64; 32] = [
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51,
+    0x3fef72b83c7d517b, 0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1,
+    0x3fef06fe0a31b715, 0x3feef1a7373aa9cb, 0x3feedea64c123422, 0x3feece086061892d,
+    0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429, 0x3feea47eb03a5585,
+    0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d,
+    0x3feee89f995ad3ad, 0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069,
+    0x3fef5818dcfba487, 0x3fef7c97337b9b5f, 0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
+];
+
+/// Largest `(bits >> 20) & 0x7ff` of the fast path (|x| < 88).
+const FAST_TOP: i32 = 0x42a;
+
+/// `expf` on 8 lanes widened to double.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+fn exp8(xd: __m512d) -> __m256 {
+    let tab = |i: usize| {
+        // SAFETY: TAB holds 32 u64; i·8 + 8 <= 32.
+        unsafe { _mm512_loadu_si512(TAB.as_ptr().add(8 * i) as *const _) }
+    };
+    let (inv, shift) = (_mm512_set1_pd(INV_LN2_N), _mm512_set1_pd(SHIFT));
+    let kd = _mm512_fmadd_pd(inv, xd, shift);
+    let ki = _mm512_castpd_si512(kd);
+    let kd = _mm512_sub_pd(kd, shift);
+    let r = _mm512_fmsub_pd(inv, xd, kd);
+    // tab[ki % 32]: two 16-entry lookups, chosen by bit 4 of the index.
+    let lo = _mm512_permutex2var_epi64(tab(0), ki, tab(1));
+    let hi = _mm512_permutex2var_epi64(tab(2), ki, tab(3));
+    let upper = _mm512_test_epi64_mask(ki, _mm512_set1_epi64(16));
+    let t = _mm512_add_epi64(_mm512_mask_blend_epi64(upper, lo, hi), _mm512_slli_epi64::<47>(ki));
+    let s = _mm512_castsi512_pd(t);
+    let z = _mm512_fmadd_pd(r, _mm512_set1_pd(C0), _mm512_set1_pd(C1));
+    let r2 = _mm512_mul_pd(r, r);
+    let y = _mm512_fmadd_pd(r, _mm512_set1_pd(C2), _mm512_set1_pd(1.0));
+    let y = _mm512_fmadd_pd(z, r2, y);
+    _mm512_cvtpd_ps(_mm512_mul_pd(y, s))
+}
+
+/// `x[i].exp()` for every lane, as glibc computes it.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+pub fn expf16(x: __m512) -> __m512 {
+    let lo = exp8(_mm512_cvtps_pd(_mm512_castps512_ps256(x)));
+    let hi = exp8(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)))));
+    let y = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi)));
+    let top = _mm512_and_si512(_mm512_srli_epi32::<20>(_mm512_castps_si512(x)), _mm512_set1_epi32(0x7ff));
+    let slow = _mm512_cmpgt_epi32_mask(top, _mm512_set1_epi32(FAST_TOP));
+    if slow == 0 {
+        return y;
+    }
+    let mut xs = [0f32; 16];
+    let mut ys = [0f32; 16];
+    // SAFETY: 16 f32 each, unaligned.
+    unsafe {
+        _mm512_storeu_ps(xs.as_mut_ptr(), x);
+        _mm512_storeu_ps(ys.as_mut_ptr(), y);
+    }
+    for i in 0..16 {
+        if slow & (1 << i) != 0 {
+            ys[i] = xs[i].exp();
+        }
+    }
+    // SAFETY: 16 f32, unaligned.
+    unsafe { _mm512_loadu_ps(ys.as_ptr()) }
+}
+
+/// [`expf16`] over a slice in place (a tail shorter than 16 through the same lanes).
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+pub fn expf_slice(x: &mut [f32]) {
+    let mut chunks = x.chunks_exact_mut(16);
+    for c in &mut chunks {
+        // SAFETY: 16 f32, unaligned.
+        unsafe { _mm512_storeu_ps(c.as_mut_ptr(), expf16(_mm512_loadu_ps(c.as_ptr()))) };
+    }
+    let rest = chunks.into_remainder();
+    if !rest.is_empty() {
+        let mut lanes = [0f32; 16];
+        lanes[..rest.len()].copy_from_slice(rest);
+        // SAFETY: 16 f32, unaligned.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), expf16(_mm512_loadu_ps(lanes.as_ptr()))) };
+        rest.copy_from_slice(&lanes[..rest.len()]);
+    }
+}
