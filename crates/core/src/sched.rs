@@ -164,6 +164,39 @@ impl Executor {
 }
 
 /// Contiguous share `ith` of `n` items split `nth` ways.
+/// Worker `ith`'s share of an attention node over `blocks` blocks of rows and `n_kv_head` KV
+/// heads of `group` query heads each, as (block, KV head, query heads) items. With many
+/// (block, KV head) pairs (prefill) they are dealt round-robin, whole groups (later rows see
+/// more cells, so contiguous ranges would be uneven). With few (decode), the (block, head)
+/// units are cut into one contiguous range per worker, split at KV-head boundaries: 3 KV heads
+/// × 3 heads on 2 workers give 5 and 4 heads, where whole groups gave 6 and 3.
+pub fn attention_items(
+    blocks: usize,
+    n_kv_head: usize,
+    group: usize,
+    ith: usize,
+    nth: usize,
+) -> impl Iterator<Item = (usize, usize, Range<usize>)> {
+    let pairs = blocks * n_kv_head;
+    let dealt = pairs >= 4 * nth;
+    let whole = (ith..if dealt { pairs } else { 0 }).step_by(nth).map(move |pr| (pr, 0..group));
+    let mut units = if dealt { 0..0 } else { split(pairs * group, ith, nth) };
+    let cut = std::iter::from_fn(move || {
+        let u = units.start;
+        if u >= units.end {
+            return None;
+        }
+        let (pr, h0) = (u / group, u % group);
+        let h1 = group.min(h0 + units.end - u);
+        units.start = u + h1 - h0;
+        Some((pr, h0..h1))
+    });
+    whole.chain(cut).map(move |(pr, h)| {
+        let kvh = pr % n_kv_head;
+        (pr / n_kv_head, kvh, kvh * group + h.start..kvh * group + h.end)
+    })
+}
+
 pub fn split(n: usize, ith: usize, nth: usize) -> Range<usize> {
     let per = n.div_ceil(nth);
     let start = (ith * per).min(n);
@@ -331,20 +364,15 @@ impl Ctx<'_> {
                 } else {
                     ops::AttnKernel::Reference
                 };
-                // Work items are (block of rows, KV head, chunk of its query heads): the heads
-                // and rows of an item share each key/value block read. The tiled kernel takes
-                // up to ROWS_MAX_VECTORS rows × heads per call; decode's kernel one row. Groups
-                // are cut into chunks only when there are fewer items than workers.
+                // Work items are (block of rows, KV head, query heads of it): the heads and rows
+                // of an item share each key/value block read. The tiled kernel takes up to
+                // ROWS_MAX_VECTORS rows × heads per call; decode's kernel one row.
                 let per_block = match kind {
                     ops::AttnKernel::Tiled => (ops::ROWS_MAX_VECTORS / group).max(1),
                     ops::AttnKernel::Reference => 1,
                 };
                 let blocks = rows.div_ceil(per_block);
-                let pairs = blocks * p.n_kv_head;
-                let chunks = group.min(nth.div_ceil(pairs)).max(1);
-                for item in (ith..pairs * chunks).step_by(nth) {
-                    let (b, kvh, ch) = (item / (p.n_kv_head * chunks), item / chunks % p.n_kv_head, item % chunks);
-                    let heads = kvh * group + ch * group / chunks..kvh * group + (ch + 1) * group / chunks;
+                for (b, kvh, heads) in attention_items(blocks, p.n_kv_head, group, ith, nth) {
                     let block = b * per_block..((b + 1) * per_block).min(rows);
                     // Rows of one sequence go to the kernel together.
                     let mut r0 = block.start;
@@ -586,6 +614,41 @@ impl Ctx<'_> {
                 };
                 qk(&k[src.clone()], kd);
                 qv(&v[src], vd);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attention_items;
+
+    /// Every (block, query head) is taken by exactly one worker; with few pairs the workers'
+    /// head counts differ by at most one (up to ceil-division rounding), and no item spans two
+    /// KV heads.
+    #[test]
+    fn attention_items_cover_every_head_once_and_balance_decode() {
+        for (blocks, n_kv, group) in [(1usize, 3usize, 3usize), (1, 2, 7), (1, 1, 4), (4, 8, 4), (40, 3, 3), (2, 5, 1)] {
+            for nth in 1..=9 {
+                let mut seen = vec![0u32; blocks * n_kv * group];
+                let mut per_worker = vec![];
+                for ith in 0..nth {
+                    let mut n = 0;
+                    for (b, kvh, heads) in attention_items(blocks, n_kv, group, ith, nth) {
+                        assert!(b < blocks && kvh < n_kv && !heads.is_empty());
+                        assert!(heads.start >= kvh * group && heads.end <= (kvh + 1) * group);
+                        for h in heads {
+                            seen[b * n_kv * group + h] += 1;
+                            n += 1;
+                        }
+                    }
+                    per_worker.push(n);
+                }
+                assert!(seen.iter().all(|&c| c == 1), "{blocks} {n_kv} {group} nth {nth}");
+                if blocks * n_kv < 4 * nth {
+                    let units = blocks * n_kv * group;
+                    assert!(per_worker.iter().all(|&n| n <= units.div_ceil(nth)), "{per_worker:?}");
+                }
             }
         }
     }
