@@ -18,6 +18,7 @@ pub mod graph;
 pub mod kv;
 pub mod memory;
 pub mod moe;
+pub mod rope;
 pub mod sched;
 pub mod tensor;
 pub mod threads;

@@ -37,6 +37,8 @@ pub struct Scratch {
     gemm: GemmScratch,
     /// One column block of weight rows packed for the tile kernels (`TypeOps::packing`).
     pack: Vec<u8>,
+    /// Cosines and sines of this worker's rows, shared by the pass's RoPE nodes.
+    rope: crate::rope::RopeTables,
 }
 
 /// Weight rows per column block of the default matmul (tiles run over one block at a time).
@@ -85,8 +87,13 @@ impl Executor {
     /// dimension, rows) among `graph`'s matmuls.
     pub fn new(n_threads: usize, max_head_dim: usize, graph: &Graph) -> Self {
         let (mut max_k, mut max_rows, mut max_group, mut max_k_all) = (0, 0, 1, 0);
+        let (mut rope_rows, mut max_rot) = (0, 0);
         for &id in &graph.nodes {
             let t = graph.tensor(id);
+            if let Op::Rope { p, .. } = t.op {
+                rope_rows = rope_rows.max(t.ne[1]);
+                max_rot = max_rot.max(p.n_rot);
+            }
             if let Op::Attention { p, .. } = t.op {
                 max_group = max_group.max(p.n_head / p.n_kv_head);
             }
@@ -106,6 +113,7 @@ impl Executor {
                         attn: AttnScratch::with_heads(max_head_dim, max_group),
                         gemm: GemmScratch::new(max_k, max_rows),
                         pack: vec![0; COL_BLOCK * corelm_kernels::max_packed_row_bytes(max_k_all)],
+                        rope: crate::rope::RopeTables::new(split(rope_rows, 0, n_threads).len(), max_rot),
                     })
                 })
                 .collect(),
@@ -340,14 +348,14 @@ impl Ctx<'_> {
             Op::Rope { x, p, freqs } => {
                 let x = self.f32s(x);
                 let freqs = freqs.map(|f| self.f32s(f));
-                let mut cache = [0f32; MAX_ROT];
-                for r in split(rows, ith, nth) {
-                    ops::rope_cache(self.batch.pos[r], p.n_rot, p.base, p.freq_scale, freqs, &mut cache);
+                let rs = split(rows, ith, nth);
+                let table = scratch.rope.get(&self.batch.pos[rs.clone()], &p, freqs);
+                for (r, cache) in rs.zip(table.chunks_exact(p.n_rot)) {
                     // SAFETY: row r belongs to this worker only.
                     let y = unsafe { self.out_f32(t, r * ne0, ne0) };
                     y.copy_from_slice(&x[r * ne0..(r + 1) * ne0]);
                     for h in y.chunks_exact_mut(p.head_dim) {
-                        ops::rope_apply(h, &cache, p.n_rot, p.neox);
+                        ops::rope_apply(h, cache, p.n_rot, p.neox);
                     }
                 }
             }

@@ -46,24 +46,43 @@ pub fn rms_norm_groups(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     }
 }
 
-/// cos/sin pairs for one position: `cache[2i] = cos θ_i`, `cache[2i+1] = sin θ_i`, with
-/// `θ_i = pos · freq_scale · base^(-2i/n_rot)` computed by repeated multiplication as ggml does.
+/// Cosines and sines for one position: `cache[i] = cos θ_i`, `cache[n_rot/2 + i] = sin θ_i`,
+/// with `θ_i = pos · freq_scale · base^(-2i/n_rot)` computed by repeated multiplication as ggml
+/// does.
 pub fn rope_cache(pos: i32, n_rot: usize, base: f32, freq_scale: f32, freq_factors: Option<&[f32]>, cache: &mut [f32]) {
     let theta_scale = base.powf(-2.0 / n_rot as f32);
     let mut theta = pos as f32;
-    for i in 0..n_rot / 2 {
+    let half = n_rot / 2;
+    for i in 0..half {
         // Per-frequency divisors (Llama 3 `rope_freqs`, Phi-3 rope factors), as ggml applies them.
         let ff = freq_factors.map_or(1.0, |f| f[i]);
         let t = freq_scale * (theta / ff);
-        cache[2 * i] = t.cos();
-        cache[2 * i + 1] = t.sin();
+        cache[i] = t.cos();
+        cache[half + i] = t.sin();
         theta *= theta_scale;
     }
 }
 
 /// Rotate one head in place. `neox`: pairs `(i, i + n_rot/2)` (GPT-NeoX, Qwen, Gemma); otherwise
 /// adjacent pairs `(2i, 2i+1)` (LLaMA layout in GGUF). Dimensions past `n_rot` are untouched.
+/// 16 or 8 pairs at a time with AVX-512 or AVX2 (`x86::rope`, same bits).
 pub fn rope_apply(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_avx512() {
+            // SAFETY: AVX-512 F/VL, AVX2 and FMA were detected.
+            return unsafe { crate::x86::rope::rope_avx512(x, cache, n_rot, neox) };
+        }
+        if has_avx2() {
+            // SAFETY: AVX2 and FMA were detected.
+            return unsafe { crate::x86::rope::rope_avx2(x, cache, n_rot, neox) };
+        }
+    }
+    rope_apply_scalar(x, cache, n_rot, neox)
+}
+
+/// [`rope_apply`] one pair at a time: the portable twin.
+pub fn rope_apply_scalar(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
     #[cfg(target_arch = "x86_64")]
     if has_fma() {
         // SAFETY: FMA support was detected.
@@ -74,9 +93,10 @@ pub fn rope_apply(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
 
 #[inline(always)]
 fn rope_apply_body(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
-    for i in 0..n_rot / 2 {
-        let (c, s) = (cache[2 * i], cache[2 * i + 1]);
-        let (a, b) = if neox { (i, i + n_rot / 2) } else { (2 * i, 2 * i + 1) };
+    let half = n_rot / 2;
+    for i in 0..half {
+        let (c, s) = (cache[i], cache[half + i]);
+        let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
         let (x0, x1) = (x[a], x[b]);
         // ggml is built with FMA contraction: the first product of each expression is fused.
         x[a] = x0.mul_add(c, -(x1 * s));
@@ -177,6 +197,15 @@ fn rope_apply_fma(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
 fn has_fma() -> bool {
     static FMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *FMA.get_or_init(|| std::is_x86_feature_detected!("fma"))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn has_avx512() -> bool {
+    static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX512.get_or_init(|| {
+        has_avx2() && std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vl")
+    })
 }
 
 #[cfg(target_arch = "x86_64")]

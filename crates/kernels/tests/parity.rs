@@ -744,3 +744,46 @@ fn decode_attention_equals_portable_per_head() {
         }
     }
 }
+
+/// RoPE with the detected SIMD kernels (`x86::rope`, 8 or 16 lanes) against the scalar loop,
+/// bit for bit, for both pair layouts, rotated widths with ragged tails, partial rotation
+/// (`n_rot < head_dim`: the rest untouched) and several positions; and near an f64 rotation.
+#[test]
+fn rope_simd_equals_scalar() {
+    use corelm_kernels::ops::{rope_apply, rope_apply_scalar, rope_cache};
+    let mut rng = Rng(77);
+    for (hd, n_rot) in [(64usize, 64usize), (128, 128), (256, 256), (80, 80), (96, 64), (64, 36), (6, 6), (2, 2)] {
+        for neox in [false, true] {
+            for pos in [0i32, 1, 17, 511, 4095] {
+                let mut cache = vec![0f32; n_rot];
+                rope_cache(pos, n_rot, 10000.0, 1.0, None, &mut cache);
+                let x: Vec<f32> = (0..hd).map(|_| rng.f32() * 8.0).collect();
+                let (mut a, mut b) = (x.clone(), x.clone());
+                rope_apply(&mut a, &cache, n_rot, neox);
+                rope_apply_scalar(&mut b, &cache, n_rot, neox);
+                for d in 0..hd {
+                    assert_eq!(a[d].to_bits(), b[d].to_bits(), "hd {hd} n_rot {n_rot} neox {neox} pos {pos} dim {d}");
+                }
+                // The AVX2 kernel too (the detected one is AVX-512 where the CPU has it).
+                #[cfg(target_arch = "x86_64")]
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    let mut c = x.clone();
+                    // SAFETY: AVX2 and FMA detected just above.
+                    unsafe { corelm_kernels::x86::rope::rope_avx2(&mut c, &cache, n_rot, neox) };
+                    assert!(c.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "avx2 hd {hd} n_rot {n_rot} neox {neox}");
+                }
+                assert_eq!(&a[n_rot..], &x[n_rot..], "dimensions past n_rot");
+                let half = n_rot / 2;
+                for i in 0..half {
+                    let (ia, ib) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+                    let th = pos as f64 * 10000f64.powf(-2.0 * i as f64 / n_rot as f64);
+                    let (x0, x1) = (x[ia] as f64, x[ib] as f64);
+                    let (r0, r1) = (x0 * th.cos() - x1 * th.sin(), x0 * th.sin() + x1 * th.cos());
+                    // f32 angles lose ~pos·2^-24 radians, the iterated θ a few ulps more.
+                    let tol = 1e-4 * (1.0 + pos as f64 / 64.0) * (x0.abs() + x1.abs() + 1.0);
+                    assert!((a[ia] as f64 - r0).abs() < tol && (a[ib] as f64 - r1).abs() < tol, "hd {hd} pos {pos} pair {i}");
+                }
+            }
+        }
+    }
+}

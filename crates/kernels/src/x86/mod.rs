@@ -18,4 +18,5 @@ pub mod avx2;
 pub mod avx2_ext;
 pub mod gemm_vnni;
 pub mod norm;
+pub mod rope;
 pub mod tiles_k;
