@@ -417,14 +417,14 @@ impl AttnScratch {
     #[cfg(target_arch = "x86_64")]
     pub(crate) fn decode_buffers(&mut self, heads: usize) -> Option<crate::x86::attn_decode::DecodeBuffers<'_>> {
         let hd = self.acc.len();
-        (heads <= self.gstate.len() && KV_TILE >= crate::x86::attn_decode::CHUNK).then(|| {
-            (
-                &mut self.gacc[..heads * hd],
-                &mut self.dacc[..heads * hd],
-                &mut self.gstate[..heads],
-                &mut self.gscores[..],
-                &mut self.dgrow[..heads],
-            )
+        (heads <= self.gstate.len() && KV_TILE >= crate::x86::attn_decode::CHUNK).then(|| crate::x86::attn_decode::DecodeBuffers {
+            qf: &mut self.gacc[..heads * hd],
+            acc: &mut self.dacc[..heads * hd],
+            state: &mut self.gstate[..heads],
+            scores: &mut self.gscores[..],
+            grow: &mut self.dgrow[..heads],
+            k32: &mut self.k32[..],
+            v32: &mut self.v32[..],
         })
     }
 
@@ -609,9 +609,9 @@ pub fn attend_heads(
     }
 }
 
-/// The reference kernel for `q.len() / head_dim` heads with the AVX-512 decode kernel
-/// (`x86::attn_decode`), if the table has it, the cache is F16 and the head dimension one it
-/// takes; returns whether it ran.
+/// The reference kernel for `q.len() / head_dim` heads with the two-phase decode kernel
+/// (`x86::attn_decode` with AVX-512, `x86::attn_decode_avx2` with the AVX2 table), if the cache
+/// is F16 and the head dimension one it takes; returns whether it ran.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn attend_decode(
@@ -625,13 +625,18 @@ fn attend_decode(
     out: &mut [f32],
 ) -> bool {
     use crate::x86::attn_decode;
-    if !(kernels.avx512 && kv.is_f16() && attn_decode::supports(kv.head_dim)) {
+    if !(kernels.isa == crate::Isa::Avx2 && kv.is_f16() && attn_decode::supports(kv.head_dim)) {
         return false;
     }
     let Some(bufs) = scratch.decode_buffers(q.len() / kv.head_dim) else { return false };
-    // SAFETY: `avx512` is only set by `Kernels::detect` after detecting AVX-512 F/BW/VL/VNNI
-    // (and AVX2, FMA, F16C).
-    unsafe { attn_decode::attend_decode_group(q, kv, n_cells, scale, visible, bufs, out) };
+    if kernels.avx512 {
+        // SAFETY: `avx512` is only set by `Kernels::detect` after detecting AVX-512 F/BW/VL/VNNI
+        // (and AVX2, FMA, F16C).
+        unsafe { attn_decode::attend_decode_group(q, kv, n_cells, scale, visible, bufs, out) };
+    } else {
+        // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
+        unsafe { crate::x86::attn_decode_avx2::attend_decode_group_avx2(q, kv, n_cells, scale, visible, bufs, out) };
+    }
     true
 }
 

@@ -698,16 +698,28 @@ fn vector_expf_equals_libm_expf() {
         for (x, y) in xs[..n].iter().zip(&ys[..n]) {
             assert_eq!(y.to_bits(), x.exp().to_bits(), "expf({x:e})");
         }
+        // The AVX2 twin on every seventh value of the same range.
+        let mut zs: Vec<f32> = xs[..n].iter().step_by(7).copied().collect();
+        let want: Vec<u32> = zs.iter().map(|x| x.exp().to_bits()).collect();
+        // SAFETY: AVX2 and FMA are implied by the AVX-512 table.
+        unsafe { corelm_kernels::x86::expf::expf_slice_avx2(&mut zs) };
+        assert!(zs.iter().zip(&want).all(|(z, w)| z.to_bits() == *w), "avx2 expf near {:e}", xs[0]);
         bits += n as u32;
     }
     let mut edges: Vec<f32> = vec![0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 88.0, 88.8, 100.0, -103.5, -103.99, -200.0];
     edges.extend([1e-40f32, -1e-40, 0.5, 1.0, 10.0, 87.9, f32::MAX, f32::MIN]);
     let mut ys = edges.clone();
+    let mut zs = edges.clone();
     // SAFETY: as above.
-    unsafe { expf_slice(&mut ys) };
-    for (x, y) in edges.iter().zip(&ys) {
+    unsafe {
+        expf_slice(&mut ys);
+        corelm_kernels::x86::expf::expf_slice_avx2(&mut zs);
+    }
+    for ((x, y), z) in edges.iter().zip(&ys).zip(&zs) {
         let want = x.exp();
-        assert!(y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan()), "expf({x:e}) = {y:e}, libm {want:e}");
+        for v in [y, z] {
+            assert!(v.to_bits() == want.to_bits() || (v.is_nan() && want.is_nan()), "expf({x:e}) = {v:e}, libm {want:e}");
+        }
     }
 }
 
@@ -720,7 +732,7 @@ fn vector_expf_equals_libm_expf() {
 fn decode_attention_equals_portable_per_head() {
     use corelm_kernels::ops::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
     let mut rng = Rng(2024);
-    let (fast, port) = (Kernels::detect(), Kernels::portable());
+    let port = Kernels::portable();
     for (hd, heads, cells) in [(64usize, 3usize, 64usize), (64, 7, 200), (64, 8, 65), (64, 1, 130), (128, 5, 129), (192, 2, 70), (256, 4, 131), (256, 1, 1)] {
         let q: Vec<f32> = (0..heads * hd).map(|_| rng.f32() * 4.0).collect();
         let mut k: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 3.0)).collect();
@@ -731,7 +743,7 @@ fn decode_attention_equals_portable_per_head() {
         let ident: Vec<u32> = (0..cells as u32).collect();
         let kvr = KvRows::contiguous(&k, &v, hd, &ident);
         let masks: [&dyn Fn(usize) -> bool; 4] = [&|_| true, &|c| c % 5 != 3, &|c| c + 60 >= cells, &|_| false];
-        for vis in masks {
+        for (vis, fast) in masks.into_iter().flat_map(|m| [(m, Kernels::detect()), (m, Kernels::detect_avx2())]) {
             let mut s = AttnScratch::with_heads(hd, heads);
             let mut grouped = vec![f32::NAN; heads * hd];
             attend_heads(AttnKernel::Reference, &fast, &q, &kvr, cells, 0.125, vis, &mut s, &mut grouped);
@@ -739,7 +751,7 @@ fn decode_attention_equals_portable_per_head() {
                 let mut one = vec![0f32; hd];
                 attend_row(AttnKernel::Reference, &port, &q[h * hd..(h + 1) * hd], &kvr, cells, 0.125, vis, &mut s, &mut one);
                 let g = &grouped[h * hd..(h + 1) * hd];
-                assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "hd {hd} heads {heads} cells {cells} head {h}");
+                assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "avx512 {} hd {hd} heads {heads} cells {cells} head {h}", fast.avx512);
             }
         }
     }

@@ -27,10 +27,22 @@ pub const CHUNK: usize = 64;
 /// Largest head dimension (in 64-value steps) the kernel keeps in registers.
 pub const MAX_STEPS: usize = 4;
 
-/// The buffers of [`attend_decode_group`] for `heads` heads: widened F16-rounded queries
-/// `[heads][head_dim]`, f32 accumulators `[heads][head_dim]`, (maximum, sum) per head, scores
-/// `[heads][CHUNK]`, and per head the chunk's cells that raise its maximum (bit mask).
-pub type DecodeBuffers<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [[f32; 2]], &'a mut [f32], &'a mut [u64]);
+/// The buffers of the decode kernels for `heads` heads.
+pub struct DecodeBuffers<'a> {
+    /// `[heads][head_dim]` widened F16-rounded queries.
+    pub qf: &'a mut [f32],
+    /// `[heads][head_dim]` f32 accumulators (F16 values).
+    pub acc: &'a mut [f32],
+    /// (maximum, sum) per head.
+    pub state: &'a mut [[f32; 2]],
+    /// `[heads][CHUNK]` scores, then exponentials.
+    pub scores: &'a mut [f32],
+    /// Per head, the chunk's cells that raise its maximum (bit mask).
+    pub grow: &'a mut [u64],
+    /// One key row and one value row in f32 (the AVX2 kernel).
+    pub k32: &'a mut [f32],
+    pub v32: &'a mut [f32],
+}
 
 /// Whether [`attend_decode_group`] takes this head dimension.
 pub fn supports(head_dim: usize) -> bool {
@@ -72,18 +84,40 @@ fn group<const S: usize>(
     bufs: DecodeBuffers,
     out: &mut [f32],
 ) {
-    let hd = 64 * S;
+    let heads = q.len() / (64 * S);
+    drive(q, kv, n_cells, visible, bufs, out, |kr, vr, b| {
+        // SAFETY: every pointer starts a row of 64·S F16 values of `kv`; `drive` checked the
+        // buffers' sizes; the caller of `attend_decode_group` checked the CPU features.
+        unsafe {
+            chunk_scores::<S>(kr, vr, b.qf, heads, scale, b.scores);
+            chunk_accumulate::<S>(vr, b.scores, b.grow, heads, b.acc, b.state);
+        }
+    });
+}
+
+/// What both decode kernels share: the queries rounded to F16, the state reset, the visible
+/// cells gathered `CHUNK` at a time (key and value row pointers) for `chunk`, the outputs
+/// normalised.
+pub(super) fn drive(
+    q: &[f32],
+    kv: &KvRows,
+    n_cells: usize,
+    visible: &dyn Fn(usize) -> bool,
+    mut bufs: DecodeBuffers,
+    out: &mut [f32],
+    mut chunk: impl FnMut(&[*const f16], &[*const f16], &mut DecodeBuffers),
+) {
+    let hd = kv.head_dim;
     let heads = q.len() / hd;
-    let (qf, acc, state, scores, grow) = bufs;
-    assert!(kv.head_dim == hd && kv.is_f16());
-    assert!(qf.len() >= heads * hd && acc.len() >= heads * hd && state.len() >= heads && scores.len() >= heads * CHUNK);
-    assert!(grow.len() >= heads);
-    assert!(out.len() >= heads * hd);
-    for (d, &s) in qf.iter_mut().zip(q) {
+    let b = &mut bufs;
+    assert!(supports(hd) && kv.is_f16() && out.len() >= heads * hd);
+    assert!(b.qf.len() >= heads * hd && b.acc.len() >= heads * hd && b.state.len() >= heads);
+    assert!(b.scores.len() >= heads * CHUNK && b.grow.len() >= heads && b.k32.len() >= hd && b.v32.len() >= hd);
+    for (d, &s) in b.qf.iter_mut().zip(q) {
         *d = f16::from_f32(s).to_f32();
     }
-    acc[..heads * hd].fill(0.0);
-    state[..heads].fill([f32::NEG_INFINITY, 0.0]);
+    b.acc[..heads * hd].fill(0.0);
+    b.state[..heads].fill([f32::NEG_INFINITY, 0.0]);
     // Row pointers of the chunk's visible cells: `[CHUNK]` keys, `[CHUNK]` values.
     let mut kr = [std::ptr::null::<f16>(); CHUNK];
     let mut vr = [std::ptr::null::<f16>(); CHUNK];
@@ -94,20 +128,36 @@ fn group<const S: usize>(
             n += 1;
         }
         if n > 0 && (n == CHUNK || c + 1 == n_cells) {
-            // SAFETY: every pointer is the start of a row of `hd` F16 values of `kv`; the
-            // buffers hold `heads` heads (asserted above).
-            unsafe {
-                chunk_scores::<S>(&kr[..n], &vr[..n], qf, heads, scale, scores);
-                chunk_accumulate::<S>(&vr[..n], scores, grow, heads, acc, state);
-            }
+            chunk(&kr[..n], &vr[..n], b);
             n = 0;
         }
     }
-    for (h, st) in state[..heads].iter().enumerate() {
+    for (h, st) in b.state[..heads].iter().enumerate() {
         let inv = if st[1] == 0.0 { 0.0 } else { 1.0 / st[1] };
-        for (o, &a) in out[h * hd..(h + 1) * hd].iter_mut().zip(&acc[h * hd..(h + 1) * hd]) {
+        for (o, &a) in out[h * hd..(h + 1) * hd].iter_mut().zip(&b.acc[h * hd..(h + 1) * hd]) {
             *o = a * inv;
         }
+    }
+}
+
+/// Per head, the running maximum over the chunk's `n` scores, which fixes every cell's
+/// exponent — `max_old - score` where the maximum grows (`grow` bit set), `score - max`
+/// elsewhere, exactly the scalar kernel's arguments — then all the exponentials at once
+/// (`exps`, libm's `expf` lane for lane). `scores` become the exponentials.
+pub(super) fn softmax_steps(scores: &mut [f32], grow: &mut [u64], state: &mut [[f32; 2]], n: usize, exps: impl Fn(&mut [f32])) {
+    for ((st, g), sc) in state.iter_mut().zip(grow.iter_mut()).zip(scores.chunks_exact_mut(CHUNK)) {
+        let mut m = st[0];
+        *g = 0;
+        for (i, s) in sc[..n].iter_mut().enumerate() {
+            if *s > m {
+                (*s, m) = (m - *s, *s);
+                *g |= 1 << i;
+            } else {
+                *s -= m;
+            }
+        }
+        st[0] = m;
+        exps(&mut sc[..n]);
     }
 }
 
@@ -184,10 +234,8 @@ unsafe fn chunk_scores<const S: usize>(
 }
 
 /// Phase 2: the online-softmax step of every head for each of the chunk's value rows `vr`,
-/// in cell order, with the scores of phase 1 (consumed). Per head first the running maximum
-/// over the chunk, which fixes every cell's exponent — `max_old - score` where the maximum
-/// grows (`grow` bit set), `score - max` elsewhere, exactly the scalar kernel's arguments —
-/// and all the chunk's exponentials at once ([`super::expf::expf16`]); then cell by cell the accumulators.
+/// in cell order, with the scores of phase 1 (consumed): [`softmax_steps`] with
+/// [`super::expf::expf16`], then cell by cell the accumulators.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
 unsafe fn chunk_accumulate<const S: usize>(
@@ -198,21 +246,7 @@ unsafe fn chunk_accumulate<const S: usize>(
     acc: &mut [f32],
     state: &mut [[f32; 2]],
 ) {
-    let n = vr.len();
-    for ((st, g), sc) in state[..heads].iter_mut().zip(grow.iter_mut()).zip(scores.chunks_exact_mut(CHUNK)) {
-        let mut m = st[0];
-        *g = 0;
-        for (i, s) in sc[..n].iter_mut().enumerate() {
-            if *s > m {
-                (*s, m) = (m - *s, *s);
-                *g |= 1 << i;
-            } else {
-                *s -= m;
-            }
-        }
-        st[0] = m;
-        expf_slice(&mut sc[..n]);
-    }
+    softmax_steps(scores, grow, &mut state[..heads], vr.len(), |x| expf_slice(x));
     // Heads in groups whose accumulators stay in registers for the whole chunk: with one
     // head at a time each cell would wait on the previous one's rounding (a chain of FMA and
     // two conversions); through memory, on store-to-load forwarding.

@@ -6,7 +6,8 @@
 //! that function with the same fused operations in the same order, read off glibc 2.36's
 //! machine code. Lanes outside its fast path (|x| ≥ 88, ±∞, NaN) are recomputed by the scalar
 //! libm call, so errno-style edge cases keep libm's values. The test compares every negative
-//! float above -104 (the arguments attention passes) with `f32::exp`.
+//! float above -104 (the arguments attention passes) with `f32::exp`. An 8-lane AVX2 twin
+//! (`expf8`, the table read with a gather) serves the AVX2 decode kernel.
 
 use std::arch::x86_64::*;
 
@@ -78,29 +79,91 @@ pub fn expf16(x: __m512) -> __m512 {
         _mm512_storeu_ps(xs.as_mut_ptr(), x);
         _mm512_storeu_ps(ys.as_mut_ptr(), y);
     }
-    for i in 0..16 {
-        if slow & (1 << i) != 0 {
-            ys[i] = xs[i].exp();
-        }
-    }
+    libm_lanes(&xs, &mut ys, slow as u32);
     // SAFETY: 16 f32, unaligned.
     unsafe { _mm512_loadu_ps(ys.as_ptr()) }
 }
 
-/// [`expf16`] over a slice in place (a tail shorter than 16 through the same lanes).
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-pub fn expf_slice(x: &mut [f32]) {
-    let mut chunks = x.chunks_exact_mut(16);
+/// `ys[i] = xs[i].exp()` (libm) for the lanes set in `slow`.
+#[inline]
+fn libm_lanes(xs: &[f32], ys: &mut [f32], slow: u32) {
+    for (i, (x, y)) in xs.iter().zip(ys.iter_mut()).enumerate() {
+        if slow & (1 << i) != 0 {
+            *y = x.exp();
+        }
+    }
+}
+
+/// `f` over `x` in place, `L` values at a time; a shorter tail goes through the same lanes.
+#[inline(always)]
+fn map_lanes<const L: usize>(x: &mut [f32], f: impl Fn(&mut [f32; L])) {
+    let mut chunks = x.chunks_exact_mut(L);
     for c in &mut chunks {
-        // SAFETY: 16 f32, unaligned.
-        unsafe { _mm512_storeu_ps(c.as_mut_ptr(), expf16(_mm512_loadu_ps(c.as_ptr()))) };
+        f(c.try_into().expect("chunk of L values"));
     }
     let rest = chunks.into_remainder();
     if !rest.is_empty() {
-        let mut lanes = [0f32; 16];
+        let mut lanes = [0f32; L];
         lanes[..rest.len()].copy_from_slice(rest);
-        // SAFETY: 16 f32, unaligned.
-        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), expf16(_mm512_loadu_ps(lanes.as_ptr()))) };
+        f(&mut lanes);
         rest.copy_from_slice(&lanes[..rest.len()]);
     }
+}
+
+/// [`expf16`] over a slice in place.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+pub fn expf_slice(x: &mut [f32]) {
+    // SAFETY: 16 f32 per call, unaligned.
+    map_lanes::<16>(x, |l| unsafe { _mm512_storeu_ps(l.as_mut_ptr(), expf16(_mm512_loadu_ps(l.as_ptr()))) });
+}
+
+/// [`exp8`] on 4 lanes with AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn exp4(xd: __m256d) -> __m128 {
+    let (inv, shift) = (_mm256_set1_pd(INV_LN2_N), _mm256_set1_pd(SHIFT));
+    let kd = _mm256_fmadd_pd(inv, xd, shift);
+    let ki = _mm256_castpd_si256(kd);
+    let kd = _mm256_sub_pd(kd, shift);
+    let r = _mm256_fmsub_pd(inv, xd, kd);
+    let idx = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+    // SAFETY: every index is below 32 = TAB.len().
+    let tab = unsafe { _mm256_i64gather_epi64::<8>(TAB.as_ptr() as *const i64, idx) };
+    let s = _mm256_castsi256_pd(_mm256_add_epi64(tab, _mm256_slli_epi64::<47>(ki)));
+    let z = _mm256_fmadd_pd(r, _mm256_set1_pd(C0), _mm256_set1_pd(C1));
+    let r2 = _mm256_mul_pd(r, r);
+    let y = _mm256_fmadd_pd(r, _mm256_set1_pd(C2), _mm256_set1_pd(1.0));
+    let y = _mm256_fmadd_pd(z, r2, y);
+    _mm256_cvtpd_ps(_mm256_mul_pd(y, s))
+}
+
+/// [`expf16`] on 8 lanes with AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub fn expf8(x: __m256) -> __m256 {
+    let lo = exp4(_mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+    let hi = exp4(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(x)));
+    let y = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(lo), hi);
+    let top = _mm256_and_si256(_mm256_srli_epi32::<20>(_mm256_castps_si256(x)), _mm256_set1_epi32(0x7ff));
+    let slow = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(top, _mm256_set1_epi32(FAST_TOP))));
+    if slow == 0 {
+        return y;
+    }
+    let mut xs = [0f32; 8];
+    let mut ys = [0f32; 8];
+    // SAFETY: 8 f32 each, unaligned.
+    unsafe {
+        _mm256_storeu_ps(xs.as_mut_ptr(), x);
+        _mm256_storeu_ps(ys.as_mut_ptr(), y);
+    }
+    libm_lanes(&xs, &mut ys, slow as u32);
+    // SAFETY: 8 f32, unaligned.
+    unsafe { _mm256_loadu_ps(ys.as_ptr()) }
+}
+
+/// [`expf8`] over a slice in place.
+#[target_feature(enable = "avx2,fma")]
+pub fn expf_slice_avx2(x: &mut [f32]) {
+    // SAFETY: 8 f32 per call, unaligned.
+    map_lanes::<8>(x, |l| unsafe { _mm256_storeu_ps(l.as_mut_ptr(), expf8(_mm256_loadu_ps(l.as_ptr()))) });
 }

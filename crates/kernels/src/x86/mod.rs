@@ -11,6 +11,7 @@
 
 pub mod attn;
 pub mod attn_decode;
+pub mod attn_decode_avx2;
 pub mod attn_rows;
 pub mod avx512;
 pub mod expf;
