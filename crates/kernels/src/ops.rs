@@ -134,8 +134,10 @@ fn scalef(j: f32, n: i32) -> f32 {
     } else if n > 127 {
         j * pow2(127) * pow2(n - 127)
     } else {
-        // Scale into the normal range first so the final product rounds once.
-        (j * pow2(n + 64)) * pow2(-64)
+        // Scale into the normal range first so the final product rounds once: j · 2^(n+100)
+        // is exact (n ≥ -192 keeps it normal), × 2^-100 rounds. (With +64, n = -192 made the
+        // first factor's exponent field -1, i.e. -∞.)
+        (j * pow2(n + 100)) * pow2(-100)
     }
 }
 
@@ -145,8 +147,14 @@ fn silu(x: f32) -> f32 {
     x / (1.0 + expf_ggml(0.0 - x))
 }
 
-/// `y = silu(g) · u`: eight lanes at a time with AVX2 (`x86::norm::swiglu`, same bits).
+/// `y = silu(g) · u`: sixteen or eight lanes at a time with AVX-512 or AVX2
+/// (`x86::norm::swiglu_avx512`, `swiglu`; same bits).
 pub fn swiglu(g: &[f32], u: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() && has_f16c() {
+        // SAFETY: AVX-512 F/VL, AVX2, FMA and F16C were detected.
+        return unsafe { crate::x86::norm::swiglu_avx512(g, u, y) };
+    }
     #[cfg(target_arch = "x86_64")]
     if has_avx2() && has_f16c() {
         // SAFETY: AVX2, FMA and F16C were detected.

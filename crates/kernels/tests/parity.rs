@@ -662,14 +662,22 @@ fn grouped_rms_norm_equals_per_group() {
 fn swiglu_simd_equals_scalar() {
     use corelm_kernels::ops::{swiglu, swiglu_scalar};
     let mut rng = Rng(5);
-    for n in [1usize, 7, 8, 9, 64, 1000] {
-        let g: Vec<f32> = (0..n).map(|i| rng.f32() * [1.0, 20.0, 95.0, 200.0][i % 4]).collect();
+    for n in [1usize, 7, 8, 9, 15, 16, 17, 64, 1000, 4099] {
+        let g: Vec<f32> = (0..n).map(|i| rng.f32() * [1.0, 20.0, 95.0, 200.0, 1e-3][i % 5]).collect();
         let u: Vec<f32> = (0..n).map(|_| rng.f32() * 3.0).collect();
         let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
         swiglu(&g, &u, &mut a);
         swiglu_scalar(&g, &u, &mut b);
         for i in 0..n {
             assert_eq!(a[i].to_bits(), b[i].to_bits(), "n {n} i {i} g {}", g[i]);
+        }
+        // The AVX2 kernel too (`swiglu` is the AVX-512 one where the CPU has it).
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c") {
+            let mut c = vec![0f32; n];
+            // SAFETY: AVX2, FMA and F16C detected just above.
+            unsafe { corelm_kernels::x86::norm::swiglu(&g, &u, &mut c) };
+            assert!(c.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "avx2 n {n}");
         }
     }
 }
@@ -797,5 +805,35 @@ fn rope_simd_equals_scalar() {
                 }
             }
         }
+    }
+}
+
+/// ggml's `expf` as the scalar (`ops::expf_ggml`, also the AVX2 lanes' model) computes it
+/// against ggml's own AVX-512 code (`x86::norm::expf_ggml16`, whose `vscalefps` is the
+/// reference for the single rounding): every float in [-140, -64] — the subnormal and
+/// underflow range, where `n = -192` once produced -∞ — and in [64, 100], plus a sweep of
+/// [-64, 64].
+#[test]
+fn ggml_expf_scalar_equals_avx512() {
+    if !Kernels::detect().avx512 {
+        return;
+    }
+    use corelm_kernels::ops::expf_ggml;
+    use std::arch::x86_64::*;
+    let check = |xs: &[f32]| {
+        for c in xs.chunks_exact(16) {
+            let mut v = [0f32; 16];
+            // SAFETY: AVX-512 F/VL detected; 16 f32 loads and stores.
+            unsafe { _mm512_storeu_ps(v.as_mut_ptr(), corelm_kernels::x86::norm::expf_ggml16(_mm512_loadu_ps(c.as_ptr()))) };
+            for (x, y) in c.iter().zip(&v) {
+                assert_eq!(expf_ggml(*x).to_bits(), y.to_bits(), "expf_ggml({x:e})");
+            }
+        }
+    };
+    let ranges = [((-140f32).to_bits(), (-64f32).to_bits(), 1usize), (64f32.to_bits(), 100f32.to_bits(), 1), (0, 64f32.to_bits(), 97), (0x8000_0000, (-64f32).to_bits(), 97)];
+    for (a, b, step) in ranges {
+        let (lo, hi) = (a.min(b), a.max(b));
+        let xs: Vec<f32> = (lo..=hi).step_by(step).map(f32::from_bits).collect();
+        check(&xs[..xs.len() / 16 * 16]);
     }
 }

@@ -271,7 +271,7 @@ pub(super) fn expf_ggml8(x: __m256) -> __m256 {
     let pow2 = |e: __m256i| _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(e, _mm256_set1_epi32(127))));
     let k = |v: i32| _mm256_set1_epi32(v);
     let normal = _mm256_mul_ps(j, pow2(ni));
-    let low = _mm256_mul_ps(_mm256_mul_ps(j, pow2(_mm256_add_epi32(ni, k(64)))), pow2(k(-64)));
+    let low = _mm256_mul_ps(_mm256_mul_ps(j, pow2(_mm256_add_epi32(ni, k(100)))), pow2(k(-100)));
     let high = _mm256_mul_ps(_mm256_mul_ps(j, pow2(k(127))), pow2(_mm256_sub_epi32(ni, k(127))));
     let is_low = _mm256_castsi256_ps(_mm256_cmpgt_epi32(k(-126), ni));
     let is_high = _mm256_castsi256_ps(_mm256_cmpgt_epi32(ni, k(127)));

@@ -69,6 +69,56 @@ pub fn swiglu(g: &[f32], u: &[f32], y: &mut [f32]) {
     crate::ops::swiglu_scalar(&g[body..n], &u[body..n], &mut y[body..n]);
 }
 
+/// ggml's AVX-512 `ggml_v_expf` on 16 lanes — the function `ops::expf_ggml` reproduces lane
+/// for lane (its `scalef` is `vscalefps`: `j · 2^n` rounded once).
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+pub fn expf_ggml16(x: __m512) -> __m512 {
+    let c = |bits: u32| _mm512_set1_ps(f32::from_bits(bits));
+    let r = c(0x4B40_0000);
+    let z = _mm512_fmadd_ps(x, c(0x3FB8_AA3B), r);
+    let n = _mm512_sub_ps(z, r);
+    let b = _mm512_fnmadd_ps(n, c(0x35BF_BE8E), _mm512_fnmadd_ps(n, c(0x3F31_7200), x));
+    let out_of_range = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+    let u = _mm512_mul_ps(b, b);
+    let j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(
+            _mm512_fmadd_ps(c(0x3C07_2010), b, c(0x3D2B_9F17)),
+            u,
+            _mm512_fmadd_ps(c(0x3E2A_AF33), b, c(0x3EFF_FEDB)),
+        ),
+        u,
+        _mm512_fmadd_ps(c(0x3F7F_FFF6), b, _mm512_set1_ps(1.0)),
+    );
+    let res = _mm512_scalef_ps(j, n);
+    if out_of_range == 0 {
+        return res;
+    }
+    let below = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps());
+    let sat = _mm512_mask_blend_ps(below, _mm512_set1_ps(f32::INFINITY), _mm512_setzero_ps());
+    _mm512_mask_blend_ps(out_of_range, res, sat)
+}
+
+/// [`swiglu`] on sixteen lanes with ggml's AVX-512 exponential ([`expf_ggml16`]); same bits.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+pub fn swiglu_avx512(g: &[f32], u: &[f32], y: &mut [f32]) {
+    let n = y.len().min(g.len()).min(u.len());
+    let body = n & !15;
+    let one = _mm512_set1_ps(1.0);
+    let mut i = 0;
+    while i < body {
+        // SAFETY: i + 16 <= n ≤ every slice's length; unaligned loads and store.
+        unsafe {
+            let x = _mm512_loadu_ps(g.as_ptr().add(i));
+            let e = expf_ggml16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+            let s = _mm512_div_ps(x, _mm512_add_ps(one, e));
+            _mm512_storeu_ps(y.as_mut_ptr().add(i), _mm512_mul_ps(s, _mm512_loadu_ps(u.as_ptr().add(i))));
+        }
+        i += 16;
+    }
+    swiglu(&g[body..n], &u[body..n], &mut y[body..n]);
+}
+
 /// `y = gelu(g) · u` through ggml's F16 table on eight lanes: inputs rounded to F16 (nearest
 /// even, as the scalar `f2h`), entries gathered, widened; `g ≤ -10` gives 0 and `g ≥ 10` gives
 /// `g`, as in `ops::geglu`. `table` holds one padding entry past the 65536 (the gather reads
