@@ -205,6 +205,35 @@ pub fn attention_items(
     })
 }
 
+/// Worker `ith`'s part of a matmul's `[rows][n_out]` output: (columns, rows). With at least two
+/// 16-column blocks per worker, or a batch of fewer than 8 rows (decode), all rows of a
+/// contiguous column range, as before. Otherwise (many workers, narrow matrices: 64 workers on
+/// a 128-column K projection would leave 56 idle) a 2-D grid of `pc` column parts (whole
+/// blocks) × `pr` row parts (multiples of 4 rows, so the 4-row groups and their bits do not
+/// change); the `nth - pc·pr` workers left over get nothing.
+pub fn matmul_part(n_out: usize, rows: usize, ith: usize, nth: usize) -> (Range<usize>, Range<usize>) {
+    let blocks = n_out.div_ceil(COL_BLOCK);
+    if nth == 1 || blocks >= 2 * nth || rows < 8 {
+        return (split(n_out, ith, nth), 0..rows);
+    }
+    let groups = rows.div_ceil(4);
+    // The grid whose largest part (in blocks × groups of four rows) is smallest; on a tie the
+    // one with fewer row parts (each row part decodes its column blocks again).
+    let work = |pc: usize| {
+        let pr = (nth / pc).min(groups);
+        (blocks.div_ceil(pc) * groups.div_ceil(pr), pr)
+    };
+    let pc = (1..=blocks.min(nth)).min_by_key(|&pc| work(pc)).unwrap_or(1);
+    let pr = work(pc).1;
+    if ith >= pc * pr {
+        return (0..0, 0..0);
+    }
+    let (ic, ir) = (ith % pc, ith / pc);
+    let cb = split(blocks, ic, pc);
+    let rg = split(groups, ir, pr);
+    ((cb.start * COL_BLOCK).min(n_out)..(cb.end * COL_BLOCK).min(n_out), (rg.start * 4).min(rows)..(rg.end * 4).min(rows))
+}
+
 pub fn split(n: usize, ith: usize, nth: usize) -> Range<usize> {
     let per = n.div_ceil(nth);
     let start = (ith * per).min(n);
@@ -523,7 +552,8 @@ impl Ctx<'_> {
         // where its order differs.
         let grouped = !(self.batch_invariant && ops.tile_order);
         debug_assert_eq!(xt.ne[0], k);
-        let cols = split(n_out, ith, nth);
+        let (cols, row_range) = matmul_part(n_out, rows, ith, nth);
+        let tiled_end = tiled_rows.min(row_range.end);
         let base = self.base(t) as *mut f32;
         let xrow = |r: usize| &xb[r * xrb..(r + 1) * xrb];
         let mut c0 = cols.start;
@@ -533,17 +563,19 @@ impl Ctx<'_> {
             // With two or more groups of four activation rows, decode the block's weight rows
             // once into the tile kernel's layout instead of once per group.
             let packed = match ops.packing {
-                Some(pk) if grouped && tiled_rows >= 8 && n_tile * (pk.row_bytes)(wrb) <= pack.len() => {
+                Some(pk) if grouped && tiled_end.saturating_sub(row_range.start) >= 8 && n_tile * (pk.row_bytes)(wrb) <= pack.len() => {
                     let buf = &mut pack[..n_tile * (pk.row_bytes)(wrb)];
                     (pk.pack)(&wb[c0 * wrb..(c0 + n_tile) * wrb], wrb, buf);
                     Some((pk.tile, &*buf))
                 }
                 _ => None,
             };
-            let mut r = 0;
+            // Row parts start at multiples of four, so the groups of four are the same as with
+            // all rows in one part (and so are the bits).
+            let mut r = row_range.start;
             // Complete groups of four rows: register-blocked tiles where a tile kernel exists,
             // then one call per weight row (a 4-row kernel, or the tile dot four times).
-            while grouped && r + 4 <= tiled_rows && (ops.vec_tile.is_some() || ops.vec_dot4.is_some()) {
+            while grouped && r + 4 <= tiled_end && (ops.vec_tile.is_some() || ops.vec_dot4.is_some()) {
                 let ys = [xrow(r), xrow(r + 1), xrow(r + 2), xrow(r + 3)];
                 let mut c = c0;
                 if let Some(tile) = ops.vec_tile {
@@ -574,7 +606,7 @@ impl Ctx<'_> {
                 }
                 r += 4;
             }
-            for r in r..rows {
+            for r in r..row_range.end {
                 let xr = xrow(r);
                 let tile_dot = r < tiled_rows && !self.batch_invariant;
                 // Many weight rows per call (decode's GEMV), where it gives this row's values.
@@ -629,7 +661,41 @@ impl Ctx<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::attention_items;
+    use super::{attention_items, matmul_part, split, COL_BLOCK};
+
+    /// Every output element of a matmul belongs to exactly one worker; row parts start at
+    /// multiples of 4 and column parts at 16-column blocks; with few rows or wide matrices the
+    /// partition is the old column split; and a narrow matrix keeps most workers busy.
+    #[test]
+    fn matmul_parts_cover_the_output_once() {
+        for (n_out, rows) in [(128usize, 512usize), (64, 64), (2048, 512), (576, 1), (192, 7), (50, 33), (16, 8), (896, 13)] {
+            for nth in 1..=64 {
+                let mut seen = vec![0u8; n_out * rows];
+                let mut busy = 0;
+                for ith in 0..nth {
+                    let (cols, rr) = matmul_part(n_out, rows, ith, nth);
+                    if cols.is_empty() || rr.is_empty() {
+                        continue;
+                    }
+                    busy += 1;
+                    assert!(rr.start % 4 == 0 && (cols.start % COL_BLOCK == 0 || rr == (0..rows)));
+                    for r in rr {
+                        for c in cols.clone() {
+                            seen[r * n_out + c] += 1;
+                        }
+                    }
+                }
+                assert!(seen.iter().all(|&n| n == 1), "n_out {n_out} rows {rows} nth {nth}");
+                let blocks = n_out.div_ceil(COL_BLOCK);
+                if rows < 8 || blocks >= 2 * nth {
+                    assert!((0..nth).all(|i| matmul_part(n_out, rows, i, nth) == (split(n_out, i, nth), 0..rows)));
+                } else {
+                    let units = blocks * rows.div_ceil(4);
+                    assert!(2 * busy >= nth.min(units), "n_out {n_out} rows {rows} nth {nth}: {busy} busy");
+                }
+            }
+        }
+    }
 
     /// Every (block, query head) is taken by exactly one worker; with few pairs the workers'
     /// head counts differ by at most one (up to ceil-division rounding), and no item spans two

@@ -339,3 +339,21 @@ fn positions_must_continue_the_sequence() {
     engine.decode(&b).unwrap();
     assert_eq!(engine.seq_len(0), 1);
 }
+
+/// A prompt's logits do not depend on the thread count: 13 workers (oversubscribed here) split
+/// SmolLM2's narrow Q/K/V matmuls into 2-D grids of column blocks × row groups and deal the
+/// attention heads differently, and every logit keeps the bits of one worker's run.
+#[test]
+fn logits_are_the_same_for_any_thread_count() {
+    let tokens: Vec<u32> = (0..45).map(|i| (i * 977 + 13) % 49152).collect();
+    let (mut one, _) = load(SMOL, test_config(1));
+    let want = logits_alone(&mut one, 0, &tokens);
+    drop(one);
+    for n_threads in [3, 13] {
+        let (mut many, _) = load(SMOL, test_config(n_threads));
+        let got = logits_alone(&mut many, 0, &tokens);
+        for (r, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{n_threads} threads, row {r}");
+        }
+    }
+}
