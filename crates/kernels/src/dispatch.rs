@@ -245,6 +245,7 @@ impl Kernels {
             set(&mut k, DType::Q5K, |x, y| unsafe { ext::dot_q5_k_q8_k(x, y) });
             set(&mut k, DType::IQ4XS, |x, y| unsafe { ext::dot_iq4_xs_q8_k(x, y) });
             set(&mut k, DType::BF16, |x, y| unsafe { ext::dot_bf16(x, y) });
+            k.ops[slot(DType::Q8_0).unwrap()].to_float = |x, y| unsafe { ext::dequant_q8_0(x, y) };
         }
         k
     }

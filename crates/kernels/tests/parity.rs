@@ -837,3 +837,62 @@ fn ggml_expf_scalar_equals_avx512() {
         check(&xs[..xs.len() / 16 * 16]);
     }
 }
+
+/// Decode over a quantized KV cache (`--cache-type-k/-v q8_0|q4_0`) for the heads of a GQA
+/// group at once gives every head the bits of its own single-head call, with each table, across
+/// chunk boundaries and masks (including nothing visible).
+#[test]
+fn grouped_quantized_cache_attention_equals_per_head() {
+    use corelm_kernels::ops::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
+    let mut rng = Rng(31);
+    let hd = 64usize;
+    for (heads, cells) in [(3usize, 45usize), (7, 130), (1, 64), (4, 65)] {
+        let q: Vec<f32> = (0..heads * hd).map(|_| rng.f32() * 2.0).collect();
+        let k: Vec<f32> = (0..cells * hd).map(|_| rng.f32() * 3.0).collect();
+        let v: Vec<f32> = (0..cells * hd).map(|_| rng.f32() * 10.0).collect();
+        let ident: Vec<u32> = (0..cells as u32).collect();
+        for ks in [Kernels::detect(), Kernels::detect_avx2(), Kernels::portable()] {
+            let enc = |t: DType, x: &[f32]| {
+                let rb = row_bytes(t, hd);
+                let mut out = vec![0u8; rb * cells];
+                for c in 0..cells {
+                    ks.from_float(t).unwrap()(&x[c * hd..(c + 1) * hd], &mut out[c * rb..(c + 1) * rb]);
+                }
+                out
+            };
+            for (kt, vt) in [(DType::Q8_0, DType::Q8_0), (DType::Q4_0, DType::Q4_0), (DType::F16, DType::Q8_0), (DType::Q8_0, DType::Q4_0)] {
+                let (kb, vb) = (enc(kt, &k), enc(vt, &v));
+                let rows = KvRows { k: &kb, v: &vb, k_type: kt, v_type: vt, head_dim: hd, table: &ident, shift: 0 };
+                let masks: [&dyn Fn(usize) -> bool; 3] = [&|_| true, &|c| c % 5 != 3, &|_| false];
+                for vis in masks {
+                    let mut s = AttnScratch::with_heads(hd, heads);
+                    let mut grouped = vec![f32::NAN; heads * hd];
+                    attend_heads(AttnKernel::Reference, &ks, &q, &rows, cells, 0.125, vis, &mut s, &mut grouped);
+                    for h in 0..heads {
+                        let mut one = vec![0f32; hd];
+                        attend_row(AttnKernel::Reference, &ks, &q[h * hd..(h + 1) * hd], &rows, cells, 0.125, vis, &mut s, &mut one);
+                        let g = &grouped[h * hd..(h + 1) * hd];
+                        assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{kt}/{vt} {:?} heads {heads} cells {cells} head {h}", ks.isa);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Row-to-f32 converters of the SIMD table (Q8_0 with AVX2: quantized KV values) equal the
+/// portable ones bit for bit on random blocks of every weight type.
+#[test]
+fn to_float_simd_equals_portable() {
+    let (fast, port) = (Kernels::detect(), Kernels::portable());
+    let mut rng = Rng(8);
+    for t in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q4K, DType::Q6K, DType::F16] {
+        for n in [256usize, 512, 1024] {
+            let x = random_row(t, n, &mut rng);
+            let (mut a, mut b) = (vec![f32::NAN; n], vec![0f32; n]);
+            fast.to_float(t).unwrap()(&x, &mut a);
+            port.to_float(t).unwrap()(&x, &mut b);
+            assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "{t} n {n}");
+        }
+    }
+}

@@ -17,12 +17,10 @@
 //! changes none either.
 
 use super::expf::expf_slice;
-use crate::ops::KvRows;
+use crate::ops::{softmax_steps, KvRows, DECODE_CHUNK as CHUNK};
 use half::f16;
 use std::arch::x86_64::*;
 
-/// Visible cells per phase.
-pub const CHUNK: usize = 64;
 
 /// Largest head dimension (in 64-value steps) the kernel keeps in registers.
 pub const MAX_STEPS: usize = 4;
@@ -140,26 +138,6 @@ pub(super) fn drive(
     }
 }
 
-/// Per head, the running maximum over the chunk's `n` scores, which fixes every cell's
-/// exponent — `max_old - score` where the maximum grows (`grow` bit set), `score - max`
-/// elsewhere, exactly the scalar kernel's arguments — then all the exponentials at once
-/// (`exps`, libm's `expf` lane for lane). `scores` become the exponentials.
-pub(super) fn softmax_steps(scores: &mut [f32], grow: &mut [u64], state: &mut [[f32; 2]], n: usize, exps: impl Fn(&mut [f32])) {
-    for ((st, g), sc) in state.iter_mut().zip(grow.iter_mut()).zip(scores.chunks_exact_mut(CHUNK)) {
-        let mut m = st[0];
-        *g = 0;
-        for (i, s) in sc[..n].iter_mut().enumerate() {
-            if *s > m {
-                (*s, m) = (m - *s, *s);
-                *g |= 1 << i;
-            } else {
-                *s -= m;
-            }
-        }
-        st[0] = m;
-        exps(&mut sc[..n]);
-    }
-}
 
 /// 16 F16 values at `p`, widened.
 #[inline(always)]
@@ -234,7 +212,7 @@ unsafe fn chunk_scores<const S: usize>(
 }
 
 /// Phase 2: the online-softmax step of every head for each of the chunk's value rows `vr`,
-/// in cell order, with the scores of phase 1 (consumed): [`softmax_steps`] with
+/// in cell order, with the scores of phase 1 (consumed): [`crate::ops::softmax_steps`] with
 /// [`super::expf::expf16`], then cell by cell the accumulators.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]

@@ -5,9 +5,9 @@
 //! [`super::expf::expf8`] and updates the F16-rounded accumulators in memory with each value row
 //! widened once for all heads. Bit-identical per head to `ops::attend_reference`.
 
-use super::attn_decode::{drive, softmax_steps, DecodeBuffers};
+use super::attn_decode::{drive, DecodeBuffers};
 use super::expf::expf_slice_avx2;
-use crate::ops::KvRows;
+use crate::ops::{softmax_steps, KvRows, DECODE_CHUNK};
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -32,7 +32,7 @@ pub fn attend_decode_group_avx2(
             unsafe { widen(kp, &mut b.k32[..hd]) };
             for h in 0..heads {
                 let s = dot(&b.k32[..hd], &b.qf[h * hd..(h + 1) * hd]);
-                b.scores[h * super::attn_decode::CHUNK + i] = s * scale;
+                b.scores[h * DECODE_CHUNK + i] = s * scale;
             }
         }
         softmax_steps(b.scores, b.grow, &mut b.state[..heads], vr.len(), |x| expf_slice_avx2(x));
@@ -40,7 +40,7 @@ pub fn attend_decode_group_avx2(
             // SAFETY: as for the keys.
             unsafe { widen(vp, &mut b.v32[..hd]) };
             for (h, st) in b.state[..heads].iter_mut().enumerate() {
-                let e = b.scores[h * super::attn_decode::CHUNK + i];
+                let e = b.scores[h * DECODE_CHUNK + i];
                 let (ms, vs) = if b.grow[h] & (1 << i) != 0 { (e, 1f32) } else { (1f32, e) };
                 accumulate(&mut b.acc[h * hd..(h + 1) * hd], &b.v32[..hd], ms, vs);
                 st[1] = st[1].mul_add(ms, vs);

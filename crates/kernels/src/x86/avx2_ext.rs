@@ -318,3 +318,20 @@ pub fn quant_q8_k(x: &[f32], y: &mut [u8]) {
         b.d = 1.0 / iscale;
     }
 }
+
+/// Q8_0 rows to f32 (`portable::quant::dequant_q8_0`, the same products `q · d`): eight codes
+/// widened and converted per step. Reads quantized KV-cache value rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dequant_q8_0(x: &[u8], y: &mut [f32]) {
+    for (b, out) in as_blocks::<BlockQ8_0>(x).iter().zip(y.chunks_exact_mut(QK8_0)) {
+        let d = _mm256_set1_ps(h2f(b.d));
+        for j in 0..QK8_0 / 8 {
+            // SAFETY: 8 codes at qs[8j..] and 8 floats at out[8j..] (32 of each per block);
+            // unaligned accesses.
+            unsafe {
+                let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.qs.as_ptr().add(8 * j) as *const __m128i));
+                _mm256_storeu_ps(out.as_mut_ptr().add(8 * j), _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+            }
+        }
+    }
+}
