@@ -632,7 +632,8 @@ pub fn attend_heads(
     if kind == AttnKernel::Reference && attend_decode(kernels, q, kv, n_cells, scale, &visible, scratch, out) {
         return;
     }
-    if kind == AttnKernel::Reference && !kv.is_f16() && kv.v_type != DType::F16 && q.len() / hd <= scratch.gstate.len() {
+    // A quantized cache always takes ggml's one-chunk path (`attend_row` ignores `kind` for it).
+    if !kv.is_f16() && kv.v_type != DType::F16 && q.len() / hd <= scratch.gstate.len() {
         return attend_quant_group(kernels, q, kv, n_cells, scale, &visible, scratch, out);
     }
     #[cfg(target_arch = "x86_64")]

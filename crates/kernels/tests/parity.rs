@@ -864,13 +864,14 @@ fn grouped_quantized_cache_attention_equals_per_head() {
                 let (kb, vb) = (enc(kt, &k), enc(vt, &v));
                 let rows = KvRows { k: &kb, v: &vb, k_type: kt, v_type: vt, head_dim: hd, table: &ident, shift: 0 };
                 let masks: [&dyn Fn(usize) -> bool; 3] = [&|_| true, &|c| c % 5 != 3, &|_| false];
-                for vis in masks {
+                // Prefill rows (`Tiled`) take ggml's one-chunk path too on a quantized cache.
+                for (vis, kind) in masks.into_iter().flat_map(|m| [(m, AttnKernel::Reference), (m, AttnKernel::Tiled)]) {
                     let mut s = AttnScratch::with_heads(hd, heads);
                     let mut grouped = vec![f32::NAN; heads * hd];
-                    attend_heads(AttnKernel::Reference, &ks, &q, &rows, cells, 0.125, vis, &mut s, &mut grouped);
+                    attend_heads(kind, &ks, &q, &rows, cells, 0.125, vis, &mut s, &mut grouped);
                     for h in 0..heads {
                         let mut one = vec![0f32; hd];
-                        attend_row(AttnKernel::Reference, &ks, &q[h * hd..(h + 1) * hd], &rows, cells, 0.125, vis, &mut s, &mut one);
+                        attend_row(kind, &ks, &q[h * hd..(h + 1) * hd], &rows, cells, 0.125, vis, &mut s, &mut one);
                         let g = &grouped[h * hd..(h + 1) * hd];
                         assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{kt}/{vt} {:?} heads {heads} cells {cells} head {h}", ks.isa);
                     }
