@@ -317,7 +317,7 @@ pub enum AttnKernel {
 }
 
 /// Visible cells per phase of the two-phase decode kernels (`x86::attn_decode*`,
-/// [`attend_quant_group`]); their grow masks are `u64`.
+/// `attend_quant_group`); their grow masks are `u64`.
 pub const DECODE_CHUNK: usize = 64;
 
 /// Per head, the running maximum over the chunk's `n` scores, which fixes every cell's

@@ -5,24 +5,25 @@
 //! 1. **Scores.** Each key row is widened once into registers (head_dim = 64·S: 4·S zmm) and
 //!    dotted with every head's F16-rounded query in ggml's order — four 16-lane accumulators
 //!    over 64-value steps, folded (0+2)+(1+3), the 16 lanes reduced as GCC's
-//!    `_mm512_reduce_add_ps` does — in registers (the AVX2 twin spills the fold to the stack
-//!    and adds 15 scalars one after another).
-//! 2. **Online softmax.** Per cell and head the running maximum and sum, and the accumulator
-//!    updated `acc = f16(v · vs + f16(acc · ms))` exactly as ggml's `VKQ16`; the accumulator
-//!    lives as f32 values that F16 represents exactly, rounded through `vcvtps2ph`/`vcvtph2ps`
-//!    in registers instead of being stored as F16 and converted back at every cell.
+//!    `_mm512_reduce_add_ps` does — in registers.
+//! 2. **Online softmax.** Per head the running maximum over the chunk and all its exponentials
+//!    at once (`ops::softmax_steps` with glibc's `expf` on 16 lanes, `super::expf`), then per
+//!    cell the accumulator updated `acc = f16(v · vs + f16(acc · ms))` exactly as ggml's
+//!    `VKQ16`; the accumulator lives as f32 values that F16 represents exactly, rounded through
+//!    `vcvtps2ph`/`vcvtph2ps` in registers instead of being stored as F16 and converted back.
+//!    That rounding pair (2.4 cycles per 16 lanes on Zen 4) is most of what is left per cell.
 //!
 //! Heads are independent, so running them cell by cell instead of head by head changes no
 //! bits; the scores of a chunk do not depend on the softmax state, so computing them first
-//! changes none either.
+//! changes none either. `drive` (gathering a chunk's rows, normalising the outputs) is shared
+//! with the AVX2 twin, `super::attn_decode_avx2`.
 
 use super::expf::expf_slice;
 use crate::ops::{softmax_steps, KvRows, DECODE_CHUNK as CHUNK};
 use half::f16;
 use std::arch::x86_64::*;
 
-
-/// Largest head dimension (in 64-value steps) the kernel keeps in registers.
+/// Largest head dimension (in 64-value steps) the kernels take.
 pub const MAX_STEPS: usize = 4;
 
 /// The buffers of the decode kernels for `heads` heads.
