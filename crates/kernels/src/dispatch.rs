@@ -78,6 +78,8 @@ pub struct Kernels {
     q8_0: FromFloat,
     q8_1: FromFloat,
     q8_k: FromFloat,
+    /// f32 → F16 rows (F16 KV cache stores, F16 activations).
+    f16: FromFloat,
     /// AVX-512 F/VL/VNNI present: the panel GEMM (`crate::gemm`) uses its VNNI kernel.
     pub vnni: bool,
     /// AVX-512 F/BW/VL/VNNI present and its kernels chosen (`detect`): decode attention uses
@@ -129,6 +131,7 @@ impl Kernels {
             q8_0: pq::quant_q8_0,
             q8_1: pq::quant_q8_1,
             q8_k: pq::quant_q8_k,
+            f16: pq::quant_f16,
             vnni: false,
             avx512: false,
             ops: [
@@ -217,6 +220,7 @@ impl Kernels {
             k.q8_0 = |x, y| unsafe { crate::x86::avx2_ext::quant_q8_0(x, y) };
             k.q8_1 = |x, y| unsafe { crate::x86::avx2_ext::quant_q8_1(x, y) };
             k.q8_k = |x, y| unsafe { crate::x86::avx2_ext::quant_q8_k(x, y) };
+            k.f16 = |x, y| unsafe { crate::x86::avx2_ext::quant_f16(x, y) };
             // SAFETY (all closures below): the features these functions are compiled for were
             // detected on this CPU just above.
             // Sets both dots; types whose tile dot differs (Q4_K) override it below.
@@ -260,7 +264,7 @@ impl Kernels {
     pub fn from_float(&self, t: DType) -> Option<FromFloat> {
         match t {
             DType::F32 => Some(pq::quant_f32),
-            DType::F16 => Some(pq::quant_f16),
+            DType::F16 => Some(self.f16),
             DType::BF16 => Some(pq::quant_bf16),
             DType::Q8_0 => Some(self.q8_0),
             DType::Q8_1 => Some(self.q8_1),

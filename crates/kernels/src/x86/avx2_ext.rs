@@ -335,3 +335,22 @@ pub fn dequant_q8_0(x: &[u8], y: &mut [f32]) {
         }
     }
 }
+
+/// f32 rows to F16 with `vcvtps2ph` (round to nearest even, as `portable::quant::quant_f16`):
+/// what every F16 KV-cache store runs.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn quant_f16(x: &[f32], y: &mut [u8]) {
+    let out = as_blocks_mut::<half::f16>(y);
+    let n = x.len().min(out.len());
+    let body = n & !7;
+    for i in (0..body).step_by(8) {
+        // SAFETY: i + 8 <= n <= both lengths; unaligned load and store.
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(x.as_ptr().add(i)));
+            _mm_storeu_si128(out.as_mut_ptr().add(i) as *mut __m128i, h);
+        }
+    }
+    for i in body..n {
+        out[i] = f2h(x[i]);
+    }
+}
