@@ -6,11 +6,13 @@
 //! * [`x86`]: AVX2/FMA/F16C versions of the hot dot products.
 //! * [`dispatch`]: the per-type table (`vec_dot_type`, `vec_dot`, `to_float`, `from_float`),
 //!   filled once from runtime CPU detection (never `-C target-cpu=native`).
-//! * [`ops`]: RMS norm, RoPE, gated activations, fused online-softmax attention.
+//! * [`ops`]: RMS norm, RoPE, gated activations; [`attention`]: fused online-softmax attention
+//!   (re-exported by `ops`).
 //!
 //! Invariant: this crate depends on nothing of corelm's but the GGUF type enum; it performs no
 //! allocation in any per-row kernel (callers pass scratch).
 
+pub mod attention;
 pub mod blocks;
 pub mod dispatch;
 pub mod gemm;
