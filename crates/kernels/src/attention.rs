@@ -52,6 +52,17 @@ pub fn softmax_steps(scores: &mut [f32], grow: &mut [u64], state: &mut [[f32; 2]
     }
 }
 
+/// `out[h] = acc[h] / sum_h` for every head of `head_dim` values, where `state[h]` is the
+/// head's (maximum, sum); zeros for a head that saw no cell.
+pub(crate) fn normalize_heads(acc: &[f32], state: &[[f32; 2]], head_dim: usize, out: &mut [f32]) {
+    for ((st, a), o) in state.iter().zip(acc.chunks_exact(head_dim)).zip(out.chunks_exact_mut(head_dim)) {
+        let inv = if st[1] == 0.0 { 0.0 } else { 1.0 / st[1] };
+        for (o, &a) in o.iter_mut().zip(a) {
+            *o = a * inv;
+        }
+    }
+}
+
 /// Query rows from which ggml switches to the tiled kernel.
 pub const TILED_MIN_ROWS: usize = 64;
 /// KV cells per tile of the tiled kernel.

@@ -181,6 +181,8 @@ fn attend_quant_group_body(
     }
     acc.fill(0.0);
     state.fill([f32::NEG_INFINITY, 0.0]);
+    // Gathered here rather than through a closure-taking helper: a closure would be compiled
+    // apart from this FMA-enabled body, its `mul_add`s back to libm calls.
     let mut cells = [0usize; DECODE_CHUNK];
     let mut n = 0;
     for c in 0..n_cells {
@@ -216,11 +218,6 @@ fn attend_quant_group_body(
         }
         n = 0;
     }
-    for (h, st) in state.iter().enumerate() {
-        let inv = if st[1] == 0.0 { 0.0 } else { 1.0 / st[1] };
-        for (o, &a) in out[h * hd..(h + 1) * hd].iter_mut().zip(&acc[h * hd..(h + 1) * hd]) {
-            *o = a * inv;
-        }
-    }
+    normalize_heads(acc, state, hd, out);
 }
 

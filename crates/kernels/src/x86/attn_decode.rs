@@ -19,6 +19,7 @@
 //! with the AVX2 twin, `super::attn_decode_avx2`.
 
 use super::expf::expf_slice;
+use crate::attention::normalize_heads;
 use crate::ops::{softmax_steps, KvRows, DECODE_CHUNK as CHUNK};
 use half::f16;
 use std::arch::x86_64::*;
@@ -62,36 +63,32 @@ pub fn attend_decode_group(
     bufs: DecodeBuffers,
     out: &mut [f32],
 ) {
-    match kv.head_dim / 64 {
-        1 => group::<1>(q, kv, n_cells, scale, visible, bufs, out),
-        2 => group::<2>(q, kv, n_cells, scale, visible, bufs, out),
-        3 => group::<3>(q, kv, n_cells, scale, visible, bufs, out),
-        4 => group::<4>(q, kv, n_cells, scale, visible, bufs, out),
-        _ => panic!("attend_decode_group: head_dim {} is not 64, 128, 192 or 256", kv.head_dim),
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-#[inline]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-fn group<const S: usize>(
-    q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
-    scale: f32,
-    visible: &dyn Fn(usize) -> bool,
-    bufs: DecodeBuffers,
-    out: &mut [f32],
-) {
-    let heads = q.len() / (64 * S);
+    let heads = q.len() / kv.head_dim;
+    let steps = kv.head_dim / 64;
     drive(q, kv, n_cells, visible, bufs, out, |kr, vr, b| {
-        // SAFETY: every pointer starts a row of 64·S F16 values of `kv`; `drive` checked the
-        // buffers' sizes; the caller of `attend_decode_group` checked the CPU features.
+        // SAFETY: every pointer starts a row of `head_dim` F16 values of `kv`; `drive` checked
+        // the head dimension (`supports`) and the buffers' sizes; the caller of
+        // `attend_decode_group` checked the CPU features.
         unsafe {
-            chunk_scores::<S>(kr, vr, b.qf, heads, scale, b.scores);
-            chunk_accumulate::<S>(vr, b.scores, b.grow, heads, b.acc, b.state);
+            match steps {
+                1 => chunk::<1>(kr, vr, b, heads, scale),
+                2 => chunk::<2>(kr, vr, b, heads, scale),
+                3 => chunk::<3>(kr, vr, b, heads, scale),
+                _ => chunk::<4>(kr, vr, b, heads, scale),
+            }
         }
     });
+}
+
+/// Both phases over one chunk of key rows `kr` and value rows `vr` (head_dim = 64·S).
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+unsafe fn chunk<const S: usize>(kr: &[*const f16], vr: &[*const f16], b: &mut DecodeBuffers, heads: usize, scale: f32) {
+    // SAFETY (caller): rows of 64·S F16 values; buffers for `heads` heads.
+    unsafe {
+        chunk_scores::<S>(kr, vr, b.qf, heads, scale, b.scores);
+        chunk_accumulate::<S>(vr, b.scores, b.grow, heads, b.acc, b.state);
+    }
 }
 
 /// What both decode kernels share: the queries rounded to F16, the state reset, the visible
@@ -131,14 +128,8 @@ pub(super) fn drive(
             n = 0;
         }
     }
-    for (h, st) in b.state[..heads].iter().enumerate() {
-        let inv = if st[1] == 0.0 { 0.0 } else { 1.0 / st[1] };
-        for (o, &a) in out[h * hd..(h + 1) * hd].iter_mut().zip(&b.acc[h * hd..(h + 1) * hd]) {
-            *o = a * inv;
-        }
-    }
+    normalize_heads(&b.acc[..heads * hd], &b.state[..heads], hd, out);
 }
-
 
 /// 16 F16 values at `p`, widened.
 #[inline(always)]
