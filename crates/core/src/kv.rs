@@ -72,6 +72,8 @@ impl KvCache {
         }
         let total = (kb + vb) as f64 * n_layer as f64;
         let err = |_| AllocError { bytes: total as usize, gib: total / (1u64 << 30) as f64 };
+        // All layers together, before any is populated.
+        crate::memory::ensure_available(total as usize).map_err(err)?;
         Ok(KvCache {
             n_layer,
             n_cells,
