@@ -27,6 +27,17 @@ pub struct TilePacking {
     pub tile: VecDotTile,
 }
 
+/// Kernels on weights interleaved at load (`crate::interleave`): the same values, bit for bit,
+/// as `vec_dot` on the plain rows. `prep`: scratch of `interleave::scratch_len(k)` i32.
+#[derive(Clone, Copy)]
+pub struct InterleavedOps {
+    /// Decode's GEMV: `out.len()` rows (a multiple of four; `g` their groups, plain rows `xrb`
+    /// bytes) against one activation row.
+    pub rows: fn(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]),
+    /// Prefill's tiles: the same rows against four activation rows, `out[c][j]`.
+    pub tile: fn(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], prep: &mut [i32]),
+}
+
 /// Most packed bytes per weight row of `k` values any [`TilePacking`] uses (36 per 32 values
 /// for Q5_0/Q8_0, 40 per 32 for Q4_1; Q4_K: 152 per 256).
 pub fn max_packed_row_bytes(k: usize) -> usize {
@@ -60,6 +71,9 @@ pub struct TypeOps {
     pub packing: Option<TilePacking>,
     /// Many weight rows against one activation row, where it exists (`vec_dot`'s values).
     pub vec_dot_rows: Option<VecDotRows>,
+    /// Kernels on the interleaved layout; where present, the engine repacks this type's
+    /// matrices once at load (`crate::interleave`).
+    pub interleaved: Option<InterleavedOps>,
     pub to_float: ToFloat,
     pub from_float: Option<FromFloat>,
 }
@@ -123,6 +137,7 @@ impl Kernels {
             vec_tile: None,
             packing: None,
             vec_dot_rows: None,
+            interleaved: None,
             to_float: tf,
             from_float: ff,
         };
@@ -199,6 +214,19 @@ impl Kernels {
                 row_bytes: avx512::packed_row_bytes::<BlockQ8_0>,
                 pack: |x, xrb, out| unsafe { avx512::pack_offset::<BlockQ8_0>(x, xrb, out) },
                 tile: |p, xrb, y, out| unsafe { avx512::tiles_packed::<BlockQ8_0>(p, xrb, y, out) },
+            });
+            use crate::x86::interleaved::{rows, tiles, Q4_1, Q5_0, Q8_0};
+            k.ops[slot(DType::Q4_1).unwrap()].interleaved = Some(InterleavedOps {
+                rows: |g, xrb, y, o, n| unsafe { rows::<Q4_1>(g, xrb, y, o, n) },
+                tile: |g, xrb, y, o, n| unsafe { tiles::<Q4_1>(g, xrb, y, o, n) },
+            });
+            k.ops[slot(DType::Q5_0).unwrap()].interleaved = Some(InterleavedOps {
+                rows: |g, xrb, y, o, n| unsafe { rows::<Q5_0>(g, xrb, y, o, n) },
+                tile: |g, xrb, y, o, n| unsafe { tiles::<Q5_0>(g, xrb, y, o, n) },
+            });
+            k.ops[slot(DType::Q8_0).unwrap()].interleaved = Some(InterleavedOps {
+                rows: |g, xrb, y, o, n| unsafe { rows::<Q8_0>(g, xrb, y, o, n) },
+                tile: |g, xrb, y, o, n| unsafe { tiles::<Q8_0>(g, xrb, y, o, n) },
             });
         }
         k

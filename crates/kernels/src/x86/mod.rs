@@ -18,6 +18,7 @@ pub mod expf;
 pub mod avx2;
 pub mod avx2_ext;
 pub mod gemm_vnni;
+pub mod interleaved;
 pub mod norm;
 pub mod rope;
 pub mod tiles_k;

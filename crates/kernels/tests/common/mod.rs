@@ -1,0 +1,73 @@
+//! Helpers shared by the kernel test files: a deterministic generator and well-formed random
+//! weight rows.
+#![allow(dead_code)]
+
+use corelm_kernels::blocks::*;
+use corelm_kernels::{row_bytes, DType};
+use half::f16;
+
+/// Deterministic xorshift, so failures reproduce.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn f32(&mut self) -> f32 {
+        (self.next() % 2_000_001) as f32 / 1_000_000.0 - 1.0
+    }
+}
+
+/// A random but well-formed weight row of `n` elements: random quant bits, scales in a range
+/// real models use.
+pub fn random_row(t: DType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut b = vec![0u8; row_bytes(t, n)];
+    b.iter_mut().for_each(|x| *x = rng.next() as u8);
+    let sc = |rng: &mut Rng| f16::from_f32(0.01 + 0.02 * rng.f32().abs());
+    match t {
+        DType::F32 => as_blocks_mut::<f32>(&mut b).iter_mut().for_each(|x| *x = rng.f32()),
+        DType::F16 => as_blocks_mut::<f16>(&mut b).iter_mut().for_each(|x| *x = f16::from_f32(rng.f32())),
+        DType::Q4_1 => as_blocks_mut::<BlockQ4_1>(&mut b).iter_mut().for_each(|x| {
+            x.d = sc(rng);
+            x.m = f16::from_f32(-0.1 * rng.f32().abs());
+        }),
+        DType::Q5_0 => as_blocks_mut::<BlockQ5_0>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::Q8_0 => as_blocks_mut::<BlockQ8_0>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::Q4K => as_blocks_mut::<BlockQ4K>(&mut b).iter_mut().for_each(|x| {
+            x.d = sc(rng);
+            x.dmin = sc(rng);
+        }),
+        DType::Q6K => as_blocks_mut::<BlockQ6K>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::Q4_0 => as_blocks_mut::<BlockQ4_0>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::Q5_1 => as_blocks_mut::<BlockQ5_1>(&mut b).iter_mut().for_each(|x| {
+            x.d = sc(rng);
+            x.m = f16::from_f32(-0.2 * rng.f32().abs());
+        }),
+        DType::IQ4NL => as_blocks_mut::<BlockIQ4NL>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::Q2K => as_blocks_mut::<BlockQ2K>(&mut b).iter_mut().for_each(|x| {
+            x.d = sc(rng);
+            x.dmin = sc(rng);
+        }),
+        DType::Q3K => as_blocks_mut::<BlockQ3K>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::Q5K => as_blocks_mut::<BlockQ5K>(&mut b).iter_mut().for_each(|x| {
+            x.d = sc(rng);
+            x.dmin = sc(rng);
+        }),
+        DType::IQ4XS => as_blocks_mut::<BlockIQ4XS>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::BF16 => as_blocks_mut::<u16>(&mut b)
+            .iter_mut()
+            .for_each(|x| *x = (rng.f32().to_bits() >> 16) as u16),
+        _ => unreachable!(),
+    }
+    b
+}
+
+pub fn aligned(bytes: Vec<u8>) -> Vec<u8> {
+    // Vec<u8> from the global allocator is at least 8-aligned for these sizes in practice;
+    // assert so a platform where it is not fails loudly rather than reading misaligned.
+    assert_eq!(bytes.as_ptr() as usize % 4, 0);
+    bytes
+}
+

@@ -1,0 +1,90 @@
+//! Weights interleaved at load (`corelm_kernels::interleave`): the layout round-trips, and its
+//! SIMD GEMV and tiles equal the plain rows' `vec_dot` bit for bit, the portable twin, and an
+//! f32 reference. Random rows; several row lengths and row counts.
+
+use corelm_kernels::interleave::{self, pack, rows_portable, scratch_len, unpack};
+use corelm_kernels::{row_bytes, DType, Kernels};
+
+mod common;
+use common::{aligned, random_row, Rng};
+
+const TYPES: [DType; 3] = [DType::Q4_1, DType::Q5_0, DType::Q8_0];
+
+/// `n_rows` random rows of `k` values of `t`, contiguous.
+fn matrix(t: DType, k: usize, n_rows: usize, rng: &mut Rng) -> Vec<u8> {
+    aligned((0..n_rows).flat_map(|_| random_row(t, k, rng)).collect())
+}
+
+fn activations(k: &Kernels, t: DType, n: usize, rng: &mut Rng) -> (Vec<f32>, Vec<u8>) {
+    let vdt = k.ops(t).unwrap().vec_dot_type;
+    let x: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
+    let mut q = aligned(vec![0u8; row_bytes(vdt, n)]);
+    k.from_float(vdt).unwrap()(&x, &mut q);
+    (x, q)
+}
+
+#[test]
+fn pack_then_unpack_is_the_identity() {
+    let mut rng = Rng(0x51ED_2701);
+    for t in TYPES {
+        for (k, n_rows) in [(32, 4), (96, 8), (320, 12)] {
+            // Any bytes at all, not only well-formed blocks: the layout moves bits, it reads none.
+            let x: Vec<u8> = (0..row_bytes(t, k) * n_rows).map(|_| rng.next() as u8).collect();
+            let xrb = row_bytes(t, k);
+            let (mut g, mut back) = (vec![0u8; x.len()], vec![0u8; x.len()]);
+            pack(t, &x, xrb, &mut g);
+            assert_ne!(g, x, "{t}: packing moved nothing");
+            unpack(t, &g, xrb, &mut back);
+            assert_eq!(back, x, "{t} k={k} rows={n_rows}");
+        }
+    }
+    assert!(!interleave::supported(DType::Q4K));
+}
+
+#[test]
+fn interleaved_gemv_and_tiles_equal_plain_row_dots() {
+    let (fast, port) = (Kernels::detect(), Kernels::portable());
+    let mut rng = Rng(0x1234_5678_9ABC);
+    for t in TYPES {
+        let Some(il) = fast.ops(t).unwrap().interleaved else {
+            eprintln!("{t}: no interleaved kernels on this CPU (needs AVX-512 VNNI); skipped");
+            continue;
+        };
+        let vec_dot = fast.ops(t).unwrap().vec_dot;
+        for (k, n_rows) in [(32, 4), (64, 8), (576, 16), (896, 12), (4864, 4)] {
+            let xrb = row_bytes(t, k);
+            let w = matrix(t, k, n_rows, &mut rng);
+            let mut g = aligned(vec![0u8; w.len()]);
+            pack(t, &w, xrb, &mut g);
+            let mut prep = vec![0i32; scratch_len(k)];
+            let acts: Vec<(Vec<f32>, Vec<u8>)> = (0..4).map(|_| activations(&fast, t, k, &mut rng)).collect();
+            // GEMV, against the plain SIMD dot, the portable twin and the f32 reference.
+            let (x, y) = &acts[0];
+            let mut out = vec![0f32; n_rows];
+            (il.rows)(&g, xrb, y, &mut out, &mut prep);
+            let mut twin = vec![0f32; n_rows];
+            let mut row = aligned(vec![0u8; 4 * xrb]);
+            rows_portable(t, port.ops(t).unwrap().vec_dot, &g, xrb, y, &mut twin, &mut row);
+            let mut wf = vec![0f32; k];
+            for c in 0..n_rows {
+                let plain = &w[c * xrb..(c + 1) * xrb];
+                assert_eq!(out[c].to_bits(), vec_dot(plain, y).to_bits(), "{t} k={k} row {c}: GEMV {} vs vec_dot {}", out[c], vec_dot(plain, y));
+                assert!((out[c] - twin[c]).abs() <= 1e-4 * (1.0 + twin[c].abs()), "{t} k={k} row {c}: {} vs portable {}", out[c], twin[c]);
+                (port.ops(t).unwrap().to_float)(plain, &mut wf);
+                let r: f64 = wf.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let mag: f64 = wf.iter().map(|v| v.abs() as f64).sum();
+                assert!((out[c] as f64 - r).abs() <= 0.01 * mag + 1e-3, "{t} k={k} row {c}: {} vs f32 {r}", out[c]);
+            }
+            // Tiles: four activation rows at once.
+            let ys = [&acts[0].1[..], &acts[1].1[..], &acts[2].1[..], &acts[3].1[..]];
+            let mut tile = vec![[0f32; 4]; n_rows];
+            (il.tile)(&g, xrb, ys, &mut tile, &mut prep);
+            for (c, o) in tile.iter().enumerate() {
+                for (j, y) in ys.iter().enumerate() {
+                    let want = vec_dot(&w[c * xrb..(c + 1) * xrb], y);
+                    assert_eq!(o[j].to_bits(), want.to_bits(), "{t} k={k} row {c} act {j}: tile {} vs vec_dot {want}", o[j]);
+                }
+            }
+        }
+    }
+}
