@@ -60,6 +60,10 @@ struct KernelArgs {
     /// llama.cpp's (summation order).
     #[arg(long)]
     fast_prefill: bool,
+    /// Keep the model file's row layout for every matmul instead of repacking matrices once at
+    /// load into the interleaved layout of the AVX-512 kernels (same results, slower).
+    #[arg(long)]
+    no_repack: bool,
 }
 
 #[derive(Args, Clone)]
@@ -266,6 +270,7 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         cache_type_k: m.kernels.cache.cache_type_k,
         cache_type_v: m.kernels.cache.cache_type_v,
         fast_prefill: m.kernels.fast_prefill,
+        repack: !m.kernels.no_repack,
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", path.display()))?;

@@ -138,7 +138,7 @@ impl<'k> Builder<'k> {
             ne: w.ne,
             dtype: w.dtype,
             op: Op::Leaf,
-            storage: Storage::Weight { offset: w.offset, len: w.len },
+            storage: Storage::Weight { offset: w.offset, len: w.len, packed: None },
             layer: -1,
         });
         Bundle::one(id)

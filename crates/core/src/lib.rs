@@ -7,6 +7,7 @@
 //! * [`kv`]: the preallocated F16 KV cache in its reader's layout.
 //! * [`threads`]: pinned workers that split into groups and re-join, with group and global
 //!   barriers on their own cache lines; idle workers park.
+//! * [`packed`]: matrices repacked once at load into the interleaved layout their kernels read.
 //! * [`graph`]: the builder (functions on tensor bundles, nodes appended in construction order)
 //!   and the static graph with its memory plan.
 //! * [`sched`]: the sequential scheduler, a barrier after each node.
@@ -18,6 +19,7 @@ pub mod graph;
 pub mod kv;
 pub mod memory;
 pub mod moe;
+pub mod packed;
 pub mod rope;
 pub mod sched;
 pub mod tensor;
@@ -26,6 +28,7 @@ pub mod threads;
 pub use graph::{Builder, Graph, Mode};
 pub use kv::KvCache;
 pub use memory::{Buffer, Pools};
-pub use sched::{BatchView, Executor, Profile};
+pub use packed::PackedWeights;
+pub use sched::{BatchView, Executor, Profile, Weights};
 pub use tensor::{AttnParams, Bundle, Glu, MoeParams, Op, RopeParams, Storage, Tensor, TensorId, WeightRef};
 pub use threads::{PoolConfig, ThreadPool, Worker};

@@ -12,7 +12,7 @@ use crate::tensor::{Glu, Op, Storage, Tensor, TensorId};
 use crate::threads::{ThreadPool, Worker};
 use corelm_kernels::gemm::{self, GemmScratch};
 use corelm_kernels::ops::{self, AttnScratch};
-use corelm_kernels::Kernels;
+use corelm_kernels::{interleave, InterleavedOps, Kernels};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -37,12 +37,19 @@ pub struct Scratch {
     gemm: GemmScratch,
     /// One column block of weight rows packed for the tile kernels (`TypeOps::packing`).
     pack: Vec<u8>,
+    /// Activation rows prepared for the kernels on interleaved weights.
+    prep: Vec<i32>,
     /// Cosines and sines of this worker's rows, shared by the pass's RoPE nodes.
     rope: crate::rope::RopeTables,
 }
 
 /// Weight rows per column block of the default matmul (tiles run over one block at a time).
 const COL_BLOCK: usize = 16;
+
+/// Weight rows per column block of the tiles on interleaved matrices: the activation rows'
+/// preparation (`interleave::scratch_len`) is made once per block, so wider blocks amortise it
+/// (16 groups; a Q5_0 block of 4864-value rows is 200 KiB, in L2).
+const IL_COL_BLOCK: usize = 64;
 
 /// Batch rows from which a matmul over a panel-GEMM type uses the panel kernel.
 pub const GEMM_MIN_ROWS: usize = 8;
@@ -113,6 +120,7 @@ impl Executor {
                         attn: AttnScratch::with_heads(max_head_dim, max_group),
                         gemm: GemmScratch::new(max_k, max_rows),
                         pack: vec![0; COL_BLOCK * corelm_kernels::max_packed_row_bytes(max_k_all)],
+                        prep: vec![0; corelm_kernels::interleave::scratch_len(max_k_all)],
                         rope: crate::rope::RopeTables::new(split(rope_rows, 0, n_threads).len(), max_rot),
                     })
                 })
@@ -123,13 +131,13 @@ impl Executor {
         }
     }
 
-    /// Run `graph` to completion. `weights` is the model file's bytes.
+    /// Run `graph` to completion over `weights`.
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
         pool: &ThreadPool,
         graph: &Graph,
-        weights: &[u8],
+        weights: Weights,
         pools: &Pools,
         kv: &KvCache,
         batch: BatchView,
@@ -211,10 +219,14 @@ pub fn attention_items(
 /// a 128-column K projection would leave 56 idle) a 2-D grid of `pc` column parts (whole
 /// blocks) × `pr` row parts (multiples of 4 rows, so the 4-row groups and their bits do not
 /// change); the `nth - pc·pr` workers left over get nothing.
-pub fn matmul_part(n_out: usize, rows: usize, ith: usize, nth: usize) -> (Range<usize>, Range<usize>) {
+///
+/// Column ranges start at multiples of `unit` (4 for matrices interleaved in groups of four rows,
+/// whose `n_out` is then a multiple of 4).
+pub fn matmul_part(n_out: usize, rows: usize, ith: usize, nth: usize, unit: usize) -> (Range<usize>, Range<usize>) {
     let blocks = n_out.div_ceil(COL_BLOCK);
     if nth == 1 || blocks >= 2 * nth || rows < 8 {
-        return (split(n_out, ith, nth), 0..rows);
+        let c = split(n_out.div_ceil(unit), ith, nth);
+        return ((c.start * unit).min(n_out)..(c.end * unit).min(n_out), 0..rows);
     }
     let groups = rows.div_ceil(4);
     // The grid whose largest part (in blocks × groups of four rows) is smallest; on a tie the
@@ -240,9 +252,17 @@ pub fn split(n: usize, ith: usize, nth: usize) -> Range<usize> {
     start..(start + per).min(n)
 }
 
+/// The bytes weights live in: the model file, and the interleaved copies of the matrices
+/// repacked at load (`crate::packed`; empty when none are).
+#[derive(Clone, Copy)]
+pub struct Weights<'a> {
+    pub file: &'a [u8],
+    pub packed: &'a [u8],
+}
+
 struct Ctx<'a> {
     graph: &'a Graph,
-    weights: &'a [u8],
+    weights: Weights<'a>,
     act: [*mut u8; 2],
     out: *mut u8,
     kv: &'a KvCache,
@@ -264,7 +284,7 @@ impl Ctx<'_> {
     /// Base pointer of a tensor's bytes.
     fn base(&self, t: &Tensor) -> *mut u8 {
         match t.storage {
-            Storage::Weight { offset, .. } => self.weights[offset..].as_ptr() as *mut u8,
+            Storage::Weight { offset, .. } => self.weights.file[offset..].as_ptr() as *mut u8,
             // SAFETY: offsets were planned within the pool sizes asserted in `run`.
             Storage::Act { buf, offset } => unsafe { self.act[buf as usize].add(offset) },
             // SAFETY: as above, for the output pool.
@@ -276,8 +296,8 @@ impl Ctx<'_> {
     /// All bytes of a source tensor (read-only while the node runs).
     fn bytes(&self, id: TensorId) -> &[u8] {
         let t = self.t(id);
-        if let Storage::Weight { offset, len } = t.storage {
-            return &self.weights[offset..offset + len];
+        if let Storage::Weight { offset, len, .. } = t.storage {
+            return &self.weights.file[offset..offset + len];
         }
         // SAFETY: the tensor's planned range lies in its pool; no worker writes it during the
         // nodes that read it (it was produced by an earlier node, before a barrier).
@@ -373,7 +393,7 @@ impl Ctx<'_> {
                     q(&x[r * ne0..(r + 1) * ne0], y);
                 }
             }
-            Op::MatMul { w: wid, x } => self.matmul(t, wid, x, ith, nth, &mut scratch.gemm, &mut scratch.pack),
+            Op::MatMul { w: wid, x } => self.matmul(t, wid, x, ith, nth, scratch),
             Op::Rope { x, p, freqs } => {
                 let x = self.f32s(x);
                 let freqs = freqs.map(|f| self.f32s(f));
@@ -516,10 +536,11 @@ impl Ctx<'_> {
     /// Output columns (weight rows) are split across workers; each worker walks its columns in
     /// blocks small enough to stay in cache while every batch row streams past them.
     #[allow(clippy::too_many_arguments)]
-    fn matmul(&self, t: &Tensor, wid: TensorId, x: TensorId, ith: usize, nth: usize, gs: &mut GemmScratch, pack: &mut [u8]) {
+    fn matmul(&self, t: &Tensor, wid: TensorId, x: TensorId, ith: usize, nth: usize, scratch: &mut Scratch) {
         let wt = self.t(wid);
         let [k, n_out] = wt.ne;
         let rows = t.ne[1];
+        let (gs, pack) = (&mut scratch.gemm, &mut scratch.pack[..]);
         let panel = self.panel_gemm && !self.batch_invariant && rows >= GEMM_MIN_ROWS;
         if panel && gemm::supported(wt.dtype) && gs.fits(k, rows) {
             let xt = self.t(x);
@@ -541,6 +562,9 @@ impl Ctx<'_> {
             };
             return;
         }
+        if let (Storage::Weight { packed: Some(p), len, .. }, Some(il)) = (wt.storage, self.kernels.ops(wt.dtype).and_then(|o| o.interleaved)) {
+            return self.matmul_interleaved(t, &self.weights.packed[p..p + len], wt, x, il, ith, nth, &mut scratch.prep);
+        }
         let wrb = wt.row_bytes();
         let xt = self.t(x);
         let xrb = xt.row_bytes();
@@ -552,7 +576,7 @@ impl Ctx<'_> {
         // where its order differs.
         let grouped = !(self.batch_invariant && ops.tile_order);
         debug_assert_eq!(xt.ne[0], k);
-        let (cols, row_range) = matmul_part(n_out, rows, ith, nth);
+        let (cols, row_range) = matmul_part(n_out, rows, ith, nth, 1);
         let tiled_end = tiled_rows.min(row_range.end);
         let base = self.base(t) as *mut f32;
         let xrow = |r: usize| &xb[r * xrb..(r + 1) * xrb];
@@ -630,6 +654,50 @@ impl Ctx<'_> {
         }
     }
 
+    /// [`Self::matmul`] on a matrix interleaved at load (`g`, groups of four weight rows):
+    /// columns are split in whole groups; complete groups of four batch rows go through the
+    /// 4×4 tiles one column block at a time, the other rows (all of decode's) through the GEMV
+    /// over the worker's whole column range. Values as `vec_dot` gives them, bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_interleaved(&self, t: &Tensor, g: &[u8], wt: &Tensor, x: TensorId, il: InterleavedOps, ith: usize, nth: usize, prep: &mut [i32]) {
+        let n_out = wt.ne[1];
+        let rows = t.ne[1];
+        let wrb = wt.row_bytes();
+        let (xb, xrb) = (self.bytes(x), self.t(x).row_bytes());
+        let xrow = |r: usize| &xb[r * xrb..(r + 1) * xrb];
+        let (cols, row_range) = matmul_part(n_out, rows, ith, nth, interleave::ROWS);
+        if cols.is_empty() {
+            return;
+        }
+        let tiled_end = (rows - rows % 4).min(row_range.end);
+        let base = self.base(t) as *mut f32;
+        let mut r = row_range.start;
+        if r + 4 <= tiled_end {
+            let mut c0 = cols.start;
+            while c0 < cols.end {
+                let c1 = (c0 + IL_COL_BLOCK).min(cols.end);
+                let mut o = [[0f32; 4]; IL_COL_BLOCK];
+                for r in (r..tiled_end).step_by(4) {
+                    let ys = [xrow(r), xrow(r + 1), xrow(r + 2), xrow(r + 3)];
+                    (il.tile)(&g[c0 * wrb..c1 * wrb], wrb, ys, &mut o[..c1 - c0], prep);
+                    for (i, col) in o[..c1 - c0].iter().enumerate() {
+                        for (j, &v) in col.iter().enumerate() {
+                            // SAFETY: column c0 + i of these rows is written by this worker only.
+                            unsafe { *base.add((r + j) * n_out + c0 + i) = v };
+                        }
+                    }
+                }
+                c0 = c1;
+            }
+            r = tiled_end;
+        }
+        for r in r..row_range.end {
+            // SAFETY: row r's columns `cols` of the [rows][n_out] f32 output are this worker's.
+            let out = unsafe { std::slice::from_raw_parts_mut(base.add(r * n_out + cols.start), cols.len()) };
+            (il.rows)(&g[cols.start * wrb..cols.end * wrb], wrb, xrow(r), out, prep);
+        }
+    }
+
     fn kv_store(&self, layer: usize, k: TensorId, v: TensorId, ith: usize, nth: usize) {
         let kv = self.kv;
         let (kp, vp) = kv.layer_ptrs(layer);
@@ -664,34 +732,39 @@ mod tests {
     use super::{attention_items, matmul_part, split, COL_BLOCK};
 
     /// Every output element of a matmul belongs to exactly one worker; row parts start at
-    /// multiples of 4 and column parts at 16-column blocks; with few rows or wide matrices the
-    /// partition is the old column split; and a narrow matrix keeps most workers busy.
+    /// multiples of 4 and column parts at 16-column blocks or at multiples of `unit`; with few
+    /// rows or wide matrices the partition is the old column split (in units); and a narrow
+    /// matrix keeps most workers busy.
     #[test]
     fn matmul_parts_cover_the_output_once() {
-        for (n_out, rows) in [(128usize, 512usize), (64, 64), (2048, 512), (576, 1), (192, 7), (50, 33), (16, 8), (896, 13)] {
-            for nth in 1..=64 {
-                let mut seen = vec![0u8; n_out * rows];
-                let mut busy = 0;
-                for ith in 0..nth {
-                    let (cols, rr) = matmul_part(n_out, rows, ith, nth);
-                    if cols.is_empty() || rr.is_empty() {
-                        continue;
-                    }
-                    busy += 1;
-                    assert!(rr.start % 4 == 0 && (cols.start % COL_BLOCK == 0 || rr == (0..rows)));
-                    for r in rr {
-                        for c in cols.clone() {
-                            seen[r * n_out + c] += 1;
+        for (n_out, rows) in [(128usize, 512usize), (64, 64), (2048, 512), (576, 1), (192, 7), (50, 33), (16, 8), (896, 13), (36, 1), (20, 9)] {
+            for unit in [1, 4].into_iter().filter(|u| n_out % u == 0) {
+                for nth in 1..=64 {
+                    let mut seen = vec![0u8; n_out * rows];
+                    let mut busy = 0;
+                    for ith in 0..nth {
+                        let (cols, rr) = matmul_part(n_out, rows, ith, nth, unit);
+                        if cols.is_empty() || rr.is_empty() {
+                            continue;
+                        }
+                        busy += 1;
+                        assert!(rr.start % 4 == 0 && (cols.start % COL_BLOCK == 0 || rr == (0..rows)));
+                        assert!(cols.start % unit == 0 && cols.end % unit == 0, "n_out {n_out} nth {nth} unit {unit}: {cols:?}");
+                        for r in rr {
+                            for c in cols.clone() {
+                                seen[r * n_out + c] += 1;
+                            }
                         }
                     }
-                }
-                assert!(seen.iter().all(|&n| n == 1), "n_out {n_out} rows {rows} nth {nth}");
-                let blocks = n_out.div_ceil(COL_BLOCK);
-                if rows < 8 || blocks >= 2 * nth {
-                    assert!((0..nth).all(|i| matmul_part(n_out, rows, i, nth) == (split(n_out, i, nth), 0..rows)));
-                } else {
-                    let units = blocks * rows.div_ceil(4);
-                    assert!(2 * busy >= nth.min(units), "n_out {n_out} rows {rows} nth {nth}: {busy} busy");
+                    assert!(seen.iter().all(|&n| n == 1), "n_out {n_out} rows {rows} nth {nth}");
+                    let blocks = n_out.div_ceil(COL_BLOCK);
+                    if rows < 8 || blocks >= 2 * nth {
+                        let s = |i| split(n_out / unit, i, nth);
+                        assert!((0..nth).all(|i| matmul_part(n_out, rows, i, nth, unit) == (s(i).start * unit..s(i).end * unit, 0..rows)));
+                    } else {
+                        let units = blocks * rows.div_ceil(4);
+                        assert!(2 * busy >= nth.min(units), "n_out {n_out} rows {rows} nth {nth}: {busy} busy");
+                    }
                 }
             }
         }

@@ -11,8 +11,9 @@ pub struct TensorId(pub u32);
 /// Where a tensor's bytes are.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Storage {
-    /// Zero-copy range of the model file mapping.
-    Weight { offset: usize, len: usize },
+    /// Zero-copy range of the model file mapping; `packed`: where the same matrix starts in
+    /// the executor's interleaved copy (`crate::packed`), if it has one.
+    Weight { offset: usize, len: usize, packed: Option<usize> },
     /// In activation buffer `buf` (0 or 1: layer parity) at a byte offset.
     Act { buf: u8, offset: usize },
     /// In the output (logits) buffer at a byte offset.

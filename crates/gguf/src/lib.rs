@@ -127,6 +127,24 @@ impl Gguf {
         }
     }
 
+    /// Drop the whole pages inside `offset .. offset + len` of the mapping from this process
+    /// (`MADV_DONTNEED`): for data copied elsewhere at load. A later read of them faults them
+    /// back in from the file (the mapping is read-only, so nothing is lost). A no-op for owned
+    /// bytes or ranges outside the mapping.
+    pub fn release(&self, offset: usize, len: usize) {
+        #[cfg(target_os = "linux")]
+        if let Bytes::Mmap(m) = &self.bytes {
+            const PAGE: usize = 4096;
+            let start = offset.next_multiple_of(PAGE);
+            let end = offset.saturating_add(len).min(m.len()) / PAGE * PAGE;
+            if end > start {
+                // SAFETY: a read-only file mapping never holds changes of ours, so
+                // discarding its pages only means rereading them from the file on next access.
+                let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+            }
+        }
+    }
+
     /// Parse a file held in memory.
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Gguf, Error> {
         Self::parse(Bytes::Owned(bytes))
