@@ -246,6 +246,16 @@ pub fn matmul_part(n_out: usize, rows: usize, ith: usize, nth: usize, unit: usiz
     ((cb.start * COL_BLOCK).min(n_out)..(cb.end * COL_BLOCK).min(n_out), (rg.start * 4).min(rows)..(rg.end * 4).min(rows))
 }
 
+/// Tile results `o[i][j]` (column `c0 + i`, batch row `r + j`) into a `[rows][n_out]` f32 output.
+fn store_cols<const J: usize>(base: *mut f32, n_out: usize, r: usize, c0: usize, o: &[[f32; J]]) {
+    for (i, col) in o.iter().enumerate() {
+        for (j, &v) in col.iter().enumerate() {
+            // SAFETY: the caller's worker owns columns c0.. of rows r..r + J of the output.
+            unsafe { *base.add((r + j) * n_out + c0 + i) = v };
+        }
+    }
+}
+
 pub fn split(n: usize, ith: usize, nth: usize) -> Range<usize> {
     let per = n.div_ceil(nth);
     let start = (ith * per).min(n);
@@ -608,12 +618,7 @@ impl Ctx<'_> {
                         Some((packed_tile, buf)) => packed_tile(buf, wrb, ys, &mut o[..n_tile]),
                         None => tile(&wb[c0 * wrb..(c0 + n_tile) * wrb], wrb, ys, &mut o[..n_tile]),
                     }
-                    for (i, col) in o[..n_tile].iter().enumerate() {
-                        for (j, &v) in col.iter().enumerate() {
-                            // SAFETY: column c0 + i of these rows is written by this worker only.
-                            unsafe { *base.add((r + j) * n_out + c0 + i) = v };
-                        }
-                    }
+                    store_cols(base, n_out, r, c0, &o[..n_tile]);
                     c += n_tile;
                 }
                 for c in c..c1 {
@@ -676,16 +681,21 @@ impl Ctx<'_> {
             let mut c0 = cols.start;
             while c0 < cols.end {
                 let c1 = (c0 + IL_COL_BLOCK).min(cols.end);
-                let mut o = [[0f32; 4]; IL_COL_BLOCK];
-                for r in (r..tiled_end).step_by(4) {
-                    let ys = [xrow(r), xrow(r + 1), xrow(r + 2), xrow(r + 3)];
-                    (il.tile)(&g[c0 * wrb..c1 * wrb], wrb, ys, &mut o[..c1 - c0], prep);
-                    for (i, col) in o[..c1 - c0].iter().enumerate() {
-                        for (j, &v) in col.iter().enumerate() {
-                            // SAFETY: column c0 + i of these rows is written by this worker only.
-                            unsafe { *base.add((r + j) * n_out + c0 + i) = v };
-                        }
+                let gb = &g[c0 * wrb..c1 * wrb];
+                // Eight batch rows per tile call where the table has the kernel, then four.
+                let mut r8 = r;
+                if let Some(tile8) = il.tile8 {
+                    let mut o = [[0f32; 8]; IL_COL_BLOCK];
+                    while r8 + 8 <= tiled_end {
+                        tile8(gb, wrb, std::array::from_fn(|j| xrow(r8 + j)), &mut o[..c1 - c0], prep);
+                        store_cols(base, n_out, r8, c0, &o[..c1 - c0]);
+                        r8 += 8;
                     }
+                }
+                let mut o = [[0f32; 4]; IL_COL_BLOCK];
+                for r in (r8..tiled_end).step_by(4) {
+                    (il.tile)(gb, wrb, std::array::from_fn(|j| xrow(r + j)), &mut o[..c1 - c0], prep);
+                    store_cols(base, n_out, r, c0, &o[..c1 - c0]);
                 }
                 c0 = c1;
             }

@@ -32,9 +32,9 @@ use crate::DType;
 pub const ROWS: usize = 4;
 
 /// i32 of scratch the interleaved kernels need for rows of `k` values: per activation block
-/// eight lane sums and its scales (a cache line), for up to four activation rows.
+/// eight lane sums and its scales (a cache line), for up to eight activation rows.
 pub fn scratch_len(k: usize) -> usize {
-    4 * k.div_ceil(32) * 16
+    8 * k.div_ceil(32) * 16
 }
 
 /// Weight types with an interleaved layout.

@@ -245,30 +245,30 @@ pub fn rows<T: Interleaved>(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], pre
 }
 
 /// Prefill's tiles on interleaved rows: `out[c][j]` = the plain `vec_dot` of weight row c
-/// (`g`: groups of `out.len()` rows) with activation row `y[j]`, bit for bit. Each group-block
-/// is decoded once for the four activation rows. `prep`: scratch of at least
-/// `4 · xrb / BS · 16` i32.
+/// (`g`: groups of `out.len()` rows) with activation row `y[j]`, bit for bit, for `J` (4 or 8)
+/// activation rows. Each group-block is decoded once for the `J` rows. `prep`: scratch of at
+/// least `J · xrb / BS · 16` i32.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub fn tiles<T: Interleaved>(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], prep: &mut [i32]) {
+pub fn tiles<T: Interleaved, const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], prep: &mut [i32]) {
     let nb = xrb / T::BS;
     let (abs, _) = act_block::<T>();
     let gbs = ROWS * T::BS;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= 4 * nb * PREP);
-    // SAFETY: as in `rows`, for four activation rows and four `prep` ranges.
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= J * nb * PREP);
+    // SAFETY: as in `rows`, for J activation rows and J `prep` ranges.
     unsafe {
         for (j, y) in y.iter().enumerate() {
             prepare::<T>(y, nb, &mut prep[j * nb * PREP..(j + 1) * nb * PREP]);
         }
         for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
             let base = g.as_ptr().add(c * ROWS * xrb);
-            let mut acc = [[_mm512_setzero_ps(); 2]; 4];
-            let mut summs = [_mm256_setzero_ps(); 4];
+            let mut acc = [[_mm512_setzero_ps(); 2]; J];
+            let mut summs = [_mm256_setzero_ps(); J];
             for i in 0..nb {
                 let gb = base.add(i * gbs);
                 let (u, h) = (T::values(gb), heads::<T>(gb));
-                // Spread once for the four activation rows, then one product per row.
+                // Spread once for the activation rows, then one product per row.
                 let wz = spread::<T>(h);
-                for j in 0..4 {
+                for j in 0..J {
                     let a = act::<T>(y[j].as_ptr().add(i * abs), prep.as_ptr().add((j * nb + i) * PREP));
                     if T::MIN {
                         summs[j] = _mm256_add_ps(summs[j], _mm256_mul_ps(h, a.ds));
@@ -276,7 +276,7 @@ pub fn tiles<T: Interleaved>(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f3
                     step(u, _mm512_mul_ps(wz, a.dy), &a, &mut acc[j]);
                 }
             }
-            for j in 0..4 {
+            for j in 0..J {
                 let mut v = [0f32; 4];
                 finish::<T>(&acc[j], summs[j], &mut v);
                 for r in 0..4 {
