@@ -247,10 +247,14 @@ pub fn matmul_part(n_out: usize, rows: usize, ith: usize, nth: usize, unit: usiz
 }
 
 /// Tile results `o[i][j]` (column `c0 + i`, batch row `r + j`) into a `[rows][n_out]` f32 output.
-fn store_cols<const J: usize>(base: *mut f32, n_out: usize, r: usize, c0: usize, o: &[[f32; J]]) {
+///
+/// # Safety
+/// `base` is that output; rows `r .. r + J` and columns `c0 .. c0 + o.len()` lie inside it and
+/// no other worker writes them during the node.
+unsafe fn store_cols<const J: usize>(base: *mut f32, n_out: usize, r: usize, c0: usize, o: &[[f32; J]]) {
     for (i, col) in o.iter().enumerate() {
         for (j, &v) in col.iter().enumerate() {
-            // SAFETY: the caller's worker owns columns c0.. of rows r..r + J of the output.
+            // SAFETY: inside the output and this worker's (the function's contract).
             unsafe { *base.add((r + j) * n_out + c0 + i) = v };
         }
     }
@@ -618,7 +622,8 @@ impl Ctx<'_> {
                         Some((packed_tile, buf)) => packed_tile(buf, wrb, ys, &mut o[..n_tile]),
                         None => tile(&wb[c0 * wrb..(c0 + n_tile) * wrb], wrb, ys, &mut o[..n_tile]),
                     }
-                    store_cols(base, n_out, r, c0, &o[..n_tile]);
+                    // SAFETY: columns c0..c0 + n_tile of rows r..r + 4 are this worker's.
+                    unsafe { store_cols(base, n_out, r, c0, &o[..n_tile]) };
                     c += n_tile;
                 }
                 for c in c..c1 {
@@ -661,7 +666,8 @@ impl Ctx<'_> {
 
     /// [`Self::matmul`] on a matrix interleaved at load (`g`, groups of four weight rows):
     /// columns are split in whole groups; complete groups of four batch rows go through the
-    /// 4×4 tiles one column block at a time, the other rows (all of decode's) through the GEMV
+    /// tiles (eight rows per call, then four) one column block at a time, the other rows (all of
+    /// decode's) through the GEMV
     /// over the worker's whole column range. Values as `vec_dot` gives them, bit for bit.
     #[allow(clippy::too_many_arguments)]
     fn matmul_interleaved(&self, t: &Tensor, g: &[u8], wt: &Tensor, x: TensorId, il: InterleavedOps, ith: usize, nth: usize, prep: &mut [i32]) {
@@ -688,14 +694,16 @@ impl Ctx<'_> {
                     let mut o = [[0f32; 8]; IL_COL_BLOCK];
                     while r8 + 8 <= tiled_end {
                         tile8(gb, wrb, std::array::from_fn(|j| xrow(r8 + j)), &mut o[..c1 - c0], prep);
-                        store_cols(base, n_out, r8, c0, &o[..c1 - c0]);
+                        // SAFETY: columns c0..c1 of rows r8..r8 + 8 are this worker's.
+                        unsafe { store_cols(base, n_out, r8, c0, &o[..c1 - c0]) };
                         r8 += 8;
                     }
                 }
                 let mut o = [[0f32; 4]; IL_COL_BLOCK];
                 for r in (r8..tiled_end).step_by(4) {
                     (il.tile)(gb, wrb, std::array::from_fn(|j| xrow(r + j)), &mut o[..c1 - c0], prep);
-                    store_cols(base, n_out, r, c0, &o[..c1 - c0]);
+                    // SAFETY: columns c0..c1 of rows r..r + 4 are this worker's.
+                    unsafe { store_cols(base, n_out, r, c0, &o[..c1 - c0]) };
                 }
                 c0 = c1;
             }
