@@ -501,11 +501,13 @@ fn bench(a: &BenchArgs) -> Result<()> {
         }
         results.extend(rows);
         if !json {
+            let (n_packed, packed_bytes) = engine.packed();
             eprintln!(
-                "[{t} threads: read bandwidth {:.1} GB/s (best pass), {:.1} MB of weights + {:.1} kB of KV cache per context token read per decoded token; roofline = bandwidth / bytes at the mean context]",
+                "[{t} threads: read bandwidth {:.1} GB/s (best pass), {:.1} MB of weights + {:.1} kB of KV cache per context token read per decoded token; roofline = bandwidth / bytes at the mean context; {n_packed} matrices ({:.1} MB) repacked at load]",
                 bw / 1e9,
                 bytes_per_token(&engine) as f64 / 1e6,
-                engine.kv_bytes_per_cell() as f64 / 1e3
+                engine.kv_bytes_per_cell() as f64 / 1e3,
+                packed_bytes as f64 / 1e6
             );
         }
     }
