@@ -46,7 +46,7 @@ pub struct EngineConfig {
     /// (off by default; never used with `batch_invariant`).
     pub fast_prefill: bool,
     /// Repack matrices once at load into the interleaved layout of the detected kernels
-    /// (`corelm_core::packed`; Q4_1, Q5_0, Q8_0 with AVX-512 VNNI): same bytes, same results
+    /// (`corelm_core::packed`; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 with AVX-512 VNNI): same bytes, same results
     /// bit for bit, faster GEMV and tiles. The plain rows stay mapped for other readers.
     pub repack: bool,
 }

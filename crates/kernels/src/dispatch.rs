@@ -218,21 +218,32 @@ impl Kernels {
                 pack: |x, xrb, out| unsafe { avx512::pack_offset::<BlockQ8_0>(x, xrb, out) },
                 tile: |p, xrb, y, out| unsafe { avx512::tiles_packed::<BlockQ8_0>(p, xrb, y, out) },
             });
-            use crate::x86::interleaved::{rows, tiles, Q4_1, Q5_0, Q8_0};
-            k.ops[slot(DType::Q4_1).unwrap()].interleaved = Some(InterleavedOps {
-                rows: |g, xrb, y, o, n| unsafe { rows::<Q4_1>(g, xrb, y, o, n) },
-                tile: |g, xrb, y, o, n| unsafe { tiles::<Q4_1, 4>(g, xrb, y, o, n) },
-                tile8: Some(|g, xrb, y, o, n| unsafe { tiles::<Q4_1, 8>(g, xrb, y, o, n) }),
+            use crate::x86::interleaved::{self as il, rows, tiles};
+            let ops = |k: &mut Kernels, t: DType, o: InterleavedOps| k.ops[slot(t).unwrap()].interleaved = Some(o);
+            ops(&mut k, DType::Q4_0, InterleavedOps {
+                rows: |g, xrb, y, o, n| unsafe { rows::<il::Q4_0>(g, xrb, y, o, n) },
+                tile: |g, xrb, y, o, n| unsafe { tiles::<il::Q4_0, 4>(g, xrb, y, o, n) },
+                tile8: Some(|g, xrb, y, o, n| unsafe { tiles::<il::Q4_0, 8>(g, xrb, y, o, n) }),
             });
-            k.ops[slot(DType::Q5_0).unwrap()].interleaved = Some(InterleavedOps {
-                rows: |g, xrb, y, o, n| unsafe { rows::<Q5_0>(g, xrb, y, o, n) },
-                tile: |g, xrb, y, o, n| unsafe { tiles::<Q5_0, 4>(g, xrb, y, o, n) },
-                tile8: Some(|g, xrb, y, o, n| unsafe { tiles::<Q5_0, 8>(g, xrb, y, o, n) }),
+            ops(&mut k, DType::Q4_1, InterleavedOps {
+                rows: |g, xrb, y, o, n| unsafe { rows::<il::Q4_1>(g, xrb, y, o, n) },
+                tile: |g, xrb, y, o, n| unsafe { tiles::<il::Q4_1, 4>(g, xrb, y, o, n) },
+                tile8: Some(|g, xrb, y, o, n| unsafe { tiles::<il::Q4_1, 8>(g, xrb, y, o, n) }),
             });
-            k.ops[slot(DType::Q8_0).unwrap()].interleaved = Some(InterleavedOps {
-                rows: |g, xrb, y, o, n| unsafe { rows::<Q8_0>(g, xrb, y, o, n) },
-                tile: |g, xrb, y, o, n| unsafe { tiles::<Q8_0, 4>(g, xrb, y, o, n) },
-                tile8: Some(|g, xrb, y, o, n| unsafe { tiles::<Q8_0, 8>(g, xrb, y, o, n) }),
+            ops(&mut k, DType::Q5_0, InterleavedOps {
+                rows: |g, xrb, y, o, n| unsafe { rows::<il::Q5_0>(g, xrb, y, o, n) },
+                tile: |g, xrb, y, o, n| unsafe { tiles::<il::Q5_0, 4>(g, xrb, y, o, n) },
+                tile8: Some(|g, xrb, y, o, n| unsafe { tiles::<il::Q5_0, 8>(g, xrb, y, o, n) }),
+            });
+            ops(&mut k, DType::Q5_1, InterleavedOps {
+                rows: |g, xrb, y, o, n| unsafe { rows::<il::Q5_1>(g, xrb, y, o, n) },
+                tile: |g, xrb, y, o, n| unsafe { tiles::<il::Q5_1, 4>(g, xrb, y, o, n) },
+                tile8: Some(|g, xrb, y, o, n| unsafe { tiles::<il::Q5_1, 8>(g, xrb, y, o, n) }),
+            });
+            ops(&mut k, DType::Q8_0, InterleavedOps {
+                rows: |g, xrb, y, o, n| unsafe { rows::<il::Q8_0>(g, xrb, y, o, n) },
+                tile: |g, xrb, y, o, n| unsafe { tiles::<il::Q8_0, 4>(g, xrb, y, o, n) },
+                tile8: Some(|g, xrb, y, o, n| unsafe { tiles::<il::Q8_0, 8>(g, xrb, y, o, n) }),
             });
         }
         k

@@ -7,11 +7,13 @@
 //!
 //! | type | group-block (bytes) |
 //! |---|---|
+//! | Q4_0 (4 × 18) | `d0‥d3` (f16, 8) · `qs` of rows 0‥3 (4 × 16) |
 //! | Q4_1 (4 × 20) | `[d0 m0 d1 m1 d2 m2 d3 m3]` (f16, 16) · `qs` of rows 0‥3 (4 × 16) |
 //! | Q5_0 (4 × 22) | `d0‥d3` (f16, 8) · `hl` (u64) · `hh` (u64) · `qs` of rows 0‥3 (4 × 16) |
+//! | Q5_1 (4 × 24) | `[d0 m0 … d3 m3]` (f16, 16) · `hl` · `hh` · `qs` of rows 0‥3 (4 × 16) |
 //! | Q8_0 (4 × 34) | `d0‥d3` (f16, 8) · `qs[0..16]` of rows 0‥3 (64) · `qs[16..32]` of rows 0‥3 (64) |
 //!
-//! Q5_0's fifth bits are regrouped as the two 64-bit masks a 512-bit kernel wants: bit
+//! The fifth bits of Q5_0 and Q5_1 are regrouped as the two 64-bit masks a 512-bit kernel wants: bit
 //! `16r + e` of `hl` is row r's bit for element `e`, of `hh` for element `16 + e` (e < 16).
 //!
 //! Why: a 64-byte load then holds one half-block of all four rows — 128-bit lane `r` is row `r`
@@ -39,7 +41,7 @@ pub fn scratch_len(k: usize) -> usize {
 
 /// Weight types with an interleaved layout.
 pub fn supported(t: DType) -> bool {
-    matches!(t, DType::Q4_1 | DType::Q5_0 | DType::Q8_0)
+    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0)
 }
 
 /// Repack `x` (whole rows of `xrb` bytes, a multiple of four of them) into groups in `out`
@@ -77,16 +79,22 @@ pub fn unpack(t: DType, g: &[u8], xrb: usize, out: &mut [u8]) {
 fn unpack_block(t: DType, gb: &[u8], out: &mut [[u8; 34]; ROWS]) {
     for (r, o) in out.iter_mut().enumerate() {
         match t {
+            DType::Q4_0 => {
+                o[..2].copy_from_slice(&gb[2 * r..2 * r + 2]);
+                o[2..18].copy_from_slice(&gb[8 + 16 * r..24 + 16 * r]);
+            }
             DType::Q4_1 => {
                 o[..4].copy_from_slice(&gb[4 * r..4 * r + 4]);
                 o[4..20].copy_from_slice(&gb[16 + 16 * r..32 + 16 * r]);
             }
-            DType::Q5_0 => {
-                o[..2].copy_from_slice(&gb[2 * r..2 * r + 2]);
-                let (hl, hh) = (u64_at(gb, 8), u64_at(gb, 16));
+            DType::Q5_0 | DType::Q5_1 => {
+                // Q5_0: d, qh, qs (scales 8 bytes); Q5_1: d, m, qh, qs (16).
+                let h = if t == DType::Q5_1 { 4 } else { 2 };
+                o[..h].copy_from_slice(&gb[h * r..h * r + h]);
+                let (hl, hh) = (u64_at(gb, 4 * h), u64_at(gb, 4 * h + 8));
                 let qh = ((hl >> (16 * r)) & 0xFFFF) as u32 | (((hh >> (16 * r)) & 0xFFFF) as u32) << 16;
-                o[2..6].copy_from_slice(&qh.to_le_bytes());
-                o[6..22].copy_from_slice(&gb[24 + 16 * r..40 + 16 * r]);
+                o[h..h + 4].copy_from_slice(&qh.to_le_bytes());
+                o[h + 4..h + 20].copy_from_slice(&gb[4 * h + 16 + 16 * r..4 * h + 32 + 16 * r]);
             }
             DType::Q8_0 => {
                 o[..2].copy_from_slice(&gb[2 * r..2 * r + 2]);
@@ -100,23 +108,31 @@ fn unpack_block(t: DType, gb: &[u8], out: &mut [[u8; 34]; ROWS]) {
 
 fn pack_block(t: DType, b: [&[u8]; ROWS], gb: &mut [u8]) {
     match t {
+        DType::Q4_0 => {
+            for r in 0..ROWS {
+                gb[2 * r..2 * r + 2].copy_from_slice(&b[r][..2]);
+                gb[8 + 16 * r..24 + 16 * r].copy_from_slice(&b[r][2..18]);
+            }
+        }
         DType::Q4_1 => {
             for r in 0..ROWS {
                 gb[4 * r..4 * r + 4].copy_from_slice(&b[r][..4]);
                 gb[16 + 16 * r..32 + 16 * r].copy_from_slice(&b[r][4..20]);
             }
         }
-        DType::Q5_0 => {
+        DType::Q5_0 | DType::Q5_1 => {
+            // The scales (d, and m for Q5_1: h bytes per row), then the two masks, then qs.
+            let h = if t == DType::Q5_1 { 4 } else { 2 };
             let (mut hl, mut hh) = (0u64, 0u64);
             for r in 0..ROWS {
-                gb[2 * r..2 * r + 2].copy_from_slice(&b[r][..2]);
-                let qh = u32::from_le_bytes([b[r][2], b[r][3], b[r][4], b[r][5]]);
+                gb[h * r..h * r + h].copy_from_slice(&b[r][..h]);
+                let qh = u32::from_le_bytes([b[r][h], b[r][h + 1], b[r][h + 2], b[r][h + 3]]);
                 hl |= ((qh & 0xFFFF) as u64) << (16 * r);
                 hh |= ((qh >> 16) as u64) << (16 * r);
-                gb[24 + 16 * r..40 + 16 * r].copy_from_slice(&b[r][6..22]);
+                gb[4 * h + 16 + 16 * r..4 * h + 32 + 16 * r].copy_from_slice(&b[r][h + 4..h + 20]);
             }
-            gb[8..16].copy_from_slice(&hl.to_le_bytes());
-            gb[16..24].copy_from_slice(&hh.to_le_bytes());
+            gb[4 * h..4 * h + 8].copy_from_slice(&hl.to_le_bytes());
+            gb[4 * h + 8..4 * h + 16].copy_from_slice(&hh.to_le_bytes());
         }
         DType::Q8_0 => {
             for r in 0..ROWS {

@@ -1,5 +1,6 @@
 //! AVX-512 kernels on interleaved weights (`crate::interleave`): decode's GEMV ([`rows`]) and
-//! prefill's 4×4 tiles ([`tiles`]) for Q4_1, Q5_0 and Q8_0.
+//! prefill's tiles ([`tiles`], four weight rows × four or eight activation rows) for Q4_0,
+//! Q4_1, Q5_0, Q5_1 and Q8_0.
 //!
 //! One group-block gives two 512-bit vectors of unsigned weight bytes, `lo` and `hi`: 128-bit
 //! lane `r` of `lo` holds row r's values 0‥16 and of `hi` its values 16‥32. The activation
@@ -10,7 +11,7 @@
 //! follows `hsum_f32x8` (`(hi + lo)`, then `+ movehl`, then `+ movehdup`), so every result is
 //! bit-identical to the plain row's `vec_dot`.
 //!
-//! Weight types stored with an offset (`u = q + o`: Q5_0 16, Q8_0 128) use
+//! Weight types stored with an offset (`u = q + o`: Q4_0 8, Q5_0 16, Q8_0 128) use
 //! `Σ q·y = Σ u·y − o·Σ y`, exact in integers; the eight `−o·Σ y` lane sums of each activation
 //! block, and its scale as f32, are computed once per call into the caller's scratch (`prep`),
 //! not once per group. Each group-block's four scales are spread over their rows' lanes once,
@@ -26,7 +27,7 @@ pub trait Interleaved {
     const BS: usize;
     /// `u = q + OFFSET` (0: the values are unsigned already; the type has a min instead).
     const OFFSET: u8;
-    /// Q8_1 activations and a `Σ m·s` term (Q4_1); otherwise Q8_0 activations.
+    /// Q8_1 activations and a `Σ m·s` term (Q4_1, Q5_1); otherwise Q8_0 activations.
     const MIN: bool;
     /// The unsigned values `(lo, hi)` of the group-block at `g`.
     ///
@@ -35,9 +36,50 @@ pub trait Interleaved {
     unsafe fn values(g: *const u8) -> (__m512i, __m512i);
 }
 
+pub struct Q4_0;
 pub struct Q4_1;
 pub struct Q5_0;
+pub struct Q5_1;
 pub struct Q8_0;
+
+/// The nibbles of four rows' `qs` (64 bytes at `qs`): `(v & 0x0F, (v >> 4) & 0x0F)`.
+#[inline(always)]
+unsafe fn nibbles(qs: *const u8) -> (__m512i, __m512i) {
+    // SAFETY: the caller passes 64 readable bytes.
+    let v = unsafe { _mm512_loadu_si512(qs as *const _) };
+    let m = _mm512_set1_epi8(0x0F);
+    (_mm512_and_si512(v, m), _mm512_and_si512(_mm512_srli_epi16(v, 4), m))
+}
+
+/// Five-bit values: the nibbles at `g + 16 + masks` with 16 added where the masks at `g + masks`
+/// (`hl`, then `hh`) have their bit set, one `vpternlogd` per half: `(v & 0x0F) | bit·16`.
+#[inline(always)]
+unsafe fn fifth_bits(g: *const u8, masks: usize) -> (__m512i, __m512i) {
+    // SAFETY: the masks at `masks`, `masks + 8` and 64 bytes at `masks + 16` are inside the
+    // group-block (the caller's layout).
+    let (v, hl, hh) = unsafe {
+        (
+            _mm512_loadu_si512(g.add(masks + 16) as *const _),
+            (g.add(masks) as *const u64).read_unaligned(),
+            (g.add(masks + 8) as *const u64).read_unaligned(),
+        )
+    };
+    let (m, sixteen) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(16));
+    let lo = _mm512_ternarylogic_epi32::<0xEA>(v, m, _mm512_maskz_mov_epi8(hl, sixteen));
+    let hi = _mm512_ternarylogic_epi32::<0xEA>(_mm512_srli_epi16(v, 4), m, _mm512_maskz_mov_epi8(hh, sixteen));
+    (lo, hi)
+}
+
+impl Interleaved for Q4_0 {
+    const BS: usize = 18;
+    const OFFSET: u8 = 8;
+    const MIN: bool = false;
+    #[inline(always)]
+    unsafe fn values(g: *const u8) -> (__m512i, __m512i) {
+        // SAFETY: 64 bytes at 8 inside the 72-byte group-block.
+        unsafe { nibbles(g.add(8)) }
+    }
+}
 
 impl Interleaved for Q4_1 {
     const BS: usize = 20;
@@ -46,9 +88,7 @@ impl Interleaved for Q4_1 {
     #[inline(always)]
     unsafe fn values(g: *const u8) -> (__m512i, __m512i) {
         // SAFETY: 64 bytes at 16 inside the 80-byte group-block.
-        let v = unsafe { _mm512_loadu_si512(g.add(16) as *const _) };
-        let m = _mm512_set1_epi8(0x0F);
-        (_mm512_and_si512(v, m), _mm512_and_si512(_mm512_srli_epi16(v, 4), m))
+        unsafe { nibbles(g.add(16)) }
     }
 }
 
@@ -58,19 +98,19 @@ impl Interleaved for Q5_0 {
     const MIN: bool = false;
     #[inline(always)]
     unsafe fn values(g: *const u8) -> (__m512i, __m512i) {
-        // SAFETY: the masks at 8 and 16 and 64 bytes at 24, inside the 88-byte group-block.
-        let (v, hl, hh) = unsafe {
-            (
-                _mm512_loadu_si512(g.add(24) as *const _),
-                (g.add(8) as *const u64).read_unaligned(),
-                (g.add(16) as *const u64).read_unaligned(),
-            )
-        };
-        let (m, sixteen) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(16));
-        // (v & 0x0F) | fifth bit · 16, one vpternlogd per half.
-        let lo = _mm512_ternarylogic_epi32::<0xEA>(v, m, _mm512_maskz_mov_epi8(hl, sixteen));
-        let hi = _mm512_ternarylogic_epi32::<0xEA>(_mm512_srli_epi16(v, 4), m, _mm512_maskz_mov_epi8(hh, sixteen));
-        (lo, hi)
+        // SAFETY: masks at 8 and 16, values at 24, inside the 88-byte group-block.
+        unsafe { fifth_bits(g, 8) }
+    }
+}
+
+impl Interleaved for Q5_1 {
+    const BS: usize = 24;
+    const OFFSET: u8 = 0;
+    const MIN: bool = true;
+    #[inline(always)]
+    unsafe fn values(g: *const u8) -> (__m512i, __m512i) {
+        // SAFETY: masks at 16 and 24, values at 32, inside the 96-byte group-block.
+        unsafe { fifth_bits(g, 16) }
     }
 }
 
