@@ -52,7 +52,12 @@ fn written_bytes_equal_ggml_quantizer() {
 }
 
 fn logits(path: &std::path::Path, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let cfg = EngineConfig { n_ctx: 64, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, ..Default::default() };
+    logits_with(path, tokens, true)
+}
+
+/// Logits of every token, with the matrices repacked at load or in the file's layout.
+fn logits_with(path: &std::path::Path, tokens: &[u32], repack: bool) -> Vec<Vec<f32>> {
+    let cfg = EngineConfig { n_ctx: 64, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, repack, ..Default::default() };
     let mut e = Engine::load(path, cfg).unwrap();
     let mut out = Vec::new();
     e.feed(0, tokens, true, |l| out.extend((0..l.rows()).map(|i| l.row(i).to_vec()))).unwrap();
@@ -91,6 +96,12 @@ fn quantized_model_round_trip() {
             if a[best] - a[second] > 4.0 * bound {
                 assert_eq!(best_q, best, "{t}: position {i} changed its clear argmax");
             }
+        }
+        // Repacked at load (Q8_0, Q5_1, Q4_0 on AVX-512 VNNI) or not, the same bits: 15 rows
+        // take the eight- and four-row tiles and the GEMV.
+        let (plain, packed) = (logits_with(&out, &tokens[..15], false), logits_with(&out, &tokens[..15], true));
+        for (i, (a, b)) in plain.iter().zip(&packed).enumerate() {
+            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{t}: row {i} differs once repacked");
         }
         let mean = sum / n as f64;
         eprintln!("{t}: {} tensors quantized, |Δlogit| vs the Q4_1 original: mean {mean:.4}, worst {worst:.3}", r.quantized);
