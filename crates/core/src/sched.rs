@@ -688,16 +688,14 @@ impl Ctx<'_> {
             while c0 < cols.end {
                 let c1 = (c0 + IL_COL_BLOCK).min(cols.end);
                 let gb = &g[c0 * wrb..c1 * wrb];
-                // Eight batch rows per tile call where the table has the kernel, then four.
+                // Eight batch rows per tile call, then a last four.
                 let mut r8 = r;
-                if let Some(tile8) = il.tile8 {
-                    let mut o = [[0f32; 8]; IL_COL_BLOCK];
-                    while r8 + 8 <= tiled_end {
-                        tile8(gb, wrb, std::array::from_fn(|j| xrow(r8 + j)), &mut o[..c1 - c0], prep);
-                        // SAFETY: columns c0..c1 of rows r8..r8 + 8 are this worker's.
-                        unsafe { store_cols(base, n_out, r8, c0, &o[..c1 - c0]) };
-                        r8 += 8;
-                    }
+                let mut o = [[0f32; 8]; IL_COL_BLOCK];
+                while r8 + 8 <= tiled_end {
+                    (il.tile8)(gb, wrb, std::array::from_fn(|j| xrow(r8 + j)), &mut o[..c1 - c0], prep);
+                    // SAFETY: columns c0..c1 of rows r8..r8 + 8 are this worker's.
+                    unsafe { store_cols(base, n_out, r8, c0, &o[..c1 - c0]) };
+                    r8 += 8;
                 }
                 let mut o = [[0f32; 4]; IL_COL_BLOCK];
                 for r in (r8..tiled_end).step_by(4) {

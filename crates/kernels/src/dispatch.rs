@@ -27,18 +27,34 @@ pub struct TilePacking {
     pub tile: VecDotTile,
 }
 
+/// Decode's GEMV on interleaved rows: `out.len()` rows (a multiple of four; `g` their groups,
+/// plain rows `xrb` bytes) against one activation row; `prep` is scratch.
+pub type IlRows = fn(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]);
+/// Prefill's tiles on interleaved rows: the same rows against `J` activation rows, `out[c][j]`.
+pub type IlTile<const J: usize> = fn(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], prep: &mut [i32]);
+
 /// Kernels on weights interleaved at load (`crate::interleave`): the same values, bit for bit,
 /// as `vec_dot` on the plain rows. `prep`: scratch of `interleave::scratch_len(k)` i32.
 #[derive(Clone, Copy)]
 pub struct InterleavedOps {
-    /// Decode's GEMV: `out.len()` rows (a multiple of four; `g` their groups, plain rows `xrb`
-    /// bytes) against one activation row.
-    pub rows: fn(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]),
-    /// Prefill's tiles: the same rows against four activation rows, `out[c][j]`.
-    pub tile: fn(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], prep: &mut [i32]),
-    /// The same against eight activation rows, where decoding each weight block once for eight
-    /// rows is measured faster.
-    pub tile8: Option<fn(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32])>,
+    pub rows: IlRows,
+    pub tile: IlTile<4>,
+    /// Eight activation rows (each weight block decoded once for eight).
+    pub tile8: IlTile<8>,
+}
+
+/// The interleaved kernels of type `T` (`x86::interleaved`). Only for tables of CPUs with
+/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C: the returned functions call them without checking.
+#[cfg(target_arch = "x86_64")]
+fn interleaved_ops<T: crate::x86::interleaved::Interleaved>() -> InterleavedOps {
+    use crate::x86::interleaved::{rows, tiles};
+    // SAFETY (all three): `Kernels::detect` puts these in a table only after detecting the
+    // features the kernels are compiled for.
+    InterleavedOps {
+        rows: |g, xrb, y, o, p| unsafe { rows::<T>(g, xrb, y, o, p) },
+        tile: |g, xrb, y, o, p| unsafe { tiles::<T, 4>(g, xrb, y, o, p) },
+        tile8: |g, xrb, y, o, p| unsafe { tiles::<T, 8>(g, xrb, y, o, p) },
+    }
 }
 
 /// Most packed bytes per weight row of `k` values any [`TilePacking`] uses (36 per 32 values
@@ -218,33 +234,16 @@ impl Kernels {
                 pack: |x, xrb, out| unsafe { avx512::pack_offset::<BlockQ8_0>(x, xrb, out) },
                 tile: |p, xrb, y, out| unsafe { avx512::tiles_packed::<BlockQ8_0>(p, xrb, y, out) },
             });
-            use crate::x86::interleaved::{self as il, rows, tiles};
-            let ops = |k: &mut Kernels, t: DType, o: InterleavedOps| k.ops[slot(t).unwrap()].interleaved = Some(o);
-            ops(&mut k, DType::Q4_0, InterleavedOps {
-                rows: |g, xrb, y, o, n| unsafe { rows::<il::Q4_0>(g, xrb, y, o, n) },
-                tile: |g, xrb, y, o, n| unsafe { tiles::<il::Q4_0, 4>(g, xrb, y, o, n) },
-                tile8: Some(|g, xrb, y, o, n| unsafe { tiles::<il::Q4_0, 8>(g, xrb, y, o, n) }),
-            });
-            ops(&mut k, DType::Q4_1, InterleavedOps {
-                rows: |g, xrb, y, o, n| unsafe { rows::<il::Q4_1>(g, xrb, y, o, n) },
-                tile: |g, xrb, y, o, n| unsafe { tiles::<il::Q4_1, 4>(g, xrb, y, o, n) },
-                tile8: Some(|g, xrb, y, o, n| unsafe { tiles::<il::Q4_1, 8>(g, xrb, y, o, n) }),
-            });
-            ops(&mut k, DType::Q5_0, InterleavedOps {
-                rows: |g, xrb, y, o, n| unsafe { rows::<il::Q5_0>(g, xrb, y, o, n) },
-                tile: |g, xrb, y, o, n| unsafe { tiles::<il::Q5_0, 4>(g, xrb, y, o, n) },
-                tile8: Some(|g, xrb, y, o, n| unsafe { tiles::<il::Q5_0, 8>(g, xrb, y, o, n) }),
-            });
-            ops(&mut k, DType::Q5_1, InterleavedOps {
-                rows: |g, xrb, y, o, n| unsafe { rows::<il::Q5_1>(g, xrb, y, o, n) },
-                tile: |g, xrb, y, o, n| unsafe { tiles::<il::Q5_1, 4>(g, xrb, y, o, n) },
-                tile8: Some(|g, xrb, y, o, n| unsafe { tiles::<il::Q5_1, 8>(g, xrb, y, o, n) }),
-            });
-            ops(&mut k, DType::Q8_0, InterleavedOps {
-                rows: |g, xrb, y, o, n| unsafe { rows::<il::Q8_0>(g, xrb, y, o, n) },
-                tile: |g, xrb, y, o, n| unsafe { tiles::<il::Q8_0, 4>(g, xrb, y, o, n) },
-                tile8: Some(|g, xrb, y, o, n| unsafe { tiles::<il::Q8_0, 8>(g, xrb, y, o, n) }),
-            });
+            use crate::x86::interleaved as il;
+            for (t, o) in [
+                (DType::Q4_0, interleaved_ops::<il::Q4_0>()),
+                (DType::Q4_1, interleaved_ops::<il::Q4_1>()),
+                (DType::Q5_0, interleaved_ops::<il::Q5_0>()),
+                (DType::Q5_1, interleaved_ops::<il::Q5_1>()),
+                (DType::Q8_0, interleaved_ops::<il::Q8_0>()),
+            ] {
+                k.ops[slot(t).unwrap()].interleaved = Some(o);
+            }
         }
         k
     }

@@ -86,16 +86,14 @@ fn interleaved_gemv_and_tiles_equal_plain_row_dots() {
                 }
             }
             // Eight activation rows at once (the four above and four more).
-            if let Some(tile8) = il.tile8 {
-                let more: Vec<(Vec<f32>, Vec<u8>)> = (0..4).map(|_| activations(&fast, t, k, &mut rng)).collect();
-                let ys8: [&[u8]; 8] = std::array::from_fn(|j| if j < 4 { ys[j] } else { &more[j - 4].1[..] });
-                let mut tile = vec![[0f32; 8]; n_rows];
-                tile8(&g, xrb, ys8, &mut tile, &mut prep);
-                for (c, o) in tile.iter().enumerate() {
-                    for (j, y) in ys8.iter().enumerate() {
-                        let want = vec_dot(&w[c * xrb..(c + 1) * xrb], y);
-                        assert_eq!(o[j].to_bits(), want.to_bits(), "{t} k={k} row {c} act {j}: tile8 {} vs vec_dot {want}", o[j]);
-                    }
+            let more: Vec<(Vec<f32>, Vec<u8>)> = (0..4).map(|_| activations(&fast, t, k, &mut rng)).collect();
+            let ys8: [&[u8]; 8] = std::array::from_fn(|j| if j < 4 { ys[j] } else { &more[j - 4].1[..] });
+            let mut tile = vec![[0f32; 8]; n_rows];
+            (il.tile8)(&g, xrb, ys8, &mut tile, &mut prep);
+            for (c, o) in tile.iter().enumerate() {
+                for (j, y) in ys8.iter().enumerate() {
+                    let want = vec_dot(&w[c * xrb..(c + 1) * xrb], y);
+                    assert_eq!(o[j].to_bits(), want.to_bits(), "{t} k={k} row {c} act {j}: tile8 {} vs vec_dot {want}", o[j]);
                 }
             }
         }

@@ -145,7 +145,7 @@ const fn act_block<T: Interleaved>() -> (usize, usize) {
 const PREP: usize = 16;
 
 /// Per-block state of one activation row: quants broadcast per half, the `−o·Σy` lanes, `d_y`
-/// in every lane, and `ds`: `d_y` in every lane or, for Q4_1, `[d_y, s_y]` repeated (the
+/// in every lane, and `ds`: `d_y` in every lane or, with a min (Q8_1), `[d_y, s_y]` repeated (the
 /// multiplier of [`heads`]).
 struct Act {
     lo: __m512i,
@@ -178,10 +178,10 @@ unsafe fn act<T: Interleaved>(y: *const u8, prep: *const i32) -> Act {
     }
 }
 
-/// The group-block's scales: `[d0‥d3]` (Q4_1: `[d0, m0, …, d3, m3]`), as f32.
+/// The group-block's scales: `[d0‥d3]` (with a min: `[d0, m0, …, d3, m3]`), as f32.
 #[inline(always)]
 unsafe fn heads<T: Interleaved>(g: *const u8) -> __m256 {
-    // SAFETY: the group-block starts with 8 (Q4_1: 16) bytes of f16 scales.
+    // SAFETY: the group-block starts with 8 (with a min: 16) bytes of f16 scales.
     unsafe {
         if T::MIN {
             _mm256_cvtph_ps(_mm_loadu_si128(g as *const __m128i))
@@ -211,7 +211,7 @@ unsafe fn step(u: (__m512i, __m512i), d: __m512, a: &Act, acc: &mut [__m512; 2])
 }
 
 /// `hsum_f32x8` of each row's eight logical lanes (128-bit lane r of `acc[1]`, then of
-/// `acc[0]`), plus for Q4_1 its `Σ m·s` (odd lanes of `summs`).
+/// `acc[0]`), plus with a min its `Σ m·s` (odd lanes of `summs`).
 #[inline(always)]
 unsafe fn finish<T: Interleaved>(acc: &[__m512; 2], summs: __m256, out: &mut [f32]) {
     let s = _mm512_add_ps(acc[1], acc[0]);
@@ -271,7 +271,7 @@ pub fn rows<T: Interleaved>(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], pre
             for i in 0..nb {
                 let gb = base.add(i * gbs);
                 let a = act::<T>(y.as_ptr().add(i * abs), prep.as_ptr().add(PREP * i));
-                // One ymm product for the four rows' `d_r·d_y` (and Q4_1's `m_r·s_y`), then
+                // One ymm product for the four rows' `d_r·d_y` (and with a min `m_r·s_y`), then
                 // spread: fewer operations than spreading first when each block is used once.
                 let p = _mm256_mul_ps(heads::<T>(gb), a.ds);
                 if T::MIN {
