@@ -335,12 +335,19 @@ fn main() -> Result<()> {
                 engine.kernels().isa,
             );
             if let Some(p) = &engine.profile {
-                let total: f64 = p.per_op.iter().map(|e| e.1).sum();
-                eprintln!("{:<16} {:>10} {:>8} {:>7}", "op", "ms", "nodes", "share");
+                let total = p.total_secs();
+                eprintln!("{:<20} {:>10} {:>8} {:>7} {:>8}", "op", "ms", "nodes", "share", "GB/s");
                 let mut rows = p.per_op.clone();
-                rows.sort_by(|a, b| b.1.total_cmp(&a.1));
-                for (name, secs, n) in rows {
-                    eprintln!("{name:<16} {:>10.1} {n:>8} {:>6.1}%", secs * 1e3, 100.0 * secs / total);
+                rows.sort_by(|a, b| b.secs.total_cmp(&a.secs));
+                for e in rows {
+                    eprintln!(
+                        "{:<20} {:>10.1} {:>8} {:>6.1}% {:>8}",
+                        e.label(),
+                        e.secs * 1e3,
+                        e.nodes,
+                        100.0 * e.secs / total,
+                        gbps(&e)
+                    );
                 }
             }
         }
@@ -514,23 +521,38 @@ fn bench(a: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// The rate a profile line's matmuls read their weights at, or "" for other ops.
+fn gbps(e: &corelm_engine::ProfileEntry) -> String {
+    if e.bytes == 0 || e.secs <= 0.0 {
+        return String::new();
+    }
+    format!("{:.1}", e.bytes as f64 / e.secs / 1e9)
+}
+
 /// `corelm bench --profile`: one profiled pass of a test, per op kind, and what the barriers
 /// between nodes cost (measured on this pool size).
 fn print_bench_profile(engine: &mut corelm_engine::Engine, d: usize, p: usize, n: usize, t: usize) -> Result<()> {
     let (prof, secs) = corelm_engine::bench::profile_test(engine, d, p, n)?;
-    let total: f64 = prof.per_op.iter().map(|e| e.1).sum();
+    let total = prof.total_secs();
     let per = if p > 0 { 1 } else { n.max(1) };
     let mut ops = prof.per_op.clone();
-    ops.sort_by(|a, b| b.1.total_cmp(&a.1));
+    ops.sort_by(|a, b| b.secs.total_cmp(&a.secs));
     let at = if d > 0 { format!(" @ d{d}") } else { String::new() };
     let test = if p > 0 { format!("pp{p}{at} (per pass)") } else { format!("tg{n}{at} (per token)") };
     eprintln!("  profile of {test}, {t} threads:");
-    eprintln!("  | op | ms | nodes | share |");
-    eprintln!("  |---|---|---|---|");
-    for (name, s, c) in &ops {
-        eprintln!("  | {name} | {:.3} | {} | {:.1}% |", 1e3 * s / per as f64, c / per, 100.0 * s / total.max(1e-12));
+    eprintln!("  | op | ms | nodes | share | weights read at GB/s |");
+    eprintln!("  |---|---|---|---|---|");
+    for e in &ops {
+        eprintln!(
+            "  | {} | {:.3} | {} | {:.1}% | {} |",
+            e.label(),
+            1e3 * e.secs / per as f64,
+            e.nodes / per,
+            100.0 * e.secs / total.max(1e-12),
+            gbps(e)
+        );
     }
-    let nodes = ops.iter().map(|e| e.2).sum::<usize>() / per;
+    let nodes = ops.iter().map(|e| e.nodes).sum::<usize>() / per;
     let bar = corelm_engine::bench::barrier_ns(t, 20_000);
     let wall = secs / per as f64;
     eprintln!(

@@ -29,6 +29,6 @@ pub use graph::{Builder, Graph, Mode};
 pub use kv::KvCache;
 pub use memory::{Buffer, Pools};
 pub use packed::PackedWeights;
-pub use sched::{BatchView, Executor, Profile, Weights};
+pub use sched::{BatchView, Executor, Profile, ProfileEntry, Weights};
 pub use tensor::{AttnParams, Bundle, Glu, MoeParams, Op, RopeParams, Storage, Tensor, TensorId, WeightRef};
 pub use threads::{PoolConfig, ThreadPool, Worker};

@@ -12,7 +12,7 @@ use crate::tensor::{Glu, Op, Storage, Tensor, TensorId};
 use crate::threads::{ThreadPool, Worker};
 use corelm_kernels::gemm::{self, GemmScratch};
 use corelm_kernels::ops::{self, AttnScratch};
-use corelm_kernels::{interleave, InterleavedOps, Kernels};
+use corelm_kernels::{interleave, DType, InterleavedOps, Kernels};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -39,6 +39,9 @@ pub struct Scratch {
     pack: Vec<u8>,
     /// Activation rows prepared for the kernels on interleaved weights.
     prep: Vec<i32>,
+    /// One column block of an interleaved matrix unpacked to plain rows, for types whose
+    /// interleaved kernels have no tiles (`InterleavedOps::tiles`).
+    unpacked: Vec<u8>,
     /// Cosines and sines of this worker's rows, shared by the pass's RoPE nodes.
     rope: crate::rope::RopeTables,
 }
@@ -54,21 +57,52 @@ const IL_COL_BLOCK: usize = 64;
 /// Batch rows from which a matmul over a panel-GEMM type uses the panel kernel.
 pub const GEMM_MIN_ROWS: usize = 8;
 
-/// Time spent per op kind, summed over nodes (worker 0's view, barrier included).
+/// Time spent per op kind, summed over nodes (worker 0's view, barrier included). Matmuls are
+/// kept apart by weight type and layout, with the weight bytes they read, so a profile shows
+/// the bandwidth each kind of matrix is read at.
 #[derive(Default, Clone, Debug)]
 pub struct Profile {
-    pub per_op: Vec<(&'static str, f64, usize)>,
+    pub per_op: Vec<ProfileEntry>,
+}
+
+/// One line of a [`Profile`].
+#[derive(Clone, Debug)]
+pub struct ProfileEntry {
+    /// The op kind (`Op::name`).
+    pub op: &'static str,
+    /// For matmuls: the weight type, and whether it was read in the interleaved layout.
+    pub weight: Option<(DType, bool)>,
+    pub secs: f64,
+    pub nodes: usize,
+    /// Weight bytes read (matmuls; 0 otherwise).
+    pub bytes: usize,
+}
+
+impl ProfileEntry {
+    /// `op`, or `matmul Q5_0 il` for a matmul on an interleaved Q5_0 matrix.
+    pub fn label(&self) -> String {
+        match self.weight {
+            Some((d, il)) => format!("{} {}{}", self.op, d.name(), if il { " il" } else { "" }),
+            None => self.op.to_string(),
+        }
+    }
 }
 
 impl Profile {
-    fn add(&mut self, name: &'static str, secs: f64) {
-        match self.per_op.iter_mut().find(|e| e.0 == name) {
+    fn add(&mut self, op: &'static str, weight: Option<(DType, bool)>, secs: f64, bytes: usize) {
+        match self.per_op.iter_mut().find(|e| e.op == op && e.weight == weight) {
             Some(e) => {
-                e.1 += secs;
-                e.2 += 1;
+                e.secs += secs;
+                e.nodes += 1;
+                e.bytes += bytes;
             }
-            None => self.per_op.push((name, secs, 1)),
+            None => self.per_op.push(ProfileEntry { op, weight, secs, nodes: 1, bytes }),
         }
+    }
+
+    /// Total seconds over all entries.
+    pub fn total_secs(&self) -> f64 {
+        self.per_op.iter().map(|e| e.secs).sum()
     }
 }
 
@@ -94,7 +128,7 @@ impl Executor {
     /// dimension, rows) among `graph`'s matmuls.
     pub fn new(n_threads: usize, max_head_dim: usize, graph: &Graph) -> Self {
         let (mut max_k, mut max_rows, mut max_group, mut max_k_all) = (0, 0, 1, 0);
-        let (mut rope_rows, mut max_rot) = (0, 0);
+        let (mut rope_rows, mut max_rot, mut max_row_bytes) = (0, 0, 0);
         for &id in &graph.nodes {
             let t = graph.tensor(id);
             if let Op::Rope { p, .. } = t.op {
@@ -107,6 +141,7 @@ impl Executor {
             if let Op::MatMul { w, .. } = t.op {
                 let wt = graph.tensor(w);
                 max_k_all = max_k_all.max(wt.ne[0]);
+                max_row_bytes = max_row_bytes.max(wt.row_bytes());
                 if gemm::supported(wt.dtype) {
                     max_k = max_k.max(wt.ne[0]);
                     max_rows = max_rows.max(t.ne[1]);
@@ -121,6 +156,7 @@ impl Executor {
                         gemm: GemmScratch::new(max_k, max_rows),
                         pack: vec![0; COL_BLOCK * corelm_kernels::max_packed_row_bytes(max_k_all)],
                         prep: vec![0; corelm_kernels::interleave::scratch_len(max_k_all)],
+                        unpacked: vec![0; COL_BLOCK * max_row_bytes],
                         rope: crate::rope::RopeTables::new(split(rope_rows, 0, n_threads).len(), max_rot),
                     })
                 })
@@ -172,7 +208,16 @@ impl Executor {
                     ctx.dump(id, dir);
                 }
                 if let (Some(t0), Some(Some(p))) = (t0, prof.as_deref_mut()) {
-                    p.add(graph.tensor(id).op.name(), t0.elapsed().as_secs_f64());
+                    let t = graph.tensor(id);
+                    let (weight, bytes) = match t.op {
+                        Op::MatMul { w, .. } => {
+                            let wt = graph.tensor(w);
+                            let il = matches!(wt.storage, Storage::Weight { packed: Some(_), .. });
+                            (Some((wt.dtype, il)), wt.n_bytes())
+                        }
+                        _ => (None, 0),
+                    };
+                    p.add(t.op.name(), weight, t0.elapsed().as_secs_f64(), bytes);
                 }
             }
         });
@@ -576,21 +621,31 @@ impl Ctx<'_> {
             };
             return;
         }
-        if let (Storage::Weight { packed: Some(p), len, .. }, Some(il)) = (wt.storage, self.kernels.ops(wt.dtype).and_then(|o| o.interleaved)) {
-            return self.matmul_interleaved(t, &self.weights.packed[p..p + len], wt, x, il, ith, nth, &mut scratch.prep);
-        }
-        let wrb = wt.row_bytes();
-        let xt = self.t(x);
-        let xrb = xt.row_bytes();
-        let (wb, xb) = (self.bytes(wid), self.bytes(x));
         let ops = self.kernels.ops(wt.dtype).expect("weight type checked at load");
         // Rows in complete groups of four use the tile dot (llama.cpp's 4-row kernels' order).
         let tiled_rows = if rows >= 4 { rows - rows % 4 } else { 0 };
         // Tiles and 4-row kernels give `vec_dot_tile` values, which batch-invariant runs avoid
         // where its order differs.
         let grouped = !(self.batch_invariant && ops.tile_order);
+        // An interleaved matrix: its own kernels, unless the type has no tiles and this
+        // worker has rows for them; those rows run the plain kernels below on column blocks
+        // unpacked per call (the other rows still take the GEMV there).
+        let mut interleaved = None;
+        if let (Storage::Weight { packed: Some(p), len, .. }, Some(il)) = (wt.storage, ops.interleaved) {
+            let g = &self.weights.packed[p..p + len];
+            let row_range = matmul_part(n_out, rows, ith, nth, interleave::ROWS).1;
+            if il.tiles.is_some() || !grouped || tiled_rows <= row_range.start {
+                return self.matmul_interleaved(t, g, wt, x, il, ith, nth, &mut scratch.prep);
+            }
+            interleaved = Some((g, il.rows));
+        }
+        let wrb = wt.row_bytes();
+        let xt = self.t(x);
+        let xrb = xt.row_bytes();
+        let xb = self.bytes(x);
         debug_assert_eq!(xt.ne[0], k);
-        let (cols, row_range) = matmul_part(n_out, rows, ith, nth, 1);
+        let unit = if interleaved.is_some() { interleave::ROWS } else { 1 };
+        let (cols, row_range) = matmul_part(n_out, rows, ith, nth, unit);
         let tiled_end = tiled_rows.min(row_range.end);
         let base = self.base(t) as *mut f32;
         let xrow = |r: usize| &xb[r * xrb..(r + 1) * xrb];
@@ -598,12 +653,21 @@ impl Ctx<'_> {
         while c0 < cols.end {
             let c1 = (c0 + COL_BLOCK).min(cols.end);
             let n_tile = (c1 - c0) / 4 * 4;
+            // The block's plain weight rows (`wb[(c - c0) · wrb ..]` is row c).
+            let wb: &[u8] = match interleaved {
+                Some((g, _)) => {
+                    let buf = &mut scratch.unpacked[..(c1 - c0) * wrb];
+                    interleave::unpack(wt.dtype, &g[c0 * wrb..c1 * wrb], wrb, buf);
+                    buf
+                }
+                None => &self.bytes(wid)[c0 * wrb..c1 * wrb],
+            };
             // With two or more groups of four activation rows, decode the block's weight rows
             // once into the tile kernel's layout instead of once per group.
             let packed = match ops.packing {
                 Some(pk) if grouped && tiled_end.saturating_sub(row_range.start) >= 8 && n_tile * (pk.row_bytes)(wrb) <= pack.len() => {
                     let buf = &mut pack[..n_tile * (pk.row_bytes)(wrb)];
-                    (pk.pack)(&wb[c0 * wrb..(c0 + n_tile) * wrb], wrb, buf);
+                    (pk.pack)(&wb[..n_tile * wrb], wrb, buf);
                     Some((pk.tile, &*buf))
                 }
                 _ => None,
@@ -620,14 +684,14 @@ impl Ctx<'_> {
                     let mut o = [[0f32; 4]; COL_BLOCK];
                     match packed {
                         Some((packed_tile, buf)) => packed_tile(buf, wrb, ys, &mut o[..n_tile]),
-                        None => tile(&wb[c0 * wrb..(c0 + n_tile) * wrb], wrb, ys, &mut o[..n_tile]),
+                        None => tile(&wb[..n_tile * wrb], wrb, ys, &mut o[..n_tile]),
                     }
                     // SAFETY: columns c0..c0 + n_tile of rows r..r + 4 are this worker's.
                     unsafe { store_cols(base, n_out, r, c0, &o[..n_tile]) };
                     c += n_tile;
                 }
                 for c in c..c1 {
-                    let w = &wb[c * wrb..(c + 1) * wrb];
+                    let w = &wb[(c - c0) * wrb..(c - c0 + 1) * wrb];
                     let mut o = [0f32; 4];
                     match ops.vec_dot4 {
                         Some(dot4) => dot4(w, ys, &mut o),
@@ -644,9 +708,16 @@ impl Ctx<'_> {
                 let xr = xrow(r);
                 let tile_dot = r < tiled_rows && !self.batch_invariant;
                 // Many weight rows per call (decode's GEMV), where it gives this row's values.
+                if let Some((g, il_rows)) = interleaved.filter(|_| !(tile_dot && ops.tile_order)) {
+                    // SAFETY: row r's columns c0..c1 of the [rows][n_out] f32 output are this
+                    // worker's.
+                    let out = unsafe { std::slice::from_raw_parts_mut(base.add(r * n_out + c0), c1 - c0) };
+                    il_rows(&g[c0 * wrb..c1 * wrb], wrb, xr, out, &mut scratch.prep);
+                    continue;
+                }
                 if let Some(rows_dot) = ops.vec_dot_rows.filter(|_| !(tile_dot && ops.tile_order)) {
                     let mut o = [0f32; COL_BLOCK];
-                    rows_dot(&wb[c0 * wrb..c1 * wrb], wrb, xr, &mut o[..c1 - c0]);
+                    rows_dot(wb, wrb, xr, &mut o[..c1 - c0]);
                     for (i, &v) in o[..c1 - c0].iter().enumerate() {
                         // SAFETY: column c0 + i of row r is written by this worker only.
                         unsafe { *base.add(r * n_out + c0 + i) = v };
@@ -655,7 +726,7 @@ impl Ctx<'_> {
                 }
                 let vec_dot = if tile_dot { ops.vec_dot_tile } else { ops.vec_dot };
                 for c in c0..c1 {
-                    let v = vec_dot(&wb[c * wrb..(c + 1) * wrb], xr);
+                    let v = vec_dot(&wb[(c - c0) * wrb..(c - c0 + 1) * wrb], xr);
                     // SAFETY: column c of row r is written by this worker only (columns split).
                     unsafe { *base.add(r * n_out + c) = v };
                 }
@@ -683,7 +754,8 @@ impl Ctx<'_> {
         let tiled_end = (rows - rows % 4).min(row_range.end);
         let base = self.base(t) as *mut f32;
         let mut r = row_range.start;
-        if r + 4 <= tiled_end {
+        // Without tiles, the caller sends only rows whose values the GEMV gives.
+        if let Some(tiles) = il.tiles.filter(|_| r + 4 <= tiled_end) {
             let mut c0 = cols.start;
             while c0 < cols.end {
                 let c1 = (c0 + IL_COL_BLOCK).min(cols.end);
@@ -692,14 +764,14 @@ impl Ctx<'_> {
                 let mut r8 = r;
                 let mut o = [[0f32; 8]; IL_COL_BLOCK];
                 while r8 + 8 <= tiled_end {
-                    (il.tile8)(gb, wrb, std::array::from_fn(|j| xrow(r8 + j)), &mut o[..c1 - c0], prep);
+                    (tiles.tile8)(gb, wrb, std::array::from_fn(|j| xrow(r8 + j)), &mut o[..c1 - c0], prep);
                     // SAFETY: columns c0..c1 of rows r8..r8 + 8 are this worker's.
                     unsafe { store_cols(base, n_out, r8, c0, &o[..c1 - c0]) };
                     r8 += 8;
                 }
                 let mut o = [[0f32; 4]; IL_COL_BLOCK];
                 for r in (r8..tiled_end).step_by(4) {
-                    (il.tile)(gb, wrb, std::array::from_fn(|j| xrow(r + j)), &mut o[..c1 - c0], prep);
+                    (tiles.tile)(gb, wrb, std::array::from_fn(|j| xrow(r + j)), &mut o[..c1 - c0], prep);
                     // SAFETY: columns c0..c1 of rows r..r + 4 are this worker's.
                     unsafe { store_cols(base, n_out, r, c0, &o[..c1 - c0]) };
                 }

@@ -38,6 +38,14 @@ pub type IlTile<const J: usize> = fn(g: &[u8], xrb: usize, y: [&[u8]; J], out: &
 #[derive(Clone, Copy)]
 pub struct InterleavedOps {
     pub rows: IlRows,
+    /// Prefill's tiles, where the type has them; without, batches of four or more rows run the
+    /// plain kernels on column blocks unpacked per call (`interleave::unpack`).
+    pub tiles: Option<IlTiles>,
+}
+
+/// Prefill's tiles on interleaved rows.
+#[derive(Clone, Copy)]
+pub struct IlTiles {
     pub tile: IlTile<4>,
     /// Eight activation rows (each weight block decoded once for eight).
     pub tile8: IlTile<8>,
@@ -52,8 +60,10 @@ fn interleaved_ops<T: crate::x86::interleaved::Interleaved>() -> InterleavedOps 
     // features the kernels are compiled for.
     InterleavedOps {
         rows: |g, xrb, y, o, p| unsafe { rows::<T>(g, xrb, y, o, p) },
-        tile: |g, xrb, y, o, p| unsafe { tiles::<T, 4>(g, xrb, y, o, p) },
-        tile8: |g, xrb, y, o, p| unsafe { tiles::<T, 8>(g, xrb, y, o, p) },
+        tiles: Some(IlTiles {
+            tile: |g, xrb, y, o, p| unsafe { tiles::<T, 4>(g, xrb, y, o, p) },
+            tile8: |g, xrb, y, o, p| unsafe { tiles::<T, 8>(g, xrb, y, o, p) },
+        }),
     }
 }
 
@@ -244,6 +254,8 @@ impl Kernels {
             ] {
                 k.ops[slot(t).unwrap()].interleaved = Some(o);
             }
+            k.ops[slot(DType::Q4K).unwrap()].interleaved =
+                Some(InterleavedOps { rows: |g, xrb, y, o, p| unsafe { crate::x86::interleaved_k::rows_q4_k(g, xrb, y, o, p) }, tiles: None });
         }
         k
     }

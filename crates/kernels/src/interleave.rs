@@ -12,9 +12,14 @@
 //! | Q5_0 (4 × 22) | `d0‥d3` (f16, 8) · `hl` (u64) · `hh` (u64) · `qs` of rows 0‥3 (4 × 16) |
 //! | Q5_1 (4 × 24) | `[d0 m0 … d3 m3]` (f16, 16) · `hl` · `hh` · `qs` of rows 0‥3 (4 × 16) |
 //! | Q8_0 (4 × 34) | `d0‥d3` (f16, 8) · `qs[0..16]` of rows 0‥3 (64) · `qs[16..32]` of rows 0‥3 (64) |
+//! | Q4_K (4 × 144) | `d0‥d3 dmin0‥dmin3` (f16, 16) · `scales[4w..4w+4]` of rows 0‥3 for w = 0, 1, 2 (3 × 16) · for each 16 bytes `qs[16h..16h+16]` (h < 8), those of rows 0‥3 (8 × 64) |
 //!
 //! The fifth bits of Q5_0 and Q5_1 are regrouped as the two 64-bit masks a 512-bit kernel wants: bit
 //! `16r + e` of `hl` is row r's bit for element `e`, of `hh` for element `16 + e` (e < 16).
+//!
+//! Q4_K's 12 scale bytes stay packed (6-bit scales and mins); grouped as three 32-bit words per
+//! row, the four rows' words sit side by side, so one 128-bit operation unpacks a word of all
+//! four rows.
 //!
 //! Why: a 64-byte load then holds one half-block of all four rows — 128-bit lane `r` is row `r`
 //! — so the kernels (`x86::interleaved`) decode and multiply four rows with one instruction
@@ -41,8 +46,11 @@ pub fn scratch_len(k: usize) -> usize {
 
 /// Weight types with an interleaved layout.
 pub fn supported(t: DType) -> bool {
-    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0)
+    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K)
 }
+
+/// Bytes of the largest plain block of a supported type (Q4_K's 144).
+const MAX_BS: usize = 144;
 
 /// Repack `x` (whole rows of `xrb` bytes, a multiple of four of them) into groups in `out`
 /// (same length). Panics if `t` has no interleaved layout or the lengths disagree (a bug in the
@@ -66,7 +74,7 @@ pub fn unpack(t: DType, g: &[u8], xrb: usize, out: &mut [u8]) {
     assert!(supported(t) && xrb % bs == 0 && g.len() % (ROWS * xrb) == 0 && out.len() == g.len());
     for (src, dst) in g.chunks_exact(ROWS * xrb).zip(out.chunks_exact_mut(ROWS * xrb)) {
         for (i, gb) in src.chunks_exact(ROWS * bs).enumerate() {
-            let mut blocks = [[0u8; 34]; ROWS];
+            let mut blocks = [[0u8; MAX_BS]; ROWS];
             unpack_block(t, gb, &mut blocks);
             for (r, b) in blocks.iter().enumerate() {
                 dst[r * xrb + i * bs..r * xrb + (i + 1) * bs].copy_from_slice(&b[..bs]);
@@ -76,7 +84,7 @@ pub fn unpack(t: DType, g: &[u8], xrb: usize, out: &mut [u8]) {
 }
 
 /// Row `r` (0..4) of group-block `gb`, as a plain block in `out[..type_size]`.
-fn unpack_block(t: DType, gb: &[u8], out: &mut [[u8; 34]; ROWS]) {
+fn unpack_block(t: DType, gb: &[u8], out: &mut [[u8; MAX_BS]; ROWS]) {
     for (r, o) in out.iter_mut().enumerate() {
         match t {
             DType::Q4_0 => {
@@ -100,6 +108,11 @@ fn unpack_block(t: DType, gb: &[u8], out: &mut [[u8; 34]; ROWS]) {
                 o[..2].copy_from_slice(&gb[2 * r..2 * r + 2]);
                 o[2..18].copy_from_slice(&gb[8 + 16 * r..24 + 16 * r]);
                 o[18..34].copy_from_slice(&gb[72 + 16 * r..88 + 16 * r]);
+            }
+            DType::Q4K => {
+                for (p, g) in q4_k_places(r) {
+                    o[p.clone()].copy_from_slice(&gb[g..g + p.len()]);
+                }
             }
             _ => unreachable!("checked by unpack"),
         }
@@ -141,8 +154,24 @@ fn pack_block(t: DType, b: [&[u8]; ROWS], gb: &mut [u8]) {
                 gb[72 + 16 * r..88 + 16 * r].copy_from_slice(&b[r][18..34]);
             }
         }
+        DType::Q4K => {
+            for (r, b) in b.iter().enumerate() {
+                for (p, g) in q4_k_places(r) {
+                    gb[g..g + p.len()].copy_from_slice(&b[p]);
+                }
+            }
+        }
         _ => unreachable!("checked by pack"),
     }
+}
+
+/// Where the bytes of row `r`'s plain Q4_K block go in its group-block: (plain range, group
+/// offset) for `d`, `dmin`, the three scale words and the eight 16-byte pieces of `qs`.
+fn q4_k_places(r: usize) -> impl Iterator<Item = (std::ops::Range<usize>, usize)> {
+    let heads = [(0..2, 2 * r), (2..4, 8 + 2 * r)].into_iter();
+    let scales = (0..3).map(move |w| (4 + 4 * w..8 + 4 * w, 16 + 16 * w + 4 * r));
+    let qs = (0..8).map(move |h| (16 + 16 * h..32 + 16 * h, 64 + 64 * h + 16 * r));
+    heads.chain(scales).chain(qs)
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {

@@ -19,6 +19,7 @@ pub mod avx2;
 pub mod avx2_ext;
 pub mod gemm_vnni;
 pub mod interleaved;
+pub mod interleaved_k;
 pub mod norm;
 pub mod rope;
 pub mod tiles_k;

@@ -1,0 +1,142 @@
+//! AVX-512 GEMV on interleaved Q4_K weights (`crate::interleave`): decode's matrix-vector
+//! product for four rows at a time, bit-identical to the plain row's `vec_dot`
+//! (`avx2::dot_q4_k_q8_k`).
+//!
+//! That kernel's float order is simple: per super-block, the exact integer sums
+//! `sumi = Σ_s sc_s · Σ q·y` and `summ = Σ_s m_s · (bsums[2s] + bsums[2s+1])`, then
+//! `acc = fma(sumi, d·d_y, acc)` and `acc_min = fma(summ, dmin·d_y, acc_min)`, and the result
+//! `acc − acc_min`. Any exact way of computing the integers gives the same bits, so here:
+//!
+//! - the four rows' scale words are unpacked together (one 256-bit operation per step of
+//!   ggml's `utmp` shuffle), then transposed so 128-bit lane r holds row r's eight scales and
+//!   eight mins;
+//! - one 64-byte load holds 16 `qs` bytes of each row; its low nibbles meet one 16-byte piece of
+//!   the activation broadcast to all four lanes, its high nibbles the piece 32 values on, one
+//!   `vpdpbusd` each; two loads complete a sub-block pair (64 values) per row;
+//! - the pair's two i32 vectors are narrowed to i16 (each lane sums 8 products, |·| ≤ 15 360)
+//!   and multiplied by the sub-blocks' scales with one `vpmaddwd`;
+//! - the mins meet the activation's pair sums (prepared once per call) with one `vpmaddwd`;
+//! - both sums are reduced per lane together and converted, and one 256-bit FMA updates the
+//!   four rows' `acc` (low half) and `acc_min` (high half) with `[d_r·d_y, dmin_r·d_y]`.
+
+use crate::blocks::BlockQ8K;
+use crate::interleave::ROWS;
+use std::arch::x86_64::*;
+
+/// Plain Q4_K block bytes.
+const BS: usize = 144;
+/// i32 of `prep` per activation super-block: its eight pair sums as i16 (four i32), `d_y`.
+const PREP: usize = 8;
+/// Where a Q8_K block's quants and block sums start.
+const QS: usize = 4;
+const BSUMS: usize = 4 + 256;
+
+/// Fill `prep[PREP·i ..]` for each super-block i of activation row `y`: the eight sums
+/// `bsums[2s] + bsums[2s+1]` as i16 (≤ 32·127, exact), then `d_y`.
+#[inline(always)]
+unsafe fn prepare(y: &[u8], nb: usize, prep: &mut [i32]) {
+    let abs = std::mem::size_of::<BlockQ8K>();
+    assert!(y.len() >= nb * abs && prep.len() >= nb * PREP);
+    for i in 0..nb {
+        // SAFETY: block i of y and PREP i32 of prep, both checked above; unaligned accesses.
+        unsafe {
+            let blk = y.as_ptr().add(i * abs);
+            let p = prep.as_mut_ptr().add(PREP * i);
+            let pairs = _mm256_madd_epi16(_mm256_loadu_si256(blk.add(BSUMS) as *const __m256i), _mm256_set1_epi16(1));
+            let w = _mm_packs_epi32(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
+            _mm_storeu_si128(p as *mut __m128i, w);
+            *p.add(4) = (blk as *const i32).read_unaligned();
+        }
+    }
+}
+
+/// The four rows' scales and mins of the group-block at `gb`: 128-bit lane r holds row r's
+/// `sc0‥sc7, m0‥m7` (bytes), as ggml's `utmp` shuffle gives them for one row.
+#[inline(always)]
+unsafe fn scales(gb: *const u8) -> __m512i {
+    // SAFETY: the scale words of rows 0‥3 are at 16‥64 of the group-block.
+    let (p, q) = unsafe { (_mm256_loadu_si256(gb.add(16) as *const __m256i), _mm256_broadcastsi128_si256(_mm_loadu_si128(gb.add(48) as *const __m128i))) };
+    // p = [word 0 | word 1] of rows 0‥3, q = [word 2 | word 2].
+    let (k1, k2, k3) = (_mm256_set1_epi32(0x3F3F_3F3F), _mm256_set1_epi32(0x0F0F_0F0F), _mm256_set1_epi32(0x0303_0303));
+    // [scales 0‥3 | mins 0‥3] = word & kmask1.
+    let lo = _mm256_and_si256(p, k1);
+    // [scales 4‥7 | mins 4‥7] = ((word2 >> (0 | 4)) & kmask2) | (((word >> 6) & kmask3) << 4).
+    let q = _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), k2);
+    let hi = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(p, 6), k3), 4));
+    let z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    // z's words: sc0‥3 of rows 0‥3, m0‥3, sc4‥7, m4‥7; lane r gets words r, 8 + r, 4 + r, 12 + r.
+    _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 8, 4, 12, 1, 9, 5, 13, 2, 10, 6, 14, 3, 11, 7, 15), z)
+}
+
+/// `vpshufb` control giving, per lane, the i16 words `[b0 ×4, b1 ×4]` from bytes `b0`, `b1`.
+///
+/// # Safety
+/// AVX-512 F present (inlined into the kernel).
+#[inline(always)]
+unsafe fn pair_control(b0: i8, b1: i8) -> __m512i {
+    let z = -128i8;
+    _mm512_broadcast_i32x4(_mm_setr_epi8(b0, z, b0, z, b0, z, b0, z, b1, z, b1, z, b1, z, b1, z))
+}
+
+/// 16 activation quants at `q` in all four lanes.
+///
+/// # Safety
+/// 16 readable bytes at `q`; AVX-512 F present.
+#[inline(always)]
+unsafe fn bcast(q: *const i8) -> __m512i {
+    // SAFETY: the caller's contract; unaligned load.
+    unsafe { _mm512_broadcast_i32x4(_mm_loadu_si128(q as *const __m128i)) }
+}
+
+/// Decode's GEMV on interleaved Q4_K rows: `out[c]` = `dot_q4_k_q8_k(row c, y)`, bit for bit
+/// (`g`: the groups of `out.len()` rows, a multiple of four, plain rows `xrb` bytes). `prep`:
+/// scratch of at least `xrb / 144 · 8` i32.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn rows_q4_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]) {
+    let nb = xrb / BS;
+    let abs = std::mem::size_of::<BlockQ8K>();
+    let gbs = ROWS * BS;
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.len() >= nb * abs);
+    let m4 = _mm512_set1_epi8(0x0F);
+    let ctl_min = _mm512_broadcast_i32x4(_mm_setr_epi8(8, -128, 9, -128, 10, -128, 11, -128, 12, -128, 13, -128, 14, -128, 15, -128));
+    let gather = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+    // SAFETY (this block and the loop): features enabled above; `prep` is checked by
+    // `prepare`, the group-blocks and activation blocks are inside `g` and `y` (asserted).
+    unsafe {
+        let ctl = [pair_control(0, 1), pair_control(2, 3), pair_control(4, 5), pair_control(6, 7)];
+        prepare(y, nb, prep);
+        for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
+            let base = g.as_ptr().add(c * ROWS * xrb);
+            // Low half: the four rows' acc; high half: their acc_min.
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let gb = base.add(i * gbs);
+                let yq = y.as_ptr().add(i * abs + QS) as *const i8;
+                let p = prep.as_ptr().add(PREP * i);
+                let sm = scales(gb);
+                let mut sumi = _mm512_setzero_si512();
+                for (j, ctl) in ctl.iter().enumerate() {
+                    let q0 = _mm512_loadu_si512(gb.add(64 + 128 * j) as *const _);
+                    let q1 = _mm512_loadu_si512(gb.add(128 + 128 * j) as *const _);
+                    let (l0, l1) = (_mm512_and_si512(q0, m4), _mm512_and_si512(q1, m4));
+                    let (h0, h1) = (_mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4));
+                    let da = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), l0, bcast(yq.add(64 * j))), l1, bcast(yq.add(64 * j + 16)));
+                    let db = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), h0, bcast(yq.add(64 * j + 32))), h1, bcast(yq.add(64 * j + 48)));
+                    let w = _mm512_packs_epi32(da, db);
+                    sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(w, _mm512_shuffle_epi8(sm, *ctl)));
+                }
+                let pairs = _mm512_broadcast_i32x4(_mm_loadu_si128(p as *const __m128i));
+                let summ = _mm512_madd_epi16(_mm512_shuffle_epi8(sm, ctl_min), pairs);
+                // Per lane [si0 + si2, si1 + si3, sm0 + sm2, sm1 + sm3], then pair sums.
+                let x = _mm512_add_epi32(_mm512_unpacklo_epi64(sumi, summ), _mm512_unpackhi_epi64(sumi, summ));
+                let x = _mm512_add_epi32(x, _mm512_shuffle_epi32::<0xB1>(x));
+                let sums = _mm512_castsi512_si256(_mm512_permutexvar_epi32(gather, x));
+                let dy = _mm256_set1_ps(*(p.add(4) as *const f32));
+                let dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(gb as *const __m128i)), dy);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), dd, acc);
+            }
+            let v = _mm_sub_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+            _mm_storeu_ps(o.as_mut_ptr(), v);
+        }
+    }
+}
