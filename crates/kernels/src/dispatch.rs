@@ -256,6 +256,8 @@ impl Kernels {
             }
             k.ops[slot(DType::Q4K).unwrap()].interleaved =
                 Some(InterleavedOps { rows: |g, xrb, y, o, p| unsafe { crate::x86::interleaved_k::rows_q4_k(g, xrb, y, o, p) }, tiles: None });
+            k.ops[slot(DType::Q6K).unwrap()].interleaved =
+                Some(InterleavedOps { rows: |g, xrb, y, o, p| unsafe { crate::x86::interleaved_k::rows_q6_k(g, xrb, y, o, p) }, tiles: None });
         }
         k
     }

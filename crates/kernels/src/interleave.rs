@@ -12,6 +12,7 @@
 //! | Q5_0 (4 × 22) | `d0‥d3` (f16, 8) · `hl` (u64) · `hh` (u64) · `qs` of rows 0‥3 (4 × 16) |
 //! | Q5_1 (4 × 24) | `[d0 m0 … d3 m3]` (f16, 16) · `hl` · `hh` · `qs` of rows 0‥3 (4 × 16) |
 //! | Q8_0 (4 × 34) | `d0‥d3` (f16, 8) · `qs[0..16]` of rows 0‥3 (64) · `qs[16..32]` of rows 0‥3 (64) |
+//! | Q6_K (4 × 210) | `d0‥d3` (f16, 8) · `scales[0..8]` of rows 0‥3 (32) · `scales[8..16]` of rows 0‥3 (32) · for each 16 bytes `ql[16p..16p+16]` (p < 8), those of rows 0‥3 (8 × 64) · the same for `qh` (4 × 64) |
 //! | Q4_K (4 × 144) | `d0‥d3 dmin0‥dmin3` (f16, 16) · `scales[4w..4w+4]` of rows 0‥3 for w = 0, 1, 2 (3 × 16) · for each 16 bytes `qs[16h..16h+16]` (h < 8), those of rows 0‥3 (8 × 64) |
 //!
 //! The fifth bits of Q5_0 and Q5_1 are regrouped as the two 64-bit masks a 512-bit kernel wants: bit
@@ -46,11 +47,11 @@ pub fn scratch_len(k: usize) -> usize {
 
 /// Weight types with an interleaved layout.
 pub fn supported(t: DType) -> bool {
-    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K)
+    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K | DType::Q6K)
 }
 
-/// Bytes of the largest plain block of a supported type (Q4_K's 144).
-const MAX_BS: usize = 144;
+/// Bytes of the largest plain block of a supported type (Q6_K's 210).
+const MAX_BS: usize = 210;
 
 /// Repack `x` (whole rows of `xrb` bytes, a multiple of four of them) into groups in `out`
 /// (same length). Panics if `t` has no interleaved layout or the lengths disagree (a bug in the
@@ -109,9 +110,10 @@ fn unpack_block(t: DType, gb: &[u8], out: &mut [[u8; MAX_BS]; ROWS]) {
                 o[2..18].copy_from_slice(&gb[8 + 16 * r..24 + 16 * r]);
                 o[18..34].copy_from_slice(&gb[72 + 16 * r..88 + 16 * r]);
             }
-            DType::Q4K => {
-                for (p, g) in q4_k_places(r) {
-                    o[p.clone()].copy_from_slice(&gb[g..g + p.len()]);
+            DType::Q4K | DType::Q6K => {
+                let (m, n) = k_places(t, r);
+                for &(p, g, len) in &m[..n] {
+                    o[p..p + len].copy_from_slice(&gb[g..g + len]);
                 }
             }
             _ => unreachable!("checked by unpack"),
@@ -154,10 +156,11 @@ fn pack_block(t: DType, b: [&[u8]; ROWS], gb: &mut [u8]) {
                 gb[72 + 16 * r..88 + 16 * r].copy_from_slice(&b[r][18..34]);
             }
         }
-        DType::Q4K => {
+        DType::Q4K | DType::Q6K => {
             for (r, b) in b.iter().enumerate() {
-                for (p, g) in q4_k_places(r) {
-                    gb[g..g + p.len()].copy_from_slice(&b[p]);
+                let (m, n) = k_places(t, r);
+                for &(p, g, len) in &m[..n] {
+                    gb[g..g + len].copy_from_slice(&b[p..p + len]);
                 }
             }
         }
@@ -165,13 +168,30 @@ fn pack_block(t: DType, b: [&[u8]; ROWS], gb: &mut [u8]) {
     }
 }
 
-/// Where the bytes of row `r`'s plain Q4_K block go in its group-block: (plain range, group
-/// offset) for `d`, `dmin`, the three scale words and the eight 16-byte pieces of `qs`.
-fn q4_k_places(r: usize) -> impl Iterator<Item = (std::ops::Range<usize>, usize)> {
-    let heads = [(0..2, 2 * r), (2..4, 8 + 2 * r)].into_iter();
-    let scales = (0..3).map(move |w| (4 + 4 * w..8 + 4 * w, 16 + 16 * w + 4 * r));
-    let qs = (0..8).map(move |h| (16 + 16 * h..32 + 16 * h, 64 + 64 * h + 16 * r));
-    heads.chain(scales).chain(qs)
+/// Where the bytes of row `r`'s plain K-quant block go in its group-block: (plain start, group
+/// offset, length). Q4_K: `d`, `dmin`, the three scale words, the eight 16-byte pieces of `qs`
+/// (13 moves). Q6_K: `d`, the two halves of `scales`, the eight pieces of `ql` and the four of
+/// `qh` (15).
+fn k_places(t: DType, r: usize) -> ([(usize, usize, usize); 15], usize) {
+    let mut m = [(0, 0, 0); 15];
+    let mut n = 0;
+    let mut put = |plain: usize, group: usize, len: usize| {
+        m[n] = (plain, group, len);
+        n += 1;
+    };
+    if t == DType::Q4K {
+        put(0, 2 * r, 2);
+        put(2, 8 + 2 * r, 2);
+        (0..3).for_each(|w| put(4 + 4 * w, 16 + 16 * w + 4 * r, 4));
+        (0..8).for_each(|p| put(16 + 16 * p, 64 + 64 * p + 16 * r, 16));
+    } else {
+        put(208, 2 * r, 2);
+        put(192, 8 + 8 * r, 8);
+        put(200, 40 + 8 * r, 8);
+        (0..8).for_each(|p| put(16 * p, 72 + 64 * p + 16 * r, 16));
+        (0..4).for_each(|p| put(128 + 16 * p, 584 + 64 * p + 16 * r, 16));
+    }
+    (m, n)
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {

@@ -214,10 +214,8 @@ unsafe fn step(u: (__m512i, __m512i), d: __m512, a: &Act, acc: &mut [__m512; 2])
 /// `acc[0]`), plus with a min its `Σ m·s` (odd lanes of `summs`).
 #[inline(always)]
 unsafe fn finish<T: Interleaved>(acc: &[__m512; 2], summs: __m256, out: &mut [f32]) {
-    let s = _mm512_add_ps(acc[1], acc[0]);
-    let s = _mm512_add_ps(s, _mm512_permute_ps::<0xEE>(s));
-    let s = _mm512_add_ps(s, _mm512_permute_ps::<0x55>(s));
-    let mut v = _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s));
+    // SAFETY: the caller's features.
+    let mut v = unsafe { hsum_rows(acc) };
     if T::MIN {
         // Σ m_r·s_y of row r is lane 2r + 1.
         let m = _mm256_permutevar8x32_ps(summs, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7));
@@ -225,6 +223,19 @@ unsafe fn finish<T: Interleaved>(acc: &[__m512; 2], summs: __m256, out: &mut [f3
     }
     // SAFETY: `out` has four elements (callers pass one group's outputs).
     unsafe { _mm_storeu_ps(out.as_mut_ptr(), v) };
+}
+
+/// `hsum_f32x8` of each row's eight logical lanes: lanes 0‥3 of row r in 128-bit lane r of
+/// `acc[0]`, lanes 4‥7 in that of `acc[1]`; element r of the result is row r's sum.
+///
+/// # Safety
+/// AVX-512 F present.
+#[inline(always)]
+pub(crate) unsafe fn hsum_rows(acc: &[__m512; 2]) -> __m128 {
+    let s = _mm512_add_ps(acc[1], acc[0]);
+    let s = _mm512_add_ps(s, _mm512_permute_ps::<0xEE>(s));
+    let s = _mm512_add_ps(s, _mm512_permute_ps::<0x55>(s));
+    _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s))
 }
 
 /// Fill `prep[PREP·i ..]` for each block i of activation row `y`: the `−o·Σy` lane sums (types

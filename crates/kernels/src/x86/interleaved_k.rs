@@ -140,3 +140,85 @@ pub fn rows_q4_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i3
         }
     }
 }
+
+/// `vpshufb` control picking i16 words `a` and `b` of each lane into every i32 (`a` low).
+///
+/// # Safety
+/// AVX-512 F present (inlined into the kernel).
+#[inline(always)]
+unsafe fn pick(a: i8, b: i8) -> __m512i {
+    let (a0, a1, b0, b1) = (2 * a, 2 * a + 1, 2 * b, 2 * b + 1);
+    _mm512_broadcast_i32x4(_mm_setr_epi8(a0, a1, b0, b1, a0, a1, b0, b1, a0, a1, b0, b1, a0, a1, b0, b1))
+}
+
+/// Decode's GEMV on interleaved Q6_K rows: `out[c]` = `avx2::dot_q6_k_q8_k(row c, y)`, bit for
+/// bit (`g`: the groups of `out.len()` rows, a multiple of four, plain rows `xrb` bytes).
+///
+/// That kernel keeps eight i32 lanes per row and super-block: lane L sums, over the eight
+/// 32-value groups, the group's bytes `4L‥4L+4` times the sub-block's scale, less
+/// `32·(bsums[2L]·sc[2L] + bsums[2L+1]·sc[2L+1])`; then `acc_L = fma(d·d_y, lane L, acc_L)`
+/// and `hsum_f32x8(acc)`. Here lanes 0‥3 of row r are 128-bit lane r of one vector and lanes
+/// 4‥7 of another: one `vpdpbusd` on a 16-byte piece of each row gives exactly its four lanes'
+/// products of one group (|·| ≤ 4·63·128 fits i16), so two groups' results are merged into the
+/// i16 halves of each i32 and scaled by one `vpmaddwd` with both groups' scales.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn rows_q6_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], _prep: &mut [i32]) {
+    const BS6: usize = 210;
+    let nb = xrb / BS6;
+    let abs = std::mem::size_of::<BlockQ8K>();
+    let gbs = ROWS * BS6;
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.len() >= nb * abs);
+    let (m0f, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+    // SAFETY (this block and the loop): features enabled above; the group-blocks and
+    // activation blocks are inside `g` and `y` (asserted).
+    unsafe {
+        // [half][pair of groups]: groups (0, 1) and (2, 3) of the half's 16-byte pieces.
+        let picks = [[pick(0, 2), pick(4, 6)], [pick(1, 3), pick(5, 7)]];
+        for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
+            let base = g.as_ptr().add(c * ROWS * xrb);
+            let mut acc = [_mm512_setzero_ps(); 2];
+            for i in 0..nb {
+                let gb = base.add(i * gbs);
+                let yb = y.as_ptr().add(i * abs);
+                let yq = yb.add(QS) as *const i8;
+                // Row r's scales 0‥8 (then 8‥16) as i16 in lane r.
+                let sw = [_mm512_cvtepi8_epi16(_mm256_loadu_si256(gb.add(8) as *const __m256i)), _mm512_cvtepi8_epi16(_mm256_loadu_si256(gb.add(40) as *const __m256i))];
+                let bsums = [bcast(yb.add(BSUMS) as *const i8), bcast(yb.add(BSUMS + 16) as *const i8)];
+                let mut sumi = [_mm512_setzero_si512(); 2];
+                for (h, s) in sumi.iter_mut().enumerate() {
+                    *s = _mm512_sub_epi32(*s, _mm512_slli_epi32(_mm512_madd_epi16(sw[h], bsums[h]), 5));
+                }
+                for n in 0..2 {
+                    for h in 0..2 {
+                        let qh = _mm512_loadu_si512(gb.add(584 + 64 * (2 * n + h)) as *const _);
+                        let mut d = [_mm512_setzero_si512(); 4];
+                        for (k, d) in d.iter_mut().enumerate() {
+                            let ql = _mm512_loadu_si512(gb.add(72 + 64 * (4 * n + 2 * (k % 2) + h)) as *const _);
+                            let lo = if k < 2 { ql } else { _mm512_srli_epi16(ql, 4) };
+                            let hi = match k {
+                                0 => _mm512_slli_epi16(qh, 4),
+                                1 => _mm512_slli_epi16(qh, 2),
+                                2 => qh,
+                                _ => _mm512_srli_epi16(qh, 2),
+                            };
+                            let v = _mm512_ternarylogic_epi32::<0xEA>(lo, m0f, _mm512_and_si512(hi, m30));
+                            *d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, bcast(yq.add(128 * n + 32 * k + 16 * h)));
+                        }
+                        for p in 0..2 {
+                            // Group 2p's value in the low i16 of each i32, group 2p + 1's in the high.
+                            let w = _mm512_mask_blend_epi16(0xAAAA_AAAA, d[2 * p], _mm512_slli_epi32(d[2 * p + 1], 16));
+                            sumi[h] = _mm512_add_epi32(sumi[h], _mm512_madd_epi16(w, _mm512_shuffle_epi8(sw[n], picks[h][p])));
+                        }
+                    }
+                }
+                let dy = _mm512_set1_ps(*(yb as *const f32));
+                let dw = _mm256_cvtph_ps(_mm_loadl_epi64(gb as *const __m128i));
+                let dd = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_castps256_ps512(dw)), dy);
+                for h in 0..2 {
+                    acc[h] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(sumi[h]), acc[h]);
+                }
+            }
+            _mm_storeu_ps(o.as_mut_ptr(), super::interleaved::hsum_rows(&acc));
+        }
+    }
+}
