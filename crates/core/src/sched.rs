@@ -704,8 +704,18 @@ impl Ctx<'_> {
                 }
                 r += 4;
             }
+            // Dense types in a batch: llama.cpp's tinyBLAS value for every row.
+            let batch_dot = ops.batch_dot.filter(|b| !self.batch_invariant && b.applies(rows, k, n_out));
             for r in r..row_range.end {
                 let xr = xrow(r);
+                if let Some(b) = batch_dot {
+                    for c in c0..c1 {
+                        let v = (b.dot)(&wb[(c - c0) * wrb..(c - c0 + 1) * wrb], xr);
+                        // SAFETY: column c of row r is written by this worker only.
+                        unsafe { *base.add(r * n_out + c) = v };
+                    }
+                    continue;
+                }
                 let tile_dot = r < tiled_rows && !self.batch_invariant;
                 // Many weight rows per call (decode's GEMV), where it gives this row's values.
                 if let Some((g, il_rows)) = interleaved.filter(|_| !(tile_dot && ops.tile_order)) {

@@ -67,6 +67,23 @@ fn interleaved_ops<T: crate::x86::interleaved::Interleaved>() -> InterleavedOps 
     }
 }
 
+/// A dense type's batch dot (`TypeOps::batch_dot`) and when llama.cpp uses it: for a matmul of
+/// two or more activation rows whose inner dimension is a multiple of `step` and whose matrix
+/// has a multiple of 4 rows; otherwise `vec_dot`.
+#[derive(Clone, Copy)]
+pub struct BatchDot {
+    pub dot: VecDot,
+    pub step: usize,
+}
+
+impl BatchDot {
+    /// Whether a matmul of `rows` activation rows of `k` values on an `n_out`-row matrix uses
+    /// this dot.
+    pub fn applies(&self, rows: usize, k: usize, n_out: usize) -> bool {
+        rows >= 2 && k % self.step == 0 && n_out % 4 == 0
+    }
+}
+
 /// Most packed bytes per weight row of `k` values any [`TilePacking`] uses (36 per 32 values
 /// for Q5_0/Q8_0, 40 per 32 for Q4_1; Q4_K: 152 per 256).
 pub fn max_packed_row_bytes(k: usize) -> usize {
@@ -103,6 +120,9 @@ pub struct TypeOps {
     /// Kernels on the interleaved layout; where present, the engine repacks this type's
     /// matrices once at load (`crate::interleave`).
     pub interleaved: Option<InterleavedOps>,
+    /// The value llama.cpp gives every row of a matmul of two or more activation rows, where
+    /// it runs llamafile's tinyBLAS instead of `vec_dot` (dense types on AVX-512).
+    pub batch_dot: Option<BatchDot>,
     pub to_float: ToFloat,
     pub from_float: Option<FromFloat>,
 }
@@ -167,6 +187,7 @@ impl Kernels {
             packing: None,
             vec_dot_rows: None,
             interleaved: None,
+            batch_dot: None,
             to_float: tf,
             from_float: ff,
         };
@@ -199,7 +220,8 @@ impl Kernels {
     }
 
     /// The best table for this CPU: the AVX2 kernels, with AVX-512 instances where the CPU has
-    /// BW, VL and VNNI and they are measured faster (bit-identical to the AVX2 ones).
+    /// BW, VL and VNNI and they are measured faster (bit-identical to the AVX2 ones, except the
+    /// BF16 dot with AVX-512 BF16, which like ggml's has an order of its own).
     pub fn detect() -> Kernels {
         #[allow(unused_mut)]
         let mut k = Kernels::detect_avx2();
@@ -244,6 +266,20 @@ impl Kernels {
                 pack: |x, xrb, out| unsafe { avx512::pack_offset::<BlockQ8_0>(x, xrb, out) },
                 tile: |p, xrb, y, out| unsafe { avx512::tiles_packed::<BlockQ8_0>(p, xrb, y, out) },
             });
+            use crate::x86::dense;
+            k.ops[slot(DType::F32).unwrap()].batch_dot = Some(BatchDot { dot: |x, y| unsafe { dense::batch_f32(x, y) }, step: 16 });
+            let o = &mut k.ops[slot(DType::F16).unwrap()];
+            o.batch_dot = Some(BatchDot { dot: |x, y| unsafe { dense::batch_f16(x, y) }, step: 16 });
+            // ggml's AVX-512 `ggml_vec_dot_f16` order (the attention kernels' F16 dot).
+            let f: VecDot = |x, y| unsafe { crate::x86::attn::dot_f16_ggml(crate::blocks::as_blocks(x), crate::blocks::as_blocks(y)) };
+            (o.vec_dot, o.vec_dot_tile) = (f, f);
+            if std::is_x86_feature_detected!("avx512bf16") {
+                // SAFETY: AVX-512 BF16 detected just above (F and AVX2 before).
+                let f: VecDot = |x, y| unsafe { dense::dot_bf16(x, y) };
+                let o = &mut k.ops[slot(DType::BF16).unwrap()];
+                (o.vec_dot, o.vec_dot_tile) = (f, f);
+                o.batch_dot = Some(BatchDot { dot: |x, y| unsafe { dense::batch_bf16(x, y) }, step: 32 });
+            }
             use crate::x86::interleaved as il;
             for (t, o) in [
                 (DType::Q4_0, interleaved_ops::<il::Q4_0>()),

@@ -25,7 +25,7 @@ pub mod portable;
 pub mod x86;
 
 pub use corelm_gguf::GgmlType as DType;
-pub use dispatch::{kernels, max_packed_row_bytes, InterleavedOps, Isa, Kernels, TilePacking, TypeOps};
+pub use dispatch::{kernels, max_packed_row_bytes, BatchDot, InterleavedOps, Isa, Kernels, TilePacking, TypeOps};
 
 /// Bytes of a row of `n` elements of `t` (`n` must be a whole number of blocks).
 pub fn row_bytes(t: DType, n: usize) -> usize {

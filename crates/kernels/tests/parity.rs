@@ -855,3 +855,68 @@ fn f16_rows_simd_equal_portable() {
         }
     }
 }
+
+/// BF16 dots follow ggml's order for their instruction set bit for bit (ggml's BF16 dot differs
+/// per ISA, and llama.cpp on the same CPU is what the logits are compared with): the AVX2
+/// kernel its four-accumulator AVX2 path, the AVX-512 BF16 kernel its `vdpbf16ps` path. Ragged
+/// lengths exercise the f64 tails.
+#[test]
+fn bf16_dots_follow_ggml_order_per_isa() {
+    use corelm_kernels::portable::dot::{dot_bf16_avx2_order, dot_bf16_dp_order};
+    let mut rng = Rng(0xBF16_0001);
+    let (avx2, best) = (Kernels::detect_avx2(), Kernels::detect());
+    let simd = avx2.isa != corelm_kernels::Isa::Portable;
+    #[cfg(target_arch = "x86_64")]
+    let dp = std::is_x86_feature_detected!("avx512bf16") && best.avx512;
+    #[cfg(not(target_arch = "x86_64"))]
+    let dp = false;
+    eprintln!("AVX2 BF16 dot checked: {simd}; AVX-512 BF16 dot checked: {dp}");
+    for n in [1usize, 31, 32, 63, 64, 100, 896, 4871] {
+        // Values over several binades, a few exact zeros.
+        let row = |rng: &mut Rng| -> Vec<u8> {
+            let v: Vec<f32> = (0..n).map(|_| if rng.next() % 17 == 0 { 0.0 } else { rng.f32() * (1 << (rng.next() % 6)) as f32 }).collect();
+            let mut b = aligned(vec![0u8; 2 * n]);
+            corelm_kernels::portable::quant::quant_bf16(&v, &mut b);
+            b
+        };
+        let (x, y) = (row(&mut rng), row(&mut rng));
+        if simd {
+            let (a, want) = ((avx2.ops(DType::BF16).unwrap().vec_dot)(&x, &y), dot_bf16_avx2_order(&x, &y));
+            assert_eq!(a.to_bits(), want.to_bits(), "n={n}: AVX2 {a} vs its order {want}");
+        }
+        if dp {
+            let (a, want) = ((best.ops(DType::BF16).unwrap().vec_dot)(&x, &y), dot_bf16_dp_order(&x, &y));
+            assert_eq!(a.to_bits(), want.to_bits(), "n={n}: AVX-512 BF16 {a} vs its order {want}");
+        }
+    }
+}
+
+/// The dense types' batch dots (llamafile's tinyBLAS order, which llama.cpp uses for matmuls of
+/// two or more rows) equal their portable twin bit for bit, and the f64 reference closely.
+#[test]
+fn dense_batch_dots_follow_tinyblas_order() {
+    use corelm_kernels::portable::dot::batch_order;
+    let (best, port) = (Kernels::detect(), Kernels::portable());
+    let mut rng = Rng(0x7B1A_5001);
+    for t in [DType::F32, DType::F16, DType::BF16] {
+        let Some(b) = best.ops(t).unwrap().batch_dot else {
+            eprintln!("{t}: no batch dot on this CPU; skipped");
+            continue;
+        };
+        assert!(b.applies(2, 64, 8) && !b.applies(1, 64, 8) && !b.applies(2, 64, 6) && !b.applies(2, b.step + 8, 8));
+        for n in [b.step, 64, 576, 896, 4864] {
+            let v = |rng: &mut Rng| -> Vec<f32> { (0..n).map(|_| rng.f32() * (1 << (rng.next() % 5)) as f32).collect() };
+            let (xf, yf) = (v(&mut rng), v(&mut rng));
+            let enc = |f: &[f32]| {
+                let mut q = aligned(vec![0u8; row_bytes(t, n)]);
+                port.from_float(t).unwrap()(f, &mut q);
+                q
+            };
+            let (x, y) = (enc(&xf), enc(&yf));
+            let (a, want) = ((b.dot)(&x, &y), batch_order(t, &x, &y));
+            assert_eq!(a.to_bits(), want.to_bits(), "{t} n={n}: batch dot {a} vs tinyBLAS order {want}");
+            let single = (port.ops(t).unwrap().vec_dot)(&x, &y);
+            assert!((a - single).abs() <= 1e-4 * (1.0 + single.abs()), "{t} n={n}: batch {a} vs single-row {single}");
+        }
+    }
+}

@@ -111,10 +111,108 @@ pub fn dot_q6_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
     sum
 }
 
+fn bf16(v: u16) -> f32 {
+    f32::from_bits((v as u32) << 16)
+}
+
+/// ggml's `ggml_vec_dot_bf16` without SIMD: f32 products summed in f64 (`ggml_float`).
 pub fn dot_bf16(x: &[u8], y: &[u8]) -> f32 {
     let (x, y) = (as_blocks::<u16>(x), as_blocks::<u16>(y));
-    let f = |v: u16| f32::from_bits((v as u32) << 16);
-    x.iter().zip(y).map(|(&a, &b)| f(a) * f(b)).sum()
+    bf16_tail(0.0, x, y)
+}
+
+/// The scalar tail every `ggml_vec_dot_bf16` path ends with: `sumf += (double)(x·y)`.
+fn bf16_tail(mut sumf: f64, x: &[u16], y: &[u16]) -> f32 {
+    for (&a, &b) in x.iter().zip(y) {
+        sumf += (bf16(a) * bf16(b)) as f64;
+    }
+    sumf as f32
+}
+
+/// The portable twin of the AVX2 BF16 dot, in ggml's AVX2 order: per 32 values four 8-lane
+/// accumulators `c += x·y` (product rounded, then the sum), combined `(c1 + c3) + (c2 + c4)`,
+/// `hsum_f32x8`, then the f64 tail.
+pub fn dot_bf16_avx2_order(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<u16>(x), as_blocks::<u16>(y));
+    let n = x.len().min(y.len());
+    let mut c = [[0f32; 8]; 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (k, c) in c.iter_mut().enumerate() {
+            for (l, c) in c.iter_mut().enumerate() {
+                *c += bf16(x[i + 8 * k + l]) * bf16(y[i + 8 * k + l]);
+            }
+        }
+        i += 32;
+    }
+    let v: [f32; 8] = std::array::from_fn(|l| (c[0][l] + c[2][l]) + (c[1][l] + c[3][l]));
+    bf16_tail(hsum8(v) as f64, &x[i..n], &y[i..n])
+}
+
+/// `hsum_f32x8`'s order: halves, then pairs, then the last two.
+fn hsum8(v: [f32; 8]) -> f32 {
+    let h: [f32; 4] = std::array::from_fn(|l| v[4 + l] + v[l]);
+    (h[0] + h[2]) + (h[1] + h[3])
+}
+
+/// One step of `vdpbf16ps` on lane values: `(c + a1·b1) + a0·b0`, each sum rounded, BF16
+/// denormals read as zero and denormal sums flushed.
+fn dpbf16(c: f32, a: [u16; 2], b: [u16; 2]) -> f32 {
+    let daz = |v: u16| if v & 0x7F80 == 0 { 0f32.copysign(bf16(v)) } else { bf16(v) };
+    let ftz = |v: f32| if v.is_subnormal() { 0f32.copysign(v) } else { v };
+    ftz(ftz(c + daz(a[1]) * daz(b[1])) + daz(a[0]) * daz(b[0]))
+}
+
+/// The portable twin of the dense types' batch dots (`x86::dense::batch_*`, llamafile's
+/// tinyBLAS on AVX-512): 16 lanes, lane j accumulating values `j` of each step of 16 (F32, F16:
+/// FMA of the values as f32) or pairs `2j, 2j+1` of each step of 32 (BF16: `vdpbf16ps`), then
+/// `_mm512_reduce_add_ps`. `t`: F32, F16 or BF16; `k` a multiple of the step.
+pub fn batch_order(t: crate::DType, x: &[u8], y: &[u8]) -> f32 {
+    let mut c = [0f32; 16];
+    match t {
+        crate::DType::F32 => {
+            let (x, y) = (as_blocks::<f32>(x), as_blocks::<f32>(y));
+            for (i, (&a, &b)) in x.iter().zip(y).enumerate() {
+                c[i % 16] = a.mul_add(b, c[i % 16]);
+            }
+        }
+        crate::DType::F16 => {
+            let (x, y) = (as_blocks::<half::f16>(x), as_blocks::<half::f16>(y));
+            for (i, (&a, &b)) in x.iter().zip(y).enumerate() {
+                c[i % 16] = a.to_f32().mul_add(b.to_f32(), c[i % 16]);
+            }
+        }
+        _ => {
+            let (x, y) = (as_blocks::<u16>(x), as_blocks::<u16>(y));
+            for (i, (a, b)) in x.chunks_exact(2).zip(y.chunks_exact(2)).enumerate() {
+                c[i % 16] = dpbf16(c[i % 16], [a[0], a[1]], [b[0], b[1]]);
+            }
+        }
+    }
+    crate::attention::reduce_add_16(&c)
+}
+
+/// The portable twin of the AVX-512 BF16 dot, in ggml's `__AVX512BF16__` order: per 64 values
+/// two 16-lane `vdpbf16ps` accumulators (lane j: `c = (c + x[2j+1]·y[2j+1]) + x[2j]·y[2j]`, each
+/// sum rounded, BF16 denormals read as zero and denormal sums flushed, as the instruction does),
+/// each reduced as GCC's `_mm512_reduce_add_ps` (halves down to two lanes) into the f64 sum,
+/// then the f64 tail.
+pub fn dot_bf16_dp_order(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<u16>(x), as_blocks::<u16>(y));
+    let n = x.len().min(y.len());
+    let mut c = [[0f32; 16]; 2];
+    let mut i = 0;
+    while i + 64 <= n {
+        for (k, c) in c.iter_mut().enumerate() {
+            for (j, c) in c.iter_mut().enumerate() {
+                let e = i + 32 * k + 2 * j;
+                *c = dpbf16(*c, [x[e], x[e + 1]], [y[e], y[e + 1]]);
+            }
+        }
+        i += 64;
+    }
+    let sumf = crate::attention::reduce_add_16(&c[0]) as f64 + crate::attention::reduce_add_16(&c[1]) as f64;
+    bf16_tail(sumf, &x[i..n], &y[i..n])
 }
 
 /// Integer dot of 32 signed weights with 32 activations.

@@ -190,30 +190,36 @@ pub fn dot_q3_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
     hsum_f32x8(acc)
 }
 
-/// BF16·BF16: widen to f32 by a 16-bit shift, f32 FMA accumulation.
+/// BF16·BF16 in ggml's AVX2 order (`portable::dot::dot_bf16_avx2_order`, bit for bit): per
+/// 32 values four 8-lane accumulators `c = c + x·y` (multiply, then add: no FMA), combined
+/// `(c1 + c3) + (c2 + c4)` and summed as `hsum_f32x8`, then the tail in f64.
 #[target_feature(enable = "avx2,fma")]
 pub fn dot_bf16(x: &[u8], y: &[u8]) -> f32 {
     let (x, y) = (as_blocks::<u16>(x), as_blocks::<u16>(y));
     let n = x.len().min(y.len());
-    let widen = |p: *const u16| -> __m256 {
+    #[inline(always)]
+    unsafe fn widen(p: *const u16) -> __m256 {
         // SAFETY: callers pass a pointer with 8 readable u16 (checked by the loop bound).
         let v = unsafe { _mm_loadu_si128(p as *const __m128i) };
         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16))
-    };
-    let mut acc = _mm256_setzero_ps();
+    }
+    let mut c = [_mm256_setzero_ps(); 4];
     let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: i + 8 <= n for both slices.
-        let (a, b) = unsafe { (widen(x.as_ptr().add(i)), widen(y.as_ptr().add(i))) };
-        acc = _mm256_fmadd_ps(a, b, acc);
-        i += 8;
+    while i + 32 <= n {
+        for (k, c) in c.iter_mut().enumerate() {
+            // SAFETY: i + 32 <= n for both slices.
+            let (a, b) = unsafe { (widen(x.as_ptr().add(i + 8 * k)), widen(y.as_ptr().add(i + 8 * k))) };
+            *c = _mm256_add_ps(_mm256_mul_ps(a, b), *c);
+        }
+        i += 32;
     }
+    let v = _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3]));
+    let mut sumf = hsum_f32x8(v) as f64;
     let f = |v: u16| f32::from_bits((v as u32) << 16);
-    let mut s = hsum_f32x8(acc);
     for j in i..n {
-        s += f(x[j]) * f(y[j]);
+        sumf += (f(x[j]) * f(y[j])) as f64;
     }
-    s
+    sumf as f32
 }
 
 /// One 32-value block quantized as ggml's SIMD `quantize_row_q8_0/1`: `amax`, `d = amax/127`,

@@ -465,3 +465,4 @@ fn bcast_h(h: half::f16) -> __m256 {
     _mm256_cvtph_ps(_mm_set1_epi16(h.to_bits() as i16))
 }
 
+

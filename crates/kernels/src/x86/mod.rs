@@ -14,6 +14,7 @@ pub mod attn_decode;
 pub mod attn_decode_avx2;
 pub mod attn_rows;
 pub mod avx512;
+pub mod dense;
 pub mod expf;
 pub mod avx2;
 pub mod avx2_ext;

@@ -1,0 +1,115 @@
+//! AVX-512 dots of the dense float weight types (F32, F16, BF16) in the orders llama.cpp uses
+//! on a CPU with AVX-512, so that F16/BF16 models give its logits bit for bit:
+//!
+//! - [`dot_bf16`]: `ggml_vec_dot_bf16`'s `__AVX512BF16__` path (decode's GEMV and any matmul
+//!   of one row): two `vdpbf16ps` accumulators per 64 values, each reduced into an f64 sum,
+//!   the tail in f64;
+//! - [`batch_bf16`], [`batch_f16`], [`batch_f32`]: llamafile's `tinyBLAS`, which ggml runs for
+//!   matmuls of two or more activation rows when `k` is a multiple of the step (32 for BF16,
+//!   16 otherwise) and the matrix has a multiple of 4 rows: one 16-lane accumulator per output
+//!   (`vdpbf16ps`, or an FMA of the values widened to f32), reduced as `_mm512_reduce_add_ps`.
+//!
+//! `_mm512_reduce_add_ps` (GCC, which built the reference llama.cpp) adds the 256-bit halves,
+//! then the 128-bit halves, then `[0] + [2]`, `[1] + [3]`, then those two: [`reduce`].
+//! Portable twins: `portable::dot::{dot_bf16_dp_order, batch_order}`.
+
+use super::avx2::hsum_f32x8;
+use crate::blocks::as_blocks;
+use std::arch::x86_64::*;
+
+/// `_mm512_reduce_add_ps` as GCC computes it.
+#[inline(always)]
+unsafe fn reduce(c: __m512) -> f32 {
+    // SAFETY: the caller's AVX-512 F.
+    unsafe {
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(c)));
+        hsum_f32x8(_mm256_add_ps(hi, _mm512_castps512_ps256(c)))
+    }
+}
+
+/// 32 BF16 values at `p`.
+#[inline(always)]
+unsafe fn load_bf16(p: *const u16) -> __m512bh {
+    // SAFETY: the caller passes 32 readable u16; __m512i and __m512bh are both 64 bytes of plain
+    // bits.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p as *const _)) }
+}
+
+fn bf16(v: u16) -> f32 {
+    f32::from_bits((v as u32) << 16)
+}
+
+/// BF16·BF16 in ggml's `__AVX512BF16__` `ggml_vec_dot_bf16` order.
+#[target_feature(enable = "avx2,avx512f,avx512bf16")]
+pub fn dot_bf16(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<u16>(x), as_blocks::<u16>(y));
+    let n = x.len().min(y.len());
+    let (mut c1, mut c2) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut i = 0;
+    while i + 64 <= n {
+        // SAFETY: i + 64 <= n for both slices.
+        unsafe {
+            c1 = _mm512_dpbf16_ps(c1, load_bf16(x.as_ptr().add(i)), load_bf16(y.as_ptr().add(i)));
+            c2 = _mm512_dpbf16_ps(c2, load_bf16(x.as_ptr().add(i + 32)), load_bf16(y.as_ptr().add(i + 32)));
+        }
+        i += 64;
+    }
+    // SAFETY: features enabled above.
+    let mut sumf = unsafe { reduce(c1) as f64 + reduce(c2) as f64 };
+    for j in i..n {
+        sumf += (bf16(x[j]) * bf16(y[j])) as f64;
+    }
+    sumf as f32
+}
+
+/// tinyBLAS's BF16 value: one `vdpbf16ps` accumulator over steps of 32 (`k` a multiple of 32).
+#[target_feature(enable = "avx2,avx512f,avx512bf16")]
+pub fn batch_bf16(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<u16>(x), as_blocks::<u16>(y));
+    let n = x.len().min(y.len());
+    assert!(n % 32 == 0, "tinyBLAS BF16 needs k % 32 == 0");
+    let mut c = _mm512_setzero_ps();
+    for i in (0..n).step_by(32) {
+        // SAFETY: i + 32 <= n for both slices.
+        c = unsafe { _mm512_dpbf16_ps(c, load_bf16(x.as_ptr().add(i)), load_bf16(y.as_ptr().add(i))) };
+    }
+    // SAFETY: features enabled above.
+    unsafe { reduce(c) }
+}
+
+/// tinyBLAS's F16 value: one FMA accumulator of values widened to f32, steps of 16.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub fn batch_f16(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<u16>(x), as_blocks::<u16>(y));
+    let n = x.len().min(y.len());
+    assert!(n % 16 == 0, "tinyBLAS F16 needs k % 16 == 0");
+    let mut c = _mm512_setzero_ps();
+    for i in (0..n).step_by(16) {
+        // SAFETY: i + 16 <= n for both slices; unaligned 32-byte loads.
+        let (a, b) = unsafe {
+            (
+                _mm512_cvtph_ps(_mm256_loadu_si256(x.as_ptr().add(i) as *const __m256i)),
+                _mm512_cvtph_ps(_mm256_loadu_si256(y.as_ptr().add(i) as *const __m256i)),
+            )
+        };
+        c = _mm512_fmadd_ps(a, b, c);
+    }
+    // SAFETY: features enabled above.
+    unsafe { reduce(c) }
+}
+
+/// tinyBLAS's F32 value: one FMA accumulator, steps of 16.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub fn batch_f32(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<f32>(x), as_blocks::<f32>(y));
+    let n = x.len().min(y.len());
+    assert!(n % 16 == 0, "tinyBLAS F32 needs k % 16 == 0");
+    let mut c = _mm512_setzero_ps();
+    for i in (0..n).step_by(16) {
+        // SAFETY: i + 16 <= n for both slices.
+        let (a, b) = unsafe { (_mm512_loadu_ps(x.as_ptr().add(i)), _mm512_loadu_ps(y.as_ptr().add(i))) };
+        c = _mm512_fmadd_ps(a, b, c);
+    }
+    // SAFETY: features enabled above.
+    unsafe { reduce(c) }
+}
