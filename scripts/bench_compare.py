@@ -88,7 +88,7 @@ def main():
     ap.add_argument("--pp", type=int, default=128)
     ap.add_argument("--tg", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--models", default="smollm2,gemma3,qwen2")
+    ap.add_argument("--models", default="smollm2,gemma3,qwen2", help="golden model names or GGUF paths")
     ap.add_argument("--corelm-args", default="", help="extra flags for `corelm run`, e.g. --fast-prefill")
     a = ap.parse_args()
     py = Path(a.venv) / "bin" / "python"
@@ -103,7 +103,7 @@ def main():
     print("| model | threads | llama.cpp pp t/s | corelm pp t/s | pp ratio | llama.cpp tg t/s | corelm tg t/s | tg ratio |")
     print("|---|---|---|---|---|---|---|---|")
     for name in a.models.split(","):
-        model = models_dir() / FILES[name]
+        model = models_dir() / FILES[name] if name in FILES else Path(name)
         for t in [int(x) for x in a.threads.split(",")]:
             L, C = [], []
             for _ in range(a.reps):

@@ -704,8 +704,23 @@ impl Ctx<'_> {
                 }
                 r += 4;
             }
-            // Dense types in a batch: llama.cpp's tinyBLAS value for every row.
+            // Dense types in a batch: llama.cpp's tinyBLAS value for every row, in 4 × 4 tiles
+            // (each output its own accumulator, so the same bits as one at a time).
             let batch_dot = ops.batch_dot.filter(|b| !self.batch_invariant && b.applies(rows, k, n_out));
+            while let Some(b) = batch_dot.filter(|_| r + 4 <= row_range.end) {
+                let ys = [xrow(r), xrow(r + 1), xrow(r + 2), xrow(r + 3)];
+                let mut o = [[0f32; 4]; COL_BLOCK];
+                (b.tile)(&wb[..n_tile * wrb], wrb, ys, &mut o[..n_tile]);
+                // SAFETY: columns c0..c0 + n_tile of rows r..r + 4 are this worker's.
+                unsafe { store_cols(base, n_out, r, c0, &o[..n_tile]) };
+                for c in c0 + n_tile..c1 {
+                    for (j, y) in ys.iter().enumerate() {
+                        // SAFETY: column c of these rows is written by this worker only.
+                        unsafe { *base.add((r + j) * n_out + c) = (b.dot)(&wb[(c - c0) * wrb..(c - c0 + 1) * wrb], y) };
+                    }
+                }
+                r += 4;
+            }
             for r in r..row_range.end {
                 let xr = xrow(r);
                 if let Some(b) = batch_dot {

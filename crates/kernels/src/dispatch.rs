@@ -73,6 +73,8 @@ fn interleaved_ops<T: crate::x86::interleaved::Interleaved>() -> InterleavedOps 
 #[derive(Clone, Copy)]
 pub struct BatchDot {
     pub dot: VecDot,
+    /// The same values for 4 weight rows × 4 activation rows at a time (rows of `step`s).
+    pub tile: VecDotTile,
     pub step: usize,
 }
 
@@ -267,9 +269,17 @@ impl Kernels {
                 tile: |p, xrb, y, out| unsafe { avx512::tiles_packed::<BlockQ8_0>(p, xrb, y, out) },
             });
             use crate::x86::dense;
-            k.ops[slot(DType::F32).unwrap()].batch_dot = Some(BatchDot { dot: |x, y| unsafe { dense::batch_f32(x, y) }, step: 16 });
+            k.ops[slot(DType::F32).unwrap()].batch_dot = Some(BatchDot {
+                dot: |x, y| unsafe { dense::batch_f32(x, y) },
+                tile: |x, xrb, y, o| unsafe { dense::tiles_f32(x, xrb, y, o) },
+                step: 16,
+            });
             let o = &mut k.ops[slot(DType::F16).unwrap()];
-            o.batch_dot = Some(BatchDot { dot: |x, y| unsafe { dense::batch_f16(x, y) }, step: 16 });
+            o.batch_dot = Some(BatchDot {
+                dot: |x, y| unsafe { dense::batch_f16(x, y) },
+                tile: |x, xrb, y, o| unsafe { dense::tiles_f16(x, xrb, y, o) },
+                step: 16,
+            });
             // ggml's AVX-512 `ggml_vec_dot_f16` order (the attention kernels' F16 dot).
             let f: VecDot = |x, y| unsafe { crate::x86::attn::dot_f16_ggml(crate::blocks::as_blocks(x), crate::blocks::as_blocks(y)) };
             (o.vec_dot, o.vec_dot_tile) = (f, f);
@@ -278,7 +288,11 @@ impl Kernels {
                 let f: VecDot = |x, y| unsafe { dense::dot_bf16(x, y) };
                 let o = &mut k.ops[slot(DType::BF16).unwrap()];
                 (o.vec_dot, o.vec_dot_tile) = (f, f);
-                o.batch_dot = Some(BatchDot { dot: |x, y| unsafe { dense::batch_bf16(x, y) }, step: 32 });
+                o.batch_dot = Some(BatchDot {
+                    dot: |x, y| unsafe { dense::batch_bf16(x, y) },
+                    tile: |x, xrb, y, o| unsafe { dense::tiles_bf16(x, xrb, y, o) },
+                    step: 32,
+                });
             }
             use crate::x86::interleaved as il;
             for (t, o) in [

@@ -917,6 +917,18 @@ fn dense_batch_dots_follow_tinyblas_order() {
             assert_eq!(a.to_bits(), want.to_bits(), "{t} n={n}: batch dot {a} vs tinyBLAS order {want}");
             let single = (port.ops(t).unwrap().vec_dot)(&x, &y);
             assert!((a - single).abs() <= 1e-4 * (1.0 + single.abs()), "{t} n={n}: batch {a} vs single-row {single}");
+            // The 4 × 4 tiles: eight weight rows (x and seven more) against y and three more.
+            let rows: Vec<Vec<u8>> = (0..8).map(|i| if i == 0 { x.clone() } else { enc(&v(&mut rng)) }).collect();
+            let w = aligned(rows.concat());
+            let acts: Vec<Vec<u8>> = (0..4).map(|j| if j == 0 { y.clone() } else { enc(&v(&mut rng)) }).collect();
+            let mut out = vec![[0f32; 4]; 8];
+            (b.tile)(&w, x.len(), std::array::from_fn(|j| &acts[j][..]), &mut out);
+            for (c, o) in out.iter().enumerate() {
+                for (j, act) in acts.iter().enumerate() {
+                    let want = (b.dot)(&rows[c], act);
+                    assert_eq!(o[j].to_bits(), want.to_bits(), "{t} n={n} row {c} act {j}: tile {} vs batch dot {want}", o[j]);
+                }
+            }
         }
     }
 }

@@ -113,3 +113,117 @@ pub fn batch_f32(x: &[u8], y: &[u8]) -> f32 {
     // SAFETY: features enabled above.
     unsafe { reduce(c) }
 }
+
+/// A dense type's tinyBLAS step: `STEP` bytes of a row per vector, and its multiply-add.
+trait Dense {
+    type V: Copy;
+    const STEP: usize;
+    /// # Safety
+    /// `STEP` readable bytes at `p`; the type's features present.
+    unsafe fn load(p: *const u8) -> Self::V;
+    /// # Safety
+    /// The type's features present.
+    unsafe fn madd(a: Self::V, b: Self::V, c: __m512) -> __m512;
+}
+
+struct F32;
+struct F16;
+struct Bf16;
+
+impl Dense for F32 {
+    type V = __m512;
+    const STEP: usize = 64;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_loadu_ps(p as *const f32) }
+    }
+    #[inline(always)]
+    unsafe fn madd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+}
+
+impl Dense for F16 {
+    type V = __m512;
+    const STEP: usize = 32;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
+    #[inline(always)]
+    unsafe fn madd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+}
+
+impl Dense for Bf16 {
+    type V = __m512bh;
+    const STEP: usize = 64;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> __m512bh {
+        // SAFETY: the caller's contract.
+        unsafe { load_bf16(p as *const u16) }
+    }
+    #[inline(always)]
+    unsafe fn madd(a: __m512bh, b: __m512bh, c: __m512) -> __m512 {
+        _mm512_dpbf16_ps(c, a, b)
+    }
+}
+
+/// tinyBLAS's register tile: `out.len()` weight rows (a multiple of four, `xrb` bytes apart, `xrb`
+/// a multiple of `D::STEP`) × four activation rows, one accumulator per output, each weight and
+/// activation vector loaded once per step for the tile's 16 multiply-adds. `out[c][j]` equals
+/// the type's batch dot of row c and `y[j]` bit for bit.
+///
+/// # Safety
+/// The type's features present.
+#[inline(always)]
+unsafe fn tiles_body<D: Dense>(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
+    assert!(xrb % D::STEP == 0 && out.len() % 4 == 0 && x.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= xrb));
+    for (g, o) in out.chunks_exact_mut(4).enumerate() {
+        let base = x.as_ptr().wrapping_add(4 * g * xrb);
+        let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+        for off in (0..xrb).step_by(D::STEP) {
+            // SAFETY: off + STEP <= xrb for the four weight rows of this group and the four
+            // activation rows (asserted above); the caller's features.
+            unsafe {
+                let b: [D::V; 4] = std::array::from_fn(|j| D::load(y[j].as_ptr().add(off)));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let a = D::load(base.add(r * xrb + off));
+                    for j in 0..4 {
+                        acc[j] = D::madd(a, b[j], acc[j]);
+                    }
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for j in 0..4 {
+                // SAFETY: the caller's AVX-512 F.
+                o[r][j] = unsafe { reduce(acc[j]) };
+            }
+        }
+    }
+}
+
+/// [`batch_f32`]'s values for four weight rows × four activation rows at a time.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub fn tiles_f32(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
+    // SAFETY: features enabled above.
+    unsafe { tiles_body::<F32>(x, xrb, y, out) }
+}
+
+/// [`batch_f16`]'s values for four weight rows × four activation rows at a time.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub fn tiles_f16(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
+    // SAFETY: features enabled above.
+    unsafe { tiles_body::<F16>(x, xrb, y, out) }
+}
+
+/// [`batch_bf16`]'s values for four weight rows × four activation rows at a time.
+#[target_feature(enable = "avx2,avx512f,avx512bf16")]
+pub fn tiles_bf16(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
+    // SAFETY: features enabled above.
+    unsafe { tiles_body::<Bf16>(x, xrb, y, out) }
+}
