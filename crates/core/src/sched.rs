@@ -12,7 +12,7 @@ use crate::tensor::{Glu, Op, Storage, Tensor, TensorId};
 use crate::threads::{ThreadPool, Worker};
 use corelm_kernels::gemm::{self, GemmScratch};
 use corelm_kernels::ops::{self, AttnScratch};
-use corelm_kernels::{interleave, DType, InterleavedOps, Kernels};
+use corelm_kernels::{interleave, BatchDot, DType, InterleavedOps, Kernels};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -42,6 +42,8 @@ pub struct Scratch {
     /// One column block of an interleaved matrix unpacked to plain rows, for types whose
     /// interleaved kernels have no tiles (`InterleavedOps::tiles`).
     unpacked: Vec<u8>,
+    /// One column block of F16 weight rows widened to f32 (`BatchDot::widen`).
+    wide: Vec<f32>,
     /// Cosines and sines of this worker's rows, shared by the pass's RoPE nodes.
     rope: crate::rope::RopeTables,
 }
@@ -128,7 +130,7 @@ impl Executor {
     /// dimension, rows) among `graph`'s matmuls.
     pub fn new(n_threads: usize, max_head_dim: usize, graph: &Graph) -> Self {
         let (mut max_k, mut max_rows, mut max_group, mut max_k_all) = (0, 0, 1, 0);
-        let (mut rope_rows, mut max_rot, mut max_row_bytes) = (0, 0, 0);
+        let (mut rope_rows, mut max_rot, mut max_row_bytes, mut max_k_f16) = (0, 0, 0, 0);
         for &id in &graph.nodes {
             let t = graph.tensor(id);
             if let Op::Rope { p, .. } = t.op {
@@ -142,6 +144,9 @@ impl Executor {
                 let wt = graph.tensor(w);
                 max_k_all = max_k_all.max(wt.ne[0]);
                 max_row_bytes = max_row_bytes.max(wt.row_bytes());
+                if wt.dtype == DType::F16 {
+                    max_k_f16 = max_k_f16.max(wt.ne[0]);
+                }
                 if gemm::supported(wt.dtype) {
                     max_k = max_k.max(wt.ne[0]);
                     max_rows = max_rows.max(t.ne[1]);
@@ -157,6 +162,7 @@ impl Executor {
                         pack: vec![0; COL_BLOCK * corelm_kernels::max_packed_row_bytes(max_k_all)],
                         prep: vec![0; corelm_kernels::interleave::scratch_len(max_k_all)],
                         unpacked: vec![0; COL_BLOCK * max_row_bytes],
+                        wide: vec![0.0; COL_BLOCK * max_k_f16],
                         rope: crate::rope::RopeTables::new(split(rope_rows, 0, n_threads).len(), max_rot),
                     })
                 })
@@ -289,6 +295,12 @@ pub fn matmul_part(n_out: usize, rows: usize, ith: usize, nth: usize, unit: usiz
     let cb = split(blocks, ic, pc);
     let rg = split(groups, ir, pr);
     ((cb.start * COL_BLOCK).min(n_out)..(cb.end * COL_BLOCK).min(n_out), (rg.start * 4).min(rows)..(rg.end * 4).min(rows))
+}
+
+/// The bytes of an f32 slice (the wide tiles take weight rows as bytes).
+fn bytemuck_f32(v: &[f32]) -> &[u8] {
+    // SAFETY: any f32 is 4 initialised bytes; u8 has alignment 1; the length covers the slice.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
 /// Tile results `o[i][j]` (column `c0 + i`, batch row `r + j`) into a `[rows][n_out]` f32 output.
@@ -707,10 +719,21 @@ impl Ctx<'_> {
             // Dense types in a batch: llama.cpp's tinyBLAS value for every row, in 4 × 4 tiles
             // (each output its own accumulator, so the same bits as one at a time).
             let batch_dot = ops.batch_dot.filter(|b| !self.batch_invariant && b.applies(rows, k, n_out));
+            // F16: the block's weight rows widened to f32 once for all its activation rows.
+            let wide = match batch_dot {
+                Some(BatchDot { wide_tile: Some(tile), widen: Some(widen), .. }) if r + 4 <= row_range.end && scratch.wide.len() >= n_tile * k => {
+                    widen(&wb[..n_tile * wrb], &mut scratch.wide[..n_tile * k]);
+                    Some((tile, bytemuck_f32(&scratch.wide[..n_tile * k])))
+                }
+                _ => None,
+            };
             while let Some(b) = batch_dot.filter(|_| r + 4 <= row_range.end) {
                 let ys = [xrow(r), xrow(r + 1), xrow(r + 2), xrow(r + 3)];
                 let mut o = [[0f32; 4]; COL_BLOCK];
-                (b.tile)(&wb[..n_tile * wrb], wrb, ys, &mut o[..n_tile]);
+                match wide {
+                    Some((tile, w)) => tile(w, wrb, ys, &mut o[..n_tile]),
+                    None => (b.tile)(&wb[..n_tile * wrb], wrb, ys, &mut o[..n_tile]),
+                }
                 // SAFETY: columns c0..c0 + n_tile of rows r..r + 4 are this worker's.
                 unsafe { store_cols(base, n_out, r, c0, &o[..n_tile]) };
                 for c in c0 + n_tile..c1 {

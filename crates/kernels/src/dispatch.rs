@@ -75,6 +75,10 @@ pub struct BatchDot {
     pub dot: VecDot,
     /// The same values for 4 weight rows × 4 activation rows at a time (rows of `step`s).
     pub tile: VecDotTile,
+    /// Where set: the tile on weight rows widened to f32 once per column block (`widen`, exact
+    /// for F16), called with the widened rows and the type's row bytes.
+    pub wide_tile: Option<VecDotTile>,
+    pub widen: Option<ToFloat>,
     pub step: usize,
 }
 
@@ -272,12 +276,16 @@ impl Kernels {
             k.ops[slot(DType::F32).unwrap()].batch_dot = Some(BatchDot {
                 dot: |x, y| unsafe { dense::batch_f32(x, y) },
                 tile: |x, xrb, y, o| unsafe { dense::tiles_f32(x, xrb, y, o) },
+                wide_tile: None,
+                widen: None,
                 step: 16,
             });
             let o = &mut k.ops[slot(DType::F16).unwrap()];
             o.batch_dot = Some(BatchDot {
                 dot: |x, y| unsafe { dense::batch_f16(x, y) },
                 tile: |x, xrb, y, o| unsafe { dense::tiles_f16(x, xrb, y, o) },
+                wide_tile: Some(|x, xrb, y, o| unsafe { dense::tiles_f16_wide(x, xrb, y, o) }),
+                widen: Some(|x, o| unsafe { dense::widen_f16(x, o) }),
                 step: 16,
             });
             // ggml's AVX-512 `ggml_vec_dot_f16` order (the attention kernels' F16 dot).
@@ -291,6 +299,8 @@ impl Kernels {
                 o.batch_dot = Some(BatchDot {
                     dot: |x, y| unsafe { dense::batch_bf16(x, y) },
                     tile: |x, xrb, y, o| unsafe { dense::tiles_bf16(x, xrb, y, o) },
+                    wide_tile: None,
+                    widen: None,
                     step: 32,
                 });
             }

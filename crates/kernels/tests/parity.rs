@@ -929,6 +929,15 @@ fn dense_batch_dots_follow_tinyblas_order() {
                     assert_eq!(o[j].to_bits(), want.to_bits(), "{t} n={n} row {c} act {j}: tile {} vs batch dot {want}", o[j]);
                 }
             }
+            // F16: the tile on weight rows widened to f32 first.
+            if let (Some(wide_tile), Some(widen)) = (b.wide_tile, b.widen) {
+                let mut wf = vec![0f32; 8 * n];
+                widen(&w, &mut wf);
+                let wb: Vec<u8> = wf.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let mut wide = vec![[0f32; 4]; 8];
+                wide_tile(&aligned(wb), x.len(), std::array::from_fn(|j| &acts[j][..]), &mut wide);
+                assert!(wide.iter().zip(&out).all(|(a, b)| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())), "{t} n={n}: wide tile differs");
+            }
         }
     }
 }

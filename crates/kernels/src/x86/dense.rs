@@ -114,13 +114,18 @@ pub fn batch_f32(x: &[u8], y: &[u8]) -> f32 {
     unsafe { reduce(c) }
 }
 
-/// A dense type's tinyBLAS step: `STEP` bytes of a row per vector, and its multiply-add.
+/// A dense type's tinyBLAS step: `STEP` values per vector, the bytes a step of weight (`A`)
+/// and activation (`B`) rows takes, their loads, and the multiply-add.
 trait Dense {
     type V: Copy;
-    const STEP: usize;
+    const A_STEP: usize;
+    const B_STEP: usize;
     /// # Safety
-    /// `STEP` readable bytes at `p`; the type's features present.
-    unsafe fn load(p: *const u8) -> Self::V;
+    /// `A_STEP` readable bytes at `p`; the type's features present.
+    unsafe fn load_a(p: *const u8) -> Self::V;
+    /// # Safety
+    /// `B_STEP` readable bytes at `p`; the type's features present.
+    unsafe fn load_b(p: *const u8) -> Self::V;
     /// # Safety
     /// The type's features present.
     unsafe fn madd(a: Self::V, b: Self::V, c: __m512) -> __m512;
@@ -128,13 +133,27 @@ trait Dense {
 
 struct F32;
 struct F16;
+/// F16 weights already widened to f32 (exactly), F16 activations.
+struct F16Wide;
 struct Bf16;
+
+#[inline(always)]
+unsafe fn load_ph(p: *const u8) -> __m512 {
+    // SAFETY: the caller's contract (32 readable bytes, AVX-512 F).
+    unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+}
 
 impl Dense for F32 {
     type V = __m512;
-    const STEP: usize = 64;
+    const A_STEP: usize = 64;
+    const B_STEP: usize = 64;
     #[inline(always)]
-    unsafe fn load(p: *const u8) -> __m512 {
+    unsafe fn load_a(p: *const u8) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_loadu_ps(p as *const f32) }
+    }
+    #[inline(always)]
+    unsafe fn load_b(p: *const u8) -> __m512 {
         // SAFETY: the caller's contract.
         unsafe { _mm512_loadu_ps(p as *const f32) }
     }
@@ -146,11 +165,37 @@ impl Dense for F32 {
 
 impl Dense for F16 {
     type V = __m512;
-    const STEP: usize = 32;
+    const A_STEP: usize = 32;
+    const B_STEP: usize = 32;
     #[inline(always)]
-    unsafe fn load(p: *const u8) -> __m512 {
+    unsafe fn load_a(p: *const u8) -> __m512 {
         // SAFETY: the caller's contract.
-        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+        unsafe { load_ph(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_b(p: *const u8) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { load_ph(p) }
+    }
+    #[inline(always)]
+    unsafe fn madd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+}
+
+impl Dense for F16Wide {
+    type V = __m512;
+    const A_STEP: usize = 64;
+    const B_STEP: usize = 32;
+    #[inline(always)]
+    unsafe fn load_a(p: *const u8) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_loadu_ps(p as *const f32) }
+    }
+    #[inline(always)]
+    unsafe fn load_b(p: *const u8) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { load_ph(p) }
     }
     #[inline(always)]
     unsafe fn madd(a: __m512, b: __m512, c: __m512) -> __m512 {
@@ -160,9 +205,15 @@ impl Dense for F16 {
 
 impl Dense for Bf16 {
     type V = __m512bh;
-    const STEP: usize = 64;
+    const A_STEP: usize = 64;
+    const B_STEP: usize = 64;
     #[inline(always)]
-    unsafe fn load(p: *const u8) -> __m512bh {
+    unsafe fn load_a(p: *const u8) -> __m512bh {
+        // SAFETY: the caller's contract.
+        unsafe { load_bf16(p as *const u16) }
+    }
+    #[inline(always)]
+    unsafe fn load_b(p: *const u8) -> __m512bh {
         // SAFETY: the caller's contract.
         unsafe { load_bf16(p as *const u16) }
     }
@@ -172,26 +223,27 @@ impl Dense for Bf16 {
     }
 }
 
-/// tinyBLAS's register tile: `out.len()` weight rows (a multiple of four, `xrb` bytes apart, `xrb`
-/// a multiple of `D::STEP`) × four activation rows, one accumulator per output, each weight and
+/// tinyBLAS's register tile: `out.len()` weight rows (a multiple of four, `arb` bytes apart) ×
+/// four activation rows (`brb` bytes used of each), one accumulator per output, each weight and
 /// activation vector loaded once per step for the tile's 16 multiply-adds. `out[c][j]` equals
 /// the type's batch dot of row c and `y[j]` bit for bit.
 ///
 /// # Safety
 /// The type's features present.
 #[inline(always)]
-unsafe fn tiles_body<D: Dense>(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
-    assert!(xrb % D::STEP == 0 && out.len() % 4 == 0 && x.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= xrb));
+unsafe fn tiles_body<D: Dense>(x: &[u8], arb: usize, y: [&[u8]; 4], brb: usize, out: &mut [[f32; 4]]) {
+    let steps = brb / D::B_STEP;
+    assert!(brb % D::B_STEP == 0 && arb >= steps * D::A_STEP && out.len() % 4 == 0 && x.len() >= out.len() * arb && y.iter().all(|y| y.len() >= brb));
     for (g, o) in out.chunks_exact_mut(4).enumerate() {
-        let base = x.as_ptr().wrapping_add(4 * g * xrb);
+        let base = x.as_ptr().wrapping_add(4 * g * arb);
         let mut acc = [[_mm512_setzero_ps(); 4]; 4];
-        for off in (0..xrb).step_by(D::STEP) {
-            // SAFETY: off + STEP <= xrb for the four weight rows of this group and the four
+        for s in 0..steps {
+            // SAFETY: step s is inside the four weight rows of this group and the four
             // activation rows (asserted above); the caller's features.
             unsafe {
-                let b: [D::V; 4] = std::array::from_fn(|j| D::load(y[j].as_ptr().add(off)));
+                let b: [D::V; 4] = std::array::from_fn(|j| D::load_b(y[j].as_ptr().add(s * D::B_STEP)));
                 for (r, acc) in acc.iter_mut().enumerate() {
-                    let a = D::load(base.add(r * xrb + off));
+                    let a = D::load_a(base.add(r * arb + s * D::A_STEP));
                     for j in 0..4 {
                         acc[j] = D::madd(a, b[j], acc[j]);
                     }
@@ -211,19 +263,44 @@ unsafe fn tiles_body<D: Dense>(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[
 #[target_feature(enable = "avx2,fma,avx512f")]
 pub fn tiles_f32(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
     // SAFETY: features enabled above.
-    unsafe { tiles_body::<F32>(x, xrb, y, out) }
+    unsafe { tiles_body::<F32>(x, xrb, y, xrb, out) }
 }
 
 /// [`batch_f16`]'s values for four weight rows × four activation rows at a time.
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
 pub fn tiles_f16(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
     // SAFETY: features enabled above.
-    unsafe { tiles_body::<F16>(x, xrb, y, out) }
+    unsafe { tiles_body::<F16>(x, xrb, y, xrb, out) }
+}
+
+/// [`batch_f16`]'s values with the weight rows already widened to f32 (`x`: rows of `2·xrb`
+/// bytes; `xrb`: the F16 rows' bytes), which a matmul does once per column block so that the
+/// tile converts only the activations.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub fn tiles_f16_wide(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
+    // SAFETY: features enabled above.
+    unsafe { tiles_body::<F16Wide>(x, 2 * xrb, y, xrb, out) }
 }
 
 /// [`batch_bf16`]'s values for four weight rows × four activation rows at a time.
 #[target_feature(enable = "avx2,avx512f,avx512bf16")]
 pub fn tiles_bf16(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
     // SAFETY: features enabled above.
-    unsafe { tiles_body::<Bf16>(x, xrb, y, out) }
+    unsafe { tiles_body::<Bf16>(x, xrb, y, xrb, out) }
+}
+
+/// F16 values widened to f32 (exact), 16 at a time; `out.len()` values.
+#[target_feature(enable = "avx2,f16c,avx512f")]
+pub fn widen_f16(x: &[u8], out: &mut [f32]) {
+    let n = out.len();
+    assert!(x.len() >= 2 * n);
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: 32 bytes at 2i and 16 f32 at i are in bounds (asserted, loop bound).
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(i), load_ph(x.as_ptr().add(2 * i))) };
+        i += 16;
+    }
+    for j in i..n {
+        out[j] = half::f16::from_le_bytes([x[2 * j], x[2 * j + 1]]).to_f32();
+    }
 }
