@@ -917,11 +917,12 @@ fn dense_batch_dots_follow_tinyblas_order() {
             assert_eq!(a.to_bits(), want.to_bits(), "{t} n={n}: batch dot {a} vs tinyBLAS order {want}");
             let single = (port.ops(t).unwrap().vec_dot)(&x, &y);
             assert!((a - single).abs() <= 1e-4 * (1.0 + single.abs()), "{t} n={n}: batch {a} vs single-row {single}");
-            // The 4 × 4 tiles: eight weight rows (x and seven more) against y and three more.
-            let rows: Vec<Vec<u8>> = (0..8).map(|i| if i == 0 { x.clone() } else { enc(&v(&mut rng)) }).collect();
+            // The tiles: sixteen weight rows (x and fifteen more: tiles of 6, 6 and 4 rows)
+            // against y and three more.
+            let rows: Vec<Vec<u8>> = (0..16).map(|i| if i == 0 { x.clone() } else { enc(&v(&mut rng)) }).collect();
             let w = aligned(rows.concat());
             let acts: Vec<Vec<u8>> = (0..4).map(|j| if j == 0 { y.clone() } else { enc(&v(&mut rng)) }).collect();
-            let mut out = vec![[0f32; 4]; 8];
+            let mut out = vec![[0f32; 4]; 16];
             (b.tile)(&w, x.len(), std::array::from_fn(|j| &acts[j][..]), &mut out);
             for (c, o) in out.iter().enumerate() {
                 for (j, act) in acts.iter().enumerate() {
@@ -931,10 +932,10 @@ fn dense_batch_dots_follow_tinyblas_order() {
             }
             // F16: the tile on weight rows widened to f32 first.
             if let (Some(wide_tile), Some(widen)) = (b.wide_tile, b.widen) {
-                let mut wf = vec![0f32; 8 * n];
+                let mut wf = vec![0f32; 16 * n];
                 widen(&w, &mut wf);
                 let wb: Vec<u8> = wf.iter().flat_map(|v| v.to_le_bytes()).collect();
-                let mut wide = vec![[0f32; 4]; 8];
+                let mut wide = vec![[0f32; 4]; 16];
                 wide_tile(&aligned(wb), x.len(), std::array::from_fn(|j| &acts[j][..]), &mut wide);
                 assert!(wide.iter().zip(&out).all(|(a, b)| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())), "{t} n={n}: wide tile differs");
             }
