@@ -75,8 +75,9 @@ pub struct BatchDot {
     pub dot: VecDot,
     /// The same values for 4 weight rows × 4 activation rows at a time (rows of `step`s).
     pub tile: VecDotTile,
-    /// Where set: the tile on weight rows widened to f32 once per column block (`widen`, exact
-    /// for F16), called with the widened rows and the type's row bytes.
+    /// Where set: `widen` converts rows to f32 exactly, and `wide_tile` gives `tile`'s values on
+    /// weight and activation rows both widened (called with f32 rows of `4·k` bytes). For F16,
+    /// whose own tile is bound by its conversions.
     pub wide_tile: Option<VecDotTile>,
     pub widen: Option<ToFloat>,
     pub step: usize,
@@ -284,7 +285,7 @@ impl Kernels {
             o.batch_dot = Some(BatchDot {
                 dot: |x, y| unsafe { dense::batch_f16(x, y) },
                 tile: |x, xrb, y, o| unsafe { dense::tiles_f16(x, xrb, y, o) },
-                wide_tile: Some(|x, xrb, y, o| unsafe { dense::tiles_f16_wide(x, xrb, y, o) }),
+                wide_tile: Some(|x, xrb, y, o| unsafe { dense::tiles_f32(x, xrb, y, o) }),
                 widen: Some(|x, o| unsafe { dense::widen_f16(x, o) }),
                 step: 16,
             });

@@ -930,13 +930,16 @@ fn dense_batch_dots_follow_tinyblas_order() {
                     assert_eq!(o[j].to_bits(), want.to_bits(), "{t} n={n} row {c} act {j}: tile {} vs batch dot {want}", o[j]);
                 }
             }
-            // F16: the tile on weight rows widened to f32 first.
+            // F16: the f32 tile on weight and activation rows widened first.
             if let (Some(wide_tile), Some(widen)) = (b.wide_tile, b.widen) {
-                let mut wf = vec![0f32; 16 * n];
-                widen(&w, &mut wf);
-                let wb: Vec<u8> = wf.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let wide_rows = |bytes: &[u8], rows: usize| {
+                    let mut f = vec![0f32; rows * n];
+                    widen(bytes, &mut f);
+                    aligned(f.iter().flat_map(|v| v.to_le_bytes()).collect())
+                };
+                let wa: Vec<Vec<u8>> = acts.iter().map(|a| wide_rows(a, 1)).collect();
                 let mut wide = vec![[0f32; 4]; 16];
-                wide_tile(&aligned(wb), x.len(), std::array::from_fn(|j| &acts[j][..]), &mut wide);
+                wide_tile(&wide_rows(&w, 16), 4 * n, std::array::from_fn(|j| &wa[j][..]), &mut wide);
                 assert!(wide.iter().zip(&out).all(|(a, b)| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())), "{t} n={n}: wide tile differs");
             }
         }

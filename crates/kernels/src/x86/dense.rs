@@ -133,8 +133,6 @@ trait Dense {
 
 struct F32;
 struct F16;
-/// F16 weights already widened to f32 (exactly), F16 activations.
-struct F16Wide;
 struct Bf16;
 
 #[inline(always)]
@@ -171,26 +169,6 @@ impl Dense for F16 {
     unsafe fn load_a(p: *const u8) -> __m512 {
         // SAFETY: the caller's contract.
         unsafe { load_ph(p) }
-    }
-    #[inline(always)]
-    unsafe fn load_b(p: *const u8) -> __m512 {
-        // SAFETY: the caller's contract.
-        unsafe { load_ph(p) }
-    }
-    #[inline(always)]
-    unsafe fn madd(a: __m512, b: __m512, c: __m512) -> __m512 {
-        _mm512_fmadd_ps(a, b, c)
-    }
-}
-
-impl Dense for F16Wide {
-    type V = __m512;
-    const A_STEP: usize = 64;
-    const B_STEP: usize = 32;
-    #[inline(always)]
-    unsafe fn load_a(p: *const u8) -> __m512 {
-        // SAFETY: the caller's contract.
-        unsafe { _mm512_loadu_ps(p as *const f32) }
     }
     #[inline(always)]
     unsafe fn load_b(p: *const u8) -> __m512 {
@@ -271,15 +249,6 @@ pub fn tiles_f32(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
 pub fn tiles_f16(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
     // SAFETY: features enabled above.
     unsafe { tiles_body::<F16>(x, xrb, y, xrb, out) }
-}
-
-/// [`batch_f16`]'s values with the weight rows already widened to f32 (`x`: rows of `2·xrb`
-/// bytes; `xrb`: the F16 rows' bytes), which a matmul does once per column block so that the
-/// tile converts only the activations.
-#[target_feature(enable = "avx2,fma,f16c,avx512f")]
-pub fn tiles_f16_wide(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
-    // SAFETY: features enabled above.
-    unsafe { tiles_body::<F16Wide>(x, 2 * xrb, y, xrb, out) }
 }
 
 /// [`batch_bf16`]'s values for four weight rows × four activation rows at a time.

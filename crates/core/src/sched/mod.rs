@@ -12,9 +12,11 @@ use crate::tensor::{Glu, Op, Storage, Tensor, TensorId};
 use crate::threads::{ThreadPool, Worker};
 use corelm_kernels::gemm::{self, GemmScratch};
 use corelm_kernels::ops::{self, AttnScratch};
-use corelm_kernels::{interleave, BatchDot, DType, InterleavedOps, Kernels};
+use corelm_kernels::{interleave, DType, InterleavedOps, Kernels};
 use std::ops::Range;
 use std::time::Instant;
+
+mod dense;
 
 /// Largest rotary dimension supported (per-thread stack cache).
 pub const MAX_ROT: usize = 1024;
@@ -42,8 +44,10 @@ pub struct Scratch {
     /// One column block of an interleaved matrix unpacked to plain rows, for types whose
     /// interleaved kernels have no tiles (`InterleavedOps::tiles`).
     unpacked: Vec<u8>,
-    /// One column block of F16 weight rows widened to f32 (`BatchDot::widen`).
+    /// One column block of F16 weight rows, and one chunk of F16 activation rows, widened to
+    /// f32 (`BatchDot::widen`).
     wide: Vec<f32>,
+    wide_act: Vec<f32>,
     /// Cosines and sines of this worker's rows, shared by the pass's RoPE nodes.
     rope: crate::rope::RopeTables,
 }
@@ -163,6 +167,7 @@ impl Executor {
                         prep: vec![0; corelm_kernels::interleave::scratch_len(max_k_all)],
                         unpacked: vec![0; COL_BLOCK * max_row_bytes],
                         wide: vec![0.0; COL_BLOCK * max_k_f16],
+                        wide_act: vec![0.0; dense::ACT_CHUNK * max_k_f16],
                         rope: crate::rope::RopeTables::new(split(rope_rows, 0, n_threads).len(), max_rot),
                     })
                 })
@@ -295,12 +300,6 @@ pub fn matmul_part(n_out: usize, rows: usize, ith: usize, nth: usize, unit: usiz
     let cb = split(blocks, ic, pc);
     let rg = split(groups, ir, pr);
     ((cb.start * COL_BLOCK).min(n_out)..(cb.end * COL_BLOCK).min(n_out), (rg.start * 4).min(rows)..(rg.end * 4).min(rows))
-}
-
-/// The bytes of an f32 slice (the wide tiles take weight rows as bytes).
-fn bytemuck_f32(v: &[f32]) -> &[u8] {
-    // SAFETY: any f32 is 4 initialised bytes; u8 has alignment 1; the length covers the slice.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
 /// Tile results `o[i][j]` (column `c0 + i`, batch row `r + j`) into a `[rows][n_out]` f32 output.
@@ -639,6 +638,10 @@ impl Ctx<'_> {
         // Tiles and 4-row kernels give `vec_dot_tile` values, which batch-invariant runs avoid
         // where its order differs.
         let grouped = !(self.batch_invariant && ops.tile_order);
+        // Dense types in a batch: llama.cpp's tinyBLAS values (`dense.rs`).
+        if let Some(b) = ops.batch_dot.filter(|b| !self.batch_invariant && b.applies(rows, k, n_out)) {
+            return self.matmul_dense(t, wid, x, b, ith, nth, scratch);
+        }
         // An interleaved matrix: its own kernels, unless the type has no tiles and this
         // worker has rows for them; those rows run the plain kernels below on column blocks
         // unpacked per call (the other rows still take the GEMV there).
@@ -716,44 +719,8 @@ impl Ctx<'_> {
                 }
                 r += 4;
             }
-            // Dense types in a batch: llama.cpp's tinyBLAS value for every row, in 4 × 4 tiles
-            // (each output its own accumulator, so the same bits as one at a time).
-            let batch_dot = ops.batch_dot.filter(|b| !self.batch_invariant && b.applies(rows, k, n_out));
-            // F16: the block's weight rows widened to f32 once for all its activation rows.
-            let wide = match batch_dot {
-                Some(BatchDot { wide_tile: Some(tile), widen: Some(widen), .. }) if r + 4 <= row_range.end && scratch.wide.len() >= n_tile * k => {
-                    widen(&wb[..n_tile * wrb], &mut scratch.wide[..n_tile * k]);
-                    Some((tile, bytemuck_f32(&scratch.wide[..n_tile * k])))
-                }
-                _ => None,
-            };
-            while let Some(b) = batch_dot.filter(|_| r + 4 <= row_range.end) {
-                let ys = [xrow(r), xrow(r + 1), xrow(r + 2), xrow(r + 3)];
-                let mut o = [[0f32; 4]; COL_BLOCK];
-                match wide {
-                    Some((tile, w)) => tile(w, wrb, ys, &mut o[..n_tile]),
-                    None => (b.tile)(&wb[..n_tile * wrb], wrb, ys, &mut o[..n_tile]),
-                }
-                // SAFETY: columns c0..c0 + n_tile of rows r..r + 4 are this worker's.
-                unsafe { store_cols(base, n_out, r, c0, &o[..n_tile]) };
-                for c in c0 + n_tile..c1 {
-                    for (j, y) in ys.iter().enumerate() {
-                        // SAFETY: column c of these rows is written by this worker only.
-                        unsafe { *base.add((r + j) * n_out + c) = (b.dot)(&wb[(c - c0) * wrb..(c - c0 + 1) * wrb], y) };
-                    }
-                }
-                r += 4;
-            }
             for r in r..row_range.end {
                 let xr = xrow(r);
-                if let Some(b) = batch_dot {
-                    for c in c0..c1 {
-                        let v = (b.dot)(&wb[(c - c0) * wrb..(c - c0 + 1) * wrb], xr);
-                        // SAFETY: column c of row r is written by this worker only.
-                        unsafe { *base.add(r * n_out + c) = v };
-                    }
-                    continue;
-                }
                 let tile_dot = r < tiled_rows && !self.batch_invariant;
                 // Many weight rows per call (decode's GEMV), where it gives this row's values.
                 if let Some((g, il_rows)) = interleaved.filter(|_| !(tile_dot && ops.tile_order)) {
