@@ -36,8 +36,10 @@ struct ModelArgs {
     /// Context size in tokens (KV cells).
     #[arg(short = 'c', long, default_value_t = 4096)]
     ctx_size: usize,
-    /// Most tokens per forward pass.
-    #[arg(short = 'b', long, default_value_t = 256)]
+    /// Most tokens per forward pass. A prompt of at most this many tokens is one pass, as in
+    /// llama.cpp (whose default micro-batch is 512): longer prompts split into passes give
+    /// slightly different logits there, as llama.cpp's own would with a smaller batch.
+    #[arg(short = 'b', long, default_value_t = 512)]
     batch_size: usize,
     /// Do not pin worker threads to cores.
     #[arg(long)]

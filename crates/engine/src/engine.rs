@@ -55,7 +55,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             n_ctx: 4096,
-            n_batch: 256,
+            n_batch: 512,
             n_seq_max: 4,
             n_threads: default_threads(),
             pin: true,
