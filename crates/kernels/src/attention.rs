@@ -11,6 +11,7 @@ use crate::DType;
 use half::f16;
 
 mod quant;
+pub(crate) mod split;
 use quant::{attend_quant, attend_quant_group};
 
 /// Which of ggml-cpu's flash-attention algorithms to reproduce. They give different bits, and
@@ -25,6 +26,12 @@ pub enum AttnKernel {
     /// ggml's tiled kernel: F32 query and keys, KV in tiles of [`KV_TILE`] cells, the softmax
     /// sum of each tile in double, an F32 accumulator.
     Tiled,
+    /// ggml's split-KV decode (one query row over an F16 cache whose padded length is at least
+    /// 512 cells): `Reference` over consecutive chunks of this many cells, each giving its
+    /// (maximum, sum, unnormalised values), combined in order as
+    /// `ggml_flash_attn_ext_reduce_partials` does (`attention/split.rs`). A quantized cache is
+    /// never split (as in ggml): there it is `Reference`.
+    Split(usize),
 }
 
 /// Visible cells per phase of the two-phase decode kernels (`x86::attn_decode*`,
@@ -94,6 +101,8 @@ pub struct AttnScratch {
     gqq: Vec<u8>,
     /// AVX-512 decode kernel: per head, the cells of a chunk that raise its maximum.
     dgrow: Vec<u64>,
+    /// Per head, the (maximum, sum) of the split-KV chunks combined so far.
+    pub(crate) dfin: Vec<[f32; 2]>,
     /// Buffers of the multi-row kernel ([`attend_rows`]).
     rows: RowsScratch,
 }
@@ -180,6 +189,7 @@ impl AttnScratch {
             state: &mut self.gstate[..heads],
             scores: &mut self.gscores[..],
             grow: &mut self.dgrow[..heads],
+            fin: &mut self.dfin[..heads],
             k32: &mut self.k32[..],
             v32: &mut self.v32[..],
         })
@@ -214,6 +224,7 @@ impl AttnScratch {
             dacc: vec![0.0; heads * head_dim],
             gqq: vec![0; heads * (head_dim * 4 + 64)],
             dgrow: vec![0; heads],
+            dfin: vec![[0.0; 2]; heads],
             rows: RowsScratch::new(head_dim),
         }
     }
@@ -309,6 +320,9 @@ pub fn attend_row(
     if !kv.is_f16() {
         return attend_quant(kernels, q, kv, n_cells, scale, visible, scratch, out);
     }
+    if let AttnKernel::Split(chunk) = kind {
+        return split::attend_split(kernels, q, kv, n_cells, scale, &visible, chunk, scratch, out);
+    }
     #[cfg(target_arch = "x86_64")]
     if kind == AttnKernel::Reference && attend_decode(kernels, q, kv, n_cells, scale, &visible, scratch, out) {
         return;
@@ -319,7 +333,7 @@ pub fn attend_row(
             // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
             unsafe { crate::x86::attn::attend_reference(q, kv, n_cells, scale, &visible, scratch, out) }
         }
-        AttnKernel::Reference => attend_reference(q, kv, n_cells, scale, visible, scratch, out),
+        AttnKernel::Reference | AttnKernel::Split(_) => attend_reference(q, kv, n_cells, scale, visible, scratch, out),
         AttnKernel::Tiled => {
             if !tiled_group(kernels, q, kv, n_cells, scale, &visible, scratch, out) {
                 attend_tiled(q, kv, n_cells, scale, visible, scratch, out)
@@ -349,6 +363,11 @@ pub fn attend_heads(
     if kind == AttnKernel::Tiled && tiled_group(kernels, q, kv, n_cells, scale, &visible, scratch, out) {
         return;
     }
+    let kind = match kind {
+        AttnKernel::Split(chunk) if kv.is_f16() => return split::attend_split(kernels, q, kv, n_cells, scale, &visible, chunk, scratch, out),
+        AttnKernel::Split(_) => AttnKernel::Reference,
+        k => k,
+    };
     let hd = kv.head_dim;
     #[cfg(target_arch = "x86_64")]
     if kind == AttnKernel::Reference && attend_decode(kernels, q, kv, n_cells, scale, &visible, scratch, out) {
@@ -386,6 +405,23 @@ fn attend_decode(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) -> bool {
+    attend_decode_split(kernels, q, kv, n_cells, scale, visible, 0, scratch, out)
+}
+
+/// [`attend_decode`] with ggml's KV split (`split` cells per chunk; 0: none).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_decode_split(
+    kernels: &crate::Kernels,
+    q: &[f32],
+    kv: &KvRows,
+    n_cells: usize,
+    scale: f32,
+    visible: &dyn Fn(usize) -> bool,
+    split: usize,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) -> bool {
     use crate::x86::attn_decode;
     if !(kernels.isa == crate::Isa::Avx2 && kv.is_f16() && attn_decode::supports(kv.head_dim)) {
         return false;
@@ -394,10 +430,10 @@ fn attend_decode(
     if kernels.avx512 {
         // SAFETY: `avx512` is only set by `Kernels::detect` after detecting AVX-512 F/BW/VL/VNNI
         // (and AVX2, FMA, F16C).
-        unsafe { attn_decode::attend_decode_group(q, kv, n_cells, scale, visible, bufs, out) };
+        unsafe { attn_decode::attend_decode_group(q, kv, n_cells, scale, visible, split, bufs, out) };
     } else {
         // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
-        unsafe { crate::x86::attn_decode_avx2::attend_decode_group_avx2(q, kv, n_cells, scale, visible, bufs, out) };
+        unsafe { crate::x86::attn_decode_avx2::attend_decode_group_avx2(q, kv, n_cells, scale, visible, split, bufs, out) };
     }
     true
 }
@@ -483,12 +519,29 @@ fn attend_reference(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
+    let [_, s] = reference_partial(q, kv, 0..n_cells, scale, &visible, scratch);
+    let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+    for (o, a) in out.iter_mut().zip(&scratch.acc16) {
+        *o = a.to_f32() * inv;
+    }
+}
+
+/// ggml's `one_chunk` over the visible cells of `cells`: returns (maximum, sum) and leaves the
+/// unnormalised F16 accumulator in `scratch.acc16`.
+pub(crate) fn reference_partial(
+    q: &[f32],
+    kv: &KvRows,
+    cells: std::ops::Range<usize>,
+    scale: f32,
+    visible: &dyn Fn(usize) -> bool,
+    scratch: &mut AttnScratch,
+) -> [f32; 2] {
     for (d, &s) in scratch.q16.iter_mut().zip(q) {
         *d = f16::from_f32(s);
     }
     scratch.acc16.iter_mut().for_each(|a| *a = f16::ZERO);
     let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
-    for c in 0..n_cells {
+    for c in cells {
         if !visible(c) {
             continue;
         }
@@ -509,10 +562,7 @@ fn attend_reference(
         }
         s = s.mul_add(ms, vs);
     }
-    let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
-    for (o, a) in out.iter_mut().zip(&scratch.acc16) {
-        *o = a.to_f32() * inv;
-    }
+    [m, s]
 }
 
 /// ggml's tiled kernel, portable. The AVX2 version is `x86::attn::attend_tiled_group` (one or

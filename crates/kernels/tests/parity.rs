@@ -703,6 +703,43 @@ fn decode_attention_equals_portable_per_head() {
     }
 }
 
+/// ggml's split-KV decode (`AttnKernel::Split`): the decode kernels (AVX-512 and AVX2) give
+/// every head the bits of the portable per-head split, over chunk sizes that cut the cells
+/// evenly, unevenly, inside the 64-cell phases and past the end, with a late-growing maximum,
+/// hidden cells and a window (whole chunks invisible); and the split stays close to the
+/// unsplit kernel (the partials are renormalised, not recomputed).
+#[test]
+fn split_kv_decode_equals_portable_and_stays_near_unsplit() {
+    use corelm_kernels::ops::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
+    let mut rng = Rng(5150);
+    let port = Kernels::portable();
+    for (hd, heads, cells, chunk) in [(64usize, 3usize, 300usize, 256usize), (64, 7, 513, 256), (128, 2, 700, 384), (64, 4, 260, 100), (256, 1, 129, 64), (64, 1, 5, 1000)] {
+        let q: Vec<f32> = (0..heads * hd).map(|_| rng.f32() * 4.0).collect();
+        let mut k: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 3.0)).collect();
+        for x in &mut k[cells.saturating_sub(3) * hd..] {
+            *x = f16::from_f32(x.to_f32() * 6.0);
+        }
+        let v: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 50.0)).collect();
+        let ident: Vec<u32> = (0..cells as u32).collect();
+        let kvr = KvRows::contiguous(&k, &v, hd, &ident);
+        let masks: [&dyn Fn(usize) -> bool; 3] = [&|_| true, &|c| c % 5 != 3, &|c| c + 120 >= cells];
+        for (vis, fast) in masks.into_iter().flat_map(|m| [(m, Kernels::detect()), (m, Kernels::detect_avx2())]) {
+            let mut s = AttnScratch::with_heads(hd, heads);
+            let mut grouped = vec![f32::NAN; heads * hd];
+            attend_heads(AttnKernel::Split(chunk), &fast, &q, &kvr, cells, 0.125, vis, &mut s, &mut grouped);
+            for h in 0..heads {
+                let (mut one, mut whole) = (vec![0f32; hd], vec![0f32; hd]);
+                attend_row(AttnKernel::Split(chunk), &port, &q[h * hd..(h + 1) * hd], &kvr, cells, 0.125, vis, &mut s, &mut one);
+                attend_row(AttnKernel::Reference, &port, &q[h * hd..(h + 1) * hd], &kvr, cells, 0.125, vis, &mut s, &mut whole);
+                let g = &grouped[h * hd..(h + 1) * hd];
+                assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "avx512 {} hd {hd} cells {cells} chunk {chunk} head {h}", fast.avx512);
+                let mag = whole.iter().fold(1f32, |m, x| m.max(x.abs()));
+                assert!(one.iter().zip(&whole).all(|(a, b)| (a - b).abs() <= 2e-2 * mag), "hd {hd} cells {cells} chunk {chunk} head {h}: split far from unsplit");
+            }
+        }
+    }
+}
+
 /// RoPE with the detected SIMD kernels (`x86::rope`, 8 or 16 lanes) against the scalar loop,
 /// bit for bit, for both pair layouts, rotated widths with ragged tails, partial rotation
 /// (`n_rot < head_dim`: the rest untouched) and several positions; and near an f64 rotation.

@@ -496,7 +496,7 @@ impl Ctx<'_> {
                 // ROWS_MAX_VECTORS rows × heads per call; decode's kernel one row.
                 let per_block = match kind {
                     ops::AttnKernel::Tiled => (ops::ROWS_MAX_VECTORS / group).max(1),
-                    ops::AttnKernel::Reference => 1,
+                    _ => 1,
                 };
                 let blocks = rows.div_ceil(per_block);
                 for (b, kvh, heads) in attention_items(blocks, p.n_kv_head, group, ith, nth) {
@@ -537,6 +537,7 @@ impl Ctx<'_> {
                         }
                         let n = r1 - r0;
                         let (q_rows, out_rows) = (&qs[..n], &mut outs[..n]);
+                        let kind = self.kv_split(kind, self.batch.pos[r0] as usize, nth);
                         ops::attend_rows(kind, self.kernels, q_rows, heads.len(), &spans[..n], &rows_kv, p.scale, &mut scratch.attn, out_rows);
                         r0 = r1;
                     }
@@ -799,6 +800,25 @@ impl Ctx<'_> {
             let out = unsafe { std::slice::from_raw_parts_mut(base.add(r * n_out + cols.start), cols.len()) };
             (il.rows)(&g[cols.start * wrb..cols.end * wrb], wrb, xrow(r), out, prep);
         }
+    }
+
+    /// The attention kernel llama.cpp runs for a query row at `pos` with `nth` threads: its
+    /// split-KV decode when the batch is that one row (or every row is computed as if alone),
+    /// the cache is F16 and its padded length — `used + 1` rounded up to 256 cells, at most
+    /// the cache size, as `llama_kv_cache::get_n_kv` gives it for one sequence — reaches 512
+    /// cells, in `ceil(n_kv / nth)`-cell chunks; otherwise `kind`. The bits then match
+    /// llama.cpp run with the same thread count.
+    fn kv_split(&self, kind: ops::AttnKernel, pos: usize, nth: usize) -> ops::AttnKernel {
+        let kv = self.kv;
+        let one_row = self.graph.n_tokens == 1 || self.batch_invariant;
+        if kind != ops::AttnKernel::Reference || !one_row || kv.k_type != DType::F16 || kv.v_type != DType::F16 {
+            return kind;
+        }
+        let n_kv = (pos + 1).next_multiple_of(256).min(kv.n_cells);
+        if n_kv < 512 {
+            return kind;
+        }
+        ops::AttnKernel::Split(n_kv.div_ceil(nth))
     }
 
     fn kv_store(&self, layer: usize, k: TensorId, v: TensorId, ith: usize, nth: usize) {

@@ -39,6 +39,8 @@ pub struct DecodeBuffers<'a> {
     pub scores: &'a mut [f32],
     /// Per head, the chunk's cells that raise its maximum (bit mask).
     pub grow: &'a mut [u64],
+    /// Per head, (maximum, sum) of the KV-split chunks combined so far (`attention::split`).
+    pub fin: &'a mut [[f32; 2]],
     /// One key row and one value row in f32 (the AVX2 kernel).
     pub k32: &'a mut [f32],
     pub v32: &'a mut [f32],
@@ -51,7 +53,8 @@ pub fn supports(head_dim: usize) -> bool {
 
 /// Attention of the `q.len() / head_dim` query heads of one KV head over the visible cells
 /// `c < n_cells` of an F16 cache (`supports(head_dim)`); every head gets the bits of
-/// `ops::attend_reference`.
+/// `ops::attend_reference`, or with `split` > 0 of ggml's split-KV decode over chunks of
+/// `split` cells (`attention::split`).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
 pub fn attend_decode_group(
@@ -60,12 +63,13 @@ pub fn attend_decode_group(
     n_cells: usize,
     scale: f32,
     visible: &dyn Fn(usize) -> bool,
+    split: usize,
     bufs: DecodeBuffers,
     out: &mut [f32],
 ) {
     let heads = q.len() / kv.head_dim;
     let steps = kv.head_dim / 64;
-    drive(q, kv, n_cells, visible, bufs, out, |kr, vr, b| {
+    drive(q, kv, n_cells, visible, split, bufs, out, |kr, vr, b| {
         // SAFETY: every pointer starts a row of `head_dim` F16 values of `kv`; `drive` checked
         // the head dimension (`supports`) and the buffers' sizes; the caller of
         // `attend_decode_group` checked the CPU features.
@@ -93,12 +97,15 @@ unsafe fn chunk<const S: usize>(kr: &[*const f16], vr: &[*const f16], b: &mut De
 
 /// What both decode kernels share: the queries rounded to F16, the state reset, the visible
 /// cells gathered `CHUNK` at a time (key and value row pointers) for `chunk`, the outputs
-/// normalised.
+/// normalised. With `split` > 0, all that per range of `split` cells, each range's partial
+/// folded into the outputs as ggml combines them (`attention::split`).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn drive(
     q: &[f32],
     kv: &KvRows,
     n_cells: usize,
     visible: &dyn Fn(usize) -> bool,
+    split: usize,
     mut bufs: DecodeBuffers,
     out: &mut [f32],
     mut chunk: impl FnMut(&[*const f16], &[*const f16], &mut DecodeBuffers),
@@ -107,28 +114,44 @@ pub(super) fn drive(
     let heads = q.len() / hd;
     let b = &mut bufs;
     assert!(supports(hd) && kv.is_f16() && out.len() >= heads * hd);
-    assert!(b.qf.len() >= heads * hd && b.acc.len() >= heads * hd && b.state.len() >= heads);
+    assert!(b.qf.len() >= heads * hd && b.acc.len() >= heads * hd && b.state.len() >= heads && b.fin.len() >= heads);
     assert!(b.scores.len() >= heads * CHUNK && b.grow.len() >= heads && b.k32.len() >= hd && b.v32.len() >= hd);
     for (d, &s) in b.qf.iter_mut().zip(q) {
         *d = f16::from_f32(s).to_f32();
     }
-    b.acc[..heads * hd].fill(0.0);
-    b.state[..heads].fill([f32::NEG_INFINITY, 0.0]);
+    let range = if split == 0 { n_cells.max(1) } else { split };
+    if split > 0 {
+        out[..heads * hd].fill(0.0);
+        b.fin[..heads].fill([f32::NEG_INFINITY, 0.0]);
+    }
     // Row pointers of the chunk's visible cells: `[CHUNK]` keys, `[CHUNK]` values.
     let mut kr = [std::ptr::null::<f16>(); CHUNK];
     let mut vr = [std::ptr::null::<f16>(); CHUNK];
-    let mut n = 0;
-    for c in 0..n_cells {
-        if visible(c) {
-            (kr[n], vr[n]) = (kv.k(c).as_ptr(), kv.v(c).as_ptr());
-            n += 1;
+    for start in (0..n_cells.max(1)).step_by(range) {
+        let end = (start + range).min(n_cells);
+        b.acc[..heads * hd].fill(0.0);
+        b.state[..heads].fill([f32::NEG_INFINITY, 0.0]);
+        let mut n = 0;
+        for c in start..end {
+            if visible(c) {
+                (kr[n], vr[n]) = (kv.k(c).as_ptr(), kv.v(c).as_ptr());
+                n += 1;
+            }
+            if n > 0 && (n == CHUNK || c + 1 == end) {
+                chunk(&kr[..n], &vr[..n], b);
+                n = 0;
+            }
         }
-        if n > 0 && (n == CHUNK || c + 1 == n_cells) {
-            chunk(&kr[..n], &vr[..n], b);
-            n = 0;
+        if split == 0 {
+            return normalize_heads(&b.acc[..heads * hd], &b.state[..heads], hd, out);
+        }
+        for h in 0..heads {
+            crate::attention::split::fold(&mut b.fin[h], &mut out[h * hd..(h + 1) * hd], b.state[h], &b.acc[h * hd..(h + 1) * hd]);
         }
     }
-    normalize_heads(&b.acc[..heads * hd], &b.state[..heads], hd, out);
+    for h in 0..heads {
+        crate::attention::split::finish(b.fin[h], &mut out[h * hd..(h + 1) * hd]);
+    }
 }
 
 /// 16 F16 values at `p`, widened.

@@ -21,12 +21,13 @@ pub fn attend_decode_group_avx2(
     n_cells: usize,
     scale: f32,
     visible: &dyn Fn(usize) -> bool,
+    split: usize,
     bufs: DecodeBuffers,
     out: &mut [f32],
 ) {
     let hd = kv.head_dim;
     let heads = q.len() / hd;
-    drive(q, kv, n_cells, visible, bufs, out, |kr, vr, b| {
+    drive(q, kv, n_cells, visible, split, bufs, out, |kr, vr, b| {
         for (i, &kp) in kr.iter().enumerate() {
             // SAFETY: `kp` starts a row of `hd` F16 values; k32 holds `hd` (checked by `drive`).
             unsafe { widen(kp, &mut b.k32[..hd]) };
