@@ -30,7 +30,8 @@ pub struct TilePacking {
 /// Decode's GEMV on interleaved rows: `out.len()` rows (a multiple of four; `g` their groups,
 /// plain rows `xrb` bytes) against one activation row; `prep` is scratch.
 pub type IlRows = fn(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]);
-/// Prefill's tiles on interleaved rows: the same rows against `J` activation rows, `out[c][j]`.
+/// Prefill's tiles on interleaved rows: the same rows against `J` activation rows, `out[c][j]`:
+/// `vec_dot_tile`'s values (`vec_dot`'s but for `tile_order` types).
 pub type IlTile<const J: usize> = fn(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], prep: &mut [i32]);
 
 /// Kernels on weights interleaved at load (`crate::interleave`): the same values, bit for bit,
@@ -38,9 +39,8 @@ pub type IlTile<const J: usize> = fn(g: &[u8], xrb: usize, y: [&[u8]; J], out: &
 #[derive(Clone, Copy)]
 pub struct InterleavedOps {
     pub rows: IlRows,
-    /// Prefill's tiles, where the type has them; without, batches of four or more rows run the
-    /// plain kernels on column blocks unpacked per call (`interleave::unpack`).
-    pub tiles: Option<IlTiles>,
+    /// Prefill's tiles.
+    pub tiles: IlTiles,
 }
 
 /// Prefill's tiles on interleaved rows.
@@ -60,10 +60,10 @@ fn interleaved_ops<T: crate::x86::interleaved::Interleaved>() -> InterleavedOps 
     // features the kernels are compiled for.
     InterleavedOps {
         rows: |g, xrb, y, o, p| unsafe { rows::<T>(g, xrb, y, o, p) },
-        tiles: Some(IlTiles {
+        tiles: IlTiles {
             tile: |g, xrb, y, o, p| unsafe { tiles::<T, 4>(g, xrb, y, o, p) },
             tile8: |g, xrb, y, o, p| unsafe { tiles::<T, 8>(g, xrb, y, o, p) },
-        }),
+        },
     }
 }
 
@@ -315,10 +315,20 @@ impl Kernels {
             ] {
                 k.ops[slot(t).unwrap()].interleaved = Some(o);
             }
-            k.ops[slot(DType::Q4K).unwrap()].interleaved =
-                Some(InterleavedOps { rows: |g, xrb, y, o, p| unsafe { crate::x86::interleaved_k::rows_q4_k(g, xrb, y, o, p) }, tiles: None });
-            k.ops[slot(DType::Q6K).unwrap()].interleaved =
-                Some(InterleavedOps { rows: |g, xrb, y, o, p| unsafe { crate::x86::interleaved_k::rows_q6_k(g, xrb, y, o, p) }, tiles: None });
+            k.ops[slot(DType::Q4K).unwrap()].interleaved = Some(InterleavedOps {
+                rows: |g, xrb, y, o, p| unsafe { crate::x86::interleaved_k::rows_q4_k(g, xrb, y, o, p) },
+                tiles: IlTiles {
+                    tile: |g, xrb, y, o, p| unsafe { crate::x86::interleaved_k::tiles_q4_k(g, xrb, y, o, p) },
+                    tile8: |g, xrb, y, o, p| unsafe { crate::x86::interleaved_k::tiles8_q4_k(g, xrb, y, o, p) },
+                },
+            });
+            k.ops[slot(DType::Q6K).unwrap()].interleaved = Some(InterleavedOps {
+                rows: |g, xrb, y, o, p| unsafe { crate::x86::interleaved_k::rows_q6_k(g, xrb, y, o, p) },
+                tiles: IlTiles {
+                    tile: |g, xrb, y, o, p| unsafe { crate::x86::interleaved_k::tiles_q6_k(g, xrb, y, o, p) },
+                    tile8: |g, xrb, y, o, p| unsafe { crate::x86::interleaved_k::tiles8_q6_k(g, xrb, y, o, p) },
+                },
+            });
         }
         k
     }

@@ -41,9 +41,6 @@ pub struct Scratch {
     pack: Vec<u8>,
     /// Activation rows prepared for the kernels on interleaved weights.
     prep: Vec<i32>,
-    /// One column block of an interleaved matrix unpacked to plain rows, for types whose
-    /// interleaved kernels have no tiles (`InterleavedOps::tiles`).
-    unpacked: Vec<u8>,
     /// One column block of F16 weight rows, and one chunk of F16 activation rows, widened to
     /// f32 (`BatchDot::widen`).
     wide: Vec<f32>,
@@ -134,7 +131,7 @@ impl Executor {
     /// dimension, rows) among `graph`'s matmuls.
     pub fn new(n_threads: usize, max_head_dim: usize, graph: &Graph) -> Self {
         let (mut max_k, mut max_rows, mut max_group, mut max_k_all) = (0, 0, 1, 0);
-        let (mut rope_rows, mut max_rot, mut max_row_bytes, mut max_k_f16) = (0, 0, 0, 0);
+        let (mut rope_rows, mut max_rot, mut max_k_f16) = (0, 0, 0);
         for &id in &graph.nodes {
             let t = graph.tensor(id);
             if let Op::Rope { p, .. } = t.op {
@@ -147,7 +144,6 @@ impl Executor {
             if let Op::MatMul { w, .. } = t.op {
                 let wt = graph.tensor(w);
                 max_k_all = max_k_all.max(wt.ne[0]);
-                max_row_bytes = max_row_bytes.max(wt.row_bytes());
                 if wt.dtype == DType::F16 {
                     max_k_f16 = max_k_f16.max(wt.ne[0]);
                 }
@@ -165,7 +161,6 @@ impl Executor {
                         gemm: GemmScratch::new(max_k, max_rows),
                         pack: vec![0; COL_BLOCK * corelm_kernels::max_packed_row_bytes(max_k_all)],
                         prep: vec![0; corelm_kernels::interleave::scratch_len(max_k_all)],
-                        unpacked: vec![0; COL_BLOCK * max_row_bytes],
                         wide: vec![0.0; COL_BLOCK * max_k_f16],
                         wide_act: vec![0.0; dense::ACT_CHUNK * max_k_f16],
                         rope: crate::rope::RopeTables::new(split(rope_rows, 0, n_threads).len(), max_rot),
@@ -643,25 +638,16 @@ impl Ctx<'_> {
         if let Some(b) = ops.batch_dot.filter(|b| !self.batch_invariant && b.applies(rows, k, n_out)) {
             return self.matmul_dense(t, wid, x, b, ith, nth, scratch);
         }
-        // An interleaved matrix: its own kernels, unless the type has no tiles and this
-        // worker has rows for them; those rows run the plain kernels below on column blocks
-        // unpacked per call (the other rows still take the GEMV there).
-        let mut interleaved = None;
+        // An interleaved matrix: its own kernels.
         if let (Storage::Weight { packed: Some(p), len, .. }, Some(il)) = (wt.storage, ops.interleaved) {
-            let g = &self.weights.packed[p..p + len];
-            let row_range = matmul_part(n_out, rows, ith, nth, interleave::ROWS).1;
-            if il.tiles.is_some() || !grouped || tiled_rows <= row_range.start {
-                return self.matmul_interleaved(t, g, wt, x, il, ith, nth, &mut scratch.prep);
-            }
-            interleaved = Some((g, il.rows));
+            return self.matmul_interleaved(t, &self.weights.packed[p..p + len], wt, x, il, grouped, ith, nth, &mut scratch.prep);
         }
         let wrb = wt.row_bytes();
         let xt = self.t(x);
         let xrb = xt.row_bytes();
         let xb = self.bytes(x);
         debug_assert_eq!(xt.ne[0], k);
-        let unit = if interleaved.is_some() { interleave::ROWS } else { 1 };
-        let (cols, row_range) = matmul_part(n_out, rows, ith, nth, unit);
+        let (cols, row_range) = matmul_part(n_out, rows, ith, nth, 1);
         let tiled_end = tiled_rows.min(row_range.end);
         let base = self.base(t) as *mut f32;
         let xrow = |r: usize| &xb[r * xrb..(r + 1) * xrb];
@@ -670,14 +656,7 @@ impl Ctx<'_> {
             let c1 = (c0 + COL_BLOCK).min(cols.end);
             let n_tile = (c1 - c0) / 4 * 4;
             // The block's plain weight rows (`wb[(c - c0) · wrb ..]` is row c).
-            let wb: &[u8] = match interleaved {
-                Some((g, _)) => {
-                    let buf = &mut scratch.unpacked[..(c1 - c0) * wrb];
-                    interleave::unpack(wt.dtype, &g[c0 * wrb..c1 * wrb], wrb, buf);
-                    buf
-                }
-                None => &self.bytes(wid)[c0 * wrb..c1 * wrb],
-            };
+            let wb = &self.bytes(wid)[c0 * wrb..c1 * wrb];
             // With two or more groups of four activation rows, decode the block's weight rows
             // once into the tile kernel's layout instead of once per group.
             let packed = match ops.packing {
@@ -724,13 +703,6 @@ impl Ctx<'_> {
                 let xr = xrow(r);
                 let tile_dot = r < tiled_rows && !self.batch_invariant;
                 // Many weight rows per call (decode's GEMV), where it gives this row's values.
-                if let Some((g, il_rows)) = interleaved.filter(|_| !(tile_dot && ops.tile_order)) {
-                    // SAFETY: row r's columns c0..c1 of the [rows][n_out] f32 output are this
-                    // worker's.
-                    let out = unsafe { std::slice::from_raw_parts_mut(base.add(r * n_out + c0), c1 - c0) };
-                    il_rows(&g[c0 * wrb..c1 * wrb], wrb, xr, out, &mut scratch.prep);
-                    continue;
-                }
                 if let Some(rows_dot) = ops.vec_dot_rows.filter(|_| !(tile_dot && ops.tile_order)) {
                     let mut o = [0f32; COL_BLOCK];
                     rows_dot(wb, wrb, xr, &mut o[..c1 - c0]);
@@ -757,7 +729,7 @@ impl Ctx<'_> {
     /// decode's) through the GEMV
     /// over the worker's whole column range. Values as `vec_dot` gives them, bit for bit.
     #[allow(clippy::too_many_arguments)]
-    fn matmul_interleaved(&self, t: &Tensor, g: &[u8], wt: &Tensor, x: TensorId, il: InterleavedOps, ith: usize, nth: usize, prep: &mut [i32]) {
+    fn matmul_interleaved(&self, t: &Tensor, g: &[u8], wt: &Tensor, x: TensorId, il: InterleavedOps, grouped: bool, ith: usize, nth: usize, prep: &mut [i32]) {
         let n_out = wt.ne[1];
         let rows = t.ne[1];
         let wrb = wt.row_bytes();
@@ -770,8 +742,10 @@ impl Ctx<'_> {
         let tiled_end = (rows - rows % 4).min(row_range.end);
         let base = self.base(t) as *mut f32;
         let mut r = row_range.start;
-        // Without tiles, the caller sends only rows whose values the GEMV gives.
-        if let Some(tiles) = il.tiles.filter(|_| r + 4 <= tiled_end) {
+        // Batch-invariant runs keep `vec_dot`'s values where the tiles' order differs
+        // (`tile_order`, not `grouped`): every row through the GEMV.
+        if grouped && r + 4 <= tiled_end {
+            let tiles = il.tiles;
             let mut c0 = cols.start;
             while c0 < cols.end {
                 let c1 = (c0 + IL_COL_BLOCK).min(cols.end);
