@@ -324,7 +324,7 @@ pub fn attend_row(
         return split::attend_split(kernels, q, kv, n_cells, scale, &visible, chunk, scratch, out);
     }
     #[cfg(target_arch = "x86_64")]
-    if kind == AttnKernel::Reference && attend_decode(kernels, q, kv, n_cells, scale, &visible, scratch, out) {
+    if kind == AttnKernel::Reference && attend_decode(kernels, q, kv, n_cells, scale, &visible, 0, scratch, out) {
         return;
     }
     match kind {
@@ -370,7 +370,7 @@ pub fn attend_heads(
     };
     let hd = kv.head_dim;
     #[cfg(target_arch = "x86_64")]
-    if kind == AttnKernel::Reference && attend_decode(kernels, q, kv, n_cells, scale, &visible, scratch, out) {
+    if kind == AttnKernel::Reference && attend_decode(kernels, q, kv, n_cells, scale, &visible, 0, scratch, out) {
         return;
     }
     // A quantized cache always takes ggml's one-chunk path (`attend_row` ignores `kind` for it).
@@ -392,26 +392,11 @@ pub fn attend_heads(
 
 /// The reference kernel for `q.len() / head_dim` heads with the two-phase decode kernel
 /// (`x86::attn_decode` with AVX-512, `x86::attn_decode_avx2` with the AVX2 table), if the cache
-/// is F16 and the head dimension one it takes; returns whether it ran.
+/// is F16 and the head dimension one it takes; returns whether it ran. `split` > 0: ggml's
+/// split-KV decode over chunks of `split` cells (`attention::split`).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-fn attend_decode(
-    kernels: &crate::Kernels,
-    q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
-    scale: f32,
-    visible: &dyn Fn(usize) -> bool,
-    scratch: &mut AttnScratch,
-    out: &mut [f32],
-) -> bool {
-    attend_decode_split(kernels, q, kv, n_cells, scale, visible, 0, scratch, out)
-}
-
-/// [`attend_decode`] with ggml's KV split (`split` cells per chunk; 0: none).
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_decode_split(
+pub(crate) fn attend_decode(
     kernels: &crate::Kernels,
     q: &[f32],
     kv: &KvRows,

@@ -669,6 +669,18 @@ fn vector_expf_equals_libm_expf() {
     }
 }
 
+/// Queries of `heads` heads and a KV cache of `cells` F16 rows for the decode tests; the last
+/// three keys are large, so the running maximum grows late.
+fn decode_case(rng: &mut Rng, hd: usize, heads: usize, cells: usize) -> (Vec<f32>, Vec<f16>, Vec<f16>) {
+    let q: Vec<f32> = (0..heads * hd).map(|_| rng.f32() * 4.0).collect();
+    let mut k: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 3.0)).collect();
+    for x in &mut k[cells.saturating_sub(3) * hd..] {
+        *x = f16::from_f32(x.to_f32() * 6.0);
+    }
+    let v: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 50.0)).collect();
+    (q, k, v)
+}
+
 /// Decode attention over a GQA group with the detected table (the AVX-512 two-phase kernel
 /// where the CPU has it) gives every head the bits of the portable per-head kernel: head
 /// dimensions 64–256, 1–8 heads (every register grouping), cell counts around the 64-cell
@@ -680,12 +692,7 @@ fn decode_attention_equals_portable_per_head() {
     let mut rng = Rng(2024);
     let port = Kernels::portable();
     for (hd, heads, cells) in [(64usize, 3usize, 64usize), (64, 7, 200), (64, 8, 65), (64, 1, 130), (128, 5, 129), (192, 2, 70), (256, 4, 131), (256, 1, 1)] {
-        let q: Vec<f32> = (0..heads * hd).map(|_| rng.f32() * 4.0).collect();
-        let mut k: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 3.0)).collect();
-        for x in &mut k[cells.saturating_sub(3) * hd..] {
-            *x = f16::from_f32(x.to_f32() * 6.0);
-        }
-        let v: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 50.0)).collect();
+        let (q, k, v) = decode_case(&mut rng, hd, heads, cells);
         let ident: Vec<u32> = (0..cells as u32).collect();
         let kvr = KvRows::contiguous(&k, &v, hd, &ident);
         let masks: [&dyn Fn(usize) -> bool; 4] = [&|_| true, &|c| c % 5 != 3, &|c| c + 60 >= cells, &|_| false];
@@ -714,12 +721,7 @@ fn split_kv_decode_equals_portable_and_stays_near_unsplit() {
     let mut rng = Rng(5150);
     let port = Kernels::portable();
     for (hd, heads, cells, chunk) in [(64usize, 3usize, 300usize, 256usize), (64, 7, 513, 256), (128, 2, 700, 384), (64, 4, 260, 100), (256, 1, 129, 64), (64, 1, 5, 1000)] {
-        let q: Vec<f32> = (0..heads * hd).map(|_| rng.f32() * 4.0).collect();
-        let mut k: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 3.0)).collect();
-        for x in &mut k[cells.saturating_sub(3) * hd..] {
-            *x = f16::from_f32(x.to_f32() * 6.0);
-        }
-        let v: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 50.0)).collect();
+        let (q, k, v) = decode_case(&mut rng, hd, heads, cells);
         let ident: Vec<u32> = (0..cells as u32).collect();
         let kvr = KvRows::contiguous(&k, &v, hd, &ident);
         let masks: [&dyn Fn(usize) -> bool; 3] = [&|_| true, &|c| c % 5 != 3, &|c| c + 120 >= cells];

@@ -58,7 +58,7 @@ pub(super) fn attend_split(
     let hd = kv.head_dim;
     let chunk = chunk.max(1);
     #[cfg(target_arch = "x86_64")]
-    if super::attend_decode_split(kernels, q, kv, n_cells, scale, visible, chunk, scratch, out) {
+    if super::attend_decode(kernels, q, kv, n_cells, scale, visible, chunk, scratch, out) {
         return;
     }
     #[cfg(not(target_arch = "x86_64"))]
