@@ -180,13 +180,22 @@ pub fn tiles_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], _pr
 /// [`tiles_q6_k`] for eight activation rows: two passes of four (eight rows' accumulators do
 /// not fit the registers).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub fn tiles8_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], _prep: &mut [i32]) {
+pub fn tiles8_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
+    // SAFETY: `tiles_q6_k` needs the features enabled here.
+    unsafe { two_passes(g, xrb, y, out, prep, tiles_q6_k) }
+}
+
+/// Eight activation rows as two passes of four through `tile4`, 64 weight rows at a time.
+///
+/// # Safety
+/// The CPU has the features `tile4` is compiled for.
+unsafe fn two_passes(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32], tile4: unsafe fn(&[u8], usize, [&[u8]; 4], &mut [[f32; 4]], &mut [i32])) {
     let mut half = [[0f32; 4]; 64];
     for (hi, ys) in [[y[0], y[1], y[2], y[3]], [y[4], y[5], y[6], y[7]]].into_iter().enumerate() {
         for (chunk, o) in out.chunks_mut(64).enumerate() {
             let rows = o.len();
-            // SAFETY: features enabled above.
-            unsafe { q6_k_groups::<4>(&g[chunk * 64 * xrb..], xrb, ys, &mut half[..rows]) };
+            // SAFETY: the caller's contract.
+            unsafe { tile4(&g[chunk * 64 * xrb..], xrb, ys, &mut half[..rows], prep) };
             for (o, h) in o.iter_mut().zip(&half[..rows]) {
                 o[4 * hi..4 * hi + 4].copy_from_slice(h);
             }
@@ -369,14 +378,6 @@ unsafe fn min_control(j: i8) -> __m512i {
 /// [`tiles_q4_k`] for eight activation rows: two passes of four.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn tiles8_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
-    let mut half = [[0f32; 4]; 64];
-    for (hi, ys) in [[y[0], y[1], y[2], y[3]], [y[4], y[5], y[6], y[7]]].into_iter().enumerate() {
-        for (chunk, o) in out.chunks_mut(64).enumerate() {
-            let rows = o.len();
-            tiles_q4_k(&g[chunk * 64 * xrb..], xrb, ys, &mut half[..rows], prep);
-            for (o, h) in o.iter_mut().zip(&half[..rows]) {
-                o[4 * hi..4 * hi + 4].copy_from_slice(h);
-            }
-        }
-    }
+    // SAFETY: `tiles_q4_k` needs the features enabled here.
+    unsafe { two_passes(g, xrb, y, out, prep, tiles_q4_k) }
 }
