@@ -185,11 +185,14 @@ pub fn tiles8_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], pr
     unsafe { two_passes(g, xrb, y, out, prep, tiles_q6_k) }
 }
 
+/// A four-activation-row tile kernel (`tiles_q4_k`, `tiles_q6_k`).
+type Tile4 = unsafe fn(&[u8], usize, [&[u8]; 4], &mut [[f32; 4]], &mut [i32]);
+
 /// Eight activation rows as two passes of four through `tile4`, 64 weight rows at a time.
 ///
 /// # Safety
 /// The CPU has the features `tile4` is compiled for.
-unsafe fn two_passes(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32], tile4: unsafe fn(&[u8], usize, [&[u8]; 4], &mut [[f32; 4]], &mut [i32])) {
+unsafe fn two_passes(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32], tile4: Tile4) {
     let mut half = [[0f32; 4]; 64];
     for (hi, ys) in [[y[0], y[1], y[2], y[3]], [y[4], y[5], y[6], y[7]]].into_iter().enumerate() {
         for (chunk, o) in out.chunks_mut(64).enumerate() {
