@@ -649,10 +649,16 @@ pub fn dot_f16_ggml(x: &[f16], y: &[f16]) -> f32 {
     sum as f32
 }
 
-/// Sum of 16 lanes in the order of GCC's `_mm512_reduce_add_ps`: halves, quarters, then pairs.
+/// Sum of 16 lanes in the order of GCC's `_mm512_reduce_add_ps`: halves, then [`hsum_8`].
 #[inline]
 pub fn reduce_add_16(a: &[f32; 16]) -> f32 {
-    let t3: [f32; 8] = std::array::from_fn(|i| a[8 + i] + a[i]);
-    let t6: [f32; 4] = std::array::from_fn(|i| t3[4 + i] + t3[i]);
-    (t6[0] + t6[2]) + (t6[1] + t6[3])
+    hsum_8(&std::array::from_fn(|i| a[8 + i] + a[i]))
+}
+
+/// Sum of 8 lanes in the order of `hsum_f32x8` (and the lower steps of `_mm512_reduce_add_ps`):
+/// halves, then `[0] + [2]` and `[1] + [3]`, then those two.
+#[inline]
+pub fn hsum_8(a: &[f32; 8]) -> f32 {
+    let h: [f32; 4] = std::array::from_fn(|i| a[4 + i] + a[i]);
+    (h[0] + h[2]) + (h[1] + h[3])
 }

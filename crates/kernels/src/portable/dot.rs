@@ -111,20 +111,17 @@ pub fn dot_q6_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
     sum
 }
 
-fn bf16(v: u16) -> f32 {
-    f32::from_bits((v as u32) << 16)
-}
-
 /// ggml's `ggml_vec_dot_bf16` without SIMD: f32 products summed in f64 (`ggml_float`).
 pub fn dot_bf16(x: &[u8], y: &[u8]) -> f32 {
     let (x, y) = (as_blocks::<u16>(x), as_blocks::<u16>(y));
     bf16_tail(0.0, x, y)
 }
 
-/// The scalar tail every `ggml_vec_dot_bf16` path ends with: `sumf += (double)(x·y)`.
-fn bf16_tail(mut sumf: f64, x: &[u16], y: &[u16]) -> f32 {
+/// The scalar tail every `ggml_vec_dot_bf16` path ends with (the SIMD kernels' too):
+/// `sumf += (double)(x·y)`, then the sum as f32.
+pub(crate) fn bf16_tail(mut sumf: f64, x: &[u16], y: &[u16]) -> f32 {
     for (&a, &b) in x.iter().zip(y) {
-        sumf += (bf16(a) * bf16(b)) as f64;
+        sumf += (bf16_to_f32(a) * bf16_to_f32(b)) as f64;
     }
     sumf as f32
 }
@@ -140,25 +137,19 @@ pub fn dot_bf16_avx2_order(x: &[u8], y: &[u8]) -> f32 {
     while i + 32 <= n {
         for (k, c) in c.iter_mut().enumerate() {
             for (l, c) in c.iter_mut().enumerate() {
-                *c += bf16(x[i + 8 * k + l]) * bf16(y[i + 8 * k + l]);
+                *c += bf16_to_f32(x[i + 8 * k + l]) * bf16_to_f32(y[i + 8 * k + l]);
             }
         }
         i += 32;
     }
     let v: [f32; 8] = std::array::from_fn(|l| (c[0][l] + c[2][l]) + (c[1][l] + c[3][l]));
-    bf16_tail(hsum8(v) as f64, &x[i..n], &y[i..n])
-}
-
-/// `hsum_f32x8`'s order: halves, then pairs, then the last two.
-fn hsum8(v: [f32; 8]) -> f32 {
-    let h: [f32; 4] = std::array::from_fn(|l| v[4 + l] + v[l]);
-    (h[0] + h[2]) + (h[1] + h[3])
+    bf16_tail(crate::attention::hsum_8(&v) as f64, &x[i..n], &y[i..n])
 }
 
 /// One step of `vdpbf16ps` on lane values: `(c + a1·b1) + a0·b0`, each sum rounded, BF16
 /// denormals read as zero and denormal sums flushed.
 fn dpbf16(c: f32, a: [u16; 2], b: [u16; 2]) -> f32 {
-    let daz = |v: u16| if v & 0x7F80 == 0 { 0f32.copysign(bf16(v)) } else { bf16(v) };
+    let daz = |v: u16| if v & 0x7F80 == 0 { 0f32.copysign(bf16_to_f32(v)) } else { bf16_to_f32(v) };
     let ftz = |v: f32| if v.is_subnormal() { 0f32.copysign(v) } else { v };
     ftz(ftz(c + daz(a[1]) * daz(b[1])) + daz(a[0]) * daz(b[0]))
 }

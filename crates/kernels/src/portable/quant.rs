@@ -286,8 +286,14 @@ pub fn dequant_iq4_xs(x: &[u8], y: &mut [f32]) {
 
 pub fn dequant_bf16(x: &[u8], y: &mut [f32]) {
     for (o, &v) in y.iter_mut().zip(as_blocks::<u16>(x)) {
-        *o = f32::from_bits((v as u32) << 16);
+        *o = bf16_to_f32(v);
     }
+}
+
+/// BF16 bits widened to f32 (exact: the top half of the f32's bits).
+#[inline]
+pub fn bf16_to_f32(v: u16) -> f32 {
+    f32::from_bits((v as u32) << 16)
 }
 
 /// ggml's `ggml_compute_fp32_to_bf16`: round to nearest even; NaN stays a (quiet) NaN.

@@ -214,12 +214,7 @@ pub fn dot_bf16(x: &[u8], y: &[u8]) -> f32 {
         i += 32;
     }
     let v = _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3]));
-    let mut sumf = hsum_f32x8(v) as f64;
-    let f = |v: u16| f32::from_bits((v as u32) << 16);
-    for j in i..n {
-        sumf += (f(x[j]) * f(y[j])) as f64;
-    }
-    sumf as f32
+    crate::portable::dot::bf16_tail(hsum_f32x8(v) as f64, &x[i..n], &y[i..n])
 }
 
 /// One 32-value block quantized as ggml's SIMD `quantize_row_q8_0/1`: `amax`, `d = amax/127`,

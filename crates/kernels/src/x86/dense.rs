@@ -35,10 +35,6 @@ unsafe fn load_bf16(p: *const u16) -> __m512bh {
     unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p as *const _)) }
 }
 
-fn bf16(v: u16) -> f32 {
-    f32::from_bits((v as u32) << 16)
-}
-
 /// BF16·BF16 in ggml's `__AVX512BF16__` `ggml_vec_dot_bf16` order.
 #[target_feature(enable = "avx2,avx512f,avx512bf16")]
 pub fn dot_bf16(x: &[u8], y: &[u8]) -> f32 {
@@ -55,11 +51,8 @@ pub fn dot_bf16(x: &[u8], y: &[u8]) -> f32 {
         i += 64;
     }
     // SAFETY: features enabled above.
-    let mut sumf = unsafe { reduce(c1) as f64 + reduce(c2) as f64 };
-    for j in i..n {
-        sumf += (bf16(x[j]) * bf16(y[j])) as f64;
-    }
-    sumf as f32
+    let sumf = unsafe { reduce(c1) as f64 + reduce(c2) as f64 };
+    crate::portable::dot::bf16_tail(sumf, &x[i..n], &y[i..n])
 }
 
 /// tinyBLAS's BF16 value: one `vdpbf16ps` accumulator over steps of 32 (`k` a multiple of 32).
