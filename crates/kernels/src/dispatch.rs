@@ -75,12 +75,20 @@ pub struct BatchDot {
     pub dot: VecDot,
     /// The same values for 4 weight rows × 4 activation rows at a time (rows of `step`s).
     pub tile: VecDotTile,
-    /// Where set: `widen` converts rows to f32 exactly, and `wide_tile` gives `tile`'s values on
-    /// weight and activation rows both widened (called with f32 rows of `4·k` bytes). For F16,
-    /// whose own tile is bound by its conversions.
-    pub wide_tile: Option<VecDotTile>,
-    pub widen: Option<ToFloat>,
+    /// Where set (F16, whose own tile is bound by its conversions): `tile`'s values through f32
+    /// tiles on rows widened first.
+    pub wide: Option<Widened>,
     pub step: usize,
+}
+
+/// A dense type's batch tiles on rows widened to f32 ([`BatchDot::wide`]).
+#[derive(Clone, Copy)]
+pub struct Widened {
+    /// Rows of the type to f32, exactly.
+    pub widen: ToFloat,
+    /// `BatchDot::tile`'s values on weight and activation rows both widened (called with f32
+    /// rows of `4·k` bytes).
+    pub tile: VecDotTile,
 }
 
 impl BatchDot {
@@ -277,16 +285,17 @@ impl Kernels {
             k.ops[slot(DType::F32).unwrap()].batch_dot = Some(BatchDot {
                 dot: |x, y| unsafe { dense::batch_f32(x, y) },
                 tile: |x, xrb, y, o| unsafe { dense::tiles_f32(x, xrb, y, o) },
-                wide_tile: None,
-                widen: None,
+                wide: None,
                 step: 16,
             });
             let o = &mut k.ops[slot(DType::F16).unwrap()];
             o.batch_dot = Some(BatchDot {
                 dot: |x, y| unsafe { dense::batch_f16(x, y) },
                 tile: |x, xrb, y, o| unsafe { dense::tiles_f16(x, xrb, y, o) },
-                wide_tile: Some(|x, xrb, y, o| unsafe { dense::tiles_f32(x, xrb, y, o) }),
-                widen: Some(|x, o| unsafe { dense::widen_f16(x, o) }),
+                wide: Some(Widened {
+                    widen: |x, o| unsafe { dense::widen_f16(x, o) },
+                    tile: |x, xrb, y, o| unsafe { dense::tiles_f32(x, xrb, y, o) },
+                }),
                 step: 16,
             });
             // ggml's AVX-512 `ggml_vec_dot_f16` order (the attention kernels' F16 dot).
@@ -300,8 +309,7 @@ impl Kernels {
                 o.batch_dot = Some(BatchDot {
                     dot: |x, y| unsafe { dense::batch_bf16(x, y) },
                     tile: |x, xrb, y, o| unsafe { dense::tiles_bf16(x, xrb, y, o) },
-                    wide_tile: None,
-                    widen: None,
+                    wide: None,
                     step: 32,
                 });
             }

@@ -970,15 +970,15 @@ fn dense_batch_dots_follow_tinyblas_order() {
                 }
             }
             // F16: the f32 tile on weight and activation rows widened first.
-            if let (Some(wide_tile), Some(widen)) = (b.wide_tile, b.widen) {
+            if let Some(wd) = b.wide {
                 let wide_rows = |bytes: &[u8], rows: usize| {
                     let mut f = vec![0f32; rows * n];
-                    widen(bytes, &mut f);
+                    (wd.widen)(bytes, &mut f);
                     aligned(f.iter().flat_map(|v| v.to_le_bytes()).collect())
                 };
                 let wa: Vec<Vec<u8>> = acts.iter().map(|a| wide_rows(a, 1)).collect();
                 let mut wide = vec![[0f32; 4]; 16];
-                wide_tile(&wide_rows(&w, 16), 4 * n, std::array::from_fn(|j| &wa[j][..]), &mut wide);
+                (wd.tile)(&wide_rows(&w, 16), 4 * n, std::array::from_fn(|j| &wa[j][..]), &mut wide);
                 assert!(wide.iter().zip(&out).all(|(a, b)| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())), "{t} n={n}: wide tile differs");
             }
         }

@@ -37,34 +37,31 @@ impl Ctx<'_> {
             return;
         }
         let base = self.base(t) as *mut f32;
-        let wide = match (b.widen, b.wide_tile) {
-            (Some(widen), Some(tile)) if scratch.wide.len() >= COL_BLOCK * k && scratch.wide_act.len() >= ACT_CHUNK * k => Some((widen, tile)),
-            _ => None,
-        };
+        let wide = b.wide.filter(|_| scratch.wide.len() >= COL_BLOCK * k && scratch.wide_act.len() >= ACT_CHUNK * k);
         let chunk = if wide.is_some() { ACT_CHUNK } else { row_range.len().max(1) };
         let xrow = |r: usize| &xb[r * xrb..(r + 1) * xrb];
         for r0 in row_range.clone().step_by(chunk) {
             let r1 = (r0 + chunk).min(row_range.end);
             let groups_end = r0 + (r1 - r0) / 4 * 4;
-            if let Some((widen, _)) = wide {
-                widen(&xb[r0 * xrb..groups_end * xrb], &mut scratch.wide_act[..(groups_end - r0) * k]);
+            if let Some(wd) = wide {
+                (wd.widen)(&xb[r0 * xrb..groups_end * xrb], &mut scratch.wide_act[..(groups_end - r0) * k]);
             }
             let mut c0 = cols.start;
             while c0 < cols.end {
                 let c1 = (c0 + COL_BLOCK).min(cols.end);
                 let n_tile = (c1 - c0) / 4 * 4;
                 let w = &wb[c0 * wrb..c1 * wrb];
-                if let Some((widen, _)) = wide {
-                    widen(&w[..n_tile * wrb], &mut scratch.wide[..n_tile * k]);
+                if let Some(wd) = wide {
+                    (wd.widen)(&w[..n_tile * wrb], &mut scratch.wide[..n_tile * k]);
                 }
                 for r in (r0..groups_end).step_by(4) {
                     let ys = [xrow(r), xrow(r + 1), xrow(r + 2), xrow(r + 3)];
                     let mut o = [[0f32; 4]; COL_BLOCK];
                     match wide {
-                        Some((_, tile)) => {
+                        Some(wd) => {
                             let a = f32_bytes(&scratch.wide_act[(r - r0) * k..(r - r0 + 4) * k]);
                             let ya = [&a[..4 * k], &a[4 * k..8 * k], &a[8 * k..12 * k], &a[12 * k..]];
-                            tile(f32_bytes(&scratch.wide[..n_tile * k]), 4 * k, ya, &mut o[..n_tile]);
+                            (wd.tile)(f32_bytes(&scratch.wide[..n_tile * k]), 4 * k, ya, &mut o[..n_tile]);
                         }
                         None => (b.tile)(&w[..n_tile * wrb], wrb, ys, &mut o[..n_tile]),
                     }

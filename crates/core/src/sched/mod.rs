@@ -42,7 +42,7 @@ pub struct Scratch {
     /// Activation rows prepared for the kernels on interleaved weights.
     prep: Vec<i32>,
     /// One column block of F16 weight rows, and one chunk of F16 activation rows, widened to
-    /// f32 (`BatchDot::widen`).
+    /// f32 (`BatchDot::wide`).
     wide: Vec<f32>,
     wide_act: Vec<f32>,
     /// Cosines and sines of this worker's rows, shared by the pass's RoPE nodes.

@@ -78,13 +78,8 @@ pub fn batch_f16(x: &[u8], y: &[u8]) -> f32 {
     assert!(n % 16 == 0, "tinyBLAS F16 needs k % 16 == 0");
     let mut c = _mm512_setzero_ps();
     for i in (0..n).step_by(16) {
-        // SAFETY: i + 16 <= n for both slices; unaligned 32-byte loads.
-        let (a, b) = unsafe {
-            (
-                _mm512_cvtph_ps(_mm256_loadu_si256(x.as_ptr().add(i) as *const __m256i)),
-                _mm512_cvtph_ps(_mm256_loadu_si256(y.as_ptr().add(i) as *const __m256i)),
-            )
-        };
+        // SAFETY: i + 16 <= n for both slices.
+        let (a, b) = unsafe { (load_ph(x.as_ptr().add(i) as *const u8), load_ph(y.as_ptr().add(i) as *const u8)) };
         c = _mm512_fmadd_ps(a, b, c);
     }
     // SAFETY: features enabled above.
