@@ -139,7 +139,7 @@ impl ProbRow {
 /// columns `cols` while this runs (workers are given disjoint column ranges).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn matmul_id(
-    vec_dot: corelm_kernels::dispatch::VecDot,
+    vec_dot: corelm_kernels::matmul::VecDot,
     w: &[u8],
     wrb: usize,
     x: &[u8],

@@ -11,13 +11,13 @@
 //! ([`PackedWeights::file_ranges`]); they come back from the page cache if something reads them.
 //!
 //! Invariant: a weight tensor with `Storage::Weight { packed: Some(p), .. }` has its groups at
-//! `p .. p + len` of [`PackedWeights::bytes`], and `interleave::unpack` of them gives back the
+//! `p .. p + len` of [`PackedWeights::bytes`], and `matmul::layout::unpack` of them gives back the
 //! file's bytes at `offset .. offset + len`.
 
 use crate::graph::Graph;
 use crate::memory::{AllocError, Buffer};
 use crate::tensor::{Op, Storage};
-use corelm_kernels::interleave;
+use corelm_kernels::matmul::layout as interleave;
 use corelm_kernels::{DType, Kernels};
 use std::collections::HashMap;
 

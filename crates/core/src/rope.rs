@@ -1,6 +1,6 @@
 //! Per-worker cosine/sine tables for the RoPE nodes of a pass. Every layer rotates Q and K of
 //! the same positions with the same parameters, so a worker computes each of its rows' table
-//! (`n_rot / 2` cosines and sines, `ops::rope_cache`) once per pass instead of at every node:
+//! (`n_rot / 2` cosines and sines, `rope::rope_cache`) once per pass instead of at every node:
 //! on a 512-token Gemma 3 prefill the scalar `cos`/`sin` calls were most of the RoPE time.
 //!
 //! A table is valid for a row while the row's position and the node's parameters are those it
@@ -8,7 +8,7 @@
 //! (Gemma 3's local and global layers). Sized at planning: nothing allocates per pass.
 
 use crate::tensor::RopeParams;
-use corelm_kernels::ops;
+use corelm_kernels::rope;
 
 /// What a table depends on besides the position: base, frequency scale, rotated width and the
 /// frequency-factor weight (by address; weights do not move).
@@ -56,7 +56,7 @@ impl RopeTables {
         let t = &mut self.tables[slot];
         for (i, &ps) in pos.iter().enumerate() {
             if t.pos[i] != ps {
-                ops::rope_cache(ps, n, p.base, p.freq_scale, freqs, &mut t.data[i * n..(i + 1) * n]);
+                rope::rope_cache(ps, n, p.base, p.freq_scale, freqs, &mut t.data[i * n..(i + 1) * n]);
                 t.pos[i] = ps;
             }
         }
@@ -84,7 +84,7 @@ mod tests {
             let got = t.get(pos, p, None).to_vec();
             for (i, &ps) in pos.iter().enumerate() {
                 let mut want = vec![0f32; p.n_rot];
-                ops::rope_cache(ps, p.n_rot, p.base, p.freq_scale, None, &mut want);
+                rope::rope_cache(ps, p.n_rot, p.base, p.freq_scale, None, &mut want);
                 assert_eq!(&got[i * p.n_rot..(i + 1) * p.n_rot], &want[..], "pos {ps} base {}", p.base);
             }
         }

@@ -1,5 +1,5 @@
 //! `corelm quantize`: rewrite a GGUF with its F32/F16/BF16 weight matrices quantized to one
-//! type, with ggml's reference block semantics (`kernels::portable::quantize`, bit-identical to
+//! type, with ggml's reference block semantics (`kernels::quant::reference`, bit-identical to
 //! `ggml_quantize_chunk`), so llama.cpp and corelm read the result alike.
 //!
 //! What is quantized: every tensor of at least two dimensions stored as F32, F16 or BF16,
@@ -16,7 +16,7 @@ use crate::Error;
 use corelm_core::{PoolConfig, ThreadPool, Worker};
 use corelm_gguf::writer::Writer;
 use corelm_gguf::{Gguf, Value};
-use corelm_kernels::portable::quantize::quantizer;
+use corelm_kernels::quant::reference::quantizer;
 use corelm_kernels::{kernels, row_bytes, DType};
 use std::io::Write;
 use std::path::Path;

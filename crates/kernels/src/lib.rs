@@ -1,31 +1,36 @@
-//! corelm kernels: the compute at the bottom of the engine.
+//! corelm kernels: the compute at the bottom of the engine, one folder per operation family,
+//! each holding its portable twin and its per-ISA versions side by side (ggml-cpu's scheme: a
+//! portable twin for every SIMD kernel, chosen at run time, a table per weight type).
 //!
-//! * [`blocks`]: GGML block layouts (`#[repr(C)]`, size-asserted) viewed zero-copy from bytes.
-//! * [`portable`]: the scalar twin of every kernel — dequantize, activation quantizers (Q8_0,
-//!   Q8_1, Q8_K, as ggml rounds them), and integer dot products.
-//! * [`x86`]: AVX2/FMA/F16C versions of the hot dot products.
-//! * [`interleave`]: weights repacked once at load, four rows interleaved block by block (same
-//!   bytes), read by decode's GEMV and prefill's tiles alike.
-//! * [`dispatch`]: the per-type table (`vec_dot_type`, `vec_dot`, `to_float`, `from_float`),
-//!   filled once from runtime CPU detection (never `-C target-cpu=native`).
-//! * [`ops`]: RMS norm, RoPE, gated activations; [`attention`]: fused online-softmax attention
-//!   (re-exported by `ops`).
+//! Layers, lowest first; a module imports only from layers below it (never from the one that
+//! dispatches to it):
+//!
+//! 1. [`simd`]: CPU feature flags, the portable lane orders of SIMD reductions, x86 helpers.
+//! 2. [`quant`]: GGML block layouts, dequantizers, activation and weight quantizers.
+//! 3. [`exp`]: ggml's and glibc's `expf`, scalar and on 8/16 lanes.
+//! 4. [`matmul`]: dot products, tiles and GEMVs per weight type; the interleaved layout; the
+//!    panel GEMM.
+//! 5. [`dispatch`]: the per-type table (`Kernels`), filled once from runtime CPU detection
+//!    (never `-C target-cpu=native`).
+//! 6. [`norm`], [`rope`], [`act`]: RMS norm, RoPE, gated activations.
+//! 7. [`attention`]: ggml's flash-attention kernels over the paged KV cache.
 //!
 //! Invariant: this crate depends on nothing of corelm's but the GGUF type enum; it performs no
 //! allocation in any per-row kernel (callers pass scratch).
 
+pub mod act;
 pub mod attention;
-pub mod blocks;
 pub mod dispatch;
-pub mod gemm;
-pub mod interleave;
-pub mod ops;
-pub mod portable;
-#[cfg(target_arch = "x86_64")]
-pub mod x86;
+pub mod exp;
+pub mod matmul;
+pub mod norm;
+pub mod quant;
+pub mod rope;
+pub mod simd;
 
 pub use corelm_gguf::GgmlType as DType;
-pub use dispatch::{kernels, max_packed_row_bytes, BatchDot, InterleavedOps, Isa, Kernels, TilePacking, TypeOps};
+pub use dispatch::{kernels, Isa, Kernels};
+pub use matmul::{max_packed_row_bytes, BatchDot, InterleavedOps, TilePacking, TypeOps};
 
 /// Bytes of a row of `n` elements of `t` (`n` must be a whole number of blocks).
 pub fn row_bytes(t: DType, n: usize) -> usize {

@@ -4,7 +4,7 @@
 //! kernels with each other and with our own dequantization.
 
 use corelm_gguf::Gguf;
-use corelm_kernels::blocks::as_blocks;
+use corelm_kernels::quant::blocks::as_blocks;
 use corelm_kernels::{DType, Kernels};
 
 fn fixture() -> Gguf {
@@ -90,7 +90,7 @@ fn quantize_matches_ggml_bit_for_bit() {
     let g = fixture();
     let input: &[f32] = as_blocks(g.tensor_data(g.tensor("input").unwrap()));
     for (name, t) in TYPES {
-        let Some(q) = corelm_kernels::portable::quantize::quantizer(t) else { continue };
+        let Some(q) = corelm_kernels::quant::reference::quantizer(t) else { continue };
         let want = g.tensor_data(g.tensor(&format!("{name}.q")).unwrap());
         let mut got = vec![0u8; want.len()];
         q(input, &mut got);

@@ -2,7 +2,7 @@
 //! SIMD GEMV and tiles equal the plain rows' `vec_dot` bit for bit, the portable twin, and an
 //! f32 reference. Random rows; several row lengths and row counts.
 
-use corelm_kernels::interleave::{self, pack, rows_portable, scratch_len, unpack};
+use corelm_kernels::matmul::layout::{self as interleave, pack, rows_portable, scratch_len, unpack};
 use corelm_kernels::{row_bytes, DType, Kernels};
 
 mod common;

@@ -1,7 +1,7 @@
 //! Every kernel of the detected table against the portable table, and both against an f32
 //! reference (dequantized weights · f32 activations). Random blocks, several row lengths.
 
-use corelm_kernels::blocks::*;
+use corelm_kernels::quant::blocks::*;
 use corelm_kernels::{row_bytes, DType, Kernels};
 use half::f16;
 
@@ -112,7 +112,7 @@ fn known_block_values() {
 
 #[test]
 fn attention_simd_twin_is_bit_identical() {
-    use corelm_kernels::ops::{attend_row, AttnKernel, AttnScratch, KvRows};
+    use corelm_kernels::attention::{attend_row, AttnKernel, AttnScratch, KvRows};
     let mut rng = Rng(99);
     let (fast, port) = (Kernels::detect(), Kernels::portable());
     for hd in [64usize, 72, 256, 36] {
@@ -174,7 +174,7 @@ fn attention_simd_twin_is_bit_identical() {
 /// types, SIMD and portable tables agreeing.
 #[test]
 fn attention_over_quantized_cache() {
-    use corelm_kernels::ops::{attend_row, AttnKernel, AttnScratch, KvRows};
+    use corelm_kernels::attention::{attend_row, AttnKernel, AttnScratch, KvRows};
     let mut rng = Rng(7);
     let (fast, port) = (Kernels::detect(), Kernels::portable());
     let (hd, cells) = (64usize, 45usize);
@@ -318,7 +318,7 @@ fn tile_dots_equal_row_dots() {
 /// multiple of the panel, rows not a multiple of four).
 #[test]
 fn panel_gemm_matches_row_dots() {
-    use corelm_kernels::gemm::{gemm, has_vnni, supported, GemmScratch};
+    use corelm_kernels::matmul::gemm::{gemm, has_vnni, supported, GemmScratch};
     let port = Kernels::portable();
     let mut rng = Rng(1234);
     for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
@@ -369,7 +369,7 @@ fn panel_gemm_matches_row_dots() {
 /// for bit, over every f16 input, values outside (-10, 10) and values that are not f16.
 #[test]
 fn geglu_table_equals_portable() {
-    use corelm_kernels::ops::{geglu, gelu_tanh};
+    use corelm_kernels::act::{geglu, gelu_tanh};
     let mut rng = Rng(11);
     let g: Vec<f32> = (0..=u16::MAX)
         .map(|b| f16::from_bits(b).to_f32())
@@ -412,13 +412,14 @@ fn activation_quantizers_simd_equal_portable() {
     }
 }
 
-/// The tiled attention's softmax step with AVX2 (`x86::attn::softmax_tile`) against ggml's
+/// The tiled attention's softmax step with AVX2 (`attention::x86::softmax::softmax_tile`) against ggml's
 /// scalar `expf_ggml` and 16-lane reduction: the same bits on every lane, including the
 /// subnormal, overflow and saturated ranges and the -inf padding of short tiles.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn softmax_tile_simd_is_bit_identical() {
-    use corelm_kernels::ops::{expf_ggml, reduce_add_16};
+    use corelm_kernels::exp::expf_ggml;
+    use corelm_kernels::simd::reduce_add_16;
     if Kernels::detect().isa != corelm_kernels::Isa::Avx2 {
         return;
     }
@@ -431,7 +432,7 @@ fn softmax_tile_simd_is_bit_identical() {
         let m = if t % 2 == 0 { 0.0 } else { 3.5 };
         let mut fast = tile.to_vec();
         // SAFETY: AVX2, FMA and F16C were detected above.
-        let sum = unsafe { corelm_kernels::x86::attn::softmax_tile(&mut fast, m) };
+        let sum = unsafe { corelm_kernels::attention::x86::softmax::softmax_tile(&mut fast, m) };
         let mut want = 0f64;
         let mut slow = tile.to_vec();
         for g in slow.chunks_exact_mut(16) {
@@ -453,7 +454,7 @@ fn softmax_tile_simd_is_bit_identical() {
 /// whole tiles hidden (a sliding window), in the SIMD and the portable tables.
 #[test]
 fn grouped_attention_equals_per_head_attention() {
-    use corelm_kernels::ops::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
+    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
     let mut rng = Rng(123);
     for (hd, heads, cells) in [(64usize, 3usize, 37usize), (64, 7, 200), (256, 4, 131), (72, 2, 70)] {
         let q: Vec<f32> = (0..heads * hd).map(|_| rng.f32() * 4.0).collect();
@@ -516,7 +517,7 @@ fn avx512_dots_equal_avx2_dots() {
 /// head dimensions that are not a multiple of 32, 1–16 vectors.
 #[test]
 fn row_block_attention_equals_per_row_attention() {
-    use corelm_kernels::ops::{attend_row, attend_rows, AttnKernel, AttnScratch, KvRows};
+    use corelm_kernels::attention::{attend_row, attend_rows, AttnKernel, AttnScratch, KvRows};
     let (fast, port) = (Kernels::detect(), Kernels::portable());
     let mut rng = Rng(321);
     for (hd, heads, rows, cells) in [(64usize, 3usize, 5usize, 150usize), (64, 7, 2, 200), (256, 4, 4, 131), (72, 2, 3, 70), (96, 1, 16, 90), (40, 4, 3, 9)] {
@@ -565,7 +566,7 @@ fn row_block_attention_equals_per_row_attention() {
 /// leave a tail of fewer than eight groups, with values spanning many magnitudes.
 #[test]
 fn grouped_rms_norm_equals_per_group() {
-    use corelm_kernels::ops::{rms_norm, rms_norm_groups};
+    use corelm_kernels::norm::{rms_norm, rms_norm_groups};
     let mut rng = Rng(99);
     for n in [4usize, 12, 64, 640, 100, 3] {
         for groups in [1usize, 7, 8, 9, 17, 70, 130] {
@@ -584,7 +585,7 @@ fn grouped_rms_norm_equals_per_group() {
             if n % 4 == 0 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
                 let mut sums = vec![0f64; groups];
                 // SAFETY: AVX2 and FMA detected just above.
-                unsafe { corelm_kernels::x86::norm::sum_squares(&x, n, &mut sums) };
+                unsafe { corelm_kernels::norm::x86::sum_squares(&x, n, &mut sums) };
                 for (g, s) in sums.iter().enumerate() {
                     let want = x[g * n..(g + 1) * n].iter().fold(0f64, |a, &v| a + (v * v) as f64);
                     assert_eq!(s.to_bits(), want.to_bits(), "sum of squares n {n} groups {groups} group {g}");
@@ -598,7 +599,7 @@ fn grouped_rms_norm_equals_per_group() {
 /// ranges (underflow to 0, overflow to ∞, subnormal scaling), lengths with ragged tails.
 #[test]
 fn swiglu_simd_equals_scalar() {
-    use corelm_kernels::ops::{swiglu, swiglu_scalar};
+    use corelm_kernels::act::{swiglu, swiglu_scalar};
     let mut rng = Rng(5);
     for n in [1usize, 7, 8, 9, 15, 16, 17, 64, 1000, 4099] {
         let g: Vec<f32> = (0..n).map(|i| rng.f32() * [1.0, 20.0, 95.0, 200.0, 1e-3][i % 5]).collect();
@@ -614,7 +615,7 @@ fn swiglu_simd_equals_scalar() {
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c") {
             let mut c = vec![0f32; n];
             // SAFETY: AVX2, FMA and F16C detected just above.
-            unsafe { corelm_kernels::x86::norm::swiglu(&g, &u, &mut c) };
+            unsafe { corelm_kernels::act::x86::swiglu(&g, &u, &mut c) };
             assert!(c.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "avx2 n {n}");
         }
     }
@@ -628,7 +629,7 @@ fn vector_expf_equals_libm_expf() {
     if !Kernels::detect().avx512 {
         return;
     }
-    use corelm_kernels::x86::expf::expf_slice;
+    use corelm_kernels::exp::x86::expf_slice;
     let (start, end) = (0x8000_0000u32, (-104f32).to_bits());
     let mut xs = vec![0f32; 1 << 16];
     let mut ys = vec![0f32; 1 << 16];
@@ -648,7 +649,7 @@ fn vector_expf_equals_libm_expf() {
         let mut zs: Vec<f32> = xs[..n].iter().step_by(7).copied().collect();
         let want: Vec<u32> = zs.iter().map(|x| x.exp().to_bits()).collect();
         // SAFETY: AVX2 and FMA are implied by the AVX-512 table.
-        unsafe { corelm_kernels::x86::expf::expf_slice_avx2(&mut zs) };
+        unsafe { corelm_kernels::exp::x86::expf_slice_avx2(&mut zs) };
         assert!(zs.iter().zip(&want).all(|(z, w)| z.to_bits() == *w), "avx2 expf near {:e}", xs[0]);
         bits += n as u32;
     }
@@ -659,7 +660,7 @@ fn vector_expf_equals_libm_expf() {
     // SAFETY: as above.
     unsafe {
         expf_slice(&mut ys);
-        corelm_kernels::x86::expf::expf_slice_avx2(&mut zs);
+        corelm_kernels::exp::x86::expf_slice_avx2(&mut zs);
     }
     for ((x, y), z) in edges.iter().zip(&ys).zip(&zs) {
         let want = x.exp();
@@ -688,7 +689,7 @@ fn decode_case(rng: &mut Rng, hd: usize, heads: usize, cells: usize) -> (Vec<f32
 /// maximum grow late (large keys at the end).
 #[test]
 fn decode_attention_equals_portable_per_head() {
-    use corelm_kernels::ops::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
+    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
     let mut rng = Rng(2024);
     let port = Kernels::portable();
     for (hd, heads, cells) in [(64usize, 3usize, 64usize), (64, 7, 200), (64, 8, 65), (64, 1, 130), (128, 5, 129), (192, 2, 70), (256, 4, 131), (256, 1, 1)] {
@@ -717,7 +718,7 @@ fn decode_attention_equals_portable_per_head() {
 /// unsplit kernel (the partials are renormalised, not recomputed).
 #[test]
 fn split_kv_decode_equals_portable_and_stays_near_unsplit() {
-    use corelm_kernels::ops::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
+    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
     let mut rng = Rng(5150);
     let port = Kernels::portable();
     for (hd, heads, cells, chunk) in [(64usize, 3usize, 300usize, 256usize), (64, 7, 513, 256), (128, 2, 700, 384), (64, 4, 260, 100), (256, 1, 129, 64), (64, 1, 5, 1000)] {
@@ -742,12 +743,12 @@ fn split_kv_decode_equals_portable_and_stays_near_unsplit() {
     }
 }
 
-/// RoPE with the detected SIMD kernels (`x86::rope`, 8 or 16 lanes) against the scalar loop,
+/// RoPE with the detected SIMD kernels (`rope::x86`, 8 or 16 lanes) against the scalar loop,
 /// bit for bit, for both pair layouts, rotated widths with ragged tails, partial rotation
 /// (`n_rot < head_dim`: the rest untouched) and several positions; and near an f64 rotation.
 #[test]
 fn rope_simd_equals_scalar() {
-    use corelm_kernels::ops::{rope_apply, rope_apply_scalar, rope_cache};
+    use corelm_kernels::rope::{rope_apply, rope_apply_scalar, rope_cache};
     let mut rng = Rng(77);
     for (hd, n_rot) in [(64usize, 64usize), (128, 128), (256, 256), (80, 80), (96, 64), (64, 36), (6, 6), (2, 2)] {
         for neox in [false, true] {
@@ -766,7 +767,7 @@ fn rope_simd_equals_scalar() {
                 if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
                     let mut c = x.clone();
                     // SAFETY: AVX2 and FMA detected just above.
-                    unsafe { corelm_kernels::x86::rope::rope_avx2(&mut c, &cache, n_rot, neox) };
+                    unsafe { corelm_kernels::rope::x86::rope_avx2(&mut c, &cache, n_rot, neox) };
                     assert!(c.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "avx2 hd {hd} n_rot {n_rot} neox {neox}");
                 }
                 assert_eq!(&a[n_rot..], &x[n_rot..], "dimensions past n_rot");
@@ -785,8 +786,8 @@ fn rope_simd_equals_scalar() {
     }
 }
 
-/// ggml's `expf` as the scalar (`ops::expf_ggml`, also the AVX2 lanes' model) computes it
-/// against ggml's own AVX-512 code (`x86::norm::expf_ggml16`, whose `vscalefps` is the
+/// ggml's `expf` as the scalar (`exp::expf_ggml`, also the AVX2 lanes' model) computes it
+/// against ggml's own AVX-512 code (`exp::x86::expf_ggml16`, whose `vscalefps` is the
 /// reference for the single rounding): every float in [-140, -64] — the subnormal and
 /// underflow range, where `n = -192` once produced -∞ — and in [64, 100], plus a sweep of
 /// [-64, 64].
@@ -795,13 +796,13 @@ fn ggml_expf_scalar_equals_avx512() {
     if !Kernels::detect().avx512 {
         return;
     }
-    use corelm_kernels::ops::expf_ggml;
+    use corelm_kernels::exp::expf_ggml;
     use std::arch::x86_64::*;
     let check = |xs: &[f32]| {
         for c in xs.chunks_exact(16) {
             let mut v = [0f32; 16];
             // SAFETY: AVX-512 F/VL detected; 16 f32 loads and stores.
-            unsafe { _mm512_storeu_ps(v.as_mut_ptr(), corelm_kernels::x86::norm::expf_ggml16(_mm512_loadu_ps(c.as_ptr()))) };
+            unsafe { _mm512_storeu_ps(v.as_mut_ptr(), corelm_kernels::exp::x86::expf_ggml16(_mm512_loadu_ps(c.as_ptr()))) };
             for (x, y) in c.iter().zip(&v) {
                 assert_eq!(expf_ggml(*x).to_bits(), y.to_bits(), "expf_ggml({x:e})");
             }
@@ -820,7 +821,7 @@ fn ggml_expf_scalar_equals_avx512() {
 /// chunk boundaries and masks (including nothing visible).
 #[test]
 fn grouped_quantized_cache_attention_equals_per_head() {
-    use corelm_kernels::ops::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
+    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
     let mut rng = Rng(31);
     let hd = 64usize;
     for (heads, cells) in [(3usize, 45usize), (7, 130), (1, 64), (4, 65)] {
@@ -901,7 +902,7 @@ fn f16_rows_simd_equal_portable() {
 /// lengths exercise the f64 tails.
 #[test]
 fn bf16_dots_follow_ggml_order_per_isa() {
-    use corelm_kernels::portable::dot::{dot_bf16_avx2_order, dot_bf16_dp_order};
+    use corelm_kernels::matmul::portable::{dot_bf16_avx2_order, dot_bf16_dp_order};
     let mut rng = Rng(0xBF16_0001);
     let (avx2, best) = (Kernels::detect_avx2(), Kernels::detect());
     let simd = avx2.isa != corelm_kernels::Isa::Portable;
@@ -915,7 +916,7 @@ fn bf16_dots_follow_ggml_order_per_isa() {
         let row = |rng: &mut Rng| -> Vec<u8> {
             let v: Vec<f32> = (0..n).map(|_| if rng.next() % 17 == 0 { 0.0 } else { rng.f32() * (1 << (rng.next() % 6)) as f32 }).collect();
             let mut b = aligned(vec![0u8; 2 * n]);
-            corelm_kernels::portable::quant::quant_bf16(&v, &mut b);
+            corelm_kernels::quant::portable::quant_bf16(&v, &mut b);
             b
         };
         let (x, y) = (row(&mut rng), row(&mut rng));
@@ -934,7 +935,7 @@ fn bf16_dots_follow_ggml_order_per_isa() {
 /// two or more rows) equal their portable twin bit for bit, and the f64 reference closely.
 #[test]
 fn dense_batch_dots_follow_tinyblas_order() {
-    use corelm_kernels::portable::dot::batch_order;
+    use corelm_kernels::matmul::portable::batch_order;
     let (best, port) = (Kernels::detect(), Kernels::portable());
     let mut rng = Rng(0x7B1A_5001);
     for t in [DType::F32, DType::F16, DType::BF16] {

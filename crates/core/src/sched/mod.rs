@@ -10,9 +10,11 @@ use crate::kv::KvCache;
 use crate::memory::Pools;
 use crate::tensor::{Glu, Op, Storage, Tensor, TensorId};
 use crate::threads::{ThreadPool, Worker};
-use corelm_kernels::gemm::{self, GemmScratch};
-use corelm_kernels::ops::{self, AttnScratch};
-use corelm_kernels::{interleave, DType, InterleavedOps, Kernels};
+use corelm_kernels::matmul::gemm::{self, GemmScratch};
+use corelm_kernels::attention::{self, AttnScratch};
+use corelm_kernels::{act, norm, rope};
+use corelm_kernels::matmul::layout as interleave;
+use corelm_kernels::{DType, InterleavedOps, Kernels};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -53,7 +55,7 @@ pub struct Scratch {
 const COL_BLOCK: usize = 16;
 
 /// Weight rows per column block of the tiles on interleaved matrices: the activation rows'
-/// preparation (`interleave::scratch_len`) is made once per block, so wider blocks amortise it
+/// preparation (`layout::scratch_len`) is made once per block, so wider blocks amortise it
 /// (16 groups; a Q5_0 block of 4864-value rows is 200 KiB, in L2).
 const IL_COL_BLOCK: usize = 64;
 
@@ -160,7 +162,7 @@ impl Executor {
                         attn: AttnScratch::with_heads(max_head_dim, max_group),
                         gemm: GemmScratch::new(max_k, max_rows),
                         pack: vec![0; COL_BLOCK * corelm_kernels::max_packed_row_bytes(max_k_all)],
-                        prep: vec![0; corelm_kernels::interleave::scratch_len(max_k_all)],
+                        prep: vec![0; corelm_kernels::matmul::layout::scratch_len(max_k_all)],
                         wide: vec![0.0; COL_BLOCK * max_k_f16],
                         wide_act: vec![0.0; dense::ACT_CHUNK * max_k_f16],
                         rope: crate::rope::RopeTables::new(split(rope_rows, 0, n_threads).len(), max_rot),
@@ -427,7 +429,7 @@ impl Ctx<'_> {
                 let rs = split(rows, ith, nth);
                 // SAFETY: rows `rs` belong to this worker only.
                 let y = unsafe { self.out_f32(t, rs.start * ne0, rs.len() * ne0) };
-                ops::rms_norm_groups(&x[rs.start * ne0..rs.end * ne0], g, eps, y);
+                norm::rms_norm_groups(&x[rs.start * ne0..rs.end * ne0], g, eps, y);
             }
             Op::Add { a, b } => {
                 let (a, b, b_rows) = (self.f32s(a), self.f32s(b), self.t(b).ne[1]);
@@ -469,7 +471,7 @@ impl Ctx<'_> {
                     let y = unsafe { self.out_f32(t, r * ne0, ne0) };
                     y.copy_from_slice(&x[r * ne0..(r + 1) * ne0]);
                     for h in y.chunks_exact_mut(p.head_dim) {
-                        ops::rope_apply(h, cache, p.n_rot, p.neox);
+                        rope::rope_apply(h, cache, p.n_rot, p.neox);
                     }
                 }
             }
@@ -481,16 +483,16 @@ impl Ctx<'_> {
                 let (hd, cells) = (p.head_dim, kv.n_cells);
                 let (krb, vrb) = kv.row_bytes();
                 let group = p.n_head / p.n_kv_head;
-                let kind = if rows >= ops::TILED_MIN_ROWS && !self.batch_invariant {
-                    ops::AttnKernel::Tiled
+                let kind = if rows >= attention::TILED_MIN_ROWS && !self.batch_invariant {
+                    attention::AttnKernel::Tiled
                 } else {
-                    ops::AttnKernel::Reference
+                    attention::AttnKernel::Reference
                 };
                 // Work items are (block of rows, KV head, query heads of it): the heads and rows
                 // of an item share each key/value block read. The tiled kernel takes up to
                 // ROWS_MAX_VECTORS rows × heads per call; decode's kernel one row.
                 let per_block = match kind {
-                    ops::AttnKernel::Tiled => (ops::ROWS_MAX_VECTORS / group).max(1),
+                    attention::AttnKernel::Tiled => (attention::ROWS_MAX_VECTORS / group).max(1),
                     _ => 1,
                 };
                 let blocks = rows.div_ceil(per_block);
@@ -504,7 +506,7 @@ impl Ctx<'_> {
                         // SAFETY: K/V of this layer were written by the kv_store node before
                         // the barrier; nobody writes them during attention.
                         let rows_kv = unsafe {
-                            ops::KvRows {
+                            attention::KvRows {
                                 k: std::slice::from_raw_parts(kp.add(kvh * cells * krb), cells * krb),
                                 v: std::slice::from_raw_parts(vp.add(kvh * cells * vrb), cells * vrb),
                                 k_type: kv.k_type,
@@ -514,9 +516,9 @@ impl Ctx<'_> {
                                 shift: crate::kv::BLOCK_SHIFT,
                             }
                         };
-                        let mut qs: [&[f32]; ops::ROWS_MAX_VECTORS] = [&[]; ops::ROWS_MAX_VECTORS];
-                        let mut outs: [&mut [f32]; ops::ROWS_MAX_VECTORS] = std::array::from_fn(|_| &mut [][..]);
-                        let mut spans: [std::ops::Range<usize>; ops::ROWS_MAX_VECTORS] = std::array::from_fn(|_| 0..0);
+                        let mut qs: [&[f32]; attention::ROWS_MAX_VECTORS] = [&[]; attention::ROWS_MAX_VECTORS];
+                        let mut outs: [&mut [f32]; attention::ROWS_MAX_VECTORS] = std::array::from_fn(|_| &mut [][..]);
+                        let mut spans: [std::ops::Range<usize>; attention::ROWS_MAX_VECTORS] = std::array::from_fn(|_| 0..0);
                         for r in r0..r1 {
                             let i = r - r0;
                             let span = r * ne0 + heads.start * hd..r * ne0 + heads.end * hd;
@@ -533,7 +535,7 @@ impl Ctx<'_> {
                         let n = r1 - r0;
                         let (q_rows, out_rows) = (&qs[..n], &mut outs[..n]);
                         let kind = self.kv_split(kind, self.batch.pos[r0] as usize, nth);
-                        ops::attend_rows(kind, self.kernels, q_rows, heads.len(), &spans[..n], &rows_kv, p.scale, &mut scratch.attn, out_rows);
+                        attention::attend_rows(kind, self.kernels, q_rows, heads.len(), &spans[..n], &rows_kv, p.scale, &mut scratch.attn, out_rows);
                         r0 = r1;
                     }
                 }
@@ -545,8 +547,8 @@ impl Ctx<'_> {
                     let y = unsafe { self.out_f32(t, r * ne0, ne0) };
                     let (gr, ur) = (&g[r * ne0..(r + 1) * ne0], &u[r * ne0..(r + 1) * ne0]);
                     match kind {
-                        Glu::Silu => ops::swiglu(gr, ur, y),
-                        Glu::GeluTanh => ops::geglu(gr, ur, y),
+                        Glu::Silu => act::swiglu(gr, ur, y),
+                        Glu::GeluTanh => act::geglu(gr, ur, y),
                     }
                 }
             }
@@ -782,17 +784,17 @@ impl Ctx<'_> {
     /// the cache size, as `llama_kv_cache::get_n_kv` gives it for one sequence — reaches 512
     /// cells, in `ceil(n_kv / nth)`-cell chunks; otherwise `kind`. The bits then match
     /// llama.cpp run with the same thread count.
-    fn kv_split(&self, kind: ops::AttnKernel, pos: usize, nth: usize) -> ops::AttnKernel {
+    fn kv_split(&self, kind: attention::AttnKernel, pos: usize, nth: usize) -> attention::AttnKernel {
         let kv = self.kv;
         let one_row = self.graph.n_tokens == 1 || self.batch_invariant;
-        if kind != ops::AttnKernel::Reference || !one_row || kv.k_type != DType::F16 || kv.v_type != DType::F16 {
+        if kind != attention::AttnKernel::Reference || !one_row || kv.k_type != DType::F16 || kv.v_type != DType::F16 {
             return kind;
         }
         let n_kv = (pos + 1).next_multiple_of(256).min(kv.n_cells);
         if n_kv < 512 {
             return kind;
         }
-        ops::AttnKernel::Split(n_kv.div_ceil(nth))
+        attention::AttnKernel::Split(n_kv.div_ceil(nth))
     }
 
     fn kv_store(&self, layer: usize, k: TensorId, v: TensorId, ith: usize, nth: usize) {

@@ -2,10 +2,13 @@
 //! head ([`attend_quant`]) and for the heads of a GQA group at once ([`attend_quant_group`]),
 //! the same bits per head.
 
-use super::*;
-use crate::ops::has_fma;
+use super::types::{AttnScratch, KvRows, DECODE_CHUNK};
+use super::portable::{normalize_heads, softmax_steps};
+use crate::simd::has_fma;
+use crate::DType;
+use half::f16;
 #[cfg(target_arch = "x86_64")]
-use crate::ops::has_avx2;
+use crate::simd::has_avx2;
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend_quant(
@@ -165,11 +168,11 @@ fn attend_quant_group_body(
         {
             if kernels.avx512 {
                 // SAFETY: `avx512` is only set after detecting AVX-512 F/VL (and FMA).
-                return unsafe { crate::x86::expf::expf_slice(x) };
+                return unsafe { crate::exp::x86::expf_slice(x) };
             }
             if kernels.isa == crate::Isa::Avx2 {
                 // SAFETY: an Avx2 table is only built after detecting AVX2 and FMA.
-                return unsafe { crate::x86::expf::expf_slice_avx2(x) };
+                return unsafe { crate::exp::x86::expf_slice_avx2(x) };
             }
         }
         x.iter_mut().for_each(|v| *v = v.exp());

@@ -2,7 +2,7 @@
 //! weight rows.
 #![allow(dead_code)]
 
-use corelm_kernels::blocks::*;
+use corelm_kernels::quant::blocks::*;
 use corelm_kernels::{row_bytes, DType};
 use half::f16;
 

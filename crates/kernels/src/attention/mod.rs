@@ -1,0 +1,233 @@
+//! Fused online-softmax attention over the (paged) KV cache, as ggml-cpu's two flash-attention
+//! algorithms compute it: the one-chunk kernel (decode, and any batch over a quantized cache:
+//! F16 query and dot products, F16 accumulator — f32 for quantized values — rescaled as the
+//! maximum grows) and the tiled kernel (prefill batches of at least [`TILED_MIN_ROWS`] rows over
+//! an F16 cache). Portable versions here; SIMD twins in [`x86`], chosen from the kernel
+//! table, bit-identical per head.
+
+use crate::DType;
+
+pub mod portable;
+mod quant;
+mod types;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+pub use portable::softmax_steps;
+use portable::{attend_reference, attend_tiled};
+use quant::{attend_quant, attend_quant_group};
+pub use types::{AttnKernel, AttnScratch, GroupBuffers, KvRows, ReferenceBuffers, RowsScratch, DECODE_CHUNK, KV_TILE, ROWS_MAX_VECTORS, TILED_MIN_ROWS};
+
+/// Fused attention for one query head over an F16 KV cache, with online softmax (one pass, no
+/// score matrix): `out = Σ_c softmax(scale · q·k_c) v_c` over the logical cells `c < n_cells`
+/// of `kv` for which `visible(c)` holds, in logical order. Writes zeros if no cell is visible.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_row(
+    kind: AttnKernel,
+    kernels: &crate::Kernels,
+    q: &[f32],
+    kv: &KvRows,
+    n_cells: usize,
+    scale: f32,
+    visible: impl Fn(usize) -> bool,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) {
+    let isa = kernels.isa;
+    if !kv.is_f16() {
+        return attend_quant(kernels, q, kv, n_cells, scale, visible, scratch, out);
+    }
+    if let AttnKernel::Split(chunk) = kind {
+        return attend_split(kernels, q, kv, n_cells, scale, &visible, chunk, scratch, out);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kind == AttnKernel::Reference && attend_decode(kernels, q, kv, n_cells, scale, &visible, 0, scratch, out) {
+        return;
+    }
+    match kind {
+        #[cfg(target_arch = "x86_64")]
+        AttnKernel::Reference if isa == crate::Isa::Avx2 => {
+            // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
+            unsafe { x86::reference::attend_reference(q, kv, n_cells, scale, &visible, scratch, out) }
+        }
+        AttnKernel::Reference | AttnKernel::Split(_) => attend_reference(q, kv, n_cells, scale, visible, scratch, out),
+        AttnKernel::Tiled => {
+            if !tiled_group(kernels, q, kv, n_cells, scale, &visible, scratch, out) {
+                attend_tiled(q, kv, n_cells, scale, visible, scratch, out)
+            }
+        }
+    }
+}
+
+/// [`attend_row`] for consecutive query heads that read the same KV head (a GQA group or part of
+/// one; `q` and `out` hold `heads × kv.head_dim` values). With the AVX2 table and an F16 cache
+/// the heads go through the cells together: for the tiled kernel (`x86::reference::attend_tiled_group`)
+/// each 8-cell block of keys is loaded and transposed once for all of them; for the reference
+/// kernel, decode's (`x86::reference::attend_reference_group`), each key and value row is widened
+/// once. Every head gets the bits of its own `attend_row` call.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_heads(
+    kind: AttnKernel,
+    kernels: &crate::Kernels,
+    q: &[f32],
+    kv: &KvRows,
+    n_cells: usize,
+    scale: f32,
+    visible: impl Fn(usize) -> bool,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) {
+    if kind == AttnKernel::Tiled && tiled_group(kernels, q, kv, n_cells, scale, &visible, scratch, out) {
+        return;
+    }
+    let kind = match kind {
+        AttnKernel::Split(chunk) if kv.is_f16() => return attend_split(kernels, q, kv, n_cells, scale, &visible, chunk, scratch, out),
+        AttnKernel::Split(_) => AttnKernel::Reference,
+        k => k,
+    };
+    let hd = kv.head_dim;
+    #[cfg(target_arch = "x86_64")]
+    if kind == AttnKernel::Reference && attend_decode(kernels, q, kv, n_cells, scale, &visible, 0, scratch, out) {
+        return;
+    }
+    // A quantized cache always takes ggml's one-chunk path (`attend_row` ignores `kind` for it).
+    if !kv.is_f16() && kv.v_type != DType::F16 && q.len() / hd <= scratch.gstate.len() {
+        return attend_quant_group(kernels, q, kv, n_cells, scale, &visible, scratch, out);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kind == AttnKernel::Reference && kernels.isa == crate::Isa::Avx2 && kv.is_f16() && hd.is_multiple_of(8) && q.len() > hd {
+        if let Some(bufs) = scratch.reference_buffers(q.len() / hd) {
+            // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
+            unsafe { x86::reference::attend_reference_group(q, kv, n_cells, scale, &visible, bufs, out) };
+            return;
+        }
+    }
+    for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
+        attend_row(kind, kernels, qh, kv, n_cells, scale, &visible, scratch, oh);
+    }
+}
+
+/// The reference kernel for `q.len() / head_dim` heads with the two-phase decode kernel
+/// (`x86::decode` with AVX-512, `x86::decode_avx2` with the AVX2 table), if the cache
+/// is F16 and the head dimension one it takes; returns whether it ran. `split` > 0: ggml's
+/// split-KV decode over chunks of `split` cells (`attention::portable::fold`).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_decode(
+    kernels: &crate::Kernels,
+    q: &[f32],
+    kv: &KvRows,
+    n_cells: usize,
+    scale: f32,
+    visible: &dyn Fn(usize) -> bool,
+    split: usize,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) -> bool {
+    if !(kernels.isa == crate::Isa::Avx2 && kv.is_f16() && x86::chunks::supports(kv.head_dim)) {
+        return false;
+    }
+    let Some(bufs) = scratch.decode_buffers(q.len() / kv.head_dim) else { return false };
+    if kernels.avx512 {
+        // SAFETY: `avx512` is only set by `Kernels::detect` after detecting AVX-512 F/BW/VL/VNNI
+        // (and AVX2, FMA, F16C).
+        unsafe { x86::decode::attend_decode_group(q, kv, n_cells, scale, visible, split, bufs, out) };
+    } else {
+        // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
+        unsafe { x86::decode_avx2::attend_decode_group_avx2(q, kv, n_cells, scale, visible, split, bufs, out) };
+    }
+    true
+}
+
+/// Attention for a block of query rows of one sequence (prefill): row `r` holds `heads`
+/// query heads that read the KV head `kv` (`q[r]`, `out[r]`: `heads × head_dim` values) and
+/// sees the logical cells `spans[r]` (causal limit and sliding window). Every head of every row
+/// gets the bits of its own [`attend_row`] call with `n_cells = spans[r].end` and `visible(c)
+/// = c >= spans[r].start`. With the AVX2 table, an F16 cache, the tiled kernel and at most
+/// [`ROWS_MAX_VECTORS`] rows × heads, the rows go through the cells together
+/// (`x86::rows`); otherwise row by row.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_rows(
+    kind: AttnKernel,
+    kernels: &crate::Kernels,
+    q: &[&[f32]],
+    heads: usize,
+    spans: &[std::ops::Range<usize>],
+    kv: &KvRows,
+    scale: f32,
+    scratch: &mut AttnScratch,
+    out: &mut [&mut [f32]],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if kind == AttnKernel::Tiled
+        && kernels.isa == crate::Isa::Avx2
+        && kv.is_f16()
+        && kv.head_dim.is_multiple_of(8)
+        && q.len() * heads <= ROWS_MAX_VECTORS
+        && scratch.rows.zero.len() >= kv.head_dim
+    {
+        // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
+        unsafe { x86::rows::attend_tiled_rows(q, heads, spans, kv, scale, &mut scratch.rows, out) };
+        return;
+    }
+    for ((qr, or), span) in q.iter().zip(out.iter_mut()).zip(spans) {
+        let lo = span.start;
+        attend_heads(kind, kernels, qr, kv, span.end, scale, |c| c >= lo, scratch, or);
+    }
+}
+
+/// The tiled kernel's SIMD version (`x86::reference::attend_tiled_group`) over the `q.len() /
+/// head_dim` heads in `q`, if this table, cache and shape allow it; `false` if it did not run.
+#[allow(clippy::too_many_arguments)]
+fn tiled_group(
+    kernels: &crate::Kernels,
+    q: &[f32],
+    kv: &KvRows,
+    n_cells: usize,
+    scale: f32,
+    visible: &dyn Fn(usize) -> bool,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) -> bool {
+    let hd = kv.head_dim;
+    #[cfg(target_arch = "x86_64")]
+    if kernels.isa == crate::Isa::Avx2
+        && kv.is_f16()
+        && hd.is_multiple_of(8)
+        && q.len() / hd <= x86::reference::MAX_GROUP
+    {
+        if let Some(bufs) = scratch.group_buffers(q.len() / hd) {
+            // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
+            unsafe { x86::reference::attend_tiled_group(q, kv, n_cells, scale, visible, bufs, out) };
+            return true;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (kernels, q, hd, n_cells, scale, visible, scratch, out);
+    false
+}
+
+/// Split-KV attention of the `q.len() / head_dim` query heads in `q` over the visible cells
+/// `c < n_cells` of an F16 cache, in chunks of `chunk` cells: the decode kernels where they
+/// apply, otherwise the portable reference per head and chunk.
+#[allow(clippy::too_many_arguments)]
+fn attend_split(
+    kernels: &crate::Kernels,
+    q: &[f32],
+    kv: &KvRows,
+    n_cells: usize,
+    scale: f32,
+    visible: &dyn Fn(usize) -> bool,
+    chunk: usize,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) {
+    let chunk = chunk.max(1);
+    #[cfg(target_arch = "x86_64")]
+    if attend_decode(kernels, q, kv, n_cells, scale, visible, chunk, scratch, out) {
+        return;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = kernels;
+    portable::attend_split(q, kv, n_cells, scale, visible, chunk, scratch, out)
+}

@@ -1,0 +1,282 @@
+//! What every attention kernel shares: the choice of ggml's algorithm ([`AttnKernel`]), the
+//! paged KV rows of one KV head ([`KvRows`]), and per-worker scratch sized once
+//! ([`AttnScratch`]), with the views the SIMD kernels borrow from it.
+
+use crate::quant::blocks::{as_blocks, bytes_of};
+use crate::DType;
+use half::f16;
+
+/// Which of ggml-cpu's flash-attention algorithms to reproduce. They give different bits, and
+/// on rows with massive activations the difference is visible in the logits, so the scheduler
+/// picks the one llama.cpp would: `Tiled` for batches of at least [`TILED_MIN_ROWS`] query rows,
+/// `Reference` otherwise (single-token decode included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnKernel {
+    /// ggml's `one_chunk`: query rounded to F16, F16 dot products, the V accumulator kept in
+    /// F16 and rescaled whenever the running maximum grows.
+    Reference,
+    /// ggml's tiled kernel: F32 query and keys, KV in tiles of [`KV_TILE`] cells, the softmax
+    /// sum of each tile in double, an F32 accumulator.
+    Tiled,
+    /// ggml's split-KV decode (one query row over an F16 cache whose padded length is at least
+    /// 512 cells): `Reference` over consecutive chunks of this many cells, each giving its
+    /// (maximum, sum, unnormalised values), combined in order as
+    /// `ggml_flash_attn_ext_reduce_partials` does (`attention::portable::fold`). A quantized cache is
+    /// never split (as in ggml): there it is `Reference`.
+    Split(usize),
+}
+
+/// Visible cells per phase of the two-phase decode kernels (`x86::decode*`,
+/// `attend_quant_group`); their grow masks are `u64`.
+pub const DECODE_CHUNK: usize = 64;
+
+/// Query rows from which ggml switches to the tiled kernel.
+pub const TILED_MIN_ROWS: usize = 64;
+/// KV cells per tile of the tiled kernel.
+pub const KV_TILE: usize = 64;
+
+/// Scratch for one attention row, allocated once per worker.
+pub struct AttnScratch {
+    /// The query in the key type's `vec_dot_type` (quantized caches).
+    pub(crate) qq: Vec<u8>,
+    /// One value row converted to f32 (quantized caches).
+    pub(crate) v32: Vec<f32>,
+    pub(crate) q16: Vec<f16>,
+    pub(crate) acc16: Vec<f16>,
+    pub(crate) acc: Vec<f32>,
+    pub(crate) scores: [f32; KV_TILE],
+    /// Grouped tiled kernel: `[heads][KV_TILE]` probabilities of the current tile.
+    pub(crate) gscores: Vec<f32>,
+    /// Grouped tiled kernel: `[heads][head_dim]` f32 accumulators.
+    pub(crate) gacc: Vec<f32>,
+    /// Grouped tiled kernel: running maximum and sum per head.
+    pub(crate) gstate: Vec<[f32; 2]>,
+    /// Grouped reference kernel: `[heads][head_dim]` F16 accumulators.
+    pub(crate) gacc16: Vec<f16>,
+    /// One key row in f32.
+    pub(crate) k32: Vec<f32>,
+    /// Decode kernels: `[heads][head_dim]` f32 accumulators.
+    pub(crate) dacc: Vec<f32>,
+    /// Grouped quantized-cache kernel: `[heads]` queries in the key type's `vec_dot_type`.
+    pub(crate) gqq: Vec<u8>,
+    /// AVX-512 decode kernel: per head, the cells of a chunk that raise its maximum.
+    pub(crate) dgrow: Vec<u64>,
+    /// Per head, the (maximum, sum) of the split-KV chunks combined so far.
+    pub(crate) dfin: Vec<[f32; 2]>,
+    /// Buffers of the multi-row kernel ([`attend_rows`]).
+    pub(crate) rows: RowsScratch,
+}
+
+/// Buffers of [`attend_rows`]' SIMD kernel (`x86::rows`) for up to
+/// [`ROWS_MAX_VECTORS`] query vectors (rows × heads).
+pub struct RowsScratch {
+    /// `[head_dim][8]` f32: the keys of one 8-cell chunk, transposed.
+    pub(crate) kt: Vec<f32>,
+    /// `[vector][KV_TILE]` scores, then probabilities, of the current tile.
+    pub(crate) scores: Vec<f32>,
+    /// `[vector][head_dim]` f32 accumulators.
+    pub(crate) acc: Vec<f32>,
+    /// Running (maximum, sum) per vector.
+    pub(crate) state: Vec<[f32; 2]>,
+    /// `[KV_TILE][head_dim]` f32: the values of the current tile.
+    pub(crate) v32: Vec<f32>,
+    /// `head_dim` zeros: the key row of a chunk's missing cells.
+    pub(crate) zero: Vec<f16>,
+}
+
+/// Most query vectors (rows × heads) one [`attend_rows`] call takes.
+pub const ROWS_MAX_VECTORS: usize = 16;
+
+impl RowsScratch {
+    pub(crate) fn new(head_dim: usize) -> Self {
+        RowsScratch {
+            kt: vec![0.0; head_dim * 8],
+            scores: vec![0.0; ROWS_MAX_VECTORS * KV_TILE],
+            acc: vec![0.0; ROWS_MAX_VECTORS * head_dim],
+            state: vec![[0.0; 2]; ROWS_MAX_VECTORS],
+            v32: vec![0.0; KV_TILE * head_dim],
+            zero: vec![f16::ZERO; head_dim],
+        }
+    }
+}
+
+/// The buffers of the grouped reference kernel for `heads` heads: widened queries
+/// `[heads][head_dim]`, F16 accumulators `[heads][head_dim]`, (maximum, sum) per head, one key
+/// row and one value row in f32.
+pub type ReferenceBuffers<'a> = (&'a mut [f32], &'a mut [f16], &'a mut [[f32; 2]], &'a mut [f32], &'a mut [f32]);
+
+/// The buffers of the grouped tiled kernel for `heads` heads: probabilities `[heads][KV_TILE]`,
+/// accumulators `[heads][head_dim]`, (maximum, sum) per head, one value row in f32.
+pub type GroupBuffers<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [[f32; 2]], &'a mut [f32]);
+
+impl AttnScratch {
+    /// Buffers for [`attend_heads`]' grouped kernel, `None` if sized for fewer heads.
+    pub fn group_buffers(&mut self, heads: usize) -> Option<GroupBuffers<'_>> {
+        let hd = self.acc.len();
+        (heads <= self.gstate.len()).then(|| {
+            (
+                &mut self.gscores[..heads * KV_TILE],
+                &mut self.gacc[..heads * hd],
+                &mut self.gstate[..heads],
+                &mut self.v32[..],
+            )
+        })
+    }
+
+
+    /// Buffers for the grouped reference kernel, `None` if sized for fewer heads.
+    pub fn reference_buffers(&mut self, heads: usize) -> Option<ReferenceBuffers<'_>> {
+        let hd = self.acc.len();
+        (heads <= self.gstate.len()).then(|| {
+            (
+                &mut self.gacc[..heads * hd],
+                &mut self.gacc16[..heads * hd],
+                &mut self.gstate[..heads],
+                &mut self.k32[..],
+                &mut self.v32[..],
+            )
+        })
+    }
+
+    /// Buffers for the AVX-512 decode kernel (`x86::decode`), `None` if sized for fewer
+    /// heads.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn decode_buffers(&mut self, heads: usize) -> Option<DecodeBuffers<'_>> {
+        let hd = self.acc.len();
+        (heads <= self.gstate.len() && KV_TILE >= DECODE_CHUNK).then(|| DecodeBuffers {
+            qf: &mut self.gacc[..heads * hd],
+            acc: &mut self.dacc[..heads * hd],
+            state: &mut self.gstate[..heads],
+            scores: &mut self.gscores[..],
+            grow: &mut self.dgrow[..heads],
+            fin: &mut self.dfin[..heads],
+            k32: &mut self.k32[..],
+            v32: &mut self.v32[..],
+        })
+    }
+
+    /// The F16 query and accumulator buffers and one f32 value row (for SIMD twins of the
+    /// reference kernel).
+    pub fn f16_buffers(&mut self) -> (&mut [f16], &mut [f16], &mut [f32]) {
+        (&mut self.q16, &mut self.acc16, &mut self.v32)
+    }
+
+    /// Scratch for one query head at a time.
+    pub fn new(head_dim: usize) -> Self {
+        Self::with_heads(head_dim, 1)
+    }
+
+    /// Scratch for up to `heads` query heads per [`attend_heads`] call.
+    pub fn with_heads(head_dim: usize, heads: usize) -> Self {
+        AttnScratch {
+            // Enough for any activation type: F32 is the widest per element.
+            qq: vec![0; head_dim * 4 + 64],
+            v32: vec![0.0; head_dim],
+            q16: vec![f16::ZERO; head_dim],
+            acc16: vec![f16::ZERO; head_dim],
+            acc: vec![0.0; head_dim],
+            scores: [0.0; KV_TILE],
+            gscores: vec![0.0; heads * KV_TILE],
+            gacc: vec![0.0; heads * head_dim],
+            gstate: vec![[0.0; 2]; heads],
+            gacc16: vec![f16::ZERO; heads * head_dim],
+            k32: vec![0.0; head_dim],
+            dacc: vec![0.0; heads * head_dim],
+            gqq: vec![0; heads * (head_dim * 4 + 64)],
+            dgrow: vec![0; heads],
+            dfin: vec![[0.0; 2]; heads],
+            rows: RowsScratch::new(head_dim),
+        }
+    }
+}
+
+/// The K and V rows of one KV head in a paged cache. Logical cell `i` (the token at position
+/// `i` of the sequence) lives in physical row `table[i >> shift] << shift | i & mask`: the cache
+/// is cut into blocks of `1 << shift` rows and `table` lists the sequence's blocks in order.
+/// Rows are `head_dim` elements of `k_type` / `v_type` (F16 by default; Q8_0 or Q4_0 blocks).
+#[derive(Clone, Copy)]
+pub struct KvRows<'a> {
+    /// `[physical row][row bytes]` keys of this KV head.
+    pub k: &'a [u8],
+    /// `[physical row][row bytes]` values of this KV head.
+    pub v: &'a [u8],
+    pub k_type: DType,
+    pub v_type: DType,
+    pub head_dim: usize,
+    /// Physical block of each logical block.
+    pub table: &'a [u32],
+    /// log2 of the rows per block.
+    pub shift: u32,
+}
+
+impl<'a> KvRows<'a> {
+    /// F16 rows `0..n` stored contiguously (an identity table over blocks of one row).
+    pub fn contiguous(k: &'a [f16], v: &'a [f16], head_dim: usize, identity: &'a [u32]) -> Self {
+        KvRows {
+            k: bytes_of(k),
+            v: bytes_of(v),
+            k_type: DType::F16,
+            v_type: DType::F16,
+            head_dim,
+            table: identity,
+            shift: 0,
+        }
+    }
+
+    #[inline(always)]
+    pub fn row(&self, i: usize) -> usize {
+        ((self.table[i >> self.shift] as usize) << self.shift) | (i & ((1 << self.shift) - 1))
+    }
+
+    #[inline(always)]
+    pub fn k_bytes(&self, i: usize) -> &'a [u8] {
+        let rb = crate::row_bytes(self.k_type, self.head_dim);
+        let r = self.row(i) * rb;
+        &self.k[r..r + rb]
+    }
+
+    #[inline(always)]
+    pub fn v_bytes(&self, i: usize) -> &'a [u8] {
+        let rb = crate::row_bytes(self.v_type, self.head_dim);
+        let r = self.row(i) * rb;
+        &self.v[r..r + rb]
+    }
+
+    /// Key row of an F16 cache.
+    #[inline(always)]
+    pub fn k(&self, i: usize) -> &'a [f16] {
+        debug_assert_eq!(self.k_type, DType::F16);
+        as_blocks(self.k_bytes(i))
+    }
+
+    /// Value row of an F16 cache.
+    #[inline(always)]
+    pub fn v(&self, i: usize) -> &'a [f16] {
+        debug_assert_eq!(self.v_type, DType::F16);
+        as_blocks(self.v_bytes(i))
+    }
+
+    pub fn is_f16(&self) -> bool {
+        self.k_type == DType::F16 && self.v_type == DType::F16
+    }
+}
+
+/// The buffers of the decode kernels for `heads` heads.
+#[cfg(target_arch = "x86_64")]
+pub struct DecodeBuffers<'a> {
+    /// `[heads][head_dim]` widened F16-rounded queries.
+    pub qf: &'a mut [f32],
+    /// `[heads][head_dim]` f32 accumulators (F16 values).
+    pub acc: &'a mut [f32],
+    /// (maximum, sum) per head.
+    pub state: &'a mut [[f32; 2]],
+    /// `[heads][CHUNK]` scores, then exponentials.
+    pub scores: &'a mut [f32],
+    /// Per head, the chunk's cells that raise its maximum (bit mask).
+    pub grow: &'a mut [u64],
+    /// Per head, (maximum, sum) of the KV-split chunks combined so far (`attention::portable::fold`).
+    pub fin: &'a mut [[f32; 2]],
+    /// One key row and one value row in f32 (the AVX2 kernel).
+    pub k32: &'a mut [f32],
+    pub v32: &'a mut [f32],
+}

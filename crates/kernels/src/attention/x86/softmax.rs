@@ -1,0 +1,55 @@
+//! ggml's softmax step of the tiled kernel on 8 lanes (`ggml_vec_soft_max_f32`: its own
+//! `expf`, each 16 lanes reduced as `_mm512_reduce_add_ps`, the groups summed in double),
+//! shared by the per-head kernel (`reference`) and the multi-row kernel (`rows`).
+#![allow(clippy::missing_safety_doc)]
+
+use crate::exp::x86::expf_ggml8;
+use crate::simd::x86::hsum_f32x8;
+use std::arch::x86_64::*;
+
+/// The softmax step of the tiled kernel: `p = expf_ggml(p - m)` in place, each group of 16
+/// summed in float as `simd::reduce_add_16`, the groups summed in double (ggml's
+/// `ggml_vec_soft_max_f32`). Bit-identical to the scalar loop in `attention::portable::attend_tiled`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn softmax_tile(scores: &mut [f32], m: f32) -> f64 {
+    let mv = _mm256_set1_ps(m);
+    let mut sum = 0f64;
+    for g in scores.chunks_exact_mut(16) {
+        // SAFETY: 16 f32 in g; unaligned loads and stores.
+        unsafe {
+            let p = g.as_mut_ptr();
+            let lo = expf_ggml8(_mm256_sub_ps(_mm256_loadu_ps(p), mv));
+            let hi = expf_ggml8(_mm256_sub_ps(_mm256_loadu_ps(p.add(8)), mv));
+            _mm256_storeu_ps(p, lo);
+            _mm256_storeu_ps(p.add(8), hi);
+            sum += hsum_f32x8(_mm256_add_ps(hi, lo)) as f64;
+        }
+    }
+    sum
+}
+
+/// One head's online-softmax step over a tile whose first `len` scores are set (`sh` holds
+/// [`KV_TILE`](crate::attention::KV_TILE) of them): the running (maximum, sum) `st` and the
+/// accumulator `acc` rescaled if the maximum grows, the scores turned into probabilities in
+/// place (`softmax_tile`). A tile with nothing visible leaves `st` and `acc` alone and zeroes
+/// `sh`; returns whether anything was visible.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn tile_softmax(sh: &mut [f32], len: usize, st: &mut [f32; 2], acc: &mut [f32]) -> bool {
+    let tile_max = sh[..len].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    if tile_max == f32::NEG_INFINITY {
+        sh.fill(0.0);
+        return false;
+    }
+    let [m, s] = st;
+    let m_new = m.max(tile_max);
+    if m_new > *m {
+        let ms = (*m - m_new).exp();
+        acc.iter_mut().for_each(|a| *a *= ms);
+        *s *= ms;
+    }
+    *m = m_new;
+    sh[len..].fill(f32::NEG_INFINITY);
+    let sum = softmax_tile(sh, *m);
+    *s = (*s as f64 + sum) as f32;
+    true
+}

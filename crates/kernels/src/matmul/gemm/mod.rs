@@ -1,0 +1,234 @@
+//! Panel GEMM for prefill: `out[r][c] = w[c] · x[r]` over many activation rows at once, for the
+//! weight types with one scale (and min) per 32 elements: Q4_0, Q5_0, Q8_0 (Q8_0 activations),
+//! Q4_1, Q5_1 (Q8_1) and the K-quants Q4_K, Q5_K (Q8_K; sub-block scale and min folded to f32);
+//! and Q6_K (Q8_K), whose scales cover 16 elements: its blocks carry two scales in place of a
+//! scale and a min, and the integer sums of the two halves are kept apart ([`split16`]).
+//!
+//! Where the per-row dot product (`vec_dot`) decodes every weight block again for every
+//! activation row and reduces each (row, column) pair horizontally, this kernel decodes a panel
+//! of [`PANEL`] weight rows (output columns) once into an interleaved layout and streams all
+//! activation rows past it: within a 32-element block, group `g` of 4 elements of all 8 columns
+//! sits in one 32-byte vector, so one `vpdpbusd` (u8 × i8 → i32, 4 products per lane) advances
+//! 8 columns at once, lanes being columns (no horizontal sums), and 4 rows share each loaded
+//! weight vector. Weights are stored unsigned (`u = q + o`; `w = d·(u − o) + m`), the offset
+//! removed per block with the activation block sum `Σy`.
+//!
+//! Arithmetic per (row, column): `acc = fma((Σ u·y − o·Σy) as f32, d_w·d_x, acc)`, then for
+//! types with a min `acc = fma(m_w, s_x, acc)` (`s_x = d_x·Σy`: Q8_1's `s`, or computed from
+//! Q8_K's `bsums`), blocks in order. The integer sums are exact, so the
+//! portable twin ([`panel_portable`]) and the AVX-512 VNNI kernel are bit-identical; against
+//! `vec_dot` (ggml's order) only the float summation order differs. Not used in
+//! batch-invariant mode (its rows would depend on the batch size) — the scheduler decides.
+
+use crate::quant::blocks::*;
+use crate::quant::portable::{q4_0_values, q5_0_values, q5_1_values, q6_k_values};
+use crate::DType;
+
+mod panel;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+pub use crate::simd::has_vnni;
+pub use panel::{act_block, panel_portable, Act, PACKED_BLOCK, PANEL};
+
+/// Weight types the panel GEMM handles.
+pub fn supported(t: DType) -> bool {
+    matches!(t, DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K | DType::Q6K)
+}
+
+/// Types with a scale per 16 elements: a packed block holds the scales of its two halves (in
+/// the scale and min slots), `Σy` is kept per half, and there is no min term.
+pub fn split16(t: DType) -> bool {
+    t == DType::Q6K
+}
+
+fn act_of(t: DType) -> Act {
+    match t {
+        DType::Q4_1 | DType::Q5_1 => Act::Q8_1,
+        DType::Q4K | DType::Q5K | DType::Q6K => Act::Q8K,
+        _ => Act::Q8_0,
+    }
+}
+
+/// The offset `o` of a type's unsigned codes (`u = q + o`).
+fn offset(t: DType) -> i32 {
+    match t {
+        DType::Q4_0 => 8,
+        DType::Q5_0 => 16,
+        DType::Q8_0 => 128,
+        DType::Q6K => 32,
+        _ => 0,
+    }
+}
+
+/// Per-thread buffers, sized once: a packed panel for rows of up to `max_k` elements and the
+/// activation half-block sums of up to `max_rows` rows.
+pub struct GemmScratch {
+    panel: Vec<u8>,
+    ysum: Vec<i32>,
+}
+
+impl GemmScratch {
+    pub fn new(max_k: usize, max_rows: usize) -> Self {
+        GemmScratch { panel: vec![0; max_k / 32 * PACKED_BLOCK], ysum: vec![0; max_rows * (max_k / 16)] }
+    }
+
+    pub fn fits(&self, k: usize, rows: usize) -> bool {
+        self.panel.len() >= k / 32 * PACKED_BLOCK && self.ysum.len() >= rows * (k / 16)
+    }
+}
+
+/// Decode weight rows `c0 .. c0 + n` (n ≤ 8, missing columns zero) of `w` into `panel`.
+fn pack(t: DType, w: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
+    let nb = k / 32;
+    let rb = crate::row_bytes(t, k);
+    for b in 0..nb {
+        let blk = &mut panel[b * PACKED_BLOCK..(b + 1) * PACKED_BLOCK];
+        let (qs, sc) = blk.split_at_mut(32 * PANEL);
+        let mut d = [0f32; PANEL];
+        let mut m = [0f32; PANEL];
+        for col in 0..PANEL {
+            let mut u = [0u8; 32];
+            if col < n {
+                let row = &w[(c0 + col) * rb..(c0 + col + 1) * rb];
+                match t {
+                    DType::Q4_0 => {
+                        let x = &as_blocks::<BlockQ4_0>(row)[b];
+                        d[col] = x.d.to_f32();
+                        u = q4_0_values(x).map(|v| (v + 8) as u8);
+                    }
+                    DType::Q5_0 => {
+                        let x = &as_blocks::<BlockQ5_0>(row)[b];
+                        d[col] = x.d.to_f32();
+                        u = q5_0_values(x).map(|v| (v + 16) as u8);
+                    }
+                    DType::Q8_0 => {
+                        let x = &as_blocks::<BlockQ8_0>(row)[b];
+                        d[col] = x.d.to_f32();
+                        u = x.qs.map(|v| (v as i32 + 128) as u8);
+                    }
+                    DType::Q4_1 => {
+                        let x = &as_blocks::<BlockQ4_1>(row)[b];
+                        (d[col], m[col]) = (x.d.to_f32(), x.m.to_f32());
+                        for j in 0..16 {
+                            u[j] = x.qs[j] & 0xF;
+                            u[j + 16] = x.qs[j] >> 4;
+                        }
+                    }
+                    DType::Q5_1 => {
+                        let x = &as_blocks::<BlockQ5_1>(row)[b];
+                        (d[col], m[col]) = (x.d.to_f32(), x.m.to_f32());
+                        u = q5_1_values(x);
+                    }
+                    DType::Q4K | DType::Q5K => {
+                        // Sub-block j of super-block b / 8: nibbles of qs[32·(j/2)..], low for
+                        // even j, high for odd; Q5_K's fifth bit is bit j of qh[l].
+                        let (sb, j) = (b / 8, b % 8);
+                        let (dd, dmin, scales, qs, qh) = if t == DType::Q4K {
+                            let x = &as_blocks::<BlockQ4K>(row)[sb];
+                            (x.d, x.dmin, &x.scales, &x.qs, None)
+                        } else {
+                            let x = &as_blocks::<BlockQ5K>(row)[sb];
+                            (x.d, x.dmin, &x.scales, &x.qs, Some(&x.qh))
+                        };
+                        let (sc, mn) = scale_min_k4(j, scales);
+                        d[col] = dd.to_f32() * sc as f32;
+                        m[col] = -(dmin.to_f32() * mn as f32);
+                        for (l, v) in u.iter_mut().enumerate() {
+                            let q = qs[(j / 2) * 32 + l];
+                            *v = if j % 2 == 0 { q & 0xF } else { q >> 4 };
+                            if let Some(qh) = qh {
+                                *v |= ((qh[l] >> j) & 1) << 4;
+                            }
+                        }
+                    }
+                    DType::Q6K => {
+                        let (sb, j) = (b / 8, b % 8);
+                        let x = &as_blocks::<BlockQ6K>(row)[sb];
+                        let dd = x.d.to_f32();
+                        (d[col], m[col]) = (dd * x.scales[2 * j] as f32, dd * x.scales[2 * j + 1] as f32);
+                        let q = q6_k_values(x);
+                        for (v, &qv) in u.iter_mut().zip(&q[j * 32..j * 32 + 32]) {
+                            *v = (qv as i32 + 32) as u8;
+                        }
+                    }
+                    _ => unreachable!("checked by supported()"),
+                }
+            } else {
+                // A padding column: codes at the offset, zero scale and min: contributes 0.
+                u = [offset(t) as u8; 32];
+            }
+            for g in 0..8 {
+                qs[g * 32 + col * 4..g * 32 + col * 4 + 4].copy_from_slice(&u[g * 4..g * 4 + 4]);
+            }
+        }
+        for col in 0..PANEL {
+            sc[col * 4..col * 4 + 4].copy_from_slice(&d[col].to_le_bytes());
+            sc[32 + col * 4..32 + col * 4 + 4].copy_from_slice(&m[col].to_le_bytes());
+        }
+    }
+}
+
+/// `Σy` of both 16-element halves of every 32-block of every activation row, at
+/// `out[(r · nb + b) · 2 + half]`.
+fn block_sums(x: &[u8], xrb: usize, rows: usize, nb: usize, act: Act, out: &mut [i32]) {
+    for r in 0..rows {
+        let row = &x[r * xrb..(r + 1) * xrb];
+        for b in 0..nb {
+            let y = act_block(row, b, act).2;
+            for (h, half) in y.chunks_exact(16).enumerate() {
+                out[(r * nb + b) * 2 + h] = half.iter().map(|&v| v as i32).sum();
+            }
+        }
+    }
+}
+
+/// `out[r * n_out + c] = w[c] · x[r]` for `c` in `cols`, all `rows` activation rows (`x`, rows
+/// of `xrb` bytes in `t`'s `vec_dot_type`). `simd`: use the AVX-512 VNNI kernel (the caller
+/// has detected it).
+///
+/// # Safety
+/// `out` must address `rows · n_out` f32 of which this call alone writes columns `cols`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm(
+    t: DType,
+    w: &[u8],
+    k: usize,
+    cols: std::ops::Range<usize>,
+    x: &[u8],
+    xrb: usize,
+    rows: usize,
+    out: *mut f32,
+    n_out: usize,
+    simd: bool,
+    scratch: &mut GemmScratch,
+) {
+    debug_assert!(supported(t) && k % 32 == 0 && scratch.fits(k, rows));
+    let nb = k / 32;
+    let (o, act, split) = (offset(t), act_of(t), split16(t));
+    let GemmScratch { panel, ysum } = scratch;
+    if o != 0 {
+        block_sums(x, xrb, rows, nb, act, ysum);
+    }
+    let mut c0 = cols.start;
+    while c0 < cols.end {
+        let n = (cols.end - c0).min(PANEL);
+        pack(t, w, k, c0, n, panel);
+        let store = |r: usize, acc: &[f32; PANEL]| {
+            for (j, &v) in acc.iter().enumerate().take(n) {
+                // SAFETY: r < rows and c0 + j < cols.end ≤ n_out; this call owns these columns.
+                unsafe { *out.add(r * n_out + c0 + j) = v };
+            }
+        };
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: the caller detected AVX-512 F/VL/VNNI.
+            unsafe { x86::panel(panel, nb, o, act, split, x, xrb, ysum, rows, store) };
+            c0 += n;
+            continue;
+        }
+        let _ = simd;
+        panel_portable(panel, nb, o, act, split, x, xrb, ysum, rows, store);
+        c0 += n;
+    }
+}

@@ -1,0 +1,99 @@
+//! The panel layout and the portable micro-kernel of the panel GEMM: [`PANEL`] weight rows
+//! decoded into one interleaved block per 32 values (unsigned codes, four values of each of
+//! the eight columns per 32-byte group, then the columns' scales and mins as f32), and the
+//! activation blocks it meets (`Act`).
+
+use crate::quant::blocks::*;
+use half::f16;
+
+/// Output columns per panel (lanes of one 256-bit vector of i32).
+pub const PANEL: usize = 8;
+
+/// Bytes of one packed block: 32 elements × 8 columns, plus 8 scales and 8 mins (f32).
+pub const PACKED_BLOCK: usize = 32 * PANEL + 2 * 4 * PANEL;
+
+/// Activation block layout of a weight type's `vec_dot_type`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Act {
+    Q8_0,
+    Q8_1,
+    Q8K,
+}
+
+/// Activation scale and sum term of block `b` of a row (`s` is 0 for Q8_0).
+#[inline]
+pub fn act_block(row: &[u8], b: usize, act: Act) -> (f32, f32, &[i8; 32]) {
+    act_block_with(row, b, act, f16::to_f32)
+}
+
+/// [`act_block`] with the F16 → f32 conversion given (the SIMD kernel passes F16C's).
+#[inline(always)]
+pub fn act_block_with(row: &[u8], b: usize, act: Act, h2f: impl Fn(f16) -> f32) -> (f32, f32, &[i8; 32]) {
+    match act {
+        Act::Q8_1 => {
+            let x = &as_blocks::<BlockQ8_1>(row)[b];
+            (h2f(x.d), h2f(x.s), &x.qs)
+        }
+        Act::Q8_0 => {
+            let x = &as_blocks::<BlockQ8_0>(row)[b];
+            (h2f(x.d), 0.0, &x.qs)
+        }
+        Act::Q8K => q8k_block(row, b),
+    }
+}
+
+/// Block `b` (32 values) of a Q8_K row: scale, `d·Σy` from the two 16-sums, values.
+#[inline]
+pub fn q8k_block(row: &[u8], b: usize) -> (f32, f32, &[i8; 32]) {
+    let x = &as_blocks::<BlockQ8K>(row)[b / 8];
+    let j = b % 8;
+    let sum = x.bsums[2 * j] as i32 + x.bsums[2 * j + 1] as i32;
+    (x.d, x.d * sum as f32, x.qs[j * 32..j * 32 + 32].try_into().expect("32 values"))
+}
+
+/// Scalar micro-kernel over one packed panel: the twin of the VNNI kernel, bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub fn panel_portable(
+    panel: &[u8],
+    nb: usize,
+    o: i32,
+    act: Act,
+    split: bool,
+    x: &[u8],
+    xrb: usize,
+    ysum: &[i32],
+    rows: usize,
+    mut store: impl FnMut(usize, &[f32; PANEL]),
+) {
+    let has_min = act != Act::Q8_0 && !split;
+    for r in 0..rows {
+        let row = &x[r * xrb..(r + 1) * xrb];
+        let mut acc = [0f32; PANEL];
+        for b in 0..nb {
+            let blk = &panel[b * PACKED_BLOCK..(b + 1) * PACKED_BLOCK];
+            let (dx, sx, y) = act_block(row, b, act);
+            for (col, a) in acc.iter_mut().enumerate() {
+                // Integer sums of the two 16-element halves (groups 0..4 and 4..8).
+                let mut s = [0i32; 2];
+                for g in 0..8 {
+                    for i in 0..4 {
+                        s[g / 4] += blk[g * 32 + col * 4 + i] as i32 * y[g * 4 + i] as i32;
+                    }
+                }
+                let ys = &ysum[(r * nb + b) * 2..(r * nb + b) * 2 + 2];
+                let dw = f32::from_le_bytes(blk[256 + col * 4..256 + col * 4 + 4].try_into().unwrap());
+                let mw = f32::from_le_bytes(blk[288 + col * 4..288 + col * 4 + 4].try_into().unwrap());
+                if split {
+                    *a = ((s[0] - o * ys[0]) as f32).mul_add(dw * dx, *a);
+                    *a = ((s[1] - o * ys[1]) as f32).mul_add(mw * dx, *a);
+                    continue;
+                }
+                *a = ((s[0] + s[1] - o * (ys[0] + ys[1])) as f32).mul_add(dw * dx, *a);
+                if has_min {
+                    *a = mw.mul_add(sx, *a);
+                }
+            }
+        }
+        store(r, &acc);
+    }
+}

@@ -1,0 +1,149 @@
+//! Matrix products of weight rows with activation rows, per weight type, in the shapes the
+//! scheduler asks for: one row against one (`vec_dot`, ggml's order), four activation rows
+//! (`vec_dot4`), register tiles of 4×4 (`vec_tile`), decode's GEMV (`vec_dot_rows`), tiles and
+//! GEMV on weights interleaved at load ([`layout`]), the dense types' batch dots, and the
+//! panel GEMM of `--fast-prefill` ([`gemm`]). This module defines the entries of the per-type
+//! table (`TypeOps`); `crate::dispatch` fills it from CPU detection.
+//!
+//! | file | holds |
+//! |---|---|
+//! | [`portable`] | the portable twin of every dot product (the reference the SIMD ones are tested against) |
+//! | [`layout`] | the load-time interleaved layout (`pack`/`unpack`) and its portable GEMV |
+//! | [`gemm`] | the panel GEMM: driver, panel layout + portable micro-kernel, VNNI micro-kernel |
+//! | `x86/common.rs` | block decoders and integer sums shared by the x86 dots |
+//! | `x86/avx2.rs` | AVX2 dots of the golden models' types (Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, F16, F32), four-row dots |
+//! | `x86/avx2_ext.rs` | AVX2 dots of the other types (Q4_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS, BF16) |
+//! | `x86/avx512.rs` | AVX-512 VNNI on plain rows: Q5_0 dot, Q4_1/Q5_0/Q8_0 tiles and GEMVs |
+//! | `x86/avx512_k.rs` | AVX-512 VNNI tiles of Q4_K and Q6_K on plain rows |
+//! | `x86/avx512_il.rs` | AVX-512 VNNI GEMV and tiles on the interleaved layout: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 |
+//! | `x86/avx512_il_k.rs` | the same for Q4_K and Q6_K |
+//! | `x86/avx512_dense.rs` | F32/F16/BF16 in llama.cpp's AVX-512 orders (BF16 dot, tinyBLAS batch tiles) |
+
+pub mod gemm;
+pub mod layout;
+pub mod portable;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+pub use crate::quant::{FromFloat, ToFloat};
+use crate::DType;
+
+/// Dot product of one weight row (`x`, type T) and one activation row (`y`, T's vec_dot_type).
+pub type VecDot = fn(x: &[u8], y: &[u8]) -> f32;
+
+/// One weight row against four activation rows: `out[j] = vec_dot_tile(x, y[j])`, bit for bit.
+pub type VecDot4 = fn(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4]);
+
+/// `out.len()` weight rows (a multiple of four; `x`, rows `xrb` bytes apart) against four
+/// activation rows, in register-blocked 4×4 tiles: `out[c][j] = vec_dot_tile(x_c, y[j])`, bit
+/// for bit.
+pub type VecDotTile = fn(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]);
+
+/// Weight rows decoded once into a tile kernel's own layout ([`TilePacking`]), so that a matmul
+/// does not decode them again for every group of four activation rows.
+#[derive(Clone, Copy)]
+pub struct TilePacking {
+    /// Packed bytes per weight row of the given original row bytes.
+    pub row_bytes: fn(xrb: usize) -> usize,
+    /// Pack the rows of `x` (a multiple of four, `xrb` bytes apart) into `out`.
+    pub pack: fn(x: &[u8], xrb: usize, out: &mut [u8]),
+    /// The tile kernel on packed rows: called with the packed buffer in place of the rows and
+    /// the original row bytes as `xrb`; `out[c][j] = vec_dot_tile(x_c, y[j])`, bit for bit.
+    pub tile: VecDotTile,
+}
+
+/// Decode's GEMV on interleaved rows: `out.len()` rows (a multiple of four; `g` their groups,
+/// plain rows `xrb` bytes) against one activation row; `prep` is scratch.
+pub type IlRows = fn(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]);
+
+/// Prefill's tiles on interleaved rows: the same rows against `J` activation rows, `out[c][j]`:
+/// `vec_dot_tile`'s values (`vec_dot`'s but for `tile_order` types).
+pub type IlTile<const J: usize> = fn(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], prep: &mut [i32]);
+
+/// Kernels on weights interleaved at load (`matmul::layout`): the same values, bit for bit,
+/// as `vec_dot` on the plain rows. `prep`: scratch of `layout::scratch_len(k)` i32.
+#[derive(Clone, Copy)]
+pub struct InterleavedOps {
+    pub rows: IlRows,
+    /// Prefill's tiles.
+    pub tiles: IlTiles,
+}
+
+/// Prefill's tiles on interleaved rows.
+#[derive(Clone, Copy)]
+pub struct IlTiles {
+    pub tile: IlTile<4>,
+    /// Eight activation rows (each weight block decoded once for eight).
+    pub tile8: IlTile<8>,
+}
+
+/// A dense type's batch dot (`TypeOps::batch_dot`) and when llama.cpp uses it: for a matmul of
+/// two or more activation rows whose inner dimension is a multiple of `step` and whose matrix
+/// has a multiple of 4 rows; otherwise `vec_dot`.
+#[derive(Clone, Copy)]
+pub struct BatchDot {
+    pub dot: VecDot,
+    /// The same values for 4 weight rows × 4 activation rows at a time (rows of `step`s).
+    pub tile: VecDotTile,
+    /// Where set (F16, whose own tile is bound by its conversions): `tile`'s values through f32
+    /// tiles on rows widened first.
+    pub wide: Option<Widened>,
+    pub step: usize,
+}
+
+/// A dense type's batch tiles on rows widened to f32 ([`BatchDot::wide`]).
+#[derive(Clone, Copy)]
+pub struct Widened {
+    /// Rows of the type to f32, exactly.
+    pub widen: ToFloat,
+    /// `BatchDot::tile`'s values on weight and activation rows both widened (called with f32
+    /// rows of `4·k` bytes).
+    pub tile: VecDotTile,
+}
+
+/// Most packed bytes per weight row of `k` values any [`TilePacking`] uses (36 per 32 values
+/// for Q5_0/Q8_0, 40 per 32 for Q4_1; Q4_K: 152 per 256).
+pub fn max_packed_row_bytes(k: usize) -> usize {
+    k.div_ceil(32) * 40
+}
+
+/// `out.len()` weight rows (`x`, rows `xrb` bytes apart) against one activation row (decode's
+/// GEMV): `out[c] = vec_dot(x_c, y)`, bit for bit.
+pub type VecDotRows = fn(x: &[u8], xrb: usize, y: &[u8], out: &mut [f32]);
+
+#[derive(Clone, Copy)]
+pub struct TypeOps {
+    pub vec_dot_type: DType,
+    pub vec_dot: VecDot,
+    /// The dot product for batch rows that llama.cpp computes four at a time (rows below
+    /// `n - n % 4` of a batch of `n ≥ 4`). Same value up to float order; kept separate so
+    /// results match llama.cpp bit for bit. Equal to `vec_dot` for most types.
+    pub vec_dot_tile: VecDot,
+    /// `vec_dot_tile` has a float order of its own (differs from `vec_dot` in the last bits):
+    /// batch-invariant runs must not use it, nor `vec_dot4`/`vec_tile`, which compute its values.
+    pub tile_order: bool,
+    /// Four activation rows at once (weights decoded once), where a SIMD version exists.
+    pub vec_dot4: Option<VecDot4>,
+    /// Four weight rows against four activation rows (register-blocked), where it exists.
+    pub vec_tile: Option<VecDotTile>,
+    /// `vec_tile` on weights packed once per run of rows, where it exists.
+    pub packing: Option<TilePacking>,
+    /// Many weight rows against one activation row, where it exists (`vec_dot`'s values).
+    pub vec_dot_rows: Option<VecDotRows>,
+    /// Kernels on the interleaved layout; where present, the engine repacks this type's
+    /// matrices once at load (`matmul::layout`).
+    pub interleaved: Option<InterleavedOps>,
+    /// The value llama.cpp gives every row of a matmul of two or more activation rows, where
+    /// it runs llamafile's tinyBLAS instead of `vec_dot` (dense types on AVX-512).
+    pub batch_dot: Option<BatchDot>,
+    pub to_float: ToFloat,
+    pub from_float: Option<FromFloat>,
+}
+
+impl BatchDot {
+    /// Whether a matmul of `rows` activation rows of `k` values on an `n_out`-row matrix uses
+    /// this dot.
+    pub fn applies(&self, rows: usize, k: usize, n_out: usize) -> bool {
+        rows >= 2 && k % self.step == 0 && n_out % 4 == 0
+    }
+}

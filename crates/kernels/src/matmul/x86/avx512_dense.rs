@@ -1,0 +1,265 @@
+//! AVX-512 dots of the dense float weight types (F32, F16, BF16) in the orders llama.cpp uses
+//! on a CPU with AVX-512, so that F16/BF16 models give its logits bit for bit:
+//!
+//! - [`dot_bf16`]: `ggml_vec_dot_bf16`'s `__AVX512BF16__` path (decode's GEMV and any matmul
+//!   of one row): two `vdpbf16ps` accumulators per 64 values, each reduced into an f64 sum,
+//!   the tail in f64;
+//! - [`batch_bf16`], [`batch_f16`], [`batch_f32`]: llamafile's `tinyBLAS`, which ggml runs for
+//!   matmuls of two or more activation rows when `k` is a multiple of the step (32 for BF16,
+//!   16 otherwise) and the matrix has a multiple of 4 rows: one 16-lane accumulator per output
+//!   (`vdpbf16ps`, or an FMA of the values widened to f32), reduced as `_mm512_reduce_add_ps`.
+//!
+//! `_mm512_reduce_add_ps` (GCC, which built the reference llama.cpp) adds the 256-bit halves,
+//! then the 128-bit halves, then `[0] + [2]`, `[1] + [3]`, then those two: [`reduce`].
+//! Portable twins: `matmul::portable::{dot_bf16_dp_order, batch_order}`.
+#![allow(clippy::missing_safety_doc)]
+
+use crate::matmul::portable::bf16_tail;
+use crate::quant::blocks::as_blocks;
+use crate::simd::x86::hsum_f32x8;
+use std::arch::x86_64::*;
+
+/// `_mm512_reduce_add_ps` as GCC computes it.
+#[inline(always)]
+unsafe fn reduce(c: __m512) -> f32 {
+    // SAFETY: the caller's AVX-512 F.
+    unsafe {
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(c)));
+        hsum_f32x8(_mm256_add_ps(hi, _mm512_castps512_ps256(c)))
+    }
+}
+
+/// 32 BF16 values at `p`.
+#[inline(always)]
+unsafe fn load_bf16(p: *const u16) -> __m512bh {
+    // SAFETY: the caller passes 32 readable u16; __m512i and __m512bh are both 64 bytes of plain
+    // bits.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p as *const _)) }
+}
+
+/// BF16·BF16 in ggml's `__AVX512BF16__` `ggml_vec_dot_bf16` order.
+#[target_feature(enable = "avx2,avx512f,avx512bf16")]
+pub fn dot_bf16(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<u16>(x), as_blocks::<u16>(y));
+    let n = x.len().min(y.len());
+    let (mut c1, mut c2) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut i = 0;
+    while i + 64 <= n {
+        // SAFETY: i + 64 <= n for both slices.
+        unsafe {
+            c1 = _mm512_dpbf16_ps(c1, load_bf16(x.as_ptr().add(i)), load_bf16(y.as_ptr().add(i)));
+            c2 = _mm512_dpbf16_ps(c2, load_bf16(x.as_ptr().add(i + 32)), load_bf16(y.as_ptr().add(i + 32)));
+        }
+        i += 64;
+    }
+    // SAFETY: features enabled above.
+    let sumf = unsafe { reduce(c1) as f64 + reduce(c2) as f64 };
+    bf16_tail(sumf, &x[i..n], &y[i..n])
+}
+
+/// tinyBLAS's BF16 value: one `vdpbf16ps` accumulator over steps of 32 (`k` a multiple of 32).
+#[target_feature(enable = "avx2,avx512f,avx512bf16")]
+pub fn batch_bf16(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<u16>(x), as_blocks::<u16>(y));
+    let n = x.len().min(y.len());
+    assert!(n % 32 == 0, "tinyBLAS BF16 needs k % 32 == 0");
+    let mut c = _mm512_setzero_ps();
+    for i in (0..n).step_by(32) {
+        // SAFETY: i + 32 <= n for both slices.
+        c = unsafe { _mm512_dpbf16_ps(c, load_bf16(x.as_ptr().add(i)), load_bf16(y.as_ptr().add(i))) };
+    }
+    // SAFETY: features enabled above.
+    unsafe { reduce(c) }
+}
+
+/// tinyBLAS's F16 value: one FMA accumulator of values widened to f32, steps of 16.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub fn batch_f16(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<u16>(x), as_blocks::<u16>(y));
+    let n = x.len().min(y.len());
+    assert!(n % 16 == 0, "tinyBLAS F16 needs k % 16 == 0");
+    let mut c = _mm512_setzero_ps();
+    for i in (0..n).step_by(16) {
+        // SAFETY: i + 16 <= n for both slices.
+        let (a, b) = unsafe { (load_ph(x.as_ptr().add(i) as *const u8), load_ph(y.as_ptr().add(i) as *const u8)) };
+        c = _mm512_fmadd_ps(a, b, c);
+    }
+    // SAFETY: features enabled above.
+    unsafe { reduce(c) }
+}
+
+/// tinyBLAS's F32 value: one FMA accumulator, steps of 16.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub fn batch_f32(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<f32>(x), as_blocks::<f32>(y));
+    let n = x.len().min(y.len());
+    assert!(n % 16 == 0, "tinyBLAS F32 needs k % 16 == 0");
+    let mut c = _mm512_setzero_ps();
+    for i in (0..n).step_by(16) {
+        // SAFETY: i + 16 <= n for both slices.
+        let (a, b) = unsafe { (_mm512_loadu_ps(x.as_ptr().add(i)), _mm512_loadu_ps(y.as_ptr().add(i))) };
+        c = _mm512_fmadd_ps(a, b, c);
+    }
+    // SAFETY: features enabled above.
+    unsafe { reduce(c) }
+}
+
+/// A dense type's tinyBLAS step: `STEP` values per vector, the bytes a step of weight (`A`)
+/// and activation (`B`) rows takes, their loads, and the multiply-add.
+trait Dense {
+    type V: Copy;
+    const A_STEP: usize;
+    const B_STEP: usize;
+    /// # Safety
+    /// `A_STEP` readable bytes at `p`; the type's features present.
+    unsafe fn load_a(p: *const u8) -> Self::V;
+    /// # Safety
+    /// `B_STEP` readable bytes at `p`; the type's features present.
+    unsafe fn load_b(p: *const u8) -> Self::V;
+    /// # Safety
+    /// The type's features present.
+    unsafe fn madd(a: Self::V, b: Self::V, c: __m512) -> __m512;
+}
+
+struct F32;
+struct F16;
+struct Bf16;
+
+#[inline(always)]
+unsafe fn load_ph(p: *const u8) -> __m512 {
+    // SAFETY: the caller's contract (32 readable bytes, AVX-512 F).
+    unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+}
+
+impl Dense for F32 {
+    type V = __m512;
+    const A_STEP: usize = 64;
+    const B_STEP: usize = 64;
+    #[inline(always)]
+    unsafe fn load_a(p: *const u8) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_loadu_ps(p as *const f32) }
+    }
+    #[inline(always)]
+    unsafe fn load_b(p: *const u8) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_loadu_ps(p as *const f32) }
+    }
+    #[inline(always)]
+    unsafe fn madd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+}
+
+impl Dense for F16 {
+    type V = __m512;
+    const A_STEP: usize = 32;
+    const B_STEP: usize = 32;
+    #[inline(always)]
+    unsafe fn load_a(p: *const u8) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { load_ph(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_b(p: *const u8) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { load_ph(p) }
+    }
+    #[inline(always)]
+    unsafe fn madd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+}
+
+impl Dense for Bf16 {
+    type V = __m512bh;
+    const A_STEP: usize = 64;
+    const B_STEP: usize = 64;
+    #[inline(always)]
+    unsafe fn load_a(p: *const u8) -> __m512bh {
+        // SAFETY: the caller's contract.
+        unsafe { load_bf16(p as *const u16) }
+    }
+    #[inline(always)]
+    unsafe fn load_b(p: *const u8) -> __m512bh {
+        // SAFETY: the caller's contract.
+        unsafe { load_bf16(p as *const u16) }
+    }
+    #[inline(always)]
+    unsafe fn madd(a: __m512bh, b: __m512bh, c: __m512) -> __m512 {
+        _mm512_dpbf16_ps(c, a, b)
+    }
+}
+
+/// tinyBLAS's register tile: `out.len()` weight rows (a multiple of four, `arb` bytes apart) ×
+/// four activation rows (`brb` bytes used of each), one accumulator per output, each weight and
+/// activation vector loaded once per step for the tile's 16 multiply-adds. `out[c][j]` equals
+/// the type's batch dot of row c and `y[j]` bit for bit.
+///
+/// # Safety
+/// The type's features present.
+#[inline(always)]
+unsafe fn tiles_body<D: Dense>(x: &[u8], arb: usize, y: [&[u8]; 4], brb: usize, out: &mut [[f32; 4]]) {
+    let steps = brb / D::B_STEP;
+    assert!(brb % D::B_STEP == 0 && arb >= steps * D::A_STEP && out.len() % 4 == 0 && x.len() >= out.len() * arb && y.iter().all(|y| y.len() >= brb));
+    for (g, o) in out.chunks_exact_mut(4).enumerate() {
+        let base = x.as_ptr().wrapping_add(4 * g * arb);
+        let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+        for s in 0..steps {
+            // SAFETY: step s is inside the four weight rows of this group and the four
+            // activation rows (asserted above); the caller's features.
+            unsafe {
+                let b: [D::V; 4] = std::array::from_fn(|j| D::load_b(y[j].as_ptr().add(s * D::B_STEP)));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let a = D::load_a(base.add(r * arb + s * D::A_STEP));
+                    for j in 0..4 {
+                        acc[j] = D::madd(a, b[j], acc[j]);
+                    }
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for j in 0..4 {
+                // SAFETY: the caller's AVX-512 F.
+                o[r][j] = unsafe { reduce(acc[j]) };
+            }
+        }
+    }
+}
+
+/// [`batch_f32`]'s values for four weight rows × four activation rows at a time.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub fn tiles_f32(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
+    // SAFETY: features enabled above.
+    unsafe { tiles_body::<F32>(x, xrb, y, xrb, out) }
+}
+
+/// [`batch_f16`]'s values for four weight rows × four activation rows at a time.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub fn tiles_f16(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
+    // SAFETY: features enabled above.
+    unsafe { tiles_body::<F16>(x, xrb, y, xrb, out) }
+}
+
+/// [`batch_bf16`]'s values for four weight rows × four activation rows at a time.
+#[target_feature(enable = "avx2,avx512f,avx512bf16")]
+pub fn tiles_bf16(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
+    // SAFETY: features enabled above.
+    unsafe { tiles_body::<Bf16>(x, xrb, y, xrb, out) }
+}
+
+/// F16 values widened to f32 (exact), 16 at a time; `out.len()` values.
+#[target_feature(enable = "avx2,f16c,avx512f")]
+pub fn widen_f16(x: &[u8], out: &mut [f32]) {
+    let n = out.len();
+    assert!(x.len() >= 2 * n);
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: 32 bytes at 2i and 16 f32 at i are in bounds (asserted, loop bound).
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(i), load_ph(x.as_ptr().add(2 * i))) };
+        i += 16;
+    }
+    for j in i..n {
+        out[j] = half::f16::from_le_bytes([x[2 * j], x[2 * j + 1]]).to_f32();
+    }
+}

@@ -1,0 +1,388 @@
+//! AVX-512 GEMV on interleaved Q4_K weights (`matmul::layout`): decode's matrix-vector
+//! product for four rows at a time, bit-identical to the plain row's `vec_dot`
+//! (`avx2::dot_q4_k_q8_k`).
+//!
+//! That kernel's float order is simple: per super-block, the exact integer sums
+//! `sumi = Σ_s sc_s · Σ q·y` and `summ = Σ_s m_s · (bsums[2s] + bsums[2s+1])`, then
+//! `acc = fma(sumi, d·d_y, acc)` and `acc_min = fma(summ, dmin·d_y, acc_min)`, and the result
+//! `acc − acc_min`. Any exact way of computing the integers gives the same bits, so here:
+//!
+//! - the four rows' scale words are unpacked together (one 256-bit operation per step of
+//!   ggml's `utmp` shuffle), then transposed so 128-bit lane r holds row r's eight scales and
+//!   eight mins;
+//! - one 64-byte load holds 16 `qs` bytes of each row; its low nibbles meet one 16-byte piece of
+//!   the activation broadcast to all four lanes, its high nibbles the piece 32 values on, one
+//!   `vpdpbusd` each; two loads complete a sub-block pair (64 values) per row;
+//! - the pair's two i32 vectors are narrowed to i16 (each lane sums 8 products, |·| ≤ 15 360)
+//!   and multiplied by the sub-blocks' scales with one `vpmaddwd`;
+//! - the mins meet the activation's pair sums (prepared once per call) with one `vpmaddwd`;
+//! - both sums are reduced per lane together and converted, and one 256-bit FMA updates the
+//!   four rows' `acc` (low half) and `acc_min` (high half) with `[d_r·d_y, dmin_r·d_y]`.
+#![allow(clippy::missing_safety_doc)]
+
+use super::common::hsum_rows;
+use crate::matmul::layout::ROWS;
+use crate::quant::blocks::BlockQ8K;
+use std::arch::x86_64::*;
+
+/// Plain Q4_K block bytes.
+const BS: usize = 144;
+/// i32 of `prep` per activation super-block: its eight pair sums as i16 (four i32), `d_y`.
+const PREP: usize = 8;
+/// Where a Q8_K block's quants and block sums start.
+const QS: usize = 4;
+const BSUMS: usize = 4 + 256;
+
+/// Fill `prep[PREP·i ..]` for each super-block i of activation row `y`: the eight sums
+/// `bsums[2s] + bsums[2s+1]` as i16 (≤ 32·127, exact), then `d_y`.
+#[inline(always)]
+unsafe fn prepare(y: &[u8], nb: usize, prep: &mut [i32]) {
+    let abs = std::mem::size_of::<BlockQ8K>();
+    assert!(y.len() >= nb * abs && prep.len() >= nb * PREP);
+    for i in 0..nb {
+        // SAFETY: block i of y and PREP i32 of prep, both checked above; unaligned accesses.
+        unsafe {
+            let blk = y.as_ptr().add(i * abs);
+            let p = prep.as_mut_ptr().add(PREP * i);
+            let pairs = _mm256_madd_epi16(_mm256_loadu_si256(blk.add(BSUMS) as *const __m256i), _mm256_set1_epi16(1));
+            let w = _mm_packs_epi32(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
+            _mm_storeu_si128(p as *mut __m128i, w);
+            *p.add(4) = (blk as *const i32).read_unaligned();
+        }
+    }
+}
+
+/// The four rows' scales and mins of the group-block at `gb`: 128-bit lane r holds row r's
+/// `sc0‥sc7, m0‥m7` (bytes), as ggml's `utmp` shuffle gives them for one row.
+#[inline(always)]
+unsafe fn scales(gb: *const u8) -> __m512i {
+    // SAFETY: the scale words of rows 0‥3 are at 16‥64 of the group-block.
+    let (p, q) = unsafe { (_mm256_loadu_si256(gb.add(16) as *const __m256i), _mm256_broadcastsi128_si256(_mm_loadu_si128(gb.add(48) as *const __m128i))) };
+    // p = [word 0 | word 1] of rows 0‥3, q = [word 2 | word 2].
+    let (k1, k2, k3) = (_mm256_set1_epi32(0x3F3F_3F3F), _mm256_set1_epi32(0x0F0F_0F0F), _mm256_set1_epi32(0x0303_0303));
+    // [scales 0‥3 | mins 0‥3] = word & kmask1.
+    let lo = _mm256_and_si256(p, k1);
+    // [scales 4‥7 | mins 4‥7] = ((word2 >> (0 | 4)) & kmask2) | (((word >> 6) & kmask3) << 4).
+    let q = _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), k2);
+    let hi = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(p, 6), k3), 4));
+    let z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    // z's words: sc0‥3 of rows 0‥3, m0‥3, sc4‥7, m4‥7; lane r gets words r, 8 + r, 4 + r, 12 + r.
+    _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 8, 4, 12, 1, 9, 5, 13, 2, 10, 6, 14, 3, 11, 7, 15), z)
+}
+
+/// `vpshufb` control giving, per lane, the i16 words `[b0 ×4, b1 ×4]` from bytes `b0`, `b1`.
+///
+/// # Safety
+/// AVX-512 F present (inlined into the kernel).
+#[inline(always)]
+unsafe fn pair_control(b0: i8, b1: i8) -> __m512i {
+    let z = -128i8;
+    _mm512_broadcast_i32x4(_mm_setr_epi8(b0, z, b0, z, b0, z, b0, z, b1, z, b1, z, b1, z, b1, z))
+}
+
+/// 16 activation quants at `q` in all four lanes.
+///
+/// # Safety
+/// 16 readable bytes at `q`; AVX-512 F present.
+#[inline(always)]
+unsafe fn bcast(q: *const i8) -> __m512i {
+    // SAFETY: the caller's contract; unaligned load.
+    unsafe { _mm512_broadcast_i32x4(_mm_loadu_si128(q as *const __m128i)) }
+}
+
+/// Decode's GEMV on interleaved Q4_K rows: `out[c]` = `dot_q4_k_q8_k(row c, y)`, bit for bit
+/// (`g`: the groups of `out.len()` rows, a multiple of four, plain rows `xrb` bytes). `prep`:
+/// scratch of at least `xrb / 144 · 8` i32.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn rows_q4_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]) {
+    let nb = xrb / BS;
+    let abs = std::mem::size_of::<BlockQ8K>();
+    let gbs = ROWS * BS;
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.len() >= nb * abs);
+    let m4 = _mm512_set1_epi8(0x0F);
+    let ctl_min = _mm512_broadcast_i32x4(_mm_setr_epi8(8, -128, 9, -128, 10, -128, 11, -128, 12, -128, 13, -128, 14, -128, 15, -128));
+    let gather = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+    // SAFETY (this block and the loop): features enabled above; `prep` is checked by
+    // `prepare`, the group-blocks and activation blocks are inside `g` and `y` (asserted).
+    unsafe {
+        let ctl = [pair_control(0, 1), pair_control(2, 3), pair_control(4, 5), pair_control(6, 7)];
+        prepare(y, nb, prep);
+        for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
+            let base = g.as_ptr().add(c * ROWS * xrb);
+            // Low half: the four rows' acc; high half: their acc_min.
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let gb = base.add(i * gbs);
+                let yq = y.as_ptr().add(i * abs + QS) as *const i8;
+                let p = prep.as_ptr().add(PREP * i);
+                let sm = scales(gb);
+                let mut sumi = _mm512_setzero_si512();
+                for (j, ctl) in ctl.iter().enumerate() {
+                    let q0 = _mm512_loadu_si512(gb.add(64 + 128 * j) as *const _);
+                    let q1 = _mm512_loadu_si512(gb.add(128 + 128 * j) as *const _);
+                    let (l0, l1) = (_mm512_and_si512(q0, m4), _mm512_and_si512(q1, m4));
+                    let (h0, h1) = (_mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4));
+                    let da = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), l0, bcast(yq.add(64 * j))), l1, bcast(yq.add(64 * j + 16)));
+                    let db = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), h0, bcast(yq.add(64 * j + 32))), h1, bcast(yq.add(64 * j + 48)));
+                    let w = _mm512_packs_epi32(da, db);
+                    sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(w, _mm512_shuffle_epi8(sm, *ctl)));
+                }
+                let pairs = _mm512_broadcast_i32x4(_mm_loadu_si128(p as *const __m128i));
+                let summ = _mm512_madd_epi16(_mm512_shuffle_epi8(sm, ctl_min), pairs);
+                // Per lane [si0 + si2, si1 + si3, sm0 + sm2, sm1 + sm3], then pair sums.
+                let x = _mm512_add_epi32(_mm512_unpacklo_epi64(sumi, summ), _mm512_unpackhi_epi64(sumi, summ));
+                let x = _mm512_add_epi32(x, _mm512_shuffle_epi32::<0xB1>(x));
+                let sums = _mm512_castsi512_si256(_mm512_permutexvar_epi32(gather, x));
+                let dy = _mm256_set1_ps(*(p.add(4) as *const f32));
+                let dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(gb as *const __m128i)), dy);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), dd, acc);
+            }
+            let v = _mm_sub_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+            _mm_storeu_ps(o.as_mut_ptr(), v);
+        }
+    }
+}
+
+/// `vpshufb` control picking i16 words `a` and `b` of each lane into every i32 (`a` low).
+///
+/// # Safety
+/// AVX-512 F present (inlined into the kernel).
+#[inline(always)]
+unsafe fn pick(a: i8, b: i8) -> __m512i {
+    let (a0, a1, b0, b1) = (2 * a, 2 * a + 1, 2 * b, 2 * b + 1);
+    _mm512_broadcast_i32x4(_mm_setr_epi8(a0, a1, b0, b1, a0, a1, b0, b1, a0, a1, b0, b1, a0, a1, b0, b1))
+}
+
+/// Decode's GEMV on interleaved Q6_K rows: `out[c]` = `avx2::dot_q6_k_q8_k(row c, y)`, bit for
+/// bit (`g`: the groups of `out.len()` rows, a multiple of four, plain rows `xrb` bytes).
+///
+/// That kernel keeps eight i32 lanes per row and super-block: lane L sums, over the eight
+/// 32-value groups, the group's bytes `4L‥4L+4` times the sub-block's scale, less
+/// `32·(bsums[2L]·sc[2L] + bsums[2L+1]·sc[2L+1])`; then `acc_L = fma(d·d_y, lane L, acc_L)`
+/// and `hsum_f32x8(acc)`. Here lanes 0‥3 of row r are 128-bit lane r of one vector and lanes
+/// 4‥7 of another: one `vpdpbusd` on a 16-byte piece of each row gives exactly its four lanes'
+/// products of one group (|·| ≤ 4·63·128 fits i16), so two groups' results are merged into the
+/// i16 halves of each i32 and scaled by one `vpmaddwd` with both groups' scales.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn rows_q6_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], _prep: &mut [i32]) {
+    // SAFETY: `[f32; 1]` has the layout of `f32`; the slice covers the same elements.
+    let out = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut [f32; 1], out.len()) };
+    // SAFETY: features enabled above.
+    unsafe { q6_k_groups::<1>(g, xrb, [y], out) }
+}
+
+/// Prefill's tiles on interleaved Q6_K rows: `out[c][j]` = `dot_q6_k_q8_k(row c, y[j])`, bit
+/// for bit, each group-block's values decoded once for the four activation rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn tiles_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], _prep: &mut [i32]) {
+    // SAFETY: features enabled above.
+    unsafe { q6_k_groups::<4>(g, xrb, y, out) }
+}
+
+/// [`tiles_q6_k`] for eight activation rows: two passes of four (eight rows' accumulators do
+/// not fit the registers).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn tiles8_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
+    // SAFETY: `tiles_q6_k` needs the features enabled here.
+    unsafe { two_passes(g, xrb, y, out, prep, tiles_q6_k) }
+}
+
+/// A four-activation-row tile kernel (`tiles_q4_k`, `tiles_q6_k`).
+type Tile4 = unsafe fn(&[u8], usize, [&[u8]; 4], &mut [[f32; 4]], &mut [i32]);
+
+/// Eight activation rows as two passes of four through `tile4`, 64 weight rows at a time.
+///
+/// # Safety
+/// The CPU has the features `tile4` is compiled for.
+unsafe fn two_passes(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32], tile4: Tile4) {
+    let mut half = [[0f32; 4]; 64];
+    for (hi, ys) in [[y[0], y[1], y[2], y[3]], [y[4], y[5], y[6], y[7]]].into_iter().enumerate() {
+        for (chunk, o) in out.chunks_mut(64).enumerate() {
+            let rows = o.len();
+            // SAFETY: the caller's contract.
+            unsafe { tile4(&g[chunk * 64 * xrb..], xrb, ys, &mut half[..rows], prep) };
+            for (o, h) in o.iter_mut().zip(&half[..rows]) {
+                o[4 * hi..4 * hi + 4].copy_from_slice(h);
+            }
+        }
+    }
+}
+
+/// The Q6_K kernels for `J` activation rows (1: the GEMV).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C present.
+#[inline(always)]
+unsafe fn q6_k_groups<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]]) {
+    const BS6: usize = 210;
+    let nb = xrb / BS6;
+    let abs = std::mem::size_of::<BlockQ8K>();
+    let gbs = ROWS * BS6;
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= nb * abs));
+    let (m0f, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+    // SAFETY (this block and the loop): the caller's features; the group-blocks and
+    // activation blocks are inside `g` and `y` (asserted).
+    unsafe {
+        // [half][pair of groups]: groups (0, 1) and (2, 3) of the half's 16-byte pieces.
+        let picks = [[pick(0, 2), pick(4, 6)], [pick(1, 3), pick(5, 7)]];
+        let spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
+            let base = g.as_ptr().add(c * ROWS * xrb);
+            let mut acc = [[_mm512_setzero_ps(); 2]; J];
+            for i in 0..nb {
+                let gb = base.add(i * gbs);
+                let yb: [*const u8; J] = std::array::from_fn(|j| y[j].as_ptr().add(i * abs));
+                // Row r's scales 0‥8 (then 8‥16) as i16 in lane r.
+                let sw = [_mm512_cvtepi8_epi16(_mm256_loadu_si256(gb.add(8) as *const __m256i)), _mm512_cvtepi8_epi16(_mm256_loadu_si256(gb.add(40) as *const __m256i))];
+                let mut sumi = [[_mm512_setzero_si512(); 2]; J];
+                for (j, s) in sumi.iter_mut().enumerate() {
+                    for (h, s) in s.iter_mut().enumerate() {
+                        let bsums = bcast(yb[j].add(BSUMS + 16 * h) as *const i8);
+                        *s = _mm512_sub_epi32(*s, _mm512_slli_epi32(_mm512_madd_epi16(sw[h], bsums), 5));
+                    }
+                }
+                for n in 0..2 {
+                    for h in 0..2 {
+                        let qh = _mm512_loadu_si512(gb.add(584 + 64 * (2 * n + h)) as *const _);
+                        for p in 0..2 {
+                            // The values of groups 2p and 2p + 1 (this half of them), decoded
+                            // once for the activation rows.
+                            let mut v = [_mm512_setzero_si512(); 2];
+                            for (e, v) in v.iter_mut().enumerate() {
+                                let k = 2 * p + e;
+                                let ql = _mm512_loadu_si512(gb.add(72 + 64 * (4 * n + 2 * (k % 2) + h)) as *const _);
+                                let lo = if k < 2 { ql } else { _mm512_srli_epi16(ql, 4) };
+                                let hi = match k {
+                                    0 => _mm512_slli_epi16(qh, 4),
+                                    1 => _mm512_slli_epi16(qh, 2),
+                                    2 => qh,
+                                    _ => _mm512_srli_epi16(qh, 2),
+                                };
+                                *v = _mm512_ternarylogic_epi32::<0xEA>(lo, m0f, _mm512_and_si512(hi, m30));
+                            }
+                            let sc = _mm512_shuffle_epi8(sw[n], picks[h][p]);
+                            for j in 0..J {
+                                let yq = yb[j].add(QS) as *const i8;
+                                let da = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[0], bcast(yq.add(128 * n + 64 * p + 16 * h)));
+                                let db = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[1], bcast(yq.add(128 * n + 64 * p + 32 + 16 * h)));
+                                // Group 2p's value in the low i16 of each i32, group 2p + 1's in the high.
+                                let w = _mm512_mask_blend_epi16(0xAAAA_AAAA, da, _mm512_slli_epi32(db, 16));
+                                sumi[j][h] = _mm512_add_epi32(sumi[j][h], _mm512_madd_epi16(w, sc));
+                            }
+                        }
+                    }
+                }
+                let dw = _mm256_cvtph_ps(_mm_loadl_epi64(gb as *const __m128i));
+                let dr = _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(dw));
+                for j in 0..J {
+                    let dd = _mm512_mul_ps(dr, _mm512_set1_ps(*(yb[j] as *const f32)));
+                    for h in 0..2 {
+                        acc[j][h] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(sumi[j][h]), acc[j][h]);
+                    }
+                }
+            }
+            for j in 0..J {
+                let mut v = [0f32; 4];
+                _mm_storeu_ps(v.as_mut_ptr(), hsum_rows(&acc[j]));
+                for r in 0..ROWS {
+                    o[r][j] = v[r];
+                }
+            }
+        }
+    }
+}
+
+/// Prefill's tiles on interleaved Q4_K rows, in the tile order (`dot_q4_k_q8_k_tile`, ggml's
+/// repacked `q4_K_8x8`): `out[c][a]` bit for bit for four activation rows. That order keeps per
+/// 64 values `acc = fma(sumi_j, d·d_y, acc)` and `acc_min = fma(summ_j, dmin·d_y, acc_min)`, so
+/// the integer sums are reduced per 64 values: the four activation rows' lane sums are reduced
+/// together (128-bit lane r of the result holds row r's sums for the four activation rows), and
+/// one FMA per 64 values updates all sixteen (row, activation row) pairs. `prep`: scratch of at
+/// least `4 · xrb / 144 · 8` i32.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn tiles_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], prep: &mut [i32]) {
+    let nb = xrb / BS;
+    let abs = std::mem::size_of::<BlockQ8K>();
+    let gbs = ROWS * BS;
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= 4 * nb * PREP);
+    let m4 = _mm512_set1_epi8(0x0F);
+    // SAFETY (this block and the loop): features enabled above; `prep` is checked by
+    // `prepare` (and above), the group-blocks and activation blocks are inside `g` and `y`
+    // (asserted here and by `prepare`).
+    unsafe {
+        let ctl = [pair_control(0, 1), pair_control(2, 3), pair_control(4, 5), pair_control(6, 7)];
+        // Per 64 values j, the words (m_2j, m_2j+1) in every i32 of a lane.
+        let ctl_min = [min_control(0), min_control(1), min_control(2), min_control(3)];
+        for (a, y) in y.iter().enumerate() {
+            prepare(y, nb, &mut prep[a * nb * PREP..(a + 1) * nb * PREP]);
+        }
+        let spread_d = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        let spread_m = _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
+        for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
+            let base = g.as_ptr().add(c * ROWS * xrb);
+            // Lane r, element a: row r against activation row a.
+            let (mut acc, mut acc_min) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            for i in 0..nb {
+                let gb = base.add(i * gbs);
+                let yq: [*const i8; 4] = [0, 1, 2, 3].map(|a| y[a].as_ptr().add(i * abs + QS) as *const i8);
+                let p: [*const i32; 4] = [0, 1, 2, 3].map(|a| prep.as_ptr().add((a * nb + i) * PREP));
+                // The activation rows' pair sums, transposed: ps[j] element a = act a's
+                // (pair 2j, pair 2j + 1) as two i16.
+                let x = [0, 1, 2, 3].map(|a| p[a] as *const __m128i);
+                let x = [_mm_loadu_si128(x[0]), _mm_loadu_si128(x[1]), _mm_loadu_si128(x[2]), _mm_loadu_si128(x[3])];
+                let (l01, h01) = (_mm_unpacklo_epi32(x[0], x[1]), _mm_unpackhi_epi32(x[0], x[1]));
+                let (l23, h23) = (_mm_unpacklo_epi32(x[2], x[3]), _mm_unpackhi_epi32(x[2], x[3]));
+                let ps = [_mm_unpacklo_epi64(l01, l23), _mm_unpackhi_epi64(l01, l23), _mm_unpacklo_epi64(h01, h23), _mm_unpackhi_epi64(h01, h23)];
+                let dy = _mm512_broadcast_f32x4(_mm_setr_ps(*(p[0].add(4) as *const f32), *(p[1].add(4) as *const f32), *(p[2].add(4) as *const f32), *(p[3].add(4) as *const f32)));
+                let hd = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(gb as *const __m128i)));
+                let d = _mm512_mul_ps(_mm512_permutexvar_ps(spread_d, hd), dy);
+                let dmin = _mm512_mul_ps(_mm512_permutexvar_ps(spread_m, hd), dy);
+                let sm = scales(gb);
+                for j in 0..4 {
+                    let q0 = _mm512_loadu_si512(gb.add(64 + 128 * j) as *const _);
+                    let q1 = _mm512_loadu_si512(gb.add(128 + 128 * j) as *const _);
+                    let (l0, l1) = (_mm512_and_si512(q0, m4), _mm512_and_si512(q1, m4));
+                    let (h0, h1) = (_mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4));
+                    let sc = _mm512_shuffle_epi8(sm, ctl[j]);
+                    let mut part = [_mm512_setzero_si512(); 4];
+                    for (a, part) in part.iter_mut().enumerate() {
+                        let q = yq[a].add(64 * j);
+                        let da = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), l0, bcast(q)), l1, bcast(q.add(16)));
+                        let db = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), h0, bcast(q.add(32))), h1, bcast(q.add(48)));
+                        *part = _mm512_madd_epi16(_mm512_packs_epi32(da, db), sc);
+                    }
+                    // Lane r: [Σ part0, Σ part1, Σ part2, Σ part3] of row r's four i32.
+                    let t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(part[0], part[1]), _mm512_unpackhi_epi32(part[0], part[1]));
+                    let t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(part[2], part[3]), _mm512_unpackhi_epi32(part[2], part[3]));
+                    let sumi = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+                    let summ = _mm512_madd_epi16(_mm512_shuffle_epi8(sm, ctl_min[j]), _mm512_broadcast_i32x4(ps[j]));
+                    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), d, acc);
+                    acc_min = _mm512_fmadd_ps(_mm512_cvtepi32_ps(summ), dmin, acc_min);
+                }
+            }
+            let mut v = [0f32; 16];
+            _mm512_storeu_ps(v.as_mut_ptr(), _mm512_sub_ps(acc, acc_min));
+            for (r, o) in o.iter_mut().enumerate() {
+                o.copy_from_slice(&v[4 * r..4 * r + 4]);
+            }
+        }
+    }
+}
+
+/// `vpshufb` control putting the min words `(m_2j, m_2j+1)` (bytes `8 + 2j`, `9 + 2j` of a
+/// lane of [`scales`]) into every i32 of the lane.
+///
+/// # Safety
+/// AVX-512 F present (inlined into the kernel).
+#[inline(always)]
+unsafe fn min_control(j: i8) -> __m512i {
+    let (a, b, z) = (8 + 2 * j, 9 + 2 * j, -128i8);
+    _mm512_broadcast_i32x4(_mm_setr_epi8(a, z, b, z, a, z, b, z, a, z, b, z, a, z, b, z))
+}
+
+/// [`tiles_q4_k`] for eight activation rows: two passes of four.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn tiles8_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
+    // SAFETY: `tiles_q4_k` needs the features enabled here.
+    unsafe { two_passes(g, xrb, y, out, prep, tiles_q4_k) }
+}

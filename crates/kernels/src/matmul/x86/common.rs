@@ -1,0 +1,135 @@
+//! Block decoders and integer sums shared by the AVX2 and AVX-512 dot products (ggml's
+//! scheme: `maddubs` u8×i8 → i16 pairs, then `madd` → i32): scale heads of blocks, nibbles and
+//! fifth bits to bytes, the Q6_K group and scale decoders.
+#![allow(clippy::missing_safety_doc)]
+
+use crate::quant::blocks::*;
+use std::arch::x86_64::*;
+
+/// The first four bytes of a block (its f16 scale, and the f16 after it or the first two
+/// quant bytes) as a u32: every block type here is at least 18 bytes long.
+#[inline(always)]
+pub(crate) fn head<B: Block>(b: &B) -> i32 {
+    // SAFETY: B is plain old data of more than 4 bytes (Block's contract; see the size asserts
+    // in blocks.rs); unaligned read.
+    unsafe { (b as *const B as *const i32).read_unaligned() }
+}
+
+/// The f16 pairs at the start of four blocks, converted: lanes 2j and 2j+1 hold block j's
+/// first and second f16 (the scales `d`, and `m` or `s` where the block has one).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn heads4<B: Block>(b: [&B; 4]) -> __m256 {
+    _mm256_cvtph_ps(_mm_setr_epi32(head(b[0]), head(b[1]), head(b[2]), head(b[3])))
+}
+
+/// 32 nibbles → 32 bytes: low nibbles of the 16 bytes first, then the high nibbles.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn nibbles_32(p: &[u8; 16]) -> __m256i {
+    // SAFETY: p is 16 readable bytes; loadu has no alignment requirement.
+    let tmp = unsafe { _mm_loadu_si128(p.as_ptr() as *const __m128i) };
+    let bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
+    _mm256_and_si256(bytes, _mm256_set1_epi8(0xF))
+}
+
+/// Bit j of the u32 → byte j set to 0xFF.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn bits_32(qh: [u8; 4]) -> __m256i {
+    let x = u32::from_le_bytes(qh) as i32;
+    let shuf = _mm256_set_epi64x(
+        0x0303030303030303,
+        0x0202020202020202,
+        0x0101010101010101,
+        0x0000000000000000,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+/// Sum of u8×i8 products, as 8 float lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn mul_sum_us8(ax: __m256i, sy: __m256i) -> __m256 {
+    let dot = _mm256_maddubs_epi16(ax, sy);
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot))
+}
+
+/// Sum of i8×i8 products, as 8 float lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
+    let ax = _mm256_sign_epi8(x, x);
+    let sy = _mm256_sign_epi8(y, x);
+    mul_sum_us8(ax, sy)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn load32(p: &[i8; 32]) -> __m256i {
+    // SAFETY: p is 32 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn load32u(p: &[u8]) -> __m256i {
+    assert!(p.len() >= 32);
+    // SAFETY: at least 32 readable bytes (asserted).
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}
+
+/// Values `32k .. 32k + 32` of the 128-value half `n` of a Q6_K block, unsigned (0..=63).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn q6_group(a: &BlockQ6K, n: usize, k: usize) -> __m256i {
+    // SAFETY: n < 2, so ql[64n + 32(k % 2) ..][..32] and qh[32n ..][..32] are in bounds.
+    let (ql, qh) = unsafe {
+        (
+            _mm256_loadu_si256(a.ql.as_ptr().add(64 * n + 32 * (k % 2)) as *const __m256i),
+            _mm256_loadu_si256(a.qh.as_ptr().add(32 * n) as *const __m256i),
+        )
+    };
+    let lo = if k < 2 { ql } else { _mm256_srli_epi16(ql, 4) };
+    let hi = match k {
+        0 => qh,
+        1 => _mm256_srli_epi16(qh, 2),
+        2 => _mm256_srli_epi16(qh, 4),
+        _ => _mm256_srli_epi16(qh, 6),
+    };
+    _mm256_or_si256(
+        _mm256_and_si256(lo, _mm256_set1_epi8(0xF)),
+        _mm256_slli_epi16(_mm256_and_si256(hi, _mm256_set1_epi8(3)), 4),
+    )
+}
+
+/// The scales of sub-blocks g (low eight i16 lanes) and g + 1 (high eight): one byte shuffle
+/// of the block's 16 scales and a sign extension.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn q6_scales(scales: __m128i, g: usize) -> __m256i {
+    let g = g as i8;
+    let pick = _mm_set_epi8(g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g, g, g, g, g, g, g, g);
+    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick))
+}
+
+#[inline]
+pub(crate) fn bytes_of_i8(s: &[i8]) -> &[u8] {
+    // SAFETY: i8 and u8 have identical size and alignment; every bit pattern is valid.
+    unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, s.len()) }
+}
+
+/// `hsum_f32x8` of each row's eight logical lanes: lanes 0‥3 of row r in 128-bit lane r of
+/// `acc[0]`, lanes 4‥7 in that of `acc[1]`; element r of the result is row r's sum.
+///
+/// # Safety
+/// AVX-512 F present.
+#[inline(always)]
+pub(crate) unsafe fn hsum_rows(acc: &[__m512; 2]) -> __m128 {
+    let s = _mm512_add_ps(acc[1], acc[0]);
+    let s = _mm512_add_ps(s, _mm512_permute_ps::<0xEE>(s));
+    let s = _mm512_add_ps(s, _mm512_permute_ps::<0x55>(s));
+    _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s))
+}

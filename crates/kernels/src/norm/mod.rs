@@ -1,0 +1,48 @@
+//! RMS norm in ggml-cpu's order: the squares summed one by one in double, then one scale per
+//! group. With AVX2 the sums of eight groups advance together ([`x86`]), the same bits.
+
+#[cfg(target_arch = "x86_64")]
+use crate::simd::has_avx2;
+
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+/// `y = x / sqrt(mean(x²) + eps) * w` over one group (`x.len() == w.len()`): ggml's order, the
+/// squares summed one by one in double.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    let sum = x.iter().fold(0f64, |a, &v| a + (v * v) as f64);
+    rms_scale(sum, x, w, eps, y);
+}
+
+fn rms_scale(sum: f64, x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for ((o, &v), &g) in y.iter_mut().zip(x).zip(w) {
+        *o = (v * scale) * g;
+    }
+}
+
+/// [`rms_norm`] over every group of `w.len()` values of `x` (rows, or heads of rows), with the
+/// same bits. With AVX2 and groups of a multiple of four values, the sums of eight groups run
+/// together ([`x86`]): one group alone is a chain of dependent double additions.
+pub fn rms_norm_groups(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    let n = w.len();
+    #[cfg(target_arch = "x86_64")]
+    if n.is_multiple_of(4) && has_avx2() {
+        const CHUNK: usize = 64;
+        let mut sums = [0f64; CHUNK];
+        for (xc, yc) in x.chunks(CHUNK * n).zip(y.chunks_mut(CHUNK * n)) {
+            let groups = xc.len() / n;
+            // SAFETY: AVX2 and FMA were detected.
+            unsafe { x86::sum_squares(xc, n, &mut sums[..groups]) };
+            for ((xg, yg), &s) in xc.chunks_exact(n).zip(yc.chunks_exact_mut(n)).zip(&sums) {
+                rms_scale(s, xg, w, eps, yg);
+            }
+        }
+        return;
+    }
+    for (xg, yg) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
+        rms_norm(xg, w, eps, yg);
+    }
+}
+

@@ -1,0 +1,16 @@
+//! Block formats and the conversions between them and f32: [`blocks`] (GGML's `#[repr(C)]`
+//! blocks, size-asserted), [`portable`] (dequantizers of every type, the activation quantizers
+//! Q8_0/Q8_1/Q8_K as ggml's SIMD code rounds them, per-block value decoders the dot products
+//! share), [`reference`] (ggml's reference weight quantizers, for `corelm quantize` and
+//! quantized KV rows) and [`x86`] (AVX2 activation quantizers, the same bytes).
+
+pub mod blocks;
+pub mod portable;
+pub mod reference;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+/// Convert a row of blocks to f32.
+pub type ToFloat = fn(x: &[u8], y: &mut [f32]);
+/// Quantize an f32 row into blocks.
+pub type FromFloat = fn(x: &[f32], y: &mut [u8]);

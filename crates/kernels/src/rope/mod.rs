@@ -1,0 +1,73 @@
+//! Rotary position embedding as ggml-cpu computes it: angles by repeated multiplication
+//! ([`rope_cache`]), each pair rotated with the first product of each expression fused
+//! ([`rope_apply`]); SIMD twins on 8/16 lanes in [`x86`], the same bits.
+
+#[cfg(target_arch = "x86_64")]
+use crate::simd::{has_avx2, has_avx512, has_fma};
+
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+/// Cosines and sines for one position: `cache[i] = cos θ_i`, `cache[n_rot/2 + i] = sin θ_i`,
+/// with `θ_i = pos · freq_scale · base^(-2i/n_rot)` computed by repeated multiplication as ggml
+/// does.
+pub fn rope_cache(pos: i32, n_rot: usize, base: f32, freq_scale: f32, freq_factors: Option<&[f32]>, cache: &mut [f32]) {
+    let theta_scale = base.powf(-2.0 / n_rot as f32);
+    let mut theta = pos as f32;
+    let half = n_rot / 2;
+    for i in 0..half {
+        // Per-frequency divisors (Llama 3 `rope_freqs`, Phi-3 rope factors), as ggml applies them.
+        let ff = freq_factors.map_or(1.0, |f| f[i]);
+        let t = freq_scale * (theta / ff);
+        cache[i] = t.cos();
+        cache[half + i] = t.sin();
+        theta *= theta_scale;
+    }
+}
+
+/// Rotate one head in place. `neox`: pairs `(i, i + n_rot/2)` (GPT-NeoX, Qwen, Gemma); otherwise
+/// adjacent pairs `(2i, 2i+1)` (LLaMA layout in GGUF). Dimensions past `n_rot` are untouched.
+/// 16 or 8 pairs at a time with AVX-512 or AVX2 ([`x86`], same bits).
+pub fn rope_apply(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_avx512() {
+            // SAFETY: AVX-512 F/VL, AVX2 and FMA were detected.
+            return unsafe { x86::rope_avx512(x, cache, n_rot, neox) };
+        }
+        if has_avx2() {
+            // SAFETY: AVX2 and FMA were detected.
+            return unsafe { x86::rope_avx2(x, cache, n_rot, neox) };
+        }
+    }
+    rope_apply_scalar(x, cache, n_rot, neox)
+}
+
+/// [`rope_apply`] one pair at a time: the portable twin.
+pub fn rope_apply_scalar(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: FMA support was detected.
+        return unsafe { rope_apply_fma(x, cache, n_rot, neox) };
+    }
+    rope_apply_body(x, cache, n_rot, neox)
+}
+
+#[inline(always)]
+fn rope_apply_body(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
+    let half = n_rot / 2;
+    for i in 0..half {
+        let (c, s) = (cache[i], cache[half + i]);
+        let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+        let (x0, x1) = (x[a], x[b]);
+        // ggml is built with FMA contraction: the first product of each expression is fused.
+        x[a] = x0.mul_add(c, -(x1 * s));
+        x[b] = x0.mul_add(s, x1 * c);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+fn rope_apply_fma(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
+    rope_apply_body(x, cache, n_rot, neox)
+}

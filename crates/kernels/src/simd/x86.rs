@@ -1,0 +1,129 @@
+//! x86-64 helpers below every SIMD kernel: F16 scalar conversions that stay inlined (F16C),
+//! the horizontal sums whose lane order the portable twins reproduce (`simd::hsum_8`), F16
+//! loads and widening, and an 8×8 f32 transpose.
+//!
+//! # Safety
+//! Every `#[target_feature]` function here may be called only on a CPU with the features it
+//! names; the kernels that call them are reached only after the same features were detected.
+#![allow(clippy::missing_safety_doc)]
+
+use super::reduce_add_16;
+use half::f16;
+use std::arch::x86_64::*;
+
+/// F16 → f32 with the F16C instruction (exact, like `half`'s conversion, but inlined: `half`
+/// checks the CPU on every call, which cost more than the SIMD work in the dot products).
+#[inline]
+#[target_feature(enable = "f16c")]
+pub(crate) fn h2f(h: half::f16) -> f32 {
+    // Not `_mm_cvtsi32_si128`: LLVM sees that only lane 0 is read and lowers it to a `vpinsrw`
+    // into whatever register it picks, a false dependency that chained every block of a dot
+    // product through the scalar accumulator (~11 cycles per block at decode). `vmovd` from a
+    // general register writes the whole xmm register.
+    let r: __m128;
+    // SAFETY: two register-only instructions (`vmovd`, `vcvtph2ps`); F16C is enabled here.
+    unsafe {
+        std::arch::asm!(
+            "vmovd {t}, {x:e}",
+            "vcvtph2ps {t}, {t}",
+            x = in(reg) h.to_bits() as u32,
+            t = out(xmm_reg) r,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    _mm_cvtss_f32(r)
+}
+
+/// f32 → F16 with F16C (round to nearest even, as `half`).
+#[inline]
+#[target_feature(enable = "f16c")]
+pub(crate) fn f2h(v: f32) -> half::f16 {
+    half::f16::from_bits(_mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(v))) as u16)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn hsum_f32x8(x: __m256) -> f32 {
+    let r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    let r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    _mm_cvtss_f32(r)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn hsum_i32x8(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn load_ph(p: &[f16]) -> __m256 {
+    assert!(p.len() >= 8);
+    // SAFETY: at least 8 f16 (16 bytes) readable; unaligned load.
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.as_ptr() as *const __m128i)) }
+}
+
+/// 8×8 transpose of f32 rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    [
+        _mm256_permute2f128_ps::<0x20>(s0, s4),
+        _mm256_permute2f128_ps::<0x20>(s1, s5),
+        _mm256_permute2f128_ps::<0x20>(s2, s6),
+        _mm256_permute2f128_ps::<0x20>(s3, s7),
+        _mm256_permute2f128_ps::<0x31>(s0, s4),
+        _mm256_permute2f128_ps::<0x31>(s1, s5),
+        _mm256_permute2f128_ps::<0x31>(s2, s6),
+        _mm256_permute2f128_ps::<0x31>(s3, s7),
+    ]
+}
+
+/// F16 → f32, 8 at a time (`dst.len() % 8 == 0`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn widen(src: &[f16], dst: &mut [f32]) {
+    let mut d = 0;
+    while d + 8 <= dst.len() {
+        // SAFETY: d + 8 <= dst.len(); unaligned store.
+        unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(d), load_ph(&src[d..])) };
+        d += 8;
+    }
+}
+
+/// ggml's fold of its four 16-lane accumulators (here eight 8-lane halves: accumulator j =
+/// `acc[2j], acc[2j + 1]`): 0+2 and 1+3, then 0+1, then the 16 lanes as `reduce_add_16`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn fold_ggml(acc: &[__m256; 8]) -> f64 {
+    let (a0, a1) = (_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[1], acc[5]));
+    let (a2, a3) = (_mm256_add_ps(acc[2], acc[6]), _mm256_add_ps(acc[3], acc[7]));
+    let (lo, hi) = (_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+    let mut lanes = [0f32; 16];
+    // SAFETY: 16 f32 of stack memory.
+    unsafe {
+        _mm256_storeu_ps(lanes.as_mut_ptr(), lo);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi);
+    }
+    reduce_add_16(&lanes) as f64
+}
