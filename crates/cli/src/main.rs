@@ -23,6 +23,16 @@ const DEFAULT_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Kernel table for every command: portable, avx2 or avx512 (default: the best this CPU
+    /// runs). A lower table than the CPU's forces its kernels everywhere, for measuring and
+    /// testing that path; one the CPU cannot run is refused.
+    #[arg(long, global = true, env = "CORELM_ISA", value_parser = parse_isa)]
+    isa: Option<corelm_kernels::Isa>,
+}
+
+/// An `--isa` value this CPU runs.
+fn parse_isa(s: &str) -> Result<corelm_kernels::Isa, String> {
+    s.parse::<corelm_kernels::Isa>().and_then(|i| i.check()).map_err(|e| e.to_string())
 }
 
 #[derive(Args, Clone)]
@@ -273,6 +283,7 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         cache_type_v: m.kernels.cache.cache_type_v,
         fast_prefill: m.kernels.fast_prefill,
         repack: !m.kernels.no_repack,
+        isa: None, // the process default, which `--isa` set
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", path.display()))?;
@@ -305,7 +316,11 @@ fn print_stream(s: &str) -> bool {
 }
 
 fn main() -> Result<()> {
-    match Cli::parse().cmd {
+    let cli = Cli::parse();
+    if let Some(isa) = cli.isa {
+        corelm_kernels::dispatch::set_default_isa(isa)?;
+    }
+    match cli.cmd {
         Cmd::Run { model, sample, prompt, prompt_ids, chat, profile } => {
             let (mut engine, tok) = load(&model, 1)?;
             if profile {
@@ -325,7 +340,7 @@ fn main() -> Result<()> {
             let g = generate(&mut engine, &tok, &ids, &gen_params(&sample), print_stream)?;
             println!();
             eprintln!(
-                "[{} prompt tokens in {:.3} s = {:.1} t/s; {} generated in {:.3} s = {:.1} t/s; stop: {:?}; {} threads, {:?}]",
+                "[{} prompt tokens in {:.3} s = {:.1} t/s; {} generated in {:.3} s = {:.1} t/s; stop: {:?}; {} threads, {} kernels]",
                 g.n_prompt,
                 g.prefill_secs,
                 g.n_prompt as f64 / g.prefill_secs,
@@ -334,7 +349,7 @@ fn main() -> Result<()> {
                 g.tokens.len() as f64 / g.decode_secs.max(1e-9),
                 g.reason,
                 engine.config().n_threads,
-                engine.kernels().isa,
+                engine.kernels().isa(),
             );
             if let Some(p) = &engine.profile {
                 let total = p.total_secs();
@@ -444,6 +459,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
     let n_batch = a.batch_size.min(max_tokens.max(1));
     let mut results = Vec::new();
     if !json {
+        println!("kernels: {} (this CPU runs up to {})", corelm_kernels::kernels().isa(), corelm_kernels::Isa::detected());
         println!("| model | threads | test | t/s | roofline t/s |");
         println!("|---|---|---|---|---|");
     }

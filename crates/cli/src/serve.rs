@@ -70,6 +70,7 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         cache_type_v: a.cache.cache_type_v,
         fast_prefill: false, // the server is batch-invariant, which the panel GEMM is not
         repack: true,
+        isa: None, // the process default, which `--isa` set
     };
     let engine = Engine::load(&model, cfg).with_context(|| format!("loading {}", model.display()))?;
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", model.display()))?;

@@ -14,7 +14,7 @@ use crate::Error;
 use corelm_core::kv::BLOCK;
 use corelm_core::{BatchView, Builder, Executor, Graph, KvCache, PackedWeights, PoolConfig, Pools, Profile, ThreadPool, Weights};
 use corelm_gguf::Gguf;
-use corelm_kernels::{DType, Kernels};
+use corelm_kernels::{DType, Isa, Kernels};
 use corelm_models::{Hyper, Model};
 use std::collections::HashMap;
 use std::path::Path;
@@ -41,14 +41,19 @@ pub struct EngineConfig {
     pub cache_type_k: DType,
     pub cache_type_v: DType,
     /// Prefill matmuls of Q4_0/Q5_0/Q8_0/Q4_1/Q5_1/Q4_K/Q5_K weights through the panel GEMM
-    /// (`kernels::gemm`, AVX-512 VNNI where present): 1.6–1.9× faster prefill, but the float
+    /// (`kernels::matmul::gemm`, AVX-512 VNNI with the AVX-512 table): 1.6–1.9× faster prefill, but the float
     /// summation order is no longer ggml's, so logits are no longer bit-identical to llama.cpp
     /// (off by default; never used with `batch_invariant`).
     pub fast_prefill: bool,
-    /// Repack matrices once at load into the interleaved layout of the detected kernels
-    /// (`corelm_core::packed`; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 with AVX-512 VNNI): same bytes, same results
+    /// Repack matrices once at load into the interleaved layout of the table's kernels
+    /// (`corelm_core::packed`; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K with AVX-512 VNNI): same bytes, same results
     /// bit for bit, faster GEMV and tiles. The plain rows stay mapped for other readers.
     pub repack: bool,
+    /// Kernel table (`--isa`): `None` for the process default (`corelm_kernels::kernels`: the
+    /// best this CPU runs, or what `CORELM_ISA` / `set_default_isa` chose); a lower level forces
+    /// its kernels everywhere (matmuls, attention, norms, RoPE, activations). A level this CPU
+    /// cannot run fails the load with the features it lacks.
+    pub isa: Option<Isa>,
 }
 
 impl Default for EngineConfig {
@@ -64,6 +69,7 @@ impl Default for EngineConfig {
             cache_type_v: DType::F16,
             fast_prefill: false,
             repack: true,
+            isa: None,
         }
     }
 }
@@ -183,7 +189,10 @@ impl Engine {
         if cfg.n_ctx == 0 || cfg.n_batch == 0 || cfg.n_seq_max == 0 || cfg.n_threads == 0 {
             return Err(Error::Config(format!("context, batch, sequences and threads must be > 0: {cfg:?}")));
         }
-        let kernels = corelm_kernels::kernels();
+        let kernels = match cfg.isa {
+            Some(isa) => corelm_kernels::dispatch::kernels_for(isa).map_err(|e| Error::Config(e.to_string()))?,
+            None => corelm_kernels::kernels(),
+        };
         let model = corelm_models::load(&gguf, kernels)?;
         // Weights resident before the first request (llama.cpp maps with MAP_POPULATE too).
         gguf.populate();

@@ -26,27 +26,21 @@ fn interleaved_ops<T: crate::matmul::x86::avx512_il::Interleaved>() -> Interleav
 
 
 
-/// Which instruction set a table was built for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Isa {
-    Portable,
-    Avx2,
-}
+pub use crate::simd::{Isa, IsaError};
 
 #[derive(Clone)]
 pub struct Kernels {
-    pub isa: Isa,
+    /// The level this table was built for ([`Kernels::isa`]). Private: the SIMD kernels it
+    /// selects are sound only on a CPU that has it, which the constructors check.
+    isa: Isa,
     /// Activation quantizers to Q8_0 / Q8_1 / Q8_K (SIMD where detected; same bytes as portable).
     q8_0: FromFloat,
     q8_1: FromFloat,
     q8_k: FromFloat,
     /// f32 → F16 rows (F16 KV cache stores, F16 activations).
     f16: FromFloat,
-    /// AVX-512 F/VL/VNNI present: the panel GEMM (`matmul::gemm`) uses its VNNI kernel.
-    pub vnni: bool,
-    /// AVX-512 F/BW/VL/VNNI present and its kernels chosen (`detect`): decode attention uses
-    /// `attention::x86::decode`.
-    pub avx512: bool,
+    /// The AVX-512 table: the panel GEMM (`matmul::gemm`) uses its VNNI kernel.
+    vnni: bool,
     ops: [TypeOps; WEIGHT_TYPES.len()],
 }
 
@@ -97,7 +91,6 @@ impl Kernels {
             q8_k: pq::quant_q8_k,
             f16: pq::quant_f16,
             vnni: false,
-            avx512: false,
             ops: [
                 op(DType::F32, pd::dot_f32, pq::dequant_f32, Some(pq::quant_f32)),
                 op(DType::F16, pd::dot_f16, pq::dequant_f16, Some(pq::quant_f16)),
@@ -118,19 +111,40 @@ impl Kernels {
         }
     }
 
-    /// The best table for this CPU: the AVX2 kernels, with AVX-512 instances where the CPU has
-    /// BW, VL and VNNI and they are measured faster (bit-identical to the AVX2 ones, except the
-    /// BF16 dot with AVX-512 BF16, which like ggml's has an order of its own).
+    /// The best table for this CPU ([`Isa::detected`]).
     pub fn detect() -> Kernels {
+        Kernels::build(Isa::detected())
+    }
+
+    /// The table of `isa`, or an error naming the features this CPU lacks for it.
+    pub fn for_isa(isa: Isa) -> Result<Kernels, IsaError> {
+        Ok(Kernels::build(isa.check()?))
+    }
+
+    /// The table of `isa`, which this CPU runs (checked by the callers).
+    fn build(isa: Isa) -> Kernels {
+        match isa {
+            Isa::Portable => Kernels::portable(),
+            Isa::Avx2 => Kernels::avx2(),
+            Isa::Avx512 => Kernels::avx512(),
+        }
+    }
+
+    /// The AVX2 table with AVX-512 instances where they are measured faster (bit-identical to
+    /// the AVX2 ones, except the BF16 dot with AVX-512 BF16, which like ggml's has an order of
+    /// its own). Only for a CPU with [`Isa::Avx512`].
+    fn avx512() -> Kernels {
         #[allow(unused_mut)]
-        let mut k = Kernels::detect_avx2();
+        let mut k = Kernels::avx2();
         #[cfg(target_arch = "x86_64")]
-        if k.vnni && std::is_x86_feature_detected!("avx512bw") {
-            use crate::quant::blocks::{BlockQ5_0, BlockQ8_0};
+        {
             use crate::matmul::x86::{avx512, avx512_k as tiles_k};
-            k.avx512 = true;
-            // SAFETY: AVX2/FMA/F16C (detect_avx2) and AVX512F/VL/VNNI (`vnni`) and BW were
-            // detected on this CPU.
+            use crate::quant::blocks::{BlockQ5_0, BlockQ8_0};
+            debug_assert!(Isa::Avx512.missing().is_empty());
+            k.isa = Isa::Avx512;
+            k.vnni = true;
+            // SAFETY: `build` runs this only for a CPU with AVX2/FMA/F16C and AVX-512
+            // F/BW/VL/VNNI (`Isa::Avx512` checked).
             let f: VecDot = |x, y| unsafe { avx512::dot_q5_0_q8_0(x, y) };
             let o = &mut k.ops[slot(DType::Q5_0).unwrap()];
             (o.vec_dot, o.vec_dot_tile) = (f, f);
@@ -225,19 +239,21 @@ impl Kernels {
         k
     }
 
-    /// The AVX2 table without AVX-512 instances: the reference they are tested against, and
-    /// what [`Kernels::detect`] gives on a CPU without AVX-512.
+    /// The best table at most [`Isa::Avx2`] for this CPU: the reference the AVX-512 instances
+    /// are tested against, and what [`Kernels::detect`] gives on a CPU without AVX-512.
     pub fn detect_avx2() -> Kernels {
+        Kernels::build(Isa::detected().min(Isa::Avx2))
+    }
+
+    /// The AVX2 table. Only for a CPU with [`Isa::Avx2`].
+    fn avx2() -> Kernels {
         #[allow(unused_mut)]
         let mut k = Kernels::portable();
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("f16c")
         {
             use crate::matmul::x86::avx2;
+            debug_assert!(Isa::Avx2.missing().is_empty());
             k.isa = Isa::Avx2;
-            k.vnni = crate::simd::has_vnni();
             k.q8_0 = |x, y| unsafe { crate::quant::x86::quant_q8_0(x, y) };
             k.q8_1 = |x, y| unsafe { crate::quant::x86::quant_q8_1(x, y) };
             k.q8_k = |x, y| unsafe { crate::quant::x86::quant_q8_k(x, y) };
@@ -275,6 +291,17 @@ impl Kernels {
         k
     }
 
+    /// The level this table was built for: its matmul kernels, and the attention, norm, RoPE
+    /// and activation kernels that take it.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Whether the panel GEMM (`--fast-prefill`) runs its AVX-512 VNNI micro-kernel.
+    pub fn vnni(&self) -> bool {
+        self.vnni
+    }
+
     /// Kernels for a weight type, `None` if this build cannot compute with it.
     pub fn ops(&self, t: DType) -> Option<&TypeOps> {
         Some(&self.ops[slot(t)?])
@@ -304,14 +331,37 @@ impl Kernels {
     }
 }
 
-/// The process-wide table, detected on first use.
+/// The process-wide table: the level given to [`set_default_isa`], else `CORELM_ISA`
+/// (`portable`, `avx2`, `avx512`), else the best this CPU runs; fixed on first use.
+///
+/// # Panics
+/// If `CORELM_ISA` names an unknown level or one this CPU cannot run (the CLI checks it first
+/// and reports it as an error).
 pub fn kernels() -> &'static Kernels {
-    static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
-    K.get_or_init(|| {
-        if std::env::var_os("CORELM_FORCE_PORTABLE").is_some() {
-            Kernels::portable()
-        } else {
-            Kernels::detect()
-        }
-    })
+    let isa = *DEFAULT_ISA.get_or_init(|| match std::env::var("CORELM_ISA") {
+        Ok(v) if !v.trim().is_empty() => v.parse::<Isa>().and_then(Isa::check).unwrap_or_else(|e| panic!("CORELM_ISA: {e}")),
+        _ => Isa::detected(),
+    });
+    kernels_for(isa).unwrap_or_else(|e| panic!("{e}"))
+}
+
+static DEFAULT_ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+
+/// Fix the level [`kernels`] uses (the CLI's `--isa`), before its first use. Fails if this CPU
+/// cannot run it, or if the process already chose another level.
+pub fn set_default_isa(isa: Isa) -> Result<(), IsaError> {
+    isa.check()?;
+    let chosen = *DEFAULT_ISA.get_or_init(|| isa);
+    if chosen == isa {
+        Ok(())
+    } else {
+        Err(IsaError::AlreadyChosen { isa, chosen })
+    }
+}
+
+/// The table of a level, built once per process; an error names the features this CPU lacks.
+pub fn kernels_for(isa: Isa) -> Result<&'static Kernels, IsaError> {
+    static TABLES: [std::sync::OnceLock<Kernels>; 3] = [const { std::sync::OnceLock::new() }; 3];
+    isa.check()?;
+    Ok(TABLES[isa as usize].get_or_init(|| Kernels::build(isa)))
 }

@@ -6,12 +6,12 @@ use corelm_kernels::{row_bytes, DType, Kernels};
 use half::f16;
 
 mod common;
-use common::{aligned, random_row, Rng};
+use common::{aligned, random_row, tables, Rng};
 
 #[test]
 fn dot_products_match_portable_and_f32_reference() {
     let (fast, port) = (Kernels::detect(), Kernels::portable());
-    eprintln!("detected ISA: {:?}", fast.isa);
+    eprintln!("detected ISA: {:?}", fast.isa());
     let mut rng = Rng(0x9E3779B97F4A7C15);
     for t in corelm_kernels::dispatch::WEIGHT_TYPES {
         let ops_f = fast.ops(t).unwrap();
@@ -163,7 +163,7 @@ fn attention_simd_twin_is_bit_identical() {
             for ks in [&fast, &port] {
                 let mut p = vec![0f32; hd];
                 attend_row(kind, ks, &q, &paged, cells, 0.125, vis, &mut s, &mut p);
-                assert_eq!(&p, if kind == AttnKernel::Tiled { &t } else { &a }, "paged {kind:?} {:?} hd {hd}", ks.isa);
+                assert_eq!(&p, if kind == AttnKernel::Tiled { &t } else { &a }, "paged {kind:?} {:?} hd {hd}", ks.isa());
             }
         }
     }
@@ -308,7 +308,7 @@ fn tile_dots_equal_row_dots() {
         }
     }
     // Every AVX-512 VNNI machine has the tiles; elsewhere there is nothing to compare.
-    if Kernels::detect().vnni {
+    if Kernels::detect().vnni() {
         assert!(tested > 0);
     }
 }
@@ -378,11 +378,13 @@ fn geglu_table_equals_portable() {
         .chain((0..4099).map(|_| rng.f32() * 12.0)) // not f16 values: rounded first; ragged tail
         .collect();
     let u: Vec<f32> = (0..g.len()).map(|i| 1.0 + (i % 7) as f32 * 0.25).collect();
-    let mut y = vec![0f32; g.len()];
-    geglu(&g, &u, &mut y);
-    for i in 0..g.len() {
-        let want = gelu_tanh(g[i]) * u[i];
-        assert_eq!(y[i].to_bits(), want.to_bits(), "x = {}", g[i]);
+    for k in tables() {
+        let mut y = vec![0f32; g.len()];
+        geglu(&k, &g, &u, &mut y);
+        for i in 0..g.len() {
+            let want = gelu_tanh(g[i]) * u[i];
+            assert_eq!(y[i].to_bits(), want.to_bits(), "{} x = {}", k.isa(), g[i]);
+        }
     }
 }
 
@@ -420,7 +422,7 @@ fn activation_quantizers_simd_equal_portable() {
 fn softmax_tile_simd_is_bit_identical() {
     use corelm_kernels::exp::expf_ggml;
     use corelm_kernels::simd::reduce_add_16;
-    if Kernels::detect().isa != corelm_kernels::Isa::Avx2 {
+    if Kernels::detect().isa() < corelm_kernels::Isa::Avx2 {
         return;
     }
     let mut rng = Rng(5);
@@ -473,7 +475,7 @@ fn grouped_attention_equals_per_head_attention() {
                         let mut one = vec![0f32; hd];
                         attend_row(kind, &ks, &q[h * hd..(h + 1) * hd], &kvr, cells, 0.125, vis, &mut s, &mut one);
                         let g = &grouped[h * hd..(h + 1) * hd];
-                        assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{kind:?} {:?} hd {hd} head {h}", ks.isa);
+                        assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{kind:?} {:?} hd {hd} head {h}", ks.isa());
                     }
                 }
             }
@@ -572,13 +574,15 @@ fn grouped_rms_norm_equals_per_group() {
         for groups in [1usize, 7, 8, 9, 17, 70, 130] {
             let x: Vec<f32> = (0..groups * n).map(|i| rng.f32() * [1e-3, 1.0, 300.0][i % 3]).collect();
             let w: Vec<f32> = (0..n).map(|_| rng.f32() + 1.0).collect();
-            let mut y = vec![0f32; groups * n];
-            rms_norm_groups(&x, &w, 1e-6, &mut y);
-            for g in 0..groups {
-                let mut one = vec![0f32; n];
-                rms_norm(&x[g * n..(g + 1) * n], &w, 1e-6, &mut one);
-                let got = &y[g * n..(g + 1) * n];
-                assert!(got.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "n {n} groups {groups} group {g}");
+            for k in tables() {
+                let mut y = vec![0f32; groups * n];
+                rms_norm_groups(&k, &x, &w, 1e-6, &mut y);
+                for g in 0..groups {
+                    let mut one = vec![0f32; n];
+                    rms_norm(&x[g * n..(g + 1) * n], &w, 1e-6, &mut one);
+                    let got = &y[g * n..(g + 1) * n];
+                    assert!(got.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{} n {n} groups {groups} group {g}", k.isa());
+                }
             }
             // The double sums themselves (most order errors vanish in the f32 rounding above).
             #[cfg(target_arch = "x86_64")]
@@ -604,19 +608,15 @@ fn swiglu_simd_equals_scalar() {
     for n in [1usize, 7, 8, 9, 15, 16, 17, 64, 1000, 4099] {
         let g: Vec<f32> = (0..n).map(|i| rng.f32() * [1.0, 20.0, 95.0, 200.0, 1e-3][i % 5]).collect();
         let u: Vec<f32> = (0..n).map(|_| rng.f32() * 3.0).collect();
-        let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
-        swiglu(&g, &u, &mut a);
+        let mut b = vec![0f32; n];
         swiglu_scalar(&g, &u, &mut b);
-        for i in 0..n {
-            assert_eq!(a[i].to_bits(), b[i].to_bits(), "n {n} i {i} g {}", g[i]);
-        }
-        // The AVX2 kernel too (`swiglu` is the AVX-512 one where the CPU has it).
-        #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c") {
-            let mut c = vec![0f32; n];
-            // SAFETY: AVX2, FMA and F16C detected just above.
-            unsafe { corelm_kernels::act::x86::swiglu(&g, &u, &mut c) };
-            assert!(c.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "avx2 n {n}");
+        // Every table this CPU runs: the 16-lane kernel (AVX-512), the 8-lane one (AVX2).
+        for k in tables() {
+            let mut a = vec![0f32; n];
+            swiglu(&k, &g, &u, &mut a);
+            for i in 0..n {
+                assert_eq!(a[i].to_bits(), b[i].to_bits(), "{} n {n} i {i} g {}", k.isa(), g[i]);
+            }
         }
     }
 }
@@ -626,7 +626,7 @@ fn swiglu_simd_equals_scalar() {
 /// passes), and on the edges: ±0, ±∞, NaN, overflow, underflow, subnormals.
 #[test]
 fn vector_expf_equals_libm_expf() {
-    if !Kernels::detect().avx512 {
+    if Kernels::detect().isa() != corelm_kernels::Isa::Avx512 {
         return;
     }
     use corelm_kernels::exp::x86::expf_slice;
@@ -705,7 +705,7 @@ fn decode_attention_equals_portable_per_head() {
                 let mut one = vec![0f32; hd];
                 attend_row(AttnKernel::Reference, &port, &q[h * hd..(h + 1) * hd], &kvr, cells, 0.125, vis, &mut s, &mut one);
                 let g = &grouped[h * hd..(h + 1) * hd];
-                assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "avx512 {} hd {hd} heads {heads} cells {cells} head {h}", fast.avx512);
+                assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "avx512 {} hd {hd} heads {heads} cells {cells} head {h}", fast.isa());
             }
         }
     }
@@ -735,7 +735,7 @@ fn split_kv_decode_equals_portable_and_stays_near_unsplit() {
                 attend_row(AttnKernel::Split(chunk), &port, &q[h * hd..(h + 1) * hd], &kvr, cells, 0.125, vis, &mut s, &mut one);
                 attend_row(AttnKernel::Reference, &port, &q[h * hd..(h + 1) * hd], &kvr, cells, 0.125, vis, &mut s, &mut whole);
                 let g = &grouped[h * hd..(h + 1) * hd];
-                assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "avx512 {} hd {hd} cells {cells} chunk {chunk} head {h}", fast.avx512);
+                assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "avx512 {} hd {hd} cells {cells} chunk {chunk} head {h}", fast.isa());
                 let mag = whole.iter().fold(1f32, |m, x| m.max(x.abs()));
                 assert!(one.iter().zip(&whole).all(|(a, b)| (a - b).abs() <= 2e-2 * mag), "hd {hd} cells {cells} chunk {chunk} head {h}: split far from unsplit");
             }
@@ -756,21 +756,17 @@ fn rope_simd_equals_scalar() {
                 let mut cache = vec![0f32; n_rot];
                 rope_cache(pos, n_rot, 10000.0, 1.0, None, &mut cache);
                 let x: Vec<f32> = (0..hd).map(|_| rng.f32() * 8.0).collect();
-                let (mut a, mut b) = (x.clone(), x.clone());
-                rope_apply(&mut a, &cache, n_rot, neox);
+                let mut b = x.clone();
                 rope_apply_scalar(&mut b, &cache, n_rot, neox);
-                for d in 0..hd {
-                    assert_eq!(a[d].to_bits(), b[d].to_bits(), "hd {hd} n_rot {n_rot} neox {neox} pos {pos} dim {d}");
+                // Every table this CPU runs: 16 lanes (AVX-512), 8 (AVX2), the scalar loop.
+                for k in tables() {
+                    let mut a = x.clone();
+                    rope_apply(&k, &mut a, &cache, n_rot, neox);
+                    for d in 0..hd {
+                        assert_eq!(a[d].to_bits(), b[d].to_bits(), "{} hd {hd} n_rot {n_rot} neox {neox} pos {pos} dim {d}", k.isa());
+                    }
                 }
-                // The AVX2 kernel too (the detected one is AVX-512 where the CPU has it).
-                #[cfg(target_arch = "x86_64")]
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                    let mut c = x.clone();
-                    // SAFETY: AVX2 and FMA detected just above.
-                    unsafe { corelm_kernels::rope::x86::rope_avx2(&mut c, &cache, n_rot, neox) };
-                    assert!(c.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "avx2 hd {hd} n_rot {n_rot} neox {neox}");
-                }
-                assert_eq!(&a[n_rot..], &x[n_rot..], "dimensions past n_rot");
+                assert_eq!(&b[n_rot..], &x[n_rot..], "dimensions past n_rot");
                 let half = n_rot / 2;
                 for i in 0..half {
                     let (ia, ib) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
@@ -779,7 +775,7 @@ fn rope_simd_equals_scalar() {
                     let (r0, r1) = (x0 * th.cos() - x1 * th.sin(), x0 * th.sin() + x1 * th.cos());
                     // f32 angles lose ~pos·2^-24 radians, the iterated θ a few ulps more.
                     let tol = 1e-4 * (1.0 + pos as f64 / 64.0) * (x0.abs() + x1.abs() + 1.0);
-                    assert!((a[ia] as f64 - r0).abs() < tol && (a[ib] as f64 - r1).abs() < tol, "hd {hd} pos {pos} pair {i}");
+                    assert!((b[ia] as f64 - r0).abs() < tol && (b[ib] as f64 - r1).abs() < tol, "hd {hd} pos {pos} pair {i}");
                 }
             }
         }
@@ -793,7 +789,7 @@ fn rope_simd_equals_scalar() {
 /// [-64, 64].
 #[test]
 fn ggml_expf_scalar_equals_avx512() {
-    if !Kernels::detect().avx512 {
+    if Kernels::detect().isa() != corelm_kernels::Isa::Avx512 {
         return;
     }
     use corelm_kernels::exp::expf_ggml;
@@ -851,7 +847,7 @@ fn grouped_quantized_cache_attention_equals_per_head() {
                         let mut one = vec![0f32; hd];
                         attend_row(kind, &ks, &q[h * hd..(h + 1) * hd], &rows, cells, 0.125, vis, &mut s, &mut one);
                         let g = &grouped[h * hd..(h + 1) * hd];
-                        assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{kt}/{vt} {:?} heads {heads} cells {cells} head {h}", ks.isa);
+                        assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{kt}/{vt} {:?} heads {heads} cells {cells} head {h}", ks.isa());
                     }
                 }
             }
@@ -905,9 +901,9 @@ fn bf16_dots_follow_ggml_order_per_isa() {
     use corelm_kernels::matmul::portable::{dot_bf16_avx2_order, dot_bf16_dp_order};
     let mut rng = Rng(0xBF16_0001);
     let (avx2, best) = (Kernels::detect_avx2(), Kernels::detect());
-    let simd = avx2.isa != corelm_kernels::Isa::Portable;
+    let simd = avx2.isa() != corelm_kernels::Isa::Portable;
     #[cfg(target_arch = "x86_64")]
-    let dp = std::is_x86_feature_detected!("avx512bf16") && best.avx512;
+    let dp = std::is_x86_feature_detected!("avx512bf16") && best.isa() == corelm_kernels::Isa::Avx512;
     #[cfg(not(target_arch = "x86_64"))]
     let dp = false;
     eprintln!("AVX2 BF16 dot checked: {simd}; AVX-512 BF16 dot checked: {dp}");

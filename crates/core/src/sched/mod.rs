@@ -429,7 +429,7 @@ impl Ctx<'_> {
                 let rs = split(rows, ith, nth);
                 // SAFETY: rows `rs` belong to this worker only.
                 let y = unsafe { self.out_f32(t, rs.start * ne0, rs.len() * ne0) };
-                norm::rms_norm_groups(&x[rs.start * ne0..rs.end * ne0], g, eps, y);
+                norm::rms_norm_groups(self.kernels, &x[rs.start * ne0..rs.end * ne0], g, eps, y);
             }
             Op::Add { a, b } => {
                 let (a, b, b_rows) = (self.f32s(a), self.f32s(b), self.t(b).ne[1]);
@@ -471,7 +471,7 @@ impl Ctx<'_> {
                     let y = unsafe { self.out_f32(t, r * ne0, ne0) };
                     y.copy_from_slice(&x[r * ne0..(r + 1) * ne0]);
                     for h in y.chunks_exact_mut(p.head_dim) {
-                        rope::rope_apply(h, cache, p.n_rot, p.neox);
+                        rope::rope_apply(self.kernels, h, cache, p.n_rot, p.neox);
                     }
                 }
             }
@@ -547,8 +547,8 @@ impl Ctx<'_> {
                     let y = unsafe { self.out_f32(t, r * ne0, ne0) };
                     let (gr, ur) = (&g[r * ne0..(r + 1) * ne0], &u[r * ne0..(r + 1) * ne0]);
                     match kind {
-                        Glu::Silu => act::swiglu(gr, ur, y),
-                        Glu::GeluTanh => act::geglu(gr, ur, y),
+                        Glu::Silu => act::swiglu(self.kernels, gr, ur, y),
+                        Glu::GeluTanh => act::geglu(self.kernels, gr, ur, y),
                     }
                 }
             }
@@ -624,7 +624,7 @@ impl Ctx<'_> {
                     rows,
                     self.base(t) as *mut f32,
                     n_out,
-                    self.kernels.vnni,
+                    self.kernels.vnni(),
                     gs,
                 )
             };

@@ -33,7 +33,7 @@ pub fn attend_row(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
-    let isa = kernels.isa;
+    let isa = kernels.isa();
     if !kv.is_f16() {
         return attend_quant(kernels, q, kv, n_cells, scale, visible, scratch, out);
     }
@@ -46,7 +46,7 @@ pub fn attend_row(
     }
     match kind {
         #[cfg(target_arch = "x86_64")]
-        AttnKernel::Reference if isa == crate::Isa::Avx2 => {
+        AttnKernel::Reference if isa >= crate::Isa::Avx2 => {
             // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
             unsafe { x86::reference::attend_reference(q, kv, n_cells, scale, &visible, scratch, out) }
         }
@@ -95,7 +95,7 @@ pub fn attend_heads(
         return attend_quant_group(kernels, q, kv, n_cells, scale, &visible, scratch, out);
     }
     #[cfg(target_arch = "x86_64")]
-    if kind == AttnKernel::Reference && kernels.isa == crate::Isa::Avx2 && kv.is_f16() && hd.is_multiple_of(8) && q.len() > hd {
+    if kind == AttnKernel::Reference && kernels.isa() >= crate::Isa::Avx2 && kv.is_f16() && hd.is_multiple_of(8) && q.len() > hd {
         if let Some(bufs) = scratch.reference_buffers(q.len() / hd) {
             // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
             unsafe { x86::reference::attend_reference_group(q, kv, n_cells, scale, &visible, bufs, out) };
@@ -124,13 +124,13 @@ pub(crate) fn attend_decode(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) -> bool {
-    if !(kernels.isa == crate::Isa::Avx2 && kv.is_f16() && x86::chunks::supports(kv.head_dim)) {
+    if !(kernels.isa() >= crate::Isa::Avx2 && kv.is_f16() && x86::chunks::supports(kv.head_dim)) {
         return false;
     }
     let Some(bufs) = scratch.decode_buffers(q.len() / kv.head_dim) else { return false };
-    if kernels.avx512 {
-        // SAFETY: `avx512` is only set by `Kernels::detect` after detecting AVX-512 F/BW/VL/VNNI
-        // (and AVX2, FMA, F16C).
+    if kernels.isa() == crate::Isa::Avx512 {
+        // SAFETY: an Avx512 table is only built after detecting AVX-512 F/BW/VL/VNNI (and
+        // AVX2, FMA, F16C).
         unsafe { x86::decode::attend_decode_group(q, kv, n_cells, scale, visible, split, bufs, out) };
     } else {
         // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
@@ -160,7 +160,7 @@ pub fn attend_rows(
 ) {
     #[cfg(target_arch = "x86_64")]
     if kind == AttnKernel::Tiled
-        && kernels.isa == crate::Isa::Avx2
+        && kernels.isa() >= crate::Isa::Avx2
         && kv.is_f16()
         && kv.head_dim.is_multiple_of(8)
         && q.len() * heads <= ROWS_MAX_VECTORS
@@ -191,7 +191,7 @@ fn tiled_group(
 ) -> bool {
     let hd = kv.head_dim;
     #[cfg(target_arch = "x86_64")]
-    if kernels.isa == crate::Isa::Avx2
+    if kernels.isa() >= crate::Isa::Avx2
         && kv.is_f16()
         && hd.is_multiple_of(8)
         && q.len() / hd <= x86::reference::MAX_GROUP

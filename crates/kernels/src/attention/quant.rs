@@ -2,13 +2,12 @@
 //! head ([`attend_quant`]) and for the heads of a GQA group at once ([`attend_quant_group`]),
 //! the same bits per head.
 
-use super::types::{AttnScratch, KvRows, DECODE_CHUNK};
 use super::portable::{normalize_heads, softmax_steps};
+use super::types::{AttnScratch, KvRows, DECODE_CHUNK};
+#[cfg(target_arch = "x86_64")]
 use crate::simd::has_fma;
 use crate::DType;
 use half::f16;
-#[cfg(target_arch = "x86_64")]
-use crate::simd::has_avx2;
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend_quant(
@@ -122,8 +121,8 @@ pub(super) fn attend_quant_group(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 and FMA were detected.
+    if kernels.isa() >= crate::Isa::Avx2 {
+        // SAFETY: an Avx2 table is only built after detecting AVX2 and FMA.
         return unsafe { attend_quant_group_avx2(kernels, q, kv, n_cells, scale, visible, scratch, out) };
     }
     attend_quant_group_body(kernels, q, kv, n_cells, scale, visible, scratch, out)
@@ -166,11 +165,11 @@ fn attend_quant_group_body(
     let exps = |x: &mut [f32]| {
         #[cfg(target_arch = "x86_64")]
         {
-            if kernels.avx512 {
-                // SAFETY: `avx512` is only set after detecting AVX-512 F/VL (and FMA).
+            if kernels.isa() == crate::Isa::Avx512 {
+                // SAFETY: an Avx512 table is only built after detecting AVX-512 F/VL (and FMA).
                 return unsafe { crate::exp::x86::expf_slice(x) };
             }
-            if kernels.isa == crate::Isa::Avx2 {
+            if kernels.isa() >= crate::Isa::Avx2 {
                 // SAFETY: an Avx2 table is only built after detecting AVX2 and FMA.
                 return unsafe { crate::exp::x86::expf_slice_avx2(x) };
             }

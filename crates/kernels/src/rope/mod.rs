@@ -3,7 +3,8 @@
 //! ([`rope_apply`]); SIMD twins on 8/16 lanes in [`x86`], the same bits.
 
 #[cfg(target_arch = "x86_64")]
-use crate::simd::{has_avx2, has_avx512, has_fma};
+use crate::simd::has_fma;
+use crate::{Isa, Kernels};
 
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
@@ -27,19 +28,21 @@ pub fn rope_cache(pos: i32, n_rot: usize, base: f32, freq_scale: f32, freq_facto
 
 /// Rotate one head in place. `neox`: pairs `(i, i + n_rot/2)` (GPT-NeoX, Qwen, Gemma); otherwise
 /// adjacent pairs `(2i, 2i+1)` (LLaMA layout in GGUF). Dimensions past `n_rot` are untouched.
-/// 16 or 8 pairs at a time with AVX-512 or AVX2 ([`x86`], same bits).
-pub fn rope_apply(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
+/// 16 or 8 pairs at a time with an AVX-512 or AVX2 table ([`x86`], same bits).
+pub fn rope_apply(k: &Kernels, x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
     #[cfg(target_arch = "x86_64")]
     {
-        if has_avx512() {
-            // SAFETY: AVX-512 F/VL, AVX2 and FMA were detected.
+        if k.isa() == Isa::Avx512 {
+            // SAFETY: an Avx512 table is only built after detecting AVX-512 F/VL, AVX2 and FMA.
             return unsafe { x86::rope_avx512(x, cache, n_rot, neox) };
         }
-        if has_avx2() {
-            // SAFETY: AVX2 and FMA were detected.
+        if k.isa() >= Isa::Avx2 {
+            // SAFETY: an Avx2 table is only built after detecting AVX2 and FMA.
             return unsafe { x86::rope_avx2(x, cache, n_rot, neox) };
         }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (k, Isa::Avx2);
     rope_apply_scalar(x, cache, n_rot, neox)
 }
 

@@ -5,7 +5,116 @@
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 
-/// Detected once.
+/// An instruction-set level: which kernel table runs (`dispatch::Kernels::for_isa`) and which
+/// row kernels (norm, RoPE, activations) it takes. Ordered: a level includes those below it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// The portable twins only.
+    Portable,
+    /// x86-64 with AVX2, FMA and F16C.
+    Avx2,
+    /// AVX2 plus AVX-512 F, BW, VL and VNNI (BF16 where present, for the BF16 dots).
+    Avx512,
+}
+
+impl Isa {
+    pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512];
+
+    /// The name `--isa` and `CORELM_ISA` take.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// The highest level this CPU runs (detected once).
+    pub fn detected() -> Isa {
+        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| Isa::ALL.into_iter().rev().find(|i| i.missing().is_empty()).unwrap_or(Isa::Portable))
+    }
+
+    /// The CPU features this level needs that the CPU lacks (empty: it runs here).
+    pub fn missing(self) -> Vec<&'static str> {
+        let need: &[&'static str] = match self {
+            Isa::Portable => &[],
+            Isa::Avx2 => &["avx2", "fma", "f16c"],
+            Isa::Avx512 => &["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni"],
+        };
+        need.iter().copied().filter(|f| !cpu_has(f)).collect()
+    }
+
+    /// `self` if this CPU runs it, otherwise an error naming the missing features.
+    pub fn check(self) -> Result<Isa, IsaError> {
+        let missing = self.missing();
+        if missing.is_empty() {
+            Ok(self)
+        } else {
+            Err(IsaError::Unsupported { isa: self, missing, best: Isa::detected() })
+        }
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Isa {
+    type Err = IsaError;
+    fn from_str(s: &str) -> Result<Isa, IsaError> {
+        Isa::ALL.into_iter().find(|i| i.name().eq_ignore_ascii_case(s.trim())).ok_or_else(|| IsaError::Unknown(s.to_string()))
+    }
+}
+
+/// A kernel table that cannot be had.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IsaError {
+    Unknown(String),
+    Unsupported { isa: Isa, missing: Vec<&'static str>, best: Isa },
+    AlreadyChosen { isa: Isa, chosen: Isa },
+}
+
+impl std::fmt::Display for IsaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IsaError::Unknown(s) => write!(f, "unknown ISA {s:?}: expected portable, avx2 or avx512"),
+            IsaError::Unsupported { isa, missing, best } => {
+                write!(f, "this CPU cannot run the {isa} kernels: it lacks {}; the highest it runs is {best}", missing.join(", "))
+            }
+            IsaError::AlreadyChosen { isa, chosen } => write!(f, "cannot switch the kernels to {isa}: this process already runs {chosen}"),
+        }
+    }
+}
+
+impl std::error::Error for IsaError {}
+
+/// Whether the CPU has one named feature (`std::is_x86_feature_detected!` names).
+fn cpu_has(feature: &str) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match feature {
+            "avx2" => std::is_x86_feature_detected!("avx2"),
+            "fma" => std::is_x86_feature_detected!("fma"),
+            "f16c" => std::is_x86_feature_detected!("f16c"),
+            "avx512f" => std::is_x86_feature_detected!("avx512f"),
+            "avx512bw" => std::is_x86_feature_detected!("avx512bw"),
+            "avx512vl" => std::is_x86_feature_detected!("avx512vl"),
+            "avx512vnni" => std::is_x86_feature_detected!("avx512vnni"),
+            _ => false,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = feature;
+        false
+    }
+}
+
+/// FMA, detected once: portable twins use it for `mul_add` (the same bits, without a libm
+/// call), whatever the table.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn has_fma() -> bool {
@@ -13,22 +122,7 @@ pub(crate) fn has_fma() -> bool {
     *FMA.get_or_init(|| std::is_x86_feature_detected!("fma"))
 }
 
-#[cfg(target_arch = "x86_64")]
-#[inline]
-pub(crate) fn has_avx512() -> bool {
-    static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVX512.get_or_init(|| {
-        has_avx2() && std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vl")
-    })
-}
-
-#[cfg(target_arch = "x86_64")]
-#[inline]
-pub(crate) fn has_avx2() -> bool {
-    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVX2.get_or_init(|| std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"))
-}
-
+/// F16C, detected once: portable twins use it for single F16 conversions (exact either way).
 #[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn has_f16c() -> bool {

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use corelm_kernels::quant::blocks::*;
-use corelm_kernels::{row_bytes, DType};
+use corelm_kernels::{row_bytes, DType, Isa, Kernels};
 use half::f16;
 
 /// Deterministic xorshift, so failures reproduce.
@@ -71,3 +71,8 @@ pub fn aligned(bytes: Vec<u8>) -> Vec<u8> {
     bytes
 }
 
+
+/// The kernel table of every ISA level this CPU runs, lowest first (portable always).
+pub fn tables() -> Vec<Kernels> {
+    Isa::ALL.into_iter().filter_map(|i| Kernels::for_isa(i).ok()).collect()
+}
