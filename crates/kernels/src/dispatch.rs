@@ -4,7 +4,9 @@
 //! with only the portable twins, used by the parity tests.
 
 use crate::matmul::portable as pd;
-use crate::matmul::{BatchDot, FromFloat, IlTiles, InterleavedOps, TilePacking, ToFloat, TypeOps, VecDot, Widened};
+use crate::matmul::{FromFloat, ToFloat, TypeOps, VecDot};
+#[cfg(target_arch = "x86_64")]
+use crate::matmul::{BatchDot, IlTiles, InterleavedOps, TilePacking, Widened};
 use crate::quant::portable as pq;
 use crate::DType;
 

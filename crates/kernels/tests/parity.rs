@@ -624,6 +624,7 @@ fn swiglu_simd_equals_scalar() {
 /// The AVX-512 `expf` (glibc's algorithm on 16 lanes, used by decode attention) against
 /// `f32::exp` — libm's `expf` — on every negative float above -104 (the arguments attention
 /// passes), and on the edges: ±0, ±∞, NaN, overflow, underflow, subnormals.
+#[cfg(target_arch = "x86_64")]
 #[test]
 fn vector_expf_equals_libm_expf() {
     if Kernels::detect().isa() != corelm_kernels::Isa::Avx512 {
@@ -787,6 +788,7 @@ fn rope_simd_equals_scalar() {
 /// reference for the single rounding): every float in [-140, -64] — the subnormal and
 /// underflow range, where `n = -192` once produced -∞ — and in [64, 100], plus a sweep of
 /// [-64, 64].
+#[cfg(target_arch = "x86_64")]
 #[test]
 fn ggml_expf_scalar_equals_avx512() {
     if Kernels::detect().isa() != corelm_kernels::Isa::Avx512 {

@@ -33,7 +33,6 @@ pub fn attend_row(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
-    let isa = kernels.isa();
     if !kv.is_f16() {
         return attend_quant(kernels, q, kv, n_cells, scale, visible, scratch, out);
     }
@@ -46,7 +45,7 @@ pub fn attend_row(
     }
     match kind {
         #[cfg(target_arch = "x86_64")]
-        AttnKernel::Reference if isa >= crate::Isa::Avx2 => {
+        AttnKernel::Reference if kernels.isa() >= crate::Isa::Avx2 => {
             // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
             unsafe { x86::reference::attend_reference(q, kv, n_cells, scale, &visible, scratch, out) }
         }
@@ -170,6 +169,8 @@ pub fn attend_rows(
         unsafe { x86::rows::attend_tiled_rows(q, heads, spans, kv, scale, &mut scratch.rows, out) };
         return;
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = heads;
     for ((qr, or), span) in q.iter().zip(out.iter_mut()).zip(spans) {
         let lo = span.start;
         attend_heads(kind, kernels, qr, kv, span.end, scale, |c| c >= lo, scratch, or);

@@ -36,6 +36,7 @@ pub const TILED_MIN_ROWS: usize = 64;
 pub const KV_TILE: usize = 64;
 
 /// Scratch for one attention row, allocated once per worker.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // buffers of the SIMD kernels
 pub struct AttnScratch {
     /// The query in the key type's `vec_dot_type` (quantized caches).
     pub(crate) qq: Vec<u8>,
@@ -69,6 +70,7 @@ pub struct AttnScratch {
 
 /// Buffers of [`attend_rows`]' SIMD kernel (`x86::rows`) for up to
 /// [`ROWS_MAX_VECTORS`] query vectors (rows × heads).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub struct RowsScratch {
     /// `[head_dim][8]` f32: the keys of one 8-cell chunk, transposed.
     pub(crate) kt: Vec<f32>,
