@@ -41,8 +41,6 @@ pub struct Kernels {
     q8_k: FromFloat,
     /// f32 → F16 rows (F16 KV cache stores, F16 activations).
     f16: FromFloat,
-    /// The AVX-512 table: the panel GEMM (`matmul::gemm`) uses its VNNI kernel.
-    vnni: bool,
     ops: [TypeOps; WEIGHT_TYPES.len()],
 }
 
@@ -92,7 +90,6 @@ impl Kernels {
             q8_1: pq::quant_q8_1,
             q8_k: pq::quant_q8_k,
             f16: pq::quant_f16,
-            vnni: false,
             ops: [
                 op(DType::F32, pd::dot_f32, pq::dequant_f32, Some(pq::quant_f32)),
                 op(DType::F16, pd::dot_f16, pq::dequant_f16, Some(pq::quant_f16)),
@@ -144,7 +141,6 @@ impl Kernels {
             use crate::quant::blocks::{BlockQ5_0, BlockQ8_0};
             debug_assert!(Isa::Avx512.missing().is_empty());
             k.isa = Isa::Avx512;
-            k.vnni = true;
             // SAFETY: `build` runs this only for a CPU with AVX2/FMA/F16C and AVX-512
             // F/BW/VL/VNNI (`Isa::Avx512` checked).
             let f: VecDot = |x, y| unsafe { avx512::dot_q5_0_q8_0(x, y) };
@@ -299,9 +295,10 @@ impl Kernels {
         self.isa
     }
 
-    /// Whether the panel GEMM (`--fast-prefill`) runs its AVX-512 VNNI micro-kernel.
+    /// Whether the panel GEMM (`--fast-prefill`) runs its AVX-512 VNNI micro-kernel: with the
+    /// AVX-512 table, whose level includes AVX-512 F/VL/VNNI.
     pub fn vnni(&self) -> bool {
-        self.vnni
+        self.isa == Isa::Avx512
     }
 
     /// Kernels for a weight type, `None` if this build cannot compute with it.
@@ -344,7 +341,7 @@ pub fn kernels() -> &'static Kernels {
         Ok(v) if !v.trim().is_empty() => v.parse::<Isa>().and_then(Isa::check).unwrap_or_else(|e| panic!("CORELM_ISA: {e}")),
         _ => Isa::detected(),
     });
-    kernels_for(isa).unwrap_or_else(|e| panic!("{e}"))
+    table(isa)
 }
 
 static DEFAULT_ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
@@ -363,7 +360,11 @@ pub fn set_default_isa(isa: Isa) -> Result<(), IsaError> {
 
 /// The table of a level, built once per process; an error names the features this CPU lacks.
 pub fn kernels_for(isa: Isa) -> Result<&'static Kernels, IsaError> {
+    Ok(table(isa.check()?))
+}
+
+/// The table of a level this CPU runs (checked by the callers), built on first use.
+fn table(isa: Isa) -> &'static Kernels {
     static TABLES: [std::sync::OnceLock<Kernels>; 3] = [const { std::sync::OnceLock::new() }; 3];
-    isa.check()?;
-    Ok(TABLES[isa as usize].get_or_init(|| Kernels::build(isa)))
+    TABLES[isa as usize].get_or_init(|| Kernels::build(isa))
 }

@@ -318,7 +318,7 @@ fn tile_dots_equal_row_dots() {
 /// multiple of the panel, rows not a multiple of four).
 #[test]
 fn panel_gemm_matches_row_dots() {
-    use corelm_kernels::matmul::gemm::{gemm, has_vnni, supported, GemmScratch};
+    use corelm_kernels::matmul::gemm::{gemm, supported, GemmScratch};
     let port = Kernels::portable();
     let mut rng = Rng(1234);
     for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
@@ -349,7 +349,7 @@ fn panel_gemm_matches_row_dots() {
                 out
             };
             let p = run(false, &mut scratch);
-            if has_vnni() {
+            if Kernels::detect().vnni() {
                 let s = run(true, &mut scratch);
                 assert!(p.iter().zip(&s).all(|(a, b)| a.to_bits() == b.to_bits()), "{t} k={k}: vnni vs portable");
             }

@@ -143,17 +143,3 @@ pub fn hsum_8(a: &[f32; 8]) -> f32 {
     let h: [f32; 4] = std::array::from_fn(|i| a[4 + i] + a[i]);
     (h[0] + h[2]) + (h[1] + h[3])
 }
-
-/// Whether this CPU runs the VNNI panel kernel.
-pub fn has_vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx512f")
-            && std::is_x86_feature_detected!("avx512vl")
-            && std::is_x86_feature_detected!("avx512vnni")
-            && std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}

@@ -28,7 +28,6 @@ mod panel;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 
-pub use crate::simd::has_vnni;
 pub use panel::{act_block, panel_portable, Act, PACKED_BLOCK, PANEL};
 
 /// Weight types the panel GEMM handles.
