@@ -49,7 +49,7 @@ fn paths(src: &str) -> Vec<Vec<String>> {
     let mut i = 0;
     while i < b.len() {
         let starts = (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_' || b[i - 1] == b':'))
-            && ["crate::", "super::", "self::"].iter().any(|k| code[i..].starts_with(k));
+            && ["crate::", "super::", "self::"].iter().any(|k| b[i..].starts_with(k.as_bytes()));
         if !starts {
             i += 1;
             continue;
@@ -175,7 +175,8 @@ fn modules_import_only_downward_and_without_circles() {
 
 #[test]
 fn the_checker_sees_paths_and_groups() {
-    let p = paths("use crate::matmul::x86::{avx512, avx512_k as tiles_k};\n// crate::not::this\nlet a = super::x::y(1);");
+    // Non-ASCII text before a path: the scan steps by bytes, never slicing inside a character.
+    let p = paths("use crate::matmul::x86::{avx512, avx512_k as tiles_k};\n// crate::not::this\nlet s = \"× ·\"; let a = super::x::y(1);");
     assert!(p.contains(&vec!["crate".into(), "matmul".into(), "x86".into(), "avx512_k".into()]), "{p:?}");
     assert!(p.contains(&vec!["super".into(), "x".into(), "y".into()]), "{p:?}");
     assert!(!p.iter().any(|s| s.contains(&"not".to_string())), "comments are skipped: {p:?}");
