@@ -73,7 +73,7 @@ struct KernelArgs {
     #[arg(long)]
     fast_prefill: bool,
     /// Keep the model file's row layout for every matmul instead of repacking matrices once at
-    /// load into the interleaved layout of the AVX-512 kernels (same results, slower).
+    /// load into the interleaved layout of the AVX2 and AVX-512 kernels (same results, slower).
     #[arg(long)]
     no_repack: bool,
 }

@@ -358,33 +358,34 @@ fn logits_are_the_same_for_any_thread_count() {
     }
 }
 
-/// Matrices repacked at load (the interleaved layout of the AVX-512 kernels) give the plain
-/// rows' logits bit for bit, on all three golden models: a 45-token prompt (tiles, the GEMV on
-/// its last row) and single-token decode steps (the GEMV), at two threads.
+/// Matrices repacked at load (the interleaved layout of the SIMD kernels) give the plain
+/// rows' logits bit for bit, on all three golden models and under every SIMD table this CPU
+/// runs (AVX2's and AVX-512's interleaved kernels): a 45-token prompt (tiles, the GEMV on its
+/// last row) and single-token decode steps (the GEMV), at two threads.
 #[test]
 fn repacked_weights_give_the_plain_weights_logits() {
+    use corelm_kernels::Isa;
     let tokens: Vec<u32> = (0..45).map(|i| (i * 977 + 13) % 30000).collect();
-    let vnni = corelm_kernels::kernels().ops(GgmlType::Q4_1).is_some_and(|o| o.interleaved.is_some());
-    for (_, file, _) in MODELS {
-        let run = |repack: bool| {
-            let (mut e, _) = load(file, corelm_engine::EngineConfig { repack, ..test_config(2) });
-            let mut rows = logits_alone(&mut e, 0, &tokens);
-            for (i, t) in [11u32, 4000, 17].into_iter().enumerate() {
-                let mut b = Batch::new();
-                b.add(t, (tokens.len() + i) as i32, 0, true);
-                rows.push(e.decode(&b).unwrap().row(0).to_vec());
+    for isa in Isa::ALL.into_iter().filter(|&i| i > Isa::Portable && i.check().is_ok()) {
+        for (_, file, _) in MODELS {
+            let run = |repack: bool| {
+                let (mut e, _) = load(file, corelm_engine::EngineConfig { repack, isa: Some(isa), ..test_config(2) });
+                let mut rows = logits_alone(&mut e, 0, &tokens);
+                for (i, t) in [11u32, 4000, 17].into_iter().enumerate() {
+                    let mut b = Batch::new();
+                    b.add(t, (tokens.len() + i) as i32, 0, true);
+                    rows.push(e.decode(&b).unwrap().row(0).to_vec());
+                }
+                (rows, e.packed())
+            };
+            let (plain, none) = run(false);
+            let (packed, (count, bytes)) = run(true);
+            assert_eq!(none, (0, 0));
+            eprintln!("{isa}: {file}: {count} matrices repacked, {:.1} MB", bytes as f64 / 1e6);
+            assert!(count > 0, "{isa}: {file}: nothing repacked by a table with interleaved kernels");
+            for (r, (a, b)) in packed.iter().zip(&plain).enumerate() {
+                assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{isa}: {file}: row {r} differs");
             }
-            (rows, e.packed())
-        };
-        let (plain, none) = run(false);
-        let (packed, (count, bytes)) = run(true);
-        assert_eq!(none, (0, 0));
-        eprintln!("{file}: {count} matrices repacked, {:.1} MB", bytes as f64 / 1e6);
-        if vnni {
-            assert!(count > 0, "{file}: nothing repacked on a CPU with the interleaved kernels");
-        }
-        for (r, (a, b)) in packed.iter().zip(&plain).enumerate() {
-            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{file}: row {r} differs");
         }
     }
 }

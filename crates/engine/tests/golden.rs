@@ -169,6 +169,21 @@ fn golden_smollm2_lower_isas() {
     }
 }
 
+/// The K-quant models (Q4_K, Q6_K, Q5_0, Q8_0 matrices, repacked for the AVX2 table's
+/// interleaved kernels) under the AVX2 table where the CPU's best is higher: one short and one
+/// long case each (the long one runs prefill's tiles on every matrix).
+#[test]
+fn golden_kquants_avx2() {
+    use corelm_kernels::Isa;
+    if Isa::detected() <= Isa::Avx2 {
+        return; // the default tests run this table already
+    }
+    for (d, f, t) in [MODELS[1], MODELS[2]] {
+        let cfg = corelm_engine::EngineConfig { n_batch: 512, isa: Some(Isa::Avx2), ..test_config(2) };
+        check_model_cfg(d, f, t, cfg, &["p01", "p04"]);
+    }
+}
+
 #[test]
 fn golden_gemma3() {
     let (d, f, t) = MODELS[1];

@@ -10,13 +10,14 @@ use crate::matmul::{BatchDot, IlTiles, InterleavedOps, TilePacking, Widened};
 use crate::quant::portable as pq;
 use crate::DType;
 
-/// The interleaved kernels of type `T` (`matmul::x86::avx512_il`). Only for tables of CPUs with
-/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C: the returned functions call them without checking.
+/// The AVX-512 interleaved kernels of type `T` (`matmul::x86::avx512_il`). Only for tables of
+/// CPUs with AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C: the returned functions call them without
+/// checking.
 #[cfg(target_arch = "x86_64")]
-fn interleaved_ops<T: crate::matmul::x86::avx512_il::Interleaved>() -> InterleavedOps {
+fn interleaved_avx512<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOps {
     use crate::matmul::x86::avx512_il::{rows, tiles};
-    // SAFETY (all three): `Kernels::detect` puts these in a table only after detecting the
-    // features the kernels are compiled for.
+    // SAFETY (all three): `Kernels::build` puts these in a table only for `Isa::Avx512`, whose
+    // features it checked.
     InterleavedOps {
         rows: |g, xrb, y, o, p| unsafe { rows::<T>(g, xrb, y, o, p) },
         tiles: IlTiles {
@@ -26,7 +27,21 @@ fn interleaved_ops<T: crate::matmul::x86::avx512_il::Interleaved>() -> Interleav
     }
 }
 
-
+/// The AVX2 interleaved kernels of type `T` (`matmul::x86::avx2_il`). Only for tables of CPUs
+/// with AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+fn interleaved_avx2<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOps {
+    use crate::matmul::x86::avx2_il::{rows, tiles, tiles8};
+    // SAFETY (all three): `Kernels::build` puts these in a table only for `Isa::Avx2` or above,
+    // whose features it checked.
+    InterleavedOps {
+        rows: |g, xrb, y, o, p| unsafe { rows::<T>(g, xrb, y, o, p) },
+        tiles: IlTiles {
+            tile: |g, xrb, y, o, p| unsafe { tiles::<T>(g, xrb, y, o, p) },
+            tile8: |g, xrb, y, o, p| unsafe { tiles8::<T>(g, xrb, y, o, p) },
+        },
+    }
+}
 
 pub use crate::simd::{Isa, IsaError};
 
@@ -209,13 +224,13 @@ impl Kernels {
                     step: 32,
                 });
             }
-            use crate::matmul::x86::avx512_il as il;
+            use crate::matmul::x86::common as il;
             for (t, o) in [
-                (DType::Q4_0, interleaved_ops::<il::Q4_0>()),
-                (DType::Q4_1, interleaved_ops::<il::Q4_1>()),
-                (DType::Q5_0, interleaved_ops::<il::Q5_0>()),
-                (DType::Q5_1, interleaved_ops::<il::Q5_1>()),
-                (DType::Q8_0, interleaved_ops::<il::Q8_0>()),
+                (DType::Q4_0, interleaved_avx512::<il::Q4_0>()),
+                (DType::Q4_1, interleaved_avx512::<il::Q4_1>()),
+                (DType::Q5_0, interleaved_avx512::<il::Q5_0>()),
+                (DType::Q5_1, interleaved_avx512::<il::Q5_1>()),
+                (DType::Q8_0, interleaved_avx512::<il::Q8_0>()),
             ] {
                 k.ops[slot(t).unwrap()].interleaved = Some(o);
             }
@@ -285,6 +300,32 @@ impl Kernels {
             set(&mut k, DType::IQ4XS, |x, y| unsafe { ext::dot_iq4_xs_q8_k(x, y) });
             set(&mut k, DType::BF16, |x, y| unsafe { ext::dot_bf16(x, y) });
             k.ops[slot(DType::Q8_0).unwrap()].to_float = |x, y| unsafe { crate::quant::x86::dequant_q8_0(x, y) };
+            // Matrices of these types are repacked at load (`matmul::layout`) for these kernels.
+            use crate::matmul::x86::common as il;
+            for (t, o) in [
+                (DType::Q4_0, interleaved_avx2::<il::Q4_0>()),
+                (DType::Q4_1, interleaved_avx2::<il::Q4_1>()),
+                (DType::Q5_0, interleaved_avx2::<il::Q5_0>()),
+                (DType::Q5_1, interleaved_avx2::<il::Q5_1>()),
+                (DType::Q8_0, interleaved_avx2::<il::Q8_0>()),
+            ] {
+                k.ops[slot(t).unwrap()].interleaved = Some(o);
+            }
+            use crate::matmul::x86::avx2_il_k as ilk;
+            k.ops[slot(DType::Q4K).unwrap()].interleaved = Some(InterleavedOps {
+                rows: |g, xrb, y, o, p| unsafe { ilk::rows_q4_k(g, xrb, y, o, p) },
+                tiles: IlTiles {
+                    tile: |g, xrb, y, o, p| unsafe { ilk::tiles_q4_k(g, xrb, y, o, p) },
+                    tile8: |g, xrb, y, o, p| unsafe { ilk::tiles8_q4_k(g, xrb, y, o, p) },
+                },
+            });
+            k.ops[slot(DType::Q6K).unwrap()].interleaved = Some(InterleavedOps {
+                rows: |g, xrb, y, o, p| unsafe { ilk::rows_q6_k(g, xrb, y, o, p) },
+                tiles: IlTiles {
+                    tile: |g, xrb, y, o, p| unsafe { ilk::tiles_q6_k(g, xrb, y, o, p) },
+                    tile8: |g, xrb, y, o, p| unsafe { ilk::tiles8_q6_k(g, xrb, y, o, p) },
+                },
+            });
         }
         k
     }

@@ -44,13 +44,23 @@ fn pack_then_unpack_is_the_identity() {
 
 #[test]
 fn interleaved_gemv_and_tiles_equal_plain_row_dots() {
-    let (fast, port) = (Kernels::detect(), Kernels::portable());
+    let tables = common::tables();
+    let with_il = tables.iter().filter(|k| TYPES.iter().all(|&t| k.ops(t).unwrap().interleaved.is_some())).count();
+    // Every SIMD table this CPU runs has them (the portable table repacks nothing).
+    assert_eq!(with_il, tables.len() - 1, "a SIMD table without interleaved kernels");
+    for fast in &tables {
+        interleaved_equal_plain(fast);
+    }
+}
+
+fn interleaved_equal_plain(fast: &Kernels) {
+    let port = Kernels::portable();
     let mut rng = Rng(0x1234_5678_9ABC);
     for t in TYPES {
         let Some(il) = fast.ops(t).unwrap().interleaved else {
-            eprintln!("{t}: no interleaved kernels on this CPU (needs AVX-512 VNNI); skipped");
             continue;
         };
+        let isa = fast.isa();
         let vec_dot = fast.ops(t).unwrap().vec_dot;
         for (k, n_rows) in [(32, 4), (64, 8), (576, 16), (896, 12), (4864, 4)] {
             // Q4_K: 256-value blocks (896 = 3.5 blocks does not exist; 1024 stands in).
@@ -60,7 +70,7 @@ fn interleaved_gemv_and_tiles_equal_plain_row_dots() {
             let mut g = aligned(vec![0u8; w.len()]);
             pack(t, &w, xrb, &mut g);
             let mut prep = vec![0i32; scratch_len(k)];
-            let acts: Vec<(Vec<f32>, Vec<u8>)> = (0..4).map(|_| activations(&fast, t, k, &mut rng)).collect();
+            let acts: Vec<(Vec<f32>, Vec<u8>)> = (0..4).map(|_| activations(fast, t, k, &mut rng)).collect();
             // GEMV, against the plain SIMD dot, the portable twin and the f32 reference.
             let (x, y) = &acts[0];
             let mut out = vec![0f32; n_rows];
@@ -71,7 +81,7 @@ fn interleaved_gemv_and_tiles_equal_plain_row_dots() {
             let mut wf = vec![0f32; k];
             for c in 0..n_rows {
                 let plain = &w[c * xrb..(c + 1) * xrb];
-                assert_eq!(out[c].to_bits(), vec_dot(plain, y).to_bits(), "{t} k={k} row {c}: GEMV {} vs vec_dot {}", out[c], vec_dot(plain, y));
+                assert_eq!(out[c].to_bits(), vec_dot(plain, y).to_bits(), "{isa:?} {t} k={k} row {c}: GEMV {} vs vec_dot {}", out[c], vec_dot(plain, y));
                 assert!((out[c] - twin[c]).abs() <= 1e-4 * (1.0 + twin[c].abs()), "{t} k={k} row {c}: {} vs portable {}", out[c], twin[c]);
                 (port.ops(t).unwrap().to_float)(plain, &mut wf);
                 let r: f64 = wf.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum();
@@ -88,18 +98,18 @@ fn interleaved_gemv_and_tiles_equal_plain_row_dots() {
             for (c, o) in tile.iter().enumerate() {
                 for (j, y) in ys.iter().enumerate() {
                     let want = vec_dot(&w[c * xrb..(c + 1) * xrb], y);
-                    assert_eq!(o[j].to_bits(), want.to_bits(), "{t} k={k} row {c} act {j}: tile {} vs vec_dot_tile {want}", o[j]);
+                    assert_eq!(o[j].to_bits(), want.to_bits(), "{isa:?} {t} k={k} row {c} act {j}: tile {} vs vec_dot_tile {want}", o[j]);
                 }
             }
             // Eight activation rows at once (the four above and four more).
-            let more: Vec<(Vec<f32>, Vec<u8>)> = (0..4).map(|_| activations(&fast, t, k, &mut rng)).collect();
+            let more: Vec<(Vec<f32>, Vec<u8>)> = (0..4).map(|_| activations(fast, t, k, &mut rng)).collect();
             let ys8: [&[u8]; 8] = std::array::from_fn(|j| if j < 4 { ys[j] } else { &more[j - 4].1[..] });
             let mut tile = vec![[0f32; 8]; n_rows];
             (tiles.tile8)(&g, xrb, ys8, &mut tile, &mut prep);
             for (c, o) in tile.iter().enumerate() {
                 for (j, y) in ys8.iter().enumerate() {
                     let want = vec_dot(&w[c * xrb..(c + 1) * xrb], y);
-                    assert_eq!(o[j].to_bits(), want.to_bits(), "{t} k={k} row {c} act {j}: tile8 {} vs vec_dot_tile {want}", o[j]);
+                    assert_eq!(o[j].to_bits(), want.to_bits(), "{isa:?} {t} k={k} row {c} act {j}: tile8 {} vs vec_dot_tile {want}", o[j]);
                 }
             }
         }

@@ -24,8 +24,9 @@
 //!
 //! Why: a 64-byte load then holds one half-block of all four rows — 128-bit lane `r` is row `r`
 //! — so the kernels (`matmul::x86::avx512_il`) decode and multiply four rows with one instruction
-//! where a plain row needs one per row, convert the four rows' scales with one `vcvtph2ps`, and
-//! read each matrix as one sequential stream (four plain rows read block by block are four
+//! where a plain row needs one per row (AVX2: a 32-byte load holds a row pair,
+//! `matmul::x86::avx2_il`), convert the four rows' scales with one `vcvtph2ps`, and read each
+//! matrix as one sequential stream (four plain rows read block by block are four
 //! streams the hardware prefetcher does not follow). The same layout serves decode's GEMV and
 //! prefill's 4×4 tiles, so nothing is packed per call (SMEPilot's layout-aware runtime: pack
 //! off the critical path).

@@ -18,31 +18,32 @@
 //! then multiplied by each activation's `d_y` (the same f32 product as the AVX2 kernels').
 #![allow(clippy::missing_safety_doc)]
 
-use super::common::hsum_rows;
+use super::common::{act_block, heads, hsum_rows, IlBlock, IlValues};
 use crate::matmul::layout::ROWS;
-use crate::quant::blocks::{BlockQ8_0, BlockQ8_1};
 use std::arch::x86_64::*;
 
-/// A weight type's group-block decoding.
-pub trait Interleaved {
-    /// Plain block bytes (a group-block is four of them).
-    const BS: usize;
-    /// `u = q + OFFSET` (0: the values are unsigned already; the type has a min instead).
-    const OFFSET: u8;
-    /// Q8_1 activations and a `Σ m·s` term (Q4_1, Q5_1); otherwise Q8_0 activations.
-    const MIN: bool;
-    /// The unsigned values `(lo, hi)` of the group-block at `g`.
-    ///
-    /// # Safety
-    /// `g` points to a whole group-block; AVX-512 F/BW present.
-    unsafe fn values(g: *const u8) -> (__m512i, __m512i);
+/// The four rows' unsigned values `(lo, hi)` of the group-block at `g`: 128-bit lane r of
+/// `lo` holds row r's values 0‥16, of `hi` its values 16‥32 (`u = q + OFFSET`).
+///
+/// # Safety
+/// `g` points to a whole group-block of `T`; AVX-512 F/BW present.
+#[inline(always)]
+unsafe fn values<T: IlBlock>(g: *const u8) -> (__m512i, __m512i) {
+    // SAFETY (all arms): the offsets of `T::VALUES` are inside its group-block (the layout).
+    unsafe {
+        match T::VALUES {
+            IlValues::Nibbles(at) => nibbles(g.add(at)),
+            IlValues::FifthBits(masks) => fifth_bits(g, masks),
+            IlValues::Bytes => {
+                let flip = _mm512_set1_epi8(-128);
+                (
+                    _mm512_xor_si512(_mm512_loadu_si512(g.add(8) as *const _), flip),
+                    _mm512_xor_si512(_mm512_loadu_si512(g.add(72) as *const _), flip),
+                )
+            }
+        }
+    }
 }
-
-pub struct Q4_0;
-pub struct Q4_1;
-pub struct Q5_0;
-pub struct Q5_1;
-pub struct Q8_0;
 
 /// The nibbles of four rows' `qs` (64 bytes at `qs`): `(v & 0x0F, (v >> 4) & 0x0F)`.
 #[inline(always)]
@@ -72,76 +73,6 @@ unsafe fn fifth_bits(g: *const u8, masks: usize) -> (__m512i, __m512i) {
     (lo, hi)
 }
 
-impl Interleaved for Q4_0 {
-    const BS: usize = 18;
-    const OFFSET: u8 = 8;
-    const MIN: bool = false;
-    #[inline(always)]
-    unsafe fn values(g: *const u8) -> (__m512i, __m512i) {
-        // SAFETY: 64 bytes at 8 inside the 72-byte group-block.
-        unsafe { nibbles(g.add(8)) }
-    }
-}
-
-impl Interleaved for Q4_1 {
-    const BS: usize = 20;
-    const OFFSET: u8 = 0;
-    const MIN: bool = true;
-    #[inline(always)]
-    unsafe fn values(g: *const u8) -> (__m512i, __m512i) {
-        // SAFETY: 64 bytes at 16 inside the 80-byte group-block.
-        unsafe { nibbles(g.add(16)) }
-    }
-}
-
-impl Interleaved for Q5_0 {
-    const BS: usize = 22;
-    const OFFSET: u8 = 16;
-    const MIN: bool = false;
-    #[inline(always)]
-    unsafe fn values(g: *const u8) -> (__m512i, __m512i) {
-        // SAFETY: masks at 8 and 16, values at 24, inside the 88-byte group-block.
-        unsafe { fifth_bits(g, 8) }
-    }
-}
-
-impl Interleaved for Q5_1 {
-    const BS: usize = 24;
-    const OFFSET: u8 = 0;
-    const MIN: bool = true;
-    #[inline(always)]
-    unsafe fn values(g: *const u8) -> (__m512i, __m512i) {
-        // SAFETY: masks at 16 and 24, values at 32, inside the 96-byte group-block.
-        unsafe { fifth_bits(g, 16) }
-    }
-}
-
-impl Interleaved for Q8_0 {
-    const BS: usize = 34;
-    const OFFSET: u8 = 128;
-    const MIN: bool = false;
-    #[inline(always)]
-    unsafe fn values(g: *const u8) -> (__m512i, __m512i) {
-        let flip = _mm512_set1_epi8(-128);
-        // SAFETY: 64 bytes at 8 and at 72 inside the 136-byte group-block.
-        unsafe {
-            (
-                _mm512_xor_si512(_mm512_loadu_si512(g.add(8) as *const _), flip),
-                _mm512_xor_si512(_mm512_loadu_si512(g.add(72) as *const _), flip),
-            )
-        }
-    }
-}
-
-/// Bytes of an activation block, and where its 32 quants start.
-const fn act_block<T: Interleaved>() -> (usize, usize) {
-    if T::MIN {
-        (std::mem::size_of::<BlockQ8_1>(), 4)
-    } else {
-        (std::mem::size_of::<BlockQ8_0>(), 2)
-    }
-}
-
 /// i32 per activation block in the scratch [`prepare`] fills: the eight `−o·Σy` lane sums,
 /// `d_y` and (Q8_1) `s_y` as f32 bits, padding to a cache line.
 const PREP: usize = 16;
@@ -159,7 +90,7 @@ struct Act {
 }
 
 #[inline(always)]
-unsafe fn act<T: Interleaved>(y: *const u8, prep: *const i32) -> Act {
+unsafe fn act<T: IlBlock>(y: *const u8, prep: *const i32) -> Act {
     let (_, q) = act_block::<T>();
     // SAFETY: a whole activation block at `y`; its PREP i32 at `prep`.
     unsafe {
@@ -180,22 +111,9 @@ unsafe fn act<T: Interleaved>(y: *const u8, prep: *const i32) -> Act {
     }
 }
 
-/// The group-block's scales: `[d0‥d3]` (with a min: `[d0, m0, …, d3, m3]`), as f32.
-#[inline(always)]
-unsafe fn heads<T: Interleaved>(g: *const u8) -> __m256 {
-    // SAFETY: the group-block starts with 8 (with a min: 16) bytes of f16 scales.
-    unsafe {
-        if T::MIN {
-            _mm256_cvtph_ps(_mm_loadu_si128(g as *const __m128i))
-        } else {
-            _mm256_cvtph_ps(_mm_loadl_epi64(g as *const __m128i))
-        }
-    }
-}
-
 /// Row r's scale `d_r` (from [`heads`]) in all of 128-bit lane r.
 #[inline(always)]
-unsafe fn spread<T: Interleaved>(h: __m256) -> __m512 {
+unsafe fn spread<T: IlBlock>(h: __m256) -> __m512 {
     let s = if T::MIN { 2 } else { 1 };
     let idx = _mm512_setr_epi32(0, 0, 0, 0, s, s, s, s, 2 * s, 2 * s, 2 * s, 2 * s, 3 * s, 3 * s, 3 * s, 3 * s);
     _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(h))
@@ -215,7 +133,7 @@ unsafe fn step(u: (__m512i, __m512i), d: __m512, a: &Act, acc: &mut [__m512; 2])
 /// `hsum_f32x8` of each row's eight logical lanes (128-bit lane r of `acc[1]`, then of
 /// `acc[0]`), plus with a min its `Σ m·s` (odd lanes of `summs`).
 #[inline(always)]
-unsafe fn finish<T: Interleaved>(acc: &[__m512; 2], summs: __m256, out: &mut [f32]) {
+unsafe fn finish<T: IlBlock>(acc: &[__m512; 2], summs: __m256, out: &mut [f32]) {
     // SAFETY: the caller's features.
     let mut v = unsafe { hsum_rows(acc) };
     if T::MIN {
@@ -230,7 +148,7 @@ unsafe fn finish<T: Interleaved>(acc: &[__m512; 2], summs: __m256, out: &mut [f3
 /// Fill `prep[PREP·i ..]` for each block i of activation row `y`: the `−o·Σy` lane sums (types
 /// with an offset), `d_y` and `s_y` as f32.
 #[inline(always)]
-unsafe fn prepare<T: Interleaved>(y: &[u8], nb: usize, prep: &mut [i32]) {
+unsafe fn prepare<T: IlBlock>(y: &[u8], nb: usize, prep: &mut [i32]) {
     let (abs, q) = act_block::<T>();
     assert!(y.len() >= nb * abs && prep.len() >= nb * PREP);
     let off = _mm256_set1_epi8(T::OFFSET as i8);
@@ -255,7 +173,7 @@ unsafe fn prepare<T: Interleaved>(y: &[u8], nb: usize, prep: &mut [i32]) {
 /// groups of `out.len()` rows, a multiple of four, plain rows `xrb` bytes) with activation row
 /// `y`, bit for bit. `prep`: scratch of at least `xrb / BS · 16` i32.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub fn rows<T: Interleaved>(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]) {
+pub fn rows<T: IlBlock>(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]) {
     let nb = xrb / T::BS;
     let (abs, _) = act_block::<T>();
     let gbs = ROWS * T::BS;
@@ -277,7 +195,7 @@ pub fn rows<T: Interleaved>(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], pre
                 if T::MIN {
                     summs = _mm256_add_ps(summs, p);
                 }
-                step(T::values(gb), spread::<T>(p), &a, &mut acc);
+                step(values::<T>(gb), spread::<T>(p), &a, &mut acc);
             }
             finish::<T>(&acc, summs, o);
         }
@@ -289,7 +207,7 @@ pub fn rows<T: Interleaved>(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], pre
 /// activation rows. Each group-block is decoded once for the `J` rows. `prep`: scratch of at
 /// least `J · xrb / BS · 16` i32.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub fn tiles<T: Interleaved, const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], prep: &mut [i32]) {
+pub fn tiles<T: IlBlock, const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], prep: &mut [i32]) {
     let nb = xrb / T::BS;
     let (abs, _) = act_block::<T>();
     let gbs = ROWS * T::BS;
@@ -305,7 +223,7 @@ pub fn tiles<T: Interleaved, const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J]
             let mut summs = [_mm256_setzero_ps(); J];
             for i in 0..nb {
                 let gb = base.add(i * gbs);
-                let (u, h) = (T::values(gb), heads::<T>(gb));
+                let (u, h) = (values::<T>(gb), heads::<T>(gb));
                 // Spread once for the activation rows, then one product per row.
                 let wz = spread::<T>(h);
                 for j in 0..J {

@@ -20,37 +20,16 @@
 //!   four rows' `acc` (low half) and `acc_min` (high half) with `[d_r·d_y, dmin_r·d_y]`.
 #![allow(clippy::missing_safety_doc)]
 
-use super::common::hsum_rows;
+use super::common::{hsum_rows, prepare_q4_k, two_passes, Q4K_PREP as PREP};
 use crate::matmul::layout::ROWS;
 use crate::quant::blocks::BlockQ8K;
 use std::arch::x86_64::*;
 
 /// Plain Q4_K block bytes.
 const BS: usize = 144;
-/// i32 of `prep` per activation super-block: its eight pair sums as i16 (four i32), `d_y`.
-const PREP: usize = 8;
 /// Where a Q8_K block's quants and block sums start.
 const QS: usize = 4;
 const BSUMS: usize = 4 + 256;
-
-/// Fill `prep[PREP·i ..]` for each super-block i of activation row `y`: the eight sums
-/// `bsums[2s] + bsums[2s+1]` as i16 (≤ 32·127, exact), then `d_y`.
-#[inline(always)]
-unsafe fn prepare(y: &[u8], nb: usize, prep: &mut [i32]) {
-    let abs = std::mem::size_of::<BlockQ8K>();
-    assert!(y.len() >= nb * abs && prep.len() >= nb * PREP);
-    for i in 0..nb {
-        // SAFETY: block i of y and PREP i32 of prep, both checked above; unaligned accesses.
-        unsafe {
-            let blk = y.as_ptr().add(i * abs);
-            let p = prep.as_mut_ptr().add(PREP * i);
-            let pairs = _mm256_madd_epi16(_mm256_loadu_si256(blk.add(BSUMS) as *const __m256i), _mm256_set1_epi16(1));
-            let w = _mm_packs_epi32(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
-            _mm_storeu_si128(p as *mut __m128i, w);
-            *p.add(4) = (blk as *const i32).read_unaligned();
-        }
-    }
-}
 
 /// The four rows' scales and mins of the group-block at `gb`: 128-bit lane r holds row r's
 /// `sc0‥sc7, m0‥m7` (bytes), as ggml's `utmp` shuffle gives them for one row.
@@ -106,7 +85,7 @@ pub fn rows_q4_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i3
     // `prepare`, the group-blocks and activation blocks are inside `g` and `y` (asserted).
     unsafe {
         let ctl = [pair_control(0, 1), pair_control(2, 3), pair_control(4, 5), pair_control(6, 7)];
-        prepare(y, nb, prep);
+        prepare_q4_k(y, nb, prep);
         for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
             let base = g.as_ptr().add(c * ROWS * xrb);
             // Low half: the four rows' acc; high half: their acc_min.
@@ -185,27 +164,6 @@ pub fn tiles_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], _pr
 pub fn tiles8_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
     // SAFETY: `tiles_q6_k` needs the features enabled here.
     unsafe { two_passes(g, xrb, y, out, prep, tiles_q6_k) }
-}
-
-/// A four-activation-row tile kernel (`tiles_q4_k`, `tiles_q6_k`).
-type Tile4 = unsafe fn(&[u8], usize, [&[u8]; 4], &mut [[f32; 4]], &mut [i32]);
-
-/// Eight activation rows as two passes of four through `tile4`, 64 weight rows at a time.
-///
-/// # Safety
-/// The CPU has the features `tile4` is compiled for.
-unsafe fn two_passes(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32], tile4: Tile4) {
-    let mut half = [[0f32; 4]; 64];
-    for (hi, ys) in [[y[0], y[1], y[2], y[3]], [y[4], y[5], y[6], y[7]]].into_iter().enumerate() {
-        for (chunk, o) in out.chunks_mut(64).enumerate() {
-            let rows = o.len();
-            // SAFETY: the caller's contract.
-            unsafe { tile4(&g[chunk * 64 * xrb..], xrb, ys, &mut half[..rows], prep) };
-            for (o, h) in o.iter_mut().zip(&half[..rows]) {
-                o[4 * hi..4 * hi + 4].copy_from_slice(h);
-            }
-        }
-    }
 }
 
 /// The Q6_K kernels for `J` activation rows (1: the GEMV).
@@ -314,7 +272,7 @@ pub fn tiles_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], pre
         // Per 64 values j, the words (m_2j, m_2j+1) in every i32 of a lane.
         let ctl_min = [min_control(0), min_control(1), min_control(2), min_control(3)];
         for (a, y) in y.iter().enumerate() {
-            prepare(y, nb, &mut prep[a * nb * PREP..(a + 1) * nb * PREP]);
+            prepare_q4_k(y, nb, &mut prep[a * nb * PREP..(a + 1) * nb * PREP]);
         }
         let spread_d = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
         let spread_m = _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);

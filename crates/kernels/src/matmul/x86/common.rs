@@ -6,6 +6,122 @@
 use crate::quant::blocks::*;
 use std::arch::x86_64::*;
 
+/// A 32-value block type with an interleaved layout (`matmul::layout`), as its x86 kernels
+/// (`avx2_il`, `avx512_il`) decode it.
+pub trait IlBlock {
+    /// Plain block bytes (a group-block is four of them).
+    const BS: usize;
+    /// `u = q + OFFSET` (0: the values are unsigned already; the type has a min instead).
+    const OFFSET: u8;
+    /// Q8_1 activations and a `Σ m·s` term (Q4_1, Q5_1); otherwise Q8_0 activations.
+    const MIN: bool;
+    /// Where and how the values sit in the group-block.
+    const VALUES: IlValues;
+}
+
+/// How a group-block holds its values.
+pub enum IlValues {
+    /// Four rows' 16 bytes of nibbles at this offset (row r at `16r`): low nibbles are values
+    /// 0‥16, high nibbles values 16‥32.
+    Nibbles(usize),
+    /// Q5: the two 64-bit fifth-bit masks at this offset, the nibbles 16 bytes on.
+    FifthBits(usize),
+    /// Q8_0: signed bytes, values 0‥16 of the four rows at 8, values 16‥32 at 72.
+    Bytes,
+}
+
+pub struct Q4_0;
+pub struct Q4_1;
+pub struct Q5_0;
+pub struct Q5_1;
+pub struct Q8_0;
+
+impl IlBlock for Q4_0 {
+    const BS: usize = 18;
+    const OFFSET: u8 = 8;
+    const MIN: bool = false;
+    const VALUES: IlValues = IlValues::Nibbles(8);
+}
+
+impl IlBlock for Q4_1 {
+    const BS: usize = 20;
+    const OFFSET: u8 = 0;
+    const MIN: bool = true;
+    const VALUES: IlValues = IlValues::Nibbles(16);
+}
+
+impl IlBlock for Q5_0 {
+    const BS: usize = 22;
+    const OFFSET: u8 = 16;
+    const MIN: bool = false;
+    const VALUES: IlValues = IlValues::FifthBits(8);
+}
+
+impl IlBlock for Q5_1 {
+    const BS: usize = 24;
+    const OFFSET: u8 = 0;
+    const MIN: bool = true;
+    const VALUES: IlValues = IlValues::FifthBits(16);
+}
+
+impl IlBlock for Q8_0 {
+    const BS: usize = 34;
+    const OFFSET: u8 = 128;
+    const MIN: bool = false;
+    const VALUES: IlValues = IlValues::Bytes;
+}
+
+/// Bytes of an activation block, and where its 32 quants start.
+pub(crate) const fn act_block<T: IlBlock>() -> (usize, usize) {
+    if T::MIN {
+        (std::mem::size_of::<BlockQ8_1>(), 4)
+    } else {
+        (std::mem::size_of::<BlockQ8_0>(), 2)
+    }
+}
+
+/// The group-block's scales: `[d0‥d3, 0…]` (with a min: `[d0, m0, …, d3, m3]`), as f32.
+///
+/// # Safety
+/// A whole group-block at `g`; F16C present.
+#[inline(always)]
+pub(crate) unsafe fn heads<T: IlBlock>(g: *const u8) -> __m256 {
+    // SAFETY: the group-block starts with 8 (with a min: 16) bytes of f16 scales.
+    unsafe {
+        if T::MIN {
+            _mm256_cvtph_ps(_mm_loadu_si128(g as *const __m128i))
+        } else {
+            _mm256_cvtph_ps(_mm_loadl_epi64(g as *const __m128i))
+        }
+    }
+}
+
+/// i32 of `prep` per Q8_K super-block for the interleaved Q4_K kernels: its eight pair sums as
+/// i16 (four i32), `d_y`.
+pub(crate) const Q4K_PREP: usize = 8;
+
+/// Fill `prep[Q4K_PREP·i ..]` for each Q8_K super-block i of activation row `y`, as the
+/// interleaved Q4_K kernels read it: the eight sums
+/// `bsums[2s] + bsums[2s+1]` as i16 (≤ 32·127, exact), then `d_y`.
+#[inline(always)]
+pub(crate) unsafe fn prepare_q4_k(y: &[u8], nb: usize, prep: &mut [i32]) {
+    let abs = std::mem::size_of::<BlockQ8K>();
+    // Where a Q8_K block's sums start (after `d` and 256 quants).
+    const BSUMS: usize = 4 + 256;
+    assert!(y.len() >= nb * abs && prep.len() >= nb * Q4K_PREP);
+    for i in 0..nb {
+        // SAFETY: block i of y and Q4K_PREP i32 of prep, both checked above; unaligned accesses.
+        unsafe {
+            let blk = y.as_ptr().add(i * abs);
+            let p = prep.as_mut_ptr().add(Q4K_PREP * i);
+            let pairs = _mm256_madd_epi16(_mm256_loadu_si256(blk.add(BSUMS) as *const __m256i), _mm256_set1_epi16(1));
+            let w = _mm_packs_epi32(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
+            _mm_storeu_si128(p as *mut __m128i, w);
+            *p.add(4) = (blk as *const i32).read_unaligned();
+        }
+    }
+}
+
 /// The first four bytes of a block (its f16 scale, and the f16 after it or the first two
 /// quant bytes) as a u32: every block type here is at least 18 bytes long.
 #[inline(always)]
@@ -132,4 +248,25 @@ pub(crate) unsafe fn hsum_rows(acc: &[__m512; 2]) -> __m128 {
     let s = _mm512_add_ps(s, _mm512_permute_ps::<0xEE>(s));
     let s = _mm512_add_ps(s, _mm512_permute_ps::<0x55>(s));
     _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s))
+}
+
+/// A four-activation-row tile kernel on interleaved K-quants (`tiles_q4_k`, `tiles_q6_k`).
+pub(crate) type Tile4 = unsafe fn(&[u8], usize, [&[u8]; 4], &mut [[f32; 4]], &mut [i32]);
+
+/// Eight activation rows as two passes of four through `tile4`, 64 weight rows at a time.
+///
+/// # Safety
+/// The CPU has the features `tile4` is compiled for.
+pub(crate) unsafe fn two_passes(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32], tile4: Tile4) {
+    let mut half = [[0f32; 4]; 64];
+    for (hi, ys) in [[y[0], y[1], y[2], y[3]], [y[4], y[5], y[6], y[7]]].into_iter().enumerate() {
+        for (chunk, o) in out.chunks_mut(64).enumerate() {
+            let rows = o.len();
+            // SAFETY: the caller's contract.
+            unsafe { tile4(&g[chunk * 64 * xrb..], xrb, ys, &mut half[..rows], prep) };
+            for (o, h) in o.iter_mut().zip(&half[..rows]) {
+                o[4 * hi..4 * hi + 4].copy_from_slice(h);
+            }
+        }
+    }
 }

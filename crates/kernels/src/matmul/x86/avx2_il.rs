@@ -1,0 +1,272 @@
+//! AVX2 kernels on interleaved weights (`matmul::layout`): decode's GEMV ([`rows`]) and
+//! prefill's tiles ([`tiles`], [`tiles8`]) for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, for CPUs with
+//! AVX2 but no AVX-512 (the AVX-512 table has its own, `avx512_il`).
+//!
+//! A 256-bit vector holds a *row pair*: 32 bytes of a group-block are 16 bytes of rows `2p` and
+//! `2p + 1`, so 128-bit lane e holds row `2p + e`. Its low nibbles (or first 16 bytes) are the
+//! two rows' values 0‥16 and meet the activation block's first half broadcast to both lanes;
+//! the high nibbles meet the second half. One `maddubs` + `madd` per half gives each row's four
+//! i32 lane sums — lanes 0‥3 and 4‥7 of the plain AVX2 kernel's per-block vector
+//! (`mul_sum_us8`/`mul_sum_i8`: lane i sums values 4i‥4i+4) — as exact integers, so the float
+//! steps per logical lane are the plain kernel's (`acc = fma(d_w·d_y, (float) sum, acc)`) and
+//! the final sum follows `hsum_f32x8`: every result equals the plain row's `vec_dot` bit for
+//! bit.
+//!
+//! Integer sums: Q8_0 multiplies signed bytes by `maddubs(|x|, sign(y, x))` as the plain kernel
+//! does; the other types multiply unsigned values `u = q + o` (Q4_0: o = 8, Q5_0: 16; |u·y| pairs
+//! ≤ 31·128·2, no i16 saturation) and add `−o·Σy` per lane, computed once per call for each
+//! activation block (`prep`), not once per group.
+//!
+//! Register budget (16 ymm): the GEMV keeps both row pairs (four accumulators); the tiles keep
+//! one row pair against four activation rows (eight accumulators), and eight activation rows
+//! are two such passes over a group-block still in L1.
+#![allow(clippy::missing_safety_doc)]
+
+use super::common::{act_block, bits_32, heads, IlBlock, IlValues};
+use crate::matmul::layout::ROWS;
+use std::arch::x86_64::*;
+
+/// The unsigned (Q8_0: signed) values `(lo, hi)` of row pair `p` of the group-block at `g`.
+///
+/// # Safety
+/// `g` points to a whole group-block of `T`; AVX2 present.
+#[inline(always)]
+unsafe fn values<T: IlBlock>(g: *const u8, p: usize) -> (__m256i, __m256i) {
+    let m = _mm256_set1_epi8(0x0F);
+    // SAFETY (all arms): the offsets below are inside the group-block (`matmul::layout`).
+    unsafe {
+        match T::VALUES {
+            IlValues::Nibbles(at) => {
+                let v = _mm256_loadu_si256(g.add(at + 32 * p) as *const __m256i);
+                (_mm256_and_si256(v, m), _mm256_and_si256(_mm256_srli_epi16(v, 4), m))
+            }
+            IlValues::FifthBits(masks) => {
+                // Bits 32p‥32p+32 of `hl` (`hh`): the pair's fifth bits of values 0‥16 (16‥32).
+                let v = _mm256_loadu_si256(g.add(masks + 16 + 32 * p) as *const __m256i);
+                let word = |at: usize| (g.add(at) as *const [u8; 4]).read_unaligned();
+                let sixteen = _mm256_set1_epi8(16);
+                let hl = _mm256_and_si256(bits_32(word(masks + 4 * p)), sixteen);
+                let hh = _mm256_and_si256(bits_32(word(masks + 8 + 4 * p)), sixteen);
+                (_mm256_or_si256(_mm256_and_si256(v, m), hl), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m), hh))
+            }
+            IlValues::Bytes => (_mm256_loadu_si256(g.add(8 + 32 * p) as *const __m256i), _mm256_loadu_si256(g.add(72 + 32 * p) as *const __m256i)),
+        }
+    }
+}
+
+/// Whether the integer sums take the `−o·Σy` lanes (types stored with an offset; Q8_0 is
+/// multiplied signed).
+const fn offset<T: IlBlock>() -> bool {
+    T::OFFSET != 0 && !matches!(T::VALUES, IlValues::Bytes)
+}
+
+/// i32 per activation block in `prep`: the eight `−o·Σy` lane sums, `d_y` and (Q8_1) `s_y` as
+/// f32 bits, padding to a cache line.
+const PREP: usize = 16;
+
+/// Fill `prep[PREP·i ..]` for each block i of activation row `y`.
+#[inline(always)]
+unsafe fn prepare<T: IlBlock>(y: &[u8], nb: usize, prep: &mut [i32]) {
+    let (abs, q) = act_block::<T>();
+    assert!(y.len() >= nb * abs && prep.len() >= nb * PREP);
+    let (off, ones) = (_mm256_set1_epi8(T::OFFSET as i8), _mm256_set1_epi16(1));
+    for i in 0..nb {
+        // SAFETY: block i of y and PREP i32 of prep, both checked above; unaligned accesses.
+        unsafe {
+            let blk = y.as_ptr().add(i * abs);
+            let p = prep.as_mut_ptr().add(PREP * i);
+            if offset::<T>() {
+                // o·(y0 + y1) ≤ 16·255: exact in the i16 pairs.
+                let qy = _mm256_loadu_si256(blk.add(q) as *const __m256i);
+                let s = _mm256_madd_epi16(_mm256_maddubs_epi16(off, qy), ones);
+                _mm256_storeu_si256(p as *mut __m256i, _mm256_sub_epi32(_mm256_setzero_si256(), s));
+            }
+            // d (and s) as f32, the conversion the plain kernels make.
+            let ds = _mm_cvtph_ps(_mm_cvtsi32_si128((blk as *const i32).read_unaligned()));
+            _mm_storel_epi64(p.add(8) as *mut __m128i, _mm_castps_si128(ds));
+        }
+    }
+}
+
+/// One activation block as the row-pair kernels read it: its halves broadcast to both lanes,
+/// the `−o·Σy` lanes of each half, and `[d_y, s_y]` (Q8_1) or `d_y` repeated.
+struct Act {
+    lo: __m256i,
+    hi: __m256i,
+    neg_lo: __m256i,
+    neg_hi: __m256i,
+    ds: __m256,
+}
+
+#[inline(always)]
+unsafe fn act<T: IlBlock>(y: *const u8, prep: *const i32) -> Act {
+    let (_, q) = act_block::<T>();
+    // SAFETY: a whole activation block at `y`; its PREP i32 at `prep`.
+    unsafe {
+        let b = |p: *const u8| _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+        let (neg_lo, neg_hi) = if offset::<T>() { (b(prep as *const u8), b(prep.add(4) as *const u8)) } else { (_mm256_setzero_si256(), _mm256_setzero_si256()) };
+        let ds = if T::MIN { _mm256_castpd_ps(_mm256_broadcast_sd(&*(prep.add(8) as *const f64))) } else { _mm256_set1_ps(*(prep.add(8) as *const f32)) };
+        Act { lo: b(y.add(q)), hi: b(y.add(q + 16)), neg_lo, neg_hi, ds }
+    }
+}
+
+/// Row pair p's `d` (from [`heads`], or a product of it): row 2p's in lane 0, 2p + 1's in lane 1.
+#[inline(always)]
+fn spread<T: IlBlock>(h: __m256, p: usize) -> __m256 {
+    let (a, b) = if T::MIN { (4 * p as i32, 4 * p as i32 + 2) } else { (2 * p as i32, 2 * p as i32 + 1) };
+    // SAFETY: AVX2 is present in every kernel this is inlined into.
+    unsafe { _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(a, a, a, a, b, b, b, b)) }
+}
+
+/// The exact i32 lane sums of one half (`u` against the broadcast activation half `y`).
+#[inline(always)]
+unsafe fn half_sum<T: IlBlock>(u: __m256i, y: __m256i, neg: __m256i) -> __m256i {
+    let ones = _mm256_set1_epi16(1);
+    if matches!(T::VALUES, IlValues::Bytes) {
+        _mm256_madd_epi16(ones, _mm256_maddubs_epi16(_mm256_sign_epi8(u, u), _mm256_sign_epi8(y, u)))
+    } else if offset::<T>() {
+        _mm256_add_epi32(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(u, y)), neg)
+    } else {
+        _mm256_madd_epi16(ones, _mm256_maddubs_epi16(u, y))
+    }
+}
+
+/// One row pair's values against one activation block into its accumulators (`d`: the pair's
+/// `d_r·d_y`): the plain kernel's FMA per lane.
+#[inline(always)]
+unsafe fn step<T: IlBlock>(u: (__m256i, __m256i), d: __m256, a: &Act, acc: &mut [__m256; 2]) {
+    // SAFETY: the caller's features.
+    unsafe {
+        acc[0] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(half_sum::<T>(u.0, a.lo, a.neg_lo)), acc[0]);
+        acc[1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(half_sum::<T>(u.1, a.hi, a.neg_hi)), acc[1]);
+    }
+}
+
+/// `hsum_f32x8` of the pair's two rows (lanes 0‥3 in `acc[0]`, 4‥7 in `acc[1]`, per 128-bit
+/// lane), plus with a min each row's `Σ m·s` (lanes `4p + 1`, `4p + 3` of `summs`).
+#[inline(always)]
+fn finish<T: IlBlock>(acc: &[__m256; 2], summs: __m256, p: usize) -> [f32; 2] {
+    // SAFETY: AVX2 is present in every kernel this is inlined into.
+    unsafe {
+        let s = _mm256_add_ps(acc[1], acc[0]);
+        let s = _mm256_add_ps(s, _mm256_permute_ps::<0xEE>(s));
+        let s = _mm256_add_ps(s, _mm256_permute_ps::<0x55>(s));
+        let mut v = [_mm256_cvtss_f32(s), _mm_cvtss_f32(_mm256_extractf128_ps(s, 1))];
+        if T::MIN {
+            let mut m = [0f32; 8];
+            _mm256_storeu_ps(m.as_mut_ptr(), summs);
+            v[0] += m[4 * p + 1];
+            v[1] += m[4 * p + 3];
+        }
+        v
+    }
+}
+
+/// Row pairs `p0 .. p0 + P` of the group at `g` (`nb` group-blocks) against `J` activation rows
+/// (`prep`: their prepared blocks): `out[2p + e][j]` for row `2p + e`.
+#[inline(always)]
+unsafe fn pairs<T: IlBlock, const J: usize, const P: usize>(g: *const u8, nb: usize, y: [*const u8; J], prep: [*const i32; J], p0: usize, out: &mut [[f32; J]; 4]) {
+    let (abs, _) = act_block::<T>();
+    let gbs = ROWS * T::BS;
+    let mut acc = [[[_mm256_setzero_ps(); 2]; P]; J];
+    let mut summs = [_mm256_setzero_ps(); J];
+    // SAFETY: the caller passes a whole group at `g` and J prepared rows of `nb` blocks.
+    unsafe {
+        for i in 0..nb {
+            let gb = g.add(i * gbs);
+            let h = heads::<T>(gb);
+            let u: [(__m256i, __m256i); P] = std::array::from_fn(|q| values::<T>(gb, p0 + q));
+            for j in 0..J {
+                let a = act::<T>(y[j].add(i * abs), prep[j].add(PREP * i));
+                // `d_r·d_y` (and with a min `m_r·s_y`) of the four rows in one product.
+                let d = _mm256_mul_ps(h, a.ds);
+                if T::MIN {
+                    summs[j] = _mm256_add_ps(summs[j], d);
+                }
+                for q in 0..P {
+                    step::<T>(u[q], spread::<T>(d, p0 + q), &a, &mut acc[j][q]);
+                }
+            }
+        }
+    }
+    for j in 0..J {
+        for q in 0..P {
+            let v = finish::<T>(&acc[j][q], summs[j], p0 + q);
+            out[2 * (p0 + q)][j] = v[0];
+            out[2 * (p0 + q) + 1][j] = v[1];
+        }
+    }
+}
+
+/// Decode's GEMV on interleaved rows: `out[c]` = the plain `vec_dot` of weight row c (`g`: the
+/// groups of `out.len()` rows, a multiple of four, plain rows `xrb` bytes) with activation row
+/// `y`, bit for bit. `prep`: scratch of at least `xrb / BS · 16` i32.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn rows<T: IlBlock>(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]) {
+    let nb = xrb / T::BS;
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb);
+    // SAFETY: features enabled above; `prepare` checks `y` and `prep`, the groups are inside
+    // `g` (asserted).
+    unsafe {
+        prepare::<T>(y, nb, prep);
+        for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
+            let mut v = [[0f32; 1]; 4];
+            pairs::<T, 1, 2>(g.as_ptr().add(c * ROWS * xrb), nb, [y.as_ptr()], [prep.as_ptr()], 0, &mut v);
+            for r in 0..ROWS {
+                o[r] = v[r][0];
+            }
+        }
+    }
+}
+
+/// Prefill's tiles on interleaved rows: `out[c][j]` = the plain `vec_dot` of weight row c with
+/// activation row `y[j]`, bit for bit, for four activation rows. `prep`: scratch of at least
+/// `4 · xrb / BS · 16` i32.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn tiles<T: IlBlock>(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], prep: &mut [i32]) {
+    let nb = xrb / T::BS;
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= 4 * nb * PREP);
+    // SAFETY: features enabled above; `prepare` checks each row and its `prep` range, the
+    // groups are inside `g` (asserted).
+    unsafe {
+        for (j, y) in y.iter().enumerate() {
+            prepare::<T>(y, nb, &mut prep[j * nb * PREP..(j + 1) * nb * PREP]);
+        }
+        let yp = y.map(|y| y.as_ptr());
+        let pp: [*const i32; 4] = std::array::from_fn(|j| prep.as_ptr().add(j * nb * PREP));
+        for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
+            let o: &mut [[f32; 4]; 4] = o.try_into().expect("a group of four rows");
+            let gp = g.as_ptr().add(c * ROWS * xrb);
+            // One row pair at a time: eight accumulators for the four activation rows.
+            pairs::<T, 4, 1>(gp, nb, yp, pp, 0, o);
+            pairs::<T, 4, 1>(gp, nb, yp, pp, 1, o);
+        }
+    }
+}
+
+/// [`tiles`] for eight activation rows: two passes of four per group (the group's bytes are
+/// in L1 for the second).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn tiles8<T: IlBlock>(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
+    let nb = xrb / T::BS;
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= 8 * nb * PREP);
+    // SAFETY: as in `tiles`, for eight rows and eight `prep` ranges.
+    unsafe {
+        for (j, y) in y.iter().enumerate() {
+            prepare::<T>(y, nb, &mut prep[j * nb * PREP..(j + 1) * nb * PREP]);
+        }
+        for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
+            let gp = g.as_ptr().add(c * ROWS * xrb);
+            for half in 0..2 {
+                let yp: [*const u8; 4] = std::array::from_fn(|j| y[4 * half + j].as_ptr());
+                let pp: [*const i32; 4] = std::array::from_fn(|j| prep.as_ptr().add((4 * half + j) * nb * PREP));
+                let mut v = [[0f32; 4]; 4];
+                pairs::<T, 4, 1>(gp, nb, yp, pp, 0, &mut v);
+                pairs::<T, 4, 1>(gp, nb, yp, pp, 1, &mut v);
+                for r in 0..ROWS {
+                    o[r][4 * half..4 * half + 4].copy_from_slice(&v[r]);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! AVX2 kernels on interleaved Q4_K and Q6_K weights (`matmul::layout`): decode's GEMV and
+//! prefill's tiles, bit-identical to the plain AVX2 kernels (`avx2::dot_q4_k_q8_k`,
+//! `dot_q4_k_q8_k_tile`, `dot_q6_k_q8_k`), for CPUs without AVX-512 (`avx512_il_k` is the
+//! AVX-512 twin, and documents the float orders).
+//!
+//! As in `avx2_il`, a 256-bit load of a group-block's 16-byte pieces holds a row pair (rows
+//! `2p`, `2p + 1` in 128-bit lanes 0, 1) and the activation's 16-byte pieces are broadcast to
+//! both lanes.
+//!
+//! - **Q4_K**: the plain kernel's float steps take exact integers only (per super-block, or per
+//!   64 values in the tile order), so any exact integer scheme gives its bits: two `maddubs` of
+//!   nibbles (a sub-block's two 16-value pieces) are added as i16 (|·| ≤ 2·2·15·128) and scaled
+//!   by one `madd` with the sub-block's scale; the four rows' scales and mins are unpacked
+//!   together. The GEMV reduces each row's sums with `hadd`s into one vector
+//!   `[si, sm]` per row and updates `acc` and `acc_min` of the four rows with one FMA.
+//! - **Q6_K**: the plain kernel's eight i32 lanes per row are kept as such (lanes 0‥3 from the
+//!   first 16 values of each 32-value group, 4‥7 from the last), each `maddubs` + `madd` with
+//!   the sub-block's scale giving exactly its lanes' terms.
+#![allow(clippy::missing_safety_doc)]
+
+use super::common::{prepare_q4_k, two_passes, Q4K_PREP as PREP};
+use crate::matmul::layout::ROWS;
+use crate::quant::blocks::BlockQ8K;
+use std::arch::x86_64::*;
+
+/// Plain block bytes.
+const BS4: usize = 144;
+const BS6: usize = 210;
+/// Where a Q8_K block's quants and block sums start.
+const QS: usize = 4;
+const BSUMS: usize = 4 + 256;
+const ABS: usize = std::mem::size_of::<BlockQ8K>();
+
+/// 16 bytes at `p` in both 128-bit lanes.
+#[inline(always)]
+unsafe fn bcast(p: *const u8) -> __m256i {
+    // SAFETY: the caller passes 16 readable bytes; unaligned load.
+    unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i)) }
+}
+
+/// A `vpshufb` control putting byte `b` of each lane, zero-extended, into every i16.
+#[inline(always)]
+fn byte_words(b: i8) -> __m256i {
+    // SAFETY: AVX2 is present in every kernel this is inlined into.
+    unsafe { _mm256_broadcastsi128_si256(_mm_setr_epi8(b, -128, b, -128, b, -128, b, -128, b, -128, b, -128, b, -128, b, -128)) }
+}
+
+/// The scales and mins of the Q4_K group-block at `gb`, per row pair: lane e of element p
+/// holds row `2p + e`'s bytes `sc0‥sc7, m0‥m7` (ggml's `utmp` shuffle, four rows at once).
+#[inline(always)]
+unsafe fn scales_q4_k(gb: *const u8) -> [__m256i; 2] {
+    // SAFETY: the scale words of rows 0‥3 are at 16‥64 of the group-block.
+    let (p, q) = unsafe { (_mm256_loadu_si256(gb.add(16) as *const __m256i), bcast(gb.add(48))) };
+    // p = [word 0 | word 1] of rows 0‥3, q = [word 2 | word 2].
+    let (k1, k2, k3) = (_mm256_set1_epi32(0x3F3F_3F3F), _mm256_set1_epi32(0x0F0F_0F0F), _mm256_set1_epi32(0x0303_0303));
+    // lo = [sc0‥3 of rows 0‥3 | m0‥3 of rows 0‥3], hi = the same for sc4‥7 and m4‥7.
+    let lo = _mm256_and_si256(p, k1);
+    let q = _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), k2);
+    let hi = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(p, 6), k3), 4));
+    // unpacklo: [sc0‥3 r0, sc4‥7 r0, sc0‥3 r1, sc4‥7 r1 | m… r0, m… r1]; qwords (0, 2, 1, 3).
+    [_mm256_permute4x64_epi64::<0xD8>(_mm256_unpacklo_epi32(lo, hi)), _mm256_permute4x64_epi64::<0xD8>(_mm256_unpackhi_epi32(lo, hi))]
+}
+
+/// Sub-block pair j (values 64j‥64j+64) of row pair `p` against one activation row's 64
+/// values at `yq`: four i32 per row of `sc_2j·Σ q·y + sc_2j+1·Σ q·y` (`sm`: the pair's scales).
+#[inline(always)]
+unsafe fn q4_k_pair(q: [__m256i; 2], yq: *const u8, sm: __m256i, j: usize) -> __m256i {
+    let m4 = _mm256_set1_epi8(0x0F);
+    // SAFETY: 64 activation bytes at `yq` (the caller's); AVX2 present.
+    unsafe {
+        let (l0, l1) = (_mm256_and_si256(q[0], m4), _mm256_and_si256(q[1], m4));
+        let (h0, h1) = (_mm256_and_si256(_mm256_srli_epi16(q[0], 4), m4), _mm256_and_si256(_mm256_srli_epi16(q[1], 4), m4));
+        let a = _mm256_add_epi16(_mm256_maddubs_epi16(l0, bcast(yq)), _mm256_maddubs_epi16(l1, bcast(yq.add(16))));
+        let b = _mm256_add_epi16(_mm256_maddubs_epi16(h0, bcast(yq.add(32))), _mm256_maddubs_epi16(h1, bcast(yq.add(48))));
+        let sa = _mm256_shuffle_epi8(sm, byte_words(2 * j as i8));
+        let sb = _mm256_shuffle_epi8(sm, byte_words(2 * j as i8 + 1));
+        _mm256_add_epi32(_mm256_madd_epi16(a, sa), _mm256_madd_epi16(b, sb))
+    }
+}
+
+/// Row pair p's two 16-byte `qs` pieces of sub-block pair j (pieces 2j and 2j + 1).
+#[inline(always)]
+unsafe fn q4_k_bytes(gb: *const u8, p: usize, j: usize) -> [__m256i; 2] {
+    // SAFETY: pieces 2j, 2j + 1 of the eight at 64 + 64·piece are inside the group-block.
+    unsafe { [_mm256_loadu_si256(gb.add(64 + 128 * j + 32 * p) as *const __m256i), _mm256_loadu_si256(gb.add(128 + 128 * j + 32 * p) as *const __m256i)] }
+}
+
+/// The mins as i16 words `m0‥m7` of each lane (bytes 8‥16 of [`scales_q4_k`]'s lanes).
+#[inline(always)]
+fn min_words() -> __m256i {
+    // SAFETY: AVX2 is present in every kernel this is inlined into.
+    unsafe { _mm256_broadcastsi128_si256(_mm_setr_epi8(8, -128, 9, -128, 10, -128, 11, -128, 12, -128, 13, -128, 14, -128, 15, -128)) }
+}
+
+/// Decode's GEMV on interleaved Q4_K rows: `out[c]` = `dot_q4_k_q8_k(row c, y)`, bit for bit
+/// (`g`: the groups of `out.len()` rows, a multiple of four, plain rows `xrb` bytes). `prep`:
+/// scratch of at least `xrb / 144 · 8` i32.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn rows_q4_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]) {
+    let nb = xrb / BS4;
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb);
+    // [d_r·d_y, dmin_r·d_y] of rows 0, 2 (lane 0) and 1, 3 (lane 1), as the `hadd`s order the sums.
+    let order = _mm256_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7);
+    // SAFETY: features enabled above; `prepare` checks `y` and `prep`, the group-blocks are
+    // inside `g` (asserted).
+    unsafe {
+        prepare_q4_k(y, nb, prep);
+        for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
+            let base = g.as_ptr().add(c * ROWS * xrb);
+            // [acc_0, acc_min_0, acc_2, acc_min_2 | acc_1, acc_min_1, acc_3, acc_min_3].
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let gb = base.add(i * ROWS * BS4);
+                let yq = y.as_ptr().add(i * ABS + QS);
+                let pp = prep.as_ptr().add(PREP * i);
+                let sm = scales_q4_k(gb);
+                let pairs = bcast(pp as *const u8);
+                let mut x = [_mm256_setzero_si256(); 2];
+                for (p, x) in x.iter_mut().enumerate() {
+                    let mut sumi = _mm256_setzero_si256();
+                    for j in 0..4 {
+                        sumi = _mm256_add_epi32(sumi, q4_k_pair(q4_k_bytes(gb, p, j), yq.add(64 * j), sm[p], j));
+                    }
+                    let summ = _mm256_madd_epi16(_mm256_shuffle_epi8(sm[p], min_words()), pairs);
+                    // Per lane [si0 + si1, si2 + si3, sm0 + sm1, sm2 + sm3].
+                    *x = _mm256_hadd_epi32(sumi, summ);
+                }
+                // Lane 0: [si_0, sm_0, si_2, sm_2]; lane 1: rows 1 and 3.
+                let sums = _mm256_hadd_epi32(x[0], x[1]);
+                let dy = _mm256_set1_ps(*(pp.add(4) as *const f32));
+                let dd = _mm256_permutevar8x32_ps(_mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(gb as *const __m128i)), dy), order);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), dd, acc);
+            }
+            let mut v = [0f32; 8];
+            _mm256_storeu_ps(v.as_mut_ptr(), acc);
+            o.copy_from_slice(&[v[0] - v[1], v[4] - v[5], v[2] - v[3], v[6] - v[7]]);
+        }
+    }
+}
+
+/// Prefill's tiles on interleaved Q4_K rows in the tile order (`dot_q4_k_q8_k_tile`):
+/// `out[c][a]` bit for bit for four activation rows. Per 64 values the four activation rows'
+/// sums of a row pair are reduced together (lane e of the result: row `2p + e` against
+/// activation rows 0‥3) and one FMA updates the eight (row, activation row) pairs. `prep`:
+/// scratch of at least `4 · xrb / 144 · 8` i32.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn tiles_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], prep: &mut [i32]) {
+    let nb = xrb / BS4;
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= 4 * nb * PREP);
+    // SAFETY: features enabled above; `prepare` checks each row and its `prep` range, the
+    // group-blocks are inside `g` (asserted).
+    unsafe {
+        for (a, y) in y.iter().enumerate() {
+            prepare_q4_k(y, nb, &mut prep[a * nb * PREP..(a + 1) * nb * PREP]);
+        }
+        for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
+            let base = g.as_ptr().add(c * ROWS * xrb);
+            for p in 0..2 {
+                // Lane e, element a: row 2p + e against activation row a.
+                let (mut acc, mut acc_min) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                for i in 0..nb {
+                    let gb = base.add(i * ROWS * BS4);
+                    let yq: [*const u8; 4] = std::array::from_fn(|a| y[a].as_ptr().add(i * ABS + QS));
+                    let pp: [*const i32; 4] = std::array::from_fn(|a| prep.as_ptr().add((a * nb + i) * PREP));
+                    // ps[j] element a: activation row a's (pair 2j, pair 2j + 1) as two i16.
+                    let x = pp.map(|p| _mm_loadu_si128(p as *const __m128i));
+                    let (l01, h01) = (_mm_unpacklo_epi32(x[0], x[1]), _mm_unpackhi_epi32(x[0], x[1]));
+                    let (l23, h23) = (_mm_unpacklo_epi32(x[2], x[3]), _mm_unpackhi_epi32(x[2], x[3]));
+                    let ps = [_mm_unpacklo_epi64(l01, l23), _mm_unpackhi_epi64(l01, l23), _mm_unpacklo_epi64(h01, h23), _mm_unpackhi_epi64(h01, h23)];
+                    let dy = _mm256_broadcast_ps(&_mm_setr_ps(*(pp[0].add(4) as *const f32), *(pp[1].add(4) as *const f32), *(pp[2].add(4) as *const f32), *(pp[3].add(4) as *const f32)));
+                    let hd = _mm256_cvtph_ps(_mm_loadu_si128(gb as *const __m128i));
+                    let (r0, r1) = (2 * p as i32, 2 * p as i32 + 1);
+                    let d = _mm256_mul_ps(_mm256_permutevar8x32_ps(hd, _mm256_setr_epi32(r0, r0, r0, r0, r1, r1, r1, r1)), dy);
+                    let dmin = _mm256_mul_ps(_mm256_permutevar8x32_ps(hd, _mm256_setr_epi32(r0 + 4, r0 + 4, r0 + 4, r0 + 4, r1 + 4, r1 + 4, r1 + 4, r1 + 4)), dy);
+                    let sm = scales_q4_k(gb)[p];
+                    for j in 0..4 {
+                        let q = q4_k_bytes(gb, p, j);
+                        let part: [__m256i; 4] = std::array::from_fn(|a| q4_k_pair(q, yq[a].add(64 * j), sm, j));
+                        // Lane e: [Σ part0, Σ part1, Σ part2, Σ part3] of row 2p + e's four i32.
+                        let t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(part[0], part[1]), _mm256_unpackhi_epi32(part[0], part[1]));
+                        let t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(part[2], part[3]), _mm256_unpackhi_epi32(part[2], part[3]));
+                        let sumi = _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
+                        // (m_2j, m_2j+1) in every i32 of a lane, against the activations' pairs.
+                        let (a, b) = (8 + 2 * j as i8, 9 + 2 * j as i8);
+                        let ctl = _mm256_broadcastsi128_si256(_mm_setr_epi8(a, -128, b, -128, a, -128, b, -128, a, -128, b, -128, a, -128, b, -128));
+                        let summ = _mm256_madd_epi16(_mm256_shuffle_epi8(sm, ctl), _mm256_broadcastsi128_si256(ps[j]));
+                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
+                        acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(summ), dmin, acc_min);
+                    }
+                }
+                let mut v = [0f32; 8];
+                _mm256_storeu_ps(v.as_mut_ptr(), _mm256_sub_ps(acc, acc_min));
+                o[2 * p].copy_from_slice(&v[..4]);
+                o[2 * p + 1].copy_from_slice(&v[4..]);
+            }
+        }
+    }
+}
+
+/// [`tiles_q4_k`] for eight activation rows: two passes of four.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn tiles8_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
+    // SAFETY: `tiles_q4_k` needs the features enabled here.
+    unsafe { two_passes(g, xrb, y, out, prep, tiles_q4_k) }
+}
+
+/// Row pair `p` of the Q6_K group at `g` (`nb` group-blocks) against `J` activation rows:
+/// `[row 2p, row 2p + 1][j]`, each `dot_q6_k_q8_k`'s value bit for bit.
+#[inline(always)]
+unsafe fn q6_k_pair<const J: usize>(g: *const u8, nb: usize, y: [*const u8; J], p: usize) -> [[f32; J]; 2] {
+    let (m0f, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let mut acc = [[_mm256_setzero_ps(); 2]; J];
+    // SAFETY: the caller passes a whole group at `g` and J activation rows of `nb` blocks.
+    unsafe {
+        for i in 0..nb {
+            let gb = g.add(i * ROWS * BS6);
+            let yb: [*const u8; J] = std::array::from_fn(|j| y[j].add(i * ABS));
+            // Lane e: row 2p + e's scales 8h‥8h+8 as i16.
+            let sw = [_mm256_cvtepi8_epi16(_mm_loadu_si128(gb.add(8 + 16 * p) as *const __m128i)), _mm256_cvtepi8_epi16(_mm_loadu_si128(gb.add(40 + 16 * p) as *const __m128i))];
+            // Lanes 0‥3 (h = 0) and 4‥7 (h = 1): −32·(bsums[2L]·sc[2L] + bsums[2L+1]·sc[2L+1]).
+            let mut sumi: [[__m256i; 2]; J] = std::array::from_fn(|j| std::array::from_fn(|h| _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sw[h], bcast(yb[j].add(BSUMS + 16 * h))), 5))));
+            for n in 0..2 {
+                for h in 0..2 {
+                    let qh = _mm256_loadu_si256(gb.add(584 + 64 * (2 * n + h) + 32 * p) as *const __m256i);
+                    for k in 0..4 {
+                        // Values 16h‥16h+16 of group (n, k), decoded once for the J rows.
+                        let ql = _mm256_loadu_si256(gb.add(72 + 64 * (4 * n + 2 * (k % 2) + h) + 32 * p) as *const __m256i);
+                        let lo = if k < 2 { ql } else { _mm256_srli_epi16(ql, 4) };
+                        let hi = match k {
+                            0 => _mm256_slli_epi16(qh, 4),
+                            1 => _mm256_slli_epi16(qh, 2),
+                            2 => qh,
+                            _ => _mm256_srli_epi16(qh, 2),
+                        };
+                        let v = _mm256_or_si256(_mm256_and_si256(lo, m0f), _mm256_and_si256(hi, m30));
+                        // Sub-block 8n + 2k + h's scale in every i16 of its row's lane.
+                        let w = (2 * (2 * k + h)) as i8;
+                        let sc = _mm256_shuffle_epi8(sw[n], _mm256_broadcastsi128_si256(_mm_setr_epi8(w, w + 1, w, w + 1, w, w + 1, w, w + 1, w, w + 1, w, w + 1, w, w + 1, w, w + 1)));
+                        for j in 0..J {
+                            let q8 = bcast(yb[j].add(QS + 128 * n + 32 * k + 16 * h));
+                            sumi[j][h] = _mm256_add_epi32(sumi[j][h], _mm256_madd_epi16(_mm256_maddubs_epi16(v, q8), sc));
+                        }
+                    }
+                }
+            }
+            let dw = _mm256_cvtph_ps(_mm_loadl_epi64(gb as *const __m128i));
+            let (r0, r1) = (2 * p as i32, 2 * p as i32 + 1);
+            let dr = _mm256_permutevar8x32_ps(dw, _mm256_setr_epi32(r0, r0, r0, r0, r1, r1, r1, r1));
+            for j in 0..J {
+                let d = _mm256_mul_ps(_mm256_set1_ps(*(yb[j] as *const f32)), dr);
+                for h in 0..2 {
+                    acc[j][h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[j][h]), acc[j][h]);
+                }
+            }
+        }
+        let mut out = [[0f32; J]; 2];
+        for j in 0..J {
+            // `hsum_f32x8` per row: (hi + lo), then + movehl, then + movehdup.
+            let s = _mm256_add_ps(acc[j][1], acc[j][0]);
+            let s = _mm256_add_ps(s, _mm256_permute_ps::<0xEE>(s));
+            let s = _mm256_add_ps(s, _mm256_permute_ps::<0x55>(s));
+            out[0][j] = _mm256_cvtss_f32(s);
+            out[1][j] = _mm_cvtss_f32(_mm256_extractf128_ps(s, 1));
+        }
+        out
+    }
+}
+
+/// Decode's GEMV on interleaved Q6_K rows: `out[c]` = `dot_q6_k_q8_k(row c, y)`, bit for bit.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn rows_q6_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], _prep: &mut [i32]) {
+    let nb = xrb / BS6;
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.len() >= nb * ABS);
+    for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
+        for p in 0..2 {
+            // SAFETY: features enabled above; the group and `y` are whole (asserted).
+            let v = unsafe { q6_k_pair::<1>(g.as_ptr().add(c * ROWS * xrb), nb, [y.as_ptr()], p) };
+            (o[2 * p], o[2 * p + 1]) = (v[0][0], v[1][0]);
+        }
+    }
+}
+
+/// Prefill's tiles on interleaved Q6_K rows: `out[c][j]` = `dot_q6_k_q8_k(row c, y[j])`, bit
+/// for bit, each group-block's values decoded once for the four activation rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn tiles_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], _prep: &mut [i32]) {
+    let nb = xrb / BS6;
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= nb * ABS));
+    let yp = y.map(|y| y.as_ptr());
+    for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
+        for p in 0..2 {
+            // SAFETY: features enabled above; the group and the rows are whole (asserted).
+            let v = unsafe { q6_k_pair::<4>(g.as_ptr().add(c * ROWS * xrb), nb, yp, p) };
+            (o[2 * p], o[2 * p + 1]) = (v[0], v[1]);
+        }
+    }
+}
+
+/// [`tiles_q6_k`] for eight activation rows: two passes of four.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn tiles8_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
+    // SAFETY: `tiles_q6_k` needs the features enabled here.
+    unsafe { two_passes(g, xrb, y, out, prep, tiles_q6_k) }
+}
