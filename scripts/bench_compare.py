@@ -1,25 +1,37 @@
 #!/usr/bin/env python3
-"""Side-by-side speed of corelm and llama.cpp (llama-cpp-python) on the golden models.
+"""Side-by-side speed of `corelm bench` and llama.cpp's own `llama-bench` on the golden models.
 
-Usage: scripts/bench_compare.py [--venv DIR] [--threads 1,2] [--pp 128] [--tg 64] [--reps 3]
-                                [--models smollm2,gemma3,qwen2]
+Usage: scripts/bench_compare.py --llama-bench PATH [--isa avx2] [--threads 1,2] [--pp 512]
+                                [--tg 128] [--reps 3] [--rounds 2] [--models smollm2,gemma3,qwen2]
+                                [--corelm-args "..."] [--record docs/benchmarks.md]
 
-llama.cpp comes from a venv with `llama-cpp-python==0.3.35` (it vendors llama.cpp 4df29be, the
-commit of the golden data). Create it once, outside the repository, with
-    python3 -m venv ~/.cache/corelm/llama-venv
-    CMAKE_ARGS=-DGGML_NATIVE=ON ~/.cache/corelm/llama-venv/bin/pip install llama-cpp-python==0.3.35
-(10-20 minutes on 2 cores). Runs alternate A/B/A/B; the table shows medians and corelm/llama.cpp
-ratios for prefill (pp) and decode (tg) tokens per second. Same prompt tokens, same thread
-count, greedy decoding without stopping at end-of-generation tokens.
+llama.cpp is the one the golden data came from: the sdist of `llama-cpp-python==0.3.35` vendors
+llama.cpp 4df29be. Build its `llama-bench` once, outside the repository (10-20 minutes on 2
+cores), for the ISA under test:
+
+    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.35   # or fetch the sdist
+    tar xzf llama_cpp_python-0.3.35.tar.gz && cd llama_cpp_python-0.3.35/vendor/llama.cpp
+    # AVX2 only (the `--isa avx2` comparison on an AVX-512 CPU, or any AVX2-only CPU):
+    cmake -B ~/.cache/corelm/llama/build-avx2 -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \\
+          -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release
+    # or everything this CPU has:  -DGGML_NATIVE=ON
+    cmake --build ~/.cache/corelm/llama/build-avx2 --target llama-bench -j2
+
+Both tools time the same thing (llama-bench's tests: pp = a batch of random prompt tokens, tg =
+single-token decode steps after it), same model, threads, pp and tg lengths and repetitions.
+Rounds alternate the order of the two tools; the table shows the medians over rounds of each
+tool's mean, the corelm/llama.cpp ratios, and for decode corelm's share of its memory roofline
+(read bandwidth measured by `corelm bench` ÷ bytes read per token). The header names both
+sides' ISA: corelm's kernel table, and llama.cpp's from the build's CMakeCache.txt.
 """
 import argparse
+import datetime
 import json
 import os
 import re
 import statistics
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,30 +40,6 @@ FILES = {
     "gemma3": "gemma-3-270m-q4_k_m.gguf",
     "qwen2": "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf",
 }
-TEXT = (
-    "The history of computing is a story of abstraction layered upon abstraction. Early machines "
-    "were programmed by rewiring, then by punched cards, then by assembly language and compilers. "
-)
-
-LLAMA_SNIPPET = textwrap.dedent(
-    """
-    import json, sys, time
-    from llama_cpp import Llama
-    path, threads, n_pp, n_tg = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    llm = Llama(model_path=path, n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=threads,
-                n_threads_batch=threads, verbose=False)
-    toks = llm.tokenize(sys.argv[5].encode(), add_bos=True, special=True)[:n_pp]
-    t0 = time.perf_counter(); llm.eval(toks); t1 = time.perf_counter()
-    # Decode speed does not depend on which token is fed; llama-cpp-python keeps no logits
-    # without logits_all (its `scores` rows stay unwritten), so feed a fixed token.
-    nxt = toks[-1]
-    t2 = time.perf_counter()
-    for _ in range(n_tg):
-        llm.eval([nxt])
-    t3 = time.perf_counter()
-    print(json.dumps({"n_prompt": len(toks), "pp": len(toks) / (t1 - t0), "tg": n_tg / (t3 - t2)}))
-    """
-)
 
 
 def models_dir():
@@ -61,58 +49,90 @@ def models_dir():
     return Path(base) / "corelm" / "models"
 
 
-def run_llama(py, model, threads, pp, tg, prompt):
-    out = subprocess.run([py, "-c", LLAMA_SNIPPET, str(model), str(threads), str(pp), str(tg), prompt],
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def llama_isa(llama_bench):
+    """The x86 flags llama-bench was built with, read from its build's CMakeCache.txt."""
+    for d in [Path(llama_bench).resolve().parent, *Path(llama_bench).resolve().parents]:
+        cache = d / "CMakeCache.txt"
+        if cache.exists():
+            flags = dict(re.findall(r"^(GGML_[A-Z0-9_]+):BOOL=(\w+)", cache.read_text(), re.M))
+            keys = ["GGML_NATIVE", "GGML_AVX2", "GGML_AVX512", "GGML_AVX512_VNNI", "GGML_AVX512_BF16"]
+            return " ".join(f"{k[5:]}={flags[k]}" for k in keys if k in flags)
+    return "unknown (no CMakeCache.txt above the binary)"
 
 
-def run_corelm(binary, model, threads, pp, tg, prompt, n_prompt, extra=()):
-    # Tokenize exactly as llama.cpp did and cut to the same length, so both see the same tokens.
-    ids = json.loads(subprocess.run([binary, "tokenize", "--model", str(model), prompt],
-                                    check=True, capture_output=True, text=True).stdout)[:n_prompt]
-    out = subprocess.run(
-        [binary, "run", "--model", str(model), "-t", str(threads), "--temp", "0", "--ignore-eos",
-         "-n", str(tg), "-b", "512", "-c", "2048", "--prompt-ids", ",".join(map(str, ids)), *extra],
-        check=True, capture_output=True, text=True)
-    m = re.search(r"\[(\d+) prompt tokens in [\d.]+ s = ([\d.]+) t/s; (\d+) generated in [\d.]+ s = ([\d.]+) t/s", out.stderr)
-    if not m:
-        sys.exit(f"could not parse corelm output: {out.stderr}")
-    return {"n_prompt": int(m.group(1)), "pp": float(m.group(2)), "tg": float(m.group(4))}
+def run_llama(llama_bench, model, t, pp, tg, reps):
+    out = subprocess.run([llama_bench, "-m", str(model), "-t", str(t), "-p", str(pp), "-n", str(tg),
+                          "-r", str(reps), "-o", "json"], check=True, capture_output=True, text=True)
+    rows = json.loads(out.stdout)
+    pick = lambda k: next(r["avg_ts"] for r in rows if r[k] > 0)
+    return {"pp": pick("n_prompt"), "tg": pick("n_gen")}
+
+
+def run_corelm(binary, model, t, pp, tg, reps, isa, extra):
+    cmd = [str(binary), "bench", "-m", str(model), "-t", str(t), "-p", str(pp), "-n", str(tg),
+           "-r", str(reps), "--json", *extra]
+    if isa:
+        cmd[1:1] = ["--isa", isa]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    rows = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
+    pp_row = next(r for r in rows if r["n_prompt"] > 0)
+    tg_row = next(r for r in rows if r["n_gen"] > 0)
+    return {"pp": pp_row["avg_ts"], "tg": tg_row["avg_ts"], "roof": tg_row.get("roofline_ts"),
+            "kernels": tg_row.get("kernels", "?")}
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--venv", default=os.environ.get("LLAMA_VENV", str(Path.home() / ".cache/corelm/llama-venv")))
+    ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH"), help="path to llama-bench")
+    ap.add_argument("--isa", default="", help="corelm's kernel table (default: the best this CPU runs)")
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--pp", type=int, default=128)
-    ap.add_argument("--tg", type=int, default=64)
+    ap.add_argument("--pp", type=int, default=512)
+    ap.add_argument("--tg", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--models", default="smollm2,gemma3,qwen2", help="golden model names or GGUF paths")
-    ap.add_argument("--corelm-args", default="", help="extra flags for `corelm run`, e.g. --fast-prefill")
+    ap.add_argument("--corelm-args", default="", help="extra flags for `corelm bench`")
+    ap.add_argument("--record", help="append the table, with date, CPU, ISAs and commit, to this file")
     a = ap.parse_args()
-    py = Path(a.venv) / "bin" / "python"
-    if not py.exists():
-        sys.exit(f"no llama-cpp-python venv at {a.venv}; see this script's docstring")
+    if not a.llama_bench or not Path(a.llama_bench).exists():
+        sys.exit("no llama-bench: pass --llama-bench PATH (or LLAMA_BENCH); see this script's docstring")
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "corelm-cli"], cwd=ROOT, check=True)
     binary = ROOT / "target" / "release" / "corelm"
-    prompt = TEXT * 20
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    print(f"# corelm {commit} {a.corelm_args} vs llama.cpp (llama-cpp-python 0.3.35) on {cpu}; pp{a.pp} tg{a.tg}, {a.reps} reps, medians")
-    print("| model | threads | llama.cpp pp t/s | corelm pp t/s | pp ratio | llama.cpp tg t/s | corelm tg t/s | tg ratio |")
-    print("|---|---|---|---|---|---|---|---|")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    extra = a.corelm_args.split()
+    lines, kernels = [], set()
     for name in a.models.split(","):
         model = models_dir() / FILES[name] if name in FILES else Path(name)
         for t in [int(x) for x in a.threads.split(",")]:
             L, C = [], []
-            for _ in range(a.reps):
-                l = run_llama(py, model, t, a.pp, a.tg, prompt)
-                L.append(l)
-                C.append(run_corelm(binary, model, t, a.pp, a.tg, prompt, l["n_prompt"], a.corelm_args.split()))
+            for r in range(a.rounds):
+                runs = [lambda: L.append(run_llama(a.llama_bench, model, t, a.pp, a.tg, a.reps)),
+                        lambda: C.append(run_corelm(binary, model, t, a.pp, a.tg, a.reps, a.isa, extra))]
+                for run in (runs if r % 2 == 0 else runs[::-1]):
+                    run()
+            kernels.update(c["kernels"] for c in C)
             med = lambda xs, k: statistics.median(x[k] for x in xs)
             lp, cp, lt, ct = med(L, "pp"), med(C, "pp"), med(L, "tg"), med(C, "tg")
-            print(f"| {name} | {t} | {lp:.1f} | {cp:.1f} | {cp / lp:.2f} | {lt:.1f} | {ct:.1f} | {ct / lt:.2f} |", flush=True)
+            roof = statistics.median(c["roof"] for c in C if c["roof"])
+            line = (f"| {name} | {t} | {lp:.1f} | {cp:.1f} | {cp / lp:.2f} | {lt:.1f} | {ct:.1f} | "
+                    f"{ct / lt:.2f} | {100 * ct / roof:.0f} % |")
+            print(line, flush=True)
+            lines.append(line)
+    head = [
+        f"corelm {commit} (kernels: {', '.join(sorted(kernels))}{' ' + a.corelm_args if a.corelm_args else ''}) "
+        f"vs llama-bench of llama.cpp 4df29be ({llama_isa(a.llama_bench)}), {cpu}, "
+        f"{datetime.date.today()}; pp{a.pp} / tg{a.tg}, {a.reps} reps, median of {a.rounds} alternating rounds.",
+        "",
+        "| model | threads | llama.cpp pp t/s | corelm pp t/s | pp ratio | llama.cpp tg t/s | corelm tg t/s "
+        "| tg ratio | corelm tg / roofline |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    print("\n".join(head + lines))
+    if a.record:
+        with open(a.record, "a") as f:
+            f.write("\n" + "\n".join(head + lines) + "\n")
 
 
 if __name__ == "__main__":

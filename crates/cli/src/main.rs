@@ -489,6 +489,8 @@ fn bench(a: &BenchArgs) -> Result<()> {
         for (d, p, n) in tests {
             let (avg, sd, samples, ns) = run_test(&mut engine, d, p, n, reps)?;
             bw = bw.max(memory_bandwidth(t, 512 << 20, 2));
+            // Weights plus the KV cache at the test's mean context.
+            let bytes = bytes_per_token(&engine) + kv_bytes_per_token(&engine, d + n.div_ceil(2));
             let r = BenchResult {
                 model_filename: path.display().to_string(),
                 model_type: name.clone(),
@@ -501,6 +503,8 @@ fn bench(a: &BenchArgs) -> Result<()> {
                 stddev_ts: sd,
                 samples_ts: samples,
                 samples_ns: ns,
+                kernels: corelm_kernels::kernels().isa().to_string(),
+                roofline_ts: (n > 0).then(|| bw / bytes as f64),
             };
             if json {
                 println!("{}", serde_json::to_string(&r)?);

@@ -22,6 +22,12 @@ pub struct BenchResult {
     pub stddev_ts: f64,
     pub samples_ts: Vec<f64>,
     pub samples_ns: Vec<u64>,
+    /// The kernel table that ran (`portable`, `avx2`, `avx512`); not a llama-bench field.
+    pub kernels: String,
+    /// Decode tests: the memory roofline, measured read bandwidth ÷ bytes read per token (weights
+    /// and the KV cache at the test's mean context); not a llama-bench field.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub roofline_ts: Option<f64>,
 }
 
 /// Deterministic pseudo-random token ids (llama-bench also times random tokens).

@@ -61,8 +61,22 @@ const fn offset<T: IlBlock>() -> bool {
 }
 
 /// i32 per activation block in `prep`: the eight `−o·Σy` lane sums, `d_y` and (Q8_1) `s_y` as
-/// f32 bits, padding to a cache line.
+/// f32 bits, padding to a cache line; the tiles keep four rows' `s_y` side by side at
+/// [`S4`] of the first row's block.
 const PREP: usize = 16;
+const S4: usize = 12;
+
+/// With a min: `s_y` of activation rows `first .. first + 4` (of `nb` blocks each in `prep`)
+/// side by side at [`S4`] of row `first`'s blocks, for [`pair_tile`].
+fn gather_s<T: IlBlock>(prep: &mut [i32], nb: usize, first: usize) {
+    if T::MIN {
+        for i in 0..nb {
+            for j in 0..4 {
+                prep[(first * nb + i) * PREP + S4 + j] = prep[((first + j) * nb + i) * PREP + 9];
+            }
+        }
+    }
+}
 
 /// Fill `prep[PREP·i ..]` for each block i of activation row `y`.
 #[inline(always)]
@@ -96,6 +110,7 @@ struct Act {
     neg_lo: __m256i,
     neg_hi: __m256i,
     ds: __m256,
+    dy: __m256,
 }
 
 #[inline(always)]
@@ -106,7 +121,8 @@ unsafe fn act<T: IlBlock>(y: *const u8, prep: *const i32) -> Act {
         let b = |p: *const u8| _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
         let (neg_lo, neg_hi) = if offset::<T>() { (b(prep as *const u8), b(prep.add(4) as *const u8)) } else { (_mm256_setzero_si256(), _mm256_setzero_si256()) };
         let ds = if T::MIN { _mm256_castpd_ps(_mm256_broadcast_sd(&*(prep.add(8) as *const f64))) } else { _mm256_set1_ps(*(prep.add(8) as *const f32)) };
-        Act { lo: b(y.add(q)), hi: b(y.add(q + 16)), neg_lo, neg_hi, ds }
+        let dy = _mm256_set1_ps(*(prep.add(8) as *const f32));
+        Act { lo: b(y.add(q)), hi: b(y.add(q + 16)), neg_lo, neg_hi, ds, dy }
     }
 }
 
@@ -148,10 +164,7 @@ unsafe fn step<T: IlBlock>(u: (__m256i, __m256i), d: __m256, a: &Act, acc: &mut 
 fn finish<T: IlBlock>(acc: &[__m256; 2], summs: __m256, p: usize) -> [f32; 2] {
     // SAFETY: AVX2 is present in every kernel this is inlined into.
     unsafe {
-        let s = _mm256_add_ps(acc[1], acc[0]);
-        let s = _mm256_add_ps(s, _mm256_permute_ps::<0xEE>(s));
-        let s = _mm256_add_ps(s, _mm256_permute_ps::<0x55>(s));
-        let mut v = [_mm256_cvtss_f32(s), _mm_cvtss_f32(_mm256_extractf128_ps(s, 1))];
+        let mut v = hsum_pair(acc);
         if T::MIN {
             let mut m = [0f32; 8];
             _mm256_storeu_ps(m.as_mut_ptr(), summs);
@@ -159,6 +172,59 @@ fn finish<T: IlBlock>(acc: &[__m256; 2], summs: __m256, p: usize) -> [f32; 2] {
             v[1] += m[4 * p + 3];
         }
         v
+    }
+}
+
+/// `hsum_f32x8` of the pair's two rows (lanes 0‥3 in `acc[0]`, 4‥7 in `acc[1]`, per 128-bit
+/// lane): `(hi + lo)`, then `+ movehl`, then `+ movehdup`.
+#[inline(always)]
+fn hsum_pair(acc: &[__m256; 2]) -> [f32; 2] {
+    // SAFETY: AVX2 is present in every kernel this is inlined into.
+    unsafe {
+        let s = _mm256_add_ps(acc[1], acc[0]);
+        let s = _mm256_add_ps(s, _mm256_permute_ps::<0xEE>(s));
+        let s = _mm256_add_ps(s, _mm256_permute_ps::<0x55>(s));
+        [_mm256_cvtss_f32(s), _mm_cvtss_f32(_mm256_extractf128_ps(s, 1))]
+    }
+}
+
+/// Row pair `p` of the group at `g` (`nb` group-blocks) against four activation rows, the
+/// tiles' inner kernel: per block the pair's scales are spread once for the four rows (one
+/// product each then gives `d_r·d_y`), and with a min the pair's `m_r·s_y` of the four rows
+/// come from one product (`s_y` side by side in `prep[0]`, [`gather_s`]). `out[2p + e][j]`.
+#[inline(always)]
+unsafe fn pair_tile<T: IlBlock>(g: *const u8, nb: usize, y: [*const u8; 4], prep: [*const i32; 4], p: usize, out: &mut [[f32; 4]; 4]) {
+    let (abs, _) = act_block::<T>();
+    let gbs = ROWS * T::BS;
+    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+    // Lane e, element j: row 2p + e's Σ m·s against activation row j.
+    let mut summs = _mm256_setzero_ps();
+    let m = if T::MIN { (4 * p as i32 + 1, 4 * p as i32 + 3) } else { (0, 0) };
+    // SAFETY: the caller passes a whole group at `g` and four prepared rows of `nb` blocks.
+    unsafe {
+        for i in 0..nb {
+            let gb = g.add(i * gbs);
+            let h = heads::<T>(gb);
+            let wz = spread::<T>(h, p);
+            let u = values::<T>(gb, p);
+            if T::MIN {
+                let wm = _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(m.0, m.0, m.0, m.0, m.1, m.1, m.1, m.1));
+                let sy = _mm256_broadcast_ps(&*(prep[0].add(PREP * i + S4) as *const __m128));
+                summs = _mm256_add_ps(summs, _mm256_mul_ps(wm, sy));
+            }
+            for j in 0..4 {
+                let a = act::<T>(y[j].add(i * abs), prep[j].add(PREP * i));
+                step::<T>(u, _mm256_mul_ps(wz, a.dy), &a, &mut acc[j]);
+            }
+        }
+        let mut ms = [0f32; 8];
+        _mm256_storeu_ps(ms.as_mut_ptr(), summs);
+        for (j, acc) in acc.iter().enumerate() {
+            let v = hsum_pair(acc);
+            for e in 0..2 {
+                out[2 * p + e][j] = if T::MIN { v[e] + ms[4 * e + j] } else { v[e] };
+            }
+        }
     }
 }
 
@@ -232,14 +298,15 @@ pub fn tiles<T: IlBlock>(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4
         for (j, y) in y.iter().enumerate() {
             prepare::<T>(y, nb, &mut prep[j * nb * PREP..(j + 1) * nb * PREP]);
         }
+        gather_s::<T>(prep, nb, 0);
         let yp = y.map(|y| y.as_ptr());
         let pp: [*const i32; 4] = std::array::from_fn(|j| prep.as_ptr().add(j * nb * PREP));
         for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
             let o: &mut [[f32; 4]; 4] = o.try_into().expect("a group of four rows");
             let gp = g.as_ptr().add(c * ROWS * xrb);
             // One row pair at a time: eight accumulators for the four activation rows.
-            pairs::<T, 4, 1>(gp, nb, yp, pp, 0, o);
-            pairs::<T, 4, 1>(gp, nb, yp, pp, 1, o);
+            pair_tile::<T>(gp, nb, yp, pp, 0, o);
+            pair_tile::<T>(gp, nb, yp, pp, 1, o);
         }
     }
 }
@@ -255,14 +322,16 @@ pub fn tiles8<T: IlBlock>(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 
         for (j, y) in y.iter().enumerate() {
             prepare::<T>(y, nb, &mut prep[j * nb * PREP..(j + 1) * nb * PREP]);
         }
+        gather_s::<T>(prep, nb, 0);
+        gather_s::<T>(prep, nb, 4);
         for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
             let gp = g.as_ptr().add(c * ROWS * xrb);
             for half in 0..2 {
                 let yp: [*const u8; 4] = std::array::from_fn(|j| y[4 * half + j].as_ptr());
                 let pp: [*const i32; 4] = std::array::from_fn(|j| prep.as_ptr().add((4 * half + j) * nb * PREP));
                 let mut v = [[0f32; 4]; 4];
-                pairs::<T, 4, 1>(gp, nb, yp, pp, 0, &mut v);
-                pairs::<T, 4, 1>(gp, nb, yp, pp, 1, &mut v);
+                pair_tile::<T>(gp, nb, yp, pp, 0, &mut v);
+                pair_tile::<T>(gp, nb, yp, pp, 1, &mut v);
                 for r in 0..ROWS {
                     o[r][4 * half..4 * half + 4].copy_from_slice(&v[r]);
                 }
