@@ -1,7 +1,7 @@
 # The two set-up commands of the README, and helpers. Models go to ~/.cache/corelm/models
 # (override with CORELM_MODELS_DIR); they are never part of the repository.
 
-.PHONY: demo test models bench-compare bench-serve
+.PHONY: demo test test-arm models bench-compare bench-serve
 
 # Build, fetch the default model if missing, and generate text with it.
 demo:
@@ -10,14 +10,21 @@ demo:
 		-p "Explain in two sentences why the sky is blue."
 
 # Fetch every golden model, then run the whole test suite (release mode: the golden tests run
-# real models), then the official `openai` Python client against `corelm serve`.
+# real models), then the official `openai` Python client against `corelm serve`, then the
+# aarch64 kernel parity tests and SmolLM2 golden check under qemu (installs its toolchain).
 test: models
 	cargo test --release --workspace
 	bash scripts/test_openai_client.sh
+	bash scripts/test_arm.sh
+
+# Only the emulated aarch64 part of `make test`.
+test-arm: models
+	bash scripts/test_arm.sh
 
 models:
 	python3 scripts/fetch_models.py all
 
-# Side by side with llama.cpp (needs the llama-cpp-python venv described in the script).
+# Side by side with llama.cpp's llama-bench (build it as the script's docstring says; point
+# LLAMA_BENCH at it). ISA=avx2 forces corelm's AVX2 table.
 bench-compare: models
-	python3 scripts/bench_compare.py
+	python3 scripts/bench_compare.py --llama-bench "$(LLAMA_BENCH)" $(if $(ISA),--isa $(ISA))

@@ -55,8 +55,10 @@ def llama_isa(llama_bench):
         cache = d / "CMakeCache.txt"
         if cache.exists():
             flags = dict(re.findall(r"^(GGML_[A-Z0-9_]+):BOOL=(\w+)", cache.read_text(), re.M))
-            keys = ["GGML_NATIVE", "GGML_AVX2", "GGML_AVX512", "GGML_AVX512_VNNI", "GGML_AVX512_BF16"]
-            return " ".join(f"{k[5:]}={flags[k]}" for k in keys if k in flags)
+            if flags.get("GGML_NATIVE") == "ON":
+                return "GGML_NATIVE=ON: -march=native, every ISA extension of the build machine"
+            keys = ["GGML_AVX2", "GGML_AVX512", "GGML_AVX512_VNNI", "GGML_AVX512_BF16"]
+            return "GGML_NATIVE=OFF " + " ".join(f"{k[5:]}={flags[k]}" for k in keys if k in flags)
     return "unknown (no CMakeCache.txt above the binary)"
 
 

@@ -2,7 +2,7 @@
 //! reference (dequantized weights · f32 activations). Random blocks, several row lengths.
 
 use corelm_kernels::quant::blocks::*;
-use corelm_kernels::{row_bytes, DType, Kernels};
+use corelm_kernels::{row_bytes, DType, Isa, Kernels};
 use half::f16;
 
 mod common;
@@ -313,9 +313,10 @@ fn tile_dots_equal_row_dots() {
     }
 }
 
-/// The panel GEMM (prefill): VNNI kernel bit-identical to its portable twin, both equal to
-/// the per-row dot products up to float summation order, on ragged shapes (columns not a
-/// multiple of the panel, rows not a multiple of four).
+/// The panel GEMM (prefill): the SIMD kernel of every table this CPU runs (AVX2, AVX-512 VNNI)
+/// bit-identical to its portable twin, both equal to the per-row dot products up to float
+/// summation order, on ragged shapes (columns not a multiple of the panel, rows not a multiple
+/// of four).
 #[test]
 fn panel_gemm_matches_row_dots() {
     use corelm_kernels::matmul::gemm::{gemm, supported, GemmScratch};
@@ -338,20 +339,20 @@ fn panel_gemm_matches_row_dots() {
                 port.from_float(vdt).unwrap()(&xf, &mut x[r * xrb..(r + 1) * xrb]);
             }
             let mut scratch = GemmScratch::new(k, rows);
-            let run = |simd: bool, scratch: &mut GemmScratch| {
+            let run = |isa: Isa, scratch: &mut GemmScratch| {
                 let mut out = vec![f32::NAN; rows * n_out];
                 // Two column ranges, as two workers would own them.
                 let mid = n_out / 2;
                 for cols in [0..mid, mid..n_out] {
                     // SAFETY: out holds rows × n_out f32; each call writes only its columns.
-                    unsafe { gemm(t, &w, k, cols, &x, xrb, rows, out.as_mut_ptr(), n_out, simd, scratch) };
+                    unsafe { gemm(t, &w, k, cols, &x, xrb, rows, out.as_mut_ptr(), n_out, isa, scratch) };
                 }
                 out
             };
-            let p = run(false, &mut scratch);
-            if Kernels::detect().vnni() {
-                let s = run(true, &mut scratch);
-                assert!(p.iter().zip(&s).all(|(a, b)| a.to_bits() == b.to_bits()), "{t} k={k}: vnni vs portable");
+            let p = run(Isa::Portable, &mut scratch);
+            for isa in tables().iter().map(|k| k.isa()).filter(|&i| corelm_kernels::matmul::gemm::simd(t, i)) {
+                let s = run(isa, &mut scratch);
+                assert!(p.iter().zip(&s).all(|(a, b)| a.to_bits() == b.to_bits()), "{t} k={k}: {isa} vs portable");
             }
             let rb = row_bytes(t, k);
             for r in 0..rows {

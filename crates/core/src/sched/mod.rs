@@ -14,7 +14,7 @@ use corelm_kernels::matmul::gemm::{self, GemmScratch};
 use corelm_kernels::attention::{self, AttnScratch};
 use corelm_kernels::{act, norm, rope};
 use corelm_kernels::matmul::layout as interleave;
-use corelm_kernels::{DType, InterleavedOps, Kernels};
+use corelm_kernels::{DType, InterleavedOps, Isa, Kernels};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -610,7 +610,11 @@ impl Ctx<'_> {
         let rows = t.ne[1];
         let (gs, pack) = (&mut scratch.gemm, &mut scratch.pack[..]);
         let panel = self.panel_gemm && !self.batch_invariant && rows >= GEMM_MIN_ROWS;
-        if panel && gemm::supported(wt.dtype) && gs.fits(k, rows) {
+        // The panel where the table has a SIMD kernel for it, and everywhere on the portable
+        // table (its twin still decodes each block once for every row); AVX2's Q8_0 takes the
+        // interleaved tiles instead.
+        let panel_type = gemm::simd(wt.dtype, self.kernels.isa()) || (gemm::supported(wt.dtype) && self.kernels.isa() == Isa::Portable);
+        if panel && panel_type && gs.fits(k, rows) {
             let xt = self.t(x);
             // SAFETY: the output tensor is [rows][n_out] f32 and this worker owns its columns.
             unsafe {
@@ -624,7 +628,7 @@ impl Ctx<'_> {
                     rows,
                     self.base(t) as *mut f32,
                     n_out,
-                    self.kernels.vnni(),
+                    self.kernels.isa(),
                     gs,
                 )
             };

@@ -22,6 +22,7 @@
 
 use crate::quant::blocks::*;
 use crate::quant::portable::{q4_0_values, q5_0_values, q5_1_values, q6_k_values};
+use crate::simd::Isa;
 use crate::DType;
 
 mod panel;
@@ -33,6 +34,17 @@ pub use panel::{act_block, panel_portable, Act, PACKED_BLOCK, PANEL};
 /// Weight types the panel GEMM handles.
 pub fn supported(t: DType) -> bool {
     matches!(t, DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K | DType::Q6K)
+}
+
+/// Whether the panel GEMM of `t` runs a SIMD kernel under `isa`'s table (AVX-512: every
+/// supported type; AVX2: all but Q8_0, whose unsigned codes saturate `maddubs`' i16 sums;
+/// elsewhere the portable twin).
+pub fn simd(t: DType, isa: Isa) -> bool {
+    supported(t) && match isa {
+        Isa::Avx512 => true,
+        Isa::Avx2 => t != DType::Q8_0,
+        Isa::Portable => false,
+    }
 }
 
 /// Types with a scale per 16 elements: a packed block holds the scales of its two halves (in
@@ -183,8 +195,8 @@ fn block_sums(x: &[u8], xrb: usize, rows: usize, nb: usize, act: Act, out: &mut 
 }
 
 /// `out[r * n_out + c] = w[c] · x[r]` for `c` in `cols`, all `rows` activation rows (`x`, rows
-/// of `xrb` bytes in `t`'s `vec_dot_type`). `simd`: use the AVX-512 VNNI kernel (the caller
-/// has detected it).
+/// of `xrb` bytes in `t`'s `vec_dot_type`). `isa`: the table's level, which this CPU runs
+/// (the caller's); its SIMD kernel where [`simd`] says so, else the portable twin.
 ///
 /// # Safety
 /// `out` must address `rows · n_out` f32 of which this call alone writes columns `cols`.
@@ -199,7 +211,7 @@ pub unsafe fn gemm(
     rows: usize,
     out: *mut f32,
     n_out: usize,
-    simd: bool,
+    isa: Isa,
     scratch: &mut GemmScratch,
 ) {
     debug_assert!(supported(t) && k % 32 == 0 && scratch.fits(k, rows));
@@ -219,15 +231,14 @@ pub unsafe fn gemm(
                 unsafe { *out.add(r * n_out + c0 + j) = v };
             }
         };
-        #[cfg(target_arch = "x86_64")]
-        if simd {
-            // SAFETY: the caller detected AVX-512 F/VL/VNNI.
-            unsafe { x86::panel(panel, nb, o, act, split, x, xrb, ysum, rows, store) };
-            c0 += n;
-            continue;
+        match isa {
+            // SAFETY (both): the caller's CPU runs `isa`'s table, whose features these need.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { x86::panel(panel, nb, o, act, split, x, xrb, ysum, rows, store) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 if simd(t, isa) => unsafe { x86::panel_avx2(panel, nb, o, act, split, x, xrb, ysum, rows, store) },
+            _ => panel_portable(panel, nb, o, act, split, x, xrb, ysum, rows, store),
         }
-        let _ = simd;
-        panel_portable(panel, nb, o, act, split, x, xrb, ysum, rows, store);
         c0 += n;
     }
 }

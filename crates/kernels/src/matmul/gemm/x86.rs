@@ -1,7 +1,10 @@
-//! AVX-512 VNNI (256-bit, AVX512VL) twin of `gemm::panel_portable`: lanes are the panel's 8
-//! columns; `vpdpbusd` adds 4 u8×i8 products per lane; four activation rows share every
-//! loaded weight vector. Bit-identical to the portable kernel (exact integer sums, the same
-//! float operations per lane in the same order).
+//! x86 twins of `gemm::panel_portable`: lanes are the panel's 8 columns; four activation rows
+//! share every loaded weight vector. AVX-512 VNNI (256-bit, AVX512VL, [`panel`]): `vpdpbusd`
+//! adds 4 u8×i8 products per lane. AVX2 ([`panel_avx2`]): `maddubs` of two groups added as i16
+//! (each pair `u·y + u·y` ≤ 63·128·2, two of them ≤ 32 256: no saturation for codes up to 63,
+//! so not Q8_0, whose codes reach 255), then `madd` with ones into the i32 lanes. Both are
+//! bit-identical to the portable kernel (exact integer sums, the same float operations per
+//! lane in the same order).
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -9,9 +12,50 @@ use super::panel::{act_block_with, Act, PACKED_BLOCK, PANEL};
 use crate::simd::x86::h2f;
 use std::arch::x86_64::*;
 
+/// The panel kernel with AVX-512 VNNI.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
 pub fn panel(
+    panel: &[u8],
+    nb: usize,
+    o: i32,
+    act: Act,
+    split: bool,
+    x: &[u8],
+    xrb: usize,
+    ysum: &[i32],
+    rows: usize,
+    store: impl FnMut(usize, &[f32; PANEL]),
+) {
+    // SAFETY: the features `panel_impl::<true>` uses are enabled here.
+    unsafe { panel_impl::<true>(panel, nb, o, act, split, x, xrb, ysum, rows, store) }
+}
+
+/// The panel kernel with AVX2 (codes up to 63: every supported type but Q8_0).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+pub fn panel_avx2(
+    panel: &[u8],
+    nb: usize,
+    o: i32,
+    act: Act,
+    split: bool,
+    x: &[u8],
+    xrb: usize,
+    ysum: &[i32],
+    rows: usize,
+    store: impl FnMut(usize, &[f32; PANEL]),
+) {
+    assert!(o <= 32, "Q8_0's codes (up to 255) would saturate the AVX2 panel's i16 sums");
+    // SAFETY: the features `panel_impl::<false>` uses are enabled here.
+    unsafe { panel_impl::<false>(panel, nb, o, act, split, x, xrb, ysum, rows, store) }
+}
+
+/// # Safety
+/// AVX2 and FMA present, and with `VNNI` AVX-512 F/VL/VNNI.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn panel_impl<const VNNI: bool>(
     panel: &[u8],
     nb: usize,
     o: i32,
@@ -28,27 +72,29 @@ pub fn panel(
     // Split and unsplit kernels are separate instances: the unsplit one keeps one set of
     // integer accumulators (the second set is constant zero and folds away).
     while r + 4 <= rows {
+        // SAFETY (these four calls): the caller's features.
         if split {
-            rows_block::<4, true>(panel, nb, o, act, x, xrb, ysum, r, &mut store);
+            unsafe { rows_block::<4, true, VNNI>(panel, nb, o, act, x, xrb, ysum, r, &mut store) };
         } else {
-            rows_block::<4, false>(panel, nb, o, act, x, xrb, ysum, r, &mut store);
+            unsafe { rows_block::<4, false, VNNI>(panel, nb, o, act, x, xrb, ysum, r, &mut store) };
         }
         r += 4;
     }
     while r < rows {
         if split {
-            rows_block::<1, true>(panel, nb, o, act, x, xrb, ysum, r, &mut store);
+            unsafe { rows_block::<1, true, VNNI>(panel, nb, o, act, x, xrb, ysum, r, &mut store) };
         } else {
-            rows_block::<1, false>(panel, nb, o, act, x, xrb, ysum, r, &mut store);
+            unsafe { rows_block::<1, false, VNNI>(panel, nb, o, act, x, xrb, ysum, r, &mut store) };
         }
         r += 1;
     }
 }
 
+/// # Safety
+/// As [`panel_impl`].
 #[allow(clippy::too_many_arguments)]
-#[inline]
-#[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
-fn rows_block<const R: usize, const SPLIT: bool>(
+#[inline(always)]
+unsafe fn rows_block<const R: usize, const SPLIT: bool, const VNNI: bool>(
     panel: &[u8],
     nb: usize,
     o: i32,
@@ -70,14 +116,29 @@ fn rows_block<const R: usize, const SPLIT: bool>(
         }
         // Integer sums of the two 16-element halves (groups 0..4, 4..8) kept apart.
         let mut acci = [[_mm256_setzero_si256(); R]; 2];
-        for g in 0..8 {
-            // SAFETY: blk has PACKED_BLOCK ≥ 256 bytes; g * 32 + 32 ≤ 256.
-            let wv = unsafe { _mm256_loadu_si256(blk.as_ptr().add(g * 32) as *const __m256i) };
-            for j in 0..R {
-                let y = acts[j].2;
-                let y4 = i32::from_le_bytes([y[g * 4] as u8, y[g * 4 + 1] as u8, y[g * 4 + 2] as u8, y[g * 4 + 3] as u8]);
-                let h = if SPLIT { g / 4 } else { 0 };
-                acci[h][j] = _mm256_dpbusd_epi32(acci[h][j], wv, _mm256_set1_epi32(y4));
+        let y4 = |j: usize, g: usize| {
+            let y = acts[j].2;
+            _mm256_set1_epi32(i32::from_le_bytes([y[g * 4] as u8, y[g * 4 + 1] as u8, y[g * 4 + 2] as u8, y[g * 4 + 3] as u8]))
+        };
+        // SAFETY (loads): blk has PACKED_BLOCK ≥ 256 bytes; g * 32 + 32 ≤ 256.
+        let wv = |g: usize| unsafe { _mm256_loadu_si256(blk.as_ptr().add(g * 32) as *const __m256i) };
+        if VNNI {
+            for g in 0..8 {
+                let w = wv(g);
+                for j in 0..R {
+                    let h = if SPLIT { g / 4 } else { 0 };
+                    acci[h][j] = _mm256_dpbusd_epi32(acci[h][j], w, y4(j, g));
+                }
+            }
+        } else {
+            let ones = _mm256_set1_epi16(1);
+            for g in (0..8).step_by(2) {
+                let (w0, w1) = (wv(g), wv(g + 1));
+                for j in 0..R {
+                    let h = if SPLIT { g / 4 } else { 0 };
+                    let s = _mm256_add_epi16(_mm256_maddubs_epi16(w0, y4(j, g)), _mm256_maddubs_epi16(w1, y4(j, g + 1)));
+                    acci[h][j] = _mm256_add_epi32(acci[h][j], _mm256_madd_epi16(s, ones));
+                }
             }
         }
         // SAFETY: scales at bytes 256..288 and mins at 288..320 of the block.

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# aarch64, emulated: cross-build the kernel parity tests and one real-model golden check
+# (SmolLM2's first case, prompt logits within tolerance) for aarch64-unknown-linux-gnu and run
+# them under qemu-user with three CPU models, so every dispatch path a real ARM CPU can take
+# runs: `max` (dotprod, i8mm, SVE, SME), `neoverse-n1` (dotprod, no i8mm), `cortex-a53` (no
+# dotprod). Correctness only: emulated timings mean nothing.
+#
+# What it needs is installed here if missing (Debian 12; rustup's downloads are not reachable):
+# Debian's second Rust toolchain with an arm64 standard library (rustc-web, cargo-web,
+# libstd-rust-web-dev:arm64), the cross linker and qemu-user-static.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+T=aarch64-unknown-linux-gnu
+# The arm64 libraries qemu loads: the multiarch libc6:arm64 (pulled in by libstd-rust-web-dev)
+# with its own ld.so, not the cross sysroot /usr/aarch64-linux-gnu: that ld.so (2.36-8cross1)
+# with the multiarch libc.so.6 (2.36-9+deb12u*), which qemu finds first, loops forever in the
+# first pthread_create.
+SYSROOT=/
+PKGS="rustc-web cargo-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static"
+
+if ! dpkg -s $PKGS >/dev/null 2>&1; then
+    SUDO=""
+    [ "$(id -u)" = 0 ] || SUDO=sudo
+    echo "test_arm: installing $PKGS"
+    $SUDO dpkg --add-architecture arm64
+    $SUDO apt-get update -qq
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $PKGS >/dev/null
+fi
+
+# Debian's toolchain (not rustup's, which has no arm64 standard library here), its own target
+# directory, no debug info (faster links), the cross linker.
+export RUSTC=/usr/bin/rustc
+export CARGO_TARGET_DIR=target/aarch64-cross
+export CARGO_PROFILE_RELEASE_DEBUG=0
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+CARGO=/usr/bin/cargo
+TESTS=(-p corelm-kernels --test parity --test interleave --lib)
+GOLDEN=(-p corelm-engine --test golden)
+
+"$CARGO" test --release --target $T "${TESTS[@]}" --no-run
+"$CARGO" test --release --target $T "${GOLDEN[@]}" --no-run
+for cpu in max neoverse-n1 cortex-a53; do
+    echo "test_arm: qemu-aarch64 -cpu $cpu"
+    export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64-static -L $SYSROOT -cpu $cpu"
+    "$CARGO" test --release --target $T "${TESTS[@]}" -q
+    "$CARGO" test --release --target $T "${GOLDEN[@]}" -q golden_smollm2_p01 -- --exact --nocapture
+done
