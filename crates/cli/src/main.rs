@@ -23,8 +23,8 @@ const DEFAULT_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
-    /// Kernel table for every command: portable, avx2 or avx512 (default: the best this CPU
-    /// runs). A lower table than the CPU's forces its kernels everywhere, for measuring and
+    /// Kernel table for every command: portable, avx2 or avx512 on x86-64, portable, neon or
+    /// dotprod on aarch64 (default: the best this CPU runs). A lower table than the CPU's forces its kernels everywhere, for measuring and
     /// testing that path; one the CPU cannot run is refused.
     #[arg(long, global = true, env = "CORELM_ISA", value_parser = parse_isa)]
     isa: Option<corelm_kernels::Isa>,

@@ -139,6 +139,7 @@ impl Kernels {
     fn build(isa: Isa) -> Kernels {
         match isa {
             Isa::Portable => Kernels::portable(),
+            Isa::Neon | Isa::Dotprod => Kernels::aarch64(isa),
             Isa::Avx2 => Kernels::avx2(),
             Isa::Avx512 => Kernels::avx512(),
         }
@@ -330,6 +331,40 @@ impl Kernels {
         k
     }
 
+    /// The aarch64 tables: NEON dots of the golden models' types in the x86 lane order
+    /// (`matmul::aarch64::neon`), with `sdot` for [`Isa::Dotprod`]. Only for a CPU with `isa`.
+    fn aarch64(isa: Isa) -> Kernels {
+        #[allow(unused_mut)]
+        let mut k = Kernels::portable();
+        #[cfg(target_arch = "aarch64")]
+        {
+            use crate::matmul::aarch64::neon::{dotprod, kind, neon};
+            debug_assert!(isa.missing().is_empty());
+            k.isa = isa;
+            let dot = isa == Isa::Dotprod;
+            // SAFETY (the `dotprod` closures): `build` runs this for `Isa::Dotprod` only on a
+            // CPU with it (checked); the NEON ones need only the aarch64 baseline.
+            let pick = |n: VecDot, d: VecDot| if dot { d } else { n };
+            for (t, f) in [
+                (DType::Q4_0, pick(neon::<{ kind::Q4_0 }>, |x, y| unsafe { dotprod::<{ kind::Q4_0 }>(x, y) })),
+                (DType::Q4_1, pick(neon::<{ kind::Q4_1 }>, |x, y| unsafe { dotprod::<{ kind::Q4_1 }>(x, y) })),
+                (DType::Q5_0, pick(neon::<{ kind::Q5_0 }>, |x, y| unsafe { dotprod::<{ kind::Q5_0 }>(x, y) })),
+                (DType::Q5_1, pick(neon::<{ kind::Q5_1 }>, |x, y| unsafe { dotprod::<{ kind::Q5_1 }>(x, y) })),
+                (DType::Q8_0, pick(neon::<{ kind::Q8_0 }>, |x, y| unsafe { dotprod::<{ kind::Q8_0 }>(x, y) })),
+                (DType::Q4K, pick(neon::<{ kind::Q4_K }>, |x, y| unsafe { dotprod::<{ kind::Q4_K }>(x, y) })),
+                (DType::Q6K, pick(neon::<{ kind::Q6_K }>, |x, y| unsafe { dotprod::<{ kind::Q6_K }>(x, y) })),
+            ] {
+                let o = &mut k.ops[slot(t).unwrap()];
+                o.vec_dot = f;
+                // Q4_K's tile order is set below; the others' tile dot is their dot.
+                o.vec_dot_tile = f;
+            }
+            k.ops[slot(DType::Q4K).unwrap()].vec_dot_tile = pick(neon::<{ kind::Q4_K_TILE }>, |x, y| unsafe { dotprod::<{ kind::Q4_K_TILE }>(x, y) });
+        }
+        let _ = isa;
+        k
+    }
+
     /// The level this table was built for: its matmul kernels, and the attention, norm, RoPE
     /// and activation kernels that take it.
     pub fn isa(&self) -> Isa {
@@ -406,6 +441,6 @@ pub fn kernels_for(isa: Isa) -> Result<&'static Kernels, IsaError> {
 
 /// The table of a level this CPU runs (checked by the callers), built on first use.
 fn table(isa: Isa) -> &'static Kernels {
-    static TABLES: [std::sync::OnceLock<Kernels>; 3] = [const { std::sync::OnceLock::new() }; 3];
+    static TABLES: [std::sync::OnceLock<Kernels>; Isa::ALL.len()] = [const { std::sync::OnceLock::new() }; Isa::ALL.len()];
     TABLES[isa as usize].get_or_init(|| Kernels::build(isa))
 }

@@ -45,9 +45,11 @@ fn pack_then_unpack_is_the_identity() {
 #[test]
 fn interleaved_gemv_and_tiles_equal_plain_row_dots() {
     let tables = common::tables();
-    let with_il = tables.iter().filter(|k| TYPES.iter().all(|&t| k.ops(t).unwrap().interleaved.is_some())).count();
-    // Every SIMD table this CPU runs has them (the portable table repacks nothing).
-    assert_eq!(with_il, tables.len() - 1, "a SIMD table without interleaved kernels");
+    // Every x86 SIMD table this CPU runs has them (the portable and the NEON tables repack
+    // nothing yet).
+    for k in tables.iter().filter(|k| k.isa() >= corelm_kernels::Isa::Avx2) {
+        assert!(TYPES.iter().all(|&t| k.ops(t).unwrap().interleaved.is_some()), "{}: a type without interleaved kernels", k.isa());
+    }
     for fast in &tables {
         interleaved_equal_plain(fast);
     }

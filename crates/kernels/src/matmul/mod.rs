@@ -8,6 +8,7 @@
 //! | file | holds |
 //! |---|---|
 //! | [`portable`] | the portable twin of every dot product (the reference the SIMD ones are tested against) |
+//! | [`lanes`] | the x86 SIMD dots' float order (eight lanes per block) without SIMD: the reference of the AVX2, AVX-512 and NEON dots |
 //! | [`layout`] | the load-time interleaved layout (`pack`/`unpack`) and its portable GEMV |
 //! | [`gemm`] | the panel GEMM: driver, panel layout + portable micro-kernel, VNNI micro-kernel |
 //! | `x86/common.rs` | block decoders and integer sums shared by the x86 dots; the interleaved 32-blocks' decoding (`IlBlock`) |
@@ -19,9 +20,13 @@
 //! | `x86/avx512_k.rs` | AVX-512 VNNI tiles of Q4_K and Q6_K on plain rows |
 //! | `x86/avx512_il.rs` | AVX-512 VNNI GEMV and tiles on the interleaved layout: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 |
 //! | `x86/avx512_il_k.rs` | the same for Q4_K and Q6_K |
+//! | `aarch64/neon.rs` | NEON dots of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K in the x86 lane order, `sdot` (dotprod) or widening multiplies |
 //! | `x86/avx512_dense.rs` | F32/F16/BF16 in llama.cpp's AVX-512 orders (BF16 dot, tinyBLAS batch tiles) |
 
+#[cfg(target_arch = "aarch64")]
+pub mod aarch64;
 pub mod gemm;
+pub mod lanes;
 pub mod layout;
 pub mod portable;
 #[cfg(target_arch = "x86_64")]

@@ -6,11 +6,18 @@
 pub mod x86;
 
 /// An instruction-set level: which kernel table runs (`dispatch::Kernels::for_isa`) and which
-/// row kernels (norm, RoPE, activations) it takes. Ordered: a level includes those below it.
+/// row kernels (norm, RoPE, activations) it takes. Ordered within an architecture: a level
+/// includes the levels of its architecture below it (and `Portable`); the aarch64 levels sort
+/// below the x86 ones, so `isa >= Isa::Avx2` means "an x86 SIMD table". A level of another
+/// architecture never passes [`Isa::check`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Isa {
     /// The portable twins only.
     Portable,
+    /// aarch64 with NEON (every aarch64 CPU): widening multiplies for the integer dots.
+    Neon,
+    /// NEON plus the dot-product extension (`sdot`; Armv8.2+, e.g. Neoverse N1, Apple M1).
+    Dotprod,
     /// x86-64 with AVX2, FMA and F16C.
     Avx2,
     /// AVX2 plus AVX-512 F, BW, VL and VNNI (BF16 where present, for the BF16 dots).
@@ -18,12 +25,14 @@ pub enum Isa {
 }
 
 impl Isa {
-    pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 5] = [Isa::Portable, Isa::Neon, Isa::Dotprod, Isa::Avx2, Isa::Avx512];
 
     /// The name `--isa` and `CORELM_ISA` take.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
+            Isa::Neon => "neon",
+            Isa::Dotprod => "dotprod",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
         }
@@ -39,6 +48,8 @@ impl Isa {
     pub fn missing(self) -> Vec<&'static str> {
         let need: &[&'static str] = match self {
             Isa::Portable => &[],
+            Isa::Neon => &["neon"],
+            Isa::Dotprod => &["neon", "dotprod"],
             Isa::Avx2 => &["avx2", "fma", "f16c"],
             Isa::Avx512 => &["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni"],
         };
@@ -80,7 +91,7 @@ pub enum IsaError {
 impl std::fmt::Display for IsaError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            IsaError::Unknown(s) => write!(f, "unknown ISA {s:?}: expected portable, avx2 or avx512"),
+            IsaError::Unknown(s) => write!(f, "unknown ISA {s:?}: expected portable, neon, dotprod, avx2 or avx512"),
             IsaError::Unsupported { isa, missing, best } => {
                 write!(f, "this CPU cannot run the {isa} kernels: it lacks {}; the highest it runs is {best}", missing.join(", "))
             }
@@ -91,8 +102,17 @@ impl std::fmt::Display for IsaError {
 
 impl std::error::Error for IsaError {}
 
-/// Whether the CPU has one named feature (`std::is_x86_feature_detected!` names).
+/// Whether the CPU has one named feature (`std::is_x86_feature_detected!` and
+/// `std::arch::is_aarch64_feature_detected!` names); a feature of another architecture: no.
 fn cpu_has(feature: &str) -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        match feature {
+            "neon" => std::arch::is_aarch64_feature_detected!("neon"),
+            "dotprod" => std::arch::is_aarch64_feature_detected!("dotprod"),
+            _ => false,
+        }
+    }
     #[cfg(target_arch = "x86_64")]
     {
         match feature {
@@ -106,7 +126,7 @@ fn cpu_has(feature: &str) -> bool {
             _ => false,
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = feature;
         false

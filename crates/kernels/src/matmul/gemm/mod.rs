@@ -43,7 +43,7 @@ pub fn simd(t: DType, isa: Isa) -> bool {
     supported(t) && match isa {
         Isa::Avx512 => true,
         Isa::Avx2 => t != DType::Q8_0,
-        Isa::Portable => false,
+        Isa::Portable | Isa::Neon | Isa::Dotprod => false,
     }
 }
 

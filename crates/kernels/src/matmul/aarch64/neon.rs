@@ -1,0 +1,325 @@
+//! NEON dot products of the golden models' weight types, in the x86 SIMD kernels' float order
+//! (`matmul::lanes`): bit for bit the AVX2 table's values, so an ARM machine reproduces the
+//! golden logits exactly where the portable order drifts.
+//!
+//! The eight lanes of a 32-value block are two `float32x4_t`: lanes 0‥3 from values 0‥16,
+//! 4‥7 from values 16‥32. Each lane's integer is the exact sum of four products, from one
+//! `sdot` per 16 values with the dot-product extension ([`Sdot`]), else from widening
+//! multiplies and two pairwise adds ([`Widen`]; i8·i8 fits i16) — the same integers either way.
+//! Then `vfmaq` (fused, as `_mm256_fmadd_ps`) and `hsum_f32x8`'s order at the end.
+#![allow(clippy::missing_safety_doc)]
+
+use crate::quant::blocks::*;
+use std::arch::aarch64::*;
+
+/// How four-product lane sums are formed.
+pub trait Dot4 {
+    /// Lane i: `Σ_{k<4} a[4i+k]·b[4i+k]`, exact.
+    ///
+    /// # Safety
+    /// NEON present (and what the implementation names).
+    unsafe fn dot4(a: int8x16_t, b: int8x16_t) -> int32x4_t;
+}
+
+/// With the dot-product extension: one `sdot` (through `asm!`: its intrinsic is not stable).
+pub struct Sdot;
+/// Plain NEON: `smull`/`smull2`, then `saddlp` and `addp`.
+pub struct Widen;
+
+impl Dot4 for Sdot {
+    #[inline(always)]
+    unsafe fn dot4(a: int8x16_t, b: int8x16_t) -> int32x4_t {
+        // SAFETY: NEON present (the caller's contract).
+        let mut acc = unsafe { vdupq_n_s32(0) };
+        // SAFETY: `sdot` reads and writes registers only; the enclosing function enables
+        // `dotprod`, which the dispatcher detected.
+        unsafe {
+            std::arch::asm!("sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b", acc = inout(vreg) acc, a = in(vreg) a, b = in(vreg) b, options(pure, nomem, nostack));
+        }
+        acc
+    }
+}
+
+impl Dot4 for Widen {
+    #[inline(always)]
+    unsafe fn dot4(a: int8x16_t, b: int8x16_t) -> int32x4_t {
+        // SAFETY: NEON present (the caller's contract).
+        unsafe {
+            let lo = vpaddlq_s16(vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+            let hi = vpaddlq_s16(vmull_high_s8(a, b));
+            vpaddq_s32(lo, hi)
+        }
+    }
+}
+
+/// `hsum_f32x8` of lanes `acc[0]` (0‥3) and `acc[1]` (4‥7): `(hi + lo)`, then
+/// `(r0 + r2) + (r1 + r3)`.
+#[inline(always)]
+unsafe fn hsum8(acc: [float32x4_t; 2]) -> f32 {
+    // SAFETY: NEON present (the caller's contract).
+    unsafe {
+        let r = vaddq_f32(acc[1], acc[0]);
+        vaddv_f32(vadd_f32(vget_low_f32(r), vget_high_f32(r)))
+    }
+}
+
+/// One 32-value block: the two halves' lane sums into the accumulators with `d`.
+#[inline(always)]
+unsafe fn block<D: Dot4>(acc: &mut [float32x4_t; 2], d: f32, w: (int8x16_t, int8x16_t), y: &[i8; 32]) {
+    // SAFETY: NEON present; `y` is 32 readable bytes.
+    unsafe {
+        let (ylo, yhi) = (vld1q_s8(y.as_ptr()), vld1q_s8(y.as_ptr().add(16)));
+        acc[0] = vfmaq_n_f32(acc[0], vcvtq_f32_s32(D::dot4(w.0, ylo)), d);
+        acc[1] = vfmaq_n_f32(acc[1], vcvtq_f32_s32(D::dot4(w.1, yhi)), d);
+    }
+}
+
+/// The nibbles of 16 bytes: (low nibbles: values 0‥16, high nibbles: values 16‥32).
+#[inline(always)]
+unsafe fn nibbles(qs: &[u8; 16]) -> (uint8x16_t, uint8x16_t) {
+    // SAFETY: NEON present; 16 readable bytes.
+    unsafe {
+        let v = vld1q_u8(qs.as_ptr());
+        (vandq_u8(v, vdupq_n_u8(0x0F)), vshrq_n_u8::<4>(v))
+    }
+}
+
+/// Bits 0‥16 and 16‥32 of `qh` as bytes 0x10 (set) or 0.
+#[inline(always)]
+unsafe fn fifth_bits(qh: [u8; 4]) -> (uint8x16_t, uint8x16_t) {
+    // SAFETY: NEON present.
+    unsafe {
+        let bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040_2010_0804_0201));
+        let spread = |b0: u8, b1: u8| vcombine_u8(vdup_n_u8(b0), vdup_n_u8(b1));
+        let lo = vtstq_u8(spread(qh[0], qh[1]), bit);
+        let hi = vtstq_u8(spread(qh[2], qh[3]), bit);
+        let sixteen = vdupq_n_u8(0x10);
+        (vandq_u8(lo, sixteen), vandq_u8(hi, sixteen))
+    }
+}
+
+#[inline(always)]
+unsafe fn signed(v: (uint8x16_t, uint8x16_t), off: u8) -> (int8x16_t, int8x16_t) {
+    // SAFETY: NEON present.
+    unsafe {
+        let o = vdupq_n_u8(off);
+        (vreinterpretq_s8_u8(vsubq_u8(v.0, o)), vreinterpretq_s8_u8(vsubq_u8(v.1, o)))
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_0<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ4_0>(x), as_blocks::<BlockQ8_0>(y));
+    // SAFETY: NEON present (the caller's contract).
+    unsafe {
+        let mut acc = [vdupq_n_f32(0.0); 2];
+        for (a, b) in x.iter().zip(y) {
+            block::<D>(&mut acc, a.d.to_f32() * b.d.to_f32(), signed(nibbles(&a.qs), 8), &b.qs);
+        }
+        hsum8(acc)
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_1<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ4_1>(x), as_blocks::<BlockQ8_1>(y));
+    // SAFETY: NEON present (the caller's contract).
+    unsafe {
+        let (mut acc, mut summs) = ([vdupq_n_f32(0.0); 2], 0f32);
+        for (a, b) in x.iter().zip(y) {
+            summs += a.m.to_f32() * b.s.to_f32();
+            block::<D>(&mut acc, a.d.to_f32() * b.d.to_f32(), signed(nibbles(&a.qs), 0), &b.qs);
+        }
+        hsum8(acc) + summs
+    }
+}
+
+#[inline(always)]
+unsafe fn q5_0<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ5_0>(x), as_blocks::<BlockQ8_0>(y));
+    // SAFETY: NEON present (the caller's contract).
+    unsafe {
+        let mut acc = [vdupq_n_f32(0.0); 2];
+        for (a, b) in x.iter().zip(y) {
+            let (n, h) = (nibbles(&a.qs), fifth_bits(a.qh));
+            let u = (vorrq_u8(n.0, h.0), vorrq_u8(n.1, h.1));
+            block::<D>(&mut acc, a.d.to_f32() * b.d.to_f32(), signed(u, 16), &b.qs);
+        }
+        hsum8(acc)
+    }
+}
+
+#[inline(always)]
+unsafe fn q5_1<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ5_1>(x), as_blocks::<BlockQ8_1>(y));
+    // SAFETY: NEON present (the caller's contract).
+    unsafe {
+        let (mut acc, mut summs) = ([vdupq_n_f32(0.0); 2], 0f32);
+        for (a, b) in x.iter().zip(y) {
+            summs += a.m.to_f32() * b.s.to_f32();
+            let (n, h) = (nibbles(&a.qs), fifth_bits(a.qh));
+            let u = (vorrq_u8(n.0, h.0), vorrq_u8(n.1, h.1));
+            block::<D>(&mut acc, a.d.to_f32() * b.d.to_f32(), signed(u, 0), &b.qs);
+        }
+        hsum8(acc) + summs
+    }
+}
+
+#[inline(always)]
+unsafe fn q8_0<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ8_0>(x), as_blocks::<BlockQ8_0>(y));
+    // SAFETY: NEON present (the caller's contract); each `qs` is 32 readable bytes.
+    unsafe {
+        let mut acc = [vdupq_n_f32(0.0); 2];
+        for (a, b) in x.iter().zip(y) {
+            let w = (vld1q_s8(a.qs.as_ptr()), vld1q_s8(a.qs.as_ptr().add(16)));
+            block::<D>(&mut acc, a.d.to_f32() * b.d.to_f32(), w, &b.qs);
+        }
+        hsum8(acc)
+    }
+}
+
+/// Exact `Σ q·y` of 32 unsigned 4-bit values (`v`: 16 bytes per half) with 32 activations.
+#[inline(always)]
+unsafe fn sum32<D: Dot4>(lo: uint8x16_t, hi: uint8x16_t, y: *const i8) -> i32 {
+    // SAFETY: NEON present; 32 readable bytes at `y`.
+    unsafe {
+        let s = vaddq_s32(D::dot4(vreinterpretq_s8_u8(lo), vld1q_s8(y)), D::dot4(vreinterpretq_s8_u8(hi), vld1q_s8(y.add(16))));
+        vaddvq_s32(s)
+    }
+}
+
+/// Q4_K in `portable::dot_q4_k_q8_k`'s order (exact integers per super-block, then one FMA
+/// each); `TILE`: `dot_q4_k_q8_k_tile`'s (one FMA per 64 values).
+#[inline(always)]
+unsafe fn q4_k<D: Dot4, const TILE: bool>(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ4K>(x), as_blocks::<BlockQ8K>(y));
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    let m4 = unsafe { vdupq_n_u8(0x0F) };
+    for (a, b) in x.iter().zip(y) {
+        let (d, dmin) = (a.d.to_f32() * b.d, a.dmin.to_f32() * b.d);
+        let (mut sumi, mut summ) = (0i32, 0i32);
+        for p in 0..QK_K / 64 {
+            // SAFETY: NEON present; qs[32p..32p+32] and the activation's 64 values at 64p.
+            let (s0, s1) = unsafe {
+                let (q0, q1) = (vld1q_u8(a.qs.as_ptr().add(32 * p)), vld1q_u8(a.qs.as_ptr().add(32 * p + 16)));
+                let yq = b.qs.as_ptr().add(64 * p);
+                (sum32::<D>(vandq_u8(q0, m4), vandq_u8(q1, m4), yq), sum32::<D>(vshrq_n_u8::<4>(q0), vshrq_n_u8::<4>(q1), yq.add(32)))
+            };
+            for (j, s) in [(2 * p, s0), (2 * p + 1, s1)] {
+                let (sc, m) = scale_min_k4(j, &a.scales);
+                sumi += sc as i32 * s;
+                summ += m as i32 * (b.bsums[2 * j] as i32 + b.bsums[2 * j + 1] as i32);
+            }
+            if TILE {
+                acc = (sumi as f32).mul_add(d, acc);
+                acc_min = (summ as f32).mul_add(dmin, acc_min);
+                (sumi, summ) = (0, 0);
+            }
+        }
+        if !TILE {
+            acc = (sumi as f32).mul_add(d, acc);
+            acc_min = (summ as f32).mul_add(dmin, acc_min);
+        }
+    }
+    acc - acc_min
+}
+
+/// Q6_K in ggml's AVX2 order (`matmul::lanes::dot_q6_k_q8_k`).
+#[inline(always)]
+unsafe fn q6_k<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ6K>(x), as_blocks::<BlockQ8K>(y));
+    // SAFETY: NEON present (the caller's contract); every load below is inside its block.
+    unsafe {
+        let (m4, m3) = (vdupq_n_u8(0x0F), vdupq_n_u8(0x03));
+        let mut acc = [vdupq_n_f32(0.0); 2];
+        for (a, b) in x.iter().zip(y) {
+            // −32·(bsums[2L]·sc[2L] + bsums[2L+1]·sc[2L+1]) for lanes 0‥3 and 4‥7.
+            let sc = vmovl_s8(vld1_s8(a.scales.as_ptr()));
+            let sc_hi = vmovl_s8(vld1_s8(a.scales.as_ptr().add(8)));
+            let bs = (vld1q_s16(b.bsums.as_ptr()), vld1q_s16(b.bsums.as_ptr().add(8)));
+            let corr = |s: int16x8_t, t: int16x8_t| {
+                let p = vpaddq_s32(vmull_s16(vget_low_s16(s), vget_low_s16(t)), vmull_high_s16(s, t));
+                vmulq_n_s32(p, -32)
+            };
+            let mut sumi = [corr(sc, bs.0), corr(sc_hi, bs.1)];
+            for n in 0..QK_K / 128 {
+                for h in 0..2 {
+                    // Bytes 16h‥16h+16 of this half's ql (both 32-byte rows) and qh.
+                    let ql0 = vld1q_u8(a.ql.as_ptr().add(64 * n + 16 * h));
+                    let ql1 = vld1q_u8(a.ql.as_ptr().add(64 * n + 32 + 16 * h));
+                    let qh = vld1q_u8(a.qh.as_ptr().add(32 * n + 16 * h));
+                    for k in 0..4 {
+                        let lo = match k {
+                            0 => vandq_u8(ql0, m4),
+                            1 => vandq_u8(ql1, m4),
+                            2 => vshrq_n_u8::<4>(ql0),
+                            _ => vshrq_n_u8::<4>(ql1),
+                        };
+                        let hb = match k {
+                            0 => qh,
+                            1 => vshrq_n_u8::<2>(qh),
+                            2 => vshrq_n_u8::<4>(qh),
+                            _ => vshrq_n_u8::<6>(qh),
+                        };
+                        let u = vorrq_u8(lo, vshlq_n_u8::<4>(vandq_u8(hb, m3)));
+                        let yq = vld1q_s8(b.qs.as_ptr().add(128 * n + 32 * k + 16 * h));
+                        let s = D::dot4(vreinterpretq_s8_u8(u), yq);
+                        sumi[h] = vmlaq_n_s32(sumi[h], s, a.scales[8 * n + 2 * k + h] as i32);
+                    }
+                }
+            }
+            let d = b.d * a.d.to_f32();
+            acc[0] = vfmaq_n_f32(acc[0], vcvtq_f32_s32(sumi[0]), d);
+            acc[1] = vfmaq_n_f32(acc[1], vcvtq_f32_s32(sumi[1]), d);
+        }
+        hsum8(acc)
+    }
+}
+
+/// Which dot an entry point computes (its `K` parameter).
+pub mod kind {
+    pub const Q4_0: u8 = 0;
+    pub const Q4_1: u8 = 1;
+    pub const Q5_0: u8 = 2;
+    pub const Q5_1: u8 = 3;
+    pub const Q8_0: u8 = 4;
+    pub const Q4_K: u8 = 5;
+    /// Q4_K in the tile order (`vec_dot_tile`).
+    pub const Q4_K_TILE: u8 = 6;
+    pub const Q6_K: u8 = 7;
+}
+
+/// The dot of kind `K` through `D`.
+///
+/// # Safety
+/// NEON present, and `dotprod` where `D` is [`Sdot`].
+#[inline(always)]
+unsafe fn dispatch<D: Dot4, const K: u8>(x: &[u8], y: &[u8]) -> f32 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match K {
+            kind::Q4_0 => q4_0::<D>(x, y),
+            kind::Q4_1 => q4_1::<D>(x, y),
+            kind::Q5_0 => q5_0::<D>(x, y),
+            kind::Q5_1 => q5_1::<D>(x, y),
+            kind::Q8_0 => q8_0::<D>(x, y),
+            kind::Q4_K => q4_k::<D, false>(x, y),
+            kind::Q4_K_TILE => q4_k::<D, true>(x, y),
+            _ => q6_k::<D>(x, y),
+        }
+    }
+}
+
+/// The `Isa::Neon` table's dots (NEON is part of every aarch64 target).
+pub fn neon<const K: u8>(x: &[u8], y: &[u8]) -> f32 {
+    // SAFETY: NEON is a baseline feature of aarch64.
+    unsafe { dispatch::<Widen, K>(x, y) }
+}
+
+/// The `Isa::Dotprod` table's dots.
+#[target_feature(enable = "dotprod")]
+pub fn dotprod<const K: u8>(x: &[u8], y: &[u8]) -> f32 {
+    // SAFETY: NEON is baseline; `dotprod` enabled above.
+    unsafe { dispatch::<Sdot, K>(x, y) }
+}

@@ -1,0 +1,115 @@
+//! The x86 SIMD dot products' float order written out without SIMD: the reference every SIMD
+//! table's dot of these types equals bit for bit (AVX2 and AVX-512 on x86, NEON on aarch64), so
+//! a machine of either architecture gives the logits of the AVX-512 llama.cpp that made the
+//! golden data. ggml's generic scalar order (`matmul::portable`, one float per block) differs
+//! from it in the last bits.
+//!
+//! Per 32-value block, eight f32 lanes: lane `L` takes the exact integer `Σ q·y` of values
+//! `4L‥4L+4` and accumulates `acc_L = fma(d_w·d_y, sum, acc_L)` (`_mm256_fmadd_ps`); at the end
+//! `hsum_f32x8` (`simd::hsum_8`), plus for types with a min `Σ m·s` summed block by block.
+//! Q6_K keeps eight lanes per super-block the same way (ggml's AVX2 kernel, see
+//! `x86::avx2::dot_q6_k_q8_k`). Q4_K's order (one FMA per super-block on exact integers) is
+//! already `portable::dot_q4_k_q8_k`'s.
+
+use crate::quant::blocks::*;
+use crate::quant::portable::*;
+use crate::simd::hsum_8;
+
+/// One block: `acc_L = fma(d, Σ_{4L ≤ i < 4L+4} w_i·y_i, acc_L)`.
+#[inline]
+fn block(acc: &mut [f32; 8], d: f32, w: &[i32; 32], y: &[i8; 32]) {
+    for (l, a) in acc.iter_mut().enumerate() {
+        let s: i32 = (4 * l..4 * l + 4).map(|i| w[i] * y[i] as i32).sum();
+        *a = d.mul_add(s as f32, *a);
+    }
+}
+
+fn widen<T: Copy + Into<i32>>(v: [T; 32]) -> [i32; 32] {
+    v.map(Into::into)
+}
+
+pub fn dot_q4_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ4_0>(x), as_blocks::<BlockQ8_0>(y));
+    let mut acc = [0f32; 8];
+    for (a, b) in x.iter().zip(y) {
+        block(&mut acc, a.d.to_f32() * b.d.to_f32(), &widen(q4_0_values(a)), &b.qs);
+    }
+    hsum_8(&acc)
+}
+
+pub fn dot_q4_1_q8_1(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ4_1>(x), as_blocks::<BlockQ8_1>(y));
+    let (mut acc, mut summs) = ([0f32; 8], 0f32);
+    for (a, b) in x.iter().zip(y) {
+        let w: [i32; 32] = std::array::from_fn(|i| (if i < 16 { a.qs[i] & 0xF } else { a.qs[i - 16] >> 4 }) as i32);
+        summs += a.m.to_f32() * b.s.to_f32();
+        block(&mut acc, a.d.to_f32() * b.d.to_f32(), &w, &b.qs);
+    }
+    hsum_8(&acc) + summs
+}
+
+pub fn dot_q5_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ5_0>(x), as_blocks::<BlockQ8_0>(y));
+    let mut acc = [0f32; 8];
+    for (a, b) in x.iter().zip(y) {
+        block(&mut acc, a.d.to_f32() * b.d.to_f32(), &widen(q5_0_values(a)), &b.qs);
+    }
+    hsum_8(&acc)
+}
+
+pub fn dot_q5_1_q8_1(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ5_1>(x), as_blocks::<BlockQ8_1>(y));
+    let (mut acc, mut summs) = ([0f32; 8], 0f32);
+    for (a, b) in x.iter().zip(y) {
+        summs += a.m.to_f32() * b.s.to_f32();
+        block(&mut acc, a.d.to_f32() * b.d.to_f32(), &widen(q5_1_values(a)), &b.qs);
+    }
+    hsum_8(&acc) + summs
+}
+
+pub fn dot_q8_0_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ8_0>(x), as_blocks::<BlockQ8_0>(y));
+    let mut acc = [0f32; 8];
+    for (a, b) in x.iter().zip(y) {
+        block(&mut acc, a.d.to_f32() * b.d.to_f32(), &widen(a.qs), &b.qs);
+    }
+    hsum_8(&acc)
+}
+
+pub fn dot_iq4_nl_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockIQ4NL>(x), as_blocks::<BlockQ8_0>(y));
+    let mut acc = [0f32; 8];
+    for (a, b) in x.iter().zip(y) {
+        block(&mut acc, a.d.to_f32() * b.d.to_f32(), &widen(iq4_nl_values(&a.qs)), &b.qs);
+    }
+    hsum_8(&acc)
+}
+
+/// ggml's AVX2 Q6_K order: per super-block, lane L sums over the eight 32-value groups the
+/// products of values `4L‥4L+4` of the group's first (L < 4) or second (L ≥ 4) half times that
+/// half's scale, less `32·(bsums[2L]·sc[2L] + bsums[2L+1]·sc[2L+1])` (the −32 offset); then
+/// `acc_L = fma(d_w·d_y, lane, acc_L)`.
+pub fn dot_q6_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ6K>(x), as_blocks::<BlockQ8K>(y));
+    let mut acc = [0f32; 8];
+    for (a, b) in x.iter().zip(y) {
+        // Unsigned 6-bit values (q + 32), element order.
+        let u = q6_k_values(a).map(|v| v as i32 + 32);
+        let mut sumi = [0i32; 8];
+        for (l, s) in sumi.iter_mut().enumerate() {
+            *s = -32 * (b.bsums[2 * l] as i32 * a.scales[2 * l] as i32 + b.bsums[2 * l + 1] as i32 * a.scales[2 * l + 1] as i32);
+        }
+        for grp in 0..QK_K / 32 {
+            for (l, s) in sumi.iter_mut().enumerate() {
+                let at = 32 * grp + 4 * l;
+                let p: i32 = (at..at + 4).map(|i| u[i] * b.qs[i] as i32).sum();
+                *s += a.scales[2 * grp + l / 4] as i32 * p;
+            }
+        }
+        let d = b.d * a.d.to_f32();
+        for (a, &s) in acc.iter_mut().zip(&sumi) {
+            *a = d.mul_add(s as f32, *a);
+        }
+    }
+    hsum_8(&acc)
+}
