@@ -232,6 +232,7 @@ impl Kernels {
                 (DType::Q5_0, interleaved_avx512::<il::Q5_0>()),
                 (DType::Q5_1, interleaved_avx512::<il::Q5_1>()),
                 (DType::Q8_0, interleaved_avx512::<il::Q8_0>()),
+                (DType::IQ4NL, interleaved_avx512::<il::IQ4NL>()),
             ] {
                 k.ops[slot(t).unwrap()].interleaved = Some(o);
             }
@@ -309,6 +310,7 @@ impl Kernels {
                 (DType::Q5_0, interleaved_avx2::<il::Q5_0>()),
                 (DType::Q5_1, interleaved_avx2::<il::Q5_1>()),
                 (DType::Q8_0, interleaved_avx2::<il::Q8_0>()),
+                (DType::IQ4NL, interleaved_avx2::<il::IQ4NL>()),
             ] {
                 k.ops[slot(t).unwrap()].interleaved = Some(o);
             }

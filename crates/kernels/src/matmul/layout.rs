@@ -7,7 +7,7 @@
 //!
 //! | type | group-block (bytes) |
 //! |---|---|
-//! | Q4_0 (4 × 18) | `d0‥d3` (f16, 8) · `qs` of rows 0‥3 (4 × 16) |
+//! | Q4_0, IQ4_NL (4 × 18) | `d0‥d3` (f16, 8) · `qs` of rows 0‥3 (4 × 16) |
 //! | Q4_1 (4 × 20) | `[d0 m0 d1 m1 d2 m2 d3 m3]` (f16, 16) · `qs` of rows 0‥3 (4 × 16) |
 //! | Q5_0 (4 × 22) | `d0‥d3` (f16, 8) · `hl` (u64) · `hh` (u64) · `qs` of rows 0‥3 (4 × 16) |
 //! | Q5_1 (4 × 24) | `[d0 m0 … d3 m3]` (f16, 16) · `hl` · `hh` · `qs` of rows 0‥3 (4 × 16) |
@@ -48,7 +48,7 @@ pub fn scratch_len(k: usize) -> usize {
 
 /// Weight types with an interleaved layout.
 pub fn supported(t: DType) -> bool {
-    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K | DType::Q6K)
+    matches!(t, DType::Q4_0 | DType::IQ4NL | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K | DType::Q6K)
 }
 
 /// Bytes of the largest plain block of a supported type (Q6_K's 210).
@@ -89,7 +89,7 @@ pub fn unpack(t: DType, g: &[u8], xrb: usize, out: &mut [u8]) {
 fn unpack_block(t: DType, gb: &[u8], out: &mut [[u8; MAX_BS]; ROWS]) {
     for (r, o) in out.iter_mut().enumerate() {
         match t {
-            DType::Q4_0 => {
+            DType::Q4_0 | DType::IQ4NL => {
                 o[..2].copy_from_slice(&gb[2 * r..2 * r + 2]);
                 o[2..18].copy_from_slice(&gb[8 + 16 * r..24 + 16 * r]);
             }
@@ -124,7 +124,7 @@ fn unpack_block(t: DType, gb: &[u8], out: &mut [[u8; MAX_BS]; ROWS]) {
 
 fn pack_block(t: DType, b: [&[u8]; ROWS], gb: &mut [u8]) {
     match t {
-        DType::Q4_0 => {
+        DType::Q4_0 | DType::IQ4NL => {
             for r in 0..ROWS {
                 gb[2 * r..2 * r + 2].copy_from_slice(&b[r][..2]);
                 gb[8 + 16 * r..24 + 16 * r].copy_from_slice(&b[r][2..18]);

@@ -1,5 +1,5 @@
 //! AVX2 kernels on interleaved weights (`matmul::layout`): decode's GEMV ([`rows`]) and
-//! prefill's tiles ([`tiles`], [`tiles8`]) for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, for CPUs with
+//! prefill's tiles ([`tiles`], [`tiles8`]) for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL, for CPUs with
 //! AVX2 but no AVX-512 (the AVX-512 table has its own, `avx512_il`).
 //!
 //! A 256-bit vector holds a *row pair*: 32 bytes of a group-block are 16 bytes of rows `2p` and
@@ -12,8 +12,8 @@
 //! the final sum follows `hsum_f32x8`: every result equals the plain row's `vec_dot` bit for
 //! bit.
 //!
-//! Integer sums: Q8_0 multiplies signed bytes by `maddubs(|x|, sign(y, x))` as the plain kernel
-//! does; the other types multiply unsigned values `u = q + o` (Q4_0: o = 8, Q5_0: 16; |u·y| pairs
+//! Integer sums: Q8_0 and IQ4_NL (its nibbles looked up in `KVALUES_IQ4NL`) multiply signed
+//! bytes by `maddubs(|x|, sign(y, x))` as the plain kernels do; the other types multiply unsigned values `u = q + o` (Q4_0: o = 8, Q5_0: 16; |u·y| pairs
 //! ≤ 31·128·2, no i16 saturation) and add `−o·Σy` per lane, computed once per call for each
 //! activation block (`prep`), not once per group.
 //!
@@ -50,14 +50,25 @@ unsafe fn values<T: IlBlock>(g: *const u8, p: usize) -> (__m256i, __m256i) {
                 (_mm256_or_si256(_mm256_and_si256(v, m), hl), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m), hh))
             }
             IlValues::Bytes => (_mm256_loadu_si256(g.add(8 + 32 * p) as *const __m256i), _mm256_loadu_si256(g.add(72 + 32 * p) as *const __m256i)),
+            IlValues::Table(at) => {
+                let v = _mm256_loadu_si256(g.add(at + 32 * p) as *const __m256i);
+                let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(crate::quant::blocks::KVALUES_IQ4NL.as_ptr() as *const __m128i));
+                (_mm256_shuffle_epi8(t, _mm256_and_si256(v, m)), _mm256_shuffle_epi8(t, _mm256_and_si256(_mm256_srli_epi16(v, 4), m)))
+            }
         }
     }
 }
 
-/// Whether the integer sums take the `−o·Σy` lanes (types stored with an offset; Q8_0 is
-/// multiplied signed).
+/// Whether the values are signed bytes (Q8_0, IQ4_NL), multiplied as the plain kernels do:
+/// `maddubs(|x|, sign(y, x))`.
+const fn signed<T: IlBlock>() -> bool {
+    matches!(T::VALUES, IlValues::Bytes | IlValues::Table(_))
+}
+
+/// Whether the integer sums take the `−o·Σy` lanes (types stored with an offset; the signed
+/// ones are multiplied as they are).
 const fn offset<T: IlBlock>() -> bool {
-    T::OFFSET != 0 && !matches!(T::VALUES, IlValues::Bytes)
+    T::OFFSET != 0 && !signed::<T>()
 }
 
 /// i32 per activation block in `prep`: the eight `−o·Σy` lane sums, `d_y` and (Q8_1) `s_y` as
@@ -138,7 +149,7 @@ fn spread<T: IlBlock>(h: __m256, p: usize) -> __m256 {
 #[inline(always)]
 unsafe fn half_sum<T: IlBlock>(u: __m256i, y: __m256i, neg: __m256i) -> __m256i {
     let ones = _mm256_set1_epi16(1);
-    if matches!(T::VALUES, IlValues::Bytes) {
+    if signed::<T>() {
         _mm256_madd_epi16(ones, _mm256_maddubs_epi16(_mm256_sign_epi8(u, u), _mm256_sign_epi8(y, u)))
     } else if offset::<T>() {
         _mm256_add_epi32(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(u, y)), neg)

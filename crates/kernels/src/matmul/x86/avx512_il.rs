@@ -1,6 +1,6 @@
 //! AVX-512 kernels on interleaved weights (`matmul::layout`): decode's GEMV ([`rows`]) and
 //! prefill's tiles ([`tiles`], four weight rows × four or eight activation rows) for Q4_0,
-//! Q4_1, Q5_0, Q5_1 and Q8_0.
+//! Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL.
 //!
 //! One group-block gives two 512-bit vectors of unsigned weight bytes, `lo` and `hi`: 128-bit
 //! lane `r` of `lo` holds row r's values 0‥16 and of `hi` its values 16‥32. The activation
@@ -11,7 +11,7 @@
 //! follows `hsum_f32x8` (`(hi + lo)`, then `+ movehl`, then `+ movehdup`), so every result is
 //! bit-identical to the plain row's `vec_dot`.
 //!
-//! Weight types stored with an offset (`u = q + o`: Q4_0 8, Q5_0 16, Q8_0 128) use
+//! Weight types stored with an offset (`u = q + o`: Q4_0 8, Q5_0 16, Q8_0 and IQ4_NL 128) use
 //! `Σ q·y = Σ u·y − o·Σ y`, exact in integers; the eight `−o·Σ y` lane sums of each activation
 //! block, and its scale as f32, are computed once per call into the caller's scratch (`prep`),
 //! not once per group. Each group-block's four scales are spread over their rows' lanes once,
@@ -33,6 +33,13 @@ unsafe fn values<T: IlBlock>(g: *const u8) -> (__m512i, __m512i) {
     unsafe {
         match T::VALUES {
             IlValues::Nibbles(at) => nibbles(g.add(at)),
+            IlValues::Table(at) => {
+                let (lo, hi) = nibbles(g.add(at));
+                // SAFETY: KVALUES_IQ4NL is 16 readable bytes.
+                let t = _mm512_broadcast_i32x4(_mm_loadu_si128(crate::quant::blocks::KVALUES_IQ4NL.as_ptr() as *const __m128i));
+                let flip = _mm512_set1_epi8(-128);
+                (_mm512_xor_si512(_mm512_shuffle_epi8(t, lo), flip), _mm512_xor_si512(_mm512_shuffle_epi8(t, hi), flip))
+            }
             IlValues::FifthBits(masks) => fifth_bits(g, masks),
             IlValues::Bytes => {
                 let flip = _mm512_set1_epi8(-128);

@@ -28,6 +28,9 @@ pub enum IlValues {
     FifthBits(usize),
     /// Q8_0: signed bytes, values 0‥16 of the four rows at 8, values 16‥32 at 72.
     Bytes,
+    /// IQ4_NL: nibbles as [`IlValues::Nibbles`] at this offset, each an index into
+    /// `KVALUES_IQ4NL` (signed values, |v| ≤ 127).
+    Table(usize),
 }
 
 pub struct Q4_0;
@@ -35,6 +38,7 @@ pub struct Q4_1;
 pub struct Q5_0;
 pub struct Q5_1;
 pub struct Q8_0;
+pub struct IQ4NL;
 
 impl IlBlock for Q4_0 {
     const BS: usize = 18;
@@ -62,6 +66,14 @@ impl IlBlock for Q5_1 {
     const OFFSET: u8 = 0;
     const MIN: bool = true;
     const VALUES: IlValues = IlValues::FifthBits(16);
+}
+
+impl IlBlock for IQ4NL {
+    const BS: usize = 18;
+    // The AVX-512 kernels multiply `v + 128` (unsigned); AVX2 multiplies signed values.
+    const OFFSET: u8 = 128;
+    const MIN: bool = false;
+    const VALUES: IlValues = IlValues::Table(8);
 }
 
 impl IlBlock for Q8_0 {
