@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 
 /// The panel kernel with AVX-512 VNNI.
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub fn panel(
     panel: &[u8],
     nb: usize,
@@ -33,7 +33,7 @@ pub fn panel(
 
 /// The panel kernel with AVX2 (codes up to 63: every supported type but Q8_0).
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub fn panel_avx2(
     panel: &[u8],
     nb: usize,
@@ -52,7 +52,7 @@ pub fn panel_avx2(
 }
 
 /// # Safety
-/// AVX2 and FMA present, and with `VNNI` AVX-512 F/VL/VNNI.
+/// AVX2, FMA and F16C present, and with `VNNI` AVX-512 F/VL/VNNI.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn panel_impl<const VNNI: bool>(
