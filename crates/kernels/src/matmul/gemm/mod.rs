@@ -29,7 +29,7 @@ mod panel;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 
-pub use panel::{act_block, panel_portable, Act, PACKED_BLOCK, PANEL};
+pub use panel::{act_block, panel_portable, Act, PanelJob, PACKED_BLOCK, PANEL};
 
 /// Weight types the panel GEMM handles.
 pub fn supported(t: DType) -> bool {
@@ -231,13 +231,14 @@ pub unsafe fn gemm(
                 unsafe { *out.add(r * n_out + c0 + j) = v };
             }
         };
+        let job = PanelJob { panel, nb, o, act, split, x, xrb, ysum, rows };
         match isa {
             // SAFETY (both): the caller's CPU runs `isa`'s table, whose features these need.
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { x86::panel(panel, nb, o, act, split, x, xrb, ysum, rows, store) },
+            Isa::Avx512 => unsafe { x86::panel(job, store) },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 if simd(t, isa) => unsafe { x86::panel_avx2(panel, nb, o, act, split, x, xrb, ysum, rows, store) },
-            _ => panel_portable(panel, nb, o, act, split, x, xrb, ysum, rows, store),
+            Isa::Avx2 if simd(t, isa) => unsafe { x86::panel_avx2(job, store) },
+            _ => panel_portable(job, store),
         }
         c0 += n;
     }

@@ -51,20 +51,25 @@ pub fn q8k_block(row: &[u8], b: usize) -> (f32, f32, &[i8; 32]) {
     (x.d, x.d * sum as f32, x.qs[j * 32..j * 32 + 32].try_into().expect("32 values"))
 }
 
-/// Scalar micro-kernel over one packed panel: the twin of the VNNI kernel, bit for bit.
-#[allow(clippy::too_many_arguments)]
-pub fn panel_portable(
-    panel: &[u8],
-    nb: usize,
-    o: i32,
-    act: Act,
-    split: bool,
-    x: &[u8],
-    xrb: usize,
-    ysum: &[i32],
-    rows: usize,
-    mut store: impl FnMut(usize, &[f32; PANEL]),
-) {
+/// One panel kernel call's inputs: the packed panel of `nb` blocks, its weights' code offset
+/// `o`, the activation type, whether the type keeps two scales per block ([`super::split16`]),
+/// and `rows` activation rows (`x`, `xrb` bytes apart) with their half-block sums `ysum`.
+#[derive(Clone, Copy)]
+pub struct PanelJob<'a> {
+    pub panel: &'a [u8],
+    pub nb: usize,
+    pub o: i32,
+    pub act: Act,
+    pub split: bool,
+    pub x: &'a [u8],
+    pub xrb: usize,
+    pub ysum: &'a [i32],
+    pub rows: usize,
+}
+
+/// Scalar micro-kernel over one packed panel: the twin of the SIMD kernels, bit for bit.
+pub fn panel_portable(job: PanelJob, mut store: impl FnMut(usize, &[f32; PANEL])) {
+    let PanelJob { panel, nb, o, act, split, x, xrb, ysum, rows } = job;
     let has_min = act != Act::Q8_0 && !split;
     for r in 0..rows {
         let row = &x[r * xrb..(r + 1) * xrb];

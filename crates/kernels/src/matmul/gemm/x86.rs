@@ -8,65 +8,30 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use super::panel::{act_block_with, Act, PACKED_BLOCK, PANEL};
+use super::panel::{act_block_with, Act, PanelJob, PACKED_BLOCK, PANEL};
 use crate::simd::x86::h2f;
 use std::arch::x86_64::*;
 
 /// The panel kernel with AVX-512 VNNI.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-pub fn panel(
-    panel: &[u8],
-    nb: usize,
-    o: i32,
-    act: Act,
-    split: bool,
-    x: &[u8],
-    xrb: usize,
-    ysum: &[i32],
-    rows: usize,
-    store: impl FnMut(usize, &[f32; PANEL]),
-) {
+pub fn panel(job: PanelJob, store: impl FnMut(usize, &[f32; PANEL])) {
     // SAFETY: the features `panel_impl::<true>` uses are enabled here.
-    unsafe { panel_impl::<true>(panel, nb, o, act, split, x, xrb, ysum, rows, store) }
+    unsafe { panel_impl::<true>(job, store) }
 }
 
 /// The panel kernel with AVX2 (codes up to 63: every supported type but Q8_0).
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn panel_avx2(
-    panel: &[u8],
-    nb: usize,
-    o: i32,
-    act: Act,
-    split: bool,
-    x: &[u8],
-    xrb: usize,
-    ysum: &[i32],
-    rows: usize,
-    store: impl FnMut(usize, &[f32; PANEL]),
-) {
-    assert!(o <= 32, "Q8_0's codes (up to 255) would saturate the AVX2 panel's i16 sums");
+pub fn panel_avx2(job: PanelJob, store: impl FnMut(usize, &[f32; PANEL])) {
+    assert!(job.o <= 32, "Q8_0's codes (up to 255) would saturate the AVX2 panel's i16 sums");
     // SAFETY: the features `panel_impl::<false>` uses are enabled here.
-    unsafe { panel_impl::<false>(panel, nb, o, act, split, x, xrb, ysum, rows, store) }
+    unsafe { panel_impl::<false>(job, store) }
 }
 
 /// # Safety
 /// AVX2, FMA and F16C present, and with `VNNI` AVX-512 F/VL/VNNI.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn panel_impl<const VNNI: bool>(
-    panel: &[u8],
-    nb: usize,
-    o: i32,
-    act: Act,
-    split: bool,
-    x: &[u8],
-    xrb: usize,
-    ysum: &[i32],
-    rows: usize,
-    mut store: impl FnMut(usize, &[f32; PANEL]),
-) {
+unsafe fn panel_impl<const VNNI: bool>(job: PanelJob, mut store: impl FnMut(usize, &[f32; PANEL])) {
+    let PanelJob { panel, nb, x, xrb, split, rows, .. } = job;
     assert!(panel.len() >= nb * PACKED_BLOCK && x.len() >= rows * xrb);
     let mut r = 0;
     // Split and unsplit kernels are separate instances: the unsplit one keeps one set of
@@ -74,17 +39,17 @@ unsafe fn panel_impl<const VNNI: bool>(
     while r + 4 <= rows {
         // SAFETY (these four calls): the caller's features.
         if split {
-            unsafe { rows_block::<4, true, VNNI>(panel, nb, o, act, x, xrb, ysum, r, &mut store) };
+            unsafe { rows_block::<4, true, VNNI>(job, r, &mut store) };
         } else {
-            unsafe { rows_block::<4, false, VNNI>(panel, nb, o, act, x, xrb, ysum, r, &mut store) };
+            unsafe { rows_block::<4, false, VNNI>(job, r, &mut store) };
         }
         r += 4;
     }
     while r < rows {
         if split {
-            unsafe { rows_block::<1, true, VNNI>(panel, nb, o, act, x, xrb, ysum, r, &mut store) };
+            unsafe { rows_block::<1, true, VNNI>(job, r, &mut store) };
         } else {
-            unsafe { rows_block::<1, false, VNNI>(panel, nb, o, act, x, xrb, ysum, r, &mut store) };
+            unsafe { rows_block::<1, false, VNNI>(job, r, &mut store) };
         }
         r += 1;
     }
@@ -92,19 +57,9 @@ unsafe fn panel_impl<const VNNI: bool>(
 
 /// # Safety
 /// As [`panel_impl`].
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn rows_block<const R: usize, const SPLIT: bool, const VNNI: bool>(
-    panel: &[u8],
-    nb: usize,
-    o: i32,
-    act: Act,
-    x: &[u8],
-    xrb: usize,
-    ysum: &[i32],
-    r0: usize,
-    store: &mut impl FnMut(usize, &[f32; PANEL]),
-) {
+unsafe fn rows_block<const R: usize, const SPLIT: bool, const VNNI: bool>(job: PanelJob, r0: usize, store: &mut impl FnMut(usize, &[f32; PANEL])) {
+    let PanelJob { panel, nb, o, act, x, xrb, ysum, .. } = job;
     let mut accf = [_mm256_setzero_ps(); R];
     let rows: [&[u8]; R] = std::array::from_fn(|j| &x[(r0 + j) * xrb..(r0 + j + 1) * xrb]);
     for b in 0..nb {
