@@ -1,10 +1,10 @@
 # The two set-up commands of the README, and helpers. Models go to ~/.cache/corelm/models
 # (override with CORELM_MODELS_DIR); they are never part of the repository.
 
-.PHONY: demo test test-arm models bench-compare bench-serve
+.PHONY: demo test test-arm models deps bench-compare bench-serve
 
 # Build, fetch the default model if missing, and generate text with it.
-demo:
+demo: deps
 	python3 scripts/fetch_models.py smollm2
 	cargo run --release -q -p corelm-cli -- run --chat -n 96 --temp 0 \
 		-p "Explain in two sentences why the sky is blue."
@@ -12,7 +12,7 @@ demo:
 # Fetch every golden model, then run the whole test suite (release mode: the golden tests run
 # real models), then the official `openai` Python client against `corelm serve`, then the
 # aarch64 kernel parity tests and SmolLM2 golden check under qemu (installs its toolchain).
-test: models
+test: deps models
 	cargo test --release --workspace
 	bash scripts/test_openai_client.sh
 	bash scripts/test_arm.sh
@@ -20,6 +20,10 @@ test: models
 # Only the emulated aarch64 part of `make test`.
 test-arm: models
 	bash scripts/test_arm.sh
+
+# hwloc and libudev for the topology reader (apt, only when missing).
+deps:
+	bash scripts/install_deps.sh
 
 models:
 	python3 scripts/fetch_models.py all

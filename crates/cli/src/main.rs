@@ -1,4 +1,4 @@
-//! `corelm`: run, chat, serve, tokenize, eval, bench.
+//! `corelm`: run, chat, serve, tokenize, eval, bench, perplexity, quantize, topo.
 //!
 //! The model defaults to SmolLM2-135M-Instruct Q4_1 in the model cache; when it is missing the
 //! project's fetch script downloads it (`scripts/fetch_models.py`).
@@ -248,6 +248,18 @@ enum Cmd {
         #[arg(long)]
         teacher_forced: bool,
     },
+    /// Print the hardware tree (packages, NUMA nodes with their memory, L3 and L2 caches, cores,
+    /// PUs) and the node distance matrix, as the engine sees it.
+    Topo {
+        /// Another machine instead of this one: an hwloc XML file (`lstopo --of xml`; snapshots
+        /// in fixtures/topo/), an hwloc synthetic description ("pack:2 numa:1 l3:8 core:8 pu:2")
+        /// or a directory holding a copy of a machine's /sys.
+        #[arg(long)]
+        topology: Option<String>,
+        /// Read this machine's /sys even where hwloc is built in.
+        #[arg(long, conflicts_with = "topology")]
+        sys: bool,
+    },
 }
 
 
@@ -404,6 +416,12 @@ fn main() -> Result<()> {
             );
         }
         Cmd::Perplexity { model, file, chunks, json } => perplexity(&model, &file, chunks, json)?,
+        Cmd::Topo { topology, sys } => {
+            let spec = if sys { Some("/sys") } else { topology.as_deref() };
+            let t = corelm_topo::Topology::load_or_discover(spec)?;
+            // A closed pipe (`corelm topo | head`) ends the output, not the program with a panic.
+            let _ = write!(std::io::stdout().lock(), "{t}");
+        }
         Cmd::Eval { model, case, teacher_forced } => {
             let src = std::fs::read_to_string(&case).with_context(|| format!("reading {}", case.display()))?;
             let c: Case = serde_json::from_str(&src).with_context(|| format!("parsing case {}", case.display()))?;

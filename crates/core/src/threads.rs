@@ -347,17 +347,24 @@ pub fn allowed_cpus() -> Vec<usize> {
     ALLOWED.get_or_init(current_affinity).clone()
 }
 
-/// Physical cores (one per core, hyper-thread siblings removed) among the allowed CPUs, read
-/// from sysfs; falls back to all allowed CPUs.
+/// Physical cores among the allowed CPUs: the first allowed PU of each core, NUMA node by node
+/// (so consecutive workers share a node), from the machine's topology (`corelm_topo`: hwloc
+/// where built with it, else /sys); every allowed CPU if the topology cannot be read.
 pub fn physical_cores() -> Vec<usize> {
-    let mut seen = std::collections::HashSet::new();
-    let mut out = Vec::new();
-    for c in allowed_cpus() {
-        let p = format!("/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list");
-        let key = std::fs::read_to_string(&p).unwrap_or_else(|_| c.to_string());
-        if seen.insert(key.trim().to_string()) {
-            out.push(c);
-        }
-    }
-    out
+    static CORES: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+    CORES
+        .get_or_init(|| {
+            let allowed = allowed_cpus();
+            let cores: Vec<usize> = match corelm_topo::Topology::discover() {
+                Ok(t) => t
+                    .nodes
+                    .iter()
+                    .flat_map(|n| &n.cores)
+                    .filter_map(|core| core.iter().map(|&c| c as usize).find(|c| allowed.contains(c)))
+                    .collect(),
+                Err(_) => Vec::new(),
+            };
+            if cores.is_empty() { allowed } else { cores }
+        })
+        .clone()
 }
