@@ -55,7 +55,20 @@ struct ModelArgs {
     #[arg(long)]
     no_pin: bool,
     #[command(flatten)]
+    place: PlaceArgs,
+    #[command(flatten)]
     kernels: KernelArgs,
+}
+
+/// Where workers run and memory lives (ArcLight), shared by every command that loads a model.
+#[derive(Args, Clone, Copy)]
+pub(crate) struct PlaceArgs {
+    /// NUMA placement, llama.cpp's modes: off (a worker per physical core, node by node; memory
+    /// where first touched), distribute (workers spread evenly over the nodes; repacked weights,
+    /// activation pools and KV cache interleaved over them), isolate (only the cores of the node
+    /// the process started on; memory bound to that node).
+    #[arg(long, default_value = "off", env = "CORELM_NUMA")]
+    pub(crate) numa: corelm_engine::NumaMode,
 }
 
 /// Kernel choices, shared by every command that computes with a model except `serve` (which
@@ -151,6 +164,8 @@ struct BenchArgs {
     json: bool,
     #[arg(long)]
     no_pin: bool,
+    #[command(flatten)]
+    place: PlaceArgs,
     /// After each test, one profiled pass: time per op kind, graph nodes per token, and the
     /// measured cost of the barriers that separate them.
     #[arg(long)]
@@ -288,8 +303,9 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         n_ctx: m.ctx_size,
         n_batch: m.batch_size,
         n_seq_max: n_seq,
-        n_threads: m.threads.unwrap_or_else(corelm_engine::engine::default_threads),
+        n_threads: m.threads.unwrap_or_else(|| corelm_engine::engine::default_threads_for(m.place.numa)),
         pin: !m.no_pin,
+        numa: m.place.numa,
         batch_invariant: m.kernels.batch_invariant,
         cache_type_k: m.kernels.cache.cache_type_k,
         cache_type_v: m.kernels.cache.cache_type_v,
@@ -488,6 +504,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
             ctx_size: max_tokens + 16,
             batch_size: n_batch,
             no_pin: a.no_pin,
+            place: a.place,
             kernels: a.kernels,
         };
         let (mut engine, _) = load(&ma, 1)?;

@@ -45,6 +45,8 @@ pub struct ServeArgs {
     #[arg(long)]
     no_pin: bool,
     #[command(flatten)]
+    place: crate::PlaceArgs,
+    #[command(flatten)]
     cache: crate::CacheArgs,
 }
 
@@ -63,8 +65,9 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         n_ctx: kv,
         n_batch: a.batch_size,
         n_seq_max: a.parallel,
-        n_threads: a.threads.unwrap_or_else(corelm_engine::engine::default_threads),
+        n_threads: a.threads.unwrap_or_else(|| corelm_engine::engine::default_threads_for(a.place.numa)),
         pin: !a.no_pin,
+        numa: a.place.numa,
         batch_invariant: true,
         cache_type_k: a.cache.cache_type_k,
         cache_type_v: a.cache.cache_type_v,

@@ -16,7 +16,7 @@
 //! key map and the LRU list are preallocated too, so appending tokens allocates nothing. A
 //! block with a key is full and never written again.
 
-use crate::memory::{AllocError, Buffer};
+use crate::memory::{AllocError, Buffer, Place};
 use corelm_kernels::DType;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -58,11 +58,11 @@ impl KvCache {
         head_dim: usize,
         types: (DType, DType),
         n_seq: usize,
-        node: Option<usize>,
+        place: &Place,
     ) -> Result<Self, AllocError> {
         let n_blocks = n_cells.div_ceil(BLOCK);
         let n_cells = n_blocks * BLOCK;
-        let too_big = || AllocError { bytes: usize::MAX, gib: f64::INFINITY };
+        let too_big = || AllocError { gib: f64::INFINITY, ..AllocError::new(usize::MAX) };
         let layer_bytes = |t: DType| {
             n_kv_head.checked_mul(n_cells).and_then(|b| b.checked_mul(corelm_kernels::row_bytes(t, head_dim)))
         };
@@ -71,7 +71,7 @@ impl KvCache {
             return Err(too_big());
         }
         let total = (kb + vb) as f64 * n_layer as f64;
-        let err = |_| AllocError { bytes: total as usize, gib: total / (1u64 << 30) as f64 };
+        let err = |e: AllocError| AllocError { cause: e.cause, ..AllocError::new(total as usize) };
         // All layers together, before any is populated.
         crate::memory::ensure_available(total as usize).map_err(err)?;
         Ok(KvCache {
@@ -81,8 +81,8 @@ impl KvCache {
             head_dim,
             k_type: types.0,
             v_type: types.1,
-            k: (0..n_layer).map(|_| Buffer::new(kb, node).map_err(err)).collect::<Result<_, _>>()?,
-            v: (0..n_layer).map(|_| Buffer::new(vb, node).map_err(err)).collect::<Result<_, _>>()?,
+            k: (0..n_layer).map(|_| Buffer::new(kb, place).map_err(err)).collect::<Result<_, _>>()?,
+            v: (0..n_layer).map(|_| Buffer::new(vb, place).map_err(err)).collect::<Result<_, _>>()?,
             blocks: Blocks::new(n_blocks, n_seq),
         })
     }

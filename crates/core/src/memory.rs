@@ -1,6 +1,8 @@
-//! The memory manager: pools allocated once, up front, each tagged with the NUMA node it lives
-//! on. Large pools are anonymous mappings with transparent huge pages requested; on a NUMA
-//! machine a pool can be bound to a node with `mbind` (raw syscall: glibc has no wrapper).
+//! The memory manager: pools allocated once, up front, each tagged with where it lives
+//! ([`Place`]: anywhere, bound to one NUMA node, or interleaved over several). Large pools, and
+//! every placed one, are anonymous mappings with transparent huge pages requested, placed with
+//! `mbind` (`crate::numa`) before their first page is touched; a placement the kernel refuses
+//! (a node that does not exist) is an error, never a silently unplaced buffer.
 //!
 //! Pages are faulted in when a pool is created (`MADV_POPULATE_WRITE`, or a write per page on
 //! kernels without it; [`Buffer::lazy`] for the worst-case-sized logits buffer), so the first
@@ -17,13 +19,26 @@ use std::ptr::NonNull;
 const ALIGN: usize = 64;
 const HUGE_THRESHOLD: usize = 4 << 20;
 
+/// Where a buffer's pages live.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Place {
+    /// The kernel's default: first touch (the node of the thread that faults a page in).
+    #[default]
+    Any,
+    /// Bound to one node (`MPOL_BIND`).
+    Node(usize),
+    /// Pages spread round-robin over these nodes (`MPOL_INTERLEAVE`).
+    Interleave(Vec<usize>),
+}
+
 /// A zero-initialised, 64-byte-aligned block of memory.
 pub struct Buffer {
     ptr: NonNull<u8>,
     len: usize,
     mapped: bool,
-    /// NUMA node the pages were bound to, if any.
-    pub node: Option<usize>,
+    /// Where the kernel was told to put the pages (always what was asked for: a refused
+    /// placement fails the allocation).
+    pub place: Place,
 }
 
 // SAFETY: a Buffer owns its memory exclusively; concurrent access is coordinated by the
@@ -32,34 +47,53 @@ unsafe impl Send for Buffer {}
 // SAFETY: as above.
 unsafe impl Sync for Buffer {}
 
-/// A pool could not be allocated.
+/// A pool could not be allocated (or placed where it was asked to be).
 #[derive(Debug, thiserror::Error)]
-#[error("cannot allocate {bytes} bytes ({gib:.2} GiB)")]
+#[error("cannot allocate {bytes} bytes ({gib:.2} GiB){}", cause.as_ref().map(|c| format!(": {c}")).unwrap_or_default())]
 pub struct AllocError {
     pub bytes: usize,
     pub gib: f64,
+    /// Why, where it is not simply a lack of memory.
+    pub cause: Option<String>,
+}
+
+impl AllocError {
+    pub fn new(bytes: usize) -> AllocError {
+        AllocError { bytes, gib: bytes as f64 / (1u64 << 30) as f64, cause: None }
+    }
 }
 
 impl Buffer {
-    /// Allocate `len` bytes (at least one cache line), on `node` if given, every page faulted in.
-    pub fn new(len: usize, node: Option<usize>) -> Result<Buffer, AllocError> {
-        Self::alloc(len, node, true)
+    /// Allocate `len` bytes (at least one cache line), placed as `place` says, every page
+    /// faulted in.
+    pub fn new(len: usize, place: &Place) -> Result<Buffer, AllocError> {
+        Self::alloc(len, place, true)
     }
 
     /// [`Buffer::new`] whose pages are faulted in on first use: for buffers sized for a worst
     /// case that most passes touch a small part of (the logits of every row of a batch).
-    pub fn lazy(len: usize, node: Option<usize>) -> Result<Buffer, AllocError> {
-        Self::alloc(len, node, false)
+    pub fn lazy(len: usize, place: &Place) -> Result<Buffer, AllocError> {
+        Self::alloc(len, place, false)
     }
 
-    fn alloc(len: usize, node: Option<usize>, populate: bool) -> Result<Buffer, AllocError> {
-        let err = || AllocError { bytes: len, gib: len as f64 / (1u64 << 30) as f64 };
+    /// The node the pages are bound to, if one.
+    pub fn node(&self) -> Option<usize> {
+        match self.place {
+            Place::Node(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    fn alloc(len: usize, place: &Place, populate: bool) -> Result<Buffer, AllocError> {
+        let err = || AllocError::new(len);
         let len = len.max(ALIGN).checked_next_multiple_of(ALIGN).ok_or_else(err)?;
-        if len >= HUGE_THRESHOLD {
-            match Self::mmap(len, node, populate) {
+        // A placed buffer must be a mapping of its own, whatever its size: placement is per page.
+        if len >= HUGE_THRESHOLD || *place != Place::Any {
+            match Self::mmap(len, place, populate) {
                 Mapped::Ok(b) => return Ok(b),
                 // The kernel could not back the pages: fail now, not in a request.
                 Mapped::NoMemory => return Err(err()),
+                Mapped::Refused(cause) => return Err(AllocError { cause: Some(cause), ..err() }),
                 Mapped::Unavailable => {}
             }
         }
@@ -71,11 +105,11 @@ impl Buffer {
             // SAFETY: p is valid for len bytes, just allocated and zeroed.
             unsafe { touch_pages(p, len) };
         }
-        Ok(Buffer { ptr, len, mapped: false, node: None })
+        Ok(Buffer { ptr, len, mapped: false, place: Place::Any })
     }
 
     #[cfg(target_os = "linux")]
-    fn mmap(len: usize, node: Option<usize>, populate: bool) -> Mapped {
+    fn mmap(len: usize, place: &Place, populate: bool) -> Mapped {
         // SAFETY: anonymous private mapping; checked for MAP_FAILED; madvise/mbind only affect
         // the range we just mapped.
         unsafe {
@@ -91,14 +125,14 @@ impl Buffer {
                 return Mapped::Unavailable;
             }
             libc::madvise(p, len, libc::MADV_HUGEPAGE);
-            let mut bound = None;
-            if let Some(n) = node.filter(|&n| n < 64) {
-                const MPOL_BIND: libc::c_long = 2;
-                let mask: u64 = 1 << n;
-                let r = libc::syscall(libc::SYS_mbind, p, len, MPOL_BIND, &mask as *const u64, 65usize, 0usize);
-                if r == 0 {
-                    bound = Some(n);
-                }
+            let bound = match place {
+                Place::Any => Ok(()),
+                Place::Node(n) => crate::numa::mbind(p as *mut u8, len, crate::numa::MPOL_BIND, &[*n]),
+                Place::Interleave(nodes) => crate::numa::mbind(p as *mut u8, len, crate::numa::MPOL_INTERLEAVE, nodes),
+            };
+            if let Err(e) = bound {
+                libc::munmap(p, len);
+                return Mapped::Refused(format!("placing it {place:?} (mbind: {e})"));
             }
             // Faulting in more than the kernel can hand out would end in the OOM killer, not in
             // an error: refuse up front.
@@ -117,14 +151,14 @@ impl Buffer {
                 touch_pages(p as *mut u8, len);
             }
             match NonNull::new(p as *mut u8) {
-                Some(ptr) => Mapped::Ok(Buffer { ptr, len, mapped: true, node: bound }),
+                Some(ptr) => Mapped::Ok(Buffer { ptr, len, mapped: true, place: place.clone() }),
                 None => Mapped::Unavailable,
             }
         }
     }
 
     #[cfg(not(target_os = "linux"))]
-    fn mmap(_len: usize, _node: Option<usize>, _populate: bool) -> Mapped {
+    fn mmap(_len: usize, _place: &Place, _populate: bool) -> Mapped {
         Mapped::Unavailable
     }
 
@@ -171,7 +205,7 @@ fn mem_available() -> Option<usize> {
 /// memory had been faulted in: 44 s for the KV cache of `-c 2000000` on SmolLM2.
 pub fn ensure_available(bytes: usize) -> Result<(), AllocError> {
     match mem_available() {
-        Some(avail) if bytes > avail => Err(AllocError { bytes, gib: bytes as f64 / (1u64 << 30) as f64 }),
+        Some(avail) if bytes > avail => Err(AllocError::new(bytes)),
         _ => Ok(()),
     }
 }
@@ -183,6 +217,8 @@ enum Mapped {
     Unavailable,
     /// Mapped, but its pages could not be faulted in: out of memory.
     NoMemory,
+    /// The kernel refused the placement (why).
+    Refused(String),
 }
 
 /// Fault in every page of `[p, p + len)` by rewriting one zero byte per page.
@@ -221,11 +257,11 @@ pub struct Pools {
 }
 
 impl Pools {
-    pub fn new(act_bytes: [usize; 2], out_bytes: usize, node: Option<usize>) -> Result<Pools, AllocError> {
+    pub fn new(act_bytes: [usize; 2], out_bytes: usize, place: &Place) -> Result<Pools, AllocError> {
         Ok(Pools {
-            act: [Buffer::new(act_bytes[0], node)?, Buffer::new(act_bytes[1], node)?],
+            act: [Buffer::new(act_bytes[0], place)?, Buffer::new(act_bytes[1], place)?],
             // Sized for the logits of every row; most passes want one row's.
-            out: Buffer::lazy(out_bytes, node)?,
+            out: Buffer::lazy(out_bytes, place)?,
         })
     }
 }
@@ -237,7 +273,7 @@ mod tests {
     #[test]
     fn buffers_are_zeroed_aligned_and_sized() {
         for len in [1usize, 100, 5 << 20] {
-            for b in [Buffer::new(len, None).unwrap(), Buffer::lazy(len, None).unwrap()] {
+            for b in [Buffer::new(len, &Place::Any).unwrap(), Buffer::lazy(len, &Place::Any).unwrap()] {
                 assert!(b.len() >= len && b.len().is_multiple_of(ALIGN));
                 assert_eq!(b.as_ptr() as usize % ALIGN, 0);
                 assert!(b.as_slice().iter().all(|&x| x == 0));
@@ -260,7 +296,7 @@ mod tests {
     #[test]
     fn populating_more_than_available_memory_is_an_error() {
         let avail = mem_available().expect("/proc/meminfo has MemAvailable");
-        let e = Buffer::new(avail + (1 << 30), None).err().expect("an error, not a populated buffer");
+        let e = Buffer::new(avail + (1 << 30), &Place::Any).err().expect("an error, not a populated buffer");
         assert_eq!(e.bytes, avail + (1 << 30));
     }
 }

@@ -15,7 +15,7 @@
 //! file's bytes at `offset .. offset + len`.
 
 use crate::graph::Graph;
-use crate::memory::{AllocError, Buffer};
+use crate::memory::{AllocError, Buffer, Place};
 use crate::tensor::{Op, Storage};
 use corelm_kernels::matmul::layout as interleave;
 use corelm_kernels::{DType, Kernels};
@@ -35,8 +35,8 @@ impl PackedWeights {
     }
 
     /// Pack every matrix of `graph`'s matmuls that the table has interleaved kernels for, from
-    /// the model file's bytes `file`, into one buffer on `node`.
-    pub fn build(graph: &Graph, file: &[u8], kernels: &Kernels, node: Option<usize>) -> Result<PackedWeights, AllocError> {
+    /// the model file's bytes `file`, into one buffer placed as `place` says.
+    pub fn build(graph: &Graph, file: &[u8], kernels: &Kernels, place: &Place) -> Result<PackedWeights, AllocError> {
         let mut at = HashMap::new();
         let mut total = 0;
         for &id in &graph.nodes {
@@ -55,7 +55,7 @@ impl PackedWeights {
         }
         crate::memory::ensure_available(total)?;
         // Every page is written just below: no need to fault them in first.
-        let mut buf = Buffer::lazy(total, node)?;
+        let mut buf = Buffer::lazy(total, place)?;
         let out = buf.as_mut_slice();
         for (&offset, &(p, len, t, rb)) in &at {
             interleave::pack(t, &file[offset..offset + len], rb, &mut out[p..p + len]);

@@ -12,7 +12,7 @@
 
 use crate::Error;
 use corelm_core::kv::BLOCK;
-use corelm_core::{BatchView, Builder, Executor, Graph, KvCache, PackedWeights, PoolConfig, Pools, Profile, ThreadPool, Weights};
+use corelm_core::{BatchView, Builder, Executor, Graph, NumaMode, Placement, KvCache, PackedWeights, PoolConfig, Pools, Profile, ThreadPool, Weights};
 use corelm_gguf::Gguf;
 use corelm_kernels::{DType, Isa, Kernels};
 use corelm_models::{Hyper, Model};
@@ -33,6 +33,9 @@ pub struct EngineConfig {
     pub n_threads: usize,
     /// Pin worker threads to physical cores.
     pub pin: bool,
+    /// NUMA placement of workers and memory (`corelm_core::placement`); `distribute` and
+    /// `isolate` pin, so they cannot be combined with `pin: false`.
+    pub numa: NumaMode,
     /// Results of a token independent of the rest of its batch (see
     /// `Executor::batch_invariant`); a server sets it, so batching never changes an answer.
     pub batch_invariant: bool,
@@ -64,6 +67,7 @@ impl Default for EngineConfig {
             n_seq_max: 4,
             n_threads: default_threads(),
             pin: true,
+            numa: NumaMode::Off,
             batch_invariant: false,
             cache_type_k: DType::F16,
             cache_type_v: DType::F16,
@@ -92,6 +96,12 @@ pub fn open_gguf(path: impl AsRef<Path>) -> Result<Gguf, Error> {
 /// Physical cores available to this process.
 pub fn default_threads() -> usize {
     corelm_core::threads::physical_cores().len().max(1)
+}
+
+/// Physical cores a `--numa` mode runs on (`isolate`: the starting node's), or
+/// [`default_threads`] if the mode cannot be planned (the load then says why).
+pub fn default_threads_for(numa: NumaMode) -> usize {
+    corelm_core::placement::this_machine(numa).map_or_else(|_| default_threads(), |p| p.cpus.len().max(1))
 }
 
 /// Tokens of one forward pass.
@@ -166,6 +176,8 @@ pub struct Engine {
     exec: Executor,
     /// Matrices repacked at load; graphs' weight tensors point into it.
     packed: PackedWeights,
+    /// Worker CPUs and memory placement of the `--numa` mode.
+    placement: Placement,
     pools: Pools,
     kv: KvCache,
     graphs: HashMap<(usize, usize), Graph>,
@@ -193,6 +205,10 @@ impl Engine {
             Some(isa) => corelm_kernels::dispatch::kernels_for(isa).map_err(|e| Error::Config(e.to_string()))?,
             None => corelm_kernels::kernels(),
         };
+        if !cfg.pin && cfg.numa != NumaMode::Off {
+            return Err(Error::Config(format!("--numa {} places workers on cores: it cannot be combined with --no-pin", cfg.numa)));
+        }
+        let placement = corelm_core::placement::this_machine(cfg.numa).map_err(Error::Config)?;
         let model = corelm_models::load(&gguf, kernels)?;
         // Weights resident before the first request (llama.cpp maps with MAP_POPULATE too).
         gguf.populate();
@@ -202,7 +218,7 @@ impl Engine {
         let out = model.build(&mut b);
         let mut g = b.finish(&out);
         let packed = if cfg.repack {
-            let p = PackedWeights::build(&g, gguf.bytes(), kernels, None)
+            let p = PackedWeights::build(&g, gguf.bytes(), kernels, &placement.memory)
                 .map_err(|e| Error::Config(format!("repacked weights: {e}")))?;
             // The packed matrices' file pages are not read again by the kernels; drop them from
             // this process (the page cache keeps them for any other reader).
@@ -214,7 +230,7 @@ impl Engine {
             PackedWeights::none()
         };
         packed.apply(&mut g);
-        let pools = Pools::new(g.act_bytes, g.out_bytes, None)
+        let pools = Pools::new(g.act_bytes, g.out_bytes, &placement.memory)
             .map_err(|e| Error::Config(format!("activation pools for a batch of {}: {e}", cfg.n_batch)))?;
         for (what, t) in [("K", cfg.cache_type_k), ("V", cfg.cache_type_v)] {
             if !corelm_core::kv::KV_TYPES.contains(&t) {
@@ -229,9 +245,9 @@ impl Engine {
             }
         }
         let types = (cfg.cache_type_k, cfg.cache_type_v);
-        let kv = KvCache::new(h.n_layer, cfg.n_ctx, h.n_kv_head, h.head_dim, types, cfg.n_seq_max, None)
+        let kv = KvCache::new(h.n_layer, cfg.n_ctx, h.n_kv_head, h.head_dim, types, cfg.n_seq_max, &placement.memory)
             .map_err(|e| Error::Config(format!("KV cache for a context of {} tokens: {e}", cfg.n_ctx)))?;
-        let cpus = if cfg.pin { corelm_core::threads::physical_cores() } else { vec![] };
+        let cpus = if cfg.pin { placement.cpus.clone() } else { vec![] };
         let pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
         let mut exec = Executor::new(cfg.n_threads, g.max_head_dim, &g);
         exec.dump_dir = std::env::var_os("CORELM_DUMP_DIR").map(Into::into);
@@ -246,6 +262,7 @@ impl Engine {
             pool,
             exec,
             packed,
+            placement,
             pools,
             kv,
             graphs,
@@ -272,6 +289,11 @@ impl Engine {
 
     pub fn kernels(&self) -> &'static Kernels {
         self.kernels
+    }
+
+    /// Where workers run and memory lives (`--numa`).
+    pub fn placement(&self) -> &Placement {
+        &self.placement
     }
 
     /// Graphs planned so far (one per batch shape; decoding reuses one).

@@ -391,3 +391,33 @@ fn repacked_weights_give_the_plain_weights_logits() {
         }
     }
 }
+
+/// `--numa distribute` and `isolate` move workers and memory, never results: a prompt's logits
+/// keep the bits of `off`; the placement is what the mode says on this machine; `--no-pin`
+/// with a placing mode is refused by name.
+#[test]
+fn numa_modes_place_memory_and_keep_logits() {
+    use corelm_engine::{NumaMode, Placement};
+    use corelm_core::memory::Place;
+    let tokens: Vec<u32> = (0..45).map(|i| (i * 977 + 13) % 49152).collect();
+    let (mut off, _) = load(SMOL, test_config(2));
+    let want = logits_alone(&mut off, 0, &tokens);
+    drop(off);
+    for numa in [NumaMode::Distribute, NumaMode::Isolate] {
+        let (mut e, _) = load(SMOL, corelm_engine::EngineConfig { numa, pin: true, ..test_config(2) });
+        let Placement { cpus, memory, nodes } = e.placement().clone();
+        assert!(!cpus.is_empty());
+        match numa {
+            NumaMode::Isolate => assert_eq!(memory, Place::Node(nodes[0])),
+            _ if nodes.len() > 1 => assert_eq!(memory, Place::Interleave(nodes)),
+            _ => assert_eq!(memory, Place::Any),
+        }
+        let got = logits_alone(&mut e, 0, &tokens);
+        for (r, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "--numa {numa}, row {r}");
+        }
+    }
+    let cfg = corelm_engine::EngineConfig { numa: NumaMode::Isolate, pin: false, ..test_config(2) };
+    let e = corelm_engine::Engine::load(model_path(SMOL), cfg).err().expect("refused").to_string();
+    assert!(e.contains("--numa isolate") && e.contains("--no-pin"), "{e}");
+}

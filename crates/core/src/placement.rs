@@ -1,0 +1,170 @@
+//! Where workers run and where memory lives, per `--numa` mode, planned once at load from the
+//! machine's topology (`corelm_topo`). The modes keep llama.cpp's meanings:
+//!
+//! | mode | workers | weights, pools, KV cache |
+//! |---|---|---|
+//! | `off` | one per physical core, node by node | first touch (the kernel's default) |
+//! | `distribute` | spread evenly: worker `i` on node `i mod nodes` | interleaved page by page over the nodes |
+//! | `isolate` | only the cores of the node the process started on | bound to that node |
+//!
+//! Memory placement applies to what corelm allocates: the repacked weight buffer (every matmul
+//! weight of a type with interleaved kernels), the activation pools and the KV cache. Weights
+//! read straight from the model mapping (embeddings, norms, types without a repacked layout,
+//! `--no-repack`) stay where the page cache holds them.
+
+use crate::memory::Place;
+use corelm_topo::Topology;
+use std::fmt;
+use std::str::FromStr;
+
+/// `--numa`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NumaMode {
+    #[default]
+    Off,
+    Distribute,
+    Isolate,
+}
+
+impl FromStr for NumaMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(NumaMode::Off),
+            "distribute" => Ok(NumaMode::Distribute),
+            "isolate" => Ok(NumaMode::Isolate),
+            _ => Err(format!("unknown NUMA mode '{s}' (off, distribute, isolate)")),
+        }
+    }
+}
+
+impl fmt::Display for NumaMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NumaMode::Off => "off",
+            NumaMode::Distribute => "distribute",
+            NumaMode::Isolate => "isolate",
+        })
+    }
+}
+
+/// The plan of one mode on one machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// CPU of each worker slot, in worker order (worker `i` → `cpus[i % len]`).
+    pub cpus: Vec<usize>,
+    /// Where weights, activation pools and the KV cache go.
+    pub memory: Place,
+    /// Nodes (OS numbers) the workers run on.
+    pub nodes: Vec<usize>,
+}
+
+/// Plan `mode` on `topo` for a process allowed to run on `allowed` CPUs, started on CPU
+/// `current` (for `isolate`). Fails, naming the numbers, when a mode has no CPU to run on.
+pub fn plan(mode: NumaMode, topo: &Topology, allowed: &[usize], current: usize) -> Result<Placement, String> {
+    // Per node: the first allowed PU of each core.
+    let per_node: Vec<(usize, Vec<usize>)> = topo
+        .nodes
+        .iter()
+        .map(|n| {
+            let cores = n.cores.iter().filter_map(|c| c.iter().map(|&p| p as usize).find(|p| allowed.contains(p)));
+            (n.os_index as usize, cores.collect::<Vec<usize>>())
+        })
+        .filter(|(_, cores)| !cores.is_empty())
+        .collect();
+    if per_node.is_empty() {
+        return Err(format!("none of the allowed CPUs {allowed:?} is in the topology ({})", topo.summary()));
+    }
+    let nodes: Vec<usize> = per_node.iter().map(|(n, _)| *n).collect();
+    Ok(match mode {
+        NumaMode::Off => Placement { cpus: per_node.into_iter().flat_map(|(_, c)| c).collect(), memory: Place::Any, nodes },
+        NumaMode::Distribute => {
+            let most = per_node.iter().map(|(_, c)| c.len()).max().unwrap_or(0);
+            let cpus = (0..most).flat_map(|i| per_node.iter().filter_map(move |(_, c)| c.get(i).copied())).collect();
+            let memory = if nodes.len() > 1 { Place::Interleave(nodes.clone()) } else { Place::Any };
+            Placement { cpus, memory, nodes }
+        }
+        NumaMode::Isolate => {
+            let node = topo.node_of_cpu(current as u32).map(|i| topo.nodes[i].os_index as usize);
+            let Some((node, cpus)) = per_node.into_iter().find(|(n, _)| Some(*n) == node) else {
+                return Err(format!(
+                    "--numa isolate: the process started on CPU {current}, whose node has no allowed CPU \
+                     (nodes with allowed CPUs: {nodes:?})"
+                ));
+            };
+            Placement { cpus, memory: Place::Node(node), nodes: vec![node] }
+        }
+    })
+}
+
+/// Plan `mode` on the machine this runs on (its topology, the process's allowed CPUs, the
+/// calling thread's CPU). With `off`, a topology that cannot be read falls back to the allowed
+/// CPUs without placement.
+pub fn this_machine(mode: NumaMode) -> Result<Placement, String> {
+    let allowed = crate::threads::allowed_cpus();
+    match Topology::discover() {
+        Ok(t) => plan(mode, &t, &allowed, current_cpu()),
+        Err(_) if mode == NumaMode::Off => Ok(Placement { cpus: allowed, memory: Place::Any, nodes: vec![0] }),
+        Err(e) => Err(format!("--numa {mode} needs the machine's topology: {e}")),
+    }
+}
+
+/// The CPU the calling thread runs on now.
+pub fn current_cpu() -> usize {
+    // SAFETY: sched_getcpu has no arguments and only returns a number (or -1).
+    let c = unsafe { libc::sched_getcpu() };
+    c.max(0) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topo(spec: &str) -> Topology {
+        let dir = std::env::temp_dir().join(format!("corelm-placement-{}-{spec}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // Two nodes of four cores with two PUs each (siblings 8 apart), as a /sys tree.
+        let w = |p: std::path::PathBuf, s: &str| {
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, s).unwrap();
+        };
+        let sys = dir.join("devices/system");
+        w(sys.join("cpu/online"), "0-15");
+        for cpu in 0..16u32 {
+            let t = sys.join(format!("cpu/cpu{cpu}/topology"));
+            let core = cpu % 8;
+            w(t.join("physical_package_id"), &(core / 4).to_string());
+            w(t.join("core_id"), &(core % 4).to_string());
+            w(t.join("core_cpus_list"), &format!("{core},{}", core + 8));
+        }
+        for (n, cpus) in [(0, "0-3,8-11"), (1, "4-7,12-15")] {
+            let d = sys.join(format!("node/node{n}"));
+            w(d.join("cpulist"), cpus);
+            w(d.join("meminfo"), &format!("Node {n} MemTotal: 1024 kB"));
+            w(d.join("distance"), if n == 0 { "10 21" } else { "21 10" });
+        }
+        let t = Topology::load(dir.to_str().unwrap()).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        t
+    }
+
+    #[test]
+    fn modes_on_two_nodes() {
+        let t = topo("two");
+        let all: Vec<usize> = (0..16).collect();
+        let off = plan(NumaMode::Off, &t, &all, 0).unwrap();
+        assert_eq!(off.cpus, [0, 1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(off.memory, Place::Any);
+        let d = plan(NumaMode::Distribute, &t, &all, 0).unwrap();
+        assert_eq!(d.cpus, [0, 4, 1, 5, 2, 6, 3, 7]);
+        assert_eq!(d.memory, Place::Interleave(vec![0, 1]));
+        let i = plan(NumaMode::Isolate, &t, &all, 13).unwrap();
+        assert_eq!((i.cpus, i.memory, i.nodes), (vec![4, 5, 6, 7], Place::Node(1), vec![1]));
+        // A process allowed only some CPUs: siblings stand in for their core, node 0 is gone.
+        let some = [12, 13, 6];
+        assert_eq!(plan(NumaMode::Off, &t, &some, 6).unwrap().cpus, [12, 13, 6]);
+        let e = plan(NumaMode::Isolate, &t, &some, 0).unwrap_err();
+        assert!(e.contains("CPU 0") && e.contains("[1]"), "{e}");
+        assert!("spread".parse::<NumaMode>().unwrap_err().contains("distribute"));
+    }
+}
