@@ -69,6 +69,15 @@ pub(crate) struct PlaceArgs {
     /// the process started on; memory bound to that node).
     #[arg(long, default_value = "off", env = "CORELM_NUMA")]
     pub(crate) numa: corelm_engine::NumaMode,
+    /// Tensor-parallel degree: the workers split into this many groups, each computing its
+    /// shard of every feed-forward layer (gate/up rows, down columns; partial sums added at the
+    /// gather). On a one-node machine the groups are virtual nodes. 1 = off.
+    #[arg(long, default_value_t = 1, env = "CORELM_TP")]
+    pub(crate) tp: usize,
+    /// Barriers inside the parallel subgraphs: async (each group's own, global ones only at
+    /// scatter and gather) or lockstep (a global barrier after every node).
+    #[arg(long, default_value = "async")]
+    pub(crate) tp_sync: corelm_engine::TpSync,
 }
 
 /// Kernel choices, shared by every command that computes with a model except `serve` (which
@@ -306,6 +315,8 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         n_threads: m.threads.unwrap_or_else(|| corelm_engine::engine::default_threads_for(m.place.numa)),
         pin: !m.no_pin,
         numa: m.place.numa,
+        tp: m.place.tp,
+        tp_sync: m.place.tp_sync,
         batch_invariant: m.kernels.batch_invariant,
         cache_type_k: m.kernels.cache.cache_type_k,
         cache_type_v: m.kernels.cache.cache_type_v,
@@ -619,6 +630,9 @@ fn print_bench_profile(engine: &mut corelm_engine::Engine, d: usize, p: usize, n
         100.0 * nodes as f64 * bar * 1e-9 / wall,
         1e3 * wall
     );
+    if let Some((group, global)) = engine.barriers(if p > 0 { p } else { 1 }) {
+        eprintln!("  graph nodes per pass followed by the global barrier: {global}, by their worker group's only: {group}");
+    }
     Ok(())
 }
 

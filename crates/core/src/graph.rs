@@ -7,23 +7,89 @@
 //! -1 and the output head as layer `n_layer`. The graph records how many bytes each buffer and
 //! the output pool need, so pools are sized by planning the largest batch once.
 //!
-//! Modes (ArcLight): serial now; scatter/parallel/gather arrive with tensor parallelism and will
-//! make bundles hold one tensor per subgraph.
+//! Modes (ArcLight appendix A.1): in serial mode a bundle holds one tensor and every worker
+//! runs every node. With a tensor-parallel plan ([`crate::tp::TpPlan`]) [`Builder::scatter`]
+//! enters parallel mode: [`Builder::weight_split`] gives one shard of a weight per subgraph,
+//! every builder function maps over the bundles' shards (a one-tensor bundle, such as the
+//! scattered input, is read by every shard), and each node it appends carries its shard as
+//! `Tensor::group`, run by that group of workers only. [`Builder::gather_sum`] adds the shards'
+//! partial results in one serial node and returns to serial mode. The model code is the same
+//! in both modes; with no plan, scatter and gather are no-ops.
+//!
+//! Synchronisation ([`Graph::sync`]): a node is followed by its group's barrier when the next
+//! node is also a parallel one (`async`, ArcLight's Sync B), or by the global barrier — always
+//! after a serial node, before a serial node, and after every node in `lockstep` (Sync A).
 //!
 //! Invariant: a graph depends only on the batch *shape* (tokens, outputs), never on token ids
 //! or positions, which are read from the batch at run time; so the decode graph is planned once
 //! and reused for every token.
 
 use crate::tensor::*;
+use crate::tp::TpPlan;
 use corelm_kernels::{DType, Kernels};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 const ALIGN: usize = 64;
 
-/// Graph construction mode (only `Serial` exists until tensor parallelism lands).
+/// Graph construction mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
+    /// One subgraph, every worker on every node.
     Serial,
+    /// One subgraph per shard, between a scatter and a gather.
+    Parallel,
+}
+
+/// How [`Builder::weight_split`] cuts a weight across shards (ranges of the plan).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// Rows of the shard's query heads (Wq, its bias).
+    QHeads,
+    /// Rows of the shard's KV heads (Wk, Wv, their biases).
+    KvHeads,
+    /// Rows of the shard's feed-forward range (gate, up).
+    FfRows,
+    /// Columns of the shard's query heads (Wo).
+    HeadCols,
+    /// Columns of the shard's feed-forward range (down).
+    FfCols,
+}
+
+/// What separates a node from the next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sync {
+    /// The barrier of the node's worker group (between two nodes of the same subgraphs).
+    Group,
+    /// Every worker of the pool.
+    Global,
+}
+
+impl std::str::FromStr for TpSync {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "async" => Ok(TpSync::Async),
+            "lockstep" => Ok(TpSync::Lockstep),
+            _ => Err(format!("unknown --tp-sync '{s}' (async, lockstep)")),
+        }
+    }
+}
+
+impl std::fmt::Display for TpSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if *self == TpSync::Async { "async" } else { "lockstep" })
+    }
+}
+
+/// `--tp-sync`: ArcLight's two synchronisation schemes for parallel subgraphs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TpSync {
+    /// Group barriers inside subgraphs, global ones only at scatter and gather (Sync B).
+    #[default]
+    Async,
+    /// A global barrier after every node (Sync A).
+    Lockstep,
 }
 
 /// A planned graph: tensor headers and the nodes to run, in order.
@@ -39,11 +105,21 @@ pub struct Graph {
     pub result: TensorId,
     /// Largest head dimension used by attention (per-thread scratch size).
     pub max_head_dim: usize,
+    /// The partial results each `GatherSum` node adds (`Op::GatherSum::list`).
+    pub lists: Vec<Vec<TensorId>>,
+    /// What follows each node of `nodes`.
+    pub sync: Vec<Sync>,
 }
 
 impl Graph {
     pub fn tensor(&self, id: TensorId) -> &Tensor {
         &self.tensors[id.0 as usize]
+    }
+
+    /// Barriers per pass: (group, global).
+    pub fn barriers(&self) -> (usize, usize) {
+        let global = self.sync.iter().filter(|&&s| s == Sync::Global).count();
+        (self.sync.len() - global, global)
     }
 }
 
@@ -59,7 +135,12 @@ pub struct Builder<'k> {
     out_bump: usize,
     quantized: HashMap<(TensorId, DType), TensorId>,
     max_head_dim: usize,
-    pub mode: Mode,
+    mode: Mode,
+    tp: Option<Arc<TpPlan>>,
+    tp_sync: TpSync,
+    /// Shard of the nodes being appended (`None`: serial).
+    group: Option<u16>,
+    lists: Vec<Vec<TensorId>>,
 }
 
 impl<'k> Builder<'k> {
@@ -78,7 +159,66 @@ impl<'k> Builder<'k> {
             quantized: HashMap::new(),
             max_head_dim: 0,
             mode: Mode::Serial,
+            tp: None,
+            tp_sync: TpSync::Async,
+            group: None,
+            lists: Vec::new(),
         }
+    }
+
+    /// Build with tensor parallelism over `plan`'s shards (a plan of degree 1 is none).
+    pub fn with_tp(mut self, plan: Option<Arc<TpPlan>>, sync: TpSync) -> Self {
+        self.tp = plan.filter(|p| p.degree() > 1);
+        self.tp_sync = sync;
+        self
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Enter parallel mode (no-op without a plan): `x` stays one tensor that every shard reads.
+    pub fn scatter(&mut self, x: &Bundle) -> Bundle {
+        if self.tp.is_some() {
+            assert_eq!(self.mode, Mode::Serial, "scatter inside parallel subgraphs");
+            self.mode = Mode::Parallel;
+        }
+        x.clone()
+    }
+
+    /// Leave parallel mode: one serial node adding the shards' partial results element-wise, in
+    /// shard order. A one-tensor bundle passes through.
+    pub fn gather_sum(&mut self, x: &Bundle) -> Bundle {
+        self.mode = Mode::Serial;
+        if x.0.len() == 1 {
+            return x.clone();
+        }
+        let ne = self.t(x.0[0]).ne;
+        for &p in &x.0 {
+            self.check_src(p);
+            assert_eq!(self.t(p).ne, ne, "gathered partials of different shapes");
+        }
+        let list = self.lists.len() as u32;
+        self.lists.push(x.0.clone());
+        self.node(ne, DType::F32, Op::GatherSum { list })
+    }
+
+    /// Apply `f` to each shard of `srcs` (a one-tensor bundle is every shard's), appending the
+    /// nodes of shard `s` as group `s`; with only one-tensor bundles, one serial node.
+    fn zip(&mut self, srcs: &[&Bundle], mut f: impl FnMut(&mut Self, &[TensorId]) -> TensorId) -> Bundle {
+        let n = srcs.iter().map(|b| b.0.len()).max().unwrap_or(1);
+        assert!(srcs.iter().all(|b| b.0.len() == 1 || b.0.len() == n), "bundles of different widths");
+        assert!(n == 1 || self.mode == Mode::Parallel, "a bundle of {n} tensors in serial mode");
+        let mut out = Vec::with_capacity(n);
+        let mut ids = Vec::with_capacity(srcs.len());
+        for s in 0..n {
+            self.group = (n > 1).then_some(s as u16);
+            ids.clear();
+            ids.extend(srcs.iter().map(|b| b.0[if b.0.len() == 1 { 0 } else { s }]));
+            out.push(f(self, &ids));
+        }
+        self.group = None;
+        Bundle(out)
     }
 
     pub fn n_tokens(&self) -> usize {
@@ -114,7 +254,7 @@ impl<'k> Builder<'k> {
 
     fn push(&mut self, ne: [usize; 2], dtype: DType, op: Op, storage: Storage) -> TensorId {
         let id = TensorId(self.tensors.len() as u32);
-        self.tensors.push(Tensor { ne, dtype, op, storage, layer: self.layer });
+        self.tensors.push(Tensor { ne, dtype, op, storage, layer: self.layer, group: self.group });
         if op != Op::Leaf {
             self.nodes.push(id);
         }
@@ -131,17 +271,53 @@ impl<'k> Builder<'k> {
         Bundle::one(self.push(ne, dtype, op, Storage::Act { buf: p as u8, offset }))
     }
 
-    /// Register a weight of the model file.
+    /// Register a weight of the model file (read whole by every shard).
     pub fn weight(&mut self, w: &WeightRef) -> Bundle {
+        Bundle::one(self.weight_part(w, w.ne, w.offset, w.len, None))
+    }
+
+    fn weight_part(&mut self, w: &WeightRef, ne: [usize; 2], offset: usize, len: usize, cols: Option<ColSlice>) -> TensorId {
         let id = TensorId(self.tensors.len() as u32);
-        self.tensors.push(Tensor {
-            ne: w.ne,
-            dtype: w.dtype,
-            op: Op::Leaf,
-            storage: Storage::Weight { offset: w.offset, len: w.len, packed: None },
-            layer: -1,
-        });
-        Bundle::one(id)
+        let storage = Storage::Weight { offset, len, cols, copy: None };
+        self.tensors.push(Tensor { ne, dtype: w.dtype, op: Op::Leaf, storage, layer: -1, group: self.group });
+        id
+    }
+
+    /// A weight cut across the shards of the plan as `split` says (rows: a contiguous part of
+    /// the file; columns: a [`ColSlice`], copied at load); the whole weight in serial mode. A
+    /// vector (one row) is cut by elements.
+    pub fn weight_split(&mut self, w: &WeightRef, split: Split) -> Bundle {
+        let Some(plan) = self.tp.clone().filter(|_| self.mode == Mode::Parallel) else {
+            return self.weight(w);
+        };
+        let hd = plan.dims.head_dim;
+        let mut parts = Vec::with_capacity(plan.degree());
+        for s in 0..plan.degree() {
+            let (r, by_cols) = match split {
+                Split::QHeads => (plan.q_heads[s].start * hd..plan.q_heads[s].end * hd, false),
+                Split::KvHeads => (plan.kv_heads[s].start * hd..plan.kv_heads[s].end * hd, false),
+                Split::FfRows => (plan.ff[s].clone(), false),
+                Split::HeadCols => (plan.q_heads[s].start * hd..plan.q_heads[s].end * hd, true),
+                Split::FfCols => (plan.ff[s].clone(), true),
+            };
+            self.group = Some(s as u16);
+            let [ne0, ne1] = w.ne;
+            let id = if by_cols {
+                let bs = w.dtype.block_size();
+                assert!(r.end <= ne0 && r.start % bs == 0 && r.len() % bs == 0, "{}: columns {r:?} are not whole {bs}-value blocks", w.name);
+                self.weight_part(w, [r.len(), ne1], w.offset, w.len, Some(ColSlice { row_len: ne0, c0: r.start }))
+            } else if ne1 == 1 {
+                assert!(r.end <= ne0 && w.dtype == DType::F32, "{}: elements {r:?} of a vector", w.name);
+                self.weight_part(w, [r.len(), 1], w.offset + 4 * r.start, 4 * r.len(), None)
+            } else {
+                assert!(r.end <= ne1, "{}: rows {r:?} of {ne1}", w.name);
+                let rb = corelm_kernels::row_bytes(w.dtype, ne0);
+                self.weight_part(w, [ne0, r.len()], w.offset + rb * r.start, rb * r.len(), None)
+            };
+            parts.push(id);
+        }
+        self.group = None;
+        Bundle(parts)
     }
 
     /// Embedding rows of the batch tokens: `[n_tokens, table.ne0]`.
@@ -152,31 +328,37 @@ impl<'k> Builder<'k> {
     }
 
     pub fn rms_norm(&mut self, x: &Bundle, w: &Bundle, eps: f32) -> Bundle {
-        let (x, w) = (x.single(), w.single());
-        self.check_src(x);
-        let ne = self.t(x).ne;
-        assert!(ne[0] % self.t(w).ne[0] == 0, "norm weight does not divide rows");
-        self.node(ne, DType::F32, Op::RmsNorm { x, w, eps })
+        self.zip(&[x, w], |b, t| {
+            let (x, w) = (t[0], t[1]);
+            b.check_src(x);
+            let ne = b.t(x).ne;
+            assert!(ne[0] % b.t(w).ne[0] == 0, "norm weight does not divide rows");
+            b.node(ne, DType::F32, Op::RmsNorm { x, w, eps }).single()
+        })
     }
 
     pub fn add(&mut self, a: &Bundle, b: &Bundle) -> Bundle {
-        let (a, b) = (a.single(), b.single());
-        self.check_src(a);
-        self.check_src(b);
-        let (na, nb) = (self.t(a).ne, self.t(b).ne);
-        assert!(na[0] == nb[0] && (nb[1] == na[1] || nb[1] == 1), "add shapes {na:?} {nb:?}");
-        self.node(na, DType::F32, Op::Add { a, b })
+        self.zip(&[a, b], |bl, t| {
+            let (a, b) = (t[0], t[1]);
+            bl.check_src(a);
+            bl.check_src(b);
+            let (na, nb) = (bl.t(a).ne, bl.t(b).ne);
+            assert!(na[0] == nb[0] && (nb[1] == na[1] || nb[1] == 1), "add shapes {na:?} {nb:?}");
+            bl.node(na, DType::F32, Op::Add { a, b }).single()
+        })
     }
 
     pub fn scale(&mut self, x: &Bundle, s: f32) -> Bundle {
-        let x = x.single();
-        self.check_src(x);
-        let ne = self.t(x).ne;
-        self.node(ne, DType::F32, Op::Scale { x, s })
+        self.zip(&[x], |b, t| {
+            b.check_src(t[0]);
+            let ne = b.t(t[0]).ne;
+            b.node(ne, DType::F32, Op::Scale { x: t[0], s }).single()
+        })
     }
 
     /// `x` quantized for the dot product of weight type `wt`; one node per (x, type), shared by
-    /// every matrix that reads `x` (Q/K/V share one, gate/up share one).
+    /// every matrix that reads `x` (Q/K/V share one, gate/up share one). A serial `x` is
+    /// quantized by a serial node even inside parallel subgraphs, once for every shard.
     fn quantized_for(&mut self, x: TensorId, wt: DType) -> TensorId {
         let vdt = self.kernels.ops(wt).map(|o| o.vec_dot_type).unwrap_or(DType::F32);
         if vdt == DType::F32 {
@@ -186,14 +368,16 @@ impl<'k> Builder<'k> {
             return q;
         }
         let ne = self.t(x).ne;
+        let xg = self.t(x).group;
+        let group = std::mem::replace(&mut self.group, xg);
         let q = self.node(ne, vdt, Op::Quantize { x }).single();
+        self.group = group;
         self.quantized.insert((x, vdt), q);
         q
     }
 
     /// Checks shapes and quantizes `x` for `w`: the op and result shape of `x · wᵀ`.
-    fn matmul_op(&mut self, w: &Bundle, x: &Bundle) -> (Op, [usize; 2]) {
-        let (w, x) = (w.single(), x.single());
+    fn matmul_op(&mut self, w: TensorId, x: TensorId) -> (Op, [usize; 2]) {
         self.check_src(x);
         let (nw, nx) = (self.t(w).ne, self.t(x).ne);
         assert_eq!(nw[0], nx[0], "matmul inner dimensions");
@@ -203,13 +387,15 @@ impl<'k> Builder<'k> {
 
     /// `[rows, w.ne1]` = x · wᵀ.
     pub fn matmul(&mut self, w: &Bundle, x: &Bundle) -> Bundle {
-        let (op, ne) = self.matmul_op(w, x);
-        self.node(ne, DType::F32, op)
+        self.zip(&[w, x], |b, t| {
+            let (op, ne) = b.matmul_op(t[0], t[1]);
+            b.node(ne, DType::F32, op).single()
+        })
     }
 
     /// Like [`Builder::matmul`] but the result goes to the output pool (logits).
     pub fn matmul_output(&mut self, w: &Bundle, x: &Bundle) -> Bundle {
-        let (op, ne) = self.matmul_op(w, x);
+        let (op, ne) = self.matmul_op(w.single(), x.single());
         let offset = self.out_bump;
         self.out_bump += ne[0] * ne[1] * 4;
         Bundle::one(self.push(ne, DType::F32, op, Storage::Output { offset }))
@@ -296,12 +482,14 @@ impl<'k> Builder<'k> {
     }
 
     pub fn glu(&mut self, gate: &Bundle, up: &Bundle, kind: Glu) -> Bundle {
-        let (gate, up) = (gate.single(), up.single());
-        self.check_src(gate);
-        self.check_src(up);
-        let ne = self.t(gate).ne;
-        assert_eq!(ne, self.t(up).ne, "glu shapes");
-        self.node(ne, DType::F32, Op::Glu { gate, up, kind })
+        self.zip(&[gate, up], |b, t| {
+            let (gate, up) = (t[0], t[1]);
+            b.check_src(gate);
+            b.check_src(up);
+            let ne = b.t(gate).ne;
+            assert_eq!(ne, b.t(up).ne, "glu shapes");
+            b.node(ne, DType::F32, Op::Glu { gate, up, kind }).single()
+        })
     }
 
     /// Keep only the rows whose outputs the batch asks for: `[ne0, n_outputs]`.
@@ -313,8 +501,22 @@ impl<'k> Builder<'k> {
     }
 
     pub fn finish(self, result: &Bundle) -> Graph {
+        assert_eq!(self.mode, Mode::Serial, "graph finished inside parallel subgraphs");
+        // Group barriers only between two nodes of parallel subgraphs, and only in async mode.
+        let group = |id: &TensorId| self.tensors[id.0 as usize].group;
+        let sync = (0..self.nodes.len())
+            .map(|i| {
+                let next = self.nodes.get(i + 1).map(group);
+                match (group(&self.nodes[i]), next) {
+                    (Some(_), Some(Some(_))) if self.tp_sync == TpSync::Async => Sync::Group,
+                    _ => Sync::Global,
+                }
+            })
+            .collect();
         Graph {
             result: result.single(),
+            lists: self.lists,
+            sync,
             tensors: self.tensors,
             nodes: self.nodes,
             n_tokens: self.n_tokens,

@@ -29,6 +29,7 @@ pub mod rope;
 pub mod sched;
 pub mod tensor;
 pub mod threads;
+pub mod tp;
 
 pub use graph::{Builder, Graph, Mode};
 pub use kv::KvCache;

@@ -10,22 +10,40 @@
 //! there. After packing, the file pages of packed matrices can be dropped from this process
 //! ([`PackedWeights::file_ranges`]); they come back from the page cache if something reads them.
 //!
-//! Invariant: a weight tensor with `Storage::Weight { packed: Some(p), .. }` has its groups at
-//! `p .. p + len` of [`PackedWeights::bytes`], and `matmul::layout::unpack` of them gives back the
-//! file's bytes at `offset .. offset + len`.
+//! Tensor parallelism adds column slices ([`ColSlice`]: a shard's columns of Wo or down, whole
+//! blocks of every row), which are not contiguous in the file: they are always copied here,
+//! interleaved when the table has kernels for it, else as plain rows. Row slices (Wq, gate,
+//! up...) are contiguous file ranges and are packed like whole matrices.
+//!
+//! Invariant: a weight tensor with `Storage::Weight { copy: Some(c), .. }` has its bytes at
+//! `c.at .. c.at + n_bytes` of [`PackedWeights::bytes`]; interleaved, `matmul::layout::unpack`
+//! of them gives back the file's rows (of its columns, for a slice).
 
 use crate::graph::Graph;
 use crate::memory::{AllocError, Buffer, Place};
-use crate::tensor::{Op, Storage};
+use crate::tensor::{ColSlice, Op, Storage, WeightCopy};
 use corelm_kernels::matmul::layout as interleave;
 use corelm_kernels::{DType, Kernels};
 use std::collections::HashMap;
 
-/// The repacked copies of a model's matrices.
+/// A weight's identity: its file range and, for a column slice, which columns.
+type Key = (usize, usize, Option<ColSlice>);
+
+/// One copy: where it is, its length, type, row bytes, row count and layout.
+#[derive(Clone, Copy)]
+struct Entry {
+    at: usize,
+    len: usize,
+    dtype: DType,
+    row_bytes: usize,
+    rows: usize,
+    interleaved: bool,
+}
+
+/// The copies of a model's matrices made at load.
 pub struct PackedWeights {
     buf: Option<Buffer>,
-    /// File offset of a packed matrix → (its offset in `buf`, its length, its type, row bytes).
-    at: HashMap<usize, (usize, usize, DType, usize)>,
+    at: HashMap<Key, Entry>,
 }
 
 impl PackedWeights {
@@ -34,21 +52,28 @@ impl PackedWeights {
         PackedWeights { buf: None, at: HashMap::new() }
     }
 
-    /// Pack every matrix of `graph`'s matmuls that the table has interleaved kernels for, from
-    /// the model file's bytes `file`, into one buffer placed as `place` says.
-    pub fn build(graph: &Graph, file: &[u8], kernels: &Kernels, place: &Place) -> Result<PackedWeights, AllocError> {
+    /// Copy the matrices of `graph`'s matmuls from the model file's bytes `file` into one
+    /// buffer placed as `place` says: interleaved, with `repack`, every one the table has
+    /// interleaved kernels for (row count a multiple of four); plain rows, every column slice
+    /// that is not interleaved.
+    pub fn build(graph: &Graph, file: &[u8], kernels: &Kernels, place: &Place, repack: bool) -> Result<PackedWeights, AllocError> {
         let mut at = HashMap::new();
         let mut total = 0;
         for &id in &graph.nodes {
             let Op::MatMul { w, .. } = graph.tensor(id).op else { continue };
             let wt = graph.tensor(w);
-            let Storage::Weight { offset, len, .. } = wt.storage else { continue };
+            let Storage::Weight { offset, len, cols, .. } = wt.storage else { continue };
+            let key = (offset, len, cols);
             let has_kernels = kernels.ops(wt.dtype).is_some_and(|o| o.interleaved.is_some());
-            if !has_kernels || !interleave::supported(wt.dtype) || wt.ne[1] % interleave::ROWS != 0 || at.contains_key(&offset) {
+            let interleaved = repack && has_kernels && interleave::supported(wt.dtype) && wt.ne[1] % interleave::ROWS == 0;
+            if !(interleaved || cols.is_some()) || at.contains_key(&key) {
                 continue;
             }
-            at.insert(offset, (total, len, wt.dtype, wt.row_bytes()));
-            total += len;
+            let n = wt.n_bytes();
+            let e = Entry { at: total, len: n, dtype: wt.dtype, row_bytes: wt.row_bytes(), rows: wt.ne[1], interleaved };
+            at.insert(key, e);
+            // Each copy starts a cache line.
+            total = (total + n).next_multiple_of(64);
         }
         if total == 0 {
             return Ok(PackedWeights::none());
@@ -57,17 +82,37 @@ impl PackedWeights {
         // Every page is written just below: no need to fault them in first.
         let mut buf = Buffer::lazy(total, place)?;
         let out = buf.as_mut_slice();
-        for (&offset, &(p, len, t, rb)) in &at {
-            interleave::pack(t, &file[offset..offset + len], rb, &mut out[p..p + len]);
+        let mut rows = Vec::new();
+        for (&(offset, len, cols), e) in &at {
+            let dst = &mut out[e.at..e.at + e.len];
+            let src = match cols {
+                None => &file[offset..offset + len],
+                Some(c) => {
+                    // Whole blocks `c0 ..` of every row, gathered into plain rows.
+                    let full = corelm_kernels::row_bytes(e.dtype, c.row_len);
+                    let skip = corelm_kernels::row_bytes(e.dtype, c.c0);
+                    rows.clear();
+                    for r in 0..e.rows {
+                        let row = offset + r * full + skip;
+                        rows.extend_from_slice(&file[row..row + e.row_bytes]);
+                    }
+                    &rows[..]
+                }
+            };
+            if e.interleaved {
+                interleave::pack(e.dtype, src, e.row_bytes, dst);
+            } else {
+                dst.copy_from_slice(src);
+            }
         }
         Ok(PackedWeights { buf: Some(buf), at })
     }
 
-    /// Point `graph`'s weight tensors at their packed copies.
+    /// Point `graph`'s weight tensors at their copies.
     pub fn apply(&self, graph: &mut Graph) {
         for t in &mut graph.tensors {
-            if let Storage::Weight { offset, len, packed } = &mut t.storage {
-                *packed = self.at.get(offset).filter(|e| e.1 == *len).map(|e| e.0);
+            if let Storage::Weight { offset, len, cols, copy } = &mut t.storage {
+                *copy = self.at.get(&(*offset, *len, *cols)).map(|e| WeightCopy { at: e.at, interleaved: e.interleaved });
             }
         }
     }
@@ -77,22 +122,26 @@ impl PackedWeights {
         self.buf.as_ref().map_or(&[], |b| b.as_slice())
     }
 
-    /// Number of matrices packed.
+    /// Number of matrices copied (interleaved or as column slices).
     pub fn count(&self) -> usize {
         self.at.len()
     }
 
-    /// Bytes packed.
+    /// Bytes copied.
     pub fn len(&self) -> usize {
-        self.at.values().map(|e| e.1).sum()
+        self.at.values().map(|e| e.len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.at.is_empty()
     }
 
-    /// File byte ranges `(offset, len)` of the packed matrices.
-    pub fn file_ranges(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
-        self.at.iter().map(|(&o, e)| (o, e.1))
+    /// File byte ranges `(offset, len)` of the copied matrices (a sliced matrix's whole range,
+    /// once), which the kernels no longer read.
+    pub fn file_ranges(&self) -> Vec<(usize, usize)> {
+        let mut r: Vec<(usize, usize)> = self.at.keys().map(|&(o, l, _)| (o, l)).collect();
+        r.sort_unstable();
+        r.dedup();
+        r
     }
 }

@@ -8,12 +8,30 @@ use corelm_kernels::DType;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TensorId(pub u32);
 
+/// A weight made of whole-block columns `c0 .. c0 + ne[0]` of every row of a file matrix whose
+/// rows hold `row_len` values (a tensor-parallel shard of Wo or down): not contiguous in the
+/// file, so always read from a copy made at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ColSlice {
+    pub row_len: usize,
+    pub c0: usize,
+}
+
+/// A weight's copy made at load (`crate::packed`): its byte offset in the copies' buffer, and
+/// whether it is in the interleaved layout of the table's kernels or plain rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightCopy {
+    pub at: usize,
+    pub interleaved: bool,
+}
+
 /// Where a tensor's bytes are.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Storage {
-    /// Zero-copy range of the model file mapping; `packed`: where the same matrix starts in
-    /// the executor's interleaved copy (`crate::packed`), if it has one.
-    Weight { offset: usize, len: usize, packed: Option<usize> },
+    /// A range of the model file mapping (`offset`, `len`: the whole matrix, or with `cols` the
+    /// matrix whose columns it slices); `copy`: where the executor's copy made at load starts,
+    /// if it has one (always, for a column slice).
+    Weight { offset: usize, len: usize, cols: Option<ColSlice>, copy: Option<WeightCopy> },
     /// In activation buffer `buf` (0 or 1: layer parity) at a byte offset.
     Act { buf: u8, offset: usize },
     /// In the output (logits) buffer at a byte offset.
@@ -96,6 +114,9 @@ pub enum Op {
     SigmoidMul { x: TensorId, g: TensorId },
     /// `out[token] = Σ_slot weight · y[pair]`, slots in order.
     MoeCombine { y: TensorId, route: TensorId, p: MoeParams },
+    /// Gather of tensor parallelism: the element-wise sum of the shards' partial results
+    /// (`Graph::lists[list]`, added in shard order).
+    GatherSum { list: u32 },
 }
 
 /// Shape of a mixture-of-experts layer.
@@ -130,6 +151,7 @@ impl Op {
             Op::MatMulId { .. } => "matmul_id",
             Op::MoeCombine { .. } => "moe_combine",
             Op::SigmoidMul { .. } => "sigmoid_mul",
+            Op::GatherSum { .. } => "gather_sum",
         }
     }
 }
@@ -144,6 +166,8 @@ pub struct Tensor {
     pub storage: Storage,
     /// Layer that produced it (-1 before the first layer; weights: -1).
     pub layer: i32,
+    /// The tensor-parallel shard (worker group) that computes it; `None`: every worker.
+    pub group: Option<u16>,
 }
 
 impl Tensor {

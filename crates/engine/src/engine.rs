@@ -11,7 +11,9 @@
 //! planning and no allocation; a sequence's positions are `0..len` with no gaps.
 
 use crate::Error;
+use corelm_core::graph::TpSync;
 use corelm_core::kv::BLOCK;
+use corelm_core::tp::{TpDims, TpPlan};
 use corelm_core::{BatchView, Builder, Executor, Graph, NumaMode, Placement, KvCache, PackedWeights, PoolConfig, Pools, Profile, ThreadPool, Weights};
 use corelm_gguf::Gguf;
 use corelm_kernels::{DType, Isa, Kernels};
@@ -36,6 +38,11 @@ pub struct EngineConfig {
     /// NUMA placement of workers and memory (`corelm_core::placement`); `distribute` and
     /// `isolate` pin, so they cannot be combined with `pin: false`.
     pub numa: NumaMode,
+    /// Tensor-parallel degree (`corelm_core::tp`): the worker pool splits into this many groups,
+    /// each running its shard of the split layers; 1 = none.
+    pub tp: usize,
+    /// Barriers inside the parallel subgraphs (`--tp-sync`).
+    pub tp_sync: TpSync,
     /// Results of a token independent of the rest of its batch (see
     /// `Executor::batch_invariant`); a server sets it, so batching never changes an answer.
     pub batch_invariant: bool,
@@ -68,6 +75,8 @@ impl Default for EngineConfig {
             n_threads: default_threads(),
             pin: true,
             numa: NumaMode::Off,
+            tp: 1,
+            tp_sync: TpSync::Async,
             batch_invariant: false,
             cache_type_k: DType::F16,
             cache_type_v: DType::F16,
@@ -96,6 +105,37 @@ pub fn open_gguf(path: impl AsRef<Path>) -> Result<Gguf, Error> {
 /// Physical cores available to this process.
 pub fn default_threads() -> usize {
     corelm_core::threads::physical_cores().len().max(1)
+}
+
+/// The shard plan of `--tp` for this model, or why that degree cannot work (`None` at 1).
+fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig) -> Result<Option<Arc<TpPlan>>, Error> {
+    if cfg.tp <= 1 {
+        return Ok(None);
+    }
+    let refuse = |why: String| Err(Error::Config(format!("--tp {}: {why}", cfg.tp)));
+    if cfg.tp > cfg.n_threads {
+        return refuse(format!("needs at least {} worker threads, one per shard; got {}", cfg.tp, cfg.n_threads));
+    }
+    // The quantization blocks a shard's columns of down and Wo must not cut.
+    let block = |name: &str| -> Option<usize> {
+        (0..h.n_layer).map(|il| gguf.tensor(&format!("blk.{il}.{name}.weight")).map(|t| t.dtype.block_size())).try_fold(1, |a, b| b.map(|b| lcm(a, b)))
+    };
+    let Some(ff_block) = block("ffn_down") else {
+        return refuse("tensor parallelism splits dense feed-forward layers; this model's are mixtures of experts (not split yet)".into());
+    };
+    let wo_block = block("attn_output").unwrap_or(1);
+    let dims = TpDims { n_head: h.n_head, n_kv_head: h.n_kv_head, head_dim: h.head_dim, n_ff: h.n_ff, ff_block, wo_block };
+    TpPlan::new(cfg.tp, dims).map(|p| Some(Arc::new(p))).map_err(Error::Config)
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    a / gcd(a, b) * b
 }
 
 /// Physical cores a `--numa` mode runs on (`isolate`: the starting node's), or
@@ -178,6 +218,8 @@ pub struct Engine {
     packed: PackedWeights,
     /// Worker CPUs and memory placement of the `--numa` mode.
     placement: Placement,
+    /// The tensor-parallel shard plan (`None`: degree 1).
+    tp: Option<Arc<TpPlan>>,
     pools: Pools,
     kv: KvCache,
     graphs: HashMap<(usize, usize), Graph>,
@@ -213,22 +255,18 @@ impl Engine {
         // Weights resident before the first request (llama.cpp maps with MAP_POPULATE too).
         gguf.populate();
         let h = model.hyper().clone();
+        let tp = tp_plan(&gguf, &h, &cfg)?;
         // Plan the largest batch once to size the pools.
-        let mut b = Builder::new(kernels, cfg.n_batch, cfg.n_batch);
+        let mut b = Builder::new(kernels, cfg.n_batch, cfg.n_batch).with_tp(tp.clone(), cfg.tp_sync);
         let out = model.build(&mut b);
         let mut g = b.finish(&out);
-        let packed = if cfg.repack {
-            let p = PackedWeights::build(&g, gguf.bytes(), kernels, &placement.memory)
-                .map_err(|e| Error::Config(format!("repacked weights: {e}")))?;
-            // The packed matrices' file pages are not read again by the kernels; drop them from
-            // this process (the page cache keeps them for any other reader).
-            for (offset, len) in p.file_ranges() {
-                gguf.release(offset, len);
-            }
-            p
-        } else {
-            PackedWeights::none()
-        };
+        let packed = PackedWeights::build(&g, gguf.bytes(), kernels, &placement.memory, cfg.repack)
+            .map_err(|e| Error::Config(format!("repacked weights: {e}")))?;
+        // The copied matrices' file pages are not read again by the kernels; drop them from
+        // this process (the page cache keeps them for any other reader).
+        for (offset, len) in packed.file_ranges() {
+            gguf.release(offset, len);
+        }
         packed.apply(&mut g);
         let pools = Pools::new(g.act_bytes, g.out_bytes, &placement.memory)
             .map_err(|e| Error::Config(format!("activation pools for a batch of {}: {e}", cfg.n_batch)))?;
@@ -248,7 +286,12 @@ impl Engine {
         let kv = KvCache::new(h.n_layer, cfg.n_ctx, h.n_kv_head, h.head_dim, types, cfg.n_seq_max, &placement.memory)
             .map_err(|e| Error::Config(format!("KV cache for a context of {} tokens: {e}", cfg.n_ctx)))?;
         let cpus = if cfg.pin { placement.cpus.clone() } else { vec![] };
-        let pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
+        let mut pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
+        if let Some(plan) = &tp {
+            // One group of workers per shard, consecutive workers (so a node's cores) together.
+            let sizes: Vec<usize> = (0..plan.degree()).map(|s| corelm_core::tp::balanced(cfg.n_threads, s, plan.degree()).len()).collect();
+            pool.split(&sizes).map_err(Error::Config)?;
+        }
         let mut exec = Executor::new(cfg.n_threads, g.max_head_dim, &g);
         exec.dump_dir = std::env::var_os("CORELM_DUMP_DIR").map(Into::into);
         exec.batch_invariant = cfg.batch_invariant;
@@ -263,6 +306,7 @@ impl Engine {
             exec,
             packed,
             placement,
+            tp,
             pools,
             kv,
             graphs,
@@ -289,6 +333,12 @@ impl Engine {
 
     pub fn kernels(&self) -> &'static Kernels {
         self.kernels
+    }
+
+    /// Barriers per pass (group, global) of the planned graph for batches of `n_tokens`, if one
+    /// has been planned: with `--tp`, group barriers separate nodes of the parallel subgraphs.
+    pub fn barriers(&self, n_tokens: usize) -> Option<(usize, usize)> {
+        self.graphs.iter().find(|(&(n, _), _)| n == n_tokens).map(|(_, g)| g.barriers())
     }
 
     /// Where workers run and memory lives (`--numa`).
@@ -421,7 +471,7 @@ impl Engine {
         let n_out = self.out_rows.len();
         let key = (n, n_out);
         if !self.graphs.contains_key(&key) {
-            let mut b = Builder::new(self.kernels, n, n_out);
+            let mut b = Builder::new(self.kernels, n, n_out).with_tp(self.tp.clone(), self.cfg.tp_sync);
             let out = self.model.build(&mut b);
             let mut g = b.finish(&out);
             self.packed.apply(&mut g);

@@ -33,8 +33,10 @@ static GLOBAL: Counting = Counting;
 
 #[test]
 fn decoding_allocates_nothing_per_token() {
-    for (_, file, _) in MODELS {
-        let (mut engine, tok) = load(file, test_config(2));
+    // Every model without tensor parallelism, and with two shards (virtual nodes).
+    let runs = MODELS.iter().map(|m| (m.1, 1)).chain(MODELS.iter().map(|m| (m.1, 2)));
+    for (file, tp) in runs {
+        let (mut engine, tok) = load(file, corelm_engine::EngineConfig { tp, ..test_config(2) });
         let prompt = tok.encode("The weather today is", true, true).unwrap();
         let mut b = Batch::with_capacity(64);
         for (i, &t) in prompt.iter().enumerate() {
@@ -59,6 +61,6 @@ fn decoding_allocates_nothing_per_token() {
             pos += 1;
         }
         COUNTING.store(false, Ordering::Relaxed);
-        assert_eq!(ALLOCS.load(Ordering::Relaxed), 0, "{file}: allocations during 16 decode steps");
+        assert_eq!(ALLOCS.load(Ordering::Relaxed), 0, "{file} --tp {tp}: allocations during 16 decode steps");
     }
 }

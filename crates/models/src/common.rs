@@ -2,6 +2,7 @@
 //! the attention and feed-forward sub-graphs.
 
 use crate::{Hyper, Loader, Model, ModelError};
+use corelm_core::graph::Split;
 use corelm_core::{AttnParams, Builder, Bundle, Glu, MoeParams, RopeParams, WeightRef};
 
 /// Weights of one transformer layer. Optional tensors are those only some families have.
@@ -174,7 +175,18 @@ pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &B
 /// experts, the same per routed (token, expert) pair, summed with the routing weights.
 pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle {
     match &lw.ffn {
-        Ffn::Dense { gate, up, down } => dense_ffn(b, gate, up, down, x, kind),
+        Ffn::Dense { gate, up, down } => {
+            // Tensor parallel: gate/up by rows and down by columns of each shard's feed-forward
+            // range; the shards' partial outputs are added at the gather.
+            let x = b.scatter(x);
+            let (wg, wu) = (b.weight_split(gate, Split::FfRows), b.weight_split(up, Split::FfRows));
+            let wd = b.weight_split(down, Split::FfCols);
+            let g = b.matmul(&wg, &x); // per shard [n_tokens, ff_s]
+            let u = b.matmul(&wu, &x); // per shard [n_tokens, ff_s]
+            let a = b.glu(&g, &u, kind);
+            let y = b.matmul(&wd, &a); // per shard [n_tokens, n_embd], partial sums
+            b.gather_sum(&y) // [n_tokens, n_embd]
+        }
         Ffn::Moe { router, gate, up, down, p, shared } => {
             let wr = b.weight(router);
             let logits = b.matmul(&wr, x); // [n_tokens, n_expert]

@@ -18,9 +18,23 @@ struct Server {
 }
 
 fn start(parallel: usize, max_queue: usize, api_key: Option<&str>) -> Server {
+    start_tp(parallel, max_queue, api_key, 1)
+}
+
+/// A server whose engine runs `tp` tensor-parallel shards (virtual nodes).
+fn start_tp(parallel: usize, max_queue: usize, api_key: Option<&str>, tp: usize) -> Server {
     let path = corelm_engine::models_dir().join(format!("{MODEL}.gguf"));
     assert!(path.exists(), "{} missing: run scripts/fetch_models.py all", path.display());
-    let cfg = EngineConfig { n_ctx: 1024 * parallel, n_batch: 64, n_seq_max: parallel, n_threads: 2, pin: false, batch_invariant: true, ..Default::default() };
+    let cfg = EngineConfig {
+        n_ctx: 1024 * parallel,
+        n_batch: 64,
+        n_seq_max: parallel,
+        n_threads: 2,
+        pin: false,
+        batch_invariant: true,
+        tp,
+        ..Default::default()
+    };
     let engine = Engine::load(&path, cfg).unwrap();
     let tok = Tokenizer::from_gguf(engine.gguf()).unwrap();
     let scfg = ServeConfig { model_id: MODEL.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1) };
@@ -220,7 +234,13 @@ fn full_queue_answers_429_with_retry_after() {
 
 #[test]
 fn sixteen_concurrent_requests_equal_each_alone_over_http() {
-    let srv = start(4, 64, None);
+    // Without tensor parallelism and with two shards.
+    for tp in [1, 2] {
+        sixteen_concurrent(start_tp(4, 64, None, tp), tp);
+    }
+}
+
+fn sixteen_concurrent(srv: Server, tp: usize) {
     let topics = ["the sea", "robots", "bread", "winter", "chess", "the moon", "rivers", "music"];
     let bodies: Vec<String> = (0..16)
         .map(|i| chat(&format!("Write one sentence about {} (#{i}).", topics[i % 8]), 16, false).to_string())
@@ -242,7 +262,7 @@ fn sixteen_concurrent_requests_equal_each_alone_over_http() {
         out
     });
     for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
-        assert_eq!(a, t, "request {i} differs when run with 15 others");
+        assert_eq!(a, t, "--tp {tp}: request {i} differs when run with 15 others");
     }
 }
 

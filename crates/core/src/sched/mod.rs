@@ -8,7 +8,8 @@
 use crate::graph::Graph;
 use crate::kv::KvCache;
 use crate::memory::Pools;
-use crate::tensor::{Glu, Op, Storage, Tensor, TensorId};
+use crate::graph::Sync as After;
+use crate::tensor::{Glu, Op, Storage, Tensor, TensorId, WeightCopy};
 use crate::threads::{ThreadPool, Worker};
 use corelm_kernels::matmul::gemm::{self, GemmScratch};
 use corelm_kernels::attention::{self, AttnScratch};
@@ -208,10 +209,26 @@ impl Executor {
             let mut scratch = self.scratch[w.ith].lock().unwrap_or_else(|e| e.into_inner());
             let mut prof = if w.ith == 0 { prof.lock().ok() } else { None };
             let profiling = prof.as_ref().is_some_and(|g| g.is_some());
-            for &id in &graph.nodes {
+            for (&id, &sync) in graph.nodes.iter().zip(&graph.sync) {
                 let t0 = profiling.then(Instant::now);
-                ctx.exec(id, w, &mut scratch);
-                w.barrier();
+                // A parallel subgraph's node runs on its group only, split among the group's
+                // workers; a serial node on every worker.
+                let mine = match graph.tensor(id).group {
+                    Some(g) => g as usize == w.group,
+                    None => true,
+                };
+                if mine {
+                    let (ith, nth) = match graph.tensor(id).group {
+                        Some(_) => (w.group_ith, w.group_nth),
+                        None => (w.ith, w.nth),
+                    };
+                    ctx.exec(id, ith, nth, &mut scratch);
+                }
+                match sync {
+                    After::Group if mine => w.barrier(),
+                    After::Group => {}
+                    After::Global => w.global_barrier(),
+                }
                 if let (0, Some(dir)) = (w.ith, &self.dump_dir) {
                     ctx.dump(id, dir);
                 }
@@ -220,7 +237,7 @@ impl Executor {
                     let (weight, bytes) = match t.op {
                         Op::MatMul { w, .. } => {
                             let wt = graph.tensor(w);
-                            let il = matches!(wt.storage, Storage::Weight { packed: Some(_), .. });
+                            let il = matches!(wt.storage, Storage::Weight { copy: Some(WeightCopy { interleaved: true, .. }), .. });
                             (Some((wt.dtype, il)), wt.n_bytes())
                         }
                         _ => (None, 0),
@@ -348,10 +365,15 @@ impl Ctx<'_> {
         self.graph.tensor(id)
     }
 
-    /// Base pointer of a tensor's bytes.
+    /// Base pointer of a tensor's bytes (a weight's plain rows: its copy made at load, if it
+    /// has a plain one, else the file).
     fn base(&self, t: &Tensor) -> *mut u8 {
         match t.storage {
-            Storage::Weight { offset, .. } => self.weights.file[offset..].as_ptr() as *mut u8,
+            Storage::Weight { copy: Some(WeightCopy { at, interleaved: false }), .. } => self.weights.packed[at..].as_ptr() as *mut u8,
+            Storage::Weight { offset, cols, .. } => {
+                assert!(cols.is_none(), "a column slice of a weight without its copy");
+                self.weights.file[offset..].as_ptr() as *mut u8
+            }
             // SAFETY: offsets were planned within the pool sizes asserted in `run`.
             Storage::Act { buf, offset } => unsafe { self.act[buf as usize].add(offset) },
             // SAFETY: as above, for the output pool.
@@ -363,8 +385,12 @@ impl Ctx<'_> {
     /// All bytes of a source tensor (read-only while the node runs).
     fn bytes(&self, id: TensorId) -> &[u8] {
         let t = self.t(id);
-        if let Storage::Weight { offset, len, .. } = t.storage {
-            return &self.weights.file[offset..offset + len];
+        match t.storage {
+            Storage::Weight { copy: Some(WeightCopy { at, interleaved: false }), .. } => {
+                return &self.weights.packed[at..at + t.n_bytes()];
+            }
+            Storage::Weight { offset, len, cols: None, .. } => return &self.weights.file[offset..offset + len],
+            _ => {}
         }
         // SAFETY: the tensor's planned range lies in its pool; no worker writes it during the
         // nodes that read it (it was produced by an earlier node, before a barrier).
@@ -406,9 +432,8 @@ impl Ctx<'_> {
         }
     }
 
-    fn exec(&self, id: TensorId, w: &Worker, scratch: &mut Scratch) {
+    fn exec(&self, id: TensorId, ith: usize, nth: usize, scratch: &mut Scratch) {
         let t = self.t(id);
-        let (ith, nth) = (w.group_ith, w.group_nth);
         let [ne0, rows] = t.ne;
         match t.op {
             Op::Leaf => {}
@@ -598,6 +623,20 @@ impl Ctx<'_> {
                     y.copy_from_slice(&x[r * ne0..(r + 1) * ne0]);
                 }
             }
+            Op::GatherSum { list } => {
+                // Each worker adds its range of elements over every shard's partial, in shard
+                // order: every partial is read once, by one worker per element.
+                let parts = &self.graph.lists[list as usize];
+                let r = split(ne0 * rows, ith, nth);
+                // SAFETY: this worker's elements only.
+                let o = unsafe { self.out_f32(t, r.start, r.len()) };
+                o.copy_from_slice(&self.f32s(parts[0])[r.clone()]);
+                for &p in &parts[1..] {
+                    for (y, &v) in o.iter_mut().zip(&self.f32s(p)[r.clone()]) {
+                        *y += v;
+                    }
+                }
+            }
         }
     }
 
@@ -645,8 +684,9 @@ impl Ctx<'_> {
             return self.matmul_dense(t, wid, x, b, ith, nth, scratch);
         }
         // An interleaved matrix: its own kernels.
-        if let (Storage::Weight { packed: Some(p), len, .. }, Some(il)) = (wt.storage, ops.interleaved) {
-            return self.matmul_interleaved(t, &self.weights.packed[p..p + len], wt, x, il, grouped, ith, nth, &mut scratch.prep);
+        if let (Storage::Weight { copy: Some(WeightCopy { at, interleaved: true }), .. }, Some(il)) = (wt.storage, ops.interleaved) {
+            let len = wt.n_bytes();
+            return self.matmul_interleaved(t, &self.weights.packed[at..at + len], wt, x, il, grouped, ith, nth, &mut scratch.prep);
         }
         let wrb = wt.row_bytes();
         let xt = self.t(x);

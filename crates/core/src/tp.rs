@@ -1,0 +1,173 @@
+//! The tensor-parallel shard plan (ArcLight §3.2): which part of every split matrix each of
+//! `degree` shards (one per NUMA node, or per virtual node: a group of the thread pool) owns.
+//!
+//! * Query heads are cut into `degree` contiguous ranges whose sizes differ by at most one
+//!   (uneven splits work). A shard's KV heads are those its query heads read: a KV head whose
+//!   query group straddles two shards is replicated on both, and each keeps its own copy of
+//!   that head's cache rows.
+//! * Wq/Wk/Wv (and their biases) are split by rows along those heads; Wo by the matching
+//!   columns, so each shard's attention output meets only its own slice of Wo and the shards'
+//!   partial sums are added at the gather.
+//! * The feed-forward width is cut in units of the down matrix's quantization block (a column
+//!   slice of a quantized row must be whole blocks): gate/up by rows, down by columns.
+//! * Norms and other vectors are replicated (read by every shard from the one copy).
+//!
+//! A degree that cannot work is refused with the numbers: more shards than query heads, than
+//! feed-forward units, or head boundaries that fall inside a quantization block of Wo.
+
+use std::ops::Range;
+
+/// What the plan needs to know of a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TpDims {
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    /// Block size (values) of the down matrices' type: feed-forward cuts are multiples of it.
+    pub ff_block: usize,
+    /// Block size of Wo's type: a shard's first Wo column must start a block.
+    pub wo_block: usize,
+}
+
+/// Each shard's ranges, in shard order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TpPlan {
+    pub dims: TpDims,
+    /// Query heads of each shard.
+    pub q_heads: Vec<Range<usize>>,
+    /// KV heads each shard computes and caches (shared ones on every shard that reads them).
+    pub kv_heads: Vec<Range<usize>>,
+    /// Feed-forward rows (gate/up) = columns (down) of each shard.
+    pub ff: Vec<Range<usize>>,
+}
+
+/// Part `s` of `n` items cut `d` ways, sizes differing by at most one (larger parts first).
+pub fn balanced(n: usize, s: usize, d: usize) -> Range<usize> {
+    let (per, extra) = (n / d, n % d);
+    let start = s * per + s.min(extra);
+    start..start + per + usize::from(s < extra)
+}
+
+impl TpPlan {
+    /// The plan for `degree` shards, or why that degree cannot work.
+    pub fn new(degree: usize, dims: TpDims) -> Result<TpPlan, String> {
+        let TpDims { n_head, n_kv_head, head_dim, n_ff, ff_block, wo_block } = dims;
+        if degree == 0 {
+            return Err("--tp must be at least 1".into());
+        }
+        if n_kv_head == 0 || n_head % n_kv_head != 0 {
+            return Err(format!("{n_head} query heads are not a multiple of {n_kv_head} KV heads"));
+        }
+        if degree > n_head {
+            return Err(format!(
+                "--tp {degree}: the model has {n_head} query heads, and each shard needs at least one (use --tp 1..={n_head})"
+            ));
+        }
+        let ff_units = n_ff / ff_block.max(1);
+        if n_ff % ff_block.max(1) != 0 || degree > ff_units {
+            return Err(format!(
+                "--tp {degree}: the feed-forward width {n_ff} is {ff_units} blocks of {ff_block} values, \
+                 and each shard needs at least one whole block (use --tp 1..={})",
+                ff_units.min(n_head)
+            ));
+        }
+        let group = n_head / n_kv_head;
+        let q_heads: Vec<Range<usize>> = (0..degree).map(|s| balanced(n_head, s, degree)).collect();
+        if let Some(q) = q_heads.iter().find(|q| (q.start * head_dim) % wo_block.max(1) != 0) {
+            return Err(format!(
+                "--tp {degree}: query head {} starts at column {} of the attention output matrix, \
+                 inside one of its {wo_block}-value quantization blocks; choose a degree that cuts \
+                 the {n_head} heads at multiples of {} heads",
+                q.start,
+                q.start * head_dim,
+                wo_block.max(1) / gcd(wo_block.max(1), head_dim)
+            ));
+        }
+        let kv_heads = q_heads.iter().map(|q| q.start / group..(q.end - 1) / group + 1).collect();
+        let ff = (0..degree)
+            .map(|s| {
+                let u = balanced(ff_units, s, degree);
+                u.start * ff_block..u.end * ff_block
+            })
+            .collect();
+        Ok(TpPlan { dims, q_heads, kv_heads, ff })
+    }
+
+    pub fn degree(&self) -> usize {
+        self.q_heads.len()
+    }
+
+    /// Query heads per KV head.
+    pub fn group(&self) -> usize {
+        self.dims.n_head / self.dims.n_kv_head
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMOL: TpDims = TpDims { n_head: 9, n_kv_head: 3, head_dim: 64, n_ff: 1536, ff_block: 32, wo_block: 32 };
+    const GEMMA: TpDims = TpDims { n_head: 4, n_kv_head: 1, head_dim: 256, n_ff: 2048, ff_block: 256, wo_block: 256 };
+    const QWEN: TpDims = TpDims { n_head: 14, n_kv_head: 2, head_dim: 64, n_ff: 4864, ff_block: 256, wo_block: 32 };
+
+    #[test]
+    fn every_degree_up_to_the_heads_covers_everything_once() {
+        for dims in [SMOL, GEMMA, QWEN] {
+            for d in 1..=dims.n_head {
+                let p = TpPlan::new(d, dims).unwrap();
+                let g = p.group();
+                let mut next = (0, 0);
+                for s in 0..d {
+                    let (q, ff) = (&p.q_heads[s], &p.ff[s]);
+                    assert!(q.start == next.0 && !q.is_empty() && q.len() <= dims.n_head / d + 1);
+                    assert!(ff.start == next.1 && !ff.is_empty() && ff.start % dims.ff_block == 0);
+                    // Every query head's KV head is on its shard.
+                    assert!(q.clone().all(|h| p.kv_heads[s].contains(&(h / g))));
+                    assert!(p.kv_heads[s].end <= dims.n_kv_head);
+                    next = (q.end, ff.end);
+                }
+                assert_eq!(next, (dims.n_head, dims.n_ff));
+            }
+        }
+    }
+
+    #[test]
+    fn shared_kv_heads_are_replicated() {
+        // SmolLM2 at 2: heads 0-4 and 5-8; KV head 1 (query heads 3-5) is on both.
+        let p = TpPlan::new(2, SMOL).unwrap();
+        assert_eq!(p.q_heads, [0..5, 5..9]);
+        assert_eq!(p.kv_heads, [0..2, 1..3]);
+        // Gemma 3 has one KV head: every shard keeps it.
+        let p = TpPlan::new(4, GEMMA).unwrap();
+        assert_eq!(p.kv_heads, [0..1, 0..1, 0..1, 0..1]);
+        assert_eq!(p.ff, [0..512, 512..1024, 1024..1536, 1536..2048]);
+        // Qwen2.5 at 3: 19 blocks of 256 as 7, 6, 6.
+        assert_eq!(TpPlan::new(3, QWEN).unwrap().ff, [0..1792, 1792..3328, 3328..4864]);
+    }
+
+    #[test]
+    fn impossible_degrees_are_refused_with_numbers() {
+        let e = TpPlan::new(10, SMOL).unwrap_err();
+        assert!(e.contains("9 query heads") && e.contains("1..=9"), "{e}");
+        let e = TpPlan::new(0, SMOL).unwrap_err();
+        assert!(e.contains("at least 1"), "{e}");
+        let narrow = TpDims { n_ff: 512, ..QWEN };
+        let e = TpPlan::new(3, narrow).unwrap_err();
+        assert!(e.contains("2 blocks of 256"), "{e}");
+        // Head boundaries inside Wo's 256-value blocks (64-value heads): cut at multiples of 4.
+        let k_quant_wo = TpDims { wo_block: 256, ..QWEN };
+        assert!(TpPlan::new(2, k_quant_wo).is_err());
+        let e = TpPlan::new(3, k_quant_wo).unwrap_err();
+        assert!(e.contains("multiples of 4 heads"), "{e}");
+    }
+}

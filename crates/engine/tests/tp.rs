@@ -1,0 +1,84 @@
+//! Tensor parallelism on virtual nodes (worker groups of this machine): degrees 2, 3 and 4 give
+//! the logits of degree 1 within each model's golden tolerance (the shards' partial sums are
+//! added in another order than one matmul's, so not bit for bit), greedy choices equal wherever
+//! degree 1's margin is at least 0.5 (the golden rule), in both synchronisation modes; a degree
+//! that cannot work is refused with its numbers.
+
+mod common;
+
+use common::*;
+use corelm_engine::{Batch, Engine, EngineConfig, TpSync};
+
+/// Logits of a prompt (every row) and of decode steps fed `steps`.
+fn run(e: &mut Engine, prompt: &[u32], steps: &[u32]) -> Vec<Vec<f32>> {
+    let mut b = Batch::new();
+    for (i, &t) in prompt.iter().enumerate() {
+        b.add(t, i as i32, 0, true);
+    }
+    let l = e.decode(&b).unwrap();
+    let mut rows: Vec<Vec<f32>> = (0..prompt.len()).map(|r| l.row(r).to_vec()).collect();
+    for (i, &t) in steps.iter().enumerate() {
+        let mut b = Batch::new();
+        b.add(t, (prompt.len() + i) as i32, 0, true);
+        rows.push(e.decode(&b).unwrap().row(0).to_vec());
+    }
+    rows
+}
+
+/// The ten largest logits' ids, largest first.
+fn top10(r: &[f32]) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..r.len()).collect();
+    idx.select_nth_unstable_by(9, |&a, &b| r[b].total_cmp(&r[a]));
+    idx.truncate(10);
+    idx.sort_by(|&a, &b| r[b].total_cmp(&r[a]));
+    idx
+}
+
+const TEXT: &str = "The history of the printing press begins in the fifteenth century, when Johannes \
+    Gutenberg combined movable metal type, oil-based ink and a screw press adapted from wine making.";
+
+#[test]
+fn tp_degrees_match_degree_one_within_the_golden_tolerance() {
+    for (_, file, tol) in MODELS {
+        let cfg = |tp: usize, tp_sync: TpSync| EngineConfig { tp, tp_sync, ..test_config(4) };
+        let (mut one, tok) = load(file, cfg(1, TpSync::Async));
+        let prompt = tok.encode(TEXT, true, false).unwrap();
+        // Degree 1's own greedy choices as the decode steps (teacher-forced for every degree).
+        let mut steps = Vec::new();
+        let mut rows = run(&mut one, &prompt, &steps);
+        for _ in 0..6 {
+            steps.push(top10(rows.last().unwrap())[0] as u32);
+            one.clear_all();
+            rows = run(&mut one, &prompt, &steps);
+        }
+        let want = rows;
+        drop(one);
+        for (tp, sync) in [(2, TpSync::Async), (3, TpSync::Async), (4, TpSync::Async), (2, TpSync::Lockstep)] {
+            let (mut e, _) = load(file, cfg(tp, sync));
+            let got = run(&mut e, &prompt, &steps);
+            let (mut max, mut all) = (0f32, 0f32);
+            for (r, (a, b)) in got.iter().zip(&want).enumerate() {
+                // The golden checks' measure: degree 1's ten largest logits.
+                let top = top10(b);
+                max = top.iter().map(|&i| (a[i] - b[i]).abs()).fold(max, f32::max);
+                all = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(all, f32::max);
+                let (ia, ib, margin) = (top10(a)[0], top[0], b[top[0]] - b[top[1]]);
+                assert!(ia == ib || margin < 0.5, "{file} --tp {tp} {sync}: row {r} argmax {ia} vs {ib} (margin {margin:.3})");
+            }
+            eprintln!(
+                "{file} --tp {tp} --tp-sync {sync}: max |Δlogit| {max:.4} on the top 10 ({all:.4} on any logit) against --tp 1, {} rows",
+                want.len()
+            );
+            assert!(max <= tol, "{file} --tp {tp} {sync}: max |Δlogit| {max} > {tol}");
+        }
+    }
+}
+
+#[test]
+fn impossible_degrees_are_refused_by_number() {
+    let (file, tp) = (MODELS[1].1, 5); // Gemma 3 270M: 4 query heads
+    let e = Engine::load(model_path(file), EngineConfig { tp, ..test_config(8) }).err().expect("refused").to_string();
+    assert!(e.contains("--tp 5") && e.contains("4 query heads"), "{e}");
+    let e = Engine::load(model_path(file), EngineConfig { tp: 3, ..test_config(2) }).err().expect("refused").to_string();
+    assert!(e.contains("at least 3 worker threads"), "{e}");
+}
