@@ -405,19 +405,23 @@ impl<'k> Builder<'k> {
         self.rope_ext(x, p, None)
     }
 
-    /// RoPE with per-frequency divisors (`freqs`: an F32 weight of `n_rot / 2`).
+    /// RoPE with per-frequency divisors (`freqs`: an F32 weight of `n_rot / 2`). A shard's
+    /// rows hold its own heads: their count comes from the row length.
     pub fn rope_ext(&mut self, x: &Bundle, p: RopeParams, freqs: Option<&Bundle>) -> Bundle {
-        let x = x.single();
-        self.check_src(x);
-        let ne = self.t(x).ne;
-        assert_eq!(ne[0], p.n_head * p.head_dim, "rope row length");
         assert!(p.n_rot <= p.head_dim && p.n_rot % 2 == 0 && p.n_rot <= crate::sched::MAX_ROT);
         let freqs = freqs.map(|f| f.single());
         if let Some(f) = freqs {
             let t = self.t(f);
             assert!(t.dtype == DType::F32 && t.ne[0] * t.ne[1] == p.n_rot / 2, "rope freq factors");
         }
-        self.node(ne, DType::F32, Op::Rope { x, p, freqs })
+        self.zip(&[x], |b, t| {
+            let x = t[0];
+            b.check_src(x);
+            let ne = b.t(x).ne;
+            let p = if b.group.is_some() { RopeParams { n_head: ne[0] / p.head_dim, ..p } } else { p };
+            assert_eq!(ne[0], p.n_head * p.head_dim, "rope row length");
+            b.node(ne, DType::F32, Op::Rope { x, p, freqs }).single()
+        })
     }
 
     /// Route each token to its top experts: `logits` `[n_expert, n_tokens]` → routing table.
@@ -464,21 +468,46 @@ impl<'k> Builder<'k> {
         self.node([ne[0], self.n_tokens], DType::F32, Op::MoeCombine { y, route, p })
     }
 
-    pub fn kv_store(&mut self, layer: usize, k: &Bundle, v: &Bundle) {
-        let (k, v) = (k.single(), v.single());
-        self.check_src(k);
-        self.check_src(v);
-        self.push([0, 0], DType::F32, Op::KvStore { layer: layer as u32, k, v }, Storage::None);
+    /// The plan's shard `s`'s KV cache slot base (0 in serial mode).
+    fn kv_base(&self) -> usize {
+        match (&self.tp, self.group) {
+            (Some(plan), Some(s)) => plan.kv_base[s as usize],
+            _ => 0,
+        }
     }
 
+    /// Store each shard's K and V rows in its own cache slots.
+    pub fn kv_store(&mut self, layer: usize, k: &Bundle, v: &Bundle) {
+        self.zip(&[k, v], |b, t| {
+            let (k, v) = (t[0], t[1]);
+            b.check_src(k);
+            b.check_src(v);
+            let kv_base = b.kv_base() as u32;
+            b.push([0, 0], DType::F32, Op::KvStore { layer: layer as u32, k, v, kv_base }, Storage::None)
+        });
+    }
+
+    /// Attention of the query heads of `q` (`p` gives the model's head counts; a shard covers
+    /// its own query heads and the KV heads they read).
     pub fn attention(&mut self, layer: usize, q: &Bundle, p: AttnParams) -> Bundle {
-        let q = q.single();
-        self.check_src(q);
-        let ne = self.t(q).ne;
-        assert_eq!(ne[0], p.n_head * p.head_dim, "attention query row length");
         assert!(p.n_kv_head > 0 && p.n_head % p.n_kv_head == 0, "heads not a multiple of KV heads");
+        let group = p.n_head / p.n_kv_head;
         self.max_head_dim = self.max_head_dim.max(p.head_dim);
-        self.node(ne, DType::F32, Op::Attention { layer: layer as u32, q, p })
+        self.zip(&[q], |b, t| {
+            let q = t[0];
+            b.check_src(q);
+            let ne = b.t(q).ne;
+            let (p, shard) = match (&b.tp, b.group) {
+                (Some(plan), Some(s)) => {
+                    let (qh, kv) = (&plan.q_heads[s as usize], &plan.kv_heads[s as usize]);
+                    let p = AttnParams { n_head: qh.len(), n_kv_head: kv.len(), ..p };
+                    (p, AttnShard { q_head0: qh.start, group, kv_base: plan.kv_base[s as usize] })
+                }
+                _ => (p, AttnShard { q_head0: 0, group, kv_base: 0 }),
+            };
+            assert_eq!(ne[0], p.n_head * p.head_dim, "attention query row length");
+            b.node(ne, DType::F32, Op::Attention { layer: layer as u32, q, p, shard }).single()
+        })
     }
 
     pub fn glu(&mut self, gate: &Bundle, up: &Bundle, kind: Glu) -> Bundle {

@@ -73,6 +73,25 @@ pub struct AttnParams {
     pub window: Option<u32>,
 }
 
+/// Which query heads and KV cache rows an `attention` node covers: all of them in serial mode,
+/// a tensor-parallel shard's otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnShard {
+    /// The model's index of the node's first query head.
+    pub q_head0: usize,
+    /// Query heads per KV head in the model.
+    pub group: usize,
+    /// The cache slot (KV head row block of every layer) of the node's first KV head.
+    pub kv_base: usize,
+}
+
+impl AttnShard {
+    /// The node's KV head (from 0) that its query head `i` (from 0) reads.
+    pub fn kv_of(&self, i: usize) -> usize {
+        (self.q_head0 + i) / self.group - self.q_head0 / self.group
+    }
+}
+
 /// The operation producing a tensor. Activation tensors are f32 rows (one row per batch token
 /// or output) unless quantized by `Quantize`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -94,10 +113,11 @@ pub enum Op {
     /// Rotary embedding at each batch token's position; `freqs`: optional per-frequency
     /// divisors (`n_rot / 2` f32).
     Rope { x: TensorId, p: RopeParams, freqs: Option<TensorId> },
-    /// Write K and V rows into the cache cells the batch was given.
-    KvStore { layer: u32, k: TensorId, v: TensorId },
-    /// Fused attention of each query head over the cache.
-    Attention { layer: u32, q: TensorId, p: AttnParams },
+    /// Write K and V rows (one head after another) into the cache cells the batch was given,
+    /// head `h` into cache slot `kv_base + h`.
+    KvStore { layer: u32, k: TensorId, v: TensorId, kv_base: u32 },
+    /// Fused attention of each query head over the cache (`p` counts the node's own heads).
+    Attention { layer: u32, q: TensorId, p: AttnParams, shard: AttnShard },
     /// Gated activation.
     Glu { gate: TensorId, up: TensorId, kind: Glu },
     /// The batch rows whose outputs were asked for.

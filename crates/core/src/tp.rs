@@ -40,6 +40,9 @@ pub struct TpPlan {
     pub kv_heads: Vec<Range<usize>>,
     /// Feed-forward rows (gate/up) = columns (down) of each shard.
     pub ff: Vec<Range<usize>>,
+    /// Each shard's first KV cache slot: shards keep their KV heads' rows one after another,
+    /// a replicated head once per shard.
+    pub kv_base: Vec<usize>,
 }
 
 /// Part `s` of `n` items cut `d` ways, sizes differing by at most one (larger parts first).
@@ -84,18 +87,24 @@ impl TpPlan {
                 wo_block.max(1) / gcd(wo_block.max(1), head_dim)
             ));
         }
-        let kv_heads = q_heads.iter().map(|q| q.start / group..(q.end - 1) / group + 1).collect();
+        let kv_heads: Vec<Range<usize>> = q_heads.iter().map(|q| q.start / group..(q.end - 1) / group + 1).collect();
+        let kv_base = kv_heads.iter().scan(0, |next, kv| Some(std::mem::replace(next, *next + kv.len()))).collect();
         let ff = (0..degree)
             .map(|s| {
                 let u = balanced(ff_units, s, degree);
                 u.start * ff_block..u.end * ff_block
             })
             .collect();
-        Ok(TpPlan { dims, q_heads, kv_heads, ff })
+        Ok(TpPlan { dims, q_heads, kv_heads, ff, kv_base })
     }
 
     pub fn degree(&self) -> usize {
         self.q_heads.len()
+    }
+
+    /// KV cache slots of all shards together (replicated heads counted once per shard).
+    pub fn kv_slots(&self) -> usize {
+        self.kv_heads.iter().map(|kv| kv.len()).sum()
     }
 
     /// Query heads per KV head.
@@ -147,6 +156,7 @@ mod tests {
         let p = TpPlan::new(2, SMOL).unwrap();
         assert_eq!(p.q_heads, [0..5, 5..9]);
         assert_eq!(p.kv_heads, [0..2, 1..3]);
+        assert_eq!((p.kv_base.as_slice(), p.kv_slots()), ([0, 2].as_slice(), 4));
         // Gemma 3 has one KV head: every shard keeps it.
         let p = TpPlan::new(4, GEMMA).unwrap();
         assert_eq!(p.kv_heads, [0..1, 0..1, 0..1, 0..1]);

@@ -283,7 +283,10 @@ impl Engine {
             }
         }
         let types = (cfg.cache_type_k, cfg.cache_type_v);
-        let kv = KvCache::new(h.n_layer, cfg.n_ctx, h.n_kv_head, h.head_dim, types, cfg.n_seq_max, &placement.memory)
+        // With tensor parallelism each shard keeps its own KV heads' rows (shared heads once per
+        // shard that reads them), one shard after another.
+        let kv_slots = tp.as_ref().map_or(h.n_kv_head, |p| p.kv_slots());
+        let kv = KvCache::new(h.n_layer, cfg.n_ctx, kv_slots, h.head_dim, types, cfg.n_seq_max, &placement.memory)
             .map_err(|e| Error::Config(format!("KV cache for a context of {} tokens: {e}", cfg.n_ctx)))?;
         let cpus = if cfg.pin { placement.cpus.clone() } else { vec![] };
         let mut pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
@@ -292,7 +295,8 @@ impl Engine {
             let sizes: Vec<usize> = (0..plan.degree()).map(|s| corelm_core::tp::balanced(cfg.n_threads, s, plan.degree()).len()).collect();
             pool.split(&sizes).map_err(Error::Config)?;
         }
-        let mut exec = Executor::new(cfg.n_threads, g.max_head_dim, &g);
+        let group_threads = pool.groups().iter().map(|g| g.len()).min().unwrap_or(cfg.n_threads);
+        let mut exec = Executor::new(cfg.n_threads, group_threads, g.max_head_dim, &g);
         exec.dump_dir = std::env::var_os("CORELM_DUMP_DIR").map(Into::into);
         exec.batch_invariant = cfg.batch_invariant;
         exec.panel_gemm = cfg.fast_prefill;

@@ -235,3 +235,16 @@ fn tokenizer_conformance_qwen2() {
     let (d, f, _) = MODELS[2];
     check_tokenizer(d, f);
 }
+
+/// Tensor parallelism on virtual nodes (worker groups): every model's first and a long case at
+/// `--tp 2` and `--tp 3` (uneven head splits, replicated KV heads) against llama.cpp, with the
+/// golden tolerance (the shards' partial sums change the float order, not the checks).
+#[test]
+fn golden_tensor_parallel() {
+    for (d, f, t) in MODELS {
+        for tp in [2, 3] {
+            let cfg = corelm_engine::EngineConfig { n_batch: 512, tp, ..test_config(3) };
+            check_model_cfg(d, f, t, cfg, &["p01", "p04"]);
+        }
+    }
+}

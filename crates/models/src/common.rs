@@ -133,16 +133,22 @@ pub struct AttnCfg {
 }
 
 /// `x_in [n_tokens, n_embd]` → attention output `[n_tokens, n_embd]` (before the residual add).
+///
+/// Tensor parallel: each shard computes its query heads (Wq rows) and the KV heads they read
+/// (Wk/Wv rows), stores those in its own cache slots, attends, and multiplies by its columns
+/// of Wo; the shards' partial outputs are added at the gather. Head counts below are per
+/// shard.
 pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &Bundle, cfg: &AttnCfg) -> Bundle {
-    let wq = b.weight(&lw.wq);
-    let wk = b.weight(&lw.wk);
-    let wv = b.weight(&lw.wv);
+    let x = &b.scatter(x);
+    let wq = b.weight_split(&lw.wq, Split::QHeads);
+    let wk = b.weight_split(&lw.wk, Split::KvHeads);
+    let wv = b.weight_split(&lw.wv, Split::KvHeads);
     let mut q = b.matmul(&wq, x); // [n_tokens, n_head * head_dim]
     let mut k = b.matmul(&wk, x); // [n_tokens, n_kv_head * head_dim]
     let mut v = b.matmul(&wv, x); // [n_tokens, n_kv_head * head_dim]
-    for (t, bias) in [(&mut q, &lw.bq), (&mut k, &lw.bk), (&mut v, &lw.bv)] {
+    for (t, bias, split) in [(&mut q, &lw.bq, Split::QHeads), (&mut k, &lw.bk, Split::KvHeads), (&mut v, &lw.bv, Split::KvHeads)] {
         if let Some(bias) = bias {
-            let bw = b.weight(bias);
+            let bw = b.weight_split(bias, split);
             *t = b.add(t, &bw);
         }
     }
@@ -167,8 +173,9 @@ pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &B
         window: cfg.window,
     };
     let a = b.attention(il, &q, p); // [n_tokens, n_head * head_dim]
-    let wo = b.weight(&lw.wo);
-    b.matmul(&wo, &a) // [n_tokens, n_embd]
+    let wo = b.weight_split(&lw.wo, Split::HeadCols);
+    let y = b.matmul(&wo, &a); // [n_tokens, n_embd] (per shard: a partial sum)
+    b.gather_sum(&y)
 }
 
 /// Gated feed-forward: `down(act(gate x) · up x)`, `[n_tokens, n_embd]` → same; with

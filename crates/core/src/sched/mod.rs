@@ -9,7 +9,7 @@ use crate::graph::Graph;
 use crate::kv::KvCache;
 use crate::memory::Pools;
 use crate::graph::Sync as After;
-use crate::tensor::{Glu, Op, Storage, Tensor, TensorId, WeightCopy};
+use crate::tensor::{AttnShard, Glu, Op, Storage, Tensor, TensorId, WeightCopy};
 use crate::threads::{ThreadPool, Worker};
 use corelm_kernels::matmul::gemm::{self, GemmScratch};
 use corelm_kernels::attention::{self, AttnScratch};
@@ -131,8 +131,9 @@ pub struct Executor {
 
 impl Executor {
     /// Scratch for attention rows of `max_head_dim` and panel GEMMs of the largest (inner
-    /// dimension, rows) among `graph`'s matmuls.
-    pub fn new(n_threads: usize, max_head_dim: usize, graph: &Graph) -> Self {
+    /// dimension, rows) among `graph`'s matmuls, for `n_threads` workers of which the smallest
+    /// group (tensor parallelism; else all) has `group_threads`.
+    pub fn new(n_threads: usize, group_threads: usize, max_head_dim: usize, graph: &Graph) -> Self {
         let (mut max_k, mut max_rows, mut max_group, mut max_k_all) = (0, 0, 1, 0);
         let (mut rope_rows, mut max_rot, mut max_k_f16) = (0, 0, 0);
         for &id in &graph.nodes {
@@ -141,8 +142,8 @@ impl Executor {
                 rope_rows = rope_rows.max(t.ne[1]);
                 max_rot = max_rot.max(p.n_rot);
             }
-            if let Op::Attention { p, .. } = t.op {
-                max_group = max_group.max(p.n_head / p.n_kv_head);
+            if let Op::Attention { shard, .. } = t.op {
+                max_group = max_group.max(shard.group);
             }
             if let Op::MatMul { w, .. } = t.op {
                 let wt = graph.tensor(w);
@@ -166,7 +167,8 @@ impl Executor {
                         prep: vec![0; corelm_kernels::matmul::layout::scratch_len(max_k_all)],
                         wide: vec![0.0; COL_BLOCK * max_k_f16],
                         wide_act: vec![0.0; dense::ACT_CHUNK * max_k_f16],
-                        rope: crate::rope::RopeTables::new(split(rope_rows, 0, n_threads).len(), max_rot),
+                        // A worker's largest share of RoPE rows: in the smallest group.
+                        rope: crate::rope::RopeTables::new(split(rope_rows, 0, group_threads.clamp(1, n_threads)).len(), max_rot),
                     })
                 })
                 .collect(),
@@ -250,37 +252,43 @@ impl Executor {
 }
 
 /// Contiguous share `ith` of `n` items split `nth` ways.
-/// Worker `ith`'s share of an attention node over `blocks` blocks of rows and `n_kv_head` KV
-/// heads of `group` query heads each, as (block, KV head, query heads) items. With many
-/// (block, KV head) pairs (prefill) they are dealt round-robin, whole groups (later rows see
-/// more cells, so contiguous ranges would be uneven). With few (decode), the (block, head)
-/// units are cut into one contiguous range per worker, split at KV-head boundaries: 3 KV heads
-/// × 3 heads on 2 workers give 5 and 4 heads, where whole groups gave 6 and 3.
+/// Worker `ith`'s share of an attention node over `blocks` blocks of rows and `n_head` query
+/// heads whose KV heads `shard.kv_of` gives (`group` query heads each in serial mode; a
+/// tensor-parallel shard's first and last KV heads may serve fewer), as (block, KV head, query
+/// heads) items. With many (block, KV head) pairs (prefill) they are dealt round-robin, whole
+/// KV heads (later rows see more cells, so contiguous ranges would be uneven). With few
+/// (decode), the (block, query head) units are cut into one contiguous range per worker, split
+/// at KV-head boundaries: 3 KV heads × 3 heads on 2 workers give 5 and 4 heads, where whole
+/// groups gave 6 and 3.
 pub fn attention_items(
     blocks: usize,
-    n_kv_head: usize,
-    group: usize,
+    n_head: usize,
+    shard: AttnShard,
     ith: usize,
     nth: usize,
 ) -> impl Iterator<Item = (usize, usize, Range<usize>)> {
-    let pairs = blocks * n_kv_head;
+    let n_kv = shard.kv_of(n_head - 1) + 1;
+    // Query heads of KV head j: those whose kv_of is j.
+    let heads_of = move |j: usize| {
+        let first = if j == 0 { 0 } else { (shard.q_head0 / shard.group + j) * shard.group - shard.q_head0 };
+        first..(first + shard.group).min(n_head).min((shard.q_head0 / shard.group + j + 1) * shard.group - shard.q_head0)
+    };
+    let pairs = blocks * n_kv;
     let dealt = pairs >= 4 * nth;
-    let whole = (ith..if dealt { pairs } else { 0 }).step_by(nth).map(move |pr| (pr, 0..group));
-    let mut units = if dealt { 0..0 } else { split(pairs * group, ith, nth) };
+    let whole = (ith..if dealt { pairs } else { 0 }).step_by(nth).map(move |pr| (pr / n_kv, pr % n_kv, heads_of(pr % n_kv)));
+    let mut units = if dealt { 0..0 } else { split(blocks * n_head, ith, nth) };
     let cut = std::iter::from_fn(move || {
         let u = units.start;
         if u >= units.end {
             return None;
         }
-        let (pr, h0) = (u / group, u % group);
-        let h1 = group.min(h0 + units.end - u);
+        let (b, h0) = (u / n_head, u % n_head);
+        let kv = shard.kv_of(h0);
+        let h1 = heads_of(kv).end.min(h0 + units.end - u);
         units.start = u + h1 - h0;
-        Some((pr, h0..h1))
+        Some((b, kv, h0..h1))
     });
-    whole.chain(cut).map(move |(pr, h)| {
-        let kvh = pr % n_kv_head;
-        (pr / n_kv_head, kvh, kvh * group + h.start..kvh * group + h.end)
-    })
+    whole.chain(cut)
 }
 
 /// Worker `ith`'s part of a matmul's `[rows][n_out]` output: (columns, rows). With at least two
@@ -500,14 +508,14 @@ impl Ctx<'_> {
                     }
                 }
             }
-            Op::KvStore { layer, k, v } => self.kv_store(layer as usize, k, v, ith, nth),
-            Op::Attention { layer, q, p } => {
+            Op::KvStore { layer, k, v, kv_base } => self.kv_store(layer as usize, k, v, kv_base as usize, ith, nth),
+            Op::Attention { layer, q, p, shard } => {
                 let q = self.f32s(q);
                 let kv = self.kv;
                 let (kp, vp) = kv.layer_ptrs(layer as usize);
                 let (hd, cells) = (p.head_dim, kv.n_cells);
                 let (krb, vrb) = kv.row_bytes();
-                let group = p.n_head / p.n_kv_head;
+                let group = shard.group;
                 let kind = if rows >= attention::TILED_MIN_ROWS && !self.batch_invariant {
                     attention::AttnKernel::Tiled
                 } else {
@@ -521,7 +529,8 @@ impl Ctx<'_> {
                     _ => 1,
                 };
                 let blocks = rows.div_ceil(per_block);
-                for (b, kvh, heads) in attention_items(blocks, p.n_kv_head, group, ith, nth) {
+                for (b, kvh, heads) in attention_items(blocks, p.n_head, shard, ith, nth) {
+                    let kvh = shard.kv_base + kvh;
                     let block = b * per_block..((b + 1) * per_block).min(rows);
                     // Rows of one sequence go to the kernel together.
                     let mut r0 = block.start;
@@ -841,19 +850,20 @@ impl Ctx<'_> {
         attention::AttnKernel::Split(n_kv.div_ceil(nth))
     }
 
-    fn kv_store(&self, layer: usize, k: TensorId, v: TensorId, ith: usize, nth: usize) {
+    fn kv_store(&self, layer: usize, k: TensorId, v: TensorId, kv_base: usize, ith: usize, nth: usize) {
         let kv = self.kv;
         let (kp, vp) = kv.layer_ptrs(layer);
         let (hd, cells) = (kv.head_dim, kv.n_cells);
         let (krb, vrb) = kv.row_bytes();
+        let ne0 = self.t(k).ne[0];
         let (k, v) = (self.f32s(k), self.f32s(v));
-        let ne0 = kv.n_kv_head * hd;
+        assert!(kv_base + ne0 / hd <= kv.n_kv_head, "KV slots {kv_base}.. past the cache's {}", kv.n_kv_head);
         let quant = |t| self.kernels.from_float(t).expect("KV cache type checked at start-up");
         let (qk, qv) = (quant(kv.k_type), quant(kv.v_type));
         for r in split(self.batch.tokens.len(), ith, nth) {
             let slot = self.batch.slots[r] as usize;
-            for h in 0..kv.n_kv_head {
-                let row = h * cells + slot;
+            for h in 0..ne0 / hd {
+                let row = (kv_base + h) * cells + slot;
                 let src = r * ne0 + h * hd..r * ne0 + (h + 1) * hd;
                 // SAFETY: each token has its own slot (engine invariant), so rows written by
                 // different workers are disjoint; row < n_kv_head * cells, the storage size.
@@ -873,6 +883,7 @@ impl Ctx<'_> {
 #[cfg(test)]
 mod tests {
     use super::{attention_items, matmul_part, split, COL_BLOCK};
+    use crate::tensor::AttnShard;
 
     /// Every output element of a matmul belongs to exactly one worker; row parts start at
     /// multiples of 4 and column parts at 16-column blocks or at multiples of `unit`; with few
@@ -924,7 +935,8 @@ mod tests {
                 let mut per_worker = vec![];
                 for ith in 0..nth {
                     let mut n = 0;
-                    for (b, kvh, heads) in attention_items(blocks, n_kv, group, ith, nth) {
+                    let shard = AttnShard { q_head0: 0, group, kv_base: 0 };
+                    for (b, kvh, heads) in attention_items(blocks, n_kv * group, shard, ith, nth) {
                         assert!(b < blocks && kvh < n_kv && !heads.is_empty());
                         assert!(heads.start >= kvh * group && heads.end <= (kvh + 1) * group);
                         for h in heads {
@@ -939,6 +951,29 @@ mod tests {
                     let units = blocks * n_kv * group;
                     assert!(per_worker.iter().all(|&n| n <= units.div_ceil(nth)), "{per_worker:?}");
                 }
+            }
+        }
+    }
+
+    /// A tensor-parallel shard's heads (any first head, any count): every (block, head) once,
+    /// each item's heads all reading the item's KV head.
+    #[test]
+    fn attention_items_of_uneven_shards() {
+        // (first query head, heads, group): SmolLM2's shards at --tp 2 and 4, Qwen2.5's at 3,
+        // Gemma 3's at 4.
+        for (q_head0, n_head, group) in [(0, 5, 3), (5, 4, 3), (3, 2, 3), (7, 2, 3), (5, 5, 7), (10, 4, 7), (3, 1, 4)] {
+            let shard = AttnShard { q_head0, group, kv_base: 0 };
+            for (blocks, nth) in [(1usize, 1usize), (1, 3), (2, 2), (40, 2), (3, 7)] {
+                let mut seen = vec![0u32; blocks * n_head];
+                for ith in 0..nth {
+                    for (b, kvh, heads) in attention_items(blocks, n_head, shard, ith, nth) {
+                        for h in heads {
+                            assert_eq!(shard.kv_of(h), kvh, "head {h} of shard {q_head0}+{n_head}");
+                            seen[b * n_head + h] += 1;
+                        }
+                    }
+                }
+                assert!(seen.iter().all(|&c| c == 1), "{q_head0} {n_head} {group}: {seen:?}");
             }
         }
     }
