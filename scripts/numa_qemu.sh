@@ -5,8 +5,10 @@
 # a buffer bound to each node, an interleaved one over both, checked with move_pages,
 # get_mempolicy and /proc/self/numa_maps) and a short SmolLM2 generation under
 # `--numa distribute` (repacked weights, pools and KV cache interleaved over both nodes) and
-# `--numa isolate` (one worker, memory bound to the starting node); the guest prints the
-# per-node page counts of those mappings, read from the running process's numa_maps.
+# `--numa isolate` (one worker, memory bound to the starting node) and `--numa tp` (tensor
+# parallelism, one shard per node: each shard's worker on its node, its weight copies and KV
+# rows bound there, the rest interleaved); the guest prints the per-node page counts of those
+# mappings by policy, read from the running process's numa_maps.
 #
 # The guest is Debian's own kernel with an initramfs holding busybox, the two binaries and the
 # libraries they link; nothing is installed on the host but shared libraries qemu needs:
@@ -63,7 +65,7 @@ corelm topo --sys
 echo "=== placement read-back test"
 numa-test --nocapture --test-threads 1
 echo "=== numa-test exit: $?"
-for MODE in distribute isolate; do
+for MODE in distribute isolate tp; do
     echo "=== corelm run --numa $MODE"
     corelm run -m /model.gguf --numa $MODE -n 8 --temp 0 -p "The capital of France is" &
     PID=$!
@@ -74,7 +76,9 @@ for MODE in distribute isolate; do
     done
     wait $PID
     echo "=== corelm exit: $?; its placed mappings (policy, pages per node) during the run:"
-    awk '{ s = $2; for (i = 3; i <= NF; i++) if ($i ~ /^N[0-9]+=/) s = s " " $i; print s }' /tmp/last
+    # Pages per node summed over the mappings of each policy.
+    awk '{ for (i = 3; i <= NF; i++) if ($i ~ /^N[0-9]+=/) { split(substr($i, 2), a, "="); n[$2 " N" a[1]] += a[2] } }
+         END { for (k in n) print k "=" n[k] }' /tmp/last | sort
     rm -f /tmp/last
 done
 echo "=== done"

@@ -66,14 +66,17 @@ pub(crate) struct PlaceArgs {
     /// NUMA placement, llama.cpp's modes: off (a worker per physical core, node by node; memory
     /// where first touched), distribute (workers spread evenly over the nodes; repacked weights,
     /// activation pools and KV cache interleaved over them), isolate (only the cores of the node
-    /// the process started on; memory bound to that node).
+    /// the process started on; memory bound to that node); and tp (tensor parallelism, one
+    /// shard per node: each worker group on its node's cores, its weight copies and KV rows
+    /// bound to that node).
     #[arg(long, default_value = "off", env = "CORELM_NUMA")]
     pub(crate) numa: corelm_engine::NumaMode,
     /// Tensor-parallel degree: the workers split into this many groups, each computing its
-    /// shard of every feed-forward layer (gate/up rows, down columns; partial sums added at the
-    /// gather). On a one-node machine the groups are virtual nodes. 1 = off.
-    #[arg(long, default_value_t = 1, env = "CORELM_TP")]
-    pub(crate) tp: usize,
+    /// shard of every layer (query heads and their KV heads, Wo columns; gate/up rows, down
+    /// columns; partial sums added at gathers). Default: one per NUMA node with --numa tp, else
+    /// 1 (off). On a one-node machine the groups are virtual nodes.
+    #[arg(long, env = "CORELM_TP")]
+    pub(crate) tp: Option<usize>,
     /// Barriers inside the parallel subgraphs: async (each group's own, global ones only at
     /// scatter and gather) or lockstep (a global barrier after every node).
     #[arg(long, default_value = "async")]
@@ -315,7 +318,7 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         n_threads: m.threads.unwrap_or_else(|| corelm_engine::engine::default_threads_for(m.place.numa)),
         pin: !m.no_pin,
         numa: m.place.numa,
-        tp: m.place.tp,
+        tp: m.place.tp.unwrap_or(0),
         tp_sync: m.place.tp_sync,
         batch_invariant: m.kernels.batch_invariant,
         cache_type_k: m.kernels.cache.cache_type_k,

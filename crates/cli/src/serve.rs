@@ -68,7 +68,7 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         n_threads: a.threads.unwrap_or_else(|| corelm_engine::engine::default_threads_for(a.place.numa)),
         pin: !a.no_pin,
         numa: a.place.numa,
-        tp: a.place.tp,
+        tp: a.place.tp.unwrap_or(0),
         tp_sync: a.place.tp_sync,
         batch_invariant: true,
         cache_type_k: a.cache.cache_type_k,

@@ -49,7 +49,9 @@ impl KvCache {
     /// Room for at least `n_cells` tokens (rounded up to whole blocks) shared by `n_seq`
     /// sequences.
     /// `types`: element types of K and V rows (from [`KV_TYPES`]; quantized types need
-    /// `head_dim` to be a whole number of blocks, which the caller checks).
+    /// `head_dim` to be a whole number of blocks, which the caller checks). `place` applies to
+    /// every layer's K and V buffers; in a [`Place::Parts`] the offsets count KV heads (slots),
+    /// so a tensor-parallel shard's rows can live on its node.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         n_layer: usize,
@@ -74,6 +76,15 @@ impl KvCache {
         let err = |e: AllocError| AllocError { cause: e.cause, ..AllocError::new(total as usize) };
         // All layers together, before any is populated.
         crate::memory::ensure_available(total as usize).map_err(err)?;
+        // Slot offsets of parts → byte offsets in a layer's K (or V) buffer.
+        let bytes_place = |t: DType| match place {
+            Place::Parts(parts) => {
+                let slot = n_cells * corelm_kernels::row_bytes(t, head_dim);
+                Place::Parts(parts.iter().map(|(s, p)| (s * slot, p.clone())).collect())
+            }
+            p => p.clone(),
+        };
+        let (kp, vp) = (bytes_place(types.0), bytes_place(types.1));
         Ok(KvCache {
             n_layer,
             n_cells,
@@ -81,8 +92,8 @@ impl KvCache {
             head_dim,
             k_type: types.0,
             v_type: types.1,
-            k: (0..n_layer).map(|_| Buffer::new(kb, place).map_err(err)).collect::<Result<_, _>>()?,
-            v: (0..n_layer).map(|_| Buffer::new(vb, place).map_err(err)).collect::<Result<_, _>>()?,
+            k: (0..n_layer).map(|_| Buffer::new(kb, &kp).map_err(err)).collect::<Result<_, _>>()?,
+            v: (0..n_layer).map(|_| Buffer::new(vb, &vp).map_err(err)).collect::<Result<_, _>>()?,
             blocks: Blocks::new(n_blocks, n_seq),
         })
     }

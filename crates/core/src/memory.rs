@@ -29,6 +29,23 @@ pub enum Place {
     Node(usize),
     /// Pages spread round-robin over these nodes (`MPOL_INTERLEAVE`).
     Interleave(Vec<usize>),
+    /// Consecutive parts of one buffer placed separately: part `i` runs from its byte offset
+    /// (the first at 0, offsets increasing) to the next one's, each boundary rounded down to a
+    /// page; a part's place is not itself `Parts`. Tensor-parallel shards' weight copies and KV
+    /// rows, each on its node.
+    Parts(Vec<(usize, Place)>),
+}
+
+impl Place {
+    /// The kernel policy (`MPOL_*`) and nodes of a simple place; `None` for `Any`.
+    #[cfg(target_os = "linux")]
+    fn policy(&self) -> Option<(i32, &[usize])> {
+        match self {
+            Place::Any | Place::Parts(_) => None,
+            Place::Node(n) => Some((crate::numa::MPOL_BIND, std::slice::from_ref(n))),
+            Place::Interleave(nodes) => Some((crate::numa::MPOL_INTERLEAVE, nodes)),
+        }
+    }
 }
 
 /// A zero-initialised, 64-byte-aligned block of memory.
@@ -125,14 +142,20 @@ impl Buffer {
                 return Mapped::Unavailable;
             }
             libc::madvise(p, len, libc::MADV_HUGEPAGE);
-            let bound = match place {
-                Place::Any => Ok(()),
-                Place::Node(n) => crate::numa::mbind(p as *mut u8, len, crate::numa::MPOL_BIND, &[*n]),
-                Place::Interleave(nodes) => crate::numa::mbind(p as *mut u8, len, crate::numa::MPOL_INTERLEAVE, nodes),
+            // Each part from its page-rounded start to the next part's (a simple place: one part).
+            let parts = match place {
+                Place::Parts(parts) => parts.clone(),
+                _ => vec![(0, place.clone())],
             };
-            if let Err(e) = bound {
-                libc::munmap(p, len);
-                return Mapped::Refused(format!("placing it {place:?} (mbind: {e})"));
+            const PAGE: usize = 4096;
+            for (i, (start, part)) in parts.iter().enumerate() {
+                let a = if i == 0 { 0 } else { start / PAGE * PAGE };
+                let b = parts.get(i + 1).map_or(len, |(s, _)| s / PAGE * PAGE).min(len);
+                let Some((mode, nodes)) = part.policy().filter(|_| b > a) else { continue };
+                if let Err(e) = crate::numa::mbind((p as *mut u8).add(a), b - a, mode, nodes) {
+                    libc::munmap(p, len);
+                    return Mapped::Refused(format!("placing it {place:?} (mbind: {e})"));
+                }
             }
             // Faulting in more than the kernel can hand out would end in the OOM killer, not in
             // an error: refuse up front.

@@ -55,10 +55,14 @@ impl PackedWeights {
     /// Copy the matrices of `graph`'s matmuls from the model file's bytes `file` into one
     /// buffer placed as `place` says: interleaved, with `repack`, every one the table has
     /// interleaved kernels for (row count a multiple of four); plain rows, every column slice
-    /// that is not interleaved.
-    pub fn build(graph: &Graph, file: &[u8], kernels: &Kernels, place: &Place, repack: bool) -> Result<PackedWeights, AllocError> {
+    /// that is not interleaved. With `shards` (`--numa tp`: the place of each tensor-parallel
+    /// shard), every shard's matrices are copied (plain where not interleaved) into a part of
+    /// the buffer of their own, placed on their shard's node.
+    pub fn build(graph: &Graph, file: &[u8], kernels: &Kernels, place: &Place, repack: bool, shards: &[Place]) -> Result<PackedWeights, AllocError> {
         let mut at = HashMap::new();
-        let mut total = 0;
+        // Bytes of each part: part 0 the serial matrices', part 1 + s shard s's.
+        let mut part_len = vec![0usize; 1 + shards.len()];
+        let mut part_of = HashMap::new();
         for &id in &graph.nodes {
             let Op::MatMul { w, .. } = graph.tensor(id).op else { continue };
             let wt = graph.tensor(w);
@@ -66,18 +70,42 @@ impl PackedWeights {
             let key = (offset, len, cols);
             let has_kernels = kernels.ops(wt.dtype).is_some_and(|o| o.interleaved.is_some());
             let interleaved = repack && has_kernels && interleave::supported(wt.dtype) && wt.ne[1] % interleave::ROWS == 0;
-            if !(interleaved || cols.is_some()) || at.contains_key(&key) {
+            let part = match wt.group {
+                Some(s) if !shards.is_empty() => 1 + s as usize,
+                _ => 0,
+            };
+            if !(interleaved || cols.is_some() || part > 0) || at.contains_key(&key) {
                 continue;
             }
             let n = wt.n_bytes();
-            let e = Entry { at: total, len: n, dtype: wt.dtype, row_bytes: wt.row_bytes(), rows: wt.ne[1], interleaved };
+            let e = Entry { at: part_len[part], len: n, dtype: wt.dtype, row_bytes: wt.row_bytes(), rows: wt.ne[1], interleaved };
             at.insert(key, e);
+            part_of.insert(key, part);
             // Each copy starts a cache line.
-            total = (total + n).next_multiple_of(64);
+            part_len[part] = (part_len[part] + n).next_multiple_of(64);
         }
-        if total == 0 {
+        // Parts start at pages, so each can be placed on its own.
+        let mut starts = Vec::with_capacity(part_len.len());
+        let mut total = 0;
+        for &l in &part_len {
+            starts.push(total);
+            total = (total + l).next_multiple_of(4096);
+        }
+        if at.is_empty() {
             return Ok(PackedWeights::none());
         }
+        for (key, e) in at.iter_mut() {
+            e.at += starts[part_of[key]];
+        }
+        let parts;
+        let place = if shards.is_empty() {
+            place
+        } else {
+            let mut p = vec![(0, place.clone())];
+            p.extend(shards.iter().enumerate().map(|(s, sp)| (starts[1 + s], sp.clone())));
+            parts = Place::Parts(p);
+            &parts
+        };
         crate::memory::ensure_available(total)?;
         // Every page is written just below: no need to fault them in first.
         let mut buf = Buffer::lazy(total, place)?;

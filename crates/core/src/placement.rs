@@ -6,6 +6,7 @@
 //! | `off` | one per physical core, node by node | first touch (the kernel's default) |
 //! | `distribute` | spread evenly: worker `i` on node `i mod nodes` | interleaved page by page over the nodes |
 //! | `isolate` | only the cores of the node the process started on | bound to that node |
+//! | `tp` | worker group `s` (tensor-parallel shard `s`, `--tp` default: one per node) on its node's cores | shard `s`'s weight copies and KV rows bound to its node; the rest interleaved |
 //!
 //! Memory placement applies to what corelm allocates: the repacked weight buffer (every matmul
 //! weight of a type with interleaved kernels), the activation pools and the KV cache. Weights
@@ -24,6 +25,8 @@ pub enum NumaMode {
     Off,
     Distribute,
     Isolate,
+    /// Tensor parallelism across nodes (ArcLight): one shard per node.
+    Tp,
 }
 
 impl FromStr for NumaMode {
@@ -33,7 +36,8 @@ impl FromStr for NumaMode {
             "off" => Ok(NumaMode::Off),
             "distribute" => Ok(NumaMode::Distribute),
             "isolate" => Ok(NumaMode::Isolate),
-            _ => Err(format!("unknown NUMA mode '{s}' (off, distribute, isolate)")),
+            "tp" => Ok(NumaMode::Tp),
+            _ => Err(format!("unknown NUMA mode '{s}' (off, distribute, isolate, tp)")),
         }
     }
 }
@@ -44,6 +48,7 @@ impl fmt::Display for NumaMode {
             NumaMode::Off => "off",
             NumaMode::Distribute => "distribute",
             NumaMode::Isolate => "isolate",
+            NumaMode::Tp => "tp",
         })
     }
 }
@@ -57,6 +62,27 @@ pub struct Placement {
     pub memory: Place,
     /// Nodes (OS numbers) the workers run on.
     pub nodes: Vec<usize>,
+    /// Each of `nodes`' allowed cores (first PU of each), in the same order.
+    pub node_cpus: Vec<Vec<usize>>,
+}
+
+impl Placement {
+    /// For `--numa tp` with `degree` shards and `n_threads` workers in groups of
+    /// `group_sizes`: the CPU of every worker (group `s` on its shard's node's cores) and the
+    /// node of every shard (shards spread over the nodes in order, several per node when the
+    /// degree is larger).
+    pub fn tp_workers(&self, group_sizes: &[usize]) -> (Vec<usize>, Vec<usize>) {
+        let (degree, n) = (group_sizes.len(), self.nodes.len());
+        let node_of = |s: usize| s * n / degree;
+        let mut cpus = Vec::with_capacity(group_sizes.iter().sum());
+        for (s, &size) in group_sizes.iter().enumerate() {
+            let cores = &self.node_cpus[node_of(s)];
+            // Shards sharing a node take its cores one after another.
+            let first = (0..s).filter(|&t| node_of(t) == node_of(s)).map(|t| group_sizes[t]).sum::<usize>();
+            cpus.extend((0..size).map(|i| cores[(first + i) % cores.len()]));
+        }
+        (cpus, (0..degree).map(|s| self.nodes[node_of(s)]).collect())
+    }
 }
 
 /// Plan `mode` on `topo` for a process allowed to run on `allowed` CPUs, started on CPU
@@ -76,13 +102,15 @@ pub fn plan(mode: NumaMode, topo: &Topology, allowed: &[usize], current: usize) 
         return Err(format!("none of the allowed CPUs {allowed:?} is in the topology ({})", topo.summary()));
     }
     let nodes: Vec<usize> = per_node.iter().map(|(n, _)| *n).collect();
+    let node_cpus: Vec<Vec<usize>> = per_node.iter().map(|(_, c)| c.clone()).collect();
+    let interleave = if nodes.len() > 1 { Place::Interleave(nodes.clone()) } else { Place::Any };
     Ok(match mode {
-        NumaMode::Off => Placement { cpus: per_node.into_iter().flat_map(|(_, c)| c).collect(), memory: Place::Any, nodes },
+        NumaMode::Off => Placement { cpus: per_node.into_iter().flat_map(|(_, c)| c).collect(), memory: Place::Any, nodes, node_cpus },
+        NumaMode::Tp => Placement { cpus: per_node.into_iter().flat_map(|(_, c)| c).collect(), memory: interleave, nodes, node_cpus },
         NumaMode::Distribute => {
             let most = per_node.iter().map(|(_, c)| c.len()).max().unwrap_or(0);
             let cpus = (0..most).flat_map(|i| per_node.iter().filter_map(move |(_, c)| c.get(i).copied())).collect();
-            let memory = if nodes.len() > 1 { Place::Interleave(nodes.clone()) } else { Place::Any };
-            Placement { cpus, memory, nodes }
+            Placement { cpus, memory: interleave, nodes, node_cpus }
         }
         NumaMode::Isolate => {
             let node = topo.node_of_cpu(current as u32).map(|i| topo.nodes[i].os_index as usize);
@@ -92,7 +120,7 @@ pub fn plan(mode: NumaMode, topo: &Topology, allowed: &[usize], current: usize) 
                      (nodes with allowed CPUs: {nodes:?})"
                 ));
             };
-            Placement { cpus, memory: Place::Node(node), nodes: vec![node] }
+            Placement { node_cpus: vec![cpus.clone()], cpus, memory: Place::Node(node), nodes: vec![node] }
         }
     })
 }
@@ -104,7 +132,7 @@ pub fn this_machine(mode: NumaMode) -> Result<Placement, String> {
     let allowed = crate::threads::allowed_cpus();
     match Topology::discover() {
         Ok(t) => plan(mode, &t, &allowed, current_cpu()),
-        Err(_) if mode == NumaMode::Off => Ok(Placement { cpus: allowed, memory: Place::Any, nodes: vec![0] }),
+        Err(_) if mode == NumaMode::Off => Ok(Placement { node_cpus: vec![allowed.clone()], cpus: allowed, memory: Place::Any, nodes: vec![0] }),
         Err(e) => Err(format!("--numa {mode} needs the machine's topology: {e}")),
     }
 }
@@ -160,6 +188,12 @@ mod tests {
         assert_eq!(d.memory, Place::Interleave(vec![0, 1]));
         let i = plan(NumaMode::Isolate, &t, &all, 13).unwrap();
         assert_eq!((i.cpus, i.memory, i.nodes), (vec![4, 5, 6, 7], Place::Node(1), vec![1]));
+        // tp: one group per node on its cores; four shards, two per node; 3 workers a node.
+        let tp = plan(NumaMode::Tp, &t, &all, 0).unwrap();
+        assert_eq!(tp.memory, Place::Interleave(vec![0, 1]));
+        assert_eq!(tp.tp_workers(&[4, 4]), (vec![0, 1, 2, 3, 4, 5, 6, 7], vec![0, 1]));
+        assert_eq!(tp.tp_workers(&[2, 1, 2, 1]), (vec![0, 1, 2, 4, 5, 6], vec![0, 0, 1, 1]));
+        assert_eq!(tp.tp_workers(&[3, 3]).0, [0, 1, 2, 4, 5, 6]);
         // A process allowed only some CPUs: siblings stand in for their core, node 0 is gone.
         let some = [12, 13, 6];
         assert_eq!(plan(NumaMode::Off, &t, &some, 6).unwrap().cpus, [12, 13, 6]);

@@ -65,3 +65,19 @@ fn a_node_that_does_not_exist_is_an_error_naming_it() {
     let e = Buffer::new(LEN, &Place::Node(1000)).err().expect("no buffer on node 1000").to_string();
     assert!(e.contains("Node(1000)") && e.contains("mbind"), "{e}");
 }
+
+#[test]
+fn parts_of_one_buffer_are_placed_separately() {
+    // Two halves on the first and the last node (the same node on a one-node machine).
+    let nodes = memory_nodes();
+    let (a, b) = (nodes[0], *nodes.last().unwrap());
+    let place = Place::Parts(vec![(0, Place::Node(a)), (LEN / 2, Place::Node(b))]);
+    let buf = Buffer::new(LEN, &place).unwrap();
+    let base = buf.as_ptr() as usize;
+    assert_eq!(policy_of(base).unwrap(), (MPOL_BIND, vec![a]));
+    assert_eq!(policy_of(base + LEN / 2).unwrap(), (MPOL_BIND, vec![b]));
+    let first = pages_per_node(base, LEN / 2, 1024).unwrap();
+    let second = pages_per_node(base + LEN / 2, LEN / 2, 1024).unwrap();
+    assert_eq!((first.keys().copied().collect::<Vec<i32>>(), second.keys().copied().collect::<Vec<i32>>()), (vec![a as i32], vec![b as i32]));
+    println!("halves on nodes {a} and {b}: {first:?} {second:?}");
+}

@@ -13,6 +13,7 @@
 use crate::Error;
 use corelm_core::graph::TpSync;
 use corelm_core::kv::BLOCK;
+use corelm_core::memory::Place;
 use corelm_core::tp::{TpDims, TpPlan};
 use corelm_core::{BatchView, Builder, Executor, Graph, NumaMode, Placement, KvCache, PackedWeights, PoolConfig, Pools, Profile, ThreadPool, Weights};
 use corelm_gguf::Gguf;
@@ -39,7 +40,8 @@ pub struct EngineConfig {
     /// `isolate` pin, so they cannot be combined with `pin: false`.
     pub numa: NumaMode,
     /// Tensor-parallel degree (`corelm_core::tp`): the worker pool splits into this many groups,
-    /// each running its shard of the split layers; 1 = none.
+    /// each running its shard of the split layers; 1 = none; 0 = one per NUMA node under
+    /// `NumaMode::Tp`, else none.
     pub tp: usize,
     /// Barriers inside the parallel subgraphs (`--tp-sync`).
     pub tp_sync: TpSync,
@@ -108,13 +110,13 @@ pub fn default_threads() -> usize {
 }
 
 /// The shard plan of `--tp` for this model, or why that degree cannot work (`None` at 1).
-fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig) -> Result<Option<Arc<TpPlan>>, Error> {
-    if cfg.tp <= 1 {
+fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig, degree: usize) -> Result<Option<Arc<TpPlan>>, Error> {
+    if degree <= 1 {
         return Ok(None);
     }
-    let refuse = |why: String| Err(Error::Config(format!("--tp {}: {why}", cfg.tp)));
-    if cfg.tp > cfg.n_threads {
-        return refuse(format!("needs at least {} worker threads, one per shard; got {}", cfg.tp, cfg.n_threads));
+    let refuse = |why: String| Err(Error::Config(format!("--tp {degree}: {why}")));
+    if degree > cfg.n_threads {
+        return refuse(format!("needs at least {degree} worker threads, one per shard; got {}", cfg.n_threads));
     }
     // The quantization blocks a shard's columns of down and Wo must not cut.
     let block = |name: &str| -> Option<usize> {
@@ -125,7 +127,7 @@ fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig) -> Result<
     };
     let wo_block = block("attn_output").unwrap_or(1);
     let dims = TpDims { n_head: h.n_head, n_kv_head: h.n_kv_head, head_dim: h.head_dim, n_ff: h.n_ff, ff_block, wo_block };
-    TpPlan::new(cfg.tp, dims).map(|p| Some(Arc::new(p))).map_err(Error::Config)
+    TpPlan::new(degree, dims).map(|p| Some(Arc::new(p))).map_err(Error::Config)
 }
 
 fn lcm(a: usize, b: usize) -> usize {
@@ -255,12 +257,28 @@ impl Engine {
         // Weights resident before the first request (llama.cpp maps with MAP_POPULATE too).
         gguf.populate();
         let h = model.hyper().clone();
-        let tp = tp_plan(&gguf, &h, &cfg)?;
+        // `--tp` (0: one shard per NUMA node under `--numa tp`, else none).
+        let degree = match cfg.tp {
+            0 if cfg.numa == NumaMode::Tp => placement.nodes.len(),
+            0 => 1,
+            d => d,
+        };
+        let tp = tp_plan(&gguf, &h, &cfg, degree)?;
+        // Worker groups (one per shard, consecutive workers) and, under `--numa tp`, each
+        // worker's CPU and each shard's node.
+        let group_sizes: Vec<usize> = (0..degree).map(|s| corelm_core::tp::balanced(cfg.n_threads, s, degree).len()).collect();
+        let (worker_cpus, shard_places) = match (&tp, cfg.numa) {
+            (Some(_), NumaMode::Tp) => {
+                let (cpus, nodes) = placement.tp_workers(&group_sizes);
+                (cpus, nodes.into_iter().map(Place::Node).collect::<Vec<Place>>())
+            }
+            _ => (placement.cpus.clone(), Vec::new()),
+        };
         // Plan the largest batch once to size the pools.
         let mut b = Builder::new(kernels, cfg.n_batch, cfg.n_batch).with_tp(tp.clone(), cfg.tp_sync);
         let out = model.build(&mut b);
         let mut g = b.finish(&out);
-        let packed = PackedWeights::build(&g, gguf.bytes(), kernels, &placement.memory, cfg.repack)
+        let packed = PackedWeights::build(&g, gguf.bytes(), kernels, &placement.memory, cfg.repack, &shard_places)
             .map_err(|e| Error::Config(format!("repacked weights: {e}")))?;
         // The copied matrices' file pages are not read again by the kernels; drop them from
         // this process (the page cache keeps them for any other reader).
@@ -286,14 +304,20 @@ impl Engine {
         // With tensor parallelism each shard keeps its own KV heads' rows (shared heads once per
         // shard that reads them), one shard after another.
         let kv_slots = tp.as_ref().map_or(h.n_kv_head, |p| p.kv_slots());
-        let kv = KvCache::new(h.n_layer, cfg.n_ctx, kv_slots, h.head_dim, types, cfg.n_seq_max, &placement.memory)
+        let kv_place = match &tp {
+            Some(plan) if !shard_places.is_empty() => {
+                Place::Parts(plan.kv_base.iter().copied().zip(shard_places.iter().cloned()).collect())
+            }
+            _ => placement.memory.clone(),
+        };
+        let kv = KvCache::new(h.n_layer, cfg.n_ctx, kv_slots, h.head_dim, types, cfg.n_seq_max, &kv_place)
             .map_err(|e| Error::Config(format!("KV cache for a context of {} tokens: {e}", cfg.n_ctx)))?;
-        let cpus = if cfg.pin { placement.cpus.clone() } else { vec![] };
+        let cpus = if cfg.pin { worker_cpus } else { vec![] };
         let mut pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
-        if let Some(plan) = &tp {
-            // One group of workers per shard, consecutive workers (so a node's cores) together.
-            let sizes: Vec<usize> = (0..plan.degree()).map(|s| corelm_core::tp::balanced(cfg.n_threads, s, plan.degree()).len()).collect();
-            pool.split(&sizes).map_err(Error::Config)?;
+        if tp.is_some() {
+            // One group of workers per shard, consecutive workers (under `--numa tp`, a node's
+            // cores) together.
+            pool.split(&group_sizes).map_err(Error::Config)?;
         }
         let group_threads = pool.groups().iter().map(|g| g.len()).min().unwrap_or(cfg.n_threads);
         let mut exec = Executor::new(cfg.n_threads, group_threads, g.max_head_dim, &g);

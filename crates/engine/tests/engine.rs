@@ -403,9 +403,10 @@ fn numa_modes_place_memory_and_keep_logits() {
     let (mut off, _) = load(SMOL, test_config(2));
     let want = logits_alone(&mut off, 0, &tokens);
     drop(off);
-    for numa in [NumaMode::Distribute, NumaMode::Isolate] {
+    // `tp` here: one node, so one shard (its default degree), same bits.
+    for numa in [NumaMode::Distribute, NumaMode::Isolate, NumaMode::Tp] {
         let (mut e, _) = load(SMOL, corelm_engine::EngineConfig { numa, pin: true, ..test_config(2) });
-        let Placement { cpus, memory, nodes } = e.placement().clone();
+        let Placement { cpus, memory, nodes, .. } = e.placement().clone();
         assert!(!cpus.is_empty());
         match numa {
             NumaMode::Isolate => assert_eq!(memory, Place::Node(nodes[0])),
