@@ -54,6 +54,8 @@ pub enum Split {
     HeadCols,
     /// Columns of the shard's feed-forward range (down).
     FfCols,
+    /// Rows of the shard's experts in a stack of expert matrices.
+    Experts,
 }
 
 /// What separates a node from the next.
@@ -299,6 +301,10 @@ impl<'k> Builder<'k> {
                 Split::FfRows => (plan.ff[s].clone(), false),
                 Split::HeadCols => (plan.q_heads[s].start * hd..plan.q_heads[s].end * hd, true),
                 Split::FfCols => (plan.ff[s].clone(), true),
+                Split::Experts => {
+                    let per = w.ne[1] / plan.dims.n_expert.max(1);
+                    (plan.experts[s].start * per..plan.experts[s].end * per, false)
+                }
             };
             self.group = Some(s as u16);
             let [ne0, ne1] = w.ne;
@@ -434,19 +440,31 @@ impl<'k> Builder<'k> {
         self.node([len, 1], DType::I32, Op::MoeRoute { logits, p })
     }
 
-    /// Grouped expert matmul: `w` stacks `n_expert` matrices of `w.ne1 / n_expert` rows; `x`
-    /// has one row per token or (`per_pair`) per routed pair. Result `[n_out, n_tokens·n_used]`.
+    /// The experts the current shard computes (all in serial mode).
+    fn experts(&self, n_expert: usize) -> (u32, u32) {
+        match (&self.tp, self.group) {
+            (Some(plan), Some(s)) => (plan.experts[s as usize].start as u32, plan.experts[s as usize].end as u32),
+            _ => (0, n_expert as u32),
+        }
+    }
+
+    /// Grouped expert matmul: `w` stacks `n_expert` matrices of `w.ne1 / n_expert` rows (a
+    /// shard's: its experts' only); `x` has one row per token or (`per_pair`) per routed pair.
+    /// Result `[n_out, n_tokens·n_used]`.
     pub fn matmul_id(&mut self, w: &Bundle, x: &Bundle, route: &Bundle, p: MoeParams, per_pair: bool) -> Bundle {
-        let (w, x, route) = (w.single(), x.single(), route.single());
-        self.check_src(x);
-        let (nw, nx) = (self.t(w).ne, self.t(x).ne);
-        assert_eq!(nw[0], nx[0], "matmul_id inner dimensions");
-        assert_eq!(nw[1] % p.n_expert, 0, "stacked experts");
-        let n_tok = self.n_tokens;
-        assert_eq!(nx[1], if per_pair { n_tok * p.n_used } else { n_tok }, "matmul_id rows");
-        let xq = self.quantized_for(x, self.t(w).dtype);
-        let op = Op::MatMulId { w, x: xq, route, p, per_pair };
-        self.node([nw[1] / p.n_expert, n_tok * p.n_used], DType::F32, op)
+        self.zip(&[w, x, route], |b, t| {
+            let (w, x, route) = (t[0], t[1], t[2]);
+            b.check_src(x);
+            let (nw, nx) = (b.t(w).ne, b.t(x).ne);
+            assert_eq!(nw[0], nx[0], "matmul_id inner dimensions");
+            let (e0, e1) = b.experts(p.n_expert);
+            assert_eq!(nw[1] % (e1 - e0) as usize, 0, "stacked experts");
+            let n_tok = b.n_tokens;
+            assert_eq!(nx[1], if per_pair { n_tok * p.n_used } else { n_tok }, "matmul_id rows");
+            let xq = b.quantized_for(x, b.t(w).dtype);
+            let op = Op::MatMulId { w, x: xq, route, p, per_pair, e0, e1 };
+            b.node([nw[1] / (e1 - e0) as usize, n_tok * p.n_used], DType::F32, op).single()
+        })
     }
 
     /// `x · sigmoid(g)` with `g` one value per row: `[ne0, rows]`, `[1, rows]` → `[ne0, rows]`.
@@ -459,13 +477,17 @@ impl<'k> Builder<'k> {
         self.node(nx, DType::F32, Op::SigmoidMul { x, g })
     }
 
-    /// Weighted sum of each token's expert outputs: `[ne0, n_tokens·n_used]` → `[ne0, n_tokens]`.
+    /// Weighted sum of each token's expert outputs: `[ne0, n_tokens·n_used]` → `[ne0, n_tokens]`
+    /// (a shard's: over its experts only, a partial sum for the gather).
     pub fn moe_combine(&mut self, y: &Bundle, route: &Bundle, p: MoeParams) -> Bundle {
-        let (y, route) = (y.single(), route.single());
-        self.check_src(y);
-        let ne = self.t(y).ne;
-        assert_eq!(ne[1], self.n_tokens * p.n_used, "moe_combine rows");
-        self.node([ne[0], self.n_tokens], DType::F32, Op::MoeCombine { y, route, p })
+        self.zip(&[y, route], |b, t| {
+            let (y, route) = (t[0], t[1]);
+            b.check_src(y);
+            let ne = b.t(y).ne;
+            assert_eq!(ne[1], b.n_tokens * p.n_used, "moe_combine rows");
+            let (e0, e1) = b.experts(p.n_expert);
+            b.node([ne[0], b.n_tokens], DType::F32, Op::MoeCombine { y, route, p, e0, e1 }).single()
+        })
     }
 
     /// The plan's shard `s`'s KV cache slot base (0 in serial mode).

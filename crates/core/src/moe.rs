@@ -149,11 +149,13 @@ pub unsafe fn matmul_id(
     per_pair: bool,
     n_out: usize,
     cols: Range<usize>,
+    experts: Range<usize>,
     out: *mut f32,
 ) {
     const COL_BLOCK: usize = 16;
     let n_pairs = Route::n_pairs(table, p);
-    for e in 0..p.n_expert {
+    let e0 = experts.start;
+    for e in experts {
         let pairs = Route::pairs_of(table, n_pairs, e);
         if pairs.is_empty() {
             continue;
@@ -166,7 +168,7 @@ pub unsafe fn matmul_id(
                 let row = if per_pair { pair } else { pair / p.n_used };
                 let xr = &x[row * xrb..(row + 1) * xrb];
                 for c in c0..c1 {
-                    let wr = &w[(e * n_out + c) * wrb..(e * n_out + c + 1) * wrb];
+                    let wr = &w[((e - e0) * n_out + c) * wrb..((e - e0) * n_out + c + 1) * wrb];
                     // SAFETY: the caller owns columns `cols` of every pair's output row, and
                     // pair < n_pairs, c < n_out keep the index inside `[n_pairs][n_out]`.
                     unsafe { *out.add(pair * n_out + c) = vec_dot(wr, xr) };
@@ -177,19 +179,28 @@ pub unsafe fn matmul_id(
     }
 }
 
-/// `out[ne0]` of token `t` = Σ_s weight(t, s) · y[t·n_used + s], slots in order.
-pub fn combine(y: &[f32], table: &[i32], p: MoeParams, t: usize, out: &mut [f32]) {
+/// `out[ne0]` of token `t` = Σ_s weight(t, s) · y[t·n_used + s], slots in order, over the
+/// slots whose expert is in `experts` (zeros if none is).
+pub fn combine(y: &[f32], table: &[i32], p: MoeParams, t: usize, experts: Range<usize>, out: &mut [f32]) {
     let ne0 = out.len();
     let n_pairs = Route::n_pairs(table, p);
+    let mut first = true;
     for s in 0..p.n_used {
         let pair = t * p.n_used + s;
+        if !experts.contains(&(table[pair] as usize)) {
+            continue;
+        }
         let w = Route::weight(table, n_pairs, pair);
         let yr = &y[pair * ne0..(pair + 1) * ne0];
-        if s == 0 {
+        if first {
             out.iter_mut().zip(yr).for_each(|(o, &v)| *o = v * w);
         } else {
             out.iter_mut().zip(yr).for_each(|(o, &v)| *o += v * w);
         }
+        first = false;
+    }
+    if first {
+        out.fill(0.0);
     }
 }
 

@@ -129,11 +129,13 @@ pub enum Op {
     /// Grouped matmul over the routed pairs: `y[pair] = w[expert(pair)] · x[row(pair)]`, where
     /// `w` stacks the experts' matrices (`n_out` rows each) and `x` has a row per token
     /// (`per_pair` false) or per pair. Each expert's rows are read once for all its tokens.
-    MatMulId { w: TensorId, x: TensorId, route: TensorId, p: MoeParams, per_pair: bool },
+    /// A tensor-parallel shard's `w` stacks only experts `e0 .. e1` and computes only their pairs.
+    MatMulId { w: TensorId, x: TensorId, route: TensorId, p: MoeParams, per_pair: bool, e0: u32, e1: u32 },
     /// `x[r][c] · sigmoid(g[r][0])`: a per-row gate (Qwen2-MoE's shared expert).
     SigmoidMul { x: TensorId, g: TensorId },
-    /// `out[token] = Σ_slot weight · y[pair]`, slots in order.
-    MoeCombine { y: TensorId, route: TensorId, p: MoeParams },
+    /// `out[token] = Σ_slot weight · y[pair]`, slots in order, over the slots whose expert is in
+    /// `e0 .. e1` (all of them in serial mode; a shard's, whose partial sums a gather adds).
+    MoeCombine { y: TensorId, route: TensorId, p: MoeParams, e0: u32, e1: u32 },
     /// Gather of tensor parallelism: the element-wise sum of the shards' partial results
     /// (`Graph::lists[list]`, added in shard order).
     GatherSum { list: u32 },

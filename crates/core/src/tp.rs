@@ -10,6 +10,8 @@
 //!   partial sums are added at the gather.
 //! * The feed-forward width is cut in units of the down matrix's quantization block (a column
 //!   slice of a quantized row must be whole blocks): gate/up by rows, down by columns.
+//! * Mixture-of-experts layers are split by experts: each shard computes the routed pairs of
+//!   its contiguous range of experts and their weighted sum; the router stays serial.
 //! * Norms and other vectors are replicated (read by every shard from the one copy).
 //!
 //! A degree that cannot work is refused with the numbers: more shards than query heads, than
@@ -23,7 +25,10 @@ pub struct TpDims {
     pub n_head: usize,
     pub n_kv_head: usize,
     pub head_dim: usize,
+    /// Width of the dense feed-forward layers; 0 when every layer is a mixture of experts.
     pub n_ff: usize,
+    /// Experts of the mixture-of-experts layers (0: none).
+    pub n_expert: usize,
     /// Block size (values) of the down matrices' type: feed-forward cuts are multiples of it.
     pub ff_block: usize,
     /// Block size of Wo's type: a shard's first Wo column must start a block.
@@ -40,6 +45,8 @@ pub struct TpPlan {
     pub kv_heads: Vec<Range<usize>>,
     /// Feed-forward rows (gate/up) = columns (down) of each shard.
     pub ff: Vec<Range<usize>>,
+    /// Experts of each shard (empty ranges without experts).
+    pub experts: Vec<Range<usize>>,
     /// Each shard's first KV cache slot: shards keep their KV heads' rows one after another,
     /// a replicated head once per shard.
     pub kv_base: Vec<usize>,
@@ -55,7 +62,7 @@ pub fn balanced(n: usize, s: usize, d: usize) -> Range<usize> {
 impl TpPlan {
     /// The plan for `degree` shards, or why that degree cannot work.
     pub fn new(degree: usize, dims: TpDims) -> Result<TpPlan, String> {
-        let TpDims { n_head, n_kv_head, head_dim, n_ff, ff_block, wo_block } = dims;
+        let TpDims { n_head, n_kv_head, head_dim, n_ff, n_expert, ff_block, wo_block } = dims;
         if degree == 0 {
             return Err("--tp must be at least 1".into());
         }
@@ -68,12 +75,15 @@ impl TpPlan {
             ));
         }
         let ff_units = n_ff / ff_block.max(1);
-        if n_ff % ff_block.max(1) != 0 || degree > ff_units {
+        if n_ff > 0 && (n_ff % ff_block.max(1) != 0 || degree > ff_units) {
             return Err(format!(
                 "--tp {degree}: the feed-forward width {n_ff} is {ff_units} blocks of {ff_block} values, \
                  and each shard needs at least one whole block (use --tp 1..={})",
                 ff_units.min(n_head)
             ));
+        }
+        if n_expert > 0 && degree > n_expert {
+            return Err(format!("--tp {degree}: the model has {n_expert} experts, and each shard needs at least one"));
         }
         let group = n_head / n_kv_head;
         let q_heads: Vec<Range<usize>> = (0..degree).map(|s| balanced(n_head, s, degree)).collect();
@@ -95,7 +105,8 @@ impl TpPlan {
                 u.start * ff_block..u.end * ff_block
             })
             .collect();
-        Ok(TpPlan { dims, q_heads, kv_heads, ff, kv_base })
+        let experts = (0..degree).map(|s| balanced(n_expert, s, degree)).collect();
+        Ok(TpPlan { dims, q_heads, kv_heads, ff, experts, kv_base })
     }
 
     pub fn degree(&self) -> usize {
@@ -125,9 +136,9 @@ fn gcd(a: usize, b: usize) -> usize {
 mod tests {
     use super::*;
 
-    const SMOL: TpDims = TpDims { n_head: 9, n_kv_head: 3, head_dim: 64, n_ff: 1536, ff_block: 32, wo_block: 32 };
-    const GEMMA: TpDims = TpDims { n_head: 4, n_kv_head: 1, head_dim: 256, n_ff: 2048, ff_block: 256, wo_block: 256 };
-    const QWEN: TpDims = TpDims { n_head: 14, n_kv_head: 2, head_dim: 64, n_ff: 4864, ff_block: 256, wo_block: 32 };
+    const SMOL: TpDims = TpDims { n_head: 9, n_kv_head: 3, head_dim: 64, n_ff: 1536, n_expert: 0, ff_block: 32, wo_block: 32 };
+    const GEMMA: TpDims = TpDims { n_head: 4, n_kv_head: 1, head_dim: 256, n_ff: 2048, n_expert: 0, ff_block: 256, wo_block: 256 };
+    const QWEN: TpDims = TpDims { n_head: 14, n_kv_head: 2, head_dim: 64, n_ff: 4864, n_expert: 0, ff_block: 256, wo_block: 32 };
 
     #[test]
     fn every_degree_up_to_the_heads_covers_everything_once() {
@@ -163,6 +174,16 @@ mod tests {
         assert_eq!(p.ff, [0..512, 512..1024, 1024..1536, 1536..2048]);
         // Qwen2.5 at 3: 19 blocks of 256 as 7, 6, 6.
         assert_eq!(TpPlan::new(3, QWEN).unwrap().ff, [0..1792, 1792..3328, 3328..4864]);
+    }
+
+    #[test]
+    fn experts_are_split_in_ranges() {
+        let moe = TpDims { n_head: 4, n_kv_head: 2, head_dim: 32, n_ff: 0, n_expert: 8, ff_block: 1, wo_block: 1 };
+        let p = TpPlan::new(3, moe).unwrap();
+        assert_eq!(p.experts, [0..3, 3..6, 6..8]);
+        assert!(p.ff.iter().all(|f| f.is_empty()));
+        let e = TpPlan::new(3, TpDims { n_expert: 2, ..moe }).unwrap_err();
+        assert!(e.contains("2 experts"), "{e}");
     }
 
     #[test]

@@ -122,11 +122,15 @@ fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig, degree: us
     let block = |name: &str| -> Option<usize> {
         (0..h.n_layer).map(|il| gguf.tensor(&format!("blk.{il}.{name}.weight")).map(|t| t.dtype.block_size())).try_fold(1, |a, b| b.map(|b| lcm(a, b)))
     };
-    let Some(ff_block) = block("ffn_down") else {
-        return refuse("tensor parallelism splits dense feed-forward layers; this model's are mixtures of experts (not split yet)".into());
+    // Dense feed-forward layers are cut by their width; mixtures of experts by experts.
+    let n_expert = gguf.opt_u64(&format!("{}.expert_count", h.arch)).ok().flatten().unwrap_or(0) as usize;
+    let (n_ff, ff_block) = match block("ffn_down") {
+        Some(b) => (h.n_ff, b),
+        None if n_expert > 0 => (0, 1),
+        None => return refuse("the model has neither dense feed-forward layers nor experts to split".into()),
     };
     let wo_block = block("attn_output").unwrap_or(1);
-    let dims = TpDims { n_head: h.n_head, n_kv_head: h.n_kv_head, head_dim: h.head_dim, n_ff: h.n_ff, ff_block, wo_block };
+    let dims = TpDims { n_head: h.n_head, n_kv_head: h.n_kv_head, head_dim: h.head_dim, n_ff, n_expert, ff_block, wo_block };
     TpPlan::new(degree, dims).map(|p| Some(Arc::new(p))).map_err(Error::Config)
 }
 

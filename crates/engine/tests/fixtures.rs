@@ -48,8 +48,13 @@ fn argmax(v: &[f32]) -> u32 {
 }
 
 fn check(name: &str, batch_invariant: bool) {
+    check_tp(name, batch_invariant, 1);
+}
+
+/// The checks with `tp` tensor-parallel shards (virtual nodes).
+fn check_tp(name: &str, batch_invariant: bool, tp: usize) {
     let (path, want) = fixture(name);
-    let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, batch_invariant, ..Default::default() };
+    let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2.max(tp), pin: false, batch_invariant, tp, ..Default::default() };
     let mut e = Engine::load(&path, cfg).unwrap_or_else(|err| panic!("{name}: {err}"));
     let tokens: Vec<u32> = serde_json::from_value(want["tokens"].clone()).unwrap();
     let gold = rows(&want["prompt_logits"]);
@@ -72,7 +77,19 @@ fn check(name: &str, batch_invariant: bool) {
         assert_eq!(id, gold_ids[k], "{name}: greedy step {k}");
         last = prompt_logits(&mut e, &[id]).pop().unwrap();
     }
-    eprintln!("{name}: worst |Δlogit| vs llama.cpp {worst:.5}");
+    eprintln!("{name} --tp {tp}: worst |Δlogit| vs llama.cpp {worst:.5}");
+}
+
+/// Tensor parallelism on every fixture architecture — fused Q/K/V and gate/up (Phi-3), Q/K/V
+/// biases and a shared expert (Qwen2-MoE), QK norms (Qwen3), experts split across shards
+/// (Qwen3-MoE, Qwen2-MoE), RoPE frequency factors (Llama 3) — against llama.cpp, same tolerance.
+#[test]
+fn tensor_parallel_on_every_fixture() {
+    for name in ["llama3", "mistral", "qwen3", "phi3", "qwen2moe", "qwen3moe"] {
+        for tp in [2, 3] {
+            check_tp(name, false, tp);
+        }
+    }
 }
 
 #[test]

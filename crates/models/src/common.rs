@@ -198,12 +198,17 @@ pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle 
             let wr = b.weight(router);
             let logits = b.matmul(&wr, x); // [n_tokens, n_expert]
             let route = b.moe_route(&logits, *p); // routing table
-            let (wg, wu, wd) = (b.weight(gate), b.weight(up), b.weight(down));
-            let g = b.matmul_id(&wg, x, &route, *p, false); // [n_tokens · n_used, n_ff_exp]
-            let u = b.matmul_id(&wu, x, &route, *p, false); // [n_tokens · n_used, n_ff_exp]
+            // Tensor parallel: each shard computes the pairs routed to its experts and their
+            // weighted sum; the gather adds the shards' sums.
+            let xs = b.scatter(x);
+            let (wg, wu) = (b.weight_split(gate, Split::Experts), b.weight_split(up, Split::Experts));
+            let wd = b.weight_split(down, Split::Experts);
+            let g = b.matmul_id(&wg, &xs, &route, *p, false); // [n_tokens · n_used, n_ff_exp]
+            let u = b.matmul_id(&wu, &xs, &route, *p, false); // [n_tokens · n_used, n_ff_exp]
             let a = b.glu(&g, &u, kind);
             let y = b.matmul_id(&wd, &a, &route, *p, true); // [n_tokens · n_used, n_embd]
             let moe = b.moe_combine(&y, &route, *p); // [n_tokens, n_embd]
+            let moe = b.gather_sum(&moe);
             let Some(sh) = shared else { return moe };
             let s = dense_ffn(b, &sh.gate, &sh.up, &sh.down, x, kind); // [n_tokens, n_embd]
             let wgi = b.weight(&sh.gate_inp);

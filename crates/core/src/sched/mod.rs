@@ -594,7 +594,7 @@ impl Ctx<'_> {
                     crate::moe::route(self.f32s(logits), n_tokens, p, table);
                 }
             }
-            Op::MatMulId { w: wid, x, route, p, per_pair } => {
+            Op::MatMulId { w: wid, x, route, p, per_pair, e0, e1 } => {
                 let wt = self.t(wid);
                 let ops = self.kernels.ops(wt.dtype).expect("weight type checked at load");
                 let table = self.i32s(route);
@@ -604,7 +604,7 @@ impl Ctx<'_> {
                 let (wb, xb) = (self.bytes(wid), self.bytes(x));
                 // SAFETY: `out` is this node's tensor of [pairs][ne0] f32; workers own disjoint
                 // column ranges `cols` (split above), and nothing else touches it during the node.
-                unsafe { crate::moe::matmul_id(ops.vec_dot, wb, wrb, xb, xrb, table, p, per_pair, ne0, cols, out) };
+                unsafe { crate::moe::matmul_id(ops.vec_dot, wb, wrb, xb, xrb, table, p, per_pair, ne0, cols, e0 as usize..e1 as usize, out) };
             }
             Op::SigmoidMul { x, g } => {
                 let (x, g) = (self.f32s(x), self.f32s(g));
@@ -615,12 +615,12 @@ impl Ctx<'_> {
                     y.iter_mut().zip(&x[r * ne0..]).for_each(|(o, &v)| *o = v * s);
                 }
             }
-            Op::MoeCombine { y, route, p } => {
+            Op::MoeCombine { y, route, p, e0, e1 } => {
                 let (y, table) = (self.f32s(y), self.i32s(route));
                 for r in split(rows, ith, nth) {
                     // SAFETY: row r belongs to this worker only.
                     let o = unsafe { self.out_f32(t, r * ne0, ne0) };
-                    crate::moe::combine(y, table, p, r, o);
+                    crate::moe::combine(y, table, p, r, e0 as usize..e1 as usize, o);
                 }
             }
             Op::SelectOutputs { x } => {
