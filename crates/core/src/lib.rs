@@ -8,8 +8,8 @@
 //! * [`kv`]: the preallocated F16 KV cache in its reader's layout.
 //! * [`threads`]: pinned workers that split into groups and re-join, with group and global
 //!   barriers on their own cache lines; idle workers park.
-//! * [`placement`]: `--numa off|distribute|isolate` planned from the topology: worker CPUs and
-//!   where weights, pools and the KV cache live.
+//! * [`placement`]: `--numa off|distribute|isolate|tp` planned from the topology (read once
+//!   per process): worker CPUs and where weights, pools and the KV cache live.
 //! * [`packed`]: matrices repacked once at load into the interleaved layout their kernels read.
 //! * [`graph`]: the builder (functions on tensor bundles, nodes appended in construction order)
 //!   and the static graph with its memory plan.

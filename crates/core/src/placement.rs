@@ -125,16 +125,31 @@ pub fn plan(mode: NumaMode, topo: &Topology, allowed: &[usize], current: usize) 
     })
 }
 
+/// This machine's topology, read once per process (hwloc or `/sys` are not read again by later
+/// loads or by [`physical_cores`]).
+fn machine() -> Result<&'static Topology, String> {
+    static MACHINE: std::sync::OnceLock<Result<Topology, String>> = std::sync::OnceLock::new();
+    MACHINE.get_or_init(|| Topology::discover().map_err(|e| e.to_string())).as_ref().map_err(Clone::clone)
+}
+
 /// Plan `mode` on the machine this runs on (its topology, the process's allowed CPUs, the
-/// calling thread's CPU). With `off`, a topology that cannot be read falls back to the allowed
-/// CPUs without placement.
+/// calling thread's CPU). With `off`, a topology that cannot be read (or holds none of the
+/// allowed CPUs) falls back to the allowed CPUs without placement.
 pub fn this_machine(mode: NumaMode) -> Result<Placement, String> {
     let allowed = crate::threads::allowed_cpus();
-    match Topology::discover() {
-        Ok(t) => plan(mode, &t, &allowed, current_cpu()),
+    let planned = machine()
+        .map_err(|e| format!("--numa {mode} needs the machine's topology: {e}"))
+        .and_then(|t| plan(mode, t, &allowed, current_cpu()));
+    match planned {
         Err(_) if mode == NumaMode::Off => Ok(Placement { node_cpus: vec![allowed.clone()], cpus: allowed, memory: Place::Any, nodes: vec![0] }),
-        Err(e) => Err(format!("--numa {mode} needs the machine's topology: {e}")),
+        r => r,
     }
+}
+
+/// Physical cores among the allowed CPUs: the first allowed PU of each core, NUMA node by node
+/// (so consecutive workers share a node) — the workers of `--numa off`.
+pub fn physical_cores() -> Vec<usize> {
+    this_machine(NumaMode::Off).map_or_else(|_| crate::threads::allowed_cpus(), |p| p.cpus)
 }
 
 /// The CPU the calling thread runs on now.

@@ -346,25 +346,3 @@ pub fn allowed_cpus() -> Vec<usize> {
     static ALLOWED: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
     ALLOWED.get_or_init(current_affinity).clone()
 }
-
-/// Physical cores among the allowed CPUs: the first allowed PU of each core, NUMA node by node
-/// (so consecutive workers share a node), from the machine's topology (`corelm_topo`: hwloc
-/// where built with it, else /sys); every allowed CPU if the topology cannot be read.
-pub fn physical_cores() -> Vec<usize> {
-    static CORES: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
-    CORES
-        .get_or_init(|| {
-            let allowed = allowed_cpus();
-            let cores: Vec<usize> = match corelm_topo::Topology::discover() {
-                Ok(t) => t
-                    .nodes
-                    .iter()
-                    .flat_map(|n| &n.cores)
-                    .filter_map(|core| core.iter().map(|&c| c as usize).find(|c| allowed.contains(c)))
-                    .collect(),
-                Err(_) => Vec::new(),
-            };
-            if cores.is_empty() { allowed } else { cores }
-        })
-        .clone()
-}

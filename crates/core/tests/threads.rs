@@ -112,12 +112,12 @@ fn single_thread_pool_runs_inline() {
 #[test]
 fn pinning_pools_do_not_shrink_later_pools_or_leak_affinity() {
     let allowed = corelm_core::threads::allowed_cpus();
-    let cores = corelm_core::threads::physical_cores();
+    let cores = corelm_core::placement::physical_cores();
     {
         let _p = ThreadPool::new(PoolConfig { n_threads: 1, cpus: vec![cores[0]] });
         // While the caller is pinned, the process's CPUs are still all visible.
         assert_eq!(corelm_core::threads::allowed_cpus(), allowed);
-        assert_eq!(corelm_core::threads::physical_cores(), cores);
+        assert_eq!(corelm_core::placement::physical_cores(), cores);
     }
     // After the pool is gone, a fresh thread spawned by the caller may run anywhere again.
     let seen = std::thread::spawn(|| {

@@ -108,7 +108,7 @@ pub fn run_test(
 /// share of a buffer much larger than the caches; best of `reps` passes.
 pub fn memory_bandwidth(n_threads: usize, bytes: usize, reps: usize) -> f64 {
     let words = vec![1u64; bytes / 8];
-    let cpus = corelm_core::threads::physical_cores();
+    let cpus = corelm_core::placement::physical_cores();
     let pool = ThreadPool::new(PoolConfig { n_threads, cpus });
     let sink = AtomicU64::new(0);
     let mut best = 0f64;
@@ -134,7 +134,7 @@ pub fn memory_bandwidth(n_threads: usize, bytes: usize, reps: usize) -> f64 {
 /// Cost of one pool barrier (what every graph node ends with) with `n_threads` pinned workers,
 /// in nanoseconds: the mean over `rounds` back-to-back barriers after a warm-up.
 pub fn barrier_ns(n_threads: usize, rounds: usize) -> f64 {
-    let cpus = corelm_core::threads::physical_cores();
+    let cpus = corelm_core::placement::physical_cores();
     let pool = ThreadPool::new(PoolConfig { n_threads, cpus });
     let spin = |n: usize| {
         pool.run(&|w: &Worker| {

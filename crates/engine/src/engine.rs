@@ -106,7 +106,7 @@ pub fn open_gguf(path: impl AsRef<Path>) -> Result<Gguf, Error> {
 
 /// Physical cores available to this process.
 pub fn default_threads() -> usize {
-    corelm_core::threads::physical_cores().len().max(1)
+    corelm_core::placement::physical_cores().len().max(1)
 }
 
 /// The shard plan of `--tp` for this model, or why that degree cannot work (`None` at 1).
