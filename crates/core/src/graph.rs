@@ -175,8 +175,9 @@ impl<'k> Builder<'k> {
         self
     }
 
-    pub fn mode(&self) -> Mode {
-        self.mode
+    /// The plan and the shard whose nodes are being appended (`None` in serial mode).
+    fn shard(&self) -> Option<(&TpPlan, usize)> {
+        Some((self.tp.as_deref()?, self.group? as usize))
     }
 
     /// Enter parallel mode (no-op without a plan): `x` stays one tensor that every shard reads.
@@ -424,7 +425,7 @@ impl<'k> Builder<'k> {
             let x = t[0];
             b.check_src(x);
             let ne = b.t(x).ne;
-            let p = if b.group.is_some() { RopeParams { n_head: ne[0] / p.head_dim, ..p } } else { p };
+            let p = if b.shard().is_some() { RopeParams { n_head: ne[0] / p.head_dim, ..p } } else { p };
             assert_eq!(ne[0], p.n_head * p.head_dim, "rope row length");
             b.node(ne, DType::F32, Op::Rope { x, p, freqs }).single()
         })
@@ -442,9 +443,9 @@ impl<'k> Builder<'k> {
 
     /// The experts the current shard computes (all in serial mode).
     fn experts(&self, n_expert: usize) -> (u32, u32) {
-        match (&self.tp, self.group) {
-            (Some(plan), Some(s)) => (plan.experts[s as usize].start as u32, plan.experts[s as usize].end as u32),
-            _ => (0, n_expert as u32),
+        match self.shard() {
+            Some((plan, s)) => (plan.experts[s].start as u32, plan.experts[s].end as u32),
+            None => (0, n_expert as u32),
         }
     }
 
@@ -490,21 +491,13 @@ impl<'k> Builder<'k> {
         })
     }
 
-    /// The plan's shard `s`'s KV cache slot base (0 in serial mode).
-    fn kv_base(&self) -> usize {
-        match (&self.tp, self.group) {
-            (Some(plan), Some(s)) => plan.kv_base[s as usize],
-            _ => 0,
-        }
-    }
-
     /// Store each shard's K and V rows in its own cache slots.
     pub fn kv_store(&mut self, layer: usize, k: &Bundle, v: &Bundle) {
         self.zip(&[k, v], |b, t| {
             let (k, v) = (t[0], t[1]);
             b.check_src(k);
             b.check_src(v);
-            let kv_base = b.kv_base() as u32;
+            let kv_base = b.shard().map_or(0, |(plan, s)| plan.kv_base[s]) as u32;
             b.push([0, 0], DType::F32, Op::KvStore { layer: layer as u32, k, v, kv_base }, Storage::None)
         });
     }
@@ -519,13 +512,13 @@ impl<'k> Builder<'k> {
             let q = t[0];
             b.check_src(q);
             let ne = b.t(q).ne;
-            let (p, shard) = match (&b.tp, b.group) {
-                (Some(plan), Some(s)) => {
-                    let (qh, kv) = (&plan.q_heads[s as usize], &plan.kv_heads[s as usize]);
+            let (p, shard) = match b.shard() {
+                Some((plan, s)) => {
+                    let (qh, kv) = (&plan.q_heads[s], &plan.kv_heads[s]);
                     let p = AttnParams { n_head: qh.len(), n_kv_head: kv.len(), ..p };
-                    (p, AttnShard { q_head0: qh.start, group, kv_base: plan.kv_base[s as usize] })
+                    (p, AttnShard { q_head0: qh.start, group, kv_base: plan.kv_base[s] })
                 }
-                _ => (p, AttnShard { q_head0: 0, group, kv_base: 0 }),
+                None => (p, AttnShard { q_head0: 0, group, kv_base: 0 }),
             };
             assert_eq!(ne[0], p.n_head * p.head_dim, "attention query row length");
             b.node(ne, DType::F32, Op::Attention { layer: layer as u32, q, p, shard }).single()

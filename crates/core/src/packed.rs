@@ -29,9 +29,11 @@ use std::collections::HashMap;
 /// A weight's identity: its file range and, for a column slice, which columns.
 type Key = (usize, usize, Option<ColSlice>);
 
-/// One copy: where it is, its length, type, row bytes, row count and layout.
+/// One copy: where it is (in its part of the buffer, see `build`), its length, type, row
+/// bytes, row count and layout.
 #[derive(Clone, Copy)]
 struct Entry {
+    part: usize,
     at: usize,
     len: usize,
     dtype: DType,
@@ -62,7 +64,6 @@ impl PackedWeights {
         let mut at = HashMap::new();
         // Bytes of each part: part 0 the serial matrices', part 1 + s shard s's.
         let mut part_len = vec![0usize; 1 + shards.len()];
-        let mut part_of = HashMap::new();
         for &id in &graph.nodes {
             let Op::MatMul { w, .. } = graph.tensor(id).op else { continue };
             let wt = graph.tensor(w);
@@ -78,9 +79,8 @@ impl PackedWeights {
                 continue;
             }
             let n = wt.n_bytes();
-            let e = Entry { at: part_len[part], len: n, dtype: wt.dtype, row_bytes: wt.row_bytes(), rows: wt.ne[1], interleaved };
+            let e = Entry { part, at: part_len[part], len: n, dtype: wt.dtype, row_bytes: wt.row_bytes(), rows: wt.ne[1], interleaved };
             at.insert(key, e);
-            part_of.insert(key, part);
             // Each copy starts a cache line.
             part_len[part] = (part_len[part] + n).next_multiple_of(64);
         }
@@ -94,8 +94,8 @@ impl PackedWeights {
         if at.is_empty() {
             return Ok(PackedWeights::none());
         }
-        for (key, e) in at.iter_mut() {
-            e.at += starts[part_of[key]];
+        for e in at.values_mut() {
+            e.at += starts[e.part];
         }
         let parts;
         let place = if shards.is_empty() {

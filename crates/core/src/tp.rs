@@ -132,6 +132,11 @@ fn gcd(a: usize, b: usize) -> usize {
     }
 }
 
+/// Least common multiple (of quantization block sizes).
+pub fn lcm(a: usize, b: usize) -> usize {
+    a / gcd(a, b) * b
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,7 @@ use crate::Error;
 use corelm_core::graph::TpSync;
 use corelm_core::kv::BLOCK;
 use corelm_core::memory::Place;
-use corelm_core::tp::{TpDims, TpPlan};
+use corelm_core::tp::{lcm, TpDims, TpPlan};
 use corelm_core::{BatchView, Builder, Executor, Graph, NumaMode, Placement, KvCache, PackedWeights, PoolConfig, Pools, Profile, ThreadPool, Weights};
 use corelm_gguf::Gguf;
 use corelm_kernels::{DType, Isa, Kernels};
@@ -132,16 +132,6 @@ fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig, degree: us
     let wo_block = block("attn_output").unwrap_or(1);
     let dims = TpDims { n_head: h.n_head, n_kv_head: h.n_kv_head, head_dim: h.head_dim, n_ff, n_expert, ff_block, wo_block };
     TpPlan::new(degree, dims).map(|p| Some(Arc::new(p))).map_err(Error::Config)
-}
-
-fn lcm(a: usize, b: usize) -> usize {
-    let gcd = |mut a: usize, mut b: usize| {
-        while b != 0 {
-            (a, b) = (b, a % b);
-        }
-        a
-    };
-    a / gcd(a, b) * b
 }
 
 /// Physical cores a `--numa` mode runs on (`isolate`: the starting node's), or

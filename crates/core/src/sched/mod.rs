@@ -215,15 +215,11 @@ impl Executor {
                 let t0 = profiling.then(Instant::now);
                 // A parallel subgraph's node runs on its group only, split among the group's
                 // workers; a serial node on every worker.
-                let mine = match graph.tensor(id).group {
-                    Some(g) => g as usize == w.group,
-                    None => true,
+                let (mine, ith, nth) = match graph.tensor(id).group {
+                    Some(g) => (g as usize == w.group, w.group_ith, w.group_nth),
+                    None => (true, w.ith, w.nth),
                 };
                 if mine {
-                    let (ith, nth) = match graph.tensor(id).group {
-                        Some(_) => (w.group_ith, w.group_nth),
-                        None => (w.ith, w.nth),
-                    };
                     ctx.exec(id, ith, nth, &mut scratch);
                 }
                 match sync {
@@ -268,10 +264,12 @@ pub fn attention_items(
     nth: usize,
 ) -> impl Iterator<Item = (usize, usize, Range<usize>)> {
     let n_kv = shard.kv_of(n_head - 1) + 1;
-    // Query heads of KV head j: those whose kv_of is j.
+    // Query heads of KV head j: the model's heads (k0 + j)·group .. (k0 + j + 1)·group, k0 the
+    // shard's first KV head, less the shard's first query head, within the shard's heads.
+    let k0 = shard.q_head0 / shard.group;
     let heads_of = move |j: usize| {
-        let first = if j == 0 { 0 } else { (shard.q_head0 / shard.group + j) * shard.group - shard.q_head0 };
-        first..(first + shard.group).min(n_head).min((shard.q_head0 / shard.group + j + 1) * shard.group - shard.q_head0)
+        let (first, end) = ((k0 + j) * shard.group, (k0 + j + 1) * shard.group);
+        first.saturating_sub(shard.q_head0)..(end - shard.q_head0).min(n_head)
     };
     let pairs = blocks * n_kv;
     let dealt = pairs >= 4 * nth;
