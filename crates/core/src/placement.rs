@@ -163,29 +163,11 @@ pub fn current_cpu() -> usize {
 mod tests {
     use super::*;
 
-    fn topo(spec: &str) -> Topology {
-        let dir = std::env::temp_dir().join(format!("corelm-placement-{}-{spec}", std::process::id()));
+    /// Two nodes of four cores with two PUs each (siblings 8 apart), as a `/sys` tree.
+    fn two_nodes() -> Topology {
+        let dir = std::env::temp_dir().join(format!("corelm-placement-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        // Two nodes of four cores with two PUs each (siblings 8 apart), as a /sys tree.
-        let w = |p: std::path::PathBuf, s: &str| {
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, s).unwrap();
-        };
-        let sys = dir.join("devices/system");
-        w(sys.join("cpu/online"), "0-15");
-        for cpu in 0..16u32 {
-            let t = sys.join(format!("cpu/cpu{cpu}/topology"));
-            let core = cpu % 8;
-            w(t.join("physical_package_id"), &(core / 4).to_string());
-            w(t.join("core_id"), &(core % 4).to_string());
-            w(t.join("core_cpus_list"), &format!("{core},{}", core + 8));
-        }
-        for (n, cpus) in [(0, "0-3,8-11"), (1, "4-7,12-15")] {
-            let d = sys.join(format!("node/node{n}"));
-            w(d.join("cpulist"), cpus);
-            w(d.join("meminfo"), &format!("Node {n} MemTotal: 1024 kB"));
-            w(d.join("distance"), if n == 0 { "10 21" } else { "21 10" });
-        }
+        corelm_topo::sys::write_synthetic(&dir, 2, 4, 2).unwrap();
         let t = Topology::load(dir.to_str().unwrap()).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         t
@@ -193,7 +175,7 @@ mod tests {
 
     #[test]
     fn modes_on_two_nodes() {
-        let t = topo("two");
+        let t = two_nodes();
         let all: Vec<usize> = (0..16).collect();
         let off = plan(NumaMode::Off, &t, &all, 0).unwrap();
         assert_eq!(off.cpus, [0, 1, 2, 3, 4, 5, 6, 7]);

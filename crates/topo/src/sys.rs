@@ -1,7 +1,7 @@
 //! The `/sys` reader: Linux's own view of packages, cores, caches and NUMA nodes, for builds
 //! without hwloc and as hwloc's fallback. It reads below a root directory (`/sys` for this
 //! machine), so a saved copy of another machine's files plans as that machine — and tests
-//! write small fake trees.
+//! write small synthetic trees ([`write_synthetic`]).
 //!
 //! Files read, all under `<root>/devices/system/`:
 //! `cpu/online`; per CPU `cpu/cpuN/topology/{physical_package_id, core_id, core_cpus_list}`
@@ -124,4 +124,54 @@ fn node_memory(path: &Path) -> Result<u64, TopoError> {
     let line = text.lines().find(|l| l.contains("MemTotal:")).ok_or_else(|| parse_err(path, "no MemTotal line"))?;
     let kb = line.split_whitespace().rev().nth(1).and_then(|v| v.parse::<u64>().ok());
     kb.map(|kb| kb * 1024).ok_or_else(|| parse_err(path, format!("bad MemTotal line: {line:?}")))
+}
+
+/// Write a `/sys` tree below `dir` for a machine of `nodes` NUMA nodes (one package each) of
+/// `cores` cores with `smt` PUs each — numbered as Linux numbers them, SMT siblings
+/// `nodes · cores` apart — an L2 per core, a 32 MiB L3 per node, 8 GiB per node and distances
+/// 10/21: a multi-node machine for tests of what plans by topology, with or without hwloc.
+pub fn write_synthetic(dir: &Path, nodes: u32, cores: u32, smt: u32) -> std::io::Result<()> {
+    let w = |p: PathBuf, s: String| -> std::io::Result<()> {
+        std::fs::create_dir_all(p.parent().expect("a file below dir"))?;
+        std::fs::write(p, s + "\n")
+    };
+    let n_cores = nodes * cores;
+    // PUs of node n: each SMT sibling's range of its cores.
+    let node_cpus = |n: u32| -> String {
+        (0..smt).map(|s| format!("{}-{}", n * cores + s * n_cores, n * cores + cores - 1 + s * n_cores)).collect::<Vec<_>>().join(",")
+    };
+    let sys = dir.join("devices/system");
+    w(sys.join("cpu/online"), format!("0-{}", n_cores * smt - 1))?;
+    for cpu in 0..n_cores * smt {
+        let core = cpu % n_cores;
+        let node = core / cores;
+        let siblings = (0..smt).map(|s| (core + s * n_cores).to_string()).collect::<Vec<_>>().join(",");
+        let c = sys.join(format!("cpu/cpu{cpu}"));
+        w(c.join("topology/physical_package_id"), node.to_string())?;
+        w(c.join("topology/core_id"), (core % cores).to_string())?;
+        w(c.join("topology/core_cpus_list"), siblings.clone())?;
+        for (i, (level, ty, size, shared)) in [
+            (1, "Data", "32K", siblings.clone()),
+            (1, "Instruction", "32K", siblings.clone()),
+            (2, "Unified", "1024K", siblings),
+            (3, "Unified", "32768K", node_cpus(node)),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let idx = c.join(format!("cache/index{i}"));
+            w(idx.join("level"), level.to_string())?;
+            w(idx.join("type"), ty.to_string())?;
+            w(idx.join("size"), size.to_string())?;
+            w(idx.join("shared_cpu_list"), shared)?;
+        }
+    }
+    for node in 0..nodes {
+        let d = sys.join(format!("node/node{node}"));
+        w(d.join("cpulist"), node_cpus(node))?;
+        w(d.join("meminfo"), format!("Node {node} MemTotal:       {} kB\nNode {node} MemFree: 1 kB", 8 << 20))?;
+        let row: Vec<&str> = (0..nodes).map(|j| if j == node { "10" } else { "21" }).collect();
+        w(d.join("distance"), row.join(" "))?;
+    }
+    Ok(())
 }

@@ -2,7 +2,6 @@
 //! fake two-node `/sys`, and hwloc against `/sys` on the machine the tests run on.
 
 use corelm_topo::{Kind, Topology};
-use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> String {
     format!("{}/../../fixtures/topo/{name}", env!("CARGO_MANIFEST_DIR"))
@@ -24,58 +23,11 @@ fn symmetric(d: &[Vec<u32>]) -> bool {
     (0..d.len()).all(|i| d[i][i] == 10 && (0..d.len()).all(|j| d[i][j] == d[j][i]))
 }
 
-/// Write a fake `/sys` with `nodes` nodes, `cores` cores per node, `smt` PUs per core (siblings
-/// numbered `n_cores` apart, as Linux does), an L3 per node and an L2 per core.
-fn fake_sys(dir: &Path, nodes: u32, cores: u32, smt: u32) {
-    let w = |p: PathBuf, s: String| {
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, s + "\n").unwrap();
-    };
-    let n_cores = nodes * cores;
-    let sys = dir.join("devices/system");
-    w(sys.join("cpu/online"), format!("0-{}", n_cores * smt - 1));
-    for cpu in 0..n_cores * smt {
-        let core = cpu % n_cores;
-        let node = core / cores;
-        let siblings: Vec<String> = (0..smt).map(|s| (core + s * n_cores).to_string()).collect();
-        let node_cpus: Vec<String> =
-            (0..smt).map(|s| format!("{}-{}", node * cores + s * n_cores, node * cores + cores - 1 + s * n_cores)).collect();
-        let c = sys.join(format!("cpu/cpu{cpu}"));
-        w(c.join("topology/physical_package_id"), node.to_string());
-        w(c.join("topology/core_id"), (core % cores).to_string());
-        w(c.join("topology/core_cpus_list"), siblings.join(","));
-        for (i, (level, ty, size, shared)) in [
-            (1, "Data", "32K", siblings.join(",")),
-            (1, "Instruction", "32K", siblings.join(",")),
-            (2, "Unified", "1024K", siblings.join(",")),
-            (3, "Unified", "32768K", node_cpus.join(",")),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let idx = c.join(format!("cache/index{i}"));
-            w(idx.join("level"), level.to_string());
-            w(idx.join("type"), ty.to_string());
-            w(idx.join("size"), size.to_string());
-            w(idx.join("shared_cpu_list"), shared);
-        }
-    }
-    for node in 0..nodes {
-        let d = sys.join(format!("node/node{node}"));
-        let cpus: Vec<String> =
-            (0..smt).map(|s| format!("{}-{}", node * cores + s * n_cores, node * cores + cores - 1 + s * n_cores)).collect();
-        w(d.join("cpulist"), cpus.join(","));
-        w(d.join("meminfo"), format!("Node {node} MemTotal:       {} kB\nNode {node} MemFree: 1 kB", 8 << 20));
-        let row: Vec<String> = (0..nodes).map(|j| if j == node { "10".into() } else { "21".into() }).collect();
-        w(d.join("distance"), row.join(" "));
-    }
-}
-
 #[test]
 fn a_two_node_sys_tree_reads_as_two_nodes() {
     let dir = std::env::temp_dir().join(format!("corelm-topo-sys-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    fake_sys(&dir, 2, 4, 2);
+    corelm_topo::sys::write_synthetic(&dir, 2, 4, 2).unwrap();
     let t = Topology::load(dir.to_str().unwrap()).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(chain(&t), [Kind::Package, Kind::NumaNode, Kind::L3, Kind::L2, Kind::Core, Kind::Pu]);
