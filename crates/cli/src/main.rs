@@ -182,6 +182,11 @@ struct BenchArgs {
     /// measured cost of the barriers that separate them.
     #[arg(long)]
     profile: bool,
+    /// Batched decode, as llama-batched-bench's `-npl`: for each count B (comma-separated), B
+    /// sequences get a prompt of the first `-p` length each, then the first `-n` length of
+    /// decode steps with one token per sequence; prints aggregate prompt and decode rates.
+    #[arg(long, value_delimiter = ',')]
+    npl: Vec<usize>,
     #[command(flatten)]
     kernels: KernelArgs,
 }
@@ -496,7 +501,58 @@ fn perplexity(m: &ModelArgs, file: &std::path::Path, chunks: Option<usize>, json
     Ok(())
 }
 
+/// `bench --npl`: llama-batched-bench's table (PP, TG, B, N_KV, T_PP, S_PP, T_TG, S_TG, T, S).
+fn bench_batched(a: &BenchArgs) -> Result<()> {
+    let npp = a.n_prompt.first().copied().unwrap_or(128);
+    let ntg = a.n_gen.first().copied().unwrap_or(128);
+    let max_npl = a.npl.iter().copied().max().unwrap_or(1);
+    if a.npl.contains(&0) || ntg == 0 {
+        bail!("--npl needs sequence counts >= 1 and -n >= 1");
+    }
+    let path = resolve_model(&a.model)?;
+    let threads =
+        if a.threads.is_empty() { vec![corelm_engine::engine::default_threads()] } else { a.threads.clone() };
+    if !a.json {
+        println!("kernels: {} (this CPU runs up to {}){}", corelm_kernels::kernels().isa(), corelm_kernels::Isa::detected(),
+            if a.kernels.batch_invariant { ", batch-invariant" } else { "" });
+        println!("| threads | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    }
+    for &t in &threads {
+        let ma = ModelArgs {
+            model: Some(path.clone()),
+            threads: Some(t),
+            // Every sequence's cells, rounded up to whole KV blocks per sequence.
+            ctx_size: max_npl * (npp + ntg + 64),
+            batch_size: a.batch_size.max(max_npl),
+            no_pin: a.no_pin,
+            place: a.place,
+            kernels: a.kernels,
+        };
+        let (mut engine, _) = load(&ma, max_npl)?;
+        for &b in &a.npl {
+            let r = corelm_engine::bench::run_batched(&mut engine, npp, ntg, b, a.reps)?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "| {t} | {npp} | {ntg} | {b} | {} | {:.3} | {:.2} | {:.3} | {:.2} | {:.3} | {:.2} |",
+                    r.n_kv, r.t_pp, r.s_pp(), r.t_tg, r.s_tg(), r.t_pp + r.t_tg, r.s()
+                );
+            }
+            if a.profile {
+                let (prof, secs) = corelm_engine::bench::profile_batched(&mut engine, npp, ntg, b)?;
+                print_profile(&engine, &prof, secs, &format!("B={b} decode (per step of {b} tokens)"), ntg, "step", b, t);
+            }
+        }
+    }
+    Ok(())
+}
+
 fn bench(a: &BenchArgs) -> Result<()> {
+    if !a.npl.is_empty() {
+        return bench_batched(a);
+    }
     let (n_prompt, n_gen, reps, json) = (&a.n_prompt, &a.n_gen, a.reps.max(1), a.json);
     use corelm_engine::bench::{bytes_per_token, kv_bytes_per_token, memory_bandwidth, run_test, BenchResult};
     let path = resolve_model(&a.model)?;
@@ -604,12 +660,20 @@ fn gbps(e: &corelm_engine::ProfileEntry) -> String {
 /// between nodes cost (measured on this pool size).
 fn print_bench_profile(engine: &mut corelm_engine::Engine, d: usize, p: usize, n: usize, t: usize) -> Result<()> {
     let (prof, secs) = corelm_engine::bench::profile_test(engine, d, p, n)?;
+    let at = if d > 0 { format!(" @ d{d}") } else { String::new() };
+    let (test, per, unit) =
+        if p > 0 { (format!("pp{p}{at} (per pass)"), 1, "pass") } else { (format!("tg{n}{at} (per token)"), n.max(1), "token") };
+    print_profile(engine, &prof, secs, &test, per, unit, if p > 0 { p } else { 1 }, t);
+    Ok(())
+}
+
+/// A profile's table: time per op kind over `per` passes (each one `unit` of `pass_tokens`
+/// tokens), then what the barriers between nodes cost.
+#[allow(clippy::too_many_arguments)]
+fn print_profile(engine: &corelm_engine::Engine, prof: &corelm_engine::Profile, secs: f64, test: &str, per: usize, unit: &str, pass_tokens: usize, t: usize) {
     let total = prof.total_secs();
-    let per = if p > 0 { 1 } else { n.max(1) };
     let mut ops = prof.per_op.clone();
     ops.sort_by(|a, b| b.secs.total_cmp(&a.secs));
-    let at = if d > 0 { format!(" @ d{d}") } else { String::new() };
-    let test = if p > 0 { format!("pp{p}{at} (per pass)") } else { format!("tg{n}{at} (per token)") };
     eprintln!("  profile of {test}, {t} threads:");
     eprintln!("  | op | ms | nodes | share | weights read at GB/s |");
     eprintln!("  |---|---|---|---|---|");
@@ -627,16 +691,14 @@ fn print_bench_profile(engine: &mut corelm_engine::Engine, d: usize, p: usize, n
     let bar = corelm_engine::bench::barrier_ns(t, 20_000);
     let wall = secs / per as f64;
     eprintln!(
-        "  {nodes} nodes (= barriers) per {}; one barrier at {t} threads: {bar:.0} ns, so barriers cost {:.1} µs = {:.2}% of the {:.2} ms",
-        if p > 0 { "pass" } else { "token" },
+        "  {nodes} nodes (= barriers) per {unit}; one barrier at {t} threads: {bar:.0} ns, so barriers cost {:.1} µs = {:.2}% of the {:.2} ms",
         nodes as f64 * bar / 1e3,
         100.0 * nodes as f64 * bar * 1e-9 / wall,
         1e3 * wall
     );
-    if let Some((group, global)) = engine.barriers(if p > 0 { p } else { 1 }) {
+    if let Some((group, global)) = engine.barriers(pass_tokens) {
         eprintln!("  graph nodes per pass followed by the global barrier: {global}, by their worker group's only: {group}");
     }
-    Ok(())
 }
 
 /// Interactive chat. Each turn renders the whole conversation with the template and feeds only

@@ -188,3 +188,113 @@ pub fn bytes_per_token(engine: &Engine) -> u64 {
 pub fn kv_bytes_per_token(engine: &Engine, context: usize) -> u64 {
     (engine.kv_bytes_per_cell() * context) as u64
 }
+
+/// One `llama-batched-bench` test: `npl` sequences, each with its own `npp`-token prompt, then
+/// `ntg` decode steps of one token for every sequence (each step one forward pass of `npl`
+/// rows). Times are the best of the repetitions, as llama-batched-bench reports one pass.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BatchedResult {
+    /// Prompt tokens per sequence, generated tokens per sequence, sequences in parallel.
+    pub npp: usize,
+    pub ntg: usize,
+    pub npl: usize,
+    /// Cells of KV cache in use at the end: `npl · (npp + ntg)`.
+    pub n_kv: usize,
+    /// Seconds for all prompts, and for all decode steps.
+    pub t_pp: f64,
+    pub t_tg: f64,
+}
+
+impl BatchedResult {
+    /// Prompt tokens per second over all sequences (llama-batched-bench's S_PP).
+    pub fn s_pp(&self) -> f64 {
+        (self.npl * self.npp) as f64 / self.t_pp
+    }
+    /// Generated tokens per second over all sequences (S_TG): the aggregate decode rate.
+    pub fn s_tg(&self) -> f64 {
+        (self.npl * self.ntg) as f64 / self.t_tg
+    }
+    /// All tokens over the whole test (S).
+    pub fn s(&self) -> f64 {
+        self.n_kv as f64 / (self.t_pp + self.t_tg)
+    }
+}
+
+/// The `npl` prompts of one batched repetition (each `npp + ntg` tokens: prompt, then the
+/// tokens decoded after it).
+fn batched_prompts(n_vocab: usize, npp: usize, ntg: usize, npl: usize, rep: usize) -> Vec<Vec<u32>> {
+    (0..npl).map(|s| tokens(npp + ntg, n_vocab, 0x5EED + (rep * npl + s) as u64)).collect()
+}
+
+/// Every prompt's first `npp` tokens in passes of up to `n_batch` tokens, sequence after sequence
+/// (as llama-batched-bench fills its batch), each prompt's last token producing logits.
+fn batched_prefill(engine: &mut Engine, prompts: &[Vec<u32>], npp: usize, batch: &mut Batch) -> Result<(), Error> {
+    let nb = engine.config().n_batch;
+    batch.clear();
+    for (s, p) in prompts.iter().enumerate() {
+        for (i, &t) in p[..npp].iter().enumerate() {
+            batch.add(t, i as i32, s as i32, i + 1 == npp);
+            if batch.len() == nb {
+                engine.decode(batch)?;
+                batch.clear();
+            }
+        }
+    }
+    if !batch.is_empty() {
+        engine.decode(batch)?;
+    }
+    Ok(())
+}
+
+/// `ntg` decode steps after the prompts: each one forward pass with one token of every
+/// sequence, all flagged for logits (as a server's decode step is).
+fn batched_decode(engine: &mut Engine, prompts: &[Vec<u32>], npp: usize, ntg: usize, batch: &mut Batch) -> Result<(), Error> {
+    for i in npp..npp + ntg {
+        batch.clear();
+        for (s, p) in prompts.iter().enumerate() {
+            batch.add(p[i], i as i32, s as i32, true);
+        }
+        engine.decode(batch)?;
+    }
+    Ok(())
+}
+
+/// [`BatchedResult`] for `npl` sequences, best of `reps` repetitions after a warm-up. The
+/// engine needs `n_seq_max ≥ npl`, `n_batch ≥ npl` and room for `npl · (npp + ntg)` cells.
+pub fn run_batched(engine: &mut Engine, npp: usize, ntg: usize, npl: usize, reps: usize) -> Result<BatchedResult, Error> {
+    let n_vocab = engine.hyper().n_vocab;
+    let mut batch = Batch::with_capacity(engine.config().n_batch.max(npl));
+    let (mut t_pp, mut t_tg) = (f64::INFINITY, f64::INFINITY);
+    for rep in 0..=reps {
+        engine.clear_all();
+        let prompts = batched_prompts(n_vocab, npp, ntg, npl, rep);
+        let t0 = Instant::now();
+        batched_prefill(engine, &prompts, npp, &mut batch)?;
+        let pp = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        batched_decode(engine, &prompts, npp, ntg, &mut batch)?;
+        let tg = t1.elapsed().as_secs_f64();
+        if rep > 0 || reps == 0 {
+            t_pp = t_pp.min(pp);
+            t_tg = t_tg.min(tg);
+        }
+    }
+    engine.clear_all();
+    Ok(BatchedResult { npp, ntg, npl, n_kv: npl * (npp + ntg), t_pp, t_tg })
+}
+
+/// One profiled batched decode phase (as [`run_batched`], prompts untimed): the time per op
+/// kind over the `ntg` steps, and their wall time.
+pub fn profile_batched(engine: &mut Engine, npp: usize, ntg: usize, npl: usize) -> Result<(Profile, f64), Error> {
+    let prompts = batched_prompts(engine.hyper().n_vocab, npp, ntg, npl, 0);
+    let mut batch = Batch::with_capacity(engine.config().n_batch.max(npl));
+    engine.clear_all();
+    batched_prefill(engine, &prompts, npp, &mut batch)?;
+    engine.profile = Some(Profile::default());
+    let t0 = Instant::now();
+    let r = batched_decode(engine, &prompts, npp, ntg, &mut batch);
+    let secs = t0.elapsed().as_secs_f64();
+    let p = engine.profile.take().unwrap_or_default();
+    engine.clear_all();
+    r.map(|_| (p, secs))
+}

@@ -422,3 +422,15 @@ fn numa_modes_place_memory_and_keep_logits() {
     let e = corelm_engine::Engine::load(model_path(SMOL), cfg).err().expect("refused").to_string();
     assert!(e.contains("--numa isolate") && e.contains("--no-pin"), "{e}");
 }
+
+#[test]
+fn batched_bench_fills_every_sequence_and_leaves_the_cache_empty() {
+    let (mut engine, _) = load(SMOL, test_config(2));
+    let r = corelm_engine::bench::run_batched(&mut engine, 9, 3, 4, 0).expect("4 sequences fit");
+    assert_eq!((r.npl, r.n_kv), (4, 4 * 12));
+    assert!(r.t_pp > 0.0 && r.t_tg > 0.0 && r.s_tg().is_finite());
+    assert_eq!(engine.free_cells(), engine.config().n_ctx, "the test clears what it filled");
+    // More sequences than the engine holds: the batch is refused, naming the sequence.
+    let e = corelm_engine::bench::run_batched(&mut engine, 2, 1, 5, 0).unwrap_err();
+    assert!(e.to_string().contains('4'), "{e}");
+}
