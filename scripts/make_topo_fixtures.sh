@@ -54,6 +54,18 @@ make xeon6230-2p \
     "pack:2 numa:1(memory=$((96 * GiB))) l3:1(size=$((55 * MiB / 2))) l2:20(size=$MiB) core:1 pu:2(indexes=2*40:1*2)" \
     2 'i == j ? 10 : 21'
 
+# 2x Intel Xeon Gold 6151 (AWS c5.18xlarge-class): 18 cores per socket, one NUMA node per
+# socket, 24.75 MiB L3 per socket, 1 MiB L2 per core, SMT2 (siblings 36 apart); 72 GiB per node.
+make xeon6151-2p \
+    "pack:2 numa:1(memory=$((72 * GiB))) l3:1(size=$((99 * MiB / 4))) l2:18(size=$MiB) core:1 pu:2(indexes=2*36:1*2)" \
+    2 'i == j ? 10 : 21'
+
+# 2x Intel Xeon Platinum 8272CL (Azure Fsv2/Dv4-class): 26 cores per socket, one NUMA node per
+# socket, 35.75 MiB L3 per socket, 1 MiB L2 per core, SMT2 (siblings 52 apart); 96 GiB per node.
+make xeon8272cl-2p \
+    "pack:2 numa:1(memory=$((96 * GiB))) l3:1(size=$((143 * MiB / 4))) l2:26(size=$MiB) core:1 pu:2(indexes=2*52:1*2)" \
+    2 'i == j ? 10 : 21'
+
 # The development machine this was written on (2 vCPUs of an AMD EPYC Zen 4, one node).
 if [[ ${1:-} == --this-machine ]]; then
     lstopo-no-graphics --no-io --of xml this-machine.xml

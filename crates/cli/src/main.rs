@@ -14,6 +14,8 @@ use corelm_kernels::DType;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
+mod topo;
+
 mod serve;
 
 const DEFAULT_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -291,6 +293,21 @@ enum Cmd {
         /// Read this machine's /sys even where hwloc is built in.
         #[arg(long, conflicts_with = "topology")]
         sys: bool,
+        /// Also run Sandwich's configuration search on the tree (group/remove transforms,
+        /// cross-sections, the latency model) and print the best decode and prefill
+        /// configurations for --model, modelled with the snapshot's stated profile or, for this
+        /// machine, one measured here.
+        #[arg(long)]
+        explore: bool,
+        /// Model whose workload is planned (default: SmolLM2 from the model cache).
+        #[arg(short, long)]
+        model: Option<PathBuf>,
+        /// Prompt length of the prefill pass planned.
+        #[arg(long, default_value_t = 512)]
+        prompt: usize,
+        /// Transforms deep the search goes.
+        #[arg(long, default_value_t = 3)]
+        steps: usize,
     },
 }
 
@@ -451,11 +468,15 @@ fn main() -> Result<()> {
             );
         }
         Cmd::Perplexity { model, file, chunks, json } => perplexity(&model, &file, chunks, json)?,
-        Cmd::Topo { topology, sys } => {
+        Cmd::Topo { topology, sys, explore, model, prompt, steps } => {
             let spec = if sys { Some("/sys") } else { topology.as_deref() };
             let t = corelm_topo::Topology::load_or_discover(spec)?;
             // A closed pipe (`corelm topo | head`) ends the output, not the program with a panic.
             let _ = write!(std::io::stdout().lock(), "{t}");
+            if explore {
+                let opts = topo::Explore { model: resolve_model(&model)?, prompt, steps };
+                topo::explore(topology.as_deref(), &t, &opts)?;
+            }
         }
         Cmd::Eval { model, case, teacher_forced } => {
             let src = std::fs::read_to_string(&case).with_context(|| format!("reading {}", case.display()))?;

@@ -298,3 +298,31 @@ pub fn profile_batched(engine: &mut Engine, npp: usize, ntg: usize, npl: usize) 
     engine.clear_all();
     r.map(|_| (p, secs))
 }
+
+/// What one forward pass of this engine's model costs, for Sandwich's latency model
+/// (`corelm_topo::sandwich::model`): weight bytes read per pass ([`bytes_per_token`]), 2 FLOPs per
+/// weight element of every matrix that a token multiplies (all but the embedding, unless tied;
+/// every expert of a mixture, so an upper bound there),
+/// the K/V projections' bytes, and graph nodes per layer from the planned one-token graph.
+pub fn workload(engine: &Engine) -> corelm_topo::sandwich::Workload {
+    let h = engine.hyper();
+    let g = engine.gguf();
+    let tied = g.tensor("output.weight").is_none();
+    let matrices = g.tensors.iter().filter(|t| t.shape[1] > 1 && (tied || t.name != "token_embd.weight"));
+    let elements: u64 = matrices.map(|t| t.shape.iter().product::<u64>()).sum();
+    let kv_bytes: u64 = g.tensors.iter().filter(|t| t.name.ends_with("attn_k.weight") || t.name.ends_with("attn_v.weight")).map(|t| t.n_bytes).sum();
+    let layers = h.n_layer.max(1);
+    let (group, global) = engine.barriers(1).unwrap_or((0, 0));
+    corelm_topo::sandwich::Workload {
+        weight_bytes: bytes_per_token(engine) as f64,
+        flops_per_token: 2.0 * elements as f64,
+        layers,
+        n_head: h.n_head,
+        n_kv_head: h.n_kv_head,
+        kv_bytes: kv_bytes as f64,
+        d_model: h.n_embd,
+        nodes_per_layer: (group + global).div_ceil(layers),
+        // Under tensor parallelism: one after attention, one after the feed-forward.
+        gathers_per_layer: 2,
+    }
+}

@@ -17,6 +17,7 @@
 pub mod cpuset;
 #[cfg(feature = "hwloc")]
 mod hwloc;
+pub mod sandwich;
 pub mod sys;
 pub mod tree;
 
