@@ -14,7 +14,9 @@ use corelm_kernels::DType;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
+mod bench;
 mod topo;
+mod tune;
 
 mod serve;
 
@@ -63,7 +65,7 @@ struct ModelArgs {
 }
 
 /// Where workers run and memory lives (ArcLight), shared by every command that loads a model.
-#[derive(Args, Clone, Copy)]
+#[derive(Args, Clone)]
 pub(crate) struct PlaceArgs {
     /// NUMA placement, llama.cpp's modes: off (a worker per physical core, node by node; memory
     /// where first touched), distribute (workers spread evenly over the nodes; repacked weights,
@@ -83,6 +85,20 @@ pub(crate) struct PlaceArgs {
     /// scatter and gather) or lockstep (a global barrier after every node).
     #[arg(long, default_value = "async")]
     pub(crate) tp_sync: corelm_engine::TpSync,
+    /// A plan file of `corelm tune`: the prefill configuration's cores and groups for the
+    /// workers (it sets --threads and --tp), and the decode configuration's for short passes.
+    #[arg(long, env = "CORELM_PLAN")]
+    pub(crate) plan: Option<PathBuf>,
+}
+
+impl PlaceArgs {
+    /// The plan file named by `--plan`, read and checked.
+    pub(crate) fn load_plan(&self) -> Result<Option<corelm_engine::plan::Plan>> {
+        Ok(match &self.plan {
+            Some(p) => Some(corelm_engine::plan::Plan::load(p)?),
+            None => None,
+        })
+    }
 }
 
 /// Kernel choices, shared by every command that computes with a model except `serve` (which
@@ -149,50 +165,6 @@ pub(crate) struct CacheArgs {
     pub cache_type_v: DType,
 }
 
-#[derive(Args, Clone)]
-struct BenchArgs {
-    /// GGUF file (default: SmolLM2 from the model cache).
-    #[arg(short, long)]
-    model: Option<PathBuf>,
-    /// Prompt lengths to test (comma-separated; 0 skips).
-    #[arg(short = 'p', long, value_delimiter = ',', default_value = "512")]
-    n_prompt: Vec<usize>,
-    /// Generation lengths to test (comma-separated; 0 skips).
-    #[arg(short = 'n', long, value_delimiter = ',', default_value = "128")]
-    n_gen: Vec<usize>,
-    /// Tokens already in the context before each test (comma-separated), as llama-bench's `-d`:
-    /// `-p 0 -n 128 -d 512` times decoding at positions 512..640.
-    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
-    n_depth: Vec<usize>,
-    /// Thread counts to test (comma-separated; default: physical cores).
-    #[arg(short = 't', long, value_delimiter = ',')]
-    threads: Vec<usize>,
-    /// Repetitions per test (after one warm-up).
-    #[arg(short = 'r', long, default_value_t = 5)]
-    reps: usize,
-    /// Tokens per forward pass for prompt processing.
-    #[arg(short = 'b', long, default_value_t = 512)]
-    batch_size: usize,
-    /// Print one JSON object per test (llama-bench field names) instead of a table.
-    #[arg(long)]
-    json: bool,
-    #[arg(long)]
-    no_pin: bool,
-    #[command(flatten)]
-    place: PlaceArgs,
-    /// After each test, one profiled pass: time per op kind, graph nodes per token, and the
-    /// measured cost of the barriers that separate them.
-    #[arg(long)]
-    profile: bool,
-    /// Batched decode, as llama-batched-bench's `-npl`: for each count B (comma-separated), B
-    /// sequences get a prompt of the first `-p` length each, then the first `-n` length of
-    /// decode steps with one token per sequence; prints aggregate prompt and decode rates.
-    #[arg(long, value_delimiter = ',')]
-    npl: Vec<usize>,
-    #[command(flatten)]
-    kernels: KernelArgs,
-}
-
 #[derive(Subcommand)]
 enum Cmd {
     /// Generate text from a prompt, streamed to stdout.
@@ -239,7 +211,7 @@ enum Cmd {
         no_parse_special: bool,
     },
     /// Measure prompt processing and generation speed, in the manner of llama-bench.
-    Bench(BenchArgs),
+    Bench(bench::BenchArgs),
     /// Perplexity of a text file, by llama-perplexity's protocol: chunks of --ctx-size tokens,
     /// the second half of each scored (use -c 512 to compare with llama.cpp's usual figures).
     Perplexity {
@@ -281,6 +253,14 @@ enum Cmd {
         /// Feed the case's prompt_token_ids + greedy_ids[:-1] instead of our own choices.
         #[arg(long)]
         teacher_forced: bool,
+    },
+    /// Sandwich's search: explore the machine's configurations, time them (or model them with
+    /// --topology), and write a plan file with a prefill and a decode configuration.
+    Tune(tune::TuneArgs),
+    /// Explain a plan file in words.
+    Plan {
+        #[arg(long)]
+        plan: PathBuf,
     },
     /// Print the hardware tree (packages, NUMA nodes with their memory, L3 and L2 caches, cores,
     /// PUs) and the node distance matrix, as the engine sees it.
@@ -333,6 +313,9 @@ fn resolve_model(m: &Option<PathBuf>) -> Result<PathBuf> {
 
 fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
     let path = resolve_model(&m.model)?;
+    if m.place.plan.is_some() && (m.threads.is_some() || m.place.tp.is_some()) {
+        bail!("--plan sets the worker threads and the tensor-parallel degree: drop --threads/--tp");
+    }
     let cfg = EngineConfig {
         n_ctx: m.ctx_size,
         n_batch: m.batch_size,
@@ -348,6 +331,7 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         fast_prefill: m.kernels.fast_prefill,
         repack: !m.kernels.no_repack,
         isa: None, // the process default, which `--isa` set
+        plan: m.place.load_plan()?,
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", path.display()))?;
@@ -427,7 +411,7 @@ fn main() -> Result<()> {
                         e.secs * 1e3,
                         e.nodes,
                         100.0 * e.secs / total,
-                        gbps(&e)
+                        bench::gbps(&e)
                     );
                 }
             }
@@ -440,7 +424,7 @@ fn main() -> Result<()> {
             let ids = tok.encode(&text, !no_special, !no_parse_special)?;
             println!("{}", serde_json::to_string(&ids)?);
         }
-        Cmd::Bench(a) => bench(&a)?,
+        Cmd::Bench(a) => bench::bench(&a)?,
         Cmd::Serve(a) => {
             let path = resolve_model(&a.model_path())?;
             serve::serve(a, path)?;
@@ -468,6 +452,11 @@ fn main() -> Result<()> {
             );
         }
         Cmd::Perplexity { model, file, chunks, json } => perplexity(&model, &file, chunks, json)?,
+        Cmd::Tune(a) => {
+            let model = resolve_model(&a.model_path())?;
+            tune::tune(&a, model)?;
+        }
+        Cmd::Plan { plan } => print!("{}", corelm_engine::plan::Plan::load(&plan)?.explain()),
         Cmd::Topo { topology, sys, explore, model, prompt, steps } => {
             let spec = if sys { Some("/sys") } else { topology.as_deref() };
             let t = corelm_topo::Topology::load_or_discover(spec)?;
@@ -520,206 +509,6 @@ fn perplexity(m: &ModelArgs, file: &std::path::Path, chunks: Option<usize>, json
         );
     }
     Ok(())
-}
-
-/// `bench --npl`: llama-batched-bench's table (PP, TG, B, N_KV, T_PP, S_PP, T_TG, S_TG, T, S).
-fn bench_batched(a: &BenchArgs) -> Result<()> {
-    let npp = a.n_prompt.first().copied().unwrap_or(128);
-    let ntg = a.n_gen.first().copied().unwrap_or(128);
-    let max_npl = a.npl.iter().copied().max().unwrap_or(1);
-    if a.npl.contains(&0) || ntg == 0 {
-        bail!("--npl needs sequence counts >= 1 and -n >= 1");
-    }
-    let path = resolve_model(&a.model)?;
-    let threads =
-        if a.threads.is_empty() { vec![corelm_engine::engine::default_threads()] } else { a.threads.clone() };
-    if !a.json {
-        println!("kernels: {} (this CPU runs up to {}){}", corelm_kernels::kernels().isa(), corelm_kernels::Isa::detected(),
-            if a.kernels.batch_invariant { ", batch-invariant" } else { "" });
-        println!("| threads | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    }
-    for &t in &threads {
-        let ma = ModelArgs {
-            model: Some(path.clone()),
-            threads: Some(t),
-            // Every sequence's cells, rounded up to whole KV blocks per sequence.
-            ctx_size: max_npl * (npp + ntg + 64),
-            batch_size: a.batch_size.max(max_npl),
-            no_pin: a.no_pin,
-            place: a.place,
-            kernels: a.kernels,
-        };
-        let (mut engine, _) = load(&ma, max_npl)?;
-        for &b in &a.npl {
-            let r = corelm_engine::bench::run_batched(&mut engine, npp, ntg, b, a.reps)?;
-            if a.json {
-                println!("{}", serde_json::to_string(&r)?);
-            } else {
-                println!(
-                    "| {t} | {npp} | {ntg} | {b} | {} | {:.3} | {:.2} | {:.3} | {:.2} | {:.3} | {:.2} |",
-                    r.n_kv, r.t_pp, r.s_pp(), r.t_tg, r.s_tg(), r.t_pp + r.t_tg, r.s()
-                );
-            }
-            if a.profile {
-                let (prof, secs) = corelm_engine::bench::profile_batched(&mut engine, npp, ntg, b)?;
-                print_profile(&engine, &prof, secs, &format!("B={b} decode (per step of {b} tokens)"), ntg, "step", b, t);
-            }
-        }
-    }
-    Ok(())
-}
-
-fn bench(a: &BenchArgs) -> Result<()> {
-    if !a.npl.is_empty() {
-        return bench_batched(a);
-    }
-    let (n_prompt, n_gen, reps, json) = (&a.n_prompt, &a.n_gen, a.reps.max(1), a.json);
-    use corelm_engine::bench::{bytes_per_token, kv_bytes_per_token, memory_bandwidth, run_test, BenchResult};
-    let path = resolve_model(&a.model)?;
-    let threads =
-        if a.threads.is_empty() { vec![corelm_engine::engine::default_threads()] } else { a.threads.clone() };
-    let max_depth = a.n_depth.iter().copied().max().unwrap_or(0);
-    let max_tokens = max_depth + n_prompt.iter().chain(n_gen).copied().max().unwrap_or(0);
-    let n_batch = a.batch_size.min(max_tokens.max(1));
-    let mut results = Vec::new();
-    if !json {
-        println!("kernels: {} (this CPU runs up to {})", corelm_kernels::kernels().isa(), corelm_kernels::Isa::detected());
-        println!("| model | threads | test | t/s | roofline t/s |");
-        println!("|---|---|---|---|---|");
-    }
-    for &t in &threads {
-        let ma = ModelArgs {
-            model: Some(path.clone()),
-            threads: Some(t),
-            ctx_size: max_tokens + 16,
-            batch_size: n_batch,
-            no_pin: a.no_pin,
-            place: a.place,
-            kernels: a.kernels,
-        };
-        let (mut engine, _) = load(&ma, 1)?;
-        let name = engine.gguf().opt_str("general.name").ok().flatten().unwrap_or("?").to_string();
-        // The roofline is an upper bound, and this VM's bandwidth moves by a third between
-        // minutes: the best of passes before the tests and after each one.
-        let mut bw = memory_bandwidth(t, 512 << 20, 3);
-        let tests: Vec<(usize, usize, usize)> = a
-            .n_depth
-            .iter()
-            .flat_map(|&d| {
-                let pp = n_prompt.iter().filter(|&&p| p > 0).map(move |&p| (d, p, 0));
-                pp.chain(n_gen.iter().filter(|&&n| n > 0).map(move |&n| (d, 0, n)))
-            })
-            .collect();
-        let mut rows = Vec::new();
-        for (d, p, n) in tests {
-            let (avg, sd, samples, ns) = run_test(&mut engine, d, p, n, reps)?;
-            bw = bw.max(memory_bandwidth(t, 512 << 20, 2));
-            // Weights plus the KV cache at the test's mean context.
-            let bytes = bytes_per_token(&engine) + kv_bytes_per_token(&engine, d + n.div_ceil(2));
-            let r = BenchResult {
-                model_filename: path.display().to_string(),
-                model_type: name.clone(),
-                n_prompt: p,
-                n_gen: n,
-                n_depth: d,
-                n_threads: t,
-                n_batch: engine.config().n_batch,
-                avg_ts: avg,
-                stddev_ts: sd,
-                samples_ts: samples,
-                samples_ns: ns,
-                kernels: corelm_kernels::kernels().isa().to_string(),
-                roofline_ts: (n > 0).then(|| bw / bytes as f64),
-            };
-            if json {
-                println!("{}", serde_json::to_string(&r)?);
-            }
-            rows.push(r);
-            if a.profile {
-                print_bench_profile(&mut engine, d, p, n, t)?;
-            }
-        }
-        if !json {
-            for r in &rows {
-                let (d, p, n, avg, sd) = (r.n_depth, r.n_prompt, r.n_gen, r.avg_ts, r.stddev_ts);
-                let mut test = if p > 0 { format!("pp{p}") } else { format!("tg{n}") };
-                if d > 0 {
-                    test += &format!(" @ d{d}");
-                }
-                // Weights plus the KV cache at the test's mean context.
-                let bytes = bytes_per_token(&engine) + kv_bytes_per_token(&engine, d + n.div_ceil(2));
-                let roof = bw / bytes as f64;
-                let roofline = if p > 0 { "".to_string() } else { format!("{roof:.1} ({:.0}%)", 100.0 * avg / roof) };
-                println!("| {name} | {t} | {test} | {avg:.2} ± {sd:.2} | {roofline} |");
-            }
-        }
-        results.extend(rows);
-        if !json {
-            let (n_packed, packed_bytes) = engine.packed();
-            eprintln!(
-                "[{t} threads: read bandwidth {:.1} GB/s (best pass), {:.1} MB of weights + {:.1} kB of KV cache per context token read per decoded token; roofline = bandwidth / bytes at the mean context; {n_packed} matrices ({:.1} MB) repacked at load]",
-                bw / 1e9,
-                bytes_per_token(&engine) as f64 / 1e6,
-                engine.kv_bytes_per_cell() as f64 / 1e3,
-                packed_bytes as f64 / 1e6
-            );
-        }
-    }
-    Ok(())
-}
-
-/// The rate a profile line's matmuls read their weights at, or "" for other ops.
-fn gbps(e: &corelm_engine::ProfileEntry) -> String {
-    if e.bytes == 0 || e.secs <= 0.0 {
-        return String::new();
-    }
-    format!("{:.1}", e.bytes as f64 / e.secs / 1e9)
-}
-
-/// `corelm bench --profile`: one profiled pass of a test, per op kind, and what the barriers
-/// between nodes cost (measured on this pool size).
-fn print_bench_profile(engine: &mut corelm_engine::Engine, d: usize, p: usize, n: usize, t: usize) -> Result<()> {
-    let (prof, secs) = corelm_engine::bench::profile_test(engine, d, p, n)?;
-    let at = if d > 0 { format!(" @ d{d}") } else { String::new() };
-    let (test, per, unit) =
-        if p > 0 { (format!("pp{p}{at} (per pass)"), 1, "pass") } else { (format!("tg{n}{at} (per token)"), n.max(1), "token") };
-    print_profile(engine, &prof, secs, &test, per, unit, if p > 0 { p } else { 1 }, t);
-    Ok(())
-}
-
-/// A profile's table: time per op kind over `per` passes (each one `unit` of `pass_tokens`
-/// tokens), then what the barriers between nodes cost.
-#[allow(clippy::too_many_arguments)]
-fn print_profile(engine: &corelm_engine::Engine, prof: &corelm_engine::Profile, secs: f64, test: &str, per: usize, unit: &str, pass_tokens: usize, t: usize) {
-    let total = prof.total_secs();
-    let mut ops = prof.per_op.clone();
-    ops.sort_by(|a, b| b.secs.total_cmp(&a.secs));
-    eprintln!("  profile of {test}, {t} threads:");
-    eprintln!("  | op | ms | nodes | share | weights read at GB/s |");
-    eprintln!("  |---|---|---|---|---|");
-    for e in &ops {
-        eprintln!(
-            "  | {} | {:.3} | {} | {:.1}% | {} |",
-            e.label(),
-            1e3 * e.secs / per as f64,
-            e.nodes / per,
-            100.0 * e.secs / total.max(1e-12),
-            gbps(e)
-        );
-    }
-    let nodes = ops.iter().map(|e| e.nodes).sum::<usize>() / per;
-    let bar = corelm_engine::bench::barrier_ns(t, 20_000);
-    let wall = secs / per as f64;
-    eprintln!(
-        "  {nodes} nodes (= barriers) per {unit}; one barrier at {t} threads: {bar:.0} ns, so barriers cost {:.1} µs = {:.2}% of the {:.2} ms",
-        nodes as f64 * bar / 1e3,
-        100.0 * nodes as f64 * bar * 1e-9 / wall,
-        1e3 * wall
-    );
-    if let Some((group, global)) = engine.barriers(pass_tokens) {
-        eprintln!("  graph nodes per pass followed by the global barrier: {global}, by their worker group's only: {group}");
-    }
 }
 
 /// Interactive chat. Each turn renders the whole conversation with the template and feeds only

@@ -76,6 +76,7 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         fast_prefill: false, // the server is batch-invariant, which the panel GEMM is not
         repack: true,
         isa: None, // the process default, which `--isa` set
+        plan: a.place.load_plan()?,
     };
     let engine = Engine::load(&model, cfg).with_context(|| format!("loading {}", model.display()))?;
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", model.display()))?;

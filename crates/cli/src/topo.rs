@@ -40,14 +40,10 @@ fn measure(topo: &Topology, engine: &mut corelm_engine::Engine, w: &sandwich::Wo
     })
 }
 
-pub fn explore(spec: Option<&str>, topo: &Topology, opts: &Explore) -> Result<()> {
-    let cfg = corelm_engine::EngineConfig { n_ctx: 512, n_batch: 128, n_seq_max: 1, pin: false, ..Default::default() };
-    let mut engine = corelm_engine::Engine::load(&opts.model, cfg).with_context(|| format!("loading {}", opts.model.display()))?;
-    // Plan the one-token graph, whose nodes per layer the workload counts.
-    engine.feed(0, &[1], false, |_| {})?;
-    engine.clear_all();
-    let w = corelm_engine::bench::workload(&engine);
-    let prof = match spec {
+/// The profile the model is fed: the stated one of a snapshot (`spec`'s file stem), or for
+/// this machine (`spec` none) one measured now.
+pub fn profile(spec: Option<&str>, topo: &Topology, engine: &mut corelm_engine::Engine, w: &sandwich::Workload) -> Result<MachineProfile> {
+    Ok(match spec {
         Some(s) => {
             let stem = std::path::Path::new(s).file_stem().and_then(|x| x.to_str()).unwrap_or(s);
             match MachineProfile::stated(stem) {
@@ -57,8 +53,18 @@ pub fn explore(spec: Option<&str>, topo: &Topology, opts: &Explore) -> Result<()
                 ),
             }
         }
-        None => measure(topo, &mut engine, &w)?,
-    };
+        None => measure(topo, engine, w)?,
+    })
+}
+
+pub fn explore(spec: Option<&str>, topo: &Topology, opts: &Explore) -> Result<()> {
+    let cfg = corelm_engine::EngineConfig { n_ctx: 512, n_batch: 128, n_seq_max: 1, pin: false, ..Default::default() };
+    let mut engine = corelm_engine::Engine::load(&opts.model, cfg).with_context(|| format!("loading {}", opts.model.display()))?;
+    // Plan the one-token graph, whose nodes per layer the workload counts.
+    engine.feed(0, &[1], false, |_| {})?;
+    engine.clear_all();
+    let w = corelm_engine::bench::workload(&engine);
+    let prof = profile(spec, topo, &mut engine, &w)?;
     let h = engine.hyper();
     let lim = sandwich::Limits::for_model(h.n_head, 0);
     let tree = TNode::from_topology(topo);

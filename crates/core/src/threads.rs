@@ -8,7 +8,14 @@
 //!   idle workers spin briefly and then park on a condition variable, so an idle server does
 //!   not burn its cores.
 //!
-//! Invariant: the group layout changes only between jobs (`split`/`rejoin` take `&mut self`).
+//! * Views: besides its layout (`split`), the pool keeps further views ([`ThreadPool::add_view`]),
+//!   each a subset of the workers in groups; [`ThreadPool::run_view`] runs a job on one view
+//!   only, the other workers skipping it, and inside it worker indices, group sizes and the
+//!   global barrier count the view's workers alone. Sandwich switches between its prefill and
+//!   decode configurations this way, without restarting or re-pinning a thread.
+//!
+//! Invariant: the group layout changes only between jobs (`split`/`rejoin`/`add_view` take
+//! `&mut self`).
 
 use std::cell::UnsafeCell;
 use std::ops::Range;
@@ -58,20 +65,41 @@ impl Barrier {
     }
 }
 
-/// How workers are divided into groups: contiguous ranges of worker indices.
+/// A view of the pool: some of its workers, in groups. Inside a job of the view, workers are
+/// numbered 0.. in group order and `groups` are ranges of those numbers.
 pub struct Layout {
     pub groups: Vec<Range<usize>>,
     barriers: Vec<Barrier>,
+    global: Barrier,
+    /// For each pool worker: its (index in the view, group), or `None` outside the view.
+    slot: Vec<Option<(usize, usize)>>,
 }
 
 impl Layout {
-    fn new(groups: Vec<Range<usize>>) -> Self {
+    /// `members`: the pool workers of each group (disjoint, none empty) of a pool of `n`.
+    fn new(n: usize, members: &[Range<usize>]) -> Result<Self, String> {
+        let mut slot = vec![None; n];
+        let mut groups = Vec::with_capacity(members.len());
+        let mut next = 0;
+        for (gi, g) in members.iter().enumerate() {
+            if g.is_empty() || g.end > n {
+                return Err(format!("worker group {g:?} is empty or outside the pool's {n} workers"));
+            }
+            for w in g.clone() {
+                if slot[w].replace((next + w - g.start, gi)).is_some() {
+                    return Err(format!("worker {w} is in two groups of {members:?}"));
+                }
+            }
+            groups.push(next..next + g.len());
+            next += g.len();
+        }
         let barriers = groups.iter().map(|_| Barrier::default()).collect();
-        Layout { groups, barriers }
+        Ok(Layout { groups, barriers, global: Barrier::default(), slot })
     }
 
-    fn group_of(&self, w: usize) -> usize {
-        self.groups.iter().position(|g| g.contains(&w)).expect("worker outside every group")
+    /// Workers in the view.
+    fn n_active(&self) -> usize {
+        self.groups.last().map_or(0, |g| g.end)
     }
 }
 
@@ -85,7 +113,6 @@ pub struct Worker<'a> {
     pub group_ith: usize,
     pub group_nth: usize,
     layout: &'a Layout,
-    global: &'a Barrier,
 }
 
 impl Worker<'_> {
@@ -94,9 +121,9 @@ impl Worker<'_> {
         self.layout.barriers[self.group].wait(self.group_nth);
     }
 
-    /// Sync every worker of the pool.
+    /// Sync every worker of the job (of its view).
     pub fn global_barrier(&self) {
-        self.global.wait(self.nth);
+        self.layout.global.wait(self.nth);
     }
 
     /// The worker ranges of all groups.
@@ -116,7 +143,6 @@ struct Shared {
     shutdown: AtomicBool,
     sleepers: Mutex<usize>,
     wake: Condvar,
-    global: Barrier,
 }
 
 // SAFETY: the raw pointers in `job` are written by the owner of the pool before bumping
@@ -136,7 +162,8 @@ pub struct PoolConfig {
 
 pub struct ThreadPool {
     shared: Arc<Shared>,
-    layout: Box<Layout>,
+    /// View 0 (all workers, in the groups of `split`), then those of `add_view`.
+    views: Vec<Layout>,
     handles: Vec<JoinHandle<()>>,
     /// The caller's CPU affinity before worker 0 (the caller) was pinned; restored on drop.
     caller_affinity: Option<Vec<usize>>,
@@ -153,7 +180,6 @@ impl ThreadPool {
             shutdown: AtomicBool::new(false),
             sleepers: Mutex::new(0),
             wake: Condvar::new(),
-            global: Barrier::default(),
         });
         let caller_affinity = cfg.cpus.first().map(|&cpu| {
             let before = current_affinity();
@@ -175,14 +201,16 @@ impl ThreadPool {
                     .expect("spawning a worker thread")
             })
             .collect();
-        ThreadPool { shared, layout: Box::new(Layout::new(vec![0..n])), handles, caller_affinity }
+        let all = Layout::new(n, std::slice::from_ref(&(0..n))).expect("one group of every worker");
+        ThreadPool { shared, views: vec![all], handles, caller_affinity }
     }
 
     pub fn n_threads(&self) -> usize {
         self.shared.n
     }
 
-    /// Split the workers into groups of the given sizes (must sum to the pool size).
+    /// Split the workers into groups of the given sizes (must sum to the pool size). Views
+    /// added before are dropped.
     pub fn split(&mut self, sizes: &[usize]) -> Result<(), String> {
         if sizes.iter().sum::<usize>() != self.shared.n || sizes.contains(&0) {
             return Err(format!("group sizes {sizes:?} do not partition {} workers", self.shared.n));
@@ -195,28 +223,49 @@ impl ThreadPool {
                 start - s..start
             })
             .collect();
-        self.layout = Box::new(Layout::new(groups));
+        let groups: Vec<Range<usize>> = groups;
+        self.views = vec![Layout::new(self.shared.n, &groups)?];
         Ok(())
     }
 
-    /// Back to one group of all workers.
+    /// Back to one group of all workers (views added before are dropped).
     pub fn rejoin(&mut self) {
-        self.layout = Box::new(Layout::new(vec![0..self.shared.n]));
+        self.views = vec![Layout::new(self.shared.n, std::slice::from_ref(&(0..self.shared.n))).expect("one group of every worker")];
     }
 
+    /// Groups of view 0 (all workers).
     pub fn groups(&self) -> &[Range<usize>] {
-        &self.layout.groups
+        &self.views[0].groups
+    }
+
+    /// Add a view: `groups` of pool workers (disjoint ranges of worker indices, none empty;
+    /// workers in none of them sit the view's jobs out). Returns its number for
+    /// [`ThreadPool::run_view`].
+    pub fn add_view(&mut self, groups: &[Range<usize>]) -> Result<usize, String> {
+        self.views.push(Layout::new(self.shared.n, groups)?);
+        Ok(self.views.len() - 1)
+    }
+
+    /// Groups of a view, in the view's worker numbers.
+    pub fn view_groups(&self, view: usize) -> &[Range<usize>] {
+        &self.views[view].groups
     }
 
     /// Run `f` on every worker (the caller is worker 0) and wait for all to finish.
     pub fn run(&self, f: &(dyn Fn(&Worker) + Sync)) {
+        self.run_view(0, f)
+    }
+
+    /// Run `f` on the workers of view `view` and wait for them to finish.
+    pub fn run_view(&self, view: usize, f: &(dyn Fn(&Worker) + Sync)) {
+        let layout = &self.views[view];
         let s = &*self.shared;
         if s.n > 1 {
             // SAFETY: no job is running (the previous `run` waited for all workers), so nobody
             // reads `job` now; workers read it only after the generation bump below.
             unsafe {
                 let f: *const Job = std::mem::transmute::<&(dyn Fn(&Worker) + Sync), &'static Job>(f);
-                *s.job.get() = Some((f, &*self.layout as *const Layout));
+                *s.job.get() = Some((f, layout as *const Layout));
             }
             s.generation.0.fetch_add(1, Ordering::Release);
             let sleepers = s.sleepers.lock().unwrap_or_else(|e| e.into_inner());
@@ -224,7 +273,7 @@ impl ThreadPool {
                 s.wake.notify_all();
             }
         }
-        run_job(s, 0, f, &self.layout);
+        run_job(0, f, layout);
         if s.n > 1 {
             let mut spins = 0u32;
             while s.done.0.load(Ordering::Acquire) != s.n - 1 {
@@ -240,18 +289,11 @@ impl ThreadPool {
     }
 }
 
-fn run_job(s: &Shared, ith: usize, f: &(dyn Fn(&Worker) + Sync + '_), layout: &Layout) {
-    let group = layout.group_of(ith);
+/// Pool worker `worker`'s part of a job on `layout` (nothing outside the view).
+fn run_job(worker: usize, f: &(dyn Fn(&Worker) + Sync + '_), layout: &Layout) {
+    let Some((ith, group)) = layout.slot[worker] else { return };
     let g = &layout.groups[group];
-    let w = Worker {
-        ith,
-        nth: s.n,
-        group,
-        group_ith: ith - g.start,
-        group_nth: g.len(),
-        layout,
-        global: &s.global,
-    };
+    let w = Worker { ith, nth: layout.n_active(), group, group_ith: ith - g.start, group_nth: g.len(), layout };
     f(&w);
 }
 
@@ -285,7 +327,7 @@ fn worker_loop(s: &Shared, ith: usize) {
         // and layout stay alive until `done` reaches n-1, which we signal only afterwards.
         let Some((f, layout)) = (unsafe { *s.job.get() }) else { continue };
         // SAFETY: see above; both pointers were set from live references by `run`.
-        unsafe { run_job(s, ith, &*f, &*layout) };
+        unsafe { run_job(ith, &*f, &*layout) };
         s.done.0.fetch_add(1, Ordering::AcqRel);
     }
 }

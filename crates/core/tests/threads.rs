@@ -132,3 +132,60 @@ fn pinning_pools_do_not_shrink_later_pools_or_leak_affinity() {
     .unwrap();
     assert_eq!(seen, allowed.len());
 }
+
+#[test]
+#[allow(clippy::single_range_in_vec_init)] // one-group views are the point
+fn views_run_on_their_workers_only_and_number_them_from_zero() {
+    let mut p = pool(6);
+    p.split(&[3, 3]).unwrap();
+    // A decode-style view: the first two workers of each group of three.
+    let v = p.add_view(&[0..2, 3..5]).unwrap();
+    assert_eq!(p.view_groups(v), &[0..2, 2..4]);
+    assert!(p.add_view(&[0..2, 1..3]).is_err(), "overlapping groups");
+    assert!(p.add_view(&[0..7]).is_err(), "outside the pool");
+    assert!(p.add_view(&[0..2, 2..2]).is_err(), "an empty group");
+    for _ in 0..200 {
+        let ran = AtomicUsize::new(0);
+        let ids = AtomicUsize::new(0);
+        let failures = AtomicUsize::new(0);
+        let counters = [AtomicUsize::new(0), AtomicUsize::new(0)];
+        p.run_view(v, &|w: &Worker| {
+            ran.fetch_add(1, Ordering::Relaxed);
+            ids.fetch_add(1 << (4 * w.ith), Ordering::Relaxed);
+            if w.nth != 4 || w.group_nth != 2 || w.ith != w.group * 2 + w.group_ith {
+                failures.fetch_add(1, Ordering::Relaxed);
+            }
+            for round in 1..=20 {
+                counters[w.group].fetch_add(1, Ordering::Relaxed);
+                w.barrier();
+                if counters[w.group].load(Ordering::Relaxed) != round * 2 {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                }
+                w.barrier();
+            }
+            // The view's global barrier counts its four workers, not the pool's six.
+            w.global_barrier();
+        });
+        assert_eq!(ran.load(Ordering::Relaxed), 4);
+        assert_eq!(ids.load(Ordering::Relaxed), 0x1111, "view indices 0..4, each once");
+        assert_eq!(failures.load(Ordering::Relaxed), 0);
+        // View 0 still runs every worker in the split's groups.
+        let all = AtomicUsize::new(0);
+        p.run(&|w: &Worker| {
+            w.global_barrier();
+            all.fetch_add(w.group_nth, Ordering::Relaxed);
+        });
+        assert_eq!(all.load(Ordering::Relaxed), 18);
+    }
+    // A view without worker 0 (the caller): the caller only waits.
+    let w0 = p.add_view(&[1..3]).unwrap();
+    let ran = AtomicUsize::new(0);
+    p.run_view(w0, &|w: &Worker| {
+        w.global_barrier();
+        ran.fetch_add(w.ith + 1, Ordering::Relaxed);
+    });
+    assert_eq!(ran.load(Ordering::Relaxed), 3);
+    // Splitting again drops the views.
+    p.split(&[6]).unwrap();
+    assert_eq!(p.groups(), &[0..6]);
+}

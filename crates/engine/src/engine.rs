@@ -66,6 +66,10 @@ pub struct EngineConfig {
     /// its kernels everywhere (matmuls, attention, norms, RoPE, activations). A level this CPU
     /// cannot run fails the load with the features it lacks.
     pub isa: Option<Isa>,
+    /// A Sandwich plan (`corelm tune`, [`crate::plan`]): it sets the workers, their CPUs and
+    /// groups (the prefill configuration; `n_threads` and `tp` follow it) and a decode view of
+    /// them that passes shorter than its `prefill_min_tokens` run on.
+    pub plan: Option<crate::plan::Plan>,
 }
 
 impl Default for EngineConfig {
@@ -85,6 +89,7 @@ impl Default for EngineConfig {
             fast_prefill: false,
             repack: true,
             isa: None,
+            plan: None,
         }
     }
 }
@@ -110,6 +115,26 @@ pub fn default_threads() -> usize {
 }
 
 /// The shard plan of `--tp` for this model, or why that degree cannot work (`None` at 1).
+/// Under a plan with tensor parallelism on a machine of several nodes: each shard's node, where
+/// its group lies in one (its weight copies and KV rows go there); else none.
+fn plan_places(placement: &Placement, w: &crate::plan::Workers, tp: bool) -> Vec<Place> {
+    if !tp || placement.nodes.len() < 2 {
+        return Vec::new();
+    }
+    let node_of = |cpu: usize| placement.node_cpus.iter().position(|cs| cs.contains(&cpu)).map(|i| placement.nodes[i]);
+    let mut start = 0;
+    let mut places = Vec::new();
+    for &size in &w.group_sizes {
+        let nodes: Vec<Option<usize>> = w.cpus[start..start + size].iter().map(|&c| node_of(c)).collect();
+        start += size;
+        match nodes[0] {
+            Some(n) if nodes.iter().all(|&x| x == Some(n)) => places.push(Place::Node(n)),
+            _ => return Vec::new(),
+        }
+    }
+    places
+}
+
 fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig, degree: usize) -> Result<Option<Arc<TpPlan>>, Error> {
     if degree <= 1 {
         return Ok(None);
@@ -225,6 +250,9 @@ pub struct Engine {
     next_pos: Vec<usize>,
     out_rows: Vec<u32>,
     n_out: usize,
+    /// The plan's decode view of the pool, and the view the last pass ran on (0: all workers).
+    decode_view: Option<usize>,
+    last_view: usize,
     pub profile: Option<Profile>,
 }
 
@@ -235,7 +263,22 @@ impl Engine {
         Self::from_gguf(gguf, cfg)
     }
 
-    pub fn from_gguf(gguf: Arc<Gguf>, cfg: EngineConfig) -> Result<Engine, Error> {
+    pub fn from_gguf(gguf: Arc<Gguf>, mut cfg: EngineConfig) -> Result<Engine, Error> {
+        // A plan fixes the workers: its prefill configuration's cores, one group per shard.
+        let plan_workers = match &cfg.plan {
+            Some(p) => {
+                if !cfg.pin || cfg.numa != NumaMode::Off || (!matches!(cfg.tp, 0 | 1) && cfg.tp != p.prefill.tp()) {
+                    return Err(Error::Config(format!(
+                        "a plan sets the worker cores and tensor-parallel degree ({}): it cannot be combined with --no-pin, --numa {} or --tp {}",
+                        p.prefill.describe(), cfg.numa, cfg.tp
+                    )));
+                }
+                let w = p.workers(&corelm_core::threads::allowed_cpus()).map_err(|e| Error::Config(e.to_string()))?;
+                (cfg.n_threads, cfg.tp) = (w.cpus.len(), p.prefill.tp());
+                Some(w)
+            }
+            None => None,
+        };
         if cfg.n_ctx == 0 || cfg.n_batch == 0 || cfg.n_seq_max == 0 || cfg.n_threads == 0 {
             return Err(Error::Config(format!("context, batch, sequences and threads must be > 0: {cfg:?}")));
         }
@@ -260,8 +303,15 @@ impl Engine {
         let tp = tp_plan(&gguf, &h, &cfg, degree)?;
         // Worker groups (one per shard, consecutive workers) and, under `--numa tp`, each
         // worker's CPU and each shard's node.
-        let group_sizes: Vec<usize> = (0..degree).map(|s| corelm_core::tp::balanced(cfg.n_threads, s, degree).len()).collect();
+        let group_sizes: Vec<usize> = match &plan_workers {
+            Some(w) => w.group_sizes.clone(),
+            None => (0..degree).map(|s| corelm_core::tp::balanced(cfg.n_threads, s, degree).len()).collect(),
+        };
         let (worker_cpus, shard_places) = match (&tp, cfg.numa) {
+            _ if plan_workers.is_some() => {
+                let w = plan_workers.as_ref().expect("checked");
+                (w.cpus.clone(), plan_places(&placement, w, tp.is_some()))
+            }
             (Some(_), NumaMode::Tp) => {
                 let (cpus, nodes) = placement.tp_workers(&group_sizes);
                 (cpus, nodes.into_iter().map(Place::Node).collect::<Vec<Place>>())
@@ -313,7 +363,13 @@ impl Engine {
             // cores) together.
             pool.split(&group_sizes).map_err(Error::Config)?;
         }
-        let group_threads = pool.groups().iter().map(|g| g.len()).min().unwrap_or(cfg.n_threads);
+        let decode_view = match plan_workers.as_ref().and_then(|w| w.decode.as_ref()) {
+            Some(groups) => Some(pool.add_view(groups).map_err(Error::Config)?),
+            None => None,
+        };
+        // The smallest group of any view sizes the per-worker scratch.
+        let views = std::iter::once(0).chain(decode_view);
+        let group_threads = views.flat_map(|v| pool.view_groups(v).iter().map(|g| g.len())).min().unwrap_or(cfg.n_threads);
         let mut exec = Executor::new(cfg.n_threads, group_threads, g.max_head_dim, &g);
         exec.dump_dir = std::env::var_os("CORELM_DUMP_DIR").map(Into::into);
         exec.batch_invariant = cfg.batch_invariant;
@@ -336,6 +392,8 @@ impl Engine {
             next_pos: vec![0; cfg.n_seq_max],
             out_rows: Vec::with_capacity(cfg.n_batch),
             n_out: 0,
+            decode_view,
+            last_view: 0,
             cfg,
             profile: None,
         })
@@ -361,6 +419,11 @@ impl Engine {
     /// has been planned: with `--tp`, group barriers separate nodes of the parallel subgraphs.
     pub fn barriers(&self, n_tokens: usize) -> Option<(usize, usize)> {
         self.graphs.iter().find(|(&(n, _), _)| n == n_tokens).map(|(_, g)| g.barriers())
+    }
+
+    /// The pool view the last pass ran on: 0 for every worker, else the plan's decode view.
+    pub fn last_view(&self) -> usize {
+        self.last_view
     }
 
     /// Where workers run and memory lives (`--numa`).
@@ -500,6 +563,11 @@ impl Engine {
             self.graphs.insert(key, g);
         }
         let graph = &self.graphs[&key];
+        // The plan's rule: short passes on the decode view, the rest on every worker.
+        self.last_view = match (&self.cfg.plan, self.decode_view) {
+            (Some(p), Some(v)) if !p.prefill_for(n) => v,
+            _ => 0,
+        };
         let view = BatchView {
             tokens: &batch.tokens,
             pos: &batch.pos,
@@ -509,6 +577,7 @@ impl Engine {
         };
         self.exec.run(
             &self.pool,
+            self.last_view,
             graph,
             Weights { file: self.gguf.bytes(), packed: self.packed.bytes() },
             &self.pools,

@@ -20,6 +20,7 @@ pub mod engine;
 pub mod eval;
 pub mod generate;
 pub mod perplexity;
+pub mod plan;
 pub mod quantize;
 pub mod sample;
 pub mod tokenizer;

@@ -434,3 +434,78 @@ fn batched_bench_fills_every_sequence_and_leaves_the_cache_empty() {
     let e = corelm_engine::bench::run_batched(&mut engine, 2, 1, 5, 0).unwrap_err();
     assert!(e.to_string().contains('4'), "{e}");
 }
+
+/// A plan with a prefill configuration of `prefill` CPUs in one group and a decode
+/// configuration of the first of them.
+fn nested_plan(cpus: &[u32], prefill_min_tokens: usize) -> corelm_engine::plan::Plan {
+    use corelm_topo::sandwich::ServiceConfig;
+    let cfg = |g: Vec<u32>| ServiceConfig { numa: vec![Some(0)], groups: vec![g] };
+    corelm_engine::plan::Plan {
+        cpu: "test".into(),
+        topology: "test".into(),
+        model: SMOL.into(),
+        source: "measured".into(),
+        prompt: 16,
+        gen: 16,
+        prefill: cfg(cpus.to_vec()),
+        decode: cfg(cpus[..1].to_vec()),
+        prefill_min_tokens,
+        candidates: Vec::new(),
+    }
+}
+
+#[test]
+fn a_plan_runs_short_passes_on_its_decode_view_with_the_same_logits() {
+    let allowed: Vec<u32> = corelm_core::threads::allowed_cpus().iter().map(|&c| c as u32).take(2).collect();
+    let plan = nested_plan(&allowed, 4);
+    plan.check().unwrap();
+    let prompt: Vec<u32> = vec![1, 504, 3458, 314, 4649, 28, 253, 2914];
+    let (mut plain, _) = load(SMOL, test_config(allowed.len()));
+    let cfg = corelm_engine::EngineConfig { plan: Some(plan), pin: true, tp: 0, ..test_config(1) };
+    let (mut planned, _) = load(SMOL, cfg);
+    assert_eq!(planned.config().n_threads, allowed.len(), "the plan sets the workers");
+    let mut outs = Vec::new();
+    for e in [&mut plain, &mut planned] {
+        let mut rows = Vec::new();
+        e.feed(0, &prompt, false, |l| rows.push(l.row(0).to_vec())).unwrap();
+        let prefill_view = e.last_view();
+        let mut b = Batch::new();
+        b.add(42, prompt.len() as i32, 0, true);
+        rows.push(e.decode(&b).unwrap().row(0).to_vec());
+        outs.push((rows, prefill_view, e.last_view()));
+    }
+    assert_eq!(outs[0].0, outs[1].0, "a view changes which cores compute, not the bits");
+    assert_eq!((outs[1].1, outs[1].2), (0, if allowed.len() > 1 { 1 } else { 0 }), "8 tokens on every worker, 1 on the decode view");
+    // Plans that cannot be used are refused by name.
+    let mut bad = nested_plan(&allowed, 4);
+    bad.decode.groups = vec![vec![9999]];
+    assert!(bad.check().unwrap_err().to_string().contains("inside the prefill group"));
+    let far = nested_plan(&[9999], 1);
+    let e = Engine::load(model_path(SMOL), corelm_engine::EngineConfig { plan: Some(far), pin: true, ..test_config(1) }).err().expect("refused");
+    assert!(e.to_string().contains("CPU 9999"), "{e}");
+    let no_pin = corelm_engine::EngineConfig { plan: Some(nested_plan(&allowed, 4)), pin: false, ..test_config(1) };
+    let e = Engine::load(model_path(SMOL), no_pin).err().expect("refused");
+    assert!(e.to_string().contains("--no-pin"), "{e}");
+}
+
+#[test]
+fn the_plan_rule_picks_the_faster_pair_and_where_they_cross() {
+    use corelm_engine::plan::{Candidate, Plan};
+    use corelm_topo::sandwich::ServiceConfig;
+    let cfg = |g: Vec<u32>| ServiceConfig { numa: vec![Some(0)], groups: vec![g] };
+    // Four cores: fast prefill, slower decode (contention); two cores: slow prefill, fast decode.
+    let four = Candidate { config: cfg(vec![0, 1, 2, 3]), prefill_s: 0.100, decode_s: 0.012 };
+    let two = Candidate { config: cfg(vec![0, 1]), prefill_s: 0.190, decode_s: 0.010 };
+    let other = Candidate { config: cfg(vec![2, 3]), prefill_s: 0.190, decode_s: 0.009 };
+    let (i, j, min) = Plan::choose(&[four.clone(), two.clone(), other], 128, 128).unwrap();
+    // Cores 2-3 decode fastest but are not inside... they are: any subset of the prefill group.
+    assert_eq!((i, j), (0, 2));
+    // Lines 12 ms → 100 ms and 9 ms → 190 ms over 1..128 tokens cross near n = 5.
+    assert!((2..=8).contains(&min), "{min}");
+    // Decode on two cores only pays when they are nested in the prefill group.
+    let apart = Candidate { config: cfg(vec![4, 5]), prefill_s: 0.3, decode_s: 0.011 };
+    let (i, j, min) = Plan::choose(&[four, apart], 128, 128).unwrap();
+    assert_eq!((i, j, min), (0, 0, 1), "no nested decode configuration: one for both");
+    assert!(Plan::choose(&[], 128, 128).is_none());
+    let _ = two;
+}

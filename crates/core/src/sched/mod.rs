@@ -178,11 +178,13 @@ impl Executor {
         }
     }
 
-    /// Run `graph` to completion over `weights`.
+    /// Run `graph` to completion over `weights` on view `view` of `pool` (0: every worker;
+    /// a view has as many groups as the graph has shards). Results do not depend on the view.
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
         pool: &ThreadPool,
+        view: usize,
         graph: &Graph,
         weights: Weights,
         pools: &Pools,
@@ -207,7 +209,7 @@ impl Executor {
             panel_gemm: self.panel_gemm,
         };
         let prof = std::sync::Mutex::new(profile.as_deref_mut());
-        pool.run(&|w: &Worker| {
+        pool.run_view(view, &|w: &Worker| {
             let mut scratch = self.scratch[w.ith].lock().unwrap_or_else(|e| e.into_inner());
             let mut prof = if w.ith == 0 { prof.lock().ok() } else { None };
             let profiling = prof.as_ref().is_some_and(|g| g.is_some());

@@ -1,0 +1,263 @@
+//! `corelm bench`: llama-bench's tests (pp, tg, with depth), llama-batched-bench's (`--npl`),
+//! the decode roofline beside them, and `--profile`'s per-op tables.
+
+use crate::{load, resolve_model, KernelArgs, ModelArgs, PlaceArgs};
+use anyhow::{bail, Result};
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args, Clone)]
+pub struct BenchArgs {
+    /// GGUF file (default: SmolLM2 from the model cache).
+    #[arg(short, long)]
+    model: Option<PathBuf>,
+    /// Prompt lengths to test (comma-separated; 0 skips).
+    #[arg(short = 'p', long, value_delimiter = ',', default_value = "512")]
+    n_prompt: Vec<usize>,
+    /// Generation lengths to test (comma-separated; 0 skips).
+    #[arg(short = 'n', long, value_delimiter = ',', default_value = "128")]
+    n_gen: Vec<usize>,
+    /// Tokens already in the context before each test (comma-separated), as llama-bench's `-d`:
+    /// `-p 0 -n 128 -d 512` times decoding at positions 512..640.
+    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
+    n_depth: Vec<usize>,
+    /// Thread counts to test (comma-separated; default: physical cores).
+    #[arg(short = 't', long, value_delimiter = ',')]
+    threads: Vec<usize>,
+    /// Repetitions per test (after one warm-up).
+    #[arg(short = 'r', long, default_value_t = 5)]
+    reps: usize,
+    /// Tokens per forward pass for prompt processing.
+    #[arg(short = 'b', long, default_value_t = 512)]
+    batch_size: usize,
+    /// Print one JSON object per test (llama-bench field names) instead of a table.
+    #[arg(long)]
+    json: bool,
+    #[arg(long)]
+    no_pin: bool,
+    #[command(flatten)]
+    place: PlaceArgs,
+    /// After each test, one profiled pass: time per op kind, graph nodes per token, and the
+    /// measured cost of the barriers that separate them.
+    #[arg(long)]
+    profile: bool,
+    /// Batched decode, as llama-batched-bench's `-npl`: for each count B (comma-separated), B
+    /// sequences get a prompt of the first `-p` length each, then the first `-n` length of
+    /// decode steps with one token per sequence; prints aggregate prompt and decode rates.
+    #[arg(long, value_delimiter = ',')]
+    npl: Vec<usize>,
+    #[command(flatten)]
+    kernels: KernelArgs,
+}
+
+
+/// Thread counts to bench: `-t`, else the physical cores; under `--plan` one run on the plan's
+/// workers (0 here, the plan's count once loaded).
+fn bench_threads(a: &BenchArgs) -> Result<Vec<usize>> {
+    Ok(match (&a.place.plan, a.threads.is_empty()) {
+        (Some(_), true) => vec![0],
+        (Some(_), false) => bail!("--plan sets the worker threads: drop -t"),
+        (None, true) => vec![corelm_engine::engine::default_threads()],
+        (None, false) => a.threads.clone(),
+    })
+}
+
+/// `bench --npl`: llama-batched-bench's table (PP, TG, B, N_KV, T_PP, S_PP, T_TG, S_TG, T, S).
+fn bench_batched(a: &BenchArgs) -> Result<()> {
+    let npp = a.n_prompt.first().copied().unwrap_or(128);
+    let ntg = a.n_gen.first().copied().unwrap_or(128);
+    let max_npl = a.npl.iter().copied().max().unwrap_or(1);
+    if a.npl.contains(&0) || ntg == 0 {
+        bail!("--npl needs sequence counts >= 1 and -n >= 1");
+    }
+    let path = resolve_model(&a.model)?;
+    let threads = bench_threads(a)?;
+    if !a.json {
+        println!("kernels: {} (this CPU runs up to {}){}", corelm_kernels::kernels().isa(), corelm_kernels::Isa::detected(),
+            if a.kernels.batch_invariant { ", batch-invariant" } else { "" });
+        println!("| threads | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    }
+    for &t in &threads {
+        let ma = ModelArgs {
+            model: Some(path.clone()),
+            threads: (t > 0).then_some(t),
+            // Every sequence's cells, rounded up to whole KV blocks per sequence.
+            ctx_size: max_npl * (npp + ntg + 64),
+            batch_size: a.batch_size.max(max_npl),
+            no_pin: a.no_pin,
+            place: a.place.clone(),
+            kernels: a.kernels,
+        };
+        let (mut engine, _) = load(&ma, max_npl)?;
+        let t = engine.config().n_threads;
+        for &b in &a.npl {
+            let r = corelm_engine::bench::run_batched(&mut engine, npp, ntg, b, a.reps)?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "| {t} | {npp} | {ntg} | {b} | {} | {:.3} | {:.2} | {:.3} | {:.2} | {:.3} | {:.2} |",
+                    r.n_kv, r.t_pp, r.s_pp(), r.t_tg, r.s_tg(), r.t_pp + r.t_tg, r.s()
+                );
+            }
+            if a.profile {
+                let (prof, secs) = corelm_engine::bench::profile_batched(&mut engine, npp, ntg, b)?;
+                print_profile(&engine, &prof, secs, &format!("B={b} decode (per step of {b} tokens)"), ntg, "step", b, t);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn bench(a: &BenchArgs) -> Result<()> {
+    if !a.npl.is_empty() {
+        return bench_batched(a);
+    }
+    let (n_prompt, n_gen, reps, json) = (&a.n_prompt, &a.n_gen, a.reps.max(1), a.json);
+    use corelm_engine::bench::{bytes_per_token, kv_bytes_per_token, memory_bandwidth, run_test, BenchResult};
+    let path = resolve_model(&a.model)?;
+    let threads = bench_threads(a)?;
+    let max_depth = a.n_depth.iter().copied().max().unwrap_or(0);
+    let max_tokens = max_depth + n_prompt.iter().chain(n_gen).copied().max().unwrap_or(0);
+    let n_batch = a.batch_size.min(max_tokens.max(1));
+    let mut results = Vec::new();
+    if !json {
+        println!("kernels: {} (this CPU runs up to {})", corelm_kernels::kernels().isa(), corelm_kernels::Isa::detected());
+        println!("| model | threads | test | t/s | roofline t/s |");
+        println!("|---|---|---|---|---|");
+    }
+    for &t in &threads {
+        let ma = ModelArgs {
+            model: Some(path.clone()),
+            threads: (t > 0).then_some(t),
+            ctx_size: max_tokens + 16,
+            batch_size: n_batch,
+            no_pin: a.no_pin,
+            place: a.place.clone(),
+            kernels: a.kernels,
+        };
+        let (mut engine, _) = load(&ma, 1)?;
+        let t = engine.config().n_threads;
+        let name = engine.gguf().opt_str("general.name").ok().flatten().unwrap_or("?").to_string();
+        // The roofline is an upper bound, and this VM's bandwidth moves by a third between
+        // minutes: the best of passes before the tests and after each one.
+        let mut bw = memory_bandwidth(t, 512 << 20, 3);
+        let tests: Vec<(usize, usize, usize)> = a
+            .n_depth
+            .iter()
+            .flat_map(|&d| {
+                let pp = n_prompt.iter().filter(|&&p| p > 0).map(move |&p| (d, p, 0));
+                pp.chain(n_gen.iter().filter(|&&n| n > 0).map(move |&n| (d, 0, n)))
+            })
+            .collect();
+        let mut rows = Vec::new();
+        for (d, p, n) in tests {
+            let (avg, sd, samples, ns) = run_test(&mut engine, d, p, n, reps)?;
+            bw = bw.max(memory_bandwidth(t, 512 << 20, 2));
+            // Weights plus the KV cache at the test's mean context.
+            let bytes = bytes_per_token(&engine) + kv_bytes_per_token(&engine, d + n.div_ceil(2));
+            let r = BenchResult {
+                model_filename: path.display().to_string(),
+                model_type: name.clone(),
+                n_prompt: p,
+                n_gen: n,
+                n_depth: d,
+                n_threads: t,
+                n_batch: engine.config().n_batch,
+                avg_ts: avg,
+                stddev_ts: sd,
+                samples_ts: samples,
+                samples_ns: ns,
+                kernels: corelm_kernels::kernels().isa().to_string(),
+                roofline_ts: (n > 0).then(|| bw / bytes as f64),
+            };
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            }
+            rows.push(r);
+            if a.profile {
+                print_bench_profile(&mut engine, d, p, n, t)?;
+            }
+        }
+        if !json {
+            for r in &rows {
+                let (d, p, n, avg, sd) = (r.n_depth, r.n_prompt, r.n_gen, r.avg_ts, r.stddev_ts);
+                let mut test = if p > 0 { format!("pp{p}") } else { format!("tg{n}") };
+                if d > 0 {
+                    test += &format!(" @ d{d}");
+                }
+                // Weights plus the KV cache at the test's mean context.
+                let bytes = bytes_per_token(&engine) + kv_bytes_per_token(&engine, d + n.div_ceil(2));
+                let roof = bw / bytes as f64;
+                let roofline = if p > 0 { "".to_string() } else { format!("{roof:.1} ({:.0}%)", 100.0 * avg / roof) };
+                println!("| {name} | {t} | {test} | {avg:.2} ± {sd:.2} | {roofline} |");
+            }
+        }
+        results.extend(rows);
+        if !json {
+            let (n_packed, packed_bytes) = engine.packed();
+            eprintln!(
+                "[{t} threads: read bandwidth {:.1} GB/s (best pass), {:.1} MB of weights + {:.1} kB of KV cache per context token read per decoded token; roofline = bandwidth / bytes at the mean context; {n_packed} matrices ({:.1} MB) repacked at load]",
+                bw / 1e9,
+                bytes_per_token(&engine) as f64 / 1e6,
+                engine.kv_bytes_per_cell() as f64 / 1e3,
+                packed_bytes as f64 / 1e6
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The rate a profile line's matmuls read their weights at, or "" for other ops.
+pub fn gbps(e: &corelm_engine::ProfileEntry) -> String {
+    if e.bytes == 0 || e.secs <= 0.0 {
+        return String::new();
+    }
+    format!("{:.1}", e.bytes as f64 / e.secs / 1e9)
+}
+
+/// `corelm bench --profile`: one profiled pass of a test, per op kind, and what the barriers
+/// between nodes cost (measured on this pool size).
+fn print_bench_profile(engine: &mut corelm_engine::Engine, d: usize, p: usize, n: usize, t: usize) -> Result<()> {
+    let (prof, secs) = corelm_engine::bench::profile_test(engine, d, p, n)?;
+    let at = if d > 0 { format!(" @ d{d}") } else { String::new() };
+    let (test, per, unit) =
+        if p > 0 { (format!("pp{p}{at} (per pass)"), 1, "pass") } else { (format!("tg{n}{at} (per token)"), n.max(1), "token") };
+    print_profile(engine, &prof, secs, &test, per, unit, if p > 0 { p } else { 1 }, t);
+    Ok(())
+}
+
+/// A profile's table: time per op kind over `per` passes (each one `unit` of `pass_tokens`
+/// tokens), then what the barriers between nodes cost.
+#[allow(clippy::too_many_arguments)]
+fn print_profile(engine: &corelm_engine::Engine, prof: &corelm_engine::Profile, secs: f64, test: &str, per: usize, unit: &str, pass_tokens: usize, t: usize) {
+    let total = prof.total_secs();
+    let mut ops = prof.per_op.clone();
+    ops.sort_by(|a, b| b.secs.total_cmp(&a.secs));
+    eprintln!("  profile of {test}, {t} threads:");
+    eprintln!("  | op | ms | nodes | share | weights read at GB/s |");
+    eprintln!("  |---|---|---|---|---|");
+    for e in &ops {
+        eprintln!(
+            "  | {} | {:.3} | {} | {:.1}% | {} |",
+            e.label(),
+            1e3 * e.secs / per as f64,
+            e.nodes / per,
+            100.0 * e.secs / total.max(1e-12),
+            gbps(e)
+        );
+    }
+    let nodes = ops.iter().map(|e| e.nodes).sum::<usize>() / per;
+    let bar = corelm_engine::bench::barrier_ns(t, 20_000);
+    let wall = secs / per as f64;
+    eprintln!(
+        "  {nodes} nodes (= barriers) per {unit}; one barrier at {t} threads: {bar:.0} ns, so barriers cost {:.1} µs = {:.2}% of the {:.2} ms",
+        nodes as f64 * bar / 1e3,
+        100.0 * nodes as f64 * bar * 1e-9 / wall,
+        1e3 * wall
+    );
+    if let Some((group, global)) = engine.barriers(pass_tokens) {
+        eprintln!("  graph nodes per pass followed by the global barrier: {global}, by their worker group's only: {group}");
+    }
+}

@@ -1,0 +1,171 @@
+//! `corelm tune`: Sandwich's search for one model on one machine, written as a plan file.
+//!
+//! 1. The TopoTree of the machine (or `--topology`) is explored with `group`/`remove`, trees
+//!    scored by the latency model; every cross-section of every explored tree within the
+//!    model's limits is a candidate (`corelm_topo::sandwich`).
+//! 2. On this machine, candidates are *measured*: an engine is loaded on each one's cores
+//!    and groups, and a `--prompt`-token prefill pass and single-token decode passes (after that
+//!    prompt) are timed, best of `--reps`. Candidates go in the model's order, class by class
+//!    (TP degree, NUMA-local), and a class stops after `--patience` measurements that did not
+//!    beat its best. With `--topology` (another machine) the model's times stand in, and the
+//!    plan says `modelled`.
+//! 3. `Plan::choose` picks the prefill and decode configurations (same TP degree, decode
+//!    groups inside the prefill ones) with the shortest request and where they cross.
+
+use anyhow::{Context, Result};
+use corelm_engine::plan::{Candidate, Plan};
+use corelm_engine::{Engine, EngineConfig};
+use corelm_topo::sandwich::{self, ServiceConfig, TNode};
+use corelm_topo::Topology;
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct TuneArgs {
+    /// GGUF file (default: SmolLM2 from the model cache).
+    #[arg(short, long)]
+    model: Option<PathBuf>,
+    /// Plan for another machine (hwloc XML, synthetic description, or /sys copy) with the
+    /// latency model instead of measuring here.
+    #[arg(long)]
+    topology: Option<String>,
+    /// The plan file to write.
+    #[arg(short, long, default_value = "corelm-plan.json")]
+    out: PathBuf,
+    /// Prompt tokens of the prefill pass timed, and generated tokens a request weighs.
+    #[arg(long, default_value_t = 128)]
+    prompt: usize,
+    #[arg(long, default_value_t = 128)]
+    gen: usize,
+    /// Transforms deep the tree search goes.
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+    /// Measurements per (TP degree, NUMA-local) class that may miss its best before the class stops.
+    #[arg(long, default_value_t = 3)]
+    patience: usize,
+    /// Most candidates measured.
+    #[arg(long, default_value_t = 24)]
+    max_measured: usize,
+    /// Repetitions per timing (best kept).
+    #[arg(short, long, default_value_t = 2)]
+    reps: usize,
+}
+
+impl TuneArgs {
+    pub fn model_path(&self) -> Option<PathBuf> {
+        self.model.clone()
+    }
+}
+
+/// Time `c` on this machine: a prefill pass of `prompt` tokens and a single-token decode pass.
+fn measure(model: &std::path::Path, c: &ServiceConfig, prompt: usize, reps: usize) -> Result<(f64, f64)> {
+    let plan = Plan {
+        cpu: String::new(),
+        topology: String::new(),
+        model: String::new(),
+        source: "measured".into(),
+        prompt,
+        gen: 0,
+        prefill: c.clone(),
+        decode: c.clone(),
+        prefill_min_tokens: 1,
+        candidates: Vec::new(),
+    };
+    let cfg = EngineConfig { n_ctx: prompt + 64, n_batch: prompt.max(1), n_seq_max: 1, tp: 0, plan: Some(plan), ..Default::default() };
+    let mut engine = Engine::load(model, cfg)?;
+    let (pp, ..) = corelm_engine::bench::run_test(&mut engine, 0, prompt, 0, reps)?;
+    let (tg, ..) = corelm_engine::bench::run_test(&mut engine, prompt, 0, 16, reps)?;
+    Ok((prompt as f64 / pp, 1.0 / tg))
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|m| m.trim().to_string()))
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+pub fn tune(a: &TuneArgs, model: PathBuf) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    let topo = Topology::load_or_discover(a.topology.as_deref())?;
+    let cfg = EngineConfig { n_ctx: a.prompt + 64, n_batch: a.prompt.max(1), n_seq_max: 1, pin: false, ..Default::default() };
+    let mut engine = Engine::load(&model, cfg).with_context(|| format!("loading {}", model.display()))?;
+    engine.feed(0, &[1], false, |_| {})?; // plan the one-token graph the workload counts
+    engine.clear_all();
+    let w = corelm_engine::bench::workload(&engine);
+    let h = engine.hyper().clone();
+    let n_expert = engine.gguf().opt_u64(&format!("{}.expert_count", h.arch)).ok().flatten().unwrap_or(0) as usize;
+    let prof = crate::topo::profile(a.topology.as_deref(), &topo, &mut engine, &w)?;
+    drop(engine);
+    let lim = sandwich::Limits::for_model(h.n_head, n_expert);
+    let modelled = |c: &ServiceConfig| {
+        (sandwich::pass_seconds(&topo, &prof, &w, c, a.prompt), sandwich::pass_seconds(&topo, &prof, &w, c, 1))
+    };
+    let request = |(p, d): (f64, f64)| p + a.gen as f64 * d;
+    // 1. Candidates from the explored trees, in the model's order.
+    let ex = sandwich::explore(TNode::from_topology(&topo), a.steps, 50_000, |t| {
+        sandwich::search(&sandwich::configs(t, &lim), 0, |c| request(modelled(c))).best.map_or(f64::INFINITY, |b| b.1)
+    });
+    let mut all = sandwich::dedup(ex.trees.iter().flat_map(|e| sandwich::configs(&e.tree, &lim)));
+    all.sort_by(|x, y| request(modelled(x)).total_cmp(&request(modelled(y))));
+    eprintln!(
+        "{}: {} trees explored ({} duplicate shapes, {} pruned), {} candidate configurations",
+        topo.source,
+        ex.trees.len(),
+        ex.duplicates,
+        ex.pruned,
+        all.len()
+    );
+    // 2. Times: measured here, or modelled for another machine.
+    let measured = a.topology.is_none();
+    let mut times: HashMap<Vec<Vec<u32>>, (f64, f64)> = HashMap::new();
+    if measured {
+        all.truncate(a.max_measured);
+        let bar = indicatif::ProgressBar::new(all.len() as u64);
+        bar.set_style(indicatif::ProgressStyle::with_template("measuring {bar:30} {pos}/{len} {msg}").expect("a valid template"));
+        let s = sandwich::search(&all, a.patience, |c| {
+            bar.set_message(c.describe().chars().take(60).collect::<String>());
+            let r = match measure(&model, c, a.prompt, a.reps) {
+                Ok(t) => {
+                    times.insert(c.key(), t);
+                    request(t)
+                }
+                Err(e) => {
+                    bar.println(format!("  skipped {}: {e:#}", c.describe()));
+                    f64::INFINITY
+                }
+            };
+            bar.inc(1);
+            r
+        });
+        bar.finish_and_clear();
+        eprintln!("measured {} configurations, {} skipped by early stopping", s.scored, s.skipped);
+    } else {
+        for c in &all {
+            times.insert(c.key(), modelled(c));
+        }
+    }
+    let mut candidates: Vec<Candidate> = all
+        .iter()
+        .filter_map(|c| times.get(&c.key()).map(|&(p, d)| Candidate { config: c.clone(), prefill_s: p, decode_s: d }))
+        .collect();
+    candidates.sort_by(|x, y| request((x.prefill_s, x.decode_s)).total_cmp(&request((y.prefill_s, y.decode_s))));
+    // 3. The pair.
+    let (i, j, min) = Plan::choose(&candidates, a.prompt, a.gen).context("no candidate configuration could be timed")?;
+    let plan = Plan {
+        cpu: if measured { cpu_model() } else { prof.name.clone() },
+        topology: topo.source.clone(),
+        model: model.file_name().map_or("model".into(), |f| f.to_string_lossy().into_owned()),
+        source: if measured { "measured" } else { "modelled" }.into(),
+        prompt: a.prompt,
+        gen: a.gen,
+        prefill: candidates[i].config.clone(),
+        decode: candidates[j].config.clone(),
+        prefill_min_tokens: min,
+        candidates,
+    };
+    plan.save(&a.out)?;
+    print!("{}", plan.explain());
+    println!("Written to {} in {:.1} s; use it with --plan {0} on run, bench, perplexity and serve.", a.out.display(), t0.elapsed().as_secs_f64());
+    Ok(())
+}

@@ -1,0 +1,225 @@
+//! Sandwich's plan file: a prefill and a decode service configuration for one model on one
+//! machine, and the rule that picks one per forward pass.
+//!
+//! The two configurations share their tensor-parallel degree — weights are sharded and the KV
+//! cache laid out once, at load — and every decode group is a subset of the prefill group of
+//! the same shard (its weights and KV rows are where that group runs). The engine starts one
+//! pool on the prefill configuration's cores and adds the decode configuration as a view of it
+//! (`ThreadPool::add_view`), so switching costs nothing: no thread is started, stopped or
+//! re-pinned.
+//!
+//! **The rule**: a pass of `n` tokens runs on the prefill configuration when
+//! `n ≥ prefill_min_tokens`, else on the decode one. `corelm tune` sets `prefill_min_tokens`
+//! where the two configurations' pass times cross, each taken as linear in `n` between the
+//! one-token pass and the `prompt`-token pass it measured (or modelled). A serving step mixing
+//! prompt chunks and decode tokens is one pass of their sum, so it follows the same rule: a
+//! step with a long enough prompt chunk runs on the prefill cores, decode-only steps on the
+//! decode cores.
+
+use corelm_topo::sandwich::ServiceConfig;
+use std::path::Path;
+
+/// One candidate's pass times (seconds): one token, and `prompt` tokens.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Candidate {
+    pub config: ServiceConfig,
+    pub decode_s: f64,
+    pub prefill_s: f64,
+}
+
+impl Candidate {
+    /// Pass time at `n` tokens, linear between the two points (`prompt` the longer one).
+    pub fn at(&self, n: usize, prompt: usize) -> f64 {
+        if prompt <= 1 {
+            return self.prefill_s;
+        }
+        self.decode_s + (n as f64 - 1.0) * (self.prefill_s - self.decode_s) / (prompt as f64 - 1.0)
+    }
+}
+
+/// A plan file (`corelm tune --out`, `--plan` on run/bench/perplexity/serve).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Plan {
+    /// What it was made for: CPU model name, topology source, model file.
+    pub cpu: String,
+    pub topology: String,
+    pub model: String,
+    /// `measured` (passes timed on this machine) or `modelled` (the latency model).
+    pub source: String,
+    /// Prompt and generation lengths the choice weighed (one request: a prompt pass, then
+    /// `gen` decode passes).
+    pub prompt: usize,
+    pub gen: usize,
+    pub prefill: ServiceConfig,
+    pub decode: ServiceConfig,
+    pub prefill_min_tokens: usize,
+    /// Every candidate that was timed, best request time first.
+    pub candidates: Vec<Candidate>,
+}
+
+/// A plan file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("plan {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("plan {path}: {source}")]
+    Json { path: String, source: serde_json::Error },
+    #[error("plan: {0}")]
+    Invalid(String),
+}
+
+/// Each decode group a subset of the prefill group of the same shard, same number of groups.
+fn nested(prefill: &ServiceConfig, decode: &ServiceConfig) -> bool {
+    prefill.tp() == decode.tp() && prefill.groups.iter().zip(&decode.groups).all(|(p, d)| d.iter().all(|c| p.contains(c)))
+}
+
+impl Plan {
+    pub fn load(path: &Path) -> Result<Plan, PlanError> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| PlanError::Io { path: p.clone(), source })?;
+        let plan: Plan = serde_json::from_str(&text).map_err(|source| PlanError::Json { path: p, source })?;
+        plan.check()?;
+        Ok(plan)
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), PlanError> {
+        let text = serde_json::to_string_pretty(self).expect("a plan serializes");
+        std::fs::write(path, text + "\n").map_err(|source| PlanError::Io { path: path.display().to_string(), source })
+    }
+
+    /// The structural rules: non-empty groups, no CPU twice, decode nested in prefill.
+    pub fn check(&self) -> Result<(), PlanError> {
+        for (name, c) in [("prefill", &self.prefill), ("decode", &self.decode)] {
+            if c.groups.is_empty() || c.groups.iter().any(Vec::is_empty) {
+                return Err(PlanError::Invalid(format!("the {name} configuration has an empty group")));
+            }
+            let mut all: Vec<u32> = c.groups.concat();
+            all.sort_unstable();
+            if all.windows(2).any(|w| w[0] == w[1]) {
+                return Err(PlanError::Invalid(format!("the {name} configuration names a CPU twice")));
+            }
+        }
+        if !nested(&self.prefill, &self.decode) {
+            return Err(PlanError::Invalid(format!(
+                "the decode configuration ({}) must have the prefill one's {} groups, each inside the prefill group of its shard ({})",
+                self.decode.describe(),
+                self.prefill.tp(),
+                self.prefill.describe()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether a pass of `n_tokens` runs on the prefill configuration (the rule above).
+    pub fn prefill_for(&self, n_tokens: usize) -> bool {
+        n_tokens >= self.prefill_min_tokens
+    }
+
+    /// Pick the pair of candidates with the shortest request (`prompt` tokens of prefill, then
+    /// `gen` single-token passes) among pairs of equal TP degree with the decode groups nested in
+    /// the prefill ones, and where their pass times cross. `None` without candidates.
+    pub fn choose(candidates: &[Candidate], prompt: usize, gen: usize) -> Option<(usize, usize, usize)> {
+        let mut best: Option<(f64, usize, usize)> = None;
+        for (i, p) in candidates.iter().enumerate() {
+            for (j, d) in candidates.iter().enumerate() {
+                if !nested(&p.config, &d.config) {
+                    continue;
+                }
+                let t = p.prefill_s + gen as f64 * d.decode_s;
+                // Ties go to one configuration for both phases (no switching).
+                if best.is_none_or(|(b, bi, bj)| t < b || (t == b && i == j && bi != bj)) {
+                    best = Some((t, i, j));
+                }
+            }
+        }
+        let (_, i, j) = best?;
+        let (p, d) = (&candidates[i], &candidates[j]);
+        let min = if i == j { 1 } else { (1..=prompt.max(1)).find(|&n| p.at(n, prompt) <= d.at(n, prompt)).unwrap_or(prompt.max(1)) };
+        Some((i, j, min))
+    }
+
+    /// The plan in words (`corelm plan --plan`).
+    pub fn explain(&self) -> String {
+        let mut s = format!(
+            "Plan for {} on {} ({}), {} from {} candidates, weighing a {}-token prompt and {} generated tokens.\n",
+            self.model,
+            self.cpu,
+            self.topology,
+            self.source,
+            self.candidates.len(),
+            self.prompt,
+            self.gen
+        );
+        s += &format!("Prefill: {}.\n", self.prefill.describe());
+        s += &format!("Decode:  {}.\n", self.decode.describe());
+        if self.prefill == self.decode {
+            s += "Both phases run on the same configuration: no other candidate made a request faster.\n";
+        } else {
+            let spare = self.prefill.n_cores() - self.decode.n_cores();
+            s += &format!(
+                "Passes of {} tokens or more run on the prefill cores; shorter ones (decode steps) on the decode cores, leaving {spare} core(s) idle, because decode is bound by memory bandwidth that fewer cores already saturate.\n",
+                self.prefill_min_tokens
+            );
+        }
+        let find = |c: &ServiceConfig| self.candidates.iter().find(|x| &x.config == c);
+        if let (Some(p), Some(d)) = (find(&self.prefill), find(&self.decode)) {
+            s += &format!(
+                "{}: prefill pass {:.2} ms ({:.0} tokens/s), decode pass {:.3} ms ({:.1} tokens/s).\n",
+                self.source,
+                1e3 * p.prefill_s,
+                self.prompt as f64 / p.prefill_s,
+                1e3 * d.decode_s,
+                1.0 / d.decode_s
+            );
+        }
+        s += "Candidates (request time = prefill + gen × decode):\n";
+        for c in self.candidates.iter().take(8) {
+            s += &format!(
+                "  {:>9.2} ms  prefill {:.2} ms, decode {:.3} ms  {}\n",
+                1e3 * (c.prefill_s + self.gen as f64 * c.decode_s),
+                1e3 * c.prefill_s,
+                1e3 * c.decode_s,
+                c.config.describe()
+            );
+        }
+        s
+    }
+}
+
+/// Where a plan puts the engine's workers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Workers {
+    /// CPU of every worker, shard by shard; within a shard its decode cores first.
+    pub cpus: Vec<usize>,
+    /// Workers per shard (the prefill groups).
+    pub group_sizes: Vec<usize>,
+    /// The decode view: each shard's first workers (`None` when it is the prefill one).
+    pub decode: Option<Vec<std::ops::Range<usize>>>,
+}
+
+impl Plan {
+    /// The workers of this plan for a process allowed to run on `allowed` CPUs; refused,
+    /// naming the CPU, where the plan was made for other cores.
+    pub fn workers(&self, allowed: &[usize]) -> Result<Workers, PlanError> {
+        let mut w = Workers { cpus: Vec::new(), group_sizes: Vec::new(), decode: None };
+        let mut ranges = Vec::new();
+        for (p, d) in self.prefill.groups.iter().zip(&self.decode.groups) {
+            let start = w.cpus.len();
+            let rest = p.iter().filter(|c| !d.contains(c));
+            for &c in d.iter().chain(rest) {
+                if !allowed.contains(&(c as usize)) {
+                    return Err(PlanError::Invalid(format!(
+                        "it runs a worker on CPU {c}, which this process may not use (allowed: {allowed:?}); the plan was made for another machine or CPU set — run `corelm tune` here"
+                    )));
+                }
+                w.cpus.push(c as usize);
+            }
+            w.group_sizes.push(p.len());
+            ranges.push(start..start + d.len());
+        }
+        if self.decode != self.prefill {
+            w.decode = Some(ranges);
+        }
+        Ok(w)
+    }
+}
