@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Load benchmark for OpenAI-compatible servers: corelm serve vs llama-cpp-python's server.
+"""Load benchmark for OpenAI-compatible servers: corelm serve vs llama.cpp's own C++ `llama-server`
+(continuous batching over `--parallel` slots; `--servers llama-server`) or llama-cpp-python's
+one-request server (`--servers llama.cpp`).
 
 Poisson arrivals at increasing rates; per request a prompt and an output length drawn from a
 chat-like distribution (stated below, seeded, identical for both servers); streaming
@@ -17,8 +19,10 @@ for llama.cpp the llama-cpp-python venv (see scripts/bench_compare.py) with the 
 (`pip install uvicorn fastapi sse-starlette starlette-context pydantic-settings`).
 
 Usage:
-  python scripts/bench_serve.py --rates 0.2,0.4,0.6,0.8 --requests 24 \
-      [--llama-venv ~/.cache/corelm/llama-venv] [--threads 2] [--parallel 4]
+  python scripts/bench_serve.py --rates 0.2,0.4,0.6,0.8 --requests 24 --servers corelm,llama-server \
+      [--llama-server ~/.cache/corelm/llama/build-native/bin/llama-server] [--threads 2] [--parallel 4] \
+      [--plan corelm-plan.json]
+  (llama-server is built from the pinned sdist outside the repo: cmake --build BUILD --target llama-server)
 """
 
 import argparse
@@ -158,6 +162,19 @@ def start_corelm(model, port, args):
     cmd = [str(exe), "serve", "-m", str(model), "--port", str(port), "-t", str(args.threads),
            "--parallel", str(args.parallel), "--ctx-size", "2048", "-b", str(args.batch), "--max-queue", "1000",
            "--tpot-target-ms", str(args.tpot_target_ms)]
+    if args.plan:
+        # The plan sets the workers and groups.
+        i = cmd.index("-t")
+        del cmd[i:i + 2]
+        cmd += ["--plan", args.plan]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def start_llama_server(model, port, args):
+    exe = Path(args.llama_server).expanduser()
+    # One KV cache shared by the slots: 2048 tokens each, as corelm's --ctx-size.
+    cmd = [str(exe), "-m", str(model), "--port", str(port), "-t", str(args.threads), "-tb", str(args.threads),
+           "-np", str(args.parallel), "-c", str(2048 * args.parallel), "-b", "512", "-fa", "on", "--no-webui"]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -183,7 +200,9 @@ def main():
     ap.add_argument("--slo-tpot", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--llama-venv", default=os.environ.get("CORELM_LLAMA_VENV", "~/.cache/corelm/llama-venv"))
-    ap.add_argument("--servers", default="corelm,llama.cpp")
+    ap.add_argument("--llama-server", default=os.environ.get("CORELM_LLAMA_SERVER", "~/.cache/corelm/llama/build-native/bin/llama-server"))
+    ap.add_argument("--plan", help="a corelm tune plan file for corelm serve")
+    ap.add_argument("--servers", default="corelm,llama-server")
     ap.add_argument("--json", help="write all rows to this file")
     args = ap.parse_args()
     model = Path(args.model)
@@ -192,7 +211,8 @@ def main():
     rows = []
     for name in args.servers.split(","):
         port = free_port()
-        proc = (start_corelm if name == "corelm" else start_llama)(model, port, args)
+        start = {"corelm": start_corelm, "llama-server": start_llama_server, "llama.cpp": start_llama}[name]
+        proc = start(model, port, args)
         base = f"http://127.0.0.1:{port}"
         try:
             wait_health(f"{base}/v1/models", proc)
