@@ -288,6 +288,9 @@ enum Cmd {
         /// Transforms deep the search goes.
         #[arg(long, default_value_t = 3)]
         steps: usize,
+        /// Draw the TopoTree (SVG).
+        #[arg(long)]
+        svg: Option<PathBuf>,
     },
 }
 
@@ -457,11 +460,16 @@ fn main() -> Result<()> {
             tune::tune(&a, model)?;
         }
         Cmd::Plan { plan } => print!("{}", corelm_engine::plan::Plan::load(&plan)?.explain()),
-        Cmd::Topo { topology, sys, explore, model, prompt, steps } => {
+        Cmd::Topo { topology, sys, explore, model, prompt, steps, svg } => {
             let spec = if sys { Some("/sys") } else { topology.as_deref() };
             let t = corelm_topo::Topology::load_or_discover(spec)?;
             // A closed pipe (`corelm topo | head`) ends the output, not the program with a panic.
             let _ = write!(std::io::stdout().lock(), "{t}");
+            if let Some(out) = svg {
+                let tree = corelm_topo::sandwich::TNode::from_topology(&t);
+                topo::draw_svg(&tree, &out, &format!("TopoTree of {} — {}", t.source, t.summary()))?;
+                eprintln!("TopoTree drawn to {}", out.display());
+            }
             if explore {
                 let opts = topo::Explore { model: resolve_model(&model)?, prompt, steps };
                 topo::explore(topology.as_deref(), &t, &opts)?;

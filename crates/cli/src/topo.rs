@@ -4,7 +4,7 @@
 //! The profile the model is fed: for a shipped snapshot its stated one
 //! (`MachineProfile::stated`, by file stem); for this machine one measured here — read bandwidth
 //! of one core and of all, the pool's barrier, and one core's compute from a timed prefill pass
-//! of the model. The workload is the model's (`corelm_engine::bench::workload`).
+//! of the model (up to 128 tokens). The workload is the model's (`corelm_engine::bench::workload`).
 
 use anyhow::{bail, Context, Result};
 use corelm_topo::sandwich::{self, MachineProfile, ServiceConfig, TNode};
@@ -25,7 +25,9 @@ fn measure(topo: &Topology, engine: &mut corelm_engine::Engine, w: &sandwich::Wo
     let n = topo.n_cores().max(1);
     let one = memory_bandwidth(1, 512 << 20, 3) / 1e9;
     let all = memory_bandwidth(n, 512 << 20, 3) / 1e9;
-    let (pp, _, _, _) = run_test(engine, 0, 128, 0, 2)?;
+    // A prompt pass as long as the engine's context and batch allow, up to 128 tokens.
+    let n = 128.min(engine.config().n_batch).min(engine.config().n_ctx / 2).max(1);
+    let (pp, _, _, _) = run_test(engine, 0, n, 0, 2)?;
     let threads = engine.config().n_threads as f64;
     Ok(MachineProfile {
         name: "this machine (measured)".into(),
@@ -95,4 +97,106 @@ pub fn explore(spec: Option<&str>, topo: &Topology, opts: &Explore) -> Result<()
         }
     }
     Ok(())
+}
+
+/// Units of width a node takes in the drawing: a node whose children are all cores is one box.
+fn units(n: &TNode) -> usize {
+    if n.is_leaf() || n.children.iter().all(TNode::is_leaf) {
+        1
+    } else {
+        n.children.iter().map(units).sum()
+    }
+}
+
+/// Box text of a node: its level and cores; for a box of cores, their PUs.
+fn label(n: &TNode) -> (String, String) {
+    let head = match &n.level {
+        sandwich::Level::Hw(kinds) => kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join("+"),
+        sandwich::Level::Group { n, stride } => format!("Group {n}/{stride}"),
+    };
+    let numa = n.numa.map_or(String::new(), |i| format!(" · node {i}"));
+    if !n.is_leaf() && n.children.iter().all(TNode::is_leaf) {
+        let mut pus = n.pus();
+        pus.sort_unstable();
+        let span = match (pus.first(), pus.last()) {
+            (Some(a), Some(b)) if pus.len() as u32 == b - a + 1 => format!("PUs {a}-{b}"),
+            _ => format!("{} PUs", pus.len()),
+        };
+        return (format!("{head}{numa}"), format!("{} cores, {span}", n.children.len()));
+    }
+    (format!("{head}{numa}"), format!("{} cores", n.n_cores()))
+}
+
+/// Draw the TopoTree as an SVG file: one row per depth, boxes as wide as the cores they hold
+/// (a box of only cores stands for all of them), colored by NUMA node.
+pub fn draw_svg(tree: &TNode, path: &std::path::Path, title: &str) -> Result<()> {
+    use plotters::prelude::*;
+    const W: i32 = 150;
+    const H: i32 = 46;
+    const GAP: i32 = 44;
+    let width = (units(tree) as i32 * W + 20).max(420);
+    let depth = |n: &TNode| -> i32 {
+        fn d(n: &TNode) -> i32 {
+            if n.is_leaf() || n.children.iter().all(TNode::is_leaf) { 0 } else { 1 + n.children.iter().map(d).max().unwrap_or(0) }
+        }
+        d(n)
+    };
+    let height = 50 + (depth(tree) + 1) * (H + GAP);
+    let root = SVGBackend::new(path, (width as u32, height as u32)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("drawing {}: {e}", path.display());
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    root.draw(&Text::new(title.to_string(), (10, 10), ("sans-serif", 16).into_font())).map_err(|e| err(&e))?;
+    let palette = [RGBColor(198, 219, 239), RGBColor(199, 233, 192), RGBColor(253, 208, 162), RGBColor(218, 218, 235), RGBColor(252, 187, 161), RGBColor(204, 236, 230), RGBColor(254, 230, 206), RGBColor(229, 216, 189)];
+    // Depth-first: each node drawn in [x0, x0 + units · W) at its depth; returns its top centre.
+    fn draw<DB: DrawingBackend>(
+        area: &DrawingArea<DB, plotters::coord::Shift>,
+        n: &TNode,
+        x0: i32,
+        level: i32,
+        palette: &[RGBColor],
+    ) -> Result<(i32, i32), String> {
+        let w = units(n) as i32 * W;
+        let y = 40 + level * (H + GAP);
+        let fill = n.numa.map_or(RGBColor(230, 230, 230), |i| palette[i % palette.len()]);
+        let (a, b) = (x0 + 6, x0 + w - 6);
+        let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+        area.draw(&Rectangle::new([(a, y), (b, y + H)], fill.filled())).map_err(e)?;
+        area.draw(&Rectangle::new([(a, y), (b, y + H)], BLACK.stroke_width(1))).map_err(e)?;
+        let (l1, l2) = label(n);
+        area.draw(&Text::new(l1, (a + 6, y + 8), ("sans-serif", 12).into_font())).map_err(e)?;
+        area.draw(&Text::new(l2, (a + 6, y + 26), ("sans-serif", 12).into_font())).map_err(e)?;
+        if !(n.is_leaf() || n.children.iter().all(TNode::is_leaf)) {
+            let mut cx = x0;
+            for c in &n.children {
+                let top = draw(area, c, cx, level + 1, palette)?;
+                area.draw(&PathElement::new(vec![(x0 + w / 2, y + H), top], BLACK)).map_err(e)?;
+                cx += units(c) as i32 * W;
+            }
+        }
+        Ok((x0 + w / 2, y))
+    }
+    draw(&root, tree, 10, 0, &palette).map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// A two-node machine draws as a root and two boxes of cores, one colour per node.
+    #[test]
+    fn svg_has_a_box_per_node_and_its_cores() {
+        let dir = std::env::temp_dir().join(format!("corelm-svg-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        corelm_topo::sys::write_synthetic(&dir, 2, 4, 1).unwrap();
+        let t = corelm_topo::sys::read(&dir, "synthetic").unwrap();
+        let tree = super::TNode::from_topology(&t);
+        let out = dir.join("tree.svg");
+        super::draw_svg(&tree, &out, "test").unwrap();
+        let svg = std::fs::read_to_string(&out).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(svg.starts_with("<svg"));
+        assert_eq!(svg.matches("fill=\"none\" stroke=\"#000000\"").count(), 3, "three boxes");
+        assert!(svg.contains("4 cores, PUs 0-3") && svg.contains("4 cores, PUs 4-7"), "{svg}");
+        assert!(svg.contains("node 0") && svg.contains("node 1"));
+    }
 }

@@ -114,3 +114,35 @@ fn bench_json_has_llama_bench_fields() {
         assert_eq!(l["samples_ts"].as_array().unwrap().len(), 2);
     }
 }
+
+/// `tune` here writes a plan that `plan` explains and `run --plan` uses; a plan for another
+/// machine (modelled from a snapshot) names the CPU this one lacks.
+#[test]
+fn tune_writes_a_plan_that_run_and_plan_use() {
+    let dir = std::env::temp_dir().join(format!("corelm-tune-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let here = dir.join("here.json");
+    let out = corelm()
+        .args(["tune", "--model", &smol(), "--prompt", "32", "--gen", "8", "--reps", "1", "--out"])
+        .arg(&here)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let explained = corelm().args(["plan", "--plan"]).arg(&here).output().unwrap();
+    let text = String::from_utf8_lossy(&explained.stdout);
+    assert!(text.contains("Prefill: tp") && text.contains("Decode:  tp") && text.contains("measured"), "{text}");
+    let run = corelm().args(["run", "--model", &smol(), "-n", "4", "--temp", "0", "-p", "Hello", "--plan"]).arg(&here).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let both = corelm().args(["run", "--model", &smol(), "-t", "1", "-p", "x", "--plan"]).arg(&here).output().unwrap();
+    assert!(String::from_utf8_lossy(&both.stderr).contains("drop --threads"));
+    // Modelled for a 2-socket Xeon: its CPUs are not this machine's.
+    let topo = format!("{}/../../fixtures/topo/xeon6230-2p.xml", env!("CARGO_MANIFEST_DIR"));
+    let there = dir.join("there.json");
+    let out = corelm().args(["tune", "--model", &smol(), "--topology", &topo, "--out"]).arg(&there).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("modelled"));
+    let run = corelm().args(["run", "--model", &smol(), "-n", "1", "-p", "x", "--plan"]).arg(&there).output().unwrap();
+    assert!(!run.status.success());
+    assert!(String::from_utf8_lossy(&run.stderr).contains("run `corelm tune` here"), "{}", String::from_utf8_lossy(&run.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}
