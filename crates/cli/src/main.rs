@@ -15,6 +15,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
 mod bench;
+mod profile;
 mod topo;
 mod tune;
 
@@ -257,6 +258,9 @@ enum Cmd {
     /// Sandwich's search: explore the machine's configurations, time them (or model them with
     /// --topology), and write a plan file with a prefill and a decode configuration.
     Tune(tune::TuneArgs),
+    /// Measure (once per machine, cached) or show a roofline profile: compute ceilings per
+    /// target and kernel family, and the shared memory roof.
+    Profile(profile::ProfileArgs),
     /// Explain a plan file in words.
     Plan {
         #[arg(long)]
@@ -459,6 +463,7 @@ fn main() -> Result<()> {
             let model = resolve_model(&a.model_path())?;
             tune::tune(&a, model)?;
         }
+        Cmd::Profile(a) => profile::profile(&a)?,
         Cmd::Plan { plan } => print!("{}", corelm_engine::plan::Plan::load(&plan)?.explain()),
         Cmd::Topo { topology, sys, explore, model, prompt, steps, svg } => {
             let spec = if sys { Some("/sys") } else { topology.as_deref() };

@@ -78,13 +78,6 @@ fn measure(model: &std::path::Path, c: &ServiceConfig, prompt: usize, reps: usiz
     Ok((prompt as f64 / pp, 1.0 / tg))
 }
 
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|m| m.trim().to_string()))
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
-}
-
 pub fn tune(a: &TuneArgs, model: PathBuf) -> Result<()> {
     let t0 = std::time::Instant::now();
     let topo = Topology::load_or_discover(a.topology.as_deref())?;
@@ -153,7 +146,7 @@ pub fn tune(a: &TuneArgs, model: PathBuf) -> Result<()> {
     // 3. The pair.
     let (i, j, min) = Plan::choose(&candidates, a.prompt, a.gen).context("no candidate configuration could be timed")?;
     let plan = Plan {
-        cpu: if measured { cpu_model() } else { prof.name.clone() },
+        cpu: if measured { crate::profile::cpu_model() } else { prof.name.clone() },
         topology: topo.source.clone(),
         model: model.file_name().map_or("model".into(), |f| f.to_string_lossy().into_owned()),
         source: if measured { "measured" } else { "modelled" }.into(),

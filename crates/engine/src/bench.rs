@@ -4,7 +4,6 @@
 
 use crate::{Batch, Engine, Error};
 use corelm_core::{PoolConfig, Profile, ThreadPool, Worker};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// One measured test, with llama-bench's field names.
@@ -104,31 +103,10 @@ pub fn run_test(
     Ok((m, sd, samples, ns))
 }
 
-/// Read bandwidth of main memory with `n_threads` threads, in bytes/s: each thread sums its
-/// share of a buffer much larger than the caches; best of `reps` passes.
+/// Read bandwidth of main memory with `n_threads` threads, in bytes/s (the roofline profiler's
+/// probe, `corelm_plan::profile::read_bandwidth`).
 pub fn memory_bandwidth(n_threads: usize, bytes: usize, reps: usize) -> f64 {
-    let words = vec![1u64; bytes / 8];
-    let cpus = corelm_core::placement::physical_cores();
-    let pool = ThreadPool::new(PoolConfig { n_threads, cpus });
-    let sink = AtomicU64::new(0);
-    let mut best = 0f64;
-    for _ in 0..reps {
-        let t0 = Instant::now();
-        pool.run(&|w: &Worker| {
-            let r = corelm_core::sched::split(words.len(), w.ith, w.nth);
-            // Eight independent lanes so the loop is bound by loads, not by the add chain.
-            let mut acc = [0u64; 8];
-            for c in words[r].chunks_exact(8) {
-                for (a, &v) in acc.iter_mut().zip(c) {
-                    *a = a.wrapping_add(v);
-                }
-            }
-            sink.fetch_add(acc.iter().fold(0, |a, &b| a.wrapping_add(b)), Ordering::Relaxed);
-        });
-        best = best.max(bytes as f64 / t0.elapsed().as_secs_f64());
-    }
-    std::hint::black_box(sink.load(Ordering::Relaxed));
-    best
+    corelm_plan::profile::read_bandwidth(n_threads, bytes, reps)
 }
 
 /// Cost of one pool barrier (what every graph node ends with) with `n_threads` pinned workers,

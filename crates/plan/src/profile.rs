@@ -1,0 +1,300 @@
+//! The roofline profile of a machine: compute ceilings per target and kernel family, and the
+//! memory roof they share.
+//!
+//! Measured here ([`measure`]): the vector target (the CPU cores through the kernel table this
+//! process runs) on each kernel family's matrix kernel — the int8 dot products of the quantized
+//! types (Q8_0's tiles, on interleaved rows where the table has them), and the F32, F16 and
+//! BF16 tiles of the dense types — on operands that stay in the L1/L2 caches, one worker alone
+//! and all physical cores at once; and read bandwidth of a buffer far larger than the caches at
+//! 1..N threads. With one target, "all targets busy" is the all-cores figure. Matrix units and
+//! accelerators join when their kernels exist (SME, AMX: not written; the accelerator backend
+//! of issue 19: not yet).
+//!
+//! Stated profiles (`fixtures/profiles/*.json`) carry a paper's figures so the planner can be
+//! run as those machines; their `source` says so.
+
+use corelm_core::threads::{PoolConfig, ThreadPool, Worker};
+use corelm_kernels::{DType, Kernels};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// What a target is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TargetKind {
+    /// Vector cores (AVX2/AVX-512/NEON through the kernel table).
+    Vector,
+    /// A matrix unit (Arm SME, Intel AMX).
+    Matrix,
+    /// An attached accelerator.
+    Accelerator,
+}
+
+/// One kernel family's ceiling on one target, GFLOP/s (2 per multiply-add).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Ceiling {
+    /// `int8_dot`, `f32_fma`, `f16_fma`, `bf16_dot`.
+    pub family: String,
+    /// The kernel that reached it (`avx512 q8_0 interleaved tile8`, …).
+    pub kernel: String,
+    pub one_worker_gflops: f64,
+    pub all_workers_gflops: f64,
+}
+
+/// A compute target.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Target {
+    pub name: String,
+    pub kind: TargetKind,
+    pub workers: usize,
+    pub ceilings: Vec<Ceiling>,
+}
+
+/// Compute of several targets busy at once (stated or measured), GFLOP/s.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Combined {
+    pub targets: Vec<String>,
+    pub family: String,
+    pub gflops: f64,
+}
+
+/// The shared memory roof, GB/s.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Memory {
+    /// Read bandwidth of the vector target at 1..N threads.
+    pub read_gbps: Vec<(usize, f64)>,
+    /// What each target reads alone at full load.
+    pub per_target_gbps: Vec<(String, f64)>,
+    /// With every target busy at once: not the sum (SMEPilot's observation).
+    pub all_busy_gbps: f64,
+}
+
+/// A machine's roofline.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Roofline {
+    pub machine: String,
+    /// `measured on <date>` or `stated: <reference>`.
+    pub source: String,
+    pub targets: Vec<Target>,
+    #[serde(default)]
+    pub combined: Vec<Combined>,
+    pub memory: Memory,
+}
+
+/// A profile that cannot be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("profile {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("profile {path}: {source}")]
+    Json { path: String, source: serde_json::Error },
+}
+
+impl Roofline {
+    pub fn load(path: &Path) -> Result<Roofline, ProfileError> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Io { path: p.clone(), source })?;
+        serde_json::from_str(&text).map_err(|source| ProfileError::Json { path: p, source })
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), ProfileError> {
+        let io = |source| ProfileError::Io { path: path.display().to_string(), source };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        std::fs::write(path, serde_json::to_string_pretty(self).expect("a profile serializes") + "\n").map_err(io)
+    }
+
+    /// A target's ceiling for a kernel family.
+    pub fn ceiling(&self, target: &str, family: &str) -> Option<&Ceiling> {
+        self.targets.iter().find(|t| t.name == target)?.ceilings.iter().find(|c| c.family == family)
+    }
+
+    /// The ridge point of a target and family: FLOPs per byte above which it is compute-bound
+    /// with every target busy (the shared roof).
+    pub fn ridge(&self, target: &str, family: &str) -> Option<f64> {
+        Some(self.ceiling(target, family)?.all_workers_gflops / self.memory.all_busy_gbps)
+    }
+
+    /// Fewest threads that read at `frac` of the best measured bandwidth (the knee where a
+    /// memory-bound operator stops gaining from more cores).
+    pub fn bandwidth_knee(&self, frac: f64) -> usize {
+        let best = self.memory.read_gbps.iter().map(|&(_, g)| g).fold(0.0, f64::max);
+        self.memory.read_gbps.iter().find(|&&(_, g)| g >= frac * best).map_or(1, |&(t, _)| t)
+    }
+}
+
+/// Read bandwidth of main memory with `n_threads` pinned threads, in bytes/s: each thread sums
+/// its share of a buffer much larger than the caches; best of `reps` passes.
+pub fn read_bandwidth(n_threads: usize, bytes: usize, reps: usize) -> f64 {
+    let words = vec![1u64; bytes / 8];
+    let cpus = corelm_core::placement::physical_cores();
+    let pool = ThreadPool::new(PoolConfig { n_threads, cpus });
+    let sink = AtomicU64::new(0);
+    let mut best = 0f64;
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        pool.run(&|w: &Worker| {
+            let r = corelm_core::sched::split(words.len(), w.ith, w.nth);
+            // Eight independent lanes so the loop is bound by loads, not by the add chain.
+            let mut acc = [0u64; 8];
+            for c in words[r].chunks_exact(8) {
+                for (a, &v) in acc.iter_mut().zip(c) {
+                    *a = a.wrapping_add(v);
+                }
+            }
+            sink.fetch_add(acc.iter().fold(0, |a, &b| a.wrapping_add(b)), Ordering::Relaxed);
+        });
+        best = best.max(bytes as f64 / t0.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(sink.load(Ordering::Relaxed));
+    best
+}
+
+/// Inner dimension of the probes: a row of Q8_0 is 1088 bytes, of F32 4 KiB.
+const K: usize = 1024;
+/// Weight rows per probe call (four interleaved groups).
+const ROWS: usize = 16;
+
+/// One kernel call on cache-resident operands: returns the multiply-adds it did.
+type Probe = Box<dyn Fn(&mut [i32]) -> usize + Sync>;
+
+/// The probe of `family` with `kernels`: the kernel prefill uses for that family's types.
+fn probe(kernels: &'static Kernels, family: &str) -> Option<(String, Probe)> {
+    let vals: Vec<f32> = (0..ROWS * K).map(|i| ((i * 7919 % 251) as f32 - 125.0) / 64.0).collect();
+    let isa = kernels.isa();
+    let row_bytes = |t: DType| t.row_bytes(K as u64).expect("K is a multiple of every block") as usize;
+    let quantize = |t: DType, rows: usize| -> Option<Vec<u8>> {
+        let from = kernels.ops(t)?.from_float?;
+        let rb = row_bytes(t);
+        let mut out = vec![0u8; rows * rb];
+        for (r, o) in out.chunks_exact_mut(rb).enumerate() {
+            from(&vals[r * K..(r + 1) * K], o);
+        }
+        Some(out)
+    };
+    let dense = |t: DType| -> Option<(String, Probe)> {
+        let ops = kernels.ops(t)?;
+        let (w, x) = (quantize(t, ROWS)?, quantize(t, 4)?);
+        let rb = row_bytes(t);
+        let Some(b) = ops.batch_dot else {
+            // Tables without batch tiles compute dense types row by row (ggml's order).
+            let dot = ops.vec_dot;
+            let f: Probe = Box::new(move |_| {
+                let s: f32 = (0..ROWS).map(|r| dot(&w[r * rb..(r + 1) * rb], &x[..rb])).sum();
+                std::hint::black_box(s);
+                ROWS * K
+            });
+            return Some((format!("{isa} {t} row dots"), f));
+        };
+        let f: Probe = Box::new(move |_| {
+            let mut o = [[0f32; 4]; ROWS];
+            (b.tile)(&w, rb, std::array::from_fn(|j| &x[j * rb..(j + 1) * rb]), &mut o);
+            std::hint::black_box(&o);
+            ROWS * 4 * K
+        });
+        Some((format!("{isa} {t} 4×4 tiles"), f))
+    };
+    match family {
+        "int8_dot" => {
+            let ops = kernels.ops(DType::Q8_0)?;
+            let w = quantize(DType::Q8_0, ROWS)?;
+            let x = quantize(DType::Q8_0, 8)?;
+            let rb = row_bytes(DType::Q8_0);
+            if let Some(il) = ops.interleaved {
+                let mut g = vec![0u8; w.len()];
+                corelm_kernels::matmul::layout::pack(DType::Q8_0, &w, rb, &mut g);
+                let f: Probe = Box::new(move |prep| {
+                    let mut o = [[0f32; 8]; ROWS];
+                    (il.tiles.tile8)(&g, rb, std::array::from_fn(|j| &x[j * rb..(j + 1) * rb]), &mut o, prep);
+                    std::hint::black_box(&o);
+                    ROWS * 8 * K
+                });
+                return Some((format!("{isa} q8_0 interleaved 8-row tiles"), f));
+            }
+            let dot = ops.vec_dot;
+            let f: Probe = Box::new(move |_| {
+                let mut s = 0f32;
+                for r in 0..ROWS {
+                    s += dot(&w[r * rb..(r + 1) * rb], &x[..rb]);
+                }
+                std::hint::black_box(s);
+                ROWS * K
+            });
+            Some((format!("{isa} q8_0 row dots"), f))
+        }
+        "f32_fma" => dense(DType::F32),
+        "f16_fma" => dense(DType::F16),
+        "bf16_dot" => dense(DType::BF16),
+        _ => None,
+    }
+}
+
+/// GFLOP/s of `p` on `n` pinned workers at once: each worker calls it for about `secs`
+/// (calibrated on one call burst first), best of three runs.
+fn rate(p: &Probe, n: usize, secs: f64) -> f64 {
+    let cpus = corelm_core::placement::physical_cores();
+    let pool = ThreadPool::new(PoolConfig { n_threads: n, cpus });
+    let macs = AtomicU64::new(0);
+    let run = |calls: usize| -> f64 {
+        macs.store(0, Ordering::Relaxed);
+        let t0 = Instant::now();
+        pool.run(&|_w: &Worker| {
+            let mut prep = vec![0i32; corelm_kernels::matmul::layout::scratch_len(K)];
+            let mut m = 0;
+            for _ in 0..calls {
+                m += p(&mut prep);
+            }
+            macs.fetch_add(m as u64, Ordering::Relaxed);
+        });
+        t0.elapsed().as_secs_f64()
+    };
+    let burst = 64;
+    let calls = ((secs / run(burst).max(1e-9)) * burst as f64).clamp(burst as f64, 1e7) as usize;
+    (0..3).map(|_| 2.0 * calls as f64 * n as f64 * (macs_per(p) as f64) / run(calls) / 1e9).fold(0.0, f64::max)
+}
+
+/// Multiply-adds of one call of `p`.
+fn macs_per(p: &Probe) -> usize {
+    p(&mut vec![0i32; corelm_kernels::matmul::layout::scratch_len(K)])
+}
+
+/// The kernel families measured.
+pub const FAMILIES: [&str; 4] = ["int8_dot", "f32_fma", "f16_fma", "bf16_dot"];
+
+/// Measure this machine with `kernels` on `n_cores` cores: every family one worker alone and
+/// all at once, then read bandwidth at 1..=n_cores threads (`bytes` buffer; below 256 MiB the
+/// compute runs are shortened too, for tests).
+pub fn measure(kernels: &'static Kernels, machine: &str, n_cores: usize, bytes: usize) -> Roofline {
+    let n = n_cores.max(1);
+    // Each timed run about 50 ms (tests pass a small buffer and get shorter runs).
+    let secs = if bytes >= 256 << 20 { 0.05 } else { 0.005 };
+    let ceilings = FAMILIES
+        .iter()
+        .filter_map(|&fam| {
+            let (kernel, p) = probe(kernels, fam)?;
+            Some(Ceiling { family: fam.into(), kernel, one_worker_gflops: rate(&p, 1, secs), all_workers_gflops: rate(&p, n, secs) })
+        })
+        .collect();
+    let read: Vec<(usize, f64)> = (1..=n).map(|t| (t, read_bandwidth(t, bytes, 3) / 1e9)).collect();
+    let best = read.iter().map(|&(_, g)| g).fold(0.0, f64::max);
+    Roofline {
+        machine: machine.to_string(),
+        source: "measured (one vector target: all targets busy = all cores)".into(),
+        targets: vec![Target { name: "cpu".into(), kind: TargetKind::Vector, workers: n, ceilings }],
+        combined: Vec::new(),
+        memory: Memory { read_gbps: read, per_target_gbps: vec![("cpu".into(), best)], all_busy_gbps: best },
+    }
+}
+
+/// Where this machine's measured profile is cached: `$XDG_CACHE_HOME/corelm/profiles/` (or
+/// `~/.cache/…`), named after the CPU model, the kernel table and the core count.
+pub fn cache_path(machine: &str, isa: &str, n_cores: usize) -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    let slug: String = machine.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
+    base.join("corelm").join("profiles").join(format!("{}-{isa}-{n_cores}c.json", slug.trim_matches('-')))
+}

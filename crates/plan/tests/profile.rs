@@ -1,0 +1,56 @@
+//! The roofline profile: this machine measured (every family's kernel runs, the numbers are
+//! positive and consistent), written and read back, and the stated M4 Pro fixture.
+
+use corelm_plan::profile::{cache_path, measure, FAMILIES};
+use corelm_plan::Roofline;
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/profiles").join(name)
+}
+
+#[test]
+fn this_machine_measures_every_family_and_reads_back() {
+    let kernels = corelm_kernels::kernels();
+    let r = measure(kernels, "test machine", 2, 32 << 20);
+    let cpu = &r.targets[0];
+    assert_eq!((cpu.name.as_str(), cpu.workers), ("cpu", 2));
+    let families: Vec<&str> = cpu.ceilings.iter().map(|c| c.family.as_str()).collect();
+    // Every table has the int8 dot and the F32 tiles; F16/BF16 tiles where it has them.
+    assert!(families.contains(&"int8_dot") && families.contains(&"f32_fma"), "{families:?}");
+    assert!(families.iter().all(|f| FAMILIES.contains(f)));
+    for c in &cpu.ceilings {
+        assert!(c.one_worker_gflops > 0.0 && c.all_workers_gflops > 0.0, "{c:?}");
+    }
+    assert_eq!(r.memory.read_gbps.iter().map(|&(t, _)| t).collect::<Vec<_>>(), vec![1, 2]);
+    assert!(r.memory.all_busy_gbps > 0.0);
+    assert!((1..=2).contains(&r.bandwidth_knee(0.9)));
+    let path = std::env::temp_dir().join(format!("corelm-profile-{}.json", std::process::id()));
+    r.save(&path).unwrap();
+    let back = Roofline::load(&path).unwrap();
+    // JSON keeps each number to within an ulp.
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * a.abs().max(1.0);
+    assert_eq!((back.machine.as_str(), back.targets[0].ceilings.len()), (r.machine.as_str(), cpu.ceilings.len()));
+    for (x, y) in back.targets[0].ceilings.iter().zip(&cpu.ceilings) {
+        assert!(x.family == y.family && close(x.all_workers_gflops, y.all_workers_gflops) && close(x.one_worker_gflops, y.one_worker_gflops));
+    }
+    assert!(close(back.memory.all_busy_gbps, r.memory.all_busy_gbps));
+    let _ = std::fs::remove_file(&path);
+    // One cache file per CPU model, table and core count.
+    let p = cache_path("AMD EPYC 9R14 96-Core Processor", "avx512", 2);
+    assert!(p.ends_with("corelm/profiles/amd-epyc-9r14-96-core-processor-avx512-2c.json"), "{}", p.display());
+}
+
+#[test]
+fn the_m4_pro_fixture_has_two_targets_and_a_shared_roof() {
+    let r = Roofline::load(&fixture("apple-m4-pro.json")).unwrap();
+    assert!(r.source.starts_with("stated"));
+    let (cpu, sme) = (r.ceiling("cpu", "f16_fma").unwrap(), r.ceiling("sme", "f16_fma").unwrap());
+    assert_eq!((cpu.all_workers_gflops, sme.all_workers_gflops), (1850.0, 2920.0));
+    // Together less than the sum (4.27 < 4.77 TFLOP/s); memory not additive either.
+    assert!(r.combined[0].gflops < cpu.all_workers_gflops + sme.all_workers_gflops);
+    let sum: f64 = r.memory.per_target_gbps.iter().map(|(_, g)| g).sum();
+    assert!(r.memory.all_busy_gbps < sum);
+    // The matrix unit's ridge is further right: it needs more FLOPs per byte to pay.
+    assert!(r.ridge("sme", "f16_fma").unwrap() > r.ridge("cpu", "f16_fma").unwrap());
+    assert!(Roofline::load(&fixture("missing.json")).unwrap_err().to_string().contains("missing.json"));
+}
