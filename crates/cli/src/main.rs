@@ -16,6 +16,7 @@ use std::path::PathBuf;
 
 mod bench;
 mod profile;
+mod roofline;
 mod topo;
 mod tune;
 
@@ -261,11 +262,9 @@ enum Cmd {
     /// Measure (once per machine, cached) or show a roofline profile: compute ceilings per
     /// target and kernel family, and the shared memory roof.
     Profile(profile::ProfileArgs),
-    /// Explain a plan file in words.
-    Plan {
-        #[arg(long)]
-        plan: PathBuf,
-    },
+    /// Explain a plan file of `tune` in words (--plan), or plan a model's prefill and decode
+    /// operators on a roofline profile (--model, --profile, --svg).
+    Plan(roofline::PlanArgs),
     /// Print the hardware tree (packages, NUMA nodes with their memory, L3 and L2 caches, cores,
     /// PUs) and the node distance matrix, as the engine sees it.
     Topo {
@@ -464,7 +463,7 @@ fn main() -> Result<()> {
             tune::tune(&a, model)?;
         }
         Cmd::Profile(a) => profile::profile(&a)?,
-        Cmd::Plan { plan } => print!("{}", corelm_engine::plan::Plan::load(&plan)?.explain()),
+        Cmd::Plan(a) => roofline::plan(&a)?,
         Cmd::Topo { topology, sys, explore, model, prompt, steps, svg } => {
             let spec = if sys { Some("/sys") } else { topology.as_deref() };
             let t = corelm_topo::Topology::load_or_discover(spec)?;

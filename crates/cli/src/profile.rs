@@ -47,7 +47,8 @@ pub fn describe(r: &Roofline) -> String {
     }
     let read: Vec<String> = r.memory.read_gbps.iter().map(|(t, g)| format!("{t}: {g:.1}")).collect();
     if !read.is_empty() {
-        let _ = writeln!(s, "read bandwidth GB/s by threads: {} (90 % knee at {} thread(s))", read.join(", "), r.bandwidth_knee(0.9));
+        let knee = r.bandwidth_knee(0.9).unwrap_or(1);
+        let _ = writeln!(s, "read bandwidth GB/s by threads: {} (90 % knee at {knee} thread(s))", read.join(", "));
     }
     let per: Vec<String> = r.memory.per_target_gbps.iter().map(|(t, g)| format!("{t} {g:.0}")).collect();
     let _ = writeln!(s, "memory roof: {:.1} GB/s with every target busy (alone: {})", r.memory.all_busy_gbps, per.join(", "));

@@ -146,3 +146,23 @@ fn tune_writes_a_plan_that_run_and_plan_use() {
     assert!(String::from_utf8_lossy(&run.stderr).contains("run `corelm tune` here"), "{}", String::from_utf8_lossy(&run.stderr));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `plan --model` on the stated M4 Pro profile: decode's matrices on the CPU (memory-bound),
+/// prefill's split between CPU and SME; `--svg` draws every operator.
+#[test]
+fn plan_places_operators_on_a_stated_roofline() {
+    let profile = format!("{}/../../fixtures/profiles/apple-m4-pro.json", env!("CARGO_MANIFEST_DIR"));
+    let svg = std::env::temp_dir().join(format!("corelm-roofline-{}.svg", std::process::id()));
+    let out = corelm().args(["plan", "--model", &smol(), "--profile", &profile, "--prompt", "256", "--svg"]).arg(&svg).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (prefill, decode) = text.split_once("decode at").expect("two tables");
+    let row = |t: &str, op: &str| t.lines().find(|l| l.starts_with(&format!("| {op} "))).map(str::to_string).unwrap_or_default();
+    assert!(row(prefill, "matmul Q4_1 576×1536").contains("cpu 39% + sme 61%"), "{prefill}");
+    assert!(row(decode, "matmul Q4_1 576×1536").contains("| memory | cpu |"), "{decode}");
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    let _ = std::fs::remove_file(&svg);
+    assert!(drawn.matches("<circle").count() >= 20, "every distinct operator of both phases is a point");
+    let both = corelm().args(["plan", "--plan", "x.json", "--profile", &profile]).output().unwrap();
+    assert!(String::from_utf8_lossy(&both.stderr).contains("one or the other"));
+}

@@ -421,6 +421,20 @@ impl Engine {
         self.graphs.iter().find(|(&(n, _), _)| n == n_tokens).map(|(_, g)| g.barriers())
     }
 
+    /// The graph of passes of `n_tokens` tokens with `n_out` logit rows, planned (once per
+    /// shape, then cached) if it was not yet. `n_tokens` at most the batch size.
+    pub fn graph(&mut self, n_tokens: usize, n_out: usize) -> &corelm_core::graph::Graph {
+        let key = (n_tokens, n_out);
+        if !self.graphs.contains_key(&key) {
+            let mut b = Builder::new(self.kernels, n_tokens, n_out).with_tp(self.tp.clone(), self.cfg.tp_sync);
+            let out = self.model.build(&mut b);
+            let mut g = b.finish(&out);
+            self.packed.apply(&mut g);
+            self.graphs.insert(key, g);
+        }
+        &self.graphs[&key]
+    }
+
     /// The pool view the last pass ran on: 0 for every worker, else the plan's decode view.
     pub fn last_view(&self) -> usize {
         self.last_view
@@ -554,15 +568,8 @@ impl Engine {
         self.out_rows.clear();
         self.out_rows.extend((0..n as u32).filter(|&i| batch.logits[i as usize]));
         let n_out = self.out_rows.len();
-        let key = (n, n_out);
-        if !self.graphs.contains_key(&key) {
-            let mut b = Builder::new(self.kernels, n, n_out).with_tp(self.tp.clone(), self.cfg.tp_sync);
-            let out = self.model.build(&mut b);
-            let mut g = b.finish(&out);
-            self.packed.apply(&mut g);
-            self.graphs.insert(key, g);
-        }
-        let graph = &self.graphs[&key];
+        self.graph(n, n_out);
+        let graph = &self.graphs[&(n, n_out)];
         // The plan's rule: short passes on the decode view, the rest on every worker.
         self.last_view = match (&self.cfg.plan, self.decode_view) {
             (Some(p), Some(v)) if !p.prefill_for(n) => v,

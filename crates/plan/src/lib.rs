@@ -6,9 +6,13 @@
 //! [`profile`] measures one [`Roofline`] per machine (the vector target's ceilings per kernel
 //! family at one core and at all cores; read bandwidth at 1..N threads), caches it as JSON, and
 //! reads the stated profiles of the seed's platforms shipped in `fixtures/profiles/`.
+//! [`planner`] puts every operator of a planned graph on that roofline: intensity, regime,
+//! target (or a split across targets) and thread count.
 //!
-//! Layering: `plan ← core ← kernels`; the engine and the CLI use it, it knows no model.
+//! Layering: `profile ← planner`; `plan ← core ← kernels`; the engine and the CLI use it, it
+//! knows no model file.
 
+pub mod planner;
 pub mod profile;
 
 pub use profile::{Ceiling, Memory, Roofline, Target, TargetKind};

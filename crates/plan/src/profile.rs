@@ -118,10 +118,10 @@ impl Roofline {
     }
 
     /// Fewest threads that read at `frac` of the best measured bandwidth (the knee where a
-    /// memory-bound operator stops gaining from more cores).
-    pub fn bandwidth_knee(&self, frac: f64) -> usize {
+    /// memory-bound operator stops gaining from more cores); `None` without a measured curve.
+    pub fn bandwidth_knee(&self, frac: f64) -> Option<usize> {
         let best = self.memory.read_gbps.iter().map(|&(_, g)| g).fold(0.0, f64::max);
-        self.memory.read_gbps.iter().find(|&&(_, g)| g >= frac * best).map_or(1, |&(t, _)| t)
+        self.memory.read_gbps.iter().find(|&&(_, g)| g >= frac * best).map(|&(t, _)| t)
     }
 }
 

@@ -23,7 +23,7 @@ fn this_machine_measures_every_family_and_reads_back() {
     }
     assert_eq!(r.memory.read_gbps.iter().map(|&(t, _)| t).collect::<Vec<_>>(), vec![1, 2]);
     assert!(r.memory.all_busy_gbps > 0.0);
-    assert!((1..=2).contains(&r.bandwidth_knee(0.9)));
+    assert!((1..=2).contains(&r.bandwidth_knee(0.9).unwrap()));
     let path = std::env::temp_dir().join(format!("corelm-profile-{}.json", std::process::id()));
     r.save(&path).unwrap();
     let back = Roofline::load(&path).unwrap();

@@ -1,0 +1,196 @@
+//! SMEPilot's planner: every operator of a planned graph on the multi-ceiling roofline.
+//!
+//! Per node: FLOPs, bytes moved, arithmetic intensity (FLOPs per byte), and the kernel family
+//! whose ceilings apply (int8 dot for quantized matrices, the dense families for F32/F16/BF16
+//! ones, F32 for attention and the element-wise ops). On each target that has the family:
+//! attainable GFLOP/s = min(ceiling of all its workers, intensity × its memory bandwidth), and
+//! the regime — memory-bound below half the target's ridge point, compute-bound above twice it,
+//! ridge-crossing between.
+//!
+//! **Placement rule.** An operator is split across targets (output tiles in the ratio of their
+//! ceilings, SMEPilot eq. 1) only when it is compute-bound on the *combined* roofline: its
+//! intensity × the shared memory roof (every target busy) reaches the combined ceiling, so no
+//! target starves the other of bandwidth. Otherwise it runs on the single target with the
+//! highest attainable rate (the vector cores on ties). On the M4 Pro profile this gives the
+//! paper's placements: a decode GEMV on the CPU, a 16-row batched decode on SME, a long prefill's
+//! FFN split.
+//!
+//! **Threads.** A memory-bound operator on the vector target runs on the fewest threads that
+//! reach 90 % of the measured bandwidth (the knee); everything else on every worker.
+//!
+//! The planner runs once per planned graph (batch shape), never per token.
+
+use crate::profile::Roofline;
+use corelm_core::graph::Graph;
+use corelm_core::tensor::Op;
+use corelm_kernels::DType;
+
+/// Where an operator runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Placement {
+    /// One target by name.
+    On(String),
+    /// Output tiles split: (target, share) pairs, shares summing to 1.
+    Split(Vec<(String, f64)>),
+}
+
+/// Memory-bound, ridge-crossing or compute-bound (on the chosen target, or the combined roof
+/// for a split).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Regime {
+    Memory,
+    Ridge,
+    Compute,
+}
+
+/// One operator's plan.
+#[derive(Clone, Debug)]
+pub struct OpPlan {
+    /// `matmul Q4_1 576×1536`, `attention`, `rms_norm`, …
+    pub label: String,
+    /// The kernel family whose ceilings were used (another than the operator's where the profile
+    /// lacks it: see [`place`]).
+    pub family: String,
+    pub flops: f64,
+    pub bytes: f64,
+    pub regime: Regime,
+    pub placement: Placement,
+    pub threads: usize,
+    /// Attainable GFLOP/s there, and the time it implies.
+    pub gflops: f64,
+    pub seconds: f64,
+}
+
+impl OpPlan {
+    pub fn intensity(&self) -> f64 {
+        self.flops / self.bytes.max(1.0)
+    }
+}
+
+/// The family whose ceilings a matrix of `t` runs at.
+fn family(t: DType) -> &'static str {
+    match t {
+        DType::F32 => "f32_fma",
+        DType::F16 => "f16_fma",
+        DType::BF16 => "bf16_dot",
+        _ => "int8_dot",
+    }
+}
+
+/// FLOPs, bytes and family of node `id` in `g`; attention sees `ctx` cached tokens per row.
+fn cost(g: &Graph, t: &corelm_core::tensor::Tensor, ctx: usize) -> (String, &'static str, f64, f64) {
+    let f32s = |n: usize| 4.0 * n as f64;
+    let elems = (t.ne[0] * t.ne[1]) as f64;
+    match t.op {
+        Op::MatMul { w, x } | Op::MatMulId { w, x, .. } => {
+            let (wt, xt) = (g.tensor(w), g.tensor(x));
+            let [k, n_out] = wt.ne;
+            let rows = t.ne[1];
+            let flops = 2.0 * (rows * k) as f64 * t.ne[0] as f64;
+            let bytes = wt.n_bytes() as f64 + xt.n_bytes() as f64 + f32s(rows * t.ne[0]);
+            (format!("matmul {} {k}×{n_out}", wt.dtype), family(wt.dtype), flops, bytes)
+        }
+        Op::Attention { p, .. } => {
+            let rows = t.ne[1] as f64;
+            let heads = (t.ne[0] / p.head_dim.max(1)) as f64;
+            // QKᵀ and PV: 2 multiply-adds per head, key and dimension; F16 keys and values of
+            // the cached cells, read once per 64-row tile.
+            let flops = 4.0 * rows * heads * (p.head_dim * ctx) as f64;
+            let kv = 2.0 * 2.0 * (ctx * p.n_kv_head * p.head_dim) as f64 * (rows / 64.0).ceil();
+            ("attention".into(), "f32_fma", flops, kv + 2.0 * f32s(t.ne[0] * t.ne[1]))
+        }
+        // K and V rows read as f32, written as F16 cache rows: no FLOPs, only bytes.
+        Op::KvStore { k, .. } => {
+            let kt = g.tensor(k);
+            ("kv_store".into(), "f32_fma", 0.0, 2.0 * 6.0 * (kt.ne[0] * kt.ne[1]) as f64)
+        }
+        // Element-wise and row ops: a few FLOPs per element, inputs and output streamed.
+        _ => {
+            let per = match t.op {
+                Op::RmsNorm { .. } | Op::Rope { .. } | Op::Glu { .. } => 5.0,
+                _ => 1.0,
+            };
+            (t.op.name().to_string(), "f32_fma", per * elems, 3.0 * f32s(t.ne[0] * t.ne[1]))
+        }
+    }
+}
+
+/// Place one operator of `flops` over `bytes` in `family` on `roof` (the rule above). Where no
+/// target has `family` (a stated profile gives only some), each target's first ceiling stands
+/// in, and the plan names the family it used.
+pub fn place(roof: &Roofline, label: String, family: &str, flops: f64, bytes: f64) -> OpPlan {
+    let ai = flops / bytes.max(1.0);
+    let alone = |name: &str| roof.memory.per_target_gbps.iter().find(|(t, _)| t == name).map_or(roof.memory.all_busy_gbps, |&(_, g)| g);
+    let has = roof.targets.iter().any(|t| t.ceilings.iter().any(|c| c.family == family));
+    // (target, family used, ceiling, attainable alone).
+    let cands: Vec<(&str, &str, f64, f64)> = roof
+        .targets
+        .iter()
+        .filter_map(|t| {
+            let c = if has { t.ceilings.iter().find(|c| c.family == family)? } else { t.ceilings.first()? };
+            Some((t.name.as_str(), c.family.as_str(), c.all_workers_gflops, c.all_workers_gflops.min(ai * alone(&t.name))))
+        })
+        .collect();
+    let vector = roof.targets.iter().find(|t| t.kind == crate::profile::TargetKind::Vector).map_or("cpu", |t| t.name.as_str());
+    let all_threads = roof.targets.iter().find(|t| t.name == vector).map_or(1, |t| t.workers);
+    let knee = roof.bandwidth_knee(0.9).unwrap_or(all_threads);
+    let used = cands.first().map_or(family, |c| c.1).to_string();
+    let combined = roof.combined.iter().find(|c| c.family == used && c.targets.len() == cands.len() && cands.len() > 1);
+    let time = |gflops: f64, bw: f64| if flops > 0.0 { flops / (gflops.max(1e-9) * 1e9) } else { bytes / (bw * 1e9) };
+    let (placement, gflops, regime, on) = match combined {
+        Some(c) if ai * roof.memory.all_busy_gbps >= c.gflops => {
+            let total: f64 = cands.iter().map(|x| x.2).sum();
+            let shares = cands.iter().map(|x| (x.0.to_string(), x.2 / total)).collect();
+            (Placement::Split(shares), c.gflops, Regime::Compute, None)
+        }
+        _ => {
+            let best = cands.iter().fold(None::<(&str, &str, f64, f64)>, |b, &x| match b {
+                Some(b) if b.3 > x.3 || (b.3 == x.3 && b.0 == vector) => Some(b),
+                _ => Some(x),
+            });
+            let Some((name, _, ceiling, att)) = best else {
+                // No target has any ceiling: the vector cores at the memory roof.
+                let att = ai * roof.memory.all_busy_gbps;
+                let seconds = time(att, roof.memory.all_busy_gbps);
+                return OpPlan { label, family: used, flops, bytes, regime: Regime::Memory, placement: Placement::On(vector.into()), threads: knee, gflops: att, seconds };
+            };
+            let ridge = ceiling / alone(name);
+            let regime = if ai < 0.5 * ridge { Regime::Memory } else if ai > 2.0 * ridge { Regime::Compute } else { Regime::Ridge };
+            (Placement::On(name.to_string()), att, regime, Some(name))
+        }
+    };
+    let threads = if regime == Regime::Memory && on == Some(vector) { knee.min(all_threads) } else { all_threads };
+    let seconds = time(gflops, roof.memory.all_busy_gbps);
+    OpPlan { label, family: used, flops, bytes, regime, placement, threads, gflops, seconds }
+}
+
+/// The plan of every node of `g` (in node order), attention seeing `ctx` cached tokens.
+pub fn plan_graph(g: &Graph, roof: &Roofline, ctx: usize) -> Vec<OpPlan> {
+    g.nodes
+        .iter()
+        .map(|&id| {
+            let t = g.tensor(id);
+            let (label, family, flops, bytes) = cost(g, t, ctx);
+            place(roof, label, family, flops, bytes)
+        })
+        .collect()
+}
+
+/// Operators with the same label and placement summed, most time first: (plan of the first,
+/// count, total FLOPs, total bytes, total seconds).
+pub fn summarize(plans: &[OpPlan]) -> Vec<(OpPlan, usize, f64, f64, f64)> {
+    let mut out: Vec<(OpPlan, usize, f64, f64, f64)> = Vec::new();
+    for p in plans {
+        match out.iter_mut().find(|(q, ..)| q.label == p.label && q.placement == p.placement) {
+            Some((_, n, f, b, s)) => {
+                *n += 1;
+                *f += p.flops;
+                *b += p.bytes;
+                *s += p.seconds;
+            }
+            None => out.push((p.clone(), 1, p.flops, p.bytes, p.seconds)),
+        }
+    }
+    out.sort_by(|a, b| b.4.total_cmp(&a.4));
+    out
+}

@@ -1,0 +1,52 @@
+//! The planner's placements on the stated Apple M4 Pro profile (SMEPilot's machine) and on a
+//! one-target machine.
+
+use corelm_plan::planner::{place, Placement, Regime};
+use corelm_plan::Roofline;
+
+fn m4() -> Roofline {
+    Roofline::load(&std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/profiles/apple-m4-pro.json")).unwrap()
+}
+
+/// An F16 matmul of `rows` activation rows through a k × n matrix: FLOPs and bytes moved.
+fn f16_matmul(rows: usize, k: usize, n: usize) -> (f64, f64) {
+    let (r, k, n) = (rows as f64, k as f64, n as f64);
+    (2.0 * r * k * n, 2.0 * k * n + 2.0 * r * k + 4.0 * r * n)
+}
+
+#[test]
+fn m4_pro_placements_are_the_papers() {
+    let roof = m4();
+    // Decode GEMV: memory-bound everywhere; the CPU reads faster than SME (247 vs 224 GB/s).
+    let (f, b) = f16_matmul(1, 4096, 4096);
+    let p = place(&roof, "gemv".into(), "f16_fma", f, b);
+    assert_eq!((p.placement.clone(), p.regime), (Placement::On("cpu".into()), Regime::Memory));
+    // Batched decode, 16 rows: past the CPU's ridge, not past the combined one: SME alone.
+    let (f, b) = f16_matmul(16, 4096, 4096);
+    let p = place(&roof, "batched".into(), "f16_fma", f, b);
+    assert_eq!(p.placement, Placement::On("sme".into()));
+    assert_eq!(p.gflops, 2920.0);
+    // A long prefill's FFN: compute-bound on the combined roofline: split 2920 : 1850.
+    let (f, b) = f16_matmul(512, 4096, 14336);
+    let p = place(&roof, "ffn".into(), "f16_fma", f, b);
+    let Placement::Split(shares) = &p.placement else { panic!("{:?}", p.placement) };
+    let sme = shares.iter().find(|(t, _)| t == "sme").unwrap().1;
+    assert!((sme - 2920.0 / 4770.0).abs() < 1e-9 && (shares.iter().map(|s| s.1).sum::<f64>() - 1.0).abs() < 1e-12);
+    assert_eq!((p.gflops, p.regime), (4270.0, Regime::Compute));
+    // A family no target has (int8 here): the vector cores at the memory roof.
+    let p = place(&roof, "q".into(), "int8_dot", 1e6, 1e6);
+    assert_eq!(p.placement, Placement::On("cpu".into()));
+}
+
+#[test]
+fn a_memory_bound_operator_stops_at_the_bandwidth_knee() {
+    let mut roof = m4();
+    // Bandwidth flat from 4 of 8 threads.
+    roof.memory.read_gbps = (1..=8).map(|t| (t, 247.0 * (t.min(4) as f64) / 4.0)).collect();
+    let (f, b) = f16_matmul(1, 4096, 4096);
+    assert_eq!(place(&roof, "gemv".into(), "f16_fma", f, b).threads, 4);
+    let (f, b) = f16_matmul(512, 4096, 4096);
+    let p = place(&roof, "gemm".into(), "f16_fma", f, b);
+    assert!(matches!(p.placement, Placement::Split(_)));
+    assert_eq!(p.threads, 8, "compute-bound: every worker");
+}
