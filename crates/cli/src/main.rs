@@ -91,9 +91,23 @@ pub(crate) struct PlaceArgs {
     /// workers (it sets --threads and --tp), and the decode configuration's for short passes.
     #[arg(long, env = "CORELM_PLAN")]
     pub(crate) plan: Option<PathBuf>,
+    /// Plan each graph on a roofline profile (`corelm profile`): `auto` for this machine's
+    /// (measured once, cached), or a profile file. Memory-bound operators then run on the
+    /// threads that saturate bandwidth (the knee) instead of every worker; same results.
+    #[arg(long, env = "CORELM_ROOFLINE")]
+    pub(crate) roofline: Option<String>,
 }
 
 impl PlaceArgs {
+    /// The profile named by `--roofline`.
+    pub(crate) fn load_roofline(&self) -> Result<Option<corelm_plan::Roofline>> {
+        Ok(match self.roofline.as_deref() {
+            None => None,
+            Some("auto") => Some(profile::this_machine()?),
+            Some(p) => Some(corelm_plan::Roofline::load(std::path::Path::new(p))?),
+        })
+    }
+
     /// The plan file named by `--plan`, read and checked.
     pub(crate) fn load_plan(&self) -> Result<Option<corelm_engine::plan::Plan>> {
         Ok(match &self.plan {
@@ -338,6 +352,7 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         repack: !m.kernels.no_repack,
         isa: None, // the process default, which `--isa` set
         plan: m.place.load_plan()?,
+        roofline: m.place.load_roofline()?,
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", path.display()))?;

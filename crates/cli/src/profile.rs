@@ -55,27 +55,35 @@ pub fn describe(r: &Roofline) -> String {
     s
 }
 
+/// This machine's cached profile, measured and cached if there is none.
+pub fn this_machine() -> Result<Roofline> {
+    let kernels = corelm_kernels::kernels();
+    let n = corelm_engine::engine::default_threads();
+    let machine = cpu_model();
+    let path = corelm_plan::profile::cache_path(&machine, &kernels.isa().to_string(), n);
+    if let Ok(r) = Roofline::load(&path) {
+        return Ok(r);
+    }
+    eprintln!("no cached roofline profile: measuring this machine ({n} cores) …");
+    let r = corelm_plan::profile::measure(kernels, &machine, n, 512 << 20);
+    r.save(&path)?;
+    Ok(r)
+}
+
 pub fn profile(a: &ProfileArgs) -> Result<()> {
     let r = match &a.show {
         Some(p) => Roofline::load(p)?,
+        None if !a.refresh => this_machine()?,
         None => {
             let kernels = corelm_kernels::kernels();
-            let n = corelm_core_cores();
+            let n = corelm_engine::engine::default_threads();
             let machine = cpu_model();
             let path = corelm_plan::profile::cache_path(&machine, &kernels.isa().to_string(), n);
-            match Roofline::load(&path) {
-                Ok(r) if !a.refresh => {
-                    eprintln!("cached profile {} (--refresh measures again)", path.display());
-                    r
-                }
-                _ => {
-                    eprintln!("measuring {n} core(s) with the {} kernels …", kernels.isa());
-                    let r = corelm_plan::profile::measure(kernels, &machine, n, 512 << 20);
-                    r.save(&path)?;
-                    eprintln!("cached in {}", path.display());
-                    r
-                }
-            }
+            eprintln!("measuring {n} core(s) with the {} kernels …", kernels.isa());
+            let r = corelm_plan::profile::measure(kernels, &machine, n, 512 << 20);
+            r.save(&path)?;
+            eprintln!("cached in {}", path.display());
+            r
         }
     };
     if let Some(out) = &a.out {
@@ -85,7 +93,3 @@ pub fn profile(a: &ProfileArgs) -> Result<()> {
     Ok(())
 }
 
-/// Physical cores this process may use.
-fn corelm_core_cores() -> usize {
-    corelm_engine::engine::default_threads()
-}

@@ -29,21 +29,6 @@ pub struct PlanArgs {
     svg: Option<PathBuf>,
 }
 
-/// This machine's cached profile, measured and cached if there is none.
-fn this_machine() -> Result<Roofline> {
-    let kernels = corelm_kernels::kernels();
-    let n = corelm_engine::engine::default_threads();
-    let machine = crate::profile::cpu_model();
-    let path = corelm_plan::profile::cache_path(&machine, &kernels.isa().to_string(), n);
-    if let Ok(r) = Roofline::load(&path) {
-        return Ok(r);
-    }
-    eprintln!("no cached profile: measuring this machine ({n} cores) …");
-    let r = corelm_plan::profile::measure(kernels, &machine, n, 512 << 20);
-    r.save(&path)?;
-    Ok(r)
-}
-
 fn placement(p: &Placement) -> String {
     match p {
         Placement::On(t) => t.clone(),
@@ -94,7 +79,7 @@ pub fn plan(a: &PlanArgs) -> Result<()> {
     }
     let roof = match &a.profile {
         Some(p) => Roofline::load(p)?,
-        None => this_machine()?,
+        None => crate::profile::this_machine()?,
     };
     let model = crate::resolve_model(&a.model)?;
     let n = a.prompt.max(1);

@@ -111,6 +111,10 @@ pub struct Graph {
     pub lists: Vec<Vec<TensorId>>,
     /// What follows each node of `nodes`.
     pub sync: Vec<Sync>,
+    /// Most workers each node of `nodes` is split among (0: all of its group or of the pool):
+    /// a roofline plan caps memory-bound nodes at the bandwidth knee. The others wait at the
+    /// node's barrier.
+    pub threads: Vec<u16>,
 }
 
 impl Graph {
@@ -560,6 +564,7 @@ impl<'k> Builder<'k> {
         Graph {
             result: result.single(),
             lists: self.lists,
+            threads: vec![0; self.nodes.len()],
             sync,
             tensors: self.tensors,
             nodes: self.nodes,

@@ -14,6 +14,10 @@
 //!   global barrier count the view's workers alone. Sandwich switches between its prefill and
 //!   decode configurations this way, without restarting or re-pinning a thread.
 //!
+//! * A panic in a job (a bug) does not hang the pool: the panicking worker sets an abort flag,
+//!   workers waiting at a barrier leave the job, `run` re-raises the panic in the caller once
+//!   all have left, and the pool takes new jobs.
+//!
 //! Invariant: the group layout changes only between jobs (`split`/`rejoin`/`add_view` take
 //! `&mut self`).
 
@@ -43,8 +47,14 @@ pub struct Barrier {
 impl Barrier {
     /// Wait until `n` participants (the same `n` for everyone) have arrived.
     pub fn wait(&self, n: usize) {
+        self.wait_or_abort(n, &AtomicBool::new(false));
+    }
+
+    /// [`Barrier::wait`], giving up (false) once `abort` is set: a participant panicked and
+    /// will never arrive.
+    fn wait_or_abort(&self, n: usize, abort: &AtomicBool) -> bool {
         if n <= 1 {
-            return;
+            return true;
         }
         let phase = self.phase.0.load(Ordering::Acquire);
         if self.count.0.fetch_add(1, Ordering::AcqRel) == n - 1 {
@@ -54,16 +64,33 @@ impl Barrier {
         } else {
             let mut spins = 0u32;
             while self.phase.0.load(Ordering::Acquire) == phase {
+                // The abort flag is looked at now and then, off the fast path.
                 if spins < SPIN_BEFORE_YIELD {
                     std::hint::spin_loop();
                     spins += 1;
+                    if spins.is_multiple_of(256) && abort.load(Ordering::Relaxed) {
+                        return false;
+                    }
                 } else {
+                    if abort.load(Ordering::Relaxed) {
+                        return false;
+                    }
                     std::thread::yield_now();
                 }
             }
         }
+        true
+    }
+
+    /// After an aborted job: no participant is inside, start counting afresh.
+    fn reset(&self) {
+        self.count.0.store(0, Ordering::Relaxed);
+        self.phase.0.fetch_add(1, Ordering::Release);
     }
 }
+
+/// The unwind payload of a worker leaving a job because another worker panicked.
+struct Aborted;
 
 /// A view of the pool: some of its workers, in groups. Inside a job of the view, workers are
 /// numbered 0.. in group order and `groups` are ranges of those numbers.
@@ -113,17 +140,23 @@ pub struct Worker<'a> {
     pub group_ith: usize,
     pub group_nth: usize,
     layout: &'a Layout,
+    /// Set when a worker of the job panicked: barriers give up instead of waiting for it.
+    abort: &'a AtomicBool,
 }
 
 impl Worker<'_> {
     /// Sync this worker's group.
     pub fn barrier(&self) {
-        self.layout.barriers[self.group].wait(self.group_nth);
+        if !self.layout.barriers[self.group].wait_or_abort(self.group_nth, self.abort) {
+            std::panic::resume_unwind(Box::new(Aborted));
+        }
     }
 
     /// Sync every worker of the job (of its view).
     pub fn global_barrier(&self) {
-        self.layout.global.wait(self.nth);
+        if !self.layout.global.wait_or_abort(self.nth, self.abort) {
+            std::panic::resume_unwind(Box::new(Aborted));
+        }
     }
 
     /// The worker ranges of all groups.
@@ -143,6 +176,8 @@ struct Shared {
     shutdown: AtomicBool,
     sleepers: Mutex<usize>,
     wake: Condvar,
+    /// A worker of the running job panicked.
+    aborted: AtomicBool,
 }
 
 // SAFETY: the raw pointers in `job` are written by the owner of the pool before bumping
@@ -180,6 +215,7 @@ impl ThreadPool {
             shutdown: AtomicBool::new(false),
             sleepers: Mutex::new(0),
             wake: Condvar::new(),
+            aborted: AtomicBool::new(false),
         });
         let caller_affinity = cfg.cpus.first().map(|&cpu| {
             let before = current_affinity();
@@ -273,7 +309,10 @@ impl ThreadPool {
                 s.wake.notify_all();
             }
         }
-        run_job(0, f, layout);
+        let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(0, f, layout, &s.aborted)));
+        if mine.is_err() {
+            s.aborted.store(true, Ordering::Release);
+        }
         if s.n > 1 {
             let mut spins = 0u32;
             while s.done.0.load(Ordering::Acquire) != s.n - 1 {
@@ -286,14 +325,24 @@ impl ThreadPool {
             }
             s.done.0.store(0, Ordering::Relaxed);
         }
+        if s.aborted.swap(false, Ordering::AcqRel) {
+            // Every worker has left the job: the barriers it left half-counted start afresh,
+            // and the pool takes jobs again. The caller sees the panic.
+            layout.global.reset();
+            layout.barriers.iter().for_each(Barrier::reset);
+            match mine {
+                Err(payload) if !payload.is::<Aborted>() => std::panic::resume_unwind(payload),
+                _ => panic!("a worker thread panicked during a pool job (its message is above)"),
+            }
+        }
     }
 }
 
 /// Pool worker `worker`'s part of a job on `layout` (nothing outside the view).
-fn run_job(worker: usize, f: &(dyn Fn(&Worker) + Sync + '_), layout: &Layout) {
+fn run_job(worker: usize, f: &(dyn Fn(&Worker) + Sync + '_), layout: &Layout, abort: &AtomicBool) {
     let Some((ith, group)) = layout.slot[worker] else { return };
     let g = &layout.groups[group];
-    let w = Worker { ith, nth: layout.n_active(), group, group_ith: ith - g.start, group_nth: g.len(), layout };
+    let w = Worker { ith, nth: layout.n_active(), group, group_ith: ith - g.start, group_nth: g.len(), layout, abort };
     f(&w);
 }
 
@@ -327,7 +376,11 @@ fn worker_loop(s: &Shared, ith: usize) {
         // and layout stay alive until `done` reaches n-1, which we signal only afterwards.
         let Some((f, layout)) = (unsafe { *s.job.get() }) else { continue };
         // SAFETY: see above; both pointers were set from live references by `run`.
-        unsafe { run_job(ith, &*f, &*layout) };
+        // A panic (its message printed by the hook) or an abort: tell the others, then report done.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { run_job(ith, &*f, &*layout, &s.aborted) }));
+        if r.is_err() {
+            s.aborted.store(true, Ordering::Release);
+        }
         s.done.0.fetch_add(1, Ordering::AcqRel);
     }
 }

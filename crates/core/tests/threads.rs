@@ -189,3 +189,36 @@ fn views_run_on_their_workers_only_and_number_them_from_zero() {
     p.split(&[6]).unwrap();
     assert_eq!(p.groups(), &[0..6]);
 }
+
+#[test]
+fn a_panicking_worker_fails_the_job_not_the_pool() {
+    let p = pool(3);
+    for culprit in [0, 2] {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            p.run(&|w: &Worker| {
+                w.global_barrier();
+                if w.ith == culprit {
+                    panic!("kernel bug on worker {culprit}");
+                }
+                // The others wait for it at the next barrier, which gives up.
+                w.global_barrier();
+            })
+        }));
+        let msg = r.unwrap_err();
+        let text = msg.downcast_ref::<String>().cloned().or(msg.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+        if culprit == 0 {
+            assert_eq!(text, "kernel bug on worker 0", "the caller's own panic comes back as it was");
+        } else {
+            assert!(text.contains("a worker thread panicked"), "{text}");
+        }
+        // The pool still works, barriers counted afresh.
+        let n = AtomicUsize::new(0);
+        p.run(&|w: &Worker| {
+            for _ in 0..100 {
+                w.global_barrier();
+            }
+            n.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(n.load(Ordering::Relaxed), 3);
+    }
+}

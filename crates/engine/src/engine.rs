@@ -70,6 +70,9 @@ pub struct EngineConfig {
     /// groups (the prefill configuration; `n_threads` and `tp` follow it) and a decode view of
     /// them that passes shorter than its `prefill_min_tokens` run on.
     pub plan: Option<crate::plan::Plan>,
+    /// A roofline profile (`corelm profile`): each graph, when planned, caps its memory-bound
+    /// nodes at the profile's bandwidth knee (`corelm_plan::planner::cap_threads`). Same bits.
+    pub roofline: Option<corelm_plan::Roofline>,
 }
 
 impl Default for EngineConfig {
@@ -90,6 +93,7 @@ impl Default for EngineConfig {
             repack: true,
             isa: None,
             plan: None,
+            roofline: None,
         }
     }
 }
@@ -330,6 +334,9 @@ impl Engine {
             gguf.release(offset, len);
         }
         packed.apply(&mut g);
+        if let Some(roof) = &cfg.roofline {
+            corelm_plan::planner::cap_threads(&mut g, roof, cfg.n_ctx / 2);
+        }
         let pools = Pools::new(g.act_bytes, g.out_bytes, &placement.memory)
             .map_err(|e| Error::Config(format!("activation pools for a batch of {}: {e}", cfg.n_batch)))?;
         for (what, t) in [("K", cfg.cache_type_k), ("V", cfg.cache_type_v)] {
@@ -369,7 +376,11 @@ impl Engine {
         };
         // The smallest group of any view sizes the per-worker scratch.
         let views = std::iter::once(0).chain(decode_view);
-        let group_threads = views.flat_map(|v| pool.view_groups(v).iter().map(|g| g.len())).min().unwrap_or(cfg.n_threads);
+        let mut group_threads = views.flat_map(|v| pool.view_groups(v).iter().map(|g| g.len())).min().unwrap_or(cfg.n_threads);
+        if cfg.roofline.is_some() {
+            // A roofline plan may cap a node at one worker, which then takes all its rows.
+            group_threads = 1;
+        }
         let mut exec = Executor::new(cfg.n_threads, group_threads, g.max_head_dim, &g);
         exec.dump_dir = std::env::var_os("CORELM_DUMP_DIR").map(Into::into);
         exec.batch_invariant = cfg.batch_invariant;
@@ -421,6 +432,11 @@ impl Engine {
         self.graphs.iter().find(|(&(n, _), _)| n == n_tokens).map(|(_, g)| g.barriers())
     }
 
+    /// Nodes of the graph for `n_tokens` tokens capped below every worker by the roofline plan.
+    pub fn capped_nodes(&mut self, n_tokens: usize, n_out: usize) -> usize {
+        self.graph(n_tokens, n_out).threads.iter().filter(|&&t| t > 0).count()
+    }
+
     /// The graph of passes of `n_tokens` tokens with `n_out` logit rows, planned (once per
     /// shape, then cached) if it was not yet. `n_tokens` at most the batch size.
     pub fn graph(&mut self, n_tokens: usize, n_out: usize) -> &corelm_core::graph::Graph {
@@ -430,6 +446,9 @@ impl Engine {
             let out = self.model.build(&mut b);
             let mut g = b.finish(&out);
             self.packed.apply(&mut g);
+            if let Some(roof) = &self.cfg.roofline {
+                corelm_plan::planner::cap_threads(&mut g, roof, self.cfg.n_ctx / 2);
+            }
             self.graphs.insert(key, g);
         }
         &self.graphs[&key]

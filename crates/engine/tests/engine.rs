@@ -509,3 +509,44 @@ fn the_plan_rule_picks_the_faster_pair_and_where_they_cross() {
     assert!(Plan::choose(&[], 128, 128).is_none());
     let _ = two;
 }
+
+/// A roofline whose bandwidth saturates at one thread: memory-bound nodes run on one worker of
+/// two, compute-bound ones (prefill's matmuls) on both, attention on both — the same logits.
+#[test]
+fn roofline_thread_caps_keep_the_logits() {
+    use corelm_plan::profile::{Ceiling, Memory, Roofline, Target, TargetKind};
+    let roof = Roofline {
+        machine: "test".into(),
+        source: "stated: test".into(),
+        targets: vec![Target {
+            name: "cpu".into(),
+            kind: TargetKind::Vector,
+            workers: 2,
+            ceilings: ["int8_dot", "f32_fma"]
+                .map(|f| Ceiling { family: f.into(), kernel: "test".into(), one_worker_gflops: 1000.0, all_workers_gflops: 2000.0 })
+                .to_vec(),
+        }],
+        combined: Vec::new(),
+        memory: Memory { read_gbps: vec![(1, 40.0), (2, 41.0)], per_target_gbps: vec![("cpu".into(), 41.0)], all_busy_gbps: 41.0 },
+    };
+    assert_eq!(roof.bandwidth_knee(0.9), Some(1));
+    let prompt: Vec<u32> = (0..40).map(|i| 100 + 37 * i).collect();
+    let (mut plain, _) = load(SMOL, test_config(2));
+    let (mut capped, _) = load(SMOL, corelm_engine::EngineConfig { roofline: Some(roof), ..test_config(2) });
+    let mut outs = Vec::new();
+    for e in [&mut plain, &mut capped] {
+        let mut rows = Vec::new();
+        e.feed(0, &prompt, true, |l| (0..l.rows()).for_each(|r| rows.push(l.row(r).to_vec()))).unwrap();
+        let mut b = Batch::new();
+        b.add(7, prompt.len() as i32, 0, true);
+        rows.push(e.decode(&b).unwrap().row(0).to_vec());
+        outs.push(rows);
+    }
+    assert_eq!(outs[0], outs[1]);
+    // Decode: every matmul and element-wise node is memory-bound, attention is not capped.
+    let n_decode = capped.capped_nodes(1, 1);
+    let n_prefill = capped.capped_nodes(40, 40);
+    // Decode's 211 matmuls are memory-bound (3 FLOP/byte, ridge 49), prefill's are not.
+    assert!(n_decode >= n_prefill + 211, "decode {n_decode}, prefill {n_prefill}");
+    assert_eq!(plain.capped_nodes(1, 1), 0);
+}

@@ -194,3 +194,21 @@ pub fn summarize(plans: &[OpPlan]) -> Vec<(OpPlan, usize, f64, f64, f64)> {
     out.sort_by(|a, b| b.4.total_cmp(&a.4));
     out
 }
+
+/// Cap each memory-bound node of `g` at the bandwidth knee of `roof` (`Graph::threads`), where
+/// the knee is below the node's workers — the planner's thread counts, applied once when a
+/// graph is planned. Attention is never capped: llama.cpp's split of long single-row attention
+/// follows the thread count, and its bits with it. Returns how many nodes were capped.
+pub fn cap_threads(g: &mut Graph, roof: &Roofline, ctx: usize) -> usize {
+    let plans = plan_graph(g, roof, ctx);
+    let mut capped = 0;
+    for (i, p) in plans.iter().enumerate() {
+        let attention = matches!(g.tensor(g.nodes[i]).op, Op::Attention { .. });
+        let vector_only = matches!(&p.placement, Placement::On(_));
+        if p.regime == Regime::Memory && vector_only && !attention && p.threads < u16::MAX as usize {
+            g.threads[i] = p.threads as u16;
+            capped += 1;
+        }
+    }
+    capped
+}

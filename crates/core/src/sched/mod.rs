@@ -179,7 +179,8 @@ impl Executor {
     }
 
     /// Run `graph` to completion over `weights` on view `view` of `pool` (0: every worker;
-    /// a view has as many groups as the graph has shards). Results do not depend on the view.
+    /// a view has as many groups as the graph has shards). Results do not depend on the view, but
+    /// for single-row attention over 512+ cells, split by the view's thread count (`kv_split`).
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
@@ -213,16 +214,17 @@ impl Executor {
             let mut scratch = self.scratch[w.ith].lock().unwrap_or_else(|e| e.into_inner());
             let mut prof = if w.ith == 0 { prof.lock().ok() } else { None };
             let profiling = prof.as_ref().is_some_and(|g| g.is_some());
-            for (&id, &sync) in graph.nodes.iter().zip(&graph.sync) {
+            for ((&id, &sync), &cap) in graph.nodes.iter().zip(&graph.sync).zip(&graph.threads) {
                 let t0 = profiling.then(Instant::now);
                 // A parallel subgraph's node runs on its group only, split among the group's
-                // workers; a serial node on every worker.
+                // workers; a serial node on every worker; either capped at `cap` workers.
                 let (mine, ith, nth) = match graph.tensor(id).group {
                     Some(g) => (g as usize == w.group, w.group_ith, w.group_nth),
                     None => (true, w.ith, w.nth),
                 };
-                if mine {
-                    ctx.exec(id, ith, nth, &mut scratch);
+                let nth_cap = if cap == 0 { nth } else { nth.min(cap as usize) };
+                if mine && ith < nth_cap {
+                    ctx.exec(id, ith, nth_cap, &mut scratch);
                 }
                 match sync {
                     After::Group if mine => w.barrier(),
