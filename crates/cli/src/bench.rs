@@ -62,6 +62,19 @@ fn bench_threads(a: &BenchArgs) -> Result<Vec<usize>> {
     })
 }
 
+/// The engine of one thread count `t` (0: the plan's) with the bench's placement and kernels.
+fn model_args(a: &BenchArgs, path: &std::path::Path, t: usize, ctx_size: usize, batch_size: usize) -> ModelArgs {
+    ModelArgs {
+        model: Some(path.to_path_buf()),
+        threads: (t > 0).then_some(t),
+        ctx_size,
+        batch_size,
+        no_pin: a.no_pin,
+        place: a.place.clone(),
+        kernels: a.kernels,
+    }
+}
+
 /// `bench --npl`: llama-batched-bench's table (PP, TG, B, N_KV, T_PP, S_PP, T_TG, S_TG, T, S).
 fn bench_batched(a: &BenchArgs) -> Result<()> {
     let npp = a.n_prompt.first().copied().unwrap_or(128);
@@ -79,16 +92,8 @@ fn bench_batched(a: &BenchArgs) -> Result<()> {
         println!("|---|---|---|---|---|---|---|---|---|---|---|");
     }
     for &t in &threads {
-        let ma = ModelArgs {
-            model: Some(path.clone()),
-            threads: (t > 0).then_some(t),
-            // Every sequence's cells, rounded up to whole KV blocks per sequence.
-            ctx_size: max_npl * (npp + ntg + 64),
-            batch_size: a.batch_size.max(max_npl),
-            no_pin: a.no_pin,
-            place: a.place.clone(),
-            kernels: a.kernels,
-        };
+        // Every sequence's cells, rounded up to whole KV blocks per sequence.
+        let ma = model_args(a, &path, t, max_npl * (npp + ntg + 64), a.batch_size.max(max_npl));
         let (mut engine, _) = load(&ma, max_npl)?;
         let t = engine.config().n_threads;
         for &b in &a.npl {
@@ -128,15 +133,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         println!("|---|---|---|---|---|");
     }
     for &t in &threads {
-        let ma = ModelArgs {
-            model: Some(path.clone()),
-            threads: (t > 0).then_some(t),
-            ctx_size: max_tokens + 16,
-            batch_size: n_batch,
-            no_pin: a.no_pin,
-            place: a.place.clone(),
-            kernels: a.kernels,
-        };
+        let ma = model_args(a, &path, t, max_tokens + 16, n_batch);
         let (mut engine, _) = load(&ma, 1)?;
         let t = engine.config().n_threads;
         let name = engine.gguf().opt_str("general.name").ok().flatten().unwrap_or("?").to_string();

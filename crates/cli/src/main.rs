@@ -103,7 +103,7 @@ impl PlaceArgs {
     pub(crate) fn load_roofline(&self) -> Result<Option<corelm_plan::Roofline>> {
         Ok(match self.roofline.as_deref() {
             None => None,
-            Some("auto") => Some(profile::this_machine()?),
+            Some("auto") => Some(profile::this_machine(false)?),
             Some(p) => Some(corelm_plan::Roofline::load(std::path::Path::new(p))?),
         })
     }

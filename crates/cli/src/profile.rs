@@ -55,36 +55,28 @@ pub fn describe(r: &Roofline) -> String {
     s
 }
 
-/// This machine's cached profile, measured and cached if there is none.
-pub fn this_machine() -> Result<Roofline> {
+/// This machine's profile: the cached one, or (none cached, or `refresh`) measured and cached.
+pub fn this_machine(refresh: bool) -> Result<Roofline> {
     let kernels = corelm_kernels::kernels();
     let n = corelm_engine::engine::default_threads();
     let machine = cpu_model();
     let path = corelm_plan::profile::cache_path(&machine, &kernels.isa().to_string(), n);
-    if let Ok(r) = Roofline::load(&path) {
-        return Ok(r);
+    if !refresh {
+        if let Ok(r) = Roofline::load(&path) {
+            return Ok(r);
+        }
     }
-    eprintln!("no cached roofline profile: measuring this machine ({n} cores) …");
+    eprintln!("measuring this machine's roofline: {n} core(s), {} kernels …", kernels.isa());
     let r = corelm_plan::profile::measure(kernels, &machine, n, 512 << 20);
     r.save(&path)?;
+    eprintln!("cached in {}", path.display());
     Ok(r)
 }
 
 pub fn profile(a: &ProfileArgs) -> Result<()> {
     let r = match &a.show {
         Some(p) => Roofline::load(p)?,
-        None if !a.refresh => this_machine()?,
-        None => {
-            let kernels = corelm_kernels::kernels();
-            let n = corelm_engine::engine::default_threads();
-            let machine = cpu_model();
-            let path = corelm_plan::profile::cache_path(&machine, &kernels.isa().to_string(), n);
-            eprintln!("measuring {n} core(s) with the {} kernels …", kernels.isa());
-            let r = corelm_plan::profile::measure(kernels, &machine, n, 512 << 20);
-            r.save(&path)?;
-            eprintln!("cached in {}", path.display());
-            r
-        }
+        None => this_machine(a.refresh)?,
     };
     if let Some(out) = &a.out {
         r.save(out)?;

@@ -79,7 +79,7 @@ pub fn plan(a: &PlanArgs) -> Result<()> {
     }
     let roof = match &a.profile {
         Some(p) => Roofline::load(p)?,
-        None => crate::profile::this_machine()?,
+        None => crate::profile::this_machine(false)?,
     };
     let model = crate::resolve_model(&a.model)?;
     let n = a.prompt.max(1);

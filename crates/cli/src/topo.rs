@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use corelm_topo::sandwich::{self, MachineProfile, ServiceConfig, TNode};
 use corelm_topo::Topology;
 use std::io::Write;
+use std::path::Path;
 
 /// Options of `corelm topo --explore`.
 pub struct Explore {
@@ -44,7 +45,7 @@ fn measure(topo: &Topology, engine: &mut corelm_engine::Engine, w: &sandwich::Wo
 
 /// The profile the model is fed: the stated one of a snapshot (`spec`'s file stem), or for
 /// this machine (`spec` none) one measured now.
-pub fn profile(spec: Option<&str>, topo: &Topology, engine: &mut corelm_engine::Engine, w: &sandwich::Workload) -> Result<MachineProfile> {
+fn profile(spec: Option<&str>, topo: &Topology, engine: &mut corelm_engine::Engine, w: &sandwich::Workload) -> Result<MachineProfile> {
     Ok(match spec {
         Some(s) => {
             let stem = std::path::Path::new(s).file_stem().and_then(|x| x.to_str()).unwrap_or(s);
@@ -59,14 +60,25 @@ pub fn profile(spec: Option<&str>, topo: &Topology, engine: &mut corelm_engine::
     })
 }
 
-pub fn explore(spec: Option<&str>, topo: &Topology, opts: &Explore) -> Result<()> {
-    let cfg = corelm_engine::EngineConfig { n_ctx: 512, n_batch: 128, n_seq_max: 1, pin: false, ..Default::default() };
-    let mut engine = corelm_engine::Engine::load(&opts.model, cfg).with_context(|| format!("loading {}", opts.model.display()))?;
-    // Plan the one-token graph, whose nodes per layer the workload counts.
-    engine.feed(0, &[1], false, |_| {})?;
-    engine.clear_all();
+/// `model` loaded for passes of up to `prompt` tokens, its workload, and the profile of the
+/// machine (`spec`, or this one measured) the latency model is fed.
+pub fn model_and_profile(
+    model: &Path,
+    spec: Option<&str>,
+    topo: &Topology,
+    prompt: usize,
+) -> Result<(corelm_engine::Engine, sandwich::Workload, MachineProfile)> {
+    let cfg = corelm_engine::EngineConfig { n_ctx: prompt + 64, n_batch: prompt.max(1), n_seq_max: 1, pin: false, ..Default::default() };
+    let mut engine = corelm_engine::Engine::load(model, cfg).with_context(|| format!("loading {}", model.display()))?;
+    // The one-token graph, whose nodes per layer the workload counts.
+    engine.graph(1, 1);
     let w = corelm_engine::bench::workload(&engine);
     let prof = profile(spec, topo, &mut engine, &w)?;
+    Ok((engine, w, prof))
+}
+
+pub fn explore(spec: Option<&str>, topo: &Topology, opts: &Explore) -> Result<()> {
+    let (engine, w, prof) = model_and_profile(&opts.model, spec, topo, opts.prompt)?;
     let h = engine.hyper();
     let lim = sandwich::Limits::for_model(h.n_head, 0);
     let tree = TNode::from_topology(topo);
@@ -81,10 +93,7 @@ pub fn explore(spec: Option<&str>, topo: &Topology, opts: &Explore) -> Result<()
     for (phase, tokens) in [("decode", 1), ("prefill", opts.prompt)] {
         let t0 = std::time::Instant::now();
         let score = |c: &ServiceConfig| sandwich::pass_seconds(topo, &prof, &w, c, tokens);
-        let ex = sandwich::explore(tree.clone(), opts.steps, 50_000, |t| {
-            sandwich::search(&sandwich::configs(t, &lim), 0, score).best.map_or(f64::INFINITY, |b| b.1)
-        });
-        let all = sandwich::dedup(ex.trees.iter().flat_map(|e| sandwich::configs(&e.tree, &lim)));
+        let (ex, all) = sandwich::candidates(tree.clone(), opts.steps, 50_000, &lim, score);
         let mut ranked: Vec<(f64, &ServiceConfig)> = all.iter().map(|c| (score(c), c)).collect();
         ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
         writeln!(
@@ -101,7 +110,7 @@ pub fn explore(spec: Option<&str>, topo: &Topology, opts: &Explore) -> Result<()
 
 /// Units of width a node takes in the drawing: a node whose children are all cores is one box.
 fn units(n: &TNode) -> usize {
-    if n.is_leaf() || n.children.iter().all(TNode::is_leaf) {
+    if n.is_leaf() || n.of_cores() {
         1
     } else {
         n.children.iter().map(units).sum()
@@ -110,12 +119,9 @@ fn units(n: &TNode) -> usize {
 
 /// Box text of a node: its level and cores; for a box of cores, their PUs.
 fn label(n: &TNode) -> (String, String) {
-    let head = match &n.level {
-        sandwich::Level::Hw(kinds) => kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join("+"),
-        sandwich::Level::Group { n, stride } => format!("Group {n}/{stride}"),
-    };
+    let head = n.level_name();
     let numa = n.numa.map_or(String::new(), |i| format!(" · node {i}"));
-    if !n.is_leaf() && n.children.iter().all(TNode::is_leaf) {
+    if n.of_cores() {
         let mut pus = n.pus();
         pus.sort_unstable();
         let span = match (pus.first(), pus.last()) {
@@ -137,7 +143,7 @@ pub fn draw_svg(tree: &TNode, path: &std::path::Path, title: &str) -> Result<()>
     let width = (units(tree) as i32 * W + 20).max(420);
     let depth = |n: &TNode| -> i32 {
         fn d(n: &TNode) -> i32 {
-            if n.is_leaf() || n.children.iter().all(TNode::is_leaf) { 0 } else { 1 + n.children.iter().map(d).max().unwrap_or(0) }
+            if n.is_leaf() || n.of_cores() { 0 } else { 1 + n.children.iter().map(d).max().unwrap_or(0) }
         }
         d(n)
     };
@@ -165,7 +171,7 @@ pub fn draw_svg(tree: &TNode, path: &std::path::Path, title: &str) -> Result<()>
         let (l1, l2) = label(n);
         area.draw(&Text::new(l1, (a + 6, y + 8), ("sans-serif", 12).into_font())).map_err(e)?;
         area.draw(&Text::new(l2, (a + 6, y + 26), ("sans-serif", 12).into_font())).map_err(e)?;
-        if !(n.is_leaf() || n.children.iter().all(TNode::is_leaf)) {
+        if !(n.is_leaf() || n.of_cores()) {
             let mut cx = x0;
             for c in &n.children {
                 let top = draw(area, c, cx, level + 1, palette)?;

@@ -81,14 +81,9 @@ fn measure(model: &std::path::Path, c: &ServiceConfig, prompt: usize, reps: usiz
 pub fn tune(a: &TuneArgs, model: PathBuf) -> Result<()> {
     let t0 = std::time::Instant::now();
     let topo = Topology::load_or_discover(a.topology.as_deref())?;
-    let cfg = EngineConfig { n_ctx: a.prompt + 64, n_batch: a.prompt.max(1), n_seq_max: 1, pin: false, ..Default::default() };
-    let mut engine = Engine::load(&model, cfg).with_context(|| format!("loading {}", model.display()))?;
-    engine.feed(0, &[1], false, |_| {})?; // plan the one-token graph the workload counts
-    engine.clear_all();
-    let w = corelm_engine::bench::workload(&engine);
+    let (engine, w, prof) = crate::topo::model_and_profile(&model, a.topology.as_deref(), &topo, a.prompt)?;
     let h = engine.hyper().clone();
     let n_expert = engine.gguf().opt_u64(&format!("{}.expert_count", h.arch)).ok().flatten().unwrap_or(0) as usize;
-    let prof = crate::topo::profile(a.topology.as_deref(), &topo, &mut engine, &w)?;
     drop(engine);
     let lim = sandwich::Limits::for_model(h.n_head, n_expert);
     let modelled = |c: &ServiceConfig| {
@@ -96,10 +91,7 @@ pub fn tune(a: &TuneArgs, model: PathBuf) -> Result<()> {
     };
     let request = |(p, d): (f64, f64)| p + a.gen as f64 * d;
     // 1. Candidates from the explored trees, in the model's order.
-    let ex = sandwich::explore(TNode::from_topology(&topo), a.steps, 50_000, |t| {
-        sandwich::search(&sandwich::configs(t, &lim), 0, |c| request(modelled(c))).best.map_or(f64::INFINITY, |b| b.1)
-    });
-    let mut all = sandwich::dedup(ex.trees.iter().flat_map(|e| sandwich::configs(&e.tree, &lim)));
+    let (ex, mut all) = sandwich::candidates(TNode::from_topology(&topo), a.steps, 50_000, &lim, |c| request(modelled(c)));
     all.sort_by(|x, y| request(modelled(x)).total_cmp(&request(modelled(y))));
     eprintln!(
         "{}: {} trees explored ({} duplicate shapes, {} pruned), {} candidate configurations",

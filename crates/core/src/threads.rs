@@ -124,6 +124,11 @@ impl Layout {
         Ok(Layout { groups, barriers, global: Barrier::default(), slot })
     }
 
+    /// One group of all `n` workers.
+    fn all(n: usize) -> Self {
+        Layout::new(n, std::slice::from_ref(&(0..n))).expect("one group of every worker")
+    }
+
     /// Workers in the view.
     fn n_active(&self) -> usize {
         self.groups.last().map_or(0, |g| g.end)
@@ -237,8 +242,7 @@ impl ThreadPool {
                     .expect("spawning a worker thread")
             })
             .collect();
-        let all = Layout::new(n, std::slice::from_ref(&(0..n))).expect("one group of every worker");
-        ThreadPool { shared, views: vec![all], handles, caller_affinity }
+        ThreadPool { shared, views: vec![Layout::all(n)], handles, caller_affinity }
     }
 
     pub fn n_threads(&self) -> usize {
@@ -252,21 +256,20 @@ impl ThreadPool {
             return Err(format!("group sizes {sizes:?} do not partition {} workers", self.shared.n));
         }
         let mut start = 0;
-        let groups = sizes
+        let groups: Vec<Range<usize>> = sizes
             .iter()
             .map(|&s| {
                 start += s;
                 start - s..start
             })
             .collect();
-        let groups: Vec<Range<usize>> = groups;
         self.views = vec![Layout::new(self.shared.n, &groups)?];
         Ok(())
     }
 
     /// Back to one group of all workers (views added before are dropped).
     pub fn rejoin(&mut self) {
-        self.views = vec![Layout::new(self.shared.n, std::slice::from_ref(&(0..self.shared.n))).expect("one group of every worker")];
+        self.views = vec![Layout::all(self.shared.n)];
     }
 
     /// Groups of view 0 (all workers).

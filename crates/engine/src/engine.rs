@@ -118,7 +118,6 @@ pub fn default_threads() -> usize {
     corelm_core::placement::physical_cores().len().max(1)
 }
 
-/// The shard plan of `--tp` for this model, or why that degree cannot work (`None` at 1).
 /// Under a plan with tensor parallelism on a machine of several nodes: each shard's node, where
 /// its group lies in one (its weight copies and KV rows go there); else none.
 fn plan_places(placement: &Placement, w: &crate::plan::Workers, tp: bool) -> Vec<Place> {
@@ -139,6 +138,24 @@ fn plan_places(placement: &Placement, w: &crate::plan::Workers, tp: bool) -> Vec
     places
 }
 
+/// The graph of passes of `n_tokens` tokens with `n_out` logit rows as `model` builds it,
+/// tensor-parallel per `tp`.
+fn build_graph(kernels: &'static Kernels, model: &dyn Model, tp: &Option<Arc<TpPlan>>, sync: TpSync, n_tokens: usize, n_out: usize) -> Graph {
+    let mut b = Builder::new(kernels, n_tokens, n_out).with_tp(tp.clone(), sync);
+    let out = model.build(&mut b);
+    b.finish(&out)
+}
+
+/// What a built graph needs before it runs: its weights pointed at their repacked copies and,
+/// under a roofline profile, its memory-bound nodes capped at the bandwidth knee.
+fn finish_graph(g: &mut Graph, packed: &PackedWeights, cfg: &EngineConfig) {
+    packed.apply(g);
+    if let Some(roof) = &cfg.roofline {
+        corelm_plan::planner::cap_threads(g, roof, cfg.n_ctx / 2);
+    }
+}
+
+/// The shard plan of `--tp` for this model, or why that degree cannot work (`None` at 1).
 fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig, degree: usize) -> Result<Option<Arc<TpPlan>>, Error> {
     if degree <= 1 {
         return Ok(None);
@@ -323,9 +340,7 @@ impl Engine {
             _ => (placement.cpus.clone(), Vec::new()),
         };
         // Plan the largest batch once to size the pools.
-        let mut b = Builder::new(kernels, cfg.n_batch, cfg.n_batch).with_tp(tp.clone(), cfg.tp_sync);
-        let out = model.build(&mut b);
-        let mut g = b.finish(&out);
+        let mut g = build_graph(kernels, &*model, &tp, cfg.tp_sync, cfg.n_batch, cfg.n_batch);
         let packed = PackedWeights::build(&g, gguf.bytes(), kernels, &placement.memory, cfg.repack, &shard_places)
             .map_err(|e| Error::Config(format!("repacked weights: {e}")))?;
         // The copied matrices' file pages are not read again by the kernels; drop them from
@@ -333,10 +348,7 @@ impl Engine {
         for (offset, len) in packed.file_ranges() {
             gguf.release(offset, len);
         }
-        packed.apply(&mut g);
-        if let Some(roof) = &cfg.roofline {
-            corelm_plan::planner::cap_threads(&mut g, roof, cfg.n_ctx / 2);
-        }
+        finish_graph(&mut g, &packed, &cfg);
         let pools = Pools::new(g.act_bytes, g.out_bytes, &placement.memory)
             .map_err(|e| Error::Config(format!("activation pools for a batch of {}: {e}", cfg.n_batch)))?;
         for (what, t) in [("K", cfg.cache_type_k), ("V", cfg.cache_type_v)] {
@@ -442,13 +454,8 @@ impl Engine {
     pub fn graph(&mut self, n_tokens: usize, n_out: usize) -> &corelm_core::graph::Graph {
         let key = (n_tokens, n_out);
         if !self.graphs.contains_key(&key) {
-            let mut b = Builder::new(self.kernels, n_tokens, n_out).with_tp(self.tp.clone(), self.cfg.tp_sync);
-            let out = self.model.build(&mut b);
-            let mut g = b.finish(&out);
-            self.packed.apply(&mut g);
-            if let Some(roof) = &self.cfg.roofline {
-                corelm_plan::planner::cap_threads(&mut g, roof, self.cfg.n_ctx / 2);
-            }
+            let mut g = build_graph(self.kernels, &*self.model, &self.tp, self.cfg.tp_sync, n_tokens, n_out);
+            finish_graph(&mut g, &self.packed, &self.cfg);
             self.graphs.insert(key, g);
         }
         &self.graphs[&key]

@@ -60,10 +60,8 @@ pub struct Plan {
 /// A plan file that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
-    #[error("plan {path}: {source}")]
-    Io { path: String, source: std::io::Error },
-    #[error("plan {path}: {source}")]
-    Json { path: String, source: serde_json::Error },
+    #[error("plan {0}")]
+    File(#[from] corelm_plan::file::FileError),
     #[error("plan: {0}")]
     Invalid(String),
 }
@@ -75,16 +73,13 @@ fn nested(prefill: &ServiceConfig, decode: &ServiceConfig) -> bool {
 
 impl Plan {
     pub fn load(path: &Path) -> Result<Plan, PlanError> {
-        let p = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| PlanError::Io { path: p.clone(), source })?;
-        let plan: Plan = serde_json::from_str(&text).map_err(|source| PlanError::Json { path: p, source })?;
+        let plan: Plan = corelm_plan::file::read_json(path)?;
         plan.check()?;
         Ok(plan)
     }
 
     pub fn save(&self, path: &Path) -> Result<(), PlanError> {
-        let text = serde_json::to_string_pretty(self).expect("a plan serializes");
-        std::fs::write(path, text + "\n").map_err(|source| PlanError::Io { path: path.display().to_string(), source })
+        Ok(corelm_plan::file::write_json(path, self)?)
     }
 
     /// The structural rules: non-empty groups, no CPU twice, decode nested in prefill.

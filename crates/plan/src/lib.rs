@@ -12,6 +12,7 @@
 //! Layering: `profile ← planner`; `plan ← core ← kernels`; the engine and the CLI use it, it
 //! knows no model file.
 
+pub mod file;
 pub mod planner;
 pub mod profile;
 

@@ -84,26 +84,16 @@ pub struct Roofline {
 
 /// A profile that cannot be read or written.
 #[derive(Debug, thiserror::Error)]
-pub enum ProfileError {
-    #[error("profile {path}: {source}")]
-    Io { path: String, source: std::io::Error },
-    #[error("profile {path}: {source}")]
-    Json { path: String, source: serde_json::Error },
-}
+#[error("profile {0}")]
+pub struct ProfileError(#[from] pub crate::file::FileError);
 
 impl Roofline {
     pub fn load(path: &Path) -> Result<Roofline, ProfileError> {
-        let p = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Io { path: p.clone(), source })?;
-        serde_json::from_str(&text).map_err(|source| ProfileError::Json { path: p, source })
+        Ok(crate::file::read_json(path)?)
     }
 
     pub fn save(&self, path: &Path) -> Result<(), ProfileError> {
-        let io = |source| ProfileError::Io { path: path.display().to_string(), source };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
-        std::fs::write(path, serde_json::to_string_pretty(self).expect("a profile serializes") + "\n").map_err(io)
+        Ok(crate::file::write_json(path, self)?)
     }
 
     /// A target's ceiling for a kernel family.
@@ -237,7 +227,8 @@ fn rate(p: &Probe, n: usize, secs: f64) -> f64 {
     let cpus = corelm_core::placement::physical_cores();
     let pool = ThreadPool::new(PoolConfig { n_threads: n, cpus });
     let macs = AtomicU64::new(0);
-    let run = |calls: usize| -> f64 {
+    // Seconds and multiply-adds of `calls` calls on every worker.
+    let run = |calls: usize| -> (f64, f64) {
         macs.store(0, Ordering::Relaxed);
         let t0 = Instant::now();
         pool.run(&|_w: &Worker| {
@@ -248,16 +239,16 @@ fn rate(p: &Probe, n: usize, secs: f64) -> f64 {
             }
             macs.fetch_add(m as u64, Ordering::Relaxed);
         });
-        t0.elapsed().as_secs_f64()
+        (t0.elapsed().as_secs_f64(), macs.load(Ordering::Relaxed) as f64)
     };
     let burst = 64;
-    let calls = ((secs / run(burst).max(1e-9)) * burst as f64).clamp(burst as f64, 1e7) as usize;
-    (0..3).map(|_| 2.0 * calls as f64 * n as f64 * (macs_per(p) as f64) / run(calls) / 1e9).fold(0.0, f64::max)
-}
-
-/// Multiply-adds of one call of `p`.
-fn macs_per(p: &Probe) -> usize {
-    p(&mut vec![0i32; corelm_kernels::matmul::layout::scratch_len(K)])
+    let calls = ((secs / run(burst).0.max(1e-9)) * burst as f64).clamp(burst as f64, 1e7) as usize;
+    (0..3)
+        .map(|_| {
+            let (t, m) = run(calls);
+            2.0 * m / t / 1e9
+        })
+        .fold(0.0, f64::max)
 }
 
 /// The kernel families measured.

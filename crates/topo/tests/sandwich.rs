@@ -152,8 +152,7 @@ mod snapshots {
         let prof = MachineProfile::stated(name).unwrap();
         let lim = Limits::for_model(W7B.n_head, 0);
         let score = |c: &ServiceConfig| pass_seconds(topo, &prof, &W7B, c, tokens);
-        let ex = explore(TNode::from_topology(topo), 3, 20_000, |t| search(&configs(t, &lim), 0, score).best.map_or(f64::INFINITY, |b| b.1));
-        let candidates = dedup(ex.trees.iter().flat_map(|e| configs(&e.tree, &lim)));
+        let (ex, candidates) = corelm_topo::sandwich::candidates(TNode::from_topology(topo), 3, 20_000, &lim, score);
         let best = search(&candidates, 0, score).best.unwrap();
         println!(
             "{name} ({tokens} rows): {} trees, {} duplicates, {} pruned, {} configurations; best {:.3} ms {}",

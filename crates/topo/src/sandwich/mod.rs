@@ -16,3 +16,18 @@ pub use config::{configs, dedup, search, Limits, Search, ServiceConfig};
 pub use explore::{explore, Exploration, Explored};
 pub use model::{pass_seconds, Cluster, MachineProfile, Workload};
 pub use topotree::{Level, TNode, Transform};
+
+/// The candidates of a machine: `root` explored (at most `max_steps` transforms deep,
+/// `max_trees` trees), each tree scored by its best configuration under `score`; returns the
+/// exploration and every configuration of every explored tree within `limits`, duplicates gone.
+pub fn candidates(
+    root: TNode,
+    max_steps: usize,
+    max_trees: usize,
+    limits: &Limits,
+    mut score: impl FnMut(&ServiceConfig) -> f64,
+) -> (Exploration, Vec<ServiceConfig>) {
+    let ex = explore(root, max_steps, max_trees, |t| search(&configs(t, limits), 0, &mut score).best.map_or(f64::INFINITY, |b| b.1));
+    let all = dedup(ex.trees.iter().flat_map(|e| configs(&e.tree, limits)));
+    (ex, all)
+}

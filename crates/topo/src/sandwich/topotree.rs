@@ -48,6 +48,24 @@ pub enum Transform {
     Remove { n: usize, depth: usize },
 }
 
+impl Transform {
+    /// The depth of the nodes whose children it rewrites.
+    pub fn depth(self) -> usize {
+        match self {
+            Transform::Group { depth, .. } | Transform::Remove { depth, .. } => depth,
+        }
+    }
+
+    /// Whether it applies to a node of `children` children: `group` when 1 < n < children and
+    /// the children are a multiple of n·stride; `remove` when it leaves at least one.
+    fn applies_to(self, children: usize) -> bool {
+        match self {
+            Transform::Group { n, stride, .. } => n > 1 && n < children && stride >= 1 && children % (n * stride) == 0,
+            Transform::Remove { n, .. } => n >= 1 && n < children,
+        }
+    }
+}
+
 impl fmt::Display for Transform {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
@@ -104,6 +122,11 @@ impl TNode {
 
     pub fn is_leaf(&self) -> bool {
         self.children.is_empty()
+    }
+
+    /// An inner node whose children are all cores (a cluster, an L3, a node of cores).
+    pub fn of_cores(&self) -> bool {
+        !self.is_leaf() && self.children.iter().all(TNode::is_leaf)
     }
 
     /// Cores below (leaves), in tree order.
@@ -176,18 +199,12 @@ impl TNode {
     /// (`group`: 1 < n < children, children a multiple of n·stride; `remove`: fewer than the
     /// children), or there is no inner node at that depth.
     pub fn apply(&self, t: Transform) -> Option<TNode> {
-        let (depth, ok): (usize, Box<dyn Fn(usize) -> bool>) = match t {
-            Transform::Group { n, stride, depth } => {
-                (depth, Box::new(move |c| n > 1 && n < c && stride >= 1 && c % (n * stride) == 0))
-            }
-            Transform::Remove { n, depth } => (depth, Box::new(move |c| n >= 1 && n < c)),
-        };
-        let fan = self.fanouts(depth);
-        if fan.is_empty() || !fan.iter().all(|&c| ok(c)) {
+        let fan = self.fanouts(t.depth());
+        if fan.is_empty() || !fan.into_iter().all(|c| t.applies_to(c)) {
             return None;
         }
         let mut out = self.clone();
-        out.rewrite(depth, t);
+        out.rewrite(t.depth(), t);
         out.set_numa();
         Some(out)
     }
@@ -244,7 +261,8 @@ impl TNode {
         out
     }
 
-    fn level_name(&self) -> String {
+    /// `Package+NUMANode`, `Group(4, stride 1)`, …
+    pub fn level_name(&self) -> String {
         match &self.level {
             Level::Hw(kinds) => kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join("+"),
             Level::Group { n, stride } => format!("Group({n}, stride {stride})"),
@@ -257,7 +275,7 @@ impl TNode {
             return writeln!(f, "{:indent$}{} PU {}{numa}", "", self.level_name(), self.pu.unwrap_or(0), indent = 2 * depth);
         }
         // Runs of identical leaves print as one line.
-        let leaves = self.children.iter().all(TNode::is_leaf);
+        let leaves = self.of_cores();
         writeln!(f, "{:indent$}{} ({} cores){numa}", "", self.level_name(), self.n_cores(), indent = 2 * depth)?;
         if leaves {
             let pus: Vec<String> = self.children.iter().filter_map(|c| c.pu).map(|p| p.to_string()).collect();
