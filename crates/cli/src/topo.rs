@@ -23,12 +23,12 @@ pub struct Explore {
 /// one core's FLOP/s on a prefill pass of `engine`'s model.
 fn measure(topo: &Topology, engine: &mut corelm_engine::Engine, w: &sandwich::Workload) -> Result<MachineProfile> {
     use corelm_engine::bench::{barrier_ns, memory_bandwidth, run_test};
-    let n = topo.n_cores().max(1);
+    let cores = topo.n_cores().max(1);
     let one = memory_bandwidth(1, 512 << 20, 3) / 1e9;
-    let all = memory_bandwidth(n, 512 << 20, 3) / 1e9;
+    let all = memory_bandwidth(cores, 512 << 20, 3) / 1e9;
     // A prompt pass as long as the engine's context and batch allow, up to 128 tokens.
-    let n = 128.min(engine.config().n_batch).min(engine.config().n_ctx / 2).max(1);
-    let (pp, _, _, _) = run_test(engine, 0, n, 0, 2)?;
+    let tokens = 128.min(engine.config().n_batch).min(engine.config().n_ctx / 2).max(1);
+    let (pp, _, _, _) = run_test(engine, 0, tokens, 0, 2)?;
     let threads = engine.config().n_threads as f64;
     Ok(MachineProfile {
         name: "this machine (measured)".into(),
@@ -37,7 +37,7 @@ fn measure(topo: &Topology, engine: &mut corelm_engine::Engine, w: &sandwich::Wo
         node_gbps: all / topo.nodes.len() as f64,
         remote_ratio: 0.5, // not measurable on one node; what two-socket machines show
         cluster: None,
-        barrier_ns: barrier_ns(2.min(n), 20_000),
+        barrier_ns: barrier_ns(2.min(cores), 20_000),
         barrier_ns_per_doubling: 100.0,
         barrier_ns_cross_node: 400.0,
     })
@@ -77,10 +77,17 @@ pub fn model_and_profile(
     Ok((engine, w, prof))
 }
 
+/// The TP limits of the engine's model: its query heads, and its experts if it has them.
+pub fn limits(engine: &corelm_engine::Engine) -> sandwich::Limits {
+    let h = engine.hyper();
+    let n_expert = engine.gguf().opt_u64(&format!("{}.expert_count", h.arch)).ok().flatten().unwrap_or(0) as usize;
+    sandwich::Limits::for_model(h.n_head, n_expert)
+}
+
 pub fn explore(spec: Option<&str>, topo: &Topology, opts: &Explore) -> Result<()> {
     let (engine, w, prof) = model_and_profile(&opts.model, spec, topo, opts.prompt)?;
     let h = engine.hyper();
-    let lim = sandwich::Limits::for_model(h.n_head, 0);
+    let lim = limits(&engine);
     let tree = TNode::from_topology(topo);
     let mut out = std::io::stdout().lock();
     writeln!(out, "TopoTree ({} cores, height {}):\n{tree}", tree.n_cores(), tree.height())?;

@@ -82,10 +82,8 @@ pub fn tune(a: &TuneArgs, model: PathBuf) -> Result<()> {
     let t0 = std::time::Instant::now();
     let topo = Topology::load_or_discover(a.topology.as_deref())?;
     let (engine, w, prof) = crate::topo::model_and_profile(&model, a.topology.as_deref(), &topo, a.prompt)?;
-    let h = engine.hyper().clone();
-    let n_expert = engine.gguf().opt_u64(&format!("{}.expert_count", h.arch)).ok().flatten().unwrap_or(0) as usize;
+    let lim = crate::topo::limits(&engine);
     drop(engine);
-    let lim = sandwich::Limits::for_model(h.n_head, n_expert);
     let modelled = |c: &ServiceConfig| {
         (sandwich::pass_seconds(&topo, &prof, &w, c, a.prompt), sandwich::pass_seconds(&topo, &prof, &w, c, 1))
     };
