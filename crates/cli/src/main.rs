@@ -17,6 +17,7 @@ use std::path::PathBuf;
 mod bench;
 mod profile;
 mod roofline;
+mod sparsity;
 mod topo;
 mod tune;
 
@@ -96,6 +97,8 @@ pub(crate) struct PlaceArgs {
     /// threads that saturate bandwidth (the knee) instead of every worker; same results.
     #[arg(long, env = "CORELM_ROOFLINE")]
     pub(crate) roofline: Option<String>,
+    #[command(flatten)]
+    pub(crate) sparse: sparsity::SparseArgs,
 }
 
 impl PlaceArgs {
@@ -259,6 +262,10 @@ enum Cmd {
         #[arg(short, long)]
         threads: Option<usize>,
     },
+    /// FFN activation sparsity: collect a model's activation statistics over a text
+    /// (thresholds for --sparsity), or measure the quality of sparsity levels.
+    #[command(subcommand)]
+    Sparsity(sparsity::SparsityCmd),
     /// Evaluate a golden case file and print its output fields as one JSON object.
     Eval {
         #[command(flatten)]
@@ -353,6 +360,7 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         isa: None, // the process default, which `--isa` set
         plan: m.place.load_plan()?,
         roofline: m.place.load_roofline()?,
+        sparsity: m.place.sparse.load(&path)?,
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", path.display()))?;
@@ -479,6 +487,7 @@ fn main() -> Result<()> {
         }
         Cmd::Profile(a) => profile::profile(&a)?,
         Cmd::Plan(a) => roofline::plan(&a)?,
+        Cmd::Sparsity(c) => sparsity::run(c)?,
         Cmd::Topo { topology, sys, explore, model, prompt, steps, svg } => {
             let spec = if sys { Some("/sys") } else { topology.as_deref() };
             let t = corelm_topo::Topology::load_or_discover(spec)?;

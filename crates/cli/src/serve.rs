@@ -78,6 +78,7 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         isa: None, // the process default, which `--isa` set
         plan: a.place.load_plan()?,
         roofline: a.place.load_roofline()?,
+        sparsity: a.place.sparse.load(&model)?,
     };
     let engine = Engine::load(&model, cfg).with_context(|| format!("loading {}", model.display()))?;
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", model.display()))?;

@@ -58,6 +58,22 @@ pub enum Split {
     Experts,
 }
 
+/// Sparse FFNs (`--sparsity`): the per-layer activation thresholds a calibration chose and
+/// the type of the neuron-major down projection.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SparseFfn {
+    /// Per layer: neurons whose `|act(gate)|` is at most this do not fire; negative: the
+    /// layer's FFN stays dense.
+    pub thresholds: Vec<f32>,
+    /// Type of the down projection stored neuron-major (32-value blocks:
+    /// `corelm_kernels::sparse::NEURON_MAJOR_TYPES`).
+    pub down_type: DType,
+}
+
+/// Batches of at most this many tokens compute only the firing rows of the up projection
+/// (`Op::SparseUp`); larger ones compute it densely and mask (`Op::GluMasked`), same values.
+pub const SPARSE_UP_MAX_TOKENS: usize = 8;
+
 /// What separates a node from the next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sync {
@@ -147,6 +163,7 @@ pub struct Builder<'k> {
     /// Shard of the nodes being appended (`None`: serial).
     group: Option<u16>,
     lists: Vec<Vec<TensorId>>,
+    sparse: Option<Arc<SparseFfn>>,
 }
 
 impl<'k> Builder<'k> {
@@ -169,7 +186,21 @@ impl<'k> Builder<'k> {
             tp_sync: TpSync::Async,
             group: None,
             lists: Vec::new(),
+            sparse: None,
         }
+    }
+
+    /// Build dense feed-forward layers sparse where `s` gives them a threshold.
+    pub fn with_sparsity(mut self, s: Option<Arc<SparseFfn>>) -> Self {
+        self.sparse = s;
+        self
+    }
+
+    /// The activation threshold of the current layer's feed-forward when it runs sparse.
+    pub fn sparse_threshold(&self) -> Option<f32> {
+        let s = self.sparse.as_ref()?;
+        let t = *s.thresholds.get(usize::try_from(self.layer).ok()?)?;
+        (t >= 0.0).then_some(t)
     }
 
     /// Build with tensor parallelism over `plan`'s shards (a plan of degree 1 is none).
@@ -285,7 +316,7 @@ impl<'k> Builder<'k> {
 
     fn weight_part(&mut self, w: &WeightRef, ne: [usize; 2], offset: usize, len: usize, cols: Option<ColSlice>) -> TensorId {
         let id = TensorId(self.tensors.len() as u32);
-        let storage = Storage::Weight { offset, len, cols, copy: None };
+        let storage = Storage::Weight { offset, len, cols, copy: None, form: WeightForm::Rows };
         self.tensors.push(Tensor { ne, dtype: w.dtype, op: Op::Leaf, storage, layer: -1, group: self.group });
         id
     }
@@ -538,6 +569,57 @@ impl<'k> Builder<'k> {
             assert_eq!(ne, b.t(up).ne, "glu shapes");
             b.node(ne, DType::F32, Op::Glu { gate, up, kind }).single()
         })
+    }
+
+    /// A weight of the model file in `form` (serial mode): plain rows, or neuron-major — the
+    /// transpose, `[w.ne1, w.ne0]`, in the sparse configuration's down type (copied at load).
+    pub fn weight_in(&mut self, w: &WeightRef, form: WeightForm) -> Bundle {
+        assert_eq!(self.mode, Mode::Serial, "weight forms in parallel subgraphs");
+        let (ne, dtype) = match form {
+            WeightForm::NeuronMajor { .. } => {
+                let dt = self.sparse.as_ref().expect("a sparse configuration").down_type;
+                assert!(w.ne[1] % dt.block_size() == 0, "{}: rows of {} values in {dt} blocks", w.name, w.ne[1]);
+                ([w.ne[1], w.ne[0]], dt)
+            }
+            _ => (w.ne, w.dtype),
+        };
+        let id = TensorId(self.tensors.len() as u32);
+        let storage = Storage::Weight { offset: w.offset, len: w.len, cols: None, copy: None, form };
+        self.tensors.push(Tensor { ne, dtype, op: Op::Leaf, storage, layer: -1, group: None });
+        Bundle::one(id)
+    }
+
+    /// Sparse up projection: `[n_ff, n_tokens]` `h`, from the gate's `[n_ff, n_tokens]` and
+    /// the up matrix `w` (plain rows) over `x` `[n_embd, n_tokens]`; zero for neurons with
+    /// `|act(gate)| ≤ thr`.
+    pub fn sparse_up(&mut self, gate: &Bundle, w: &Bundle, x: &Bundle, kind: Glu, thr: f32) -> Bundle {
+        let (gate, w, x) = (gate.single(), w.single(), x.single());
+        self.check_src(gate);
+        let (op, ne) = self.matmul_op(w, x);
+        let Op::MatMul { x: xq, .. } = op else { unreachable!() };
+        assert_eq!(ne, self.t(gate).ne, "sparse_up shapes");
+        self.node(ne, DType::F32, Op::SparseUp { gate, w, x: xq, kind, thr })
+    }
+
+    /// `act(gate) · up` where `|act(gate)| > thr`, else 0 (a sparse FFN's dense-up batches).
+    pub fn glu_masked(&mut self, gate: &Bundle, up: &Bundle, kind: Glu, thr: f32) -> Bundle {
+        let (gate, up) = (gate.single(), up.single());
+        self.check_src(gate);
+        self.check_src(up);
+        let ne = self.t(gate).ne;
+        assert_eq!(ne, self.t(up).ne, "glu shapes");
+        self.node(ne, DType::F32, Op::GluMasked { gate, up, kind, thr })
+    }
+
+    /// Sparse down projection: `[n_ff, n_tokens]` `h` → `[n_embd, n_tokens]` through the
+    /// neuron-major `w` (`[n_embd, n_ff]`), reading only the rows of neurons with `h ≠ 0`.
+    pub fn sparse_down(&mut self, h: &Bundle, w: &Bundle) -> Bundle {
+        let (h, w) = (h.single(), w.single());
+        self.check_src(h);
+        let (nh, nw) = (self.t(h).ne, self.t(w).ne);
+        assert!(matches!(self.t(w).storage, Storage::Weight { form: WeightForm::NeuronMajor { .. }, .. }));
+        assert_eq!(nh[0], nw[1], "sparse_down inner dimensions");
+        self.node([nw[0], nh[1]], DType::F32, Op::SparseDown { h, w })
     }
 
     /// Keep only the rows whose outputs the batch asks for: `[ne0, n_outputs]`.

@@ -31,11 +31,11 @@ pub mod tensor;
 pub mod threads;
 pub mod tp;
 
-pub use graph::{Builder, Graph, Mode};
+pub use graph::{Builder, Graph, Mode, SparseFfn};
 pub use kv::KvCache;
 pub use memory::{Buffer, Place, Pools};
 pub use packed::PackedWeights;
 pub use placement::{NumaMode, Placement};
-pub use sched::{BatchView, Executor, Profile, ProfileEntry, Weights};
-pub use tensor::{AttnParams, AttnShard, Bundle, Glu, MoeParams, Op, RopeParams, Storage, Tensor, TensorId, WeightRef};
+pub use sched::{BatchView, Executor, Profile, ProfileEntry, Tap, Weights};
+pub use tensor::{AttnParams, AttnShard, Bundle, Glu, MoeParams, Op, RopeParams, Storage, Tensor, TensorId, WeightForm, WeightRef};
 pub use threads::{PoolConfig, ThreadPool, Worker};

@@ -15,19 +15,24 @@
 //! interleaved when the table has kernels for it, else as plain rows. Row slices (Wq, gate,
 //! up...) are contiguous file ranges and are packed like whole matrices.
 //!
+//! The sparse feed-forward's down projection (`WeightForm::NeuronMajor`) is always copied
+//! here: transposed, a row per neuron, and requantized with ggml's reference quantizer of its
+//! type. The sparse up projection's rows (`WeightForm::PlainRows`) are never interleaved, so
+//! one row is read per firing neuron.
+//!
 //! Invariant: a weight tensor with `Storage::Weight { copy: Some(c), .. }` has its bytes at
 //! `c.at .. c.at + n_bytes` of [`PackedWeights::bytes`]; interleaved, `matmul::layout::unpack`
 //! of them gives back the file's rows (of its columns, for a slice).
 
 use crate::graph::Graph;
 use crate::memory::{AllocError, Buffer, Place};
-use crate::tensor::{ColSlice, Op, Storage, WeightCopy};
+use crate::tensor::{ColSlice, Op, Storage, WeightCopy, WeightForm};
 use corelm_kernels::matmul::layout as interleave;
 use corelm_kernels::{DType, Kernels};
 use std::collections::HashMap;
 
-/// A weight's identity: its file range and, for a column slice, which columns.
-type Key = (usize, usize, Option<ColSlice>);
+/// A weight's identity: its file range, for a column slice which columns, and its form.
+type Key = (usize, usize, Option<ColSlice>, WeightForm);
 
 /// One copy: where it is (in its part of the buffer, see `build`), its length, type, row
 /// bytes, row count and layout.
@@ -65,17 +70,25 @@ impl PackedWeights {
         // Bytes of each part: part 0 the serial matrices', part 1 + s shard s's.
         let mut part_len = vec![0usize; 1 + shards.len()];
         for &id in &graph.nodes {
-            let Op::MatMul { w, .. } = graph.tensor(id).op else { continue };
+            let w = match graph.tensor(id).op {
+                Op::MatMul { w, .. } | Op::SparseUp { w, .. } | Op::SparseDown { w, .. } => w,
+                _ => continue,
+            };
             let wt = graph.tensor(w);
-            let Storage::Weight { offset, len, cols, .. } = wt.storage else { continue };
-            let key = (offset, len, cols);
+            let Storage::Weight { offset, len, cols, form, .. } = wt.storage else { continue };
+            let key = (offset, len, cols, form);
             let has_kernels = kernels.ops(wt.dtype).is_some_and(|o| o.interleaved.is_some());
-            let interleaved = repack && has_kernels && interleave::supported(wt.dtype) && wt.ne[1] % interleave::ROWS == 0;
+            let interleaved = repack
+                && form == WeightForm::Rows
+                && has_kernels
+                && interleave::supported(wt.dtype)
+                && wt.ne[1] % interleave::ROWS == 0;
             let part = match wt.group {
                 Some(s) if !shards.is_empty() => 1 + s as usize,
                 _ => 0,
             };
-            if !(interleaved || cols.is_some() || part > 0) || at.contains_key(&key) {
+            let neuron_major = matches!(form, WeightForm::NeuronMajor { .. });
+            if !(interleaved || neuron_major || cols.is_some() || part > 0) || at.contains_key(&key) {
                 continue;
             }
             let n = wt.n_bytes();
@@ -111,8 +124,12 @@ impl PackedWeights {
         let mut buf = Buffer::lazy(total, place)?;
         let out = buf.as_mut_slice();
         let mut rows = Vec::new();
-        for (&(offset, len, cols), e) in &at {
+        for (&(offset, len, cols, form), e) in &at {
             let dst = &mut out[e.at..e.at + e.len];
+            if let WeightForm::NeuronMajor { from } = form {
+                neuron_major(kernels, from, &file[offset..offset + len], e.dtype, e.row_bytes, dst);
+                continue;
+            }
             let src = match cols {
                 None => &file[offset..offset + len],
                 Some(c) => {
@@ -139,8 +156,8 @@ impl PackedWeights {
     /// Point `graph`'s weight tensors at their copies.
     pub fn apply(&self, graph: &mut Graph) {
         for t in &mut graph.tensors {
-            if let Storage::Weight { offset, len, cols, copy } = &mut t.storage {
-                *copy = self.at.get(&(*offset, *len, *cols)).map(|e| WeightCopy { at: e.at, interleaved: e.interleaved });
+            if let Storage::Weight { offset, len, cols, copy, form } = &mut t.storage {
+                *copy = self.at.get(&(*offset, *len, *cols, *form)).map(|e| WeightCopy { at: e.at, interleaved: e.interleaved });
             }
         }
     }
@@ -167,9 +184,31 @@ impl PackedWeights {
     /// File byte ranges `(offset, len)` of the copied matrices (a sliced matrix's whole range,
     /// once), which the kernels no longer read.
     pub fn file_ranges(&self) -> Vec<(usize, usize)> {
-        let mut r: Vec<(usize, usize)> = self.at.keys().map(|&(o, l, _)| (o, l)).collect();
+        let mut r: Vec<(usize, usize)> = self.at.keys().map(|&(o, l, _, _)| (o, l)).collect();
         r.sort_unstable();
         r.dedup();
         r
+    }
+}
+
+/// `src` (a file matrix of type `from` whose rows hold `dst`'s row count of values) transposed
+/// into `dst`: row `i` = column `i`, quantized to `to` with ggml's reference quantizer
+/// (`row_bytes` per row).
+fn neuron_major(kernels: &Kernels, from: corelm_kernels::DType, src: &[u8], to: corelm_kernels::DType, row_bytes: usize, dst: &mut [u8]) {
+    let n_rows = dst.len() / row_bytes; // neurons: the file's row length
+    let src_rb = corelm_kernels::row_bytes(from, n_rows);
+    let n_cols = src.len() / src_rb; // the file's rows: a neuron-major row's length
+    let to_float = kernels.to_float(from).expect("weight type checked at load");
+    let quant = corelm_kernels::quant::reference::quantizer(to).expect("a neuron-major type has a quantizer");
+    let mut m = vec![0f32; n_rows * n_cols];
+    for (j, row) in src.chunks_exact(src_rb).enumerate() {
+        to_float(row, &mut m[j * n_rows..(j + 1) * n_rows]);
+    }
+    let mut col = vec![0f32; n_cols];
+    for (i, out) in dst.chunks_exact_mut(row_bytes).enumerate() {
+        for (j, c) in col.iter_mut().enumerate() {
+            *c = m[j * n_rows + i];
+        }
+        quant(&col, out);
     }
 }

@@ -25,13 +25,28 @@ pub struct WeightCopy {
     pub interleaved: bool,
 }
 
+/// How a weight tensor's rows relate to the file's matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightForm {
+    /// The file's rows (repacked at load into the interleaved layout where the table has
+    /// kernels for it).
+    Rows,
+    /// The file's rows, never interleaved: read one row at a time (the sparse up projection
+    /// reads only the rows of firing neurons).
+    PlainRows,
+    /// Transposed — row `i` holds column `i` of the file's matrix of type `from` — and
+    /// requantized to the tensor's type: the down projection stored neuron-major, so a neuron
+    /// that does not fire is a row not read (sparse FFN). Always a copy made at load.
+    NeuronMajor { from: DType },
+}
+
 /// Where a tensor's bytes are.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Storage {
     /// A range of the model file mapping (`offset`, `len`: the whole matrix, or with `cols` the
-    /// matrix whose columns it slices); `copy`: where the executor's copy made at load starts,
-    /// if it has one (always, for a column slice).
-    Weight { offset: usize, len: usize, cols: Option<ColSlice>, copy: Option<WeightCopy> },
+    /// matrix whose columns it slices), in `form`; `copy`: where the executor's copy made at
+    /// load starts, if it has one (always, for a column slice or a neuron-major form).
+    Weight { offset: usize, len: usize, cols: Option<ColSlice>, copy: Option<WeightCopy>, form: WeightForm },
     /// In activation buffer `buf` (0 or 1: layer parity) at a byte offset.
     Act { buf: u8, offset: usize },
     /// In the output (logits) buffer at a byte offset.
@@ -120,6 +135,16 @@ pub enum Op {
     Attention { layer: u32, q: TensorId, p: AttnParams, shard: AttnShard },
     /// Gated activation.
     Glu { gate: TensorId, up: TensorId, kind: Glu },
+    /// Sparse FFN, up projection of a small batch: `h = a · (w_i · x)` for each neuron `i` whose
+    /// activation `a = act(gate)` has `|a| > thr`, else 0 (`w`: plain rows, only firing ones
+    /// read; `x` quantized for them).
+    SparseUp { gate: TensorId, w: TensorId, x: TensorId, kind: Glu, thr: f32 },
+    /// Sparse FFN of a batch whose up projection was computed densely: `h = a · up` where
+    /// `|a| > thr`, else 0, `a = act(gate)` — the same values as `SparseUp`.
+    GluMasked { gate: TensorId, up: TensorId, kind: Glu, thr: f32 },
+    /// Sparse FFN, down projection: `y[r] = Σ h[r][i] · w_i` over the neurons with `h[r][i] ≠ 0`,
+    /// `w` the down matrix stored neuron-major (`WeightForm::NeuronMajor`), neurons in order.
+    SparseDown { h: TensorId, w: TensorId },
     /// The batch rows whose outputs were asked for.
     SelectOutputs { x: TensorId },
     /// Mixture-of-experts routing of each token from its router logits `[n_expert, n_tokens]`:
@@ -168,6 +193,9 @@ impl Op {
             Op::KvStore { .. } => "kv_store",
             Op::Attention { .. } => "attention",
             Op::Glu { .. } => "glu",
+            Op::SparseUp { .. } => "sparse_up",
+            Op::GluMasked { .. } => "glu_masked",
+            Op::SparseDown { .. } => "sparse_down",
             Op::SelectOutputs { .. } => "select_outputs",
             Op::MoeRoute { .. } => "moe_route",
             Op::MatMulId { .. } => "matmul_id",

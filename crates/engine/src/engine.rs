@@ -73,6 +73,10 @@ pub struct EngineConfig {
     /// A roofline profile (`corelm profile`): each graph, when planned, caps its memory-bound
     /// nodes at the profile's bandwidth knee (`corelm_plan::planner::cap_threads`). Same bits.
     pub roofline: Option<corelm_plan::Roofline>,
+    /// Sparse feed-forwards (`--sparsity`, [`crate::sparsity`]): per-layer activation
+    /// thresholds from a calibration and the neuron-major down projection's type. `None`: dense,
+    /// bit-identical to llama.cpp as without it.
+    pub sparsity: Option<Arc<corelm_core::SparseFfn>>,
 }
 
 impl Default for EngineConfig {
@@ -94,6 +98,7 @@ impl Default for EngineConfig {
             isa: None,
             plan: None,
             roofline: None,
+            sparsity: None,
         }
     }
 }
@@ -140,8 +145,8 @@ fn plan_places(placement: &Placement, w: &crate::plan::Workers, tp: bool) -> Vec
 
 /// The graph of passes of `n_tokens` tokens with `n_out` logit rows as `model` builds it,
 /// tensor-parallel per `tp`.
-fn build_graph(kernels: &'static Kernels, model: &dyn Model, tp: &Option<Arc<TpPlan>>, sync: TpSync, n_tokens: usize, n_out: usize) -> Graph {
-    let mut b = Builder::new(kernels, n_tokens, n_out).with_tp(tp.clone(), sync);
+fn build_graph(kernels: &'static Kernels, model: &dyn Model, tp: &Option<Arc<TpPlan>>, cfg: &EngineConfig, n_tokens: usize, n_out: usize) -> Graph {
+    let mut b = Builder::new(kernels, n_tokens, n_out).with_tp(tp.clone(), cfg.tp_sync).with_sparsity(cfg.sparsity.clone());
     let out = model.build(&mut b);
     b.finish(&out)
 }
@@ -322,6 +327,17 @@ impl Engine {
             d => d,
         };
         let tp = tp_plan(&gguf, &h, &cfg, degree)?;
+        if let Some(s) = &cfg.sparsity {
+            if degree > 1 {
+                return Err(Error::Config(format!("sparse feed-forwards (--sparsity) run without tensor parallelism for now; drop --tp {degree}")));
+            }
+            if s.thresholds.len() != h.n_layer {
+                return Err(Error::Config(format!("the sparsity thresholds are for {} layers, the model has {}", s.thresholds.len(), h.n_layer)));
+            }
+            if h.n_embd % s.down_type.block_size() != 0 || !corelm_kernels::sparse::NEURON_MAJOR_TYPES.contains(&s.down_type) {
+                return Err(Error::Config(format!("the sparse down projection cannot be stored as {} for a width of {}", s.down_type, h.n_embd)));
+            }
+        }
         // Worker groups (one per shard, consecutive workers) and, under `--numa tp`, each
         // worker's CPU and each shard's node.
         let group_sizes: Vec<usize> = match &plan_workers {
@@ -340,7 +356,7 @@ impl Engine {
             _ => (placement.cpus.clone(), Vec::new()),
         };
         // Plan the largest batch once to size the pools.
-        let mut g = build_graph(kernels, &*model, &tp, cfg.tp_sync, cfg.n_batch, cfg.n_batch);
+        let mut g = build_graph(kernels, &*model, &tp, &cfg, cfg.n_batch, cfg.n_batch);
         let packed = PackedWeights::build(&g, gguf.bytes(), kernels, &placement.memory, cfg.repack, &shard_places)
             .map_err(|e| Error::Config(format!("repacked weights: {e}")))?;
         // The copied matrices' file pages are not read again by the kernels; drop them from
@@ -426,6 +442,11 @@ impl Engine {
         self.model.hyper()
     }
 
+    /// Watch nodes' results as passes run (`corelm_core::Tap`; `None` stops).
+    pub fn set_tap(&mut self, tap: Option<Arc<dyn corelm_core::Tap>>) {
+        self.exec.tap = tap;
+    }
+
     pub fn gguf(&self) -> &Arc<Gguf> {
         &self.gguf
     }
@@ -454,7 +475,7 @@ impl Engine {
     pub fn graph(&mut self, n_tokens: usize, n_out: usize) -> &corelm_core::graph::Graph {
         let key = (n_tokens, n_out);
         if !self.graphs.contains_key(&key) {
-            let mut g = build_graph(self.kernels, &*self.model, &self.tp, self.cfg.tp_sync, n_tokens, n_out);
+            let mut g = build_graph(self.kernels, &*self.model, &self.tp, &self.cfg, n_tokens, n_out);
             finish_graph(&mut g, &self.packed, &self.cfg);
             self.graphs.insert(key, g);
         }

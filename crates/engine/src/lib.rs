@@ -11,6 +11,7 @@
 //! * [`eval`]: golden-case evaluation in the format of llama.cpp's reference data.
 //! * [`bench`]: llama-bench-style pp/tg measurements, memory bandwidth and decode roofline.
 //! * [`perplexity`]: perplexity of a text by llama-perplexity's protocol.
+//! * [`sparsity`]: FFN activation statistics (sidecar files) and per-layer sparsity thresholds.
 //! * [`quantize`]: GGUF F32/F16/BF16 → quantized types with ggml's block semantics.
 
 pub mod batcher;
@@ -23,12 +24,13 @@ pub mod perplexity;
 pub mod plan;
 pub mod quantize;
 pub mod sample;
+pub mod sparsity;
 pub mod tokenizer;
 
 pub use engine::{parse_cache_type, Batch, Engine, EngineConfig, Logits};
 pub use tokenizer::{Tokenizer, Utf8Stream};
 pub use corelm_core::graph::TpSync;
-pub use corelm_core::{NumaMode, Placement, Profile, ProfileEntry};
+pub use corelm_core::{NumaMode, Placement, Profile, ProfileEntry, SparseFfn};
 
 /// Where models are cached: `$CORELM_MODELS_DIR`, else `$XDG_CACHE_HOME/corelm/models`, else
 /// `~/.cache/corelm/models` (the same rule as `scripts/fetch_models.py`).

@@ -18,6 +18,9 @@ pub struct Perplexity {
     pub n_chunks: usize,
     pub tokens_scored: usize,
     pub seconds: f64,
+    /// The most likely token at every scored position (greedy agreement between two runs).
+    #[serde(skip)]
+    pub argmax: Vec<u32>,
 }
 
 /// `-log softmax(logits)[tok]` with an f64 sum, as llama.cpp's `log_softmax`.
@@ -60,6 +63,7 @@ pub fn perplexity(
     let (mut sum, mut sum2, mut count) = (0f64, 0f64, 0usize);
     let mut per_chunk = Vec::with_capacity(n_chunks);
     let mut chunk = Vec::with_capacity(n_ctx);
+    let mut argmax = Vec::with_capacity(n_chunks * (n_ctx - first));
     engine.clear_seq(0);
     for c in 0..n_chunks {
         chunk.clear();
@@ -77,6 +81,7 @@ pub fn perplexity(
                     sum += v;
                     sum2 += v * v;
                     count += 1;
+                    argmax.push(crate::sample::argmax(l.row(r)));
                 }
             }
             pos += l.rows();
@@ -98,6 +103,7 @@ pub fn perplexity(
         n_chunks,
         tokens_scored: count,
         seconds: t0.elapsed().as_secs_f64(),
+        argmax,
     })
 }
 

@@ -27,6 +27,7 @@ pub mod norm;
 pub mod quant;
 pub mod rope;
 pub mod simd;
+pub mod sparse;
 
 pub use corelm_gguf::GgmlType as DType;
 pub use dispatch::{kernels, Isa, Kernels};

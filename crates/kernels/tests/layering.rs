@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// Top-level folders, lowest layer first; folders on one rank must not import each other.
-const LAYERS: [&[&str]; 7] = [&["simd"], &["quant"], &["exp"], &["matmul"], &["dispatch"], &["norm", "rope", "act"], &["attention"]];
+const LAYERS: [&[&str]; 7] = [&["simd"], &["quant"], &["exp"], &["matmul"], &["dispatch"], &["norm", "rope", "act", "sparse"], &["attention"]];
 
 fn rank(top: &str) -> Option<usize> {
     LAYERS.iter().position(|l| l.contains(&top))

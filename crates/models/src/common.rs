@@ -2,8 +2,8 @@
 //! the attention and feed-forward sub-graphs.
 
 use crate::{Hyper, Loader, Model, ModelError};
-use corelm_core::graph::Split;
-use corelm_core::{AttnParams, Builder, Bundle, Glu, MoeParams, RopeParams, WeightRef};
+use corelm_core::graph::{Split, SPARSE_UP_MAX_TOKENS};
+use corelm_core::{AttnParams, Builder, Bundle, Glu, MoeParams, RopeParams, WeightForm, WeightRef};
 
 /// Weights of one transformer layer. Optional tensors are those only some families have.
 pub struct LayerWeights {
@@ -182,6 +182,10 @@ pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &B
 /// experts, the same per routed (token, expert) pair, summed with the routing weights.
 pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle {
     match &lw.ffn {
+        Ffn::Dense { gate, up, down } if b.sparse_threshold().is_some() => {
+            let thr = b.sparse_threshold().expect("checked");
+            sparse_ffn(b, gate, up, down, x, kind, thr)
+        }
         Ffn::Dense { gate, up, down } => {
             // Tensor parallel: gate/up by rows and down by columns of each shard's feed-forward
             // range; the shards' partial outputs are added at the gather.
@@ -217,6 +221,24 @@ pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle 
             b.add(&moe, &s)
         }
     }
+}
+
+/// The sparse feed-forward (CATS-style, KAIROX on the CPU): the gate product is computed
+/// densely and is an exact predictor — a neuron fires when `|act(gate x)| > thr` — so only the
+/// firing neurons' rows of up (plain rows) and of down (stored neuron-major) are read.
+/// `[n_tokens, n_embd]` → same.
+fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRef, x: &Bundle, kind: Glu, thr: f32) -> Bundle {
+    let wg = b.weight(gate);
+    let wu = b.weight_in(up, WeightForm::PlainRows);
+    let wd = b.weight_in(down, WeightForm::NeuronMajor { from: down.dtype }); // [n_embd, n_ff]
+    let g = b.matmul(&wg, x); // [n_tokens, n_ff]
+    let h = if b.n_tokens() <= SPARSE_UP_MAX_TOKENS {
+        b.sparse_up(&g, &wu, x, kind, thr) // [n_tokens, n_ff], zero where not firing
+    } else {
+        let u = b.matmul(&wu, x); // [n_tokens, n_ff]
+        b.glu_masked(&g, &u, kind, thr)
+    };
+    b.sparse_down(&h, &wd) // [n_tokens, n_embd]
 }
 
 /// `down(act(gate x) · up x)`: `[n_tokens, n_embd]` → same.

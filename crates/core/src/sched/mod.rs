@@ -20,6 +20,7 @@ use std::ops::Range;
 use std::time::Instant;
 
 mod dense;
+mod sparse;
 
 /// Largest rotary dimension supported (per-thread stack cache).
 pub const MAX_ROT: usize = 1024;
@@ -50,6 +51,8 @@ pub struct Scratch {
     wide_act: Vec<f32>,
     /// Cosines and sines of this worker's rows, shared by the pass's RoPE nodes.
     rope: crate::rope::RopeTables,
+    /// Buffers of the sparse feed-forward's nodes.
+    sparse: sparse::SparseScratch,
 }
 
 /// Weight rows per column block of the default matmul (tiles run over one block at a time).
@@ -112,6 +115,13 @@ impl Profile {
     }
 }
 
+/// Sees nodes' results as a graph runs (statistics such as `corelm sparsity collect`'s):
+/// called on worker 0 after each node's barrier, with a reader of any f32 tensor of the
+/// current or previous layer (their buffers are not reused before the next barrier).
+pub trait Tap: Send + Sync {
+    fn node<'a>(&self, graph: &Graph, id: TensorId, read: &dyn Fn(TensorId) -> &'a [f32]);
+}
+
 /// Runs graphs on a thread pool.
 pub struct Executor {
     scratch: Vec<std::sync::Mutex<Scratch>>,
@@ -127,6 +137,8 @@ pub struct Executor {
     /// Use the panel GEMM for batches of at least [`GEMM_MIN_ROWS`] rows (types it supports).
     /// Off, every matmul uses ggml's per-row dot order (bit-identical to llama.cpp).
     pub panel_gemm: bool,
+    /// Statistics taken as nodes run (off the hot path: worker 0 runs it between barriers).
+    pub tap: Option<std::sync::Arc<dyn Tap>>,
 }
 
 impl Executor {
@@ -136,8 +148,14 @@ impl Executor {
     pub fn new(n_threads: usize, group_threads: usize, max_head_dim: usize, graph: &Graph) -> Self {
         let (mut max_k, mut max_rows, mut max_group, mut max_k_all) = (0, 0, 1, 0);
         let (mut rope_rows, mut max_rot, mut max_k_f16) = (0, 0, 0);
+        let (mut sparse_ff, mut sparse_embd) = (0, 0);
         for &id in &graph.nodes {
             let t = graph.tensor(id);
+            match t.op {
+                Op::SparseUp { .. } | Op::GluMasked { .. } => sparse_ff = sparse_ff.max(t.ne[0]),
+                Op::SparseDown { .. } => sparse_embd = sparse_embd.max(t.ne[0]),
+                _ => {}
+            }
             if let Op::Rope { p, .. } = t.op {
                 rope_rows = rope_rows.max(t.ne[1]);
                 max_rot = max_rot.max(p.n_rot);
@@ -169,12 +187,14 @@ impl Executor {
                         wide_act: vec![0.0; dense::ACT_CHUNK * max_k_f16],
                         // A worker's largest share of RoPE rows: in the smallest group.
                         rope: crate::rope::RopeTables::new(split(rope_rows, 0, group_threads.clamp(1, n_threads)).len(), max_rot),
+                        sparse: sparse::SparseScratch::new(sparse_ff, sparse_embd),
                     })
                 })
                 .collect(),
             dump_dir: None,
             batch_invariant: false,
             panel_gemm: false,
+            tap: None,
         }
     }
 
@@ -233,6 +253,9 @@ impl Executor {
                 }
                 if let (0, Some(dir)) = (w.ith, &self.dump_dir) {
                     ctx.dump(id, dir);
+                }
+                if let (0, Some(tap)) = (w.ith, &self.tap) {
+                    tap.node(graph, id, &|t| ctx.f32s(t));
                 }
                 if let (Some(t0), Some(Some(p))) = (t0, prof.as_deref_mut()) {
                     let t = graph.tensor(id);
@@ -588,6 +611,9 @@ impl Ctx<'_> {
                     }
                 }
             }
+            Op::SparseUp { gate, w, x, kind, thr } => self.sparse_up(t, gate, w, x, kind, thr, ith, nth, &mut scratch.sparse),
+            Op::GluMasked { gate, up, kind, thr } => self.glu_masked(t, gate, up, kind, thr, ith, nth, &mut scratch.sparse),
+            Op::SparseDown { h, w } => self.sparse_down(t, h, w, ith, nth, &mut scratch.sparse),
             Op::MoeRoute { logits, p } => {
                 if ith == 0 {
                     let n_tokens = self.t(logits).ne[1];

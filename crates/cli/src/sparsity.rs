@@ -1,0 +1,245 @@
+//! `corelm sparsity`: FFN activation statistics of a model over a text (`collect`, a sidecar
+//! file and its heat map), the quality of sparsity levels against the dense model (`eval`:
+//! perplexity and greedy agreement on a text the calibration did not see), and the
+//! `--sparsity` flags every model-loading command takes.
+
+use anyhow::{bail, Context, Result};
+use corelm_engine::sparsity::{self, Allocation, Sidecar};
+use corelm_engine::{Engine, Tokenizer};
+use corelm_kernels::DType;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// `--sparsity` and its companions, shared by the commands that load a model.
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct SparseArgs {
+    /// Skip FFN neurons that do not fire (KAIROX/CATS activation sparsity): the mean fraction
+    /// of (token, neuron) pairs skipped, from 0 to 0.95, with thresholds from the model's
+    /// calibration (`corelm sparsity collect`). Off by default (the dense model, bit-identical
+    /// to llama.cpp). Quality and speed per level: docs/sparsity.md.
+    #[arg(long, env = "CORELM_SPARSITY")]
+    pub(crate) sparsity: Option<f32>,
+    /// The calibration file (default: the model's in the cache, `~/.cache/corelm/sparsity/`).
+    #[arg(long)]
+    pub(crate) sparsity_file: Option<PathBuf>,
+    /// How the sparsity is spread over layers: greedy (more where the estimated error grows
+    /// least) or uniform.
+    #[arg(long, default_value = "greedy")]
+    pub(crate) sparsity_alloc: Allocation,
+    /// Type the down projection is stored in, neuron-major (q8_0, q5_1, q5_0, q4_1, q4_0).
+    #[arg(long, default_value = "q8_0", value_parser = parse_down_type)]
+    pub(crate) sparse_down_type: DType,
+}
+
+fn parse_down_type(s: &str) -> Result<DType, String> {
+    let names: Vec<String> = corelm_kernels::sparse::NEURON_MAJOR_TYPES.iter().map(|t| t.name().to_lowercase()).collect();
+    corelm_kernels::sparse::NEURON_MAJOR_TYPES
+        .iter()
+        .copied()
+        .find(|t| t.name().eq_ignore_ascii_case(s))
+        .ok_or_else(|| format!("unknown neuron-major type '{s}' (supported: {})", names.join(", ")))
+}
+
+impl SparseArgs {
+    /// The engine's sparse configuration for `model`, or `None` without `--sparsity`.
+    pub(crate) fn load(&self, model: &Path) -> Result<Option<Arc<corelm_engine::SparseFfn>>> {
+        let Some(s) = self.sparsity else { return Ok(None) };
+        let path = self.sparsity_file.clone().unwrap_or_else(|| sparsity::default_path(model));
+        if !path.exists() {
+            bail!(
+                "--sparsity needs the model's activation statistics, and {} does not exist: run `corelm sparsity collect -m {} --file TEXT` first (or give --sparsity-file)",
+                path.display(),
+                model.display()
+            );
+        }
+        let side = Sidecar::read(&path)?;
+        let thresholds = side.thresholds(s, self.sparsity_alloc)?;
+        Ok(Some(Arc::new(corelm_engine::SparseFfn { thresholds, down_type: self.sparse_down_type })))
+    }
+}
+
+#[derive(clap::Subcommand)]
+pub enum SparsityCmd {
+    /// Run the dense model over a text and record, per layer and neuron, its activation
+    /// statistics: the distribution of |act(gate)| (thresholds for any sparsity), the
+    /// estimated output error per sparsity level, firing frequencies and reactivation
+    /// probabilities at 25/40/50 % (a sidecar JSON file; --svg draws the heat map).
+    Collect {
+        #[command(flatten)]
+        model: crate::ModelArgs,
+        /// Calibration text.
+        #[arg(short, long)]
+        file: PathBuf,
+        /// Sidecar file to write (default: the model's in the cache, which --sparsity reads).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Tokens per pass (a chunk of the text, from an empty context).
+        #[arg(long, default_value_t = 512)]
+        chunk: usize,
+        /// Use at most this many tokens of the text.
+        #[arg(long)]
+        max_tokens: Option<usize>,
+        /// Heat map of firing frequency per layer and neuron at 50 % sparsity (SVG).
+        #[arg(long)]
+        svg: Option<PathBuf>,
+    },
+    /// Quality of sparsity levels: perplexity of a text (llama-perplexity's protocol) and
+    /// greedy agreement (the dense model's most likely token kept) at each level, against the
+    /// dense model in the same run.
+    Eval {
+        #[command(flatten)]
+        model: crate::ModelArgs,
+        /// Text to score (not the calibration text).
+        #[arg(short, long)]
+        file: PathBuf,
+        /// Sparsity levels (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "0.25,0.4,0.5")]
+        levels: Vec<f32>,
+        /// Score at most this many chunks of --ctx-size tokens.
+        #[arg(long)]
+        chunks: Option<usize>,
+        /// Print one JSON object per row.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn run(cmd: SparsityCmd) -> Result<()> {
+    match cmd {
+        SparsityCmd::Collect { model, file, output, chunk, max_tokens, svg } => collect(&model, &file, output, chunk, max_tokens, svg),
+        SparsityCmd::Eval { model, file, levels, chunks, json } => eval(&model, &file, &levels, chunks, json),
+    }
+}
+
+fn dense_args(m: &crate::ModelArgs) -> crate::ModelArgs {
+    let mut d = m.clone();
+    d.place.sparse.sparsity = None;
+    d
+}
+
+fn tokens_of(tok: &Tokenizer, file: &Path) -> Result<Vec<u32>> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    Ok(tok.encode(&text, true, false)?)
+}
+
+fn collect(m: &crate::ModelArgs, file: &Path, output: Option<PathBuf>, chunk: usize, max_tokens: Option<usize>, svg: Option<PathBuf>) -> Result<()> {
+    let path = crate::resolve_model(&m.model)?;
+    let (mut engine, tok) = crate::load(&dense_args(m), 1)?;
+    let mut tokens = tokens_of(&tok, file)?;
+    if let Some(n) = max_tokens {
+        tokens.truncate(n);
+    }
+    let name = path.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    let t0 = std::time::Instant::now();
+    let side = sparsity::collect(&mut engine, &tokens, chunk, &name, &file.display().to_string(), |pass, c, n| {
+        eprint!("\rpass {pass}/2: chunk {}/{n}", c + 1);
+    })?;
+    eprintln!("\r{} tokens, two passes, {:.1} s", side.tokens, t0.elapsed().as_secs_f64());
+    print_summary(&side);
+    let out = output.unwrap_or_else(|| sparsity::default_path(&path));
+    side.write(&out)?;
+    eprintln!("statistics written to {}", out.display());
+    if let Some(p) = svg {
+        heat_map(&side, &p)?;
+        eprintln!("heat map drawn to {}", p.display());
+    }
+    Ok(())
+}
+
+fn print_summary(s: &Sidecar) {
+    let thr = |l: usize, x: f32| s.threshold(l, x);
+    println!("| layer | θ at 25% | θ at 40% | θ at 50% | est. error at 25/40/50% | P(fire) at 50% | P(again after δ=1/2/4/8) |");
+    println!("|---|---|---|---|---|---|---|");
+    let half = s.levels.iter().find(|l| l.sparsity == 0.5);
+    for l in 0..s.n_layer {
+        let e = |k: usize| 100.0 * s.error[l][k];
+        let (base, re) = match half {
+            Some(h) => (
+                format!("{:.3}", h.base_rate[l]),
+                [0, 1, 3, 7].iter().map(|&d| format!("{:.3}", h.reactivation[l][d])).collect::<Vec<_>>().join(" / "),
+            ),
+            None => (String::new(), String::new()),
+        };
+        println!(
+            "| {l} | {:.4} | {:.4} | {:.4} | {:.1} / {:.1} / {:.1} % | {base} | {re} |",
+            thr(l, 0.25),
+            thr(l, 0.4),
+            thr(l, 0.5),
+            e(5),
+            e(8),
+            e(10)
+        );
+    }
+    for lvl in [0.25, 0.4, 0.5] {
+        match s.allocate(lvl, Allocation::Greedy) {
+            Ok(a) => println!("greedy allocation at {:.0}%: {}", 100.0 * lvl, a.iter().map(|x| format!("{:.0}", 100.0 * x)).collect::<Vec<_>>().join(" ")),
+            Err(e) => println!("greedy allocation at {lvl}: {e}"),
+        }
+    }
+}
+
+/// Firing frequency at 50 % sparsity: a row per layer, neurons binned into at most 512 columns.
+fn heat_map(s: &Sidecar, out: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    let Some(h) = s.levels.iter().find(|l| l.sparsity == 0.5) else { bail!("no statistics at 50 %") };
+    let cols = s.n_ff.min(512);
+    let per = s.n_ff.div_ceil(cols);
+    let root = SVGBackend::new(out, (1100, 120 + 14 * s.n_layer as u32)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(format!("{}: P(neuron fires) at 50% sparsity, {} tokens", s.model, s.tokens), ("sans-serif", 16))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(40)
+        .build_cartesian_2d(0..s.n_ff, 0..s.n_layer)?;
+    chart.configure_mesh().disable_mesh().x_desc("neuron").y_desc("layer").draw()?;
+    for l in 0..s.n_layer {
+        for c in 0..cols {
+            let (a, b) = (c * per, ((c + 1) * per).min(s.n_ff));
+            if a >= b {
+                continue;
+            }
+            let f = h.freq[l][a..b].iter().sum::<f32>() / (b - a) as f32;
+            // Dark blue (never fires) to yellow (always fires).
+            let mix = |lo: f32, hi: f32| (lo + (hi - lo) * f.clamp(0.0, 1.0)) as u8;
+            let color = RGBColor(mix(30.0, 250.0), mix(20.0, 230.0), mix(90.0, 40.0));
+            chart.draw_series(std::iter::once(Rectangle::new([(a, l), (b, l + 1)], color.filled())))?;
+        }
+    }
+    root.present()?;
+    Ok(())
+}
+
+fn eval(m: &crate::ModelArgs, file: &Path, levels: &[f32], chunks: Option<usize>, json: bool) -> Result<()> {
+    let path = crate::resolve_model(&m.model)?;
+    let run = |args: &crate::ModelArgs| -> Result<corelm_engine::perplexity::Perplexity> {
+        let (mut engine, tok): (Engine, Tokenizer) = crate::load(args, 1)?;
+        let tokens = tokens_of(&tok, file)?;
+        let bos = if tok.add_bos { tok.bos } else { None };
+        Ok(corelm_engine::perplexity::perplexity(&mut engine, &tokens, bos, m.ctx_size, chunks, |_, _| {})?)
+    };
+    let dense = run(&dense_args(m))?;
+    let mut rows = vec![("dense".to_string(), dense.clone())];
+    for &lv in levels {
+        let mut a = m.clone();
+        a.place.sparse.sparsity = Some(lv);
+        let p = run(&a).with_context(|| format!("sparsity {lv} on {}", path.display()))?;
+        rows.push((format!("{}% {:?}", 100.0 * lv, m.place.sparse.sparsity_alloc).to_lowercase(), p));
+    }
+    if !json {
+        println!("| FFN sparsity | perplexity | vs dense | greedy agreement | seconds |\n|---|---|---|---|---|");
+    }
+    for (name, p) in &rows {
+        let agree = p.argmax.iter().zip(&dense.argmax).filter(|(a, b)| a == b).count() as f64 / dense.argmax.len().max(1) as f64;
+        let rel = 100.0 * (p.ppl / dense.ppl - 1.0);
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({"sparsity": name, "ppl": p.ppl, "ppl_stderr": p.ppl_stderr, "vs_dense_pct": rel, "agreement": agree, "tokens": p.tokens_scored, "down_type": m.place.sparse.sparse_down_type.name()})
+            );
+        } else {
+            println!("| {name} | {:.4} ± {:.4} | {rel:+.2}% | {:.1}% | {:.1} |", p.ppl, p.ppl_stderr, 100.0 * agree, p.seconds);
+        }
+    }
+    Ok(())
+}

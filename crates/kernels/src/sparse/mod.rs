@@ -1,0 +1,101 @@
+//! Kernels of the sparse feed-forward (CATS/TEAL-style activation sparsity, KAIROX's CPU
+//! part): the down projection stored neuron-major (a row per FFN neuron, `n_embd` values), so
+//! a neuron that did not fire is a row not read, and the output is the sum over the firing
+//! neurons of `h_i · row_i`.
+//!
+//! Semantics, fixed so every path gives the same bits: `y[j] = fma(h, w[j], y[j])`, where `w`
+//! is the row's dequantized value exactly as the type's `to_float` computes it. [`axpy_f32`]
+//! does it on values already dequantized (prefill: one dequantization per row for a block of
+//! tokens), [`axpy_row`] on the quantized row (decode), fused in SIMD for Q8_0, Q5_0 and Q4_0
+//! (their `to_float` products `q · d` are exact in f32, so SIMD needs no rounding of its own);
+//! every other type dequantizes a block at a time into a stack buffer and calls
+//! [`axpy_f32`]. Portable twins in [`portable`], 8/16-lane versions in [`x86`].
+
+use crate::{DType, Isa, Kernels};
+
+pub mod portable;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+/// Largest block (a K-quant super-block) [`axpy_row`] dequantizes at a time.
+const MAX_BLOCK: usize = 256;
+
+/// `y[j] = fma(h, w[j], y[j])` for every `j`.
+pub fn axpy_f32(k: &Kernels, h: f32, w: &[f32], y: &mut [f32]) {
+    assert_eq!(w.len(), y.len(), "axpy lengths");
+    #[cfg(target_arch = "x86_64")]
+    if k.isa() == Isa::Avx512 {
+        // SAFETY: an Avx512 table is only built after detecting AVX-512 F/VL, AVX2 and FMA.
+        return unsafe { x86::axpy_f32_avx512(h, w, y) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if k.isa() >= Isa::Avx2 {
+        // SAFETY: an Avx2 table is only built after detecting AVX2 and FMA.
+        return unsafe { x86::axpy_f32_avx2(h, w, y) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (k, Isa::Avx2);
+    portable::axpy_f32(h, w, y)
+}
+
+/// `y[j] = fma(h, w[j], y[j])` for the values `w` of `row` (whole blocks of `t`, `y.len()`
+/// values).
+pub fn axpy_row(k: &Kernels, t: DType, row: &[u8], h: f32, y: &mut [f32]) {
+    assert_eq!(crate::row_bytes(t, y.len()), row.len(), "axpy row of {} values of {t}", y.len());
+    #[cfg(target_arch = "x86_64")]
+    if k.isa() >= Isa::Avx2 && matches!(t, DType::Q8_0 | DType::Q5_0 | DType::Q4_0) {
+        let avx512 = k.isa() == Isa::Avx512;
+        // SAFETY: the table's level was detected (AVX2 and FMA; AVX-512 F/VL/BW for `avx512`).
+        return unsafe { x86::axpy_row(t, row, h, y, avx512) };
+    }
+    let to_float = k.to_float(t).expect("a type with a dequantizer");
+    let (bs, ts) = (t.block_size(), t.type_size());
+    assert!(bs <= MAX_BLOCK);
+    let mut w = [0f32; MAX_BLOCK];
+    for (b, ys) in row.chunks_exact(ts).zip(y.chunks_exact_mut(bs)) {
+        to_float(b, &mut w[..bs]);
+        axpy_f32(k, h, &w[..bs], ys);
+    }
+}
+
+/// Ask for `bytes` to be brought into the caches (the rows of the next firing neurons: their
+/// addresses jump, so the hardware prefetcher does not see them coming). No-op where the
+/// architecture has no prefetch hint.
+#[inline]
+pub fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // From the cache line holding the first byte to the one holding the last.
+        let start = bytes.as_ptr() as usize % 64;
+        for off in (0..bytes.len() + start).step_by(64) {
+            let p = bytes.as_ptr().wrapping_add(off).wrapping_sub(start);
+            // SAFETY: a prefetch hint (into L2) of a line `bytes` touches; it never faults.
+            unsafe { std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T1) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
+/// `y[j] = fma(h[n], w_n[j], y[j])` for the rows `n = 0..4` in turn: four [`axpy_row`]s,
+/// the same bits, `y` read and written once per block where SIMD has a kernel.
+pub fn axpy_row4(k: &Kernels, t: DType, rows: [&[u8]; 4], h: [f32; 4], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if k.isa() >= Isa::Avx2 && matches!(t, DType::Q8_0 | DType::Q5_0 | DType::Q4_0) {
+        // SAFETY: the table's level was detected (AVX2 and FMA; AVX-512 F/VL for Avx512).
+        return unsafe {
+            if k.isa() == Isa::Avx512 {
+                x86::axpy_row4_avx512(t, rows, h, y)
+            } else {
+                x86::axpy_row4_avx2(t, rows, h, y)
+            }
+        };
+    }
+    for n in 0..4 {
+        axpy_row(k, t, rows[n], h[n], y);
+    }
+}
+
+/// Types the neuron-major down projection can be stored in: those with blocks of 32 (model
+/// widths such as 576, 640 and 896 are not multiples of 256) and a reference quantizer.
+pub const NEURON_MAJOR_TYPES: [DType; 5] = [DType::Q8_0, DType::Q5_1, DType::Q5_0, DType::Q4_1, DType::Q4_0];
