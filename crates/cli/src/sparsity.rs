@@ -22,9 +22,9 @@ pub(crate) struct SparseArgs {
     /// The calibration file (default: the model's in the cache, `~/.cache/corelm/sparsity/`).
     #[arg(long)]
     pub(crate) sparsity_file: Option<PathBuf>,
-    /// How the sparsity is spread over layers: greedy (more where the estimated error grows
-    /// least) or uniform.
-    #[arg(long, default_value = "greedy")]
+    /// How the sparsity is spread over layers: uniform (the same in every layer), or greedy
+    /// (more where the estimated error grows least; measured worse so far: docs/sparsity.md).
+    #[arg(long, default_value = "uniform")]
     pub(crate) sparsity_alloc: Allocation,
     /// Type the down projection is stored in, neuron-major (q8_0, q5_1, q5_0, q4_1, q4_0).
     #[arg(long, default_value = "q8_0", value_parser = parse_down_type)]

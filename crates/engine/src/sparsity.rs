@@ -91,7 +91,8 @@ impl std::str::FromStr for Allocation {
 }
 
 fn bin_of(v: f32) -> usize {
-    if !(v >= f32::powi(2.0, MIN_EXP)) {
+    // Below the first octave, and NaN, count as zero.
+    if v.is_nan() || v < f32::powi(2.0, MIN_EXP) {
         return 0;
     }
     let b = ((v.log2() - MIN_EXP as f32) * BINS_PER_OCTAVE as f32).floor() as isize;
@@ -256,10 +257,10 @@ impl Tap for Collector {
                     s.err[il][first] += e;
                 }
                 s.err_total[il] += e;
-                for k in 0..REPORT.len() {
+                for (k, b) in bits.iter_mut().enumerate() {
                     if v > s.report[il][k] {
                         s.fired[k][il][i] += 1;
-                        bits[k][r * words + i / 64] |= 1 << (i % 64);
+                        b[r * words + i / 64] |= 1 << (i % 64);
                     }
                 }
             }
