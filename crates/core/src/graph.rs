@@ -315,9 +315,13 @@ impl<'k> Builder<'k> {
     }
 
     fn weight_part(&mut self, w: &WeightRef, ne: [usize; 2], offset: usize, len: usize, cols: Option<ColSlice>) -> TensorId {
+        self.leaf(ne, w.dtype, Storage::Weight { offset, len, cols, copy: None, form: WeightForm::Rows })
+    }
+
+    /// A weight tensor (no node) of the current shard.
+    fn leaf(&mut self, ne: [usize; 2], dtype: DType, storage: Storage) -> TensorId {
         let id = TensorId(self.tensors.len() as u32);
-        let storage = Storage::Weight { offset, len, cols, copy: None, form: WeightForm::Rows };
-        self.tensors.push(Tensor { ne, dtype: w.dtype, op: Op::Leaf, storage, layer: -1, group: self.group });
+        self.tensors.push(Tensor { ne, dtype, op: Op::Leaf, storage, layer: -1, group: self.group });
         id
     }
 
@@ -583,10 +587,7 @@ impl<'k> Builder<'k> {
             }
             _ => (w.ne, w.dtype),
         };
-        let id = TensorId(self.tensors.len() as u32);
-        let storage = Storage::Weight { offset: w.offset, len: w.len, cols: None, copy: None, form };
-        self.tensors.push(Tensor { ne, dtype, op: Op::Leaf, storage, layer: -1, group: None });
-        Bundle::one(id)
+        Bundle::one(self.leaf(ne, dtype, Storage::Weight { offset: w.offset, len: w.len, cols: None, copy: None, form }))
     }
 
     /// Sparse up projection: `[n_ff, n_tokens]` `h`, from the gate's `[n_ff, n_tokens]` and

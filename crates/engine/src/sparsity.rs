@@ -23,6 +23,7 @@
 //! ([`Allocation::Greedy`], TEAL's greedy on the estimated errors).
 
 use crate::{Engine, Error};
+use corelm_core::sched::gate_activation;
 use corelm_core::{Graph, Op, Tap, TensorId};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -161,16 +162,11 @@ impl Sidecar {
     }
 
     pub fn read(path: &Path) -> Result<Sidecar, Error> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::Config(format!("sparsity file {}: {e}", path.display())))?;
-        serde_json::from_str(&text).map_err(|e| Error::Config(format!("sparsity file {}: {e}", path.display())))
+        corelm_plan::file::read_json(path).map_err(|e| Error::Config(format!("sparsity file {e}")))
     }
 
     pub fn write(&self, path: &Path) -> Result<(), Error> {
-        if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(d).map_err(|e| Error::Config(format!("{}: {e}", d.display())))?;
-        }
-        let json = serde_json::to_string(self).map_err(|e| Error::Config(e.to_string()))?;
-        std::fs::write(path, json).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+        corelm_plan::file::write_json_compact(path, self).map_err(|e| Error::Config(e.to_string()))
     }
 
     /// Checks the file is about this model.
@@ -194,15 +190,6 @@ pub fn default_path(model: &Path) -> PathBuf {
     models.parent().unwrap_or(&models).join("sparsity").join(format!("{stem}.json"))
 }
 
-/// `act(g)` as the engine computes it (the gated activation's first factor).
-fn activation(kind: corelm_core::Glu, g: &[f32], a: &mut [f32]) {
-    let ones = vec![1.0f32; g.len()];
-    match kind {
-        corelm_core::Glu::Silu => corelm_kernels::act::swiglu_scalar(g, &ones, a),
-        corelm_core::Glu::GeluTanh => corelm_kernels::act::geglu_scalar_table(g, &ones, a),
-    }
-}
-
 /// Running statistics of a collection pass.
 struct State {
     n_ff: usize,
@@ -210,6 +197,8 @@ struct State {
     /// Pass 2 only: thresholds of the level grid and of the reported levels, per layer.
     grid: Option<Vec<Vec<f32>>>,
     report: Vec<Vec<f32>>,
+    /// Ones, the up operand of `gate_activation`.
+    ones: Vec<f32>,
     /// `‖down_i‖²` per layer and neuron.
     col_norms: Vec<Vec<f32>>,
     err: Vec<Vec<f64>>,
@@ -221,14 +210,17 @@ struct State {
     act: Vec<f32>,
 }
 
-struct Collector(Mutex<State>);
+struct Collector {
+    state: Mutex<State>,
+    kernels: &'static corelm_kernels::Kernels,
+}
 
 impl Tap for Collector {
     fn node<'a>(&self, graph: &Graph, id: TensorId, read: &dyn Fn(TensorId) -> &'a [f32]) {
         let t = graph.tensor(id);
         let Op::Glu { gate, up, kind } = t.op else { return };
         let Ok(il) = usize::try_from(t.layer) else { return };
-        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let [n_ff, rows] = t.ne;
         if n_ff != s.n_ff || il >= s.hist.len() {
             return; // not a dense feed-forward of the model (an expert's, a shared one's)
@@ -236,12 +228,13 @@ impl Tap for Collector {
         let (g, u) = (read(gate), read(up));
         s.tokens_seen[il] += rows as u64;
         let words = n_ff.div_ceil(64);
-        let mut bits: Vec<Vec<u64>> = vec![vec![0u64; words * rows]; REPORT.len()];
         let mut act = std::mem::take(&mut s.act);
         act.resize(n_ff, 0.0);
         let grid = s.grid.as_ref().map(|g| g[il].clone());
+        // Pass 2: each token's firing neurons per reported level, for the reactivation counts.
+        let mut bits: Vec<Vec<u64>> = if grid.is_some() { vec![vec![0u64; words * rows]; REPORT.len()] } else { Vec::new() };
         for r in 0..rows {
-            activation(kind, &g[r * n_ff..(r + 1) * n_ff], &mut act);
+            gate_activation(self.kernels, kind, &g[r * n_ff..(r + 1) * n_ff], &s.ones, &mut act);
             let Some(grid) = &grid else {
                 for &a in &act {
                     s.hist[il][bin_of(a.abs())] += 1;
@@ -324,6 +317,7 @@ pub fn collect(engine: &mut Engine, tokens: &[u32], n_ctx: usize, model: &str, t
         hist: vec![vec![0; BINS]; n_layer],
         grid: None,
         report: Vec::new(),
+        ones: vec![1.0; h.n_ff],
         col_norms: Vec::new(),
         err: vec![vec![0.0; LEVELS]; n_layer],
         err_total: vec![0.0; n_layer],
@@ -333,7 +327,7 @@ pub fn collect(engine: &mut Engine, tokens: &[u32], n_ctx: usize, model: &str, t
         tokens_seen: vec![0; n_layer],
         act: Vec::new(),
     };
-    let tap = Arc::new(Collector(Mutex::new(state)));
+    let tap = Arc::new(Collector { state: Mutex::new(state), kernels: engine.kernels() });
     let chunks = tokens.len() / n_ctx;
     let mut run_pass = |engine: &mut Engine, pass: usize| -> Result<(), Error> {
         for c in 0..chunks {
@@ -358,7 +352,7 @@ pub fn collect(engine: &mut Engine, tokens: &[u32], n_ctx: usize, model: &str, t
         levels: Vec::new(),
     };
     let r2 = r1.and_then(|_| {
-        let mut s = tap.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = tap.state.lock().unwrap_or_else(|e| e.into_inner());
         side.histogram = s.hist.clone();
         s.grid = Some((0..n_layer).map(|l| (0..LEVELS).map(|k| if k == 0 { -1.0 } else { side.threshold(l, k as f32 * LEVEL_STEP) }).collect()).collect());
         s.report = (0..n_layer).map(|l| REPORT.iter().map(|&r| side.threshold(l, r)).collect()).collect();
@@ -369,7 +363,7 @@ pub fn collect(engine: &mut Engine, tokens: &[u32], n_ctx: usize, model: &str, t
     });
     engine.set_tap(None);
     r2?;
-    let s = tap.0.lock().unwrap_or_else(|e| e.into_inner());
+    let s = tap.state.lock().unwrap_or_else(|e| e.into_inner());
     side.error = (0..n_layer)
         .map(|l| {
             let mut cum = 0.0;

@@ -22,6 +22,8 @@ use std::time::Instant;
 mod dense;
 mod sparse;
 
+pub use sparse::gate_activation;
+
 /// Largest rotary dimension supported (per-thread stack cache).
 pub const MAX_ROT: usize = 1024;
 

@@ -41,8 +41,9 @@ const TOKEN_BLOCK: usize = 16;
 /// Firing neurons ahead whose rows are prefetched.
 const AHEAD: usize = 32;
 
-/// `a = act(g)`.
-fn activation(k: &Kernels, kind: Glu, g: &[f32], ones: &[f32], a: &mut [f32]) {
+/// `a = act(g)`, the gated activation's first factor (`ones`: at least `g.len()` ones), as
+/// the sparse nodes and the activation statistics (`corelm sparsity collect`) compute it.
+pub fn gate_activation(k: &Kernels, kind: Glu, g: &[f32], ones: &[f32], a: &mut [f32]) {
     match kind {
         Glu::Silu => act::swiglu(k, g, &ones[..g.len()], a),
         Glu::GeluTanh => act::geglu(k, g, &ones[..g.len()], a),
@@ -62,7 +63,7 @@ impl Ctx<'_> {
         let a = &mut s.act[..mine.len()];
         let row = |i: usize| &wb[i * wrb..(i + 1) * wrb];
         for r in 0..rows {
-            activation(self.kernels, kind, &g[r * n_ff + mine.start..r * n_ff + mine.end], &s.ones, a);
+            gate_activation(self.kernels, kind, &g[r * n_ff + mine.start..r * n_ff + mine.end], &s.ones, a);
             // SAFETY: neurons `mine` of row r are this worker's only.
             let out = unsafe { self.out_f32(t, r * n_ff + mine.start, mine.len()) };
             out.fill(0.0);
@@ -85,7 +86,7 @@ impl Ctx<'_> {
         let (g, u) = (self.f32s(gate), self.f32s(up));
         let a = &mut s.act[..n_ff];
         for r in split(rows, ith, nth) {
-            activation(self.kernels, kind, &g[r * n_ff..(r + 1) * n_ff], &s.ones, a);
+            gate_activation(self.kernels, kind, &g[r * n_ff..(r + 1) * n_ff], &s.ones, a);
             // SAFETY: row r belongs to this worker only.
             let out = unsafe { self.out_f32(t, r * n_ff, n_ff) };
             for ((o, &a), &u) in out.iter_mut().zip(a.iter()).zip(&u[r * n_ff..(r + 1) * n_ff]) {
