@@ -343,6 +343,7 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
     if m.place.plan.is_some() && (m.threads.is_some() || m.place.tp.is_some()) {
         bail!("--plan sets the worker threads and the tensor-parallel degree: drop --threads/--tp");
     }
+    let (sparsity, accel) = m.place.sparse.load(&path)?;
     let cfg = EngineConfig {
         n_ctx: m.ctx_size,
         n_batch: m.batch_size,
@@ -360,7 +361,8 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         isa: None, // the process default, which `--isa` set
         plan: m.place.load_plan()?,
         roofline: m.place.load_roofline()?,
-        sparsity: m.place.sparse.load(&path)?,
+        sparsity,
+        accel,
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", path.display()))?;

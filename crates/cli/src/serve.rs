@@ -61,6 +61,7 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         bail!("--parallel, --ctx-size and --max-queue must be at least 1");
     }
     let kv = a.kv_size.unwrap_or(a.ctx_size.saturating_mul(a.parallel));
+    let (sparsity, accel) = a.place.sparse.load(&model)?;
     let cfg = EngineConfig {
         n_ctx: kv,
         n_batch: a.batch_size,
@@ -78,7 +79,8 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         isa: None, // the process default, which `--isa` set
         plan: a.place.load_plan()?,
         roofline: a.place.load_roofline()?,
-        sparsity: a.place.sparse.load(&model)?,
+        sparsity,
+        accel,
     };
     let engine = Engine::load(&model, cfg).with_context(|| format!("loading {}", model.display()))?;
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", model.display()))?;

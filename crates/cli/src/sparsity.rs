@@ -4,6 +4,7 @@
 //! `--sparsity` flags every model-loading command takes.
 
 use anyhow::{bail, Context, Result};
+use corelm_engine::offload::AccelConfig;
 use corelm_engine::sparsity::{self, Allocation, Sidecar};
 use corelm_engine::{Engine, Tokenizer};
 use corelm_kernels::DType;
@@ -29,6 +30,35 @@ pub(crate) struct SparseArgs {
     /// Type the down projection is stored in, neuron-major (q8_0, q5_1, q5_0, q4_1, q4_0).
     #[arg(long, default_value = "q8_0", value_parser = parse_down_type)]
     pub(crate) sparse_down_type: DType,
+    /// Put the most frequently firing FFN neurons on an accelerator (Vulkan, Metal or DX12
+    /// through wgpu) holding at most this many bytes of their weights (e.g. 64M, 1.5G), the
+    /// CPU computing the rest; with --sparsity, neurons are chosen by the calibration's firing
+    /// frequencies, without it whole layers go first. Off by default.
+    #[arg(long, value_parser = parse_bytes)]
+    pub(crate) accel_mem: Option<u64>,
+}
+
+/// `123`, `64K`, `64M`, `1.5G` (powers of 1024; a trailing `B` or `iB` is allowed).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim().trim_end_matches(['B', 'b']).trim_end_matches('i');
+    let (num, mul) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("'{s}': unknown size suffix '{c}' (K, M, G, T)")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| format!("'{s}' is not a size in bytes (e.g. 512M, 2G)"))?;
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(format!("'{s}' is not a size in bytes"));
+    }
+    Ok((v * mul as f64) as u64)
 }
 
 fn parse_down_type(s: &str) -> Result<DType, String> {
@@ -41,9 +71,12 @@ fn parse_down_type(s: &str) -> Result<DType, String> {
 }
 
 impl SparseArgs {
-    /// The engine's sparse configuration for `model`, or `None` without `--sparsity`.
-    pub(crate) fn load(&self, model: &Path) -> Result<Option<Arc<corelm_engine::SparseFfn>>> {
-        let Some(s) = self.sparsity else { return Ok(None) };
+    /// The engine's sparse configuration for `model` (`None` without `--sparsity`) and its
+    /// accelerator's (`None` without `--accel-mem`).
+    pub(crate) fn load(&self, model: &Path) -> Result<(Option<Arc<corelm_engine::SparseFfn>>, Option<AccelConfig>)> {
+        let Some(s) = self.sparsity else {
+            return Ok((None, self.accel_mem.map(|mem| AccelConfig { mem, freq: None })));
+        };
         let path = self.sparsity_file.clone().unwrap_or_else(|| sparsity::default_path(model));
         if !path.exists() {
             bail!(
@@ -54,7 +87,12 @@ impl SparseArgs {
         }
         let side = Sidecar::read(&path)?;
         let thresholds = side.thresholds(s, self.sparsity_alloc)?;
-        Ok(Some(Arc::new(corelm_engine::SparseFfn { thresholds, down_type: self.sparse_down_type })))
+        // The hot neurons: by firing frequency at the recorded level nearest the target.
+        let accel = self.accel_mem.map(|mem| {
+            let level = side.levels.iter().min_by(|a, b| (a.sparsity - s).abs().total_cmp(&(b.sparsity - s).abs()));
+            AccelConfig { mem, freq: level.map(|l| l.freq.clone()) }
+        });
+        Ok((Some(Arc::new(corelm_engine::SparseFfn { thresholds, down_type: self.sparse_down_type, offloaded: Vec::new() })), accel))
     }
 }
 

@@ -68,6 +68,23 @@ pub struct SparseFfn {
     /// Type of the down projection stored neuron-major (32-value blocks:
     /// `corelm_kernels::sparse::NEURON_MAJOR_TYPES`).
     pub down_type: DType,
+    /// Per layer: the neurons an accelerator computes (gate, up and down, sorted; empty: none),
+    /// the CPU computing the rest (`WeightForm::ColdRows`...) and adding the two parts.
+    pub offloaded: Vec<Vec<u32>>,
+}
+
+impl SparseFfn {
+    /// The neurons of `layer` (of `n_ff`) the CPU computes, in order.
+    pub fn cold(&self, layer: usize, n_ff: usize) -> Vec<u32> {
+        let hot = self.offloaded.get(layer).map_or(&[][..], |v| &v[..]);
+        let mut it = hot.iter().peekable();
+        (0..n_ff as u32)
+            .filter(|&i| {
+                while it.next_if(|&&h| h < i).is_some() {}
+                it.peek() != Some(&&i)
+            })
+            .collect()
+    }
 }
 
 /// Batches of at most this many tokens compute only the firing rows of the up projection
@@ -131,6 +148,9 @@ pub struct Graph {
     /// a roofline plan caps memory-bound nodes at the bandwidth knee. The others wait at the
     /// node's barrier.
     pub threads: Vec<u16>,
+    /// The sparse configuration the graph was built with (its weights' `Cold*` forms name
+    /// neuron sets of it).
+    pub sparse: Option<Arc<SparseFfn>>,
 }
 
 impl Graph {
@@ -201,6 +221,17 @@ impl<'k> Builder<'k> {
         let s = self.sparse.as_ref()?;
         let t = *s.thresholds.get(usize::try_from(self.layer).ok()?)?;
         (t >= 0.0).then_some(t)
+    }
+
+    /// The neurons an accelerator computes in the current layer's FFN (`None`: none).
+    pub fn offloaded(&self) -> Option<&[u32]> {
+        let v = self.sparse.as_ref()?.offloaded.get(usize::try_from(self.layer).ok()?)?;
+        (!v.is_empty()).then_some(&v[..])
+    }
+
+    /// The current layer's index (for forms naming it).
+    pub fn layer(&self) -> usize {
+        usize::try_from(self.layer).expect("inside a layer")
     }
 
     /// Build with tensor parallelism over `plan`'s shards (a plan of degree 1 is none).
@@ -580,14 +611,41 @@ impl<'k> Builder<'k> {
     pub fn weight_in(&mut self, w: &WeightRef, form: WeightForm) -> Bundle {
         assert_eq!(self.mode, Mode::Serial, "weight forms in parallel subgraphs");
         let (ne, dtype) = match form {
-            WeightForm::NeuronMajor { .. } => {
+            WeightForm::NeuronMajor { .. } | WeightForm::ColdNeuronMajor { .. } => {
                 let dt = self.sparse.as_ref().expect("a sparse configuration").down_type;
                 assert!(w.ne[1] % dt.block_size() == 0, "{}: rows of {} values in {dt} blocks", w.name, w.ne[1]);
-                ([w.ne[1], w.ne[0]], dt)
+                let n = match form.cold_layer() {
+                    Some(l) => self.n_cold(l, w.ne[0]),
+                    None => w.ne[0],
+                };
+                ([w.ne[1], n], dt)
             }
+            WeightForm::ColdRows { layer, .. } => ([w.ne[0], self.n_cold(layer as usize, w.ne[1])], w.dtype),
             _ => (w.ne, w.dtype),
         };
         Bundle::one(self.leaf(ne, dtype, Storage::Weight { offset: w.offset, len: w.len, cols: None, copy: None, form }))
+    }
+
+    /// How many of layer `layer`'s `n_ff` neurons the CPU computes.
+    fn n_cold(&self, layer: usize, n_ff: usize) -> usize {
+        let hot = self.sparse.as_ref().and_then(|s| s.offloaded.get(layer)).map_or(0, |v| v.len());
+        n_ff - hot
+    }
+
+    /// Hand `x` (`[n_tokens, n_embd]`) to the accelerator for the current layer's offloaded
+    /// neurons; the returned node only orders [`Builder::offload_end`] after it.
+    pub fn offload_begin(&mut self, x: &Bundle) -> Bundle {
+        let x = x.single();
+        self.check_src(x);
+        let layer = self.layer() as u32;
+        Bundle::one(self.push([0, 0], DType::F32, Op::OffloadBegin { layer, x }, Storage::None))
+    }
+
+    /// The accelerator's part of the current layer's FFN output: `[n_tokens, n_embd]`.
+    pub fn offload_end(&mut self, begin: &Bundle, n_embd: usize) -> Bundle {
+        let begin = begin.single();
+        let layer = self.layer() as u32;
+        self.node([n_embd, self.n_tokens], DType::F32, Op::OffloadEnd { layer, begin })
     }
 
     /// Sparse up projection: `[n_ff, n_tokens]` `h`, from the gate's `[n_ff, n_tokens]` and
@@ -618,7 +676,7 @@ impl<'k> Builder<'k> {
         let (h, w) = (h.single(), w.single());
         self.check_src(h);
         let (nh, nw) = (self.t(h).ne, self.t(w).ne);
-        assert!(matches!(self.t(w).storage, Storage::Weight { form: WeightForm::NeuronMajor { .. }, .. }));
+        assert!(matches!(self.t(w).storage, Storage::Weight { form: WeightForm::NeuronMajor { .. } | WeightForm::ColdNeuronMajor { .. }, .. }));
         assert_eq!(nh[0], nw[1], "sparse_down inner dimensions");
         self.node([nw[0], nh[1]], DType::F32, Op::SparseDown { h, w })
     }
@@ -656,6 +714,7 @@ impl<'k> Builder<'k> {
             act_bytes: self.peak,
             out_bytes: self.out_bump,
             max_head_dim: self.max_head_dim,
+            sparse: self.sparse,
         }
     }
 }

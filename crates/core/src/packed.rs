@@ -20,6 +20,10 @@
 //! type. The sparse up projection's rows (`WeightForm::PlainRows`) are never interleaved, so
 //! one row is read per firing neuron.
 //!
+//! An accelerator's neurons (`SparseFfn::offloaded`) leave the CPU the rest of each layer:
+//! `WeightForm::ColdRows` and `ColdNeuronMajor` are copies of only those neurons' gate and up
+//! rows (gate interleaved where the table has kernels) and down columns (neuron-major).
+//!
 //! Invariant: a weight tensor with `Storage::Weight { copy: Some(c), .. }` has its bytes at
 //! `c.at .. c.at + n_bytes` of [`PackedWeights::bytes`]; interleaved, `matmul::layout::unpack`
 //! of them gives back the file's rows (of its columns, for a slice).
@@ -79,7 +83,7 @@ impl PackedWeights {
             let key = (offset, len, cols, form);
             let has_kernels = kernels.ops(wt.dtype).is_some_and(|o| o.interleaved.is_some());
             let interleaved = repack
-                && form == WeightForm::Rows
+                && matches!(form, WeightForm::Rows | WeightForm::ColdRows { plain: false, .. })
                 && has_kernels
                 && interleave::supported(wt.dtype)
                 && wt.ne[1] % interleave::ROWS == 0;
@@ -87,8 +91,8 @@ impl PackedWeights {
                 Some(s) if !shards.is_empty() => 1 + s as usize,
                 _ => 0,
             };
-            let neuron_major = matches!(form, WeightForm::NeuronMajor { .. });
-            if !(interleaved || neuron_major || cols.is_some() || part > 0) || at.contains_key(&key) {
+            let always = !matches!(form, WeightForm::Rows | WeightForm::PlainRows);
+            if !(interleaved || always || cols.is_some() || part > 0) || at.contains_key(&key) {
                 continue;
             }
             let n = wt.n_bytes();
@@ -124,15 +128,29 @@ impl PackedWeights {
         let mut buf = Buffer::lazy(total, place)?;
         let out = buf.as_mut_slice();
         let mut rows = Vec::new();
+        let cold = |form: WeightForm, n_ff: usize| {
+            let l = form.cold_layer()?;
+            Some(graph.sparse.as_ref().expect("cold forms come with a sparse configuration").cold(l, n_ff))
+        };
         for (&(offset, len, cols, form), e) in &at {
             let dst = &mut out[e.at..e.at + e.len];
-            if let WeightForm::NeuronMajor { from } = form {
-                neuron_major(kernels, from, &file[offset..offset + len], e.dtype, e.row_bytes, dst);
+            let src = &file[offset..offset + len];
+            if let WeightForm::NeuronMajor { from } | WeightForm::ColdNeuronMajor { from, .. } = form {
+                let n_embd = e.row_bytes / e.dtype.type_size() * e.dtype.block_size();
+                let n_ff = len / n_embd / from.type_size() * from.block_size();
+                neuron_major(kernels, from, src, e.dtype, e.row_bytes, cold(form, n_ff).as_deref(), dst);
                 continue;
             }
-            let src = match cols {
-                None => &file[offset..offset + len],
-                Some(c) => {
+            let src = match (cols, cold(form, len / e.row_bytes)) {
+                (None, Some(neurons)) => {
+                    rows.clear();
+                    for &n in &neurons {
+                        rows.extend_from_slice(&src[n as usize * e.row_bytes..(n as usize + 1) * e.row_bytes]);
+                    }
+                    &rows[..]
+                }
+                (None, None) => src,
+                (Some(c), _) => {
                     // Whole blocks `c0 ..` of every row, gathered into plain rows.
                     let full = corelm_kernels::row_bytes(e.dtype, c.row_len);
                     let skip = corelm_kernels::row_bytes(e.dtype, c.c0);
@@ -191,13 +209,13 @@ impl PackedWeights {
     }
 }
 
-/// `src` (a file matrix of type `from` whose rows hold `dst`'s row count of values) transposed
-/// into `dst`: row `i` = column `i`, quantized to `to` with ggml's reference quantizer
-/// (`row_bytes` per row).
-fn neuron_major(kernels: &Kernels, from: corelm_kernels::DType, src: &[u8], to: corelm_kernels::DType, row_bytes: usize, dst: &mut [u8]) {
-    let n_rows = dst.len() / row_bytes; // neurons: the file's row length
-    let src_rb = corelm_kernels::row_bytes(from, n_rows);
-    let n_cols = src.len() / src_rb; // the file's rows: a neuron-major row's length
+/// `src` (a file matrix of type `from`, a column per neuron) transposed into `dst`: row `i` =
+/// column `neurons[i]` (all columns in order without `neurons`), quantized to `to` with ggml's
+/// reference quantizer (`row_bytes` per row).
+fn neuron_major(kernels: &Kernels, from: corelm_kernels::DType, src: &[u8], to: corelm_kernels::DType, row_bytes: usize, neurons: Option<&[u32]>, dst: &mut [u8]) {
+    let n_cols = row_bytes / to.type_size() * to.block_size(); // the file's rows
+    let src_rb = src.len() / n_cols;
+    let n_rows = src_rb / from.type_size() * from.block_size(); // neurons: the file's row length
     let to_float = kernels.to_float(from).expect("weight type checked at load");
     let quant = corelm_kernels::quant::reference::quantizer(to).expect("a neuron-major type has a quantizer");
     let mut m = vec![0f32; n_rows * n_cols];
@@ -205,7 +223,8 @@ fn neuron_major(kernels: &Kernels, from: corelm_kernels::DType, src: &[u8], to: 
         to_float(row, &mut m[j * n_rows..(j + 1) * n_rows]);
     }
     let mut col = vec![0f32; n_cols];
-    for (i, out) in dst.chunks_exact_mut(row_bytes).enumerate() {
+    for (k, out) in dst.chunks_exact_mut(row_bytes).enumerate() {
+        let i = neurons.map_or(k, |n| n[k] as usize);
         for (j, c) in col.iter_mut().enumerate() {
             *c = m[j * n_rows + i];
         }

@@ -38,6 +38,22 @@ pub enum WeightForm {
     /// requantized to the tensor's type: the down projection stored neuron-major, so a neuron
     /// that does not fire is a row not read (sparse FFN). Always a copy made at load.
     NeuronMajor { from: DType },
+    /// The rows of layer `layer`'s neurons that stay on the CPU when an accelerator computes
+    /// the others (`SparseFfn::offloaded`), in neuron order: gate (`plain` false: interleaved
+    /// where the table has kernels) or up (`plain` true). Always a copy made at load.
+    ColdRows { layer: u16, plain: bool },
+    /// `NeuronMajor` of only those neurons: the down projection's CPU part.
+    ColdNeuronMajor { from: DType, layer: u16 },
+}
+
+impl WeightForm {
+    /// The layer whose CPU neurons the form selects.
+    pub fn cold_layer(self) -> Option<usize> {
+        match self {
+            WeightForm::ColdRows { layer, .. } | WeightForm::ColdNeuronMajor { layer, .. } => Some(layer as usize),
+            _ => None,
+        }
+    }
 }
 
 /// Where a tensor's bytes are.
@@ -147,6 +163,12 @@ pub enum Op {
     SparseDown { h: TensorId, w: TensorId },
     /// The batch rows whose outputs were asked for.
     SelectOutputs { x: TensorId },
+    /// Hand `x` (`[n_embd, n_tokens]`, the FFN's input) to the accelerator, which starts
+    /// computing layer `layer`'s offloaded neurons (worker 0; produces no tensor).
+    OffloadBegin { layer: u32, x: TensorId },
+    /// The accelerator's part of layer `layer`'s FFN output, `[n_embd, n_tokens]`, once it is
+    /// done (worker 0 waits for it); `begin` is the `OffloadBegin` node it completes.
+    OffloadEnd { layer: u32, begin: TensorId },
     /// Mixture-of-experts routing of each token from its router logits `[n_expert, n_tokens]`:
     /// an I32 table (layout in `crate::moe::Route`) of the chosen experts, their weights and
     /// the (token, slot) pairs grouped by expert.
@@ -196,6 +218,8 @@ impl Op {
             Op::SparseUp { .. } => "sparse_up",
             Op::GluMasked { .. } => "glu_masked",
             Op::SparseDown { .. } => "sparse_down",
+            Op::OffloadBegin { .. } => "offload_begin",
+            Op::OffloadEnd { .. } => "offload_end",
             Op::SelectOutputs { .. } => "select_outputs",
             Op::MoeRoute { .. } => "moe_route",
             Op::MatMulId { .. } => "matmul_id",

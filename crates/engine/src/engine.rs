@@ -77,6 +77,9 @@ pub struct EngineConfig {
     /// thresholds from a calibration and the neuron-major down projection's type. `None`: dense,
     /// bit-identical to llama.cpp as without it.
     pub sparsity: Option<Arc<corelm_core::SparseFfn>>,
+    /// An accelerator holding the hottest FFN neurons (`--accel-mem`, [`crate::offload`]),
+    /// the CPU computing the rest; `None`: CPU only.
+    pub accel: Option<crate::offload::AccelConfig>,
 }
 
 impl Default for EngineConfig {
@@ -99,6 +102,7 @@ impl Default for EngineConfig {
             plan: None,
             roofline: None,
             sparsity: None,
+            accel: None,
         }
     }
 }
@@ -280,6 +284,8 @@ pub struct Engine {
     decode_view: Option<usize>,
     last_view: usize,
     pub profile: Option<Profile>,
+    /// The accelerator's hot neurons (`--accel-mem`).
+    accel: Option<Arc<corelm_accel::HotFfn>>,
 }
 
 impl Engine {
@@ -327,9 +333,22 @@ impl Engine {
             d => d,
         };
         let tp = tp_plan(&gguf, &h, &cfg, degree)?;
+        if let Some(a) = &cfg.accel {
+            // The accelerator's neurons become part of the sparse configuration (a dense one,
+            // every neuron firing, without --sparsity).
+            let (cost, n_ff) = crate::offload::costs(&gguf, h.n_layer)?;
+            let hot = crate::offload::choose(&cost, n_ff, a.mem, a.freq.as_deref());
+            if hot.iter().all(Vec::is_empty) {
+                let min = cost.iter().min().copied().unwrap_or(0) * 32;
+                return Err(Error::Config(format!("--accel-mem {}: less than one group of 32 neurons ({min} bytes)", a.mem)));
+            }
+            let mut s = cfg.sparsity.as_deref().cloned().unwrap_or(corelm_core::SparseFfn { thresholds: vec![-1.0; h.n_layer], down_type: DType::Q8_0, offloaded: Vec::new() });
+            s.offloaded = hot;
+            cfg.sparsity = Some(Arc::new(s));
+        }
         if let Some(s) = &cfg.sparsity {
             if degree > 1 {
-                return Err(Error::Config(format!("sparse feed-forwards (--sparsity) run without tensor parallelism for now; drop --tp {degree}")));
+                return Err(Error::Config(format!("sparse feed-forwards (--sparsity, --accel-mem) run without tensor parallelism for now; drop --tp {degree}")));
             }
             if s.thresholds.len() != h.n_layer {
                 return Err(Error::Config(format!("the sparsity thresholds are for {} layers, the model has {}", s.thresholds.len(), h.n_layer)));
@@ -413,6 +432,20 @@ impl Engine {
         exec.dump_dir = std::env::var_os("CORELM_DUMP_DIR").map(Into::into);
         exec.batch_invariant = cfg.batch_invariant;
         exec.panel_gemm = cfg.fast_prefill;
+        let accel = match cfg.sparsity.as_ref().filter(|s| s.offloaded.iter().any(|v| !v.is_empty())) {
+            Some(s) => {
+                // Gated activations as the CPU's sparse nodes compute them.
+                let kind = g.nodes.iter().find_map(|&id| match g.tensor(id).op {
+                    corelm_core::Op::SparseUp { kind, .. } | corelm_core::Op::GluMasked { kind, .. } => Some(kind),
+                    _ => None,
+                });
+                let kind = kind.unwrap_or(corelm_core::Glu::Silu);
+                let a = crate::offload::open(&gguf, &s.offloaded, kind, &s.thresholds, h.n_embd, cfg.n_batch)?;
+                exec.offload = Some(a.clone());
+                Some(a)
+            }
+            None => None,
+        };
         let mut graphs = HashMap::new();
         graphs.insert((cfg.n_batch, cfg.n_batch), g);
         Ok(Engine {
@@ -435,11 +468,17 @@ impl Engine {
             last_view: 0,
             cfg,
             profile: None,
+            accel,
         })
     }
 
     pub fn hyper(&self) -> &Hyper {
         self.model.hyper()
+    }
+
+    /// The accelerator's part of the FFNs, when `--accel-mem` gave it one.
+    pub fn accel(&self) -> Option<&corelm_accel::HotFfn> {
+        self.accel.as_deref()
     }
 
     /// Watch nodes' results as passes run (`corelm_core::Tap`; `None` stops).

@@ -20,6 +20,7 @@ pub mod chat;
 pub mod engine;
 pub mod eval;
 pub mod generate;
+pub mod offload;
 pub mod perplexity;
 pub mod plan;
 pub mod quantize;

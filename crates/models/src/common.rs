@@ -182,8 +182,9 @@ pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &B
 /// experts, the same per routed (token, expert) pair, summed with the routing weights.
 pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle {
     match &lw.ffn {
-        Ffn::Dense { gate, up, down } if b.sparse_threshold().is_some() => {
-            let thr = b.sparse_threshold().expect("checked");
+        Ffn::Dense { gate, up, down } if b.sparse_threshold().is_some() || b.offloaded().is_some() => {
+            // Negative: every neuron fires (a dense layer split with an accelerator).
+            let thr = b.sparse_threshold().unwrap_or(-1.0);
             sparse_ffn(b, gate, up, down, x, kind, thr)
         }
         Ffn::Dense { gate, up, down } => {
@@ -228,17 +229,38 @@ pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle 
 /// firing neurons' rows of up (plain rows) and of down (stored neuron-major) are read.
 /// `[n_tokens, n_embd]` → same.
 fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRef, x: &Bundle, kind: Glu, thr: f32) -> Bundle {
-    let wg = b.weight(gate);
-    let wu = b.weight_in(up, WeightForm::PlainRows);
-    let wd = b.weight_in(down, WeightForm::NeuronMajor { from: down.dtype }); // [n_embd, n_ff]
-    let g = b.matmul(&wg, x); // [n_tokens, n_ff]
+    let Some(hot) = b.offloaded().map(<[u32]>::len) else {
+        let wg = b.weight(gate);
+        let wu = b.weight_in(up, WeightForm::PlainRows);
+        let wd = b.weight_in(down, WeightForm::NeuronMajor { from: down.dtype }); // [n_embd, n_ff]
+        return cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr);
+    };
+    // KAIROX: an accelerator computes the hot neurons while the CPU computes the others from
+    // copies of their rows; the two partial outputs add up to the layer's.
+    let n_embd = down.ne[1];
+    let begin = b.offload_begin(x);
+    if hot == gate.ne[1] {
+        return b.offload_end(&begin, n_embd); // [n_tokens, n_embd]
+    }
+    let layer = b.layer() as u16;
+    let wg = b.weight_in(gate, WeightForm::ColdRows { layer, plain: false }); // [n_embd, n_cold]
+    let wu = b.weight_in(up, WeightForm::ColdRows { layer, plain: true }); // [n_embd, n_cold]
+    let wd = b.weight_in(down, WeightForm::ColdNeuronMajor { from: down.dtype, layer }); // [n_embd, n_cold]
+    let y_cpu = cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr); // [n_tokens, n_embd]
+    let y_acc = b.offload_end(&begin, n_embd); // [n_tokens, n_embd]
+    b.add(&y_cpu, &y_acc)
+}
+
+/// The CPU's sparse FFN over gate `wg`, up `wu` (plain rows) and neuron-major down `wd`.
+fn cpu_sparse_ffn(b: &mut Builder, wg: &Bundle, wu: &Bundle, wd: &Bundle, x: &Bundle, kind: Glu, thr: f32) -> Bundle {
+    let g = b.matmul(wg, x); // [n_tokens, n_ff]
     let h = if b.n_tokens() <= SPARSE_UP_MAX_TOKENS {
-        b.sparse_up(&g, &wu, x, kind, thr) // [n_tokens, n_ff], zero where not firing
+        b.sparse_up(&g, wu, x, kind, thr) // [n_tokens, n_ff], zero where not firing
     } else {
-        let u = b.matmul(&wu, x); // [n_tokens, n_ff]
+        let u = b.matmul(wu, x); // [n_tokens, n_ff]
         b.glu_masked(&g, &u, kind, thr)
     };
-    b.sparse_down(&h, &wd) // [n_tokens, n_embd]
+    b.sparse_down(&h, wd) // [n_tokens, n_embd]
 }
 
 /// `down(act(gate x) · up x)`: `[n_tokens, n_embd]` → same.

@@ -124,6 +124,15 @@ pub trait Tap: Send + Sync {
     fn node<'a>(&self, graph: &Graph, id: TensorId, read: &dyn Fn(TensorId) -> &'a [f32]);
 }
 
+/// A second device that computes part of some layers' feed-forwards (`Op::OffloadBegin`,
+/// `Op::OffloadEnd`; KAIROX's hot neurons on an accelerator). Called on worker 0: `begin` with
+/// the FFN input `[n_tokens, n_embd]` must start the work and return; `finish` waits for it and
+/// writes the layer's partial output `[n_tokens, n_embd]`. The CPU nodes in between overlap it.
+pub trait Offload: Send + Sync {
+    fn begin(&self, layer: usize, x: &[f32]);
+    fn finish(&self, layer: usize, y: &mut [f32]);
+}
+
 /// Runs graphs on a thread pool.
 pub struct Executor {
     scratch: Vec<std::sync::Mutex<Scratch>>,
@@ -141,6 +150,8 @@ pub struct Executor {
     pub panel_gemm: bool,
     /// Statistics taken as nodes run (off the hot path: worker 0 runs it between barriers).
     pub tap: Option<std::sync::Arc<dyn Tap>>,
+    /// The device of graphs with `Op::OffloadBegin`/`OffloadEnd` nodes.
+    pub offload: Option<std::sync::Arc<dyn Offload>>,
 }
 
 impl Executor {
@@ -197,6 +208,7 @@ impl Executor {
             batch_invariant: false,
             panel_gemm: false,
             tap: None,
+            offload: None,
         }
     }
 
@@ -230,6 +242,7 @@ impl Executor {
             kernels,
             batch_invariant: self.batch_invariant,
             panel_gemm: self.panel_gemm,
+            offload: self.offload.as_deref(),
         };
         let prof = std::sync::Mutex::new(profile.as_deref_mut());
         pool.run_view(view, &|w: &Worker| {
@@ -389,6 +402,7 @@ struct Ctx<'a> {
     kernels: &'a Kernels,
     batch_invariant: bool,
     panel_gemm: bool,
+    offload: Option<&'a dyn Offload>,
 }
 
 // SAFETY: the raw pointers address the pools, which outlive the run; workers write disjoint
@@ -616,6 +630,19 @@ impl Ctx<'_> {
             Op::SparseUp { gate, w, x, kind, thr } => self.sparse_up(t, gate, w, x, kind, thr, ith, nth, &mut scratch.sparse),
             Op::GluMasked { gate, up, kind, thr } => self.glu_masked(t, gate, up, kind, thr, ith, nth, &mut scratch.sparse),
             Op::SparseDown { h, w } => self.sparse_down(t, h, w, ith, nth, &mut scratch.sparse),
+            Op::OffloadBegin { layer, x } => {
+                if ith == 0 {
+                    let n = self.t(x).ne[0] * self.t(x).ne[1];
+                    self.offload.expect("a graph with offloaded layers runs with an Offload").begin(layer as usize, &self.f32s(x)[..n]);
+                }
+            }
+            Op::OffloadEnd { layer, .. } => {
+                if ith == 0 {
+                    // SAFETY: only worker 0 writes this node's tensor.
+                    let y = unsafe { self.out_f32(t, 0, ne0 * rows) };
+                    self.offload.expect("a graph with offloaded layers runs with an Offload").finish(layer as usize, y);
+                }
+            }
             Op::MoeRoute { logits, p } => {
                 if ith == 0 {
                     let n_tokens = self.t(logits).ne[1];

@@ -1,0 +1,146 @@
+//! Opening a device and compiling the shaders once.
+
+use corelm_kernels::DType;
+use std::collections::HashMap;
+
+/// What can go wrong on the accelerator.
+#[derive(Debug, thiserror::Error)]
+pub enum AccelError {
+    #[error("no accelerator found: {0} (install a Vulkan driver; Mesa's lavapipe is apt mesa-vulkan-drivers)")]
+    NoAdapter(String),
+    #[error("the accelerator refused a device: {0}")]
+    Device(String),
+    #[error("weight type {0} has no accelerator kernel")]
+    Type(DType),
+    #[error("{what} needs {need} bytes of accelerator memory; the device allows {max} per buffer")]
+    TooLarge { what: String, need: u64, max: u64 },
+    #[error("reading results back from the accelerator failed: {0}")]
+    Readback(String),
+}
+
+/// One accelerator: its device, queue, and the compiled pipelines.
+pub struct Gpu {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    pub(crate) max_buffer: u64,
+    pub(crate) gemv: HashMap<DType, wgpu::ComputePipeline>,
+    pub(crate) act: wgpu::ComputePipeline,
+}
+
+/// The WGSL source of `t`'s GEMV: the common body and the type's `sub_dot`.
+fn gemv_source(t: DType) -> Option<String> {
+    let common = include_str!("shaders/common.wgsl");
+    let kmin = include_str!("shaders/kmin.wgsl");
+    let part = match t {
+        DType::F32 => include_str!("shaders/f32.wgsl").to_string(),
+        DType::F16 => include_str!("shaders/f16.wgsl").to_string(),
+        DType::Q4_0 => include_str!("shaders/q4_0.wgsl").to_string(),
+        DType::Q4_1 => include_str!("shaders/q4_1.wgsl").to_string(),
+        DType::Q5_0 => include_str!("shaders/q5_0.wgsl").to_string(),
+        DType::Q5_1 => include_str!("shaders/q5_1.wgsl").to_string(),
+        DType::Q8_0 => include_str!("shaders/q8_0.wgsl").to_string(),
+        DType::Q4K => format!("{kmin}\n{}", include_str!("shaders/q4_k.wgsl")),
+        DType::Q5K => format!("{kmin}\n{}", include_str!("shaders/q5_k.wgsl")),
+        DType::Q6K => include_str!("shaders/q6_k.wgsl").to_string(),
+        _ => return None,
+    };
+    Some(format!("{common}\n{part}"))
+}
+
+/// The weight types with a GEMV shader.
+pub(crate) const TYPES: [DType; 10] =
+    [DType::F32, DType::F16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4K, DType::Q5K, DType::Q6K];
+
+impl Gpu {
+    /// The highest-performance adapter the system offers (a discrete GPU before an integrated
+    /// one, a software rasterizer last), a device with the adapter's own limits, and every
+    /// shader compiled.
+    pub fn open() -> Result<Gpu, AccelError> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            ..Default::default()
+        }))
+        .map_err(|e| AccelError::NoAdapter(e.to_string()))?;
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("corelm"),
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| AccelError::Device(e.to_string()))?;
+        let max_buffer = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        let pipeline = |label: &str, src: String| {
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(label),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            });
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(label),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+        };
+        let gemv = TYPES.iter().map(|&t| (t, pipeline(&format!("gemv {t}"), gemv_source(t).expect("a listed type")))).collect();
+        let act = pipeline("act", include_str!("shaders/act.wgsl").to_string());
+        Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, gemv, act })
+    }
+
+    /// The adapter's name and backend, e.g. `NVIDIA H100 (Vulkan)`.
+    pub fn name(&self) -> String {
+        format!("{} ({:?})", self.info.name, self.info.backend)
+    }
+
+    /// Whether the adapter is a CPU emulating a GPU (lavapipe, WARP): correct, not fast.
+    pub fn is_software(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
+    }
+
+    /// A storage buffer of `len` bytes (rounded up to 4), checked against the device's limit.
+    pub(crate) fn storage(&self, what: &str, len: u64, extra: wgpu::BufferUsages) -> Result<wgpu::Buffer, AccelError> {
+        let len = len.max(4).next_multiple_of(4);
+        if len > self.max_buffer {
+            return Err(AccelError::TooLarge { what: what.to_string(), need: len, max: self.max_buffer });
+        }
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(what),
+            size: len,
+            usage: wgpu::BufferUsages::STORAGE | extra,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// A uniform buffer holding `words`.
+    pub(crate) fn uniform(&self, words: &[u32]) -> wgpu::Buffer {
+        let b = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("params"),
+            size: (words.len() * 4).next_multiple_of(16) as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.queue.write_buffer(&b, 0, bytemuck::cast_slice(words));
+        b
+    }
+
+    /// Wait for the submitted work and copy `staging`'s first `out.len()` floats into `out`.
+    pub(crate) fn read_back(&self, staging: &wgpu::Buffer, out: &mut [f32]) -> Result<(), AccelError> {
+        let n = (out.len() * 4) as u64;
+        let slice = staging.slice(..n);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: None }).map_err(|e| AccelError::Readback(e.to_string()))?;
+        rx.recv().map_err(|e| AccelError::Readback(e.to_string()))?.map_err(|e| AccelError::Readback(e.to_string()))?;
+        {
+            let view = slice.get_mapped_range().map_err(|e| AccelError::Readback(format!("{e:?}")))?;
+            out.copy_from_slice(bytemuck::cast_slice(&view));
+        }
+        staging.unmap();
+        Ok(())
+    }
+}

@@ -1,0 +1,29 @@
+//! corelm's accelerator backend (KAIROX's second device, SMEPilot's accelerator target): the
+//! quantized matrix-vector products of the golden models' weight types and the hot-neuron
+//! feed-forward, written in WGSL and run through `wgpu` — Vulkan, Metal or DX12 on a GPU,
+//! Mesa's software Vulkan (lavapipe) in CI.
+//!
+//! Design:
+//! - Weights are uploaded once, in the model file's own block layout (GGML blocks as bytes in
+//!   a `u32` storage buffer): no format of our own to keep in step, and a GPU holds as many
+//!   weights per byte of `--accel-mem` as the file does. Each weight type has a `sub_dot`
+//!   (`shaders/<type>.wgsl`: dequantize 32 values, dot with `x` in f32) under one GEMV body
+//!   (`shaders/common.wgsl`: a workgroup per output row and token, a tree reduction).
+//! - Activations travel as f32, and the sums are f32 — unlike the CPU kernels, which quantize
+//!   the activations to 8 bits first — so results agree with the CPU within a bound, not
+//!   bit for bit ([`gemv_bound`] states it; the tests check it on every type).
+//! - [`HotFfn`] keeps, per layer, the feed-forward rows of the neurons chosen as hot (gate and
+//!   up rows copied from the file, the down projection's columns requantized to Q8_0 rows),
+//!   and computes their part of the layer's output while the CPU computes the rest. A layer's
+//!   work is submitted by `begin` and read back by `finish`, so the CPU works in between.
+//!
+//! Invariant: nothing here runs unless a device was opened ([`Gpu::open`]); every buffer is
+//! allocated when the weights are uploaded, none per token.
+
+mod device;
+mod ffn;
+mod matrix;
+
+pub use device::{AccelError, Gpu};
+pub use ffn::{FileMatrix, HotFfn, HotLayer};
+pub use matrix::{gemv_bound, supported, Matrix};

@@ -1,0 +1,108 @@
+//! A weight matrix on the accelerator and its matrix-vector product.
+
+use crate::device::{AccelError, Gpu, TYPES};
+use corelm_kernels::DType;
+
+/// Whether the accelerator has a GEMV for `t`.
+pub fn supported(t: DType) -> bool {
+    TYPES.contains(&t)
+}
+
+/// The bound the tests hold the accelerator's GEMV to, for one output `y = Σ w_i x_i` of
+/// `n` terms: `|y_gpu - y| ≤ (n + 8) · 2⁻²⁴ · Σ |w_i x_i|`, where `w_i` are the file's
+/// dequantized values and `y` is computed exactly — the worst-case rounding of an f32 sum of
+/// `n` terms, whatever its order (plus the products' own roundings).
+pub fn gemv_bound(n: usize, sum_abs: f64) -> f64 {
+    (n as f64 + 8.0) * f64::from(f32::EPSILON) / 2.0 * sum_abs
+}
+
+/// A `rows × cols` matrix in the file's block layout, resident on the device.
+pub struct Matrix {
+    pub(crate) buf: wgpu::Buffer,
+    pub(crate) params: wgpu::Buffer,
+    pub dtype: DType,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// Workgroups along x and y for `rows` rows (at most 65,535 per dimension).
+fn groups(rows: usize) -> (u32, u32) {
+    let gx = rows.clamp(1, 65_535);
+    (gx as u32, rows.div_ceil(gx) as u32)
+}
+
+impl Matrix {
+    /// Upload `bytes` (`rows` rows of `cols` values of `dtype`, the file's layout).
+    pub fn upload(gpu: &Gpu, name: &str, dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Matrix, AccelError> {
+        if !supported(dtype) {
+            return Err(AccelError::Type(dtype));
+        }
+        let row_bytes = corelm_kernels::row_bytes(dtype, cols);
+        assert_eq!(bytes.len(), rows * row_bytes, "{name}: {rows} rows of {cols} {dtype} values");
+        assert!(cols % 32 == 0, "{name}: rows of whole 32-value groups");
+        let buf = gpu.storage(name, bytes.len() as u64 + 4, wgpu::BufferUsages::COPY_DST)?;
+        // The shaders' unaligned reads may touch the word after the last byte: pad to 4 + 4.
+        let mut padded = bytes.to_vec();
+        padded.resize((bytes.len() + 4).next_multiple_of(4), 0);
+        gpu.queue.write_buffer(&buf, 0, &padded);
+        let (gx, _) = groups(rows);
+        let params = gpu.uniform(&[rows as u32, cols as u32, row_bytes as u32, gx]);
+        Ok(Matrix { buf, params, dtype, rows, cols })
+    }
+
+    /// Bytes the matrix holds on the device.
+    pub fn bytes(&self) -> u64 {
+        self.buf.size()
+    }
+
+    /// The bind group of `y = W x` over device buffers `x` (`[n_tokens, cols]`) and `y`
+    /// (`[n_tokens, rows]`).
+    pub(crate) fn bind(&self, gpu: &Gpu, x: &wgpu::Buffer, y: &wgpu::Buffer) -> wgpu::BindGroup {
+        let layout = gpu.gemv[&self.dtype].get_bind_group_layout(0);
+        gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("gemv"),
+            layout: &layout,
+            entries: &[
+                wgpu::BindGroupEntry { binding: 0, resource: self.buf.as_entire_binding() },
+                wgpu::BindGroupEntry { binding: 1, resource: x.as_entire_binding() },
+                wgpu::BindGroupEntry { binding: 2, resource: y.as_entire_binding() },
+                wgpu::BindGroupEntry { binding: 3, resource: self.params.as_entire_binding() },
+            ],
+        })
+    }
+
+    /// Record `y = W x` for `n_tokens` tokens into `pass`.
+    pub(crate) fn dispatch(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, n_tokens: usize) {
+        let (gx, gy) = groups(self.rows);
+        pass.set_pipeline(&gpu.gemv[&self.dtype]);
+        pass.set_bind_group(0, bind, &[]);
+        pass.dispatch_workgroups(gx, gy, n_tokens as u32);
+    }
+
+    /// `y = W x` for `x` of `n_tokens · cols` values, into `y` (`n_tokens · rows`): one
+    /// submission and a wait (tests, benchmarks; the engine's path is [`crate::HotFfn`]).
+    pub fn gemv(&self, gpu: &Gpu, x: &[f32], y: &mut [f32]) -> Result<(), AccelError> {
+        let n_tokens = x.len() / self.cols;
+        assert_eq!(x.len(), n_tokens * self.cols, "x holds whole rows");
+        assert_eq!(y.len(), n_tokens * self.rows, "y holds a row per token");
+        let xb = gpu.storage("x", (x.len() * 4) as u64, wgpu::BufferUsages::COPY_DST)?;
+        gpu.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
+        let yn = (y.len() * 4) as u64;
+        let yb = gpu.storage("y", yn, wgpu::BufferUsages::COPY_SRC)?;
+        let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("staging"),
+            size: yb.size(),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let bind = self.bind(gpu, &xb, &yb);
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            self.dispatch(gpu, &mut pass, &bind, n_tokens);
+        }
+        enc.copy_buffer_to_buffer(&yb, 0, &staging, 0, yb.size());
+        gpu.queue.submit([enc.finish()]);
+        gpu.read_back(&staging, y)
+    }
+}

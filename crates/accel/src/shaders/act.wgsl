@@ -1,0 +1,34 @@
+// Gated activation of the hot neurons: A = act(G) U where |act(G)| > thr, else 0 (the same
+// rule as the CPU's sparse nodes; thr < 0: every neuron fires). kind 0: SiLU, 1: GELU (tanh).
+
+struct ActParams {
+    n: u32,     // values (hot neurons x tokens)
+    kind: u32,
+    thr: f32,
+    pad: u32,
+}
+
+@group(0) @binding(0) var<storage, read> G: array<f32>;
+@group(0) @binding(1) var<storage, read> U: array<f32>;
+@group(0) @binding(2) var<storage, read_write> A: array<f32>;
+@group(0) @binding(3) var<uniform> Q: ActParams;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i >= Q.n) {
+        return;
+    }
+    let g = G[i];
+    var a: f32;
+    if (Q.kind == 0u) {
+        a = g / (1.0 + exp(-g));
+    } else {
+        a = 0.5 * g * (1.0 + tanh(0.7978845608028654 * g * (1.0 + 0.044715 * g * g)));
+    }
+    if (abs(a) > Q.thr) {
+        A[i] = a * U[i];
+    } else {
+        A[i] = 0.0;
+    }
+}

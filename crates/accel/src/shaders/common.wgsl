@@ -1,0 +1,69 @@
+// Shared by every GEMV shader: bindings, byte access to raw GGML blocks, the reduction.
+// A workgroup computes one output row for one token: its threads take 32-value sub-blocks
+// s = lid, lid + WG, ... of the row, each calls the type's `sub_dot`, and the partial sums are
+// added in workgroup memory.
+
+struct Params {
+    rows: u32,       // output rows (the matrix's rows)
+    cols: u32,       // values per row (a multiple of 32)
+    row_bytes: u32,  // bytes per row in the file's block layout
+    groups_x: u32,   // workgroups along x (row = wid.x + wid.y * groups_x)
+}
+
+@group(0) @binding(0) var<storage, read> W: array<u32>;
+@group(0) @binding(1) var<storage, read> X: array<f32>;
+@group(0) @binding(2) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(3) var<uniform> P: Params;
+
+const WG: u32 = 64u;
+var<workgroup> partial: array<f32, 64>;
+
+// Byte i of the weight buffer.
+fn b8(i: u32) -> u32 {
+    return (W[i >> 2u] >> ((i & 3u) << 3u)) & 0xffu;
+}
+
+// The 4 bytes at i (any alignment), little-endian.
+fn w32(i: u32) -> u32 {
+    let sh = (i & 3u) << 3u;
+    let lo = W[i >> 2u];
+    if (sh == 0u) {
+        return lo;
+    }
+    return (lo >> sh) | (W[(i >> 2u) + 1u] << (32u - sh));
+}
+
+// The f16 at byte i, widened.
+fn f16at(i: u32) -> f32 {
+    return unpack2x16float(b8(i) | (b8(i + 1u) << 8u)).x;
+}
+
+// Byte i as a signed value.
+fn i8at(i: u32) -> f32 {
+    return f32(i32(b8(i) << 24u) >> 24u);
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = wid.x + wid.y * P.groups_x;
+    let tok = wid.z;
+    var acc = 0.0;
+    if (row < P.rows) {
+        let rb = row * P.row_bytes;
+        let xo = tok * P.cols;
+        for (var s = lid; s < P.cols / 32u; s += WG) {
+            acc += sub_dot(rb, s, xo + s * 32u);
+        }
+    }
+    partial[lid] = acc;
+    workgroupBarrier();
+    for (var k = WG / 2u; k > 0u; k = k / 2u) {
+        if (lid < k) {
+            partial[lid] += partial[lid + k];
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u && row < P.rows) {
+        Y[tok * P.rows + row] = partial[0];
+    }
+}

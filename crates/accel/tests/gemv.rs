@@ -1,0 +1,85 @@
+//! Every accelerator GEMV against the file's dequantized values (exact sums, the bound of
+//! `gemv_bound`) and against the CPU's own kernel (which quantizes the activations to 8 bits
+//! first, so within that quantization's error as well). Runs on whatever device `Gpu::open`
+//! finds: in CI Mesa's lavapipe.
+
+use corelm_accel::{gemv_bound, Gpu, Matrix};
+use corelm_kernels::{quant::reference::quantizer, DType, Kernels};
+use rand::{Rng, SeedableRng};
+
+/// `rows × cols` values of `t` from `rng`: quantized from normal-ish floats, or for types
+/// without a quantizer (Q5_K) random blocks with sane scales.
+fn matrix(t: DType, rows: usize, cols: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Vec<u8> {
+    let rb = corelm_kernels::row_bytes(t, cols);
+    let mut out = vec![0u8; rows * rb];
+    match quantizer(t) {
+        Some(q) => {
+            let mut f = vec![0f32; cols];
+            for row in out.chunks_exact_mut(rb) {
+                for v in f.iter_mut() {
+                    *v = (rng.random::<f32>() - 0.5) * 2.0 + (rng.random::<f32>() - 0.5);
+                }
+                q(&f, row);
+            }
+        }
+        None => {
+            assert_eq!(t, DType::Q5K);
+            rng.fill(&mut out[..]);
+            for b in out.chunks_exact_mut(t.type_size()) {
+                b[0..2].copy_from_slice(&half::f16::from_f32(rng.random::<f32>() * 0.01).to_bits().to_le_bytes());
+                b[2..4].copy_from_slice(&half::f16::from_f32(rng.random::<f32>() * 0.01).to_bits().to_le_bytes());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn gemv_matches_the_file_values_and_the_cpu_kernel() {
+    let gpu = Gpu::open().expect("an accelerator (CI: Mesa lavapipe, apt mesa-vulkan-drivers)");
+    eprintln!("device: {}", gpu.name());
+    let cpu = Kernels::detect();
+    let portable = Kernels::portable();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let types = [DType::F32, DType::F16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4K, DType::Q5K, DType::Q6K];
+    // Odd row counts, one row length of a single K-quant super-block, two token counts.
+    for (t, rows, cols, n_tok) in types.iter().flat_map(|&t| [(t, 37, 256, 1), (t, 70, 1024, 3)]) {
+        let w = matrix(t, rows, cols, &mut rng);
+        let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
+        let m = Matrix::upload(&gpu, "w", t, rows, cols, &w).unwrap();
+        let mut y = vec![0f32; n_tok * rows];
+        m.gemv(&gpu, &x, &mut y).unwrap();
+        let rb = corelm_kernels::row_bytes(t, cols);
+        let to_float = portable.to_float(t).unwrap();
+        let ops = cpu.ops(t).unwrap();
+        let mut wf = vec![0f32; cols];
+        let mut xq = vec![0u8; corelm_kernels::row_bytes(ops.vec_dot_type, cols)];
+        let from_float = cpu.from_float(ops.vec_dot_type).unwrap();
+        for tok in 0..n_tok {
+            let xr = &x[tok * cols..(tok + 1) * cols];
+            from_float(xr, &mut xq);
+            // The CPU kernel's error from quantizing x: at most half a step of each block.
+            let bs = ops.vec_dot_type.block_size();
+            for r in 0..rows {
+                let row = &w[r * rb..(r + 1) * rb];
+                to_float(row, &mut wf);
+                let exact: f64 = wf.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let sum_abs: f64 = wf.iter().zip(xr).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                let got = y[tok * rows + r] as f64;
+                let bound = gemv_bound(cols, sum_abs) + 1e-30;
+                assert!((got - exact).abs() <= bound, "{t} row {r} token {tok}: gpu {got} exact {exact} bound {bound}");
+                let c = (ops.vec_dot)(row, &xq);
+                let xerr: f64 = wf
+                    .chunks(bs)
+                    .zip(xr.chunks(bs))
+                    .map(|(wb, xb)| {
+                        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+                        wb.iter().map(|v| v.abs() as f64).sum::<f64>() * amax / 254.0
+                    })
+                    .sum();
+                let cpu_bound = xerr * 1.01 + 2.0 * bound + 1e-6 * sum_abs;
+                assert!((got - c as f64).abs() <= cpu_bound, "{t} row {r}: gpu {got} cpu {c} bound {cpu_bound}");
+            }
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! KAIROX's second device in the engine (`--accel-mem`): which FFN neurons the accelerator
+//! holds under a memory budget, and its part of each layer (`corelm_accel::HotFfn`, run
+//! through `corelm_core::Offload` nodes while the CPU computes the other neurons).
+//!
+//! Choice: every neuron of every dense FFN layer costs its gate and up rows (the file's bytes)
+//! plus its down column as Q8_0; neurons are taken by firing frequency (the calibration's, at
+//! the level nearest the `--sparsity` target), most frequent first, until the budget is spent,
+//! and each layer's count is then rounded down to a multiple of 32. Without frequencies every
+//! neuron scores the same and whole layers go first to last. The choice is made once at load;
+//! online rebalancing (KAIROX's momentum score) is not built yet.
+
+use crate::Error;
+use corelm_accel::{FileMatrix, Gpu, HotFfn, HotLayer};
+use corelm_gguf::{Gguf, TensorInfo};
+use corelm_kernels::DType;
+use std::sync::Arc;
+
+/// `--accel-mem` and what chooses the hot neurons.
+#[derive(Clone, Debug)]
+pub struct AccelConfig {
+    /// Bytes of FFN weights the accelerator may hold.
+    pub mem: u64,
+    /// `[layer][neuron]` firing frequencies (a calibration's); `None`: all alike.
+    pub freq: Option<Vec<Vec<f32>>>,
+}
+
+/// One layer's FFN matrices in the file: gate, up (`[n_ff rows, n_embd]`) and down.
+struct Ffn<'a> {
+    gate: &'a TensorInfo,
+    up: &'a TensorInfo,
+    down: &'a TensorInfo,
+}
+
+fn ffn_of(gguf: &Gguf, layer: usize) -> Result<Ffn<'_>, Error> {
+    let t = |w: &str| {
+        let name = format!("blk.{layer}.ffn_{w}.weight");
+        gguf.tensor(&name).ok_or_else(|| Error::Config(format!("--accel-mem offloads dense FFN layers; the model has no {name}")))
+    };
+    Ok(Ffn { gate: t("gate")?, up: t("up")?, down: t("down")? })
+}
+
+fn file_matrix<'a>(gguf: &'a Gguf, t: &TensorInfo) -> FileMatrix<'a> {
+    FileMatrix { dtype: t.dtype, rows: t.shape[1] as usize, cols: t.shape[0] as usize, bytes: gguf.tensor_data(t) }
+}
+
+/// Bytes one neuron of `f` costs on the accelerator.
+fn neuron_bytes(f: &Ffn) -> u64 {
+    let n_embd = f.gate.shape[0] as usize;
+    let row = |t: &TensorInfo| corelm_kernels::row_bytes(t.dtype, n_embd) as u64;
+    row(f.gate) + row(f.up) + corelm_kernels::row_bytes(DType::Q8_0, n_embd) as u64
+}
+
+/// The hot neurons of each layer (sorted, a multiple of 32 each) for a budget of `mem` bytes,
+/// neurons costing `cost[layer]` each, scored by `freq` (all alike without it).
+pub fn choose(cost: &[u64], n_ff: usize, mem: u64, freq: Option<&[Vec<f32>]>) -> Vec<Vec<u32>> {
+    let score = |l: usize, n: usize| freq.and_then(|f| f.get(l)?.get(n).copied()).unwrap_or(1.0);
+    let mut all: Vec<(usize, u32)> = (0..cost.len()).flat_map(|l| (0..n_ff as u32).map(move |n| (l, n))).collect();
+    // Most frequent first; ties by layer, then neuron (whole layers in order without scores).
+    all.sort_by(|a, b| score(b.0, b.1 as usize).total_cmp(&score(a.0, a.1 as usize)).then(a.cmp(b)));
+    let mut hot: Vec<Vec<u32>> = vec![Vec::new(); cost.len()];
+    let mut left = mem;
+    for (l, n) in all {
+        if cost[l] <= left {
+            left -= cost[l];
+            hot[l].push(n);
+        }
+    }
+    for h in &mut hot {
+        // `h` is in score order: drop the least frequent down to a multiple of 32.
+        h.truncate(h.len() / 32 * 32);
+        h.sort_unstable();
+    }
+    hot
+}
+
+/// Open the accelerator and upload the hot neurons `hot` of `gguf`'s layers; `kind` and
+/// `thresholds` as the CPU's sparse FFN uses them, batches of up to `max_tokens`.
+pub fn open(gguf: &Gguf, hot: &[Vec<u32>], kind: corelm_core::Glu, thresholds: &[f32], n_embd: usize, max_tokens: usize) -> Result<Arc<HotFfn>, Error> {
+    let gpu = Arc::new(Gpu::open().map_err(|e| Error::Config(e.to_string()))?);
+    let ffns: Vec<Ffn> = (0..hot.len()).map(|l| ffn_of(gguf, l)).collect::<Result<_, _>>()?;
+    let layers: Vec<HotLayer> = hot
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| !h.is_empty())
+        .map(|(l, h)| HotLayer {
+            layer: l,
+            neurons: h,
+            gate: file_matrix(gguf, ffns[l].gate),
+            up: file_matrix(gguf, ffns[l].up),
+            down: file_matrix(gguf, ffns[l].down),
+            thr: thresholds.get(l).copied().unwrap_or(-1.0),
+        })
+        .collect();
+    let ffn = HotFfn::new(gpu, kind, hot.len(), n_embd, max_tokens, &layers).map_err(|e| Error::Config(e.to_string()))?;
+    Ok(Arc::new(ffn))
+}
+
+/// The per-neuron cost of each layer of `gguf` (`n_layer` dense FFN layers) and their width.
+pub fn costs(gguf: &Gguf, n_layer: usize) -> Result<(Vec<u64>, usize), Error> {
+    let ffns: Vec<Ffn> = (0..n_layer).map(|l| ffn_of(gguf, l)).collect::<Result<_, _>>()?;
+    let n_ff = ffns.first().map_or(0, |f| f.gate.shape[1] as usize);
+    Ok((ffns.iter().map(neuron_bytes).collect(), n_ff))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::choose;
+
+    #[test]
+    fn hot_neurons_by_frequency_within_the_budget() {
+        // Two layers of 64 neurons at 10 bytes each.
+        let freq = vec![(0..64).map(|n| n as f32 / 64.0).collect::<Vec<f32>>(), vec![0.5; 64]];
+        let hot = choose(&[10, 10], 64, 10 * 70, Some(&freq));
+        // 70 neurons fit: layer 0's 32 above 0.5 (n = 33..63: 31, plus n = 32 at 0.5), then
+        // ties at 0.5 by layer (layer 0 first), then neuron; each rounded down to 32.
+        let total: usize = hot.iter().map(Vec::len).sum();
+        assert!(total <= 70 && hot.iter().all(|h| h.len() % 32 == 0));
+        assert_eq!(hot[0], (32..64).collect::<Vec<u32>>());
+        assert_eq!(hot[1], (0..32).collect::<Vec<u32>>());
+        // Without frequencies: whole layers, first to last.
+        let hot = choose(&[10, 10], 64, 10 * 100, None);
+        assert_eq!((hot[0].len(), hot[1].len()), (64, 32));
+        // A budget below one group of 32 offloads nothing.
+        assert!(choose(&[10, 10], 64, 310, None).iter().all(Vec::is_empty));
+    }
+}
