@@ -365,6 +365,9 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         accel,
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
+    if let Some(a) = engine.accel() {
+        eprintln!("{}", sparsity::describe_accel(a));
+    }
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", path.display()))?;
     Ok((engine, tok))
 }

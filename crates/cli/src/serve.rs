@@ -83,6 +83,9 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         accel,
     };
     let engine = Engine::load(&model, cfg).with_context(|| format!("loading {}", model.display()))?;
+    if let Some(a) = engine.accel() {
+        eprintln!("{}", crate::sparsity::describe_accel(a));
+    }
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", model.display()))?;
     let model_id = model.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned());
     let host = a.host.clone().unwrap_or_else(|| if a.api_key.is_some() { "0.0.0.0" } else { "127.0.0.1" }.into());

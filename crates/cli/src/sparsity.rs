@@ -96,6 +96,19 @@ impl SparseArgs {
     }
 }
 
+/// One line on what `--accel-mem` put on the accelerator.
+pub(crate) fn describe_accel(a: &corelm_accel::HotFfn) -> String {
+    let hot = a.hot_counts();
+    let layers = hot.iter().filter(|&&n| n > 0).count();
+    let software = if a.gpu().is_software() { " (a CPU emulating a GPU: correct, not fast)" } else { "" };
+    format!(
+        "accelerator: {}{software}: {} FFN neurons of {layers} layers, {:.1} MiB of weights",
+        a.gpu().name(),
+        hot.iter().sum::<usize>(),
+        a.weight_bytes() as f64 / (1 << 20) as f64
+    )
+}
+
 #[derive(clap::Subcommand)]
 pub enum SparsityCmd {
     /// Run the dense model over a text and record, per layer and neuron, its activation
