@@ -2,7 +2,8 @@
 //! rows of the neurons chosen as hot, copied from the file as they are, and the down
 //! projection's columns of those neurons requantized to Q8_0 rows (`[n_embd, n_hot]`), so all
 //! three products are the same GEMV. `begin` uploads the FFN input and submits gate, up, the
-//! gated activation (the CPU's firing rule: `|act(g)| > thr`, else 0) and down in one command
+//! gated activation (the kind and firing rule the graph's node gives: `|act(g)| > thr`, else
+//! 0, as the CPU's sparse nodes) and down in one command
 //! buffer; `finish` waits and reads the partial output back. The engine adds it to the CPU's
 //! part (`corelm_core::Offload`).
 
@@ -30,8 +31,6 @@ pub struct HotLayer<'a> {
     pub gate: FileMatrix<'a>,
     pub up: FileMatrix<'a>,
     pub down: FileMatrix<'a>,
-    /// The layer's firing threshold (negative: every neuron fires).
-    pub thr: f32,
 }
 
 /// One layer's weights and bindings on the device.
@@ -40,13 +39,11 @@ struct Layer {
     bind: [wgpu::BindGroup; 4], // gate, up, act, down
     gate: Matrix,
     up: Matrix,
-    thr: f32,
 }
 
 /// Every offloaded layer, and the buffers they share (one layer runs at a time).
 pub struct HotFfn {
     gpu: Arc<Gpu>,
-    kind: Glu,
     n_embd: usize,
     max_tokens: usize,
     layers: Vec<Option<Layer>>,
@@ -83,7 +80,7 @@ fn gather_cols_q8(m: &FileMatrix, neurons: &[u32]) -> Vec<u8> {
 impl HotFfn {
     /// Upload `layers` (of a model of `n_layer` layers and width `n_embd`) for batches of up
     /// to `max_tokens` tokens.
-    pub fn new(gpu: Arc<Gpu>, kind: Glu, n_layer: usize, n_embd: usize, max_tokens: usize, layers: &[HotLayer]) -> Result<HotFfn, AccelError> {
+    pub fn new(gpu: Arc<Gpu>, n_layer: usize, n_embd: usize, max_tokens: usize, layers: &[HotLayer]) -> Result<HotFfn, AccelError> {
         let max_hot = layers.iter().map(|l| l.neurons.len()).max().unwrap_or(0);
         let f = |n: usize| (n * 4) as u64;
         let dst = wgpu::BufferUsages::COPY_DST;
@@ -118,9 +115,9 @@ impl HotFfn {
                 ],
             });
             let bind = [gate.bind(&gpu, &x, &g), up.bind(&gpu, &x, &u), act, down.bind(&gpu, &a, &y)];
-            out[l.layer] = Some(Layer { gate, up, down, bind, thr: l.thr });
+            out[l.layer] = Some(Layer { gate, up, down, bind });
         }
-        Ok(HotFfn { gpu, kind, n_embd, max_tokens, layers: out, x, y, staging, act_params, pending: Mutex::new(None) })
+        Ok(HotFfn { gpu, n_embd, max_tokens, layers: out, x, y, staging, act_params, pending: Mutex::new(None) })
     }
 
     /// Bytes of weights held on the device.
@@ -137,19 +134,20 @@ impl HotFfn {
         &self.gpu
     }
 
-    /// Submit layer `layer`'s hot part for `x` (`[n_tokens, n_embd]`).
-    pub fn submit(&self, layer: usize, x: &[f32]) {
+    /// Submit layer `layer`'s hot part for `x` (`[n_tokens, n_embd]`), activation `kind`,
+    /// neurons firing where `|act(gate)| > thr`.
+    pub fn submit(&self, layer: usize, x: &[f32], kind: Glu, thr: f32) {
         let l = self.layers[layer].as_ref().unwrap_or_else(|| panic!("layer {layer} has no hot neurons on the accelerator"));
         let n_tokens = x.len() / self.n_embd;
         assert!(n_tokens <= self.max_tokens, "{n_tokens} tokens exceed the accelerator's batch of {}", self.max_tokens);
         let gpu = &self.gpu;
         gpu.queue.write_buffer(&self.x, 0, bytemuck::cast_slice(x));
         let n = (l.gate.rows * n_tokens) as u32;
-        let kind = match self.kind {
+        let kind = match kind {
             Glu::Silu => 0,
             Glu::GeluTanh => 1,
         };
-        gpu.queue.write_buffer(&self.act_params, 0, bytemuck::cast_slice(&[n, kind, l.thr.to_bits(), 0]));
+        gpu.queue.write_buffer(&self.act_params, 0, bytemuck::cast_slice(&[n, kind, thr.to_bits(), 0]));
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
@@ -174,8 +172,8 @@ impl HotFfn {
 }
 
 impl corelm_core::Offload for HotFfn {
-    fn begin(&self, layer: usize, x: &[f32]) {
-        self.submit(layer, x);
+    fn begin(&self, layer: usize, x: &[f32], kind: Glu, thr: f32) {
+        self.submit(layer, x, kind, thr);
     }
 
     fn finish(&self, layer: usize, y: &mut [f32]) {

@@ -40,22 +40,21 @@ fn hot_ffn_matches_the_cpu_computation() {
     // Hot: every third neuron, 96 of them (layer 1); layer 0 all 320 with every neuron firing.
     let hot1: Vec<u32> = (0..96).map(|i| i * 3 + 1).collect();
     let all: Vec<u32> = (0..n_ff as u32).collect();
-    let layer = |l, neurons, thr| HotLayer {
+    let layer = |l, neurons| HotLayer {
         layer: l,
         neurons,
         gate: FileMatrix { dtype: DType::Q4K, rows: n_ff, cols: n_embd, bytes: &gate },
         up: FileMatrix { dtype: DType::Q4_1, rows: n_ff, cols: n_embd, bytes: &up },
         down: FileMatrix { dtype: DType::Q6K, rows: n_embd, cols: n_ff, bytes: &down },
-        thr,
     };
+    let ffn = HotFfn::new(gpu, 2, n_embd, 4, &[layer(0, &all[..]), layer(1, &hot1[..])]).unwrap();
+    assert_eq!(ffn.hot_counts(), vec![320, 96]);
+    let (g, u, d) = (dequant(DType::Q4K, &gate, n_embd), dequant(DType::Q4_1, &up, n_embd), dequant(DType::Q6K, &down, n_ff));
     for kind in [Glu::Silu, Glu::GeluTanh] {
-        let ffn = HotFfn::new(gpu.clone(), kind, 2, n_embd, 4, &[layer(0, &all[..], -1.0), layer(1, &hot1[..], 0.02)]).unwrap();
-        assert_eq!(ffn.hot_counts(), vec![320, 96]);
-        let (g, u, d) = (dequant(DType::Q4K, &gate, n_embd), dequant(DType::Q4_1, &up, n_embd), dequant(DType::Q6K, &down, n_ff));
         for (l, neurons, thr) in [(0usize, &all, -1.0f32), (1, &hot1, 0.02)] {
             let x: Vec<f32> = (0..n_tok * n_embd).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
             let mut y = vec![0f32; n_tok * n_embd];
-            ffn.begin(l, &x);
+            ffn.begin(l, &x, kind, thr);
             ffn.finish(l, &mut y);
             // The down columns as the accelerator holds them: Q8_0 rows over the hot neurons.
             let mut cols = vec![0f32; n_embd * neurons.len()];

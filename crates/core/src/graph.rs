@@ -77,13 +77,7 @@ impl SparseFfn {
     /// The neurons of `layer` (of `n_ff`) the CPU computes, in order.
     pub fn cold(&self, layer: usize, n_ff: usize) -> Vec<u32> {
         let hot = self.offloaded.get(layer).map_or(&[][..], |v| &v[..]);
-        let mut it = hot.iter().peekable();
-        (0..n_ff as u32)
-            .filter(|&i| {
-                while it.next_if(|&&h| h < i).is_some() {}
-                it.peek() != Some(&&i)
-            })
-            .collect()
+        (0..n_ff as u32).filter(|i| hot.binary_search(i).is_err()).collect()
     }
 }
 
@@ -633,12 +627,13 @@ impl<'k> Builder<'k> {
     }
 
     /// Hand `x` (`[n_tokens, n_embd]`) to the accelerator for the current layer's offloaded
-    /// neurons; the returned node only orders [`Builder::offload_end`] after it.
-    pub fn offload_begin(&mut self, x: &Bundle) -> Bundle {
+    /// neurons (activation `kind`, firing threshold `thr` as the CPU's sparse nodes); the
+    /// returned node only orders [`Builder::offload_end`] after it.
+    pub fn offload_begin(&mut self, x: &Bundle, kind: Glu, thr: f32) -> Bundle {
         let x = x.single();
         self.check_src(x);
         let layer = self.layer() as u32;
-        Bundle::one(self.push([0, 0], DType::F32, Op::OffloadBegin { layer, x }, Storage::None))
+        Bundle::one(self.push([0, 0], DType::F32, Op::OffloadBegin { layer, x, kind, thr }, Storage::None))
     }
 
     /// The accelerator's part of the current layer's FFN output: `[n_tokens, n_embd]`.

@@ -164,8 +164,9 @@ pub enum Op {
     /// The batch rows whose outputs were asked for.
     SelectOutputs { x: TensorId },
     /// Hand `x` (`[n_embd, n_tokens]`, the FFN's input) to the accelerator, which starts
-    /// computing layer `layer`'s offloaded neurons (worker 0; produces no tensor).
-    OffloadBegin { layer: u32, x: TensorId },
+    /// computing layer `layer`'s offloaded neurons with the CPU's activation `kind` and firing
+    /// threshold `thr` (worker 0; produces no tensor).
+    OffloadBegin { layer: u32, x: TensorId, kind: Glu, thr: f32 },
     /// The accelerator's part of layer `layer`'s FFN output, `[n_embd, n_tokens]`, once it is
     /// done (worker 0 waits for it); `begin` is the `OffloadBegin` node it completes.
     OffloadEnd { layer: u32, begin: TensorId },

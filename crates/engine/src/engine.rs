@@ -434,13 +434,7 @@ impl Engine {
         exec.panel_gemm = cfg.fast_prefill;
         let accel = match cfg.sparsity.as_ref().filter(|s| s.offloaded.iter().any(|v| !v.is_empty())) {
             Some(s) => {
-                // Gated activations as the CPU's sparse nodes compute them.
-                let kind = g.nodes.iter().find_map(|&id| match g.tensor(id).op {
-                    corelm_core::Op::SparseUp { kind, .. } | corelm_core::Op::GluMasked { kind, .. } => Some(kind),
-                    _ => None,
-                });
-                let kind = kind.unwrap_or(corelm_core::Glu::Silu);
-                let a = crate::offload::open(&gguf, &s.offloaded, kind, &s.thresholds, h.n_embd, cfg.n_batch)?;
+                let a = crate::offload::open(&gguf, &s.offloaded, h.n_embd, cfg.n_batch)?;
                 exec.offload = Some(a.clone());
                 Some(a)
             }

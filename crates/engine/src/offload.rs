@@ -73,9 +73,9 @@ pub fn choose(cost: &[u64], n_ff: usize, mem: u64, freq: Option<&[Vec<f32>]>) ->
     hot
 }
 
-/// Open the accelerator and upload the hot neurons `hot` of `gguf`'s layers; `kind` and
-/// `thresholds` as the CPU's sparse FFN uses them, batches of up to `max_tokens`.
-pub fn open(gguf: &Gguf, hot: &[Vec<u32>], kind: corelm_core::Glu, thresholds: &[f32], n_embd: usize, max_tokens: usize) -> Result<Arc<HotFfn>, Error> {
+/// Open the accelerator and upload the hot neurons `hot` of `gguf`'s layers, for batches of
+/// up to `max_tokens`.
+pub fn open(gguf: &Gguf, hot: &[Vec<u32>], n_embd: usize, max_tokens: usize) -> Result<Arc<HotFfn>, Error> {
     let gpu = Arc::new(Gpu::open().map_err(|e| Error::Config(e.to_string()))?);
     let ffns: Vec<Ffn> = (0..hot.len()).map(|l| ffn_of(gguf, l)).collect::<Result<_, _>>()?;
     let layers: Vec<HotLayer> = hot
@@ -88,10 +88,9 @@ pub fn open(gguf: &Gguf, hot: &[Vec<u32>], kind: corelm_core::Glu, thresholds: &
             gate: file_matrix(gguf, ffns[l].gate),
             up: file_matrix(gguf, ffns[l].up),
             down: file_matrix(gguf, ffns[l].down),
-            thr: thresholds.get(l).copied().unwrap_or(-1.0),
         })
         .collect();
-    let ffn = HotFfn::new(gpu, kind, hot.len(), n_embd, max_tokens, &layers).map_err(|e| Error::Config(e.to_string()))?;
+    let ffn = HotFfn::new(gpu, hot.len(), n_embd, max_tokens, &layers).map_err(|e| Error::Config(e.to_string()))?;
     Ok(Arc::new(ffn))
 }
 

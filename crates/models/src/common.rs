@@ -238,7 +238,7 @@ fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRe
     // KAIROX: an accelerator computes the hot neurons while the CPU computes the others from
     // copies of their rows; the two partial outputs add up to the layer's.
     let n_embd = down.ne[1];
-    let begin = b.offload_begin(x);
+    let begin = b.offload_begin(x, kind, thr);
     if hot == gate.ne[1] {
         return b.offload_end(&begin, n_embd); // [n_tokens, n_embd]
     }

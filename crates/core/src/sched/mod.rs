@@ -126,10 +126,12 @@ pub trait Tap: Send + Sync {
 
 /// A second device that computes part of some layers' feed-forwards (`Op::OffloadBegin`,
 /// `Op::OffloadEnd`; KAIROX's hot neurons on an accelerator). Called on worker 0: `begin` with
-/// the FFN input `[n_tokens, n_embd]` must start the work and return; `finish` waits for it and
-/// writes the layer's partial output `[n_tokens, n_embd]`. The CPU nodes in between overlap it.
+/// the FFN input `[n_tokens, n_embd]`, the gated activation's kind and the firing threshold
+/// (`|act(gate)| > thr`; negative: every neuron fires) must start the work and return; `finish`
+/// waits for it and writes the layer's partial output `[n_tokens, n_embd]`. The CPU nodes in
+/// between overlap it.
 pub trait Offload: Send + Sync {
-    fn begin(&self, layer: usize, x: &[f32]);
+    fn begin(&self, layer: usize, x: &[f32], kind: Glu, thr: f32);
     fn finish(&self, layer: usize, y: &mut [f32]);
 }
 
@@ -630,10 +632,9 @@ impl Ctx<'_> {
             Op::SparseUp { gate, w, x, kind, thr } => self.sparse_up(t, gate, w, x, kind, thr, ith, nth, &mut scratch.sparse),
             Op::GluMasked { gate, up, kind, thr } => self.glu_masked(t, gate, up, kind, thr, ith, nth, &mut scratch.sparse),
             Op::SparseDown { h, w } => self.sparse_down(t, h, w, ith, nth, &mut scratch.sparse),
-            Op::OffloadBegin { layer, x } => {
+            Op::OffloadBegin { layer, x, kind, thr } => {
                 if ith == 0 {
-                    let n = self.t(x).ne[0] * self.t(x).ne[1];
-                    self.offload.expect("a graph with offloaded layers runs with an Offload").begin(layer as usize, &self.f32s(x)[..n]);
+                    self.offload.expect("a graph with offloaded layers runs with an Offload").begin(layer as usize, self.f32s(x), kind, thr);
                 }
             }
             Op::OffloadEnd { layer, .. } => {
