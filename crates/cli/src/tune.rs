@@ -49,6 +49,18 @@ pub struct TuneArgs {
     /// Repetitions per timing (best kept).
     #[arg(short, long, default_value_t = 2)]
     reps: usize,
+    /// Sequence lengths the prefill matmul schedules are tuned at (comma-separated, ascending;
+    /// `0` skips the GEMM tuning). Shorter passes take the first length's schedule, except single
+    /// rows (decode's GEMV), which take none.
+    #[arg(long, default_value = "8,16,32,64,128,256,512", value_delimiter = ',')]
+    gemm: Vec<usize>,
+    /// Which matmul paths to tune: tiles (the default kernels, bit-identical to llama.cpp),
+    /// panel (the panel GEMM of --fast-prefill), or both.
+    #[arg(long, default_value = "both", value_parser = ["tiles", "panel", "both"])]
+    gemm_path: String,
+    /// Micro-kernel heights timed around the previous length's best (σ).
+    #[arg(long, default_value_t = 3)]
+    gemm_window: usize,
 }
 
 impl TuneArgs {
@@ -70,6 +82,10 @@ fn measure(model: &std::path::Path, c: &ServiceConfig, prompt: usize, reps: usiz
         decode: c.clone(),
         prefill_min_tokens: 1,
         candidates: Vec::new(),
+        gemm_isa: String::new(),
+        gemm_threads: 0,
+        gemm_tuning_s: 0.0,
+        gemm: Vec::new(),
     };
     let cfg = EngineConfig { n_ctx: prompt + 64, n_batch: prompt.max(1), n_seq_max: 1, tp: 0, plan: Some(plan), ..Default::default() };
     let mut engine = Engine::load(model, cfg)?;
@@ -146,9 +162,65 @@ pub fn tune(a: &TuneArgs, model: PathBuf) -> Result<()> {
         decode: candidates[j].config.clone(),
         prefill_min_tokens: min,
         candidates,
+        gemm_isa: String::new(),
+        gemm_threads: 0,
+        gemm_tuning_s: 0.0,
+        gemm: Vec::new(),
     };
+    let mut plan = plan;
+    if measured && a.gemm.iter().any(|&m| m >= 2) {
+        tune_gemm(a, &model, &mut plan)?;
+    }
     plan.save(&a.out)?;
     print!("{}", plan.explain());
     println!("Written to {} in {:.1} s; use it with --plan {0} on run, bench, perplexity and serve.", a.out.display(), t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Step 4: the prefill matmul schedules (`corelm_plan::gemm_search`) of every distinct matrix
+/// of the model, on the plan's prefill workers, for each path asked for; the result and each
+/// matrix's gain over the default schedules go into the plan and on stderr.
+fn tune_gemm(a: &TuneArgs, model: &std::path::Path, plan: &mut Plan) -> Result<()> {
+    use corelm_plan::gemm_search::{search, Options, Space};
+    let t0 = std::time::Instant::now();
+    let mut lengths: Vec<usize> = a.gemm.iter().copied().filter(|&m| m >= 2).collect();
+    lengths.sort_unstable();
+    lengths.dedup();
+    let max_len = *lengths.last().expect("checked by the caller");
+    let paths: &[bool] = match a.gemm_path.as_str() {
+        "tiles" => &[false],
+        "panel" => &[true],
+        _ => &[false, true],
+    };
+    let opts = Options { window: a.gemm_window, ..Options::default() };
+    for &panel in paths {
+        let cfg = EngineConfig { n_ctx: max_len + 16, n_batch: max_len, n_seq_max: 1, tp: 0, plan: Some(plan.clone()), fast_prefill: panel, ..Default::default() };
+        let mut engine = Engine::load(model, cfg)?;
+        plan.gemm_isa = engine.kernels().isa().name().into();
+        plan.gemm_threads = engine.gemm_workers();
+        // The panel engine's matrices without a panel (tensor-parallel slices) run the tiles,
+        // already tuned with the other engine.
+        let shapes: Vec<_> = engine.gemm_shapes().into_iter().filter(|s| (s.path == corelm_engine::gemm_tune::Path::Panel) == panel).collect();
+        let bar = indicatif::ProgressBar::new((shapes.len() * lengths.len()) as u64);
+        bar.set_style(indicatif::ProgressStyle::with_template("tuning GEMMs {bar:30} {pos}/{len} {msg}").expect("a valid template"));
+        for shape in &shapes {
+            bar.set_message(shape.label());
+            let space = Space { panel, nth: plan.gemm_threads, n_out: shape.n_out, nb: shape.k / 32, max_nc: corelm_engine::gemm_tune::MAX_NC };
+            let tuned = search(&lengths, &space, &opts, &mut |m, s| {
+                let t = engine.time_gemm(shape, m, s, a.reps);
+                if s == &corelm_plan::gemm_search::default_schedule(panel) {
+                    bar.inc(1);
+                }
+                t
+            });
+            let gains: Vec<String> = tuned.iter().map(|t| format!("{}:{:.2}{}", t.rows, t.gain(), if t.reused { "r" } else { "" })).collect();
+            bar.suspend(|| eprintln!("  {} (×{} per pass): gain per length {}", shape.label(), shape.per_pass, gains.join(" ")));
+            for t in &tuned {
+                plan.gemm.push(corelm_engine::plan::GemmPlan::from_tuned(shape.path, shape.dtype, shape.k, shape.n_out, t));
+            }
+        }
+        bar.finish_and_clear();
+    }
+    plan.gemm_tuning_s = t0.elapsed().as_secs_f64();
     Ok(())
 }

@@ -432,6 +432,7 @@ impl Engine {
         exec.dump_dir = std::env::var_os("CORELM_DUMP_DIR").map(Into::into);
         exec.batch_invariant = cfg.batch_invariant;
         exec.panel_gemm = cfg.fast_prefill;
+        exec.set_schedules(cfg.plan.as_ref().and_then(|p| p.schedules(kernels.isa().name())).map(Arc::new));
         let accel = match cfg.sparsity.as_ref().filter(|s| s.offloaded.iter().any(|v| !v.is_empty())) {
             Some(s) => {
                 let a = crate::offload::open(&gguf, &s.offloaded, h.n_embd, cfg.n_batch)?;
@@ -464,6 +465,18 @@ impl Engine {
             profile: None,
             accel,
         })
+    }
+
+    pub(crate) fn pool(&self) -> &ThreadPool {
+        &self.pool
+    }
+
+    pub(crate) fn exec_mut(&mut self) -> &mut Executor {
+        &mut self.exec
+    }
+
+    pub(crate) fn packed_bytes(&self) -> &[u8] {
+        self.packed.bytes()
     }
 
     pub fn hyper(&self) -> &Hyper {

@@ -19,6 +19,7 @@ pub mod bench;
 pub mod chat;
 pub mod engine;
 pub mod eval;
+pub mod gemm_tune;
 pub mod generate;
 pub mod offload;
 pub mod perplexity;

@@ -16,6 +16,9 @@
 //! step with a long enough prompt chunk runs on the prefill cores, decode-only steps on the
 //! decode cores.
 
+use corelm_core::sched::matmul::{Path as GemmPath, ScheduleEntry, Schedules};
+use corelm_kernels::matmul::schedule::Schedule;
+use corelm_kernels::DType;
 use corelm_topo::sandwich::ServiceConfig;
 use std::path::Path;
 
@@ -55,6 +58,78 @@ pub struct Plan {
     pub prefill_min_tokens: usize,
     /// Every candidate that was timed, best request time first.
     pub candidates: Vec<Candidate>,
+    /// Tuned prefill matmul schedules (Sandwich §6), valid for the kernel table `gemm_isa` on
+    /// `gemm_threads` workers (the CPU is `cpu`); tuning took `gemm_tuning_s` seconds. Empty
+    /// when `corelm tune --gemm 0` skipped them (and in plans written before them).
+    #[serde(default)]
+    pub gemm_isa: String,
+    #[serde(default)]
+    pub gemm_threads: usize,
+    #[serde(default)]
+    pub gemm_tuning_s: f64,
+    #[serde(default)]
+    pub gemm: Vec<GemmPlan>,
+}
+
+/// One tuned matmul schedule: for the `path` (`tiles` or `panel`) of `dtype` matrices of
+/// `n_out` rows of `k` values, from `rows` activation rows on (to the next entry's), with the
+/// times measured at `rows` for it and for the path's default.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GemmPlan {
+    pub path: String,
+    pub dtype: String,
+    pub k: usize,
+    pub n_out: usize,
+    pub rows: usize,
+    pub mr: usize,
+    pub nc: usize,
+    pub mc: usize,
+    pub kc: usize,
+    pub row_parts: usize,
+    pub secs: f64,
+    pub default_secs: f64,
+    /// The previous length's schedule kept (its gain held), without a search.
+    pub reused: bool,
+}
+
+impl GemmPlan {
+    /// The scheduler's entry, or what in the file is not one.
+    pub fn entry(&self) -> Result<ScheduleEntry, PlanError> {
+        let path = match self.path.as_str() {
+            "tiles" => GemmPath::Tiles,
+            "panel" => GemmPath::Panel,
+            p => return Err(PlanError::Invalid(format!("GEMM schedule path '{p}' (tiles or panel)"))),
+        };
+        let dtype = (0..64)
+            .filter_map(DType::from_id)
+            .find(|t| t.name().eq_ignore_ascii_case(&self.dtype))
+            .ok_or_else(|| PlanError::Invalid(format!("GEMM schedule weight type '{}'", self.dtype)))?;
+        if self.k == 0 || self.n_out == 0 || self.nc == 0 || self.mr == 0 {
+            return Err(PlanError::Invalid(format!("GEMM schedule {} {}×{}: zero k, n_out, nc or mr", self.dtype, self.k, self.n_out)));
+        }
+        let sched = Schedule { mr: self.mr, nc: self.nc, mc: self.mc, kc: self.kc, row_parts: self.row_parts };
+        Ok(ScheduleEntry { path, dtype, k: self.k, n_out: self.n_out, rows: self.rows, sched })
+    }
+
+    /// The file's form of a tuned length.
+    pub fn from_tuned(path: GemmPath, dtype: DType, k: usize, n_out: usize, t: &corelm_plan::gemm_search::Tuned) -> GemmPlan {
+        let s = t.sched;
+        GemmPlan {
+            path: if path == GemmPath::Panel { "panel" } else { "tiles" }.into(),
+            dtype: dtype.name().into(),
+            k,
+            n_out,
+            rows: t.rows,
+            mr: s.mr,
+            nc: s.nc,
+            mc: s.mc,
+            kc: s.kc,
+            row_parts: s.row_parts,
+            secs: t.secs,
+            default_secs: t.default_secs,
+            reused: t.reused,
+        }
+    }
 }
 
 /// A plan file that cannot be used.
@@ -94,6 +169,9 @@ impl Plan {
                 return Err(PlanError::Invalid(format!("the {name} configuration names a CPU twice")));
             }
         }
+        for g in &self.gemm {
+            g.entry()?;
+        }
         if !nested(&self.prefill, &self.decode) {
             return Err(PlanError::Invalid(format!(
                 "the decode configuration ({}) must have the prefill one's {} groups, each inside the prefill group of its shard ({})",
@@ -103,6 +181,16 @@ impl Plan {
             )));
         }
         Ok(())
+    }
+
+    /// The tuned matmul schedules for the kernel table `isa`: `None` when there are none, or
+    /// when they were tuned for another table (their speed would not carry over; the bits do
+    /// not depend on them either way).
+    pub fn schedules(&self, isa: &str) -> Option<Schedules> {
+        if self.gemm.is_empty() || !self.gemm_isa.eq_ignore_ascii_case(isa) {
+            return None;
+        }
+        Some(Schedules::new(self.gemm.iter().filter_map(|g| g.entry().ok()).collect()))
     }
 
     /// Whether a pass of `n_tokens` runs on the prefill configuration (the rule above).
@@ -165,6 +253,21 @@ impl Plan {
                 self.prompt as f64 / p.prefill_s,
                 1e3 * d.decode_s,
                 1.0 / d.decode_s
+            );
+        }
+        if !self.gemm.is_empty() {
+            let tuned: Vec<&GemmPlan> = self.gemm.iter().filter(|g| !g.reused).collect();
+            let gain = self.gemm.iter().map(|g| (g.default_secs / g.secs).ln()).sum::<f64>() / self.gemm.len() as f64;
+            s += &format!(
+                "Prefill matmuls: {} schedules ({} searched, {} reused) for the {} table on {} workers, tuned in {:.0} s; {:.2}× the default schedules' speed (geometric mean over matrices and lengths){}.\n",
+                self.gemm.len(),
+                tuned.len(),
+                self.gemm.len() - tuned.len(),
+                self.gemm_isa,
+                self.gemm_threads,
+                self.gemm_tuning_s,
+                gain.exp(),
+                if self.gemm.iter().any(|g| g.path == "panel") { " (panel GEMM: with --fast-prefill)" } else { "" }
             );
         }
         s += "Candidates (request time = prefill + gen × decode):\n";

@@ -451,6 +451,10 @@ fn nested_plan(cpus: &[u32], prefill_min_tokens: usize) -> corelm_engine::plan::
         decode: cfg(cpus[..1].to_vec()),
         prefill_min_tokens,
         candidates: Vec::new(),
+        gemm_isa: String::new(),
+        gemm_threads: 0,
+        gemm_tuning_s: 0.0,
+        gemm: Vec::new(),
     }
 }
 
@@ -486,6 +490,38 @@ fn a_plan_runs_short_passes_on_its_decode_view_with_the_same_logits() {
     let no_pin = corelm_engine::EngineConfig { plan: Some(nested_plan(&allowed, 4)), pin: false, ..test_config(1) };
     let e = Engine::load(model_path(SMOL), no_pin).err().expect("refused");
     assert!(e.to_string().contains("--no-pin"), "{e}");
+}
+
+/// A plan's tuned matmul schedules (unusual ones: 4-row tiles, narrow and wide column
+/// blocks, row blocks, a one-part grid) change no logit bit, on the default tiles and on the
+/// panel GEMM, at every tuned length; schedules tuned for another kernel table are not used.
+#[test]
+fn tuned_gemm_schedules_keep_the_logits() {
+    use corelm_engine::plan::GemmPlan;
+    let allowed: Vec<u32> = corelm_core::threads::allowed_cpus().iter().map(|&c| c as u32).take(2).collect();
+    let prompt: Vec<u32> = (0..40).map(|i| 1 + (i * 397) % 4000).collect();
+    for fast_prefill in [false, true] {
+        let base = corelm_engine::EngineConfig { plan: Some(nested_plan(&allowed, 1)), pin: true, tp: 0, fast_prefill, ..test_config(1) };
+        let (mut plain, _) = load(SMOL, base.clone());
+        let mut plan = nested_plan(&allowed, 1);
+        plan.gemm_isa = plain.kernels().isa().name().into();
+        plan.gemm_threads = allowed.len();
+        let shapes = plain.gemm_shapes();
+        assert!(shapes.len() >= 4, "{} shapes", shapes.len());
+        for (i, s) in shapes.iter().enumerate() {
+            for (rows, mr, nc, mc, kc, row_parts) in [(8, 4, 12, 8, 1, 1), (16, 8, 256, 16, 3, 0), (32, 6, 40, 0, 0, 2)] {
+                let t = corelm_plan::gemm_search::Tuned { rows, sched: corelm_kernels::matmul::schedule::Schedule { mr, nc: nc + 4 * i, mc, kc, row_parts }, secs: 1.0, default_secs: 1.0, measured: 1, reused: false };
+                plan.gemm.push(GemmPlan::from_tuned(s.path, s.dtype, s.k, s.n_out, &t));
+            }
+        }
+        let mut other = plan.clone();
+        other.gemm_isa = "portable-elsewhere".into();
+        assert!(other.schedules(&plan.gemm_isa).is_none() && plan.schedules(&plan.gemm_isa).is_some());
+        let (mut tuned, _) = load(SMOL, corelm_engine::EngineConfig { plan: Some(plan), ..base });
+        let a = logits_alone(&mut plain, 0, &prompt);
+        let b = logits_alone(&mut tuned, 0, &prompt);
+        assert!(a.iter().zip(&b).all(|(x, y)| x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())), "fast_prefill {fast_prefill}");
+    }
 }
 
 #[test]

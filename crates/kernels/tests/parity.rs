@@ -364,6 +364,7 @@ fn tile_dots_equal_row_dots() {
 #[test]
 fn panel_gemm_matches_row_dots() {
     use corelm_kernels::matmul::gemm::{gemm, supported, GemmScratch};
+    use corelm_kernels::matmul::schedule::{Schedule, PANEL_MR};
     let port = Kernels::portable();
     let mut rng = Rng(1234);
     for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
@@ -382,21 +383,31 @@ fn panel_gemm_matches_row_dots() {
                 let xf: Vec<f32> = (0..k).map(|_| rng.f32() * 2.0).collect();
                 port.from_float(vdt).unwrap()(&xf, &mut x[r * xrb..(r + 1) * xrb]);
             }
-            let mut scratch = GemmScratch::new(k, rows);
-            let run = |isa: Isa, scratch: &mut GemmScratch| {
+            let mut scratch = GemmScratch::new(k, rows, 2);
+            let run = |isa: Isa, sched: &Schedule, scratch: &mut GemmScratch| {
                 let mut out = vec![f32::NAN; rows * n_out];
                 // Two column ranges, as two workers would own them.
                 let mid = n_out / 2;
                 for cols in [0..mid, mid..n_out] {
                     // SAFETY: out holds rows × n_out f32; each call writes only its columns.
-                    unsafe { gemm(t, &w, k, cols, &x, xrb, rows, out.as_mut_ptr(), n_out, isa, scratch) };
+                    unsafe { gemm(t, &w, k, cols, &x, xrb, rows, out.as_mut_ptr(), n_out, isa, sched, scratch) };
                 }
                 out
             };
-            let p = run(Isa::Portable, &mut scratch);
-            for isa in tables().iter().map(|k| k.isa()).filter(|&i| corelm_kernels::matmul::gemm::simd(t, i)) {
-                let s = run(isa, &mut scratch);
-                assert!(p.iter().zip(&s).all(|(a, b)| a.to_bits() == b.to_bits()), "{t} k={k}: {isa} vs portable");
+            let p = run(Isa::Portable, &Schedule::PANEL_DEFAULT, &mut scratch);
+            // Every register tile height, blocks of columns (two panels; one more than the
+            // scratch holds, capped), rows and inner blocks (carried through the output): the
+            // same bits on every table.
+            let mut schedules = vec![Schedule::PANEL_DEFAULT];
+            for mr in PANEL_MR {
+                schedules.push(Schedule { mr, nc: 16, mc: 8, kc: 1, row_parts: 0 });
+                schedules.push(Schedule { mr, nc: 24, mc: 0, kc: 3, row_parts: 0 });
+            }
+            for isa in tables().iter().map(|k| k.isa()).filter(|&i| i == Isa::Portable || corelm_kernels::matmul::gemm::simd(t, i)) {
+                for sched in &schedules {
+                    let s = run(isa, sched, &mut scratch);
+                    assert!(p.iter().zip(&s).all(|(a, b)| a.to_bits() == b.to_bits()), "{t} k={k}: {isa} {} vs portable", sched.describe());
+                }
             }
             let rb = row_bytes(t, k);
             for r in 0..rows {

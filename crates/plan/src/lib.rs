@@ -13,6 +13,7 @@
 //! knows no model file.
 
 pub mod file;
+pub mod gemm_search;
 pub mod planner;
 pub mod profile;
 

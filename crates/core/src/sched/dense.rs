@@ -9,7 +9,8 @@
 //! it reaches 27. Re-widening a weight block once per chunk costs one conversion per
 //! `ACT_CHUNK` multiply-adds.
 
-use super::{matmul_part, store_cols, Ctx, Scratch, COL_BLOCK};
+use super::matmul::{matmul_part, store_cols, COL_BLOCK};
+use super::{Ctx, Scratch};
 use crate::tensor::{Tensor, TensorId};
 use corelm_kernels::BatchDot;
 

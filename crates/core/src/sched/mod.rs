@@ -11,16 +11,19 @@ use crate::memory::Pools;
 use crate::graph::Sync as After;
 use crate::tensor::{AttnShard, Glu, Op, Storage, Tensor, TensorId, WeightCopy};
 use crate::threads::{ThreadPool, Worker};
-use corelm_kernels::matmul::gemm::{self, GemmScratch};
 use corelm_kernels::attention::{self, AttnScratch};
+use corelm_kernels::matmul::gemm;
 use corelm_kernels::{act, norm, rope};
-use corelm_kernels::matmul::layout as interleave;
-use corelm_kernels::{DType, InterleavedOps, Isa, Kernels};
+use corelm_kernels::{DType, Kernels};
 use std::ops::Range;
 use std::time::Instant;
 
 mod dense;
+pub mod matmul;
 mod sparse;
+
+use matmul::{MatmulScratch, Schedules, COL_BLOCK};
+pub use matmul::{matmul_part, GEMM_MIN_ROWS};
 
 pub use sparse::gate_activation;
 
@@ -42,11 +45,7 @@ pub struct BatchView<'a> {
 /// Per-worker scratch, allocated once.
 pub struct Scratch {
     attn: AttnScratch,
-    gemm: GemmScratch,
-    /// One column block of weight rows packed for the tile kernels (`TypeOps::packing`).
-    pack: Vec<u8>,
-    /// Activation rows prepared for the kernels on interleaved weights.
-    prep: Vec<i32>,
+    mm: MatmulScratch,
     /// One column block of F16 weight rows, and one chunk of F16 activation rows, widened to
     /// f32 (`BatchDot::wide`).
     wide: Vec<f32>,
@@ -56,17 +55,6 @@ pub struct Scratch {
     /// Buffers of the sparse feed-forward's nodes.
     sparse: sparse::SparseScratch,
 }
-
-/// Weight rows per column block of the default matmul (tiles run over one block at a time).
-const COL_BLOCK: usize = 16;
-
-/// Weight rows per column block of the tiles on interleaved matrices: the activation rows'
-/// preparation (`layout::scratch_len`) is made once per block, so wider blocks amortise it
-/// (16 groups; a Q5_0 block of 4864-value rows is 200 KiB, in L2).
-const IL_COL_BLOCK: usize = 64;
-
-/// Batch rows from which a matmul over a panel-GEMM type uses the panel kernel.
-pub const GEMM_MIN_ROWS: usize = 8;
 
 /// Time spent per op kind, summed over nodes (worker 0's view, barrier included). Matmuls are
 /// kept apart by weight type and layout, with the weight bytes they read, so a profile shows
@@ -154,6 +142,10 @@ pub struct Executor {
     pub tap: Option<std::sync::Arc<dyn Tap>>,
     /// The device of graphs with `Op::OffloadBegin`/`OffloadEnd` nodes.
     pub offload: Option<std::sync::Arc<dyn Offload>>,
+    /// Tuned matmul schedules (`corelm tune`; set with [`Executor::with_schedules`]).
+    schedules: Option<std::sync::Arc<Schedules>>,
+    /// The largest panel GEMM's (inner dimension, rows), the scratch it needs.
+    gemm_dims: (usize, usize),
 }
 
 impl Executor {
@@ -195,9 +187,7 @@ impl Executor {
                 .map(|_| {
                     std::sync::Mutex::new(Scratch {
                         attn: AttnScratch::with_heads(max_head_dim, max_group),
-                        gemm: GemmScratch::new(max_k, max_rows),
-                        pack: vec![0; COL_BLOCK * corelm_kernels::max_packed_row_bytes(max_k_all)],
-                        prep: vec![0; corelm_kernels::matmul::layout::scratch_len(max_k_all)],
+                        mm: MatmulScratch::new(max_k_all, max_k, max_rows, 1),
                         wide: vec![0.0; COL_BLOCK * max_k_f16],
                         wide_act: vec![0.0; dense::ACT_CHUNK * max_k_f16],
                         // A worker's largest share of RoPE rows: in the smallest group.
@@ -211,7 +201,23 @@ impl Executor {
             panel_gemm: false,
             tap: None,
             offload: None,
+            schedules: None,
+            gemm_dims: (max_k, max_rows),
         }
+    }
+
+    /// Run matmuls with `schedules` where they have one for the matrix and length; each
+    /// worker's panel scratch grows to the widest column block they use (allocated here, once).
+    pub fn set_schedules(&mut self, schedules: Option<std::sync::Arc<Schedules>>) {
+        let panels = schedules.as_ref().map_or(1, |s| s.max_panels());
+        let (k, rows) = self.gemm_dims;
+        for s in &mut self.scratch {
+            let s = s.get_mut().unwrap_or_else(|e| e.into_inner());
+            if s.mm.gemm.panels(k.max(32)) < panels {
+                s.mm.gemm = gemm::GemmScratch::new(k, rows, panels);
+            }
+        }
+        self.schedules = schedules;
     }
 
     /// Run `graph` to completion over `weights` on view `view` of `pool` (0: every worker;
@@ -242,8 +248,8 @@ impl Executor {
             kv,
             batch,
             kernels,
-            batch_invariant: self.batch_invariant,
-            panel_gemm: self.panel_gemm,
+            mode: matmul::Mode { batch_invariant: self.batch_invariant, panel_gemm: self.panel_gemm },
+            schedules: self.schedules.as_deref(),
             offload: self.offload.as_deref(),
         };
         let prof = std::sync::Mutex::new(profile.as_deref_mut());
@@ -333,53 +339,6 @@ pub fn attention_items(
     whole.chain(cut)
 }
 
-/// Worker `ith`'s part of a matmul's `[rows][n_out]` output: (columns, rows). With at least two
-/// 16-column blocks per worker, or a batch of fewer than 8 rows (decode), all rows of a
-/// contiguous column range, as before. Otherwise (many workers, narrow matrices: 64 workers on
-/// a 128-column K projection would leave 56 idle) a 2-D grid of `pc` column parts (whole
-/// blocks) × `pr` row parts (multiples of 4 rows, so the 4-row groups and their bits do not
-/// change); the `nth - pc·pr` workers left over get nothing.
-///
-/// Column ranges start at multiples of `unit` (4 for matrices interleaved in groups of four rows,
-/// whose `n_out` is then a multiple of 4).
-pub fn matmul_part(n_out: usize, rows: usize, ith: usize, nth: usize, unit: usize) -> (Range<usize>, Range<usize>) {
-    let blocks = n_out.div_ceil(COL_BLOCK);
-    if nth == 1 || blocks >= 2 * nth || rows < 8 {
-        let c = split(n_out.div_ceil(unit), ith, nth);
-        return ((c.start * unit).min(n_out)..(c.end * unit).min(n_out), 0..rows);
-    }
-    let groups = rows.div_ceil(4);
-    // The grid whose largest part (in blocks × groups of four rows) is smallest; on a tie the
-    // one with fewer row parts (each row part decodes its column blocks again).
-    let work = |pc: usize| {
-        let pr = (nth / pc).min(groups);
-        (blocks.div_ceil(pc) * groups.div_ceil(pr), pr)
-    };
-    let pc = (1..=blocks.min(nth)).min_by_key(|&pc| work(pc)).unwrap_or(1);
-    let pr = work(pc).1;
-    if ith >= pc * pr {
-        return (0..0, 0..0);
-    }
-    let (ic, ir) = (ith % pc, ith / pc);
-    let cb = split(blocks, ic, pc);
-    let rg = split(groups, ir, pr);
-    ((cb.start * COL_BLOCK).min(n_out)..(cb.end * COL_BLOCK).min(n_out), (rg.start * 4).min(rows)..(rg.end * 4).min(rows))
-}
-
-/// Tile results `o[i][j]` (column `c0 + i`, batch row `r + j`) into a `[rows][n_out]` f32 output.
-///
-/// # Safety
-/// `base` is that output; rows `r .. r + J` and columns `c0 .. c0 + o.len()` lie inside it and
-/// no other worker writes them during the node.
-unsafe fn store_cols<const J: usize>(base: *mut f32, n_out: usize, r: usize, c0: usize, o: &[[f32; J]]) {
-    for (i, col) in o.iter().enumerate() {
-        for (j, &v) in col.iter().enumerate() {
-            // SAFETY: inside the output and this worker's (the function's contract).
-            unsafe { *base.add((r + j) * n_out + c0 + i) = v };
-        }
-    }
-}
-
 pub fn split(n: usize, ith: usize, nth: usize) -> Range<usize> {
     let per = n.div_ceil(nth);
     let start = (ith * per).min(n);
@@ -402,8 +361,8 @@ struct Ctx<'a> {
     kv: &'a KvCache,
     batch: BatchView<'a>,
     kernels: &'a Kernels,
-    batch_invariant: bool,
-    panel_gemm: bool,
+    mode: matmul::Mode,
+    schedules: Option<&'a Schedules>,
     offload: Option<&'a dyn Offload>,
 }
 
@@ -559,7 +518,7 @@ impl Ctx<'_> {
                 let (hd, cells) = (p.head_dim, kv.n_cells);
                 let (krb, vrb) = kv.row_bytes();
                 let group = shard.group;
-                let kind = if rows >= attention::TILED_MIN_ROWS && !self.batch_invariant {
+                let kind = if rows >= attention::TILED_MIN_ROWS && !self.mode.batch_invariant {
                     attention::AttnKernel::Tiled
                 } else {
                     attention::AttnKernel::Reference
@@ -707,186 +666,29 @@ impl Ctx<'_> {
         }
     }
 
-    /// Output columns (weight rows) are split across workers; each worker walks its columns in
-    /// blocks small enough to stay in cache while every batch row streams past them.
-    #[allow(clippy::too_many_arguments)]
+    /// Worker `ith`'s share of a matmul node: dense types' batch dots (`dense.rs`), else
+    /// `matmul::run` on the weight's bytes (its interleaved copy where it has one).
     fn matmul(&self, t: &Tensor, wid: TensorId, x: TensorId, ith: usize, nth: usize, scratch: &mut Scratch) {
         let wt = self.t(wid);
         let [k, n_out] = wt.ne;
         let rows = t.ne[1];
-        let (gs, pack) = (&mut scratch.gemm, &mut scratch.pack[..]);
-        let panel = self.panel_gemm && !self.batch_invariant && rows >= GEMM_MIN_ROWS;
-        // The panel where the table has a SIMD kernel for it, and everywhere on the portable
-        // table (its twin still decodes each block once for every row); AVX2's Q8_0 takes the
-        // interleaved tiles instead.
-        let panel_type = gemm::simd(wt.dtype, self.kernels.isa()) || (gemm::supported(wt.dtype) && self.kernels.isa() == Isa::Portable);
-        if panel && panel_type && gs.fits(k, rows) {
-            let xt = self.t(x);
-            // SAFETY: the output tensor is [rows][n_out] f32 and this worker owns its columns.
-            unsafe {
-                gemm::gemm(
-                    wt.dtype,
-                    self.bytes(wid),
-                    k,
-                    split(n_out, ith, nth),
-                    self.bytes(x),
-                    xt.row_bytes(),
-                    rows,
-                    self.base(t) as *mut f32,
-                    n_out,
-                    self.kernels.isa(),
-                    gs,
-                )
-            };
-            return;
-        }
         let ops = self.kernels.ops(wt.dtype).expect("weight type checked at load");
-        // Rows in complete groups of four use the tile dot (llama.cpp's 4-row kernels' order).
-        let tiled_rows = if rows >= 4 { rows - rows % 4 } else { 0 };
-        // Tiles and 4-row kernels give `vec_dot_tile` values, which batch-invariant runs avoid
-        // where its order differs.
-        let grouped = !(self.batch_invariant && ops.tile_order);
         // Dense types in a batch: llama.cpp's tinyBLAS values (`dense.rs`).
-        if let Some(b) = ops.batch_dot.filter(|b| !self.batch_invariant && b.applies(rows, k, n_out)) {
+        if let Some(b) = ops.batch_dot.filter(|b| !self.mode.batch_invariant && b.applies(rows, k, n_out)) {
             return self.matmul_dense(t, wid, x, b, ith, nth, scratch);
         }
-        // An interleaved matrix: its own kernels.
-        if let (Storage::Weight { copy: Some(WeightCopy { at, interleaved: true }), .. }, Some(il)) = (wt.storage, ops.interleaved) {
-            let len = wt.n_bytes();
-            return self.matmul_interleaved(t, &self.weights.packed[at..at + len], wt, x, il, grouped, ith, nth, &mut scratch.prep);
-        }
-        let wrb = wt.row_bytes();
-        let xt = self.t(x);
-        let xrb = xt.row_bytes();
-        let xb = self.bytes(x);
-        debug_assert_eq!(xt.ne[0], k);
-        let (cols, row_range) = matmul_part(n_out, rows, ith, nth, 1);
-        let tiled_end = tiled_rows.min(row_range.end);
-        let base = self.base(t) as *mut f32;
-        let xrow = |r: usize| &xb[r * xrb..(r + 1) * xrb];
-        let mut c0 = cols.start;
-        while c0 < cols.end {
-            let c1 = (c0 + COL_BLOCK).min(cols.end);
-            let n_tile = (c1 - c0) / 4 * 4;
-            // The block's plain weight rows (`wb[(c - c0) · wrb ..]` is row c).
-            let wb = &self.bytes(wid)[c0 * wrb..c1 * wrb];
-            // With two or more groups of four activation rows, decode the block's weight rows
-            // once into the tile kernel's layout instead of once per group.
-            let packed = match ops.packing {
-                Some(pk) if grouped && tiled_end.saturating_sub(row_range.start) >= 8 && n_tile * (pk.row_bytes)(wrb) <= pack.len() => {
-                    let buf = &mut pack[..n_tile * (pk.row_bytes)(wrb)];
-                    (pk.pack)(&wb[..n_tile * wrb], wrb, buf);
-                    Some((pk.tile, &*buf))
-                }
-                _ => None,
-            };
-            // Row parts start at multiples of four, so the groups of four are the same as with
-            // all rows in one part (and so are the bits).
-            let mut r = row_range.start;
-            // Complete groups of four rows: register-blocked tiles where a tile kernel exists,
-            // then one call per weight row (a 4-row kernel, or the tile dot four times).
-            while grouped && r + 4 <= tiled_end && (ops.vec_tile.is_some() || ops.vec_dot4.is_some()) {
-                let ys = [xrow(r), xrow(r + 1), xrow(r + 2), xrow(r + 3)];
-                let mut c = c0;
-                if let Some(tile) = ops.vec_tile {
-                    let mut o = [[0f32; 4]; COL_BLOCK];
-                    match packed {
-                        Some((packed_tile, buf)) => packed_tile(buf, wrb, ys, &mut o[..n_tile]),
-                        None => tile(&wb[..n_tile * wrb], wrb, ys, &mut o[..n_tile]),
-                    }
-                    // SAFETY: columns c0..c0 + n_tile of rows r..r + 4 are this worker's.
-                    unsafe { store_cols(base, n_out, r, c0, &o[..n_tile]) };
-                    c += n_tile;
-                }
-                for c in c..c1 {
-                    let w = &wb[(c - c0) * wrb..(c - c0 + 1) * wrb];
-                    let mut o = [0f32; 4];
-                    match ops.vec_dot4 {
-                        Some(dot4) => dot4(w, ys, &mut o),
-                        None => o = ys.map(|y| (ops.vec_dot_tile)(w, y)),
-                    }
-                    for (j, v) in o.into_iter().enumerate() {
-                        // SAFETY: column c of these rows is written by this worker only.
-                        unsafe { *base.add((r + j) * n_out + c) = v };
-                    }
-                }
-                r += 4;
-            }
-            for r in r..row_range.end {
-                let xr = xrow(r);
-                let tile_dot = r < tiled_rows && !self.batch_invariant;
-                // Many weight rows per call (decode's GEMV), where it gives this row's values.
-                if let Some(rows_dot) = ops.vec_dot_rows.filter(|_| !(tile_dot && ops.tile_order)) {
-                    let mut o = [0f32; COL_BLOCK];
-                    rows_dot(wb, wrb, xr, &mut o[..c1 - c0]);
-                    for (i, &v) in o[..c1 - c0].iter().enumerate() {
-                        // SAFETY: column c0 + i of row r is written by this worker only.
-                        unsafe { *base.add(r * n_out + c0 + i) = v };
-                    }
-                    continue;
-                }
-                let vec_dot = if tile_dot { ops.vec_dot_tile } else { ops.vec_dot };
-                for c in c0..c1 {
-                    let v = vec_dot(&wb[(c - c0) * wrb..(c - c0 + 1) * wrb], xr);
-                    // SAFETY: column c of row r is written by this worker only (columns split).
-                    unsafe { *base.add(r * n_out + c) = v };
-                }
-            }
-            c0 = c1;
-        }
-    }
-
-    /// [`Self::matmul`] on a matrix interleaved at load (`g`, groups of four weight rows):
-    /// columns are split in whole groups; complete groups of four batch rows go through the
-    /// tiles (eight rows per call, then four) one column block at a time, the other rows (all of
-    /// decode's) through the GEMV
-    /// over the worker's whole column range. Values as `vec_dot` gives them, bit for bit.
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_interleaved(&self, t: &Tensor, g: &[u8], wt: &Tensor, x: TensorId, il: InterleavedOps, grouped: bool, ith: usize, nth: usize, prep: &mut [i32]) {
-        let n_out = wt.ne[1];
-        let rows = t.ne[1];
-        let wrb = wt.row_bytes();
-        let (xb, xrb) = (self.bytes(x), self.t(x).row_bytes());
-        let xrow = |r: usize| &xb[r * xrb..(r + 1) * xrb];
-        let (cols, row_range) = matmul_part(n_out, rows, ith, nth, interleave::ROWS);
-        if cols.is_empty() {
-            return;
-        }
-        let tiled_end = (rows - rows % 4).min(row_range.end);
-        let base = self.base(t) as *mut f32;
-        let mut r = row_range.start;
-        // Batch-invariant runs keep `vec_dot`'s values where the tiles' order differs
-        // (`tile_order`, not `grouped`): every row through the GEMV.
-        if grouped && r + 4 <= tiled_end {
-            let tiles = il.tiles;
-            let mut c0 = cols.start;
-            while c0 < cols.end {
-                let c1 = (c0 + IL_COL_BLOCK).min(cols.end);
-                let gb = &g[c0 * wrb..c1 * wrb];
-                // Eight batch rows per tile call, then a last four.
-                let mut r8 = r;
-                let mut o = [[0f32; 8]; IL_COL_BLOCK];
-                while r8 + 8 <= tiled_end {
-                    (tiles.tile8)(gb, wrb, std::array::from_fn(|j| xrow(r8 + j)), &mut o[..c1 - c0], prep);
-                    // SAFETY: columns c0..c1 of rows r8..r8 + 8 are this worker's.
-                    unsafe { store_cols(base, n_out, r8, c0, &o[..c1 - c0]) };
-                    r8 += 8;
-                }
-                let mut o = [[0f32; 4]; IL_COL_BLOCK];
-                for r in (r8..tiled_end).step_by(4) {
-                    (tiles.tile)(gb, wrb, std::array::from_fn(|j| xrow(r + j)), &mut o[..c1 - c0], prep);
-                    // SAFETY: columns c0..c1 of rows r..r + 4 are this worker's.
-                    unsafe { store_cols(base, n_out, r, c0, &o[..c1 - c0]) };
-                }
-                c0 = c1;
-            }
-            r = tiled_end;
-        }
-        for r in r..row_range.end {
-            // SAFETY: row r's columns `cols` of the [rows][n_out] f32 output are this worker's.
-            let out = unsafe { std::slice::from_raw_parts_mut(base.add(r * n_out + cols.start), cols.len()) };
-            (il.rows)(&g[cols.start * wrb..cols.end * wrb], wrb, xrow(r), out, prep);
-        }
+        let il = match wt.storage {
+            Storage::Weight { copy: Some(WeightCopy { at, interleaved: true }), .. } => Some(&self.weights.packed[at..at + wt.n_bytes()]),
+            _ => None,
+        };
+        // The plain rows: an interleaved matrix's are the file's, but for a column slice
+        // (tensor parallelism), which has only its interleaved copy.
+        let plain = !(il.is_some() && matches!(wt.storage, Storage::Weight { cols: Some(_), .. }));
+        let w = if plain { self.bytes(wid) } else { &[] };
+        let o = matmul::Operands { dtype: wt.dtype, k, n_out, w, il, x: self.bytes(x), xrb: self.t(x).row_bytes(), rows, out: self.base(t) as *mut f32 };
+        // SAFETY: the output tensor is [rows][n_out] f32, written during this node only by its
+        // workers, each its own share.
+        unsafe { matmul::run(self.kernels, &o, self.mode, self.schedules, ith, nth, &mut scratch.mm) };
     }
 
     /// The attention kernel llama.cpp runs for a query row at `pos` with `nth` threads: its
@@ -897,7 +699,7 @@ impl Ctx<'_> {
     /// llama.cpp run with the same thread count.
     fn kv_split(&self, kind: attention::AttnKernel, pos: usize, nth: usize) -> attention::AttnKernel {
         let kv = self.kv;
-        let one_row = self.graph.n_tokens == 1 || self.batch_invariant;
+        let one_row = self.graph.n_tokens == 1 || self.mode.batch_invariant;
         if kind != attention::AttnKernel::Reference || !one_row || kv.k_type != DType::F16 || kv.v_type != DType::F16 {
             return kind;
         }

@@ -11,6 +11,7 @@
 //! | [`lanes`] | the x86 SIMD dots' float order (eight lanes per block) without SIMD: the reference of the AVX2, AVX-512 and NEON dots |
 //! | [`layout`] | the load-time interleaved layout (`pack`/`unpack`) and its portable GEMV |
 //! | [`gemm`] | the panel GEMM: driver, panel layout + portable micro-kernel, VNNI micro-kernel |
+//! | [`schedule`] | a prefill matmul's register tile, cache blocking and thread grid (`corelm tune`) |
 //! | `x86/common.rs` | block decoders and integer sums shared by the x86 dots; the interleaved 32-blocks' decoding (`IlBlock`) |
 //! | `x86/avx2.rs` | AVX2 dots of the golden models' types (Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, F16, F32), four-row dots |
 //! | `x86/avx2_ext.rs` | AVX2 dots of the other types (Q4_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS, BF16) |
@@ -29,6 +30,7 @@ pub mod gemm;
 pub mod lanes;
 pub mod layout;
 pub mod portable;
+pub mod schedule;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 

@@ -22,6 +22,7 @@
 
 use crate::quant::blocks::*;
 use crate::quant::portable::{q4_0_values, q5_0_values, q5_1_values, q6_k_values};
+use crate::matmul::schedule::Schedule;
 use crate::simd::Isa;
 use crate::DType;
 
@@ -72,20 +73,26 @@ fn offset(t: DType) -> i32 {
     }
 }
 
-/// Per-thread buffers, sized once: a packed panel for rows of up to `max_k` elements and the
-/// activation half-block sums of up to `max_rows` rows.
+/// Per-thread buffers, sized once: the packed panels of one column block (up to `max_panels`
+/// panels of rows of up to `max_k` elements) and the activation half-block sums of up to
+/// `max_rows` rows.
 pub struct GemmScratch {
     panel: Vec<u8>,
     ysum: Vec<i32>,
 }
 
 impl GemmScratch {
-    pub fn new(max_k: usize, max_rows: usize) -> Self {
-        GemmScratch { panel: vec![0; max_k / 32 * PACKED_BLOCK], ysum: vec![0; max_rows * (max_k / 16)] }
+    pub fn new(max_k: usize, max_rows: usize, max_panels: usize) -> Self {
+        GemmScratch { panel: vec![0; max_panels.max(1) * (max_k / 32) * PACKED_BLOCK], ysum: vec![0; max_rows * (max_k / 16)] }
     }
 
     pub fn fits(&self, k: usize, rows: usize) -> bool {
         self.panel.len() >= k / 32 * PACKED_BLOCK && self.ysum.len() >= rows * (k / 16)
+    }
+
+    /// Panels of rows of `k` values one column block can hold.
+    pub fn panels(&self, k: usize) -> usize {
+        self.panel.len() / (k / 32 * PACKED_BLOCK).max(1)
     }
 }
 
@@ -195,8 +202,13 @@ fn block_sums(x: &[u8], xrb: usize, rows: usize, nb: usize, act: Act, out: &mut 
 }
 
 /// `out[r * n_out + c] = w[c] · x[r]` for `c` in `cols`, all `rows` activation rows (`x`, rows
-/// of `xrb` bytes in `t`'s `vec_dot_type`). `isa`: the table's level, which this CPU runs
-/// (the caller's); its SIMD kernel where [`simd`] says so, else the portable twin.
+/// of `xrb` bytes in `t`'s `vec_dot_type`), blocked as `sched` says (its `nc` capped by what
+/// `scratch` holds; [`Schedule`]: the bits do not depend on it). `isa`: the table's level,
+/// which this CPU runs (the caller's); its SIMD kernel where [`simd`] says so, else the
+/// portable twin.
+///
+/// Loop nest, outermost first: column blocks of `nc` (their panels decoded once), inner blocks
+/// of `kc` 32-value blocks, row blocks of `mc`, the block's panels, register tiles of `mr` rows.
 ///
 /// # Safety
 /// `out` must address `rows · n_out` f32 of which this call alone writes columns `cols`.
@@ -212,34 +224,79 @@ pub unsafe fn gemm(
     out: *mut f32,
     n_out: usize,
     isa: Isa,
+    sched: &Schedule,
     scratch: &mut GemmScratch,
 ) {
     debug_assert!(supported(t) && k % 32 == 0 && scratch.fits(k, rows));
     let nb = k / 32;
     let (o, act, split) = (offset(t), act_of(t), split16(t));
+    let panels_max = scratch.panels(k).max(1);
     let GemmScratch { panel, ysum } = scratch;
     if o != 0 {
         block_sums(x, xrb, rows, nb, act, ysum);
     }
+    let nc = sched.nc.clamp(PANEL, panels_max * PANEL) / PANEL * PANEL;
+    let kc = if sched.kc == 0 { nb } else { sched.kc.min(nb) };
+    let mc = if sched.mc == 0 { rows.max(1) } else { sched.mc };
+    let pb = nb * PACKED_BLOCK;
     let mut c0 = cols.start;
     while c0 < cols.end {
-        let n = (cols.end - c0).min(PANEL);
-        pack(t, w, k, c0, n, panel);
-        let store = |r: usize, acc: &[f32; PANEL]| {
-            for (j, &v) in acc.iter().enumerate().take(n) {
-                // SAFETY: r < rows and c0 + j < cols.end ≤ n_out; this call owns these columns.
-                unsafe { *out.add(r * n_out + c0 + j) = v };
-            }
-        };
-        let job = PanelJob { panel, nb, o, act, split, x, xrb, ysum, rows };
-        match isa {
-            // SAFETY (both): the caller's CPU runs `isa`'s table, whose features these need.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { x86::panel(job, store) },
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 if simd(t, isa) => unsafe { x86::panel_avx2(job, store) },
-            _ => panel_portable(job, store),
+        let c1 = (c0 + nc).min(cols.end);
+        let n_panels = (c1 - c0).div_ceil(PANEL);
+        for p in 0..n_panels {
+            let pc = c0 + p * PANEL;
+            pack(t, w, k, pc, (c1 - pc).min(PANEL), &mut panel[p * pb..(p + 1) * pb]);
         }
-        c0 += n;
+        for b0 in (0..nb).step_by(kc) {
+            let b1 = (b0 + kc).min(nb);
+            for r0 in (0..rows).step_by(mc) {
+                let r1 = (r0 + mc).min(rows);
+                for p in 0..n_panels {
+                    let pc = c0 + p * PANEL;
+                    let n = (c1 - pc).min(PANEL);
+                    // Row r of this call is row r0 + r of the output.
+                    let acc0 = |r: usize| {
+                        let mut a = [0f32; PANEL];
+                        if b0 > 0 {
+                            for (j, v) in a.iter_mut().enumerate().take(n) {
+                                // SAFETY: r0 + r < rows and pc + j < cols.end ≤ n_out; this
+                                // call wrote this element in the previous inner block range.
+                                *v = unsafe { *out.add((r0 + r) * n_out + pc + j) };
+                            }
+                        }
+                        a
+                    };
+                    let store = |r: usize, acc: &[f32; PANEL]| {
+                        for (j, &v) in acc.iter().enumerate().take(n) {
+                            // SAFETY: as above; this call owns these columns.
+                            unsafe { *out.add((r0 + r) * n_out + pc + j) = v };
+                        }
+                    };
+                    let job = PanelJob {
+                        panel: &panel[p * pb..(p + 1) * pb],
+                        nb,
+                        b0,
+                        b1,
+                        mr: sched.mr,
+                        o,
+                        act,
+                        split,
+                        x: &x[r0 * xrb..r1 * xrb],
+                        xrb,
+                        ysum: &ysum[r0 * nb * 2..],
+                        rows: r1 - r0,
+                    };
+                    match isa {
+                        // SAFETY (both): the caller's CPU runs `isa`'s table, whose features these need.
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::Avx512 => unsafe { x86::panel(job, acc0, store) },
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::Avx2 if simd(t, isa) => unsafe { x86::panel_avx2(job, acc0, store) },
+                        _ => panel_portable(job, acc0, store),
+                    }
+                }
+            }
+        }
+        c0 = c1;
     }
 }

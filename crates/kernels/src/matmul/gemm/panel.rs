@@ -51,13 +51,18 @@ pub fn q8k_block(row: &[u8], b: usize) -> (f32, f32, &[i8; 32]) {
     (x.d, x.d * sum as f32, x.qs[j * 32..j * 32 + 32].try_into().expect("32 values"))
 }
 
-/// One panel kernel call's inputs: the packed panel of `nb` blocks, its weights' code offset
-/// `o`, the activation type, whether the type keeps two scales per block ([`super::split16`]),
-/// and `rows` activation rows (`x`, `xrb` bytes apart) with their half-block sums `ysum`.
+/// One panel kernel call's inputs: the packed panel of `nb` blocks, of which blocks
+/// `b0 .. b1` are summed, its weights' code offset `o`, the activation type, whether the type
+/// keeps two scales per block ([`super::split16`]), `rows` activation rows (`x`, `xrb` bytes
+/// apart) with their half-block sums `ysum`, and the rows per register tile `mr`
+/// ([`crate::matmul::schedule::PANEL_MR`]; the portable twin ignores it).
 #[derive(Clone, Copy)]
 pub struct PanelJob<'a> {
     pub panel: &'a [u8],
     pub nb: usize,
+    pub b0: usize,
+    pub b1: usize,
+    pub mr: usize,
     pub o: i32,
     pub act: Act,
     pub split: bool,
@@ -67,14 +72,16 @@ pub struct PanelJob<'a> {
     pub rows: usize,
 }
 
-/// Scalar micro-kernel over one packed panel: the twin of the SIMD kernels, bit for bit.
-pub fn panel_portable(job: PanelJob, mut store: impl FnMut(usize, &[f32; PANEL])) {
-    let PanelJob { panel, nb, o, act, split, x, xrb, ysum, rows } = job;
+/// Scalar micro-kernel over one packed panel: the twin of the SIMD kernels, bit for bit. Row
+/// `r`'s accumulators start at `acc0(r)` (zeros for the first inner block range, the partial
+/// sums so far for the next) and end in `store(r, ..)`.
+pub fn panel_portable(job: PanelJob, acc0: impl Fn(usize) -> [f32; PANEL], mut store: impl FnMut(usize, &[f32; PANEL])) {
+    let PanelJob { panel, nb, b0, b1, o, act, split, x, xrb, ysum, rows, .. } = job;
     let has_min = act != Act::Q8_0 && !split;
     for r in 0..rows {
         let row = &x[r * xrb..(r + 1) * xrb];
-        let mut acc = [0f32; PANEL];
-        for b in 0..nb {
+        let mut acc = acc0(r);
+        for b in b0..b1 {
             let blk = &panel[b * PACKED_BLOCK..(b + 1) * PACKED_BLOCK];
             let (dx, sx, y) = act_block(row, b, act);
             for (col, a) in acc.iter_mut().enumerate() {

@@ -14,55 +14,70 @@ use std::arch::x86_64::*;
 
 /// The panel kernel with AVX-512 VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-pub fn panel(job: PanelJob, store: impl FnMut(usize, &[f32; PANEL])) {
+pub fn panel(job: PanelJob, acc0: impl Fn(usize) -> [f32; PANEL], store: impl FnMut(usize, &[f32; PANEL])) {
     // SAFETY: the features `panel_impl::<true>` uses are enabled here.
-    unsafe { panel_impl::<true>(job, store) }
+    unsafe { panel_impl::<true>(job, acc0, store) }
 }
 
 /// The panel kernel with AVX2 (codes up to 63: every supported type but Q8_0).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn panel_avx2(job: PanelJob, store: impl FnMut(usize, &[f32; PANEL])) {
+pub fn panel_avx2(job: PanelJob, acc0: impl Fn(usize) -> [f32; PANEL], store: impl FnMut(usize, &[f32; PANEL])) {
     assert!(job.o <= 32, "Q8_0's codes (up to 255) would saturate the AVX2 panel's i16 sums");
     // SAFETY: the features `panel_impl::<false>` uses are enabled here.
-    unsafe { panel_impl::<false>(job, store) }
+    unsafe { panel_impl::<false>(job, acc0, store) }
 }
 
 /// # Safety
 /// AVX2, FMA and F16C present, and with `VNNI` AVX-512 F/VL/VNNI.
 #[inline(always)]
-unsafe fn panel_impl<const VNNI: bool>(job: PanelJob, mut store: impl FnMut(usize, &[f32; PANEL])) {
-    let PanelJob { panel, nb, x, xrb, split, rows, .. } = job;
-    assert!(panel.len() >= nb * PACKED_BLOCK && x.len() >= rows * xrb);
-    let mut r = 0;
+unsafe fn panel_impl<const VNNI: bool>(job: PanelJob, acc0: impl Fn(usize) -> [f32; PANEL], mut store: impl FnMut(usize, &[f32; PANEL])) {
+    let PanelJob { panel, nb, b1, x, xrb, split, rows, mr, .. } = job;
+    assert!(panel.len() >= nb * PACKED_BLOCK && b1 <= nb && x.len() >= rows * xrb);
     // Split and unsplit kernels are separate instances: the unsplit one keeps one set of
-    // integer accumulators (the second set is constant zero and folds away).
-    while r + 4 <= rows {
-        // SAFETY (these four calls): the caller's features.
-        if split {
-            unsafe { rows_block::<4, true, VNNI>(job, r, &mut store) };
-        } else {
-            unsafe { rows_block::<4, false, VNNI>(job, r, &mut store) };
-        }
-        r += 4;
-    }
+    // integer accumulators (the second set is constant zero and folds away). One instance per
+    // register tile height of `schedule::PANEL_MR`; the rows left over go one at a time. (A
+    // plain loop, not a closure: a closure would not inherit this function's target features,
+    // and the intrinsics inlined into it would become calls.)
+    let (acc0, store) = (&acc0, &mut store);
+    let mut r = 0;
     while r < rows {
-        if split {
-            unsafe { rows_block::<1, true, VNNI>(job, r, &mut store) };
-        } else {
-            unsafe { rows_block::<1, false, VNNI>(job, r, &mut store) };
+        let h = if r + mr.clamp(1, 8) <= rows { mr.clamp(1, 8) } else { 1 };
+        // SAFETY (every arm): the caller's features.
+        unsafe {
+            match (h, split) {
+                (8, false) => rows_block::<8, false, VNNI>(job, r, acc0, store),
+                (8, true) => rows_block::<8, true, VNNI>(job, r, acc0, store),
+                (6, false) => rows_block::<6, false, VNNI>(job, r, acc0, store),
+                (6, true) => rows_block::<6, true, VNNI>(job, r, acc0, store),
+                (4, false) => rows_block::<4, false, VNNI>(job, r, acc0, store),
+                (4, true) => rows_block::<4, true, VNNI>(job, r, acc0, store),
+                (2, false) => rows_block::<2, false, VNNI>(job, r, acc0, store),
+                (2, true) => rows_block::<2, true, VNNI>(job, r, acc0, store),
+                (_, false) => rows_block::<1, false, VNNI>(job, r, acc0, store),
+                (_, true) => rows_block::<1, true, VNNI>(job, r, acc0, store),
+            }
         }
-        r += 1;
+        r += h;
     }
 }
 
 /// # Safety
 /// As [`panel_impl`].
 #[inline(always)]
-unsafe fn rows_block<const R: usize, const SPLIT: bool, const VNNI: bool>(job: PanelJob, r0: usize, store: &mut impl FnMut(usize, &[f32; PANEL])) {
-    let PanelJob { panel, nb, o, act, x, xrb, ysum, .. } = job;
+unsafe fn rows_block<const R: usize, const SPLIT: bool, const VNNI: bool>(
+    job: PanelJob,
+    r0: usize,
+    acc0: &impl Fn(usize) -> [f32; PANEL],
+    store: &mut impl FnMut(usize, &[f32; PANEL]),
+) {
+    let PanelJob { panel, nb, b0, b1, o, act, x, xrb, ysum, .. } = job;
     let mut accf = [_mm256_setzero_ps(); R];
+    for (j, a) in accf.iter_mut().enumerate() {
+        // SAFETY: 8 f32 of stack memory.
+        *a = unsafe { _mm256_loadu_ps(acc0(r0 + j).as_ptr()) };
+    }
     let rows: [&[u8]; R] = std::array::from_fn(|j| &x[(r0 + j) * xrb..(r0 + j + 1) * xrb]);
-    for b in 0..nb {
+    for b in b0..b1 {
         let blk = &panel[b * PACKED_BLOCK..(b + 1) * PACKED_BLOCK];
         // A plain loop, not `array::from_fn`: its closure was not inlined here (9% of the time).
         let mut acts: [(f32, f32, &[i8; 32]); R] = [(0.0, 0.0, &[0; 32]); R];

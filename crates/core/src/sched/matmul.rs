@@ -1,0 +1,414 @@
+//! Matmuls of quantized weights, `out[rows][n_out] = x · Wᵀ`, as one worker's share: the
+//! panel GEMM (`--fast-prefill`), the tiles and GEMV on matrices interleaved at load, and the
+//! per-row dots on plain rows (dense types' tinyBLAS tiles: `dense.rs`). The operands come as
+//! bytes ([`Operands`]), so the scheduler and `corelm tune`'s timing harness run the same code.
+//!
+//! A prefill matmul on the panel or tile path follows a [`Schedule`] (register tile, cache
+//! blocks, thread grid): the one [`Schedules`] holds for its (path, weight type, shape) at the
+//! nearest tuned length, else the path's fixed default. Schedules never change bits
+//! (`corelm_kernels::matmul::schedule`).
+
+use super::split;
+use corelm_kernels::matmul::gemm::{self, GemmScratch};
+use corelm_kernels::matmul::layout as interleave;
+use corelm_kernels::matmul::schedule::Schedule;
+use corelm_kernels::{DType, InterleavedOps, Isa, Kernels, TypeOps};
+use std::ops::Range;
+
+/// Weight rows per column block of the default matmul (tiles run over one block at a time).
+pub(super) const COL_BLOCK: usize = 16;
+
+/// Most weight rows per column block of the tiles on interleaved matrices (their output
+/// buffers live on the stack). The default block is `Schedule::TILE_DEFAULT.nc` = 64: the
+/// activation rows' preparation (`layout::scratch_len`) is made once per block, so wider
+/// blocks amortise it (16 groups; a Q5_0 block of 4864-value rows is 200 KiB, in L2).
+pub const IL_COL_MAX: usize = 256;
+
+/// Batch rows from which a matmul over a panel-GEMM type uses the panel kernel.
+pub const GEMM_MIN_ROWS: usize = 8;
+
+/// A matmul's kernel path; schedules are tuned and kept per path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Path {
+    /// The panel GEMM (`--fast-prefill`, ggml's float order given up).
+    Panel,
+    /// Tiles on weights interleaved at load (bit-identical to llama.cpp).
+    Tiles,
+    /// Per-row dots and tiles on plain rows (no schedule).
+    Plain,
+}
+
+/// One matmul's operands as bytes.
+#[derive(Clone, Copy)]
+pub struct Operands<'a> {
+    pub dtype: DType,
+    /// Inner dimension and output columns (weight rows).
+    pub k: usize,
+    pub n_out: usize,
+    /// The plain weight rows (`row_bytes(dtype, k)` apart; what the panel GEMM decodes; empty
+    /// for a tensor-parallel column slice, which has only its interleaved copy), and the
+    /// interleaved groups where the matrix was repacked at load (the tiles' and GEMV's).
+    pub w: &'a [u8],
+    pub il: Option<&'a [u8]>,
+    /// `rows` activation rows in the type's `vec_dot_type`, `xrb` bytes apart.
+    pub x: &'a [u8],
+    pub xrb: usize,
+    pub rows: usize,
+    /// The `[rows][n_out]` f32 output.
+    pub out: *mut f32,
+}
+
+// SAFETY: `out` is written only through `run`, whose contract gives each worker a disjoint
+// share; everything else is shared read-only.
+unsafe impl Sync for Operands<'_> {}
+
+/// Run-wide choices that select a path.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Mode {
+    /// Every row computed in the single-row order (`Executor::batch_invariant`).
+    pub batch_invariant: bool,
+    /// The panel GEMM for batches of [`GEMM_MIN_ROWS`] or more (`Executor::panel_gemm`).
+    pub panel_gemm: bool,
+}
+
+/// The path a matmul of `rows` rows on a `dtype` matrix (`interleaved` or not, with its plain
+/// rows at hand or not) takes.
+pub fn path(kernels: &Kernels, dtype: DType, interleaved: bool, plain: bool, rows: usize, mode: Mode) -> Path {
+    // The panel where the table has a SIMD kernel for it, and everywhere on the portable
+    // table (its twin still decodes each block once for every row); AVX2's Q8_0 takes the
+    // interleaved tiles instead.
+    let isa = kernels.isa();
+    let panel_type = gemm::simd(dtype, isa) || (gemm::supported(dtype) && isa == Isa::Portable);
+    let has_il = kernels.ops(dtype).is_some_and(|o| o.interleaved.is_some());
+    if mode.panel_gemm && !mode.batch_invariant && rows >= GEMM_MIN_ROWS && panel_type && plain {
+        Path::Panel
+    } else if interleaved && has_il {
+        Path::Tiles
+    } else {
+        Path::Plain
+    }
+}
+
+/// One tuned schedule: for matmuls on `path` of a `dtype` matrix of `n_out` rows of `k` values,
+/// from `rows` activation rows up to the next entry's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScheduleEntry {
+    pub path: Path,
+    pub dtype: DType,
+    pub k: usize,
+    pub n_out: usize,
+    pub rows: usize,
+    pub sched: Schedule,
+}
+
+/// The tuned schedules of one run (`corelm tune`), looked up per matmul node.
+#[derive(Clone, Debug, Default)]
+pub struct Schedules {
+    entries: Vec<ScheduleEntry>,
+}
+
+impl Schedules {
+    /// The entries, each schedule normalized for its path.
+    pub fn new(mut entries: Vec<ScheduleEntry>) -> Schedules {
+        for e in &mut entries {
+            e.sched = e.sched.normalized(e.path == Path::Panel);
+            e.sched.nc = e.sched.nc.min(IL_COL_MAX);
+        }
+        entries.sort_by_key(|e| e.rows);
+        Schedules { entries }
+    }
+
+    pub fn entries(&self) -> &[ScheduleEntry] {
+        &self.entries
+    }
+
+    /// The schedule tuned at the largest length `≤ rows` for this matrix (the smallest tuned
+    /// length below that), if the matrix was tuned.
+    pub fn get(&self, path: Path, dtype: DType, k: usize, n_out: usize, rows: usize) -> Option<Schedule> {
+        let mut found = None;
+        for e in self.entries.iter().filter(|e| e.path == path && e.dtype == dtype && e.k == k && e.n_out == n_out) {
+            if e.rows <= rows || found.is_none() {
+                found = Some(e.sched);
+            }
+        }
+        found
+    }
+
+    /// Most panels a panel-GEMM schedule decodes per column block (the scratch to hold).
+    pub fn max_panels(&self) -> usize {
+        self.entries.iter().filter(|e| e.path == Path::Panel).map(|e| e.sched.nc / gemm::PANEL).max().unwrap_or(1)
+    }
+}
+
+/// One worker's matmul buffers, allocated once.
+pub struct MatmulScratch {
+    pub(super) gemm: GemmScratch,
+    /// One column block of weight rows packed for the tile kernels (`TypeOps::packing`).
+    pack: Vec<u8>,
+    /// Activation rows prepared for the kernels on interleaved weights.
+    prep: Vec<i32>,
+}
+
+impl MatmulScratch {
+    /// For matrices of up to `max_k` columns; panel GEMMs of up to `max_k_gemm` columns,
+    /// `max_rows` rows and `max_panels` panels per column block.
+    pub fn new(max_k: usize, max_k_gemm: usize, max_rows: usize, max_panels: usize) -> MatmulScratch {
+        MatmulScratch {
+            gemm: GemmScratch::new(max_k_gemm, max_rows, max_panels),
+            pack: vec![0; COL_BLOCK * corelm_kernels::max_packed_row_bytes(max_k)],
+            prep: vec![0; interleave::scratch_len(max_k)],
+        }
+    }
+}
+
+/// Worker `ith` of `nth`'s share of the matmul `o`, on the path [`path`] gives, with the
+/// schedule `schedules` holds for it (else the path's default).
+///
+/// # Safety
+/// `o.out` addresses `o.rows · o.n_out` f32 that only the `nth` workers of this call write
+/// during it, each its own share.
+pub unsafe fn run(kernels: &Kernels, o: &Operands, mode: Mode, schedules: Option<&Schedules>, ith: usize, nth: usize, s: &mut MatmulScratch) {
+    let p = match path(kernels, o.dtype, o.il.is_some(), !o.w.is_empty(), o.rows, mode) {
+        // A panel GEMM larger than the scratch (a graph other than the one the executor was
+        // sized for) runs as if the panel were off.
+        Path::Panel if !s.gemm.fits(o.k, o.rows) => path(kernels, o.dtype, o.il.is_some(), !o.w.is_empty(), o.rows, Mode { panel_gemm: false, ..mode }),
+        p => p,
+    };
+    let sched = (p != Path::Plain && o.rows >= 2).then(|| schedules.and_then(|t| t.get(p, o.dtype, o.k, o.n_out, o.rows))).flatten();
+    let ops = kernels.ops(o.dtype).expect("weight type checked at load");
+    // SAFETY (all three): the caller's contract.
+    match p {
+        Path::Panel => unsafe { run_panel(kernels.isa(), o, sched.unwrap_or(Schedule::PANEL_DEFAULT), ith, nth, s) },
+        Path::Tiles => {
+            let il = ops.interleaved.expect("checked by path()");
+            // Batch-invariant runs keep `vec_dot`'s values where the tiles' order differs.
+            let grouped = !(mode.batch_invariant && ops.tile_order);
+            unsafe { run_interleaved(o, il, grouped, sched.unwrap_or(Schedule::TILE_DEFAULT), ith, nth, &mut s.prep) }
+        }
+        _ => unsafe { run_plain(o, ops, mode, ith, nth, &mut s.pack) },
+    }
+}
+
+/// Worker `ith`'s (columns, rows) under a schedule's thread grid: `row_parts` parts of whole
+/// groups of 8 rows, columns among the `nth / row_parts` workers of each in multiples of
+/// `unit`; without one (0), [`matmul_part`]'s.
+fn sched_part(sched: &Schedule, n_out: usize, rows: usize, ith: usize, nth: usize, unit: usize) -> (Range<usize>, Range<usize>) {
+    if sched.row_parts == 0 {
+        return matmul_part(n_out, rows, ith, nth, unit);
+    }
+    let groups = rows.div_ceil(8);
+    let pr = sched.row_parts.min(nth).min(groups).max(1);
+    let pc = nth / pr;
+    if ith >= pr * pc {
+        return (0..0, 0..0);
+    }
+    let (ic, ir) = (ith % pc, ith / pc);
+    let c = split(n_out.div_ceil(unit), ic, pc);
+    let r = split(groups, ir, pr);
+    ((c.start * unit).min(n_out)..(c.end * unit).min(n_out), (r.start * 8).min(rows)..(r.end * 8).min(rows))
+}
+
+/// The panel GEMM over this worker's part.
+///
+/// # Safety
+/// As [`run`].
+unsafe fn run_panel(isa: Isa, o: &Operands, sched: Schedule, ith: usize, nth: usize, s: &mut MatmulScratch) {
+    let (cols, rr) = if sched.row_parts == 0 { (split(o.n_out, ith, nth), 0..o.rows) } else { sched_part(&sched, o.n_out, o.rows, ith, nth, gemm::PANEL) };
+    if cols.is_empty() || rr.is_empty() {
+        return;
+    }
+    let x = &o.x[rr.start * o.xrb..rr.end * o.xrb];
+    // SAFETY: rows rr of the output, columns `cols`: this worker's (the caller's contract).
+    unsafe { gemm::gemm(o.dtype, o.w, o.k, cols, x, o.xrb, rr.len(), o.out.add(rr.start * o.n_out), o.n_out, isa, &sched, &mut s.gemm) };
+}
+
+/// Plain weight rows: output columns split across workers; each worker walks its columns in
+/// blocks small enough to stay in cache while every batch row streams past them.
+///
+/// # Safety
+/// As [`run`].
+unsafe fn run_plain(o: &Operands, ops: &TypeOps, mode: Mode, ith: usize, nth: usize, pack: &mut [u8]) {
+    let Operands { k, n_out, rows, xrb, .. } = *o;
+    let wrb = corelm_kernels::row_bytes(o.dtype, k);
+    // Rows in complete groups of four use the tile dot (llama.cpp's 4-row kernels' order).
+    let tiled_rows = if rows >= 4 { rows - rows % 4 } else { 0 };
+    // Tiles and 4-row kernels give `vec_dot_tile` values, which batch-invariant runs avoid
+    // where its order differs.
+    let grouped = !(mode.batch_invariant && ops.tile_order);
+    let (cols, row_range) = matmul_part(n_out, rows, ith, nth, 1);
+    let tiled_end = tiled_rows.min(row_range.end);
+    let base = o.out;
+    let xrow = |r: usize| &o.x[r * xrb..(r + 1) * xrb];
+    let mut c0 = cols.start;
+    while c0 < cols.end {
+        let c1 = (c0 + COL_BLOCK).min(cols.end);
+        let n_tile = (c1 - c0) / 4 * 4;
+        // The block's plain weight rows (`wb[(c - c0) · wrb ..]` is row c).
+        let wb = &o.w[c0 * wrb..c1 * wrb];
+        // With two or more groups of four activation rows, decode the block's weight rows
+        // once into the tile kernel's layout instead of once per group.
+        let packed = match ops.packing {
+            Some(pk) if grouped && tiled_end.saturating_sub(row_range.start) >= 8 && n_tile * (pk.row_bytes)(wrb) <= pack.len() => {
+                let buf = &mut pack[..n_tile * (pk.row_bytes)(wrb)];
+                (pk.pack)(&wb[..n_tile * wrb], wrb, buf);
+                Some((pk.tile, &*buf))
+            }
+            _ => None,
+        };
+        // Row parts start at multiples of four, so the groups of four are the same as with
+        // all rows in one part (and so are the bits).
+        let mut r = row_range.start;
+        // Complete groups of four rows: register-blocked tiles where a tile kernel exists,
+        // then one call per weight row (a 4-row kernel, or the tile dot four times).
+        while grouped && r + 4 <= tiled_end && (ops.vec_tile.is_some() || ops.vec_dot4.is_some()) {
+            let ys = [xrow(r), xrow(r + 1), xrow(r + 2), xrow(r + 3)];
+            let mut c = c0;
+            if let Some(tile) = ops.vec_tile {
+                let mut out = [[0f32; 4]; COL_BLOCK];
+                match packed {
+                    Some((packed_tile, buf)) => packed_tile(buf, wrb, ys, &mut out[..n_tile]),
+                    None => tile(&wb[..n_tile * wrb], wrb, ys, &mut out[..n_tile]),
+                }
+                // SAFETY: columns c0..c0 + n_tile of rows r..r + 4 are this worker's.
+                unsafe { store_cols(base, n_out, r, c0, &out[..n_tile]) };
+                c += n_tile;
+            }
+            for c in c..c1 {
+                let w = &wb[(c - c0) * wrb..(c - c0 + 1) * wrb];
+                let mut out = [0f32; 4];
+                match ops.vec_dot4 {
+                    Some(dot4) => dot4(w, ys, &mut out),
+                    None => out = ys.map(|y| (ops.vec_dot_tile)(w, y)),
+                }
+                for (j, v) in out.into_iter().enumerate() {
+                    // SAFETY: column c of these rows is written by this worker only.
+                    unsafe { *base.add((r + j) * n_out + c) = v };
+                }
+            }
+            r += 4;
+        }
+        for r in r..row_range.end {
+            let xr = xrow(r);
+            let tile_dot = r < tiled_rows && !mode.batch_invariant;
+            // Many weight rows per call (decode's GEMV), where it gives this row's values.
+            if let Some(rows_dot) = ops.vec_dot_rows.filter(|_| !(tile_dot && ops.tile_order)) {
+                let mut out = [0f32; COL_BLOCK];
+                rows_dot(wb, wrb, xr, &mut out[..c1 - c0]);
+                for (i, &v) in out[..c1 - c0].iter().enumerate() {
+                    // SAFETY: column c0 + i of row r is written by this worker only.
+                    unsafe { *base.add(r * n_out + c0 + i) = v };
+                }
+                continue;
+            }
+            let vec_dot = if tile_dot { ops.vec_dot_tile } else { ops.vec_dot };
+            for c in c0..c1 {
+                let v = vec_dot(&wb[(c - c0) * wrb..(c - c0 + 1) * wrb], xr);
+                // SAFETY: column c of row r is written by this worker only (columns split).
+                unsafe { *base.add(r * n_out + c) = v };
+            }
+        }
+        c0 = c1;
+    }
+}
+
+/// A matrix interleaved at load (`o.il`, groups of four weight rows): columns are split in
+/// whole groups; complete groups of four batch rows go through the tiles — row blocks of
+/// `sched.mc`, column blocks of `sched.nc`, `sched.mr` (8, then a last 4; or 4) rows per call
+/// — the other rows (all of decode's) through the GEMV over the worker's whole column range.
+/// Values as `vec_dot` gives them, bit for bit, whatever the schedule.
+///
+/// # Safety
+/// As [`run`].
+unsafe fn run_interleaved(o: &Operands, il: InterleavedOps, grouped: bool, sched: Schedule, ith: usize, nth: usize, prep: &mut [i32]) {
+    let Operands { n_out, rows, xrb, .. } = *o;
+    let (g, wrb) = (o.il.expect("an interleaved matrix"), corelm_kernels::row_bytes(o.dtype, o.k));
+    let xrow = |r: usize| &o.x[r * xrb..(r + 1) * xrb];
+    let (cols, row_range) = sched_part(&sched, n_out, rows, ith, nth, interleave::ROWS);
+    if cols.is_empty() {
+        return;
+    }
+    let tiled_end = (rows - rows % 4).min(row_range.end);
+    let base = o.out;
+    let r = row_range.start;
+    let nc = sched.nc.clamp(interleave::ROWS, IL_COL_MAX);
+    let mc = if sched.mc == 0 { rows.max(1) } else { sched.mc };
+    // Batch-invariant runs keep `vec_dot`'s values where the tiles' order differs
+    // (`tile_order`, not `grouped`): every row through the GEMV.
+    let tiled_end = if grouped && r + 4 <= tiled_end { tiled_end } else { r };
+    for rb in (r..tiled_end).step_by(mc) {
+        let re = (rb + mc).min(tiled_end);
+        let mut c0 = cols.start;
+        while c0 < cols.end {
+            let c1 = (c0 + nc).min(cols.end);
+            let gb = &g[c0 * wrb..c1 * wrb];
+            // Eight batch rows per tile call (with `mr` 8), then fours.
+            let mut r8 = rb;
+            let mut out = [[0f32; 8]; IL_COL_MAX];
+            while sched.mr >= 8 && r8 + 8 <= re {
+                (il.tiles.tile8)(gb, wrb, std::array::from_fn(|j| xrow(r8 + j)), &mut out[..c1 - c0], prep);
+                // SAFETY: columns c0..c1 of rows r8..r8 + 8 are this worker's.
+                unsafe { store_cols(base, n_out, r8, c0, &out[..c1 - c0]) };
+                r8 += 8;
+            }
+            let mut out = [[0f32; 4]; IL_COL_MAX];
+            for r in (r8..re).step_by(4) {
+                (il.tiles.tile)(gb, wrb, std::array::from_fn(|j| xrow(r + j)), &mut out[..c1 - c0], prep);
+                // SAFETY: columns c0..c1 of rows r..r + 4 are this worker's.
+                unsafe { store_cols(base, n_out, r, c0, &out[..c1 - c0]) };
+            }
+            c0 = c1;
+        }
+    }
+    for r in tiled_end..row_range.end {
+        // SAFETY: row r's columns `cols` of the [rows][n_out] f32 output are this worker's.
+        let out = unsafe { std::slice::from_raw_parts_mut(base.add(r * n_out + cols.start), cols.len()) };
+        (il.rows)(&g[cols.start * wrb..cols.end * wrb], wrb, xrow(r), out, prep);
+    }
+}
+
+/// Worker `ith`'s part of a matmul's `[rows][n_out]` output: (columns, rows). With at least two
+/// 16-column blocks per worker, or a batch of fewer than 8 rows (decode), all rows of a
+/// contiguous column range, as before. Otherwise (many workers, narrow matrices: 64 workers on
+/// a 128-column K projection would leave 56 idle) a 2-D grid of `pc` column parts (whole
+/// blocks) × `pr` row parts (multiples of 4 rows, so the 4-row groups and their bits do not
+/// change); the `nth - pc·pr` workers left over get nothing.
+///
+/// Column ranges start at multiples of `unit` (4 for matrices interleaved in groups of four rows,
+/// whose `n_out` is then a multiple of 4).
+pub fn matmul_part(n_out: usize, rows: usize, ith: usize, nth: usize, unit: usize) -> (Range<usize>, Range<usize>) {
+    let blocks = n_out.div_ceil(COL_BLOCK);
+    if nth == 1 || blocks >= 2 * nth || rows < 8 {
+        let c = split(n_out.div_ceil(unit), ith, nth);
+        return ((c.start * unit).min(n_out)..(c.end * unit).min(n_out), 0..rows);
+    }
+    let groups = rows.div_ceil(4);
+    // The grid whose largest part (in blocks × groups of four rows) is smallest; on a tie the
+    // one with fewer row parts (each row part decodes its column blocks again).
+    let work = |pc: usize| {
+        let pr = (nth / pc).min(groups);
+        (blocks.div_ceil(pc) * groups.div_ceil(pr), pr)
+    };
+    let pc = (1..=blocks.min(nth)).min_by_key(|&pc| work(pc)).unwrap_or(1);
+    let pr = work(pc).1;
+    if ith >= pc * pr {
+        return (0..0, 0..0);
+    }
+    let (ic, ir) = (ith % pc, ith / pc);
+    let cb = split(blocks, ic, pc);
+    let rg = split(groups, ir, pr);
+    ((cb.start * COL_BLOCK).min(n_out)..(cb.end * COL_BLOCK).min(n_out), (rg.start * 4).min(rows)..(rg.end * 4).min(rows))
+}
+
+/// Tile results `o[i][j]` (column `c0 + i`, batch row `r + j`) into a `[rows][n_out]` f32 output.
+///
+/// # Safety
+/// `base` is that output; rows `r .. r + J` and columns `c0 .. c0 + o.len()` lie inside it and
+/// no other worker writes them during the node.
+pub(super) unsafe fn store_cols<const J: usize>(base: *mut f32, n_out: usize, r: usize, c0: usize, o: &[[f32; J]]) {
+    for (i, col) in o.iter().enumerate() {
+        for (j, &v) in col.iter().enumerate() {
+            // SAFETY: inside the output and this worker's (the function's contract).
+            unsafe { *base.add((r + j) * n_out + c0 + i) = v };
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Tuned matmul schedules change speed, never bits: on the tiles over interleaved weights (the
+//! default, llama.cpp's values) and on the panel GEMM, every register tile height, cache
+//! blocking and thread grid gives the same outputs as the path's default schedule, for every
+//! table this CPU runs, on ragged lengths, with the workers' shares run one after another.
+
+use corelm_core::sched::matmul::{self, Mode, Operands, Path, ScheduleEntry, Schedules};
+use corelm_kernels::matmul::layout as interleave;
+use corelm_kernels::matmul::schedule::{Schedule, PANEL_MR, TILE_MR};
+use corelm_kernels::quant::reference::quantizer;
+use corelm_kernels::{row_bytes, DType, Isa, Kernels};
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % 20001) as f32 / 10000.0 - 1.0
+        })
+        .collect()
+}
+
+fn tables() -> Vec<Kernels> {
+    Isa::ALL.into_iter().filter_map(|i| Kernels::for_isa(i).ok()).collect()
+}
+
+/// Outputs of the matmul `x · Wᵀ` with `nth` workers' shares run in turn under `sched`.
+#[allow(clippy::too_many_arguments)]
+fn run(kernels: &Kernels, path: Path, t: DType, w: &[u8], g: Option<&[u8]>, k: usize, n_out: usize, x: &[u8], rows: usize, sched: Option<Schedule>, nth: usize) -> Vec<u32> {
+    let mode = Mode { batch_invariant: false, panel_gemm: path == Path::Panel };
+    let schedules = sched.map(|s| Schedules::new(vec![ScheduleEntry { path, dtype: t, k, n_out, rows: 1, sched: s }]));
+    let panels = schedules.as_ref().map_or(1, |s| s.max_panels());
+    let mut scratch = matmul::MatmulScratch::new(k, k, rows, panels);
+    let mut out = vec![f32::NAN; rows * n_out];
+    let vdt = kernels.ops(t).unwrap().vec_dot_type;
+    let o = Operands { dtype: t, k, n_out, w, il: g, x, xrb: row_bytes(vdt, k), rows, out: out.as_mut_ptr() };
+    assert_eq!(matmul::path(kernels, t, o.il.is_some(), true, rows, mode), path);
+    for ith in 0..nth {
+        // SAFETY: out holds rows × n_out f32; the shares are disjoint and run one at a time.
+        unsafe { matmul::run(kernels, &o, mode, schedules.as_ref(), ith, nth, &mut scratch) };
+    }
+    out.iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn schedules_keep_every_output_bit_for_bit() {
+    let mut checked = 0;
+    for kernels in tables() {
+        for t in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q6K] {
+            let k = if t.block_size() == 256 { 512 } else { 96 };
+            let n_out = 72;
+            let mut w = vec![0u8; n_out * row_bytes(t, k)];
+            quantizer(t).unwrap()(&values(n_out * k, 7), &mut w);
+            let vdt = kernels.ops(t).unwrap().vec_dot_type;
+            for rows in [13usize, 40] {
+                let mut x = vec![0u8; rows * row_bytes(vdt, k)];
+                for r in 0..rows {
+                    let xr = &mut x[r * row_bytes(vdt, k)..(r + 1) * row_bytes(vdt, k)];
+                    kernels.from_float(vdt).unwrap()(&values(k, 100 + r as u64), xr);
+                }
+                let panel = corelm_kernels::matmul::gemm::simd(t, kernels.isa()) || kernels.isa() == Isa::Portable;
+                if panel {
+                    let want = run(&kernels, Path::Panel, t, &w, None, k, n_out, &x, rows, None, 2);
+                    for mr in PANEL_MR {
+                        for (nc, mc, kc, row_parts) in [(8, 0, 0, 0), (24, 8, 1, 2), (64, 16, 2, 1), (16, 0, 0, 3)] {
+                            let s = Schedule { mr, nc, mc, kc, row_parts };
+                            for nth in [1, 2, 3] {
+                                assert!(run(&kernels, Path::Panel, t, &w, None, k, n_out, &x, rows, Some(s), nth) == want, "{} {t} rows {rows} panel {}", kernels.isa(), s.describe());
+                            }
+                        }
+                    }
+                    checked += 1;
+                }
+                if interleave::supported(t) && kernels.ops(t).unwrap().interleaved.is_some() {
+                    let rb = row_bytes(t, k);
+                    let mut g = vec![0u8; w.len()];
+                    interleave::pack(t, &w, rb, &mut g);
+                    let want = run(&kernels, Path::Tiles, t, &w, Some(&g), k, n_out, &x, rows, None, 2);
+                    for mr in TILE_MR {
+                        for (nc, mc, row_parts) in [(4, 0, 0), (12, 8, 2), (256, 16, 1), (32, 0, 3)] {
+                            let s = Schedule { mr, nc, mc, kc: 0, row_parts };
+                            for nth in [1, 2, 3] {
+                                assert!(run(&kernels, Path::Tiles, t, &w, Some(&g), k, n_out, &x, rows, Some(s), nth) == want, "{} {t} rows {rows} tiles {}", kernels.isa(), s.describe());
+                            }
+                        }
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked >= 12, "{checked} (table, type, length) cases");
+}
+
+#[test]
+fn the_schedule_of_the_nearest_shorter_tuned_length_applies() {
+    let at = |rows, mr| ScheduleEntry { path: Path::Tiles, dtype: DType::Q4_0, k: 64, n_out: 8, rows, sched: Schedule { mr, ..Schedule::TILE_DEFAULT } };
+    let s = Schedules::new(vec![at(64, 8), at(8, 4), ScheduleEntry { path: Path::Panel, ..at(8, 8) }]);
+    let get = |rows| s.get(Path::Tiles, DType::Q4_0, 64, 8, rows).map(|s| s.mr);
+    assert_eq!((get(2), get(8), get(63), get(64), get(512)), (Some(4), Some(4), Some(4), Some(8), Some(8)));
+    assert_eq!(s.get(Path::Tiles, DType::Q4_0, 64, 16, 8), None);
+    assert_eq!(s.get(Path::Panel, DType::Q4_0, 64, 8, 100).map(|s| s.mr), Some(8));
+}
