@@ -61,6 +61,10 @@ pub struct TuneArgs {
     /// Micro-kernel heights timed around the previous length's best (σ).
     #[arg(long, default_value_t = 3)]
     gemm_window: usize,
+    /// Keep the previous length's schedule without a search when its gain over the default is
+    /// within this fraction of the average gain so far (negative: search every length).
+    #[arg(long, default_value_t = 0.05, allow_hyphen_values = true)]
+    gemm_reuse: f64,
 }
 
 impl TuneArgs {
@@ -192,7 +196,7 @@ fn tune_gemm(a: &TuneArgs, model: &std::path::Path, plan: &mut Plan) -> Result<(
         "panel" => &[true],
         _ => &[false, true],
     };
-    let opts = Options { window: a.gemm_window, ..Options::default() };
+    let opts = Options { window: a.gemm_window, reuse: a.gemm_reuse, ..Options::default() };
     for &panel in paths {
         let cfg = EngineConfig { n_ctx: max_len + 16, n_batch: max_len, n_seq_max: 1, tp: 0, plan: Some(plan.clone()), fast_prefill: panel, ..Default::default() };
         let mut engine = Engine::load(model, cfg)?;

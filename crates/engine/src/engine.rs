@@ -53,7 +53,8 @@ pub struct EngineConfig {
     pub cache_type_k: DType,
     pub cache_type_v: DType,
     /// Prefill matmuls of Q4_0/Q5_0/Q8_0/Q4_1/Q5_1/Q4_K/Q5_K weights through the panel GEMM
-    /// (`kernels::matmul::gemm`, AVX-512 VNNI with the AVX-512 table): 1.6–1.9× faster prefill, but the float
+    /// (`kernels::matmul::gemm`, AVX-512 VNNI or AVX2): faster prefill than the tiles on AVX2,
+    /// slower on AVX-512 (README); the float
     /// summation order is no longer ggml's, so logits are no longer bit-identical to llama.cpp
     /// (off by default; never used with `batch_invariant`).
     pub fast_prefill: bool,
