@@ -155,7 +155,7 @@ pub fn tune(a: &TuneArgs, model: PathBuf) -> Result<()> {
     candidates.sort_by(|x, y| request((x.prefill_s, x.decode_s)).total_cmp(&request((y.prefill_s, y.decode_s))));
     // 3. The pair.
     let (i, j, min) = Plan::choose(&candidates, a.prompt, a.gen).context("no candidate configuration could be timed")?;
-    let plan = Plan {
+    let mut plan = Plan {
         cpu: if measured { crate::profile::cpu_model() } else { prof.name.clone() },
         topology: topo.source.clone(),
         model: model.file_name().map_or("model".into(), |f| f.to_string_lossy().into_owned()),
@@ -171,7 +171,6 @@ pub fn tune(a: &TuneArgs, model: PathBuf) -> Result<()> {
         gemm_tuning_s: 0.0,
         gemm: Vec::new(),
     };
-    let mut plan = plan;
     if measured && a.gemm.iter().any(|&m| m >= 2) {
         tune_gemm(a, &model, &mut plan)?;
     }

@@ -100,9 +100,7 @@ impl GemmPlan {
             "panel" => GemmPath::Panel,
             p => return Err(PlanError::Invalid(format!("GEMM schedule path '{p}' (tiles or panel)"))),
         };
-        let dtype = (0..64)
-            .filter_map(DType::from_id)
-            .find(|t| t.name().eq_ignore_ascii_case(&self.dtype))
+        let dtype = DType::from_name(&self.dtype)
             .ok_or_else(|| PlanError::Invalid(format!("GEMM schedule weight type '{}'", self.dtype)))?;
         if self.k == 0 || self.n_out == 0 || self.nc == 0 || self.mr == 0 {
             return Err(PlanError::Invalid(format!("GEMM schedule {} {}×{}: zero k, n_out, nc or mr", self.dtype, self.k, self.n_out)));

@@ -62,6 +62,11 @@ impl GgmlType {
         })
     }
 
+    /// The type named `name` (as [`Self::name`] writes it, any case); `None` for other names.
+    pub fn from_name(name: &str) -> Option<Self> {
+        (0..=30).filter_map(Self::from_id).find(|t| t.name().eq_ignore_ascii_case(name))
+    }
+
     /// GGUF type id.
     pub fn id(self) -> u32 {
         use GgmlType::*;

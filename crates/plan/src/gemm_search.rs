@@ -102,10 +102,8 @@ pub fn search(lengths: &[usize], space: &Space, opts: &Options, measure: &mut dy
             let t_prev = time(&p);
             let avg = out.iter().map(|t| t.secs / t.default_secs).sum::<f64>() / out.len() as f64;
             if t_prev / t_def <= avg * (1.0 + opts.reuse) {
-                out.push(Tuned { rows: m, sched: p, secs: t_prev.min(t_def), default_secs: t_def, measured: n_measured, reused: true });
-                if t_def < t_prev {
-                    out.last_mut().expect("pushed").sched = def;
-                }
+                let (sched, secs) = if t_prev <= t_def { (p, t_prev) } else { (def, t_def) };
+                out.push(Tuned { rows: m, sched, secs, default_secs: t_def, measured: n_measured, reused: true });
                 continue;
             }
             if t_prev < t_best {

@@ -168,12 +168,10 @@ impl MatmulScratch {
 /// `o.out` addresses `o.rows · o.n_out` f32 that only the `nth` workers of this call write
 /// during it, each its own share.
 pub unsafe fn run(kernels: &Kernels, o: &Operands, mode: Mode, schedules: Option<&Schedules>, ith: usize, nth: usize, s: &mut MatmulScratch) {
-    let p = match path(kernels, o.dtype, o.il.is_some(), !o.w.is_empty(), o.rows, mode) {
-        // A panel GEMM larger than the scratch (a graph other than the one the executor was
-        // sized for) runs as if the panel were off.
-        Path::Panel if !s.gemm.fits(o.k, o.rows) => path(kernels, o.dtype, o.il.is_some(), !o.w.is_empty(), o.rows, Mode { panel_gemm: false, ..mode }),
-        p => p,
-    };
+    // A panel GEMM larger than the scratch (a graph other than the one the executor was sized
+    // for) runs as if the panel were off.
+    let mode = Mode { panel_gemm: mode.panel_gemm && s.gemm.fits(o.k, o.rows), ..mode };
+    let p = path(kernels, o.dtype, o.il.is_some(), !o.w.is_empty(), o.rows, mode);
     let sched = (p != Path::Plain && o.rows >= 2).then(|| schedules.and_then(|t| t.get(p, o.dtype, o.k, o.n_out, o.rows))).flatten();
     let ops = kernels.ops(o.dtype).expect("weight type checked at load");
     // SAFETY (all three): the caller's contract.

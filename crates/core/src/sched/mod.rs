@@ -142,7 +142,7 @@ pub struct Executor {
     pub tap: Option<std::sync::Arc<dyn Tap>>,
     /// The device of graphs with `Op::OffloadBegin`/`OffloadEnd` nodes.
     pub offload: Option<std::sync::Arc<dyn Offload>>,
-    /// Tuned matmul schedules (`corelm tune`; set with [`Executor::with_schedules`]).
+    /// Tuned matmul schedules (`corelm tune`; set with [`Executor::set_schedules`]).
     schedules: Option<std::sync::Arc<Schedules>>,
     /// The largest panel GEMM's (inner dimension, rows), the scratch it needs.
     gemm_dims: (usize, usize),
