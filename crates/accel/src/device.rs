@@ -26,7 +26,12 @@ pub struct Gpu {
     pub(crate) max_buffer: u64,
     pub(crate) gemv: HashMap<DType, wgpu::ComputePipeline>,
     pub(crate) act: wgpu::ComputePipeline,
+    /// The neuron-major Q8_0 down projection of the hot neurons (`shaders/down_nm.wgsl`).
+    pub(crate) down: wgpu::ComputePipeline,
 }
+
+/// The byte helpers every shader reading GGML blocks shares.
+const BYTES: &str = include_str!("shaders/bytes.wgsl");
 
 /// The WGSL source of `t`'s GEMV: the common body and the type's `sub_dot`.
 fn gemv_source(t: DType) -> Option<String> {
@@ -45,7 +50,7 @@ fn gemv_source(t: DType) -> Option<String> {
         DType::Q6K => include_str!("shaders/q6_k.wgsl").to_string(),
         _ => return None,
     };
-    Some(format!("{common}\n{part}"))
+    Some(format!("{common}\n{BYTES}\n{part}"))
 }
 
 /// The weight types with a GEMV shader.
@@ -87,7 +92,8 @@ impl Gpu {
         };
         let gemv = TYPES.iter().map(|&t| (t, pipeline(&format!("gemv {t}"), gemv_source(t).expect("a listed type")))).collect();
         let act = pipeline("act", include_str!("shaders/act.wgsl").to_string());
-        Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, gemv, act })
+        let down = pipeline("down (neuron-major)", format!("{}\n{BYTES}", include_str!("shaders/down_nm.wgsl")));
+        Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, gemv, act, down })
     }
 
     /// The adapter's name and backend, e.g. `NVIDIA H100 (Vulkan)`.

@@ -1,11 +1,13 @@
-//! The hot neurons' feed-forward on the accelerator (KAIROX §4): per layer, the gate and up
-//! rows of the neurons chosen as hot, copied from the file as they are, and the down
-//! projection's columns of those neurons requantized to Q8_0 rows (`[n_embd, n_hot]`), so all
-//! three products are the same GEMV. `begin` uploads the FFN input and submits gate, up, the
-//! gated activation (the kind and firing rule the graph's node gives: `|act(g)| > thr`, else
-//! 0, as the CPU's sparse nodes) and down in one command
-//! buffer; `finish` waits and reads the partial output back. The engine adds it to the CPU's
-//! part (`corelm_core::Offload`).
+//! The hot neurons' feed-forward on the accelerator (KAIROX §4): per layer, a fixed number of
+//! rows (its capacity), each holding one neuron: its gate and up rows copied from the file as
+//! they are, and its column of the down projection as a Q8_0 row of `n_embd` values
+//! (neuron-major, [`down_neuron_major`]). So a group of neurons is a contiguous range of rows
+//! in all three matrices, and [`HotFfn::load`] replaces one with three buffer writes (online
+//! balancing); rows never loaded are zeros and contribute nothing. `submit` uploads the FFN
+//! input and records gate and up (GEMVs), the gated activation (the kind and firing rule the
+//! graph's node gives: `|act(g)| > thr`, else 0, as the CPU's sparse nodes) and the
+//! neuron-major down (skipping neurons that did not fire) in one command buffer; `wait` reads
+//! the partial output back. The engine adds it to the CPU's part (`corelm_core::Offload`).
 
 use crate::device::{AccelError, Gpu};
 use crate::matrix::Matrix;
@@ -22,10 +24,19 @@ pub struct FileMatrix<'a> {
     pub bytes: &'a [u8],
 }
 
+impl FileMatrix<'_> {
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        corelm_kernels::row_bytes(self.dtype, self.cols)
+    }
+}
+
 /// What the accelerator computes of one layer.
 pub struct HotLayer<'a> {
     pub layer: usize,
-    /// The hot neurons, sorted (a multiple of 32 of them).
+    /// Rows the layer holds on the device: the most neurons it can compute at once.
+    pub capacity: usize,
+    /// The neurons loaded at upload, row `i` holding `neurons[i]` (at most `capacity`).
     pub neurons: &'a [u32],
     /// `[n_ff rows, n_embd]` gate and up, `[n_embd rows, n_ff]` down.
     pub gate: FileMatrix<'a>,
@@ -35,10 +46,11 @@ pub struct HotLayer<'a> {
 
 /// One layer's weights and bindings on the device.
 struct Layer {
-    down: Matrix,
-    bind: [wgpu::BindGroup; 4], // gate, up, act, down
     gate: Matrix,
     up: Matrix,
+    /// `[capacity rows, n_embd]` Q8_0, row `i` the down column of the neuron in row `i`.
+    down: wgpu::Buffer,
+    bind: [wgpu::BindGroup; 4], // gate, up, act, down
 }
 
 /// Every offloaded layer, and the buffers they share (one layer runs at a time).
@@ -61,18 +73,25 @@ fn gather_rows(m: &FileMatrix, neurons: &[u32]) -> Vec<u8> {
     neurons.iter().flat_map(|&n| &m.bytes[n as usize * rb..(n as usize + 1) * rb]).copied().collect()
 }
 
-/// `m`'s columns `neurons` as Q8_0 rows (`[m.rows, neurons.len()]`), through the CPU's
-/// dequantizer and ggml's reference quantizer (as the CPU's neuron-major copy).
-fn gather_cols_q8(m: &FileMatrix, neurons: &[u32]) -> Vec<u8> {
+/// The down projection `m` (`[n_embd rows, n_ff]`) neuron-major: for each of `neurons`, its
+/// column as a Q8_0 row of `m.rows` values (`[neurons.len() rows, n_embd]`), through the
+/// CPU's dequantizer and ggml's reference quantizer (as the CPU's neuron-major copy).
+pub fn down_neuron_major(m: &FileMatrix, neurons: &[u32]) -> Vec<u8> {
     let to_float = corelm_kernels::Kernels::portable().to_float(m.dtype).expect("a model weight type");
     let quant = corelm_kernels::quant::reference::quantizer(DType::Q8_0).expect("Q8_0 quantizer");
-    let (rb, out_rb) = (corelm_kernels::row_bytes(m.dtype, m.cols), corelm_kernels::row_bytes(DType::Q8_0, neurons.len()));
-    let (mut row, mut sel) = (vec![0f32; m.cols], vec![0f32; neurons.len()]);
-    let mut out = vec![0u8; m.rows * out_rb];
-    for (r, o) in out.chunks_exact_mut(out_rb).enumerate() {
+    let (rb, out_rb) = (corelm_kernels::row_bytes(m.dtype, m.cols), corelm_kernels::row_bytes(DType::Q8_0, m.rows));
+    // Columns gathered as f32 first (`[neurons, n_embd]`), then each quantized as a row.
+    let mut row = vec![0f32; m.cols];
+    let mut cols = vec![0f32; neurons.len() * m.rows];
+    for r in 0..m.rows {
         to_float(&m.bytes[r * rb..(r + 1) * rb], &mut row);
-        sel.iter_mut().zip(neurons).for_each(|(s, &n)| *s = row[n as usize]);
-        quant(&sel, o);
+        for (i, &n) in neurons.iter().enumerate() {
+            cols[i * m.rows + r] = row[n as usize];
+        }
+    }
+    let mut out = vec![0u8; neurons.len() * out_rb];
+    for (o, c) in out.chunks_exact_mut(out_rb).zip(cols.chunks_exact(m.rows)) {
+        quant(c, o);
     }
     out
 }
@@ -81,7 +100,8 @@ impl HotFfn {
     /// Upload `layers` (of a model of `n_layer` layers and width `n_embd`) for batches of up
     /// to `max_tokens` tokens.
     pub fn new(gpu: Arc<Gpu>, n_layer: usize, n_embd: usize, max_tokens: usize, layers: &[HotLayer]) -> Result<HotFfn, AccelError> {
-        let max_hot = layers.iter().map(|l| l.neurons.len()).max().unwrap_or(0);
+        assert!(n_embd % 32 == 0, "rows of whole 32-value groups");
+        let max_hot = layers.iter().map(|l| l.capacity).max().unwrap_or(0);
         let f = |n: usize| (n * 4) as u64;
         let dst = wgpu::BufferUsages::COPY_DST;
         let x = gpu.storage("ffn x", f(max_tokens * n_embd), dst)?;
@@ -97,13 +117,33 @@ impl HotFfn {
         let act_params = gpu.uniform(&[0, 0, 0, 0]);
         let mut out: Vec<Option<Layer>> = (0..n_layer).map(|_| None).collect();
         for l in layers {
-            let n = l.neurons.len();
-            assert!(n % 32 == 0 && n > 0, "layer {}: hot neurons in groups of 32", l.layer);
-            assert!(l.neurons.windows(2).all(|w| w[0] < w[1]), "layer {}: hot neurons sorted", l.layer);
+            let (cap, n) = (l.capacity, l.neurons.len());
+            assert!(cap > 0 && n <= cap, "layer {}: {n} neurons loaded into {cap} rows", l.layer);
             let name = |w: &str| format!("blk.{}.{w} (hot)", l.layer);
-            let gate = Matrix::upload(&gpu, &name("gate"), l.gate.dtype, n, n_embd, &gather_rows(&l.gate, l.neurons))?;
-            let up = Matrix::upload(&gpu, &name("up"), l.up.dtype, n, n_embd, &gather_rows(&l.up, l.neurons))?;
-            let down = Matrix::upload(&gpu, &name("down"), DType::Q8_0, n_embd, n, &gather_cols_q8(&l.down, l.neurons))?;
+            // Rows beyond the loaded neurons stay zero: no gate, no up, no output.
+            let rows = |m: &FileMatrix, bytes: Vec<u8>| {
+                let mut b = bytes;
+                b.resize(cap * corelm_kernels::row_bytes(m.dtype, n_embd), 0);
+                b
+            };
+            let gate = Matrix::upload(&gpu, &name("gate"), l.gate.dtype, cap, n_embd, &rows(&l.gate, gather_rows(&l.gate, l.neurons)))?;
+            let up = Matrix::upload(&gpu, &name("up"), l.up.dtype, cap, n_embd, &rows(&l.up, gather_rows(&l.up, l.neurons)))?;
+            let down_rb = corelm_kernels::row_bytes(DType::Q8_0, n_embd);
+            let mut d = down_neuron_major(&l.down, l.neurons);
+            d.resize(cap * down_rb + 4, 0); // + 4: the shader's unaligned reads
+            let down = gpu.storage(&name("down"), d.len() as u64, wgpu::BufferUsages::COPY_DST)?;
+            gpu.queue.write_buffer(&down, 0, &d[..d.len() / 4 * 4]);
+            let down_params = gpu.uniform(&[cap as u32, n_embd as u32, down_rb as u32, 0]);
+            let bind_down = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("down"),
+                layout: &gpu.down.get_bind_group_layout(0),
+                entries: &[
+                    wgpu::BindGroupEntry { binding: 0, resource: down.as_entire_binding() },
+                    wgpu::BindGroupEntry { binding: 1, resource: a.as_entire_binding() },
+                    wgpu::BindGroupEntry { binding: 2, resource: y.as_entire_binding() },
+                    wgpu::BindGroupEntry { binding: 3, resource: down_params.as_entire_binding() },
+                ],
+            });
             let act = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some("act"),
                 layout: &gpu.act.get_bind_group_layout(0),
@@ -114,7 +154,7 @@ impl HotFfn {
                     wgpu::BindGroupEntry { binding: 3, resource: act_params.as_entire_binding() },
                 ],
             });
-            let bind = [gate.bind(&gpu, &x, &g), up.bind(&gpu, &x, &u), act, down.bind(&gpu, &a, &y)];
+            let bind = [gate.bind(&gpu, &x, &g), up.bind(&gpu, &x, &u), act, bind_down];
             out[l.layer] = Some(Layer { gate, up, down, bind });
         }
         Ok(HotFfn { gpu, n_embd, max_tokens, layers: out, x, y, staging, act_params, pending: Mutex::new(None) })
@@ -122,12 +162,31 @@ impl HotFfn {
 
     /// Bytes of weights held on the device.
     pub fn weight_bytes(&self) -> u64 {
-        self.layers.iter().flatten().map(|l| l.gate.bytes() + l.up.bytes() + l.down.bytes()).sum()
+        self.layers.iter().flatten().map(|l| l.gate.bytes() + l.up.bytes() + l.down.size()).sum()
     }
 
-    /// Hot neurons of each layer (0: not offloaded).
+    /// Neuron rows of each layer (0: not offloaded).
     pub fn hot_counts(&self) -> Vec<usize> {
         self.layers.iter().map(|l| l.as_ref().map_or(0, |l| l.gate.rows)).collect()
+    }
+
+    /// Replace rows `row0..` of `layer` with other neurons: their gate and up rows as the file
+    /// stores them and their down columns as [`down_neuron_major`] gives them, the same
+    /// number of rows each. The writes are queued ahead of the next submission (no wait
+    /// here); a pass submitted before keeps the old rows. Returns the bytes written.
+    /// Offsets and lengths must be multiples of 4 bytes (groups of a multiple of 4 rows are).
+    pub fn load(&self, layer: usize, row0: usize, gate: &[u8], up: &[u8], down: &[u8]) -> u64 {
+        let l = self.layers[layer].as_ref().unwrap_or_else(|| panic!("layer {layer} has no rows on the accelerator"));
+        let down_rb = corelm_kernels::row_bytes(DType::Q8_0, self.n_embd);
+        let n = down.len() / down_rb;
+        assert!(row0 + n <= l.gate.rows, "layer {layer}: rows {row0}..{} of {}", row0 + n, l.gate.rows);
+        let q = &self.gpu.queue;
+        for (buf, rb, bytes) in [(&l.gate.buf, l.gate.row_bytes(), gate), (&l.up.buf, l.up.row_bytes(), up), (&l.down, down_rb, down)] {
+            assert_eq!(bytes.len(), n * rb, "layer {layer}: {n} rows of {rb} bytes");
+            assert!((row0 * rb) % 4 == 0 && bytes.len() % 4 == 0, "layer {layer}: rows {row0}.. of {rb} bytes are not 4-byte aligned");
+            q.write_buffer(buf, (row0 * rb) as u64, bytes);
+        }
+        (gate.len() + up.len() + down.len()) as u64
     }
 
     pub fn gpu(&self) -> &Gpu {
@@ -156,7 +215,9 @@ impl HotFfn {
             pass.set_pipeline(&gpu.act);
             pass.set_bind_group(0, &l.bind[2], &[]);
             pass.dispatch_workgroups(n.div_ceil(64), 1, 1);
-            l.down.dispatch(gpu, &mut pass, &l.bind[3], n_tokens);
+            pass.set_pipeline(&gpu.down);
+            pass.set_bind_group(0, &l.bind[3], &[]);
+            pass.dispatch_workgroups(self.n_embd.div_ceil(64) as u32, n_tokens as u32, 1);
         }
         enc.copy_buffer_to_buffer(&self.y, 0, &self.staging, 0, (n_tokens * self.n_embd * 4) as u64);
         gpu.queue.submit([enc.finish()]);

@@ -12,10 +12,11 @@
 //! - Activations travel as f32, and the sums are f32 — unlike the CPU kernels, which quantize
 //!   the activations to 8 bits first — so results agree with the CPU within a bound, not
 //!   bit for bit ([`gemv_bound`] states it; the tests check it on every type).
-//! - [`HotFfn`] keeps, per layer, the feed-forward rows of the neurons chosen as hot (gate and
-//!   up rows copied from the file, the down projection's columns requantized to Q8_0 rows),
-//!   and computes their part of the layer's output while the CPU computes the rest. A layer's
-//!   work is submitted by `begin` and read back by `finish`, so the CPU works in between.
+//! - [`HotFfn`] keeps, per layer, rows of hot neurons (gate and up rows copied from the file,
+//!   the down projection's columns requantized to Q8_0 rows, neuron-major), computes their
+//!   part of the layer's output while the CPU computes the rest, and replaces groups of rows
+//!   when online balancing moves neurons ([`HotFfn::load`]). A layer's work is submitted by
+//!   `begin` and read back by `finish`, so the CPU works in between.
 //!
 //! Invariant: nothing here runs unless a device was opened ([`Gpu::open`]); every buffer is
 //! allocated when the weights are uploaded, none per token.
@@ -25,5 +26,5 @@ mod ffn;
 mod matrix;
 
 pub use device::{AccelError, Gpu};
-pub use ffn::{FileMatrix, HotFfn, HotLayer};
+pub use ffn::{down_neuron_major, FileMatrix, HotFfn, HotLayer};
 pub use matrix::{gemv_bound, supported, Matrix};

@@ -50,6 +50,11 @@ impl Matrix {
         Ok(Matrix { buf, params, dtype, rows, cols })
     }
 
+    /// Bytes per row in the file's block layout.
+    pub fn row_bytes(&self) -> usize {
+        corelm_kernels::row_bytes(self.dtype, self.cols)
+    }
+
     /// Bytes the matrix holds on the device.
     pub fn bytes(&self) -> u64 {
         self.buf.size()

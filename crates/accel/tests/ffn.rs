@@ -1,8 +1,9 @@
 //! The accelerator's hot-neuron FFN against the same computation in f64 on the CPU from the
 //! same values: gate and up rows of the hot neurons as stored, down columns as the Q8_0 rows
-//! the accelerator holds, the CPU's firing rule.
+//! the accelerator holds (neuron-major), the CPU's firing rule; before and after groups of
+//! rows are replaced (online balancing's loads).
 
-use corelm_accel::{FileMatrix, Gpu, HotFfn, HotLayer};
+use corelm_accel::{down_neuron_major, FileMatrix, Gpu, HotFfn, HotLayer};
 use corelm_core::{Glu, Offload};
 use corelm_kernels::{quant::reference::quantizer, DType, Kernels};
 use rand::{Rng, SeedableRng};
@@ -29,78 +30,117 @@ fn dequant(t: DType, bytes: &[u8], cols: usize) -> Vec<f32> {
     out
 }
 
+struct Model {
+    n_embd: usize,
+    n_ff: usize,
+    gate: Vec<u8>,
+    up: Vec<u8>,
+    down: Vec<u8>,
+}
+
+impl Model {
+    fn matrices(&self) -> [FileMatrix<'_>; 3] {
+        let (n_embd, n_ff) = (self.n_embd, self.n_ff);
+        [
+            FileMatrix { dtype: DType::Q4K, rows: n_ff, cols: n_embd, bytes: &self.gate },
+            FileMatrix { dtype: DType::Q4_1, rows: n_ff, cols: n_embd, bytes: &self.up },
+            FileMatrix { dtype: DType::Q6K, rows: n_embd, cols: n_ff, bytes: &self.down },
+        ]
+    }
+
+    /// The accelerator's output for `x` against f64 from the values it holds, `rows[i]` the
+    /// neuron in row `i` (`None`: an empty row). Returns how many neurons fired.
+    fn check(&self, ffn: &HotFfn, l: usize, rows: &[Option<u32>], kind: Glu, thr: f32, x: &[f32]) -> usize {
+        let (n_embd, n_ff) = (self.n_embd, self.n_ff);
+        let n_tok = x.len() / n_embd;
+        let mut y = vec![0f32; n_tok * n_embd];
+        ffn.begin(l, x, kind, thr);
+        ffn.finish(l, &mut y);
+        let (g, u) = (dequant(DType::Q4K, &self.gate, n_embd), dequant(DType::Q4_1, &self.up, n_embd));
+        let neurons: Vec<u32> = rows.iter().flatten().copied().collect();
+        // The down columns as the accelerator holds them: a Q8_0 row per neuron.
+        let cols = dequant(DType::Q8_0, &down_neuron_major(&self.matrices()[2], &neurons), n_embd);
+        let mut fired = 0;
+        for t in 0..n_tok {
+            let xr = &x[t * n_embd..(t + 1) * n_embd];
+            let dot = |m: &[f32], r: usize| m[r * n_embd..(r + 1) * n_embd].iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>();
+            let h: Vec<f64> = neurons
+                .iter()
+                .map(|&n| {
+                    assert!((n as usize) < n_ff);
+                    let gv = dot(&g, n as usize);
+                    let a = match kind {
+                        Glu::Silu => gv / (1.0 + (-gv).exp()),
+                        Glu::GeluTanh => 0.5 * gv * (1.0 + (0.7978845608028654 * gv * (1.0 + 0.044715 * gv * gv)).tanh()),
+                    };
+                    // Neurons within 1e-4 of the threshold may go either way in f32.
+                    if (a.abs() - thr as f64).abs() < 1e-4 {
+                        return f64::NAN;
+                    }
+                    if a.abs() > thr as f64 {
+                        fired += 1;
+                        a * dot(&u, n as usize)
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            if h.iter().any(|v| v.is_nan()) {
+                continue;
+            }
+            for o in 0..n_embd {
+                let terms = || (0..neurons.len()).map(|i| cols[i * n_embd + o] as f64 * h[i]);
+                let (want, scale) = (terms().sum::<f64>(), terms().map(f64::abs).sum::<f64>());
+                let got = y[t * n_embd + o] as f64;
+                assert!((got - want).abs() <= 1e-4 * scale + 1e-6, "{kind:?} layer {l} token {t} out {o}: {got} vs {want}");
+            }
+        }
+        fired
+    }
+}
+
 #[test]
 fn hot_ffn_matches_the_cpu_computation() {
     let gpu = Arc::new(Gpu::open().expect("an accelerator (CI: Mesa lavapipe)"));
     let (n_embd, n_ff, n_tok) = (256, 320, 3);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
-    let gate = quantized(DType::Q4K, n_ff, n_embd, &mut rng);
-    let up = quantized(DType::Q4_1, n_ff, n_embd, &mut rng);
-    let down = quantized(DType::Q6K, n_embd, n_ff, &mut rng);
-    // Hot: every third neuron, 96 of them (layer 1); layer 0 all 320 with every neuron firing.
+    let m = Model {
+        n_embd,
+        n_ff,
+        gate: quantized(DType::Q4K, n_ff, n_embd, &mut rng),
+        up: quantized(DType::Q4_1, n_ff, n_embd, &mut rng),
+        down: quantized(DType::Q6K, n_embd, n_ff, &mut rng),
+    };
+    // Layer 0: all 320 neurons, every one firing. Layer 1: every third neuron, 96 of them, in
+    // 128 rows (the last 32 empty).
     let hot1: Vec<u32> = (0..96).map(|i| i * 3 + 1).collect();
     let all: Vec<u32> = (0..n_ff as u32).collect();
-    let layer = |l, neurons| HotLayer {
-        layer: l,
-        neurons,
-        gate: FileMatrix { dtype: DType::Q4K, rows: n_ff, cols: n_embd, bytes: &gate },
-        up: FileMatrix { dtype: DType::Q4_1, rows: n_ff, cols: n_embd, bytes: &up },
-        down: FileMatrix { dtype: DType::Q6K, rows: n_embd, cols: n_ff, bytes: &down },
-    };
-    let ffn = HotFfn::new(gpu, 2, n_embd, 4, &[layer(0, &all[..]), layer(1, &hot1[..])]).unwrap();
-    assert_eq!(ffn.hot_counts(), vec![320, 96]);
-    let (g, u, d) = (dequant(DType::Q4K, &gate, n_embd), dequant(DType::Q4_1, &up, n_embd), dequant(DType::Q6K, &down, n_ff));
+    let [gate, up, down] = m.matrices();
+    let layer = |l, capacity, neurons| HotLayer { layer: l, capacity, neurons, gate, up, down };
+    let ffn = HotFfn::new(gpu, 2, n_embd, 4, &[layer(0, n_ff, &all[..]), layer(1, 128, &hot1[..])]).unwrap();
+    assert_eq!(ffn.hot_counts(), vec![320, 128]);
+    let mut x = || (0..n_tok * n_embd).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect::<Vec<f32>>();
+    let mut rows1: Vec<Option<u32>> = hot1.iter().map(|&n| Some(n)).chain([None; 32]).collect();
     for kind in [Glu::Silu, Glu::GeluTanh] {
-        for (l, neurons, thr) in [(0usize, &all, -1.0f32), (1, &hot1, 0.02)] {
-            let x: Vec<f32> = (0..n_tok * n_embd).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
-            let mut y = vec![0f32; n_tok * n_embd];
-            ffn.begin(l, &x, kind, thr);
-            ffn.finish(l, &mut y);
-            // The down columns as the accelerator holds them: Q8_0 rows over the hot neurons.
-            let mut cols = vec![0f32; n_embd * neurons.len()];
-            for o in 0..n_embd {
-                let sel: Vec<f32> = neurons.iter().map(|&n| d[o * n_ff + n as usize]).collect();
-                let mut q = vec![0u8; corelm_kernels::row_bytes(DType::Q8_0, sel.len())];
-                quantizer(DType::Q8_0).unwrap()(&sel, &mut q);
-                cols[o * neurons.len()..(o + 1) * neurons.len()].copy_from_slice(&dequant(DType::Q8_0, &q, sel.len()));
-            }
-            let mut fired = 0;
-            for t in 0..n_tok {
-                let xr = &x[t * n_embd..(t + 1) * n_embd];
-                let dot = |m: &[f32], r: usize| m[r * n_embd..(r + 1) * n_embd].iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>();
-                let h: Vec<f64> = neurons
-                    .iter()
-                    .map(|&n| {
-                        let gv = dot(&g, n as usize);
-                        let a = match kind {
-                            Glu::Silu => gv / (1.0 + (-gv).exp()),
-                            Glu::GeluTanh => 0.5 * gv * (1.0 + (0.7978845608028654 * gv * (1.0 + 0.044715 * gv * gv)).tanh()),
-                        };
-                        // Neurons within 1e-4 of the threshold may go either way in f32.
-                        if (a.abs() - thr as f64).abs() < 1e-4 {
-                            return f64::NAN;
-                        }
-                        if a.abs() > thr as f64 {
-                            fired += 1;
-                            a * dot(&u, n as usize)
-                        } else {
-                            0.0
-                        }
-                    })
-                    .collect();
-                if h.iter().any(|v| v.is_nan()) {
-                    continue;
-                }
-                for o in 0..n_embd {
-                    let row = &cols[o * neurons.len()..(o + 1) * neurons.len()];
-                    let want: f64 = row.iter().zip(&h).map(|(&w, &a)| w as f64 * a).sum();
-                    let scale: f64 = row.iter().zip(&h).map(|(&w, &a)| (w as f64 * a).abs()).sum();
-                    let got = y[t * n_embd + o] as f64;
-                    assert!((got - want).abs() <= 1e-4 * scale + 1e-6, "{kind:?} layer {l} token {t} out {o}: {got} vs {want}");
-                }
-            }
-            // Layer 1's threshold lets some neurons fire and not others.
-            assert!(fired > 0 && (l == 0 || fired < n_tok * neurons.len()), "layer {l}: {fired} fired");
-        }
+        let all_rows: Vec<Option<u32>> = all.iter().map(|&n| Some(n)).collect();
+        assert_eq!(m.check(&ffn, 0, &all_rows, kind, -1.0, &x()), n_tok * n_ff);
+        let fired = m.check(&ffn, 1, &rows1, kind, 0.02, &x());
+        // The threshold lets some neurons fire and not others.
+        assert!(fired > 0 && fired < n_tok * hot1.len(), "{fired} fired");
     }
+    // Online balancing's loads: neurons 0, 3, 6, ... into the empty rows 96..128, then
+    // neurons 2, 5, 8, ... over rows 32..64; each pass after a load computes the new rows.
+    let load = |row0: usize, neurons: &[u32]| {
+        let gather = |f: &FileMatrix| neurons.iter().flat_map(|&n| f.bytes[n as usize * f.row_bytes()..][..f.row_bytes()].to_vec()).collect::<Vec<u8>>();
+        ffn.load(1, row0, &gather(&gate), &gather(&up), &down_neuron_major(&down, neurons))
+    };
+    let a: Vec<u32> = (0..32).map(|i| i * 3).collect();
+    let bytes = load(96, &a);
+    assert_eq!(bytes as usize, 32 * (gate.row_bytes() + up.row_bytes() + corelm_kernels::row_bytes(DType::Q8_0, n_embd)));
+    rows1[96..].iter_mut().zip(&a).for_each(|(r, &n)| *r = Some(n));
+    assert!(m.check(&ffn, 1, &rows1, Glu::Silu, 0.02, &x()) > 0);
+    let b: Vec<u32> = (0..32).map(|i| i * 3 + 2).collect();
+    load(32, &b);
+    rows1[32..64].iter_mut().zip(&b).for_each(|(r, &n)| *r = Some(n));
+    assert_eq!(m.check(&ffn, 1, &rows1, Glu::GeluTanh, -1.0, &x()), n_tok * 128);
 }

@@ -84,6 +84,7 @@ pub fn open(gguf: &Gguf, hot: &[Vec<u32>], n_embd: usize, max_tokens: usize) -> 
         .filter(|(_, h)| !h.is_empty())
         .map(|(l, h)| HotLayer {
             layer: l,
+            capacity: h.len(),
             neurons: h,
             gate: file_matrix(gguf, ffns[l].gate),
             up: file_matrix(gguf, ffns[l].up),

@@ -1,4 +1,4 @@
-// Shared by every GEMV shader: bindings, byte access to raw GGML blocks, the reduction.
+// Shared by every GEMV shader: bindings and the reduction (byte access: bytes.wgsl).
 // A workgroup computes one output row for one token: its threads take 32-value sub-blocks
 // s = lid, lid + WG, ... of the row, each calls the type's `sub_dot`, and the partial sums are
 // added in workgroup memory.
@@ -17,31 +17,6 @@ struct Params {
 
 const WG: u32 = 64u;
 var<workgroup> partial: array<f32, 64>;
-
-// Byte i of the weight buffer.
-fn b8(i: u32) -> u32 {
-    return (W[i >> 2u] >> ((i & 3u) << 3u)) & 0xffu;
-}
-
-// The 4 bytes at i (any alignment), little-endian.
-fn w32(i: u32) -> u32 {
-    let sh = (i & 3u) << 3u;
-    let lo = W[i >> 2u];
-    if (sh == 0u) {
-        return lo;
-    }
-    return (lo >> sh) | (W[(i >> 2u) + 1u] << (32u - sh));
-}
-
-// The f16 at byte i, widened.
-fn f16at(i: u32) -> f32 {
-    return unpack2x16float(b8(i) | (b8(i + 1u) << 8u)).x;
-}
-
-// Byte i as a signed value.
-fn i8at(i: u32) -> f32 {
-    return f32(i32(b8(i) << 24u) >> 24u);
-}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
