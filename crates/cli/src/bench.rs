@@ -150,7 +150,14 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             .collect();
         let mut rows = Vec::new();
         for (d, p, n) in tests {
+            if let Some(b) = engine.balance() {
+                b.reset_stats();
+            }
             let (avg, sd, samples, ns) = run_test(&mut engine, d, p, n, reps)?;
+            if let Some(b) = engine.balance() {
+                let test = if p > 0 { format!("pp{p}") } else { format!("tg{n}") };
+                eprintln!("[{test}, {reps} reps: {}]", crate::sparsity::describe_balance(b));
+            }
             bw = bw.max(memory_bandwidth(t, 512 << 20, 2));
             // Weights plus the KV cache at the test's mean context.
             let bytes = bytes_per_token(&engine) + kv_bytes_per_token(&engine, d + n.div_ceil(2));

@@ -36,6 +36,20 @@ pub(crate) struct SparseArgs {
     /// frequencies, without it whole layers go first. Off by default.
     #[arg(long, value_parser = parse_bytes)]
     pub(crate) accel_mem: Option<u64>,
+    /// How the accelerator's neurons change as the run goes: static (chosen at load, never
+    /// moved), or online balancing of neuron groups between the accelerator and the CPU —
+    /// topk (the groups most active in the last pass), lru, tam (momentum score with decay
+    /// --accel-lambda; loads only groups active in more than one recent pass), tam-adaptive
+    /// (tam with the decay moved by the measured stall: loads stalling → higher, CPU the
+    /// bottleneck → lower).
+    #[arg(long, default_value = "static")]
+    pub(crate) accel_policy: corelm_engine::balance::Policy,
+    /// Neurons per group moved by the online policies (a multiple of 64).
+    #[arg(long, default_value_t = 64)]
+    pub(crate) accel_group: usize,
+    /// The momentum score's decay λ (tam; tam-adaptive's start).
+    #[arg(long, default_value_t = 0.9)]
+    pub(crate) accel_lambda: f32,
 }
 
 /// `123`, `64K`, `64M`, `1.5G` (powers of 1024; a trailing `B` or `iB` is allowed).
@@ -71,11 +85,25 @@ fn parse_down_type(s: &str) -> Result<DType, String> {
 }
 
 impl SparseArgs {
+    /// The accelerator's configuration for `mem` bytes and firing frequencies `freq`.
+    fn accel(&self, mem: u64, freq: Option<Vec<Vec<f32>>>) -> Result<AccelConfig> {
+        if self.accel_group == 0 || self.accel_group % 64 != 0 {
+            bail!("--accel-group {}: groups are a positive multiple of 64 neurons", self.accel_group);
+        }
+        if !(0.0..1.0).contains(&self.accel_lambda) {
+            bail!("--accel-lambda {}: a decay in [0, 1)", self.accel_lambda);
+        }
+        let mut balance = corelm_engine::balance::BalanceConfig::new(self.accel_policy);
+        balance.group = self.accel_group;
+        balance.lambda = self.accel_lambda;
+        Ok(AccelConfig { freq, balance, ..AccelConfig::new(mem) })
+    }
+
     /// The engine's sparse configuration for `model` (`None` without `--sparsity`) and its
     /// accelerator's (`None` without `--accel-mem`).
     pub(crate) fn load(&self, model: &Path) -> Result<(Option<Arc<corelm_engine::SparseFfn>>, Option<AccelConfig>)> {
         let Some(s) = self.sparsity else {
-            return Ok((None, self.accel_mem.map(|mem| AccelConfig { mem, freq: None })));
+            return Ok((None, self.accel_mem.map(|mem| self.accel(mem, None)).transpose()?));
         };
         let path = self.sparsity_file.clone().unwrap_or_else(|| sparsity::default_path(model));
         if !path.exists() {
@@ -88,12 +116,32 @@ impl SparseArgs {
         let side = Sidecar::read(&path)?;
         let thresholds = side.thresholds(s, self.sparsity_alloc)?;
         // The hot neurons: by firing frequency at the recorded level nearest the target.
-        let accel = self.accel_mem.map(|mem| {
-            let level = side.levels.iter().min_by(|a, b| (a.sparsity - s).abs().total_cmp(&(b.sparsity - s).abs()));
-            AccelConfig { mem, freq: level.map(|l| l.freq.clone()) }
-        });
-        Ok((Some(Arc::new(corelm_engine::SparseFfn { thresholds, down_type: self.sparse_down_type, offloaded: Vec::new() })), accel))
+        let accel = self
+            .accel_mem
+            .map(|mem| {
+                let level = side.levels.iter().min_by(|a, b| (a.sparsity - s).abs().total_cmp(&(b.sparsity - s).abs()));
+                self.accel(mem, level.map(|l| l.freq.clone()))
+            })
+            .transpose()?;
+        Ok((Some(Arc::new(corelm_engine::SparseFfn { thresholds, down_type: self.sparse_down_type, offloaded: Vec::new(), balanced: false })), accel))
     }
+}
+
+/// One line on what online balancing did (`corelm bench`).
+pub(crate) fn describe_balance(b: &corelm_engine::balance::Online) -> String {
+    let s = b.stats();
+    format!(
+        "balance {}: {} passes, device hit rate {:.1} % of firing neurons, {} group loads ({:.2} MB, {:.3} s issuing and waiting on them), {:.3} s waiting for the device, {:.3} s choosing, λ {:.2}",
+        b.policy(),
+        s.passes,
+        100.0 * s.hit_rate(),
+        s.loads,
+        s.load_bytes as f64 / 1e6,
+        s.load_secs,
+        s.wait_secs,
+        s.policy_secs,
+        s.lambda
+    )
 }
 
 /// One line on what `--accel-mem` put on the accelerator.

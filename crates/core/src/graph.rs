@@ -71,6 +71,10 @@ pub struct SparseFfn {
     /// Per layer: the neurons an accelerator computes (gate, up and down, sorted; empty: none),
     /// the CPU computing the rest (`WeightForm::ColdRows`...) and adding the two parts.
     pub offloaded: Vec<Vec<u32>>,
+    /// Online balancing: the device's neurons change as the run goes, so the CPU keeps every
+    /// neuron's weights and skips the ones the device holds at each pass
+    /// (`Offload::resident`); `offloaded` is then only where the device starts.
+    pub balanced: bool,
 }
 
 impl SparseFfn {
@@ -637,32 +641,40 @@ impl<'k> Builder<'k> {
     }
 
     /// The accelerator's part of the current layer's FFN output: `[n_tokens, n_embd]`.
-    pub fn offload_end(&mut self, begin: &Bundle, n_embd: usize) -> Bundle {
+    /// With `gate` (the CPU's gate product of every neuron), the device observes it after.
+    pub fn offload_end(&mut self, begin: &Bundle, n_embd: usize, gate: Option<&Bundle>) -> Bundle {
         let begin = begin.single();
+        let gate = gate.map(Bundle::single);
         let layer = self.layer() as u32;
-        self.node([n_embd, self.n_tokens], DType::F32, Op::OffloadEnd { layer, begin })
+        self.node([n_embd, self.n_tokens], DType::F32, Op::OffloadEnd { layer, begin, gate })
+    }
+
+    /// Whether the sparse FFNs are balanced online (`SparseFfn::balanced`).
+    pub fn balanced(&self) -> bool {
+        self.sparse.as_ref().is_some_and(|s| s.balanced)
     }
 
     /// Sparse up projection: `[n_ff, n_tokens]` `h`, from the gate's `[n_ff, n_tokens]` and
     /// the up matrix `w` (plain rows) over `x` `[n_embd, n_tokens]`; zero for neurons with
     /// `|act(gate)| ≤ thr`.
-    pub fn sparse_up(&mut self, gate: &Bundle, w: &Bundle, x: &Bundle, kind: Glu, thr: f32) -> Bundle {
+    /// `masked`: the accelerator's current neurons are left to it (`Op::SparseUp`).
+    pub fn sparse_up(&mut self, gate: &Bundle, w: &Bundle, x: &Bundle, kind: Glu, thr: f32, masked: bool) -> Bundle {
         let (gate, w, x) = (gate.single(), w.single(), x.single());
         self.check_src(gate);
         let (op, ne) = self.matmul_op(w, x);
         let Op::MatMul { x: xq, .. } = op else { unreachable!() };
         assert_eq!(ne, self.t(gate).ne, "sparse_up shapes");
-        self.node(ne, DType::F32, Op::SparseUp { gate, w, x: xq, kind, thr })
+        self.node(ne, DType::F32, Op::SparseUp { gate, w, x: xq, kind, thr, masked })
     }
 
     /// `act(gate) · up` where `|act(gate)| > thr`, else 0 (a sparse FFN's dense-up batches).
-    pub fn glu_masked(&mut self, gate: &Bundle, up: &Bundle, kind: Glu, thr: f32) -> Bundle {
+    pub fn glu_masked(&mut self, gate: &Bundle, up: &Bundle, kind: Glu, thr: f32, masked: bool) -> Bundle {
         let (gate, up) = (gate.single(), up.single());
         self.check_src(gate);
         self.check_src(up);
         let ne = self.t(gate).ne;
         assert_eq!(ne, self.t(up).ne, "glu shapes");
-        self.node(ne, DType::F32, Op::GluMasked { gate, up, kind, thr })
+        self.node(ne, DType::F32, Op::GluMasked { gate, up, kind, thr, masked })
     }
 
     /// Sparse down projection: `[n_ff, n_tokens]` `h` → `[n_embd, n_tokens]` through the

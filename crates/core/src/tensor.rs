@@ -154,10 +154,12 @@ pub enum Op {
     /// Sparse FFN, up projection of a small batch: `h = a · (w_i · x)` for each neuron `i` whose
     /// activation `a = act(gate)` has `|a| > thr`, else 0 (`w`: plain rows, only firing ones
     /// read; `x` quantized for them).
-    SparseUp { gate: TensorId, w: TensorId, x: TensorId, kind: Glu, thr: f32 },
+    /// `masked`: neurons an accelerator holds now (`Offload::resident`) are left to it (0 here).
+    SparseUp { gate: TensorId, w: TensorId, x: TensorId, kind: Glu, thr: f32, masked: bool },
     /// Sparse FFN of a batch whose up projection was computed densely: `h = a · up` where
     /// `|a| > thr`, else 0, `a = act(gate)` — the same values as `SparseUp`.
-    GluMasked { gate: TensorId, up: TensorId, kind: Glu, thr: f32 },
+    /// `masked` as `SparseUp`'s.
+    GluMasked { gate: TensorId, up: TensorId, kind: Glu, thr: f32, masked: bool },
     /// Sparse FFN, down projection: `y[r] = Σ h[r][i] · w_i` over the neurons with `h[r][i] ≠ 0`,
     /// `w` the down matrix stored neuron-major (`WeightForm::NeuronMajor`), neurons in order.
     SparseDown { h: TensorId, w: TensorId },
@@ -168,8 +170,9 @@ pub enum Op {
     /// threshold `thr` (worker 0; produces no tensor).
     OffloadBegin { layer: u32, x: TensorId, kind: Glu, thr: f32 },
     /// The accelerator's part of layer `layer`'s FFN output, `[n_embd, n_tokens]`, once it is
-    /// done (worker 0 waits for it); `begin` is the `OffloadBegin` node it completes.
-    OffloadEnd { layer: u32, begin: TensorId },
+    /// done (worker 0 waits for it); `begin` is the `OffloadBegin` node it completes. `gate`:
+    /// the CPU's gate product of every neuron, handed to `Offload::observe` (online balancing).
+    OffloadEnd { layer: u32, begin: TensorId, gate: Option<TensorId> },
     /// Mixture-of-experts routing of each token from its router logits `[n_expert, n_tokens]`:
     /// an I32 table (layout in `crate::moe::Route`) of the chosen experts, their weights and
     /// the (token, slot) pairs grouped by expert.

@@ -287,6 +287,8 @@ pub struct Engine {
     pub profile: Option<Profile>,
     /// The accelerator's hot neurons (`--accel-mem`).
     accel: Option<Arc<corelm_accel::HotFfn>>,
+    /// Their online balancing (`--accel-policy` other than static).
+    online: Option<Arc<crate::balance::Online>>,
 }
 
 impl Engine {
@@ -334,17 +336,35 @@ impl Engine {
             d => d,
         };
         let tp = tp_plan(&gguf, &h, &cfg, degree)?;
+        // The online policies' starting groups per layer, and their neurons in slot order.
+        let mut accel_groups: Option<(Vec<Vec<u32>>, Vec<Vec<u32>>)> = None;
         if let Some(a) = &cfg.accel {
             // The accelerator's neurons become part of the sparse configuration (a dense one,
             // every neuron firing, without --sparsity).
             let (cost, n_ff) = crate::offload::costs(&gguf, h.n_layer)?;
-            let hot = crate::offload::choose(&cost, n_ff, a.mem, a.freq.as_deref());
-            if hot.iter().all(Vec::is_empty) {
-                let min = cost.iter().min().copied().unwrap_or(0) * 32;
-                return Err(Error::Config(format!("--accel-mem {}: less than one group of 32 neurons ({min} bytes)", a.mem)));
+            let balanced = a.balance.policy != crate::balance::Policy::Static;
+            let gs = if balanced { a.balance.group } else { 32 };
+            if balanced && n_ff % gs != 0 {
+                return Err(Error::Config(format!("--accel-policy {}: groups of {gs} neurons do not divide the FFN's {n_ff}", a.balance.policy)));
             }
-            let mut s = cfg.sparsity.as_deref().cloned().unwrap_or(corelm_core::SparseFfn { thresholds: vec![-1.0; h.n_layer], down_type: DType::Q8_0, offloaded: Vec::new() });
-            s.offloaded = hot;
+            let hot = if balanced {
+                let groups = crate::offload::choose_groups(&cost, n_ff, a.mem, a.freq.as_deref(), gs);
+                let rows: Vec<Vec<u32>> = groups.iter().map(|gr| gr.iter().flat_map(|&g| g * gs as u32..(g + 1) * gs as u32).collect()).collect();
+                accel_groups = Some((groups, rows.clone()));
+                rows
+            } else {
+                crate::offload::choose(&cost, n_ff, a.mem, a.freq.as_deref())
+            };
+            if hot.iter().all(Vec::is_empty) {
+                let min = cost.iter().min().copied().unwrap_or(0) * gs as u64;
+                return Err(Error::Config(format!("--accel-mem {}: less than one group of {gs} neurons ({min} bytes)", a.mem)));
+            }
+            let mut s = cfg.sparsity.as_deref().cloned().unwrap_or(corelm_core::SparseFfn { thresholds: vec![-1.0; h.n_layer], down_type: DType::Q8_0, offloaded: Vec::new(), balanced: false });
+            s.offloaded = hot.into_iter().map(|mut v| {
+                v.sort_unstable();
+                v
+            }).collect();
+            s.balanced = balanced;
             cfg.sparsity = Some(Arc::new(s));
         }
         if let Some(s) = &cfg.sparsity {
@@ -434,13 +454,20 @@ impl Engine {
         exec.batch_invariant = cfg.batch_invariant;
         exec.panel_gemm = cfg.fast_prefill;
         exec.set_schedules(cfg.plan.as_ref().and_then(|p| p.schedules(kernels.isa().name())).map(Arc::new));
-        let accel = match cfg.sparsity.as_ref().filter(|s| s.offloaded.iter().any(|v| !v.is_empty())) {
-            Some(s) => {
+        let (accel, online) = match (cfg.sparsity.as_ref().filter(|s| s.offloaded.iter().any(|v| !v.is_empty())), accel_groups, &cfg.accel) {
+            (Some(_), Some((groups, rows)), Some(a)) => {
+                let ffn = crate::offload::open(&gguf, &rows, h.n_embd, cfg.n_batch)?;
+                let n_ff = crate::offload::costs(&gguf, h.n_layer)?.1;
+                let online = Arc::new(crate::balance::Online::new(ffn.clone(), gguf.clone(), kernels, a.balance, n_ff, &groups)?);
+                exec.offload = Some(online.clone());
+                (Some(ffn), Some(online))
+            }
+            (Some(s), _, _) => {
                 let a = crate::offload::open(&gguf, &s.offloaded, h.n_embd, cfg.n_batch)?;
                 exec.offload = Some(a.clone());
-                Some(a)
+                (Some(a), None)
             }
-            None => None,
+            (None, _, _) => (None, None),
         };
         let mut graphs = HashMap::new();
         graphs.insert((cfg.n_batch, cfg.n_batch), g);
@@ -465,6 +492,7 @@ impl Engine {
             cfg,
             profile: None,
             accel,
+            online,
         })
     }
 
@@ -482,6 +510,11 @@ impl Engine {
 
     pub fn hyper(&self) -> &Hyper {
         self.model.hyper()
+    }
+
+    /// The online balancing of the accelerator's neurons (`--accel-policy`), if any.
+    pub fn balance(&self) -> Option<&crate::balance::Online> {
+        self.online.as_deref()
     }
 
     /// The accelerator's part of the FFNs, when `--accel-mem` gave it one.

@@ -14,6 +14,7 @@
 //! * [`sparsity`]: FFN activation statistics (sidecar files) and per-layer sparsity thresholds.
 //! * [`quantize`]: GGUF F32/F16/BF16 → quantized types with ggml's block semantics.
 
+pub mod balance;
 pub mod batcher;
 pub mod bench;
 pub mod chat;

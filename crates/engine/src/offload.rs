@@ -6,9 +6,11 @@
 //! plus its down column as Q8_0; neurons are taken by firing frequency (the calibration's, at
 //! the level nearest the `--sparsity` target), most frequent first, until the budget is spent,
 //! and each layer's count is then rounded down to a multiple of 32. Without frequencies every
-//! neuron scores the same and whole layers go first to last. The choice is made once at load;
-//! online rebalancing (KAIROX's momentum score) is not built yet.
+//! neuron scores the same and whole layers go first to last. That choice is made once at load
+//! (`--accel-policy static`); the online policies ([`crate::balance`]) start from
+//! [`choose_groups`] instead: every layer an equal number of groups, the most frequent first.
 
+use crate::balance::{BalanceConfig, Policy};
 use crate::Error;
 use corelm_accel::{FileMatrix, Gpu, HotFfn, HotLayer};
 use corelm_gguf::{Gguf, TensorInfo};
@@ -22,6 +24,15 @@ pub struct AccelConfig {
     pub mem: u64,
     /// `[layer][neuron]` firing frequencies (a calibration's); `None`: all alike.
     pub freq: Option<Vec<Vec<f32>>>,
+    /// How the hot neurons change as the run goes (`--accel-policy`; static: never).
+    pub balance: BalanceConfig,
+}
+
+impl AccelConfig {
+    /// A budget of `mem` bytes, no frequencies, the static policy.
+    pub fn new(mem: u64) -> Self {
+        AccelConfig { mem, freq: None, balance: BalanceConfig::new(Policy::Static) }
+    }
 }
 
 /// One layer's FFN matrices in the file: gate, up (`[n_ff rows, n_embd]`) and down.
@@ -39,7 +50,7 @@ fn ffn_of(gguf: &Gguf, layer: usize) -> Result<Ffn<'_>, Error> {
     Ok(Ffn { gate: t("gate")?, up: t("up")?, down: t("down")? })
 }
 
-fn file_matrix<'a>(gguf: &'a Gguf, t: &TensorInfo) -> FileMatrix<'a> {
+pub(crate) fn file_matrix<'a>(gguf: &'a Gguf, t: &TensorInfo) -> FileMatrix<'a> {
     FileMatrix { dtype: t.dtype, rows: t.shape[1] as usize, cols: t.shape[0] as usize, bytes: gguf.tensor_data(t) }
 }
 
@@ -73,8 +84,33 @@ pub fn choose(cost: &[u64], n_ff: usize, mem: u64, freq: Option<&[Vec<f32>]>) ->
     hot
 }
 
+/// The starting groups of `group` neurons (neurons `g·group ..`) of each layer for the online
+/// policies: every layer the same number of groups (the budget's leftover one more each in
+/// layer order), those of highest mean firing frequency first (without frequencies, in order).
+pub fn choose_groups(cost: &[u64], n_ff: usize, mem: u64, freq: Option<&[Vec<f32>]>, group: usize) -> Vec<Vec<u32>> {
+    let n_groups = n_ff / group;
+    let per_round: u64 = cost.iter().map(|c| c * group as u64).sum();
+    let k = (mem / per_round.max(1)).min(n_groups as u64) as usize;
+    let mut left = mem - k as u64 * per_round;
+    (0..cost.len())
+        .map(|l| {
+            let mut count = k;
+            let one = cost[l] * group as u64;
+            if k < n_groups && one <= left {
+                left -= one;
+                count += 1;
+            }
+            let score = |g: u32| freq.and_then(|f| f.get(l)).map_or(0.0, |f| f[g as usize * group..(g as usize + 1) * group].iter().sum::<f32>());
+            let mut order: Vec<u32> = (0..n_groups as u32).collect();
+            order.sort_by(|&a, &b| score(b).total_cmp(&score(a)).then(a.cmp(&b)));
+            order.truncate(count);
+            order
+        })
+        .collect()
+}
+
 /// Open the accelerator and upload the hot neurons `hot` of `gguf`'s layers, for batches of
-/// up to `max_tokens`.
+/// up to `max_tokens`; row `i` of a layer holds `hot[l][i]`.
 pub fn open(gguf: &Gguf, hot: &[Vec<u32>], n_embd: usize, max_tokens: usize) -> Result<Arc<HotFfn>, Error> {
     let gpu = Arc::new(Gpu::open().map_err(|e| Error::Config(e.to_string()))?);
     let ffns: Vec<Ffn> = (0..hot.len()).map(|l| ffn_of(gguf, l)).collect::<Result<_, _>>()?;
@@ -122,5 +158,18 @@ mod tests {
         assert_eq!((hot[0].len(), hot[1].len()), (64, 32));
         // A budget below one group of 32 offloads nothing.
         assert!(choose(&[10, 10], 64, 310, None).iter().all(Vec::is_empty));
+    }
+
+    #[test]
+    fn online_policies_start_with_equal_shares_of_the_most_frequent_groups() {
+        use super::choose_groups;
+        // Three layers of 256 neurons (4 groups of 64) at 1 byte each: 64 bytes a group.
+        let freq: Vec<Vec<f32>> = (0..3).map(|l| (0..256).map(|n| ((n / 64 + l) % 4) as f32).collect()).collect();
+        // 7 groups' worth: 2 each, the 7th to layer 0.
+        let g = choose_groups(&[1, 1, 1], 256, 7 * 64, Some(&freq), 64);
+        assert_eq!(g, vec![vec![3, 2, 1], vec![2, 1], vec![1, 0]]);
+        // Without frequencies, in order; a budget over the whole FFN holds every group once.
+        assert_eq!(choose_groups(&[1, 1, 1], 256, 64, None, 64), vec![vec![0], vec![], vec![]]);
+        assert!(choose_groups(&[1, 1, 1], 256, 1 << 20, None, 64).iter().all(|v| v.len() == 4));
     }
 }

@@ -15,7 +15,7 @@ const SMOL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const PROMPT: &str = "The old lighthouse keeper climbed the stairs every evening, counting each step";
 
 fn sparse(thresholds: Vec<f32>) -> EngineConfig {
-    EngineConfig { sparsity: Some(Arc::new(SparseFfn { thresholds, down_type: DType::Q8_0, offloaded: Vec::new() })), ..test_config(2) }
+    EngineConfig { sparsity: Some(Arc::new(SparseFfn { thresholds, down_type: DType::Q8_0, offloaded: Vec::new(), balanced: false })), ..test_config(2) }
 }
 
 fn prompt_logits(engine: &mut Engine, ids: &[u32]) -> Vec<Vec<f32>> {
@@ -125,8 +125,8 @@ fn sparsity_with_tensor_parallelism_or_wrong_layers_is_refused() {
 /// `--accel-mem 2200K` on SmolLM2 (1,332 bytes per neuron): all 1,536 neurons of layer 0 and
 /// 128 of layer 1 on the accelerator (Mesa's lavapipe in CI), the CPU computing the rest.
 fn accel(sparsity: Option<f32>) -> EngineConfig {
-    let s = sparsity.map(|t| Arc::new(SparseFfn { thresholds: vec![t; 30], down_type: DType::Q8_0, offloaded: Vec::new() }));
-    EngineConfig { sparsity: s, accel: Some(corelm_engine::offload::AccelConfig { mem: 2200 << 10, freq: None }), ..test_config(2) }
+    let s = sparsity.map(|t| Arc::new(SparseFfn { thresholds: vec![t; 30], down_type: DType::Q8_0, offloaded: Vec::new(), balanced: false }));
+    EngineConfig { sparsity: s, accel: Some(corelm_engine::offload::AccelConfig::new(2200 << 10)), ..test_config(2) }
 }
 
 /// Perplexity of 4 chunks of 128 tokens of the GPL-3 text.
@@ -167,9 +167,38 @@ fn accelerator_neurons_give_the_cpu_results() {
 
 #[test]
 fn impossible_accelerator_budgets_are_refused() {
-    let small = EngineConfig { accel: Some(corelm_engine::offload::AccelConfig { mem: 40_000, freq: None }), ..test_config(2) };
+    let small = EngineConfig { accel: Some(corelm_engine::offload::AccelConfig::new(40_000)), ..test_config(2) };
     let err = Engine::load(model_path(SMOL), small).err().expect("refused");
     assert!(err.to_string().contains("less than one group of 32 neurons (42624 bytes)"), "{err}");
     let err = Engine::load(model_path(SMOL), EngineConfig { tp: 2, ..accel(None) }).err().expect("refused");
     assert!(err.to_string().contains("--tp 2"), "{err}");
+}
+
+/// Online balancing on SmolLM2 (8M: 3 groups of 64 neurons in each layer, 4 in the first
+/// 8): TopK moves groups after nearly every pass, TAM after enough evidence; every pass uses
+/// the device rows and the CPU's mask of the same moment, so the results stay the CPU's
+/// within the accelerator's bound, token after token, whatever moved.
+#[test]
+fn online_balancing_moves_groups_and_keeps_the_results() {
+    use corelm_engine::balance::{BalanceConfig, Policy};
+    let (mut cpu, tok) = load(SMOL, sparse(vec![0.12; 30]));
+    let ids = tok.encode(PROMPT, false, true).unwrap();
+    let want = token_by_token(&mut cpu, &ids);
+    for policy in [Policy::TopK, Policy::Lru, Policy::Tam] {
+        let s = Arc::new(SparseFfn { thresholds: vec![0.12; 30], down_type: DType::Q8_0, offloaded: Vec::new(), balanced: false });
+        let a = corelm_engine::offload::AccelConfig { balance: BalanceConfig::new(policy), ..corelm_engine::offload::AccelConfig::new(8 << 20) };
+        let (mut e, _) = load(SMOL, EngineConfig { sparsity: Some(s), accel: Some(a), ..test_config(2) });
+        let hot = e.accel().expect("an accelerator").hot_counts();
+        assert_eq!((hot[0], hot[7], hot[8], hot[29]), (256, 256, 192, 192), "{hot:?}");
+        let got = token_by_token(&mut e, &ids);
+        let d = max_rel_diff(&got, &want);
+        assert!(d < 0.1, "{policy}: logits differ by {d} of the largest");
+        let st = e.balance().expect("online balancing").stats();
+        assert_eq!(st.passes, ids.len() as u64);
+        assert!(st.fired_device > 0 && st.fired_device < st.fired, "{st:?}");
+        assert_eq!(st.load_bytes, st.loads * 64 * 1332, "{st:?}");
+        // TopK and LRU move at once and often; TAM waits for a second pass.
+        assert!(st.loads > 0, "{policy}: {st:?}");
+        eprintln!("{policy}: {st:?}, max diff {d}");
+    }
 }

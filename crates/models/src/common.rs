@@ -233,34 +233,46 @@ fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRe
         let wg = b.weight(gate);
         let wu = b.weight_in(up, WeightForm::PlainRows);
         let wd = b.weight_in(down, WeightForm::NeuronMajor { from: down.dtype }); // [n_embd, n_ff]
-        return cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr);
+        return cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr, false).0;
     };
     // KAIROX: an accelerator computes the hot neurons while the CPU computes the others from
     // copies of their rows; the two partial outputs add up to the layer's.
     let n_embd = down.ne[1];
     let begin = b.offload_begin(x, kind, thr);
+    if b.balanced() {
+        // Online balancing: the CPU holds every neuron and skips those the device holds at
+        // this pass; the device observes the CPU's gate product of every neuron.
+        let wg = b.weight(gate);
+        let wu = b.weight_in(up, WeightForm::PlainRows);
+        let wd = b.weight_in(down, WeightForm::NeuronMajor { from: down.dtype }); // [n_embd, n_ff]
+        let (y_cpu, g) = cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr, true); // [n_tokens, n_embd]
+        let y_acc = b.offload_end(&begin, n_embd, Some(&g)); // [n_tokens, n_embd]
+        return b.add(&y_cpu, &y_acc);
+    }
     if hot == gate.ne[1] {
-        return b.offload_end(&begin, n_embd); // [n_tokens, n_embd]
+        return b.offload_end(&begin, n_embd, None); // [n_tokens, n_embd]
     }
     let layer = b.layer() as u16;
     let wg = b.weight_in(gate, WeightForm::ColdRows { layer, plain: false }); // [n_embd, n_cold]
     let wu = b.weight_in(up, WeightForm::ColdRows { layer, plain: true }); // [n_embd, n_cold]
     let wd = b.weight_in(down, WeightForm::ColdNeuronMajor { from: down.dtype, layer }); // [n_embd, n_cold]
-    let y_cpu = cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr); // [n_tokens, n_embd]
-    let y_acc = b.offload_end(&begin, n_embd); // [n_tokens, n_embd]
+    let y_cpu = cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr, false).0; // [n_tokens, n_embd]
+    let y_acc = b.offload_end(&begin, n_embd, None); // [n_tokens, n_embd]
     b.add(&y_cpu, &y_acc)
 }
 
-/// The CPU's sparse FFN over gate `wg`, up `wu` (plain rows) and neuron-major down `wd`.
-fn cpu_sparse_ffn(b: &mut Builder, wg: &Bundle, wu: &Bundle, wd: &Bundle, x: &Bundle, kind: Glu, thr: f32) -> Bundle {
+/// The CPU's sparse FFN over gate `wg`, up `wu` (plain rows) and neuron-major down `wd`
+/// (`masked`: skipping the neurons the accelerator holds now): the output and the gate product.
+#[allow(clippy::too_many_arguments)]
+fn cpu_sparse_ffn(b: &mut Builder, wg: &Bundle, wu: &Bundle, wd: &Bundle, x: &Bundle, kind: Glu, thr: f32, masked: bool) -> (Bundle, Bundle) {
     let g = b.matmul(wg, x); // [n_tokens, n_ff]
     let h = if b.n_tokens() <= SPARSE_UP_MAX_TOKENS {
-        b.sparse_up(&g, wu, x, kind, thr) // [n_tokens, n_ff], zero where not firing
+        b.sparse_up(&g, wu, x, kind, thr, masked) // [n_tokens, n_ff], zero where not firing
     } else {
         let u = b.matmul(wu, x); // [n_tokens, n_ff]
-        b.glu_masked(&g, &u, kind, thr)
+        b.glu_masked(&g, &u, kind, thr, masked)
     };
-    b.sparse_down(&h, wd) // [n_tokens, n_embd]
+    (b.sparse_down(&h, wd), g) // [n_tokens, n_embd], [n_tokens, n_ff]
 }
 
 /// `down(act(gate x) · up x)`: `[n_tokens, n_embd]` → same.

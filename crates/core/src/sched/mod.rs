@@ -118,9 +118,21 @@ pub trait Tap: Send + Sync {
 /// (`|act(gate)| > thr`; negative: every neuron fires) must start the work and return; `finish`
 /// waits for it and writes the layer's partial output `[n_tokens, n_embd]`. The CPU nodes in
 /// between overlap it.
+///
+/// Online balancing (the device's neurons change as the run goes): `resident` gives the
+/// neurons of a layer the device computes now, which the CPU's `masked` sparse nodes skip, and
+/// `observe` receives the layer's gate product of every neuron after `finish`. The set may
+/// change only inside `begin`, `finish` or `observe` (worker 0, between barriers), so every
+/// worker of a pass sees the same set, the one the device computed.
 pub trait Offload: Send + Sync {
     fn begin(&self, layer: usize, x: &[f32], kind: Glu, thr: f32);
     fn finish(&self, layer: usize, y: &mut [f32]);
+    /// Bit `n % 64` of word `n / 64`: neuron `n` of `layer` is on the device now.
+    fn resident(&self, _layer: usize) -> Option<&[std::sync::atomic::AtomicU64]> {
+        None
+    }
+    /// `gate`: `[n_tokens, n_ff]`, the CPU's gate product of layer `layer`.
+    fn observe(&self, _layer: usize, _gate: &[f32]) {}
 }
 
 /// Runs graphs on a thread pool.
@@ -588,19 +600,26 @@ impl Ctx<'_> {
                     }
                 }
             }
-            Op::SparseUp { gate, w, x, kind, thr } => self.sparse_up(t, gate, w, x, kind, thr, ith, nth, &mut scratch.sparse),
-            Op::GluMasked { gate, up, kind, thr } => self.glu_masked(t, gate, up, kind, thr, ith, nth, &mut scratch.sparse),
+            Op::SparseUp { gate, w, x, kind, thr, masked } => {
+                let mask = self.mask(t, masked);
+                self.sparse_up(t, [gate, w, x], kind, thr, mask, ith, nth, &mut scratch.sparse)
+            }
+            Op::GluMasked { gate, up, kind, thr, masked } => self.glu_masked(t, gate, up, kind, thr, self.mask(t, masked), ith, nth, &mut scratch.sparse),
             Op::SparseDown { h, w } => self.sparse_down(t, h, w, ith, nth, &mut scratch.sparse),
             Op::OffloadBegin { layer, x, kind, thr } => {
                 if ith == 0 {
                     self.offload.expect("a graph with offloaded layers runs with an Offload").begin(layer as usize, self.f32s(x), kind, thr);
                 }
             }
-            Op::OffloadEnd { layer, .. } => {
+            Op::OffloadEnd { layer, gate, .. } => {
                 if ith == 0 {
                     // SAFETY: only worker 0 writes this node's tensor.
                     let y = unsafe { self.out_f32(t, 0, ne0 * rows) };
-                    self.offload.expect("a graph with offloaded layers runs with an Offload").finish(layer as usize, y);
+                    let device = self.offload.expect("a graph with offloaded layers runs with an Offload");
+                    device.finish(layer as usize, y);
+                    if let Some(g) = gate {
+                        device.observe(layer as usize, self.f32s(g));
+                    }
                 }
             }
             Op::MoeRoute { logits, p } => {

@@ -14,6 +14,13 @@
 use super::{split, Ctx};
 use crate::tensor::{Glu, Tensor, TensorId};
 use corelm_kernels::{act, sparse, Kernels};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Whether neuron `n` is set in `mask` (an accelerator's current neurons).
+fn held(mask: Option<&[AtomicU64]>, n: usize) -> bool {
+    // Relaxed: the set changes only on worker 0 between barriers, which order it.
+    mask.is_some_and(|m| m[n / 64].load(Ordering::Relaxed) >> (n % 64) & 1 == 1)
+}
 
 /// Per-worker buffers of the sparse nodes, sized once for the graph.
 pub struct SparseScratch {
@@ -51,8 +58,18 @@ pub fn gate_activation(k: &Kernels, kind: Glu, g: &[f32], ones: &[f32], a: &mut 
 }
 
 impl Ctx<'_> {
+    /// The neurons a `masked` node of `t`'s layer leaves to the accelerator.
+    pub(super) fn mask(&self, t: &Tensor, masked: bool) -> Option<&[AtomicU64]> {
+        if !masked {
+            return None;
+        }
+        let device = self.offload.expect("a masked sparse node runs with an Offload");
+        Some(device.resident(t.layer as usize).expect("a masked sparse node's layer has an online neuron set"))
+    }
+
+    /// `[gate, w, x]`: the gate product, the up matrix (plain rows), the quantized input.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn sparse_up(&self, t: &Tensor, gate: TensorId, w: TensorId, x: TensorId, kind: Glu, thr: f32, ith: usize, nth: usize, s: &mut SparseScratch) {
+    pub(super) fn sparse_up(&self, t: &Tensor, [gate, w, x]: [TensorId; 3], kind: Glu, thr: f32, mask: Option<&[AtomicU64]>, ith: usize, nth: usize, s: &mut SparseScratch) {
         let [n_ff, rows] = t.ne;
         let wt = self.t(w);
         let (wrb, wb) = (wt.row_bytes(), self.bytes(w));
@@ -68,7 +85,7 @@ impl Ctx<'_> {
             let out = unsafe { self.out_f32(t, r * n_ff + mine.start, mine.len()) };
             out.fill(0.0);
             s.firing.clear();
-            s.firing.extend((0..mine.len() as u32).filter(|&j| a[j as usize].abs() > thr));
+            s.firing.extend((0..mine.len() as u32).filter(|&j| a[j as usize].abs() > thr && !held(mask, mine.start + j as usize)));
             let xr = &xb[r * xrb..(r + 1) * xrb];
             for (n, &j) in s.firing.iter().enumerate() {
                 if let Some(&next) = s.firing.get(n + AHEAD) {
@@ -81,7 +98,7 @@ impl Ctx<'_> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn glu_masked(&self, t: &Tensor, gate: TensorId, up: TensorId, kind: Glu, thr: f32, ith: usize, nth: usize, s: &mut SparseScratch) {
+    pub(super) fn glu_masked(&self, t: &Tensor, gate: TensorId, up: TensorId, kind: Glu, thr: f32, mask: Option<&[AtomicU64]>, ith: usize, nth: usize, s: &mut SparseScratch) {
         let [n_ff, rows] = t.ne;
         let (g, u) = (self.f32s(gate), self.f32s(up));
         let a = &mut s.act[..n_ff];
@@ -89,8 +106,8 @@ impl Ctx<'_> {
             gate_activation(self.kernels, kind, &g[r * n_ff..(r + 1) * n_ff], &s.ones, a);
             // SAFETY: row r belongs to this worker only.
             let out = unsafe { self.out_f32(t, r * n_ff, n_ff) };
-            for ((o, &a), &u) in out.iter_mut().zip(a.iter()).zip(&u[r * n_ff..(r + 1) * n_ff]) {
-                *o = if a.abs() > thr { a * u } else { 0.0 };
+            for (n, ((o, &a), &u)) in out.iter_mut().zip(a.iter()).zip(&u[r * n_ff..(r + 1) * n_ff]).enumerate() {
+                *o = if a.abs() > thr && !held(mask, n) { a * u } else { 0.0 };
             }
         }
     }

@@ -1,0 +1,266 @@
+//! The accelerator under online balancing: the engine's `Offload`, which runs the hot part
+//! of each layer on [`HotFfn`], keeps the residency masks the CPU's sparse nodes read, and
+//! carries out the [`Balancer`]'s moves.
+
+use super::policy::{BalanceConfig, Balancer, Move, Policy};
+use corelm_accel::HotFfn;
+use corelm_core::{sched::gate_activation, Glu, Offload};
+use corelm_gguf::Gguf;
+use corelm_kernels::{DType, Kernels};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// What balancing did so far (`corelm bench` prints it; the ablation compares policies).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BalanceStats {
+    /// Passes of the model (a decode token, or a prompt batch).
+    pub passes: u64,
+    /// Groups loaded, and their bytes (gate + up rows, down column).
+    pub loads: u64,
+    pub load_bytes: u64,
+    /// Firing neurons computed on the device, and in all (the device's hit rate).
+    pub fired_device: u64,
+    pub fired: u64,
+    /// Seconds issuing loads and waiting on layers whose submission carried them.
+    pub load_secs: f64,
+    /// Seconds the CPU waited for the device at all.
+    pub wait_secs: f64,
+    /// Seconds observing activity and choosing moves.
+    pub policy_secs: f64,
+    /// The decay at the end (moves under the adaptive policy).
+    pub lambda: f32,
+}
+
+impl BalanceStats {
+    /// The share of firing neurons the device computed.
+    pub fn hit_rate(&self) -> f64 {
+        self.fired_device as f64 / self.fired.max(1) as f64
+    }
+}
+
+/// One offloaded layer's host side.
+struct Layer {
+    /// The gate and up matrices' bytes in the file (neuron `n`: row `n`).
+    gate: (usize, usize),
+    up: (usize, usize),
+    /// Row bytes of gate, up, and of the neuron-major Q8_0 down copy.
+    row_bytes: [usize; 3],
+    /// Every neuron's down column as a Q8_0 row (`[n_ff rows, n_embd]`).
+    down: Vec<u8>,
+    /// Bit `n`: neuron `n` is on the device.
+    mask: Vec<AtomicU64>,
+}
+
+/// Mutable state, touched by worker 0 only (between barriers).
+struct State {
+    balancer: Balancer,
+    /// The activation and threshold of each layer's current pass (from `begin`).
+    glu: Vec<(Glu, f32)>,
+    /// Layers whose next submission carries loads.
+    loaded: Vec<bool>,
+    act: Vec<f32>,
+    ones: Vec<f32>,
+    counts: Vec<u32>,
+    activity: Vec<f32>,
+    moves: Vec<Move>,
+    stats: BalanceStats,
+    /// This pass so far: its start, load and wait seconds.
+    pass_start: Option<Instant>,
+    pass_load: f64,
+    pass_wait: f64,
+}
+
+/// `HotFfn` with its neurons balanced online.
+pub struct Online {
+    ffn: Arc<HotFfn>,
+    gguf: Arc<Gguf>,
+    kernels: &'static Kernels,
+    layers: Vec<Option<Layer>>,
+    n_ff: usize,
+    group: usize,
+    /// The last offloaded layer: its `observe` ends a pass.
+    last: usize,
+    state: Mutex<State>,
+}
+
+impl Online {
+    /// Balance `ffn`'s layers of `gguf` (`n_ff` neurons each) under `cfg`, the slots of layer
+    /// `l` starting with groups `initial[l]` (as `ffn` was uploaded; empty: not offloaded).
+    pub fn new(ffn: Arc<HotFfn>, gguf: Arc<Gguf>, kernels: &'static Kernels, cfg: BalanceConfig, n_ff: usize, initial: &[Vec<u32>]) -> Result<Online, crate::Error> {
+        let group = cfg.group;
+        assert!(group % 64 == 0 && n_ff % group == 0, "groups of a multiple of 64 neurons dividing {n_ff}");
+        let mut layers = Vec::with_capacity(initial.len());
+        for (l, init) in initial.iter().enumerate() {
+            if init.is_empty() {
+                layers.push(None);
+                continue;
+            }
+            let t = |w: &str| {
+                let name = format!("blk.{l}.ffn_{w}.weight");
+                gguf.tensor(&name).ok_or_else(|| crate::Error::Config(format!("--accel-policy balances dense FFN layers; the model has no {name}")))
+            };
+            let (gate, up, down) = (t("gate")?, t("up")?, t("down")?);
+            let n_embd = gate.shape[0] as usize;
+            let range = |t: &corelm_gguf::TensorInfo| {
+                let b = gguf.tensor_data(t);
+                (b.as_ptr() as usize - gguf.bytes().as_ptr() as usize, b.len())
+            };
+            let all: Vec<u32> = (0..n_ff as u32).collect();
+            let down_m = crate::offload::file_matrix(&gguf, down);
+            let mask: Vec<AtomicU64> = (0..n_ff.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
+            for &g in init {
+                for n in g as usize * group..(g as usize + 1) * group {
+                    mask[n / 64].fetch_or(1 << (n % 64), Ordering::Relaxed);
+                }
+            }
+            layers.push(Some(Layer {
+                gate: range(gate),
+                up: range(up),
+                row_bytes: [gate.dtype, up.dtype, DType::Q8_0].map(|t| corelm_kernels::row_bytes(t, n_embd)),
+                down: corelm_accel::down_neuron_major(&down_m, &all),
+                mask,
+            }));
+        }
+        let last = layers.iter().rposition(Option::is_some).unwrap_or(0);
+        let n_groups = n_ff / group;
+        let state = State {
+            balancer: Balancer::new(cfg, n_groups, initial),
+            glu: vec![(Glu::Silu, 0.0); initial.len()],
+            loaded: vec![false; initial.len()],
+            act: vec![0.0; n_ff],
+            ones: vec![1.0; n_ff],
+            counts: vec![0; n_groups],
+            activity: vec![0.0; n_groups],
+            moves: Vec::with_capacity(n_groups),
+            stats: BalanceStats { lambda: cfg.lambda, ..Default::default() },
+            pass_start: None,
+            pass_load: 0.0,
+            pass_wait: 0.0,
+        };
+        Ok(Online { ffn, gguf, kernels, layers, n_ff, group, last, state: Mutex::new(state) })
+    }
+
+    pub fn ffn(&self) -> &Arc<HotFfn> {
+        &self.ffn
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.lock().balancer.config().policy
+    }
+
+    pub fn stats(&self) -> BalanceStats {
+        self.lock().stats
+    }
+
+    /// Zero the statistics (a benchmark's measured run starts here).
+    pub fn reset_stats(&self) {
+        let mut s = self.lock();
+        let lambda = s.balancer.lambda();
+        s.stats = BalanceStats { lambda, ..Default::default() };
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Carry out `moves` on `layer`: device rows and the residency mask. Returns the bytes.
+    fn apply(&self, layer: usize, moves: &[Move]) -> u64 {
+        let l = self.layers[layer].as_ref().expect("an offloaded layer");
+        let file = self.gguf.bytes();
+        let gs = self.group;
+        let rows = |(off, _): (usize, usize), rb: usize, g: u32| &file[off + g as usize * gs * rb..][..gs * rb];
+        let mut bytes = 0;
+        for m in moves {
+            let [grb, urb, drb] = l.row_bytes;
+            let down = &l.down[m.group as usize * gs * drb..][..gs * drb];
+            bytes += self.ffn.load(layer, m.slot * gs, rows(l.gate, grb, m.group), rows(l.up, urb, m.group), down);
+            // Groups are whole words of the mask.
+            let words = gs / 64;
+            if let Some(e) = m.evicted {
+                l.mask[e as usize * words..(e as usize + 1) * words].iter().for_each(|w| w.store(0, Ordering::Relaxed));
+            }
+            l.mask[m.group as usize * words..(m.group as usize + 1) * words].iter().for_each(|w| w.store(u64::MAX, Ordering::Relaxed));
+        }
+        bytes
+    }
+}
+
+impl Offload for Online {
+    fn begin(&self, layer: usize, x: &[f32], kind: Glu, thr: f32) {
+        let mut s = self.lock();
+        s.pass_start.get_or_insert_with(Instant::now);
+        s.glu[layer] = (kind, thr);
+        drop(s);
+        self.ffn.submit(layer, x, kind, thr);
+    }
+
+    fn finish(&self, layer: usize, y: &mut [f32]) {
+        let t0 = Instant::now();
+        // A device lost mid-pass leaves no correct output to give: stop with the reason.
+        if let Err(e) = self.ffn.wait(layer, y) {
+            panic!("accelerator, layer {layer}: {e}");
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        let mut s = self.lock();
+        s.pass_wait += dt;
+        s.stats.wait_secs += dt;
+        if std::mem::take(&mut s.loaded[layer]) {
+            s.pass_load += dt;
+            s.stats.load_secs += dt;
+        }
+    }
+
+    fn resident(&self, layer: usize) -> Option<&[AtomicU64]> {
+        self.layers.get(layer)?.as_ref().map(|l| &l.mask[..])
+    }
+
+    fn observe(&self, layer: usize, gate: &[f32]) {
+        let t0 = Instant::now();
+        if self.layers[layer].is_none() {
+            return;
+        }
+        let mut guard = self.lock();
+        let s = &mut *guard;
+        let (kind, thr) = s.glu[layer];
+        let (n_ff, gs) = (self.n_ff, self.group);
+        let n_tokens = gate.len() / n_ff;
+        s.counts.fill(0);
+        for g in gate.chunks_exact(n_ff) {
+            gate_activation(self.kernels, kind, g, &s.ones, &mut s.act);
+            for (n, a) in s.act.iter().enumerate() {
+                if a.abs() > thr {
+                    s.counts[n / gs] += 1;
+                }
+            }
+        }
+        for (g, (&c, a)) in s.counts.iter().zip(s.activity.iter_mut()).enumerate() {
+            *a = c as f32 / (gs * n_tokens) as f32;
+            s.stats.fired += u64::from(c);
+            if s.balancer.resident(layer, g) {
+                s.stats.fired_device += u64::from(c);
+            }
+        }
+        s.balancer.observe(layer, &s.activity, &mut s.moves);
+        s.stats.policy_secs += t0.elapsed().as_secs_f64();
+        if !s.moves.is_empty() {
+            let t1 = Instant::now();
+            let moves = std::mem::take(&mut s.moves);
+            let bytes = self.apply(layer, &moves);
+            s.moves = moves;
+            let dt = t1.elapsed().as_secs_f64();
+            s.stats.loads += s.moves.len() as u64;
+            s.stats.load_bytes += bytes;
+            s.stats.load_secs += dt;
+            s.pass_load += dt;
+            s.loaded[layer] = true;
+        }
+        if layer == self.last {
+            let secs = s.pass_start.take().map_or(0.0, |t| t.elapsed().as_secs_f64());
+            let (load, wait) = (std::mem::take(&mut s.pass_load), std::mem::take(&mut s.pass_wait));
+            s.balancer.adapt(load, wait, secs);
+            s.stats.passes += 1;
+            s.stats.lambda = s.balancer.lambda();
+        }
+    }
+}
