@@ -37,14 +37,16 @@ pub(crate) struct SparseArgs {
     #[arg(long, value_parser = parse_bytes)]
     pub(crate) accel_mem: Option<u64>,
     /// How the accelerator's neurons change as the run goes: static (chosen at load, never
-    /// moved), or online balancing of neuron groups between the accelerator and the CPU —
+    /// moved), static-groups (the same through the online machinery: groups, masks and
+    /// statistics, no moves; the ablation's baseline), or online balancing of neuron groups between the accelerator and the CPU —
     /// topk (the groups most active in the last pass), lru, tam (momentum score with decay
     /// --accel-lambda; loads only groups active in more than one recent pass), tam-adaptive
     /// (tam with the decay moved by the measured stall: loads stalling → higher, CPU the
     /// bottleneck → lower).
     #[arg(long, default_value = "static")]
     pub(crate) accel_policy: corelm_engine::balance::Policy,
-    /// Neurons per group moved by the online policies (a multiple of 64).
+    /// Neurons per group moved by the online policies (a multiple of 4; with --sparsity the
+    /// neurons are grouped by the calibration's firing frequency, hottest first).
     #[arg(long, default_value_t = 64)]
     pub(crate) accel_group: usize,
     /// The momentum score's decay λ (tam; tam-adaptive's start).
@@ -87,8 +89,8 @@ fn parse_down_type(s: &str) -> Result<DType, String> {
 impl SparseArgs {
     /// The accelerator's configuration for `mem` bytes and firing frequencies `freq`.
     fn accel(&self, mem: u64, freq: Option<Vec<Vec<f32>>>) -> Result<AccelConfig> {
-        if self.accel_group == 0 || self.accel_group % 64 != 0 {
-            bail!("--accel-group {}: groups are a positive multiple of 64 neurons", self.accel_group);
+        if self.accel_group == 0 || self.accel_group % 4 != 0 {
+            bail!("--accel-group {}: groups are a positive multiple of 4 neurons", self.accel_group);
         }
         if !(0.0..1.0).contains(&self.accel_lambda) {
             bail!("--accel-lambda {}: a decay in [0, 1)", self.accel_lambda);

@@ -337,7 +337,7 @@ impl Engine {
         };
         let tp = tp_plan(&gguf, &h, &cfg, degree)?;
         // The online policies' starting groups per layer, and their neurons in slot order.
-        let mut accel_groups: Option<(Vec<Vec<u32>>, Vec<Vec<u32>>)> = None;
+        let mut accel_groups: Option<(Vec<Vec<u32>>, Vec<Vec<u32>>, Vec<Vec<u32>>)> = None;
         if let Some(a) = &cfg.accel {
             // The accelerator's neurons become part of the sparse configuration (a dense one,
             // every neuron firing, without --sparsity).
@@ -348,9 +348,14 @@ impl Engine {
                 return Err(Error::Config(format!("--accel-policy {}: groups of {gs} neurons do not divide the FFN's {n_ff}", a.balance.policy)));
             }
             let hot = if balanced {
-                let groups = crate::offload::choose_groups(&cost, n_ff, a.mem, a.freq.as_deref(), gs);
-                let rows: Vec<Vec<u32>> = groups.iter().map(|gr| gr.iter().flat_map(|&g| g * gs as u32..(g + 1) * gs as u32).collect()).collect();
-                accel_groups = Some((groups, rows.clone()));
+                let members = crate::offload::neuron_groups(h.n_layer, n_ff, a.freq.as_deref());
+                let groups = crate::offload::choose_groups(&cost, n_ff, a.mem, a.freq.as_deref(), &members, gs);
+                let rows: Vec<Vec<u32>> = groups
+                    .iter()
+                    .zip(&members)
+                    .map(|(gr, m)| gr.iter().flat_map(|&g| m[g as usize * gs..][..gs].iter().copied()).collect())
+                    .collect();
+                accel_groups = Some((members, groups, rows.clone()));
                 rows
             } else {
                 crate::offload::choose(&cost, n_ff, a.mem, a.freq.as_deref())
@@ -455,10 +460,10 @@ impl Engine {
         exec.panel_gemm = cfg.fast_prefill;
         exec.set_schedules(cfg.plan.as_ref().and_then(|p| p.schedules(kernels.isa().name())).map(Arc::new));
         let (accel, online) = match (cfg.sparsity.as_ref().filter(|s| s.offloaded.iter().any(|v| !v.is_empty())), accel_groups, &cfg.accel) {
-            (Some(_), Some((groups, rows)), Some(a)) => {
+            (Some(_), Some((members, groups, rows)), Some(a)) => {
                 let ffn = crate::offload::open(&gguf, &rows, h.n_embd, cfg.n_batch)?;
                 let n_ff = crate::offload::costs(&gguf, h.n_layer)?.1;
-                let online = Arc::new(crate::balance::Online::new(ffn.clone(), gguf.clone(), kernels, a.balance, n_ff, &groups)?);
+                let online = Arc::new(crate::balance::Online::new(ffn.clone(), gguf.clone(), kernels, a.balance, n_ff, members, &groups)?);
                 exec.offload = Some(online.clone());
                 (Some(ffn), Some(online))
             }

@@ -84,10 +84,26 @@ pub fn choose(cost: &[u64], n_ff: usize, mem: u64, freq: Option<&[Vec<f32>]>) ->
     hot
 }
 
-/// The starting groups of `group` neurons (neurons `g·group ..`) of each layer for the online
-/// policies: every layer the same number of groups (the budget's leftover one more each in
-/// layer order), those of highest mean firing frequency first (without frequencies, in order).
-pub fn choose_groups(cost: &[u64], n_ff: usize, mem: u64, freq: Option<&[Vec<f32>]>, group: usize) -> Vec<Vec<u32>> {
+/// Each layer's neurons in groups for the online policies: by firing frequency, most frequent
+/// first (group 0 the `group` hottest neurons, ...), so a group's neurons fire alike; without
+/// frequencies, in index order.
+pub fn neuron_groups(n_layer: usize, n_ff: usize, freq: Option<&[Vec<f32>]>) -> Vec<Vec<u32>> {
+    (0..n_layer)
+        .map(|l| {
+            let mut order: Vec<u32> = (0..n_ff as u32).collect();
+            if let Some(f) = freq.and_then(|f| f.get(l)) {
+                order.sort_by(|&a, &b| f[b as usize].total_cmp(&f[a as usize]).then(a.cmp(&b)));
+            }
+            order
+        })
+        .collect()
+}
+
+/// The starting groups of each layer for the online policies (`members[l]`: layer `l`'s
+/// neurons, cut into groups of `group`): every layer the same number of groups (the budget's
+/// leftover one more each in layer order), those of highest firing frequency first (without
+/// frequencies, in order).
+pub fn choose_groups(cost: &[u64], n_ff: usize, mem: u64, freq: Option<&[Vec<f32>]>, members: &[Vec<u32>], group: usize) -> Vec<Vec<u32>> {
     let n_groups = n_ff / group;
     let per_round: u64 = cost.iter().map(|c| c * group as u64).sum();
     let k = (mem / per_round.max(1)).min(n_groups as u64) as usize;
@@ -100,7 +116,7 @@ pub fn choose_groups(cost: &[u64], n_ff: usize, mem: u64, freq: Option<&[Vec<f32
                 left -= one;
                 count += 1;
             }
-            let score = |g: u32| freq.and_then(|f| f.get(l)).map_or(0.0, |f| f[g as usize * group..(g as usize + 1) * group].iter().sum::<f32>());
+            let score = |g: u32| freq.and_then(|f| f.get(l)).map_or(0.0, |f| members[l][g as usize * group..][..group].iter().map(|&n| f[n as usize]).sum::<f32>());
             let mut order: Vec<u32> = (0..n_groups as u32).collect();
             order.sort_by(|&a, &b| score(b).total_cmp(&score(a)).then(a.cmp(&b)));
             order.truncate(count);
@@ -162,14 +178,20 @@ mod tests {
 
     #[test]
     fn online_policies_start_with_equal_shares_of_the_most_frequent_groups() {
-        use super::choose_groups;
+        use super::{choose_groups, neuron_groups};
         // Three layers of 256 neurons (4 groups of 64) at 1 byte each: 64 bytes a group.
         let freq: Vec<Vec<f32>> = (0..3).map(|l| (0..256).map(|n| ((n / 64 + l) % 4) as f32).collect()).collect();
-        // 7 groups' worth: 2 each, the 7th to layer 0.
-        let g = choose_groups(&[1, 1, 1], 256, 7 * 64, Some(&freq), 64);
+        // 7 groups' worth: 2 each, the 7th to layer 0. In index order, groups are ranked by
+        // their frequency; grouped by frequency, the first groups are the hottest.
+        let plain = neuron_groups(3, 256, None);
+        let g = choose_groups(&[1, 1, 1], 256, 7 * 64, Some(&freq), &plain, 64);
         assert_eq!(g, vec![vec![3, 2, 1], vec![2, 1], vec![1, 0]]);
+        let by_freq = neuron_groups(3, 256, Some(&freq));
+        assert_eq!(&by_freq[1][..64], &(128..192).collect::<Vec<u32>>()[..]);
+        let g = choose_groups(&[1, 1, 1], 256, 7 * 64, Some(&freq), &by_freq, 64);
+        assert_eq!(g, vec![vec![0, 1, 2], vec![0, 1], vec![0, 1]]);
         // Without frequencies, in order; a budget over the whole FFN holds every group once.
-        assert_eq!(choose_groups(&[1, 1, 1], 256, 64, None, 64), vec![vec![0], vec![], vec![]]);
-        assert!(choose_groups(&[1, 1, 1], 256, 1 << 20, None, 64).iter().all(|v| v.len() == 4));
+        assert_eq!(choose_groups(&[1, 1, 1], 256, 64, None, &plain, 64), vec![vec![0], vec![], vec![]]);
+        assert!(choose_groups(&[1, 1, 1], 256, 1 << 20, None, &plain, 64).iter().all(|v| v.len() == 4));
     }
 }

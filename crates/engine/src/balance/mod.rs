@@ -2,7 +2,8 @@
 //! `--accel-policy`).
 //!
 //! With a policy other than `static`, each offloaded layer gets an equal share of
-//! `--accel-mem` as slots of [`BalanceConfig::group`] neurons (contiguous neuron ranges), the
+//! `--accel-mem` as slots of [`BalanceConfig::group`] neurons (grouped by the calibration's firing
+//! frequency, hottest first, so a group's neurons fire alike; in index order without it), the
 //! CPU keeps every neuron's weights, and the graph's sparse nodes skip the neurons the device
 //! holds at each pass (`Offload::resident`). After a layer's pass [`Online`] turns the CPU's
 //! gate product (an exact predictor of which neurons fired) into group activities, asks the

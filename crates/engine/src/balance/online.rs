@@ -41,6 +41,10 @@ impl BalanceStats {
 
 /// One offloaded layer's host side.
 struct Layer {
+    /// The neurons of each group: group `g` is `members[g·group ..][..group]`.
+    members: Vec<u32>,
+    /// The group of each neuron.
+    group_of: Vec<u32>,
     /// The gate and up matrices' bytes in the file (neuron `n`: row `n`).
     gate: (usize, usize),
     up: (usize, usize),
@@ -64,6 +68,8 @@ struct State {
     counts: Vec<u32>,
     activity: Vec<f32>,
     moves: Vec<Move>,
+    /// One group's gate, up and down rows gathered for a load.
+    staging: [Vec<u8>; 3],
     stats: BalanceStats,
     /// This pass so far: its start, load and wait seconds.
     pass_start: Option<Instant>,
@@ -85,17 +91,25 @@ pub struct Online {
 }
 
 impl Online {
-    /// Balance `ffn`'s layers of `gguf` (`n_ff` neurons each) under `cfg`, the slots of layer
-    /// `l` starting with groups `initial[l]` (as `ffn` was uploaded; empty: not offloaded).
-    pub fn new(ffn: Arc<HotFfn>, gguf: Arc<Gguf>, kernels: &'static Kernels, cfg: BalanceConfig, n_ff: usize, initial: &[Vec<u32>]) -> Result<Online, crate::Error> {
+    /// Balance `ffn`'s layers of `gguf` (`n_ff` neurons each) under `cfg`: layer `l`'s groups
+    /// are `members[l]` cut in runs of `cfg.group` (a permutation of its neurons), its slots
+    /// starting with groups `initial[l]` (as `ffn` was uploaded; empty: not offloaded).
+    pub fn new(ffn: Arc<HotFfn>, gguf: Arc<Gguf>, kernels: &'static Kernels, cfg: BalanceConfig, n_ff: usize, members: Vec<Vec<u32>>, initial: &[Vec<u32>]) -> Result<Online, crate::Error> {
         let group = cfg.group;
-        assert!(group % 64 == 0 && n_ff % group == 0, "groups of a multiple of 64 neurons dividing {n_ff}");
+        assert!(group > 0 && n_ff % group == 0, "groups of {group} neurons dividing {n_ff}");
+        let mut members = members.into_iter();
         let mut layers = Vec::with_capacity(initial.len());
         for (l, init) in initial.iter().enumerate() {
+            let members = members.next().expect("members for every layer");
             if init.is_empty() {
                 layers.push(None);
                 continue;
             }
+            let mut group_of = vec![u32::MAX; n_ff];
+            for (i, &n) in members.iter().enumerate() {
+                group_of[n as usize] = (i / group) as u32;
+            }
+            assert!(members.len() == n_ff && group_of.iter().all(|&g| g != u32::MAX), "layer {l}: groups are a permutation of the neurons");
             let t = |w: &str| {
                 let name = format!("blk.{l}.ffn_{w}.weight");
                 gguf.tensor(&name).ok_or_else(|| crate::Error::Config(format!("--accel-policy balances dense FFN layers; the model has no {name}")))
@@ -110,11 +124,13 @@ impl Online {
             let down_m = crate::offload::file_matrix(&gguf, down);
             let mask: Vec<AtomicU64> = (0..n_ff.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
             for &g in init {
-                for n in g as usize * group..(g as usize + 1) * group {
-                    mask[n / 64].fetch_or(1 << (n % 64), Ordering::Relaxed);
+                for &n in &members[g as usize * group..(g as usize + 1) * group] {
+                    mask[n as usize / 64].fetch_or(1 << (n % 64), Ordering::Relaxed);
                 }
             }
             layers.push(Some(Layer {
+                members,
+                group_of,
                 gate: range(gate),
                 up: range(up),
                 row_bytes: [gate.dtype, up.dtype, DType::Q8_0].map(|t| corelm_kernels::row_bytes(t, n_embd)),
@@ -123,6 +139,7 @@ impl Online {
             }));
         }
         let last = layers.iter().rposition(Option::is_some).unwrap_or(0);
+        let max_rb = layers.iter().flatten().map(|l| l.row_bytes).fold([0; 3], |a, b| std::array::from_fn(|i| a[i].max(b[i])));
         let n_groups = n_ff / group;
         let state = State {
             balancer: Balancer::new(cfg, n_groups, initial),
@@ -133,6 +150,7 @@ impl Online {
             counts: vec![0; n_groups],
             activity: vec![0.0; n_groups],
             moves: Vec::with_capacity(n_groups),
+            staging: max_rb.map(|rb| Vec::with_capacity(rb * group)),
             stats: BalanceStats { lambda: cfg.lambda, ..Default::default() },
             pass_start: None,
             pass_load: 0.0,
@@ -165,22 +183,36 @@ impl Online {
     }
 
     /// Carry out `moves` on `layer`: device rows and the residency mask. Returns the bytes.
-    fn apply(&self, layer: usize, moves: &[Move]) -> u64 {
+    fn apply(&self, layer: usize, moves: &[Move], staging: &mut [Vec<u8>; 3]) -> u64 {
         let l = self.layers[layer].as_ref().expect("an offloaded layer");
         let file = self.gguf.bytes();
         let gs = self.group;
-        let rows = |(off, _): (usize, usize), rb: usize, g: u32| &file[off + g as usize * gs * rb..][..gs * rb];
+        let (gate, up) = (&file[l.gate.0..][..l.gate.1], &file[l.up.0..][..l.up.1]);
         let mut bytes = 0;
         for m in moves {
-            let [grb, urb, drb] = l.row_bytes;
-            let down = &l.down[m.group as usize * gs * drb..][..gs * drb];
-            bytes += self.ffn.load(layer, m.slot * gs, rows(l.gate, grb, m.group), rows(l.up, urb, m.group), down);
-            // Groups are whole words of the mask.
-            let words = gs / 64;
-            if let Some(e) = m.evicted {
-                l.mask[e as usize * words..(e as usize + 1) * words].iter().for_each(|w| w.store(0, Ordering::Relaxed));
+            let neurons = &l.members[m.group as usize * gs..][..gs];
+            // The group's rows gathered: gate and up from the file mapping, down from the
+            // neuron-major copy.
+            for ((buf, src), rb) in staging.iter_mut().zip([gate, up, &l.down[..]]).zip(l.row_bytes) {
+                buf.clear();
+                neurons.iter().for_each(|&n| buf.extend_from_slice(&src[n as usize * rb..][..rb]));
             }
-            l.mask[m.group as usize * words..(m.group as usize + 1) * words].iter().for_each(|w| w.store(u64::MAX, Ordering::Relaxed));
+            bytes += self.ffn.load(layer, m.slot * gs, &staging[0], &staging[1], &staging[2]);
+            let set = |g: u32, on: bool| {
+                for &n in &l.members[g as usize * gs..][..gs] {
+                    let bit = 1u64 << (n % 64);
+                    let w = &l.mask[n as usize / 64];
+                    if on {
+                        w.fetch_or(bit, Ordering::Relaxed);
+                    } else {
+                        w.fetch_and(!bit, Ordering::Relaxed);
+                    }
+                }
+            };
+            if let Some(e) = m.evicted {
+                set(e, false);
+            }
+            set(m.group, true);
         }
         bytes
     }
@@ -217,9 +249,7 @@ impl Offload for Online {
 
     fn observe(&self, layer: usize, gate: &[f32]) {
         let t0 = Instant::now();
-        if self.layers[layer].is_none() {
-            return;
-        }
+        let Some(l) = self.layers[layer].as_ref() else { return };
         let mut guard = self.lock();
         let s = &mut *guard;
         let (kind, thr) = s.glu[layer];
@@ -230,7 +260,7 @@ impl Offload for Online {
             gate_activation(self.kernels, kind, g, &s.ones, &mut s.act);
             for (n, a) in s.act.iter().enumerate() {
                 if a.abs() > thr {
-                    s.counts[n / gs] += 1;
+                    s.counts[l.group_of[n] as usize] += 1;
                 }
             }
         }
@@ -245,9 +275,7 @@ impl Offload for Online {
         s.stats.policy_secs += t0.elapsed().as_secs_f64();
         if !s.moves.is_empty() {
             let t1 = Instant::now();
-            let moves = std::mem::take(&mut s.moves);
-            let bytes = self.apply(layer, &moves);
-            s.moves = moves;
+            let bytes = self.apply(layer, &s.moves, &mut s.staging);
             let dt = t1.elapsed().as_secs_f64();
             s.stats.loads += s.moves.len() as u64;
             s.stats.load_bytes += bytes;

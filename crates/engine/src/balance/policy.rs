@@ -7,7 +7,10 @@
 //! its neurons that fired, over the pass's tokens) updates the scores, and the policy returns
 //! moves (group into slot, evicting the slot's group), at most `max_loads` per pass so a burst
 //! of moves cannot stall one token:
-//! - **Static**: the initial groups (the calibration's most frequent) stay; no moves.
+//! - **Static**: the hot set chosen at load stays. As `static` it is not balanced at all (the
+//!   engine splits each layer's neurons once, `crate::offload::choose`); as `static-groups`
+//!   it runs through the same slots, masks and statistics as the online policies with no
+//!   moves (the starting groups, the calibration's most frequent): the ablation's baseline.
 //! - **TopK**: the groups most active in this pass alone replace the least active residents.
 //! - **LRU**: a group is *used* in a pass when its activity is above the layer's mean; used
 //!   groups that are not resident replace the least recently used residents.
@@ -24,6 +27,7 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
     Static,
+    StaticGroups,
     TopK,
     Lru,
     Tam,
@@ -31,11 +35,12 @@ pub enum Policy {
 }
 
 impl Policy {
-    pub const ALL: [Policy; 5] = [Policy::Static, Policy::TopK, Policy::Lru, Policy::Tam, Policy::TamAdaptive];
+    pub const ALL: [Policy; 6] = [Policy::Static, Policy::StaticGroups, Policy::TopK, Policy::Lru, Policy::Tam, Policy::TamAdaptive];
 
     pub fn name(self) -> &'static str {
         match self {
             Policy::Static => "static",
+            Policy::StaticGroups => "static-groups",
             Policy::TopK => "topk",
             Policy::Lru => "lru",
             Policy::Tam => "tam",
@@ -64,7 +69,7 @@ impl std::fmt::Display for Policy {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BalanceConfig {
     pub policy: Policy,
-    /// Neurons per group (a multiple of 64: whole words of the residency masks).
+    /// Neurons per group (a multiple of 4: the device's rows are written in whole words).
     pub group: usize,
     /// TAM's decay λ (the adaptive policy's start).
     pub lambda: f32,
@@ -169,7 +174,7 @@ impl Balancer {
         self.res.clear();
         for (g, &a) in activity.iter().enumerate() {
             match cfg.policy {
-                Policy::Static => return,
+                Policy::Static | Policy::StaticGroups => return,
                 Policy::TopK => l.score[g] = a,
                 Policy::Lru => {
                     if used(a) {
@@ -181,7 +186,7 @@ impl Balancer {
                 }
             }
             let eligible = match cfg.policy {
-                Policy::Static => false,
+                Policy::Static | Policy::StaticGroups => false,
                 Policy::TopK => true,
                 Policy::Lru => l.last[g] == pass,
                 Policy::Tam | Policy::TamAdaptive => l.score[g] > (1.0 - lambda) + cfg.eps,
@@ -270,8 +275,10 @@ mod tests {
     fn policies_follow_a_shift_of_the_hot_groups() {
         // Groups 4 and 5 are hot for 20 passes.
         let shift: Vec<Vec<f32>> = (0..20).map(|_| act(&[4, 5])).collect();
-        let (b, loads) = run(Policy::Static, &shift);
-        assert_eq!((resident(&b), loads), (vec![0, 1], 0));
+        for p in [Policy::Static, Policy::StaticGroups] {
+            let (b, loads) = run(p, &shift);
+            assert_eq!((resident(&b), loads), (vec![0, 1], 0));
+        }
         for p in [Policy::TopK, Policy::Lru, Policy::Tam, Policy::TamAdaptive] {
             let (b, loads) = run(p, &shift);
             assert_eq!((resident(&b), loads), (vec![4, 5], 2), "{p}");
