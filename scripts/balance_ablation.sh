@@ -6,6 +6,7 @@
 #
 #   scripts/balance_ablation.sh MODEL [MEM=8M] [SPARSITY=0.25] [TOKENS=128] [THREADS=2]
 #
+# EXTRA="--accel-groups freq --accel-group 128" adds flags to every run.
 # --sparsity needs the model's sidecar (`corelm sparsity collect`). On a software device
 # (lavapipe) the tokens/s column measures the emulation, not an accelerator: the I/O and hit
 # rate columns are the comparison there.
@@ -16,12 +17,12 @@ sparsity=${3:-0.25}
 tokens=${4:-128}
 threads=${5:-2}
 bin=${CORELM:-target/release/corelm}
-echo "model $(basename "$model"), --accel-mem $mem, --sparsity $sparsity, tg$tokens, $threads threads"
+echo "model $(basename "$model"), --accel-mem $mem, --sparsity $sparsity, tg$tokens, $threads threads ${EXTRA:-}"
 echo
 echo "| policy | t/s | group loads | MB loaded | device hit rate | load s | wait s | λ end |"
 echo "|---|---|---|---|---|---|---|---|"
 for p in static-groups topk lru tam tam-adaptive; do
-    out=$("$bin" bench -m "$model" -p 0 -n "$tokens" -r 1 -t "$threads" --sparsity "$sparsity" --accel-mem "$mem" --accel-policy "$p" 2>&1)
+    out=$("$bin" bench -m "$model" -p 0 -n "$tokens" -r 1 -t "$threads" --sparsity "$sparsity" --accel-mem "$mem" --accel-policy "$p" ${EXTRA:-} 2>&1)
     ts=$(grep -E "^\| .* \| tg$tokens \|" <<<"$out" | awk -F'|' '{print $5}' | awk '{print $1}')
     line=$(grep -o "balance $p: .*" <<<"$out" | head -1)
     [ -n "$line" ] || { echo "no balance line for $p:" >&2; echo "$out" >&2; exit 1; }

@@ -49,9 +49,20 @@ pub(crate) struct SparseArgs {
     /// neurons are grouped by the calibration's firing frequency, hottest first).
     #[arg(long, default_value_t = 64)]
     pub(crate) accel_group: usize,
+    /// How the online policies group neurons: coact (neurons that fire together, from the
+    /// sparsity file's co-activation partition, METIS) or freq (by firing frequency).
+    #[arg(long, value_enum, default_value = "coact")]
+    pub(crate) accel_groups: GroupBy,
     /// The momentum score's decay λ (tam; tam-adaptive's start).
     #[arg(long, default_value_t = 0.9)]
     pub(crate) accel_lambda: f32,
+}
+
+/// `--accel-groups`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum GroupBy {
+    Coact,
+    Freq,
 }
 
 /// `123`, `64K`, `64M`, `1.5G` (powers of 1024; a trailing `B` or `iB` is allowed).
@@ -87,8 +98,9 @@ fn parse_down_type(s: &str) -> Result<DType, String> {
 }
 
 impl SparseArgs {
-    /// The accelerator's configuration for `mem` bytes and firing frequencies `freq`.
-    fn accel(&self, mem: u64, freq: Option<Vec<Vec<f32>>>) -> Result<AccelConfig> {
+    /// The accelerator's configuration for `mem` bytes, the calibration's level nearest the
+    /// target (firing frequencies; co-activation groups unless --accel-groups freq).
+    fn accel(&self, mem: u64, level: Option<&corelm_engine::sparsity::LevelStats>) -> Result<AccelConfig> {
         if self.accel_group == 0 || self.accel_group % 4 != 0 {
             bail!("--accel-group {}: groups are a positive multiple of 4 neurons", self.accel_group);
         }
@@ -98,7 +110,14 @@ impl SparseArgs {
         let mut balance = corelm_engine::balance::BalanceConfig::new(self.accel_policy);
         balance.group = self.accel_group;
         balance.lambda = self.accel_lambda;
-        Ok(AccelConfig { freq, balance, ..AccelConfig::new(mem) })
+        let groups = match self.accel_groups {
+            GroupBy::Coact => level.and_then(|l| l.groups_of(self.accel_group)).map(<[_]>::to_vec),
+            GroupBy::Freq => None,
+        };
+        if self.accel_groups == GroupBy::Coact && groups.is_none() && self.accel_policy != corelm_engine::balance::Policy::Static && level.is_some() {
+            eprintln!("note: the sparsity file has no co-activation groups of {} neurons (collect makes 32, 64, 128): grouping by firing frequency", self.accel_group);
+        }
+        Ok(AccelConfig { freq: level.map(|l| l.freq.clone()), balance, groups, ..AccelConfig::new(mem) })
     }
 
     /// The engine's sparse configuration for `model` (`None` without `--sparsity`) and its
@@ -122,7 +141,7 @@ impl SparseArgs {
             .accel_mem
             .map(|mem| {
                 let level = side.levels.iter().min_by(|a, b| (a.sparsity - s).abs().total_cmp(&(b.sparsity - s).abs()));
-                self.accel(mem, level.map(|l| l.freq.clone()))
+                self.accel(mem, level)
             })
             .transpose()?;
         Ok((Some(Arc::new(corelm_engine::SparseFfn { thresholds, down_type: self.sparse_down_type, offloaded: Vec::new(), balanced: false })), accel))

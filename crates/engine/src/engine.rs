@@ -348,7 +348,14 @@ impl Engine {
                 return Err(Error::Config(format!("--accel-policy {}: groups of {gs} neurons do not divide the FFN's {n_ff}", a.balance.policy)));
             }
             let hot = if balanced {
-                let members = crate::offload::neuron_groups(h.n_layer, n_ff, a.freq.as_deref());
+                let members = match &a.groups {
+                    Some(g) if g.len() == h.n_layer => g.clone(),
+                    Some(g) => return Err(Error::Config(format!("neuron groups for {} layers, the model has {}", g.len(), h.n_layer))),
+                    None => crate::offload::neuron_groups(h.n_layer, n_ff, a.freq.as_deref()),
+                };
+                if members.iter().any(|m| m.len() != n_ff) {
+                    return Err(Error::Config(format!("neuron groups that do not cover the FFN's {n_ff} neurons")));
+                }
                 let groups = crate::offload::choose_groups(&cost, n_ff, a.mem, a.freq.as_deref(), &members, gs);
                 let rows: Vec<Vec<u32>> = groups
                     .iter()

@@ -18,6 +18,7 @@ pub mod balance;
 pub mod batcher;
 pub mod bench;
 pub mod chat;
+pub mod coact;
 pub mod engine;
 pub mod eval;
 pub mod gemm_tune;

@@ -26,12 +26,15 @@ pub struct AccelConfig {
     pub freq: Option<Vec<Vec<f32>>>,
     /// How the hot neurons change as the run goes (`--accel-policy`; static: never).
     pub balance: BalanceConfig,
+    /// `[layer]`: the neurons in groups of `balance.group` that fire together (a
+    /// calibration's co-activation groups, `crate::coact`); `None`: by firing frequency.
+    pub groups: Option<Vec<Vec<u32>>>,
 }
 
 impl AccelConfig {
     /// A budget of `mem` bytes, no frequencies, the static policy.
     pub fn new(mem: u64) -> Self {
-        AccelConfig { mem, freq: None, balance: BalanceConfig::new(Policy::Static) }
+        AccelConfig { mem, freq: None, balance: BalanceConfig::new(Policy::Static), groups: None }
     }
 }
 

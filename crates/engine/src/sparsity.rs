@@ -15,13 +15,16 @@
 //!   `Σ_skipped (act·up)² ‖down_i‖² / Σ_all (act·up)² ‖down_i‖²` (columns of down taken as
 //!   orthogonal) — what the greedy allocation spends; per neuron how often it fires at the
 //!   [`REPORT`] levels; and KAIROX Fig. 8's reactivation probability: for a neuron that fires
-//!   at token t, the chance it fires again at t + δ (δ = 1..8), next to its base rate.
+//!   at token t, the chance it fires again at t + δ (δ = 1..8), next to its base rate; and
+//!   which neurons fired for a sample of tokens, from which [`crate::coact`] groups the
+//!   neurons that fire together (METIS; KAIROX §5.2) for each size of [`coact::GROUP_SIZES`].
 //!
 //! [`Sidecar::thresholds`] turns a target sparsity into per-layer thresholds: the same
 //! sparsity in every layer ([`Allocation::Uniform`]) or a greedy allocation that raises, 5 % at
 //! a time, the layer whose error grows least until the mean reaches the target
 //! ([`Allocation::Greedy`], TEAL's greedy on the estimated errors).
 
+use crate::coact::{self, CoGraph};
 use crate::{Engine, Error};
 use corelm_core::sched::gate_activation;
 use corelm_core::{Graph, Op, Tap, TensorId};
@@ -53,6 +56,25 @@ pub struct LevelStats {
     pub reactivation: Vec<Vec<f64>>,
     /// `[layer]`: P(fires) over all neurons and tokens.
     pub base_rate: Vec<f64>,
+    /// Neurons grouped by co-activation, one partition per group size.
+    #[serde(default)]
+    pub groups: Vec<NeuronGroups>,
+}
+
+/// Each layer's neurons cut into groups of `size` that fire together ([`coact::groups`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NeuronGroups {
+    pub size: usize,
+    /// `[layer]`: a permutation of the neurons, group `g` at `[g·size ..][..size]`, hottest
+    /// group first.
+    pub members: Vec<Vec<u32>>,
+}
+
+impl LevelStats {
+    /// The co-activation groups of `size`, if the collection made them.
+    pub fn groups_of(&self, size: usize) -> Option<&[Vec<u32>]> {
+        self.groups.iter().find(|g| g.size == size).map(|g| &g.members[..])
+    }
 }
 
 /// What `corelm sparsity collect` writes: a model's activation statistics over a text.
@@ -208,6 +230,10 @@ struct State {
     react_den: Vec<Vec<[u64; MAX_DELTA]>>,
     tokens_seen: Vec<u64>,
     act: Vec<f32>,
+    /// Pass 2: `[level][layer]` the firing bitsets of every `stride`-th token, up to
+    /// `coact::SAMPLE_TOKENS`.
+    samples: Vec<Vec<Vec<u64>>>,
+    stride: u64,
 }
 
 struct Collector {
@@ -226,6 +252,7 @@ impl Tap for Collector {
             return; // not a dense feed-forward of the model (an expert's, a shared one's)
         }
         let (g, u) = (read(gate), read(up));
+        let first_token = s.tokens_seen[il];
         s.tokens_seen[il] += rows as u64;
         let words = n_ff.div_ceil(64);
         let mut act = std::mem::take(&mut s.act);
@@ -262,8 +289,13 @@ impl Tap for Collector {
         if s.grid.is_none() {
             return;
         }
+        let stride = s.stride.max(1);
         for (k, b) in bits.iter().enumerate() {
             for r in 0..rows {
+                let kept = &mut s.samples[k][il];
+                if (first_token + r as u64) % stride == 0 && kept.len() < coact::SAMPLE_TOKENS * words {
+                    kept.extend_from_slice(&b[r * words..(r + 1) * words]);
+                }
                 let at = &b[r * words..(r + 1) * words];
                 let n: u64 = at.iter().map(|w| w.count_ones() as u64).sum();
                 for d in (1..=MAX_DELTA).take_while(|&d| r + d < rows) {
@@ -326,9 +358,12 @@ pub fn collect(engine: &mut Engine, tokens: &[u32], n_ctx: usize, model: &str, t
         react_den: vec![vec![[0; MAX_DELTA]; n_layer]; REPORT.len()],
         tokens_seen: vec![0; n_layer],
         act: Vec::new(),
+        samples: vec![vec![Vec::new(); n_layer]; REPORT.len()],
+        stride: 1,
     };
     let tap = Arc::new(Collector { state: Mutex::new(state), kernels: engine.kernels() });
     let chunks = tokens.len() / n_ctx;
+    tap.state.lock().unwrap_or_else(|e| e.into_inner()).stride = (chunks * n_ctx / coact::SAMPLE_TOKENS).max(1) as u64;
     let mut run_pass = |engine: &mut Engine, pass: usize| -> Result<(), Error> {
         for c in 0..chunks {
             engine.clear_seq(0);
@@ -387,9 +422,16 @@ pub fn collect(engine: &mut Engine, tokens: &[u32], n_ctx: usize, model: &str, t
                     .map(|l| (0..MAX_DELTA).map(|d| s.react[k][l][d] as f64 / s.react_den[k][l][d].max(1) as f64).collect())
                     .collect(),
                 base_rate: (0..n_layer).map(|l| s.fired[k][l].iter().sum::<u64>() as f64 / (n(l) * h.n_ff as f64)).collect(),
+                groups: Vec::new(),
             }
         })
         .collect();
+    // Co-activation groups: one graph per level and layer, cut for every group size.
+    let sizes: Vec<usize> = coact::GROUP_SIZES.into_iter().filter(|&g| h.n_ff % g == 0 && h.n_ff / g > 1).collect();
+    for (k, level) in side.levels.iter_mut().enumerate() {
+        let graphs: Vec<CoGraph> = (0..n_layer).map(|l| CoGraph::new(&s.samples[k][l], h.n_ff)).collect();
+        level.groups = sizes.iter().map(|&size| NeuronGroups { size, members: graphs.iter().map(|g| g.groups(size)).collect() }).collect();
+    }
     Ok(side)
 }
 

@@ -107,6 +107,18 @@ fn calibrated_thresholds_give_the_sparsity_asked_for() {
         // A neuron that just fired is likelier than average to fire again (KAIROX Fig. 8).
         assert!(half.reactivation[l][0] > *r, "layer {l}");
     }
+    // Co-activation groups of 32, 64 and 128 neurons: each a permutation of the layer's
+    // neurons, the hottest groups first (the first group fires more than the last).
+    for size in [32, 64, 128] {
+        let g = half.groups_of(size).expect("groups of every size");
+        for (l, m) in g.iter().enumerate() {
+            let mut sorted = m.clone();
+            sorted.sort_unstable();
+            assert!(sorted.iter().enumerate().all(|(i, &n)| n as usize == i), "layer {l}: a permutation");
+            let heat = |grp: &[u32]| grp.iter().map(|&n| half.freq[l][n as usize]).sum::<f32>();
+            assert!(heat(&m[..size]) > heat(&m[m.len() - size..]), "layer {l}, size {size}");
+        }
+    }
     // Greedy and uniform spend the same mean sparsity.
     for how in [Allocation::Uniform, Allocation::Greedy] {
         let a = side.allocate(0.4, how).unwrap();
@@ -175,18 +187,22 @@ fn impossible_accelerator_budgets_are_refused() {
 }
 
 /// Online balancing on SmolLM2 (8M: 3 groups of 64 neurons in each layer, 4 in the first
-/// 8): TopK moves groups after nearly every pass, TAM after enough evidence; every pass uses
-/// the device rows and the CPU's mask of the same moment, so the results stay the CPU's
-/// within the accelerator's bound, token after token, whatever moved.
+/// 8; groups of index ranges, or of scattered neurons): TopK moves groups after nearly
+/// every pass, TAM after enough evidence; every pass uses the device rows and the CPU's
+/// mask of the same moment, so the results stay the CPU's within the accelerator's bound,
+/// token after token, whatever moved.
 #[test]
 fn online_balancing_moves_groups_and_keeps_the_results() {
     use corelm_engine::balance::{BalanceConfig, Policy};
     let (mut cpu, tok) = load(SMOL, sparse(vec![0.12; 30]));
     let ids = tok.encode(PROMPT, false, true).unwrap();
     let want = token_by_token(&mut cpu, &ids);
-    for policy in [Policy::TopK, Policy::Lru, Policy::Tam] {
+    // TAM also with groups given as a permutation (as co-activation groups are): neurons
+    // taken from the top down, interleaved, so no group is a range of rows.
+    let scattered: Vec<Vec<u32>> = (0..30).map(|_| (0..1536u32).map(|i| if i % 2 == 0 { 1535 - i / 2 } else { i / 2 }).collect()).collect();
+    for (policy, groups) in [(Policy::TopK, None), (Policy::Lru, None), (Policy::Tam, None), (Policy::Tam, Some(scattered))] {
         let s = Arc::new(SparseFfn { thresholds: vec![0.12; 30], down_type: DType::Q8_0, offloaded: Vec::new(), balanced: false });
-        let a = corelm_engine::offload::AccelConfig { balance: BalanceConfig::new(policy), ..corelm_engine::offload::AccelConfig::new(8 << 20) };
+        let a = corelm_engine::offload::AccelConfig { balance: BalanceConfig::new(policy), groups, ..corelm_engine::offload::AccelConfig::new(8 << 20) };
         let (mut e, _) = load(SMOL, EngineConfig { sparsity: Some(s), accel: Some(a), ..test_config(2) });
         let hot = e.accel().expect("an accelerator").hot_counts();
         assert_eq!((hot[0], hot[7], hot[8], hot[29]), (256, 256, 192, 192), "{hot:?}");

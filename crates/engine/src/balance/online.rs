@@ -107,9 +107,13 @@ impl Online {
             }
             let mut group_of = vec![u32::MAX; n_ff];
             for (i, &n) in members.iter().enumerate() {
-                group_of[n as usize] = (i / group) as u32;
+                if let Some(g) = group_of.get_mut(n as usize) {
+                    *g = (i / group) as u32;
+                }
             }
-            assert!(members.len() == n_ff && group_of.iter().all(|&g| g != u32::MAX), "layer {l}: groups are a permutation of the neurons");
+            if members.len() != n_ff || group_of.contains(&u32::MAX) {
+                return Err(crate::Error::Config(format!("layer {l}: the neuron groups are not a permutation of its {n_ff} neurons")));
+            }
             let t = |w: &str| {
                 let name = format!("blk.{l}.ffn_{w}.weight");
                 gguf.tensor(&name).ok_or_else(|| crate::Error::Config(format!("--accel-policy balances dense FFN layers; the model has no {name}")))
