@@ -206,6 +206,36 @@ pub enum SparsityCmd {
     /// Quality of sparsity levels: perplexity of a text (llama-perplexity's protocol) and
     /// greedy agreement (the dense model's most likely token kept) at each level, against the
     /// dense model in the same run.
+    /// Train the adjacent-layer activation predictors (KAIROX §5.1): from layer l-1's FFN
+    /// input, a low-rank model per layer predicts which of layer l's neurons fire at the
+    /// calibration's threshold for --level. Trained on the first 80 % of the traced tokens,
+    /// recall and precision reported on the rest (and on --eval-file); written as GGUF.
+    Predict {
+        #[command(flatten)]
+        model: crate::ModelArgs,
+        /// Text to trace (the calibration text).
+        #[arg(short, long)]
+        file: PathBuf,
+        /// Sparsity level whose thresholds define firing (the sidecar's; uniform).
+        #[arg(long, default_value_t = 0.5)]
+        level: f32,
+        /// Tokens traced.
+        #[arg(long, default_value_t = 4096)]
+        tokens: usize,
+        #[arg(long, default_value_t = 32)]
+        rank: usize,
+        #[arg(long, default_value_t = 6)]
+        epochs: usize,
+        /// Recall the cut is chosen for on the training tokens.
+        #[arg(long, default_value_t = 0.92)]
+        recall: f64,
+        /// A second held-out text to report recall and precision on.
+        #[arg(long)]
+        eval_file: Option<PathBuf>,
+        /// Predictor file (default: beside the sidecar, `<model>.predictor.gguf`).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
     Eval {
         #[command(flatten)]
         model: crate::ModelArgs,
@@ -228,6 +258,10 @@ pub fn run(cmd: SparsityCmd) -> Result<()> {
     match cmd {
         SparsityCmd::Collect { model, file, output, chunk, max_tokens, svg } => collect(&model, &file, output, chunk, max_tokens, svg),
         SparsityCmd::Eval { model, file, levels, chunks, json } => eval(&model, &file, &levels, chunks, json),
+        SparsityCmd::Predict { model, file, level, tokens, rank, epochs, recall, eval_file, output } => {
+            let opts = corelm_engine::predictor::TrainOptions { rank, epochs, recall, ..Default::default() };
+            predict(&model, &file, level, tokens, &opts, eval_file.as_deref(), output)
+        }
     }
 }
 
@@ -361,5 +395,50 @@ fn eval(m: &crate::ModelArgs, file: &Path, levels: &[f32], chunks: Option<usize>
             println!("| {name} | {:.4} ± {:.4} | {rel:+.2}% | {:.1}% | {:.1} |", p.ppl, p.ppl_stderr, 100.0 * agree, p.seconds);
         }
     }
+    Ok(())
+}
+
+fn predict(m: &crate::ModelArgs, file: &Path, level: f32, max_tokens: usize, opts: &corelm_engine::predictor::TrainOptions, eval_file: Option<&Path>, output: Option<PathBuf>) -> Result<()> {
+    use corelm_engine::predictor;
+    let path = crate::resolve_model(&m.model)?;
+    let side_path = m.place.sparse.sparsity_file.clone().unwrap_or_else(|| sparsity::default_path(&path));
+    let side = Sidecar::read(&side_path).with_context(|| format!("the predictor needs the model's thresholds: run `corelm sparsity collect -m {}` first", path.display()))?;
+    let thresholds = side.thresholds(level, sparsity::Allocation::Uniform)?;
+    let (mut engine, tok) = crate::load(&dense_args(m), 1)?;
+    side.check(&engine, &path.display().to_string())?;
+    let t0 = std::time::Instant::now();
+    let trace = predictor::trace(&mut engine, &tokens_of(&tok, file)?, m.ctx_size, &thresholds, max_tokens)?;
+    let traced = t0.elapsed().as_secs_f64();
+    let eval = match eval_file {
+        Some(f) => Some(predictor::trace(&mut engine, &tokens_of(&tok, f)?, m.ctx_size, &thresholds, 1024)?),
+        None => None,
+    };
+    let t1 = std::time::Instant::now();
+    let models = predictor::train_all(&trace, 0.8, opts);
+    eprintln!("traced {} tokens in {traced:.1} s, trained {} layers (rank {}, {} epochs) in {:.1} s", trace.tokens(), models.len(), opts.rank, opts.epochs, t1.elapsed().as_secs_f64());
+    let other = eval_file.map_or(String::new(), |f| format!(" | recall / precision on {}", f.display()));
+    println!("| layer | predicts from | firing | predicted | recall | precision{other} |");
+    println!("|---|---|---|---|---|---|{}", if eval.is_some() { "---|" } else { "" });
+    let mut sums = [0.0f64; 4];
+    for (l, (p, q)) in models.iter().enumerate() {
+        let o = eval.as_ref().map_or(String::new(), |e| {
+            let q = p.quality(&e.x[l.saturating_sub(1)], &e.fired[l]);
+            sums[2] += q.recall;
+            sums[3] += q.precision;
+            format!(" | {:.3} / {:.3}", q.recall, q.precision)
+        });
+        sums[0] += q.recall;
+        sums[1] += q.precision;
+        let from = if l == 0 { "layer 0".to_string() } else { format!("layer {}", l - 1) };
+        println!("| {l} | {from} | {:.1}% | {:.1}% | {:.3} | {:.3}{o} |", 100.0 * q.firing, 100.0 * q.predicted, q.recall, q.precision);
+    }
+    let n = models.len().max(1) as f64;
+    let o = if eval.is_some() { format!(" | {:.3} / {:.3}", sums[2] / n, sums[3] / n) } else { String::new() };
+    println!("| mean | | | | {:.3} | {:.3}{o} |", sums[0] / n, sums[1] / n);
+    let stem = path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    let out = output.unwrap_or_else(|| side_path.with_file_name(format!("{stem}.predictor.gguf")));
+    let name = path.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    std::fs::write(&out, predictor::to_gguf(&models, &name, level)).with_context(|| format!("writing {}", out.display()))?;
+    eprintln!("predictors written to {}", out.display());
     Ok(())
 }

@@ -25,6 +25,7 @@ pub mod gemm_tune;
 pub mod generate;
 pub mod offload;
 pub mod perplexity;
+pub mod predictor;
 pub mod plan;
 pub mod quantize;
 pub mod sample;
