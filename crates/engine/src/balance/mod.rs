@@ -18,6 +18,9 @@
 //! of its pass and overlap layers 1.. and sampling (the live pipeline's prefetch of layer 0).
 //! The time spent issuing loads and waiting on passes that carried them is the I/O stall the
 //! adaptive policy reacts to ([`BalanceStats`] reports it).
+//!
+//! A lost device loses nothing running: the failed layer's device part is recomputed on the
+//! CPU from the saved input, the masks are cleared, and the CPU computes every neuron after.
 
 mod online;
 mod policy;

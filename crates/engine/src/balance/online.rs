@@ -30,6 +30,9 @@ pub struct BalanceStats {
     pub policy_secs: f64,
     /// The decay at the end (moves under the adaptive policy).
     pub lambda: f32,
+    /// The device was lost: its part of that pass came from the CPU, and the CPU computes
+    /// every neuron since.
+    pub device_lost: bool,
 }
 
 impl BalanceStats {
@@ -50,6 +53,8 @@ struct Layer {
     up: (usize, usize),
     /// Row bytes of gate, up, and of the neuron-major Q8_0 down copy.
     row_bytes: [usize; 3],
+    /// Types of gate and up.
+    types: [DType; 2],
     /// Every neuron's down column as a Q8_0 row (`[n_ff rows, n_embd]`).
     down: Vec<u8>,
     /// Bit `n`: neuron `n` is on the device.
@@ -71,6 +76,14 @@ struct State {
     /// One group's gate, up and down rows gathered for a load.
     staging: [Vec<u8>; 3],
     stats: BalanceStats,
+    /// The FFN input each layer's submission got (`[max_tokens × n_embd]`; the device-loss
+    /// fallback recomputes the device's part from it).
+    x: Vec<f32>,
+    /// One dequantized row (the fallback).
+    row: Vec<f32>,
+    /// The device failed (or a test said it will): run its part on the CPU from now on.
+    lost: bool,
+    fail_next: bool,
     /// This pass so far: its start, load and wait seconds.
     pass_start: Option<Instant>,
     pass_load: f64,
@@ -84,6 +97,7 @@ pub struct Online {
     kernels: &'static Kernels,
     layers: Vec<Option<Layer>>,
     n_ff: usize,
+    n_embd: usize,
     group: usize,
     /// The last offloaded layer: its `observe` ends a pass.
     last: usize,
@@ -138,6 +152,7 @@ impl Online {
                 gate: range(gate),
                 up: range(up),
                 row_bytes: [gate.dtype, up.dtype, DType::Q8_0].map(|t| corelm_kernels::row_bytes(t, n_embd)),
+                types: [gate.dtype, up.dtype],
                 down: corelm_accel::down_neuron_major(&down_m, &all),
                 mask,
             }));
@@ -156,11 +171,16 @@ impl Online {
             moves: Vec::with_capacity(n_groups),
             staging: max_rb.map(|rb| Vec::with_capacity(rb * group)),
             stats: BalanceStats { lambda: cfg.lambda, ..Default::default() },
+            x: vec![0.0; ffn.max_tokens() * ffn.n_embd()],
+            row: vec![0.0; ffn.n_embd()],
+            lost: false,
+            fail_next: false,
             pass_start: None,
             pass_load: 0.0,
             pass_wait: 0.0,
         };
-        Ok(Online { ffn, gguf, kernels, layers, n_ff, group, last, state: Mutex::new(state) })
+        let n_embd = ffn.n_embd();
+        Ok(Online { ffn, gguf, kernels, layers, n_ff, n_embd, group, last, state: Mutex::new(state) })
     }
 
     pub fn ffn(&self) -> &Arc<HotFfn> {
@@ -175,15 +195,54 @@ impl Online {
         self.lock().stats
     }
 
+    /// Make the next layer's read-back fail as a lost device would (the device's work is still
+    /// waited for, then dropped): for tests and drills of the fallback.
+    pub fn simulate_device_loss(&self) {
+        self.lock().fail_next = true;
+    }
+
     /// Zero the statistics (a benchmark's measured run starts here).
     pub fn reset_stats(&self) {
         let mut s = self.lock();
         let lambda = s.balancer.lambda();
-        s.stats = BalanceStats { lambda, ..Default::default() };
+        let device_lost = s.lost;
+        s.stats = BalanceStats { lambda, device_lost, ..Default::default() };
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The device's part of `layer`'s pass, on the CPU: every neuron in the mask, from the
+    /// saved input, as the device computes it (f32 gate and up over the file's rows, the
+    /// firing rule, the Q8_0 down column), into `y` (`[n_tokens × n_embd]`).
+    fn fallback(&self, s: &mut State, layer: usize, y: &mut [f32]) {
+        let l = self.layers[layer].as_ref().expect("an offloaded layer");
+        let portable = Kernels::portable();
+        let [to_gate, to_up, to_down] = [l.types[0], l.types[1], DType::Q8_0].map(|t| portable.to_float(t).expect("a model weight type"));
+        let file = self.gguf.bytes();
+        let (gate, up) = (&file[l.gate.0..][..l.gate.1], &file[l.up.0..][..l.up.1]);
+        let [grb, urb, drb] = l.row_bytes;
+        let (kind, thr) = s.glu[layer];
+        let n_embd = self.n_embd;
+        let (row, xs, ones) = (&mut s.row, &s.x, &s.ones);
+        y.fill(0.0);
+        for (yt, xt) in y.chunks_exact_mut(n_embd).zip(xs.chunks_exact(n_embd)) {
+            for n in 0..self.n_ff {
+                if l.mask[n / 64].load(Ordering::Relaxed) >> (n % 64) & 1 == 0 {
+                    continue;
+                }
+                let g = row_dot(to_gate, &gate[n * grb..][..grb], row, xt);
+                let mut a = [0f32];
+                gate_activation(&portable, kind, &[g], ones, &mut a);
+                if a[0].abs() <= thr {
+                    continue;
+                }
+                let h = a[0] * row_dot(to_up, &up[n * urb..][..urb], row, xt);
+                to_down(&l.down[n * drb..][..drb], row);
+                yt.iter_mut().zip(row.iter()).for_each(|(o, &d)| *o += h * d);
+            }
+        }
     }
 
     /// Carry out `moves` on `layer`: device rows and the residency mask. Returns the bytes.
@@ -222,23 +281,45 @@ impl Online {
     }
 }
 
+/// `bytes` (one row, dequantized by `to` into `row`) · `x`.
+fn row_dot(to: fn(&[u8], &mut [f32]), bytes: &[u8], row: &mut [f32], x: &[f32]) -> f32 {
+    to(bytes, row);
+    row.iter().zip(x).map(|(&w, &v)| w * v).sum()
+}
+
 impl Offload for Online {
     fn begin(&self, layer: usize, x: &[f32], kind: Glu, thr: f32) {
         let mut s = self.lock();
         s.pass_start.get_or_insert_with(Instant::now);
         s.glu[layer] = (kind, thr);
+        if s.lost {
+            return;
+        }
+        s.x[..x.len()].copy_from_slice(x);
         drop(s);
         self.ffn.submit(layer, x, kind, thr);
     }
 
     fn finish(&self, layer: usize, y: &mut [f32]) {
         let t0 = Instant::now();
-        // A device lost mid-pass leaves no correct output to give: stop with the reason.
-        if let Err(e) = self.ffn.wait(layer, y) {
-            panic!("accelerator, layer {layer}: {e}");
+        if self.lock().lost {
+            y.fill(0.0); // the CPU computes every neuron now
+            return;
         }
+        let waited = self.ffn.wait(layer, y);
         let dt = t0.elapsed().as_secs_f64();
         let mut s = self.lock();
+        if waited.is_err() || std::mem::take(&mut s.fail_next) {
+            // Nothing running is lost: the device's part of this pass comes from the CPU,
+            // and from the next pass on the CPU computes every neuron (masks cleared).
+            self.fallback(&mut s, layer, y);
+            s.lost = true;
+            s.stats.device_lost = true;
+            for l in self.layers.iter().flatten() {
+                l.mask.iter().for_each(|w| w.store(0, Ordering::Relaxed));
+            }
+            return;
+        }
         s.pass_wait += dt;
         s.stats.wait_secs += dt;
         if std::mem::take(&mut s.loaded[layer]) {
@@ -256,6 +337,9 @@ impl Offload for Online {
         let Some(l) = self.layers[layer].as_ref() else { return };
         let mut guard = self.lock();
         let s = &mut *guard;
+        if s.lost {
+            return;
+        }
         let (kind, thr) = s.glu[layer];
         let (n_ff, gs) = (self.n_ff, self.group);
         let n_tokens = gate.len() / n_ff;
