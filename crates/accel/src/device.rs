@@ -120,6 +120,12 @@ impl Gpu {
         }))
     }
 
+    /// The bind group of `pipeline`'s four bindings, `buffers` in binding order.
+    pub(crate) fn bind(&self, label: &str, pipeline: &wgpu::ComputePipeline, buffers: [&wgpu::Buffer; 4]) -> wgpu::BindGroup {
+        let entries: [wgpu::BindGroupEntry; 4] = std::array::from_fn(|i| wgpu::BindGroupEntry { binding: i as u32, resource: buffers[i].as_entire_binding() });
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(label), layout: &pipeline.get_bind_group_layout(0), entries: &entries })
+    }
+
     /// A uniform buffer holding `words`.
     pub(crate) fn uniform(&self, words: &[u32]) -> wgpu::Buffer {
         let b = self.device.create_buffer(&wgpu::BufferDescriptor {

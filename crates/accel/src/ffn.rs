@@ -38,10 +38,11 @@ pub struct HotLayer<'a> {
     pub capacity: usize,
     /// The neurons loaded at upload, row `i` holding `neurons[i]` (at most `capacity`).
     pub neurons: &'a [u32],
-    /// `[n_ff rows, n_embd]` gate and up, `[n_embd rows, n_ff]` down.
+    /// `[n_ff rows, n_embd]` gate and up.
     pub gate: FileMatrix<'a>,
     pub up: FileMatrix<'a>,
-    pub down: FileMatrix<'a>,
+    /// The down columns of `neurons` as [`down_neuron_major`] gives them.
+    pub down: &'a [u8],
 }
 
 /// One layer's weights and bindings on the device.
@@ -49,7 +50,7 @@ struct Layer {
     gate: Matrix,
     up: Matrix,
     /// `[capacity rows, n_embd]` Q8_0, row `i` the down column of the neuron in row `i`.
-    down: wgpu::Buffer,
+    down: Matrix,
     bind: [wgpu::BindGroup; 4], // gate, up, act, down
 }
 
@@ -67,10 +68,11 @@ pub struct HotFfn {
     pending: Mutex<Option<(usize, usize)>>,
 }
 
-/// `m`'s rows `neurons`, as stored.
-fn gather_rows(m: &FileMatrix, neurons: &[u32]) -> Vec<u8> {
-    let rb = corelm_kernels::row_bytes(m.dtype, m.cols);
-    neurons.iter().flat_map(|&n| &m.bytes[n as usize * rb..(n as usize + 1) * rb]).copied().collect()
+/// `m`'s rows `neurons`, as stored, into `out` (cleared first).
+pub fn gather_rows(m: &FileMatrix, neurons: &[u32], out: &mut Vec<u8>) {
+    let rb = m.row_bytes();
+    out.clear();
+    neurons.iter().for_each(|&n| out.extend_from_slice(&m.bytes[n as usize * rb..][..rb]));
 }
 
 /// The down projection `m` (`[n_embd rows, n_ff]`) neuron-major: for each of `neurons`, its
@@ -121,39 +123,22 @@ impl HotFfn {
             assert!(cap > 0 && n <= cap, "layer {}: {n} neurons loaded into {cap} rows", l.layer);
             let name = |w: &str| format!("blk.{}.{w} (hot)", l.layer);
             // Rows beyond the loaded neurons stay zero: no gate, no up, no output.
-            let rows = |m: &FileMatrix, bytes: Vec<u8>| {
-                let mut b = bytes;
-                b.resize(cap * corelm_kernels::row_bytes(m.dtype, n_embd), 0);
-                b
+            let mut rows = Vec::new();
+            let mut upload = |what: &str, dtype: DType, loaded: &[u8]| {
+                rows.clear();
+                rows.extend_from_slice(loaded);
+                rows.resize(cap * corelm_kernels::row_bytes(dtype, n_embd), 0);
+                Matrix::upload(&gpu, &name(what), dtype, cap, n_embd, &rows)
             };
-            let gate = Matrix::upload(&gpu, &name("gate"), l.gate.dtype, cap, n_embd, &rows(&l.gate, gather_rows(&l.gate, l.neurons)))?;
-            let up = Matrix::upload(&gpu, &name("up"), l.up.dtype, cap, n_embd, &rows(&l.up, gather_rows(&l.up, l.neurons)))?;
-            let down_rb = corelm_kernels::row_bytes(DType::Q8_0, n_embd);
-            let mut d = down_neuron_major(&l.down, l.neurons);
-            d.resize(cap * down_rb + 4, 0); // + 4: the shader's unaligned reads
-            let down = gpu.storage(&name("down"), d.len() as u64, wgpu::BufferUsages::COPY_DST)?;
-            gpu.queue.write_buffer(&down, 0, &d[..d.len() / 4 * 4]);
-            let down_params = gpu.uniform(&[cap as u32, n_embd as u32, down_rb as u32, 0]);
-            let bind_down = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("down"),
-                layout: &gpu.down.get_bind_group_layout(0),
-                entries: &[
-                    wgpu::BindGroupEntry { binding: 0, resource: down.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 1, resource: a.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 2, resource: y.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 3, resource: down_params.as_entire_binding() },
-                ],
-            });
-            let act = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("act"),
-                layout: &gpu.act.get_bind_group_layout(0),
-                entries: &[
-                    wgpu::BindGroupEntry { binding: 0, resource: g.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 1, resource: u.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 2, resource: a.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 3, resource: act_params.as_entire_binding() },
-                ],
-            });
+            let mut loaded = Vec::new();
+            gather_rows(&l.gate, l.neurons, &mut loaded);
+            let gate = upload("gate", l.gate.dtype, &loaded)?;
+            gather_rows(&l.up, l.neurons, &mut loaded);
+            let up = upload("up", l.up.dtype, &loaded)?;
+            // The down shader's parameters (neurons, outputs, row bytes) are the matrix's own.
+            let down = upload("down", DType::Q8_0, l.down)?;
+            let act = gpu.bind("act", &gpu.act, [&g, &u, &a, &act_params]);
+            let bind_down = gpu.bind("down", &gpu.down, [&down.buf, &a, &y, &down.params]);
             let bind = [gate.bind(&gpu, &x, &g), up.bind(&gpu, &x, &u), act, bind_down];
             out[l.layer] = Some(Layer { gate, up, down, bind });
         }
@@ -162,7 +147,7 @@ impl HotFfn {
 
     /// Bytes of weights held on the device.
     pub fn weight_bytes(&self) -> u64 {
-        self.layers.iter().flatten().map(|l| l.gate.bytes() + l.up.bytes() + l.down.size()).sum()
+        self.layers.iter().flatten().map(|l| l.gate.bytes() + l.up.bytes() + l.down.bytes()).sum()
     }
 
     /// Values per FFN input row.
@@ -187,11 +172,11 @@ impl HotFfn {
     /// Offsets and lengths must be multiples of 4 bytes (groups of a multiple of 4 rows are).
     pub fn load(&self, layer: usize, row0: usize, gate: &[u8], up: &[u8], down: &[u8]) -> u64 {
         let l = self.layers[layer].as_ref().unwrap_or_else(|| panic!("layer {layer} has no rows on the accelerator"));
-        let down_rb = corelm_kernels::row_bytes(DType::Q8_0, self.n_embd);
-        let n = down.len() / down_rb;
+        let n = down.len() / l.down.row_bytes();
         assert!(row0 + n <= l.gate.rows, "layer {layer}: rows {row0}..{} of {}", row0 + n, l.gate.rows);
         let q = &self.gpu.queue;
-        for (buf, rb, bytes) in [(&l.gate.buf, l.gate.row_bytes(), gate), (&l.up.buf, l.up.row_bytes(), up), (&l.down, down_rb, down)] {
+        for (m, bytes) in [(&l.gate, gate), (&l.up, up), (&l.down, down)] {
+            let (buf, rb) = (&m.buf, m.row_bytes());
             assert_eq!(bytes.len(), n * rb, "layer {layer}: {n} rows of {rb} bytes");
             assert!((row0 * rb) % 4 == 0 && bytes.len() % 4 == 0, "layer {layer}: rows {row0}.. of {rb} bytes are not 4-byte aligned");
             q.write_buffer(buf, (row0 * rb) as u64, bytes);

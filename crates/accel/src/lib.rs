@@ -26,5 +26,5 @@ mod ffn;
 mod matrix;
 
 pub use device::{AccelError, Gpu};
-pub use ffn::{down_neuron_major, FileMatrix, HotFfn, HotLayer};
+pub use ffn::{down_neuron_major, gather_rows, FileMatrix, HotFfn, HotLayer};
 pub use matrix::{gemv_bound, supported, Matrix};

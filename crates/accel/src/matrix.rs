@@ -63,17 +63,7 @@ impl Matrix {
     /// The bind group of `y = W x` over device buffers `x` (`[n_tokens, cols]`) and `y`
     /// (`[n_tokens, rows]`).
     pub(crate) fn bind(&self, gpu: &Gpu, x: &wgpu::Buffer, y: &wgpu::Buffer) -> wgpu::BindGroup {
-        let layout = gpu.gemv[&self.dtype].get_bind_group_layout(0);
-        gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("gemv"),
-            layout: &layout,
-            entries: &[
-                wgpu::BindGroupEntry { binding: 0, resource: self.buf.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 1, resource: x.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 2, resource: y.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 3, resource: self.params.as_entire_binding() },
-            ],
-        })
+        gpu.bind("gemv", &gpu.gemv[&self.dtype], [&self.buf, x, y, &self.params])
     }
 
     /// Record `y = W x` for `n_tokens` tokens into `pass`.

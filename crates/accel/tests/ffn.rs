@@ -3,7 +3,7 @@
 //! the accelerator holds (neuron-major), the CPU's firing rule; before and after groups of
 //! rows are replaced (online balancing's loads).
 
-use corelm_accel::{down_neuron_major, FileMatrix, Gpu, HotFfn, HotLayer};
+use corelm_accel::{down_neuron_major, gather_rows, FileMatrix, Gpu, HotFfn, HotLayer};
 use corelm_core::{Glu, Offload};
 use corelm_kernels::{quant::reference::quantizer, DType, Kernels};
 use rand::{Rng, SeedableRng};
@@ -116,8 +116,9 @@ fn hot_ffn_matches_the_cpu_computation() {
     let hot1: Vec<u32> = (0..96).map(|i| i * 3 + 1).collect();
     let all: Vec<u32> = (0..n_ff as u32).collect();
     let [gate, up, down] = m.matrices();
-    let layer = |l, capacity, neurons| HotLayer { layer: l, capacity, neurons, gate, up, down };
-    let ffn = HotFfn::new(gpu, 2, n_embd, 4, &[layer(0, n_ff, &all[..]), layer(1, 128, &hot1[..])]).unwrap();
+    let (down0, down1) = (down_neuron_major(&down, &all), down_neuron_major(&down, &hot1));
+    let layer = |l, capacity, neurons, down| HotLayer { layer: l, capacity, neurons, gate, up, down };
+    let ffn = HotFfn::new(gpu, 2, n_embd, 4, &[layer(0, n_ff, &all[..], &down0[..]), layer(1, 128, &hot1[..], &down1[..])]).unwrap();
     assert_eq!(ffn.hot_counts(), vec![320, 128]);
     let mut x = || (0..n_tok * n_embd).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect::<Vec<f32>>();
     let mut rows1: Vec<Option<u32>> = hot1.iter().map(|&n| Some(n)).chain([None; 32]).collect();
@@ -131,8 +132,10 @@ fn hot_ffn_matches_the_cpu_computation() {
     // Online balancing's loads: neurons 0, 3, 6, ... into the empty rows 96..128, then
     // neurons 2, 5, 8, ... over rows 32..64; each pass after a load computes the new rows.
     let load = |row0: usize, neurons: &[u32]| {
-        let gather = |f: &FileMatrix| neurons.iter().flat_map(|&n| f.bytes[n as usize * f.row_bytes()..][..f.row_bytes()].to_vec()).collect::<Vec<u8>>();
-        ffn.load(1, row0, &gather(&gate), &gather(&up), &down_neuron_major(&down, neurons))
+        let (mut g, mut u) = (Vec::new(), Vec::new());
+        gather_rows(&gate, neurons, &mut g);
+        gather_rows(&up, neurons, &mut u);
+        ffn.load(1, row0, &g, &u, &down_neuron_major(&down, neurons))
     };
     let a: Vec<u32> = (0..32).map(|i| i * 3).collect();
     let bytes = load(96, &a);

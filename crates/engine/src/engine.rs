@@ -336,8 +336,8 @@ impl Engine {
             d => d,
         };
         let tp = tp_plan(&gguf, &h, &cfg, degree)?;
-        // The online policies' starting groups per layer, and their neurons in slot order.
-        let mut accel_groups: Option<(Vec<Vec<u32>>, Vec<Vec<u32>>, Vec<Vec<u32>>)> = None;
+        // The online policies' neuron groups per layer, and the groups they start with.
+        let mut accel_groups: Option<(Vec<Vec<u32>>, Vec<Vec<u32>>)> = None;
         if let Some(a) = &cfg.accel {
             // The accelerator's neurons become part of the sparse configuration (a dense one,
             // every neuron firing, without --sparsity).
@@ -362,7 +362,7 @@ impl Engine {
                     .zip(&members)
                     .map(|(gr, m)| gr.iter().flat_map(|&g| m[g as usize * gs..][..gs].iter().copied()).collect())
                     .collect();
-                accel_groups = Some((members, groups, rows.clone()));
+                accel_groups = Some((members, groups));
                 rows
             } else {
                 crate::offload::choose(&cost, n_ff, a.mem, a.freq.as_deref())
@@ -467,12 +467,10 @@ impl Engine {
         exec.panel_gemm = cfg.fast_prefill;
         exec.set_schedules(cfg.plan.as_ref().and_then(|p| p.schedules(kernels.isa().name())).map(Arc::new));
         let (accel, online) = match (cfg.sparsity.as_ref().filter(|s| s.offloaded.iter().any(|v| !v.is_empty())), accel_groups, &cfg.accel) {
-            (Some(_), Some((members, groups, rows)), Some(a)) => {
-                let ffn = crate::offload::open(&gguf, &rows, h.n_embd, cfg.n_batch)?;
-                let n_ff = crate::offload::costs(&gguf, h.n_layer)?.1;
-                let online = Arc::new(crate::balance::Online::new(ffn.clone(), gguf.clone(), kernels, a.balance, n_ff, members, &groups)?);
+            (Some(_), Some((members, groups)), Some(a)) => {
+                let online = Arc::new(crate::balance::Online::new(gguf.clone(), kernels, a.balance, cfg.n_batch, members, &groups)?);
                 exec.offload = Some(online.clone());
-                (Some(ffn), Some(online))
+                (Some(online.ffn().clone()), Some(online))
             }
             (Some(s), _, _) => {
                 let a = crate::offload::open(&gguf, &s.offloaded, h.n_embd, cfg.n_batch)?;

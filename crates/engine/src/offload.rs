@@ -12,7 +12,7 @@
 
 use crate::balance::{BalanceConfig, Policy};
 use crate::Error;
-use corelm_accel::{FileMatrix, Gpu, HotFfn, HotLayer};
+use corelm_accel::{down_neuron_major, FileMatrix, Gpu, HotFfn, HotLayer};
 use corelm_gguf::{Gguf, TensorInfo};
 use corelm_kernels::DType;
 use std::sync::Arc;
@@ -39,13 +39,13 @@ impl AccelConfig {
 }
 
 /// One layer's FFN matrices in the file: gate, up (`[n_ff rows, n_embd]`) and down.
-struct Ffn<'a> {
-    gate: &'a TensorInfo,
-    up: &'a TensorInfo,
-    down: &'a TensorInfo,
+pub(crate) struct Ffn<'a> {
+    pub gate: &'a TensorInfo,
+    pub up: &'a TensorInfo,
+    pub down: &'a TensorInfo,
 }
 
-fn ffn_of(gguf: &Gguf, layer: usize) -> Result<Ffn<'_>, Error> {
+pub(crate) fn ffn_of(gguf: &Gguf, layer: usize) -> Result<Ffn<'_>, Error> {
     let t = |w: &str| {
         let name = format!("blk.{layer}.ffn_{w}.weight");
         gguf.tensor(&name).ok_or_else(|| Error::Config(format!("--accel-mem offloads dense FFN layers; the model has no {name}")))
@@ -131,6 +131,16 @@ pub fn choose_groups(cost: &[u64], n_ff: usize, mem: u64, freq: Option<&[Vec<f32
 /// Open the accelerator and upload the hot neurons `hot` of `gguf`'s layers, for batches of
 /// up to `max_tokens`; row `i` of a layer holds `hot[l][i]`.
 pub fn open(gguf: &Gguf, hot: &[Vec<u32>], n_embd: usize, max_tokens: usize) -> Result<Arc<HotFfn>, Error> {
+    let mut down = Vec::with_capacity(hot.len());
+    for (l, h) in hot.iter().enumerate() {
+        down.push(if h.is_empty() { Vec::new() } else { down_neuron_major(&file_matrix(gguf, ffn_of(gguf, l)?.down), h) });
+    }
+    upload(gguf, hot, &down, n_embd, max_tokens)
+}
+
+/// [`open`] with the down columns of each layer's `hot` neurons given (`down[l]`, as
+/// [`down_neuron_major`] makes them).
+pub(crate) fn upload(gguf: &Gguf, hot: &[Vec<u32>], down: &[Vec<u8>], n_embd: usize, max_tokens: usize) -> Result<Arc<HotFfn>, Error> {
     let gpu = Arc::new(Gpu::open().map_err(|e| Error::Config(e.to_string()))?);
     let ffns: Vec<Ffn> = (0..hot.len()).map(|l| ffn_of(gguf, l)).collect::<Result<_, _>>()?;
     let layers: Vec<HotLayer> = hot
@@ -143,7 +153,7 @@ pub fn open(gguf: &Gguf, hot: &[Vec<u32>], n_embd: usize, max_tokens: usize) -> 
             neurons: h,
             gate: file_matrix(gguf, ffns[l].gate),
             up: file_matrix(gguf, ffns[l].up),
-            down: file_matrix(gguf, ffns[l].down),
+            down: &down[l],
         })
         .collect();
     let ffn = HotFfn::new(gpu, hot.len(), n_embd, max_tokens, &layers).map_err(|e| Error::Config(e.to_string()))?;

@@ -67,13 +67,14 @@ impl Tap for Tracer {
         for r in 0..take {
             s.x[il].extend_from_slice(&xs[r * n_embd..(r + 1) * n_embd]);
             gate_activation(self.kernels, kind, &g[r * n_ff..(r + 1) * n_ff], &ones, &mut act);
-            let mut bits = vec![0u64; words];
+            let at = s.fired[il].len();
+            s.fired[il].resize(at + words, 0);
+            let bits = &mut s.fired[il][at..];
             for (n, a) in act.iter().enumerate() {
                 if a.abs() > self.thresholds[il] {
                     bits[n / 64] |= 1 << (n % 64);
                 }
             }
-            s.fired[il].extend_from_slice(&bits);
         }
     }
 }

@@ -3,11 +3,12 @@
 // (what online balancing loads and evicts). Y[t][r] = sum over neurons n with A[t][n] != 0 of
 // A[t][n] * down[n][r], in neuron order; a thread per output value.
 
+// The matrix's own GEMV parameters (common.wgsl's Params) read under these names.
 struct DownParams {
     n_hot: u32,      // neurons (rows of W, values per token in A)
     n_embd: u32,     // outputs per token
     row_bytes: u32,  // bytes per row of W
-    pad: u32,
+    groups_x: u32,   // the GEMV's workgroup count (unused here)
 }
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;

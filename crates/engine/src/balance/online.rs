@@ -3,9 +3,10 @@
 //! carries out the [`Balancer`]'s moves.
 
 use super::policy::{BalanceConfig, Balancer, Move, Policy};
-use corelm_accel::HotFfn;
+use crate::offload::{ffn_of, file_matrix};
+use corelm_accel::{gather_rows, FileMatrix, HotFfn};
 use corelm_core::{sched::gate_activation, Glu, Offload};
-use corelm_gguf::Gguf;
+use corelm_gguf::{Gguf, TensorInfo};
 use corelm_kernels::{DType, Kernels};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -48,17 +49,27 @@ struct Layer {
     members: Vec<u32>,
     /// The group of each neuron.
     group_of: Vec<u32>,
-    /// The gate and up matrices' bytes in the file (neuron `n`: row `n`).
-    gate: (usize, usize),
-    up: (usize, usize),
-    /// Row bytes of gate, up, and of the neuron-major Q8_0 down copy.
-    row_bytes: [usize; 3],
-    /// Types of gate and up.
-    types: [DType; 2],
+    /// The gate and up matrices in the file (neuron `n`: row `n`).
+    gate: TensorInfo,
+    up: TensorInfo,
     /// Every neuron's down column as a Q8_0 row (`[n_ff rows, n_embd]`).
     down: Vec<u8>,
     /// Bit `n`: neuron `n` is on the device.
     mask: Vec<AtomicU64>,
+}
+
+impl Layer {
+    /// Mark group `g` (of `gs` neurons) on the device, or off it.
+    fn set(&self, g: u32, gs: usize, on: bool) {
+        for &n in &self.members[g as usize * gs..][..gs] {
+            let (bit, w) = (1u64 << (n % 64), &self.mask[n as usize / 64]);
+            if on {
+                w.fetch_or(bit, Ordering::Relaxed);
+            } else {
+                w.fetch_and(!bit, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// Mutable state, touched by worker 0 only (between barriers).
@@ -105,20 +116,26 @@ pub struct Online {
 }
 
 impl Online {
-    /// Balance `ffn`'s layers of `gguf` (`n_ff` neurons each) under `cfg`: layer `l`'s groups
-    /// are `members[l]` cut in runs of `cfg.group` (a permutation of its neurons), its slots
-    /// starting with groups `initial[l]` (as `ffn` was uploaded; empty: not offloaded).
-    pub fn new(ffn: Arc<HotFfn>, gguf: Arc<Gguf>, kernels: &'static Kernels, cfg: BalanceConfig, n_ff: usize, members: Vec<Vec<u32>>, initial: &[Vec<u32>]) -> Result<Online, crate::Error> {
+    /// Open the accelerator for `gguf`'s FFN layers balanced under `cfg`, for batches of up
+    /// to `max_tokens`: layer `l`'s groups are `members[l]` cut in runs of `cfg.group` (a
+    /// permutation of its neurons), its slots starting with groups `initial[l]` (empty: not
+    /// offloaded).
+    pub fn new(gguf: Arc<Gguf>, kernels: &'static Kernels, cfg: BalanceConfig, max_tokens: usize, members: Vec<Vec<u32>>, initial: &[Vec<u32>]) -> Result<Online, crate::Error> {
         let group = cfg.group;
-        assert!(group > 0 && n_ff % group == 0, "groups of {group} neurons dividing {n_ff}");
-        let mut members = members.into_iter();
+        let (mut n_ff, mut n_embd) = (0, 0);
         let mut layers = Vec::with_capacity(initial.len());
-        for (l, init) in initial.iter().enumerate() {
-            let members = members.next().expect("members for every layer");
+        // The starting rows and their down columns, uploaded below.
+        let (mut rows, mut downs) = (Vec::with_capacity(initial.len()), Vec::with_capacity(initial.len()));
+        for ((l, init), members) in initial.iter().enumerate().zip(members) {
             if init.is_empty() {
                 layers.push(None);
+                rows.push(Vec::new());
+                downs.push(Vec::new());
                 continue;
             }
+            let f = ffn_of(&gguf, l)?;
+            (n_embd, n_ff) = (f.gate.shape[0] as usize, f.gate.shape[1] as usize);
+            assert!(group > 0 && n_ff % group == 0, "groups of {group} neurons dividing {n_ff}");
             let mut group_of = vec![u32::MAX; n_ff];
             for (i, &n) in members.iter().enumerate() {
                 if let Some(g) = group_of.get_mut(n as usize) {
@@ -128,38 +145,27 @@ impl Online {
             if members.len() != n_ff || group_of.contains(&u32::MAX) {
                 return Err(crate::Error::Config(format!("layer {l}: the neuron groups are not a permutation of its {n_ff} neurons")));
             }
-            let t = |w: &str| {
-                let name = format!("blk.{l}.ffn_{w}.weight");
-                gguf.tensor(&name).ok_or_else(|| crate::Error::Config(format!("--accel-policy balances dense FFN layers; the model has no {name}")))
-            };
-            let (gate, up, down) = (t("gate")?, t("up")?, t("down")?);
-            let n_embd = gate.shape[0] as usize;
-            let range = |t: &corelm_gguf::TensorInfo| {
-                let b = gguf.tensor_data(t);
-                (b.as_ptr() as usize - gguf.bytes().as_ptr() as usize, b.len())
-            };
             let all: Vec<u32> = (0..n_ff as u32).collect();
-            let down_m = crate::offload::file_matrix(&gguf, down);
-            let mask: Vec<AtomicU64> = (0..n_ff.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
-            for &g in init {
-                for &n in &members[g as usize * group..(g as usize + 1) * group] {
-                    mask[n as usize / 64].fetch_or(1 << (n % 64), Ordering::Relaxed);
-                }
-            }
-            layers.push(Some(Layer {
+            let layer = Layer {
                 members,
                 group_of,
-                gate: range(gate),
-                up: range(up),
-                row_bytes: [gate.dtype, up.dtype, DType::Q8_0].map(|t| corelm_kernels::row_bytes(t, n_embd)),
-                types: [gate.dtype, up.dtype],
-                down: corelm_accel::down_neuron_major(&down_m, &all),
-                mask,
-            }));
+                gate: f.gate.clone(),
+                up: f.up.clone(),
+                down: corelm_accel::down_neuron_major(&file_matrix(&gguf, f.down), &all),
+                mask: (0..n_ff.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            };
+            init.iter().for_each(|&g| layer.set(g, group, true));
+            let hot: Vec<u32> = init.iter().flat_map(|&g| layer.members[g as usize * group..][..group].iter().copied()).collect();
+            let mut down = Vec::new();
+            gather_rows(&down_matrix(&layer.down, n_ff, n_embd), &hot, &mut down);
+            rows.push(hot);
+            downs.push(down);
+            layers.push(Some(layer));
         }
+        let ffn = crate::offload::upload(&gguf, &rows, &downs, n_embd, max_tokens)?;
         let last = layers.iter().rposition(Option::is_some).unwrap_or(0);
-        let max_rb = layers.iter().flatten().map(|l| l.row_bytes).fold([0; 3], |a, b| std::array::from_fn(|i| a[i].max(b[i])));
-        let n_groups = n_ff / group;
+        let n_groups = n_ff / group.max(1);
+        let staging_row = layers.iter().flatten().flat_map(|l| [&l.gate, &l.up].map(|t| corelm_kernels::row_bytes(t.dtype, n_embd))).max().unwrap_or(0);
         let state = State {
             balancer: Balancer::new(cfg, n_groups, initial),
             glu: vec![(Glu::Silu, 0.0); initial.len()],
@@ -169,18 +175,22 @@ impl Online {
             counts: vec![0; n_groups],
             activity: vec![0.0; n_groups],
             moves: Vec::with_capacity(n_groups),
-            staging: max_rb.map(|rb| Vec::with_capacity(rb * group)),
+            staging: std::array::from_fn(|_| Vec::with_capacity(staging_row.max(corelm_kernels::row_bytes(DType::Q8_0, n_embd)) * group)),
             stats: BalanceStats { lambda: cfg.lambda, ..Default::default() },
-            x: vec![0.0; ffn.max_tokens() * ffn.n_embd()],
-            row: vec![0.0; ffn.n_embd()],
+            x: vec![0.0; max_tokens * n_embd],
+            row: vec![0.0; n_embd],
             lost: false,
             fail_next: false,
             pass_start: None,
             pass_load: 0.0,
             pass_wait: 0.0,
         };
-        let n_embd = ffn.n_embd();
         Ok(Online { ffn, gguf, kernels, layers, n_ff, n_embd, group, last, state: Mutex::new(state) })
+    }
+
+    /// A layer's gate, up (the file's) and neuron-major down (the host copy).
+    fn matrices<'a>(&'a self, l: &'a Layer) -> [FileMatrix<'a>; 3] {
+        [file_matrix(&self.gguf, &l.gate), file_matrix(&self.gguf, &l.up), down_matrix(&l.down, self.n_ff, self.n_embd)]
     }
 
     pub fn ffn(&self) -> &Arc<HotFfn> {
@@ -219,10 +229,9 @@ impl Online {
     fn fallback(&self, s: &mut State, layer: usize, y: &mut [f32]) {
         let l = self.layers[layer].as_ref().expect("an offloaded layer");
         let portable = Kernels::portable();
-        let [to_gate, to_up, to_down] = [l.types[0], l.types[1], DType::Q8_0].map(|t| portable.to_float(t).expect("a model weight type"));
-        let file = self.gguf.bytes();
-        let (gate, up) = (&file[l.gate.0..][..l.gate.1], &file[l.up.0..][..l.up.1]);
-        let [grb, urb, drb] = l.row_bytes;
+        let [gate, up, down] = self.matrices(l);
+        let [to_gate, to_up, to_down] = [&gate, &up, &down].map(|m| portable.to_float(m.dtype).expect("a model weight type"));
+        let [grb, urb, drb] = [&gate, &up, &down].map(FileMatrix::row_bytes);
         let (kind, thr) = s.glu[layer];
         let n_embd = self.n_embd;
         let (row, xs, ones) = (&mut s.row, &s.x, &s.ones);
@@ -232,14 +241,14 @@ impl Online {
                 if l.mask[n / 64].load(Ordering::Relaxed) >> (n % 64) & 1 == 0 {
                     continue;
                 }
-                let g = row_dot(to_gate, &gate[n * grb..][..grb], row, xt);
+                let g = row_dot(to_gate, &gate.bytes[n * grb..][..grb], row, xt);
                 let mut a = [0f32];
                 gate_activation(&portable, kind, &[g], ones, &mut a);
                 if a[0].abs() <= thr {
                     continue;
                 }
-                let h = a[0] * row_dot(to_up, &up[n * urb..][..urb], row, xt);
-                to_down(&l.down[n * drb..][..drb], row);
+                let h = a[0] * row_dot(to_up, &up.bytes[n * urb..][..urb], row, xt);
+                to_down(&down.bytes[n * drb..][..drb], row);
                 yt.iter_mut().zip(row.iter()).for_each(|(o, &d)| *o += h * d);
             }
         }
@@ -248,37 +257,27 @@ impl Online {
     /// Carry out `moves` on `layer`: device rows and the residency mask. Returns the bytes.
     fn apply(&self, layer: usize, moves: &[Move], staging: &mut [Vec<u8>; 3]) -> u64 {
         let l = self.layers[layer].as_ref().expect("an offloaded layer");
-        let file = self.gguf.bytes();
         let gs = self.group;
-        let (gate, up) = (&file[l.gate.0..][..l.gate.1], &file[l.up.0..][..l.up.1]);
+        let matrices = self.matrices(l);
         let mut bytes = 0;
         for m in moves {
-            let neurons = &l.members[m.group as usize * gs..][..gs];
             // The group's rows gathered: gate and up from the file mapping, down from the
             // neuron-major copy.
-            for ((buf, src), rb) in staging.iter_mut().zip([gate, up, &l.down[..]]).zip(l.row_bytes) {
-                buf.clear();
-                neurons.iter().for_each(|&n| buf.extend_from_slice(&src[n as usize * rb..][..rb]));
-            }
+            let neurons = &l.members[m.group as usize * gs..][..gs];
+            staging.iter_mut().zip(&matrices).for_each(|(buf, mat)| gather_rows(mat, neurons, buf));
             bytes += self.ffn.load(layer, m.slot * gs, &staging[0], &staging[1], &staging[2]);
-            let set = |g: u32, on: bool| {
-                for &n in &l.members[g as usize * gs..][..gs] {
-                    let bit = 1u64 << (n % 64);
-                    let w = &l.mask[n as usize / 64];
-                    if on {
-                        w.fetch_or(bit, Ordering::Relaxed);
-                    } else {
-                        w.fetch_and(!bit, Ordering::Relaxed);
-                    }
-                }
-            };
             if let Some(e) = m.evicted {
-                set(e, false);
+                l.set(e, gs, false);
             }
-            set(m.group, true);
+            l.set(m.group, gs, true);
         }
         bytes
     }
+}
+
+/// A neuron-major Q8_0 down copy (`[n_ff rows, n_embd]`) as a matrix.
+fn down_matrix(bytes: &[u8], n_ff: usize, n_embd: usize) -> FileMatrix<'_> {
+    FileMatrix { dtype: DType::Q8_0, rows: n_ff, cols: n_embd, bytes }
 }
 
 /// `bytes` (one row, dequantized by `to` into `row`) · `x`.
