@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # aarch64, emulated: cross-build the kernel parity tests and one real-model golden check
 # (SmolLM2's first case, prompt logits within tolerance) for aarch64-unknown-linux-gnu and run
-# them under qemu-user with three CPU models, so every dispatch path a real ARM CPU can take
+# them under qemu-user with several CPU models, so every dispatch path a real ARM CPU can take
 # runs: `max` (dotprod, i8mm, SVE, SME), `neoverse-n1` (dotprod, no i8mm), `cortex-a53` (no
 # dotprod). Correctness only: emulated timings mean nothing.
+#
+# SME: Debian 12's qemu 7.2 computes SME's 8-bit outer products into 32-bit tiles (`SUMOPA`)
+# wrongly, so under its `-cpu max` the start-up self-test refuses the SME table (the tests
+# check that it does). The SME kernels themselves run under bookworm-backports' qemu 10
+# (its static `qemu-aarch64`, fetched once into ~/.cache/corelm/qemu-backports with an apt
+# of its own, nothing installed), at streaming vectors of 512 and 256 bits, where
+# CORELM_EXPECT_SME=1 makes the tests fail unless the SME table is granted.
 #
 # What it needs is installed here if missing (Debian 12; rustup's downloads are not reachable):
 # Debian's second Rust toolchain with an arm64 standard library (rustc-web, cargo-web,
@@ -35,7 +42,7 @@ export CARGO_TARGET_DIR=target/aarch64-cross
 export CARGO_PROFILE_RELEASE_DEBUG=0
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 CARGO=/usr/bin/cargo
-TESTS=(-p corelm-kernels --test parity --test interleave --lib)
+TESTS=(-p corelm-kernels --test parity --test interleave --test sme --lib)
 GOLDEN=(-p corelm-engine --test golden)
 
 "$CARGO" test --release --target $T "${TESTS[@]}" --no-run
@@ -46,3 +53,24 @@ for cpu in max neoverse-n1 cortex-a53; do
     "$CARGO" test --release --target $T "${TESTS[@]}" -q
     "$CARGO" test --release --target $T "${GOLDEN[@]}" -q golden_smollm2_p01 -- --exact --nocapture
 done
+
+QDIR="${XDG_CACHE_HOME:-$HOME/.cache}/corelm/qemu-backports"
+QEMU_SME="$QDIR/usr/bin/qemu-aarch64"
+if [ ! -x "$QEMU_SME" ]; then
+    echo "test_arm: fetching qemu-user from bookworm-backports into $QDIR"
+    tmp=$(mktemp -d)
+    mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$QDIR"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm-backports main" > "$tmp/sources.list"
+    APT=(-o "Dir::Etc::SourceList=$tmp/sources.list" -o Dir::Etc::SourceParts=/dev/null -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache")
+    apt-get "${APT[@]}" update -qq
+    (cd "$tmp" && apt-get "${APT[@]}" download -qq qemu-user 2>/dev/null)
+    dpkg-deb -x "$tmp"/qemu-user_*.deb "$QDIR"
+    rm -rf "$tmp"
+fi
+export CORELM_EXPECT_SME=1
+for vl in 32 64; do
+    echo "test_arm: $("$QEMU_SME" --version | head -1) -cpu max,sme-default-vector-length=$vl"
+    export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$QEMU_SME -L $SYSROOT -cpu max,sme-default-vector-length=$vl"
+    "$CARGO" test --release --target $T "${TESTS[@]}" -q
+done
+"$CARGO" test --release --target $T "${GOLDEN[@]}" -q golden_smollm2_p01 -- --exact --nocapture

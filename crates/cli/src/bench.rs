@@ -86,7 +86,7 @@ fn bench_batched(a: &BenchArgs) -> Result<()> {
     let path = resolve_model(&a.model)?;
     let threads = bench_threads(a)?;
     if !a.json {
-        println!("kernels: {} (this CPU runs up to {}){}", corelm_kernels::kernels().isa(), corelm_kernels::Isa::detected(),
+        println!("kernels: {} (this CPU runs up to {}){}", corelm_kernels::kernels().isa(), corelm_kernels::best_isa(),
             if a.kernels.batch_invariant { ", batch-invariant" } else { "" });
         println!("| threads | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |");
         println!("|---|---|---|---|---|---|---|---|---|---|---|");
@@ -128,7 +128,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     let n_batch = a.batch_size.min(max_tokens.max(1));
     let mut results = Vec::new();
     if !json {
-        println!("kernels: {} (this CPU runs up to {})", corelm_kernels::kernels().isa(), corelm_kernels::Isa::detected());
+        println!("kernels: {} (this CPU runs up to {})", corelm_kernels::kernels().isa(), corelm_kernels::best_isa());
         println!("| model | threads | test | t/s | roofline t/s |");
         println!("|---|---|---|---|---|");
     }

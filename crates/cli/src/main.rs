@@ -30,8 +30,8 @@ const DEFAULT_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
-    /// Kernel table for every command: portable, avx2 or avx512 on x86-64, portable, neon or
-    /// dotprod on aarch64 (default: the best this CPU runs). A lower table than the CPU's forces its kernels everywhere, for measuring and
+    /// Kernel table for every command: portable, avx2 or avx512 on x86-64, portable, neon,
+    /// dotprod or sme on aarch64 (default: the best this CPU runs). A lower table than the CPU's forces its kernels everywhere, for measuring and
     /// testing that path; one the CPU cannot run is refused.
     #[arg(long, global = true, env = "CORELM_ISA", value_parser = parse_isa)]
     isa: Option<corelm_kernels::Isa>,
@@ -39,7 +39,7 @@ struct Cli {
 
 /// An `--isa` value this CPU runs.
 fn parse_isa(s: &str) -> Result<corelm_kernels::Isa, String> {
-    s.parse::<corelm_kernels::Isa>().and_then(|i| i.check()).map_err(|e| e.to_string())
+    s.parse::<corelm_kernels::Isa>().and_then(corelm_kernels::dispatch::check).map_err(|e| e.to_string())
 }
 
 #[derive(Args, Clone)]

@@ -148,7 +148,7 @@ fn golden_smollm2() {
 fn golden_smollm2_fast_prefill() {
     use corelm_kernels::Isa;
     let (d, f, t) = MODELS[0];
-    let best = Isa::detected();
+    let best = corelm_kernels::best_isa();
     let isas = if best == Isa::Avx512 { vec![best, Isa::Avx2] } else { vec![best] };
     for isa in isas {
         check_model_cfg(d, f, 1.5 * t, corelm_engine::EngineConfig { fast_prefill: true, isa: Some(isa), ..test_config(2) }, &[]);
@@ -166,8 +166,8 @@ fn golden_smollm2_fast_prefill() {
 fn golden_smollm2_lower_isas() {
     use corelm_kernels::Isa;
     let (d, f, t) = MODELS[0];
-    let best = Isa::detected();
-    for isa in Isa::ALL.into_iter().filter(|&i| i < best && i.check().is_ok()) {
+    let best = corelm_kernels::best_isa();
+    for isa in Isa::ALL.into_iter().filter(|&i| i < best && corelm_kernels::dispatch::check(i).is_ok()) {
         let cfg = corelm_engine::EngineConfig { n_batch: 512, isa: Some(isa), ..test_config(2) };
         match isa {
             Isa::Portable => check_model_cfg(d, f, 1.5 * t, cfg, &["p01", "p02"]),
@@ -182,7 +182,7 @@ fn golden_smollm2_lower_isas() {
 #[test]
 fn golden_kquants_avx2() {
     use corelm_kernels::Isa;
-    if Isa::detected() != Isa::Avx512 {
+    if corelm_kernels::best_isa() != Isa::Avx512 {
         return; // no AVX2 table here, or the default tests run it already
     }
     for (d, f, t) in [MODELS[1], MODELS[2]] {
@@ -192,17 +192,22 @@ fn golden_kquants_avx2() {
 }
 
 /// SmolLM2's first case alone, under every kernel table this CPU runs: the real-model check of
-/// the emulated aarch64 runs (`scripts/test_arm.sh`: portable, NEON, NEON + `sdot`), where a
-/// whole model is 10–50× slower. The SIMD tables' dots follow the x86 lane order, so they get
-/// the golden tolerance; the portable table, ggml's generic order, gets it widened by half as
-/// in [`golden_smollm2_lower_isas`].
+/// the emulated aarch64 runs (`scripts/test_arm.sh`: portable, NEON, NEON + `sdot`, and SME
+/// with its panel GEMM under `--fast-prefill`), where a whole model is 10–50× slower. The SIMD
+/// tables' dots follow the x86 lane order, so they get the golden tolerance; the portable
+/// table, ggml's generic order, gets it widened by half as in [`golden_smollm2_lower_isas`].
 #[test]
 fn golden_smollm2_p01() {
     use corelm_kernels::Isa;
     let (d, f, t) = MODELS[0];
-    for isa in Isa::ALL.into_iter().filter(|i| i.check().is_ok()) {
+    for isa in Isa::ALL.into_iter().filter(|&i| corelm_kernels::dispatch::check(i).is_ok()) {
         let tol = if isa == Isa::Portable { 1.5 * t } else { t };
         check_model_cfg(d, f, tol, corelm_engine::EngineConfig { n_batch: 512, isa: Some(isa), ..test_config(2) }, &["p01"]);
+        if isa == Isa::Sme {
+            // The panel GEMM on the matrix unit (`--fast-prefill`, prompts of 8 tokens or more:
+            // p02's 11): its float order, so the tolerance of `golden_smollm2_fast_prefill`.
+            check_model_cfg(d, f, 1.5 * t, corelm_engine::EngineConfig { n_batch: 512, isa: Some(isa), fast_prefill: true, ..test_config(2) }, &["p02"]);
+        }
     }
 }
 

@@ -125,21 +125,21 @@ impl Kernels {
         }
     }
 
-    /// The best table for this CPU ([`Isa::detected`]).
+    /// The best table for this CPU ([`best_isa`]).
     pub fn detect() -> Kernels {
-        Kernels::build(Isa::detected())
+        Kernels::build(best_isa())
     }
 
     /// The table of `isa`, or an error naming the features this CPU lacks for it.
     pub fn for_isa(isa: Isa) -> Result<Kernels, IsaError> {
-        Ok(Kernels::build(isa.check()?))
+        Ok(Kernels::build(check(isa)?))
     }
 
     /// The table of `isa`, which this CPU runs (checked by the callers).
     fn build(isa: Isa) -> Kernels {
         match isa {
             Isa::Portable => Kernels::portable(),
-            Isa::Neon | Isa::Dotprod => Kernels::aarch64(isa),
+            Isa::Neon | Isa::Dotprod | Isa::Sme => Kernels::aarch64(isa),
             Isa::Avx2 => Kernels::avx2(),
             Isa::Avx512 => Kernels::avx512(),
         }
@@ -257,7 +257,7 @@ impl Kernels {
     /// The best table at most [`Isa::Avx2`] for this CPU: the reference the AVX-512 instances
     /// are tested against, and what [`Kernels::detect`] gives on a CPU without AVX-512.
     pub fn detect_avx2() -> Kernels {
-        Kernels::build(Isa::detected().min(Isa::Avx2))
+        Kernels::build(best_isa().min(Isa::Avx2))
     }
 
     /// The AVX2 table. Only for a CPU with [`Isa::Avx2`].
@@ -334,7 +334,8 @@ impl Kernels {
     }
 
     /// The aarch64 tables: NEON dots of the golden models' types in the x86 lane order
-    /// (`matmul::aarch64::neon`), with `sdot` for [`Isa::Dotprod`]. Only for a CPU with `isa`.
+    /// (`matmul::aarch64::neon`), with `sdot` for [`Isa::Dotprod`] and [`Isa::Sme`] (whose
+    /// panel GEMM runs on the matrix unit: `matmul::gemm`). Only for a CPU with `isa`.
     fn aarch64(isa: Isa) -> Kernels {
         #[allow(unused_mut)]
         let mut k = Kernels::portable();
@@ -343,9 +344,9 @@ impl Kernels {
             use crate::matmul::aarch64::neon::{dotprod, kind, neon};
             debug_assert!(isa.missing().is_empty());
             k.isa = isa;
-            let dot = isa == Isa::Dotprod;
-            // SAFETY (the `dotprod` closures): `build` runs this for `Isa::Dotprod` only on a
-            // CPU with it (checked); the NEON ones need only the aarch64 baseline.
+            let dot = isa >= Isa::Dotprod;
+            // SAFETY (the `dotprod` closures): `build` runs this for `Isa::Dotprod` or `Isa::Sme`
+            // only on a CPU with it (checked); the NEON ones need only the aarch64 baseline.
             let pick = |n: VecDot, d: VecDot| if dot { d } else { n };
             for (t, f) in [
                 (DType::Q4_0, pick(neon::<{ kind::Q4_0 }>, |x, y| unsafe { dotprod::<{ kind::Q4_0 }>(x, y) })),
@@ -416,8 +417,8 @@ impl Kernels {
 /// and reports it as an error).
 pub fn kernels() -> &'static Kernels {
     let isa = *DEFAULT_ISA.get_or_init(|| match std::env::var("CORELM_ISA") {
-        Ok(v) if !v.trim().is_empty() => v.parse::<Isa>().and_then(Isa::check).unwrap_or_else(|e| panic!("CORELM_ISA: {e}")),
-        _ => Isa::detected(),
+        Ok(v) if !v.trim().is_empty() => v.parse::<Isa>().and_then(check).unwrap_or_else(|e| panic!("CORELM_ISA: {e}")),
+        _ => best_isa(),
     });
     table(isa)
 }
@@ -427,7 +428,7 @@ static DEFAULT_ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
 /// Fix the level [`kernels`] uses (the CLI's `--isa`), before its first use. Fails if this CPU
 /// cannot run it, or if the process already chose another level.
 pub fn set_default_isa(isa: Isa) -> Result<(), IsaError> {
-    isa.check()?;
+    check(isa)?;
     let chosen = *DEFAULT_ISA.get_or_init(|| isa);
     if chosen == isa {
         Ok(())
@@ -438,7 +439,41 @@ pub fn set_default_isa(isa: Isa) -> Result<(), IsaError> {
 
 /// The table of a level, built once per process; an error names the features this CPU lacks.
 pub fn kernels_for(isa: Isa) -> Result<&'static Kernels, IsaError> {
-    Ok(table(isa.check()?))
+    Ok(table(check(isa)?))
+}
+
+/// The highest level this CPU runs: [`Isa::detected`], stepped down from [`Isa::Sme`] to
+/// [`Isa::Dotprod`] where the SME kernels fail their start-up self-test (run once).
+pub fn best_isa() -> Isa {
+    let isa = Isa::detected();
+    if isa == Isa::Sme && !sme_self_test() {
+        Isa::Dotprod
+    } else {
+        isa
+    }
+}
+
+/// [`Isa::check`], and for [`Isa::Sme`] its kernels' self-test.
+pub fn check(isa: Isa) -> Result<Isa, IsaError> {
+    let isa = isa.check()?;
+    if isa == Isa::Sme && !sme_self_test() {
+        return Err(IsaError::SelfTest { isa, best: best_isa() });
+    }
+    Ok(isa)
+}
+
+/// Whether the SME kernels agree with their portable models on this CPU, bit for bit (run
+/// once; `false` where SME's features are missing).
+pub fn sme_self_test() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        #[cfg(target_arch = "aarch64")]
+        if Isa::Sme.missing().is_empty() {
+            // SAFETY: the CPU has SME's features (checked just above).
+            return unsafe { crate::matmul::aarch64::sme::self_test() };
+        }
+        false
+    })
 }
 
 /// The table of a level this CPU runs (checked by the callers), built on first use.

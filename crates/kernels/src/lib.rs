@@ -30,7 +30,7 @@ pub mod simd;
 pub mod sparse;
 
 pub use corelm_gguf::GgmlType as DType;
-pub use dispatch::{kernels, Isa, Kernels};
+pub use dispatch::{best_isa, kernels, Isa, Kernels};
 pub use matmul::{max_packed_row_bytes, BatchDot, InterleavedOps, TilePacking, TypeOps};
 
 /// Bytes of a row of `n` elements of `t` (`n` must be a whole number of blocks).

@@ -370,9 +370,9 @@ fn panel_gemm_matches_row_dots() {
     for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
         assert!(supported(t));
         let shapes: &[(usize, usize, usize)] = if t.block_size() == 256 {
-            &[(256, 3, 1), (512, 13, 7), (768, 16, 9)]
+            &[(256, 3, 1), (512, 13, 7), (768, 16, 9), (256, 10, 21)]
         } else {
-            &[(32, 3, 1), (96, 13, 7), (256, 16, 9)]
+            &[(32, 3, 1), (96, 13, 7), (256, 16, 9), (64, 10, 21)]
         };
         for &(k, n_out, rows) in shapes {
             let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(t, k, &mut rng)).collect();
@@ -407,6 +407,21 @@ fn panel_gemm_matches_row_dots() {
                 for sched in &schedules {
                     let s = run(isa, sched, &mut scratch);
                     assert!(p.iter().zip(&s).all(|(a, b)| a.to_bits() == b.to_bits()), "{t} k={k}: {isa} {} vs portable", sched.describe());
+                }
+            }
+            // The matrix-unit form (row tiles packed once, integer outer products in tiles)
+            // through its portable model, at the tile sizes of 256-, 512- and 2048-bit
+            // streaming vectors (the kernel needs 256 or more): the same bits again.
+            for r in [8, 16, 64] {
+                let mut ts = GemmScratch::with_tile_rows(k, rows, 2, r);
+                for sched in &schedules {
+                    let mut s = vec![f32::NAN; rows * n_out];
+                    for cols in [0..n_out / 2, n_out / 2..n_out] {
+                        let kernel = (r, corelm_kernels::matmul::gemm::tile::panel_tile_portable as corelm_kernels::matmul::gemm::tile::TileKernel);
+                        // SAFETY: as `run`; the portable model runs anywhere.
+                        unsafe { corelm_kernels::matmul::gemm::gemm_impl(t, &w, k, cols, (&x, xrb, rows), (s.as_mut_ptr(), n_out), Some(kernel), Isa::Portable, sched, &mut ts) };
+                    }
+                    assert!(p.iter().zip(&s).all(|(a, b)| a.to_bits() == b.to_bits()), "{t} k={k}: tile model r={r} {} vs portable", sched.describe());
                 }
             }
             let rb = row_bytes(t, k);

@@ -6,9 +6,11 @@
 //! types (Q8_0's tiles, on interleaved rows where the table has them), and the F32, F16 and
 //! BF16 tiles of the dense types — on operands that stay in the L1/L2 caches, one worker alone
 //! and all physical cores at once; and read bandwidth of a buffer far larger than the caches at
-//! 1..N threads. With one target, "all targets busy" is the all-cores figure. Matrix units and
-//! accelerators join when their kernels exist (SME, AMX: not written; the accelerator backend
-//! of issue 19: not yet).
+//! 1..N threads. With one target, "all targets busy" is the all-cores figure. A matrix unit
+//! joins as a second target where the table has one (Arm SME, `Isa::Sme`: the panel GEMM's
+//! `SUMOPA` tile kernel for `int8_dot`, the `FMOPA` GEMM for `f32_fma`); the memory roof with
+//! it busy, and the vector cores and it busy together, are not measured yet (Intel AMX has no
+//! kernels; the accelerator backend of issue 19 is not profiled yet).
 //!
 //! Stated profiles (`fixtures/profiles/*.json`) carry a paper's figures so the planner can be
 //! run as those machines; their `source` says so.
@@ -221,6 +223,54 @@ fn probe(kernels: &'static Kernels, family: &str) -> Option<(String, Probe)> {
     }
 }
 
+/// Activation rows of the matrix-unit probes (a multiple of every SME tile height).
+const MATRIX_ROWS: usize = 64;
+
+/// The matrix unit's probe of `family`, where `kernels` has one (SME).
+fn matrix_probe(kernels: &'static Kernels, family: &str) -> Option<(String, Probe)> {
+    use corelm_kernels::matmul::gemm::{self, GemmScratch};
+    if kernels.isa() != corelm_kernels::Isa::Sme {
+        return None;
+    }
+    let vals: Vec<f32> = (0..MATRIX_ROWS.max(ROWS) * K).map(|i| ((i * 7919 % 251) as f32 - 125.0) / 64.0).collect();
+    match family {
+        "int8_dot" => {
+            let rb = DType::Q8_0.row_bytes(K as u64).expect("K is a multiple of 32") as usize;
+            let quant = kernels.from_float(DType::Q8_0)?;
+            let q = |rows: usize| -> Vec<u8> { (0..rows).flat_map(|r| { let mut o = vec![0u8; rb]; quant(&vals[r * K..(r + 1) * K], &mut o); o }).collect() };
+            let (w, x) = (q(ROWS), q(MATRIX_ROWS));
+            let f: Probe = Box::new(move |_| {
+                thread_local! {
+                    static SCRATCH: std::cell::RefCell<GemmScratch> = std::cell::RefCell::new(GemmScratch::new(K, MATRIX_ROWS, ROWS / gemm::PANEL));
+                }
+                let mut out = vec![0f32; MATRIX_ROWS * ROWS];
+                let sched = corelm_kernels::matmul::schedule::Schedule::PANEL_DEFAULT;
+                SCRATCH.with_borrow_mut(|s| {
+                    // SAFETY: `out` holds MATRIX_ROWS × ROWS f32, all written by this one call;
+                    // the SME table runs on this CPU (it is `kernels`').
+                    unsafe { gemm::gemm(DType::Q8_0, &w, K, 0..ROWS, &x, rb, MATRIX_ROWS, out.as_mut_ptr(), ROWS, corelm_kernels::Isa::Sme, &sched, s) }
+                });
+                std::hint::black_box(&out);
+                ROWS * MATRIX_ROWS * K
+            });
+            Some(("sme q8_0 panel (SUMOPA tiles)".into(), f))
+        }
+        #[cfg(target_arch = "aarch64")]
+        "f32_fma" => {
+            let (a, b) = (vals[..MATRIX_ROWS * K].to_vec(), vals[..MATRIX_ROWS * K].iter().map(|v| v * 0.5).collect::<Vec<f32>>());
+            let f: Probe = Box::new(move |_| {
+                let mut c = vec![0f32; MATRIX_ROWS * MATRIX_ROWS];
+                // SAFETY: the SME table runs on this CPU (it is `kernels`').
+                unsafe { corelm_kernels::matmul::aarch64::sme::gemm_f32(&a, &b, &mut c, MATRIX_ROWS, MATRIX_ROWS, K) };
+                std::hint::black_box(&c);
+                MATRIX_ROWS * MATRIX_ROWS * K
+            });
+            Some(("sme f32 gemm (FMOPA tiles)".into(), f))
+        }
+        _ => None,
+    }
+}
+
 /// GFLOP/s of `p` on `n` pinned workers at once: each worker calls it for about `secs`
 /// (calibrated on one call burst first), best of three runs.
 fn rate(p: &Probe, n: usize, secs: f64) -> f64 {
@@ -261,19 +311,26 @@ pub fn measure(kernels: &'static Kernels, machine: &str, n_cores: usize, bytes: 
     let n = n_cores.max(1);
     // Each timed run about 50 ms (tests pass a small buffer and get shorter runs).
     let secs = if bytes >= 256 << 20 { 0.05 } else { 0.005 };
-    let ceilings = FAMILIES
-        .iter()
-        .filter_map(|&fam| {
-            let (kernel, p) = probe(kernels, fam)?;
-            Some(Ceiling { family: fam.into(), kernel, one_worker_gflops: rate(&p, 1, secs), all_workers_gflops: rate(&p, n, secs) })
-        })
-        .collect();
+    let ceilings = |probe: &dyn Fn(&str) -> Option<(String, Probe)>| -> Vec<Ceiling> {
+        FAMILIES
+            .iter()
+            .filter_map(|&fam| {
+                let (kernel, p) = probe(fam)?;
+                Some(Ceiling { family: fam.into(), kernel, one_worker_gflops: rate(&p, 1, secs), all_workers_gflops: rate(&p, n, secs) })
+            })
+            .collect()
+    };
+    let mut targets = vec![Target { name: "cpu".into(), kind: TargetKind::Vector, workers: n, ceilings: ceilings(&|f| probe(kernels, f)) }];
+    let matrix = ceilings(&|f| matrix_probe(kernels, f));
+    if !matrix.is_empty() {
+        targets.push(Target { name: "sme".into(), kind: TargetKind::Matrix, workers: n, ceilings: matrix });
+    }
     let read: Vec<(usize, f64)> = (1..=n).map(|t| (t, read_bandwidth(t, bytes, 3) / 1e9)).collect();
     let best = read.iter().map(|&(_, g)| g).fold(0.0, f64::max);
     Roofline {
         machine: machine.to_string(),
-        source: "measured (one vector target: all targets busy = all cores)".into(),
-        targets: vec![Target { name: "cpu".into(), kind: TargetKind::Vector, workers: n, ceilings }],
+        source: if targets.len() == 1 { "measured (one vector target: all targets busy = all cores)".into() } else { "measured (all targets busy = the vector cores' all-core roof; the matrix unit's share not measured)".into() },
+        targets,
         combined: Vec::new(),
         memory: Memory { read_gbps: read, per_target_gbps: vec![("cpu".into(), best)], all_busy_gbps: best },
     }

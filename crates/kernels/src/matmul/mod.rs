@@ -10,7 +10,7 @@
 //! | [`portable`] | the portable twin of every dot product (the reference the SIMD ones are tested against) |
 //! | [`lanes`] | the x86 SIMD dots' float order (eight lanes per block) without SIMD: the reference of the AVX2, AVX-512 and NEON dots |
 //! | [`layout`] | the load-time interleaved layout (`pack`/`unpack`) and its portable GEMV |
-//! | [`gemm`] | the panel GEMM: driver, panel layout + portable micro-kernel, VNNI micro-kernel |
+//! | [`gemm`] | the panel GEMM: driver, panel layout + portable micro-kernel, VNNI micro-kernel; `gemm/tile.rs` its matrix-unit form (row tiles, outer products) and their portable model |
 //! | [`schedule`] | a prefill matmul's register tile, cache blocking and thread grid (`corelm tune`) |
 //! | `x86/common.rs` | block decoders and integer sums shared by the x86 dots; the interleaved 32-blocks' decoding (`IlBlock`) |
 //! | `x86/avx2.rs` | AVX2 dots of the golden models' types (Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, F16, F32), four-row dots |
@@ -22,6 +22,7 @@
 //! | `x86/avx512_il.rs` | AVX-512 VNNI GEMV and tiles on the interleaved layout: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL |
 //! | `x86/avx512_il_k.rs` | the same for Q4_K and Q6_K |
 //! | `aarch64/neon.rs` | NEON dots of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K in the x86 lane order, `sdot` (dotprod) or widening multiplies |
+//! | `aarch64/sme.rs` | Arm SME: the panel GEMM's integer outer-product tile kernel, an f32 GEMM on `FMOPA`, their start-up self-test |
 //! | `x86/avx512_dense.rs` | F32/F16/BF16 in llama.cpp's AVX-512 orders (BF16 dot, tinyBLAS batch tiles) |
 
 #[cfg(target_arch = "aarch64")]

@@ -2,6 +2,8 @@
 //! lane orders of the SIMD horizontal sums written out for the portable twins, and
 //! ([`x86`]) the intrinsic helpers every x86 kernel shares.
 
+#[cfg(target_arch = "aarch64")]
+pub mod aarch64;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 
@@ -18,6 +20,10 @@ pub enum Isa {
     Neon,
     /// NEON plus the dot-product extension (`sdot`; Armv8.2+, e.g. Neoverse N1, Apple M1).
     Dotprod,
+    /// Dotprod plus the Scalable Matrix Extension (Armv9.2, e.g. Apple M4): the panel GEMM's
+    /// outer-product kernels (`matmul::aarch64::sme`). Needs a streaming vector of 256 bits or
+    /// more, and (checked by `dispatch`, not here) the start-up self-test passed.
+    Sme,
     /// x86-64 with AVX2, FMA and F16C.
     Avx2,
     /// AVX2 plus AVX-512 F, BW, VL and VNNI (BF16 where present, for the BF16 dots).
@@ -25,7 +31,7 @@ pub enum Isa {
 }
 
 impl Isa {
-    pub const ALL: [Isa; 5] = [Isa::Portable, Isa::Neon, Isa::Dotprod, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 6] = [Isa::Portable, Isa::Neon, Isa::Dotprod, Isa::Sme, Isa::Avx2, Isa::Avx512];
 
     /// The name `--isa` and `CORELM_ISA` take.
     pub fn name(self) -> &'static str {
@@ -33,12 +39,14 @@ impl Isa {
             Isa::Portable => "portable",
             Isa::Neon => "neon",
             Isa::Dotprod => "dotprod",
+            Isa::Sme => "sme",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
         }
     }
 
-    /// The highest level this CPU runs (detected once).
+    /// The highest level this CPU has the features of (detected once). `dispatch::best_isa`
+    /// is this, stepped down from [`Isa::Sme`] where the SME self-test fails.
     pub fn detected() -> Isa {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| Isa::ALL.into_iter().rev().find(|i| i.missing().is_empty()).unwrap_or(Isa::Portable))
@@ -50,6 +58,7 @@ impl Isa {
             Isa::Portable => &[],
             Isa::Neon => &["neon"],
             Isa::Dotprod => &["neon", "dotprod"],
+            Isa::Sme => &["neon", "dotprod", "sme", "sme-vl256"],
             Isa::Avx2 => &["avx2", "fma", "f16c"],
             Isa::Avx512 => &["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni"],
         };
@@ -86,16 +95,21 @@ pub enum IsaError {
     Unknown(String),
     Unsupported { isa: Isa, missing: Vec<&'static str>, best: Isa },
     AlreadyChosen { isa: Isa, chosen: Isa },
+    /// The CPU has the features but the level's kernels failed their start-up self-test.
+    SelfTest { isa: Isa, best: Isa },
 }
 
 impl std::fmt::Display for IsaError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            IsaError::Unknown(s) => write!(f, "unknown ISA {s:?}: expected portable, neon, dotprod, avx2 or avx512"),
+            IsaError::Unknown(s) => write!(f, "unknown ISA {s:?}: expected portable, neon, dotprod, sme, avx2 or avx512"),
             IsaError::Unsupported { isa, missing, best } => {
                 write!(f, "this CPU cannot run the {isa} kernels: it lacks {}; the highest it runs is {best}", missing.join(", "))
             }
             IsaError::AlreadyChosen { isa, chosen } => write!(f, "cannot switch the kernels to {isa}: this process already runs {chosen}"),
+            IsaError::SelfTest { isa, best } => {
+                write!(f, "the {isa} kernels disagree with their portable model on this CPU (start-up self-test), so they are disabled; the highest level that runs is {best}")
+            }
         }
     }
 }
@@ -110,6 +124,9 @@ fn cpu_has(feature: &str) -> bool {
         match feature {
             "neon" => std::arch::is_aarch64_feature_detected!("neon"),
             "dotprod" => std::arch::is_aarch64_feature_detected!("dotprod"),
+            "sme" => aarch64::has_sme(),
+            // The panel kernel keeps a panel's 8 columns × 4 codes (32 bytes) in one vector.
+            "sme-vl256" => aarch64::has_sme() && aarch64::sme_vector_bytes() >= 32,
             _ => false,
         }
     }

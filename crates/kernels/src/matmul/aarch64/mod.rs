@@ -5,7 +5,9 @@
 //! # Safety
 //! One contract for every `#[target_feature]` function here: call it only on a CPU with the
 //! features it names (NEON; `dotprod` for the `Sdot` instances). `dispatch::Kernels` checks
-//! them (`Isa::Neon`, `Isa::Dotprod`) before it puts any of them in a table.
+//! them (`Isa::Neon`, `Isa::Dotprod`) before it puts any of them in a table. The SME kernels
+//! ([`sme`]) need `Isa::Sme`, which `dispatch` grants only after their self-test passed.
 #![allow(clippy::missing_safety_doc)]
 
 pub mod neon;
+pub mod sme;

@@ -26,26 +26,38 @@ use crate::matmul::schedule::Schedule;
 use crate::simd::Isa;
 use crate::DType;
 
-mod panel;
+pub mod panel;
+pub mod tile;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 
 pub use panel::{act_block, panel_portable, Act, PanelJob, PACKED_BLOCK, PANEL};
+use tile::{pack_rows, TileJob, TileKernel};
 
 /// Weight types the panel GEMM handles.
 pub fn supported(t: DType) -> bool {
     matches!(t, DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K | DType::Q6K)
 }
 
-/// Whether the panel GEMM of `t` runs a SIMD kernel under `isa`'s table (AVX-512: every
-/// supported type; AVX2: all but Q8_0, whose unsigned codes saturate `maddubs`' i16 sums;
-/// elsewhere the portable twin).
+/// Whether the panel GEMM of `t` runs a SIMD kernel under `isa`'s table (AVX-512 and SME:
+/// every supported type; AVX2: all but Q8_0, whose unsigned codes saturate `maddubs`' i16
+/// sums; elsewhere the portable twin).
 pub fn simd(t: DType, isa: Isa) -> bool {
     supported(t) && match isa {
-        Isa::Avx512 => true,
+        Isa::Avx512 | Isa::Sme => true,
         Isa::Avx2 => t != DType::Q8_0,
         Isa::Portable | Isa::Neon | Isa::Dotprod => false,
     }
+}
+
+/// Rows of the matrix unit's tile this CPU has (SME: a quarter of the streaming vector's bytes,
+/// when it runs [`Isa::Sme`]'s features); 0 without one.
+pub fn matrix_tile_rows() -> usize {
+    #[cfg(target_arch = "aarch64")]
+    if Isa::Sme.missing().is_empty() {
+        return crate::simd::aarch64::sme_vector_bytes() / 4;
+    }
+    0
 }
 
 /// Types with a scale per 16 elements: a packed block holds the scales of its two halves (in
@@ -74,20 +86,37 @@ fn offset(t: DType) -> i32 {
 }
 
 /// Per-thread buffers, sized once: the packed panels of one column block (up to `max_panels`
-/// panels of rows of up to `max_k` elements) and the activation half-block sums of up to
-/// `max_rows` rows.
+/// panels of rows of up to `max_k` elements), the activation half-block sums of up to
+/// `max_rows` rows, and, where a matrix unit runs the panels, one packed row tile of its
+/// `tile_rows` rows ([`tile::pack_rows`]).
 pub struct GemmScratch {
     panel: Vec<u8>,
     ysum: Vec<i32>,
+    tile_rows: usize,
+    tile_codes: Vec<i8>,
+    tile_sc: Vec<u8>,
 }
 
 impl GemmScratch {
+    /// Sized for this CPU's matrix unit, if it has one ([`matrix_tile_rows`]).
     pub fn new(max_k: usize, max_rows: usize, max_panels: usize) -> Self {
-        GemmScratch { panel: vec![0; max_panels.max(1) * (max_k / 32) * PACKED_BLOCK], ysum: vec![0; max_rows * (max_k / 16)] }
+        Self::with_tile_rows(max_k, max_rows, max_panels, matrix_tile_rows())
+    }
+
+    /// With room for a packed row tile of `tile_rows` rows (0: none).
+    pub fn with_tile_rows(max_k: usize, max_rows: usize, max_panels: usize, tile_rows: usize) -> Self {
+        let nb = max_k / 32;
+        GemmScratch {
+            panel: vec![0; max_panels.max(1) * nb * PACKED_BLOCK],
+            ysum: vec![0; max_rows * (max_k / 16)],
+            tile_rows,
+            tile_codes: vec![0; nb * 32 * tile_rows],
+            tile_sc: vec![0; nb * tile_rows * tile::ROW_SCALARS],
+        }
     }
 
     pub fn fits(&self, k: usize, rows: usize) -> bool {
-        self.panel.len() >= k / 32 * PACKED_BLOCK && self.ysum.len() >= rows * (k / 16)
+        self.panel.len() >= k / 32 * PACKED_BLOCK && self.ysum.len() >= rows * (k / 16) && self.tile_codes.len() >= k * self.tile_rows
     }
 
     /// Panels of rows of `k` values one column block can hold.
@@ -204,8 +233,8 @@ fn block_sums(x: &[u8], xrb: usize, rows: usize, nb: usize, act: Act, out: &mut 
 /// `out[r * n_out + c] = w[c] · x[r]` for `c` in `cols`, all `rows` activation rows (`x`, rows
 /// of `xrb` bytes in `t`'s `vec_dot_type`), blocked as `sched` says (its `nc` capped by what
 /// `scratch` holds; [`Schedule`]: the bits do not depend on it). `isa`: the table's level,
-/// which this CPU runs (the caller's); its SIMD kernel where [`simd`] says so, else the
-/// portable twin.
+/// which this CPU runs (the caller's); its SIMD kernel where [`simd`] says so (SME: the
+/// matrix unit's, through [`gemm_impl`]'s row tiles), else the portable twin.
 ///
 /// Loop nest, outermost first: column blocks of `nc` (their panels decoded once), inner blocks
 /// of `kc` 32-value blocks, row blocks of `mc`, the block's panels, register tiles of `mr` rows.
@@ -227,11 +256,43 @@ pub unsafe fn gemm(
     sched: &Schedule,
     scratch: &mut GemmScratch,
 ) {
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Sme {
+        let r = crate::simd::aarch64::sme_vector_bytes() / 4;
+        // SAFETY: the caller's contract; `isa` (SME, checked by the caller's table) runs the
+        // kernel on tiles of `r` rows.
+        return unsafe { gemm_impl(t, w, k, cols, (x, xrb, rows), (out, n_out), Some((r, crate::matmul::aarch64::sme::panel_tile)), isa, sched, scratch) };
+    }
+    // SAFETY: the caller's contract.
+    unsafe { gemm_impl(t, w, k, cols, (x, xrb, rows), (out, n_out), None, isa, sched, scratch) }
+}
+
+/// [`gemm`]'s loop nest, with the panels run by `tiles`' matrix-unit kernel where given: on
+/// row tiles of `r` rows, packed once per tile and inner block range ([`tile::pack_rows`];
+/// `scratch` must hold a tile of `r` rows); otherwise by `isa`'s panel kernel. With
+/// [`tile::panel_tile_portable`] this is the portable model of the SME GEMM.
+///
+/// # Safety
+/// As [`gemm`], and the kernel of `tiles` runs on this CPU.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_impl(
+    t: DType,
+    w: &[u8],
+    k: usize,
+    cols: std::ops::Range<usize>,
+    (x, xrb, rows): (&[u8], usize, usize),
+    (out, n_out): (*mut f32, usize),
+    tiles: Option<(usize, TileKernel)>,
+    isa: Isa,
+    sched: &Schedule,
+    scratch: &mut GemmScratch,
+) {
     debug_assert!(supported(t) && k % 32 == 0 && scratch.fits(k, rows));
+    assert!(tiles.is_none_or(|(r, _)| (1..=64).contains(&r) && r <= scratch.tile_rows), "the scratch holds no row tile of this size");
     let nb = k / 32;
     let (o, act, split) = (offset(t), act_of(t), split16(t));
     let panels_max = scratch.panels(k).max(1);
-    let GemmScratch { panel, ysum } = scratch;
+    let GemmScratch { panel, ysum, tile_codes, tile_sc, .. } = scratch;
     if o != 0 {
         block_sums(x, xrb, rows, nb, act, ysum);
     }
@@ -251,6 +312,37 @@ pub unsafe fn gemm(
             let b1 = (b0 + kc).min(nb);
             for r0 in (0..rows).step_by(mc) {
                 let r1 = (r0 + mc).min(rows);
+                if let Some((r, kernel)) = tiles {
+                    for t0 in (r0..r1).step_by(r) {
+                        let tr = (r1 - t0).min(r);
+                        let has_min = act != Act::Q8_0 && !split;
+                        pack_rows(&x[t0 * xrb..], xrb, tr, r, (b0, b1, nb), act, &ysum[t0 * nb * 2..], o, split, tile_codes, tile_sc);
+                        for p in 0..n_panels {
+                            let pc = c0 + p * PANEL;
+                            let n = (c1 - pc).min(PANEL);
+                            let mut acc = [[0f32; PANEL]; 64];
+                            if b0 > 0 {
+                                for (i, a) in acc.iter_mut().enumerate().take(tr) {
+                                    for (j, v) in a.iter_mut().enumerate().take(n) {
+                                        // SAFETY: t0 + i < rows, pc + j < cols.end ≤ n_out; this
+                                        // call wrote it in the previous inner block range.
+                                        *v = unsafe { *out.add((t0 + i) * n_out + pc + j) };
+                                    }
+                                }
+                            }
+                            let job = TileJob { act: tile_codes, sc: tile_sc, panel: &panel[p * pb + b0 * PACKED_BLOCK..(p + 1) * pb], nblk: b1 - b0, r, rows: tr, split, has_min };
+                            // SAFETY: the caller's: `kernel` runs on this CPU.
+                            unsafe { kernel(&job, &mut acc[..tr]) };
+                            for (i, a) in acc.iter().enumerate().take(tr) {
+                                for (j, &v) in a.iter().enumerate().take(n) {
+                                    // SAFETY: as above; this call owns these columns.
+                                    unsafe { *out.add((t0 + i) * n_out + pc + j) = v };
+                                }
+                            }
+                        }
+                    }
+                    continue;
+                }
                 for p in 0..n_panels {
                     let pc = c0 + p * PANEL;
                     let n = (c1 - pc).min(PANEL);
