@@ -73,4 +73,5 @@ for vl in 32 64; do
     export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$QEMU_SME -L $SYSROOT -cpu max,sme-default-vector-length=$vl"
     "$CARGO" test --release --target $T "${TESTS[@]}" -q
 done
+"$CARGO" test --release --target $T -p corelm-plan --test profile -q
 "$CARGO" test --release --target $T "${GOLDEN[@]}" -q golden_smollm2_p01 -- --exact --nocapture

@@ -35,6 +35,17 @@ fn this_machine_measures_every_family_and_reads_back() {
     }
     assert!(close(back.memory.all_busy_gbps, r.memory.all_busy_gbps));
     let _ = std::fs::remove_file(&path);
+    // A matrix unit is a second target exactly where the table has one (SME: its SUMOPA panel
+    // and FMOPA GEMM; under qemu in scripts/test_arm.sh, numbers meaningless but positive).
+    if kernels.isa() == corelm_kernels::Isa::Sme {
+        let sme = &r.targets[1];
+        assert_eq!((r.targets.len(), sme.name.as_str(), sme.kind), (2, "sme", corelm_plan::profile::TargetKind::Matrix));
+        let fams: Vec<&str> = sme.ceilings.iter().map(|c| c.family.as_str()).collect();
+        assert_eq!(fams, ["int8_dot", "f32_fma"]);
+        assert!(sme.ceilings.iter().all(|c| c.one_worker_gflops > 0.0 && c.all_workers_gflops > 0.0));
+    } else {
+        assert_eq!(r.targets.len(), 1);
+    }
     // One cache file per CPU model, table and core count.
     let p = cache_path("AMD EPYC 9R14 96-Core Processor", "avx512", 2);
     assert!(p.ends_with("corelm/profiles/amd-epyc-9r14-96-core-processor-avx512-2c.json"), "{}", p.display());
