@@ -218,6 +218,7 @@ fn neuron_major(kernels: &Kernels, from: corelm_kernels::DType, src: &[u8], to: 
     let n_rows = src_rb / from.type_size() * from.block_size(); // neurons: the file's row length
     let to_float = kernels.to_float(from).expect("weight type checked at load");
     let quant = corelm_kernels::quant::reference::quantizer(to).expect("a neuron-major type has a quantizer");
+    corelm_kernels::matmul::layout::note_repack(dst.len());
     let mut m = vec![0f32; n_rows * n_cols];
     for (j, row) in src.chunks_exact(src_rb).enumerate() {
         to_float(row, &mut m[j * n_rows..(j + 1) * n_rows]);

@@ -248,7 +248,39 @@ pub struct Tensor {
     pub group: Option<u16>,
 }
 
+/// The layout a tensor's bytes are in: the one the kernel that reads it expects, fixed when the
+/// graph is planned and its weights copied at load (SMEPilot's layout state). Nothing on the
+/// per-token path converts one into another (`corelm_kernels::matmul::layout::repacks`
+/// counts every weight re-layout; an engine test requires none while decoding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Plain rows of `ne[0]` values: the file's, an activation's, the logits.
+    Rows,
+    /// Four rows interleaved block by block (`matmul::layout`), copied at load for decode's
+    /// GEMV and prefill's tiles.
+    Interleaved,
+    /// A row per FFN neuron (the down projection transposed), copied at load for the sparse
+    /// FFN, which skips a neuron by skipping its row.
+    NeuronMajor,
+    /// Rows written into the KV cache (a key row and a value row per cell and KV head, in the
+    /// cache's type): what the attention kernels read, with no transposition.
+    KvCells,
+    /// No bytes of its own (an accelerator hand-off).
+    Nothing,
+}
+
 impl Tensor {
+    /// The layout of this tensor's bytes.
+    pub fn layout(&self) -> Layout {
+        match (self.storage, self.op) {
+            (Storage::Weight { copy: Some(WeightCopy { interleaved: true, .. }), .. }, _) => Layout::Interleaved,
+            (Storage::Weight { form: WeightForm::NeuronMajor { .. } | WeightForm::ColdNeuronMajor { .. }, .. }, _) => Layout::NeuronMajor,
+            (Storage::None, Op::KvStore { .. }) => Layout::KvCells,
+            (Storage::None, _) => Layout::Nothing,
+            _ => Layout::Rows,
+        }
+    }
+
     pub fn row_bytes(&self) -> usize {
         corelm_kernels::row_bytes(self.dtype, self.ne[0])
     }

@@ -249,6 +249,7 @@ unsafe fn run_plain(o: &Operands, ops: &TypeOps, mode: Mode, ith: usize, nth: us
             Some(pk) if grouped && tiled_end.saturating_sub(row_range.start) >= 8 && n_tile * (pk.row_bytes)(wrb) <= pack.len() => {
                 let buf = &mut pack[..n_tile * (pk.row_bytes)(wrb)];
                 (pk.pack)(&wb[..n_tile * wrb], wrb, buf);
+                corelm_kernels::matmul::layout::note_repack(buf.len());
                 Some((pk.tile, &*buf))
             }
             _ => None,

@@ -36,6 +36,25 @@
 //! [`unpack`] is [`pack`]'s exact inverse; tests check both.
 
 use crate::DType;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Weight re-layouts this process has made: calls and bytes (SMEPilot's layout state: each
+/// is a copy of weights into another kernel's layout). Counted by [`pack`] (the interleaved
+/// copies made at load), the panel GEMM's per-call panel decode, the tile packing of plain
+/// rows, and the engine's neuron-major copies; not the activations' quantization, which is
+/// compute. The per-token path makes none (an engine test checks it).
+static REPACKS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// Count one weight re-layout of `bytes` bytes ([`repacks`]).
+pub fn note_repack(bytes: usize) {
+    REPACKS[0].fetch_add(1, Ordering::Relaxed);
+    REPACKS[1].fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+/// Weight re-layouts made so far by this process: (calls, bytes).
+pub fn repacks() -> (u64, u64) {
+    (REPACKS[0].load(Ordering::Relaxed), REPACKS[1].load(Ordering::Relaxed))
+}
 
 /// Rows per group.
 pub const ROWS: usize = 4;
@@ -61,6 +80,7 @@ pub fn pack(t: DType, x: &[u8], xrb: usize, out: &mut [u8]) {
     let bs = t.type_size();
     assert!(supported(t) && xrb % bs == 0 && x.len() % (ROWS * xrb) == 0 && out.len() == x.len());
     let nb = xrb / bs;
+    note_repack(x.len());
     for (src, dst) in x.chunks_exact(ROWS * xrb).zip(out.chunks_exact_mut(ROWS * xrb)) {
         for (i, gb) in dst.chunks_exact_mut(ROWS * bs).enumerate() {
             let blk = |r: usize| &src[r * xrb + i * bs..r * xrb + (i + 1) * bs];

@@ -128,6 +128,7 @@ impl GemmScratch {
 /// Decode weight rows `c0 .. c0 + n` (n ≤ 8, missing columns zero) of `w` into `panel`.
 fn pack(t: DType, w: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
     let nb = k / 32;
+    crate::matmul::layout::note_repack(nb * PACKED_BLOCK);
     let rb = crate::row_bytes(t, k);
     for b in 0..nb {
         let blk = &mut panel[b * PACKED_BLOCK..(b + 1) * PACKED_BLOCK];

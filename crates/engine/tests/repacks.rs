@@ -1,0 +1,81 @@
+//! Invariant (SMEPilot's layout state): every tensor of a planned graph knows its layout, and
+//! nothing on the per-token path re-lays weights out. The process-wide counter of weight
+//! re-layouts (`corelm_kernels::matmul::layout::repacks`) is read around a prompt and 16
+//! single-token decodes of real models. Its own test binary: no other test loads models
+//! concurrently and moves the counter.
+
+mod common;
+
+use common::*;
+use corelm_core::tensor::{Layout, Op};
+use corelm_engine::sample::argmax;
+use corelm_engine::{Batch, EngineConfig};
+use corelm_kernels::matmul::layout::repacks;
+
+/// (re-layouts while prefilling `prompt`, while decoding 16 tokens after it).
+fn count(engine: &mut corelm_engine::Engine, prompt: &[u32]) -> (u64, u64) {
+    let mut b = Batch::with_capacity(64);
+    for (i, &t) in prompt.iter().enumerate() {
+        b.add(t, i as i32, 0, i + 1 == prompt.len());
+    }
+    let r0 = repacks().0;
+    let mut next = argmax(engine.decode(&b).unwrap().row(0));
+    let r1 = repacks().0;
+    for pos in prompt.len()..prompt.len() + 16 {
+        b.clear();
+        b.add(next, pos as i32, 0, true);
+        next = argmax(engine.decode(&b).unwrap().row(0));
+    }
+    (r1 - r0, repacks().0 - r1)
+}
+
+#[test]
+fn decoding_relayouts_nothing_and_every_tensor_has_its_layout() {
+    // SmolLM2 (Q4_1, Q8_0 head) and Qwen2.5 (Q5_0, Q4_K, Q6_K, Q8_0 head), default config.
+    for file in [MODELS[0].1, MODELS[2].1] {
+        let before = repacks();
+        let (mut engine, tok) = load(file, test_config(2));
+        let loaded = repacks();
+        let kernels = engine.kernels();
+        let prompt = tok.encode("The weather today is sunny and warm, so we walked to the park by the river", true, true).unwrap();
+        assert!(prompt.len() >= 16, "a prompt the tiles run on");
+        // Layouts: a matmul reads an interleaved copy exactly when its table has kernels for the
+        // type and the matrix was repacked; every KV store writes cells; load made the copies.
+        let g = engine.graph(prompt.len(), 1);
+        let (mut interleaved, mut kv) = (0, 0);
+        for t in &g.tensors {
+            match t.op {
+                Op::MatMul { w, .. } => {
+                    let wt = g.tensor(w);
+                    let il = kernels.ops(wt.dtype).is_some_and(|o| o.interleaved.is_some()) && wt.ne[1] % 4 == 0;
+                    assert_eq!(wt.layout() == Layout::Interleaved, il, "{file}: a {} matmul weight", wt.dtype);
+                    interleaved += il as usize;
+                }
+                Op::KvStore { .. } => {
+                    assert_eq!(t.layout(), Layout::KvCells);
+                    kv += 1;
+                }
+                _ => {}
+            }
+        }
+        assert!(kv > 0);
+        if interleaved > 0 {
+            assert!(loaded.0 > before.0 && loaded.1 > before.1, "{file}: load made interleaved copies and counted them");
+        }
+        let (prefill, decode) = count(&mut engine, &prompt);
+        assert_eq!((prefill, decode), (0, 0), "{file}: weight re-layouts while prefilling, decoding");
+    }
+    // `--fast-prefill` decodes weight panels per call (its design, counted), `--no-repack`'s
+    // tiles pack plain rows per call; neither touches a weight while decoding one token. (One
+    // test function: tests of one binary run concurrently and would move each other's count.)
+    let file = MODELS[0].1;
+    for (cfg, name) in [(EngineConfig { fast_prefill: true, ..test_config(2) }, "fast-prefill"), (EngineConfig { repack: false, ..test_config(2) }, "no-repack")] {
+        let (mut engine, tok) = load(file, cfg);
+        let prompt = tok.encode("The weather today is sunny and warm, so we walked to the park by the river", true, true).unwrap();
+        let (prefill, decode) = count(&mut engine, &prompt);
+        assert_eq!(decode, 0, "{name}: weight re-layouts while decoding");
+        if name == "fast-prefill" {
+            assert!(prefill > 0, "{name}: the panel GEMM's per-call decode is counted");
+        }
+    }
+}
