@@ -29,9 +29,23 @@ pub struct PlanArgs {
     svg: Option<PathBuf>,
 }
 
-fn placement(p: &Placement) -> String {
-    match p {
+/// The target, or the split's shares and (for a matmul) each target's output range along the
+/// cut dimension (`sme cols 0..8776`).
+fn placement(p: &OpPlan) -> String {
+    match &p.placement {
         Placement::On(t) => t.clone(),
+        Placement::Split(s) if !p.tiles.is_empty() => p
+            .tiles
+            .iter()
+            .zip(s)
+            .map(|(t, (_, x))| {
+                // Cut by columns: the column ranges add up to the whole width.
+                let by_cols = p.tiles.iter().map(|u| u.cols.len()).sum::<usize>() == p.tiles.iter().map(|u| u.cols.end).max().unwrap_or(0);
+                let (dim, r) = if by_cols { ("cols", &t.cols) } else { ("rows", &t.rows) };
+                format!("{} {:.0}% ({dim} {}..{})", t.name, 100.0 * x, r.start, r.end)
+            })
+            .collect::<Vec<_>>()
+            .join(" + "),
         Placement::Split(s) => s.iter().map(|(t, x)| format!("{t} {:.0}%", 100.0 * x)).collect::<Vec<_>>().join(" + "),
     }
 }
@@ -60,7 +74,7 @@ fn table(title: &str, plans: &[OpPlan]) -> String {
             f / 1e9,
             b / 1e6,
             f / b.max(1.0),
-            placement(&p.placement),
+            placement(&p),
             p.threads,
             1e3 * sec,
             100.0 * sec / total.max(1e-12)

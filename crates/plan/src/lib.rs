@@ -16,5 +16,6 @@ pub mod file;
 pub mod gemm_search;
 pub mod planner;
 pub mod profile;
+pub mod split;
 
 pub use profile::{Ceiling, Memory, Roofline, Target, TargetKind};

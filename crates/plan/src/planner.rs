@@ -15,12 +15,16 @@
 //! paper's placements: a decode GEMV on the CPU, a 16-row batched decode on SME, a long prefill's
 //! FFN split.
 //!
+//! A split matmul's output is then cut for real ([`crate::split`]): one contiguous range of its
+//! larger dimension per target, on both targets' tile boundaries (`OpPlan::tiles`).
+//!
 //! **Threads.** A memory-bound operator on the vector target runs on the fewest threads that
 //! reach 90 % of the measured bandwidth (the knee); everything else on every worker.
 //!
 //! The planner runs once per planned graph (batch shape), never per token.
 
 use crate::profile::Roofline;
+use crate::split::{split_tiles, Class, Share};
 use corelm_core::graph::Graph;
 use corelm_core::tensor::Op;
 use corelm_kernels::DType;
@@ -59,6 +63,8 @@ pub struct OpPlan {
     /// Attainable GFLOP/s there, and the time it implies.
     pub gflops: f64,
     pub seconds: f64,
+    /// For a split matmul: each target's rows × columns of the output ([`split_tiles`]).
+    pub tiles: Vec<Share>,
 }
 
 impl OpPlan {
@@ -152,7 +158,7 @@ pub fn place(roof: &Roofline, label: String, family: &str, flops: f64, bytes: f6
                 // No target has any ceiling: the vector cores at the memory roof.
                 let att = ai * roof.memory.all_busy_gbps;
                 let seconds = time(att, roof.memory.all_busy_gbps);
-                return OpPlan { label, family: used, flops, bytes, regime: Regime::Memory, placement: Placement::On(vector.into()), threads: knee, gflops: att, seconds };
+                return OpPlan { label, family: used, flops, bytes, regime: Regime::Memory, placement: Placement::On(vector.into()), threads: knee, gflops: att, seconds, tiles: Vec::new() };
             };
             let ridge = ceiling / alone(name);
             let regime = if ai < 0.5 * ridge { Regime::Memory } else if ai > 2.0 * ridge { Regime::Compute } else { Regime::Ridge };
@@ -161,7 +167,7 @@ pub fn place(roof: &Roofline, label: String, family: &str, flops: f64, bytes: f6
     };
     let threads = if regime == Regime::Memory && on == Some(vector) { knee.min(all_threads) } else { all_threads };
     let seconds = time(gflops, roof.memory.all_busy_gbps);
-    OpPlan { label, family: used, flops, bytes, regime, placement, threads, gflops, seconds }
+    OpPlan { label, family: used, flops, bytes, regime, placement, threads, gflops, seconds, tiles: Vec::new() }
 }
 
 /// The plan of every node of `g` (in node order), attention seeing `ctx` cached tokens.
@@ -171,7 +177,17 @@ pub fn plan_graph(g: &Graph, roof: &Roofline, ctx: usize) -> Vec<OpPlan> {
         .map(|&id| {
             let t = g.tensor(id);
             let (label, family, flops, bytes) = cost(g, t, ctx);
-            place(roof, label, family, flops, bytes)
+            let mut p = place(roof, label, family, flops, bytes);
+            // A split matmul's output tiles (`ne`: weight rows × activation rows), cut in the
+            // ratio of the shares at both targets' tile boundaries.
+            if let (Placement::Split(shares), Op::MatMul { .. } | Op::MatMulId { .. }) = (&p.placement, t.op) {
+                let classes: Vec<Class> = shares
+                    .iter()
+                    .map(|(name, share)| Class { name: name.clone(), tile: roof.targets.iter().find(|x| &x.name == name).and_then(|x| x.tile).unwrap_or([1, 1]), gflops: *share })
+                    .collect();
+                p.tiles = split_tiles(t.ne[1], t.ne[0], &classes);
+            }
+            p
         })
         .collect()
 }

@@ -51,6 +51,10 @@ pub struct Target {
     pub kind: TargetKind,
     pub workers: usize,
     pub ceilings: Vec<Ceiling>,
+    /// Its prefill micro-kernel's output tile, `[rows, columns]` (activation rows × weight
+    /// rows): the unit a tile-level split ([`crate::split`]) aligns to. Absent: 1 × 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tile: Option<[usize; 2]>,
 }
 
 /// Compute of several targets busy at once (stated or measured), GFLOP/s.
@@ -320,10 +324,13 @@ pub fn measure(kernels: &'static Kernels, machine: &str, n_cores: usize, bytes: 
             })
             .collect()
     };
-    let mut targets = vec![Target { name: "cpu".into(), kind: TargetKind::Vector, workers: n, ceilings: ceilings(&|f| probe(kernels, f)) }];
+    // The vector cores' prefill tile: 8 activation rows × a group of 4 interleaved weight rows.
+    let mut targets = vec![Target { name: "cpu".into(), kind: TargetKind::Vector, workers: n, ceilings: ceilings(&|f| probe(kernels, f)), tile: Some([8, 4]) }];
     let matrix = ceilings(&|f| matrix_probe(kernels, f));
     if !matrix.is_empty() {
-        targets.push(Target { name: "sme".into(), kind: TargetKind::Matrix, workers: n, ceilings: matrix });
+        // SME's panel tile: a ZA tile's rows × the panel's 8 columns.
+        let tile = Some([corelm_kernels::matmul::gemm::matrix_tile_rows(), corelm_kernels::matmul::gemm::PANEL]);
+        targets.push(Target { name: "sme".into(), kind: TargetKind::Matrix, workers: n, ceilings: matrix, tile });
     }
     let read: Vec<(usize, f64)> = (1..=n).map(|t| (t, read_bandwidth(t, bytes, 3) / 1e9)).collect();
     let best = read.iter().map(|&(_, g)| g).fold(0.0, f64::max);
