@@ -34,18 +34,19 @@ pub struct PlanArgs {
 fn placement(p: &OpPlan) -> String {
     match &p.placement {
         Placement::On(t) => t.clone(),
-        Placement::Split(s) if !p.tiles.is_empty() => p
-            .tiles
-            .iter()
-            .zip(s)
-            .map(|(t, (_, x))| {
-                // Cut by columns: the column ranges add up to the whole width.
-                let by_cols = p.tiles.iter().map(|u| u.cols.len()).sum::<usize>() == p.tiles.iter().map(|u| u.cols.end).max().unwrap_or(0);
-                let (dim, r) = if by_cols { ("cols", &t.cols) } else { ("rows", &t.rows) };
-                format!("{} {:.0}% ({dim} {}..{})", t.name, 100.0 * x, r.start, r.end)
-            })
-            .collect::<Vec<_>>()
-            .join(" + "),
+        Placement::Split(s) if !p.tiles.is_empty() => {
+            // Cut by columns: the column ranges add up to the whole width.
+            let by_cols = p.tiles.iter().map(|u| u.cols.len()).sum::<usize>() == p.tiles.iter().map(|u| u.cols.end).max().unwrap_or(0);
+            p.tiles
+                .iter()
+                .zip(s)
+                .map(|(t, (_, x))| {
+                    let (dim, r) = if by_cols { ("cols", &t.cols) } else { ("rows", &t.rows) };
+                    format!("{} {:.0}% ({dim} {}..{})", t.name, 100.0 * x, r.start, r.end)
+                })
+                .collect::<Vec<_>>()
+                .join(" + ")
+        }
         Placement::Split(s) => s.iter().map(|(t, x)| format!("{t} {:.0}%", 100.0 * x)).collect::<Vec<_>>().join(" + "),
     }
 }

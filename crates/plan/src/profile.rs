@@ -156,20 +156,32 @@ const ROWS: usize = 16;
 /// One kernel call on cache-resident operands: returns the multiply-adds it did.
 type Probe = Box<dyn Fn(&mut [i32]) -> usize + Sync>;
 
+/// The probes' operand values: `rows` rows of `K`.
+fn probe_values(rows: usize) -> Vec<f32> {
+    (0..rows * K).map(|i| ((i * 7919 % 251) as f32 - 125.0) / 64.0).collect()
+}
+
+/// Bytes of a probe row of `t`.
+fn row_bytes(t: DType) -> usize {
+    t.row_bytes(K as u64).expect("K is a multiple of every block") as usize
+}
+
+/// The first `rows` rows of `vals` in `t` (`None` where `kernels` cannot quantize to it).
+fn quantize(kernels: &Kernels, vals: &[f32], t: DType, rows: usize) -> Option<Vec<u8>> {
+    let from = kernels.ops(t)?.from_float?;
+    let rb = row_bytes(t);
+    let mut out = vec![0u8; rows * rb];
+    for (r, o) in out.chunks_exact_mut(rb).enumerate() {
+        from(&vals[r * K..(r + 1) * K], o);
+    }
+    Some(out)
+}
+
 /// The probe of `family` with `kernels`: the kernel prefill uses for that family's types.
 fn probe(kernels: &'static Kernels, family: &str) -> Option<(String, Probe)> {
-    let vals: Vec<f32> = (0..ROWS * K).map(|i| ((i * 7919 % 251) as f32 - 125.0) / 64.0).collect();
+    let vals = probe_values(ROWS);
     let isa = kernels.isa();
-    let row_bytes = |t: DType| t.row_bytes(K as u64).expect("K is a multiple of every block") as usize;
-    let quantize = |t: DType, rows: usize| -> Option<Vec<u8>> {
-        let from = kernels.ops(t)?.from_float?;
-        let rb = row_bytes(t);
-        let mut out = vec![0u8; rows * rb];
-        for (r, o) in out.chunks_exact_mut(rb).enumerate() {
-            from(&vals[r * K..(r + 1) * K], o);
-        }
-        Some(out)
-    };
+    let quantize = |t: DType, rows: usize| quantize(kernels, &vals, t, rows);
     let dense = |t: DType| -> Option<(String, Probe)> {
         let ops = kernels.ops(t)?;
         let (w, x) = (quantize(t, ROWS)?, quantize(t, 4)?);
@@ -236,25 +248,24 @@ fn matrix_probe(kernels: &'static Kernels, family: &str) -> Option<(String, Prob
     if kernels.isa() != corelm_kernels::Isa::Sme {
         return None;
     }
-    let vals: Vec<f32> = (0..MATRIX_ROWS.max(ROWS) * K).map(|i| ((i * 7919 % 251) as f32 - 125.0) / 64.0).collect();
+    let vals = probe_values(MATRIX_ROWS);
     match family {
         "int8_dot" => {
-            let rb = DType::Q8_0.row_bytes(K as u64).expect("K is a multiple of 32") as usize;
-            let quant = kernels.from_float(DType::Q8_0)?;
-            let q = |rows: usize| -> Vec<u8> { (0..rows).flat_map(|r| { let mut o = vec![0u8; rb]; quant(&vals[r * K..(r + 1) * K], &mut o); o }).collect() };
-            let (w, x) = (q(ROWS), q(MATRIX_ROWS));
+            let rb = row_bytes(DType::Q8_0);
+            let (w, x) = (quantize(kernels, &vals, DType::Q8_0, ROWS)?, quantize(kernels, &vals, DType::Q8_0, MATRIX_ROWS)?);
             let f: Probe = Box::new(move |_| {
                 thread_local! {
-                    static SCRATCH: std::cell::RefCell<GemmScratch> = std::cell::RefCell::new(GemmScratch::new(K, MATRIX_ROWS, ROWS / gemm::PANEL));
+                    // Per worker: the GEMM's scratch and its output, sized once.
+                    static BUFS: std::cell::RefCell<(GemmScratch, Vec<f32>)> =
+                        std::cell::RefCell::new((GemmScratch::new(K, MATRIX_ROWS, ROWS / gemm::PANEL), vec![0f32; MATRIX_ROWS * ROWS]));
                 }
-                let mut out = vec![0f32; MATRIX_ROWS * ROWS];
                 let sched = corelm_kernels::matmul::schedule::Schedule::PANEL_DEFAULT;
-                SCRATCH.with_borrow_mut(|s| {
+                BUFS.with_borrow_mut(|(s, out)| {
                     // SAFETY: `out` holds MATRIX_ROWS × ROWS f32, all written by this one call;
                     // the SME table runs on this CPU (it is `kernels`').
-                    unsafe { gemm::gemm(DType::Q8_0, &w, K, 0..ROWS, &x, rb, MATRIX_ROWS, out.as_mut_ptr(), ROWS, corelm_kernels::Isa::Sme, &sched, s) }
+                    unsafe { gemm::gemm(DType::Q8_0, &w, K, 0..ROWS, &x, rb, MATRIX_ROWS, out.as_mut_ptr(), ROWS, corelm_kernels::Isa::Sme, &sched, s) };
+                    std::hint::black_box(&out);
                 });
-                std::hint::black_box(&out);
                 ROWS * MATRIX_ROWS * K
             });
             Some(("sme q8_0 panel (SUMOPA tiles)".into(), f))

@@ -292,6 +292,7 @@ pub unsafe fn gemm_impl(
     assert!(tiles.is_none_or(|(r, _)| (1..=64).contains(&r) && r <= scratch.tile_rows), "the scratch holds no row tile of this size");
     let nb = k / 32;
     let (o, act, split) = (offset(t), act_of(t), split16(t));
+    let has_min = act != Act::Q8_0 && !split;
     let panels_max = scratch.panels(k).max(1);
     let GemmScratch { panel, ysum, tile_codes, tile_sc, .. } = scratch;
     if o != 0 {
@@ -311,34 +312,43 @@ pub unsafe fn gemm_impl(
         }
         for b0 in (0..nb).step_by(kc) {
             let b1 = (b0 + kc).min(nb);
+            // Output row `row`'s accumulators for the panel at column `pc` (`n` real columns):
+            // zeros for the first inner block range, the partial sums so far for the next.
+            let load = |row: usize, pc: usize, n: usize| {
+                let mut a = [0f32; PANEL];
+                if b0 > 0 {
+                    for (j, v) in a.iter_mut().enumerate().take(n) {
+                        // SAFETY: row < rows and pc + j < cols.end ≤ n_out; this call wrote
+                        // this element in the previous inner block range.
+                        *v = unsafe { *out.add(row * n_out + pc + j) };
+                    }
+                }
+                a
+            };
+            let save = |row: usize, pc: usize, n: usize, acc: &[f32; PANEL]| {
+                for (j, &v) in acc.iter().enumerate().take(n) {
+                    // SAFETY: as above; this call owns these columns.
+                    unsafe { *out.add(row * n_out + pc + j) = v };
+                }
+            };
             for r0 in (0..rows).step_by(mc) {
                 let r1 = (r0 + mc).min(rows);
                 if let Some((r, kernel)) = tiles {
                     for t0 in (r0..r1).step_by(r) {
                         let tr = (r1 - t0).min(r);
-                        let has_min = act != Act::Q8_0 && !split;
                         pack_rows(&x[t0 * xrb..], xrb, tr, r, (b0, b1, nb), act, &ysum[t0 * nb * 2..], o, split, tile_codes, tile_sc);
                         for p in 0..n_panels {
                             let pc = c0 + p * PANEL;
                             let n = (c1 - pc).min(PANEL);
                             let mut acc = [[0f32; PANEL]; 64];
-                            if b0 > 0 {
-                                for (i, a) in acc.iter_mut().enumerate().take(tr) {
-                                    for (j, v) in a.iter_mut().enumerate().take(n) {
-                                        // SAFETY: t0 + i < rows, pc + j < cols.end ≤ n_out; this
-                                        // call wrote it in the previous inner block range.
-                                        *v = unsafe { *out.add((t0 + i) * n_out + pc + j) };
-                                    }
-                                }
+                            for (i, a) in acc.iter_mut().enumerate().take(tr) {
+                                *a = load(t0 + i, pc, n);
                             }
                             let job = TileJob { act: tile_codes, sc: tile_sc, panel: &panel[p * pb + b0 * PACKED_BLOCK..(p + 1) * pb], nblk: b1 - b0, r, rows: tr, split, has_min };
                             // SAFETY: the caller's: `kernel` runs on this CPU.
                             unsafe { kernel(&job, &mut acc[..tr]) };
                             for (i, a) in acc.iter().enumerate().take(tr) {
-                                for (j, &v) in a.iter().enumerate().take(n) {
-                                    // SAFETY: as above; this call owns these columns.
-                                    unsafe { *out.add((t0 + i) * n_out + pc + j) = v };
-                                }
+                                save(t0 + i, pc, n, a);
                             }
                         }
                     }
@@ -348,23 +358,8 @@ pub unsafe fn gemm_impl(
                     let pc = c0 + p * PANEL;
                     let n = (c1 - pc).min(PANEL);
                     // Row r of this call is row r0 + r of the output.
-                    let acc0 = |r: usize| {
-                        let mut a = [0f32; PANEL];
-                        if b0 > 0 {
-                            for (j, v) in a.iter_mut().enumerate().take(n) {
-                                // SAFETY: r0 + r < rows and pc + j < cols.end ≤ n_out; this
-                                // call wrote this element in the previous inner block range.
-                                *v = unsafe { *out.add((r0 + r) * n_out + pc + j) };
-                            }
-                        }
-                        a
-                    };
-                    let store = |r: usize, acc: &[f32; PANEL]| {
-                        for (j, &v) in acc.iter().enumerate().take(n) {
-                            // SAFETY: as above; this call owns these columns.
-                            unsafe { *out.add((r0 + r) * n_out + pc + j) = v };
-                        }
-                    };
+                    let acc0 = |r: usize| load(r0 + r, pc, n);
+                    let store = |r: usize, acc: &[f32; PANEL]| save(r0 + r, pc, n, acc);
                     let job = PanelJob {
                         panel: &panel[p * pb..(p + 1) * pb],
                         nb,

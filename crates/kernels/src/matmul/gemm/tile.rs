@@ -23,11 +23,6 @@ use super::panel::{act_block, Act, PACKED_BLOCK, PANEL};
 /// (f32), little-endian.
 pub const ROW_SCALARS: usize = 16;
 
-/// Bytes a packed row tile of `r` rows takes per 32-block (codes and scalars).
-pub fn tile_block_bytes(r: usize) -> usize {
-    r * (32 + ROW_SCALARS)
-}
-
 /// One matrix-unit panel call: a packed row tile (`act`: `nblk` blocks of 8 groups × `r` rows ×
 /// 4 codes; `sc`: `nblk` blocks of `r` × [`ROW_SCALARS`]) against one packed panel (from its
 /// first summed block), `rows ≤ r` of which are real.
