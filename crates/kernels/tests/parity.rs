@@ -587,13 +587,14 @@ fn avx512_dots_equal_avx2_dots() {
 /// `attend_rows` (a block of query rows through the cells together) gives every head of every
 /// row the bits of the portable single-head tiled kernel with that row's span: causal spans
 /// ending mid-tile, sliding windows that hide whole tiles, rows that see nothing, a paged cache,
-/// head dimensions that are not a multiple of 32, 1–16 vectors.
+/// head dimensions that are not a multiple of 32, 1–64 vectors (the engine's blocks: 21 rows × 3
+/// heads, 9 × 7, 16 × 4).
 #[test]
 fn row_block_attention_equals_per_row_attention() {
     use corelm_kernels::attention::{attend_row, attend_rows, AttnKernel, AttnScratch, KvRows};
     let (fast, port) = (Kernels::detect(), Kernels::portable());
     let mut rng = Rng(321);
-    for (hd, heads, rows, cells) in [(64usize, 3usize, 5usize, 150usize), (64, 7, 2, 200), (256, 4, 4, 131), (72, 2, 3, 70), (96, 1, 16, 90), (40, 4, 3, 9)] {
+    for (hd, heads, rows, cells) in [(64usize, 3usize, 5usize, 150usize), (64, 7, 2, 200), (256, 4, 4, 131), (72, 2, 3, 70), (96, 1, 16, 90), (40, 4, 3, 9), (64, 3, 21, 300), (64, 7, 9, 200), (256, 4, 16, 131), (64, 1, 64, 100)] {
         let q: Vec<f32> = (0..rows * heads * hd).map(|_| rng.f32() * 4.0).collect();
         let k: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 3.0)).collect();
         let v: Vec<f16> = (0..cells * hd).map(|_| f16::from_f32(rng.f32() * 50.0)).collect();

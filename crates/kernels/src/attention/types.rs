@@ -87,7 +87,7 @@ pub struct RowsScratch {
 }
 
 /// Most query vectors (rows × heads) one [`attend_rows`] call takes.
-pub const ROWS_MAX_VECTORS: usize = 16;
+pub const ROWS_MAX_VECTORS: usize = 64;
 
 impl RowsScratch {
     pub(crate) fn new(head_dim: usize) -> Self {

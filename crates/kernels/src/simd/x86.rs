@@ -50,6 +50,23 @@ pub(crate) fn hsum_f32x8(x: __m256) -> f32 {
     _mm_cvtss_f32(r)
 }
 
+/// The largest of `x`'s values (-∞ if empty), 8 lanes at a time: the same value as a scalar
+/// `f32::max` fold for values without NaN (max is exact, so the order does not matter).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn max_f32(x: &[f32]) -> f32 {
+    let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        // SAFETY: 8 f32 readable; unaligned load.
+        m = _mm256_max_ps(m, unsafe { _mm256_loadu_ps(c.as_ptr()) });
+    }
+    let r = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    let r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+    let r = _mm_max_ss(r, _mm_movehdup_ps(r));
+    chunks.remainder().iter().fold(_mm_cvtss_f32(r), |m, &v| m.max(v))
+}
+
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(crate) fn hsum_i32x8(v: __m256i) -> i32 {

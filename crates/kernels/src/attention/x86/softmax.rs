@@ -4,7 +4,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use crate::exp::x86::expf_ggml8;
-use crate::simd::x86::hsum_f32x8;
+use crate::simd::x86::{hsum_f32x8, max_f32};
 use std::arch::x86_64::*;
 
 /// The softmax step of the tiled kernel: `p = expf_ggml(p - m)` in place, each group of 16
@@ -35,7 +35,7 @@ pub fn softmax_tile(scores: &mut [f32], m: f32) -> f64 {
 /// `sh`; returns whether anything was visible.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn tile_softmax(sh: &mut [f32], len: usize, st: &mut [f32; 2], acc: &mut [f32]) -> bool {
-    let tile_max = sh[..len].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let tile_max = max_f32(&sh[..len]);
     if tile_max == f32::NEG_INFINITY {
         sh.fill(0.0);
         return false;
