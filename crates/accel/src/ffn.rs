@@ -7,12 +7,15 @@
 //! input and records gate and up (GEMVs), the gated activation (the kind and firing rule the
 //! graph's node gives: `|act(g)| > thr`, else 0, as the CPU's sparse nodes) and the
 //! neuron-major down (skipping neurons that did not fire) in one command buffer; `wait` reads
-//! the partial output back. The engine adds it to the CPU's part (`corelm_core::Offload`).
+//! the partial output back (an error if the device was lost). The engine adds it to the CPU's
+//! part through `corelm_core::Offload` (its `offload::Static` or `balance::Online`, which
+//! compute the device's part on the CPU once a read-back fails).
 
 use crate::device::{AccelError, Gpu};
 use crate::matrix::Matrix;
 use corelm_core::Glu;
 use corelm_kernels::DType;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A matrix of the model file: `rows` rows of `cols` values of `dtype`, as stored.
@@ -66,6 +69,10 @@ pub struct HotFfn {
     act_params: wgpu::Buffer,
     /// The layer and token count submitted by `begin`, not yet read back.
     pending: Mutex<Option<(usize, usize)>>,
+    /// The next [`HotFfn::wait`] fails as a lost device's would ([`HotFfn::simulate_device_loss`]).
+    fail_next: AtomicBool,
+    /// A read-back failed.
+    failed: AtomicBool,
 }
 
 /// `m`'s rows `neurons`, as stored, into `out` (cleared first).
@@ -142,7 +149,7 @@ impl HotFfn {
             let bind = [gate.bind(&gpu, &x, &g), up.bind(&gpu, &x, &u), act, bind_down];
             out[l.layer] = Some(Layer { gate, up, down, bind });
         }
-        Ok(HotFfn { gpu, n_embd, max_tokens, layers: out, x, y, staging, act_params, pending: Mutex::new(None) })
+        Ok(HotFfn { gpu, n_embd, max_tokens, layers: out, x, y, staging, act_params, pending: Mutex::new(None), fail_next: AtomicBool::new(false), failed: AtomicBool::new(false) })
     }
 
     /// Bytes of weights held on the device.
@@ -223,19 +230,28 @@ impl HotFfn {
     pub fn wait(&self, layer: usize, y: &mut [f32]) -> Result<(), AccelError> {
         let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take();
         assert_eq!(pending, Some((layer, y.len() / self.n_embd)), "finish matches the last begin");
-        self.gpu.read_back(&self.staging, y)
-    }
-}
-
-impl corelm_core::Offload for HotFfn {
-    fn begin(&self, layer: usize, x: &[f32], kind: Glu, thr: f32) {
-        self.submit(layer, x, kind, thr);
-    }
-
-    fn finish(&self, layer: usize, y: &mut [f32]) {
-        // A device lost mid-pass leaves no correct output to give: stop with the reason.
-        if let Err(e) = self.wait(layer, y) {
-            panic!("accelerator, layer {layer}: {e}");
+        let mut r = self.gpu.read_back(&self.staging, y);
+        if r.is_ok() && self.fail_next.swap(false, Ordering::Relaxed) {
+            // What was read back is gone, as after a real loss.
+            y.fill(f32::NAN);
+            r = Err(AccelError::Readback("device loss simulated (HotFfn::simulate_device_loss)".into()));
         }
+        if r.is_err() {
+            self.failed.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Whether a read-back has failed (the callers compute the device's part on the CPU since).
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Make the next [`HotFfn::wait`] fail as a lost device's would (the device's work is
+    /// still waited for, then dropped): for tests and drills of the callers' fallbacks.
+    pub fn simulate_device_loss(&self) {
+        self.fail_next.store(true, Ordering::Relaxed);
     }
 }
+
+

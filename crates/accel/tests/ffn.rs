@@ -4,7 +4,7 @@
 //! rows are replaced (online balancing's loads).
 
 use corelm_accel::{down_neuron_major, gather_rows, FileMatrix, Gpu, HotFfn, HotLayer};
-use corelm_core::{Glu, Offload};
+use corelm_core::Glu;
 use corelm_kernels::{quant::reference::quantizer, DType, Kernels};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
@@ -54,8 +54,8 @@ impl Model {
         let (n_embd, n_ff) = (self.n_embd, self.n_ff);
         let n_tok = x.len() / n_embd;
         let mut y = vec![0f32; n_tok * n_embd];
-        ffn.begin(l, x, kind, thr);
-        ffn.finish(l, &mut y);
+        ffn.submit(l, x, kind, thr);
+        ffn.wait(l, &mut y).unwrap();
         let (g, u) = (dequant(DType::Q4K, &self.gate, n_embd), dequant(DType::Q4_1, &self.up, n_embd));
         let neurons: Vec<u32> = rows.iter().flatten().copied().collect();
         // The down columns as the accelerator holds them: a Q8_0 row per neuron.

@@ -473,9 +473,9 @@ impl Engine {
                 (Some(online.ffn().clone()), Some(online))
             }
             (Some(s), _, _) => {
-                let a = crate::offload::open(&gguf, &s.offloaded, h.n_embd, cfg.n_batch)?;
+                let a = Arc::new(crate::offload::Static::open(gguf.clone(), &s.offloaded, h.n_embd, cfg.n_batch)?);
                 exec.offload = Some(a.clone());
-                (Some(a), None)
+                (Some(a.ffn().clone()), None)
             }
             (None, _, _) => (None, None),
         };

@@ -7,15 +7,21 @@
 //! the level nearest the `--sparsity` target), most frequent first, until the budget is spent,
 //! and each layer's count is then rounded down to a multiple of 32. Without frequencies every
 //! neuron scores the same and whole layers go first to last. That choice is made once at load
-//! (`--accel-policy static`); the online policies ([`crate::balance`]) start from
-//! [`choose_groups`] instead: every layer an equal number of groups, the most frequent first.
+//! (`--accel-policy static`, run by [`Static`]); the online policies ([`crate::balance`])
+//! start from [`choose_groups`] instead: every layer an equal number of groups, the most
+//! frequent first.
+//!
+//! A device lost mid-run loses nothing: both keep each layer's FFN input, and when a read-back
+//! fails the device's part of that layer comes from the CPU ([`device_part_on_cpu`]), as do
+//! all of its parts from then on.
 
 use crate::balance::{BalanceConfig, Policy};
 use crate::Error;
 use corelm_accel::{down_neuron_major, FileMatrix, Gpu, HotFfn, HotLayer};
+use corelm_core::{sched::gate_activation, Glu, Offload};
 use corelm_gguf::{Gguf, TensorInfo};
-use corelm_kernels::DType;
-use std::sync::Arc;
+use corelm_kernels::{DType, Kernels};
+use std::sync::{Arc, Mutex};
 
 /// `--accel-mem` and what chooses the hot neurons.
 #[derive(Clone, Debug)]
@@ -128,18 +134,122 @@ pub fn choose_groups(cost: &[u64], n_ff: usize, mem: u64, freq: Option<&[Vec<f32
         .collect()
 }
 
-/// Open the accelerator and upload the hot neurons `hot` of `gguf`'s layers, for batches of
-/// up to `max_tokens`; row `i` of a layer holds `hot[l][i]`.
-pub fn open(gguf: &Gguf, hot: &[Vec<u32>], n_embd: usize, max_tokens: usize) -> Result<Arc<HotFfn>, Error> {
+/// Each layer's down columns of its `hot` neurons, neuron-major Q8_0 (empty where none).
+fn down_columns(gguf: &Gguf, hot: &[Vec<u32>]) -> Result<Vec<Vec<u8>>, Error> {
     let mut down = Vec::with_capacity(hot.len());
     for (l, h) in hot.iter().enumerate() {
         down.push(if h.is_empty() { Vec::new() } else { down_neuron_major(&file_matrix(gguf, ffn_of(gguf, l)?.down), h) });
     }
-    upload(gguf, hot, &down, n_embd, max_tokens)
+    Ok(down)
 }
 
-/// [`open`] with the down columns of each layer's `hot` neurons given (`down[l]`, as
-/// [`down_neuron_major`] makes them).
+/// The device's part of one layer on the CPU, as the device computes it: for each (neuron
+/// `n`, its row `d` of the neuron-major Q8_0 `down`) of `neurons`, f32 gate and up products
+/// over the file's rows `n` of `gate` and `up`, the firing rule `|act(g)| > thr`, and `h ·
+/// down[d]` added up; `xs`: the layer's input (`[≥ n_tokens × n_embd]`), `y` (`[n_tokens ×
+/// n_embd]`) overwritten, `row`: `n_embd` f32 of scratch. Portable and one-threaded: the
+/// fallback of a lost device, not a fast path.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn device_part_on_cpu(m: [&FileMatrix; 3], neurons: impl Iterator<Item = (usize, usize)> + Clone, kind: Glu, thr: f32, xs: &[f32], y: &mut [f32], row: &mut [f32]) {
+    let portable = Kernels::portable();
+    let [gate, up, down] = m;
+    let [to_gate, to_up, to_down] = [gate, up, down].map(|m| portable.to_float(m.dtype).expect("a model weight type"));
+    let [grb, urb, drb] = [gate, up, down].map(FileMatrix::row_bytes);
+    let n_embd = row.len();
+    let dot = |to: fn(&[u8], &mut [f32]), bytes: &[u8], row: &mut [f32], x: &[f32]| -> f32 {
+        to(bytes, row);
+        row.iter().zip(x).map(|(&w, &v)| w * v).sum()
+    };
+    y.fill(0.0);
+    for (yt, xt) in y.chunks_exact_mut(n_embd).zip(xs.chunks_exact(n_embd)) {
+        for (n, d) in neurons.clone() {
+            let g = dot(to_gate, &gate.bytes[n * grb..][..grb], row, xt);
+            let mut a = [0f32];
+            gate_activation(&portable, kind, &[g], &[1.0], &mut a);
+            if a[0].abs() <= thr {
+                continue;
+            }
+            let h = a[0] * dot(to_up, &up.bytes[n * urb..][..urb], row, xt);
+            to_down(&down.bytes[d * drb..][..drb], row);
+            yt.iter_mut().zip(row.iter()).for_each(|(o, &v)| *o += h * v);
+        }
+    }
+}
+
+/// The accelerator under `--accel-policy static`: the hot neurons chosen at load stay on the
+/// device; the graph's CPU nodes leave them out. If the device is lost, their part of every
+/// layer is computed on the CPU from then on ([`device_part_on_cpu`]; slow, but nothing
+/// running is lost).
+pub struct Static {
+    ffn: Arc<HotFfn>,
+    gguf: Arc<Gguf>,
+    /// `[layer]`: its hot neurons and their down columns (the fallback's), if any.
+    layers: Vec<Option<(Vec<u32>, Vec<u8>)>>,
+    n_embd: usize,
+    state: Mutex<StaticState>,
+}
+
+struct StaticState {
+    /// Per layer, the firing rule of its last `begin`.
+    glu: Vec<(Glu, f32)>,
+    /// The FFN input of the last `begin` (`[max_tokens × n_embd]`).
+    x: Vec<f32>,
+    row: Vec<f32>,
+    lost: bool,
+}
+
+impl Static {
+    /// Open the accelerator with `gguf`'s hot neurons `hot` (per layer, as [`choose`] picks
+    /// them), for batches of up to `max_tokens`.
+    pub fn open(gguf: Arc<Gguf>, hot: &[Vec<u32>], n_embd: usize, max_tokens: usize) -> Result<Static, Error> {
+        let down = down_columns(&gguf, hot)?;
+        let ffn = upload(&gguf, hot, &down, n_embd, max_tokens)?;
+        let layers = hot.iter().zip(down).map(|(h, d)| (!h.is_empty()).then(|| (h.clone(), d))).collect();
+        let state = StaticState { glu: vec![(Glu::Silu, 0.0); hot.len()], x: vec![0.0; max_tokens * n_embd], row: vec![0.0; n_embd], lost: false };
+        Ok(Static { ffn, gguf, layers, n_embd, state: Mutex::new(state) })
+    }
+
+    pub fn ffn(&self) -> &Arc<HotFfn> {
+        &self.ffn
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, StaticState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn fallback(&self, s: &mut StaticState, layer: usize, y: &mut [f32]) {
+        let (hot, down) = self.layers[layer].as_ref().expect("an offloaded layer");
+        let f = ffn_of(&self.gguf, layer).expect("checked at open");
+        let (gate, up) = (file_matrix(&self.gguf, f.gate), file_matrix(&self.gguf, f.up));
+        let down = FileMatrix { dtype: DType::Q8_0, rows: hot.len(), cols: self.n_embd, bytes: down };
+        let (kind, thr) = s.glu[layer];
+        device_part_on_cpu([&gate, &up, &down], hot.iter().enumerate().map(|(d, &n)| (n as usize, d)), kind, thr, &s.x, y, &mut s.row);
+    }
+}
+
+impl Offload for Static {
+    fn begin(&self, layer: usize, x: &[f32], kind: Glu, thr: f32) {
+        let mut s = self.lock();
+        s.glu[layer] = (kind, thr);
+        s.x[..x.len()].copy_from_slice(x);
+        if !s.lost {
+            drop(s);
+            self.ffn.submit(layer, x, kind, thr);
+        }
+    }
+
+    fn finish(&self, layer: usize, y: &mut [f32]) {
+        let mut s = self.lock();
+        if s.lost || self.ffn.wait(layer, y).is_err() {
+            s.lost = true;
+            self.fallback(&mut s, layer, y);
+        }
+    }
+}
+
+/// Open the accelerator and upload the hot neurons `hot` of `gguf`'s layers (row `i` of a
+/// layer holds `hot[l][i]`) with their down columns `down[l]` (as [`down_neuron_major`] makes
+/// them), for batches of up to `max_tokens`.
 pub(crate) fn upload(gguf: &Gguf, hot: &[Vec<u32>], down: &[Vec<u8>], n_embd: usize, max_tokens: usize) -> Result<Arc<HotFfn>, Error> {
     let gpu = Arc::new(Gpu::open().map_err(|e| Error::Config(e.to_string()))?);
     let ffns: Vec<Ffn> = (0..hot.len()).map(|l| ffn_of(gguf, l)).collect::<Result<_, _>>()?;

@@ -274,3 +274,29 @@ fn a_lost_device_hands_its_neurons_to_the_cpu_mid_run() {
     // The device computes nothing after the loss.
     assert!(on_device[5] > 0 && on_device[6..].iter().all(|&n| n == on_device[6]), "{on_device:?}");
 }
+
+/// The same under the static policy (whole layers on the device, no sparsity): from the lost
+/// read-back on (its values are gone: NaN), every layer's device part comes from the CPU, so
+/// the run goes on with the CPU's results instead of stopping.
+#[test]
+fn a_lost_device_under_the_static_policy_keeps_the_run_going() {
+    let (mut cpu, tok) = load(SMOL, test_config(2));
+    let ids = tok.encode(PROMPT, false, true).unwrap();
+    let want = token_by_token(&mut cpu, &ids);
+    let (mut e, _) = load(SMOL, accel(None));
+    let mut got = Vec::new();
+    let mut b = Batch::new();
+    for (i, &t) in ids.iter().enumerate() {
+        if i == 6 {
+            e.accel().unwrap().simulate_device_loss();
+        }
+        b.clear();
+        b.add(t, i as i32, 0, true);
+        got.push(e.decode(&b).unwrap().row(0).to_vec());
+        assert_eq!(e.accel().unwrap().failed(), i >= 6, "token {i}");
+    }
+    // (Without the fallback the lost layer's NaN reaches every logit.)
+    assert!(got.iter().flatten().all(|v| v.is_finite()));
+    let d = max_rel_diff(&got, &want);
+    assert!(d < 0.1, "logits differ by {d} of the largest");
+}

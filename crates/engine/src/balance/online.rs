@@ -3,7 +3,7 @@
 //! carries out the [`Balancer`]'s moves.
 
 use super::policy::{BalanceConfig, Balancer, Move, Policy};
-use crate::offload::{ffn_of, file_matrix};
+use crate::offload::{device_part_on_cpu, ffn_of, file_matrix};
 use corelm_accel::{gather_rows, FileMatrix, HotFfn};
 use corelm_core::{sched::gate_activation, Glu, Offload};
 use corelm_gguf::{Gguf, TensorInfo};
@@ -94,7 +94,6 @@ struct State {
     row: Vec<f32>,
     /// The device failed (or a test said it will): run its part on the CPU from now on.
     lost: bool,
-    fail_next: bool,
     /// This pass so far: its start, load and wait seconds.
     pass_start: Option<Instant>,
     pass_load: f64,
@@ -180,7 +179,6 @@ impl Online {
             x: vec![0.0; max_tokens * n_embd],
             row: vec![0.0; n_embd],
             lost: false,
-            fail_next: false,
             pass_start: None,
             pass_load: 0.0,
             pass_wait: 0.0,
@@ -208,7 +206,7 @@ impl Online {
     /// Make the next layer's read-back fail as a lost device would (the device's work is still
     /// waited for, then dropped): for tests and drills of the fallback.
     pub fn simulate_device_loss(&self) {
-        self.lock().fail_next = true;
+        self.ffn.simulate_device_loss();
     }
 
     /// Zero the statistics (a benchmark's measured run starts here).
@@ -224,34 +222,14 @@ impl Online {
     }
 
     /// The device's part of `layer`'s pass, on the CPU: every neuron in the mask, from the
-    /// saved input, as the device computes it (f32 gate and up over the file's rows, the
-    /// firing rule, the Q8_0 down column), into `y` (`[n_tokens × n_embd]`).
+    /// saved input, as the device computes it ([`device_part_on_cpu`]), into `y` (`[n_tokens ×
+    /// n_embd]`).
     fn fallback(&self, s: &mut State, layer: usize, y: &mut [f32]) {
         let l = self.layers[layer].as_ref().expect("an offloaded layer");
-        let portable = Kernels::portable();
         let [gate, up, down] = self.matrices(l);
-        let [to_gate, to_up, to_down] = [&gate, &up, &down].map(|m| portable.to_float(m.dtype).expect("a model weight type"));
-        let [grb, urb, drb] = [&gate, &up, &down].map(FileMatrix::row_bytes);
         let (kind, thr) = s.glu[layer];
-        let n_embd = self.n_embd;
-        let (row, xs, ones) = (&mut s.row, &s.x, &s.ones);
-        y.fill(0.0);
-        for (yt, xt) in y.chunks_exact_mut(n_embd).zip(xs.chunks_exact(n_embd)) {
-            for n in 0..self.n_ff {
-                if l.mask[n / 64].load(Ordering::Relaxed) >> (n % 64) & 1 == 0 {
-                    continue;
-                }
-                let g = row_dot(to_gate, &gate.bytes[n * grb..][..grb], row, xt);
-                let mut a = [0f32];
-                gate_activation(&portable, kind, &[g], ones, &mut a);
-                if a[0].abs() <= thr {
-                    continue;
-                }
-                let h = a[0] * row_dot(to_up, &up.bytes[n * urb..][..urb], row, xt);
-                to_down(&down.bytes[n * drb..][..drb], row);
-                yt.iter_mut().zip(row.iter()).for_each(|(o, &d)| *o += h * d);
-            }
-        }
+        let resident = (0..self.n_ff).filter(|&n| l.mask[n / 64].load(Ordering::Relaxed) >> (n % 64) & 1 == 1).map(|n| (n, n));
+        device_part_on_cpu([&gate, &up, &down], resident, kind, thr, &s.x, y, &mut s.row);
     }
 
     /// Carry out `moves` on `layer`: device rows and the residency mask. Returns the bytes.
@@ -280,12 +258,6 @@ fn down_matrix(bytes: &[u8], n_ff: usize, n_embd: usize) -> FileMatrix<'_> {
     FileMatrix { dtype: DType::Q8_0, rows: n_ff, cols: n_embd, bytes }
 }
 
-/// `bytes` (one row, dequantized by `to` into `row`) · `x`.
-fn row_dot(to: fn(&[u8], &mut [f32]), bytes: &[u8], row: &mut [f32], x: &[f32]) -> f32 {
-    to(bytes, row);
-    row.iter().zip(x).map(|(&w, &v)| w * v).sum()
-}
-
 impl Offload for Online {
     fn begin(&self, layer: usize, x: &[f32], kind: Glu, thr: f32) {
         let mut s = self.lock();
@@ -308,7 +280,7 @@ impl Offload for Online {
         let waited = self.ffn.wait(layer, y);
         let dt = t0.elapsed().as_secs_f64();
         let mut s = self.lock();
-        if waited.is_err() || std::mem::take(&mut s.fail_next) {
+        if waited.is_err() {
             // Nothing running is lost: the device's part of this pass comes from the CPU,
             // and from the next pass on the CPU computes every neuron (masks cleared).
             self.fallback(&mut s, layer, y);
