@@ -157,16 +157,6 @@ impl HotFfn {
         self.layers.iter().flatten().map(|l| l.gate.bytes() + l.up.bytes() + l.down.bytes()).sum()
     }
 
-    /// Values per FFN input row.
-    pub fn n_embd(&self) -> usize {
-        self.n_embd
-    }
-
-    /// The most tokens a submission takes.
-    pub fn max_tokens(&self) -> usize {
-        self.max_tokens
-    }
-
     /// Neuron rows of each layer (0: not offloaded).
     pub fn hot_counts(&self) -> Vec<usize> {
         self.layers.iter().map(|l| l.as_ref().map_or(0, |l| l.gate.rows)).collect()
@@ -253,5 +243,3 @@ impl HotFfn {
         self.fail_next.store(true, Ordering::Relaxed);
     }
 }
-
-

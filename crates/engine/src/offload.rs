@@ -195,7 +195,6 @@ struct StaticState {
     /// The FFN input of the last `begin` (`[max_tokens × n_embd]`).
     x: Vec<f32>,
     row: Vec<f32>,
-    lost: bool,
 }
 
 impl Static {
@@ -205,7 +204,7 @@ impl Static {
         let down = down_columns(&gguf, hot)?;
         let ffn = upload(&gguf, hot, &down, n_embd, max_tokens)?;
         let layers = hot.iter().zip(down).map(|(h, d)| (!h.is_empty()).then(|| (h.clone(), d))).collect();
-        let state = StaticState { glu: vec![(Glu::Silu, 0.0); hot.len()], x: vec![0.0; max_tokens * n_embd], row: vec![0.0; n_embd], lost: false };
+        let state = StaticState { glu: vec![(Glu::Silu, 0.0); hot.len()], x: vec![0.0; max_tokens * n_embd], row: vec![0.0; n_embd] };
         Ok(Static { ffn, gguf, layers, n_embd, state: Mutex::new(state) })
     }
 
@@ -232,17 +231,16 @@ impl Offload for Static {
         let mut s = self.lock();
         s.glu[layer] = (kind, thr);
         s.x[..x.len()].copy_from_slice(x);
-        if !s.lost {
-            drop(s);
+        drop(s);
+        if !self.ffn.failed() {
             self.ffn.submit(layer, x, kind, thr);
         }
     }
 
     fn finish(&self, layer: usize, y: &mut [f32]) {
-        let mut s = self.lock();
-        if s.lost || self.ffn.wait(layer, y).is_err() {
-            s.lost = true;
-            self.fallback(&mut s, layer, y);
+        // Once a read-back failed, the device is not asked again (`failed` stays set).
+        if self.ffn.failed() || self.ffn.wait(layer, y).is_err() {
+            self.fallback(&mut self.lock(), layer, y);
         }
     }
 }

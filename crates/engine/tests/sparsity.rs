@@ -30,12 +30,18 @@ fn prompt_logits(engine: &mut Engine, ids: &[u32]) -> Vec<Vec<f32>> {
 }
 
 fn token_by_token(engine: &mut Engine, ids: &[u32]) -> Vec<Vec<f32>> {
+    token_by_token_with(engine, ids, |_, _| {})
+}
+
+/// [`token_by_token`], `after(engine, i)` run after token `i`'s pass.
+fn token_by_token_with(engine: &mut Engine, ids: &[u32], mut after: impl FnMut(&Engine, usize)) -> Vec<Vec<f32>> {
     let mut out = Vec::new();
     let mut b = Batch::new();
     for (i, &t) in ids.iter().enumerate() {
         b.clear();
         b.add(t, i as i32, 0, true);
         out.push(engine.decode(&b).unwrap().row(0).to_vec());
+        after(engine, i);
     }
     engine.clear_all();
     out
@@ -241,7 +247,7 @@ fn adjacent_layer_predictor_learns_which_neurons_fire() {
     assert_eq!(g.tensor("pred.29.b").map(|t| [t.shape[0], t.shape[1]]), Some([16, 1536]));
 }
 
-/// A device lost in the middle of a pass (simulated after token 6, at the next layer's read-
+/// A device lost in the middle of a pass (armed after token 5, failing at token 6's first read-
 /// back): that layer's device part is recomputed on the CPU from the saved input, every mask
 /// is cleared and the CPU computes every neuron from then on, so the run goes on with the
 /// CPU's results (within the accelerator's bound where the device took part).
@@ -254,20 +260,15 @@ fn a_lost_device_hands_its_neurons_to_the_cpu_mid_run() {
     let s = Arc::new(SparseFfn { thresholds: vec![0.12; 30], down_type: DType::Q8_0, offloaded: Vec::new(), balanced: false });
     let a = corelm_engine::offload::AccelConfig { balance: BalanceConfig::new(Policy::Tam), ..corelm_engine::offload::AccelConfig::new(8 << 20) };
     let (mut e, _) = load(SMOL, EngineConfig { sparsity: Some(s), accel: Some(a), ..test_config(2) });
-    let mut got = Vec::new();
-    let mut b = Batch::new();
     let mut on_device = Vec::new();
-    for (i, &t) in ids.iter().enumerate() {
-        if i == 6 {
-            e.balance().unwrap().simulate_device_loss();
-        }
-        b.clear();
-        b.add(t, i as i32, 0, true);
-        got.push(e.decode(&b).unwrap().row(0).to_vec());
+    let got = token_by_token_with(&mut e, &ids, |e, i| {
         let st = e.balance().unwrap().stats();
         assert_eq!(st.device_lost, i >= 6, "token {i}");
         on_device.push(st.fired_device);
-    }
+        if i == 5 {
+            e.balance().unwrap().simulate_device_loss();
+        }
+    });
     // (A fallback that returns zeros for the device's part fails this at 0.14.)
     let d = max_rel_diff(&got, &want);
     assert!(d < 0.1, "logits differ by {d} of the largest");
@@ -284,17 +285,12 @@ fn a_lost_device_under_the_static_policy_keeps_the_run_going() {
     let ids = tok.encode(PROMPT, false, true).unwrap();
     let want = token_by_token(&mut cpu, &ids);
     let (mut e, _) = load(SMOL, accel(None));
-    let mut got = Vec::new();
-    let mut b = Batch::new();
-    for (i, &t) in ids.iter().enumerate() {
-        if i == 6 {
+    let got = token_by_token_with(&mut e, &ids, |e, i| {
+        assert_eq!(e.accel().unwrap().failed(), i >= 6, "token {i}");
+        if i == 5 {
             e.accel().unwrap().simulate_device_loss();
         }
-        b.clear();
-        b.add(t, i as i32, 0, true);
-        got.push(e.decode(&b).unwrap().row(0).to_vec());
-        assert_eq!(e.accel().unwrap().failed(), i >= 6, "token {i}");
-    }
+    });
     // (Without the fallback the lost layer's NaN reaches every logit.)
     assert!(got.iter().flatten().all(|v| v.is_finite()));
     let d = max_rel_diff(&got, &want);

@@ -92,8 +92,6 @@ struct State {
     x: Vec<f32>,
     /// One dequantized row (the fallback).
     row: Vec<f32>,
-    /// The device failed (or a test said it will): run its part on the CPU from now on.
-    lost: bool,
     /// This pass so far: its start, load and wait seconds.
     pass_start: Option<Instant>,
     pass_load: f64,
@@ -178,7 +176,6 @@ impl Online {
             stats: BalanceStats { lambda: cfg.lambda, ..Default::default() },
             x: vec![0.0; max_tokens * n_embd],
             row: vec![0.0; n_embd],
-            lost: false,
             pass_start: None,
             pass_load: 0.0,
             pass_wait: 0.0,
@@ -200,7 +197,7 @@ impl Online {
     }
 
     pub fn stats(&self) -> BalanceStats {
-        self.lock().stats
+        BalanceStats { device_lost: self.ffn.failed(), ..self.lock().stats }
     }
 
     /// Make the next layer's read-back fail as a lost device would (the device's work is still
@@ -213,8 +210,7 @@ impl Online {
     pub fn reset_stats(&self) {
         let mut s = self.lock();
         let lambda = s.balancer.lambda();
-        let device_lost = s.lost;
-        s.stats = BalanceStats { lambda, device_lost, ..Default::default() };
+        s.stats = BalanceStats { lambda, ..Default::default() };
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -263,7 +259,7 @@ impl Offload for Online {
         let mut s = self.lock();
         s.pass_start.get_or_insert_with(Instant::now);
         s.glu[layer] = (kind, thr);
-        if s.lost {
+        if self.ffn.failed() {
             return;
         }
         s.x[..x.len()].copy_from_slice(x);
@@ -273,7 +269,7 @@ impl Offload for Online {
 
     fn finish(&self, layer: usize, y: &mut [f32]) {
         let t0 = Instant::now();
-        if self.lock().lost {
+        if self.ffn.failed() {
             y.fill(0.0); // the CPU computes every neuron now
             return;
         }
@@ -284,8 +280,6 @@ impl Offload for Online {
             // Nothing running is lost: the device's part of this pass comes from the CPU,
             // and from the next pass on the CPU computes every neuron (masks cleared).
             self.fallback(&mut s, layer, y);
-            s.lost = true;
-            s.stats.device_lost = true;
             for l in self.layers.iter().flatten() {
                 l.mask.iter().for_each(|w| w.store(0, Ordering::Relaxed));
             }
@@ -308,7 +302,7 @@ impl Offload for Online {
         let Some(l) = self.layers[layer].as_ref() else { return };
         let mut guard = self.lock();
         let s = &mut *guard;
-        if s.lost {
+        if self.ffn.failed() {
             return;
         }
         let (kind, thr) = s.glu[layer];

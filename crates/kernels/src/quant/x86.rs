@@ -5,7 +5,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use crate::quant::blocks::*;
-use crate::simd::x86::{f2h, h2f, hsum_i32x8};
+use crate::simd::x86::{f2h, h2f, hmax_f32x8, hsum_i32x8};
 use std::arch::x86_64::*;
 
 /// One 32-value block quantized as ggml's SIMD `quantize_row_q8_0/1`: `amax`, `d = amax/127`,
@@ -18,10 +18,7 @@ fn q8_block(xs: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
     let v: [__m256; 4] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(xs.as_ptr().add(8 * i)) });
     let sign = _mm256_set1_ps(-0.0);
     let a = v.map(|x| _mm256_andnot_ps(sign, x));
-    let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
-    let m = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
-    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    let amax = hmax_f32x8(_mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3])));
     let d = amax / 127.0;
     let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
     let q = v.map(|x| {
@@ -71,9 +68,7 @@ pub fn quant_q8_k(x: &[f32], y: &mut [u8]) {
             // maxps returns its second operand when either is NaN: NaN never replaces m.
             m = _mm256_max_ps(_mm256_andnot_ps(sign, *vi), m);
         }
-        let h = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
-        let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        let amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+        let amax = hmax_f32x8(m);
         if amax == 0.0 {
             b.d = 0.0;
             b.qs = [0; QK_K];

@@ -50,8 +50,18 @@ pub(crate) fn hsum_f32x8(x: __m256) -> f32 {
     _mm_cvtss_f32(r)
 }
 
-/// The largest of `x`'s values (-∞ if empty), 8 lanes at a time: the same value as a scalar
-/// `f32::max` fold for values without NaN (max is exact, so the order does not matter).
+/// The largest of the 8 lanes (`maxps` pairwise: high half against low, then within).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn hmax_f32x8(x: __m256) -> f32 {
+    let r = _mm_max_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    let r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+    _mm_cvtss_f32(_mm_max_ss(r, _mm_movehdup_ps(r)))
+}
+
+/// The largest of `x`'s values (-∞ if empty), 8 lanes at a time: the value of a scalar
+/// `f32::max` fold (max is exact, so the order does not matter; a NaN is skipped as there,
+/// since `maxps` returns its second operand, the running maximum, when either is NaN).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn max_f32(x: &[f32]) -> f32 {
@@ -59,12 +69,9 @@ pub(crate) fn max_f32(x: &[f32]) -> f32 {
     let mut chunks = x.chunks_exact(8);
     for c in &mut chunks {
         // SAFETY: 8 f32 readable; unaligned load.
-        m = _mm256_max_ps(m, unsafe { _mm256_loadu_ps(c.as_ptr()) });
+        m = _mm256_max_ps(unsafe { _mm256_loadu_ps(c.as_ptr()) }, m);
     }
-    let r = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
-    let r = _mm_max_ps(r, _mm_movehl_ps(r, r));
-    let r = _mm_max_ss(r, _mm_movehdup_ps(r));
-    chunks.remainder().iter().fold(_mm_cvtss_f32(r), |m, &v| m.max(v))
+    chunks.remainder().iter().fold(hmax_f32x8(m), |m, &v| m.max(v))
 }
 
 #[inline]
