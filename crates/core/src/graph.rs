@@ -56,6 +56,8 @@ pub enum Split {
     FfCols,
     /// Rows of the shard's experts in a stack of expert matrices.
     Experts,
+    /// Rows of the shard's vocabulary range (the LM head, `TpPlan::vocab`).
+    Vocab,
 }
 
 /// Sparse FFNs (`--sparsity`): the per-layer activation thresholds a calibration chose and
@@ -370,6 +372,7 @@ impl<'k> Builder<'k> {
                 Split::FfRows => (plan.ff[s].clone(), false),
                 Split::HeadCols => (plan.q_heads[s].start * hd..plan.q_heads[s].end * hd, true),
                 Split::FfCols => (plan.ff[s].clone(), true),
+                Split::Vocab => (plan.vocab(w.ne[1], s), false),
                 Split::Experts => {
                     let per = w.ne[1] / plan.dims.n_expert.max(1);
                     (plan.experts[s].start * per..plan.experts[s].end * per, false)
@@ -468,12 +471,31 @@ impl<'k> Builder<'k> {
         })
     }
 
-    /// Like [`Builder::matmul`] but the result goes to the output pool (logits).
+    /// Like [`Builder::matmul`] but the result goes to the output pool (logits), `[rows,
+    /// w.ne1]`. With `w` cut by [`Split::Vocab`] (tensor parallelism, after a scatter) each
+    /// shard writes its vocabulary columns of the one logits tensor, which needs no reduction,
+    /// and the graph leaves parallel mode; the result is then that whole tensor (no node).
     pub fn matmul_output(&mut self, w: &Bundle, x: &Bundle) -> Bundle {
-        let (op, ne) = self.matmul_op(w.single(), x.single());
         let offset = self.out_bump;
-        self.out_bump += ne[0] * ne[1] * 4;
-        Bundle::one(self.push(ne, DType::F32, op, Storage::Output { offset }))
+        if w.0.len() == 1 {
+            // One whole weight: a serial node, also after a scatter.
+            self.mode = Mode::Serial;
+            let (op, ne) = self.matmul_op(w.single(), x.single());
+            self.out_bump += ne[0] * ne[1] * 4;
+            return Bundle::one(self.push(ne, DType::F32, op, Storage::Output { offset, ld: ne[0] }));
+        }
+        let n_vocab: usize = w.0.iter().map(|&p| self.t(p).ne[1]).sum();
+        let rows = self.t(x.single()).ne[1];
+        let mut col = 0;
+        self.zip(&[w, x], |b, t| {
+            let (op, ne) = b.matmul_op(t[0], t[1]);
+            let id = b.push(ne, DType::F32, op, Storage::Output { offset: offset + 4 * col, ld: n_vocab });
+            col += ne[0];
+            id
+        });
+        self.out_bump += n_vocab * rows * 4;
+        self.mode = Mode::Serial;
+        Bundle::one(self.leaf([n_vocab, rows], DType::F32, Storage::Output { offset, ld: n_vocab }))
     }
 
     pub fn rope(&mut self, x: &Bundle, p: RopeParams) -> Bundle {

@@ -65,8 +65,9 @@ pub enum Storage {
     Weight { offset: usize, len: usize, cols: Option<ColSlice>, copy: Option<WeightCopy>, form: WeightForm },
     /// In activation buffer `buf` (0 or 1: layer parity) at a byte offset.
     Act { buf: u8, offset: usize },
-    /// In the output (logits) buffer at a byte offset.
-    Output { offset: usize },
+    /// In the output (logits) buffer at a byte offset, rows `ld` f32 apart (`ne0`, or the whole
+    /// vocabulary for a tensor-parallel shard's columns of the logits).
+    Output { offset: usize, ld: usize },
     /// Produces no tensor of its own (writes into the KV cache).
     None,
 }

@@ -12,12 +12,18 @@
 //!   slice of a quantized row must be whole blocks): gate/up by rows, down by columns.
 //! * Mixture-of-experts layers are split by experts: each shard computes the routed pairs of
 //!   its contiguous range of experts and their weighted sum; the router stays serial.
+//! * The output matrix (LM head) is split by vocabulary rows in units of [`VOCAB_UNIT`]; each
+//!   shard writes its columns of the logits, so nothing is reduced.
 //! * Norms and other vectors are replicated (read by every shard from the one copy).
 //!
 //! A degree that cannot work is refused with the numbers: more shards than query heads, than
 //! feed-forward units, or head boundaries that fall inside a quantization block of Wo.
 
 use std::ops::Range;
+
+/// Vocabulary rows per unit of the LM head's split: shard boundaries fall on whole groups of
+/// the interleaved layout and whole column blocks of the matmul schedules.
+pub const VOCAB_UNIT: usize = 64;
 
 /// What the plan needs to know of a model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,6 +119,20 @@ impl TpPlan {
         self.q_heads.len()
     }
 
+    /// Shard `s`'s rows of an output matrix of `n_vocab` rows: balanced in units of
+    /// [`VOCAB_UNIT`], the last shard also taking the rows past the last whole unit.
+    pub fn vocab(&self, n_vocab: usize, s: usize) -> Range<usize> {
+        let units = n_vocab / VOCAB_UNIT;
+        let d = self.degree();
+        if units < d {
+            // Fewer units than shards (a tiny test vocabulary): balanced by rows.
+            return balanced(n_vocab, s, d);
+        }
+        let u = balanced(units, s, d);
+        let end = if s + 1 == d { n_vocab } else { u.end * VOCAB_UNIT };
+        u.start * VOCAB_UNIT..end
+    }
+
     /// KV cache slots of all shards together (replicated heads counted once per shard).
     pub fn kv_slots(&self) -> usize {
         self.kv_heads.iter().map(|kv| kv.len()).sum()
@@ -179,6 +199,20 @@ mod tests {
         assert_eq!(p.ff, [0..512, 512..1024, 1024..1536, 1536..2048]);
         // Qwen2.5 at 3: 19 blocks of 256 as 7, 6, 6.
         assert_eq!(TpPlan::new(3, QWEN).unwrap().ff, [0..1792, 1792..3328, 3328..4864]);
+    }
+
+    #[test]
+    fn vocabulary_rows_are_cut_in_units() {
+        let p = TpPlan::new(3, SMOL).unwrap();
+        // SmolLM2: 49152 rows = 768 units of 64, 256 per shard.
+        let v: Vec<_> = (0..3).map(|s| p.vocab(49152, s)).collect();
+        assert_eq!(v, [0..16384, 16384..32768, 32768..49152]);
+        // Qwen2.5: 151936 = 2374 units (792, 791, 791); a vocabulary off the unit: the rest
+        // goes to the last shard.
+        assert_eq!(p.vocab(151936, 1), 50688..101312);
+        assert_eq!(p.vocab(151936 + 5, 2), 101312..151941);
+        // Fewer units than shards: by rows.
+        assert_eq!((0..3).map(|s| p.vocab(100, s)).collect::<Vec<_>>(), [0..34, 34..67, 67..100]);
     }
 
     #[test]

@@ -34,7 +34,7 @@ fn run(kernels: &Kernels, path: Path, t: DType, w: &[u8], g: Option<&[u8]>, k: u
     let mut scratch = matmul::MatmulScratch::new(k, k, rows, panels);
     let mut out = vec![f32::NAN; rows * n_out];
     let vdt = kernels.ops(t).unwrap().vec_dot_type;
-    let o = Operands { dtype: t, k, n_out, w, il: g, x, xrb: row_bytes(vdt, k), rows, out: out.as_mut_ptr() };
+    let o = Operands { dtype: t, k, n_out, w, il: g, x, xrb: row_bytes(vdt, k), rows, out: out.as_mut_ptr(), ldo: n_out };
     assert_eq!(matmul::path(kernels, t, o.il.is_some(), true, rows, mode), path);
     for ith in 0..nth {
         // SAFETY: out holds rows × n_out f32; the shares are disjoint and run one at a time.

@@ -119,6 +119,7 @@ impl Engine {
             xrb,
             rows,
             out: out.as_mut_ptr(),
+            ldo: shape.n_out,
         };
         let mode = Mode { batch_invariant: false, panel_gemm: shape.path == Path::Panel };
         let run = |iters: usize| {

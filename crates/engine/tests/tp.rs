@@ -74,6 +74,34 @@ fn tp_degrees_match_degree_one_within_the_golden_tolerance() {
     }
 }
 
+/// The LM head is split by vocabulary rows: at `--tp 3` three matmul nodes, one per worker
+/// group, each reading its own rows of the output matrix (whole 64-row units) and writing its
+/// columns of the one logits tensor, which together cover the vocabulary once; no gather node
+/// follows. Their logits equal degree 1's bit for bit (a row's dot does not depend on the
+/// split), which `tp_degrees_match_degree_one_within_the_golden_tolerance` bounds.
+#[test]
+fn the_lm_head_is_split_by_vocabulary_rows() {
+    use corelm_core::{Op, Storage};
+    let (mut e, _) = load(MODELS[0].1, EngineConfig { tp: 3, ..test_config(3) });
+    let n_vocab = e.hyper().n_vocab;
+    let g = e.graph(5, 2);
+    let heads: Vec<_> = g.nodes.iter().copied().filter(|id| matches!(g.tensors[id.0 as usize].storage, Storage::Output { .. })).collect();
+    assert_eq!(heads.len(), 3, "one LM head node per shard");
+    assert_eq!(g.nodes.last(), heads.last(), "no node after the shards' heads");
+    let mut col = 0;
+    for (s, id) in heads.iter().enumerate() {
+        let t = &g.tensors[id.0 as usize];
+        let Storage::Output { offset, ld } = t.storage else { unreachable!() };
+        let Op::MatMul { w, .. } = t.op else { panic!("shard {s}: {:?}", t.op) };
+        let w = &g.tensors[w.0 as usize];
+        assert_eq!((t.group, ld, offset, t.ne), (Some(s as u16), n_vocab, 4 * col, [w.ne[1], 2]), "shard {s}");
+        assert!(w.ne[1] % 64 == 0 && w.group == Some(s as u16), "shard {s}: {} rows", w.ne[1]);
+        col += w.ne[1];
+    }
+    assert_eq!(col, n_vocab);
+    assert!(matches!(g.tensors[g.result.0 as usize].storage, Storage::Output { offset: 0, ld } if ld == n_vocab));
+}
+
 #[test]
 fn impossible_degrees_are_refused_by_number() {
     let (file, tp) = (MODELS[1].1, 5); // Gemma 3 270M: 4 query heads

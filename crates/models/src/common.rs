@@ -308,7 +308,9 @@ pub fn head(b: &mut Builder, h: &Hyper, x: &Bundle, norm: &WeightRef, output: &W
     let x = b.select_outputs(x); // [n_outputs, n_embd]
     let nw = b.weight(norm);
     let x = b.rms_norm(&x, &nw, h.eps);
-    let w = b.weight(output);
+    // Tensor parallel: each shard computes its vocabulary rows' logits.
+    let x = b.scatter(&x);
+    let w = b.weight_split(output, Split::Vocab);
     b.matmul_output(&w, &x) // [n_outputs, n_vocab]
 }
 

@@ -37,7 +37,7 @@ impl Ctx<'_> {
         if cols.is_empty() {
             return;
         }
-        let base = self.base(t) as *mut f32;
+        let (base, ld) = (self.base(t) as *mut f32, self.row_stride(t));
         let wide = b.wide.filter(|_| scratch.wide.len() >= COL_BLOCK * k && scratch.wide_act.len() >= ACT_CHUNK * k);
         let chunk = if wide.is_some() { ACT_CHUNK } else { row_range.len().max(1) };
         let xrow = |r: usize| &xb[r * xrb..(r + 1) * xrb];
@@ -67,18 +67,18 @@ impl Ctx<'_> {
                         None => (b.tile)(&w[..n_tile * wrb], wrb, ys, &mut o[..n_tile]),
                     }
                     // SAFETY: columns c0..c0 + n_tile of rows r..r + 4 are this worker's.
-                    unsafe { store_cols(base, n_out, r, c0, &o[..n_tile]) };
+                    unsafe { store_cols(base, ld, r, c0, &o[..n_tile]) };
                     for c in c0 + n_tile..c1 {
                         for (j, y) in ys.iter().enumerate() {
                             // SAFETY: column c of these rows is written by this worker only.
-                            unsafe { *base.add((r + j) * n_out + c) = (b.dot)(&w[(c - c0) * wrb..(c - c0 + 1) * wrb], y) };
+                            unsafe { *base.add((r + j) * ld + c) = (b.dot)(&w[(c - c0) * wrb..(c - c0 + 1) * wrb], y) };
                         }
                     }
                 }
                 for r in groups_end..r1 {
                     for c in c0..c1 {
                         // SAFETY: column c of row r is written by this worker only.
-                        unsafe { *base.add(r * n_out + c) = (b.dot)(&w[(c - c0) * wrb..(c - c0 + 1) * wrb], xrow(r)) };
+                        unsafe { *base.add(r * ld + c) = (b.dot)(&w[(c - c0) * wrb..(c - c0 + 1) * wrb], xrow(r)) };
                     }
                 }
                 c0 = c1;

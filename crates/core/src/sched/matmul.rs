@@ -54,8 +54,10 @@ pub struct Operands<'a> {
     pub x: &'a [u8],
     pub xrb: usize,
     pub rows: usize,
-    /// The `[rows][n_out]` f32 output.
+    /// The `[rows][n_out]` f32 output, rows `ldo` f32 apart (`n_out`, or more for a shard's
+    /// columns of a wider output).
     pub out: *mut f32,
+    pub ldo: usize,
 }
 
 // SAFETY: `out` is written only through `run`, whose contract gives each worker a disjoint
@@ -165,7 +167,7 @@ impl MatmulScratch {
 /// schedule `schedules` holds for it (else the path's default).
 ///
 /// # Safety
-/// `o.out` addresses `o.rows · o.n_out` f32 that only the `nth` workers of this call write
+/// `o.out` addresses `o.rows` rows of `o.n_out` f32, `o.ldo` apart, that only the `nth` workers of this call write
 /// during it, each its own share.
 pub unsafe fn run(kernels: &Kernels, o: &Operands, mode: Mode, schedules: Option<&Schedules>, ith: usize, nth: usize, s: &mut MatmulScratch) {
     // A panel GEMM larger than the scratch (a graph other than the one the executor was sized
@@ -217,7 +219,7 @@ unsafe fn run_panel(isa: Isa, o: &Operands, sched: Schedule, ith: usize, nth: us
     }
     let x = &o.x[rr.start * o.xrb..rr.end * o.xrb];
     // SAFETY: rows rr of the output, columns `cols`: this worker's (the caller's contract).
-    unsafe { gemm::gemm(o.dtype, o.w, o.k, cols, x, o.xrb, rr.len(), o.out.add(rr.start * o.n_out), o.n_out, isa, &sched, &mut s.gemm) };
+    unsafe { gemm::gemm(o.dtype, o.w, o.k, cols, x, o.xrb, rr.len(), o.out.add(rr.start * o.ldo), o.ldo, isa, &sched, &mut s.gemm) };
 }
 
 /// Plain weight rows: output columns split across workers; each worker walks its columns in
@@ -226,7 +228,7 @@ unsafe fn run_panel(isa: Isa, o: &Operands, sched: Schedule, ith: usize, nth: us
 /// # Safety
 /// As [`run`].
 unsafe fn run_plain(o: &Operands, ops: &TypeOps, mode: Mode, ith: usize, nth: usize, pack: &mut [u8]) {
-    let Operands { k, n_out, rows, xrb, .. } = *o;
+    let Operands { k, n_out, rows, xrb, ldo, .. } = *o;
     let wrb = corelm_kernels::row_bytes(o.dtype, k);
     // Rows in complete groups of four use the tile dot (llama.cpp's 4-row kernels' order).
     let tiled_rows = if rows >= 4 { rows - rows % 4 } else { 0 };
@@ -269,7 +271,7 @@ unsafe fn run_plain(o: &Operands, ops: &TypeOps, mode: Mode, ith: usize, nth: us
                     None => tile(&wb[..n_tile * wrb], wrb, ys, &mut out[..n_tile]),
                 }
                 // SAFETY: columns c0..c0 + n_tile of rows r..r + 4 are this worker's.
-                unsafe { store_cols(base, n_out, r, c0, &out[..n_tile]) };
+                unsafe { store_cols(base, ldo, r, c0, &out[..n_tile]) };
                 c += n_tile;
             }
             for c in c..c1 {
@@ -281,7 +283,7 @@ unsafe fn run_plain(o: &Operands, ops: &TypeOps, mode: Mode, ith: usize, nth: us
                 }
                 for (j, v) in out.into_iter().enumerate() {
                     // SAFETY: column c of these rows is written by this worker only.
-                    unsafe { *base.add((r + j) * n_out + c) = v };
+                    unsafe { *base.add((r + j) * ldo + c) = v };
                 }
             }
             r += 4;
@@ -295,7 +297,7 @@ unsafe fn run_plain(o: &Operands, ops: &TypeOps, mode: Mode, ith: usize, nth: us
                 rows_dot(wb, wrb, xr, &mut out[..c1 - c0]);
                 for (i, &v) in out[..c1 - c0].iter().enumerate() {
                     // SAFETY: column c0 + i of row r is written by this worker only.
-                    unsafe { *base.add(r * n_out + c0 + i) = v };
+                    unsafe { *base.add(r * ldo + c0 + i) = v };
                 }
                 continue;
             }
@@ -303,7 +305,7 @@ unsafe fn run_plain(o: &Operands, ops: &TypeOps, mode: Mode, ith: usize, nth: us
             for c in c0..c1 {
                 let v = vec_dot(&wb[(c - c0) * wrb..(c - c0 + 1) * wrb], xr);
                 // SAFETY: column c of row r is written by this worker only (columns split).
-                unsafe { *base.add(r * n_out + c) = v };
+                unsafe { *base.add(r * ldo + c) = v };
             }
         }
         c0 = c1;
@@ -319,7 +321,7 @@ unsafe fn run_plain(o: &Operands, ops: &TypeOps, mode: Mode, ith: usize, nth: us
 /// # Safety
 /// As [`run`].
 unsafe fn run_interleaved(o: &Operands, il: InterleavedOps, grouped: bool, sched: Schedule, ith: usize, nth: usize, prep: &mut [i32]) {
-    let Operands { n_out, rows, xrb, .. } = *o;
+    let Operands { n_out, rows, xrb, ldo, .. } = *o;
     let (g, wrb) = (o.il.expect("an interleaved matrix"), corelm_kernels::row_bytes(o.dtype, o.k));
     let xrow = |r: usize| &o.x[r * xrb..(r + 1) * xrb];
     let (cols, row_range) = sched_part(&sched, n_out, rows, ith, nth, interleave::ROWS);
@@ -346,21 +348,21 @@ unsafe fn run_interleaved(o: &Operands, il: InterleavedOps, grouped: bool, sched
             while sched.mr >= 8 && r8 + 8 <= re {
                 (il.tiles.tile8)(gb, wrb, std::array::from_fn(|j| xrow(r8 + j)), &mut out[..c1 - c0], prep);
                 // SAFETY: columns c0..c1 of rows r8..r8 + 8 are this worker's.
-                unsafe { store_cols(base, n_out, r8, c0, &out[..c1 - c0]) };
+                unsafe { store_cols(base, ldo, r8, c0, &out[..c1 - c0]) };
                 r8 += 8;
             }
             let mut out = [[0f32; 4]; IL_COL_MAX];
             for r in (r8..re).step_by(4) {
                 (il.tiles.tile)(gb, wrb, std::array::from_fn(|j| xrow(r + j)), &mut out[..c1 - c0], prep);
                 // SAFETY: columns c0..c1 of rows r..r + 4 are this worker's.
-                unsafe { store_cols(base, n_out, r, c0, &out[..c1 - c0]) };
+                unsafe { store_cols(base, ldo, r, c0, &out[..c1 - c0]) };
             }
             c0 = c1;
         }
     }
     for r in tiled_end..row_range.end {
         // SAFETY: row r's columns `cols` of the [rows][n_out] f32 output are this worker's.
-        let out = unsafe { std::slice::from_raw_parts_mut(base.add(r * n_out + cols.start), cols.len()) };
+        let out = unsafe { std::slice::from_raw_parts_mut(base.add(r * ldo + cols.start), cols.len()) };
         (il.rows)(&g[cols.start * wrb..cols.end * wrb], wrb, xrow(r), out, prep);
     }
 }
@@ -398,16 +400,17 @@ pub fn matmul_part(n_out: usize, rows: usize, ith: usize, nth: usize, unit: usiz
     ((cb.start * COL_BLOCK).min(n_out)..(cb.end * COL_BLOCK).min(n_out), (rg.start * 4).min(rows)..(rg.end * 4).min(rows))
 }
 
-/// Tile results `o[i][j]` (column `c0 + i`, batch row `r + j`) into a `[rows][n_out]` f32 output.
+/// Tile results `o[i][j]` (column `c0 + i`, batch row `r + j`) into an f32 output of rows `ld`
+/// apart.
 ///
 /// # Safety
 /// `base` is that output; rows `r .. r + J` and columns `c0 .. c0 + o.len()` lie inside it and
 /// no other worker writes them during the node.
-pub(super) unsafe fn store_cols<const J: usize>(base: *mut f32, n_out: usize, r: usize, c0: usize, o: &[[f32; J]]) {
+pub(super) unsafe fn store_cols<const J: usize>(base: *mut f32, ld: usize, r: usize, c0: usize, o: &[[f32; J]]) {
     for (i, col) in o.iter().enumerate() {
         for (j, &v) in col.iter().enumerate() {
             // SAFETY: inside the output and this worker's (the function's contract).
-            unsafe { *base.add((r + j) * n_out + c0 + i) = v };
+            unsafe { *base.add((r + j) * ld + c0 + i) = v };
         }
     }
 }

@@ -387,6 +387,15 @@ impl Ctx<'_> {
         self.graph.tensor(id)
     }
 
+    /// Elements between a result tensor's rows: `ne0`, or the whole vocabulary for a
+    /// tensor-parallel shard's columns of the logits.
+    fn row_stride(&self, t: &Tensor) -> usize {
+        match t.storage {
+            Storage::Output { ld, .. } => ld,
+            _ => t.ne[0],
+        }
+    }
+
     /// Base pointer of a tensor's bytes (a weight's plain rows: its copy made at load, if it
     /// has a plain one, else the file).
     fn base(&self, t: &Tensor) -> *mut u8 {
@@ -399,7 +408,7 @@ impl Ctx<'_> {
             // SAFETY: offsets were planned within the pool sizes asserted in `run`.
             Storage::Act { buf, offset } => unsafe { self.act[buf as usize].add(offset) },
             // SAFETY: as above, for the output pool.
-            Storage::Output { offset } => unsafe { self.out.add(offset) },
+            Storage::Output { offset, .. } => unsafe { self.out.add(offset) },
             Storage::None => std::ptr::null_mut(),
         }
     }
@@ -704,7 +713,7 @@ impl Ctx<'_> {
         // (tensor parallelism), which has only its interleaved copy.
         let plain = !(il.is_some() && matches!(wt.storage, Storage::Weight { cols: Some(_), .. }));
         let w = if plain { self.bytes(wid) } else { &[] };
-        let o = matmul::Operands { dtype: wt.dtype, k, n_out, w, il, x: self.bytes(x), xrb: self.t(x).row_bytes(), rows, out: self.base(t) as *mut f32 };
+        let o = matmul::Operands { dtype: wt.dtype, k, n_out, w, il, x: self.bytes(x), xrb: self.t(x).row_bytes(), rows, out: self.base(t) as *mut f32, ldo: self.row_stride(t) };
         // SAFETY: the output tensor is [rows][n_out] f32, written during this node only by its
         // workers, each its own share.
         unsafe { matmul::run(self.kernels, &o, self.mode, self.schedules, ith, nth, &mut scratch.mm) };
