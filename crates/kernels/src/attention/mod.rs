@@ -16,7 +16,7 @@ pub mod x86;
 pub use portable::softmax_steps;
 use portable::{attend_reference, attend_tiled};
 use quant::{attend_quant, attend_quant_group};
-pub use types::{AttnKernel, AttnScratch, GroupBuffers, KvRows, ReferenceBuffers, RowsScratch, DECODE_CHUNK, KV_TILE, ROWS_MAX_VECTORS, TILED_MIN_ROWS};
+pub use types::{AttnKernel, AttnScratch, GroupBuffers, KvRows, ReferenceBuffers, RowsScratch, TileWork, DECODE_CHUNK, KV_TILE, ROWS_MAX_VECTORS, TILED_MIN_ROWS};
 
 /// Fused attention for one query head over an F16 KV cache, with online softmax (one pass, no
 /// score matrix): `out = Σ_c softmax(scale · q·k_c) v_c` over the logical cells `c < n_cells`

@@ -84,6 +84,17 @@ pub struct RowsScratch {
     pub(crate) v32: Vec<f32>,
     /// `head_dim` zeros: the key row of a chunk's missing cells.
     pub(crate) zero: Vec<f16>,
+    /// What the kernel has computed with these buffers so far.
+    pub(crate) work: TileWork,
+}
+
+/// Work of the multi-row kernel, summed over its calls: the 8-cell chunks whose keys it
+/// transposed and scored, and the [`KV_TILE`]-cell tiles whose values it accumulated. Chunks and
+/// tiles that no row of a call sees (causal mask, sliding window) are in neither.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TileWork {
+    pub chunks_scored: usize,
+    pub tiles_accumulated: usize,
 }
 
 /// Most query vectors (rows × heads) one [`attend_rows`] call takes.
@@ -98,7 +109,13 @@ impl RowsScratch {
             state: vec![[0.0; 2]; ROWS_MAX_VECTORS],
             v32: vec![0.0; KV_TILE * head_dim],
             zero: vec![f16::ZERO; head_dim],
+            work: TileWork::default(),
         }
+    }
+
+    /// The work done with these buffers so far.
+    pub fn work(&self) -> TileWork {
+        self.work
     }
 }
 
@@ -112,6 +129,11 @@ pub type ReferenceBuffers<'a> = (&'a mut [f32], &'a mut [f16], &'a mut [[f32; 2]
 pub type GroupBuffers<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [[f32; 2]], &'a mut [f32]);
 
 impl AttnScratch {
+    /// The multi-row kernel's work with these buffers so far ([`TileWork`]).
+    pub fn tile_work(&self) -> TileWork {
+        self.rows.work()
+    }
+
     /// Buffers for [`attend_heads`]' grouped kernel, `None` if sized for fewer heads.
     pub fn group_buffers(&mut self, heads: usize) -> Option<GroupBuffers<'_>> {
         let hd = self.acc.len();

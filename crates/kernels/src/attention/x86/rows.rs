@@ -124,6 +124,7 @@ fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &
     let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
     let any = spans.iter().any(|s| s.start < c0 + w && s.end > c0 && s.start < s.end);
     if any {
+        sc.work.chunks_scored += 1;
         transpose_keys(kv, c0, w, &sc.zero, &mut sc.kt);
     }
     let mut v = 0;
@@ -196,6 +197,7 @@ pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv:
             }
         }
         if na > 0 {
+            sc.work.tiles_accumulated += 1;
             for c in t0..t1 {
                 widen(kv.v(c), &mut sc.v32[(c - t0) * hd..(c - t0 + 1) * hd]);
             }
@@ -240,5 +242,57 @@ fn accumulate(active: &[usize], cells: usize, hd: usize, sc: &mut RowsScratch) {
             i += 2;
         }
         d += if wide { 32 } else { 8 };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::types::TileWork;
+    use half::f16;
+
+    /// A 4096-cell prefill in blocks of 16 rows (one head of 64 dimensions) through the kernel;
+    /// each block's spans from `span(position)`. The work summed over the blocks of `blocks`.
+    fn work(blocks: Range<usize>, span: impl Fn(usize) -> Range<usize>) -> TileWork {
+        let (hd, cells) = (64, 4096);
+        let k: Vec<f16> = (0..cells * hd).map(|i| f16::from_f32(((i * 7919) % 13) as f32 / 13.0 - 0.5)).collect();
+        let v: Vec<f16> = (0..cells * hd).map(|i| f16::from_f32(((i * 104729) % 17) as f32 / 17.0)).collect();
+        let identity: Vec<u32> = (0..cells as u32).collect();
+        let kv = KvRows::contiguous(&k, &v, hd, &identity);
+        let q = vec![0.25f32; 16 * hd];
+        let mut sc = RowsScratch::new(hd);
+        let mut out = vec![0f32; 16 * hd];
+        for b in blocks {
+            let spans: Vec<_> = (16 * b..16 * b + 16).map(&span).collect();
+            let qs: Vec<&[f32]> = q.chunks_exact(hd).collect();
+            let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(hd).collect();
+            // SAFETY: checked just below that the CPU has what the kernel enables.
+            unsafe { attend_tiled_rows(&qs, 1, &spans, &kv, 0.125, &mut sc, &mut outs) };
+        }
+        sc.work
+    }
+
+    /// Tiles the causal mask or a sliding window hides are not computed: a causal 4096-token
+    /// prefill scores half the chunks (and accumulates about half the tiles) of attention over
+    /// the whole cache, and a 512-cell window only the chunks its rows see.
+    #[test]
+    fn hidden_tiles_are_skipped() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
+            return;
+        }
+        let all = work(0..256, |_| 0..4096);
+        assert_eq!(all, TileWork { chunks_scored: 256 * 512, tiles_accumulated: 256 * 64 });
+        // Block b's rows see 0..16b + 16 at most: 2b + 2 chunks, ceil((b + 1) / 4) tiles.
+        let causal = work(0..256, |p| 0..p + 1);
+        let chunks: usize = (0..256).map(|b| 2 * b + 2).sum();
+        let tiles: usize = (0..256).map(|b: usize| (b + 1).div_ceil(4)).sum();
+        assert_eq!(causal, TileWork { chunks_scored: chunks, tiles_accumulated: tiles });
+        assert_eq!((chunks, tiles), (65792, 8320));
+        // Window of 512 at positions 4000..4016: cells 3489..4016, chunks from 3488 to 4008,
+        // the tiles from 3456 on.
+        let window = work(250..251, |p| p - 511..p + 1);
+        assert_eq!(window, TileWork { chunks_scored: 66, tiles_accumulated: 9 });
+        // The first block: two chunks, one tile.
+        assert_eq!(work(0..1, |p| 0..p + 1), TileWork { chunks_scored: 2, tiles_accumulated: 1 });
     }
 }
