@@ -472,22 +472,15 @@ impl<'k> Builder<'k> {
     }
 
     /// Like [`Builder::matmul`] but the result goes to the output pool (logits), `[rows,
-    /// w.ne1]`. With `w` cut by [`Split::Vocab`] (tensor parallelism, after a scatter) each
-    /// shard writes its vocabulary columns of the one logits tensor, which needs no reduction,
-    /// and the graph leaves parallel mode; the result is then that whole tensor (no node).
+    /// w.ne1]`, and the graph leaves parallel mode. With `w` cut by [`Split::Vocab`] (tensor
+    /// parallelism, after a scatter) each shard writes its vocabulary columns of the one logits
+    /// tensor, which needs no reduction; the result is then that whole tensor (no node).
     pub fn matmul_output(&mut self, w: &Bundle, x: &Bundle) -> Bundle {
         let offset = self.out_bump;
-        if w.0.len() == 1 {
-            // One whole weight: a serial node, also after a scatter.
-            self.mode = Mode::Serial;
-            let (op, ne) = self.matmul_op(w.single(), x.single());
-            self.out_bump += ne[0] * ne[1] * 4;
-            return Bundle::one(self.push(ne, DType::F32, op, Storage::Output { offset, ld: ne[0] }));
-        }
         let n_vocab: usize = w.0.iter().map(|&p| self.t(p).ne[1]).sum();
         let rows = self.t(x.single()).ne[1];
         let mut col = 0;
-        self.zip(&[w, x], |b, t| {
+        let parts = self.zip(&[w, x], |b, t| {
             let (op, ne) = b.matmul_op(t[0], t[1]);
             let id = b.push(ne, DType::F32, op, Storage::Output { offset: offset + 4 * col, ld: n_vocab });
             col += ne[0];
@@ -495,6 +488,9 @@ impl<'k> Builder<'k> {
         });
         self.out_bump += n_vocab * rows * 4;
         self.mode = Mode::Serial;
+        if parts.0.len() == 1 {
+            return parts;
+        }
         Bundle::one(self.leaf([n_vocab, rows], DType::F32, Storage::Output { offset, ld: n_vocab }))
     }
 
