@@ -6,8 +6,8 @@
 # get_mempolicy and /proc/self/numa_maps) and a short SmolLM2 generation under
 # `--numa distribute` (repacked weights, pools and KV cache interleaved over both nodes) and
 # `--numa isolate` (one worker, memory bound to the starting node) and `--numa tp` (tensor
-# parallelism, one shard per node: each shard's worker on its node, its weight copies and KV
-# rows bound there, the rest interleaved); the guest prints the per-node page counts of those
+# parallelism, one shard per node: each shard's worker on its node, its weight copies, KV
+# rows and activation regions bound there, the rest interleaved); the guest prints the per-node page counts of those
 # mappings by policy, read from the running process's numa_maps.
 #
 # The guest is Debian's own kernel with an initramfs holding busybox, the two binaries and the

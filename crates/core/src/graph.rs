@@ -24,6 +24,7 @@
 //! or positions, which are read from the batch at run time; so the decode graph is planned once
 //! and reused for every token.
 
+use crate::memory::ActLayout;
 use crate::tensor::*;
 use crate::tp::TpPlan;
 use corelm_kernels::{DType, Kernels};
@@ -133,8 +134,8 @@ pub struct Graph {
     pub nodes: Vec<TensorId>,
     pub n_tokens: usize,
     pub n_outputs: usize,
-    /// Bytes needed in each activation buffer and in the output pool.
-    pub act_bytes: [usize; 2],
+    /// The activation buffers' regions (serial, then one per shard) and the output pool's bytes.
+    pub act: ActLayout,
     pub out_bytes: usize,
     /// The tensor holding the result rows (logits).
     pub result: TensorId,
@@ -165,6 +166,12 @@ impl Graph {
     }
 }
 
+/// The activation region of a node of `group` ([`ActLayout`]): 0 for serial nodes, `1 + s`
+/// for shard `s`'s.
+fn region(group: Option<u16>) -> usize {
+    group.map_or(0, |g| g as usize + 1)
+}
+
 pub struct Builder<'k> {
     kernels: &'k Kernels,
     tensors: Vec<Tensor>,
@@ -172,8 +179,12 @@ pub struct Builder<'k> {
     n_tokens: usize,
     n_outputs: usize,
     layer: i32,
-    bump: [usize; 2],
-    peak: [usize; 2],
+    /// Per activation buffer, per region (serial, then shard by shard): the next free byte in
+    /// the current layer, and the most any layer used.
+    bump: [Vec<usize>; 2],
+    peak: [Vec<usize>; 2],
+    /// The regions to lay activations out in, when they are fixed already (the pools').
+    layout: Option<ActLayout>,
     out_bump: usize,
     quantized: HashMap<(TensorId, DType), TensorId>,
     max_head_dim: usize,
@@ -196,8 +207,9 @@ impl<'k> Builder<'k> {
             n_tokens,
             n_outputs,
             layer: -1,
-            bump: [0; 2],
-            peak: [0; 2],
+            bump: [vec![0], vec![0]],
+            peak: [vec![0], vec![0]],
+            layout: None,
             out_bump: 0,
             quantized: HashMap::new(),
             max_head_dim: 0,
@@ -208,6 +220,13 @@ impl<'k> Builder<'k> {
             lists: Vec::new(),
             sparse: None,
         }
+    }
+
+    /// Lay activations out in `layout`'s regions (those of the pools the graph will run on)
+    /// instead of regions of this graph's own sizes; `finish` checks that they fit.
+    pub fn with_act_layout(mut self, layout: Option<ActLayout>) -> Self {
+        self.layout = layout;
+        self
     }
 
     /// Build dense feed-forward layers sparse where `s` gives them a threshold.
@@ -301,7 +320,7 @@ impl<'k> Builder<'k> {
     /// Begin layer `il`: its activations go to buffer `il % 2`, which is reset.
     pub fn begin_layer(&mut self, il: usize) {
         self.layer = il as i32;
-        self.bump[il % 2] = 0;
+        self.bump[il % 2].fill(0);
         self.quantized.clear();
     }
 
@@ -330,13 +349,19 @@ impl<'k> Builder<'k> {
         id
     }
 
-    /// A new node whose result is an activation of the current layer.
+    /// A new node whose result is an activation of the current layer, in its shard's region
+    /// (offsets are relative to the region until `finish`).
     fn node(&mut self, ne: [usize; 2], dtype: DType, op: Op) -> Bundle {
-        let p = self.parity();
+        let (p, r) = (self.parity(), region(self.group));
         let bytes = corelm_kernels::row_bytes(dtype, ne[0]) * ne[1];
-        let offset = self.bump[p];
-        self.bump[p] = (offset + bytes).div_ceil(ALIGN) * ALIGN;
-        self.peak[p] = self.peak[p].max(self.bump[p]);
+        if self.bump[p].len() <= r {
+            for v in self.bump.iter_mut().chain(self.peak.iter_mut()) {
+                v.resize(r + 1, 0);
+            }
+        }
+        let offset = self.bump[p][r];
+        self.bump[p][r] = (offset + bytes).div_ceil(ALIGN) * ALIGN;
+        self.peak[p][r] = self.peak[p][r].max(self.bump[p][r]);
         Bundle::one(self.push(ne, dtype, op, Storage::Act { buf: p as u8, offset }))
     }
 
@@ -714,7 +739,7 @@ impl<'k> Builder<'k> {
         self.node([ne0, self.n_outputs], DType::F32, Op::SelectOutputs { x })
     }
 
-    pub fn finish(self, result: &Bundle) -> Graph {
+    pub fn finish(mut self, result: &Bundle) -> Graph {
         assert_eq!(self.mode, Mode::Serial, "graph finished inside parallel subgraphs");
         // Group barriers only between two nodes of parallel subgraphs, and only in async mode.
         let group = |id: &TensorId| self.tensors[id.0 as usize].group;
@@ -727,6 +752,24 @@ impl<'k> Builder<'k> {
                 }
             })
             .collect();
+        // Regions: the pools' when given (each must hold this graph's peak), else this graph's.
+        let act = match self.layout.take() {
+            Some(given) => {
+                for (p, peaks) in self.peak.iter().enumerate() {
+                    for (r, &peak) in peaks.iter().enumerate() {
+                        let room = given.range(p, r).len();
+                        assert!(peak <= room, "activation region {r} of buffer {p} needs {peak} bytes; the pools have {room}");
+                    }
+                }
+                given
+            }
+            None => ActLayout::from_peaks(&self.peak),
+        };
+        for t in &mut self.tensors {
+            if let Storage::Act { buf, offset } = &mut t.storage {
+                *offset += act.range(*buf as usize, region(t.group)).start;
+            }
+        }
         Graph {
             result: result.single(),
             lists: self.lists,
@@ -736,7 +779,7 @@ impl<'k> Builder<'k> {
             nodes: self.nodes,
             n_tokens: self.n_tokens,
             n_outputs: self.n_outputs,
-            act_bytes: self.peak,
+            act,
             out_bytes: self.out_bump,
             max_head_dim: self.max_head_dim,
             sparse: self.sparse,

@@ -271,20 +271,74 @@ impl Drop for Buffer {
     }
 }
 
+/// How each of the two activation buffers is cut into regions, one after another: region 0
+/// holds the results of serial nodes, region `1 + s` those of tensor-parallel shard `s`'s
+/// nodes (ArcLight's per-node pools: a shard's activations are written and read by its own
+/// node's workers, so they live on that node). Each region is a whole number of pages, so it
+/// can be bound on its own. A graph without shards has one region per buffer.
+///
+/// Invariant: every graph an engine runs uses the layout its pools were made with (planned
+/// from the largest batch, whose regions bound every smaller batch's).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ActLayout {
+    /// Bytes of each region of each buffer.
+    pub regions: [Vec<usize>; 2],
+}
+
+impl ActLayout {
+    /// Regions' granularity: the page `mbind` places.
+    pub const PAGE: usize = 4096;
+
+    /// Regions holding `peaks` bytes each, rounded up to whole pages.
+    pub fn from_peaks(peaks: &[Vec<usize>; 2]) -> ActLayout {
+        ActLayout { regions: peaks.clone().map(|v| v.into_iter().map(|b| b.div_ceil(Self::PAGE) * Self::PAGE).collect()) }
+    }
+
+    /// Bytes of buffer `buf`.
+    pub fn bytes(&self, buf: usize) -> usize {
+        self.regions[buf].iter().sum()
+    }
+
+    /// Byte range of region `region` of buffer `buf` (empty past the last region).
+    pub fn range(&self, buf: usize, region: usize) -> std::ops::Range<usize> {
+        let r = &self.regions[buf];
+        let start: usize = r.iter().take(region).sum();
+        start..start + r.get(region).copied().unwrap_or(0)
+    }
+
+    /// Where buffer `buf` lives: region 0 as `shared`, shard `s`'s region as `shards[s]`; all
+    /// of it as `shared` when there are no shard places (or no shard regions).
+    pub fn place(&self, buf: usize, shared: &Place, shards: &[Place]) -> Place {
+        let n = self.regions[buf].len();
+        if n <= 1 || shards.len() + 1 != n {
+            return shared.clone();
+        }
+        let parts = std::iter::once((0, shared.clone()))
+            .chain(shards.iter().enumerate().map(|(s, p)| (self.range(buf, s + 1).start, p.clone())))
+            .collect();
+        Place::Parts(parts)
+    }
+}
+
 /// The activation pools of one engine: two buffers that layers use alternately (layer `il`
-/// writes into buffer `il % 2` and reads its input from the other), plus the output buffer
-/// that holds the logits of the rows asked for.
+/// writes into buffer `il % 2` and reads its input from the other), each cut into regions
+/// as [`ActLayout`] says, plus the output buffer that holds the logits of the rows asked for.
 pub struct Pools {
     pub act: [Buffer; 2],
     pub out: Buffer,
+    pub layout: ActLayout,
 }
 
 impl Pools {
-    pub fn new(act_bytes: [usize; 2], out_bytes: usize, place: &Place) -> Result<Pools, AllocError> {
+    /// Pools for graphs of `layout`: serial regions and the output buffer placed as `shared`,
+    /// shard `s`'s regions as `shards[s]` (none: everything as `shared`).
+    pub fn new(layout: &ActLayout, out_bytes: usize, shared: &Place, shards: &[Place]) -> Result<Pools, AllocError> {
+        let buf = |b: usize| Buffer::new(layout.bytes(b), &layout.place(b, shared, shards));
         Ok(Pools {
-            act: [Buffer::new(act_bytes[0], place)?, Buffer::new(act_bytes[1], place)?],
+            act: [buf(0)?, buf(1)?],
             // Sized for the logits of every row; most passes want one row's.
-            out: Buffer::lazy(out_bytes, place)?,
+            out: Buffer::lazy(out_bytes, shared)?,
+            layout: layout.clone(),
         })
     }
 }
@@ -302,6 +356,21 @@ mod tests {
                 assert!(b.as_slice().iter().all(|&x| x == 0));
             }
         }
+    }
+
+    /// Regions are whole pages, one after another; with shard places a buffer is placed by
+    /// parts (serial region first), without them whole.
+    #[test]
+    fn activation_regions_are_pages_in_order() {
+        let l = ActLayout::from_peaks(&[vec![100, 4096, 0], vec![5000, 1, 1]]);
+        assert_eq!(l.regions, [vec![4096, 4096, 0], vec![8192, 4096, 4096]]);
+        assert_eq!((l.bytes(0), l.bytes(1)), (8192, 16384));
+        assert_eq!((l.range(1, 0), l.range(1, 2), l.range(1, 3)), (0..8192, 12288..16384, 16384..16384));
+        let shards = [Place::Node(0), Place::Node(1)];
+        assert_eq!(l.place(1, &Place::Any, &shards), Place::Parts(vec![(0, Place::Any), (8192, Place::Node(0)), (12288, Place::Node(1))]));
+        assert_eq!(l.place(1, &Place::Any, &[]), Place::Any);
+        let one = ActLayout::from_peaks(&[vec![10], vec![0]]);
+        assert_eq!(one.place(0, &Place::Node(3), &shards), Place::Node(3));
     }
 
     /// A set of buffers larger than available memory together is refused before any is made.

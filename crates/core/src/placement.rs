@@ -6,7 +6,7 @@
 //! | `off` | one per physical core, node by node | first touch (the kernel's default) |
 //! | `distribute` | spread evenly: worker `i` on node `i mod nodes` | interleaved page by page over the nodes |
 //! | `isolate` | only the cores of the node the process started on | bound to that node |
-//! | `tp` | worker group `s` (tensor-parallel shard `s`, `--tp` default: one per node) on its node's cores | shard `s`'s weight copies and KV rows bound to its node; the rest interleaved |
+//! | `tp` | worker group `s` (tensor-parallel shard `s`, `--tp` default: one per node) on its node's cores | shard `s`'s weight copies, KV rows and activation regions bound to its node; the rest interleaved |
 //!
 //! Memory placement applies to what corelm allocates: the repacked weight buffer (every matmul
 //! weight of a type with interleaved kernels), the activation pools and the KV cache. Weights

@@ -13,7 +13,7 @@
 use crate::Error;
 use corelm_core::graph::TpSync;
 use corelm_core::kv::BLOCK;
-use corelm_core::memory::Place;
+use corelm_core::memory::{ActLayout, Place};
 use corelm_core::tp::{lcm, TpDims, TpPlan};
 use corelm_core::{BatchView, Builder, Executor, Graph, NumaMode, Placement, KvCache, PackedWeights, PoolConfig, Pools, Profile, ThreadPool, Weights};
 use corelm_gguf::Gguf;
@@ -149,9 +149,21 @@ fn plan_places(placement: &Placement, w: &crate::plan::Workers, tp: bool) -> Vec
 }
 
 /// The graph of passes of `n_tokens` tokens with `n_out` logit rows as `model` builds it,
-/// tensor-parallel per `tp`.
-fn build_graph(kernels: &'static Kernels, model: &dyn Model, tp: &Option<Arc<TpPlan>>, cfg: &EngineConfig, n_tokens: usize, n_out: usize) -> Graph {
-    let mut b = Builder::new(kernels, n_tokens, n_out).with_tp(tp.clone(), cfg.tp_sync).with_sparsity(cfg.sparsity.clone());
+/// tensor-parallel per `tp`, its activations in `layout`'s regions (`None`: its own, for the
+/// graph that sizes the pools).
+fn build_graph(
+    kernels: &'static Kernels,
+    model: &dyn Model,
+    tp: &Option<Arc<TpPlan>>,
+    cfg: &EngineConfig,
+    n_tokens: usize,
+    n_out: usize,
+    layout: Option<&ActLayout>,
+) -> Graph {
+    let mut b = Builder::new(kernels, n_tokens, n_out)
+        .with_tp(tp.clone(), cfg.tp_sync)
+        .with_sparsity(cfg.sparsity.clone())
+        .with_act_layout(layout.cloned());
     let out = model.build(&mut b);
     b.finish(&out)
 }
@@ -408,7 +420,7 @@ impl Engine {
             _ => (placement.cpus.clone(), Vec::new()),
         };
         // Plan the largest batch once to size the pools.
-        let mut g = build_graph(kernels, &*model, &tp, &cfg, cfg.n_batch, cfg.n_batch);
+        let mut g = build_graph(kernels, &*model, &tp, &cfg, cfg.n_batch, cfg.n_batch, None);
         let packed = PackedWeights::build(&g, gguf.bytes(), kernels, &placement.memory, cfg.repack, &shard_places)
             .map_err(|e| Error::Config(format!("repacked weights: {e}")))?;
         // The copied matrices' file pages are not read again by the kernels; drop them from
@@ -417,7 +429,8 @@ impl Engine {
             gguf.release(offset, len);
         }
         finish_graph(&mut g, &packed, &cfg);
-        let pools = Pools::new(g.act_bytes, g.out_bytes, &placement.memory)
+        // Under `--numa tp` each shard's activation regions are bound to its node.
+        let pools = Pools::new(&g.act, g.out_bytes, &placement.memory, &shard_places)
             .map_err(|e| Error::Config(format!("activation pools for a batch of {}: {e}", cfg.n_batch)))?;
         for (what, t) in [("K", cfg.cache_type_k), ("V", cfg.cache_type_v)] {
             if !corelm_core::kv::KV_TYPES.contains(&t) {
@@ -565,7 +578,7 @@ impl Engine {
     pub fn graph(&mut self, n_tokens: usize, n_out: usize) -> &corelm_core::graph::Graph {
         let key = (n_tokens, n_out);
         if !self.graphs.contains_key(&key) {
-            let mut g = build_graph(self.kernels, &*self.model, &self.tp, &self.cfg, n_tokens, n_out);
+            let mut g = build_graph(self.kernels, &*self.model, &self.tp, &self.cfg, n_tokens, n_out, Some(&self.pools.layout));
             finish_graph(&mut g, &self.packed, &self.cfg);
             self.graphs.insert(key, g);
         }
@@ -590,6 +603,11 @@ impl Engine {
     /// Bytes of the pools planned at load: activations (both buffers), outputs, KV cache.
     pub fn memory(&self) -> (usize, usize, usize) {
         (self.pools.act[0].len() + self.pools.act[1].len(), self.pools.out.len(), self.kv.bytes())
+    }
+
+    /// The activation and output pools planned at load (their regions: [`Pools::layout`]).
+    pub fn pools(&self) -> &Pools {
+        &self.pools
     }
 
     /// Matrices repacked at load into the interleaved layout, and their bytes.

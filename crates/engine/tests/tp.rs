@@ -102,6 +102,52 @@ fn the_lm_head_is_split_by_vocabulary_rows() {
     assert!(matches!(g.tensors[g.result.0 as usize].storage, Storage::Output { offset: 0, ld } if ld == n_vocab));
 }
 
+/// ArcLight's per-node pools: under `--numa tp` each shard's nodes write their results into
+/// their own region of the activation buffers (serial nodes into region 0), for the batch that
+/// sized the pools and for smaller ones alike, and each shard region's pages are bound to its
+/// node, read back from the kernel. On one node every shard is bound to it; the placement
+/// changes no bits.
+#[test]
+fn shard_activations_live_in_their_own_regions_on_their_nodes() {
+    use corelm_core::numa::{pages_per_node, policy_of, MPOL_BIND};
+    use corelm_core::Storage;
+    let cfg = EngineConfig { tp: 2, numa: corelm_engine::NumaMode::Tp, pin: true, ..test_config(2) };
+    let (mut e, _) = load(MODELS[0].1, cfg.clone());
+    let layout = e.pools().layout.clone();
+    assert!(layout.regions.iter().all(|r| r.len() == 3), "a serial region and one per shard: {layout:?}");
+    let n_batch = e.config().n_batch;
+    for (n, out) in [(n_batch, n_batch), (9, 9), (1, 1)] {
+        let g = e.graph(n, out);
+        let mut used = [[0usize; 3]; 2];
+        for t in g.tensors.iter() {
+            let Storage::Act { buf, offset } = t.storage else { continue };
+            let (b, r) = (buf as usize, t.group.map_or(0, |s| s as usize + 1));
+            let range = layout.range(b, r);
+            assert!(range.start <= offset && offset + t.n_bytes() <= range.end, "{n} tokens: a tensor of group {:?} at {offset} outside {range:?}", t.group);
+            used[b][r] += 1;
+        }
+        assert!(used.iter().all(|u| u.iter().all(|&c| c > 0)), "{n} tokens: every region holds results: {used:?}");
+    }
+    let nodes = e.placement().tp_workers(&[1, 1]).1;
+    for (b, buf) in e.pools().act.iter().enumerate() {
+        for (s, &node) in nodes.iter().enumerate() {
+            let r = layout.range(b, s + 1);
+            let at = buf.as_ptr() as usize + r.start;
+            assert_eq!(policy_of(at).unwrap(), (MPOL_BIND, vec![node]), "buffer {b}, shard {s}");
+            let pages = pages_per_node(at, r.len(), 256).unwrap();
+            assert_eq!(pages.keys().copied().collect::<Vec<_>>(), vec![node as i32], "buffer {b}, shard {s}: {pages:?}");
+        }
+    }
+    let tokens: Vec<u32> = (0..23).map(|i| (i * 733 + 5) % 49152).collect();
+    let placed = run(&mut e, &tokens, &[17, 4242]);
+    drop(e);
+    let (mut plain, _) = load(MODELS[0].1, EngineConfig { numa: corelm_engine::NumaMode::Off, ..cfg });
+    let want = run(&mut plain, &tokens, &[17, 4242]);
+    for (r, (a, b)) in placed.iter().zip(&want).enumerate() {
+        assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "row {r}");
+    }
+}
+
 #[test]
 fn impossible_degrees_are_refused_by_number() {
     let (file, tp) = (MODELS[1].1, 5); // Gemma 3 270M: 4 query heads

@@ -248,7 +248,8 @@ impl Executor {
         kernels: &Kernels,
         mut profile: Option<&mut Profile>,
     ) {
-        assert!(pools.act[0].len() >= graph.act_bytes[0] && pools.act[1].len() >= graph.act_bytes[1]);
+        assert!(graph.act == pools.layout, "a graph planned for other activation regions than the pools'");
+        assert!(pools.act[0].len() >= graph.act.bytes(0) && pools.act[1].len() >= graph.act.bytes(1));
         assert!(pools.out.len() >= graph.out_bytes);
         assert!(batch.tokens.len() == graph.n_tokens && batch.out_rows.len() == graph.n_outputs);
         assert!(self.scratch.len() >= pool.n_threads());
