@@ -72,6 +72,9 @@ for vl in 32 64; do
     echo "test_arm: $("$QEMU_SME" --version | head -1) -cpu max,sme-default-vector-length=$vl"
     export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$QEMU_SME -L $SYSROOT -cpu max,sme-default-vector-length=$vl"
     "$CARGO" test --release --target $T "${TESTS[@]}" -q
+    # A panel GEMM split between the matrix unit's workers and the vector cores' (same bits).
+    "$CARGO" test --release --target $T -p corelm-core --test class_split -q
+    "$CARGO" test --release --target $T -p corelm-engine --test classes -q
 done
 "$CARGO" test --release --target $T -p corelm-plan --test profile -q
 "$CARGO" test --release --target $T "${GOLDEN[@]}" -q golden_smollm2_p01 -- --exact --nocapture

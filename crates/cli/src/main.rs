@@ -134,6 +134,12 @@ struct KernelArgs {
     /// llama.cpp's (summation order).
     #[arg(long)]
     fast_prefill: bool,
+    /// Arm SME: this many workers run their share of the prefill GEMMs that the --roofline
+    /// plan splits between the matrix unit and the vector cores on the matrix unit, the others
+    /// on the vector cores, cut in the ratio of the profile's ceilings (same results). Needs
+    /// --fast-prefill and a profile with an `sme` target.
+    #[arg(long, default_value_t = 0)]
+    matrix_workers: usize,
     /// Keep the model file's row layout for every matmul instead of repacking matrices once at
     /// load into the interleaved layout of the AVX2 and AVX-512 kernels (same results, slower).
     #[arg(long)]
@@ -361,6 +367,7 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         isa: None, // the process default, which `--isa` set
         plan: m.place.load_plan()?,
         roofline: m.place.load_roofline()?,
+        matrix_workers: m.kernels.matrix_workers,
         sparsity,
         accel,
     };

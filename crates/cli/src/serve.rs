@@ -79,6 +79,7 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         isa: None, // the process default, which `--isa` set
         plan: a.place.load_plan()?,
         roofline: a.place.load_roofline()?,
+        matrix_workers: 0, // splits only the panel GEMM, which the server does not use
         sparsity,
         accel,
     };

@@ -149,6 +149,9 @@ pub struct Graph {
     /// a roofline plan caps memory-bound nodes at the bandwidth knee. The others wait at the
     /// node's barrier.
     pub threads: Vec<u16>,
+    /// Matmul nodes whose output is cut among worker classes, by node id (ascending): empty
+    /// unless a plan placed some on two targets (`Executor::set_classes` names the classes).
+    pub splits: Vec<(TensorId, ClassSplit)>,
     /// The sparse configuration the graph was built with (its weights' `Cold*` forms name
     /// neuron sets of it).
     pub sparse: Option<Arc<SparseFfn>>,
@@ -157,6 +160,14 @@ pub struct Graph {
 impl Graph {
     pub fn tensor(&self, id: TensorId) -> &Tensor {
         &self.tensors[id.0 as usize]
+    }
+
+    /// How node `id`'s output is cut among worker classes, if it is.
+    pub fn split_of(&self, id: TensorId) -> Option<&ClassSplit> {
+        if self.splits.is_empty() {
+            return None;
+        }
+        self.splits.binary_search_by_key(&id.0, |(i, _)| i.0).ok().map(|i| &self.splits[i].1)
     }
 
     /// Barriers per pass: (group, global).
@@ -774,6 +785,7 @@ impl<'k> Builder<'k> {
             result: result.single(),
             lists: self.lists,
             threads: vec![0; self.nodes.len()],
+            splits: Vec::new(),
             sync,
             tensors: self.tensors,
             nodes: self.nodes,

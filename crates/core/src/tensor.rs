@@ -126,6 +126,15 @@ impl AttnShard {
 
 /// The operation producing a tensor. Activation tensors are f32 rows (one row per batch token
 /// or output) unless quantized by `Quantize`.
+/// A matmul's output cut among the executor's worker classes (SMEPilot's tile-level split,
+/// planned by `corelm_plan::planner::apply_splits`): along the output columns (weight rows), or
+/// along the activation rows when `by_rows`; class `c` computes `bounds[c]..bounds[c + 1]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassSplit {
+    pub by_rows: bool,
+    pub bounds: Vec<usize>,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Op {
     /// A weight (no computation).

@@ -3,23 +3,15 @@
 //! blocking and thread grid gives the same outputs as the path's default schedule, for every
 //! table this CPU runs, on ragged lengths, with the workers' shares run one after another.
 
+mod common;
+
+use common::values;
 use corelm_core::sched::matmul::{self, Mode, Operands, Path, ScheduleEntry, Schedules};
 use corelm_kernels::matmul::layout as interleave;
 use corelm_kernels::matmul::schedule::{Schedule, PANEL_MR, TILE_MR};
 use corelm_kernels::quant::reference::quantizer;
 use corelm_kernels::{row_bytes, DType, Isa, Kernels};
 
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % 20001) as f32 / 10000.0 - 1.0
-        })
-        .collect()
-}
 
 fn tables() -> Vec<Kernels> {
     Isa::ALL.into_iter().filter_map(|i| Kernels::for_isa(i).ok()).collect()
@@ -34,7 +26,7 @@ fn run(kernels: &Kernels, path: Path, t: DType, w: &[u8], g: Option<&[u8]>, k: u
     let mut scratch = matmul::MatmulScratch::new(k, k, rows, panels);
     let mut out = vec![f32::NAN; rows * n_out];
     let vdt = kernels.ops(t).unwrap().vec_dot_type;
-    let o = Operands { dtype: t, k, n_out, w, il: g, x, xrb: row_bytes(vdt, k), rows, out: out.as_mut_ptr(), ldo: n_out };
+    let o = Operands { dtype: t, k, n_out, w, il: g, x, xrb: row_bytes(vdt, k), rows, out: out.as_mut_ptr(), ldo: n_out, split: None };
     assert_eq!(matmul::path(kernels, t, o.il.is_some(), true, rows, mode), path);
     for ith in 0..nth {
         // SAFETY: out holds rows × n_out f32; the shares are disjoint and run one at a time.

@@ -14,6 +14,7 @@ use crate::Error;
 use corelm_core::graph::TpSync;
 use corelm_core::kv::BLOCK;
 use corelm_core::memory::{ActLayout, Place};
+use corelm_core::sched::matmul::WorkerClass;
 use corelm_core::tp::{lcm, TpDims, TpPlan};
 use corelm_core::{BatchView, Builder, Executor, Graph, NumaMode, Placement, KvCache, PackedWeights, PoolConfig, Pools, Profile, ThreadPool, Weights};
 use corelm_gguf::Gguf;
@@ -74,6 +75,13 @@ pub struct EngineConfig {
     /// A roofline profile (`corelm profile`): each graph, when planned, caps its memory-bound
     /// nodes at the profile's bandwidth knee (`corelm_plan::planner::cap_threads`). Same bits.
     pub roofline: Option<corelm_plan::Roofline>,
+    /// Workers (the first ones) that run their share of split matmuls on the matrix unit (Arm
+    /// SME), the others on the vector cores (`--matrix-workers`): prefill panel GEMMs that the
+    /// roofline plan splits across the profile's `sme` and `cpu` targets are cut between them
+    /// in the ratio of their ceilings (SMEPilot's tile split; same bits). 0: every worker uses
+    /// the table's kernels. Needs an SME table, `roofline` with an `sme` target, `fast_prefill`
+    /// and no tensor parallelism.
+    pub matrix_workers: usize,
     /// Sparse feed-forwards (`--sparsity`, [`crate::sparsity`]): per-layer activation
     /// thresholds from a calibration and the neuron-major down projection's type. `None`: dense,
     /// bit-identical to llama.cpp as without it.
@@ -102,6 +110,7 @@ impl Default for EngineConfig {
             isa: None,
             plan: None,
             roofline: None,
+            matrix_workers: 0,
             sparsity: None,
             accel: None,
         }
@@ -148,6 +157,30 @@ fn plan_places(placement: &Placement, w: &crate::plan::Workers, tp: bool) -> Vec
     places
 }
 
+/// The profile targets of `--matrix-workers`' worker classes, in class order.
+const MATRIX_CLASSES: [&str; 2] = ["sme", "cpu"];
+
+/// The worker classes of `--matrix-workers m` among `n` workers (`EngineConfig::matrix_workers`),
+/// or why they cannot be.
+fn matrix_classes(cfg: &EngineConfig, kernels: &Kernels) -> Result<Vec<WorkerClass>, Error> {
+    let m = cfg.matrix_workers;
+    let refuse = |why: String| Err(Error::Config(format!("--matrix-workers {m}: {why}")));
+    if kernels.isa() != Isa::Sme {
+        return refuse(format!("needs a matrix unit (Arm SME); these kernels are {}", kernels.isa().name()));
+    }
+    if m >= cfg.n_threads {
+        return refuse(format!("leaves no vector worker among {} threads", cfg.n_threads));
+    }
+    if !cfg.roofline.as_ref().is_some_and(|r| MATRIX_CLASSES.iter().all(|n| r.targets.iter().any(|t| &t.name == n))) {
+        return refuse("needs --roofline with `sme` and `cpu` targets (`corelm profile` measures them)".into());
+    }
+    if !cfg.fast_prefill || cfg.tp > 1 || cfg.batch_invariant {
+        return refuse("splits the panel GEMM: needs --fast-prefill, without --tp or --batch-invariant".into());
+    }
+    let vector = if Isa::Dotprod.missing().is_empty() { Isa::Dotprod } else { Isa::Neon };
+    Ok(vec![WorkerClass { isa: Isa::Sme, workers: m }, WorkerClass { isa: vector, workers: cfg.n_threads - m }])
+}
+
 /// The graph of passes of `n_tokens` tokens with `n_out` logit rows as `model` builds it,
 /// tensor-parallel per `tp`, its activations in `layout`'s regions (`None`: its own, for the
 /// graph that sizes the pools).
@@ -174,6 +207,9 @@ fn finish_graph(g: &mut Graph, packed: &PackedWeights, cfg: &EngineConfig) {
     packed.apply(g);
     if let Some(roof) = &cfg.roofline {
         corelm_plan::planner::cap_threads(g, roof, cfg.n_ctx / 2);
+        if cfg.matrix_workers > 0 {
+            corelm_plan::planner::apply_splits(g, roof, cfg.n_ctx / 2, &MATRIX_CLASSES);
+        }
     }
 }
 
@@ -478,6 +514,9 @@ impl Engine {
         exec.dump_dir = std::env::var_os("CORELM_DUMP_DIR").map(Into::into);
         exec.batch_invariant = cfg.batch_invariant;
         exec.panel_gemm = cfg.fast_prefill;
+        if cfg.matrix_workers > 0 {
+            exec.set_classes(matrix_classes(&cfg, kernels)?).map_err(Error::Config)?;
+        }
         exec.set_schedules(cfg.plan.as_ref().and_then(|p| p.schedules(kernels.isa().name())).map(Arc::new));
         let (accel, online) = match (cfg.sparsity.as_ref().filter(|s| s.offloaded.iter().any(|v| !v.is_empty())), accel_groups, &cfg.accel) {
             (Some(_), Some((members, groups)), Some(a)) => {

@@ -120,6 +120,7 @@ impl Engine {
             rows,
             out: out.as_mut_ptr(),
             ldo: shape.n_out,
+            split: None,
         };
         let mode = Mode { batch_invariant: false, panel_gemm: shape.path == Path::Panel };
         let run = |iters: usize| {

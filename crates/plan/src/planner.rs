@@ -26,7 +26,7 @@
 use crate::profile::Roofline;
 use crate::split::{split_tiles, Class, Share};
 use corelm_core::graph::Graph;
-use corelm_core::tensor::Op;
+use corelm_core::tensor::{ClassSplit, Op};
 use corelm_kernels::DType;
 
 /// Where an operator runs.
@@ -181,15 +181,46 @@ pub fn plan_graph(g: &Graph, roof: &Roofline, ctx: usize) -> Vec<OpPlan> {
             // A split matmul's output tiles (`ne`: weight rows × activation rows), cut in the
             // ratio of the shares at both targets' tile boundaries.
             if let (Placement::Split(shares), Op::MatMul { .. } | Op::MatMulId { .. }) = (&p.placement, t.op) {
-                let classes: Vec<Class> = shares
-                    .iter()
-                    .map(|(name, share)| Class { name: name.clone(), tile: roof.targets.iter().find(|x| &x.name == name).and_then(|x| x.tile).unwrap_or([1, 1]), gflops: *share })
-                    .collect();
-                p.tiles = split_tiles(t.ne[1], t.ne[0], &classes);
+                p.tiles = split_tiles(t.ne[1], t.ne[0], &classes(roof, shares, shares.iter().map(|(n, _)| n.as_str())));
             }
             p
         })
         .collect()
+}
+
+/// The split classes of `shares` in the order of `names` (each a target with its tile).
+fn classes<'a>(roof: &Roofline, shares: &[(String, f64)], names: impl Iterator<Item = &'a str>) -> Vec<Class> {
+    names
+        .map(|name| Class {
+            name: name.into(),
+            tile: roof.targets.iter().find(|x| x.name == name).and_then(|x| x.tile).unwrap_or([1, 1]),
+            gflops: shares.iter().find(|(n, _)| n == name).map_or(0.0, |s| s.1),
+        })
+        .collect()
+}
+
+/// Cut each matmul that the plan splits across exactly the targets `names` (in the executor's
+/// worker-class order: `Executor::set_classes`) into one range per class — `Graph::splits`,
+/// which the scheduler runs on those classes (the panel GEMM; other paths ignore a cut).
+/// Applied once when a graph is planned. Returns how many matmuls were cut.
+pub fn apply_splits(g: &mut Graph, roof: &Roofline, ctx: usize, names: &[&str]) -> usize {
+    let plans = plan_graph(g, roof, ctx);
+    g.splits.clear();
+    for (i, p) in plans.iter().enumerate() {
+        let Placement::Split(shares) = &p.placement else { continue };
+        let id = g.nodes[i];
+        let t = g.tensor(id);
+        let same = shares.len() == names.len() && names.iter().all(|n| shares.iter().any(|(s, _)| s == n));
+        if !same || !matches!(t.op, Op::MatMul { .. }) {
+            continue;
+        }
+        let (m, n) = (t.ne[1], t.ne[0]);
+        let by_rows = n < m;
+        let tiles = split_tiles(m, n, &classes(roof, shares, names.iter().copied()));
+        let bounds = std::iter::once(0).chain(tiles.iter().map(|s| if by_rows { s.rows.end } else { s.cols.end })).collect();
+        g.splits.push((id, ClassSplit { by_rows, bounds }));
+    }
+    g.splits.len()
 }
 
 /// Operators with the same label and placement summed, most time first: (plan of the first,

@@ -50,3 +50,45 @@ fn a_memory_bound_operator_stops_at_the_bandwidth_knee() {
     assert!(matches!(p.placement, Placement::Split(_)));
     assert_eq!(p.threads, 8, "compute-bound: every worker");
 }
+
+/// `apply_splits` cuts the matmuls the plan splits — here a 512-token prefill's 4096 × 14336
+/// Q4_0 FFN matrix on the M4 Pro profile given int8 ceilings in the ratio of its FP16 ones —
+/// into one range per worker class in the executor's order, as `split_tiles` cuts them, and
+/// leaves a one-token decode's GEMV whole.
+#[test]
+fn splits_are_written_into_the_graph_in_class_order() {
+    use corelm_core::graph::Builder;
+    use corelm_core::tensor::{ClassSplit, Op, WeightRef};
+    use corelm_kernels::{DType, Isa, Kernels};
+    use corelm_plan::profile::{Ceiling, Combined};
+    let mut roof = m4();
+    for t in &mut roof.targets {
+        let all = t.ceilings[0].all_workers_gflops * 2.0;
+        t.ceilings.push(Ceiling { family: "int8_dot".into(), kernel: "stated ×2".into(), one_worker_gflops: all / t.workers as f64, all_workers_gflops: all });
+    }
+    roof.combined.push(Combined { targets: vec!["cpu".into(), "sme".into()], family: "int8_dot".into(), gflops: 8540.0 });
+    let kernels = Kernels::for_isa(Isa::Portable).unwrap();
+    let graph = |rows: usize| {
+        let mut b = Builder::new(&kernels, rows, 1);
+        let table = b.weight(&WeightRef { name: "tok".into(), dtype: DType::F32, ne: [4096, 8], offset: 0, len: 4096 * 8 * 4 });
+        let w = b.weight(&WeightRef { name: "up".into(), dtype: DType::Q4_0, ne: [4096, 14336], offset: 0, len: 14336 * 128 * 18 });
+        b.begin_layer(0);
+        let x = b.embed(&table);
+        let y = b.matmul(&w, &x);
+        b.finish(&y)
+    };
+    let mut g = graph(512);
+    assert_eq!(corelm_plan::planner::apply_splits(&mut g, &roof, 0, &["sme", "cpu"]), 1);
+    let (id, cut) = &g.splits[0];
+    assert!(matches!(g.tensor(*id).op, Op::MatMul { .. }));
+    // Columns (14336 > 512) in units of lcm(16, 4) = 16: 896 units, 896 · 2920 / 4770 = 548.49.
+    assert_eq!(cut, &ClassSplit { by_rows: false, bounds: vec![0, 548 * 16, 14336] });
+    assert_eq!(g.split_of(*id), Some(cut));
+    // The other class order gives the mirrored cut.
+    corelm_plan::planner::apply_splits(&mut g, &roof, 0, &["cpu", "sme"]);
+    assert_eq!(g.splits[0].1.bounds, vec![0, 14336 - 548 * 16, 14336]);
+    // Classes the plan does not split across, and a decode GEMV: no cut.
+    assert_eq!(corelm_plan::planner::apply_splits(&mut g, &roof, 0, &["sme"]), 0);
+    let mut d = graph(1);
+    assert_eq!(corelm_plan::planner::apply_splits(&mut d, &roof, 0, &["sme", "cpu"]), 0);
+}

@@ -3,12 +3,18 @@
 //! per-row dots on plain rows (dense types' tinyBLAS tiles: `dense.rs`). The operands come as
 //! bytes ([`Operands`]), so the scheduler and `corelm tune`'s timing harness run the same code.
 //!
+//! A panel GEMM whose output a plan cut among worker classes ([`ClassSplit`]: a matrix unit's
+//! workers and vector cores, or fast and slow cores) runs each class's range on that class's
+//! workers with that class's kernel ([`WorkerClass`]); the integer sums are exact, so every
+//! class's panel kernel gives the same bits and the cut changes none.
+//!
 //! A prefill matmul on the panel or tile path follows a [`Schedule`] (register tile, cache
 //! blocks, thread grid): the one [`Schedules`] holds for its (path, weight type, shape) at the
 //! nearest tuned length, else the path's fixed default. Schedules never change bits
 //! (`corelm_kernels::matmul::schedule`).
 
 use super::split;
+use crate::tensor::ClassSplit;
 use corelm_kernels::matmul::gemm::{self, GemmScratch};
 use corelm_kernels::matmul::layout as interleave;
 use corelm_kernels::matmul::schedule::Schedule;
@@ -58,6 +64,39 @@ pub struct Operands<'a> {
     /// columns of a wider output).
     pub out: *mut f32,
     pub ldo: usize,
+    /// The output cut among worker classes, and the classes (see [`WorkerClass`]).
+    pub split: Option<(&'a ClassSplit, &'a [WorkerClass])>,
+}
+
+/// Consecutive workers that run a split matmul's share of their class with one kernel level:
+/// the matrix unit's ([`Isa::Sme`]) or a vector table's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerClass {
+    pub isa: Isa,
+    pub workers: usize,
+}
+
+/// Worker `ith`'s (columns, rows, kernel level) of a split matmul over `classes`, whose worker
+/// counts add up to `nth` (else `None`: the split does not apply to this many workers).
+/// Within its class's range a worker takes an even part in whole units: `PANEL` columns, or
+/// groups of 8 rows.
+pub fn class_part(cut: &ClassSplit, classes: &[WorkerClass], n_out: usize, rows: usize, ith: usize, nth: usize) -> Option<(Range<usize>, Range<usize>, Isa)> {
+    if classes.iter().map(|c| c.workers).sum::<usize>() != nth || cut.bounds.len() != classes.len() + 1 {
+        return None;
+    }
+    let mut first = 0;
+    let (c, class) = classes.iter().enumerate().find(|(_, cl)| {
+        let mine = ith < first + cl.workers;
+        if !mine {
+            first += cl.workers;
+        }
+        mine
+    })?;
+    let (len, unit) = if cut.by_rows { (rows, 8) } else { (n_out, gemm::PANEL) };
+    let (lo, hi) = (cut.bounds[c].min(len), cut.bounds[c + 1].min(len));
+    let part = split((hi.saturating_sub(lo)).div_ceil(unit), ith - first, class.workers);
+    let mine = (lo + part.start * unit).min(hi)..(lo + part.end * unit).min(hi);
+    Some(if cut.by_rows { (0..n_out, mine, class.isa) } else { (mine, 0..rows, class.isa) })
 }
 
 // SAFETY: `out` is written only through `run`, whose contract gives each worker a disjoint
@@ -213,7 +252,15 @@ fn sched_part(sched: &Schedule, n_out: usize, rows: usize, ith: usize, nth: usiz
 /// # Safety
 /// As [`run`].
 unsafe fn run_panel(isa: Isa, o: &Operands, sched: Schedule, ith: usize, nth: usize, s: &mut MatmulScratch) {
-    let (cols, rr) = if sched.row_parts == 0 { (split(o.n_out, ith, nth), 0..o.rows) } else { sched_part(&sched, o.n_out, o.rows, ith, nth, gemm::PANEL) };
+    // A class split is the thread grid: each class its range, with its kernel.
+    let (cols, rr, isa) = match o.split.and_then(|(cut, classes)| class_part(cut, classes, o.n_out, o.rows, ith, nth)) {
+        Some(part) => part,
+        None if sched.row_parts == 0 => (split(o.n_out, ith, nth), 0..o.rows, isa),
+        None => {
+            let (c, r) = sched_part(&sched, o.n_out, o.rows, ith, nth, gemm::PANEL);
+            (c, r, isa)
+        }
+    };
     if cols.is_empty() || rr.is_empty() {
         return;
     }

@@ -22,7 +22,7 @@ mod dense;
 pub mod matmul;
 mod sparse;
 
-use matmul::{MatmulScratch, Schedules, COL_BLOCK};
+use matmul::{MatmulScratch, Schedules, WorkerClass, COL_BLOCK};
 pub use matmul::{matmul_part, GEMM_MIN_ROWS};
 
 pub use sparse::gate_activation;
@@ -158,6 +158,8 @@ pub struct Executor {
     schedules: Option<std::sync::Arc<Schedules>>,
     /// The largest panel GEMM's (inner dimension, rows), the scratch it needs.
     gemm_dims: (usize, usize),
+    /// Worker classes of matmuls a plan split (`Graph::splits`; [`Executor::set_classes`]).
+    classes: Vec<WorkerClass>,
 }
 
 impl Executor {
@@ -215,7 +217,23 @@ impl Executor {
             offload: None,
             schedules: None,
             gemm_dims: (max_k, max_rows),
+            classes: Vec::new(),
         }
+    }
+
+    /// Run the split matmuls of a graph (`Graph::splits`) on these worker classes, consecutive
+    /// workers from worker 0 (of the pool, or of a group for a shard's nodes); a split applies
+    /// only where the node runs on as many workers as the classes hold. Refused unless every
+    /// class's kernel level runs on this CPU and has workers.
+    pub fn set_classes(&mut self, classes: Vec<WorkerClass>) -> Result<(), String> {
+        for c in &classes {
+            let missing = c.isa.missing();
+            if !missing.is_empty() || c.workers == 0 {
+                return Err(format!("worker class {} × {}: this CPU lacks {}", c.workers, c.isa.name(), missing.join(", ")));
+            }
+        }
+        self.classes = classes;
+        Ok(())
     }
 
     /// Run matmuls with `schedules` where they have one for the matrix and length; each
@@ -264,6 +282,7 @@ impl Executor {
             mode: matmul::Mode { batch_invariant: self.batch_invariant, panel_gemm: self.panel_gemm },
             schedules: self.schedules.as_deref(),
             offload: self.offload.as_deref(),
+            classes: &self.classes,
         };
         let prof = std::sync::Mutex::new(profile.as_deref_mut());
         pool.run_view(view, &|w: &Worker| {
@@ -377,6 +396,7 @@ struct Ctx<'a> {
     mode: matmul::Mode,
     schedules: Option<&'a Schedules>,
     offload: Option<&'a dyn Offload>,
+    classes: &'a [WorkerClass],
 }
 
 // SAFETY: the raw pointers address the pools, which outlive the run; workers write disjoint
@@ -517,7 +537,7 @@ impl Ctx<'_> {
                     q(&x[r * ne0..(r + 1) * ne0], y);
                 }
             }
-            Op::MatMul { w: wid, x } => self.matmul(t, wid, x, ith, nth, scratch),
+            Op::MatMul { w: wid, x } => self.matmul(id, wid, x, ith, nth, scratch),
             Op::Rope { x, p, freqs } => {
                 let x = self.f32s(x);
                 let freqs = freqs.map(|f| self.f32s(f));
@@ -697,7 +717,8 @@ impl Ctx<'_> {
 
     /// Worker `ith`'s share of a matmul node: dense types' batch dots (`dense.rs`), else
     /// `matmul::run` on the weight's bytes (its interleaved copy where it has one).
-    fn matmul(&self, t: &Tensor, wid: TensorId, x: TensorId, ith: usize, nth: usize, scratch: &mut Scratch) {
+    fn matmul(&self, id: TensorId, wid: TensorId, x: TensorId, ith: usize, nth: usize, scratch: &mut Scratch) {
+        let t = self.t(id);
         let wt = self.t(wid);
         let [k, n_out] = wt.ne;
         let rows = t.ne[1];
@@ -714,9 +735,10 @@ impl Ctx<'_> {
         // (tensor parallelism), which has only its interleaved copy.
         let plain = !(il.is_some() && matches!(wt.storage, Storage::Weight { cols: Some(_), .. }));
         let w = if plain { self.bytes(wid) } else { &[] };
-        let o = matmul::Operands { dtype: wt.dtype, k, n_out, w, il, x: self.bytes(x), xrb: self.t(x).row_bytes(), rows, out: self.base(t) as *mut f32, ldo: self.row_stride(t) };
+        let o = matmul::Operands { dtype: wt.dtype, k, n_out, w, il, x: self.bytes(x), xrb: self.t(x).row_bytes(), rows, out: self.base(t) as *mut f32, ldo: self.row_stride(t), split: None };
+        let o = matmul::Operands { split: self.graph.split_of(id).filter(|_| !self.classes.is_empty()).map(|c| (c, self.classes)), ..o };
         // SAFETY: the output tensor is [rows][n_out] f32, written during this node only by its
-        // workers, each its own share.
+        // workers, each its own share; the classes' levels run here (`set_classes`).
         unsafe { matmul::run(self.kernels, &o, self.mode, self.schedules, ith, nth, &mut scratch.mm) };
     }
 

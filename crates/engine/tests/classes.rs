@@ -1,0 +1,68 @@
+//! `--matrix-workers` (SMEPilot's tile split in the engine): on an SME CPU (CI: qemu-aarch64
+//! with SME) the prefill panel GEMMs that a roofline plan splits between the `sme` and `cpu`
+//! targets run cut between the matrix unit's workers and the vector cores', with the logits of
+//! `--fast-prefill` alone, bit for bit; elsewhere, and without what it needs, the flag is
+//! refused by name.
+
+mod common;
+
+use common::*;
+use corelm_engine::{Batch, Engine, EngineConfig};
+use corelm_kernels::Isa;
+use corelm_plan::profile::{Ceiling, Combined, Memory, Target, TargetKind};
+use corelm_plan::Roofline;
+
+/// A stated two-target profile: vector cores and a matrix unit of twice their int8 rate.
+fn stated() -> Roofline {
+    let target = |name: &str, kind, gflops: f64, tile| Target {
+        name: name.into(),
+        kind,
+        workers: 1,
+        ceilings: vec![Ceiling { family: "int8_dot".into(), kernel: "stated".into(), one_worker_gflops: gflops, all_workers_gflops: gflops }],
+        tile: Some(tile),
+    };
+    Roofline {
+        machine: "stated for a test".into(),
+        source: "stated".into(),
+        targets: vec![target("cpu", TargetKind::Vector, 100.0, [8, 4]), target("sme", TargetKind::Matrix, 200.0, [16, 8])],
+        combined: vec![Combined { targets: vec!["cpu".into(), "sme".into()], family: "int8_dot".into(), gflops: 300.0 }],
+        memory: Memory { read_gbps: vec![], per_target_gbps: vec![("cpu".into(), 50.0), ("sme".into(), 50.0)], all_busy_gbps: 50.0 },
+    }
+}
+
+/// Every logit of a 24-token prompt.
+fn prefill(e: &mut Engine) -> Vec<u32> {
+    let mut b = Batch::new();
+    for i in 0..24u32 {
+        b.add((i * 977 + 13) % 49152, i as i32, 0, true);
+    }
+    let l = e.decode(&b).unwrap();
+    (0..24).flat_map(|r| l.row(r).iter().map(|v| v.to_bits()).collect::<Vec<_>>()).collect()
+}
+
+#[test]
+fn matrix_workers_split_prefill_gemms_and_keep_the_bits() {
+    let file = MODELS[0].1;
+    let cfg = EngineConfig { fast_prefill: true, roofline: Some(stated()), ..test_config(2) };
+    let (mut base, _) = load(file, cfg.clone());
+    let isa = base.kernels().isa();
+    let split = Engine::load(model_path(file), EngineConfig { matrix_workers: 1, ..cfg.clone() });
+    if isa != Isa::Sme {
+        let e = split.err().expect("refused without a matrix unit").to_string();
+        assert!(e.contains("--matrix-workers 1") && e.contains("matrix unit") && e.contains(isa.name()), "{e}");
+        return;
+    }
+    let mut split = split.expect("loads on an SME CPU");
+    let cut = split.graph(24, 24).splits.len();
+    assert!(cut > 0, "the plan splits a 24-token prefill's matmuls");
+    assert!(prefill(&mut split) == prefill(&mut base), "split GEMMs change no bits");
+    eprintln!("{cut} matmuls of a 24-token prefill split between 1 SME worker and 1 vector worker");
+    for (c, why) in [
+        (EngineConfig { matrix_workers: 2, ..cfg.clone() }, "no vector worker"),
+        (EngineConfig { matrix_workers: 1, roofline: None, ..cfg.clone() }, "--roofline"),
+        (EngineConfig { matrix_workers: 1, fast_prefill: false, ..cfg.clone() }, "--fast-prefill"),
+    ] {
+        let e = Engine::load(model_path(file), c).err().expect("refused").to_string();
+        assert!(e.contains(why), "{e}");
+    }
+}
