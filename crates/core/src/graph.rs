@@ -164,9 +164,6 @@ impl Graph {
 
     /// How node `id`'s output is cut among worker classes, if it is.
     pub fn split_of(&self, id: TensorId) -> Option<&ClassSplit> {
-        if self.splits.is_empty() {
-            return None;
-        }
         self.splits.binary_search_by_key(&id.0, |(i, _)| i.0).ok().map(|i| &self.splits[i].1)
     }
 

@@ -124,8 +124,6 @@ impl AttnShard {
     }
 }
 
-/// The operation producing a tensor. Activation tensors are f32 rows (one row per batch token
-/// or output) unless quantized by `Quantize`.
 /// A matmul's output cut among the executor's worker classes (SMEPilot's tile-level split,
 /// planned by `corelm_plan::planner::apply_splits`): along the output columns (weight rows), or
 /// along the activation rows when `by_rows`; class `c` computes `bounds[c]..bounds[c + 1]`.
@@ -135,6 +133,8 @@ pub struct ClassSplit {
     pub bounds: Vec<usize>,
 }
 
+/// The operation producing a tensor. Activation tensors are f32 rows (one row per batch token
+/// or output) unless quantized by `Quantize`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Op {
     /// A weight (no computation).

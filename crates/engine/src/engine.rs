@@ -206,9 +206,10 @@ fn build_graph(
 fn finish_graph(g: &mut Graph, packed: &PackedWeights, cfg: &EngineConfig) {
     packed.apply(g);
     if let Some(roof) = &cfg.roofline {
-        corelm_plan::planner::cap_threads(g, roof, cfg.n_ctx / 2);
+        let plans = corelm_plan::planner::plan_graph(g, roof, cfg.n_ctx / 2);
+        corelm_plan::planner::cap_threads(g, &plans);
         if cfg.matrix_workers > 0 {
-            corelm_plan::planner::apply_splits(g, roof, cfg.n_ctx / 2, &MATRIX_CLASSES);
+            corelm_plan::planner::apply_splits(g, roof, &plans, &MATRIX_CLASSES);
         }
     }
 }

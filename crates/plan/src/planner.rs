@@ -202,9 +202,9 @@ fn classes<'a>(roof: &Roofline, shares: &[(String, f64)], names: impl Iterator<I
 /// Cut each matmul that the plan splits across exactly the targets `names` (in the executor's
 /// worker-class order: `Executor::set_classes`) into one range per class — `Graph::splits`,
 /// which the scheduler runs on those classes (the panel GEMM; other paths ignore a cut).
-/// Applied once when a graph is planned. Returns how many matmuls were cut.
-pub fn apply_splits(g: &mut Graph, roof: &Roofline, ctx: usize, names: &[&str]) -> usize {
-    let plans = plan_graph(g, roof, ctx);
+/// Applied once when a graph is planned, from its `plans` ([`plan_graph`] on `roof`). Returns
+/// how many matmuls were cut.
+pub fn apply_splits(g: &mut Graph, roof: &Roofline, plans: &[OpPlan], names: &[&str]) -> usize {
     g.splits.clear();
     for (i, p) in plans.iter().enumerate() {
         let Placement::Split(shares) = &p.placement else { continue };
@@ -242,12 +242,12 @@ pub fn summarize(plans: &[OpPlan]) -> Vec<(OpPlan, usize, f64, f64, f64)> {
     out
 }
 
-/// Cap each memory-bound node of `g` at the bandwidth knee of `roof` (`Graph::threads`), where
-/// the knee is below the node's workers — the planner's thread counts, applied once when a
-/// graph is planned. Attention is never capped: llama.cpp's split of long single-row attention
-/// follows the thread count, and its bits with it. Returns how many nodes were capped.
-pub fn cap_threads(g: &mut Graph, roof: &Roofline, ctx: usize) -> usize {
-    let plans = plan_graph(g, roof, ctx);
+/// Cap each memory-bound node of `g` at the bandwidth knee its `plans` ([`plan_graph`]) give
+/// (`Graph::threads`), where the knee is below the node's workers — the planner's thread
+/// counts, applied once when a graph is planned. Attention is never capped: llama.cpp's split
+/// of long single-row attention follows the thread count, and its bits with it. Returns how
+/// many nodes were capped.
+pub fn cap_threads(g: &mut Graph, plans: &[OpPlan]) -> usize {
     let mut capped = 0;
     for (i, p) in plans.iter().enumerate() {
         let attention = matches!(g.tensor(g.nodes[i]).op, Op::Attention { .. });

@@ -60,6 +60,7 @@ fn splits_are_written_into_the_graph_in_class_order() {
     use corelm_core::graph::Builder;
     use corelm_core::tensor::{ClassSplit, Op, WeightRef};
     use corelm_kernels::{DType, Isa, Kernels};
+    use corelm_plan::planner::plan_graph;
     use corelm_plan::profile::{Ceiling, Combined};
     let mut roof = m4();
     for t in &mut roof.targets {
@@ -78,17 +79,19 @@ fn splits_are_written_into_the_graph_in_class_order() {
         b.finish(&y)
     };
     let mut g = graph(512);
-    assert_eq!(corelm_plan::planner::apply_splits(&mut g, &roof, 0, &["sme", "cpu"]), 1);
+    let plans = plan_graph(&g, &roof, 0);
+    assert_eq!(corelm_plan::planner::apply_splits(&mut g, &roof, &plans, &["sme", "cpu"]), 1);
     let (id, cut) = &g.splits[0];
     assert!(matches!(g.tensor(*id).op, Op::MatMul { .. }));
     // Columns (14336 > 512) in units of lcm(16, 4) = 16: 896 units, 896 · 2920 / 4770 = 548.49.
     assert_eq!(cut, &ClassSplit { by_rows: false, bounds: vec![0, 548 * 16, 14336] });
     assert_eq!(g.split_of(*id), Some(cut));
     // The other class order gives the mirrored cut.
-    corelm_plan::planner::apply_splits(&mut g, &roof, 0, &["cpu", "sme"]);
+    corelm_plan::planner::apply_splits(&mut g, &roof, &plans, &["cpu", "sme"]);
     assert_eq!(g.splits[0].1.bounds, vec![0, 14336 - 548 * 16, 14336]);
     // Classes the plan does not split across, and a decode GEMV: no cut.
-    assert_eq!(corelm_plan::planner::apply_splits(&mut g, &roof, 0, &["sme"]), 0);
+    assert_eq!(corelm_plan::planner::apply_splits(&mut g, &roof, &plans, &["sme"]), 0);
     let mut d = graph(1);
-    assert_eq!(corelm_plan::planner::apply_splits(&mut d, &roof, 0, &["sme", "cpu"]), 0);
+    let decode = plan_graph(&d, &roof, 0);
+    assert_eq!(corelm_plan::planner::apply_splits(&mut d, &roof, &decode, &["sme", "cpu"]), 0);
 }

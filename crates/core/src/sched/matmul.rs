@@ -81,17 +81,16 @@ pub struct WorkerClass {
 /// Within its class's range a worker takes an even part in whole units: `PANEL` columns, or
 /// groups of 8 rows.
 pub fn class_part(cut: &ClassSplit, classes: &[WorkerClass], n_out: usize, rows: usize, ith: usize, nth: usize) -> Option<(Range<usize>, Range<usize>, Isa)> {
-    if classes.iter().map(|c| c.workers).sum::<usize>() != nth || cut.bounds.len() != classes.len() + 1 {
+    if classes.iter().map(|c| c.workers).sum::<usize>() != nth || cut.bounds.len() != classes.len() + 1 || ith >= nth {
         return None;
     }
-    let mut first = 0;
-    let (c, class) = classes.iter().enumerate().find(|(_, cl)| {
-        let mine = ith < first + cl.workers;
-        if !mine {
-            first += cl.workers;
-        }
-        mine
-    })?;
+    // Worker `ith`'s class `c` and the class's first worker.
+    let (mut c, mut first) = (0, 0);
+    while ith >= first + classes[c].workers {
+        first += classes[c].workers;
+        c += 1;
+    }
+    let class = classes[c];
     let (len, unit) = if cut.by_rows { (rows, 8) } else { (n_out, gemm::PANEL) };
     let (lo, hi) = (cut.bounds[c].min(len), cut.bounds[c + 1].min(len));
     let part = split((hi.saturating_sub(lo)).div_ceil(unit), ith - first, class.workers);

@@ -735,8 +735,8 @@ impl Ctx<'_> {
         // (tensor parallelism), which has only its interleaved copy.
         let plain = !(il.is_some() && matches!(wt.storage, Storage::Weight { cols: Some(_), .. }));
         let w = if plain { self.bytes(wid) } else { &[] };
-        let o = matmul::Operands { dtype: wt.dtype, k, n_out, w, il, x: self.bytes(x), xrb: self.t(x).row_bytes(), rows, out: self.base(t) as *mut f32, ldo: self.row_stride(t), split: None };
-        let o = matmul::Operands { split: self.graph.split_of(id).filter(|_| !self.classes.is_empty()).map(|c| (c, self.classes)), ..o };
+        let split = self.graph.split_of(id).filter(|_| !self.classes.is_empty()).map(|c| (c, self.classes));
+        let o = matmul::Operands { dtype: wt.dtype, k, n_out, w, il, x: self.bytes(x), xrb: self.t(x).row_bytes(), rows, out: self.base(t) as *mut f32, ldo: self.row_stride(t), split };
         // SAFETY: the output tensor is [rows][n_out] f32, written during this node only by its
         // workers, each its own share; the classes' levels run here (`set_classes`).
         unsafe { matmul::run(self.kernels, &o, self.mode, self.schedules, ith, nth, &mut scratch.mm) };
