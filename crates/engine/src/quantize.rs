@@ -22,7 +22,7 @@ use std::io::Write;
 use std::path::Path;
 
 /// Types `corelm quantize --type` accepts.
-pub const TARGETS: [DType; 10] = [
+pub const TARGETS: [DType; 12] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
@@ -30,6 +30,8 @@ pub const TARGETS: [DType; 10] = [
     DType::Q8_0,
     DType::Q4K,
     DType::Q6K,
+    DType::IQ4NL,
+    DType::IQ4XS,
     DType::F16,
     DType::BF16,
     DType::F32,
@@ -47,6 +49,8 @@ fn file_type(t: DType) -> u32 {
         DType::Q5_1 => 9,
         DType::Q4K => 14, // Q4_K_S: all Q4_K
         DType::Q6K => 18,
+        DType::IQ4NL => 25,
+        DType::IQ4XS => 30,
         DType::BF16 => 32,
         _ => 0,
     }
@@ -82,6 +86,7 @@ fn target_of(name: &str, src: DType, shape: &[u64], t: DType, requantize: bool) 
     // llama-quantize's fallbacks for rows that are not whole super-blocks.
     let fallback = match t {
         DType::Q4K => DType::Q5_0,
+        DType::IQ4XS => DType::IQ4NL,
         _ => DType::Q8_0,
     };
     if ne0 % t.block_size() == 0 {

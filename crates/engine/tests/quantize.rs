@@ -30,6 +30,8 @@ fn written_bytes_equal_ggml_quantizer() {
         ("Q8_0", DType::Q8_0),
         ("Q4_K", DType::Q4K),
         ("Q6_K", DType::Q6K),
+        ("IQ4_NL", DType::IQ4NL),
+        ("IQ4_XS", DType::IQ4XS),
         ("F16", DType::F16),
         ("BF16", DType::BF16),
     ] {
@@ -78,7 +80,7 @@ fn quantized_model_round_trip() {
     // the same way in llama.cpp, which computes bit-identical files, see check_quantize.py).
     // F16 and BF16 hold the original's values (nearly: BF16 rounds them to 8 bits) and take
     // the dense batch tiles in prefill.
-    for (t, bound) in [(DType::Q8_0, 0.4), (DType::Q6K, 0.7), (DType::Q5_1, 4.0), (DType::Q4_0, 5.0), (DType::F16, 0.4), (DType::BF16, 0.4)] {
+    for (t, bound) in [(DType::Q8_0, 0.4), (DType::Q6K, 0.7), (DType::Q5_1, 4.0), (DType::Q4_0, 5.0), (DType::IQ4XS, 3.0), (DType::F16, 0.4), (DType::BF16, 0.4)] {
         let out = tmp(&format!("smol-{t}.gguf"));
         let r = quantize_file(&src, &out, t, true, 2).unwrap();
         assert!(r.quantized > 0, "{t}: {r:?}");
@@ -99,7 +101,8 @@ fn quantized_model_round_trip() {
                 assert_eq!(best_q, best, "{t}: position {i} changed its clear argmax");
             }
         }
-        // Repacked at load (Q8_0, Q5_1, Q4_0 on AVX-512 VNNI) or not, the same bits: 15 rows
+        // Repacked at load (all but F16/BF16 on AVX2 and AVX-512; IQ4_XS only where rows are
+        // whole super-blocks, SmolLM2's `ffn_down`, the others IQ4_NL) or not, the same bits: 15 rows
         // take the eight- and four-row tiles and the GEMV.
         let (plain, packed) = (logits_with(&out, &tokens[..15], false), logits_with(&out, &tokens[..15], true));
         for (i, (a, b)) in plain.iter().zip(&packed).enumerate() {

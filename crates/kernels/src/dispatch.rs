@@ -250,6 +250,13 @@ impl Kernels {
                     tile8: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles8_q6_k(g, xrb, y, o, p) },
                 },
             });
+            k.ops[slot(DType::IQ4XS).unwrap()].interleaved = Some(InterleavedOps {
+                rows: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::rows_iq4_xs(g, xrb, y, o, p) },
+                tiles: IlTiles {
+                    tile: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles_iq4_xs(g, xrb, y, o, p) },
+                    tile8: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles8_iq4_xs(g, xrb, y, o, p) },
+                },
+            });
         }
         k
     }
@@ -327,6 +334,13 @@ impl Kernels {
                 tiles: IlTiles {
                     tile: |g, xrb, y, o, p| unsafe { ilk::tiles_q6_k(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { ilk::tiles8_q6_k(g, xrb, y, o, p) },
+                },
+            });
+            k.ops[slot(DType::IQ4XS).unwrap()].interleaved = Some(InterleavedOps {
+                rows: |g, xrb, y, o, p| unsafe { ilk::rows_iq4_xs(g, xrb, y, o, p) },
+                tiles: IlTiles {
+                    tile: |g, xrb, y, o, p| unsafe { ilk::tiles_iq4_xs(g, xrb, y, o, p) },
+                    tile8: |g, xrb, y, o, p| unsafe { ilk::tiles8_iq4_xs(g, xrb, y, o, p) },
                 },
             });
         }

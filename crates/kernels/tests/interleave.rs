@@ -8,7 +8,7 @@ use corelm_kernels::{row_bytes, DType, Kernels};
 mod common;
 use common::{aligned, random_row, Rng};
 
-const TYPES: [DType; 8] = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4K, DType::Q6K, DType::IQ4NL];
+const TYPES: [DType; 9] = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4K, DType::Q6K, DType::IQ4NL, DType::IQ4XS];
 
 /// `n_rows` random rows of `k` values of `t`, contiguous.
 fn matrix(t: DType, k: usize, n_rows: usize, rng: &mut Rng) -> Vec<u8> {

@@ -14,6 +14,7 @@
 //! | Q8_0 (4 × 34) | `d0‥d3` (f16, 8) · `qs[0..16]` of rows 0‥3 (64) · `qs[16..32]` of rows 0‥3 (64) |
 //! | Q6_K (4 × 210) | `d0‥d3` (f16, 8) · `scales[0..8]` of rows 0‥3 (32) · `scales[8..16]` of rows 0‥3 (32) · for each 16 bytes `ql[16p..16p+16]` (p < 8), those of rows 0‥3 (8 × 64) · the same for `qh` (4 × 64) |
 //! | Q4_K (4 × 144) | `d0‥d3 dmin0‥dmin3` (f16, 16) · `scales[4w..4w+4]` of rows 0‥3 for w = 0, 1, 2 (3 × 16) · for each 16 bytes `qs[16h..16h+16]` (h < 8), those of rows 0‥3 (8 × 64) |
+//! | IQ4_XS (4 × 136) | `d0‥d3` (f16, 8) · `scales_h` of rows 0‥3 (u16, 8) · `scales_l` of rows 0‥3 (4 × 4) · for each sub-block's 16 bytes `qs[16b..16b+16]` (b < 8), those of rows 0‥3 (8 × 64) |
 //!
 //! The fifth bits of Q5_0 and Q5_1 are regrouped as the two 64-bit masks a 512-bit kernel wants: bit
 //! `16r + e` of `hl` is row r's bit for element `e`, of `hh` for element `16 + e` (e < 16).
@@ -67,7 +68,7 @@ pub fn scratch_len(k: usize) -> usize {
 
 /// Weight types with an interleaved layout.
 pub fn supported(t: DType) -> bool {
-    matches!(t, DType::Q4_0 | DType::IQ4NL | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K | DType::Q6K)
+    matches!(t, DType::Q4_0 | DType::IQ4NL | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K | DType::Q6K | DType::IQ4XS)
 }
 
 /// Bytes of the largest plain block of a supported type (Q6_K's 210).
@@ -131,7 +132,7 @@ fn unpack_block(t: DType, gb: &[u8], out: &mut [[u8; MAX_BS]; ROWS]) {
                 o[2..18].copy_from_slice(&gb[8 + 16 * r..24 + 16 * r]);
                 o[18..34].copy_from_slice(&gb[72 + 16 * r..88 + 16 * r]);
             }
-            DType::Q4K | DType::Q6K => {
+            DType::Q4K | DType::Q6K | DType::IQ4XS => {
                 let (m, n) = k_places(t, r);
                 for &(p, g, len) in &m[..n] {
                     o[p..p + len].copy_from_slice(&gb[g..g + len]);
@@ -177,7 +178,7 @@ fn pack_block(t: DType, b: [&[u8]; ROWS], gb: &mut [u8]) {
                 gb[72 + 16 * r..88 + 16 * r].copy_from_slice(&b[r][18..34]);
             }
         }
-        DType::Q4K | DType::Q6K => {
+        DType::Q4K | DType::Q6K | DType::IQ4XS => {
             for (r, b) in b.iter().enumerate() {
                 let (m, n) = k_places(t, r);
                 for &(p, g, len) in &m[..n] {
@@ -189,10 +190,10 @@ fn pack_block(t: DType, b: [&[u8]; ROWS], gb: &mut [u8]) {
     }
 }
 
-/// Where the bytes of row `r`'s plain K-quant block go in its group-block: (plain start, group
+/// Where the bytes of row `r`'s plain super-block go in its group-block: (plain start, group
 /// offset, length). Q4_K: `d`, `dmin`, the three scale words, the eight 16-byte pieces of `qs`
 /// (13 moves). Q6_K: `d`, the two halves of `scales`, the eight pieces of `ql` and the four of
-/// `qh` (15).
+/// `qh` (15). IQ4_XS: `d`, `scales_h`, `scales_l`, the eight pieces of `qs` (11).
 fn k_places(t: DType, r: usize) -> ([(usize, usize, usize); 15], usize) {
     let mut m = [(0, 0, 0); 15];
     let mut n = 0;
@@ -205,6 +206,11 @@ fn k_places(t: DType, r: usize) -> ([(usize, usize, usize); 15], usize) {
         put(2, 8 + 2 * r, 2);
         (0..3).for_each(|w| put(4 + 4 * w, 16 + 16 * w + 4 * r, 4));
         (0..8).for_each(|p| put(16 + 16 * p, 64 + 64 * p + 16 * r, 16));
+    } else if t == DType::IQ4XS {
+        put(0, 2 * r, 2);
+        put(2, 8 + 2 * r, 2);
+        put(4, 16 + 4 * r, 4);
+        (0..8).for_each(|p| put(8 + 16 * p, 32 + 64 * p + 16 * r, 16));
     } else {
         put(208, 2 * r, 2);
         put(192, 8 + 8 * r, 8);

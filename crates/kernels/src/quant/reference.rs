@@ -354,6 +354,140 @@ pub fn quant_q6_k(x: &[f32], y: &mut [u8]) {
     }
 }
 
+/// ggml's `best_index_int8`: the index of the grid value nearest `x` (the lower on ties),
+/// by bisection over the sorted grid.
+fn best_index_int8(val: &[i8; 16], x: f32) -> usize {
+    if x <= val[0] as f32 {
+        return 0;
+    }
+    if x >= val[15] as f32 {
+        return 15;
+    }
+    let (mut ml, mut mu) = (0, 15);
+    while mu - ml > 1 {
+        let mav = (ml + mu) / 2;
+        if x < val[mav] as f32 {
+            mu = mav;
+        } else {
+            ml = mav;
+        }
+    }
+    if x - (val[mu - 1] as f32) < val[mu] as f32 - x {
+        mu - 1
+    } else {
+        mu
+    }
+}
+
+/// ggml's `quantize_row_iq4_nl_impl` without an importance matrix and with `ntry` = 7 (what
+/// `ggml_quantize_chunk` runs for IQ4_NL and IQ4_XS): per 32-value block a scale fitted by
+/// weighted least squares (weights `x²`) over 15 trial grid scalings, then, for a super-block
+/// of several blocks (IQ4_XS), the block scales quantized to 6 bits against one f16 scale and
+/// the codes chosen again. Returns the super-block scale, the 6-bit block scales (offset by
+/// 32) and the codes (`l.len()` = the super-block's values).
+fn iq4_impl(x: &[f32], l: &mut [u8], ls: &mut [u8; 8]) -> f16 {
+    const NTRY: i32 = 7;
+    let values = &KVALUES_IQ4NL;
+    let nblocks = x.len() / 32;
+    let mut scales = [0f32; 8];
+    let (mut max_scale, mut amax_scale) = (0f32, 0f32);
+    for ib in 0..nblocks {
+        let xb = &x[32 * ib..32 * ib + 32];
+        let lb = &mut l[32 * ib..32 * ib + 32];
+        let weight: [f32; 32] = std::array::from_fn(|j| xb[j] * xb[j]);
+        let (amax, max) = abs_max(xb);
+        if amax < 1e-15 {
+            scales[ib] = 0.0;
+            continue;
+        }
+        let d = -max / values[0] as f32;
+        let id = 1.0 / d;
+        let (mut sumqx, mut sumq2) = (0f32, 0f32);
+        for j in 0..32 {
+            let k = best_index_int8(values, id * xb[j]);
+            lb[j] = k as u8;
+            let q = values[k] as f32;
+            sumqx += weight[j] * q * xb[j];
+            sumq2 += weight[j] * q * q;
+        }
+        let mut d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
+        let mut best = d * sumqx;
+        for itry in -NTRY..=NTRY {
+            let id = (itry + values[0] as i32) as f32 / max;
+            let (mut sumqx, mut sumq2) = (0f32, 0f32);
+            for j in 0..32 {
+                let q = values[best_index_int8(values, id * xb[j])] as f32;
+                sumqx += weight[j] * q * xb[j];
+                sumq2 += weight[j] * q * q;
+            }
+            if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
+                d = sumqx / sumq2;
+                best = d * sumqx;
+            }
+        }
+        scales[ib] = d;
+        if d.abs() > amax_scale {
+            amax_scale = d.abs();
+            max_scale = d;
+        }
+    }
+    if nblocks == 1 {
+        let id = if scales[0] != 0.0 { 1.0 / scales[0] } else { 0.0 };
+        for (lj, &xj) in l.iter_mut().zip(x) {
+            *lj = best_index_int8(values, id * xj) as u8;
+        }
+        return f16::from_f32(scales[0]);
+    }
+    let d = -max_scale / 32.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    for ib in 0..nblocks {
+        let s = nearest_int(id * scales[ib]).clamp(-32, 31);
+        let dl = d * s as f32;
+        let idl = if dl != 0.0 { 1.0 / dl } else { 0.0 };
+        for (lj, &xj) in l[32 * ib..32 * ib + 32].iter_mut().zip(&x[32 * ib..32 * ib + 32]) {
+            *lj = best_index_int8(values, idl * xj) as u8;
+        }
+        ls[ib] = (s + 32) as u8;
+    }
+    f16::from_f32(d)
+}
+
+/// The codes of 32 values as 16 bytes: value `j` in the low nibble of byte `j`, value `16 + j`
+/// in its high nibble.
+fn iq4_nibbles(l: &[u8], qs: &mut [u8]) {
+    for (j, q) in qs.iter_mut().enumerate() {
+        *q = l[j] | (l[16 + j] << 4);
+    }
+}
+
+/// ggml's `quantize_iq4_nl` (no importance matrix): one scale per 32 values, codes on the
+/// non-linear grid.
+pub fn quant_iq4_nl(x: &[f32], y: &mut [u8]) {
+    for (b, xs) in as_blocks_mut::<BlockIQ4NL>(y).iter_mut().zip(x.chunks_exact(QK4_NL)) {
+        let mut l = [0u8; 32];
+        b.d = iq4_impl(xs, &mut l, &mut [0; 8]);
+        iq4_nibbles(&l, &mut b.qs);
+    }
+}
+
+/// ggml's `quantize_iq4_xs` (no importance matrix): per 256 values one f16 scale and eight
+/// 6-bit block scales, codes on the non-linear grid.
+pub fn quant_iq4_xs(x: &[f32], y: &mut [u8]) {
+    for (b, xs) in as_blocks_mut::<BlockIQ4XS>(y).iter_mut().zip(x.chunks_exact(QK_K)) {
+        let (mut l, mut ls) = ([0u8; QK_K], [0u8; 8]);
+        b.d = iq4_impl(xs, &mut l, &mut ls);
+        b.scales_h = 0;
+        b.scales_l = [0; 4];
+        for (ib, &s) in ls.iter().enumerate() {
+            b.scales_l[ib / 2] |= (s & 0xF) << (4 * (ib % 2));
+            b.scales_h |= ((s >> 4) as u16) << (2 * ib);
+        }
+        for i in 0..QK_K / 32 {
+            iq4_nibbles(&l[32 * i..32 * i + 32], &mut b.qs[16 * i..16 * i + 16]);
+        }
+    }
+}
+
 /// The reference quantizer of each type `corelm quantize` writes (and the plain conversions).
 pub fn quantizer(t: crate::DType) -> Option<super::FromFloat> {
     use super::portable::{quant_bf16, quant_f16, quant_f32};
@@ -366,6 +500,8 @@ pub fn quantizer(t: crate::DType) -> Option<super::FromFloat> {
         Q8_0 => quant_q8_0,
         Q4K => quant_q4_k,
         Q6K => quant_q6_k,
+        IQ4NL => quant_iq4_nl,
+        IQ4XS => quant_iq4_xs,
         F16 => quant_f16,
         BF16 => quant_bf16,
         F32 => quant_f32,

@@ -1,7 +1,7 @@
-//! AVX2 kernels on interleaved Q4_K and Q6_K weights (`matmul::layout`): decode's GEMV and
-//! prefill's tiles, bit-identical to the plain AVX2 kernels (`avx2::dot_q4_k_q8_k`,
-//! `dot_q4_k_q8_k_tile`, `dot_q6_k_q8_k`), for CPUs without AVX-512 (`avx512_il_k` is the
-//! AVX-512 twin, and documents the float orders).
+//! AVX2 kernels on interleaved Q4_K, Q6_K and IQ4_XS weights (`matmul::layout`): decode's GEMV
+//! and prefill's tiles, bit-identical to the plain AVX2 kernels (`avx2::dot_q4_k_q8_k`,
+//! `dot_q4_k_q8_k_tile`, `dot_q6_k_q8_k`, `avx2_ext::dot_iq4_xs_q8_k`), for CPUs without
+//! AVX-512 (`avx512_il_k` is the AVX-512 twin, and documents the float orders).
 //!
 //! As in `avx2_il`, a 256-bit load of a group-block's 16-byte pieces holds a row pair (rows
 //! `2p`, `2p + 1` in 128-bit lanes 0, 1) and the activation's 16-byte pieces are broadcast to
@@ -16,6 +16,10 @@
 //! - **Q6_K**: the plain kernel's eight i32 lanes per row are kept as such (lanes 0‥3 from the
 //!   first 16 values of each 32-value group, 4‥7 from the last), each `maddubs` + `madd` with
 //!   the sub-block's scale giving exactly its lanes' terms.
+//! - **IQ4_XS**: the same eight lanes; the nibbles are looked up in the grid with `vpshufb`,
+//!   multiplied as `maddubs(|x|, sign(y, x))` (|x|, |y| ≤ 127: the pair sums fit i16), and
+//!   scaled by one `madd` with the row pair's 6-bit scales, which are unpacked for all four
+//!   rows and eight sub-blocks at once.
 #![allow(clippy::missing_safety_doc)]
 
 use super::common::{prepare_q4_k, two_passes, Q4K_PREP as PREP};
@@ -253,17 +257,26 @@ unsafe fn q6_k_pair<const J: usize>(g: *const u8, nb: usize, y: [*const u8; J], 
                 }
             }
         }
-        let mut out = [[0f32; J]; 2];
+        reduce_pairs(acc)
+    }
+}
+
+/// Each row pair's eight lanes per activation row (lane e of `acc[j][h]`: row 2p + e's lanes
+/// 4h‥4h+4) summed as `hsum_f32x8`: (hi + lo), then + movehl, then + movehdup.
+#[inline(always)]
+unsafe fn reduce_pairs<const J: usize>(acc: [[__m256; 2]; J]) -> [[f32; J]; 2] {
+    let mut out = [[0f32; J]; 2];
+    // SAFETY: register arithmetic; AVX present in every kernel this is inlined into.
+    unsafe {
         for j in 0..J {
-            // `hsum_f32x8` per row: (hi + lo), then + movehl, then + movehdup.
             let s = _mm256_add_ps(acc[j][1], acc[j][0]);
             let s = _mm256_add_ps(s, _mm256_permute_ps::<0xEE>(s));
             let s = _mm256_add_ps(s, _mm256_permute_ps::<0x55>(s));
             out[0][j] = _mm256_cvtss_f32(s);
             out[1][j] = _mm_cvtss_f32(_mm256_extractf128_ps(s, 1));
         }
-        out
     }
+    out
 }
 
 /// Decode's GEMV on interleaved Q6_K rows: `out[c]` = `dot_q6_k_q8_k(row c, y)`, bit for bit.
@@ -301,4 +314,169 @@ pub fn tiles_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], _pr
 pub fn tiles8_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
     // SAFETY: `tiles_q6_k` needs the features enabled here.
     unsafe { two_passes(g, xrb, y, out, prep, tiles_q6_k) }
+}
+
+/// Plain IQ4_XS block bytes.
+const BSX: usize = 136;
+
+/// The 6-bit sub-block scales of the IQ4_XS group-block at `gb`, less 32, as i16 in both
+/// halves of an i32: element `4·(b % 2) + r` of vector `b / 2` is row r's scale of sub-block b.
+#[inline(always)]
+unsafe fn scales_iq4_xs(gb: *const u8) -> [__m256i; 4] {
+    // SAFETY: bytes 8‥32 of the group-block hold rows 0‥3's `scales_h` (u16) and `scales_l`
+    // (4 bytes); AVX2 present.
+    unsafe {
+        // Lane r (both halves): row r's `scales_l` as a u32 (sub-block b in bits 4b‥4b+4) and
+        // its `scales_h` shifted left by 4 (sub-block b's two bits at 4 + 2b).
+        let sl = _mm256_broadcastsi128_si256(_mm_loadu_si128(gb.add(16) as *const __m128i));
+        let sh = _mm256_broadcastsi128_si256(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_loadl_epi64(gb.add(8) as *const __m128i)), 4));
+        let (m_lo, m_hi, k32) = (_mm256_set1_epi32(0x0F), _mm256_set1_epi32(0x30), _mm256_set1_epi16(32));
+        let mut v = [_mm256_setzero_si256(); 4];
+        for (k, v) in v.iter_mut().enumerate() {
+            let (a, b) = (2 * k as i32, 2 * k as i32 + 1);
+            let lo = _mm256_and_si256(_mm256_srlv_epi32(sl, _mm256_setr_epi32(4 * a, 4 * a, 4 * a, 4 * a, 4 * b, 4 * b, 4 * b, 4 * b)), m_lo);
+            let hi = _mm256_and_si256(_mm256_srlv_epi32(sh, _mm256_setr_epi32(2 * a, 2 * a, 2 * a, 2 * a, 2 * b, 2 * b, 2 * b, 2 * b)), m_hi);
+            let u = _mm256_or_si256(lo, hi);
+            *v = _mm256_sub_epi16(_mm256_or_si256(u, _mm256_slli_epi32(u, 16)), k32);
+        }
+        v
+    }
+}
+
+/// Row pairs `p0 .. p0 + P` of the IQ4_XS group at `g` (`nb` group-blocks) against `J`
+/// activation rows (`y`, and `ay`: their quants' magnitudes, [`magnitudes`]):
+/// `[pair][row 2p + e][j]`, each `avx2_ext::dot_iq4_xs_q8_k`'s value bit for bit. That kernel
+/// keeps eight i32 lanes per row and super-block (lanes 0‥3: values 4L‥4L+4 of each
+/// sub-block's first 16, times its scale; lanes 4‥7 the same of its last 16), then
+/// `acc = fma(d·d_y, lanes, acc)` and `hsum_f32x8(acc)`; here a 32-byte load of one
+/// sub-block's nibbles holds a row pair, so its low nibbles give both rows' lanes 0‥3 and its
+/// high nibbles their lanes 4‥7. The products are `maddubs(|y|, sign(x, y))`: the same
+/// integers as ggml's `maddubs(|x|, sign(y, x))`, with the magnitudes taken once per
+/// activation instead of once per weight vector.
+#[inline(always)]
+unsafe fn iq4_xs_pairs<const P: usize, const J: usize>(g: *const u8, nb: usize, y: [*const u8; J], ay: [*const u8; J], p0: usize) -> [[[f32; J]; 2]; P] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = [[[_mm256_setzero_ps(); 2]; J]; P];
+    // SAFETY: the caller passes a whole group at `g`, J activation rows of `nb` blocks and
+    // their magnitudes (256 bytes per block); AVX2, FMA and F16C present.
+    unsafe {
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(crate::quant::blocks::KVALUES_IQ4NL.as_ptr() as *const __m128i));
+        // Per pair: row 2p's scale in the low lane's i32s, row 2p + 1's in the high lane's, for
+        // an even and an odd sub-block.
+        let mut pick = [[_mm256_setzero_si256(); 2]; P];
+        let mut rows = [_mm256_setzero_si256(); P];
+        for (k, pick) in pick.iter_mut().enumerate() {
+            let (a, b) = (2 * (p0 + k) as i32, 2 * (p0 + k) as i32 + 1);
+            *pick = [_mm256_setr_epi32(a, a, a, a, b, b, b, b), _mm256_setr_epi32(a + 4, a + 4, a + 4, a + 4, b + 4, b + 4, b + 4, b + 4)];
+            rows[k] = pick[0];
+        }
+        for i in 0..nb {
+            let gb = g.add(i * ROWS * BSX);
+            let sv = scales_iq4_xs(gb);
+            let mut sumi = [[[_mm256_setzero_si256(); 2]; J]; P];
+            for s in 0..8 {
+                for k in 0..P {
+                    let q = _mm256_loadu_si256(gb.add(32 + 64 * s + 32 * (p0 + k)) as *const __m256i);
+                    let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(q, m4));
+                    let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+                    let sc = _mm256_permutevar8x32_epi32(sv[s / 2], pick[k][s % 2]);
+                    for j in 0..J {
+                        let (yq, aq) = (y[j].add(i * ABS + QS + 32 * s), ay[j].add(256 * i + 32 * s));
+                        let pl = _mm256_maddubs_epi16(bcast(aq), _mm256_sign_epi8(lo, bcast(yq)));
+                        let ph = _mm256_maddubs_epi16(bcast(aq.add(16)), _mm256_sign_epi8(hi, bcast(yq.add(16))));
+                        sumi[k][j][0] = _mm256_add_epi32(sumi[k][j][0], _mm256_madd_epi16(pl, sc));
+                        sumi[k][j][1] = _mm256_add_epi32(sumi[k][j][1], _mm256_madd_epi16(ph, sc));
+                    }
+                }
+            }
+            let dw = _mm256_cvtph_ps(_mm_loadl_epi64(gb as *const __m128i));
+            for k in 0..P {
+                let dr = _mm256_permutevar8x32_ps(dw, rows[k]);
+                for j in 0..J {
+                    let d = _mm256_mul_ps(_mm256_set1_ps(*(y[j].add(i * ABS) as *const f32)), dr);
+                    for h in 0..2 {
+                        acc[k][j][h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[k][j][h]), acc[k][j][h]);
+                    }
+                }
+            }
+        }
+        let mut out = [[[0f32; J]; 2]; P];
+        for k in 0..P {
+            out[k] = reduce_pairs(acc[k]);
+        }
+        out
+    }
+}
+
+/// The magnitudes of an activation row's Q8_K quants (256 bytes per block) into `out`.
+///
+/// # Safety
+/// AVX2 present.
+#[inline(always)]
+unsafe fn magnitudes(y: &[u8], nb: usize, out: &mut [u8]) {
+    assert!(y.len() >= nb * ABS && out.len() >= 256 * nb);
+    for i in 0..nb {
+        for c in 0..8 {
+            // SAFETY: 32 quants of block i at QS + 32c, 32 bytes of `out` (both asserted).
+            unsafe {
+                let q = _mm256_loadu_si256(y.as_ptr().add(i * ABS + QS + 32 * c) as *const __m256i);
+                _mm256_storeu_si256(out.as_mut_ptr().add(256 * i + 32 * c) as *mut __m256i, _mm256_abs_epi8(q));
+            }
+        }
+    }
+}
+
+/// `prep` (i32 scratch) as bytes.
+fn prep_bytes(prep: &mut [i32]) -> &mut [u8] {
+    // SAFETY: any bytes are valid u8; the length covers the same memory.
+    unsafe { std::slice::from_raw_parts_mut(prep.as_mut_ptr() as *mut u8, 4 * prep.len()) }
+}
+
+/// Decode's GEMV on interleaved IQ4_XS rows: `out[c]` = `dot_iq4_xs_q8_k(row c, y)`, bit for
+/// bit. `prep`: scratch of at least `xrb / 136 · 64` i32.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn rows_iq4_xs(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]) {
+    let nb = xrb / BSX;
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.len() >= nb * ABS);
+    let ay = prep_bytes(prep);
+    // SAFETY: features enabled above; `magnitudes` checks `ay`'s length.
+    unsafe { magnitudes(y, nb, ay) };
+    for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
+        // SAFETY: features enabled above; the group, `y` and its magnitudes are whole.
+        let v = unsafe { iq4_xs_pairs::<2, 1>(g.as_ptr().add(c * ROWS * xrb), nb, [y.as_ptr()], [ay.as_ptr()], 0) };
+        for (p, v) in v.iter().enumerate() {
+            (o[2 * p], o[2 * p + 1]) = (v[0][0], v[1][0]);
+        }
+    }
+}
+
+/// Prefill's tiles on interleaved IQ4_XS rows: `out[c][j]` = `dot_iq4_xs_q8_k(row c, y[j])`, bit
+/// for bit, each sub-block's values decoded once for the four activation rows. `prep`: scratch
+/// of at least `4 · xrb / 136 · 64` i32.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn tiles_iq4_xs(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], prep: &mut [i32]) {
+    let nb = xrb / BSX;
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= nb * ABS));
+    let ay = prep_bytes(prep);
+    assert!(ay.len() >= 4 * 256 * nb);
+    for (a, y) in y.iter().enumerate() {
+        // SAFETY: features enabled above; lengths checked by `magnitudes`.
+        unsafe { magnitudes(y, nb, &mut ay[a * 256 * nb..]) };
+    }
+    let yp = y.map(|y| y.as_ptr());
+    let ap: [*const u8; 4] = std::array::from_fn(|a| ay[a * 256 * nb..].as_ptr());
+    for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
+        for p in 0..2 {
+            // SAFETY: features enabled above; the group, the rows and their magnitudes are whole.
+            let v = unsafe { iq4_xs_pairs::<1, 4>(g.as_ptr().add(c * ROWS * xrb), nb, yp, ap, p) };
+            (o[2 * p], o[2 * p + 1]) = (v[0][0], v[0][1]);
+        }
+    }
+}
+
+/// [`tiles_iq4_xs`] for eight activation rows: two passes of four.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn tiles8_iq4_xs(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
+    // SAFETY: `tiles_iq4_xs` needs the features enabled here.
+    unsafe { two_passes(g, xrb, y, out, prep, tiles_iq4_xs) }
 }

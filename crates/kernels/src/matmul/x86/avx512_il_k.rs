@@ -1,6 +1,7 @@
-//! AVX-512 GEMV on interleaved Q4_K weights (`matmul::layout`): decode's matrix-vector
-//! product for four rows at a time, bit-identical to the plain row's `vec_dot`
-//! (`avx2::dot_q4_k_q8_k`).
+//! AVX-512 GEMV and tiles on interleaved Q4_K weights (`matmul::layout`): decode's
+//! matrix-vector product for four rows at a time, bit-identical to the plain row's `vec_dot`
+//! (`avx2::dot_q4_k_q8_k`). Q6_K and IQ4_XS, further down, keep the plain kernels' eight lanes
+//! per row instead (see `rows_q6_k`, `rows_iq4_xs`).
 //!
 //! That kernel's float order is simple: per super-block, the exact integer sums
 //! `sumi = Σ_s sc_s · Σ q·y` and `summ = Σ_s m_s · (bsums[2s] + bsums[2s+1])`, then
@@ -343,4 +344,117 @@ unsafe fn min_control(j: i8) -> __m512i {
 pub fn tiles8_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
     // SAFETY: `tiles_q4_k` needs the features enabled here.
     unsafe { two_passes(g, xrb, y, out, prep, tiles_q4_k) }
+}
+
+/// Decode's GEMV on interleaved IQ4_XS rows: `out[c]` = `avx2_ext::dot_iq4_xs_q8_k(row c, y)`,
+/// bit for bit. That kernel keeps eight i32 lanes per row and super-block like Q6_K's (lanes
+/// 0‥3: values 4L‥4L+4 of each sub-block's first 16 times its scale, lanes 4‥7 the same of its
+/// last 16), then `acc = fma(d·d_y, lanes, acc)` and `hsum_f32x8(acc)`. Here one 64-byte load
+/// holds a sub-block's nibbles of the four rows (lane r: row r): the low nibbles give the rows'
+/// lanes 0‥3, the high ones lanes 4‥7, looked up in the grid with `vpshufb` and multiplied as
+/// `maddubs(|x|, ±y)` (the sign of x applied to y by a masked subtraction; pair sums fit i16),
+/// then scaled and added by one `vpdpwssd` with the rows' scales.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn rows_iq4_xs(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], _prep: &mut [i32]) {
+    // SAFETY: `[f32; 1]` has the layout of `f32`; the slice covers the same elements.
+    let out = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut [f32; 1], out.len()) };
+    // SAFETY: features enabled above.
+    unsafe { iq4_xs_groups::<1>(g, xrb, [y], out) }
+}
+
+/// Prefill's tiles on interleaved IQ4_XS rows: `out[c][j]` = `dot_iq4_xs_q8_k(row c, y[j])`,
+/// bit for bit, each sub-block's values decoded once for the four activation rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn tiles_iq4_xs(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], _prep: &mut [i32]) {
+    // SAFETY: features enabled above.
+    unsafe { iq4_xs_groups::<4>(g, xrb, y, out) }
+}
+
+/// [`tiles_iq4_xs`] for eight activation rows: two passes of four.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn tiles8_iq4_xs(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
+    // SAFETY: `tiles_iq4_xs` needs the features enabled here.
+    unsafe { two_passes(g, xrb, y, out, prep, tiles_iq4_xs) }
+}
+
+/// The IQ4_XS kernels for `J` activation rows (1: the GEMV).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C present.
+#[inline(always)]
+unsafe fn iq4_xs_groups<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]]) {
+    const BSX: usize = 136;
+    let nb = xrb / BSX;
+    let abs = std::mem::size_of::<BlockQ8K>();
+    let gbs = ROWS * BSX;
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= nb * abs));
+    let m4 = _mm512_set1_epi8(0x0F);
+    // SAFETY (this block and the loop): the caller's features; the group-blocks and
+    // activation blocks are inside `g` and `y` (asserted).
+    unsafe {
+        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(crate::quant::blocks::KVALUES_IQ4NL.as_ptr() as *const __m128i));
+        let spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        // Scales: vector k's 128-bit lane e holds sub-block 4k + e's scales of rows 0‥3 (i32);
+        // `pick[e]` spreads that lane's row r into every i16 of lane r.
+        let (shift_l, shift_h) = (_mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12), _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6));
+        let mut pick = [_mm512_setzero_si512(); 4];
+        for (e, pick) in pick.iter_mut().enumerate() {
+            let idx: [i16; 32] = std::array::from_fn(|w| (8 * e + 2 * (w / 8)) as i16);
+            *pick = _mm512_loadu_si512(idx.as_ptr() as *const _);
+        }
+        let (m_lo, m_hi, k32) = (_mm512_set1_epi32(0x0F), _mm512_set1_epi32(0x30), _mm512_set1_epi32(32));
+        for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
+            let base = g.as_ptr().add(c * ROWS * xrb);
+            let mut acc = [[_mm512_setzero_ps(); 2]; J];
+            for i in 0..nb {
+                let gb = base.add(i * gbs);
+                let mut yb = [std::ptr::null(); J];
+                for (j, yb) in yb.iter_mut().enumerate() {
+                    *yb = y[j].as_ptr().add(i * abs);
+                }
+                let sl = _mm512_broadcast_i32x4(_mm_loadu_si128(gb.add(16) as *const __m128i));
+                let sh = _mm512_broadcast_i32x4(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_loadl_epi64(gb.add(8) as *const __m128i)), 4));
+                let mut sv = [_mm512_setzero_si512(); 2];
+                for (k, sv) in sv.iter_mut().enumerate() {
+                    let kk = _mm512_set1_epi32(4 * k as i32);
+                    let lo = _mm512_srlv_epi32(sl, _mm512_add_epi32(shift_l, _mm512_slli_epi32(kk, 2)));
+                    let hi = _mm512_and_si512(_mm512_srlv_epi32(sh, _mm512_add_epi32(shift_h, _mm512_slli_epi32(kk, 1))), m_hi);
+                    *sv = _mm512_sub_epi32(_mm512_ternarylogic_epi32::<0xEA>(lo, m_lo, hi), k32);
+                }
+                let mut sumi = [[_mm512_setzero_si512(); 2]; J];
+                for s in 0..8 {
+                    let q = _mm512_loadu_si512(gb.add(32 + 64 * s) as *const _);
+                    let lo = _mm512_shuffle_epi8(table, _mm512_and_si512(q, m4));
+                    let hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+                    let (nl, nh) = (_mm512_movepi8_mask(lo), _mm512_movepi8_mask(hi));
+                    let (alo, ahi) = (_mm512_abs_epi8(lo), _mm512_abs_epi8(hi));
+                    let sc = _mm512_permutexvar_epi16(pick[s % 4], sv[s / 4]);
+                    for j in 0..J {
+                        let yq = yb[j].add(QS + 32 * s) as *const i8;
+                        let (yl, yh) = (bcast(yq), bcast(yq.add(16)));
+                        let zero = _mm512_setzero_si512();
+                        let pl = _mm512_maddubs_epi16(alo, _mm512_mask_sub_epi8(yl, nl, zero, yl));
+                        let ph = _mm512_maddubs_epi16(ahi, _mm512_mask_sub_epi8(yh, nh, zero, yh));
+                        sumi[j][0] = _mm512_dpwssd_epi32(sumi[j][0], pl, sc);
+                        sumi[j][1] = _mm512_dpwssd_epi32(sumi[j][1], ph, sc);
+                    }
+                }
+                let dw = _mm256_cvtph_ps(_mm_loadl_epi64(gb as *const __m128i));
+                let dr = _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(dw));
+                for j in 0..J {
+                    let dd = _mm512_mul_ps(dr, _mm512_set1_ps(*(yb[j] as *const f32)));
+                    for h in 0..2 {
+                        acc[j][h] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(sumi[j][h]), acc[j][h]);
+                    }
+                }
+            }
+            for j in 0..J {
+                let mut v = [0f32; 4];
+                _mm_storeu_ps(v.as_mut_ptr(), hsum_rows(&acc[j]));
+                for r in 0..ROWS {
+                    o[r][j] = v[r];
+                }
+            }
+        }
+    }
 }
