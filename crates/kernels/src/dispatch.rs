@@ -370,6 +370,8 @@ impl Kernels {
                 (DType::Q8_0, pick(neon::<{ kind::Q8_0 }>, |x, y| unsafe { dotprod::<{ kind::Q8_0 }>(x, y) })),
                 (DType::Q4K, pick(neon::<{ kind::Q4_K }>, |x, y| unsafe { dotprod::<{ kind::Q4_K }>(x, y) })),
                 (DType::Q6K, pick(neon::<{ kind::Q6_K }>, |x, y| unsafe { dotprod::<{ kind::Q6_K }>(x, y) })),
+                (DType::IQ4NL, pick(neon::<{ kind::IQ4_NL }>, |x, y| unsafe { dotprod::<{ kind::IQ4_NL }>(x, y) })),
+                (DType::IQ4XS, pick(neon::<{ kind::IQ4_XS }>, |x, y| unsafe { dotprod::<{ kind::IQ4_XS }>(x, y) })),
             ] {
                 let o = &mut k.ops[slot(t).unwrap()];
                 o.vec_dot = f;

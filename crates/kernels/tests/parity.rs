@@ -51,7 +51,7 @@ fn dot_products_match_portable_and_f32_reference() {
 #[test]
 fn simd_dots_equal_the_lane_order_reference() {
     use corelm_kernels::matmul::{lanes, portable};
-    let refs: [(DType, fn(&[u8], &[u8]) -> f32, fn(&[u8], &[u8]) -> f32); 8] = [
+    let refs: [(DType, fn(&[u8], &[u8]) -> f32, fn(&[u8], &[u8]) -> f32); 9] = [
         (DType::Q4_0, lanes::dot_q4_0_q8_0, lanes::dot_q4_0_q8_0),
         (DType::Q4_1, lanes::dot_q4_1_q8_1, lanes::dot_q4_1_q8_1),
         (DType::Q5_0, lanes::dot_q5_0_q8_0, lanes::dot_q5_0_q8_0),
@@ -60,6 +60,7 @@ fn simd_dots_equal_the_lane_order_reference() {
         (DType::Q4K, portable::dot_q4_k_q8_k, portable::dot_q4_k_q8_k_tile),
         (DType::Q6K, lanes::dot_q6_k_q8_k, lanes::dot_q6_k_q8_k),
         (DType::IQ4NL, lanes::dot_iq4_nl_q8_0, lanes::dot_iq4_nl_q8_0),
+        (DType::IQ4XS, lanes::dot_iq4_xs_q8_k, lanes::dot_iq4_xs_q8_k),
     ];
     let port = Kernels::portable();
     let mut rng = Rng(0x1A7E_5EED);
@@ -67,10 +68,7 @@ fn simd_dots_equal_the_lane_order_reference() {
     for k in tables().iter().filter(|k| k.isa() != Isa::Portable) {
         for &(t, dot, tile) in &refs {
             let ops = k.ops(t).unwrap();
-            // IQ4_NL has no NEON dot yet (its table entry is the portable one).
-            if ops.vec_dot as usize == port.ops(t).unwrap().vec_dot as usize {
-                continue;
-            }
+            assert_ne!(ops.vec_dot as usize, port.ops(t).unwrap().vec_dot as usize, "{} {t}: the portable dot in a SIMD table", k.isa());
             for blocks in [1usize, 3, 8] {
                 let n = t.block_size().max(32) * blocks;
                 let w = aligned(random_row(t, n, &mut rng));

@@ -8,7 +8,7 @@
 //! `4L‥4L+4` and accumulates `acc_L = fma(d_w·d_y, sum, acc_L)` (`_mm256_fmadd_ps`); at the end
 //! `hsum_f32x8` (`simd::hsum_8`), plus for types with a min `Σ m·s` summed block by block.
 //! Q6_K keeps eight lanes per super-block the same way (ggml's AVX2 kernel, see
-//! `x86::avx2::dot_q6_k_q8_k`). Q4_K's order (one FMA per super-block on exact integers) is
+//! `x86::avx2::dot_q6_k_q8_k`), and IQ4_XS likewise (`x86::avx2_ext::dot_iq4_xs_q8_k`). Q4_K's order (one FMA per super-block on exact integers) is
 //! already `portable::dot_q4_k_q8_k`'s.
 
 use crate::quant::blocks::*;
@@ -81,6 +81,30 @@ pub fn dot_iq4_nl_q8_0(x: &[u8], y: &[u8]) -> f32 {
     let mut acc = [0f32; 8];
     for (a, b) in x.iter().zip(y) {
         block(&mut acc, a.d.to_f32() * b.d.to_f32(), &widen(iq4_nl_values(&a.qs)), &b.qs);
+    }
+    hsum_8(&acc)
+}
+
+/// ggml's AVX2 IQ4_XS order: per super-block, lane L sums over the eight 32-value sub-blocks
+/// the products of values `4L‥4L+4` of the sub-block's first (L < 4) or second half, times the
+/// sub-block's scale; then `acc_L = fma(d_w·d_y, lane, acc_L)`.
+pub fn dot_iq4_xs_q8_k(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockIQ4XS>(x), as_blocks::<BlockQ8K>(y));
+    let mut acc = [0f32; 8];
+    for (a, b) in x.iter().zip(y) {
+        let sc = iq4_xs_scales(a);
+        let mut sumi = [0i32; 8];
+        for (grp, &s) in sc.iter().enumerate() {
+            let v = iq4_nl_values(a.qs[16 * grp..16 * grp + 16].try_into().expect("16 bytes"));
+            for (l, acc) in sumi.iter_mut().enumerate() {
+                let p: i32 = (4 * l..4 * l + 4).map(|i| v[i] as i32 * b.qs[32 * grp + i] as i32).sum();
+                *acc += s as i32 * p;
+            }
+        }
+        let d = a.d.to_f32() * b.d;
+        for (a, &s) in acc.iter_mut().zip(&sumi) {
+            *a = d.mul_add(s as f32, *a);
+        }
     }
     hsum_8(&acc)
 }

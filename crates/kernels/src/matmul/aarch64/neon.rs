@@ -1,4 +1,4 @@
-//! NEON dot products of the golden models' weight types, in the x86 SIMD kernels' float order
+//! NEON dot products of the golden models' weight types and IQ4_NL/IQ4_XS, in the x86 SIMD kernels' float order
 //! (`matmul::lanes`): bit for bit the AVX2 table's values, so an ARM machine reproduces the
 //! golden logits exactly where the portable order drifts.
 //!
@@ -277,6 +277,48 @@ unsafe fn q6_k<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
     }
 }
 
+/// IQ4_NL: Q4_0's lanes with the nibbles looked up in the grid (`tbl`).
+#[inline(always)]
+unsafe fn iq4_nl<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockIQ4NL>(x), as_blocks::<BlockQ8_0>(y));
+    // SAFETY: NEON present (the caller's contract); the grid is 16 bytes.
+    unsafe {
+        let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
+        let mut acc = [vdupq_n_f32(0.0); 2];
+        for (a, b) in x.iter().zip(y) {
+            let (lo, hi) = nibbles(&a.qs);
+            block::<D>(&mut acc, a.d.to_f32() * b.d.to_f32(), (vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi)), &b.qs);
+        }
+        hsum8(acc)
+    }
+}
+
+/// IQ4_XS in ggml's AVX2 order (`matmul::lanes::dot_iq4_xs_q8_k`): eight lanes per
+/// super-block, each sub-block's lane sums times its scale, one FMA per lane.
+#[inline(always)]
+unsafe fn iq4_xs<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockIQ4XS>(x), as_blocks::<BlockQ8K>(y));
+    // SAFETY: NEON present (the caller's contract); every load is inside its block.
+    unsafe {
+        let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
+        let mut acc = [vdupq_n_f32(0.0); 2];
+        for (a, b) in x.iter().zip(y) {
+            let sc = crate::quant::portable::iq4_xs_scales(a);
+            let mut sumi = [vdupq_n_s32(0); 2];
+            for (s, &l) in sc.iter().enumerate() {
+                let (lo, hi) = nibbles(a.qs[16 * s..16 * s + 16].try_into().expect("16 bytes"));
+                let yq = b.qs.as_ptr().add(32 * s);
+                sumi[0] = vmlaq_n_s32(sumi[0], D::dot4(vqtbl1q_s8(table, lo), vld1q_s8(yq)), l as i32);
+                sumi[1] = vmlaq_n_s32(sumi[1], D::dot4(vqtbl1q_s8(table, hi), vld1q_s8(yq.add(16))), l as i32);
+            }
+            let d = a.d.to_f32() * b.d;
+            acc[0] = vfmaq_n_f32(acc[0], vcvtq_f32_s32(sumi[0]), d);
+            acc[1] = vfmaq_n_f32(acc[1], vcvtq_f32_s32(sumi[1]), d);
+        }
+        hsum8(acc)
+    }
+}
+
 /// Which dot an entry point computes (its `K` parameter).
 pub mod kind {
     pub const Q4_0: u8 = 0;
@@ -288,6 +330,8 @@ pub mod kind {
     /// Q4_K in the tile order (`vec_dot_tile`).
     pub const Q4_K_TILE: u8 = 6;
     pub const Q6_K: u8 = 7;
+    pub const IQ4_NL: u8 = 8;
+    pub const IQ4_XS: u8 = 9;
 }
 
 /// The dot of kind `K` through `D`.
@@ -306,6 +350,8 @@ unsafe fn dispatch<D: Dot4, const K: u8>(x: &[u8], y: &[u8]) -> f32 {
             kind::Q8_0 => q8_0::<D>(x, y),
             kind::Q4_K => q4_k::<D, false>(x, y),
             kind::Q4_K_TILE => q4_k::<D, true>(x, y),
+            kind::IQ4_NL => iq4_nl::<D>(x, y),
+            kind::IQ4_XS => iq4_xs::<D>(x, y),
             _ => q6_k::<D>(x, y),
         }
     }
