@@ -39,18 +39,11 @@ pub fn dot_q5_1_q8_1(x: &[u8], y: &[u8]) -> f32 {
 }
 
 /// The IQ4 grid in both 128-bit lanes, for `shuffle_epi8` lookups.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn iq4_table() -> __m256i {
-    // SAFETY: KVALUES_IQ4NL is 16 readable bytes.
-    let t = unsafe { _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i) };
-    _mm256_broadcastsi128_si256(t)
-}
-
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn dot_iq4_nl_q8_0(x: &[u8], y: &[u8]) -> f32 {
     let (x, y) = (as_blocks::<BlockIQ4NL>(x), as_blocks::<BlockQ8_0>(y));
-    let table = iq4_table();
+    // SAFETY: AVX2 enabled on this function.
+    let table = unsafe { iq4_grid() };
     let mut acc = _mm256_setzero_ps();
     for (a, b) in x.iter().zip(y) {
         let d = _mm256_set1_ps(h2f(a.d) * h2f(b.d));
@@ -77,7 +70,8 @@ fn scale_pair(lo: i16, hi: i16) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn dot_iq4_xs_q8_k(x: &[u8], y: &[u8]) -> f32 {
     let (x, y) = (as_blocks::<BlockIQ4XS>(x), as_blocks::<BlockQ8K>(y));
-    let table = iq4_table();
+    // SAFETY: AVX2 enabled on this function.
+    let table = unsafe { iq4_grid() };
     let mut acc = _mm256_setzero_ps();
     for (a, b) in x.iter().zip(y) {
         let sc = iq4_xs_scales(a);

@@ -22,7 +22,7 @@
 //! are two such passes over a group-block still in L1.
 #![allow(clippy::missing_safety_doc)]
 
-use super::common::{act_block, bits_32, heads, IlBlock, IlValues};
+use super::common::{act_block, bits_32, heads, iq4_grid, IlBlock, IlValues};
 use crate::matmul::layout::ROWS;
 use std::arch::x86_64::*;
 
@@ -52,7 +52,7 @@ unsafe fn values<T: IlBlock>(g: *const u8, p: usize) -> (__m256i, __m256i) {
             IlValues::Bytes => (_mm256_loadu_si256(g.add(8 + 32 * p) as *const __m256i), _mm256_loadu_si256(g.add(72 + 32 * p) as *const __m256i)),
             IlValues::Table(at) => {
                 let v = _mm256_loadu_si256(g.add(at + 32 * p) as *const __m256i);
-                let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(crate::quant::blocks::KVALUES_IQ4NL.as_ptr() as *const __m128i));
+                let t = iq4_grid();
                 (_mm256_shuffle_epi8(t, _mm256_and_si256(v, m)), _mm256_shuffle_epi8(t, _mm256_and_si256(_mm256_srli_epi16(v, 4), m)))
             }
         }

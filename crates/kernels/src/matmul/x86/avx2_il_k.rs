@@ -17,12 +17,13 @@
 //!   first 16 values of each 32-value group, 4‥7 from the last), each `maddubs` + `madd` with
 //!   the sub-block's scale giving exactly its lanes' terms.
 //! - **IQ4_XS**: the same eight lanes; the nibbles are looked up in the grid with `vpshufb`,
-//!   multiplied as `maddubs(|x|, sign(y, x))` (|x|, |y| ≤ 127: the pair sums fit i16), and
-//!   scaled by one `madd` with the row pair's 6-bit scales, which are unpacked for all four
-//!   rows and eight sub-blocks at once.
+//!   multiplied as `maddubs(|y|, sign(x, y))` (ggml's `maddubs(|x|, sign(y, x))` products, with
+//!   |y| taken once per call; |x|, |y| ≤ 127: the pair sums fit i16), and scaled by one `madd`
+//!   with the row pair's 6-bit scales, unpacked once per group-block for all four rows and
+//!   eight sub-blocks.
 #![allow(clippy::missing_safety_doc)]
 
-use super::common::{prepare_q4_k, two_passes, Q4K_PREP as PREP};
+use super::common::{iq4_grid, prepare_q4_k, two_passes, Q4K_PREP as PREP};
 use crate::matmul::layout::ROWS;
 use crate::quant::blocks::BlockQ8K;
 use std::arch::x86_64::*;
@@ -360,15 +361,14 @@ unsafe fn iq4_xs_pairs<const P: usize, const J: usize>(g: *const u8, nb: usize, 
     // SAFETY: the caller passes a whole group at `g`, J activation rows of `nb` blocks and
     // their magnitudes (256 bytes per block); AVX2, FMA and F16C present.
     unsafe {
-        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(crate::quant::blocks::KVALUES_IQ4NL.as_ptr() as *const __m128i));
+        let table = iq4_grid();
         // Per pair: row 2p's scale in the low lane's i32s, row 2p + 1's in the high lane's, for
         // an even and an odd sub-block.
+        // `pick[k][0]` also spreads the pair's `d` from the group-block's four.
         let mut pick = [[_mm256_setzero_si256(); 2]; P];
-        let mut rows = [_mm256_setzero_si256(); P];
         for (k, pick) in pick.iter_mut().enumerate() {
             let (a, b) = (2 * (p0 + k) as i32, 2 * (p0 + k) as i32 + 1);
             *pick = [_mm256_setr_epi32(a, a, a, a, b, b, b, b), _mm256_setr_epi32(a + 4, a + 4, a + 4, a + 4, b + 4, b + 4, b + 4, b + 4)];
-            rows[k] = pick[0];
         }
         for i in 0..nb {
             let gb = g.add(i * ROWS * BSX);
@@ -391,7 +391,7 @@ unsafe fn iq4_xs_pairs<const P: usize, const J: usize>(g: *const u8, nb: usize, 
             }
             let dw = _mm256_cvtph_ps(_mm_loadl_epi64(gb as *const __m128i));
             for k in 0..P {
-                let dr = _mm256_permutevar8x32_ps(dw, rows[k]);
+                let dr = _mm256_permutevar8x32_ps(dw, pick[k][0]);
                 for j in 0..J {
                     let d = _mm256_mul_ps(_mm256_set1_ps(*(y[j].add(i * ABS) as *const f32)), dr);
                     for h in 0..2 {

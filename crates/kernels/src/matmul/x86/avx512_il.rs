@@ -18,7 +18,7 @@
 //! then multiplied by each activation's `d_y` (the same f32 product as the AVX2 kernels').
 #![allow(clippy::missing_safety_doc)]
 
-use super::common::{act_block, heads, hsum_rows, IlBlock, IlValues};
+use super::common::{act_block, heads, hsum_rows, iq4_grid512, IlBlock, IlValues};
 use crate::matmul::layout::ROWS;
 use std::arch::x86_64::*;
 
@@ -35,8 +35,7 @@ unsafe fn values<T: IlBlock>(g: *const u8) -> (__m512i, __m512i) {
             IlValues::Nibbles(at) => nibbles(g.add(at)),
             IlValues::Table(at) => {
                 let (lo, hi) = nibbles(g.add(at));
-                // SAFETY: KVALUES_IQ4NL is 16 readable bytes.
-                let t = _mm512_broadcast_i32x4(_mm_loadu_si128(crate::quant::blocks::KVALUES_IQ4NL.as_ptr() as *const __m128i));
+                let t = iq4_grid512();
                 let flip = _mm512_set1_epi8(-128);
                 (_mm512_xor_si512(_mm512_shuffle_epi8(t, lo), flip), _mm512_xor_si512(_mm512_shuffle_epi8(t, hi), flip))
             }

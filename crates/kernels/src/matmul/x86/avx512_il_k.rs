@@ -21,7 +21,7 @@
 //!   four rows' `acc` (low half) and `acc_min` (high half) with `[d_r·d_y, dmin_r·d_y]`.
 #![allow(clippy::missing_safety_doc)]
 
-use super::common::{hsum_rows, prepare_q4_k, two_passes, Q4K_PREP as PREP};
+use super::common::{hsum_rows, iq4_grid512, prepare_q4_k, two_passes, Q4K_PREP as PREP};
 use crate::matmul::layout::ROWS;
 use crate::quant::blocks::BlockQ8K;
 use std::arch::x86_64::*;
@@ -392,7 +392,7 @@ unsafe fn iq4_xs_groups<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out
     // SAFETY (this block and the loop): the caller's features; the group-blocks and
     // activation blocks are inside `g` and `y` (asserted).
     unsafe {
-        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(crate::quant::blocks::KVALUES_IQ4NL.as_ptr() as *const __m128i));
+        let table = iq4_grid512();
         let spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
         // Scales: vector k's 128-bit lane e holds sub-block 4k + e's scales of rows 0‥3 (i32);
         // `pick[e]` spreads that lane's row r into every i16 of lane r.
@@ -416,9 +416,10 @@ unsafe fn iq4_xs_groups<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out
                 let sh = _mm512_broadcast_i32x4(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_loadl_epi64(gb.add(8) as *const __m128i)), 4));
                 let mut sv = [_mm512_setzero_si512(); 2];
                 for (k, sv) in sv.iter_mut().enumerate() {
-                    let kk = _mm512_set1_epi32(4 * k as i32);
-                    let lo = _mm512_srlv_epi32(sl, _mm512_add_epi32(shift_l, _mm512_slli_epi32(kk, 2)));
-                    let hi = _mm512_and_si512(_mm512_srlv_epi32(sh, _mm512_add_epi32(shift_h, _mm512_slli_epi32(kk, 1))), m_hi);
+                    // Sub-block b = 4k + e: its low bits at 4b of `scales_l`, its high bits at 2b
+                    // (+ 4) of `sh`.
+                    let lo = _mm512_srlv_epi32(sl, _mm512_add_epi32(shift_l, _mm512_set1_epi32(16 * k as i32)));
+                    let hi = _mm512_and_si512(_mm512_srlv_epi32(sh, _mm512_add_epi32(shift_h, _mm512_set1_epi32(8 * k as i32))), m_hi);
                     *sv = _mm512_sub_epi32(_mm512_ternarylogic_epi32::<0xEA>(lo, m_lo, hi), k32);
                 }
                 let mut sumi = [[_mm512_setzero_si512(); 2]; J];
@@ -429,10 +430,10 @@ unsafe fn iq4_xs_groups<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out
                     let (nl, nh) = (_mm512_movepi8_mask(lo), _mm512_movepi8_mask(hi));
                     let (alo, ahi) = (_mm512_abs_epi8(lo), _mm512_abs_epi8(hi));
                     let sc = _mm512_permutexvar_epi16(pick[s % 4], sv[s / 4]);
+                    let zero = _mm512_setzero_si512();
                     for j in 0..J {
                         let yq = yb[j].add(QS + 32 * s) as *const i8;
                         let (yl, yh) = (bcast(yq), bcast(yq.add(16)));
-                        let zero = _mm512_setzero_si512();
                         let pl = _mm512_maddubs_epi16(alo, _mm512_mask_sub_epi8(yl, nl, zero, yl));
                         let ph = _mm512_maddubs_epi16(ahi, _mm512_mask_sub_epi8(yh, nh, zero, yh));
                         sumi[j][0] = _mm512_dpwssd_epi32(sumi[j][0], pl, sc);

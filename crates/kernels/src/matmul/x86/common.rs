@@ -151,6 +151,26 @@ pub(crate) fn heads4<B: Block>(b: [&B; 4]) -> __m256 {
     _mm256_cvtph_ps(_mm_setr_epi32(head(b[0]), head(b[1]), head(b[2]), head(b[3])))
 }
 
+/// The IQ4_NL/IQ4_XS grid (`KVALUES_IQ4NL`) in both 128-bit lanes, for `vpshufb` lookups.
+///
+/// # Safety
+/// AVX2 present (inlined into the kernel, also through `#[inline(always)]` helpers).
+#[inline(always)]
+pub(crate) unsafe fn iq4_grid() -> __m256i {
+    // SAFETY: KVALUES_IQ4NL is 16 readable bytes; unaligned load; the caller's AVX2.
+    unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i)) }
+}
+
+/// The IQ4_NL/IQ4_XS grid in all four 128-bit lanes.
+///
+/// # Safety
+/// AVX-512 F present (inlined into the kernel).
+#[inline(always)]
+pub(crate) unsafe fn iq4_grid512() -> __m512i {
+    // SAFETY: KVALUES_IQ4NL is 16 readable bytes; unaligned load; the caller's AVX-512 F.
+    unsafe { _mm512_broadcast_i32x4(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i)) }
+}
+
 /// 32 nibbles → 32 bytes: low nibbles of the 16 bytes first, then the high nibbles.
 #[inline]
 #[target_feature(enable = "avx2")]
