@@ -589,8 +589,10 @@ fn avx512_dots_equal_avx2_dots() {
 /// heads, 9 × 7, 16 × 4).
 #[test]
 fn row_block_attention_equals_per_row_attention() {
-    use corelm_kernels::attention::{attend_row, attend_rows, AttnKernel, AttnScratch, KvRows};
+    use corelm_kernels::attention::{self, attend_row, attend_rows, AttnKernel, AttnScratch, KvRows};
     let (fast, port) = (Kernels::detect(), Kernels::portable());
+    // Every x86-64 CPU this project runs on has AVX2; every aarch64 CPU has NEON.
+    assert_eq!(attention::has_simd(&fast), cfg!(any(target_arch = "x86_64", target_arch = "aarch64")));
     let mut rng = Rng(321);
     for (hd, heads, rows, cells) in [(64usize, 3usize, 5usize, 150usize), (64, 7, 2, 200), (256, 4, 4, 131), (72, 2, 3, 70), (96, 1, 16, 90), (40, 4, 3, 9), (64, 3, 21, 300), (64, 7, 9, 200), (256, 4, 16, 131), (64, 1, 64, 100)] {
         let q: Vec<f32> = (0..rows * heads * hd).map(|_| rng.f32() * 4.0).collect();
@@ -618,7 +620,10 @@ fn row_block_attention_equals_per_row_attention() {
             let mut out = vec![0f32; rows * heads * hd];
             let qs: Vec<&[f32]> = q.chunks_exact(heads * hd).collect();
             let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(heads * hd).collect();
+            let before = s.tile_work().chunks_scored;
             attend_rows(AttnKernel::Tiled, &fast, &qs, heads, &spans, &kvr, 0.125, &mut s, &mut outs);
+            // The SIMD kernel ran (only it counts chunks), not the portable fallback.
+            assert!(!attention::has_simd(&fast) || hd % 8 != 0 || s.tile_work().chunks_scored > before, "hd {hd}: no SIMD rows kernel");
             for (r, span) in spans.iter().enumerate() {
                 for h in 0..heads {
                     let o = (r * heads + h) * hd;

@@ -2,11 +2,14 @@
 //! algorithms compute it: the one-chunk kernel (decode, and any batch over a quantized cache:
 //! F16 query and dot products, F16 accumulator — f32 for quantized values — rescaled as the
 //! maximum grows) and the tiled kernel (prefill batches of at least [`TILED_MIN_ROWS`] rows over
-//! an F16 cache). Portable versions here; SIMD twins in [`x86`], chosen from the kernel
-//! table, bit-identical per head.
+//! an F16 cache). Portable versions here; SIMD twins in [`x86`] (AVX2, AVX-512) and
+//! [`aarch64`] (NEON), chosen from the kernel table ([`has_simd`]), bit-identical per head.
 
 use crate::DType;
 
+#[cfg(target_arch = "aarch64")]
+pub mod aarch64;
+mod chunks;
 pub mod portable;
 mod quant;
 mod types;
@@ -39,7 +42,6 @@ pub fn attend_row(
     if let AttnKernel::Split(chunk) = kind {
         return attend_split(kernels, q, kv, n_cells, scale, &visible, chunk, scratch, out);
     }
-    #[cfg(target_arch = "x86_64")]
     if kind == AttnKernel::Reference && attend_decode(kernels, q, kv, n_cells, scale, &visible, 0, scratch, out) {
         return;
     }
@@ -85,7 +87,6 @@ pub fn attend_heads(
         k => k,
     };
     let hd = kv.head_dim;
-    #[cfg(target_arch = "x86_64")]
     if kind == AttnKernel::Reference && attend_decode(kernels, q, kv, n_cells, scale, &visible, 0, scratch, out) {
         return;
     }
@@ -106,11 +107,18 @@ pub fn attend_heads(
     }
 }
 
+/// Whether this table runs SIMD twins of the attention kernels (`x86` with AVX2 or AVX-512,
+/// `aarch64` with NEON: the two-phase decode kernel and the multi-row tiled kernel) rather
+/// than only the portable ones.
+pub fn has_simd(kernels: &crate::Kernels) -> bool {
+    cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) && kernels.isa() != crate::Isa::Portable
+}
+
 /// The reference kernel for `q.len() / head_dim` heads with the two-phase decode kernel
-/// (`x86::decode` with AVX-512, `x86::decode_avx2` with the AVX2 table), if the cache
-/// is F16 and the head dimension one it takes; returns whether it ran. `split` > 0: ggml's
-/// split-KV decode over chunks of `split` cells (`attention::portable::fold`).
-#[cfg(target_arch = "x86_64")]
+/// (`x86::decode` with AVX-512, `x86::decode_avx2` with the AVX2 table, `aarch64::decode`
+/// with NEON), if the cache is F16 and the head dimension one it takes; returns whether it
+/// ran. `split` > 0: ggml's split-KV decode over chunks of `split` cells
+/// (`attention::portable::fold`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_decode(
     kernels: &crate::Kernels,
@@ -123,28 +131,42 @@ pub(crate) fn attend_decode(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) -> bool {
-    if !(kernels.isa() >= crate::Isa::Avx2 && kv.is_f16() && x86::chunks::supports(kv.head_dim)) {
+    if !(has_simd(kernels) && kv.is_f16() && chunks::supports(kv.head_dim)) {
         return false;
     }
-    let Some(bufs) = scratch.decode_buffers(q.len() / kv.head_dim) else { return false };
-    if kernels.isa() == crate::Isa::Avx512 {
-        // SAFETY: an Avx512 table is only built after detecting AVX-512 F/BW/VL/VNNI (and
-        // AVX2, FMA, F16C).
-        unsafe { x86::decode::attend_decode_group(q, kv, n_cells, scale, visible, split, bufs, out) };
-    } else {
-        // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
-        unsafe { x86::decode_avx2::attend_decode_group_avx2(q, kv, n_cells, scale, visible, split, bufs, out) };
+    #[cfg(target_arch = "x86_64")]
+    {
+        let Some(bufs) = scratch.decode_buffers(q.len() / kv.head_dim) else { return false };
+        if kernels.isa() == crate::Isa::Avx512 {
+            // SAFETY: an Avx512 table is only built after detecting AVX-512 F/BW/VL/VNNI (and
+            // AVX2, FMA, F16C).
+            unsafe { x86::decode::attend_decode_group(q, kv, n_cells, scale, visible, split, bufs, out) };
+        } else {
+            // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
+            unsafe { x86::decode_avx2::attend_decode_group_avx2(q, kv, n_cells, scale, visible, split, bufs, out) };
+        }
+        true
     }
-    true
+    #[cfg(target_arch = "aarch64")]
+    {
+        let Some(bufs) = scratch.decode_buffers(q.len() / kv.head_dim) else { return false };
+        aarch64::decode::attend_decode_group(q, kv, n_cells, scale, visible, split, bufs, out);
+        true
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let _ = (q, n_cells, scale, visible, split, scratch, out);
+        false
+    }
 }
 
 /// Attention for a block of query rows of one sequence (prefill): row `r` holds `heads`
 /// query heads that read the KV head `kv` (`q[r]`, `out[r]`: `heads × head_dim` values) and
 /// sees the logical cells `spans[r]` (causal limit and sliding window). Every head of every row
 /// gets the bits of its own [`attend_row`] call with `n_cells = spans[r].end` and `visible(c)
-/// = c >= spans[r].start`. With the AVX2 table, an F16 cache, the tiled kernel and at most
-/// [`ROWS_MAX_VECTORS`] rows × heads, the rows go through the cells together
-/// (`x86::rows`); otherwise row by row.
+/// = c >= spans[r].start`. With a SIMD table ([`has_simd`]), an F16 cache, the tiled kernel
+/// and at most [`ROWS_MAX_VECTORS`] rows × heads, the rows go through the cells together
+/// (`x86::rows`, `aarch64::rows`); otherwise row by row.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_rows(
     kind: AttnKernel,
@@ -157,20 +179,24 @@ pub fn attend_rows(
     scratch: &mut AttnScratch,
     out: &mut [&mut [f32]],
 ) {
-    #[cfg(target_arch = "x86_64")]
     if kind == AttnKernel::Tiled
-        && kernels.isa() >= crate::Isa::Avx2
+        && has_simd(kernels)
         && kv.is_f16()
         && kv.head_dim.is_multiple_of(8)
         && q.len() * heads <= ROWS_MAX_VECTORS
         && scratch.rows.zero.len() >= kv.head_dim
     {
-        // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
-        unsafe { x86::rows::attend_tiled_rows(q, heads, spans, kv, scale, &mut scratch.rows, out) };
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an x86 SIMD table (Avx2 and above) is only built after detecting AVX2, FMA
+        // and F16C.
+        unsafe {
+            x86::rows::attend_tiled_rows(q, heads, spans, kv, scale, &mut scratch.rows, out)
+        };
+        #[cfg(target_arch = "aarch64")]
+        aarch64::rows::attend_tiled_rows(q, heads, spans, kv, scale, &mut scratch.rows, out);
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         return;
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = heads;
     for ((qr, or), span) in q.iter().zip(out.iter_mut()).zip(spans) {
         let lo = span.start;
         attend_heads(kind, kernels, qr, kv, span.end, scale, |c| c >= lo, scratch, or);
@@ -224,11 +250,8 @@ fn attend_split(
     out: &mut [f32],
 ) {
     let chunk = chunk.max(1);
-    #[cfg(target_arch = "x86_64")]
     if attend_decode(kernels, q, kv, n_cells, scale, visible, chunk, scratch, out) {
         return;
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = kernels;
     portable::attend_split(q, kv, n_cells, scale, visible, chunk, scratch, out)
 }

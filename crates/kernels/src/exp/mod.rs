@@ -1,8 +1,11 @@
 //! Exponentials exactly as the reference computes them: ggml's vectorised `expf`
 //! ([`expf_ggml`], used by its softmax and SiLU) lane for lane, and ([`x86`]) its 8- and
 //! 16-lane versions plus glibc's `expf` on 8 and 16 lanes (what ggml's one-chunk attention
-//! gets from libm), all bit-identical to the scalar functions they replace.
+//! gets from libm), and ([`aarch64`]) ggml's on 4 NEON lanes, all bit-identical to the scalar
+//! functions they replace.
 
+#[cfg(target_arch = "aarch64")]
+pub mod aarch64;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 

@@ -1,6 +1,9 @@
 //! aarch64 feature detection that `std::arch::is_aarch64_feature_detected!` does not give on
-//! this toolchain: the Scalable Matrix Extension, read from the kernel's `AT_HWCAP2` bits, and
-//! its streaming vector length (`rdsvl`).
+//! this toolchain — the Scalable Matrix Extension, read from the kernel's `AT_HWCAP2` bits, and
+//! its streaming vector length (`rdsvl`) — and the NEON helpers the aarch64 kernels share:
+//! F16 loads and rounding (`fcvtl`/`fcvtn`), the 16-lane sum in `simd::reduce_add_16`'s order.
+
+use std::arch::aarch64::*;
 
 /// `getauxval` key of the second hardware-capability word.
 const AT_HWCAP2: u64 = 26;
@@ -41,4 +44,97 @@ pub fn sme_vector_bytes() -> usize {
         unsafe { std::arch::asm!(".arch_extension sme", "rdsvl {0}, #1", out(reg) bytes, options(nomem, nostack, preserves_flags)) };
         bytes as usize
     })
+}
+
+// F16 ⇄ f32 conversions on NEON vectors, through `asm!`: the intrinsics (`vcvt_f32_f16`,
+// `vcvt_f16_f32`) take `float16x4_t`, which is not stable. `fcvtl`/`fcvtn` are base Armv8 (no
+// FP16 arithmetic extension needed) and round to nearest even under the default FPCR, as
+// `half::f16::from_f32` and x86's `vcvtps2ph` with `_MM_FROUND_TO_NEAREST_INT`.
+
+/// 4 F16 values at `p`, widened (exact).
+///
+/// # Safety
+/// 4 F16 values (8 bytes) readable at `p`.
+#[inline(always)]
+pub unsafe fn load_f16x4(p: *const half::f16) -> float32x4_t {
+    // SAFETY (caller): 8 bytes readable at `p`; `vld1_u16` has no alignment requirement
+    // beyond the element's, and F16 values are 2-byte aligned.
+    let h = unsafe { vld1_u16(p as *const u16) };
+    let y: float32x4_t;
+    // SAFETY: register-only conversion.
+    unsafe { std::arch::asm!("fcvtl {y:v}.4s, {h:v}.4h", y = lateout(vreg) y, h = in(vreg) h, options(pure, nomem, nostack, preserves_flags)) };
+    y
+}
+
+/// 8 F16 values at `p`, widened (exact): values 0..4, then 4..8.
+///
+/// # Safety
+/// 8 F16 values (16 bytes) readable at `p`.
+#[inline(always)]
+pub unsafe fn load_f16x8(p: *const half::f16) -> [float32x4_t; 2] {
+    // SAFETY (caller): 16 bytes readable at `p`, 2-byte aligned.
+    let h = unsafe { vld1q_u16(p as *const u16) };
+    let (lo, hi): (float32x4_t, float32x4_t);
+    // SAFETY: register-only conversions; `lo` is written before `h` is read again, so it must
+    // not share `h`'s register (`out`, not `lateout`).
+    unsafe {
+        std::arch::asm!(
+            "fcvtl {lo:v}.4s, {h:v}.4h",
+            "fcvtl2 {hi:v}.4s, {h:v}.8h",
+            lo = out(vreg) lo,
+            hi = lateout(vreg) hi,
+            h = in(vreg) h,
+            options(pure, nomem, nostack, preserves_flags)
+        )
+    };
+    [lo, hi]
+}
+
+/// Each lane rounded to the nearest F16 (ties to even, as `f16::from_f32`) and widened back.
+#[inline(always)]
+pub fn round_f16x4(x: float32x4_t) -> float32x4_t {
+    let y: float32x4_t;
+    // SAFETY: register-only conversions under the default rounding mode.
+    unsafe {
+        std::arch::asm!(
+            "fcvtn {t:v}.4h, {x:v}.4s",
+            "fcvtl {y:v}.4s, {t:v}.4h",
+            t = out(vreg) _,
+            y = lateout(vreg) y,
+            x = in(vreg) x,
+            options(pure, nomem, nostack, preserves_flags)
+        )
+    };
+    y
+}
+
+/// The 16 lanes `t[0..4]` (lanes 4i..4i + 4 in `t[i]`) summed in the order of
+/// `simd::reduce_add_16` (GCC's `_mm512_reduce_add_ps`): lane i + lane i + 8, then those
+/// i + i + 4, then `(h0 + h2) + (h1 + h3)`.
+#[inline(always)]
+pub fn reduce_add_16x4(t: [float32x4_t; 4]) -> f32 {
+    // SAFETY: register arithmetic; NEON is the aarch64 baseline.
+    unsafe {
+        let h = vaddq_f32(vaddq_f32(t[3], t[1]), vaddq_f32(t[2], t[0]));
+        let u = vaddq_f32(h, vextq_f32::<2>(h, h));
+        vgetq_lane_f32::<0>(u) + vgetq_lane_f32::<1>(u)
+    }
+}
+
+/// A 4×4 block of f32 transposed: lane `j` of result `i` is lane `i` of `r[j]`.
+#[inline(always)]
+pub fn transpose4(r: [float32x4_t; 4]) -> [float32x4_t; 4] {
+    // SAFETY: register permutes; NEON is the aarch64 baseline.
+    unsafe {
+        let t0 = vreinterpretq_f64_f32(vtrn1q_f32(r[0], r[1]));
+        let t1 = vreinterpretq_f64_f32(vtrn2q_f32(r[0], r[1]));
+        let t2 = vreinterpretq_f64_f32(vtrn1q_f32(r[2], r[3]));
+        let t3 = vreinterpretq_f64_f32(vtrn2q_f32(r[2], r[3]));
+        [
+            vreinterpretq_f32_f64(vtrn1q_f64(t0, t2)),
+            vreinterpretq_f32_f64(vtrn1q_f64(t1, t3)),
+            vreinterpretq_f32_f64(vtrn2q_f64(t0, t2)),
+            vreinterpretq_f32_f64(vtrn2q_f64(t1, t3)),
+        ]
+    }
 }

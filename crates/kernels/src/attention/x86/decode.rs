@@ -16,10 +16,10 @@
 //! Heads are independent, so running them cell by cell instead of head by head changes no
 //! bits; the scores of a chunk do not depend on the softmax state, so computing them first
 //! changes none either. `drive` (gathering a chunk's rows, normalising the outputs) is shared
-//! with the AVX2 twin, `super::decode_avx2` (in `super::chunks`).
+//! with the AVX2 twin, `super::decode_avx2`, and NEON's (`attention::chunks`).
 #![allow(clippy::missing_safety_doc)]
 
-use super::chunks::drive;
+use crate::attention::chunks::drive;
 use crate::attention::portable::softmax_steps;
 use crate::attention::types::{DecodeBuffers, KvRows, DECODE_CHUNK as CHUNK};
 use crate::exp::x86::expf_slice;

@@ -6,7 +6,7 @@
 //! widened once for all heads. Bit-identical per head to `attention::portable::attend_reference`.
 #![allow(clippy::missing_safety_doc)]
 
-use super::chunks::drive;
+use crate::attention::chunks::drive;
 use crate::attention::portable::softmax_steps;
 use crate::attention::types::{DecodeBuffers, KvRows, DECODE_CHUNK};
 use crate::exp::x86::expf_slice_avx2;

@@ -5,7 +5,6 @@
 //! | `reference.rs` | AVX2 twins of the one-chunk kernel (per head, and per GQA group with rows widened once) and of the tiled kernel (one head or a GQA group) |
 //! | `rows.rs` | the tiled kernel for a block of query rows at once (prefill) |
 //! | `softmax.rs` | ggml's softmax step of the tiled kernel on 8 lanes, shared by both above |
-//! | `chunks.rs` | the chunk driver the two decode kernels share (gathering, split-KV folding) |
 //! | `decode.rs` | decode's one-chunk kernel with AVX-512 over a GQA group (two phases per 64-cell chunk) |
 //! | `decode_avx2.rs` | the same with AVX2 |
 //!
@@ -15,7 +14,6 @@
 //! them (`Isa::Avx2`, `Kernels::avx512`).
 #![allow(clippy::missing_safety_doc)]
 
-pub mod chunks;
 pub mod decode;
 pub mod decode_avx2;
 pub mod reference;

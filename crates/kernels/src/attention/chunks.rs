@@ -1,7 +1,7 @@
-//! The chunk driver both decode kernels share (`decode` with AVX-512, `decode_avx2`): the
-//! queries rounded to F16, the visible cells gathered [`CHUNK`] at a time as key and value row
-//! pointers, the outputs normalised, or with ggml's split-KV decode each range's partial folded
-//! as ggml combines them.
+//! The chunk driver every decode kernel shares (`x86::decode` with AVX-512, `x86::decode_avx2`,
+//! `aarch64::decode` with NEON): the queries rounded to F16, the visible cells gathered
+//! [`CHUNK`] at a time as key and value row pointers, the outputs normalised, or with ggml's
+//! split-KV decode each range's partial folded as ggml combines them.
 #![allow(clippy::missing_safety_doc)]
 
 use crate::attention::portable::{finish, fold, normalize_heads};

@@ -1,0 +1,303 @@
+//! The tiled flash-attention kernel (`attention::portable::attend_tiled`) for a block of query
+//! rows of one sequence at once, with NEON — `x86::rows` written with 4-lane vectors, an 8-cell
+//! chunk as two of them:
+//!
+//! - per 8-cell chunk the keys are widened and transposed once into `kt` (`[head_dim][8]` f32,
+//!   lane = cell), and every query vector's scores come from FMA chains over the dimensions in
+//!   order (`vfmaq_laneq_f32`: four dimensions per query load), eight or four vectors per pass;
+//! - ggml's softmax step on 4 lanes (`exp::aarch64::expf_ggml4`, each 16 summed in
+//!   `simd::reduce_add_16`'s order, the groups in double);
+//! - per tile the values widened once into `v32`, the probability-weighted sum with the
+//!   accumulators of two vectors × 32 dimensions in registers.
+//!
+//! Bits: those of `x86::rows` (see there; the portable kernel skips cells of probability 0,
+//! this one adds `0 · v`, which leaves a finite accumulator unchanged).
+#![allow(clippy::missing_safety_doc)]
+// Register arrays are indexed in plain loops with constant bounds (fully unrolled).
+#![allow(clippy::needless_range_loop)]
+
+use crate::attention::types::{KvRows, RowsScratch, KV_TILE, ROWS_MAX_VECTORS as MAX_VECTORS};
+use crate::exp::aarch64::expf_ggml4;
+use crate::simd::aarch64::{load_f16x8, reduce_add_16x4, transpose4};
+use half::f16;
+use std::arch::aarch64::*;
+use std::ops::Range;
+
+/// Eight lanes (cells `0..4`, `4..8` of a chunk) as two vectors.
+type V8 = [float32x4_t; 2];
+
+/// `acc += k · q[L]` on both halves.
+#[inline(always)]
+fn fma_lane<const L: i32>(acc: &mut V8, k: &V8, q: float32x4_t) {
+    // SAFETY: register arithmetic.
+    unsafe {
+        acc[0] = vfmaq_laneq_f32::<L>(acc[0], k[0], q);
+        acc[1] = vfmaq_laneq_f32::<L>(acc[1], k[1], q);
+    }
+}
+
+/// Scores of one 8-cell chunk for `N` vectors: lane `j` of result `i` is
+/// `Σ_d kt[d][j] · q_i[d]`, one FMA per dimension in order.
+///
+/// # Safety
+/// `kt` holds `hd * 8` f32, every `q[i]` `hd` f32; `hd % 4 == 0`.
+#[inline]
+unsafe fn scores_n<const N: usize>(kt: *const f32, hd: usize, q: [*const f32; N]) -> [V8; N] {
+    // SAFETY (whole body): the caller's contract on kt and q; d + 4 <= hd.
+    unsafe {
+        let mut acc = [[vdupq_n_f32(0.0); 2]; N];
+        for d in (0..hd).step_by(4) {
+            let k: [V8; 4] = std::array::from_fn(|l| [vld1q_f32(kt.add((d + l) * 8)), vld1q_f32(kt.add((d + l) * 8 + 4))]);
+            for i in 0..N {
+                let qv = vld1q_f32(q[i].add(d));
+                fma_lane::<0>(&mut acc[i], &k[0], qv);
+                fma_lane::<1>(&mut acc[i], &k[1], qv);
+                fma_lane::<2>(&mut acc[i], &k[2], qv);
+                fma_lane::<3>(&mut acc[i], &k[3], qv);
+            }
+        }
+        acc
+    }
+}
+
+/// Keys of cells `c0..c0 + w` (w ≤ 8; missing lanes zero) into `kt` as `[head_dim][8]` f32.
+fn transpose_keys(kv: &KvRows, c0: usize, w: usize, zero: &[f16], kt: &mut [f32]) {
+    let hd = kv.head_dim;
+    let mut rows: [&[f16]; 8] = [zero; 8];
+    for (j, r) in rows.iter_mut().enumerate().take(w) {
+        *r = kv.k(c0 + j);
+    }
+    assert!(kt.len() >= hd * 8 && rows.iter().all(|r| r.len() >= hd) && hd.is_multiple_of(8));
+    for d in (0..hd).step_by(8) {
+        // SAFETY: d + 8 <= hd <= every row's length.
+        let x: [[float32x4_t; 2]; 8] = std::array::from_fn(|j| unsafe { load_f16x8(rows[j].as_ptr().add(d)) });
+        for half in 0..2 {
+            for cells in 0..2 {
+                let cols = transpose4(std::array::from_fn(|j| x[4 * cells + j][half]));
+                for (l, col) in cols.iter().enumerate() {
+                    // SAFETY: (d + 4·half + l) · 8 + 4·cells + 4 <= hd · 8 <= kt.len().
+                    unsafe { vst1q_f32(kt.as_mut_ptr().add((d + 4 * half + l) * 8 + 4 * cells), *col) };
+                }
+            }
+        }
+    }
+}
+
+/// Scores of the chunk `c0..c0 + 8` for every vector (`ptrs[v]`: its `head_dim` query values)
+/// into `scores[v][col..][..8]`: `q·k × scale` where row `v / heads` sees the cell, -∞
+/// elsewhere.
+#[allow(clippy::too_many_arguments)]
+fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
+    let hd = kv.head_dim;
+    let nv = ptrs.len();
+    let any = spans.iter().any(|s| s.start < c0 + w && s.end > c0 && s.start < s.end);
+    if any {
+        sc.work.chunks_scored += 1;
+        transpose_keys(kv, c0, w, &sc.zero, &mut sc.kt);
+    }
+    // SAFETY (block): register arithmetic and 4-lane stores into the 8 scores of a vector.
+    unsafe {
+        let ninf = vdupq_n_f32(f32::NEG_INFINITY);
+        let base = vaddq_u32(vdupq_n_u32(c0 as u32), vld1q_u32([0u32, 1, 2, 3].as_ptr()));
+        let lanes = [base, vaddq_u32(base, vdupq_n_u32(4))];
+        let mut v = 0;
+        while v < nv {
+            let n = if nv - v >= 8 { 8 } else { 4 };
+            let mut pick = [ptrs[v]; 8];
+            for (i, p) in pick.iter_mut().enumerate().take(n) {
+                *p = ptrs[(v + i).min(nv - 1)];
+            }
+            let mut out = [[ninf; 2]; 8];
+            if any {
+                // kt holds hd · 8 f32 (transposed above); every q vector holds hd f32.
+                if n == 8 {
+                    out = scores_n::<8>(sc.kt.as_ptr(), hd, pick);
+                } else {
+                    let r = scores_n::<4>(sc.kt.as_ptr(), hd, [pick[0], pick[1], pick[2], pick[3]]);
+                    out[..4].copy_from_slice(&r);
+                }
+            }
+            for (i, o) in out.iter().enumerate().take(n.min(nv - v)) {
+                let s = &spans[(v + i) / heads];
+                let (lo, hi) = (vdupq_n_u32(s.start as u32), vdupq_n_u32(s.end as u32));
+                let dst = sc.scores[(v + i) * KV_TILE + col..][..8].as_mut_ptr();
+                for half in 0..2 {
+                    let vis = vandq_u32(vcgeq_u32(lanes[half], lo), vcltq_u32(lanes[half], hi));
+                    let val = vbslq_f32(vis, vmulq_n_f32(o[half], scale), ninf);
+                    vst1q_f32(dst.add(4 * half), val);
+                }
+            }
+            v += n;
+        }
+    }
+}
+
+/// ggml's softmax step of the tiled kernel: `p = expf_ggml(p - m)` in place, each group of 16
+/// summed in float as `simd::reduce_add_16`, the groups summed in double.
+fn softmax_tile(scores: &mut [f32], m: f32) -> f64 {
+    let mut sum = 0f64;
+    for g in scores.chunks_exact_mut(16) {
+        // SAFETY: 16 f32 in g; register arithmetic.
+        unsafe {
+            let p = g.as_mut_ptr();
+            let mv = vdupq_n_f32(m);
+            let e: [float32x4_t; 4] = std::array::from_fn(|i| expf_ggml4(vsubq_f32(vld1q_f32(p.add(4 * i)), mv)));
+            for (i, &x) in e.iter().enumerate() {
+                vst1q_f32(p.add(4 * i), x);
+            }
+            sum += reduce_add_16x4(e) as f64;
+        }
+    }
+    sum
+}
+
+/// One vector's online-softmax step over a tile whose first `len` scores are set (`sh` holds
+/// [`KV_TILE`] of them), as `x86::softmax::tile_softmax`: returns whether anything was visible.
+fn tile_softmax(sh: &mut [f32], len: usize, st: &mut [f32; 2], acc: &mut [f32]) -> bool {
+    let tile_max = sh[..len].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    if tile_max == f32::NEG_INFINITY {
+        sh.fill(0.0);
+        return false;
+    }
+    let [m, s] = st;
+    let m_new = m.max(tile_max);
+    if m_new > *m {
+        let ms = (*m - m_new).exp();
+        acc.iter_mut().for_each(|a| *a *= ms);
+        *s *= ms;
+    }
+    *m = m_new;
+    sh[len..].fill(f32::NEG_INFINITY);
+    let sum = softmax_tile(sh, *m);
+    *s = (*s as f64 + sum) as f32;
+    true
+}
+
+/// `acc_k[..4·ND] += Σ_c p_k[c] · v[c][..4·ND]` for `NV` vectors over `cells` cells, cells in
+/// order, each lane one FMA per cell.
+///
+/// # Safety
+/// `acc[k]` holds `4·ND` f32, `p[k]` `cells` f32, `v` `(cells - 1) · stride + 4·ND` f32.
+#[inline]
+unsafe fn pv<const NV: usize, const ND: usize>(acc: [*mut f32; NV], p: [*const f32; NV], v: *const f32, stride: usize, cells: usize) {
+    // SAFETY (whole body): the caller's contract on acc, p and v.
+    unsafe {
+        let mut a = [[vdupq_n_f32(0.0); ND]; NV];
+        for k in 0..NV {
+            for i in 0..ND {
+                a[k][i] = vld1q_f32(acc[k].add(4 * i));
+            }
+        }
+        for c in 0..cells {
+            let mut vv = [vdupq_n_f32(0.0); ND];
+            for i in 0..ND {
+                vv[i] = vld1q_f32(v.add(c * stride + 4 * i));
+            }
+            for k in 0..NV {
+                let pk = *p[k].add(c);
+                for i in 0..ND {
+                    a[k][i] = vfmaq_n_f32(a[k][i], vv[i], pk);
+                }
+            }
+        }
+        for k in 0..NV {
+            for i in 0..ND {
+                vst1q_f32(acc[k].add(4 * i), a[k][i]);
+            }
+        }
+    }
+}
+
+/// The probability-weighted values of one tile (`cells` cells in `v32`) into the accumulators
+/// of the `active` vectors: 32 dimensions × two vectors per register block, then 8 at a time.
+fn accumulate(active: &[usize], cells: usize, hd: usize, sc: &mut RowsScratch) {
+    assert!(sc.acc.len() >= MAX_VECTORS * hd && sc.scores.len() >= MAX_VECTORS * KV_TILE && sc.v32.len() >= cells * hd);
+    let (acc, scores, v32) = (sc.acc.as_mut_ptr(), sc.scores.as_ptr(), sc.v32.as_ptr());
+    // SAFETY (all uses below): active vectors are < MAX_VECTORS, so their accumulator rows
+    // (hd f32) and score rows (KV_TILE ≥ cells f32) are inside `acc` and `scores`; d + 4·ND ≤
+    // hd, and v32 holds `cells` rows of hd f32 (asserted above).
+    let a = |v: usize, d: usize| unsafe { acc.add(v * hd + d) };
+    let p = |v: usize| unsafe { scores.add(v * KV_TILE) };
+    let mut d = 0;
+    while d < hd {
+        let wide = hd - d >= 32;
+        let mut i = 0;
+        while i < active.len() {
+            let (v0, pair) = (active[i], i + 1 < active.len());
+            let v1 = active[(i + 1).min(active.len() - 1)];
+            // SAFETY: as above.
+            unsafe {
+                let vd = v32.add(d);
+                match (wide, pair) {
+                    (true, true) => pv::<2, 8>([a(v0, d), a(v1, d)], [p(v0), p(v1)], vd, hd, cells),
+                    (true, false) => pv::<1, 8>([a(v0, d)], [p(v0)], vd, hd, cells),
+                    (false, true) => pv::<2, 2>([a(v0, d), a(v1, d)], [p(v0), p(v1)], vd, hd, cells),
+                    (false, false) => pv::<1, 2>([a(v0, d)], [p(v0)], vd, hd, cells),
+                }
+            }
+            i += 2;
+        }
+        d += if wide { 32 } else { 8 };
+    }
+}
+
+/// Attention of `q.len()` query rows of one sequence, each `heads × head_dim` values over the
+/// cells `spans[r]` of `kv`: `out[r]` gets, per head, exactly what
+/// `attention::portable::attend_tiled` gives that head alone. `q.len() · heads ≤ MAX_VECTORS`,
+/// `head_dim % 8 == 0`, F16 cache.
+pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
+    let hd = kv.head_dim;
+    let nv = q.len() * heads;
+    assert!(nv <= MAX_VECTORS && hd.is_multiple_of(8) && spans.len() == q.len() && out.len() == q.len());
+    assert!(sc.acc.len() >= nv * hd && sc.v32.len() >= KV_TILE * hd && sc.zero.len() >= hd);
+    sc.acc[..nv * hd].fill(0.0);
+    sc.state[..nv].fill([f32::NEG_INFINITY, 0.0]);
+    // Vector v = head v % heads of row v / heads.
+    let mut ptrs = [std::ptr::null::<f32>(); MAX_VECTORS];
+    for (v, p) in ptrs.iter_mut().enumerate().take(nv) {
+        *p = q[v / heads][v % heads * hd..(v % heads + 1) * hd].as_ptr();
+    }
+    let n_max = spans.iter().map(|s| s.end).max().unwrap_or(0);
+    let mut t0 = spans.iter().map(|s| s.start).min().unwrap_or(0) / KV_TILE * KV_TILE;
+    while t0 < n_max {
+        let t1 = (t0 + KV_TILE).min(n_max);
+        for c0 in (t0..t1).step_by(8) {
+            chunk_scores(&ptrs[..nv], heads, spans, kv, scale, c0, (t1 - c0).min(8), sc, c0 - t0);
+        }
+        let mut active = [0usize; MAX_VECTORS];
+        let mut na = 0;
+        for v in 0..nv {
+            let sh = &mut sc.scores[v * KV_TILE..(v + 1) * KV_TILE];
+            if tile_softmax(sh, t1 - t0, &mut sc.state[v], &mut sc.acc[v * hd..(v + 1) * hd]) {
+                active[na] = v;
+                na += 1;
+            }
+        }
+        if na > 0 {
+            sc.work.tiles_accumulated += 1;
+            for c in t0..t1 {
+                let dst = &mut sc.v32[(c - t0) * hd..(c - t0 + 1) * hd];
+                let src = kv.v(c);
+                assert!(src.len() >= hd);
+                for d in (0..hd).step_by(8) {
+                    // SAFETY: d + 8 <= hd <= both rows' lengths.
+                    unsafe {
+                        let [lo, hi] = load_f16x8(src.as_ptr().add(d));
+                        vst1q_f32(dst.as_mut_ptr().add(d), lo);
+                        vst1q_f32(dst.as_mut_ptr().add(d + 4), hi);
+                    }
+                }
+            }
+            accumulate(&active[..na], t1 - t0, hd, sc);
+        }
+        t0 = t1;
+    }
+    for v in 0..nv {
+        let [_, s] = sc.state[v];
+        let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+        let o = &mut out[v / heads][v % heads * hd..(v % heads + 1) * hd];
+        for (o, &a) in o.iter_mut().zip(&sc.acc[v * hd..(v + 1) * hd]) {
+            *o = a * inv;
+        }
+    }
+}
