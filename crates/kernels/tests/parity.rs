@@ -660,11 +660,16 @@ fn grouped_rms_norm_equals_per_group() {
                 }
             }
             // The double sums themselves (most order errors vanish in the f32 rounding above).
-            #[cfg(target_arch = "x86_64")]
-            if n % 4 == 0 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+            if n % 4 == 0 && corelm_kernels::attention::has_simd(&Kernels::detect()) {
                 let mut sums = vec![0f64; groups];
-                // SAFETY: AVX2 and FMA detected just above.
-                unsafe { corelm_kernels::norm::x86::sum_squares(&x, n, &mut sums) };
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: a SIMD table on x86 means AVX2 and FMA were detected.
+                unsafe {
+                    corelm_kernels::norm::x86::sum_squares(&x, n, &mut sums)
+                };
+                #[cfg(target_arch = "aarch64")]
+                corelm_kernels::norm::aarch64::sum_squares(&x, n, &mut sums);
                 for (g, s) in sums.iter().enumerate() {
                     let want = x[g * n..(g + 1) * n].iter().fold(0f64, |a, &v| a + (v * v) as f64);
                     assert_eq!(s.to_bits(), want.to_bits(), "sum of squares n {n} groups {groups} group {g}");

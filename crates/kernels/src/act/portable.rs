@@ -81,7 +81,7 @@ pub fn geglu_scalar_table(g: &[f32], u: &[f32], y: &mut [f32]) {
 
 /// [`gelu_tanh`] of every f16 value, as f16 bits (what ggml's table holds), built once; one
 /// zero entry of padding for the SIMD gather.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
 pub(crate) fn gelu_table() -> &'static [u16] {
     static T: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
     T.get_or_init(|| (0..=u16::MAX).map(|b| gelu_entry(f16::from_bits(b)).to_bits()).chain([0]).collect())

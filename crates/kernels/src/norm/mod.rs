@@ -1,8 +1,11 @@
 //! RMS norm in ggml-cpu's order: the squares summed one by one in double, then one scale per
-//! group. With AVX2 the sums of eight groups advance together ([`x86`]), the same bits.
+//! group. With AVX2 or NEON the sums of eight groups advance together ([`x86`], [`aarch64`]),
+//! the same bits.
 
 use crate::{Isa, Kernels};
 
+#[cfg(target_arch = "aarch64")]
+pub mod aarch64;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 
@@ -22,26 +25,29 @@ fn rms_scale(sum: f64, x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
 }
 
 /// [`rms_norm`] over every group of `w.len()` values of `x` (rows, or heads of rows), with the
-/// same bits. With an AVX2 table and groups of a multiple of four values, the sums of eight
-/// groups run together ([`x86`]): one group alone is a chain of dependent double additions.
+/// same bits. With a SIMD table (AVX2, NEON) and groups of a multiple of four values, the sums
+/// of eight groups run together: one group alone is a chain of dependent double additions.
 pub fn rms_norm_groups(k: &Kernels, x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     let n = w.len();
-    #[cfg(target_arch = "x86_64")]
-    if n.is_multiple_of(4) && k.isa() >= Isa::Avx2 {
+    if n.is_multiple_of(4) && k.isa() != Isa::Portable && cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
         const CHUNK: usize = 64;
         let mut sums = [0f64; CHUNK];
         for (xc, yc) in x.chunks(CHUNK * n).zip(y.chunks_mut(CHUNK * n)) {
             let groups = xc.len() / n;
-            // SAFETY: an Avx2 table is only built after detecting AVX2 and FMA.
-            unsafe { x86::sum_squares(xc, n, &mut sums[..groups]) };
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: an x86 SIMD table (Avx2 and above) is only built after detecting AVX2 and
+            // FMA.
+            unsafe {
+                x86::sum_squares(xc, n, &mut sums[..groups])
+            };
+            #[cfg(target_arch = "aarch64")]
+            aarch64::sum_squares(xc, n, &mut sums[..groups]);
             for ((xg, yg), &s) in xc.chunks_exact(n).zip(yc.chunks_exact_mut(n)).zip(&sums) {
                 rms_scale(s, xg, w, eps, yg);
             }
         }
         return;
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (k, Isa::Avx2);
     for (xg, yg) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
         rms_norm(xg, w, eps, yg);
     }

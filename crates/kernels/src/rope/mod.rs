@@ -1,11 +1,14 @@
 //! Rotary position embedding as ggml-cpu computes it: angles by repeated multiplication
 //! ([`rope_cache`]), each pair rotated with the first product of each expression fused
-//! ([`rope_apply`]); SIMD twins on 8/16 lanes in [`x86`], the same bits.
+//! ([`rope_apply`]); SIMD twins on 8/16 lanes in [`x86`] and on 4 in [`aarch64`], the same
+//! bits.
 
 #[cfg(target_arch = "x86_64")]
 use crate::simd::has_fma;
 use crate::{Isa, Kernels};
 
+#[cfg(target_arch = "aarch64")]
+pub mod aarch64;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 
@@ -28,7 +31,8 @@ pub fn rope_cache(pos: i32, n_rot: usize, base: f32, freq_scale: f32, freq_facto
 
 /// Rotate one head in place. `neox`: pairs `(i, i + n_rot/2)` (GPT-NeoX, Qwen, Gemma); otherwise
 /// adjacent pairs `(2i, 2i+1)` (LLaMA layout in GGUF). Dimensions past `n_rot` are untouched.
-/// 16 or 8 pairs at a time with an AVX-512 or AVX2 table ([`x86`], same bits).
+/// 16, 8 or 4 pairs at a time with an AVX-512, AVX2 or NEON table ([`x86`], [`aarch64`]; same
+/// bits).
 pub fn rope_apply(k: &Kernels, x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -41,7 +45,11 @@ pub fn rope_apply(k: &Kernels, x: &mut [f32], cache: &[f32], n_rot: usize, neox:
             return unsafe { x86::rope_avx2(x, cache, n_rot, neox) };
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    if k.isa() != Isa::Portable {
+        return aarch64::rope_neon(x, cache, n_rot, neox);
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = (k, Isa::Avx2);
     rope_apply_scalar(x, cache, n_rot, neox)
 }

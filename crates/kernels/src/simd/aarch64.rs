@@ -59,11 +59,7 @@ pub fn sme_vector_bytes() -> usize {
 pub unsafe fn load_f16x4(p: *const half::f16) -> float32x4_t {
     // SAFETY (caller): 8 bytes readable at `p`; `vld1_u16` has no alignment requirement
     // beyond the element's, and F16 values are 2-byte aligned.
-    let h = unsafe { vld1_u16(p as *const u16) };
-    let y: float32x4_t;
-    // SAFETY: register-only conversion.
-    unsafe { std::arch::asm!("fcvtl {y:v}.4s, {h:v}.4h", y = lateout(vreg) y, h = in(vreg) h, options(pure, nomem, nostack, preserves_flags)) };
-    y
+    from_f16_bits4(unsafe { vld1_u16(p as *const u16) })
 }
 
 /// 8 F16 values at `p`, widened (exact): values 0..4, then 4..8.
@@ -137,4 +133,22 @@ pub fn transpose4(r: [float32x4_t; 4]) -> [float32x4_t; 4] {
             vreinterpretq_f32_f64(vtrn2q_f64(t1, t3)),
         ]
     }
+}
+
+/// Each lane rounded to the nearest F16 (ties to even), as F16 bits.
+#[inline(always)]
+pub fn to_f16_bits4(x: float32x4_t) -> uint16x4_t {
+    let h: uint16x4_t;
+    // SAFETY: a register-only conversion under the default rounding mode.
+    unsafe { std::arch::asm!("fcvtn {h:v}.4h, {x:v}.4s", h = lateout(vreg) h, x = in(vreg) x, options(pure, nomem, nostack, preserves_flags)) };
+    h
+}
+
+/// 4 F16 values given as bits, widened (exact).
+#[inline(always)]
+pub fn from_f16_bits4(h: uint16x4_t) -> float32x4_t {
+    let y: float32x4_t;
+    // SAFETY: a register-only conversion.
+    unsafe { std::arch::asm!("fcvtl {y:v}.4s, {h:v}.4h", y = lateout(vreg) y, h = in(vreg) h, options(pure, nomem, nostack, preserves_flags)) };
+    y
 }
