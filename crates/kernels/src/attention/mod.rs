@@ -12,6 +12,7 @@ pub mod aarch64;
 mod chunks;
 pub mod portable;
 mod quant;
+mod tiles;
 mod types;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;

@@ -20,6 +20,7 @@
 //! The decode kernels (`x86::decode*`) run the chunks and [`fold`] the partials as they
 //! finish; without them each head goes through the portable reference per chunk.
 
+use super::tiles::tile_step;
 use super::types::{AttnScratch, KvRows, DECODE_CHUNK, KV_TILE};
 use crate::exp::expf_ggml;
 use crate::matmul::portable::dot_f16_ggml;
@@ -130,44 +131,34 @@ pub(crate) fn attend_tiled(
     out: &mut [f32],
 ) {
     scratch.acc.iter_mut().for_each(|a| *a = 0.0);
-    let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
+    let mut st = [f32::NEG_INFINITY, 0f32];
     let mut t0 = 0;
     while t0 < n_cells {
         let t1 = (t0 + KV_TILE).min(n_cells);
-        let mut tile_max = f32::NEG_INFINITY;
         for c in t0..t1 {
-            let sc = if visible(c) {
+            scratch.scores[c - t0] = if visible(c) {
                 kv.k(c).iter().zip(q).fold(0f32, |acc, (&kk, &qq)| kk.to_f32().mul_add(qq, acc)) * scale
             } else {
                 f32::NEG_INFINITY
             };
-            scratch.scores[c - t0] = sc;
-            tile_max = tile_max.max(sc);
         }
-        if tile_max == f32::NEG_INFINITY {
+        let max = |x: &[f32]| x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        // ggml_vec_soft_max_f32: its own expf, each group of 16 reduced in float (GCC's
+        // `_mm512_reduce_add_ps` order), the groups summed in double, added to S in double.
+        let softmax = |p: &mut [f32], m: f32| {
+            let mut sum = 0f64;
+            for g in p.chunks_exact_mut(16) {
+                for p in g.iter_mut() {
+                    *p = expf_ggml(*p - m);
+                }
+                sum += reduce_add_16(&<[f32; 16]>::try_from(&*g).expect("16 lanes")) as f64;
+            }
+            sum
+        };
+        if !tile_step(&mut scratch.scores, t1 - t0, &mut st, &mut scratch.acc, max, softmax) {
             t0 = t1;
             continue;
         }
-        let m_new = m.max(tile_max);
-        if m_new > m {
-            let ms = (m - m_new).exp();
-            scratch.acc.iter_mut().for_each(|a| *a *= ms);
-            s *= ms;
-        }
-        m = m_new;
-        // ggml_vec_soft_max_f32: its own expf, each group of 16 reduced in float (GCC's
-        // `_mm512_reduce_add_ps` order), the groups summed in double, added to S in double.
-        for p in scratch.scores[t1 - t0..].iter_mut() {
-            *p = f32::NEG_INFINITY; // the padding of a short last tile
-        }
-        let mut sum = 0f64;
-        for g in scratch.scores.chunks_exact_mut(16) {
-            for p in g.iter_mut() {
-                *p = expf_ggml(*p - m);
-            }
-            sum += reduce_add_16(&<[f32; 16]>::try_from(&*g).expect("16 lanes")) as f64;
-        }
-        s = (s as f64 + sum) as f32;
         for c in t0..t1 {
             let p = scratch.scores[c - t0];
             if p == 0.0 {
@@ -179,7 +170,7 @@ pub(crate) fn attend_tiled(
         }
         t0 = t1;
     }
-    let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+    let inv = if st[1] == 0.0 { 0.0 } else { 1.0 / st[1] };
     for (o, &a) in out.iter_mut().zip(&scratch.acc) {
         *o = a * inv;
     }

@@ -6,9 +6,11 @@
 //!   lane = cell), and every query vector's scores come from FMA chains over the dimensions in
 //!   order (`vfmaq_laneq_f32`: four dimensions per query load), eight or four vectors per pass;
 //! - ggml's softmax step on 4 lanes (`exp::aarch64::expf_ggml4`, each 16 summed in
-//!   `simd::reduce_add_16`'s order, the groups in double);
+//!   `simd::reduce_add_16`'s order, the groups in double) inside the shared
+//!   `attention::tiles::tile_step`;
 //! - per tile the values widened once into `v32`, the probability-weighted sum with the
-//!   accumulators of two vectors × 32 dimensions in registers.
+//!   accumulators of two vectors × 32 dimensions in registers;
+//! - the loop over tiles and vectors is the shared driver, `attention::tiles`.
 //!
 //! Bits: those of `x86::rows` (see there; the portable kernel skips cells of probability 0,
 //! this one adds `0 · v`, which leaves a finite accumulator unchanged).
@@ -16,6 +18,7 @@
 // Register arrays are indexed in plain loops with constant bounds (fully unrolled).
 #![allow(clippy::needless_range_loop)]
 
+use crate::attention::tiles::{self, TileOps};
 use crate::attention::types::{KvRows, RowsScratch, KV_TILE, ROWS_MAX_VECTORS as MAX_VECTORS};
 use crate::exp::aarch64::expf_ggml4;
 use crate::simd::aarch64::{load_f16x8, reduce_add_16x4, transpose4};
@@ -151,26 +154,19 @@ fn softmax_tile(scores: &mut [f32], m: f32) -> f64 {
     sum
 }
 
-/// One vector's online-softmax step over a tile whose first `len` scores are set (`sh` holds
-/// [`KV_TILE`] of them), as `x86::softmax::tile_softmax`: returns whether anything was visible.
-fn tile_softmax(sh: &mut [f32], len: usize, st: &mut [f32; 2], acc: &mut [f32]) -> bool {
-    let tile_max = sh[..len].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    if tile_max == f32::NEG_INFINITY {
-        sh.fill(0.0);
-        return false;
-    }
-    let [m, s] = st;
-    let m_new = m.max(tile_max);
-    if m_new > *m {
-        let ms = (*m - m_new).exp();
-        acc.iter_mut().for_each(|a| *a *= ms);
-        *s *= ms;
-    }
-    *m = m_new;
-    sh[len..].fill(f32::NEG_INFINITY);
-    let sum = softmax_tile(sh, *m);
-    *s = (*s as f64 + sum) as f32;
-    true
+/// The largest of `x` (-∞ for none): four running maxima, then their maximum (max is exact,
+/// so the order does not matter).
+fn max_f32(x: &[f32]) -> f32 {
+    let mut chunks = x.chunks_exact(4);
+    // SAFETY: 4 f32 readable per chunk; register arithmetic.
+    let m = unsafe {
+        let mut m = vdupq_n_f32(f32::NEG_INFINITY);
+        for c in &mut chunks {
+            m = vmaxq_f32(m, vld1q_f32(c.as_ptr()));
+        }
+        vmaxvq_f32(m)
+    };
+    chunks.remainder().iter().fold(m, |m, &v| m.max(v))
 }
 
 /// `acc_k[..4·ND] += Σ_c p_k[c] · v[c][..4·ND]` for `NV` vectors over `cells` cells, cells in
@@ -241,63 +237,43 @@ fn accumulate(active: &[usize], cells: usize, hd: usize, sc: &mut RowsScratch) {
     }
 }
 
-/// Attention of `q.len()` query rows of one sequence, each `heads × head_dim` values over the
-/// cells `spans[r]` of `kv`: `out[r]` gets, per head, exactly what
-/// `attention::portable::attend_tiled` gives that head alone. `q.len() · heads ≤ MAX_VECTORS`,
-/// `head_dim % 8 == 0`, F16 cache.
-pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
-    let hd = kv.head_dim;
-    let nv = q.len() * heads;
-    assert!(nv <= MAX_VECTORS && hd.is_multiple_of(8) && spans.len() == q.len() && out.len() == q.len());
-    assert!(sc.acc.len() >= nv * hd && sc.v32.len() >= KV_TILE * hd && sc.zero.len() >= hd);
-    sc.acc[..nv * hd].fill(0.0);
-    sc.state[..nv].fill([f32::NEG_INFINITY, 0.0]);
-    // Vector v = head v % heads of row v / heads.
-    let mut ptrs = [std::ptr::null::<f32>(); MAX_VECTORS];
-    for (v, p) in ptrs.iter_mut().enumerate().take(nv) {
-        *p = q[v / heads][v % heads * hd..(v % heads + 1) * hd].as_ptr();
+/// The NEON arithmetic of the shared driver (`attention::tiles`).
+struct NeonOps;
+
+impl TileOps for NeonOps {
+    fn chunk_scores(&self, ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
+        chunk_scores(ptrs, heads, spans, kv, scale, c0, w, sc, col)
     }
-    let n_max = spans.iter().map(|s| s.end).max().unwrap_or(0);
-    let mut t0 = spans.iter().map(|s| s.start).min().unwrap_or(0) / KV_TILE * KV_TILE;
-    while t0 < n_max {
-        let t1 = (t0 + KV_TILE).min(n_max);
-        for c0 in (t0..t1).step_by(8) {
-            chunk_scores(&ptrs[..nv], heads, spans, kv, scale, c0, (t1 - c0).min(8), sc, c0 - t0);
-        }
-        let mut active = [0usize; MAX_VECTORS];
-        let mut na = 0;
-        for v in 0..nv {
-            let sh = &mut sc.scores[v * KV_TILE..(v + 1) * KV_TILE];
-            if tile_softmax(sh, t1 - t0, &mut sc.state[v], &mut sc.acc[v * hd..(v + 1) * hd]) {
-                active[na] = v;
-                na += 1;
-            }
-        }
-        if na > 0 {
-            sc.work.tiles_accumulated += 1;
-            for c in t0..t1 {
-                let dst = &mut sc.v32[(c - t0) * hd..(c - t0 + 1) * hd];
-                let src = kv.v(c);
-                assert!(src.len() >= hd);
-                for d in (0..hd).step_by(8) {
-                    // SAFETY: d + 8 <= hd <= both rows' lengths.
-                    unsafe {
-                        let [lo, hi] = load_f16x8(src.as_ptr().add(d));
-                        vst1q_f32(dst.as_mut_ptr().add(d), lo);
-                        vst1q_f32(dst.as_mut_ptr().add(d + 4), hi);
-                    }
+
+    fn tile_step(&self, sh: &mut [f32], len: usize, st: &mut [f32; 2], acc: &mut [f32]) -> bool {
+        tiles::tile_step(sh, len, st, acc, max_f32, softmax_tile)
+    }
+
+    fn widen_values(&self, kv: &KvRows, t0: usize, t1: usize, v32: &mut [f32]) {
+        let hd = kv.head_dim;
+        for (c, dst) in (t0..t1).zip(v32.chunks_exact_mut(hd)) {
+            let src = kv.v(c);
+            assert!(src.len() >= hd && hd.is_multiple_of(8));
+            for d in (0..hd).step_by(8) {
+                // SAFETY: d + 8 <= hd <= both rows' lengths.
+                unsafe {
+                    let [lo, hi] = load_f16x8(src.as_ptr().add(d));
+                    vst1q_f32(dst.as_mut_ptr().add(d), lo);
+                    vst1q_f32(dst.as_mut_ptr().add(d + 4), hi);
                 }
             }
-            accumulate(&active[..na], t1 - t0, hd, sc);
-        }
-        t0 = t1;
-    }
-    for v in 0..nv {
-        let [_, s] = sc.state[v];
-        let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
-        let o = &mut out[v / heads][v % heads * hd..(v % heads + 1) * hd];
-        for (o, &a) in o.iter_mut().zip(&sc.acc[v * hd..(v + 1) * hd]) {
-            *o = a * inv;
         }
     }
+
+    fn accumulate(&self, active: &[usize], cells: usize, hd: usize, sc: &mut RowsScratch) {
+        accumulate(active, cells, hd, sc)
+    }
+}
+
+/// Attention of `q.len()` query rows of one sequence, each `heads × head_dim` values over the
+/// cells `spans[r]` of `kv`: `out[r]` gets, per head, exactly what
+/// `attention::portable::attend_tiled` gives that head alone (`attention::tiles` drives).
+/// `q.len() · heads ≤ MAX_VECTORS`, `head_dim % 8 == 0`, F16 cache.
+pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
+    tiles::attend_tiled_rows(&NeonOps, q, heads, spans, kv, scale, sc, out)
 }

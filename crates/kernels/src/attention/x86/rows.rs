@@ -22,6 +22,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::softmax::tile_softmax;
+use crate::attention::tiles::{self, TileOps};
 use crate::attention::types::{KvRows, RowsScratch, KV_TILE, ROWS_MAX_VECTORS};
 use crate::simd::x86::{load_ph, transpose8, widen};
 use std::arch::x86_64::*;
@@ -116,6 +117,7 @@ fn transpose_keys(kv: &KvRows, c0: usize, w: usize, zero: &[half::f16], kt: &mut
 /// into `scores[v][c0 - t0..][..8]`: `q·k × scale` where row `v / heads` sees the cell, -∞
 /// elsewhere.
 #[allow(clippy::too_many_arguments)]
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
     let hd = kv.head_dim;
@@ -161,62 +163,51 @@ fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &
     }
 }
 
+/// The AVX2 arithmetic of the shared driver (`attention::tiles`). Only built inside
+/// [`attend_tiled_rows`], whose contract is a CPU with AVX2, FMA and F16C.
+struct Avx2Ops(());
+
+impl TileOps for Avx2Ops {
+    #[inline(always)]
+    fn chunk_scores(&self, ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
+        // SAFETY: an `Avx2Ops` exists only under `attend_tiled_rows`' contract (AVX2, FMA, F16C).
+        unsafe { chunk_scores(ptrs, heads, spans, kv, scale, c0, w, sc, col) }
+    }
+
+    #[inline(always)]
+    fn tile_step(&self, sh: &mut [f32], len: usize, st: &mut [f32; 2], acc: &mut [f32]) -> bool {
+        // SAFETY: as above.
+        unsafe { tile_softmax(sh, len, st, acc) }
+    }
+
+    #[inline(always)]
+    fn widen_values(&self, kv: &KvRows, t0: usize, t1: usize, v32: &mut [f32]) {
+        let hd = kv.head_dim;
+        for (c, dst) in (t0..t1).zip(v32.chunks_exact_mut(hd)) {
+            // SAFETY: as above.
+            unsafe { widen(kv.v(c), dst) };
+        }
+    }
+
+    #[inline(always)]
+    fn accumulate(&self, active: &[usize], cells: usize, hd: usize, sc: &mut RowsScratch) {
+        // SAFETY: as above.
+        unsafe { accumulate(active, cells, hd, sc) }
+    }
+}
+
 /// Attention of `q.len()` query rows of one sequence, each `heads × head_dim` values over the
-/// cells `spans[r]` of `kv`: `out[r]` gets, per head, exactly what `attention::portable::attend_tiled` gives
-/// that head alone. `q.len() · heads ≤ MAX_VECTORS`, `head_dim % 8 == 0`, F16 cache.
+/// cells `spans[r]` of `kv`: `out[r]` gets, per head, exactly what
+/// `attention::portable::attend_tiled` gives that head alone (`attention::tiles` drives).
+/// `q.len() · heads ≤ MAX_VECTORS`, `head_dim % 8 == 0`, F16 cache.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
-    let hd = kv.head_dim;
-    let nv = q.len() * heads;
-    assert!(nv <= MAX_VECTORS && hd.is_multiple_of(8) && spans.len() == q.len() && out.len() == q.len());
-    assert!(sc.acc.len() >= nv * hd && sc.v32.len() >= KV_TILE * hd && sc.zero.len() >= hd);
-    sc.acc[..nv * hd].fill(0.0);
-    sc.state[..nv].fill([f32::NEG_INFINITY, 0.0]);
-    // Vector v = head v % heads of row v / heads.
-    let mut ptrs = [std::ptr::null::<f32>(); MAX_VECTORS];
-    for (v, p) in ptrs.iter_mut().enumerate().take(nv) {
-        *p = q[v / heads][v % heads * hd..(v % heads + 1) * hd].as_ptr();
-    }
-    let n_max = spans.iter().map(|s| s.end).max().unwrap_or(0);
-    let t_first = spans.iter().map(|s| s.start).min().unwrap_or(0) / KV_TILE * KV_TILE;
-    let mut t0 = t_first;
-    while t0 < n_max {
-        let t1 = (t0 + KV_TILE).min(n_max);
-        let mut c0 = t0;
-        while c0 < t1 {
-            chunk_scores(&ptrs[..nv], heads, spans, kv, scale, c0, (t1 - c0).min(8), sc, c0 - t0);
-            c0 += 8;
-        }
-        let mut active = [0usize; MAX_VECTORS];
-        let mut na = 0;
-        for v in 0..nv {
-            let sh = &mut sc.scores[v * KV_TILE..(v + 1) * KV_TILE];
-            if tile_softmax(sh, t1 - t0, &mut sc.state[v], &mut sc.acc[v * hd..(v + 1) * hd]) {
-                active[na] = v;
-                na += 1;
-            }
-        }
-        if na > 0 {
-            sc.work.tiles_accumulated += 1;
-            for c in t0..t1 {
-                widen(kv.v(c), &mut sc.v32[(c - t0) * hd..(c - t0 + 1) * hd]);
-            }
-            accumulate(&active[..na], t1 - t0, hd, sc);
-        }
-        t0 = t1;
-    }
-    for v in 0..nv {
-        let [_, s] = sc.state[v];
-        let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
-        let o = &mut out[v / heads][v % heads * hd..(v % heads + 1) * hd];
-        for (o, &a) in o.iter_mut().zip(&sc.acc[v * hd..(v + 1) * hd]) {
-            *o = a * inv;
-        }
-    }
+    tiles::attend_tiled_rows(&Avx2Ops(()), q, heads, spans, kv, scale, sc, out)
 }
 
 /// The probability-weighted values of one tile (`cells` cells in `v32`) into the accumulators
 /// of the `active` vectors: 32 dimensions × two vectors per register block, then the rest.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn accumulate(active: &[usize], cells: usize, hd: usize, sc: &mut RowsScratch) {
     let (acc, scores, v32) = (sc.acc.as_mut_ptr(), sc.scores.as_ptr(), sc.v32.as_ptr());

@@ -3,6 +3,7 @@
 //! shared by the per-head kernel (`reference`) and the multi-row kernel (`rows`).
 #![allow(clippy::missing_safety_doc)]
 
+use crate::attention::tiles::tile_step;
 use crate::exp::x86::expf_ggml8;
 use crate::simd::x86::{hsum_f32x8, max_f32};
 use std::arch::x86_64::*;
@@ -28,28 +29,10 @@ pub fn softmax_tile(scores: &mut [f32], m: f32) -> f64 {
     sum
 }
 
-/// One head's online-softmax step over a tile whose first `len` scores are set (`sh` holds
-/// [`KV_TILE`](crate::attention::KV_TILE) of them): the running (maximum, sum) `st` and the
-/// accumulator `acc` rescaled if the maximum grows, the scores turned into probabilities in
-/// place (`softmax_tile`). A tile with nothing visible leaves `st` and `acc` alone and zeroes
-/// `sh`; returns whether anything was visible.
+/// One head's online-softmax step over a tile (`attention::tiles::tile_step`) with the AVX2
+/// maximum and [`softmax_tile`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn tile_softmax(sh: &mut [f32], len: usize, st: &mut [f32; 2], acc: &mut [f32]) -> bool {
-    let tile_max = max_f32(&sh[..len]);
-    if tile_max == f32::NEG_INFINITY {
-        sh.fill(0.0);
-        return false;
-    }
-    let [m, s] = st;
-    let m_new = m.max(tile_max);
-    if m_new > *m {
-        let ms = (*m - m_new).exp();
-        acc.iter_mut().for_each(|a| *a *= ms);
-        *s *= ms;
-    }
-    *m = m_new;
-    sh[len..].fill(f32::NEG_INFINITY);
-    let sum = softmax_tile(sh, *m);
-    *s = (*s as f64 + sum) as f32;
-    true
+    // The closures inherit this function's features, which `max_f32` and `softmax_tile` need.
+    tile_step(sh, len, st, acc, |x| max_f32(x), |p, m| softmax_tile(p, m))
 }

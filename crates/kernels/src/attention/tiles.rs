@@ -1,0 +1,113 @@
+//! What the SIMD versions of ggml's tiled kernel share, ISA by ISA (`x86::rows`,
+//! `x86::reference`, `aarch64::rows`): one vector's online-softmax step over a tile
+//! ([`tile_step`]) and the multi-row driver ([`attend_tiled_rows`]) — the tiles of the rows'
+//! spans, scored 8 cells at a time, softmax per vector, values widened and accumulated once
+//! per tile for the vectors that saw anything, outputs normalised. The arithmetic (scores,
+//! exponentials, products) is each ISA's [`TileOps`]; the order of every operation is the
+//! portable `attention::portable::attend_tiled`'s, per vector.
+
+use super::types::{KvRows, RowsScratch, KV_TILE, ROWS_MAX_VECTORS as MAX_VECTORS};
+use std::ops::Range;
+
+/// One query vector's online-softmax step over a tile whose first `len` scores are set (`sh`
+/// holds [`KV_TILE`] of them): the running (maximum, sum) `st` and the accumulator `acc`
+/// rescaled if the maximum grows, the scores turned into probabilities in place by
+/// `softmax(scores, max)` (ggml's `ggml_vec_soft_max_f32`, returning the tile's sum in double).
+/// `max(scores)` is the largest of the first `len` scores. A tile with nothing visible leaves
+/// `st` and `acc` alone and zeroes `sh`; returns whether anything was visible. Inlined, so it
+/// compiles with its SIMD caller's target features.
+#[inline(always)]
+pub(crate) fn tile_step(
+    sh: &mut [f32],
+    len: usize,
+    st: &mut [f32; 2],
+    acc: &mut [f32],
+    max: impl FnOnce(&[f32]) -> f32,
+    softmax: impl FnOnce(&mut [f32], f32) -> f64,
+) -> bool {
+    let tile_max = max(&sh[..len]);
+    if tile_max == f32::NEG_INFINITY {
+        sh.fill(0.0);
+        return false;
+    }
+    let [m, s] = st;
+    let m_new = m.max(tile_max);
+    if m_new > *m {
+        let ms = (*m - m_new).exp();
+        acc.iter_mut().for_each(|a| *a *= ms);
+        *s *= ms;
+    }
+    *m = m_new;
+    sh[len..].fill(f32::NEG_INFINITY);
+    let sum = softmax(sh, *m);
+    *s = (*s as f64 + sum) as f32;
+    true
+}
+
+/// One ISA's arithmetic of the multi-row tiled kernel.
+pub(crate) trait TileOps {
+    /// Scores of the chunk `c0..c0 + w` (w ≤ 8) for every vector (`ptrs[v]`: its `head_dim`
+    /// query values) into `sc.scores[v][col..][..8]`: `q·k × scale` (one FMA chain per lane over
+    /// the dimensions in order) where row `v / heads` sees the cell, -∞ elsewhere; counts the
+    /// chunk in `sc.work` if any row sees it.
+    #[allow(clippy::too_many_arguments)]
+    fn chunk_scores(&self, ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize);
+    /// [`tile_step`] for one vector.
+    fn tile_step(&self, sh: &mut [f32], len: usize, st: &mut [f32; 2], acc: &mut [f32]) -> bool;
+    /// The value rows of cells `t0..t1` widened into `v32` (`[t1 - t0][head_dim]` f32).
+    fn widen_values(&self, kv: &KvRows, t0: usize, t1: usize, v32: &mut [f32]);
+    /// The probability-weighted values of one tile (`cells` cells in `sc.v32`) into the
+    /// accumulators of the `active` vectors, each lane `fma(p, v, acc)` over the cells in order.
+    fn accumulate(&self, active: &[usize], cells: usize, hd: usize, sc: &mut RowsScratch);
+}
+
+/// Attention of `q.len()` query rows of one sequence, each `heads × head_dim` values over the
+/// cells `spans[r]` of `kv`: `out[r]` gets, per head, exactly what
+/// `attention::portable::attend_tiled` gives that head alone, given `ops` that keep its order.
+/// `q.len() · heads ≤ MAX_VECTORS`, `head_dim % 8 == 0`, F16 cache.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_tiled_rows(ops: &impl TileOps, q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
+    let hd = kv.head_dim;
+    let nv = q.len() * heads;
+    assert!(nv <= MAX_VECTORS && hd.is_multiple_of(8) && spans.len() == q.len() && out.len() == q.len());
+    assert!(sc.acc.len() >= nv * hd && sc.v32.len() >= KV_TILE * hd && sc.zero.len() >= hd);
+    sc.acc[..nv * hd].fill(0.0);
+    sc.state[..nv].fill([f32::NEG_INFINITY, 0.0]);
+    // Vector v = head v % heads of row v / heads.
+    let mut ptrs = [std::ptr::null::<f32>(); MAX_VECTORS];
+    for (v, p) in ptrs.iter_mut().enumerate().take(nv) {
+        *p = q[v / heads][v % heads * hd..(v % heads + 1) * hd].as_ptr();
+    }
+    let n_max = spans.iter().map(|s| s.end).max().unwrap_or(0);
+    let mut t0 = spans.iter().map(|s| s.start).min().unwrap_or(0) / KV_TILE * KV_TILE;
+    while t0 < n_max {
+        let t1 = (t0 + KV_TILE).min(n_max);
+        for c0 in (t0..t1).step_by(8) {
+            ops.chunk_scores(&ptrs[..nv], heads, spans, kv, scale, c0, (t1 - c0).min(8), sc, c0 - t0);
+        }
+        let mut active = [0usize; MAX_VECTORS];
+        let mut na = 0;
+        for v in 0..nv {
+            let sh = &mut sc.scores[v * KV_TILE..(v + 1) * KV_TILE];
+            if ops.tile_step(sh, t1 - t0, &mut sc.state[v], &mut sc.acc[v * hd..(v + 1) * hd]) {
+                active[na] = v;
+                na += 1;
+            }
+        }
+        if na > 0 {
+            sc.work.tiles_accumulated += 1;
+            ops.widen_values(kv, t0, t1, &mut sc.v32[..(t1 - t0) * hd]);
+            ops.accumulate(&active[..na], t1 - t0, hd, sc);
+        }
+        t0 = t1;
+    }
+    for v in 0..nv {
+        let [_, s] = sc.state[v];
+        let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+        let o = &mut out[v / heads][v % heads * hd..(v % heads + 1) * hd];
+        for (o, &a) in o.iter_mut().zip(&sc.acc[v * hd..(v + 1) * hd]) {
+            *o = a * inv;
+        }
+    }
+}
