@@ -19,11 +19,14 @@ pub fn this_machine() -> Result<Topology, TopoError> {
 }
 
 pub fn from_xml_file(path: &Path) -> Result<Topology, TopoError> {
-    let hw = Hw::builder().from_xml_file(path).map_err(|e| TopoError::Parse {
+    let parse = |e: &dyn std::fmt::Display| TopoError::Parse {
         path: path.display().to_string(),
         what: format!("not an hwloc XML topology ({e})"),
-    })?;
-    convert(&hw.build().map_err(err)?, &path.display().to_string())
+    };
+    // Depending on hwloc's XML backend (libxml2 or its own), a malformed file is refused when
+    // it is set or only when the topology is loaded: both are the file's fault.
+    let hw = Hw::builder().from_xml_file(path).map_err(|e| parse(&e))?;
+    convert(&hw.build().map_err(|e| parse(&e))?, &path.display().to_string())
 }
 
 pub fn from_synthetic(description: &str) -> Result<Topology, TopoError> {
