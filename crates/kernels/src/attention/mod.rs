@@ -135,9 +135,9 @@ pub(crate) fn attend_decode(
     if !(has_simd(kernels) && kv.is_f16() && chunks::supports(kv.head_dim)) {
         return false;
     }
+    let Some(bufs) = scratch.decode_buffers(q.len() / kv.head_dim) else { return false };
     #[cfg(target_arch = "x86_64")]
     {
-        let Some(bufs) = scratch.decode_buffers(q.len() / kv.head_dim) else { return false };
         if kernels.isa() == crate::Isa::Avx512 {
             // SAFETY: an Avx512 table is only built after detecting AVX-512 F/BW/VL/VNNI (and
             // AVX2, FMA, F16C).
@@ -150,13 +150,13 @@ pub(crate) fn attend_decode(
     }
     #[cfg(target_arch = "aarch64")]
     {
-        let Some(bufs) = scratch.decode_buffers(q.len() / kv.head_dim) else { return false };
         aarch64::decode::attend_decode_group(q, kv, n_cells, scale, visible, split, bufs, out);
         true
     }
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
-        let _ = (q, n_cells, scale, visible, split, scratch, out);
+        // `has_simd` is false here: never reached.
+        let _ = (n_cells, scale, visible, split, bufs, out);
         false
     }
 }

@@ -164,7 +164,6 @@ impl AttnScratch {
 
     /// Buffers for the decode kernels (`x86::decode*`, `aarch64::decode`), `None` if sized for fewer
     /// heads.
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     pub(crate) fn decode_buffers(&mut self, heads: usize) -> Option<DecodeBuffers<'_>> {
         let hd = self.acc.len();
         (heads <= self.gstate.len() && KV_TILE >= DECODE_CHUNK).then(|| DecodeBuffers {
@@ -286,7 +285,6 @@ impl<'a> KvRows<'a> {
 }
 
 /// The buffers of the decode kernels for `heads` heads.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub struct DecodeBuffers<'a> {
     /// `[heads][head_dim]` widened F16-rounded queries.
     pub qf: &'a mut [f32],

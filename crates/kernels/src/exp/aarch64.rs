@@ -40,21 +40,21 @@ pub fn expf_ggml4(x: float32x4_t) -> float32x4_t {
     }
 }
 
-/// `expf_ggml` on every element of `x`, 4 lanes at a time.
-pub fn expf_ggml_slice(x: &mut [f32]) {
-    let mut chunks = x.chunks_exact_mut(4);
-    for c in &mut chunks {
-        // SAFETY: 4 f32 readable and writable.
-        unsafe { vst1q_f32(c.as_mut_ptr(), expf_ggml4(vld1q_f32(c.as_ptr()))) };
-    }
-    for e in chunks.into_remainder() {
-        *e = super::expf_ggml(*e);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `expf_ggml` on every element of `x`, 4 lanes at a time (the scalar for a tail).
+    fn expf_ggml_slice(x: &mut [f32]) {
+        let mut chunks = x.chunks_exact_mut(4);
+        for c in &mut chunks {
+            // SAFETY: 4 f32 readable and writable.
+            unsafe { vst1q_f32(c.as_mut_ptr(), expf_ggml4(vld1q_f32(c.as_ptr()))) };
+        }
+        for e in chunks.into_remainder() {
+            *e = super::super::expf_ggml(*e);
+        }
+    }
 
     /// Every float of the ranges the softmax passes (and past them: subnormal results, 0, ∞,
     /// -∞, NaN) gives the scalar function's bits on every lane.
