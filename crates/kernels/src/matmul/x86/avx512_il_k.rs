@@ -167,6 +167,44 @@ pub fn tiles8_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], pr
     unsafe { two_passes(g, xrb, y, out, prep, tiles_q6_k) }
 }
 
+/// One super-block's integer sums into the accumulators of the Q6_K and IQ4_XS kernels:
+/// `acc[j][h] = fma(d_r · d_y, sumi[j][h], acc[j][h])`, the four rows' F16 scales `d_r` (at the
+/// group-block's start) spread to their 128-bit lanes, `d_y` the activation block's.
+///
+/// # Safety
+/// AVX-512 F/VL, F16C present; 8 bytes readable at `gb`, an f32 at each `yb[j]`.
+#[inline(always)]
+unsafe fn scale_block<const J: usize>(gb: *const u8, yb: &[*const u8; J], sumi: &[[__m512i; 2]; J], acc: &mut [[__m512; 2]; J]) {
+    let spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    // SAFETY (caller): the features and the reads above.
+    unsafe {
+        let dw = _mm256_cvtph_ps(_mm_loadl_epi64(gb as *const __m128i));
+        let dr = _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(dw));
+        for j in 0..J {
+            let dd = _mm512_mul_ps(dr, _mm512_set1_ps(*(yb[j] as *const f32)));
+            for h in 0..2 {
+                acc[j][h] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(sumi[j][h]), acc[j][h]);
+            }
+        }
+    }
+}
+
+/// The four rows' results for each activation row: `o[r][j]` from `acc[j]` (`hsum_rows`).
+///
+/// # Safety
+/// AVX-512 F present.
+#[inline(always)]
+unsafe fn store_rows<const J: usize>(acc: &[[__m512; 2]; J], o: &mut [[f32; J]]) {
+    for j in 0..J {
+        let mut v = [0f32; 4];
+        // SAFETY (caller): the feature; 4 f32 writable.
+        unsafe { _mm_storeu_ps(v.as_mut_ptr(), hsum_rows(&acc[j])) };
+        for r in 0..ROWS {
+            o[r][j] = v[r];
+        }
+    }
+}
+
 /// The Q6_K kernels for `J` activation rows (1: the GEMV).
 ///
 /// # Safety
@@ -184,7 +222,6 @@ unsafe fn q6_k_groups<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: 
     unsafe {
         // [half][pair of groups]: groups (0, 1) and (2, 3) of the half's 16-byte pieces.
         let picks = [[pick(0, 2), pick(4, 6)], [pick(1, 3), pick(5, 7)]];
-        let spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
         for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
             let base = g.as_ptr().add(c * ROWS * xrb);
             let mut acc = [[_mm512_setzero_ps(); 2]; J];
@@ -231,22 +268,9 @@ unsafe fn q6_k_groups<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: 
                         }
                     }
                 }
-                let dw = _mm256_cvtph_ps(_mm_loadl_epi64(gb as *const __m128i));
-                let dr = _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(dw));
-                for j in 0..J {
-                    let dd = _mm512_mul_ps(dr, _mm512_set1_ps(*(yb[j] as *const f32)));
-                    for h in 0..2 {
-                        acc[j][h] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(sumi[j][h]), acc[j][h]);
-                    }
-                }
+                scale_block(gb, &yb, &sumi, &mut acc);
             }
-            for j in 0..J {
-                let mut v = [0f32; 4];
-                _mm_storeu_ps(v.as_mut_ptr(), hsum_rows(&acc[j]));
-                for r in 0..ROWS {
-                    o[r][j] = v[r];
-                }
-            }
+            store_rows(&acc, o);
         }
     }
 }
@@ -393,7 +417,6 @@ unsafe fn iq4_xs_groups<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out
     // activation blocks are inside `g` and `y` (asserted).
     unsafe {
         let table = iq4_grid512();
-        let spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
         // Scales: vector k's 128-bit lane e holds sub-block 4k + e's scales of rows 0‥3 (i32);
         // `pick[e]` spreads that lane's row r into every i16 of lane r.
         let (shift_l, shift_h) = (_mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12), _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6));
@@ -408,10 +431,7 @@ unsafe fn iq4_xs_groups<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out
             let mut acc = [[_mm512_setzero_ps(); 2]; J];
             for i in 0..nb {
                 let gb = base.add(i * gbs);
-                let mut yb = [std::ptr::null(); J];
-                for (j, yb) in yb.iter_mut().enumerate() {
-                    *yb = y[j].as_ptr().add(i * abs);
-                }
+                let yb: [*const u8; J] = std::array::from_fn(|j| y[j].as_ptr().add(i * abs));
                 let sl = _mm512_broadcast_i32x4(_mm_loadu_si128(gb.add(16) as *const __m128i));
                 let sh = _mm512_broadcast_i32x4(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_loadl_epi64(gb.add(8) as *const __m128i)), 4));
                 let mut sv = [_mm512_setzero_si512(); 2];
@@ -440,22 +460,9 @@ unsafe fn iq4_xs_groups<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out
                         sumi[j][1] = _mm512_dpwssd_epi32(sumi[j][1], ph, sc);
                     }
                 }
-                let dw = _mm256_cvtph_ps(_mm_loadl_epi64(gb as *const __m128i));
-                let dr = _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(dw));
-                for j in 0..J {
-                    let dd = _mm512_mul_ps(dr, _mm512_set1_ps(*(yb[j] as *const f32)));
-                    for h in 0..2 {
-                        acc[j][h] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(sumi[j][h]), acc[j][h]);
-                    }
-                }
+                scale_block(gb, &yb, &sumi, &mut acc);
             }
-            for j in 0..J {
-                let mut v = [0f32; 4];
-                _mm_storeu_ps(v.as_mut_ptr(), hsum_rows(&acc[j]));
-                for r in 0..ROWS {
-                    o[r][j] = v[r];
-                }
-            }
+            store_rows(&acc, o);
         }
     }
 }
