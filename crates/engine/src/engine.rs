@@ -60,8 +60,9 @@ pub struct EngineConfig {
     /// (off by default; never used with `batch_invariant`).
     pub fast_prefill: bool,
     /// Repack matrices once at load into the interleaved layout of the table's kernels
-    /// (`corelm_core::packed`; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K with AVX-512 VNNI): same bytes, same results
-    /// bit for bit, faster GEMV and tiles. The plain rows stay mapped for other readers.
+    /// (`corelm_core::packed`; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, IQ4_NL, IQ4_XS under
+    /// every SIMD table: AVX-512, AVX2, NEON): same bytes, same results bit for bit, faster GEMV
+    /// and tiles. The plain rows stay mapped for other readers.
     pub repack: bool,
     /// Kernel table (`--isa`): `None` for the process default (`corelm_kernels::kernels`: the
     /// best this CPU runs, or what `CORELM_ISA` / `set_default_isa` chose); a lower level forces

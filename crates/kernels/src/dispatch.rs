@@ -6,7 +6,9 @@
 use crate::matmul::portable as pd;
 use crate::matmul::{FromFloat, ToFloat, TypeOps, VecDot};
 #[cfg(target_arch = "x86_64")]
-use crate::matmul::{BatchDot, IlTiles, InterleavedOps, TilePacking, Widened};
+use crate::matmul::{BatchDot, TilePacking, Widened};
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+use crate::matmul::{IlTiles, InterleavedOps};
 use crate::quant::portable as pq;
 use crate::DType;
 
@@ -23,6 +25,26 @@ fn interleaved_avx512<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOp
         tiles: IlTiles {
             tile: |g, xrb, y, o, p| unsafe { tiles::<T, 4>(g, xrb, y, o, p) },
             tile8: |g, xrb, y, o, p| unsafe { tiles::<T, 8>(g, xrb, y, o, p) },
+        },
+    }
+}
+
+/// The NEON interleaved kernels of kind `R` (GEMV) and `T` (tiles: the tile dot's kind),
+/// with `sdot` where `dotprod` (`matmul::aarch64::neon_il`). With `dotprod` only for tables of
+/// CPUs that have it (`Isa::Dotprod` and above).
+#[cfg(target_arch = "aarch64")]
+fn interleaved_neon<const R: u8, const T: u8>(dotprod: bool) -> InterleavedOps {
+    use crate::matmul::aarch64::neon_il as il;
+    if !dotprod {
+        return InterleavedOps { rows: il::rows::<R>, tiles: IlTiles { tile: il::tiles::<T>, tile8: il::tiles8::<T> } };
+    }
+    // SAFETY (each closure): `Kernels::aarch64` asks for these only for a level with `dotprod`,
+    // built only on a CPU that has it.
+    InterleavedOps {
+        rows: |g, xrb, y, o, p| unsafe { il::rows_dotprod::<R>(g, xrb, y, o, p) },
+        tiles: IlTiles {
+            tile: |g, xrb, y, o, p| unsafe { il::tiles_dotprod::<T>(g, xrb, y, o, p) },
+            tile8: |g, xrb, y, o, p| unsafe { il::tiles8_dotprod::<T>(g, xrb, y, o, p) },
         },
     }
 }
@@ -379,6 +401,20 @@ impl Kernels {
                 o.vec_dot_tile = f;
             }
             k.ops[slot(DType::Q4K).unwrap()].vec_dot_tile = pick(neon::<{ kind::Q4_K_TILE }>, |x, y| unsafe { dotprod::<{ kind::Q4_K_TILE }>(x, y) });
+            // Interleaved kernels (`matmul::aarch64::neon_il`): Q4_K's tiles in its tile order.
+            for (t, il) in [
+                (DType::Q4_0, interleaved_neon::<{ kind::Q4_0 }, { kind::Q4_0 }>(dot)),
+                (DType::Q4_1, interleaved_neon::<{ kind::Q4_1 }, { kind::Q4_1 }>(dot)),
+                (DType::Q5_0, interleaved_neon::<{ kind::Q5_0 }, { kind::Q5_0 }>(dot)),
+                (DType::Q5_1, interleaved_neon::<{ kind::Q5_1 }, { kind::Q5_1 }>(dot)),
+                (DType::Q8_0, interleaved_neon::<{ kind::Q8_0 }, { kind::Q8_0 }>(dot)),
+                (DType::Q4K, interleaved_neon::<{ kind::Q4_K }, { kind::Q4_K_TILE }>(dot)),
+                (DType::Q6K, interleaved_neon::<{ kind::Q6_K }, { kind::Q6_K }>(dot)),
+                (DType::IQ4NL, interleaved_neon::<{ kind::IQ4_NL }, { kind::IQ4_NL }>(dot)),
+                (DType::IQ4XS, interleaved_neon::<{ kind::IQ4_XS }, { kind::IQ4_XS }>(dot)),
+            ] {
+                k.ops[slot(t).unwrap()].interleaved = Some(il);
+            }
         }
         let _ = isa;
         k

@@ -28,7 +28,8 @@
 //! where a plain row needs one per row (AVX2: a 32-byte load holds a row pair,
 //! `matmul::x86::avx2_il`), convert the four rows' scales with one `vcvtph2ps`, and read each
 //! matrix as one sequential stream (four plain rows read block by block are four
-//! streams the hardware prefetcher does not follow). The same layout serves decode's GEMV and
+//! streams the hardware prefetcher does not follow). NEON (`matmul::aarch64::neon_il`) reads a
+//! row's 16-byte run per load and widens the four rows' scales with one `fcvtl`. The same layout serves decode's GEMV and
 //! prefill's 4×4 tiles, so nothing is packed per call (SMEPilot's layout-aware runtime: pack
 //! off the critical path).
 //!

@@ -262,9 +262,16 @@ pub fn dequant_q5_k(x: &[u8], y: &mut [f32]) {
 /// The 8 signed 6-bit sub-block scales (-32..32) of an IQ4_XS super-block.
 #[inline]
 pub fn iq4_xs_scales(b: &BlockIQ4XS) -> [i8; 8] {
+    iq4_xs_scales_of(b.scales_h, &b.scales_l)
+}
+
+/// [`iq4_xs_scales`] from the two scale fields (where they do not sit in a plain block: the
+/// interleaved layout).
+#[inline]
+pub fn iq4_xs_scales_of(scales_h: u16, scales_l: &[u8; QK_K / 64]) -> [i8; 8] {
     let mut out = [0i8; 8];
     for (ib, o) in out.iter_mut().enumerate() {
-        let ls = ((b.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | ((((b.scales_h >> (2 * ib)) & 3) as u8) << 4);
+        let ls = ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | ((((scales_h >> (2 * ib)) & 3) as u8) << 4);
         *o = ls as i8 - 32;
     }
     out

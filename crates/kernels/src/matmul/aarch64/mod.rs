@@ -10,4 +10,5 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod neon;
+pub mod neon_il;
 pub mod sme;

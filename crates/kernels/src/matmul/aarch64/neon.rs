@@ -55,7 +55,7 @@ impl Dot4 for Widen {
 /// `hsum_f32x8` of lanes `acc[0]` (0‥3) and `acc[1]` (4‥7): `(hi + lo)`, then
 /// `(r0 + r2) + (r1 + r3)`.
 #[inline(always)]
-unsafe fn hsum8(acc: [float32x4_t; 2]) -> f32 {
+pub(super) unsafe fn hsum8(acc: [float32x4_t; 2]) -> f32 {
     // SAFETY: NEON present (the caller's contract).
     unsafe {
         let r = vaddq_f32(acc[1], acc[0]);
@@ -67,16 +67,22 @@ unsafe fn hsum8(acc: [float32x4_t; 2]) -> f32 {
 #[inline(always)]
 unsafe fn block<D: Dot4>(acc: &mut [float32x4_t; 2], d: f32, w: (int8x16_t, int8x16_t), y: &[i8; 32]) {
     // SAFETY: NEON present; `y` is 32 readable bytes.
+    unsafe { block_loaded::<D>(acc, d, w, (vld1q_s8(y.as_ptr()), vld1q_s8(y.as_ptr().add(16)))) }
+}
+
+/// [`block`] with the activation block's halves loaded.
+#[inline(always)]
+pub(super) unsafe fn block_loaded<D: Dot4>(acc: &mut [float32x4_t; 2], d: f32, w: (int8x16_t, int8x16_t), y: (int8x16_t, int8x16_t)) {
+    // SAFETY: NEON present (the caller's contract).
     unsafe {
-        let (ylo, yhi) = (vld1q_s8(y.as_ptr()), vld1q_s8(y.as_ptr().add(16)));
-        acc[0] = vfmaq_n_f32(acc[0], vcvtq_f32_s32(D::dot4(w.0, ylo)), d);
-        acc[1] = vfmaq_n_f32(acc[1], vcvtq_f32_s32(D::dot4(w.1, yhi)), d);
+        acc[0] = vfmaq_n_f32(acc[0], vcvtq_f32_s32(D::dot4(w.0, y.0)), d);
+        acc[1] = vfmaq_n_f32(acc[1], vcvtq_f32_s32(D::dot4(w.1, y.1)), d);
     }
 }
 
 /// The nibbles of 16 bytes: (low nibbles: values 0‥16, high nibbles: values 16‥32).
 #[inline(always)]
-unsafe fn nibbles(qs: &[u8; 16]) -> (uint8x16_t, uint8x16_t) {
+pub(super) unsafe fn nibbles(qs: &[u8; 16]) -> (uint8x16_t, uint8x16_t) {
     // SAFETY: NEON present; 16 readable bytes.
     unsafe {
         let v = vld1q_u8(qs.as_ptr());
@@ -86,7 +92,7 @@ unsafe fn nibbles(qs: &[u8; 16]) -> (uint8x16_t, uint8x16_t) {
 
 /// Bits 0‥16 and 16‥32 of `qh` as bytes 0x10 (set) or 0.
 #[inline(always)]
-unsafe fn fifth_bits(qh: [u8; 4]) -> (uint8x16_t, uint8x16_t) {
+pub(super) unsafe fn fifth_bits(qh: [u8; 4]) -> (uint8x16_t, uint8x16_t) {
     // SAFETY: NEON present.
     unsafe {
         let bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040_2010_0804_0201));
@@ -99,7 +105,7 @@ unsafe fn fifth_bits(qh: [u8; 4]) -> (uint8x16_t, uint8x16_t) {
 }
 
 #[inline(always)]
-unsafe fn signed(v: (uint8x16_t, uint8x16_t), off: u8) -> (int8x16_t, int8x16_t) {
+pub(super) unsafe fn signed(v: (uint8x16_t, uint8x16_t), off: u8) -> (int8x16_t, int8x16_t) {
     // SAFETY: NEON present.
     unsafe {
         let o = vdupq_n_u8(off);
@@ -189,91 +195,154 @@ unsafe fn sum32<D: Dot4>(lo: uint8x16_t, hi: uint8x16_t, y: *const i8) -> i32 {
     }
 }
 
-/// Q4_K in `portable::dot_q4_k_q8_k`'s order (exact integers per super-block, then one FMA
-/// each); `TILE`: `dot_q4_k_q8_k_tile`'s (one FMA per 64 values).
+/// The super-block kernels below read a weight super-block's quants through `piece(p)`: the
+/// address of its 16-byte piece `p` (bytes `16p‥16p+16` of the plain field), so that the plain
+/// rows (`field + 16p`) and the interleaved layout (`matmul::layout`, where each piece of four
+/// rows sits side by side) share one body, and so their values.
+///
+/// One Q4_K super-block (quants through `qs`, see above; `d`, `dmin`: the weight's scales times
+/// `d_y`) into `acc`, `acc_min` in `portable::dot_q4_k_q8_k`'s order (exact integers per
+/// super-block, then one FMA each); `TILE`: `dot_q4_k_q8_k_tile`'s (one FMA per 64 values).
+///
+/// # Safety
+/// NEON present; every piece `qs(p)`, p < 8, 16 readable bytes.
+#[inline(always)]
+pub(super) unsafe fn q4_k_block<D: Dot4, const TILE: bool>(qs: impl Fn(usize) -> *const u8, scales: &[u8; K_SCALE_SIZE], (d, dmin): (f32, f32), b: &BlockQ8K, acc: &mut f32, acc_min: &mut f32) {
+    // SAFETY: NEON present (the caller's contract).
+    let m4 = unsafe { vdupq_n_u8(0x0F) };
+    let (mut sumi, mut summ) = (0i32, 0i32);
+    for p in 0..QK_K / 64 {
+        // SAFETY: NEON present; pieces 2p, 2p + 1 (the caller's contract) and the activation's
+        // 64 values at 64p.
+        let (s0, s1) = unsafe {
+            let (q0, q1) = (vld1q_u8(qs(2 * p)), vld1q_u8(qs(2 * p + 1)));
+            let yq = b.qs.as_ptr().add(64 * p);
+            (sum32::<D>(vandq_u8(q0, m4), vandq_u8(q1, m4), yq), sum32::<D>(vshrq_n_u8::<4>(q0), vshrq_n_u8::<4>(q1), yq.add(32)))
+        };
+        for (j, s) in [(2 * p, s0), (2 * p + 1, s1)] {
+            let (sc, m) = scale_min_k4(j, scales);
+            sumi += sc as i32 * s;
+            summ += m as i32 * (b.bsums[2 * j] as i32 + b.bsums[2 * j + 1] as i32);
+        }
+        if TILE {
+            *acc = (sumi as f32).mul_add(d, *acc);
+            *acc_min = (summ as f32).mul_add(dmin, *acc_min);
+            (sumi, summ) = (0, 0);
+        }
+    }
+    if !TILE {
+        *acc = (sumi as f32).mul_add(d, *acc);
+        *acc_min = (summ as f32).mul_add(dmin, *acc_min);
+    }
+}
+
+/// Q4_K in `portable::dot_q4_k_q8_k`'s order; `TILE`: `dot_q4_k_q8_k_tile`'s.
 #[inline(always)]
 unsafe fn q4_k<D: Dot4, const TILE: bool>(x: &[u8], y: &[u8]) -> f32 {
     let (x, y) = (as_blocks::<BlockQ4K>(x), as_blocks::<BlockQ8K>(y));
     let (mut acc, mut acc_min) = (0f32, 0f32);
-    let m4 = unsafe { vdupq_n_u8(0x0F) };
     for (a, b) in x.iter().zip(y) {
-        let (d, dmin) = (a.d.to_f32() * b.d, a.dmin.to_f32() * b.d);
-        let (mut sumi, mut summ) = (0i32, 0i32);
-        for p in 0..QK_K / 64 {
-            // SAFETY: NEON present; qs[32p..32p+32] and the activation's 64 values at 64p.
-            let (s0, s1) = unsafe {
-                let (q0, q1) = (vld1q_u8(a.qs.as_ptr().add(32 * p)), vld1q_u8(a.qs.as_ptr().add(32 * p + 16)));
-                let yq = b.qs.as_ptr().add(64 * p);
-                (sum32::<D>(vandq_u8(q0, m4), vandq_u8(q1, m4), yq), sum32::<D>(vshrq_n_u8::<4>(q0), vshrq_n_u8::<4>(q1), yq.add(32)))
-            };
-            for (j, s) in [(2 * p, s0), (2 * p + 1, s1)] {
-                let (sc, m) = scale_min_k4(j, &a.scales);
-                sumi += sc as i32 * s;
-                summ += m as i32 * (b.bsums[2 * j] as i32 + b.bsums[2 * j + 1] as i32);
-            }
-            if TILE {
-                acc = (sumi as f32).mul_add(d, acc);
-                acc_min = (summ as f32).mul_add(dmin, acc_min);
-                (sumi, summ) = (0, 0);
-            }
-        }
-        if !TILE {
-            acc = (sumi as f32).mul_add(d, acc);
-            acc_min = (summ as f32).mul_add(dmin, acc_min);
-        }
+        let ds = (a.d.to_f32() * b.d, a.dmin.to_f32() * b.d);
+        // SAFETY: NEON present (the caller's contract); pieces 0‥8 of the 128-byte `qs`.
+        unsafe { q4_k_block::<D, TILE>(|p| a.qs.as_ptr().add(16 * p), &a.scales, ds, b, &mut acc, &mut acc_min) };
     }
     acc - acc_min
+}
+
+/// One Q6_K super-block's eight lane sums (exact, with the `−32·Σ sc·bsums` correction) in
+/// ggml's AVX2 order (`matmul::lanes::dot_q6_k_q8_k`); `ql(p)` (p < 8) and `qh(p)` (p < 4):
+/// the pieces of the two quant fields.
+///
+/// # Safety
+/// NEON present; each piece 16 readable bytes.
+#[inline(always)]
+pub(super) unsafe fn q6_k_block<D: Dot4>(ql: impl Fn(usize) -> *const u8, qh: impl Fn(usize) -> *const u8, scales: &[i8; QK_K / 16], b: &BlockQ8K) -> [int32x4_t; 2] {
+    // SAFETY: NEON present; the pieces are the caller's contract, every other load is inside
+    // `scales` or `b`.
+    unsafe {
+        let (m4, m3) = (vdupq_n_u8(0x0F), vdupq_n_u8(0x03));
+        // −32·(bsums[2L]·sc[2L] + bsums[2L+1]·sc[2L+1]) for lanes 0‥3 and 4‥7.
+        let sc = vmovl_s8(vld1_s8(scales.as_ptr()));
+        let sc_hi = vmovl_s8(vld1_s8(scales.as_ptr().add(8)));
+        let bs = (vld1q_s16(b.bsums.as_ptr()), vld1q_s16(b.bsums.as_ptr().add(8)));
+        let corr = |s: int16x8_t, t: int16x8_t| {
+            let p = vpaddq_s32(vmull_s16(vget_low_s16(s), vget_low_s16(t)), vmull_high_s16(s, t));
+            vmulq_n_s32(p, -32)
+        };
+        let mut sumi = [corr(sc, bs.0), corr(sc_hi, bs.1)];
+        for n in 0..QK_K / 128 {
+            for h in 0..2 {
+                // Bytes 16h‥16h+16 of this half's ql (both 32-byte rows) and qh.
+                let ql0 = vld1q_u8(ql(4 * n + h));
+                let ql1 = vld1q_u8(ql(4 * n + 2 + h));
+                let qh = vld1q_u8(qh(2 * n + h));
+                for k in 0..4 {
+                    let lo = match k {
+                        0 => vandq_u8(ql0, m4),
+                        1 => vandq_u8(ql1, m4),
+                        2 => vshrq_n_u8::<4>(ql0),
+                        _ => vshrq_n_u8::<4>(ql1),
+                    };
+                    let hb = match k {
+                        0 => qh,
+                        1 => vshrq_n_u8::<2>(qh),
+                        2 => vshrq_n_u8::<4>(qh),
+                        _ => vshrq_n_u8::<6>(qh),
+                    };
+                    let u = vorrq_u8(lo, vshlq_n_u8::<4>(vandq_u8(hb, m3)));
+                    let yq = vld1q_s8(b.qs.as_ptr().add(128 * n + 32 * k + 16 * h));
+                    let s = D::dot4(vreinterpretq_s8_u8(u), yq);
+                    sumi[h] = vmlaq_n_s32(sumi[h], s, scales[8 * n + 2 * k + h] as i32);
+                }
+            }
+        }
+        sumi
+    }
+}
+
+/// A super-block's eight lane sums into the accumulators with `d` (one FMA per lane).
+#[inline(always)]
+pub(super) unsafe fn lanes_fma(acc: &mut [float32x4_t; 2], sumi: [int32x4_t; 2], d: f32) {
+    // SAFETY: NEON present (the caller's contract).
+    unsafe {
+        acc[0] = vfmaq_n_f32(acc[0], vcvtq_f32_s32(sumi[0]), d);
+        acc[1] = vfmaq_n_f32(acc[1], vcvtq_f32_s32(sumi[1]), d);
+    }
 }
 
 /// Q6_K in ggml's AVX2 order (`matmul::lanes::dot_q6_k_q8_k`).
 #[inline(always)]
 unsafe fn q6_k<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
     let (x, y) = (as_blocks::<BlockQ6K>(x), as_blocks::<BlockQ8K>(y));
-    // SAFETY: NEON present (the caller's contract); every load below is inside its block.
+    // SAFETY: NEON present (the caller's contract); the pieces lie inside `ql` and `qh`.
     unsafe {
-        let (m4, m3) = (vdupq_n_u8(0x0F), vdupq_n_u8(0x03));
         let mut acc = [vdupq_n_f32(0.0); 2];
         for (a, b) in x.iter().zip(y) {
-            // −32·(bsums[2L]·sc[2L] + bsums[2L+1]·sc[2L+1]) for lanes 0‥3 and 4‥7.
-            let sc = vmovl_s8(vld1_s8(a.scales.as_ptr()));
-            let sc_hi = vmovl_s8(vld1_s8(a.scales.as_ptr().add(8)));
-            let bs = (vld1q_s16(b.bsums.as_ptr()), vld1q_s16(b.bsums.as_ptr().add(8)));
-            let corr = |s: int16x8_t, t: int16x8_t| {
-                let p = vpaddq_s32(vmull_s16(vget_low_s16(s), vget_low_s16(t)), vmull_high_s16(s, t));
-                vmulq_n_s32(p, -32)
-            };
-            let mut sumi = [corr(sc, bs.0), corr(sc_hi, bs.1)];
-            for n in 0..QK_K / 128 {
-                for h in 0..2 {
-                    // Bytes 16h‥16h+16 of this half's ql (both 32-byte rows) and qh.
-                    let ql0 = vld1q_u8(a.ql.as_ptr().add(64 * n + 16 * h));
-                    let ql1 = vld1q_u8(a.ql.as_ptr().add(64 * n + 32 + 16 * h));
-                    let qh = vld1q_u8(a.qh.as_ptr().add(32 * n + 16 * h));
-                    for k in 0..4 {
-                        let lo = match k {
-                            0 => vandq_u8(ql0, m4),
-                            1 => vandq_u8(ql1, m4),
-                            2 => vshrq_n_u8::<4>(ql0),
-                            _ => vshrq_n_u8::<4>(ql1),
-                        };
-                        let hb = match k {
-                            0 => qh,
-                            1 => vshrq_n_u8::<2>(qh),
-                            2 => vshrq_n_u8::<4>(qh),
-                            _ => vshrq_n_u8::<6>(qh),
-                        };
-                        let u = vorrq_u8(lo, vshlq_n_u8::<4>(vandq_u8(hb, m3)));
-                        let yq = vld1q_s8(b.qs.as_ptr().add(128 * n + 32 * k + 16 * h));
-                        let s = D::dot4(vreinterpretq_s8_u8(u), yq);
-                        sumi[h] = vmlaq_n_s32(sumi[h], s, a.scales[8 * n + 2 * k + h] as i32);
-                    }
-                }
-            }
-            let d = b.d * a.d.to_f32();
-            acc[0] = vfmaq_n_f32(acc[0], vcvtq_f32_s32(sumi[0]), d);
-            acc[1] = vfmaq_n_f32(acc[1], vcvtq_f32_s32(sumi[1]), d);
+            let sumi = q6_k_block::<D>(|p| a.ql.as_ptr().add(16 * p), |p| a.qh.as_ptr().add(16 * p), &a.scales, b);
+            lanes_fma(&mut acc, sumi, b.d * a.d.to_f32());
         }
         hsum8(acc)
+    }
+}
+
+/// One IQ4_XS super-block's eight lane sums in ggml's AVX2 order
+/// (`matmul::lanes::dot_iq4_xs_q8_k`): each sub-block's lane sums times its scale `sc`;
+/// `qs(p)`: the quants' pieces (p < 8, one per sub-block); `table`: the IQ4_NL grid.
+///
+/// # Safety
+/// NEON present; each piece 16 readable bytes.
+#[inline(always)]
+pub(super) unsafe fn iq4_xs_block<D: Dot4>(qs: impl Fn(usize) -> *const u8, sc: &[i8; 8], table: int8x16_t, b: &BlockQ8K) -> [int32x4_t; 2] {
+    // SAFETY: NEON present; the pieces are the caller's contract, the activations inside `b`.
+    unsafe {
+        let mut sumi = [vdupq_n_s32(0); 2];
+        for (s, &l) in sc.iter().enumerate() {
+            let (lo, hi) = nibbles(&*(qs(s) as *const [u8; 16]));
+            let yq = b.qs.as_ptr().add(32 * s);
+            sumi[0] = vmlaq_n_s32(sumi[0], D::dot4(vqtbl1q_s8(table, lo), vld1q_s8(yq)), l as i32);
+            sumi[1] = vmlaq_n_s32(sumi[1], D::dot4(vqtbl1q_s8(table, hi), vld1q_s8(yq.add(16))), l as i32);
+        }
+        sumi
     }
 }
 
@@ -298,22 +367,14 @@ unsafe fn iq4_nl<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
 #[inline(always)]
 unsafe fn iq4_xs<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
     let (x, y) = (as_blocks::<BlockIQ4XS>(x), as_blocks::<BlockQ8K>(y));
-    // SAFETY: NEON present (the caller's contract); every load is inside its block.
+    // SAFETY: NEON present (the caller's contract); the pieces lie inside `qs`.
     unsafe {
         let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
         let mut acc = [vdupq_n_f32(0.0); 2];
         for (a, b) in x.iter().zip(y) {
             let sc = crate::quant::portable::iq4_xs_scales(a);
-            let mut sumi = [vdupq_n_s32(0); 2];
-            for (s, &l) in sc.iter().enumerate() {
-                let (lo, hi) = nibbles(a.qs[16 * s..16 * s + 16].try_into().expect("16 bytes"));
-                let yq = b.qs.as_ptr().add(32 * s);
-                sumi[0] = vmlaq_n_s32(sumi[0], D::dot4(vqtbl1q_s8(table, lo), vld1q_s8(yq)), l as i32);
-                sumi[1] = vmlaq_n_s32(sumi[1], D::dot4(vqtbl1q_s8(table, hi), vld1q_s8(yq.add(16))), l as i32);
-            }
-            let d = a.d.to_f32() * b.d;
-            acc[0] = vfmaq_n_f32(acc[0], vcvtq_f32_s32(sumi[0]), d);
-            acc[1] = vfmaq_n_f32(acc[1], vcvtq_f32_s32(sumi[1]), d);
+            let sumi = iq4_xs_block::<D>(|p| a.qs.as_ptr().add(16 * p), &sc, table, b);
+            lanes_fma(&mut acc, sumi, a.d.to_f32() * b.d);
         }
         hsum8(acc)
     }
