@@ -196,8 +196,9 @@ fn golden_kquants_avx2() {
 }
 
 /// SmolLM2's first case alone, under every kernel table this CPU runs: the real-model check of
-/// the emulated aarch64 runs (`scripts/test_arm.sh`: portable, NEON, NEON + `sdot`, and SME
-/// with its panel GEMM under `--fast-prefill`), where a whole model is 10–50× slower. The SIMD
+/// the emulated aarch64 runs (`scripts/test_arm.sh`: portable, NEON, NEON + `sdot`, and SME;
+/// dotprod and SME also with their panel GEMM under `--fast-prefill`), where a whole model is
+/// 10–50× slower. The SIMD
 /// tables' dots follow the x86 lane order, so they get the golden tolerance; the portable
 /// table, ggml's generic order, gets it widened by half as in [`golden_smollm2_lower_isas`].
 #[test]
@@ -207,9 +208,10 @@ fn golden_smollm2_p01() {
     for isa in Isa::ALL.into_iter().filter(|&i| corelm_kernels::dispatch::check(i).is_ok()) {
         let tol = if isa == Isa::Portable { 1.5 * t } else { t };
         check_model_cfg(d, f, tol, corelm_engine::EngineConfig { n_batch: 512, isa: Some(isa), ..test_config(2) }, &["p01"]);
-        if isa == Isa::Sme {
-            // The panel GEMM on the matrix unit (`--fast-prefill`, prompts of 8 tokens or more:
-            // p02's 11): its float order, so the tolerance of `golden_smollm2_fast_prefill`.
+        if matches!(isa, Isa::Sme | Isa::Dotprod) {
+            // The panel GEMM (`--fast-prefill`, prompts of 8 tokens or more: p02's 11) on the
+            // matrix unit (SME) or on `usmmla`/`sdot` (dotprod, by the CPU's i8mm): its float
+            // order, so the tolerance of `golden_smollm2_fast_prefill`.
             check_model_cfg(d, f, 1.5 * t, corelm_engine::EngineConfig { n_batch: 512, isa: Some(isa), fast_prefill: true, ..test_config(2) }, &["p02"]);
         }
     }

@@ -30,6 +30,11 @@ pub fn has_sme() -> bool {
     })
 }
 
+/// Whether the CPU has the 8-bit integer matrix multiply extension (`usmmla`; FEAT_I8MM).
+pub fn has_i8mm() -> bool {
+    std::arch::is_aarch64_feature_detected!("i8mm")
+}
+
 /// The streaming vector length in bytes (16..256; one ZA tile of 32-bit elements is
 /// `bytes / 4` square). 0 without SME.
 pub fn sme_vector_bytes() -> usize {

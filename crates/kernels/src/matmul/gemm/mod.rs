@@ -26,6 +26,8 @@ use crate::matmul::schedule::Schedule;
 use crate::simd::Isa;
 use crate::DType;
 
+#[cfg(target_arch = "aarch64")]
+pub mod aarch64;
 pub mod panel;
 pub mod tile;
 #[cfg(target_arch = "x86_64")]
@@ -41,13 +43,24 @@ pub fn supported(t: DType) -> bool {
 
 /// Whether the panel GEMM of `t` runs a SIMD kernel under `isa`'s table (AVX-512 and SME:
 /// every supported type; AVX2: all but Q8_0, whose unsigned codes saturate `maddubs`' i16
-/// sums; elsewhere the portable twin).
+/// sums; dotprod: every type on a CPU with i8mm (`usmmla`), else all but Q8_0, whose codes do
+/// not fit `sdot`'s signed bytes; elsewhere the portable twin).
 pub fn simd(t: DType, isa: Isa) -> bool {
     supported(t) && match isa {
         Isa::Avx512 | Isa::Sme => true,
         Isa::Avx2 => t != DType::Q8_0,
-        Isa::Portable | Isa::Neon | Isa::Dotprod => false,
+        Isa::Dotprod => t != DType::Q8_0 || i8mm(),
+        Isa::Portable | Isa::Neon => false,
     }
+}
+
+/// Whether the dotprod table's panel kernel is `usmmla`'s ([`aarch64::panel_i8mm`]): on a
+/// CPU with the 8-bit matrix multiply extension.
+pub fn i8mm() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    return crate::simd::aarch64::has_i8mm();
+    #[cfg(not(target_arch = "aarch64"))]
+    false
 }
 
 /// Rows of the matrix unit's tile this CPU has (SME: a quarter of the streaming vector's bytes,
@@ -380,6 +393,12 @@ pub unsafe fn gemm_impl(
                         Isa::Avx512 => unsafe { x86::panel(job, acc0, store) },
                         #[cfg(target_arch = "x86_64")]
                         Isa::Avx2 if simd(t, isa) => unsafe { x86::panel_avx2(job, acc0, store) },
+                        // SAFETY (both): the dotprod table is built only on a CPU with
+                        // `dotprod`; `i8mm()` detected the other.
+                        #[cfg(target_arch = "aarch64")]
+                        Isa::Dotprod if i8mm() => unsafe { aarch64::panel_i8mm(job, acc0, store) },
+                        #[cfg(target_arch = "aarch64")]
+                        Isa::Dotprod if simd(t, isa) => unsafe { aarch64::panel_dotprod(job, acc0, store) },
                         _ => panel_portable(job, acc0, store),
                     }
                 }
