@@ -381,6 +381,10 @@ impl Kernels {
             debug_assert!(isa.missing().is_empty());
             k.isa = isa;
             let dot = isa >= Isa::Dotprod;
+            k.q8_0 = crate::quant::aarch64::quant_q8_0;
+            k.q8_1 = crate::quant::aarch64::quant_q8_1;
+            k.q8_k = crate::quant::aarch64::quant_q8_k;
+            k.f16 = crate::quant::aarch64::quant_f16;
             // SAFETY (the `dotprod` closures): `build` runs this for `Isa::Dotprod` or `Isa::Sme`
             // only on a CPU with it (checked); the NEON ones need only the aarch64 baseline.
             let pick = |n: VecDot, d: VecDot| if dot { d } else { n };

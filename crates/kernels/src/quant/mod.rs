@@ -2,8 +2,11 @@
 //! blocks, size-asserted), [`portable`] (dequantizers of every type, the activation quantizers
 //! Q8_0/Q8_1/Q8_K as ggml's SIMD code rounds them, per-block value decoders the dot products
 //! share), [`reference`] (ggml's reference weight quantizers, for `corelm quantize` and
-//! quantized KV rows) and [`x86`] (AVX2 activation quantizers, the same bytes).
+//! quantized KV rows), [`x86`] (AVX2 activation quantizers, the same bytes) and `aarch64`
+//! (their NEON twins).
 
+#[cfg(target_arch = "aarch64")]
+pub mod aarch64;
 pub mod blocks;
 pub mod portable;
 pub mod reference;
