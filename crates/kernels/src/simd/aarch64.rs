@@ -94,19 +94,7 @@ pub unsafe fn load_f16x8(p: *const half::f16) -> [float32x4_t; 2] {
 /// Each lane rounded to the nearest F16 (ties to even, as `f16::from_f32`) and widened back.
 #[inline(always)]
 pub fn round_f16x4(x: float32x4_t) -> float32x4_t {
-    let y: float32x4_t;
-    // SAFETY: register-only conversions under the default rounding mode.
-    unsafe {
-        std::arch::asm!(
-            "fcvtn {t:v}.4h, {x:v}.4s",
-            "fcvtl {y:v}.4s, {t:v}.4h",
-            t = out(vreg) _,
-            y = lateout(vreg) y,
-            x = in(vreg) x,
-            options(pure, nomem, nostack, preserves_flags)
-        )
-    };
-    y
+    from_f16_bits4(to_f16_bits4(x))
 }
 
 /// The 16 lanes `t[0..4]` (lanes 4i..4i + 4 in `t[i]`) summed in the order of

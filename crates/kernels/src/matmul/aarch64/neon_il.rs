@@ -29,15 +29,17 @@ use std::arch::aarch64::*;
 
 /// Plain block bytes of kind `K` (a group-block is four of them).
 const fn block_bytes(k: u8) -> usize {
+    use std::mem::size_of;
     match k {
-        kind::Q4_0 | kind::IQ4_NL => 18,
-        kind::Q4_1 => 20,
-        kind::Q5_0 => 22,
-        kind::Q5_1 => 24,
-        kind::Q8_0 => 34,
-        kind::Q4_K | kind::Q4_K_TILE => 144,
-        kind::IQ4_XS => 136,
-        _ => 210,
+        kind::Q4_0 => size_of::<BlockQ4_0>(),
+        kind::IQ4_NL => size_of::<BlockIQ4NL>(),
+        kind::Q4_1 => size_of::<BlockQ4_1>(),
+        kind::Q5_0 => size_of::<BlockQ5_0>(),
+        kind::Q5_1 => size_of::<BlockQ5_1>(),
+        kind::Q8_0 => size_of::<BlockQ8_0>(),
+        kind::Q4_K | kind::Q4_K_TILE => size_of::<BlockQ4K>(),
+        kind::IQ4_XS => size_of::<BlockIQ4XS>(),
+        _ => size_of::<BlockQ6K>(),
     }
 }
 
