@@ -53,6 +53,12 @@ pub(crate) struct SparseArgs {
     /// sparsity file's co-activation partition, METIS) or freq (by firing frequency).
     #[arg(long, value_enum, default_value = "coact")]
     pub(crate) accel_groups: GroupBy,
+    /// Adjacent-layer activation predictors (`corelm sparsity predict` writes them, for one
+    /// --sparsity level): each layer's gate rows are then read only for the neurons predicted
+    /// from the previous layer's FFN input, and only those can fire (KAIROX §5.1). Needs
+    /// --sparsity at the level they were trained for. Quality and speed: docs/sparsity.md.
+    #[arg(long)]
+    pub(crate) predictor: Option<PathBuf>,
     /// The momentum score's decay λ (tam; tam-adaptive's start).
     #[arg(long, default_value_t = 0.9)]
     pub(crate) accel_lambda: f32,
@@ -124,6 +130,9 @@ impl SparseArgs {
     /// accelerator's (`None` without `--accel-mem`).
     pub(crate) fn load(&self, model: &Path) -> Result<(Option<Arc<corelm_engine::SparseFfn>>, Option<AccelConfig>)> {
         let Some(s) = self.sparsity else {
+            if self.predictor.is_some() {
+                bail!("--predictor predicts which neurons fire at a sparsity level: give --sparsity too");
+            }
             return Ok((None, self.accel_mem.map(|mem| self.accel(mem, None)).transpose()?));
         };
         let path = self.sparsity_file.clone().unwrap_or_else(|| sparsity::default_path(model));
@@ -144,7 +153,23 @@ impl SparseArgs {
                 self.accel(mem, level)
             })
             .transpose()?;
-        Ok((Some(Arc::new(corelm_engine::SparseFfn { thresholds, down_type: self.sparse_down_type, offloaded: Vec::new(), balanced: false })), accel))
+        let predictor = match &self.predictor {
+            Some(p) => {
+                let l = corelm_engine::predictor::load(p)?;
+                if (l.sparsity - s).abs() > 0.005 {
+                    bail!("{} was trained for --sparsity {}; run `corelm sparsity predict --level {s}` for this level", p.display(), l.sparsity);
+                }
+                let name = model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                if !l.model.is_empty() && l.model != name {
+                    eprintln!("note: {} was trained on {}, not {name}", p.display(), l.model);
+                }
+                Some(Arc::new(l.predictors))
+            }
+            None => None,
+        };
+        let mut sparse = corelm_engine::SparseFfn::new(thresholds, self.sparse_down_type);
+        sparse.predictor = predictor;
+        Ok((Some(Arc::new(sparse)), accel))
     }
 }
 
@@ -203,9 +228,6 @@ pub enum SparsityCmd {
         #[arg(long)]
         svg: Option<PathBuf>,
     },
-    /// Quality of sparsity levels: perplexity of a text (llama-perplexity's protocol) and
-    /// greedy agreement (the dense model's most likely token kept) at each level, against the
-    /// dense model in the same run.
     /// Train the adjacent-layer activation predictors (KAIROX §5.1): from layer l-1's FFN
     /// input, a low-rank model per layer predicts which of layer l's neurons fire at the
     /// calibration's threshold for --level. Trained on the first 80 % of the traced tokens,
@@ -236,6 +258,9 @@ pub enum SparsityCmd {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
+    /// Quality of sparsity levels: perplexity of a text (llama-perplexity's protocol) and
+    /// greedy agreement (the dense model's most likely token kept) at each level, against the
+    /// dense model in the same run; with --predictor, its level also with the predictor.
     Eval {
         #[command(flatten)]
         model: crate::ModelArgs,
@@ -268,6 +293,7 @@ pub fn run(cmd: SparsityCmd) -> Result<()> {
 fn dense_args(m: &crate::ModelArgs) -> crate::ModelArgs {
     let mut d = m.clone();
     d.place.sparse.sparsity = None;
+    d.place.sparse.predictor = None;
     d
 }
 
@@ -374,11 +400,23 @@ fn eval(m: &crate::ModelArgs, file: &Path, levels: &[f32], chunks: Option<usize>
     };
     let dense = run(&dense_args(m))?;
     let mut rows = vec![("dense".to_string(), dense.clone())];
+    // The predictor's level, if given, also runs with it.
+    let pred_level = match &m.place.sparse.predictor {
+        Some(p) => Some(corelm_engine::predictor::load(p)?.sparsity),
+        None => None,
+    };
     for &lv in levels {
         let mut a = m.clone();
         a.place.sparse.sparsity = Some(lv);
+        a.place.sparse.predictor = None;
+        let name = format!("{}% {:?}", 100.0 * lv, m.place.sparse.sparsity_alloc).to_lowercase();
         let p = run(&a).with_context(|| format!("sparsity {lv} on {}", path.display()))?;
-        rows.push((format!("{}% {:?}", 100.0 * lv, m.place.sparse.sparsity_alloc).to_lowercase(), p));
+        rows.push((name.clone(), p));
+        if pred_level.is_some_and(|l| (l - lv).abs() <= 0.005) {
+            a.place.sparse.predictor = m.place.sparse.predictor.clone();
+            let p = run(&a).with_context(|| format!("sparsity {lv} with the predictor on {}", path.display()))?;
+            rows.push((format!("{name} + predictor"), p));
+        }
     }
     if !json {
         println!("| FFN sparsity | perplexity | vs dense | greedy agreement | seconds |\n|---|---|---|---|---|");

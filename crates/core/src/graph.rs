@@ -31,6 +31,9 @@ use corelm_kernels::{DType, Kernels};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+mod sparse;
+pub use sparse::{LayerPredictor, Predictors, SparseFfn, SPARSE_UP_MAX_TOKENS};
+
 const ALIGN: usize = 64;
 
 /// Graph construction mode.
@@ -61,36 +64,6 @@ pub enum Split {
     Vocab,
 }
 
-/// Sparse FFNs (`--sparsity`): the per-layer activation thresholds a calibration chose and
-/// the type of the neuron-major down projection.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SparseFfn {
-    /// Per layer: neurons whose `|act(gate)|` is at most this do not fire; negative: the
-    /// layer's FFN stays dense.
-    pub thresholds: Vec<f32>,
-    /// Type of the down projection stored neuron-major (32-value blocks:
-    /// `corelm_kernels::sparse::NEURON_MAJOR_TYPES`).
-    pub down_type: DType,
-    /// Per layer: the neurons an accelerator computes (gate, up and down, sorted; empty: none),
-    /// the CPU computing the rest (`WeightForm::ColdRows`...) and adding the two parts.
-    pub offloaded: Vec<Vec<u32>>,
-    /// Online balancing: the device's neurons change as the run goes, so the CPU keeps every
-    /// neuron's weights and skips the ones the device holds at each pass
-    /// (`Offload::resident`); `offloaded` is then only where the device starts.
-    pub balanced: bool,
-}
-
-impl SparseFfn {
-    /// The neurons of `layer` (of `n_ff`) the CPU computes, in order.
-    pub fn cold(&self, layer: usize, n_ff: usize) -> Vec<u32> {
-        let hot = self.offloaded.get(layer).map_or(&[][..], |v| &v[..]);
-        (0..n_ff as u32).filter(|i| hot.binary_search(i).is_err()).collect()
-    }
-}
-
-/// Batches of at most this many tokens compute only the firing rows of the up projection
-/// (`Op::SparseUp`); larger ones compute it densely and mask (`Op::GluMasked`), same values.
-pub const SPARSE_UP_MAX_TOKENS: usize = 8;
 
 /// What separates a node from the next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,6 +176,8 @@ pub struct Builder<'k> {
     group: Option<u16>,
     lists: Vec<Vec<TensorId>>,
     sparse: Option<Arc<SparseFfn>>,
+    /// The next layer's predicted firing, made in the current layer (`predicted_firing`).
+    prediction: Option<(usize, TensorId)>,
 }
 
 impl<'k> Builder<'k> {
@@ -227,6 +202,7 @@ impl<'k> Builder<'k> {
             group: None,
             lists: Vec::new(),
             sparse: None,
+            prediction: None,
         }
     }
 
@@ -235,25 +211,6 @@ impl<'k> Builder<'k> {
     pub fn with_act_layout(mut self, layout: Option<ActLayout>) -> Self {
         self.layout = layout;
         self
-    }
-
-    /// Build dense feed-forward layers sparse where `s` gives them a threshold.
-    pub fn with_sparsity(mut self, s: Option<Arc<SparseFfn>>) -> Self {
-        self.sparse = s;
-        self
-    }
-
-    /// The activation threshold of the current layer's feed-forward when it runs sparse.
-    pub fn sparse_threshold(&self) -> Option<f32> {
-        let s = self.sparse.as_ref()?;
-        let t = *s.thresholds.get(usize::try_from(self.layer).ok()?)?;
-        (t >= 0.0).then_some(t)
-    }
-
-    /// The neurons an accelerator computes in the current layer's FFN (`None`: none).
-    pub fn offloaded(&self) -> Option<&[u32]> {
-        let v = self.sparse.as_ref()?.offloaded.get(usize::try_from(self.layer).ok()?)?;
-        (!v.is_empty()).then_some(&v[..])
     }
 
     /// The current layer's index (for forms naming it).
@@ -653,90 +610,6 @@ impl<'k> Builder<'k> {
             assert_eq!(ne, b.t(up).ne, "glu shapes");
             b.node(ne, DType::F32, Op::Glu { gate, up, kind }).single()
         })
-    }
-
-    /// A weight of the model file in `form` (serial mode): plain rows, or neuron-major — the
-    /// transpose, `[w.ne1, w.ne0]`, in the sparse configuration's down type (copied at load).
-    pub fn weight_in(&mut self, w: &WeightRef, form: WeightForm) -> Bundle {
-        assert_eq!(self.mode, Mode::Serial, "weight forms in parallel subgraphs");
-        let (ne, dtype) = match form {
-            WeightForm::NeuronMajor { .. } | WeightForm::ColdNeuronMajor { .. } => {
-                let dt = self.sparse.as_ref().expect("a sparse configuration").down_type;
-                assert!(w.ne[1] % dt.block_size() == 0, "{}: rows of {} values in {dt} blocks", w.name, w.ne[1]);
-                let n = match form.cold_layer() {
-                    Some(l) => self.n_cold(l, w.ne[0]),
-                    None => w.ne[0],
-                };
-                ([w.ne[1], n], dt)
-            }
-            WeightForm::ColdRows { layer, .. } => ([w.ne[0], self.n_cold(layer as usize, w.ne[1])], w.dtype),
-            _ => (w.ne, w.dtype),
-        };
-        Bundle::one(self.leaf(ne, dtype, Storage::Weight { offset: w.offset, len: w.len, cols: None, copy: None, form }))
-    }
-
-    /// How many of layer `layer`'s `n_ff` neurons the CPU computes.
-    fn n_cold(&self, layer: usize, n_ff: usize) -> usize {
-        let hot = self.sparse.as_ref().and_then(|s| s.offloaded.get(layer)).map_or(0, |v| v.len());
-        n_ff - hot
-    }
-
-    /// Hand `x` (`[n_tokens, n_embd]`) to the accelerator for the current layer's offloaded
-    /// neurons (activation `kind`, firing threshold `thr` as the CPU's sparse nodes); the
-    /// returned node only orders [`Builder::offload_end`] after it.
-    pub fn offload_begin(&mut self, x: &Bundle, kind: Glu, thr: f32) -> Bundle {
-        let x = x.single();
-        self.check_src(x);
-        let layer = self.layer() as u32;
-        Bundle::one(self.push([0, 0], DType::F32, Op::OffloadBegin { layer, x, kind, thr }, Storage::None))
-    }
-
-    /// The accelerator's part of the current layer's FFN output: `[n_tokens, n_embd]`.
-    /// With `gate` (the CPU's gate product of every neuron), the device observes it after.
-    pub fn offload_end(&mut self, begin: &Bundle, n_embd: usize, gate: Option<&Bundle>) -> Bundle {
-        let begin = begin.single();
-        let gate = gate.map(Bundle::single);
-        let layer = self.layer() as u32;
-        self.node([n_embd, self.n_tokens], DType::F32, Op::OffloadEnd { layer, begin, gate })
-    }
-
-    /// Whether the sparse FFNs are balanced online (`SparseFfn::balanced`).
-    pub fn balanced(&self) -> bool {
-        self.sparse.as_ref().is_some_and(|s| s.balanced)
-    }
-
-    /// Sparse up projection: `[n_ff, n_tokens]` `h`, from the gate's `[n_ff, n_tokens]` and
-    /// the up matrix `w` (plain rows) over `x` `[n_embd, n_tokens]`; zero for neurons with
-    /// `|act(gate)| ≤ thr`.
-    /// `masked`: the accelerator's current neurons are left to it (`Op::SparseUp`).
-    pub fn sparse_up(&mut self, gate: &Bundle, w: &Bundle, x: &Bundle, kind: Glu, thr: f32, masked: bool) -> Bundle {
-        let (gate, w, x) = (gate.single(), w.single(), x.single());
-        self.check_src(gate);
-        let (op, ne) = self.matmul_op(w, x);
-        let Op::MatMul { x: xq, .. } = op else { unreachable!() };
-        assert_eq!(ne, self.t(gate).ne, "sparse_up shapes");
-        self.node(ne, DType::F32, Op::SparseUp { gate, w, x: xq, kind, thr, masked })
-    }
-
-    /// `act(gate) · up` where `|act(gate)| > thr`, else 0 (a sparse FFN's dense-up batches).
-    pub fn glu_masked(&mut self, gate: &Bundle, up: &Bundle, kind: Glu, thr: f32, masked: bool) -> Bundle {
-        let (gate, up) = (gate.single(), up.single());
-        self.check_src(gate);
-        self.check_src(up);
-        let ne = self.t(gate).ne;
-        assert_eq!(ne, self.t(up).ne, "glu shapes");
-        self.node(ne, DType::F32, Op::GluMasked { gate, up, kind, thr, masked })
-    }
-
-    /// Sparse down projection: `[n_ff, n_tokens]` `h` → `[n_embd, n_tokens]` through the
-    /// neuron-major `w` (`[n_embd, n_ff]`), reading only the rows of neurons with `h ≠ 0`.
-    pub fn sparse_down(&mut self, h: &Bundle, w: &Bundle) -> Bundle {
-        let (h, w) = (h.single(), w.single());
-        self.check_src(h);
-        let (nh, nw) = (self.t(h).ne, self.t(w).ne);
-        assert!(matches!(self.t(w).storage, Storage::Weight { form: WeightForm::NeuronMajor { .. } | WeightForm::ColdNeuronMajor { .. }, .. }));
-        assert_eq!(nh[0], nw[1], "sparse_down inner dimensions");
-        self.node([nw[0], nh[1]], DType::F32, Op::SparseDown { h, w })
     }
 
     /// Keep only the rows whose outputs the batch asks for: `[ne0, n_outputs]`.

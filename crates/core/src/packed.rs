@@ -75,7 +75,7 @@ impl PackedWeights {
         let mut part_len = vec![0usize; 1 + shards.len()];
         for &id in &graph.nodes {
             let w = match graph.tensor(id).op {
-                Op::MatMul { w, .. } | Op::SparseUp { w, .. } | Op::SparseDown { w, .. } => w,
+                Op::MatMul { w, .. } | Op::SparseUp { w, .. } | Op::SparseGate { w, .. } | Op::SparseDown { w, .. } => w,
                 _ => continue,
             };
             let wt = graph.tensor(w);

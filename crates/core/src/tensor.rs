@@ -168,8 +168,17 @@ pub enum Op {
     SparseUp { gate: TensorId, w: TensorId, x: TensorId, kind: Glu, thr: f32, masked: bool },
     /// Sparse FFN of a batch whose up projection was computed densely: `h = a · up` where
     /// `|a| > thr`, else 0, `a = act(gate)` — the same values as `SparseUp`.
-    /// `masked` as `SparseUp`'s.
-    GluMasked { gate: TensorId, up: TensorId, kind: Glu, thr: f32, masked: bool },
+    /// `masked` as `SparseUp`'s; `pred`: only neurons with a positive margin there can fire
+    /// (the same set `SparseGate` computes the gate of).
+    GluMasked { gate: TensorId, up: TensorId, kind: Glu, thr: f32, masked: bool, pred: Option<TensorId> },
+    /// Adjacent-layer prediction (`SparseFfn::predictor`, KAIROX §5.1): per row of `x` (an FFN
+    /// input, `[n_embd, n_tokens]` f32), the margins `B·(A·x) − cut` of layer `layer`'s
+    /// neurons, `[n_ff, n_tokens]`: positive where the neuron is predicted to fire.
+    Predict { layer: u32, x: TensorId },
+    /// Sparse FFN gate of a small batch: `g_i = w_i · x` for the neurons with a positive
+    /// margin in `pred`, else 0 (`w`: plain rows, only predicted ones read; `x` quantized for
+    /// them). A zero gate never fires (`act(0) = 0`).
+    SparseGate { pred: TensorId, w: TensorId, x: TensorId },
     /// Sparse FFN, down projection: `y[r] = Σ h[r][i] · w_i` over the neurons with `h[r][i] ≠ 0`,
     /// `w` the down matrix stored neuron-major (`WeightForm::NeuronMajor`), neurons in order.
     SparseDown { h: TensorId, w: TensorId },
@@ -231,6 +240,8 @@ impl Op {
             Op::Glu { .. } => "glu",
             Op::SparseUp { .. } => "sparse_up",
             Op::GluMasked { .. } => "glu_masked",
+            Op::Predict { .. } => "predict",
+            Op::SparseGate { .. } => "sparse_gate",
             Op::SparseDown { .. } => "sparse_down",
             Op::OffloadBegin { .. } => "offload_begin",
             Op::OffloadEnd { .. } => "offload_end",

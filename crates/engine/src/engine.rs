@@ -421,7 +421,7 @@ impl Engine {
                 let min = cost.iter().min().copied().unwrap_or(0) * gs as u64;
                 return Err(Error::Config(format!("--accel-mem {}: less than one group of {gs} neurons ({min} bytes)", a.mem)));
             }
-            let mut s = cfg.sparsity.as_deref().cloned().unwrap_or(corelm_core::SparseFfn { thresholds: vec![-1.0; h.n_layer], down_type: DType::Q8_0, offloaded: Vec::new(), balanced: false });
+            let mut s = cfg.sparsity.as_deref().cloned().unwrap_or(corelm_core::SparseFfn { thresholds: vec![-1.0; h.n_layer], down_type: DType::Q8_0, offloaded: Vec::new(), balanced: false, predictor: None });
             s.offloaded = hot.into_iter().map(|mut v| {
                 v.sort_unstable();
                 v
@@ -438,6 +438,22 @@ impl Engine {
             }
             if h.n_embd % s.down_type.block_size() != 0 || !corelm_kernels::sparse::NEURON_MAJOR_TYPES.contains(&s.down_type) {
                 return Err(Error::Config(format!("the sparse down projection cannot be stored as {} for a width of {}", s.down_type, h.n_embd)));
+            }
+            if let Some(p) = &s.predictor {
+                if cfg.accel.is_some() {
+                    return Err(Error::Config("the activation predictor (--predictor) runs with the CPU's sparse FFN alone; drop --accel-mem or --predictor".into()));
+                }
+                if (p.n_embd, p.n_ff, p.layers.len()) != (h.n_embd, h.n_ff, h.n_layer) {
+                    return Err(Error::Config(format!(
+                        "the predictors are for {} layers of {} inputs and {} neurons, the model has {} of {} and {}",
+                        p.layers.len(),
+                        p.n_embd,
+                        p.n_ff,
+                        h.n_layer,
+                        h.n_embd,
+                        h.n_ff
+                    )));
+                }
             }
         }
         // Worker groups (one per shard, consecutive workers) and, under `--numa tp`, each

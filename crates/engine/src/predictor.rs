@@ -336,6 +336,51 @@ pub fn to_gguf(models: &[(LowRank, Quality)], model: &str, sparsity: f32) -> Vec
     w.to_bytes()
 }
 
+/// A predictor file written by [`to_gguf`], in the engine's form (`A` and `B` quantized to
+/// Q8_0; the engine checks its sizes against the model's).
+pub struct Loaded {
+    pub predictors: corelm_core::Predictors,
+    /// The model file it was trained for, and the sparsity level.
+    pub model: String,
+    pub sparsity: f32,
+    /// Per layer: the held-out recall `corelm sparsity predict` measured.
+    pub recall: Vec<f32>,
+}
+
+/// Read a predictor file written by [`to_gguf`].
+pub fn load(path: &std::path::Path) -> Result<Loaded, Error> {
+    let bad = |what: String| Error::Config(format!("predictor file {}: {what}", path.display()));
+    let g = corelm_gguf::Gguf::open(path).map_err(|e| bad(e.to_string()))?;
+    if g.opt_str("general.architecture")? != Some("corelm-predictor") {
+        return Err(bad("not a predictor file (general.architecture is not corelm-predictor; `corelm sparsity predict` writes them)".into()));
+    }
+    let layers = g.u64("pred.layers")? as usize;
+    let dims = g.tensor("pred.0.b").map(|t| (g.tensor("pred.0.a").map_or(0, |a| a.shape[0]), t.shape[1]));
+    let Some((n_embd, n_ff)) = dims.filter(|_| layers > 0) else { return Err(bad("no layers".into())) };
+    let (n_embd, n_ff) = (n_embd as usize, n_ff as usize);
+    let level = g.f32("pred.sparsity")?;
+    let f32s = |name: &str, shape: [u64; 2]| -> Result<Vec<f32>, Error> {
+        let t = g.tensor(name).ok_or_else(|| bad(format!("no tensor {name}")))?;
+        if t.dtype != corelm_gguf::GgmlType::F32 || [t.shape[0], t.shape[1]] != shape || t.n_elements() != shape[0] * shape[1] {
+            return Err(bad(format!("{name} is {:?} {:?}, expected F32 {shape:?}", t.dtype, &t.shape[..2])));
+        }
+        Ok(g.tensor_data(t).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    };
+    let (mut out, mut recall) = (Vec::with_capacity(layers), Vec::with_capacity(layers));
+    for l in 0..layers {
+        let rank = g.tensor(&format!("pred.{l}.a")).map_or(0, |t| t.shape[1]);
+        let a = f32s(&format!("pred.{l}.a"), [n_embd as u64, rank])?;
+        let b = f32s(&format!("pred.{l}.b"), [rank, n_ff as u64])?;
+        let c = f32s(&format!("pred.{l}.c"), [n_ff as u64, 1])?;
+        let cut = g.f32(&format!("pred.{l}.cut"))?;
+        let p = corelm_core::LayerPredictor::new(rank as usize, n_embd, &a, &b, &c, cut).map_err(|e| bad(format!("layer {l}: {e}")))?;
+        out.push(Some(p));
+        recall.push(g.opt_f32(&format!("pred.{l}.recall"))?.unwrap_or(f32::NAN));
+    }
+    let model = g.opt_str("pred.model")?.unwrap_or("").to_string();
+    Ok(Loaded { predictors: corelm_core::Predictors { n_embd, n_ff, layers: out }, model, sparsity: level, recall })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -230,10 +230,14 @@ pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle 
 /// `[n_tokens, n_embd]` → same.
 fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRef, x: &Bundle, kind: Glu, thr: f32) -> Bundle {
     let Some(hot) = b.offloaded().map(<[u32]>::len) else {
-        let wg = b.weight(gate);
+        // With an adjacent-layer predictor (KAIROX §5.1), the next layer's firing is predicted
+        // from this layer's input, and this layer's gate rows are read only for the neurons
+        // predicted here (so the gate matrix stays plain rows).
+        let pred = b.predicted_firing(x); // [n_tokens, n_ff] margins
+        let wg = if pred.is_some() { b.weight_in(gate, WeightForm::PlainRows) } else { b.weight(gate) };
         let wu = b.weight_in(up, WeightForm::PlainRows);
         let wd = b.weight_in(down, WeightForm::NeuronMajor { from: down.dtype }); // [n_embd, n_ff]
-        return cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr, false).0;
+        return cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr, false, pred.as_ref()).0;
     };
     // KAIROX: an accelerator computes the hot neurons while the CPU computes the others from
     // copies of their rows; the two partial outputs add up to the layer's.
@@ -245,7 +249,7 @@ fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRe
         let wg = b.weight(gate);
         let wu = b.weight_in(up, WeightForm::PlainRows);
         let wd = b.weight_in(down, WeightForm::NeuronMajor { from: down.dtype }); // [n_embd, n_ff]
-        let (y_cpu, g) = cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr, true); // [n_tokens, n_embd]
+        let (y_cpu, g) = cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr, true, None); // [n_tokens, n_embd]
         let y_acc = b.offload_end(&begin, n_embd, Some(&g)); // [n_tokens, n_embd]
         return b.add(&y_cpu, &y_acc);
     }
@@ -256,21 +260,27 @@ fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRe
     let wg = b.weight_in(gate, WeightForm::ColdRows { layer, plain: false }); // [n_embd, n_cold]
     let wu = b.weight_in(up, WeightForm::ColdRows { layer, plain: true }); // [n_embd, n_cold]
     let wd = b.weight_in(down, WeightForm::ColdNeuronMajor { from: down.dtype, layer }); // [n_embd, n_cold]
-    let y_cpu = cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr, false).0; // [n_tokens, n_embd]
+    let y_cpu = cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr, false, None).0; // [n_tokens, n_embd]
     let y_acc = b.offload_end(&begin, n_embd, None); // [n_tokens, n_embd]
     b.add(&y_cpu, &y_acc)
 }
 
 /// The CPU's sparse FFN over gate `wg`, up `wu` (plain rows) and neuron-major down `wd`
-/// (`masked`: skipping the neurons the accelerator holds now): the output and the gate product.
+/// (`masked`: skipping the neurons the accelerator holds now; `pred`: only the predicted
+/// neurons can fire, and small batches read only their gate rows, `wg` plain rows): the
+/// output and the gate product.
 #[allow(clippy::too_many_arguments)]
-fn cpu_sparse_ffn(b: &mut Builder, wg: &Bundle, wu: &Bundle, wd: &Bundle, x: &Bundle, kind: Glu, thr: f32, masked: bool) -> (Bundle, Bundle) {
-    let g = b.matmul(wg, x); // [n_tokens, n_ff]
-    let h = if b.n_tokens() <= SPARSE_UP_MAX_TOKENS {
+fn cpu_sparse_ffn(b: &mut Builder, wg: &Bundle, wu: &Bundle, wd: &Bundle, x: &Bundle, kind: Glu, thr: f32, masked: bool, pred: Option<&Bundle>) -> (Bundle, Bundle) {
+    let small = b.n_tokens() <= SPARSE_UP_MAX_TOKENS;
+    let g = match pred {
+        Some(p) if small => b.sparse_gate(p, wg, x), // [n_tokens, n_ff], zero where not predicted
+        _ => b.matmul(wg, x),                        // [n_tokens, n_ff]
+    };
+    let h = if small {
         b.sparse_up(&g, wu, x, kind, thr, masked) // [n_tokens, n_ff], zero where not firing
     } else {
         let u = b.matmul(wu, x); // [n_tokens, n_ff]
-        b.glu_masked(&g, &u, kind, thr, masked)
+        b.glu_masked(&g, &u, kind, thr, masked, pred)
     };
     (b.sparse_down(&h, wd), g) // [n_tokens, n_embd], [n_tokens, n_ff]
 }

@@ -169,11 +169,16 @@ impl Executor {
     pub fn new(n_threads: usize, group_threads: usize, max_head_dim: usize, graph: &Graph) -> Self {
         let (mut max_k, mut max_rows, mut max_group, mut max_k_all) = (0, 0, 1, 0);
         let (mut rope_rows, mut max_rot, mut max_k_f16) = (0, 0, 0);
-        let (mut sparse_ff, mut sparse_embd) = (0, 0);
+        let (mut sparse_ff, mut sparse_embd, mut pred_embd, mut pred_rank) = (0, 0, 0, 0);
         for &id in &graph.nodes {
             let t = graph.tensor(id);
             match t.op {
                 Op::SparseUp { .. } | Op::GluMasked { .. } => sparse_ff = sparse_ff.max(t.ne[0]),
+                Op::Predict { layer, x } => {
+                    pred_embd = pred_embd.max(graph.tensor(x).ne[0]);
+                    let p = graph.sparse.as_ref().and_then(|s| s.predictor.as_ref()).and_then(|p| p.layers[layer as usize].as_ref());
+                    pred_rank = pred_rank.max(p.expect("a Predict node's layer has a predictor").rank);
+                }
                 Op::SparseDown { .. } => sparse_embd = sparse_embd.max(t.ne[0]),
                 _ => {}
             }
@@ -206,7 +211,7 @@ impl Executor {
                         wide_act: vec![0.0; dense::ACT_CHUNK * max_k_f16],
                         // A worker's largest share of RoPE rows: in the smallest group.
                         rope: crate::rope::RopeTables::new(split(rope_rows, 0, group_threads.clamp(1, n_threads)).len(), max_rot),
-                        sparse: sparse::SparseScratch::new(sparse_ff, sparse_embd),
+                        sparse: sparse::SparseScratch::new(sparse_ff, sparse_embd, pred_embd, pred_rank),
                     })
                 })
                 .collect(),
@@ -634,7 +639,9 @@ impl Ctx<'_> {
                 let mask = self.mask(t, masked);
                 self.sparse_up(t, [gate, w, x], kind, thr, mask, ith, nth, &mut scratch.sparse)
             }
-            Op::GluMasked { gate, up, kind, thr, masked } => self.glu_masked(t, gate, up, kind, thr, self.mask(t, masked), ith, nth, &mut scratch.sparse),
+            Op::GluMasked { gate, up, kind, thr, masked, pred } => self.glu_masked(t, [gate, up], pred, kind, thr, self.mask(t, masked), ith, nth, &mut scratch.sparse),
+            Op::Predict { layer, x } => self.predict(t, layer, x, ith, nth, &mut scratch.sparse),
+            Op::SparseGate { pred, w, x } => self.sparse_gate(t, [pred, w, x], ith, nth),
             Op::SparseDown { h, w } => self.sparse_down(t, h, w, ith, nth, &mut scratch.sparse),
             Op::OffloadBegin { layer, x, kind, thr } => {
                 if ith == 0 {

@@ -1,4 +1,5 @@
-//! The sparse feed-forward's nodes (`Op::SparseUp`, `Op::GluMasked`, `Op::SparseDown`).
+//! The sparse feed-forward's nodes (`Op::SparseUp`, `Op::GluMasked`, `Op::SparseDown`, and
+//! the adjacent-layer predictor's `Op::Predict` and `Op::SparseGate`).
 //!
 //! A neuron fires when `|act(gate)| > thr`; `act(g)` is the gated activation with an up value
 //! of one (`swiglu(g, 1)`, `geglu(g, 1)`: the same bits as the dense kernels' first factor),
@@ -7,13 +8,23 @@
 //! `GluMasked` give the same `h`, and `SparseDown` gives the same bits whether it runs fused
 //! on quantized rows (few tokens) or dequantizes each row once for a block of tokens.
 //!
-//! Work split: `SparseUp` by neurons, `GluMasked` by tokens, `SparseDown` by whole blocks of
+//! With a predictor, a neuron can fire only where its predicted margin is positive: small
+//! batches compute the gate of those neurons alone (`SparseGate`, zero elsewhere, and a zero
+//! gate never fires), large ones mask the dense gate's (`GluMasked` with `pred`), so both
+//! paths keep the same firing set. `Predict` computes `B·(A·x) − cut` on Q8_0 `A`, `B` with
+//! the table's Q8_0 dot; each worker computes a row's hidden vector `A·x` (`rank` dots) itself
+//! rather than wait at a barrier for it, then its share of the neurons.
+//!
+//! Work split: `SparseUp`, `SparseGate` and `Predict` by neurons (`Predict` of a large batch
+//! by tokens), `GluMasked` by tokens, `SparseDown` by whole blocks of
 //! output columns (each worker reads its column range of every firing neuron's row, so the
 //! sum over neurons runs in neuron order for every element whatever the thread count).
 
 use super::{split, Ctx};
 use crate::tensor::{Glu, Tensor, TensorId};
-use corelm_kernels::{act, sparse, Kernels};
+use crate::graph::LayerPredictor;
+use corelm_kernels::matmul::layout::ROWS;
+use corelm_kernels::{act, sparse, DType, Kernels};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Whether neuron `n` is set in `mask` (an accelerator's current neurons).
@@ -32,14 +43,33 @@ pub struct SparseScratch {
     row: Vec<f32>,
     /// The firing neurons of one token.
     firing: Vec<u32>,
+    /// A predictor's input row quantized (Q8_0), its hidden vector, and that quantized.
+    pred_x: Vec<u8>,
+    hidden: Vec<f32>,
+    pred_h: Vec<u8>,
+    /// Scratch of the interleaved Q8_0 kernels.
+    prep: Vec<i32>,
 }
 
 impl SparseScratch {
-    /// For feed-forwards of at most `n_ff` neurons and outputs of at most `n_embd` values.
-    pub fn new(n_ff: usize, n_embd: usize) -> Self {
-        SparseScratch { act: vec![0.0; n_ff], ones: vec![1.0; n_ff], row: vec![0.0; n_embd], firing: Vec::with_capacity(n_ff) }
+    /// For feed-forwards of at most `n_ff` neurons and outputs of at most `n_embd` values,
+    /// and predictors over `pred_embd` inputs of at most `rank` hidden values.
+    pub fn new(n_ff: usize, n_embd: usize, pred_embd: usize, rank: usize) -> Self {
+        SparseScratch {
+            act: vec![0.0; n_ff],
+            ones: vec![1.0; n_ff],
+            row: vec![0.0; n_embd],
+            firing: Vec::with_capacity(n_ff),
+            pred_x: vec![0; corelm_kernels::row_bytes(DType::Q8_0, pred_embd)],
+            hidden: vec![0.0; rank],
+            pred_h: vec![0; corelm_kernels::row_bytes(DType::Q8_0, rank)],
+            prep: vec![0; corelm_kernels::matmul::layout::scratch_len(pred_embd.max(rank))],
+        }
     }
 }
+
+/// Large batches split `Predict` by tokens from this many rows per worker.
+const PREDICT_ROWS_PER_WORKER: usize = 4;
 
 /// Batches of more tokens than this run `SparseDown` a block of tokens per dequantized row.
 const FUSED_TOKENS: usize = 4;
@@ -97,17 +127,97 @@ impl Ctx<'_> {
         }
     }
 
+    /// `pred`: the margins of `Op::Predict` (only positive ones can fire).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn glu_masked(&self, t: &Tensor, gate: TensorId, up: TensorId, kind: Glu, thr: f32, mask: Option<&[AtomicU64]>, ith: usize, nth: usize, s: &mut SparseScratch) {
+    pub(super) fn glu_masked(&self, t: &Tensor, [gate, up]: [TensorId; 2], pred: Option<TensorId>, kind: Glu, thr: f32, mask: Option<&[AtomicU64]>, ith: usize, nth: usize, s: &mut SparseScratch) {
         let [n_ff, rows] = t.ne;
         let (g, u) = (self.f32s(gate), self.f32s(up));
+        let pred = pred.map(|p| self.f32s(p));
         let a = &mut s.act[..n_ff];
         for r in split(rows, ith, nth) {
             gate_activation(self.kernels, kind, &g[r * n_ff..(r + 1) * n_ff], &s.ones, a);
             // SAFETY: row r belongs to this worker only.
             let out = unsafe { self.out_f32(t, r * n_ff, n_ff) };
+            let predicted = |n: usize| pred.is_none_or(|p| p[r * n_ff + n] > 0.0);
             for (n, ((o, &a), &u)) in out.iter_mut().zip(a.iter()).zip(&u[r * n_ff..(r + 1) * n_ff]).enumerate() {
-                *o = if a.abs() > thr && !held(mask, n) { a * u } else { 0.0 };
+                *o = if a.abs() > thr && !held(mask, n) && predicted(n) { a * u } else { 0.0 };
+            }
+        }
+    }
+
+    /// The predictor of `t`'s target layer.
+    fn layer_predictor(&self, layer: u32) -> &LayerPredictor {
+        let p = self.graph.sparse.as_ref().and_then(|s| s.predictor.as_ref()).expect("a Predict node comes with predictors");
+        p.layers[layer as usize].as_ref().expect("a Predict node's layer has a predictor")
+    }
+
+    /// `Op::Predict`: margins `B·(A·x) − cut` of layer `layer`'s neurons for each row of `x`.
+    pub(super) fn predict(&self, t: &Tensor, layer: u32, x: TensorId, ith: usize, nth: usize, s: &mut SparseScratch) {
+        let [n_ff, rows] = t.ne;
+        let p = self.layer_predictor(layer);
+        let n_embd = self.t(x).ne[0];
+        let xs = self.f32s(x);
+        let q8 = self.kernels.ops(DType::Q8_0).expect("Q8_0 kernels");
+        let quant = self.kernels.from_float(DType::Q8_0).expect("a Q8_0 quantizer");
+        let (arb, brb) = (corelm_kernels::row_bytes(DType::Q8_0, n_embd), corelm_kernels::row_bytes(DType::Q8_0, p.rank));
+        // The interleaved GEMV where the table has one (the same values as the plain dots).
+        let il = q8.interleaved.map(|il| il.rows);
+        let b_il = p.b_il.as_deref().filter(|_| il.is_some());
+        // Many rows: each worker takes whole rows; few: every worker takes a range of neurons
+        // of every row (whole groups of four on the interleaved layout).
+        let by_rows = rows >= nth * PREDICT_ROWS_PER_WORKER;
+        let mine = match (by_rows, b_il) {
+            (true, _) => 0..n_ff,
+            (false, Some(_)) => {
+                let g = split(n_ff / ROWS, ith, nth);
+                g.start * ROWS..g.end * ROWS
+            }
+            (false, None) => split(n_ff, ith, nth),
+        };
+        let my_rows = if by_rows { split(rows, ith, nth) } else { 0..rows };
+        let (xq, h, hq, prep) = (&mut s.pred_x[..arb], &mut s.hidden[..p.rank], &mut s.pred_h[..brb], &mut s.prep);
+        for r in my_rows {
+            quant(&xs[r * n_embd..(r + 1) * n_embd], xq);
+            match il {
+                Some(rows_il) => rows_il(&p.a_il, arb, xq, h, prep),
+                None => h.iter_mut().zip(p.a.chunks_exact(arb)).for_each(|(hk, a)| *hk = (q8.vec_dot)(a, xq)),
+            }
+            quant(h, hq);
+            // SAFETY: neurons `mine` of row r belong to this worker only.
+            let out = unsafe { self.out_f32(t, r * n_ff + mine.start, mine.len()) };
+            match (il, b_il) {
+                (Some(rows_il), Some(b)) => rows_il(&b[mine.start * brb..mine.end * brb], brb, hq, out, prep),
+                _ => out.iter_mut().zip(p.b[mine.start * brb..mine.end * brb].chunks_exact(brb)).for_each(|(o, b)| *o = (q8.vec_dot)(b, hq)),
+            }
+            out.iter_mut().zip(&p.cut[mine.clone()]).for_each(|(o, &cut)| *o -= cut);
+        }
+    }
+
+    /// `Op::SparseGate`: `[pred, w, x]`, the margins, the gate matrix (plain rows), the
+    /// quantized input.
+    pub(super) fn sparse_gate(&self, t: &Tensor, [pred, w, x]: [TensorId; 3], ith: usize, nth: usize) {
+        let [n_ff, rows] = t.ne;
+        let wt = self.t(w);
+        let (wrb, wb) = (wt.row_bytes(), self.bytes(w));
+        let dot = self.kernels.ops(wt.dtype).expect("weight type checked at load").vec_dot;
+        let (xrb, xb) = (self.t(x).row_bytes(), self.bytes(x));
+        let pred = self.f32s(pred);
+        let mine = split(n_ff, ith, nth);
+        for r in 0..rows {
+            // SAFETY: neurons `mine` of row r are this worker's only.
+            let out = unsafe { self.out_f32(t, r * n_ff + mine.start, mine.len()) };
+            let xr = &xb[r * xrb..(r + 1) * xrb];
+            let p = &pred[r * n_ff + mine.start..r * n_ff + mine.end];
+            let mut ahead = p.iter().enumerate().filter(|(_, &m)| m > 0.0).map(|(j, _)| j).skip(AHEAD);
+            for (j, (o, &m)) in out.iter_mut().zip(p).enumerate() {
+                *o = if m > 0.0 {
+                    if let Some(next) = ahead.next() {
+                        sparse::prefetch(&wb[(mine.start + next) * wrb..(mine.start + next + 1) * wrb]);
+                    }
+                    dot(&wb[(mine.start + j) * wrb..(mine.start + j + 1) * wrb], xr)
+                } else {
+                    0.0
+                };
             }
         }
     }

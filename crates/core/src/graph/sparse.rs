@@ -1,0 +1,265 @@
+//! The sparse feed-forward's part of the graph builder (`--sparsity`, KAIROX on the CPU):
+//! the sparse configuration ([`SparseFfn`]), the weight forms its nodes read, the nodes
+//! themselves, the accelerator's hand-off nodes, and the adjacent-layer predictor's nodes.
+
+use super::*;
+
+/// Sparse FFNs (`--sparsity`): the per-layer activation thresholds a calibration chose and
+/// the type of the neuron-major down projection.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SparseFfn {
+    /// Per layer: neurons whose `|act(gate)|` is at most this do not fire; negative: the
+    /// layer's FFN stays dense.
+    pub thresholds: Vec<f32>,
+    /// Type of the down projection stored neuron-major (32-value blocks:
+    /// `corelm_kernels::sparse::NEURON_MAJOR_TYPES`).
+    pub down_type: DType,
+    /// Per layer: the neurons an accelerator computes (gate, up and down, sorted; empty: none),
+    /// the CPU computing the rest (`WeightForm::ColdRows`...) and adding the two parts.
+    pub offloaded: Vec<Vec<u32>>,
+    /// Online balancing: the device's neurons change as the run goes, so the CPU keeps every
+    /// neuron's weights and skips the ones the device holds at each pass
+    /// (`Offload::resident`); `offloaded` is then only where the device starts.
+    pub balanced: bool,
+    /// Adjacent-layer predictors (`--predictor`): layer `l`'s gate rows are computed only for
+    /// the neurons predicted from layer `l − 1`'s FFN input, and only those can fire.
+    pub predictor: Option<Arc<Predictors>>,
+}
+
+impl SparseFfn {
+    /// Thresholds per layer and the neuron-major down type; no accelerator, no predictor.
+    pub fn new(thresholds: Vec<f32>, down_type: DType) -> Self {
+        SparseFfn { thresholds, down_type, offloaded: Vec::new(), balanced: false, predictor: None }
+    }
+
+    /// The neurons of `layer` (of `n_ff`) the CPU computes, in order.
+    pub fn cold(&self, layer: usize, n_ff: usize) -> Vec<u32> {
+        let hot = self.offloaded.get(layer).map_or(&[][..], |v| &v[..]);
+        (0..n_ff as u32).filter(|i| hot.binary_search(i).is_err()).collect()
+    }
+}
+
+/// One layer's adjacent-layer predictor (KAIROX §5.1) in the form `Op::Predict` reads:
+/// `margin = B·(A·x) − cut`, `A` and `B` quantized to Q8_0 once at load.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerPredictor {
+    /// Hidden width: the trained rank zero-padded to whole Q8_0 blocks.
+    pub rank: usize,
+    /// `A`: `rank` rows of `n_embd` values, Q8_0.
+    pub a: Vec<u8>,
+    /// `B`: `n_ff` rows of `rank` values, Q8_0.
+    pub b: Vec<u8>,
+    /// `A` and `B` in the interleaved layout (`corelm_kernels::matmul::layout`, four rows
+    /// block by block; `B` only when `n_ff` is a multiple of four), for tables with
+    /// interleaved Q8_0 kernels: the same values as the plain rows' dots.
+    pub a_il: Vec<u8>,
+    pub b_il: Option<Vec<u8>>,
+    /// Per neuron: the logit cut minus the neuron's bias.
+    pub cut: Vec<f32>,
+}
+
+impl LayerPredictor {
+    /// From a trained model `p = σ(B·(A·x) + c)` cut at logit `cut`: `a` `[rank × n_embd]`,
+    /// `b` `[n_ff × rank]`, `c` `[n_ff]`, f32.
+    pub fn new(rank: usize, n_embd: usize, a: &[f32], b: &[f32], c: &[f32], cut: f32) -> Result<Self, String> {
+        let q = DType::Q8_0;
+        let n_ff = c.len();
+        if rank == 0 || n_embd % q.block_size() != 0 || a.len() != rank * n_embd || b.len() != n_ff * rank {
+            return Err(format!("a predictor of rank {rank} over {n_embd} inputs needs a [{rank} × {n_embd}] A and a [{n_ff} × {rank}] B, and inputs in whole blocks of 32"));
+        }
+        let padded = rank.next_multiple_of(q.block_size());
+        let quant = corelm_kernels::quant::reference::quantizer(q).expect("Q8_0 has a quantizer");
+        let mut qa = vec![0u8; corelm_kernels::row_bytes(q, n_embd) * padded];
+        for (row, out) in a.chunks_exact(n_embd).zip(qa.chunks_exact_mut(corelm_kernels::row_bytes(q, n_embd))) {
+            quant(row, out);
+        }
+        // The padding rows of A stay zero blocks (d = 0): their hidden values are 0.
+        let brb = corelm_kernels::row_bytes(q, padded);
+        let mut qb = vec![0u8; brb * n_ff];
+        let mut row = vec![0f32; padded];
+        for (src, out) in b.chunks_exact(rank).zip(qb.chunks_exact_mut(brb)) {
+            row[..rank].copy_from_slice(src);
+            quant(&row, out);
+        }
+        use corelm_kernels::matmul::layout::{pack, ROWS};
+        let mut a_il = vec![0u8; qa.len()];
+        pack(q, &qa, corelm_kernels::row_bytes(q, n_embd), &mut a_il);
+        let b_il = (n_ff % ROWS == 0).then(|| {
+            let mut il = vec![0u8; qb.len()];
+            pack(q, &qb, brb, &mut il);
+            il
+        });
+        Ok(LayerPredictor { rank: padded, a: qa, b: qb, a_il, b_il, cut: c.iter().map(|&ci| cut - ci).collect() })
+    }
+}
+
+/// The adjacent-layer predictors of a model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Predictors {
+    pub n_embd: usize,
+    pub n_ff: usize,
+    /// Per layer; `None`: the layer's gate is computed for every neuron.
+    pub layers: Vec<Option<LayerPredictor>>,
+}
+
+/// Batches of at most this many tokens compute only the firing rows of the up projection
+/// (`Op::SparseUp`); larger ones compute it densely and mask (`Op::GluMasked`), same values.
+pub const SPARSE_UP_MAX_TOKENS: usize = 8;
+
+impl Builder<'_> {
+    /// Build dense feed-forward layers sparse where `s` gives them a threshold.
+    pub fn with_sparsity(mut self, s: Option<Arc<SparseFfn>>) -> Self {
+        self.sparse = s;
+        self
+    }
+
+    /// The activation threshold of the current layer's feed-forward when it runs sparse.
+    pub fn sparse_threshold(&self) -> Option<f32> {
+        let s = self.sparse.as_ref()?;
+        let t = *s.thresholds.get(usize::try_from(self.layer).ok()?)?;
+        (t >= 0.0).then_some(t)
+    }
+
+    /// The neurons an accelerator computes in the current layer's FFN (`None`: none).
+    pub fn offloaded(&self) -> Option<&[u32]> {
+        let v = self.sparse.as_ref()?.offloaded.get(usize::try_from(self.layer).ok()?)?;
+        (!v.is_empty()).then_some(&v[..])
+    }
+
+    /// A weight of the model file in `form` (serial mode): plain rows, or neuron-major — the
+    /// transpose, `[w.ne1, w.ne0]`, in the sparse configuration's down type (copied at load).
+    pub fn weight_in(&mut self, w: &WeightRef, form: WeightForm) -> Bundle {
+        assert_eq!(self.mode, Mode::Serial, "weight forms in parallel subgraphs");
+        let (ne, dtype) = match form {
+            WeightForm::NeuronMajor { .. } | WeightForm::ColdNeuronMajor { .. } => {
+                let dt = self.sparse.as_ref().expect("a sparse configuration").down_type;
+                assert!(w.ne[1] % dt.block_size() == 0, "{}: rows of {} values in {dt} blocks", w.name, w.ne[1]);
+                let n = match form.cold_layer() {
+                    Some(l) => self.n_cold(l, w.ne[0]),
+                    None => w.ne[0],
+                };
+                ([w.ne[1], n], dt)
+            }
+            WeightForm::ColdRows { layer, .. } => ([w.ne[0], self.n_cold(layer as usize, w.ne[1])], w.dtype),
+            _ => (w.ne, w.dtype),
+        };
+        Bundle::one(self.leaf(ne, dtype, Storage::Weight { offset: w.offset, len: w.len, cols: None, copy: None, form }))
+    }
+
+    /// How many of layer `layer`'s `n_ff` neurons the CPU computes.
+    fn n_cold(&self, layer: usize, n_ff: usize) -> usize {
+        let hot = self.sparse.as_ref().and_then(|s| s.offloaded.get(layer)).map_or(0, |v| v.len());
+        n_ff - hot
+    }
+
+    /// Hand `x` (`[n_tokens, n_embd]`) to the accelerator for the current layer's offloaded
+    /// neurons (activation `kind`, firing threshold `thr` as the CPU's sparse nodes); the
+    /// returned node only orders [`Builder::offload_end`] after it.
+    pub fn offload_begin(&mut self, x: &Bundle, kind: Glu, thr: f32) -> Bundle {
+        let x = x.single();
+        self.check_src(x);
+        let layer = self.layer() as u32;
+        Bundle::one(self.push([0, 0], DType::F32, Op::OffloadBegin { layer, x, kind, thr }, Storage::None))
+    }
+
+    /// The accelerator's part of the current layer's FFN output: `[n_tokens, n_embd]`.
+    /// With `gate` (the CPU's gate product of every neuron), the device observes it after.
+    pub fn offload_end(&mut self, begin: &Bundle, n_embd: usize, gate: Option<&Bundle>) -> Bundle {
+        let begin = begin.single();
+        let gate = gate.map(Bundle::single);
+        let layer = self.layer() as u32;
+        self.node([n_embd, self.n_tokens], DType::F32, Op::OffloadEnd { layer, begin, gate })
+    }
+
+    /// The predictor of layer `il` when it has one and runs sparse on the CPU alone.
+    pub fn layer_predictor(&self, il: usize) -> Option<&LayerPredictor> {
+        let s = self.sparse.as_ref()?;
+        let sparse = s.thresholds.get(il).is_some_and(|&t| t >= 0.0);
+        let cpu = !s.balanced && s.offloaded.get(il).is_none_or(Vec::is_empty);
+        s.predictor.as_ref()?.layers.get(il)?.as_ref().filter(|_| sparse && cpu)
+    }
+
+    /// The adjacent-layer pipeline of the current layer's sparse FFN, whose input is `x`
+    /// (`[n_embd, n_tokens]`): appends the prediction of the next layer's firing from `x`
+    /// (KAIROX §5.1: made a layer ahead), and returns the current layer's — made by the
+    /// previous layer, or from `x` itself for layer 0 — `[n_ff, n_tokens]` margins, `None`
+    /// when the layer has no predictor.
+    pub fn predicted_firing(&mut self, x: &Bundle) -> Option<Bundle> {
+        let il = self.layer();
+        let own = match self.prediction.take() {
+            Some((l, id)) if l == il => Some(Bundle::one(id)),
+            _ if il == 0 && self.layer_predictor(0).is_some() => Some(self.predict(0, x)),
+            _ => None,
+        };
+        if self.layer_predictor(il + 1).is_some() {
+            let next = self.predict(il + 1, x);
+            self.prediction = Some((il + 1, next.single()));
+        }
+        own.filter(|_| self.layer_predictor(il).is_some())
+    }
+
+    /// `Op::Predict` of layer `layer`'s neurons from `x`.
+    fn predict(&mut self, layer: usize, x: &Bundle) -> Bundle {
+        let x = x.single();
+        self.check_src(x);
+        let n_ff = self.sparse.as_ref().and_then(|s| s.predictor.as_ref()).expect("a predictor").n_ff;
+        assert_eq!(self.t(x).dtype, DType::F32, "a predictor reads f32 FFN inputs");
+        self.node([n_ff, self.t(x).ne[1]], DType::F32, Op::Predict { layer: layer as u32, x })
+    }
+
+    /// Gate of the predicted neurons only: `[n_ff, n_tokens]` from `w` (plain rows) over `x`,
+    /// zero for the neurons `pred` does not name (`Op::SparseGate`).
+    pub fn sparse_gate(&mut self, pred: &Bundle, w: &Bundle, x: &Bundle) -> Bundle {
+        let (pred, w, x) = (pred.single(), w.single(), x.single());
+        self.check_src(pred);
+        let (op, ne) = self.matmul_op(w, x);
+        let Op::MatMul { x: xq, .. } = op else { unreachable!() };
+        assert_eq!(ne, self.t(pred).ne, "sparse_gate shapes");
+        self.node(ne, DType::F32, Op::SparseGate { pred, w, x: xq })
+    }
+
+    /// Whether the sparse FFNs are balanced online (`SparseFfn::balanced`).
+    pub fn balanced(&self) -> bool {
+        self.sparse.as_ref().is_some_and(|s| s.balanced)
+    }
+
+    /// Sparse up projection: `[n_ff, n_tokens]` `h`, from the gate's `[n_ff, n_tokens]` and
+    /// the up matrix `w` (plain rows) over `x` `[n_embd, n_tokens]`; zero for neurons with
+    /// `|act(gate)| ≤ thr`.
+    /// `masked`: the accelerator's current neurons are left to it (`Op::SparseUp`).
+    pub fn sparse_up(&mut self, gate: &Bundle, w: &Bundle, x: &Bundle, kind: Glu, thr: f32, masked: bool) -> Bundle {
+        let (gate, w, x) = (gate.single(), w.single(), x.single());
+        self.check_src(gate);
+        let (op, ne) = self.matmul_op(w, x);
+        let Op::MatMul { x: xq, .. } = op else { unreachable!() };
+        assert_eq!(ne, self.t(gate).ne, "sparse_up shapes");
+        self.node(ne, DType::F32, Op::SparseUp { gate, w, x: xq, kind, thr, masked })
+    }
+
+    /// `act(gate) · up` where `|act(gate)| > thr`, else 0 (a sparse FFN's dense-up batches).
+    /// `pred`: only the neurons with a positive margin there can fire.
+    #[allow(clippy::too_many_arguments)]
+    pub fn glu_masked(&mut self, gate: &Bundle, up: &Bundle, kind: Glu, thr: f32, masked: bool, pred: Option<&Bundle>) -> Bundle {
+        let (gate, up, pred) = (gate.single(), up.single(), pred.map(Bundle::single));
+        self.check_src(gate);
+        self.check_src(up);
+        let ne = self.t(gate).ne;
+        assert_eq!(ne, self.t(up).ne, "glu shapes");
+        if let Some(p) = pred {
+            self.check_src(p);
+            assert_eq!(ne, self.t(p).ne, "prediction shape");
+        }
+        self.node(ne, DType::F32, Op::GluMasked { gate, up, kind, thr, masked, pred })
+    }
+
+    /// Sparse down projection: `[n_ff, n_tokens]` `h` → `[n_embd, n_tokens]` through the
+    /// neuron-major `w` (`[n_embd, n_ff]`), reading only the rows of neurons with `h ≠ 0`.
+    pub fn sparse_down(&mut self, h: &Bundle, w: &Bundle) -> Bundle {
+        let (h, w) = (h.single(), w.single());
+        self.check_src(h);
+        let (nh, nw) = (self.t(h).ne, self.t(w).ne);
+        assert!(matches!(self.t(w).storage, Storage::Weight { form: WeightForm::NeuronMajor { .. } | WeightForm::ColdNeuronMajor { .. }, .. }));
+        assert_eq!(nh[0], nw[1], "sparse_down inner dimensions");
+        self.node([nw[0], nh[1]], DType::F32, Op::SparseDown { h, w })
+    }
+}
