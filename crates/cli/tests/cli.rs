@@ -93,6 +93,12 @@ fn bad_model_paths_and_files_are_named() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("truncated") || err.contains("tensor_count"), "{err}");
     std::fs::remove_file(bad).ok();
+
+    // A predictor without a sparsity level.
+    let out = corelm().args(["run", "--model", &smol(), "-p", "hi", "--predictor", "/no/such.gguf"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("give --sparsity too"), "{err}");
 }
 
 #[test]
