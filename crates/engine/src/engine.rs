@@ -421,7 +421,7 @@ impl Engine {
                 let min = cost.iter().min().copied().unwrap_or(0) * gs as u64;
                 return Err(Error::Config(format!("--accel-mem {}: less than one group of {gs} neurons ({min} bytes)", a.mem)));
             }
-            let mut s = cfg.sparsity.as_deref().cloned().unwrap_or(corelm_core::SparseFfn { thresholds: vec![-1.0; h.n_layer], down_type: DType::Q8_0, offloaded: Vec::new(), balanced: false, predictor: None });
+            let mut s = cfg.sparsity.as_deref().cloned().unwrap_or(corelm_core::SparseFfn::new(vec![-1.0; h.n_layer], DType::Q8_0));
             s.offloaded = hot.into_iter().map(|mut v| {
                 v.sort_unstable();
                 v

@@ -15,7 +15,7 @@ const SMOL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const PROMPT: &str = "The old lighthouse keeper climbed the stairs every evening, counting each step";
 
 fn sparse(thresholds: Vec<f32>) -> EngineConfig {
-    EngineConfig { sparsity: Some(Arc::new(SparseFfn { thresholds, down_type: DType::Q8_0, offloaded: Vec::new(), balanced: false, predictor: None })), ..test_config(2) }
+    EngineConfig { sparsity: Some(Arc::new(SparseFfn::new(thresholds, DType::Q8_0))), ..test_config(2) }
 }
 
 fn prompt_logits(engine: &mut Engine, ids: &[u32]) -> Vec<Vec<f32>> {
@@ -143,7 +143,7 @@ fn sparsity_with_tensor_parallelism_or_wrong_layers_is_refused() {
 /// `--accel-mem 2200K` on SmolLM2 (1,332 bytes per neuron): all 1,536 neurons of layer 0 and
 /// 128 of layer 1 on the accelerator (Mesa's lavapipe in CI), the CPU computing the rest.
 fn accel(sparsity: Option<f32>) -> EngineConfig {
-    let s = sparsity.map(|t| Arc::new(SparseFfn { thresholds: vec![t; 30], down_type: DType::Q8_0, offloaded: Vec::new(), balanced: false, predictor: None }));
+    let s = sparsity.map(|t| Arc::new(SparseFfn::new(vec![t; 30], DType::Q8_0)));
     EngineConfig { sparsity: s, accel: Some(corelm_engine::offload::AccelConfig::new(2200 << 10)), ..test_config(2) }
 }
 
@@ -207,7 +207,7 @@ fn online_balancing_moves_groups_and_keeps_the_results() {
     // taken from the top down, interleaved, so no group is a range of rows.
     let scattered: Vec<Vec<u32>> = (0..30).map(|_| (0..1536u32).map(|i| if i % 2 == 0 { 1535 - i / 2 } else { i / 2 }).collect()).collect();
     for (policy, groups) in [(Policy::TopK, None), (Policy::Lru, None), (Policy::Tam, None), (Policy::Tam, Some(scattered))] {
-        let s = Arc::new(SparseFfn { thresholds: vec![0.12; 30], down_type: DType::Q8_0, offloaded: Vec::new(), balanced: false, predictor: None });
+        let s = Arc::new(SparseFfn::new(vec![0.12; 30], DType::Q8_0));
         let a = corelm_engine::offload::AccelConfig { balance: BalanceConfig::new(policy), groups, ..corelm_engine::offload::AccelConfig::new(8 << 20) };
         let (mut e, _) = load(SMOL, EngineConfig { sparsity: Some(s), accel: Some(a), ..test_config(2) });
         let hot = e.accel().expect("an accelerator").hot_counts();
@@ -235,7 +235,7 @@ fn a_lost_device_hands_its_neurons_to_the_cpu_mid_run() {
     let (mut cpu, tok) = load(SMOL, sparse(vec![0.12; 30]));
     let ids = tok.encode(PROMPT, false, true).unwrap();
     let want = token_by_token(&mut cpu, &ids);
-    let s = Arc::new(SparseFfn { thresholds: vec![0.12; 30], down_type: DType::Q8_0, offloaded: Vec::new(), balanced: false, predictor: None });
+    let s = Arc::new(SparseFfn::new(vec![0.12; 30], DType::Q8_0));
     let a = corelm_engine::offload::AccelConfig { balance: BalanceConfig::new(Policy::Tam), ..corelm_engine::offload::AccelConfig::new(8 << 20) };
     let (mut e, _) = load(SMOL, EngineConfig { sparsity: Some(s), accel: Some(a), ..test_config(2) });
     let mut on_device = Vec::new();

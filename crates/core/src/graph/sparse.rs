@@ -183,7 +183,7 @@ impl Builder<'_> {
     /// (`[n_embd, n_tokens]`): appends the prediction of the next layer's firing from `x`
     /// (KAIROX §5.1: made a layer ahead), and returns the current layer's — made by the
     /// previous layer, or from `x` itself for layer 0 — `[n_ff, n_tokens]` margins, `None`
-    /// when the layer has no predictor.
+    /// when the layer has no predictor (a prediction is only ever made for a layer that has).
     pub fn predicted_firing(&mut self, x: &Bundle) -> Option<Bundle> {
         let il = self.layer();
         let own = match self.prediction.take() {
@@ -195,7 +195,7 @@ impl Builder<'_> {
             let next = self.predict(il + 1, x);
             self.prediction = Some((il + 1, next.single()));
         }
-        own.filter(|_| self.layer_predictor(il).is_some())
+        own
     }
 
     /// `Op::Predict` of layer `layer`'s neurons from `x`.

@@ -641,7 +641,7 @@ impl Ctx<'_> {
             }
             Op::GluMasked { gate, up, kind, thr, masked, pred } => self.glu_masked(t, [gate, up], pred, kind, thr, self.mask(t, masked), ith, nth, &mut scratch.sparse),
             Op::Predict { layer, x } => self.predict(t, layer, x, ith, nth, &mut scratch.sparse),
-            Op::SparseGate { pred, w, x } => self.sparse_gate(t, [pred, w, x], ith, nth),
+            Op::SparseGate { pred, w, x } => self.sparse_gate(t, [pred, w, x], ith, nth, &mut scratch.sparse),
             Op::SparseDown { h, w } => self.sparse_down(t, h, w, ith, nth, &mut scratch.sparse),
             Op::OffloadBegin { layer, x, kind, thr } => {
                 if ith == 0 {

@@ -24,8 +24,22 @@ use super::{split, Ctx};
 use crate::tensor::{Glu, Tensor, TensorId};
 use crate::graph::LayerPredictor;
 use corelm_kernels::matmul::layout::ROWS;
+use corelm_kernels::matmul::VecDot;
 use corelm_kernels::{act, sparse, DType, Kernels};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// `put(j, dot(row_j, x))` for each neuron `j` of `listed` in order (`rows`: `rb` bytes each),
+/// prefetching the row of the neuron `AHEAD` places later: the addresses jump, so the hardware
+/// prefetcher does not see them coming.
+fn dot_listed(rows: &[u8], rb: usize, dot: VecDot, x: &[u8], listed: &[u32], mut put: impl FnMut(usize, f32)) {
+    let row = |j: u32| &rows[j as usize * rb..(j as usize + 1) * rb];
+    for (n, &j) in listed.iter().enumerate() {
+        if let Some(&next) = listed.get(n + AHEAD) {
+            sparse::prefetch(row(next));
+        }
+        put(j as usize, dot(row(j), x));
+    }
+}
 
 /// Whether neuron `n` is set in `mask` (an accelerator's current neurons).
 fn held(mask: Option<&[AtomicU64]>, n: usize) -> bool {
@@ -41,7 +55,7 @@ pub struct SparseScratch {
     ones: Vec<f32>,
     /// One dequantized column range of a neuron-major row.
     row: Vec<f32>,
-    /// The firing neurons of one token.
+    /// The firing (or, for `SparseGate`, predicted) neurons of one token.
     firing: Vec<u32>,
     /// A predictor's input row quantized (Q8_0), its hidden vector, and that quantized.
     pred_x: Vec<u8>,
@@ -108,7 +122,7 @@ impl Ctx<'_> {
         let g = self.f32s(gate);
         let mine = split(n_ff, ith, nth);
         let a = &mut s.act[..mine.len()];
-        let row = |i: usize| &wb[i * wrb..(i + 1) * wrb];
+        let my_rows = &wb[mine.start * wrb..mine.end * wrb];
         for r in 0..rows {
             gate_activation(self.kernels, kind, &g[r * n_ff + mine.start..r * n_ff + mine.end], &s.ones, a);
             // SAFETY: neurons `mine` of row r are this worker's only.
@@ -116,14 +130,7 @@ impl Ctx<'_> {
             out.fill(0.0);
             s.firing.clear();
             s.firing.extend((0..mine.len() as u32).filter(|&j| a[j as usize].abs() > thr && !held(mask, mine.start + j as usize)));
-            let xr = &xb[r * xrb..(r + 1) * xrb];
-            for (n, &j) in s.firing.iter().enumerate() {
-                if let Some(&next) = s.firing.get(n + AHEAD) {
-                    sparse::prefetch(row(mine.start + next as usize));
-                }
-                let j = j as usize;
-                out[j] = a[j] * dot(row(mine.start + j), xr);
-            }
+            dot_listed(my_rows, wrb, dot, &xb[r * xrb..(r + 1) * xrb], &s.firing, |j, v| out[j] = a[j] * v);
         }
     }
 
@@ -195,7 +202,7 @@ impl Ctx<'_> {
 
     /// `Op::SparseGate`: `[pred, w, x]`, the margins, the gate matrix (plain rows), the
     /// quantized input.
-    pub(super) fn sparse_gate(&self, t: &Tensor, [pred, w, x]: [TensorId; 3], ith: usize, nth: usize) {
+    pub(super) fn sparse_gate(&self, t: &Tensor, [pred, w, x]: [TensorId; 3], ith: usize, nth: usize, s: &mut SparseScratch) {
         let [n_ff, rows] = t.ne;
         let wt = self.t(w);
         let (wrb, wb) = (wt.row_bytes(), self.bytes(w));
@@ -203,22 +210,15 @@ impl Ctx<'_> {
         let (xrb, xb) = (self.t(x).row_bytes(), self.bytes(x));
         let pred = self.f32s(pred);
         let mine = split(n_ff, ith, nth);
+        let my_rows = &wb[mine.start * wrb..mine.end * wrb];
         for r in 0..rows {
             // SAFETY: neurons `mine` of row r are this worker's only.
             let out = unsafe { self.out_f32(t, r * n_ff + mine.start, mine.len()) };
-            let xr = &xb[r * xrb..(r + 1) * xrb];
+            out.fill(0.0);
             let p = &pred[r * n_ff + mine.start..r * n_ff + mine.end];
-            let mut ahead = p.iter().enumerate().filter(|(_, &m)| m > 0.0).map(|(j, _)| j).skip(AHEAD);
-            for (j, (o, &m)) in out.iter_mut().zip(p).enumerate() {
-                *o = if m > 0.0 {
-                    if let Some(next) = ahead.next() {
-                        sparse::prefetch(&wb[(mine.start + next) * wrb..(mine.start + next + 1) * wrb]);
-                    }
-                    dot(&wb[(mine.start + j) * wrb..(mine.start + j + 1) * wrb], xr)
-                } else {
-                    0.0
-                };
-            }
+            s.firing.clear();
+            s.firing.extend((0..mine.len() as u32).filter(|&j| p[j as usize] > 0.0));
+            dot_listed(my_rows, wrb, dot, &xb[r * xrb..(r + 1) * xrb], &s.firing, |j, v| out[j] = v);
         }
     }
 
