@@ -42,7 +42,7 @@ export CARGO_TARGET_DIR=target/aarch64-cross
 export CARGO_PROFILE_RELEASE_DEBUG=0
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 CARGO=/usr/bin/cargo
-TESTS=(-p corelm-kernels --test parity --test interleave --test sme --lib)
+TESTS=(-p corelm-kernels --test parity --test interleave --test dense_dots --test sme --lib)
 GOLDEN=(-p corelm-engine --test golden)
 
 "$CARGO" test --release --target $T "${TESTS[@]}" --no-run

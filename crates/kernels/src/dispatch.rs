@@ -370,7 +370,8 @@ impl Kernels {
     }
 
     /// The aarch64 tables: NEON dots of the golden models' types in the x86 lane order
-    /// (`matmul::aarch64::neon`), with `sdot` for [`Isa::Dotprod`] and [`Isa::Sme`] (whose
+    /// (`matmul::aarch64::neon`; the dense types' in x86 tables' orders, `neon_dense`), with
+    /// `sdot` for [`Isa::Dotprod`] and [`Isa::Sme`] (whose
     /// panel GEMM runs on the matrix unit: `matmul::gemm`). Only for a CPU with `isa`.
     fn aarch64(isa: Isa) -> Kernels {
         #[allow(unused_mut)]
@@ -398,11 +399,18 @@ impl Kernels {
                 (DType::Q6K, pick(neon::<{ kind::Q6_K }>, |x, y| unsafe { dotprod::<{ kind::Q6_K }>(x, y) })),
                 (DType::IQ4NL, pick(neon::<{ kind::IQ4_NL }>, |x, y| unsafe { dotprod::<{ kind::IQ4_NL }>(x, y) })),
                 (DType::IQ4XS, pick(neon::<{ kind::IQ4_XS }>, |x, y| unsafe { dotprod::<{ kind::IQ4_XS }>(x, y) })),
+                (DType::Q5K, pick(neon::<{ kind::Q5_K }>, |x, y| unsafe { dotprod::<{ kind::Q5_K }>(x, y) })),
             ] {
                 let o = &mut k.ops[slot(t).unwrap()];
                 o.vec_dot = f;
                 // Q4_K's tile order is set below; the others' tile dot is their dot.
                 o.vec_dot_tile = f;
+            }
+            // The dense types (`matmul::aarch64::neon_dense`): baseline NEON, x86 tables' orders.
+            use crate::matmul::aarch64::neon_dense as dense;
+            for (t, f) in [(DType::F32, dense::dot_f32 as VecDot), (DType::F16, dense::dot_f16), (DType::BF16, dense::dot_bf16)] {
+                let o = &mut k.ops[slot(t).unwrap()];
+                (o.vec_dot, o.vec_dot_tile) = (f, f);
             }
             k.ops[slot(DType::Q4K).unwrap()].vec_dot_tile = pick(neon::<{ kind::Q4_K_TILE }>, |x, y| unsafe { dotprod::<{ kind::Q4_K_TILE }>(x, y) });
             // Interleaved kernels (`matmul::aarch64::neon_il`): Q4_K's tiles in its tile order.

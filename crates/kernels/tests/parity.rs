@@ -51,7 +51,7 @@ fn dot_products_match_portable_and_f32_reference() {
 #[test]
 fn simd_dots_equal_the_lane_order_reference() {
     use corelm_kernels::matmul::{lanes, portable};
-    let refs: [(DType, fn(&[u8], &[u8]) -> f32, fn(&[u8], &[u8]) -> f32); 9] = [
+    let refs: [(DType, fn(&[u8], &[u8]) -> f32, fn(&[u8], &[u8]) -> f32); 10] = [
         (DType::Q4_0, lanes::dot_q4_0_q8_0, lanes::dot_q4_0_q8_0),
         (DType::Q4_1, lanes::dot_q4_1_q8_1, lanes::dot_q4_1_q8_1),
         (DType::Q5_0, lanes::dot_q5_0_q8_0, lanes::dot_q5_0_q8_0),
@@ -61,6 +61,7 @@ fn simd_dots_equal_the_lane_order_reference() {
         (DType::Q6K, lanes::dot_q6_k_q8_k, lanes::dot_q6_k_q8_k),
         (DType::IQ4NL, lanes::dot_iq4_nl_q8_0, lanes::dot_iq4_nl_q8_0),
         (DType::IQ4XS, lanes::dot_iq4_xs_q8_k, lanes::dot_iq4_xs_q8_k),
+        (DType::Q5K, lanes::dot_q5_k_q8_k, lanes::dot_q5_k_q8_k),
     ];
     let port = Kernels::portable();
     let mut rng = Rng(0x1A7E_5EED);

@@ -137,3 +137,50 @@ pub fn dot_q6_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
     }
     hsum_8(&acc)
 }
+
+/// ggml's AVX2 Q5_K order (`x86::avx2_ext::dot_q5_k_q8_k`): per super-block, lane L sums over
+/// the eight 32-value groups the products of values `4L‥4L+4` of the group times its scale
+/// (exact); `acc_L = fma(d_w·d_y, lane, acc_L)`; the mins `Σ m·(bsums pair)` in an integer per
+/// super-block, summed as `(dmin·d_y)·summ` in one float, subtracted after `hsum_f32x8`.
+pub fn dot_q5_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ5K>(x), as_blocks::<BlockQ8K>(y));
+    let (mut acc, mut acc_m) = ([0f32; 8], 0f32);
+    for (a, b) in x.iter().zip(y) {
+        let u = q5_k_values(a);
+        let (mut sumi, mut summ) = ([0i32; 8], 0i32);
+        for grp in 0..QK_K / 32 {
+            let (sc, m) = scale_min_k4(grp, &a.scales);
+            summ += m as i32 * (b.bsums[2 * grp] as i32 + b.bsums[2 * grp + 1] as i32);
+            for (l, s) in sumi.iter_mut().enumerate() {
+                let at = 32 * grp + 4 * l;
+                let p: i32 = (at..at + 4).map(|i| u[i] as i32 * b.qs[i] as i32).sum();
+                *s += sc as i32 * p;
+            }
+        }
+        let d = a.d.to_f32() * b.d;
+        for (a, &s) in acc.iter_mut().zip(&sumi) {
+            *a = d.mul_add(s as f32, *a);
+        }
+        acc_m += a.dmin.to_f32() * b.d * summ as f32;
+    }
+    hsum_8(&acc) - acc_m
+}
+
+/// F32·F32 in the AVX2 kernel's order (`x86::avx2::dot_f32`): per 8 values one fused
+/// multiply-add per lane (lane `L` takes values `8i + L`), `hsum_f32x8` of the lanes, then the
+/// ragged tail added value by value (product rounded, then the sum).
+pub fn dot_f32(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<f32>(x), as_blocks::<f32>(y));
+    let n = x.len().min(y.len());
+    let mut acc = [0f32; 8];
+    for (a, b) in x[..n - n % 8].chunks_exact(8).zip(y.chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] = a[l].mul_add(b[l], acc[l]);
+        }
+    }
+    let mut s = hsum_8(&acc);
+    for j in n - n % 8..n {
+        s += x[j] * y[j];
+    }
+    s
+}

@@ -1,5 +1,6 @@
 //! aarch64 matrix kernels (see the table in `matmul`). Every function has a reference twin
-//! (`matmul::lanes` for the x86 lane order they follow, `matmul::portable` for Q4_K) and is
+//! (`matmul::lanes` for the x86 lane order they follow, `matmul::portable` for Q4_K and
+//! the F16/BF16 orders) and is
 //! tested against it bit for bit (tests/parity.rs), under qemu in CI (`scripts/test_arm.sh`).
 //!
 //! # Safety
@@ -10,5 +11,6 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod neon;
+pub mod neon_dense;
 pub mod neon_il;
 pub mod sme;

@@ -1,4 +1,4 @@
-//! NEON dot products of the golden models' weight types and IQ4_NL/IQ4_XS, in the x86 SIMD kernels' float order
+//! NEON dot products of the golden models' weight types, Q5_K and IQ4_NL/IQ4_XS, in the x86 SIMD kernels' float order
 //! (`matmul::lanes`): bit for bit the AVX2 table's values, so an ARM machine reproduces the
 //! golden logits exactly where the portable order drifts.
 //!
@@ -325,6 +325,45 @@ unsafe fn q6_k<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
     }
 }
 
+/// Q5_K in ggml's AVX2 order (`matmul::lanes::dot_q5_k_q8_k`): eight exact lane sums per
+/// super-block (each 32-value group's four-product sums times its scale), one FMA per lane;
+/// the mins in a float of their own, subtracted at the end.
+#[inline(always)]
+unsafe fn q5_k<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ5K>(x), as_blocks::<BlockQ8K>(y));
+    // SAFETY: NEON present (the caller's contract); every load is 16 bytes inside `qs` (128),
+    // `qh` (32) or the activation's 256 values.
+    unsafe {
+        let (m4, one, two) = (vdupq_n_u8(0x0F), vdupq_n_u8(1), vdupq_n_u8(2));
+        let (mut acc, mut acc_m) = ([vdupq_n_f32(0.0); 2], 0f32);
+        for (a, b) in x.iter().zip(y) {
+            let qh = [vld1q_u8(a.qh.as_ptr()), vld1q_u8(a.qh.as_ptr().add(16))];
+            let (mut sumi, mut summ) = ([vdupq_n_s32(0); 2], 0i32);
+            for j in 0..QK_K / 64 {
+                // Groups 2j (low nibbles, fifth bit 2j of qh) and 2j + 1 (high, bit 2j + 1).
+                let (s0, m0) = scale_min_k4(2 * j, &a.scales);
+                let (s1, m1) = scale_min_k4(2 * j + 1, &a.scales);
+                let bs = &b.bsums[4 * j..4 * j + 4];
+                summ += m0 as i32 * (bs[0] as i32 + bs[1] as i32) + m1 as i32 * (bs[2] as i32 + bs[3] as i32);
+                let shift = vdupq_n_s8(-2 * j as i8);
+                for (h, sumi) in sumi.iter_mut().enumerate() {
+                    let q = vld1q_u8(a.qs.as_ptr().add(32 * j + 16 * h));
+                    let hb = vshlq_u8(qh[h], shift);
+                    let lo = vorrq_u8(vandq_u8(q, m4), vshlq_n_u8::<4>(vandq_u8(hb, one)));
+                    let hi = vorrq_u8(vshrq_n_u8::<4>(q), vshlq_n_u8::<3>(vandq_u8(hb, two)));
+                    let yq = b.qs.as_ptr().add(64 * j + 16 * h);
+                    let pl = D::dot4(vreinterpretq_s8_u8(lo), vld1q_s8(yq));
+                    let ph = D::dot4(vreinterpretq_s8_u8(hi), vld1q_s8(yq.add(32)));
+                    *sumi = vmlaq_n_s32(vmlaq_n_s32(*sumi, pl, s0 as i32), ph, s1 as i32);
+                }
+            }
+            lanes_fma(&mut acc, sumi, a.d.to_f32() * b.d);
+            acc_m += a.dmin.to_f32() * b.d * summ as f32;
+        }
+        hsum8(acc) - acc_m
+    }
+}
+
 /// One IQ4_XS super-block's eight lane sums in ggml's AVX2 order
 /// (`matmul::lanes::dot_iq4_xs_q8_k`): each sub-block's lane sums times its scale `sc`;
 /// `qs(p)`: the quants' pieces (p < 8, one per sub-block); `table`: the IQ4_NL grid.
@@ -393,6 +432,7 @@ pub mod kind {
     pub const Q6_K: u8 = 7;
     pub const IQ4_NL: u8 = 8;
     pub const IQ4_XS: u8 = 9;
+    pub const Q5_K: u8 = 10;
 }
 
 /// The dot of kind `K` through `D`.
@@ -413,6 +453,7 @@ unsafe fn dispatch<D: Dot4, const K: u8>(x: &[u8], y: &[u8]) -> f32 {
             kind::Q4_K_TILE => q4_k::<D, true>(x, y),
             kind::IQ4_NL => iq4_nl::<D>(x, y),
             kind::IQ4_XS => iq4_xs::<D>(x, y),
+            kind::Q5_K => q5_k::<D>(x, y),
             _ => q6_k::<D>(x, y),
         }
     }

@@ -1,0 +1,102 @@
+//! NEON dots of the dense weight types (F32, F16, BF16), each in the float order of an x86
+//! table's kernel, so an ARM machine gives that table's values bit for bit:
+//!
+//! | type | order | reference twin |
+//! |---|---|---|
+//! | F32 | the AVX2 kernel's: 8 lanes of fused multiply-adds, `hsum_f32x8`, the tail value by value | `matmul::lanes::dot_f32` |
+//! | F16 | ggml's AVX-512 `ggml_vec_dot_f16` (the AVX-512 table's and the attention kernels'): four 16-lane accumulators over 64-value steps, folded, the tail in double | `matmul::portable::dot_f16_ggml` |
+//! | BF16 | ggml's AVX2 BF16 path: four 8-lane accumulators of rounded products per 32 values, the f64 tail | `matmul::portable::dot_bf16_avx2_order` |
+//!
+//! Every lane of those orders is a `float32x4_t` lane here (8 lanes: two registers, 16: four).
+//! F16 values widen with `fcvtl` (`simd::aarch64::load_f16x8`, exact), BF16 values with a
+//! 16-bit left shift (exact). NEON is the aarch64 baseline: these are safe functions.
+
+use crate::quant::blocks::as_blocks;
+use crate::simd::aarch64::{load_f16x8, reduce_add_16x4};
+use half::f16;
+use std::arch::aarch64::*;
+
+/// F32·F32 in `matmul::lanes::dot_f32`'s order.
+pub fn dot_f32(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<f32>(x), as_blocks::<f32>(y));
+    let n = x.len().min(y.len());
+    let body = n - n % 8;
+    // SAFETY: NEON is the aarch64 baseline; every load reads values `i..i + 8` with
+    // `i + 8 <= body <= n`, inside both slices.
+    let mut s = unsafe {
+        let mut acc = [vdupq_n_f32(0.0); 2];
+        for i in (0..body).step_by(8) {
+            let (px, py) = (x.as_ptr().add(i), y.as_ptr().add(i));
+            acc[0] = vfmaq_f32(acc[0], vld1q_f32(px), vld1q_f32(py));
+            acc[1] = vfmaq_f32(acc[1], vld1q_f32(px.add(4)), vld1q_f32(py.add(4)));
+        }
+        super::neon::hsum8(acc)
+    };
+    for j in body..n {
+        s += x[j] * y[j];
+    }
+    s
+}
+
+/// F16·F16 in `matmul::portable::dot_f16_ggml`'s order.
+pub fn dot_f16(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<f16>(x), as_blocks::<f16>(y));
+    let n = x.len().min(y.len());
+    let np = n & !63;
+    // SAFETY: NEON is the aarch64 baseline; every load reads 8 values at `i + 16j + 8h` ≤
+    // `i + 56` with `i + 64 <= np <= n`, inside both slices.
+    let mut sum = unsafe {
+        // Accumulator j (values 16j‥16j+16 of each step) is `acc[j]`, four lanes per register.
+        let mut acc = [[vdupq_n_f32(0.0); 4]; 4];
+        for i in (0..np).step_by(64) {
+            for (j, a) in acc.iter_mut().enumerate() {
+                for h in 0..2 {
+                    let o = i + 16 * j + 8 * h;
+                    let [x0, x1] = load_f16x8(x.as_ptr().add(o));
+                    let [y0, y1] = load_f16x8(y.as_ptr().add(o));
+                    a[2 * h] = vfmaq_f32(a[2 * h], x0, y0);
+                    a[2 * h + 1] = vfmaq_f32(a[2 * h + 1], x1, y1);
+                }
+            }
+        }
+        for q in 0..4 {
+            acc[0][q] = vaddq_f32(acc[0][q], acc[2][q]);
+            acc[1][q] = vaddq_f32(acc[1][q], acc[3][q]);
+        }
+        for q in 0..4 {
+            acc[0][q] = vaddq_f32(acc[0][q], acc[1][q]);
+        }
+        reduce_add_16x4(acc[0]) as f64
+    };
+    for k in np..n {
+        sum += (x[k].to_f32() * y[k].to_f32()) as f64;
+    }
+    sum as f32
+}
+
+/// BF16·BF16 in `matmul::portable::dot_bf16_avx2_order`'s order.
+pub fn dot_bf16(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<u16>(x), as_blocks::<u16>(y));
+    let n = x.len().min(y.len());
+    let body = n - n % 32;
+    // SAFETY: NEON is the aarch64 baseline; every load reads 4 values at `i + 8k + 4h` ≤
+    // `i + 28` with `i + 32 <= body <= n`, inside both slices.
+    let head = unsafe {
+        // BF16 bits shifted into the high half of an f32: the value, exactly.
+        let widen = |p: *const u16| vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(p)));
+        // Accumulator k (values 8k‥8k+8 of each step): lanes 0‥3 in `c[k][0]`, 4‥7 in `c[k][1]`.
+        let mut c = [[vdupq_n_f32(0.0); 2]; 4];
+        for i in (0..body).step_by(32) {
+            for (k, c) in c.iter_mut().enumerate() {
+                for (h, c) in c.iter_mut().enumerate() {
+                    let o = i + 8 * k + 4 * h;
+                    // Product rounded, then the sum (ggml's `_mm256_add_ps(_mm256_mul_ps ..)`).
+                    *c = vaddq_f32(*c, vmulq_f32(widen(x.as_ptr().add(o)), widen(y.as_ptr().add(o))));
+                }
+            }
+        }
+        let v: [float32x4_t; 2] = std::array::from_fn(|h| vaddq_f32(vaddq_f32(c[0][h], c[2][h]), vaddq_f32(c[1][h], c[3][h])));
+        super::neon::hsum8(v)
+    };
+    crate::matmul::portable::bf16_tail(head as f64, &x[body..n], &y[body..n])
+}
