@@ -6,9 +6,9 @@
 use crate::matmul::portable as pd;
 use crate::matmul::{FromFloat, ToFloat, TypeOps, VecDot};
 #[cfg(target_arch = "x86_64")]
-use crate::matmul::{BatchDot, TilePacking, Widened};
+use crate::matmul::TilePacking;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-use crate::matmul::{IlTiles, InterleavedOps};
+use crate::matmul::{BatchDot, IlTiles, InterleavedOps, Widened};
 use crate::quant::portable as pq;
 use crate::DType;
 
@@ -412,6 +412,13 @@ impl Kernels {
                 let o = &mut k.ops[slot(t).unwrap()];
                 (o.vec_dot, o.vec_dot_tile) = (f, f);
             }
+            k.ops[slot(DType::F32).unwrap()].batch_dot = Some(BatchDot { dot: dense::batch_f32, tile: dense::tiles_f32, wide: None, step: 16 });
+            k.ops[slot(DType::F16).unwrap()].batch_dot = Some(BatchDot {
+                dot: dense::batch_f16,
+                tile: dense::tiles_f16,
+                wide: Some(Widened { widen: dense::widen_f16, tile: dense::tiles_f32 }),
+                step: 16,
+            });
             k.ops[slot(DType::Q4K).unwrap()].vec_dot_tile = pick(neon::<{ kind::Q4_K_TILE }>, |x, y| unsafe { dotprod::<{ kind::Q4_K_TILE }>(x, y) });
             // Interleaved kernels (`matmul::aarch64::neon_il`): Q4_K's tiles in its tile order.
             for (t, il) in [

@@ -7,6 +7,11 @@
 //! | F16 | ggml's AVX-512 `ggml_vec_dot_f16` (the AVX-512 table's and the attention kernels'): four 16-lane accumulators over 64-value steps, folded, the tail in double | `matmul::portable::dot_f16_ggml` |
 //! | BF16 | ggml's AVX2 BF16 path: four 8-lane accumulators of rounded products per 32 values, the f64 tail | `matmul::portable::dot_bf16_avx2_order` |
 //!
+//! The batch dots of F32 and F16 (`BatchDot`: matmuls of two or more activation rows) follow
+//! llamafile's tinyBLAS on AVX-512 (`portable::batch_order`: 16 lanes, one FMA chain each,
+//! `_mm512_reduce_add_ps`), with its register tiles: so the aarch64 tables give the AVX-512
+//! table's F32 and F16 values, single rows and batches alike.
+//!
 //! Every lane of those orders is a `float32x4_t` lane here (8 lanes: two registers, 16: four).
 //! F16 values widen with `fcvtl` (`simd::aarch64::load_f16x8`, exact), BF16 values with a
 //! 16-bit left shift (exact). NEON is the aarch64 baseline: these are safe functions.
@@ -99,4 +104,123 @@ pub fn dot_bf16(x: &[u8], y: &[u8]) -> f32 {
         super::neon::hsum8(v)
     };
     crate::matmul::portable::bf16_tail(head as f64, &x[body..n], &y[body..n])
+}
+
+/// 16 values at `p` as f32 (four registers, values `4q‥4q+4` in register `q`): f32 values, or
+/// F16 values widened (`HALF`).
+///
+/// # Safety
+/// 64 (f32) or 32 (F16) readable bytes at `p`, aligned to the element.
+#[inline(always)]
+unsafe fn load16<const HALF: bool>(p: *const u8) -> [float32x4_t; 4] {
+    // SAFETY: the caller's contract; NEON is the aarch64 baseline.
+    unsafe {
+        if HALF {
+            let p = p as *const f16;
+            let ([a, b], [c, d]) = (load_f16x8(p), load_f16x8(p.add(8)));
+            [a, b, c, d]
+        } else {
+            let p = p as *const f32;
+            [vld1q_f32(p), vld1q_f32(p.add(4)), vld1q_f32(p.add(8)), vld1q_f32(p.add(12))]
+        }
+    }
+}
+
+/// Bytes of 16 values.
+const fn step_bytes<const HALF: bool>() -> usize {
+    if HALF { 32 } else { 64 }
+}
+
+/// tinyBLAS's value (`portable::batch_order`): one 16-lane FMA chain over steps of 16 values,
+/// reduced as `_mm512_reduce_add_ps`.
+fn batch<const HALF: bool>(x: &[u8], y: &[u8]) -> f32 {
+    let bytes = x.len().min(y.len());
+    let step = step_bytes::<HALF>();
+    assert!(bytes % step == 0, "tinyBLAS needs k % 16 == 0");
+    // SAFETY: every step `s·step..(s + 1)·step` is inside both rows; NEON is the baseline.
+    unsafe {
+        let mut c = [vdupq_n_f32(0.0); 4];
+        for s in 0..bytes / step {
+            let (a, b) = (load16::<HALF>(x.as_ptr().add(s * step)), load16::<HALF>(y.as_ptr().add(s * step)));
+            for q in 0..4 {
+                c[q] = vfmaq_f32(c[q], a[q], b[q]);
+            }
+        }
+        reduce_add_16x4(c)
+    }
+}
+
+/// tinyBLAS's F32 value (`BatchDot::dot`; `k` a multiple of 16).
+pub fn batch_f32(x: &[u8], y: &[u8]) -> f32 {
+    batch::<false>(x, y)
+}
+
+/// tinyBLAS's F16 value: the values widened to f32, one FMA chain (`k` a multiple of 16).
+pub fn batch_f16(x: &[u8], y: &[u8]) -> f32 {
+    batch::<true>(x, y)
+}
+
+/// [`batch`]'s values for `out.len()` weight rows (a multiple of four, `xrb` bytes apart, each
+/// `xrb` bytes of values) × four activation rows. Per group of four weight rows, four passes
+/// of two weight rows × two activation rows (sixteen accumulator registers), each output its
+/// own chain over the steps in order: `out[c][j]` is the batch dot of row c and `y[j]`.
+fn tiles<const HALF: bool>(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
+    let step = step_bytes::<HALF>();
+    assert!(xrb % step == 0 && out.len() % 4 == 0 && x.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= xrb));
+    for (g, o) in out.chunks_exact_mut(4).enumerate() {
+        for (rp, jp) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+            let rows = [4 * g + 2 * rp, 4 * g + 2 * rp + 1].map(|r| x[r * xrb..].as_ptr());
+            let acts = [y[2 * jp].as_ptr(), y[2 * jp + 1].as_ptr()];
+            // SAFETY: every step is inside its weight row (group g's rows lie in `x`, asserted)
+            // and its activation row (`xrb` bytes each, asserted); NEON is the baseline.
+            let acc = unsafe {
+                let mut acc = [[[vdupq_n_f32(0.0); 4]; 2]; 2];
+                for s in 0..xrb / step {
+                    let b = acts.map(|p| load16::<HALF>(p.add(s * step)));
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let a = load16::<HALF>(rows[r].add(s * step));
+                        for (j, acc) in acc.iter_mut().enumerate() {
+                            for q in 0..4 {
+                                acc[q] = vfmaq_f32(acc[q], a[q], b[j][q]);
+                            }
+                        }
+                    }
+                }
+                acc
+            };
+            for (r, acc) in acc.iter().enumerate() {
+                for (j, &acc) in acc.iter().enumerate() {
+                    o[2 * rp + r][2 * jp + j] = reduce_add_16x4(acc);
+                }
+            }
+        }
+    }
+}
+
+/// [`batch_f32`]'s values, four weight rows × four activation rows at a time.
+pub fn tiles_f32(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
+    tiles::<false>(x, xrb, y, out)
+}
+
+/// [`batch_f16`]'s values, four weight rows × four activation rows at a time.
+pub fn tiles_f16(x: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]]) {
+    tiles::<true>(x, xrb, y, out)
+}
+
+/// F16 values widened to f32 (exact), eight at a time; `out.len()` values.
+pub fn widen_f16(x: &[u8], out: &mut [f32]) {
+    let n = out.len();
+    assert!(x.len() >= 2 * n);
+    let body = n - n % 8;
+    for i in (0..body).step_by(8) {
+        // SAFETY: 16 bytes at 2i and 8 f32 at i are in bounds (asserted, loop bound).
+        unsafe {
+            let [a, b] = load_f16x8(x.as_ptr().add(2 * i) as *const f16);
+            vst1q_f32(out.as_mut_ptr().add(i), a);
+            vst1q_f32(out.as_mut_ptr().add(i + 4), b);
+        }
+    }
+    for j in body..n {
+        out[j] = f16::from_le_bytes([x[2 * j], x[2 * j + 1]]).to_f32();
+    }
 }
