@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # aarch64, emulated: cross-build the kernel parity tests and one real-model golden check
-# (SmolLM2's first case, prompt logits within tolerance) for aarch64-unknown-linux-gnu and run
+# (SmolLM2's first case, prompt logits within tolerance; SmolLM2 requantized to F16, the
+# AVX-512 table's logits bit for bit) for aarch64-unknown-linux-gnu and run
 # them under qemu-user with several CPU models, so every dispatch path a real ARM CPU can take
 # runs: `max` (dotprod, i8mm, SVE, SME), `neoverse-n1` (dotprod, no i8mm), `cortex-a53` (no
 # dotprod). Correctness only: emulated timings mean nothing.
@@ -44,14 +45,18 @@ export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 CARGO=/usr/bin/cargo
 TESTS=(-p corelm-kernels --test parity --test interleave --test dense_dots --test sme --lib)
 GOLDEN=(-p corelm-engine --test golden)
+# SmolLM2 requantized to F16: the AVX-512 table's logits bit for bit (a hash).
+F16=(-p corelm-engine --test quantize)
 
 "$CARGO" test --release --target $T "${TESTS[@]}" --no-run
 "$CARGO" test --release --target $T "${GOLDEN[@]}" --no-run
+"$CARGO" test --release --target $T "${F16[@]}" --no-run
 for cpu in max neoverse-n1 cortex-a53; do
     echo "test_arm: qemu-aarch64 -cpu $cpu"
     export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64-static -L $SYSROOT -cpu $cpu"
     "$CARGO" test --release --target $T "${TESTS[@]}" -q
     "$CARGO" test --release --target $T "${GOLDEN[@]}" -q golden_smollm2_p01 -- --exact --nocapture
+    "$CARGO" test --release --target $T "${F16[@]}" -q f16_model_gives_the_avx512_tables_logits -- --exact --nocapture
 done
 
 QDIR="${XDG_CACHE_HOME:-$HOME/.cache}/corelm/qemu-backports"

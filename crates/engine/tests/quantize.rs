@@ -114,3 +114,41 @@ fn quantized_model_round_trip() {
         std::fs::remove_file(&out).ok();
     }
 }
+
+/// FNV-1a over the bits of every logit of SmolLM2 requantized to F16: 12 prompt tokens in one
+/// pass (the batch dots and tiles), then 3 tokens one by one (the single-row dots).
+fn f16_logits_hash() -> u64 {
+    let src = corelm_engine::models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(src.exists(), "{} missing: run scripts/fetch_models.py all", src.display());
+    let out = tmp("smol-f16-hash.gguf");
+    quantize_file(&src, &out, DType::F16, true, 2).unwrap();
+    let tokens: [u32; 15] = [1, 504, 3458, 282, 4649, 314, 7042, 30, 378, 3458, 282, 6717, 314, 10709, 30];
+    let cfg = EngineConfig { n_ctx: 64, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, ..Default::default() };
+    let mut e = Engine::load(&out, cfg).unwrap();
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut mix = |row: &[f32]| row.iter().for_each(|v| h = (h ^ v.to_bits() as u64).wrapping_mul(0x0100_0000_01b3));
+    e.feed(0, &tokens[..12], true, |l| (0..l.rows()).for_each(|i| mix(l.row(i)))).unwrap();
+    for &t in &tokens[12..] {
+        e.feed(0, &[t], true, |l| mix(l.row(0))).unwrap();
+    }
+    std::fs::remove_file(&out).ok();
+    h
+}
+
+/// F16 weights give the AVX-512 table's logits bit for bit on every table that follows its F16
+/// orders (ggml's AVX-512 `ggml_vec_dot_f16` for single rows, tinyBLAS's for batches): AVX-512
+/// on x86 and the aarch64 tables (run under qemu by scripts/test_arm.sh). The hash was taken
+/// with the AVX-512 table; the AVX2 and portable tables sum F16 in other orders (skipped).
+#[test]
+fn f16_model_gives_the_avx512_tables_logits() {
+    use corelm_kernels::Isa;
+    const AVX512_HASH: u64 = 0x29841a721ea36cc2;
+    let isa = corelm_kernels::kernels().isa();
+    if !matches!(isa, Isa::Avx512 | Isa::Neon | Isa::Dotprod | Isa::Sme) {
+        eprintln!("the {isa} table sums F16 in an order of its own: skipped");
+        return;
+    }
+    let h = f16_logits_hash();
+    eprintln!("{isa}: F16 SmolLM2 logits hash {h:#018x}");
+    assert_eq!(h, AVX512_HASH, "{isa}: F16 logits differ from the AVX-512 table's");
+}
