@@ -379,6 +379,7 @@ impl Kernels {
         #[cfg(target_arch = "aarch64")]
         {
             use crate::matmul::aarch64::neon::{dotprod, kind, neon};
+            use crate::matmul::aarch64::neon_dense as dense;
             debug_assert!(isa.missing().is_empty());
             k.isa = isa;
             let dot = isa >= Isa::Dotprod;
@@ -400,17 +401,15 @@ impl Kernels {
                 (DType::IQ4NL, pick(neon::<{ kind::IQ4_NL }>, |x, y| unsafe { dotprod::<{ kind::IQ4_NL }>(x, y) })),
                 (DType::IQ4XS, pick(neon::<{ kind::IQ4_XS }>, |x, y| unsafe { dotprod::<{ kind::IQ4_XS }>(x, y) })),
                 (DType::Q5K, pick(neon::<{ kind::Q5_K }>, |x, y| unsafe { dotprod::<{ kind::Q5_K }>(x, y) })),
+                // The dense types (`matmul::aarch64::neon_dense`): baseline NEON, x86 tables' orders.
+                (DType::F32, dense::dot_f32),
+                (DType::F16, dense::dot_f16),
+                (DType::BF16, dense::dot_bf16),
             ] {
                 let o = &mut k.ops[slot(t).unwrap()];
                 o.vec_dot = f;
                 // Q4_K's tile order is set below; the others' tile dot is their dot.
                 o.vec_dot_tile = f;
-            }
-            // The dense types (`matmul::aarch64::neon_dense`): baseline NEON, x86 tables' orders.
-            use crate::matmul::aarch64::neon_dense as dense;
-            for (t, f) in [(DType::F32, dense::dot_f32 as VecDot), (DType::F16, dense::dot_f16), (DType::BF16, dense::dot_bf16)] {
-                let o = &mut k.ops[slot(t).unwrap()];
-                (o.vec_dot, o.vec_dot_tile) = (f, f);
             }
             k.ops[slot(DType::F32).unwrap()].batch_dot = Some(BatchDot { dot: dense::batch_f32, tile: dense::tiles_f32, wide: None, step: 16 });
             k.ops[slot(DType::F16).unwrap()].batch_dot = Some(BatchDot {

@@ -48,19 +48,17 @@ pub fn dot_f16(x: &[u8], y: &[u8]) -> f32 {
     let (x, y) = (as_blocks::<f16>(x), as_blocks::<f16>(y));
     let n = x.len().min(y.len());
     let np = n & !63;
-    // SAFETY: NEON is the aarch64 baseline; every load reads 8 values at `i + 16j + 8h` ≤
-    // `i + 56` with `i + 64 <= np <= n`, inside both slices.
+    // SAFETY: NEON is the aarch64 baseline; every load reads 16 values at `i + 16j` ≤ `i + 48`
+    // with `i + 64 <= np <= n`, inside both slices.
     let mut sum = unsafe {
         // Accumulator j (values 16j‥16j+16 of each step) is `acc[j]`, four lanes per register.
         let mut acc = [[vdupq_n_f32(0.0); 4]; 4];
         for i in (0..np).step_by(64) {
             for (j, a) in acc.iter_mut().enumerate() {
-                for h in 0..2 {
-                    let o = i + 16 * j + 8 * h;
-                    let [x0, x1] = load_f16x8(x.as_ptr().add(o));
-                    let [y0, y1] = load_f16x8(y.as_ptr().add(o));
-                    a[2 * h] = vfmaq_f32(a[2 * h], x0, y0);
-                    a[2 * h + 1] = vfmaq_f32(a[2 * h + 1], x1, y1);
+                let o = i + 16 * j;
+                let (xv, yv) = (load16::<true>(x.as_ptr().add(o) as *const u8), load16::<true>(y.as_ptr().add(o) as *const u8));
+                for q in 0..4 {
+                    a[q] = vfmaq_f32(a[q], xv[q], yv[q]);
                 }
             }
         }
