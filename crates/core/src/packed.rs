@@ -25,7 +25,7 @@
 //! rows (gate interleaved where the table has kernels) and down columns (neuron-major).
 //!
 //! Invariant: a weight tensor with `Storage::Weight { copy: Some(c), .. }` has its bytes at
-//! `c.at .. c.at + n_bytes` of [`PackedWeights::bytes`]; interleaved, `matmul::layout::unpack`
+//! `c.at .. c.at + n_bytes` of [`PackedWeights::bytes`]; interleaved, `matmul::layout::Layout::unpack`
 //! of them gives back the file's rows (of its columns, for a slice).
 
 use crate::graph::Graph;
@@ -163,7 +163,7 @@ impl PackedWeights {
                 }
             };
             if e.interleaved {
-                interleave::pack(e.dtype, src, e.row_bytes, dst);
+                kernels.layout().pack(e.dtype, src, e.row_bytes, dst);
             } else {
                 dst.copy_from_slice(src);
             }

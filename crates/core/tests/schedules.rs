@@ -67,7 +67,7 @@ fn schedules_keep_every_output_bit_for_bit() {
                 if interleave::supported(t) && kernels.ops(t).unwrap().interleaved.is_some() {
                     let rb = row_bytes(t, k);
                     let mut g = vec![0u8; w.len()];
-                    interleave::pack(t, &w, rb, &mut g);
+                    kernels.layout().pack(t, &w, rb, &mut g);
                     let want = run(&kernels, Path::Tiles, t, &w, Some(&g), k, n_out, &x, rows, None, 2);
                     for mr in TILE_MR {
                         for (nc, mc, row_parts) in [(4, 0, 0), (12, 8, 2), (256, 16, 1), (32, 0, 3)] {

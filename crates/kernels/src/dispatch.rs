@@ -3,6 +3,7 @@
 //! once at start-up from runtime CPU feature detection; [`Kernels::portable`] is the same table
 //! with only the portable twins, used by the parity tests.
 
+use crate::matmul::layout::{Layout, Q5Bits};
 use crate::matmul::portable as pd;
 use crate::matmul::{FromFloat, ToFloat, TypeOps, VecDot};
 #[cfg(target_arch = "x86_64")]
@@ -78,6 +79,8 @@ pub struct Kernels {
     q8_k: FromFloat,
     /// f32 → F16 rows (F16 KV cache stores, F16 activations).
     f16: FromFloat,
+    /// The interleaved layout this table's kernels read ([`Kernels::layout`]).
+    layout: Layout,
     ops: [TypeOps; WEIGHT_TYPES.len()],
 }
 
@@ -123,6 +126,7 @@ impl Kernels {
         };
         Kernels {
             isa: Isa::Portable,
+            layout: Layout { q5: Q5Bits::Transposed },
             q8_0: pq::quant_q8_0,
             q8_1: pq::quant_q8_1,
             q8_k: pq::quant_q8_k,
@@ -179,6 +183,7 @@ impl Kernels {
             use crate::quant::blocks::{BlockQ5_0, BlockQ8_0};
             debug_assert!(Isa::Avx512.missing().is_empty());
             k.isa = Isa::Avx512;
+            k.layout = Layout { q5: Q5Bits::Masks };
             // SAFETY: `build` runs this only for a CPU with AVX2/FMA/F16C and AVX-512
             // F/BW/VL/VNNI (`Isa::Avx512` checked).
             let f: VecDot = |x, y| unsafe { avx512::dot_q5_0_q8_0(x, y) };
@@ -436,6 +441,12 @@ impl Kernels {
         }
         let _ = isa;
         k
+    }
+
+    /// The interleaved layout to pack weights in for this table's kernels (Q5_0/Q5_1's fifth
+    /// bits differ between tables; weights are read only by the table they were packed for).
+    pub fn layout(&self) -> Layout {
+        self.layout
     }
 
     /// The level this table was built for: its matmul kernels, and the attention, norm, RoPE

@@ -2,7 +2,7 @@
 //! SIMD GEMV and tiles equal the plain rows' `vec_dot` bit for bit, the portable twin, and an
 //! f32 reference. Random rows; several row lengths and row counts.
 
-use corelm_kernels::matmul::layout::{self as interleave, pack, rows_portable, scratch_len, unpack};
+use corelm_kernels::matmul::layout::{self as interleave, scratch_len, Layout, Q5Bits};
 use corelm_kernels::{row_bytes, DType, Kernels};
 
 mod common;
@@ -26,17 +26,24 @@ fn activations(k: &Kernels, t: DType, n: usize, rng: &mut Rng) -> (Vec<f32>, Vec
 #[test]
 fn pack_then_unpack_is_the_identity() {
     let mut rng = Rng(0x51ED_2701);
+    let forms = [Layout { q5: Q5Bits::Masks }, Layout { q5: Q5Bits::Transposed }];
     for t in TYPES {
         for (k, n_rows) in [(32, 4), (96, 8), (320, 12)] {
             let k = if t.block_size() == 256 { 8 * k } else { k };
             // Any bytes at all, not only well-formed blocks: the layout moves bits, it reads none.
             let x: Vec<u8> = (0..row_bytes(t, k) * n_rows).map(|_| rng.next() as u8).collect();
             let xrb = row_bytes(t, k);
-            let (mut g, mut back) = (vec![0u8; x.len()], vec![0u8; x.len()]);
-            pack(t, &x, xrb, &mut g);
-            assert_ne!(g, x, "{t}: packing moved nothing");
-            unpack(t, &g, xrb, &mut back);
-            assert_eq!(back, x, "{t} k={k} rows={n_rows}");
+            let mut packed = Vec::new();
+            for layout in forms {
+                let (mut g, mut back) = (vec![0u8; x.len()], vec![0u8; x.len()]);
+                layout.pack(t, &x, xrb, &mut g);
+                assert_ne!(g, x, "{t}: packing moved nothing");
+                layout.unpack(t, &g, xrb, &mut back);
+                assert_eq!(back, x, "{t} {layout:?} k={k} rows={n_rows}");
+                packed.push(g);
+            }
+            // The forms differ in Q5's fifth bits only.
+            assert_eq!(packed[0] == packed[1], !matches!(t, DType::Q5_0 | DType::Q5_1), "{t}");
         }
     }
     assert!(!interleave::supported(DType::Q5K));
@@ -70,7 +77,7 @@ fn interleaved_equal_plain(fast: &Kernels) {
             let xrb = row_bytes(t, k);
             let w = matrix(t, k, n_rows, &mut rng);
             let mut g = aligned(vec![0u8; w.len()]);
-            pack(t, &w, xrb, &mut g);
+            fast.layout().pack(t, &w, xrb, &mut g);
             let mut prep = vec![0i32; scratch_len(k)];
             let acts: Vec<(Vec<f32>, Vec<u8>)> = (0..4).map(|_| activations(fast, t, k, &mut rng)).collect();
             // GEMV, against the plain SIMD dot, the portable twin and the f32 reference.
@@ -79,7 +86,7 @@ fn interleaved_equal_plain(fast: &Kernels) {
             (il.rows)(&g, xrb, y, &mut out, &mut prep);
             let mut twin = vec![0f32; n_rows];
             let mut row = aligned(vec![0u8; 4 * xrb]);
-            rows_portable(t, port.ops(t).unwrap().vec_dot, &g, xrb, y, &mut twin, &mut row);
+            fast.layout().rows_portable(t, port.ops(t).unwrap().vec_dot, &g, xrb, y, &mut twin, &mut row);
             let mut wf = vec![0f32; k];
             for c in 0..n_rows {
                 let plain = &w[c * xrb..(c + 1) * xrb];

@@ -212,7 +212,7 @@ fn probe(kernels: &'static Kernels, family: &str) -> Option<(String, Probe)> {
             let rb = row_bytes(DType::Q8_0);
             if let Some(il) = ops.interleaved {
                 let mut g = vec![0u8; w.len()];
-                corelm_kernels::matmul::layout::pack(DType::Q8_0, &w, rb, &mut g);
+                kernels.layout().pack(DType::Q8_0, &w, rb, &mut g);
                 let f: Probe = Box::new(move |prep| {
                     let mut o = [[0f32; 8]; ROWS];
                     (il.tiles.tile8)(&g, rb, std::array::from_fn(|j| &x[j * rb..(j + 1) * rb]), &mut o, prep);

@@ -81,12 +81,14 @@ impl LayerPredictor {
             row[..rank].copy_from_slice(src);
             quant(&row, out);
         }
-        use corelm_kernels::matmul::layout::{pack, ROWS};
+        use corelm_kernels::matmul::layout::{Layout, Q5Bits, ROWS};
+        // Q8_0 packs to the same bytes in every table's layout (only Q5's fifth bits differ).
+        let layout = Layout { q5: Q5Bits::Transposed };
         let mut a_il = vec![0u8; qa.len()];
-        pack(q, &qa, corelm_kernels::row_bytes(q, n_embd), &mut a_il);
+        layout.pack(q, &qa, corelm_kernels::row_bytes(q, n_embd), &mut a_il);
         let b_il = (n_ff % ROWS == 0).then(|| {
             let mut il = vec![0u8; qb.len()];
-            pack(q, &qb, brb, &mut il);
+            layout.pack(q, &qb, brb, &mut il);
             il
         });
         Ok(LayerPredictor { rank: padded, a: qa, b: qb, a_il, b_il, cut: c.iter().map(|&ci| cut - ci).collect() })

@@ -9,15 +9,24 @@
 //! |---|---|
 //! | Q4_0, IQ4_NL (4 × 18) | `d0‥d3` (f16, 8) · `qs` of rows 0‥3 (4 × 16) |
 //! | Q4_1 (4 × 20) | `[d0 m0 d1 m1 d2 m2 d3 m3]` (f16, 16) · `qs` of rows 0‥3 (4 × 16) |
-//! | Q5_0 (4 × 22) | `d0‥d3` (f16, 8) · `hl` (u64) · `hh` (u64) · `qs` of rows 0‥3 (4 × 16) |
-//! | Q5_1 (4 × 24) | `[d0 m0 … d3 m3]` (f16, 16) · `hl` · `hh` · `qs` of rows 0‥3 (4 × 16) |
+//! | Q5_0 (4 × 22) | `d0‥d3` (f16, 8) · fifth bits (16) · `qs` of rows 0‥3 (4 × 16) |
+//! | Q5_1 (4 × 24) | `[d0 m0 … d3 m3]` (f16, 16) · fifth bits (16) · `qs` of rows 0‥3 (4 × 16) |
 //! | Q8_0 (4 × 34) | `d0‥d3` (f16, 8) · `qs[0..16]` of rows 0‥3 (64) · `qs[16..32]` of rows 0‥3 (64) |
 //! | Q6_K (4 × 210) | `d0‥d3` (f16, 8) · `scales[0..8]` of rows 0‥3 (32) · `scales[8..16]` of rows 0‥3 (32) · for each 16 bytes `ql[16p..16p+16]` (p < 8), those of rows 0‥3 (8 × 64) · the same for `qh` (4 × 64) |
 //! | Q4_K (4 × 144) | `d0‥d3 dmin0‥dmin3` (f16, 16) · `scales[4w..4w+4]` of rows 0‥3 for w = 0, 1, 2 (3 × 16) · for each 16 bytes `qs[16h..16h+16]` (h < 8), those of rows 0‥3 (8 × 64) |
 //! | IQ4_XS (4 × 136) | `d0‥d3` (f16, 8) · `scales_h` of rows 0‥3 (u16, 8) · `scales_l` of rows 0‥3 (4 × 4) · for each sub-block's 16 bytes `qs[16b..16b+16]` (b < 8), those of rows 0‥3 (8 × 64) |
 //!
-//! The fifth bits of Q5_0 and Q5_1 are regrouped as the two 64-bit masks a 512-bit kernel wants: bit
-//! `16r + e` of `hl` is row r's bit for element `e`, of `hh` for element `16 + e` (e < 16).
+//! The 16 bytes of fifth bits of Q5_0 and Q5_1 take the form the table's kernels read fastest
+//! ([`Q5Bits`], the one thing a table's [`Layout`] chooses):
+//! - [`Q5Bits::Masks`] (AVX-512): two 64-bit masks, `hl` then `hh`; bit `16r + j` of `hl` is row
+//!   r's bit for value `j`, of `hh` for value `16 + j` (j < 16) — the kernel's byte masks as
+//!   they are.
+//! - [`Q5Bits::Transposed`] (AVX2, NEON): bit `r` of byte `j` is row r's bit for value `j`, bit
+//!   `4 + r` for value `16 + j`. One 16-byte load repeated in every 128-bit lane holds every
+//!   row's bits; a shift per lane (left by `4 − r`, right by `r`) and a mask give row r's bit as
+//!   the 16 of its value's byte: two operations per 32 values, where `Masks` needs a shuffle
+//!   and a compare on AVX2 (Qwen2.5-0.5B's Q5_0 GEMV 1.37× faster under `--isa avx2`; the
+//!   AVX-512 kernel loses 12 % reading this form, hence two).
 //!
 //! Q4_K's 12 scale bytes stay packed (6-bit scales and mins); grouped as three 32-bit words per
 //! row, the four rows' words sit side by side, so one 128-bit operation unpacks a word of all
@@ -35,13 +44,13 @@
 //!
 //! Invariant: every kernel on this layout returns, bit for bit, the plain kernel's value for
 //! the same row (`vec_dot`; `vec_dot_tile` is the same function for these types).
-//! [`unpack`] is [`pack`]'s exact inverse; tests check both.
+//! [`Layout::unpack`] is [`Layout::pack`]'s exact inverse; tests check both (each form).
 
 use crate::DType;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Weight re-layouts this process has made: calls and bytes (SMEPilot's layout state: each
-/// is a copy of weights into another kernel's layout). Counted by [`pack`] (the interleaved
+/// is a copy of weights into another kernel's layout). Counted by [`Layout::pack`] (the interleaved
 /// copies made at load), the panel GEMM's per-call panel decode, the tile packing of plain
 /// rows, and the engine's neuron-major copies; not the activations' quantization, which is
 /// compute. The per-token path makes none (an engine test checks it).
@@ -61,6 +70,22 @@ pub fn repacks() -> (u64, u64) {
 /// Rows per group.
 pub const ROWS: usize = 4;
 
+/// How Q5_0/Q5_1 group-blocks hold their fifth bits (module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Q5Bits {
+    /// Two 64-bit masks, row r's bits at `16r` (AVX-512's byte masks).
+    Masks,
+    /// Bit r of byte j: row r's value j; bit 4 + r: its value 16 + j (AVX2, NEON).
+    Transposed,
+}
+
+/// The interleaved layout a kernel table reads (`Kernels::layout`): weights packed for one
+/// table are read only by that table's kernels. Types other than Q5_0/Q5_1 have one form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub q5: Q5Bits,
+}
+
 /// i32 of scratch the interleaved kernels need for rows of `k` values: per activation block
 /// eight lane sums and its scales (a cache line), for up to eight activation rows.
 pub fn scratch_len(k: usize) -> usize {
@@ -75,40 +100,67 @@ pub fn supported(t: DType) -> bool {
 /// Bytes of the largest plain block of a supported type (Q6_K's 210).
 const MAX_BS: usize = 210;
 
-/// Repack `x` (whole rows of `xrb` bytes, a multiple of four of them) into groups in `out`
-/// (same length). Panics if `t` has no interleaved layout or the lengths disagree (a bug in the
-/// caller, which checks [`supported`] and the row count first).
-pub fn pack(t: DType, x: &[u8], xrb: usize, out: &mut [u8]) {
-    let bs = t.type_size();
-    assert!(supported(t) && xrb % bs == 0 && x.len() % (ROWS * xrb) == 0 && out.len() == x.len());
-    let nb = xrb / bs;
-    note_repack(x.len());
-    for (src, dst) in x.chunks_exact(ROWS * xrb).zip(out.chunks_exact_mut(ROWS * xrb)) {
-        for (i, gb) in dst.chunks_exact_mut(ROWS * bs).enumerate() {
-            let blk = |r: usize| &src[r * xrb + i * bs..r * xrb + (i + 1) * bs];
-            pack_block(t, [blk(0), blk(1), blk(2), blk(3)], gb);
+impl Layout {
+    /// Repack `x` (whole rows of `xrb` bytes, a multiple of four of them) into groups in `out`
+    /// (same length). Panics if `t` has no interleaved layout or the lengths disagree (a bug in the
+    /// caller, which checks [`supported`] and the row count first).
+    pub fn pack(self, t: DType, x: &[u8], xrb: usize, out: &mut [u8]) {
+        let bs = t.type_size();
+        assert!(supported(t) && xrb % bs == 0 && x.len() % (ROWS * xrb) == 0 && out.len() == x.len());
+        let nb = xrb / bs;
+        note_repack(x.len());
+        for (src, dst) in x.chunks_exact(ROWS * xrb).zip(out.chunks_exact_mut(ROWS * xrb)) {
+            for (i, gb) in dst.chunks_exact_mut(ROWS * bs).enumerate() {
+                let blk = |r: usize| &src[r * xrb + i * bs..r * xrb + (i + 1) * bs];
+                pack_block(t, self.q5, [blk(0), blk(1), blk(2), blk(3)], gb);
+            }
+            debug_assert_eq!(dst.len(), nb * ROWS * bs);
         }
-        debug_assert_eq!(dst.len(), nb * ROWS * bs);
     }
-}
 
-/// The inverse of [`pack`]: groups back to plain rows.
-pub fn unpack(t: DType, g: &[u8], xrb: usize, out: &mut [u8]) {
-    let bs = t.type_size();
-    assert!(supported(t) && xrb % bs == 0 && g.len() % (ROWS * xrb) == 0 && out.len() == g.len());
-    for (src, dst) in g.chunks_exact(ROWS * xrb).zip(out.chunks_exact_mut(ROWS * xrb)) {
-        for (i, gb) in src.chunks_exact(ROWS * bs).enumerate() {
-            let mut blocks = [[0u8; MAX_BS]; ROWS];
-            unpack_block(t, gb, &mut blocks);
-            for (r, b) in blocks.iter().enumerate() {
-                dst[r * xrb + i * bs..r * xrb + (i + 1) * bs].copy_from_slice(&b[..bs]);
+    /// The inverse of [`Layout::pack`]: groups back to plain rows.
+    pub fn unpack(self, t: DType, g: &[u8], xrb: usize, out: &mut [u8]) {
+        let bs = t.type_size();
+        assert!(supported(t) && xrb % bs == 0 && g.len() % (ROWS * xrb) == 0 && out.len() == g.len());
+        for (src, dst) in g.chunks_exact(ROWS * xrb).zip(out.chunks_exact_mut(ROWS * xrb)) {
+            for (i, gb) in src.chunks_exact(ROWS * bs).enumerate() {
+                let mut blocks = [[0u8; MAX_BS]; ROWS];
+                unpack_block(t, self.q5, gb, &mut blocks);
+                for (r, b) in blocks.iter().enumerate() {
+                    dst[r * xrb + i * bs..r * xrb + (i + 1) * bs].copy_from_slice(&b[..bs]);
+                }
+            }
+        }
+    }
+
+    /// The portable twin of the interleaved GEMV: each group unpacked block by block into plain
+    /// rows (in `row`, at least `4·xrb` bytes) and run through `vec_dot`. The reference the SIMD
+    /// kernels are tested against; the engine uses interleaved weights only where the table has
+    /// SIMD kernels for them.
+    pub fn rows_portable(self, t: DType, vec_dot: fn(&[u8], &[u8]) -> f32, g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], row: &mut [u8]) {
+        let row = &mut row[..ROWS * xrb];
+        for (grp, o) in g.chunks_exact(ROWS * xrb).zip(out.chunks_exact_mut(ROWS)) {
+            self.unpack(t, grp, xrb, row);
+            for (r, v) in o.iter_mut().enumerate() {
+                *v = vec_dot(&row[r * xrb..(r + 1) * xrb], y);
             }
         }
     }
 }
 
+/// Row `r`'s fifth bits of a Q5 group-block's 16 bytes as the plain block's `qh`.
+fn qh_of(q5: Q5Bits, masks: &[u8], r: usize) -> u32 {
+    match q5 {
+        Q5Bits::Masks => {
+            let half = |at: usize| u64::from_le_bytes(masks[at..at + 8].try_into().expect("8 bytes")) >> (16 * r) & 0xFFFF;
+            (half(0) | half(8) << 16) as u32
+        }
+        Q5Bits::Transposed => (0..16).fold(0, |qh, j| qh | (masks[j] as u32 >> r & 1) << j | (masks[j] as u32 >> (4 + r) & 1) << (16 + j)),
+    }
+}
+
 /// Row `r` (0..4) of group-block `gb`, as a plain block in `out[..type_size]`.
-fn unpack_block(t: DType, gb: &[u8], out: &mut [[u8; MAX_BS]; ROWS]) {
+fn unpack_block(t: DType, q5: Q5Bits, gb: &[u8], out: &mut [[u8; MAX_BS]; ROWS]) {
     for (r, o) in out.iter_mut().enumerate() {
         match t {
             DType::Q4_0 | DType::IQ4NL => {
@@ -123,8 +175,7 @@ fn unpack_block(t: DType, gb: &[u8], out: &mut [[u8; MAX_BS]; ROWS]) {
                 // Q5_0: d, qh, qs (scales 8 bytes); Q5_1: d, m, qh, qs (16).
                 let h = if t == DType::Q5_1 { 4 } else { 2 };
                 o[..h].copy_from_slice(&gb[h * r..h * r + h]);
-                let (hl, hh) = (u64_at(gb, 4 * h), u64_at(gb, 4 * h + 8));
-                let qh = ((hl >> (16 * r)) & 0xFFFF) as u32 | (((hh >> (16 * r)) & 0xFFFF) as u32) << 16;
+                let qh = qh_of(q5, &gb[4 * h..4 * h + 16], r);
                 o[h..h + 4].copy_from_slice(&qh.to_le_bytes());
                 o[h + 4..h + 20].copy_from_slice(&gb[4 * h + 16 + 16 * r..4 * h + 32 + 16 * r]);
             }
@@ -144,7 +195,7 @@ fn unpack_block(t: DType, gb: &[u8], out: &mut [[u8; MAX_BS]; ROWS]) {
     }
 }
 
-fn pack_block(t: DType, b: [&[u8]; ROWS], gb: &mut [u8]) {
+fn pack_block(t: DType, q5: Q5Bits, b: [&[u8]; ROWS], gb: &mut [u8]) {
     match t {
         DType::Q4_0 | DType::IQ4NL => {
             for r in 0..ROWS {
@@ -159,18 +210,29 @@ fn pack_block(t: DType, b: [&[u8]; ROWS], gb: &mut [u8]) {
             }
         }
         DType::Q5_0 | DType::Q5_1 => {
-            // The scales (d, and m for Q5_1: h bytes per row), then the two masks, then qs.
+            // The scales (d, and m for Q5_1: h bytes per row), then the fifth bits, then qs.
             let h = if t == DType::Q5_1 { 4 } else { 2 };
-            let (mut hl, mut hh) = (0u64, 0u64);
+            let mut masks = [0u8; 16];
             for r in 0..ROWS {
                 gb[h * r..h * r + h].copy_from_slice(&b[r][..h]);
                 let qh = u32::from_le_bytes([b[r][h], b[r][h + 1], b[r][h + 2], b[r][h + 3]]);
-                hl |= ((qh & 0xFFFF) as u64) << (16 * r);
-                hh |= ((qh >> 16) as u64) << (16 * r);
+                match q5 {
+                    Q5Bits::Masks => {
+                        let (hl, hh) = (((qh & 0xFFFF) as u64) << (16 * r), ((qh >> 16) as u64) << (16 * r));
+                        for (m, h) in masks.chunks_exact_mut(8).zip([hl, hh]) {
+                            let v = u64::from_le_bytes(m.try_into().expect("8 bytes")) | h;
+                            m.copy_from_slice(&v.to_le_bytes());
+                        }
+                    }
+                    Q5Bits::Transposed => {
+                        for (j, m) in masks.iter_mut().enumerate() {
+                            *m |= ((qh >> j & 1) << r | (qh >> (16 + j) & 1) << (4 + r)) as u8;
+                        }
+                    }
+                }
                 gb[4 * h + 16 + 16 * r..4 * h + 32 + 16 * r].copy_from_slice(&b[r][h + 4..h + 20]);
             }
-            gb[4 * h..4 * h + 8].copy_from_slice(&hl.to_le_bytes());
-            gb[4 * h + 8..4 * h + 16].copy_from_slice(&hh.to_le_bytes());
+            gb[4 * h..4 * h + 16].copy_from_slice(&masks);
         }
         DType::Q8_0 => {
             for r in 0..ROWS {
@@ -220,22 +282,4 @@ fn k_places(t: DType, r: usize) -> ([(usize, usize, usize); 15], usize) {
         (0..4).for_each(|p| put(128 + 16 * p, 584 + 64 * p + 16 * r, 16));
     }
     (m, n)
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
-/// The portable twin of the interleaved GEMV: each group unpacked block by block into plain
-/// rows (in `row`, at least `4·xrb` bytes) and run through `vec_dot`. The reference the SIMD
-/// kernels are tested against; the engine uses interleaved weights only where the table has
-/// SIMD kernels for them.
-pub fn rows_portable(t: DType, vec_dot: fn(&[u8], &[u8]) -> f32, g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], row: &mut [u8]) {
-    let row = &mut row[..ROWS * xrb];
-    for (grp, o) in g.chunks_exact(ROWS * xrb).zip(out.chunks_exact_mut(ROWS)) {
-        unpack(t, grp, xrb, row);
-        for (r, v) in o.iter_mut().enumerate() {
-            *v = vec_dot(&row[r * xrb..(r + 1) * xrb], y);
-        }
-    }
 }

@@ -20,7 +20,7 @@
 //! group against each activation row while it is in L1.
 #![allow(clippy::missing_safety_doc)]
 
-use super::neon::{block_loaded, fifth_bits, hsum8, iq4_xs_block, kind, lanes_fma, nibbles, q4_k_block, q6_k_block, signed, Dot4, Sdot, Widen};
+use super::neon::{block_loaded, hsum8, iq4_xs_block, kind, lanes_fma, nibbles, q4_k_block, q6_k_block, signed, Dot4, Sdot, Widen};
 use crate::matmul::layout::ROWS;
 use crate::quant::blocks::*;
 use crate::quant::portable::iq4_xs_scales_of;
@@ -111,11 +111,13 @@ unsafe fn values<const K: u8>(gb: *const u8, r: usize, table: int8x16_t) -> (int
             }
             kind::Q8_0 => (vld1q_s8(gb.add(8 + 16 * r) as *const i8), vld1q_s8(gb.add(72 + 16 * r) as *const i8)),
             _ => {
-                // Q5_0 / Q5_1: the masks after the scales; bytes 2r, 2r + 1 of `hl` (`hh`) are
-                // row r's fifth bits of values 0‥16 (16‥32), the plain block's `qh` bytes.
+                // Q5_0 / Q5_1: the transposed fifth bits after the scales; bit r (4 + r) of
+                // byte j is row r's bit of value j (16 + j), shifted to bit 4 (the 16).
                 let masks = if K == kind::Q5_1 { 16 } else { 8 };
-                let qh = [*gb.add(masks + 2 * r), *gb.add(masks + 2 * r + 1), *gb.add(masks + 8 + 2 * r), *gb.add(masks + 9 + 2 * r)];
-                let (n, h) = (nibbles(run(masks + 16)), fifth_bits(qh));
+                let w = vld1q_u8(gb.add(masks));
+                let sixteen = vdupq_n_u8(0x10);
+                let h = (vandq_u8(vshlq_u8(w, vdupq_n_s8(4 - r as i8)), sixteen), vandq_u8(vshlq_u8(w, vdupq_n_s8(-(r as i8))), sixteen));
+                let n = nibbles(run(masks + 16));
                 signed((vorrq_u8(n.0, h.0), vorrq_u8(n.1, h.1)), if K == kind::Q5_0 { 16 } else { 0 })
             }
         }

@@ -22,7 +22,7 @@
 //! are two such passes over a group-block still in L1.
 #![allow(clippy::missing_safety_doc)]
 
-use super::common::{act_block, bits_32, heads, iq4_grid, IlBlock, IlValues};
+use super::common::{act_block, heads, iq4_grid, IlBlock, IlValues};
 use crate::matmul::layout::ROWS;
 use std::arch::x86_64::*;
 
@@ -41,12 +41,14 @@ unsafe fn values<T: IlBlock>(g: *const u8, p: usize) -> (__m256i, __m256i) {
                 (_mm256_and_si256(v, m), _mm256_and_si256(_mm256_srli_epi16(v, 4), m))
             }
             IlValues::FifthBits(masks) => {
-                // Bits 32p‥32p+32 of `hl` (`hh`): the pair's fifth bits of values 0‥16 (16‥32).
+                // The transposed fifth bits in both lanes; lane e (row r = 2p + e) takes bit r
+                // (values 0‥16) and bit 4 + r (16‥32) of each byte to bit 4 (`matmul::layout`).
                 let v = _mm256_loadu_si256(g.add(masks + 16 + 32 * p) as *const __m256i);
-                let word = |at: usize| (g.add(at) as *const [u8; 4]).read_unaligned();
+                let w = _mm256_broadcastsi128_si256(_mm_loadu_si128(g.add(masks) as *const __m128i));
+                let (r0, r1) = (2 * p as i32, 2 * p as i32 + 1);
                 let sixteen = _mm256_set1_epi8(16);
-                let hl = _mm256_and_si256(bits_32(word(masks + 4 * p)), sixteen);
-                let hh = _mm256_and_si256(bits_32(word(masks + 8 + 4 * p)), sixteen);
+                let hl = _mm256_and_si256(_mm256_sllv_epi32(w, _mm256_setr_epi32(4 - r0, 4 - r0, 4 - r0, 4 - r0, 4 - r1, 4 - r1, 4 - r1, 4 - r1)), sixteen);
+                let hh = _mm256_and_si256(_mm256_srlv_epi32(w, _mm256_setr_epi32(r0, r0, r0, r0, r1, r1, r1, r1)), sixteen);
                 (_mm256_or_si256(_mm256_and_si256(v, m), hl), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m), hh))
             }
             IlValues::Bytes => (_mm256_loadu_si256(g.add(8 + 32 * p) as *const __m256i), _mm256_loadu_si256(g.add(72 + 32 * p) as *const __m256i)),
