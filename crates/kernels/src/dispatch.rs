@@ -50,11 +50,22 @@ fn interleaved_neon<const R: u8, const T: u8>(dotprod: bool) -> InterleavedOps {
     }
 }
 
-/// The AVX2 interleaved kernels of type `T` (`matmul::x86::avx2_il`). Only for tables of CPUs
-/// with AVX2, FMA and F16C.
+/// The AVX2 interleaved kernels of type `T` (`matmul::x86::avx2_il`), with AVX-VNNI's
+/// `vpdpbusd` where the CPU has it (the same bits). Only for tables of CPUs with AVX2, FMA and
+/// F16C.
 #[cfg(target_arch = "x86_64")]
 fn interleaved_avx2<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOps {
-    use crate::matmul::x86::avx2_il::{rows, tiles, tiles8};
+    use crate::matmul::x86::avx2_il::{rows, rows_vnni, tiles, tiles8, tiles8_vnni, tiles_vnni};
+    if std::is_x86_feature_detected!("avxvnni") {
+        // SAFETY (all three): as below, and AVX-VNNI was detected.
+        return InterleavedOps {
+            rows: |g, xrb, y, o, p| unsafe { rows_vnni::<T>(g, xrb, y, o, p) },
+            tiles: IlTiles {
+                tile: |g, xrb, y, o, p| unsafe { tiles_vnni::<T>(g, xrb, y, o, p) },
+                tile8: |g, xrb, y, o, p| unsafe { tiles8_vnni::<T>(g, xrb, y, o, p) },
+            },
+        };
+    }
     // SAFETY (all three): `Kernels::build` puts these in a table only for `Isa::Avx2` or above,
     // whose features it checked.
     InterleavedOps {

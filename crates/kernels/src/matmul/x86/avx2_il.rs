@@ -17,6 +17,10 @@
 //! ≤ 31·128·2, no i16 saturation) and add `−o·Σy` per lane, computed once per call for each
 //! activation block (`prep`), not once per group.
 //!
+//! On CPUs with AVX-VNNI (Intel since Alder Lake and Sapphire Rapids) the `*_vnni` entry points
+//! replace `maddubs` + `madd` (+ the offset add) by one `vpdpbusd` for every type but Q8_0: the
+//! same i32 lane sums, so the same bits (`tests::vnni_kernels_equal_the_avx2_ones`).
+//!
 //! Register budget (16 ymm): the GEMV keeps both row pairs (four accumulators); the tiles keep
 //! one row pair against four activation rows (eight accumulators), and eight activation rows
 //! are two such passes over a group-block still in L1.
@@ -147,11 +151,23 @@ fn spread<T: IlBlock>(h: __m256, p: usize) -> __m256 {
     unsafe { _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(a, a, a, a, b, b, b, b)) }
 }
 
-/// The exact i32 lane sums of one half (`u` against the broadcast activation half `y`).
+/// The exact i32 lane sums of one half (`u` against the broadcast activation half `y`). With
+/// `V` (AVX-VNNI) one `vpdpbusd` replaces `maddubs` + `madd` (+ the offset add) for the types
+/// whose i16 pair sums cannot saturate (|u| ≤ 31, or IQ4_NL's |v| ≤ 127): the same integers.
+/// Q8_0, whose bytes may hold −128, keeps `maddubs`' saturation, as the plain kernel.
 #[inline(always)]
-unsafe fn half_sum<T: IlBlock>(u: __m256i, y: __m256i, neg: __m256i) -> __m256i {
+unsafe fn half_sum<T: IlBlock, const V: bool>(u: __m256i, y: __m256i, neg: __m256i) -> __m256i {
     let ones = _mm256_set1_epi16(1);
-    if signed::<T>() {
+    if V && !matches!(T::VALUES, IlValues::Bytes) {
+        // SAFETY: `V` is set only in the kernels compiled with AVX-VNNI.
+        unsafe {
+            if signed::<T>() {
+                _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(u, u), _mm256_sign_epi8(y, u))
+            } else {
+                _mm256_dpbusd_avx_epi32(if offset::<T>() { neg } else { _mm256_setzero_si256() }, u, y)
+            }
+        }
+    } else if signed::<T>() {
         _mm256_madd_epi16(ones, _mm256_maddubs_epi16(_mm256_sign_epi8(u, u), _mm256_sign_epi8(y, u)))
     } else if offset::<T>() {
         _mm256_add_epi32(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(u, y)), neg)
@@ -163,11 +179,11 @@ unsafe fn half_sum<T: IlBlock>(u: __m256i, y: __m256i, neg: __m256i) -> __m256i 
 /// One row pair's values against one activation block into its accumulators (`d`: the pair's
 /// `d_r·d_y`): the plain kernel's FMA per lane.
 #[inline(always)]
-unsafe fn step<T: IlBlock>(u: (__m256i, __m256i), d: __m256, a: &Act, acc: &mut [__m256; 2]) {
+unsafe fn step<T: IlBlock, const V: bool>(u: (__m256i, __m256i), d: __m256, a: &Act, acc: &mut [__m256; 2]) {
     // SAFETY: the caller's features.
     unsafe {
-        acc[0] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(half_sum::<T>(u.0, a.lo, a.neg_lo)), acc[0]);
-        acc[1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(half_sum::<T>(u.1, a.hi, a.neg_hi)), acc[1]);
+        acc[0] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(half_sum::<T, V>(u.0, a.lo, a.neg_lo)), acc[0]);
+        acc[1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(half_sum::<T, V>(u.1, a.hi, a.neg_hi)), acc[1]);
     }
 }
 
@@ -206,7 +222,7 @@ fn hsum_pair(acc: &[__m256; 2]) -> [f32; 2] {
 /// product each then gives `d_r·d_y`), and with a min the pair's `m_r·s_y` of the four rows
 /// come from one product (`s_y` side by side in `prep[0]`, [`gather_s`]). `out[2p + e][j]`.
 #[inline(always)]
-unsafe fn pair_tile<T: IlBlock>(g: *const u8, nb: usize, y: [*const u8; 4], prep: [*const i32; 4], p: usize, out: &mut [[f32; 4]; 4]) {
+unsafe fn pair_tile<T: IlBlock, const V: bool>(g: *const u8, nb: usize, y: [*const u8; 4], prep: [*const i32; 4], p: usize, out: &mut [[f32; 4]; 4]) {
     let (abs, _) = act_block::<T>();
     let gbs = ROWS * T::BS;
     let mut acc = [[_mm256_setzero_ps(); 2]; 4];
@@ -227,7 +243,7 @@ unsafe fn pair_tile<T: IlBlock>(g: *const u8, nb: usize, y: [*const u8; 4], prep
             }
             for j in 0..4 {
                 let a = act::<T>(y[j].add(i * abs), prep[j].add(PREP * i));
-                step::<T>(u, _mm256_mul_ps(wz, a.dy), &a, &mut acc[j]);
+                step::<T, V>(u, _mm256_mul_ps(wz, a.dy), &a, &mut acc[j]);
             }
         }
         let mut ms = [0f32; 8];
@@ -244,7 +260,7 @@ unsafe fn pair_tile<T: IlBlock>(g: *const u8, nb: usize, y: [*const u8; 4], prep
 /// Row pairs `p0 .. p0 + P` of the group at `g` (`nb` group-blocks) against `J` activation rows
 /// (`prep`: their prepared blocks): `out[2p + e][j]` for row `2p + e`.
 #[inline(always)]
-unsafe fn pairs<T: IlBlock, const J: usize, const P: usize>(g: *const u8, nb: usize, y: [*const u8; J], prep: [*const i32; J], p0: usize, out: &mut [[f32; J]; 4]) {
+unsafe fn pairs<T: IlBlock, const V: bool, const J: usize, const P: usize>(g: *const u8, nb: usize, y: [*const u8; J], prep: [*const i32; J], p0: usize, out: &mut [[f32; J]; 4]) {
     let (abs, _) = act_block::<T>();
     let gbs = ROWS * T::BS;
     let mut acc = [[[_mm256_setzero_ps(); 2]; P]; J];
@@ -263,7 +279,7 @@ unsafe fn pairs<T: IlBlock, const J: usize, const P: usize>(g: *const u8, nb: us
                     summs[j] = _mm256_add_ps(summs[j], d);
                 }
                 for q in 0..P {
-                    step::<T>(u[q], spread::<T>(d, p0 + q), &a, &mut acc[j][q]);
+                    step::<T, V>(u[q], spread::<T>(d, p0 + q), &a, &mut acc[j][q]);
                 }
             }
         }
@@ -282,6 +298,21 @@ unsafe fn pairs<T: IlBlock, const J: usize, const P: usize>(g: *const u8, nb: us
 /// `y`, bit for bit. `prep`: scratch of at least `xrb / BS · 16` i32.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn rows<T: IlBlock>(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]) {
+    // SAFETY: the features `rows_impl` needs are enabled.
+    unsafe { rows_impl::<T, false>(g, xrb, y, out, prep) }
+}
+
+/// [`rows`] with AVX-VNNI's `vpdpbusd` (the same bits).
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub fn rows_vnni<T: IlBlock>(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]) {
+    // SAFETY: as in `rows`, and AVX-VNNI for `V`.
+    unsafe { rows_impl::<T, true>(g, xrb, y, out, prep) }
+}
+
+/// # Safety
+/// AVX2, FMA, F16C (and with `V` AVX-VNNI) present.
+#[inline(always)]
+unsafe fn rows_impl<T: IlBlock, const V: bool>(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]) {
     let nb = xrb / T::BS;
     assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb);
     // SAFETY: features enabled above; `prepare` checks `y` and `prep`, the groups are inside
@@ -290,7 +321,7 @@ pub fn rows<T: IlBlock>(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &
         prepare::<T>(y, nb, prep);
         for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
             let mut v = [[0f32; 1]; 4];
-            pairs::<T, 1, 2>(g.as_ptr().add(c * ROWS * xrb), nb, [y.as_ptr()], [prep.as_ptr()], 0, &mut v);
+            pairs::<T, V, 1, 2>(g.as_ptr().add(c * ROWS * xrb), nb, [y.as_ptr()], [prep.as_ptr()], 0, &mut v);
             for r in 0..ROWS {
                 o[r] = v[r][0];
             }
@@ -303,6 +334,21 @@ pub fn rows<T: IlBlock>(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &
 /// `4 · xrb / BS · 16` i32.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn tiles<T: IlBlock>(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], prep: &mut [i32]) {
+    // SAFETY: the features `tiles_impl` needs are enabled.
+    unsafe { tiles_impl::<T, false>(g, xrb, y, out, prep) }
+}
+
+/// [`tiles`] with AVX-VNNI's `vpdpbusd` (the same bits).
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub fn tiles_vnni<T: IlBlock>(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], prep: &mut [i32]) {
+    // SAFETY: as in `tiles`, and AVX-VNNI for `V`.
+    unsafe { tiles_impl::<T, true>(g, xrb, y, out, prep) }
+}
+
+/// # Safety
+/// AVX2, FMA, F16C (and with `V` AVX-VNNI) present.
+#[inline(always)]
+unsafe fn tiles_impl<T: IlBlock, const V: bool>(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], prep: &mut [i32]) {
     let nb = xrb / T::BS;
     assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= 4 * nb * PREP);
     // SAFETY: features enabled above; `prepare` checks each row and its `prep` range, the
@@ -318,8 +364,8 @@ pub fn tiles<T: IlBlock>(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4
             let o: &mut [[f32; 4]; 4] = o.try_into().expect("a group of four rows");
             let gp = g.as_ptr().add(c * ROWS * xrb);
             // One row pair at a time: eight accumulators for the four activation rows.
-            pair_tile::<T>(gp, nb, yp, pp, 0, o);
-            pair_tile::<T>(gp, nb, yp, pp, 1, o);
+            pair_tile::<T, V>(gp, nb, yp, pp, 0, o);
+            pair_tile::<T, V>(gp, nb, yp, pp, 1, o);
         }
     }
 }
@@ -328,6 +374,21 @@ pub fn tiles<T: IlBlock>(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4
 /// in L1 for the second).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn tiles8<T: IlBlock>(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
+    // SAFETY: the features `tiles8_impl` needs are enabled.
+    unsafe { tiles8_impl::<T, false>(g, xrb, y, out, prep) }
+}
+
+/// [`tiles8`] with AVX-VNNI's `vpdpbusd` (the same bits).
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub fn tiles8_vnni<T: IlBlock>(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
+    // SAFETY: as in `tiles8`, and AVX-VNNI for `V`.
+    unsafe { tiles8_impl::<T, true>(g, xrb, y, out, prep) }
+}
+
+/// # Safety
+/// AVX2, FMA, F16C (and with `V` AVX-VNNI) present.
+#[inline(always)]
+unsafe fn tiles8_impl<T: IlBlock, const V: bool>(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
     let nb = xrb / T::BS;
     assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= 8 * nb * PREP);
     // SAFETY: as in `tiles`, for eight rows and eight `prep` ranges.
@@ -343,12 +404,80 @@ pub fn tiles8<T: IlBlock>(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 
                 let yp: [*const u8; 4] = std::array::from_fn(|j| y[4 * half + j].as_ptr());
                 let pp: [*const i32; 4] = std::array::from_fn(|j| prep.as_ptr().add((4 * half + j) * nb * PREP));
                 let mut v = [[0f32; 4]; 4];
-                pair_tile::<T>(gp, nb, yp, pp, 0, &mut v);
-                pair_tile::<T>(gp, nb, yp, pp, 1, &mut v);
+                pair_tile::<T, V>(gp, nb, yp, pp, 0, &mut v);
+                pair_tile::<T, V>(gp, nb, yp, pp, 1, &mut v);
                 for r in 0..ROWS {
                     o[r][4 * half..4 * half + 4].copy_from_slice(&v[r]);
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::common;
+    use super::*;
+    use crate::matmul::layout::{scratch_len, Layout, Q5Bits};
+    use crate::quant::reference::quantizer;
+    use crate::DType;
+
+    /// `n` rows of `k` pseudo-random values quantized to `t`.
+    fn rows_of(t: DType, k: usize, n: usize, seed: &mut u64) -> Vec<u8> {
+        let q = if t == DType::Q8_1 { crate::quant::portable::quant_q8_1 } else { quantizer(t).expect("a quantizer") };
+        let mut out = vec![0u8; crate::row_bytes(t, k) * n];
+        for row in out.chunks_exact_mut(crate::row_bytes(t, k)) {
+            let x: Vec<f32> = (0..k)
+                .map(|_| {
+                    *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    ((*seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+                })
+                .collect();
+            q(&x, row);
+        }
+        out
+    }
+
+    fn same<T: IlBlock>(t: DType, seed: &mut u64) {
+        let (k, n) = (256, 8);
+        let act = if T::MIN { DType::Q8_1 } else { DType::Q8_0 };
+        let (w, xrb) = (rows_of(t, k, n, seed), crate::row_bytes(t, k));
+        let mut g = vec![0u8; w.len()];
+        Layout { q5: Q5Bits::Transposed }.pack(t, &w, xrb, &mut g);
+        let y = rows_of(act, k, 8, seed);
+        let yr: [&[u8]; 8] = std::array::from_fn(|j| &y[j * crate::row_bytes(act, k)..(j + 1) * crate::row_bytes(act, k)]);
+        let mut prep = vec![0i32; scratch_len(k)];
+        // SAFETY: the caller checked AVX2, FMA, F16C and AVX-VNNI.
+        unsafe {
+            let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+            rows::<T>(&g, xrb, yr[0], &mut a, &mut prep);
+            rows_vnni::<T>(&g, xrb, yr[0], &mut b, &mut prep);
+            assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{t} GEMV");
+            let (mut a, mut b) = (vec![[0f32; 4]; n], vec![[0f32; 4]; n]);
+            tiles::<T>(&g, xrb, [yr[0], yr[1], yr[2], yr[3]], &mut a, &mut prep);
+            tiles_vnni::<T>(&g, xrb, [yr[0], yr[1], yr[2], yr[3]], &mut b, &mut prep);
+            assert!(a.iter().flatten().zip(b.iter().flatten()).all(|(x, y)| x.to_bits() == y.to_bits()), "{t} tiles");
+            let (mut a, mut b) = (vec![[0f32; 8]; n], vec![[0f32; 8]; n]);
+            tiles8::<T>(&g, xrb, yr, &mut a, &mut prep);
+            tiles8_vnni::<T>(&g, xrb, yr, &mut b, &mut prep);
+            assert!(a.iter().flatten().zip(b.iter().flatten()).all(|(x, y)| x.to_bits() == y.to_bits()), "{t} tiles8");
+            assert!(a.iter().flatten().any(|v| *v != 0.0), "{t}: all zero");
+        }
+    }
+
+    /// The AVX-VNNI kernels give the plain AVX2 kernels' bits (where the CPU has AVX-VNNI).
+    #[test]
+    fn vnni_kernels_equal_the_avx2_ones() {
+        if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c") && std::is_x86_feature_detected!("avxvnni")) {
+            eprintln!("no AVX-VNNI here: skipped");
+            return;
+        }
+        let mut seed = 0x5EED_0A11;
+        same::<common::Q4_0>(DType::Q4_0, &mut seed);
+        same::<common::Q4_1>(DType::Q4_1, &mut seed);
+        same::<common::Q5_0>(DType::Q5_0, &mut seed);
+        same::<common::Q5_1>(DType::Q5_1, &mut seed);
+        same::<common::Q8_0>(DType::Q8_0, &mut seed);
+        same::<common::IQ4NL>(DType::IQ4NL, &mut seed);
     }
 }
