@@ -25,7 +25,7 @@
 //!   `4 + r` for value `16 + j`. One 16-byte load repeated in every 128-bit lane holds every
 //!   row's bits; a shift per lane (left by `4 − r`, right by `r`) and a mask give row r's bit as
 //!   the 16 of its value's byte: two operations per 32 values, where `Masks` needs a shuffle
-//!   and a compare on AVX2 (Qwen2.5-0.5B's Q5_0 GEMV 1.37× faster under `--isa avx2`; the
+//!   and a compare on AVX2 (Qwen2.5-0.5B's Q5_0 GEMV 1.39× faster under `--isa avx2`; the
 //!   AVX-512 kernel loses 12 % reading this form, hence two).
 //!
 //! Q4_K's 12 scale bytes stay packed (6-bit scales and mins); grouped as three 32-bit words per
@@ -151,10 +151,8 @@ impl Layout {
 /// Row `r`'s fifth bits of a Q5 group-block's 16 bytes as the plain block's `qh`.
 fn qh_of(q5: Q5Bits, masks: &[u8], r: usize) -> u32 {
     match q5 {
-        Q5Bits::Masks => {
-            let half = |at: usize| u64::from_le_bytes(masks[at..at + 8].try_into().expect("8 bytes")) >> (16 * r) & 0xFFFF;
-            (half(0) | half(8) << 16) as u32
-        }
+        // Row r's 16 bits of `hl` and of `hh` are whole bytes: 2r, 2r + 1 of each.
+        Q5Bits::Masks => u32::from_le_bytes([masks[2 * r], masks[2 * r + 1], masks[8 + 2 * r], masks[9 + 2 * r]]),
         Q5Bits::Transposed => (0..16).fold(0, |qh, j| qh | (masks[j] as u32 >> r & 1) << j | (masks[j] as u32 >> (4 + r) & 1) << (16 + j)),
     }
 }
@@ -217,12 +215,10 @@ fn pack_block(t: DType, q5: Q5Bits, b: [&[u8]; ROWS], gb: &mut [u8]) {
                 gb[h * r..h * r + h].copy_from_slice(&b[r][..h]);
                 let qh = u32::from_le_bytes([b[r][h], b[r][h + 1], b[r][h + 2], b[r][h + 3]]);
                 match q5 {
+                    // `qh`'s low half is bytes 2r, 2r + 1 of `hl`, its high half those of `hh`.
                     Q5Bits::Masks => {
-                        let (hl, hh) = (((qh & 0xFFFF) as u64) << (16 * r), ((qh >> 16) as u64) << (16 * r));
-                        for (m, h) in masks.chunks_exact_mut(8).zip([hl, hh]) {
-                            let v = u64::from_le_bytes(m.try_into().expect("8 bytes")) | h;
-                            m.copy_from_slice(&v.to_le_bytes());
-                        }
+                        masks[2 * r..2 * r + 2].copy_from_slice(&b[r][h..h + 2]);
+                        masks[8 + 2 * r..10 + 2 * r].copy_from_slice(&b[r][h + 2..h + 4]);
                     }
                     Q5Bits::Transposed => {
                         for (j, m) in masks.iter_mut().enumerate() {
