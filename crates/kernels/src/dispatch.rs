@@ -10,6 +10,8 @@ use crate::matmul::{FromFloat, ToFloat, TypeOps, VecDot};
 use crate::matmul::TilePacking;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 use crate::matmul::{BatchDot, IlTiles, InterleavedOps, Widened};
+#[cfg(target_arch = "x86_64")]
+use crate::matmul::DecodedTiles;
 use crate::quant::portable as pq;
 use crate::DType;
 
@@ -26,6 +28,7 @@ fn interleaved_avx512<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOp
         tiles: IlTiles {
             tile: |g, xrb, y, o, p| unsafe { tiles::<T, 4>(g, xrb, y, o, p) },
             tile8: |g, xrb, y, o, p| unsafe { tiles::<T, 8>(g, xrb, y, o, p) },
+            decoded: None,
         },
     }
 }
@@ -37,7 +40,7 @@ fn interleaved_avx512<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOp
 fn interleaved_neon<const R: u8, const T: u8>(dotprod: bool) -> InterleavedOps {
     use crate::matmul::aarch64::neon_il as il;
     if !dotprod {
-        return InterleavedOps { rows: il::rows::<R>, tiles: IlTiles { tile: il::tiles::<T>, tile8: il::tiles8::<T> } };
+        return InterleavedOps { rows: il::rows::<R>, tiles: IlTiles { tile: il::tiles::<T>, tile8: il::tiles8::<T>, decoded: None } };
     }
     // SAFETY (each closure): `Kernels::aarch64` asks for these only for a level with `dotprod`,
     // built only on a CPU that has it.
@@ -46,6 +49,7 @@ fn interleaved_neon<const R: u8, const T: u8>(dotprod: bool) -> InterleavedOps {
         tiles: IlTiles {
             tile: |g, xrb, y, o, p| unsafe { il::tiles_dotprod::<T>(g, xrb, y, o, p) },
             tile8: |g, xrb, y, o, p| unsafe { il::tiles8_dotprod::<T>(g, xrb, y, o, p) },
+            decoded: None,
         },
     }
 }
@@ -55,24 +59,26 @@ fn interleaved_neon<const R: u8, const T: u8>(dotprod: bool) -> InterleavedOps {
 /// F16C.
 #[cfg(target_arch = "x86_64")]
 fn interleaved_avx2<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOps {
-    use crate::matmul::x86::avx2_il::{rows, rows_vnni, tiles, tiles8, tiles8_vnni, tiles_vnni};
+    use crate::matmul::x86::avx2_il::{decode, gains_from_decoding, rows, rows_vnni, tiles, tiles8, tiles8_decoded, tiles8_decoded_vnni, tiles8_vnni, tiles_vnni};
+    // SAFETY (all closures): `Kernels::build` puts these in a table only for `Isa::Avx2` or
+    // above, whose features it checked; the `_vnni` ones only where AVX-VNNI was detected.
+    let decode: fn(&[u8], usize, &mut [u8]) = |g, xrb, d| unsafe { decode::<T>(g, xrb, d) };
     if std::is_x86_feature_detected!("avxvnni") {
-        // SAFETY (all three): as below, and AVX-VNNI was detected.
         return InterleavedOps {
             rows: |g, xrb, y, o, p| unsafe { rows_vnni::<T>(g, xrb, y, o, p) },
             tiles: IlTiles {
                 tile: |g, xrb, y, o, p| unsafe { tiles_vnni::<T>(g, xrb, y, o, p) },
                 tile8: |g, xrb, y, o, p| unsafe { tiles8_vnni::<T>(g, xrb, y, o, p) },
+                decoded: gains_from_decoding::<T>().then_some(DecodedTiles { decode, tile8: |g, d, xrb, y, o, p| unsafe { tiles8_decoded_vnni::<T>(g, d, xrb, y, o, p) } }),
             },
         };
     }
-    // SAFETY (all three): `Kernels::build` puts these in a table only for `Isa::Avx2` or above,
-    // whose features it checked.
     InterleavedOps {
         rows: |g, xrb, y, o, p| unsafe { rows::<T>(g, xrb, y, o, p) },
         tiles: IlTiles {
             tile: |g, xrb, y, o, p| unsafe { tiles::<T>(g, xrb, y, o, p) },
             tile8: |g, xrb, y, o, p| unsafe { tiles8::<T>(g, xrb, y, o, p) },
+            decoded: gains_from_decoding::<T>().then_some(DecodedTiles { decode, tile8: |g, d, xrb, y, o, p| unsafe { tiles8_decoded::<T>(g, d, xrb, y, o, p) } }),
         },
     }
 }
@@ -279,6 +285,7 @@ impl Kernels {
                 tiles: IlTiles {
                     tile: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles_q4_k(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles8_q4_k(g, xrb, y, o, p) },
+                    decoded: None,
                 },
             });
             k.ops[slot(DType::Q6K).unwrap()].interleaved = Some(InterleavedOps {
@@ -286,6 +293,7 @@ impl Kernels {
                 tiles: IlTiles {
                     tile: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles_q6_k(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles8_q6_k(g, xrb, y, o, p) },
+                    decoded: None,
                 },
             });
             k.ops[slot(DType::IQ4XS).unwrap()].interleaved = Some(InterleavedOps {
@@ -293,6 +301,7 @@ impl Kernels {
                 tiles: IlTiles {
                     tile: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles_iq4_xs(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles8_iq4_xs(g, xrb, y, o, p) },
+                    decoded: None,
                 },
             });
         }
@@ -365,6 +374,7 @@ impl Kernels {
                 tiles: IlTiles {
                     tile: |g, xrb, y, o, p| unsafe { ilk::tiles_q4_k(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { ilk::tiles8_q4_k(g, xrb, y, o, p) },
+                    decoded: None,
                 },
             });
             k.ops[slot(DType::Q6K).unwrap()].interleaved = Some(InterleavedOps {
@@ -372,6 +382,7 @@ impl Kernels {
                 tiles: IlTiles {
                     tile: |g, xrb, y, o, p| unsafe { ilk::tiles_q6_k(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { ilk::tiles8_q6_k(g, xrb, y, o, p) },
+                    decoded: None,
                 },
             });
             k.ops[slot(DType::IQ4XS).unwrap()].interleaved = Some(InterleavedOps {
@@ -379,6 +390,7 @@ impl Kernels {
                 tiles: IlTiles {
                     tile: |g, xrb, y, o, p| unsafe { ilk::tiles_iq4_xs(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { ilk::tiles8_iq4_xs(g, xrb, y, o, p) },
+                    decoded: None,
                 },
             });
         }

@@ -57,6 +57,12 @@ fn interleaved_gemv_and_tiles_equal_plain_row_dots() {
     for k in tables.iter().filter(|k| k.isa() != corelm_kernels::Isa::Portable) {
         assert!(TYPES.iter().all(|&t| k.ops(t).unwrap().interleaved.is_some()), "{}: a type without interleaved kernels", k.isa());
     }
+    // The AVX2 table decodes Q5 column blocks once for all of a batch's rows.
+    if let Some(avx2) = tables.iter().find(|k| k.isa() == corelm_kernels::Isa::Avx2) {
+        for t in [DType::Q5_0, DType::Q5_1] {
+            assert!(avx2.ops(t).unwrap().interleaved.unwrap().tiles.decoded.is_some(), "avx2 {t}: no decoded tiles");
+        }
+    }
     for fast in &tables {
         interleaved_equal_plain(fast);
     }
@@ -119,6 +125,20 @@ fn interleaved_equal_plain(fast: &Kernels) {
                 for (j, y) in ys8.iter().enumerate() {
                     let want = vec_dot(&w[c * xrb..(c + 1) * xrb], y);
                     assert_eq!(o[j].to_bits(), want.to_bits(), "{isa:?} {t} k={k} row {c} act {j}: tile8 {} vs vec_dot_tile {want}", o[j]);
+                }
+            }
+            // The same eight rows on the groups decoded once (where the table has that form);
+            // the buffer is dirtied first so that a value not written by `decode` shows.
+            if let Some(d) = tiles.decoded {
+                let mut dec = vec![0xA5u8; n_rows * k];
+                (d.decode)(&g, xrb, &mut dec);
+                let mut tile = vec![[0f32; 8]; n_rows];
+                (d.tile8)(&g, &dec, xrb, ys8, &mut tile, &mut prep);
+                for (c, o) in tile.iter().enumerate() {
+                    for (j, y) in ys8.iter().enumerate() {
+                        let want = vec_dot(&w[c * xrb..(c + 1) * xrb], y);
+                        assert_eq!(o[j].to_bits(), want.to_bits(), "{isa:?} {t} k={k} row {c} act {j}: decoded tile8 {} vs vec_dot_tile {want}", o[j]);
+                    }
                 }
             }
         }

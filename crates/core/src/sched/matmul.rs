@@ -30,6 +30,14 @@ pub(super) const COL_BLOCK: usize = 16;
 /// blocks amortise it (16 groups; a Q5_0 block of 4864-value rows is 200 KiB, in L2).
 pub const IL_COL_MAX: usize = 256;
 
+/// Bytes of a worker's scratch for column blocks decoded once for all batch rows
+/// (`IlTiles::decoded`: one byte per weight value). A larger block takes the plain tiles.
+pub const DECODED_MAX: usize = 1 << 20;
+
+/// Batch rows from which a column block is decoded once for the tiles that have a decoded
+/// form: two calls of eight rows.
+const DECODED_MIN_ROWS: usize = 16;
+
 /// Batch rows from which a matmul over a panel-GEMM type uses the panel kernel.
 pub const GEMM_MIN_ROWS: usize = 8;
 
@@ -187,6 +195,9 @@ pub struct MatmulScratch {
     pack: Vec<u8>,
     /// Activation rows prepared for the kernels on interleaved weights.
     prep: Vec<i32>,
+    /// One column block of interleaved weights decoded (`IlTiles::decoded`): a default block
+    /// (`Schedule::TILE_DEFAULT.nc` rows) of the widest matrix, at most [`DECODED_MAX`].
+    dec: Vec<u8>,
 }
 
 impl MatmulScratch {
@@ -197,6 +208,7 @@ impl MatmulScratch {
             gemm: GemmScratch::new(max_k_gemm, max_rows, max_panels),
             pack: vec![0; COL_BLOCK * corelm_kernels::max_packed_row_bytes(max_k)],
             prep: vec![0; interleave::scratch_len(max_k)],
+            dec: vec![0; (Schedule::TILE_DEFAULT.nc * max_k).min(DECODED_MAX)],
         }
     }
 }
@@ -221,7 +233,7 @@ pub unsafe fn run(kernels: &Kernels, o: &Operands, mode: Mode, schedules: Option
             let il = ops.interleaved.expect("checked by path()");
             // Batch-invariant runs keep `vec_dot`'s values where the tiles' order differs.
             let grouped = !(mode.batch_invariant && ops.tile_order);
-            unsafe { run_interleaved(o, il, grouped, sched.unwrap_or(Schedule::TILE_DEFAULT), ith, nth, &mut s.prep) }
+            unsafe { run_interleaved(o, il, grouped, sched.unwrap_or(Schedule::TILE_DEFAULT), ith, nth, &mut s.prep, &mut s.dec) }
         }
         _ => unsafe { run_plain(o, ops, mode, ith, nth, &mut s.pack) },
     }
@@ -362,11 +374,14 @@ unsafe fn run_plain(o: &Operands, ops: &TypeOps, mode: Mode, ith: usize, nth: us
 /// whole groups; complete groups of four batch rows go through the tiles — row blocks of
 /// `sched.mc`, column blocks of `sched.nc`, `sched.mr` (8, then a last 4; or 4) rows per call
 /// — the other rows (all of decode's) through the GEMV over the worker's whole column range.
-/// Values as `vec_dot` gives them, bit for bit, whatever the schedule.
+/// Where the tiles have a decoded form, a column block met by at least [`DECODED_MIN_ROWS`]
+/// rows of eight-row calls is decoded once into `dec` for all of them. Values as `vec_dot`
+/// gives them, bit for bit, whatever the schedule.
 ///
 /// # Safety
 /// As [`run`].
-unsafe fn run_interleaved(o: &Operands, il: InterleavedOps, grouped: bool, sched: Schedule, ith: usize, nth: usize, prep: &mut [i32]) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_interleaved(o: &Operands, il: InterleavedOps, grouped: bool, sched: Schedule, ith: usize, nth: usize, prep: &mut [i32], dec: &mut [u8]) {
     let Operands { n_out, rows, xrb, ldo, .. } = *o;
     let (g, wrb) = (o.il.expect("an interleaved matrix"), corelm_kernels::row_bytes(o.dtype, o.k));
     let xrow = |r: usize| &o.x[r * xrb..(r + 1) * xrb];
@@ -391,6 +406,17 @@ unsafe fn run_interleaved(o: &Operands, il: InterleavedOps, grouped: bool, sched
             // Eight batch rows per tile call (with `mr` 8), then fours.
             let mut r8 = rb;
             let mut out = [[0f32; 8]; IL_COL_MAX];
+            let eights = if sched.mr >= 8 { (re - rb) / 8 * 8 } else { 0 };
+            if let Some(d) = il.tiles.decoded.filter(|_| eights >= DECODED_MIN_ROWS && (c1 - c0) * o.k <= dec.len()) {
+                let dec = &mut dec[..(c1 - c0) * o.k];
+                (d.decode)(gb, wrb, dec);
+                while r8 + 8 <= re {
+                    (d.tile8)(gb, dec, wrb, std::array::from_fn(|j| xrow(r8 + j)), &mut out[..c1 - c0], prep);
+                    // SAFETY: columns c0..c1 of rows r8..r8 + 8 are this worker's.
+                    unsafe { store_cols(base, ldo, r8, c0, &out[..c1 - c0]) };
+                    r8 += 8;
+                }
+            }
             while sched.mr >= 8 && r8 + 8 <= re {
                 (il.tiles.tile8)(gb, wrb, std::array::from_fn(|j| xrow(r8 + j)), &mut out[..c1 - c0], prep);
                 // SAFETY: columns c0..c1 of rows r8..r8 + 8 are this worker's.

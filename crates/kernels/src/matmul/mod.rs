@@ -87,6 +87,19 @@ pub struct IlTiles {
     pub tile: IlTile<4>,
     /// Eight activation rows (each weight block decoded once for eight).
     pub tile8: IlTile<8>,
+    /// Where decoding the layout is a large share of the tile work (AVX2's Q5 fifth bits):
+    /// `tile8`'s values on a column block decoded once for all of a batch's rows.
+    pub decoded: Option<DecodedTiles>,
+}
+
+/// [`IlTiles::tile8`] on a column block of groups decoded once, one byte per value, into the
+/// caller's scratch (`rows · k` bytes): the same values, bit for bit.
+#[derive(Clone, Copy)]
+pub struct DecodedTiles {
+    /// `decode(g, xrb, dec)`: the groups of `g` (plain rows of `xrb` bytes) into `dec`.
+    pub decode: fn(g: &[u8], xrb: usize, dec: &mut [u8]),
+    /// `tile8(g, dec, xrb, y, out, prep)`: as `IlTiles::tile8` on `g`, its values read from `dec`.
+    pub tile8: fn(g: &[u8], dec: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]),
 }
 
 /// A dense type's batch dot (`TypeOps::batch_dot`) and when llama.cpp uses it: for a matmul of

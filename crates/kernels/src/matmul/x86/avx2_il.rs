@@ -24,6 +24,14 @@
 //! Register budget (16 ymm): the GEMV keeps both row pairs (four accumulators); the tiles keep
 //! one row pair against four activation rows (eight accumulators), and eight activation rows
 //! are two such passes over a group-block still in L1.
+//!
+//! Decoded column blocks (Q5_0, Q5_1): decoding nibbles and fifth bits is about 11 of the ~55
+//! vector operations per row pair, block and four activation rows, paid again by every call
+//! (eight-row calls decode each group twice). [`decode`] writes a column block's `(lo, hi)` vectors once, one byte per value
+//! (`rows · k` bytes, in L2 for a default block of 64 rows), and [`tiles8_decoded`] reads them
+//! there for every eight-row call of the batch; the same vectors, so the same bits. The
+//! scheduler uses it for blocks met by two calls or more (`IlTiles::decoded`). For the nibble
+//! types the decode is three operations and the form gained 1.6 % (Q4_1), so they keep theirs.
 #![allow(clippy::missing_safety_doc)]
 
 use super::common::{act_block, heads, iq4_grid, IlBlock, IlValues};
@@ -221,8 +229,11 @@ fn hsum_pair(acc: &[__m256; 2]) -> [f32; 2] {
 /// tiles' inner kernel: per block the pair's scales are spread once for the four rows (one
 /// product each then gives `d_r·d_y`), and with a min the pair's `m_r·s_y` of the four rows
 /// come from one product (`s_y` side by side in `prep[0]`, [`gather_s`]). `out[2p + e][j]`.
+///
+/// With `D` the pair's values are read from `dec` (the group decoded by [`decode`]) instead of
+/// being decoded from `g`.
 #[inline(always)]
-unsafe fn pair_tile<T: IlBlock, const V: bool>(g: *const u8, nb: usize, y: [*const u8; 4], prep: [*const i32; 4], p: usize, out: &mut [[f32; 4]; 4]) {
+unsafe fn pair_tile<T: IlBlock, const V: bool, const D: bool>(g: *const u8, dec: *const u8, nb: usize, y: [*const u8; 4], prep: [*const i32; 4], p: usize, out: &mut [[f32; 4]; 4]) {
     let (abs, _) = act_block::<T>();
     let gbs = ROWS * T::BS;
     let mut acc = [[_mm256_setzero_ps(); 2]; 4];
@@ -235,7 +246,7 @@ unsafe fn pair_tile<T: IlBlock, const V: bool>(g: *const u8, nb: usize, y: [*con
             let gb = g.add(i * gbs);
             let h = heads::<T>(gb);
             let wz = spread::<T>(h, p);
-            let u = values::<T>(gb, p);
+            let u = if D { decoded(dec, i, p) } else { values::<T>(gb, p) };
             if T::MIN {
                 let wm = _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(m.0, m.0, m.0, m.0, m.1, m.1, m.1, m.1));
                 let sy = _mm256_broadcast_ps(&*(prep[0].add(PREP * i + S4) as *const __m128));
@@ -364,8 +375,8 @@ unsafe fn tiles_impl<T: IlBlock, const V: bool>(g: &[u8], xrb: usize, y: [&[u8];
             let o: &mut [[f32; 4]; 4] = o.try_into().expect("a group of four rows");
             let gp = g.as_ptr().add(c * ROWS * xrb);
             // One row pair at a time: eight accumulators for the four activation rows.
-            pair_tile::<T, V>(gp, nb, yp, pp, 0, o);
-            pair_tile::<T, V>(gp, nb, yp, pp, 1, o);
+            pair_tile::<T, V, false>(gp, gp, nb, yp, pp, 0, o);
+            pair_tile::<T, V, false>(gp, gp, nb, yp, pp, 1, o);
         }
     }
 }
@@ -375,22 +386,24 @@ unsafe fn tiles_impl<T: IlBlock, const V: bool>(g: &[u8], xrb: usize, y: [&[u8];
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn tiles8<T: IlBlock>(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
     // SAFETY: the features `tiles8_impl` needs are enabled.
-    unsafe { tiles8_impl::<T, false>(g, xrb, y, out, prep) }
+    unsafe { tiles8_impl::<T, false, false>(g, &[], xrb, y, out, prep) }
 }
 
 /// [`tiles8`] with AVX-VNNI's `vpdpbusd` (the same bits).
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 pub fn tiles8_vnni<T: IlBlock>(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
     // SAFETY: as in `tiles8`, and AVX-VNNI for `V`.
-    unsafe { tiles8_impl::<T, true>(g, xrb, y, out, prep) }
+    unsafe { tiles8_impl::<T, true, false>(g, &[], xrb, y, out, prep) }
 }
 
 /// # Safety
-/// AVX2, FMA, F16C (and with `V` AVX-VNNI) present.
+/// AVX2, FMA, F16C (and with `V` AVX-VNNI) present; with `D`, `dec` holds the groups of `g`
+/// as [`decode`] writes them.
 #[inline(always)]
-unsafe fn tiles8_impl<T: IlBlock, const V: bool>(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
+unsafe fn tiles8_impl<T: IlBlock, const V: bool, const D: bool>(g: &[u8], dec: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
     let nb = xrb / T::BS;
     assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= 8 * nb * PREP);
+    assert!(!D || dec.len() >= out.len() * nb * 32);
     // SAFETY: as in `tiles`, for eight rows and eight `prep` ranges.
     unsafe {
         for (j, y) in y.iter().enumerate() {
@@ -400,18 +413,78 @@ unsafe fn tiles8_impl<T: IlBlock, const V: bool>(g: &[u8], xrb: usize, y: [&[u8]
         gather_s::<T>(prep, nb, 4);
         for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
             let gp = g.as_ptr().add(c * ROWS * xrb);
+            let dp = if D { dec.as_ptr().add(c * ROWS * nb * 32) } else { gp };
             for half in 0..2 {
                 let yp: [*const u8; 4] = std::array::from_fn(|j| y[4 * half + j].as_ptr());
                 let pp: [*const i32; 4] = std::array::from_fn(|j| prep.as_ptr().add((4 * half + j) * nb * PREP));
                 let mut v = [[0f32; 4]; 4];
-                pair_tile::<T, V>(gp, nb, yp, pp, 0, &mut v);
-                pair_tile::<T, V>(gp, nb, yp, pp, 1, &mut v);
+                pair_tile::<T, V, D>(gp, dp, nb, yp, pp, 0, &mut v);
+                pair_tile::<T, V, D>(gp, dp, nb, yp, pp, 1, &mut v);
                 for r in 0..ROWS {
                     o[r][4 * half..4 * half + 4].copy_from_slice(&v[r]);
                 }
             }
         }
     }
+}
+
+/// Whether the prefill tiles of `T` gain from a column block decoded once for all of a batch's
+/// rows ([`decode`], [`tiles8_decoded`]): the Q5 types, whose fifth bits take a third of the
+/// tile loop to decode (Qwen2.5-0.5B pp512, 1 thread: docs/benchmarks.md).
+pub const fn gains_from_decoding<T: IlBlock>() -> bool {
+    matches!(T::VALUES, IlValues::FifthBits(_))
+}
+
+/// Row pair p's `(lo, hi)` of block i of a group decoded at `dec`.
+///
+/// # Safety
+/// `dec` holds a group decoded by [`decode`] with more than `i` blocks.
+#[inline(always)]
+unsafe fn decoded(dec: *const u8, i: usize, p: usize) -> (__m256i, __m256i) {
+    // SAFETY: 64 bytes per (block, pair) inside the caller's decoded group.
+    unsafe {
+        let at = dec.add((2 * i + p) * 64);
+        (_mm256_loadu_si256(at as *const __m256i), _mm256_loadu_si256(at.add(32) as *const __m256i))
+    }
+}
+
+/// The values of the groups in `g` (rows of `xrb` plain bytes, a multiple of four) as the tile
+/// kernels multiply them, one byte per value, into `dec` (`rows · xrb / BS · 32` bytes): per
+/// group, block and row pair the `(lo, hi)` vectors of [`values`]. Read by [`tiles8_decoded`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn decode<T: IlBlock>(g: &[u8], xrb: usize, dec: &mut [u8]) {
+    let (nb, gbs) = (xrb / T::BS, ROWS * T::BS);
+    let groups = g.len() / (ROWS * xrb);
+    assert!(dec.len() >= groups * ROWS * nb * 32);
+    for c in 0..groups {
+        for i in 0..nb {
+            for p in 0..2 {
+                // SAFETY: group-block i of group c is inside `g` (groups counted from its
+                // length); its 64 decoded bytes inside `dec` (asserted).
+                unsafe {
+                    let (lo, hi) = values::<T>(g.as_ptr().add(c * ROWS * xrb + i * gbs), p);
+                    let at = dec.as_mut_ptr().add(((c * nb + i) * 2 + p) * 64);
+                    _mm256_storeu_si256(at as *mut __m256i, lo);
+                    _mm256_storeu_si256(at.add(32) as *mut __m256i, hi);
+                }
+            }
+        }
+    }
+}
+
+/// [`tiles8`] on groups whose values [`decode`] wrote to `dec` (the same bits): the values are
+/// decoded once per column block for all of a batch's rows instead of once per call.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn tiles8_decoded<T: IlBlock>(g: &[u8], dec: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
+    // SAFETY: the features `tiles8_impl` needs are enabled; it checks `dec`'s length.
+    unsafe { tiles8_impl::<T, false, true>(g, dec, xrb, y, out, prep) }
+}
+
+/// [`tiles8_decoded`] with AVX-VNNI's `vpdpbusd` (the same bits).
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub fn tiles8_decoded_vnni<T: IlBlock>(g: &[u8], dec: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
+    // SAFETY: as in `tiles8_decoded`, and AVX-VNNI for `V`.
+    unsafe { tiles8_impl::<T, true, true>(g, dec, xrb, y, out, prep) }
 }
 
 #[cfg(test)]
