@@ -382,7 +382,7 @@ impl Kernels {
                 tiles: IlTiles {
                     tile: |g, xrb, y, o, p| unsafe { ilk::tiles_q6_k(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { ilk::tiles8_q6_k(g, xrb, y, o, p) },
-                    decoded: None,
+                    decoded: Some(DecodedTiles { decode: |g, xrb, d| unsafe { ilk::decode_q6_k(g, xrb, d) }, tile8: |g, d, xrb, y, o, p| unsafe { ilk::tiles8_q6_k_decoded(g, d, xrb, y, o, p) } }),
                 },
             });
             k.ops[slot(DType::IQ4XS).unwrap()].interleaved = Some(InterleavedOps {

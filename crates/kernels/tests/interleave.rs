@@ -57,9 +57,9 @@ fn interleaved_gemv_and_tiles_equal_plain_row_dots() {
     for k in tables.iter().filter(|k| k.isa() != corelm_kernels::Isa::Portable) {
         assert!(TYPES.iter().all(|&t| k.ops(t).unwrap().interleaved.is_some()), "{}: a type without interleaved kernels", k.isa());
     }
-    // The AVX2 table decodes Q5 column blocks once for all of a batch's rows.
+    // The AVX2 table decodes Q5 and Q6_K column blocks once for all of a batch's rows.
     if let Some(avx2) = tables.iter().find(|k| k.isa() == corelm_kernels::Isa::Avx2) {
-        for t in [DType::Q5_0, DType::Q5_1] {
+        for t in [DType::Q5_0, DType::Q5_1, DType::Q6K] {
             assert!(avx2.ops(t).unwrap().interleaved.unwrap().tiles.decoded.is_some(), "avx2 {t}: no decoded tiles");
         }
     }

@@ -281,7 +281,12 @@ unsafe fn pairs<T: IlBlock, const V: bool, const J: usize, const P: usize>(g: *c
         for i in 0..nb {
             let gb = g.add(i * gbs);
             let h = heads::<T>(gb);
-            let u: [(__m256i, __m256i); P] = std::array::from_fn(|q| values::<T>(gb, p0 + q));
+            // A loop, not `array::from_fn`: its closure, when LLVM leaves it out of line, has
+            // no AVX2 and calls every intrinsic (a 30x slower GEMV, seen once).
+            let mut u = [(_mm256_setzero_si256(), _mm256_setzero_si256()); P];
+            for (q, u) in u.iter_mut().enumerate() {
+                *u = values::<T>(gb, p0 + q);
+            }
             for j in 0..J {
                 let a = act::<T>(y[j].add(i * abs), prep[j].add(PREP * i));
                 // `d_r·d_y` (and with a min `m_r·s_y`) of the four rows in one product.

@@ -21,6 +21,11 @@
 //!   |y| taken once per call; |x|, |y| ≤ 127: the pair sums fit i16), and scaled by one `madd`
 //!   with the row pair's 6-bit scales, unpacked once per group-block for all four rows and
 //!   eight sub-blocks.
+//!
+//! Q6_K's prefill also has a decoded form, as the Q5 types in `avx2_il`: [`decode_q6_k`] writes a
+//! column block's 6-bit values once (one byte per value) and [`tiles8_q6_k_decoded`] reads them
+//! for every eight-row call of the batch, instead of decoding each group-block's `ql`/`qh` in
+//! every call (twice per eight-row call); the same bytes, so the same bits.
 #![allow(clippy::missing_safety_doc)]
 
 use super::common::{iq4_grid, prepare_q4_k, two_passes, Q4K_PREP as PREP};
@@ -180,7 +185,12 @@ pub fn tiles_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], pre
                     let sm = scales_q4_k(gb)[p];
                     for j in 0..4 {
                         let q = q4_k_bytes(gb, p, j);
-                        let part: [__m256i; 4] = std::array::from_fn(|a| q4_k_pair(q, yq[a].add(64 * j), sm, j));
+                        // A loop, not `array::from_fn`: LLVM left that closure out of line
+                        // (Q4_K tiles 2x slower, seen once).
+                        let mut part = [_mm256_setzero_si256(); 4];
+                        for (a, part) in part.iter_mut().enumerate() {
+                            *part = q4_k_pair(q, yq[a].add(64 * j), sm, j);
+                        }
                         // Lane e: [Σ part0, Σ part1, Σ part2, Σ part3] of row 2p + e's four i32.
                         let t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(part[0], part[1]), _mm256_unpackhi_epi32(part[0], part[1]));
                         let t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(part[2], part[3]), _mm256_unpackhi_epi32(part[2], part[3]));
@@ -210,9 +220,11 @@ pub fn tiles8_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], pr
 }
 
 /// Row pair `p` of the Q6_K group at `g` (`nb` group-blocks) against `J` activation rows:
-/// `[row 2p, row 2p + 1][j]`, each `dot_q6_k_q8_k`'s value bit for bit.
+/// `[row 2p, row 2p + 1][j]`, each `dot_q6_k_q8_k`'s value bit for bit. With `D` the 6-bit
+/// values are read from `dec` (the group decoded by [`decode_q6_k`]) instead of being decoded
+/// from `g`.
 #[inline(always)]
-unsafe fn q6_k_pair<const J: usize>(g: *const u8, nb: usize, y: [*const u8; J], p: usize) -> [[f32; J]; 2] {
+unsafe fn q6_k_pair<const J: usize, const D: bool>(g: *const u8, dec: *const u8, nb: usize, y: [*const u8; J], p: usize) -> [[f32; J]; 2] {
     let (m0f, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
     let mut acc = [[_mm256_setzero_ps(); 2]; J];
     // SAFETY: the caller passes a whole group at `g` and J activation rows of `nb` blocks.
@@ -223,21 +235,18 @@ unsafe fn q6_k_pair<const J: usize>(g: *const u8, nb: usize, y: [*const u8; J], 
             // Lane e: row 2p + e's scales 8h‥8h+8 as i16.
             let sw = [_mm256_cvtepi8_epi16(_mm_loadu_si128(gb.add(8 + 16 * p) as *const __m128i)), _mm256_cvtepi8_epi16(_mm_loadu_si128(gb.add(40 + 16 * p) as *const __m128i))];
             // Lanes 0‥3 (h = 0) and 4‥7 (h = 1): −32·(bsums[2L]·sc[2L] + bsums[2L+1]·sc[2L+1]).
-            let mut sumi: [[__m256i; 2]; J] = std::array::from_fn(|j| std::array::from_fn(|h| _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sw[h], bcast(yb[j].add(BSUMS + 16 * h))), 5))));
+            // (A loop, not `array::from_fn`, whose closure may be left out of line without AVX2.)
+            let mut sumi = [[_mm256_setzero_si256(); 2]; J];
+            for (j, s) in sumi.iter_mut().enumerate() {
+                for (h, s) in s.iter_mut().enumerate() {
+                    *s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sw[h], bcast(yb[j].add(BSUMS + 16 * h))), 5));
+                }
+            }
             for n in 0..2 {
                 for h in 0..2 {
-                    let qh = _mm256_loadu_si256(gb.add(584 + 64 * (2 * n + h) + 32 * p) as *const __m256i);
                     for k in 0..4 {
                         // Values 16h‥16h+16 of group (n, k), decoded once for the J rows.
-                        let ql = _mm256_loadu_si256(gb.add(72 + 64 * (4 * n + 2 * (k % 2) + h) + 32 * p) as *const __m256i);
-                        let lo = if k < 2 { ql } else { _mm256_srli_epi16(ql, 4) };
-                        let hi = match k {
-                            0 => _mm256_slli_epi16(qh, 4),
-                            1 => _mm256_slli_epi16(qh, 2),
-                            2 => qh,
-                            _ => _mm256_srli_epi16(qh, 2),
-                        };
-                        let v = _mm256_or_si256(_mm256_and_si256(lo, m0f), _mm256_and_si256(hi, m30));
+                        let v = if D { _mm256_loadu_si256(dec.add(q6_k_at(i, p, n, h, k)) as *const __m256i) } else { q6_k_values(gb, p, n, h, k, m0f, m30) };
                         // Sub-block 8n + 2k + h's scale in every i16 of its row's lane.
                         let w = (2 * (2 * k + h)) as i8;
                         let sc = _mm256_shuffle_epi8(sw[n], _mm256_broadcastsi128_si256(_mm_setr_epi8(w, w + 1, w, w + 1, w, w + 1, w, w + 1, w, w + 1, w, w + 1, w, w + 1, w, w + 1)));
@@ -259,6 +268,78 @@ unsafe fn q6_k_pair<const J: usize>(g: *const u8, nb: usize, y: [*const u8; J], 
             }
         }
         reduce_pairs(acc)
+    }
+}
+
+/// Row pair p's values 16h‥16h+16 of each 32-value group (n, k) of the group-block at `gb`,
+/// as unsigned 6-bit bytes (`ql` nibble | `qh` bits · 16).
+#[inline(always)]
+unsafe fn q6_k_values(gb: *const u8, p: usize, n: usize, h: usize, k: usize, m0f: __m256i, m30: __m256i) -> __m256i {
+    // SAFETY: `ql` at 72‥584 and `qh` at 584‥840 of the group-block, 32 bytes per row pair;
+    // AVX2 present in every kernel this is inlined into.
+    unsafe {
+        let qh = _mm256_loadu_si256(gb.add(584 + 64 * (2 * n + h) + 32 * p) as *const __m256i);
+        let ql = _mm256_loadu_si256(gb.add(72 + 64 * (4 * n + 2 * (k % 2) + h) + 32 * p) as *const __m256i);
+        let lo = if k < 2 { ql } else { _mm256_srli_epi16(ql, 4) };
+        let hi = match k {
+            0 => _mm256_slli_epi16(qh, 4),
+            1 => _mm256_slli_epi16(qh, 2),
+            2 => qh,
+            _ => _mm256_srli_epi16(qh, 2),
+        };
+        _mm256_or_si256(_mm256_and_si256(lo, m0f), _mm256_and_si256(hi, m30))
+    }
+}
+
+/// Where [`decode_q6_k`] puts row pair p's values (n, h, k) of group-block i in its group's
+/// decoded bytes (1024 per group-block: two pairs × 16 vectors).
+#[inline(always)]
+fn q6_k_at(i: usize, p: usize, n: usize, h: usize, k: usize) -> usize {
+    32 * (16 * (2 * i + p) + 8 * n + 4 * h + k)
+}
+
+/// The values of the Q6_K groups in `g` (rows of `xrb` plain bytes, a multiple of four) as the
+/// tiles multiply them, one byte per value, into `dec` (`rows · xrb / 210 · 256` bytes): read
+/// by [`tiles8_q6_k_decoded`] for every eight-row call of a batch instead of decoding each
+/// group-block again (twice per eight-row call).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn decode_q6_k(g: &[u8], xrb: usize, dec: &mut [u8]) {
+    let nb = xrb / BS6;
+    let groups = g.len() / (ROWS * xrb);
+    assert!(dec.len() >= groups * ROWS * nb * 256);
+    let (m0f, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    for c in 0..groups {
+        for i in 0..nb {
+            for (p, n, h, k) in (0..32).map(|x| (x / 16, x / 8 % 2, x / 4 % 2, x % 4)) {
+                // SAFETY: group-block i of group c is inside `g` (groups counted from its
+                // length); the 32 decoded bytes inside `dec` (asserted).
+                unsafe {
+                    let v = q6_k_values(g.as_ptr().add((c * ROWS * nb + ROWS * i) * BS6), p, n, h, k, m0f, m30);
+                    _mm256_storeu_si256(dec.as_mut_ptr().add(c * ROWS * nb * 256 + q6_k_at(i, p, n, h, k)) as *mut __m256i, v);
+                }
+            }
+        }
+    }
+}
+
+/// [`tiles8_q6_k`] on groups whose values [`decode_q6_k`] wrote to `dec` (the same bits): per
+/// group the two passes of four activation rows, the group's decoded bytes in L1 for the second.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn tiles8_q6_k_decoded(g: &[u8], dec: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], _prep: &mut [i32]) {
+    let nb = xrb / BS6;
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && dec.len() >= out.len() * nb * 256 && y.iter().all(|y| y.len() >= nb * ABS));
+    for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
+        for half in 0..2 {
+            let yp: [*const u8; 4] = std::array::from_fn(|j| y[4 * half + j].as_ptr());
+            for p in 0..2 {
+                // SAFETY: features enabled above; the group, its decoded bytes and the rows are
+                // whole (asserted).
+                let v = unsafe { q6_k_pair::<4, true>(g.as_ptr().add(c * ROWS * xrb), dec.as_ptr().add(c * ROWS * nb * 256), nb, yp, p) };
+                for e in 0..2 {
+                    o[2 * p + e][4 * half..4 * half + 4].copy_from_slice(&v[e]);
+                }
+            }
+        }
     }
 }
 
@@ -288,7 +369,7 @@ pub fn rows_q6_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], _prep: &mut [i
     for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
         for p in 0..2 {
             // SAFETY: features enabled above; the group and `y` are whole (asserted).
-            let v = unsafe { q6_k_pair::<1>(g.as_ptr().add(c * ROWS * xrb), nb, [y.as_ptr()], p) };
+            let v = unsafe { q6_k_pair::<1, false>(g.as_ptr().add(c * ROWS * xrb), g.as_ptr(), nb, [y.as_ptr()], p) };
             (o[2 * p], o[2 * p + 1]) = (v[0][0], v[1][0]);
         }
     }
@@ -304,7 +385,7 @@ pub fn tiles_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], _pr
     for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
         for p in 0..2 {
             // SAFETY: features enabled above; the group and the rows are whole (asserted).
-            let v = unsafe { q6_k_pair::<4>(g.as_ptr().add(c * ROWS * xrb), nb, yp, p) };
+            let v = unsafe { q6_k_pair::<4, false>(g.as_ptr().add(c * ROWS * xrb), g.as_ptr(), nb, yp, p) };
             (o[2 * p], o[2 * p + 1]) = (v[0], v[1]);
         }
     }
