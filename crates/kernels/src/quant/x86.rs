@@ -14,17 +14,26 @@ use std::arch::x86_64::*;
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q8_block(xs: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
     assert!(xs.len() >= 32);
-    // SAFETY: 32 readable f32 (asserted).
-    let v: [__m256; 4] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(xs.as_ptr().add(8 * i)) });
+    // Loops, not `array::from_fn`/`map`: a closure LLVM leaves out of line has no AVX2 and
+    // would call every intrinsic in it (seen in the matmul kernels).
+    let mut v = [_mm256_setzero_ps(); 4];
+    for (i, v) in v.iter_mut().enumerate() {
+        // SAFETY: 32 readable f32 (asserted).
+        *v = unsafe { _mm256_loadu_ps(xs.as_ptr().add(8 * i)) };
+    }
     let sign = _mm256_set1_ps(-0.0);
-    let a = v.map(|x| _mm256_andnot_ps(sign, x));
+    let mut a = v;
+    for a in a.iter_mut() {
+        *a = _mm256_andnot_ps(sign, *a);
+    }
     let amax = hmax_f32x8(_mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3])));
     let d = amax / 127.0;
     let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
-    let q = v.map(|x| {
+    let mut q = [_mm256_setzero_si256(); 4];
+    for (q, x) in q.iter_mut().zip(v) {
         let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, id));
-        _mm256_cvtps_epi32(r)
-    });
+        *q = _mm256_cvtps_epi32(r);
+    }
     let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
     let p16 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
     let p8 = _mm256_permutevar8x32_epi32(p16, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));

@@ -115,7 +115,10 @@ unsafe fn values8(t: DType, b: &[u8]) -> ([__m256i; 4], f32) {
         let mut v = [_mm256_and_si256(q0, m), _mm256_and_si256(q1, m), _mm256_srli_epi32(q0, 4), _mm256_srli_epi32(q1, 4)];
         if t == DType::Q4_0 {
             let e = _mm256_set1_epi32(8);
-            v = v.map(|x| _mm256_sub_epi32(x, e));
+            // (A loop, not `map`, whose closure may be left out of line without AVX2.)
+            for x in v.iter_mut() {
+                *x = _mm256_sub_epi32(*x, e);
+            }
         } else {
             let blk = &as_blocks::<BlockQ5_0>(b)[0];
             let qh = _mm256_set1_epi32(u32::from_le_bytes(blk.qh) as i32);
@@ -165,7 +168,7 @@ pub unsafe fn axpy_row4_avx512(t: DType, rows: [&[u8]; 4], h: [f32; 4], y: &mut 
     let ts = t.type_size();
     let nb = y.len() / 32;
     assert!(rows.iter().all(|r| r.len() == nb * ts) && y.len() == nb * 32);
-    let hv = h.map(|x| _mm512_set1_ps(x));
+    let hv = [_mm512_set1_ps(h[0]), _mm512_set1_ps(h[1]), _mm512_set1_ps(h[2]), _mm512_set1_ps(h[3])];
     for b in 0..nb {
         // SAFETY: block b of every row lies inside it (lengths asserted); `y` holds 32 · nb values.
         unsafe {
@@ -190,7 +193,7 @@ pub unsafe fn axpy_row4_avx2(t: DType, rows: [&[u8]; 4], h: [f32; 4], y: &mut [f
     let ts = t.type_size();
     let nb = y.len() / 32;
     assert!(rows.iter().all(|r| r.len() == nb * ts) && y.len() == nb * 32);
-    let hv = h.map(|x| _mm256_set1_ps(x));
+    let hv = [_mm256_set1_ps(h[0]), _mm256_set1_ps(h[1]), _mm256_set1_ps(h[2]), _mm256_set1_ps(h[3])];
     for b in 0..nb {
         // SAFETY: as in `axpy_row4_avx512`.
         unsafe {

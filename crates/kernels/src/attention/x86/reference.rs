@@ -178,7 +178,11 @@ fn scores8_heads(q: &[f32], kv: &KvRows, c0: usize, out: &mut [f32], stride: usi
     let mut acc = [_mm256_setzero_ps(); MAX_HEADS];
     let mut d = 0;
     while d < hd {
-        let rows: [__m256; 8] = std::array::from_fn(|j| load_ph(&krows[j][d..]));
+        // (A loop, not `array::from_fn`, whose closure may be left out of line without F16C.)
+        let mut rows = [_mm256_setzero_ps(); 8];
+        for (r, k) in rows.iter_mut().zip(&krows) {
+            *r = load_ph(&k[d..]);
+        }
         let cols = transpose8(rows);
         for (h, a) in acc[..heads].iter_mut().enumerate() {
             let qh = &q[h * hd + d..h * hd + d + 8];
