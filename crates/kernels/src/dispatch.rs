@@ -429,6 +429,8 @@ impl Kernels {
                 (DType::IQ4NL, pick(neon::<{ kind::IQ4_NL }>, |x, y| unsafe { dotprod::<{ kind::IQ4_NL }>(x, y) })),
                 (DType::IQ4XS, pick(neon::<{ kind::IQ4_XS }>, |x, y| unsafe { dotprod::<{ kind::IQ4_XS }>(x, y) })),
                 (DType::Q5K, pick(neon::<{ kind::Q5_K }>, |x, y| unsafe { dotprod::<{ kind::Q5_K }>(x, y) })),
+                (DType::Q2K, pick(neon::<{ kind::Q2_K }>, |x, y| unsafe { dotprod::<{ kind::Q2_K }>(x, y) })),
+                (DType::Q3K, pick(neon::<{ kind::Q3_K }>, |x, y| unsafe { dotprod::<{ kind::Q3_K }>(x, y) })),
                 // The dense types (`matmul::aarch64::neon_dense`): baseline NEON, x86 tables' orders.
                 (DType::F32, dense::dot_f32),
                 (DType::F16, dense::dot_f16),

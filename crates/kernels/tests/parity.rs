@@ -51,7 +51,7 @@ fn dot_products_match_portable_and_f32_reference() {
 #[test]
 fn simd_dots_equal_the_lane_order_reference() {
     use corelm_kernels::matmul::{lanes, portable};
-    let refs: [(DType, fn(&[u8], &[u8]) -> f32, fn(&[u8], &[u8]) -> f32); 10] = [
+    let refs: [(DType, fn(&[u8], &[u8]) -> f32, fn(&[u8], &[u8]) -> f32); 12] = [
         (DType::Q4_0, lanes::dot_q4_0_q8_0, lanes::dot_q4_0_q8_0),
         (DType::Q4_1, lanes::dot_q4_1_q8_1, lanes::dot_q4_1_q8_1),
         (DType::Q5_0, lanes::dot_q5_0_q8_0, lanes::dot_q5_0_q8_0),
@@ -62,6 +62,8 @@ fn simd_dots_equal_the_lane_order_reference() {
         (DType::IQ4NL, lanes::dot_iq4_nl_q8_0, lanes::dot_iq4_nl_q8_0),
         (DType::IQ4XS, lanes::dot_iq4_xs_q8_k, lanes::dot_iq4_xs_q8_k),
         (DType::Q5K, lanes::dot_q5_k_q8_k, lanes::dot_q5_k_q8_k),
+        (DType::Q2K, lanes::dot_q2_k_q8_k, lanes::dot_q2_k_q8_k),
+        (DType::Q3K, lanes::dot_q3_k_q8_k, lanes::dot_q3_k_q8_k),
     ];
     let port = Kernels::portable();
     let mut rng = Rng(0x1A7E_5EED);

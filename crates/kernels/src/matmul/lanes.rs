@@ -8,7 +8,7 @@
 //! `4L‥4L+4` and accumulates `acc_L = fma(d_w·d_y, sum, acc_L)` (`_mm256_fmadd_ps`); at the end
 //! `hsum_f32x8` (`simd::hsum_8`), plus for types with a min `Σ m·s` summed block by block.
 //! Q6_K keeps eight lanes per super-block the same way (ggml's AVX2 kernel, see
-//! `x86::avx2::dot_q6_k_q8_k`), and IQ4_XS likewise (`x86::avx2_ext::dot_iq4_xs_q8_k`). Q4_K's order (one FMA per super-block on exact integers) is
+//! `x86::avx2::dot_q6_k_q8_k`), and Q2_K, Q3_K, Q5_K and IQ4_XS likewise (`x86::avx2_ext`). Q4_K's order (one FMA per super-block on exact integers) is
 //! already `portable::dot_q4_k_q8_k`'s.
 
 use crate::quant::blocks::*;
@@ -164,6 +164,58 @@ pub fn dot_q5_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
         acc_m += a.dmin.to_f32() * b.d * summ as f32;
     }
     hsum_8(&acc) - acc_m
+}
+
+/// The eight exact lane sums of a 2-bit-based super-block (Q2_K, Q3_K) in ggml's AVX2 order:
+/// lane L sums over the eight 32-value groups the products of values `4L‥4L+4` of the group
+/// times the scale of its first (L < 4) or second (L ≥ 4) 16 values (`sc[g]`, g = element / 16).
+fn lanes_16(v: &[i8; QK_K], sc: impl Fn(usize) -> i32, y: &[i8; QK_K]) -> [i32; 8] {
+    let mut sumi = [0i32; 8];
+    for grp in 0..QK_K / 32 {
+        for (l, s) in sumi.iter_mut().enumerate() {
+            let at = 32 * grp + 4 * l;
+            let p: i32 = (at..at + 4).map(|i| v[i] as i32 * y[i] as i32).sum();
+            *s += sc(2 * grp + l / 4) * p;
+        }
+    }
+    sumi
+}
+
+/// ggml's AVX2 Q2_K order (`x86::avx2_ext::dot_q2_k_q8_k`): per super-block [`lanes_16`] with
+/// the scales' low nibbles, `acc_L = fma(d_w·d_y, lane, acc_L)`; the mins `Σ (sc >> 4)·bsums`
+/// in an integer per super-block, as `(dmin·d_y)·summ` in one float, subtracted after
+/// `hsum_f32x8`.
+pub fn dot_q2_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ2K>(x), as_blocks::<BlockQ8K>(y));
+    let (mut acc, mut acc_m) = ([0f32; 8], 0f32);
+    for (a, b) in x.iter().zip(y) {
+        let v = q2_bits(&a.qs).map(|q| q as i8);
+        let sumi = lanes_16(&v, |g| (a.scales[g] & 0xF) as i32, &b.qs);
+        let summ: i32 = a.scales.iter().zip(&b.bsums).map(|(&sc, &s)| (sc >> 4) as i32 * s as i32).sum();
+        let d = a.d.to_f32() * b.d;
+        for (a, &s) in acc.iter_mut().zip(&sumi) {
+            *a = d.mul_add(s as f32, *a);
+        }
+        acc_m += a.dmin.to_f32() * b.d * summ as f32;
+    }
+    hsum_8(&acc) - acc_m
+}
+
+/// ggml's AVX2 Q3_K order (`x86::avx2_ext::dot_q3_k_q8_k`): per super-block [`lanes_16`] of
+/// the signed 3-bit values with the signed 6-bit scales, `acc_L = fma(d_w·d_y, lane, acc_L)`,
+/// then `hsum_f32x8`.
+pub fn dot_q3_k_q8_k(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ3K>(x), as_blocks::<BlockQ8K>(y));
+    let mut acc = [0f32; 8];
+    for (a, b) in x.iter().zip(y) {
+        let sc = q3_k_scales(&a.scales);
+        let sumi = lanes_16(&q3_k_values(a), |g| sc[g] as i32, &b.qs);
+        let d = a.d.to_f32() * b.d;
+        for (a, &s) in acc.iter_mut().zip(&sumi) {
+            *a = d.mul_add(s as f32, *a);
+        }
+    }
+    hsum_8(&acc)
 }
 
 /// F32·F32 in the AVX2 kernel's order (`x86::avx2::dot_f32`): per 8 values one fused

@@ -10,6 +10,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use crate::quant::blocks::*;
+use crate::quant::portable::q3_k_scales;
 use std::arch::aarch64::*;
 
 /// How four-product lane sums are formed.
@@ -364,6 +365,80 @@ unsafe fn q5_k<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
     }
 }
 
+/// Q2_K in ggml's AVX2 order (`matmul::lanes::dot_q2_k_q8_k`): eight exact lane sums per
+/// super-block (each 16 values' four-product sums times its scale's low nibble), one FMA per
+/// lane; the mins `Σ (sc >> 4)·bsums` in a float of their own, subtracted at the end.
+#[inline(always)]
+unsafe fn q2_k<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ2K>(x), as_blocks::<BlockQ8K>(y));
+    // SAFETY: NEON present (the caller's contract); every load is 16 bytes inside `qs` (64),
+    // `scales` (16), `bsums` (16 i16) or the activation's 256 values.
+    unsafe {
+        let m3 = vdupq_n_u8(3);
+        let (mut acc, mut acc_m) = ([vdupq_n_f32(0.0); 2], 0f32);
+        for (a, b) in x.iter().zip(y) {
+            let sc = vld1q_u8(a.scales.as_ptr());
+            // Σ (sc >> 4)·bsums, exact.
+            let m = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(vshrq_n_u8::<4>(sc))));
+            let m_hi = vreinterpretq_s16_u16(vmovl_high_u8(vshrq_n_u8::<4>(sc)));
+            let bs = (vld1q_s16(b.bsums.as_ptr()), vld1q_s16(b.bsums.as_ptr().add(8)));
+            let mm = vaddq_s32(vaddq_s32(vmull_s16(vget_low_s16(m), vget_low_s16(bs.0)), vmull_high_s16(m, bs.0)), vaddq_s32(vmull_s16(vget_low_s16(m_hi), vget_low_s16(bs.1)), vmull_high_s16(m_hi, bs.1)));
+            let summ = vaddvq_s32(mm);
+            let mut sumi = [vdupq_n_s32(0); 2];
+            for n in 0..QK_K / 128 {
+                let q = [vld1q_u8(a.qs.as_ptr().add(32 * n)), vld1q_u8(a.qs.as_ptr().add(32 * n + 16))];
+                for k in 0..4 {
+                    let shift = vdupq_n_s8(-2 * k as i8);
+                    for (h, sumi) in sumi.iter_mut().enumerate() {
+                        let v = vandq_u8(vshlq_u8(q[h], shift), m3);
+                        let s = D::dot4(vreinterpretq_s8_u8(v), vld1q_s8(b.qs.as_ptr().add(128 * n + 32 * k + 16 * h)));
+                        *sumi = vmlaq_n_s32(*sumi, s, (a.scales[8 * n + 2 * k + h] & 0xF) as i32);
+                    }
+                }
+            }
+            lanes_fma(&mut acc, sumi, a.d.to_f32() * b.d);
+            acc_m += a.dmin.to_f32() * b.d * summ as f32;
+        }
+        hsum8(acc) - acc_m
+    }
+}
+
+/// Q3_K in ggml's AVX2 order (`matmul::lanes::dot_q3_k_q8_k`): eight exact lane sums per
+/// super-block of the signed 3-bit values (the 2-bit part, less 4 where the `hmask` bit is
+/// clear) times the signed 6-bit scales, one FMA per lane.
+#[inline(always)]
+unsafe fn q3_k<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ3K>(x), as_blocks::<BlockQ8K>(y));
+    // SAFETY: NEON present (the caller's contract); every load is 16 bytes inside `qs` (64),
+    // `hmask` (32) or the activation's 256 values.
+    unsafe {
+        let (m3, four) = (vdupq_n_u8(3), vdupq_n_u8(4));
+        let mut acc = [vdupq_n_f32(0.0); 2];
+        for (a, b) in x.iter().zip(y) {
+            let sc = q3_k_scales(&a.scales);
+            let hm = [vld1q_u8(a.hmask.as_ptr()), vld1q_u8(a.hmask.as_ptr().add(16))];
+            let mut sumi = [vdupq_n_s32(0); 2];
+            for n in 0..QK_K / 128 {
+                let q = [vld1q_u8(a.qs.as_ptr().add(32 * n)), vld1q_u8(a.qs.as_ptr().add(32 * n + 16))];
+                for k in 0..4 {
+                    let shift = vdupq_n_s8(-2 * k as i8);
+                    let bit = vdupq_n_u8(1 << (4 * n + k));
+                    for (h, sumi) in sumi.iter_mut().enumerate() {
+                        let low = vandq_u8(vshlq_u8(q[h], shift), m3);
+                        // 4 where the high bit is clear: the value is low − 4 there.
+                        let clear = vceqq_u8(vandq_u8(hm[h], bit), vdupq_n_u8(0));
+                        let v = vsubq_s8(vreinterpretq_s8_u8(low), vreinterpretq_s8_u8(vandq_u8(clear, four)));
+                        let s = D::dot4(v, vld1q_s8(b.qs.as_ptr().add(128 * n + 32 * k + 16 * h)));
+                        *sumi = vmlaq_n_s32(*sumi, s, sc[8 * n + 2 * k + h] as i32);
+                    }
+                }
+            }
+            lanes_fma(&mut acc, sumi, a.d.to_f32() * b.d);
+        }
+        hsum8(acc)
+    }
+}
+
 /// One IQ4_XS super-block's eight lane sums in ggml's AVX2 order
 /// (`matmul::lanes::dot_iq4_xs_q8_k`): each sub-block's lane sums times its scale `sc`;
 /// `qs(p)`: the quants' pieces (p < 8, one per sub-block); `table`: the IQ4_NL grid.
@@ -433,6 +508,8 @@ pub mod kind {
     pub const IQ4_NL: u8 = 8;
     pub const IQ4_XS: u8 = 9;
     pub const Q5_K: u8 = 10;
+    pub const Q2_K: u8 = 11;
+    pub const Q3_K: u8 = 12;
 }
 
 /// The dot of kind `K` through `D`.
@@ -454,6 +531,8 @@ unsafe fn dispatch<D: Dot4, const K: u8>(x: &[u8], y: &[u8]) -> f32 {
             kind::IQ4_NL => iq4_nl::<D>(x, y),
             kind::IQ4_XS => iq4_xs::<D>(x, y),
             kind::Q5_K => q5_k::<D>(x, y),
+            kind::Q2_K => q2_k::<D>(x, y),
+            kind::Q3_K => q3_k::<D>(x, y),
             _ => q6_k::<D>(x, y),
         }
     }
