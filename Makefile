@@ -10,10 +10,12 @@ demo: deps
 		-p "Explain in two sentences why the sky is blue."
 
 # Fetch every golden model, then run the whole test suite (release mode: the golden tests run
-# real models), then the official `openai` Python client against `corelm serve`, then the
-# aarch64 kernel parity tests and SmolLM2 golden check under qemu (installs its toolchain).
+# real models), then check that no x86 intrinsic was left out of line in the binary, then the
+# official `openai` Python client against `corelm serve`, then the aarch64 kernel parity tests
+# and SmolLM2 golden check under qemu (installs its toolchain).
 test: deps models
 	cargo test --release --workspace
+	bash scripts/check_intrinsics_inlined.sh
 	bash scripts/test_openai_client.sh
 	bash scripts/test_arm.sh
 
