@@ -406,19 +406,18 @@ unsafe fn run_interleaved(o: &Operands, il: InterleavedOps, grouped: bool, sched
             // Eight batch rows per tile call (with `mr` 8), then fours.
             let mut r8 = rb;
             let mut out = [[0f32; 8]; IL_COL_MAX];
-            let eights = if sched.mr >= 8 { (re - rb) / 8 * 8 } else { 0 };
-            if let Some(d) = il.tiles.decoded.filter(|_| eights >= DECODED_MIN_ROWS && (c1 - c0) * o.k <= dec.len()) {
+            // The block decoded once for all its eight-row calls, where the tiles have that form.
+            let decoded = il.tiles.decoded.filter(|_| sched.mr >= 8 && re - rb >= DECODED_MIN_ROWS && (c1 - c0) * o.k <= dec.len()).map(|d| {
                 let dec = &mut dec[..(c1 - c0) * o.k];
                 (d.decode)(gb, wrb, dec);
-                while r8 + 8 <= re {
-                    (d.tile8)(gb, dec, wrb, std::array::from_fn(|j| xrow(r8 + j)), &mut out[..c1 - c0], prep);
-                    // SAFETY: columns c0..c1 of rows r8..r8 + 8 are this worker's.
-                    unsafe { store_cols(base, ldo, r8, c0, &out[..c1 - c0]) };
-                    r8 += 8;
-                }
-            }
+                (d.tile8, &*dec)
+            });
             while sched.mr >= 8 && r8 + 8 <= re {
-                (il.tiles.tile8)(gb, wrb, std::array::from_fn(|j| xrow(r8 + j)), &mut out[..c1 - c0], prep);
+                let y = std::array::from_fn(|j| xrow(r8 + j));
+                match decoded {
+                    Some((tile8, dec)) => tile8(gb, dec, wrb, y, &mut out[..c1 - c0], prep),
+                    None => (il.tiles.tile8)(gb, wrb, y, &mut out[..c1 - c0], prep),
+                }
                 // SAFETY: columns c0..c1 of rows r8..r8 + 8 are this worker's.
                 unsafe { store_cols(base, ldo, r8, c0, &out[..c1 - c0]) };
                 r8 += 8;

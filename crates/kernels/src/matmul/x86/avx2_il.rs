@@ -27,11 +27,12 @@
 //!
 //! Decoded column blocks (Q5_0, Q5_1): decoding nibbles and fifth bits is about 11 of the ~55
 //! vector operations per row pair, block and four activation rows, paid again by every call
-//! (eight-row calls decode each group twice). [`decode`] writes a column block's `(lo, hi)` vectors once, one byte per value
-//! (`rows · k` bytes, in L2 for a default block of 64 rows), and [`tiles8_decoded`] reads them
-//! there for every eight-row call of the batch; the same vectors, so the same bits. The
-//! scheduler uses it for blocks met by two calls or more (`IlTiles::decoded`). For the nibble
-//! types the decode is three operations and the form gained 1.6 % (Q4_1), so they keep theirs.
+//! (eight-row calls decode each group twice). [`decode`] writes a column block's `(lo, hi)`
+//! vectors once, one byte per value (`rows · k` bytes, in L2 for a default block of 64 rows),
+//! and [`tiles8_decoded`] reads them there for every eight-row call of the batch; the same
+//! vectors, so the same bits. The scheduler uses it for blocks met by two calls or more
+//! (`IlTiles::decoded`). For the nibble types the decode is three operations and the form
+//! gained 1.6 % (Q4_1), so they keep theirs.
 #![allow(clippy::missing_safety_doc)]
 
 use super::common::{act_block, heads, iq4_grid, IlBlock, IlValues};
@@ -434,8 +435,8 @@ unsafe fn tiles8_impl<T: IlBlock, const V: bool, const D: bool>(g: &[u8], dec: &
 }
 
 /// Whether the prefill tiles of `T` gain from a column block decoded once for all of a batch's
-/// rows ([`decode`], [`tiles8_decoded`]): the Q5 types, whose fifth bits take a third of the
-/// tile loop to decode (Qwen2.5-0.5B pp512, 1 thread: docs/benchmarks.md).
+/// rows ([`decode`], [`tiles8_decoded`]): the Q5 types (Q5_0 prefill 8–11 % faster on
+/// Qwen2.5-0.5B and Gemma 3, 1 thread: docs/benchmarks.md); Q4_1 gained 1.6 %.
 pub const fn gains_from_decoding<T: IlBlock>() -> bool {
     matches!(T::VALUES, IlValues::FifthBits(_))
 }
