@@ -26,6 +26,7 @@ use crate::graph::LayerPredictor;
 use corelm_kernels::matmul::layout::ROWS;
 use corelm_kernels::matmul::VecDot;
 use corelm_kernels::{act, sparse, DType, Kernels};
+use corelm_kernels::simd::{prefetch, CacheLevel};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// `put(j, dot(row_j, x))` for each neuron `j` of `listed` in order (`rows`: `rb` bytes each),
@@ -35,7 +36,7 @@ fn dot_listed(rows: &[u8], rb: usize, dot: VecDot, x: &[u8], listed: &[u32], mut
     let row = |j: u32| &rows[j as usize * rb..(j as usize + 1) * rb];
     for (n, &j) in listed.iter().enumerate() {
         if let Some(&next) = listed.get(n + AHEAD) {
-            sparse::prefetch(row(next));
+            prefetch(row(next), CacheLevel::L2);
         }
         put(j as usize, dot(row(j), x));
     }
@@ -245,13 +246,13 @@ impl Ctx<'_> {
                 s.firing.clear();
                 s.firing.extend((0..n_ff as u32).filter(|&i| hr[i as usize] != 0.0));
                 for &i in s.firing.iter().take(AHEAD) {
-                    sparse::prefetch(part(i as usize));
+                    prefetch(part(i as usize), CacheLevel::L2);
                 }
                 // Four firing neurons at a time, then the rest one by one: the same order.
                 let quads = s.firing.len() / 4 * 4;
                 for n in (0..quads).step_by(4) {
                     for &next in s.firing.iter().skip(n + AHEAD).take(4) {
-                        sparse::prefetch(part(next as usize));
+                        prefetch(part(next as usize), CacheLevel::L2);
                     }
                     let i: [usize; 4] = std::array::from_fn(|q| s.firing[n + q] as usize);
                     sparse::axpy_row4(k, dt, i.map(part), i.map(|i| hr[i]), y);

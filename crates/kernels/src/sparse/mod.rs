@@ -58,25 +58,6 @@ pub fn axpy_row(k: &Kernels, t: DType, row: &[u8], h: f32, y: &mut [f32]) {
     }
 }
 
-/// Ask for `bytes` to be brought into the caches (the rows of the next firing neurons: their
-/// addresses jump, so the hardware prefetcher does not see them coming). No-op where the
-/// architecture has no prefetch hint.
-#[inline]
-pub fn prefetch(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // From the cache line holding the first byte to the one holding the last.
-        let start = bytes.as_ptr() as usize % 64;
-        for off in (0..bytes.len() + start).step_by(64) {
-            let p = bytes.as_ptr().wrapping_add(off).wrapping_sub(start);
-            // SAFETY: a prefetch hint (into L2) of a line `bytes` touches; it never faults.
-            unsafe { std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T1) };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
-}
-
 /// `y[j] = fma(h[n], w_n[j], y[j])` for the rows `n = 0..4` in turn: four [`axpy_row`]s,
 /// the same bits, `y` read and written once per block where SIMD has a kernel.
 pub fn axpy_row4(k: &Kernels, t: DType, rows: [&[u8]; 4], h: [f32; 4], y: &mut [f32]) {
