@@ -28,7 +28,7 @@
 //! every call (twice per eight-row call); the same bytes, so the same bits.
 #![allow(clippy::missing_safety_doc)]
 
-use super::common::{iq4_grid, prepare_q4_k, two_passes, Q4K_PREP as PREP};
+use super::common::{iq4_grid, prefetch_ahead, prepare_q4_k, two_passes, Q4K_PREP as PREP};
 use crate::matmul::layout::ROWS;
 use crate::quant::blocks::BlockQ8K;
 use std::arch::x86_64::*;
@@ -121,6 +121,7 @@ pub fn rows_q4_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i3
             let mut acc = _mm256_setzero_ps();
             for i in 0..nb {
                 let gb = base.add(i * ROWS * BS4);
+                prefetch_ahead(gb, ROWS * BS4);
                 let yq = y.as_ptr().add(i * ABS + QS);
                 let pp = prep.as_ptr().add(PREP * i);
                 let sm = scales_q4_k(gb);
@@ -453,6 +454,10 @@ unsafe fn iq4_xs_pairs<const P: usize, const J: usize>(g: *const u8, nb: usize, 
         }
         for i in 0..nb {
             let gb = g.add(i * ROWS * BSX);
+            if J == 1 {
+                // The GEMV reads each weight once: ask for it ahead.
+                prefetch_ahead(gb, ROWS * BSX);
+            }
             let sv = scales_iq4_xs(gb);
             let mut sumi = [[[_mm256_setzero_si256(); 2]; J]; P];
             for s in 0..8 {
