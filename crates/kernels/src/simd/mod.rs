@@ -161,16 +161,24 @@ pub enum CacheLevel {
 
 /// Ask for every cache line `bytes` touches to be brought into `level`: rows whose addresses
 /// the hardware prefetcher cannot foresee (the KV rows of a chunk of cells, the rows of the
-/// next firing neurons). A hint: it never faults and changes no result. `prefetcht0`/`t1` on
-/// x86-64, `prfm pldl1keep`/`pldl2keep` on aarch64, nothing elsewhere.
-#[inline]
+/// next firing neurons). A hint: it never faults and changes no result.
+#[inline(always)]
 pub fn prefetch(bytes: &[u8], level: CacheLevel) {
     // From the cache line holding the first byte to the one holding the last.
     let start = bytes.as_ptr() as usize % 64;
-    for off in (0..bytes.len() + start).step_by(64) {
-        let p = bytes.as_ptr().wrapping_add(off).wrapping_sub(start);
+    prefetch_lines(bytes.as_ptr().wrapping_sub(start), bytes.len() + start, level);
+}
+
+/// Ask for the `bytes.div_ceil(64)` cache lines at `p`, `p + 64`, … to be brought into `level`
+/// (`prefetcht0`/`t1` on x86-64, `prfm pldl1keep`/`pldl2keep` on aarch64, nothing elsewhere).
+/// The addresses are only computed (wrapping), never dereferenced, and a prefetch never faults:
+/// `p` may point past the end of what is read (a GEMV's rows ahead of the last one).
+#[inline(always)]
+pub fn prefetch_lines(p: *const u8, bytes: usize, level: CacheLevel) {
+    for off in (0..bytes).step_by(64) {
+        let p = p.wrapping_add(off);
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: a prefetch hint of a line `bytes` touches; it never faults.
+        // SAFETY: a prefetch hint; it never faults and writes nothing.
         unsafe {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
             match level {

@@ -23,6 +23,7 @@ use crate::attention::chunks::drive;
 use crate::attention::portable::softmax_steps;
 use crate::attention::types::{DecodeBuffers, KvRows, DECODE_CHUNK as CHUNK};
 use crate::exp::x86::expf_slice;
+use crate::simd::{prefetch_lines, CacheLevel};
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -98,10 +99,7 @@ unsafe fn reduce_add_16(t: __m512) -> f32 {
 /// rows for phase 2 (value rows of a cache page follow its key rows' page elsewhere in memory).
 #[inline(always)]
 fn prefetch_row<const S: usize>(p: *const f16) {
-    for l in 0..2 * S {
-        // SAFETY: a prefetch does not fault; `p` points into the cache anyway.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(32 * l) as *const i8) };
-    }
+    prefetch_lines(p as *const u8, 128 * S, CacheLevel::L1);
 }
 
 /// Phase 1: `scores[h][i] = (q_h · k_i) · scale` for the chunk's key rows `kr`; the value

@@ -10,7 +10,7 @@ use crate::attention::chunks::drive;
 use crate::attention::portable::softmax_steps;
 use crate::attention::types::{DecodeBuffers, KvRows, DECODE_CHUNK};
 use crate::exp::x86::expf_slice_avx2;
-use crate::simd::{prefetch, CacheLevel};
+use crate::simd::{prefetch_lines, CacheLevel};
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -33,8 +33,7 @@ pub fn attend_decode_group_avx2(
     drive(q, kv, n_cells, visible, split, bufs, out, |kr, vr, b| {
         for (i, &kp) in kr.iter().enumerate() {
             // Value row i into L1 for phase 2 (`drive` asked for it into L2).
-            // SAFETY: `vr[i]` starts a row of `hd` F16 values of the cache.
-            prefetch(unsafe { std::slice::from_raw_parts(vr[i] as *const u8, 2 * hd) }, CacheLevel::L1);
+            prefetch_lines(vr[i] as *const u8, 2 * hd, CacheLevel::L1);
             // SAFETY: `kp` starts a row of `hd` F16 values; k32 holds `hd` (checked by `drive`).
             unsafe { widen(kp, &mut b.k32[..hd]) };
             for h in 0..heads {

@@ -18,6 +18,7 @@
 use super::common::{head, heads4, load32};
 use crate::quant::blocks::*;
 use crate::simd::x86::{h2f, hsum_f32x8};
+use crate::simd::{prefetch_lines, CacheLevel};
 use std::arch::x86_64::*;
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -153,13 +154,11 @@ fn prefetch_distance(xrb: usize) -> usize {
     group * 8192usize.div_ceil(group)
 }
 
-/// The two cache lines at `next + off`, into L1. Prefetches never fault: the addresses are only
-/// computed (wrapping), never read.
-#[inline]
-#[target_feature(enable = "avx2")]
+/// The two cache lines at `next + off`, into L1 (`simd::prefetch_lines`: the addresses are only
+/// computed, never read).
+#[inline(always)]
 fn prefetch_step(next: *const u8, off: usize) {
-    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off) as *const i8);
-    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off + 64) as *const i8);
+    prefetch_lines(next.wrapping_add(off), 128, CacheLevel::L1);
 }
 
 /// [`rows_offset`] for Q4_1 weights (Q8_1 activations): `out[c]` equals bit for bit

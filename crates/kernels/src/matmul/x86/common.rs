@@ -4,6 +4,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use crate::quant::blocks::*;
+use crate::simd::{prefetch_lines, CacheLevel};
 use std::arch::x86_64::*;
 
 /// A 32-value block type with an interleaved layout (`matmul::layout`), as its x86 kernels
@@ -307,14 +308,9 @@ pub(crate) unsafe fn two_passes(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [
 pub(crate) const GEMV_AHEAD: usize = 2048;
 
 /// The cache lines of the `bytes` bytes at `p + GEMV_AHEAD` into L1: a GEMV's weights, read
-/// once, [`GEMV_AHEAD`] bytes before it reaches them. The address is only computed (wrapping),
-/// never dereferenced, and a prefetch never faults, so past the end of the matrix it is harmless.
+/// once, [`GEMV_AHEAD`] bytes before it reaches them (past the end of the matrix, harmless:
+/// `simd::prefetch_lines`).
 #[inline(always)]
 pub(crate) fn prefetch_ahead(p: *const u8, bytes: usize) {
-    let mut l = 0;
-    while l < bytes {
-        // SAFETY: a prefetch hint; SSE is part of x86-64.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(GEMV_AHEAD + l) as *const i8) };
-        l += 64;
-    }
+    prefetch_lines(p.wrapping_add(GEMV_AHEAD), bytes, CacheLevel::L1);
 }
