@@ -20,15 +20,20 @@ use crate::DType;
 /// checking.
 #[cfg(target_arch = "x86_64")]
 fn interleaved_avx512<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOps {
-    use crate::matmul::x86::avx512_il::{rows, tiles};
-    // SAFETY (all three): `Kernels::build` puts these in a table only for `Isa::Avx512`, whose
+    use crate::matmul::x86::avx512_il::{decode, rows, tiles, tiles_decoded};
+    // SAFETY (all): `Kernels::build` puts these in a table only for `Isa::Avx512`, whose
     // features it checked.
     InterleavedOps {
         rows: |g, xrb, y, o, p| unsafe { rows::<T>(g, xrb, y, o, p) },
         tiles: IlTiles {
             tile: |g, xrb, y, o, p| unsafe { tiles::<T, 4>(g, xrb, y, o, p) },
             tile8: |g, xrb, y, o, p| unsafe { tiles::<T, 8>(g, xrb, y, o, p) },
-            decoded: None,
+            // Types with an offset: signed values decoded once per column block.
+            decoded: (T::OFFSET != 0).then_some(DecodedTiles {
+                decode: |g, xrb, d| unsafe { decode::<T>(g, xrb, d) },
+                tile8: |g, d, xrb, y, o, p| unsafe { tiles_decoded::<T>(g, d, xrb, y, o, p) },
+                bytes_per_32: crate::matmul::x86::avx512_il::DECODED_PER_BLOCK / 4,
+            }),
         },
     }
 }
@@ -69,7 +74,7 @@ fn interleaved_avx2<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOps 
             tiles: IlTiles {
                 tile: |g, xrb, y, o, p| unsafe { tiles_vnni::<T>(g, xrb, y, o, p) },
                 tile8: |g, xrb, y, o, p| unsafe { tiles8_vnni::<T>(g, xrb, y, o, p) },
-                decoded: gains_from_decoding::<T>().then_some(DecodedTiles { decode, tile8: |g, d, xrb, y, o, p| unsafe { tiles8_decoded_vnni::<T>(g, d, xrb, y, o, p) } }),
+                decoded: gains_from_decoding::<T>().then_some(DecodedTiles { decode, tile8: |g, d, xrb, y, o, p| unsafe { tiles8_decoded_vnni::<T>(g, d, xrb, y, o, p) }, bytes_per_32: 32 }),
             },
         };
     }
@@ -78,7 +83,7 @@ fn interleaved_avx2<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOps 
         tiles: IlTiles {
             tile: |g, xrb, y, o, p| unsafe { tiles::<T>(g, xrb, y, o, p) },
             tile8: |g, xrb, y, o, p| unsafe { tiles8::<T>(g, xrb, y, o, p) },
-            decoded: gains_from_decoding::<T>().then_some(DecodedTiles { decode, tile8: |g, d, xrb, y, o, p| unsafe { tiles8_decoded::<T>(g, d, xrb, y, o, p) } }),
+            decoded: gains_from_decoding::<T>().then_some(DecodedTiles { decode, tile8: |g, d, xrb, y, o, p| unsafe { tiles8_decoded::<T>(g, d, xrb, y, o, p) }, bytes_per_32: 32 }),
         },
     }
 }
@@ -382,7 +387,7 @@ impl Kernels {
                 tiles: IlTiles {
                     tile: |g, xrb, y, o, p| unsafe { ilk::tiles_q6_k(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { ilk::tiles8_q6_k(g, xrb, y, o, p) },
-                    decoded: Some(DecodedTiles { decode: |g, xrb, d| unsafe { ilk::decode_q6_k(g, xrb, d) }, tile8: |g, d, xrb, y, o, p| unsafe { ilk::tiles8_q6_k_decoded(g, d, xrb, y, o, p) } }),
+                    decoded: Some(DecodedTiles { decode: |g, xrb, d| unsafe { ilk::decode_q6_k(g, xrb, d) }, tile8: |g, d, xrb, y, o, p| unsafe { ilk::tiles8_q6_k_decoded(g, d, xrb, y, o, p) }, bytes_per_32: 32 }),
                 },
             });
             k.ops[slot(DType::IQ4XS).unwrap()].interleaved = Some(InterleavedOps {

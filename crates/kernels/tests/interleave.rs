@@ -63,6 +63,12 @@ fn interleaved_gemv_and_tiles_equal_plain_row_dots() {
             assert!(avx2.ops(t).unwrap().interleaved.unwrap().tiles.decoded.is_some(), "avx2 {t}: no decoded tiles");
         }
     }
+    // The AVX-512 table decodes the types stored with an offset (signed values, their lane sums).
+    if let Some(avx512) = tables.iter().find(|k| k.isa() == corelm_kernels::Isa::Avx512) {
+        for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::IQ4NL] {
+            assert!(avx512.ops(t).unwrap().interleaved.unwrap().tiles.decoded.is_some(), "avx512 {t}: no decoded tiles");
+        }
+    }
     for fast in &tables {
         interleaved_equal_plain(fast);
     }
@@ -130,7 +136,7 @@ fn interleaved_equal_plain(fast: &Kernels) {
             // The same eight rows on the groups decoded once (where the table has that form);
             // the buffer is dirtied first so that a value not written by `decode` shows.
             if let Some(d) = tiles.decoded {
-                let mut dec = vec![0xA5u8; n_rows * k];
+                let mut dec = vec![0xA5u8; d.len(n_rows, k)];
                 (d.decode)(&g, xrb, &mut dec);
                 let mut tile = vec![[0f32; 8]; n_rows];
                 (d.tile8)(&g, &dec, xrb, ys8, &mut tile, &mut prep);

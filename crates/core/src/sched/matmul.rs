@@ -196,7 +196,8 @@ pub struct MatmulScratch {
     /// Activation rows prepared for the kernels on interleaved weights.
     prep: Vec<i32>,
     /// One column block of interleaved weights decoded (`IlTiles::decoded`): a default block
-    /// (`Schedule::TILE_DEFAULT.nc` rows) of the widest matrix, at most [`DECODED_MAX`].
+    /// (`Schedule::TILE_DEFAULT.nc` rows) of the widest matrix at the most bytes per value any
+    /// decoded form writes, at most [`DECODED_MAX`].
     dec: Vec<u8>,
 }
 
@@ -208,7 +209,7 @@ impl MatmulScratch {
             gemm: GemmScratch::new(max_k_gemm, max_rows, max_panels),
             pack: vec![0; COL_BLOCK * corelm_kernels::max_packed_row_bytes(max_k)],
             prep: vec![0; interleave::scratch_len(max_k)],
-            dec: vec![0; (Schedule::TILE_DEFAULT.nc * max_k).min(DECODED_MAX)],
+            dec: vec![0; (Schedule::TILE_DEFAULT.nc * max_k / 32 * corelm_kernels::matmul::DECODED_MAX_PER_32).min(DECODED_MAX)],
         }
     }
 }
@@ -407,8 +408,8 @@ unsafe fn run_interleaved(o: &Operands, il: InterleavedOps, grouped: bool, sched
             let mut r8 = rb;
             let mut out = [[0f32; 8]; IL_COL_MAX];
             // The block decoded once for all its eight-row calls, where the tiles have that form.
-            let decoded = il.tiles.decoded.filter(|_| sched.mr >= 8 && re - rb >= DECODED_MIN_ROWS && (c1 - c0) * o.k <= dec.len()).map(|d| {
-                let dec = &mut dec[..(c1 - c0) * o.k];
+            let decoded = il.tiles.decoded.filter(|d| sched.mr >= 8 && re - rb >= DECODED_MIN_ROWS && d.len(c1 - c0, o.k) <= dec.len()).map(|d| {
+                let dec = &mut dec[..d.len(c1 - c0, o.k)];
                 (d.decode)(gb, wrb, dec);
                 (d.tile8, &*dec)
             });

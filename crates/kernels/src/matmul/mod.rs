@@ -92,14 +92,27 @@ pub struct IlTiles {
     pub decoded: Option<DecodedTiles>,
 }
 
-/// [`IlTiles::tile8`] on a column block of groups decoded once, one byte per value, into the
-/// caller's scratch (`rows · k` bytes): the same values, bit for bit.
+/// [`IlTiles::tile8`] on a column block of groups decoded once into the caller's scratch
+/// ([`DecodedTiles::len`] bytes): the same values, bit for bit.
 #[derive(Clone, Copy)]
 pub struct DecodedTiles {
     /// `decode(g, xrb, dec)`: the groups of `g` (plain rows of `xrb` bytes) into `dec`.
     pub decode: fn(g: &[u8], xrb: usize, dec: &mut [u8]),
     /// `tile8(g, dec, xrb, y, out, prep)`: as `IlTiles::tile8` on `g`, its values read from `dec`.
     pub tile8: fn(g: &[u8], dec: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]),
+    /// Decoded bytes per 32 values of a row: 32 (a byte per value: AVX2), 80 (AVX-512: values,
+    /// their lane sums and the spread scales), at most [`DECODED_MAX_PER_32`].
+    pub bytes_per_32: usize,
+}
+
+/// The most any [`DecodedTiles`] writes per 32 values of a row (sizes the callers' scratch).
+pub const DECODED_MAX_PER_32: usize = 80;
+
+impl DecodedTiles {
+    /// Bytes of `dec` for `rows` weight rows of `k` values.
+    pub fn len(&self, rows: usize, k: usize) -> usize {
+        rows * k / 32 * self.bytes_per_32
+    }
 }
 
 /// A dense type's batch dot (`TypeOps::batch_dot`) and when llama.cpp uses it: for a matmul of
