@@ -87,18 +87,29 @@ const fn offset<T: IlBlock>() -> bool {
 }
 
 /// i32 per activation block in `prep`: the eight `−o·Σy` lane sums, `d_y` and (Q8_1) `s_y` as
-/// f32 bits, padding to a cache line; the tiles keep four rows' `s_y` side by side at
-/// [`S4`] of the first row's block.
+/// f32 bits, padding to a cache line; the tiles keep four rows' `d_y` side by side at [`d4`]
+/// and (Q8_1) their `s_y` at [`S4`] of the first row's block.
 const PREP: usize = 16;
 const S4: usize = 12;
-
-/// With a min: `s_y` of activation rows `first .. first + 4` (of `nb` blocks each in `prep`)
-/// side by side at [`S4`] of row `first`'s blocks, for [`pair_tile`].
-fn gather_s<T: IlBlock>(prep: &mut [i32], nb: usize, first: usize) {
+/// Where four rows' `d_y` sit side by side: in the `−o·Σy` slots with a min (those types have
+/// no offset), else at [`S4`].
+const fn d4<T: IlBlock>() -> usize {
     if T::MIN {
-        for i in 0..nb {
-            for j in 0..4 {
-                prep[(first * nb + i) * PREP + S4 + j] = prep[((first + j) * nb + i) * PREP + 9];
+        0
+    } else {
+        S4
+    }
+}
+
+/// `d_y` (and with a min `s_y`) of activation rows `first .. first + 4` (of `nb` blocks each in
+/// `prep`) side by side at [`d4`] (and [`S4`]) of row `first`'s blocks, for [`pair_tile`].
+fn gather_s<T: IlBlock>(prep: &mut [i32], nb: usize, first: usize) {
+    for i in 0..nb {
+        for j in 0..4 {
+            let at = ((first + j) * nb + i) * PREP;
+            prep[(first * nb + i) * PREP + d4::<T>() + j] = prep[at + 8];
+            if T::MIN {
+                prep[(first * nb + i) * PREP + S4 + j] = prep[at + 9];
             }
         }
     }
@@ -136,7 +147,6 @@ struct Act {
     neg_lo: __m256i,
     neg_hi: __m256i,
     ds: __m256,
-    dy: __m256,
 }
 
 #[inline(always)]
@@ -147,8 +157,7 @@ unsafe fn act<T: IlBlock>(y: *const u8, prep: *const i32) -> Act {
         let b = |p: *const u8| _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
         let (neg_lo, neg_hi) = if offset::<T>() { (b(prep as *const u8), b(prep.add(4) as *const u8)) } else { (_mm256_setzero_si256(), _mm256_setzero_si256()) };
         let ds = if T::MIN { _mm256_castpd_ps(_mm256_broadcast_sd(&*(prep.add(8) as *const f64))) } else { _mm256_set1_ps(*(prep.add(8) as *const f32)) };
-        let dy = _mm256_set1_ps(*(prep.add(8) as *const f32));
-        Act { lo: b(y.add(q)), hi: b(y.add(q + 16)), neg_lo, neg_hi, ds, dy }
+        Act { lo: b(y.add(q)), hi: b(y.add(q + 16)), neg_lo, neg_hi, ds }
     }
 }
 
@@ -227,9 +236,9 @@ fn hsum_pair(acc: &[__m256; 2]) -> [f32; 2] {
 }
 
 /// Row pair `p` of the group at `g` (`nb` group-blocks) against four activation rows, the
-/// tiles' inner kernel: per block the pair's scales are spread once for the four rows (one
-/// product each then gives `d_r·d_y`), and with a min the pair's `m_r·s_y` of the four rows
-/// come from one product (`s_y` side by side in `prep[0]`, [`gather_s`]). `out[2p + e][j]`.
+/// tiles' inner kernel: per block the pair's `d_r·d_y` for the four rows come from one product
+/// (`d_y` side by side in `prep[0]`, [`gather_s`]) and an in-lane shuffle per row, and with a
+/// min the pair's `m_r·s_y` of the four rows from another (`s_y` side by side). `out[2p + e][j]`.
 ///
 /// With `D` the pair's values are read from `dec` (the group decoded by [`decode`]) instead of
 /// being decoded from `g`.
@@ -247,15 +256,20 @@ unsafe fn pair_tile<T: IlBlock, const V: bool, const D: bool>(g: *const u8, dec:
             let gb = g.add(i * gbs);
             let h = heads::<T>(gb);
             let wz = spread::<T>(h, p);
+            // Lane e, element j: `d_r·d_y` of row 2p + e and activation row j, one product for
+            // the four rows; `vpermilps` then gives each row's (the same f32 products as one
+            // `mul` per row).
+            let dd = _mm256_mul_ps(wz, _mm256_broadcast_ps(&*(prep[0].add(PREP * i + d4::<T>()) as *const __m128)));
             let u = if D { decoded(dec, i, p) } else { values::<T>(gb, p) };
             if T::MIN {
                 let wm = _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(m.0, m.0, m.0, m.0, m.1, m.1, m.1, m.1));
                 let sy = _mm256_broadcast_ps(&*(prep[0].add(PREP * i + S4) as *const __m128));
                 summs = _mm256_add_ps(summs, _mm256_mul_ps(wm, sy));
             }
+            let d = [_mm256_permute_ps::<0x00>(dd), _mm256_permute_ps::<0x55>(dd), _mm256_permute_ps::<0xAA>(dd), _mm256_permute_ps::<0xFF>(dd)];
             for j in 0..4 {
                 let a = act::<T>(y[j].add(i * abs), prep[j].add(PREP * i));
-                step::<T, V>(u, _mm256_mul_ps(wz, a.dy), &a, &mut acc[j]);
+                step::<T, V>(u, d[j], &a, &mut acc[j]);
             }
         }
         let mut ms = [0f32; 8];
