@@ -226,11 +226,24 @@ pub fn tiles8_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], pr
 /// from `g`.
 #[inline(always)]
 unsafe fn q6_k_pair<const J: usize, const D: bool>(g: *const u8, dec: *const u8, nb: usize, y: [*const u8; J], p: usize) -> [[f32; J]; 2] {
-    let (m0f, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
     let mut acc = [[_mm256_setzero_ps(); 2]; J];
-    // SAFETY: the caller passes a whole group at `g` and J activation rows of `nb` blocks.
+    // SAFETY: the caller's contract.
     unsafe {
-        for i in 0..nb {
+        q6_k_pair_blocks::<J, D>(g, dec, 0..nb, y, p, &mut acc);
+        reduce_pairs(acc)
+    }
+}
+
+/// [`q6_k_pair`]'s accumulation over the group-blocks `blocks` into `acc` (lane e of
+/// `acc[j][h]`: row 2p + e's lanes 4h‥4h+4 against activation row j): the blocks in order, so
+/// consecutive ranges give the whole row's float steps in the same order.
+#[inline(always)]
+unsafe fn q6_k_pair_blocks<const J: usize, const D: bool>(g: *const u8, dec: *const u8, blocks: std::ops::Range<usize>, y: [*const u8; J], p: usize, acc: &mut [[__m256; 2]; J]) {
+    let (m0f, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    // SAFETY: the caller passes a whole group at `g` (and its decoded bytes at `dec`) and J
+    // activation rows of at least `blocks.end` blocks.
+    unsafe {
+        for i in blocks {
             let gb = g.add(i * ROWS * BS6);
             let yb: [*const u8; J] = std::array::from_fn(|j| y[j].add(i * ABS));
             // Lane e: row 2p + e's scales 8h‥8h+8 as i16.
@@ -268,7 +281,6 @@ unsafe fn q6_k_pair<const J: usize, const D: bool>(g: *const u8, dec: *const u8,
                 }
             }
         }
-        reduce_pairs(acc)
     }
 }
 
@@ -329,13 +341,24 @@ pub fn decode_q6_k(g: &[u8], xrb: usize, dec: &mut [u8]) {
 pub fn tiles8_q6_k_decoded(g: &[u8], dec: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], _prep: &mut [i32]) {
     let nb = xrb / BS6;
     assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && dec.len() >= out.len() * nb * 256 && y.iter().all(|y| y.len() >= nb * ABS));
+    let yp: [[*const u8; 4]; 2] = std::array::from_fn(|half| std::array::from_fn(|j| y[4 * half + j].as_ptr()));
     for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
-        for half in 0..2 {
-            let yp: [*const u8; 4] = std::array::from_fn(|j| y[4 * half + j].as_ptr());
-            for p in 0..2 {
-                // SAFETY: features enabled above; the group, its decoded bytes and the rows are
-                // whole (asserted).
-                let v = unsafe { q6_k_pair::<4, true>(g.as_ptr().add(c * ROWS * xrb), dec.as_ptr().add(c * ROWS * nb * 256), nb, yp, p) };
+        // [half][pair]: the accumulators carried from one range of blocks to the next.
+        let mut acc = [[[[_mm256_setzero_ps(); 2]; 4]; 2]; 2];
+        for i0 in (0..nb).step_by(Q6K_CHUNK) {
+            let blocks = i0..(i0 + Q6K_CHUNK).min(nb);
+            for (half, acc) in acc.iter_mut().enumerate() {
+                for (p, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: features enabled above; the group, its decoded bytes and the rows
+                    // are whole (asserted).
+                    unsafe { q6_k_pair_blocks::<4, true>(g.as_ptr().add(c * ROWS * xrb), dec.as_ptr().add(c * ROWS * nb * 256), blocks.clone(), yp[half], p, acc) };
+                }
+            }
+        }
+        for (half, acc) in acc.iter().enumerate() {
+            for (p, acc) in acc.iter().enumerate() {
+                // SAFETY: register arithmetic, features enabled above.
+                let v = unsafe { reduce_pairs(*acc) };
                 for e in 0..2 {
                     o[2 * p + e][4 * half..4 * half + 4].copy_from_slice(&v[e]);
                 }
@@ -343,6 +366,11 @@ pub fn tiles8_q6_k_decoded(g: &[u8], dec: &[u8], xrb: usize, y: [&[u8]; 8], out:
         }
     }
 }
+
+/// Super-blocks per range in [`tiles8_q6_k_decoded`]: the eight activation rows' 9 KB of them
+/// and the group's 4 KB of values stay in L1 while all four (half, pair) passes read them; a
+/// whole row (ffn_down's 4864 values: 44 KB of activations) did not fit.
+const Q6K_CHUNK: usize = 4;
 
 /// Each row pair's eight lanes per activation row (lane e of `acc[j][h]`: row 2p + e's lanes
 /// 4h‥4h+4) summed as `hsum_f32x8`: (hi + lo), then + movehl, then + movehdup.
