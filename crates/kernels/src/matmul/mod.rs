@@ -87,8 +87,9 @@ pub struct IlTiles {
     pub tile: IlTile<4>,
     /// Eight activation rows (each weight block decoded once for eight).
     pub tile8: IlTile<8>,
-    /// Where decoding the layout is a large share of the tile work (AVX2's Q5_0, Q5_1, Q6_K):
-    /// `tile8`'s values on a column block decoded once for all of a batch's rows.
+    /// Where decoding the layout is a large share of the tile work (AVX2's Q5_0, Q5_1, Q6_K;
+    /// AVX-512's Q4_0, Q5_0, Q8_0, IQ4_NL): `tile8`'s values on a column block decoded once for
+    /// all of a batch's rows.
     pub decoded: Option<DecodedTiles>,
 }
 

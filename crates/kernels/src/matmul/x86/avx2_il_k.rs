@@ -25,7 +25,9 @@
 //! Q6_K's prefill also has a decoded form, as the Q5 types in `avx2_il`: [`decode_q6_k`] writes a
 //! column block's 6-bit values once (one byte per value) and [`tiles8_q6_k_decoded`] reads them
 //! for every eight-row call of the batch, instead of decoding each group-block's `ql`/`qh` in
-//! every call (twice per eight-row call); the same bytes, so the same bits.
+//! every call (twice per eight-row call); the same bytes, so the same bits. It runs a group's
+//! super-blocks in ranges of four (`Q6K_CHUNK`) through all four (half, pair) passes, the
+//! accumulators carried from range to range, so long rows' activations stay in L1.
 #![allow(clippy::missing_safety_doc)]
 
 use super::common::{iq4_grid, prefetch_ahead, prepare_q4_k, two_passes, Q4K_PREP as PREP};

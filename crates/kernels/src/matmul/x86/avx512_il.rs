@@ -312,7 +312,7 @@ pub const DECODED_PER_BLOCK: usize = 320;
 
 /// The groups in `g` (rows of `xrb` plain bytes, a multiple of four; types with an offset) as
 /// the tiles use them, into `dec` (`rows · xrb / BS · 80` bytes): per group and block the
-/// `(lo, hi)` of [`signed_values`], their [`offset_lanes`] and the [`spread`] scales. Read by
+/// `(lo, hi)` of `signed_values`, their `offset_lanes` and the `spread` scales. Read by
 /// [`tiles_decoded`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn decode<T: IlBlock>(g: &[u8], xrb: usize, dec: &mut [u8]) {
