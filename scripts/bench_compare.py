@@ -66,7 +66,8 @@ def run_llama(llama_bench, model, t, pp, tg, reps):
     out = subprocess.run([llama_bench, "-m", str(model), "-t", str(t), "-p", str(pp), "-n", str(tg),
                           "-r", str(reps), "-o", "json"], check=True, capture_output=True, text=True)
     rows = json.loads(out.stdout)
-    pick = lambda k: next(r["avg_ts"] for r in rows if r[k] > 0)
+    # A test skipped with `--pp 0` or `--tg 0` has no row: None.
+    pick = lambda k: next((r["avg_ts"] for r in rows if r[k] > 0), None)
     return {"pp": pick("n_prompt"), "tg": pick("n_gen")}
 
 
@@ -77,10 +78,10 @@ def run_corelm(binary, model, t, pp, tg, reps, isa, extra):
         cmd[1:1] = ["--isa", isa]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     rows = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
-    pp_row = next(r for r in rows if r["n_prompt"] > 0)
-    tg_row = next(r for r in rows if r["n_gen"] > 0)
-    return {"pp": pp_row["avg_ts"], "tg": tg_row["avg_ts"], "roof": tg_row.get("roofline_ts"),
-            "kernels": tg_row.get("kernels", "?")}
+    pp_row = next((r for r in rows if r["n_prompt"] > 0), {})
+    tg_row = next((r for r in rows if r["n_gen"] > 0), {})
+    return {"pp": pp_row.get("avg_ts"), "tg": tg_row.get("avg_ts"), "roof": tg_row.get("roofline_ts"),
+            "kernels": (tg_row or pp_row).get("kernels", "?")}
 
 
 def main():
@@ -115,11 +116,16 @@ def main():
                 for run in (runs if r % 2 == 0 else runs[::-1]):
                     run()
             kernels.update(c["kernels"] for c in C)
-            med = lambda xs, k: statistics.median(x[k] for x in xs)
+            # Medians over rounds; None where the test was skipped (`--pp 0`, `--tg 0`).
+            med = lambda xs, k: statistics.median(x[k] for x in xs) if all(x[k] for x in xs) else None
             lp, cp, lt, ct = med(L, "pp"), med(C, "pp"), med(L, "tg"), med(C, "tg")
-            roof = statistics.median(c["roof"] for c in C if c["roof"])
-            line = (f"| {name} | {t} | {lp:.1f} | {cp:.1f} | {cp / lp:.2f} | {lt:.1f} | {ct:.1f} | "
-                    f"{ct / lt:.2f} | {100 * ct / roof:.0f} % |")
+            roofs = [c["roof"] for c in C if c["roof"]]
+            roof = statistics.median(roofs) if roofs else None
+            f1 = lambda v: "–" if v is None else f"{v:.1f}"
+            ratio = lambda c, l: "–" if c is None or l is None else f"{c / l:.2f}"
+            share = "–" if ct is None or roof is None else f"{100 * ct / roof:.0f} %"
+            line = (f"| {name} | {t} | {f1(lp)} | {f1(cp)} | {ratio(cp, lp)} | {f1(lt)} | {f1(ct)} | "
+                    f"{ratio(ct, lt)} | {share} |")
             print(line, flush=True)
             lines.append(line)
     head = [
