@@ -103,7 +103,7 @@ const fn d4<T: IlBlock>() -> usize {
 
 /// `d_y` (and with a min `s_y`) of activation rows `first .. first + 4` (of `nb` blocks each in
 /// `prep`) side by side at [`d4`] (and [`S4`]) of row `first`'s blocks, for [`pair_tile`].
-fn gather_s<T: IlBlock>(prep: &mut [i32], nb: usize, first: usize) {
+fn gather_scales<T: IlBlock>(prep: &mut [i32], nb: usize, first: usize) {
     for i in 0..nb {
         for j in 0..4 {
             let at = ((first + j) * nb + i) * PREP;
@@ -237,7 +237,7 @@ fn hsum_pair(acc: &[__m256; 2]) -> [f32; 2] {
 
 /// Row pair `p` of the group at `g` (`nb` group-blocks) against four activation rows, the
 /// tiles' inner kernel: per block the pair's `d_r·d_y` for the four rows come from one product
-/// (`d_y` side by side in `prep[0]`, [`gather_s`]) and an in-lane shuffle per row, and with a
+/// (`d_y` side by side in `prep[0]`, [`gather_scales`]) and an in-lane shuffle per row, and with a
 /// min the pair's `m_r·s_y` of the four rows from another (`s_y` side by side). `out[2p + e][j]`.
 ///
 /// With `D` the pair's values are read from `dec` (the group decoded by [`decode`]) instead of
@@ -388,7 +388,7 @@ unsafe fn tiles_impl<T: IlBlock, const V: bool>(g: &[u8], xrb: usize, y: [&[u8];
         for (j, y) in y.iter().enumerate() {
             prepare::<T>(y, nb, &mut prep[j * nb * PREP..(j + 1) * nb * PREP]);
         }
-        gather_s::<T>(prep, nb, 0);
+        gather_scales::<T>(prep, nb, 0);
         let yp = y.map(|y| y.as_ptr());
         let pp: [*const i32; 4] = std::array::from_fn(|j| prep.as_ptr().add(j * nb * PREP));
         for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
@@ -429,8 +429,8 @@ unsafe fn tiles8_impl<T: IlBlock, const V: bool, const D: bool>(g: &[u8], dec: &
         for (j, y) in y.iter().enumerate() {
             prepare::<T>(y, nb, &mut prep[j * nb * PREP..(j + 1) * nb * PREP]);
         }
-        gather_s::<T>(prep, nb, 0);
-        gather_s::<T>(prep, nb, 4);
+        gather_scales::<T>(prep, nb, 0);
+        gather_scales::<T>(prep, nb, 4);
         for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
             let gp = g.as_ptr().add(c * ROWS * xrb);
             let dp = if D { dec.as_ptr().add(c * ROWS * nb * 32) } else { gp };

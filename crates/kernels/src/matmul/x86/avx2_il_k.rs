@@ -223,22 +223,23 @@ pub fn tiles8_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], pr
 }
 
 /// Row pair `p` of the Q6_K group at `g` (`nb` group-blocks) against `J` activation rows:
-/// `[row 2p, row 2p + 1][j]`, each `dot_q6_k_q8_k`'s value bit for bit. With `D` the 6-bit
-/// values are read from `dec` (the group decoded by [`decode_q6_k`]) instead of being decoded
-/// from `g`.
+/// `[row 2p, row 2p + 1][j]`, each `dot_q6_k_q8_k`'s value bit for bit, the 6-bit values
+/// decoded from `g` (the decoded tiles run [`q6_k_pair_blocks`] themselves, range by range).
 #[inline(always)]
-unsafe fn q6_k_pair<const J: usize, const D: bool>(g: *const u8, dec: *const u8, nb: usize, y: [*const u8; J], p: usize) -> [[f32; J]; 2] {
+unsafe fn q6_k_pair<const J: usize>(g: *const u8, nb: usize, y: [*const u8; J], p: usize) -> [[f32; J]; 2] {
     let mut acc = [[_mm256_setzero_ps(); 2]; J];
-    // SAFETY: the caller's contract.
+    // SAFETY: the caller's contract; without `D` no decoded bytes are read.
     unsafe {
-        q6_k_pair_blocks::<J, D>(g, dec, 0..nb, y, p, &mut acc);
+        q6_k_pair_blocks::<J, false>(g, g, 0..nb, y, p, &mut acc);
         reduce_pairs(acc)
     }
 }
 
 /// [`q6_k_pair`]'s accumulation over the group-blocks `blocks` into `acc` (lane e of
 /// `acc[j][h]`: row 2p + e's lanes 4h‥4h+4 against activation row j): the blocks in order, so
-/// consecutive ranges give the whole row's float steps in the same order.
+/// consecutive ranges give the whole row's float steps in the same order. With `D` the 6-bit
+/// values are read from `dec` (the group decoded by [`decode_q6_k`]) instead of being decoded
+/// from `g`.
 #[inline(always)]
 unsafe fn q6_k_pair_blocks<const J: usize, const D: bool>(g: *const u8, dec: *const u8, blocks: std::ops::Range<usize>, y: [*const u8; J], p: usize, acc: &mut [[__m256; 2]; J]) {
     let (m0f, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
@@ -400,7 +401,7 @@ pub fn rows_q6_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], _prep: &mut [i
     for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
         for p in 0..2 {
             // SAFETY: features enabled above; the group and `y` are whole (asserted).
-            let v = unsafe { q6_k_pair::<1, false>(g.as_ptr().add(c * ROWS * xrb), g.as_ptr(), nb, [y.as_ptr()], p) };
+            let v = unsafe { q6_k_pair::<1>(g.as_ptr().add(c * ROWS * xrb), nb, [y.as_ptr()], p) };
             (o[2 * p], o[2 * p + 1]) = (v[0][0], v[1][0]);
         }
     }
@@ -416,7 +417,7 @@ pub fn tiles_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], _pr
     for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
         for p in 0..2 {
             // SAFETY: features enabled above; the group and the rows are whole (asserted).
-            let v = unsafe { q6_k_pair::<4, false>(g.as_ptr().add(c * ROWS * xrb), g.as_ptr(), nb, yp, p) };
+            let v = unsafe { q6_k_pair::<4>(g.as_ptr().add(c * ROWS * xrb), nb, yp, p) };
             (o[2 * p], o[2 * p + 1]) = (v[0], v[1]);
         }
     }

@@ -309,6 +309,8 @@ pub fn tiles<T: IlBlock, const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], ou
 /// Bytes [`decode`] writes per group-block: the signed values `(lo, hi)`, their `−128·Σ q` lanes
 /// and the rows' scales spread over their lanes, 64 bytes each.
 pub const DECODED_PER_BLOCK: usize = 320;
+// A group-block is four rows × 32 values; the callers' scratch is sized for the largest form.
+const _: () = assert!(DECODED_PER_BLOCK / 4 <= crate::matmul::DECODED_MAX_PER_32);
 
 /// The groups in `g` (rows of `xrb` plain bytes, a multiple of four; types with an offset) as
 /// the tiles use them, into `dec` (`rows · xrb / BS · 80` bytes): per group and block the
