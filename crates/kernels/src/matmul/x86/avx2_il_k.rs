@@ -186,25 +186,12 @@ pub fn tiles_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], pre
                     let d = _mm256_mul_ps(_mm256_permutevar8x32_ps(hd, _mm256_setr_epi32(r0, r0, r0, r0, r1, r1, r1, r1)), dy);
                     let dmin = _mm256_mul_ps(_mm256_permutevar8x32_ps(hd, _mm256_setr_epi32(r0 + 4, r0 + 4, r0 + 4, r0 + 4, r1 + 4, r1 + 4, r1 + 4, r1 + 4)), dy);
                     let sm = scales_q4_k(gb)[p];
-                    for j in 0..4 {
-                        let q = q4_k_bytes(gb, p, j);
-                        // A loop, not `array::from_fn`: LLVM left that closure out of line
-                        // (Q4_K tiles 2x slower, seen once).
-                        let mut part = [_mm256_setzero_si256(); 4];
-                        for (a, part) in part.iter_mut().enumerate() {
-                            *part = q4_k_pair(q, yq[a].add(64 * j), sm, j);
-                        }
-                        // Lane e: [Σ part0, Σ part1, Σ part2, Σ part3] of row 2p + e's four i32.
-                        let t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(part[0], part[1]), _mm256_unpackhi_epi32(part[0], part[1]));
-                        let t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(part[2], part[3]), _mm256_unpackhi_epi32(part[2], part[3]));
-                        let sumi = _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
-                        // (m_2j, m_2j+1) in every i32 of a lane, against the activations' pairs.
-                        let (a, b) = (8 + 2 * j as i8, 9 + 2 * j as i8);
-                        let ctl = _mm256_broadcastsi128_si256(_mm_setr_epi8(a, -128, b, -128, a, -128, b, -128, a, -128, b, -128, a, -128, b, -128));
-                        let summ = _mm256_madd_epi16(_mm256_shuffle_epi8(sm, ctl), _mm256_broadcastsi128_si256(ps[j]));
-                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
-                        acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(summ), dmin, acc_min);
-                    }
+                    // Sub-block pairs j = 0‥4, each with `j` a constant (as a loop LLVM kept
+                    // it a variable and built the shuffle controls at run time).
+                    q4_k_tile_step::<0>(gb, p, yq, sm, ps[0], d, dmin, &mut acc, &mut acc_min);
+                    q4_k_tile_step::<1>(gb, p, yq, sm, ps[1], d, dmin, &mut acc, &mut acc_min);
+                    q4_k_tile_step::<2>(gb, p, yq, sm, ps[2], d, dmin, &mut acc, &mut acc_min);
+                    q4_k_tile_step::<3>(gb, p, yq, sm, ps[3], d, dmin, &mut acc, &mut acc_min);
                 }
                 let mut v = [0f32; 8];
                 _mm256_storeu_ps(v.as_mut_ptr(), _mm256_sub_ps(acc, acc_min));
@@ -212,6 +199,35 @@ pub fn tiles_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], pre
                 o[2 * p + 1].copy_from_slice(&v[4..]);
             }
         }
+    }
+}
+
+/// Sub-block pair `J` (values 64J‥64J+64) of row pair `p` of the group-block at `gb` against
+/// four activation rows (`yq`: their quants of this block; `ps`: element a holds row a's bsum
+/// pair of the sub-blocks) into [`tiles_q4_k`]'s accumulators: lane e, element a of `acc` and
+/// `acc_min` is row 2p + e against activation row a.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn q4_k_tile_step<const J: usize>(gb: *const u8, p: usize, yq: [*const u8; 4], sm: __m256i, ps: __m128i, d: __m256, dmin: __m256, acc: &mut __m256, acc_min: &mut __m256) {
+    // SAFETY: the caller's (`tiles_q4_k`): a whole group-block at `gb`, 256 quants at each `yq`.
+    unsafe {
+        let q = q4_k_bytes(gb, p, J);
+        // A loop, not `array::from_fn`: LLVM left that closure out of line (Q4_K tiles 2x
+        // slower, seen once).
+        let mut part = [_mm256_setzero_si256(); 4];
+        for (a, part) in part.iter_mut().enumerate() {
+            *part = q4_k_pair(q, yq[a].add(64 * J), sm, J);
+        }
+        // Lane e: [Σ part0, Σ part1, Σ part2, Σ part3] of row 2p + e's four i32.
+        let t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(part[0], part[1]), _mm256_unpackhi_epi32(part[0], part[1]));
+        let t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(part[2], part[3]), _mm256_unpackhi_epi32(part[2], part[3]));
+        let sumi = _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
+        // (m_2J, m_2J+1) in every i32 of a lane, against the activations' pairs.
+        let (a, b) = (8 + 2 * J as i8, 9 + 2 * J as i8);
+        let ctl = _mm256_broadcastsi128_si256(_mm_setr_epi8(a, -128, b, -128, a, -128, b, -128, a, -128, b, -128, a, -128, b, -128));
+        let summ = _mm256_madd_epi16(_mm256_shuffle_epi8(sm, ctl), _mm256_broadcastsi128_si256(ps));
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, *acc);
+        *acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(summ), dmin, *acc_min);
     }
 }
 
@@ -240,51 +256,88 @@ unsafe fn q6_k_pair<const J: usize>(g: *const u8, nb: usize, y: [*const u8; J], 
 /// consecutive ranges give the whole row's float steps in the same order. With `D` the 6-bit
 /// values are read from `dec` (the group decoded by [`decode_q6_k`]) instead of being decoded
 /// from `g`.
+///
+/// Each half `h` runs in [`q6_k_half`] with `h` a constant, so its `J` i32 sums stay in
+/// registers: with `h` a loop variable LLVM kept the sums in memory and built the scale
+/// shuffle's control byte by byte (`vpinsrb`) at every step.
 #[inline(always)]
 unsafe fn q6_k_pair_blocks<const J: usize, const D: bool>(g: *const u8, dec: *const u8, blocks: std::ops::Range<usize>, y: [*const u8; J], p: usize, acc: &mut [[__m256; 2]; J]) {
-    let (m0f, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
     // SAFETY: the caller passes a whole group at `g` (and its decoded bytes at `dec`) and J
     // activation rows of at least `blocks.end` blocks.
     unsafe {
         for i in blocks {
             let gb = g.add(i * ROWS * BS6);
             let yb: [*const u8; J] = std::array::from_fn(|j| y[j].add(i * ABS));
-            // Lane e: row 2p + e's scales 8h‥8h+8 as i16.
+            // Lane e: row 2p + e's scales 8n‥8n+8 as i16 (n = 0, 1).
             let sw = [_mm256_cvtepi8_epi16(_mm_loadu_si128(gb.add(8 + 16 * p) as *const __m128i)), _mm256_cvtepi8_epi16(_mm_loadu_si128(gb.add(40 + 16 * p) as *const __m128i))];
-            // Lanes 0‥3 (h = 0) and 4‥7 (h = 1): −32·(bsums[2L]·sc[2L] + bsums[2L+1]·sc[2L+1]).
-            // (A loop, not `array::from_fn`, whose closure may be left out of line without AVX2.)
-            let mut sumi = [[_mm256_setzero_si256(); 2]; J];
-            for (j, s) in sumi.iter_mut().enumerate() {
-                for (h, s) in s.iter_mut().enumerate() {
-                    *s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sw[h], bcast(yb[j].add(BSUMS + 16 * h))), 5));
-                }
-            }
-            for n in 0..2 {
-                for h in 0..2 {
-                    for k in 0..4 {
-                        // Values 16h‥16h+16 of group (n, k), decoded once for the J rows.
-                        let v = if D { _mm256_loadu_si256(dec.add(q6_k_at(i, p, n, h, k)) as *const __m256i) } else { q6_k_values(gb, p, n, h, k, m0f, m30) };
-                        // Sub-block 8n + 2k + h's scale in every i16 of its row's lane.
-                        let w = (2 * (2 * k + h)) as i8;
-                        let sc = _mm256_shuffle_epi8(sw[n], _mm256_broadcastsi128_si256(_mm_setr_epi8(w, w + 1, w, w + 1, w, w + 1, w, w + 1, w, w + 1, w, w + 1, w, w + 1, w, w + 1)));
-                        for j in 0..J {
-                            let q8 = bcast(yb[j].add(QS + 128 * n + 32 * k + 16 * h));
-                            sumi[j][h] = _mm256_add_epi32(sumi[j][h], _mm256_madd_epi16(_mm256_maddubs_epi16(v, q8), sc));
-                        }
-                    }
-                }
-            }
             let dw = _mm256_cvtph_ps(_mm_loadl_epi64(gb as *const __m128i));
             let (r0, r1) = (2 * p as i32, 2 * p as i32 + 1);
             let dr = _mm256_permutevar8x32_ps(dw, _mm256_setr_epi32(r0, r0, r0, r0, r1, r1, r1, r1));
-            for j in 0..J {
-                let d = _mm256_mul_ps(_mm256_set1_ps(*(yb[j] as *const f32)), dr);
-                for h in 0..2 {
-                    acc[j][h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[j][h]), acc[j][h]);
+            let s0 = q6_k_half::<J, D, 0>(gb, dec, i, p, yb, sw);
+            fold_half(s0, dr, yb, acc, 0);
+            let s1 = q6_k_half::<J, D, 1>(gb, dec, i, p, yb, sw);
+            fold_half(s1, dr, yb, acc, 1);
+        }
+    }
+}
+
+/// `acc[j][h] += (d_r·d_y)·sumi[j]`: the plain kernel's float step of one half of a
+/// super-block (the two halves are separate lanes, so either may go first).
+#[inline(always)]
+unsafe fn fold_half<const J: usize>(sumi: [__m256i; J], dr: __m256, yb: [*const u8; J], acc: &mut [[__m256; 2]; J], h: usize) {
+    // SAFETY: each `yb[j]` points to a Q8_K block, whose first field is `d`.
+    unsafe {
+        for j in 0..J {
+            let d = _mm256_mul_ps(_mm256_set1_ps(*(yb[j] as *const f32)), dr);
+            acc[j][h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[j]), acc[j][h]);
+        }
+    }
+}
+
+/// `vpshufb` controls putting sub-block s's i16 scale (bytes 2s, 2s + 1 of a lane's eight) into
+/// every i16 of the lane.
+const Q6K_SC: [[i8; 32]; 8] = {
+    let mut t = [[0i8; 32]; 8];
+    let mut s = 0;
+    while s < 8 {
+        let mut b = 0;
+        while b < 32 {
+            t[s][b] = (2 * s + b % 2) as i8;
+            b += 1;
+        }
+        s += 1;
+    }
+    t
+};
+
+/// Half `H` of row pair p's super-block i (`gb`) against `J` activation rows (`yb`: their
+/// blocks i): lane e of element j holds row 2p + e's i32 lanes 4H‥4H+4, exactly — the
+/// `−32·Σ bsums·sc` correction, then `maddubs` + `madd` with the sub-block's scale per
+/// 16 values (sub-blocks 8n + 2k + H).
+#[inline(always)]
+unsafe fn q6_k_half<const J: usize, const D: bool, const H: usize>(gb: *const u8, dec: *const u8, i: usize, p: usize, yb: [*const u8; J], sw: [__m256i; 2]) -> [__m256i; J] {
+    let (m0f, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let mut sumi = [_mm256_setzero_si256(); J];
+    // SAFETY: the caller's contract (`q6_k_pair_blocks`).
+    unsafe {
+        // −32·(bsums[2L]·sc[2L] + bsums[2L+1]·sc[2L+1]) in lane L of the half. (Loops, not
+        // `array::from_fn`, whose closure may be left out of line without AVX2.)
+        for (j, s) in sumi.iter_mut().enumerate() {
+            *s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sw[H], bcast(yb[j].add(BSUMS + 16 * H))), 5));
+        }
+        for (n, &swn) in sw.iter().enumerate() {
+            for k in 0..4 {
+                // Values 16H‥16H+16 of group (n, k), decoded once for the J rows.
+                let v = if D { _mm256_loadu_si256(dec.add(q6_k_at(i, p, n, H, k)) as *const __m256i) } else { q6_k_values(gb, p, n, H, k, m0f, m30) };
+                let sc = _mm256_shuffle_epi8(swn, _mm256_loadu_si256(Q6K_SC[2 * k + H].as_ptr() as *const __m256i));
+                for j in 0..J {
+                    let q8 = bcast(yb[j].add(QS + 128 * n + 32 * k + 16 * H));
+                    sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(_mm256_maddubs_epi16(v, q8), sc));
                 }
             }
         }
     }
+    sumi
 }
 
 /// Row pair p's values 16h‥16h+16 of each 32-value group (n, k) of the group-block at `gb`,
