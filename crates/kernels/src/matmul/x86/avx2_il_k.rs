@@ -240,7 +240,8 @@ pub fn tiles8_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], pr
 
 /// Row pair `p` of the Q6_K group at `g` (`nb` group-blocks) against `J` activation rows:
 /// `[row 2p, row 2p + 1][j]`, each `dot_q6_k_q8_k`'s value bit for bit, the 6-bit values
-/// decoded from `g` (the decoded tiles run [`q6_k_pair_blocks`] themselves, range by range).
+/// decoded from `g` (the decoded tiles run [`q6_k_pair_blocks`] themselves, range by range, and
+/// the GEMV block by block for both pairs).
 #[inline(always)]
 unsafe fn q6_k_pair<const J: usize>(g: *const u8, nb: usize, y: [*const u8; J], p: usize) -> [[f32; J]; 2] {
     let mut acc = [[_mm256_setzero_ps(); 2]; J];
@@ -452,9 +453,18 @@ pub fn rows_q6_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], _prep: &mut [i
     let nb = xrb / BS6;
     assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.len() >= nb * ABS);
     for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
-        for p in 0..2 {
-            // SAFETY: features enabled above; the group and `y` are whole (asserted).
-            let v = unsafe { q6_k_pair::<1>(g.as_ptr().add(c * ROWS * xrb), nb, [y.as_ptr()], p) };
+        // Both row pairs block by block, so the group streams through once.
+        let mut acc = [[[_mm256_setzero_ps(); 2]; 1]; 2];
+        let gc = g.as_ptr().wrapping_add(c * ROWS * xrb);
+        for i in 0..nb {
+            for (p, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: features enabled above; the group and `y` are whole (asserted).
+                unsafe { q6_k_pair_blocks::<1, false>(gc, gc, i..i + 1, [y.as_ptr()], p, acc) };
+            }
+        }
+        for (p, acc) in acc.iter().enumerate() {
+            // SAFETY: register arithmetic, features enabled above.
+            let v = unsafe { reduce_pairs(*acc) };
             (o[2 * p], o[2 * p + 1]) = (v[0][0], v[1][0]);
         }
     }
