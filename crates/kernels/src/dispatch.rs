@@ -298,7 +298,11 @@ impl Kernels {
                 tiles: IlTiles {
                     tile: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles_q6_k(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles8_q6_k(g, xrb, y, o, p) },
-                    decoded: None,
+                    decoded: Some(DecodedTiles {
+                        decode: |g, xrb, d| unsafe { crate::matmul::x86::avx512_il_k::decode_q6_k(g, xrb, d) },
+                        tile8: |g, d, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles8_q6_k_decoded(g, d, xrb, y, o, p) },
+                        bytes_per_32: 32,
+                    }),
                 },
             });
             k.ops[slot(DType::IQ4XS).unwrap()].interleaved = Some(InterleavedOps {

@@ -63,9 +63,10 @@ fn interleaved_gemv_and_tiles_equal_plain_row_dots() {
             assert!(avx2.ops(t).unwrap().interleaved.unwrap().tiles.decoded.is_some(), "avx2 {t}: no decoded tiles");
         }
     }
-    // The AVX-512 table decodes the types stored with an offset (signed values, their lane sums).
+    // The AVX-512 table decodes the types stored with an offset (signed values, their lane sums)
+    // and Q6_K (its 6-bit values).
     if let Some(avx512) = tables.iter().find(|k| k.isa() == corelm_kernels::Isa::Avx512) {
-        for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::IQ4NL] {
+        for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::IQ4NL, DType::Q6K] {
             assert!(avx512.ops(t).unwrap().interleaved.unwrap().tiles.decoded.is_some(), "avx512 {t}: no decoded tiles");
         }
     }

@@ -148,7 +148,7 @@ pub fn rows_q6_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], _prep: &mut [i
     // SAFETY: `[f32; 1]` has the layout of `f32`; the slice covers the same elements.
     let out = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut [f32; 1], out.len()) };
     // SAFETY: features enabled above.
-    unsafe { q6_k_groups::<1>(g, xrb, [y], out) }
+    unsafe { q6_k_groups::<1, false>(g, g, xrb, [y], out) }
 }
 
 /// Prefill's tiles on interleaved Q6_K rows: `out[c][j]` = `dot_q6_k_q8_k(row c, y[j])`, bit
@@ -156,15 +156,75 @@ pub fn rows_q6_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], _prep: &mut [i
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn tiles_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], _prep: &mut [i32]) {
     // SAFETY: features enabled above.
-    unsafe { q6_k_groups::<4>(g, xrb, y, out) }
+    unsafe { q6_k_groups::<4, false>(g, g, xrb, y, out) }
 }
 
 /// [`tiles_q6_k`] for eight activation rows: two passes of four (eight rows' accumulators do
 /// not fit the registers).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub fn tiles8_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
-    // SAFETY: `tiles_q6_k` needs the features enabled here.
-    unsafe { two_passes(g, xrb, y, out, prep, tiles_q6_k) }
+pub fn tiles8_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], _prep: &mut [i32]) {
+    // SAFETY: features enabled above.
+    unsafe { q6_k_groups::<8, false>(g, g, xrb, y, out) }
+}
+
+/// [`tiles8_q6_k`] on groups whose values [`decode_q6_k`] wrote to `dec` (the same bytes, so
+/// the same bits): the 6-bit values are read instead of being unpacked from `ql`/`qh` in every
+/// eight-row call of the batch.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn tiles8_q6_k_decoded(g: &[u8], dec: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], _prep: &mut [i32]) {
+    // SAFETY: features enabled above.
+    unsafe { q6_k_groups::<8, true>(g, dec, xrb, y, out) }
+}
+
+/// The values of the Q6_K groups in `g` (rows of `xrb` plain bytes, a multiple of four) as the
+/// tiles multiply them, one byte per value, into `dec` (`rows · xrb / 210 · 256` bytes), for
+/// [`tiles8_q6_k_decoded`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn decode_q6_k(g: &[u8], xrb: usize, dec: &mut [u8]) {
+    const BS6: usize = 210;
+    let nb = xrb / BS6;
+    let groups = g.len() / (ROWS * xrb);
+    assert!(dec.len() >= groups * ROWS * nb * 256);
+    for c in 0..groups {
+        for i in 0..nb {
+            for (n, h, k) in (0..16).map(|x| (x / 8, x / 4 % 2, x % 4)) {
+                // SAFETY: group-block i of group c is inside `g` (groups counted from its
+                // length); the 64 decoded bytes inside `dec` (asserted).
+                unsafe {
+                    let v = q6_k_values(g.as_ptr().add((c * nb + i) * ROWS * BS6), n, h, k);
+                    _mm512_storeu_si512(dec.as_mut_ptr().add(c * ROWS * nb * 256 + q6_k_at(i, n, h, k)) as *mut _, v);
+                }
+            }
+        }
+    }
+}
+
+/// Where [`decode_q6_k`] puts the four rows' values (n, h, k) of group-block i in its group's
+/// decoded bytes (1024 per group-block: 16 vectors).
+#[inline(always)]
+fn q6_k_at(i: usize, n: usize, h: usize, k: usize) -> usize {
+    64 * (16 * i + 8 * n + 4 * h + k)
+}
+
+/// The four rows' values 16h‥16h+16 of 32-value group (n, k) of the Q6_K group-block at `gb`
+/// as unsigned 6-bit bytes (`ql` nibble | `qh` bits · 16; 128-bit lane r: row r).
+#[inline(always)]
+unsafe fn q6_k_values(gb: *const u8, n: usize, h: usize, k: usize) -> __m512i {
+    // SAFETY: `ql` at 72‥584 and `qh` at 584‥840 of the group-block (64 bytes per piece);
+    // AVX-512 F/BW present in every kernel this is inlined into.
+    unsafe {
+        let (m0f, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+        let qh = _mm512_loadu_si512(gb.add(584 + 64 * (2 * n + h)) as *const _);
+        let ql = _mm512_loadu_si512(gb.add(72 + 64 * (4 * n + 2 * (k % 2) + h)) as *const _);
+        let lo = if k < 2 { ql } else { _mm512_srli_epi16(ql, 4) };
+        let hi = match k {
+            0 => _mm512_slli_epi16(qh, 4),
+            1 => _mm512_slli_epi16(qh, 2),
+            2 => qh,
+            _ => _mm512_srli_epi16(qh, 2),
+        };
+        _mm512_ternarylogic_epi32::<0xEA>(lo, m0f, _mm512_and_si512(hi, m30))
+    }
 }
 
 /// One super-block's integer sums into the accumulators of the Q6_K and IQ4_XS kernels:
@@ -210,13 +270,13 @@ unsafe fn store_rows<const J: usize>(acc: &[[__m512; 2]; J], o: &mut [[f32; J]])
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C present.
 #[inline(always)]
-unsafe fn q6_k_groups<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]]) {
+unsafe fn q6_k_groups<const J: usize, const D: bool>(g: &[u8], dec: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]]) {
     const BS6: usize = 210;
     let nb = xrb / BS6;
     let abs = std::mem::size_of::<BlockQ8K>();
     let gbs = ROWS * BS6;
     assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= nb * abs));
-    let (m0f, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+    assert!(!D || dec.len() >= out.len() * nb * 256);
     // SAFETY (this block and the loop): the caller's features; the group-blocks and
     // activation blocks are inside `g` and `y` (asserted).
     unsafe {
@@ -224,6 +284,7 @@ unsafe fn q6_k_groups<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: 
         let picks = [[pick(0, 2), pick(4, 6)], [pick(1, 3), pick(5, 7)]];
         for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
             let base = g.as_ptr().add(c * ROWS * xrb);
+            let dbase = dec.as_ptr().wrapping_add(c * ROWS * nb * 256);
             let mut acc = [[_mm512_setzero_ps(); 2]; J];
             for i in 0..nb {
                 let gb = base.add(i * gbs);
@@ -239,22 +300,13 @@ unsafe fn q6_k_groups<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: 
                 }
                 for n in 0..2 {
                     for h in 0..2 {
-                        let qh = _mm512_loadu_si512(gb.add(584 + 64 * (2 * n + h)) as *const _);
                         for p in 0..2 {
                             // The values of groups 2p and 2p + 1 (this half of them), decoded
-                            // once for the activation rows.
+                            // once for the activation rows (with `D`: read as `decode_q6_k`
+                            // wrote them).
                             let mut v = [_mm512_setzero_si512(); 2];
                             for (e, v) in v.iter_mut().enumerate() {
-                                let k = 2 * p + e;
-                                let ql = _mm512_loadu_si512(gb.add(72 + 64 * (4 * n + 2 * (k % 2) + h)) as *const _);
-                                let lo = if k < 2 { ql } else { _mm512_srli_epi16(ql, 4) };
-                                let hi = match k {
-                                    0 => _mm512_slli_epi16(qh, 4),
-                                    1 => _mm512_slli_epi16(qh, 2),
-                                    2 => qh,
-                                    _ => _mm512_srli_epi16(qh, 2),
-                                };
-                                *v = _mm512_ternarylogic_epi32::<0xEA>(lo, m0f, _mm512_and_si512(hi, m30));
+                                *v = if D { _mm512_loadu_si512(dbase.add(q6_k_at(i, n, h, 2 * p + e)) as *const _) } else { q6_k_values(gb, n, h, 2 * p + e) };
                             }
                             let sc = _mm512_shuffle_epi8(sw[n], picks[h][p]);
                             for j in 0..J {
