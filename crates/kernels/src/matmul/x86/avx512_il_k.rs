@@ -1,7 +1,9 @@
 //! AVX-512 GEMV and tiles on interleaved Q4_K weights (`matmul::layout`): decode's
 //! matrix-vector product for four rows at a time, bit-identical to the plain row's `vec_dot`
 //! (`avx2::dot_q4_k_q8_k`). Q6_K and IQ4_XS, further down, keep the plain kernels' eight lanes
-//! per row instead (see `rows_q6_k`, `rows_iq4_xs`).
+//! per row instead (see `rows_q6_k`, `rows_iq4_xs`). The Q4_K and Q6_K tiles take eight
+//! activation rows in one pass (one unpacking of each group-block's nibbles and scales), and Q6_K, for a batch, read its values decoded once per column block
+//! (`decode_q6_k`, one byte per value) instead of unpacking `ql`/`qh` in every call.
 //!
 //! That kernel's float order is simple: per super-block, the exact integer sums
 //! `sumi = Σ_s sc_s · Σ q·y` and `summ = Σ_s m_s · (bsums[2s] + bsums[2s+1])`, then
@@ -336,15 +338,26 @@ unsafe fn q6_k_groups<const J: usize, const D: bool>(g: &[u8], dec: &[u8], xrb: 
 /// least `4 · xrb / 144 · 8` i32.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn tiles_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], prep: &mut [i32]) {
+    // SAFETY: features enabled above.
+    unsafe { q4_k_tiles::<4>(g, xrb, y, out, prep) }
+}
+
+/// [`tiles_q4_k`] for `J` activation rows (4 or 8), each quad of them reduced and accumulated as
+/// there: eight rows in one pass unpack each group-block's nibbles and scales once for all.
+#[inline(always)]
+unsafe fn q4_k_tiles<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], prep: &mut [i32]) {
+    const QUADS: usize = 2;
+    let quads = J / 4;
+    assert!(J % 4 == 0 && quads <= QUADS);
     let nb = xrb / BS;
     let abs = std::mem::size_of::<BlockQ8K>();
     let gbs = ROWS * BS;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= 4 * nb * PREP);
-    let m4 = _mm512_set1_epi8(0x0F);
-    // SAFETY (this block and the loop): features enabled above; `prep` is checked by
-    // `prepare` (and above), the group-blocks and activation blocks are inside `g` and `y`
-    // (asserted here and by `prepare`).
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= J * nb * PREP);
+    // SAFETY (this block and the loop): the caller's features; `prep` is checked by `prepare`
+    // (and above), the group-blocks and activation blocks are inside `g` and `y` (asserted
+    // here and by `prepare`).
     unsafe {
+        let m4 = _mm512_set1_epi8(0x0F);
         let ctl = [pair_control(0, 1), pair_control(2, 3), pair_control(4, 5), pair_control(6, 7)];
         // Per 64 values j, the words (m_2j, m_2j+1) in every i32 of a lane.
         let ctl_min = [min_control(0), min_control(1), min_control(2), min_control(3)];
@@ -355,23 +368,26 @@ pub fn tiles_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], pre
         let spread_m = _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
         for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
             let base = g.as_ptr().add(c * ROWS * xrb);
-            // Lane r, element a: row r against activation row a.
-            let (mut acc, mut acc_min) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            // Quad u, lane r, element a: row r against activation row 4u + a.
+            let (mut acc, mut acc_min) = ([_mm512_setzero_ps(); QUADS], [_mm512_setzero_ps(); QUADS]);
             for i in 0..nb {
                 let gb = base.add(i * gbs);
-                let yq: [*const i8; 4] = [0, 1, 2, 3].map(|a| y[a].as_ptr().add(i * abs + QS) as *const i8);
-                let p: [*const i32; 4] = [0, 1, 2, 3].map(|a| prep.as_ptr().add((a * nb + i) * PREP));
-                // The activation rows' pair sums, transposed: ps[j] element a = act a's
-                // (pair 2j, pair 2j + 1) as two i16.
-                let x = [0, 1, 2, 3].map(|a| p[a] as *const __m128i);
-                let x = [_mm_loadu_si128(x[0]), _mm_loadu_si128(x[1]), _mm_loadu_si128(x[2]), _mm_loadu_si128(x[3])];
-                let (l01, h01) = (_mm_unpacklo_epi32(x[0], x[1]), _mm_unpackhi_epi32(x[0], x[1]));
-                let (l23, h23) = (_mm_unpacklo_epi32(x[2], x[3]), _mm_unpackhi_epi32(x[2], x[3]));
-                let ps = [_mm_unpacklo_epi64(l01, l23), _mm_unpackhi_epi64(l01, l23), _mm_unpacklo_epi64(h01, h23), _mm_unpackhi_epi64(h01, h23)];
-                let dy = _mm512_broadcast_f32x4(_mm_setr_ps(*(p[0].add(4) as *const f32), *(p[1].add(4) as *const f32), *(p[2].add(4) as *const f32), *(p[3].add(4) as *const f32)));
+                let yq: [*const i8; J] = std::array::from_fn(|a| y[a].as_ptr().add(i * abs + QS) as *const i8);
                 let hd = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(gb as *const __m128i)));
-                let d = _mm512_mul_ps(_mm512_permutexvar_ps(spread_d, hd), dy);
-                let dmin = _mm512_mul_ps(_mm512_permutexvar_ps(spread_m, hd), dy);
+                let (dw, mw) = (_mm512_permutexvar_ps(spread_d, hd), _mm512_permutexvar_ps(spread_m, hd));
+                // Per quad: the activation rows' pair sums, transposed (ps[u][j] element a =
+                // act 4u + a's (pair 2j, pair 2j + 1) as two i16), and `d·d_y`, `dmin·d_y`.
+                let mut ps = [[_mm_setzero_si128(); 4]; QUADS];
+                let (mut d, mut dmin) = ([_mm512_setzero_ps(); QUADS], [_mm512_setzero_ps(); QUADS]);
+                for u in 0..quads {
+                    let p: [*const i32; 4] = [0, 1, 2, 3].map(|a| prep.as_ptr().add(((4 * u + a) * nb + i) * PREP));
+                    let x = [_mm_loadu_si128(p[0] as *const __m128i), _mm_loadu_si128(p[1] as *const __m128i), _mm_loadu_si128(p[2] as *const __m128i), _mm_loadu_si128(p[3] as *const __m128i)];
+                    let (l01, h01) = (_mm_unpacklo_epi32(x[0], x[1]), _mm_unpackhi_epi32(x[0], x[1]));
+                    let (l23, h23) = (_mm_unpacklo_epi32(x[2], x[3]), _mm_unpackhi_epi32(x[2], x[3]));
+                    ps[u] = [_mm_unpacklo_epi64(l01, l23), _mm_unpackhi_epi64(l01, l23), _mm_unpacklo_epi64(h01, h23), _mm_unpackhi_epi64(h01, h23)];
+                    let dy = _mm512_broadcast_f32x4(_mm_setr_ps(*(p[0].add(4) as *const f32), *(p[1].add(4) as *const f32), *(p[2].add(4) as *const f32), *(p[3].add(4) as *const f32)));
+                    (d[u], dmin[u]) = (_mm512_mul_ps(dw, dy), _mm512_mul_ps(mw, dy));
+                }
                 let sm = scales(gb);
                 for j in 0..4 {
                     let q0 = _mm512_loadu_si512(gb.add(64 + 128 * j) as *const _);
@@ -379,26 +395,31 @@ pub fn tiles_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], pre
                     let (l0, l1) = (_mm512_and_si512(q0, m4), _mm512_and_si512(q1, m4));
                     let (h0, h1) = (_mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4));
                     let sc = _mm512_shuffle_epi8(sm, ctl[j]);
-                    let mut part = [_mm512_setzero_si512(); 4];
-                    for (a, part) in part.iter_mut().enumerate() {
-                        let q = yq[a].add(64 * j);
-                        let da = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), l0, bcast(q)), l1, bcast(q.add(16)));
-                        let db = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), h0, bcast(q.add(32))), h1, bcast(q.add(48)));
-                        *part = _mm512_madd_epi16(_mm512_packs_epi32(da, db), sc);
+                    let scm = _mm512_shuffle_epi8(sm, ctl_min[j]);
+                    for u in 0..quads {
+                        let mut part = [_mm512_setzero_si512(); 4];
+                        for (a, part) in part.iter_mut().enumerate() {
+                            let q = yq[4 * u + a].add(64 * j);
+                            let da = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), l0, bcast(q)), l1, bcast(q.add(16)));
+                            let db = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), h0, bcast(q.add(32))), h1, bcast(q.add(48)));
+                            *part = _mm512_madd_epi16(_mm512_packs_epi32(da, db), sc);
+                        }
+                        // Lane r: [Σ part0, Σ part1, Σ part2, Σ part3] of row r's four i32.
+                        let t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(part[0], part[1]), _mm512_unpackhi_epi32(part[0], part[1]));
+                        let t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(part[2], part[3]), _mm512_unpackhi_epi32(part[2], part[3]));
+                        let sumi = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+                        let summ = _mm512_madd_epi16(scm, _mm512_broadcast_i32x4(ps[u][j]));
+                        acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), d[u], acc[u]);
+                        acc_min[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(summ), dmin[u], acc_min[u]);
                     }
-                    // Lane r: [Σ part0, Σ part1, Σ part2, Σ part3] of row r's four i32.
-                    let t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(part[0], part[1]), _mm512_unpackhi_epi32(part[0], part[1]));
-                    let t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(part[2], part[3]), _mm512_unpackhi_epi32(part[2], part[3]));
-                    let sumi = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
-                    let summ = _mm512_madd_epi16(_mm512_shuffle_epi8(sm, ctl_min[j]), _mm512_broadcast_i32x4(ps[j]));
-                    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), d, acc);
-                    acc_min = _mm512_fmadd_ps(_mm512_cvtepi32_ps(summ), dmin, acc_min);
                 }
             }
-            let mut v = [0f32; 16];
-            _mm512_storeu_ps(v.as_mut_ptr(), _mm512_sub_ps(acc, acc_min));
-            for (r, o) in o.iter_mut().enumerate() {
-                o.copy_from_slice(&v[4 * r..4 * r + 4]);
+            for u in 0..quads {
+                let mut v = [0f32; 16];
+                _mm512_storeu_ps(v.as_mut_ptr(), _mm512_sub_ps(acc[u], acc_min[u]));
+                for (r, o) in o.iter_mut().enumerate() {
+                    o[4 * u..4 * u + 4].copy_from_slice(&v[4 * r..4 * r + 4]);
+                }
             }
         }
     }
@@ -415,11 +436,12 @@ unsafe fn min_control(j: i8) -> __m512i {
     _mm512_broadcast_i32x4(_mm_setr_epi8(a, z, b, z, a, z, b, z, a, z, b, z, a, z, b, z))
 }
 
-/// [`tiles_q4_k`] for eight activation rows: two passes of four.
+/// [`tiles_q4_k`] for eight activation rows, in one pass. `prep`: scratch of at least
+/// `8 · xrb / 144 · 8` i32.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn tiles8_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
-    // SAFETY: `tiles_q4_k` needs the features enabled here.
-    unsafe { two_passes(g, xrb, y, out, prep, tiles_q4_k) }
+    // SAFETY: features enabled above.
+    unsafe { q4_k_tiles::<8>(g, xrb, y, out, prep) }
 }
 
 /// Decode's GEMV on interleaved IQ4_XS rows: `out[c]` = `avx2_ext::dot_iq4_xs_q8_k(row c, y)`,
