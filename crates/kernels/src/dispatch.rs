@@ -33,6 +33,7 @@ fn interleaved_avx512<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOp
                 decode: |g, xrb, d| unsafe { decode::<T>(g, xrb, d) },
                 tile8: |g, d, xrb, y, o, p| unsafe { tiles_decoded::<T>(g, d, xrb, y, o, p) },
                 bytes_per_32: crate::matmul::x86::avx512_il::DECODED_PER_BLOCK / 4,
+                min_rows: crate::matmul::DECODED_MIN_ROWS_AVX512,
             }),
         },
     }
@@ -74,7 +75,7 @@ fn interleaved_avx2<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOps 
             tiles: IlTiles {
                 tile: |g, xrb, y, o, p| unsafe { tiles_vnni::<T>(g, xrb, y, o, p) },
                 tile8: |g, xrb, y, o, p| unsafe { tiles8_vnni::<T>(g, xrb, y, o, p) },
-                decoded: gains_from_decoding::<T>().then_some(DecodedTiles { decode, tile8: |g, d, xrb, y, o, p| unsafe { tiles8_decoded_vnni::<T>(g, d, xrb, y, o, p) }, bytes_per_32: 32 }),
+                decoded: gains_from_decoding::<T>().then_some(DecodedTiles { decode, tile8: |g, d, xrb, y, o, p| unsafe { tiles8_decoded_vnni::<T>(g, d, xrb, y, o, p) }, bytes_per_32: 32, min_rows: crate::matmul::DECODED_MIN_ROWS_AVX2 }),
             },
         };
     }
@@ -83,7 +84,7 @@ fn interleaved_avx2<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOps 
         tiles: IlTiles {
             tile: |g, xrb, y, o, p| unsafe { tiles::<T>(g, xrb, y, o, p) },
             tile8: |g, xrb, y, o, p| unsafe { tiles8::<T>(g, xrb, y, o, p) },
-            decoded: gains_from_decoding::<T>().then_some(DecodedTiles { decode, tile8: |g, d, xrb, y, o, p| unsafe { tiles8_decoded::<T>(g, d, xrb, y, o, p) }, bytes_per_32: 32 }),
+            decoded: gains_from_decoding::<T>().then_some(DecodedTiles { decode, tile8: |g, d, xrb, y, o, p| unsafe { tiles8_decoded::<T>(g, d, xrb, y, o, p) }, bytes_per_32: 32, min_rows: crate::matmul::DECODED_MIN_ROWS_AVX2 }),
         },
     }
 }
@@ -302,6 +303,7 @@ impl Kernels {
                         decode: |g, xrb, d| unsafe { crate::matmul::x86::avx512_il_k::decode_q6_k(g, xrb, d) },
                         tile8: |g, d, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles8_q6_k_decoded(g, d, xrb, y, o, p) },
                         bytes_per_32: 32,
+                        min_rows: crate::matmul::DECODED_MIN_ROWS_AVX512,
                     }),
                 },
             });
@@ -391,7 +393,7 @@ impl Kernels {
                 tiles: IlTiles {
                     tile: |g, xrb, y, o, p| unsafe { ilk::tiles_q6_k(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { ilk::tiles8_q6_k(g, xrb, y, o, p) },
-                    decoded: Some(DecodedTiles { decode: |g, xrb, d| unsafe { ilk::decode_q6_k(g, xrb, d) }, tile8: |g, d, xrb, y, o, p| unsafe { ilk::tiles8_q6_k_decoded(g, d, xrb, y, o, p) }, bytes_per_32: 32 }),
+                    decoded: Some(DecodedTiles { decode: |g, xrb, d| unsafe { ilk::decode_q6_k(g, xrb, d) }, tile8: |g, d, xrb, y, o, p| unsafe { ilk::tiles8_q6_k_decoded(g, d, xrb, y, o, p) }, bytes_per_32: 32, min_rows: crate::matmul::DECODED_MIN_ROWS_AVX2 }),
                 },
             });
             k.ops[slot(DType::IQ4XS).unwrap()].interleaved = Some(InterleavedOps {

@@ -34,10 +34,6 @@ pub const IL_COL_MAX: usize = 256;
 /// (`IlTiles::decoded`: one byte per weight value). A larger block takes the plain tiles.
 pub const DECODED_MAX: usize = 1 << 20;
 
-/// Batch rows from which a column block is decoded once for the tiles that have a decoded
-/// form: two calls of eight rows.
-const DECODED_MIN_ROWS: usize = 16;
-
 /// Batch rows from which a matmul over a panel-GEMM type uses the panel kernel.
 pub const GEMM_MIN_ROWS: usize = 8;
 
@@ -375,7 +371,7 @@ unsafe fn run_plain(o: &Operands, ops: &TypeOps, mode: Mode, ith: usize, nth: us
 /// whole groups; complete groups of four batch rows go through the tiles — row blocks of
 /// `sched.mc`, column blocks of `sched.nc`, `sched.mr` (8, then a last 4; or 4) rows per call
 /// — the other rows (all of decode's) through the GEMV over the worker's whole column range.
-/// Where the tiles have a decoded form, a column block met by at least [`DECODED_MIN_ROWS`]
+/// Where the tiles have a decoded form, a column block met by at least `DecodedTiles::min_rows`
 /// rows of eight-row calls is decoded once into `dec` for all of them. Values as `vec_dot`
 /// gives them, bit for bit, whatever the schedule.
 ///
@@ -408,7 +404,7 @@ unsafe fn run_interleaved(o: &Operands, il: InterleavedOps, grouped: bool, sched
             let mut r8 = rb;
             let mut out = [[0f32; 8]; IL_COL_MAX];
             // The block decoded once for all its eight-row calls, where the tiles have that form.
-            let decoded = il.tiles.decoded.filter(|d| sched.mr >= 8 && re - rb >= DECODED_MIN_ROWS && d.len(c1 - c0, o.k) <= dec.len()).map(|d| {
+            let decoded = il.tiles.decoded.filter(|d| sched.mr >= 8 && re - rb >= d.min_rows && d.len(c1 - c0, o.k) <= dec.len()).map(|d| {
                 let dec = &mut dec[..d.len(c1 - c0, o.k)];
                 (d.decode)(gb, wrb, dec);
                 (d.tile8, &*dec)

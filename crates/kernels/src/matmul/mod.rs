@@ -104,7 +104,21 @@ pub struct DecodedTiles {
     /// Decoded bytes per 32 values of a row: 32 (a byte per value: AVX2), 80 (AVX-512: values,
     /// their lane sums and the spread scales), at most [`DECODED_MAX_PER_32`].
     pub bytes_per_32: usize,
+    /// Batch rows from which decoding a column block once pays for itself (a multiple of the
+    /// eight-row calls that read it): [`DECODED_MIN_ROWS_AVX2`], [`DECODED_MIN_ROWS_AVX512`].
+    pub min_rows: usize,
 }
+
+/// AVX2's decoded forms pay from two eight-row calls: decoding in the tiles is ~11 of ~55
+/// operations per step (Qwen2.5, 16-sequence decode steps, 2 threads: 147–151 t/s at 24, 161
+/// at 16).
+pub const DECODED_MIN_ROWS_AVX2: usize = 16;
+/// AVX-512's decoded forms (the offset types' 2.5 bytes per value, Q6_K's one) take fewer
+/// operations to skip, so two or three eight-row calls do not repay the writing: Qwen2.5,
+/// 2 threads, decode steps of 16 sequences 210 t/s decoded against 242 not, of 24 sequences 226
+/// against 240, pp24 303 against 312; at 32 rows either way within noise (pp32 318–322,
+/// 32-sequence steps 238–244).
+pub const DECODED_MIN_ROWS_AVX512: usize = 32;
 
 /// The most any [`DecodedTiles`] writes per 32 values of a row (sizes the callers' scratch).
 pub const DECODED_MAX_PER_32: usize = 80;
