@@ -2,8 +2,9 @@
 //! matrix-vector product for four rows at a time, bit-identical to the plain row's `vec_dot`
 //! (`avx2::dot_q4_k_q8_k`). Q6_K and IQ4_XS, further down, keep the plain kernels' eight lanes
 //! per row instead (see `rows_q6_k`, `rows_iq4_xs`). The Q4_K and Q6_K tiles take eight
-//! activation rows in one pass (one unpacking of each group-block's nibbles and scales), and Q6_K, for a batch, read its values decoded once per column block
-//! (`decode_q6_k`, one byte per value) instead of unpacking `ql`/`qh` in every call.
+//! activation rows in one pass (one unpacking of each group-block's nibbles and scales), and
+//! Q6_K's, for a batch, read its values decoded once per column block (`decode_q6_k`, one byte
+//! per value) instead of unpacking `ql`/`qh` in every call.
 //!
 //! That kernel's float order is simple: per super-block, the exact integer sums
 //! `sumi = Σ_s sc_s · Σ q·y` and `summ = Σ_s m_s · (bsums[2s] + bsums[2s+1])`, then
