@@ -24,7 +24,7 @@
 //!   four rows' `acc` (low half) and `acc_min` (high half) with `[d_r·d_y, dmin_r·d_y]`.
 #![allow(clippy::missing_safety_doc)]
 
-use super::common::{hsum_rows, iq4_grid512, prepare_q4_k, two_passes, Q4K_PREP as PREP};
+use super::common::{hsum_rows, iq4_grid512, prepare_q4_k, Q4K_PREP as PREP};
 use crate::matmul::layout::ROWS;
 use crate::quant::blocks::BlockQ8K;
 use std::arch::x86_64::*;
@@ -162,8 +162,9 @@ pub fn tiles_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], _pr
     unsafe { q6_k_groups::<4, false>(g, g, xrb, y, out) }
 }
 
-/// [`tiles_q6_k`] for eight activation rows: two passes of four (eight rows' accumulators do
-/// not fit the registers).
+/// [`tiles_q6_k`] for eight activation rows in one pass: each group-block's values unpacked once
+/// for all eight (LLVM keeps part of the accumulators in memory; still 2.5 % faster than two
+/// passes of four on Qwen2.5's Q6_K).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn tiles8_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], _prep: &mut [i32]) {
     // SAFETY: features enabled above.
@@ -469,11 +470,12 @@ pub fn tiles_iq4_xs(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], _
     unsafe { iq4_xs_groups::<4>(g, xrb, y, out) }
 }
 
-/// [`tiles_iq4_xs`] for eight activation rows: two passes of four.
+/// [`tiles_iq4_xs`] for eight activation rows in one pass: each group-block's nibbles looked up
+/// once for all eight (Qwen2.5 re-quantized to IQ4_XS, pp512: 857–864 → 815–817 ms per pass).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub fn tiles8_iq4_xs(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
-    // SAFETY: `tiles_iq4_xs` needs the features enabled here.
-    unsafe { two_passes(g, xrb, y, out, prep, tiles_iq4_xs) }
+pub fn tiles8_iq4_xs(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], _prep: &mut [i32]) {
+    // SAFETY: features enabled above.
+    unsafe { iq4_xs_groups::<8>(g, xrb, y, out) }
 }
 
 /// The IQ4_XS kernels for `J` activation rows (1: the GEMV).
