@@ -31,6 +31,8 @@ use std::arch::x86_64::*;
 
 /// Plain Q4_K block bytes.
 const BS: usize = 144;
+/// Plain Q6_K block bytes.
+const BS6: usize = 210;
 /// Where a Q8_K block's quants and block sums start.
 const QS: usize = 4;
 const BSUMS: usize = 4 + 256;
@@ -185,7 +187,6 @@ pub fn tiles8_q6_k_decoded(g: &[u8], dec: &[u8], xrb: usize, y: [&[u8]; 8], out:
 /// [`tiles8_q6_k_decoded`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn decode_q6_k(g: &[u8], xrb: usize, dec: &mut [u8]) {
-    const BS6: usize = 210;
     let nb = xrb / BS6;
     let groups = g.len() / (ROWS * xrb);
     assert!(dec.len() >= groups * ROWS * nb * 256);
@@ -275,7 +276,6 @@ unsafe fn store_rows<const J: usize>(acc: &[[__m512; 2]; J], o: &mut [[f32; J]])
 /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C present.
 #[inline(always)]
 unsafe fn q6_k_groups<const J: usize, const D: bool>(g: &[u8], dec: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]]) {
-    const BS6: usize = 210;
     let nb = xrb / BS6;
     let abs = std::mem::size_of::<BlockQ8K>();
     let gbs = ROWS * BS6;
