@@ -13,4 +13,5 @@
 pub mod neon;
 pub mod neon_dense;
 pub mod neon_il;
+pub mod neon_il_k;
 pub mod sme;

@@ -20,6 +20,16 @@ pub trait Dot4 {
     /// # Safety
     /// NEON present (and what the implementation names).
     unsafe fn dot4(a: int8x16_t, b: int8x16_t) -> int32x4_t;
+
+    /// `acc + dot4(a, b)`, exact (`sdot` accumulates in place).
+    ///
+    /// # Safety
+    /// As [`Dot4::dot4`].
+    #[inline(always)]
+    unsafe fn dot4_add(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+        // SAFETY: the caller's contract.
+        unsafe { vaddq_s32(acc, Self::dot4(a, b)) }
+    }
 }
 
 /// With the dot-product extension: one `sdot` (through `asm!`: its intrinsic is not stable).
@@ -30,8 +40,12 @@ pub struct Widen;
 impl Dot4 for Sdot {
     #[inline(always)]
     unsafe fn dot4(a: int8x16_t, b: int8x16_t) -> int32x4_t {
-        // SAFETY: NEON present (the caller's contract).
-        let mut acc = unsafe { vdupq_n_s32(0) };
+        // SAFETY: NEON present, and `dotprod` (the caller's contract).
+        unsafe { Self::dot4_add(vdupq_n_s32(0), a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn dot4_add(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
         // SAFETY: `sdot` reads and writes registers only; the enclosing function enables
         // `dotprod`, which the dispatcher detected.
         unsafe {
@@ -61,6 +75,21 @@ pub(super) unsafe fn hsum8(acc: [float32x4_t; 2]) -> f32 {
     unsafe {
         let r = vaddq_f32(acc[1], acc[0]);
         vaddv_f32(vadd_f32(vget_low_f32(r), vget_high_f32(r)))
+    }
+}
+
+/// `acc + s·v[lane]` (`mla` by element; `lane` < 4 is a constant once the caller's loops are
+/// unrolled, which folds the match).
+#[inline(always)]
+pub(super) unsafe fn mla_lane(acc: int32x4_t, s: int32x4_t, v: int32x4_t, lane: usize) -> int32x4_t {
+    // SAFETY: NEON present (the caller's contract).
+    unsafe {
+        match lane {
+            0 => vmlaq_laneq_s32::<0>(acc, s, v),
+            1 => vmlaq_laneq_s32::<1>(acc, s, v),
+            2 => vmlaq_laneq_s32::<2>(acc, s, v),
+            _ => vmlaq_laneq_s32::<3>(acc, s, v),
+        }
     }
 }
 
@@ -252,48 +281,51 @@ unsafe fn q4_k<D: Dot4, const TILE: bool>(x: &[u8], y: &[u8]) -> f32 {
 
 /// One Q6_K super-block's eight lane sums (exact, with the `−32·Σ sc·bsums` correction) in
 /// ggml's AVX2 order (`matmul::lanes::dot_q6_k_q8_k`); `ql(p)` (p < 8) and `qh(p)` (p < 4):
-/// the pieces of the two quant fields.
+/// the pieces of the two quant fields; `scales`: its sixteen scales.
+///
+/// The 6-bit values take two or three operations each: the fifth and sixth bits are masked in
+/// place (`qh & 3`, `(qh >> 2) & 3`, `qh & 0x30`, `(qh >> 2) & 0x30`) and the nibble shifted
+/// in beside them (`sli`/`sri`). Each 16-value sum meets its scale as a lane of the widened
+/// scales (`mla` by element), not as a scalar moved into a vector.
 ///
 /// # Safety
 /// NEON present; each piece 16 readable bytes.
 #[inline(always)]
-pub(super) unsafe fn q6_k_block<D: Dot4>(ql: impl Fn(usize) -> *const u8, qh: impl Fn(usize) -> *const u8, scales: &[i8; QK_K / 16], b: &BlockQ8K) -> [int32x4_t; 2] {
+pub(super) unsafe fn q6_k_block<D: Dot4>(ql: impl Fn(usize) -> *const u8, qh: impl Fn(usize) -> *const u8, scales: int8x16_t, b: &BlockQ8K) -> [int32x4_t; 2] {
     // SAFETY: NEON present; the pieces are the caller's contract, every other load is inside
-    // `scales` or `b`.
+    // `b`.
     unsafe {
-        let (m4, m3) = (vdupq_n_u8(0x0F), vdupq_n_u8(0x03));
+        let (m3, m30) = (vdupq_n_u8(0x03), vdupq_n_u8(0x30));
+        // Scales 0‥8 and 8‥16 as i16.
+        let sc16 = [vmovl_s8(vget_low_s8(scales)), vmovl_high_s8(scales)];
         // −32·(bsums[2L]·sc[2L] + bsums[2L+1]·sc[2L+1]) for lanes 0‥3 and 4‥7.
-        let sc = vmovl_s8(vld1_s8(scales.as_ptr()));
-        let sc_hi = vmovl_s8(vld1_s8(scales.as_ptr().add(8)));
         let bs = (vld1q_s16(b.bsums.as_ptr()), vld1q_s16(b.bsums.as_ptr().add(8)));
         let corr = |s: int16x8_t, t: int16x8_t| {
             let p = vpaddq_s32(vmull_s16(vget_low_s16(s), vget_low_s16(t)), vmull_high_s16(s, t));
             vmulq_n_s32(p, -32)
         };
-        let mut sumi = [corr(sc, bs.0), corr(sc_hi, bs.1)];
+        let mut sumi = [corr(sc16[0], bs.0), corr(sc16[1], bs.1)];
         for n in 0..QK_K / 128 {
+            // Scales 8n + 2k (h = 0) and 8n + 2k + 1 (h = 1) in lane k: the i16 pairs of this
+            // half's eight, sign-extended from their low and high halves.
+            let pairs = vreinterpretq_s32_s16(sc16[n]);
+            let lane_sc = [vshrq_n_s32::<16>(vshlq_n_s32::<16>(pairs)), vshrq_n_s32::<16>(pairs)];
             for h in 0..2 {
                 // Bytes 16h‥16h+16 of this half's ql (both 32-byte rows) and qh.
                 let ql0 = vld1q_u8(ql(4 * n + h));
                 let ql1 = vld1q_u8(ql(4 * n + 2 + h));
                 let qh = vld1q_u8(qh(2 * n + h));
-                for k in 0..4 {
-                    let lo = match k {
-                        0 => vandq_u8(ql0, m4),
-                        1 => vandq_u8(ql1, m4),
-                        2 => vshrq_n_u8::<4>(ql0),
-                        _ => vshrq_n_u8::<4>(ql1),
-                    };
-                    let hb = match k {
-                        0 => qh,
-                        1 => vshrq_n_u8::<2>(qh),
-                        2 => vshrq_n_u8::<4>(qh),
-                        _ => vshrq_n_u8::<6>(qh),
-                    };
-                    let u = vorrq_u8(lo, vshlq_n_u8::<4>(vandq_u8(hb, m3)));
+                let qh2 = vshrq_n_u8::<2>(qh);
+                // Value k: nibble | bits (2k, 2k + 1) of qh at bits 4, 5.
+                let u = [
+                    vsliq_n_u8::<4>(ql0, vandq_u8(qh, m3)),
+                    vsliq_n_u8::<4>(ql1, vandq_u8(qh2, m3)),
+                    vsriq_n_u8::<4>(vandq_u8(qh, m30), ql0),
+                    vsriq_n_u8::<4>(vandq_u8(qh2, m30), ql1),
+                ];
+                for (k, u) in u.into_iter().enumerate() {
                     let yq = vld1q_s8(b.qs.as_ptr().add(128 * n + 32 * k + 16 * h));
-                    let s = D::dot4(vreinterpretq_s8_u8(u), yq);
-                    sumi[h] = vmlaq_n_s32(sumi[h], s, scales[8 * n + 2 * k + h] as i32);
+                    sumi[h] = mla_lane(sumi[h], D::dot4(vreinterpretq_s8_u8(u), yq), lane_sc[h], k);
                 }
             }
         }
@@ -319,7 +351,7 @@ unsafe fn q6_k<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
     unsafe {
         let mut acc = [vdupq_n_f32(0.0); 2];
         for (a, b) in x.iter().zip(y) {
-            let sumi = q6_k_block::<D>(|p| a.ql.as_ptr().add(16 * p), |p| a.qh.as_ptr().add(16 * p), &a.scales, b);
+            let sumi = q6_k_block::<D>(|p| a.ql.as_ptr().add(16 * p), |p| a.qh.as_ptr().add(16 * p), vld1q_s8(a.scales.as_ptr()), b);
             lanes_fma(&mut acc, sumi, b.d * a.d.to_f32());
         }
         hsum8(acc)
@@ -440,23 +472,34 @@ unsafe fn q3_k<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
 }
 
 /// One IQ4_XS super-block's eight lane sums in ggml's AVX2 order
-/// (`matmul::lanes::dot_iq4_xs_q8_k`): each sub-block's lane sums times its scale `sc`;
-/// `qs(p)`: the quants' pieces (p < 8, one per sub-block); `table`: the IQ4_NL grid.
+/// (`matmul::lanes::dot_iq4_xs_q8_k`): each sub-block's lane sums times its scale, lane s of
+/// `sc[s / 4]` (`mla` by element); `qs(p)`: the quants' pieces (p < 8, one per sub-block);
+/// `table`: the IQ4_NL grid.
 ///
 /// # Safety
 /// NEON present; each piece 16 readable bytes.
 #[inline(always)]
-pub(super) unsafe fn iq4_xs_block<D: Dot4>(qs: impl Fn(usize) -> *const u8, sc: &[i8; 8], table: int8x16_t, b: &BlockQ8K) -> [int32x4_t; 2] {
+pub(super) unsafe fn iq4_xs_block<D: Dot4>(qs: impl Fn(usize) -> *const u8, sc: [int32x4_t; 2], table: int8x16_t, b: &BlockQ8K) -> [int32x4_t; 2] {
     // SAFETY: NEON present; the pieces are the caller's contract, the activations inside `b`.
     unsafe {
         let mut sumi = [vdupq_n_s32(0); 2];
-        for (s, &l) in sc.iter().enumerate() {
+        for s in 0..QK_K / 32 {
             let (lo, hi) = nibbles(&*(qs(s) as *const [u8; 16]));
             let yq = b.qs.as_ptr().add(32 * s);
-            sumi[0] = vmlaq_n_s32(sumi[0], D::dot4(vqtbl1q_s8(table, lo), vld1q_s8(yq)), l as i32);
-            sumi[1] = vmlaq_n_s32(sumi[1], D::dot4(vqtbl1q_s8(table, hi), vld1q_s8(yq.add(16))), l as i32);
+            sumi[0] = mla_lane(sumi[0], D::dot4(vqtbl1q_s8(table, lo), vld1q_s8(yq)), sc[s / 4], s % 4);
+            sumi[1] = mla_lane(sumi[1], D::dot4(vqtbl1q_s8(table, hi), vld1q_s8(yq.add(16))), sc[s / 4], s % 4);
         }
         sumi
+    }
+}
+
+/// Eight i8 scales as the two i32 vectors [`iq4_xs_block`] reads.
+#[inline(always)]
+pub(super) unsafe fn widen_scales(sc: int8x8_t) -> [int32x4_t; 2] {
+    // SAFETY: NEON present (the caller's contract).
+    unsafe {
+        let w = vmovl_s8(sc);
+        [vmovl_s16(vget_low_s16(w)), vmovl_high_s16(w)]
     }
 }
 
@@ -487,7 +530,7 @@ unsafe fn iq4_xs<D: Dot4>(x: &[u8], y: &[u8]) -> f32 {
         let mut acc = [vdupq_n_f32(0.0); 2];
         for (a, b) in x.iter().zip(y) {
             let sc = crate::quant::portable::iq4_xs_scales(a);
-            let sumi = iq4_xs_block::<D>(|p| a.qs.as_ptr().add(16 * p), &sc, table, b);
+            let sumi = iq4_xs_block::<D>(|p| a.qs.as_ptr().add(16 * p), widen_scales(vld1_s8(sc.as_ptr())), table, b);
             lanes_fma(&mut acc, sumi, a.d.to_f32() * b.d);
         }
         hsum8(acc)

@@ -14,16 +14,16 @@
 //! four activation rows, and eight activation rows are two passes over a group still in L1.
 //! `d_y` and `s_y` are widened once per call (`prep`), not once per group.
 //!
-//! Super-block types (Q4_K, Q6_K, IQ4_XS): each row runs the plain dot's super-block body
-//! (`neon::q4_k_block`, `q6_k_block`, `iq4_xs_block`) on its pieces of the group-block — one
-//! body, so one set of values — with the four rows' scales widened together; the tiles run the
-//! group against each activation row while it is in L1.
+//! Super-block types (Q4_K, Q6_K, IQ4_XS): one group against one Q8_K row is `neon_il_k`'s
+//! (Q4_K's four rows side by side; Q6_K's and IQ4_XS's rows on the plain body with their
+//! scales decoded together); the tiles run the group against each activation row while it is
+//! in L1.
 #![allow(clippy::missing_safety_doc)]
 
-use super::neon::{block_loaded, hsum8, iq4_xs_block, kind, lanes_fma, nibbles, q4_k_block, q6_k_block, signed, Dot4, Sdot, Widen};
+use super::neon::{block_loaded, hsum8, kind, nibbles, signed, Dot4, Sdot, Widen};
+use super::neon_il_k::group_k;
 use crate::matmul::layout::ROWS;
 use crate::quant::blocks::*;
-use crate::quant::portable::iq4_xs_scales_of;
 use crate::simd::aarch64::{load_f16x4, load_f16x8};
 use std::arch::aarch64::*;
 
@@ -170,73 +170,6 @@ unsafe fn group<D: Dot4, const K: u8, const R: usize, const J: usize>(g: *const 
         }
         out
     }
-}
-
-/// The super-block group at `g` (`nb` group-blocks, its four rows) against one Q8_K activation
-/// row: the plain dot of each row.
-///
-/// # Safety
-/// NEON (and what `D` names) present; a whole group at `g`; `y` has `nb` blocks.
-#[inline(always)]
-unsafe fn group_k<D: Dot4, const K: u8>(g: *const u8, nb: usize, y: &[BlockQ8K]) -> [f32; ROWS] {
-    let gbs = ROWS * block_bytes(K);
-    let mut out = [0f32; ROWS];
-    // SAFETY: the caller's contract; the offsets are the layout's (`matmul::layout`).
-    unsafe {
-        let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
-        match K {
-            kind::Q4_K | kind::Q4_K_TILE => {
-                let (mut acc, mut acc_min) = ([0f32; ROWS], [0f32; ROWS]);
-                for (i, b) in y[..nb].iter().enumerate() {
-                    let gb = g.add(i * gbs);
-                    let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
-                    vst1q_f32(d.as_mut_ptr(), vmulq_n_f32(load_f16x4(gb as *const half::f16), b.d));
-                    vst1q_f32(dmin.as_mut_ptr(), vmulq_n_f32(load_f16x4(gb.add(8) as *const half::f16), b.d));
-                    for r in 0..ROWS {
-                        // Row r's 12 scale bytes: its word of each of the three scale runs.
-                        let mut sc = [0u8; K_SCALE_SIZE];
-                        for w in 0..3 {
-                            sc[4 * w..4 * w + 4].copy_from_slice(&*(gb.add(16 + 16 * w + 4 * r) as *const [u8; 4]));
-                        }
-                        let qs = |p: usize| gb.add(64 + 64 * p + 16 * r);
-                        if K == kind::Q4_K_TILE {
-                            q4_k_block::<D, true>(qs, &sc, (d[r], dmin[r]), b, &mut acc[r], &mut acc_min[r]);
-                        } else {
-                            q4_k_block::<D, false>(qs, &sc, (d[r], dmin[r]), b, &mut acc[r], &mut acc_min[r]);
-                        }
-                    }
-                }
-                for r in 0..ROWS {
-                    out[r] = acc[r] - acc_min[r];
-                }
-            }
-            _ => {
-                let mut acc = [[vdupq_n_f32(0.0); 2]; ROWS];
-                for (i, b) in y[..nb].iter().enumerate() {
-                    let gb = g.add(i * gbs);
-                    let mut d = [0f32; 4];
-                    vst1q_f32(d.as_mut_ptr(), vmulq_n_f32(load_f16x4(gb as *const half::f16), b.d));
-                    for r in 0..ROWS {
-                        let sumi = if K == kind::Q6_K {
-                            let mut sc = [0i8; QK_K / 16];
-                            sc[..8].copy_from_slice(&*(gb.add(8 + 8 * r) as *const [i8; 8]));
-                            sc[8..].copy_from_slice(&*(gb.add(40 + 8 * r) as *const [i8; 8]));
-                            q6_k_block::<D>(|p| gb.add(72 + 64 * p + 16 * r), |p| gb.add(584 + 64 * p + 16 * r), &sc, b)
-                        } else {
-                            let sh = u16::from_le_bytes([*gb.add(8 + 2 * r), *gb.add(9 + 2 * r)]);
-                            let sc = iq4_xs_scales_of(sh, &*(gb.add(16 + 4 * r) as *const [u8; 4]));
-                            iq4_xs_block::<D>(|p| gb.add(32 + 64 * p + 16 * r), &sc, table, b)
-                        };
-                        lanes_fma(&mut acc[r], sumi, d[r]);
-                    }
-                }
-                for r in 0..ROWS {
-                    out[r] = hsum8(acc[r]);
-                }
-            }
-        }
-    }
-    out
 }
 
 /// Decode's GEMV: `out[c]` = the plain `vec_dot` of weight row c (`g`: the groups of
