@@ -536,9 +536,18 @@ fn perplexity(m: &ModelArgs, file: &std::path::Path, chunks: Option<usize>, json
     if !json {
         eprintln!("{}: {} tokens, chunks of {}", file.display(), tokens.len(), m.ctx_size);
     }
-    let r = corelm_engine::perplexity::perplexity(&mut engine, &tokens, bos, m.ctx_size, chunks, |c, p| {
+    if let Some(b) = engine.balance() {
+        b.reset_stats();
+    }
+    let r = corelm_engine::perplexity::perplexity(&mut engine, &tokens, bos, m.ctx_size, chunks, |c, p, engine| {
         if !json {
             eprint!("[{}]{p:.4},", c + 1);
+        }
+        // Online balancing: each chunk's own figures (how the policy follows a text whose
+        // activations drift; `scripts/balance_drift.sh`).
+        if let Some(b) = engine.balance() {
+            eprintln!("\n[chunk {}: {}]", c + 1, sparsity::describe_balance(b));
+            b.reset_stats();
         }
     })?;
     if json {

@@ -396,7 +396,7 @@ fn eval(m: &crate::ModelArgs, file: &Path, levels: &[f32], chunks: Option<usize>
         let (mut engine, tok): (Engine, Tokenizer) = crate::load(args, 1)?;
         let tokens = tokens_of(&tok, file)?;
         let bos = if tok.add_bos { tok.bos } else { None };
-        Ok(corelm_engine::perplexity::perplexity(&mut engine, &tokens, bos, m.ctx_size, chunks, |_, _| {})?)
+        Ok(corelm_engine::perplexity::perplexity(&mut engine, &tokens, bos, m.ctx_size, chunks, |_, _, _| {})?)
     };
     let dense = run(&dense_args(m))?;
     let mut rows = vec![("dense".to_string(), dense.clone())];

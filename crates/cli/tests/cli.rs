@@ -174,3 +174,36 @@ fn plan_places_operators_on_a_stated_roofline() {
     let both = corelm().args(["plan", "--plan", "x.json", "--profile", &profile]).output().unwrap();
     assert!(String::from_utf8_lossy(&both.stderr).contains("one or the other"));
 }
+
+/// `perplexity` under an online balancing policy prints each chunk's own balance figures
+/// (what `scripts/balance_drift.sh` reads): one token per pass, so a chunk of 32 tokens is 32
+/// passes, the statistics reset between chunks. On the accelerator (lavapipe in CI), with a
+/// sidecar calibrated here.
+#[test]
+fn perplexity_prints_balance_per_chunk() {
+    let dir = std::env::temp_dir().join(format!("corelm-drift-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let side = dir.join("smol.sparsity");
+    let text = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/ppl-gpl3.txt");
+    let out = corelm()
+        .args(["sparsity", "collect", "--model", &smol(), "--max-tokens", "256", "--chunk", "128", "--threads", "2", "--no-pin", "--file"])
+        .arg(&text)
+        .arg("--output")
+        .arg(&side)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = corelm()
+        .args(["perplexity", "--model", &smol(), "-c", "32", "-b", "1", "--chunks", "2", "-t", "2", "--no-pin", "--sparsity", "0.5", "--accel-mem", "2M", "--accel-policy", "tam", "--file"])
+        .arg(&text)
+        .arg("--sparsity-file")
+        .arg(&side)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    for c in 1..=2 {
+        assert!(err.contains(&format!("[chunk {c}: balance tam: 32 passes, device hit rate ")), "chunk {c}: {err}");
+    }
+}

@@ -32,14 +32,15 @@ pub fn nll(logits: &[f32], tok: u32) -> f64 {
 
 /// Evaluate `tokens` (the whole text, tokenized with BOS if the model adds one) in chunks of
 /// `n_ctx`; at most `max_chunks` chunks if given. `bos`: the token that replaces each chunk's
-/// first token. Uses sequence 0, which it clears. `progress(chunk, running_ppl)` after each.
+/// first token. Uses sequence 0, which it clears. `progress(chunk, running_ppl, engine)` after
+/// each (the engine to read per-chunk statistics from, e.g. its balancer's).
 pub fn perplexity(
     engine: &mut Engine,
     tokens: &[u32],
     bos: Option<u32>,
     n_ctx: usize,
     max_chunks: Option<usize>,
-    mut progress: impl FnMut(usize, f64),
+    mut progress: impl FnMut(usize, f64, &Engine),
 ) -> Result<Perplexity, Error> {
     if n_ctx < 8 {
         return Err(Error::Config(format!("perplexity context {n_ctx} is too small (at least 8)")));
@@ -89,7 +90,7 @@ pub fn perplexity(
         engine.clear_seq(0);
         let running = (sum / count as f64).exp();
         per_chunk.push(running);
-        progress(c, running);
+        progress(c, running, engine);
     }
     let mean = sum / count as f64;
     let ppl = mean.exp();

@@ -171,7 +171,7 @@ fn perplexity_matches_llama_cpp() {
     let tokens = tok.encode(&text, true, false).unwrap();
     let bos = if tok.add_bos { tok.bos } else { None };
     let chunks = rec["chunks"].as_u64().map(|c| c as usize);
-    let r = corelm_engine::perplexity::perplexity(&mut e, &tokens, bos, n_ctx, chunks, |_, _| {}).unwrap();
+    let r = corelm_engine::perplexity::perplexity(&mut e, &tokens, bos, n_ctx, chunks, |_, _, _| {}).unwrap();
     let want = rec["llama_cpp_ppl"].as_f64().unwrap();
     assert_eq!(r.tokens_scored as u64, rec["tokens_scored"].as_u64().unwrap());
     let rel = r.ppl / want - 1.0;

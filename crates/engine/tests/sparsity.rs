@@ -151,7 +151,7 @@ fn accel(sparsity: Option<f32>) -> EngineConfig {
 fn ppl(engine: &mut Engine, tok: &corelm_engine::Tokenizer) -> f64 {
     let text = std::fs::read_to_string(format!("{}/../../fixtures/ppl-gpl3.txt", env!("CARGO_MANIFEST_DIR"))).unwrap();
     let tokens = tok.encode(&text, true, false).unwrap();
-    corelm_engine::perplexity::perplexity(engine, &tokens, tok.bos, 128, Some(4), |_, _| {}).unwrap().ppl
+    corelm_engine::perplexity::perplexity(engine, &tokens, tok.bos, 128, Some(4), |_, _, _| {}).unwrap().ppl
 }
 
 #[test]
