@@ -7,9 +7,10 @@
 //! CPU keeps every neuron's weights, and the graph's sparse nodes skip the neurons the device
 //! holds at each pass (`Offload::resident`). After a layer's pass [`Online`] turns the CPU's
 //! gate product (an exact predictor of which neurons fired) into group activities, asks the
-//! [`Balancer`] for moves, and issues them at once: the group's gate and up rows straight from
-//! the file mapping and its down column from a neuron-major host copy, written into the
-//! evicted group's rows (`HotFfn::load`), and the residency mask flipped to match. The layer's
+//! [`Balancer`] for moves, and issues them at once: the group's gate and up rows and its down
+//! column (neuron-major Q8_0), one contiguous run each of the host copies reordered at load by
+//! group, written into the evicted group's rows (`HotFfn::load`), and the residency mask
+//! flipped to match. The layer's
 //! next pass is the first to use them, on both sides.
 //!
 //! Transfers: wgpu gives one queue, so the loads are queued behind the current layer's

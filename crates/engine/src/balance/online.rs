@@ -6,7 +6,7 @@ use super::policy::{BalanceConfig, Balancer, Move, Policy};
 use crate::offload::{device_part_on_cpu, ffn_of, file_matrix};
 use corelm_accel::{gather_rows, FileMatrix, HotFfn};
 use corelm_core::{sched::gate_activation, Glu, Offload};
-use corelm_gguf::{Gguf, TensorInfo};
+use corelm_gguf::Gguf;
 use corelm_kernels::{DType, Kernels};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -49,11 +49,12 @@ struct Layer {
     members: Vec<u32>,
     /// The group of each neuron.
     group_of: Vec<u32>,
-    /// The gate and up matrices in the file (neuron `n`: row `n`).
-    gate: TensorInfo,
-    up: TensorInfo,
-    /// Every neuron's down column as a Q8_0 row (`[n_ff rows, n_embd]`).
-    down: Vec<u8>,
+    /// The weights reordered at load so that each group is contiguous (KAIROX §5.2): gate and
+    /// up rows as the file stores them, and down columns as neuron-major Q8_0 rows, row `p`
+    /// of each being neuron `members[p]`'s. A move then writes three slices, no gather.
+    rows: [Vec<u8>; 3],
+    /// The gate's and up's types.
+    types: [DType; 2],
     /// Bit `n`: neuron `n` is on the device.
     mask: Vec<AtomicU64>,
 }
@@ -84,8 +85,6 @@ struct State {
     counts: Vec<u32>,
     activity: Vec<f32>,
     moves: Vec<Move>,
-    /// One group's gate, up and down rows gathered for a load.
-    staging: [Vec<u8>; 3],
     stats: BalanceStats,
     /// The FFN input each layer's submission got (`[max_tokens × n_embd]`; the device-loss
     /// fallback recomputes the device's part from it).
@@ -101,7 +100,6 @@ struct State {
 /// `HotFfn` with its neurons balanced online.
 pub struct Online {
     ffn: Arc<HotFfn>,
-    gguf: Arc<Gguf>,
     kernels: &'static Kernels,
     layers: Vec<Option<Layer>>,
     n_ff: usize,
@@ -142,19 +140,21 @@ impl Online {
             if members.len() != n_ff || group_of.contains(&u32::MAX) {
                 return Err(crate::Error::Config(format!("layer {l}: the neuron groups are not a permutation of its {n_ff} neurons")));
             }
-            let all: Vec<u32> = (0..n_ff as u32).collect();
+            let (mut gate, mut up) = (Vec::new(), Vec::new());
+            gather_rows(&file_matrix(&gguf, f.gate), &members, &mut gate);
+            gather_rows(&file_matrix(&gguf, f.up), &members, &mut up);
+            let down = corelm_accel::down_neuron_major(&file_matrix(&gguf, f.down), &members);
             let layer = Layer {
                 members,
                 group_of,
-                gate: f.gate.clone(),
-                up: f.up.clone(),
-                down: corelm_accel::down_neuron_major(&file_matrix(&gguf, f.down), &all),
+                rows: [gate, up, down],
+                types: [f.gate.dtype, f.up.dtype],
                 mask: (0..n_ff.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             };
             init.iter().for_each(|&g| layer.set(g, group, true));
             let hot: Vec<u32> = init.iter().flat_map(|&g| layer.members[g as usize * group..][..group].iter().copied()).collect();
-            let mut down = Vec::new();
-            gather_rows(&down_matrix(&layer.down, n_ff, n_embd), &hot, &mut down);
+            let drb = corelm_kernels::row_bytes(DType::Q8_0, n_embd);
+            let down: Vec<u8> = init.iter().flat_map(|&g| &layer.rows[2][g as usize * group * drb..][..group * drb]).copied().collect();
             rows.push(hot);
             downs.push(down);
             layers.push(Some(layer));
@@ -162,7 +162,6 @@ impl Online {
         let ffn = crate::offload::upload(&gguf, &rows, &downs, n_embd, max_tokens)?;
         let last = layers.iter().rposition(Option::is_some).unwrap_or(0);
         let n_groups = n_ff / group.max(1);
-        let staging_row = layers.iter().flatten().flat_map(|l| [&l.gate, &l.up].map(|t| corelm_kernels::row_bytes(t.dtype, n_embd))).max().unwrap_or(0);
         let state = State {
             balancer: Balancer::new(cfg, n_groups, initial),
             glu: vec![(Glu::Silu, 0.0); initial.len()],
@@ -172,7 +171,6 @@ impl Online {
             counts: vec![0; n_groups],
             activity: vec![0.0; n_groups],
             moves: Vec::with_capacity(n_groups),
-            staging: std::array::from_fn(|_| Vec::with_capacity(staging_row.max(corelm_kernels::row_bytes(DType::Q8_0, n_embd)) * group)),
             stats: BalanceStats { lambda: cfg.lambda, ..Default::default() },
             x: vec![0.0; max_tokens * n_embd],
             row: vec![0.0; n_embd],
@@ -180,12 +178,13 @@ impl Online {
             pass_load: 0.0,
             pass_wait: 0.0,
         };
-        Ok(Online { ffn, gguf, kernels, layers, n_ff, n_embd, group, last, state: Mutex::new(state) })
+        Ok(Online { ffn, kernels, layers, n_ff, n_embd, group, last, state: Mutex::new(state) })
     }
 
-    /// A layer's gate, up (the file's) and neuron-major down (the host copy).
-    fn matrices<'a>(&'a self, l: &'a Layer) -> [FileMatrix<'a>; 3] {
-        [file_matrix(&self.gguf, &l.gate), file_matrix(&self.gguf, &l.up), down_matrix(&l.down, self.n_ff, self.n_embd)]
+    /// A layer's gate, up and neuron-major down in group order (row `p`: neuron `members[p]`).
+    fn matrices<'a>(&self, l: &'a Layer) -> [FileMatrix<'a>; 3] {
+        let m = |dtype: DType, bytes: &'a [u8]| FileMatrix { dtype, rows: self.n_ff, cols: self.n_embd, bytes };
+        [m(l.types[0], &l.rows[0]), m(l.types[1], &l.rows[1]), m(DType::Q8_0, &l.rows[2])]
     }
 
     pub fn ffn(&self) -> &Arc<HotFfn> {
@@ -224,22 +223,24 @@ impl Online {
         let l = self.layers[layer].as_ref().expect("an offloaded layer");
         let [gate, up, down] = self.matrices(l);
         let (kind, thr) = s.glu[layer];
-        let resident = (0..self.n_ff).filter(|&n| l.mask[n / 64].load(Ordering::Relaxed) >> (n % 64) & 1 == 1).map(|n| (n, n));
+        let on = |n: usize| l.mask[n / 64].load(Ordering::Relaxed) >> (n % 64) & 1 == 1;
+        let resident = (0..self.n_ff).filter(|&p| on(l.members[p] as usize)).map(|p| (p, p));
         device_part_on_cpu([&gate, &up, &down], resident, kind, thr, &s.x, y, &mut s.row);
     }
 
     /// Carry out `moves` on `layer`: device rows and the residency mask. Returns the bytes.
-    fn apply(&self, layer: usize, moves: &[Move], staging: &mut [Vec<u8>; 3]) -> u64 {
+    fn apply(&self, layer: usize, moves: &[Move]) -> u64 {
         let l = self.layers[layer].as_ref().expect("an offloaded layer");
         let gs = self.group;
         let matrices = self.matrices(l);
         let mut bytes = 0;
         for m in moves {
-            // The group's rows gathered: gate and up from the file mapping, down from the
-            // neuron-major copy.
-            let neurons = &l.members[m.group as usize * gs..][..gs];
-            staging.iter_mut().zip(&matrices).for_each(|(buf, mat)| gather_rows(mat, neurons, buf));
-            bytes += self.ffn.load(layer, m.slot * gs, &staging[0], &staging[1], &staging[2]);
+            // The group's rows: one contiguous run of each reordered matrix.
+            let [gate, up, down] = matrices.map(|mat| {
+                let rb = mat.row_bytes();
+                &mat.bytes[m.group as usize * gs * rb..][..gs * rb]
+            });
+            bytes += self.ffn.load(layer, m.slot * gs, gate, up, down);
             if let Some(e) = m.evicted {
                 l.set(e, gs, false);
             }
@@ -247,11 +248,6 @@ impl Online {
         }
         bytes
     }
-}
-
-/// A neuron-major Q8_0 down copy (`[n_ff rows, n_embd]`) as a matrix.
-fn down_matrix(bytes: &[u8], n_ff: usize, n_embd: usize) -> FileMatrix<'_> {
-    FileMatrix { dtype: DType::Q8_0, rows: n_ff, cols: n_embd, bytes }
 }
 
 impl Offload for Online {
@@ -328,7 +324,7 @@ impl Offload for Online {
         s.stats.policy_secs += t0.elapsed().as_secs_f64();
         if !s.moves.is_empty() {
             let t1 = Instant::now();
-            let bytes = self.apply(layer, &s.moves, &mut s.staging);
+            let bytes = self.apply(layer, &s.moves);
             let dt = t1.elapsed().as_secs_f64();
             s.stats.loads += s.moves.len() as u64;
             s.stats.load_bytes += bytes;
