@@ -4,7 +4,9 @@
 # (`corelm perplexity -b 1`, one pass per token as in decode), with the accelerator's neurons
 # chosen from a calibration on other prose. Each policy's device hit rate and group loads are
 # printed chunk by chunk, so the table shows whether a policy follows the switch to code and
-# back (the static set cannot), and what it pays in loads.
+# back (the static set cannot), and what it pays in loads, beside the hit rate of the best
+# fixed set of groups for that chunk in hindsight (the first policy's run): what a static
+# choice knowing the chunk would reach; a policy beats it only by following changes within it.
 #
 #   scripts/balance_drift.sh MODEL SIDECAR [MEM=8M] [SPARSITY=0.5] [CHUNK=128] [THREADS=2]
 #
@@ -84,7 +86,7 @@ echo "model $(basename "$model"), --accel-mem $mem, --sparsity $sparsity, chunks
 echo "calibration: $(basename "$sidecar"); sections: prose $n_prose1, code $n_code, prose $n_prose2 chunks"
 echo
 
-declare -A hit loads
+declare -A hit best loads
 for p in $policies; do
     out=$("$bin" perplexity -m "$model" -f "$work/drift.txt" -c "$chunk" -b 1 --chunks "$n_chunks" -t "$threads" \
         --sparsity "$sparsity" --sparsity-file "$sidecar" --accel-mem "$mem" --accel-policy "$p" ${EXTRA:-} 2>&1) || {
@@ -92,14 +94,16 @@ for p in $policies; do
         echo "$out" >&2
         exit 1
     }
-    while read -r c h l; do
+    while read -r c h b l; do
         hit[$p,$c]=$h
+        best[$p,$c]=$b
         loads[$p,$c]=$l
-    done < <(sed -nE 's/^\[chunk ([0-9]+): balance [a-z-]+: .* hit rate ([0-9.]+) % .*, ([0-9]+) group loads.*/\1 \2 \3/p' <<<"$out")
+    done < <(sed -nE 's/^\[chunk ([0-9]+): balance [a-z-]+: .* hit rate ([0-9.]+) % .*hindsight ([0-9.]+) %.*, ([0-9]+) group loads.*/\1 \2 \3 \4/p' <<<"$out")
 done
 
-header="| chunk | text |"
-rule="|---|---|"
+first=${policies%% *}
+header="| chunk | text | best fixed set in hindsight % |"
+rule="|---|---|---|"
 for p in $policies; do
     header+=" $p hit % (loads) |"
     rule+="---|"
@@ -107,7 +111,7 @@ done
 echo "$header"
 echo "$rule"
 for ((c = 1; c <= n_chunks; c++)); do
-    row="| $c | ${labels[$((c - 1))]} |"
+    row="| $c | ${labels[$((c - 1))]} | ${best[$first,$c]:-?} |"
     for p in $policies; do
         row+=" ${hit[$p,$c]:-?} (${loads[$p,$c]:-?}) |"
     done

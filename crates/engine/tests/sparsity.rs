@@ -221,8 +221,20 @@ fn online_balancing_moves_groups_and_keeps_the_results() {
         assert_eq!(st.load_bytes, st.loads * 64 * 1332, "{st:?}");
         // TopK and LRU move at once and often; TAM waits for a second pass.
         assert!(st.loads > 0, "{policy}: {st:?}");
+        assert!(st.fired_best <= st.fired, "{policy}: {st:?}");
         eprintln!("{policy}: {st:?}, max diff {d}");
     }
+    // The best fixed set in hindsight: at least the fixed set static-groups kept, at most all
+    // that fired, and nothing after the statistics are reset.
+    let s = Arc::new(SparseFfn::new(vec![0.12; 30], DType::Q8_0));
+    let a = corelm_engine::offload::AccelConfig { balance: BalanceConfig::new(Policy::StaticGroups), ..corelm_engine::offload::AccelConfig::new(8 << 20) };
+    let (mut e, _) = load(SMOL, EngineConfig { sparsity: Some(s), accel: Some(a), ..test_config(2) });
+    token_by_token(&mut e, &ids);
+    let b = e.balance().expect("online balancing");
+    let st = b.stats();
+    assert!(st.loads == 0 && st.fired_device > 0 && st.fired_device <= st.fired_best && st.fired_best < st.fired, "{st:?}");
+    b.reset_stats();
+    assert_eq!((b.stats().fired, b.stats().fired_best), (0, 0));
 }
 
 /// A device lost in the middle of a pass (armed after token 5, failing at token 6's first read-

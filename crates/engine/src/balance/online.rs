@@ -34,12 +34,22 @@ pub struct BalanceStats {
     /// The device was lost: its part of that pass came from the CPU, and the CPU computes
     /// every neuron since.
     pub device_lost: bool,
+    /// Firing neurons that the best fixed set of groups in hindsight would have held: per
+    /// layer, the groups that fired most over these passes, as many as its slots: what a
+    /// static choice knowing these passes would reach (a policy beats it only by following
+    /// changes within them).
+    pub fired_best: u64,
 }
 
 impl BalanceStats {
     /// The share of firing neurons the device computed.
     pub fn hit_rate(&self) -> f64 {
         self.fired_device as f64 / self.fired.max(1) as f64
+    }
+
+    /// The hit rate of the best fixed set in hindsight ([`BalanceStats::fired_best`]).
+    pub fn best_hit_rate(&self) -> f64 {
+        self.fired_best as f64 / self.fired.max(1) as f64
     }
 }
 
@@ -85,6 +95,8 @@ struct State {
     counts: Vec<u32>,
     activity: Vec<f32>,
     moves: Vec<Move>,
+    /// Per offloaded layer, each group's firing neurons since the statistics were reset.
+    fired_by_group: Vec<Vec<u64>>,
     stats: BalanceStats,
     /// The FFN input each layer's submission got (`[max_tokens × n_embd]`; the device-loss
     /// fallback recomputes the device's part from it).
@@ -171,6 +183,7 @@ impl Online {
             counts: vec![0; n_groups],
             activity: vec![0.0; n_groups],
             moves: Vec::with_capacity(n_groups),
+            fired_by_group: initial.iter().map(|i| vec![0; if i.is_empty() { 0 } else { n_groups }]).collect(),
             stats: BalanceStats { lambda: cfg.lambda, ..Default::default() },
             x: vec![0.0; max_tokens * n_embd],
             row: vec![0.0; n_embd],
@@ -196,7 +209,20 @@ impl Online {
     }
 
     pub fn stats(&self) -> BalanceStats {
-        BalanceStats { device_lost: self.ffn.failed(), ..self.lock().stats }
+        let s = self.lock();
+        // The best fixed set: each layer's most firing groups, as many as it has slots.
+        let fired_best = s
+            .fired_by_group
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| !f.is_empty())
+            .map(|(l, f)| {
+                let mut f = f.clone();
+                f.sort_unstable_by(|a, b| b.cmp(a));
+                f[..s.balancer.slots(l).len()].iter().sum::<u64>()
+            })
+            .sum();
+        BalanceStats { device_lost: self.ffn.failed(), fired_best, ..s.stats }
     }
 
     /// Make the next layer's read-back fail as a lost device would (the device's work is still
@@ -210,6 +236,7 @@ impl Online {
         let mut s = self.lock();
         let lambda = s.balancer.lambda();
         s.stats = BalanceStats { lambda, ..Default::default() };
+        s.fired_by_group.iter_mut().for_each(|f| f.fill(0));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -316,6 +343,7 @@ impl Offload for Online {
         for (g, (&c, a)) in s.counts.iter().zip(s.activity.iter_mut()).enumerate() {
             *a = c as f32 / (gs * n_tokens) as f32;
             s.stats.fired += u64::from(c);
+            s.fired_by_group[layer][g] += u64::from(c);
             if s.balancer.resident(layer, g) {
                 s.stats.fired_device += u64::from(c);
             }
