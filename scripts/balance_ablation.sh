@@ -19,8 +19,8 @@ threads=${5:-2}
 bin=${CORELM:-target/release/corelm}
 echo "model $(basename "$model"), --accel-mem $mem, --sparsity $sparsity, tg$tokens, $threads threads ${EXTRA:-}"
 echo
-echo "| policy | t/s | group loads | MB loaded | device hit rate | load s | wait s | λ end |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| policy | t/s | group loads | MB loaded | device hit rate | best fixed set in hindsight | load s | wait s | λ end |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for p in static-groups topk lru tam tam-adaptive; do
     out=$("$bin" bench -m "$model" -p 0 -n "$tokens" -r 1 -t "$threads" --sparsity "$sparsity" --accel-mem "$mem" --accel-policy "$p" ${EXTRA:-} 2>&1)
     ts=$(grep -E "^\| .* \| tg$tokens \|" <<<"$out" | awk -F'|' '{print $5}' | awk '{print $1}')
@@ -29,8 +29,9 @@ for p in static-groups topk lru tam tam-adaptive; do
     loads=$(sed -E 's/.* ([0-9]+) group loads.*/\1/' <<<"$line")
     mb=$(sed -E 's/.*group loads \(([0-9.]+) MB.*/\1/' <<<"$line")
     hit=$(sed -E 's/.*hit rate ([0-9.]+ %).*/\1/' <<<"$line")
+    best=$(sed -E 's/.*hindsight ([0-9.]+ %).*/\1/' <<<"$line")
     load_s=$(sed -E 's/.*MB, ([0-9.]+) s issuing.*/\1/' <<<"$line")
     wait_s=$(sed -E 's/.*, ([0-9.]+) s waiting for the device.*/\1/' <<<"$line")
     lambda=$(sed -E 's/.*λ ([0-9.]+).*/\1/' <<<"$line")
-    echo "| $p | $ts | $loads | $mb | $hit | $load_s | $wait_s | $lambda |"
+    echo "| $p | $ts | $loads | $mb | $hit | $best | $load_s | $wait_s | $lambda |"
 done
