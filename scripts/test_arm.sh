@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# aarch64, emulated: cross-build the kernel parity tests and one real-model golden check
-# (SmolLM2's first case, prompt logits within tolerance; SmolLM2 requantized to F16, the
+# aarch64, emulated: cross-build the kernel parity tests and real-model golden checks
+# (SmolLM2's first case, prompt logits within tolerance; Gemma 3's first case for the K-quant
+# kernels, under neoverse-n1 only; SmolLM2 requantized to F16, the
 # AVX-512 table's logits bit for bit) for aarch64-unknown-linux-gnu and run
 # them under qemu-user with several CPU models, so every dispatch path a real ARM CPU can take
 # runs: `max` (dotprod, i8mm, SVE, SME), `neoverse-n1` (dotprod, no i8mm), `cortex-a53` (no
@@ -56,6 +57,11 @@ for cpu in max neoverse-n1 cortex-a53; do
     export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64-static -L $SYSROOT -cpu $cpu"
     "$CARGO" test --release --target $T "${TESTS[@]}" -q
     "$CARGO" test --release --target $T "${GOLDEN[@]}" -q golden_smollm2_p01 -- --exact --nocapture
+    if [ "$cpu" = neoverse-n1 ]; then
+        # The K-quant kernels on a real model (Gemma 3's Q4_K/Q6_K/Q5_0/Q8_0 matrices) under
+        # the NEON and sdot tables: once, on the CPU model that has both (~5 minutes).
+        "$CARGO" test --release --target $T "${GOLDEN[@]}" -q golden_gemma3_p01 -- --exact --nocapture
+    fi
     "$CARGO" test --release --target $T "${F16[@]}" -q f16_model_gives_the_avx512_tables_logits -- --exact --nocapture
 done
 

@@ -217,6 +217,20 @@ fn golden_smollm2_p01() {
     }
 }
 
+/// Gemma 3's first case under every SIMD table this CPU runs: the real-model check of the
+/// K-quant kernels in the emulated aarch64 runs (`scripts/test_arm.sh`, where the whole model
+/// test takes 18 minutes a CPU): its feed-forward Q4_K and Q6_K matrices and its Q5_0/Q8_0
+/// ones on the interleaved GEMV and tiles of NEON and `sdot`. The golden tolerance: every
+/// SIMD table keeps the x86 lane order.
+#[test]
+fn golden_gemma3_p01() {
+    use corelm_kernels::Isa;
+    let (d, f, t) = MODELS[1];
+    for isa in Isa::ALL.into_iter().filter(|&i| i != Isa::Portable && corelm_kernels::dispatch::check(i).is_ok()) {
+        check_model_cfg(d, f, t, corelm_engine::EngineConfig { n_batch: 512, isa: Some(isa), ..test_config(2) }, &["p01"]);
+    }
+}
+
 #[test]
 fn golden_gemma3() {
     let (d, f, t) = MODELS[1];
