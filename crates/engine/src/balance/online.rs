@@ -70,6 +70,13 @@ struct Layer {
 }
 
 impl Layer {
+    /// Group `g`'s rows (of `gs` neurons) in reordered matrix `k` (0 gate, 1 up, 2 down): one
+    /// contiguous run.
+    fn group_rows(&self, k: usize, g: u32, gs: usize) -> &[u8] {
+        let rb = self.rows[k].len() / self.members.len();
+        &self.rows[k][g as usize * gs * rb..][..gs * rb]
+    }
+
     /// Mark group `g` (of `gs` neurons) on the device, or off it.
     fn set(&self, g: u32, gs: usize, on: bool) {
         for &n in &self.members[g as usize * gs..][..gs] {
@@ -165,8 +172,7 @@ impl Online {
             };
             init.iter().for_each(|&g| layer.set(g, group, true));
             let hot: Vec<u32> = init.iter().flat_map(|&g| layer.members[g as usize * group..][..group].iter().copied()).collect();
-            let drb = corelm_kernels::row_bytes(DType::Q8_0, n_embd);
-            let down: Vec<u8> = init.iter().flat_map(|&g| &layer.rows[2][g as usize * group * drb..][..group * drb]).copied().collect();
+            let down: Vec<u8> = init.iter().flat_map(|&g| layer.group_rows(2, g, group)).copied().collect();
             rows.push(hot);
             downs.push(down);
             layers.push(Some(layer));
@@ -259,14 +265,9 @@ impl Online {
     fn apply(&self, layer: usize, moves: &[Move]) -> u64 {
         let l = self.layers[layer].as_ref().expect("an offloaded layer");
         let gs = self.group;
-        let matrices = self.matrices(l);
         let mut bytes = 0;
         for m in moves {
-            // The group's rows: one contiguous run of each reordered matrix.
-            let [gate, up, down] = matrices.map(|mat| {
-                let rb = mat.row_bytes();
-                &mat.bytes[m.group as usize * gs * rb..][..gs * rb]
-            });
+            let [gate, up, down] = [0, 1, 2].map(|k| l.group_rows(k, m.group, gs));
             bytes += self.ffn.load(layer, m.slot * gs, gate, up, down);
             if let Some(e) = m.evicted {
                 l.set(e, gs, false);
