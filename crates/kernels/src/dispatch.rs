@@ -149,7 +149,7 @@ impl Kernels {
         };
         Kernels {
             isa: Isa::Portable,
-            layout: Layout { q5: Q5Bits::Transposed },
+            layout: Layout { q5: Q5Bits::Folded },
             q8_0: pq::quant_q8_0,
             q8_1: pq::quant_q8_1,
             q8_k: pq::quant_q8_k,

@@ -16,17 +16,22 @@
 //! | Q4_K (4 × 144) | `d0‥d3 dmin0‥dmin3` (f16, 16) · `scales[4w..4w+4]` of rows 0‥3 for w = 0, 1, 2 (3 × 16) · for each 16 bytes `qs[16h..16h+16]` (h < 8), those of rows 0‥3 (8 × 64) |
 //! | IQ4_XS (4 × 136) | `d0‥d3` (f16, 8) · `scales_h` of rows 0‥3 (u16, 8) · `scales_l` of rows 0‥3 (4 × 4) · for each sub-block's 16 bytes `qs[16b..16b+16]` (b < 8), those of rows 0‥3 (8 × 64) |
 //!
-//! The 16 bytes of fifth bits of Q5_0 and Q5_1 take the form the table's kernels read fastest
-//! ([`Q5Bits`], the one thing a table's [`Layout`] chooses):
+//! Q5_0's and Q5_1's fifth bits (the 16 bytes after the scales, and with `Folded` the rows'
+//! 16-byte runs too) take the form the table's kernels read fastest ([`Q5Bits`], the one thing
+//! a table's [`Layout`] chooses):
 //! - [`Q5Bits::Masks`] (AVX-512): two 64-bit masks, `hl` then `hh`; bit `16r + j` of `hl` is row
 //!   r's bit for value `j`, of `hh` for value `16 + j` (j < 16) — the kernel's byte masks as
 //!   they are.
-//! - [`Q5Bits::Transposed`] (AVX2, NEON): bit `r` of byte `j` is row r's bit for value `j`, bit
-//!   `4 + r` for value `16 + j`. One 16-byte load repeated in every 128-bit lane holds every
-//!   row's bits; a shift per lane (left by `4 − r`, right by `r`) and a mask give row r's bit as
-//!   the 16 of its value's byte: two operations per 32 values, where `Masks` needs a shuffle
-//!   and a compare on AVX2 (Qwen2.5-0.5B's Q5_0 GEMV 1.39× faster under `--isa avx2`; the
-//!   AVX-512 kernel loses 12 % reading this form, hence two).
+//! - [`Q5Bits::Folded`] (AVX2, NEON): the 5-bit values themselves moved into the 16 `qs` bytes of a
+//!   row as far as they fit: byte `j` holds value `j` whole (bits 0‥4: its nibble and fifth
+//!   bit) and value `16 + j`'s low three bits (bits 5‥7); the 16 bytes of the fifth-bit slot
+//!   hold value `16 + j`'s bits 3 and 4 of row r at bits `2r`, `2r + 1` of byte `j`. Value `j`
+//!   is then one mask (`& 0x1F`) and value `16 + j` a word shift, a per-lane shift of the
+//!   repeated 16 bytes and two masks joined by an or: on AVX2 six operations per 2 × 32 values
+//!   where the earlier transposed bits (bit r of byte j: row r's value j, bit 4 + r: its value
+//!   16 + j) took nine, on NEON (byte shifts: no word shift to mask) five per 32 where it took
+//!   eight. `Masks` needs a shuffle and a compare on AVX2; the AVX-512 kernel, with mask
+//!   registers, reads it directly.
 //!
 //! Q4_K's 12 scale bytes stay packed (6-bit scales and mins); grouped as three 32-bit words per
 //! row, the four rows' words sit side by side, so one 128-bit operation unpacks a word of all
@@ -75,8 +80,9 @@ pub const ROWS: usize = 4;
 pub enum Q5Bits {
     /// Two 64-bit masks, row r's bits at `16r` (AVX-512's byte masks).
     Masks,
-    /// Bit r of byte j: row r's value j; bit 4 + r: its value 16 + j (AVX2, NEON).
-    Transposed,
+    /// Value j whole and value 16 + j's low three bits in `qs` byte j; bits 2r, 2r + 1 of byte
+    /// j: row r's value 16 + j's bits 3 and 4 (AVX2, NEON).
+    Folded,
 }
 
 /// The interleaved layout a kernel table reads (`Kernels::layout`): weights packed for one
@@ -148,12 +154,25 @@ impl Layout {
     }
 }
 
-/// Row `r`'s fifth bits of a Q5 group-block's 16 bytes as the plain block's `qh`.
-fn qh_of(q5: Q5Bits, masks: &[u8], r: usize) -> u32 {
-    match q5 {
-        // Row r's 16 bits of `hl` and of `hh` are whole bytes: 2r, 2r + 1 of each.
-        Q5Bits::Masks => u32::from_le_bytes([masks[2 * r], masks[2 * r + 1], masks[8 + 2 * r], masks[9 + 2 * r]]),
-        Q5Bits::Transposed => (0..16).fold(0, |qh, j| qh | (masks[j] as u32 >> r & 1) << j | (masks[j] as u32 >> (4 + r) & 1) << (16 + j)),
+/// `Folded`: row `r`'s plain `qh` and `qs` from its 16 folded bytes `a` and the shared 16 bytes `b`.
+fn folded_row(a: &[u8], b: &[u8], r: usize) -> (u32, [u8; 16]) {
+    let (mut qh, mut qs) = (0u32, [0u8; 16]);
+    for j in 0..16 {
+        let hi = (a[j] >> 5) | (b[j] >> (2 * r) & 3) << 3;
+        qs[j] = a[j] & 0x0F | (hi & 0x0F) << 4;
+        qh |= (a[j] as u32 >> 4 & 1) << j | (hi as u32 >> 4) << (16 + j);
+    }
+    (qh, qs)
+}
+
+/// `Folded`: row `r`'s 16 folded bytes from its plain `qh` and `qs`, its bits of the shared 16
+/// bytes or-ed into `b`.
+fn fold_row(qh: u32, qs: &[u8], r: usize, a: &mut [u8], b: &mut [u8; 16]) {
+    for j in 0..16 {
+        let lo = qs[j] & 0x0F | ((qh >> j & 1) as u8) << 4;
+        let hi = qs[j] >> 4 | ((qh >> (16 + j) & 1) as u8) << 4;
+        a[j] = lo | (hi & 7) << 5;
+        b[j] |= (hi >> 3) << (2 * r);
     }
 }
 
@@ -173,9 +192,19 @@ fn unpack_block(t: DType, q5: Q5Bits, gb: &[u8], out: &mut [[u8; MAX_BS]; ROWS])
                 // Q5_0: d, qh, qs (scales 8 bytes); Q5_1: d, m, qh, qs (16).
                 let h = if t == DType::Q5_1 { 4 } else { 2 };
                 o[..h].copy_from_slice(&gb[h * r..h * r + h]);
-                let qh = qh_of(q5, &gb[4 * h..4 * h + 16], r);
-                o[h..h + 4].copy_from_slice(&qh.to_le_bytes());
-                o[h + 4..h + 20].copy_from_slice(&gb[4 * h + 16 + 16 * r..4 * h + 32 + 16 * r]);
+                let (bits, qs) = (&gb[4 * h..4 * h + 16], &gb[4 * h + 16 + 16 * r..4 * h + 32 + 16 * r]);
+                match q5 {
+                    // Row r's 16 bits of `hl` and of `hh` are whole bytes: 2r, 2r + 1 of each.
+                    Q5Bits::Masks => {
+                        o[h..h + 4].copy_from_slice(&[bits[2 * r], bits[2 * r + 1], bits[8 + 2 * r], bits[9 + 2 * r]]);
+                        o[h + 4..h + 20].copy_from_slice(qs);
+                    }
+                    Q5Bits::Folded => {
+                        let (qh, plain) = folded_row(qs, bits, r);
+                        o[h..h + 4].copy_from_slice(&qh.to_le_bytes());
+                        o[h + 4..h + 20].copy_from_slice(&plain);
+                    }
+                }
             }
             DType::Q8_0 => {
                 o[..2].copy_from_slice(&gb[2 * r..2 * r + 2]);
@@ -210,25 +239,24 @@ fn pack_block(t: DType, q5: Q5Bits, b: [&[u8]; ROWS], gb: &mut [u8]) {
         DType::Q5_0 | DType::Q5_1 => {
             // The scales (d, and m for Q5_1: h bytes per row), then the fifth bits, then qs.
             let h = if t == DType::Q5_1 { 4 } else { 2 };
-            let mut masks = [0u8; 16];
+            let mut bits = [0u8; 16];
             for r in 0..ROWS {
                 gb[h * r..h * r + h].copy_from_slice(&b[r][..h]);
-                let qh = u32::from_le_bytes([b[r][h], b[r][h + 1], b[r][h + 2], b[r][h + 3]]);
+                let qs = &mut gb[4 * h + 16 + 16 * r..4 * h + 32 + 16 * r];
                 match q5 {
                     // `qh`'s low half is bytes 2r, 2r + 1 of `hl`, its high half those of `hh`.
                     Q5Bits::Masks => {
-                        masks[2 * r..2 * r + 2].copy_from_slice(&b[r][h..h + 2]);
-                        masks[8 + 2 * r..10 + 2 * r].copy_from_slice(&b[r][h + 2..h + 4]);
+                        bits[2 * r..2 * r + 2].copy_from_slice(&b[r][h..h + 2]);
+                        bits[8 + 2 * r..10 + 2 * r].copy_from_slice(&b[r][h + 2..h + 4]);
+                        qs.copy_from_slice(&b[r][h + 4..h + 20]);
                     }
-                    Q5Bits::Transposed => {
-                        for (j, m) in masks.iter_mut().enumerate() {
-                            *m |= ((qh >> j & 1) << r | (qh >> (16 + j) & 1) << (4 + r)) as u8;
-                        }
+                    Q5Bits::Folded => {
+                        let qh = u32::from_le_bytes([b[r][h], b[r][h + 1], b[r][h + 2], b[r][h + 3]]);
+                        fold_row(qh, &b[r][h + 4..h + 20], r, qs, &mut bits);
                     }
                 }
-                gb[4 * h + 16 + 16 * r..4 * h + 32 + 16 * r].copy_from_slice(&b[r][h + 4..h + 20]);
             }
-            gb[4 * h..4 * h + 16].copy_from_slice(&masks);
+            gb[4 * h..4 * h + 16].copy_from_slice(&bits);
         }
         DType::Q8_0 => {
             for r in 0..ROWS {

@@ -111,14 +111,14 @@ unsafe fn values<const K: u8>(gb: *const u8, r: usize, table: int8x16_t) -> (int
             }
             kind::Q8_0 => (vld1q_s8(gb.add(8 + 16 * r) as *const i8), vld1q_s8(gb.add(72 + 16 * r) as *const i8)),
             _ => {
-                // Q5_0 / Q5_1: the transposed fifth bits after the scales; bit r (4 + r) of
-                // byte j is row r's bit of value j (16 + j), shifted to bit 4 (the 16).
-                let masks = if K == kind::Q5_1 { 16 } else { 8 };
-                let w = vld1q_u8(gb.add(masks));
-                let sixteen = vdupq_n_u8(0x10);
-                let h = (vandq_u8(vshlq_u8(w, vdupq_n_s8(4 - r as i8)), sixteen), vandq_u8(vshlq_u8(w, vdupq_n_s8(-(r as i8))), sixteen));
-                let n = nibbles(run(masks + 16));
-                signed((vorrq_u8(n.0, h.0), vorrq_u8(n.1, h.1)), if K == kind::Q5_0 { 16 } else { 0 })
+                // Q5_0 / Q5_1 in the `Folded` form (`matmul::layout`): byte j of the row's run
+                // holds value j whole and value 16 + j's bits 0‥2 at 5‥7; bits 2r, 2r + 1 of
+                // byte j of the 16 shared bytes after the scales are its bits 3 and 4.
+                let bits = if K == kind::Q5_1 { 16 } else { 8 };
+                let w = vld1q_u8(gb.add(bits));
+                let a = vld1q_u8(run(bits + 16).as_ptr());
+                let top = vandq_u8(vshlq_u8(w, vdupq_n_s8(3 - 2 * r as i8)), vdupq_n_u8(0x18));
+                signed((vandq_u8(a, vdupq_n_u8(0x1F)), vorrq_u8(vshrq_n_u8::<5>(a), top)), if K == kind::Q5_0 { 16 } else { 0 })
             }
         }
     }
