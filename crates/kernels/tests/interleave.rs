@@ -42,7 +42,7 @@ fn pack_then_unpack_is_the_identity() {
                 assert_eq!(back, x, "{t} {layout:?} k={k} rows={n_rows}");
                 packed.push(g);
             }
-            // The forms differ in Q5's fifth bits only.
+            // The forms differ in the Q5 types' bytes only.
             assert_eq!(packed[0] == packed[1], !matches!(t, DType::Q5_0 | DType::Q5_1), "{t}");
         }
     }

@@ -82,7 +82,7 @@ impl LayerPredictor {
             quant(&row, out);
         }
         use corelm_kernels::matmul::layout::{Layout, Q5Bits, ROWS};
-        // Q8_0 packs to the same bytes in every table's layout (only Q5's fifth bits differ).
+        // Q8_0 packs to the same bytes in every table's layout (only the Q5 types' bytes differ).
         let layout = Layout { q5: Q5Bits::Folded };
         let mut a_il = vec![0u8; qa.len()];
         layout.pack(q, &qa, corelm_kernels::row_bytes(q, n_embd), &mut a_il);
