@@ -17,6 +17,9 @@
 //!   part of the layer's output while the CPU computes the rest, and replaces groups of rows
 //!   when online balancing moves neurons ([`HotFfn::load`]). A layer's work is submitted by
 //!   `begin` and read back by `finish`, so the CPU works in between.
+//! - [`SplitMatrices`] holds the first rows of matrices whose matmuls the roofline plan splits
+//!   between the CPU and the accelerator (SMEPilot's accelerator target), and [`probe`]
+//!   measures the device as such a target (`corelm profile --accel`).
 //!
 //! Invariant: nothing here runs unless a device was opened ([`Gpu::open`]); every buffer is
 //! allocated when the weights are uploaded, none per token.
@@ -24,7 +27,10 @@
 mod device;
 mod ffn;
 mod matrix;
+pub mod probe;
+mod split;
 
 pub use device::{AccelError, Gpu};
 pub use ffn::{down_neuron_major, gather_rows, FileMatrix, HotFfn, HotLayer};
 pub use matrix::{gemv_bound, supported, Matrix};
+pub use split::SplitMatrices;

@@ -68,7 +68,19 @@ impl Matrix {
 
     /// Record `y = W x` for `n_tokens` tokens into `pass`.
     pub(crate) fn dispatch(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, n_tokens: usize) {
-        let (gx, gy) = groups(self.rows);
+        self.dispatch_rows(gpu, pass, bind, self.rows, n_tokens)
+    }
+
+    /// Make the next products cover the first `rows` rows only (`y`: `[n_tokens, rows]`);
+    /// written to the queue before the submission that uses it.
+    pub(crate) fn set_rows(&self, gpu: &Gpu, rows: usize) {
+        let (gx, _) = groups(rows);
+        gpu.queue.write_buffer(&self.params, 0, bytemuck::cast_slice(&[rows as u32, self.cols as u32, self.row_bytes() as u32, gx]));
+    }
+
+    /// Record `y = W x` over the first `rows` rows (as [`Self::set_rows`] set) for `n_tokens`.
+    pub(crate) fn dispatch_rows(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, rows: usize, n_tokens: usize) {
+        let (gx, gy) = groups(rows);
         pass.set_pipeline(&gpu.gemv[&self.dtype]);
         pass.set_bind_group(0, bind, &[]);
         pass.dispatch_workgroups(gx, gy, n_tokens as u32);

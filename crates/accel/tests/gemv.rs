@@ -83,3 +83,52 @@ fn gemv_matches_the_file_values_and_the_cpu_kernel() {
         }
     }
 }
+
+/// `SplitMatrices` (the device's rows of split matmuls): the first rows of each matrix, any
+/// number of them per product, give what `Matrix::gemv` gives for those rows, value for value
+/// (the same shader and sums), products of different matrices and batch sizes one after the
+/// other through the shared buffers; a simulated loss fails one read back only.
+#[test]
+fn split_matrices_give_the_first_rows_of_the_gemv() {
+    use corelm_accel::{FileMatrix, SplitMatrices};
+    let gpu = std::sync::Arc::new(Gpu::open().expect("an accelerator (CI: Mesa lavapipe, apt mesa-vulkan-drivers)"));
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    let shapes = [(DType::Q4_1, 64, 256), (DType::Q8_0, 40, 512), (DType::Q6K, 24, 256)];
+    let bytes: Vec<Vec<u8>> = shapes.iter().map(|&(t, rows, cols)| matrix(t, rows, cols, &mut rng)).collect();
+    // The device holds 48, 40 and 12 rows of them.
+    let held = [48, 40, 12];
+    let mats: Vec<FileMatrix> = shapes.iter().zip(&bytes).zip(held).map(|((&(dtype, _, cols), b), rows)| FileMatrix { dtype, rows, cols, bytes: b }).collect();
+    let split = SplitMatrices::new(gpu.clone(), &mats, 5).unwrap();
+    assert_eq!((split.len(), split.rows(0), split.rows(2)), (3, 48, 12));
+    for (i, rows, n_tok) in [(0, 48, 5), (1, 8, 1), (0, 20, 3), (2, 12, 2), (1, 40, 5)] {
+        let (t, _, cols) = shapes[i];
+        let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
+        let m = Matrix::upload(&gpu, "w", t, rows, cols, &bytes[i][..rows * corelm_kernels::row_bytes(t, cols)]).unwrap();
+        let mut want = vec![0f32; n_tok * rows];
+        m.gemv(&gpu, &x, &mut want).unwrap();
+        let mut got = vec![f32::NAN; n_tok * rows];
+        split.begin(i, &x, rows);
+        split.wait(i, &mut got).unwrap();
+        assert_eq!(got, want, "matrix {i}: {rows} rows × {n_tok} tokens");
+    }
+    let x = vec![0.5f32; 256];
+    split.simulate_device_loss();
+    split.begin(2, &x, 12);
+    assert!(split.wait(2, &mut [0f32; 12]).is_err());
+    split.begin(2, &x, 12);
+    assert!(split.wait(2, &mut [0f32; 12]).is_ok());
+}
+
+/// The accelerator as a roofline target (`corelm profile --accel`): every figure measured and
+/// positive, the round trip under a second.
+#[test]
+fn the_device_profile_has_every_figure() {
+    let gpu = Gpu::open().expect("an accelerator (CI: Mesa lavapipe, apt mesa-vulkan-drivers)");
+    let d = corelm_accel::probe::measure(&gpu, 0.002).unwrap();
+    let families: Vec<&str> = d.ceilings.iter().map(|c| c.0).collect();
+    assert_eq!(families, ["int8_dot", "f16_fma", "f32_fma"]);
+    assert!(d.ceilings.iter().all(|c| c.2 > 0.0 && c.2.is_finite()), "{d:?}");
+    assert!(d.read_gbps > 0.0 && d.link_gbps > 0.0 && d.round_trip_us > 0.0 && d.round_trip_us < 1e6, "{d:?}");
+    assert_eq!(d.software, gpu.is_software());
+    assert!(corelm_accel::probe::int8_for(&gpu, 0.002).unwrap() > 0.0);
+}

@@ -97,6 +97,12 @@ pub(crate) struct PlaceArgs {
     /// threads that saturate bandwidth (the knee) instead of every worker; same results.
     #[arg(long, env = "CORELM_ROOFLINE")]
     pub(crate) roofline: Option<String>,
+    /// Share matmuls with the accelerator as the --roofline plan places them (its accelerator
+    /// target: `corelm profile --accel`): each one on the CPU, on the device, or cut between
+    /// them so both finish together. The device's columns agree with the CPU's within its f32
+    /// bound, not bit for bit.
+    #[arg(long)]
+    pub(crate) accel_split: bool,
     #[command(flatten)]
     pub(crate) sparse: sparsity::SparseArgs,
 }
@@ -370,10 +376,14 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         matrix_workers: m.kernels.matrix_workers,
         sparsity,
         accel,
+        accel_split: m.place.accel_split,
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
     if let Some(a) = engine.accel() {
         eprintln!("{}", sparsity::describe_accel(a));
+    }
+    if let Some(d) = engine.device() {
+        eprintln!("accel-split: {}", d.summary());
     }
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", path.display()))?;
     Ok((engine, tok))

@@ -18,6 +18,11 @@ pub struct ProfileArgs {
     /// Also write the profile here.
     #[arg(short, long)]
     out: Option<PathBuf>,
+    /// Measure the accelerator (the device `wgpu` opens: a GPU, or Mesa's software lavapipe)
+    /// and add it to this machine's profile as a target: its ceilings, read bandwidth, host
+    /// link, and the CPU's int8 rate while it is busy (`--accel-split` plans with it).
+    #[arg(long)]
+    accel: bool,
 }
 
 /// The CPU model from /proc/cpuinfo (the architecture where there is none).
@@ -73,11 +78,42 @@ pub fn this_machine(refresh: bool) -> Result<Roofline> {
     Ok(r)
 }
 
+/// Measure the accelerator and add it to `r` as the target `accel`.
+fn add_accelerator(r: &mut Roofline) -> Result<()> {
+    use corelm_plan::profile::{Ceiling, Link, Target, TargetKind};
+    let gpu = corelm_accel::Gpu::open()?;
+    eprintln!("measuring the accelerator: {} …", gpu.name());
+    let secs = 0.05;
+    let d = corelm_accel::probe::measure(&gpu, secs)?;
+    let kernels = corelm_kernels::kernels();
+    let n = corelm_engine::engine::default_threads();
+    // The CPU's three timed runs with the device kept busy through all of them.
+    let (cpu, acc) = corelm_plan::profile::int8_beside(kernels, n, secs, || corelm_accel::probe::int8_for(&gpu, 5.0 * secs));
+    let acc = acc?;
+    let ceilings = d.ceilings.iter().map(|(f, k, g)| Ceiling { family: f.to_string(), kernel: k.clone(), one_worker_gflops: *g, all_workers_gflops: *g }).collect();
+    let name = if d.software { "accel (software)" } else { "accel" };
+    let target = Target { name: "accel".into(), kind: TargetKind::Accelerator, workers: 1, ceilings, tile: None, link: Some(Link { overhead_us: d.round_trip_us, gbps: d.link_gbps }) };
+    eprintln!(
+        "{name}: {}: read {:.1} GB/s, link {:.1} GB/s, round trip {:.0} µs; int8 with the CPU busy: device {acc:.1} + CPU {cpu:.1} GFLOP/s",
+        d.name, d.read_gbps, d.link_gbps, d.round_trip_us
+    );
+    corelm_plan::profile::add_accelerator(r, target, d.read_gbps, Some(cpu + acc));
+    Ok(())
+}
+
 pub fn profile(a: &ProfileArgs) -> Result<()> {
-    let r = match &a.show {
+    let mut r = match &a.show {
         Some(p) => Roofline::load(p)?,
         None => this_machine(a.refresh)?,
     };
+    if a.accel {
+        anyhow::ensure!(a.show.is_none(), "--accel measures this machine's accelerator: it cannot be combined with --show");
+        add_accelerator(&mut r)?;
+        let kernels = corelm_kernels::kernels();
+        let path = corelm_plan::profile::cache_path(&r.machine, &kernels.isa().to_string(), corelm_engine::engine::default_threads());
+        r.save(&path)?;
+        eprintln!("cached in {}", path.display());
+    }
     if let Some(out) = &a.out {
         r.save(out)?;
     }

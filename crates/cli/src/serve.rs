@@ -82,8 +82,12 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         matrix_workers: 0, // splits only the panel GEMM, which the server does not use
         sparsity,
         accel,
+        accel_split: a.place.accel_split,
     };
     let engine = Engine::load(&model, cfg).with_context(|| format!("loading {}", model.display()))?;
+    if let Some(d) = engine.device() {
+        eprintln!("accel-split: {}", d.summary());
+    }
     if let Some(a) = engine.accel() {
         eprintln!("{}", crate::sparsity::describe_accel(a));
     }

@@ -125,6 +125,9 @@ pub struct Graph {
     /// Matmul nodes whose output is cut among worker classes, by node id (ascending): empty
     /// unless a plan placed some on two targets (`Executor::set_classes` names the classes).
     pub splits: Vec<(TensorId, ClassSplit)>,
+    /// Matmul nodes an accelerator shares (its columns first), by node id (ascending): empty
+    /// unless a plan placed some there (`Executor::device` runs them).
+    pub device_splits: Vec<(TensorId, DeviceSplit)>,
     /// The sparse configuration the graph was built with (its weights' `Cold*` forms name
     /// neuron sets of it).
     pub sparse: Option<Arc<SparseFfn>>,
@@ -138,6 +141,11 @@ impl Graph {
     /// How node `id`'s output is cut among worker classes, if it is.
     pub fn split_of(&self, id: TensorId) -> Option<&ClassSplit> {
         self.splits.binary_search_by_key(&id.0, |(i, _)| i.0).ok().map(|i| &self.splits[i].1)
+    }
+
+    /// The accelerator's share of node `id`, if it has one.
+    pub fn device_split_of(&self, id: TensorId) -> Option<DeviceSplit> {
+        self.device_splits.binary_search_by_key(&id.0, |(i, _)| i.0).ok().map(|i| self.device_splits[i].1)
     }
 
     /// Barriers per pass: (group, global).
@@ -656,6 +664,7 @@ impl<'k> Builder<'k> {
             lists: self.lists,
             threads: vec![0; self.nodes.len()],
             splits: Vec::new(),
+            device_splits: Vec::new(),
             sync,
             tensors: self.tensors,
             nodes: self.nodes,

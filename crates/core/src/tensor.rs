@@ -133,6 +133,15 @@ pub struct ClassSplit {
     pub bounds: Vec<usize>,
 }
 
+/// A matmul whose first output columns (weight rows `0..cols`) an accelerator computes while
+/// the CPU's workers compute the others (SMEPilot's accelerator target; the engine's
+/// `--accel-split`): `matrix` names the device's copy of those rows (`Executor::device`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceSplit {
+    pub matrix: u32,
+    pub cols: usize,
+}
+
 /// The operation producing a tensor. Activation tensors are f32 rows (one row per batch token
 /// or output) unless quantized by `Quantize`.
 #[derive(Clone, Copy, Debug, PartialEq)]

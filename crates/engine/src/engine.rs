@@ -90,6 +90,10 @@ pub struct EngineConfig {
     /// An accelerator holding the hottest FFN neurons (`--accel-mem`, [`crate::offload`]),
     /// the CPU computing the rest; `None`: CPU only.
     pub accel: Option<crate::offload::AccelConfig>,
+    /// Share matmuls with an accelerator as the roofline plan places them (`--accel-split`,
+    /// [`crate::device`]): needs `roofline` with an accelerator target; no tensor parallelism,
+    /// `--accel-mem` or `--matrix-workers` with it.
+    pub accel_split: bool,
 }
 
 impl Default for EngineConfig {
@@ -114,6 +118,7 @@ impl Default for EngineConfig {
             matrix_workers: 0,
             sparsity: None,
             accel: None,
+            accel_split: false,
         }
     }
 }
@@ -203,8 +208,9 @@ fn build_graph(
 }
 
 /// What a built graph needs before it runs: its weights pointed at their repacked copies and,
-/// under a roofline profile, its memory-bound nodes capped at the bandwidth knee.
-fn finish_graph(g: &mut Graph, packed: &PackedWeights, cfg: &EngineConfig) {
+/// under a roofline profile, its memory-bound nodes capped at the bandwidth knee, its matmuls
+/// cut among worker classes or shared with the accelerator as the plan places them.
+fn finish_graph(g: &mut Graph, packed: &PackedWeights, cfg: &EngineConfig, device: Option<&crate::device::DeviceSplits>) {
     packed.apply(g);
     if let Some(roof) = &cfg.roofline {
         let plans = corelm_plan::planner::plan_graph(g, roof, cfg.n_ctx / 2);
@@ -212,7 +218,26 @@ fn finish_graph(g: &mut Graph, packed: &PackedWeights, cfg: &EngineConfig) {
         if cfg.matrix_workers > 0 {
             corelm_plan::planner::apply_splits(g, roof, &plans, &MATRIX_CLASSES);
         }
+        if let Some(d) = device {
+            d.apply(g, &plans);
+        }
     }
+}
+
+/// Why `cfg`'s `--accel-split` cannot run, if it cannot.
+fn check_accel_split(cfg: &EngineConfig) -> Result<(), Error> {
+    let refuse = |why: &str| Err(Error::Config(format!("--accel-split: {why}")));
+    crate::device::target(cfg.roofline.as_ref()).map_err(|e| Error::Config(format!("--accel-split: {e}")))?;
+    if cfg.tp > 1 {
+        return refuse("runs without tensor parallelism for now; drop --tp");
+    }
+    if cfg.accel.is_some() || cfg.matrix_workers > 0 {
+        return refuse("shares matmuls with the accelerator; --accel-mem and --matrix-workers share other work: use one");
+    }
+    if cfg.batch_invariant {
+        return refuse("the cut moves with the batch size, so a token's results would depend on its batch: it cannot run batch-invariant (--batch-invariant, serve)");
+    }
+    Ok(())
 }
 
 /// The shard plan of `--tp` for this model, or why that degree cannot work (`None` at 1).
@@ -339,6 +364,8 @@ pub struct Engine {
     accel: Option<Arc<corelm_accel::HotFfn>>,
     /// Their online balancing (`--accel-policy` other than static).
     online: Option<Arc<crate::balance::Online>>,
+    /// The accelerator's share of split matmuls (`--accel-split`).
+    device: Option<Arc<crate::device::DeviceSplits>>,
 }
 
 impl Engine {
@@ -373,6 +400,9 @@ impl Engine {
         };
         if !cfg.pin && cfg.numa != NumaMode::Off {
             return Err(Error::Config(format!("--numa {} places workers on cores: it cannot be combined with --no-pin", cfg.numa)));
+        }
+        if cfg.accel_split {
+            check_accel_split(&cfg)?;
         }
         let placement = corelm_core::placement::this_machine(cfg.numa).map_err(Error::Config)?;
         let model = corelm_models::load(&gguf, kernels)?;
@@ -482,7 +512,19 @@ impl Engine {
         for (offset, len) in packed.file_ranges() {
             gguf.release(offset, len);
         }
-        finish_graph(&mut g, &packed, &cfg);
+        finish_graph(&mut g, &packed, &cfg, None);
+        // The accelerator's rows of the matrices the largest batch's plan shares with it.
+        let device = match (&cfg.roofline, cfg.accel_split) {
+            (Some(roof), true) => {
+                let plans = corelm_plan::planner::plan_graph(&g, roof, cfg.n_ctx / 2);
+                let d = crate::device::DeviceSplits::open(&gguf, &g, roof, &plans, cfg.n_batch)?.map(Arc::new);
+                if let Some(d) = &d {
+                    d.apply(&mut g, &plans);
+                }
+                d
+            }
+            _ => None,
+        };
         // Under `--numa tp` each shard's activation regions are bound to its node.
         let pools = Pools::new(&g.act, g.out_bytes, &placement.memory, &shard_places)
             .map_err(|e| Error::Config(format!("activation pools for a batch of {}: {e}", cfg.n_batch)))?;
@@ -536,6 +578,9 @@ impl Engine {
             exec.set_classes(matrix_classes(&cfg, kernels)?).map_err(Error::Config)?;
         }
         exec.set_schedules(cfg.plan.as_ref().and_then(|p| p.schedules(kernels.isa().name())).map(Arc::new));
+        if let Some(d) = &device {
+            exec.set_device(d.clone(), d.max_values(cfg.n_batch));
+        }
         let (accel, online) = match (cfg.sparsity.as_ref().filter(|s| s.offloaded.iter().any(|v| !v.is_empty())), accel_groups, &cfg.accel) {
             (Some(_), Some((members, groups)), Some(a)) => {
                 let online = Arc::new(crate::balance::Online::new(gguf.clone(), kernels, a.balance, cfg.n_batch, members, &groups)?);
@@ -573,6 +618,7 @@ impl Engine {
             profile: None,
             accel,
             online,
+            device,
         })
     }
 
@@ -595,6 +641,11 @@ impl Engine {
     /// The online balancing of the accelerator's neurons (`--accel-policy`), if any.
     pub fn balance(&self) -> Option<&crate::balance::Online> {
         self.online.as_deref()
+    }
+
+    /// The accelerator's share of split matmuls, when `--accel-split` gave it one.
+    pub fn device(&self) -> Option<&crate::device::DeviceSplits> {
+        self.device.as_deref()
     }
 
     /// The accelerator's part of the FFNs, when `--accel-mem` gave it one.
@@ -636,7 +687,7 @@ impl Engine {
         let key = (n_tokens, n_out);
         if !self.graphs.contains_key(&key) {
             let mut g = build_graph(self.kernels, &*self.model, &self.tp, &self.cfg, n_tokens, n_out, Some(&self.pools.layout));
-            finish_graph(&mut g, &self.packed, &self.cfg);
+            finish_graph(&mut g, &self.packed, &self.cfg, self.device.as_deref());
             self.graphs.insert(key, g);
         }
         &self.graphs[&key]

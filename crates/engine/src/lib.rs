@@ -12,6 +12,8 @@
 //! * [`bench`]: llama-bench-style pp/tg measurements, memory bandwidth and decode roofline.
 //! * [`perplexity`]: perplexity of a text by llama-perplexity's protocol.
 //! * [`sparsity`]: FFN activation statistics (sidecar files) and per-layer sparsity thresholds.
+//! * [`device`]: `--accel-split`, matmuls shared with an accelerator as the roofline plan
+//!   places them.
 //! * [`quantize`]: GGUF F32/F16/BF16 → quantized types with ggml's block semantics.
 
 pub mod balance;
@@ -19,6 +21,7 @@ pub mod batcher;
 pub mod bench;
 pub mod chat;
 pub mod coact;
+pub mod device;
 pub mod engine;
 pub mod eval;
 pub mod gemm_tune;

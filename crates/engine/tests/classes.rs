@@ -20,6 +20,7 @@ fn stated() -> Roofline {
         workers: 1,
         ceilings: vec![Ceiling { family: "int8_dot".into(), kernel: "stated".into(), one_worker_gflops: gflops, all_workers_gflops: gflops }],
         tile: Some(tile),
+        link: None,
     };
     Roofline {
         machine: "stated for a test".into(),

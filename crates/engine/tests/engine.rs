@@ -562,6 +562,7 @@ fn roofline_thread_caps_keep_the_logits() {
                 .map(|f| Ceiling { family: f.into(), kernel: "test".into(), one_worker_gflops: 1000.0, all_workers_gflops: 2000.0 })
                 .to_vec(),
             tile: None,
+            link: None,
         }],
         combined: Vec::new(),
         memory: Memory { read_gbps: vec![(1, 40.0), (2, 41.0)], per_target_gbps: vec![("cpu".into(), 41.0)], all_busy_gbps: 41.0 },

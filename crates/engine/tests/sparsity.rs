@@ -47,11 +47,6 @@ fn token_by_token_with(engine: &mut Engine, ids: &[u32], mut after: impl FnMut(&
     out
 }
 
-fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    let scale = a.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
-    a.iter().flatten().zip(b.iter().flatten()).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
-}
-
 #[test]
 fn sparse_ffn_off_or_all_firing_keeps_the_dense_logits() {
     let (mut dense, tok) = load(SMOL, test_config(2));

@@ -18,12 +18,22 @@
 //! A split matmul's output is then cut for real ([`crate::split`]): one contiguous range of its
 //! larger dimension per target, on both targets' tile boundaries (`OpPlan::tiles`).
 //!
+//! **An accelerator** (a target of kind `accelerator`, `corelm profile --accel`) runs only
+//! matmuls — the engine's device computes a matmul's first output columns — and every product
+//! there pays its link: a fixed round trip plus the f32 activations in and the results out
+//! at the link's rate (`Target::link`). A matmul goes to the accelerator alone, to the
+//! vector cores alone, or is split between them so that both finish together — the device's
+//! share `s` solves `(1 − s)·t_cpu = fixed + s·t_acc` — whichever takes the least time.
+//! With both busy, a `combined` ceiling for the pair (measured: a software device shares the
+//! CPU's cores) scales both rates down to it. A decode GEMV, microseconds on the CPU, stays
+//! there; a long prefill's matmuls split.
+//!
 //! **Threads.** A memory-bound operator on the vector target runs on the fewest threads that
 //! reach 90 % of the measured bandwidth (the knee); everything else on every worker.
 //!
 //! The planner runs once per planned graph (batch shape), never per token.
 
-use crate::profile::Roofline;
+use crate::profile::{Roofline, TargetKind};
 use crate::split::{split_tiles, Class, Share};
 use corelm_core::graph::Graph;
 use corelm_core::tensor::{ClassSplit, Op};
@@ -123,8 +133,76 @@ fn cost(g: &Graph, t: &corelm_core::tensor::Tensor, ctx: usize) -> (String, &'st
 
 /// Place one operator of `flops` over `bytes` in `family` on `roof` (the rule above). Where no
 /// target has `family` (a stated profile gives only some), each target's first ceiling stands
-/// in, and the plan names the family it used.
+/// in, and the plan names the family it used. An accelerator is not a candidate: see
+/// [`place_io`].
 pub fn place(roof: &Roofline, label: String, family: &str, flops: f64, bytes: f64) -> OpPlan {
+    match host_roof(roof) {
+        Some(host) => place_host(&host, label, family, flops, bytes),
+        None => place_host(roof, label, family, flops, bytes),
+    }
+}
+
+/// `roof` without its accelerator targets (and the combined ceilings naming them); `None`
+/// when it has none.
+fn host_roof(roof: &Roofline) -> Option<Roofline> {
+    let is_acc = |name: &str| roof.targets.iter().any(|t| t.name == name && t.kind == TargetKind::Accelerator);
+    if !roof.targets.iter().any(|t| t.kind == TargetKind::Accelerator) {
+        return None;
+    }
+    let mut host = roof.clone();
+    host.targets.retain(|t| t.kind != TargetKind::Accelerator);
+    host.combined.retain(|c| !c.targets.iter().any(|n| is_acc(n)));
+    Some(host)
+}
+
+/// [`place`] for a matmul that may also run on an accelerator target: `io` is the bytes its
+/// products move over the link (f32 activations in, f32 results out).
+pub fn place_io(roof: &Roofline, label: String, family: &str, flops: f64, bytes: f64, io: f64) -> OpPlan {
+    let p = place(roof, label, family, flops, bytes);
+    let Some(acc) = roof.targets.iter().find(|t| t.kind == TargetKind::Accelerator) else { return p };
+    let Some(vector) = roof.targets.iter().find(|t| t.kind == TargetKind::Vector) else { return p };
+    let ceiling = |t: &crate::profile::Target| t.ceilings.iter().find(|c| c.family == family).or(t.ceilings.first()).map(|c| c.all_workers_gflops);
+    let (Some(c_acc), Placement::On(on)) = (ceiling(acc), &p.placement) else { return p };
+    if on != &vector.name || flops <= 0.0 {
+        return p;
+    }
+    let ai = flops / bytes.max(1.0);
+    let bw = roof.memory.per_target_gbps.iter().find(|(t, _)| t == &acc.name).map_or(roof.memory.all_busy_gbps, |&(_, g)| g);
+    let att = c_acc.min(ai * bw);
+    let link = acc.link.unwrap_or(crate::profile::Link { overhead_us: 0.0, gbps: f64::INFINITY });
+    let fixed = link.overhead_us * 1e-6 + io / (link.gbps * 1e9);
+    let (t_cpu, t_acc) = (p.seconds, flops / (att.max(1e-9) * 1e9));
+    // Both busy: a combined ceiling for the pair scales both rates down to it.
+    let both = roof.combined.iter().find(|c| c.family == p.family && c.targets.len() == 2 && c.targets.contains(&acc.name) && c.targets.contains(&vector.name));
+    let slow = match (both, ceiling(vector)) {
+        (Some(b), Some(c_cpu)) => (b.gflops / (c_cpu + c_acc)).min(1.0),
+        _ => 1.0,
+    };
+    let (tc, ta) = (t_cpu / slow, t_acc / slow);
+    let share = ((tc - fixed) / (tc + ta)).clamp(0.0, 1.0);
+    let t_split = (1.0 - share) * tc;
+    let t_alone = fixed + t_acc;
+    let ridge = c_acc / bw;
+    let regime = if ai < 0.5 * ridge { Regime::Memory } else if ai > 2.0 * ridge { Regime::Compute } else { Regime::Ridge };
+    if t_alone <= t_split.min(t_cpu) {
+        OpPlan { regime, placement: Placement::On(acc.name.clone()), threads: p.threads, gflops: flops / t_alone / 1e9, seconds: t_alone, ..p }
+    } else if share > 0.0 && t_split < t_cpu {
+        let placement = Placement::Split(vec![(vector.name.clone(), 1.0 - share), (acc.name.clone(), share)]);
+        OpPlan { placement, gflops: flops / t_split / 1e9, seconds: t_split, ..p }
+    } else {
+        p
+    }
+}
+
+/// The accelerator's share of a plan: the whole operator on it (1), a split's part, or 0.
+pub fn device_share(p: &OpPlan, accel: &str) -> f64 {
+    match &p.placement {
+        Placement::On(t) => f64::from(u8::from(t == accel)),
+        Placement::Split(shares) => shares.iter().find(|(t, _)| t == accel).map_or(0.0, |s| s.1),
+    }
+}
+
+fn place_host(roof: &Roofline, label: String, family: &str, flops: f64, bytes: f64) -> OpPlan {
     let ai = flops / bytes.max(1.0);
     let alone = |name: &str| roof.memory.per_target_gbps.iter().find(|(t, _)| t == name).map_or(roof.memory.all_busy_gbps, |&(_, g)| g);
     let has = roof.targets.iter().any(|t| t.ceilings.iter().any(|c| c.family == family));
@@ -177,7 +255,11 @@ pub fn plan_graph(g: &Graph, roof: &Roofline, ctx: usize) -> Vec<OpPlan> {
         .map(|&id| {
             let t = g.tensor(id);
             let (label, family, flops, bytes) = cost(g, t, ctx);
-            let mut p = place(roof, label, family, flops, bytes);
+            let mut p = match t.op {
+                // f32 activations to an accelerator and f32 results back.
+                Op::MatMul { w, .. } => place_io(roof, label, family, flops, bytes, 4.0 * (t.ne[1] * (g.tensor(w).ne[0] + t.ne[0])) as f64),
+                _ => place(roof, label, family, flops, bytes),
+            };
             // A split matmul's output tiles (`ne`: weight rows × activation rows), cut in the
             // ratio of the shares at both targets' tile boundaries.
             if let (Placement::Split(shares), Op::MatMul { .. } | Op::MatMulId { .. }) = (&p.placement, t.op) {

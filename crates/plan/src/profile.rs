@@ -10,7 +10,8 @@
 //! joins as a second target where the table has one (Arm SME, `Isa::Sme`: the panel GEMM's
 //! `SUMOPA` tile kernel for `int8_dot`, the `FMOPA` GEMM for `f32_fma`); the memory roof with
 //! it busy, and the vector cores and it busy together, are not measured yet (Intel AMX has no
-//! kernels; the accelerator backend of issue 19 is not profiled yet).
+//! kernels). An accelerator joins through `corelm profile --accel` ([`add_accelerator`]:
+//! `corelm_accel::probe` measures it, [`int8_beside`] the CPU's rate while it is busy).
 //!
 //! Stated profiles (`fixtures/profiles/*.json`) carry a paper's figures so the planner can be
 //! run as those machines; their `source` says so.
@@ -55,6 +56,18 @@ pub struct Target {
     /// rows): the unit a tile-level split ([`crate::split`]) aligns to. Absent: 1 × 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tile: Option<[usize; 2]>,
+    /// An accelerator's host link: what every product placed on it pays besides its compute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<Link>,
+}
+
+/// The host link of an accelerator target (`corelm profile --accel` measures it).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Link {
+    /// Microseconds of the smallest product's round trip (submit, dispatch, read back).
+    pub overhead_us: f64,
+    /// GB/s of activations to the device and results back.
+    pub gbps: f64,
 }
 
 /// Compute of several targets busy at once (stated or measured), GFLOP/s.
@@ -336,12 +349,12 @@ pub fn measure(kernels: &'static Kernels, machine: &str, n_cores: usize, bytes: 
             .collect()
     };
     // The vector cores' prefill tile: 8 activation rows × a group of 4 interleaved weight rows.
-    let mut targets = vec![Target { name: "cpu".into(), kind: TargetKind::Vector, workers: n, ceilings: ceilings(&|f| probe(kernels, f)), tile: Some([8, 4]) }];
+    let mut targets = vec![Target { name: "cpu".into(), kind: TargetKind::Vector, workers: n, ceilings: ceilings(&|f| probe(kernels, f)), tile: Some([8, 4]), link: None }];
     let matrix = ceilings(&|f| matrix_probe(kernels, f));
     if !matrix.is_empty() {
         // SME's panel tile: a ZA tile's rows × the panel's 8 columns.
         let tile = Some([corelm_kernels::matmul::gemm::matrix_tile_rows(), corelm_kernels::matmul::gemm::PANEL]);
-        targets.push(Target { name: "sme".into(), kind: TargetKind::Matrix, workers: n, ceilings: matrix, tile });
+        targets.push(Target { name: "sme".into(), kind: TargetKind::Matrix, workers: n, ceilings: matrix, tile, link: None });
     }
     let read: Vec<(usize, f64)> = (1..=n).map(|t| (t, read_bandwidth(t, bytes, 3) / 1e9)).collect();
     let best = read.iter().map(|&(_, g)| g).fold(0.0, f64::max);
@@ -352,6 +365,34 @@ pub fn measure(kernels: &'static Kernels, machine: &str, n_cores: usize, bytes: 
         combined: Vec::new(),
         memory: Memory { read_gbps: read, per_target_gbps: vec![("cpu".into(), best)], all_busy_gbps: best },
     }
+}
+
+/// The vector target's `int8_dot` ceiling on all `n` cores while `other` runs on a thread of
+/// its own — an accelerator kept busy at the same time — and what `other` returned: the
+/// combined ceiling is their sum (SMEPilot's targets busy at once; a software accelerator on
+/// the CPU's own cores takes from the CPU's rate).
+pub fn int8_beside<T: Send>(kernels: &'static Kernels, n: usize, secs: f64, other: impl FnOnce() -> T + Send) -> (f64, T) {
+    let (_, p) = probe(kernels, "int8_dot").expect("every table has an int8 probe");
+    std::thread::scope(|s| {
+        let h = s.spawn(other);
+        let cpu = rate(&p, n.max(1), secs);
+        (cpu, h.join().expect("the accelerator's probe thread"))
+    })
+}
+
+/// Add an accelerator target to `roof` (`corelm profile --accel`): its ceilings, the memory
+/// it reads alone, its link, and the `int8_dot` ceiling of it and the vector cores busy at
+/// once where measured.
+pub fn add_accelerator(roof: &mut Roofline, target: Target, read_gbps: f64, combined_int8: Option<f64>) {
+    roof.targets.retain(|t| t.name != target.name);
+    roof.memory.per_target_gbps.retain(|(t, _)| t != &target.name);
+    roof.combined.retain(|c| !c.targets.contains(&target.name));
+    roof.memory.per_target_gbps.push((target.name.clone(), read_gbps));
+    if let (Some(g), Some(v)) = (combined_int8, roof.targets.iter().find(|t| t.kind == TargetKind::Vector)) {
+        roof.combined.push(Combined { targets: vec![v.name.clone(), target.name.clone()], family: "int8_dot".into(), gflops: g });
+    }
+    roof.source = format!("{}; accelerator {} measured (corelm profile --accel)", roof.source.split("; accelerator").next().unwrap_or(""), target.name);
+    roof.targets.push(target);
 }
 
 /// Where this machine's measured profile is cached: `$XDG_CACHE_HOME/corelm/profiles/` (or

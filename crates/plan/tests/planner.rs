@@ -95,3 +95,61 @@ fn splits_are_written_into_the_graph_in_class_order() {
     let decode = plan_graph(&d, &roof, 0);
     assert_eq!(corelm_plan::planner::apply_splits(&mut d, &roof, &decode, &["sme", "cpu"]), 0);
 }
+
+/// An accelerator target behind a link: a stated machine (CPU 1 TFLOP/s int8 at 100 GB/s; an
+/// accelerator of 20 TFLOP/s at 2 TB/s behind a 50 µs round trip and 25 GB/s), not a real one.
+fn with_accelerator(combined: Option<f64>) -> Roofline {
+    use corelm_plan::profile::{Ceiling, Combined, Link, Memory, Target, TargetKind};
+    let target = |name: &str, kind, gflops: f64, link| Target {
+        name: name.into(),
+        kind,
+        workers: 16,
+        ceilings: vec![Ceiling { family: "int8_dot".into(), kernel: "stated".into(), one_worker_gflops: gflops / 16.0, all_workers_gflops: gflops }],
+        tile: None,
+        link,
+    };
+    Roofline {
+        machine: "stated".into(),
+        source: "stated: test".into(),
+        targets: vec![target("cpu", TargetKind::Vector, 1000.0, None), target("gpu", TargetKind::Accelerator, 20000.0, Some(Link { overhead_us: 50.0, gbps: 25.0 }))],
+        combined: combined.map(|g| vec![Combined { targets: vec!["cpu".into(), "gpu".into()], family: "int8_dot".into(), gflops: g }]).unwrap_or_default(),
+        memory: Memory { read_gbps: vec![], per_target_gbps: vec![("cpu".into(), 100.0), ("gpu".into(), 2000.0)], all_busy_gbps: 100.0 },
+    }
+}
+
+/// An int8 matmul of `rows` rows through a k × n Q8_0 matrix: FLOPs, bytes, link bytes.
+fn q8_matmul(rows: usize, k: usize, n: usize) -> (f64, f64, f64) {
+    let (r, k, n) = (rows as f64, k as f64, n as f64);
+    (2.0 * r * k * n, 1.0625 * k * n + 1.0625 * r * k + 4.0 * r * n, 4.0 * r * (k + n))
+}
+
+#[test]
+fn an_accelerator_takes_the_matmuls_that_pay_for_its_link() {
+    use corelm_plan::planner::{device_share, place_io};
+    let roof = with_accelerator(None);
+    // A small decode GEMV: 9 µs on the CPU, under the 50 µs round trip: the CPU.
+    let (f, b, io) = q8_matmul(1, 896, 896);
+    let p = place_io(&roof, "gemv".into(), "int8_dot", f, b, io);
+    assert_eq!(p.placement, Placement::On("cpu".into()));
+    // A 30 MB LM head in decode: 301 µs at the CPU's 100 GB/s, 15 on the device plus its
+    // link (50 µs and 197 kB of logits: 58); split, both finish in 69: the device 77 % of it.
+    let (f, b, io) = q8_matmul(1, 576, 49152);
+    let p = place_io(&roof, "head".into(), "int8_dot", f, b, io);
+    assert!((device_share(&p, "gpu") - 0.77).abs() < 0.01 && p.regime == Regime::Memory, "{:?}", p.placement);
+    assert!((p.seconds - 69e-6).abs() < 1e-6, "{}", p.seconds);
+    // A 512-token prefill matmul: both, finishing together.
+    let (f, b, io) = q8_matmul(512, 896, 4864);
+    let p = place_io(&roof, "ffn".into(), "int8_dot", f, b, io);
+    let s = device_share(&p, "gpu");
+    let (t_cpu, t_acc, fixed) = (f / 1000e9, f / 20000e9, 50e-6 + io / 25e9);
+    assert!(s > 0.0 && s < 1.0, "{:?}", p.placement);
+    assert!(((1.0 - s) * t_cpu - (fixed + s * t_acc)).abs() < 1e-9 && (p.seconds - (1.0 - s) * t_cpu).abs() < 1e-12);
+    assert!(p.seconds < t_cpu && p.seconds < fixed + t_acc);
+    // Both busy at once slower (a software device on the CPU's cores): a smaller share,
+    // a longer time.
+    let slow = place_io(&with_accelerator(Some(1500.0)), "ffn".into(), "int8_dot", f, b, io);
+    assert!(slow.seconds > p.seconds, "{} vs {}", slow.seconds, p.seconds);
+    // Only matmuls go to the accelerator: `place` never names it.
+    let p = place(&roof, "attention".into(), "int8_dot", 1e12, 1e6);
+    assert_eq!(p.placement, Placement::On("cpu".into()));
+}

@@ -19,12 +19,14 @@ use std::ops::Range;
 use std::time::Instant;
 
 mod dense;
+mod device;
 pub mod matmul;
 mod sparse;
 
 use matmul::{MatmulScratch, Schedules, WorkerClass, COL_BLOCK};
 pub use matmul::{matmul_part, GEMM_MIN_ROWS};
 
+pub use device::DeviceMatmul;
 pub use sparse::gate_activation;
 
 /// Largest rotary dimension supported (per-thread stack cache).
@@ -54,6 +56,9 @@ pub struct Scratch {
     rope: crate::rope::RopeTables,
     /// Buffers of the sparse feed-forward's nodes.
     sparse: sparse::SparseScratch,
+    /// Worker 0: the device's columns of a split matmul (`device.rs`; sized by
+    /// `Executor::set_device`).
+    device_y: Vec<f32>,
 }
 
 /// Time spent per op kind, summed over nodes (worker 0's view, barrier included). Matmuls are
@@ -154,6 +159,8 @@ pub struct Executor {
     pub tap: Option<std::sync::Arc<dyn Tap>>,
     /// The device of graphs with `Op::OffloadBegin`/`OffloadEnd` nodes.
     pub offload: Option<std::sync::Arc<dyn Offload>>,
+    /// The accelerator of graphs with `Graph::device_splits` ([`Executor::set_device`]).
+    device: Option<std::sync::Arc<dyn DeviceMatmul>>,
     /// Tuned matmul schedules (`corelm tune`; set with [`Executor::set_schedules`]).
     schedules: Option<std::sync::Arc<Schedules>>,
     /// The largest panel GEMM's (inner dimension, rows), the scratch it needs.
@@ -212,6 +219,7 @@ impl Executor {
                         // A worker's largest share of RoPE rows: in the smallest group.
                         rope: crate::rope::RopeTables::new(split(rope_rows, 0, group_threads.clamp(1, n_threads)).len(), max_rot),
                         sparse: sparse::SparseScratch::new(sparse_ff, sparse_embd, pred_embd, pred_rank),
+                        device_y: Vec::new(),
                     })
                 })
                 .collect(),
@@ -220,6 +228,7 @@ impl Executor {
             panel_gemm: false,
             tap: None,
             offload: None,
+            device: None,
             schedules: None,
             gemm_dims: (max_k, max_rows),
             classes: Vec::new(),
@@ -239,6 +248,16 @@ impl Executor {
         }
         self.classes = classes;
         Ok(())
+    }
+
+    /// Run the matmuls graphs share with an accelerator (`Graph::device_splits`) on `device`,
+    /// whose products hold at most `max_values` floats (tokens × columns); worker 0's buffer
+    /// for them is allocated here, once.
+    pub fn set_device(&mut self, device: std::sync::Arc<dyn DeviceMatmul>, max_values: usize) {
+        if let Some(s) = self.scratch.first_mut() {
+            s.get_mut().unwrap_or_else(|e| e.into_inner()).device_y = vec![0.0; max_values];
+        }
+        self.device = Some(device);
     }
 
     /// Run matmuls with `schedules` where they have one for the matrix and length; each
@@ -287,6 +306,7 @@ impl Executor {
             mode: matmul::Mode { batch_invariant: self.batch_invariant, panel_gemm: self.panel_gemm },
             schedules: self.schedules.as_deref(),
             offload: self.offload.as_deref(),
+            device: self.device.as_deref(),
             classes: &self.classes,
         };
         let prof = std::sync::Mutex::new(profile.as_deref_mut());
@@ -401,6 +421,7 @@ struct Ctx<'a> {
     mode: matmul::Mode,
     schedules: Option<&'a Schedules>,
     offload: Option<&'a dyn Offload>,
+    device: Option<&'a dyn DeviceMatmul>,
     classes: &'a [WorkerClass],
 }
 
@@ -730,8 +751,10 @@ impl Ctx<'_> {
         let [k, n_out] = wt.ne;
         let rows = t.ne[1];
         let ops = self.kernels.ops(wt.dtype).expect("weight type checked at load");
-        // Dense types in a batch: llama.cpp's tinyBLAS values (`dense.rs`).
-        if let Some(b) = ops.batch_dot.filter(|b| !self.mode.batch_invariant && b.applies(rows, k, n_out)) {
+        // Dense types in a batch: llama.cpp's tinyBLAS values (`dense.rs`); a device split
+        // runs its CPU columns on the other paths.
+        let device = self.device.is_some() && self.graph.device_split_of(id).is_some();
+        if let Some(b) = ops.batch_dot.filter(|b| !device && !self.mode.batch_invariant && b.applies(rows, k, n_out)) {
             return self.matmul_dense(t, wid, x, b, ith, nth, scratch);
         }
         let il = match wt.storage {
@@ -744,6 +767,9 @@ impl Ctx<'_> {
         let w = if plain { self.bytes(wid) } else { &[] };
         let split = self.graph.split_of(id).filter(|_| !self.classes.is_empty()).map(|c| (c, self.classes));
         let o = matmul::Operands { dtype: wt.dtype, k, n_out, w, il, x: self.bytes(x), xrb: self.t(x).row_bytes(), rows, out: self.base(t) as *mut f32, ldo: self.row_stride(t), split };
+        if let (Some(dev), Some(ds)) = (self.device, self.graph.device_split_of(id)) {
+            return self.matmul_device(id, &o, ds, dev, ith, nth, scratch);
+        }
         // SAFETY: the output tensor is [rows][n_out] f32, written during this node only by its
         // workers, each its own share; the classes' levels run here (`set_classes`).
         unsafe { matmul::run(self.kernels, &o, self.mode, self.schedules, ith, nth, &mut scratch.mm) };

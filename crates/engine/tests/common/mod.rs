@@ -40,3 +40,9 @@ pub fn load(file: &str, cfg: EngineConfig) -> (Engine, Tokenizer) {
 pub fn test_config(n_threads: usize) -> EngineConfig {
     EngineConfig { n_ctx: 1024, n_batch: 128, n_seq_max: 4, n_threads, pin: false, batch_invariant: false, ..Default::default() }
 }
+
+/// The largest absolute difference between two sets of logit rows, over the largest `|a|`.
+pub fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    let scale = a.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
+    a.iter().flatten().zip(b.iter().flatten()).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}

@@ -1,0 +1,133 @@
+//! `--accel-split` (SMEPilot's accelerator target): on a stated profile whose accelerator is
+//! ten times the CPU's compute and 25 times its bandwidth behind a 100 µs link, a 24-token
+//! prompt's matmuls are split between the CPU and the accelerator (Mesa's lavapipe in CI) as
+//! the planner's balance gives them, a one-token decode's stay on the CPU but for the LM head;
+//! the logits agree with the CPU's within the accelerator's f32-versus-8-bit difference, and a
+//! device lost before the first product leaves the CPU's logits bit for bit.
+
+mod common;
+
+use common::*;
+use corelm_core::Op;
+use corelm_engine::{Batch, Engine, EngineConfig};
+use corelm_plan::profile::{Ceiling, Link, Memory, Target, TargetKind};
+use corelm_plan::Roofline;
+
+const SMOL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+const PROMPT: [u32; 24] = [504, 3629, 42746, 28, 1550, 1030, 253, 1345, 2114, 314, 260, 2380, 30, 378, 2118, 3502, 28, 1172, 253, 4405, 5104, 2496, 281, 19];
+
+/// CPU: 100 GFLOP/s of int8 dots, 40 GB/s; accelerator: 1000 GFLOP/s, 1000 GB/s, a 100 µs
+/// round trip and a 20 GB/s link (stated for the test, not a real device).
+fn stated() -> Roofline {
+    let target = |name: &str, kind, gflops: f64, link| Target {
+        name: name.into(),
+        kind,
+        workers: 2,
+        ceilings: ["int8_dot", "f32_fma"].map(|f| Ceiling { family: f.into(), kernel: "stated".into(), one_worker_gflops: gflops / 2.0, all_workers_gflops: gflops }).to_vec(),
+        tile: None,
+        link,
+    };
+    Roofline {
+        machine: "stated for a test".into(),
+        source: "stated".into(),
+        targets: vec![target("cpu", TargetKind::Vector, 100.0, None), target("gpu", TargetKind::Accelerator, 1000.0, Some(Link { overhead_us: 100.0, gbps: 20.0 }))],
+        combined: Vec::new(),
+        memory: Memory { read_gbps: vec![(1, 30.0), (2, 40.0)], per_target_gbps: vec![("cpu".into(), 40.0), ("gpu".into(), 1000.0)], all_busy_gbps: 40.0 },
+    }
+}
+
+fn split_config() -> EngineConfig {
+    EngineConfig { roofline: Some(stated()), accel_split: true, ..test_config(2) }
+}
+
+fn prompt_logits(e: &mut Engine) -> Vec<Vec<f32>> {
+    let mut b = Batch::new();
+    for (i, &t) in PROMPT.iter().enumerate() {
+        b.add(t, i as i32, 0, true);
+    }
+    let l = e.decode(&b).unwrap();
+    let out = (0..l.rows()).map(|r| l.row(r).to_vec()).collect();
+    e.clear_all();
+    out
+}
+
+fn token_by_token(e: &mut Engine) -> Vec<Vec<f32>> {
+    let mut b = Batch::new();
+    let out = PROMPT
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| {
+            b.clear();
+            b.add(t, i as i32, 0, true);
+            e.decode(&b).unwrap().row(0).to_vec()
+        })
+        .collect();
+    e.clear_all();
+    out
+}
+
+#[test]
+fn prefill_matmuls_split_with_the_accelerator_as_planned() {
+    let (mut cpu, _) = load(SMOL, test_config(2));
+    let (want, want_tbt) = (prompt_logits(&mut cpu), token_by_token(&mut cpu));
+    let (mut e, _) = load(SMOL, split_config());
+    eprintln!("{}", e.device().expect("the plan shares matmuls with the accelerator").summary());
+    // The 24-token pass's matmuls but K and V (192 rows: 53 µs on the CPU, less than the
+    // link's round trip): 30 layers × 5 and the LM head; none of a decode's.
+    let g = e.graph(PROMPT.len(), PROMPT.len());
+    let matmuls: Vec<_> = g.nodes.iter().filter(|&&id| matches!(g.tensor(id).op, Op::MatMul { .. })).collect();
+    assert_eq!((g.device_splits.len(), matmuls.len()), (151, 211));
+    assert!(matmuls.iter().all(|&&id| (g.device_split_of(id).is_none()) == (g.tensor(id).ne[0] == 192)));
+    // Each cut where both finish together: (1 − s)·t_cpu = fixed + s·t_acc, every matmul here
+    // compute-bound on both (100 and 1000 GFLOP/s), the link 100 µs + 4·24·(k + n) bytes at
+    // 20 GB/s; cut down to four-row groups.
+    for &(id, ds) in &g.device_splits {
+        let Op::MatMul { w, .. } = g.tensor(id).op else { unreachable!() };
+        let [k, n] = g.tensor(w).ne;
+        let flops = 2.0 * (24 * k * n) as f64;
+        let (t_cpu, t_acc, fixed) = (flops / 100e9, flops / 1000e9, 100e-6 + 4.0 * (24 * (k + n)) as f64 / 20e9);
+        let share = (t_cpu - fixed) / (t_cpu + t_acc);
+        assert_eq!(ds.cols, (share * n as f64) as usize / 4 * 4, "{k} × {n}");
+    }
+    // A decode: its GEMVs take microseconds on the CPU, less than the round trip, but the LM
+    // head's 30 MB take 750 µs at 40 GB/s and 130 µs on the device with its link.
+    let g = e.graph(1, 1);
+    let head: Vec<usize> = g.device_splits.iter().map(|&(id, _)| g.tensor(id).ne[0]).collect();
+    assert_eq!(head, [49152]);
+    // The device sums f32 activations in f32, the CPU 8-bit ones: close, not equal.
+    let got = prompt_logits(&mut e);
+    let d = max_rel_diff(&got, &want);
+    eprintln!("split prompt logits: max difference {d} of the largest");
+    assert!(d > 0.0 && d < 0.1, "split logits differ by {d} of the largest");
+    let argmax = |r: &Vec<f32>| r.iter().enumerate().fold(0, |b, (i, v)| if *v > r[b] { i } else { b });
+    let agree = got.iter().zip(&want).filter(|(a, b)| argmax(a) == argmax(b)).count();
+    assert!(agree >= 22, "greedy tokens agree on {agree} of 24 rows");
+    let d = max_rel_diff(&token_by_token(&mut e), &want_tbt);
+    assert!(d > 0.0 && d < 0.1, "token by token, the logits differ by {d} of the largest");
+    assert!(!e.device().unwrap().lost());
+}
+
+#[test]
+fn a_lost_device_leaves_the_cpu_logits() {
+    let (mut cpu, _) = load(SMOL, test_config(2));
+    let want = prompt_logits(&mut cpu);
+    let (mut e, _) = load(SMOL, split_config());
+    e.device().unwrap().simulate_device_loss();
+    assert_eq!(prompt_logits(&mut e), want, "the CPU computed the device's columns, bit for bit");
+    assert!(e.device().unwrap().lost());
+    assert_eq!(prompt_logits(&mut e), want);
+}
+
+#[test]
+fn accel_split_without_what_it_needs_is_refused() {
+    let err = Engine::load(model_path(SMOL), EngineConfig { accel_split: true, ..test_config(2) }).err().expect("refused");
+    assert!(err.to_string().contains("--accel-split: needs --roofline with an accelerator target"), "{err}");
+    let mut one = stated();
+    one.targets.truncate(1);
+    let err = Engine::load(model_path(SMOL), EngineConfig { roofline: Some(one), ..split_config() }).err().expect("refused");
+    assert!(err.to_string().contains("has no accelerator target"), "{err}");
+    let err = Engine::load(model_path(SMOL), EngineConfig { tp: 2, ..split_config() }).err().expect("refused");
+    assert!(err.to_string().contains("drop --tp"), "{err}");
+    let err = Engine::load(model_path(SMOL), EngineConfig { batch_invariant: true, ..split_config() }).err().expect("refused");
+    assert!(err.to_string().contains("cannot run batch-invariant"), "{err}");
+}
