@@ -39,8 +39,8 @@ fn placement(p: &OpPlan) -> String {
             let by_cols = p.tiles.iter().map(|u| u.cols.len()).sum::<usize>() == p.tiles.iter().map(|u| u.cols.end).max().unwrap_or(0);
             p.tiles
                 .iter()
-                .zip(s)
-                .map(|(t, (_, x))| {
+                .map(|t| {
+                    let x = s.iter().find(|(n, _)| n == &t.name).map_or(0.0, |v| v.1);
                     let (dim, r) = if by_cols { ("cols", &t.cols) } else { ("rows", &t.rows) };
                     format!("{} {:.0}% ({dim} {}..{})", t.name, 100.0 * x, r.start, r.end)
                 })

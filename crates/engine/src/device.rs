@@ -21,7 +21,7 @@ use corelm_accel::{FileMatrix, Gpu, SplitMatrices};
 use corelm_core::graph::Graph;
 use corelm_core::{DeviceMatmul, DeviceSplit, Op, Storage, TensorId};
 use corelm_gguf::Gguf;
-use corelm_plan::planner::{device_share, OpPlan};
+use corelm_plan::planner::{device_cut as cut, device_share, OpPlan};
 use corelm_plan::profile::TargetKind;
 use corelm_plan::Roofline;
 use std::collections::HashMap;
@@ -48,15 +48,6 @@ pub fn target(roof: Option<&Roofline>) -> Result<String, String> {
         .ok_or_else(|| format!("the --roofline profile of {} has no accelerator target (`corelm profile --accel` measures one)", roof.machine))
 }
 
-/// Columns of `n_out` the device computes for a plan giving it `share`: four-row groups, all
-/// of them at a share of 1.
-fn cut(share: f64, n_out: usize) -> usize {
-    if share >= 1.0 {
-        n_out
-    } else {
-        ((share * n_out as f64) as usize / 4 * 4).min(n_out)
-    }
-}
 
 /// Node `id` of `g` as the device can run it: (its weight, the weight's file offset) when it is
 /// a matmul of a whole matrix of a type the device has, on f32 activations.

@@ -26,7 +26,8 @@
 //! share `s` solves `(1 − s)·t_cpu = fixed + s·t_acc` — whichever takes the least time.
 //! With both busy, a `combined` ceiling for the pair (measured: a software device shares the
 //! CPU's cores) scales both rates down to it. A decode GEMV, microseconds on the CPU, stays
-//! there; a long prefill's matmuls split.
+//! there; a long prefill's matmuls split. The device gets work only where the model says it
+//! saves at least [`MIN_GAIN`] of the CPU's time.
 //!
 //! **Threads.** A memory-bound operator on the vector target runs on the fewest threads that
 //! reach 90 % of the measured bandwidth (the knee); everything else on every worker.
@@ -155,6 +156,9 @@ fn host_roof(roof: &Roofline) -> Option<Roofline> {
     Some(host)
 }
 
+/// The least share of a matmul's CPU time an accelerator must save to be given any of it.
+pub const MIN_GAIN: f64 = 0.05;
+
 /// [`place`] for a matmul that may also run on an accelerator target: `io` is the bytes its
 /// products move over the link (f32 activations in, f32 results out).
 pub fn place_io(roof: &Roofline, label: String, family: &str, flops: f64, bytes: f64, io: f64) -> OpPlan {
@@ -184,13 +188,28 @@ pub fn place_io(roof: &Roofline, label: String, family: &str, flops: f64, bytes:
     let t_alone = fixed + t_acc;
     let ridge = c_acc / bw;
     let regime = if ai < 0.5 * ridge { Regime::Memory } else if ai > 2.0 * ridge { Regime::Compute } else { Regime::Ridge };
-    if t_alone <= t_split.min(t_cpu) {
+    // The device must save at least `MIN_GAIN` of the CPU's time: below that the model's
+    // error (a software device's threads on the CPU's cores, the wait on worker 0) decides.
+    if t_split.min(t_alone) > (1.0 - MIN_GAIN) * t_cpu {
+        return p;
+    }
+    if t_alone <= t_split {
         OpPlan { regime, placement: Placement::On(acc.name.clone()), threads: p.threads, gflops: flops / t_alone / 1e9, seconds: t_alone, ..p }
-    } else if share > 0.0 && t_split < t_cpu {
+    } else if share > 0.0 {
         let placement = Placement::Split(vec![(vector.name.clone(), 1.0 - share), (acc.name.clone(), share)]);
         OpPlan { placement, gflops: flops / t_split / 1e9, seconds: t_split, ..p }
     } else {
         p
+    }
+}
+
+/// Output columns of `n_out` an accelerator computes for a `share` of a matmul: its first
+/// rows, in whole four-row groups (the CPU kernels' interleaved groups), all at a share of 1.
+pub fn device_cut(share: f64, n_out: usize) -> usize {
+    if share >= 1.0 {
+        n_out
+    } else {
+        ((share.max(0.0) * n_out as f64) as usize / 4 * 4).min(n_out)
     }
 }
 
@@ -256,14 +275,32 @@ pub fn plan_graph(g: &Graph, roof: &Roofline, ctx: usize) -> Vec<OpPlan> {
             let t = g.tensor(id);
             let (label, family, flops, bytes) = cost(g, t, ctx);
             let mut p = match t.op {
-                // f32 activations to an accelerator and f32 results back.
-                Op::MatMul { w, .. } => place_io(roof, label, family, flops, bytes, 4.0 * (t.ne[1] * (g.tensor(w).ne[0] + t.ne[0])) as f64),
+                // f32 activations to an accelerator and f32 results back; a share too small
+                // for one four-row group leaves the matmul on the host's targets.
+                Op::MatMul { w, .. } => {
+                    let p = place_io(roof, label.clone(), family, flops, bytes, 4.0 * (t.ne[1] * (g.tensor(w).ne[0] + t.ne[0])) as f64);
+                    let acc = roof.targets.iter().find(|x| x.kind == TargetKind::Accelerator);
+                    match acc.map(|a| device_share(&p, &a.name)) {
+                        Some(s) if s > 0.0 && device_cut(s, t.ne[0]) == 0 => place(roof, label, family, flops, bytes),
+                        _ => p,
+                    }
+                }
                 _ => place(roof, label, family, flops, bytes),
             };
             // A split matmul's output tiles (`ne`: weight rows × activation rows), cut in the
             // ratio of the shares at both targets' tile boundaries.
             if let (Placement::Split(shares), Op::MatMul { .. } | Op::MatMulId { .. }) = (&p.placement, t.op) {
-                p.tiles = split_tiles(t.ne[1], t.ne[0], &classes(roof, shares, shares.iter().map(|(n, _)| n.as_str())));
+                let acc = shares.iter().find(|(n, _)| roof.targets.iter().any(|x| &x.name == n && x.kind == TargetKind::Accelerator));
+                p.tiles = match acc {
+                    // The accelerator's rows first, as the engine runs them (`device_cut`).
+                    Some((name, share)) => {
+                        let (m, n) = (t.ne[1], t.ne[0]);
+                        let cut = device_cut(*share, n);
+                        let cpu = shares.iter().find(|(x, _)| x != name).map_or("cpu", |x| x.0.as_str());
+                        vec![Share { name: name.clone(), rows: 0..m, cols: 0..cut }, Share { name: cpu.into(), rows: 0..m, cols: cut..n }]
+                    }
+                    None => split_tiles(t.ne[1], t.ne[0], &classes(roof, shares, shares.iter().map(|(n, _)| n.as_str()))),
+                };
             }
             p
         })

@@ -149,6 +149,16 @@ fn an_accelerator_takes_the_matmuls_that_pay_for_its_link() {
     // a longer time.
     let slow = place_io(&with_accelerator(Some(1500.0)), "ffn".into(), "int8_dot", f, b, io);
     assert!(slow.seconds > p.seconds, "{} vs {}", slow.seconds, p.seconds);
+    // A device like this machine's software one (0.5 GFLOP/s, 0.6 GB/s, 180 µs): the model
+    // would give it 1 % of the LM head for a 0.5 % gain, under MIN_GAIN: nothing.
+    let mut soft = with_accelerator(None);
+    soft.targets[1].ceilings[0].all_workers_gflops = 0.5;
+    soft.targets[1].link = Some(corelm_plan::profile::Link { overhead_us: 180.0, gbps: 5.0 });
+    soft.memory.per_target_gbps[1].1 = 0.6;
+    soft.memory.per_target_gbps[0].1 = 34.0;
+    soft.memory.all_busy_gbps = 34.0;
+    let (f, b, io) = q8_matmul(1, 576, 49152);
+    assert_eq!(place_io(&soft, "head".into(), "int8_dot", f, b, io).placement, Placement::On("cpu".into()));
     // Only matmuls go to the accelerator: `place` never names it.
     let p = place(&roof, "attention".into(), "int8_dot", 1e12, 1e6);
     assert_eq!(p.placement, Placement::On("cpu".into()));
