@@ -88,6 +88,22 @@ pub fn int8_for(gpu: &Gpu, secs: f64) -> Result<f64, AccelError> {
     Ok(2.0 * (n * rows * cols * tokens) as f64 / t0.elapsed().as_secs_f64() / 1e9)
 }
 
+/// GB/s of one-token Q8_0 products over a 32 MiB matrix, kept up for `secs` (the device
+/// reading while the CPU's bandwidth is measured beside it).
+pub fn read_for(gpu: &Gpu, secs: f64) -> Result<f64, AccelError> {
+    let cols = 8192;
+    let rb = corelm_kernels::row_bytes(DType::Q8_0, cols);
+    let rows = (32 << 20) / rb;
+    let m = zeros(gpu, DType::Q8_0, rows, cols)?;
+    let (x, mut y) = (vec![0f32; cols], vec![0f32; rows]);
+    let (t0, mut n) = (Instant::now(), 0usize);
+    while t0.elapsed().as_secs_f64() < secs || n == 0 {
+        m.gemv(gpu, &x, &mut y)?;
+        n += 1;
+    }
+    Ok((n * rows * rb) as f64 / t0.elapsed().as_secs_f64() / 1e9)
+}
+
 /// Measure `gpu` (each run about `secs`; a test passes a small one). A software device gets
 /// smaller operands: its figures only have to order it against the CPU.
 pub fn measure(gpu: &Gpu, secs: f64) -> Result<DeviceProfile, AccelError> {

@@ -90,14 +90,17 @@ fn add_accelerator(r: &mut Roofline) -> Result<()> {
     // The CPU's three timed runs with the device kept busy through all of them.
     let (cpu, acc) = corelm_plan::profile::int8_beside(kernels, n, secs, || corelm_accel::probe::int8_for(&gpu, 5.0 * secs));
     let acc = acc?;
+    // The CPU's read bandwidth while the device reads (a 512 MiB buffer, three passes).
+    let (cpu_read, acc_read) = corelm_plan::profile::read_beside(n, 512 << 20, || corelm_accel::probe::read_for(&gpu, 1.0));
+    let acc_read = acc_read?;
     let ceilings = d.ceilings.iter().map(|(f, k, g)| Ceiling { family: f.to_string(), kernel: k.clone(), one_worker_gflops: *g, all_workers_gflops: *g }).collect();
     let name = if d.software { "accel (software)" } else { "accel" };
     let target = Target { name: "accel".into(), kind: TargetKind::Accelerator, workers: 1, ceilings, tile: None, link: Some(Link { overhead_us: d.round_trip_us, gbps: d.link_gbps }) };
     eprintln!(
-        "{name}: {}: read {:.1} GB/s, link {:.1} GB/s, round trip {:.0} µs; int8 with the CPU busy: device {acc:.1} + CPU {cpu:.1} GFLOP/s",
+        "{name}: {}: read {:.1} GB/s, link {:.1} GB/s, round trip {:.0} µs; both busy: int8 device {acc:.1} + CPU {cpu:.1} GFLOP/s, read device {acc_read:.1} + CPU {cpu_read:.1} GB/s",
         d.name, d.read_gbps, d.link_gbps, d.round_trip_us
     );
-    corelm_plan::profile::add_accelerator(r, target, d.read_gbps, Some(cpu + acc));
+    corelm_plan::profile::add_accelerator(r, target, d.read_gbps, Some(cpu + acc), Some(cpu_read));
     Ok(())
 }
 

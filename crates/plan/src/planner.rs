@@ -25,7 +25,7 @@
 //! vector cores alone, or is split between them so that both finish together — the device's
 //! share `s` solves `(1 − s)·t_cpu = fixed + s·t_acc` — whichever takes the least time.
 //! With both busy, a `combined` ceiling for the pair (measured: a software device shares the
-//! CPU's cores) scales both rates down to it. A decode GEMV, microseconds on the CPU, stays
+//! CPU's cores) scales both rates down to it, and the CPU reads at the all-busy memory roof. A decode GEMV, microseconds on the CPU, stays
 //! there; a long prefill's matmuls split. The device gets work only where the model says it
 //! saves at least [`MIN_GAIN`] of the CPU's time.
 //!
@@ -182,7 +182,10 @@ pub fn place_io(roof: &Roofline, label: String, family: &str, flops: f64, bytes:
         (Some(b), Some(c_cpu)) => (b.gflops / (c_cpu + c_acc)).min(1.0),
         _ => 1.0,
     };
-    let (tc, ta) = (t_cpu / slow, t_acc / slow);
+    // And the CPU's memory roof with the device reading too (`all_busy_gbps`).
+    let c_cpu = ceiling(vector).unwrap_or(f64::INFINITY);
+    let t_cpu_busy = flops / (c_cpu.min(ai * roof.memory.all_busy_gbps).max(1e-9) * 1e9);
+    let (tc, ta) = ((t_cpu / slow).max(t_cpu_busy), t_acc / slow);
     let share = ((tc - fixed) / (tc + ta)).clamp(0.0, 1.0);
     let t_split = (1.0 - share) * tc;
     let t_alone = fixed + t_acc;

@@ -380,10 +380,26 @@ pub fn int8_beside<T: Send>(kernels: &'static Kernels, n: usize, secs: f64, othe
     })
 }
 
+/// Read bandwidth (GB/s) of `n` threads over a `bytes` buffer while `other` runs on a thread of
+/// its own — an accelerator reading its memory at the same time — and what `other` returned.
+/// A device with memory of its own leaves the CPU's figure as it was; one on the CPU's memory
+/// (an integrated GPU, a software device) takes from it: SMEPilot's non-additive roof.
+pub fn read_beside<T: Send>(n: usize, bytes: usize, other: impl FnOnce() -> T + Send) -> (f64, T) {
+    std::thread::scope(|s| {
+        let h = s.spawn(other);
+        let cpu = read_bandwidth(n.max(1), bytes, 3) / 1e9;
+        (cpu, h.join().expect("the accelerator's probe thread"))
+    })
+}
+
 /// Add an accelerator target to `roof` (`corelm profile --accel`): its ceilings, the memory
 /// it reads alone, its link, and the `int8_dot` ceiling of it and the vector cores busy at
-/// once where measured.
-pub fn add_accelerator(roof: &mut Roofline, target: Target, read_gbps: f64, combined_int8: Option<f64>) {
+/// once where measured, and the CPU's read bandwidth with it reading (`all_busy_gbps`: the
+/// lower of that and what the profile had).
+pub fn add_accelerator(roof: &mut Roofline, target: Target, read_gbps: f64, combined_int8: Option<f64>, cpu_read_beside: Option<f64>) {
+    if let Some(g) = cpu_read_beside {
+        roof.memory.all_busy_gbps = roof.memory.all_busy_gbps.min(g);
+    }
     roof.targets.retain(|t| t.name != target.name);
     roof.memory.per_target_gbps.retain(|(t, _)| t != &target.name);
     roof.combined.retain(|c| !c.targets.contains(&target.name));
