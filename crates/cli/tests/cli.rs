@@ -175,6 +175,38 @@ fn plan_places_operators_on_a_stated_roofline() {
     assert!(String::from_utf8_lossy(&both.stderr).contains("one or the other"));
 }
 
+/// `--accel-split` from the command line on a stated profile with an accelerator target (10×
+/// the CPU's compute, 25× its bandwidth, a 100 µs link; lavapipe runs it in CI): `plan` shows
+/// a prefill matmul's first columns on the device, `run` loads the device's rows and
+/// generates; without such a profile the flag is refused by name.
+#[test]
+fn accel_split_runs_the_plan_from_the_command_line() {
+    let profile = std::env::temp_dir().join(format!("corelm-accel-{}.json", std::process::id()));
+    let target = |name: &str, kind: &str, gflops: f64, link: &str| {
+        format!(r#"{{ "name": "{name}", "kind": "{kind}", "workers": 2, "ceilings": [{{ "family": "int8_dot", "kernel": "stated", "one_worker_gflops": {}, "all_workers_gflops": {gflops} }}]{link} }}"#, gflops / 2.0)
+    };
+    let json = format!(
+        r#"{{ "machine": "stated", "source": "stated: test", "targets": [{}, {}], "combined": [], "memory": {{ "read_gbps": [[1, 30.0], [2, 40.0]], "per_target_gbps": [["cpu", 40.0], ["gpu", 1000.0]], "all_busy_gbps": 40.0 }} }}"#,
+        target("cpu", "vector", 100.0, ""),
+        target("gpu", "accelerator", 1000.0, r#", "link": { "overhead_us": 100.0, "gbps": 20.0 }"#)
+    );
+    std::fs::write(&profile, json).unwrap();
+    let out = corelm().args(["plan", "--model", &smol(), "--profile"]).arg(&profile).args(["--prompt", "128"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("| matmul Q4_1 576×1536 ")).unwrap_or_default().to_string();
+    assert!(line.contains("gpu 85% (cols 0..1300) + cpu 15% (cols 1300..1536)"), "{text}");
+    let run = corelm().args(["run", "--model", &smol(), "-n", "4", "-p", "The capital of France is", "--no-pin", "--roofline"]).arg(&profile).arg("--accel-split").output().unwrap();
+    let _ = std::fs::remove_file(&profile);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    assert!(err.contains("accel-split: 211 matrices' first rows"), "{err}");
+    assert!(!String::from_utf8_lossy(&run.stdout).trim().is_empty());
+    let bare = corelm().args(["run", "--model", &smol(), "-n", "1", "-p", "x", "--accel-split"]).output().unwrap();
+    assert!(!bare.status.success());
+    assert!(String::from_utf8_lossy(&bare.stderr).contains("--accel-split: needs --roofline with an accelerator target"), "{}", String::from_utf8_lossy(&bare.stderr));
+}
+
 /// `perplexity` under an online balancing policy prints each chunk's own balance figures
 /// (what `scripts/balance_drift.sh` reads): one token per pass, so a chunk of 32 tokens is 32
 /// passes, the statistics reset between chunks. On the accelerator (lavapipe in CI), with a

@@ -59,7 +59,7 @@ fn candidate(g: &Graph, id: TensorId) -> Option<(TensorId, usize)> {
         Op::Quantize { x } => x,
         _ => x,
     };
-    let ok = corelm_accel::supported(wt.dtype) && wt.ne[0] % 32 == 0 && g.tensor(src).dtype == corelm_kernels::DType::F32;
+    let ok = corelm_accel::supported(wt.dtype) && wt.ne[0].is_multiple_of(32) && g.tensor(src).dtype == corelm_kernels::DType::F32;
     ok.then_some((w, offset))
 }
 

@@ -29,11 +29,12 @@ pub trait DeviceMatmul: Send + Sync {
 
 impl Ctx<'_> {
     /// Node `id` (`out = x · wᵀ`) with the device computing columns `0..ds.cols`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn matmul_device(&self, id: TensorId, o: &Operands, ds: DeviceSplit, dev: &dyn DeviceMatmul, ith: usize, nth: usize, scratch: &mut Scratch) {
         let t = self.t(id);
         let Op::MatMul { w, x } = t.op else { unreachable!("device splits are planned on matmuls") };
         let c0 = ds.cols.min(o.n_out);
-        assert!(c0 % corelm_kernels::matmul::layout::ROWS == 0, "a device cut inside a four-row group");
+        assert!(c0.is_multiple_of(corelm_kernels::matmul::layout::ROWS), "a device cut inside a four-row group");
         let rows = o.rows;
         if ith == 0 && c0 > 0 {
             let src = match self.t(x).op {
