@@ -4,12 +4,13 @@
 //! computes its share as the matrix's first rows (`corelm_accel::SplitMatrices`), while the
 //! CPU's workers compute the rest (`corelm_core::sched`'s device splits).
 //!
-//! At load the largest batch's graph is planned: every matrix a node of it shares with the
-//! accelerator uploads the rows of its largest cut — the largest batch has the largest share,
-//! its link cost being spread over the most tokens. Graphs of other batch sizes are planned
-//! when first used and cut each matmul at their own share, at most the rows uploaded; a
-//! one-token decode's matmuls stay on the CPU wherever the link's round trip exceeds their
-//! time there.
+//! At load the largest batch's graph and a one-token decode's are planned: every matrix a
+//! node of either shares with the accelerator uploads the rows of its larger cut (a compute-
+//! bound prefill's share grows with the batch, its link cost spread over more tokens; a
+//! memory-bound decode matrix may go to a device of more bandwidth). Graphs of other batch
+//! sizes are planned when first used and cut each matmul at their own share, at most the rows
+//! uploaded; a one-token decode's small matmuls stay on the CPU, where they take less time
+//! than the link's round trip.
 //!
 //! Cuts fall on four-row boundaries (the interleaved groups of the CPU's kernels). The CPU's
 //! columns keep their bits; the device's agree within `corelm_accel::gemv_bound`. A lost
@@ -64,38 +65,38 @@ fn candidate(g: &Graph, id: TensorId) -> Option<(TensorId, usize)> {
 }
 
 impl DeviceSplits {
-    /// Open the accelerator and upload the rows that graph `g` (the largest batch's, planned
-    /// as `plans` on `roof`) gives it; `None` when the plan gives it nothing.
-    pub fn open(gguf: &Gguf, g: &Graph, roof: &Roofline, plans: &[OpPlan], max_tokens: usize) -> Result<Option<DeviceSplits>, Error> {
+    /// Open the accelerator and upload the rows that `graphs` (each with its plan on `roof`:
+    /// the largest batch's first, whose tensors name the matrices) give it, the largest cut of
+    /// each matrix; `None` when the plans give it nothing.
+    pub fn open(gguf: &Gguf, graphs: &[(&Graph, &[OpPlan])], roof: &Roofline, max_tokens: usize) -> Result<Option<DeviceSplits>, Error> {
         let target = target(Some(roof)).map_err(|e| Error::Config(format!("--accel-split: {e}")))?;
-        let mut rows: HashMap<usize, (TensorId, usize)> = HashMap::new();
-        for (p, &id) in plans.iter().zip(&g.nodes) {
-            let share = device_share(p, &target);
-            if let (true, Some((w, offset))) = (share > 0.0, candidate(g, id)) {
-                let c = cut(share, g.tensor(w).ne[1]);
-                let e = rows.entry(offset).or_insert((w, 0));
-                e.1 = e.1.max(c);
+        // File offset → (the matrix's dtype, rows of k values, its cut).
+        let mut rows: HashMap<usize, (corelm_kernels::DType, usize, usize)> = HashMap::new();
+        for (g, plans) in graphs {
+            for (p, &id) in plans.iter().zip(&g.nodes) {
+                let share = device_share(p, &target);
+                if let (true, Some((w, offset))) = (share > 0.0, candidate(g, id)) {
+                    let wt = g.tensor(w);
+                    let e = rows.entry(offset).or_insert((wt.dtype, wt.ne[0], 0));
+                    e.2 = e.2.max(cut(share, wt.ne[1]));
+                }
             }
         }
-        rows.retain(|_, (_, c)| *c > 0);
+        rows.retain(|_, e| e.2 > 0);
         if rows.is_empty() {
             return Ok(None);
         }
         let gpu = Arc::new(Gpu::open().map_err(|e| Error::Config(format!("--accel-split: {e}")))?);
         // Matrices in file order, so a run's device layout does not depend on hashing.
-        let mut order: Vec<(usize, TensorId, usize)> = rows.into_iter().map(|(o, (w, c))| (o, w, c)).collect();
+        let mut order: Vec<(usize, (corelm_kernels::DType, usize, usize))> = rows.into_iter().collect();
         order.sort_unstable_by_key(|e| e.0);
         let file = gguf.bytes();
         let mats: Vec<FileMatrix> = order
             .iter()
-            .map(|&(offset, w, c)| {
-                let wt = g.tensor(w);
-                let len = corelm_kernels::row_bytes(wt.dtype, wt.ne[0]) * c;
-                FileMatrix { dtype: wt.dtype, rows: c, cols: wt.ne[0], bytes: &file[offset..offset + len] }
-            })
+            .map(|&(offset, (dtype, k, c))| FileMatrix { dtype, rows: c, cols: k, bytes: &file[offset..offset + corelm_kernels::row_bytes(dtype, k) * c] })
             .collect();
         let mats = SplitMatrices::new(gpu, &mats, max_tokens).map_err(|e| Error::Config(format!("--accel-split: {e}")))?;
-        let index = order.iter().enumerate().map(|(i, &(o, _, c))| (o, (i as u32, c))).collect();
+        let index = order.iter().enumerate().map(|(i, &(o, (_, _, c)))| (o, (i as u32, c))).collect();
         Ok(Some(DeviceSplits { mats, index, target, lost: AtomicBool::new(false) }))
     }
 

@@ -516,8 +516,13 @@ impl Engine {
         // The accelerator's rows of the matrices the largest batch's plan shares with it.
         let device = match (&cfg.roofline, cfg.accel_split) {
             (Some(roof), true) => {
+                // The largest batch's plan and a one-token decode's: the device holds the larger
+                // cut of each matrix.
                 let plans = corelm_plan::planner::plan_graph(&g, roof, cfg.n_ctx / 2);
-                let d = crate::device::DeviceSplits::open(&gguf, &g, roof, &plans, cfg.n_batch)?.map(Arc::new);
+                let mut one = build_graph(kernels, &*model, &tp, &cfg, 1, 1, None);
+                packed.apply(&mut one);
+                let one_plans = corelm_plan::planner::plan_graph(&one, roof, cfg.n_ctx / 2);
+                let d = crate::device::DeviceSplits::open(&gguf, &[(&g, &plans), (&one, &one_plans)], roof, cfg.n_batch)?.map(Arc::new);
                 if let Some(d) = &d {
                     d.apply(&mut g, &plans);
                 }
