@@ -3,7 +3,7 @@
 //! once at start-up from runtime CPU feature detection; [`Kernels::portable`] is the same table
 //! with only the portable twins, used by the parity tests.
 
-use crate::matmul::layout::{Layout, Q5Bits};
+use crate::matmul::layout::{Layout, Q5Bits, Q6Form};
 use crate::matmul::portable as pd;
 use crate::matmul::{FromFloat, ToFloat, TypeOps, VecDot};
 #[cfg(target_arch = "x86_64")]
@@ -149,7 +149,7 @@ impl Kernels {
         };
         Kernels {
             isa: Isa::Portable,
-            layout: Layout { q5: Q5Bits::Folded },
+            layout: Layout { q5: Q5Bits::Folded, q6: Q6Form::Split },
             q8_0: pq::quant_q8_0,
             q8_1: pq::quant_q8_1,
             q8_k: pq::quant_q8_k,
@@ -206,7 +206,7 @@ impl Kernels {
             use crate::quant::blocks::{BlockQ5_0, BlockQ8_0};
             debug_assert!(Isa::Avx512.missing().is_empty());
             k.isa = Isa::Avx512;
-            k.layout = Layout { q5: Q5Bits::Masks };
+            k.layout = Layout { q5: Q5Bits::Masks, q6: Q6Form::Split };
             // SAFETY: `build` runs this only for a CPU with AVX2/FMA/F16C and AVX-512
             // F/BW/VL/VNNI (`Isa::Avx512` checked).
             let f: VecDot = |x, y| unsafe { avx512::dot_q5_0_q8_0(x, y) };
@@ -334,6 +334,8 @@ impl Kernels {
             use crate::matmul::x86::avx2;
             debug_assert!(Isa::Avx2.missing().is_empty());
             k.isa = Isa::Avx2;
+            // Q6_K's values folded three bytes per four for `avx2_il_k` (`matmul::layout`).
+            k.layout.q6 = Q6Form::Folded;
             k.q8_0 = |x, y| unsafe { crate::quant::x86::quant_q8_0(x, y) };
             k.q8_1 = |x, y| unsafe { crate::quant::x86::quant_q8_1(x, y) };
             k.q8_k = |x, y| unsafe { crate::quant::x86::quant_q8_k(x, y) };

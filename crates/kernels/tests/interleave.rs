@@ -2,7 +2,7 @@
 //! SIMD GEMV and tiles equal the plain rows' `vec_dot` bit for bit, the portable twin, and an
 //! f32 reference. Random rows; several row lengths and row counts.
 
-use corelm_kernels::matmul::layout::{self as interleave, scratch_len, Layout, Q5Bits};
+use corelm_kernels::matmul::layout::{self as interleave, scratch_len, Layout, Q5Bits, Q6Form};
 use corelm_kernels::{row_bytes, DType, Kernels};
 
 mod common;
@@ -26,7 +26,7 @@ fn activations(k: &Kernels, t: DType, n: usize, rng: &mut Rng) -> (Vec<f32>, Vec
 #[test]
 fn pack_then_unpack_is_the_identity() {
     let mut rng = Rng(0x51ED_2701);
-    let forms = [Layout { q5: Q5Bits::Masks }, Layout { q5: Q5Bits::Folded }];
+    let forms = [Layout { q5: Q5Bits::Masks, q6: Q6Form::Split }, Layout { q5: Q5Bits::Folded, q6: Q6Form::Folded }];
     for t in TYPES {
         for (k, n_rows) in [(32, 4), (96, 8), (320, 12)] {
             let k = if t.block_size() == 256 { 8 * k } else { k };
@@ -42,8 +42,8 @@ fn pack_then_unpack_is_the_identity() {
                 assert_eq!(back, x, "{t} {layout:?} k={k} rows={n_rows}");
                 packed.push(g);
             }
-            // The forms differ in the Q5 types' bytes only.
-            assert_eq!(packed[0] == packed[1], !matches!(t, DType::Q5_0 | DType::Q5_1), "{t}");
+            // The forms differ in the Q5 types' and Q6_K's bytes only.
+            assert_eq!(packed[0] == packed[1], !matches!(t, DType::Q5_0 | DType::Q5_1 | DType::Q6K), "{t}");
         }
     }
     assert!(!interleave::supported(DType::Q5K));

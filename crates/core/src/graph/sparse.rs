@@ -81,9 +81,10 @@ impl LayerPredictor {
             row[..rank].copy_from_slice(src);
             quant(&row, out);
         }
-        use corelm_kernels::matmul::layout::{Layout, Q5Bits, ROWS};
-        // Q8_0 packs to the same bytes in every table's layout (only the Q5 types' bytes differ).
-        let layout = Layout { q5: Q5Bits::Folded };
+        use corelm_kernels::matmul::layout::{Layout, Q5Bits, Q6Form, ROWS};
+        // Q8_0 packs to the same bytes in every table's layout (only the Q5 types' and Q6_K's
+        // bytes differ).
+        let layout = Layout { q5: Q5Bits::Folded, q6: Q6Form::Split };
         let mut a_il = vec![0u8; qa.len()];
         layout.pack(q, &qa, corelm_kernels::row_bytes(q, n_embd), &mut a_il);
         let b_il = (n_ff % ROWS == 0).then(|| {

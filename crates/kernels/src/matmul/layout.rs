@@ -17,8 +17,8 @@
 //! | IQ4_XS (4 × 136) | `d0‥d3` (f16, 8) · `scales_h` of rows 0‥3 (u16, 8) · `scales_l` of rows 0‥3 (4 × 4) · for each sub-block's 16 bytes `qs[16b..16b+16]` (b < 8), those of rows 0‥3 (8 × 64) |
 //!
 //! Q5_0's and Q5_1's fifth bits (the 16 bytes after the scales, and with `Folded` the rows'
-//! 16-byte runs too) take the form the table's kernels read fastest ([`Q5Bits`], the one thing
-//! a table's [`Layout`] chooses):
+//! 16-byte runs too) take the form the table's kernels read fastest ([`Q5Bits`]; with Q6_K's
+//! [`Q6Form`], what a table's [`Layout`] chooses):
 //! - [`Q5Bits::Masks`] (AVX-512): two 64-bit masks, `hl` then `hh`; bit `16r + j` of `hl` is row
 //!   r's bit for value `j`, of `hh` for value `16 + j` (j < 16) — the kernel's byte masks as
 //!   they are.
@@ -32,6 +32,16 @@
 //!   16 + j) took nine, on NEON (byte shifts: no word shift to mask) five per 32 where it took
 //!   eight. `Masks` needs a shuffle and a compare on AVX2; the AVX-512 kernel, with mask
 //!   registers, reads it directly.
+//!
+//! Q6_K's values take one of two forms ([`Q6Form`]):
+//! - [`Q6Form::Split`] (AVX-512, NEON): `ql` and `qh` as the plain block has them (the table
+//!   above); a value is a nibble and two bits of a `qh` byte, shifted into place.
+//! - [`Q6Form::Folded`] (AVX2): the four values ggml's order meets at one byte position
+//!   (k = 0‥3: values `128n + 32k + l` of half n) in three bytes: bytes of runs 0, 1, 2 hold
+//!   values k = 0, 1, 2 whole (bits 0‥5) and two bits each of value k = 3 (bits 6, 7), so three
+//!   values are one mask each and the fourth three word shifts, three masks and two ors: 11
+//!   operations per four 32-byte vectors where `Split` takes about 18. The 768 bytes after the
+//!   scales are 12 runs of 64 (four rows × 16): run `3·(2n + h) + c`.
 //!
 //! Q4_K's 12 scale bytes stay packed (6-bit scales and mins); grouped as three 32-bit words per
 //! row, the four rows' words sit side by side, so one 128-bit operation unpacks a word of all
@@ -85,11 +95,24 @@ pub enum Q5Bits {
     Folded,
 }
 
+/// How Q6_K group-blocks hold their 6-bit values (module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Q6Form {
+    /// `ql` and `qh` as the plain block has them, in 16-byte pieces of the four rows (AVX-512,
+    /// NEON).
+    Split,
+    /// Per 16 values of a (half, 16-value) position, three 16-byte runs holding values k = 0,
+    /// 1, 2 whole and value k = 3's bits two by two (AVX2).
+    Folded,
+}
+
 /// The interleaved layout a kernel table reads (`Kernels::layout`): weights packed for one
-/// table are read only by that table's kernels. Types other than Q5_0/Q5_1 have one form.
+/// table are read only by that table's kernels. Types other than Q5_0/Q5_1 and Q6_K have one
+/// form.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     pub q5: Q5Bits,
+    pub q6: Q6Form,
 }
 
 /// i32 of scratch the interleaved kernels need for rows of `k` values: per activation block
@@ -118,7 +141,7 @@ impl Layout {
         for (src, dst) in x.chunks_exact(ROWS * xrb).zip(out.chunks_exact_mut(ROWS * xrb)) {
             for (i, gb) in dst.chunks_exact_mut(ROWS * bs).enumerate() {
                 let blk = |r: usize| &src[r * xrb + i * bs..r * xrb + (i + 1) * bs];
-                pack_block(t, self.q5, [blk(0), blk(1), blk(2), blk(3)], gb);
+                pack_block(t, self, [blk(0), blk(1), blk(2), blk(3)], gb);
             }
             debug_assert_eq!(dst.len(), nb * ROWS * bs);
         }
@@ -131,7 +154,7 @@ impl Layout {
         for (src, dst) in g.chunks_exact(ROWS * xrb).zip(out.chunks_exact_mut(ROWS * xrb)) {
             for (i, gb) in src.chunks_exact(ROWS * bs).enumerate() {
                 let mut blocks = [[0u8; MAX_BS]; ROWS];
-                unpack_block(t, self.q5, gb, &mut blocks);
+                unpack_block(t, self, gb, &mut blocks);
                 for (r, b) in blocks.iter().enumerate() {
                     dst[r * xrb + i * bs..r * xrb + (i + 1) * bs].copy_from_slice(&b[..bs]);
                 }
@@ -177,7 +200,10 @@ fn fold_row(qh: u32, qs: &[u8], r: usize, a: &mut [u8], b: &mut [u8; 16]) {
 }
 
 /// Row `r` (0..4) of group-block `gb`, as a plain block in `out[..type_size]`.
-fn unpack_block(t: DType, q5: Q5Bits, gb: &[u8], out: &mut [[u8; MAX_BS]; ROWS]) {
+fn unpack_block(t: DType, layout: Layout, gb: &[u8], out: &mut [[u8; MAX_BS]; ROWS]) {
+    if t == DType::Q6K && layout.q6 == Q6Form::Folded {
+        return unfold_q6_k(gb, out);
+    }
     for (r, o) in out.iter_mut().enumerate() {
         match t {
             DType::Q4_0 | DType::IQ4NL => {
@@ -193,7 +219,7 @@ fn unpack_block(t: DType, q5: Q5Bits, gb: &[u8], out: &mut [[u8; MAX_BS]; ROWS])
                 let h = if t == DType::Q5_1 { 4 } else { 2 };
                 o[..h].copy_from_slice(&gb[h * r..h * r + h]);
                 let (bits, qs) = (&gb[4 * h..4 * h + 16], &gb[4 * h + 16 + 16 * r..4 * h + 32 + 16 * r]);
-                match q5 {
+                match layout.q5 {
                     // Row r's 16 bits of `hl` and of `hh` are whole bytes: 2r, 2r + 1 of each.
                     Q5Bits::Masks => {
                         o[h..h + 4].copy_from_slice(&[bits[2 * r], bits[2 * r + 1], bits[8 + 2 * r], bits[9 + 2 * r]]);
@@ -222,7 +248,10 @@ fn unpack_block(t: DType, q5: Q5Bits, gb: &[u8], out: &mut [[u8; MAX_BS]; ROWS])
     }
 }
 
-fn pack_block(t: DType, q5: Q5Bits, b: [&[u8]; ROWS], gb: &mut [u8]) {
+fn pack_block(t: DType, layout: Layout, b: [&[u8]; ROWS], gb: &mut [u8]) {
+    if t == DType::Q6K && layout.q6 == Q6Form::Folded {
+        return fold_q6_k(b, gb);
+    }
     match t {
         DType::Q4_0 | DType::IQ4NL => {
             for r in 0..ROWS {
@@ -243,7 +272,7 @@ fn pack_block(t: DType, q5: Q5Bits, b: [&[u8]; ROWS], gb: &mut [u8]) {
             for r in 0..ROWS {
                 gb[h * r..h * r + h].copy_from_slice(&b[r][..h]);
                 let qs = &mut gb[4 * h + 16 + 16 * r..4 * h + 32 + 16 * r];
-                match q5 {
+                match layout.q5 {
                     // `qh`'s low half is bytes 2r, 2r + 1 of `hl`, its high half those of `hh`.
                     Q5Bits::Masks => {
                         bits[2 * r..2 * r + 2].copy_from_slice(&b[r][h..h + 2]);
@@ -274,6 +303,55 @@ fn pack_block(t: DType, q5: Q5Bits, b: [&[u8]; ROWS], gb: &mut [u8]) {
             }
         }
         _ => unreachable!("checked by pack"),
+    }
+}
+
+/// Q6_K `Folded`: the group-block offset of run `c` (0, 1, 2) of position (half `n`, 16-value
+/// half `h`) for row `r`: 72 + 64·(3·(2n + h) + c) + 16r.
+fn q6_run(n: usize, h: usize, c: usize, r: usize) -> usize {
+    72 + 64 * (3 * (2 * n + h) + c) + 16 * r
+}
+
+/// Q6_K `Folded` from plain super-blocks: `d` and the scales as in `Split`; then for each half
+/// n, 16-value half h and row r, bytes j of the three runs hold the 6-bit values k = 0, 1, 2 of
+/// position l = 16h + j (value 128n + 32k + l) in bits 0‥5 and value k = 3's bits 2c, 2c + 1
+/// in bits 6, 7 of run c.
+fn fold_q6_k(b: [&[u8]; ROWS], gb: &mut [u8]) {
+    for (r, b) in b.iter().enumerate() {
+        let (m, _) = k_places(DType::Q6K, r);
+        // d and the two scale halves: the first three places.
+        for &(p, g, len) in &m[..3] {
+            gb[g..g + len].copy_from_slice(&b[p..p + len]);
+        }
+        for n in 0..2 {
+            for l in 0..32 {
+                let (ql0, ql1, qh) = (b[64 * n + l], b[64 * n + 32 + l], b[128 + 32 * n + l]);
+                let v = [ql0 & 15 | (qh & 3) << 4, ql1 & 15 | (qh >> 2 & 3) << 4, ql0 >> 4 | (qh >> 4 & 3) << 4, ql1 >> 4 | (qh >> 6 & 3) << 4];
+                for c in 0..3 {
+                    gb[q6_run(n, l / 16, c, r) + l % 16] = v[c] | (v[3] >> (2 * c) & 3) << 6;
+                }
+            }
+        }
+    }
+}
+
+/// The inverse of [`fold_q6_k`].
+fn unfold_q6_k(gb: &[u8], out: &mut [[u8; MAX_BS]; ROWS]) {
+    for (r, o) in out.iter_mut().enumerate() {
+        let (m, _) = k_places(DType::Q6K, r);
+        for &(p, g, len) in &m[..3] {
+            o[p..p + len].copy_from_slice(&gb[g..g + len]);
+        }
+        for n in 0..2 {
+            for l in 0..32 {
+                let a: [u8; 3] = std::array::from_fn(|c| gb[q6_run(n, l / 16, c, r) + l % 16]);
+                let v3 = a[0] >> 6 | (a[1] >> 6) << 2 | (a[2] >> 6) << 4;
+                let v = [a[0] & 63, a[1] & 63, a[2] & 63, v3];
+                o[64 * n + l] = v[0] & 15 | (v[2] & 15) << 4;
+                o[64 * n + 32 + l] = v[1] & 15 | (v[3] & 15) << 4;
+                o[128 + 32 * n + l] = v[0] >> 4 | (v[1] >> 4) << 2 | (v[2] >> 4) << 4 | (v[3] >> 4) << 6;
+            }
+        }
     }
 }
 

@@ -515,7 +515,7 @@ pub fn tiles8_decoded_vnni<T: IlBlock>(g: &[u8], dec: &[u8], xrb: usize, y: [&[u
 mod tests {
     use super::super::common;
     use super::*;
-    use crate::matmul::layout::{scratch_len, Layout, Q5Bits};
+    use crate::matmul::layout::{scratch_len, Layout, Q5Bits, Q6Form};
     use crate::quant::reference::quantizer;
     use crate::DType;
 
@@ -540,7 +540,7 @@ mod tests {
         let act = if T::MIN { DType::Q8_1 } else { DType::Q8_0 };
         let (w, xrb) = (rows_of(t, k, n, seed), crate::row_bytes(t, k));
         let mut g = vec![0u8; w.len()];
-        Layout { q5: Q5Bits::Folded }.pack(t, &w, xrb, &mut g);
+        Layout { q5: Q5Bits::Folded, q6: Q6Form::Folded }.pack(t, &w, xrb, &mut g);
         let y = rows_of(act, k, 8, seed);
         let yr: [&[u8]; 8] = std::array::from_fn(|j| &y[j * crate::row_bytes(act, k)..(j + 1) * crate::row_bytes(act, k)]);
         let mut prep = vec![0i32; scratch_len(k)];

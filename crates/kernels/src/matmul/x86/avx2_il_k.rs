@@ -15,7 +15,9 @@
 //!   `[si, sm]` per row and updates `acc` and `acc_min` of the four rows with one FMA.
 //! - **Q6_K**: the plain kernel's eight i32 lanes per row are kept as such (lanes 0‥3 from the
 //!   first 16 values of each 32-value group, 4‥7 from the last), each `maddubs` + `madd` with
-//!   the sub-block's scale giving exactly its lanes' terms.
+//!   the sub-block's scale giving exactly its lanes' terms. The table packs Q6_K in the
+//!   `Folded` form (`matmul::layout::Q6Form`): three of every four 32-value vectors are one
+//!   mask, the fourth three shifts, three masks and two ors.
 //! - **IQ4_XS**: the same eight lanes; the nibbles are looked up in the grid with `vpshufb`,
 //!   multiplied as `maddubs(|y|, sign(x, y))` (ggml's `maddubs(|x|, sign(y, x))` products, with
 //!   |y| taken once per call; |x|, |y| ≤ 127: the pair sums fit i16), and scaled by one `madd`
@@ -317,7 +319,7 @@ const Q6K_SC: [[i8; 32]; 8] = {
 /// 16 values (sub-blocks 8n + 2k + H).
 #[inline(always)]
 unsafe fn q6_k_half<const J: usize, const D: bool, const H: usize>(gb: *const u8, dec: *const u8, i: usize, p: usize, yb: [*const u8; J], sw: [__m256i; 2]) -> [__m256i; J] {
-    let (m0f, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let m3f = _mm256_set1_epi8(0x3F);
     let mut sumi = [_mm256_setzero_si256(); J];
     // SAFETY: the caller's contract (`q6_k_pair_blocks`).
     unsafe {
@@ -329,7 +331,7 @@ unsafe fn q6_k_half<const J: usize, const D: bool, const H: usize>(gb: *const u8
         for (n, &swn) in sw.iter().enumerate() {
             for k in 0..4 {
                 // Values 16H‥16H+16 of group (n, k), decoded once for the J rows.
-                let v = if D { _mm256_loadu_si256(dec.add(q6_k_at(i, p, n, H, k)) as *const __m256i) } else { q6_k_values(gb, p, n, H, k, m0f, m30) };
+                let v = if D { _mm256_loadu_si256(dec.add(q6_k_at(i, p, n, H, k)) as *const __m256i) } else { q6_k_values(gb, p, n, H, k, m3f) };
                 let sc = _mm256_shuffle_epi8(swn, _mm256_loadu_si256(Q6K_SC[2 * k + H].as_ptr() as *const __m256i));
                 for j in 0..J {
                     let q8 = bcast(yb[j].add(QS + 128 * n + 32 * k + 16 * H));
@@ -341,23 +343,25 @@ unsafe fn q6_k_half<const J: usize, const D: bool, const H: usize>(gb: *const u8
     sumi
 }
 
-/// Row pair p's values 16h‥16h+16 of each 32-value group (n, k) of the group-block at `gb`,
-/// as unsigned 6-bit bytes (`ql` nibble | `qh` bits · 16).
+/// Row pair p's values 16h‥16h+16 of each 32-value group (n, k) of the group-block at `gb`, as
+/// unsigned 6-bit bytes, from the `Folded` form (`matmul::layout`): values k = 0, 1, 2 are run
+/// k's bits 0‥5; value k = 3 gathers bits 6, 7 of the three runs (word shifts by 6, 4, 2 put
+/// them at bits 0‥1, 2‥3, 4‥5 of their byte; the masks drop what the neighbour byte shifted in).
 #[inline(always)]
-unsafe fn q6_k_values(gb: *const u8, p: usize, n: usize, h: usize, k: usize, m0f: __m256i, m30: __m256i) -> __m256i {
-    // SAFETY: `ql` at 72‥584 and `qh` at 584‥840 of the group-block, 32 bytes per row pair;
-    // AVX2 present in every kernel this is inlined into.
+unsafe fn q6_k_values(gb: *const u8, p: usize, n: usize, h: usize, k: usize, m3f: __m256i) -> __m256i {
+    // SAFETY: the runs lie at 72‥840 of the group-block, 32 bytes per row pair; AVX2 present in
+    // every kernel this is inlined into.
     unsafe {
-        let qh = _mm256_loadu_si256(gb.add(584 + 64 * (2 * n + h) + 32 * p) as *const __m256i);
-        let ql = _mm256_loadu_si256(gb.add(72 + 64 * (4 * n + 2 * (k % 2) + h) + 32 * p) as *const __m256i);
-        let lo = if k < 2 { ql } else { _mm256_srli_epi16(ql, 4) };
-        let hi = match k {
-            0 => _mm256_slli_epi16(qh, 4),
-            1 => _mm256_slli_epi16(qh, 2),
-            2 => qh,
-            _ => _mm256_srli_epi16(qh, 2),
-        };
-        _mm256_or_si256(_mm256_and_si256(lo, m0f), _mm256_and_si256(hi, m30))
+        // (Pointers, not a closure: a closure would not inherit the caller's target features.)
+        let run = gb.add(72 + 192 * (2 * n + h) + 32 * p);
+        if k < 3 {
+            return _mm256_and_si256(_mm256_loadu_si256(run.add(64 * k) as *const __m256i), m3f);
+        }
+        let (r0, r1, r2) = (_mm256_loadu_si256(run as *const __m256i), _mm256_loadu_si256(run.add(64) as *const __m256i), _mm256_loadu_si256(run.add(128) as *const __m256i));
+        let b01 = _mm256_and_si256(_mm256_srli_epi16(r0, 6), _mm256_set1_epi8(0x03));
+        let b23 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), _mm256_set1_epi8(0x0C));
+        let b45 = _mm256_and_si256(_mm256_srli_epi16(r2, 2), _mm256_set1_epi8(0x30));
+        _mm256_or_si256(_mm256_or_si256(b01, b23), b45)
     }
 }
 
@@ -377,14 +381,14 @@ pub fn decode_q6_k(g: &[u8], xrb: usize, dec: &mut [u8]) {
     let nb = xrb / BS6;
     let groups = g.len() / (ROWS * xrb);
     assert!(dec.len() >= groups * ROWS * nb * 256);
-    let (m0f, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let m3f = _mm256_set1_epi8(0x3F);
     for c in 0..groups {
         for i in 0..nb {
             for (p, n, h, k) in (0..32).map(|x| (x / 16, x / 8 % 2, x / 4 % 2, x % 4)) {
                 // SAFETY: group-block i of group c is inside `g` (groups counted from its
                 // length); the 32 decoded bytes inside `dec` (asserted).
                 unsafe {
-                    let v = q6_k_values(g.as_ptr().add((c * ROWS * nb + ROWS * i) * BS6), p, n, h, k, m0f, m30);
+                    let v = q6_k_values(g.as_ptr().add((c * ROWS * nb + ROWS * i) * BS6), p, n, h, k, m3f);
                     _mm256_storeu_si256(dec.as_mut_ptr().add(c * ROWS * nb * 256 + q6_k_at(i, p, n, h, k)) as *mut __m256i, v);
                 }
             }
