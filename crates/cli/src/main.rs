@@ -98,8 +98,8 @@ pub(crate) struct PlaceArgs {
     #[arg(long, env = "CORELM_ROOFLINE")]
     pub(crate) roofline: Option<String>,
     /// Share matmuls with the accelerator as the --roofline plan places them (its accelerator
-    /// target: `corelm profile --accel`): each one on the CPU, on the device, or cut between
-    /// them so both finish together. The device's columns agree with the CPU's within its f32
+    /// target: `corelm profile --accel`): each one on the CPU, or cut between the CPU and the
+    /// device so both finish together. The device's columns agree with the CPU's within its f32
     /// bound, not bit for bit.
     #[arg(long)]
     pub(crate) accel_split: bool,

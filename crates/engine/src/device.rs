@@ -1,6 +1,6 @@
 //! `--accel-split`: SMEPilot's accelerator target in the engine. The roofline plan
-//! (`corelm_plan::planner::place_io`) puts a matmul on the vector cores, on the accelerator,
-//! or splits it between them in the ratio that makes both finish together; the accelerator
+//! (`corelm_plan::planner::place_io`) leaves a matmul on the vector cores or splits it between
+//! them and the accelerator in the ratio that makes both finish together; the accelerator
 //! computes its share as the matrix's first rows (`corelm_accel::SplitMatrices`), while the
 //! CPU's workers compute the rest (`corelm_core::sched`'s device splits).
 //!

@@ -21,9 +21,10 @@
 //! **An accelerator** (a target of kind `accelerator`, `corelm profile --accel`) runs only
 //! matmuls — the engine's device computes a matmul's first output columns — and every product
 //! there pays its link: a fixed round trip plus the f32 activations in and the results out
-//! at the link's rate (`Target::link`). A matmul goes to the accelerator alone, to the
-//! vector cores alone, or is split between them so that both finish together — the device's
-//! share `s` solves `(1 − s)·t_cpu = fixed + s·t_acc` — whichever takes the least time.
+//! at the link's rate (`Target::link`). A matmul stays on the vector cores or is split between
+//! them and the device so that both finish together — the device's share `s` solves
+//! `(1 − s)·t_cpu = fixed + s·t_acc`; that split's time is below the device's alone, so the
+//! device never takes a whole matmul.
 //! With both busy, a `combined` ceiling for the pair (measured: a software device shares the
 //! CPU's cores) scales both rates down to it, and the CPU reads at the all-busy memory roof. A decode GEMV, microseconds on the CPU, stays
 //! there; a long prefill's matmuls split. The device gets work only where the model says it
@@ -188,22 +189,15 @@ pub fn place_io(roof: &Roofline, label: String, family: &str, flops: f64, bytes:
     let (tc, ta) = ((t_cpu / slow).max(t_cpu_busy), t_acc / slow);
     let share = ((tc - fixed) / (tc + ta)).clamp(0.0, 1.0);
     let t_split = (1.0 - share) * tc;
-    let t_alone = fixed + t_acc;
-    let ridge = c_acc / bw;
-    let regime = if ai < 0.5 * ridge { Regime::Memory } else if ai > 2.0 * ridge { Regime::Compute } else { Regime::Ridge };
-    // The device must save at least `MIN_GAIN` of the CPU's time: below that the model's
-    // error (a software device's threads on the CPU's cores, the wait on worker 0) decides.
-    if t_split.min(t_alone) > (1.0 - MIN_GAIN) * t_cpu {
+    // The balanced split's time, `tc·(t_acc + fixed)/(tc + t_acc)`, is below both the CPU's and
+    // the device's alone (`fixed + t_acc`), so the device never takes a whole matmul. It must
+    // save at least `MIN_GAIN` of the CPU's time: below that the model's error (a software
+    // device's threads on the CPU's cores, the wait on worker 0) decides.
+    if share <= 0.0 || t_split > (1.0 - MIN_GAIN) * t_cpu {
         return p;
     }
-    if t_alone <= t_split {
-        OpPlan { regime, placement: Placement::On(acc.name.clone()), threads: p.threads, gflops: flops / t_alone / 1e9, seconds: t_alone, ..p }
-    } else if share > 0.0 {
-        let placement = Placement::Split(vec![(vector.name.clone(), 1.0 - share), (acc.name.clone(), share)]);
-        OpPlan { placement, gflops: flops / t_split / 1e9, seconds: t_split, ..p }
-    } else {
-        p
-    }
+    let placement = Placement::Split(vec![(vector.name.clone(), 1.0 - share), (acc.name.clone(), share)]);
+    OpPlan { placement, gflops: flops / t_split / 1e9, seconds: t_split, ..p }
 }
 
 /// Output columns of `n_out` an accelerator computes for a `share` of a matmul: its first

@@ -54,9 +54,11 @@ impl Ctx<'_> {
             split: None,
             ..*o
         };
-        // SAFETY: every worker writes its own share of columns c0.., worker 0 alone columns
-        // ..c0 below; the matmul contract of `run` is kept on the shifted operands.
-        unsafe { matmul::run(self.kernels, &part(c0, o.n_out), self.mode, self.schedules, ith, nth, &mut scratch.mm) };
+        if c0 < o.n_out {
+            // SAFETY: every worker writes its own share of columns c0.., worker 0 alone columns
+            // ..c0 below; the matmul contract of `run` is kept on the shifted operands.
+            unsafe { matmul::run(self.kernels, &part(c0, o.n_out), self.mode, self.schedules, ith, nth, &mut scratch.mm) };
+        }
         if ith != 0 || c0 == 0 {
             return;
         }
