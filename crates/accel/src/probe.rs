@@ -42,14 +42,10 @@ fn zeros(gpu: &Gpu, t: DType, rows: usize, cols: usize) -> Result<Matrix, AccelE
     Matrix::upload(gpu, "probe", t, rows, cols, &vec![0u8; rows * corelm_kernels::row_bytes(t, cols)])
 }
 
-/// GFLOP/s of `t`'s GEMV at a batch large enough to be compute-bound: rows and tokens doubled
-/// (from 256 × 1) until one product takes `secs / 4`, or 4096 rows × 64 tokens.
-fn gemm_gflops(gpu: &Gpu, t: DType, secs: f64) -> Result<f64, AccelError> {
-    Ok(compute_bound(gpu, t, secs)?.0)
-}
-
-/// [`gemm_gflops`]'s figure and the shape that gave it (rows, tokens).
-fn compute_bound(gpu: &Gpu, t: DType, secs: f64) -> Result<(f64, usize, usize), AccelError> {
+/// GFLOP/s of `t`'s GEMV at a batch large enough to be compute-bound — rows and tokens doubled
+/// (from 256 × 1) until one product takes `secs / 4`, or 4096 rows × 64 tokens — with the
+/// matrix and token count that gave it.
+fn compute_bound(gpu: &Gpu, t: DType, secs: f64) -> Result<(f64, Matrix, usize), AccelError> {
     let cols = 4096;
     let (mut rows, mut tokens) = (256, 1);
     loop {
@@ -63,7 +59,7 @@ fn compute_bound(gpu: &Gpu, t: DType, secs: f64) -> Result<(f64, usize, usize), 
             for _ in 0..3 {
                 best = best.min(time_gemv(gpu, &m, &x, &mut y)?);
             }
-            return Ok((2.0 * (rows * cols * tokens) as f64 / best / 1e9, rows, tokens));
+            return Ok((2.0 * (rows * cols * tokens) as f64 / best / 1e9, m, tokens));
         }
         if tokens < 64 {
             tokens *= 2;
@@ -73,35 +69,36 @@ fn compute_bound(gpu: &Gpu, t: DType, secs: f64) -> Result<(f64, usize, usize), 
     }
 }
 
-/// GFLOP/s of Q8_0 products at the compute-bound shape, kept up for `secs` (the device busy
-/// while the CPU is measured beside it: `corelm_plan::profile::int8_beside`).
-pub fn int8_for(gpu: &Gpu, secs: f64) -> Result<f64, AccelError> {
-    let (_, rows, tokens) = compute_bound(gpu, DType::Q8_0, secs / 4.0)?;
-    let cols = 4096;
-    let m = zeros(gpu, DType::Q8_0, rows, cols)?;
-    let (x, mut y) = (vec![0f32; tokens * cols], vec![0f32; tokens * rows]);
+/// Products of `m` per second, repeated for `secs` (at least one): the device kept busy while
+/// the CPU is measured beside it (`corelm_plan::profile::int8_beside`, `read_beside`).
+fn keep_busy(gpu: &Gpu, m: &Matrix, tokens: usize, secs: f64) -> Result<f64, AccelError> {
+    let (x, mut y) = (vec![0f32; tokens * m.cols], vec![0f32; tokens * m.rows]);
     let (t0, mut n) = (Instant::now(), 0usize);
     while t0.elapsed().as_secs_f64() < secs || n == 0 {
         m.gemv(gpu, &x, &mut y)?;
         n += 1;
     }
-    Ok(2.0 * (n * rows * cols * tokens) as f64 / t0.elapsed().as_secs_f64() / 1e9)
+    Ok(n as f64 / t0.elapsed().as_secs_f64())
 }
 
-/// GB/s of one-token Q8_0 products over a 32 MiB matrix, kept up for `secs` (the device
-/// reading while the CPU's bandwidth is measured beside it).
-pub fn read_for(gpu: &Gpu, secs: f64) -> Result<f64, AccelError> {
+/// A zero Q8_0 matrix of rows of 8192 values, `cap` bytes at most (and the device's buffer
+/// limit): the one-token products that measure the device's read bandwidth.
+fn read_matrix(gpu: &Gpu, cap: u64) -> Result<Matrix, AccelError> {
     let cols = 8192;
-    let rb = corelm_kernels::row_bytes(DType::Q8_0, cols);
-    let rows = (32 << 20) / rb;
-    let m = zeros(gpu, DType::Q8_0, rows, cols)?;
-    let (x, mut y) = (vec![0f32; cols], vec![0f32; rows]);
-    let (t0, mut n) = (Instant::now(), 0usize);
-    while t0.elapsed().as_secs_f64() < secs || n == 0 {
-        m.gemv(gpu, &x, &mut y)?;
-        n += 1;
-    }
-    Ok((n * rows * rb) as f64 / t0.elapsed().as_secs_f64() / 1e9)
+    let rb = corelm_kernels::row_bytes(DType::Q8_0, cols) as u64;
+    zeros(gpu, DType::Q8_0, (cap.min(gpu.max_buffer - 8) / rb) as usize, cols)
+}
+
+/// GFLOP/s of Q8_0 products at the compute-bound shape, kept up for `secs`.
+pub fn int8_for(gpu: &Gpu, secs: f64) -> Result<f64, AccelError> {
+    let (_, m, tokens) = compute_bound(gpu, DType::Q8_0, secs / 4.0)?;
+    Ok(2.0 * (m.rows * m.cols * tokens) as f64 * keep_busy(gpu, &m, tokens, secs)? / 1e9)
+}
+
+/// GB/s of one-token Q8_0 products over a 32 MiB matrix, kept up for `secs`.
+pub fn read_for(gpu: &Gpu, secs: f64) -> Result<f64, AccelError> {
+    let m = read_matrix(gpu, 32 << 20)?;
+    Ok((m.rows * m.row_bytes()) as f64 * keep_busy(gpu, &m, 1, secs)? / 1e9)
 }
 
 /// Measure `gpu` (each run about `secs`; a test passes a small one). A software device gets
@@ -109,21 +106,17 @@ pub fn read_for(gpu: &Gpu, secs: f64) -> Result<f64, AccelError> {
 pub fn measure(gpu: &Gpu, secs: f64) -> Result<DeviceProfile, AccelError> {
     let mut ceilings = Vec::new();
     for (family, t) in [("int8_dot", DType::Q8_0), ("f16_fma", DType::F16), ("f32_fma", DType::F32)] {
-        ceilings.push((family, format!("wgsl {} gemv", t.name().to_lowercase()), gemm_gflops(gpu, t, secs)?));
+        ceilings.push((family, format!("wgsl {} gemv", t.name().to_lowercase()), compute_bound(gpu, t, secs)?.0));
     }
     // Read bandwidth: one token over the largest Q8_0 matrix allowed (256 MiB on a GPU, 32 MiB
     // under software), best of 3 after a warm-up.
-    let cap = if gpu.is_software() { 32u64 << 20 } else { 256 << 20 };
-    let cols = 8192;
-    let rb = corelm_kernels::row_bytes(DType::Q8_0, cols) as u64;
-    let rows = (cap.min(gpu.max_buffer - 8) / rb) as usize;
-    let m = zeros(gpu, DType::Q8_0, rows, cols)?;
-    let (x, mut y) = (vec![0f32; cols], vec![0f32; rows]);
+    let m = read_matrix(gpu, if gpu.is_software() { 32 << 20 } else { 256 << 20 })?;
+    let (x, mut y) = (vec![0f32; m.cols], vec![0f32; m.rows]);
     let mut best = f64::MAX;
     for _ in 0..4 {
         best = best.min(time_gemv(gpu, &m, &x, &mut y)?);
     }
-    let read_gbps = (rows as u64 * rb) as f64 / best / 1e9;
+    let read_gbps = (m.rows * m.row_bytes()) as f64 / best / 1e9;
     drop(m);
     // The smallest product's round trip: 32 rows of 32 values.
     let tiny = zeros(gpu, DType::Q8_0, 32, 32)?;

@@ -160,9 +160,10 @@ fn host_roof(roof: &Roofline) -> Option<Roofline> {
 /// The least share of a matmul's CPU time an accelerator must save to be given any of it.
 pub const MIN_GAIN: f64 = 0.05;
 
-/// [`place`] for a matmul that may also run on an accelerator target: `io` is the bytes its
-/// products move over the link (f32 activations in, f32 results out).
-pub fn place_io(roof: &Roofline, label: String, family: &str, flops: f64, bytes: f64, io: f64) -> OpPlan {
+/// [`place`] for a matmul of `n_out` output columns that may also run on an accelerator
+/// target: `io` is the bytes its products move over the link (f32 activations in, f32 results
+/// out).
+pub fn place_io(roof: &Roofline, label: String, family: &str, flops: f64, bytes: f64, io: f64, n_out: usize) -> OpPlan {
     let p = place(roof, label, family, flops, bytes);
     let Some(acc) = roof.targets.iter().find(|t| t.kind == TargetKind::Accelerator) else { return p };
     let Some(vector) = roof.targets.iter().find(|t| t.kind == TargetKind::Vector) else { return p };
@@ -192,8 +193,9 @@ pub fn place_io(roof: &Roofline, label: String, family: &str, flops: f64, bytes:
     // The balanced split's time, `tc·(t_acc + fixed)/(tc + t_acc)`, is below both the CPU's and
     // the device's alone (`fixed + t_acc`), so the device never takes a whole matmul. It must
     // save at least `MIN_GAIN` of the CPU's time: below that the model's error (a software
-    // device's threads on the CPU's cores, the wait on worker 0) decides.
-    if share <= 0.0 || t_split > (1.0 - MIN_GAIN) * t_cpu {
+    // device's threads on the CPU's cores, the wait on worker 0) decides. A share under one
+    // four-row group is none.
+    if device_cut(share, n_out) == 0 || t_split > (1.0 - MIN_GAIN) * t_cpu {
         return p;
     }
     let placement = Placement::Split(vec![(vector.name.clone(), 1.0 - share), (acc.name.clone(), share)]);
@@ -201,13 +203,9 @@ pub fn place_io(roof: &Roofline, label: String, family: &str, flops: f64, bytes:
 }
 
 /// Output columns of `n_out` an accelerator computes for a `share` of a matmul: its first
-/// rows, in whole four-row groups (the CPU kernels' interleaved groups), all at a share of 1.
+/// rows, in whole four-row groups (the CPU kernels' interleaved groups).
 pub fn device_cut(share: f64, n_out: usize) -> usize {
-    if share >= 1.0 {
-        n_out
-    } else {
-        ((share.max(0.0) * n_out as f64) as usize / 4 * 4).min(n_out)
-    }
+    (share.clamp(0.0, 1.0) * n_out as f64) as usize / 4 * 4
 }
 
 /// The accelerator's share of a plan: the whole operator on it (1), a split's part, or 0.
@@ -272,16 +270,8 @@ pub fn plan_graph(g: &Graph, roof: &Roofline, ctx: usize) -> Vec<OpPlan> {
             let t = g.tensor(id);
             let (label, family, flops, bytes) = cost(g, t, ctx);
             let mut p = match t.op {
-                // f32 activations to an accelerator and f32 results back; a share too small
-                // for one four-row group leaves the matmul on the host's targets.
-                Op::MatMul { w, .. } => {
-                    let p = place_io(roof, label.clone(), family, flops, bytes, 4.0 * (t.ne[1] * (g.tensor(w).ne[0] + t.ne[0])) as f64);
-                    let acc = roof.targets.iter().find(|x| x.kind == TargetKind::Accelerator);
-                    match acc.map(|a| device_share(&p, &a.name)) {
-                        Some(s) if s > 0.0 && device_cut(s, t.ne[0]) == 0 => place(roof, label, family, flops, bytes),
-                        _ => p,
-                    }
-                }
+                // f32 activations to an accelerator and f32 results back.
+                Op::MatMul { w, .. } => place_io(roof, label, family, flops, bytes, 4.0 * (t.ne[1] * (g.tensor(w).ne[0] + t.ne[0])) as f64, t.ne[0]),
                 _ => place(roof, label, family, flops, bytes),
             };
             // A split matmul's output tiles (`ne`: weight rows × activation rows), cut in the

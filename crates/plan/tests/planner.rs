@@ -129,17 +129,17 @@ fn an_accelerator_takes_the_matmuls_that_pay_for_its_link() {
     let roof = with_accelerator(None);
     // A small decode GEMV: 9 µs on the CPU, under the 50 µs round trip: the CPU.
     let (f, b, io) = q8_matmul(1, 896, 896);
-    let p = place_io(&roof, "gemv".into(), "int8_dot", f, b, io);
+    let p = place_io(&roof, "gemv".into(), "int8_dot", f, b, io, 896);
     assert_eq!(p.placement, Placement::On("cpu".into()));
     // A 30 MB LM head in decode: 301 µs at the CPU's 100 GB/s, 15 on the device plus its
     // link (50 µs and 197 kB of logits: 58); split, both finish in 69: the device 77 % of it.
     let (f, b, io) = q8_matmul(1, 576, 49152);
-    let p = place_io(&roof, "head".into(), "int8_dot", f, b, io);
+    let p = place_io(&roof, "head".into(), "int8_dot", f, b, io, 49152);
     assert!((device_share(&p, "gpu") - 0.77).abs() < 0.01 && p.regime == Regime::Memory, "{:?}", p.placement);
     assert!((p.seconds - 69e-6).abs() < 1e-6, "{}", p.seconds);
     // A 512-token prefill matmul: both, finishing together.
     let (f, b, io) = q8_matmul(512, 896, 4864);
-    let p = place_io(&roof, "ffn".into(), "int8_dot", f, b, io);
+    let p = place_io(&roof, "ffn".into(), "int8_dot", f, b, io, 4864);
     let s = device_share(&p, "gpu");
     let (t_cpu, t_acc, fixed) = (f / 1000e9, f / 20000e9, 50e-6 + io / 25e9);
     assert!(s > 0.0 && s < 1.0, "{:?}", p.placement);
@@ -147,7 +147,7 @@ fn an_accelerator_takes_the_matmuls_that_pay_for_its_link() {
     assert!(p.seconds < t_cpu && p.seconds < fixed + t_acc);
     // Both busy at once slower (a software device on the CPU's cores): a smaller share,
     // a longer time.
-    let slow = place_io(&with_accelerator(Some(1500.0)), "ffn".into(), "int8_dot", f, b, io);
+    let slow = place_io(&with_accelerator(Some(1500.0)), "ffn".into(), "int8_dot", f, b, io, 4864);
     assert!(slow.seconds > p.seconds, "{} vs {}", slow.seconds, p.seconds);
     // A device like this machine's software one (0.5 GFLOP/s, 0.6 GB/s, 180 µs): the model
     // would give it 1 % of the LM head for a 0.5 % gain, under MIN_GAIN: nothing.
@@ -158,7 +158,7 @@ fn an_accelerator_takes_the_matmuls_that_pay_for_its_link() {
     soft.memory.per_target_gbps[0].1 = 34.0;
     soft.memory.all_busy_gbps = 34.0;
     let (f, b, io) = q8_matmul(1, 576, 49152);
-    assert_eq!(place_io(&soft, "head".into(), "int8_dot", f, b, io).placement, Placement::On("cpu".into()));
+    assert_eq!(place_io(&soft, "head".into(), "int8_dot", f, b, io, 49152).placement, Placement::On("cpu".into()));
     // Only matmuls go to the accelerator: `place` never names it.
     let p = place(&roof, "attention".into(), "int8_dot", 1e12, 1e6);
     assert_eq!(p.placement, Placement::On("cpu".into()));

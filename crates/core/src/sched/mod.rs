@@ -751,10 +751,11 @@ impl Ctx<'_> {
         let [k, n_out] = wt.ne;
         let rows = t.ne[1];
         let ops = self.kernels.ops(wt.dtype).expect("weight type checked at load");
+        // The accelerator's share of this node, if it has one (`device.rs`).
+        let device = self.device.zip(self.graph.device_split_of(id));
         // Dense types in a batch: llama.cpp's tinyBLAS values (`dense.rs`); a device split
         // runs its CPU columns on the other paths.
-        let device = self.device.is_some() && self.graph.device_split_of(id).is_some();
-        if let Some(b) = ops.batch_dot.filter(|b| !device && !self.mode.batch_invariant && b.applies(rows, k, n_out)) {
+        if let Some(b) = ops.batch_dot.filter(|b| device.is_none() && !self.mode.batch_invariant && b.applies(rows, k, n_out)) {
             return self.matmul_dense(t, wid, x, b, ith, nth, scratch);
         }
         let il = match wt.storage {
@@ -767,7 +768,7 @@ impl Ctx<'_> {
         let w = if plain { self.bytes(wid) } else { &[] };
         let split = self.graph.split_of(id).filter(|_| !self.classes.is_empty()).map(|c| (c, self.classes));
         let o = matmul::Operands { dtype: wt.dtype, k, n_out, w, il, x: self.bytes(x), xrb: self.t(x).row_bytes(), rows, out: self.base(t) as *mut f32, ldo: self.row_stride(t), split };
-        if let (Some(dev), Some(ds)) = (self.device, self.graph.device_split_of(id)) {
+        if let Some((dev, ds)) = device {
             return self.matmul_device(id, &o, ds, dev, ith, nth, scratch);
         }
         // SAFETY: the output tensor is [rows][n_out] f32, written during this node only by its
