@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use corelm_core::Op;
-use corelm_engine::{Batch, Engine, EngineConfig};
+use corelm_engine::{Engine, EngineConfig};
 use corelm_plan::profile::{Ceiling, Link, Memory, Target, TargetKind};
 use corelm_plan::Roofline;
 
@@ -40,36 +40,10 @@ fn split_config() -> EngineConfig {
     EngineConfig { roofline: Some(stated()), accel_split: true, ..test_config(2) }
 }
 
-fn prompt_logits(e: &mut Engine) -> Vec<Vec<f32>> {
-    let mut b = Batch::new();
-    for (i, &t) in PROMPT.iter().enumerate() {
-        b.add(t, i as i32, 0, true);
-    }
-    let l = e.decode(&b).unwrap();
-    let out = (0..l.rows()).map(|r| l.row(r).to_vec()).collect();
-    e.clear_all();
-    out
-}
-
-fn token_by_token(e: &mut Engine) -> Vec<Vec<f32>> {
-    let mut b = Batch::new();
-    let out = PROMPT
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| {
-            b.clear();
-            b.add(t, i as i32, 0, true);
-            e.decode(&b).unwrap().row(0).to_vec()
-        })
-        .collect();
-    e.clear_all();
-    out
-}
-
 #[test]
 fn prefill_matmuls_split_with_the_accelerator_as_planned() {
     let (mut cpu, _) = load(SMOL, test_config(2));
-    let (want, want_tbt) = (prompt_logits(&mut cpu), token_by_token(&mut cpu));
+    let (want, want_tbt) = (prompt_logits(&mut cpu, &PROMPT), token_by_token(&mut cpu, &PROMPT));
     let (mut e, _) = load(SMOL, split_config());
     eprintln!("{}", e.device().expect("the plan shares matmuls with the accelerator").summary());
     // The 24-token pass's matmuls but K and V (192 rows: 53 µs on the CPU, less than the
@@ -95,7 +69,7 @@ fn prefill_matmuls_split_with_the_accelerator_as_planned() {
     let head: Vec<usize> = g.device_splits.iter().map(|&(id, _)| g.tensor(id).ne[0]).collect();
     assert_eq!(head, [49152]);
     // The device sums f32 activations in f32, the CPU 8-bit ones: close, not equal.
-    let got = prompt_logits(&mut e);
+    let got = prompt_logits(&mut e, &PROMPT);
     let d = max_rel_diff(&got, &want);
     eprintln!("split prompt logits: max difference {d} of the largest");
     assert!(d > 0.0 && d < 0.1, "split logits differ by {d} of the largest");
@@ -104,7 +78,7 @@ fn prefill_matmuls_split_with_the_accelerator_as_planned() {
     eprintln!("greedy tokens agree on {agree} of 24 rows");
     // Measured 22: this prompt's rows have near ties, which f32-versus-8-bit sums may flip.
     assert!(agree >= 20, "greedy tokens agree on {agree} of 24 rows");
-    let d = max_rel_diff(&token_by_token(&mut e), &want_tbt);
+    let d = max_rel_diff(&token_by_token(&mut e, &PROMPT), &want_tbt);
     eprintln!("token by token: max difference {d} of the largest");
     assert!(d > 0.0 && d < 0.1, "token by token, the logits differ by {d} of the largest");
     assert!(!e.device().unwrap().lost());
@@ -113,12 +87,12 @@ fn prefill_matmuls_split_with_the_accelerator_as_planned() {
 #[test]
 fn a_lost_device_leaves_the_cpu_logits() {
     let (mut cpu, _) = load(SMOL, test_config(2));
-    let want = prompt_logits(&mut cpu);
+    let want = prompt_logits(&mut cpu, &PROMPT);
     let (mut e, _) = load(SMOL, split_config());
     e.device().unwrap().simulate_device_loss();
-    assert_eq!(prompt_logits(&mut e), want, "the CPU computed the device's columns, bit for bit");
+    assert_eq!(prompt_logits(&mut e, &PROMPT), want, "the CPU computed the device's columns, bit for bit");
     assert!(e.device().unwrap().lost());
-    assert_eq!(prompt_logits(&mut e), want);
+    assert_eq!(prompt_logits(&mut e, &PROMPT), want);
 }
 
 #[test]

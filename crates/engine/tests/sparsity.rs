@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use corelm_engine::sparsity::{collect, Allocation};
-use corelm_engine::{Batch, Engine, EngineConfig, SparseFfn};
+use corelm_engine::{Engine, EngineConfig, SparseFfn};
 use corelm_kernels::DType;
 use std::sync::Arc;
 
@@ -16,35 +16,6 @@ const PROMPT: &str = "The old lighthouse keeper climbed the stairs every evening
 
 fn sparse(thresholds: Vec<f32>) -> EngineConfig {
     EngineConfig { sparsity: Some(Arc::new(SparseFfn::new(thresholds, DType::Q8_0))), ..test_config(2) }
-}
-
-fn prompt_logits(engine: &mut Engine, ids: &[u32]) -> Vec<Vec<f32>> {
-    let mut b = Batch::new();
-    for (i, &t) in ids.iter().enumerate() {
-        b.add(t, i as i32, 0, true);
-    }
-    let l = engine.decode(&b).unwrap();
-    let out = (0..l.rows()).map(|r| l.row(r).to_vec()).collect();
-    engine.clear_all();
-    out
-}
-
-fn token_by_token(engine: &mut Engine, ids: &[u32]) -> Vec<Vec<f32>> {
-    token_by_token_with(engine, ids, |_, _| {})
-}
-
-/// [`token_by_token`], `after(engine, i)` run after token `i`'s pass.
-fn token_by_token_with(engine: &mut Engine, ids: &[u32], mut after: impl FnMut(&Engine, usize)) -> Vec<Vec<f32>> {
-    let mut out = Vec::new();
-    let mut b = Batch::new();
-    for (i, &t) in ids.iter().enumerate() {
-        b.clear();
-        b.add(t, i as i32, 0, true);
-        out.push(engine.decode(&b).unwrap().row(0).to_vec());
-        after(engine, i);
-    }
-    engine.clear_all();
-    out
 }
 
 #[test]

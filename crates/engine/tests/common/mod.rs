@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use corelm_engine::{Engine, EngineConfig, Tokenizer};
+use corelm_engine::{Batch, Engine, EngineConfig, Tokenizer};
 use std::path::PathBuf;
 
 /// (golden directory name, model file name, logit tolerance from ../shared/golden/README.md)
@@ -45,4 +45,35 @@ pub fn test_config(n_threads: usize) -> EngineConfig {
 pub fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     let scale = a.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
     a.iter().flatten().zip(b.iter().flatten()).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+/// Every logit row of `ids` as one prompt of sequence 0, which is cleared after.
+pub fn prompt_logits(engine: &mut Engine, ids: &[u32]) -> Vec<Vec<f32>> {
+    let mut b = Batch::new();
+    for (i, &t) in ids.iter().enumerate() {
+        b.add(t, i as i32, 0, true);
+    }
+    let l = engine.decode(&b).unwrap();
+    let out = (0..l.rows()).map(|r| l.row(r).to_vec()).collect();
+    engine.clear_all();
+    out
+}
+
+/// The logits of `ids` fed one token per pass to sequence 0, which is cleared after.
+pub fn token_by_token(engine: &mut Engine, ids: &[u32]) -> Vec<Vec<f32>> {
+    token_by_token_with(engine, ids, |_, _| {})
+}
+
+/// [`token_by_token`], `after(engine, i)` run after token `i`'s pass.
+pub fn token_by_token_with(engine: &mut Engine, ids: &[u32], mut after: impl FnMut(&Engine, usize)) -> Vec<Vec<f32>> {
+    let mut out = Vec::new();
+    let mut b = Batch::new();
+    for (i, &t) in ids.iter().enumerate() {
+        b.clear();
+        b.add(t, i as i32, 0, true);
+        out.push(engine.decode(&b).unwrap().row(0).to_vec());
+        after(engine, i);
+    }
+    engine.clear_all();
+    out
 }
