@@ -395,10 +395,13 @@ pub fn read_beside<T: Send>(n: usize, bytes: usize, other: impl FnOnce() -> T + 
 /// Add an accelerator target to `roof` (`corelm profile --accel`): its ceilings, the memory
 /// it reads alone, its link, and the `int8_dot` ceiling of it and the vector cores busy at
 /// once where measured, and the CPU's read bandwidth with it reading (`all_busy_gbps`: the
-/// lower of that and what the profile had).
+/// lower of that and the CPU's own best, so measuring again replaces an earlier device's
+/// figure instead of keeping the lowest ever seen).
 pub fn add_accelerator(roof: &mut Roofline, target: Target, read_gbps: f64, combined_int8: Option<f64>, cpu_read_beside: Option<f64>) {
     if let Some(g) = cpu_read_beside {
-        roof.memory.all_busy_gbps = roof.memory.all_busy_gbps.min(g);
+        let alone = roof.memory.read_gbps.iter().map(|&(_, b)| b).fold(0.0, f64::max);
+        let alone = if alone > 0.0 { alone } else { roof.memory.all_busy_gbps };
+        roof.memory.all_busy_gbps = alone.min(g);
     }
     roof.targets.retain(|t| t.name != target.name);
     roof.memory.per_target_gbps.retain(|(t, _)| t != &target.name);

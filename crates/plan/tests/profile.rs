@@ -65,3 +65,26 @@ fn the_m4_pro_fixture_has_two_targets_and_a_shared_roof() {
     assert!(r.ridge("sme", "f16_fma").unwrap() > r.ridge("cpu", "f16_fma").unwrap());
     assert!(Roofline::load(&fixture("missing.json")).unwrap_err().to_string().contains("missing.json"));
 }
+
+/// `add_accelerator` (`corelm profile --accel`): the target, its read bandwidth and the
+/// combined ceiling go in; measured again, they are replaced, and the all-busy roof is the
+/// new measurement against the CPU's own best, not the lowest one ever seen.
+#[test]
+fn an_accelerator_added_again_replaces_its_figures() {
+    use corelm_plan::profile::{add_accelerator, Ceiling, Link, Memory, Target, TargetKind};
+    let target = |name: &str, kind, link| Target { name: name.into(), kind, workers: 1, ceilings: vec![Ceiling { family: "int8_dot".into(), kernel: "k".into(), one_worker_gflops: 1.0, all_workers_gflops: 1.0 }], tile: None, link };
+    let mut r = Roofline {
+        machine: "m".into(),
+        source: "measured".into(),
+        targets: vec![target("cpu", TargetKind::Vector, None)],
+        combined: Vec::new(),
+        memory: Memory { read_gbps: vec![(1, 30.0), (2, 40.0)], per_target_gbps: vec![("cpu".into(), 40.0)], all_busy_gbps: 40.0 },
+    };
+    let link = Some(Link { overhead_us: 200.0, gbps: 5.0 });
+    add_accelerator(&mut r, target("accel", TargetKind::Accelerator, link), 0.7, Some(125.0), Some(35.0));
+    assert_eq!((r.targets.len(), r.memory.all_busy_gbps, r.combined[0].gflops), (2, 35.0, 125.0));
+    add_accelerator(&mut r, target("accel", TargetKind::Accelerator, link), 0.6, Some(170.0), Some(45.0));
+    assert_eq!((r.targets.len(), r.combined.len(), r.memory.per_target_gbps.len()), (2, 1, 2));
+    assert_eq!((r.memory.all_busy_gbps, r.combined[0].gflops, r.memory.per_target_gbps[1].1), (40.0, 170.0, 0.6));
+    assert!(r.source.ends_with("accelerator accel measured (corelm profile --accel)") && r.source.matches("accelerator").count() == 1, "{}", r.source);
+}
