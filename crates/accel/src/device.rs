@@ -28,6 +28,8 @@ pub struct Gpu {
     pub(crate) act: wgpu::ComputePipeline,
     /// The neuron-major Q8_0 down projection of the hot neurons (`shaders/down_nm.wgsl`).
     pub(crate) down: wgpu::ComputePipeline,
+    /// Its slice sums added in order (`shaders/down_sum.wgsl`).
+    pub(crate) down_sum: wgpu::ComputePipeline,
 }
 
 /// The byte helpers every shader reading GGML blocks shares.
@@ -93,7 +95,8 @@ impl Gpu {
         let gemv = TYPES.iter().map(|&t| (t, pipeline(&format!("gemv {t}"), gemv_source(t).expect("a listed type")))).collect();
         let act = pipeline("act", include_str!("shaders/act.wgsl").to_string());
         let down = pipeline("down (neuron-major)", format!("{}\n{BYTES}", include_str!("shaders/down_nm.wgsl")));
-        Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, gemv, act, down })
+        let down_sum = pipeline("down (slice sums)", include_str!("shaders/down_sum.wgsl").to_string());
+        Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, gemv, act, down, down_sum })
     }
 
     /// The adapter's name and backend, e.g. `NVIDIA H100 (Vulkan)`.
@@ -120,9 +123,9 @@ impl Gpu {
         }))
     }
 
-    /// The bind group of `pipeline`'s four bindings, `buffers` in binding order.
-    pub(crate) fn bind(&self, label: &str, pipeline: &wgpu::ComputePipeline, buffers: [&wgpu::Buffer; 4]) -> wgpu::BindGroup {
-        let entries: [wgpu::BindGroupEntry; 4] = std::array::from_fn(|i| wgpu::BindGroupEntry { binding: i as u32, resource: buffers[i].as_entire_binding() });
+    /// The bind group of `pipeline`'s bindings, `buffers` in binding order.
+    pub(crate) fn bind<const N: usize>(&self, label: &str, pipeline: &wgpu::ComputePipeline, buffers: [&wgpu::Buffer; N]) -> wgpu::BindGroup {
+        let entries: [wgpu::BindGroupEntry; N] = std::array::from_fn(|i| wgpu::BindGroupEntry { binding: i as u32, resource: buffers[i].as_entire_binding() });
         self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(label), layout: &pipeline.get_bind_group_layout(0), entries: &entries })
     }
 

@@ -54,8 +54,15 @@ struct Layer {
     up: Matrix,
     /// `[capacity rows, n_embd]` Q8_0, row `i` the down column of the neuron in row `i`.
     down: Matrix,
-    bind: [wgpu::BindGroup; 4], // gate, up, act, down
+    bind: [wgpu::BindGroup; 5], // gate, up, act, down, down's slice sums
+    /// Neuron ranges the down product is split into (`shaders/down_nm.wgsl`).
+    slices: usize,
 }
+
+/// Neurons per range of the down product: enough workgroups for a GPU at one token, each
+/// thread adding about 64 neurons; at most [`MAX_SLICES`] ranges.
+const NEURONS_PER_SLICE: usize = 512;
+const MAX_SLICES: usize = 16;
 
 /// Every offloaded layer, and the buffers they share (one layer runs at a time).
 pub struct HotFfn {
@@ -67,6 +74,8 @@ pub struct HotFfn {
     y: wgpu::Buffer,
     staging: wgpu::Buffer,
     act_params: wgpu::Buffer,
+    /// The down shaders' shape (`DownParams`), written per submission.
+    down_params: wgpu::Buffer,
     /// The layer and token count submitted by `begin`, not yet read back.
     pending: Mutex<Option<(usize, usize)>>,
     /// The next [`HotFfn::wait`] fails as a lost device's would ([`HotFfn::simulate_device_loss`]).
@@ -124,6 +133,10 @@ impl HotFfn {
             mapped_at_creation: false,
         });
         let act_params = gpu.uniform(&[0, 0, 0, 0]);
+        let down_params = gpu.uniform(&[0; 8]);
+        let slices_of = |cap: usize| cap.div_ceil(NEURONS_PER_SLICE).clamp(1, MAX_SLICES);
+        let max_slices = layers.iter().map(|l| slices_of(l.capacity)).max().unwrap_or(1);
+        let sums = gpu.storage("ffn down slices", f(max_tokens * max_slices * n_embd), wgpu::BufferUsages::empty())?;
         let mut out: Vec<Option<Layer>> = (0..n_layer).map(|_| None).collect();
         for l in layers {
             let (cap, n) = (l.capacity, l.neurons.len());
@@ -142,14 +155,14 @@ impl HotFfn {
             let gate = upload("gate", l.gate.dtype, &loaded)?;
             gather_rows(&l.up, l.neurons, &mut loaded);
             let up = upload("up", l.up.dtype, &loaded)?;
-            // The down shader's parameters (neurons, outputs, row bytes) are the matrix's own.
             let down = upload("down", DType::Q8_0, l.down)?;
             let act = gpu.bind("act", &gpu.act, [&g, &u, &a, &act_params]);
-            let bind_down = gpu.bind("down", &gpu.down, [&down.buf, &a, &y, &down.params]);
-            let bind = [gate.bind(&gpu, &x, &g), up.bind(&gpu, &x, &u), act, bind_down];
-            out[l.layer] = Some(Layer { gate, up, down, bind });
+            let bind_down = gpu.bind("down", &gpu.down, [&down.buf, &a, &sums, &down_params]);
+            let bind_sum = gpu.bind("down sums", &gpu.down_sum, [&sums, &y, &down_params]);
+            let bind = [gate.bind(&gpu, &x, &g), up.bind(&gpu, &x, &u), act, bind_down, bind_sum];
+            out[l.layer] = Some(Layer { gate, up, down, bind, slices: slices_of(cap) });
         }
-        Ok(HotFfn { gpu, n_embd, max_tokens, layers: out, x, y, staging, act_params, pending: Mutex::new(None), fail_next: AtomicBool::new(false), failed: AtomicBool::new(false) })
+        Ok(HotFfn { gpu, n_embd, max_tokens, layers: out, x, y, staging, act_params, down_params, pending: Mutex::new(None), fail_next: AtomicBool::new(false), failed: AtomicBool::new(false) })
     }
 
     /// Bytes of weights held on the device.
@@ -199,6 +212,9 @@ impl HotFfn {
             Glu::GeluTanh => 1,
         };
         gpu.queue.write_buffer(&self.act_params, 0, bytemuck::cast_slice(&[n, kind, thr.to_bits(), 0]));
+        let (rows, slices) = (l.down.rows as u32, l.slices as u32);
+        let shape = [rows, self.n_embd as u32, l.down.row_bytes() as u32, slices, n_tokens as u32, 0, 0, 0];
+        gpu.queue.write_buffer(&self.down_params, 0, bytemuck::cast_slice(&shape));
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
@@ -209,6 +225,9 @@ impl HotFfn {
             pass.dispatch_workgroups(n.div_ceil(64), 1, 1);
             pass.set_pipeline(&gpu.down);
             pass.set_bind_group(0, &l.bind[3], &[]);
+            pass.dispatch_workgroups(self.n_embd.div_ceil(32) as u32, slices, n_tokens as u32);
+            pass.set_pipeline(&gpu.down_sum);
+            pass.set_bind_group(0, &l.bind[4], &[]);
             pass.dispatch_workgroups(self.n_embd.div_ceil(64) as u32, n_tokens as u32, 1);
         }
         enc.copy_buffer_to_buffer(&self.y, 0, &self.staging, 0, (n_tokens * self.n_embd * 4) as u64);

@@ -8,7 +8,8 @@
 //!   a `u32` storage buffer): no format of our own to keep in step, and a GPU holds as many
 //!   weights per byte of `--accel-mem` as the file does. Each weight type has a `sub_dot`
 //!   (`shaders/<type>.wgsl`: dequantize 32 values, dot with `x` in f32) under one GEMV body
-//!   (`shaders/common.wgsl`: a workgroup per output row and token, a tree reduction).
+//!   (`shaders/common.wgsl`: a workgroup per 8 output rows × 8 tokens, 32 lanes per row on
+//!   neighbouring blocks, a tree reduction per row and token).
 //! - Activations travel as f32, and the sums are f32 — unlike the CPU kernels, which quantize
 //!   the activations to 8 bits first — so results agree with the CPU within a bound, not
 //!   bit for bit ([`gemv_bound`] states it; the tests check it on every type).

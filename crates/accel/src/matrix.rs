@@ -25,10 +25,15 @@ pub struct Matrix {
     pub cols: usize,
 }
 
+/// Output rows per workgroup, and tokens per workgroup (`shaders/common.wgsl`).
+const ROWS_PER_GROUP: usize = 8;
+const TOKENS_PER_GROUP: usize = 8;
+
 /// Workgroups along x and y for `rows` rows (at most 65,535 per dimension).
 fn groups(rows: usize) -> (u32, u32) {
-    let gx = rows.clamp(1, 65_535);
-    (gx as u32, rows.div_ceil(gx) as u32)
+    let n = rows.div_ceil(ROWS_PER_GROUP);
+    let gx = n.clamp(1, 65_535);
+    (gx as u32, n.div_ceil(gx) as u32)
 }
 
 impl Matrix {
@@ -45,8 +50,7 @@ impl Matrix {
         let mut padded = bytes.to_vec();
         padded.resize((bytes.len() + 4).next_multiple_of(4), 0);
         gpu.queue.write_buffer(&buf, 0, &padded);
-        let (gx, _) = groups(rows);
-        let params = gpu.uniform(&[rows as u32, cols as u32, row_bytes as u32, gx]);
+        let params = gpu.uniform(&[0; 8]);
         Ok(Matrix { buf, params, dtype, rows, cols })
     }
 
@@ -71,19 +75,16 @@ impl Matrix {
         self.dispatch_rows(gpu, pass, bind, self.rows, n_tokens)
     }
 
-    /// Make the next products cover the first `rows` rows only (`y`: `[n_tokens, rows]`);
-    /// written to the queue before the submission that uses it.
-    pub(crate) fn set_rows(&self, gpu: &Gpu, rows: usize) {
-        let (gx, _) = groups(rows);
-        gpu.queue.write_buffer(&self.params, 0, bytemuck::cast_slice(&[rows as u32, self.cols as u32, self.row_bytes() as u32, gx]));
-    }
-
-    /// Record `y = W x` over the first `rows` rows (as [`Self::set_rows`] set) for `n_tokens`.
+    /// Record `y = W x` over the first `rows` rows for `n_tokens` (`y`: `[n_tokens, rows]`).
+    /// The shape goes to the matrix's parameters through the queue, ahead of the submission
+    /// that runs the pass: one product of a matrix per submission.
     pub(crate) fn dispatch_rows(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, rows: usize, n_tokens: usize) {
         let (gx, gy) = groups(rows);
+        let shape = [rows as u32, self.cols as u32, self.row_bytes() as u32, gx, n_tokens as u32, 0, 0, 0];
+        gpu.queue.write_buffer(&self.params, 0, bytemuck::cast_slice(&shape));
         pass.set_pipeline(&gpu.gemv[&self.dtype]);
         pass.set_bind_group(0, bind, &[]);
-        pass.dispatch_workgroups(gx, gy, n_tokens as u32);
+        pass.dispatch_workgroups(gx, gy, n_tokens.div_ceil(TOKENS_PER_GROUP) as u32);
     }
 
     /// `y = W x` for `x` of `n_tokens · cols` values, into `y` (`n_tokens · rows`): one

@@ -88,7 +88,6 @@ impl SplitMatrices {
         assert!(rows > 0 && rows <= m.rows, "rows 0..{rows} of a device matrix of {}", m.rows);
         let gpu = &self.gpu;
         gpu.queue.write_buffer(&self.x, 0, bytemuck::cast_slice(x));
-        m.set_rows(gpu, rows);
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());

@@ -102,7 +102,7 @@ impl Model {
 #[test]
 fn hot_ffn_matches_the_cpu_computation() {
     let gpu = Arc::new(Gpu::open().expect("an accelerator (CI: Mesa lavapipe)"));
-    let (n_embd, n_ff, n_tok) = (256, 320, 3);
+    let (n_embd, n_ff, n_tok) = (256, 1280, 9);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
     let m = Model {
         n_embd,
@@ -111,15 +111,15 @@ fn hot_ffn_matches_the_cpu_computation() {
         up: quantized(DType::Q4_1, n_ff, n_embd, &mut rng),
         down: quantized(DType::Q6K, n_embd, n_ff, &mut rng),
     };
-    // Layer 0: all 320 neurons, every one firing. Layer 1: every third neuron, 96 of them, in
+    // Layer 0: all 1280 neurons (three neuron ranges in the down product), every one firing. Layer 1: every third neuron, 96 of them, in
     // 128 rows (the last 32 empty).
     let hot1: Vec<u32> = (0..96).map(|i| i * 3 + 1).collect();
     let all: Vec<u32> = (0..n_ff as u32).collect();
     let [gate, up, down] = m.matrices();
     let (down0, down1) = (down_neuron_major(&down, &all), down_neuron_major(&down, &hot1));
     let layer = |l, capacity, neurons, down| HotLayer { layer: l, capacity, neurons, gate, up, down };
-    let ffn = HotFfn::new(gpu, 2, n_embd, 4, &[layer(0, n_ff, &all[..], &down0[..]), layer(1, 128, &hot1[..], &down1[..])]).unwrap();
-    assert_eq!(ffn.hot_counts(), vec![320, 128]);
+    let ffn = HotFfn::new(gpu, 2, n_embd, 10, &[layer(0, n_ff, &all[..], &down0[..]), layer(1, 128, &hot1[..], &down1[..])]).unwrap();
+    assert_eq!(ffn.hot_counts(), vec![1280, 128]);
     let mut x = || (0..n_tok * n_embd).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect::<Vec<f32>>();
     let mut rows1: Vec<Option<u32>> = hot1.iter().map(|&n| Some(n)).chain([None; 32]).collect();
     for kind in [Glu::Silu, Glu::GeluTanh] {

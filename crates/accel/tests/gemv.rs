@@ -42,8 +42,9 @@ fn gemv_matches_the_file_values_and_the_cpu_kernel() {
     let portable = Kernels::portable();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let types = [DType::F32, DType::F16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4K, DType::Q5K, DType::Q6K];
-    // Odd row counts, one row length of a single K-quant super-block, two token counts.
-    for (t, rows, cols, n_tok) in types.iter().flat_map(|&t| [(t, 37, 256, 1), (t, 70, 1024, 3)]) {
+    // Odd row counts (not whole 8-row workgroups), one row length of a single K-quant
+    // super-block, one token and 11 (two 8-token workgroups, the second part full).
+    for (t, rows, cols, n_tok) in types.iter().flat_map(|&t| [(t, 37, 256, 1), (t, 70, 1024, 11)]) {
         let w = matrix(t, rows, cols, &mut rng);
         let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
         let m = Matrix::upload(&gpu, "w", t, rows, cols, &w).unwrap();

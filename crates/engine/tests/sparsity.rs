@@ -137,14 +137,16 @@ fn accelerator_neurons_give_the_cpu_results() {
         // The accelerator sums in f32 over f32 activations, the CPU over 8-bit ones, and its
         // down columns are Q8_0 (and at a threshold, neurons near it may flip): close logits
         // (measured: below 0.05 of the largest logit dense, 0.072 at threshold 0.12) and,
-        // dense, the same perplexity within 1 %. Thresholded, this short text's perplexity
-        // moves more (24.12 -> 22.97; the portable CPU table alone moves it to 23.77).
+        // dense, the same perplexity within 2 % (this 252-token text's perplexity swings with
+        // rounding: 22.68 on the CPU, 22.61 with the earlier shaders, 22.32 with the 8-row,
+        // 8-token ones although their logits are closer, 0.033 of the largest against 0.043).
+        // Thresholded it moves more (24.12 -> 22.97; the portable CPU table alone: 23.77).
         for got in [prompt_logits(&mut e, &ids), token_by_token(&mut e, &ids)] {
             let d = max_rel_diff(&got, &want);
             assert!(d < 0.1, "{s:?}: accelerator logits differ by {d} of the largest");
         }
         let p = ppl(&mut e, &tok);
-        let bound = if s.is_none() { 0.01 } else { 0.06 };
+        let bound = if s.is_none() { 0.02 } else { 0.06 };
         assert!((p / want_ppl - 1.0).abs() < bound, "{s:?}: perplexity {p} with the accelerator, {want_ppl} without");
     }
 }

@@ -1,13 +1,16 @@
 // Shared by every GEMV shader: bindings and the reduction (byte access: bytes.wgsl).
-// A workgroup computes one output row for one token: its threads take 32-value sub-blocks
-// s = lid, lid + WG, ... of the row, each calls the type's `sub_dot`, and the partial sums are
-// added in workgroup memory.
+// A workgroup of 256 threads computes 8 output rows for up to 8 tokens: 32 lanes per row take
+// its 32-value sub-blocks s = lane, lane + 32, ... (neighbouring lanes read neighbouring
+// bytes), each calls the type's `sub_dot` once per token (the block's bytes are read from
+// memory once and from cache for the other tokens), and each (row, token)'s 32 lane sums are
+// added in workgroup memory, in a fixed order.
 
 struct Params {
-    rows: u32,       // output rows (the matrix's rows)
+    rows: u32,       // output rows computed (the matrix's rows, or a split's first rows)
     cols: u32,       // values per row (a multiple of 32)
     row_bytes: u32,  // bytes per row in the file's block layout
-    groups_x: u32,   // workgroups along x (row = wid.x + wid.y * groups_x)
+    groups_x: u32,   // workgroups along x (row group = wid.x + wid.y * groups_x)
+    tokens: u32,     // tokens in X (`[tokens, cols]`) and Y (`[tokens, rows]`)
 }
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
@@ -15,30 +18,47 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(3) var<uniform> P: Params;
 
-const WG: u32 = 64u;
-var<workgroup> partial: array<f32, 64>;
+const LANES: u32 = 32u;
+const ROWS: u32 = 8u;
+const TOK: u32 = 8u;
+var<workgroup> partial: array<f32, 2048>; // [TOK][ROWS * LANES]
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let row = wid.x + wid.y * P.groups_x;
-    let tok = wid.z;
-    var acc = 0.0;
+    let lane = lid % LANES;
+    let row = (wid.x + wid.y * P.groups_x) * ROWS + lid / LANES;
+    let tok0 = wid.z * TOK;
+    var acc: array<f32, 8>;
+    for (var t = 0u; t < TOK; t++) {
+        acc[t] = 0.0;
+    }
     if (row < P.rows) {
         let rb = row * P.row_bytes;
-        let xo = tok * P.cols;
-        for (var s = lid; s < P.cols / 32u; s += WG) {
-            acc += sub_dot(rb, s, xo + s * 32u);
+        for (var s = lane; s < P.cols / 32u; s += LANES) {
+            for (var t = 0u; t < TOK; t++) {
+                if (tok0 + t < P.tokens) {
+                    acc[t] += sub_dot(rb, s, (tok0 + t) * P.cols + s * 32u);
+                }
+            }
         }
     }
-    partial[lid] = acc;
+    for (var t = 0u; t < TOK; t++) {
+        partial[t * 256u + lid] = acc[t];
+    }
     workgroupBarrier();
-    for (var k = WG / 2u; k > 0u; k = k / 2u) {
-        if (lid < k) {
-            partial[lid] += partial[lid + k];
+    for (var k = LANES / 2u; k > 0u; k = k / 2u) {
+        if (lane < k) {
+            for (var t = 0u; t < TOK; t++) {
+                partial[t * 256u + lid] += partial[t * 256u + lid + k];
+            }
         }
         workgroupBarrier();
     }
-    if (lid == 0u && row < P.rows) {
-        Y[tok * P.rows + row] = partial[0];
+    if (lane == 0u && row < P.rows) {
+        for (var t = 0u; t < TOK; t++) {
+            if (tok0 + t < P.tokens) {
+                Y[(tok0 + t) * P.rows + row] = partial[t * 256u + lid];
+            }
+        }
     }
 }
