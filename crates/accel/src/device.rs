@@ -2,6 +2,7 @@
 
 use corelm_kernels::DType;
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 /// What can go wrong on the accelerator.
 #[derive(Debug, thiserror::Error)]
@@ -94,8 +95,9 @@ impl Gpu {
         };
         let gemv = TYPES.iter().map(|&t| (t, pipeline(&format!("gemv {t}"), gemv_source(t).expect("a listed type")))).collect();
         let act = pipeline("act", include_str!("shaders/act.wgsl").to_string());
-        let down = pipeline("down (neuron-major)", format!("{}\n{BYTES}", include_str!("shaders/down_nm.wgsl")));
-        let down_sum = pipeline("down (slice sums)", include_str!("shaders/down_sum.wgsl").to_string());
+        let down_params = include_str!("shaders/down_params.wgsl");
+        let down = pipeline("down (neuron-major)", format!("{down_params}\n{}\n{BYTES}", include_str!("shaders/down_nm.wgsl")));
+        let down_sum = pipeline("down (slice sums)", format!("{down_params}\n{}", include_str!("shaders/down_sum.wgsl")));
         Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, gemv, act, down, down_sum })
     }
 
@@ -157,5 +159,28 @@ impl Gpu {
         }
         staging.unmap();
         Ok(())
+    }
+}
+
+/// A shader's 8-word shape in a uniform buffer, written through the queue (ahead of the next
+/// submission) only when the words change: a run of products of the same shape — the decode
+/// steps — writes nothing per step.
+pub(crate) struct Shape {
+    pub(crate) buf: wgpu::Buffer,
+    last: Mutex<Option<[u32; 8]>>,
+}
+
+impl Shape {
+    pub(crate) fn new(gpu: &Gpu) -> Shape {
+        Shape { buf: gpu.uniform(&[0; 8]), last: Mutex::new(None) }
+    }
+
+    /// The words the next submission's dispatches read.
+    pub(crate) fn set(&self, gpu: &Gpu, words: [u32; 8]) {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if *last != Some(words) {
+            gpu.queue.write_buffer(&self.buf, 0, bytemuck::cast_slice(&words));
+            *last = Some(words);
+        }
     }
 }

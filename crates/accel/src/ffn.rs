@@ -11,7 +11,7 @@
 //! part through `corelm_core::Offload` (its `offload::Static` or `balance::Online`, which
 //! compute the device's part on the CPU once a read-back fails).
 
-use crate::device::{AccelError, Gpu};
+use crate::device::{AccelError, Gpu, Shape};
 use crate::matrix::Matrix;
 use corelm_core::Glu;
 use corelm_kernels::DType;
@@ -74,8 +74,8 @@ pub struct HotFfn {
     y: wgpu::Buffer,
     staging: wgpu::Buffer,
     act_params: wgpu::Buffer,
-    /// The down shaders' shape (`DownParams`), written per submission.
-    down_params: wgpu::Buffer,
+    /// The down shaders' shape (`shaders/down_params.wgsl`).
+    down_params: Shape,
     /// The layer and token count submitted by `begin`, not yet read back.
     pending: Mutex<Option<(usize, usize)>>,
     /// The next [`HotFfn::wait`] fails as a lost device's would ([`HotFfn::simulate_device_loss`]).
@@ -133,7 +133,7 @@ impl HotFfn {
             mapped_at_creation: false,
         });
         let act_params = gpu.uniform(&[0, 0, 0, 0]);
-        let down_params = gpu.uniform(&[0; 8]);
+        let down_params = Shape::new(&gpu);
         let slices_of = |cap: usize| cap.div_ceil(NEURONS_PER_SLICE).clamp(1, MAX_SLICES);
         let max_slices = layers.iter().map(|l| slices_of(l.capacity)).max().unwrap_or(1);
         let sums = gpu.storage("ffn down slices", f(max_tokens * max_slices * n_embd), wgpu::BufferUsages::empty())?;
@@ -157,8 +157,8 @@ impl HotFfn {
             let up = upload("up", l.up.dtype, &loaded)?;
             let down = upload("down", DType::Q8_0, l.down)?;
             let act = gpu.bind("act", &gpu.act, [&g, &u, &a, &act_params]);
-            let bind_down = gpu.bind("down", &gpu.down, [&down.buf, &a, &sums, &down_params]);
-            let bind_sum = gpu.bind("down sums", &gpu.down_sum, [&sums, &y, &down_params]);
+            let bind_down = gpu.bind("down", &gpu.down, [&down.buf, &a, &sums, &down_params.buf]);
+            let bind_sum = gpu.bind("down sums", &gpu.down_sum, [&sums, &y, &down_params.buf]);
             let bind = [gate.bind(&gpu, &x, &g), up.bind(&gpu, &x, &u), act, bind_down, bind_sum];
             out[l.layer] = Some(Layer { gate, up, down, bind, slices: slices_of(cap) });
         }
@@ -213,8 +213,7 @@ impl HotFfn {
         };
         gpu.queue.write_buffer(&self.act_params, 0, bytemuck::cast_slice(&[n, kind, thr.to_bits(), 0]));
         let (rows, slices) = (l.down.rows as u32, l.slices as u32);
-        let shape = [rows, self.n_embd as u32, l.down.row_bytes() as u32, slices, n_tokens as u32, 0, 0, 0];
-        gpu.queue.write_buffer(&self.down_params, 0, bytemuck::cast_slice(&shape));
+        self.down_params.set(gpu, [rows, self.n_embd as u32, l.down.row_bytes() as u32, slices, n_tokens as u32, 0, 0, 0]);
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());

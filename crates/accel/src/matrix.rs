@@ -1,6 +1,6 @@
 //! A weight matrix on the accelerator and its matrix-vector product.
 
-use crate::device::{AccelError, Gpu, TYPES};
+use crate::device::{AccelError, Gpu, Shape, TYPES};
 use corelm_kernels::DType;
 
 /// Whether the accelerator has a GEMV for `t`.
@@ -19,7 +19,8 @@ pub fn gemv_bound(n: usize, sum_abs: f64) -> f64 {
 /// A `rows × cols` matrix in the file's block layout, resident on the device.
 pub struct Matrix {
     pub(crate) buf: wgpu::Buffer,
-    pub(crate) params: wgpu::Buffer,
+    /// The GEMV's shape (`shaders/common.wgsl`'s `Params`), set by each dispatch.
+    params: Shape,
     pub dtype: DType,
     pub rows: usize,
     pub cols: usize,
@@ -50,7 +51,7 @@ impl Matrix {
         let mut padded = bytes.to_vec();
         padded.resize((bytes.len() + 4).next_multiple_of(4), 0);
         gpu.queue.write_buffer(&buf, 0, &padded);
-        let params = gpu.uniform(&[0; 8]);
+        let params = Shape::new(gpu);
         Ok(Matrix { buf, params, dtype, rows, cols })
     }
 
@@ -67,7 +68,7 @@ impl Matrix {
     /// The bind group of `y = W x` over device buffers `x` (`[n_tokens, cols]`) and `y`
     /// (`[n_tokens, rows]`).
     pub(crate) fn bind(&self, gpu: &Gpu, x: &wgpu::Buffer, y: &wgpu::Buffer) -> wgpu::BindGroup {
-        gpu.bind("gemv", &gpu.gemv[&self.dtype], [&self.buf, x, y, &self.params])
+        gpu.bind("gemv", &gpu.gemv[&self.dtype], [&self.buf, x, y, &self.params.buf])
     }
 
     /// Record `y = W x` for `n_tokens` tokens into `pass`.
@@ -80,8 +81,7 @@ impl Matrix {
     /// that runs the pass: one product of a matrix per submission.
     pub(crate) fn dispatch_rows(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, rows: usize, n_tokens: usize) {
         let (gx, gy) = groups(rows);
-        let shape = [rows as u32, self.cols as u32, self.row_bytes() as u32, gx, n_tokens as u32, 0, 0, 0];
-        gpu.queue.write_buffer(&self.params, 0, bytemuck::cast_slice(&shape));
+        self.params.set(gpu, [rows as u32, self.cols as u32, self.row_bytes() as u32, gx, n_tokens as u32, 0, 0, 0]);
         pass.set_pipeline(&gpu.gemv[&self.dtype]);
         pass.set_bind_group(0, bind, &[]);
         pass.dispatch_workgroups(gx, gy, n_tokens.div_ceil(TOKENS_PER_GROUP) as u32);

@@ -111,8 +111,8 @@ fn hot_ffn_matches_the_cpu_computation() {
         up: quantized(DType::Q4_1, n_ff, n_embd, &mut rng),
         down: quantized(DType::Q6K, n_embd, n_ff, &mut rng),
     };
-    // Layer 0: all 1280 neurons (three neuron ranges in the down product), every one firing. Layer 1: every third neuron, 96 of them, in
-    // 128 rows (the last 32 empty).
+    // Layer 0: all 1280 neurons (three neuron ranges in the down product), every one firing.
+    // Layer 1: every third neuron, 96 of them, in 128 rows (the last 32 empty).
     let hot1: Vec<u32> = (0..96).map(|i| i * 3 + 1).collect();
     let all: Vec<u32> = (0..n_ff as u32).collect();
     let [gate, up, down] = m.matrices();

@@ -43,7 +43,7 @@ fn gemv_matches_the_file_values_and_the_cpu_kernel() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let types = [DType::F32, DType::F16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4K, DType::Q5K, DType::Q6K];
     // Odd row counts (not whole 8-row workgroups), one row length of a single K-quant
-    // super-block, one token and 11 (two 8-token workgroups, the second part full).
+    // super-block, one token and 11 (two 8-token workgroups, the second holding 3).
     for (t, rows, cols, n_tok) in types.iter().flat_map(|&t| [(t, 37, 256, 1), (t, 70, 1024, 11)]) {
         let w = matrix(t, rows, cols, &mut rng);
         let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();

@@ -10,14 +10,6 @@
 // the slices in order: enough workgroups to fill a GPU for one token, no atomics, the same
 // order every run.
 
-struct DownParams {
-    n_hot: u32,      // neurons (rows of W, values per token in A)
-    n_embd: u32,     // outputs per token
-    row_bytes: u32,  // bytes per row of W
-    slices: u32,     // neuron ranges (workgroups along y)
-    tokens: u32,
-}
-
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read_write> S: array<f32>;

@@ -1,13 +1,5 @@
 // The down projection's slice sums added in slice order (down_nm.wgsl): a thread per output.
 
-struct DownParams {
-    n_hot: u32,
-    n_embd: u32,
-    row_bytes: u32,
-    slices: u32,
-    tokens: u32,
-}
-
 @group(0) @binding(0) var<storage, read> S: array<f32>;
 @group(0) @binding(1) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(2) var<uniform> P: DownParams;
