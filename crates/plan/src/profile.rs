@@ -135,7 +135,10 @@ impl Roofline {
 }
 
 /// Read bandwidth of main memory with `n_threads` pinned threads, in bytes/s: each thread sums
-/// its share of a buffer much larger than the caches; best of `reps` passes.
+/// its share of a buffer much larger than the caches, asking for it [`STREAM_AHEAD`] bytes
+/// ahead; best of `reps` passes.
+///
+/// [`STREAM_AHEAD`]: corelm_kernels::simd::STREAM_AHEAD
 pub fn read_bandwidth(n_threads: usize, bytes: usize, reps: usize) -> f64 {
     let words = vec![1u64; bytes / 8];
     let cpus = corelm_core::placement::physical_cores();
@@ -146,9 +149,13 @@ pub fn read_bandwidth(n_threads: usize, bytes: usize, reps: usize) -> f64 {
         let t0 = Instant::now();
         pool.run(&|w: &Worker| {
             let r = corelm_core::sched::split(words.len(), w.ith, w.nth);
-            // Eight independent lanes so the loop is bound by loads, not by the add chain.
+            // Eight independent lanes so the loop is bound by loads, not by the add chain;
+            // each line asked for ahead as the GEMVs ask for their weights, so the probe reads
+            // what a core can stream, not what its hardware prefetcher alone brings.
             let mut acc = [0u64; 8];
             for c in words[r].chunks_exact(8) {
+                let ahead = c.as_ptr().wrapping_byte_add(corelm_kernels::simd::STREAM_AHEAD) as *const u8;
+                corelm_kernels::simd::prefetch_lines(ahead, 64, corelm_kernels::simd::CacheLevel::L1);
                 for (a, &v) in acc.iter_mut().zip(c) {
                     *a = a.wrapping_add(v);
                 }

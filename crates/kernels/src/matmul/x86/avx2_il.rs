@@ -40,7 +40,7 @@
 //! gained 1.6 % (Q4_1), so they keep theirs.
 #![allow(clippy::missing_safety_doc)]
 
-use super::common::{act_block, heads, iq4_grid, IlBlock, IlValues};
+use super::common::{act_block, heads, iq4_grid, prefetch_ahead, IlBlock, IlValues};
 use crate::matmul::layout::ROWS;
 use std::arch::x86_64::*;
 
@@ -299,6 +299,10 @@ unsafe fn pairs<T: IlBlock, const V: bool, const J: usize, const P: usize>(g: *c
     unsafe {
         for i in 0..nb {
             let gb = g.add(i * gbs);
+            if J == 1 {
+                // Decode's GEMV reads each weight once: ask for it ahead, as the K-quant GEMVs do.
+                prefetch_ahead(gb, gbs);
+            }
             let h = heads::<T>(gb);
             // A loop, not `array::from_fn`: its closure, when LLVM leaves it out of line, has
             // no AVX2 and calls every intrinsic (a 30x slower GEMV, seen once).

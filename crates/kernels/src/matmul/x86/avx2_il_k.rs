@@ -461,6 +461,7 @@ pub fn rows_q6_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], _prep: &mut [i
         let mut acc = [[[_mm256_setzero_ps(); 2]; 1]; 2];
         let gc = g.as_ptr().wrapping_add(c * ROWS * xrb);
         for i in 0..nb {
+            prefetch_ahead(gc.wrapping_add(i * ROWS * BS6), ROWS * BS6);
             for (p, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: features enabled above; the group and `y` are whole (asserted).
                 unsafe { q6_k_pair_blocks::<1, false>(gc, gc, i..i + 1, [y.as_ptr()], p, acc) };

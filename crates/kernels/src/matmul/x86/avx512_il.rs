@@ -26,7 +26,7 @@
 //! activation's `d_y` (the same f32 product as the AVX2 kernels').
 #![allow(clippy::missing_safety_doc)]
 
-use super::common::{act_block, heads, hsum_rows, iq4_grid512, IlBlock, IlValues};
+use super::common::{act_block, heads, hsum_rows, iq4_grid512, prefetch_ahead, IlBlock, IlValues};
 use crate::matmul::layout::ROWS;
 use std::arch::x86_64::*;
 
@@ -282,6 +282,8 @@ pub fn rows<T: IlBlock>(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &
             let mut summs = _mm256_setzero_ps();
             for i in 0..nb {
                 let gb = base.add(i * gbs);
+                // Decode's GEMV reads each weight once: ask for it ahead (`common::prefetch_ahead`).
+                prefetch_ahead(gb, gbs);
                 let a = act::<T>(y.as_ptr().add(i * abs), prep.as_ptr().add(PREP * i));
                 // One ymm product for the four rows' `d_r·d_y` (and with a min `m_r·s_y`), then
                 // spread: fewer operations than spreading first when each block is used once.

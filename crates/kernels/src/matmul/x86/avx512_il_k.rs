@@ -24,7 +24,7 @@
 //!   four rows' `acc` (low half) and `acc_min` (high half) with `[d_r·d_y, dmin_r·d_y]`.
 #![allow(clippy::missing_safety_doc)]
 
-use super::common::{hsum_rows, iq4_grid512, prepare_q4_k, Q4K_PREP as PREP};
+use super::common::{hsum_rows, iq4_grid512, prefetch_ahead, prepare_q4_k, Q4K_PREP as PREP};
 use crate::matmul::layout::ROWS;
 use crate::quant::blocks::BlockQ8K;
 use std::arch::x86_64::*;
@@ -98,6 +98,8 @@ pub fn rows_q4_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i3
             let mut acc = _mm256_setzero_ps();
             for i in 0..nb {
                 let gb = base.add(i * gbs);
+                // Decode's GEMV reads each weight once: ask for it ahead (`common::prefetch_ahead`).
+                prefetch_ahead(gb, gbs);
                 let yq = y.as_ptr().add(i * abs + QS) as *const i8;
                 let p = prep.as_ptr().add(PREP * i);
                 let sm = scales(gb);
@@ -292,6 +294,10 @@ unsafe fn q6_k_groups<const J: usize, const D: bool>(g: &[u8], dec: &[u8], xrb: 
             let mut acc = [[_mm512_setzero_ps(); 2]; J];
             for i in 0..nb {
                 let gb = base.add(i * gbs);
+                if J == 1 {
+                    // Decode's GEMV reads each weight once: ask for it ahead.
+                    prefetch_ahead(gb, gbs);
+                }
                 let yb: [*const u8; J] = std::array::from_fn(|j| y[j].as_ptr().add(i * abs));
                 // Row r's scales 0‥8 (then 8‥16) as i16 in lane r.
                 let sw = [_mm512_cvtepi8_epi16(_mm256_loadu_si256(gb.add(8) as *const __m256i)), _mm512_cvtepi8_epi16(_mm256_loadu_si256(gb.add(40) as *const __m256i))];
@@ -508,6 +514,10 @@ unsafe fn iq4_xs_groups<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out
             let mut acc = [[_mm512_setzero_ps(); 2]; J];
             for i in 0..nb {
                 let gb = base.add(i * gbs);
+                if J == 1 {
+                    // Decode's GEMV reads each weight once: ask for it ahead.
+                    prefetch_ahead(gb, gbs);
+                }
                 let yb: [*const u8; J] = std::array::from_fn(|j| y[j].as_ptr().add(i * abs));
                 let sl = _mm512_broadcast_i32x4(_mm_loadu_si128(gb.add(16) as *const __m128i));
                 let sh = _mm512_broadcast_i32x4(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_loadl_epi64(gb.add(8) as *const __m128i)), 4));

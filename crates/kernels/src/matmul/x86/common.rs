@@ -305,7 +305,7 @@ pub(crate) unsafe fn two_passes(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [
 }
 
 /// How far ahead of the group-block a GEMV is reading it prefetches the interleaved weights.
-pub(crate) const GEMV_AHEAD: usize = 2048;
+pub(crate) const GEMV_AHEAD: usize = crate::simd::STREAM_AHEAD;
 
 /// The cache lines of the `bytes` bytes at `p + GEMV_AHEAD` into L1: a GEMV's weights, read
 /// once, [`GEMV_AHEAD`] bytes before it reaches them (past the end of the matrix, harmless:
