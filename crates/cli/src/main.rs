@@ -136,8 +136,9 @@ struct KernelArgs {
     batch_invariant: bool,
     #[command(flatten)]
     cache: CacheArgs,
-    /// Prefill with the panel GEMM (VNNI): faster, but logits no longer bit-identical to
-    /// llama.cpp's (summation order).
+    /// Prefill with the panel GEMM: logits no longer bit-identical to llama.cpp's (summation
+    /// order). With a --plan tuned on both paths (`corelm tune`), a matrix whose tiles were timed
+    /// faster at that length keeps them.
     #[arg(long)]
     fast_prefill: bool,
     /// Arm SME: this many workers run their share of the prefill GEMMs that the --roofline

@@ -21,7 +21,7 @@ fn tables() -> Vec<Kernels> {
 #[allow(clippy::too_many_arguments)]
 fn run(kernels: &Kernels, path: Path, t: DType, w: &[u8], g: Option<&[u8]>, k: usize, n_out: usize, x: &[u8], rows: usize, sched: Option<Schedule>, nth: usize) -> Vec<u32> {
     let mode = Mode { batch_invariant: false, panel_gemm: path == Path::Panel };
-    let schedules = sched.map(|s| Schedules::new(vec![ScheduleEntry { path, dtype: t, k, n_out, rows: 1, sched: s }]));
+    let schedules = sched.map(|s| Schedules::new(vec![ScheduleEntry { path, dtype: t, k, n_out, rows: 1, sched: s, secs: 0.0 }]));
     let panels = schedules.as_ref().map_or(1, |s| s.max_panels());
     let mut scratch = matmul::MatmulScratch::new(k, k, rows, panels);
     let mut out = vec![f32::NAN; rows * n_out];
@@ -87,10 +87,65 @@ fn schedules_keep_every_output_bit_for_bit() {
 
 #[test]
 fn the_schedule_of_the_nearest_shorter_tuned_length_applies() {
-    let at = |rows, mr| ScheduleEntry { path: Path::Tiles, dtype: DType::Q4_0, k: 64, n_out: 8, rows, sched: Schedule { mr, ..Schedule::TILE_DEFAULT } };
+    let at = |rows, mr| ScheduleEntry { path: Path::Tiles, dtype: DType::Q4_0, k: 64, n_out: 8, rows, sched: Schedule { mr, ..Schedule::TILE_DEFAULT }, secs: 0.0 };
     let s = Schedules::new(vec![at(64, 8), at(8, 4), ScheduleEntry { path: Path::Panel, ..at(8, 8) }]);
     let get = |rows| s.get(Path::Tiles, DType::Q4_0, 64, 8, rows).map(|s| s.mr);
     assert_eq!((get(2), get(8), get(63), get(64), get(512)), (Some(4), Some(4), Some(4), Some(8), Some(8)));
     assert_eq!(s.get(Path::Tiles, DType::Q4_0, 64, 16, 8), None);
     assert_eq!(s.get(Path::Panel, DType::Q4_0, 64, 8, 100).map(|s| s.mr), Some(8));
+}
+
+#[test]
+fn fast_prefill_keeps_the_tiles_where_the_plan_timed_them_faster() {
+    let (t, k, n_out) = (DType::Q4_0, 96, 72);
+    let e = |path, rows, secs| ScheduleEntry { path, dtype: t, k, n_out, rows, sched: Schedule::TILE_DEFAULT, secs };
+    // Tiles faster from 8 rows, the panel from 64; a length tuned on one path only, or without
+    // times, decides nothing.
+    let s = Schedules::new(vec![e(Path::Tiles, 8, 1.0), e(Path::Panel, 8, 2.0), e(Path::Tiles, 64, 3.0), e(Path::Panel, 64, 2.0)]);
+    assert!(s.tiles_faster(t, k, n_out, 8) && s.tiles_faster(t, k, n_out, 63));
+    assert!(!s.tiles_faster(t, k, n_out, 64) && !s.tiles_faster(t, k, n_out, 512));
+    assert!(!s.tiles_faster(t, k, 16, 8), "another matrix");
+    assert!(!Schedules::new(vec![e(Path::Tiles, 8, 1.0)]).tiles_faster(t, k, n_out, 8));
+    assert!(!Schedules::new(vec![e(Path::Tiles, 8, 0.0), e(Path::Panel, 8, 2.0)]).tiles_faster(t, k, n_out, 8));
+
+    // Executed: under `--fast-prefill` a matrix whose tiles were timed faster gives the tiles'
+    // bits, one whose panel was gives the panel's.
+    let mut w = vec![0u8; n_out * row_bytes(t, k)];
+    quantizer(t).unwrap()(&values(n_out * k, 7), &mut w);
+    let mut checked = 0;
+    for kernels in tables() {
+        let simd_panel = corelm_kernels::matmul::gemm::simd(t, kernels.isa());
+        if !simd_panel || kernels.ops(t).unwrap().interleaved.is_none() {
+            continue;
+        }
+        let mut g = vec![0u8; w.len()];
+        kernels.layout().pack(t, &w, row_bytes(t, k), &mut g);
+        let vdt = kernels.ops(t).unwrap().vec_dot_type;
+        let rows = 40;
+        let xrb = row_bytes(vdt, k);
+        let mut x = vec![0u8; rows * xrb];
+        for r in 0..rows {
+            kernels.from_float(vdt).unwrap()(&values(k, 100 + r as u64), &mut x[r * xrb..(r + 1) * xrb]);
+        }
+        let tiles = run(&kernels, Path::Tiles, t, &w, Some(&g), k, n_out, &x, rows, None, 2);
+        let panel = run(&kernels, Path::Panel, t, &w, Some(&g), k, n_out, &x, rows, None, 2);
+        assert_ne!(tiles, panel, "{}: the two paths' float orders differ", kernels.isa());
+        for (plan, want) in [(vec![e(Path::Tiles, 8, 1.0), e(Path::Panel, 8, 2.0)], &tiles), (vec![e(Path::Tiles, 8, 2.0), e(Path::Panel, 8, 1.0)], &panel)] {
+            let schedules = Schedules::new(plan);
+            let mut scratch = matmul::MatmulScratch::new(k, k, rows, schedules.max_panels());
+            let mut out = vec![f32::NAN; rows * n_out];
+            let o = Operands { dtype: t, k, n_out, w: &w, il: Some(&g), x: &x, xrb, rows, out: out.as_mut_ptr(), ldo: n_out, split: None };
+            for ith in 0..2 {
+                // SAFETY: out holds rows × n_out f32; the shares are disjoint and run one at a time.
+                unsafe { matmul::run(&kernels, &o, Mode { batch_invariant: false, panel_gemm: true }, Some(&schedules), ith, 2, &mut scratch) };
+            }
+            assert!(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>() == *want, "{}", kernels.isa());
+        }
+        checked += 1;
+    }
+    // AVX2 and AVX-512 have both for Q4_0.
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        assert!(checked > 0, "no table with both paths for Q4_0");
+    }
 }

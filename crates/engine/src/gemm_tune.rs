@@ -103,7 +103,7 @@ impl Engine {
             quantize(&row, &mut x[r * xrb..(r + 1) * xrb]);
         }
         let mut out = vec![0f32; rows * shape.n_out];
-        let schedules = Schedules::new(vec![ScheduleEntry { path: shape.path, dtype: shape.dtype, k: shape.k, n_out: shape.n_out, rows: 1, sched: *sched }]);
+        let schedules = Schedules::new(vec![ScheduleEntry { path: shape.path, dtype: shape.dtype, k: shape.k, n_out: shape.n_out, rows: 1, sched: *sched, secs: 0.0 }]);
         let nth = self.pool().n_threads();
         let scratch: Vec<Mutex<matmul::MatmulScratch>> =
             (0..nth).map(|_| Mutex::new(matmul::MatmulScratch::new(shape.k, shape.k, rows, schedules.max_panels()))).collect();

@@ -106,7 +106,7 @@ impl GemmPlan {
             return Err(PlanError::Invalid(format!("GEMM schedule {} {}×{}: zero k, n_out, nc or mr", self.dtype, self.k, self.n_out)));
         }
         let sched = Schedule { mr: self.mr, nc: self.nc, mc: self.mc, kc: self.kc, row_parts: self.row_parts };
-        Ok(ScheduleEntry { path, dtype, k: self.k, n_out: self.n_out, rows: self.rows, sched })
+        Ok(ScheduleEntry { path, dtype, k: self.k, n_out: self.n_out, rows: self.rows, sched, secs: self.secs })
     }
 
     /// The file's form of a tuned length.
@@ -267,6 +267,22 @@ impl Plan {
                 gain.exp(),
                 if self.gemm.iter().any(|g| g.path == "panel") { " (panel GEMM: with --fast-prefill)" } else { "" }
             );
+            // Pairs timed on both paths: `--fast-prefill` runs the faster (`Schedules::tiles_faster`).
+            let pairs: Vec<(&GemmPlan, &GemmPlan)> = self
+                .gemm
+                .iter()
+                .filter(|p| p.path == "panel")
+                .filter_map(|p| self.gemm.iter().find(|t| t.path == "tiles" && (&t.dtype, t.k, t.n_out, t.rows) == (&p.dtype, p.k, p.n_out, p.rows)).map(|t| (t, p)))
+                .collect();
+            if !pairs.is_empty() {
+                let tiles = pairs.iter().filter(|(t, p)| t.secs < p.secs).count();
+                s += &format!(
+                    "With --fast-prefill: of {} (matrix, length) pairs timed on both paths, {} run the panel GEMM and {} keep the tiles, which were faster.\n",
+                    pairs.len(),
+                    pairs.len() - tiles,
+                    tiles
+                );
+            }
         }
         s += "Candidates (request time = prefill + gen × decode):\n";
         for c in self.candidates.iter().take(8) {

@@ -134,7 +134,8 @@ pub fn path(kernels: &Kernels, dtype: DType, interleaved: bool, plain: bool, row
 }
 
 /// One tuned schedule: for matmuls on `path` of a `dtype` matrix of `n_out` rows of `k` values,
-/// from `rows` activation rows up to the next entry's.
+/// from `rows` activation rows up to the next entry's, and the seconds it took at `rows` when
+/// it was tuned (0: not known).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ScheduleEntry {
     pub path: Path,
@@ -143,6 +144,7 @@ pub struct ScheduleEntry {
     pub n_out: usize,
     pub rows: usize,
     pub sched: Schedule,
+    pub secs: f64,
 }
 
 /// The tuned schedules of one run (`corelm tune`), looked up per matmul node.
@@ -169,13 +171,26 @@ impl Schedules {
     /// The schedule tuned at the largest length `≤ rows` for this matrix (the smallest tuned
     /// length below that), if the matrix was tuned.
     pub fn get(&self, path: Path, dtype: DType, k: usize, n_out: usize, rows: usize) -> Option<Schedule> {
+        self.entry(path, dtype, k, n_out, rows).map(|e| e.sched)
+    }
+
+    fn entry(&self, path: Path, dtype: DType, k: usize, n_out: usize, rows: usize) -> Option<&ScheduleEntry> {
         let mut found = None;
         for e in self.entries.iter().filter(|e| e.path == path && e.dtype == dtype && e.k == k && e.n_out == n_out) {
             if e.rows <= rows || found.is_none() {
-                found = Some(e.sched);
+                found = Some(e);
             }
         }
         found
+    }
+
+    /// Whether both paths were tuned for this matrix at the same length (the largest `≤ rows`
+    /// of the tiles') and the tiles took less time there: `--fast-prefill` then keeps the
+    /// tiles for it, so the panel GEMM runs only where it was measured faster.
+    pub fn tiles_faster(&self, dtype: DType, k: usize, n_out: usize, rows: usize) -> bool {
+        let tiles = self.entry(Path::Tiles, dtype, k, n_out, rows);
+        let panel = self.entry(Path::Panel, dtype, k, n_out, rows);
+        matches!((tiles, panel), (Some(t), Some(p)) if t.rows == p.rows && t.secs > 0.0 && p.secs > 0.0 && t.secs < p.secs)
     }
 
     /// Most panels a panel-GEMM schedule decodes per column block (the scratch to hold).
@@ -219,7 +234,11 @@ impl MatmulScratch {
 pub unsafe fn run(kernels: &Kernels, o: &Operands, mode: Mode, schedules: Option<&Schedules>, ith: usize, nth: usize, s: &mut MatmulScratch) {
     // A panel GEMM larger than the scratch (a graph other than the one the executor was sized
     // for) runs as if the panel were off.
-    let mode = Mode { panel_gemm: mode.panel_gemm && s.gemm.fits(o.k, o.rows), ..mode };
+    let mut mode = Mode { panel_gemm: mode.panel_gemm && s.gemm.fits(o.k, o.rows), ..mode };
+    let tiles_tuned_faster = || schedules.is_some_and(|t| t.tiles_faster(o.dtype, o.k, o.n_out, o.rows));
+    if mode.panel_gemm && o.il.is_some() && tiles_tuned_faster() {
+        mode.panel_gemm = false;
+    }
     let p = path(kernels, o.dtype, o.il.is_some(), !o.w.is_empty(), o.rows, mode);
     let sched = (p != Path::Plain && o.rows >= 2).then(|| schedules.and_then(|t| t.get(p, o.dtype, o.k, o.n_out, o.rows))).flatten();
     let ops = kernels.ops(o.dtype).expect("weight type checked at load");
