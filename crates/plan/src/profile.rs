@@ -421,13 +421,18 @@ pub fn add_accelerator(roof: &mut Roofline, target: Target, read_gbps: f64, comb
     roof.targets.push(target);
 }
 
+/// What the probes measure changed (2: the bandwidth probe asks for its lines ahead): a
+/// profile cached by older probes is not read, it is measured again.
+const PROBES: u32 = 2;
+
 /// Where this machine's measured profile is cached: `$XDG_CACHE_HOME/corelm/profiles/` (or
-/// `~/.cache/…`), named after the CPU model, the kernel table and the core count.
+/// `~/.cache/…`), named after the CPU model, the kernel table, the core count and the
+/// probes' version ([`PROBES`]).
 pub fn cache_path(machine: &str, isa: &str, n_cores: usize) -> PathBuf {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(std::env::temp_dir);
     let slug: String = machine.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
-    base.join("corelm").join("profiles").join(format!("{}-{isa}-{n_cores}c.json", slug.trim_matches('-')))
+    base.join("corelm").join("profiles").join(format!("{}-{isa}-{n_cores}c-p{PROBES}.json", slug.trim_matches('-')))
 }

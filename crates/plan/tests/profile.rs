@@ -48,7 +48,7 @@ fn this_machine_measures_every_family_and_reads_back() {
     }
     // One cache file per CPU model, table and core count.
     let p = cache_path("AMD EPYC 9R14 96-Core Processor", "avx512", 2);
-    assert!(p.ends_with("corelm/profiles/amd-epyc-9r14-96-core-processor-avx512-2c.json"), "{}", p.display());
+    assert!(p.ends_with("corelm/profiles/amd-epyc-9r14-96-core-processor-avx512-2c-p2.json"), "{}", p.display());
 }
 
 #[test]
