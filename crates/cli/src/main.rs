@@ -137,8 +137,9 @@ struct KernelArgs {
     #[command(flatten)]
     cache: CacheArgs,
     /// Prefill with the panel GEMM: logits no longer bit-identical to llama.cpp's (summation
-    /// order). With a --plan tuned on both paths (`corelm tune`), a matrix whose tiles were timed
-    /// faster at that length keeps them.
+    /// order). With a --plan tuned on both paths (`corelm tune`) each matrix at each length
+    /// takes the path timed faster; without one, on x86 only matrices without repacked tiles
+    /// (--no-repack) take the panel, which is slower than the tiles there.
     #[arg(long)]
     fast_prefill: bool,
     /// Arm SME: this many workers run their share of the prefill GEMMs that the --roofline

@@ -96,7 +96,7 @@ fn the_schedule_of_the_nearest_shorter_tuned_length_applies() {
 }
 
 #[test]
-fn fast_prefill_keeps_the_tiles_where_the_plan_timed_them_faster() {
+fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
     let (t, k, n_out) = (DType::Q4_0, 96, 72);
     let e = |path, rows, secs| ScheduleEntry { path, dtype: t, k, n_out, rows, sched: Schedule::TILE_DEFAULT, secs };
     // Tiles faster from 8 rows, the panel from 64; a length tuned on one path only, or without
@@ -109,7 +109,7 @@ fn fast_prefill_keeps_the_tiles_where_the_plan_timed_them_faster() {
     assert!(!Schedules::new(vec![e(Path::Tiles, 8, 0.0), e(Path::Panel, 8, 2.0)]).tiles_faster(t, k, n_out, 8));
 
     // Executed: under `--fast-prefill` a matrix whose tiles were timed faster gives the tiles'
-    // bits, one whose panel was gives the panel's.
+    // bits, one whose panel was gives the panel's; untimed, its table decides (x86: the tiles).
     let mut w = vec![0u8; n_out * row_bytes(t, k)];
     quantizer(t).unwrap()(&values(n_out * k, 7), &mut w);
     let mut checked = 0;
@@ -128,9 +128,16 @@ fn fast_prefill_keeps_the_tiles_where_the_plan_timed_them_faster() {
             kernels.from_float(vdt).unwrap()(&values(k, 100 + r as u64), &mut x[r * xrb..(r + 1) * xrb]);
         }
         let tiles = run(&kernels, Path::Tiles, t, &w, Some(&g), k, n_out, &x, rows, None, 2);
-        let panel = run(&kernels, Path::Panel, t, &w, Some(&g), k, n_out, &x, rows, None, 2);
+        let panel = run(&kernels, Path::Panel, t, &w, None, k, n_out, &x, rows, None, 2);
         assert_ne!(tiles, panel, "{}: the two paths' float orders differ", kernels.isa());
-        for (plan, want) in [(vec![e(Path::Tiles, 8, 1.0), e(Path::Panel, 8, 2.0)], &tiles), (vec![e(Path::Tiles, 8, 2.0), e(Path::Panel, 8, 1.0)], &panel)] {
+        // Without a plan (or one that timed a single path), the table's rule.
+        let default = if matmul::panel_over_tiles(kernels.isa()) { &panel } else { &tiles };
+        for (plan, want) in [
+            (vec![e(Path::Tiles, 8, 1.0), e(Path::Panel, 8, 2.0)], &tiles),
+            (vec![e(Path::Tiles, 8, 2.0), e(Path::Panel, 8, 1.0)], &panel),
+            (vec![e(Path::Panel, 8, 1.0)], default),
+            (vec![], default),
+        ] {
             let schedules = Schedules::new(plan);
             let mut scratch = matmul::MatmulScratch::new(k, k, rows, schedules.max_panels());
             let mut out = vec![f32::NAN; rows * n_out];

@@ -133,6 +133,17 @@ pub fn path(kernels: &Kernels, dtype: DType, interleaved: bool, plain: bool, row
     }
 }
 
+/// Whether `--fast-prefill` without a tuned plan runs the panel GEMM on a matrix that also has
+/// interleaved tiles under `isa`'s table. Not on x86: there the repacked tiles are faster (Zen 5,
+/// pp512 at 2 threads, tiles / panel: AVX-512 SmolLM2 1738 / 1143, Qwen2.5 744 / 388 t/s; AVX2
+/// 1128 / 1126 and 407 / 390; Zen 4 AVX-512 1664 / 1255), so the panel runs only on matrices
+/// without tiles (`--no-repack`) or where a plan timed it faster. On aarch64 it does: its panel
+/// kernels are the matrix instructions' (`usmmla`, SME's outer products), not timed against
+/// the tiles on ARM hardware.
+pub fn panel_over_tiles(isa: Isa) -> bool {
+    !matches!(isa, Isa::Avx2 | Isa::Avx512)
+}
+
 /// One tuned schedule: for matmuls on `path` of a `dtype` matrix of `n_out` rows of `k` values,
 /// from `rows` activation rows up to the next entry's, and the seconds it took at `rows` when
 /// it was tuned (0: not known).
@@ -185,12 +196,17 @@ impl Schedules {
     }
 
     /// Whether both paths were tuned for this matrix at the same length (the largest `≤ rows`
-    /// of the tiles') and the tiles took less time there: `--fast-prefill` then keeps the
-    /// tiles for it, so the panel GEMM runs only where it was measured faster.
+    /// of the tiles') and the tiles took less time there.
     pub fn tiles_faster(&self, dtype: DType, k: usize, n_out: usize, rows: usize) -> bool {
-        let tiles = self.entry(Path::Tiles, dtype, k, n_out, rows);
-        let panel = self.entry(Path::Panel, dtype, k, n_out, rows);
-        matches!((tiles, panel), (Some(t), Some(p)) if t.rows == p.rows && t.secs > 0.0 && p.secs > 0.0 && t.secs < p.secs)
+        self.faster_path(dtype, k, n_out, rows) == Some(Path::Tiles)
+    }
+
+    /// The path of the two timed faster for this matrix at the largest tuned length `≤ rows`
+    /// (the smallest above), where both were timed at that length; `None` otherwise.
+    pub fn faster_path(&self, dtype: DType, k: usize, n_out: usize, rows: usize) -> Option<Path> {
+        let tiles = self.entry(Path::Tiles, dtype, k, n_out, rows)?;
+        let panel = self.entry(Path::Panel, dtype, k, n_out, rows)?;
+        (tiles.rows == panel.rows && tiles.secs > 0.0 && panel.secs > 0.0).then(|| if tiles.secs < panel.secs { Path::Tiles } else { Path::Panel })
     }
 
     /// Most panels a panel-GEMM schedule decodes per column block (the scratch to hold).
@@ -235,9 +251,11 @@ pub unsafe fn run(kernels: &Kernels, o: &Operands, mode: Mode, schedules: Option
     // A panel GEMM larger than the scratch (a graph other than the one the executor was sized
     // for) runs as if the panel were off.
     let mut mode = Mode { panel_gemm: mode.panel_gemm && s.gemm.fits(o.k, o.rows), ..mode };
-    let tiles_tuned_faster = || schedules.is_some_and(|t| t.tiles_faster(o.dtype, o.k, o.n_out, o.rows));
-    if mode.panel_gemm && o.il.is_some() && tiles_tuned_faster() {
-        mode.panel_gemm = false;
+    // A matrix with interleaved tiles keeps them where they were timed faster (a plan tuned on
+    // both paths), else where its table's panel is slower than its tiles.
+    if mode.panel_gemm && o.il.is_some() {
+        let faster = schedules.and_then(|t| t.faster_path(o.dtype, o.k, o.n_out, o.rows));
+        mode.panel_gemm = faster.map_or(panel_over_tiles(kernels.isa()), |p| p == Path::Panel);
     }
     let p = path(kernels, o.dtype, o.il.is_some(), !o.w.is_empty(), o.rows, mode);
     let sched = (p != Path::Plain && o.rows >= 2).then(|| schedules.and_then(|t| t.get(p, o.dtype, o.k, o.n_out, o.rows))).flatten();
