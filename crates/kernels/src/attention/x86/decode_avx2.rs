@@ -3,7 +3,9 @@
 //! into an f32 row and dots it with every head in ggml's order — its four 16-lane accumulators
 //! as eight 8-lane halves, folded and reduced in registers; phase 2 takes the exponentials from
 //! `exp::x86::expf8` and updates the F16-rounded accumulators in memory with each value row
-//! widened once for all heads. Bit-identical per head to `attention::portable::attend_reference`.
+//! widened once for all heads — for head dimension 64, head by head with the accumulators in
+//! registers instead ([`accumulate_head64`]). Bit-identical per head to
+//! `attention::portable::attend_reference`.
 #![allow(clippy::missing_safety_doc)]
 
 use crate::attention::chunks::drive;
@@ -42,6 +44,14 @@ pub fn attend_decode_group_avx2(
             }
         }
         softmax_steps(b.scores, b.grow, &mut b.state[..heads], vr.len(), |x| expf_slice_avx2(x));
+        if hd == 64 {
+            for (h, st) in b.state[..heads].iter_mut().enumerate() {
+                // SAFETY: every `vr` pointer starts a row of 64 F16 values; the head's scores
+                // cover the chunk's cells and its accumulator holds 64 values.
+                unsafe { accumulate_head64(vr, &b.scores[h * DECODE_CHUNK..(h + 1) * DECODE_CHUNK], b.grow[h], &mut b.acc[h * 64..(h + 1) * 64], &mut st[1]) };
+            }
+            return;
+        }
         for (i, &vp) in vr.iter().enumerate() {
             // SAFETY: as for the keys.
             unsafe { widen(vp, &mut b.v32[..hd]) };
@@ -53,6 +63,51 @@ pub fn attend_decode_group_avx2(
             }
         }
     });
+}
+
+/// Phase 2 of one head of dimension 64 over the chunk's value rows `vr`: its eight
+/// accumulator vectors stay in registers from the first cell to the last, where the general
+/// loop below loads and stores them for every cell (each cell then waits on the previous one's
+/// store). Each value row is widened again per head (one conversion per 8 lanes, as a load of
+/// a widened copy would cost); the chunk's rows stay in L1 across its heads. The same
+/// operations per lane in the same cell order as [`accumulate`], so the same bits.
+///
+/// # Safety
+/// Every `vr` pointer starts a row of 64 F16 values; `e` holds an exponential per cell of `vr`;
+/// `acc` holds 64 values; AVX2, FMA and F16C present.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn accumulate_head64(vr: &[*const f16], e: &[f32], grow: u64, acc: &mut [f32], sum: &mut f32) {
+    let round = |x: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
+    assert!(acc.len() >= 64 && e.len() >= vr.len());
+    let mut r = [_mm256_setzero_ps(); 8];
+    for (j, rj) in r.iter_mut().enumerate() {
+        // SAFETY: 8j + 8 <= 64 <= acc.len(); unaligned load.
+        *rj = unsafe { _mm256_loadu_ps(acc.as_ptr().add(8 * j)) };
+    }
+    let mut s = *sum;
+    for (i, &vp) in vr.iter().enumerate() {
+        let (ms, vs) = if grow & (1 << i) != 0 { (e[i], 1f32) } else { (1f32, e[i]) };
+        // Skipping the rescale when `ms` is 1 changes no bits (an F16 value times 1 is itself).
+        if ms != 1.0 {
+            let msv = _mm256_set1_ps(ms);
+            for rj in r.iter_mut() {
+                *rj = round(_mm256_mul_ps(*rj, msv));
+            }
+        }
+        let vsv = _mm256_set1_ps(vs);
+        for (j, rj) in r.iter_mut().enumerate() {
+            // SAFETY (caller): `vp` starts a row of 64 F16 values; unaligned load.
+            let v = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(vp.add(8 * j) as *const __m128i)) };
+            *rj = round(_mm256_fmadd_ps(v, vsv, *rj));
+        }
+        s = s.mul_add(ms, vs);
+    }
+    *sum = s;
+    for (j, &rj) in r.iter().enumerate() {
+        // SAFETY: as the loads above.
+        unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add(8 * j), rj) };
+    }
 }
 
 /// `dst = src` widened; `dst.len()` values (a multiple of 8) at `src`.
