@@ -589,13 +589,22 @@ fn avx512_dots_equal_avx2_dots() {
 /// row the bits of the portable single-head tiled kernel with that row's span: causal spans
 /// ending mid-tile, sliding windows that hide whole tiles, rows that see nothing, a paged cache,
 /// head dimensions that are not a multiple of 32, 1–64 vectors (the engine's blocks: 21 rows × 3
-/// heads, 9 × 7, 16 × 4).
+/// heads, 9 × 7, 16 × 4) — with every table this CPU runs (x86: the 8-lane and the 16-lane
+/// kernel).
 #[test]
 fn row_block_attention_equals_per_row_attention() {
-    use corelm_kernels::attention::{self, attend_row, attend_rows, AttnKernel, AttnScratch, KvRows};
-    let (fast, port) = (Kernels::detect(), Kernels::portable());
+    use corelm_kernels::attention;
     // Every x86-64 CPU this project runs on has AVX2; every aarch64 CPU has NEON.
-    assert_eq!(attention::has_simd(&fast), cfg!(any(target_arch = "x86_64", target_arch = "aarch64")));
+    assert_eq!(attention::has_simd(&Kernels::detect()), cfg!(any(target_arch = "x86_64", target_arch = "aarch64")));
+    for fast in tables() {
+        row_block_attention_with(&fast);
+    }
+}
+
+fn row_block_attention_with(fast: &Kernels) {
+    use corelm_kernels::attention::{self, attend_row, attend_rows, AttnKernel, AttnScratch, KvRows};
+    let port = Kernels::portable();
+    let fast = fast.clone();
     let mut rng = Rng(321);
     for (hd, heads, rows, cells) in [(64usize, 3usize, 5usize, 150usize), (64, 7, 2, 200), (256, 4, 4, 131), (72, 2, 3, 70), (96, 1, 16, 90), (40, 4, 3, 9), (64, 3, 21, 300), (64, 7, 9, 200), (256, 4, 16, 131), (64, 1, 64, 100)] {
         let q: Vec<f32> = (0..rows * heads * hd).map(|_| rng.f32() * 4.0).collect();
@@ -634,7 +643,7 @@ fn row_block_attention_equals_per_row_attention() {
                     let lo = span.start;
                     attend_row(AttnKernel::Tiled, &port, &q[o..o + hd], &kvr, span.end, 0.125, |c| c >= lo, &mut s, &mut one);
                     let got = &out[o..o + hd];
-                    assert!(got.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "hd {hd} heads {heads} row {r} head {h} span {span:?}");
+                    assert!(got.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{:?}: hd {hd} heads {heads} row {r} head {h} span {span:?}", fast.isa());
                 }
             }
         }

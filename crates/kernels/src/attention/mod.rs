@@ -167,7 +167,7 @@ pub(crate) fn attend_decode(
 /// gets the bits of its own [`attend_row`] call with `n_cells = spans[r].end` and `visible(c)
 /// = c >= spans[r].start`. With a SIMD table ([`has_simd`]), an F16 cache, the tiled kernel
 /// and at most [`ROWS_MAX_VECTORS`] rows × heads, the rows go through the cells together
-/// (`x86::rows`, `aarch64::rows`); otherwise row by row.
+/// (`x86::rows`, `x86::rows512` with AVX-512, `aarch64::rows`); otherwise row by row.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_rows(
     kind: AttnKernel,
@@ -188,11 +188,15 @@ pub fn attend_rows(
         && scratch.rows.zero.len() >= kv.head_dim
     {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: an x86 SIMD table (Avx2 and above) is only built after detecting AVX2, FMA
-        // and F16C.
-        unsafe {
-            x86::rows::attend_tiled_rows(q, heads, spans, kv, scale, &mut scratch.rows, out)
-        };
+        if kernels.isa() == crate::Isa::Avx512 {
+            // SAFETY: an Avx512 table is only built after detecting AVX-512 F/BW/VL/VNNI (and
+            // AVX2, FMA, F16C).
+            unsafe { x86::rows512::attend_tiled_rows(q, heads, spans, kv, scale, &mut scratch.rows, out) };
+        } else {
+            // SAFETY: an x86 SIMD table (Avx2 and above) is only built after detecting AVX2,
+            // FMA and F16C.
+            unsafe { x86::rows::attend_tiled_rows(q, heads, spans, kv, scale, &mut scratch.rows, out) };
+        }
         #[cfg(target_arch = "aarch64")]
         aarch64::rows::attend_tiled_rows(q, heads, spans, kv, scale, &mut scratch.rows, out);
         #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]

@@ -1,7 +1,7 @@
 //! What the SIMD versions of ggml's tiled kernel share, ISA by ISA (`x86::rows`,
 //! `x86::reference`, `aarch64::rows`): one vector's online-softmax step over a tile
 //! ([`tile_step`]) and the multi-row driver ([`attend_tiled_rows`]) — the tiles of the rows'
-//! spans, scored 8 cells at a time, softmax per vector, values widened and accumulated once
+//! spans, scored a chunk of 8 or 16 cells at a time, softmax per vector, values widened and accumulated once
 //! per tile for the vectors that saw anything, outputs normalised. The arithmetic (scores,
 //! exponentials, products) is each ISA's [`TileOps`]; the order of every operation is the
 //! portable `attention::portable::attend_tiled`'s, per vector.
@@ -46,10 +46,12 @@ pub(crate) fn tile_step(
 
 /// One ISA's arithmetic of the multi-row tiled kernel.
 pub(crate) trait TileOps {
-    /// Scores of the chunk `c0..c0 + w` (w ≤ 8) for every vector (`ptrs[v]`: its `head_dim`
-    /// query values) into `sc.scores[v][col..][..8]`: `q·k × scale` (one FMA chain per lane over
-    /// the dimensions in order) where row `v / heads` sees the cell, -∞ elsewhere; counts the
-    /// chunk in `sc.work` if any row sees it.
+    /// Cells per chunk of scores (one vector of lanes: 8 or 16; divides [`KV_TILE`]).
+    const CHUNK: usize;
+    /// Scores of the chunk `c0..c0 + w` (w ≤ `CHUNK`) for every vector (`ptrs[v]`: its
+    /// `head_dim` query values) into `sc.scores[v][col..][..CHUNK]`: `q·k × scale` (one FMA chain
+    /// per lane over the dimensions in order) where row `v / heads` sees the cell, -∞
+    /// elsewhere; counts in `sc.work` each 8 cells of it that some row sees.
     #[allow(clippy::too_many_arguments)]
     fn chunk_scores(&self, ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize);
     /// [`tile_step`] for one vector.
@@ -67,7 +69,7 @@ pub(crate) trait TileOps {
 /// `q.len() · heads ≤ MAX_VECTORS`, `head_dim % 8 == 0`, F16 cache.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_tiled_rows(ops: &impl TileOps, q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
+pub(crate) fn attend_tiled_rows<O: TileOps>(ops: &O, q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
     let hd = kv.head_dim;
     let nv = q.len() * heads;
     assert!(nv <= MAX_VECTORS && hd.is_multiple_of(8) && spans.len() == q.len() && out.len() == q.len());
@@ -83,8 +85,8 @@ pub(crate) fn attend_tiled_rows(ops: &impl TileOps, q: &[&[f32]], heads: usize, 
     let mut t0 = spans.iter().map(|s| s.start).min().unwrap_or(0) / KV_TILE * KV_TILE;
     while t0 < n_max {
         let t1 = (t0 + KV_TILE).min(n_max);
-        for c0 in (t0..t1).step_by(8) {
-            ops.chunk_scores(&ptrs[..nv], heads, spans, kv, scale, c0, (t1 - c0).min(8), sc, c0 - t0);
+        for c0 in (t0..t1).step_by(O::CHUNK) {
+            ops.chunk_scores(&ptrs[..nv], heads, spans, kv, scale, c0, (t1 - c0).min(O::CHUNK), sc, c0 - t0);
         }
         let mut active = [0usize; MAX_VECTORS];
         let mut na = 0;

@@ -72,7 +72,7 @@ pub struct AttnScratch {
 /// [`ROWS_MAX_VECTORS`] query vectors (rows × heads).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub struct RowsScratch {
-    /// `[head_dim][8]` f32: the keys of one 8-cell chunk, transposed.
+    /// `[head_dim][16]` f32: the keys of one chunk (8 or 16 cells), transposed.
     pub(crate) kt: Vec<f32>,
     /// `[vector][KV_TILE]` scores, then probabilities, of the current tile.
     pub(crate) scores: Vec<f32>,
@@ -103,7 +103,7 @@ pub const ROWS_MAX_VECTORS: usize = 64;
 impl RowsScratch {
     pub(crate) fn new(head_dim: usize) -> Self {
         RowsScratch {
-            kt: vec![0.0; head_dim * 8],
+            kt: vec![0.0; head_dim * 16],
             scores: vec![0.0; ROWS_MAX_VECTORS * KV_TILE],
             acc: vec![0.0; ROWS_MAX_VECTORS * head_dim],
             state: vec![[0.0; 2]; ROWS_MAX_VECTORS],

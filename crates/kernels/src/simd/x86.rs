@@ -50,6 +50,15 @@ pub(crate) fn hsum_f32x8(x: __m256) -> f32 {
     _mm_cvtss_f32(r)
 }
 
+/// The 16 lanes summed as GCC's `_mm512_reduce_add_ps` (`simd::reduce_add_16`): halves,
+/// quarters, then `(t0 + t2) + (t1 + t3)`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+pub(crate) fn reduce_add_ps16(t: __m512) -> f32 {
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(t)));
+    hsum_f32x8(_mm256_add_ps(hi, _mm512_castps512_ps256(t)))
+}
+
 /// The largest of the 8 lanes (`maxps` pairwise: high half against low, then within).
 #[inline]
 #[target_feature(enable = "avx2,fma")]

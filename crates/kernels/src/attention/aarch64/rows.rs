@@ -241,6 +241,8 @@ fn accumulate(active: &[usize], cells: usize, hd: usize, sc: &mut RowsScratch) {
 struct NeonOps;
 
 impl TileOps for NeonOps {
+    const CHUNK: usize = 8;
+
     fn chunk_scores(&self, ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
         chunk_scores(ptrs, heads, spans, kv, scale, c0, w, sc, col)
     }

@@ -23,6 +23,7 @@ use crate::attention::chunks::drive;
 use crate::attention::portable::softmax_steps;
 use crate::attention::types::{DecodeBuffers, KvRows, DECODE_CHUNK as CHUNK};
 use crate::exp::x86::expf_slice;
+use crate::simd::x86::reduce_add_ps16 as reduce_add_16;
 use crate::simd::{prefetch_lines, CacheLevel};
 use half::f16;
 use std::arch::x86_64::*;
@@ -84,17 +85,6 @@ unsafe fn round_f16(x: __m512) -> __m512 {
     _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x))
 }
 
-/// The 16 lanes summed as GCC's `_mm512_reduce_add_ps` (`simd::reduce_add_16`): halves,
-/// quarters, then `(t0 + t2) + (t1 + t3)`.
-#[inline(always)]
-unsafe fn reduce_add_16(t: __m512) -> f32 {
-    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(t)));
-    let t3 = _mm256_add_ps(hi, _mm512_castps512_ps256(t));
-    let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
-    let u = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
-    _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)))
-}
-
 /// The 2·S cache lines of a row of 64·S F16 values into L1: phase 1 fetches the chunk's value
 /// rows for phase 2 (value rows of a cache page follow its key rows' page elsewhere in memory).
 #[inline(always)]
@@ -134,8 +124,7 @@ unsafe fn chunk_scores<const S: usize>(
                 }
             }
             let t = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
-            // SAFETY: pure register arithmetic.
-            scores[h * CHUNK + i] = unsafe { reduce_add_16(t) } * scale;
+            scores[h * CHUNK + i] = reduce_add_16(t) * scale;
         }
     }
 }

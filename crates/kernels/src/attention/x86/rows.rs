@@ -59,7 +59,7 @@ unsafe fn scores_n<const N: usize>(kt: *const f32, hd: usize, q: [*const f32; N]
 /// `acc[k]` holds `8·ND` f32, `p[k]` `cells` f32, `v` `(cells - 1) · stride + 8·ND` f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pv<const NV: usize, const ND: usize>(acc: [*mut f32; NV], p: [*const f32; NV], v: *const f32, stride: usize, cells: usize) {
+pub(super) unsafe fn pv<const NV: usize, const ND: usize>(acc: [*mut f32; NV], p: [*const f32; NV], v: *const f32, stride: usize, cells: usize) {
     let mut a = [[_mm256_setzero_ps(); ND]; NV];
     // SAFETY (whole body): caller's contract on acc, p and v.
     unsafe {
@@ -168,6 +168,8 @@ fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &
 struct Avx2Ops(());
 
 impl TileOps for Avx2Ops {
+    const CHUNK: usize = 8;
+
     #[inline(always)]
     fn chunk_scores(&self, ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
         // SAFETY: an `Avx2Ops` exists only under `attend_tiled_rows`' contract (AVX2, FMA, F16C).
@@ -242,9 +244,12 @@ mod tests {
     use crate::attention::types::TileWork;
     use half::f16;
 
-    /// A 4096-cell prefill in blocks of 16 rows (one head of 64 dimensions) through the kernel;
+    /// One of the two multi-row kernels (`rows`, `rows512`).
+    type Kernel = unsafe fn(&[&[f32]], usize, &[Range<usize>], &KvRows, f32, &mut RowsScratch, &mut [&mut [f32]]);
+
+    /// A 4096-cell prefill in blocks of 16 rows (one head of 64 dimensions) through `kernel`;
     /// each block's spans from `span(position)`. The work summed over the blocks of `blocks`.
-    fn work(blocks: Range<usize>, span: impl Fn(usize) -> Range<usize>) -> TileWork {
+    fn work(kernel: Kernel, blocks: Range<usize>, span: impl Fn(usize) -> Range<usize>) -> TileWork {
         let (hd, cells) = (64, 4096);
         let k: Vec<f16> = (0..cells * hd).map(|i| f16::from_f32(((i * 7919) % 13) as f32 / 13.0 - 0.5)).collect();
         let v: Vec<f16> = (0..cells * hd).map(|i| f16::from_f32(((i * 104729) % 17) as f32 / 17.0)).collect();
@@ -257,33 +262,40 @@ mod tests {
             let spans: Vec<_> = (16 * b..16 * b + 16).map(&span).collect();
             let qs: Vec<&[f32]> = q.chunks_exact(hd).collect();
             let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(hd).collect();
-            // SAFETY: checked just below that the CPU has what the kernel enables.
-            unsafe { attend_tiled_rows(&qs, 1, &spans, &kv, 0.125, &mut sc, &mut outs) };
+            // SAFETY: the caller checked that the CPU has what the kernel enables.
+            unsafe { kernel(&qs, 1, &spans, &kv, 0.125, &mut sc, &mut outs) };
         }
         sc.work
     }
 
     /// Tiles the causal mask or a sliding window hides are not computed: a causal 4096-token
     /// prefill scores half the chunks (and accumulates about half the tiles) of attention over
-    /// the whole cache, and a 512-cell window only the chunks its rows see.
+    /// the whole cache, and a 512-cell window only the chunks its rows see — by both kernels,
+    /// the 16-cell chunks of `rows512` counted by their 8-cell halves.
     #[test]
     fn hidden_tiles_are_skipped() {
         if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
             return;
         }
-        let all = work(0..256, |_| 0..4096);
-        assert_eq!(all, TileWork { chunks_scored: 256 * 512, tiles_accumulated: 256 * 64 });
-        // Block b's rows see 0..16b + 16 at most: 2b + 2 chunks, ceil((b + 1) / 4) tiles.
-        let causal = work(0..256, |p| 0..p + 1);
-        let chunks: usize = (0..256).map(|b| 2 * b + 2).sum();
-        let tiles: usize = (0..256).map(|b: usize| (b + 1).div_ceil(4)).sum();
-        assert_eq!(causal, TileWork { chunks_scored: chunks, tiles_accumulated: tiles });
-        assert_eq!((chunks, tiles), (65792, 8320));
-        // Window of 512 at positions 4000..4016: cells 3489..4016, chunks from 3488 to 4008,
-        // the tiles from 3456 on.
-        let window = work(250..251, |p| p - 511..p + 1);
-        assert_eq!(window, TileWork { chunks_scored: 66, tiles_accumulated: 9 });
-        // The first block: two chunks, one tile.
-        assert_eq!(work(0..1, |p| 0..p + 1), TileWork { chunks_scored: 2, tiles_accumulated: 1 });
+        let mut kernels: Vec<Kernel> = vec![attend_tiled_rows];
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl") {
+            kernels.push(super::super::rows512::attend_tiled_rows);
+        }
+        for kernel in kernels {
+            let all = work(kernel, 0..256, |_| 0..4096);
+            assert_eq!(all, TileWork { chunks_scored: 256 * 512, tiles_accumulated: 256 * 64 });
+            // Block b's rows see 0..16b + 16 at most: 2b + 2 chunks, ceil((b + 1) / 4) tiles.
+            let causal = work(kernel, 0..256, |p| 0..p + 1);
+            let chunks: usize = (0..256).map(|b| 2 * b + 2).sum();
+            let tiles: usize = (0..256).map(|b: usize| (b + 1).div_ceil(4)).sum();
+            assert_eq!(causal, TileWork { chunks_scored: chunks, tiles_accumulated: tiles });
+            assert_eq!((chunks, tiles), (65792, 8320));
+            // Window of 512 at positions 4000..4016: cells 3489..4016, chunks from 3488 to
+            // 4008, the tiles from 3456 on.
+            let window = work(kernel, 250..251, |p| p - 511..p + 1);
+            assert_eq!(window, TileWork { chunks_scored: 66, tiles_accumulated: 9 });
+            // The first block: two chunks, one tile.
+            assert_eq!(work(kernel, 0..1, |p| 0..p + 1), TileWork { chunks_scored: 2, tiles_accumulated: 1 });
+        }
     }
 }
