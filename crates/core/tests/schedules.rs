@@ -102,11 +102,12 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
     // Tiles faster from 8 rows, the panel from 64; a length tuned on one path only, or without
     // times, decides nothing.
     let s = Schedules::new(vec![e(Path::Tiles, 8, 1.0), e(Path::Panel, 8, 2.0), e(Path::Tiles, 64, 3.0), e(Path::Panel, 64, 2.0)]);
-    assert!(s.tiles_faster(t, k, n_out, 8) && s.tiles_faster(t, k, n_out, 63));
-    assert!(!s.tiles_faster(t, k, n_out, 64) && !s.tiles_faster(t, k, n_out, 512));
-    assert!(!s.tiles_faster(t, k, 16, 8), "another matrix");
-    assert!(!Schedules::new(vec![e(Path::Tiles, 8, 1.0)]).tiles_faster(t, k, n_out, 8));
-    assert!(!Schedules::new(vec![e(Path::Tiles, 8, 0.0), e(Path::Panel, 8, 2.0)]).tiles_faster(t, k, n_out, 8));
+    let tiles = Some(Path::Tiles);
+    assert!(s.faster_path(t, k, n_out, 8) == tiles && s.faster_path(t, k, n_out, 63) == tiles);
+    assert!(s.faster_path(t, k, n_out, 64) == Some(Path::Panel) && s.faster_path(t, k, n_out, 512) == Some(Path::Panel));
+    assert_eq!(s.faster_path(t, k, 16, 8), None, "another matrix");
+    assert_eq!(Schedules::new(vec![e(Path::Tiles, 8, 1.0)]).faster_path(t, k, n_out, 8), None);
+    assert_eq!(Schedules::new(vec![e(Path::Tiles, 8, 0.0), e(Path::Panel, 8, 2.0)]).faster_path(t, k, n_out, 8), None);
 
     // Executed: under `--fast-prefill` a matrix whose tiles were timed faster gives the tiles'
     // bits, one whose panel was gives the panel's; untimed, its table decides (x86: the tiles).

@@ -267,20 +267,11 @@ impl Plan {
                 gain.exp(),
                 if self.gemm.iter().any(|g| g.path == "panel") { " (panel GEMM: with --fast-prefill)" } else { "" }
             );
-            // Pairs timed on both paths: `--fast-prefill` runs the faster (`Schedules::tiles_faster`).
-            let pairs: Vec<(&GemmPlan, &GemmPlan)> = self
-                .gemm
-                .iter()
-                .filter(|p| p.path == "panel")
-                .filter_map(|p| self.gemm.iter().find(|t| t.path == "tiles" && (&t.dtype, t.k, t.n_out, t.rows) == (&p.dtype, p.k, p.n_out, p.rows)).map(|t| (t, p)))
-                .collect();
-            if !pairs.is_empty() {
-                let tiles = pairs.iter().filter(|(t, p)| t.secs < p.secs).count();
+            let (panel, tiles) = fast_prefill_paths(&self.gemm);
+            if panel + tiles > 0 {
                 s += &format!(
-                    "With --fast-prefill: of {} (matrix, length) pairs timed on both paths, {} run the panel GEMM and {} keep the tiles, which were faster.\n",
-                    pairs.len(),
-                    pairs.len() - tiles,
-                    tiles
+                    "With --fast-prefill: of {} (matrix, length) pairs timed on both paths, {panel} run the panel GEMM and {tiles} keep the tiles, which were faster.\n",
+                    panel + tiles
                 );
             }
         }
@@ -296,6 +287,20 @@ impl Plan {
         }
         s
     }
+}
+
+/// Of the (matrix, length) pairs tuned on both GEMM paths, how many `--fast-prefill` runs on the
+/// panel and how many on the tiles: the path the scheduler takes (`Schedules::faster_path`).
+fn fast_prefill_paths(gemm: &[GemmPlan]) -> (usize, usize) {
+    let schedules = Schedules::new(gemm.iter().filter_map(|g| g.entry().ok()).collect());
+    let paths: Vec<GemmPath> = schedules
+        .entries()
+        .iter()
+        .filter(|e| e.path == GemmPath::Panel)
+        .filter_map(|e| schedules.faster_path(e.dtype, e.k, e.n_out, e.rows))
+        .collect();
+    let tiles = paths.iter().filter(|&&p| p == GemmPath::Tiles).count();
+    (paths.len() - tiles, tiles)
 }
 
 /// Where a plan puts the engine's workers.
@@ -333,5 +338,34 @@ impl Plan {
             w.decode = Some(ranges);
         }
         Ok(w)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `corelm plan` counts the pairs as the scheduler chooses: each tuned length of a matrix
+    /// timed on both paths, the faster one; a length tuned on one path only counts for neither.
+    #[test]
+    fn plan_counts_the_paths_fast_prefill_takes() {
+        let g = |path: &str, rows, secs| GemmPlan {
+            path: path.into(),
+            dtype: "q4_0".into(),
+            k: 96,
+            n_out: 72,
+            rows,
+            mr: 4,
+            nc: 64,
+            mc: 64,
+            kc: 96,
+            row_parts: 1,
+            secs,
+            default_secs: secs,
+            reused: false,
+        };
+        let gemm = [g("tiles", 8, 1.0), g("panel", 8, 2.0), g("tiles", 64, 3.0), g("panel", 64, 2.0), g("panel", 128, 1.0), g("tiles", 256, 1.0)];
+        assert_eq!(fast_prefill_paths(&gemm), (1, 1));
+        assert_eq!(fast_prefill_paths(&gemm[..1]), (0, 0));
     }
 }

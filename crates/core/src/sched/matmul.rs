@@ -195,12 +195,6 @@ impl Schedules {
         found
     }
 
-    /// Whether both paths were tuned for this matrix at the same length (the largest `≤ rows`
-    /// of the tiles') and the tiles took less time there.
-    pub fn tiles_faster(&self, dtype: DType, k: usize, n_out: usize, rows: usize) -> bool {
-        self.faster_path(dtype, k, n_out, rows) == Some(Path::Tiles)
-    }
-
     /// The path of the two timed faster for this matrix at the largest tuned length `≤ rows`
     /// (the smallest above), where both were timed at that length; `None` otherwise.
     pub fn faster_path(&self, dtype: DType, k: usize, n_out: usize, rows: usize) -> Option<Path> {
