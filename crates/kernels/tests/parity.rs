@@ -777,15 +777,16 @@ fn decode_case(rng: &mut Rng, hd: usize, heads: usize, cells: usize) -> (Vec<f32
 
 /// Decode attention over a GQA group with the detected table (the AVX-512 two-phase kernel
 /// where the CPU has it) gives every head the bits of the portable per-head kernel: head
-/// dimensions 64–256, 1–8 heads (every register grouping), cell counts around the 64-cell
-/// chunk, cells hidden one by one, a window, nothing visible, and scores that make the
+/// dimensions 64–256, 1–12 heads (every register grouping; more heads than one pass of the
+/// score phase takes), cell counts around the 64-cell chunk and its 16-cell groups, cells
+/// hidden one by one, a window, nothing visible, and scores that make the
 /// maximum grow late (large keys at the end).
 #[test]
 fn decode_attention_equals_portable_per_head() {
     use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
     let mut rng = Rng(2024);
     let port = Kernels::portable();
-    for (hd, heads, cells) in [(64usize, 3usize, 64usize), (64, 7, 200), (64, 8, 65), (64, 1, 130), (128, 5, 129), (192, 2, 70), (256, 4, 131), (256, 1, 1)] {
+    for (hd, heads, cells) in [(64usize, 3usize, 64usize), (64, 7, 200), (64, 8, 65), (64, 12, 93), (64, 1, 130), (128, 5, 129), (192, 2, 70), (256, 4, 131), (256, 1, 1)] {
         let (q, k, v) = decode_case(&mut rng, hd, heads, cells);
         let ident: Vec<u32> = (0..cells as u32).collect();
         let kvr = KvRows::contiguous(&k, &v, hd, &ident);
