@@ -79,6 +79,32 @@ pub fn attend_heads(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
+    attend_heads_from(kind, kernels, q, kv, n_cells, scale, visible, scratch, out, Rows::Memory)
+}
+
+/// Where the KV rows a call reads are expected: in memory (a decode step: the quantized-cache
+/// kernel asks for them a chunk ahead), or in cache (the rows of a prefill block read the same
+/// cells one after another, and asking for them again only costs instructions).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    Memory,
+    Cached,
+}
+
+/// [`attend_heads`], told where the KV rows are ([`Rows`]).
+#[allow(clippy::too_many_arguments)]
+fn attend_heads_from(
+    kind: AttnKernel,
+    kernels: &crate::Kernels,
+    q: &[f32],
+    kv: &KvRows,
+    n_cells: usize,
+    scale: f32,
+    visible: impl Fn(usize) -> bool,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+    rows: Rows,
+) {
     if kind == AttnKernel::Tiled && tiled_group(kernels, q, kv, n_cells, scale, &visible, scratch, out) {
         return;
     }
@@ -93,7 +119,7 @@ pub fn attend_heads(
     }
     // A quantized cache always takes ggml's one-chunk path (`attend_row` ignores `kind` for it).
     if !kv.is_f16() && kv.v_type != DType::F16 && q.len() / hd <= scratch.gstate.len() {
-        return attend_quant_group(kernels, q, kv, n_cells, scale, &visible, scratch, out);
+        return attend_quant_group(kernels, q, kv, n_cells, scale, &visible, scratch, out, rows == Rows::Memory);
     }
     #[cfg(target_arch = "x86_64")]
     if kind == AttnKernel::Reference && kernels.isa() >= crate::Isa::Avx2 && kv.is_f16() && hd.is_multiple_of(8) && q.len() > hd {
@@ -202,9 +228,12 @@ pub fn attend_rows(
         #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         return;
     }
-    for ((qr, or), span) in q.iter().zip(out.iter_mut()).zip(spans) {
+    // The first row reads the cells from memory, the others (of the same sequence, mostly the
+    // same cells) from cache.
+    for (i, ((qr, or), span)) in q.iter().zip(out.iter_mut()).zip(spans).enumerate() {
         let lo = span.start;
-        attend_heads(kind, kernels, qr, kv, span.end, scale, |c| c >= lo, scratch, or);
+        let rows = if i == 0 { Rows::Memory } else { Rows::Cached };
+        attend_heads_from(kind, kernels, qr, kv, span.end, scale, |c| c >= lo, scratch, or, rows);
     }
 }
 

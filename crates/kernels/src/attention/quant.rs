@@ -6,6 +6,7 @@ use super::portable::{normalize_heads, softmax_steps};
 use super::types::{AttnScratch, KvRows, DECODE_CHUNK};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::has_fma;
+use crate::simd::{prefetch_lines, CacheLevel};
 use crate::DType;
 use half::f16;
 
@@ -108,7 +109,8 @@ fn attend_quant_body(
 /// [`DECODE_CHUNK`] visible cells every head's scores (`vec_dot` against its query quantized
 /// once), the chunk's running maxima and exponentials ([`softmax_steps`], vectorised `expf`
 /// where the table has it), then each value row dequantized once for all heads and the f32
-/// accumulators updated (`acc · ms` where the maximum grew, then `fma(v, vs, acc)`).
+/// accumulators updated (`acc · ms` where the maximum grew, then `fma(v, vs, acc)`). `ahead`:
+/// ask for the KV rows a chunk before they are read (they are in memory, not in cache).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend_quant_group(
     kernels: &crate::Kernels,
@@ -119,13 +121,14 @@ pub(super) fn attend_quant_group(
     visible: &dyn Fn(usize) -> bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
+    ahead: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
     if kernels.isa() >= crate::Isa::Avx2 {
         // SAFETY: an Avx2 table is only built after detecting AVX2 and FMA.
-        return unsafe { attend_quant_group_avx2(kernels, q, kv, n_cells, scale, visible, scratch, out) };
+        return unsafe { attend_quant_group_avx2(kernels, q, kv, n_cells, scale, visible, scratch, out, ahead) };
     }
-    attend_quant_group_body(kernels, q, kv, n_cells, scale, visible, scratch, out)
+    attend_quant_group_body(kernels, q, kv, n_cells, scale, visible, scratch, out, ahead)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -140,8 +143,9 @@ fn attend_quant_group_avx2(
     visible: &dyn Fn(usize) -> bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
+    ahead: bool,
 ) {
-    attend_quant_group_body(kernels, q, kv, n_cells, scale, visible, scratch, out)
+    attend_quant_group_body(kernels, q, kv, n_cells, scale, visible, scratch, out, ahead)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -155,6 +159,7 @@ fn attend_quant_group_body(
     visible: &dyn Fn(usize) -> bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
+    ahead: bool,
 ) {
     let hd = kv.head_dim;
     let heads = q.len() / hd;
@@ -188,6 +193,16 @@ fn attend_quant_group_body(
     let mut cells = [0usize; DECODE_CHUNK];
     let mut n = 0;
     for c in 0..n_cells {
+        // With `ahead`, the rows a chunk ahead asked for (the first chunk's as they are
+        // gathered), as the F16 kernels' driver does (`chunks::drive`). Zen 5, SmolLM2 decode
+        // at depth 2048, 1 thread: attention 13.0 -> 6.8 ms per token (Q8_0 cache), 12.8 -> 8.1
+        // (Q4_0).
+        let row = if c + DECODE_CHUNK < n_cells { Some(c + DECODE_CHUNK) } else { (c < DECODE_CHUNK).then_some(c) };
+        if let Some(a) = row.filter(|_| ahead) {
+            let (k, v) = (kv.k_bytes(a), kv.v_bytes(a));
+            prefetch_lines(k.as_ptr(), k.len(), CacheLevel::L2);
+            prefetch_lines(v.as_ptr(), v.len(), CacheLevel::L2);
+        }
         if visible(c) {
             cells[n] = c;
             n += 1;
