@@ -6,7 +6,7 @@
 //! exponentials, products) is each ISA's [`TileOps`]; the order of every operation is the
 //! portable `attention::portable::attend_tiled`'s, per vector.
 
-use super::types::{KvRows, RowsScratch, KV_TILE, ROWS_MAX_VECTORS as MAX_VECTORS};
+use super::types::{KvRows, RowsScratch, TileWork, KV_TILE, ROWS_MAX_VECTORS as MAX_VECTORS};
 use std::ops::Range;
 
 /// One query vector's online-softmax step over a tile whose first `len` scores are set (`sh`
@@ -42,6 +42,33 @@ pub(crate) fn tile_step(
     let sum = softmax(sh, *m);
     *s = (*s as f64 + sum) as f32;
     true
+}
+
+/// Whether some row sees a cell of the chunk `c0..c0 + w` (its span `spans[r]`); counts in
+/// `work` each 8 cells of the chunk that some row sees (the 8-lane kernels' chunks), so the
+/// counts do not depend on the chunk width.
+pub(crate) fn chunk_seen(spans: &[Range<usize>], c0: usize, w: usize, work: &mut TileWork) -> bool {
+    let mut any = false;
+    for a in (c0..c0 + w).step_by(8) {
+        let b = (a + 8).min(c0 + w);
+        if spans.iter().any(|s| s.start < b && s.end > a && s.start < s.end) {
+            work.chunks_scored += 1;
+            any = true;
+        }
+    }
+    any
+}
+
+/// The next pass of the score phase from vector `v` of `ptrs`: eight vectors where eight are
+/// left, else four (past the last, the last again); the pass's width and its query pointers.
+#[inline(always)]
+pub(crate) fn score_pass(ptrs: &[*const f32], v: usize) -> (usize, [*const f32; 8]) {
+    let n = if ptrs.len() - v >= 8 { 8 } else { 4 };
+    let mut pick = [ptrs[v]; 8];
+    for (i, p) in pick.iter_mut().enumerate().take(n) {
+        *p = ptrs[(v + i).min(ptrs.len() - 1)];
+    }
+    (n, pick)
 }
 
 /// One ISA's arithmetic of the multi-row tiled kernel.

@@ -93,9 +93,8 @@ fn transpose_keys(kv: &KvRows, c0: usize, w: usize, zero: &[f16], kt: &mut [f32]
 fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
     let hd = kv.head_dim;
     let nv = ptrs.len();
-    let any = spans.iter().any(|s| s.start < c0 + w && s.end > c0 && s.start < s.end);
+    let any = tiles::chunk_seen(spans, c0, w, &mut sc.work);
     if any {
-        sc.work.chunks_scored += 1;
         transpose_keys(kv, c0, w, &sc.zero, &mut sc.kt);
     }
     // SAFETY (block): register arithmetic and 4-lane stores into the 8 scores of a vector.
@@ -105,11 +104,7 @@ fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &
         let lanes = [base, vaddq_u32(base, vdupq_n_u32(4))];
         let mut v = 0;
         while v < nv {
-            let n = if nv - v >= 8 { 8 } else { 4 };
-            let mut pick = [ptrs[v]; 8];
-            for (i, p) in pick.iter_mut().enumerate().take(n) {
-                *p = ptrs[(v + i).min(nv - 1)];
-            }
+            let (n, pick) = tiles::score_pass(ptrs, v);
             let mut out = [[ninf; 2]; 8];
             if any {
                 // kt holds hd · 8 f32 (transposed above); every q vector holds hd f32.

@@ -124,18 +124,13 @@ fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &
     let nv = ptrs.len();
     let lanes = _mm256_add_epi32(_mm256_set1_epi32(c0 as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
-    let any = spans.iter().any(|s| s.start < c0 + w && s.end > c0 && s.start < s.end);
+    let any = tiles::chunk_seen(spans, c0, w, &mut sc.work);
     if any {
-        sc.work.chunks_scored += 1;
         transpose_keys(kv, c0, w, &sc.zero, &mut sc.kt);
     }
     let mut v = 0;
     while v < nv {
-        let n = if nv - v >= 8 { 8 } else { 4 };
-        let mut pick = [ptrs[v]; 8];
-        for (i, p) in pick.iter_mut().enumerate().take(n) {
-            *p = ptrs[(v + i).min(nv - 1)];
-        }
+        let (n, pick) = tiles::score_pass(ptrs, v);
         let mut out = [ninf; 8];
         if any {
             // SAFETY: kt holds hd * 8 f32 (transposed above); every q vector holds hd f32.

@@ -126,20 +126,13 @@ fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &
     let nv = ptrs.len();
     let lanes = _mm512_add_epi32(_mm512_set1_epi32(c0 as i32), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
     let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-    let seen = |a: usize, b: usize| spans.iter().any(|s| s.start < b && s.end > a && s.start < s.end);
-    let halves = [seen(c0, c0 + w.min(8)), w > 8 && seen(c0 + 8, c0 + w)];
-    let any = halves[0] || halves[1];
+    let any = tiles::chunk_seen(spans, c0, w, &mut sc.work);
     if any {
-        sc.work.chunks_scored += halves.iter().filter(|&&h| h).count();
         transpose_keys(kv, c0, w, &sc.zero, &mut sc.kt);
     }
     let mut v = 0;
     while v < nv {
-        let n = if nv - v >= 8 { 8 } else { 4 };
-        let mut pick = [ptrs[v]; 8];
-        for (i, p) in pick.iter_mut().enumerate().take(n) {
-            *p = ptrs[(v + i).min(nv - 1)];
-        }
+        let (n, pick) = tiles::score_pass(ptrs, v);
         let mut out = [ninf; 8];
         if any {
             // SAFETY: kt holds hd * 16 f32 (transposed above); every q vector holds hd f32.
