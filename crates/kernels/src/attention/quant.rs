@@ -2,11 +2,11 @@
 //! head ([`attend_quant`]) and for the heads of a GQA group at once ([`attend_quant_group`]),
 //! the same bits per head.
 
+use super::chunks::prefetch_ahead;
 use super::portable::{normalize_heads, softmax_steps};
 use super::types::{AttnScratch, KvRows, DECODE_CHUNK};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::has_fma;
-use crate::simd::{prefetch_lines, CacheLevel};
 use crate::DType;
 use half::f16;
 
@@ -193,15 +193,8 @@ fn attend_quant_group_body(
     let mut cells = [0usize; DECODE_CHUNK];
     let mut n = 0;
     for c in 0..n_cells {
-        // With `ahead`, the rows a chunk ahead asked for (the first chunk's as they are
-        // gathered), as the F16 kernels' driver does (`chunks::drive`). Zen 5, SmolLM2 decode
-        // at depth 2048, 1 thread: attention 13.0 -> 6.8 ms per token (Q8_0 cache), 12.8 -> 8.1
-        // (Q4_0).
-        let row = if c + DECODE_CHUNK < n_cells { Some(c + DECODE_CHUNK) } else { (c < DECODE_CHUNK).then_some(c) };
-        if let Some(a) = row.filter(|_| ahead) {
-            let (k, v) = (kv.k_bytes(a), kv.v_bytes(a));
-            prefetch_lines(k.as_ptr(), k.len(), CacheLevel::L2);
-            prefetch_lines(v.as_ptr(), v.len(), CacheLevel::L2);
+        if ahead {
+            prefetch_ahead(kv, c, 0, n_cells);
         }
         if visible(c) {
             cells[n] = c;
