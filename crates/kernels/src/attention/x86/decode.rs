@@ -23,7 +23,7 @@ use crate::attention::chunks::drive;
 use crate::attention::portable::softmax_steps;
 use crate::attention::types::{DecodeBuffers, KvRows, DECODE_CHUNK as CHUNK};
 use crate::exp::x86::expf_slice;
-use crate::simd::x86::reduce_add_ps16 as reduce_add_16;
+use crate::simd::x86::reduce_add_ps16;
 use crate::simd::{prefetch_lines, CacheLevel};
 use half::f16;
 use std::arch::x86_64::*;
@@ -124,7 +124,7 @@ unsafe fn chunk_scores<const S: usize>(
                 }
             }
             let t = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
-            scores[h * CHUNK + i] = reduce_add_16(t) * scale;
+            scores[h * CHUNK + i] = reduce_add_ps16(t) * scale;
         }
     }
 }

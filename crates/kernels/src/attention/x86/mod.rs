@@ -5,7 +5,7 @@
 //! | `reference.rs` | AVX2 twins of the one-chunk kernel (per head, and per GQA group with rows widened once) and of the tiled kernel (one head or a GQA group) |
 //! | `rows.rs` | the tiled kernel for a block of query rows at once (prefill) |
 //! | `rows512.rs` | the same with AVX-512 (16-cell chunks, 16-lane softmax and values) |
-//! | `softmax.rs` | ggml's softmax step of the tiled kernel on 8 lanes, shared by both above |
+//! | `softmax.rs` | ggml's softmax step of the tiled kernel on 8 lanes (shared by both above) and on 16 |
 //! | `decode.rs` | decode's one-chunk kernel with AVX-512 over a GQA group (two phases per 64-cell chunk) |
 //! | `decode_avx2.rs` | the same with AVX2 |
 //!

@@ -4,9 +4,8 @@
 //! - **Scores:** a chunk is 16 cells (lane = cell), its keys transposed into `kt` as
 //!   `[head_dim][16]` f32 (two 8×8 transposes per 8 dimensions); each vector's score lane is one
 //!   FMA chain over the dimensions in order, eight or four vectors per pass.
-//! - **Softmax:** ggml's AVX-512 step itself — `ggml_v_expf` on 16 lanes
-//!   (`exp::x86::expf_ggml16`) and each 16 lanes summed as `_mm512_reduce_add_ps`, which the
-//!   8-lane twin (`super::softmax`) reproduces.
+//! - **Softmax:** ggml's AVX-512 step itself (`super::softmax::tile_softmax16`), which the
+//!   8-lane twin reproduces.
 //! - **Values:** widened 16 at a time; the probability-weighted sum keeps four vectors × 64
 //!   dimensions of accumulators in registers (16 zmm), each lane `fma(p, v, acc)` over the
 //!   cells in order.
@@ -20,10 +19,10 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::rows;
+use super::softmax::tile_softmax16;
 use crate::attention::tiles::{self, TileOps};
 use crate::attention::types::{KvRows, RowsScratch, KV_TILE};
-use crate::exp::x86::expf_ggml16;
-use crate::simd::x86::{load_ph, max_f32, reduce_add_ps16, transpose8};
+use crate::simd::x86::{load_ph, transpose8};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -157,32 +156,6 @@ fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &
     }
 }
 
-/// ggml's AVX-512 softmax step (`ggml_vec_soft_max_f32`): `p = expf(p - m)` in place, each 16
-/// lanes summed in float as `_mm512_reduce_add_ps`, the sums added in double.
-#[inline]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-fn softmax_tile(scores: &mut [f32], m: f32) -> f64 {
-    let mv = _mm512_set1_ps(m);
-    let mut sum = 0f64;
-    for g in scores.chunks_exact_mut(16) {
-        // SAFETY: 16 f32 in g; unaligned load and store.
-        unsafe {
-            let e = expf_ggml16(_mm512_sub_ps(_mm512_loadu_ps(g.as_ptr()), mv));
-            _mm512_storeu_ps(g.as_mut_ptr(), e);
-            sum += reduce_add_ps16(e) as f64;
-        }
-    }
-    sum
-}
-
-/// One vector's online-softmax step over a tile (`attention::tiles::tile_step`) with the
-/// AVX2 maximum (exact in any order) and [`softmax_tile`].
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-fn tile_softmax(sh: &mut [f32], len: usize, st: &mut [f32; 2], acc: &mut [f32]) -> bool {
-    // The closures inherit this function's features, which `max_f32` and `softmax_tile` need.
-    tiles::tile_step(sh, len, st, acc, |x| max_f32(x), |p, m| softmax_tile(p, m))
-}
-
 /// The probability-weighted values of one tile (`cells` cells in `v32`) into the accumulators
 /// of the `active` vectors: 64 dimensions × four vectors per register block, then 16 at a
 /// time, and a last 8 with the 8-lane kernel's block.
@@ -259,7 +232,7 @@ impl TileOps for Avx512Ops {
     #[inline(always)]
     fn tile_step(&self, sh: &mut [f32], len: usize, st: &mut [f32; 2], acc: &mut [f32]) -> bool {
         // SAFETY: as above.
-        unsafe { tile_softmax(sh, len, st, acc) }
+        unsafe { tile_softmax16(sh, len, st, acc) }
     }
 
     #[inline(always)]
