@@ -258,6 +258,11 @@ unsafe fn pair_tile<T: IlBlock, const V: bool, const D: bool>(g: *const u8, dec:
     unsafe {
         for i in 0..nb {
             let gb = g.add(i * gbs);
+            if p == 0 && !D {
+                // Weights ahead, as the GEMV: a short batch reads each column block from
+                // memory for few rows (`avx512_il::tiles_impl`).
+                prefetch_ahead(gb, gbs);
+            }
             let h = heads::<T>(gb);
             let wz = spread::<T>(h, p);
             // Lane e, element j: `d_r·d_y` of row 2p + e and activation row j, one product for
@@ -299,8 +304,9 @@ unsafe fn pairs<T: IlBlock, const V: bool, const J: usize, const P: usize>(g: *c
     unsafe {
         for i in 0..nb {
             let gb = g.add(i * gbs);
-            if J == 1 {
-                // Decode's GEMV reads each weight once: ask for it ahead, as the K-quant GEMVs do.
+            if p0 == 0 {
+                // Weights ahead: decode's GEMV reads each once, a short batch's tiles each
+                // column block for few rows (`avx512_il::tiles_impl`).
                 prefetch_ahead(gb, gbs);
             }
             let h = heads::<T>(gb);
@@ -486,6 +492,7 @@ pub fn decode<T: IlBlock>(g: &[u8], xrb: usize, dec: &mut [u8]) {
     assert!(dec.len() >= groups * ROWS * nb * 32);
     for c in 0..groups {
         for i in 0..nb {
+            prefetch_ahead(g.as_ptr().wrapping_add(c * ROWS * xrb + i * gbs), gbs);
             for p in 0..2 {
                 // SAFETY: group-block i of group c is inside `g` (groups counted from its
                 // length); its 64 decoded bytes inside `dec` (asserted).

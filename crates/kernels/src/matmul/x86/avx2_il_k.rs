@@ -175,6 +175,10 @@ pub fn tiles_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], pre
                 let (mut acc, mut acc_min) = (_mm256_setzero_ps(), _mm256_setzero_ps());
                 for i in 0..nb {
                     let gb = base.add(i * ROWS * BS4);
+                    if p == 0 {
+                        // Weights ahead (`avx512_il::tiles_impl`).
+                        prefetch_ahead(gb, ROWS * BS4);
+                    }
                     let yq: [*const u8; 4] = std::array::from_fn(|a| y[a].as_ptr().add(i * ABS + QS));
                     let pp: [*const i32; 4] = std::array::from_fn(|a| prep.as_ptr().add((a * nb + i) * PREP));
                     // ps[j] element a: activation row a's (pair 2j, pair 2j + 1) as two i16.
@@ -270,6 +274,10 @@ unsafe fn q6_k_pair_blocks<const J: usize, const D: bool>(g: *const u8, dec: *co
     unsafe {
         for i in blocks {
             let gb = g.add(i * ROWS * BS6);
+            if p == 0 && !D {
+                // Weights ahead (`avx512_il::tiles_impl`); decoded, `decode_q6_k` asked.
+                prefetch_ahead(gb, ROWS * BS6);
+            }
             let yb: [*const u8; J] = std::array::from_fn(|j| y[j].add(i * ABS));
             // Lane e: row 2p + e's scales 8n‥8n+8 as i16 (n = 0, 1).
             let sw = [_mm256_cvtepi8_epi16(_mm_loadu_si128(gb.add(8 + 16 * p) as *const __m128i)), _mm256_cvtepi8_epi16(_mm_loadu_si128(gb.add(40 + 16 * p) as *const __m128i))];
@@ -384,6 +392,7 @@ pub fn decode_q6_k(g: &[u8], xrb: usize, dec: &mut [u8]) {
     let m3f = _mm256_set1_epi8(0x3F);
     for c in 0..groups {
         for i in 0..nb {
+            prefetch_ahead(g.as_ptr().wrapping_add((c * ROWS * nb + ROWS * i) * BS6), ROWS * BS6);
             for (p, n, h, k) in (0..32).map(|x| (x / 16, x / 8 % 2, x / 4 % 2, x % 4)) {
                 // SAFETY: group-block i of group c is inside `g` (groups counted from its
                 // length); the 32 decoded bytes inside `dec` (asserted).
@@ -461,7 +470,7 @@ pub fn rows_q6_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], _prep: &mut [i
         let mut acc = [[[_mm256_setzero_ps(); 2]; 1]; 2];
         let gc = g.as_ptr().wrapping_add(c * ROWS * xrb);
         for i in 0..nb {
-            prefetch_ahead(gc.wrapping_add(i * ROWS * BS6), ROWS * BS6);
+            // (Pair 0's pass asks for the group-block's weights ahead.)
             for (p, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: features enabled above; the group and `y` are whole (asserted).
                 unsafe { q6_k_pair_blocks::<1, false>(gc, gc, i..i + 1, [y.as_ptr()], p, acc) };
@@ -553,8 +562,9 @@ unsafe fn iq4_xs_pairs<const P: usize, const J: usize>(g: *const u8, nb: usize, 
         }
         for i in 0..nb {
             let gb = g.add(i * ROWS * BSX);
-            if J == 1 {
-                // The GEMV reads each weight once: ask for it ahead.
+            if p0 == 0 {
+                // Weights ahead: the GEMV reads each once, a short batch's tiles each column
+                // block for few rows (`avx512_il::tiles_impl`).
                 prefetch_ahead(gb, ROWS * BSX);
             }
             let sv = scales_iq4_xs(gb);

@@ -329,6 +329,7 @@ pub fn decode<T: IlBlock>(g: &[u8], xrb: usize, dec: &mut [u8]) {
             // its decoded bytes inside `dec` (asserted).
             unsafe {
                 let gb = g.as_ptr().add(c * ROWS * xrb + i * gbs);
+                prefetch_ahead(gb, gbs);
                 let q = signed_values::<T>(gb);
                 let corr = offset_lanes(q);
                 let at = dec.as_mut_ptr().add((c * nb + i) * DECODED_PER_BLOCK);
@@ -379,6 +380,12 @@ unsafe fn tiles_impl<T: IlBlock, const J: usize, const DEC: bool>(g: &[u8], dec:
             let mut summs = [_mm256_setzero_ps(); J];
             for i in 0..nb {
                 let gb = base.add(i * gbs);
+                if !DEC {
+                    // Weights ahead, as in the GEMV (`common::prefetch_ahead`): a short batch
+                    // reads each column block from memory for few rows; a long one re-asks
+                    // for cached lines, a hint that costs no result.
+                    prefetch_ahead(gb, gbs);
+                }
                 if T::OFFSET != 0 {
                     // Signed values, their lane sums once, then three loads per activation row.
                     let (q, corr, wz) = if DEC {

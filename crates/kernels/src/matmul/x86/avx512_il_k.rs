@@ -194,6 +194,7 @@ pub fn decode_q6_k(g: &[u8], xrb: usize, dec: &mut [u8]) {
     assert!(dec.len() >= groups * ROWS * nb * 256);
     for c in 0..groups {
         for i in 0..nb {
+            prefetch_ahead(g.as_ptr().wrapping_add((c * nb + i) * ROWS * BS6), ROWS * BS6);
             for (n, h, k) in (0..16).map(|x| (x / 8, x / 4 % 2, x % 4)) {
                 // SAFETY: group-block i of group c is inside `g` (groups counted from its
                 // length); the 64 decoded bytes inside `dec` (asserted).
@@ -294,8 +295,9 @@ unsafe fn q6_k_groups<const J: usize, const D: bool>(g: &[u8], dec: &[u8], xrb: 
             let mut acc = [[_mm512_setzero_ps(); 2]; J];
             for i in 0..nb {
                 let gb = base.add(i * gbs);
-                if J == 1 {
-                    // Decode's GEMV reads each weight once: ask for it ahead.
+                if !D {
+                    // Weights ahead: every read of a GEMV, and a short batch's first of each
+                    // column block (`avx512_il::tiles_impl`); decoded, `decode_q6_k` asked.
                     prefetch_ahead(gb, gbs);
                 }
                 let yb: [*const u8; J] = std::array::from_fn(|j| y[j].as_ptr().add(i * abs));
@@ -380,6 +382,8 @@ unsafe fn q4_k_tiles<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &
             let (mut acc, mut acc_min) = ([_mm512_setzero_ps(); QUADS], [_mm512_setzero_ps(); QUADS]);
             for i in 0..nb {
                 let gb = base.add(i * gbs);
+                // Weights ahead (`avx512_il::tiles_impl`).
+                prefetch_ahead(gb, gbs);
                 let yq: [*const i8; J] = std::array::from_fn(|a| y[a].as_ptr().add(i * abs + QS) as *const i8);
                 let hd = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(gb as *const __m128i)));
                 let (dw, mw) = (_mm512_permutexvar_ps(spread_d, hd), _mm512_permutexvar_ps(spread_m, hd));
@@ -514,10 +518,9 @@ unsafe fn iq4_xs_groups<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out
             let mut acc = [[_mm512_setzero_ps(); 2]; J];
             for i in 0..nb {
                 let gb = base.add(i * gbs);
-                if J == 1 {
-                    // Decode's GEMV reads each weight once: ask for it ahead.
-                    prefetch_ahead(gb, gbs);
-                }
+                // Weights ahead: every read of a GEMV, and a short batch's first of each column
+                // block (`avx512_il::tiles_impl`).
+                prefetch_ahead(gb, gbs);
                 let yb: [*const u8; J] = std::array::from_fn(|j| y[j].as_ptr().add(i * abs));
                 let sl = _mm512_broadcast_i32x4(_mm_loadu_si128(gb.add(16) as *const __m128i));
                 let sh = _mm512_broadcast_i32x4(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_loadl_epi64(gb.add(8) as *const __m128i)), 4));

@@ -309,7 +309,10 @@ pub(crate) const GEMV_AHEAD: usize = crate::simd::STREAM_AHEAD;
 
 /// The cache lines of the `bytes` bytes at `p + GEMV_AHEAD` into L1: a GEMV's weights, read
 /// once, [`GEMV_AHEAD`] bytes before it reaches them (past the end of the matrix, harmless:
-/// `simd::prefetch_lines`).
+/// `simd::prefetch_lines`). The tiles ask too: a short batch (a batched decode step, a short
+/// prompt) reads each column block from memory for one or two eight-row calls, and without it
+/// Qwen2.5's 16-row steps ran 19–24 % slower on Zen 5 (AVX-512); a long batch's later calls
+/// ask for lines already cached, at no measured cost (pp512 within noise).
 #[inline(always)]
 pub(crate) fn prefetch_ahead(p: *const u8, bytes: usize) {
     prefetch_lines(p.wrapping_add(GEMV_AHEAD), bytes, CacheLevel::L1);
