@@ -57,9 +57,7 @@ pub(crate) fn drive(
     assert!(supports(hd) && kv.is_f16() && out.len() >= heads * hd);
     assert!(b.qf.len() >= heads * hd && b.acc.len() >= heads * hd && b.state.len() >= heads && b.fin.len() >= heads);
     assert!(b.scores.len() >= heads * CHUNK && b.grow.len() >= heads && b.k32.len() >= hd && b.v32.len() >= hd);
-    for (d, &s) in b.qf.iter_mut().zip(q) {
-        *d = f16::from_f32(s).to_f32();
-    }
+    crate::simd::round_f16_row(&q[..heads * hd], &mut b.qf[..heads * hd]);
     let range = if split == 0 { n_cells.max(1) } else { split };
     if split > 0 {
         out[..heads * hd].fill(0.0);

@@ -97,6 +97,17 @@ pub fn round_f16x4(x: float32x4_t) -> float32x4_t {
     from_f16_bits4(to_f16_bits4(x))
 }
 
+/// `simd::round_f16_row` four at a time: the values done (a multiple of 4; the caller rounds
+/// the rest).
+pub fn round_f16_row(src: &[f32], dst: &mut [f32]) -> usize {
+    let n = src.len().min(dst.len()) / 4 * 4;
+    for i in (0..n).step_by(4) {
+        // SAFETY: i + 4 <= n <= both lengths; NEON is part of aarch64.
+        unsafe { vst1q_f32(dst.as_mut_ptr().add(i), round_f16x4(vld1q_f32(src.as_ptr().add(i)))) };
+    }
+    n
+}
+
 /// The 16 lanes `t[0..4]` (lanes 4i..4i + 4 in `t[i]`) summed in the order of
 /// `simd::reduce_add_16` (GCC's `_mm512_reduce_add_ps`): lane i + lane i + 8, then those
 /// i + i + 4, then `(h0 + h2) + (h1 + h3)`.

@@ -132,6 +132,22 @@ pub(crate) fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     ]
 }
 
+/// `simd::round_f16_row` eight at a time: the values done (a multiple of 8; the caller rounds
+/// the rest).
+#[inline]
+#[target_feature(enable = "avx,f16c")]
+pub(crate) fn round_f16_row(src: &[f32], dst: &mut [f32]) -> usize {
+    let n = src.len().min(dst.len()) / 8 * 8;
+    for i in (0..n).step_by(8) {
+        // SAFETY: i + 8 <= n <= both lengths; unaligned load and store.
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+    }
+    n
+}
+
 /// F16 → f32, 8 at a time (`dst.len() % 8 == 0`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

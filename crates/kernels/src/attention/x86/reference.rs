@@ -137,9 +137,7 @@ pub fn attend_reference_group(
     let heads = q.len() / hd;
     let (qf, acc16, state, k32, v32) = bufs;
     assert!(hd.is_multiple_of(8) && qf.len() >= heads * hd && acc16.len() >= heads * hd && state.len() >= heads);
-    for (d, &s) in qf.iter_mut().zip(q) {
-        *d = h2f(f16::from_f32(s));
-    }
+    crate::simd::round_f16_row(&q[..heads * hd], &mut qf[..heads * hd]);
     acc16[..heads * hd].fill(f16::ZERO);
     state[..heads].fill([f32::NEG_INFINITY, 0.0]);
     for c in 0..n_cells {
