@@ -20,7 +20,13 @@ fn tables() -> Vec<Kernels> {
 /// Outputs of the matmul `x · Wᵀ` with `nth` workers' shares run in turn under `sched`.
 #[allow(clippy::too_many_arguments)]
 fn run(kernels: &Kernels, path: Path, t: DType, w: &[u8], g: Option<&[u8]>, k: usize, n_out: usize, x: &[u8], rows: usize, sched: Option<Schedule>, nth: usize) -> Vec<u32> {
-    let mode = Mode { batch_invariant: false, panel_gemm: path == Path::Panel };
+    run_mode(kernels, path, t, w, g, k, n_out, x, rows, sched, nth, false)
+}
+
+/// [`run`], batch-invariant or not.
+#[allow(clippy::too_many_arguments)]
+fn run_mode(kernels: &Kernels, path: Path, t: DType, w: &[u8], g: Option<&[u8]>, k: usize, n_out: usize, x: &[u8], rows: usize, sched: Option<Schedule>, nth: usize, batch_invariant: bool) -> Vec<u32> {
+    let mode = Mode { batch_invariant, panel_gemm: path == Path::Panel };
     let schedules = sched.map(|s| Schedules::new(vec![ScheduleEntry { path, dtype: t, k, n_out, rows: 1, sched: s, secs: 0.0 }]));
     let panels = schedules.as_ref().map_or(1, |s| s.max_panels());
     let mut scratch = matmul::MatmulScratch::new(k, k, rows, panels);
@@ -83,6 +89,49 @@ fn schedules_keep_every_output_bit_for_bit() {
         }
     }
     assert!(checked >= 12, "{checked} (table, type, length) cases");
+}
+
+/// Short batches (a decode step of a few sequences): the rows the tiles leave run the GEMV
+/// column block by column block, and each row's outputs are those of the row alone (decode's
+/// GEMV over every column), for the rows past the last group of four, and for every row where
+/// the tiles keep `vec_dot`'s order or the run is batch-invariant.
+#[test]
+fn rows_left_by_the_tiles_get_the_gemv_bits() {
+    let mut checked = 0;
+    for kernels in tables() {
+        for t in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q6K] {
+            if !interleave::supported(t) || kernels.ops(t).unwrap().interleaved.is_none() {
+                continue;
+            }
+            let k = if t.block_size() == 256 { 512 } else { 96 };
+            let n_out = 200;
+            let (rb, vdt) = (row_bytes(t, k), kernels.ops(t).unwrap().vec_dot_type);
+            let xrb = row_bytes(vdt, k);
+            let mut w = vec![0u8; n_out * rb];
+            quantizer(t).unwrap()(&values(n_out * k, 9), &mut w);
+            let mut g = vec![0u8; w.len()];
+            kernels.layout().pack(t, &w, rb, &mut g);
+            let rows = 7;
+            let mut x = vec![0u8; rows * xrb];
+            for r in 0..rows {
+                kernels.from_float(vdt).unwrap()(&values(k, 300 + r as u64), &mut x[r * xrb..(r + 1) * xrb]);
+            }
+            let alone: Vec<Vec<u32>> = (0..rows).map(|r| run(&kernels, Path::Tiles, t, &w, Some(&g), k, n_out, &x[r * xrb..(r + 1) * xrb], 1, None, 2)).collect();
+            for n in [2, 3, 5, 6, 7] {
+                for invariant in [false, true] {
+                    for nth in [1, 2, 3] {
+                        let out = run_mode(&kernels, Path::Tiles, t, &w, Some(&g), k, n_out, &x[..n * xrb], n, None, nth, invariant);
+                        let gemv_rows = if invariant || !kernels.ops(t).unwrap().tile_order { 0 } else { n - n % 4 };
+                        for (r, alone) in alone.iter().enumerate().take(n).skip(gemv_rows) {
+                            assert!(&out[r * n_out..(r + 1) * n_out] == &alone[..], "{} {t} row {r} of {n}, {nth} workers, invariant {invariant}", kernels.isa());
+                        }
+                    }
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 4, "{checked} (table, type) cases");
 }
 
 #[test]

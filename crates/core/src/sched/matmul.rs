@@ -401,7 +401,9 @@ unsafe fn run_plain(o: &Operands, ops: &TypeOps, mode: Mode, ith: usize, nth: us
 /// A matrix interleaved at load (`o.il`, groups of four weight rows): columns are split in
 /// whole groups; complete groups of four batch rows go through the tiles — row blocks of
 /// `sched.mc`, column blocks of `sched.nc`, `sched.mr` (8, then a last 4; or 4) rows per call
-/// — the other rows (all of decode's) through the GEMV over the worker's whole column range.
+/// — the other rows through the GEMV: one row alone (decode) over the worker's whole column
+/// range, rows of a batch column block by column block after the tiles (the block's weights
+/// read from memory once).
 /// Where the tiles have a decoded form, a column block met by at least `DecodedTiles::min_rows`
 /// rows of eight-row calls is decoded once into `dec` for all of them. Values as `vec_dot`
 /// gives them, bit for bit, whatever the schedule.
@@ -425,8 +427,16 @@ unsafe fn run_interleaved(o: &Operands, il: InterleavedOps, grouped: bool, sched
     // Batch-invariant runs keep `vec_dot`'s values where the tiles' order differs
     // (`tile_order`, not `grouped`): every row through the GEMV.
     let tiled_end = if grouped && r + 4 <= tiled_end { tiled_end } else { r };
-    for rb in (r..tiled_end).step_by(mc) {
+    // Rows the tiles leave (fewer than four, or all of them where the tiles' order differs) run
+    // the GEMV. With other rows in the batch they run column block by column block, on the
+    // weights the tiles (or the first of them) just read, instead of one pass over the worker's
+    // columns per row, which streams the matrix from memory again for each.
+    let rest = tiled_end..row_range.end;
+    let rest_in_blocks = !rest.is_empty() && row_range.len() > 1;
+    let mut rb = r;
+    loop {
         let re = (rb + mc).min(tiled_end);
+        let last = re == tiled_end;
         let mut c0 = cols.start;
         while c0 < cols.end {
             let c1 = (c0 + nc).min(cols.end);
@@ -456,13 +466,27 @@ unsafe fn run_interleaved(o: &Operands, il: InterleavedOps, grouped: bool, sched
                 // SAFETY: columns c0..c1 of rows r..r + 4 are this worker's.
                 unsafe { store_cols(base, ldo, r, c0, &out[..c1 - c0]) };
             }
+            if last && rest_in_blocks {
+                for r in rest.clone() {
+                    // SAFETY: row r's columns c0..c1 of the [rows][n_out] f32 output are this
+                    // worker's.
+                    let out = unsafe { std::slice::from_raw_parts_mut(base.add(r * ldo + c0), c1 - c0) };
+                    (il.rows)(gb, wrb, xrow(r), out, prep);
+                }
+            }
             c0 = c1;
         }
+        if last {
+            break;
+        }
+        rb = re;
     }
-    for r in tiled_end..row_range.end {
-        // SAFETY: row r's columns `cols` of the [rows][n_out] f32 output are this worker's.
-        let out = unsafe { std::slice::from_raw_parts_mut(base.add(r * ldo + cols.start), cols.len()) };
-        (il.rows)(&g[cols.start * wrb..cols.end * wrb], wrb, xrow(r), out, prep);
+    if !rest_in_blocks {
+        for r in rest {
+            // SAFETY: row r's columns `cols` of the [rows][n_out] f32 output are this worker's.
+            let out = unsafe { std::slice::from_raw_parts_mut(base.add(r * ldo + cols.start), cols.len()) };
+            (il.rows)(&g[cols.start * wrb..cols.end * wrb], wrb, xrow(r), out, prep);
+        }
     }
 }
 
