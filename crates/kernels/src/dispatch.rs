@@ -11,7 +11,7 @@ use crate::matmul::TilePacking;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 use crate::matmul::{BatchDot, IlTiles, InterleavedOps, Widened};
 #[cfg(target_arch = "x86_64")]
-use crate::matmul::DecodedTiles;
+use crate::matmul::{DecodedTiles, IlFew};
 use crate::quant::portable as pq;
 use crate::DType;
 
@@ -26,6 +26,7 @@ fn interleaved_avx512<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOp
     InterleavedOps {
         rows: |g, xrb, y, o, p| unsafe { rows::<T>(g, xrb, y, o, p) },
         tiles: IlTiles {
+            few: Some(IlFew { tile2: |g, xrb, y, o, p| unsafe { tiles::<T, 2>(g, xrb, y, o, p) }, tile3: |g, xrb, y, o, p| unsafe { tiles::<T, 3>(g, xrb, y, o, p) } }),
             tile: |g, xrb, y, o, p| unsafe { tiles::<T, 4>(g, xrb, y, o, p) },
             tile8: |g, xrb, y, o, p| unsafe { tiles::<T, 8>(g, xrb, y, o, p) },
             // Types with an offset: signed values decoded once per column block.
@@ -46,13 +47,14 @@ fn interleaved_avx512<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOp
 fn interleaved_neon<const R: u8, const T: u8>(dotprod: bool) -> InterleavedOps {
     use crate::matmul::aarch64::neon_il as il;
     if !dotprod {
-        return InterleavedOps { rows: il::rows::<R>, tiles: IlTiles { tile: il::tiles::<T>, tile8: il::tiles8::<T>, decoded: None } };
+        return InterleavedOps { rows: il::rows::<R>, tiles: IlTiles { tile: il::tiles::<T>, tile8: il::tiles8::<T>, few: None, decoded: None } };
     }
     // SAFETY (each closure): `Kernels::aarch64` asks for these only for a level with `dotprod`,
     // built only on a CPU that has it.
     InterleavedOps {
         rows: |g, xrb, y, o, p| unsafe { il::rows_dotprod::<R>(g, xrb, y, o, p) },
         tiles: IlTiles {
+            few: None,
             tile: |g, xrb, y, o, p| unsafe { il::tiles_dotprod::<T>(g, xrb, y, o, p) },
             tile8: |g, xrb, y, o, p| unsafe { il::tiles8_dotprod::<T>(g, xrb, y, o, p) },
             decoded: None,
@@ -73,6 +75,7 @@ fn interleaved_avx2<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOps 
         return InterleavedOps {
             rows: |g, xrb, y, o, p| unsafe { rows_vnni::<T>(g, xrb, y, o, p) },
             tiles: IlTiles {
+                few: None,
                 tile: |g, xrb, y, o, p| unsafe { tiles_vnni::<T>(g, xrb, y, o, p) },
                 tile8: |g, xrb, y, o, p| unsafe { tiles8_vnni::<T>(g, xrb, y, o, p) },
                 decoded: gains_from_decoding::<T>().then_some(DecodedTiles { decode, tile8: |g, d, xrb, y, o, p| unsafe { tiles8_decoded_vnni::<T>(g, d, xrb, y, o, p) }, bytes_per_32: 32, min_rows: crate::matmul::DECODED_MIN_ROWS_AVX2 }),
@@ -82,6 +85,7 @@ fn interleaved_avx2<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOps 
     InterleavedOps {
         rows: |g, xrb, y, o, p| unsafe { rows::<T>(g, xrb, y, o, p) },
         tiles: IlTiles {
+            few: None,
             tile: |g, xrb, y, o, p| unsafe { tiles::<T>(g, xrb, y, o, p) },
             tile8: |g, xrb, y, o, p| unsafe { tiles8::<T>(g, xrb, y, o, p) },
             decoded: gains_from_decoding::<T>().then_some(DecodedTiles { decode, tile8: |g, d, xrb, y, o, p| unsafe { tiles8_decoded::<T>(g, d, xrb, y, o, p) }, bytes_per_32: 32, min_rows: crate::matmul::DECODED_MIN_ROWS_AVX2 }),
@@ -289,6 +293,7 @@ impl Kernels {
             k.ops[slot(DType::Q4K).unwrap()].interleaved = Some(InterleavedOps {
                 rows: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::rows_q4_k(g, xrb, y, o, p) },
                 tiles: IlTiles {
+                    few: None,
                     tile: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles_q4_k(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles8_q4_k(g, xrb, y, o, p) },
                     decoded: None,
@@ -297,6 +302,7 @@ impl Kernels {
             k.ops[slot(DType::Q6K).unwrap()].interleaved = Some(InterleavedOps {
                 rows: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::rows_q6_k(g, xrb, y, o, p) },
                 tiles: IlTiles {
+                    few: Some(IlFew { tile2: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles_few_q6_k::<2>(g, xrb, y, o, p) }, tile3: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles_few_q6_k::<3>(g, xrb, y, o, p) } }),
                     tile: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles_q6_k(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles8_q6_k(g, xrb, y, o, p) },
                     decoded: Some(DecodedTiles {
@@ -310,6 +316,7 @@ impl Kernels {
             k.ops[slot(DType::IQ4XS).unwrap()].interleaved = Some(InterleavedOps {
                 rows: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::rows_iq4_xs(g, xrb, y, o, p) },
                 tiles: IlTiles {
+                    few: Some(IlFew { tile2: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles_few_iq4_xs::<2>(g, xrb, y, o, p) }, tile3: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles_few_iq4_xs::<3>(g, xrb, y, o, p) } }),
                     tile: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles_iq4_xs(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { crate::matmul::x86::avx512_il_k::tiles8_iq4_xs(g, xrb, y, o, p) },
                     decoded: None,
@@ -385,6 +392,7 @@ impl Kernels {
             k.ops[slot(DType::Q4K).unwrap()].interleaved = Some(InterleavedOps {
                 rows: |g, xrb, y, o, p| unsafe { ilk::rows_q4_k(g, xrb, y, o, p) },
                 tiles: IlTiles {
+                    few: None,
                     tile: |g, xrb, y, o, p| unsafe { ilk::tiles_q4_k(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { ilk::tiles8_q4_k(g, xrb, y, o, p) },
                     decoded: None,
@@ -393,6 +401,7 @@ impl Kernels {
             k.ops[slot(DType::Q6K).unwrap()].interleaved = Some(InterleavedOps {
                 rows: |g, xrb, y, o, p| unsafe { ilk::rows_q6_k(g, xrb, y, o, p) },
                 tiles: IlTiles {
+                    few: None,
                     tile: |g, xrb, y, o, p| unsafe { ilk::tiles_q6_k(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { ilk::tiles8_q6_k(g, xrb, y, o, p) },
                     decoded: Some(DecodedTiles { decode: |g, xrb, d| unsafe { ilk::decode_q6_k(g, xrb, d) }, tile8: |g, d, xrb, y, o, p| unsafe { ilk::tiles8_q6_k_decoded(g, d, xrb, y, o, p) }, bytes_per_32: 32, min_rows: crate::matmul::DECODED_MIN_ROWS_AVX2 }),
@@ -401,6 +410,7 @@ impl Kernels {
             k.ops[slot(DType::IQ4XS).unwrap()].interleaved = Some(InterleavedOps {
                 rows: |g, xrb, y, o, p| unsafe { ilk::rows_iq4_xs(g, xrb, y, o, p) },
                 tiles: IlTiles {
+                    few: None,
                     tile: |g, xrb, y, o, p| unsafe { ilk::tiles_iq4_xs(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { ilk::tiles8_iq4_xs(g, xrb, y, o, p) },
                     decoded: None,

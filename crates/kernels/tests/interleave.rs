@@ -69,6 +69,10 @@ fn interleaved_gemv_and_tiles_equal_plain_row_dots() {
         for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::IQ4NL, DType::Q6K] {
             assert!(avx512.ops(t).unwrap().interleaved.unwrap().tiles.decoded.is_some(), "avx512 {t}: no decoded tiles");
         }
+        // ... and has tiles of two and three rows for every type but Q4_K (four-row quads).
+        for &t in TYPES.iter().filter(|&&t| t != DType::Q4K) {
+            assert!(avx512.ops(t).unwrap().interleaved.unwrap().tiles.few.is_some(), "avx512 {t}: no tiles of two and three rows");
+        }
     }
     for fast in &tables {
         interleaved_equal_plain(fast);
@@ -121,6 +125,19 @@ fn interleaved_equal_plain(fast: &Kernels) {
                 for (j, y) in ys.iter().enumerate() {
                     let want = vec_dot(&w[c * xrb..(c + 1) * xrb], y);
                     assert_eq!(o[j].to_bits(), want.to_bits(), "{isa:?} {t} k={k} row {c} act {j}: tile {} vs vec_dot_tile {want}", o[j]);
+                }
+            }
+            // Two and three activation rows (a short batch), where the table has them.
+            if let Some(few) = tiles.few {
+                let mut two = vec![[0f32; 2]; n_rows];
+                (few.tile2)(&g, xrb, [ys[0], ys[1]], &mut two, &mut prep);
+                let mut three = vec![[0f32; 3]; n_rows];
+                (few.tile3)(&g, xrb, [ys[0], ys[1], ys[2]], &mut three, &mut prep);
+                for c in 0..n_rows {
+                    for (j, y) in ys.iter().enumerate().take(3) {
+                        let want = vec_dot(&w[c * xrb..(c + 1) * xrb], y).to_bits();
+                        assert!((j == 2 || two[c][j].to_bits() == want) && three[c][j].to_bits() == want, "{isa:?} {t} k={k} row {c} act {j}: tile2/3 vs vec_dot_tile");
+                    }
                 }
             }
             // Eight activation rows at once (the four above and four more).

@@ -87,10 +87,20 @@ pub struct IlTiles {
     pub tile: IlTile<4>,
     /// Eight activation rows (each weight block decoded once for eight).
     pub tile8: IlTile<8>,
+    /// Two and three activation rows, where the table has them (AVX-512 but Q4_K): a short
+    /// batch's rows past its groups of four, each block's weights decoded once for them.
+    pub few: Option<IlFew>,
     /// Where decoding the layout is a large share of the tile work (AVX2's Q5_0, Q5_1, Q6_K;
     /// AVX-512's Q4_0, Q5_0, Q8_0, IQ4_NL): `tile8`'s values on a column block decoded once for
     /// all of a batch's rows.
     pub decoded: Option<DecodedTiles>,
+}
+
+/// [`IlTiles::few`]: the tiles for two and three activation rows (`tile`'s values per row).
+#[derive(Clone, Copy)]
+pub struct IlFew {
+    pub tile2: IlTile<2>,
+    pub tile3: IlTile<3>,
 }
 
 /// [`IlTiles::tile8`] on a column block of groups decoded once into the caller's scratch

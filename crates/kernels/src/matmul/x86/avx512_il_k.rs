@@ -166,6 +166,13 @@ pub fn tiles_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], _pr
     unsafe { q6_k_groups::<4, false>(g, g, xrb, y, out) }
 }
 
+/// [`tiles_q6_k`] for `J` (2 or 3) activation rows: a short batch's rows past its groups of four.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn tiles_few_q6_k<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], _prep: &mut [i32]) {
+    // SAFETY: features enabled above.
+    unsafe { q6_k_groups::<J, false>(g, g, xrb, y, out) }
+}
+
 /// [`tiles_q6_k`] for eight activation rows in one pass: each group-block's values unpacked once
 /// for all eight (LLVM keeps part of the accumulators in memory; still 2.5 % faster than two
 /// passes of four on Qwen2.5's Q6_K).
@@ -478,6 +485,14 @@ pub fn rows_iq4_xs(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], _prep: &mut 
 pub fn tiles_iq4_xs(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], _prep: &mut [i32]) {
     // SAFETY: features enabled above.
     unsafe { iq4_xs_groups::<4>(g, xrb, y, out) }
+}
+
+/// [`tiles_iq4_xs`] for `J` (2 or 3) activation rows: a short batch's rows past its groups of
+/// four.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn tiles_few_iq4_xs<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], _prep: &mut [i32]) {
+    // SAFETY: features enabled above.
+    unsafe { iq4_xs_groups::<J>(g, xrb, y, out) }
 }
 
 /// [`tiles_iq4_xs`] for eight activation rows in one pass: each group-block's nibbles looked up
