@@ -434,7 +434,8 @@ unsafe fn run_interleaved(o: &Operands, il: InterleavedOps, grouped: bool, sched
     let rest = tiled_end..row_range.end;
     let rest_in_blocks = !rest.is_empty() && row_range.len() > 1;
     let mut rb = r;
-    loop {
+    // (Decode's one row: no column blocks to walk, only the GEMV below.)
+    while tiled_end > r || rest_in_blocks {
         let re = (rb + mc).min(tiled_end);
         let last = re == tiled_end;
         let mut c0 = cols.start;
