@@ -67,7 +67,7 @@ fn interleaved_neon<const R: u8, const T: u8>(dotprod: bool) -> InterleavedOps {
 /// F16C.
 #[cfg(target_arch = "x86_64")]
 fn interleaved_avx2<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOps {
-    use crate::matmul::x86::avx2_il::{decode, gains_from_decoding, rows, rows_vnni, tiles, tiles8, tiles8_decoded, tiles8_decoded_vnni, tiles8_vnni, tiles_vnni};
+    use crate::matmul::x86::avx2_il::{decode, gains_from_decoding, rows, rows_vnni, tiles, tiles8, tiles8_decoded, tiles8_decoded_vnni, tiles8_vnni, tiles_few, tiles_few_vnni, tiles_vnni};
     // SAFETY (all closures): `Kernels::build` puts these in a table only for `Isa::Avx2` or
     // above, whose features it checked; the `_vnni` ones only where AVX-VNNI was detected.
     let decode: fn(&[u8], usize, &mut [u8]) = |g, xrb, d| unsafe { decode::<T>(g, xrb, d) };
@@ -75,7 +75,7 @@ fn interleaved_avx2<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOps 
         return InterleavedOps {
             rows: |g, xrb, y, o, p| unsafe { rows_vnni::<T>(g, xrb, y, o, p) },
             tiles: IlTiles {
-                few: None,
+                few: Some(IlFew { tile2: |g, xrb, y, o, p| unsafe { tiles_few_vnni::<T, 2>(g, xrb, y, o, p) }, tile3: |g, xrb, y, o, p| unsafe { tiles_few_vnni::<T, 3>(g, xrb, y, o, p) } }),
                 tile: |g, xrb, y, o, p| unsafe { tiles_vnni::<T>(g, xrb, y, o, p) },
                 tile8: |g, xrb, y, o, p| unsafe { tiles8_vnni::<T>(g, xrb, y, o, p) },
                 decoded: gains_from_decoding::<T>().then_some(DecodedTiles { decode, tile8: |g, d, xrb, y, o, p| unsafe { tiles8_decoded_vnni::<T>(g, d, xrb, y, o, p) }, bytes_per_32: 32, min_rows: crate::matmul::DECODED_MIN_ROWS_AVX2 }),
@@ -85,7 +85,7 @@ fn interleaved_avx2<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOps 
     InterleavedOps {
         rows: |g, xrb, y, o, p| unsafe { rows::<T>(g, xrb, y, o, p) },
         tiles: IlTiles {
-            few: None,
+            few: Some(IlFew { tile2: |g, xrb, y, o, p| unsafe { tiles_few::<T, 2>(g, xrb, y, o, p) }, tile3: |g, xrb, y, o, p| unsafe { tiles_few::<T, 3>(g, xrb, y, o, p) } }),
             tile: |g, xrb, y, o, p| unsafe { tiles::<T>(g, xrb, y, o, p) },
             tile8: |g, xrb, y, o, p| unsafe { tiles8::<T>(g, xrb, y, o, p) },
             decoded: gains_from_decoding::<T>().then_some(DecodedTiles { decode, tile8: |g, d, xrb, y, o, p| unsafe { tiles8_decoded::<T>(g, d, xrb, y, o, p) }, bytes_per_32: 32, min_rows: crate::matmul::DECODED_MIN_ROWS_AVX2 }),

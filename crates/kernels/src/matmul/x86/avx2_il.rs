@@ -415,6 +415,54 @@ unsafe fn tiles_impl<T: IlBlock, const V: bool>(g: &[u8], xrb: usize, y: [&[u8];
     }
 }
 
+/// [`tiles`] for `J` (2 or 3) activation rows: a short batch's rows, each group-block's values
+/// decoded once for them. `prep`: scratch of at least `J · xrb / BS · 16` i32.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn tiles_few<T: IlBlock, const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], prep: &mut [i32]) {
+    // SAFETY: the features `tiles_few_impl` needs are enabled.
+    unsafe { tiles_few_impl::<T, false, J>(g, xrb, y, out, prep) }
+}
+
+/// [`tiles_few`] with AVX-VNNI's `vpdpbusd` (the same bits).
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub fn tiles_few_vnni<T: IlBlock, const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], prep: &mut [i32]) {
+    // SAFETY: as in `tiles_few`, and AVX-VNNI for `V`.
+    unsafe { tiles_few_impl::<T, true, J>(g, xrb, y, out, prep) }
+}
+
+/// The GEMV's row pairs ([`pairs`]) for `J` activation rows: both pairs at once for two rows
+/// (eight accumulators), one pair at a time for three (six); per row the GEMV's operations.
+///
+/// # Safety
+/// AVX2, FMA, F16C (and with `V` AVX-VNNI) present.
+#[inline(always)]
+unsafe fn tiles_few_impl<T: IlBlock, const V: bool, const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], prep: &mut [i32]) {
+    let nb = xrb / T::BS;
+    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= J * nb * PREP);
+    // SAFETY: features enabled by the callers; `prepare` checks each row and its `prep` range,
+    // the groups are inside `g` (asserted).
+    unsafe {
+        for (j, y) in y.iter().enumerate() {
+            prepare::<T>(y, nb, &mut prep[j * nb * PREP..(j + 1) * nb * PREP]);
+        }
+        let yp = y.map(|y| y.as_ptr());
+        let mut pp = [prep.as_ptr(); J];
+        for (j, p) in pp.iter_mut().enumerate() {
+            *p = prep.as_ptr().add(j * nb * PREP);
+        }
+        for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
+            let o: &mut [[f32; J]; 4] = o.try_into().expect("a group of four rows");
+            let gp = g.as_ptr().add(c * ROWS * xrb);
+            if J <= 2 {
+                pairs::<T, V, J, 2>(gp, nb, yp, pp, 0, o);
+            } else {
+                pairs::<T, V, J, 1>(gp, nb, yp, pp, 0, o);
+                pairs::<T, V, J, 1>(gp, nb, yp, pp, 1, o);
+            }
+        }
+    }
+}
+
 /// [`tiles`] for eight activation rows: two passes of four per group (the group's bytes are
 /// in L1 for the second).
 #[target_feature(enable = "avx2,fma,f16c")]
