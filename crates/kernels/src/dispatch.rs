@@ -401,7 +401,7 @@ impl Kernels {
             k.ops[slot(DType::Q6K).unwrap()].interleaved = Some(InterleavedOps {
                 rows: |g, xrb, y, o, p| unsafe { ilk::rows_q6_k(g, xrb, y, o, p) },
                 tiles: IlTiles {
-                    few: None,
+                    few: Some(IlFew { tile2: |g, xrb, y, o, p| unsafe { ilk::tiles_few_q6_k::<2>(g, xrb, y, o, p) }, tile3: |g, xrb, y, o, p| unsafe { ilk::tiles_few_q6_k::<3>(g, xrb, y, o, p) } }),
                     tile: |g, xrb, y, o, p| unsafe { ilk::tiles_q6_k(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { ilk::tiles8_q6_k(g, xrb, y, o, p) },
                     decoded: Some(DecodedTiles { decode: |g, xrb, d| unsafe { ilk::decode_q6_k(g, xrb, d) }, tile8: |g, d, xrb, y, o, p| unsafe { ilk::tiles8_q6_k_decoded(g, d, xrb, y, o, p) }, bytes_per_32: 32, min_rows: crate::matmul::DECODED_MIN_ROWS_AVX2 }),
@@ -410,7 +410,7 @@ impl Kernels {
             k.ops[slot(DType::IQ4XS).unwrap()].interleaved = Some(InterleavedOps {
                 rows: |g, xrb, y, o, p| unsafe { ilk::rows_iq4_xs(g, xrb, y, o, p) },
                 tiles: IlTiles {
-                    few: None,
+                    few: Some(IlFew { tile2: |g, xrb, y, o, p| unsafe { ilk::tiles_few_iq4_xs::<2>(g, xrb, y, o, p) }, tile3: |g, xrb, y, o, p| unsafe { ilk::tiles_few_iq4_xs::<3>(g, xrb, y, o, p) } }),
                     tile: |g, xrb, y, o, p| unsafe { ilk::tiles_iq4_xs(g, xrb, y, o, p) },
                     tile8: |g, xrb, y, o, p| unsafe { ilk::tiles8_iq4_xs(g, xrb, y, o, p) },
                     decoded: None,

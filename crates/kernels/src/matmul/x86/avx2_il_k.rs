@@ -487,14 +487,20 @@ pub fn rows_q6_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], _prep: &mut [i
 /// Prefill's tiles on interleaved Q6_K rows: `out[c][j]` = `dot_q6_k_q8_k(row c, y[j])`, bit
 /// for bit, each group-block's values decoded once for the four activation rows.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn tiles_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], _prep: &mut [i32]) {
+pub fn tiles_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], prep: &mut [i32]) {
+    tiles_few_q6_k::<4>(g, xrb, y, out, prep)
+}
+
+/// [`tiles_q6_k`] for `J` activation rows (2 or 3: a short batch's rows).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn tiles_few_q6_k<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], _prep: &mut [i32]) {
     let nb = xrb / BS6;
     assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= nb * ABS));
     let yp = y.map(|y| y.as_ptr());
     for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
         for p in 0..2 {
             // SAFETY: features enabled above; the group and the rows are whole (asserted).
-            let v = unsafe { q6_k_pair::<4>(g.as_ptr().add(c * ROWS * xrb), nb, yp, p) };
+            let v = unsafe { q6_k_pair::<J>(g.as_ptr().add(c * ROWS * xrb), nb, yp, p) };
             (o[2 * p], o[2 * p + 1]) = (v[0], v[1]);
         }
     }
@@ -650,20 +656,26 @@ pub fn rows_iq4_xs(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [
 /// of at least `4 · xrb / 136 · 64` i32.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn tiles_iq4_xs(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], prep: &mut [i32]) {
+    tiles_few_iq4_xs::<4>(g, xrb, y, out, prep)
+}
+
+/// [`tiles_iq4_xs`] for `J` activation rows (2 or 3: a short batch's rows).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn tiles_few_iq4_xs<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], prep: &mut [i32]) {
     let nb = xrb / BSX;
     assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= nb * ABS));
     let ay = prep_bytes(prep);
-    assert!(ay.len() >= 4 * 256 * nb);
+    assert!(ay.len() >= J * 256 * nb);
     for (a, y) in y.iter().enumerate() {
         // SAFETY: features enabled above; lengths checked by `magnitudes`.
         unsafe { magnitudes(y, nb, &mut ay[a * 256 * nb..]) };
     }
     let yp = y.map(|y| y.as_ptr());
-    let ap: [*const u8; 4] = std::array::from_fn(|a| ay[a * 256 * nb..].as_ptr());
+    let ap: [*const u8; J] = std::array::from_fn(|a| ay[a * 256 * nb..].as_ptr());
     for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
         for p in 0..2 {
             // SAFETY: features enabled above; the group, the rows and their magnitudes are whole.
-            let v = unsafe { iq4_xs_pairs::<1, 4>(g.as_ptr().add(c * ROWS * xrb), nb, yp, ap, p) };
+            let v = unsafe { iq4_xs_pairs::<1, J>(g.as_ptr().add(c * ROWS * xrb), nb, yp, ap, p) };
             (o[2 * p], o[2 * p + 1]) = (v[0][0], v[0][1]);
         }
     }
