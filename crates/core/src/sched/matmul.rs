@@ -433,18 +433,18 @@ unsafe fn run_interleaved(o: &Operands, il: InterleavedOps, grouped: bool, sched
     // columns per row, which streams the matrix from memory again for each.
     let rest = tiled_end..row_range.end;
     let rest_in_blocks = !rest.is_empty() && row_range.len() > 1;
-    let mut rb = r;
-    // (Decode's one row: no column blocks to walk, only the GEMV below.)
-    while tiled_end > r || rest_in_blocks {
+    // Row blocks of `mc` tiled rows; one empty block where only the rows left walk the column
+    // blocks; none for decode's one row (only the GEMV below).
+    let row_blocks = if tiled_end > r { (tiled_end - r).div_ceil(mc) } else { usize::from(rest_in_blocks) };
+    for b in 0..row_blocks {
+        let rb = r + b * mc;
         let re = (rb + mc).min(tiled_end);
-        let last = re == tiled_end;
         let mut c0 = cols.start;
         while c0 < cols.end {
             let c1 = (c0 + nc).min(cols.end);
             let gb = &g[c0 * wrb..c1 * wrb];
             // Eight batch rows per tile call (with `mr` 8), then fours.
             let mut r8 = rb;
-            let mut out = [[0f32; 8]; IL_COL_MAX];
             // The block decoded once for all its eight-row calls, where the tiles have that form.
             let decoded = il.tiles.decoded.filter(|d| sched.mr >= 8 && re - rb >= d.min_rows && d.len(c1 - c0, o.k) <= dec.len()).map(|d| {
                 let dec = &mut dec[..d.len(c1 - c0, o.k)];
@@ -453,21 +453,21 @@ unsafe fn run_interleaved(o: &Operands, il: InterleavedOps, grouped: bool, sched
             });
             while sched.mr >= 8 && r8 + 8 <= re {
                 let y = std::array::from_fn(|j| xrow(r8 + j));
-                match decoded {
-                    Some((tile8, dec)) => tile8(gb, dec, wrb, y, &mut out[..c1 - c0], prep),
-                    None => (il.tiles.tile8)(gb, wrb, y, &mut out[..c1 - c0], prep),
-                }
                 // SAFETY: columns c0..c1 of rows r8..r8 + 8 are this worker's.
-                unsafe { store_cols(base, ldo, r8, c0, &out[..c1 - c0]) };
+                unsafe {
+                    tile_store(base, ldo, r8, c0, c1 - c0, |out| match decoded {
+                        Some((tile8, dec)) => tile8(gb, dec, wrb, y, out, prep),
+                        None => (il.tiles.tile8)(gb, wrb, y, out, prep),
+                    })
+                };
                 r8 += 8;
             }
-            let mut out = [[0f32; 4]; IL_COL_MAX];
             for r in (r8..re).step_by(4) {
-                (il.tiles.tile)(gb, wrb, std::array::from_fn(|j| xrow(r + j)), &mut out[..c1 - c0], prep);
+                let y = std::array::from_fn(|j| xrow(r + j));
                 // SAFETY: columns c0..c1 of rows r..r + 4 are this worker's.
-                unsafe { store_cols(base, ldo, r, c0, &out[..c1 - c0]) };
+                unsafe { tile_store(base, ldo, r, c0, c1 - c0, |out| (il.tiles.tile)(gb, wrb, y, out, prep)) };
             }
-            if last && rest_in_blocks {
+            if b + 1 == row_blocks && rest_in_blocks {
                 let (r0, n) = (rest.start, rest.len());
                 // A batch of two or three rows in one call, each block's weights decoded once
                 // for them (SmolLM2 decode steps of 2 and 3 sequences +1-5 and +10-14 %). After
@@ -475,16 +475,14 @@ unsafe fn run_interleaved(o: &Operands, il: InterleavedOps, grouped: bool, sched
                 // 1-5 % slower through the tile).
                 match il.tiles.few.filter(|_| grouped && tiled_end == r) {
                     Some(few) if n == 2 => {
-                        let mut out = [[0f32; 2]; IL_COL_MAX];
-                        (few.tile2)(gb, wrb, [xrow(r0), xrow(r0 + 1)], &mut out[..c1 - c0], prep);
+                        let y = [xrow(r0), xrow(r0 + 1)];
                         // SAFETY: columns c0..c1 of these rows are this worker's.
-                        unsafe { store_cols(base, ldo, r0, c0, &out[..c1 - c0]) };
+                        unsafe { tile_store(base, ldo, r0, c0, c1 - c0, |out| (few.tile2)(gb, wrb, y, out, prep)) };
                     }
                     Some(few) if n == 3 => {
-                        let mut out = [[0f32; 3]; IL_COL_MAX];
-                        (few.tile3)(gb, wrb, [xrow(r0), xrow(r0 + 1), xrow(r0 + 2)], &mut out[..c1 - c0], prep);
+                        let y = [xrow(r0), xrow(r0 + 1), xrow(r0 + 2)];
                         // SAFETY: columns c0..c1 of these rows are this worker's.
-                        unsafe { store_cols(base, ldo, r0, c0, &out[..c1 - c0]) };
+                        unsafe { tile_store(base, ldo, r0, c0, c1 - c0, |out| (few.tile3)(gb, wrb, y, out, prep)) };
                     }
                     _ => {
                         for r in rest.clone() {
@@ -498,10 +496,6 @@ unsafe fn run_interleaved(o: &Operands, il: InterleavedOps, grouped: bool, sched
             }
             c0 = c1;
         }
-        if last {
-            break;
-        }
-        rb = re;
     }
     if !rest_in_blocks {
         for r in rest {
@@ -543,6 +537,19 @@ pub fn matmul_part(n_out: usize, rows: usize, ith: usize, nth: usize, unit: usiz
     let cb = split(blocks, ic, pc);
     let rg = split(groups, ir, pr);
     ((cb.start * COL_BLOCK).min(n_out)..(cb.end * COL_BLOCK).min(n_out), (rg.start * 4).min(rows)..(rg.end * 4).min(rows))
+}
+
+/// A tile call's `J` rows from `r` over `cols` columns from `c0`: `fill` writes them into a
+/// buffer (`[column][row]`), then [`store_cols`] puts them in the output.
+///
+/// # Safety
+/// As [`store_cols`] for rows `r .. r + J` and columns `c0 .. c0 + cols` (`cols <= IL_COL_MAX`).
+#[inline(always)]
+unsafe fn tile_store<const J: usize>(base: *mut f32, ld: usize, r: usize, c0: usize, cols: usize, fill: impl FnOnce(&mut [[f32; J]])) {
+    let mut out = [[0f32; J]; IL_COL_MAX];
+    fill(&mut out[..cols]);
+    // SAFETY: the caller's contract.
+    unsafe { store_cols(base, ld, r, c0, &out[..cols]) };
 }
 
 /// Tile results `o[i][j]` (column `c0 + i`, batch row `r + j`) into an f32 output of rows `ld`

@@ -87,8 +87,8 @@ pub struct IlTiles {
     pub tile: IlTile<4>,
     /// Eight activation rows (each weight block decoded once for eight).
     pub tile8: IlTile<8>,
-    /// Two and three activation rows, where the table has them (AVX-512 but Q4_K): a short
-    /// batch's rows past its groups of four, each block's weights decoded once for them.
+    /// Two and three activation rows, where the table has them (AVX-512 and AVX2, every type
+    /// but Q4_K): a batch of two or three rows, each block's weights decoded once for them.
     pub few: Option<IlFew>,
     /// Where decoding the layout is a large share of the tile work (AVX2's Q5_0, Q5_1, Q6_K;
     /// AVX-512's Q4_0, Q5_0, Q8_0, IQ4_NL): `tile8`'s values on a column block decoded once for
