@@ -40,8 +40,11 @@ pub struct KvCache {
     pub head_dim: usize,
     pub k_type: DType,
     pub v_type: DType,
-    k: Vec<Buffer>,
-    v: Vec<Buffer>,
+    /// `[layer][kv_head][row][row bytes]` keys and values.
+    k: Buffer,
+    v: Buffer,
+    /// Bytes of one layer's K and V.
+    layer_bytes: (usize, usize),
     pub blocks: Blocks,
 }
 
@@ -76,15 +79,20 @@ impl KvCache {
         let err = |e: AllocError| AllocError { cause: e.cause, ..AllocError::new(total as usize) };
         // All layers together, before any is populated.
         crate::memory::ensure_available(total as usize).map_err(err)?;
-        // Slot offsets of parts → byte offsets in a layer's K (or V) buffer.
-        let bytes_place = |t: DType| match place {
+        // Slot offsets of parts → byte offsets in the K (or V) buffer, layer after layer.
+        let bytes_place = |t: DType, layer: usize| match place {
             Place::Parts(parts) => {
                 let slot = n_cells * corelm_kernels::row_bytes(t, head_dim);
-                Place::Parts(parts.iter().map(|(s, p)| (s * slot, p.clone())).collect())
+                let parts = (0..n_layer).flat_map(|l| parts.iter().map(move |(s, p)| (l * layer + s * slot, p.clone())));
+                Place::Parts(parts.collect())
             }
             p => p.clone(),
         };
-        let (kp, vp) = (bytes_place(types.0), bytes_place(types.1));
+        let (kp, vp) = (bytes_place(types.0, kb), bytes_place(types.1, vb));
+        // One buffer per kind for all layers: a layer's K or V alone (1.5 MB for SmolLM2 at 4096
+        // cells) is too small for the kernel's 2 MB pages, and decode attention, reading rows
+        // scattered over every layer's pages, missed the TLB on most of them.
+        let (k_all, v_all) = (kb.checked_mul(n_layer).ok_or_else(too_big)?, vb.checked_mul(n_layer).ok_or_else(too_big)?);
         Ok(KvCache {
             n_layer,
             n_cells,
@@ -92,21 +100,23 @@ impl KvCache {
             head_dim,
             k_type: types.0,
             v_type: types.1,
-            k: (0..n_layer).map(|_| Buffer::new(kb, &kp).map_err(err)).collect::<Result<_, _>>()?,
-            v: (0..n_layer).map(|_| Buffer::new(vb, &vp).map_err(err)).collect::<Result<_, _>>()?,
+            k: Buffer::new(k_all, &kp).map_err(err)?,
+            v: Buffer::new(v_all, &vp).map_err(err)?,
+            layer_bytes: (kb, vb),
             blocks: Blocks::new(n_blocks, n_seq),
         })
     }
 
     /// Total bytes of K and V.
     pub fn bytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(Buffer::len).sum()
+        self.k.len() + self.v.len()
     }
 
-    /// Raw base pointers of layer `l`'s K and V (written by the scheduler's kv_store nodes).
-    /// Base pointers of layer `l`'s K and V storage.
+    /// Base pointers of layer `l`'s K and V storage (written by the scheduler's kv_store nodes).
     pub(crate) fn layer_ptrs(&self, l: usize) -> (*mut u8, *mut u8) {
-        (self.k[l].as_ptr(), self.v[l].as_ptr())
+        assert!(l < self.n_layer, "layer {l} of {}", self.n_layer);
+        // SAFETY: layer l's bytes lie inside each buffer (n_layer × layer bytes, asserted l).
+        unsafe { (self.k.as_ptr().add(l * self.layer_bytes.0), self.v.as_ptr().add(l * self.layer_bytes.1)) }
     }
 
     /// Bytes of one K row and one V row.
