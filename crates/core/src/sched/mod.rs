@@ -599,27 +599,45 @@ impl Ctx<'_> {
                     _ => 1,
                 };
                 let blocks = rows.div_ceil(per_block);
-                for (b, kvh, heads) in attention_items(blocks, p.n_head, shard, ith, nth) {
+                // The KV rows of sequence `seq`'s KV head `kvh` (of the model).
+                let rows_of = |seq: i32, kvh: usize| {
+                    // SAFETY: K/V of this layer were written by the kv_store node before
+                    // the barrier; nobody writes them during attention.
+                    unsafe {
+                        attention::KvRows {
+                            k: std::slice::from_raw_parts(kp.add(kvh * cells * krb), cells * krb),
+                            v: std::slice::from_raw_parts(vp.add(kvh * cells * vrb), cells * vrb),
+                            k_type: kv.k_type,
+                            v_type: kv.v_type,
+                            head_dim: hd,
+                            table: kv.blocks.table(seq as usize),
+                            shift: crate::kv::BLOCK_SHIFT,
+                        }
+                    }
+                };
+                // Logical cell c holds position c: causal means c <= pos; a window w keeps the
+                // cells with pos - c < w.
+                let span_of = |r: usize| {
+                    let pos = self.batch.pos[r] as usize;
+                    p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize))..pos + 1
+                };
+                let mut items = attention_items(blocks, p.n_head, shard, ith, nth).peekable();
+                while let Some((b, kvh, heads)) = items.next() {
                     let kvh = shard.kv_base + kvh;
                     let block = b * per_block..((b + 1) * per_block).min(rows);
+                    // Decode: this item's kernel asks for the next item's first cells while it
+                    // computes its last chunk, as it asks for each of its chunks during the one before.
+                    let next = items.peek().filter(|_| kind == attention::AttnKernel::Reference).map(|&(nb, nkvh, _)| {
+                        let r = nb * per_block;
+                        (rows_of(self.batch.seq[r], shard.kv_base + nkvh), span_of(r))
+                    });
+                    scratch.attn.read_next(next.as_ref().map(|(kv, cells)| (kv, cells.clone())));
                     // Rows of one sequence go to the kernel together.
                     let mut r0 = block.start;
                     while r0 < block.end {
                         let seq = self.batch.seq[r0];
                         let r1 = (r0..block.end).find(|&r| self.batch.seq[r] != seq).unwrap_or(block.end);
-                        // SAFETY: K/V of this layer were written by the kv_store node before
-                        // the barrier; nobody writes them during attention.
-                        let rows_kv = unsafe {
-                            attention::KvRows {
-                                k: std::slice::from_raw_parts(kp.add(kvh * cells * krb), cells * krb),
-                                v: std::slice::from_raw_parts(vp.add(kvh * cells * vrb), cells * vrb),
-                                k_type: kv.k_type,
-                                v_type: kv.v_type,
-                                head_dim: hd,
-                                table: kv.blocks.table(seq as usize),
-                                shift: crate::kv::BLOCK_SHIFT,
-                            }
-                        };
+                        let rows_kv = rows_of(seq, kvh);
                         let mut qs: [&[f32]; attention::ROWS_MAX_VECTORS] = [&[]; attention::ROWS_MAX_VECTORS];
                         let mut outs: [&mut [f32]; attention::ROWS_MAX_VECTORS] = std::array::from_fn(|_| &mut [][..]);
                         let mut spans: [std::ops::Range<usize>; attention::ROWS_MAX_VECTORS] = std::array::from_fn(|_| 0..0);
@@ -630,11 +648,7 @@ impl Ctx<'_> {
                             // SAFETY: (row, KV head, chunk) triples are dealt to exactly one
                             // worker, and each row of the block is taken once.
                             outs[i] = unsafe { self.out_f32(t, span.start, span.len()) };
-                            // Logical cell c holds position c: causal means c <= pos; a window
-                            // w keeps the cells with pos - c < w.
-                            let pos = self.batch.pos[r] as usize;
-                            let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
-                            spans[i] = lo..pos + 1;
+                            spans[i] = span_of(r);
                         }
                         let n = r1 - r0;
                         let (q_rows, out_rows) = (&qs[..n], &mut outs[..n]);

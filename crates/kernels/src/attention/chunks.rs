@@ -12,20 +12,76 @@ use half::f16;
 /// How many cells ahead of the one gathered its key and value rows are asked for.
 const AHEAD: usize = CHUNK;
 
-/// At cell `c` of the range `start..end` a decode kernel gathers: ask for the key and value rows
-/// (into L2) of the cell a chunk ahead, or in the range's first chunk of `c` itself (nothing
-/// asked for it earlier). The rows of a chunk's cells are scattered (cache pages, other heads'
-/// rows between them): asked for a chunk ahead, they arrive while this chunk is computed,
-/// instead of one miss per row in the kernel (SmolLM2 decode at 1024 cells: attention 8.4 ->
-/// 4.8 ms per token, AVX2, asking for the chunk's own rows as it is gathered; a chunk ahead
-/// instead, Zen 5 at 2048 cells, 1 thread: AVX-512 4.9 -> 4.3 ms, AVX2 6.8 -> 6.2, a Q8_0
-/// cache 13.0 -> 6.8; two chunks ahead no better).
+/// At cell `c` of the range `start..end` the quantized-cache kernel (`attention::quant`)
+/// gathers: ask for the key and value rows (into L2) of the cell a chunk ahead, or in the
+/// range's first chunk of `c` itself (nothing asked for it earlier). The rows of a chunk's cells
+/// are scattered (cache pages, other heads' rows between them): asked for a chunk ahead, they
+/// arrive while this chunk is computed, instead of one miss per row in the kernel (a Q8_0 cache,
+/// Zen 5 at 2048 cells, 1 thread: 13.0 -> 6.8 ms per token; two chunks ahead no better).
 #[inline(always)]
 pub(crate) fn prefetch_ahead(kv: &KvRows, c: usize, start: usize, end: usize) {
     let cell = if c + AHEAD < end { c + AHEAD } else if c < start + AHEAD { c } else { return };
     let (k, v) = (kv.k_bytes(cell), kv.v_bytes(cell));
     prefetch_lines(k.as_ptr(), k.len(), CacheLevel::L2);
     prefetch_lines(v.as_ptr(), v.len(), CacheLevel::L2);
+}
+
+/// One chunk's row pointers, and the rows to ask for while it is computed.
+pub(crate) struct ChunkRows<'r> {
+    /// `[n]` key and value rows of the chunk's visible cells.
+    pub k: &'r [*const f16],
+    pub v: &'r [*const f16],
+    /// Key and value rows read after this chunk: the next chunk's, or after the call's last
+    /// chunk, the first chunk of what the worker reads next (`AttnScratch::read_next`).
+    pub ahead_k: &'r [*const f16],
+    pub ahead_v: &'r [*const f16],
+}
+
+/// Ask (into L2) for cell `i`'s share of `rows`, rows of `bytes` bytes read after a chunk of
+/// `n` cells: over the chunk's cells, each of them once. A kernel asks as it computes, a few
+/// lines per cell, so the rows arrive while the chunk is computed without a burst of requests
+/// that fills the miss queue and stalls it (asking a whole chunk at once, before computing it,
+/// left the rows' transfer and the arithmetic one after the other: B=16 SmolLM2 decode,
+/// attention 4.1 ms per step, of which 1.7 ms with no arithmetic at all).
+#[inline(always)]
+pub(crate) fn ask_share(rows: &[*const f16], bytes: usize, i: usize, n: usize) {
+    let a = rows.len();
+    for &p in &rows[i * a / n..(i + 1) * a / n] {
+        prefetch_lines(p as *const u8, bytes, CacheLevel::L2);
+    }
+}
+
+/// The visible cells of a cache, [`CHUNK`] at a time, range by range (split-KV decode: ranges of
+/// `range` cells; otherwise one).
+struct Cells<'a, 'k> {
+    kv: &'a KvRows<'k>,
+    visible: &'a dyn Fn(usize) -> bool,
+    n_cells: usize,
+    range: usize,
+    /// The next cell to look at.
+    c: usize,
+}
+
+impl Cells<'_, '_> {
+    /// The next chunk's rows into `k`, `v`: its range and its number of visible cells (up to
+    /// `CHUNK`, ending at its range's end; 0 for a range nothing in is visible), `None` past
+    /// the last cell.
+    fn next(&mut self, k: &mut [*const f16; CHUNK], v: &mut [*const f16; CHUNK]) -> Option<(usize, usize)> {
+        if self.c >= self.n_cells {
+            return None;
+        }
+        let r = self.c / self.range;
+        let end = ((r + 1) * self.range).min(self.n_cells);
+        let mut n = 0;
+        while self.c < end && n < CHUNK {
+            if (self.visible)(self.c) {
+                (k[n], v[n]) = (self.kv.k(self.c).as_ptr(), self.kv.v(self.c).as_ptr());
+                n += 1;
+            }
+            self.c += 1;
+        }
+        Some((r, n))
+    }
 }
 
 /// Largest head dimension (in 64-value steps) the kernels take.
@@ -36,10 +92,13 @@ pub fn supports(head_dim: usize) -> bool {
     head_dim.is_multiple_of(64) && (1..=MAX_STEPS).contains(&(head_dim / 64))
 }
 
-/// What both decode kernels share: the queries rounded to F16, the state reset, the visible
-/// cells gathered `CHUNK` at a time (key and value row pointers) for `chunk`, the outputs
-/// normalised. With `split` > 0, all that per range of `split` cells, each range's partial
-/// folded into the outputs as ggml combines them (`attention::portable::fold`).
+/// What every decode kernel shares: the queries rounded to F16, the state reset, the visible
+/// cells gathered `CHUNK` at a time (key and value row pointers) for `chunk`, with the rows to
+/// ask for meanwhile (the next chunk's, gathered before this one is computed; after the last,
+/// `bufs.next`, taken), the outputs normalised. The first chunk's rows are asked for at once: only a
+/// previous call's `next` could have asked earlier. With `split` > 0, all that per range of
+/// `split` cells, each range's partial folded into the outputs as ggml combines them
+/// (`attention::portable::fold`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn drive(
     q: &[f32],
@@ -49,7 +108,7 @@ pub(crate) fn drive(
     split: usize,
     mut bufs: DecodeBuffers,
     out: &mut [f32],
-    mut chunk: impl FnMut(&[*const f16], &[*const f16], &mut DecodeBuffers),
+    mut chunk: impl FnMut(&ChunkRows, &mut DecodeBuffers),
 ) {
     let hd = kv.head_dim;
     let heads = q.len() / hd;
@@ -63,25 +122,31 @@ pub(crate) fn drive(
         out[..heads * hd].fill(0.0);
         b.fin[..heads].fill([f32::NEG_INFINITY, 0.0]);
     }
-    // Row pointers of the chunk's visible cells: `[CHUNK]` keys, `[CHUNK]` values.
-    let mut kr = [std::ptr::null::<f16>(); CHUNK];
-    let mut vr = [std::ptr::null::<f16>(); CHUNK];
-    for start in (0..n_cells.max(1)).step_by(range) {
-        let end = (start + range).min(n_cells);
+    let mut cells = Cells { kv, visible, n_cells, range, c: 0 };
+    // Row pointers `[CHUNK]` of the chunk computed and of the one after it.
+    let (mut k, mut v) = ([std::ptr::null::<f16>(); CHUNK], [std::ptr::null::<f16>(); CHUNK]);
+    let (mut nk, mut nv) = (k, v);
+    let mut cur = cells.next(&mut k, &mut v);
+    if let Some((_, n)) = cur {
+        for (&kp, &vp) in k[..n].iter().zip(&v[..n]) {
+            prefetch_lines(kp as *const u8, 2 * hd, CacheLevel::L2);
+            prefetch_lines(vp as *const u8, 2 * hd, CacheLevel::L2);
+        }
+    }
+    for r in 0..n_cells.max(1).div_ceil(range) {
         b.acc[..heads * hd].fill(0.0);
         b.state[..heads].fill([f32::NEG_INFINITY, 0.0]);
-        let mut n = 0;
-        for c in start..end {
-            prefetch_ahead(kv, c, start, end);
-            if visible(c) {
-                let (k, v) = (kv.k(c), kv.v(c));
-                (kr[n], vr[n]) = (k.as_ptr(), v.as_ptr());
-                n += 1;
+        while let Some((_, n)) = cur.filter(|&(cr, _)| cr == r) {
+            let next = cells.next(&mut nk, &mut nv);
+            let ahead = match next {
+                Some((_, m)) => m,
+                None => b.next.take(&mut nk, &mut nv),
+            };
+            if n > 0 {
+                let rows = ChunkRows { k: &k[..n], v: &v[..n], ahead_k: &nk[..ahead], ahead_v: &nv[..ahead] };
+                chunk(&rows, b);
             }
-            if n > 0 && (n == CHUNK || c + 1 == end) {
-                chunk(&kr[..n], &vr[..n], b);
-                n = 0;
-            }
+            (k, v, cur) = (nk, nv, next);
         }
         if split == 0 {
             return normalize_heads(&b.acc[..heads * hd], &b.state[..heads], hd, out);

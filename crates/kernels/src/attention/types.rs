@@ -66,6 +66,29 @@ pub struct AttnScratch {
     pub(crate) dfin: Vec<[f32; 2]>,
     /// Buffers of the multi-row kernel ([`attend_rows`]).
     pub(crate) rows: RowsScratch,
+    /// What the worker reads after its current call ([`AttnScratch::read_next`]).
+    pub(crate) next: NextRows,
+}
+
+/// The key and value rows (addresses) of the first [`DECODE_CHUNK`] cells a worker reads after
+/// its current attention call: a decode kernel asks for them while it computes its last chunk,
+/// so the next call does not start on rows still in memory. A hint: stale or absent rows cost
+/// speed, never results (asking for an address never faults).
+#[derive(Clone)]
+pub struct NextRows {
+    k: [usize; DECODE_CHUNK],
+    v: [usize; DECODE_CHUNK],
+    n: usize,
+}
+
+impl NextRows {
+    /// The rows into `k`, `v` (their count), taken: a second call gets none.
+    pub(crate) fn take(&mut self, k: &mut [*const f16; DECODE_CHUNK], v: &mut [*const f16; DECODE_CHUNK]) -> usize {
+        for i in 0..self.n {
+            (k[i], v[i]) = (self.k[i] as *const f16, self.v[i] as *const f16);
+        }
+        std::mem::take(&mut self.n)
+    }
 }
 
 /// Buffers of [`attend_rows`]' SIMD kernel (`x86::rows`) for up to
@@ -175,6 +198,7 @@ impl AttnScratch {
             fin: &mut self.dfin[..heads],
             k32: &mut self.k32[..],
             v32: &mut self.v32[..],
+            next: &mut self.next,
         })
     }
 
@@ -182,6 +206,20 @@ impl AttnScratch {
     /// reference kernel).
     pub fn f16_buffers(&mut self) -> (&mut [f16], &mut [f16], &mut [f32]) {
         (&mut self.q16, &mut self.acc16, &mut self.v32)
+    }
+
+    /// The cells `cells` of `kv` (up to the first [`DECODE_CHUNK`] of them) are what this
+    /// worker's next attention call reads first; `None`: nothing known. The decode kernels ask
+    /// for their rows while computing their last chunk ([`NextRows`]).
+    pub fn read_next(&mut self, next: Option<(&KvRows, std::ops::Range<usize>)>) {
+        let nr = &mut self.next;
+        nr.n = 0;
+        if let Some((kv, cells)) = next {
+            for c in cells.take(DECODE_CHUNK) {
+                (nr.k[nr.n], nr.v[nr.n]) = (kv.k_bytes(c).as_ptr() as usize, kv.v_bytes(c).as_ptr() as usize);
+                nr.n += 1;
+            }
+        }
     }
 
     /// Scratch for one query head at a time.
@@ -209,6 +247,7 @@ impl AttnScratch {
             dgrow: vec![0; heads],
             dfin: vec![[0.0; 2]; heads],
             rows: RowsScratch::new(head_dim),
+            next: NextRows { k: [0; DECODE_CHUNK], v: [0; DECODE_CHUNK], n: 0 },
         }
     }
 }
@@ -301,4 +340,6 @@ pub struct DecodeBuffers<'a> {
     /// One key row and one value row in f32 (the AVX2 kernel).
     pub k32: &'a mut [f32],
     pub v32: &'a mut [f32],
+    /// The rows the worker reads after this call.
+    pub next: &'a mut NextRows,
 }

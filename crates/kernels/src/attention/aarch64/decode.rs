@@ -15,7 +15,7 @@
 // Register arrays are indexed in plain loops with constant bounds (fully unrolled).
 #![allow(clippy::needless_range_loop)]
 
-use crate::attention::chunks::drive;
+use crate::attention::chunks::{ask_share, drive, ChunkRows};
 use crate::attention::portable::softmax_steps;
 use crate::attention::types::{DecodeBuffers, KvRows, DECODE_CHUNK as CHUNK};
 use crate::simd::aarch64::{load_f16x4, load_f16x8, reduce_add_16x4, round_f16x4};
@@ -41,39 +41,44 @@ pub fn attend_decode_group(
 ) {
     let heads = q.len() / kv.head_dim;
     let steps = kv.head_dim / 64;
-    drive(q, kv, n_cells, visible, split, bufs, out, |kr, vr, b| {
+    drive(q, kv, n_cells, visible, split, bufs, out, |rows, b| {
         // SAFETY: every pointer starts a row of `head_dim` = 64·S F16 values of `kv`; `drive`
         // checked the head dimension (`supports`) and the buffers' sizes.
         unsafe {
             match steps {
-                1 => chunk::<1>(kr, vr, b, heads, scale),
-                2 => chunk::<2>(kr, vr, b, heads, scale),
-                3 => chunk::<3>(kr, vr, b, heads, scale),
-                _ => chunk::<4>(kr, vr, b, heads, scale),
+                1 => chunk::<1>(rows, b, heads, scale),
+                2 => chunk::<2>(rows, b, heads, scale),
+                3 => chunk::<3>(rows, b, heads, scale),
+                _ => chunk::<4>(rows, b, heads, scale),
             }
         }
     });
 }
 
-/// Both phases over one chunk of key rows `kr` and value rows `vr` (head_dim = 64·S).
+/// Both phases over one chunk's key and value rows (head_dim = 64·S); the rows read after it
+/// are asked for during phase 1.
 #[inline]
-unsafe fn chunk<const S: usize>(kr: &[*const f16], vr: &[*const f16], b: &mut DecodeBuffers, heads: usize, scale: f32) {
+unsafe fn chunk<const S: usize>(rows: &ChunkRows, b: &mut DecodeBuffers, heads: usize, scale: f32) {
+    let vr = rows.v;
     // SAFETY (caller): rows of 64·S F16 values; buffers for `heads` heads.
-    unsafe { chunk_scores::<S>(kr, b.qf, heads, scale, b.scores) };
+    unsafe { chunk_scores::<S>(rows, b.qf, heads, scale, b.scores) };
     softmax_steps(b.scores, b.grow, &mut b.state[..heads], vr.len(), |x| x.iter_mut().for_each(|e| *e = e.exp()));
     // SAFETY: as above.
     unsafe { chunk_accumulate::<S>(vr, b.scores, b.grow, heads, b.acc, b.state) };
 }
 
-/// Phase 1: `scores[h][i] = (q_h · k_i) · scale` for the chunk's key rows `kr`.
+/// Phase 1: `scores[h][i] = (q_h · k_i) · scale` for the chunk's key rows; the rows read
+/// after the chunk are asked for meanwhile.
 #[inline]
-unsafe fn chunk_scores<const S: usize>(kr: &[*const f16], qf: &[f32], heads: usize, scale: f32, scores: &mut [f32]) {
-    let hd = 64 * S;
+unsafe fn chunk_scores<const S: usize>(rows: &ChunkRows, qf: &[f32], heads: usize, scale: f32, scores: &mut [f32]) {
+    let (hd, kr) = (64 * S, rows.k);
     assert!(qf.len() >= heads * hd && scores.len() >= heads * CHUNK);
     let zero = vdupq_n_f32(0.0);
     // Per head of the group, the folded quarters `(a0 + a2) + (a1 + a3)`: 16 lanes.
     let mut t = [[zero; 4]; HEADS];
     for (i, &kp) in kr.iter().enumerate() {
+        ask_share(rows.ahead_k, 2 * hd, i, kr.len());
+        ask_share(rows.ahead_v, 2 * hd, i, kr.len());
         for h0 in (0..heads).step_by(HEADS) {
             let nh = (heads - h0).min(HEADS);
             for l in 0..4 {

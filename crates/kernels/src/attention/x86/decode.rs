@@ -19,7 +19,7 @@
 //! with the AVX2 twin, `super::decode_avx2`, and NEON's (`attention::chunks`).
 #![allow(clippy::missing_safety_doc)]
 
-use crate::attention::chunks::drive;
+use crate::attention::chunks::{ask_share, drive, ChunkRows};
 use crate::attention::portable::softmax_steps;
 use crate::attention::types::{DecodeBuffers, KvRows, DECODE_CHUNK as CHUNK};
 use crate::exp::x86::expf_slice;
@@ -46,29 +46,30 @@ pub fn attend_decode_group(
 ) {
     let heads = q.len() / kv.head_dim;
     let steps = kv.head_dim / 64;
-    drive(q, kv, n_cells, visible, split, bufs, out, |kr, vr, b| {
+    drive(q, kv, n_cells, visible, split, bufs, out, |rows, b| {
         // SAFETY: every pointer starts a row of `head_dim` F16 values of `kv`; `drive` checked
         // the head dimension (`supports`) and the buffers' sizes; the caller of
         // `attend_decode_group` checked the CPU features.
         unsafe {
             match steps {
-                1 => chunk::<1>(kr, vr, b, heads, scale),
-                2 => chunk::<2>(kr, vr, b, heads, scale),
-                3 => chunk::<3>(kr, vr, b, heads, scale),
-                _ => chunk::<4>(kr, vr, b, heads, scale),
+                1 => chunk::<1>(rows, b, heads, scale),
+                2 => chunk::<2>(rows, b, heads, scale),
+                3 => chunk::<3>(rows, b, heads, scale),
+                _ => chunk::<4>(rows, b, heads, scale),
             }
         }
     });
 }
 
-/// Both phases over one chunk of key rows `kr` and value rows `vr` (head_dim = 64·S).
+/// Both phases over one chunk's key and value rows (head_dim = 64·S); the rows read after it
+/// are asked for meanwhile, keys in phase 1, values in phase 2.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-unsafe fn chunk<const S: usize>(kr: &[*const f16], vr: &[*const f16], b: &mut DecodeBuffers, heads: usize, scale: f32) {
+unsafe fn chunk<const S: usize>(rows: &ChunkRows, b: &mut DecodeBuffers, heads: usize, scale: f32) {
     // SAFETY (caller): rows of 64·S F16 values; buffers for `heads` heads.
     unsafe {
-        chunk_scores::<S>(kr, vr, b.qf, heads, scale, b.scores);
-        chunk_accumulate::<S>(vr, b.scores, b.grow, heads, b.acc, b.state);
+        chunk_scores::<S>(rows, b.qf, heads, scale, b.scores);
+        chunk_accumulate::<S>(rows.v, rows.ahead_v, b.scores, b.grow, heads, b.acc, b.state);
     }
 }
 
@@ -92,20 +93,15 @@ fn prefetch_row<const S: usize>(p: *const f16) {
     prefetch_lines(p as *const u8, 128 * S, CacheLevel::L1);
 }
 
-/// Phase 1: `scores[h][i] = (q_h · k_i) · scale` for the chunk's key rows `kr`; the value
-/// rows `vr` of phase 2 are prefetched meanwhile.
+/// Phase 1: `scores[h][i] = (q_h · k_i) · scale` for the chunk's key rows; its value rows
+/// (phase 2) are asked for into L1 and the key rows read after it into L2 meanwhile.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-unsafe fn chunk_scores<const S: usize>(
-    kr: &[*const f16],
-    vr: &[*const f16],
-    qf: &[f32],
-    heads: usize,
-    scale: f32,
-    scores: &mut [f32],
-) {
+unsafe fn chunk_scores<const S: usize>(rows: &ChunkRows, qf: &[f32], heads: usize, scale: f32, scores: &mut [f32]) {
+    let (kr, vr) = (rows.k, rows.v);
     for (i, &kp) in kr.iter().enumerate() {
         prefetch_row::<S>(vr[i]);
+        ask_share(rows.ahead_k, 128 * S, i, kr.len());
         let mut k = [[_mm512_setzero_ps(); 4]; S];
         for (s, ks) in k.iter_mut().enumerate() {
             for (j, kj) in ks.iter_mut().enumerate() {
@@ -136,6 +132,7 @@ unsafe fn chunk_scores<const S: usize>(
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
 unsafe fn chunk_accumulate<const S: usize>(
     vr: &[*const f16],
+    ahead: &[*const f16],
     scores: &mut [f32],
     grow: &mut [u64],
     heads: usize,
@@ -148,17 +145,19 @@ unsafe fn chunk_accumulate<const S: usize>(
     // two conversions); through memory, on store-to-load forwarding.
     if S > 2 {
         // SAFETY: as this function's contract.
-        return unsafe { accumulate_rows::<S>(vr, scores, grow, heads, acc, state) };
+        return unsafe { accumulate_rows::<S>(vr, ahead, scores, grow, heads, acc, state) };
     }
     let mut h = 0;
     while h < heads {
         let left = heads - h;
+        // The rows read after this chunk are asked for on the first pass over its cells.
+        let ahead = if h == 0 { ahead } else { &[] };
         // SAFETY (all): as this function's contract; h + H <= heads.
         h += match S {
-            1 if left >= 4 => unsafe { accumulate_heads::<S, 4>(vr, scores, grow, h, acc, state) },
-            1 | 2 if left >= 3 => unsafe { accumulate_heads::<S, 3>(vr, scores, grow, h, acc, state) },
-            1 | 2 if left >= 2 => unsafe { accumulate_heads::<S, 2>(vr, scores, grow, h, acc, state) },
-            _ => unsafe { accumulate_heads::<S, 1>(vr, scores, grow, h, acc, state) },
+            1 if left >= 4 => unsafe { accumulate_heads::<S, 4>(vr, ahead, scores, grow, h, acc, state) },
+            1 | 2 if left >= 3 => unsafe { accumulate_heads::<S, 3>(vr, ahead, scores, grow, h, acc, state) },
+            1 | 2 if left >= 2 => unsafe { accumulate_heads::<S, 2>(vr, ahead, scores, grow, h, acc, state) },
+            _ => unsafe { accumulate_heads::<S, 1>(vr, ahead, scores, grow, h, acc, state) },
         };
     }
 }
@@ -183,6 +182,7 @@ unsafe fn widen_row<const S: usize>(vp: *const f16) -> [[__m512; 4]; S] {
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
 unsafe fn accumulate_rows<const S: usize>(
     vr: &[*const f16],
+    ahead: &[*const f16],
     scores: &[f32],
     grow: &[u64],
     heads: usize,
@@ -190,6 +190,7 @@ unsafe fn accumulate_rows<const S: usize>(
     state: &mut [[f32; 2]],
 ) {
     for (i, &vp) in vr.iter().enumerate() {
+        ask_share(ahead, 128 * S, i, vr.len());
         // SAFETY (caller): `vp` starts a row of 64·S F16 values.
         let v = unsafe { widen_row::<S>(vp) };
         for (h, st) in state[..heads].iter_mut().enumerate() {
@@ -223,6 +224,7 @@ unsafe fn accumulate_rows<const S: usize>(
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
 unsafe fn accumulate_heads<const S: usize, const H: usize>(
     vr: &[*const f16],
+    ahead: &[*const f16],
     scores: &[f32],
     grow: &[u64],
     h0: usize,
@@ -246,6 +248,7 @@ unsafe fn accumulate_heads<const S: usize, const H: usize>(
         *sum = state[h0 + h][1];
     }
     for (i, &vp) in vr.iter().enumerate() {
+        ask_share(ahead, 128 * S, i, vr.len());
         // SAFETY (caller): `vp` starts a row of 64·S F16 values.
         let v = unsafe { widen_row::<S>(vp) };
         #[allow(clippy::needless_range_loop)] // constant bounds: fully unrolled, in registers

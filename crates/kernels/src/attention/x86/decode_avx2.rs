@@ -8,7 +8,7 @@
 //! `attention::portable::attend_reference`.
 #![allow(clippy::missing_safety_doc)]
 
-use crate::attention::chunks::drive;
+use crate::attention::chunks::{ask_share, drive};
 use crate::attention::portable::softmax_steps;
 use crate::attention::types::{DecodeBuffers, KvRows, DECODE_CHUNK};
 use crate::exp::x86::expf_slice_avx2;
@@ -32,10 +32,14 @@ pub fn attend_decode_group_avx2(
 ) {
     let hd = kv.head_dim;
     let heads = q.len() / hd;
-    drive(q, kv, n_cells, visible, split, bufs, out, |kr, vr, b| {
+    drive(q, kv, n_cells, visible, split, bufs, out, |rows, b| {
+        let (kr, vr) = (rows.k, rows.v);
         for (i, &kp) in kr.iter().enumerate() {
-            // Value row i into L1 for phase 2 (`drive` asked for it into L2).
+            // Value row i into L1 for phase 2 (asked for into L2 a chunk earlier); the rows
+            // read after this chunk into L2.
             prefetch_lines(vr[i] as *const u8, 2 * hd, CacheLevel::L1);
+            ask_share(rows.ahead_k, 2 * hd, i, kr.len());
+            ask_share(rows.ahead_v, 2 * hd, i, kr.len());
             // SAFETY: `kp` starts a row of `hd` F16 values; k32 holds `hd` (checked by `drive`).
             unsafe { widen(kp, &mut b.k32[..hd]) };
             for h in 0..heads {
