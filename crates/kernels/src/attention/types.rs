@@ -215,8 +215,11 @@ impl AttnScratch {
         let nr = &mut self.next;
         nr.n = 0;
         if let Some((kv, cells)) = next {
+            // Row bytes once (`k_bytes` divides by the block size per cell).
+            let (kb, vb) = (crate::row_bytes(kv.k_type, kv.head_dim), crate::row_bytes(kv.v_type, kv.head_dim));
             for c in cells.take(DECODE_CHUNK) {
-                (nr.k[nr.n], nr.v[nr.n]) = (kv.k_bytes(c).as_ptr() as usize, kv.v_bytes(c).as_ptr() as usize);
+                let row = kv.row(c);
+                (nr.k[nr.n], nr.v[nr.n]) = (kv.k[row * kb..].as_ptr() as usize, kv.v[row * vb..].as_ptr() as usize);
                 nr.n += 1;
             }
         }
