@@ -1,4 +1,5 @@
-//! Paged KV cache: the storage (preallocated per layer, laid out as its reader wants it —
+//! Paged KV cache: the storage (preallocated, one buffer for every layer's keys and one for
+//! their values so they get 2 MB pages; per layer laid out as its reader wants it —
 //! `[kv_head][row][head_dim]`, so attention for one head reads contiguous rows; each row F16,
 //! or Q8_0 / Q4_0 blocks when K or V is quantized) and the [`Blocks`] that hand it out to
 //! sequences.
