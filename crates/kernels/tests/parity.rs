@@ -157,7 +157,7 @@ fn known_block_values() {
 
 #[test]
 fn attention_simd_twin_is_bit_identical() {
-    use corelm_kernels::attention::{attend_row, AttnKernel, AttnScratch, KvRows};
+    use corelm_kernels::attention::{attend_row, AttnKernel, AttnScratch, Cells, KvRows};
     let mut rng = Rng(99);
     let (fast, port) = (Kernels::detect(), Kernels::portable());
     for hd in [64usize, 72, 256, 36] {
@@ -170,8 +170,8 @@ fn attention_simd_twin_is_bit_identical() {
         let kvr = KvRows::contiguous(&k, &v, hd, &ident);
         let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
         let mut s = AttnScratch::new(hd);
-        attend_row(AttnKernel::Reference, &fast, &q, &kvr, cells, 0.125, vis, &mut s, &mut a);
-        attend_row(AttnKernel::Reference, &port, &q, &kvr, cells, 0.125, vis, &mut s, &mut b);
+        attend_row(AttnKernel::Reference, &fast, &q, Cells { kv: &kvr, n: cells, visible: &vis }, 0.125, &mut s, &mut a);
+        attend_row(AttnKernel::Reference, &port, &q, Cells { kv: &kvr, n: cells, visible: &vis }, 0.125, &mut s, &mut b);
         assert_eq!(a, b, "head_dim {hd}");
         // Against an f64 softmax reference, within F16 accumulation error.
         let kf: Vec<f64> = k.iter().map(|x| x.to_f64()).collect();
@@ -187,8 +187,8 @@ fn attention_simd_twin_is_bit_identical() {
         }
         // The tiled kernel: SIMD twin bit-identical to the portable one, both near the reference.
         let mut t = vec![0f32; hd];
-        attend_row(AttnKernel::Tiled, &fast, &q, &kvr, cells, 0.125, vis, &mut s, &mut t);
-        attend_row(AttnKernel::Tiled, &port, &q, &kvr, cells, 0.125, vis, &mut s, &mut b);
+        attend_row(AttnKernel::Tiled, &fast, &q, Cells { kv: &kvr, n: cells, visible: &vis }, 0.125, &mut s, &mut t);
+        attend_row(AttnKernel::Tiled, &port, &q, Cells { kv: &kvr, n: cells, visible: &vis }, 0.125, &mut s, &mut b);
         assert_eq!(t, b, "tiled head_dim {hd}");
         for d in 0..hd {
             assert!((a[d] - b[d]).abs() < 0.05 + 2e-3 * a[d].abs(), "tiled hd {hd} dim {d}");
@@ -207,7 +207,7 @@ fn attention_simd_twin_is_bit_identical() {
         for kind in [AttnKernel::Reference, AttnKernel::Tiled] {
             for ks in [&fast, &port] {
                 let mut p = vec![0f32; hd];
-                attend_row(kind, ks, &q, &paged, cells, 0.125, vis, &mut s, &mut p);
+                attend_row(kind, ks, &q, Cells { kv: &paged, n: cells, visible: &vis }, 0.125, &mut s, &mut p);
                 assert_eq!(&p, if kind == AttnKernel::Tiled { &t } else { &a }, "paged {kind:?} {:?} hd {hd}", ks.isa());
             }
         }
@@ -219,7 +219,7 @@ fn attention_simd_twin_is_bit_identical() {
 /// types, SIMD and portable tables agreeing.
 #[test]
 fn attention_over_quantized_cache() {
-    use corelm_kernels::attention::{attend_row, AttnKernel, AttnScratch, KvRows};
+    use corelm_kernels::attention::{attend_row, AttnKernel, AttnScratch, Cells, KvRows};
     let mut rng = Rng(7);
     let (fast, port) = (Kernels::detect(), Kernels::portable());
     let (hd, cells) = (64usize, 45usize);
@@ -252,8 +252,8 @@ fn attention_over_quantized_cache() {
         let rows = KvRows { k: &kb, v: &vb, k_type: kt, v_type: vt, head_dim: hd, table: &ident, shift: 0 };
         let mut s = AttnScratch::new(hd);
         let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
-        attend_row(AttnKernel::Reference, &fast, &q, &rows, cells, 0.125, |_| true, &mut s, &mut a);
-        attend_row(AttnKernel::Reference, &port, &q, &rows, cells, 0.125, |_| true, &mut s, &mut b);
+        attend_row(AttnKernel::Reference, &fast, &q, Cells { kv: &rows, n: cells, visible: &|_| true }, 0.125, &mut s, &mut a);
+        attend_row(AttnKernel::Reference, &port, &q, Cells { kv: &rows, n: cells, visible: &|_| true }, 0.125, &mut s, &mut b);
         for d in 0..hd {
             assert!((a[d] - b[d]).abs() < 1e-3 * (1.0 + a[d].abs()), "{kt}/{vt} dim {d}: simd {} portable {}", a[d], b[d]);
             assert!((a[d] as f64 - want[d]).abs() < tol, "{kt}/{vt} dim {d}: {} vs f64 {}", a[d], want[d]);
@@ -528,7 +528,7 @@ fn softmax_tile_simd_is_bit_identical() {
 /// whole tiles hidden (a sliding window), in the SIMD and the portable tables.
 #[test]
 fn grouped_attention_equals_per_head_attention() {
-    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
+    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, Cells, KvRows};
     let mut rng = Rng(123);
     for (hd, heads, cells) in [(64usize, 3usize, 37usize), (64, 7, 200), (256, 4, 131), (72, 2, 70)] {
         let q: Vec<f32> = (0..heads * hd).map(|_| rng.f32() * 4.0).collect();
@@ -542,10 +542,10 @@ fn grouped_attention_equals_per_head_attention() {
                 for kind in [AttnKernel::Tiled, AttnKernel::Reference] {
                     let mut s = AttnScratch::with_heads(hd, heads);
                     let mut grouped = vec![0f32; heads * hd];
-                    attend_heads(kind, &ks, &q, &kvr, cells, 0.125, vis, &mut s, &mut grouped);
+                    attend_heads(kind, &ks, &q, Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut grouped);
                     for h in 0..heads {
                         let mut one = vec![0f32; hd];
-                        attend_row(kind, &ks, &q[h * hd..(h + 1) * hd], &kvr, cells, 0.125, vis, &mut s, &mut one);
+                        attend_row(kind, &ks, &q[h * hd..(h + 1) * hd], Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut one);
                         let g = &grouped[h * hd..(h + 1) * hd];
                         assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{kind:?} {:?} hd {hd} head {h}", ks.isa());
                     }
@@ -602,7 +602,7 @@ fn row_block_attention_equals_per_row_attention() {
 }
 
 fn row_block_attention_with(fast: &Kernels) {
-    use corelm_kernels::attention::{self, attend_row, attend_rows, AttnKernel, AttnScratch, KvRows};
+    use corelm_kernels::attention::{self, attend_row, attend_rows, AttnKernel, AttnScratch, Cells, KvRows};
     let port = Kernels::portable();
     let fast = fast.clone();
     let mut rng = Rng(321);
@@ -641,7 +641,7 @@ fn row_block_attention_with(fast: &Kernels) {
                     let o = (r * heads + h) * hd;
                     let mut one = vec![0f32; hd];
                     let lo = span.start;
-                    attend_row(AttnKernel::Tiled, &port, &q[o..o + hd], &kvr, span.end, 0.125, |c| c >= lo, &mut s, &mut one);
+                    attend_row(AttnKernel::Tiled, &port, &q[o..o + hd], Cells { kv: &kvr, n: span.end, visible: &|c| c >= lo }, 0.125, &mut s, &mut one);
                     let got = &out[o..o + hd];
                     assert!(got.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{:?}: hd {hd} heads {heads} row {r} head {h} span {span:?}", fast.isa());
                 }
@@ -783,7 +783,7 @@ fn decode_case(rng: &mut Rng, hd: usize, heads: usize, cells: usize) -> (Vec<f32
 /// maximum grow late (large keys at the end).
 #[test]
 fn decode_attention_equals_portable_per_head() {
-    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
+    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, Cells, KvRows};
     let mut rng = Rng(2024);
     let port = Kernels::portable();
     for (hd, heads, cells) in [(64usize, 3usize, 64usize), (64, 7, 200), (64, 8, 65), (64, 12, 93), (64, 1, 130), (128, 5, 129), (192, 2, 70), (256, 4, 131), (256, 1, 1)] {
@@ -794,10 +794,10 @@ fn decode_attention_equals_portable_per_head() {
         for (vis, fast) in masks.into_iter().flat_map(|m| [(m, Kernels::detect()), (m, Kernels::detect_avx2())]) {
             let mut s = AttnScratch::with_heads(hd, heads);
             let mut grouped = vec![f32::NAN; heads * hd];
-            attend_heads(AttnKernel::Reference, &fast, &q, &kvr, cells, 0.125, vis, &mut s, &mut grouped);
+            attend_heads(AttnKernel::Reference, &fast, &q, Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut grouped);
             for h in 0..heads {
                 let mut one = vec![0f32; hd];
-                attend_row(AttnKernel::Reference, &port, &q[h * hd..(h + 1) * hd], &kvr, cells, 0.125, vis, &mut s, &mut one);
+                attend_row(AttnKernel::Reference, &port, &q[h * hd..(h + 1) * hd], Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut one);
                 let g = &grouped[h * hd..(h + 1) * hd];
                 assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "avx512 {} hd {hd} heads {heads} cells {cells} head {h}", fast.isa());
             }
@@ -812,7 +812,7 @@ fn decode_attention_equals_portable_per_head() {
 /// unsplit kernel (the partials are renormalised, not recomputed).
 #[test]
 fn split_kv_decode_equals_portable_and_stays_near_unsplit() {
-    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
+    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, Cells, KvRows};
     let mut rng = Rng(5150);
     let port = Kernels::portable();
     for (hd, heads, cells, chunk) in [(64usize, 3usize, 300usize, 256usize), (64, 7, 513, 256), (128, 2, 700, 384), (64, 4, 260, 100), (256, 1, 129, 64), (64, 1, 5, 1000)] {
@@ -823,11 +823,11 @@ fn split_kv_decode_equals_portable_and_stays_near_unsplit() {
         for (vis, fast) in masks.into_iter().flat_map(|m| [(m, Kernels::detect()), (m, Kernels::detect_avx2())]) {
             let mut s = AttnScratch::with_heads(hd, heads);
             let mut grouped = vec![f32::NAN; heads * hd];
-            attend_heads(AttnKernel::Split(chunk), &fast, &q, &kvr, cells, 0.125, vis, &mut s, &mut grouped);
+            attend_heads(AttnKernel::Split(chunk), &fast, &q, Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut grouped);
             for h in 0..heads {
                 let (mut one, mut whole) = (vec![0f32; hd], vec![0f32; hd]);
-                attend_row(AttnKernel::Split(chunk), &port, &q[h * hd..(h + 1) * hd], &kvr, cells, 0.125, vis, &mut s, &mut one);
-                attend_row(AttnKernel::Reference, &port, &q[h * hd..(h + 1) * hd], &kvr, cells, 0.125, vis, &mut s, &mut whole);
+                attend_row(AttnKernel::Split(chunk), &port, &q[h * hd..(h + 1) * hd], Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut one);
+                attend_row(AttnKernel::Reference, &port, &q[h * hd..(h + 1) * hd], Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut whole);
                 let g = &grouped[h * hd..(h + 1) * hd];
                 assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "avx512 {} hd {hd} cells {cells} chunk {chunk} head {h}", fast.isa());
                 let mag = whole.iter().fold(1f32, |m, x| m.max(x.abs()));
@@ -912,7 +912,7 @@ fn ggml_expf_scalar_equals_avx512() {
 /// chunk boundaries and masks (including nothing visible).
 #[test]
 fn grouped_quantized_cache_attention_equals_per_head() {
-    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
+    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, Cells, KvRows};
     let mut rng = Rng(31);
     let hd = 64usize;
     for (heads, cells) in [(3usize, 45usize), (7, 130), (1, 64), (4, 65)] {
@@ -937,10 +937,10 @@ fn grouped_quantized_cache_attention_equals_per_head() {
                 for (vis, kind) in masks.into_iter().flat_map(|m| [(m, AttnKernel::Reference), (m, AttnKernel::Tiled)]) {
                     let mut s = AttnScratch::with_heads(hd, heads);
                     let mut grouped = vec![f32::NAN; heads * hd];
-                    attend_heads(kind, &ks, &q, &rows, cells, 0.125, vis, &mut s, &mut grouped);
+                    attend_heads(kind, &ks, &q, Cells { kv: &rows, n: cells, visible: vis }, 0.125, &mut s, &mut grouped);
                     for h in 0..heads {
                         let mut one = vec![0f32; hd];
-                        attend_row(kind, &ks, &q[h * hd..(h + 1) * hd], &rows, cells, 0.125, vis, &mut s, &mut one);
+                        attend_row(kind, &ks, &q[h * hd..(h + 1) * hd], Cells { kv: &rows, n: cells, visible: vis }, 0.125, &mut s, &mut one);
                         let g = &grouped[h * hd..(h + 1) * hd];
                         assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{kt}/{vt} {:?} heads {heads} cells {cells} head {h}", ks.isa());
                     }

@@ -5,7 +5,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use crate::attention::portable::{finish, fold, normalize_heads};
-use crate::attention::types::{DecodeBuffers, KvRows, DECODE_CHUNK as CHUNK};
+use crate::attention::types::{Cells, DecodeBuffers, KvRows, DECODE_CHUNK as CHUNK};
 use crate::simd::{prefetch_lines, CacheLevel};
 use half::f16;
 
@@ -53,7 +53,7 @@ pub(crate) fn ask_share(rows: &[*const f16], bytes: usize, i: usize, n: usize) {
 
 /// The visible cells of a cache, [`CHUNK`] at a time, range by range (split-KV decode: ranges of
 /// `range` cells; otherwise one).
-struct Cells<'a, 'k> {
+struct Gather<'a, 'k> {
     kv: &'a KvRows<'k>,
     visible: &'a dyn Fn(usize) -> bool,
     n_cells: usize,
@@ -66,7 +66,7 @@ struct Cells<'a, 'k> {
     row_bytes: (usize, usize),
 }
 
-impl Cells<'_, '_> {
+impl Gather<'_, '_> {
     /// The next chunk's rows into `k`, `v`: its range and its number of visible cells (up to
     /// `CHUNK`, ending at its range's end; 0 for a range nothing in is visible), `None` past
     /// the last cell.
@@ -105,17 +105,15 @@ pub fn supports(head_dim: usize) -> bool {
 /// previous call's `next` could have asked earlier. With `split` > 0, all that per range of
 /// `split` cells, each range's partial folded into the outputs as ggml combines them
 /// (`attention::portable::fold`).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn drive(
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
-    visible: &dyn Fn(usize) -> bool,
+    cells: Cells,
     split: usize,
     mut bufs: DecodeBuffers,
     out: &mut [f32],
     mut chunk: impl FnMut(&ChunkRows, &mut DecodeBuffers),
 ) {
+    let Cells { kv, n: n_cells, visible } = cells;
     let hd = kv.head_dim;
     let heads = q.len() / hd;
     let b = &mut bufs;
@@ -129,11 +127,11 @@ pub(crate) fn drive(
         b.fin[..heads].fill([f32::NEG_INFINITY, 0.0]);
     }
     let row_bytes = (2 * hd, 2 * hd);
-    let mut cells = Cells { kv, visible, n_cells, range, c: 0, row_bytes };
+    let mut gather = Gather { kv, visible, n_cells, range, c: 0, row_bytes };
     // Row pointers `[CHUNK]` of the chunk computed and of the one after it.
     let (mut k, mut v) = ([std::ptr::null::<f16>(); CHUNK], [std::ptr::null::<f16>(); CHUNK]);
     let (mut nk, mut nv) = (k, v);
-    let mut cur = cells.next(&mut k, &mut v);
+    let mut cur = gather.next(&mut k, &mut v);
     if let Some((_, n)) = cur {
         for (&kp, &vp) in k[..n].iter().zip(&v[..n]) {
             prefetch_lines(kp as *const u8, 2 * hd, CacheLevel::L2);
@@ -144,7 +142,7 @@ pub(crate) fn drive(
         b.acc[..heads * hd].fill(0.0);
         b.state[..heads].fill([f32::NEG_INFINITY, 0.0]);
         while let Some((_, n)) = cur.filter(|&(cr, _)| cr == r) {
-            let next = cells.next(&mut nk, &mut nv);
+            let next = gather.next(&mut nk, &mut nv);
             let ahead = match next {
                 Some((_, m)) => m,
                 None => b.next.take(&mut nk, &mut nv),

@@ -4,6 +4,8 @@
 //! maximum grows) and the tiled kernel (prefill batches of at least [`TILED_MIN_ROWS`] rows over
 //! an F16 cache). Portable versions here; SIMD twins in [`x86`] (AVX2, AVX-512) and
 //! [`aarch64`] (NEON), chosen from the kernel table ([`has_simd`]), bit-identical per head.
+//! Every kernel takes what a query reads as one [`Cells`]: the KV head's rows, how many
+//! logical cells, and which of them are visible.
 
 use crate::DType;
 
@@ -20,42 +22,40 @@ pub mod x86;
 pub use portable::softmax_steps;
 use portable::{attend_reference, attend_tiled};
 use quant::{attend_quant, attend_quant_group};
-pub use types::{AttnKernel, AttnScratch, GroupBuffers, KvRows, ReferenceBuffers, RowsScratch, TileWork, DECODE_CHUNK, KV_TILE, ROWS_MAX_VECTORS, TILED_MIN_ROWS};
+pub use types::{AttnKernel, AttnScratch, Cells, GroupBuffers, KvRows, ReferenceBuffers, RowsScratch, TileWork, DECODE_CHUNK, KV_TILE, ROWS_MAX_VECTORS, TILED_MIN_ROWS};
 
 /// Fused attention for one query head over an F16 KV cache, with online softmax (one pass, no
 /// score matrix): `out = Σ_c softmax(scale · q·k_c) v_c` over the logical cells `c < n_cells`
 /// of `kv` for which `visible(c)` holds, in logical order. Writes zeros if no cell is visible.
-#[allow(clippy::too_many_arguments)]
 pub fn attend_row(
     kind: AttnKernel,
     kernels: &crate::Kernels,
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: impl Fn(usize) -> bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
+    let Cells { kv, .. } = cells;
     if !kv.is_f16() {
-        return attend_quant(kernels, q, kv, n_cells, scale, visible, scratch, out);
+        return attend_quant(kernels, q, cells, scale, scratch, out);
     }
     if let AttnKernel::Split(chunk) = kind {
-        return attend_split(kernels, q, kv, n_cells, scale, &visible, chunk, scratch, out);
+        return attend_split(kernels, q, cells, scale, chunk, scratch, out);
     }
-    if kind == AttnKernel::Reference && attend_decode(kernels, q, kv, n_cells, scale, &visible, 0, scratch, out) {
+    if kind == AttnKernel::Reference && attend_decode(kernels, q, cells, scale, 0, scratch, out) {
         return;
     }
     match kind {
         #[cfg(target_arch = "x86_64")]
         AttnKernel::Reference if kernels.isa() >= crate::Isa::Avx2 => {
             // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
-            unsafe { x86::reference::attend_reference(q, kv, n_cells, scale, &visible, scratch, out) }
+            unsafe { x86::reference::attend_reference(q, cells, scale, scratch, out) }
         }
-        AttnKernel::Reference | AttnKernel::Split(_) => attend_reference(q, kv, n_cells, scale, visible, scratch, out),
+        AttnKernel::Reference | AttnKernel::Split(_) => attend_reference(q, cells, scale, scratch, out),
         AttnKernel::Tiled => {
-            if !tiled_group(kernels, q, kv, n_cells, scale, &visible, scratch, out) {
-                attend_tiled(q, kv, n_cells, scale, visible, scratch, out)
+            if !tiled_group(kernels, q, cells, scale, scratch, out) {
+                attend_tiled(q, cells, scale, scratch, out)
             }
         }
     }
@@ -67,19 +67,16 @@ pub fn attend_row(
 /// each 8-cell block of keys is loaded and transposed once for all of them; for the reference
 /// kernel, decode's (`x86::reference::attend_reference_group`), each key and value row is widened
 /// once. Every head gets the bits of its own `attend_row` call.
-#[allow(clippy::too_many_arguments)]
 pub fn attend_heads(
     kind: AttnKernel,
     kernels: &crate::Kernels,
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: impl Fn(usize) -> bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
-    attend_heads_from(kind, kernels, q, kv, n_cells, scale, visible, scratch, out, Rows::Memory)
+    attend_heads_from(kind, kernels, q, cells, scale, scratch, out, Rows::Memory)
 }
 
 /// Where the KV rows a call reads are expected: in memory (a decode step: the quantized-cache
@@ -97,40 +94,39 @@ fn attend_heads_from(
     kind: AttnKernel,
     kernels: &crate::Kernels,
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: impl Fn(usize) -> bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
     rows: Rows,
 ) {
-    if kind == AttnKernel::Tiled && tiled_group(kernels, q, kv, n_cells, scale, &visible, scratch, out) {
+    let Cells { kv, .. } = cells;
+    if kind == AttnKernel::Tiled && tiled_group(kernels, q, cells, scale, scratch, out) {
         return;
     }
     let kind = match kind {
-        AttnKernel::Split(chunk) if kv.is_f16() => return attend_split(kernels, q, kv, n_cells, scale, &visible, chunk, scratch, out),
+        AttnKernel::Split(chunk) if kv.is_f16() => return attend_split(kernels, q, cells, scale, chunk, scratch, out),
         AttnKernel::Split(_) => AttnKernel::Reference,
         k => k,
     };
     let hd = kv.head_dim;
-    if kind == AttnKernel::Reference && attend_decode(kernels, q, kv, n_cells, scale, &visible, 0, scratch, out) {
+    if kind == AttnKernel::Reference && attend_decode(kernels, q, cells, scale, 0, scratch, out) {
         return;
     }
     // A quantized cache always takes ggml's one-chunk path (`attend_row` ignores `kind` for it).
     if !kv.is_f16() && kv.v_type != DType::F16 && q.len() / hd <= scratch.gstate.len() {
-        return attend_quant_group(kernels, q, kv, n_cells, scale, &visible, scratch, out, rows == Rows::Memory);
+        return attend_quant_group(kernels, q, cells, scale, scratch, out, rows == Rows::Memory);
     }
     #[cfg(target_arch = "x86_64")]
     if kind == AttnKernel::Reference && kernels.isa() >= crate::Isa::Avx2 && kv.is_f16() && hd.is_multiple_of(8) && q.len() > hd {
         if let Some(bufs) = scratch.reference_buffers(q.len() / hd) {
             // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
-            unsafe { x86::reference::attend_reference_group(q, kv, n_cells, scale, &visible, bufs, out) };
+            unsafe { x86::reference::attend_reference_group(q, cells, scale, bufs, out) };
             return;
         }
     }
     for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
-        attend_row(kind, kernels, qh, kv, n_cells, scale, &visible, scratch, oh);
+        attend_row(kind, kernels, qh, cells, scale, scratch, oh);
     }
 }
 
@@ -146,18 +142,16 @@ pub fn has_simd(kernels: &crate::Kernels) -> bool {
 /// with NEON), if the cache is F16 and the head dimension one it takes; returns whether it
 /// ran. `split` > 0: ggml's split-KV decode over chunks of `split` cells
 /// (`attention::portable::fold`).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_decode(
     kernels: &crate::Kernels,
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: &dyn Fn(usize) -> bool,
     split: usize,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) -> bool {
+    let kv = cells.kv;
     if !(has_simd(kernels) && kv.is_f16() && chunks::supports(kv.head_dim)) {
         return false;
     }
@@ -167,22 +161,22 @@ pub(crate) fn attend_decode(
         if kernels.isa() == crate::Isa::Avx512 {
             // SAFETY: an Avx512 table is only built after detecting AVX-512 F/BW/VL/VNNI (and
             // AVX2, FMA, F16C).
-            unsafe { x86::decode::attend_decode_group(q, kv, n_cells, scale, visible, split, bufs, out) };
+            unsafe { x86::decode::attend_decode_group(q, cells, scale, split, bufs, out) };
         } else {
             // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
-            unsafe { x86::decode_avx2::attend_decode_group_avx2(q, kv, n_cells, scale, visible, split, bufs, out) };
+            unsafe { x86::decode_avx2::attend_decode_group_avx2(q, cells, scale, split, bufs, out) };
         }
         true
     }
     #[cfg(target_arch = "aarch64")]
     {
-        aarch64::decode::attend_decode_group(q, kv, n_cells, scale, visible, split, bufs, out);
+        aarch64::decode::attend_decode_group(q, cells, scale, split, bufs, out);
         true
     }
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         // `has_simd` is false here: never reached.
-        let _ = (n_cells, scale, visible, split, bufs, out);
+        let _ = (cells, scale, split, bufs, out);
         false
     }
 }
@@ -233,24 +227,22 @@ pub fn attend_rows(
     for (i, ((qr, or), span)) in q.iter().zip(out.iter_mut()).zip(spans).enumerate() {
         let lo = span.start;
         let rows = if i == 0 { Rows::Memory } else { Rows::Cached };
-        attend_heads_from(kind, kernels, qr, kv, span.end, scale, |c| c >= lo, scratch, or, rows);
+        let visible = |c| c >= lo;
+        attend_heads_from(kind, kernels, qr, Cells { kv, n: span.end, visible: &visible }, scale, scratch, or, rows);
     }
 }
 
 /// The tiled kernel's SIMD version (`x86::reference::attend_tiled_group`) over the `q.len() /
 /// head_dim` heads in `q`, if this table, cache and shape allow it; `false` if it did not run.
-#[allow(clippy::too_many_arguments)]
 fn tiled_group(
     kernels: &crate::Kernels,
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: &dyn Fn(usize) -> bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) -> bool {
-    let hd = kv.head_dim;
+    let (kv, hd) = (cells.kv, cells.kv.head_dim);
     #[cfg(target_arch = "x86_64")]
     if kernels.isa() >= crate::Isa::Avx2
         && kv.is_f16()
@@ -259,33 +251,30 @@ fn tiled_group(
     {
         if let Some(bufs) = scratch.group_buffers(q.len() / hd) {
             // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
-            unsafe { x86::reference::attend_tiled_group(q, kv, n_cells, scale, visible, bufs, out) };
+            unsafe { x86::reference::attend_tiled_group(q, cells, scale, bufs, out) };
             return true;
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (kernels, q, hd, n_cells, scale, visible, scratch, out);
+    let _ = (kernels, q, kv, hd, cells, scale, scratch, out);
     false
 }
 
 /// Split-KV attention of the `q.len() / head_dim` query heads in `q` over the visible cells
 /// `c < n_cells` of an F16 cache, in chunks of `chunk` cells: the decode kernels where they
 /// apply, otherwise the portable reference per head and chunk.
-#[allow(clippy::too_many_arguments)]
 fn attend_split(
     kernels: &crate::Kernels,
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: &dyn Fn(usize) -> bool,
     chunk: usize,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
     let chunk = chunk.max(1);
-    if attend_decode(kernels, q, kv, n_cells, scale, visible, chunk, scratch, out) {
+    if attend_decode(kernels, q, cells, scale, chunk, scratch, out) {
         return;
     }
-    portable::attend_split(q, kv, n_cells, scale, visible, chunk, scratch, out)
+    portable::attend_split(q, cells, scale, chunk, scratch, out)
 }

@@ -21,7 +21,7 @@
 //! finish; without them each head goes through the portable reference per chunk.
 
 use super::tiles::tile_step;
-use super::types::{AttnScratch, KvRows, DECODE_CHUNK, KV_TILE};
+use super::types::{AttnScratch, Cells, KvRows, DECODE_CHUNK, KV_TILE};
 use crate::exp::expf_ggml;
 use crate::matmul::portable::dot_f16_ggml;
 use crate::simd::reduce_add_16;
@@ -62,16 +62,14 @@ pub(crate) fn normalize_heads(acc: &[f32], state: &[[f32; 2]], head_dim: usize, 
 /// ggml's `one_chunk` kernel over a quantized cache: the query quantized to the key type's
 /// `vec_dot_type` and scored with the type's dot product; F16 values accumulated in F16 as in
 /// [`AttnKernel::Reference`], quantized values converted to f32 and accumulated in f32.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_reference(
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: impl Fn(usize) -> bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
+    let Cells { kv, n: n_cells, visible } = cells;
     let [_, s] = reference_partial(q, kv, 0..n_cells, scale, &visible, scratch);
     let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
     for (o, a) in out.iter_mut().zip(&scratch.acc16) {
@@ -120,16 +118,14 @@ pub(crate) fn reference_partial(
 
 /// ggml's tiled kernel, portable. The AVX2 version is `x86::reference::attend_tiled_group` (one or
 /// more heads of a GQA group at once), bit-identical to this per head.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_tiled(
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: impl Fn(usize) -> bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
+    let Cells { kv, n: n_cells, visible } = cells;
     scratch.acc.iter_mut().for_each(|a| *a = 0.0);
     let mut st = [f32::NEG_INFINITY, 0f32];
     let mut t0 = 0;
@@ -202,17 +198,15 @@ pub(crate) fn finish(fin: [f32; 2], out: &mut [f32]) {
 
 /// ggml's split-KV decode, portable: for each head, [`reference_partial`] restarted on every
 /// chunk of `chunk` cells, the partials folded in order.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_split(
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: &dyn Fn(usize) -> bool,
     chunk: usize,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
+    let Cells { kv, n: n_cells, visible } = cells;
     let hd = kv.head_dim;
     for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
         let mut fin = [f32::NEG_INFINITY, 0.0];

@@ -4,61 +4,53 @@
 
 use super::chunks::prefetch_ahead;
 use super::portable::{normalize_heads, softmax_steps};
-use super::types::{AttnScratch, KvRows, DECODE_CHUNK};
+use super::types::{AttnScratch, Cells, DECODE_CHUNK};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::has_fma;
 use crate::DType;
 use half::f16;
 
-#[allow(clippy::too_many_arguments)]
 pub(super) fn attend_quant(
     kernels: &crate::Kernels,
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: impl Fn(usize) -> bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     if has_fma() {
         // SAFETY: FMA support was detected.
-        return unsafe { attend_quant_fma(kernels, q, kv, n_cells, scale, &visible, scratch, out) };
+        return unsafe { attend_quant_fma(kernels, q, cells, scale, scratch, out) };
     }
-    attend_quant_body(kernels, q, kv, n_cells, scale, visible, scratch, out)
+    attend_quant_body(kernels, q, cells, scale, scratch, out)
 }
 
 /// [`attend_quant_body`] compiled with FMA: its `mul_add`s are one instruction instead of a
 /// libm call per element (the same bits; the call made Q8_0-cache decode 13× slower than F16).
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "fma")]
 fn attend_quant_fma(
     kernels: &crate::Kernels,
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: &dyn Fn(usize) -> bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
-    attend_quant_body(kernels, q, kv, n_cells, scale, visible, scratch, out)
+    attend_quant_body(kernels, q, cells, scale, scratch, out)
 }
 
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn attend_quant_body(
     kernels: &crate::Kernels,
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: impl Fn(usize) -> bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
+    let Cells { kv, n: n_cells, visible } = cells;
     let kops = kernels.ops(kv.k_type).expect("KV cache type checked at start-up");
     let qt = kops.vec_dot_type;
     let qq = &mut scratch.qq[..crate::row_bytes(qt, q.len())];
@@ -111,14 +103,11 @@ fn attend_quant_body(
 /// where the table has it), then each value row dequantized once for all heads and the f32
 /// accumulators updated (`acc · ms` where the maximum grew, then `fma(v, vs, acc)`). `ahead`:
 /// ask for the KV rows a chunk before they are read (they are in memory, not in cache).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn attend_quant_group(
     kernels: &crate::Kernels,
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: &dyn Fn(usize) -> bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
     ahead: bool,
@@ -126,41 +115,36 @@ pub(super) fn attend_quant_group(
     #[cfg(target_arch = "x86_64")]
     if kernels.isa() >= crate::Isa::Avx2 {
         // SAFETY: an Avx2 table is only built after detecting AVX2 and FMA.
-        return unsafe { attend_quant_group_avx2(kernels, q, kv, n_cells, scale, visible, scratch, out, ahead) };
+        return unsafe { attend_quant_group_avx2(kernels, q, cells, scale, scratch, out, ahead) };
     }
-    attend_quant_group_body(kernels, q, kv, n_cells, scale, visible, scratch, out, ahead)
+    attend_quant_group_body(kernels, q, cells, scale, scratch, out, ahead)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 fn attend_quant_group_avx2(
     kernels: &crate::Kernels,
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: &dyn Fn(usize) -> bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
     ahead: bool,
 ) {
-    attend_quant_group_body(kernels, q, kv, n_cells, scale, visible, scratch, out, ahead)
+    attend_quant_group_body(kernels, q, cells, scale, scratch, out, ahead)
 }
 
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn attend_quant_group_body(
     kernels: &crate::Kernels,
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: &dyn Fn(usize) -> bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
     ahead: bool,
 ) {
+    let Cells { kv, n: n_cells, visible } = cells;
     let hd = kv.head_dim;
     let heads = q.len() / hd;
     let kops = kernels.ops(kv.k_type).expect("KV cache type checked at start-up");

@@ -255,6 +255,16 @@ impl AttnScratch {
     }
 }
 
+/// The cells one attention call reads: the logical cells `c < n` of `kv` for which
+/// `visible(c)` holds (the causal limit, a sliding window, cells hidden from a sequence), in
+/// logical order.
+#[derive(Clone, Copy)]
+pub struct Cells<'a> {
+    pub kv: &'a KvRows<'a>,
+    pub n: usize,
+    pub visible: &'a dyn Fn(usize) -> bool,
+}
+
 /// The K and V rows of one KV head in a paged cache. Logical cell `i` (the token at position
 /// `i` of the sequence) lives in physical row `table[i >> shift] << shift | i & mask`: the cache
 /// is cut into blocks of `1 << shift` rows and `table` lists the sequence's blocks in order.

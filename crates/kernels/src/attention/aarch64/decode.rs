@@ -17,7 +17,7 @@
 
 use crate::attention::chunks::{ask_share, drive, ChunkRows};
 use crate::attention::portable::softmax_steps;
-use crate::attention::types::{DecodeBuffers, KvRows, DECODE_CHUNK as CHUNK};
+use crate::attention::types::{Cells, DecodeBuffers, DECODE_CHUNK as CHUNK};
 use crate::simd::aarch64::{load_f16x4, load_f16x8, reduce_add_16x4, round_f16x4};
 use half::f16;
 use std::arch::aarch64::*;
@@ -28,20 +28,18 @@ const HEADS: usize = 16;
 /// Attention of the `q.len() / head_dim` query heads of one KV head over the visible cells
 /// `c < n_cells` of an F16 cache (`chunks::supports(head_dim)`); every head gets the bits of
 /// `attention::portable::attend_reference`, or with `split` > 0 of ggml's split-KV decode.
-#[allow(clippy::too_many_arguments)]
 pub fn attend_decode_group(
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: &dyn Fn(usize) -> bool,
     split: usize,
     bufs: DecodeBuffers,
     out: &mut [f32],
 ) {
+    let Cells { kv, .. } = cells;
     let heads = q.len() / kv.head_dim;
     let steps = kv.head_dim / 64;
-    drive(q, kv, n_cells, visible, split, bufs, out, |rows, b| {
+    drive(q, cells, split, bufs, out, |rows, b| {
         // SAFETY: every pointer starts a row of `head_dim` = 64·S F16 values of `kv`; `drive`
         // checked the head dimension (`supports`) and the buffers' sizes.
         unsafe {

@@ -21,7 +21,7 @@
 
 use crate::attention::chunks::{ask_share, drive, ChunkRows};
 use crate::attention::portable::softmax_steps;
-use crate::attention::types::{DecodeBuffers, KvRows, DECODE_CHUNK as CHUNK};
+use crate::attention::types::{Cells, DecodeBuffers, DECODE_CHUNK as CHUNK};
 use crate::exp::x86::expf_slice;
 use crate::simd::x86::reduce_add_ps16;
 use crate::simd::{prefetch_lines, CacheLevel};
@@ -32,21 +32,19 @@ use std::arch::x86_64::*;
 /// `c < n_cells` of an F16 cache (`supports(head_dim)`); every head gets the bits of
 /// `attention::portable::attend_reference`, or with `split` > 0 of ggml's split-KV decode over chunks of
 /// `split` cells (`attention::portable::fold`).
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
 pub fn attend_decode_group(
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: &dyn Fn(usize) -> bool,
     split: usize,
     bufs: DecodeBuffers,
     out: &mut [f32],
 ) {
+    let Cells { kv, .. } = cells;
     let heads = q.len() / kv.head_dim;
     let steps = kv.head_dim / 64;
-    drive(q, kv, n_cells, visible, split, bufs, out, |rows, b| {
+    drive(q, cells, split, bufs, out, |rows, b| {
         // SAFETY: every pointer starts a row of `head_dim` F16 values of `kv`; `drive` checked
         // the head dimension (`supports`) and the buffers' sizes; the caller of
         // `attend_decode_group` checked the CPU features.

@@ -10,7 +10,7 @@
 
 use crate::attention::chunks::{ask_share, drive};
 use crate::attention::portable::softmax_steps;
-use crate::attention::types::{DecodeBuffers, KvRows, DECODE_CHUNK};
+use crate::attention::types::{Cells, DecodeBuffers, DECODE_CHUNK};
 use crate::exp::x86::expf_slice_avx2;
 use crate::simd::{prefetch_lines, CacheLevel};
 use half::f16;
@@ -18,21 +18,19 @@ use std::arch::x86_64::*;
 
 /// Attention of the `q.len() / head_dim` query heads of one KV head over the visible cells
 /// `c < n_cells` of an F16 cache (`chunks::supports(head_dim)`).
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn attend_decode_group_avx2(
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: &dyn Fn(usize) -> bool,
     split: usize,
     bufs: DecodeBuffers,
     out: &mut [f32],
 ) {
+    let Cells { kv, .. } = cells;
     let hd = kv.head_dim;
     let heads = q.len() / hd;
-    drive(q, kv, n_cells, visible, split, bufs, out, |rows, b| {
+    drive(q, cells, split, bufs, out, |rows, b| {
         let (kr, vr) = (rows.k, rows.v);
         for (i, &kp) in kr.iter().enumerate() {
             // Value row i into L1 for phase 2 (asked for into L2 a chunk earlier); the rows

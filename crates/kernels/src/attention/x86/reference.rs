@@ -9,24 +9,22 @@
 #![allow(clippy::missing_safety_doc)]
 
 use super::softmax::tile_softmax;
-use crate::attention::types::{AttnScratch, GroupBuffers, KvRows, ReferenceBuffers, KV_TILE};
+use crate::attention::types::{AttnScratch, Cells, GroupBuffers, KvRows, ReferenceBuffers, KV_TILE};
 use crate::matmul::x86::avx2::dot_f16_ggml;
 use crate::simd::x86::{fold_ggml, h2f, load_ph, transpose8, widen};
 use half::f16;
 use std::arch::x86_64::*;
 
 /// The reference kernel with F16C: see `attention::portable::attend_reference` for the algorithm.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn attend_reference(
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: &dyn Fn(usize) -> bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
+    let Cells { kv, n: n_cells, visible } = cells;
     let hd = q.len();
     let body = hd & !7;
     let (q16, acc16, v32) = scratch.f16_buffers();
@@ -122,17 +120,15 @@ fn dot_f32_ggml(x: &[f32], y: &[f32]) -> f32 {
 /// each key and value row is converted once for all heads and the F16-rounded queries are
 /// widened once; per head every operation is `attend_reference`'s, in the same order, so the
 /// bits are equal. `head_dim % 8 == 0`.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn attend_reference_group(
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: &dyn Fn(usize) -> bool,
     bufs: ReferenceBuffers,
     out: &mut [f32],
 ) {
+    let Cells { kv, n: n_cells, visible } = cells;
     let hd = kv.head_dim;
     let heads = q.len() / hd;
     let (qf, acc16, state, k32, v32) = bufs;
@@ -201,17 +197,15 @@ fn scores8_heads(q: &[f32], kv: &KvRows, c0: usize, out: &mut [f32], stride: usi
 /// once: keys transposed once per 8-cell block and values converted once per cell for all
 /// heads; per head, every operation is the single-head kernel's, in the same order, so the
 /// bits are equal. `head_dim % 8 == 0`; at most 16 heads.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn attend_tiled_group(
     q: &[f32],
-    kv: &KvRows,
-    n_cells: usize,
+    cells: Cells,
     scale: f32,
-    visible: &dyn Fn(usize) -> bool,
     bufs: GroupBuffers,
     out: &mut [f32],
 ) {
+    let Cells { kv, n: n_cells, visible } = cells;
     let hd = kv.head_dim;
     let heads = q.len() / hd;
     let (scores, acc, state, v32) = bufs;
