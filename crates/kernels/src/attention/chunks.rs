@@ -1,6 +1,8 @@
 //! The chunk driver every decode kernel shares (`x86::decode` with AVX-512, `x86::decode_avx2`,
 //! `aarch64::decode` with NEON): the queries rounded to F16, the visible cells gathered
-//! [`CHUNK`] at a time as key and value row pointers, the outputs normalised, or with ggml's
+//! [`CHUNK`] at a time as key and value row pointers — each chunk's before the previous one is
+//! computed, so the kernel asks for its rows while it computes ([`ask_share`]), and after the
+//! last chunk the worker's next item's first rows —, the outputs normalised, or with ggml's
 //! split-KV decode each range's partial folded as ggml combines them.
 #![allow(clippy::missing_safety_doc)]
 
