@@ -81,10 +81,10 @@ impl KvCache {
         // All layers together, before any is populated.
         crate::memory::ensure_available(total as usize).map_err(err)?;
         // Slot offsets of parts → byte offsets in the K (or V) buffer, layer after layer.
-        let bytes_place = |t: DType, layer: usize| match place {
+        let bytes_place = |t: DType, per_layer: usize| match place {
             Place::Parts(parts) => {
                 let slot = n_cells * corelm_kernels::row_bytes(t, head_dim);
-                let parts = (0..n_layer).flat_map(|l| parts.iter().map(move |(s, p)| (l * layer + s * slot, p.clone())));
+                let parts = (0..n_layer).flat_map(|l| parts.iter().map(move |(s, p)| (l * per_layer + s * slot, p.clone())));
                 Place::Parts(parts.collect())
             }
             p => p.clone(),

@@ -631,7 +631,7 @@ impl Ctx<'_> {
                         let r = nb * per_block;
                         (rows_of(self.batch.seq[r], shard.kv_base + nkvh), span_of(r))
                     });
-                    scratch.attn.read_next(next.as_ref().map(|(kv, cells)| (kv, cells.clone())));
+                    scratch.attn.read_next(next);
                     // Rows of one sequence go to the kernel together.
                     let mut r0 = block.start;
                     while r0 < block.end {

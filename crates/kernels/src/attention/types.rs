@@ -211,7 +211,7 @@ impl AttnScratch {
     /// The cells `cells` of `kv` (up to the first [`DECODE_CHUNK`] of them) are what this
     /// worker's next attention call reads first; `None`: nothing known. The decode kernels ask
     /// for their rows while computing their last chunk ([`NextRows`]).
-    pub fn read_next(&mut self, next: Option<(&KvRows, std::ops::Range<usize>)>) {
+    pub fn read_next(&mut self, next: Option<(KvRows, std::ops::Range<usize>)>) {
         let nr = &mut self.next;
         nr.n = 0;
         if let Some((kv, cells)) = next {
