@@ -196,6 +196,11 @@ pub(crate) struct CacheArgs {
     /// Element type of cached values: f16, q8_0 or q4_0.
     #[arg(long = "cache-type-v", short = 'v', default_value = "f16", value_parser = corelm_engine::parse_cache_type)]
     pub cache_type_v: DType,
+    /// Layout of cached keys: rows (ggml's; its algorithms and bits) or columns (transposed per
+    /// block of 16 cells as they are stored, for the AVX-512 and SME column-key kernels; not
+    /// llama.cpp's bits; F16 keys and values).
+    #[arg(long = "kv-layout", default_value = "rows", value_parser = corelm_engine::parse_kv_layout)]
+    pub kv_layout: corelm_kernels::attention::KeyLayout,
 }
 
 #[derive(Subcommand)]
@@ -370,6 +375,7 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         batch_invariant: m.kernels.batch_invariant,
         cache_type_k: m.kernels.cache.cache_type_k,
         cache_type_v: m.kernels.cache.cache_type_v,
+        kv_layout: m.kernels.cache.kv_layout,
         fast_prefill: m.kernels.fast_prefill,
         repack: !m.kernels.no_repack,
         isa: None, // the process default, which `--isa` set

@@ -27,6 +27,7 @@
 use crate::memory::ActLayout;
 use crate::tensor::*;
 use crate::tp::TpPlan;
+use corelm_kernels::attention::KeyLayout;
 use corelm_kernels::{DType, Kernels};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -186,6 +187,8 @@ pub struct Builder<'k> {
     sparse: Option<Arc<SparseFfn>>,
     /// The next layer's predicted firing, made in the current layer (`predicted_firing`).
     prediction: Option<(usize, TensorId)>,
+    /// How the KV cache the graph writes lays its keys out.
+    key_layout: KeyLayout,
 }
 
 impl<'k> Builder<'k> {
@@ -211,7 +214,14 @@ impl<'k> Builder<'k> {
             lists: Vec::new(),
             sparse: None,
             prediction: None,
+            key_layout: KeyLayout::Rows,
         }
+    }
+
+    /// Store keys in `layout` (the KV cache's, `--kv-layout`).
+    pub fn with_key_layout(mut self, layout: KeyLayout) -> Self {
+        self.key_layout = layout;
+        self
     }
 
     /// Lay activations out in `layout`'s regions (those of the pools the graph will run on)
@@ -582,7 +592,8 @@ impl<'k> Builder<'k> {
             b.check_src(k);
             b.check_src(v);
             let kv_base = b.shard().map_or(0, |(plan, s)| plan.kv_base[s]) as u32;
-            b.push([0, 0], DType::F32, Op::KvStore { layer: layer as u32, k, v, kv_base }, Storage::None)
+            let keys = b.key_layout;
+            b.push([0, 0], DType::F32, Op::KvStore { layer: layer as u32, k, v, kv_base, keys }, Storage::None)
         });
     }
 

@@ -1,8 +1,9 @@
 //! Paged KV cache: the storage (preallocated, one buffer for every layer's keys and one for
 //! their values so they get 2 MB pages; per layer laid out as its reader wants it —
 //! `[kv_head][row][head_dim]`, so attention for one head reads contiguous rows; each row F16,
-//! or Q8_0 / Q4_0 blocks when K or V is quantized) and the [`Blocks`] that hand it out to
-//! sequences.
+//! or Q8_0 / Q4_0 blocks when K or V is quantized; with `--kv-layout columns` each block's F16
+//! keys transposed, `[head_dim][BLOCK]`, for the column-key kernels) and the [`Blocks`] that
+//! hand it out to sequences.
 //!
 //! Rows are grouped into blocks of [`BLOCK`] rows. Each sequence owns a block table; the token
 //! at position `p` of a sequence lives in row `table[p / BLOCK] * BLOCK + p % BLOCK`, so a
@@ -18,6 +19,7 @@
 //! block with a key is full and never written again.
 
 use crate::memory::{AllocError, Buffer, Place};
+use corelm_kernels::attention::KeyLayout;
 use corelm_kernels::DType;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -30,6 +32,10 @@ const NIL: u32 = u32::MAX;
 /// Key of the empty prefix.
 const ROOT: u64 = 0x9E37_79B9_7F4A_7C15;
 
+/// Largest head dimension of a cache with keys in columns (the store converts a key on the
+/// stack).
+pub const COLUMNS_MAX_HEAD_DIM: usize = 1024;
+
 /// Element types a KV cache row may have.
 pub const KV_TYPES: [DType; 3] = [DType::F16, DType::Q8_0, DType::Q4_0];
 
@@ -41,7 +47,10 @@ pub struct KvCache {
     pub head_dim: usize,
     pub k_type: DType,
     pub v_type: DType,
-    /// `[layer][kv_head][row][row bytes]` keys and values.
+    /// How the keys are laid out (`--kv-layout`): rows, or (F16 only) transposed per block for
+    /// the column-key kernels ([`KvCache::set_key_layout`]).
+    pub k_layout: KeyLayout,
+    /// `[layer][kv_head][row][row bytes]` keys and values (keys in `k_layout`).
     k: Buffer,
     v: Buffer,
     /// Bytes of one layer's K and V.
@@ -104,8 +113,23 @@ impl KvCache {
             k: Buffer::new(k_all, &kp).map_err(err)?,
             v: Buffer::new(v_all, &vp).map_err(err)?,
             layer_bytes: (kb, vb),
+            k_layout: KeyLayout::Rows,
             blocks: Blocks::new(n_blocks, n_seq),
         })
+    }
+
+    /// Store keys in `layout` from now on (before any token is stored). The column layout
+    /// needs F16 keys and values; its blocks are the cache's.
+    pub fn set_key_layout(&mut self, layout: KeyLayout) -> Result<(), String> {
+        if layout == KeyLayout::Columns && (self.k_type != DType::F16 || self.v_type != DType::F16) {
+            return Err(format!("keys in columns need F16 keys and values, the cache has {} keys and {} values", self.k_type, self.v_type));
+        }
+        if layout == KeyLayout::Columns && self.head_dim > COLUMNS_MAX_HEAD_DIM {
+            return Err(format!("keys in columns take head dimensions up to {COLUMNS_MAX_HEAD_DIM}, the model's is {}", self.head_dim));
+        }
+        const _: () = assert!(BLOCK == corelm_kernels::attention::KEY_COLUMNS);
+        self.k_layout = layout;
+        Ok(())
     }
 
     /// Total bytes of K and V.

@@ -2,6 +2,7 @@
 //! the op that produces it and its sources) and where its bytes are (a [`Storage`]); the bytes
 //! themselves live in the model mapping, the activation pools, the output pool or the KV cache.
 
+use corelm_kernels::attention::KeyLayout;
 use corelm_kernels::DType;
 
 /// Index of a tensor in its graph's arena.
@@ -164,8 +165,8 @@ pub enum Op {
     /// divisors (`n_rot / 2` f32).
     Rope { x: TensorId, p: RopeParams, freqs: Option<TensorId> },
     /// Write K and V rows (one head after another) into the cache cells the batch was given,
-    /// head `h` into cache slot `kv_base + h`.
-    KvStore { layer: u32, k: TensorId, v: TensorId, kv_base: u32 },
+    /// head `h` into cache slot `kv_base + h`, the keys in the layout `keys` (the cache's).
+    KvStore { layer: u32, k: TensorId, v: TensorId, kv_base: u32, keys: KeyLayout },
     /// Fused attention of each query head over the cache (`p` counts the node's own heads).
     Attention { layer: u32, q: TensorId, p: AttnParams, shard: AttnShard },
     /// Gated activation.
@@ -293,8 +294,12 @@ pub enum Layout {
     /// FFN, which skips a neuron by skipping its row.
     NeuronMajor,
     /// Rows written into the KV cache (a key row and a value row per cell and KV head, in the
-    /// cache's type): what the attention kernels read, with no transposition.
+    /// cache's type): what ggml's attention kernels read.
     KvCells,
+    /// Keys written into the KV cache transposed per block of 16 cells (`[head_dim][16]`
+    /// F16), values as rows: what the column-key kernels (`attention::matrix`: AVX-512, the
+    /// SME matrix unit) read, with no transposition while they run.
+    KvColumns,
     /// No bytes of its own (an accelerator hand-off).
     Nothing,
 }
@@ -305,6 +310,7 @@ impl Tensor {
         match (self.storage, self.op) {
             (Storage::Weight { copy: Some(WeightCopy { interleaved: true, .. }), .. }, _) => Layout::Interleaved,
             (Storage::Weight { form: WeightForm::NeuronMajor { .. } | WeightForm::ColdNeuronMajor { .. }, .. }, _) => Layout::NeuronMajor,
+            (Storage::None, Op::KvStore { keys: KeyLayout::Columns, .. }) => Layout::KvColumns,
             (Storage::None, Op::KvStore { .. }) => Layout::KvCells,
             (Storage::None, _) => Layout::Nothing,
             _ => Layout::Rows,

@@ -18,6 +18,7 @@ use corelm_core::sched::matmul::WorkerClass;
 use corelm_core::tp::{lcm, TpDims, TpPlan};
 use corelm_core::{BatchView, Builder, Executor, Graph, NumaMode, Placement, KvCache, PackedWeights, PoolConfig, Pools, Profile, ThreadPool, Weights};
 use corelm_gguf::Gguf;
+use corelm_kernels::attention::KeyLayout;
 use corelm_kernels::{DType, Isa, Kernels};
 use corelm_models::{Hyper, Model};
 use std::collections::HashMap;
@@ -53,6 +54,11 @@ pub struct EngineConfig {
     /// Q4_0), like llama.cpp's `--cache-type-k/-v`.
     pub cache_type_k: DType,
     pub cache_type_v: DType,
+    /// How cached keys are laid out (`--kv-layout`): `Rows` (ggml's, its algorithms and bits)
+    /// or `Columns` (transposed per block of 16 cells as they are stored, read by
+    /// `corelm_kernels::attention::matrix` — AVX-512 or the SME matrix unit —, not ggml's
+    /// bits; F16 keys and values only).
+    pub kv_layout: KeyLayout,
     /// Prefill matmuls of Q4_0/Q5_0/Q8_0/Q4_1/Q5_1/Q4_K/Q5_K weights through the panel GEMM
     /// (`kernels::matmul::gemm`, AVX-512 VNNI or AVX2): faster prefill than the tiles on AVX2,
     /// slower on AVX-512 (README); the float
@@ -110,6 +116,7 @@ impl Default for EngineConfig {
             batch_invariant: false,
             cache_type_k: DType::F16,
             cache_type_v: DType::F16,
+            kv_layout: KeyLayout::Rows,
             fast_prefill: false,
             repack: true,
             isa: None,
@@ -120,6 +127,15 @@ impl Default for EngineConfig {
             accel: None,
             accel_split: false,
         }
+    }
+}
+
+/// Parse a key layout name (`--kv-layout`): `rows` or `columns`.
+pub fn parse_kv_layout(s: &str) -> Result<KeyLayout, String> {
+    match s {
+        "rows" => Ok(KeyLayout::Rows),
+        "columns" => Ok(KeyLayout::Columns),
+        _ => Err(format!("unknown key layout {s:?} (rows, columns)")),
     }
 }
 
@@ -202,6 +218,7 @@ fn build_graph(
     let mut b = Builder::new(kernels, n_tokens, n_out)
         .with_tp(tp.clone(), cfg.tp_sync)
         .with_sparsity(cfg.sparsity.clone())
+        .with_key_layout(cfg.kv_layout)
         .with_act_layout(layout.cloned());
     let out = model.build(&mut b);
     b.finish(&out)
@@ -555,8 +572,9 @@ impl Engine {
             }
             _ => placement.memory.clone(),
         };
-        let kv = KvCache::new(h.n_layer, cfg.n_ctx, kv_slots, h.head_dim, types, cfg.n_seq_max, &kv_place)
+        let mut kv = KvCache::new(h.n_layer, cfg.n_ctx, kv_slots, h.head_dim, types, cfg.n_seq_max, &kv_place)
             .map_err(|e| Error::Config(format!("KV cache for a context of {} tokens: {e}", cfg.n_ctx)))?;
+        kv.set_key_layout(cfg.kv_layout).map_err(|e| Error::Config(format!("--kv-layout columns: {e}")))?;
         let cpus = if cfg.pin { worker_cpus } else { vec![] };
         let mut pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
         if tp.is_some() {

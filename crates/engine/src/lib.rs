@@ -35,7 +35,7 @@ pub mod sample;
 pub mod sparsity;
 pub mod tokenizer;
 
-pub use engine::{parse_cache_type, Batch, Engine, EngineConfig, Logits};
+pub use engine::{parse_cache_type, parse_kv_layout, Batch, Engine, EngineConfig, Logits};
 pub use tokenizer::{Tokenizer, Utf8Stream};
 pub use corelm_core::graph::TpSync;
 pub use corelm_core::{NumaMode, Placement, Profile, ProfileEntry, SparseFfn};

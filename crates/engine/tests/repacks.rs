@@ -1,8 +1,10 @@
 //! Invariant (SMEPilot's layout state): every tensor of a planned graph knows its layout, and
 //! nothing on the per-token path re-lays weights out. The process-wide counter of weight
 //! re-layouts (`corelm_kernels::matmul::layout::repacks`) is read around a prompt and 16
-//! single-token decodes of real models. Its own test binary: no other test loads models
-//! concurrently and moves the counter.
+//! single-token decodes of real models; so is the counter of key chunks that attention
+//! transposes while it runs (`corelm_kernels::attention::key_transposes`), which a cache with
+//! keys stored in columns (`--kv-layout columns`) must keep at zero. Its own test binary: no
+//! other test loads models concurrently and moves the counters.
 
 mod common;
 
@@ -10,7 +12,11 @@ use common::*;
 use corelm_core::tensor::{Layout, Op};
 use corelm_engine::sample::argmax;
 use corelm_engine::{Batch, EngineConfig};
+use corelm_kernels::attention::{key_transposes, KeyLayout};
 use corelm_kernels::matmul::layout::repacks;
+
+/// The tests of this binary one at a time: each moves the process-wide counters the other reads.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// (re-layouts while prefilling `prompt`, while decoding 16 tokens after it).
 fn count(engine: &mut corelm_engine::Engine, prompt: &[u32]) -> (u64, u64) {
@@ -31,6 +37,7 @@ fn count(engine: &mut corelm_engine::Engine, prompt: &[u32]) -> (u64, u64) {
 
 #[test]
 fn decoding_relayouts_nothing_and_every_tensor_has_its_layout() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // SmolLM2 (Q4_1, Q8_0 head) and Qwen2.5 (Q5_0, Q4_K, Q6_K, Q8_0 head), default config.
     for file in [MODELS[0].1, MODELS[2].1] {
         let before = repacks();
@@ -79,4 +86,45 @@ fn decoding_relayouts_nothing_and_every_tensor_has_its_layout() {
             assert!(prefill > 0, "{name}: the panel GEMM's per-call decode is counted");
         }
     }
+}
+
+/// Keys stored in columns by the node that writes them: the graph says so, and neither a
+/// prompt long enough for the tiled kernels (which transpose key rows per call) nor decoding
+/// transposes a key; with keys as rows the same prompt does (so the count is live). The
+/// answers stay close to ggml's algorithm's: the same greedy tokens over the decode.
+#[test]
+fn keys_in_columns_are_never_transposed_per_token() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let file = MODELS[0].1;
+    let mut tokens = Vec::new();
+    for (layout, name) in [(KeyLayout::Rows, "rows"), (KeyLayout::Columns, "columns")] {
+        let (mut engine, tok) = load(file, EngineConfig { kv_layout: layout, ..test_config(2) });
+        let prompt = tok.encode(&"The weather today is sunny and warm, so we walked to the park by the river. ".repeat(5), true, true).unwrap();
+        assert!(prompt.len() >= corelm_kernels::attention::TILED_MIN_ROWS, "a prompt the tiled kernels run on");
+        let g = engine.graph(prompt.len(), 1);
+        let want = if layout == KeyLayout::Columns { Layout::KvColumns } else { Layout::KvCells };
+        assert!(g.tensors.iter().filter(|t| matches!(t.op, Op::KvStore { .. })).all(|t| t.layout() == want), "{name}: KV store layouts");
+        let t0 = key_transposes();
+        let mut b = Batch::with_capacity(128);
+        for (i, &t) in prompt.iter().enumerate() {
+            b.add(t, i as i32, 0, i + 1 == prompt.len());
+        }
+        let mut next = argmax(engine.decode(&b).unwrap().row(0));
+        let t1 = key_transposes();
+        let mut out = vec![next];
+        for pos in prompt.len()..prompt.len() + 16 {
+            b.clear();
+            b.add(next, pos as i32, 0, true);
+            next = argmax(engine.decode(&b).unwrap().row(0));
+            out.push(next);
+        }
+        let t2 = key_transposes();
+        if layout == KeyLayout::Columns {
+            assert_eq!((t1 - t0, t2 - t1), (0, 0), "keys in columns: key chunks transposed while prefilling, decoding");
+        } else if corelm_kernels::attention::has_simd(engine.kernels()) {
+            assert!(t1 > t0, "keys as rows: the tiled kernels' transposes are counted");
+        }
+        tokens.push(out);
+    }
+    assert_eq!(tokens[0], tokens[1], "greedy tokens with keys as rows and in columns");
 }

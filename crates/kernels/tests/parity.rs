@@ -219,7 +219,7 @@ fn attention_simd_twin_is_bit_identical() {
 /// types, SIMD and portable tables agreeing.
 #[test]
 fn attention_over_quantized_cache() {
-    use corelm_kernels::attention::{attend_row, AttnKernel, AttnScratch, Cells, KvRows};
+    use corelm_kernels::attention::{attend_row, AttnKernel, AttnScratch, Cells, KeyLayout, KvRows};
     let mut rng = Rng(7);
     let (fast, port) = (Kernels::detect(), Kernels::portable());
     let (hd, cells) = (64usize, 45usize);
@@ -249,7 +249,7 @@ fn attention_over_quantized_cache() {
         (DType::Q4_0, DType::Q4_0, 1.0),
     ] {
         let (kb, vb) = (enc(kt, &k), enc(vt, &v));
-        let rows = KvRows { k: &kb, v: &vb, k_type: kt, v_type: vt, head_dim: hd, table: &ident, shift: 0 };
+        let rows = KvRows { k: &kb, v: &vb, k_type: kt, v_type: vt, head_dim: hd, table: &ident, shift: 0, k_layout: KeyLayout::Rows };
         let mut s = AttnScratch::new(hd);
         let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
         attend_row(AttnKernel::Reference, &fast, &q, Cells { kv: &rows, n: cells, visible: &|_| true }, 0.125, &mut s, &mut a);
@@ -912,7 +912,7 @@ fn ggml_expf_scalar_equals_avx512() {
 /// chunk boundaries and masks (including nothing visible).
 #[test]
 fn grouped_quantized_cache_attention_equals_per_head() {
-    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, Cells, KvRows};
+    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, Cells, KeyLayout, KvRows};
     let mut rng = Rng(31);
     let hd = 64usize;
     for (heads, cells) in [(3usize, 45usize), (7, 130), (1, 64), (4, 65)] {
@@ -931,7 +931,7 @@ fn grouped_quantized_cache_attention_equals_per_head() {
             };
             for (kt, vt) in [(DType::Q8_0, DType::Q8_0), (DType::Q4_0, DType::Q4_0), (DType::F16, DType::Q8_0), (DType::Q8_0, DType::Q4_0)] {
                 let (kb, vb) = (enc(kt, &k), enc(vt, &v));
-                let rows = KvRows { k: &kb, v: &vb, k_type: kt, v_type: vt, head_dim: hd, table: &ident, shift: 0 };
+                let rows = KvRows { k: &kb, v: &vb, k_type: kt, v_type: vt, head_dim: hd, table: &ident, shift: 0, k_layout: KeyLayout::Rows };
                 let masks: [&dyn Fn(usize) -> bool; 3] = [&|_| true, &|c| c % 5 != 3, &|_| false];
                 // Prefill rows (`Tiled`) take ggml's one-chunk path too on a quantized cache.
                 for (vis, kind) in masks.into_iter().flat_map(|m| [(m, AttnKernel::Reference), (m, AttnKernel::Tiled)]) {

@@ -578,7 +578,10 @@ impl Ctx<'_> {
                     }
                 }
             }
-            Op::KvStore { layer, k, v, kv_base } => self.kv_store(layer as usize, k, v, kv_base as usize, ith, nth),
+            Op::KvStore { layer, k, v, kv_base, keys } => {
+                assert_eq!(keys, self.kv.k_layout, "a graph planned for another key layout than its cache's");
+                self.kv_store(layer as usize, k, v, kv_base as usize, ith, nth)
+            }
             Op::Attention { layer, q, p, shard } => {
                 let q = self.f32s(q);
                 let kv = self.kv;
@@ -612,6 +615,7 @@ impl Ctx<'_> {
                             head_dim: hd,
                             table: kv.blocks.table(seq as usize),
                             shift: crate::kv::BLOCK_SHIFT,
+                            k_layout: kv.k_layout,
                         }
                     }
                 };
@@ -819,20 +823,29 @@ impl Ctx<'_> {
         assert!(kv_base + ne0 / hd <= kv.n_kv_head, "KV slots {kv_base}.. past the cache's {}", kv.n_kv_head);
         let quant = |t| self.kernels.from_float(t).expect("KV cache type checked at start-up");
         let (qk, qv) = (quant(kv.k_type), quant(kv.v_type));
+        // One F16 key (keys in columns), on the stack.
+        let mut key_row = [0u8; 2 * crate::kv::COLUMNS_MAX_HEAD_DIM];
+        assert!(kv.k_layout == attention::KeyLayout::Rows || krb <= key_row.len(), "head dimension {hd} past {}", crate::kv::COLUMNS_MAX_HEAD_DIM);
         for r in split(self.batch.tokens.len(), ith, nth) {
             let slot = self.batch.slots[r] as usize;
             for h in 0..ne0 / hd {
                 let row = (kv_base + h) * cells + slot;
                 let src = r * ne0 + h * hd..r * ne0 + (h + 1) * hd;
-                // SAFETY: each token has its own slot (engine invariant), so rows written by
-                // different workers are disjoint; row < n_kv_head * cells, the storage size.
-                let (kd, vd) = unsafe {
-                    (
-                        std::slice::from_raw_parts_mut(kp.add(row * krb), krb),
-                        std::slice::from_raw_parts_mut(vp.add(row * vrb), vrb),
-                    )
-                };
-                qk(&k[src.clone()], kd);
+                if kv.k_layout == attention::KeyLayout::Columns {
+                    // The row's F16 from the row writer's converter, then scattered.
+                    let key = &mut key_row[..krb];
+                    qk(&k[src.clone()], key);
+                    // SAFETY: the cell's block of this head lies inside the storage (cells is a
+                    // whole number of blocks); each token has its own slot (engine invariant), so
+                    // this worker alone writes the cell's elements.
+                    unsafe { attention::matrix::store_key_at(kp.add((row - row % crate::kv::BLOCK) * krb), row % crate::kv::BLOCK, key) };
+                } else {
+                    // SAFETY: each token has its own slot (engine invariant), so rows written by
+                    // different workers are disjoint; row < n_kv_head * cells, the storage size.
+                    qk(&k[src.clone()], unsafe { std::slice::from_raw_parts_mut(kp.add(row * krb), krb) });
+                }
+                // SAFETY: as for a key row.
+                let vd = unsafe { std::slice::from_raw_parts_mut(vp.add(row * vrb), vrb) };
                 qv(&v[src], vd);
             }
         }

@@ -5,13 +5,16 @@
 //! an F16 cache). Portable versions here; SIMD twins in [`x86`] (AVX2, AVX-512) and
 //! [`aarch64`] (NEON), chosen from the kernel table ([`has_simd`]), bit-identical per head.
 //! Every kernel takes what a query reads as one [`Cells`]: the KV head's rows, how many
-//! logical cells, and which of them are visible.
+//! logical cells, and which of them are visible. A cache whose keys are stored in columns
+//! ([`KeyLayout::Columns`], opt-in) is read only by [`matrix`]'s kernels, whatever the
+//! algorithm asked for.
 
 use crate::DType;
 
 #[cfg(target_arch = "aarch64")]
 pub mod aarch64;
 mod chunks;
+pub mod matrix;
 pub mod portable;
 mod quant;
 mod tiles;
@@ -22,7 +25,7 @@ pub mod x86;
 pub use portable::softmax_steps;
 use portable::{attend_reference, attend_tiled};
 use quant::{attend_quant, attend_quant_group};
-pub use types::{AttnKernel, AttnScratch, Cells, GroupBuffers, KvRows, ReferenceBuffers, RowsScratch, TileWork, DECODE_CHUNK, KV_TILE, ROWS_MAX_VECTORS, TILED_MIN_ROWS};
+pub use types::{key_transposes, AttnKernel, AttnScratch, Cells, GroupBuffers, KeyLayout, KvRows, KEY_COLUMNS, ReferenceBuffers, RowsScratch, TileWork, DECODE_CHUNK, KV_TILE, ROWS_MAX_VECTORS, TILED_MIN_ROWS};
 
 /// Fused attention for one query head over an F16 KV cache, with online softmax (one pass, no
 /// score matrix): `out = Σ_c softmax(scale · q·k_c) v_c` over the logical cells `c < n_cells`
@@ -37,6 +40,9 @@ pub fn attend_row(
     out: &mut [f32],
 ) {
     let Cells { kv, .. } = cells;
+    if kv.k_layout == KeyLayout::Columns {
+        return matrix::attend_heads(kernels, q, cells, scale, scratch, out);
+    }
     if !kv.is_f16() {
         return attend_quant(kernels, q, cells, scale, scratch, out);
     }
@@ -101,6 +107,9 @@ fn attend_heads_from(
     rows: Rows,
 ) {
     let Cells { kv, .. } = cells;
+    if kv.k_layout == KeyLayout::Columns {
+        return matrix::attend_heads(kernels, q, cells, scale, scratch, out);
+    }
     if kind == AttnKernel::Tiled && tiled_group(kernels, q, cells, scale, scratch, out) {
         return;
     }
@@ -200,6 +209,9 @@ pub fn attend_rows(
     scratch: &mut AttnScratch,
     out: &mut [&mut [f32]],
 ) {
+    if kv.k_layout == KeyLayout::Columns {
+        return matrix::attend_rows(kernels, q, heads, spans, kv, scale, scratch, out);
+    }
     if kind == AttnKernel::Tiled
         && has_simd(kernels)
         && kv.is_f16()
@@ -207,6 +219,7 @@ pub fn attend_rows(
         && q.len() * heads <= ROWS_MAX_VECTORS
         && scratch.rows.zero.len() >= kv.head_dim
     {
+        let before = scratch.rows.work.chunks_scored;
         #[cfg(target_arch = "x86_64")]
         if kernels.isa() == crate::Isa::Avx512 {
             // SAFETY: an Avx512 table is only built after detecting AVX-512 F/BW/VL/VNNI (and
@@ -219,6 +232,7 @@ pub fn attend_rows(
         }
         #[cfg(target_arch = "aarch64")]
         aarch64::rows::attend_tiled_rows(q, heads, spans, kv, scale, &mut scratch.rows, out);
+        types::note_key_transposes(scratch.rows.work.chunks_scored - before);
         #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         return;
     }
@@ -252,6 +266,7 @@ fn tiled_group(
         if let Some(bufs) = scratch.group_buffers(q.len() / hd) {
             // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
             unsafe { x86::reference::attend_tiled_group(q, cells, scale, bufs, out) };
+            types::note_key_transposes(cells.n.div_ceil(8));
             return true;
         }
     }

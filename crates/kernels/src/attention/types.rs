@@ -68,6 +68,50 @@ pub struct AttnScratch {
     pub(crate) rows: RowsScratch,
     /// What the worker reads after its current call ([`AttnScratch::read_next`]).
     pub(crate) next: NextRows,
+    /// Buffers of the column-key kernels (`attention::matrix`).
+    pub(crate) matrix: MatrixScratch,
+}
+
+/// Buffers of the column-key kernels (`attention::matrix`) for up to [`ROWS_MAX_VECTORS`]
+/// query vectors.
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
+pub struct MatrixScratch {
+    /// Per vector: running maximum.
+    pub(crate) m: Vec<f32>,
+    /// Per vector: running sums, one per cell position of a block (reduced at the end).
+    pub(crate) l: Vec<[f32; KEY_COLUMNS]>,
+    /// Per vector: scores, then probabilities, of the current block.
+    pub(crate) p: Vec<[f32; KEY_COLUMNS]>,
+    /// Per vector: the rescale factor of the current block.
+    pub(crate) corr: Vec<f32>,
+    /// `[vector][head_dim]` accumulators.
+    pub(crate) acc: Vec<f32>,
+    /// `[vector][head_dim]` the current block's products with the values (matrix unit).
+    pub(crate) part: Vec<f32>,
+    /// `[head_dim][lanes]` queries transposed, `[KEY_COLUMNS][lanes]` probabilities transposed
+    /// (matrix unit: one vector of `lanes` rows per dimension or cell).
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+    pub(crate) qt: Vec<f32>,
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+    pub(crate) pt: Vec<f32>,
+}
+
+impl MatrixScratch {
+    fn new(head_dim: usize) -> Self {
+        let n = ROWS_MAX_VECTORS;
+        // The widest matrix unit's rows (a 2048-bit streaming vector: 64 f32).
+        let lanes = 64;
+        MatrixScratch {
+            m: vec![0.0; n],
+            l: vec![[0.0; KEY_COLUMNS]; n],
+            p: vec![[0.0; KEY_COLUMNS]; n],
+            corr: vec![0.0; n],
+            acc: vec![0.0; n * head_dim],
+            part: vec![0.0; n * head_dim],
+            qt: vec![0.0; head_dim * lanes],
+            pt: vec![0.0; KEY_COLUMNS * lanes],
+        }
+    }
 }
 
 /// The key and value rows (addresses) of the first [`DECODE_CHUNK`] cells a worker reads after
@@ -251,6 +295,7 @@ impl AttnScratch {
             dfin: vec![[0.0; 2]; heads],
             rows: RowsScratch::new(head_dim),
             next: NextRows { k: [0; DECODE_CHUNK], v: [0; DECODE_CHUNK], n: 0 },
+            matrix: MatrixScratch::new(head_dim),
         }
     }
 }
@@ -282,7 +327,39 @@ pub struct KvRows<'a> {
     pub table: &'a [u32],
     /// log2 of the rows per block.
     pub shift: u32,
+    /// How the keys are laid out ([`KeyLayout`]); the values are always rows.
+    pub k_layout: KeyLayout,
 }
+
+/// The layout of a KV cache's keys, chosen when the cache is made and written so by the node
+/// that stores them: each layout has its own reader, and nothing converts one into the other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyLayout {
+    /// A row of `head_dim` elements per cell: ggml's layout, read by ggml's algorithms.
+    Rows,
+    /// F16 keys transposed per block of [`KEY_COLUMNS`] cells (`[head_dim][KEY_COLUMNS]`): one
+    /// dimension of 16 cells is one contiguous vector, which is what a matrix unit's outer
+    /// product (and a vector FMA over cells) reads. Read only by `attention::matrix`.
+    Columns,
+}
+
+/// Key chunks of 8 cells transposed while attention ran (the tiled kernels transpose rows of
+/// keys into columns for their lane-per-cell scores, per call): the per-token re-layouts of KV
+/// that a cache with keys in [`KeyLayout::Columns`] does not make. Process-wide.
+static KEY_TRANSPOSES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Key chunks of 8 cells transposed by attention kernels so far in this process.
+pub fn key_transposes() -> u64 {
+    KEY_TRANSPOSES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Count `chunks` key chunks of 8 cells transposed ([`key_transposes`]).
+pub(crate) fn note_key_transposes(chunks: usize) {
+    KEY_TRANSPOSES.fetch_add(chunks as u64, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Cells per block of keys in the [`KeyLayout::Columns`] layout (the paged cache's block).
+pub const KEY_COLUMNS: usize = 16;
 
 impl<'a> KvRows<'a> {
     /// F16 rows `0..n` stored contiguously (an identity table over blocks of one row).
@@ -295,7 +372,18 @@ impl<'a> KvRows<'a> {
             head_dim,
             table: identity,
             shift: 0,
+            k_layout: KeyLayout::Rows,
         }
+    }
+
+    /// The keys of logical block `t` (cells `16t..16t + 16`) of an F16 cache in the
+    /// [`KeyLayout::Columns`] layout: `[head_dim][KEY_COLUMNS]`.
+    #[inline(always)]
+    pub fn k_columns(&self, t: usize) -> &'a [f16] {
+        debug_assert!(self.k_layout == KeyLayout::Columns && self.k_type == DType::F16 && 1 << self.shift == KEY_COLUMNS);
+        let bytes = KEY_COLUMNS * 2 * self.head_dim;
+        let b = self.table[t] as usize * bytes;
+        as_blocks(&self.k[b..b + bytes])
     }
 
     #[inline(always)]

@@ -1,0 +1,158 @@
+//! Attention over keys stored in columns ([`KeyLayout::Columns`](super::types::KeyLayout)):
+//! the cache's keys are written transposed per block of 16 cells by the node that stores them,
+//! so that the kernels here read, per dimension, the 16 cells' keys as one vector — the operand
+//! a matrix unit's outer product takes (`sme.rs`: `FMOPA` for the scores and for the values),
+//! and a vector FMA with lanes over cells (`x86.rs`, AVX-512) — with nothing transposed while a
+//! token runs. The algorithm (`model.rs`) is an online softmax of its own, not ggml's: the
+//! layout is opt-in (`--kv-layout columns`) and its results are compared with ggml's within a
+//! bound, while the SIMD and matrix-unit versions equal the portable one bit for bit.
+
+mod model;
+#[cfg(target_arch = "aarch64")]
+pub mod sme;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use super::types::{AttnScratch, Cells, KvRows, ROWS_MAX_VECTORS};
+use model::C;
+
+/// The writer of the layout: cell `j` of a block (`block`: that KV head's `[head_dim][16]` F16
+/// keys, as bytes) gets `key`, rounded to F16 as the row writer rounds (to nearest, ties to
+/// even).
+pub fn store_key(block: &mut [u8], j: usize, key: &[f32]) {
+    assert!(j < C && block.len() >= key.len() * C * 2);
+    let k16: Vec<u8> = key.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect();
+    // SAFETY: the block holds `key.len()` dimensions of C cells (asserted).
+    unsafe { store_key_at(block.as_mut_ptr(), j, &k16) }
+}
+
+/// One cell's key already in F16 (`key`: its `head_dim` F16 as bytes, as the row writer makes
+/// them) into cell `j` of its block through a pointer, for writers that fill different cells of
+/// one block at once (each writes only its own cell's elements, so no two overlap).
+///
+/// # Safety
+/// `block` points to `key.len() / 2 · 16` writable F16 (any alignment) that no one else reads
+/// or writes at cell `j` meanwhile; `j < 16`.
+pub unsafe fn store_key_at(block: *mut u8, j: usize, key: &[u8]) {
+    debug_assert!(j < C);
+    for (d, x) in key.chunks_exact(2).enumerate() {
+        // SAFETY: (d·16 + j)·2 + 2 ≤ key.len() · 16, inside the block (the caller's contract).
+        unsafe { std::ptr::copy_nonoverlapping(x.as_ptr(), block.add((d * C + j) * 2), 2) };
+    }
+}
+
+/// Which version of the column-key kernels runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Version {
+    Portable,
+    /// AVX-512 (lanes over cells for the scores, over dimensions for the values).
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    /// The matrix unit (SME outer products).
+    #[cfg(target_arch = "aarch64")]
+    Sme,
+}
+
+fn version(kernels: &crate::Kernels, head_dim: usize) -> Version {
+    #[cfg(target_arch = "x86_64")]
+    if kernels.isa() == crate::Isa::Avx512 && head_dim.is_multiple_of(16) {
+        return Version::Avx512;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if kernels.isa() == crate::Isa::Sme && sme_passes() {
+        return Version::Sme;
+    }
+    let _ = (kernels, head_dim);
+    Version::Portable
+}
+
+/// Whether the SME version passed its start-up self-test (run once, on the first use).
+#[cfg(target_arch = "aarch64")]
+fn sme_passes() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    // SAFETY: asked only with an Sme table, which is built after detecting SME.
+    *OK.get_or_init(|| crate::simd::aarch64::sme_vector_bytes() >= 32 && unsafe { sme::self_test() })
+}
+
+/// Whether this table has a SIMD or matrix-unit version of the column-key kernels for rows of
+/// `head_dim` (otherwise the portable one runs).
+pub fn has_simd(kernels: &crate::Kernels, head_dim: usize) -> bool {
+    version(kernels, head_dim) != Version::Portable
+}
+
+/// The `q.len() / head_dim` query heads of one row over `cells` (an F16 cache with keys in
+/// columns): `out = Σ softmax(scale · q·k) v` as `model.rs` defines it.
+pub(crate) fn attend_heads(kernels: &crate::Kernels, q: &[f32], cells: Cells, scale: f32, s: &mut AttnScratch, out: &mut [f32]) {
+    let Cells { kv, n, visible } = cells;
+    let mask = |_: usize, t: usize| (0..C).filter(|&j| t * C + j < n && visible(t * C + j)).fold(0u16, |m, j| m | 1 << j);
+    attend_heads_masked(version(kernels, kv.head_dim), q, q.len() / kv.head_dim, &mask, n.div_ceil(C), kv, scale, s, out);
+}
+
+/// Rows of one sequence (prefill): row `r`'s `heads` query heads (`q[r]`, `out[r]`) see the
+/// logical cells `spans[r]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_rows(
+    kernels: &crate::Kernels,
+    q: &[&[f32]],
+    heads: usize,
+    spans: &[std::ops::Range<usize>],
+    kv: &KvRows,
+    scale: f32,
+    s: &mut AttnScratch,
+    out: &mut [&mut [f32]],
+) {
+    let mask = |r: usize, t: usize| model::span_mask(t, &spans[r]);
+    let n_blocks = spans.iter().map(|s| s.end.div_ceil(C)).max().unwrap_or(0);
+    let v = version(kernels, kv.head_dim);
+    if q.len() * heads <= ROWS_MAX_VECTORS {
+        run(v, q, heads, &mask, n_blocks, kv, scale, s, out);
+    } else {
+        for (r, (qr, or)) in q.iter().zip(out.iter_mut()).enumerate() {
+            let mask = |_: usize, t: usize| model::span_mask(t, &spans[r]);
+            attend_heads_masked(v, qr, heads, &mask, spans[r].end.div_ceil(C), kv, scale, s, or);
+        }
+    }
+}
+
+/// One row of `heads` heads (any number: [`ROWS_MAX_VECTORS`] at a time).
+#[allow(clippy::too_many_arguments)]
+fn attend_heads_masked(v: Version, q: &[f32], heads: usize, mask: &dyn Fn(usize, usize) -> u16, n_blocks: usize, kv: &KvRows, scale: f32, s: &mut AttnScratch, out: &mut [f32]) {
+    let hd = kv.head_dim;
+    let per = ROWS_MAX_VECTORS.min(heads).max(1) * hd;
+    for (qh, oh) in q.chunks(per).zip(out.chunks_mut(per)) {
+        run(v, &[qh], qh.len() / hd, mask, n_blocks, kv, scale, s, &mut [oh]);
+    }
+}
+
+/// `rows × heads ≤ ROWS_MAX_VECTORS` vectors on version `v`; `mask(r, t)`: the cells of block
+/// `t` row `r` sees.
+#[allow(clippy::too_many_arguments)]
+fn run(v: Version, q: &[&[f32]], heads: usize, mask: &dyn Fn(usize, usize) -> u16, n_blocks: usize, kv: &KvRows, scale: f32, s: &mut AttnScratch, out: &mut [&mut [f32]]) {
+    let ms = &mut s.matrix;
+    match v {
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: an Sme table is only built after detecting SME (and passing its self-test).
+        Version::Sme => unsafe { sme::attend_rows(q, heads, mask, n_blocks, kv, scale, ms, out) },
+        #[cfg(target_arch = "x86_64")]
+        Version::Avx512 => {
+            for (r, (qr, or)) in q.iter().zip(out.iter_mut()).enumerate() {
+                // SAFETY: an Avx512 table is only built after detecting AVX-512 F/BW/VL (and
+                // AVX2, FMA, F16C); `version` checked the head dimension.
+                unsafe { x86::attend_group(&qr[..heads * kv.head_dim], kv, n_blocks, &|t| mask(r, t), scale, ms, &mut s.next, or) };
+            }
+        }
+        Version::Portable => {
+            for (r, (qr, or)) in q.iter().zip(out.iter_mut()).enumerate() {
+                model::attend_group(&qr[..heads * kv.head_dim], kv, n_blocks, &|t| mask(r, t), scale, ms, or);
+            }
+        }
+    }
+}
+
+/// The portable form whatever the table (for the parity tests): the `q.len() / head_dim`
+/// heads of one row over `cells`.
+pub fn attend_heads_portable(q: &[f32], cells: Cells, scale: f32, scratch: &mut AttnScratch, out: &mut [f32]) {
+    let Cells { kv, n, visible } = cells;
+    let mask = |_: usize, t: usize| (0..C).filter(|&j| t * C + j < n && visible(t * C + j)).fold(0u16, |m, j| m | 1 << j);
+    attend_heads_masked(Version::Portable, q, q.len() / kv.head_dim, &mask, n.div_ceil(C), kv, scale, scratch, out);
+}
