@@ -134,13 +134,10 @@ fn run(v: Version, q: &[&[f32]], heads: usize, mask: &dyn Fn(usize, usize) -> u1
         // SAFETY: an Sme table is only built after detecting SME (and passing its self-test).
         Version::Sme => unsafe { sme::attend_rows(q, heads, mask, n_blocks, kv, scale, ms, out) },
         #[cfg(target_arch = "x86_64")]
-        Version::Avx512 => {
-            for (r, (qr, or)) in q.iter().zip(out.iter_mut()).enumerate() {
-                // SAFETY: an Avx512 table is only built after detecting AVX-512 F/BW/VL (and
-                // AVX2, FMA, F16C); `version` checked the head dimension.
-                unsafe { x86::attend_group(&qr[..heads * kv.head_dim], kv, n_blocks, &|t| mask(r, t), scale, ms, &mut s.next, or) };
-            }
-        }
+        // SAFETY: an Avx512 table is only built after detecting AVX-512 F/BW/VL (and AVX2,
+        // FMA, F16C); `version` checked the head dimension; `run`'s callers pass at most
+        // ROWS_MAX_VECTORS vectors.
+        Version::Avx512 => unsafe { x86::attend_rows(q, heads, mask, n_blocks, kv, scale, ms, &mut s.next, out) },
         Version::Portable => {
             for (r, (qr, or)) in q.iter().zip(out.iter_mut()).enumerate() {
                 model::attend_group(&qr[..heads * kv.head_dim], kv, n_blocks, &|t| mask(r, t), scale, ms, or);

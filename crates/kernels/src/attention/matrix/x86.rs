@@ -16,23 +16,34 @@ use std::arch::x86_64::*;
 const SCORE_HEADS: usize = 8;
 /// Heads whose value products are summed at once.
 const VALUE_HEADS: usize = 4;
+/// Most vectors (rows × heads) of one call.
+const MAX_VECTORS: usize = crate::attention::types::ROWS_MAX_VECTORS;
 /// Blocks asked for ahead of the one computed.
 const AHEAD: usize = 2;
 
-/// `model::attend_group` on AVX-512.
+/// `model::attend_group` on AVX-512 for the `rows × heads` vectors of `q` (vector `r·heads +
+/// h`: row `r`'s head `h`, which sees the cells `mask(r, t)` of block `t`) together: each key
+/// and value vector is loaded once for all of them.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL, AVX2, FMA and F16C; `kv.head_dim` a multiple of 16; `q.len() / head_dim`
-/// heads at most the scratch's vectors.
+/// AVX-512 F/BW/VL, AVX2, FMA and F16C; `kv.head_dim` a multiple of 16; `q[r]` and `out[r]`
+/// hold `heads · head_dim` values; `rows × heads` at most the scratch's vectors.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(super) unsafe fn attend_group(q: &[f32], kv: &KvRows, n_blocks: usize, mask: &dyn Fn(usize) -> u16, scale: f32, ms: &mut MatrixScratch, next: &mut NextRows, out: &mut [f32]) {
+pub(super) unsafe fn attend_rows(q: &[&[f32]], heads: usize, mask: &dyn Fn(usize, usize) -> u16, n_blocks: usize, kv: &KvRows, scale: f32, ms: &mut MatrixScratch, next: &mut NextRows, out: &mut [&mut [f32]]) {
     let hd = kv.head_dim;
-    let heads = q.len() / hd;
-    assert!(hd.is_multiple_of(16) && heads <= ms.m.len() && out.len() >= heads * hd);
+    let n = q.len() * heads;
+    assert!(hd.is_multiple_of(16) && n <= ms.m.len() && n <= MAX_VECTORS && q.iter().all(|r| r.len() >= heads * hd) && out.iter().all(|r| r.len() >= heads * hd));
+    // Each vector's query.
+    let mut qp = [std::ptr::null::<f32>(); MAX_VECTORS];
+    for (i, p) in qp.iter_mut().enumerate().take(n) {
+        *p = q[i / heads][(i % heads) * hd..].as_ptr();
+    }
+    let heads_total = heads;
+    let heads = n;
     assert!(kv.k.len() >= kv.table.iter().map(|&b| b as usize + 1).max().unwrap_or(0) * C * 2 * hd);
     assert!(kv.v.len() >= kv.table.iter().map(|&b| b as usize + 1).max().unwrap_or(0) * C * 2 * hd);
-    begin(ms, heads, hd);
+    begin(ms, n, hd);
     // Bytes of a block's keys (and of its values): 16 cells of `head_dim` F16.
     let bb = C * 2 * hd;
     let block = |t: usize| kv.table[t] as usize * bb;
@@ -40,14 +51,20 @@ pub(super) unsafe fn attend_group(q: &[f32], kv: &KvRows, n_blocks: usize, mask:
     // each per dimension while the scores are summed (a burst of all of them fills the miss
     // queue): the hardware prefetcher cannot follow the block table. Once there is no block
     // that far ahead, the first cells the worker reads next (`AttnScratch::read_next`).
-    let first = (0..n_blocks).find(|&t| mask(t) != 0).unwrap_or(n_blocks);
+    let rows = q.len();
+    let any_row = |t: usize| (0..rows).fold(0u16, |a, r| a | mask(r, t));
+    let first = (0..n_blocks).find(|&t| any_row(t) != 0).unwrap_or(n_blocks);
     for t in first..(first + AHEAD).min(n_blocks) {
         prefetch_lines(kv.k[block(t)..].as_ptr(), bb, CacheLevel::L2);
         prefetch_lines(kv.v[block(t)..].as_ptr(), bb, CacheLevel::L2);
     }
+    let mut vis = [0u16; MAX_VECTORS];
     for t in first..n_blocks {
-        let vis = mask(t);
-        if vis == 0 {
+        for r in 0..rows {
+            let m = mask(r, t);
+            vis[r * heads_total..(r + 1) * heads_total].fill(m);
+        }
+        if vis[..n].iter().all(|&m| m == 0) {
             continue;
         }
         let ahead = (t + AHEAD < n_blocks).then(|| (kv.k[block(t + AHEAD)..].as_ptr(), kv.v[block(t + AHEAD)..].as_ptr()));
@@ -58,9 +75,9 @@ pub(super) unsafe fn attend_group(q: &[f32], kv: &KvRows, n_blocks: usize, mask:
         let (kt, vb) = unsafe { (kv.k.as_ptr().add(block(t)) as *const f16, kv.v.as_ptr().add(block(t)) as *const f16) };
         // Scores and the softmax step, SCORE_HEADS heads at a time.
         for h0 in (0..heads).step_by(SCORE_HEADS) {
-            let qh = &q[h0 * hd..];
+            let qh = &qp[h0..];
             let ask = if h0 == 0 { ahead } else { None };
-            // SAFETY: `qh` holds nh heads; `kt` a block of keys (above).
+            // SAFETY: `qh` points to nh queries of hd values; `kt` a block of keys (above).
             let s = unsafe {
                 match (heads - h0).min(SCORE_HEADS) {
                     1 => spill(scores::<1>(qh, hd, kt, ask)),
@@ -74,7 +91,7 @@ pub(super) unsafe fn attend_group(q: &[f32], kv: &KvRows, n_blocks: usize, mask:
                 }
             };
             for (i, s) in s.iter().enumerate().take((heads - h0).min(SCORE_HEADS)) {
-                softmax(ms, h0 + i, *s, vis, scale);
+                softmax(ms, h0 + i, *s, vis[h0 + i], scale);
             }
         }
         // Values, VALUE_HEADS heads at a time.
@@ -82,19 +99,21 @@ pub(super) unsafe fn attend_group(q: &[f32], kv: &KvRows, n_blocks: usize, mask:
             // SAFETY: `vb` a block of values (above); heads h0.. exist in the scratch.
             unsafe {
                 match ((heads - h0).min(VALUE_HEADS), hd.is_multiple_of(64)) {
-                    (1, true) => values::<1, 4>(ms, h0, hd, vb),
-                    (2, true) => values::<2, 4>(ms, h0, hd, vb),
-                    (3, true) => values::<3, 4>(ms, h0, hd, vb),
-                    (_, true) => values::<4, 4>(ms, h0, hd, vb),
-                    (1, false) => values::<1, 1>(ms, h0, hd, vb),
-                    (2, false) => values::<2, 1>(ms, h0, hd, vb),
-                    (3, false) => values::<3, 1>(ms, h0, hd, vb),
-                    (_, false) => values::<4, 1>(ms, h0, hd, vb),
+                    (1, true) => values::<1, 4>(ms, h0, hd, vb, &vis[h0..]),
+                    (2, true) => values::<2, 4>(ms, h0, hd, vb, &vis[h0..]),
+                    (3, true) => values::<3, 4>(ms, h0, hd, vb, &vis[h0..]),
+                    (_, true) => values::<4, 4>(ms, h0, hd, vb, &vis[h0..]),
+                    (1, false) => values::<1, 1>(ms, h0, hd, vb, &vis[h0..]),
+                    (2, false) => values::<2, 1>(ms, h0, hd, vb, &vis[h0..]),
+                    (3, false) => values::<3, 1>(ms, h0, hd, vb, &vis[h0..]),
+                    (_, false) => values::<4, 1>(ms, h0, hd, vb, &vis[h0..]),
                 }
             }
         }
     }
-    finish(ms, 0, heads, hd, out);
+    for (r, o) in out.iter_mut().enumerate() {
+        finish(ms, r * heads_total, heads_total, hd, o);
+    }
 }
 
 /// Ask for the worker's next cells (at most a block of them), `row_bytes` of each key and value.
@@ -116,16 +135,16 @@ fn spill<const NH: usize>(s: [__m512; NH]) -> [__m512; SCORE_HEADS] {
     out
 }
 
-/// The raw scores of NH heads (`q`: their queries, `hd` apart) over one block of keys `kt`
+/// The raw scores of NH vectors (`q`: their queries) over one block of keys `kt`
 /// (`[hd][16]`): per dimension in order, one FMA per head. Asks for line `d` of the keys and
 /// values `ask` points to while it goes (the first `16 · 2 · hd / 64` dimensions).
 ///
 /// # Safety
-/// AVX-512 F, F16C; `q` holds NH · hd values; `kt` points to `hd · 16` F16.
+/// AVX-512 F, F16C; `q` holds NH pointers to `hd` f32 each; `kt` points to `hd · 16` F16.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn scores<const NH: usize>(q: &[f32], hd: usize, kt: *const f16, ask: Option<(*const u8, *const u8)>) -> [__m512; NH] {
-    assert!(q.len() >= NH * hd);
+unsafe fn scores<const NH: usize>(q: &[*const f32], hd: usize, kt: *const f16, ask: Option<(*const u8, *const u8)>) -> [__m512; NH] {
+    assert!(q.len() >= NH);
     let mut s = [_mm512_setzero_ps(); NH];
     let lines = C * 2 * hd / 64;
     for d in 0..hd {
@@ -136,8 +155,8 @@ unsafe fn scores<const NH: usize>(q: &[f32], hd: usize, kt: *const f16, ask: Opt
         // SAFETY: d < hd: the 16 F16 of dimension d lie inside the block.
         let k = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(kt.add(d * C) as *const __m256i) });
         for (i, s) in s.iter_mut().enumerate() {
-            // SAFETY: i·hd + d < NH·hd ≤ q.len() (asserted).
-            *s = _mm512_fmadd_ps(_mm512_set1_ps(unsafe { *q.get_unchecked(i * hd + d) }), k, *s);
+            // SAFETY: d < hd: inside vector i's query (the caller's contract).
+            *s = _mm512_fmadd_ps(_mm512_set1_ps(unsafe { *q[i].add(d) }), k, *s);
         }
     }
     s
@@ -148,6 +167,11 @@ unsafe fn scores<const NH: usize>(q: &[f32], hd: usize, kt: *const f16, ask: Opt
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 fn softmax(ms: &mut MatrixScratch, h: usize, s: __m512, vis: u16, scale: f32) {
+    if vis == 0 {
+        // A block this vector does not see: its state stays as it is (`values` skips it too).
+        ms.p[h] = [0.0; C];
+        return;
+    }
     let x = _mm512_mul_ps(s, _mm512_set1_ps(scale));
     let m_new = ms.m[h].max(_mm512_mask_reduce_max_ps(vis, x));
     let corr = expf_ggml(ms.m[h] - m_new);
@@ -164,7 +188,8 @@ fn softmax(ms: &mut MatrixScratch, h: usize, s: __m512, vis: u16, scale: f32) {
 
 /// Heads `h0..h0 + NH`: the products of their probabilities with the block's values (`vb`:
 /// 16 rows of `hd` F16), cell by cell in order over the cells with `p ≠ 0`, NV · 16
-/// dimensions per pass, then `acc = fma(acc, corr, part)`.
+/// dimensions per pass, then `acc = fma(acc, corr, part)` (not for a head that sees no cell
+/// of the block: `vis`).
 ///
 /// # Safety
 /// AVX-512 F, F16C; `vb` points to `16 · hd` F16; `hd` a multiple of NV · 16; heads
@@ -172,7 +197,7 @@ fn softmax(ms: &mut MatrixScratch, h: usize, s: __m512, vis: u16, scale: f32) {
 #[inline]
 #[allow(clippy::needless_range_loop)] // heads and vectors index several arrays at once
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn values<const NH: usize, const NV: usize>(ms: &mut MatrixScratch, h0: usize, hd: usize, vb: *const f16) {
+unsafe fn values<const NH: usize, const NV: usize>(ms: &mut MatrixScratch, h0: usize, hd: usize, vb: *const f16, vis: &[u16]) {
     assert!(h0 + NH <= ms.p.len() && (h0 + NH) * hd <= ms.acc.len() && hd.is_multiple_of(NV * 16));
     let mut nz = [0u16; NH];
     let mut p = [[0f32; C]; NH];
@@ -202,6 +227,9 @@ unsafe fn values<const NH: usize, const NV: usize>(ms: &mut MatrixScratch, h0: u
             }
         }
         for i in 0..NH {
+            if vis[i] == 0 {
+                continue;
+            }
             let h = h0 + i;
             let c = _mm512_set1_ps(ms.corr[h]);
             for x in 0..NV {
