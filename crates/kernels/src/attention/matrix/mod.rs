@@ -7,6 +7,10 @@
 //! layout is opt-in (`--kv-layout columns`) and its results are compared with ggml's within a
 //! bound, while the SIMD and matrix-unit versions equal the portable one bit for bit.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod drive;
 mod model;
 #[cfg(target_arch = "aarch64")]
 pub mod sme;
@@ -48,6 +52,9 @@ enum Version {
     /// AVX-512 (lanes over cells for the scores, over dimensions for the values).
     #[cfg(target_arch = "x86_64")]
     Avx512,
+    /// AVX2 (the same on two vectors of 8 lanes).
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
     /// The matrix unit (SME outer products).
     #[cfg(target_arch = "aarch64")]
     Sme,
@@ -57,6 +64,10 @@ fn version(kernels: &crate::Kernels, head_dim: usize) -> Version {
     #[cfg(target_arch = "x86_64")]
     if kernels.isa() == crate::Isa::Avx512 && head_dim.is_multiple_of(16) {
         return Version::Avx512;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kernels.isa() == crate::Isa::Avx2 && head_dim.is_multiple_of(16) {
+        return Version::Avx2;
     }
     #[cfg(target_arch = "aarch64")]
     if kernels.isa() == crate::Isa::Sme && sme_passes() {
@@ -138,6 +149,9 @@ fn run(v: Version, q: &[&[f32]], heads: usize, mask: &dyn Fn(usize, usize) -> u1
         // FMA, F16C); `version` checked the head dimension; `run`'s callers pass at most
         // ROWS_MAX_VECTORS vectors.
         Version::Avx512 => unsafe { x86::attend_rows(q, heads, mask, n_blocks, kv, scale, ms, &mut s.next, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C; as above.
+        Version::Avx2 => unsafe { avx2::attend_rows(q, heads, mask, n_blocks, kv, scale, ms, &mut s.next, out) },
         Version::Portable => {
             for (r, (qr, or)) in q.iter().zip(out.iter_mut()).enumerate() {
                 model::attend_group(&qr[..heads * kv.head_dim], kv, n_blocks, &|t| mask(r, t), scale, ms, or);

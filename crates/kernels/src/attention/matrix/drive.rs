@@ -1,0 +1,153 @@
+//! The column-key kernels' driver, shared by the SIMD versions (`x86.rs`: AVX-512, `avx2.rs`):
+//! the block loop, which vectors see which cells, the keys and values asked for ahead, and the
+//! dispatch to [`ColumnOps`] instances of constant head counts, so each version's inner loops
+//! hold only loads, conversions and FMAs. Every operation and its order is `model.rs`'s.
+
+use super::model::{begin, finish, C};
+use crate::attention::types::{KvRows, MatrixScratch, NextRows, DECODE_CHUNK, ROWS_MAX_VECTORS};
+use crate::simd::{prefetch_lines, CacheLevel};
+use half::f16;
+
+/// Most vectors whose scores are summed at once (accumulators in registers).
+pub(crate) const SCORE_HEADS: usize = 8;
+/// Vectors whose value products are summed at once.
+const VALUE_HEADS: usize = 4;
+/// Most vectors (rows × heads) of one call.
+const MAX_VECTORS: usize = ROWS_MAX_VECTORS;
+/// Blocks asked for ahead of the one computed.
+const AHEAD: usize = 2;
+
+/// One ISA's arithmetic of the column-key kernels (its methods inline into the ISA's entry
+/// point, which carries the target features; instances are made only there).
+pub(crate) trait ColumnOps {
+    /// The 16 scores of one vector over a block.
+    type Scores: Copy;
+    /// Vectors whose scores are summed at once (at most [`SCORE_HEADS`]).
+    const SCORE_HEADS: usize = SCORE_HEADS;
+    /// Zero scores.
+    fn zero(&self) -> Self::Scores;
+    /// The raw scores of NH vectors (`q`: their queries) over one block of keys `kt`
+    /// (`[hd][16]`): per dimension in order, one FMA per vector; asks for line `d` of the keys
+    /// and values `ask` points to while it goes (the first `16 · 2 · hd / 64` dimensions).
+    /// `q` holds NH pointers to `hd` f32 each; `kt` points to `hd · 16` F16.
+    fn scores<const NH: usize>(&self, q: &[*const f32], hd: usize, kt: *const f16, ask: Option<(*const u8, *const u8)>) -> [Self::Scores; NH];
+    /// `model::softmax_step` of vector `h` on raw scores `s`: probabilities into `ms.p[h]`,
+    /// its sums, maximum and rescale factor updated; a vector that sees no cell (`vis == 0`)
+    /// gets zero probabilities and keeps its state.
+    fn softmax(&self, ms: &mut MatrixScratch, h: usize, s: Self::Scores, vis: u16, scale: f32);
+    /// Vectors `h0..h0 + NH`: their probabilities' products with the block's values (`vb`: 16
+    /// rows of `hd` F16), cell by cell in order over the cells with `p ≠ 0`, NV · 16 dimensions
+    /// per pass, then `acc = fma(acc, corr, part)` — not for a vector that sees none of the
+    /// block (`vis`). `hd` a multiple of NV · 16.
+    fn values<const NH: usize, const NV: usize>(&self, ms: &mut MatrixScratch, h0: usize, hd: usize, vb: *const f16, vis: &[u16]);
+}
+
+/// `model::attend_group` for the `rows × heads` vectors of `q` (vector `r·heads + h`: row
+/// `r`'s head `h`, which sees the cells `mask(r, t)` of block `t`) together, on `ops`: each key
+/// and value vector is loaded once for all of them. `kv.head_dim` a multiple of 16; `q[r]` and
+/// `out[r]` hold `heads · head_dim` values; at most the scratch's vectors (asserted).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mask: &dyn Fn(usize, usize) -> u16, n_blocks: usize, kv: &KvRows, scale: f32, ms: &mut MatrixScratch, next: &mut NextRows, out: &mut [&mut [f32]]) {
+    let hd = kv.head_dim;
+    let n = q.len() * heads;
+    assert!(hd.is_multiple_of(16) && n <= ms.m.len() && n <= MAX_VECTORS && q.iter().all(|r| r.len() >= heads * hd) && out.iter().all(|r| r.len() >= heads * hd));
+    // Each vector's query.
+    let mut qp = [std::ptr::null::<f32>(); MAX_VECTORS];
+    for (i, p) in qp.iter_mut().enumerate().take(n) {
+        *p = q[i / heads][(i % heads) * hd..].as_ptr();
+    }
+    let heads_total = heads;
+    let heads = n;
+    assert!(kv.k.len() >= kv.table.iter().map(|&b| b as usize + 1).max().unwrap_or(0) * C * 2 * hd);
+    assert!(kv.v.len() >= kv.table.iter().map(|&b| b as usize + 1).max().unwrap_or(0) * C * 2 * hd);
+    begin(ms, n, hd);
+    // Bytes of a block's keys (and of its values): 16 cells of `head_dim` F16.
+    let bb = C * 2 * hd;
+    let block = |t: usize| kv.table[t] as usize * bb;
+    // Each block's keys and values are asked for AHEAD blocks before they are read, a line of
+    // each per dimension while the scores are summed (a burst of all of them fills the miss
+    // queue): the hardware prefetcher cannot follow the block table. Once there is no block
+    // that far ahead, the first cells the worker reads next (`AttnScratch::read_next`).
+    let rows = q.len();
+    let any_row = |t: usize| (0..rows).fold(0u16, |a, r| a | mask(r, t));
+    let first = (0..n_blocks).find(|&t| any_row(t) != 0).unwrap_or(n_blocks);
+    for t in first..(first + AHEAD).min(n_blocks) {
+        prefetch_lines(kv.k[block(t)..].as_ptr(), bb, CacheLevel::L2);
+        prefetch_lines(kv.v[block(t)..].as_ptr(), bb, CacheLevel::L2);
+    }
+    let mut vis = [0u16; MAX_VECTORS];
+    for t in first..n_blocks {
+        for r in 0..rows {
+            let m = mask(r, t);
+            vis[r * heads_total..(r + 1) * heads_total].fill(m);
+        }
+        if vis[..n].iter().all(|&m| m == 0) {
+            continue;
+        }
+        let ahead = (t + AHEAD < n_blocks).then(|| (kv.k[block(t + AHEAD)..].as_ptr(), kv.v[block(t + AHEAD)..].as_ptr()));
+        if t + AHEAD == n_blocks {
+            ask_next(next, 2 * hd);
+        }
+        // SAFETY: the block's keys and values lie inside `kv.k`, `kv.v` (asserted above).
+        let (kt, vb) = unsafe { (kv.k.as_ptr().add(block(t)) as *const f16, kv.v.as_ptr().add(block(t)) as *const f16) };
+        // Scores and the softmax step, SCORE_HEADS heads at a time.
+        for h0 in (0..heads).step_by(O::SCORE_HEADS) {
+            let qh = &qp[h0..];
+            let ask = if h0 == 0 { ahead } else { None };
+            // `qh` points to nh queries of hd values; `kt` a block of keys (above).
+            let s = {
+                match (heads - h0).min(O::SCORE_HEADS) {
+                    1 => spill(ops, ops.scores::<1>(qh, hd, kt, ask)),
+                    2 => spill(ops, ops.scores::<2>(qh, hd, kt, ask)),
+                    3 => spill(ops, ops.scores::<3>(qh, hd, kt, ask)),
+                    4 => spill(ops, ops.scores::<4>(qh, hd, kt, ask)),
+                    5 => spill(ops, ops.scores::<5>(qh, hd, kt, ask)),
+                    6 => spill(ops, ops.scores::<6>(qh, hd, kt, ask)),
+                    7 => spill(ops, ops.scores::<7>(qh, hd, kt, ask)),
+                    _ => spill(ops, ops.scores::<8>(qh, hd, kt, ask)),
+                }
+            };
+            for (i, s) in s.iter().enumerate().take((heads - h0).min(O::SCORE_HEADS)) {
+                ops.softmax(ms, h0 + i, *s, vis[h0 + i], scale);
+            }
+        }
+        // Values, VALUE_HEADS heads at a time.
+        for h0 in (0..heads).step_by(VALUE_HEADS) {
+            // `vb` a block of values (above); heads h0.. exist in the scratch.
+            {
+                match ((heads - h0).min(VALUE_HEADS), hd.is_multiple_of(64)) {
+                    (1, true) => ops.values::<1, 4>(ms, h0, hd, vb, &vis[h0..]),
+                    (2, true) => ops.values::<2, 4>(ms, h0, hd, vb, &vis[h0..]),
+                    (3, true) => ops.values::<3, 4>(ms, h0, hd, vb, &vis[h0..]),
+                    (_, true) => ops.values::<4, 4>(ms, h0, hd, vb, &vis[h0..]),
+                    (1, false) => ops.values::<1, 1>(ms, h0, hd, vb, &vis[h0..]),
+                    (2, false) => ops.values::<2, 1>(ms, h0, hd, vb, &vis[h0..]),
+                    (3, false) => ops.values::<3, 1>(ms, h0, hd, vb, &vis[h0..]),
+                    (_, false) => ops.values::<4, 1>(ms, h0, hd, vb, &vis[h0..]),
+                }
+            }
+        }
+    }
+    for (r, o) in out.iter_mut().enumerate() {
+        finish(ms, r * heads_total, heads_total, hd, o);
+    }
+}
+
+/// Ask for the worker's next cells (at most a block of them), `row_bytes` of each key and value.
+fn ask_next(next: &mut NextRows, row_bytes: usize) {
+    let (mut k, mut v) = ([std::ptr::null::<f16>(); DECODE_CHUNK], [std::ptr::null::<f16>(); DECODE_CHUNK]);
+    let n = next.take(&mut k, &mut v).min(C);
+    for (&k, &v) in k[..n].iter().zip(&v[..n]) {
+        prefetch_lines(k as *const u8, row_bytes, CacheLevel::L2);
+        prefetch_lines(v as *const u8, row_bytes, CacheLevel::L2);
+    }
+}
+
+/// Up to SCORE_HEADS score vectors in an array of the widest count.
+#[inline(always)]
+fn spill<O: ColumnOps, const NH: usize>(ops: &O, s: [O::Scores; NH]) -> [O::Scores; SCORE_HEADS] {
+    let mut out = [ops.zero(); SCORE_HEADS];
+    out[..NH].copy_from_slice(&s);
+    out
+}
