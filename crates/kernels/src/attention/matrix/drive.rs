@@ -1,4 +1,4 @@
-//! The column-key kernels' driver, shared by the SIMD versions (`x86.rs`: AVX-512, `avx2.rs`):
+//! The column-key kernels' driver, shared by the SIMD versions (`x86.rs`: AVX-512, `avx2.rs`: AVX2):
 //! the block loop, which vectors see which cells, the keys and values asked for ahead, and the
 //! dispatch to [`ColumnOps`] instances of constant head counts, so each version's inner loops
 //! hold only loads, conversions and FMAs. Every operation and its order is `model.rs`'s.

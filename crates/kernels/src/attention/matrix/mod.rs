@@ -1,11 +1,14 @@
 //! Attention over keys stored in columns ([`KeyLayout::Columns`](super::types::KeyLayout)):
 //! the cache's keys are written transposed per block of 16 cells by the node that stores them,
 //! so that the kernels here read, per dimension, the 16 cells' keys as one vector — the operand
-//! a matrix unit's outer product takes (`sme.rs`: `FMOPA` for the scores and for the values),
-//! and a vector FMA with lanes over cells (`x86.rs`, AVX-512) — with nothing transposed while a
+//! a matrix unit's outer product takes (`sme.rs`: `FMOPA` for the scores and for the values,
+//! past a start-up self-test), and a vector FMA with lanes over cells (`drive.rs`'s block loop
+//! on `x86.rs`'s AVX-512 or `avx2.rs`'s AVX2 arithmetic) — with nothing transposed while a
 //! token runs. The algorithm (`model.rs`) is an online softmax of its own, not ggml's: the
 //! layout is opt-in (`--kv-layout columns`) and its results are compared with ggml's within a
-//! bound, while the SIMD and matrix-unit versions equal the portable one bit for bit.
+//! bound, while the SIMD and matrix-unit versions equal the portable one bit for bit, so every
+//! table gives the same logits. Tables without a version (NEON without SME) are refused the
+//! layout by the engine; the portable form runs only where the portable table was asked for.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -13,7 +16,7 @@ mod avx2;
 mod drive;
 mod model;
 #[cfg(target_arch = "aarch64")]
-pub mod sme;
+mod sme;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
