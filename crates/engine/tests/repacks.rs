@@ -127,4 +127,24 @@ fn keys_in_columns_are_never_transposed_per_token() {
         tokens.push(out);
     }
     assert_eq!(tokens[0], tokens[1], "greedy tokens with keys as rows and in columns");
+    // Every table's column-key kernels are the portable model's bits, and the golden models'
+    // matmuls are too: the logits with keys in columns are the same on AVX-512 and AVX2.
+    let tables: Vec<corelm_kernels::Isa> = [corelm_kernels::Isa::Avx512, corelm_kernels::Isa::Avx2].into_iter().filter(|i| i.missing().is_empty()).collect();
+    let mut logits: Vec<Vec<u32>> = Vec::new();
+    for &isa in &tables {
+        let (mut engine, tok) = load(file, EngineConfig { kv_layout: KeyLayout::Columns, isa: Some(isa), ..test_config(2) });
+        let prompt = tok.encode(&"The weather today is sunny and warm, so we walked to the park by the river. ".repeat(5), true, true).unwrap();
+        let mut b = Batch::with_capacity(128);
+        for (i, &t) in prompt.iter().enumerate() {
+            b.add(t, i as i32, 0, i + 1 == prompt.len());
+        }
+        let mut row: Vec<u32> = engine.decode(&b).unwrap().row(0).iter().map(|x| x.to_bits()).collect();
+        b.clear();
+        b.add(tokens[1][0], prompt.len() as i32, 0, true);
+        row.extend(engine.decode(&b).unwrap().row(0).iter().map(|x| x.to_bits()));
+        logits.push(row);
+    }
+    for (isa, l) in tables.iter().zip(&logits).skip(1) {
+        assert!(l == &logits[0], "keys in columns: {isa:?}'s logits differ from {:?}'s", tables[0]);
+    }
 }
