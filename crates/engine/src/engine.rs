@@ -575,13 +575,13 @@ impl Engine {
         let mut kv = KvCache::new(h.n_layer, cfg.n_ctx, kv_slots, h.head_dim, types, cfg.n_seq_max, &kv_place)
             .map_err(|e| Error::Config(format!("KV cache for a context of {} tokens: {e}", cfg.n_ctx)))?;
         kv.set_key_layout(cfg.kv_layout).map_err(|e| Error::Config(format!("--kv-layout columns: {e}")))?;
-        // Keys in columns are read by the column-key kernels; where this table has none (NEON
-        // without SME, a head dimension not a multiple of 16) only their portable twin would
-        // run, several times slower than ggml's kernels on rows: refused, unless the portable
-        // table itself was asked for.
+        // Keys in columns are read by the column-key kernels; where this table has none (a
+        // head dimension not a multiple of 16) only their portable twin would run, several
+        // times slower than ggml's kernels on rows: refused, unless the portable table itself
+        // was asked for.
         if cfg.kv_layout == KeyLayout::Columns && kernels.isa() != Isa::Portable && !corelm_kernels::attention::matrix::has_simd(kernels, h.head_dim) {
             return Err(Error::Config(format!(
-                "--kv-layout columns: the {} kernel table has no column-key attention for a head dimension of {} (AVX-512, AVX2 and SME have, for multiples of 16); use --kv-layout rows",
+                "--kv-layout columns: the {} kernel table has no column-key attention for a head dimension of {} (its kernels take multiples of 16); use --kv-layout rows",
                 kernels.isa().name(),
                 h.head_dim
             )));

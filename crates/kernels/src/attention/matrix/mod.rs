@@ -3,18 +3,21 @@
 //! so that the kernels here read, per dimension, the 16 cells' keys as one vector — the operand
 //! a matrix unit's outer product takes (`sme.rs`: `FMOPA` for the scores and for the values,
 //! past a start-up self-test), and a vector FMA with lanes over cells (`drive.rs`'s block loop
-//! on `x86.rs`'s AVX-512 or `avx2.rs`'s AVX2 arithmetic) — with nothing transposed while a
-//! token runs. The algorithm (`model.rs`) is an online softmax of its own, not ggml's: the
+//! on `x86.rs`'s AVX-512, `avx2.rs`'s AVX2 or `neon.rs`'s NEON arithmetic) — with nothing
+//! transposed while a token runs. The algorithm (`model.rs`) is an online softmax of its own, not ggml's: the
 //! layout is opt-in (`--kv-layout columns`) and its results are compared with ggml's within a
 //! bound, while the SIMD and matrix-unit versions equal the portable one bit for bit, so every
-//! table gives the same logits. Tables without a version (NEON without SME) are refused the
-//! layout by the engine; the portable form runs only where the portable table was asked for.
+//! table gives the same logits. Head dimensions that are not a multiple of 16 have no SIMD
+//! version (the engine refuses the layout for them); the portable form runs only where the
+//! portable table was asked for.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod drive;
 mod model;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 #[cfg(target_arch = "aarch64")]
 mod sme;
 #[cfg(target_arch = "x86_64")]
@@ -58,6 +61,9 @@ enum Version {
     /// AVX2 (the same on two vectors of 8 lanes).
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// NEON (the same on four vectors of 4 lanes).
+    #[cfg(target_arch = "aarch64")]
+    Neon,
     /// The matrix unit (SME outer products).
     #[cfg(target_arch = "aarch64")]
     Sme,
@@ -75,6 +81,10 @@ fn version(kernels: &crate::Kernels, head_dim: usize) -> Version {
     #[cfg(target_arch = "aarch64")]
     if kernels.isa() == crate::Isa::Sme && sme_passes() {
         return Version::Sme;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if matches!(kernels.isa(), crate::Isa::Neon | crate::Isa::Dotprod | crate::Isa::Sme) && head_dim.is_multiple_of(16) {
+        return Version::Neon;
     }
     let _ = (kernels, head_dim);
     Version::Portable
@@ -147,6 +157,8 @@ fn run(v: Version, q: &[&[f32]], heads: usize, mask: &dyn Fn(usize, usize) -> u1
         #[cfg(target_arch = "aarch64")]
         // SAFETY: an Sme table is only built after detecting SME (and passing its self-test).
         Version::Sme => unsafe { sme::attend_rows(q, heads, mask, n_blocks, kv, scale, ms, out) },
+        #[cfg(target_arch = "aarch64")]
+        Version::Neon => neon::attend_rows(q, heads, mask, n_blocks, kv, scale, ms, &mut s.next, out),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: an Avx512 table is only built after detecting AVX-512 F/BW/VL (and AVX2,
         // FMA, F16C); `version` checked the head dimension; `run`'s callers pass at most
