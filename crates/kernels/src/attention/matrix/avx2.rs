@@ -114,7 +114,7 @@ impl ColumnOps for Avx2Ops {
             let mut p = [[0f32; C]; NH];
             for i in 0..NH {
                 p[i] = ms.p[h0 + i];
-                nz[i] = p[i].iter().enumerate().fold(0u16, |m, (j, &x)| m | ((x != 0.0) as u16) << j);
+                nz[i] = drive::nonzero(&p[i]);
             }
             let any = nz.iter().fold(0u16, |a, z| a | z);
             // 16 dimensions (two vectors) per pass: NH · 2 accumulators.

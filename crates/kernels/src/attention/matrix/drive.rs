@@ -134,6 +134,12 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
     }
 }
 
+/// The cells whose probability is not 0 (bit `j`: cell `j`), the values' `p ≠ 0` rule.
+#[inline(always)]
+pub(crate) fn nonzero(p: &[f32; C]) -> u16 {
+    p.iter().enumerate().fold(0u16, |m, (j, &x)| m | ((x != 0.0) as u16) << j)
+}
+
 /// Ask for the worker's next cells (at most a block of them), `row_bytes` of each key and value.
 fn ask_next(next: &mut NextRows, row_bytes: usize) {
     let (mut k, mut v) = ([std::ptr::null::<f16>(); DECODE_CHUNK], [std::ptr::null::<f16>(); DECODE_CHUNK]);
