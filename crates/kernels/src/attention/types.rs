@@ -99,8 +99,9 @@ pub struct MatrixScratch {
 impl MatrixScratch {
     fn new(head_dim: usize) -> Self {
         let n = ROWS_MAX_VECTORS;
-        // The widest matrix unit's rows (a 2048-bit streaming vector: 64 f32).
-        let lanes = 64;
+        // The widest matrix unit's rows (a 2048-bit streaming vector: 64 f32); only SME uses
+        // the transposed buffers.
+        let lanes = if cfg!(target_arch = "aarch64") { 64 } else { 0 };
         MatrixScratch {
             m: vec![0.0; n],
             l: vec![[0.0; KEY_COLUMNS]; n],
