@@ -197,8 +197,8 @@ pub(crate) struct CacheArgs {
     #[arg(long = "cache-type-v", short = 'v', default_value = "f16", value_parser = corelm_engine::parse_cache_type)]
     pub cache_type_v: DType,
     /// Layout of cached keys: rows (ggml's; its algorithms and bits) or columns (transposed per
-    /// block of 16 cells as they are stored, for the AVX-512 and SME column-key kernels; not
-    /// llama.cpp's bits; F16 keys and values).
+    /// block of 16 cells as they are stored, for the column-key kernels: AVX-512, AVX2, NEON,
+    /// SME; not llama.cpp's bits; F16 keys and values, head dimensions a multiple of 16).
     #[arg(long = "kv-layout", default_value = "rows", value_parser = corelm_engine::parse_kv_layout)]
     pub kv_layout: corelm_kernels::attention::KeyLayout,
 }

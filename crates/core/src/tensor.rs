@@ -297,8 +297,8 @@ pub enum Layout {
     /// cache's type): what ggml's attention kernels read.
     KvCells,
     /// Keys written into the KV cache transposed per block of 16 cells (`[head_dim][16]`
-    /// F16), values as rows: what the column-key kernels (`attention::matrix`: AVX-512, the
-    /// SME matrix unit) read, with no transposition while they run.
+    /// F16), values as rows: what the column-key kernels (`attention::matrix`: AVX-512, AVX2,
+    /// NEON, the SME matrix unit) read, with no transposition while they run.
     KvColumns,
     /// No bytes of its own (an accelerator hand-off).
     Nothing,

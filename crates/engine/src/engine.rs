@@ -56,8 +56,8 @@ pub struct EngineConfig {
     pub cache_type_v: DType,
     /// How cached keys are laid out (`--kv-layout`): `Rows` (ggml's, its algorithms and bits)
     /// or `Columns` (transposed per block of 16 cells as they are stored, read by
-    /// `corelm_kernels::attention::matrix` — AVX-512 or the SME matrix unit —, not ggml's
-    /// bits; F16 keys and values only).
+    /// `corelm_kernels::attention::matrix` — AVX-512, AVX2, NEON or the SME matrix unit —, not
+    /// ggml's bits; F16 keys and values only).
     pub kv_layout: KeyLayout,
     /// Prefill matmuls of Q4_0/Q5_0/Q8_0/Q4_1/Q5_1/Q4_K/Q5_K weights through the panel GEMM
     /// (`kernels::matmul::gemm`, AVX-512 VNNI or AVX2): faster prefill than the tiles on AVX2,

@@ -57,13 +57,12 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
     for (i, p) in qp.iter_mut().enumerate().take(n) {
         *p = q[i / heads][(i % heads) * hd..].as_ptr();
     }
-    let heads_total = heads;
-    let heads = n;
-    assert!(kv.k.len() >= kv.table.iter().map(|&b| b as usize + 1).max().unwrap_or(0) * C * 2 * hd);
-    assert!(kv.v.len() >= kv.table.iter().map(|&b| b as usize + 1).max().unwrap_or(0) * C * 2 * hd);
-    begin(ms, n, hd);
-    // Bytes of a block's keys (and of its values): 16 cells of `head_dim` F16.
+    // Bytes of a block's keys (and of its values): 16 cells of `head_dim` F16. Every block
+    // read lies inside both buffers (checked once, over the blocks this call may read).
     let bb = C * 2 * hd;
+    let end = kv.table[..n_blocks].iter().map(|&b| b as usize + 1).max().unwrap_or(0) * bb;
+    assert!(kv.k.len() >= end && kv.v.len() >= end);
+    begin(ms, n, hd);
     let block = |t: usize| kv.table[t] as usize * bb;
     // Each block's keys and values are asked for AHEAD blocks before they are read, a line of
     // each per dimension while the scores are summed (a burst of all of them fills the miss
@@ -80,7 +79,7 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
     for t in first..n_blocks {
         for r in 0..rows {
             let m = mask(r, t);
-            vis[r * heads_total..(r + 1) * heads_total].fill(m);
+            vis[r * heads..(r + 1) * heads].fill(m);
         }
         if vis[..n].iter().all(|&m| m == 0) {
             continue;
@@ -91,13 +90,13 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
         }
         // SAFETY: the block's keys and values lie inside `kv.k`, `kv.v` (asserted above).
         let (kt, vb) = unsafe { (kv.k.as_ptr().add(block(t)) as *const f16, kv.v.as_ptr().add(block(t)) as *const f16) };
-        // Scores and the softmax step, SCORE_HEADS heads at a time.
-        for h0 in (0..heads).step_by(O::SCORE_HEADS) {
+        // Scores and the softmax step, O::SCORE_HEADS vectors at a time.
+        for h0 in (0..n).step_by(O::SCORE_HEADS) {
             let qh = &qp[h0..];
             let ask = if h0 == 0 { ahead } else { None };
             // `qh` points to nh queries of hd values; `kt` a block of keys (above).
             let s = {
-                match (heads - h0).min(O::SCORE_HEADS) {
+                match (n - h0).min(O::SCORE_HEADS) {
                     1 => spill(ops, ops.scores::<1>(qh, hd, kt, ask)),
                     2 => spill(ops, ops.scores::<2>(qh, hd, kt, ask)),
                     3 => spill(ops, ops.scores::<3>(qh, hd, kt, ask)),
@@ -108,15 +107,15 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
                     _ => spill(ops, ops.scores::<8>(qh, hd, kt, ask)),
                 }
             };
-            for (i, s) in s.iter().enumerate().take((heads - h0).min(O::SCORE_HEADS)) {
+            for (i, s) in s.iter().enumerate().take((n - h0).min(O::SCORE_HEADS)) {
                 ops.softmax(ms, h0 + i, *s, vis[h0 + i], scale);
             }
         }
-        // Values, VALUE_HEADS heads at a time.
-        for h0 in (0..heads).step_by(VALUE_HEADS) {
-            // `vb` a block of values (above); heads h0.. exist in the scratch.
+        // Values, VALUE_HEADS vectors at a time.
+        for h0 in (0..n).step_by(VALUE_HEADS) {
+            // `vb` a block of values (above); vectors h0.. exist in the scratch.
             {
-                match ((heads - h0).min(VALUE_HEADS), hd.is_multiple_of(64)) {
+                match ((n - h0).min(VALUE_HEADS), hd.is_multiple_of(64)) {
                     (1, true) => ops.values::<1, 4>(ms, h0, hd, vb, &vis[h0..]),
                     (2, true) => ops.values::<2, 4>(ms, h0, hd, vb, &vis[h0..]),
                     (3, true) => ops.values::<3, 4>(ms, h0, hd, vb, &vis[h0..]),
@@ -130,7 +129,7 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
         }
     }
     for (r, o) in out.iter_mut().enumerate() {
-        finish(ms, r * heads_total, heads_total, hd, o);
+        finish(ms, r * heads, heads, hd, o);
     }
 }
 

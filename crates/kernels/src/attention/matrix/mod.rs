@@ -107,9 +107,14 @@ pub fn has_simd(kernels: &crate::Kernels, head_dim: usize) -> bool {
 /// The `q.len() / head_dim` query heads of one row over `cells` (an F16 cache with keys in
 /// columns): `out = Σ softmax(scale · q·k) v` as `model.rs` defines it.
 pub(crate) fn attend_heads(kernels: &crate::Kernels, q: &[f32], cells: Cells, scale: f32, s: &mut AttnScratch, out: &mut [f32]) {
+    attend_cells(version(kernels, cells.kv.head_dim), q, cells, scale, s, out)
+}
+
+/// [`attend_heads`] on version `v`: each block's visible cells from `cells`.
+fn attend_cells(v: Version, q: &[f32], cells: Cells, scale: f32, s: &mut AttnScratch, out: &mut [f32]) {
     let Cells { kv, n, visible } = cells;
     let mask = |_: usize, t: usize| (0..C).filter(|&j| t * C + j < n && visible(t * C + j)).fold(0u16, |m, j| m | 1 << j);
-    attend_heads_masked(version(kernels, kv.head_dim), q, q.len() / kv.head_dim, &mask, n.div_ceil(C), kv, scale, s, out);
+    attend_heads_masked(v, q, q.len() / kv.head_dim, &mask, n.div_ceil(C), kv, scale, s, out);
 }
 
 /// Rows of one sequence (prefill): row `r`'s `heads` query heads (`q[r]`, `out[r]`) see the
@@ -178,7 +183,5 @@ fn run(v: Version, q: &[&[f32]], heads: usize, mask: &dyn Fn(usize, usize) -> u1
 /// The portable form whatever the table (for the parity tests): the `q.len() / head_dim`
 /// heads of one row over `cells`.
 pub fn attend_heads_portable(q: &[f32], cells: Cells, scale: f32, scratch: &mut AttnScratch, out: &mut [f32]) {
-    let Cells { kv, n, visible } = cells;
-    let mask = |_: usize, t: usize| (0..C).filter(|&j| t * C + j < n && visible(t * C + j)).fold(0u16, |m, j| m | 1 << j);
-    attend_heads_masked(Version::Portable, q, q.len() / kv.head_dim, &mask, n.div_ceil(C), kv, scale, scratch, out);
+    attend_cells(Version::Portable, q, cells, scale, scratch, out)
 }
