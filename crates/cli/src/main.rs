@@ -148,6 +148,11 @@ struct KernelArgs {
     /// --fast-prefill and a profile with an `sme` target.
     #[arg(long, default_value_t = 0)]
     matrix_workers: usize,
+    /// Prefill attention as a pipeline: the scores, softmax and values of different tiles run
+    /// on different workers at once (the matrix phases first on --matrix-workers' workers).
+    /// Same results as without. Needs --kv-layout columns.
+    #[arg(long)]
+    attn_pipeline: bool,
     /// Keep the model file's row layout for every matmul instead of repacking matrices once at
     /// load into the interleaved layout of the AVX2 and AVX-512 kernels (same results, slower).
     #[arg(long)]
@@ -376,6 +381,7 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         cache_type_k: m.kernels.cache.cache_type_k,
         cache_type_v: m.kernels.cache.cache_type_v,
         kv_layout: m.kernels.cache.kv_layout,
+        attn_pipeline: m.kernels.attn_pipeline,
         fast_prefill: m.kernels.fast_prefill,
         repack: !m.kernels.no_repack,
         isa: None, // the process default, which `--isa` set

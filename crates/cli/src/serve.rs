@@ -75,6 +75,7 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         cache_type_k: a.cache.cache_type_k,
         cache_type_v: a.cache.cache_type_v,
         kv_layout: a.cache.kv_layout,
+        attn_pipeline: false, // batch-invariant: attention runs row by row, never the pipeline
         fast_prefill: false, // the server is batch-invariant, which the panel GEMM is not
         repack: true,
         isa: None, // the process default, which `--isa` set

@@ -59,6 +59,11 @@ pub struct EngineConfig {
     /// `corelm_kernels::attention::matrix` — AVX-512, AVX2, NEON or the SME matrix unit —, not
     /// ggml's bits; F16 keys and values only).
     pub kv_layout: KeyLayout,
+    /// Prefill attention over keys in columns as a pipeline (`--attn-pipeline`): the scores,
+    /// softmax and values of different tiles on different workers at once, the matrix phases
+    /// first on `matrix_workers`' matrix-unit workers (`Executor::set_attn_pipeline`); same
+    /// bits as without. Needs `kv_layout: Columns`; not with tensor parallelism.
+    pub attn_pipeline: bool,
     /// Prefill matmuls of Q4_0/Q5_0/Q8_0/Q4_1/Q5_1/Q4_K/Q5_K weights through the panel GEMM
     /// (`kernels::matmul::gemm`, AVX-512 VNNI or AVX2): faster prefill than the tiles on AVX2,
     /// slower on AVX-512 (README); the float
@@ -117,6 +122,7 @@ impl Default for EngineConfig {
             cache_type_k: DType::F16,
             cache_type_v: DType::F16,
             kv_layout: KeyLayout::Rows,
+            attn_pipeline: false,
             fast_prefill: false,
             repack: true,
             isa: None,
@@ -586,6 +592,12 @@ impl Engine {
                 h.head_dim
             )));
         }
+        if cfg.attn_pipeline && cfg.kv_layout != KeyLayout::Columns {
+            return Err(Error::Config("--attn-pipeline pipelines the column-key kernels: it needs --kv-layout columns".into()));
+        }
+        if cfg.attn_pipeline && tp.is_some() {
+            return Err(Error::Config("--attn-pipeline runs without tensor parallelism for now (its slots are shared by the whole pool); drop --tp".into()));
+        }
         let cpus = if cfg.pin { worker_cpus } else { vec![] };
         let mut pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
         if tp.is_some() {
@@ -610,6 +622,9 @@ impl Engine {
         exec.panel_gemm = cfg.fast_prefill;
         if cfg.matrix_workers > 0 {
             exec.set_classes(matrix_classes(&cfg, kernels)?).map_err(Error::Config)?;
+        }
+        if cfg.attn_pipeline {
+            exec.set_attn_pipeline(h.head_dim, cfg.n_threads);
         }
         exec.set_schedules(cfg.plan.as_ref().and_then(|p| p.schedules(kernels.isa().name())).map(Arc::new));
         if let Some(d) = &device {
@@ -694,6 +709,12 @@ impl Engine {
 
     pub fn gguf(&self) -> &Arc<Gguf> {
         &self.gguf
+    }
+
+    /// Key blocks the prefill attention pipeline (`--attn-pipeline`) scored since load: what
+    /// the causal mask and sliding windows left to compute (`None` without the pipeline).
+    pub fn attn_pipeline_blocks(&self) -> Option<u64> {
+        self.exec.pipeline_blocks()
     }
 
     pub fn config(&self) -> &EngineConfig {

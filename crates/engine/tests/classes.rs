@@ -33,12 +33,17 @@ fn stated() -> Roofline {
 
 /// Every logit of a 24-token prompt.
 fn prefill(e: &mut Engine) -> Vec<u32> {
+    prefill_n(e, 24)
+}
+
+/// Every logit of an `n`-token prompt.
+fn prefill_n(e: &mut Engine, n: u32) -> Vec<u32> {
     let mut b = Batch::new();
-    for i in 0..24u32 {
+    for i in 0..n {
         b.add((i * 977 + 13) % 49152, i as i32, 0, true);
     }
     let l = e.decode(&b).unwrap();
-    (0..24).flat_map(|r| l.row(r).iter().map(|v| v.to_bits()).collect::<Vec<_>>()).collect()
+    (0..n as usize).flat_map(|r| l.row(r).iter().map(|v| v.to_bits()).collect::<Vec<_>>()).collect()
 }
 
 #[test]
@@ -66,4 +71,22 @@ fn matrix_workers_split_prefill_gemms_and_keep_the_bits() {
         let e = Engine::load(model_path(file), c).err().expect("refused").to_string();
         assert!(e.contains(why), "{e}");
     }
+}
+
+/// With keys in columns and `--attn-pipeline`, the matrix-unit worker takes prefill
+/// attention's matrix phases (scores and values as SME outer products) first and the vector
+/// worker the softmax (NEON): the logits of the fused column-key kernel, bit for bit, on a
+/// prompt long enough for the tiled kernels. (Elsewhere `--matrix-workers` is refused, above.)
+#[test]
+fn matrix_workers_take_the_attention_pipelines_matrix_phases() {
+    let file = MODELS[0].1;
+    let cfg = EngineConfig { fast_prefill: true, roofline: Some(stated()), kv_layout: corelm_kernels::attention::KeyLayout::Columns, ..test_config(2) };
+    let (mut base, _) = load(file, cfg.clone());
+    if base.kernels().isa() != Isa::Sme {
+        return;
+    }
+    let (mut piped, _) = load(file, EngineConfig { matrix_workers: 1, attn_pipeline: true, ..cfg });
+    let n = corelm_kernels::attention::TILED_MIN_ROWS as u32 + 16;
+    assert!(prefill_n(&mut piped, n) == prefill_n(&mut base, n), "the pipeline on a matrix-unit and a vector worker changes no bits");
+    assert!(piped.attn_pipeline_blocks().is_some_and(|b| b > 0), "the pipeline ran");
 }

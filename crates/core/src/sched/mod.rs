@@ -9,7 +9,7 @@ use crate::graph::Graph;
 use crate::kv::KvCache;
 use crate::memory::Pools;
 use crate::graph::Sync as After;
-use crate::tensor::{AttnShard, Glu, Op, Storage, Tensor, TensorId, WeightCopy};
+use crate::tensor::{Glu, Op, Storage, Tensor, TensorId, WeightCopy};
 use crate::threads::{ThreadPool, Worker};
 use corelm_kernels::attention::{self, AttnScratch};
 use corelm_kernels::matmul::gemm;
@@ -18,6 +18,7 @@ use corelm_kernels::{DType, Kernels};
 use std::ops::Range;
 use std::time::Instant;
 
+mod attend;
 mod dense;
 mod device;
 pub mod matmul;
@@ -26,6 +27,7 @@ mod sparse;
 use matmul::{MatmulScratch, Schedules, WorkerClass, COL_BLOCK};
 pub use matmul::{matmul_part, GEMM_MIN_ROWS};
 
+pub use attend::attention_items;
 pub use device::DeviceMatmul;
 pub use sparse::gate_activation;
 
@@ -167,6 +169,8 @@ pub struct Executor {
     gemm_dims: (usize, usize),
     /// Worker classes of matmuls a plan split (`Graph::splits`; [`Executor::set_classes`]).
     classes: Vec<WorkerClass>,
+    /// Prefill attention over keys in columns as a pipeline ([`Executor::set_attn_pipeline`]).
+    pipeline: Option<attention::matrix::Pipeline>,
 }
 
 impl Executor {
@@ -232,6 +236,7 @@ impl Executor {
             schedules: None,
             gemm_dims: (max_k, max_rows),
             classes: Vec::new(),
+            pipeline: None,
         }
     }
 
@@ -248,6 +253,21 @@ impl Executor {
         }
         self.classes = classes;
         Ok(())
+    }
+
+    /// Run the attention of prefills over keys stored in columns (a graph's serial attention
+    /// nodes of one sequence, the tiled kernel's batches, rows of `head_dim`) as a pipeline
+    /// whose scores, softmax and values of different tiles run on different workers at once
+    /// (`attention::matrix::attend_pipelined`; same bits as the fused kernels), with slots for
+    /// `2·n_threads + 1` items in flight, allocated here, once. Workers of a matrix-unit class
+    /// ([`Executor::set_classes`]) take the matrix phases first.
+    pub fn set_attn_pipeline(&mut self, head_dim: usize, n_threads: usize) {
+        self.pipeline = Some(attention::matrix::Pipeline::new(head_dim, 2 * n_threads + 1));
+    }
+
+    /// Key blocks the attention pipeline scored since it was set (what the masks left).
+    pub fn pipeline_blocks(&self) -> Option<u64> {
+        self.pipeline.as_ref().map(|p| p.blocks_scored())
     }
 
     /// Run the matmuls graphs share with an accelerator (`Graph::device_splits`) on `device`,
@@ -308,6 +328,7 @@ impl Executor {
             offload: self.offload.as_deref(),
             device: self.device.as_deref(),
             classes: &self.classes,
+            pipeline: self.pipeline.as_ref(),
         };
         let prof = std::sync::Mutex::new(profile.as_deref_mut());
         pool.run_view(view, &|w: &Worker| {
@@ -355,46 +376,6 @@ impl Executor {
 }
 
 /// Contiguous share `ith` of `n` items split `nth` ways.
-/// Worker `ith`'s share of an attention node over `blocks` blocks of rows and `n_head` query
-/// heads whose KV heads `shard.kv_of` gives (`group` query heads each in serial mode; a
-/// tensor-parallel shard's first and last KV heads may serve fewer), as (block, KV head, query
-/// heads) items. With many (block, KV head) pairs (prefill) they are dealt round-robin, whole
-/// KV heads (later rows see more cells, so contiguous ranges would be uneven). With few
-/// (decode), the (block, query head) units are cut into one contiguous range per worker, split
-/// at KV-head boundaries: 3 KV heads × 3 heads on 2 workers give 5 and 4 heads, where whole
-/// groups gave 6 and 3.
-pub fn attention_items(
-    blocks: usize,
-    n_head: usize,
-    shard: AttnShard,
-    ith: usize,
-    nth: usize,
-) -> impl Iterator<Item = (usize, usize, Range<usize>)> {
-    let n_kv = shard.kv_of(n_head - 1) + 1;
-    // Query heads of KV head j: the model's heads (k0 + j)·group .. (k0 + j + 1)·group, k0 the
-    // shard's first KV head, less the shard's first query head, within the shard's heads.
-    let k0 = shard.q_head0 / shard.group;
-    let heads_of = move |j: usize| {
-        let (first, end) = ((k0 + j) * shard.group, (k0 + j + 1) * shard.group);
-        first.saturating_sub(shard.q_head0)..(end - shard.q_head0).min(n_head)
-    };
-    let pairs = blocks * n_kv;
-    let dealt = pairs >= 4 * nth;
-    let whole = (ith..if dealt { pairs } else { 0 }).step_by(nth).map(move |pr| (pr / n_kv, pr % n_kv, heads_of(pr % n_kv)));
-    let mut units = if dealt { 0..0 } else { split(blocks * n_head, ith, nth) };
-    let cut = std::iter::from_fn(move || {
-        let u = units.start;
-        if u >= units.end {
-            return None;
-        }
-        let (b, h0) = (u / n_head, u % n_head);
-        let kv = shard.kv_of(h0);
-        let h1 = heads_of(kv).end.min(h0 + units.end - u);
-        units.start = u + h1 - h0;
-        Some((b, kv, h0..h1))
-    });
-    whole.chain(cut)
-}
 
 pub fn split(n: usize, ith: usize, nth: usize) -> Range<usize> {
     let per = n.div_ceil(nth);
@@ -423,6 +404,8 @@ struct Ctx<'a> {
     offload: Option<&'a dyn Offload>,
     device: Option<&'a dyn DeviceMatmul>,
     classes: &'a [WorkerClass],
+    /// Prefill attention's pipeline ([`Executor::set_attn_pipeline`]).
+    pipeline: Option<&'a attention::matrix::Pipeline>,
 }
 
 // SAFETY: the raw pointers address the pools, which outlive the run; workers write disjoint
@@ -582,86 +565,7 @@ impl Ctx<'_> {
                 assert_eq!(keys, self.kv.k_layout, "a graph planned for another key layout than its cache's");
                 self.kv_store(layer as usize, k, v, kv_base as usize, ith, nth)
             }
-            Op::Attention { layer, q, p, shard } => {
-                let q = self.f32s(q);
-                let kv = self.kv;
-                let (kp, vp) = kv.layer_ptrs(layer as usize);
-                let (hd, cells) = (p.head_dim, kv.n_cells);
-                let (krb, vrb) = kv.row_bytes();
-                let group = shard.group;
-                let kind = if rows >= attention::TILED_MIN_ROWS && !self.mode.batch_invariant {
-                    attention::AttnKernel::Tiled
-                } else {
-                    attention::AttnKernel::Reference
-                };
-                // Work items are (block of rows, KV head, query heads of it): the heads and rows
-                // of an item share each key/value block read. The tiled kernel takes up to
-                // ROWS_MAX_VECTORS rows × heads per call; decode's kernel one row.
-                let per_block = match kind {
-                    attention::AttnKernel::Tiled => (attention::ROWS_MAX_VECTORS / group).max(1),
-                    _ => 1,
-                };
-                let blocks = rows.div_ceil(per_block);
-                // The KV rows of sequence `seq`'s KV head `kvh` (of the model).
-                let rows_of = |seq: i32, kvh: usize| {
-                    // SAFETY: K/V of this layer were written by the kv_store node before
-                    // the barrier; nobody writes them during attention.
-                    unsafe {
-                        attention::KvRows {
-                            k: std::slice::from_raw_parts(kp.add(kvh * cells * krb), cells * krb),
-                            v: std::slice::from_raw_parts(vp.add(kvh * cells * vrb), cells * vrb),
-                            k_type: kv.k_type,
-                            v_type: kv.v_type,
-                            head_dim: hd,
-                            table: kv.blocks.table(seq as usize),
-                            shift: crate::kv::BLOCK_SHIFT,
-                            k_layout: kv.k_layout,
-                        }
-                    }
-                };
-                // Logical cell c holds position c: causal means c <= pos; a window w keeps the
-                // cells with pos - c < w.
-                let span_of = |r: usize| {
-                    let pos = self.batch.pos[r] as usize;
-                    p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize))..pos + 1
-                };
-                let mut items = attention_items(blocks, p.n_head, shard, ith, nth).peekable();
-                while let Some((b, kvh, heads)) = items.next() {
-                    let kvh = shard.kv_base + kvh;
-                    let block = b * per_block..((b + 1) * per_block).min(rows);
-                    // Decode: this item's kernel asks for the next item's first cells while it
-                    // computes its last chunk, as it asks for each of its chunks during the one before.
-                    let next = items.peek().filter(|_| kind == attention::AttnKernel::Reference).map(|&(nb, nkvh, _)| {
-                        let r = nb * per_block;
-                        (rows_of(self.batch.seq[r], shard.kv_base + nkvh), span_of(r))
-                    });
-                    scratch.attn.read_next(next);
-                    // Rows of one sequence go to the kernel together.
-                    let mut r0 = block.start;
-                    while r0 < block.end {
-                        let seq = self.batch.seq[r0];
-                        let r1 = (r0..block.end).find(|&r| self.batch.seq[r] != seq).unwrap_or(block.end);
-                        let rows_kv = rows_of(seq, kvh);
-                        let mut qs: [&[f32]; attention::ROWS_MAX_VECTORS] = [&[]; attention::ROWS_MAX_VECTORS];
-                        let mut outs: [&mut [f32]; attention::ROWS_MAX_VECTORS] = std::array::from_fn(|_| &mut [][..]);
-                        let mut spans: [std::ops::Range<usize>; attention::ROWS_MAX_VECTORS] = std::array::from_fn(|_| 0..0);
-                        for r in r0..r1 {
-                            let i = r - r0;
-                            let span = r * ne0 + heads.start * hd..r * ne0 + heads.end * hd;
-                            qs[i] = &q[span.clone()];
-                            // SAFETY: (row, KV head, chunk) triples are dealt to exactly one
-                            // worker, and each row of the block is taken once.
-                            outs[i] = unsafe { self.out_f32(t, span.start, span.len()) };
-                            spans[i] = span_of(r);
-                        }
-                        let n = r1 - r0;
-                        let (q_rows, out_rows) = (&qs[..n], &mut outs[..n]);
-                        let kind = self.kv_split(kind, self.batch.pos[r0] as usize, nth);
-                        attention::attend_rows(kind, self.kernels, q_rows, heads.len(), &spans[..n], &rows_kv, p.scale, &mut scratch.attn, out_rows);
-                        r0 = r1;
-                    }
-                }
-            }
+            Op::Attention { layer, q, p, shard } => self.attention(t, layer as usize, q, p, shard, ith, nth, &mut scratch.attn),
             Op::Glu { gate, up, kind } => {
                 let (g, u) = (self.f32s(gate), self.f32s(up));
                 for r in split(rows, ith, nth) {
@@ -800,19 +704,6 @@ impl Ctx<'_> {
     /// the cache size, as `llama_kv_cache::get_n_kv` gives it for one sequence — reaches 512
     /// cells, in `ceil(n_kv / nth)`-cell chunks; otherwise `kind`. The bits then match
     /// llama.cpp run with the same thread count.
-    fn kv_split(&self, kind: attention::AttnKernel, pos: usize, nth: usize) -> attention::AttnKernel {
-        let kv = self.kv;
-        let one_row = self.graph.n_tokens == 1 || self.mode.batch_invariant;
-        if kind != attention::AttnKernel::Reference || !one_row || kv.k_type != DType::F16 || kv.v_type != DType::F16 {
-            return kind;
-        }
-        let n_kv = (pos + 1).next_multiple_of(256).min(kv.n_cells);
-        if n_kv < 512 {
-            return kind;
-        }
-        attention::AttnKernel::Split(n_kv.div_ceil(nth))
-    }
-
     fn kv_store(&self, layer: usize, k: TensorId, v: TensorId, kv_base: usize, ith: usize, nth: usize) {
         let kv = self.kv;
         let (kp, vp) = kv.layer_ptrs(layer);

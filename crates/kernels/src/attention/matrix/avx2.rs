@@ -5,6 +5,7 @@
 //! `model.rs`.
 
 use super::drive::{self, ColumnOps};
+use super::pipe;
 use super::model::C;
 use crate::attention::types::{KvRows, MatrixScratch, NextRows};
 use crate::exp::expf_ggml;
@@ -28,6 +29,15 @@ pub(super) unsafe fn attend_rows(q: &[&[f32]], heads: usize, mask: &dyn Fn(usize
     drive::attend_rows(&Avx2Ops(()), q, heads, mask, n_blocks, kv, scale, ms, next, out)
 }
 
+/// A pipelined attention phase (`pipe.rs`) on AVX2.
+///
+/// # Safety
+/// AVX2, FMA and F16C; a head dimension that is a multiple of 16.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn run_task(task: &pipe::Task) -> usize {
+    pipe::run_task(&Avx2Ops(()), task)
+}
+
 /// All-ones lanes where bit `i` of `bits` is set (lane `i`).
 #[inline(always)]
 fn lane_mask(bits: u16) -> __m256 {
@@ -46,6 +56,21 @@ impl ColumnOps for Avx2Ops {
     fn zero(&self) -> [__m256; 2] {
         // SAFETY: AVX (this instance exists only inside `attend_rows`).
         unsafe { [_mm256_setzero_ps(); 2] }
+    }
+
+    #[inline(always)]
+    fn store(&self, s: [__m256; 2], out: &mut [f32; C]) {
+        // SAFETY: AVX (this instance exists only inside its entry points); 16 f32.
+        unsafe {
+            _mm256_storeu_ps(out.as_mut_ptr(), s[0]);
+            _mm256_storeu_ps(out.as_mut_ptr().add(8), s[1])
+        }
+    }
+
+    #[inline(always)]
+    fn load(&self, p: &[f32; C]) -> [__m256; 2] {
+        // SAFETY: as `store`.
+        unsafe { [_mm256_loadu_ps(p.as_ptr()), _mm256_loadu_ps(p.as_ptr().add(8))] }
     }
 
     #[inline(always)]
@@ -75,45 +100,43 @@ impl ColumnOps for Avx2Ops {
     }
 
     #[inline(always)]
-    fn softmax(&self, ms: &mut MatrixScratch, h: usize, s: [__m256; 2], vis: u16, scale: f32) {
+    fn softmax(&self, s: [__m256; 2], vis: u16, scale: f32, m: &mut f32, l: &mut [f32; C], p: &mut [f32; C]) -> f32 {
         if vis == 0 {
-            ms.p[h] = [0.0; C];
-            return;
+            *p = [0.0; C];
+            return 1.0;
         }
-        // SAFETY: AVX2, FMA (this instance exists only inside `attend_rows`); `p[h]` and
-        // `l[h]` are 16 f32 each.
+        // SAFETY: AVX2, FMA (this instance exists only inside `attend_rows`); `p` and `l` are
+        // 16 f32 each.
         unsafe {
             let sc = _mm256_set1_ps(scale);
             let x = [_mm256_mul_ps(s[0], sc), _mm256_mul_ps(s[1], sc)];
             let mk = [lane_mask(vis & 0xFF), lane_mask(vis >> 8)];
             let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
             let xm = _mm256_max_ps(_mm256_blendv_ps(ninf, x[0], mk[0]), _mm256_blendv_ps(ninf, x[1], mk[1]));
-            let m_new = ms.m[h].max(hmax_f32x8(xm));
-            let corr = expf_ggml(ms.m[h] - m_new);
+            let m_new = m.max(hmax_f32x8(xm));
+            let corr = expf_ggml(*m - m_new);
             let (mv, cv) = (_mm256_set1_ps(m_new), _mm256_set1_ps(corr));
             for k in 0..2 {
-                let p = _mm256_and_ps(expf_ggml8(_mm256_sub_ps(x[k], mv)), mk[k]);
-                let l = _mm256_loadu_ps(ms.l[h].as_ptr().add(8 * k));
-                _mm256_storeu_ps(ms.l[h].as_mut_ptr().add(8 * k), _mm256_fmadd_ps(l, cv, p));
-                _mm256_storeu_ps(ms.p[h].as_mut_ptr().add(8 * k), p);
+                let e = _mm256_and_ps(expf_ggml8(_mm256_sub_ps(x[k], mv)), mk[k]);
+                let sums = _mm256_loadu_ps(l.as_ptr().add(8 * k));
+                _mm256_storeu_ps(l.as_mut_ptr().add(8 * k), _mm256_fmadd_ps(sums, cv, e));
+                _mm256_storeu_ps(p.as_mut_ptr().add(8 * k), e);
             }
-            ms.m[h] = m_new;
-            ms.corr[h] = corr;
+            *m = m_new;
+            corr
         }
     }
 
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // vectors and lanes index several arrays at once
-    fn values<const NH: usize, const NV: usize>(&self, ms: &mut MatrixScratch, h0: usize, hd: usize, vb: *const f16, vis: &[u16]) {
-        assert!(h0 + NH <= ms.p.len() && (h0 + NH) * hd <= ms.acc.len() && hd.is_multiple_of(16) && vis.len() >= NH);
+    fn values<const NH: usize, const NV: usize>(&self, p: &[[f32; C]], corr: &[f32], vis: &[u16], acc: &mut [f32], hd: usize, vb: *const f16) {
+        assert!(p.len() >= NH && corr.len() >= NH && NH * hd <= acc.len() && hd.is_multiple_of(16) && vis.len() >= NH);
         // SAFETY: AVX2, FMA, F16C (this instance exists only inside `attend_rows`); rows j < 16
         // of `vb` hold `hd` F16 (the trait's contract); accumulator indices stay below
-        // (h0 + NH)·hd (asserted).
+        // NH·hd (asserted).
         unsafe {
             let mut nz = [0u16; NH];
-            let mut p = [[0f32; C]; NH];
             for i in 0..NH {
-                p[i] = ms.p[h0 + i];
                 nz[i] = drive::nonzero(&p[i]);
             }
             let any = nz.iter().fold(0u16, |a, z| a | z);
@@ -138,10 +161,9 @@ impl ColumnOps for Avx2Ops {
                     if vis[i] == 0 {
                         continue;
                     }
-                    let h = h0 + i;
-                    let c = _mm256_set1_ps(ms.corr[h]);
+                    let c = _mm256_set1_ps(corr[i]);
                     for x in 0..2 {
-                        let a = ms.acc.as_mut_ptr().add(h * hd + d0 + 8 * x);
+                        let a = acc.as_mut_ptr().add(i * hd + d0 + 8 * x);
                         _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_loadu_ps(a), c, w[i][x]));
                     }
                 }

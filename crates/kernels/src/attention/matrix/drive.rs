@@ -31,15 +31,19 @@ pub(crate) trait ColumnOps {
     /// and values `ask` points to while it goes (the first `16 · 2 · hd / 64` dimensions).
     /// `q` holds NH pointers to `hd` f32 each; `kt` points to `hd · 16` F16.
     fn scores<const NH: usize>(&self, q: &[*const f32], hd: usize, kt: *const f16, ask: Option<(*const u8, *const u8)>) -> [Self::Scores; NH];
-    /// `model::softmax_step` of vector `h` on raw scores `s`: probabilities into `ms.p[h]`,
-    /// its sums, maximum and rescale factor updated; a vector that sees no cell (`vis == 0`)
-    /// gets zero probabilities and keeps its state.
-    fn softmax(&self, ms: &mut MatrixScratch, h: usize, s: Self::Scores, vis: u16, scale: f32);
-    /// Vectors `h0..h0 + NH`: their probabilities' products with the block's values (`vb`: 16
-    /// rows of `hd` F16), cell by cell in order over the cells with `p ≠ 0`, NV · 16 dimensions
-    /// per pass, then `acc = fma(acc, corr, part)` — not for a vector that sees none of the
-    /// block (`vis`). `hd` a multiple of NV · 16.
-    fn values<const NH: usize, const NV: usize>(&self, ms: &mut MatrixScratch, h0: usize, hd: usize, vb: *const f16, vis: &[u16]);
+    /// One vector's scores into memory.
+    fn store(&self, s: Self::Scores, out: &mut [f32; C]);
+    /// One vector's scores from memory.
+    fn load(&self, p: &[f32; C]) -> Self::Scores;
+    /// `model::softmax_step` of one vector on raw scores `s`: its probabilities into `p`, its
+    /// maximum `m` and sums `l` updated; returns the rescale factor. A vector that sees no
+    /// cell (`vis == 0`) gets zero probabilities and keeps its state (returns 1).
+    fn softmax(&self, s: Self::Scores, vis: u16, scale: f32, m: &mut f32, l: &mut [f32; C], p: &mut [f32; C]) -> f32;
+    /// NH vectors: their probabilities' (`p`) products with the block's values (`vb`: 16 rows
+    /// of `hd` F16), cell by cell in order over the cells with `p ≠ 0`, NV · 16 dimensions per
+    /// pass, then `acc = fma(acc, corr, part)` (`acc`: NH rows of `hd`) — not for a vector
+    /// that sees none of the block (`vis`). `hd` a multiple of NV · 16.
+    fn values<const NH: usize, const NV: usize>(&self, p: &[[f32; C]], corr: &[f32], vis: &[u16], acc: &mut [f32], hd: usize, vb: *const f16);
 }
 
 /// `model::attend_group` for the `rows × heads` vectors of `q` (vector `r·heads + h`: row
@@ -95,41 +99,36 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
             let qh = &qp[h0..];
             let ask = if h0 == 0 { ahead } else { None };
             // `qh` points to nh queries of hd values; `kt` a block of keys (above).
-            let s = {
-                match (n - h0).min(O::SCORE_HEADS) {
-                    1 => spill(ops, ops.scores::<1>(qh, hd, kt, ask)),
-                    2 => spill(ops, ops.scores::<2>(qh, hd, kt, ask)),
-                    3 => spill(ops, ops.scores::<3>(qh, hd, kt, ask)),
-                    4 => spill(ops, ops.scores::<4>(qh, hd, kt, ask)),
-                    5 => spill(ops, ops.scores::<5>(qh, hd, kt, ask)),
-                    6 => spill(ops, ops.scores::<6>(qh, hd, kt, ask)),
-                    7 => spill(ops, ops.scores::<7>(qh, hd, kt, ask)),
-                    _ => spill(ops, ops.scores::<8>(qh, hd, kt, ask)),
-                }
-            };
+            let s = scores_n(ops, &qh[..(n - h0).min(O::SCORE_HEADS)], hd, kt, ask);
             for (i, s) in s.iter().enumerate().take((n - h0).min(O::SCORE_HEADS)) {
-                ops.softmax(ms, h0 + i, *s, vis[h0 + i], scale);
+                let h = h0 + i;
+                ms.corr[h] = ops.softmax(*s, vis[h], scale, &mut ms.m[h], &mut ms.l[h], &mut ms.p[h]);
             }
         }
-        // Values, VALUE_HEADS vectors at a time.
-        for h0 in (0..n).step_by(VALUE_HEADS) {
-            // `vb` a block of values (above); vectors h0.. exist in the scratch.
-            {
-                match ((n - h0).min(VALUE_HEADS), hd.is_multiple_of(64)) {
-                    (1, true) => ops.values::<1, 4>(ms, h0, hd, vb, &vis[h0..]),
-                    (2, true) => ops.values::<2, 4>(ms, h0, hd, vb, &vis[h0..]),
-                    (3, true) => ops.values::<3, 4>(ms, h0, hd, vb, &vis[h0..]),
-                    (_, true) => ops.values::<4, 4>(ms, h0, hd, vb, &vis[h0..]),
-                    (1, false) => ops.values::<1, 1>(ms, h0, hd, vb, &vis[h0..]),
-                    (2, false) => ops.values::<2, 1>(ms, h0, hd, vb, &vis[h0..]),
-                    (3, false) => ops.values::<3, 1>(ms, h0, hd, vb, &vis[h0..]),
-                    (_, false) => ops.values::<4, 1>(ms, h0, hd, vb, &vis[h0..]),
-                }
-            }
-        }
+        values(ops, &ms.p[..n], &ms.corr[..n], &vis[..n], &mut ms.acc[..n * hd], hd, vb);
     }
     for (r, o) in out.iter_mut().enumerate() {
         finish(ms, r * heads, heads, hd, o);
+    }
+}
+
+/// The value products of `p.len()` vectors over one block (`vb`), VALUE_HEADS at a time, into
+/// their accumulators `acc` (`[vector][hd]`), each rescaled by its `corr` first.
+#[inline(always)]
+pub(crate) fn values<O: ColumnOps>(ops: &O, p: &[[f32; C]], corr: &[f32], vis: &[u16], acc: &mut [f32], hd: usize, vb: *const f16) {
+    let n = p.len();
+    for h0 in (0..n).step_by(VALUE_HEADS) {
+        let (p, c, v, a) = (&p[h0..], &corr[h0..], &vis[h0..], &mut acc[h0 * hd..]);
+        match ((n - h0).min(VALUE_HEADS), hd.is_multiple_of(64)) {
+            (1, true) => ops.values::<1, 4>(p, c, v, a, hd, vb),
+            (2, true) => ops.values::<2, 4>(p, c, v, a, hd, vb),
+            (3, true) => ops.values::<3, 4>(p, c, v, a, hd, vb),
+            (_, true) => ops.values::<4, 4>(p, c, v, a, hd, vb),
+            (1, false) => ops.values::<1, 1>(p, c, v, a, hd, vb),
+            (2, false) => ops.values::<2, 1>(p, c, v, a, hd, vb),
+            (3, false) => ops.values::<3, 1>(p, c, v, a, hd, vb),
+            (_, false) => ops.values::<4, 1>(p, c, v, a, hd, vb),
+        }
     }
 }
 
@@ -146,6 +145,32 @@ fn ask_next(next: &mut NextRows, row_bytes: usize) {
     for (&k, &v) in k[..n].iter().zip(&v[..n]) {
         prefetch_lines(k as *const u8, row_bytes, CacheLevel::L2);
         prefetch_lines(v as *const u8, row_bytes, CacheLevel::L2);
+    }
+}
+
+/// The raw scores of the `q.len()` (at most SCORE_HEADS) vectors over one block of keys `kt`
+/// (`ColumnOps::scores`), in an array of the widest count.
+#[inline(always)]
+fn scores_n<O: ColumnOps>(ops: &O, q: &[*const f32], hd: usize, kt: *const f16, ask: Option<(*const u8, *const u8)>) -> [O::Scores; SCORE_HEADS] {
+    match q.len() {
+        1 => spill(ops, ops.scores::<1>(q, hd, kt, ask)),
+        2 => spill(ops, ops.scores::<2>(q, hd, kt, ask)),
+        3 => spill(ops, ops.scores::<3>(q, hd, kt, ask)),
+        4 => spill(ops, ops.scores::<4>(q, hd, kt, ask)),
+        5 => spill(ops, ops.scores::<5>(q, hd, kt, ask)),
+        6 => spill(ops, ops.scores::<6>(q, hd, kt, ask)),
+        7 => spill(ops, ops.scores::<7>(q, hd, kt, ask)),
+        _ => spill(ops, ops.scores::<8>(q, hd, kt, ask)),
+    }
+}
+
+/// [`scores_n`] into memory: `out[i]` the raw scores of vector `q[i]`.
+#[inline(always)]
+pub(crate) fn scores_into<O: ColumnOps>(ops: &O, q: &[*const f32], hd: usize, kt: *const f16, ask: Option<(*const u8, *const u8)>, out: &mut [[f32; C]]) {
+    assert!(q.len() <= O::SCORE_HEADS && out.len() >= q.len());
+    let s = scores_n(ops, q, hd, kt, ask);
+    for (o, s) in out.iter_mut().zip(&s[..q.len()]) {
+        ops.store(*s, o);
     }
 }
 

@@ -13,9 +13,9 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod drive;
 mod model;
+mod pipe;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "aarch64")]
@@ -24,6 +24,7 @@ mod sme;
 mod x86;
 
 use super::types::{AttnScratch, Cells, KvRows, ROWS_MAX_VECTORS};
+pub use pipe::{PipeItem, Pipeline, Role, TILE_BLOCKS};
 use model::C;
 
 /// The writer of the layout: cell `j` of a block (`block`: that KV head's `[head_dim][16]` F16
@@ -184,4 +185,42 @@ fn run(v: Version, q: &[&[f32]], heads: usize, mask: &dyn Fn(usize, usize) -> u1
 /// heads of one row over `cells`.
 pub fn attend_heads_portable(q: &[f32], cells: Cells, scale: f32, scratch: &mut AttnScratch, out: &mut [f32]) {
     attend_cells(Version::Portable, q, cells, scale, scratch, out)
+}
+
+/// Worker `ith` of `nth`'s share of one pipelined prefill attention node (`pipe.rs`): items
+/// `0..n_items` (`item(k)`: rows of one sequence with the query heads of one KV head, keys in
+/// columns), their phases run on this table's column-key arithmetic as they become ready,
+/// `role`'s first. The results are [`attend_rows`]' bits (the column-key algorithm), whoever
+/// ran which phase. On an SME table a worker that is not of the vector class runs the matrix
+/// phases on the matrix unit (`sme.rs`), the softmax on NEON; a vector worker runs all on NEON.
+///
+/// # Safety
+/// As [`Pipeline::run`]: every worker of the node calls it once with the same arguments but
+/// `ith` and `role`; `item(k).out` rows are writable, this item's only.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn attend_pipelined<'a>(kernels: &crate::Kernels, pipe: &Pipeline, role: Role, ith: usize, nth: usize, n_items: usize, item: &dyn Fn(usize) -> PipeItem<'a>, scale: f32, scratch: &mut AttnScratch) {
+    let v = version(kernels, pipe.head_dim());
+    #[cfg(not(target_arch = "aarch64"))]
+    let _ = &scratch;
+    let mut run_task = |t: &pipe::Task| -> usize {
+        match v {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: an Avx512 table is only built after detecting AVX-512 F/BW/VL (and AVX2,
+            // FMA, F16C); `version` checked the head dimension.
+            Version::Avx512 => unsafe { x86::run_task(t) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C; as above.
+            Version::Avx2 => unsafe { avx2::run_task(t) },
+            #[cfg(target_arch = "aarch64")]
+            Version::Neon => neon::run_task(t),
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: an Sme table is only built after detecting SME (and its self-test passed).
+            Version::Sme if role != Role::Vector && t.phase != pipe::Phase::Softmax => unsafe { sme::run_task(t, &mut scratch.matrix) },
+            #[cfg(target_arch = "aarch64")]
+            Version::Sme if pipe.head_dim().is_multiple_of(16) => neon::run_task(t),
+            _ => pipe::run_task(&model::PortableOps, t),
+        }
+    };
+    // SAFETY: the caller's contract.
+    unsafe { pipe.run(&mut run_task, role, ith, nth, n_items, item, scale) }
 }

@@ -5,6 +5,7 @@
 //! `model.rs`. NEON is the aarch64 baseline: no target features to enable.
 
 use super::drive::{self, ColumnOps};
+use super::pipe;
 use super::model::C;
 use crate::attention::types::{KvRows, MatrixScratch, NextRows};
 use crate::exp::aarch64::expf_ggml4;
@@ -23,6 +24,11 @@ pub(super) fn attend_rows(q: &[&[f32]], heads: usize, mask: &dyn Fn(usize, usize
     drive::attend_rows(&NeonOps, q, heads, mask, n_blocks, kv, scale, ms, next, out)
 }
 
+/// A pipelined attention phase (`pipe.rs`) on NEON (a head dimension that is a multiple of 16).
+pub(super) fn run_task(task: &pipe::Task) -> usize {
+    pipe::run_task(&NeonOps, task)
+}
+
 /// All-ones lanes where bit `i` of `bits` is set (lane `i`).
 #[inline(always)]
 fn lane_mask(bits: u16) -> uint32x4_t {
@@ -39,6 +45,22 @@ impl ColumnOps for NeonOps {
     fn zero(&self) -> [float32x4_t; 4] {
         // SAFETY: NEON is the aarch64 baseline.
         unsafe { [vdupq_n_f32(0.0); 4] }
+    }
+
+    #[inline(always)]
+    fn store(&self, s: [float32x4_t; 4], out: &mut [f32; C]) {
+        // SAFETY: NEON (this instance exists only inside its entry points); 16 f32.
+        unsafe {
+            for (x, v) in s.iter().enumerate() {
+                vst1q_f32(out.as_mut_ptr().add(4 * x), *v);
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn load(&self, p: &[f32; C]) -> [float32x4_t; 4] {
+        // SAFETY: as `store`.
+        unsafe { [vld1q_f32(p.as_ptr()), vld1q_f32(p.as_ptr().add(4)), vld1q_f32(p.as_ptr().add(8)), vld1q_f32(p.as_ptr().add(12))] }
     }
 
     #[inline(always)]
@@ -69,12 +91,12 @@ impl ColumnOps for NeonOps {
     }
 
     #[inline(always)]
-    fn softmax(&self, ms: &mut MatrixScratch, h: usize, s: [float32x4_t; 4], vis: u16, scale: f32) {
+    fn softmax(&self, s: [float32x4_t; 4], vis: u16, scale: f32, m: &mut f32, l: &mut [f32; C], p: &mut [f32; C]) -> f32 {
         if vis == 0 {
-            ms.p[h] = [0.0; C];
-            return;
+            *p = [0.0; C];
+            return 1.0;
         }
-        // SAFETY: NEON; `p[h]` and `l[h]` are 16 f32 each.
+        // SAFETY: NEON; `p` and `l` are 16 f32 each.
         unsafe {
             let sc = vdupq_n_f32(scale);
             let x = [vmulq_f32(s[0], sc), vmulq_f32(s[1], sc), vmulq_f32(s[2], sc), vmulq_f32(s[3], sc)];
@@ -84,32 +106,30 @@ impl ColumnOps for NeonOps {
             for k in 1..4 {
                 xm = vmaxq_f32(xm, vbslq_f32(mk[k], x[k], ninf));
             }
-            let m_new = ms.m[h].max(vmaxvq_f32(xm));
-            let corr = expf_ggml(ms.m[h] - m_new);
+            let m_new = m.max(vmaxvq_f32(xm));
+            let corr = expf_ggml(*m - m_new);
             let (mv, cv) = (vdupq_n_f32(m_new), vdupq_n_f32(corr));
             for k in 0..4 {
                 let e = expf_ggml4(vsubq_f32(x[k], mv));
-                let p = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(e), mk[k]));
-                let l = vld1q_f32(ms.l[h].as_ptr().add(4 * k));
-                vst1q_f32(ms.l[h].as_mut_ptr().add(4 * k), vfmaq_f32(p, l, cv));
-                vst1q_f32(ms.p[h].as_mut_ptr().add(4 * k), p);
+                let e = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(e), mk[k]));
+                let sums = vld1q_f32(l.as_ptr().add(4 * k));
+                vst1q_f32(l.as_mut_ptr().add(4 * k), vfmaq_f32(e, sums, cv));
+                vst1q_f32(p.as_mut_ptr().add(4 * k), e);
             }
-            ms.m[h] = m_new;
-            ms.corr[h] = corr;
+            *m = m_new;
+            corr
         }
     }
 
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // vectors and lanes index several arrays at once
-    fn values<const NH: usize, const NV: usize>(&self, ms: &mut MatrixScratch, h0: usize, hd: usize, vb: *const f16, vis: &[u16]) {
-        assert!(h0 + NH <= ms.p.len() && (h0 + NH) * hd <= ms.acc.len() && hd.is_multiple_of(16) && vis.len() >= NH);
+    fn values<const NH: usize, const NV: usize>(&self, p: &[[f32; C]], corr: &[f32], vis: &[u16], acc: &mut [f32], hd: usize, vb: *const f16) {
+        assert!(p.len() >= NH && corr.len() >= NH && NH * hd <= acc.len() && hd.is_multiple_of(16) && vis.len() >= NH);
         // SAFETY: NEON; rows j < 16 of `vb` hold `hd` F16 (the trait's contract); accumulator
-        // indices stay below (h0 + NH)·hd (asserted).
+        // indices stay below NH·hd (asserted).
         unsafe {
             let mut nz = [0u16; NH];
-            let mut p = [[0f32; C]; NH];
             for i in 0..NH {
-                p[i] = ms.p[h0 + i];
                 nz[i] = drive::nonzero(&p[i]);
             }
             let any = nz.iter().fold(0u16, |a, z| a | z);
@@ -137,10 +157,9 @@ impl ColumnOps for NeonOps {
                     if vis[i] == 0 {
                         continue;
                     }
-                    let h = h0 + i;
-                    let c = vdupq_n_f32(ms.corr[h]);
+                    let c = vdupq_n_f32(corr[i]);
                     for x in 0..4 {
-                        let a = ms.acc.as_mut_ptr().add(h * hd + d0 + 4 * x);
+                        let a = acc.as_mut_ptr().add(i * hd + d0 + 4 * x);
                         vst1q_f32(a, vfmaq_f32(w[i][x], vld1q_f32(a), c));
                     }
                 }

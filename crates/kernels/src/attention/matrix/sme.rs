@@ -18,7 +18,8 @@
 //! 32 bytes ([`Isa::Sme`](crate::simd::Isa::Sme)).
 
 use super::model::{self, begin, finish, rescale_add, softmax_step, C};
-use crate::attention::types::{KvRows, MatrixScratch};
+use super::pipe;
+use crate::attention::types::{KvRows, MatrixScratch, ROWS_MAX_VECTORS as V};
 use crate::simd::aarch64::sme_vector_bytes;
 use half::f16;
 use std::arch::asm;
@@ -209,6 +210,91 @@ pub(super) unsafe fn attend_rows(q: &[&[f32]], heads: usize, mask: &dyn Fn(usize
     }
     for (r, o) in out.iter_mut().enumerate() {
         finish(ms, r * heads, heads, hd, o);
+    }
+}
+
+/// A matrix phase of pipelined attention (`pipe.rs`) on the matrix unit: the scores of the
+/// tile's blocks as `scores_tile`s over groups of `lanes` vectors (their queries transposed once
+/// per group), or its values as `values_tile`s rescaled into the accumulators — the steps of
+/// [`attend_rows`], so the same bits. The softmax phase runs on NEON (`neon::run_task`).
+///
+/// # Safety
+/// SME as the module says; a scores or values task.
+pub(super) unsafe fn run_task(task: &pipe::Task, ms: &mut MatrixScratch) -> usize {
+    let kv = &task.item_kv();
+    let (hd, n) = (kv.head_dim, task.n());
+    let l = sme_vector_bytes() / 4;
+    assert!(ms.qt.len() >= hd * l && ms.pt.len() >= C * l && l >= 4 && l <= 64);
+    let mut tile = [0f32; 64 * 64];
+    // SAFETY (`entry`, `acc`): this is the phase running `task`.
+    let (p, vis, corr) = unsafe { task.entry() };
+    match task.phase {
+        pipe::Phase::Scores => {
+            let mut scored = 0;
+            let mut any = [false; pipe::TILE_BLOCKS];
+            for (bi, b) in task.blocks().enumerate() {
+                any[bi] = task.block_vis(bi, b, vis);
+                scored += any[bi] as usize;
+            }
+            for i0 in (0..n).step_by(l) {
+                let i1 = (i0 + l).min(n);
+                // The group's queries transposed: qt[d][i − i0].
+                ms.qt[..hd * l].fill(0.0);
+                for i in i0..i1 {
+                    for (d, &x) in task.query(i).iter().enumerate() {
+                        ms.qt[d * l + i - i0] = x;
+                    }
+                }
+                for (bi, b) in task.blocks().enumerate().filter(|&(bi, _)| any[bi]) {
+                    let kt = kv.k_columns(b);
+                    assert!(kt.len() >= C * hd);
+                    for c0 in (0..C).step_by(l) {
+                        let cols = (C - c0).min(l);
+                        // SAFETY: the caller's SME; `kt + c0` starts the tile's columns of a
+                        // block of `hd × 16` F16 (asserted).
+                        unsafe { scores_tile(&ms.qt, kt.as_ptr().add(c0), hd, cols, &mut tile) };
+                        for i in i0..i1 {
+                            p[bi * V + i][c0..c0 + cols].copy_from_slice(&tile[(i - i0) * l..(i - i0) * l + cols]);
+                        }
+                    }
+                }
+            }
+            scored
+        }
+        _ => {
+            // SAFETY: as above.
+            let acc = unsafe { task.acc() };
+            let vb = 2 * hd;
+            for (bi, b) in task.blocks().enumerate() {
+                let e = bi * V;
+                if vis[e..e + n].iter().all(|&m| m == 0) {
+                    continue;
+                }
+                let v0 = task.values_of(b);
+                for i0 in (0..n).step_by(l) {
+                    let i1 = (i0 + l).min(n);
+                    // The group's probabilities transposed: pt[j][i − i0] (0 for a vector that
+                    // sees none of the block: the softmax left its probabilities 0).
+                    ms.pt[..C * l].fill(0.0);
+                    for i in i0..i1 {
+                        for j in 0..C {
+                            ms.pt[j * l + i - i0] = p[e + i][j];
+                        }
+                    }
+                    for d0 in (0..hd).step_by(l) {
+                        let cols = (hd - d0).min(l);
+                        // SAFETY: the caller's SME; 16 rows of `hd` F16 from the block's first
+                        // (`values_of`), the tile's columns from d0.
+                        unsafe { values_tile(&ms.pt, v0.add(d0), vb, cols, &mut tile) };
+                        for i in (i0..i1).filter(|&i| vis[e + i] != 0) {
+                            let w = &tile[(i - i0) * l..(i - i0) * l + cols];
+                            rescale_add(&mut acc[i * hd + d0..i * hd + d0 + cols], corr[e + i], w);
+                        }
+                    }
+                }
+            }
+            0
+        }
     }
 }
 

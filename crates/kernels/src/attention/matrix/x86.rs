@@ -4,6 +4,7 @@
 //! widened value row per cell, shared by up to four vectors). Bit for bit `model.rs`.
 
 use super::drive::{self, ColumnOps};
+use super::pipe;
 use super::model::C;
 use crate::attention::types::{KvRows, MatrixScratch, NextRows};
 use crate::exp::expf_ggml;
@@ -26,6 +27,15 @@ pub(super) unsafe fn attend_rows(q: &[&[f32]], heads: usize, mask: &dyn Fn(usize
     drive::attend_rows(&Avx512Ops(()), q, heads, mask, n_blocks, kv, scale, ms, next, out)
 }
 
+/// A pipelined attention phase (`pipe.rs`) on AVX-512.
+///
+/// # Safety
+/// AVX-512 F/BW/VL, AVX2, FMA and F16C; a head dimension that is a multiple of 16.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn run_task(task: &pipe::Task) -> usize {
+    pipe::run_task(&Avx512Ops(()), task)
+}
+
 impl ColumnOps for Avx512Ops {
     type Scores = __m512;
 
@@ -33,6 +43,20 @@ impl ColumnOps for Avx512Ops {
     fn zero(&self) -> __m512 {
         // SAFETY: AVX-512 F (this instance exists only inside `attend_rows`).
         unsafe { _mm512_setzero_ps() }
+    }
+
+    #[inline(always)]
+    fn store(&self, s: __m512, out: &mut [f32; C]) {
+        // SAFETY: AVX-512 F (this instance exists only inside its entry points); 16 f32.
+        unsafe {
+            _mm512_storeu_ps(out.as_mut_ptr(), s)
+        }
+    }
+
+    #[inline(always)]
+    fn load(&self, p: &[f32; C]) -> __m512 {
+        // SAFETY: as `store`.
+        unsafe { _mm512_loadu_ps(p.as_ptr()) }
     }
 
     #[inline(always)]
@@ -59,38 +83,36 @@ impl ColumnOps for Avx512Ops {
     }
 
     #[inline(always)]
-    fn softmax(&self, ms: &mut MatrixScratch, h: usize, s: __m512, vis: u16, scale: f32) {
+    fn softmax(&self, s: __m512, vis: u16, scale: f32, m: &mut f32, l: &mut [f32; C], p: &mut [f32; C]) -> f32 {
         if vis == 0 {
-            ms.p[h] = [0.0; C];
-            return;
+            *p = [0.0; C];
+            return 1.0;
         }
-        // SAFETY: AVX-512 F (this instance exists only inside `attend_rows`); `p[h]` and
-        // `l[h]` are 16 f32 each.
+        // SAFETY: AVX-512 F (this instance exists only inside `attend_rows`); `p` and `l`
+        // are 16 f32 each.
         unsafe {
             let x = _mm512_mul_ps(s, _mm512_set1_ps(scale));
-            let m_new = ms.m[h].max(_mm512_mask_reduce_max_ps(vis, x));
-            let corr = expf_ggml(ms.m[h] - m_new);
-            let p = _mm512_maskz_mov_ps(vis, expf_ggml16(_mm512_sub_ps(x, _mm512_set1_ps(m_new))));
-            let l = _mm512_loadu_ps(ms.l[h].as_ptr());
-            _mm512_storeu_ps(ms.l[h].as_mut_ptr(), _mm512_fmadd_ps(l, _mm512_set1_ps(corr), p));
-            _mm512_storeu_ps(ms.p[h].as_mut_ptr(), p);
-            ms.m[h] = m_new;
-            ms.corr[h] = corr;
+            let m_new = m.max(_mm512_mask_reduce_max_ps(vis, x));
+            let corr = expf_ggml(*m - m_new);
+            let e = _mm512_maskz_mov_ps(vis, expf_ggml16(_mm512_sub_ps(x, _mm512_set1_ps(m_new))));
+            let sums = _mm512_loadu_ps(l.as_ptr());
+            _mm512_storeu_ps(l.as_mut_ptr(), _mm512_fmadd_ps(sums, _mm512_set1_ps(corr), e));
+            _mm512_storeu_ps(p.as_mut_ptr(), e);
+            *m = m_new;
+            corr
         }
     }
 
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // vectors and lanes index several arrays at once
-    fn values<const NH: usize, const NV: usize>(&self, ms: &mut MatrixScratch, h0: usize, hd: usize, vb: *const f16, vis: &[u16]) {
-        assert!(h0 + NH <= ms.p.len() && (h0 + NH) * hd <= ms.acc.len() && hd.is_multiple_of(NV * 16) && vis.len() >= NH);
+    fn values<const NH: usize, const NV: usize>(&self, p: &[[f32; C]], corr: &[f32], vis: &[u16], acc: &mut [f32], hd: usize, vb: *const f16) {
+        assert!(p.len() >= NH && corr.len() >= NH && NH * hd <= acc.len() && hd.is_multiple_of(NV * 16) && vis.len() >= NH);
         // SAFETY: AVX-512 F and F16C (this instance exists only inside `attend_rows`); rows
         // j < 16 of `vb` hold `hd` F16 (the trait's contract); accumulator indices stay below
-        // (h0 + NH)·hd (asserted).
+        // NH·hd (asserted).
         unsafe {
             let mut nz = [0u16; NH];
-            let mut p = [[0f32; C]; NH];
             for i in 0..NH {
-                p[i] = ms.p[h0 + i];
                 nz[i] = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(_mm512_loadu_ps(p[i].as_ptr()), _mm512_setzero_ps());
             }
             let any = nz.iter().fold(0u16, |a, z| a | z);
@@ -116,10 +138,9 @@ impl ColumnOps for Avx512Ops {
                     if vis[i] == 0 {
                         continue;
                     }
-                    let h = h0 + i;
-                    let c = _mm512_set1_ps(ms.corr[h]);
+                    let c = _mm512_set1_ps(corr[i]);
                     for x in 0..NV {
-                        let a = ms.acc.as_mut_ptr().add(h * hd + d0 + 16 * x);
+                        let a = acc.as_mut_ptr().add(i * hd + d0 + 16 * x);
                         _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_loadu_ps(a), c, w[i][x]));
                     }
                 }

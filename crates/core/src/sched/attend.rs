@@ -1,0 +1,199 @@
+//! The attention node: (block of rows, KV head) items over the paged cache, run by the fused
+//! kernels (`corelm_kernels::attention`) each on its worker's share of the items — or, for a
+//! prefill over keys stored in columns with a [`Pipeline`] given (`--attn-pipeline`), as a
+//! pipeline whose phases of different tiles run on different workers at once
+//! (`attention::matrix::attend_pipelined`), the same bits.
+
+use super::{split, Ctx, Range};
+use crate::tensor::{AttnParams, AttnShard, Tensor, TensorId};
+use corelm_kernels::attention::matrix::{PipeItem, Role};
+use corelm_kernels::attention::{self, AttnScratch, KeyLayout};
+use corelm_kernels::DType;
+
+impl Ctx<'_> {
+    /// Worker `ith` of `nth`'s share of the attention node `t` of layer `layer` (queries `q`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attention(&self, t: &Tensor, layer: usize, q: TensorId, p: AttnParams, shard: AttnShard, ith: usize, nth: usize, scratch: &mut AttnScratch) {
+        let [ne0, rows] = t.ne;
+        let q = self.f32s(q);
+        let kv = self.kv;
+        let (kp, vp) = kv.layer_ptrs(layer);
+        let (hd, cells) = (p.head_dim, kv.n_cells);
+        let (krb, vrb) = kv.row_bytes();
+        let group = shard.group;
+        let kind = if rows >= attention::TILED_MIN_ROWS && !self.mode.batch_invariant {
+            attention::AttnKernel::Tiled
+        } else {
+            attention::AttnKernel::Reference
+        };
+        // Work items are (block of rows, KV head, query heads of it): the heads and rows
+        // of an item share each key/value block read. The tiled kernel takes up to
+        // ROWS_MAX_VECTORS rows × heads per call; decode's kernel one row.
+        let per_block = match kind {
+            attention::AttnKernel::Tiled => (attention::ROWS_MAX_VECTORS / group).max(1),
+            _ => 1,
+        };
+        let blocks = rows.div_ceil(per_block);
+        // The KV rows of sequence `seq`'s KV head `kvh` (of the model).
+        let rows_of = |seq: i32, kvh: usize| {
+            // SAFETY: K/V of this layer were written by the kv_store node before
+            // the barrier; nobody writes them during attention.
+            unsafe {
+                attention::KvRows {
+                    k: std::slice::from_raw_parts(kp.add(kvh * cells * krb), cells * krb),
+                    v: std::slice::from_raw_parts(vp.add(kvh * cells * vrb), cells * vrb),
+                    k_type: kv.k_type,
+                    v_type: kv.v_type,
+                    head_dim: hd,
+                    table: kv.blocks.table(seq as usize),
+                    shift: crate::kv::BLOCK_SHIFT,
+                    k_layout: kv.k_layout,
+                }
+            }
+        };
+        // Logical cell c holds position c: causal means c <= pos; a window w keeps the
+        // cells with pos - c < w.
+        let span_of = |r: usize| {
+            let pos = self.batch.pos[r] as usize;
+            p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize))..pos + 1
+        };
+        // A prefill of one sequence over keys in columns: the pipeline, if there is one (a
+        // serial node only: the pipeline's slots are shared by every worker of the pool).
+        let seq0 = self.batch.seq[0];
+        if let Some(pipe) = self.pipeline.filter(|pp| {
+            kind == attention::AttnKernel::Tiled && kv.k_layout == KeyLayout::Columns && t.group.is_none() && pp.head_dim() == hd && self.batch.seq[..rows].iter().all(|&s| s == seq0)
+        }) {
+            let (n_kv, heads_of) = kv_heads(p.n_head, shard);
+            let out = self.base(t) as *mut f32;
+            // Item k: the rows of block k / n_kv with the query heads of KV head k % n_kv.
+            let item = |k: usize| {
+                let (b, j) = (k / n_kv, k % n_kv);
+                let heads = heads_of(j);
+                let r0 = b * per_block;
+                let at = r0 * ne0 + heads.start * hd;
+                PipeItem {
+                    kv: rows_of(seq0, shard.kv_base + j),
+                    heads: heads.len(),
+                    rows: ((b + 1) * per_block).min(rows) - r0,
+                    q: &q[at..],
+                    out: out.wrapping_add(at),
+                    stride: ne0,
+                    row0: r0,
+                    span_of: &span_of,
+                }
+            };
+            // Workers of a matrix-unit class (`--matrix-workers`) take the matrix phases first.
+            let role = match self.classes.first() {
+                Some(c) if nth == self.classes.iter().map(|c| c.workers).sum::<usize>() => {
+                    if ith < c.workers {
+                        Role::Matrix
+                    } else {
+                        Role::Vector
+                    }
+                }
+                _ => Role::Any,
+            };
+            // SAFETY: every worker of this node (all `nth`) calls it once with these items; an
+            // item's outputs are its rows' heads of its KV head inside this node's tensor,
+            // disjoint between items; the node is serial, so no other node uses the pipeline.
+            unsafe { attention::matrix::attend_pipelined(self.kernels, pipe, role, ith, nth, blocks * n_kv, &item, p.scale, scratch) };
+            return;
+        }
+        let mut items = attention_items(blocks, p.n_head, shard, ith, nth).peekable();
+        while let Some((b, kvh, heads)) = items.next() {
+            let kvh = shard.kv_base + kvh;
+            let block = b * per_block..((b + 1) * per_block).min(rows);
+            // Decode: this item's kernel asks for the next item's first cells while it
+            // computes its last chunk, as it asks for each of its chunks during the one before.
+            let next = items.peek().filter(|_| kind == attention::AttnKernel::Reference).map(|&(nb, nkvh, _)| {
+                let r = nb * per_block;
+                (rows_of(self.batch.seq[r], shard.kv_base + nkvh), span_of(r))
+            });
+            scratch.read_next(next);
+            // Rows of one sequence go to the kernel together.
+            let mut r0 = block.start;
+            while r0 < block.end {
+                let seq = self.batch.seq[r0];
+                let r1 = (r0..block.end).find(|&r| self.batch.seq[r] != seq).unwrap_or(block.end);
+                let rows_kv = rows_of(seq, kvh);
+                let mut qs: [&[f32]; attention::ROWS_MAX_VECTORS] = [&[]; attention::ROWS_MAX_VECTORS];
+                let mut outs: [&mut [f32]; attention::ROWS_MAX_VECTORS] = std::array::from_fn(|_| &mut [][..]);
+                let mut spans: [std::ops::Range<usize>; attention::ROWS_MAX_VECTORS] = std::array::from_fn(|_| 0..0);
+                for r in r0..r1 {
+                    let i = r - r0;
+                    let span = r * ne0 + heads.start * hd..r * ne0 + heads.end * hd;
+                    qs[i] = &q[span.clone()];
+                    // SAFETY: (row, KV head, chunk) triples are dealt to exactly one
+                    // worker, and each row of the block is taken once.
+                    outs[i] = unsafe { self.out_f32(t, span.start, span.len()) };
+                    spans[i] = span_of(r);
+                }
+                let n = r1 - r0;
+                let (q_rows, out_rows) = (&qs[..n], &mut outs[..n]);
+                let kind = self.kv_split(kind, self.batch.pos[r0] as usize, nth);
+                attention::attend_rows(kind, self.kernels, q_rows, heads.len(), &spans[..n], &rows_kv, p.scale, scratch, out_rows);
+                r0 = r1;
+            }
+        }
+    }
+
+    fn kv_split(&self, kind: attention::AttnKernel, pos: usize, nth: usize) -> attention::AttnKernel {
+        let kv = self.kv;
+        let one_row = self.graph.n_tokens == 1 || self.mode.batch_invariant;
+        if kind != attention::AttnKernel::Reference || !one_row || kv.k_type != DType::F16 || kv.v_type != DType::F16 {
+            return kind;
+        }
+        let n_kv = (pos + 1).next_multiple_of(256).min(kv.n_cells);
+        if n_kv < 512 {
+            return kind;
+        }
+        attention::AttnKernel::Split(n_kv.div_ceil(nth))
+    }
+}
+
+/// The KV heads of a node over `n_head` query heads of `shard` and, for KV head `j` (of the
+/// shard), its query heads: the model's heads (k0 + j)·group .. (k0 + j + 1)·group, k0 the
+/// shard's first KV head, less the shard's first query head, within the shard's heads.
+fn kv_heads(n_head: usize, shard: AttnShard) -> (usize, impl Fn(usize) -> Range<usize> + Copy) {
+    let n_kv = shard.kv_of(n_head - 1) + 1;
+    let k0 = shard.q_head0 / shard.group;
+    let heads_of = move |j: usize| {
+        let (first, end) = ((k0 + j) * shard.group, (k0 + j + 1) * shard.group);
+        first.saturating_sub(shard.q_head0)..(end - shard.q_head0).min(n_head)
+    };
+    (n_kv, heads_of)
+}
+
+/// Worker `ith`'s share of an attention node over `blocks` blocks of rows and `n_head` query
+/// heads whose KV heads `shard.kv_of` gives (`group` query heads each in serial mode; a
+/// tensor-parallel shard's first and last KV heads may serve fewer), as (block, KV head, query
+/// heads) items. With many (block, KV head) pairs (prefill) they are dealt round-robin, whole
+/// KV heads (later rows see more cells, so contiguous ranges would be uneven). With few
+/// (decode), the (block, query head) units are cut into one contiguous range per worker, split
+/// at KV-head boundaries: 3 KV heads × 3 heads on 2 workers give 5 and 4 heads, where whole
+/// groups gave 6 and 3.
+pub fn attention_items(
+    blocks: usize,
+    n_head: usize,
+    shard: AttnShard,
+    ith: usize,
+    nth: usize,
+) -> impl Iterator<Item = (usize, usize, Range<usize>)> {
+    let (n_kv, heads_of) = kv_heads(n_head, shard);
+    let pairs = blocks * n_kv;
+    let dealt = pairs >= 4 * nth;
+    let whole = (ith..if dealt { pairs } else { 0 }).step_by(nth).map(move |pr| (pr / n_kv, pr % n_kv, heads_of(pr % n_kv)));
+    let mut units = if dealt { 0..0 } else { split(blocks * n_head, ith, nth) };
+    let cut = std::iter::from_fn(move || {
+        let u = units.start;
+        if u >= units.end {
+            return None;
+        }
+        let (b, h0) = (u / n_head, u % n_head);
+        let kv = shard.kv_of(h0);
+        let h1 = heads_of(kv).end.min(h0 + units.end - u);
+        units.start = u + h1 - h0;
+        Some((b, kv, h0..h1))
+    });
+    whole.chain(cut)
+}
