@@ -81,6 +81,26 @@ fn table(title: &str, plans: &[OpPlan]) -> String {
             100.0 * sec / total.max(1e-12)
         );
     }
+    // MoE matmuls: where an expert runs by the pairs routed to it (one line per matrix shape).
+    let mut seen: Vec<&str> = Vec::new();
+    for p in plans {
+        let Some(rule) = p.experts.as_ref().filter(|_| !seen.contains(&p.label.as_str())) else { continue };
+        seen.push(&p.label);
+        let steps: Vec<String> = rule
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, (from, at))| {
+                let to = rule.steps.get(i + 1).map_or(String::from("+"), |(next, _)| if next - 1 > *from { format!("–{}", next - 1) } else { String::new() });
+                let at = match at {
+                    Placement::On(t) => t.clone(),
+                    Placement::Split(sh) => sh.iter().map(|(t, x)| format!("{t} {:.0}%", 100.0 * x)).collect::<Vec<_>>().join(" + "),
+                };
+                format!("{from}{to} → {at}")
+            })
+            .collect();
+        s += &format!("experts of {} by routed pairs: {}\n", p.label, steps.join("; "));
+    }
     s
 }
 

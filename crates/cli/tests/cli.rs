@@ -173,6 +173,16 @@ fn plan_places_operators_on_a_stated_roofline() {
     assert!(drawn.matches("<circle").count() >= 20, "every distinct operator of both phases is a point");
     let both = corelm().args(["plan", "--plan", "x.json", "--profile", &profile]).output().unwrap();
     assert!(String::from_utf8_lossy(&both.stderr).contains("one or the other"));
+    // A MoE model (the Qwen3-MoE fixture: 8 experts of 64 × 48, 2 per token): its expert
+    // matmuls costed at the experts a batch reaches, each with its rule by routed pairs — a
+    // one-token decode routes one pair per expert at most: the CPU.
+    let moe = format!("{}/../../fixtures/qwen3moe.gguf", env!("CARGO_MANIFEST_DIR"));
+    let out = corelm().args(["plan", "--model", &moe, "--profile", &profile, "--prompt", "64"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (prefill, decode) = text.split_once("decode at").expect("two tables");
+    assert!(prefill.contains("experts of matmul_id F16 64×48 ×8 by routed pairs: 1–") && prefill.contains("→ cpu;") && prefill.contains("+ → sme"), "{prefill}");
+    assert!(decode.contains("experts of matmul_id F16 64×48 ×8 by routed pairs: 1+ → cpu"), "{decode}");
 }
 
 /// `--accel-split` from the command line on a stated profile with an accelerator target (10×

@@ -30,6 +30,14 @@
 //! there; a long prefill's matmuls split. The device gets work only where the model says it
 //! saves at least [`MIN_GAIN`] of the CPU's time.
 //!
+//! **MoE experts** are placed by their routed-token counts: an expert's matmul has as many
+//! activation rows as (token, expert) pairs the router sends it, which is known only when the
+//! batch runs, so the plan gives each MoE matmul a rule ([`ExpertRule`]) — for each count of
+//! pairs, where an expert with that many runs (one expert's rows × that many rows, placed as
+//! any matmul): on the M4 Pro profile an expert with a few pairs is a GEMV on the CPU, one
+//! with many a GEMM on SME. The node itself is costed at the experts a batch of its tokens is
+//! expected to read (`E·(1 − (1 − k/E)^tokens)` of `E` experts, `k` used per token).
+//!
 //! **Threads.** A memory-bound operator on the vector target runs on the fewest threads that
 //! reach 90 % of the measured bandwidth (the knee); everything else on every worker.
 //!
@@ -77,6 +85,38 @@ pub struct OpPlan {
     pub seconds: f64,
     /// For a split matmul: each target's rows × columns of the output ([`split_tiles`]).
     pub tiles: Vec<Share>,
+    /// For a MoE matmul: where its experts run by their routed pairs.
+    pub experts: Option<ExpertRule>,
+}
+
+/// Where a MoE matmul's experts run by how many (token, expert) pairs each is routed: from
+/// `steps[i].0` pairs on (to the next step's count), `steps[i].1`. The first step is at 1.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExpertRule {
+    pub steps: Vec<(usize, Placement)>,
+}
+
+impl ExpertRule {
+    /// Where an expert routed `pairs` pairs runs (at least 1).
+    pub fn placement(&self, pairs: usize) -> &Placement {
+        &self.steps.iter().rev().find(|(from, _)| *from <= pairs.max(1)).expect("a rule starts at 1 pair").1
+    }
+}
+
+/// The rule of a MoE matmul whose experts are `k × n_out` matrices of `expert_bytes` bytes in
+/// `family`, for 1 to `max_pairs` pairs per expert: each count placed by [`place`] as one
+/// expert's matmul (its rows read once, f32 activations in and results out).
+pub fn expert_rule(roof: &Roofline, family: &str, expert_bytes: f64, k: usize, n_out: usize, max_pairs: usize) -> ExpertRule {
+    let mut steps: Vec<(usize, Placement)> = Vec::new();
+    for c in 1..=max_pairs.max(1) {
+        let flops = 2.0 * (c * k * n_out) as f64;
+        let bytes = expert_bytes + 4.0 * (c * (k + n_out)) as f64;
+        let p = place(roof, String::new(), family, flops, bytes).placement;
+        if steps.last().is_none_or(|(_, q)| *q != p) {
+            steps.push((c, p));
+        }
+    }
+    ExpertRule { steps }
 }
 
 impl OpPlan {
@@ -100,7 +140,20 @@ fn cost(g: &Graph, t: &corelm_core::tensor::Tensor, ctx: usize) -> (String, &'st
     let f32s = |n: usize| 4.0 * n as f64;
     let elems = (t.ne[0] * t.ne[1]) as f64;
     match t.op {
-        Op::MatMul { w, x } | Op::MatMulId { w, x, .. } => {
+        Op::MatMulId { w, x, p, per_pair, e0, e1, .. } => {
+            // Rows: one per routed pair. Matrices: the experts a batch of these tokens is
+            // expected to route to, each read once.
+            let (wt, xt) = (g.tensor(w), g.tensor(x));
+            let (k, n_out, pairs) = (wt.ne[0], t.ne[0], t.ne[1]);
+            let tokens = if per_pair { pairs / p.n_used.max(1) } else { xt.ne[1] };
+            let e = (e1 - e0).max(1) as f64;
+            let reach = p.n_expert.max(1) as f64;
+            let used = e * (1.0 - (1.0 - p.n_used as f64 / reach).powi(tokens as i32));
+            let flops = 2.0 * (pairs * k * n_out) as f64;
+            let bytes = used * wt.n_bytes() as f64 / e + xt.n_bytes() as f64 + f32s(pairs * n_out);
+            (format!("matmul_id {} {k}×{n_out} ×{}", wt.dtype, e1 - e0), family(wt.dtype), flops, bytes)
+        }
+        Op::MatMul { w, x } => {
             let (wt, xt) = (g.tensor(w), g.tensor(x));
             let [k, n_out] = wt.ne;
             let rows = t.ne[1];
@@ -250,7 +303,7 @@ fn place_host(roof: &Roofline, label: String, family: &str, flops: f64, bytes: f
                 // No target has any ceiling: the vector cores at the memory roof.
                 let att = ai * roof.memory.all_busy_gbps;
                 let seconds = time(att, roof.memory.all_busy_gbps);
-                return OpPlan { label, family: used, flops, bytes, regime: Regime::Memory, placement: Placement::On(vector.into()), threads: knee, gflops: att, seconds, tiles: Vec::new() };
+                return OpPlan { label, family: used, flops, bytes, regime: Regime::Memory, placement: Placement::On(vector.into()), threads: knee, gflops: att, seconds, tiles: Vec::new(), experts: None };
             };
             let ridge = ceiling / alone(name);
             let regime = if ai < 0.5 * ridge { Regime::Memory } else if ai > 2.0 * ridge { Regime::Compute } else { Regime::Ridge };
@@ -259,7 +312,7 @@ fn place_host(roof: &Roofline, label: String, family: &str, flops: f64, bytes: f
     };
     let threads = if regime == Regime::Memory && on == Some(vector) { knee.min(all_threads) } else { all_threads };
     let seconds = time(gflops, roof.memory.all_busy_gbps);
-    OpPlan { label, family: used, flops, bytes, regime, placement, threads, gflops, seconds, tiles: Vec::new() }
+    OpPlan { label, family: used, flops, bytes, regime, placement, threads, gflops, seconds, tiles: Vec::new(), experts: None }
 }
 
 /// The plan of every node of `g` (in node order), attention seeing `ctx` cached tokens.
@@ -272,6 +325,13 @@ pub fn plan_graph(g: &Graph, roof: &Roofline, ctx: usize) -> Vec<OpPlan> {
             let mut p = match t.op {
                 // f32 activations to an accelerator and f32 results back.
                 Op::MatMul { w, .. } => place_io(roof, label, family, flops, bytes, 4.0 * (t.ne[1] * (g.tensor(w).ne[0] + t.ne[0])) as f64, t.ne[0]),
+                Op::MatMulId { w, p: moe, e0, e1, .. } => {
+                    let wt = g.tensor(w);
+                    let expert_bytes = wt.n_bytes() as f64 / (e1 - e0).max(1) as f64;
+                    let max_pairs = t.ne[1] / moe.n_used.max(1);
+                    let rule = expert_rule(roof, family, expert_bytes, wt.ne[0], t.ne[0], max_pairs);
+                    OpPlan { experts: Some(rule), ..place(roof, label, family, flops, bytes) }
+                }
                 _ => place(roof, label, family, flops, bytes),
             };
             // A split matmul's output tiles (`ne`: weight rows × activation rows), cut in the

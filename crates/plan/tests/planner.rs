@@ -1,7 +1,7 @@
 //! The planner's placements on the stated Apple M4 Pro profile (SMEPilot's machine) and on a
 //! one-target machine.
 
-use corelm_plan::planner::{place, Placement, Regime};
+use corelm_plan::planner::{expert_rule, place, Placement, Regime};
 use corelm_plan::Roofline;
 
 fn m4() -> Roofline {
@@ -162,4 +162,35 @@ fn an_accelerator_takes_the_matmuls_that_pay_for_its_link() {
     // Only matmuls go to the accelerator: `place` never names it.
     let p = place(&roof, "attention".into(), "int8_dot", 1e12, 1e6);
     assert_eq!(p.placement, Placement::On("cpu".into()));
+}
+
+/// MoE experts placed by their routed-token counts (SMEPilot): on the M4 Pro profile an F16
+/// expert of 2048 × 768 (Qwen3-MoE's shape) with a few pairs is a GEMV on the CPU, with more a
+/// GEMM on SME, with many split between both; every step of the rule is where `place` changes
+/// its mind, and on a one-target machine every count stays on the vector cores.
+#[test]
+fn experts_are_placed_by_their_routed_pairs() {
+    let roof = m4();
+    let (k, n) = (2048usize, 768usize);
+    let bytes = 2.0 * (k * n) as f64;
+    let rule = expert_rule(&roof, "f16_fma", bytes, k, n, 512);
+    let on = |c: usize| {
+        let (f, b) = (2.0 * (c * k * n) as f64, bytes + 4.0 * (c * (k + n)) as f64);
+        place(&roof, String::new(), "f16_fma", f, b).placement
+    };
+    assert_eq!(rule.steps[0], (1, Placement::On("cpu".into())), "{rule:?}");
+    assert!(rule.steps.iter().any(|(_, p)| *p == Placement::On("sme".into())), "{rule:?}");
+    assert!(matches!(rule.steps.last().unwrap().1, Placement::Split(_)), "{rule:?}");
+    for w in rule.steps.windows(2) {
+        let (c, ref p) = w[1];
+        assert!(c > w[0].0 && on(c) == *p && on(c - 1) == w[0].1, "{rule:?}");
+    }
+    for c in [1, 2, 7, 16, 100, 512] {
+        assert_eq!(rule.placement(c), &on(c), "{c} pairs");
+    }
+    // One target: nothing to choose.
+    let mut one = m4();
+    one.targets.retain(|t| t.name == "cpu");
+    one.combined.clear();
+    assert_eq!(expert_rule(&one, "f16_fma", bytes, k, n, 512).steps, vec![(1, Placement::On("cpu".into()))]);
 }
