@@ -86,7 +86,7 @@ pub struct MatrixScratch {
     pub(crate) corr: Vec<f32>,
     /// `[vector][head_dim]` accumulators.
     pub(crate) acc: Vec<f32>,
-    /// `[vector][head_dim]` the current block's products with the values (matrix unit).
+    /// `[head_dim]` one vector's products with the current block's values (the portable form).
     pub(crate) part: Vec<f32>,
     /// `[head_dim][lanes]` queries transposed, `[KEY_COLUMNS][lanes]` probabilities transposed
     /// (matrix unit: one vector of `lanes` rows per dimension or cell).
@@ -108,7 +108,7 @@ impl MatrixScratch {
             p: vec![[0.0; KEY_COLUMNS]; n],
             corr: vec![0.0; n],
             acc: vec![0.0; n * head_dim],
-            part: vec![0.0; n * head_dim],
+            part: vec![0.0; head_dim],
             qt: vec![0.0; head_dim * lanes],
             pt: vec![0.0; KEY_COLUMNS * lanes],
         }

@@ -16,6 +16,7 @@ mod avx2;
 mod drive;
 mod model;
 mod pipe;
+mod portable;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "aarch64")]
@@ -218,7 +219,7 @@ pub unsafe fn attend_pipelined<'a>(kernels: &crate::Kernels, pipe: &Pipeline, ro
             Version::Sme if role != Role::Vector && t.phase != pipe::Phase::Softmax => unsafe { sme::run_task(t, &mut scratch.matrix) },
             #[cfg(target_arch = "aarch64")]
             Version::Sme if pipe.head_dim().is_multiple_of(16) => neon::run_task(t),
-            _ => pipe::run_task(&model::PortableOps, t),
+            _ => pipe::run_task(&portable::PortableOps, t),
         }
     };
     // SAFETY: the caller's contract.
