@@ -101,6 +101,20 @@ fn table(title: &str, plans: &[OpPlan]) -> String {
             .collect();
         s += &format!("experts of {} by routed pairs: {}\n", p.label, steps.join("; "));
     }
+    // Attention fused against pipelined (`--attn-pipeline`), summed over the pass's nodes.
+    let piped: Vec<_> = plans.iter().filter_map(|p| p.pipeline.as_ref()).collect();
+    if let Some(first) = piped.first() {
+        let (fused, pipe) = piped.iter().fold((0.0, 0.0), |(f, q), a| (f + a.fused_seconds, q + a.pipelined_seconds));
+        let verdict = if pipe < (1.0 - corelm_plan::planner::MIN_GAIN) * fused { "pays" } else { "does not pay" };
+        s += &format!(
+            "attention with its softmax ({} FLOPs per row, head and cell) as a pipeline, QKᵀ and PV on {} and the softmax on {}: modelled {:.3} ms against {:.3} ms fused — {verdict}\n",
+            corelm_plan::planner::SOFTMAX_FLOPS,
+            first.matrix,
+            first.vector,
+            1e3 * pipe,
+            1e3 * fused
+        );
+    }
     s
 }
 

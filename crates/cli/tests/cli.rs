@@ -168,6 +168,9 @@ fn plan_places_operators_on_a_stated_roofline() {
     // 96 units to the CPU (1536 · 1850 / 4770 = 595.8 columns, rounded to 592).
     assert!(row(prefill, "matmul Q4_1 576×1536").contains("cpu 39% (cols 0..592) + sme 61% (cols 592..1536)"), "{prefill}");
     assert!(row(decode, "matmul Q4_1 576×1536").contains("| memory | cpu |"), "{decode}");
+    // Prefill attention as a pipeline pays on a matrix unit (modelled); decode has none.
+    assert!(prefill.contains("as a pipeline, QKᵀ and PV on sme and the softmax on cpu") && prefill.contains("— pays"), "{prefill}");
+    assert!(!decode.contains("as a pipeline"), "{decode}");
     let drawn = std::fs::read_to_string(&svg).unwrap();
     let _ = std::fs::remove_file(&svg);
     assert!(drawn.matches("<circle").count() >= 20, "every distinct operator of both phases is a point");

@@ -38,6 +38,11 @@
 //! with many a GEMM on SME. The node itself is costed at the experts a batch of its tokens is
 //! expected to read (`E·(1 − (1 − k/E)^tokens)` of `E` experts, `k` used per token).
 //!
+//! **Prefill attention as a pipeline** (`--attn-pipeline`): its matrix phases (`QKᵀ`, `PV`)
+//! on a matrix unit while the vector cores run the softmax of other tiles take the longer of
+//! the two instead of their sum ([`attention_pipeline`]); the plan gives both times where the
+//! profile has a matrix target.
+//!
 //! **Threads.** A memory-bound operator on the vector target runs on the fewest threads that
 //! reach 90 % of the measured bandwidth (the knee); everything else on every worker.
 //!
@@ -87,6 +92,50 @@ pub struct OpPlan {
     pub tiles: Vec<Share>,
     /// For a MoE matmul: where its experts run by their routed pairs.
     pub experts: Option<ExpertRule>,
+    /// For prefill attention (a batch the tiled kernels take), where the profile has a matrix
+    /// target: fused against pipelined, the softmax's work included.
+    pub pipeline: Option<AttnPipeline>,
+}
+
+/// The softmax's vector work per (row, head, visible cell) of attention, in FLOPs at the FMA
+/// rate: measured here (Zen 4, `perf`, docs/benchmarks.md 2026-11-24) as 19 % of a 4096-token
+/// prefill's attention at head dimension 64, whose `QKᵀ` and `PV` are 4 · 64 FLOPs per
+/// (row, head, cell): 0.19 / 0.81 · 256 ≈ 60 (ggml's `expf`, the maximum, the sums).
+pub const SOFTMAX_FLOPS: f64 = 60.0;
+
+/// Prefill attention fused against pipelined on a profile with a matrix target.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttnPipeline {
+    /// Where the matrix phases and the softmax run when pipelined.
+    pub matrix: String,
+    pub vector: String,
+    /// Fused: the better of everything on the vector cores and the matrix phases on the
+    /// matrix unit followed by the softmax on the vector cores. Pipelined: the longer phase.
+    /// Neither below the time to read its bytes.
+    pub fused_seconds: f64,
+    pub pipelined_seconds: f64,
+}
+
+impl AttnPipeline {
+    /// Whether the pipeline saves at least [`MIN_GAIN`] of the fused time.
+    pub fn pays(&self) -> bool {
+        self.pipelined_seconds < (1.0 - MIN_GAIN) * self.fused_seconds
+    }
+}
+
+/// [`AttnPipeline`] for attention of `matrix_flops` (`QKᵀ` and `PV`) over `cells` (row, head,
+/// visible cell) triples moving `bytes`, on `roof`'s first matrix and vector targets (their
+/// `f32_fma` ceilings, or their first); `None` without both.
+pub fn attention_pipeline(roof: &Roofline, matrix_flops: f64, cells: f64, bytes: f64) -> Option<AttnPipeline> {
+    let find = |kind: TargetKind| roof.targets.iter().find(|t| t.kind == kind);
+    let (m, v) = (find(TargetKind::Matrix)?, find(TargetKind::Vector)?);
+    let rate = |t: &crate::profile::Target| t.ceilings.iter().find(|c| c.family == "f32_fma").or(t.ceilings.first()).map(|c| c.all_workers_gflops * 1e9);
+    let (rm, rv) = (rate(m)?, rate(v)?);
+    let soft = SOFTMAX_FLOPS * cells;
+    let floor = bytes / (roof.memory.all_busy_gbps * 1e9);
+    let fused = ((matrix_flops + soft) / rv).min(matrix_flops / rm + soft / rv).max(floor);
+    let pipelined = (matrix_flops / rm).max(soft / rv).max(floor);
+    Some(AttnPipeline { matrix: m.name.clone(), vector: v.name.clone(), fused_seconds: fused, pipelined_seconds: pipelined })
 }
 
 /// Where a MoE matmul's experts run by how many (token, expert) pairs each is routed: from
@@ -303,7 +352,7 @@ fn place_host(roof: &Roofline, label: String, family: &str, flops: f64, bytes: f
                 // No target has any ceiling: the vector cores at the memory roof.
                 let att = ai * roof.memory.all_busy_gbps;
                 let seconds = time(att, roof.memory.all_busy_gbps);
-                return OpPlan { label, family: used, flops, bytes, regime: Regime::Memory, placement: Placement::On(vector.into()), threads: knee, gflops: att, seconds, tiles: Vec::new(), experts: None };
+                return OpPlan { label, family: used, flops, bytes, regime: Regime::Memory, placement: Placement::On(vector.into()), threads: knee, gflops: att, seconds, tiles: Vec::new(), experts: None, pipeline: None };
             };
             let ridge = ceiling / alone(name);
             let regime = if ai < 0.5 * ridge { Regime::Memory } else if ai > 2.0 * ridge { Regime::Compute } else { Regime::Ridge };
@@ -312,7 +361,7 @@ fn place_host(roof: &Roofline, label: String, family: &str, flops: f64, bytes: f
     };
     let threads = if regime == Regime::Memory && on == Some(vector) { knee.min(all_threads) } else { all_threads };
     let seconds = time(gflops, roof.memory.all_busy_gbps);
-    OpPlan { label, family: used, flops, bytes, regime, placement, threads, gflops, seconds, tiles: Vec::new(), experts: None }
+    OpPlan { label, family: used, flops, bytes, regime, placement, threads, gflops, seconds, tiles: Vec::new(), experts: None, pipeline: None }
 }
 
 /// The plan of every node of `g` (in node order), attention seeing `ctx` cached tokens.
@@ -331,6 +380,11 @@ pub fn plan_graph(g: &Graph, roof: &Roofline, ctx: usize) -> Vec<OpPlan> {
                     let max_pairs = t.ne[1] / moe.n_used.max(1);
                     let rule = expert_rule(roof, family, expert_bytes, wt.ne[0], t.ne[0], max_pairs);
                     OpPlan { experts: Some(rule), ..place(roof, label, family, flops, bytes) }
+                }
+                // The pipeline runs where the tiled kernels would: prefill batches.
+                Op::Attention { p: ap, .. } if t.ne[1] >= corelm_kernels::attention::TILED_MIN_ROWS => {
+                    let cells = (t.ne[1] * (t.ne[0] / ap.head_dim.max(1)) * ctx) as f64;
+                    OpPlan { pipeline: attention_pipeline(roof, flops, cells, bytes), ..place(roof, label, family, flops, bytes) }
                 }
                 _ => place(roof, label, family, flops, bytes),
             };

@@ -1,7 +1,7 @@
 //! The planner's placements on the stated Apple M4 Pro profile (SMEPilot's machine) and on a
 //! one-target machine.
 
-use corelm_plan::planner::{expert_rule, place, Placement, Regime};
+use corelm_plan::planner::{attention_pipeline, expert_rule, place, Placement, Regime, SOFTMAX_FLOPS};
 use corelm_plan::Roofline;
 
 fn m4() -> Roofline {
@@ -193,4 +193,27 @@ fn experts_are_placed_by_their_routed_pairs() {
     one.targets.retain(|t| t.name == "cpu");
     one.combined.clear();
     assert_eq!(expert_rule(&one, "f16_fma", bytes, k, n, 512).steps, vec![(1, Placement::On("cpu".into()))]);
+}
+
+/// Prefill attention as a pipeline on the M4 Pro profile: the matrix phases on SME (2920
+/// GFLOP/s) overlap the softmax on the CPU (1850), so it takes the longer of the two instead
+/// of their sum; a machine without a matrix unit gets no such plan.
+#[test]
+fn a_pipeline_hides_the_softmax_behind_the_matrix_unit() {
+    let roof = m4();
+    // 512 rows × 9 heads × 256 cells at head dimension 64.
+    let cells = 512.0 * 9.0 * 256.0;
+    let flops = 4.0 * 64.0 * cells;
+    let a = attention_pipeline(&roof, flops, cells, 1e6).expect("a matrix target");
+    let soft = SOFTMAX_FLOPS * cells;
+    assert_eq!((a.matrix.as_str(), a.vector.as_str()), ("sme", "cpu"));
+    assert!((a.pipelined_seconds - flops / 2920e9).abs() < 1e-12, "{a:?}");
+    assert!((a.fused_seconds - (flops / 2920e9 + soft / 1850e9)).abs() < 1e-12, "{a:?}");
+    assert!(a.pays());
+    // Memory-bound (a decode's bytes): both at the memory roof, no gain.
+    let slow = attention_pipeline(&roof, flops, cells, 1e10).unwrap();
+    assert!(!slow.pays() && slow.fused_seconds == slow.pipelined_seconds);
+    let mut one = m4();
+    one.targets.retain(|t| t.name == "cpu");
+    assert_eq!(attention_pipeline(&one, flops, cells, 1e6), None);
 }
