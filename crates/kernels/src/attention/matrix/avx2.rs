@@ -8,7 +8,6 @@ use super::drive::{self, ColumnOps};
 use super::pipe;
 use super::model::C;
 use crate::attention::types::{KvRows, MatrixScratch, NextRows};
-use crate::exp::expf_ggml;
 use crate::exp::x86::expf_ggml8;
 use crate::simd::x86::hmax_f32x8;
 use crate::simd::{prefetch_lines, CacheLevel};
@@ -114,7 +113,7 @@ impl ColumnOps for Avx2Ops {
             let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
             let xm = _mm256_max_ps(_mm256_blendv_ps(ninf, x[0], mk[0]), _mm256_blendv_ps(ninf, x[1], mk[1]));
             let m_new = m.max(hmax_f32x8(xm));
-            let corr = expf_ggml(*m - m_new);
+            let corr = super::model::rescale_factor(*m, m_new);
             let (mv, cv) = (_mm256_set1_ps(m_new), _mm256_set1_ps(corr));
             for k in 0..2 {
                 let e = _mm256_and_ps(expf_ggml8(_mm256_sub_ps(x[k], mv)), mk[k]);

@@ -41,6 +41,18 @@ pub(crate) fn span_mask(t: usize, span: &std::ops::Range<usize>) -> u16 {
     (((1u32 << hi) - 1) & !((1u32 << lo) - 1)) as u16
 }
 
+/// The factor `expf(m − m')` that rescales what was accumulated when the maximum goes from `m`
+/// to `m_new`: 1 without calling `expf` when a finite maximum stays (ggml's `expf` of 0 is
+/// exactly 1, so the bits are the same; past the first blocks the maximum rarely moves).
+#[inline(always)]
+pub(crate) fn rescale_factor(m: f32, m_new: f32) -> f32 {
+    if m_new == m && m.is_finite() {
+        1.0
+    } else {
+        expf_ggml(m - m_new)
+    }
+}
+
 /// Start `heads` vectors: no maximum yet, zero sums and accumulators.
 pub(crate) fn begin(ms: &mut MatrixScratch, heads: usize, hd: usize) {
     ms.m[..heads].fill(f32::NEG_INFINITY);
@@ -61,7 +73,7 @@ pub(crate) fn softmax_step(p: &mut [f32; C], vis: u16, scale: f32, m: &mut f32, 
         }
     }
     let m_new = m.max(mt);
-    let corr = expf_ggml(*m - m_new);
+    let corr = rescale_factor(*m, m_new);
     for (j, (s, lj)) in p.iter_mut().zip(l.iter_mut()).enumerate() {
         *s = if vis >> j & 1 != 0 { expf_ggml(*s - m_new) } else { 0.0 };
         *lj = lj.mul_add(corr, *s);

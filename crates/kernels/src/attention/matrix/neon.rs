@@ -9,7 +9,6 @@ use super::pipe;
 use super::model::C;
 use crate::attention::types::{KvRows, MatrixScratch, NextRows};
 use crate::exp::aarch64::expf_ggml4;
-use crate::exp::expf_ggml;
 use crate::simd::aarch64::load_f16x8;
 use crate::simd::{prefetch_lines, CacheLevel};
 use half::f16;
@@ -107,7 +106,7 @@ impl ColumnOps for NeonOps {
                 xm = vmaxq_f32(xm, vbslq_f32(mk[k], x[k], ninf));
             }
             let m_new = m.max(vmaxvq_f32(xm));
-            let corr = expf_ggml(*m - m_new);
+            let corr = super::model::rescale_factor(*m, m_new);
             let (mv, cv) = (vdupq_n_f32(m_new), vdupq_n_f32(corr));
             for k in 0..4 {
                 let e = expf_ggml4(vsubq_f32(x[k], mv));

@@ -7,7 +7,6 @@ use super::drive::{self, ColumnOps};
 use super::pipe;
 use super::model::C;
 use crate::attention::types::{KvRows, MatrixScratch, NextRows};
-use crate::exp::expf_ggml;
 use crate::exp::x86::expf_ggml16;
 use crate::simd::{prefetch_lines, CacheLevel};
 use half::f16;
@@ -93,7 +92,7 @@ impl ColumnOps for Avx512Ops {
         unsafe {
             let x = _mm512_mul_ps(s, _mm512_set1_ps(scale));
             let m_new = m.max(_mm512_mask_reduce_max_ps(vis, x));
-            let corr = expf_ggml(*m - m_new);
+            let corr = super::model::rescale_factor(*m, m_new);
             let e = _mm512_maskz_mov_ps(vis, expf_ggml16(_mm512_sub_ps(x, _mm512_set1_ps(m_new))));
             let sums = _mm512_loadu_ps(l.as_ptr());
             _mm512_storeu_ps(l.as_mut_ptr(), _mm512_fmadd_ps(sums, _mm512_set1_ps(corr), e));
