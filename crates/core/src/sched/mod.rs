@@ -376,7 +376,6 @@ impl Executor {
 }
 
 /// Contiguous share `ith` of `n` items split `nth` ways.
-
 pub fn split(n: usize, ith: usize, nth: usize) -> Range<usize> {
     let per = n.div_ceil(nth);
     let start = (ith * per).min(n);

@@ -351,20 +351,20 @@ impl Pipeline {
             if k < n_items {
                 let it = item(k);
                 let n = it.rows * it.heads;
-                let first = (0..it.rows).map(|r| it.span(r).start / C).min().unwrap_or(0);
-                let end = (0..it.rows).map(|r| it.span(r).end.div_ceil(C)).max().unwrap_or(0).max(first);
                 assert!(it.q.len() >= (it.rows.max(1) - 1) * it.stride + it.heads * it.kv.head_dim, "a pipelined item's queries");
-                // An item whose rows see nothing still passes one (empty) tile, which writes zeros.
-                let tiles = (end - first).div_ceil(TILE_BLOCKS).max(1);
                 assert!(n <= V && it.kv.head_dim == self.head_dim, "a pipelined item of {n} vectors of {} dimensions", it.kv.head_dim);
                 // SAFETY: all three claims are held and the slot is free: nobody else touches it.
                 unsafe {
-                    *slot.meta.get() = Meta { n, first, end, tiles };
-                    let spans = &mut *slot.spans.get();
-                    for (r, s) in spans.iter_mut().enumerate().take(it.rows) {
+                    let spans = &mut (&mut *slot.spans.get())[..it.rows];
+                    for (r, s) in spans.iter_mut().enumerate() {
                         let span = it.span(r);
                         *s = (span.start as u32, span.end as u32);
                     }
+                    let first = spans.iter().map(|s| s.0 as usize / C).min().unwrap_or(0);
+                    let end = spans.iter().map(|s| (s.1 as usize).div_ceil(C)).max().unwrap_or(0).max(first);
+                    // An item whose rows see nothing still passes one (empty) tile, which writes zeros.
+                    let tiles = (end - first).div_ceil(TILE_BLOCKS).max(1);
+                    *slot.meta.get() = Meta { n, first, end, tiles };
                     cells(&slot.m, 0, n).fill(f32::NEG_INFINITY);
                     cells(&slot.l, 0, n).fill([0.0; C]);
                     cells(&slot.acc, 0, n * self.head_dim).fill(0.0);

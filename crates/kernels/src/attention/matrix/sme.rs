@@ -140,6 +140,61 @@ unsafe fn values_tile(pt: &[f32], v: *const f16, row_bytes: usize, cols: usize, 
     }
 }
 
+/// The queries of vectors `vecs` (`query(i)`: `hd` f32) transposed into `qt[d][i − vecs.start]`
+/// (`l` per dimension, the others 0): the rows of a [`scores_tile`].
+fn transpose_queries<'q>(qt: &mut [f32], l: usize, hd: usize, vecs: std::ops::Range<usize>, query: impl Fn(usize) -> &'q [f32]) {
+    qt[..hd * l].fill(0.0);
+    for i in vecs.clone() {
+        for (d, &x) in query(i).iter().enumerate() {
+            qt[d * l + i - vecs.start] = x;
+        }
+    }
+}
+
+/// The raw scores of up to `l` vectors (`qt`, transposed) over one block of keys `kt`
+/// (`[hd][16]` F16) into their rows `p` (one per vector), `l` columns of the block per tile.
+///
+/// # Safety
+/// SME as the module says; `kt` holds `hd · 16` F16; `p.len() ≤ l`.
+unsafe fn block_scores(qt: &[f32], kt: &[f16], hd: usize, l: usize, tile: &mut [f32], p: &mut [[f32; C]]) {
+    assert!(kt.len() >= C * hd && p.len() <= l);
+    for c0 in (0..C).step_by(l) {
+        let cols = (C - c0).min(l);
+        // SAFETY: the caller's SME; `kt + c0` starts the tile's columns of the block (asserted).
+        unsafe { scores_tile(qt, kt.as_ptr().add(c0), hd, cols, tile) };
+        for (i, p) in p.iter_mut().enumerate() {
+            p[c0..c0 + cols].copy_from_slice(&tile[i * l..i * l + cols]);
+        }
+    }
+}
+
+/// The value products of up to `l` vectors (probabilities `p`, rescale factors `corr`, cells
+/// seen `vis`) with one block's 16 value rows at `v0`, `l` dimensions per tile, rescaled into
+/// their accumulators `acc` (`[vector][hd]`) — not for a vector that sees none of the block.
+/// The probabilities go through `pt` transposed (`pt[j][i]`; a vector that sees nothing has
+/// zero probabilities).
+///
+/// # Safety
+/// SME as the module says; `v0` points to 16 rows of `hd` F16; at most `l` vectors.
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_values(pt: &mut [f32], v0: *const f16, hd: usize, l: usize, tile: &mut [f32], p: &[[f32; C]], corr: &[f32], vis: &[u16], acc: &mut [f32]) {
+    assert!(p.len() <= l && corr.len() >= p.len() && vis.len() >= p.len() && acc.len() >= p.len() * hd);
+    pt[..C * l].fill(0.0);
+    for (i, p) in p.iter().enumerate() {
+        for j in 0..C {
+            pt[j * l + i] = p[j];
+        }
+    }
+    for d0 in (0..hd).step_by(l) {
+        let cols = (hd - d0).min(l);
+        // SAFETY: the caller's SME; 16 rows of `hd` F16 at `v0`, the tile's columns from d0.
+        unsafe { values_tile(pt, v0.add(d0), 2 * hd, cols, tile) };
+        for i in (0..p.len()).filter(|&i| vis[i] != 0) {
+            rescale_add(&mut acc[i * hd + d0..i * hd + d0 + cols], corr[i], &tile[i * l..i * l + cols]);
+        }
+    }
+}
+
 /// `model::attend_group` for the `rows × heads` vectors of `q` (vector `r·heads + h`: row `r`'s
 /// head `h`, seeing the cells `mask(r, t)` of block `t`), `lanes` vectors per tile.
 ///
@@ -157,29 +212,14 @@ pub(super) unsafe fn attend_rows(q: &[&[f32]], heads: usize, mask: &dyn Fn(usize
     for i0 in (0..n).step_by(l) {
         let i1 = (i0 + l).min(n);
         // The tile's queries transposed: qt[d][i − i0].
-        ms.qt[..hd * l].fill(0.0);
-        for i in i0..i1 {
-            let qi = &q[i / heads][(i % heads) * hd..(i % heads + 1) * hd];
-            for (d, &x) in qi.iter().enumerate() {
-                ms.qt[d * l + i - i0] = x;
-            }
-        }
+        transpose_queries(&mut ms.qt, l, hd, i0..i1, |i| &q[i / heads][(i % heads) * hd..(i % heads + 1) * hd]);
         for t in 0..n_blocks {
             let vis: [u16; 64] = std::array::from_fn(|i| if i0 + i < i1 { mask((i0 + i) / heads, t) } else { 0 });
             if vis.iter().all(|&m| m == 0) {
                 continue;
             }
-            let kt = kv.k_columns(t).as_ptr();
-            for c0 in (0..C).step_by(l) {
-                let cols = (C - c0).min(l);
-                // SAFETY: the caller's SME; `kt + c0` starts the tile's columns of a block of
-                // `hd × 16` F16.
-                unsafe { scores_tile(&ms.qt, kt.add(c0), hd, cols, &mut tile) };
-                for i in i0..i1 {
-                    ms.p[i][c0..c0 + cols].copy_from_slice(&tile[(i - i0) * l..(i - i0) * l + cols]);
-                }
-            }
-            ms.pt[..C * l].fill(0.0);
+            // SAFETY: the caller's SME; the block holds `hd × 16` F16 (`k_columns`).
+            unsafe { block_scores(&ms.qt, kv.k_columns(t), hd, l, &mut tile, &mut ms.p[i0..i1]) };
             for i in i0..i1 {
                 let vi = vis[i - i0];
                 if vi == 0 {
@@ -188,24 +228,11 @@ pub(super) unsafe fn attend_rows(q: &[&[f32]], heads: usize, mask: &dyn Fn(usize
                     continue;
                 }
                 ms.corr[i] = softmax_step(&mut ms.p[i], vi, scale, &mut ms.m[i], &mut ms.l[i]);
-                for j in 0..C {
-                    ms.pt[j * l + i - i0] = ms.p[i][j];
-                }
             }
             // Values: the block's 16 rows (its physical rows are consecutive).
             let v0 = kv.v[kv.table[t] as usize * C * vb..].as_ptr() as *const f16;
-            for d0 in (0..hd).step_by(l) {
-                let cols = (hd - d0).min(l);
-                // SAFETY: the caller's SME; 16 rows of `hd` F16 from the block's first, the
-                // tile's columns from d0.
-                unsafe { values_tile(&ms.pt, v0.add(d0), vb, cols, &mut tile) };
-                for i in i0..i1 {
-                    if vis[i - i0] != 0 {
-                        let w = &tile[(i - i0) * l..(i - i0) * l + cols];
-                        rescale_add(&mut ms.acc[i * hd + d0..i * hd + d0 + cols], ms.corr[i], w);
-                    }
-                }
-            }
+            // SAFETY: the caller's SME; 16 rows of `hd` F16 from the block's first.
+            unsafe { block_values(&mut ms.pt, v0, hd, l, &mut tile, &ms.p[i0..i1], &ms.corr[i0..i1], &vis[..i1 - i0], &mut ms.acc[i0 * hd..i1 * hd]) };
         }
     }
     for (r, o) in out.iter_mut().enumerate() {
@@ -238,25 +265,10 @@ pub(super) unsafe fn run_task(task: &pipe::Task, ms: &mut MatrixScratch) -> usiz
             }
             for i0 in (0..n).step_by(l) {
                 let i1 = (i0 + l).min(n);
-                // The group's queries transposed: qt[d][i − i0].
-                ms.qt[..hd * l].fill(0.0);
-                for i in i0..i1 {
-                    for (d, &x) in task.query(i).iter().enumerate() {
-                        ms.qt[d * l + i - i0] = x;
-                    }
-                }
+                transpose_queries(&mut ms.qt, l, hd, i0..i1, |i| task.query(i));
                 for (bi, b) in task.blocks().enumerate().filter(|&(bi, _)| any[bi]) {
-                    let kt = kv.k_columns(b);
-                    assert!(kt.len() >= C * hd);
-                    for c0 in (0..C).step_by(l) {
-                        let cols = (C - c0).min(l);
-                        // SAFETY: the caller's SME; `kt + c0` starts the tile's columns of a
-                        // block of `hd × 16` F16 (asserted).
-                        unsafe { scores_tile(&ms.qt, kt.as_ptr().add(c0), hd, cols, &mut tile) };
-                        for i in i0..i1 {
-                            p[bi * V + i][c0..c0 + cols].copy_from_slice(&tile[(i - i0) * l..(i - i0) * l + cols]);
-                        }
-                    }
+                    // SAFETY: the caller's SME; the block holds `hd × 16` F16 (`k_columns`).
+                    unsafe { block_scores(&ms.qt, kv.k_columns(b), hd, l, &mut tile, &mut p[bi * V + i0..bi * V + i1]) };
                 }
             }
             scored
@@ -264,33 +276,16 @@ pub(super) unsafe fn run_task(task: &pipe::Task, ms: &mut MatrixScratch) -> usiz
         _ => {
             // SAFETY: as above.
             let acc = unsafe { task.acc() };
-            let vb = 2 * hd;
             for (bi, b) in task.blocks().enumerate() {
                 let e = bi * V;
                 if vis[e..e + n].iter().all(|&m| m == 0) {
                     continue;
                 }
-                let v0 = task.values_of(b);
                 for i0 in (0..n).step_by(l) {
-                    let i1 = (i0 + l).min(n);
-                    // The group's probabilities transposed: pt[j][i − i0] (0 for a vector that
-                    // sees none of the block: the softmax left its probabilities 0).
-                    ms.pt[..C * l].fill(0.0);
-                    for i in i0..i1 {
-                        for j in 0..C {
-                            ms.pt[j * l + i - i0] = p[e + i][j];
-                        }
-                    }
-                    for d0 in (0..hd).step_by(l) {
-                        let cols = (hd - d0).min(l);
-                        // SAFETY: the caller's SME; 16 rows of `hd` F16 from the block's first
-                        // (`values_of`), the tile's columns from d0.
-                        unsafe { values_tile(&ms.pt, v0.add(d0), vb, cols, &mut tile) };
-                        for i in (i0..i1).filter(|&i| vis[e + i] != 0) {
-                            let w = &tile[(i - i0) * l..(i - i0) * l + cols];
-                            rescale_add(&mut acc[i * hd + d0..i * hd + d0 + cols], corr[e + i], w);
-                        }
-                    }
+                    let (i1, g) = ((i0 + l).min(n), e + i0..e + (i0 + l).min(n));
+                    // SAFETY: the caller's SME; 16 rows of `hd` F16 from the block's first
+                    // (`values_of`).
+                    unsafe { block_values(&mut ms.pt, task.values_of(b), hd, l, &mut tile, &p[g.clone()], &corr[g.clone()], &vis[g], &mut acc[i0 * hd..i1 * hd]) };
                 }
             }
             0
