@@ -61,6 +61,8 @@ for cpu in max neoverse-n1 cortex-a53; do
         # The K-quant kernels on a real model (Gemma 3's Q4_K/Q6_K/Q5_0/Q8_0 matrices) under
         # the NEON and sdot tables: once, on the CPU model that has both (~5 minutes).
         "$CARGO" test --release --target $T "${GOLDEN[@]}" -q golden_gemma3_p01 -- --exact --nocapture
+        # Each MoE expert as a dense matmul on the NEON and sdot tables' tiles (same bits).
+        "$CARGO" test --release --target $T -p corelm-core --test experts -q
     fi
     "$CARGO" test --release --target $T "${F16[@]}" -q f16_model_gives_the_avx512_tables_logits -- --exact --nocapture
 done

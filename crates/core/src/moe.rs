@@ -1,28 +1,36 @@
-//! Mixture-of-experts routing and grouped expert matmuls (what ggml does with `argsort_top_k`,
-//! `get_rows` and `mul_mat_id`), as plain functions the scheduler calls per worker.
+//! Mixture-of-experts routing and the combination of expert outputs (what ggml does with
+//! `argsort_top_k`, `get_rows` and `mul_mat_id`'s grouping), as plain functions the scheduler
+//! calls per worker; the grouped expert matmul itself is `sched::experts`.
 //!
 //! A batch of `n_tokens` tokens routed to `n_used` experts each has `n_tokens · n_used`
-//! *pairs*; pair `t · n_used + s` is token `t`'s `s`-th choice (best first). Expert outputs
-//! are computed per pair, grouped by expert, so each expert's weight rows stream from memory
-//! once per batch whatever the number of tokens routed to it, and experts no token chose are
-//! not read at all.
+//! *pairs*; pair `t · n_used + s` is token `t`'s `s`-th choice (best first). The routing table
+//! orders the pairs by expert: pair `order[i]` sits at *position* `i`, and expert `e`'s pairs
+//! take positions `offs[e] .. offs[e + 1]`. Expert matmuls write their outputs (and read
+//! per-pair inputs) by position, so each expert's rows are one contiguous block — a small
+//! matmul the matrix kernels (tiles, GEMV) run as they run any other — and each expert's
+//! weights stream from memory once per batch whatever the number of tokens routed to it;
+//! experts no token chose are not read at all.
+//!
+//! Invariant: every `[pairs][n]` tensor between the first expert matmul and [`combine`] is in
+//! position order.
 
 use crate::tensor::MoeParams;
 use std::ops::Range;
 
 /// The routing table, an `i32` array:
-/// `[expert of each pair (P)] [weight bits of each pair (P)] [start of each expert in order
-/// (n_expert + 1)] [pairs ordered by expert (P)]`, with `P = n_tokens · n_used`.
+/// `[expert of each pair (P)] [weight bits of each pair (P)] [position of each pair (P)]
+/// [first position of each expert (n_expert + 1)] [pair at each position (P)]`, with
+/// `P = n_tokens · n_used`.
 pub struct Route;
 
 impl Route {
     pub fn len(n_tokens: usize, p: MoeParams) -> usize {
-        3 * n_tokens * p.n_used + p.n_expert + 1
+        4 * n_tokens * p.n_used + p.n_expert + 1
     }
 
     /// Pairs in a table (the inverse of [`Route::len`]).
     pub fn n_pairs(table: &[i32], p: MoeParams) -> usize {
-        (table.len() - p.n_expert - 1) / 3
+        (table.len() - p.n_expert - 1) / 4
     }
 
     /// Weight of each pair.
@@ -30,11 +38,21 @@ impl Route {
         f32::from_bits(table[n_pairs + pair] as u32)
     }
 
-    /// The pairs routed to expert `e`.
+    /// Where pair `pair`'s rows sit in position order.
+    pub fn position(table: &[i32], n_pairs: usize, pair: usize) -> usize {
+        table[2 * n_pairs + pair] as usize
+    }
+
+    /// The positions of expert `e`'s pairs.
+    pub fn positions_of(table: &[i32], n_pairs: usize, e: usize) -> Range<usize> {
+        let offs = &table[3 * n_pairs..];
+        offs[e] as usize..offs[e + 1] as usize
+    }
+
+    /// The pairs routed to expert `e`, in token order (the pair at each of its positions).
     pub fn pairs_of(table: &[i32], n_pairs: usize, e: usize) -> &[i32] {
-        let offs = &table[2 * n_pairs..];
-        let order = &table[2 * n_pairs + offs.len() - n_pairs..];
-        &order[offs[e] as usize..offs[e + 1] as usize]
+        let order = &table[table.len() - n_pairs..];
+        &order[Self::positions_of(table, n_pairs, e)]
     }
 }
 
@@ -47,6 +65,7 @@ pub fn route(logits: &[f32], n_tokens: usize, p: MoeParams, table: &mut [i32]) {
     assert_eq!(table.len(), Route::len(n_tokens, p));
     let (ids, rest) = table.split_at_mut(n_pairs);
     let (weights, rest) = rest.split_at_mut(n_pairs);
+    let (position, rest) = rest.split_at_mut(n_pairs);
     let (offs, order) = rest.split_at_mut(ne + 1);
     let mut counts_and_probs = ProbRow::default();
     for t in 0..n_tokens {
@@ -93,6 +112,7 @@ pub fn route(logits: &[f32], n_tokens: usize, p: MoeParams, table: &mut [i32]) {
     next[..ne].copy_from_slice(&offs[..ne]);
     for (pair, &e) in ids.iter().enumerate() {
         order[next[e as usize] as usize] = pair as i32;
+        position[pair] = next[e as usize];
         next[e as usize] += 1;
     }
 }
@@ -129,58 +149,8 @@ impl ProbRow {
     }
 }
 
-/// One worker's share of a grouped matmul: output columns `cols` of every routed pair.
-/// `w`: stacked expert rows (`n_out` per expert, `wrb` bytes each); `x`: rows of `xrb` bytes,
-/// one per token or (`per_pair`) per pair; `out`: `[n_pairs][n_out]` f32, written at
-/// `(pair, c)` for `c` in `cols` only.
-///
-/// # Safety
-/// `out` must point to `n_pairs · n_out` writable f32 that no other thread accesses at the
-/// columns `cols` while this runs (workers are given disjoint column ranges).
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn matmul_id(
-    vec_dot: corelm_kernels::matmul::VecDot,
-    w: &[u8],
-    wrb: usize,
-    x: &[u8],
-    xrb: usize,
-    table: &[i32],
-    p: MoeParams,
-    per_pair: bool,
-    n_out: usize,
-    cols: Range<usize>,
-    experts: Range<usize>,
-    out: *mut f32,
-) {
-    const COL_BLOCK: usize = 16;
-    let n_pairs = Route::n_pairs(table, p);
-    let e0 = experts.start;
-    for e in experts {
-        let pairs = Route::pairs_of(table, n_pairs, e);
-        if pairs.is_empty() {
-            continue;
-        }
-        let mut c0 = cols.start;
-        while c0 < cols.end {
-            let c1 = (c0 + COL_BLOCK).min(cols.end);
-            for &pair in pairs {
-                let pair = pair as usize;
-                let row = if per_pair { pair } else { pair / p.n_used };
-                let xr = &x[row * xrb..(row + 1) * xrb];
-                for c in c0..c1 {
-                    let wr = &w[((e - e0) * n_out + c) * wrb..((e - e0) * n_out + c + 1) * wrb];
-                    // SAFETY: the caller owns columns `cols` of every pair's output row, and
-                    // pair < n_pairs, c < n_out keep the index inside `[n_pairs][n_out]`.
-                    unsafe { *out.add(pair * n_out + c) = vec_dot(wr, xr) };
-                }
-            }
-            c0 = c1;
-        }
-    }
-}
-
-/// `out[ne0]` of token `t` = Σ_s weight(t, s) · y[t·n_used + s], slots in order, over the
-/// slots whose expert is in `experts` (zeros if none is).
+/// `out[ne0]` of token `t` = Σ_s weight(t, s) · y[position(t·n_used + s)], slots in order,
+/// over the slots whose expert is in `experts` (zeros if none is).
 pub fn combine(y: &[f32], table: &[i32], p: MoeParams, t: usize, experts: Range<usize>, out: &mut [f32]) {
     let ne0 = out.len();
     let n_pairs = Route::n_pairs(table, p);
@@ -191,7 +161,8 @@ pub fn combine(y: &[f32], table: &[i32], p: MoeParams, t: usize, experts: Range<
             continue;
         }
         let w = Route::weight(table, n_pairs, pair);
-        let yr = &y[pair * ne0..(pair + 1) * ne0];
+        let at = Route::position(table, n_pairs, pair);
+        let yr = &y[at * ne0..(at + 1) * ne0];
         if first {
             out.iter_mut().zip(yr).for_each(|(o, &v)| *o = v * w);
         } else {
@@ -228,5 +199,9 @@ mod tests {
         assert_eq!(Route::pairs_of(&table, np, 1), &[] as &[i32]);
         assert_eq!(Route::pairs_of(&table, np, 2), &[0, 4]);
         assert_eq!(Route::pairs_of(&table, np, 3), &[3, 5]);
+        // Positions: expert 0's pairs first, then 2's, then 3's.
+        assert_eq!(Route::positions_of(&table, np, 2), 2..4);
+        let at: Vec<usize> = (0..np).map(|pair| Route::position(&table, np, pair)).collect();
+        assert_eq!(at, [2, 0, 1, 4, 3, 5]);
     }
 }

@@ -1,5 +1,6 @@
 //! Weights repacked once at load for the kernels that read them (SMEPilot's layout-aware
-//! runtime): every matrix that a matmul node reads, whose type has interleaved kernels in the
+//! runtime): every matrix that a matmul node reads — stacked experts too, whose expert row
+//! count is then the one that counts —, whose type has interleaved kernels in the
 //! detected table (`TypeOps::interleaved`) and whose row count is a multiple of four, is copied
 //! once into `corelm_kernels::interleave`'s layout — four rows interleaved block by block, the
 //! same number of bytes — in one buffer tagged with its NUMA node. Decode's GEMV and prefill's
@@ -74,8 +75,11 @@ impl PackedWeights {
         // Bytes of each part: part 0 the serial matrices', part 1 + s shard s's.
         let mut part_len = vec![0usize; 1 + shards.len()];
         for &id in &graph.nodes {
-            let w = match graph.tensor(id).op {
-                Op::MatMul { w, .. } | Op::SparseUp { w, .. } | Op::SparseGate { w, .. } | Op::SparseDown { w, .. } => w,
+            // Rows per interleaved unit: a matrix's, or one expert's of stacked experts (so no
+            // group of four rows spans two experts).
+            let (w, unit_rows) = match graph.tensor(id).op {
+                Op::MatMul { w, .. } | Op::SparseUp { w, .. } | Op::SparseGate { w, .. } | Op::SparseDown { w, .. } => (w, graph.tensor(w).ne[1]),
+                Op::MatMulId { w, e0, e1, .. } => (w, graph.tensor(w).ne[1] / (e1 - e0) as usize),
                 _ => continue,
             };
             let wt = graph.tensor(w);
@@ -86,7 +90,7 @@ impl PackedWeights {
                 && matches!(form, WeightForm::Rows | WeightForm::ColdRows { plain: false, .. })
                 && has_kernels
                 && interleave::supported(wt.dtype)
-                && wt.ne[1] % interleave::ROWS == 0;
+                && unit_rows % interleave::ROWS == 0;
             let part = match wt.group {
                 Some(s) if !shards.is_empty() => 1 + s as usize,
                 _ => 0,

@@ -74,7 +74,7 @@ fn a_split_gemm_gives_the_bits_of_one_class() {
         let mut scratch = matmul::MatmulScratch::new(k, k, rows, 1);
         let mut run = |split: Option<(&ClassSplit, &[WorkerClass])>, nth: usize| {
             let mut out = vec![f32::NAN; rows * n_out];
-            let o = Operands { dtype: t, k, n_out, w: &w, il: None, x: &x, xrb, rows, out: out.as_mut_ptr(), ldo: n_out, split };
+            let o = Operands { dtype: t, k, n_out, w: &w, il: None, x: &x, xrb, rows, xmap: None, out: out.as_mut_ptr(), ldo: n_out, split };
             assert_eq!(matmul::path(&best, t, false, true, rows, mode), Path::Panel);
             for ith in 0..nth {
                 // SAFETY: out holds rows × n_out f32; the shares are disjoint and run one at a

@@ -32,7 +32,7 @@ fn run_mode(kernels: &Kernels, path: Path, t: DType, w: &[u8], g: Option<&[u8]>,
     let mut scratch = matmul::MatmulScratch::new(k, k, rows, panels);
     let mut out = vec![f32::NAN; rows * n_out];
     let vdt = kernels.ops(t).unwrap().vec_dot_type;
-    let o = Operands { dtype: t, k, n_out, w, il: g, x, xrb: row_bytes(vdt, k), rows, out: out.as_mut_ptr(), ldo: n_out, split: None };
+    let o = Operands { dtype: t, k, n_out, w, il: g, x, xrb: row_bytes(vdt, k), rows, xmap: None, out: out.as_mut_ptr(), ldo: n_out, split: None };
     assert_eq!(matmul::path(kernels, t, o.il.is_some(), true, rows, mode), path);
     for ith in 0..nth {
         // SAFETY: out holds rows × n_out f32; the shares are disjoint and run one at a time.
@@ -191,7 +191,7 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
             let schedules = Schedules::new(plan);
             let mut scratch = matmul::MatmulScratch::new(k, k, rows, schedules.max_panels());
             let mut out = vec![f32::NAN; rows * n_out];
-            let o = Operands { dtype: t, k, n_out, w: &w, il: Some(&g), x: &x, xrb, rows, out: out.as_mut_ptr(), ldo: n_out, split: None };
+            let o = Operands { dtype: t, k, n_out, w: &w, il: Some(&g), x: &x, xrb, rows, xmap: None, out: out.as_mut_ptr(), ldo: n_out, split: None };
             for ith in 0..2 {
                 // SAFETY: out holds rows × n_out f32; the shares are disjoint and run one at a time.
                 unsafe { matmul::run(&kernels, &o, Mode { batch_invariant: false, panel_gemm: true }, Some(&schedules), ith, 2, &mut scratch) };

@@ -144,15 +144,22 @@ pub fn profile_test(engine: &mut Engine, depth: usize, n_prompt: usize, n_gen: u
 }
 
 /// Bytes of weights one decoded token reads: every tensor except the token embedding, of which
-/// one row is read — unless the embedding is also the output matrix (tied), then all of it.
+/// one row is read — unless the embedding is also the output matrix (tied), then all of it —
+/// and of a mixture's stacked experts (`*_exps.weight`) the `expert_used_count` of
+/// `expert_count` it is routed to.
 pub fn bytes_per_token(engine: &Engine) -> u64 {
     let g = engine.gguf();
     let tied = g.tensor("output.weight").is_none();
+    let arch = g.str("general.architecture").unwrap_or_default();
+    let meta = |key: &str| g.opt_u64(&format!("{arch}.{key}")).ok().flatten().unwrap_or(0);
+    let (n_expert, n_used) = (meta("expert_count"), meta("expert_used_count"));
     g.tensors
         .iter()
         .map(|t| {
             if t.name == "token_embd.weight" && !tied {
                 t.n_bytes / t.shape[1].max(1)
+            } else if t.name.ends_with("_exps.weight") && n_used > 0 && n_used <= n_expert {
+                t.n_bytes / n_expert * n_used
             } else {
                 t.n_bytes
             }

@@ -120,6 +120,7 @@ impl Engine {
             x: &x,
             xrb,
             rows,
+            xmap: None,
             out: out.as_mut_ptr(),
             ldo: shape.n_out,
             split: None,

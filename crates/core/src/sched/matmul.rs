@@ -64,6 +64,10 @@ pub struct Operands<'a> {
     pub x: &'a [u8],
     pub xrb: usize,
     pub rows: usize,
+    /// Where the activation rows are not `x`'s first `rows` in order: row `r` is `x`'s row
+    /// `map[r] / div` (an expert's tokens: its pairs divided by the experts per token). Such a
+    /// matmul never takes the panel GEMM, whose kernels read rows in order.
+    pub xmap: Option<(&'a [i32], usize)>,
     /// The `[rows][n_out]` f32 output, rows `ldo` f32 apart (`n_out`, or more for a shard's
     /// columns of a wider output).
     pub out: *mut f32,
@@ -105,6 +109,18 @@ pub fn class_part(cut: &ClassSplit, classes: &[WorkerClass], n_out: usize, rows:
 // SAFETY: `out` is written only through `run`, whose contract gives each worker a disjoint
 // share; everything else is shared read-only.
 unsafe impl Sync for Operands<'_> {}
+
+impl<'a> Operands<'a> {
+    /// Activation row `r` (through `xmap` where there is one).
+    #[inline(always)]
+    pub fn xrow(&self, r: usize) -> &'a [u8] {
+        let r = match self.xmap {
+            Some((map, div)) => map[r] as usize / div,
+            None => r,
+        };
+        &self.x[r * self.xrb..(r + 1) * self.xrb]
+    }
+}
 
 /// Run-wide choices that select a path.
 #[derive(Clone, Copy, Debug, Default)]
@@ -247,7 +263,7 @@ impl MatmulScratch {
 pub unsafe fn run(kernels: &Kernels, o: &Operands, mode: Mode, schedules: Option<&Schedules>, ith: usize, nth: usize, s: &mut MatmulScratch) {
     // A panel GEMM larger than the scratch (a graph other than the one the executor was sized
     // for) runs as if the panel were off.
-    let mut mode = Mode { panel_gemm: mode.panel_gemm && s.gemm.fits(o.k, o.rows), ..mode };
+    let mut mode = Mode { panel_gemm: mode.panel_gemm && o.xmap.is_none() && s.gemm.fits(o.k, o.rows), ..mode };
     // A matrix with interleaved tiles keeps them where they were timed faster (a plan tuned on
     // both paths), else where its table's panel is slower than its tiles.
     if mode.panel_gemm && o.il.is_some() {
@@ -317,7 +333,7 @@ unsafe fn run_panel(isa: Isa, o: &Operands, sched: Schedule, ith: usize, nth: us
 /// # Safety
 /// As [`run`].
 unsafe fn run_plain(o: &Operands, ops: &TypeOps, mode: Mode, ith: usize, nth: usize, pack: &mut [u8]) {
-    let Operands { k, n_out, rows, xrb, ldo, .. } = *o;
+    let Operands { k, n_out, rows, ldo, .. } = *o;
     let wrb = corelm_kernels::row_bytes(o.dtype, k);
     // Rows in complete groups of four use the tile dot (llama.cpp's 4-row kernels' order).
     let tiled_rows = if rows >= 4 { rows - rows % 4 } else { 0 };
@@ -327,7 +343,7 @@ unsafe fn run_plain(o: &Operands, ops: &TypeOps, mode: Mode, ith: usize, nth: us
     let (cols, row_range) = matmul_part(n_out, rows, ith, nth, 1);
     let tiled_end = tiled_rows.min(row_range.end);
     let base = o.out;
-    let xrow = |r: usize| &o.x[r * xrb..(r + 1) * xrb];
+    let xrow = |r: usize| o.xrow(r);
     let mut c0 = cols.start;
     while c0 < cols.end {
         let c1 = (c0 + COL_BLOCK).min(cols.end);
@@ -416,9 +432,9 @@ unsafe fn run_plain(o: &Operands, ops: &TypeOps, mode: Mode, ith: usize, nth: us
 #[allow(clippy::too_many_arguments)]
 unsafe fn run_interleaved(o: &Operands, il: InterleavedOps, grouped: bool, sched: Schedule, ith: usize, nth: usize, s: &mut MatmulScratch) {
     let (prep, dec, tiles) = (&mut s.prep[..], &mut s.dec[..], &mut s.tiles[..]);
-    let Operands { n_out, rows, xrb, ldo, .. } = *o;
+    let Operands { n_out, rows, ldo, .. } = *o;
     let (g, wrb) = (o.il.expect("an interleaved matrix"), corelm_kernels::row_bytes(o.dtype, o.k));
-    let xrow = |r: usize| &o.x[r * xrb..(r + 1) * xrb];
+    let xrow = |r: usize| o.xrow(r);
     let (cols, row_range) = sched_part(&sched, n_out, rows, ith, nth, interleave::ROWS);
     if cols.is_empty() {
         return;

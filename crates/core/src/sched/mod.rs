@@ -21,6 +21,7 @@ use std::time::Instant;
 mod attend;
 mod dense;
 mod device;
+pub mod experts;
 pub mod matmul;
 mod sparse;
 
@@ -200,6 +201,9 @@ impl Executor {
             if let Op::Attention { shard, .. } = t.op {
                 max_group = max_group.max(shard.group);
             }
+            if let Op::MatMulId { w, .. } = t.op {
+                max_k_all = max_k_all.max(graph.tensor(w).ne[0]);
+            }
             if let Op::MatMul { w, .. } = t.op {
                 let wt = graph.tensor(w);
                 max_k_all = max_k_all.max(wt.ne[0]);
@@ -361,10 +365,12 @@ impl Executor {
                 if let (Some(t0), Some(Some(p))) = (t0, prof.as_deref_mut()) {
                     let t = graph.tensor(id);
                     let (weight, bytes) = match t.op {
-                        Op::MatMul { w, .. } => {
+                        Op::MatMul { w, .. } | Op::MatMulId { w, .. } => {
                             let wt = graph.tensor(w);
                             let il = matches!(wt.storage, Storage::Weight { copy: Some(WeightCopy { interleaved: true, .. }), .. });
-                            (Some((wt.dtype, il)), wt.n_bytes())
+                            // An expert matmul reads only the experts its tokens chose.
+                            let bytes = if matches!(t.op, Op::MatMul { .. }) { wt.n_bytes() } else { 0 };
+                            (Some((wt.dtype, il)), bytes)
                         }
                         _ => (None, 0),
                     };
@@ -609,17 +615,13 @@ impl Ctx<'_> {
                     crate::moe::route(self.f32s(logits), n_tokens, p, table);
                 }
             }
-            Op::MatMulId { w: wid, x, route, p, per_pair, e0, e1 } => {
-                let wt = self.t(wid);
-                let ops = self.kernels.ops(wt.dtype).expect("weight type checked at load");
-                let table = self.i32s(route);
-                let cols = split(ne0, ith, nth);
-                let (wrb, xrb) = (wt.row_bytes(), self.t(x).row_bytes());
-                let out = self.base(t) as *mut f32;
-                let (wb, xb) = (self.bytes(wid), self.bytes(x));
-                // SAFETY: `out` is this node's tensor of [pairs][ne0] f32; workers own disjoint
-                // column ranges `cols` (split above), and nothing else touches it during the node.
-                unsafe { crate::moe::matmul_id(ops.vec_dot, wb, wrb, xb, xrb, table, p, per_pair, ne0, cols, e0 as usize..e1 as usize, out) };
+            Op::MatMulId { w, x, route, p, per_pair, e0, e1 } => {
+                let wt = self.t(w);
+                let (plain, il) = self.weight_rows(w);
+                let m = experts::Experts { dtype: wt.dtype, k: wt.ne[0], plain, il, x: self.bytes(x), xrb: self.t(x).row_bytes(), per_pair, table: self.i32s(route), p, experts: e0 as usize..e1 as usize };
+                // SAFETY: this node's tensor is `[pairs][ne0]` f32 (`ne0` = each expert's
+                // rows), written during the node only by its workers, each its own share.
+                unsafe { m.run(self.kernels, self.mode, self.schedules, self.base(t) as *mut f32, ith, nth, &mut scratch.mm) };
             }
             Op::SigmoidMul { x, g } => {
                 let (x, g) = (self.f32s(x), self.f32s(g));
@@ -679,22 +681,28 @@ impl Ctx<'_> {
         if let Some(b) = ops.batch_dot.filter(|b| device.is_none() && !self.mode.batch_invariant && b.applies(rows, k, n_out)) {
             return self.matmul_dense(t, wid, x, b, ith, nth, scratch);
         }
-        let il = match wt.storage {
-            Storage::Weight { copy: Some(WeightCopy { at, interleaved: true }), .. } => Some(&self.weights.packed[at..at + wt.n_bytes()]),
-            _ => None,
-        };
-        // The plain rows: an interleaved matrix's are the file's, but for a column slice
-        // (tensor parallelism), which has only its interleaved copy.
-        let plain = !(il.is_some() && matches!(wt.storage, Storage::Weight { cols: Some(_), .. }));
-        let w = if plain { self.bytes(wid) } else { &[] };
+        let (w, il) = self.weight_rows(wid);
         let split = self.graph.split_of(id).filter(|_| !self.classes.is_empty()).map(|c| (c, self.classes));
-        let o = matmul::Operands { dtype: wt.dtype, k, n_out, w, il, x: self.bytes(x), xrb: self.t(x).row_bytes(), rows, out: self.base(t) as *mut f32, ldo: self.row_stride(t), split };
+        let o = matmul::Operands { dtype: wt.dtype, k, n_out, w, il, x: self.bytes(x), xrb: self.t(x).row_bytes(), rows, xmap: None, out: self.base(t) as *mut f32, ldo: self.row_stride(t), split };
         if let Some((dev, ds)) = device {
             return self.matmul_device(id, &o, ds, dev, ith, nth, scratch);
         }
         // SAFETY: the output tensor is [rows][n_out] f32, written during this node only by its
         // workers, each its own share; the classes' levels run here (`set_classes`).
         unsafe { matmul::run(self.kernels, &o, self.mode, self.schedules, ith, nth, &mut scratch.mm) };
+    }
+
+    /// A weight matrix's plain rows and its interleaved copy, where it has one. The plain rows
+    /// are the file's (or the copy made at load), empty for a column slice (tensor
+    /// parallelism) that has only its interleaved copy.
+    fn weight_rows(&self, wid: TensorId) -> (&[u8], Option<&[u8]>) {
+        let wt = self.t(wid);
+        let il = match wt.storage {
+            Storage::Weight { copy: Some(WeightCopy { at, interleaved: true }), .. } => Some(&self.weights.packed[at..at + wt.n_bytes()]),
+            _ => None,
+        };
+        let plain = !(il.is_some() && matches!(wt.storage, Storage::Weight { cols: Some(_), .. }));
+        (if plain { self.bytes(wid) } else { &[] }, il)
     }
 
     /// The attention kernel llama.cpp runs for a query row at `pos` with `nth` threads: its
