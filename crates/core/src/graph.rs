@@ -126,6 +126,11 @@ pub struct Graph {
     /// Matmul nodes whose output is cut among worker classes, by node id (ascending): empty
     /// unless a plan placed some on two targets (`Executor::set_classes` names the classes).
     pub splits: Vec<(TensorId, ClassSplit)>,
+    /// Expert matmul nodes (`Op::MatMulId`) whose experts a plan places among worker classes by
+    /// their routed pairs, by node id (ascending): from each step's pair count on, each
+    /// expert's output columns cut among the classes (SMEPilot's MoE placement; the panel GEMM
+    /// runs a cut, other paths ignore it).
+    pub expert_splits: Vec<(TensorId, Vec<(usize, ClassSplit)>)>,
     /// Matmul nodes an accelerator shares (its columns first), by node id (ascending): empty
     /// unless a plan placed some there (`Executor::device` runs them).
     pub device_splits: Vec<(TensorId, DeviceSplit)>,
@@ -142,6 +147,14 @@ impl Graph {
     /// How node `id`'s output is cut among worker classes, if it is.
     pub fn split_of(&self, id: TensorId) -> Option<&ClassSplit> {
         self.splits.binary_search_by_key(&id.0, |(i, _)| i.0).ok().map(|i| &self.splits[i].1)
+    }
+
+    /// The cuts of expert matmul node `id`'s experts by routed pairs (empty: not cut).
+    pub fn expert_steps(&self, id: TensorId) -> &[(usize, ClassSplit)] {
+        match self.expert_splits.binary_search_by_key(&id.0, |(i, _)| i.0) {
+            Ok(i) => &self.expert_splits[i].1,
+            Err(_) => &[],
+        }
     }
 
     /// The accelerator's share of node `id`, if it has one.
@@ -675,6 +688,7 @@ impl<'k> Builder<'k> {
             lists: self.lists,
             threads: vec![0; self.nodes.len()],
             splits: Vec::new(),
+            expert_splits: Vec::new(),
             device_splits: Vec::new(),
             sync,
             tensors: self.tensors,

@@ -10,8 +10,9 @@ mod common;
 use common::values;
 use corelm_core::moe::{route, Route};
 use corelm_core::sched::experts::Experts;
-use corelm_core::sched::matmul::{self, Mode, Operands};
-use corelm_core::tensor::MoeParams;
+use corelm_core::sched::matmul::{self, Mode, Operands, WorkerClass};
+use corelm_core::tensor::{ClassSplit, MoeParams};
+use corelm_kernels::matmul::gemm;
 use corelm_kernels::quant::reference::quantizer;
 use corelm_kernels::{row_bytes, DType, Isa, Kernels};
 
@@ -100,7 +101,7 @@ fn each_expert_is_the_dense_matmul_of_its_rows() {
                             }
                             for nth in 1..=3 {
                                 let mut out = vec![f32::NAN; n_pairs * N_OUT];
-                                let m = Experts { dtype: t, k, plain: &w, il: copy, x: &x, xrb, per_pair, table: &tab, p, experts: 0..N_EXPERT };
+                                let m = Experts { dtype: t, k, plain: &w, il: copy, x: &x, xrb, per_pair, table: &tab, p, experts: 0..N_EXPERT, cuts: &[], classes: &[] };
                                 let mut s = matmul::MatmulScratch::new(k, k, n_pairs, 1);
                                 for ith in 0..nth {
                                     // SAFETY: out is [pairs][N_OUT] f32; shares disjoint, run in turn.
@@ -147,7 +148,7 @@ fn a_shard_computes_only_its_experts() {
     let run = |experts: std::ops::Range<usize>| {
         let plain = &w[experts.start * N_OUT * wrb..experts.end * N_OUT * wrb];
         let mut out = vec![f32::NAN; n_pairs * N_OUT];
-        let m = Experts { dtype: t, k, plain, il: None, x: &x, xrb, per_pair: false, table: &tab, p, experts };
+        let m = Experts { dtype: t, k, plain, il: None, x: &x, xrb, per_pair: false, table: &tab, p, experts, cuts: &[], classes: &[] };
         let mut s = matmul::MatmulScratch::new(k, k, n_pairs, 1);
         // SAFETY: out is [pairs][N_OUT] f32; one worker.
         unsafe { m.run(&kernels, mode, None, out.as_mut_ptr(), 0, 1, &mut s) };
@@ -165,4 +166,69 @@ fn a_shard_computes_only_its_experts() {
             }
         }
     }
+}
+
+/// A plan's expert rule, executed (`--matrix-workers`): under `--fast-prefill` experts routed
+/// 8 pairs or more run as a panel GEMM (their rows gathered in order), cut among two worker
+/// classes of different kernel levels where the rule says; the bits are the uncut panel
+/// GEMM's of the expert's rows (not the tiles'), whatever the cut.
+#[test]
+fn experts_cut_by_routed_pairs_give_the_panel_bits() {
+    let levels: Vec<Isa> = Isa::ALL.into_iter().rev().filter(|&i| Kernels::for_isa(i).is_ok()).collect();
+    let best = Kernels::for_isa(levels[0]).unwrap();
+    let p = MoeParams { n_expert: N_EXPERT, n_used: 2, norm_w: true, w_scale: 1.0 };
+    let mode = Mode { batch_invariant: false, panel_gemm: true };
+    let n_tokens = 29;
+    let tab = table(n_tokens, p);
+    let n_pairs = n_tokens * p.n_used;
+    assert!((0..N_EXPERT).any(|e| Route::positions_of(&tab, n_pairs, e).len() >= 8), "no expert with 8 pairs");
+    let mut checked = 0;
+    for t in [DType::Q4_0, DType::Q8_0, DType::Q4K] {
+        if !(gemm::simd(t, best.isa()) || best.isa() == Isa::Portable) {
+            continue;
+        }
+        let k = if t.block_size() == 256 { 256 } else { 96 };
+        let wrb = row_bytes(t, k);
+        let mut w = vec![0u8; N_EXPERT * N_OUT * wrb];
+        quantizer(t).unwrap()(&values(N_EXPERT * N_OUT * k, 7), &mut w);
+        let vdt = best.ops(t).unwrap().vec_dot_type;
+        let xrb = row_bytes(vdt, k);
+        let mut x = vec![0u8; n_tokens * xrb];
+        for r in 0..n_tokens {
+            best.from_float(vdt).unwrap()(&values(k, 100 + r as u64), &mut x[r * xrb..(r + 1) * xrb]);
+        }
+        // Expected: each expert's rows gathered, the uncut matmul (the panel from 8 rows).
+        let mut want = vec![0u32; n_pairs * N_OUT];
+        for e in 0..N_EXPERT {
+            let at = Route::positions_of(&tab, n_pairs, e);
+            let rows: Vec<u8> = Route::pairs_of(&tab, n_pairs, e).iter().flat_map(|&pair| x[pair as usize / 2 * xrb..(pair as usize / 2 + 1) * xrb].to_vec()).collect();
+            let d = dense(&best, t, &w[e * N_OUT * wrb..(e + 1) * N_OUT * wrb], None, k, &rows, xrb, at.len(), mode);
+            want[at.start * N_OUT..at.end * N_OUT].copy_from_slice(&d);
+        }
+        let run_mode = |cuts: &[(usize, ClassSplit)], classes: &[WorkerClass], mode: Mode| {
+            let nth = classes.iter().map(|c| c.workers).sum::<usize>().max(1);
+            let mut out = vec![f32::NAN; n_pairs * N_OUT];
+            let m = Experts { dtype: t, k, plain: &w, il: None, x: &x, xrb, per_pair: false, table: &tab, p, experts: 0..N_EXPERT, cuts, classes };
+            let mut s = matmul::MatmulScratch::new(k, k, n_pairs, 1).with_gather(n_tokens * xrb);
+            for ith in 0..nth {
+                // SAFETY: out is [pairs][N_OUT] f32; shares disjoint, run in turn; every
+                // class's level runs on this CPU.
+                unsafe { m.run(&best, mode, None, out.as_mut_ptr(), ith, nth, &mut s) };
+            }
+            out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        let run = |cuts: &[(usize, ClassSplit)], classes: &[WorkerClass]| run_mode(cuts, classes, mode);
+        assert!(run(&[], &[]) == want, "{t}: the panel without a rule");
+        assert!(run_mode(&[], &[], Mode::default()) != want, "{t}: the panel's bits are not the tiles'");
+        for &other in &levels[1..] {
+            for (a, b) in [(1, 1), (1, 2)] {
+                let classes = [WorkerClass { isa: best.isa(), workers: a }, WorkerClass { isa: other, workers: b }];
+                // Up to 7 pairs every column to the second class; from 8 a cut at 8 columns.
+                let cuts = [(1, ClassSplit { by_rows: false, bounds: vec![0, 0, N_OUT] }), (8, ClassSplit { by_rows: false, bounds: vec![0, 8, N_OUT] })];
+                assert!(run(&cuts, &classes) == want, "{t}: {} × {a} and {} × {b}", best.isa().name(), other.name());
+                checked += 1;
+            }
+        }
+    }
+    assert!(levels.len() < 2 || checked > 0);
 }

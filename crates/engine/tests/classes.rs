@@ -39,8 +39,9 @@ fn prefill(e: &mut Engine) -> Vec<u32> {
 /// Every logit of an `n`-token prompt.
 fn prefill_n(e: &mut Engine, n: u32) -> Vec<u32> {
     let mut b = Batch::new();
+    let vocab = e.hyper().n_vocab as u32;
     for i in 0..n {
-        b.add((i * 977 + 13) % 49152, i as i32, 0, true);
+        b.add((i * 977 + 13) % vocab, i as i32, 0, true);
     }
     let l = e.decode(&b).unwrap();
     (0..n as usize).flat_map(|r| l.row(r).iter().map(|v| v.to_bits()).collect::<Vec<_>>()).collect()
@@ -89,4 +90,32 @@ fn matrix_workers_take_the_attention_pipelines_matrix_phases() {
     let n = corelm_kernels::attention::TILED_MIN_ROWS as u32 + 16;
     assert!(prefill_n(&mut piped, n) == prefill_n(&mut base, n), "the pipeline on a matrix-unit and a vector worker changes no bits");
     assert!(piped.attn_pipeline_blocks().is_some_and(|b| b > 0), "the pipeline ran");
+}
+
+/// A MoE model's expert rule, executed: with `--matrix-workers` the plan cuts each expert by
+/// its routed pairs among the matrix unit's worker and the vector worker, and the experts of 8
+/// or more pairs run as panel GEMMs of that cut — the logits of `--fast-prefill` alone, bit for
+/// bit. The Qwen3-MoE fixture (8 experts, 2 per token) quantized to Q8_0 for the panel's
+/// kernels; elsewhere than on an SME CPU, only the plan's cuts are checked.
+#[test]
+fn matrix_workers_place_experts_by_routed_pairs() {
+    let dir = std::env::temp_dir().join(format!("corelm-classes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3moe.gguf");
+    let file = dir.join("qwen3moe-q8_0.gguf");
+    corelm_engine::quantize::quantize_file(&src, &file, corelm_kernels::DType::Q8_0, false, 2).unwrap();
+    let cfg = EngineConfig { fast_prefill: true, roofline: Some(stated()), ..test_config(2) };
+    let mut base = Engine::load(&file, cfg.clone()).unwrap();
+    // The plan itself: a 24-token prefill's expert matmuls have steps off the vector cores.
+    let plans = corelm_plan::planner::plan_graph(base.graph(24, 24), &stated(), 512);
+    let rules: Vec<_> = plans.iter().filter_map(|p| p.experts.as_ref()).collect();
+    assert!(!rules.is_empty() && rules.iter().all(|r| corelm_plan::planner::expert_cuts(&stated(), r, 48, &["sme", "cpu"]).is_some()), "{rules:?}");
+    if base.kernels().isa() != Isa::Sme {
+        std::fs::remove_dir_all(&dir).ok();
+        return;
+    }
+    let mut split = Engine::load(&file, EngineConfig { matrix_workers: 1, ..cfg }).unwrap();
+    assert!(!split.graph(24, 24).expert_splits.is_empty(), "the engine's graph carries the cuts");
+    assert!(prefill(&mut split) == prefill(&mut base), "experts cut among worker classes change no bits");
+    std::fs::remove_dir_all(&dir).ok();
 }

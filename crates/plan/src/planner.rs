@@ -422,13 +422,22 @@ fn classes<'a>(roof: &Roofline, shares: &[(String, f64)], names: impl Iterator<I
 /// Cut each matmul that the plan splits across exactly the targets `names` (in the executor's
 /// worker-class order: `Executor::set_classes`) into one range per class — `Graph::splits`,
 /// which the scheduler runs on those classes (the panel GEMM; other paths ignore a cut).
-/// Applied once when a graph is planned, from its `plans` ([`plan_graph`] on `roof`). Returns
-/// how many matmuls were cut.
+/// Applied once when a graph is planned, from its `plans` ([`plan_graph`] on `roof`). A MoE
+/// matmul's expert rule becomes `Graph::expert_splits`: each expert cut by its routed pairs.
+/// Returns how many matmuls (dense or expert) were cut.
 pub fn apply_splits(g: &mut Graph, roof: &Roofline, plans: &[OpPlan], names: &[&str]) -> usize {
     g.splits.clear();
+    g.expert_splits.clear();
     for (i, p) in plans.iter().enumerate() {
-        let Placement::Split(shares) = &p.placement else { continue };
         let id = g.nodes[i];
+        if let (Some(rule), Op::MatMulId { .. }) = (&p.experts, g.tensor(id).op) {
+            let n_out = g.tensor(id).ne[0];
+            if let Some(steps) = expert_cuts(roof, rule, n_out, names) {
+                g.expert_splits.push((id, steps));
+            }
+            continue;
+        }
+        let Placement::Split(shares) = &p.placement else { continue };
         let t = g.tensor(id);
         let same = shares.len() == names.len() && names.iter().all(|n| shares.iter().any(|(s, _)| s == n));
         if !same || !matches!(t.op, Op::MatMul { .. }) {
@@ -440,7 +449,30 @@ pub fn apply_splits(g: &mut Graph, roof: &Roofline, plans: &[OpPlan], names: &[&
         let bounds = std::iter::once(0).chain(tiles.iter().map(|s| if by_rows { s.rows.end } else { s.cols.end })).collect();
         g.splits.push((id, ClassSplit { by_rows, bounds }));
     }
-    g.splits.len()
+    g.splits.len() + g.expert_splits.len()
+}
+
+/// An expert rule as cuts of an expert's `n_out` output columns among the classes `names`: a
+/// step on one of them gives it every column, a split across exactly them cuts at both
+/// targets' tile boundaries. `None` where some step places experts elsewhere, or every step on
+/// the vector cores (nothing to cut).
+pub fn expert_cuts(roof: &Roofline, rule: &ExpertRule, n_out: usize, names: &[&str]) -> Option<Vec<(usize, ClassSplit)>> {
+    let vector = |n: &str| roof.targets.iter().any(|t| t.name == n && t.kind == TargetKind::Vector);
+    if rule.steps.iter().all(|(_, p)| matches!(p, Placement::On(n) if vector(n))) {
+        return None;
+    }
+    let mut steps = Vec::with_capacity(rule.steps.len());
+    for (from, placement) in &rule.steps {
+        let shares = match placement {
+            Placement::On(n) if names.contains(&n.as_str()) => vec![(n.clone(), 1.0)],
+            Placement::Split(shares) if shares.len() == names.len() && names.iter().all(|n| shares.iter().any(|(s, _)| s == n)) => shares.clone(),
+            _ => return None,
+        };
+        let tiles = split_tiles(1, n_out, &classes(roof, &shares, names.iter().copied()));
+        let bounds = std::iter::once(0).chain(tiles.iter().map(|s| s.cols.end)).collect();
+        steps.push((*from, ClassSplit { by_rows: false, bounds }));
+    }
+    Some(steps)
 }
 
 /// Operators with the same label and placement summed, most time first: (plan of the first,

@@ -1,7 +1,7 @@
 //! The planner's placements on the stated Apple M4 Pro profile (SMEPilot's machine) and on a
 //! one-target machine.
 
-use corelm_plan::planner::{attention_pipeline, expert_rule, place, Placement, Regime, SOFTMAX_FLOPS};
+use corelm_plan::planner::{attention_pipeline, expert_cuts, expert_rule, place, Placement, Regime, SOFTMAX_FLOPS};
 use corelm_plan::Roofline;
 
 fn m4() -> Roofline {
@@ -188,11 +188,27 @@ fn experts_are_placed_by_their_routed_pairs() {
     for c in [1, 2, 7, 16, 100, 512] {
         assert_eq!(rule.placement(c), &on(c), "{c} pairs");
     }
-    // One target: nothing to choose.
+    // Executed as cuts of each expert's n columns among the classes (sme first, as the
+    // executor orders them): all to the vector cores, all to the matrix unit, then a cut at a
+    // boundary of both targets' tiles.
+    let cuts = expert_cuts(&roof, &rule, n, &["sme", "cpu"]).expect("a rule with sme steps is cut");
+    assert_eq!(cuts.len(), rule.steps.len());
+    for ((from, cut), (c, p)) in cuts.iter().zip(&rule.steps) {
+        assert_eq!(from, c);
+        assert!(!cut.by_rows && cut.bounds.len() == 3 && cut.bounds[0] == 0 && cut.bounds[2] == n, "{cut:?}");
+        match p {
+            Placement::On(t) if t == "cpu" => assert_eq!(cut.bounds[1], 0),
+            Placement::On(_) => assert_eq!(cut.bounds[1], n),
+            Placement::Split(_) => assert!(cut.bounds[1] > 0 && cut.bounds[1] < n && cut.bounds[1] % 8 == 0, "{cut:?}"),
+        }
+    }
+    // One target: nothing to choose, nothing to cut.
     let mut one = m4();
     one.targets.retain(|t| t.name == "cpu");
     one.combined.clear();
-    assert_eq!(expert_rule(&one, "f16_fma", bytes, k, n, 512).steps, vec![(1, Placement::On("cpu".into()))]);
+    let only = expert_rule(&one, "f16_fma", bytes, k, n, 512);
+    assert_eq!(only.steps, vec![(1, Placement::On("cpu".into()))]);
+    assert!(expert_cuts(&one, &only, n, &["sme", "cpu"]).is_none());
 }
 
 /// Prefill attention as a pipeline on the M4 Pro profile: the matrix phases on SME (2920

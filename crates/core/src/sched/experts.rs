@@ -12,10 +12,19 @@
 //! Every worker walks the experts in order and takes its share of each (columns, or the grid
 //! `matmul::run` chooses for the expert's row count); experts no token chose are skipped, so
 //! their weights are not read.
+//!
+//! **Placed by routed pairs** (SMEPilot's MoE placement, `--matrix-workers`): where a plan's
+//! expert rule cuts experts among worker classes (`Graph::expert_splits`), an expert routed
+//! `c` pairs takes the cut of the last step at or below `c` — e.g. every column to the vector
+//! cores up to 20 pairs, to the matrix unit from 21 — and runs as a panel GEMM of that cut
+//! (under `--fast-prefill` an expert of 8 pairs or more has its per-token rows gathered in
+//! order first, cut or not, since the panel reads rows in order). No
+//! barrier separates experts, so while the matrix unit's workers run a large expert the
+//! vector workers go on to the next. The panel's integer sums are exact: a cut changes no bits.
 
-use super::matmul::{self, MatmulScratch, Mode, Operands, Schedules};
+use super::matmul::{self, MatmulScratch, Mode, Operands, Schedules, WorkerClass, GEMM_MIN_ROWS};
 use crate::moe::Route;
-use crate::tensor::MoeParams;
+use crate::tensor::{ClassSplit, MoeParams};
 use corelm_kernels::{DType, Kernels};
 use std::ops::Range;
 
@@ -37,6 +46,10 @@ pub struct Experts<'a> {
     pub table: &'a [i32],
     pub p: MoeParams,
     pub experts: Range<usize>,
+    /// Cuts of an expert's output among `classes` by its routed pairs: (from pairs, cut),
+    /// ascending (`Graph::expert_steps`; empty: none).
+    pub cuts: &'a [(usize, ClassSplit)],
+    pub classes: &'a [WorkerClass],
 }
 
 impl Experts<'_> {
@@ -58,10 +71,26 @@ impl Experts<'_> {
                 continue;
             }
             let rows = i * n_out * wrb..(i + 1) * n_out * wrb;
+            let pairs = Route::pairs_of(self.table, n_pairs, e);
+            let panel = mode.panel_gemm && at.len() >= GEMM_MIN_ROWS;
+            // The rule's cut for this many pairs, where it runs one (a panel GEMM).
+            let cut = self.cuts.iter().rev().find(|(from, _)| *from <= at.len()).map(|(_, c)| c).filter(|_| panel && !self.classes.is_empty());
+            // Where the panel may run, per-token rows gathered in order (the panel reads rows
+            // in order; the other paths give the same bits on either).
+            let mut gather = std::mem::take(&mut s.gather);
+            let gathered = panel && !self.per_pair && gather.len() >= at.len() * self.xrb;
+            if gathered {
+                for (i, &pair) in pairs.iter().enumerate() {
+                    let r = pair as usize / self.p.n_used;
+                    gather[i * self.xrb..(i + 1) * self.xrb].copy_from_slice(&self.x[r * self.xrb..(r + 1) * self.xrb]);
+                }
+            }
             let (x, xmap) = if self.per_pair {
                 (&self.x[at.start * self.xrb..at.end * self.xrb], None)
+            } else if gathered {
+                (&gather[..at.len() * self.xrb], None)
             } else {
-                (self.x, Some((Route::pairs_of(self.table, n_pairs, e), self.p.n_used)))
+                (self.x, Some((pairs, self.p.n_used)))
             };
             let o = Operands {
                 dtype: self.dtype,
@@ -76,11 +105,12 @@ impl Experts<'_> {
                 // SAFETY: position `at.start`'s row lies inside the `[pairs][n_out]` output.
                 out: unsafe { out.add(at.start * n_out) },
                 ldo: n_out,
-                split: None,
+                split: cut.map(|c| (c, self.classes)),
             };
             // SAFETY: rows `at` of the output are this expert's alone; within them each worker
             // writes its own share (the caller's contract, kept on the expert's operands).
             unsafe { matmul::run(kernels, &o, mode, schedules, ith, nth, s) };
+            s.gather = gather;
         }
     }
 }

@@ -238,6 +238,9 @@ pub struct MatmulScratch {
     dec: Vec<u8>,
     /// `[IL_COL_MAX][8]` f32: one tile call's results before they are stored by rows.
     tiles: Vec<f32>,
+    /// An expert's activation rows gathered in order for the panel GEMM (`sched::experts`;
+    /// empty unless the graph has expert matmuls: [`MatmulScratch::with_gather`]).
+    pub(super) gather: Vec<u8>,
 }
 
 impl MatmulScratch {
@@ -250,7 +253,14 @@ impl MatmulScratch {
             prep: vec![0; interleave::scratch_len(max_k)],
             dec: vec![0; (Schedule::TILE_DEFAULT.nc * max_k / 32 * corelm_kernels::matmul::DECODED_MAX_PER_32).min(DECODED_MAX)],
             tiles: vec![0.0; IL_COL_MAX * 8],
+            gather: Vec::new(),
         }
+    }
+
+    /// With room to gather `bytes` of activation rows (an expert's, for the panel GEMM).
+    pub fn with_gather(mut self, bytes: usize) -> MatmulScratch {
+        self.gather = vec![0; bytes];
+        self
     }
 }
 

@@ -179,7 +179,7 @@ impl Executor {
     /// dimension, rows) among `graph`'s matmuls, for `n_threads` workers of which the smallest
     /// group (tensor parallelism; else all) has `group_threads`.
     pub fn new(n_threads: usize, group_threads: usize, max_head_dim: usize, graph: &Graph) -> Self {
-        let (mut max_k, mut max_rows, mut max_group, mut max_k_all) = (0, 0, 1, 0);
+        let (mut max_k, mut max_rows, mut max_group, mut max_k_all, mut gather) = (0, 0, 1, 0, 0);
         let (mut rope_rows, mut max_rot, mut max_k_f16) = (0, 0, 0);
         let (mut sparse_ff, mut sparse_embd, mut pred_embd, mut pred_rank) = (0, 0, 0, 0);
         for &id in &graph.nodes {
@@ -201,8 +201,16 @@ impl Executor {
             if let Op::Attention { shard, .. } = t.op {
                 max_group = max_group.max(shard.group);
             }
-            if let Op::MatMulId { w, .. } = t.op {
-                max_k_all = max_k_all.max(graph.tensor(w).ne[0]);
+            if let Op::MatMulId { w, x, .. } = t.op {
+                let (wt, xt) = (graph.tensor(w), graph.tensor(x));
+                max_k_all = max_k_all.max(wt.ne[0]);
+                // An expert's panel GEMM (where a plan cuts it): its rows gathered, at most one
+                // per token.
+                if gemm::supported(wt.dtype) {
+                    max_k = max_k.max(wt.ne[0]);
+                    max_rows = max_rows.max(xt.ne[1]);
+                    gather = gather.max(xt.ne[1] * xt.row_bytes());
+                }
             }
             if let Op::MatMul { w, .. } = t.op {
                 let wt = graph.tensor(w);
@@ -221,7 +229,7 @@ impl Executor {
                 .map(|_| {
                     std::sync::Mutex::new(Scratch {
                         attn: AttnScratch::with_heads(max_head_dim, max_group),
-                        mm: MatmulScratch::new(max_k_all, max_k, max_rows, 1),
+                        mm: MatmulScratch::new(max_k_all, max_k, max_rows, 1).with_gather(gather),
                         wide: vec![0.0; COL_BLOCK * max_k_f16],
                         wide_act: vec![0.0; dense::ACT_CHUNK * max_k_f16],
                         // A worker's largest share of RoPE rows: in the smallest group.
@@ -618,7 +626,9 @@ impl Ctx<'_> {
             Op::MatMulId { w, x, route, p, per_pair, e0, e1 } => {
                 let wt = self.t(w);
                 let (plain, il) = self.weight_rows(w);
-                let m = experts::Experts { dtype: wt.dtype, k: wt.ne[0], plain, il, x: self.bytes(x), xrb: self.t(x).row_bytes(), per_pair, table: self.i32s(route), p, experts: e0 as usize..e1 as usize };
+                let (xb, xrb, table) = (self.bytes(x), self.t(x).row_bytes(), self.i32s(route));
+                let (cuts, classes) = (self.graph.expert_steps(id), self.classes);
+                let m = experts::Experts { dtype: wt.dtype, k: wt.ne[0], plain, il, x: xb, xrb, per_pair, table, p, experts: e0 as usize..e1 as usize, cuts, classes };
                 // SAFETY: this node's tensor is `[pairs][ne0]` f32 (`ne0` = each expert's
                 // rows), written during the node only by its workers, each its own share.
                 unsafe { m.run(self.kernels, self.mode, self.schedules, self.base(t) as *mut f32, ith, nth, &mut scratch.mm) };
