@@ -544,8 +544,9 @@ impl<'k> Builder<'k> {
         self.check_src(logits);
         let ne = self.t(logits).ne;
         assert!(ne[0] == p.n_expert && p.n_used >= 1 && p.n_used <= p.n_expert, "moe routing shape");
+        let sel = self.node([2 * ne[1] * p.n_used, 1], DType::I32, Op::MoeSelect { logits, p }).single();
         let len = crate::moe::Route::len(ne[1], p);
-        self.node([len, 1], DType::I32, Op::MoeRoute { logits, p })
+        self.node([len, 1], DType::I32, Op::MoeRoute { sel, p })
     }
 
     /// The experts the current shard computes (all in serial mode).

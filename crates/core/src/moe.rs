@@ -56,51 +56,72 @@ impl Route {
     }
 }
 
-/// Fill the routing table from router logits `[n_tokens][n_expert]`: softmax over all experts,
-/// the `n_used` most probable (ties to the lower id), their probabilities optionally divided by
-/// their sum (clamped below at 2^-14, as llama.cpp) and scaled; then pairs grouped by expert.
+/// Fill the routing table from router logits `[n_tokens][n_expert]`: [`select`] for every
+/// token, then [`order`]. (The executor runs the two as nodes of their own: the selection split
+/// among workers by tokens, the ordering on one.)
 pub fn route(logits: &[f32], n_tokens: usize, p: MoeParams, table: &mut [i32]) {
-    let (ne, k) = (p.n_expert, p.n_used);
-    let n_pairs = n_tokens * k;
-    assert_eq!(table.len(), Route::len(n_tokens, p));
+    let k = p.n_used;
+    let mut sel = vec![0i32; 2 * n_tokens * k];
+    let (ids, weights) = sel.split_at_mut(n_tokens * k);
+    for t in 0..n_tokens {
+        select(&logits[t * p.n_expert..(t + 1) * p.n_expert], p, &mut ids[t * k..(t + 1) * k], &mut weights[t * k..(t + 1) * k]);
+    }
+    order(&sel, n_tokens, p, table);
+}
+
+/// One token's routing from its router logits `[n_expert]`: softmax over all experts, the
+/// `n_used` most probable into `ids` (best first; ties to the lower id), their probabilities
+/// optionally divided by their sum (clamped below at 2^-14, as llama.cpp) and scaled, as f32
+/// bits into `weights`.
+pub fn select(logits: &[f32], p: MoeParams, ids: &mut [i32], weights: &mut [i32]) {
+    let k = p.n_used;
+    let mut row = ProbRow::default();
+    let probs = row.softmax(logits);
+    // Top-k by insertion into a descending list: an expert goes before the first one of
+    // lower probability, so equal ones stay in id order.
+    let mut chosen = [0usize; MAX_USED];
+    let mut n = 0;
+    for (e, &pr) in probs.iter().enumerate() {
+        if n == k && !(pr > probs[chosen[k - 1]]) {
+            continue;
+        }
+        let mut at = n.min(k - 1);
+        while at > 0 && pr > probs[chosen[at - 1]] {
+            chosen[at] = chosen[at - 1];
+            at -= 1;
+        }
+        chosen[at] = e;
+        n = (n + 1).min(k);
+    }
+    let wsum: f32 = chosen[..k].iter().fold(0f32, |a, &e| a + probs[e]);
+    let div = if p.norm_w { wsum.max(6.103_515_6e-5) } else { 1.0 };
+    for s in 0..k {
+        let e = chosen[s];
+        let mut w = probs[e];
+        if p.norm_w {
+            w /= div;
+        }
+        if p.w_scale != 0.0 && p.w_scale != 1.0 {
+            w *= p.w_scale;
+        }
+        ids[s] = e as i32;
+        weights[s] = w.to_bits() as i32;
+    }
+}
+
+/// The routing table from every token's selection `sel` (`[ids (P)] [weight bits (P)]`, as
+/// [`select`] writes them per token): the selection copied, then the pairs grouped by expert
+/// by a counting sort (stable: pairs of one expert stay in token order) — their positions,
+/// each expert's first position and the pair at each position.
+pub fn order(sel: &[i32], n_tokens: usize, p: MoeParams, table: &mut [i32]) {
+    let ne = p.n_expert;
+    let n_pairs = n_tokens * p.n_used;
+    assert!(table.len() == Route::len(n_tokens, p) && sel.len() == 2 * n_pairs);
+    table[..2 * n_pairs].copy_from_slice(sel);
     let (ids, rest) = table.split_at_mut(n_pairs);
-    let (weights, rest) = rest.split_at_mut(n_pairs);
+    let (_, rest) = rest.split_at_mut(n_pairs);
     let (position, rest) = rest.split_at_mut(n_pairs);
     let (offs, order) = rest.split_at_mut(ne + 1);
-    let mut counts_and_probs = ProbRow::default();
-    for t in 0..n_tokens {
-        let probs = counts_and_probs.softmax(&logits[t * ne..(t + 1) * ne]);
-        // Top-k by repeated selection: k is small (≤ 8 in practice) next to n_expert.
-        let mut chosen = [usize::MAX; MAX_USED];
-        let mut wsum = 0f32;
-        for s in 0..k {
-            let mut best = usize::MAX;
-            for (e, &pr) in probs.iter().enumerate() {
-                if chosen[..s].contains(&e) {
-                    continue;
-                }
-                if best == usize::MAX || pr > probs[best] {
-                    best = e;
-                }
-            }
-            chosen[s] = best;
-            wsum += probs[best];
-        }
-        let div = if p.norm_w { wsum.max(6.103_515_6e-5) } else { 1.0 };
-        for s in 0..k {
-            let e = chosen[s];
-            let mut w = probs[e];
-            if p.norm_w {
-                w /= div;
-            }
-            if p.w_scale != 0.0 && p.w_scale != 1.0 {
-                w *= p.w_scale;
-            }
-            ids[t * k + s] = e as i32;
-            weights[t * k + s] = w.to_bits() as i32;
-        }
-    }
-    // Counting sort of pairs by expert (stable: pairs of one expert stay in token order).
     offs.fill(0);
     for &e in ids.iter() {
         offs[e as usize + 1] += 1;
@@ -178,6 +199,37 @@ pub fn combine(y: &[f32], table: &[i32], p: MoeParams, t: usize, experts: Range<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The top-k by insertion picks what repeated selection of the maximum (ties to the lower
+    /// id) picks, in that order, ties and all.
+    #[test]
+    fn select_is_repeated_selection_of_the_maximum() {
+        let mut seed = 12345u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for case in 0..2000 {
+            let ne = 1 + (next() % 40) as usize;
+            let k = (1 + (next() % 8) as usize).min(ne);
+            // Few distinct values, so ties are common.
+            let logits: Vec<f32> = (0..ne).map(|_| (next() % 5) as f32 * 0.5 - (case % 3) as f32).collect();
+            let p = MoeParams { n_expert: ne, n_used: k, norm_w: case % 2 == 0, w_scale: 1.0 };
+            let (mut ids, mut w) = (vec![0; k], vec![0; k]);
+            select(&logits, p, &mut ids, &mut w);
+            let mut row = ProbRow::default();
+            let probs = row.softmax(&logits).to_vec();
+            let mut want: Vec<usize> = Vec::new();
+            for _ in 0..k {
+                let best = (0..ne).filter(|e| !want.contains(e)).fold(usize::MAX, |b, e| if b == usize::MAX || probs[e] > probs[b] { e } else { b });
+                want.push(best);
+            }
+            let got: Vec<usize> = ids.iter().map(|&e| e as usize).collect();
+            assert_eq!(got, want, "{logits:?} k {k}");
+        }
+    }
 
     #[test]
     fn route_picks_top_k_normalises_and_groups_by_expert() {

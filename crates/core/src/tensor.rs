@@ -202,10 +202,13 @@ pub enum Op {
     /// done (worker 0 waits for it); `begin` is the `OffloadBegin` node it completes. `gate`:
     /// the CPU's gate product of every neuron, handed to `Offload::observe` (online balancing).
     OffloadEnd { layer: u32, begin: TensorId, gate: Option<TensorId> },
-    /// Mixture-of-experts routing of each token from its router logits `[n_expert, n_tokens]`:
-    /// an I32 table (layout in `crate::moe::Route`) of the chosen experts, their weights and
-    /// the (token, slot) pairs grouped by expert.
-    MoeRoute { logits: TensorId, p: MoeParams },
+    /// Mixture-of-experts selection of each token from its router logits `[n_expert, n_tokens]`
+    /// (`crate::moe::select`, workers split the tokens): I32 `[ids (P)] [weight bits (P)]`.
+    MoeSelect { logits: TensorId, p: MoeParams },
+    /// The routing table of a selection (`crate::moe::order`, one worker): an I32 table
+    /// (layout in `crate::moe::Route`) of the chosen experts, their weights and the (token,
+    /// slot) pairs grouped by expert.
+    MoeRoute { sel: TensorId, p: MoeParams },
     /// Grouped matmul over the routed pairs: `y[pair] = w[expert(pair)] · x[row(pair)]`, where
     /// `w` stacks the experts' matrices (`n_out` rows each) and `x` has a row per token
     /// (`per_pair` false) or per pair. Each expert's rows are read once for all its tokens.
@@ -256,6 +259,7 @@ impl Op {
             Op::OffloadBegin { .. } => "offload_begin",
             Op::OffloadEnd { .. } => "offload_end",
             Op::SelectOutputs { .. } => "select_outputs",
+            Op::MoeSelect { .. } => "moe_select",
             Op::MoeRoute { .. } => "moe_route",
             Op::MatMulId { .. } => "matmul_id",
             Op::MoeCombine { .. } => "moe_combine",

@@ -615,12 +615,23 @@ impl Ctx<'_> {
                     }
                 }
             }
-            Op::MoeRoute { logits, p } => {
+            Op::MoeSelect { logits, p } => {
+                let (logits, k) = (self.f32s(logits), p.n_used);
+                let n_pairs = ne0 / 2;
+                let base = self.base(t) as *mut i32;
+                for tok in split(n_pairs / k, ith, nth) {
+                    // SAFETY: token `tok`'s ids and weights (k each, at `tok·k` and
+                    // `n_pairs + tok·k` of this I32 tensor) are written by this worker only.
+                    let (ids, weights) = unsafe { (std::slice::from_raw_parts_mut(base.add(tok * k), k), std::slice::from_raw_parts_mut(base.add(n_pairs + tok * k), k)) };
+                    crate::moe::select(&logits[tok * p.n_expert..(tok + 1) * p.n_expert], p, ids, weights);
+                }
+            }
+            Op::MoeRoute { sel, p } => {
                 if ith == 0 {
-                    let n_tokens = self.t(logits).ne[1];
+                    let sel = self.i32s(sel);
                     // SAFETY: only worker 0 writes the table; it is I32, 64-byte aligned.
                     let table = unsafe { std::slice::from_raw_parts_mut(self.base(t) as *mut i32, ne0) };
-                    crate::moe::route(self.f32s(logits), n_tokens, p, table);
+                    crate::moe::order(sel, sel.len() / 2 / p.n_used, p, table);
                 }
             }
             Op::MatMulId { w, x, route, p, per_pair, e0, e1 } => {
