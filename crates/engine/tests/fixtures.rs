@@ -203,3 +203,30 @@ fn perplexity_matches_llama_cpp() {
     eprintln!("perplexity {:.4} vs llama.cpp {want:.4} ({:+.2e})", r.ppl, rel);
     assert!(rel.abs() < 0.01, "perplexity {} vs llama.cpp {want}", r.ppl);
 }
+
+/// A MoE file whose expert counts cannot work (none used per token, more used than exist) is
+/// refused at load with an error that names them, not a panic when its graph is built.
+#[test]
+fn impossible_expert_counts_are_refused() {
+    let (path, _) = fixture("qwen3moe");
+    let g = corelm_gguf::Gguf::open(&path).unwrap();
+    let dir = std::env::temp_dir().join(format!("corelm-moe-counts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for used in [0u32, 9] {
+        let mut w = corelm_gguf::writer::Writer::new();
+        w.alignment = g.alignment;
+        for (k, v) in &g.metadata {
+            let v = if k == "qwen3moe.expert_used_count" { corelm_gguf::Value::U32(used) } else { v.clone() };
+            w.kv(k, v);
+        }
+        for t in &g.tensors {
+            w.tensor(&t.name, &t.shape[..t.n_dims], t.dtype, g.tensor_data(t).to_vec());
+        }
+        let file = dir.join(format!("used-{used}.gguf"));
+        std::fs::write(&file, w.to_bytes()).unwrap();
+        let e = Engine::load(&file, EngineConfig { n_threads: 1, pin: false, ..Default::default() }).err().expect("refused").to_string();
+        let why = if used == 0 { "expert_used_count = 0".to_string() } else { format!("{used} of 8 experts per token") };
+        assert!(e.contains(&why), "{e}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
