@@ -18,8 +18,9 @@
 //!
 //! The sparse feed-forward's down projection (`WeightForm::NeuronMajor`) is always copied
 //! here: transposed, a row per neuron, and requantized with ggml's reference quantizer of its
-//! type. The sparse up projection's rows (`WeightForm::PlainRows`) are never interleaved, so
-//! one row is read per firing neuron.
+//! type. The sparse up projection's rows (`WeightForm::PlainRows`, what small batches read)
+//! are never interleaved, so one row is read per firing neuron; large batches compute up
+//! densely and read it in the ordinary `Rows` form, its interleaved copy.
 //!
 //! An accelerator's neurons (`SparseFfn::offloaded`) leave the CPU the rest of each layer:
 //! `WeightForm::ColdRows` and `ColdNeuronMajor` are copies of only those neurons' gate and up

@@ -233,9 +233,12 @@ fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRe
         // With an adjacent-layer predictor (KAIROX §5.1), the next layer's firing is predicted
         // from this layer's input, and this layer's gate rows are read only for the neurons
         // predicted here (so the gate matrix stays plain rows).
+        // Large batches compute gate and up densely, on the copies interleaved at load (the
+        // tiles); small ones read only the rows they need, the file's plain rows.
         let pred = b.predicted_firing(x); // [n_tokens, n_ff] margins
-        let wg = if pred.is_some() { b.weight_in(gate, WeightForm::PlainRows) } else { b.weight(gate) };
-        let wu = b.weight_in(up, WeightForm::PlainRows);
+        let small = b.n_tokens() <= SPARSE_UP_MAX_TOKENS;
+        let wg = if pred.is_some() && small { b.weight_in(gate, WeightForm::PlainRows) } else { b.weight(gate) };
+        let wu = if small { b.weight_in(up, WeightForm::PlainRows) } else { b.weight(up) };
         let wd = b.weight_in(down, WeightForm::NeuronMajor { from: down.dtype }); // [n_embd, n_ff]
         return cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr, false, pred.as_ref()).0;
     };

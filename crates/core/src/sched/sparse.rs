@@ -6,7 +6,8 @@
 //! and a firing neuron's value is `act(g) · up`, as the dense `Glu` computes it. So the small
 //! batches' `SparseUp` (rows of firing neurons only) and the large batches' dense up plus
 //! `GluMasked` give the same `h`, and `SparseDown` gives the same bits whether it runs fused
-//! on quantized rows (few tokens) or dequantizes each row once for a block of tokens.
+//! on quantized rows (few tokens) or dequantizes a block of 32 columns of every row once for
+//! all the batch's tokens (`sparse::down_block`, eight tokens' accumulators in registers).
 //!
 //! With a predictor, a neuron can fire only where its predicted margin is positive: small
 //! batches compute the gate of those neurons alone (`SparseGate`, zero elsewhere, and a zero
@@ -54,8 +55,9 @@ pub struct SparseScratch {
     act: Vec<f32>,
     /// Ones: the up operand that turns a gated-activation kernel into `act` alone.
     ones: Vec<f32>,
-    /// One dequantized column range of a neuron-major row.
-    row: Vec<f32>,
+    /// One block of 32 columns of every neuron's neuron-major row, dequantized (prefill's
+    /// sparse down).
+    down: Vec<f32>,
     /// The firing (or, for `SparseGate`, predicted) neurons of one token.
     firing: Vec<u32>,
     /// A predictor's input row quantized (Q8_0), its hidden vector, and that quantized.
@@ -67,13 +69,13 @@ pub struct SparseScratch {
 }
 
 impl SparseScratch {
-    /// For feed-forwards of at most `n_ff` neurons and outputs of at most `n_embd` values,
-    /// and predictors over `pred_embd` inputs of at most `rank` hidden values.
-    pub fn new(n_ff: usize, n_embd: usize, pred_embd: usize, rank: usize) -> Self {
+    /// For feed-forwards of at most `n_ff` neurons, and predictors over `pred_embd` inputs of
+    /// at most `rank` hidden values.
+    pub fn new(n_ff: usize, pred_embd: usize, rank: usize) -> Self {
         SparseScratch {
             act: vec![0.0; n_ff],
             ones: vec![1.0; n_ff],
-            row: vec![0.0; n_embd],
+            down: vec![0.0; n_ff * sparse::DOWN_COLS],
             firing: Vec::with_capacity(n_ff),
             pred_x: vec![0; corelm_kernels::row_bytes(DType::Q8_0, pred_embd)],
             hidden: vec![0.0; rank],
@@ -88,8 +90,6 @@ const PREDICT_ROWS_PER_WORKER: usize = 4;
 
 /// Batches of more tokens than this run `SparseDown` a block of tokens per dequantized row.
 const FUSED_TOKENS: usize = 4;
-/// Tokens per block of that path.
-const TOKEN_BLOCK: usize = 16;
 /// Firing neurons ahead whose rows are prefetched.
 const AHEAD: usize = 32;
 
@@ -263,25 +263,27 @@ impl Ctx<'_> {
             }
             return;
         }
+        // Many tokens: column block by column block (32 values: one block of the type), every
+        // neuron's values of the block dequantized once, then `down_block` for groups of up to
+        // eight tokens, their accumulators in registers while the block's rows stream past.
+        debug_assert_eq!(bs, sparse::DOWN_COLS);
         let to_float = k.to_float(dt).expect("neuron-major type has a dequantizer");
-        let wrow = &mut s.row[..c1 - c0];
-        for r0 in (0..rows).step_by(TOKEN_BLOCK) {
-            let r1 = (r0 + TOKEN_BLOCK).min(rows);
-            for r in r0..r1 {
-                // SAFETY: as above.
-                unsafe { self.out_f32(t, r * n_embd + c0, c1 - c0) }.fill(0.0);
+        let wcol = &mut s.down[..n_ff * bs];
+        let mut y = [[0f32; sparse::DOWN_COLS]; sparse::DOWN_TOKENS];
+        for blk in blocks {
+            let c = blk * bs;
+            for (i, w) in wcol.chunks_exact_mut(bs).enumerate() {
+                to_float(&wb[i * wrb + blk * ts..i * wrb + (blk + 1) * ts], w);
             }
-            for i in 0..n_ff {
-                if (r0..r1).all(|r| h[r * n_ff + i] == 0.0) {
-                    continue;
-                }
-                to_float(&wb[i * wrb + b0..i * wrb + b1], wrow);
-                for r in r0..r1 {
-                    let hv = h[r * n_ff + i];
-                    if hv != 0.0 {
-                        // SAFETY: as above.
-                        sparse::axpy_f32(k, hv, wrow, unsafe { self.out_f32(t, r * n_embd + c0, c1 - c0) });
-                    }
+            for r0 in (0..rows).step_by(sparse::DOWN_TOKENS) {
+                let r1 = (r0 + sparse::DOWN_TOKENS).min(rows);
+                let hs: [&[f32]; sparse::DOWN_TOKENS] = std::array::from_fn(|j| &h[(r0 + j).min(rows - 1) * n_ff..][..n_ff]);
+                let y = &mut y[..r1 - r0];
+                y.iter_mut().for_each(|v| v.fill(0.0));
+                sparse::down_block(k, &hs[..r1 - r0], wcol, y);
+                for (r, v) in (r0..r1).zip(y.iter()) {
+                    // SAFETY: columns c..c + 32 of row r are this worker's only.
+                    unsafe { self.out_f32(t, r * n_embd + c, bs) }.copy_from_slice(v);
                 }
             }
         }

@@ -6,3 +6,16 @@ pub fn axpy_f32(h: f32, w: &[f32], y: &mut [f32]) {
         *y = h.mul_add(w, *y);
     }
 }
+
+/// [`super::down_block`]'s twin: per token, the firing neurons in order, one `fma` per column.
+pub fn down_block(h: &[&[f32]], w: &[f32], y: &mut [[f32; super::DOWN_COLS]]) {
+    for (hr, yr) in h.iter().zip(y.iter_mut()) {
+        for (&hv, wr) in hr.iter().zip(w.chunks_exact(super::DOWN_COLS)) {
+            if hv != 0.0 {
+                for (y, &w) in yr.iter_mut().zip(wr) {
+                    *y = hv.mul_add(w, *y);
+                }
+            }
+        }
+    }
+}

@@ -230,3 +230,86 @@ unsafe fn axpy_row_avx512(t: DType, row: &[u8], h: f32, y: &mut [f32]) {
         }
     }
 }
+
+/// [`super::down_block`] for 1 to 8 token rows: AVX-512 (each token's 32 outputs in two
+/// registers, the firing test a lane mask of a masked FMA) or AVX2 (four registers, the FMA's
+/// result blended in where the neuron fires).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA (AVX-512 F/VL with `avx512`); `h.len() == y.len() <= 8`, every
+/// `h` row holds `w.len() / 32` values.
+pub unsafe fn down_block(h: &[&[f32]], w: &[f32], y: &mut [[f32; super::DOWN_COLS]], avx512: bool) {
+    // SAFETY (all arms): the caller's contract.
+    unsafe {
+        match (h.len(), avx512) {
+            (0, _) => {}
+            (8, true) => down_tile512::<8>(h, w, y),
+            (4..=7, true) => {
+                down_tile512::<4>(&h[..4], w, &mut y[..4]);
+                down_block(&h[4..], w, &mut y[4..], true)
+            }
+            (_, true) => {
+                down_tile512::<1>(&h[..1], w, &mut y[..1]);
+                down_block(&h[1..], w, &mut y[1..], true)
+            }
+            (1, false) => down_tile256::<1>(h, w, y),
+            (_, false) => {
+                down_tile256::<2>(&h[..2], w, &mut y[..2]);
+                down_block(&h[2..], w, &mut y[2..], false)
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn down_tile512<const T: usize>(h: &[&[f32]], w: &[f32], y: &mut [[f32; super::DOWN_COLS]]) {
+    let n_ff = w.len() / super::DOWN_COLS;
+    let zero = _mm512_setzero_ps();
+    // SAFETY (loads and stores): `y` rows hold 32 f32; `w` holds n_ff rows of 32; `h` rows
+    // hold n_ff values (the caller's contract).
+    unsafe {
+        let mut acc: [[__m512; 2]; T] = std::array::from_fn(|t| [_mm512_loadu_ps(y[t].as_ptr()), _mm512_loadu_ps(y[t].as_ptr().add(16))]);
+        let hp: [*const f32; T] = std::array::from_fn(|t| h[t].as_ptr());
+        for i in 0..n_ff {
+            let wp = w.as_ptr().add(i * super::DOWN_COLS);
+            let (w0, w1) = (_mm512_loadu_ps(wp), _mm512_loadu_ps(wp.add(16)));
+            for t in 0..T {
+                let hv = _mm512_set1_ps(*hp[t].add(i));
+                let fires = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(hv, zero);
+                acc[t][0] = _mm512_mask3_fmadd_ps(hv, w0, acc[t][0], fires);
+                acc[t][1] = _mm512_mask3_fmadd_ps(hv, w1, acc[t][1], fires);
+            }
+        }
+        for t in 0..T {
+            _mm512_storeu_ps(y[t].as_mut_ptr(), acc[t][0]);
+            _mm512_storeu_ps(y[t].as_mut_ptr().add(16), acc[t][1]);
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn down_tile256<const T: usize>(h: &[&[f32]], w: &[f32], y: &mut [[f32; super::DOWN_COLS]]) {
+    let n_ff = w.len() / super::DOWN_COLS;
+    let zero = _mm256_setzero_ps();
+    // SAFETY: as `down_tile512`.
+    unsafe {
+        let mut acc: [[__m256; 4]; T] = std::array::from_fn(|t| std::array::from_fn(|v| _mm256_loadu_ps(y[t].as_ptr().add(8 * v))));
+        let hp: [*const f32; T] = std::array::from_fn(|t| h[t].as_ptr());
+        for i in 0..n_ff {
+            let wp = w.as_ptr().add(i * super::DOWN_COLS);
+            let wv: [__m256; 4] = std::array::from_fn(|v| _mm256_loadu_ps(wp.add(8 * v)));
+            for t in 0..T {
+                let hv = _mm256_set1_ps(*hp[t].add(i));
+                let fires = _mm256_cmp_ps::<_CMP_NEQ_UQ>(hv, zero);
+                for v in 0..4 {
+                    acc[t][v] = _mm256_blendv_ps(acc[t][v], _mm256_fmadd_ps(hv, wv[v], acc[t][v]), fires);
+                }
+            }
+        }
+        for (yt, at) in y.iter_mut().zip(&acc) {
+            for (v, a) in at.iter().enumerate() {
+                _mm256_storeu_ps(yt.as_mut_ptr().add(8 * v), *a);
+            }
+        }
+    }
+}
