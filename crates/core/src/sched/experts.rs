@@ -1,5 +1,7 @@
-//! The grouped expert matmul (`Op::MatMulId`, ggml's `mul_mat_id`): for each expert a token
-//! chose, one ordinary matmul over that expert's weight rows and the rows of its pairs.
+//! The mixture-of-experts nodes: routing (`Op::MoeSelect` split among workers by tokens,
+//! `Op::MoeRoute` on one), the grouped expert matmul (`Op::MatMulId`, ggml's `mul_mat_id`:
+//! for each expert a token chose, one ordinary matmul over that expert's weight rows and the
+//! rows of its pairs) and the weighted combination (`Op::MoeCombine`).
 //!
 //! The routing table puts expert `e`'s pairs at consecutive positions (`moe::Route`), and the
 //! node's output is written by position, so an expert's outputs are one contiguous block of
@@ -23,8 +25,9 @@
 //! vector workers go on to the next. The panel's integer sums are exact: a cut changes no bits.
 
 use super::matmul::{self, MatmulScratch, Mode, Operands, Schedules, WorkerClass, GEMM_MIN_ROWS};
+use super::{split, Ctx};
 use crate::moe::Route;
-use crate::tensor::{ClassSplit, MoeParams};
+use crate::tensor::{ClassSplit, MoeParams, Op, Tensor, TensorId};
 use corelm_kernels::{DType, Kernels};
 use std::ops::Range;
 
@@ -111,6 +114,53 @@ impl Experts<'_> {
             // writes its own share (the caller's contract, kept on the expert's operands).
             unsafe { matmul::run(kernels, &o, mode, schedules, ith, nth, s) };
             s.gather = gather;
+        }
+    }
+}
+
+impl Ctx<'_> {
+    /// Worker `ith` of `nth`'s share of MoE node `id` (`t`): routing, expert matmul, combine.
+    pub(super) fn moe(&self, id: TensorId, t: &Tensor, ith: usize, nth: usize, mm: &mut MatmulScratch) {
+        let [ne0, rows] = t.ne;
+        match t.op {
+            Op::MoeSelect { logits, p } => {
+                let (logits, k) = (self.f32s(logits), p.n_used);
+                let n_pairs = ne0 / 2;
+                let base = self.base(t) as *mut i32;
+                for tok in split(n_pairs / k, ith, nth) {
+                    // SAFETY: token `tok`'s ids and weights (k each, at `tok·k` and
+                    // `n_pairs + tok·k` of this I32 tensor) are written by this worker only.
+                    let (ids, weights) = unsafe { (std::slice::from_raw_parts_mut(base.add(tok * k), k), std::slice::from_raw_parts_mut(base.add(n_pairs + tok * k), k)) };
+                    crate::moe::select(&logits[tok * p.n_expert..(tok + 1) * p.n_expert], p, ids, weights);
+                }
+            }
+            Op::MoeRoute { sel, p } => {
+                if ith == 0 {
+                    let sel = self.i32s(sel);
+                    // SAFETY: only worker 0 writes the table; it is I32, 64-byte aligned.
+                    let table = unsafe { std::slice::from_raw_parts_mut(self.base(t) as *mut i32, ne0) };
+                    crate::moe::order(sel, sel.len() / 2 / p.n_used, p, table);
+                }
+            }
+            Op::MatMulId { w, x, route, p, per_pair, e0, e1 } => {
+                let wt = self.t(w);
+                let (plain, il) = self.weight_rows(w);
+                let (xb, xrb, table) = (self.bytes(x), self.t(x).row_bytes(), self.i32s(route));
+                let (cuts, classes) = (self.graph.expert_steps(id), self.classes);
+                let m = Experts { dtype: wt.dtype, k: wt.ne[0], plain, il, x: xb, xrb, per_pair, table, p, experts: e0 as usize..e1 as usize, cuts, classes };
+                // SAFETY: this node's tensor is `[pairs][ne0]` f32 (`ne0` = each expert's
+                // rows), written during the node only by its workers, each its own share.
+                unsafe { m.run(self.kernels, self.mode, self.schedules, self.base(t) as *mut f32, ith, nth, mm) };
+            }
+            Op::MoeCombine { y, route, p, e0, e1 } => {
+                let (y, table) = (self.f32s(y), self.i32s(route));
+                for r in split(rows, ith, nth) {
+                    // SAFETY: row r belongs to this worker only.
+                    let o = unsafe { self.out_f32(t, r * ne0, ne0) };
+                    crate::moe::combine(y, table, p, r, e0 as usize..e1 as usize, o);
+                }
+            }
+            _ => unreachable!("not a MoE node: {}", t.op.name()),
         }
     }
 }

@@ -615,35 +615,7 @@ impl Ctx<'_> {
                     }
                 }
             }
-            Op::MoeSelect { logits, p } => {
-                let (logits, k) = (self.f32s(logits), p.n_used);
-                let n_pairs = ne0 / 2;
-                let base = self.base(t) as *mut i32;
-                for tok in split(n_pairs / k, ith, nth) {
-                    // SAFETY: token `tok`'s ids and weights (k each, at `tok·k` and
-                    // `n_pairs + tok·k` of this I32 tensor) are written by this worker only.
-                    let (ids, weights) = unsafe { (std::slice::from_raw_parts_mut(base.add(tok * k), k), std::slice::from_raw_parts_mut(base.add(n_pairs + tok * k), k)) };
-                    crate::moe::select(&logits[tok * p.n_expert..(tok + 1) * p.n_expert], p, ids, weights);
-                }
-            }
-            Op::MoeRoute { sel, p } => {
-                if ith == 0 {
-                    let sel = self.i32s(sel);
-                    // SAFETY: only worker 0 writes the table; it is I32, 64-byte aligned.
-                    let table = unsafe { std::slice::from_raw_parts_mut(self.base(t) as *mut i32, ne0) };
-                    crate::moe::order(sel, sel.len() / 2 / p.n_used, p, table);
-                }
-            }
-            Op::MatMulId { w, x, route, p, per_pair, e0, e1 } => {
-                let wt = self.t(w);
-                let (plain, il) = self.weight_rows(w);
-                let (xb, xrb, table) = (self.bytes(x), self.t(x).row_bytes(), self.i32s(route));
-                let (cuts, classes) = (self.graph.expert_steps(id), self.classes);
-                let m = experts::Experts { dtype: wt.dtype, k: wt.ne[0], plain, il, x: xb, xrb, per_pair, table, p, experts: e0 as usize..e1 as usize, cuts, classes };
-                // SAFETY: this node's tensor is `[pairs][ne0]` f32 (`ne0` = each expert's
-                // rows), written during the node only by its workers, each its own share.
-                unsafe { m.run(self.kernels, self.mode, self.schedules, self.base(t) as *mut f32, ith, nth, &mut scratch.mm) };
-            }
+            Op::MoeSelect { .. } | Op::MoeRoute { .. } | Op::MatMulId { .. } | Op::MoeCombine { .. } => self.moe(id, t, ith, nth, &mut scratch.mm),
             Op::SigmoidMul { x, g } => {
                 let (x, g) = (self.f32s(x), self.f32s(g));
                 for r in split(rows, ith, nth) {
@@ -651,14 +623,6 @@ impl Ctx<'_> {
                     // SAFETY: row r belongs to this worker only.
                     let y = unsafe { self.out_f32(t, r * ne0, ne0) };
                     y.iter_mut().zip(&x[r * ne0..]).for_each(|(o, &v)| *o = v * s);
-                }
-            }
-            Op::MoeCombine { y, route, p, e0, e1 } => {
-                let (y, table) = (self.f32s(y), self.i32s(route));
-                for r in split(rows, ith, nth) {
-                    // SAFETY: row r belongs to this worker only.
-                    let o = unsafe { self.out_f32(t, r * ne0, ne0) };
-                    crate::moe::combine(y, table, p, r, e0 as usize..e1 as usize, o);
                 }
             }
             Op::SelectOutputs { x } => {
