@@ -151,8 +151,8 @@ pub fn bytes_per_token(engine: &Engine) -> u64 {
     let g = engine.gguf();
     let tied = g.tensor("output.weight").is_none();
     let arch = g.str("general.architecture").unwrap_or_default();
-    let meta = |key: &str| g.opt_u64(&format!("{arch}.{key}")).ok().flatten().unwrap_or(0);
-    let (n_expert, n_used) = (meta("expert_count"), meta("expert_used_count"));
+    let n_used = g.opt_u64(&format!("{arch}.expert_used_count")).ok().flatten().unwrap_or(0);
+    let n_expert = crate::engine::expert_count(g) as u64;
     g.tensors
         .iter()
         .map(|t| {

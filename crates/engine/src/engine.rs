@@ -247,6 +247,12 @@ fn finish_graph(g: &mut Graph, packed: &PackedWeights, cfg: &EngineConfig, devic
     }
 }
 
+/// Experts per mixture-of-experts layer (`<arch>.expert_count`; 0 for a dense model).
+pub fn expert_count(g: &Gguf) -> usize {
+    let arch = g.str("general.architecture").unwrap_or_default();
+    g.opt_u64(&format!("{arch}.expert_count")).ok().flatten().unwrap_or(0) as usize
+}
+
 /// Why `cfg`'s `--accel-split` cannot run, if it cannot.
 fn check_accel_split(cfg: &EngineConfig) -> Result<(), Error> {
     let refuse = |why: &str| Err(Error::Config(format!("--accel-split: {why}")));
@@ -439,6 +445,11 @@ impl Engine {
             d => d,
         };
         let tp = tp_plan(&gguf, &h, &cfg, degree)?;
+        // Sparsity and hot neurons skip or move neurons of dense feed-forwards.
+        let n_expert = expert_count(&gguf);
+        if n_expert > 0 && (cfg.sparsity.is_some() || cfg.accel.is_some()) {
+            return Err(Error::Config(format!("--sparsity and --accel-mem work on dense feed-forwards; this model's are mixtures of {n_expert} experts")));
+        }
         // The online policies' neuron groups per layer, and the groups they start with.
         let mut accel_groups: Option<(Vec<Vec<u32>>, Vec<Vec<u32>>)> = None;
         if let Some(a) = &cfg.accel {

@@ -338,6 +338,10 @@ pub fn collect(engine: &mut Engine, tokens: &[u32], n_ctx: usize, model: &str, t
     if engine.config().sparsity.is_some() {
         return Err(Error::Config("collect runs the dense model: load it without --sparsity".into()));
     }
+    let n_expert = crate::engine::expert_count(engine.gguf());
+    if n_expert > 0 {
+        return Err(Error::Config(format!("activation statistics are of dense feed-forwards; this model's are mixtures of {n_expert} experts")));
+    }
     let h = engine.hyper().clone();
     let n_ctx = n_ctx.min(engine.config().n_ctx).min(engine.config().n_batch);
     if tokens.len() < n_ctx || n_ctx < 2 {

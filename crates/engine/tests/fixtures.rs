@@ -230,3 +230,17 @@ fn impossible_expert_counts_are_refused() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Sparsity skips neurons of dense feed-forwards: on a mixture-of-experts model `--sparsity`
+/// (and so `--accel-mem`) and `sparsity collect` are refused by name, not run as silently dense.
+#[test]
+fn sparsity_is_refused_on_mixtures_of_experts() {
+    let (path, _) = fixture("qwen3moe");
+    let cfg = EngineConfig { n_threads: 1, pin: false, ..Default::default() };
+    let sparse = EngineConfig { sparsity: Some(std::sync::Arc::new(corelm_core::SparseFfn::new(vec![0.1; 2], DType::Q8_0))), ..cfg.clone() };
+    let e = Engine::load(&path, sparse).err().expect("refused").to_string();
+    assert!(e.contains("--sparsity") && e.contains("mixtures of 8 experts"), "{e}");
+    let mut dense = Engine::load(&path, cfg).unwrap();
+    let e = corelm_engine::sparsity::collect(&mut dense, &[1; 600], 128, "qwen3moe", "t", |_, _, _| {}).err().expect("refused").to_string();
+    assert!(e.contains("mixtures of 8 experts"), "{e}");
+}
