@@ -150,21 +150,28 @@ pub fn profile_test(engine: &mut Engine, depth: usize, n_prompt: usize, n_gen: u
 pub fn bytes_per_token(engine: &Engine) -> u64 {
     let g = engine.gguf();
     let tied = g.tensor("output.weight").is_none();
+    let routed = routed(g);
+    g.tensors
+        .iter()
+        .map(|t| if t.name == "token_embd.weight" && !tied { t.n_bytes / t.shape[1].max(1) } else { per_token(&t.name, t.n_bytes, routed) })
+        .sum()
+}
+
+/// A mixture's (experts used per token, experts), if the model is one.
+fn routed(g: &corelm_gguf::Gguf) -> Option<(u64, u64)> {
     let arch = g.str("general.architecture").unwrap_or_default();
     let n_used = g.opt_u64(&format!("{arch}.expert_used_count")).ok().flatten().unwrap_or(0);
     let n_expert = crate::engine::expert_count(g) as u64;
-    g.tensors
-        .iter()
-        .map(|t| {
-            if t.name == "token_embd.weight" && !tied {
-                t.n_bytes / t.shape[1].max(1)
-            } else if t.name.ends_with("_exps.weight") && n_used > 0 && n_used <= n_expert {
-                t.n_bytes / n_expert * n_used
-            } else {
-                t.n_bytes
-            }
-        })
-        .sum()
+    (n_used > 0 && n_used <= n_expert).then_some((n_used, n_expert))
+}
+
+/// Of `n` (bytes or elements) of tensor `name`, what one token reads: all, or of stacked
+/// experts (`*_exps.weight`) the share it is routed to.
+fn per_token(name: &str, n: u64, routed: Option<(u64, u64)>) -> u64 {
+    match routed {
+        Some((used, experts)) if name.ends_with("_exps.weight") => n / experts * used,
+        _ => n,
+    }
 }
 
 /// Bytes of KV cache one decoded token reads at `context` cached tokens: every layer's K and V
@@ -287,14 +294,15 @@ pub fn profile_batched(engine: &mut Engine, npp: usize, ntg: usize, npl: usize) 
 /// What one forward pass of this engine's model costs, for Sandwich's latency model
 /// (`corelm_topo::sandwich::model`): weight bytes read per pass ([`bytes_per_token`]), 2 FLOPs per
 /// weight element of every matrix that a token multiplies (all but the embedding, unless tied;
-/// every expert of a mixture, so an upper bound there),
+/// of a mixture's stacked experts the share a token is routed to, as the bytes),
 /// the K/V projections' bytes, and graph nodes per layer from the planned one-token graph.
 pub fn workload(engine: &Engine) -> corelm_topo::sandwich::Workload {
     let h = engine.hyper();
     let g = engine.gguf();
     let tied = g.tensor("output.weight").is_none();
     let matrices = g.tensors.iter().filter(|t| t.shape[1] > 1 && (tied || t.name != "token_embd.weight"));
-    let elements: u64 = matrices.map(|t| t.shape.iter().product::<u64>()).sum();
+    let routed = routed(g);
+    let elements: u64 = matrices.map(|t| per_token(&t.name, t.shape.iter().product::<u64>(), routed)).sum();
     let kv_bytes: u64 = g.tensors.iter().filter(|t| t.name.ends_with("attn_k.weight") || t.name.ends_with("attn_v.weight")).map(|t| t.n_bytes).sum();
     let layers = h.n_layer.max(1);
     let (group, global) = engine.barriers(1).unwrap_or((0, 0));
