@@ -68,6 +68,8 @@ impl Experts<'_> {
         let wrb = corelm_kernels::row_bytes(self.dtype, self.k);
         let stacked = self.il.map_or(self.plain.len(), <[u8]>::len) / wrb;
         let n_out = stacked / self.experts.len();
+        // The gather buffer, out of `s` while `s` runs the experts' matmuls.
+        let mut gather = std::mem::take(&mut s.gather);
         for (i, e) in self.experts.clone().enumerate() {
             let at = Route::positions_of(self.table, n_pairs, e);
             if at.is_empty() {
@@ -80,7 +82,6 @@ impl Experts<'_> {
             let cut = self.cuts.iter().rev().find(|(from, _)| *from <= at.len()).map(|(_, c)| c).filter(|_| panel && !self.classes.is_empty());
             // Where the panel may run, per-token rows gathered in order (the panel reads rows
             // in order; the other paths give the same bits on either).
-            let mut gather = std::mem::take(&mut s.gather);
             let gathered = panel && !self.per_pair && gather.len() >= at.len() * self.xrb;
             if gathered {
                 for (i, &pair) in pairs.iter().enumerate() {
@@ -113,8 +114,8 @@ impl Experts<'_> {
             // SAFETY: rows `at` of the output are this expert's alone; within them each worker
             // writes its own share (the caller's contract, kept on the expert's operands).
             unsafe { matmul::run(kernels, &o, mode, schedules, ith, nth, s) };
-            s.gather = gather;
         }
+        s.gather = gather;
     }
 }
 

@@ -201,15 +201,18 @@ impl Executor {
             if let Op::Attention { shard, .. } = t.op {
                 max_group = max_group.max(shard.group);
             }
-            if let Op::MatMulId { w, x, .. } = t.op {
+            if let Op::MatMulId { w, x, p, per_pair, .. } = t.op {
                 let (wt, xt) = (graph.tensor(w), graph.tensor(x));
                 max_k_all = max_k_all.max(wt.ne[0]);
-                // An expert's panel GEMM (where a plan cuts it): its rows gathered, at most one
-                // per token.
+                // An expert's panel GEMM: at most one row per token (a token picks an expert
+                // once), per-token rows gathered in order.
                 if gemm::supported(wt.dtype) {
+                    let tokens = t.ne[1] / p.n_used;
                     max_k = max_k.max(wt.ne[0]);
-                    max_rows = max_rows.max(xt.ne[1]);
-                    gather = gather.max(xt.ne[1] * xt.row_bytes());
+                    max_rows = max_rows.max(tokens);
+                    if !per_pair {
+                        gather = gather.max(tokens * xt.row_bytes());
+                    }
                 }
             }
             if let Op::MatMul { w, .. } = t.op {
