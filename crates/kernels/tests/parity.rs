@@ -929,7 +929,7 @@ fn grouped_quantized_cache_attention_equals_per_head() {
                 }
                 out
             };
-            for (kt, vt) in [(DType::Q8_0, DType::Q8_0), (DType::Q4_0, DType::Q4_0), (DType::F16, DType::Q8_0), (DType::Q8_0, DType::Q4_0)] {
+            for (kt, vt) in [(DType::Q8_0, DType::Q8_0), (DType::Q4_0, DType::Q4_0), (DType::F16, DType::Q8_0), (DType::Q8_0, DType::Q4_0), (DType::Q8_0, DType::F16), (DType::Q4_0, DType::F16)] {
                 let (kb, vb) = (enc(kt, &k), enc(vt, &v));
                 let rows = KvRows { k: &kb, v: &vb, k_type: kt, v_type: vt, head_dim: hd, table: &ident, shift: 0, k_layout: KeyLayout::Rows };
                 let masks: [&dyn Fn(usize) -> bool; 3] = [&|_| true, &|c| c % 5 != 3, &|_| false];

@@ -9,8 +9,6 @@
 //! ([`KeyLayout::Columns`], opt-in) is read only by [`matrix`]'s kernels, whatever the
 //! algorithm asked for.
 
-use crate::DType;
-
 #[cfg(target_arch = "aarch64")]
 pub mod aarch64;
 mod chunks;
@@ -122,8 +120,9 @@ fn attend_heads_from(
     if kind == AttnKernel::Reference && attend_decode(kernels, q, cells, scale, 0, scratch, out) {
         return;
     }
-    // A quantized cache always takes ggml's one-chunk path (`attend_row` ignores `kind` for it).
-    if !kv.is_f16() && kv.v_type != DType::F16 && q.len() / hd <= scratch.gstate.len() {
+    // A quantized cache always takes ggml's one-chunk path (`attend_row` ignores `kind` for it),
+    // all the heads of the group at once.
+    if !kv.is_f16() && q.len() / hd <= scratch.gstate.len() {
         return attend_quant_group(kernels, q, cells, scale, scratch, out, rows == Rows::Memory);
     }
     #[cfg(target_arch = "x86_64")]
