@@ -950,6 +950,62 @@ fn grouped_quantized_cache_attention_equals_per_head() {
     }
 }
 
+/// Prefill rows over a quantized KV cache (`attend_rows`: every row of a block with its heads
+/// through each chunk of cells together) give every head of every row the bits of its own
+/// one-chunk call, with each table, for causal spans with and without a sliding window, spans
+/// that cross chunk boundaries, and every mix of cache types.
+#[test]
+fn quantized_cache_rows_equal_per_row() {
+    use corelm_kernels::attention::{attend_row, attend_rows, AttnKernel, AttnScratch, Cells, KeyLayout, KvRows};
+    let mut rng = Rng(41);
+    let hd = 64usize;
+    for (rows, heads, cells, window) in [(21usize, 3usize, 150usize, None), (5, 1, 70, Some(40usize)), (16, 4, 200, Some(100)), (1, 3, 64, None), (21, 3, 75, None), (12, 2, 140, Some(70))] {
+        let q: Vec<f32> = (0..rows * heads * hd).map(|_| rng.f32() * 2.0).collect();
+        let k: Vec<f32> = (0..cells * hd).map(|_| rng.f32() * 3.0).collect();
+        let v: Vec<f32> = (0..cells * hd).map(|_| rng.f32() * 10.0).collect();
+        let ident: Vec<u32> = (0..cells as u32).collect();
+        // Row r at position cells - rows + r, as the last rows of a prompt.
+        let spans: Vec<std::ops::Range<usize>> = (0..rows)
+            .map(|r| {
+                let end = cells - rows + r + 1;
+                window.map_or(0, |w| end.saturating_sub(w))..end
+            })
+            .collect();
+        for ks in [Kernels::detect(), Kernels::detect_avx2(), Kernels::portable()] {
+            let enc = |t: DType, x: &[f32]| {
+                let rb = row_bytes(t, hd);
+                let mut out = vec![0u8; rb * cells];
+                for c in 0..cells {
+                    ks.from_float(t).unwrap()(&x[c * hd..(c + 1) * hd], &mut out[c * rb..(c + 1) * rb]);
+                }
+                out
+            };
+            for (kt, vt) in [(DType::Q8_0, DType::Q8_0), (DType::Q4_0, DType::Q4_0), (DType::Q8_0, DType::F16), (DType::F16, DType::Q8_0), (DType::Q4_0, DType::F16)] {
+                let (kb, vb) = (enc(kt, &k), enc(vt, &v));
+                let kv = KvRows { k: &kb, v: &vb, k_type: kt, v_type: vt, head_dim: hd, table: &ident, shift: 0, k_layout: KeyLayout::Rows };
+                for kind in [AttnKernel::Tiled, AttnKernel::Reference] {
+                    let mut s = AttnScratch::with_heads(hd, heads);
+                    let qs: Vec<&[f32]> = q.chunks_exact(heads * hd).collect();
+                    let mut got = vec![f32::NAN; rows * heads * hd];
+                    let mut outs: Vec<&mut [f32]> = got.chunks_exact_mut(heads * hd).collect();
+                    attend_rows(kind, &ks, &qs, heads, &spans, &kv, 0.125, &mut s, &mut outs);
+                    for (r, span) in spans.iter().enumerate() {
+                        for h in 0..heads {
+                            let mut one = vec![0f32; hd];
+                            let lo = span.start;
+                            let vis = move |c: usize| c >= lo;
+                            let qh = &q[(r * heads + h) * hd..(r * heads + h + 1) * hd];
+                            attend_row(kind, &ks, qh, Cells { kv: &kv, n: span.end, visible: &vis }, 0.125, &mut s, &mut one);
+                            let g = &got[(r * heads + h) * hd..(r * heads + h + 1) * hd];
+                            assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{kt}/{vt} {kind:?} {:?} rows {rows} heads {heads} row {r} head {h}", ks.isa());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Row-to-f32 converters of the SIMD table (Q8_0 with AVX2: quantized KV values) equal the
 /// portable ones bit for bit on random blocks of every weight type.
 #[test]

@@ -235,6 +235,10 @@ pub fn attend_rows(
         #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         return;
     }
+    // A quantized cache: ggml's one-chunk kernel for all the rows at once.
+    if !kv.is_f16() && q.len() * heads <= ROWS_MAX_VECTORS && scratch.rows.v32.len() >= DECODE_CHUNK * kv.head_dim {
+        return quant::attend_quant_rows(kernels, q, heads, spans, kv, scale, scratch, out);
+    }
     // The first row reads the cells from memory, the others (of the same sequence, mostly the
     // same cells) from cache.
     for (i, ((qr, or), span)) in q.iter().zip(out.iter_mut()).zip(spans).enumerate() {

@@ -33,19 +33,25 @@ use half::f16;
 /// (`exps`, libm's `expf` lane for lane). `scores` become the exponentials.
 pub fn softmax_steps(scores: &mut [f32], grow: &mut [u64], state: &mut [[f32; 2]], n: usize, exps: impl Fn(&mut [f32])) {
     for ((st, g), sc) in state.iter_mut().zip(grow.iter_mut()).zip(scores.chunks_exact_mut(DECODE_CHUNK)) {
-        let mut m = st[0];
-        *g = 0;
-        for (i, s) in sc[..n].iter_mut().enumerate() {
-            if *s > m {
-                (*s, m) = (m - *s, *s);
-                *g |= 1 << i;
-            } else {
-                *s -= m;
-            }
-        }
-        st[0] = m;
-        exps(&mut sc[..n]);
+        *g = softmax_step(&mut sc[..n], st, &exps);
     }
+}
+
+/// [`softmax_steps`] for one head over the scores `sc` (at most 64): returns its grow mask.
+#[inline(always)]
+pub(crate) fn softmax_step(sc: &mut [f32], st: &mut [f32; 2], exps: impl Fn(&mut [f32])) -> u64 {
+    let (mut m, mut g) = (st[0], 0u64);
+    for (i, s) in sc.iter_mut().enumerate() {
+        if *s > m {
+            (*s, m) = (m - *s, *s);
+            g |= 1 << i;
+        } else {
+            *s -= m;
+        }
+    }
+    st[0] = m;
+    exps(sc);
+    g
 }
 
 /// `out[h] = acc[h] / sum_h` for every head of `head_dim` values, where `state[h]` is the

@@ -1,10 +1,11 @@
 //! ggml's one-chunk attention over a quantized KV cache (Q8_0/Q4_0 keys and/or values): per
-//! head ([`attend_quant`]) and for the heads of a GQA group at once ([`attend_quant_group`]),
-//! the same bits per head.
+//! head ([`attend_quant`]), for the heads of a GQA group at once ([`attend_quant_group`]), and
+//! for the rows of a prefill block with their heads ([`attend_quant_rows`]), the same bits per
+//! head.
 
 use super::chunks::prefetch_ahead;
-use super::portable::{normalize_heads, softmax_steps};
-use super::types::{AttnScratch, Cells, DECODE_CHUNK};
+use super::portable::{normalize_heads, softmax_step, softmax_steps};
+use super::types::{AttnScratch, Cells, KvRows, RowsScratch, DECODE_CHUNK, ROWS_MAX_VECTORS};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::has_fma;
 use crate::DType;
@@ -154,20 +155,7 @@ fn attend_quant_group_body<const X86: bool>(
     let qt = kops.vec_dot_type;
     let qrb = crate::row_bytes(qt, hd);
     let v_to_float = kernels.to_float(kv.v_type).expect("KV cache type checked at start-up");
-    let exps = |x: &mut [f32]| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if kernels.isa() == crate::Isa::Avx512 {
-                // SAFETY: an Avx512 table is only built after detecting AVX-512 F/VL (and FMA).
-                return unsafe { crate::exp::x86::expf_slice(x) };
-            }
-            if kernels.isa() >= crate::Isa::Avx2 {
-                // SAFETY: an Avx2 table is only built after detecting AVX2 and FMA.
-                return unsafe { crate::exp::x86::expf_slice_avx2(x) };
-            }
-        }
-        x.iter_mut().for_each(|v| *v = v.exp());
-    };
+    let exps = |x: &mut [f32]| expfs(kernels, x);
     let v_f16 = kv.v_type == DType::F16;
     let AttnScratch { gqq, dacc, gstate, gscores, dgrow, v32, k32, .. } = scratch;
     let (qq, acc, state) = (&mut gqq[..heads * qrb], &mut dacc[..heads * hd], &mut gstate[..heads]);
@@ -203,18 +191,7 @@ fn attend_quant_group_body<const X86: bool>(
             for (h, st) in state.iter_mut().enumerate() {
                 let e = gscores[h * DECODE_CHUNK + i];
                 let (ms, vs) = if dgrow[h] & (1 << i) != 0 { (e, 1f32) } else { (1f32, e) };
-                let a = &mut acc[h * hd..(h + 1) * hd];
-                if v_f16 {
-                    mad_f16::<X86>(a, v32, ms, vs, k32);
-                } else {
-                    // Skipping `× 1` changes no bits.
-                    if ms != 1.0 {
-                        a.iter_mut().for_each(|x| *x *= ms);
-                    }
-                    for (x, &v) in a.iter_mut().zip(v32.iter()) {
-                        *x = v.mul_add(vs, *x);
-                    }
-                }
+                value_step::<X86>(&mut acc[h * hd..(h + 1) * hd], v32, ms, vs, v_f16, k32);
                 st[1] = st[1].mul_add(ms, vs);
             }
         }
@@ -223,6 +200,207 @@ fn attend_quant_group_body<const X86: bool>(
     normalize_heads(acc, state, hd, out);
 }
 
+
+/// libm's `expf` of every element, on the table's widest lanes (the same bits).
+fn expfs(kernels: &crate::Kernels, x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if kernels.isa() == crate::Isa::Avx512 {
+            // SAFETY: an Avx512 table is only built after detecting AVX-512 F/VL (and FMA).
+            return unsafe { crate::exp::x86::expf_slice(x) };
+        }
+        if kernels.isa() >= crate::Isa::Avx2 {
+            // SAFETY: an Avx2 table is only built after detecting AVX2 and FMA.
+            return unsafe { crate::exp::x86::expf_slice_avx2(x) };
+        }
+    }
+    let _ = kernels;
+    x.iter_mut().for_each(|v| *v = v.exp());
+}
+
+/// One cell's value row `v` (f32) into one head's accumulator `a`, given the cell's factors
+/// (`ms` rescales what was accumulated, `vs` weighs the row): ggml's f32 accumulator for
+/// quantized values, its F16 one ([`mad_f16`]) for F16 values.
+#[inline(always)]
+fn value_step<const X86: bool>(a: &mut [f32], v: &[f32], ms: f32, vs: f32, v_f16: bool, tmp: &mut [f32]) {
+    if v_f16 {
+        return mad_f16::<X86>(a, v, ms, vs, tmp);
+    }
+    // Skipping `× 1` changes no bits.
+    if ms != 1.0 {
+        a.iter_mut().for_each(|x| *x *= ms);
+    }
+    for (x, &v) in a.iter_mut().zip(v) {
+        *x = v.mul_add(vs, *x);
+    }
+}
+
+/// [`attend_quant_group`] for the rows of one sequence at once (prefill): row `r`'s `heads`
+/// query heads (`q[r]`, `out[r]`) see the logical cells `spans[r]`; at most
+/// [`ROWS_MAX_VECTORS`] rows × heads. Every head of every row gets the bits of its own
+/// [`attend_quant`] call: per chunk of [`DECODE_CHUNK`] cells, each cell's key scored against
+/// the query of every vector that sees it, each vector's softmax step over the cells it sees,
+/// then each value row converted to f32 once for all the vectors (where each row used to convert
+/// it again).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attend_quant_rows(kernels: &crate::Kernels, q: &[&[f32]], heads: usize, spans: &[std::ops::Range<usize>], kv: &KvRows, scale: f32, scratch: &mut AttnScratch, out: &mut [&mut [f32]]) {
+    #[cfg(target_arch = "x86_64")]
+    if kernels.isa() >= crate::Isa::Avx2 {
+        // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
+        return unsafe { attend_quant_rows_avx2(kernels, q, heads, spans, kv, scale, scratch, out) };
+    }
+    attend_quant_rows_body::<false>(kernels, q, heads, spans, kv, scale, scratch, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+fn attend_quant_rows_avx2(kernels: &crate::Kernels, q: &[&[f32]], heads: usize, spans: &[std::ops::Range<usize>], kv: &KvRows, scale: f32, scratch: &mut AttnScratch, out: &mut [&mut [f32]]) {
+    attend_quant_rows_body::<true>(kernels, q, heads, spans, kv, scale, scratch, out)
+}
+
+/// `X86`: compiled inside [`attend_quant_rows_avx2`] (AVX2, FMA and F16C available).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_quant_rows_body<const X86: bool>(kernels: &crate::Kernels, q: &[&[f32]], heads: usize, spans: &[std::ops::Range<usize>], kv: &KvRows, scale: f32, scratch: &mut AttnScratch, out: &mut [&mut [f32]]) {
+    const CH: usize = DECODE_CHUNK;
+    let hd = kv.head_dim;
+    let n = q.len() * heads;
+    assert!(n <= ROWS_MAX_VECTORS && spans.len() == q.len() && out.len() == q.len(), "{n} query vectors");
+    let kops = kernels.ops(kv.k_type).expect("KV cache type checked at start-up");
+    let qt = kops.vec_dot_type;
+    let qrb = crate::row_bytes(qt, hd);
+    let v_to_float = kernels.to_float(kv.v_type).expect("KV cache type checked at start-up");
+    let v_f16 = kv.v_type == DType::F16;
+    let AttnScratch { rows, k32, .. } = scratch;
+    let RowsScratch { qq, scores, acc, state, v32, .. } = rows;
+    let (qq, acc, state) = (&mut qq[..n * qrb], &mut acc[..n * hd], &mut state[..n]);
+    let quant = kernels.from_float(qt).expect("activation quantizer");
+    for (i, qb) in qq.chunks_exact_mut(qrb).enumerate() {
+        quant(&q[i / heads][(i % heads) * hd..][..hd], qb);
+    }
+    acc.fill(0.0);
+    state.fill([f32::NEG_INFINITY, 0.0]);
+    let lo = spans.iter().map(|s| s.start).min().unwrap_or(0);
+    let hi = spans.iter().map(|s| s.end).max().unwrap_or(0);
+    let mut grow = [0u64; ROWS_MAX_VECTORS];
+    for c0 in (lo..hi).step_by(CH) {
+        let c1 = (c0 + CH).min(hi);
+        // The cells of the chunk row `r` sees (empty, never reversed, where it sees none).
+        let seen = |r: usize| {
+            let a = spans[r].start.clamp(c0, c1);
+            a..spans[r].end.clamp(a, c1)
+        };
+        for c in c0..c1 {
+            let k = kv.k_bytes(c);
+            for (r, span) in spans.iter().enumerate() {
+                if span.contains(&c) {
+                    for i in r * heads..(r + 1) * heads {
+                        scores[i * CH + c - c0] = (kops.vec_dot)(k, &qq[i * qrb..(i + 1) * qrb]) * scale;
+                    }
+                }
+            }
+        }
+        let (mut va, mut vb) = (c1, c0);
+        for (i, (st, g)) in state.iter_mut().zip(grow.iter_mut()).enumerate() {
+            let s = seen(i / heads);
+            *g = 0;
+            if s.start < s.end {
+                *g = softmax_step(&mut scores[i * CH + s.start - c0..i * CH + s.end - c0], st, |x: &mut [f32]| expfs(kernels, x)) << (s.start - c0);
+                (va, vb) = (va.min(s.start), vb.max(s.end));
+            }
+        }
+        for c in va..vb {
+            v_to_float(kv.v_bytes(c), &mut v32[(c - c0) * hd..(c - c0 + 1) * hd]);
+        }
+        for (i, (st, &g)) in state.iter_mut().zip(grow.iter()).enumerate() {
+            let a = &mut acc[i * hd..(i + 1) * hd];
+            let (seen, e) = (seen(i / heads), &scores[i * CH..(i + 1) * CH]);
+            let factors = |j: usize| if g >> j & 1 != 0 { (e[j], 1f32) } else { (1f32, e[j]) };
+            let cells = seen.start - c0..seen.end - c0;
+            #[cfg(target_arch = "x86_64")]
+            if X86 && hd.is_multiple_of(32) {
+                // SAFETY: `X86` instances run with AVX2, FMA and F16C; `v32` holds the chunk's
+                // rows `cells`, `hd` values each.
+                st[1] = unsafe { values_x86(a, v32, cells, st[1], factors, v_f16) };
+                continue;
+            }
+            let mut sum = st[1];
+            for j in cells {
+                let (ms, vs) = factors(j);
+                value_step::<X86>(a, &v32[j * hd..(j + 1) * hd], ms, vs, v_f16, k32);
+                sum = sum.mul_add(ms, vs);
+            }
+            st[1] = sum;
+        }
+    }
+    for (r, o) in out.iter_mut().enumerate() {
+        normalize_heads(&acc[r * heads * hd..(r + 1) * heads * hd], &state[r * heads..(r + 1) * heads], hd, o);
+    }
+}
+
+/// [`value_step`] over the cells `cells` of a chunk (`v`: `[cell][a.len()]` f32 rows,
+/// `factors(j)`: cell `j`'s `(ms, vs)`), 32 dimensions at a time with the accumulators in
+/// registers across the cells; `a.len()` a multiple of 32. Returns the softmax sum `sum`
+/// carried over the cells (`fma(sum, ms, vs)` each).
+///
+/// # Safety
+/// AVX2, FMA and F16C; `v` holds the rows `cells`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn values_x86(a: &mut [f32], v: &[f32], cells: std::ops::Range<usize>, mut sum: f32, factors: impl Fn(usize) -> (f32, f32), f16: bool) -> f32 {
+    // SAFETY (all four): the caller's contract. Eight vectors of accumulators where the
+    // dimensions allow: eight independent chains hide the latency of each step (for F16 values
+    // an FMA and a rounding round trip).
+    match (f16, a.len().is_multiple_of(64)) {
+        (true, true) => unsafe { values_x86_n::<true, 8>(a, v, cells.clone(), &factors) },
+        (true, false) => unsafe { values_x86_n::<true, 4>(a, v, cells.clone(), &factors) },
+        (false, true) => unsafe { values_x86_n::<false, 8>(a, v, cells.clone(), &factors) },
+        (false, false) => unsafe { values_x86_n::<false, 4>(a, v, cells.clone(), &factors) },
+    }
+    for j in cells {
+        let (ms, vs) = factors(j);
+        sum = sum.mul_add(ms, vs);
+    }
+    sum
+}
+
+/// [`values_x86`]' accumulators; `F16`: each result rounded to F16.
+///
+/// # Safety
+/// As [`values_x86`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn values_x86_n<const F16: bool, const NB: usize>(a: &mut [f32], v: &[f32], cells: std::ops::Range<usize>, factors: &impl Fn(usize) -> (f32, f32)) {
+    use std::arch::x86_64::*;
+    let hd = a.len();
+    assert!(hd.is_multiple_of(8 * NB) && v.len() >= cells.end * hd);
+    let round = |x: __m256| if F16 { _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x)) } else { x };
+    for d0 in (0..hd).step_by(8 * NB) {
+        // SAFETY: d0 + 8·NB <= hd, inside `a`; row j's dimensions d0.. lie inside `v` (asserted).
+        unsafe {
+            let p = a.as_mut_ptr().add(d0);
+            let mut x: [__m256; NB] = std::array::from_fn(|k| _mm256_loadu_ps(p.add(8 * k)));
+            for j in cells.clone() {
+                let (ms, vs) = factors(j);
+                let row = v.as_ptr().add(j * hd + d0);
+                if ms != 1.0 {
+                    let m = _mm256_set1_ps(ms);
+                    x = x.map(|x| round(_mm256_mul_ps(x, m)));
+                }
+                let s = _mm256_set1_ps(vs);
+                for (k, x) in x.iter_mut().enumerate() {
+                    *x = round(_mm256_fmadd_ps(_mm256_loadu_ps(row.add(8 * k)), s, *x));
+                }
+            }
+            for (k, x) in x.iter().enumerate() {
+                _mm256_storeu_ps(p.add(8 * k), *x);
+            }
+        }
+    }
+}
 
 /// One step of ggml's F16 value accumulator (`ggml_vec_scale_f16`, `ggml_vec_mad_f16`), on f32
 /// values that F16 represents exactly: `a = f16(a · ms)` where `ms ≠ 1` (`× 1` changes no F16

@@ -152,6 +152,8 @@ pub struct RowsScratch {
     pub(crate) v32: Vec<f32>,
     /// `head_dim` zeros: the key row of a chunk's missing cells.
     pub(crate) zero: Vec<f16>,
+    /// `[vector]` queries in a quantized key type's `vec_dot_type` (`quant::attend_quant_rows`).
+    pub(crate) qq: Vec<u8>,
     /// What the kernel has computed with these buffers so far.
     pub(crate) work: TileWork,
 }
@@ -177,6 +179,8 @@ impl RowsScratch {
             state: vec![[0.0; 2]; ROWS_MAX_VECTORS],
             v32: vec![0.0; KV_TILE * head_dim],
             zero: vec![f16::ZERO; head_dim],
+            // Enough for any activation type: F32 is the widest per element.
+            qq: vec![0; ROWS_MAX_VECTORS * (head_dim * 4 + 64)],
             work: TileWork::default(),
         }
     }
