@@ -376,6 +376,7 @@ impl Kernels {
             set(&mut k, DType::IQ4XS, |x, y| unsafe { ext::dot_iq4_xs_q8_k(x, y) });
             set(&mut k, DType::BF16, |x, y| unsafe { ext::dot_bf16(x, y) });
             k.ops[slot(DType::Q8_0).unwrap()].to_float = |x, y| unsafe { crate::quant::x86::dequant_q8_0(x, y) };
+            k.ops[slot(DType::F16).unwrap()].to_float = |x, y| unsafe { crate::quant::x86::dequant_f16(x, y) };
             // Matrices of these types are repacked at load (`matmul::layout`) for these kernels.
             use crate::matmul::x86::common as il;
             for (t, o) in [

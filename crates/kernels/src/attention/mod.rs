@@ -235,8 +235,9 @@ pub fn attend_rows(
         #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         return;
     }
-    // A quantized cache: ggml's one-chunk kernel for all the rows at once.
-    if !kv.is_f16() && q.len() * heads <= ROWS_MAX_VECTORS && scratch.rows.v32.len() >= DECODE_CHUNK * kv.head_dim {
+    // A quantized cache: ggml's one-chunk kernel for all the rows of a prefill block at once
+    // (a single row, decode's, takes the grouped kernel, which asks for its rows ahead).
+    if !kv.is_f16() && q.len() > 1 && q.len() * heads <= ROWS_MAX_VECTORS && scratch.rows.v32.len() >= DECODE_CHUNK * kv.head_dim {
         return quant::attend_quant_rows(kernels, q, heads, spans, kv, scale, scratch, out);
     }
     // The first row reads the cells from memory, the others (of the same sequence, mostly the

@@ -132,6 +132,25 @@ pub fn dequant_q8_0(x: &[u8], y: &mut [f32]) {
     }
 }
 
+/// F16 rows to f32 with `vcvtph2ps` (exact, as `quant::portable::dequant_f16`): F16 KV-cache
+/// value rows read by the quantized-key kernels.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dequant_f16(x: &[u8], y: &mut [f32]) {
+    let h = as_blocks::<half::f16>(x);
+    let n = h.len().min(y.len());
+    let body = n & !7;
+    for i in (0..body).step_by(8) {
+        // SAFETY: i + 8 <= n <= both lengths; unaligned load and store.
+        unsafe {
+            let v = _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(i) as *const __m128i));
+            _mm256_storeu_ps(y.as_mut_ptr().add(i), v);
+        }
+    }
+    for i in body..n {
+        y[i] = h[i].to_f32();
+    }
+}
+
 /// f32 rows to F16 with `vcvtps2ph` (round to nearest even, as `quant::portable::quant_f16`):
 /// what every F16 KV-cache store runs.
 #[target_feature(enable = "avx2,fma,f16c")]
