@@ -157,7 +157,8 @@ fn attend_quant_group_body<const X86: bool>(
     let v_to_float = kernels.to_float(kv.v_type).expect("KV cache type checked at start-up");
     let exps = |x: &mut [f32]| expfs(kernels, x);
     let v_f16 = kv.v_type == DType::F16;
-    let AttnScratch { gqq, dacc, gstate, gscores, dgrow, v32, k32, .. } = scratch;
+    let AttnScratch { gqq, dacc, gstate, gscores, dgrow, k32, rows, .. } = scratch;
+    let vrows = &mut rows.v32[..DECODE_CHUNK * hd];
     let (qq, acc, state) = (&mut gqq[..heads * qrb], &mut dacc[..heads * hd], &mut gstate[..heads]);
     for (qh, qb) in q.chunks_exact(hd).zip(qq.chunks_exact_mut(qrb)) {
         kernels.from_float(qt).expect("activation quantizer")(qh, qb);
@@ -186,14 +187,13 @@ fn attend_quant_group_body<const X86: bool>(
             }
         }
         softmax_steps(gscores, dgrow, state, n, exps);
+        // The chunk's value rows converted once, then each head's accumulator over them.
         for (i, &cell) in cells[..n].iter().enumerate() {
-            v_to_float(kv.v_bytes(cell), v32);
-            for (h, st) in state.iter_mut().enumerate() {
-                let e = gscores[h * DECODE_CHUNK + i];
-                let (ms, vs) = if dgrow[h] & (1 << i) != 0 { (e, 1f32) } else { (1f32, e) };
-                value_step::<X86>(&mut acc[h * hd..(h + 1) * hd], v32, ms, vs, v_f16, k32);
-                st[1] = st[1].mul_add(ms, vs);
-            }
+            v_to_float(kv.v_bytes(cell), &mut vrows[i * hd..(i + 1) * hd]);
+        }
+        for (h, st) in state.iter_mut().enumerate() {
+            let e = &gscores[h * DECODE_CHUNK..(h + 1) * DECODE_CHUNK];
+            st[1] = accumulate::<X86>(&mut acc[h * hd..(h + 1) * hd], vrows, 0..n, e, dgrow[h], st[1], v_f16, k32);
         }
         n = 0;
     }
@@ -314,29 +314,37 @@ fn attend_quant_rows_body<const X86: bool>(kernels: &crate::Kernels, q: &[&[f32]
             v_to_float(kv.v_bytes(c), &mut v32[(c - c0) * hd..(c - c0 + 1) * hd]);
         }
         for (i, (st, &g)) in state.iter_mut().zip(grow.iter()).enumerate() {
-            let a = &mut acc[i * hd..(i + 1) * hd];
             let (seen, e) = (seen(i / heads), &scores[i * CH..(i + 1) * CH]);
-            let factors = |j: usize| if g >> j & 1 != 0 { (e[j], 1f32) } else { (1f32, e[j]) };
-            let cells = seen.start - c0..seen.end - c0;
-            #[cfg(target_arch = "x86_64")]
-            if X86 && hd.is_multiple_of(32) {
-                // SAFETY: `X86` instances run with AVX2, FMA and F16C; `v32` holds the chunk's
-                // rows `cells`, `hd` values each.
-                st[1] = unsafe { values_x86(a, v32, cells, st[1], factors, v_f16) };
-                continue;
-            }
-            let mut sum = st[1];
-            for j in cells {
-                let (ms, vs) = factors(j);
-                value_step::<X86>(a, &v32[j * hd..(j + 1) * hd], ms, vs, v_f16, k32);
-                sum = sum.mul_add(ms, vs);
-            }
-            st[1] = sum;
+            st[1] = accumulate::<X86>(&mut acc[i * hd..(i + 1) * hd], v32, seen.start - c0..seen.end - c0, e, g, st[1], v_f16, k32);
         }
     }
     for (r, o) in out.iter_mut().enumerate() {
         normalize_heads(&acc[r * heads * hd..(r + 1) * heads * hd], &state[r * heads..(r + 1) * heads], hd, o);
     }
+}
+
+/// One vector's accumulator `a` over the cells `cells` of a chunk: `v` its value rows in f32
+/// (`[cell][a.len()]`), `e` the cells' exponentials, `grow` the cells where the maximum grew
+/// (`ms = e`, `vs = 1` there, `ms = 1`, `vs = e` elsewhere); [`value_step`] cell by cell, on
+/// 8 vectors of accumulators held in registers where the table and the head dimension allow.
+/// Returns the softmax sum `sum` carried over the cells.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn accumulate<const X86: bool>(a: &mut [f32], v: &[f32], cells: std::ops::Range<usize>, e: &[f32], grow: u64, mut sum: f32, v_f16: bool, tmp: &mut [f32]) -> f32 {
+    let hd = a.len();
+    let factors = |j: usize| if grow >> j & 1 != 0 { (e[j], 1f32) } else { (1f32, e[j]) };
+    #[cfg(target_arch = "x86_64")]
+    if X86 && hd.is_multiple_of(32) {
+        // SAFETY: `X86` instances run with AVX2, FMA and F16C; `v` holds the rows `cells`
+        // (`values_x86` asserts it).
+        return unsafe { values_x86(a, v, cells, sum, factors, v_f16) };
+    }
+    for j in cells {
+        let (ms, vs) = factors(j);
+        value_step::<X86>(a, &v[j * hd..(j + 1) * hd], ms, vs, v_f16, tmp);
+        sum = sum.mul_add(ms, vs);
+    }
+    sum
 }
 
 /// [`value_step`] over the cells `cells` of a chunk (`v`: `[cell][a.len()]` f32 rows,
