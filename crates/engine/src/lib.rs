@@ -17,10 +17,12 @@
 //! * [`quantize`]: GGUF F32/F16/BF16 → quantized types with ggml's block semantics.
 
 pub mod balance;
+pub mod batch;
 pub mod batcher;
 pub mod bench;
 pub mod chat;
 pub mod coact;
+pub mod config;
 pub mod device;
 pub mod engine;
 pub mod eval;
