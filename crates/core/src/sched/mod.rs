@@ -23,7 +23,10 @@ mod dense;
 mod device;
 pub mod experts;
 pub mod matmul;
+mod profile;
 mod sparse;
+
+pub use profile::{Profile, ProfileEntry};
 
 use matmul::{MatmulScratch, Schedules, WorkerClass, COL_BLOCK};
 pub use matmul::{matmul_part, GEMM_MIN_ROWS};
@@ -62,55 +65,6 @@ pub struct Scratch {
     /// Worker 0: the device's columns of a split matmul (`device.rs`; sized by
     /// `Executor::set_device`).
     device_y: Vec<f32>,
-}
-
-/// Time spent per op kind, summed over nodes (worker 0's view, barrier included). Matmuls are
-/// kept apart by weight type and layout, with the weight bytes they read, so a profile shows
-/// the bandwidth each kind of matrix is read at.
-#[derive(Default, Clone, Debug)]
-pub struct Profile {
-    pub per_op: Vec<ProfileEntry>,
-}
-
-/// One line of a [`Profile`].
-#[derive(Clone, Debug)]
-pub struct ProfileEntry {
-    /// The op kind (`Op::name`).
-    pub op: &'static str,
-    /// For matmuls: the weight type, and whether it was read in the interleaved layout.
-    pub weight: Option<(DType, bool)>,
-    pub secs: f64,
-    pub nodes: usize,
-    /// Weight bytes read (matmuls; 0 otherwise).
-    pub bytes: usize,
-}
-
-impl ProfileEntry {
-    /// `op`, or `matmul Q5_0 il` for a matmul on an interleaved Q5_0 matrix.
-    pub fn label(&self) -> String {
-        match self.weight {
-            Some((d, il)) => format!("{} {}{}", self.op, d.name(), if il { " il" } else { "" }),
-            None => self.op.to_string(),
-        }
-    }
-}
-
-impl Profile {
-    fn add(&mut self, op: &'static str, weight: Option<(DType, bool)>, secs: f64, bytes: usize) {
-        match self.per_op.iter_mut().find(|e| e.op == op && e.weight == weight) {
-            Some(e) => {
-                e.secs += secs;
-                e.nodes += 1;
-                e.bytes += bytes;
-            }
-            None => self.per_op.push(ProfileEntry { op, weight, secs, nodes: 1, bytes }),
-        }
-    }
-
-    /// Total seconds over all entries.
-    pub fn total_secs(&self) -> f64 {
-        self.per_op.iter().map(|e| e.secs).sum()
-    }
 }
 
 /// Sees nodes' results as a graph runs (statistics such as `corelm sparsity collect`'s):

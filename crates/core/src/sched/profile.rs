@@ -1,0 +1,53 @@
+//! `--profile`'s accounting: time per op kind summed over a pass's nodes, matmuls kept apart
+//! by weight type and layout with the bytes they read.
+
+use corelm_kernels::DType;
+
+/// Time spent per op kind, summed over nodes (worker 0's view, barrier included). Matmuls are
+/// kept apart by weight type and layout, with the weight bytes they read, so a profile shows
+/// the bandwidth each kind of matrix is read at.
+#[derive(Default, Clone, Debug)]
+pub struct Profile {
+    pub per_op: Vec<ProfileEntry>,
+}
+
+/// One line of a [`Profile`].
+#[derive(Clone, Debug)]
+pub struct ProfileEntry {
+    /// The op kind (`Op::name`).
+    pub op: &'static str,
+    /// For matmuls: the weight type, and whether it was read in the interleaved layout.
+    pub weight: Option<(DType, bool)>,
+    pub secs: f64,
+    pub nodes: usize,
+    /// Weight bytes read (matmuls; 0 otherwise).
+    pub bytes: usize,
+}
+
+impl ProfileEntry {
+    /// `op`, or `matmul Q5_0 il` for a matmul on an interleaved Q5_0 matrix.
+    pub fn label(&self) -> String {
+        match self.weight {
+            Some((d, il)) => format!("{} {}{}", self.op, d.name(), if il { " il" } else { "" }),
+            None => self.op.to_string(),
+        }
+    }
+}
+
+impl Profile {
+    pub(super) fn add(&mut self, op: &'static str, weight: Option<(DType, bool)>, secs: f64, bytes: usize) {
+        match self.per_op.iter_mut().find(|e| e.op == op && e.weight == weight) {
+            Some(e) => {
+                e.secs += secs;
+                e.nodes += 1;
+                e.bytes += bytes;
+            }
+            None => self.per_op.push(ProfileEntry { op, weight, secs, nodes: 1, bytes }),
+        }
+    }
+
+    /// Total seconds over all entries.
+    pub fn total_secs(&self) -> f64 {
+        self.per_op.iter().map(|e| e.secs).sum()
+    }
+}
