@@ -214,6 +214,16 @@ fn attention_simd_twin_is_bit_identical() {
     }
 }
 
+/// `x`'s rows of `hd` values each as KV-cache rows of type `t`, converted by `ks`'s quantizer.
+fn kv_rows_of(ks: &Kernels, t: DType, x: &[f32], hd: usize) -> Vec<u8> {
+    let rb = row_bytes(t, hd);
+    let mut out = vec![0u8; rb * (x.len() / hd)];
+    for (row, o) in x.chunks_exact(hd).zip(out.chunks_exact_mut(rb)) {
+        ks.from_float(t).unwrap()(row, o);
+    }
+    out
+}
+
 /// Quantized KV cache rows (Q8_0 / Q4_0 keys and values, as `--cache-type-k/-v`): the result
 /// stays within the quantization error of an f64 softmax over the f32 rows, for every mix of
 /// types, SIMD and portable tables agreeing.
@@ -234,14 +244,7 @@ fn attention_over_quantized_cache() {
     let want: Vec<f64> =
         (0..hd).map(|d| (0..cells).map(|c| (scores[c] - mx).exp() / z * v[c * hd + d] as f64).sum()).collect();
     let ident: Vec<u32> = (0..cells as u32).collect();
-    let enc = |t: DType, x: &[f32]| {
-        let rb = row_bytes(t, hd);
-        let mut out = vec![0u8; rb * cells];
-        for c in 0..cells {
-            port.from_float(t).unwrap()(&x[c * hd..(c + 1) * hd], &mut out[c * rb..(c + 1) * rb]);
-        }
-        out
-    };
+    let enc = |t: DType, x: &[f32]| kv_rows_of(&port, t, x, hd);
     for (kt, vt, tol) in [
         (DType::Q8_0, DType::F16, 0.05),
         (DType::F16, DType::Q8_0, 0.1),
@@ -921,14 +924,7 @@ fn grouped_quantized_cache_attention_equals_per_head() {
         let v: Vec<f32> = (0..cells * hd).map(|_| rng.f32() * 10.0).collect();
         let ident: Vec<u32> = (0..cells as u32).collect();
         for ks in [Kernels::detect(), Kernels::detect_avx2(), Kernels::portable()] {
-            let enc = |t: DType, x: &[f32]| {
-                let rb = row_bytes(t, hd);
-                let mut out = vec![0u8; rb * cells];
-                for c in 0..cells {
-                    ks.from_float(t).unwrap()(&x[c * hd..(c + 1) * hd], &mut out[c * rb..(c + 1) * rb]);
-                }
-                out
-            };
+            let enc = |t: DType, x: &[f32]| kv_rows_of(&ks, t, x, hd);
             for (kt, vt) in [(DType::Q8_0, DType::Q8_0), (DType::Q4_0, DType::Q4_0), (DType::F16, DType::Q8_0), (DType::Q8_0, DType::Q4_0), (DType::Q8_0, DType::F16), (DType::Q4_0, DType::F16)] {
                 let (kb, vb) = (enc(kt, &k), enc(vt, &v));
                 let rows = KvRows { k: &kb, v: &vb, k_type: kt, v_type: vt, head_dim: hd, table: &ident, shift: 0, k_layout: KeyLayout::Rows };
@@ -972,14 +968,7 @@ fn quantized_cache_rows_equal_per_row() {
             })
             .collect();
         for ks in [Kernels::detect(), Kernels::detect_avx2(), Kernels::portable()] {
-            let enc = |t: DType, x: &[f32]| {
-                let rb = row_bytes(t, hd);
-                let mut out = vec![0u8; rb * cells];
-                for c in 0..cells {
-                    ks.from_float(t).unwrap()(&x[c * hd..(c + 1) * hd], &mut out[c * rb..(c + 1) * rb]);
-                }
-                out
-            };
+            let enc = |t: DType, x: &[f32]| kv_rows_of(&ks, t, x, hd);
             for (kt, vt) in [(DType::Q8_0, DType::Q8_0), (DType::Q4_0, DType::Q4_0), (DType::Q8_0, DType::F16), (DType::F16, DType::Q8_0), (DType::Q4_0, DType::F16)] {
                 let (kb, vb) = (enc(kt, &k), enc(vt, &v));
                 let kv = KvRows { k: &kb, v: &vb, k_type: kt, v_type: vt, head_dim: hd, table: &ident, shift: 0, k_layout: KeyLayout::Rows };

@@ -222,9 +222,9 @@ fn expfs(kernels: &crate::Kernels, x: &mut [f32]) {
 /// (`ms` rescales what was accumulated, `vs` weighs the row): ggml's f32 accumulator for
 /// quantized values, its F16 one ([`mad_f16`]) for F16 values.
 #[inline(always)]
-fn value_step<const X86: bool>(a: &mut [f32], v: &[f32], ms: f32, vs: f32, v_f16: bool, tmp: &mut [f32]) {
+fn value_step(a: &mut [f32], v: &[f32], ms: f32, vs: f32, v_f16: bool, tmp: &mut [f32]) {
     if v_f16 {
-        return mad_f16::<X86>(a, v, ms, vs, tmp);
+        return mad_f16(a, v, ms, vs, tmp);
     }
     // Skipping `× 1` changes no bits.
     if ms != 1.0 {
@@ -341,7 +341,7 @@ fn accumulate<const X86: bool>(a: &mut [f32], v: &[f32], cells: std::ops::Range<
     }
     for j in cells {
         let (ms, vs) = factors(j);
-        value_step::<X86>(a, &v[j * hd..(j + 1) * hd], ms, vs, v_f16, tmp);
+        value_step(a, &v[j * hd..(j + 1) * hd], ms, vs, v_f16, tmp);
         sum = sum.mul_add(ms, vs);
     }
     sum
@@ -412,16 +412,11 @@ unsafe fn values_x86_n<const F16: bool, const NB: usize>(a: &mut [f32], v: &[f32
 
 /// One step of ggml's F16 value accumulator (`ggml_vec_scale_f16`, `ggml_vec_mad_f16`), on f32
 /// values that F16 represents exactly: `a = f16(a · ms)` where `ms ≠ 1` (`× 1` changes no F16
-/// value), then `a = f16(fma(v, vs, a))`, each element rounded to nearest, ties to even. `X86`:
-/// the caller runs with AVX2, FMA and F16C; `tmp`: at least `a.len()` values.
+/// value), then `a = f16(fma(v, vs, a))`, each element rounded to nearest, ties to even
+/// (`simd::round_f16_row`: F16C or NEON); `tmp`: at least `a.len()` values. The x86 tables take
+/// [`values_x86`] instead: a quantized cache's head dimension is a multiple of its 32-value blocks.
 #[inline(always)]
-fn mad_f16<const X86: bool>(a: &mut [f32], v: &[f32], ms: f32, vs: f32, tmp: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if X86 {
-        // SAFETY: `X86` instances run inside a function compiled with AVX2, FMA and F16C, which
-        // are only called after detecting them.
-        return unsafe { mad_f16_x86(a, v, ms, vs) };
-    }
+fn mad_f16(a: &mut [f32], v: &[f32], ms: f32, vs: f32, tmp: &mut [f32]) {
     let tmp = &mut tmp[..a.len()];
     if ms != 1.0 {
         a.iter().zip(tmp.iter_mut()).for_each(|(x, t)| *t = *x * ms);
@@ -429,38 +424,4 @@ fn mad_f16<const X86: bool>(a: &mut [f32], v: &[f32], ms: f32, vs: f32, tmp: &mu
     }
     a.iter().zip(v).zip(tmp.iter_mut()).for_each(|((x, &v), t)| *t = v.mul_add(vs, *x));
     crate::simd::round_f16_row(tmp, a);
-}
-
-/// [`mad_f16`] on 8 lanes (F16C's round trip `cvtps2ph`/`cvtph2ps` rounds to nearest, ties to
-/// even, as `half` and ggml's stores do).
-///
-/// # Safety
-/// AVX2, FMA and F16C.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn mad_f16_x86(a: &mut [f32], v: &[f32], ms: f32, vs: f32) {
-    use std::arch::x86_64::*;
-    let n = a.len().min(v.len());
-    let round = |x: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
-    let (m, s) = (_mm256_set1_ps(ms), _mm256_set1_ps(vs));
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: i + 8 <= n, inside both slices.
-        unsafe {
-            let p = a.as_mut_ptr().add(i);
-            let mut x = _mm256_loadu_ps(p);
-            if ms != 1.0 {
-                x = round(_mm256_mul_ps(x, m));
-            }
-            _mm256_storeu_ps(p, round(_mm256_fmadd_ps(_mm256_loadu_ps(v.as_ptr().add(i)), s, x)));
-        }
-        i += 8;
-    }
-    for (x, &v) in a[i..n].iter_mut().zip(&v[i..n]) {
-        if ms != 1.0 {
-            *x = f16::from_f32(*x * ms).to_f32();
-        }
-        *x = f16::from_f32(v.mul_add(vs, *x)).to_f32();
-    }
 }

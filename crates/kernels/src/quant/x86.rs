@@ -5,7 +5,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use crate::quant::blocks::*;
-use crate::simd::x86::{f2h, h2f, hmax_f32x8, hsum_i32x8};
+use crate::simd::x86::{f2h, h2f, hmax_f32x8, hsum_i32x8, widen};
 use std::arch::x86_64::*;
 
 /// One 32-value block quantized as ggml's SIMD `quantize_row_q8_0/1`: `amax`, `d = amax/127`,
@@ -139,13 +139,7 @@ pub fn dequant_f16(x: &[u8], y: &mut [f32]) {
     let h = as_blocks::<half::f16>(x);
     let n = h.len().min(y.len());
     let body = n & !7;
-    for i in (0..body).step_by(8) {
-        // SAFETY: i + 8 <= n <= both lengths; unaligned load and store.
-        unsafe {
-            let v = _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(i) as *const __m128i));
-            _mm256_storeu_ps(y.as_mut_ptr().add(i), v);
-        }
-    }
+    widen(&h[..body], &mut y[..body]);
     for i in body..n {
         y[i] = h[i].to_f32();
     }
