@@ -17,8 +17,9 @@
 //! up...) are contiguous file ranges and are packed like whole matrices.
 //!
 //! The sparse feed-forward's down projection (`WeightForm::NeuronMajor`) is always copied
-//! here: transposed, a row per neuron, and requantized with ggml's reference quantizer of its
-//! type. The sparse up projection's rows (`WeightForm::PlainRows`, what small batches read)
+//! here: transposed, a row per neuron, requantized with ggml's reference quantizer of its
+//! type, and laid out in column panels (`sparse::Panels`: every neuron's 64 columns of a panel
+//! together), which decode streams panel by panel. The sparse up projection's rows (`WeightForm::PlainRows`, what small batches read)
 //! are never interleaved, so one row is read per firing neuron; large batches compute up
 //! densely and read it in the ordinary `Rows` form, its interleaved copy.
 //!
@@ -34,6 +35,7 @@ use crate::graph::Graph;
 use crate::memory::{AllocError, Buffer, Place};
 use crate::tensor::{ColSlice, Op, Storage, WeightCopy, WeightForm};
 use corelm_kernels::matmul::layout as interleave;
+use corelm_kernels::sparse::Panels;
 use corelm_kernels::{DType, Kernels};
 use std::collections::HashMap;
 
@@ -216,7 +218,8 @@ impl PackedWeights {
 
 /// `src` (a file matrix of type `from`, a column per neuron) transposed into `dst`: row `i` =
 /// column `neurons[i]` (all columns in order without `neurons`), quantized to `to` with ggml's
-/// reference quantizer (`row_bytes` per row).
+/// reference quantizer (`row_bytes` per row), its blocks laid out in column panels
+/// (`sparse::Panels`).
 fn neuron_major(kernels: &Kernels, from: corelm_kernels::DType, src: &[u8], to: corelm_kernels::DType, row_bytes: usize, neurons: Option<&[u32]>, dst: &mut [u8]) {
     let n_cols = row_bytes / to.type_size() * to.block_size(); // the file's rows
     let src_rb = src.len() / n_cols;
@@ -229,11 +232,14 @@ fn neuron_major(kernels: &Kernels, from: corelm_kernels::DType, src: &[u8], to: 
         to_float(row, &mut m[j * n_rows..(j + 1) * n_rows]);
     }
     let mut col = vec![0f32; n_cols];
-    for (k, out) in dst.chunks_exact_mut(row_bytes).enumerate() {
+    let mut rows = vec![0u8; dst.len()];
+    for (k, out) in rows.chunks_exact_mut(row_bytes).enumerate() {
         let i = neurons.map_or(k, |n| n[k] as usize);
         for (j, c) in col.iter_mut().enumerate() {
             *c = m[j * n_rows + i];
         }
         quant(&col, out);
     }
+    let panels = Panels { neurons: dst.len() / row_bytes, blocks: n_cols / to.block_size(), type_size: to.type_size() };
+    panels.pack(&rows, dst);
 }

@@ -294,8 +294,9 @@ pub enum Layout {
     /// Four rows interleaved block by block (`matmul::layout`), copied at load for decode's
     /// GEMV and prefill's tiles.
     Interleaved,
-    /// A row per FFN neuron (the down projection transposed), copied at load for the sparse
-    /// FFN, which skips a neuron by skipping its row.
+    /// A row per FFN neuron (the down projection transposed) in column panels
+    /// (`sparse::Panels`: every neuron's 64 columns of a panel together), copied at load for
+    /// the sparse FFN, which skips a neuron by skipping its pieces.
     NeuronMajor,
     /// Rows written into the KV cache (a key row and a value row per cell and KV head, in the
     /// cache's type): what ggml's attention kernels read.

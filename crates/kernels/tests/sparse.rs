@@ -1,9 +1,10 @@
 //! The sparse feed-forward kernels: every table's `axpy_row` equals `fma(h, to_float(row), y)`
-//! computed element by element, and `axpy_f32` on the dequantized row, bit for bit.
+//! computed element by element, and `axpy_f32` on the dequantized row, bit for bit; decode's
+//! panel kernel and prefill's block kernel equal them neuron by neuron.
 
 mod common;
 use common::{random_row, tables, Rng};
-use corelm_kernels::sparse::{axpy_f32, axpy_row, NEURON_MAJOR_TYPES};
+use corelm_kernels::sparse::{axpy_f32, axpy_panel, axpy_row, Panels, NEURON_MAJOR_TYPES, PANEL_BLOCKS};
 use corelm_kernels::{DType, Kernels};
 
 #[test]
@@ -32,22 +33,58 @@ fn axpy_rows_equal_the_scalar_fma_of_dequantized_values() {
     }
 }
 
+/// The panel layout places every (neuron, block) once, inside the copy, and keeps each
+/// neuron's blocks of a panel together in order.
 #[test]
-fn four_row_axpy_equals_four_single_rows() {
-    let mut rng = Rng(29);
-    for t in NEURON_MAJOR_TYPES {
-        let n = 448;
-        let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(t, n, &mut rng)).collect();
-        let h = [rng.f32(), rng.f32() * 3.0, 0.0, -rng.f32()];
-        let y0: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
-        for k in tables() {
-            let mut want = y0.clone();
-            for q in 0..4 {
-                axpy_row(&k, t, &rows[q], h[q], &mut want);
+fn panels_cover_the_copy_once() {
+    for (neurons, blocks) in [(37, 7), (8, 28), (3, 1), (5, 18)] {
+        let p = Panels { neurons, blocks, type_size: 34 };
+        let mut seen = vec![false; neurons * blocks];
+        for i in 0..neurons {
+            for b in 0..blocks {
+                let at = p.at(i, b);
+                assert_eq!(at % 34, 0);
+                assert!(!std::mem::replace(&mut seen[at / 34], true), "{neurons}x{blocks}: ({i}, {b}) shares its place");
+                if b % PANEL_BLOCKS > 0 {
+                    assert_eq!(at, p.at(i, b - 1) + 34, "a neuron's blocks of a panel are contiguous");
+                }
             }
-            let mut y = y0.clone();
-            corelm_kernels::sparse::axpy_row4(&k, t, [&rows[0], &rows[1], &rows[2], &rows[3]], h, &mut y);
-            assert_eq!(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{} {t}", k.isa());
+        }
+        assert!(seen.into_iter().all(|s| s));
+    }
+}
+
+/// Decode's panel kernel: for every type and table, over whole panels, single blocks of a
+/// panel and the narrow last panel, `axpy_panel` equals `axpy_row` run neuron by neuron over
+/// the firing neurons, bit for bit.
+#[test]
+fn panel_axpy_equals_rows_neuron_by_neuron() {
+    let mut rng = Rng(29);
+    let (n_ff, blocks) = (53, 7);
+    let port = Kernels::portable();
+    for t in NEURON_MAJOR_TYPES {
+        let ts = t.type_size();
+        let rows: Vec<u8> = (0..n_ff).flat_map(|_| random_row(t, 32 * blocks, &mut rng)).collect();
+        let p = Panels { neurons: n_ff, blocks, type_size: ts };
+        let mut packed = vec![0u8; p.len()];
+        p.pack(&rows, &mut packed);
+        let h: Vec<f32> = (0..n_ff).map(|_| if rng.f32() < 0.4 { 0.0 } else { rng.f32() * 4.0 - 2.0 }).collect();
+        let firing: Vec<u32> = (0..n_ff as u32).filter(|&i| h[i as usize] != 0.0).collect();
+        let y0: Vec<f32> = (0..32 * blocks).map(|_| rng.f32()).collect();
+        // (first block, blocks): every panel whole, then each block alone.
+        let pieces = (0..blocks.div_ceil(PANEL_BLOCKS)).map(|q| (q * PANEL_BLOCKS, p.width(q))).chain((0..blocks).map(|b| (b, 1)));
+        for (b0, nb) in pieces {
+            let cols = 32 * b0..32 * (b0 + nb);
+            let mut want = y0[cols.clone()].to_vec();
+            for &i in &firing {
+                let row = &rows[i as usize * blocks * ts..][b0 * ts..(b0 + nb) * ts];
+                axpy_row(&port, t, row, h[i as usize], &mut want);
+            }
+            for k in tables() {
+                let mut y = y0[cols.clone()].to_vec();
+                axpy_panel(&k, t, &packed[p.at(0, b0)..], p.stride(b0 / PANEL_BLOCKS), &firing, &h, &mut y);
+                assert_eq!(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{} {t} blocks {b0}+{nb}", k.isa());
+            }
         }
     }
 }

@@ -226,7 +226,7 @@ pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle 
 
 /// The sparse feed-forward (CATS-style, KAIROX on the CPU): the gate product is computed
 /// densely and is an exact predictor — a neuron fires when `|act(gate x)| > thr` — so only the
-/// firing neurons' rows of up (plain rows) and of down (stored neuron-major) are read.
+/// firing neurons' rows of up (their groups of four) and of down (stored neuron-major) are read.
 /// `[n_tokens, n_embd]` → same.
 fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRef, x: &Bundle, kind: Glu, thr: f32) -> Bundle {
     let Some(hot) = b.offloaded().map(<[u32]>::len) else {
@@ -234,11 +234,13 @@ fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRe
         // from this layer's input, and this layer's gate rows are read only for the neurons
         // predicted here (so the gate matrix stays plain rows).
         // Large batches compute gate and up densely, on the copies interleaved at load (the
-        // tiles); small ones read only the rows they need, the file's plain rows.
+        // tiles); small ones only the rows they need: up's groups of four holding a firing
+        // neuron on that copy (or, when few fire, the file's plain rows), the predicted gate
+        // rows on plain rows.
         let pred = b.predicted_firing(x); // [n_tokens, n_ff] margins
         let small = b.n_tokens() <= SPARSE_UP_MAX_TOKENS;
         let wg = if pred.is_some() && small { b.weight_in(gate, WeightForm::PlainRows) } else { b.weight(gate) };
-        let wu = if small { b.weight_in(up, WeightForm::PlainRows) } else { b.weight(up) };
+        let wu = b.weight(up);
         let wd = b.weight_in(down, WeightForm::NeuronMajor { from: down.dtype }); // [n_embd, n_ff]
         return cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr, false, pred.as_ref()).0;
     };
@@ -249,8 +251,7 @@ fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRe
     if b.balanced() {
         // Online balancing: the CPU holds every neuron and skips those the device holds at
         // this pass; the device observes the CPU's gate product of every neuron.
-        let wg = b.weight(gate);
-        let wu = b.weight_in(up, WeightForm::PlainRows);
+        let (wg, wu) = (b.weight(gate), b.weight(up));
         let wd = b.weight_in(down, WeightForm::NeuronMajor { from: down.dtype }); // [n_embd, n_ff]
         let (y_cpu, g) = cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr, true, None); // [n_tokens, n_embd]
         let y_acc = b.offload_end(&begin, n_embd, Some(&g)); // [n_tokens, n_embd]
@@ -268,7 +269,7 @@ fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRe
     b.add(&y_cpu, &y_acc)
 }
 
-/// The CPU's sparse FFN over gate `wg`, up `wu` (plain rows) and neuron-major down `wd`
+/// The CPU's sparse FFN over gate `wg`, up `wu` and neuron-major down `wd`
 /// (`masked`: skipping the neurons the accelerator holds now; `pred`: only the predicted
 /// neurons can fire, and small batches read only their gate rows, `wg` plain rows): the
 /// output and the gate product.

@@ -135,17 +135,26 @@ impl Executor {
     pub fn new(n_threads: usize, group_threads: usize, max_head_dim: usize, graph: &Graph) -> Self {
         let (mut max_k, mut max_rows, mut max_group, mut max_k_all, mut gather) = (0, 0, 1, 0, 0);
         let (mut rope_rows, mut max_rot, mut max_k_f16) = (0, 0, 0);
-        let (mut sparse_ff, mut pred_embd, mut pred_rank) = (0, 0, 0);
+        let (mut sparse_ff, mut il_k, mut pred_rank) = (0, 0, 0);
         for &id in &graph.nodes {
             let t = graph.tensor(id);
             match t.op {
-                Op::SparseUp { .. } | Op::GluMasked { .. } => sparse_ff = sparse_ff.max(t.ne[0]),
+                Op::SparseUp { w, .. } => {
+                    sparse_ff = sparse_ff.max(t.ne[0]);
+                    il_k = il_k.max(graph.tensor(w).ne[0]);
+                }
+                Op::GluMasked { .. } => sparse_ff = sparse_ff.max(t.ne[0]),
                 Op::Predict { layer, x } => {
-                    pred_embd = pred_embd.max(graph.tensor(x).ne[0]);
+                    il_k = il_k.max(graph.tensor(x).ne[0]);
                     let p = graph.sparse.as_ref().and_then(|s| s.predictor.as_ref()).and_then(|p| p.layers[layer as usize].as_ref());
                     pred_rank = pred_rank.max(p.expect("a Predict node's layer has a predictor").rank);
                 }
-                Op::SparseDown { w, .. } => sparse_ff = sparse_ff.max(graph.tensor(w).ne[1]),
+                // The up projection's input is as wide as the down projection's output (a
+                // large batch's graph, the one planned, has no `SparseUp`).
+                Op::SparseDown { w, .. } => {
+                    sparse_ff = sparse_ff.max(graph.tensor(w).ne[1]);
+                    il_k = il_k.max(t.ne[0]);
+                }
                 _ => {}
             }
             if let Op::Rope { p, .. } = t.op {
@@ -191,7 +200,7 @@ impl Executor {
                         wide_act: vec![0.0; dense::ACT_CHUNK * max_k_f16],
                         // A worker's largest share of RoPE rows: in the smallest group.
                         rope: crate::rope::RopeTables::new(split(rope_rows, 0, group_threads.clamp(1, n_threads)).len(), max_rot),
-                        sparse: sparse::SparseScratch::new(sparse_ff, pred_embd, pred_rank),
+                        sparse: sparse::SparseScratch::new(sparse_ff, il_k, pred_rank),
                         device_y: Vec::new(),
                     })
                 })

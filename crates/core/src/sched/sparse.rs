@@ -85,6 +85,13 @@ impl SparseScratch {
     }
 }
 
+/// `SparseUp` reads the interleaved copy when at least one in this many of a worker's neurons
+/// fires (a run of groups costs what the dense GEMV costs per row; a plain row dotted alone,
+/// measured, about three times that).
+const IL_MIN_FIRING: usize = 8;
+/// Quiet groups of four a run of `SparseUp`'s interleaved GEMV computes rather than end there.
+const RUN_GAP: usize = 2;
+
 /// Large batches split `Predict` by tokens from this many rows per worker.
 const PREDICT_ROWS_PER_WORKER: usize = 4;
 
@@ -112,18 +119,29 @@ impl Ctx<'_> {
         Some(device.resident(t.layer as usize).expect("a masked sparse node's layer has an online neuron set"))
     }
 
-    /// `[gate, w, x]`: the gate product, the up matrix (plain rows), the quantized input.
+    /// `[gate, w, x]`: the gate product, the up matrix, the quantized input. Where the up
+    /// matrix has a copy interleaved at load and at least one neuron in [`IL_MIN_FIRING`] of
+    /// the worker's fires, each run of neighbouring groups of four rows holding a firing neuron
+    /// goes through the interleaved GEMV (the plain rows' dots, bit for bit), its quiet neurons
+    /// set to zero after; otherwise each firing neuron's plain row is dotted alone.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn sparse_up(&self, t: &Tensor, [gate, w, x]: [TensorId; 3], kind: Glu, thr: f32, mask: Option<&[AtomicU64]>, ith: usize, nth: usize, s: &mut SparseScratch) {
         let [n_ff, rows] = t.ne;
         let wt = self.t(w);
-        let (wrb, wb) = (wt.row_bytes(), self.bytes(w));
-        let dot = self.kernels.ops(wt.dtype).expect("weight type checked at load").vec_dot;
+        let wrb = wt.row_bytes();
+        let (wb, il_rows) = self.weight_rows(w);
+        let ops = self.kernels.ops(wt.dtype).expect("weight type checked at load");
+        let il = il_rows.zip(ops.interleaved).filter(|_| n_ff % ROWS == 0);
         let (xrb, xb) = (self.t(x).row_bytes(), self.bytes(x));
         let g = self.f32s(gate);
-        let mine = split(n_ff, ith, nth);
+        let mine = match il {
+            Some(_) => {
+                let groups = split(n_ff / ROWS, ith, nth);
+                groups.start * ROWS..groups.end * ROWS
+            }
+            None => split(n_ff, ith, nth),
+        };
         let a = &mut s.act[..mine.len()];
-        let my_rows = &wb[mine.start * wrb..mine.end * wrb];
         for r in 0..rows {
             gate_activation(self.kernels, kind, &g[r * n_ff + mine.start..r * n_ff + mine.end], &s.ones, a);
             // SAFETY: neurons `mine` of row r are this worker's only.
@@ -131,7 +149,41 @@ impl Ctx<'_> {
             out.fill(0.0);
             s.firing.clear();
             s.firing.extend((0..mine.len() as u32).filter(|&j| a[j as usize].abs() > thr && !held(mask, mine.start + j as usize)));
-            dot_listed(my_rows, wrb, dot, &xb[r * xrb..(r + 1) * xrb], &s.firing, |j, v| out[j] = a[j] * v);
+            let xr = &xb[r * xrb..(r + 1) * xrb];
+            match il {
+                Some((gb, ilops)) if s.firing.len() * IL_MIN_FIRING >= mine.len() => {
+                    let my_groups = &gb[mine.start * wrb..mine.end * wrb];
+                    let f = &s.firing;
+                    let mut n = 0;
+                    while n < f.len() {
+                        // A run of groups: from the group of firing neuron n while the next
+                        // firing neuron lies at most `RUN_GAP` quiet groups after the run
+                        // (each call prepares the activation row again).
+                        let g0 = f[n] as usize / ROWS;
+                        let mut g1 = g0 + 1;
+                        let mut m = n + 1;
+                        while m < f.len() && f[m] as usize / ROWS <= g1 + RUN_GAP {
+                            g1 = f[m] as usize / ROWS + 1;
+                            m += 1;
+                        }
+                        let (j0, j1) = (g0 * ROWS, g1 * ROWS);
+                        (ilops.rows)(&my_groups[j0 * wrb..j1 * wrb], wrb, xr, &mut out[j0..j1], &mut s.prep);
+                        let mut next = f[n..m].iter().copied().peekable();
+                        for j in j0..j1 {
+                            if next.next_if_eq(&(j as u32)).is_some() {
+                                out[j] *= a[j];
+                            } else {
+                                out[j] = 0.0;
+                            }
+                        }
+                        n = m;
+                    }
+                }
+                _ => {
+                    let my_rows = &wb[mine.start * wrb..mine.end * wrb];
+                    dot_listed(my_rows, wrb, ops.vec_dot, xr, &s.firing, |j, v| out[j] = a[j] * v);
+                }
+            }
         }
     }
 
@@ -226,18 +278,17 @@ impl Ctx<'_> {
     pub(super) fn sparse_down(&self, t: &Tensor, h: TensorId, w: TensorId, ith: usize, nth: usize, s: &mut SparseScratch) {
         let [n_embd, rows] = t.ne;
         let wt = self.t(w);
-        let (dt, wrb, wb, n_ff) = (wt.dtype, wt.row_bytes(), self.bytes(w), wt.ne[1]);
+        let (dt, wb, n_ff) = (wt.dtype, self.bytes(w), wt.ne[1]);
         let (bs, ts) = (dt.block_size(), dt.type_size());
         let blocks = split(n_embd / bs, ith, nth);
         let (c0, c1) = (blocks.start * bs, blocks.end * bs);
-        let (b0, b1) = (blocks.start * ts, blocks.end * ts);
         if c0 == c1 {
             return;
         }
         let h = self.f32s(h);
         let k = self.kernels;
+        let panels = sparse::Panels { neurons: n_ff, blocks: n_embd / bs, type_size: ts };
         if rows <= FUSED_TOKENS {
-            let part = |i: usize| &wb[i * wrb + b0..i * wrb + b1];
             for r in 0..rows {
                 // SAFETY: columns c0..c1 of row r are this worker's only.
                 let y = unsafe { self.out_f32(t, r * n_embd + c0, c1 - c0) };
@@ -245,20 +296,15 @@ impl Ctx<'_> {
                 let hr = &h[r * n_ff..(r + 1) * n_ff];
                 s.firing.clear();
                 s.firing.extend((0..n_ff as u32).filter(|&i| hr[i as usize] != 0.0));
-                for &i in s.firing.iter().take(AHEAD) {
-                    prefetch(part(i as usize), CacheLevel::L2);
-                }
-                // Four firing neurons at a time, then the rest one by one: the same order.
-                let quads = s.firing.len() / 4 * 4;
-                for n in (0..quads).step_by(4) {
-                    for &next in s.firing.iter().skip(n + AHEAD).take(4) {
-                        prefetch(part(next as usize), CacheLevel::L2);
-                    }
-                    let i: [usize; 4] = std::array::from_fn(|q| s.firing[n + q] as usize);
-                    sparse::axpy_row4(k, dt, i.map(part), i.map(|i| hr[i]), y);
-                }
-                for &i in &s.firing[quads..] {
-                    sparse::axpy_row(k, dt, part(i as usize), hr[i as usize], y);
+                // Panel by panel (the part of it in this worker's blocks), every firing
+                // neuron's piece in neuron order: each output's sum keeps the neuron order.
+                let mut blk = blocks.start;
+                while blk < blocks.end {
+                    let p = blk / sparse::PANEL_BLOCKS;
+                    let end = (p * sparse::PANEL_BLOCKS + panels.width(p)).min(blocks.end);
+                    let ys = &mut y[(blk - blocks.start) * bs..(end - blocks.start) * bs];
+                    sparse::axpy_panel(k, dt, &wb[panels.at(0, blk)..], panels.stride(p), &s.firing, hr, ys);
+                    blk = end;
                 }
             }
             return;
@@ -273,7 +319,7 @@ impl Ctx<'_> {
         for blk in blocks {
             let c = blk * bs;
             for (i, w) in wcol.chunks_exact_mut(bs).enumerate() {
-                to_float(&wb[i * wrb + blk * ts..i * wrb + (blk + 1) * ts], w);
+                to_float(&wb[panels.at(i, blk)..][..ts], w);
             }
             for r0 in (0..rows).step_by(sparse::DOWN_TOKENS) {
                 let r1 = (r0 + sparse::DOWN_TOKENS).min(rows);

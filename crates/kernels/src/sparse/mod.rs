@@ -58,22 +58,91 @@ pub fn axpy_row(k: &Kernels, t: DType, row: &[u8], h: f32, y: &mut [f32]) {
     }
 }
 
-/// `y[j] = fma(h[n], w_n[j], y[j])` for the rows `n = 0..4` in turn: four [`axpy_row`]s,
-/// the same bits, `y` read and written once per block where SIMD has a kernel.
-pub fn axpy_row4(k: &Kernels, t: DType, rows: [&[u8]; 4], h: [f32; 4], y: &mut [f32]) {
+/// Blocks of 32 columns in one panel of the neuron-major down projection (64 columns).
+pub const PANEL_BLOCKS: usize = 2;
+
+/// Where the blocks of a neuron-major down projection lie: column panels of [`PANEL_BLOCKS`]
+/// blocks (the last one narrower when the block count is odd), each holding every neuron's
+/// blocks of the panel in neuron order — neuron `i`'s piece of panel `p` at
+/// `p · PANEL_BLOCKS · neurons + i · width(p)` blocks. A worker that owns some columns reads
+/// its panels front to back, skipping the pieces of neurons that did not fire (a stream the
+/// hardware prefetcher follows, where whole rows read a firing neuron at a time were not), and
+/// keeps the panel's outputs in registers across every neuron.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Panels {
+    /// Rows: FFN neurons.
+    pub neurons: usize,
+    /// Blocks of 32 columns per neuron (`n_embd / 32`).
+    pub blocks: usize,
+    /// Bytes per block.
+    pub type_size: usize,
+}
+
+impl Panels {
+    /// Blocks of panel `p`.
+    pub fn width(&self, p: usize) -> usize {
+        PANEL_BLOCKS.min(self.blocks - p * PANEL_BLOCKS)
+    }
+
+    /// Byte offset of block `b` of neuron `i`.
+    pub fn at(&self, i: usize, b: usize) -> usize {
+        let p = b / PANEL_BLOCKS;
+        ((p * PANEL_BLOCKS * self.neurons) + i * self.width(p) + b % PANEL_BLOCKS) * self.type_size
+    }
+
+    /// Bytes between neighbouring neurons' pieces of panel `p`.
+    pub fn stride(&self, p: usize) -> usize {
+        self.width(p) * self.type_size
+    }
+
+    /// The copy's length in bytes.
+    pub fn len(&self) -> usize {
+        self.neurons * self.blocks * self.type_size
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Blocks `0 .. blocks` of each of the `neurons` rows of `rows` (plain rows of
+    /// `blocks · type_size` bytes) written into `dst` in panels.
+    pub fn pack(&self, rows: &[u8], dst: &mut [u8]) {
+        let (ts, rb) = (self.type_size, self.blocks * self.type_size);
+        assert!(rows.len() == self.len() && dst.len() == self.len(), "panel copy of {} bytes", self.len());
+        for (i, row) in rows.chunks_exact(rb).enumerate() {
+            for (b, blk) in row.chunks_exact(ts).enumerate() {
+                dst[self.at(i, b)..][..ts].copy_from_slice(blk);
+            }
+        }
+    }
+}
+
+/// `y[j] = fma(h[i], w_i[j], y[j])` for each neuron `i` of `firing` in turn, where `w_i` are
+/// the values of `y.len() / 32` (1 to [`PANEL_BLOCKS`]) blocks of `t` at `panel[i · stride..]`:
+/// [`axpy_row`] neuron by neuron, the same bits, the outputs held in registers across the
+/// neurons where SIMD has a kernel (Q8_0, Q5_0, Q4_0 on x86).
+pub fn axpy_panel(k: &Kernels, t: DType, panel: &[u8], stride: usize, firing: &[u32], h: &[f32], y: &mut [f32]) {
+    let nb = y.len() / 32;
+    let ts = t.type_size();
+    assert!(y.len() == nb * 32 && (1..=PANEL_BLOCKS).contains(&nb) && nb * ts <= stride, "panel of {} values, stride {stride}", y.len());
+    let last = firing.iter().copied().max().map_or(0, |i| i as usize);
+    assert!(firing.is_empty() || (last * stride + nb * ts <= panel.len() && last < h.len()), "firing neuron {last} outside the panel");
     #[cfg(target_arch = "x86_64")]
     if k.isa() >= Isa::Avx2 && matches!(t, DType::Q8_0 | DType::Q5_0 | DType::Q4_0) {
-        // SAFETY: the table's level was detected (AVX2 and FMA; AVX-512 F/VL for Avx512).
+        // SAFETY: the table's level was detected (AVX2, FMA and F16C; AVX-512 F/VL/BW for
+        // Avx512); every piece read lies in `panel` and every `h` index in `h` (asserted).
         return unsafe {
-            if k.isa() == Isa::Avx512 {
-                x86::axpy_row4_avx512(t, rows, h, y)
-            } else {
-                x86::axpy_row4_avx2(t, rows, h, y)
+            match (k.isa() == Isa::Avx512, nb) {
+                (true, 1) => x86::axpy_panel_avx512::<1>(t, panel, stride, firing, h, y),
+                (true, _) => x86::axpy_panel_avx512::<2>(t, panel, stride, firing, h, y),
+                (false, 1) => x86::axpy_panel_avx2::<1>(t, panel, stride, firing, h, y),
+                (false, _) => x86::axpy_panel_avx2::<2>(t, panel, stride, firing, h, y),
             }
         };
     }
-    for n in 0..4 {
-        axpy_row(k, t, rows[n], h[n], y);
+    for &i in firing {
+        let i = i as usize;
+        axpy_row(k, t, &panel[i * stride..i * stride + nb * ts], h[i], y);
     }
 }
 

@@ -5,6 +5,7 @@
 
 use super::portable;
 use crate::quant::blocks::{as_blocks, BlockQ4_0, BlockQ5_0, BlockQ8_0};
+use crate::simd::x86::h2f;
 use crate::DType;
 use std::arch::x86_64::*;
 
@@ -57,7 +58,7 @@ unsafe fn values16(t: DType, b: &[u8]) -> ([__m512i; 2], f32) {
             DType::Q8_0 => {
                 let blk = &as_blocks::<BlockQ8_0>(b)[0];
                 let p = blk.qs.as_ptr() as *const __m128i;
-                ([_mm512_cvtepi8_epi32(_mm_loadu_si128(p)), _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(1)))], blk.d.to_f32())
+                ([_mm512_cvtepi8_epi32(_mm_loadu_si128(p)), _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(1)))], h2f(blk.d))
             }
             DType::Q4_0 => {
                 let blk = &as_blocks::<BlockQ4_0>(b)[0];
@@ -65,7 +66,7 @@ unsafe fn values16(t: DType, b: &[u8]) -> ([__m512i; 2], f32) {
                 let (m, e) = (_mm512_set1_epi32(0xF), _mm512_set1_epi32(8));
                 let lo = _mm512_sub_epi32(_mm512_and_si512(q, m), e);
                 let hi = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), e);
-                ([lo, hi], blk.d.to_f32())
+                ([lo, hi], h2f(blk.d))
             }
             _ => {
                 let blk = &as_blocks::<BlockQ5_0>(b)[0];
@@ -77,7 +78,7 @@ unsafe fn values16(t: DType, b: &[u8]) -> ([__m512i; 2], f32) {
                 let (m, e) = (_mm512_set1_epi32(0xF), _mm512_set1_epi32(16));
                 let lo = _mm512_or_si512(_mm512_and_si512(q, m), bit(idx));
                 let hi = _mm512_or_si512(_mm512_srli_epi32(q, 4), bit(_mm512_add_epi32(idx, _mm512_set1_epi32(16))));
-                ([_mm512_sub_epi32(lo, e), _mm512_sub_epi32(hi, e)], blk.d.to_f32())
+                ([_mm512_sub_epi32(lo, e), _mm512_sub_epi32(hi, e)], h2f(blk.d))
             }
         }
     }
@@ -99,15 +100,15 @@ unsafe fn values8(t: DType, b: &[u8]) -> ([__m256i; 4], f32) {
                     _mm256_cvtepi8_epi32(c),
                     _mm256_cvtepi8_epi32(_mm_srli_si128(c, 8)),
                 ];
-                return (v, blk.d.to_f32());
+                return (v, h2f(blk.d));
             }
             DType::Q4_0 => {
                 let blk = &as_blocks::<BlockQ4_0>(b)[0];
-                (_mm_loadu_si128(blk.qs.as_ptr() as *const __m128i), blk.d.to_f32())
+                (_mm_loadu_si128(blk.qs.as_ptr() as *const __m128i), h2f(blk.d))
             }
             _ => {
                 let blk = &as_blocks::<BlockQ5_0>(b)[0];
-                (_mm_loadu_si128(blk.qs.as_ptr() as *const __m128i), blk.d.to_f32())
+                (_mm_loadu_si128(blk.qs.as_ptr() as *const __m128i), h2f(blk.d))
             }
         };
         let m = _mm256_set1_epi32(0xF);
@@ -136,7 +137,7 @@ unsafe fn values8(t: DType, b: &[u8]) -> ([__m256i; 4], f32) {
 
 /// `y[j] = fma(h, q[j] · d, y[j])` over the blocks of a Q8_0, Q5_0 or Q4_0 row; `avx512`
 /// selects sixteen lanes.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn axpy_row(t: DType, row: &[u8], h: f32, y: &mut [f32], avx512: bool) {
     assert!(matches!(t, DType::Q8_0 | DType::Q5_0 | DType::Q4_0));
     if avx512 {
@@ -159,61 +160,100 @@ pub unsafe fn axpy_row(t: DType, row: &[u8], h: f32, y: &mut [f32], avx512: bool
     }
 }
 
-/// `y[j] = fma(h[n], w_n[j], y[j])` for the rows `n = 0, 1, 2, 3` in turn (four Q8_0, Q5_0 or
-/// Q4_0 rows of `y.len()` values): the same bits as four [`axpy_row`] calls, with `y` loaded
-/// and stored once per block instead of four times.
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-pub unsafe fn axpy_row4_avx512(t: DType, rows: [&[u8]; 4], h: [f32; 4], y: &mut [f32]) {
-    assert!(matches!(t, DType::Q8_0 | DType::Q5_0 | DType::Q4_0));
-    let ts = t.type_size();
-    let nb = y.len() / 32;
-    assert!(rows.iter().all(|r| r.len() == nb * ts) && y.len() == nb * 32);
-    let hv = [_mm512_set1_ps(h[0]), _mm512_set1_ps(h[1]), _mm512_set1_ps(h[2]), _mm512_set1_ps(h[3])];
-    for b in 0..nb {
-        // SAFETY: block b of every row lies inside it (lengths asserted); `y` holds 32 · nb values.
-        unsafe {
-            let p = y.as_mut_ptr().add(32 * b);
-            let (mut y0, mut y1) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
-            for n in 0..4 {
-                let (v, d) = values16(t, &rows[n][b * ts..(b + 1) * ts]);
-                let dv = _mm512_set1_ps(d);
-                y0 = _mm512_fmadd_ps(hv[n], _mm512_mul_ps(_mm512_cvtepi32_ps(v[0]), dv), y0);
-                y1 = _mm512_fmadd_ps(hv[n], _mm512_mul_ps(_mm512_cvtepi32_ps(v[1]), dv), y1);
-            }
-            _mm512_storeu_ps(p, y0);
-            _mm512_storeu_ps(p.add(16), y1);
+/// Neurons ahead of the one being added whose panel pieces are asked for.
+const PANEL_AHEAD: usize = 16;
+
+/// [`super::axpy_panel`] on sixteen lanes: the `2 · NB` output registers stay live across
+/// every firing neuron of the panel.
+///
+/// # Safety
+/// AVX-512 F/VL/BW, AVX2, FMA and F16C; `t` is Q8_0, Q5_0 or Q4_0; `y.len() == 32 · NB`;
+/// every firing neuron's `NB` blocks at `i · stride` lie in `panel` and `i < h.len()`.
+#[target_feature(enable = "avx512f,avx512vl,avx512bw,avx2,fma,f16c")]
+pub unsafe fn axpy_panel_avx512<const NB: usize>(t: DType, panel: &[u8], stride: usize, firing: &[u32], h: &[f32], y: &mut [f32]) {
+    // One copy of the loop per type, so the block decoding is straight-line code.
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        match t {
+            DType::Q8_0 => panel512::<NB>(DType::Q8_0, panel, stride, firing, h, y),
+            DType::Q5_0 => panel512::<NB>(DType::Q5_0, panel, stride, firing, h, y),
+            _ => panel512::<NB>(DType::Q4_0, panel, stride, firing, h, y),
         }
     }
 }
 
-/// [`axpy_row4_avx512`] on eight lanes.
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn axpy_row4_avx2(t: DType, rows: [&[u8]; 4], h: [f32; 4], y: &mut [f32]) {
-    assert!(matches!(t, DType::Q8_0 | DType::Q5_0 | DType::Q4_0));
+#[inline(always)]
+unsafe fn panel512<const NB: usize>(t: DType, panel: &[u8], stride: usize, firing: &[u32], h: &[f32], y: &mut [f32]) {
     let ts = t.type_size();
-    let nb = y.len() / 32;
-    assert!(rows.iter().all(|r| r.len() == nb * ts) && y.len() == nb * 32);
-    let hv = [_mm256_set1_ps(h[0]), _mm256_set1_ps(h[1]), _mm256_set1_ps(h[2]), _mm256_set1_ps(h[3])];
-    for b in 0..nb {
-        // SAFETY: as in `axpy_row4_avx512`.
-        unsafe {
-            let p = y.as_mut_ptr().add(32 * b);
-            let mut acc = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
-            for n in 0..4 {
-                let (v, d) = values8(t, &rows[n][b * ts..(b + 1) * ts]);
+    // SAFETY (loads, stores): `y` holds 32 · NB values; the pieces and `h` values read are
+    // inside their slices (the caller's contract).
+    unsafe {
+        let mut acc: [[__m512; 2]; NB] = std::array::from_fn(|b| [_mm512_loadu_ps(y.as_ptr().add(32 * b)), _mm512_loadu_ps(y.as_ptr().add(32 * b + 16))]);
+        for (n, &i) in firing.iter().enumerate() {
+            if let Some(&next) = firing.get(n + PANEL_AHEAD) {
+                crate::simd::prefetch_lines(panel.as_ptr().wrapping_add(next as usize * stride), NB * ts, crate::simd::CacheLevel::L1);
+            }
+            let piece = panel.as_ptr().add(i as usize * stride);
+            let hv = _mm512_set1_ps(*h.get_unchecked(i as usize));
+            for (b, a) in acc.iter_mut().enumerate() {
+                let (v, d) = values16(t, std::slice::from_raw_parts(piece.add(b * ts), ts));
+                let dv = _mm512_set1_ps(d);
+                a[0] = _mm512_fmadd_ps(hv, _mm512_mul_ps(_mm512_cvtepi32_ps(v[0]), dv), a[0]);
+                a[1] = _mm512_fmadd_ps(hv, _mm512_mul_ps(_mm512_cvtepi32_ps(v[1]), dv), a[1]);
+            }
+        }
+        for (b, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(y.as_mut_ptr().add(32 * b), a[0]);
+            _mm512_storeu_ps(y.as_mut_ptr().add(32 * b + 16), a[1]);
+        }
+    }
+}
+
+/// [`axpy_panel_avx512`] on eight lanes (`4 · NB` output registers).
+///
+/// # Safety
+/// AVX2, FMA and F16C; otherwise as [`axpy_panel_avx512`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn axpy_panel_avx2<const NB: usize>(t: DType, panel: &[u8], stride: usize, firing: &[u32], h: &[f32], y: &mut [f32]) {
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        match t {
+            DType::Q8_0 => panel256::<NB>(DType::Q8_0, panel, stride, firing, h, y),
+            DType::Q5_0 => panel256::<NB>(DType::Q5_0, panel, stride, firing, h, y),
+            _ => panel256::<NB>(DType::Q4_0, panel, stride, firing, h, y),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn panel256<const NB: usize>(t: DType, panel: &[u8], stride: usize, firing: &[u32], h: &[f32], y: &mut [f32]) {
+    let ts = t.type_size();
+    // SAFETY: as in `panel512`.
+    unsafe {
+        let mut acc: [[__m256; 4]; NB] = std::array::from_fn(|b| std::array::from_fn(|g| _mm256_loadu_ps(y.as_ptr().add(32 * b + 8 * g))));
+        for (n, &i) in firing.iter().enumerate() {
+            if let Some(&next) = firing.get(n + PANEL_AHEAD) {
+                crate::simd::prefetch_lines(panel.as_ptr().wrapping_add(next as usize * stride), NB * ts, crate::simd::CacheLevel::L1);
+            }
+            let piece = panel.as_ptr().add(i as usize * stride);
+            let hv = _mm256_set1_ps(*h.get_unchecked(i as usize));
+            for (b, a) in acc.iter_mut().enumerate() {
+                let (v, d) = values8(t, std::slice::from_raw_parts(piece.add(b * ts), ts));
                 let dv = _mm256_set1_ps(d);
                 for g in 0..4 {
-                    acc[g] = _mm256_fmadd_ps(hv[n], _mm256_mul_ps(_mm256_cvtepi32_ps(v[g]), dv), acc[g]);
+                    a[g] = _mm256_fmadd_ps(hv, _mm256_mul_ps(_mm256_cvtepi32_ps(v[g]), dv), a[g]);
                 }
             }
-            for (g, a) in acc.into_iter().enumerate() {
-                _mm256_storeu_ps(p.add(8 * g), a);
+        }
+        for (b, a) in acc.iter().enumerate() {
+            for (g, v) in a.iter().enumerate() {
+                _mm256_storeu_ps(y.as_mut_ptr().add(32 * b + 8 * g), *v);
             }
         }
     }
 }
 
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512vl,avx512bw,avx2,fma,f16c")]
 unsafe fn axpy_row_avx512(t: DType, row: &[u8], h: f32, y: &mut [f32]) {
     let ts = t.type_size();
     let hv = _mm512_set1_ps(h);
