@@ -43,6 +43,20 @@ fn dot_listed(rows: &[u8], rb: usize, dot: VecDot, x: &[u8], listed: &[u32], mut
     }
 }
 
+/// `list` = the indices `i < n` with `keep(i)`, in order, written without a branch per index
+/// (which neurons fire is not predictable: at 50 % a branch mispredicts every other neuron);
+/// `list` has room for `n`, so nothing allocates.
+fn list_where(list: &mut Vec<u32>, n: usize, keep: impl Fn(usize) -> bool) {
+    list.clear();
+    list.resize(n, 0);
+    let mut k = 0;
+    for i in 0..n {
+        list[k] = i as u32;
+        k += keep(i) as usize;
+    }
+    list.truncate(k);
+}
+
 /// Whether neuron `n` is set in `mask` (an accelerator's current neurons).
 fn held(mask: Option<&[AtomicU64]>, n: usize) -> bool {
     // Relaxed: the set changes only on worker 0 between barriers, which order it.
@@ -147,8 +161,7 @@ impl Ctx<'_> {
             // SAFETY: neurons `mine` of row r are this worker's only.
             let out = unsafe { self.out_f32(t, r * n_ff + mine.start, mine.len()) };
             out.fill(0.0);
-            s.firing.clear();
-            s.firing.extend((0..mine.len() as u32).filter(|&j| a[j as usize].abs() > thr && !held(mask, mine.start + j as usize)));
+            list_where(&mut s.firing, mine.len(), |j| (a[j].abs() > thr) & !held(mask, mine.start + j));
             let xr = &xb[r * xrb..(r + 1) * xrb];
             match il {
                 Some((gb, ilops)) if s.firing.len() * IL_MIN_FIRING >= mine.len() => {
@@ -168,13 +181,10 @@ impl Ctx<'_> {
                         }
                         let (j0, j1) = (g0 * ROWS, g1 * ROWS);
                         (ilops.rows)(&my_groups[j0 * wrb..j1 * wrb], wrb, xr, &mut out[j0..j1], &mut s.prep);
-                        let mut next = f[n..m].iter().copied().peekable();
+                        // The firing test again, as a select rather than a branch.
                         for j in j0..j1 {
-                            if next.next_if_eq(&(j as u32)).is_some() {
-                                out[j] *= a[j];
-                            } else {
-                                out[j] = 0.0;
-                            }
+                            let fires = (a[j].abs() > thr) & !held(mask, mine.start + j);
+                            out[j] = if fires { out[j] * a[j] } else { 0.0 };
                         }
                         n = m;
                     }
@@ -269,8 +279,7 @@ impl Ctx<'_> {
             let out = unsafe { self.out_f32(t, r * n_ff + mine.start, mine.len()) };
             out.fill(0.0);
             let p = &pred[r * n_ff + mine.start..r * n_ff + mine.end];
-            s.firing.clear();
-            s.firing.extend((0..mine.len() as u32).filter(|&j| p[j as usize] > 0.0));
+            list_where(&mut s.firing, mine.len(), |j| p[j] > 0.0);
             dot_listed(my_rows, wrb, dot, &xb[r * xrb..(r + 1) * xrb], &s.firing, |j, v| out[j] = v);
         }
     }
@@ -294,8 +303,7 @@ impl Ctx<'_> {
                 let y = unsafe { self.out_f32(t, r * n_embd + c0, c1 - c0) };
                 y.fill(0.0);
                 let hr = &h[r * n_ff..(r + 1) * n_ff];
-                s.firing.clear();
-                s.firing.extend((0..n_ff as u32).filter(|&i| hr[i as usize] != 0.0));
+                list_where(&mut s.firing, n_ff, |i| hr[i] != 0.0);
                 // Panel by panel (the part of it in this worker's blocks), every firing
                 // neuron's piece in neuron order: each output's sum keeps the neuron order.
                 let mut blk = blocks.start;
