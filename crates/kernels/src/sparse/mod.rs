@@ -9,10 +9,13 @@
 //! tokens), [`axpy_row`] on the quantized row (decode), fused in SIMD for Q8_0, Q5_0 and Q4_0
 //! (their `to_float` products `q · d` are exact in f32, so SIMD needs no rounding of its own);
 //! every other type dequantizes a block at a time into a stack buffer and calls
-//! [`axpy_f32`]. Portable twins in [`portable`], 8/16-lane versions in [`x86`].
+//! [`axpy_f32`]. Portable twins in [`portable`], 8/16-lane versions in [`x86`], decode's panel
+//! kernel on 4 lanes in [`aarch64`].
 
 use crate::{DType, Isa, Kernels};
 
+#[cfg(target_arch = "aarch64")]
+pub mod aarch64;
 pub mod portable;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
@@ -120,7 +123,7 @@ impl Panels {
 /// `y[j] = fma(h[i], w_i[j], y[j])` for each neuron `i` of `firing` in turn, where `w_i` are
 /// the values of `y.len() / 32` (1 to [`PANEL_BLOCKS`]) blocks of `t` at `panel[i · stride..]`:
 /// [`axpy_row`] neuron by neuron, the same bits, the outputs held in registers across the
-/// neurons where SIMD has a kernel (Q8_0, Q5_0, Q4_0 on x86).
+/// neurons where SIMD has a kernel (Q8_0, Q5_0, Q4_0 on x86 and NEON).
 pub fn axpy_panel(k: &Kernels, t: DType, panel: &[u8], stride: usize, firing: &[u32], h: &[f32], y: &mut [f32]) {
     let nb = y.len() / 32;
     let ts = t.type_size();
@@ -137,6 +140,17 @@ pub fn axpy_panel(k: &Kernels, t: DType, panel: &[u8], stride: usize, firing: &[
                 (true, _) => x86::axpy_panel_avx512::<2>(t, panel, stride, firing, h, y),
                 (false, 1) => x86::axpy_panel_avx2::<1>(t, panel, stride, firing, h, y),
                 (false, _) => x86::axpy_panel_avx2::<2>(t, panel, stride, firing, h, y),
+            }
+        };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if k.isa() != Isa::Portable && matches!(t, DType::Q8_0 | DType::Q5_0 | DType::Q4_0) {
+        // SAFETY: NEON is every aarch64 CPU's; every piece read lies in `panel` and every `h`
+        // index in `h` (asserted).
+        return unsafe {
+            match nb {
+                1 => aarch64::axpy_panel_neon::<1>(t, panel, stride, firing, h, y),
+                _ => aarch64::axpy_panel_neon::<2>(t, panel, stride, firing, h, y),
             }
         };
     }
