@@ -1,6 +1,7 @@
-//! Decode's sparse down projection on NEON (four lanes), bit-identical to the portable twin:
-//! every lane computes `fma(h, q · d, y)` (`vfmaq_f32`), where `q · d` — a Q8_0, Q5_0 or
-//! Q4_0 value times its block's scale — is exact in f32, as `to_float` computes it.
+//! The sparse down projection on NEON (four lanes), bit-identical to the portable twins: every
+//! lane computes `fma(h, w, y)` (`vfmaq_f32`) — decode's panels on quantized pieces, where
+//! `w = q · d` (a Q8_0, Q5_0 or Q4_0 value times its block's scale) is exact in f32, as
+//! `to_float` computes it; prefill's blocks on values already dequantized.
 #![allow(clippy::missing_safety_doc)]
 
 use crate::quant::blocks::{as_blocks, BlockQ4_0, BlockQ5_0, BlockQ8_0};
@@ -99,6 +100,55 @@ unsafe fn panel4<const NB: usize>(t: DType, panel: &[u8], stride: usize, firing:
         for (b, a) in acc.iter().enumerate() {
             for (g, v) in a.iter().enumerate() {
                 vst1q_f32(y.as_mut_ptr().add(32 * b + 4 * g), *v);
+            }
+        }
+    }
+}
+
+/// [`super::down_block`] on NEON for 1 to 8 token rows, two at a time: each token's 32
+/// outputs in eight registers, the FMA's result selected where the neuron fires (`h ≠ 0`, as
+/// the portable twin tests it).
+///
+/// # Safety
+/// `h.len() == y.len() <= 8`; every `h` row holds `w.len() / 32` values.
+pub unsafe fn down_block(h: &[&[f32]], w: &[f32], y: &mut [[f32; super::DOWN_COLS]]) {
+    // SAFETY (both arms): the caller's contract.
+    unsafe {
+        match h.len() {
+            0 => {}
+            1 => down_tile::<1>(h, w, y),
+            _ => {
+                down_tile::<2>(&h[..2], w, &mut y[..2]);
+                down_block(&h[2..], w, &mut y[2..])
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn down_tile<const T: usize>(h: &[&[f32]], w: &[f32], y: &mut [[f32; super::DOWN_COLS]]) {
+    let n_ff = w.len() / super::DOWN_COLS;
+    // SAFETY (loads and stores): `y` rows hold 32 f32; `w` holds n_ff rows of 32; `h` rows
+    // hold n_ff values (the caller's contract).
+    unsafe {
+        let zero = vdupq_n_f32(0.0);
+        let mut acc: [[float32x4_t; 8]; T] = std::array::from_fn(|t| std::array::from_fn(|v| vld1q_f32(y[t].as_ptr().add(4 * v))));
+        let hp: [*const f32; T] = std::array::from_fn(|t| h[t].as_ptr());
+        for i in 0..n_ff {
+            let wp = w.as_ptr().add(i * super::DOWN_COLS);
+            let wv: [float32x4_t; 8] = std::array::from_fn(|v| vld1q_f32(wp.add(4 * v)));
+            for t in 0..T {
+                let hv = vdupq_n_f32(*hp[t].add(i));
+                // Not equal to zero (a NaN fires, as `h != 0.0` says).
+                let fires = vmvnq_u32(vceqq_f32(hv, zero));
+                for v in 0..8 {
+                    acc[t][v] = vbslq_f32(fires, vfmaq_f32(acc[t][v], wv[v], hv), acc[t][v]);
+                }
+            }
+        }
+        for (yt, at) in y.iter_mut().zip(&acc) {
+            for (v, a) in at.iter().enumerate() {
+                vst1q_f32(yt.as_mut_ptr().add(4 * v), *a);
             }
         }
     }

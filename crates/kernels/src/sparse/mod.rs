@@ -9,8 +9,8 @@
 //! tokens), [`axpy_row`] on the quantized row (decode), fused in SIMD for Q8_0, Q5_0 and Q4_0
 //! (their `to_float` products `q · d` are exact in f32, so SIMD needs no rounding of its own);
 //! every other type dequantizes a block at a time into a stack buffer and calls
-//! [`axpy_f32`]. Portable twins in [`portable`], 8/16-lane versions in [`x86`], decode's panel
-//! kernel on 4 lanes in [`aarch64`].
+//! [`axpy_f32`]. Portable twins in [`portable`], 8/16-lane versions in [`x86`], the panel and
+//! block kernels on 4 lanes in [`aarch64`].
 
 use crate::{DType, Isa, Kernels};
 
@@ -182,6 +182,11 @@ pub fn down_block(k: &Kernels, h: &[&[f32]], w: &[f32], y: &mut [[f32; DOWN_COLS
         // SAFETY: the table's level was detected (AVX2 and FMA; AVX-512 F/VL for Avx512); the
         // shapes were checked above.
         return unsafe { x86::down_block(h, w, y, avx512) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if k.isa() != Isa::Portable {
+        // SAFETY: NEON is every aarch64 CPU's; the shapes were checked above.
+        return unsafe { aarch64::down_block(h, w, y) };
     }
     let _ = k;
     portable::down_block(h, w, y)
