@@ -19,9 +19,10 @@
 //! The sparse feed-forward's down projection (`WeightForm::NeuronMajor`) is always copied
 //! here: transposed, a row per neuron, requantized with ggml's reference quantizer of its
 //! type, and laid out in column panels (`sparse::Panels`: every neuron's 64 columns of a panel
-//! together), which decode streams panel by panel. The sparse up projection's rows (`WeightForm::PlainRows`, what small batches read)
-//! are never interleaved, so one row is read per firing neuron; large batches compute up
-//! densely and read it in the ordinary `Rows` form, its interleaved copy.
+//! together), which decode streams panel by panel. The sparse up projection is an ordinary
+//! `Rows` weight: small batches read its interleaved copy a run of groups of four at a time
+//! (or, when few neurons fire, the file's plain rows), large ones compute it densely.
+//! `WeightForm::PlainRows` (never interleaved) is what a predicted gate's rows are read in.
 //!
 //! An accelerator's neurons (`SparseFfn::offloaded`) leave the CPU the rest of each layer:
 //! `WeightForm::ColdRows` and `ColdNeuronMajor` are copies of only those neurons' gate and up
@@ -232,14 +233,14 @@ fn neuron_major(kernels: &Kernels, from: corelm_kernels::DType, src: &[u8], to: 
         to_float(row, &mut m[j * n_rows..(j + 1) * n_rows]);
     }
     let mut col = vec![0f32; n_cols];
-    let mut rows = vec![0u8; dst.len()];
-    for (k, out) in rows.chunks_exact_mut(row_bytes).enumerate() {
+    let mut row = vec![0u8; row_bytes];
+    let panels = Panels { neurons: dst.len() / row_bytes, blocks: n_cols / to.block_size(), type_size: to.type_size() };
+    for k in 0..panels.neurons {
         let i = neurons.map_or(k, |n| n[k] as usize);
         for (j, c) in col.iter_mut().enumerate() {
             *c = m[j * n_rows + i];
         }
-        quant(&col, out);
+        quant(&col, &mut row);
+        panels.pack_row(k, &row, dst);
     }
-    let panels = Panels { neurons: dst.len() / row_bytes, blocks: n_cols / to.block_size(), type_size: to.type_size() };
-    panels.pack(&rows, dst);
 }

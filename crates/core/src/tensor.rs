@@ -32,8 +32,8 @@ pub enum WeightForm {
     /// The file's rows (repacked at load into the interleaved layout where the table has
     /// kernels for it).
     Rows,
-    /// The file's rows, never interleaved: read one row at a time (the sparse up projection
-    /// reads only the rows of firing neurons).
+    /// The file's rows, never interleaved: read one row at a time (a predicted gate reads
+    /// only the rows of predicted neurons).
     PlainRows,
     /// Transposed — row `i` holds column `i` of the file's matrix of type `from` — and
     /// requantized to the tensor's type: the down projection stored neuron-major, so a neuron

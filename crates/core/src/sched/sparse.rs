@@ -158,10 +158,13 @@ impl Ctx<'_> {
         let a = &mut s.act[..mine.len()];
         for r in 0..rows {
             gate_activation(self.kernels, kind, &g[r * n_ff + mine.start..r * n_ff + mine.end], &s.ones, a);
+            let a = &*a;
+            // Whether the worker's neuron j fires (`&`, not `&&`: no branch).
+            let fires = |j: usize| (a[j].abs() > thr) & !held(mask, mine.start + j);
             // SAFETY: neurons `mine` of row r are this worker's only.
             let out = unsafe { self.out_f32(t, r * n_ff + mine.start, mine.len()) };
             out.fill(0.0);
-            list_where(&mut s.firing, mine.len(), |j| (a[j].abs() > thr) & !held(mask, mine.start + j));
+            list_where(&mut s.firing, mine.len(), fires);
             let xr = &xb[r * xrb..(r + 1) * xrb];
             match il {
                 Some((gb, ilops)) if s.firing.len() * IL_MIN_FIRING >= mine.len() => {
@@ -183,8 +186,7 @@ impl Ctx<'_> {
                         (ilops.rows)(&my_groups[j0 * wrb..j1 * wrb], wrb, xr, &mut out[j0..j1], &mut s.prep);
                         // The firing test again, as a select rather than a branch.
                         for j in j0..j1 {
-                            let fires = (a[j].abs() > thr) & !held(mask, mine.start + j);
-                            out[j] = if fires { out[j] * a[j] } else { 0.0 };
+                            out[j] = if fires(j) { out[j] * a[j] } else { 0.0 };
                         }
                         n = m;
                     }

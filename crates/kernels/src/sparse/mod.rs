@@ -110,12 +110,18 @@ impl Panels {
     /// Blocks `0 .. blocks` of each of the `neurons` rows of `rows` (plain rows of
     /// `blocks · type_size` bytes) written into `dst` in panels.
     pub fn pack(&self, rows: &[u8], dst: &mut [u8]) {
-        let (ts, rb) = (self.type_size, self.blocks * self.type_size);
-        assert!(rows.len() == self.len() && dst.len() == self.len(), "panel copy of {} bytes", self.len());
-        for (i, row) in rows.chunks_exact(rb).enumerate() {
-            for (b, blk) in row.chunks_exact(ts).enumerate() {
-                dst[self.at(i, b)..][..ts].copy_from_slice(blk);
-            }
+        assert_eq!(rows.len(), self.len(), "panel copy of {} bytes", self.len());
+        for (i, row) in rows.chunks_exact(self.blocks * self.type_size).enumerate() {
+            self.pack_row(i, row, dst);
+        }
+    }
+
+    /// Neuron `i`'s plain row (`blocks · type_size` bytes) written into its places in `dst`.
+    pub fn pack_row(&self, i: usize, row: &[u8], dst: &mut [u8]) {
+        let ts = self.type_size;
+        assert!(i < self.neurons && row.len() == self.blocks * ts && dst.len() == self.len(), "row {i} of a panel copy of {} bytes", self.len());
+        for (b, blk) in row.chunks_exact(ts).enumerate() {
+            dst[self.at(i, b)..][..ts].copy_from_slice(blk);
         }
     }
 }
