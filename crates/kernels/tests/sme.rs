@@ -6,7 +6,7 @@
 //! 7.2 computes `SUMOPA`'s 32-bit tiles wrongly), the self-test refusing `Isa::Sme`. With
 //! `CORELM_EXPECT_SME=1` (the script's runs on a qemu that emulates SME correctly) the SME
 //! table must be granted, so those runs cannot pass without running the kernels. The panel GEMM
-//! through the SME table is checked against the portable panel in `parity.rs`.
+//! through the SME table is checked against the portable panel in `parity/main.rs`.
 
 use corelm_kernels::matmul::gemm::tile::{fmopa, gemm_f32_model, sumopa};
 use corelm_kernels::Isa;

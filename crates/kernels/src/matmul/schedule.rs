@@ -13,7 +13,7 @@
 //! float accumulation runs over the inner blocks in order whatever the blocking (a `kc` cut
 //! carries the accumulator through the output), tiles of 4 and 8 rows give the same values,
 //! and row parts start at multiples of 8. So a schedule changes speed only, never bits
-//! (tested in `tests/parity.rs` and `corelm-core`'s scheduler tests).
+//! (tested in `tests/parity/` and `corelm-core`'s scheduler tests).
 
 /// Register tile heights of the panel GEMM's micro-kernels, in order (the search's window
 /// slides along this list).

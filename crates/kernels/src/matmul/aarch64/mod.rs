@@ -1,7 +1,7 @@
 //! aarch64 matrix kernels (see the table in `matmul`). Every function has a reference twin
 //! (`matmul::lanes` for the x86 lane order they follow, `matmul::portable` for Q4_K and
 //! the F16/BF16 orders) and is
-//! tested against it bit for bit (tests/parity.rs), under qemu in CI (`scripts/test_arm.sh`).
+//! tested against it bit for bit (tests/parity/), under qemu in CI (`scripts/test_arm.sh`).
 //!
 //! # Safety
 //! One contract for every `#[target_feature]` function here: call it only on a CPU with the

@@ -1,6 +1,6 @@
 //! AVX-512 (BW, VL, VNNI on 256-bit vectors) instances of dot products where the extra
 //! instructions remove work, not just widen it. Same integer sums and the same float steps per
-//! block as the AVX2 kernels, so the results are bit-identical (tests/parity.rs).
+//! block as the AVX2 kernels, so the results are bit-identical (tests/parity/).
 //!
 //! Q5_0: the fifth bits become a mask register (`kmovd`) under which one masked add puts 16 into
 //! the nibbles, and the signed product sum is `Σ (q + 16)·y − 16·Σ y`, two `vpdpbusd` on the

@@ -1,6 +1,6 @@
 //! x86-64 matrix kernels, one file per ISA level and layout (see the table in `matmul`). Every
 //! function has a portable twin (`matmul::portable`, `matmul::layout`) and is tested against it
-//! bit for bit (tests/parity.rs, tests/interleave.rs).
+//! bit for bit (tests/parity/, tests/interleave.rs).
 //!
 //! # Safety
 //! One contract for every `#[target_feature]` function in these modules: call it only on a CPU
