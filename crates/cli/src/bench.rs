@@ -43,7 +43,9 @@ pub struct BenchArgs {
     profile: bool,
     /// Batched decode, as llama-batched-bench's `-npl`: for each count B (comma-separated), B
     /// sequences get a prompt of the first `-p` length each, then the first `-n` length of
-    /// decode steps with one token per sequence; prints aggregate prompt and decode rates.
+    /// decode steps with one token per sequence; prints aggregate prompt and decode rates (each
+    /// repetition runs every count in turn) and, with 1 among the counts, each count's decode
+    /// rate over B=1's.
     #[arg(long, value_delimiter = ',')]
     npl: Vec<usize>,
     #[command(flatten)]
@@ -96,8 +98,11 @@ fn bench_batched(a: &BenchArgs) -> Result<()> {
         let ma = model_args(a, &path, t, max_npl * (npp + ntg + 64), a.batch_size.max(max_npl));
         let (mut engine, _) = load(&ma, max_npl)?;
         let t = engine.config().n_threads;
-        for &b in &a.npl {
-            let r = corelm_engine::bench::run_batched(&mut engine, npp, ntg, b, a.reps)?;
+        // Every count in each repetition (interleaved), so the ratios below compare counts
+        // measured in the same minutes.
+        let results = corelm_engine::bench::run_batched_counts(&mut engine, npp, ntg, &a.npl, a.reps)?;
+        for r in &results {
+            let b = r.npl;
             if a.json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
@@ -110,6 +115,10 @@ fn bench_batched(a: &BenchArgs) -> Result<()> {
                 let (prof, secs) = corelm_engine::bench::profile_batched(&mut engine, npp, ntg, b)?;
                 print_profile(&engine, &prof, secs, &format!("B={b} decode (per step of {b} tokens)"), ntg, "step", b, t);
             }
+        }
+        if let Some(one) = results.iter().find(|r| r.npl == 1).filter(|_| !a.json && results.len() > 1) {
+            let ratios: Vec<String> = results.iter().filter(|r| r.npl > 1).map(|r| format!("B={} {:.2}×", r.npl, r.s_tg() / one.s_tg())).collect();
+            println!("  aggregate decode (S_TG) against B=1, {t} threads, the counts interleaved in every repetition: {}", ratios.join(", "));
         }
     }
     Ok(())

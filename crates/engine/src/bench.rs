@@ -254,25 +254,36 @@ fn batched_decode(engine: &mut Engine, prompts: &[Vec<u32>], npp: usize, ntg: us
 /// [`BatchedResult`] for `npl` sequences, best of `reps` repetitions after a warm-up. The
 /// engine needs `n_seq_max ≥ npl`, `n_batch ≥ npl` and room for `npl · (npp + ntg)` cells.
 pub fn run_batched(engine: &mut Engine, npp: usize, ntg: usize, npl: usize, reps: usize) -> Result<BatchedResult, Error> {
+    Ok(run_batched_counts(engine, npp, ntg, &[npl], reps)?.remove(0))
+}
+
+/// [`run_batched`] for each sequence count of `counts`, in rounds: the warm-up and then every
+/// repetition runs each count once, in order, so that the counts' best times come from the
+/// same minutes of a machine whose speed drifts (a shared VM's bandwidth moves by a quarter
+/// between minutes), and the ratios between counts — aggregate decode at B against B=1 —
+/// are not a comparison of two phases. One result per count, in `counts`' order.
+pub fn run_batched_counts(engine: &mut Engine, npp: usize, ntg: usize, counts: &[usize], reps: usize) -> Result<Vec<BatchedResult>, Error> {
     let n_vocab = engine.hyper().n_vocab;
-    let mut batch = Batch::with_capacity(engine.config().n_batch.max(npl));
-    let (mut t_pp, mut t_tg) = (f64::INFINITY, f64::INFINITY);
+    let widest = counts.iter().copied().max().unwrap_or(1);
+    let mut batch = Batch::with_capacity(engine.config().n_batch.max(widest));
+    let mut best = vec![(f64::INFINITY, f64::INFINITY); counts.len()];
     for rep in 0..=reps {
-        engine.clear_all();
-        let prompts = batched_prompts(n_vocab, npp, ntg, npl, rep);
-        let t0 = Instant::now();
-        batched_prefill(engine, &prompts, npp, &mut batch)?;
-        let pp = t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
-        batched_decode(engine, &prompts, npp, ntg, &mut batch)?;
-        let tg = t1.elapsed().as_secs_f64();
-        if rep > 0 || reps == 0 {
-            t_pp = t_pp.min(pp);
-            t_tg = t_tg.min(tg);
+        for (&npl, best) in counts.iter().zip(best.iter_mut()) {
+            engine.clear_all();
+            let prompts = batched_prompts(n_vocab, npp, ntg, npl, rep);
+            let t0 = Instant::now();
+            batched_prefill(engine, &prompts, npp, &mut batch)?;
+            let pp = t0.elapsed().as_secs_f64();
+            let t1 = Instant::now();
+            batched_decode(engine, &prompts, npp, ntg, &mut batch)?;
+            let tg = t1.elapsed().as_secs_f64();
+            if rep > 0 || reps == 0 {
+                *best = (best.0.min(pp), best.1.min(tg));
+            }
         }
     }
     engine.clear_all();
-    Ok(BatchedResult { npp, ntg, npl, n_kv: npl * (npp + ntg), t_pp, t_tg })
+    Ok(counts.iter().zip(best).map(|(&npl, (t_pp, t_tg))| BatchedResult { npp, ntg, npl, n_kv: npl * (npp + ntg), t_pp, t_tg }).collect())
 }
 
 /// One profiled batched decode phase (as [`run_batched`], prompts untimed): the time per op

@@ -433,6 +433,11 @@ fn batched_bench_fills_every_sequence_and_leaves_the_cache_empty() {
     // More sequences than the engine holds: the batch is refused, naming the sequence.
     let e = corelm_engine::bench::run_batched(&mut engine, 2, 1, 5, 0).unwrap_err();
     assert!(e.to_string().contains('4'), "{e}");
+    // Several counts in rounds: one result per count, in the order asked, each its own shape.
+    let rs = corelm_engine::bench::run_batched_counts(&mut engine, 5, 2, &[4, 1, 2], 1).expect("every count fits");
+    assert_eq!(rs.iter().map(|r| (r.npl, r.n_kv)).collect::<Vec<_>>(), [(4, 28), (1, 7), (2, 14)]);
+    assert!(rs.iter().all(|r| r.t_pp > 0.0 && r.t_tg > 0.0 && r.t_tg.is_finite()));
+    assert_eq!(engine.free_cells(), engine.config().n_ctx);
 }
 
 /// A plan with a prefill configuration of `prefill` CPUs in one group and a decode
