@@ -151,12 +151,28 @@ fn softmax_tile_simd_is_bit_identical() {
     }
 }
 
+/// `attend_heads` over the heads of `q` (`hd` values each) gives every head the bits of its own
+/// `attend_row` call over the same cells (`what` names the case in a failure).
+fn assert_heads_equal_single(kind: corelm_kernels::attention::AttnKernel, ks: &Kernels, q: &[f32], hd: usize, cells: corelm_kernels::attention::Cells, what: &str) {
+    use corelm_kernels::attention::{attend_heads, attend_row, AttnScratch};
+    let heads = q.len() / hd;
+    let mut s = AttnScratch::with_heads(hd, heads);
+    let mut grouped = vec![f32::NAN; heads * hd];
+    attend_heads(kind, ks, q, cells, 0.125, &mut s, &mut grouped);
+    for h in 0..heads {
+        let mut one = vec![0f32; hd];
+        attend_row(kind, ks, &q[h * hd..(h + 1) * hd], cells, 0.125, &mut s, &mut one);
+        let g = &grouped[h * hd..(h + 1) * hd];
+        assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{what} {kind:?} {:?} head {h}", ks.isa());
+    }
+}
+
 /// `attend_heads` (the heads of a GQA group together) gives every head the bits of its own
 /// `attend_row` call, for both kernels, over several tiles, with cells hidden individually and
 /// whole tiles hidden (a sliding window), in the SIMD and the portable tables.
 #[test]
 fn grouped_attention_equals_per_head_attention() {
-    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, Cells, KvRows};
+    use corelm_kernels::attention::{AttnKernel, Cells, KvRows};
     let mut rng = Rng(123);
     for (hd, heads, cells) in [(64usize, 3usize, 37usize), (64, 7, 200), (256, 4, 131), (72, 2, 70)] {
         let q: Vec<f32> = (0..heads * hd).map(|_| rng.f32() * 4.0).collect();
@@ -168,15 +184,7 @@ fn grouped_attention_equals_per_head_attention() {
         for vis in masks {
             for ks in [Kernels::detect(), Kernels::portable()] {
                 for kind in [AttnKernel::Tiled, AttnKernel::Reference] {
-                    let mut s = AttnScratch::with_heads(hd, heads);
-                    let mut grouped = vec![0f32; heads * hd];
-                    attend_heads(kind, &ks, &q, Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut grouped);
-                    for h in 0..heads {
-                        let mut one = vec![0f32; hd];
-                        attend_row(kind, &ks, &q[h * hd..(h + 1) * hd], Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut one);
-                        let g = &grouped[h * hd..(h + 1) * hd];
-                        assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{kind:?} {:?} hd {hd} head {h}", ks.isa());
-                    }
+                    assert_heads_equal_single(kind, &ks, &q, hd, Cells { kv: &kvr, n: cells, visible: vis }, &format!("hd {hd}"));
                 }
             }
         }
@@ -327,7 +335,7 @@ fn split_kv_decode_equals_portable_and_stays_near_unsplit() {
 /// chunk boundaries and masks (including nothing visible).
 #[test]
 fn grouped_quantized_cache_attention_equals_per_head() {
-    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, Cells, KeyLayout, KvRows};
+    use corelm_kernels::attention::{AttnKernel, Cells, KeyLayout, KvRows};
     let mut rng = Rng(31);
     let hd = 64usize;
     for (heads, cells) in [(3usize, 45usize), (7, 130), (1, 64), (4, 65)] {
@@ -343,15 +351,7 @@ fn grouped_quantized_cache_attention_equals_per_head() {
                 let masks: [&dyn Fn(usize) -> bool; 3] = [&|_| true, &|c| c % 5 != 3, &|_| false];
                 // Prefill rows (`Tiled`) take ggml's one-chunk path too on a quantized cache.
                 for (vis, kind) in masks.into_iter().flat_map(|m| [(m, AttnKernel::Reference), (m, AttnKernel::Tiled)]) {
-                    let mut s = AttnScratch::with_heads(hd, heads);
-                    let mut grouped = vec![f32::NAN; heads * hd];
-                    attend_heads(kind, &ks, &q, Cells { kv: &rows, n: cells, visible: vis }, 0.125, &mut s, &mut grouped);
-                    for h in 0..heads {
-                        let mut one = vec![0f32; hd];
-                        attend_row(kind, &ks, &q[h * hd..(h + 1) * hd], Cells { kv: &rows, n: cells, visible: vis }, 0.125, &mut s, &mut one);
-                        let g = &grouped[h * hd..(h + 1) * hd];
-                        assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{kt}/{vt} {:?} heads {heads} cells {cells} head {h}", ks.isa());
-                    }
+                    assert_heads_equal_single(kind, &ks, &q, hd, Cells { kv: &rows, n: cells, visible: vis }, &format!("{kt}/{vt} heads {heads} cells {cells}"));
                 }
             }
         }
