@@ -1,7 +1,7 @@
 # The two set-up commands of the README, and helpers. Models go to ~/.cache/corelm/models
 # (override with CORELM_MODELS_DIR); they are never part of the repository.
 
-.PHONY: demo test test-arm models deps bench-compare bench-serve
+.PHONY: demo test test-arm lint models deps bench-compare bench-serve
 
 # Build, fetch the default model if missing, and generate text with it.
 demo: deps
@@ -18,6 +18,11 @@ test: deps models
 	bash scripts/check_intrinsics_inlined.sh
 	bash scripts/test_openai_client.sh
 	bash scripts/test_arm.sh
+
+# Clippy on every crate and test, warnings as errors (not part of `make test`: a newer
+# toolchain's new lints must not turn CI red; run it before committing).
+lint:
+	cargo clippy --release --workspace --all-targets -- -D warnings
 
 # Only the emulated aarch64 part of `make test`.
 test-arm: models

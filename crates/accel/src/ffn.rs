@@ -118,7 +118,7 @@ impl HotFfn {
     /// Upload `layers` (of a model of `n_layer` layers and width `n_embd`) for batches of up
     /// to `max_tokens` tokens.
     pub fn new(gpu: Arc<Gpu>, n_layer: usize, n_embd: usize, max_tokens: usize, layers: &[HotLayer]) -> Result<HotFfn, AccelError> {
-        assert!(n_embd % 32 == 0, "rows of whole 32-value groups");
+        assert!(n_embd.is_multiple_of(32), "rows of whole 32-value groups");
         let max_hot = layers.iter().map(|l| l.capacity).max().unwrap_or(0);
         let f = |n: usize| (n * 4) as u64;
         let dst = wgpu::BufferUsages::COPY_DST;
@@ -188,7 +188,7 @@ impl HotFfn {
         for (m, bytes) in [(&l.gate, gate), (&l.up, up), (&l.down, down)] {
             let (buf, rb) = (&m.buf, m.row_bytes());
             assert_eq!(bytes.len(), n * rb, "layer {layer}: {n} rows of {rb} bytes");
-            assert!((row0 * rb) % 4 == 0 && bytes.len() % 4 == 0, "layer {layer}: rows {row0}.. of {rb} bytes are not 4-byte aligned");
+            assert!((row0 * rb).is_multiple_of(4) && bytes.len() % 4 == 0, "layer {layer}: rows {row0}.. of {rb} bytes are not 4-byte aligned");
             q.write_buffer(buf, (row0 * rb) as u64, bytes);
         }
         (gate.len() + up.len() + down.len()) as u64

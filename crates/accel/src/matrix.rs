@@ -45,7 +45,7 @@ impl Matrix {
         }
         let row_bytes = corelm_kernels::row_bytes(dtype, cols);
         assert_eq!(bytes.len(), rows * row_bytes, "{name}: {rows} rows of {cols} {dtype} values");
-        assert!(cols % 32 == 0, "{name}: rows of whole 32-value groups");
+        assert!(cols.is_multiple_of(32), "{name}: rows of whole 32-value groups");
         let buf = gpu.storage(name, bytes.len() as u64 + 4, wgpu::BufferUsages::COPY_DST)?;
         // The shaders' unaligned reads may touch the word after the last byte: pad to 4 + 4.
         let mut padded = bytes.to_vec();

@@ -107,7 +107,7 @@ impl SparseArgs {
     /// The accelerator's configuration for `mem` bytes, the calibration's level nearest the
     /// target (firing frequencies; co-activation groups unless --accel-groups freq).
     fn accel(&self, mem: u64, level: Option<&corelm_engine::sparsity::LevelStats>) -> Result<AccelConfig> {
-        if self.accel_group == 0 || self.accel_group % 4 != 0 {
+        if self.accel_group == 0 || !self.accel_group.is_multiple_of(4) {
             bail!("--accel-group {}: groups are a positive multiple of 4 neurons", self.accel_group);
         }
         if !(0.0..1.0).contains(&self.accel_lambda) {

@@ -522,7 +522,7 @@ impl<'k> Builder<'k> {
     /// RoPE with per-frequency divisors (`freqs`: an F32 weight of `n_rot / 2`). A shard's
     /// rows hold its own heads: their count comes from the row length.
     pub fn rope_ext(&mut self, x: &Bundle, p: RopeParams, freqs: Option<&Bundle>) -> Bundle {
-        assert!(p.n_rot <= p.head_dim && p.n_rot % 2 == 0 && p.n_rot <= crate::sched::MAX_ROT);
+        assert!(p.n_rot <= p.head_dim && p.n_rot.is_multiple_of(2) && p.n_rot <= crate::sched::MAX_ROT);
         let freqs = freqs.map(|f| f.single());
         if let Some(f) = freqs {
             let t = self.t(f);
@@ -614,7 +614,7 @@ impl<'k> Builder<'k> {
     /// Attention of the query heads of `q` (`p` gives the model's head counts; a shard covers
     /// its own query heads and the KV heads they read).
     pub fn attention(&mut self, layer: usize, q: &Bundle, p: AttnParams) -> Bundle {
-        assert!(p.n_kv_head > 0 && p.n_head % p.n_kv_head == 0, "heads not a multiple of KV heads");
+        assert!(p.n_kv_head > 0 && p.n_head.is_multiple_of(p.n_kv_head), "heads not a multiple of KV heads");
         let group = p.n_head / p.n_kv_head;
         self.max_head_dim = self.max_head_dim.max(p.head_dim);
         self.zip(&[q], |b, t| {

@@ -249,7 +249,7 @@ impl Blocks {
     /// against [`Self::available`].
     pub fn append(&mut self, seq: usize, token: u32) -> usize {
         let len = self.lens[seq];
-        if len % BLOCK == 0 {
+        if len.is_multiple_of(BLOCK) {
             let b = self.take().expect("caller checked available blocks");
             self.refs[b as usize] = 1;
             self.parent[b as usize] = self.tips[seq];
@@ -259,7 +259,7 @@ impl Blocks {
         let row = b * BLOCK + len % BLOCK;
         self.tokens[row] = token;
         self.lens[seq] = len + 1;
-        if (len + 1) % BLOCK == 0 {
+        if (len + 1).is_multiple_of(BLOCK) {
             let k = chain(self.tips[seq], &self.tokens[b * BLOCK..(b + 1) * BLOCK]);
             self.tips[seq] = k;
             // A block with the same prefix may exist already (computed concurrently): keep it.

@@ -378,7 +378,7 @@ mod tests {
     #[test]
     fn a_set_larger_than_available_memory_is_refused_up_front() {
         let avail = mem_available().expect("/proc/meminfo has MemAvailable");
-        assert_eq!(ensure_available(avail + (1 << 30)).err().expect("an error").bytes, avail + (1 << 30));
+        assert_eq!(ensure_available(avail + (1 << 30)).expect_err("an error").bytes, avail + (1 << 30));
         assert!(ensure_available(1 << 20).is_ok());
     }
 

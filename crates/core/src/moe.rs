@@ -82,7 +82,7 @@ pub fn select(logits: &[f32], p: MoeParams, ids: &mut [i32], weights: &mut [i32]
     let mut chosen = [0usize; MAX_USED];
     let mut n = 0;
     for (e, &pr) in probs.iter().enumerate() {
-        if n == k && !(pr > probs[chosen[k - 1]]) {
+        if n == k && pr.partial_cmp(&probs[chosen[k - 1]]) != Some(std::cmp::Ordering::Greater) {
             continue;
         }
         let mut at = n.min(k - 1);

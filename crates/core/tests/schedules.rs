@@ -123,7 +123,7 @@ fn rows_left_by_the_tiles_get_the_gemv_bits() {
                         let out = run_mode(&kernels, Path::Tiles, t, &w, Some(&g), k, n_out, &x[..n * xrb], n, None, nth, invariant);
                         let gemv_rows = if invariant || !kernels.ops(t).unwrap().tile_order { 0 } else { n - n % 4 };
                         for (r, alone) in alone.iter().enumerate().take(n).skip(gemv_rows) {
-                            assert!(&out[r * n_out..(r + 1) * n_out] == &alone[..], "{} {t} row {r} of {n}, {nth} workers, invariant {invariant}", kernels.isa());
+                            assert!(out[r * n_out..(r + 1) * n_out] == alone[..], "{} {t} row {r} of {n}, {nth} workers, invariant {invariant}", kernels.isa());
                         }
                     }
                 }

@@ -205,7 +205,9 @@ impl Batcher {
         self.engine.config().n_ctx.min(self.engine.blocks().n_blocks() * BLOCK)
     }
 
-    /// Queue a request. Requests that can never fit are refused here.
+    /// Queue a request. Requests that can never fit are refused here, and handed back with
+    /// the reason (so the caller can still answer on the request's sink).
+    #[allow(clippy::result_large_err)]
     pub fn submit(&mut self, req: Request) -> Result<(), (Request, Error)> {
         let total = req.prompt.len() + req.max_tokens;
         if req.prompt.is_empty() {

@@ -95,7 +95,7 @@ impl CoGraph {
     /// The neurons as groups of `size` (see [`groups`]).
     pub fn groups(&self, size: usize) -> Vec<u32> {
         let n_ff = self.rate.len();
-        assert!(size > 0 && n_ff % size == 0, "groups of {size} dividing {n_ff}");
+        assert!(size > 0 && n_ff.is_multiple_of(size), "groups of {size} dividing {n_ff}");
         let rate = &self.rate;
         let mut order: Vec<u32> = (0..n_ff as u32).collect();
         order.sort_by(|&a, &b| rate[b as usize].total_cmp(&rate[a as usize]).then(a.cmp(&b)));

@@ -250,7 +250,8 @@ impl Engine {
             return Err(Error::Config(format!("--sparsity and --accel-mem work on dense feed-forwards; this model's are mixtures of {n_expert} experts")));
         }
         // The online policies' neuron groups per layer, and the groups they start with.
-        let mut accel_groups: Option<(Vec<Vec<u32>>, Vec<Vec<u32>>)> = None;
+        type Groups = (Vec<Vec<u32>>, Vec<Vec<u32>>);
+        let mut accel_groups: Option<Groups> = None;
         if let Some(a) = &cfg.accel {
             // The accelerator's neurons become part of the sparse configuration (a dense one,
             // every neuron firing, without --sparsity).
@@ -673,7 +674,7 @@ impl Engine {
             if *next >= self.cfg.n_ctx {
                 return Err(Error::ContextFull { needed: n, free: 0, n_ctx: self.cfg.n_ctx });
             }
-            new_blocks += usize::from(*next % BLOCK == 0);
+            new_blocks += usize::from((*next).is_multiple_of(BLOCK));
             *next += 1;
         }
         if new_blocks > self.kv.blocks.available() {

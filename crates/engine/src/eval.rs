@@ -62,8 +62,7 @@ pub fn run_case(engine: &mut Engine, tok: &Tokenizer, case: &Case, teacher_force
         }
         last = logits.row(logits.rows() - 1).to_vec();
     })?;
-    let mut pos = prompt.len() as i32;
-    for k in 0..n_greedy {
+    for (k, pos) in (0..n_greedy).zip(prompt.len() as i32..) {
         out.greedy_top10.push(top_k(&last, 10));
         let chosen = argmax(&last);
         out.greedy_ids.push(chosen);
@@ -73,7 +72,6 @@ pub fn run_case(engine: &mut Engine, tok: &Tokenizer, case: &Case, teacher_force
         let next = if teacher_forced { case.greedy_ids[k] } else { chosen };
         batch.clear();
         batch.add(next, pos, 0, true);
-        pos += 1;
         let logits = engine.decode(&batch)?;
         last.clear();
         last.extend_from_slice(logits.row(0));

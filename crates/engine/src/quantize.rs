@@ -89,9 +89,9 @@ fn target_of(name: &str, src: DType, shape: &[u64], t: DType, requantize: bool) 
         DType::IQ4XS => DType::IQ4NL,
         _ => DType::Q8_0,
     };
-    if ne0 % t.block_size() == 0 {
+    if ne0.is_multiple_of(t.block_size()) {
         t
-    } else if ne0 % fallback.block_size() == 0 {
+    } else if ne0.is_multiple_of(fallback.block_size()) {
         fallback
     } else {
         src

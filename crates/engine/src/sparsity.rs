@@ -293,7 +293,7 @@ impl Tap for Collector {
         for (k, b) in bits.iter().enumerate() {
             for r in 0..rows {
                 let kept = &mut s.samples[k][il];
-                if (first_token + r as u64) % stride == 0 && kept.len() < coact::SAMPLE_TOKENS * words {
+                if (first_token + r as u64).is_multiple_of(stride) && kept.len() < coact::SAMPLE_TOKENS * words {
                     kept.extend_from_slice(&b[r * words..(r + 1) * words]);
                 }
                 let at = &b[r * words..(r + 1) * words];
@@ -431,7 +431,7 @@ pub fn collect(engine: &mut Engine, tokens: &[u32], n_ctx: usize, model: &str, t
         })
         .collect();
     // Co-activation groups: one graph per level and layer, cut for every group size.
-    let sizes: Vec<usize> = coact::GROUP_SIZES.into_iter().filter(|&g| h.n_ff % g == 0 && h.n_ff / g > 1).collect();
+    let sizes: Vec<usize> = coact::GROUP_SIZES.into_iter().filter(|&g| h.n_ff.is_multiple_of(g) && h.n_ff / g > 1).collect();
     for (k, level) in side.levels.iter_mut().enumerate() {
         let graphs: Vec<CoGraph> = (0..n_layer).map(|l| CoGraph::new(&s.samples[k][l], h.n_ff)).collect();
         level.groups = sizes.iter().map(|&size| NeuronGroups { size, members: graphs.iter().map(|g| g.groups(size)).collect() }).collect();

@@ -129,6 +129,6 @@ fn cancelled_requests_leave_at_once_and_free_their_blocks() {
     assert_eq!(b.engine().blocks().used(), 0);
     // A request that can never fit is refused at submission.
     let (r, _) = request(ps[0].clone(), 1 << 20, None);
-    let e = b.submit(r).err().expect("refused").1;
+    let e = b.submit(r).expect_err("refused").1;
     assert!(e.to_string().contains("does not fit"), "{e}");
 }

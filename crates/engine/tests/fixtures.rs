@@ -241,6 +241,6 @@ fn sparsity_is_refused_on_mixtures_of_experts() {
     let e = Engine::load(&path, sparse).err().expect("refused").to_string();
     assert!(e.contains("--sparsity") && e.contains("mixtures of 8 experts"), "{e}");
     let mut dense = Engine::load(&path, cfg).unwrap();
-    let e = corelm_engine::sparsity::collect(&mut dense, &[1; 600], 128, "qwen3moe", "t", |_, _, _| {}).err().expect("refused").to_string();
+    let e = corelm_engine::sparsity::collect(&mut dense, &[1; 600], 128, "qwen3moe", "t", |_, _, _| {}).expect_err("refused").to_string();
     assert!(e.contains("mixtures of 8 experts"), "{e}");
 }

@@ -132,10 +132,7 @@ fn accelerator_neurons_give_the_cpu_results() {
     let (mut cpu, tok) = load(SMOL, test_config(2));
     let ids = tok.encode(PROMPT, false, true).unwrap();
     for s in [None, Some(0.12)] {
-        let mut c = match s {
-            None => None,
-            Some(t) => Some(load(SMOL, sparse(vec![t; 30])).0),
-        };
+        let mut c = s.map(|t| load(SMOL, sparse(vec![t; 30])).0);
         let c = c.as_mut().unwrap_or(&mut cpu);
         let (want, want_ppl) = (prompt_logits(c, &ids), ppl(c, &tok));
         let (mut e, _) = load(SMOL, accel(s));

@@ -12,9 +12,11 @@ pub struct Writer {
     pub version: u32,
     pub alignment: u64,
     metadata: Vec<(String, Value)>,
-    /// Name, GGML shape, type, byte length, data (empty for streamed tensors).
-    tensors: Vec<(String, Vec<u64>, GgmlType, u64, Vec<u8>)>,
+    tensors: Vec<TensorEntry>,
 }
+
+/// Name, GGML shape, type, byte length, data (empty for streamed tensors).
+type TensorEntry = (String, Vec<u64>, GgmlType, u64, Vec<u8>);
 
 impl Writer {
     pub fn new() -> Self {

@@ -18,6 +18,10 @@
 //! Invariant: this crate depends on nothing of corelm's but the GGUF type enum; it performs no
 //! allocation in any per-row kernel (callers pass scratch).
 
+// Kernels index lanes, rows and accumulators of several arrays by one loop variable; iterator
+// chains over three or four of them would hide that arithmetic.
+#![allow(clippy::needless_range_loop)]
+
 pub mod act;
 pub mod attention;
 pub mod dispatch;

@@ -29,8 +29,11 @@ fn dot_f16_ggml(x: &[u8], y: &[u8]) -> f32 {
     portable::dot_f16_ggml(corelm_kernels::quant::blocks::as_blocks(x), corelm_kernels::quant::blocks::as_blocks(y))
 }
 
+/// A dot product of two rows given as bytes.
+type Dot = fn(&[u8], &[u8]) -> f32;
+
 /// The reference of `t`'s dot in table `isa`, where that table's order is one of these.
-fn reference(isa: Isa, t: DType) -> Option<fn(&[u8], &[u8]) -> f32> {
+fn reference(isa: Isa, t: DType) -> Option<Dot> {
     let arm = matches!(isa, Isa::Neon | Isa::Dotprod | Isa::Sme);
     match t {
         DType::F32 if isa != Isa::Portable => Some(lanes::dot_f32),

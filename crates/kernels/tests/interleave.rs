@@ -94,7 +94,7 @@ fn interleaved_equal_plain(fast: &Kernels) {
         let vec_dot = fast.ops(t).unwrap().vec_dot;
         for (k, n_rows) in [(32, 4), (64, 8), (576, 16), (896, 12), (4864, 4)] {
             // Q4_K: 256-value blocks (896 = 3.5 blocks does not exist; 1024 stands in).
-            let k = if t.block_size() == 256 { (k * 8).min(4864).max(256) / 256 * 256 } else { k };
+            let k = if t.block_size() == 256 { (k * 8).clamp(256, 4864) / 256 * 256 } else { k };
             let xrb = row_bytes(t, k);
             let w = matrix(t, k, n_rows, &mut rng);
             let mut g = aligned(vec![0u8; w.len()]);

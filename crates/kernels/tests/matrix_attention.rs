@@ -195,10 +195,10 @@ fn the_pipeline_gives_the_fused_bits() {
                         };
                         let (k, pipe, item) = (&k, &pipe, &item);
                         std::thread::scope(|sc| {
-                            for ith in 0..nth {
+                            for (ith, &role) in roles.iter().enumerate().take(nth) {
                                 // SAFETY: every worker calls it once with the same items; each
                                 // item's outputs are its rows' heads of its KV head, disjoint.
-                                sc.spawn(move || unsafe { attend_pipelined(k, pipe, roles[ith], ith, nth, n_items, item, 0.125, &mut AttnScratch::with_heads(hd, group)) });
+                                sc.spawn(move || unsafe { attend_pipelined(k, pipe, role, ith, nth, n_items, item, 0.125, &mut AttnScratch::with_heads(hd, group)) });
                             }
                         });
                         assert!(same(&got, &want), "{:?}: hd {hd} group {group} rows {rows} nth {nth} roles {roles:?} node {node}", k.isa());

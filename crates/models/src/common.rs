@@ -24,6 +24,7 @@ pub struct LayerWeights {
 }
 
 /// The feed-forward part of a layer.
+#[allow(clippy::large_enum_variant)] // one per layer, made once at load
 pub enum Ffn {
     /// `down(act(gate x) · up x)`.
     Dense { gate: WeightRef, up: WeightRef, down: WeightRef },

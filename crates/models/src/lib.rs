@@ -186,7 +186,7 @@ impl<'a> Loader<'a> {
         if self.kernels.ops(t.dtype).is_none() {
             return Err(ModelError::UnsupportedType { name: name.to_string(), dtype: t.dtype });
         }
-        if ne[0] % t.dtype.block_size() != 0 {
+        if !ne[0].is_multiple_of(t.dtype.block_size()) {
             return Err(ModelError::BadHyper(format!(
                 "tensor '{name}': rows of {} elements are not whole {} blocks",
                 ne[0],

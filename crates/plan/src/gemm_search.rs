@@ -151,7 +151,7 @@ pub fn search(lengths: &[usize], space: &Space, opts: &Options, measure: &mut dy
         each(&mut heights[lo..hi].iter().map(|&mr| Schedule { mr, ..blocking }), &mut best, &mut t_best);
         // 4. Thread grids.
         let tiled = best;
-        let grids = std::iter::once(0).chain((1..=space.nth).filter(|d| space.nth % d == 0));
+        let grids = std::iter::once(0).chain((1..=space.nth).filter(|d| space.nth.is_multiple_of(*d)));
         each(&mut grids.map(|row_parts| Schedule { row_parts, ..tiled }), &mut best, &mut t_best);
         out.push(Tuned { rows: m, sched: best, secs: t_best, default_secs: t_def, measured: n_measured, reused: false });
     }
@@ -323,7 +323,7 @@ mod tests {
     fn tile_schedules_stay_on_the_tiles_grid() {
         let t = search(&[40], &space(false), &Options::default(), &mut |m, s| bowl(m, s));
         let s = t[0].sched;
-        assert!(TILE_MR.contains(&s.mr) && s.nc % 4 == 0 && s.mc % 8 == 0 && s.kc == 0, "{s:?}");
+        assert!(TILE_MR.contains(&s.mr) && s.nc.is_multiple_of(4) && s.mc.is_multiple_of(8) && s.kc == 0, "{s:?}");
         assert_eq!(s.normalized(false), s);
     }
 }

@@ -64,7 +64,7 @@ impl LayerPredictor {
     pub fn new(rank: usize, n_embd: usize, a: &[f32], b: &[f32], c: &[f32], cut: f32) -> Result<Self, String> {
         let q = DType::Q8_0;
         let n_ff = c.len();
-        if rank == 0 || n_embd % q.block_size() != 0 || a.len() != rank * n_embd || b.len() != n_ff * rank {
+        if rank == 0 || !n_embd.is_multiple_of(q.block_size()) || a.len() != rank * n_embd || b.len() != n_ff * rank {
             return Err(format!("a predictor of rank {rank} over {n_embd} inputs needs a [{rank} × {n_embd}] A and a [{n_ff} × {rank}] B, and inputs in whole blocks of 32"));
         }
         let padded = rank.next_multiple_of(q.block_size());
@@ -87,7 +87,7 @@ impl LayerPredictor {
         let layout = Layout { q5: Q5Bits::Folded, q6: Q6Form::Split };
         let mut a_il = vec![0u8; qa.len()];
         layout.pack(q, &qa, corelm_kernels::row_bytes(q, n_embd), &mut a_il);
-        let b_il = (n_ff % ROWS == 0).then(|| {
+        let b_il = n_ff.is_multiple_of(ROWS).then(|| {
             let mut il = vec![0u8; qb.len()];
             layout.pack(q, &qb, brb, &mut il);
             il
@@ -136,7 +136,7 @@ impl Builder<'_> {
         let (ne, dtype) = match form {
             WeightForm::NeuronMajor { .. } | WeightForm::ColdNeuronMajor { .. } => {
                 let dt = self.sparse.as_ref().expect("a sparse configuration").down_type;
-                assert!(w.ne[1] % dt.block_size() == 0, "{}: rows of {} values in {dt} blocks", w.name, w.ne[1]);
+                assert!(w.ne[1].is_multiple_of(dt.block_size()), "{}: rows of {} values in {dt} blocks", w.name, w.ne[1]);
                 let n = match form.cold_layer() {
                     Some(l) => self.n_cold(l, w.ne[0]),
                     None => w.ne[0],

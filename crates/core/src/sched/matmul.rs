@@ -216,7 +216,7 @@ impl Schedules {
     pub fn faster_path(&self, dtype: DType, k: usize, n_out: usize, rows: usize) -> Option<Path> {
         let tiles = self.entry(Path::Tiles, dtype, k, n_out, rows)?;
         let panel = self.entry(Path::Panel, dtype, k, n_out, rows)?;
-        (tiles.rows == panel.rows && tiles.secs > 0.0 && panel.secs > 0.0).then(|| if tiles.secs < panel.secs { Path::Tiles } else { Path::Panel })
+        (tiles.rows == panel.rows && tiles.secs > 0.0 && panel.secs > 0.0).then_some(if tiles.secs < panel.secs { Path::Tiles } else { Path::Panel })
     }
 
     /// Most panels a panel-GEMM schedule decodes per column block (the scratch to hold).

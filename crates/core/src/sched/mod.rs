@@ -286,7 +286,7 @@ impl Executor {
         kv: &KvCache,
         batch: BatchView,
         kernels: &Kernels,
-        mut profile: Option<&mut Profile>,
+        profile: Option<&mut Profile>,
     ) {
         assert!(graph.act == pools.layout, "a graph planned for other activation regions than the pools'");
         assert!(pools.act[0].len() >= graph.act.bytes(0) && pools.act[1].len() >= graph.act.bytes(1));
@@ -308,7 +308,7 @@ impl Executor {
             classes: &self.classes,
             pipeline: self.pipeline.as_ref(),
         };
-        let prof = std::sync::Mutex::new(profile.as_deref_mut());
+        let prof = std::sync::Mutex::new(profile);
         pool.run_view(view, &|w: &Worker| {
             let mut scratch = self.scratch[w.ith].lock().unwrap_or_else(|e| e.into_inner());
             let mut prof = if w.ith == 0 { prof.lock().ok() } else { None };

@@ -135,7 +135,7 @@ impl Layout {
     /// caller, which checks [`supported`] and the row count first).
     pub fn pack(self, t: DType, x: &[u8], xrb: usize, out: &mut [u8]) {
         let bs = t.type_size();
-        assert!(supported(t) && xrb % bs == 0 && x.len() % (ROWS * xrb) == 0 && out.len() == x.len());
+        assert!(supported(t) && xrb.is_multiple_of(bs) && x.len().is_multiple_of(ROWS * xrb) && out.len() == x.len());
         let nb = xrb / bs;
         note_repack(x.len());
         for (src, dst) in x.chunks_exact(ROWS * xrb).zip(out.chunks_exact_mut(ROWS * xrb)) {
@@ -150,7 +150,7 @@ impl Layout {
     /// The inverse of [`Layout::pack`]: groups back to plain rows.
     pub fn unpack(self, t: DType, g: &[u8], xrb: usize, out: &mut [u8]) {
         let bs = t.type_size();
-        assert!(supported(t) && xrb % bs == 0 && g.len() % (ROWS * xrb) == 0 && out.len() == g.len());
+        assert!(supported(t) && xrb.is_multiple_of(bs) && g.len().is_multiple_of(ROWS * xrb) && out.len() == g.len());
         for (src, dst) in g.chunks_exact(ROWS * xrb).zip(out.chunks_exact_mut(ROWS * xrb)) {
             for (i, gb) in src.chunks_exact(ROWS * bs).enumerate() {
                 let mut blocks = [[0u8; MAX_BS]; ROWS];
@@ -166,6 +166,7 @@ impl Layout {
     /// rows (in `row`, at least `4·xrb` bytes) and run through `vec_dot`. The reference the SIMD
     /// kernels are tested against; the engine uses interleaved weights only where the table has
     /// SIMD kernels for them.
+    #[allow(clippy::too_many_arguments)]
     pub fn rows_portable(self, t: DType, vec_dot: fn(&[u8], &[u8]) -> f32, g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], row: &mut [u8]) {
         let row = &mut row[..ROWS * xrb];
         for (grp, o) in g.chunks_exact(ROWS * xrb).zip(out.chunks_exact_mut(ROWS)) {

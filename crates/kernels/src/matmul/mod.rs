@@ -106,6 +106,7 @@ pub struct IlFew {
 /// [`IlTiles::tile8`] on a column block of groups decoded once into the caller's scratch
 /// ([`DecodedTiles::len`] bytes): the same values, bit for bit.
 #[derive(Clone, Copy)]
+#[allow(clippy::type_complexity)] // the kernels' own signatures, spelled out where they are stored
 pub struct DecodedTiles {
     /// `decode(g, xrb, dec)`: the groups of `g` (plain rows of `xrb` bytes) into `dec`.
     pub decode: fn(g: &[u8], xrb: usize, dec: &mut [u8]),
@@ -207,6 +208,6 @@ impl BatchDot {
     /// Whether a matmul of `rows` activation rows of `k` values on an `n_out`-row matrix uses
     /// this dot.
     pub fn applies(&self, rows: usize, k: usize, n_out: usize) -> bool {
-        rows >= 2 && k % self.step == 0 && n_out % 4 == 0
+        rows >= 2 && k.is_multiple_of(self.step) && n_out.is_multiple_of(4)
     }
 }

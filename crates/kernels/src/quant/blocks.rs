@@ -215,8 +215,8 @@ unsafe impl Block for f16 {}
 #[inline]
 pub fn as_blocks<T: Block>(bytes: &[u8]) -> &[T] {
     let size = std::mem::size_of::<T>();
-    assert!(bytes.len() % size == 0, "byte length {} not a multiple of {size}", bytes.len());
-    assert!(bytes.as_ptr() as usize % std::mem::align_of::<T>() == 0, "misaligned block data");
+    assert!(bytes.len().is_multiple_of(size), "byte length {} not a multiple of {size}", bytes.len());
+    assert!((bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()), "misaligned block data");
     // SAFETY: length and alignment checked above; T is plain old data (Block's contract).
     unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, bytes.len() / size) }
 }
@@ -232,8 +232,8 @@ pub fn bytes_of<T: Block>(s: &[T]) -> &[u8] {
 #[inline]
 pub fn as_blocks_mut<T: Block>(bytes: &mut [u8]) -> &mut [T] {
     let size = std::mem::size_of::<T>();
-    assert!(bytes.len() % size == 0, "byte length {} not a multiple of {size}", bytes.len());
-    assert!(bytes.as_ptr() as usize % std::mem::align_of::<T>() == 0, "misaligned block data");
+    assert!(bytes.len().is_multiple_of(size), "byte length {} not a multiple of {size}", bytes.len());
+    assert!((bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()), "misaligned block data");
     // SAFETY: length and alignment checked above; T is plain old data; the borrow is unique.
     unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut T, bytes.len() / size) }
 }

@@ -58,7 +58,8 @@ fn dot_products_match_portable_and_f32_reference() {
 #[test]
 fn simd_dots_equal_the_lane_order_reference() {
     use corelm_kernels::matmul::{lanes, portable};
-    let refs: [(DType, fn(&[u8], &[u8]) -> f32, fn(&[u8], &[u8]) -> f32); 12] = [
+    type Dot = fn(&[u8], &[u8]) -> f32;
+    let refs: [(DType, Dot, Dot); 12] = [
         (DType::Q4_0, lanes::dot_q4_0_q8_0, lanes::dot_q4_0_q8_0),
         (DType::Q4_1, lanes::dot_q4_1_q8_1, lanes::dot_q4_1_q8_1),
         (DType::Q5_0, lanes::dot_q5_0_q8_0, lanes::dot_q5_0_q8_0),
@@ -449,7 +450,7 @@ fn bf16_dots_follow_ggml_order_per_isa() {
     for n in [1usize, 31, 32, 63, 64, 100, 896, 4871] {
         // Values over several binades, a few exact zeros.
         let row = |rng: &mut Rng| -> Vec<u8> {
-            let v: Vec<f32> = (0..n).map(|_| if rng.next() % 17 == 0 { 0.0 } else { rng.f32() * (1 << (rng.next() % 6)) as f32 }).collect();
+            let v: Vec<f32> = (0..n).map(|_| if rng.next().is_multiple_of(17) { 0.0 } else { rng.f32() * (1 << (rng.next() % 6)) as f32 }).collect();
             let mut b = aligned(vec![0u8; 2 * n]);
             corelm_kernels::quant::portable::quant_bf16(&v, &mut b);
             b

@@ -60,7 +60,7 @@ impl Transform {
     /// the children are a multiple of n·stride; `remove` when it leaves at least one.
     fn applies_to(self, children: usize) -> bool {
         match self {
-            Transform::Group { n, stride, .. } => n > 1 && n < children && stride >= 1 && children % (n * stride) == 0,
+            Transform::Group { n, stride, .. } => n > 1 && n < children && stride >= 1 && children.is_multiple_of(n * stride),
             Transform::Remove { n, .. } => n >= 1 && n < children,
         }
     }

@@ -255,6 +255,7 @@ impl Pipeline {
     /// meanwhile; `item(k).out` row `r < rows` holds `heads · head_dim` writable f32 that
     /// nothing else reads or writes during the node, disjoint between items; rows ≤ 64 / heads
     /// and the pipeline's head dimension is the items'.
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn run<'a>(&self, run_task: &mut dyn FnMut(&Task) -> usize, role: Role, ith: usize, nth: usize, n_items: usize, item: &dyn Fn(usize) -> PipeItem<'a>, scale: f32) {
         // (phase, own items only): 0 scores, 1 softmax, 2 values, 3 start an item.
         const ANY: [(usize, bool); 7] = [(2, true), (1, true), (0, true), (3, false), (2, false), (1, false), (0, false)];
@@ -439,7 +440,9 @@ impl Task<'_> {
     ///
     /// # Safety
     /// Only from the phase running this task (its claim and the counts make the entry its own).
-    #[allow(clippy::type_complexity)]
+    // The slot's cells are `UnsafeCell`s shared by the node's workers; which worker may write
+    // an entry is the claims' business, so the exclusive borrow is the caller's contract.
+    #[allow(clippy::type_complexity, clippy::mut_from_ref)]
     pub(super) unsafe fn entry(&self) -> (&mut [[f32; C]], &mut [u16], &mut [f32]) {
         let base = (self.t % RING) * ENTRY;
         // SAFETY: the caller's contract.
@@ -450,6 +453,7 @@ impl Task<'_> {
     ///
     /// # Safety
     /// Only from the values phase running this task.
+    #[allow(clippy::mut_from_ref)] // as `entry`: `UnsafeCell`s, exclusive by the caller's contract
     pub(super) unsafe fn acc(&self) -> &mut [f32] {
         // SAFETY: the caller's contract.
         unsafe { cells(&self.slot.acc, 0, self.meta.n * self.item.kv.head_dim) }

@@ -301,7 +301,7 @@ pub unsafe fn gemm_impl(
     sched: &Schedule,
     scratch: &mut GemmScratch,
 ) {
-    debug_assert!(supported(t) && k % 32 == 0 && scratch.fits(k, rows));
+    debug_assert!(supported(t) && k.is_multiple_of(32) && scratch.fits(k, rows));
     assert!(tiles.is_none_or(|(r, _)| (1..=64).contains(&r) && r <= scratch.tile_rows), "the scratch holds no row tile of this size");
     let nb = k / 32;
     let (o, act, split) = (offset(t), act_of(t), split16(t));

@@ -359,7 +359,7 @@ pub fn rows_vnni<T: IlBlock>(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], pr
 #[inline(always)]
 unsafe fn rows_impl<T: IlBlock, const V: bool>(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]) {
     let nb = xrb / T::BS;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb);
+    assert!(out.len().is_multiple_of(ROWS) && g.len() >= out.len() * xrb);
     // SAFETY: features enabled above; `prepare` checks `y` and `prep`, the groups are inside
     // `g` (asserted).
     unsafe {
@@ -395,7 +395,7 @@ pub fn tiles_vnni<T: IlBlock>(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f
 #[inline(always)]
 unsafe fn tiles_impl<T: IlBlock, const V: bool>(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], prep: &mut [i32]) {
     let nb = xrb / T::BS;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= 4 * nb * PREP);
+    assert!(out.len().is_multiple_of(ROWS) && g.len() >= out.len() * xrb && prep.len() >= 4 * nb * PREP);
     // SAFETY: features enabled above; `prepare` checks each row and its `prep` range, the
     // groups are inside `g` (asserted).
     unsafe {
@@ -438,7 +438,7 @@ pub fn tiles_few_vnni<T: IlBlock, const J: usize>(g: &[u8], xrb: usize, y: [&[u8
 #[inline(always)]
 unsafe fn tiles_few_impl<T: IlBlock, const V: bool, const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], prep: &mut [i32]) {
     let nb = xrb / T::BS;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= J * nb * PREP);
+    assert!(out.len().is_multiple_of(ROWS) && g.len() >= out.len() * xrb && prep.len() >= J * nb * PREP);
     // SAFETY: features enabled by the callers; `prepare` checks each row and its `prep` range,
     // the groups are inside `g` (asserted).
     unsafe {
@@ -484,7 +484,7 @@ pub fn tiles8_vnni<T: IlBlock>(g: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[
 #[inline(always)]
 unsafe fn tiles8_impl<T: IlBlock, const V: bool, const D: bool>(g: &[u8], dec: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], prep: &mut [i32]) {
     let nb = xrb / T::BS;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= 8 * nb * PREP);
+    assert!(out.len().is_multiple_of(ROWS) && g.len() >= out.len() * xrb && prep.len() >= 8 * nb * PREP);
     assert!(!D || dec.len() >= out.len() * nb * 32);
     // SAFETY: as in `tiles`, for eight rows and eight `prep` ranges.
     unsafe {

@@ -112,7 +112,7 @@ fn min_words() -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn rows_q4_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]) {
     let nb = xrb / BS4;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb);
+    assert!(out.len().is_multiple_of(ROWS) && g.len() >= out.len() * xrb);
     // [d_r·d_y, dmin_r·d_y] of rows 0, 2 (lane 0) and 1, 3 (lane 1), as the `hadd`s order the sums.
     let order = _mm256_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7);
     // SAFETY: features enabled above; `prepare` checks `y` and `prep`, the group-blocks are
@@ -161,7 +161,7 @@ pub fn rows_q4_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i3
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn tiles_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], prep: &mut [i32]) {
     let nb = xrb / BS4;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= 4 * nb * PREP);
+    assert!(out.len().is_multiple_of(ROWS) && g.len() >= out.len() * xrb && prep.len() >= 4 * nb * PREP);
     // SAFETY: features enabled above; `prepare` checks each row and its `prep` range, the
     // group-blocks are inside `g` (asserted).
     unsafe {
@@ -410,7 +410,7 @@ pub fn decode_q6_k(g: &[u8], xrb: usize, dec: &mut [u8]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn tiles8_q6_k_decoded(g: &[u8], dec: &[u8], xrb: usize, y: [&[u8]; 8], out: &mut [[f32; 8]], _prep: &mut [i32]) {
     let nb = xrb / BS6;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && dec.len() >= out.len() * nb * 256 && y.iter().all(|y| y.len() >= nb * ABS));
+    assert!(out.len().is_multiple_of(ROWS) && g.len() >= out.len() * xrb && dec.len() >= out.len() * nb * 256 && y.iter().all(|y| y.len() >= nb * ABS));
     let yp: [[*const u8; 4]; 2] = std::array::from_fn(|half| std::array::from_fn(|j| y[4 * half + j].as_ptr()));
     for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
         // [half][pair]: the accumulators carried from one range of blocks to the next.
@@ -464,7 +464,7 @@ unsafe fn reduce_pairs<const J: usize>(acc: [[__m256; 2]; J]) -> [[f32; J]; 2] {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn rows_q6_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], _prep: &mut [i32]) {
     let nb = xrb / BS6;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.len() >= nb * ABS);
+    assert!(out.len().is_multiple_of(ROWS) && g.len() >= out.len() * xrb && y.len() >= nb * ABS);
     for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
         // Both row pairs block by block, so the group streams through once.
         let mut acc = [[[_mm256_setzero_ps(); 2]; 1]; 2];
@@ -495,7 +495,7 @@ pub fn tiles_q6_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], pre
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn tiles_few_q6_k<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], _prep: &mut [i32]) {
     let nb = xrb / BS6;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= nb * ABS));
+    assert!(out.len().is_multiple_of(ROWS) && g.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= nb * ABS));
     let yp = y.map(|y| y.as_ptr());
     for (c, o) in out.chunks_exact_mut(ROWS).enumerate() {
         for p in 0..2 {
@@ -638,7 +638,7 @@ fn prep_bytes(prep: &mut [i32]) -> &mut [u8] {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn rows_iq4_xs(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i32]) {
     let nb = xrb / BSX;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.len() >= nb * ABS);
+    assert!(out.len().is_multiple_of(ROWS) && g.len() >= out.len() * xrb && y.len() >= nb * ABS);
     let ay = prep_bytes(prep);
     // SAFETY: features enabled above; `magnitudes` checks `ay`'s length.
     unsafe { magnitudes(y, nb, ay) };
@@ -663,7 +663,7 @@ pub fn tiles_iq4_xs(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], p
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn tiles_few_iq4_xs<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], prep: &mut [i32]) {
     let nb = xrb / BSX;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= nb * ABS));
+    assert!(out.len().is_multiple_of(ROWS) && g.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= nb * ABS));
     let ay = prep_bytes(prep);
     assert!(ay.len() >= J * 256 * nb);
     for (a, y) in y.iter().enumerate() {

@@ -201,7 +201,7 @@ impl Dense for Bf16 {
 #[inline(always)]
 unsafe fn tiles_body<D: Dense>(x: &[u8], arb: usize, y: [&[u8]; 4], brb: usize, out: &mut [[f32; 4]]) {
     let steps = brb / D::B_STEP;
-    assert!(brb % D::B_STEP == 0 && arb >= steps * D::A_STEP && out.len() % 4 == 0 && x.len() >= out.len() * arb && y.iter().all(|y| y.len() >= brb));
+    assert!(brb.is_multiple_of(D::B_STEP) && arb >= steps * D::A_STEP && out.len().is_multiple_of(4) && x.len() >= out.len() * arb && y.iter().all(|y| y.len() >= brb));
     for (g, o) in out.chunks_exact_mut(4).enumerate() {
         let base = x.as_ptr().wrapping_add(4 * g * arb);
         let mut acc = [[_mm512_setzero_ps(); 4]; 4];

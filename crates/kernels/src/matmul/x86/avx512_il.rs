@@ -271,7 +271,7 @@ pub fn rows<T: IlBlock>(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &
     let nb = xrb / T::BS;
     let (abs, _) = act_block::<T>();
     let gbs = ROWS * T::BS;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.len() >= nb * abs);
+    assert!(out.len().is_multiple_of(ROWS) && g.len() >= out.len() * xrb && y.len() >= nb * abs);
     // SAFETY (this block and the loop): features enabled above; `prep` is checked by
     // `prepare`, the group-blocks and activation blocks are inside `g` and `y` (asserted).
     unsafe {
@@ -361,7 +361,7 @@ unsafe fn tiles_impl<T: IlBlock, const J: usize, const DEC: bool>(g: &[u8], dec:
     let nb = xrb / T::BS;
     let (abs, _) = act_block::<T>();
     let gbs = ROWS * T::BS;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= J * nb * PREP);
+    assert!(out.len().is_multiple_of(ROWS) && g.len() >= out.len() * xrb && prep.len() >= J * nb * PREP);
     assert!(!DEC || (T::OFFSET != 0 && dec.len() >= out.len() / ROWS * nb * DECODED_PER_BLOCK));
     // SAFETY: as in `rows`, for J activation rows and J `prep` ranges; with `DEC` the decoded
     // group-blocks are inside `dec` (asserted).

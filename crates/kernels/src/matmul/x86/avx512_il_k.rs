@@ -83,7 +83,7 @@ pub fn rows_q4_k(g: &[u8], xrb: usize, y: &[u8], out: &mut [f32], prep: &mut [i3
     let nb = xrb / BS;
     let abs = std::mem::size_of::<BlockQ8K>();
     let gbs = ROWS * BS;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.len() >= nb * abs);
+    assert!(out.len().is_multiple_of(ROWS) && g.len() >= out.len() * xrb && y.len() >= nb * abs);
     let m4 = _mm512_set1_epi8(0x0F);
     let ctl_min = _mm512_broadcast_i32x4(_mm_setr_epi8(8, -128, 9, -128, 10, -128, 11, -128, 12, -128, 13, -128, 14, -128, 15, -128));
     let gather = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -289,7 +289,7 @@ unsafe fn q6_k_groups<const J: usize, const D: bool>(g: &[u8], dec: &[u8], xrb: 
     let nb = xrb / BS6;
     let abs = std::mem::size_of::<BlockQ8K>();
     let gbs = ROWS * BS6;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= nb * abs));
+    assert!(out.len().is_multiple_of(ROWS) && g.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= nb * abs));
     assert!(!D || dec.len() >= out.len() * nb * 256);
     // SAFETY (this block and the loop): the caller's features; the group-blocks and
     // activation blocks are inside `g` and `y` (asserted).
@@ -365,11 +365,11 @@ pub fn tiles_q4_k(g: &[u8], xrb: usize, y: [&[u8]; 4], out: &mut [[f32; 4]], pre
 unsafe fn q4_k_tiles<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out: &mut [[f32; J]], prep: &mut [i32]) {
     const QUADS: usize = 2;
     let quads = J / 4;
-    assert!(J % 4 == 0 && quads <= QUADS);
+    assert!(J.is_multiple_of(4) && quads <= QUADS);
     let nb = xrb / BS;
     let abs = std::mem::size_of::<BlockQ8K>();
     let gbs = ROWS * BS;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && prep.len() >= J * nb * PREP);
+    assert!(out.len().is_multiple_of(ROWS) && g.len() >= out.len() * xrb && prep.len() >= J * nb * PREP);
     // SAFETY (this block and the loop): the caller's features; `prep` is checked by `prepare`
     // (and above), the group-blocks and activation blocks are inside `g` and `y` (asserted
     // here and by `prepare`).
@@ -513,7 +513,7 @@ unsafe fn iq4_xs_groups<const J: usize>(g: &[u8], xrb: usize, y: [&[u8]; J], out
     let nb = xrb / BSX;
     let abs = std::mem::size_of::<BlockQ8K>();
     let gbs = ROWS * BSX;
-    assert!(out.len() % ROWS == 0 && g.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= nb * abs));
+    assert!(out.len().is_multiple_of(ROWS) && g.len() >= out.len() * xrb && y.iter().all(|y| y.len() >= nb * abs));
     let m4 = _mm512_set1_epi8(0x0F);
     // SAFETY (this block and the loop): the caller's features; the group-blocks and
     // activation blocks are inside `g` and `y` (asserted).
