@@ -2,7 +2,8 @@
 //! their values so they get 2 MB pages; per layer laid out as its reader wants it —
 //! `[kv_head][row][head_dim]`, so attention for one head reads contiguous rows; each row F16,
 //! or Q8_0 / Q4_0 blocks when K or V is quantized; with `--kv-layout columns` each block's F16
-//! keys transposed, `[head_dim][BLOCK]`, for the column-key kernels) and the [`Blocks`] that
+//! or Q8_0 keys transposed, `[head_dim][BLOCK]` (Q8_0: then the block's scales), for the
+//! column-key kernels) and the [`Blocks`] that
 //! hand it out to sequences.
 //!
 //! Rows are grouped into blocks of [`BLOCK`] rows. Each sequence owns a block table; the token
@@ -47,8 +48,8 @@ pub struct KvCache {
     pub head_dim: usize,
     pub k_type: DType,
     pub v_type: DType,
-    /// How the keys are laid out (`--kv-layout`): rows, or (F16 only) transposed per block for
-    /// the column-key kernels ([`KvCache::set_key_layout`]).
+    /// How the keys are laid out (`--kv-layout`): rows, or (F16 and Q8_0) transposed per block
+    /// for the column-key kernels ([`KvCache::set_key_layout`]).
     pub k_layout: KeyLayout,
     /// `[layer][kv_head][row][row bytes]` keys and values (keys in `k_layout`).
     k: Buffer,
@@ -119,10 +120,11 @@ impl KvCache {
     }
 
     /// Store keys in `layout` from now on (before any token is stored). The column layout
-    /// needs F16 keys and values; its blocks are the cache's.
+    /// takes F16 or Q8_0 keys and values; its blocks are the cache's.
     pub fn set_key_layout(&mut self, layout: KeyLayout) -> Result<(), String> {
-        if layout == KeyLayout::Columns && (self.k_type != DType::F16 || self.v_type != DType::F16) {
-            return Err(format!("keys in columns need F16 keys and values, the cache has {} keys and {} values", self.k_type, self.v_type));
+        let columnar = |t: DType| matches!(t, DType::F16 | DType::Q8_0);
+        if layout == KeyLayout::Columns && !(columnar(self.k_type) && columnar(self.v_type)) {
+            return Err(format!("keys in columns take F16 or Q8_0 keys and values, the cache has {} keys and {} values", self.k_type, self.v_type));
         }
         if layout == KeyLayout::Columns && self.head_dim > COLUMNS_MAX_HEAD_DIM {
             return Err(format!("keys in columns take head dimensions up to {COLUMNS_MAX_HEAD_DIM}, the model's is {}", self.head_dim));

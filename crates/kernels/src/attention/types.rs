@@ -94,6 +94,10 @@ pub struct MatrixScratch {
     pub(crate) qt: Vec<f32>,
     #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
     pub(crate) pt: Vec<f32>,
+    /// `[head_dim][KEY_COLUMNS]` one block's Q8_0 keys widened to F16 (`matrix::widen`).
+    pub(crate) kw: Vec<f16>,
+    /// `[KEY_COLUMNS][head_dim]` one block's Q8_0 value rows widened to F16.
+    pub(crate) vw: Vec<f16>,
 }
 
 impl MatrixScratch {
@@ -111,6 +115,8 @@ impl MatrixScratch {
             part: vec![0.0; head_dim],
             qt: vec![0.0; head_dim * lanes],
             pt: vec![0.0; KEY_COLUMNS * lanes],
+            kw: vec![f16::ZERO; head_dim * KEY_COLUMNS],
+            vw: vec![f16::ZERO; head_dim * KEY_COLUMNS],
         }
     }
 }
@@ -342,9 +348,11 @@ pub struct KvRows<'a> {
 pub enum KeyLayout {
     /// A row of `head_dim` elements per cell: ggml's layout, read by ggml's algorithms.
     Rows,
-    /// F16 keys transposed per block of [`KEY_COLUMNS`] cells (`[head_dim][KEY_COLUMNS]`): one
-    /// dimension of 16 cells is one contiguous vector, which is what a matrix unit's outer
-    /// product (and a vector FMA over cells) reads. Read only by `attention::matrix`.
+    /// Keys transposed per block of [`KEY_COLUMNS`] cells: one dimension of 16 cells is one
+    /// contiguous vector, which is what a matrix unit's outer product (and a vector FMA over
+    /// cells) reads. F16 keys: `[head_dim][KEY_COLUMNS]` F16. Q8_0 keys (the same bytes as 16
+    /// Q8_0 rows): `[head_dim][KEY_COLUMNS]` int8 values, then `[head_dim / 32][KEY_COLUMNS]`
+    /// F16 scales. Read only by `attention::matrix`.
     Columns,
 }
 
@@ -389,6 +397,22 @@ impl<'a> KvRows<'a> {
         let bytes = KEY_COLUMNS * 2 * self.head_dim;
         let b = self.table[t] as usize * bytes;
         as_blocks(&self.k[b..b + bytes])
+    }
+
+    /// Bytes of one block of 16 cells' keys (as rows or columns: the same size) and values.
+    #[inline(always)]
+    pub fn block_bytes(&self) -> (usize, usize) {
+        (KEY_COLUMNS * crate::row_bytes(self.k_type, self.head_dim), KEY_COLUMNS * crate::row_bytes(self.v_type, self.head_dim))
+    }
+
+    /// The raw bytes of logical block `t`'s keys and values (cells `16t..16t + 16`; a cache in
+    /// blocks of 16 cells).
+    #[inline(always)]
+    pub fn block(&self, t: usize) -> (&'a [u8], &'a [u8]) {
+        debug_assert!(1 << self.shift == KEY_COLUMNS);
+        let (kb, vb) = self.block_bytes();
+        let b = self.table[t] as usize;
+        (&self.k[b * kb..(b + 1) * kb], &self.v[b * vb..(b + 1) * vb])
     }
 
     #[inline(always)]

@@ -4,7 +4,7 @@
 //! At most six vectors' scores at once (twelve accumulators of sixteen registers). Bit for bit
 //! `model.rs`.
 
-use super::drive::{self, ColumnOps};
+use super::drive::{self, ColumnOps, Widen};
 use super::pipe;
 use super::model::C;
 use crate::attention::types::{KvRows, MatrixScratch, NextRows};
@@ -50,6 +50,7 @@ fn lane_mask(bits: u16) -> __m256 {
 impl ColumnOps for Avx2Ops {
     type Scores = [__m256; 2];
     const SCORE_HEADS: usize = 6;
+    const WIDEN: Widen = Widen::X86;
 
     #[inline(always)]
     fn zero(&self) -> [__m256; 2] {

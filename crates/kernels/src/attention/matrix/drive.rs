@@ -4,6 +4,8 @@
 //! hold only loads, conversions and FMAs. Every operation and its order is `model.rs`'s.
 
 use super::model::{begin, finish, C};
+use super::widen;
+use crate::DType;
 use crate::attention::types::{KvRows, MatrixScratch, NextRows, DECODE_CHUNK, ROWS_MAX_VECTORS};
 use crate::simd::{prefetch_lines, CacheLevel};
 use half::f16;
@@ -44,6 +46,65 @@ pub(crate) trait ColumnOps {
     /// pass, then `acc = fma(acc, corr, part)` (`acc`: NH rows of `hd`) — not for a vector
     /// that sees none of the block (`vis`). `hd` a multiple of NV · 16.
     fn values<const NH: usize, const NV: usize>(&self, p: &[[f32; C]], corr: &[f32], vis: &[u16], acc: &mut [f32], hd: usize, vb: *const f16);
+    /// Which version of `widen.rs` widens this instance's Q8_0 blocks.
+    const WIDEN: Widen = Widen::Portable;
+    /// A Q8_0 column block of keys (`src`, `17·hd` bytes) widened to `[hd][16]` F16 in `dst`:
+    /// `widen::keys_q8`'s bits. `hd` a multiple of 32.
+    #[inline(always)]
+    fn widen_keys(&self, src: &[u8], hd: usize, dst: &mut [f16]) {
+        widen_q8(Self::WIDEN, true, src, hd, dst)
+    }
+    /// 16 Q8_0 value rows (`src`, `17·hd` bytes) widened to `[16][hd]` F16 in `dst`:
+    /// `widen::rows_q8`'s bits.
+    #[inline(always)]
+    fn widen_rows(&self, src: &[u8], hd: usize, dst: &mut [f16]) {
+        widen_q8(Self::WIDEN, false, src, hd, dst)
+    }
+}
+
+/// The versions of `widen.rs`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Widen {
+    Portable,
+    /// AVX2 and F16C: only for instances that exist inside entry points with those features.
+    #[cfg(target_arch = "x86_64")]
+    X86,
+    /// AVX-512 F and F16C: likewise.
+    #[cfg(target_arch = "x86_64")]
+    X86_512,
+    /// NEON (baseline on aarch64).
+    #[cfg(target_arch = "aarch64")]
+    Neon,
+}
+
+/// A Q8_0 block widened to F16 on version `w`: keys (a column block) or 16 value rows.
+#[inline(always)]
+fn widen_q8(w: Widen, keys: bool, src: &[u8], hd: usize, dst: &mut [f16]) {
+    assert!(hd.is_multiple_of(32) && src.len() >= 17 * hd && dst.len() >= 16 * hd);
+    match (w, keys) {
+        (Widen::Portable, true) => widen::keys_q8(src, hd, dst),
+        (Widen::Portable, false) => widen::rows_q8(src, hd, dst),
+        // SAFETY: an instance with `WIDEN = X86` exists only inside entry points that enable
+        // AVX2 and F16C (its methods inline there); sizes asserted.
+        #[cfg(target_arch = "x86_64")]
+        (Widen::X86, true) => unsafe { widen::x86::keys_q8(src.as_ptr(), hd, dst.as_mut_ptr()) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        (Widen::X86, false) => unsafe { widen::x86::rows_q8(src.as_ptr(), hd, dst.as_mut_ptr()) },
+        // SAFETY: an instance with `WIDEN = X86_512` exists only inside entry points that
+        // enable AVX-512 F and F16C; sizes asserted.
+        #[cfg(target_arch = "x86_64")]
+        (Widen::X86_512, true) => unsafe { widen::x86_512::keys_q8(src.as_ptr(), hd, dst.as_mut_ptr()) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        (Widen::X86_512, false) => unsafe { widen::x86_512::rows_q8(src.as_ptr(), hd, dst.as_mut_ptr()) },
+        // SAFETY: NEON is baseline on aarch64; sizes asserted.
+        #[cfg(target_arch = "aarch64")]
+        (Widen::Neon, true) => unsafe { widen::neon::keys_q8(src.as_ptr(), hd, dst.as_mut_ptr()) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "aarch64")]
+        (Widen::Neon, false) => unsafe { widen::neon::rows_q8(src.as_ptr(), hd, dst.as_mut_ptr()) },
+    }
 }
 
 /// `model::attend_group` for the `rows × heads` vectors of `q` (vector `r·heads + h`: row
@@ -61,13 +122,16 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
     for (i, p) in qp.iter_mut().enumerate().take(n) {
         *p = q[i / heads][(i % heads) * hd..].as_ptr();
     }
-    // Bytes of a block's keys (and of its values): 16 cells of `head_dim` F16. Every block
-    // read lies inside both buffers (checked once, over the blocks this call may read).
-    let bb = C * 2 * hd;
-    let end = kv.table[..n_blocks].iter().map(|&b| b as usize + 1).max().unwrap_or(0) * bb;
-    assert!(kv.k.len() >= end && kv.v.len() >= end);
+    // Bytes of a block's keys and of its values: 16 cells of `head_dim` F16 or Q8_0 (widened
+    // to F16 per block, `widen.rs`). Every block read lies inside both buffers (checked once,
+    // over the blocks this call may read).
+    let (kbytes, vbytes) = kv.block_bytes();
+    let (kq, vq) = (kv.k_type == DType::Q8_0, kv.v_type == DType::Q8_0);
+    assert!((kq || kv.k_type == DType::F16) && (vq || kv.v_type == DType::F16), "column keys of {} with values of {}", kv.k_type, kv.v_type);
+    let end = kv.table[..n_blocks].iter().map(|&b| b as usize + 1).max().unwrap_or(0);
+    assert!(kv.k.len() >= end * kbytes && kv.v.len() >= end * vbytes);
     begin(ms, n, hd);
-    let block = |t: usize| kv.table[t] as usize * bb;
+    let block = |t: usize| (kv.table[t] as usize * kbytes, kv.table[t] as usize * vbytes);
     // Each block's keys and values are asked for AHEAD blocks before they are read, a line of
     // each per dimension while the scores are summed (a burst of all of them fills the miss
     // queue): the hardware prefetcher cannot follow the block table. Once there is no block
@@ -76,8 +140,8 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
     let any_row = |t: usize| (0..rows).fold(0u16, |a, r| a | mask(r, t));
     let first = (0..n_blocks).find(|&t| any_row(t) != 0).unwrap_or(n_blocks);
     for t in first..(first + AHEAD).min(n_blocks) {
-        prefetch_lines(kv.k[block(t)..].as_ptr(), bb, CacheLevel::L2);
-        prefetch_lines(kv.v[block(t)..].as_ptr(), bb, CacheLevel::L2);
+        prefetch_lines(kv.k[block(t).0..].as_ptr(), kbytes, CacheLevel::L2);
+        prefetch_lines(kv.v[block(t).1..].as_ptr(), vbytes, CacheLevel::L2);
     }
     let mut vis = [0u16; MAX_VECTORS];
     for t in first..n_blocks {
@@ -88,12 +152,24 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
         if vis[..n].iter().all(|&m| m == 0) {
             continue;
         }
-        let ahead = (t + AHEAD < n_blocks).then(|| (kv.k[block(t + AHEAD)..].as_ptr(), kv.v[block(t + AHEAD)..].as_ptr()));
+        let ahead = (t + AHEAD < n_blocks).then(|| (kv.k[block(t + AHEAD).0..].as_ptr(), kv.v[block(t + AHEAD).1..].as_ptr()));
         if t + AHEAD == n_blocks {
-            ask_next(next, 2 * hd);
+            ask_next(next, kbytes.max(vbytes) / C);
         }
-        // SAFETY: the block's keys and values lie inside `kv.k`, `kv.v` (asserted above).
-        let (kt, vb) = unsafe { (kv.k.as_ptr().add(block(t)) as *const f16, kv.v.as_ptr().add(block(t)) as *const f16) };
+        // The block's keys and values as F16 (in place, or widened into the scratch).
+        let (kraw, vraw) = (&kv.k[block(t).0..block(t).0 + kbytes], &kv.v[block(t).1..block(t).1 + vbytes]);
+        let kt = if kq {
+            ops.widen_keys(kraw, hd, &mut ms.kw);
+            ms.kw.as_ptr()
+        } else {
+            kraw.as_ptr() as *const f16
+        };
+        let vb = if vq {
+            ops.widen_rows(vraw, hd, &mut ms.vw);
+            ms.vw.as_ptr()
+        } else {
+            vraw.as_ptr() as *const f16
+        };
         // Scores and the softmax step, O::SCORE_HEADS vectors at a time.
         for h0 in (0..n).step_by(O::SCORE_HEADS) {
             let qh = &qp[h0..];

@@ -9,7 +9,10 @@
 //! bound, while the SIMD and matrix-unit versions equal the portable one bit for bit, so every
 //! table gives the same logits. Head dimensions that are not a multiple of 16 have no SIMD
 //! version (the engine refuses the layout for them); the portable form runs only where the
-//! portable table was asked for.
+//! portable table was asked for. A Q8_0 cache keeps its keys as Q8_0 columns and its values
+//! as Q8_0 rows; each block read is widened to F16 in the worker's scratch first (`widen.rs`),
+//! so the kernels are the F16 cache's (the pipeline and the matrix unit take F16 caches only;
+//! on an SME table a Q8_0 cache runs the NEON version).
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -17,6 +20,7 @@ mod drive;
 mod model;
 mod pipe;
 mod portable;
+mod widen;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "aarch64")]
@@ -27,6 +31,15 @@ mod x86;
 use super::types::{AttnScratch, Cells, KvRows, ROWS_MAX_VECTORS};
 pub use pipe::{PipeItem, Pipeline, Role, TILE_BLOCKS};
 use model::C;
+pub use widen::store_key_q8_at;
+
+/// Cell `j` of a Q8_0 column block (`block`: that KV head's `17 · head_dim` bytes) gets `key`,
+/// a Q8_0 row of `head_dim` values (as the row writer quantizes it).
+pub fn store_key_q8(block: &mut [u8], j: usize, key: &[u8]) {
+    assert!(j < C && key.len().is_multiple_of(34) && block.len() >= key.len() / 34 * 32 * 17);
+    // SAFETY: the block holds 17 · head_dim bytes (asserted) and is borrowed exclusively.
+    unsafe { store_key_q8_at(block.as_mut_ptr(), j, key) }
+}
 
 /// The writer of the layout: cell `j` of a block (`block`: that KV head's `[head_dim][16]` F16
 /// keys, as bytes) gets `key`, rounded to F16 as the row writer rounds (to nearest, ties to
@@ -160,6 +173,9 @@ fn attend_heads_masked(v: Version, q: &[f32], heads: usize, mask: &dyn Fn(usize,
 #[allow(clippy::too_many_arguments)]
 fn run(v: Version, q: &[&[f32]], heads: usize, mask: &dyn Fn(usize, usize) -> u16, n_blocks: usize, kv: &KvRows, scale: f32, s: &mut AttnScratch, out: &mut [&mut [f32]]) {
     let ms = &mut s.matrix;
+    // The matrix unit's kernels read F16 blocks in place; a Q8_0 cache runs on NEON there.
+    #[cfg(target_arch = "aarch64")]
+    let v = if v == Version::Sme && !kv.is_f16() { Version::Neon } else { v };
     match v {
         #[cfg(target_arch = "aarch64")]
         // SAFETY: an Sme table is only built after detecting SME (and passing its self-test).

@@ -4,7 +4,7 @@
 //! cell. At most six vectors' scores at once (24 accumulators of 32 registers). Bit for bit
 //! `model.rs`. NEON is the aarch64 baseline: no target features to enable.
 
-use super::drive::{self, ColumnOps};
+use super::drive::{self, ColumnOps, Widen};
 use super::pipe;
 use super::model::C;
 use crate::attention::types::{KvRows, MatrixScratch, NextRows};
@@ -39,6 +39,7 @@ fn lane_mask(bits: u16) -> uint32x4_t {
 impl ColumnOps for NeonOps {
     type Scores = [float32x4_t; 4];
     const SCORE_HEADS: usize = 6;
+    const WIDEN: Widen = Widen::Neon;
 
     #[inline(always)]
     fn zero(&self) -> [float32x4_t; 4] {
