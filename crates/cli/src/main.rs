@@ -203,7 +203,7 @@ pub(crate) struct CacheArgs {
     pub cache_type_v: DType,
     /// Layout of cached keys: rows (ggml's; its algorithms and bits) or columns (transposed per
     /// block of 16 cells as they are stored, for the column-key kernels: AVX-512, AVX2, NEON,
-    /// SME; not llama.cpp's bits; F16 or Q8_0 keys and values, head dimensions a multiple of 16).
+    /// SME; not llama.cpp's bits; head dimensions a multiple of 16).
     #[arg(long = "kv-layout", default_value = "rows", value_parser = corelm_engine::parse_kv_layout)]
     pub kv_layout: corelm_kernels::attention::KeyLayout,
 }

@@ -1,8 +1,8 @@
 //! Paged KV cache: the storage (preallocated, one buffer for every layer's keys and one for
 //! their values so they get 2 MB pages; per layer laid out as its reader wants it —
 //! `[kv_head][row][head_dim]`, so attention for one head reads contiguous rows; each row F16,
-//! or Q8_0 / Q4_0 blocks when K or V is quantized; with `--kv-layout columns` each block's F16
-//! or Q8_0 keys transposed, `[head_dim][BLOCK]` (Q8_0: then the block's scales), for the
+//! or Q8_0 / Q4_0 blocks when K or V is quantized; with `--kv-layout columns` each block's F16,
+//! Q8_0 or Q4_0 keys transposed, `[head_dim][BLOCK]` (quantized: then the block's scales), for the
 //! column-key kernels) and the [`Blocks`] that
 //! hand it out to sequences.
 //!
@@ -48,7 +48,7 @@ pub struct KvCache {
     pub head_dim: usize,
     pub k_type: DType,
     pub v_type: DType,
-    /// How the keys are laid out (`--kv-layout`): rows, or (F16 and Q8_0) transposed per block
+    /// How the keys are laid out (`--kv-layout`): rows, or transposed per block
     /// for the column-key kernels ([`KvCache::set_key_layout`]).
     pub k_layout: KeyLayout,
     /// `[layer][kv_head][row][row bytes]` keys and values (keys in `k_layout`).
@@ -120,11 +120,11 @@ impl KvCache {
     }
 
     /// Store keys in `layout` from now on (before any token is stored). The column layout
-    /// takes F16 or Q8_0 keys and values; its blocks are the cache's.
+    /// takes F16, Q8_0 or Q4_0 keys and values; its blocks are the cache's.
     pub fn set_key_layout(&mut self, layout: KeyLayout) -> Result<(), String> {
-        let columnar = |t: DType| matches!(t, DType::F16 | DType::Q8_0);
+        let columnar = |t: DType| matches!(t, DType::F16 | DType::Q8_0 | DType::Q4_0);
         if layout == KeyLayout::Columns && !(columnar(self.k_type) && columnar(self.v_type)) {
-            return Err(format!("keys in columns take F16 or Q8_0 keys and values, the cache has {} keys and {} values", self.k_type, self.v_type));
+            return Err(format!("keys in columns take F16, Q8_0 or Q4_0 keys and values, the cache has {} keys and {} values", self.k_type, self.v_type));
         }
         if layout == KeyLayout::Columns && self.head_dim > COLUMNS_MAX_HEAD_DIM {
             return Err(format!("keys in columns take head dimensions up to {COLUMNS_MAX_HEAD_DIM}, the model's is {}", self.head_dim));

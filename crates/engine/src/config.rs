@@ -39,7 +39,7 @@ pub struct EngineConfig {
     /// How cached keys are laid out (`--kv-layout`): `Rows` (ggml's, its algorithms and bits)
     /// or `Columns` (transposed per block of 16 cells as they are stored, read by
     /// `corelm_kernels::attention::matrix` — AVX-512, AVX2, NEON or the SME matrix unit —, not
-    /// ggml's bits; F16 or Q8_0 keys and values).
+    /// ggml's bits; any cache type: quantized blocks are widened to F16 as they are read).
     pub kv_layout: KeyLayout,
     /// Prefill attention over keys in columns as a pipeline (`--attn-pipeline`): the scores,
     /// softmax and values of different tiles on different workers at once, the matrix phases

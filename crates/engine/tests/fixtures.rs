@@ -110,12 +110,8 @@ fn keys_in_columns_on_every_fixture() {
             check_cfg(name, EngineConfig { kv_layout: KeyLayout::Columns, tp, ..Default::default() }, 2.0 * TOL);
         }
     }
-    // A Q4_0 cache cannot hold keys in columns: refused, naming the types.
+    // The pipeline reads F16 blocks in place: a quantized cache is refused, naming its types.
     let (path, _) = fixture("qwen3");
-    let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, pin: false, kv_layout: KeyLayout::Columns, cache_type_k: DType::Q4_0, ..Default::default() };
-    let err = Engine::load(&path, cfg).err().expect("refused").to_string();
-    assert!(err.contains("--kv-layout columns") && err.contains("F16") && err.contains("Q8_0") && err.contains("Q4_0"), "{err}");
-    // Nor can the pipeline read a quantized cache.
     let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, pin: false, kv_layout: KeyLayout::Columns, attn_pipeline: true, cache_type_k: DType::Q8_0, cache_type_v: DType::Q8_0, ..Default::default() };
     let err = Engine::load(&path, cfg).err().expect("refused").to_string();
     assert!(err.contains("--attn-pipeline") && err.contains("Q8_0"), "{err}");
@@ -136,34 +132,38 @@ fn qwen3_qk_norm() {
     check("qwen3", false);
 }
 
-/// `--cache-type-k/-v q8_0` and `q4_0` against llama.cpp with the same cache types. Q8_0 also
-/// with keys in columns (`--kv-layout columns`), with Q8_0 and with F16 values: not ggml's
-/// algorithm (its query is not quantized), so not llama.cpp's logits; bounded instead by what
-/// quantizing the cache costs llama.cpp plus what the column algorithm costs on an F16 cache
-/// (`keys_in_columns_on_every_fixture`'s 2 · TOL): no further from llama.cpp's F16-cache
-/// logits than its Q8_0 cache is, plus that.
+/// `--cache-type-k/-v q8_0` and `q4_0` against llama.cpp with the same cache types. Both also
+/// with keys in columns (`--kv-layout columns`), with quantized and with F16 values: not
+/// ggml's algorithm (its query is not quantized), so not llama.cpp's logits; bounded instead by
+/// what quantizing the cache costs llama.cpp (its logits with that cache against its F16
+/// cache's: 0.13 for Q8_0, 1.79 for Q4_0 on these random weights) plus what the column
+/// algorithm costs on an F16 cache (`keys_in_columns_on_every_fixture`'s 2 · TOL): within 10 %
+/// of that shift, plus 2 · TOL, of llama.cpp's F16-cache logits. (`kernels/tests/
+/// matrix_attention.rs` bounds the column kernels against exact attention over the same
+/// quantized cells, where ggml's kernel, its query quantized too, is ten times further off.)
 #[test]
 fn quantized_kv_cache() {
     use corelm_kernels::attention::KeyLayout;
     let (path, want) = fixture("qwen3");
     let tokens: Vec<u32> = serde_json::from_value(want["tokens"].clone()).unwrap();
     let f16_gold = rows(&want["prompt_logits"]);
-    let q8_gold = rows(&want["kv_q8_0_prompt_logits"]);
-    let q8_shift = q8_gold.iter().zip(&f16_gold).map(|(a, b)| max_diff(a, b)).fold(0f32, f32::max);
-    for (layout, vt, tp) in [(KeyLayout::Columns, DType::Q8_0, 1), (KeyLayout::Columns, DType::F16, 1), (KeyLayout::Columns, DType::Q8_0, 2)] {
-        let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, cache_type_k: DType::Q8_0, cache_type_v: vt, kv_layout: layout, tp, ..Default::default() };
+    for (kt, vt, tp) in [(DType::Q8_0, DType::Q8_0, 1), (DType::Q8_0, DType::F16, 1), (DType::Q8_0, DType::Q8_0, 2), (DType::Q4_0, DType::Q4_0, 1), (DType::Q4_0, DType::F16, 2)] {
+        let q_gold = rows(&want[format!("kv_{}_prompt_logits", kt.name().to_lowercase())]);
+        let q_shift = q_gold.iter().zip(&f16_gold).map(|(a, b)| max_diff(a, b)).fold(0f32, f32::max);
+        let layout = KeyLayout::Columns;
+        let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, cache_type_k: kt, cache_type_v: vt, kv_layout: layout, tp, ..Default::default() };
         let mut e = Engine::load(&path, cfg).unwrap();
         let l = prompt_logits(&mut e, &tokens);
         let from_f16 = f16_gold.iter().enumerate().map(|(i, g)| max_diff(&l[i], g)).fold(0f32, f32::max);
-        let from_q8 = q8_gold.iter().enumerate().map(|(i, g)| max_diff(&l[i], g)).fold(0f32, f32::max);
-        assert!(from_f16 <= q8_shift + 2.0 * TOL, "KV Q8_0 keys in columns, {vt} values, --tp {tp}: max |Δlogit| {from_f16} from the F16 cache, llama.cpp's Q8_0 cache {q8_shift}");
+        let from_q = q_gold.iter().enumerate().map(|(i, g)| max_diff(&l[i], g)).fold(0f32, f32::max);
+        assert!(from_f16 <= 1.1 * q_shift + 2.0 * TOL, "KV {kt} keys in columns, {vt} values, --tp {tp}: max |Δlogit| {from_f16} from the F16 cache, llama.cpp's {kt} cache {q_shift}");
         // Token by token (the decode path) gives what the prompt in one pass gave.
-        let mut e = Engine::load(&path, EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, cache_type_k: DType::Q8_0, cache_type_v: vt, kv_layout: layout, tp, ..Default::default() }).unwrap();
+        let mut e = Engine::load(&path, EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, cache_type_k: kt, cache_type_v: vt, kv_layout: layout, tp, ..Default::default() }).unwrap();
         for (i, &t) in tokens.iter().enumerate() {
             let one = prompt_logits(&mut e, &[t]).pop().unwrap();
             assert!(max_diff(&one, &l[i]) <= 2.0 * TOL, "position {i}: one token at a time against the whole prompt");
         }
-        eprintln!("KV Q8_0 keys in columns, {vt} values, --tp {tp}: max |Δlogit| from llama.cpp's F16 cache {from_f16:.4} (its Q8_0 cache: {q8_shift:.4}), from its Q8_0 cache {from_q8:.4}");
+        eprintln!("KV {kt} keys in columns, {vt} values, --tp {tp}: max |Δlogit| from llama.cpp's F16 cache {from_f16:.4} (its {kt} cache: {q_shift:.4}), from its {kt} cache {from_q:.4}");
     }
     for (name, t) in [("q8_0", DType::Q8_0), ("q4_0", DType::Q4_0)] {
         let cfg = EngineConfig {

@@ -3,15 +3,14 @@
 //! sees nothing, ragged last blocks, GQA groups, head dimensions with and without the SIMD
 //! version), and the algorithm against ggml's (`AttnKernel::Reference` on the same keys as
 //! rows) within a bound; prefill attention as a pipeline (`matrix::attend_pipelined`) against
-//! the fused kernel, bit for bit, on 1–3 workers of every role. Q8_0 caches (keys as Q8_0
-//! columns, values as F16 or Q8_0 rows): every table against the portable form bit for bit,
-//! and within a bound of ggml's kernel on the same Q8_0 keys and values as rows.
+//! the fused kernel, bit for bit, on 1–3 workers of every role. Q8_0 and Q4_0 caches (keys as
+//! columns of their type, values as F16 or quantized rows): every table against the portable
+//! form bit for bit, and within a bound of f64 attention over the same quantized cells.
 
 mod common;
 
 use common::{tables, Rng};
 use corelm_kernels::attention::{attend_heads, attend_row, attend_rows, matrix, AttnKernel, ROWS_MAX_VECTORS, AttnScratch, Cells, KeyLayout, KvRows, KEY_COLUMNS};
-use corelm_kernels::quant::portable::quant_q8_0;
 use corelm_kernels::{DType, Kernels};
 use half::f16;
 
@@ -23,11 +22,36 @@ struct Cache {
     k_rows: Vec<f16>,
     k_cols: Vec<u8>,
     v: Vec<f16>,
-    /// The same cells quantized to Q8_0 (head dimensions that are multiples of 32): keys as
-    /// rows and as columns (`matrix::store_key_q8`), values as rows.
-    k_rows_q8: Vec<u8>,
-    k_cols_q8: Vec<u8>,
-    v_q8: Vec<u8>,
+    /// The same cells quantized to Q8_0 and to Q4_0 (head dimensions that are multiples of 32).
+    quant: Vec<Quant>,
+}
+
+/// A cache's cells in one quantized type: keys as rows and as columns
+/// (`matrix::store_key_q8`/`store_key_q4`), values as rows.
+struct Quant {
+    t: DType,
+    k_rows: Vec<u8>,
+    k_cols: Vec<u8>,
+    v: Vec<u8>,
+}
+
+/// The quantized types a cache with keys in columns takes.
+const QUANT: [DType; 2] = [DType::Q8_0, DType::Q4_0];
+
+/// `x` quantized to `t` (Q8_0 or Q4_0) into `y`, as the KV writers quantize.
+fn quantize(t: DType, x: &[f32], y: &mut [u8]) {
+    match t {
+        DType::Q8_0 => corelm_kernels::quant::portable::quant_q8_0(x, y),
+        _ => corelm_kernels::quant::reference::quant_q4_0(x, y),
+    }
+}
+
+/// A row of type `t` (Q8_0 or Q4_0) as f32.
+fn dequantize(t: DType, x: &[u8], y: &mut [f32]) {
+    match t {
+        DType::Q8_0 => corelm_kernels::quant::portable::dequant_q8_0(x, y),
+        _ => corelm_kernels::quant::portable::dequant_q4_0(x, y),
+    }
 }
 
 impl Cache {
@@ -38,10 +62,15 @@ impl Cache {
         // Stale NaNs where no cell was written: a kernel must never read them.
         let (mut k_rows, mut v) = (vec![f16::NAN; slots * hd], vec![f16::NAN; slots * hd]);
         let mut k_cols = vec![0xFFu8; slots * hd * 2];
-        // Q8_0: 34 bytes per 32 values; stale bytes decode as NaN scales.
-        let q8 = hd.is_multiple_of(32);
-        let rb8 = if q8 { hd / 32 * 34 } else { 0 };
-        let (mut k_rows_q8, mut k_cols_q8, mut v_q8) = (vec![0xFFu8; slots * rb8], vec![0xFFu8; slots * rb8], vec![0xFFu8; slots * rb8]);
+        // Quantized copies (stale bytes decode as NaN scales).
+        let mut quant: Vec<Quant> = if hd.is_multiple_of(32) {
+            QUANT.iter().map(|&t| {
+                let n = slots * corelm_kernels::row_bytes(t, hd);
+                Quant { t, k_rows: vec![0xFF; n], k_cols: vec![0xFF; n], v: vec![0xFF; n] }
+            }).collect()
+        } else {
+            vec![]
+        };
         let shift = KEY_COLUMNS.trailing_zeros();
         for c in 0..cells {
             let row = ((table[c >> shift] as usize) << shift) | (c & (KEY_COLUMNS - 1));
@@ -52,28 +81,35 @@ impl Cache {
             }
             let b = (row / KEY_COLUMNS) * KEY_COLUMNS * hd * 2;
             matrix::store_key(&mut k_cols[b..b + KEY_COLUMNS * hd * 2], row % KEY_COLUMNS, &key);
-            if q8 {
-                let r = row * rb8..(row + 1) * rb8;
-                quant_q8_0(&key, &mut k_rows_q8[r.clone()]);
-                let vf: Vec<f32> = v[row * hd..(row + 1) * hd].iter().map(|x| x.to_f32()).collect();
-                quant_q8_0(&vf, &mut v_q8[r.clone()]);
-                let b = (row / KEY_COLUMNS) * KEY_COLUMNS * rb8;
-                matrix::store_key_q8(&mut k_cols_q8[b..b + KEY_COLUMNS * rb8], row % KEY_COLUMNS, &k_rows_q8[r]);
+            let vf: Vec<f32> = v[row * hd..(row + 1) * hd].iter().map(|x| x.to_f32()).collect();
+            for qc in &mut quant {
+                let rb = corelm_kernels::row_bytes(qc.t, hd);
+                let r = row * rb..(row + 1) * rb;
+                quantize(qc.t, &key, &mut qc.k_rows[r.clone()]);
+                quantize(qc.t, &vf, &mut qc.v[r.clone()]);
+                let (b, j) = ((row / KEY_COLUMNS) * KEY_COLUMNS * rb, row % KEY_COLUMNS);
+                let block = &mut qc.k_cols[b..b + KEY_COLUMNS * rb];
+                match qc.t {
+                    DType::Q8_0 => matrix::store_key_q8(block, j, &qc.k_rows[r]),
+                    _ => matrix::store_key_q4(block, j, &qc.k_rows[r]),
+                }
             }
         }
-        Cache { hd, table, k_rows, k_cols, v, k_rows_q8, k_cols_q8, v_q8 }
+        Cache { hd, table, k_rows, k_cols, v, quant }
     }
 
-    /// Q8_0 keys as rows (ggml's layout) with Q8_0 (`v8`) or F16 values.
-    fn rows_q8(&self, v8: bool) -> KvRows<'_> {
+    /// Keys of type `t` as rows (ggml's layout) with values of that type (`vq`) or F16.
+    fn rows_q(&self, t: DType, vq: bool) -> KvRows<'_> {
         let r = self.rows();
-        let (v, v_type) = if v8 { (&self.v_q8[..], DType::Q8_0) } else { (r.v, DType::F16) };
-        KvRows { k: &self.k_rows_q8, k_type: DType::Q8_0, v, v_type, ..r }
+        let qc = self.quant.iter().find(|q| q.t == t).expect("a quantized copy");
+        let (v, v_type) = if vq { (&qc.v[..], t) } else { (r.v, DType::F16) };
+        KvRows { k: &qc.k_rows, k_type: t, v, v_type, ..r }
     }
 
-    /// Q8_0 keys in columns with Q8_0 (`v8`) or F16 values.
-    fn columns_q8(&self, v8: bool) -> KvRows<'_> {
-        KvRows { k: &self.k_cols_q8, k_layout: KeyLayout::Columns, ..self.rows_q8(v8) }
+    /// Keys of type `t` in columns with values of that type (`vq`) or F16.
+    fn columns_q(&self, t: DType, vq: bool) -> KvRows<'_> {
+        let qc = self.quant.iter().find(|q| q.t == t).expect("a quantized copy");
+        KvRows { k: &qc.k_cols, k_layout: KeyLayout::Columns, ..self.rows_q(t, vq) }
     }
 
     fn rows(&self) -> KvRows<'_> {
@@ -256,19 +292,20 @@ fn the_pipeline_gives_the_fused_bits() {
     }
 }
 
-/// Q8_0 caches: keys in columns with F16 or Q8_0 values, on every table the portable form's
-/// bits (prefill rows and decode heads, causal, window, a row that sees nothing), and within a
-/// bound of ggml's one-chunk kernel on the same Q8_0 keys and values stored as rows.
+/// Q8_0 and Q4_0 caches: keys in columns with F16 or quantized values, on every table the
+/// portable form's bits (prefill rows and decode heads, causal, window, a row that sees
+/// nothing), and within a bound of f64 attention over the same quantized cells (ggml's
+/// one-chunk kernel on them as rows quantizes the query too: reported).
 #[test]
-fn q8_0_caches_every_table_gives_the_portable_bits() {
+fn quantized_caches_every_table_gives_the_portable_bits() {
     let mut rng = Rng(79);
     let port = Kernels::portable();
     for (hd, heads, rows, cells) in SHAPES.into_iter().filter(|s| s.0 % 32 == 0) {
         let cache = Cache::new(hd, cells, &mut rng);
         let q: Vec<f32> = (0..rows * heads * hd).map(|_| rng.f32() * 4.0).collect();
         let [causal, window, empty] = spans(rows, cells);
-        for v8 in [false, true] {
-            let kv = cache.columns_q8(v8);
+        for (t, vq) in QUANT.iter().flat_map(|&t| [(t, false), (t, true)]) {
+            let kv = cache.columns_q(t, vq);
             let mut s = AttnScratch::with_heads(hd, heads);
             for spans in [&causal, &window, &empty] {
                 // The portable form, row by row.
@@ -286,55 +323,50 @@ fn q8_0_caches_every_table_gives_the_portable_bits() {
                     let out = prefill(&k, &q, heads, spans, &kv, &mut s);
                     for (r, span) in spans.iter().enumerate() {
                         let o = r * heads * hd..(r + 1) * heads * hd;
-                        assert!(same(&out[o.clone()], &want[r]), "{:?} rows: hd {hd} heads {heads} row {r} span {span:?} q8 values {v8}", k.isa());
+                        assert!(same(&out[o.clone()], &want[r]), "{:?} rows: {t} keys, quantized values {vq}, hd {hd} heads {heads} row {r} span {span:?}", k.isa());
                         let mut dec = vec![0f32; heads * hd];
                         let lo = span.start;
                         attend_heads(AttnKernel::Reference, &k, &q[o], Cells { kv: &kv, n: span.end, visible: &|c| c >= lo }, 0.125, &mut s, &mut dec);
-                        assert!(same(&dec, &want[r]), "{:?} heads: hd {hd} heads {heads} row {r} span {span:?} q8 values {v8}", k.isa());
+                        assert!(same(&dec, &want[r]), "{:?} heads: {t} keys, quantized values {vq}, hd {hd} heads {heads} row {r} span {span:?}", k.isa());
                     }
                 }
             }
-            // Attention in f64 over the cells' Q8_0 values (the query unquantized): the widening
-            // to F16 and the f32 arithmetic stay within a small bound of it. ggml's kernel on
-            // the same cells as rows (`rows_q8`) quantizes the query to Q8_0 too, so it is
-            // further off (reported, not bounded tightly).
             let lo = cells / 3;
             let vis = |c: usize| c >= lo;
             let mut got = vec![0f32; heads * hd];
             attend_heads(AttnKernel::Reference, &port, &q[..heads * hd], Cells { kv: &kv, n: cells, visible: &vis }, 0.125, &mut s, &mut got);
-            let exact = exact_q8(&cache, &q[..heads * hd], v8, lo..cells, 0.125);
+            let exact = exact_q(&cache, t, &q[..heads * hd], vq, lo..cells, 0.125);
             let err = got.iter().zip(&exact).map(|(a, b)| (*a as f64 - b).abs()).fold(0f64, f64::max);
-            assert!(err < 0.1, "hd {hd} heads {heads} q8 values {v8}: max difference {err} from exact attention");
+            assert!(err < 0.1, "{t} keys, quantized values {vq}, hd {hd} heads {heads}: max difference {err} from exact attention");
             let mut ggml = vec![0f32; heads * hd];
-            attend_heads(AttnKernel::Reference, &port, &q[..heads * hd], Cells { kv: &cache.rows_q8(v8), n: cells, visible: &vis }, 0.125, &mut s, &mut ggml);
+            attend_heads(AttnKernel::Reference, &port, &q[..heads * hd], Cells { kv: &cache.rows_q(t, vq), n: cells, visible: &vis }, 0.125, &mut s, &mut ggml);
             let err_ggml = ggml.iter().zip(&exact).map(|(a, b)| (*a as f64 - b).abs()).fold(0f64, f64::max);
-            assert!(err_ggml < 2.0, "ggml's kernel: {err_ggml}");
-            eprintln!("hd {hd} heads {heads} q8 values {v8}: max |Δ| from exact: columns {err:.2e}, ggml's rows {err_ggml:.2e}");
+            eprintln!("{t} keys, quantized values {vq}, hd {hd} heads {heads}: max |Δ| from exact: columns {err:.2e}, ggml's rows {err_ggml:.2e}");
         }
     }
 }
 
-/// Attention in f64 over the Q8_0 cells `span` of `cache` (dequantized keys, and values in
-/// Q8_0 (`v8`) or F16), each head of `q` alone.
-fn exact_q8(cache: &Cache, q: &[f32], v8: bool, span: std::ops::Range<usize>, scale: f64) -> Vec<f64> {
-    use corelm_kernels::quant::portable::dequant_q8_0;
+/// Attention in f64 over the cells `span` of `cache` in type `t` (dequantized keys, and values
+/// of that type (`vq`) or F16), each head of `q` alone.
+fn exact_q(cache: &Cache, t: DType, q: &[f32], vq: bool, span: std::ops::Range<usize>, scale: f64) -> Vec<f64> {
     let hd = cache.hd;
-    let rb8 = hd / 32 * 34;
+    let rb = corelm_kernels::row_bytes(t, hd);
+    let qc = cache.quant.iter().find(|c| c.t == t).expect("a quantized copy");
     let kv = cache.rows();
     let deq = |bytes: &[u8]| {
         let mut x = vec![0f32; hd];
-        dequant_q8_0(bytes, &mut x);
+        dequantize(t, bytes, &mut x);
         x
     };
     let mut out = vec![0f64; q.len()];
     for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
         let rows: Vec<usize> = span.clone().map(|c| kv.row(c)).collect();
-        let scores: Vec<f64> = rows.iter().map(|&r| deq(&cache.k_rows_q8[r * rb8..(r + 1) * rb8]).iter().zip(qh).map(|(k, q)| *k as f64 * *q as f64).sum::<f64>() * scale).collect();
+        let scores: Vec<f64> = rows.iter().map(|&r| deq(&qc.k_rows[r * rb..(r + 1) * rb]).iter().zip(qh).map(|(k, q)| *k as f64 * *q as f64).sum::<f64>() * scale).collect();
         let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
         let total: f64 = p.iter().sum();
         for (&r, p) in rows.iter().zip(&p) {
-            let v: Vec<f32> = if v8 { deq(&cache.v_q8[r * rb8..(r + 1) * rb8]) } else { cache.v[r * hd..(r + 1) * hd].iter().map(|x| x.to_f32()).collect() };
+            let v: Vec<f32> = if vq { deq(&qc.v[r * rb..(r + 1) * rb]) } else { cache.v[r * hd..(r + 1) * hd].iter().map(|x| x.to_f32()).collect() };
             for (o, v) in oh.iter_mut().zip(&v) {
                 *o += p / total * *v as f64;
             }

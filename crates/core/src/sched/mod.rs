@@ -672,7 +672,7 @@ impl Ctx<'_> {
         assert!(kv_base + ne0 / hd <= kv.n_kv_head, "KV slots {kv_base}.. past the cache's {}", kv.n_kv_head);
         let quant = |t| self.kernels.from_float(t).expect("KV cache type checked at start-up");
         let (qk, qv) = (quant(kv.k_type), quant(kv.v_type));
-        // One F16 or Q8_0 key (keys in columns), on the stack.
+        // One F16, Q8_0 or Q4_0 key (keys in columns), on the stack.
         let mut key_row = [0u8; 2 * crate::kv::COLUMNS_MAX_HEAD_DIM];
         assert!(kv.k_layout == attention::KeyLayout::Rows || krb <= key_row.len(), "head dimension {hd} past {}", crate::kv::COLUMNS_MAX_HEAD_DIM);
         for r in split(self.batch.tokens.len(), ith, nth) {
@@ -681,7 +681,7 @@ impl Ctx<'_> {
                 let row = (kv_base + h) * cells + slot;
                 let src = r * ne0 + h * hd..r * ne0 + (h + 1) * hd;
                 if kv.k_layout == attention::KeyLayout::Columns {
-                    // The row's F16 or Q8_0 from the row writer's converter, then scattered.
+                    // The row's F16, Q8_0 or Q4_0 from the row writer's converter, then scattered.
                     let key = &mut key_row[..krb];
                     qk(&k[src.clone()], key);
                     let (block, j) = ((row - row % crate::kv::BLOCK) * krb, row % crate::kv::BLOCK);
@@ -689,10 +689,10 @@ impl Ctx<'_> {
                     // storage (cells is a whole number of blocks); each token has its own slot
                     // (engine invariant), so this worker alone writes the cell's elements.
                     unsafe {
-                        if kv.k_type == DType::Q8_0 {
-                            attention::matrix::store_key_q8_at(kp.add(block), j, key)
-                        } else {
-                            attention::matrix::store_key_at(kp.add(block), j, key)
+                        match kv.k_type {
+                            DType::Q8_0 => attention::matrix::store_key_q8_at(kp.add(block), j, key),
+                            DType::Q4_0 => attention::matrix::store_key_q4_at(kp.add(block), j, key),
+                            _ => attention::matrix::store_key_at(kp.add(block), j, key),
                         }
                     };
                 } else {

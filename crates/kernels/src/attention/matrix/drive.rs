@@ -46,19 +46,18 @@ pub(crate) trait ColumnOps {
     /// pass, then `acc = fma(acc, corr, part)` (`acc`: NH rows of `hd`) — not for a vector
     /// that sees none of the block (`vis`). `hd` a multiple of NV · 16.
     fn values<const NH: usize, const NV: usize>(&self, p: &[[f32; C]], corr: &[f32], vis: &[u16], acc: &mut [f32], hd: usize, vb: *const f16);
-    /// Which version of `widen.rs` widens this instance's Q8_0 blocks.
+    /// Which version of `widen.rs` widens this instance's quantized blocks.
     const WIDEN: Widen = Widen::Portable;
-    /// A Q8_0 column block of keys (`src`, `17·hd` bytes) widened to `[hd][16]` F16 in `dst`:
-    /// `widen::keys_q8`'s bits. `hd` a multiple of 32.
+    /// A Q8_0 or Q4_0 (`t`) column block of keys (`src`) widened to `[hd][16]` F16 in `dst`:
+    /// `widen.rs`'s bits. `hd` a multiple of 32.
     #[inline(always)]
-    fn widen_keys(&self, src: &[u8], hd: usize, dst: &mut [f16]) {
-        widen_q8(Self::WIDEN, true, src, hd, dst)
+    fn widen_keys(&self, t: DType, src: &[u8], hd: usize, dst: &mut [f16]) {
+        widen_block(Self::WIDEN, t, true, src, hd, dst)
     }
-    /// 16 Q8_0 value rows (`src`, `17·hd` bytes) widened to `[16][hd]` F16 in `dst`:
-    /// `widen::rows_q8`'s bits.
+    /// 16 Q8_0 or Q4_0 (`t`) value rows (`src`) widened to `[16][hd]` F16 in `dst`.
     #[inline(always)]
-    fn widen_rows(&self, src: &[u8], hd: usize, dst: &mut [f16]) {
-        widen_q8(Self::WIDEN, false, src, hd, dst)
+    fn widen_rows(&self, t: DType, src: &[u8], hd: usize, dst: &mut [f16]) {
+        widen_block(Self::WIDEN, t, false, src, hd, dst)
     }
 }
 
@@ -77,33 +76,50 @@ pub(crate) enum Widen {
     Neon,
 }
 
-/// A Q8_0 block widened to F16 on version `w`: keys (a column block) or 16 value rows.
+/// A Q8_0 or Q4_0 (`t`) block widened to F16 on version `w`: keys (a column block) or 16
+/// value rows.
 #[inline(always)]
-fn widen_q8(w: Widen, keys: bool, src: &[u8], hd: usize, dst: &mut [f16]) {
-    assert!(hd.is_multiple_of(32) && src.len() >= 17 * hd && dst.len() >= 16 * hd);
-    match (w, keys) {
-        (Widen::Portable, true) => widen::keys_q8(src, hd, dst),
-        (Widen::Portable, false) => widen::rows_q8(src, hd, dst),
-        // SAFETY: an instance with `WIDEN = X86` exists only inside entry points that enable
-        // AVX2 and F16C (its methods inline there); sizes asserted.
+fn widen_block(w: Widen, t: DType, keys: bool, src: &[u8], hd: usize, dst: &mut [f16]) {
+    assert!(hd.is_multiple_of(32) && src.len() >= C * crate::row_bytes(t, hd) && dst.len() >= C * hd);
+    let q8 = match t {
+        DType::Q8_0 => true,
+        DType::Q4_0 => false,
+        _ => panic!("no widening of {t} blocks"),
+    };
+    let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+    match (w, keys, q8) {
+        (Widen::Portable, true, true) => widen::keys_q8(src, hd, dst),
+        (Widen::Portable, false, true) => widen::rows_q8(src, hd, dst),
+        (Widen::Portable, true, false) => widen::keys_q4(src, hd, dst),
+        (Widen::Portable, false, false) => widen::rows_q4(src, hd, dst),
+        // SAFETY (x86 arms): an instance with `WIDEN = X86` (`X86_512`) exists only inside
+        // entry points that enable AVX2 (AVX-512 F) and F16C, where its methods inline; sizes
+        // asserted.
         #[cfg(target_arch = "x86_64")]
-        (Widen::X86, true) => unsafe { widen::x86::keys_q8(src.as_ptr(), hd, dst.as_mut_ptr()) },
-        // SAFETY: as above.
+        (Widen::X86, true, true) => unsafe { widen::x86::keys_q8(s, hd, d) },
         #[cfg(target_arch = "x86_64")]
-        (Widen::X86, false) => unsafe { widen::x86::rows_q8(src.as_ptr(), hd, dst.as_mut_ptr()) },
-        // SAFETY: an instance with `WIDEN = X86_512` exists only inside entry points that
-        // enable AVX-512 F and F16C; sizes asserted.
+        (Widen::X86, false, true) => unsafe { widen::x86::rows_q8(s, hd, d) },
         #[cfg(target_arch = "x86_64")]
-        (Widen::X86_512, true) => unsafe { widen::x86_512::keys_q8(src.as_ptr(), hd, dst.as_mut_ptr()) },
-        // SAFETY: as above.
+        (Widen::X86, true, false) => unsafe { widen::x86::keys_q4(s, hd, d) },
         #[cfg(target_arch = "x86_64")]
-        (Widen::X86_512, false) => unsafe { widen::x86_512::rows_q8(src.as_ptr(), hd, dst.as_mut_ptr()) },
-        // SAFETY: NEON is baseline on aarch64; sizes asserted.
+        (Widen::X86, false, false) => unsafe { widen::x86::rows_q4(s, hd, d) },
+        #[cfg(target_arch = "x86_64")]
+        (Widen::X86_512, true, true) => unsafe { widen::x86_512::keys_q8(s, hd, d) },
+        #[cfg(target_arch = "x86_64")]
+        (Widen::X86_512, false, true) => unsafe { widen::x86_512::rows_q8(s, hd, d) },
+        #[cfg(target_arch = "x86_64")]
+        (Widen::X86_512, true, false) => unsafe { widen::x86_512::keys_q4(s, hd, d) },
+        #[cfg(target_arch = "x86_64")]
+        (Widen::X86_512, false, false) => unsafe { widen::x86_512::rows_q4(s, hd, d) },
+        // SAFETY (NEON arms): NEON is baseline on aarch64; sizes asserted.
         #[cfg(target_arch = "aarch64")]
-        (Widen::Neon, true) => unsafe { widen::neon::keys_q8(src.as_ptr(), hd, dst.as_mut_ptr()) },
-        // SAFETY: as above.
+        (Widen::Neon, true, true) => unsafe { widen::neon::keys_q8(s, hd, d) },
         #[cfg(target_arch = "aarch64")]
-        (Widen::Neon, false) => unsafe { widen::neon::rows_q8(src.as_ptr(), hd, dst.as_mut_ptr()) },
+        (Widen::Neon, false, true) => unsafe { widen::neon::rows_q8(s, hd, d) },
+        #[cfg(target_arch = "aarch64")]
+        (Widen::Neon, true, false) => unsafe { widen::neon::keys_q4(s, hd, d) },
+        #[cfg(target_arch = "aarch64")]
+        (Widen::Neon, false, false) => unsafe { widen::neon::rows_q4(s, hd, d) },
     }
 }
 
@@ -122,12 +138,11 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
     for (i, p) in qp.iter_mut().enumerate().take(n) {
         *p = q[i / heads][(i % heads) * hd..].as_ptr();
     }
-    // Bytes of a block's keys and of its values: 16 cells of `head_dim` F16 or Q8_0 (widened
-    // to F16 per block, `widen.rs`). Every block read lies inside both buffers (checked once,
+    // Bytes of a block's keys and of its values: 16 cells of `head_dim` F16, Q8_0 or Q4_0
+    // (quantized blocks widened to F16 as read, `widen.rs`). Every block read lies inside both buffers (checked once,
     // over the blocks this call may read).
     let (kbytes, vbytes) = kv.block_bytes();
-    let (kq, vq) = (kv.k_type == DType::Q8_0, kv.v_type == DType::Q8_0);
-    assert!((kq || kv.k_type == DType::F16) && (vq || kv.v_type == DType::F16), "column keys of {} with values of {}", kv.k_type, kv.v_type);
+    let (kq, vq) = (kv.k_type != DType::F16, kv.v_type != DType::F16);
     let end = kv.table[..n_blocks].iter().map(|&b| b as usize + 1).max().unwrap_or(0);
     assert!(kv.k.len() >= end * kbytes && kv.v.len() >= end * vbytes);
     begin(ms, n, hd);
@@ -159,13 +174,13 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
         // The block's keys and values as F16 (in place, or widened into the scratch).
         let (kraw, vraw) = (&kv.k[block(t).0..block(t).0 + kbytes], &kv.v[block(t).1..block(t).1 + vbytes]);
         let kt = if kq {
-            ops.widen_keys(kraw, hd, &mut ms.kw);
+            ops.widen_keys(kv.k_type, kraw, hd, &mut ms.kw);
             ms.kw.as_ptr()
         } else {
             kraw.as_ptr() as *const f16
         };
         let vb = if vq {
-            ops.widen_rows(vraw, hd, &mut ms.vw);
+            ops.widen_rows(kv.v_type, vraw, hd, &mut ms.vw);
             ms.vw.as_ptr()
         } else {
             vraw.as_ptr() as *const f16

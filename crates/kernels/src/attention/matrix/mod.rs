@@ -9,10 +9,10 @@
 //! bound, while the SIMD and matrix-unit versions equal the portable one bit for bit, so every
 //! table gives the same logits. Head dimensions that are not a multiple of 16 have no SIMD
 //! version (the engine refuses the layout for them); the portable form runs only where the
-//! portable table was asked for. A Q8_0 cache keeps its keys as Q8_0 columns and its values
-//! as Q8_0 rows; each block read is widened to F16 in the worker's scratch first (`widen.rs`),
-//! so the kernels are the F16 cache's (the pipeline and the matrix unit take F16 caches only;
-//! on an SME table a Q8_0 cache runs the NEON version).
+//! portable table was asked for. A Q8_0 or Q4_0 cache keeps its keys as columns of its type and
+//! its values as rows; each block read is widened to F16 in the worker's scratch first
+//! (`widen.rs`), so the kernels are the F16 cache's (the pipeline and the matrix unit take F16
+//! caches only; on an SME table a quantized cache runs the NEON version).
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -31,7 +31,15 @@ mod x86;
 use super::types::{AttnScratch, Cells, KvRows, ROWS_MAX_VECTORS};
 pub use pipe::{PipeItem, Pipeline, Role, TILE_BLOCKS};
 use model::C;
-pub use widen::store_key_q8_at;
+pub use widen::{store_key_q4_at, store_key_q8_at};
+
+/// Cell `j` of a Q4_0 column block (`block`: that KV head's `9 · head_dim` bytes) gets `key`,
+/// a Q4_0 row of `head_dim` values (as the row writer quantizes it).
+pub fn store_key_q4(block: &mut [u8], j: usize, key: &[u8]) {
+    assert!(j < C && key.len().is_multiple_of(18) && block.len() >= key.len() / 18 * 32 * 9);
+    // SAFETY: the block holds 9 · head_dim bytes (asserted) and is borrowed exclusively.
+    unsafe { store_key_q4_at(block.as_mut_ptr(), j, key) }
+}
 
 /// Cell `j` of a Q8_0 column block (`block`: that KV head's `17 · head_dim` bytes) gets `key`,
 /// a Q8_0 row of `head_dim` values (as the row writer quantizes it).

@@ -13,8 +13,8 @@
 //! out   = a / Σ l (the 16 sums reduced as `simd::reduce_add_16`), zeros if nothing is visible
 //! ```
 //!
-//! `expf` is ggml's (`exp::expf_ggml`), keys and values are F16 widened exactly (Q8_0 keys
-//! and values first become F16 per block, `widen.rs`), the query stays f32. The products of a block are chains of fused multiply-adds over one index in
+//! `expf` is ggml's (`exp::expf_ggml`), keys and values are F16 widened exactly (Q8_0 and Q4_0
+//! keys and values first become F16 per block, `widen.rs`), the query stays f32. The products of a block are chains of fused multiply-adds over one index in
 //! order — exactly what an outer-product unit computes (`FMOPA`: one `d` per instruction
 //! for the scores, one cell per instruction for the values, rows predicated by `p ≠ 0`) and
 //! what a vector FMA computes with lanes over cells (scores) or dimensions (values). This is
@@ -121,14 +121,21 @@ pub(crate) fn attend_group(q: &[f32], kv: &KvRows, n_blocks: usize, mask: &dyn F
         if vis == 0 {
             continue;
         }
-        let kt: &[f16] = if kv.k_type == DType::Q8_0 {
-            widen::keys_q8(kv.block(t).0, hd, &mut ms.kw);
-            &ms.kw
-        } else {
-            kv.k_columns(t)
+        let kt: &[f16] = match kv.k_type {
+            DType::Q8_0 => {
+                widen::keys_q8(kv.block(t).0, hd, &mut ms.kw);
+                &ms.kw
+            }
+            DType::Q4_0 => {
+                widen::keys_q4(kv.block(t).0, hd, &mut ms.kw);
+                &ms.kw
+            }
+            _ => kv.k_columns(t),
         };
-        if kv.v_type == DType::Q8_0 {
-            widen::rows_q8(kv.block(t).1, hd, &mut ms.vw);
+        match kv.v_type {
+            DType::Q8_0 => widen::rows_q8(kv.block(t).1, hd, &mut ms.vw),
+            DType::Q4_0 => widen::rows_q4(kv.block(t).1, hd, &mut ms.vw),
+            _ => {}
         }
         for h in 0..heads {
             let qh = &q[h * hd..(h + 1) * hd];
@@ -141,7 +148,7 @@ pub(crate) fn attend_group(q: &[f32], kv: &KvRows, n_blocks: usize, mask: &dyn F
             w.fill(0.0);
             for (j, &pj) in p.iter().enumerate() {
                 if pj != 0.0 {
-                    let v = if kv.v_type == DType::Q8_0 { &ms.vw[j * hd..(j + 1) * hd] } else { kv.v(t * C + j) };
+                    let v = if kv.v_type != DType::F16 { &ms.vw[j * hd..(j + 1) * hd] } else { kv.v(t * C + j) };
                     for (w, v) in w.iter_mut().zip(v) {
                         *w = pj.mul_add(v.to_f32(), *w);
                     }
