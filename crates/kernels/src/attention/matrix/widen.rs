@@ -111,10 +111,26 @@ pub(crate) fn rows_q8(src: &[u8], hd: usize, dst: &mut [f16]) {
     }
 }
 
+/// x86: the sixteen bytes at `x` as two vectors of signed values: low nibbles − 8, high − 8.
+///
+/// # Safety
+/// SSE2 (AVX2 implies it); 16 readable bytes at `x`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn nibbles_x86(x: *const u8) -> (std::arch::x86_64::__m128i, std::arch::x86_64::__m128i) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's contract.
+    unsafe {
+        let x = _mm_loadu_si128(x as *const __m128i);
+        let (m, eight) = (_mm_set1_epi8(0x0F), _mm_set1_epi8(8));
+        (_mm_sub_epi8(_mm_and_si128(x, m), eight), _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x, 4), m), eight))
+    }
+}
+
 /// x86 (AVX2, F16C): eight elements per step, `vcvtps2ph` rounding to nearest even.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
-    use super::{C, Q4_BLOCK, Q8_BLOCK};
+    use super::{nibbles_x86 as nibbles, C, Q4_BLOCK, Q8_BLOCK};
     use half::f16;
     use std::arch::x86_64::*;
 
@@ -139,20 +155,6 @@ pub(crate) mod x86 {
             let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
             let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(scale, v));
             _mm_storeu_si128(out as *mut __m128i, h);
-        }
-    }
-
-    /// The sixteen bytes at `x` as two vectors of signed values: low nibbles − 8, high − 8.
-    ///
-    /// # Safety
-    /// SSE2 (AVX2 implies it); 16 readable bytes at `x`.
-    #[inline(always)]
-    pub(super) unsafe fn nibbles(x: *const u8) -> (__m128i, __m128i) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            let x = _mm_loadu_si128(x as *const __m128i);
-            let (m, eight) = (_mm_set1_epi8(0x0F), _mm_set1_epi8(8));
-            (_mm_sub_epi8(_mm_and_si128(x, m), eight), _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x, 4), m), eight))
         }
     }
 
@@ -242,8 +244,7 @@ pub(crate) mod x86 {
 /// x86 AVX-512 (F, F16C): sixteen elements per step, `vcvtps2ph` rounding to nearest even.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_512 {
-    use super::x86::nibbles;
-    use super::{C, Q4_BLOCK, Q8_BLOCK};
+    use super::{nibbles_x86 as nibbles, C, Q4_BLOCK, Q8_BLOCK};
     use half::f16;
     use std::arch::x86_64::*;
 
