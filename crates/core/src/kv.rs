@@ -2,9 +2,8 @@
 //! their values so they get 2 MB pages; per layer laid out as its reader wants it —
 //! `[kv_head][row][head_dim]`, so attention for one head reads contiguous rows; each row F16,
 //! or Q8_0 / Q4_0 blocks when K or V is quantized; with `--kv-layout columns` each block's F16,
-//! Q8_0 or Q4_0 keys transposed, `[head_dim][BLOCK]` (quantized: then the block's scales), for the
-//! column-key kernels) and the [`Blocks`] that
-//! hand it out to sequences.
+//! Q8_0 or Q4_0 keys transposed, `[head_dim][BLOCK]` (quantized: then the block's scales), for
+//! the column-key kernels) and the [`Blocks`] that hand it out to sequences.
 //!
 //! Rows are grouped into blocks of [`BLOCK`] rows. Each sequence owns a block table; the token
 //! at position `p` of a sequence lives in row `table[p / BLOCK] * BLOCK + p % BLOCK`, so a

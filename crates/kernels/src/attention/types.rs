@@ -94,9 +94,9 @@ pub struct MatrixScratch {
     pub(crate) qt: Vec<f32>,
     #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
     pub(crate) pt: Vec<f32>,
-    /// `[head_dim][KEY_COLUMNS]` one block's Q8_0 keys widened to F16 (`matrix::widen`).
+    /// `[head_dim][KEY_COLUMNS]` one block's Q8_0 or Q4_0 keys widened to F16 (`matrix::widen`).
     pub(crate) kw: Vec<f16>,
-    /// `[KEY_COLUMNS][head_dim]` one block's Q8_0 value rows widened to F16.
+    /// `[KEY_COLUMNS][head_dim]` one block's Q8_0 or Q4_0 value rows widened to F16.
     pub(crate) vw: Vec<f16>,
 }
 
@@ -350,9 +350,9 @@ pub enum KeyLayout {
     Rows,
     /// Keys transposed per block of [`KEY_COLUMNS`] cells: one dimension of 16 cells is one
     /// contiguous vector, which is what a matrix unit's outer product (and a vector FMA over
-    /// cells) reads. F16 keys: `[head_dim][KEY_COLUMNS]` F16. Q8_0 keys (the same bytes as 16
-    /// Q8_0 rows): `[head_dim][KEY_COLUMNS]` int8 values, then `[head_dim / 32][KEY_COLUMNS]`
-    /// F16 scales. Read only by `attention::matrix`.
+    /// cells) reads. F16 keys: `[head_dim][KEY_COLUMNS]` F16. Q8_0 and Q4_0 keys: the same
+    /// bytes as 16 rows of the type, values transposed, then `[head_dim / 32][KEY_COLUMNS]` F16
+    /// scales (`attention::matrix::widen`). Read only by `attention::matrix`.
     Columns,
 }
 

@@ -4,7 +4,8 @@
 //! At most six vectors' scores at once (twelve accumulators of sixteen registers). Bit for bit
 //! `model.rs`.
 
-use super::drive::{self, ColumnOps, Widen};
+use super::drive::{self, ColumnOps};
+use super::widen::Widen;
 use super::pipe;
 use super::model::C;
 use crate::attention::types::{KvRows, MatrixScratch, NextRows};

@@ -4,7 +4,7 @@
 //! hold only loads, conversions and FMAs. Every operation and its order is `model.rs`'s.
 
 use super::model::{begin, finish, C};
-use super::widen;
+use super::widen::{self, Widen};
 use crate::DType;
 use crate::attention::types::{KvRows, MatrixScratch, NextRows, DECODE_CHUNK, ROWS_MAX_VECTORS};
 use crate::simd::{prefetch_lines, CacheLevel};
@@ -52,74 +52,12 @@ pub(crate) trait ColumnOps {
     /// `widen.rs`'s bits. `hd` a multiple of 32.
     #[inline(always)]
     fn widen_keys(&self, t: DType, src: &[u8], hd: usize, dst: &mut [f16]) {
-        widen_block(Self::WIDEN, t, true, src, hd, dst)
+        widen::block(Self::WIDEN, t, true, src, hd, dst)
     }
     /// 16 Q8_0 or Q4_0 (`t`) value rows (`src`) widened to `[16][hd]` F16 in `dst`.
     #[inline(always)]
     fn widen_rows(&self, t: DType, src: &[u8], hd: usize, dst: &mut [f16]) {
-        widen_block(Self::WIDEN, t, false, src, hd, dst)
-    }
-}
-
-/// The versions of `widen.rs`.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Widen {
-    Portable,
-    /// AVX2 and F16C: only for instances that exist inside entry points with those features.
-    #[cfg(target_arch = "x86_64")]
-    X86,
-    /// AVX-512 F and F16C: likewise.
-    #[cfg(target_arch = "x86_64")]
-    X86_512,
-    /// NEON (baseline on aarch64).
-    #[cfg(target_arch = "aarch64")]
-    Neon,
-}
-
-/// A Q8_0 or Q4_0 (`t`) block widened to F16 on version `w`: keys (a column block) or 16
-/// value rows.
-#[inline(always)]
-fn widen_block(w: Widen, t: DType, keys: bool, src: &[u8], hd: usize, dst: &mut [f16]) {
-    assert!(hd.is_multiple_of(32) && src.len() >= C * crate::row_bytes(t, hd) && dst.len() >= C * hd);
-    let q8 = match t {
-        DType::Q8_0 => true,
-        DType::Q4_0 => false,
-        _ => panic!("no widening of {t} blocks"),
-    };
-    let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
-    match (w, keys, q8) {
-        (Widen::Portable, true, true) => widen::keys_q8(src, hd, dst),
-        (Widen::Portable, false, true) => widen::rows_q8(src, hd, dst),
-        (Widen::Portable, true, false) => widen::keys_q4(src, hd, dst),
-        (Widen::Portable, false, false) => widen::rows_q4(src, hd, dst),
-        // SAFETY (x86 arms): an instance with `WIDEN = X86` (`X86_512`) exists only inside
-        // entry points that enable AVX2 (AVX-512 F) and F16C, where its methods inline; sizes
-        // asserted.
-        #[cfg(target_arch = "x86_64")]
-        (Widen::X86, true, true) => unsafe { widen::x86::keys_q8(s, hd, d) },
-        #[cfg(target_arch = "x86_64")]
-        (Widen::X86, false, true) => unsafe { widen::x86::rows_q8(s, hd, d) },
-        #[cfg(target_arch = "x86_64")]
-        (Widen::X86, true, false) => unsafe { widen::x86::keys_q4(s, hd, d) },
-        #[cfg(target_arch = "x86_64")]
-        (Widen::X86, false, false) => unsafe { widen::x86::rows_q4(s, hd, d) },
-        #[cfg(target_arch = "x86_64")]
-        (Widen::X86_512, true, true) => unsafe { widen::x86_512::keys_q8(s, hd, d) },
-        #[cfg(target_arch = "x86_64")]
-        (Widen::X86_512, false, true) => unsafe { widen::x86_512::rows_q8(s, hd, d) },
-        #[cfg(target_arch = "x86_64")]
-        (Widen::X86_512, true, false) => unsafe { widen::x86_512::keys_q4(s, hd, d) },
-        #[cfg(target_arch = "x86_64")]
-        (Widen::X86_512, false, false) => unsafe { widen::x86_512::rows_q4(s, hd, d) },
-        // SAFETY (NEON arms): NEON is baseline on aarch64; sizes asserted.
-        #[cfg(target_arch = "aarch64")]
-        (Widen::Neon, true, true) => unsafe { widen::neon::keys_q8(s, hd, d) },
-        #[cfg(target_arch = "aarch64")]
-        (Widen::Neon, false, true) => unsafe { widen::neon::rows_q8(s, hd, d) },
-        #[cfg(target_arch = "aarch64")]
-        (Widen::Neon, true, false) => unsafe { widen::neon::keys_q4(s, hd, d) },
-        #[cfg(target_arch = "aarch64")]
-        (Widen::Neon, false, false) => unsafe { widen::neon::rows_q4(s, hd, d) },
+        widen::block(Self::WIDEN, t, false, src, hd, dst)
     }
 }
 
@@ -139,14 +77,13 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
         *p = q[i / heads][(i % heads) * hd..].as_ptr();
     }
     // Bytes of a block's keys and of its values: 16 cells of `head_dim` F16, Q8_0 or Q4_0
-    // (quantized blocks widened to F16 as read, `widen.rs`). Every block read lies inside both buffers (checked once,
-    // over the blocks this call may read).
+    // (quantized blocks widened to F16 as read, `widen.rs`). Every block read lies inside both
+    // buffers (checked once, over the blocks this call may read).
     let (kbytes, vbytes) = kv.block_bytes();
     let (kq, vq) = (kv.k_type != DType::F16, kv.v_type != DType::F16);
     let end = kv.table[..n_blocks].iter().map(|&b| b as usize + 1).max().unwrap_or(0);
     assert!(kv.k.len() >= end * kbytes && kv.v.len() >= end * vbytes);
     begin(ms, n, hd);
-    let block = |t: usize| (kv.table[t] as usize * kbytes, kv.table[t] as usize * vbytes);
     // Each block's keys and values are asked for AHEAD blocks before they are read, a line of
     // each per dimension while the scores are summed (a burst of all of them fills the miss
     // queue): the hardware prefetcher cannot follow the block table. Once there is no block
@@ -155,8 +92,9 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
     let any_row = |t: usize| (0..rows).fold(0u16, |a, r| a | mask(r, t));
     let first = (0..n_blocks).find(|&t| any_row(t) != 0).unwrap_or(n_blocks);
     for t in first..(first + AHEAD).min(n_blocks) {
-        prefetch_lines(kv.k[block(t).0..].as_ptr(), kbytes, CacheLevel::L2);
-        prefetch_lines(kv.v[block(t).1..].as_ptr(), vbytes, CacheLevel::L2);
+        let (k, v) = kv.block(t);
+        prefetch_lines(k.as_ptr(), kbytes, CacheLevel::L2);
+        prefetch_lines(v.as_ptr(), vbytes, CacheLevel::L2);
     }
     let mut vis = [0u16; MAX_VECTORS];
     for t in first..n_blocks {
@@ -167,12 +105,12 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
         if vis[..n].iter().all(|&m| m == 0) {
             continue;
         }
-        let ahead = (t + AHEAD < n_blocks).then(|| (kv.k[block(t + AHEAD).0..].as_ptr(), kv.v[block(t + AHEAD).1..].as_ptr()));
+        let ahead = (t + AHEAD < n_blocks).then(|| kv.block(t + AHEAD)).map(|(k, v)| (k.as_ptr(), v.as_ptr()));
         if t + AHEAD == n_blocks {
             ask_next(next, kbytes.max(vbytes) / C);
         }
         // The block's keys and values as F16 (in place, or widened into the scratch).
-        let (kraw, vraw) = (&kv.k[block(t).0..block(t).0 + kbytes], &kv.v[block(t).1..block(t).1 + vbytes]);
+        let (kraw, vraw) = kv.block(t);
         let kt = if kq {
             ops.widen_keys(kv.k_type, kraw, hd, &mut ms.kw);
             ms.kw.as_ptr()

@@ -181,7 +181,7 @@ fn attend_heads_masked(v: Version, q: &[f32], heads: usize, mask: &dyn Fn(usize,
 #[allow(clippy::too_many_arguments)]
 fn run(v: Version, q: &[&[f32]], heads: usize, mask: &dyn Fn(usize, usize) -> u16, n_blocks: usize, kv: &KvRows, scale: f32, s: &mut AttnScratch, out: &mut [&mut [f32]]) {
     let ms = &mut s.matrix;
-    // The matrix unit's kernels read F16 blocks in place; a Q8_0 cache runs on NEON there.
+    // The matrix unit's kernels read F16 blocks in place; a quantized cache runs on NEON there.
     #[cfg(target_arch = "aarch64")]
     let v = if v == Version::Sme && !kv.is_f16() { Version::Neon } else { v };
     match v {

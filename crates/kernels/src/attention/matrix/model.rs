@@ -13,9 +13,9 @@
 //! out   = a / Σ l (the 16 sums reduced as `simd::reduce_add_16`), zeros if nothing is visible
 //! ```
 //!
-//! `expf` is ggml's (`exp::expf_ggml`), keys and values are F16 widened exactly (Q8_0 and Q4_0
-//! keys and values first become F16 per block, `widen.rs`), the query stays f32. The products of a block are chains of fused multiply-adds over one index in
-//! order — exactly what an outer-product unit computes (`FMOPA`: one `d` per instruction
+//! `expf` is ggml's (`exp::expf_ggml`), keys and values are F16 widened exactly (Q8_0 and
+//! Q4_0 keys and values first become F16 per block, `widen.rs`), the query stays f32. The
+//! products of a block are chains of fused multiply-adds over one index in order — exactly what an outer-product unit computes (`FMOPA`: one `d` per instruction
 //! for the scores, one cell per instruction for the values, rows predicated by `p ≠ 0`) and
 //! what a vector FMA computes with lanes over cells (scores) or dimensions (values). This is
 //! not one of ggml's algorithms, so it does not give llama.cpp's bits: it is chosen with the
@@ -26,7 +26,7 @@ use crate::exp::expf_ggml;
 use crate::simd::reduce_add_16;
 use crate::DType;
 use half::f16;
-use super::widen;
+use super::widen::{self, Widen};
 
 /// Cells per key block.
 pub(crate) const C: usize = KEY_COLUMNS;
@@ -121,21 +121,14 @@ pub(crate) fn attend_group(q: &[f32], kv: &KvRows, n_blocks: usize, mask: &dyn F
         if vis == 0 {
             continue;
         }
-        let kt: &[f16] = match kv.k_type {
-            DType::Q8_0 => {
-                widen::keys_q8(kv.block(t).0, hd, &mut ms.kw);
-                &ms.kw
-            }
-            DType::Q4_0 => {
-                widen::keys_q4(kv.block(t).0, hd, &mut ms.kw);
-                &ms.kw
-            }
-            _ => kv.k_columns(t),
+        let kt: &[f16] = if kv.k_type == DType::F16 {
+            kv.k_columns(t)
+        } else {
+            widen::block(Widen::Portable, kv.k_type, true, kv.block(t).0, hd, &mut ms.kw);
+            &ms.kw
         };
-        match kv.v_type {
-            DType::Q8_0 => widen::rows_q8(kv.block(t).1, hd, &mut ms.vw),
-            DType::Q4_0 => widen::rows_q4(kv.block(t).1, hd, &mut ms.vw),
-            _ => {}
+        if kv.v_type != DType::F16 {
+            widen::block(Widen::Portable, kv.v_type, false, kv.block(t).1, hd, &mut ms.vw);
         }
         for h in 0..heads {
             let qh = &q[h * hd..(h + 1) * hd];

@@ -4,7 +4,8 @@
 //! cell. At most six vectors' scores at once (24 accumulators of 32 registers). Bit for bit
 //! `model.rs`. NEON is the aarch64 baseline: no target features to enable.
 
-use super::drive::{self, ColumnOps, Widen};
+use super::drive::{self, ColumnOps};
+use super::widen::Widen;
 use super::pipe;
 use super::model::C;
 use crate::attention::types::{KvRows, MatrixScratch, NextRows};

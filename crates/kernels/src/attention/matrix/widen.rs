@@ -14,7 +14,59 @@
 //! `[hd / 32][16]` F16 scales.
 
 use crate::attention::types::KEY_COLUMNS as C;
+use crate::DType;
 use half::f16;
+
+/// The versions of the widening.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Widen {
+    Portable,
+    /// AVX2 and F16C: only for callers inside entry points with those features (the AVX-512
+    /// entry points enable them too).
+    #[cfg(target_arch = "x86_64")]
+    X86,
+    /// NEON (baseline on aarch64).
+    #[cfg(target_arch = "aarch64")]
+    Neon,
+}
+
+/// A Q8_0 or Q4_0 (`t`) block widened to F16 on version `w`: the keys of a column block
+/// (`keys`, into `[hd][16]`) or 16 value rows (into `[16][hd]`). `hd` a multiple of 32.
+#[inline(always)]
+pub(crate) fn block(w: Widen, t: DType, keys: bool, src: &[u8], hd: usize, dst: &mut [f16]) {
+    assert!(hd.is_multiple_of(32) && src.len() >= C * crate::row_bytes(t, hd) && dst.len() >= C * hd);
+    let q8 = match t {
+        DType::Q8_0 => true,
+        DType::Q4_0 => false,
+        _ => panic!("no widening of {t} blocks"),
+    };
+    let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+    match (w, keys, q8) {
+        (Widen::Portable, true, true) => keys_q8(src, hd, dst),
+        (Widen::Portable, false, true) => rows_q8(src, hd, dst),
+        (Widen::Portable, true, false) => keys_q4(src, hd, dst),
+        (Widen::Portable, false, false) => rows_q4(src, hd, dst),
+        // SAFETY (x86 arms): `Widen::X86` is passed only from entry points that enable AVX2
+        // and F16C, where this inlines; sizes asserted.
+        #[cfg(target_arch = "x86_64")]
+        (Widen::X86, true, true) => unsafe { x86::keys_q8(s, hd, d) },
+        #[cfg(target_arch = "x86_64")]
+        (Widen::X86, false, true) => unsafe { x86::rows_q8(s, hd, d) },
+        #[cfg(target_arch = "x86_64")]
+        (Widen::X86, true, false) => unsafe { x86::keys_q4(s, hd, d) },
+        #[cfg(target_arch = "x86_64")]
+        (Widen::X86, false, false) => unsafe { x86::rows_q4(s, hd, d) },
+        // SAFETY (NEON arms): NEON is baseline on aarch64; sizes asserted.
+        #[cfg(target_arch = "aarch64")]
+        (Widen::Neon, true, true) => unsafe { neon::keys_q8(s, hd, d) },
+        #[cfg(target_arch = "aarch64")]
+        (Widen::Neon, false, true) => unsafe { neon::rows_q8(s, hd, d) },
+        #[cfg(target_arch = "aarch64")]
+        (Widen::Neon, true, false) => unsafe { neon::keys_q4(s, hd, d) },
+        #[cfg(target_arch = "aarch64")]
+        (Widen::Neon, false, false) => unsafe { neon::rows_q4(s, hd, d) },
+    }
+}
 
 /// Bytes of a Q8_0 block (an F16 scale and 32 int8 values).
 const Q8_BLOCK: usize = 34;
@@ -43,7 +95,7 @@ pub unsafe fn store_key_q4_at(block: *mut u8, j: usize, key: &[u8]) {
 
 /// The portable widening of a Q4_0 column block (`src`, `9·hd` bytes) into `dst`
 /// (`[hd][16]` F16).
-pub(crate) fn keys_q4(src: &[u8], hd: usize, dst: &mut [f16]) {
+fn keys_q4(src: &[u8], hd: usize, dst: &mut [f16]) {
     let (q, s) = src[..9 * hd].split_at(hd * C / 2);
     for d in 0..hd {
         for j in 0..C {
@@ -57,7 +109,7 @@ pub(crate) fn keys_q4(src: &[u8], hd: usize, dst: &mut [f16]) {
 }
 
 /// The portable widening of 16 Q4_0 value rows of `hd` (`src`, `9·hd` bytes) into `dst`.
-pub(crate) fn rows_q4(src: &[u8], hd: usize, dst: &mut [f16]) {
+fn rows_q4(src: &[u8], hd: usize, dst: &mut [f16]) {
     for (blk, out) in src[..9 * hd].chunks_exact(Q4_BLOCK).zip(dst.chunks_exact_mut(32)) {
         let scale = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
         for (e, &x) in blk[2..].iter().enumerate() {
@@ -89,7 +141,7 @@ pub unsafe fn store_key_q8_at(block: *mut u8, j: usize, key: &[u8]) {
 
 /// The portable widening of a Q8_0 column block (`src`, `17·hd` bytes) into `dst`
 /// (`[hd][16]` F16).
-pub(crate) fn keys_q8(src: &[u8], hd: usize, dst: &mut [f16]) {
+fn keys_q8(src: &[u8], hd: usize, dst: &mut [f16]) {
     let (q, s) = src[..17 * hd].split_at(hd * C);
     for d in 0..hd {
         for j in 0..C {
@@ -102,7 +154,7 @@ pub(crate) fn keys_q8(src: &[u8], hd: usize, dst: &mut [f16]) {
 
 /// The portable widening of 16 Q8_0 value rows of `hd` (`src`, `17·hd` bytes) into `dst`
 /// (`[16][hd]` F16).
-pub(crate) fn rows_q8(src: &[u8], hd: usize, dst: &mut [f16]) {
+fn rows_q8(src: &[u8], hd: usize, dst: &mut [f16]) {
     for (blk, out) in src[..17 * hd].chunks_exact(Q8_BLOCK).zip(dst.chunks_exact_mut(32)) {
         let scale = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
         for (o, &q) in out.iter_mut().zip(&blk[2..]) {
@@ -129,7 +181,7 @@ unsafe fn nibbles_x86(x: *const u8) -> (std::arch::x86_64::__m128i, std::arch::x
 
 /// x86 (AVX2, F16C): eight elements per step, `vcvtps2ph` rounding to nearest even.
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod x86 {
+mod x86 {
     use super::{nibbles_x86 as nibbles, C, Q4_BLOCK, Q8_BLOCK};
     use half::f16;
     use std::arch::x86_64::*;
@@ -241,113 +293,9 @@ pub(crate) mod x86 {
     }
 }
 
-/// x86 AVX-512 (F, F16C): sixteen elements per step, `vcvtps2ph` rounding to nearest even.
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod x86_512 {
-    use super::{nibbles_x86 as nibbles, C, Q4_BLOCK, Q8_BLOCK};
-    use half::f16;
-    use std::arch::x86_64::*;
-
-    /// Sixteen int8 at `q` times sixteen f32 scales, rounded to F16 at `out`.
-    ///
-    /// # Safety
-    /// AVX-512 F and F16C; 16 readable bytes at `q`, 32 writable at `out`.
-    #[inline(always)]
-    unsafe fn sixteen(q: *const u8, scale: __m512, out: *mut f16) {
-        // SAFETY: the caller's contract.
-        unsafe { sixteen_of(_mm_loadu_si128(q as *const __m128i), scale, out) }
-    }
-
-    /// The sixteen int8 of `v` times sixteen f32 scales, rounded to F16 at `out`.
-    ///
-    /// # Safety
-    /// AVX-512 F and F16C; 32 writable bytes at `out`.
-    #[inline(always)]
-    unsafe fn sixteen_of(v: __m128i, scale: __m512, out: *mut f16) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            let v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
-            let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm512_mul_ps(scale, v));
-            _mm256_storeu_si256(out as *mut __m256i, h);
-        }
-    }
-
-    /// [`super::keys_q4`], the same bits.
-    ///
-    /// # Safety
-    /// AVX-512 F and F16C; `src` holds `9·hd` bytes, `dst` `16·hd` F16; `hd` a multiple of 32.
-    #[inline(always)]
-    pub(crate) unsafe fn keys_q4(src: *const u8, hd: usize, dst: *mut f16) {
-        // SAFETY: the caller's contract; every offset stays inside the block and `dst`.
-        unsafe {
-            for b in 0..hd / 32 {
-                let s = _mm512_cvtph_ps(_mm256_loadu_si256(src.add(hd * C / 2 + b * C * 2) as *const __m256i));
-                for p in b * 16..b * 16 + 16 {
-                    let (lo, hi) = nibbles(src.add(p * C));
-                    sixteen_of(lo, s, dst.add(2 * p * C));
-                    sixteen_of(hi, s, dst.add((2 * p + 1) * C));
-                }
-            }
-        }
-    }
-
-    /// [`super::rows_q4`], the same bits.
-    ///
-    /// # Safety
-    /// As [`keys_q4`].
-    #[inline(always)]
-    pub(crate) unsafe fn rows_q4(src: *const u8, hd: usize, dst: *mut f16) {
-        // SAFETY: the caller's contract; 16 rows of hd / 32 blocks.
-        unsafe {
-            for b in 0..C * hd / 32 {
-                let blk = src.add(b * Q4_BLOCK);
-                let scale = _mm512_set1_ps(f16::from_le_bytes([*blk, *blk.add(1)]).to_f32());
-                let (lo, hi) = nibbles(blk.add(2));
-                sixteen_of(lo, scale, dst.add(b * 32));
-                sixteen_of(hi, scale, dst.add(b * 32 + 16));
-            }
-        }
-    }
-
-    /// [`super::keys_q8`], the same bits.
-    ///
-    /// # Safety
-    /// AVX-512 F and F16C (the caller's target features); `src` holds `17·hd` bytes, `dst`
-    /// `16·hd` F16; `hd` a multiple of 32.
-    #[inline(always)]
-    pub(crate) unsafe fn keys_q8(src: *const u8, hd: usize, dst: *mut f16) {
-        // SAFETY: the caller's contract; every offset stays inside the block and `dst`.
-        unsafe {
-            for b in 0..hd / 32 {
-                let s = _mm512_cvtph_ps(_mm256_loadu_si256(src.add(hd * C + b * C * 2) as *const __m256i));
-                for d in b * 32..b * 32 + 32 {
-                    sixteen(src.add(d * C), s, dst.add(d * C));
-                }
-            }
-        }
-    }
-
-    /// [`super::rows_q8`], the same bits.
-    ///
-    /// # Safety
-    /// As [`keys_q8`].
-    #[inline(always)]
-    pub(crate) unsafe fn rows_q8(src: *const u8, hd: usize, dst: *mut f16) {
-        // SAFETY: the caller's contract; 16 rows of hd / 32 blocks.
-        unsafe {
-            for b in 0..C * hd / 32 {
-                let blk = src.add(b * Q8_BLOCK);
-                let scale = _mm512_set1_ps(f16::from_le_bytes([*blk, *blk.add(1)]).to_f32());
-                sixteen(blk.add(2), scale, dst.add(b * 32));
-                sixteen(blk.add(18), scale, dst.add(b * 32 + 16));
-            }
-        }
-    }
-}
-
 /// NEON: four elements per step, `fcvtn` rounding to nearest even.
 #[cfg(target_arch = "aarch64")]
-pub(crate) mod neon {
+mod neon {
     use super::{C, Q4_BLOCK, Q8_BLOCK};
     use crate::simd::aarch64::to_f16_bits4;
     use half::f16;

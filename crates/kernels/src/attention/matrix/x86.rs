@@ -3,7 +3,8 @@
 //! once), the softmax step on those lanes, and the values with lanes over dimensions (one
 //! widened value row per cell, shared by up to four vectors). Bit for bit `model.rs`.
 
-use super::drive::{self, ColumnOps, Widen};
+use super::drive::{self, ColumnOps};
+use super::widen::Widen;
 use super::pipe;
 use super::model::C;
 use crate::attention::types::{KvRows, MatrixScratch, NextRows};
@@ -37,7 +38,7 @@ pub(super) unsafe fn run_task(task: &pipe::Task) -> usize {
 
 impl ColumnOps for Avx512Ops {
     type Scores = __m512;
-    const WIDEN: Widen = Widen::X86_512;
+    const WIDEN: Widen = Widen::X86;
 
     #[inline(always)]
     fn zero(&self) -> __m512 {
