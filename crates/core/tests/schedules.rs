@@ -159,7 +159,9 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
     assert_eq!(Schedules::new(vec![e(Path::Tiles, 8, 0.0), e(Path::Panel, 8, 2.0)]).faster_path(t, k, n_out, 8), None);
 
     // Executed: under `--fast-prefill` a matrix whose tiles were timed faster gives the tiles'
-    // bits, one whose panel was gives the panel's; untimed, its table decides (x86: the tiles).
+    // bits, one whose panel was gives the panel's; untimed, its table decides (x86: the tiles
+    // below `PANEL_OVER_TILES_ROWS` rows, the panel from there).
+    assert!(!matmul::panel_over_tiles(Isa::Avx512, 16) && matmul::panel_over_tiles(Isa::Avx512, 40) && matmul::panel_over_tiles(Isa::Dotprod, 16));
     let mut w = vec![0u8; n_out * row_bytes(t, k)];
     quantizer(t).unwrap()(&values(n_out * k, 7), &mut w);
     let mut checked = 0;
@@ -170,33 +172,35 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
         }
         let mut g = vec![0u8; w.len()];
         kernels.layout().pack(t, &w, row_bytes(t, k), &mut g);
-        let vdt = kernels.ops(t).unwrap().vec_dot_type;
-        let rows = 40;
-        let xrb = row_bytes(vdt, k);
-        let mut x = vec![0u8; rows * xrb];
-        for r in 0..rows {
-            kernels.from_float(vdt).unwrap()(&values(k, 100 + r as u64), &mut x[r * xrb..(r + 1) * xrb]);
-        }
-        let tiles = run(&kernels, Path::Tiles, t, &w, Some(&g), k, n_out, &x, rows, None, 2);
-        let panel = run(&kernels, Path::Panel, t, &w, None, k, n_out, &x, rows, None, 2);
-        assert_ne!(tiles, panel, "{}: the two paths' float orders differ", kernels.isa());
-        // Without a plan (or one that timed a single path), the table's rule.
-        let default = if matmul::panel_over_tiles(kernels.isa()) { &panel } else { &tiles };
-        for (plan, want) in [
-            (vec![e(Path::Tiles, 8, 1.0), e(Path::Panel, 8, 2.0)], &tiles),
-            (vec![e(Path::Tiles, 8, 2.0), e(Path::Panel, 8, 1.0)], &panel),
-            (vec![e(Path::Panel, 8, 1.0)], default),
-            (vec![], default),
-        ] {
-            let schedules = Schedules::new(plan);
-            let mut scratch = matmul::MatmulScratch::new(k, k, rows, schedules.max_panels());
-            let mut out = vec![f32::NAN; rows * n_out];
-            let o = Operands { dtype: t, k, n_out, w: &w, il: Some(&g), x: &x, xrb, rows, xmap: None, out: out.as_mut_ptr(), ldo: n_out, split: None };
-            for ith in 0..2 {
-                // SAFETY: out holds rows × n_out f32; the shares are disjoint and run one at a time.
-                unsafe { matmul::run(&kernels, &o, Mode { batch_invariant: false, panel_gemm: true }, Some(&schedules), ith, 2, &mut scratch) };
+        // Below and above the rows from which x86 prefers the panel without a plan.
+        for rows in [16, 40] {
+            let vdt = kernels.ops(t).unwrap().vec_dot_type;
+            let xrb = row_bytes(vdt, k);
+            let mut x = vec![0u8; rows * xrb];
+            for r in 0..rows {
+                kernels.from_float(vdt).unwrap()(&values(k, 100 + r as u64), &mut x[r * xrb..(r + 1) * xrb]);
             }
-            assert!(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>() == *want, "{}", kernels.isa());
+            let tiles = run(&kernels, Path::Tiles, t, &w, Some(&g), k, n_out, &x, rows, None, 2);
+            let panel = run(&kernels, Path::Panel, t, &w, None, k, n_out, &x, rows, None, 2);
+            assert_ne!(tiles, panel, "{}: the two paths' float orders differ", kernels.isa());
+            // Without a plan (or one that timed a single path), the table's rule.
+            let default = if matmul::panel_over_tiles(kernels.isa(), rows) { &panel } else { &tiles };
+            for (plan, want) in [
+                (vec![e(Path::Tiles, 8, 1.0), e(Path::Panel, 8, 2.0)], &tiles),
+                (vec![e(Path::Tiles, 8, 2.0), e(Path::Panel, 8, 1.0)], &panel),
+                (vec![e(Path::Panel, 8, 1.0)], default),
+                (vec![], default),
+            ] {
+                let schedules = Schedules::new(plan);
+                let mut scratch = matmul::MatmulScratch::new(k, k, rows, schedules.max_panels());
+                let mut out = vec![f32::NAN; rows * n_out];
+                let o = Operands { dtype: t, k, n_out, w: &w, il: Some(&g), x: &x, xrb, rows, xmap: None, out: out.as_mut_ptr(), ldo: n_out, split: None };
+                for ith in 0..2 {
+                    // SAFETY: out holds rows × n_out f32; the shares are disjoint and run one at a time.
+                    unsafe { matmul::run(&kernels, &o, Mode { batch_invariant: false, panel_gemm: true }, Some(&schedules), ith, 2, &mut scratch) };
+                }
+                assert!(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>() == *want, "{}", kernels.isa());
+            }
         }
         checked += 1;
     }

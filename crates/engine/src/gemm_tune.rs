@@ -115,7 +115,7 @@ impl Engine {
             n_out: shape.n_out,
             w: shape.file_at.map_or(&[][..], |at| &file[at..at + shape.n_out * wrb]),
             // The panel reads the file's rows; with its interleaved copy at hand an x86 table
-            // would run the tiles instead (`matmul::panel_over_tiles`).
+            // would run the tiles instead below 32 rows (`matmul::panel_over_tiles`).
             il: shape.il_at.filter(|_| shape.path != Path::Panel).map(|at| &packed[at..at + shape.n_out * wrb]),
             x: &x,
             xrb,

@@ -147,8 +147,10 @@ fn golden_smollm2() {
 /// `--fast-prefill` (panel GEMM, ggml's float order given up): the same checks with the
 /// tolerance widened by half (measured max |Δlogit| 1.01 against the golden 1.0), under the
 /// best table and, where that is AVX-512, under AVX2's panel kernel too (same bits: both
-/// equal the portable panel). With `--no-repack`: on x86 the panel runs only on matrices
-/// without interleaved tiles (`matmul::panel_over_tiles`).
+/// equal the portable panel). With `--no-repack` every matmul of 8 or more rows takes the
+/// panel; with the repacked weights (the default), on x86 only those of
+/// `matmul::PANEL_OVER_TILES_ROWS` or more rows, the tiles the others
+/// (`matmul::panel_over_tiles`).
 #[test]
 fn golden_smollm2_fast_prefill() {
     use corelm_kernels::Isa;
@@ -158,6 +160,7 @@ fn golden_smollm2_fast_prefill() {
     for isa in isas {
         check_model_cfg(d, f, 1.5 * t, corelm_engine::EngineConfig { fast_prefill: true, repack: false, isa: Some(isa), ..test_config(2) }, &[]);
     }
+    check_model_cfg(d, f, 1.5 * t, corelm_engine::EngineConfig { fast_prefill: true, isa: Some(best), ..test_config(2) }, &[]);
 }
 
 /// The same checks under every kernel table below the best this CPU runs (`--isa`), so each

@@ -149,15 +149,25 @@ pub fn path(kernels: &Kernels, dtype: DType, interleaved: bool, plain: bool, row
     }
 }
 
-/// Whether `--fast-prefill` without a tuned plan runs the panel GEMM on a matrix that also has
-/// interleaved tiles under `isa`'s table. Not on x86: there the repacked tiles are faster (Zen 5,
-/// pp512 at 2 threads, tiles / panel: AVX-512 SmolLM2 1738 / 1143, Qwen2.5 744 / 388 t/s; AVX2
-/// 1128 / 1126 and 407 / 390; Zen 4 AVX-512 1664 / 1255), so the panel runs only on matrices
-/// without tiles (`--no-repack`) or where a plan timed it faster. On aarch64 it does: its panel
-/// kernels are the matrix instructions' (`usmmla`, SME's outer products), not timed against
-/// the tiles on ARM hardware.
-pub fn panel_over_tiles(isa: Isa) -> bool {
-    !matches!(isa, Isa::Avx2 | Isa::Avx512)
+/// Batch rows from which `--fast-prefill` without a plan runs the panel GEMM rather than the
+/// interleaved tiles on x86 (`panel_over_tiles`). The panel decodes its weights for each call
+/// (`gemm::pack`), so it pays only over enough rows. On Zen 4, one thread, Q4_1 k = 576 in
+/// cache, ns per 128 products with the decoding, panel / AVX-512 tiles 1.79: 8 rows 2.1, 16
+/// rows 1.52, 32 rows 1.25, 512 rows 1.00. In the engine the weights come from memory and the
+/// crossing is later: SmolLM2 at 2 threads, t/s tiles / panel, pp16 728–1046 / 707–882, pp32
+/// 904–1001 / 895–1014, pp64 1066–1099 / 1269–1453, pp128 1098–1104 / 1511–1761; a decode
+/// step of 16 sequences 14.4 / 18.4 ms in the Q4_1 matmuls.
+pub const PANEL_OVER_TILES_ROWS: usize = 32;
+
+/// Whether `--fast-prefill` without a tuned plan runs the panel GEMM over `rows` batch rows on a
+/// matrix that also has interleaved tiles under `isa`'s table. On x86 from
+/// [`PANEL_OVER_TILES_ROWS`] rows: the panel kernels with their kind fixed at compile time and
+/// two panels per pass are faster than the tiles there (Zen 4, 2 threads, pp512: docs/benchmarks.md);
+/// below it the tiles are (before those kernels the panel ran on x86 only without tiles). On
+/// aarch64 always: its panel kernels are the matrix instructions' (`usmmla`, SME's outer
+/// products), not timed against the tiles on ARM hardware.
+pub fn panel_over_tiles(isa: Isa, rows: usize) -> bool {
+    !matches!(isa, Isa::Avx2 | Isa::Avx512) || rows >= PANEL_OVER_TILES_ROWS
 }
 
 /// One tuned schedule: for matmuls on `path` of a `dtype` matrix of `n_out` rows of `k` values,
@@ -219,9 +229,10 @@ impl Schedules {
         (tiles.rows == panel.rows && tiles.secs > 0.0 && panel.secs > 0.0).then_some(if tiles.secs < panel.secs { Path::Tiles } else { Path::Panel })
     }
 
-    /// Most panels a panel-GEMM schedule decodes per column block (the scratch to hold).
+    /// Most panels a panel-GEMM schedule decodes per column block (the scratch to hold; at
+    /// least the two of `Schedule::PANEL_DEFAULT`).
     pub fn max_panels(&self) -> usize {
-        self.entries.iter().filter(|e| e.path == Path::Panel).map(|e| e.sched.nc / gemm::PANEL).max().unwrap_or(1)
+        self.entries.iter().filter(|e| e.path == Path::Panel).map(|e| e.sched.nc / gemm::PANEL).max().unwrap_or(1).max(2)
     }
 }
 
@@ -278,7 +289,7 @@ pub unsafe fn run(kernels: &Kernels, o: &Operands, mode: Mode, schedules: Option
     // both paths), else where its table's panel is slower than its tiles.
     if mode.panel_gemm && o.il.is_some() {
         let faster = schedules.and_then(|t| t.faster_path(o.dtype, o.k, o.n_out, o.rows));
-        mode.panel_gemm = faster.map_or(panel_over_tiles(kernels.isa()), |p| p == Path::Panel);
+        mode.panel_gemm = faster.map_or(panel_over_tiles(kernels.isa(), o.rows), |p| p == Path::Panel);
     }
     let p = path(kernels, o.dtype, o.il.is_some(), !o.w.is_empty(), o.rows, mode);
     let sched = (p != Path::Plain && o.rows >= 2).then(|| schedules.and_then(|t| t.get(p, o.dtype, o.k, o.n_out, o.rows))).flatten();

@@ -195,7 +195,7 @@ impl Executor {
                 .map(|_| {
                     std::sync::Mutex::new(Scratch {
                         attn: AttnScratch::with_heads(max_head_dim, max_group),
-                        mm: MatmulScratch::new(max_k_all, max_k, max_rows, 1).with_gather(gather),
+                        mm: MatmulScratch::new(max_k_all, max_k, max_rows, 2).with_gather(gather),
                         wide: vec![0.0; COL_BLOCK * max_k_f16],
                         wide_act: vec![0.0; dense::ACT_CHUNK * max_k_f16],
                         // A worker's largest share of RoPE rows: in the smallest group.
@@ -261,7 +261,7 @@ impl Executor {
     /// Run matmuls with `schedules` where they have one for the matrix and length; each
     /// worker's panel scratch grows to the widest column block they use (allocated here, once).
     pub fn set_schedules(&mut self, schedules: Option<std::sync::Arc<Schedules>>) {
-        let panels = schedules.as_ref().map_or(1, |s| s.max_panels());
+        let panels = schedules.as_ref().map_or(2, |s| s.max_panels());
         let (k, rows) = self.gemm_dims;
         for s in &mut self.scratch {
             let s = s.get_mut().unwrap_or_else(|e| e.into_inner());

@@ -40,9 +40,9 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// The panel GEMM's fixed schedule before tuning: 4-row tiles, one panel per block, every
-    /// row and the whole inner dimension per block.
-    pub const PANEL_DEFAULT: Schedule = Schedule { mr: 4, nc: 8, mc: 0, kc: 0, row_parts: 0 };
+    /// The panel GEMM's fixed schedule before tuning: 4-row tiles, two panels per block (the
+    /// AVX-512 kernel runs them in one pass), every row and the whole inner dimension per block.
+    pub const PANEL_DEFAULT: Schedule = Schedule { mr: 4, nc: 16, mc: 0, kc: 0, row_parts: 0 };
 
     /// The interleaved tiles' fixed schedule before tuning: 8-row tiles over 64-column blocks.
     pub const TILE_DEFAULT: Schedule = Schedule { mr: 8, nc: 64, mc: 0, kc: 0, row_parts: 0 };

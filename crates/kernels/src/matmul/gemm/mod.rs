@@ -138,10 +138,27 @@ impl GemmScratch {
     }
 }
 
+/// Q4_K/Q5_K block `b` (sub-block `j = b % 8` of super-block `b / 8`) of a plain row: `j`, its
+/// scale and min folded to f32, and the super-block's `qs` and (Q5_K) `qh`. Its values are the
+/// nibbles of `qs[32·(j/2)..]`, low for even j, high for odd, with (Q5_K) bit j of `qh[l]` as
+/// the fifth.
+#[allow(clippy::type_complexity)]
+fn k_sub_block(t: DType, row: &[u8], b: usize) -> (usize, f32, f32, &[u8; QK_K / 2], Option<&[u8; QK_K / 8]>) {
+    let (sb, j) = (b / 8, b % 8);
+    let (dd, dmin, scales, qs, qh) = if t == DType::Q4K {
+        let x = &as_blocks::<BlockQ4K>(row)[sb];
+        (x.d, x.dmin, &x.scales, &x.qs, None)
+    } else {
+        let x = &as_blocks::<BlockQ5K>(row)[sb];
+        (x.d, x.dmin, &x.scales, &x.qs, Some(&x.qh))
+    };
+    let (sc, mn) = scale_min_k4(j, scales);
+    (j, dd.to_f32() * sc as f32, -(dmin.to_f32() * mn as f32), qs, qh)
+}
+
 /// Decode weight rows `c0 .. c0 + n` (n ≤ 8, missing columns zero) of `w` into `panel`.
 fn pack(t: DType, w: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
     let nb = k / 32;
-    crate::matmul::layout::note_repack(nb * PACKED_BLOCK);
     let rb = crate::row_bytes(t, k);
     for b in 0..nb {
         let blk = &mut panel[b * PACKED_BLOCK..(b + 1) * PACKED_BLOCK];
@@ -182,19 +199,8 @@ fn pack(t: DType, w: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
                         u = q5_1_values(x);
                     }
                     DType::Q4K | DType::Q5K => {
-                        // Sub-block j of super-block b / 8: nibbles of qs[32·(j/2)..], low for
-                        // even j, high for odd; Q5_K's fifth bit is bit j of qh[l].
-                        let (sb, j) = (b / 8, b % 8);
-                        let (dd, dmin, scales, qs, qh) = if t == DType::Q4K {
-                            let x = &as_blocks::<BlockQ4K>(row)[sb];
-                            (x.d, x.dmin, &x.scales, &x.qs, None)
-                        } else {
-                            let x = &as_blocks::<BlockQ5K>(row)[sb];
-                            (x.d, x.dmin, &x.scales, &x.qs, Some(&x.qh))
-                        };
-                        let (sc, mn) = scale_min_k4(j, scales);
-                        d[col] = dd.to_f32() * sc as f32;
-                        m[col] = -(dmin.to_f32() * mn as f32);
+                        let (j, qs, qh);
+                        (j, d[col], m[col], qs, qh) = k_sub_block(t, row, b);
                         for (l, v) in u.iter_mut().enumerate() {
                             let q = qs[(j / 2) * 32 + l];
                             *v = if j % 2 == 0 { q & 0xF } else { q >> 4 };
@@ -321,7 +327,15 @@ pub unsafe fn gemm_impl(
         let n_panels = (c1 - c0).div_ceil(PANEL);
         for p in 0..n_panels {
             let pc = c0 + p * PANEL;
-            pack(t, w, k, pc, (c1 - pc).min(PANEL), &mut panel[p * pb..(p + 1) * pb]);
+            let panel = &mut panel[p * pb..(p + 1) * pb];
+            crate::matmul::layout::note_repack(pb);
+            match isa {
+                // SAFETY: the caller's CPU runs the x86 tables, whose features (AVX2, F16C)
+                // this needs.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 | Isa::Avx512 => unsafe { x86::pack(t, w, k, pc, (c1 - pc).min(PANEL), o, panel) },
+                _ => pack(t, w, k, pc, (c1 - pc).min(PANEL), panel),
+            }
         }
         for b0 in (0..nb).step_by(kc) {
             let b1 = (b0 + kc).min(nb);
@@ -367,7 +381,8 @@ pub unsafe fn gemm_impl(
                     }
                     continue;
                 }
-                for p in 0..n_panels {
+                let mut p = 0;
+                while p < n_panels {
                     let pc = c0 + p * PANEL;
                     let n = (c1 - pc).min(PANEL);
                     // Row r of this call is row r0 + r of the output.
@@ -387,6 +402,19 @@ pub unsafe fn gemm_impl(
                         ysum: &ysum[r0 * nb * 2..],
                         rows: r1 - r0,
                     };
+                    // AVX-512: two panels per pass where there are two (each row's broadcasts
+                    // and block scalars serve both); panel p + 1's outputs are `(r, 1)`.
+                    #[cfg(target_arch = "x86_64")]
+                    if isa == Isa::Avx512 && p + 1 < n_panels {
+                        let n2 = (c1 - pc - PANEL).min(PANEL);
+                        let pcs = [(pc, n), (pc + PANEL, n2)];
+                        let second = &panel[(p + 1) * pb..(p + 2) * pb];
+                        // SAFETY: the caller's CPU runs the AVX-512 table, whose features this needs.
+                        unsafe { x86::panel_pair(job, second, |r, q| load(r0 + r, pcs[q].0, pcs[q].1), |r, q, acc| save(r0 + r, pcs[q].0, pcs[q].1, acc)) };
+                        p += 2;
+                        continue;
+                    }
+                    p += 1;
                     match isa {
                         // SAFETY (both): the caller's CPU runs `isa`'s table, whose features these need.
                         #[cfg(target_arch = "x86_64")]
@@ -405,5 +433,44 @@ pub unsafe fn gemm_impl(
             }
         }
         c0 = c1;
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    /// The AVX2 decoder writes the scalar decoder's bytes for every type, every column count
+    /// of a panel (the missing columns padded) and rows of several blocks and super-blocks.
+    #[test]
+    fn simd_pack_equals_scalar_pack() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")) {
+            return;
+        }
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut byte = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed as u8
+        };
+        for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
+            let k = if t.block_size() == 256 { 512 } else { 96 };
+            let rb = crate::row_bytes(t, k);
+            // Random bytes, with every f16 scale made a finite value of either sign.
+            let mut w: Vec<u8> = (0..10 * rb).map(|_| byte()).collect();
+            for v in w.chunks_exact_mut(2) {
+                if v[1] & 0x7C == 0x7C {
+                    v[1] &= !0x40;
+                }
+            }
+            for n in 1..=PANEL {
+                let (mut a, mut b) = (vec![0u8; k / 32 * PACKED_BLOCK], vec![1u8; k / 32 * PACKED_BLOCK]);
+                pack(t, &w, k, 10 - n, n, &mut a);
+                // SAFETY: AVX2 and F16C detected above.
+                unsafe { x86::pack(t, &w, k, 10 - n, n, offset(t), &mut b) };
+                assert!(a == b, "{t}: {n} columns");
+            }
+        }
     }
 }
