@@ -154,9 +154,10 @@ pub fn path(kernels: &Kernels, dtype: DType, interleaved: bool, plain: bool, row
 /// (`gemm::pack`), so it pays only over enough rows. On Zen 4, one thread, Q4_1 k = 576 in
 /// cache, ns per 128 products with the decoding, panel / AVX-512 tiles 1.79: 8 rows 2.1, 16
 /// rows 1.52, 32 rows 1.25, 512 rows 1.00. In the engine the weights come from memory and the
-/// crossing is later: SmolLM2 at 2 threads, t/s tiles / panel, pp16 728–1046 / 707–882, pp32
-/// 904–1001 / 895–1014, pp64 1066–1099 / 1269–1453, pp128 1098–1104 / 1511–1761; a decode
-/// step of 16 sequences 14.4 / 18.4 ms in the Q4_1 matmuls.
+/// crossing is later: SmolLM2 at 2 threads, t/s tiles / panel, pp16 1006–1089 / 876–1030,
+/// pp24 923–995 / 1155–1248, pp32 965–1114 / 1334–1366, pp64 967–1119 / 1626–1722; a decode
+/// step of 16 sequences 12.8–14.3 / 14.7–15.4 ms in the Q4_1 matmuls and 3.5 / 4.4 ms in the
+/// Q8_0 LM head, whose 16 rows are all output rows.
 pub const PANEL_OVER_TILES_ROWS: usize = 32;
 
 /// Whether `--fast-prefill` without a tuned plan runs the panel GEMM over `rows` batch rows on a

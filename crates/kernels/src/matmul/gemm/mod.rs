@@ -321,10 +321,16 @@ pub unsafe fn gemm_impl(
     let kc = if sched.kc == 0 { nb } else { sched.kc.min(nb) };
     let mc = if sched.mc == 0 { rows.max(1) } else { sched.mc };
     let pb = nb * PACKED_BLOCK;
+    let rb = crate::row_bytes(t, k);
     let mut c0 = cols.start;
     while c0 < cols.end {
         let c1 = (c0 + nc).min(cols.end);
         let n_panels = (c1 - c0).div_ceil(PANEL);
+        // The next column block's rows into L2 while this one is decoded and multiplied: they
+        // come from memory, a few lines per row at a time, which the hardware prefetcher
+        // follows poorly (a short batch waits on them).
+        let next = c1 * rb..(c1 + nc).min(cols.end) * rb;
+        crate::simd::prefetch(&w[next.start.min(w.len())..next.end.min(w.len())], crate::simd::CacheLevel::L2);
         for p in 0..n_panels {
             let pc = c0 + p * PANEL;
             let panel = &mut panel[p * pb..(p + 1) * pb];
