@@ -1,19 +1,24 @@
 //! x86 twins of `gemm::panel_portable`: lanes are the panel's 8 columns; the activation rows
 //! of a register tile share every loaded weight vector, and each row's four values of a group
-//! (one 32-bit broadcast) meet one panel ([`panel`]) or two ([`panel_pair`]: half the
-//! broadcasts and block scalars per product). AVX-512 VNNI (256-bit, AVX512VL): `vpdpbusd`
-//! adds 4 u8×i8 products per lane. AVX2 ([`panel_avx2`]): `maddubs` of two groups added as i16
-//! (each pair `u·y + u·y` ≤ 63·128·2, two of them ≤ 32 256: no saturation for codes up to 63,
-//! so not Q8_0, whose codes reach 255), then `madd` with ones into the i32 lanes. Both are
-//! bit-identical to the portable kernel (exact integer sums, the same float operations per
-//! lane in the same order).
+//! (one 32-bit broadcast) meet one panel ([`panel`], 256-bit) or two ([`panel_pair`]: one
+//! 512-bit vector, half the broadcasts and block scalars per product). AVX-512 VNNI:
+//! `vpdpbusd` adds 4 u8×i8 products per lane. AVX2 ([`panel_avx2`]): `maddubs` of two groups
+//! added as i16 (each pair `u·y + u·y` ≤ 63·128·2, two of them ≤ 32 256: no saturation for
+//! codes up to 63, so not Q8_0, whose codes reach 255), then `madd` with ones into the i32
+//! lanes. All are bit-identical to the portable kernel (exact integer sums, the same float
+//! operations per lane in the same order). [`pack`] decodes the weight rows into panels with
+//! AVX2, the scalar decoder's bytes.
 //!
 //! The activation kind, the code offset and the scale split are const parameters
 //! ([`by_kind`]), so nothing branches on them per row and block; each row's block scale and
 //! `s` are read from the row as [`act_block`](super::act_block) reads them, with F16C.
-//! Measured on Zen 4 (one thread, Q4_1, k = 576, 128 rows, `mr` 8, packing included): 1.91 ns
-//! per 128 products before (kind matched at run time per row and block, `act_block` per row
-//! and block), 1.20 after, 0.99 for pairs of panels; the interleaved tiles take 1.79.
+//! Measured on Zen 4 (one thread, Q4_1, k = 576, 512 rows, `mr` 4, decoding included), ns per
+//! 128 products: 2.04 before (kind matched at run time per row and block, `act_block` per row
+//! and block, the scalar decoder), 1.11 with the kind fixed, 1.0 over pairs of panels in
+//! 512-bit vectors with the AVX2 decoder; the interleaved tiles take 1.79, the core's peak is
+//! 0.55. Splitting each row's chain of eight `vpdpbusd` in two gained nothing at 4 rows and
+//! spilled at 8; converting the block scalars once per call instead of once per panel gained
+//! nothing measurable.
 
 #![allow(clippy::missing_safety_doc)]
 
