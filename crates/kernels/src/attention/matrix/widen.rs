@@ -15,6 +15,7 @@
 
 use crate::attention::types::KEY_COLUMNS as C;
 use crate::DType;
+use crate::quant::blocks::{BlockQ4_0, BlockQ8_0};
 use half::f16;
 
 /// The versions of the widening.
@@ -69,9 +70,9 @@ pub(crate) fn block(w: Widen, t: DType, keys: bool, src: &[u8], hd: usize, dst: 
 }
 
 /// Bytes of a Q8_0 block (an F16 scale and 32 int8 values).
-const Q8_BLOCK: usize = 34;
+const Q8_BLOCK: usize = size_of::<BlockQ8_0>();
 /// Bytes of a Q4_0 block (an F16 scale and 32 nibbles).
-const Q4_BLOCK: usize = 18;
+const Q4_BLOCK: usize = size_of::<BlockQ4_0>();
 
 /// Cell `j`'s key (`key`: one Q4_0 row, as the row writer quantizes it) into its Q4_0 column
 /// block at `block` (`9 · hd` bytes).

@@ -28,6 +28,7 @@ use crate::quant::blocks::*;
 use crate::simd::x86::h2f;
 use crate::DType;
 use std::arch::x86_64::*;
+use std::mem::{offset_of, size_of};
 
 /// `gemm::pack` with AVX2 and F16C, the same bytes: weight rows `c0 .. c0 + n` (n ≤ 8; the
 /// missing columns' codes at the offset `o`, scale and min 0) of `w` (rows of `k` values) into
@@ -226,45 +227,48 @@ unsafe fn by_kind<const VNNI: bool, const P: usize>(job: PanelJob, panels: [&[u8
 unsafe fn panel_kind<const A: u8, const OFF: bool, const SPLIT: bool, const VNNI: bool, const P: usize>(job: PanelJob, panels: [&[u8]; P], acc0: &impl Fn(usize, usize) -> [f32; PANEL], store: &mut impl FnMut(usize, usize, &[f32; PANEL])) {
     let PanelJob { nb, b1, x, xrb, rows, mr, ysum, .. } = job;
     // Bytes of an activation block (Q8_K: of a super-block of eight).
-    let abs = [34, 36, 292][A as usize];
+    let abs = act_bytes::<A>();
     assert!(panels.iter().all(|p| p.len() >= nb * PACKED_BLOCK) && b1 <= nb && x.len() >= rows * xrb);
     assert!(xrb >= if A == Q8K { nb / 8 * abs } else { nb * abs } && (!OFF || ysum.len() >= rows * nb * 2));
     let tile = mr.clamp(1, 8);
     let mut r = 0;
-    if P == 2 {
-        // Two panels are one 512-bit vector (AVX-512 VNNI only).
-        assert!(VNNI);
-        while r < rows {
-            let h = if r + tile <= rows { tile } else { 1 };
-            let panels = [panels[0], panels[P - 1]];
-            // SAFETY (every arm): the caller's features (VNNI: AVX-512 F/VL/VNNI); rows r ..
-            // r + h exist.
-            unsafe {
-                match h {
-                    8 => rows_wide::<8, A, OFF, SPLIT>(&job, &panels, r, acc0, store),
-                    6 | 7 => rows_wide::<6, A, OFF, SPLIT>(&job, &panels, r, acc0, store),
-                    4 | 5 => rows_wide::<4, A, OFF, SPLIT>(&job, &panels, r, acc0, store),
-                    2 | 3 => rows_wide::<2, A, OFF, SPLIT>(&job, &panels, r, acc0, store),
-                    _ => rows_wide::<1, A, OFF, SPLIT>(&job, &panels, r, acc0, store),
-                }
-            }
-            r += [1, 1, 2, 2, 4, 4, 6, 6, 8][h];
-        }
-        return;
-    }
     while r < rows {
         let h = if r + tile <= rows { tile } else { 1 };
         // SAFETY (every arm): the caller's features; rows r .. r + h exist (checked here).
         unsafe {
             match h {
-                8 => rows_block::<8, A, OFF, SPLIT, VNNI>(&job, panels[0], r, acc0, store),
-                6 | 7 => rows_block::<6, A, OFF, SPLIT, VNNI>(&job, panels[0], r, acc0, store),
-                4 | 5 => rows_block::<4, A, OFF, SPLIT, VNNI>(&job, panels[0], r, acc0, store),
-                2 | 3 => rows_block::<2, A, OFF, SPLIT, VNNI>(&job, panels[0], r, acc0, store),
-                _ => rows_block::<1, A, OFF, SPLIT, VNNI>(&job, panels[0], r, acc0, store),
+                8 => rows_tile::<8, A, OFF, SPLIT, VNNI, P>(&job, &panels, r, acc0, store),
+                6 | 7 => rows_tile::<6, A, OFF, SPLIT, VNNI, P>(&job, &panels, r, acc0, store),
+                4 | 5 => rows_tile::<4, A, OFF, SPLIT, VNNI, P>(&job, &panels, r, acc0, store),
+                2 | 3 => rows_tile::<2, A, OFF, SPLIT, VNNI, P>(&job, &panels, r, acc0, store),
+                _ => rows_tile::<1, A, OFF, SPLIT, VNNI, P>(&job, &panels, r, acc0, store),
             }
         }
         r += [1, 1, 2, 2, 4, 4, 6, 6, 8][h];
+    }
+}
+
+/// Rows `r0 .. r0 + R` of [`panel_kind`]: on its one panel in 256-bit vectors
+/// ([`rows_block`]), or on its two as one 512-bit vector ([`rows_wide`], AVX-512 VNNI only).
+///
+/// # Safety
+/// As [`panel_kind`].
+#[inline(always)]
+unsafe fn rows_tile<const R: usize, const A: u8, const OFF: bool, const SPLIT: bool, const VNNI: bool, const P: usize>(
+    job: &PanelJob,
+    panels: &[&[u8]; P],
+    r0: usize,
+    acc0: &impl Fn(usize, usize) -> [f32; PANEL],
+    store: &mut impl FnMut(usize, usize, &[f32; PANEL]),
+) {
+    // SAFETY (both): the caller's features and bounds.
+    unsafe {
+        if P == 2 {
+            assert!(VNNI, "two panels per pass need AVX-512 VNNI");
+            rows_wide::<R, A, OFF, SPLIT>(job, &[panels[0], panels[P - 1]], r0, acc0, store)
+        } else {
+            rows_block::<R, A, OFF, SPLIT, VNNI>(job, panels[0], r0, acc0, store)
+        }
     }
 }
 
@@ -351,15 +355,26 @@ unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: 
     }
 }
 
+/// Bytes of an activation block of kind `A` (Q8_K: of a super-block of eight 32-blocks).
+const fn act_bytes<const A: u8>() -> usize {
+    match A {
+        Q8_0 => size_of::<BlockQ8_0>(),
+        Q8_1 => size_of::<BlockQ8_1>(),
+        _ => size_of::<BlockQ8K>(),
+    }
+}
+
 /// Where activation block `b`'s scale (Q8_K: its super-block's) and 32 quants sit in a row of
 /// kind `A`.
 #[inline(always)]
 fn block_at<const A: u8>(b: usize) -> (usize, usize) {
-    match A {
-        Q8_0 => (b * 34, b * 34 + 2),
-        Q8_1 => (b * 36, b * 36 + 4),
-        _ => (b / 8 * 292, b / 8 * 292 + 4 + b % 8 * 32),
-    }
+    let head = if A == Q8K { b / 8 * act_bytes::<A>() } else { b * act_bytes::<A>() };
+    let q = match A {
+        Q8_0 => offset_of!(BlockQ8_0, qs),
+        Q8_1 => offset_of!(BlockQ8_1, qs),
+        _ => offset_of!(BlockQ8K, qs) + b % 8 * 32,
+    };
+    (head, head + q)
 }
 
 /// A row's block scale and (with a min) `s` from its block head `hp` (Q8_K: its super-block's,
@@ -371,11 +386,11 @@ fn block_at<const A: u8>(b: usize) -> (usize, usize) {
 unsafe fn scalars<const A: u8>(hp: *const u8, b: usize) -> (f32, f32) {
     let h = |at: usize| h2f(half::f16::from_bits(unsafe { (hp.add(at) as *const u16).read_unaligned() }));
     match A {
-        Q8_0 => (h(0), 0.0),
-        Q8_1 => (h(0), h(2)),
+        Q8_0 => (h(offset_of!(BlockQ8_0, d)), 0.0),
+        Q8_1 => (h(offset_of!(BlockQ8_1, d)), h(offset_of!(BlockQ8_1, s))),
         _ => {
-            // SAFETY: the super-block's f32 scale and its 16 i16 sums after 256 quants.
-            let (d, bs) = unsafe { ((hp as *const f32).read_unaligned(), hp.add(4 + 256 + b % 8 * 4) as *const i16) };
+            // SAFETY: the super-block's f32 scale and its 16 i16 sums.
+            let (d, bs) = unsafe { ((hp.add(offset_of!(BlockQ8K, d)) as *const f32).read_unaligned(), hp.add(offset_of!(BlockQ8K, bsums) + b % 8 * 4) as *const i16) };
             // SAFETY: sums 2(b % 8) and 2(b % 8) + 1 of the 16.
             let (s0, s1) = unsafe { (bs.read_unaligned(), bs.add(1).read_unaligned()) };
             (d, d * (s0 as i32 + s1 as i32) as f32)
