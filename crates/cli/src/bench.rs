@@ -273,4 +273,8 @@ fn print_profile(engine: &corelm_engine::Engine, prof: &corelm_engine::Profile, 
     if let Some((group, global)) = engine.barriers(pass_tokens) {
         eprintln!("  graph nodes per pass followed by the global barrier: {global}, by their worker group's only: {group}");
     }
+    if prof.group_wait.len() > 1 {
+        let waits: Vec<String> = prof.group_wait.iter().enumerate().map(|(g, w)| format!("group {g} {:.3} ms", 1e3 * w / per as f64)).collect();
+        eprintln!("  waiting in global barriers per {unit} (a worker's mean; the group that waits least sets the pace): {}", waits.join(", "));
+    }
 }

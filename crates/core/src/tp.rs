@@ -1,10 +1,16 @@
 //! The tensor-parallel shard plan (ArcLight §3.2): which part of every split matrix each of
 //! `degree` shards (one per NUMA node, or per virtual node: a group of the thread pool) owns.
 //!
-//! * Query heads are cut into `degree` contiguous ranges whose sizes differ by at most one
-//!   (uneven splits work). A shard's KV heads are those its query heads read: a KV head whose
-//!   query group straddles two shards is replicated on both, and each keeps its own copy of
-//!   that head's cache rows.
+//! * Query heads are cut into `degree` contiguous ranges. A shard's KV heads are those its
+//!   query heads read: a KV head whose query group straddles two shards is replicated on both,
+//!   and each keeps its own copy of that head's cache rows.
+//! * **Parts follow the worker groups.** Query heads and feed-forward blocks are each split
+//!   in proportion to the shards' worker groups (equal groups: sizes differing by at most one,
+//!   larger parts first), each kind on its own: the shards meet at a global barrier after the
+//!   attention block (its gather) and again after the feed-forward block, so each block must be
+//!   even by itself. Giving the shard with one head fewer more feed-forward rows instead (SmolLM2's
+//!   9 heads as 5 + 4 at `--tp 2`) was measured slower: both shards then wait at alternate
+//!   gathers (`corelm bench --profile` shows each group's waits).
 //! * Wq/Wk/Wv (and their biases) are split by rows along those heads; Wo by the matching
 //!   columns, so each shard's attention output meets only its own slice of Wo and the shards'
 //!   partial sums are added at the gather.
@@ -17,7 +23,7 @@
 //! * Norms and other vectors are replicated (read by every shard from the one copy).
 //!
 //! A degree that cannot work is refused with the numbers: more shards than query heads, than
-//! feed-forward units, or head boundaries that fall inside a quantization block of Wo.
+//! feed-forward units, or than the head boundaries that fall on whole quantization blocks of Wo.
 
 use std::ops::Range;
 
@@ -66,11 +72,21 @@ pub fn balanced(n: usize, s: usize, d: usize) -> Range<usize> {
 }
 
 impl TpPlan {
-    /// The plan for `degree` shards, or why that degree cannot work.
+    /// The plan for `degree` shards of equal worker groups, or why that degree cannot work.
     pub fn new(degree: usize, dims: TpDims) -> Result<TpPlan, String> {
+        Self::sized(dims, &vec![1; degree])
+    }
+
+    /// The plan for one shard per entry of `workers` (its worker group's size: each shard's
+    /// heads and feed-forward blocks in proportion to it), or why that degree cannot work.
+    pub fn sized(dims: TpDims, workers: &[usize]) -> Result<TpPlan, String> {
         let TpDims { n_head, n_kv_head, head_dim, n_ff, n_expert, ff_block, wo_block } = dims;
+        let degree = workers.len();
         if degree == 0 {
             return Err("--tp must be at least 1".into());
+        }
+        if workers.contains(&0) {
+            return Err(format!("--tp {degree}: every shard needs at least one worker, got groups of {workers:?}"));
         }
         if n_kv_head == 0 || n_head % n_kv_head != 0 {
             return Err(format!("{n_head} query heads are not a multiple of {n_kv_head} KV heads"));
@@ -91,27 +107,24 @@ impl TpPlan {
         if n_expert > 0 && degree > n_expert {
             return Err(format!("--tp {degree}: the model has {n_expert} experts, and each shard needs at least one"));
         }
-        let group = n_head / n_kv_head;
-        let q_heads: Vec<Range<usize>> = (0..degree).map(|s| balanced(n_head, s, degree)).collect();
-        if let Some(q) = q_heads.iter().find(|q| (q.start * head_dim) % wo_block.max(1) != 0) {
+        // A shard's first head must start a quantization block of Wo's columns: heads are cut
+        // in steps of `step`, the last step possibly shorter.
+        let step = wo_block.max(1) / gcd(wo_block.max(1), head_dim);
+        let head_units = n_head.div_ceil(step);
+        if degree > head_units {
             return Err(format!(
-                "--tp {degree}: query head {} starts at column {} of the attention output matrix, \
-                 inside one of its {wo_block}-value quantization blocks; choose a degree that cuts \
-                 the {n_head} heads at multiples of {} heads",
-                q.start,
-                q.start * head_dim,
-                wo_block.max(1) / gcd(wo_block.max(1), head_dim)
+                "--tp {degree}: Wo's {wo_block}-value quantization blocks let the {n_head} query heads ({head_dim} values each) \
+                 be cut only at multiples of {step} heads, which gives at most {head_units} shards"
             ));
         }
+        let group = n_head / n_kv_head;
+        let share: Vec<f64> = workers.iter().map(|&w| w as f64).collect();
+        let q_heads: Vec<Range<usize>> = ranges(&proportional(head_units, &share), step).into_iter().map(|r| r.start.min(n_head)..r.end.min(n_head)).collect();
+        let ff_blocks = if n_ff > 0 { proportional(ff_units, &share) } else { vec![0; degree] };
         let kv_heads: Vec<Range<usize>> = q_heads.iter().map(|q| q.start / group..(q.end - 1) / group + 1).collect();
         let kv_base = kv_heads.iter().scan(0, |next, kv| Some(std::mem::replace(next, *next + kv.len()))).collect();
-        let ff = (0..degree)
-            .map(|s| {
-                let u = balanced(ff_units, s, degree);
-                u.start * ff_block..u.end * ff_block
-            })
-            .collect();
-        let experts = (0..degree).map(|s| balanced(n_expert, s, degree)).collect();
+        let ff = ranges(&ff_blocks, ff_block);
+        let experts = if n_expert > 0 { ranges(&proportional(n_expert, &share), 1) } else { vec![0..0; degree] };
         Ok(TpPlan { dims, q_heads, kv_heads, ff, experts, kv_base })
     }
 
@@ -152,6 +165,37 @@ fn gcd(a: usize, b: usize) -> usize {
     }
 }
 
+/// `n` items (`n` ≥ shards, at least one each) in proportion to `share`: the floors of the
+/// ideal parts (at least one), then one at a time to the part furthest below its ideal (from
+/// the part furthest above it while there are too many), earlier parts first on ties.
+fn proportional(n: usize, share: &[f64]) -> Vec<usize> {
+    let total: f64 = share.iter().sum();
+    let ideal: Vec<f64> = share.iter().map(|s| n as f64 * s / total).collect();
+    let mut out: Vec<usize> = ideal.iter().map(|x| (x.floor() as usize).max(1)).collect();
+    let gap = |out: &[usize], i: usize| ideal[i] - out[i] as f64;
+    while out.iter().sum::<usize>() > n {
+        let i = (0..out.len()).filter(|&i| out[i] > 1).min_by(|&a, &b| gap(&out, a).total_cmp(&gap(&out, b))).expect("n ≥ shards");
+        out[i] -= 1;
+    }
+    while out.iter().sum::<usize>() < n {
+        let i = (0..out.len()).rev().max_by(|&a, &b| gap(&out, a).total_cmp(&gap(&out, b))).expect("at least one shard");
+        out[i] += 1;
+    }
+    out
+}
+
+/// Consecutive ranges of `counts[i] · unit` items each, from 0.
+fn ranges(counts: &[usize], unit: usize) -> Vec<Range<usize>> {
+    counts
+        .iter()
+        .scan(0, |next, &n| {
+            let start = *next;
+            *next += n * unit;
+            Some(start..*next)
+        })
+        .collect()
+}
+
 /// Least common multiple (of quantization block sizes).
 pub fn lcm(a: usize, b: usize) -> usize {
     a / gcd(a, b) * b
@@ -174,7 +218,7 @@ mod tests {
                 let mut next = (0, 0);
                 for s in 0..d {
                     let (q, ff) = (&p.q_heads[s], &p.ff[s]);
-                    assert!(q.start == next.0 && !q.is_empty() && q.len() <= dims.n_head / d + 1);
+                    assert!(q.start == next.0 && !q.is_empty());
                     assert!(ff.start == next.1 && !ff.is_empty() && ff.start % dims.ff_block == 0);
                     // Every query head's KV head is on its shard.
                     assert!(q.clone().all(|h| p.kv_heads[s].contains(&(h / g))));
@@ -234,10 +278,34 @@ mod tests {
         let narrow = TpDims { n_ff: 512, ..QWEN };
         let e = TpPlan::new(3, narrow).unwrap_err();
         assert!(e.contains("2 blocks of 256"), "{e}");
-        // Head boundaries inside Wo's 256-value blocks (64-value heads): cut at multiples of 4.
+        // Wo in 256-value blocks (64-value heads): heads are cut at multiples of 4, so 14 heads
+        // give at most 4 shards (4 + 4 + 4 + 2).
         let k_quant_wo = TpDims { wo_block: 256, ..QWEN };
-        assert!(TpPlan::new(2, k_quant_wo).is_err());
-        let e = TpPlan::new(3, k_quant_wo).unwrap_err();
-        assert!(e.contains("multiples of 4 heads"), "{e}");
+        assert_eq!(TpPlan::new(2, k_quant_wo).unwrap().q_heads, [0..8, 8..14]);
+        assert_eq!(TpPlan::new(3, k_quant_wo).unwrap().q_heads, [0..8, 8..12, 12..14]);
+        assert_eq!(TpPlan::new(4, k_quant_wo).unwrap().q_heads, [0..4, 4..8, 8..12, 12..14]);
+        let e = TpPlan::new(5, k_quant_wo).unwrap_err();
+        assert!(e.contains("multiples of 4 heads") && e.contains("at most 4 shards"), "{e}");
+        let e = TpPlan::sized(SMOL, &[2, 0]).unwrap_err();
+        assert!(e.contains("at least one worker"), "{e}");
+    }
+
+    /// Unequal worker groups get parts in proportion: heads, feed-forward blocks and experts.
+    #[test]
+    fn parts_follow_the_worker_groups() {
+        // SmolLM2 on groups of 2 and 1 workers: 9 heads as 6 + 3, 48 blocks of 32 as 32 + 16.
+        let p = TpPlan::sized(SMOL, &[2, 1]).unwrap();
+        assert_eq!(p.q_heads, [0..6, 6..9]);
+        assert_eq!(p.kv_heads, [0..2, 2..3]);
+        assert_eq!(p.ff, [0..1024, 1024..1536]);
+        // Qwen2.5 on 3 + 1 + 1 + 1: 14 heads as 7, 3, 2, 2 (largest remainders, earlier first
+        // on ties); 19 blocks as 10, 3, 3, 3.
+        let p = TpPlan::sized(QWEN, &[3, 1, 1, 1]).unwrap();
+        assert_eq!(p.q_heads, [0..7, 7..10, 10..12, 12..14]);
+        assert_eq!(p.ff.iter().map(|f| f.len() / 256).collect::<Vec<_>>(), [10, 3, 3, 3]);
+        // Equal groups of any size are the equal split.
+        assert_eq!(TpPlan::sized(QWEN, &[4, 4, 4]).unwrap(), TpPlan::new(3, QWEN).unwrap());
+        let moe = TpDims { n_head: 4, n_kv_head: 2, head_dim: 32, n_ff: 0, n_expert: 8, ff_block: 1, wo_block: 1 };
+        assert_eq!(TpPlan::sized(moe, &[1, 3]).unwrap().experts, [0..2, 2..8]);
     }
 }

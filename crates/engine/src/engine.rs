@@ -137,8 +137,10 @@ fn check_accel_split(cfg: &EngineConfig) -> Result<(), Error> {
     Ok(())
 }
 
-/// The shard plan of `--tp` for this model, or why that degree cannot work (`None` at 1).
-fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig, degree: usize) -> Result<Option<Arc<TpPlan>>, Error> {
+/// The shard plan of `--tp` for this model over worker groups of `groups` workers (one per
+/// shard), or why that degree cannot work (`None` at 1).
+fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig, groups: &[usize]) -> Result<Option<Arc<TpPlan>>, Error> {
+    let degree = groups.len();
     if degree <= 1 {
         return Ok(None);
     }
@@ -159,7 +161,7 @@ fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig, degree: us
     };
     let wo_block = block("attn_output").unwrap_or(1);
     let dims = TpDims { n_head: h.n_head, n_kv_head: h.n_kv_head, head_dim: h.head_dim, n_ff, n_expert, ff_block, wo_block };
-    TpPlan::new(degree, dims).map(|p| Some(Arc::new(p))).map_err(Error::Config)
+    TpPlan::sized(dims, groups).map(|p| Some(Arc::new(p))).map_err(Error::Config)
 }
 
 
@@ -243,7 +245,12 @@ impl Engine {
             0 => 1,
             d => d,
         };
-        let tp = tp_plan(&gguf, &h, &cfg, degree)?;
+        // Worker groups: one per shard, consecutive workers.
+        let group_sizes: Vec<usize> = match &plan_workers {
+            Some(w) => w.group_sizes.clone(),
+            None => (0..degree).map(|s| corelm_core::tp::balanced(cfg.n_threads, s, degree).len()).collect(),
+        };
+        let tp = tp_plan(&gguf, &h, &cfg, &group_sizes)?;
         // Sparsity and hot neurons skip or move neurons of dense feed-forwards.
         let n_expert = expert_count(&gguf);
         if n_expert > 0 && (cfg.sparsity.is_some() || cfg.accel.is_some()) {
@@ -320,12 +327,7 @@ impl Engine {
                 }
             }
         }
-        // Worker groups (one per shard, consecutive workers) and, under `--numa tp`, each
-        // worker's CPU and each shard's node.
-        let group_sizes: Vec<usize> = match &plan_workers {
-            Some(w) => w.group_sizes.clone(),
-            None => (0..degree).map(|s| corelm_core::tp::balanced(cfg.n_threads, s, degree).len()).collect(),
-        };
+        // Under `--numa tp`, each worker's CPU and each shard's node.
         let (worker_cpus, shard_places) = match (&tp, cfg.numa) {
             _ if plan_workers.is_some() => {
                 let w = plan_workers.as_ref().expect("checked");

@@ -9,6 +9,10 @@ use corelm_kernels::DType;
 #[derive(Default, Clone, Debug)]
 pub struct Profile {
     pub per_op: Vec<ProfileEntry>,
+    /// Seconds each worker group spent waiting in global barriers (the mean over its
+    /// workers), summed over the profiled passes: with tensor parallelism, the shards' idle
+    /// time at scatters and gathers, so a shard that waits less than the others sets the pace.
+    pub group_wait: Vec<f64>,
 }
 
 /// One line of a [`Profile`].
@@ -43,6 +47,15 @@ impl Profile {
                 e.bytes += bytes;
             }
             None => self.per_op.push(ProfileEntry { op, weight, secs, nodes: 1, bytes }),
+        }
+    }
+
+    pub(super) fn add_waits(&mut self, waits: &[f64]) {
+        if self.group_wait.len() < waits.len() {
+            self.group_wait.resize(waits.len(), 0.0);
+        }
+        for (a, w) in self.group_wait.iter_mut().zip(waits) {
+            *a += w;
         }
     }
 
