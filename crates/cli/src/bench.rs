@@ -273,8 +273,15 @@ fn print_profile(engine: &corelm_engine::Engine, prof: &corelm_engine::Profile, 
     if let Some((group, global)) = engine.barriers(pass_tokens) {
         eprintln!("  graph nodes per pass followed by the global barrier: {global}, by their worker group's only: {group}");
     }
-    if prof.group_wait.len() > 1 {
-        let waits: Vec<String> = prof.group_wait.iter().enumerate().map(|(g, w)| format!("group {g} {:.3} ms", 1e3 * w / per as f64)).collect();
-        eprintln!("  waiting in global barriers per {unit} (a worker's mean; the group that waits least sets the pace): {}", waits.join(", "));
+    match prof.group_wait.as_slice() {
+        [] => {}
+        [w] => eprintln!(
+            "  a worker waits {:.3} ms per {unit} in global barriers (the mean over workers: the nodes' uneven shares, and single-row nodes that one worker runs)",
+            1e3 * w / per as f64
+        ),
+        waits => {
+            let waits: Vec<String> = waits.iter().enumerate().map(|(g, w)| format!("group {g} {:.3} ms", 1e3 * w / per as f64)).collect();
+            eprintln!("  waits in global barriers per {unit} (a worker's mean; the group that waits least sets the pace): {}", waits.join(", "));
+        }
     }
 }

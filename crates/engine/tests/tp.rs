@@ -177,3 +177,41 @@ fn async_and_lockstep_give_the_same_bits_under_stress() {
         }
     }
 }
+
+/// Unequal worker groups get parts in proportion: `-t 3 --tp 2` is a group of 2 workers and
+/// one of 1, so SmolLM2's 9 heads split 6 + 3 and its 48 feed-forward blocks 32 + 16, and each
+/// layer's matrices hold twice the weights in the first shard; the logits stay within the
+/// golden tolerance of degree 1. A profile reports each group's waits at the global barriers.
+#[test]
+fn shards_follow_their_worker_groups() {
+    use corelm_core::Op;
+    let (file, tol) = (MODELS[0].1, MODELS[0].2);
+    let (mut e, tok) = load(file, EngineConfig { tp: 2, ..test_config(3) });
+    let g = e.graph(5, 5);
+    let mut weights = [0usize; 2];
+    let mut q_rows = [0usize; 2];
+    for id in &g.nodes {
+        let t = &g.tensors[id.0 as usize];
+        let (Op::MatMul { w, .. }, Some(s), 0) = (t.op, t.group, t.layer) else { continue };
+        let w = &g.tensors[w.0 as usize];
+        weights[s as usize] += w.ne[0] * w.ne[1];
+        if q_rows[s as usize] == 0 {
+            q_rows[s as usize] = w.ne[1];
+        }
+    }
+    assert_eq!(q_rows, [6 * 64, 3 * 64], "the first matmul of each shard is its Wq rows");
+    assert_eq!(weights[0], 2 * weights[1], "{weights:?}");
+    let prompt = tok.encode(TEXT, true, false).unwrap();
+    e.profile = Some(Default::default());
+    let got = run(&mut e, &prompt, &[17]);
+    let waits = e.profile.take().unwrap().group_wait;
+    assert!(waits.len() == 2 && waits.iter().all(|w| w.is_finite() && *w >= 0.0), "{waits:?}");
+    drop(e);
+    let (mut one, _) = load(file, test_config(3));
+    let want = run(&mut one, &prompt, &[17]);
+    for (r, (a, b)) in got.iter().zip(&want).enumerate() {
+        let top = top10(b);
+        let max = top.iter().map(|&i| (a[i] - b[i]).abs()).fold(0f32, f32::max);
+        assert!(max <= tol, "row {r}: max |Δlogit| {max} > {tol}");
+    }
+}

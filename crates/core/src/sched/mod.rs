@@ -308,10 +308,9 @@ impl Executor {
             classes: &self.classes,
             pipeline: self.pipeline.as_ref(),
         };
-        // With a profile, each worker times its waits in global barriers (nanoseconds, summed
-        // per group) to show how evenly the groups are loaded.
+        // With a profile, each worker times its waits in global barriers.
         let timing = profile.is_some();
-        let waits: Vec<std::sync::atomic::AtomicU64> = (0..if timing { pool.n_threads() } else { 0 }).map(|_| Default::default()).collect();
+        let waits = profile::BarrierWaits::new(if timing { pool.n_threads() } else { 0 });
         let prof = std::sync::Mutex::new(profile);
         pool.run_view(view, &|w: &Worker| {
             let mut scratch = self.scratch[w.ith].lock().unwrap_or_else(|e| e.into_inner());
@@ -332,11 +331,7 @@ impl Executor {
                 match sync {
                     After::Group if mine => w.barrier(),
                     After::Group => {}
-                    After::Global if timing => {
-                        let t = Instant::now();
-                        w.global_barrier();
-                        waits[w.group].fetch_add(t.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
-                    }
+                    After::Global if timing => waits.time(w.group, || w.global_barrier()),
                     After::Global => w.global_barrier(),
                 }
                 if let (0, Some(dir)) = (w.ith, &self.dump_dir) {
@@ -362,13 +357,7 @@ impl Executor {
             }
         });
         if let Some(p) = prof.into_inner().unwrap_or_else(|e| e.into_inner()) {
-            let groups = pool.view_groups(view);
-            let secs: Vec<f64> = groups
-                .iter()
-                .enumerate()
-                .map(|(g, r)| waits[g].load(std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9 / r.len().max(1) as f64)
-                .collect();
-            p.add_waits(&secs);
+            p.add_waits(&waits.per_worker(pool.view_groups(view)));
         }
     }
 }

@@ -2,6 +2,9 @@
 //! by weight type and layout with the bytes they read.
 
 use corelm_kernels::DType;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 /// Time spent per op kind, summed over nodes (worker 0's view, barrier included). Matmuls are
 /// kept apart by weight type and layout, with the weight bytes they read, so a profile shows
@@ -62,5 +65,28 @@ impl Profile {
     /// Total seconds over all entries.
     pub fn total_secs(&self) -> f64 {
         self.per_op.iter().map(|e| e.secs).sum()
+    }
+}
+
+/// Nanoseconds the workers of each group spent in global barriers during one pass.
+pub(super) struct BarrierWaits(Vec<AtomicU64>);
+
+impl BarrierWaits {
+    /// Room for up to `groups` groups (0: nothing is timed).
+    pub(super) fn new(groups: usize) -> Self {
+        BarrierWaits((0..groups).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    /// Run `barrier`, adding its time to `group`'s.
+    #[inline]
+    pub(super) fn time(&self, group: usize, barrier: impl FnOnce()) {
+        let t = Instant::now();
+        barrier();
+        self.0[group].fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Seconds per group, divided by its worker count (`groups`: the workers of each).
+    pub(super) fn per_worker(&self, groups: &[Range<usize>]) -> Vec<f64> {
+        groups.iter().zip(&self.0).map(|(r, ns)| ns.load(Ordering::Relaxed) as f64 * 1e-9 / r.len().max(1) as f64).collect()
     }
 }
