@@ -414,9 +414,6 @@ impl Engine {
                 cfg.cache_type_k, cfg.cache_type_v
             )));
         }
-        if cfg.attn_pipeline && tp.is_some() {
-            return Err(Error::Config("--attn-pipeline runs without tensor parallelism for now (its slots are shared by the whole pool); drop --tp".into()));
-        }
         let cpus = if cfg.pin { worker_cpus } else { vec![] };
         let mut pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
         if tp.is_some() {
@@ -443,7 +440,7 @@ impl Engine {
             exec.set_classes(matrix_classes(&cfg, kernels)?).map_err(Error::Config)?;
         }
         if cfg.attn_pipeline {
-            exec.set_attn_pipeline(h.head_dim, cfg.n_threads);
+            exec.set_attn_pipeline(h.head_dim, if tp.is_some() { &group_sizes } else { std::slice::from_ref(&cfg.n_threads) });
         }
         exec.set_schedules(cfg.plan.as_ref().and_then(|p| p.schedules(kernels.isa().name())).map(Arc::new));
         if let Some(d) = &device {

@@ -57,11 +57,12 @@ impl Ctx<'_> {
             let pos = self.batch.pos[r] as usize;
             p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize))..pos + 1
         };
-        // A prefill of one sequence over keys in columns: the pipeline, if there is one (a
-        // serial node only: the pipeline's slots are shared by every worker of the pool).
+        // A prefill of one sequence over keys in columns: the pipeline of the node's worker
+        // group, if there is one (its slots are shared by the group's workers; a serial node
+        // runs on the pool's only group).
         let seq0 = self.batch.seq[0];
-        if let Some(pipe) = self.pipeline.filter(|pp| {
-            kind == attention::AttnKernel::Tiled && kv.k_layout == KeyLayout::Columns && t.group.is_none() && pp.head_dim() == hd && self.batch.seq[..rows].iter().all(|&s| s == seq0)
+        if let Some(pipe) = self.pipelines.get(t.group.map_or(0, usize::from)).filter(|pp| {
+            kind == attention::AttnKernel::Tiled && kv.k_layout == KeyLayout::Columns && pp.head_dim() == hd && self.batch.seq[..rows].iter().all(|&s| s == seq0)
         }) {
             let (n_kv, heads_of) = kv_heads(p.n_head, shard);
             let out = self.base(t) as *mut f32;
@@ -93,9 +94,10 @@ impl Ctx<'_> {
                 }
                 _ => Role::Any,
             };
-            // SAFETY: every worker of this node (all `nth`) calls it once with these items; an
-            // item's outputs are its rows' heads of its KV head inside this node's tensor,
-            // disjoint between items; the node is serial, so no other node uses the pipeline.
+            // SAFETY: every worker of this node (all `nth` of its group) calls it once with
+            // these items; an item's outputs are its rows' heads of its KV head inside this
+            // node's tensor, disjoint between items; no other node runs at the same time on
+            // this group, the only one using this pipeline.
             unsafe { attention::matrix::attend_pipelined(self.kernels, pipe, role, ith, nth, blocks * n_kv, &item, p.scale, scratch) };
             return;
         }

@@ -124,8 +124,9 @@ pub struct Executor {
     gemm_dims: (usize, usize),
     /// Worker classes of matmuls a plan split (`Graph::splits`; [`Executor::set_classes`]).
     classes: Vec<WorkerClass>,
-    /// Prefill attention over keys in columns as a pipeline ([`Executor::set_attn_pipeline`]).
-    pipeline: Option<attention::matrix::Pipeline>,
+    /// Prefill attention over keys in columns as a pipeline, one per worker group
+    /// ([`Executor::set_attn_pipeline`]; empty: none).
+    pipelines: Vec<attention::matrix::Pipeline>,
 }
 
 impl Executor {
@@ -214,7 +215,7 @@ impl Executor {
             schedules: None,
             gemm_dims: (max_k, max_rows),
             classes: Vec::new(),
-            pipeline: None,
+            pipelines: Vec::new(),
         }
     }
 
@@ -237,15 +238,17 @@ impl Executor {
     /// nodes of one sequence, the tiled kernel's batches, rows of `head_dim`) as a pipeline
     /// whose scores, softmax and values of different tiles run on different workers at once
     /// (`attention::matrix::attend_pipelined`; same bits as the fused kernels), with slots for
-    /// `2·n_threads + 1` items in flight, allocated here, once. Workers of a matrix-unit class
-    /// ([`Executor::set_classes`]) take the matrix phases first.
-    pub fn set_attn_pipeline(&mut self, head_dim: usize, n_threads: usize) {
-        self.pipeline = Some(attention::matrix::Pipeline::new(head_dim, 2 * n_threads + 1));
+    /// `2·workers + 1` items in flight, allocated here, once. With tensor parallelism each
+    /// worker group (`groups`: their sizes; one entry without) has a pipeline of its own, which
+    /// its shard's attention nodes run on while the other groups run theirs. Workers of a
+    /// matrix-unit class ([`Executor::set_classes`]) take the matrix phases first.
+    pub fn set_attn_pipeline(&mut self, head_dim: usize, groups: &[usize]) {
+        self.pipelines = groups.iter().map(|&n| attention::matrix::Pipeline::new(head_dim, 2 * n + 1)).collect();
     }
 
     /// Key blocks the attention pipeline scored since it was set (what the masks left).
     pub fn pipeline_blocks(&self) -> Option<u64> {
-        self.pipeline.as_ref().map(|p| p.blocks_scored())
+        (!self.pipelines.is_empty()).then(|| self.pipelines.iter().map(|p| p.blocks_scored()).sum())
     }
 
     /// Run the matmuls graphs share with an accelerator (`Graph::device_splits`) on `device`,
@@ -306,7 +309,7 @@ impl Executor {
             offload: self.offload.as_deref(),
             device: self.device.as_deref(),
             classes: &self.classes,
-            pipeline: self.pipeline.as_ref(),
+            pipelines: &self.pipelines,
         };
         // With a profile, each worker times its waits in global barriers.
         let timing = profile.is_some();
@@ -390,8 +393,8 @@ struct Ctx<'a> {
     offload: Option<&'a dyn Offload>,
     device: Option<&'a dyn DeviceMatmul>,
     classes: &'a [WorkerClass],
-    /// Prefill attention's pipeline ([`Executor::set_attn_pipeline`]).
-    pipeline: Option<&'a attention::matrix::Pipeline>,
+    /// Prefill attention's pipelines, one per worker group ([`Executor::set_attn_pipeline`]).
+    pipelines: &'a [attention::matrix::Pipeline],
 }
 
 // SAFETY: the raw pointers address the pools, which outlive the run; workers write disjoint
