@@ -408,12 +408,6 @@ impl Engine {
         if cfg.attn_pipeline && cfg.kv_layout != KeyLayout::Columns {
             return Err(Error::Config("--attn-pipeline pipelines the column-key kernels: it needs --kv-layout columns".into()));
         }
-        if cfg.attn_pipeline && (cfg.cache_type_k != DType::F16 || cfg.cache_type_v != DType::F16) {
-            return Err(Error::Config(format!(
-                "--attn-pipeline reads F16 key and value blocks in place; this cache has {} keys and {} values (drop --attn-pipeline or use F16)",
-                cfg.cache_type_k, cfg.cache_type_v
-            )));
-        }
         let cpus = if cfg.pin { worker_cpus } else { vec![] };
         let mut pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
         if tp.is_some() {

@@ -110,11 +110,21 @@ fn keys_in_columns_on_every_fixture() {
             check_cfg(name, EngineConfig { kv_layout: KeyLayout::Columns, tp, ..Default::default() }, 2.0 * TOL);
         }
     }
-    // The pipeline reads F16 blocks in place: a quantized cache is refused, naming its types.
+    // The pipeline over a quantized cache (each phase widening the blocks it reads) gives the
+    // fused column-key kernels' bits: a 64-token prompt, which takes the tiled kernels, on one
+    // shard and on two.
     let (path, _) = fixture("qwen3");
-    let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, pin: false, kv_layout: KeyLayout::Columns, attn_pipeline: true, cache_type_k: DType::Q8_0, cache_type_v: DType::Q8_0, ..Default::default() };
-    let err = Engine::load(&path, cfg).err().expect("refused").to_string();
-    assert!(err.contains("--attn-pipeline") && err.contains("Q8_0"), "{err}");
+    let tokens: Vec<u32> = (0..64).map(|i| (i * 37 + 11) % 200).collect();
+    for (kt, vt, tp) in [(DType::Q8_0, DType::Q8_0, 1), (DType::Q4_0, DType::F16, 2)] {
+        let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, kv_layout: KeyLayout::Columns, cache_type_k: kt, cache_type_v: vt, tp, ..Default::default() };
+        let want = prompt_logits(&mut Engine::load(&path, cfg.clone()).unwrap(), &tokens);
+        let mut piped = Engine::load(&path, EngineConfig { attn_pipeline: true, ..cfg }).unwrap();
+        let got = prompt_logits(&mut piped, &tokens);
+        assert!(piped.attn_pipeline_blocks().is_some_and(|b| b > 0), "{kt}/{vt} --tp {tp}: the pipeline ran");
+        for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()), "{kt}/{vt} --tp {tp}: row {r}");
+        }
+    }
 }
 
 #[test]

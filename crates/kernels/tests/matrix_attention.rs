@@ -230,62 +230,70 @@ fn agrees_with_ggml_within_a_bound() {
 
 /// Prefill attention as a pipeline: every table, 1–3 workers with every mix of roles, two nodes
 /// in a row on one `Pipeline` (its counts reset between them): the fused column-key kernel's
-/// bits on every row, and only the key blocks some row of an item sees scored.
+/// bits on every row, and only the key blocks some row of an item sees scored. F16 caches, and
+/// on a last small shape Q8_0 keys with F16 values and Q4_0 keys and values (each phase
+/// widening the blocks it reads).
 #[test]
 fn the_pipeline_gives_the_fused_bits() {
     use matrix::{attend_pipelined, PipeItem, Pipeline, Role};
     let mut rng = Rng(91);
     // (head_dim, query heads per KV head, KV heads, rows, cells before the first row, window)
-    for (hd, group, n_kv, rows, ctx0, window) in [(64, 3, 2, 100, 40, None), (64, 7, 1, 30, 0, None), (128, 1, 2, 70, 200, Some(50)), (256, 4, 1, 20, 5, None), (64, 2, 1, 3, 0, None), (64, 3, 1, 40, 400, None)] {
+    let shapes = [(64, 3, 2, 100, 40, None), (64, 7, 1, 30, 0, None), (128, 1, 2, 70, 200, Some(50)), (256, 4, 1, 20, 5, None), (64, 2, 1, 3, 0, None), (64, 3, 1, 40, 400, None), (64, 2, 2, 12, 20, None)];
+    for (si, (hd, group, n_kv, rows, ctx0, window)) in shapes.into_iter().enumerate() {
         let cells = ctx0 + rows;
         let caches: Vec<Cache> = (0..n_kv).map(|_| Cache::new(hd, cells, &mut rng)).collect();
-        let heads = group * n_kv;
-        let q: Vec<f32> = (0..rows * heads * hd).map(|_| rng.f32() * 4.0).collect();
-        let spans: Vec<_> = (0..rows).map(|r| window.map_or(0, |w: usize| (ctx0 + r + 1).saturating_sub(w))..ctx0 + r + 1).collect();
-        let per = (ROWS_MAX_VECTORS / group).max(1);
-        let n_items = rows.div_ceil(per) * n_kv;
-        // Item i: rows (i / n_kv)·per.., the query heads of KV head i % n_kv.
-        let item_rows = |i: usize| (i / n_kv) * per..((i / n_kv + 1) * per).min(rows);
-        let q_of = |r: usize, j: usize| &q[r * heads * hd + j * group * hd..r * heads * hd + (j + 1) * group * hd];
-        // Blocks some row of an item sees, over all items.
-        let seen: u64 = (0..n_items)
-            .map(|i| {
-                let rs = item_rows(i);
-                (0..cells.div_ceil(KEY_COLUMNS)).filter(|b| rs.clone().any(|r| spans[r].start < (b + 1) * KEY_COLUMNS && spans[r].end > b * KEY_COLUMNS)).count() as u64
-            })
-            .sum();
-        for k in tables() {
-            let mut want = vec![0f32; rows * heads * hd];
-            let mut s = AttnScratch::with_heads(hd, group);
-            for i in 0..n_items {
-                let (rs, j) = (item_rows(i), i % n_kv);
-                let qs: Vec<&[f32]> = rs.clone().map(|r| q_of(r, j)).collect();
-                let mut outs: Vec<&mut [f32]> = want.chunks_exact_mut(heads * hd).skip(rs.start).take(rs.len()).map(|o| &mut o[j * group * hd..(j + 1) * group * hd]).collect();
-                attend_rows(AttnKernel::Tiled, &k, &qs, group, &spans[rs], &caches[j].columns(), 0.125, &mut s, &mut outs);
-            }
-            for nth in 1..=3usize {
-                for roles in [[Role::Any; 3], [Role::Matrix, Role::Vector, Role::Vector], [Role::Vector, Role::Matrix, Role::Any]] {
-                    let pipe = Pipeline::new(hd, 2 * nth + 1);
-                    for node in 0..2 {
-                        let mut got = vec![f32::NAN; rows * heads * hd];
-                        let base = got.as_mut_ptr() as usize;
-                        let span_of = |r: usize| spans[r].clone();
-                        let item = |i: usize| {
-                            let (rs, j) = (item_rows(i), i % n_kv);
-                            let at = rs.start * heads * hd + j * group * hd;
-                            PipeItem { kv: caches[j].columns(), heads: group, rows: rs.len(), q: &q[at..], out: (base as *mut f32).wrapping_add(at), stride: heads * hd, row0: rs.start, span_of: &span_of }
-                        };
-                        let (k, pipe, item) = (&k, &pipe, &item);
-                        std::thread::scope(|sc| {
-                            for (ith, &role) in roles.iter().enumerate().take(nth) {
-                                // SAFETY: every worker calls it once with the same items; each
-                                // item's outputs are its rows' heads of its KV head, disjoint.
-                                sc.spawn(move || unsafe { attend_pipelined(k, pipe, role, ith, nth, n_items, item, 0.125, &mut AttnScratch::with_heads(hd, group)) });
-                            }
-                        });
-                        assert!(same(&got, &want), "{:?}: hd {hd} group {group} rows {rows} nth {nth} roles {roles:?} node {node}", k.isa());
+        // The quantized caches on the last, small shape (this test also runs under emulation).
+        let types: &[Option<(DType, bool)>] = if si + 1 == shapes.len() { &[Some((DType::Q8_0, false)), Some((DType::Q4_0, true))] } else { &[None] };
+        for &cache_type in types {
+            let view = |j: usize| cache_type.map_or_else(|| caches[j].columns(), |(t, vq)| caches[j].columns_q(t, vq));
+            let heads = group * n_kv;
+            let q: Vec<f32> = (0..rows * heads * hd).map(|_| rng.f32() * 4.0).collect();
+            let spans: Vec<_> = (0..rows).map(|r| window.map_or(0, |w: usize| (ctx0 + r + 1).saturating_sub(w))..ctx0 + r + 1).collect();
+            let per = (ROWS_MAX_VECTORS / group).max(1);
+            let n_items = rows.div_ceil(per) * n_kv;
+            // Item i: rows (i / n_kv)·per.., the query heads of KV head i % n_kv.
+            let item_rows = |i: usize| (i / n_kv) * per..((i / n_kv + 1) * per).min(rows);
+            let q_of = |r: usize, j: usize| &q[r * heads * hd + j * group * hd..r * heads * hd + (j + 1) * group * hd];
+            // Blocks some row of an item sees, over all items.
+            let seen: u64 = (0..n_items)
+                .map(|i| {
+                    let rs = item_rows(i);
+                    (0..cells.div_ceil(KEY_COLUMNS)).filter(|b| rs.clone().any(|r| spans[r].start < (b + 1) * KEY_COLUMNS && spans[r].end > b * KEY_COLUMNS)).count() as u64
+                })
+                .sum();
+            for k in tables() {
+                let mut want = vec![0f32; rows * heads * hd];
+                let mut s = AttnScratch::with_heads(hd, group);
+                for i in 0..n_items {
+                    let (rs, j) = (item_rows(i), i % n_kv);
+                    let qs: Vec<&[f32]> = rs.clone().map(|r| q_of(r, j)).collect();
+                    let mut outs: Vec<&mut [f32]> = want.chunks_exact_mut(heads * hd).skip(rs.start).take(rs.len()).map(|o| &mut o[j * group * hd..(j + 1) * group * hd]).collect();
+                    attend_rows(AttnKernel::Tiled, &k, &qs, group, &spans[rs], &view(j), 0.125, &mut s, &mut outs);
+                }
+                for nth in 1..=3usize {
+                    for roles in [[Role::Any; 3], [Role::Matrix, Role::Vector, Role::Vector], [Role::Vector, Role::Matrix, Role::Any]] {
+                        let pipe = Pipeline::new(hd, 2 * nth + 1);
+                        for node in 0..2 {
+                            let mut got = vec![f32::NAN; rows * heads * hd];
+                            let base = got.as_mut_ptr() as usize;
+                            let span_of = |r: usize| spans[r].clone();
+                            let item = |i: usize| {
+                                let (rs, j) = (item_rows(i), i % n_kv);
+                                let at = rs.start * heads * hd + j * group * hd;
+                                PipeItem { kv: view(j), heads: group, rows: rs.len(), q: &q[at..], out: (base as *mut f32).wrapping_add(at), stride: heads * hd, row0: rs.start, span_of: &span_of }
+                            };
+                            let (k, pipe, item) = (&k, &pipe, &item);
+                            std::thread::scope(|sc| {
+                                for (ith, &role) in roles.iter().enumerate().take(nth) {
+                                    // SAFETY: every worker calls it once with the same items; each
+                                    // item's outputs are its rows' heads of its KV head, disjoint.
+                                    sc.spawn(move || unsafe { attend_pipelined(k, pipe, role, ith, nth, n_items, item, 0.125, &mut AttnScratch::with_heads(hd, group)) });
+                                }
+                            });
+                            assert!(same(&got, &want), "{:?} {cache_type:?}: hd {hd} group {group} rows {rows} nth {nth} roles {roles:?} node {node}", k.isa());
+                        }
+                        assert_eq!(pipe.blocks_scored(), 2 * seen, "hd {hd} group {group} rows {rows}: blocks scored");
                     }
-                    assert_eq!(pipe.blocks_scored(), 2 * seen, "hd {hd} group {group} rows {rows}: blocks scored");
                 }
             }
         }

@@ -34,8 +34,8 @@ pub(super) unsafe fn attend_rows(q: &[&[f32]], heads: usize, mask: &dyn Fn(usize
 /// # Safety
 /// AVX2, FMA and F16C; a head dimension that is a multiple of 16.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn run_task(task: &pipe::Task) -> usize {
-    pipe::run_task(&Avx2Ops(()), task)
+pub(super) unsafe fn run_task(task: &pipe::Task, ms: &mut MatrixScratch) -> usize {
+    pipe::run_task(&Avx2Ops(()), task, ms)
 }
 
 /// All-ones lanes where bit `i` of `bits` is set (lane `i`).

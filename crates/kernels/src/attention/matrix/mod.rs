@@ -11,8 +11,8 @@
 //! version (the engine refuses the layout for them); the portable form runs only where the
 //! portable table was asked for. A Q8_0 or Q4_0 cache keeps its keys as columns of its type and
 //! its values as rows; each block read is widened to F16 in the worker's scratch first
-//! (`widen.rs`), so the kernels are the F16 cache's (the pipeline and the matrix unit take F16
-//! caches only; on an SME table a quantized cache runs the NEON version).
+//! (`widen.rs`), so the kernels are the F16 cache's (also in the pipeline's phases; the matrix
+//! unit takes F16 caches only: on an SME table a quantized cache runs the NEON version).
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -225,25 +225,25 @@ pub fn attend_heads_portable(q: &[f32], cells: Cells, scale: f32, scratch: &mut 
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn attend_pipelined<'a>(kernels: &crate::Kernels, pipe: &Pipeline, role: Role, ith: usize, nth: usize, n_items: usize, item: &dyn Fn(usize) -> PipeItem<'a>, scale: f32, scratch: &mut AttnScratch) {
     let v = version(kernels, pipe.head_dim());
-    #[cfg(not(target_arch = "aarch64"))]
-    let _ = &scratch;
+    let ms = &mut scratch.matrix;
     let mut run_task = |t: &pipe::Task| -> usize {
         match v {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: an Avx512 table is only built after detecting AVX-512 F/BW/VL (and AVX2,
             // FMA, F16C); `version` checked the head dimension.
-            Version::Avx512 => unsafe { x86::run_task(t) },
+            Version::Avx512 => unsafe { x86::run_task(t, ms) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C; as above.
-            Version::Avx2 => unsafe { avx2::run_task(t) },
+            Version::Avx2 => unsafe { avx2::run_task(t, ms) },
             #[cfg(target_arch = "aarch64")]
-            Version::Neon => neon::run_task(t),
+            Version::Neon => neon::run_task(t, ms),
             #[cfg(target_arch = "aarch64")]
             // SAFETY: an Sme table is only built after detecting SME (and its self-test passed).
-            Version::Sme if role != Role::Vector && t.phase != pipe::Phase::Softmax => unsafe { sme::run_task(t, &mut scratch.matrix) },
+            // The matrix unit reads F16 blocks in place; a quantized cache's run on NEON.
+            Version::Sme if role != Role::Vector && t.phase != pipe::Phase::Softmax && t.f16_cache() => unsafe { sme::run_task(t, ms) },
             #[cfg(target_arch = "aarch64")]
-            Version::Sme if pipe.head_dim().is_multiple_of(16) => neon::run_task(t),
-            _ => pipe::run_task(&portable::PortableOps, t),
+            Version::Sme if pipe.head_dim().is_multiple_of(16) => neon::run_task(t, ms),
+            _ => pipe::run_task(&portable::PortableOps, t, ms),
         }
     };
     // SAFETY: the caller's contract.

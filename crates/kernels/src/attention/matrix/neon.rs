@@ -25,8 +25,8 @@ pub(super) fn attend_rows(q: &[&[f32]], heads: usize, mask: &dyn Fn(usize, usize
 }
 
 /// A pipelined attention phase (`pipe.rs`) on NEON (a head dimension that is a multiple of 16).
-pub(super) fn run_task(task: &pipe::Task) -> usize {
-    pipe::run_task(&NeonOps, task)
+pub(super) fn run_task(task: &pipe::Task, ms: &mut MatrixScratch) -> usize {
+    pipe::run_task(&NeonOps, task, ms)
 }
 
 /// All-ones lanes where bit `i` of `bits` is set (lane `i`).

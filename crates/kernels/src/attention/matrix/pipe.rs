@@ -27,7 +27,8 @@
 
 use super::drive::{self, ColumnOps};
 use super::model::{span_mask, C};
-use crate::attention::types::{KvRows, ROWS_MAX_VECTORS as V};
+use crate::attention::types::{KvRows, MatrixScratch, ROWS_MAX_VECTORS as V};
+use crate::DType;
 use crate::simd::reduce_add_16;
 use half::f16;
 use std::cell::UnsafeCell;
@@ -417,6 +418,12 @@ impl Task<'_> {
         b0..(b0 + TILE_BLOCKS).min(self.meta.end)
     }
 
+    /// Whether the item's keys and values are F16 (else Q8_0 or Q4_0, widened as read).
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+    pub(super) fn f16_cache(&self) -> bool {
+        self.item.kv.k_type == DType::F16 && self.item.kv.v_type == DType::F16
+    }
+
     /// Vectors (rows × heads) of the item.
     pub(super) fn n(&self) -> usize {
         self.meta.n
@@ -476,17 +483,20 @@ impl Task<'_> {
         any != 0
     }
 
-    /// Block `b`'s 16 value rows (`16 · head_dim` F16).
+    /// Block `b`'s 16 value rows (`16 · head_dim` F16; an F16 cache's).
     pub(super) fn values_of(&self, b: usize) -> *const f16 {
+        debug_assert!(self.item.kv.v_type == DType::F16);
         let bb = C * 2 * self.item.kv.head_dim;
         let a = self.item.kv.table[b] as usize * bb;
         self.item.kv.v[a..a + bb].as_ptr() as *const f16
     }
 }
 
-/// Run one phase task on `ops`; returns the blocks it scored (the scores phase; else 0).
+/// Run one phase task on `ops`; returns the blocks it scored (the scores phase; else 0). A
+/// Q8_0 or Q4_0 cache's blocks are widened to F16 into `ms`'s buffers as they are read (as the
+/// fused kernels widen them, so the same bits).
 #[inline(always)]
-pub(super) fn run_task<O: ColumnOps>(ops: &O, task: &Task) -> usize {
+pub(super) fn run_task<O: ColumnOps>(ops: &O, task: &Task, ms: &mut MatrixScratch) -> usize {
     let (n, hd) = (task.n(), task.item.kv.head_dim);
     let kv = &task.item.kv;
     // SAFETY (each `entry`, `acc`, `cells`): this is the phase running `task`; `m`, `l` are
@@ -499,22 +509,27 @@ pub(super) fn run_task<O: ColumnOps>(ops: &O, task: &Task) -> usize {
                 *q = task.query(i).as_ptr();
             }
             let mut scored = 0;
-            let bb = C * 2 * hd;
             for (bi, b) in task.blocks().enumerate() {
                 if !task.block_vis(bi, b, vis) {
                     continue;
                 }
                 scored += 1;
-                let kt = kv.k_columns(b);
-                assert!(kt.len() >= C * hd);
+                let kt = if kv.k_type == DType::F16 {
+                    let kt = kv.k_columns(b);
+                    assert!(kt.len() >= C * hd);
+                    kt.as_ptr()
+                } else {
+                    ops.widen_keys(kv.k_type, kv.block(b).0, hd, &mut ms.kw);
+                    ms.kw.as_ptr()
+                };
                 let ahead = (b + 2 < task.meta.end).then(|| {
-                    let a = kv.table[b + 2] as usize * bb;
-                    (kv.k[a..].as_ptr(), kv.v[a..].as_ptr())
+                    let (k, v) = kv.block(b + 2);
+                    (k.as_ptr(), v.as_ptr())
                 });
                 for h0 in (0..n).step_by(O::SCORE_HEADS) {
                     let nh = (n - h0).min(O::SCORE_HEADS);
                     let out = &mut p[bi * V + h0..bi * V + h0 + nh];
-                    drive::scores_into(ops, &qp[h0..h0 + nh], hd, kt.as_ptr(), if h0 == 0 { ahead } else { None }, out);
+                    drive::scores_into(ops, &qp[h0..h0 + nh], hd, kt, if h0 == 0 { ahead } else { None }, out);
                 }
             }
             scored
@@ -537,7 +552,13 @@ pub(super) fn run_task<O: ColumnOps>(ops: &O, task: &Task) -> usize {
             for (bi, b) in task.blocks().enumerate() {
                 let e = bi * V..bi * V + n;
                 if vis[e.clone()].iter().any(|&m| m != 0) {
-                    drive::values(ops, &p[e.clone()], &corr[e.clone()], &vis[e], acc, hd, task.values_of(b));
+                    let vb = if kv.v_type == DType::F16 {
+                        task.values_of(b)
+                    } else {
+                        ops.widen_rows(kv.v_type, kv.block(b).1, hd, &mut ms.vw);
+                        ms.vw.as_ptr()
+                    };
+                    drive::values(ops, &p[e.clone()], &corr[e.clone()], &vis[e], acc, hd, vb);
                 }
             }
             0

@@ -32,8 +32,8 @@ pub(super) unsafe fn attend_rows(q: &[&[f32]], heads: usize, mask: &dyn Fn(usize
 /// # Safety
 /// AVX-512 F/BW/VL, AVX2, FMA and F16C; a head dimension that is a multiple of 16.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(super) unsafe fn run_task(task: &pipe::Task) -> usize {
-    pipe::run_task(&Avx512Ops(()), task)
+pub(super) unsafe fn run_task(task: &pipe::Task, ms: &mut MatrixScratch) -> usize {
+    pipe::run_task(&Avx512Ops(()), task, ms)
 }
 
 impl ColumnOps for Avx512Ops {
