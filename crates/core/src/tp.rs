@@ -290,6 +290,38 @@ mod tests {
         assert!(e.contains("at least one worker"), "{e}");
     }
 
+    /// `proportional` over many shapes: every part at least one, the parts summing to `n`, each
+    /// within one item of its ideal share (two where a part's floor of one forces the others
+    /// down), and equal shares the balanced split.
+    #[test]
+    fn proportional_parts_are_whole_and_close() {
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % m) as usize
+        };
+        for _ in 0..2000 {
+            let d = 1 + next(8);
+            let n = d + next(60);
+            let share: Vec<f64> = (0..d).map(|_| (1 + next(16)) as f64).collect();
+            let out = proportional(n, &share);
+            let total: f64 = share.iter().sum();
+            assert_eq!(out.iter().sum::<usize>(), n, "{n} over {share:?}: {out:?}");
+            let ideals: Vec<f64> = share.iter().map(|s| n as f64 * s / total).collect();
+            // Within one of the ideal where every ideal part is at least one item, else two.
+            let slack = if ideals.iter().all(|&i| i >= 1.0) { 1.0 } else { 2.0 };
+            for (o, ideal) in out.iter().zip(&ideals) {
+                assert!(*o >= 1 && (*o as f64 - ideal).abs() < slack, "{n} over {share:?}: {out:?}");
+            }
+            if share.iter().all(|&s| s == share[0]) {
+                let want: Vec<usize> = (0..d).map(|i| balanced(n, i, d).len()).collect();
+                assert_eq!(out, want, "equal shares are the balanced split");
+            }
+        }
+    }
+
     /// Unequal worker groups get parts in proportion: heads, feed-forward blocks and experts.
     #[test]
     fn parts_follow_the_worker_groups() {
