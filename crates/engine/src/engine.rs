@@ -434,7 +434,7 @@ impl Engine {
             exec.set_classes(matrix_classes(&cfg, kernels)?).map_err(Error::Config)?;
         }
         if cfg.attn_pipeline {
-            exec.set_attn_pipeline(h.head_dim, if tp.is_some() { &group_sizes } else { std::slice::from_ref(&cfg.n_threads) });
+            exec.set_attn_pipeline(h.head_dim, &group_sizes);
         }
         exec.set_schedules(cfg.plan.as_ref().and_then(|p| p.schedules(kernels.isa().name())).map(Arc::new));
         if let Some(d) = &device {

@@ -313,7 +313,7 @@ impl Executor {
         };
         // With a profile, each worker times its waits in global barriers.
         let timing = profile.is_some();
-        let waits = profile::BarrierWaits::new(if timing { pool.n_threads() } else { 0 });
+        let waits = profile::BarrierWaits::new(if timing { pool.view_groups(view).len() } else { 0 });
         let prof = std::sync::Mutex::new(profile);
         pool.run_view(view, &|w: &Worker| {
             let mut scratch = self.scratch[w.ith].lock().unwrap_or_else(|e| e.into_inner());

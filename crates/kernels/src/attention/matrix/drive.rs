@@ -80,7 +80,6 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
     // (quantized blocks widened to F16 as read, `widen.rs`). Every block read lies inside both
     // buffers (checked once, over the blocks this call may read).
     let (kbytes, vbytes) = kv.block_bytes();
-    let (kq, vq) = (kv.k_type != DType::F16, kv.v_type != DType::F16);
     let end = kv.table[..n_blocks].iter().map(|&b| b as usize + 1).max().unwrap_or(0);
     assert!(kv.k.len() >= end * kbytes && kv.v.len() >= end * vbytes);
     begin(ms, n, hd);
@@ -110,19 +109,8 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
             ask_next(next, kbytes.max(vbytes) / C);
         }
         // The block's keys and values as F16 (in place, or widened into the scratch).
-        let (kraw, vraw) = kv.block(t);
-        let kt = if kq {
-            ops.widen_keys(kv.k_type, kraw, hd, &mut ms.kw);
-            ms.kw.as_ptr()
-        } else {
-            kraw.as_ptr() as *const f16
-        };
-        let vb = if vq {
-            ops.widen_rows(kv.v_type, vraw, hd, &mut ms.vw);
-            ms.vw.as_ptr()
-        } else {
-            vraw.as_ptr() as *const f16
-        };
+        let kt = keys_f16(ops, kv, t, &mut ms.kw);
+        let vb = values_f16(ops, kv, t, &mut ms.vw);
         // Scores and the softmax step, O::SCORE_HEADS vectors at a time.
         for h0 in (0..n).step_by(O::SCORE_HEADS) {
             let qh = &qp[h0..];
@@ -139,6 +127,29 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
     for (r, o) in out.iter_mut().enumerate() {
         finish(ms, r * heads, heads, hd, o);
     }
+}
+
+/// Block `t`'s keys (`[hd][16]`) as F16: in place for an F16 cache, else widened into `kw`.
+#[inline(always)]
+pub(crate) fn keys_f16<O: ColumnOps>(ops: &O, kv: &KvRows, t: usize, kw: &mut [f16]) -> *const f16 {
+    let raw = kv.block(t).0;
+    if kv.k_type == DType::F16 {
+        return raw.as_ptr() as *const f16;
+    }
+    ops.widen_keys(kv.k_type, raw, kv.head_dim, kw);
+    kw.as_ptr()
+}
+
+/// Block `t`'s 16 value rows (`hd` each) as F16: in place for an F16 cache, else widened into
+/// `vw`.
+#[inline(always)]
+pub(crate) fn values_f16<O: ColumnOps>(ops: &O, kv: &KvRows, t: usize, vw: &mut [f16]) -> *const f16 {
+    let raw = kv.block(t).1;
+    if kv.v_type == DType::F16 {
+        return raw.as_ptr() as *const f16;
+    }
+    ops.widen_rows(kv.v_type, raw, kv.head_dim, vw);
+    vw.as_ptr()
 }
 
 /// The value products of `p.len()` vectors over one block (`vb`), VALUE_HEADS at a time, into

@@ -483,7 +483,8 @@ impl Task<'_> {
         any != 0
     }
 
-    /// Block `b`'s 16 value rows (`16 · head_dim` F16; an F16 cache's).
+    /// Block `b`'s 16 value rows (`16 · head_dim` F16; an F16 cache's: the matrix unit's).
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
     pub(super) fn values_of(&self, b: usize) -> *const f16 {
         debug_assert!(self.item.kv.v_type == DType::F16);
         let bb = C * 2 * self.item.kv.head_dim;
@@ -514,14 +515,7 @@ pub(super) fn run_task<O: ColumnOps>(ops: &O, task: &Task, ms: &mut MatrixScratc
                     continue;
                 }
                 scored += 1;
-                let kt = if kv.k_type == DType::F16 {
-                    let kt = kv.k_columns(b);
-                    assert!(kt.len() >= C * hd);
-                    kt.as_ptr()
-                } else {
-                    ops.widen_keys(kv.k_type, kv.block(b).0, hd, &mut ms.kw);
-                    ms.kw.as_ptr()
-                };
+                let kt = drive::keys_f16(ops, kv, b, &mut ms.kw);
                 let ahead = (b + 2 < task.meta.end).then(|| {
                     let (k, v) = kv.block(b + 2);
                     (k.as_ptr(), v.as_ptr())
@@ -552,12 +546,7 @@ pub(super) fn run_task<O: ColumnOps>(ops: &O, task: &Task, ms: &mut MatrixScratc
             for (bi, b) in task.blocks().enumerate() {
                 let e = bi * V..bi * V + n;
                 if vis[e.clone()].iter().any(|&m| m != 0) {
-                    let vb = if kv.v_type == DType::F16 {
-                        task.values_of(b)
-                    } else {
-                        ops.widen_rows(kv.v_type, kv.block(b).1, hd, &mut ms.vw);
-                        ms.vw.as_ptr()
-                    };
+                    let vb = drive::values_f16(ops, kv, b, &mut ms.vw);
                     drive::values(ops, &p[e.clone()], &corr[e.clone()], &vis[e], acc, hd, vb);
                 }
             }
