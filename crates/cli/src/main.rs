@@ -30,7 +30,7 @@ const DEFAULT_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
-    /// Kernel table for every command: portable, avx2 or avx512 on x86-64, portable, neon,
+    /// Kernel table for every command: portable, avx2, avx512 or amx on x86-64, portable, neon,
     /// dotprod or sme on aarch64 (default: the best this CPU runs). A lower table than the CPU's forces its kernels everywhere, for measuring and
     /// testing that path; one the CPU cannot run is refused.
     #[arg(long, global = true, env = "CORELM_ISA", value_parser = parse_isa)]

@@ -195,6 +195,7 @@ impl Kernels {
             Isa::Neon | Isa::Dotprod | Isa::Sme => Kernels::aarch64(isa),
             Isa::Avx2 => Kernels::avx2(),
             Isa::Avx512 => Kernels::avx512(),
+            Isa::Amx => Kernels { isa: Isa::Amx, ..Kernels::avx512() },
         }
     }
 
@@ -505,9 +506,9 @@ impl Kernels {
     }
 
     /// Whether the panel GEMM (`--fast-prefill`) runs its AVX-512 VNNI micro-kernel: with the
-    /// AVX-512 table, whose level includes AVX-512 F/VL/VNNI.
+    /// AVX-512 table (or AMX's, which is AVX-512's), whose level includes AVX-512 F/VL/VNNI.
     pub fn vnni(&self) -> bool {
-        self.isa == Isa::Avx512
+        self.isa.avx512()
     }
 
     /// Kernels for a weight type, `None` if this build cannot compute with it.
@@ -548,9 +549,20 @@ impl Kernels {
 pub fn kernels() -> &'static Kernels {
     let isa = *DEFAULT_ISA.get_or_init(|| match std::env::var("CORELM_ISA") {
         Ok(v) if !v.trim().is_empty() => v.parse::<Isa>().and_then(check).unwrap_or_else(|e| panic!("CORELM_ISA: {e}")),
-        _ => best_isa(),
+        _ => default_isa(),
     });
     table(isa)
+}
+
+/// The level a process runs without `--isa` or `CORELM_ISA`: [`best_isa`], except that the AMX
+/// table is asked for by name (`--isa amx`). It differs from AVX-512's only in the panel GEMM
+/// (`--fast-prefill`), which measured 0.77–1.36× AVX-512's prefill on a 16-core Xeon
+/// (docs/benchmarks.md), so AVX-512's stays the default there.
+pub fn default_isa() -> Isa {
+    match best_isa() {
+        Isa::Amx => Isa::Avx512,
+        isa => isa,
+    }
 }
 
 static DEFAULT_ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
@@ -573,23 +585,41 @@ pub fn kernels_for(isa: Isa) -> Result<&'static Kernels, IsaError> {
 }
 
 /// The highest level this CPU runs: [`Isa::detected`], stepped down from [`Isa::Sme`] to
-/// [`Isa::Dotprod`] where the SME kernels fail their start-up self-test (run once).
+/// [`Isa::Dotprod`] and from [`Isa::Amx`] to [`Isa::Avx512`] where the matrix unit's kernels
+/// fail their start-up self-test (run once).
 pub fn best_isa() -> Isa {
     let isa = Isa::detected();
     if isa == Isa::Sme && !sme_self_test() {
         Isa::Dotprod
+    } else if isa == Isa::Amx && !amx_self_test() {
+        Isa::Avx512
     } else {
         isa
     }
 }
 
-/// [`Isa::check`], and for [`Isa::Sme`] its kernels' self-test.
+/// [`Isa::check`], and for [`Isa::Sme`] and [`Isa::Amx`] their kernels' self-test.
 pub fn check(isa: Isa) -> Result<Isa, IsaError> {
     let isa = isa.check()?;
-    if isa == Isa::Sme && !sme_self_test() {
+    if (isa == Isa::Sme && !sme_self_test()) || (isa == Isa::Amx && !amx_self_test()) {
         return Err(IsaError::SelfTest { isa, best: best_isa() });
     }
     Ok(isa)
+}
+
+/// Whether the AMX panel kernel agrees with its portable model on this CPU, bit for bit (run
+/// once; `false` where AMX's features or the kernel's leave are missing).
+pub fn amx_self_test() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        if Isa::Amx.missing().is_empty() {
+            // SAFETY: the CPU has AMX-TILE/INT8 and AVX-512, and the process has the tile data
+            // (checked just above).
+            return unsafe { crate::matmul::gemm::amx::self_test() };
+        }
+        false
+    })
 }
 
 /// Whether the SME kernels agree with their portable models on this CPU, bit for bit (run

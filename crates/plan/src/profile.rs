@@ -262,10 +262,11 @@ fn probe(kernels: &'static Kernels, family: &str) -> Option<(String, Probe)> {
 /// Activation rows of the matrix-unit probes (a multiple of every SME tile height).
 const MATRIX_ROWS: usize = 64;
 
-/// The matrix unit's probe of `family`, where `kernels` has one (SME).
+/// The matrix unit's probe of `family`, where `kernels` has one (SME; AMX: int8 only).
 fn matrix_probe(kernels: &'static Kernels, family: &str) -> Option<(String, Probe)> {
     use corelm_kernels::matmul::gemm::{self, GemmScratch};
-    if kernels.isa() != corelm_kernels::Isa::Sme {
+    let isa = kernels.isa();
+    if !matches!(isa, corelm_kernels::Isa::Sme | corelm_kernels::Isa::Amx) {
         return None;
     }
     let vals = probe_values(MATRIX_ROWS);
@@ -279,16 +280,17 @@ fn matrix_probe(kernels: &'static Kernels, family: &str) -> Option<(String, Prob
                     static BUFS: std::cell::RefCell<(GemmScratch, Vec<f32>)> =
                         std::cell::RefCell::new((GemmScratch::new(K, MATRIX_ROWS, ROWS / gemm::PANEL), vec![0f32; MATRIX_ROWS * ROWS]));
                 }
-                let sched = corelm_kernels::matmul::schedule::Schedule::PANEL_DEFAULT;
+                let sched = gemm::default_schedule(isa, DType::Q8_0);
                 BUFS.with_borrow_mut(|(s, out)| {
                     // SAFETY: `out` holds MATRIX_ROWS × ROWS f32, all written by this one call;
-                    // the SME table runs on this CPU (it is `kernels`').
-                    unsafe { gemm::gemm(DType::Q8_0, &w, K, 0..ROWS, &x, rb, MATRIX_ROWS, out.as_mut_ptr(), ROWS, corelm_kernels::Isa::Sme, &sched, s) };
+                    // the SME or AMX table runs on this CPU (it is `kernels`').
+                    unsafe { gemm::gemm(DType::Q8_0, &w, K, 0..ROWS, &x, rb, MATRIX_ROWS, out.as_mut_ptr(), ROWS, isa, &sched, s) };
                     std::hint::black_box(&out);
                 });
                 ROWS * MATRIX_ROWS * K
             });
-            Some(("sme q8_0 panel (SUMOPA tiles)".into(), f))
+            let name = if isa == corelm_kernels::Isa::Amx { "amx q8_0 panel (TDPBSUD tiles)" } else { "sme q8_0 panel (SUMOPA tiles)" };
+            Some((name.into(), f))
         }
         #[cfg(target_arch = "aarch64")]
         "f32_fma" => {
@@ -359,9 +361,11 @@ pub fn measure(kernels: &'static Kernels, machine: &str, n_cores: usize, bytes: 
     let mut targets = vec![Target { name: "cpu".into(), kind: TargetKind::Vector, workers: n, ceilings: ceilings(&|f| probe(kernels, f)), tile: Some([8, 4]), link: None }];
     let matrix = ceilings(&|f| matrix_probe(kernels, f));
     if !matrix.is_empty() {
-        // SME's panel tile: a ZA tile's rows × the panel's 8 columns.
-        let tile = Some([corelm_kernels::matmul::gemm::matrix_tile_rows(), corelm_kernels::matmul::gemm::PANEL]);
-        targets.push(Target { name: "sme".into(), kind: TargetKind::Matrix, workers: n, ceilings: matrix, tile, link: None });
+        // SME's panel tile: a ZA tile's rows × the panel's 8 columns (AMX: 16 rows × two panels).
+        let amx = kernels.isa() == corelm_kernels::Isa::Amx;
+        let cols = if amx { 2 * corelm_kernels::matmul::gemm::PANEL } else { corelm_kernels::matmul::gemm::PANEL };
+        let tile = Some([corelm_kernels::matmul::gemm::matrix_tile_rows(), cols]);
+        targets.push(Target { name: if amx { "amx" } else { "sme" }.into(), kind: TargetKind::Matrix, workers: n, ceilings: matrix, tile, link: None });
     }
     let read: Vec<(usize, f64)> = (1..=n).map(|t| (t, read_bandwidth(t, bytes, 3) / 1e9)).collect();
     let best = read.iter().map(|&(_, g)| g).fold(0.0, f64::max);

@@ -168,7 +168,7 @@ pub const PANEL_OVER_TILES_ROWS: usize = 32;
 /// aarch64 always: its panel kernels are the matrix instructions' (`usmmla`, SME's outer
 /// products), not timed against the tiles on ARM hardware.
 pub fn panel_over_tiles(isa: Isa, rows: usize) -> bool {
-    !matches!(isa, Isa::Avx2 | Isa::Avx512) || rows >= PANEL_OVER_TILES_ROWS
+    !matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Amx) || rows >= PANEL_OVER_TILES_ROWS
 }
 
 /// One tuned schedule: for matmuls on `path` of a `dtype` matrix of `n_out` rows of `k` values,
@@ -297,7 +297,7 @@ pub unsafe fn run(kernels: &Kernels, o: &Operands, mode: Mode, schedules: Option
     let ops = kernels.ops(o.dtype).expect("weight type checked at load");
     // SAFETY (all three): the caller's contract.
     match p {
-        Path::Panel => unsafe { run_panel(kernels.isa(), o, sched.unwrap_or(Schedule::PANEL_DEFAULT), ith, nth, s) },
+        Path::Panel => unsafe { run_panel(kernels.isa(), o, sched.unwrap_or(gemm::default_schedule(kernels.isa(), o.dtype)), ith, nth, s) },
         Path::Tiles => {
             let il = ops.interleaved.expect("checked by path()");
             // Batch-invariant runs keep `vec_dot`'s values where the tiles' order differs.
@@ -333,6 +333,8 @@ fn sched_part(sched: &Schedule, n_out: usize, rows: usize, ith: usize, nth: usiz
 /// As [`run`].
 unsafe fn run_panel(isa: Isa, o: &Operands, sched: Schedule, ith: usize, nth: usize, s: &mut MatmulScratch) {
     // A class split is the thread grid: each class its range, with its kernel.
+    // AMX's default grid: rows split so that each worker keeps enough columns.
+    let sched = if isa == Isa::Amx && gemm::amx_runs(o.dtype) && sched.row_parts == 0 { Schedule { row_parts: corelm_kernels::matmul::schedule::amx_row_parts(o.n_out, nth), ..sched } } else { sched };
     let (cols, rr, isa) = match o.split.and_then(|(cut, classes)| class_part(cut, classes, o.n_out, o.rows, ith, nth)) {
         Some(part) => part,
         None if sched.row_parts == 0 => (split(o.n_out, ith, nth), 0..o.rows, isa),

@@ -97,6 +97,18 @@ pub trait Offload: Send + Sync {
     fn observe(&self, _layer: usize, _gate: &[f32]) {}
 }
 
+/// Panels per column block the workers' GEMM scratch holds before any plan: the default
+/// schedule's (two), or AMX's ([`Schedule::AMX_DEFAULT`](corelm_kernels::matmul::schedule::Schedule::AMX_DEFAULT))
+/// on a CPU that runs the AMX table.
+fn default_panels() -> usize {
+    use corelm_kernels::matmul::schedule::Schedule;
+    if corelm_kernels::Isa::Amx.missing().is_empty() {
+        Schedule::AMX_DEFAULT.nc / gemm::PANEL
+    } else {
+        Schedule::PANEL_DEFAULT.nc / gemm::PANEL
+    }
+}
+
 /// Runs graphs on a thread pool.
 pub struct Executor {
     scratch: Vec<std::sync::Mutex<Scratch>>,
@@ -196,7 +208,7 @@ impl Executor {
                 .map(|_| {
                     std::sync::Mutex::new(Scratch {
                         attn: AttnScratch::with_heads(max_head_dim, max_group),
-                        mm: MatmulScratch::new(max_k_all, max_k, max_rows, 2).with_gather(gather),
+                        mm: MatmulScratch::new(max_k_all, max_k, max_rows, default_panels()).with_gather(gather),
                         wide: vec![0.0; COL_BLOCK * max_k_f16],
                         wide_act: vec![0.0; dense::ACT_CHUNK * max_k_f16],
                         // A worker's largest share of RoPE rows: in the smallest group.
@@ -264,7 +276,7 @@ impl Executor {
     /// Run matmuls with `schedules` where they have one for the matrix and length; each
     /// worker's panel scratch grows to the widest column block they use (allocated here, once).
     pub fn set_schedules(&mut self, schedules: Option<std::sync::Arc<Schedules>>) {
-        let panels = schedules.as_ref().map_or(2, |s| s.max_panels());
+        let panels = schedules.as_ref().map_or(default_panels(), |s| s.max_panels());
         let (k, rows) = self.gemm_dims;
         for s in &mut self.scratch {
             let s = s.get_mut().unwrap_or_else(|e| e.into_inner());

@@ -16,7 +16,7 @@ pub use portable::{geglu_scalar_table, gelu_tanh, swiglu_scalar};
 /// table (`x86::swiglu_avx512`, `x86::swiglu`, `aarch64::swiglu`; same bits).
 pub fn swiglu(k: &Kernels, g: &[f32], u: &[f32], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if k.isa() == Isa::Avx512 {
+    if k.isa().avx512() {
         // SAFETY: an Avx512 table is only built after detecting AVX-512 F/VL, AVX2, FMA and F16C.
         return unsafe { x86::swiglu_avx512(g, u, y) };
     }

@@ -166,7 +166,7 @@ pub(crate) fn attend_decode(
     let Some(bufs) = scratch.decode_buffers(q.len() / kv.head_dim) else { return false };
     #[cfg(target_arch = "x86_64")]
     {
-        if kernels.isa() == crate::Isa::Avx512 {
+        if kernels.isa().avx512() {
             // SAFETY: an Avx512 table is only built after detecting AVX-512 F/BW/VL/VNNI (and
             // AVX2, FMA, F16C).
             unsafe { x86::decode::attend_decode_group(q, cells, scale, split, bufs, out) };
@@ -220,7 +220,7 @@ pub fn attend_rows(
     {
         let before = scratch.rows.work.chunks_scored;
         #[cfg(target_arch = "x86_64")]
-        if kernels.isa() == crate::Isa::Avx512 {
+        if kernels.isa().avx512() {
             // SAFETY: an Avx512 table is only built after detecting AVX-512 F/BW/VL/VNNI (and
             // AVX2, FMA, F16C).
             unsafe { x86::rows512::attend_tiled_rows(q, heads, spans, kv, scale, &mut scratch.rows, out) };

@@ -205,7 +205,7 @@ fn attend_quant_group_body<const X86: bool>(
 fn expfs(kernels: &crate::Kernels, x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        if kernels.isa() == crate::Isa::Avx512 {
+        if kernels.isa().avx512() {
             // SAFETY: an Avx512 table is only built after detecting AVX-512 F/VL (and FMA).
             return unsafe { crate::exp::x86::expf_slice(x) };
         }

@@ -44,6 +44,14 @@ impl Schedule {
     /// AVX-512 kernel runs them in one pass), every row and the whole inner dimension per block.
     pub const PANEL_DEFAULT: Schedule = Schedule { mr: 4, nc: 16, mc: 0, kc: 0, row_parts: 0 };
 
+    /// The panel GEMM's fixed schedule on AMX's tiles ([`Isa::Amx`](crate::Isa::Amx); where
+    /// it applies: `gemm::default_schedule`): eight
+    /// panels per column block and 32 blocks of the inner dimension per pass, so a 16-row tile's
+    /// codes of a pass (16 KiB) stay in L1 for the four two-panel calls that read them; the
+    /// rows split among workers so that each has at least [`AMX_MIN_COLS`] columns
+    /// ([`amx_row_parts`]). Measured on a 16-core Xeon with AMX: docs/benchmarks.md.
+    pub const AMX_DEFAULT: Schedule = Schedule { mr: 4, nc: 64, mc: 0, kc: 32, row_parts: 0 };
+
     /// The interleaved tiles' fixed schedule before tuning: 8-row tiles over 64-column blocks.
     pub const TILE_DEFAULT: Schedule = Schedule { mr: 8, nc: 64, mc: 0, kc: 0, row_parts: 0 };
 
@@ -71,6 +79,19 @@ impl Schedule {
     }
 }
 
+/// Columns a worker takes at least under [`Schedule::AMX_DEFAULT`]'s grid: with fewer, the
+/// work each worker repeats over all its rows (their block scalars and sums) outweighs its
+/// share of the products.
+pub const AMX_MIN_COLS: usize = 128;
+
+/// Row parts of [`Schedule::AMX_DEFAULT`]'s grid for `n_out` columns on `nth` workers: the
+/// fewest that divide `nth` and leave each worker [`AMX_MIN_COLS`] columns (all `nth` where
+/// none does), so every worker has a part.
+pub fn amx_row_parts(n_out: usize, nth: usize) -> usize {
+    let nth = nth.max(1);
+    (1..=nth).filter(|pr| nth.is_multiple_of(*pr)).find(|&pr| n_out / (nth / pr) >= AMX_MIN_COLS).unwrap_or(nth)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,6 +103,12 @@ mod tests {
         assert_eq!(s.normalized(false), Schedule { mr: 4, nc: 16, mc: 16, kc: 0, row_parts: 2 });
         assert_eq!(Schedule::PANEL_DEFAULT.normalized(true), Schedule::PANEL_DEFAULT);
         assert_eq!(Schedule::TILE_DEFAULT.normalized(false), Schedule::TILE_DEFAULT);
+        assert_eq!(Schedule::AMX_DEFAULT.normalized(true), Schedule::AMX_DEFAULT);
+        // 16 workers: Qwen2.5's 896 columns in 4 × 4 (224 each), its 128 K/V columns by rows
+        // alone, 4864 by columns alone; 3 workers over 192 columns: 3 row parts.
+        assert_eq!([896, 128, 4864, 1536].map(|n| amx_row_parts(n, 16)), [4, 16, 1, 2]);
+        assert_eq!(amx_row_parts(192, 3), 3);
+        assert_eq!(amx_row_parts(4864, 1), 1);
         assert_eq!(Schedule { nc: 0, ..Schedule::TILE_DEFAULT }.normalized(false).nc, 4);
     }
 }

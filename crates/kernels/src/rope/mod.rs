@@ -36,7 +36,7 @@ pub fn rope_cache(pos: i32, n_rot: usize, base: f32, freq_scale: f32, freq_facto
 pub fn rope_apply(k: &Kernels, x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
     #[cfg(target_arch = "x86_64")]
     {
-        if k.isa() == Isa::Avx512 {
+        if k.isa().avx512() {
             // SAFETY: an Avx512 table is only built after detecting AVX-512 F/VL, AVX2 and FMA.
             return unsafe { x86::rope_avx512(x, cache, n_rot, neox) };
         }

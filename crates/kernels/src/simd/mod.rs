@@ -28,10 +28,14 @@ pub enum Isa {
     Avx2,
     /// AVX2 plus AVX-512 F, BW, VL and VNNI (BF16 where present, for the BF16 dots).
     Avx512,
+    /// AVX-512 plus Intel AMX (TILE and INT8; Sapphire Rapids and later), granted by the kernel
+    /// (`arch_prctl`): the AVX-512 table whose panel GEMM runs on the tile unit
+    /// (`matmul::gemm::amx`). Like SME, `dispatch` grants it only after the start-up self-test.
+    Amx,
 }
 
 impl Isa {
-    pub const ALL: [Isa; 6] = [Isa::Portable, Isa::Neon, Isa::Dotprod, Isa::Sme, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 7] = [Isa::Portable, Isa::Neon, Isa::Dotprod, Isa::Sme, Isa::Avx2, Isa::Avx512, Isa::Amx];
 
     /// The name `--isa` and `CORELM_ISA` take.
     pub fn name(self) -> &'static str {
@@ -42,6 +46,7 @@ impl Isa {
             Isa::Sme => "sme",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
         }
     }
 
@@ -61,8 +66,15 @@ impl Isa {
             Isa::Sme => &["neon", "dotprod", "sme", "sme-vl256"],
             Isa::Avx2 => &["avx2", "fma", "f16c"],
             Isa::Avx512 => &["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni"],
+            Isa::Amx => &["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "amx-tile", "amx-int8", "amx-permission"],
         };
         need.iter().copied().filter(|f| !cpu_has(f)).collect()
+    }
+
+    /// Whether this level runs the AVX-512 vector kernels (AVX-512 itself, and AMX, whose
+    /// table is AVX-512's with the tile unit's panel GEMM).
+    pub fn avx512(self) -> bool {
+        matches!(self, Isa::Avx512 | Isa::Amx)
     }
 
     /// `self` if this CPU runs it, otherwise an error naming the missing features.
@@ -102,7 +114,7 @@ pub enum IsaError {
 impl std::fmt::Display for IsaError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            IsaError::Unknown(s) => write!(f, "unknown ISA {s:?}: expected portable, neon, dotprod, sme, avx2 or avx512"),
+            IsaError::Unknown(s) => write!(f, "unknown ISA {s:?}: expected portable, neon, dotprod, sme, avx2, avx512 or amx"),
             IsaError::Unsupported { isa, missing, best } => {
                 write!(f, "this CPU cannot run the {isa} kernels: it lacks {}; the highest it runs is {best}", missing.join(", "))
             }
@@ -140,6 +152,10 @@ fn cpu_has(feature: &str) -> bool {
             "avx512bw" => std::is_x86_feature_detected!("avx512bw"),
             "avx512vl" => std::is_x86_feature_detected!("avx512vl"),
             "avx512vnni" => std::is_x86_feature_detected!("avx512vnni"),
+            "amx-tile" => x86::amx_cpuid().0,
+            "amx-int8" => x86::amx_cpuid().1,
+            // The kernel's leave to use the tile data (asked once for the whole process).
+            "amx-permission" => x86::amx_permitted(),
             _ => false,
         }
     }

@@ -176,3 +176,46 @@ pub(crate) fn fold_ggml(acc: &[__m256; 8]) -> f64 {
     }
     reduce_add_16(&lanes) as f64
 }
+
+/// Whether the CPU reports AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25). Whether
+/// the kernel lets this process use them is [`amx_permitted`].
+pub fn amx_cpuid() -> (bool, bool) {
+    // CPUID leaf 7 exists on every x86-64 CPU with AVX2; on an older one it reads zeros.
+    let edx = __cpuid_count(7, 0).edx;
+    (edx >> 24 & 1 == 1, edx >> 25 & 1 == 1)
+}
+
+/// Linux's `arch_prctl` request for leave to use an extended state component, and its reader.
+const ARCH_GET_XCOMP_PERM: i64 = 0x1022;
+const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+/// The AMX tile data state component (XTILEDATA).
+const XFEATURE_XTILEDATA: i64 = 18;
+const SYS_ARCH_PRCTL: i64 = 158;
+
+unsafe extern "C" {
+    /// glibc's raw system call.
+    fn syscall(num: i64, ...) -> i64;
+}
+
+/// Whether this process may use the AMX tiles: the CPU has AMX-TILE and AMX-INT8 and Linux
+/// granted the tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA)`, asked once,
+/// process-wide; read back with `ARCH_GET_XCOMP_PERM`). Without that grant the first tile
+/// instruction of any thread raises SIGILL, so nothing may use AMX unless this said yes.
+pub fn amx_permitted() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        if amx_cpuid() != (true, true) || cfg!(not(target_os = "linux")) {
+            return false;
+        }
+        let mut granted: u64 = 0;
+        // SAFETY: `arch_prctl` with these requests reads an integer argument and writes one
+        // u64 through the pointer given (a live local); a kernel without them returns an error.
+        let (req, get) = unsafe {
+            (
+                syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA),
+                syscall(SYS_ARCH_PRCTL, ARCH_GET_XCOMP_PERM, &mut granted as *mut u64),
+            )
+        };
+        req == 0 && get == 0 && granted >> XFEATURE_XTILEDATA & 1 == 1
+    })
+}

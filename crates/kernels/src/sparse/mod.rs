@@ -27,7 +27,7 @@ const MAX_BLOCK: usize = 256;
 pub fn axpy_f32(k: &Kernels, h: f32, w: &[f32], y: &mut [f32]) {
     assert_eq!(w.len(), y.len(), "axpy lengths");
     #[cfg(target_arch = "x86_64")]
-    if k.isa() == Isa::Avx512 {
+    if k.isa().avx512() {
         // SAFETY: an Avx512 table is only built after detecting AVX-512 F/VL, AVX2 and FMA.
         return unsafe { x86::axpy_f32_avx512(h, w, y) };
     }
@@ -47,7 +47,7 @@ pub fn axpy_row(k: &Kernels, t: DType, row: &[u8], h: f32, y: &mut [f32]) {
     assert_eq!(crate::row_bytes(t, y.len()), row.len(), "axpy row of {} values of {t}", y.len());
     #[cfg(target_arch = "x86_64")]
     if k.isa() >= Isa::Avx2 && matches!(t, DType::Q8_0 | DType::Q5_0 | DType::Q4_0) {
-        let avx512 = k.isa() == Isa::Avx512;
+        let avx512 = k.isa().avx512();
         // SAFETY: the table's level was detected (AVX2 and FMA; AVX-512 F/VL/BW for `avx512`).
         return unsafe { x86::axpy_row(t, row, h, y, avx512) };
     }
@@ -141,7 +141,7 @@ pub fn axpy_panel(k: &Kernels, t: DType, panel: &[u8], stride: usize, firing: &[
         // SAFETY: the table's level was detected (AVX2, FMA and F16C; AVX-512 F/VL/BW for
         // Avx512); every piece read lies in `panel` and every `h` index in `h` (asserted).
         return unsafe {
-            match (k.isa() == Isa::Avx512, nb) {
+            match (k.isa().avx512(), nb) {
                 (true, 1) => x86::axpy_panel_avx512::<1>(t, panel, stride, firing, h, y),
                 (true, _) => x86::axpy_panel_avx512::<2>(t, panel, stride, firing, h, y),
                 (false, 1) => x86::axpy_panel_avx2::<1>(t, panel, stride, firing, h, y),
@@ -184,7 +184,7 @@ pub fn down_block(k: &Kernels, h: &[&[f32]], w: &[f32], y: &mut [[f32; DOWN_COLS
     assert!(w.len() == n_ff * DOWN_COLS && h.iter().all(|r| r.len() >= n_ff), "down block shapes");
     #[cfg(target_arch = "x86_64")]
     if k.isa() >= Isa::Avx2 {
-        let avx512 = k.isa() == Isa::Avx512;
+        let avx512 = k.isa().avx512();
         // SAFETY: the table's level was detected (AVX2 and FMA; AVX-512 F/VL for Avx512); the
         // shapes were checked above.
         return unsafe { x86::down_block(h, w, y, avx512) };

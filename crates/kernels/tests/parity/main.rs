@@ -266,6 +266,7 @@ fn tile_dots_equal_row_dots() {
 /// of four).
 #[test]
 fn panel_gemm_matches_row_dots() {
+    use corelm_kernels::matmul::gemm::tile::{self, TileUnit};
     use corelm_kernels::matmul::gemm::{gemm, supported, GemmScratch};
     use corelm_kernels::matmul::schedule::{Schedule, PANEL_MR};
     let port = Kernels::portable();
@@ -301,7 +302,7 @@ fn panel_gemm_matches_row_dots() {
             // Every register tile height, blocks of columns (two panels; one more than the
             // scratch holds, capped), rows and inner blocks (carried through the output): the
             // same bits on every table.
-            let mut schedules = vec![Schedule::PANEL_DEFAULT];
+            let mut schedules = vec![Schedule::PANEL_DEFAULT, Schedule::AMX_DEFAULT];
             for mr in PANEL_MR {
                 schedules.push(Schedule { mr, nc: 16, mc: 8, kc: 1, row_parts: 0 });
                 schedules.push(Schedule { mr, nc: 24, mc: 0, kc: 3, row_parts: 0 });
@@ -320,11 +321,28 @@ fn panel_gemm_matches_row_dots() {
                 for sched in &schedules {
                     let mut s = vec![f32::NAN; rows * n_out];
                     for cols in [0..n_out / 2, n_out / 2..n_out] {
-                        let kernel = (r, corelm_kernels::matmul::gemm::tile::panel_tile_portable as corelm_kernels::matmul::gemm::tile::TileKernel);
+                        let kernel = TileUnit::Panel(r, tile::panel_tile_portable);
                         // SAFETY: as `run`; the portable model runs anywhere.
                         unsafe { corelm_kernels::matmul::gemm::gemm_impl(t, &w, k, cols, (&x, xrb, rows), (s.as_mut_ptr(), n_out), Some(kernel), Isa::Portable, sched, &mut ts) };
                     }
                     assert!(p.iter().zip(&s).all(|(a, b)| a.to_bits() == b.to_bits()), "{t} k={k}: tile model r={r} {} vs portable", sched.describe());
+                }
+            }
+            // AMX's form (row tiles of 16 packed by rows, two panels per call, the last of an
+            // odd number with itself) through its portable model: the same bits again. Its
+            // kernel is the `amx` table's, run above where this CPU has AMX.
+            // Under every table this CPU runs (x86: the panels decoded and the row scalars
+            // computed with AVX2/F16C, as the AMX table does).
+            let mut ts = GemmScratch::with_tile_rows(k, rows, 2, tile::PAIR_ROWS);
+            for isa in tables().iter().map(|k| k.isa()).filter(|&i| i == Isa::Portable || i >= Isa::Avx2) {
+                for sched in &schedules {
+                    let mut s = vec![f32::NAN; rows * n_out];
+                    for cols in [0..n_out / 2, n_out / 2..n_out] {
+                        // SAFETY: as `run`; the portable model runs anywhere, the decoders
+                        // of `isa` on this CPU.
+                        unsafe { corelm_kernels::matmul::gemm::gemm_impl(t, &w, k, cols, (&x, xrb, rows), (s.as_mut_ptr(), n_out), Some(TileUnit::Pair(tile::pair_tile_portable)), isa, sched, &mut ts) };
+                    }
+                    assert!(p.iter().zip(&s).all(|(a, b)| a.to_bits() == b.to_bits()), "{t} k={k}: AMX tile model under {isa} {} vs portable", sched.describe());
                 }
             }
             let rb = row_bytes(t, k);

@@ -94,7 +94,7 @@ enum Version {
 
 fn version(kernels: &crate::Kernels, head_dim: usize) -> Version {
     #[cfg(target_arch = "x86_64")]
-    if kernels.isa() == crate::Isa::Avx512 && head_dim.is_multiple_of(16) {
+    if kernels.isa().avx512() && head_dim.is_multiple_of(16) {
         return Version::Avx512;
     }
     #[cfg(target_arch = "x86_64")]

@@ -13,7 +13,7 @@
 //! the int8 and f32 outer products, a streaming vector of at least 32 bytes).
 
 use crate::matmul::gemm::panel::{PACKED_BLOCK, PANEL};
-use crate::matmul::gemm::tile::{gemm_f32_model, panel_tile_model, TileJob, ROW_SCALARS};
+use crate::matmul::gemm::tile::{gemm_f32_model, panel_tile_model, TestData, TileJob, ROW_SCALARS};
 use crate::simd::aarch64::sme_vector_bytes;
 use std::arch::asm;
 
@@ -268,19 +268,12 @@ pub unsafe fn gemm_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, n: usize, 
 /// SME as the module says.
 pub unsafe fn self_test() -> bool {
     let r = sme_vector_bytes() / 4;
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut d = TestData::default();
     // f32: a partial tile in both directions, k = 37.
     let (m, n, k) = (2 * r + 3, r + 5, 37);
-    let f = |v: u64| (v % 2001) as f32 / 1000.0 - 1.0;
-    let a: Vec<f32> = (0..m * k).map(|_| f(next())).collect();
-    let b: Vec<f32> = (0..n * k).map(|_| f(next())).collect();
-    let c0: Vec<f32> = (0..m * n).map(|_| f(next())).collect();
+    let a: Vec<f32> = (0..m * k).map(|_| d.unit()).collect();
+    let b: Vec<f32> = (0..n * k).map(|_| d.unit()).collect();
+    let c0: Vec<f32> = (0..m * n).map(|_| d.unit()).collect();
     let (mut c, mut want) = (c0.clone(), c0);
     // SAFETY: the caller's SME.
     unsafe { gemm_f32(&a, &b, &mut c, m, n, k) };
@@ -288,25 +281,13 @@ pub unsafe fn self_test() -> bool {
     let f32_ok = c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
     // int8 panel: 3 blocks, r − 1 real rows, codes up to 255, both float paths.
     let nblk = 3;
-    let act: Vec<i8> = (0..nblk * 32 * r).map(|_| next() as i8).collect();
-    let sc: Vec<u8> = (0..nblk * r)
-        .flat_map(|_| {
-            let (oy0, oy1) = ((next() % 20000) as i32 - 10000, (next() % 20000) as i32 - 10000);
-            let (dx, sx) = (f(next()) / 64.0, f(next()));
-            [oy0.to_le_bytes(), oy1.to_le_bytes(), dx.to_le_bytes(), sx.to_le_bytes()].concat()
-        })
-        .collect();
-    let panel: Vec<u8> = (0..nblk)
-        .flat_map(|_| {
-            let codes: Vec<u8> = (0..256).map(|_| next() as u8).collect();
-            let scales: Vec<u8> = (0..16).flat_map(|_| (f(next()) / 32.0).to_le_bytes()).collect();
-            [codes, scales].concat()
-        })
-        .collect();
+    let act: Vec<i8> = (0..nblk * 32 * r).map(|_| d.next() as i8).collect();
+    let sc = d.scalars(nblk * r);
+    let panel = d.panel(nblk);
     let mut int_ok = true;
     for (split, has_min) in [(false, true), (true, false)] {
         let job = TileJob { act: &act, sc: &sc, panel: &panel, nblk, r, rows: r - 1, split, has_min };
-        let start: Vec<[f32; PANEL]> = (0..r).map(|_| std::array::from_fn(|_| f(next()))).collect();
+        let start: Vec<[f32; PANEL]> = (0..r).map(|_| std::array::from_fn(|_| d.unit())).collect();
         let (mut got, mut want) = (start.clone(), start);
         // SAFETY: the caller's SME; the job's buffers are sized as `TileJob` says.
         unsafe { panel_tile(&job, &mut got) };

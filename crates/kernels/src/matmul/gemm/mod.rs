@@ -28,13 +28,15 @@ use crate::DType;
 
 #[cfg(target_arch = "aarch64")]
 pub mod aarch64;
+#[cfg(target_arch = "x86_64")]
+pub mod amx;
 pub mod panel;
 pub mod tile;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 
 pub use panel::{act_block, panel_portable, Act, PanelJob, PACKED_BLOCK, PANEL};
-use tile::{pack_rows, TileJob, TileKernel};
+use tile::{pack_rows, row_scalars, PairJob, TileJob, TileUnit, PAIR_ROWS, ROW_SCALARS};
 
 /// Weight types the panel GEMM handles.
 pub fn supported(t: DType) -> bool {
@@ -47,10 +49,28 @@ pub fn supported(t: DType) -> bool {
 /// not fit `sdot`'s signed bytes; elsewhere the portable twin).
 pub fn simd(t: DType, isa: Isa) -> bool {
     supported(t) && match isa {
-        Isa::Avx512 | Isa::Sme => true,
+        Isa::Avx512 | Isa::Amx | Isa::Sme => true,
         Isa::Avx2 => t != DType::Q8_0,
         Isa::Dotprod => t != DType::Q8_0 || i8mm(),
         Isa::Portable | Isa::Neon => false,
+    }
+}
+
+/// Whether the AMX table runs `t`'s panel GEMM on the tile unit: the types with Q8_0 or Q8_1
+/// activations. The K-quants (Q8_K activations) stay on the AVX-512 VNNI panel kernel: on
+/// Qwen2.5's feed-forward down projections (Q4_K and Q6_K, k = 4864) the tiles took 1.3–1.6×
+/// VNNI's time at 1 and 16 threads (docs/benchmarks.md).
+pub fn amx_runs(t: DType) -> bool {
+    supported(t) && act_of(t) != Act::Q8K
+}
+
+/// The panel GEMM's fixed schedule before tuning for a `t` matrix under `isa`'s table: AMX's
+/// where its tiles run ([`amx_runs`]), else the vector kernels'.
+pub fn default_schedule(isa: Isa, t: DType) -> Schedule {
+    if isa == Isa::Amx && amx_runs(t) {
+        Schedule::AMX_DEFAULT
+    } else {
+        Schedule::PANEL_DEFAULT
     }
 }
 
@@ -64,11 +84,15 @@ pub fn i8mm() -> bool {
 }
 
 /// Rows of the matrix unit's tile this CPU has (SME: a quarter of the streaming vector's bytes,
-/// when it runs [`Isa::Sme`]'s features); 0 without one.
+/// when it runs [`Isa::Sme`]'s features; AMX: [`PAIR_ROWS`]); 0 without one.
 pub fn matrix_tile_rows() -> usize {
     #[cfg(target_arch = "aarch64")]
     if Isa::Sme.missing().is_empty() {
         return crate::simd::aarch64::sme_vector_bytes() / 4;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Amx.missing().is_empty() {
+        return PAIR_ROWS;
     }
     0
 }
@@ -101,13 +125,15 @@ fn offset(t: DType) -> i32 {
 /// Per-thread buffers, sized once: the packed panels of one column block (up to `max_panels`
 /// panels of rows of up to `max_k` elements), the activation half-block sums of up to
 /// `max_rows` rows, and, where a matrix unit runs the panels, one packed row tile of its
-/// `tile_rows` rows ([`tile::pack_rows`]).
+/// `tile_rows` rows ([`tile::pack_rows`]) or, for AMX's tiles, which read the rows in place,
+/// the block scalars of all rows ([`tile::row_scalars`]).
 pub struct GemmScratch {
     panel: Vec<u8>,
     ysum: Vec<i32>,
     tile_rows: usize,
     tile_codes: Vec<i8>,
     tile_sc: Vec<u8>,
+    row_sc: Vec<u8>,
 }
 
 impl GemmScratch {
@@ -119,17 +145,25 @@ impl GemmScratch {
     /// With room for a packed row tile of `tile_rows` rows (0: none).
     pub fn with_tile_rows(max_k: usize, max_rows: usize, max_panels: usize, tile_rows: usize) -> Self {
         let nb = max_k / 32;
+        // AMX's tiles (16 rows) need every row's scalars; so does the AMX model, anywhere.
+        let pair = tile_rows == PAIR_ROWS;
         GemmScratch {
             panel: vec![0; max_panels.max(1) * nb * PACKED_BLOCK],
             ysum: vec![0; max_rows * (max_k / 16)],
             tile_rows,
             tile_codes: vec![0; nb * 32 * tile_rows],
-            tile_sc: vec![0; nb * tile_rows * tile::ROW_SCALARS],
+            tile_sc: vec![0; nb * tile_rows * ROW_SCALARS],
+            row_sc: vec![0; if pair { nb * max_rows * ROW_SCALARS } else { 0 }],
         }
     }
 
     pub fn fits(&self, k: usize, rows: usize) -> bool {
         self.panel.len() >= k / 32 * PACKED_BLOCK && self.ysum.len() >= rows * (k / 16) && self.tile_codes.len() >= k * self.tile_rows
+    }
+
+    /// Whether the block scalars of `rows` rows of `k` values fit ([`TileUnit::Pair`]).
+    fn fits_row_scalars(&self, k: usize, rows: usize) -> bool {
+        self.row_sc.len() >= k / 32 * rows * ROW_SCALARS
     }
 
     /// Panels of rows of `k` values one column block can hold.
@@ -253,7 +287,7 @@ fn block_sums(x: &[u8], xrb: usize, rows: usize, nb: usize, act: Act, out: &mut 
 /// `out[r * n_out + c] = w[c] · x[r]` for `c` in `cols`, all `rows` activation rows (`x`, rows
 /// of `xrb` bytes in `t`'s `vec_dot_type`), blocked as `sched` says (its `nc` capped by what
 /// `scratch` holds; [`Schedule`]: the bits do not depend on it). `isa`: the table's level,
-/// which this CPU runs (the caller's); its SIMD kernel where [`simd`] says so (SME: the
+/// which this CPU runs (the caller's); its SIMD kernel where [`simd`] says so (SME, AMX: the
 /// matrix unit's, through [`gemm_impl`]'s row tiles), else the portable twin.
 ///
 /// Loop nest, outermost first: column blocks of `nc` (their panels decoded once), inner blocks
@@ -281,16 +315,23 @@ pub unsafe fn gemm(
         let r = crate::simd::aarch64::sme_vector_bytes() / 4;
         // SAFETY: the caller's contract; `isa` (SME, checked by the caller's table) runs the
         // kernel on tiles of `r` rows.
-        return unsafe { gemm_impl(t, w, k, cols, (x, xrb, rows), (out, n_out), Some((r, crate::matmul::aarch64::sme::panel_tile)), isa, sched, scratch) };
+        return unsafe { gemm_impl(t, w, k, cols, (x, xrb, rows), (out, n_out), Some(TileUnit::Panel(r, crate::matmul::aarch64::sme::panel_tile)), isa, sched, scratch) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Amx && amx_runs(t) {
+        // SAFETY: the caller's contract; `isa` (AMX, checked by the caller's table, which also
+        // means the process holds the tile data) runs the kernel.
+        return unsafe { gemm_impl(t, w, k, cols, (x, xrb, rows), (out, n_out), Some(TileUnit::Pair(amx::panel_pair)), isa, sched, scratch) };
     }
     // SAFETY: the caller's contract.
     unsafe { gemm_impl(t, w, k, cols, (x, xrb, rows), (out, n_out), None, isa, sched, scratch) }
 }
 
 /// [`gemm`]'s loop nest, with the panels run by `tiles`' matrix-unit kernel where given: on
-/// row tiles of `r` rows, packed once per tile and inner block range ([`tile::pack_rows`];
-/// `scratch` must hold a tile of `r` rows); otherwise by `isa`'s panel kernel. With
-/// [`tile::panel_tile_portable`] this is the portable model of the SME GEMM.
+/// row tiles of its rows, packed once per tile and inner block range ([`tile::pack_rows`];
+/// `scratch` must hold a tile of that many rows), one panel per call or two ([`TileUnit`]);
+/// otherwise by `isa`'s panel kernel. With [`tile::panel_tile_portable`] this is the portable
+/// model of the SME GEMM, with [`tile::pair_tile_portable`] of the AMX GEMM.
 ///
 /// # Safety
 /// As [`gemm`], and the kernel of `tiles` runs on this CPU.
@@ -302,20 +343,30 @@ pub unsafe fn gemm_impl(
     cols: std::ops::Range<usize>,
     (x, xrb, rows): (&[u8], usize, usize),
     (out, n_out): (*mut f32, usize),
-    tiles: Option<(usize, TileKernel)>,
+    tiles: Option<TileUnit>,
     isa: Isa,
     sched: &Schedule,
     scratch: &mut GemmScratch,
 ) {
     debug_assert!(supported(t) && k.is_multiple_of(32) && scratch.fits(k, rows));
-    assert!(tiles.is_none_or(|(r, _)| (1..=64).contains(&r) && r <= scratch.tile_rows), "the scratch holds no row tile of this size");
+    assert!(tiles.is_none_or(|u| (1..=64).contains(&u.rows()) && u.rows() <= scratch.tile_rows), "the scratch holds no row tile of this size");
     let nb = k / 32;
     let (o, act, split) = (offset(t), act_of(t), split16(t));
     let has_min = act != Act::Q8_0 && !split;
     let panels_max = scratch.panels(k).max(1);
-    let GemmScratch { panel, ysum, tile_codes, tile_sc, .. } = scratch;
+    let pair = matches!(tiles, Some(TileUnit::Pair(_)));
+    assert!(!pair || scratch.fits_row_scalars(k, rows), "the scratch holds no row scalars for AMX's tiles");
+    let GemmScratch { panel, ysum, tile_codes, tile_sc, row_sc, .. } = scratch;
     if o != 0 {
         block_sums(x, xrb, rows, nb, act, ysum);
+    }
+    if pair {
+        match isa {
+            // SAFETY: the x86 tables' CPUs have AVX2 and F16C.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe { x86::row_scalars(x, xrb, rows, nb, act, ysum, (o, split), row_sc) },
+            _ => row_scalars(x, xrb, rows, nb, act, ysum, (o, split), row_sc),
+        }
     }
     let nc = sched.nc.clamp(PANEL, panels_max * PANEL) / PANEL * PANEL;
     let kc = if sched.kc == 0 { nb } else { sched.kc.min(nb) };
@@ -339,7 +390,7 @@ pub unsafe fn gemm_impl(
                 // SAFETY: the caller's CPU runs the x86 tables, whose features (AVX2, F16C)
                 // this needs.
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 | Isa::Avx512 => unsafe { x86::pack(t, w, k, pc, (c1 - pc).min(PANEL), o, panel) },
+                Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe { x86::pack(t, w, k, pc, (c1 - pc).min(PANEL), o, panel) },
                 _ => pack(t, w, k, pc, (c1 - pc).min(PANEL), panel),
             }
         }
@@ -366,7 +417,34 @@ pub unsafe fn gemm_impl(
             };
             for r0 in (0..rows).step_by(mc) {
                 let r1 = (r0 + mc).min(rows);
-                if let Some((r, kernel)) = tiles {
+                if let Some(TileUnit::Pair(kernel)) = tiles {
+                    for t0 in (r0..r1).step_by(PAIR_ROWS) {
+                        let tr = (r1 - t0).min(PAIR_ROWS);
+                        for p in (0..n_panels).step_by(2) {
+                            // The last of an odd number of panels goes with itself as the
+                            // second, whose sums are not stored.
+                            let q = (p + 1).min(n_panels - 1);
+                            let (pc, qc) = (c0 + p * PANEL, c0 + q * PANEL);
+                            let (n, m) = ((c1 - pc).min(PANEL), if q > p { (c1 - qc).min(PANEL) } else { 0 });
+                            let mut acc = [[0f32; 2 * PANEL]; PAIR_ROWS];
+                            for (i, a) in acc.iter_mut().enumerate().take(tr) {
+                                a[..PANEL].copy_from_slice(&load(t0 + i, pc, n));
+                                a[PANEL..].copy_from_slice(&load(t0 + i, qc, m));
+                            }
+                            let panels = [&panel[p * pb..(p + 1) * pb], &panel[q * pb..(q + 1) * pb]];
+                            let job = PairJob { x: &x[t0 * xrb..], xrb, act, rows: tr, b0, b1, sc: row_sc, n_rows: rows, row0: t0, panels, split, has_min };
+                            // SAFETY: the caller's: `kernel` runs on this CPU.
+                            unsafe { kernel(&job, &mut acc[..tr]) };
+                            for (i, a) in acc.iter().enumerate().take(tr) {
+                                let (lo, hi) = a.split_at(PANEL);
+                                save(t0 + i, pc, n, lo.try_into().expect("a panel"));
+                                save(t0 + i, qc, m, hi.try_into().expect("a panel"));
+                            }
+                        }
+                    }
+                    continue;
+                }
+                if let Some(TileUnit::Panel(r, kernel)) = tiles {
                     for t0 in (r0..r1).step_by(r) {
                         let tr = (r1 - t0).min(r);
                         pack_rows(&x[t0 * xrb..], xrb, tr, r, (b0, b1, nb), act, &ysum[t0 * nb * 2..], o, split, tile_codes, tile_sc);
@@ -411,7 +489,7 @@ pub unsafe fn gemm_impl(
                     // AVX-512: two panels per pass where there are two (each row's broadcasts
                     // and block scalars serve both); panel p + 1's outputs are `(r, 1)`.
                     #[cfg(target_arch = "x86_64")]
-                    if isa == Isa::Avx512 && p + 1 < n_panels {
+                    if isa.avx512() && p + 1 < n_panels {
                         let n2 = (c1 - pc - PANEL).min(PANEL);
                         let pcs = [(pc, n), (pc + PANEL, n2)];
                         let second = &panel[(p + 1) * pb..(p + 2) * pb];
@@ -424,7 +502,7 @@ pub unsafe fn gemm_impl(
                     match isa {
                         // SAFETY (both): the caller's CPU runs `isa`'s table, whose features these need.
                         #[cfg(target_arch = "x86_64")]
-                        Isa::Avx512 => unsafe { x86::panel(job, acc0, store) },
+                        Isa::Avx512 | Isa::Amx => unsafe { x86::panel(job, acc0, store) },
                         #[cfg(target_arch = "x86_64")]
                         Isa::Avx2 if simd(t, isa) => unsafe { x86::panel_avx2(job, acc0, store) },
                         // SAFETY (both): the dotprod table is built only on a CPU with

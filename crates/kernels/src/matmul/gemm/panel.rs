@@ -42,6 +42,18 @@ pub fn act_block_with(row: &[u8], b: usize, act: Act, h2f: impl Fn(f16) -> f32) 
     }
 }
 
+/// Byte offset, within an activation row of kind `act`, of block `b`'s 32 codes (what
+/// [`act_block`] returns as values), for kernels that address the rows' codes in place.
+#[inline]
+pub fn codes_at(act: Act, b: usize) -> usize {
+    use std::mem::{offset_of, size_of};
+    match act {
+        Act::Q8_0 => b * size_of::<BlockQ8_0>() + offset_of!(BlockQ8_0, qs),
+        Act::Q8_1 => b * size_of::<BlockQ8_1>() + offset_of!(BlockQ8_1, qs),
+        Act::Q8K => b / 8 * size_of::<BlockQ8K>() + offset_of!(BlockQ8K, qs) + b % 8 * 32,
+    }
+}
+
 /// Block `b` (32 values) of a Q8_K row: scale, `d·Σy` from the two 16-sums, values.
 #[inline]
 pub fn q8k_block(row: &[u8], b: usize) -> (f32, f32, &[i8; 32]) {

@@ -472,3 +472,10 @@ unsafe fn rows_wide<const R: usize, const A: u8, const OFF: bool, const SPLIT: b
         }
     }
 }
+
+/// [`tile::row_scalars`](super::tile::row_scalars) with F16C's conversion (the same values).
+#[target_feature(enable = "avx2,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub fn row_scalars(x: &[u8], xrb: usize, rows: usize, nb: usize, act: Act, ysum: &[i32], os: (i32, bool), out: &mut [u8]) {
+    super::tile::row_scalars_with(x, xrb, rows, nb, act, ysum, os, out, |h| h2f(h))
+}
