@@ -208,10 +208,12 @@ fn tune_gemm(a: &TuneArgs, model: &std::path::Path, plan: &mut Plan) -> Result<(
         bar.set_style(indicatif::ProgressStyle::with_template("tuning GEMMs {bar:30} {pos}/{len} {msg}").expect("a valid template"));
         for shape in &shapes {
             bar.set_message(shape.label());
-            let space = Space { panel, nth: plan.gemm_threads, n_out: shape.n_out, nb: shape.k / 32, max_nc: corelm_engine::gemm_tune::MAX_NC };
+            // The start: what this matrix runs untuned (AMX's own default on the AMX table).
+            let start = if panel { corelm_kernels::matmul::gemm::default_schedule(engine.kernels().isa(), shape.dtype) } else { corelm_plan::gemm_search::default_schedule(false) };
+            let space = Space { panel, nth: plan.gemm_threads, n_out: shape.n_out, nb: shape.k / 32, max_nc: corelm_engine::gemm_tune::MAX_NC, start };
             let tuned = search(&lengths, &space, &opts, &mut |m, s| {
                 let t = engine.time_gemm(shape, m, s, a.reps);
-                if s == &corelm_plan::gemm_search::default_schedule(panel) {
+                if *s == start {
                     bar.inc(1);
                 }
                 t

@@ -35,6 +35,9 @@ pub struct Space {
     pub nb: usize,
     /// Widest column block allowed (scratch and stack limits).
     pub max_nc: usize,
+    /// The schedule the matrix runs before tuning, the search's start and yardstick (the
+    /// engine's default for it: [`default_schedule`], or AMX's for the AMX table's tiles).
+    pub start: Schedule,
 }
 
 /// The search's knobs.
@@ -87,7 +90,7 @@ pub fn default_schedule(panel: bool) -> Schedule {
 /// Tune every length of `lengths` (ascending); `measure(rows, schedule)` gives seconds.
 pub fn search(lengths: &[usize], space: &Space, opts: &Options, measure: &mut dyn FnMut(usize, &Schedule) -> f64) -> Vec<Tuned> {
     let heights: &[usize] = if space.panel { &PANEL_MR } else { &TILE_MR };
-    let def = default_schedule(space.panel);
+    let def = space.start;
     let mut out: Vec<Tuned> = Vec::new();
     for &m in lengths {
         let mut n_measured = 0;
@@ -239,7 +242,7 @@ mod tests {
     use super::*;
 
     fn space(panel: bool) -> Space {
-        Space { panel, nth: 4, n_out: 1024, nb: 64, max_nc: 256 }
+        Space { panel, nth: 4, n_out: 1024, nb: 64, max_nc: 256, start: default_schedule(panel) }
     }
 
     /// A separable cost with its optimum at mc 64, nc 128, kc 16, mr 6, 2 row parts: each
@@ -277,7 +280,7 @@ mod tests {
             128 => 0.1,
             _ => 1.0,
         };
-        let sp = Space { panel: true, nth: 1, n_out: 512, nb: 4, max_nc: 256 };
+        let sp = Space { panel: true, nth: 1, n_out: 512, nb: 4, max_nc: 256, start: Schedule::PANEL_DEFAULT };
         let t = search(&[64], &sp, &Options::default(), &mut |m, s| cost(m, s));
         assert_eq!(t[0].sched.nc, 32);
     }
@@ -304,7 +307,7 @@ mod tests {
             m as f64 * (1.0 + (s.mr as f64 - want).abs() * m as f64 / 64.0)
         };
         let mut heights_at_512 = std::collections::BTreeSet::new();
-        let t = search(&[8, 512], &Space { panel: true, nth: 1, n_out: 64, nb: 2, max_nc: 64 }, &Options { window: 3, ..Options::default() }, &mut |m, s| {
+        let t = search(&[8, 512], &Space { panel: true, nth: 1, n_out: 64, nb: 2, max_nc: 64, start: Schedule::PANEL_DEFAULT }, &Options { window: 3, ..Options::default() }, &mut |m, s| {
             if m == 512 {
                 heights_at_512.insert(s.mr);
             }
