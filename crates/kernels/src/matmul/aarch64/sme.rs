@@ -281,7 +281,7 @@ pub unsafe fn self_test() -> bool {
     let f32_ok = c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
     // int8 panel: 3 blocks, r − 1 real rows, codes up to 255, both float paths.
     let nblk = 3;
-    let act: Vec<i8> = (0..nblk * 32 * r).map(|_| d.next() as i8).collect();
+    let act: Vec<i8> = (0..nblk * 32 * r).map(|_| d.word() as i8).collect();
     let sc = d.scalars(nblk * r);
     let panel = d.panel(nblk);
     let mut int_ok = true;

@@ -212,7 +212,7 @@ pub unsafe fn self_test() -> bool {
     let (nblk, n_rows, row0) = (3, 20, 4);
     // Rows of 3 Q8_0 blocks (34 bytes each) and 2 bytes more, so rows are not 32-aligned.
     let xrb = nblk * 34 + 2;
-    let x: Vec<u8> = (0..n_rows * xrb).map(|_| d.next() as u8).collect();
+    let x: Vec<u8> = (0..n_rows * xrb).map(|_| d.word() as u8).collect();
     let sc = d.scalars(nblk * n_rows);
     let (first, second) = (d.panel(nblk), d.panel(nblk));
     let mut ok = true;

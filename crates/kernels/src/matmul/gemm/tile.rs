@@ -257,7 +257,7 @@ impl Default for TestData {
 }
 
 impl TestData {
-    pub fn next(&mut self) -> u64 {
+    pub fn word(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -266,7 +266,7 @@ impl TestData {
 
     /// A value in [−1, 1] in steps of 1/1000.
     pub fn unit(&mut self) -> f32 {
-        (self.next() % 2001) as f32 / 1000.0 - 1.0
+        (self.word() % 2001) as f32 / 1000.0 - 1.0
     }
 
     /// `n` rows' block scalars ([`ROW_SCALARS`] bytes each): offsets in ±10000, `d_x` in
@@ -274,7 +274,7 @@ impl TestData {
     pub fn scalars(&mut self, n: usize) -> Vec<u8> {
         (0..n)
             .flat_map(|_| {
-                let (oy0, oy1) = ((self.next() % 20000) as i32 - 10000, (self.next() % 20000) as i32 - 10000);
+                let (oy0, oy1) = ((self.word() % 20000) as i32 - 10000, (self.word() % 20000) as i32 - 10000);
                 let (dx, sx) = (self.unit() / 64.0, self.unit());
                 [oy0.to_le_bytes(), oy1.to_le_bytes(), dx.to_le_bytes(), sx.to_le_bytes()].concat()
             })
@@ -285,7 +285,7 @@ impl TestData {
     pub fn panel(&mut self, nblk: usize) -> Vec<u8> {
         (0..nblk)
             .flat_map(|_| {
-                let codes: Vec<u8> = (0..32 * PANEL).map(|_| self.next() as u8).collect();
+                let codes: Vec<u8> = (0..32 * PANEL).map(|_| self.word() as u8).collect();
                 let scales: Vec<u8> = (0..2 * PANEL).flat_map(|_| (self.unit() / 32.0).to_le_bytes()).collect();
                 [codes, scales].concat()
             })
