@@ -556,7 +556,7 @@ pub fn kernels() -> &'static Kernels {
 
 /// The level a process runs without `--isa` or `CORELM_ISA`: [`best_isa`], except that the AMX
 /// table is asked for by name (`--isa amx`). It differs from AVX-512's only in the panel GEMM
-/// (`--fast-prefill`), which measured 0.77–1.36× AVX-512's prefill on a 16-core Xeon
+/// (`--fast-prefill`), which measured 0.73–1.32× AVX-512's prefill on a 16-core Xeon
 /// (docs/benchmarks.md), so AVX-512's stays the default there.
 pub fn default_isa() -> Isa {
     match best_isa() {
@@ -588,23 +588,30 @@ pub fn kernels_for(isa: Isa) -> Result<&'static Kernels, IsaError> {
 /// [`Isa::Dotprod`] and from [`Isa::Amx`] to [`Isa::Avx512`] where the matrix unit's kernels
 /// fail their start-up self-test (run once).
 pub fn best_isa() -> Isa {
-    let isa = Isa::detected();
-    if isa == Isa::Sme && !sme_self_test() {
-        Isa::Dotprod
-    } else if isa == Isa::Amx && !amx_self_test() {
-        Isa::Avx512
-    } else {
-        isa
+    match Isa::detected() {
+        Isa::Sme if !self_test_passes(Isa::Sme) => Isa::Dotprod,
+        Isa::Amx if !self_test_passes(Isa::Amx) => Isa::Avx512,
+        isa => isa,
     }
 }
 
 /// [`Isa::check`], and for [`Isa::Sme`] and [`Isa::Amx`] their kernels' self-test.
 pub fn check(isa: Isa) -> Result<Isa, IsaError> {
     let isa = isa.check()?;
-    if (isa == Isa::Sme && !sme_self_test()) || (isa == Isa::Amx && !amx_self_test()) {
+    if !self_test_passes(isa) {
         return Err(IsaError::SelfTest { isa, best: best_isa() });
     }
     Ok(isa)
+}
+
+/// Whether `isa`'s matrix-unit kernels passed their start-up self-test (levels without one:
+/// yes).
+fn self_test_passes(isa: Isa) -> bool {
+    match isa {
+        Isa::Sme => sme_self_test(),
+        Isa::Amx => amx_self_test(),
+        _ => true,
+    }
 }
 
 /// Whether the AMX panel kernel agrees with its portable model on this CPU, bit for bit (run

@@ -332,9 +332,9 @@ fn sched_part(sched: &Schedule, n_out: usize, rows: usize, ith: usize, nth: usiz
 /// # Safety
 /// As [`run`].
 unsafe fn run_panel(isa: Isa, o: &Operands, sched: Schedule, ith: usize, nth: usize, s: &mut MatmulScratch) {
-    // A class split is the thread grid: each class its range, with its kernel.
     // AMX's default grid: rows split so that each worker keeps enough columns.
     let sched = if isa == Isa::Amx && gemm::amx_runs(o.dtype) && sched.row_parts == 0 { Schedule { row_parts: corelm_kernels::matmul::schedule::amx_row_parts(o.n_out, nth), ..sched } } else { sched };
+    // A class split is the thread grid: each class its range, with its kernel.
     let (cols, rr, isa) = match o.split.and_then(|(cut, classes)| class_part(cut, classes, o.n_out, o.rows, ith, nth)) {
         Some(part) => part,
         None if sched.row_parts == 0 => (split(o.n_out, ith, nth), 0..o.rows, isa),

@@ -30,8 +30,7 @@
 //! [`Isa::Avx512`]: crate::simd::Isa::Avx512
 //! [`Isa::Amx`]: crate::simd::Isa::Amx
 
-use super::panel::{PACKED_BLOCK, PANEL};
-use super::panel::{codes_at, Act};
+use super::panel::{codes_at, Act, PACKED_BLOCK, PANEL};
 use super::tile::{pair_tile_model, PairJob, TestData, PAIR_ROWS, ROW_SCALARS};
 use std::arch::asm;
 use std::arch::x86_64::*;

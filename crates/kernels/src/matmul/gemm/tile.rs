@@ -318,14 +318,19 @@ pub fn tdpbsud(c: &mut [i32], (m, n, kb): (usize, usize, usize), a: &[i8], a_str
 /// the second's).
 pub fn pair_tile_model(job: &PairJob, acc: &mut [[f32; 2 * PANEL]]) {
     let PairJob { x, xrb, act, rows, b0, b1, panels, split, has_min, .. } = *job;
+    if rows == 0 {
+        return;
+    }
     let (halves, kb) = if split { (2, 16) } else { (1, 32) };
     for b in b0..b1 {
         let blks = panels.map(|p| &p[b * PACKED_BLOCK..(b + 1) * PACKED_BLOCK]);
         // c[h][p]: half h's sums with panel p, `rows` rows × 8 columns.
         let mut c = [[[0i32; PAIR_ROWS * PANEL]; 2]; 2];
         for (h, ch) in c.iter_mut().enumerate().take(halves) {
-            // The codes as signed bytes (the activation rows' i8 values).
-            let a: Vec<i8> = x[codes_at(act, b) + h * kb..].iter().map(|&v| v as i8).collect();
+            // The tile's codes as signed bytes (the activation rows' i8 values): `rows` rows of
+            // `kb` bytes, `xrb` apart.
+            let at = codes_at(act, b) + h * kb;
+            let a: Vec<i8> = x[at..at + (rows - 1) * xrb + kb].iter().map(|&v| v as i8).collect();
             for (p, cp) in ch.iter_mut().enumerate() {
                 tdpbsud(cp, (rows, PANEL, kb), &a, xrb, &blks[p][h * 4 * 32..], 32);
             }
