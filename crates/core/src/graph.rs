@@ -199,7 +199,7 @@ pub struct Builder<'k> {
     lists: Vec<Vec<TensorId>>,
     sparse: Option<Arc<SparseFfn>>,
     /// The next layer's predicted firing, made in the current layer (`predicted_firing`).
-    prediction: Option<(usize, TensorId)>,
+    prediction: Option<(usize, Bundle)>,
     /// How the KV cache the graph writes lays its keys out.
     key_layout: KeyLayout,
 }

@@ -19,7 +19,8 @@
 //! The sparse feed-forward's down projection (`WeightForm::NeuronMajor`) is always copied
 //! here: transposed, a row per neuron, requantized with ggml's reference quantizer of its
 //! type, and laid out in column panels (`sparse::Panels`: every neuron's 64 columns of a panel
-//! together), which decode streams panel by panel. The sparse up projection is an ordinary
+//! together), which decode streams panel by panel; a tensor-parallel shard's copy holds the
+//! neurons of its column slice. The sparse up projection is an ordinary
 //! `Rows` weight: small batches read its interleaved copy a run of groups of four at a time
 //! (or, when few neurons fire, the file's plain rows), large ones compute it densely.
 //! `WeightForm::PlainRows` (never interleaved) is what a predicted gate's rows are read in.
@@ -146,7 +147,9 @@ impl PackedWeights {
             if let WeightForm::NeuronMajor { from } | WeightForm::ColdNeuronMajor { from, .. } = form {
                 let n_embd = e.row_bytes / e.dtype.type_size() * e.dtype.block_size();
                 let n_ff = len / n_embd / from.type_size() * from.block_size();
-                neuron_major(kernels, from, src, e.dtype, e.row_bytes, cold(form, n_ff).as_deref(), dst);
+                // A tensor-parallel shard's neurons are the columns of its slice.
+                let neurons = cold(form, n_ff).or_else(|| cols.map(|c| (c.c0 as u32..(c.c0 + e.rows) as u32).collect()));
+                neuron_major(kernels, from, src, e.dtype, e.row_bytes, neurons.as_deref(), dst);
                 continue;
             }
             let src = match (cols, cold(form, len / e.row_bytes)) {

@@ -183,8 +183,9 @@ pub enum Op {
     GluMasked { gate: TensorId, up: TensorId, kind: Glu, thr: f32, masked: bool, pred: Option<TensorId> },
     /// Adjacent-layer prediction (`SparseFfn::predictor`, KAIROX §5.1): per row of `x` (an FFN
     /// input, `[n_embd, n_tokens]` f32), the margins `B·(A·x) − cut` of layer `layer`'s
-    /// neurons, `[n_ff, n_tokens]`: positive where the neuron is predicted to fire.
-    Predict { layer: u32, x: TensorId },
+    /// neurons `n0 .. n0 + ne0` (`[ne0, n_tokens]`; tensor parallel: a shard's range, else
+    /// all): positive where the neuron is predicted to fire.
+    Predict { layer: u32, x: TensorId, n0: u32 },
     /// Sparse FFN gate of a small batch: `g_i = w_i · x` for the neurons with a positive
     /// margin in `pred`, else 0 (`w`: plain rows, only predicted ones read; `x` quantized for
     /// them). A zero gate never fires (`act(0) = 0`).

@@ -301,8 +301,8 @@ impl Engine {
             cfg.sparsity = Some(Arc::new(s));
         }
         if let Some(s) = &cfg.sparsity {
-            if degree > 1 {
-                return Err(Error::Config(format!("sparse feed-forwards (--sparsity, --accel-mem) run without tensor parallelism for now; drop --tp {degree}")));
+            if degree > 1 && (cfg.accel.is_some() || s.balanced || s.offloaded.iter().any(|v| !v.is_empty())) {
+                return Err(Error::Config(format!("an accelerator's neurons (--accel-mem) run without tensor parallelism for now; drop --tp {degree}")));
             }
             if s.thresholds.len() != h.n_layer {
                 return Err(Error::Config(format!("the sparsity thresholds are for {} layers, the model has {}", s.thresholds.len(), h.n_layer)));
@@ -566,6 +566,11 @@ impl Engine {
     /// Where workers run and memory lives (`--numa`).
     pub fn placement(&self) -> &Placement {
         &self.placement
+    }
+
+    /// The tensor-parallel degree (1: off).
+    pub fn tp_degree(&self) -> usize {
+        self.tp.as_ref().map_or(1, |p| p.degree())
     }
 
     /// Graphs planned so far (one per batch shape; decoding reuses one).

@@ -85,6 +85,9 @@ pub fn trace(engine: &mut Engine, tokens: &[u32], n_ctx: usize, thresholds: &[f3
     if engine.config().sparsity.is_some() {
         return Err(Error::Config("tracing runs the dense model: load it without --sparsity".into()));
     }
+    if engine.tp_degree() > 1 {
+        return Err(Error::Config(format!("tracing reads whole layers' activations: load the model without --tp {}", engine.tp_degree())));
+    }
     let h = engine.hyper().clone();
     if thresholds.len() != h.n_layer {
         return Err(Error::Config(format!("{} thresholds for {} layers", thresholds.len(), h.n_layer)));

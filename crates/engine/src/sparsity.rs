@@ -338,6 +338,9 @@ pub fn collect(engine: &mut Engine, tokens: &[u32], n_ctx: usize, model: &str, t
     if engine.config().sparsity.is_some() {
         return Err(Error::Config("collect runs the dense model: load it without --sparsity".into()));
     }
+    if engine.tp_degree() > 1 {
+        return Err(Error::Config(format!("collect reads whole layers' activations: load the model without --tp {}", engine.tp_degree())));
+    }
     let n_expert = crate::engine::expert_count(engine.gguf());
     if n_expert > 0 {
         return Err(Error::Config(format!("activation statistics are of dense feed-forwards; this model's are mixtures of {n_expert} experts")));

@@ -231,6 +231,11 @@ pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle 
 /// `[n_tokens, n_embd]` → same.
 fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRef, x: &Bundle, kind: Glu, thr: f32) -> Bundle {
     let Some(hot) = b.offloaded().map(<[u32]>::len) else {
+        // Tensor parallel: each shard computes its feed-forward range's neurons — gate and up
+        // rows, down's neuron-major rows — and the shards' partial outputs are added at the
+        // gather. A neuron fires on its threshold alone, so the firing set does not depend on
+        // the split.
+        let x = b.scatter(x);
         // With an adjacent-layer predictor (KAIROX §5.1), the next layer's firing is predicted
         // from this layer's input, and this layer's gate rows are read only for the neurons
         // predicted here (so the gate matrix stays plain rows).
@@ -238,12 +243,14 @@ fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRe
         // tiles); small ones only the rows they need: up's groups of four holding a firing
         // neuron on that copy (or, when few fire, the file's plain rows), the predicted gate
         // rows on plain rows.
-        let pred = b.predicted_firing(x); // [n_tokens, n_ff] margins
+        let pred = b.predicted_firing(&x); // per shard [n_tokens, ff_s] margins
         let small = b.n_tokens() <= SPARSE_UP_MAX_TOKENS;
-        let wg = if pred.is_some() && small { b.weight_in(gate, WeightForm::PlainRows) } else { b.weight(gate) };
-        let wu = b.weight(up);
-        let wd = b.weight_in(down, WeightForm::NeuronMajor { from: down.dtype }); // [n_embd, n_ff]
-        return cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr, false, pred.as_ref()).0;
+        let gate_form = if pred.is_some() && small { WeightForm::PlainRows } else { WeightForm::Rows };
+        let wg = b.weight_split_in(gate, Split::FfRows, gate_form);
+        let wu = b.weight_split(up, Split::FfRows);
+        let wd = b.weight_split_in(down, Split::FfCols, WeightForm::NeuronMajor { from: down.dtype }); // per shard [n_embd, ff_s]
+        let y = cpu_sparse_ffn(b, &wg, &wu, &wd, &x, kind, thr, false, pred.as_ref()).0; // per shard [n_tokens, n_embd]
+        return b.gather_sum(&y); // [n_tokens, n_embd]
     };
     // KAIROX: an accelerator computes the hot neurons while the CPU computes the others from
     // copies of their rows; the two partial outputs add up to the layer's.

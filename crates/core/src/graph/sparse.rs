@@ -149,6 +149,41 @@ impl Builder<'_> {
         Bundle::one(self.leaf(ne, dtype, Storage::Weight { offset: w.offset, len: w.len, cols: None, copy: None, form }))
     }
 
+    /// A weight cut across the shards of the plan (tensor parallelism) in `form`: `PlainRows`
+    /// of a row split (each shard's predicted gate rows), or `NeuronMajor` of
+    /// [`Split::FfCols`] — shard `s` holds its neurons' rows `[n_embd, ff_s]` of the transpose,
+    /// a [`ColSlice`] of the file's matrix copied and requantized at load. In serial mode, the
+    /// whole weight in `form` ([`Builder::weight_in`]).
+    pub fn weight_split_in(&mut self, w: &WeightRef, split: Split, form: WeightForm) -> Bundle {
+        if self.tp.is_none() || self.mode != Mode::Parallel {
+            return self.weight_in(w, form);
+        }
+        let parts = self.weight_split(w, split);
+        let down_type = self.sparse.as_ref().map(|s| s.down_type);
+        for &id in &parts.0 {
+            let t = &mut self.tensors[id.0 as usize];
+            let Storage::Weight { form: f, cols, .. } = &mut t.storage else { unreachable!("weight_split makes weights") };
+            match form {
+                WeightForm::Rows => {}
+                WeightForm::PlainRows => {
+                    assert!(cols.is_none(), "{}: plain rows of a column split", w.name);
+                    *f = form;
+                }
+                WeightForm::NeuronMajor { .. } => {
+                    assert_eq!(split, Split::FfCols, "{}: neuron-major shards are feed-forward columns", w.name);
+                    let dt = down_type.expect("a sparse configuration");
+                    assert!(w.ne[1].is_multiple_of(dt.block_size()), "{}: rows of {} values in {dt} blocks", w.name, w.ne[1]);
+                    // The slice's columns (neurons) become rows: `[n_embd, ff_s]`.
+                    t.ne = [t.ne[1], t.ne[0]];
+                    t.dtype = dt;
+                    *f = form;
+                }
+                WeightForm::ColdRows { .. } | WeightForm::ColdNeuronMajor { .. } => panic!("{}: an accelerator's split with tensor parallelism", w.name),
+            }
+        }
+        parts
+    }
+
     /// How many of layer `layer`'s `n_ff` neurons the CPU computes.
     fn n_cold(&self, layer: usize, n_ff: usize) -> usize {
         let hot = self.sparse.as_ref().and_then(|s| s.offloaded.get(layer)).map_or(0, |v| v.len());
@@ -190,35 +225,50 @@ impl Builder<'_> {
     pub fn predicted_firing(&mut self, x: &Bundle) -> Option<Bundle> {
         let il = self.layer();
         let own = match self.prediction.take() {
-            Some((l, id)) if l == il => Some(Bundle::one(id)),
+            Some((l, p)) if l == il => Some(p),
             _ if il == 0 && self.layer_predictor(0).is_some() => Some(self.predict(0, x)),
             _ => None,
         };
         if self.layer_predictor(il + 1).is_some() {
             let next = self.predict(il + 1, x);
-            self.prediction = Some((il + 1, next.single()));
+            self.prediction = Some((il + 1, next));
         }
         own
     }
 
-    /// `Op::Predict` of layer `layer`'s neurons from `x`.
+    /// `Op::Predict` of layer `layer`'s neurons from `x`; in parallel subgraphs, one node per
+    /// shard for the shard's feed-forward range.
     fn predict(&mut self, layer: usize, x: &Bundle) -> Bundle {
         let x = x.single();
         self.check_src(x);
         let n_ff = self.sparse.as_ref().and_then(|s| s.predictor.as_ref()).expect("a predictor").n_ff;
         assert_eq!(self.t(x).dtype, DType::F32, "a predictor reads f32 FFN inputs");
-        self.node([n_ff, self.t(x).ne[1]], DType::F32, Op::Predict { layer: layer as u32, x })
+        let shards: Vec<std::ops::Range<usize>> = match self.tp.as_ref().filter(|_| self.mode == Mode::Parallel) {
+            Some(plan) => plan.ff.clone(),
+            None => std::iter::once(0..n_ff).collect(),
+        };
+        let rows = self.t(x).ne[1];
+        let mut parts = Vec::with_capacity(shards.len());
+        for (s, r) in shards.iter().enumerate() {
+            self.group = (shards.len() > 1).then_some(s as u16);
+            let op = Op::Predict { layer: layer as u32, x, n0: r.start as u32 };
+            parts.push(self.node([r.len(), rows], DType::F32, op).single());
+        }
+        self.group = None;
+        Bundle(parts)
     }
 
     /// Gate of the predicted neurons only: `[n_ff, n_tokens]` from `w` (plain rows) over `x`,
     /// zero for the neurons `pred` does not name (`Op::SparseGate`).
     pub fn sparse_gate(&mut self, pred: &Bundle, w: &Bundle, x: &Bundle) -> Bundle {
-        let (pred, w, x) = (pred.single(), w.single(), x.single());
-        self.check_src(pred);
-        let (op, ne) = self.matmul_op(w, x);
-        let Op::MatMul { x: xq, .. } = op else { unreachable!() };
-        assert_eq!(ne, self.t(pred).ne, "sparse_gate shapes");
-        self.node(ne, DType::F32, Op::SparseGate { pred, w, x: xq })
+        self.zip(&[pred, w, x], |b, t| {
+            let (pred, w, x) = (t[0], t[1], t[2]);
+            b.check_src(pred);
+            let (op, ne) = b.matmul_op(w, x);
+            let Op::MatMul { x: xq, .. } = op else { unreachable!() };
+            assert_eq!(ne, b.t(pred).ne, "sparse_gate shapes");
+            b.node(ne, DType::F32, Op::SparseGate { pred, w, x: xq }).single()
+        })
     }
 
     /// Whether the sparse FFNs are balanced online (`SparseFfn::balanced`).
@@ -231,38 +281,47 @@ impl Builder<'_> {
     /// `|act(gate)| ≤ thr`.
     /// `masked`: the accelerator's current neurons are left to it (`Op::SparseUp`).
     pub fn sparse_up(&mut self, gate: &Bundle, w: &Bundle, x: &Bundle, kind: Glu, thr: f32, masked: bool) -> Bundle {
-        let (gate, w, x) = (gate.single(), w.single(), x.single());
-        self.check_src(gate);
-        let (op, ne) = self.matmul_op(w, x);
-        let Op::MatMul { x: xq, .. } = op else { unreachable!() };
-        assert_eq!(ne, self.t(gate).ne, "sparse_up shapes");
-        self.node(ne, DType::F32, Op::SparseUp { gate, w, x: xq, kind, thr, masked })
+        self.zip(&[gate, w, x], |b, t| {
+            let (gate, w, x) = (t[0], t[1], t[2]);
+            b.check_src(gate);
+            let (op, ne) = b.matmul_op(w, x);
+            let Op::MatMul { x: xq, .. } = op else { unreachable!() };
+            assert_eq!(ne, b.t(gate).ne, "sparse_up shapes");
+            b.node(ne, DType::F32, Op::SparseUp { gate, w, x: xq, kind, thr, masked }).single()
+        })
     }
 
     /// `act(gate) · up` where `|act(gate)| > thr`, else 0 (a sparse FFN's dense-up batches).
     /// `pred`: only the neurons with a positive margin there can fire.
     #[allow(clippy::too_many_arguments)]
     pub fn glu_masked(&mut self, gate: &Bundle, up: &Bundle, kind: Glu, thr: f32, masked: bool, pred: Option<&Bundle>) -> Bundle {
-        let (gate, up, pred) = (gate.single(), up.single(), pred.map(Bundle::single));
-        self.check_src(gate);
-        self.check_src(up);
-        let ne = self.t(gate).ne;
-        assert_eq!(ne, self.t(up).ne, "glu shapes");
-        if let Some(p) = pred {
-            self.check_src(p);
-            assert_eq!(ne, self.t(p).ne, "prediction shape");
-        }
-        self.node(ne, DType::F32, Op::GluMasked { gate, up, kind, thr, masked, pred })
+        let srcs: Vec<&Bundle> = [gate, up].into_iter().chain(pred).collect();
+        self.zip(&srcs, |b, t| {
+            let (gate, up, pred) = (t[0], t[1], t.get(2).copied());
+            b.check_src(gate);
+            b.check_src(up);
+            let ne = b.t(gate).ne;
+            assert_eq!(ne, b.t(up).ne, "glu shapes");
+            if let Some(p) = pred {
+                b.check_src(p);
+                assert_eq!(ne, b.t(p).ne, "prediction shape");
+            }
+            b.node(ne, DType::F32, Op::GluMasked { gate, up, kind, thr, masked, pred }).single()
+        })
     }
 
     /// Sparse down projection: `[n_ff, n_tokens]` `h` → `[n_embd, n_tokens]` through the
     /// neuron-major `w` (`[n_embd, n_ff]`), reading only the rows of neurons with `h ≠ 0`.
+    /// Tensor parallel: each shard's partial output over its neurons (`w` a
+    /// [`Builder::weight_split_in`] of [`Split::FfCols`]), added at the gather.
     pub fn sparse_down(&mut self, h: &Bundle, w: &Bundle) -> Bundle {
-        let (h, w) = (h.single(), w.single());
-        self.check_src(h);
-        let (nh, nw) = (self.t(h).ne, self.t(w).ne);
-        assert!(matches!(self.t(w).storage, Storage::Weight { form: WeightForm::NeuronMajor { .. } | WeightForm::ColdNeuronMajor { .. }, .. }));
-        assert_eq!(nh[0], nw[1], "sparse_down inner dimensions");
-        self.node([nw[0], nh[1]], DType::F32, Op::SparseDown { h, w })
+        self.zip(&[h, w], |b, t| {
+            let (h, w) = (t[0], t[1]);
+            b.check_src(h);
+            let (nh, nw) = (b.t(h).ne, b.t(w).ne);
+            assert!(matches!(b.t(w).storage, Storage::Weight { form: WeightForm::NeuronMajor { .. } | WeightForm::ColdNeuronMajor { .. }, .. }));
+            assert_eq!(nh[0], nw[1], "sparse_down inner dimensions");
+            b.node([nw[0], nh[1]], DType::F32, Op::SparseDown { h, w }).single()
+        })
     }
 }

@@ -68,8 +68,10 @@ pub struct Scratch {
 }
 
 /// Sees nodes' results as a graph runs (statistics such as `corelm sparsity collect`'s):
-/// called on worker 0 after each node's barrier, with a reader of any f32 tensor of the
-/// current or previous layer (their buffers are not reused before the next barrier).
+/// called after each node's barrier on worker 0 — for a tensor-parallel shard's node, on its
+/// group's first worker, so shards' calls may overlap — with a reader of any f32 tensor of the
+/// current or previous layer that the node's worker group has waited for (their buffers are
+/// not reused before the next barrier).
 pub trait Tap: Send + Sync {
     fn node<'a>(&self, graph: &Graph, id: TensorId, read: &dyn Fn(TensorId) -> &'a [f32]);
 }
@@ -157,7 +159,7 @@ impl Executor {
                     il_k = il_k.max(graph.tensor(w).ne[0]);
                 }
                 Op::GluMasked { .. } => sparse_ff = sparse_ff.max(t.ne[0]),
-                Op::Predict { layer, x } => {
+                Op::Predict { layer, x, .. } => {
                     il_k = il_k.max(graph.tensor(x).ne[0]);
                     let p = graph.sparse.as_ref().and_then(|s| s.predictor.as_ref()).and_then(|p| p.layers[layer as usize].as_ref());
                     pred_rank = pred_rank.max(p.expect("a Predict node's layer has a predictor").rank);
@@ -349,10 +351,14 @@ impl Executor {
                     After::Global if timing => waits.time(w.group, || w.global_barrier()),
                     After::Global => w.global_barrier(),
                 }
-                if let (0, Some(dir)) = (w.ith, &self.dump_dir) {
+                // Seen by the first worker that waited for the node: a shard's node by its
+                // group's first worker (async groups do not wait for each other), a serial
+                // node by the pool's.
+                let first = if graph.tensor(id).group.is_some() { mine && ith == 0 } else { w.ith == 0 };
+                if let (true, Some(dir)) = (first, &self.dump_dir) {
                     ctx.dump(id, dir);
                 }
-                if let (0, Some(tap)) = (w.ith, &self.tap) {
+                if let (true, Some(tap)) = (first, &self.tap) {
                     tap.node(graph, id, &|t| ctx.f32s(t));
                 }
                 if let (Some(t0), Some(Some(p))) = (t0, prof.as_deref_mut()) {
@@ -584,7 +590,7 @@ impl Ctx<'_> {
                 self.sparse_up(t, [gate, w, x], kind, thr, mask, ith, nth, &mut scratch.sparse)
             }
             Op::GluMasked { gate, up, kind, thr, masked, pred } => self.glu_masked(t, [gate, up], pred, kind, thr, self.mask(t, masked), ith, nth, &mut scratch.sparse),
-            Op::Predict { layer, x } => self.predict(t, layer, x, ith, nth, &mut scratch.sparse),
+            Op::Predict { layer, x, n0 } => self.predict(t, layer, x, n0 as usize, ith, nth, &mut scratch.sparse),
             Op::SparseGate { pred, w, x } => self.sparse_gate(t, [pred, w, x], ith, nth, &mut scratch.sparse),
             Op::SparseDown { h, w } => self.sparse_down(t, h, w, ith, nth, &mut scratch.sparse),
             Op::OffloadBegin { layer, x, kind, thr } => {

@@ -223,18 +223,24 @@ impl Ctx<'_> {
         p.layers[layer as usize].as_ref().expect("a Predict node's layer has a predictor")
     }
 
-    /// `Op::Predict`: margins `B·(A·x) − cut` of layer `layer`'s neurons for each row of `x`.
-    pub(super) fn predict(&self, t: &Tensor, layer: u32, x: TensorId, ith: usize, nth: usize, s: &mut SparseScratch) {
+    /// `Op::Predict`: margins `B·(A·x) − cut` of layer `layer`'s neurons `n0 ..` for each row
+    /// of `x`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn predict(&self, t: &Tensor, layer: u32, x: TensorId, n0: usize, ith: usize, nth: usize, s: &mut SparseScratch) {
         let [n_ff, rows] = t.ne;
         let p = self.layer_predictor(layer);
+        // The node's neurons: B's rows and cuts from `n0` (whole groups of four, so the
+        // interleaved copy's groups start there too).
+        debug_assert!(n0.is_multiple_of(ROWS) && n0 + n_ff <= p.cut.len());
         let n_embd = self.t(x).ne[0];
         let xs = self.f32s(x);
         let q8 = self.kernels.ops(DType::Q8_0).expect("Q8_0 kernels");
         let quant = self.kernels.from_float(DType::Q8_0).expect("a Q8_0 quantizer");
         let (arb, brb) = (corelm_kernels::row_bytes(DType::Q8_0, n_embd), corelm_kernels::row_bytes(DType::Q8_0, p.rank));
+        let (pb, pcut) = (&p.b[n0 * brb..], &p.cut[n0..]);
         // The interleaved GEMV where the table has one (the same values as the plain dots).
         let il = q8.interleaved.map(|il| il.rows);
-        let b_il = p.b_il.as_deref().filter(|_| il.is_some());
+        let b_il = p.b_il.as_deref().filter(|_| il.is_some()).map(|b| &b[n0 * brb..]);
         // Many rows: each worker takes whole rows; few: every worker takes a range of neurons
         // of every row (whole groups of four on the interleaved layout).
         let by_rows = rows >= nth * PREDICT_ROWS_PER_WORKER;
@@ -259,9 +265,9 @@ impl Ctx<'_> {
             let out = unsafe { self.out_f32(t, r * n_ff + mine.start, mine.len()) };
             match (il, b_il) {
                 (Some(rows_il), Some(b)) => rows_il(&b[mine.start * brb..mine.end * brb], brb, hq, out, prep),
-                _ => out.iter_mut().zip(p.b[mine.start * brb..mine.end * brb].chunks_exact(brb)).for_each(|(o, b)| *o = (q8.vec_dot)(b, hq)),
+                _ => out.iter_mut().zip(pb[mine.start * brb..mine.end * brb].chunks_exact(brb)).for_each(|(o, b)| *o = (q8.vec_dot)(b, hq)),
             }
-            out.iter_mut().zip(&p.cut[mine.clone()]).for_each(|(o, &cut)| *o -= cut);
+            out.iter_mut().zip(&pcut[mine.clone()]).for_each(|(o, &cut)| *o -= cut);
         }
     }
 
