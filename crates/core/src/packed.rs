@@ -137,9 +137,9 @@ impl PackedWeights {
         let mut buf = Buffer::lazy(total, place)?;
         let out = buf.as_mut_slice();
         let mut rows = Vec::new();
-        let cold = |form: WeightForm, n_ff: usize| {
-            let l = form.cold_layer()?;
-            Some(graph.sparse.as_ref().expect("cold forms come with a sparse configuration").cold(l, n_ff))
+        let cold = |form: WeightForm| {
+            let (l, r) = form.cold_range()?;
+            Some(graph.sparse.as_ref().expect("cold forms come with a sparse configuration").cold(l, r))
         };
         for (&(offset, len, cols, form), e) in &at {
             let dst = &mut out[e.at..e.at + e.len];
@@ -148,11 +148,12 @@ impl PackedWeights {
                 let n_embd = e.row_bytes / e.dtype.type_size() * e.dtype.block_size();
                 let n_ff = len / n_embd / from.type_size() * from.block_size();
                 // A tensor-parallel shard's neurons are the columns of its slice.
-                let neurons = cold(form, n_ff).or_else(|| cols.map(|c| (c.c0 as u32..(c.c0 + e.rows) as u32).collect()));
+                debug_assert!(cold(form).is_none_or(|c| c.iter().all(|&n| (n as usize) < n_ff)));
+                let neurons = cold(form).or_else(|| cols.map(|c| (c.c0 as u32..(c.c0 + e.rows) as u32).collect()));
                 neuron_major(kernels, from, src, e.dtype, e.row_bytes, neurons.as_deref(), dst);
                 continue;
             }
-            let src = match (cols, cold(form, len / e.row_bytes)) {
+            let src = match (cols, cold(form)) {
                 (None, Some(neurons)) => {
                     rows.clear();
                     for &n in &neurons {

@@ -39,20 +39,31 @@ pub enum WeightForm {
     /// requantized to the tensor's type: the down projection stored neuron-major, so a neuron
     /// that does not fire is a row not read (sparse FFN). Always a copy made at load.
     NeuronMajor { from: DType },
-    /// The rows of layer `layer`'s neurons that stay on the CPU when an accelerator computes
-    /// the others (`SparseFfn::offloaded`), in neuron order: gate (`plain` false: interleaved
-    /// where the table has kernels) or up (`plain` true). Always a copy made at load.
-    ColdRows { layer: u16, plain: bool },
+    /// The rows of layer `layer`'s neurons `n0 .. n1` (all of them, or a tensor-parallel
+    /// shard's range) that stay on the CPU when an accelerator computes the others
+    /// (`SparseFfn::offloaded`), in neuron order: gate (`plain` false: interleaved where the
+    /// table has kernels) or up (`plain` true). Always a copy made at load.
+    ColdRows { layer: u16, plain: bool, n0: u32, n1: u32 },
     /// `NeuronMajor` of only those neurons: the down projection's CPU part.
-    ColdNeuronMajor { from: DType, layer: u16 },
+    ColdNeuronMajor { from: DType, layer: u16, n0: u32, n1: u32 },
 }
 
 impl WeightForm {
-    /// The layer whose CPU neurons the form selects.
-    pub fn cold_layer(self) -> Option<usize> {
+    /// The layer and the range of neurons whose CPU neurons the form selects.
+    pub fn cold_range(self) -> Option<(usize, std::ops::Range<usize>)> {
         match self {
-            WeightForm::ColdRows { layer, .. } | WeightForm::ColdNeuronMajor { layer, .. } => Some(layer as usize),
+            WeightForm::ColdRows { layer, n0, n1, .. } | WeightForm::ColdNeuronMajor { layer, n0, n1, .. } => Some((layer as usize, n0 as usize..n1 as usize)),
             _ => None,
+        }
+    }
+
+    /// The form with its neuron range set to `r` (cold forms; others unchanged).
+    pub fn with_range(self, r: std::ops::Range<usize>) -> Self {
+        let (a, b) = (r.start as u32, r.end as u32);
+        match self {
+            WeightForm::ColdRows { layer, plain, .. } => WeightForm::ColdRows { layer, plain, n0: a, n1: b },
+            WeightForm::ColdNeuronMajor { from, layer, .. } => WeightForm::ColdNeuronMajor { from, layer, n0: a, n1: b },
+            f => f,
         }
     }
 }
@@ -174,13 +185,15 @@ pub enum Op {
     /// Sparse FFN, up projection of a small batch: `h = a · (w_i · x)` for each neuron `i` whose
     /// activation `a = act(gate)` has `|a| > thr`, else 0 (`w`: plain rows, only firing ones
     /// read; `x` quantized for them).
-    /// `masked`: neurons an accelerator holds now (`Offload::resident`) are left to it (0 here).
-    SparseUp { gate: TensorId, w: TensorId, x: TensorId, kind: Glu, thr: f32, masked: bool },
+    /// `masked`: neurons an accelerator holds now (`Offload::resident`) are left to it (0 here);
+    /// `Some(n0)`: the node's neuron 0 is the layer's neuron `n0` (a tensor-parallel shard's
+    /// first), `None`: not masked.
+    SparseUp { gate: TensorId, w: TensorId, x: TensorId, kind: Glu, thr: f32, masked: Option<u32> },
     /// Sparse FFN of a batch whose up projection was computed densely: `h = a · up` where
     /// `|a| > thr`, else 0, `a = act(gate)` — the same values as `SparseUp`.
     /// `masked` as `SparseUp`'s; `pred`: only neurons with a positive margin there can fire
     /// (the same set `SparseGate` computes the gate of).
-    GluMasked { gate: TensorId, up: TensorId, kind: Glu, thr: f32, masked: bool, pred: Option<TensorId> },
+    GluMasked { gate: TensorId, up: TensorId, kind: Glu, thr: f32, masked: Option<u32>, pred: Option<TensorId> },
     /// Adjacent-layer prediction (`SparseFfn::predictor`, KAIROX §5.1): per row of `x` (an FFN
     /// input, `[n_embd, n_tokens]` f32), the margins `B·(A·x) − cut` of layer `layer`'s
     /// neurons `n0 .. n0 + ne0` (`[ne0, n_tokens]`; tensor parallel: a shard's range, else
@@ -200,9 +213,11 @@ pub enum Op {
     /// threshold `thr` (worker 0; produces no tensor).
     OffloadBegin { layer: u32, x: TensorId, kind: Glu, thr: f32 },
     /// The accelerator's part of layer `layer`'s FFN output, `[n_embd, n_tokens]`, once it is
-    /// done (worker 0 waits for it); `begin` is the `OffloadBegin` node it completes. `gate`:
-    /// the CPU's gate product of every neuron, handed to `Offload::observe` (online balancing).
-    OffloadEnd { layer: u32, begin: TensorId, gate: Option<TensorId> },
+    /// done (worker 0 waits for it); `begin` is the `OffloadBegin` node it completes. `gates`:
+    /// the CPU's gate product of every neuron (`Graph::lists`: one tensor, or each
+    /// tensor-parallel shard's of its range in shard order), handed to `Offload::observe`
+    /// (online balancing).
+    OffloadEnd { layer: u32, begin: TensorId, gates: Option<u32> },
     /// Mixture-of-experts selection of each token from its router logits `[n_expert, n_tokens]`
     /// (`crate::moe::select`, workers split the tokens): I32 `[ids (P)] [weight bits (P)]`.
     MoeSelect { logits: TensorId, p: MoeParams },

@@ -301,9 +301,6 @@ impl Engine {
             cfg.sparsity = Some(Arc::new(s));
         }
         if let Some(s) = &cfg.sparsity {
-            if degree > 1 && (cfg.accel.is_some() || s.balanced || s.offloaded.iter().any(|v| !v.is_empty())) {
-                return Err(Error::Config(format!("an accelerator's neurons (--accel-mem) run without tensor parallelism for now; drop --tp {degree}")));
-            }
             if s.thresholds.len() != h.n_layer {
                 return Err(Error::Config(format!("the sparsity thresholds are for {} layers, the model has {}", s.thresholds.len(), h.n_layer)));
             }

@@ -237,8 +237,56 @@ fn impossible_accelerator_budgets_are_refused() {
     let small = EngineConfig { accel: Some(corelm_engine::offload::AccelConfig::new(40_000)), ..test_config(2) };
     let err = Engine::load(model_path(SMOL), small).err().expect("refused");
     assert!(err.to_string().contains("less than one group of 32 neurons (42624 bytes)"), "{err}");
-    let err = Engine::load(model_path(SMOL), EngineConfig { tp: 2, ..accel(None) }).err().expect("refused");
-    assert!(err.to_string().contains("--tp 2"), "{err}");
+}
+
+/// Tensor parallel (`--tp 2`) with an accelerator: the device computes its neurons of each
+/// layer as without shards, and each shard the CPU's neurons of its feed-forward range, their
+/// partial outputs gathered before the device's part is added. 2200K puts layer 1's neurons
+/// 0..128 on the device, so shard 0 keeps 640 of its 768; 3000K its first 768, so shard 0 keeps
+/// none (a shard of no neurons: its partial output is zero). Dense and at threshold 0 (no neuron
+/// near its threshold), the logits stay those of `--tp 2` without the accelerator within the
+/// accelerator's bound, on both paths.
+#[test]
+fn accelerator_neurons_with_tensor_parallel_shards() {
+    use corelm_core::{Op, Storage, WeightForm};
+    let (_, tok) = load(SMOL, test_config(2));
+    let ids = tok.encode(PROMPT, false, true).unwrap();
+    for s in [None, Some(0.0)] {
+        let sp = s.map(|t| Arc::new(SparseFfn::new(vec![t; 30], DType::Q8_0)));
+        let (mut cpu, _) = load(SMOL, EngineConfig { tp: 2, sparsity: sp.clone(), ..test_config(2) });
+        let want = prompt_logits(&mut cpu, &ids);
+        drop(cpu);
+        for (kib, kept) in [(2200, [640, 768]), (3000, [0, 768])] {
+            let a = corelm_engine::offload::AccelConfig::new(kib << 10);
+            let (mut e, _) = load(SMOL, EngineConfig { tp: 2, sparsity: sp.clone(), accel: Some(a), ..test_config(2) });
+            let hot = e.accel().expect("an accelerator").hot_counts();
+            assert_eq!((hot[0], hot[1]), (1536, 1536 - kept[0] - kept[1]), "{kib}K: {hot:?}");
+            let g = e.graph(1, 1);
+            // Per shard: (group, CPU neurons, the cold form's layer and range).
+            type Down = (Option<u16>, usize, Option<(usize, std::ops::Range<usize>)>);
+            let downs: Vec<Down> = g
+                .nodes
+                .iter()
+                .map(|id| &g.tensors[id.0 as usize])
+                .filter(|t| t.layer == 1)
+                .filter_map(|t| match t.op {
+                    Op::SparseDown { w, .. } => {
+                        let w = &g.tensors[w.0 as usize];
+                        let Storage::Weight { form, .. } = w.storage else { unreachable!() };
+                        assert!(matches!(form, WeightForm::ColdNeuronMajor { .. }), "{form:?}");
+                        Some((t.group, w.ne[1], form.cold_range()))
+                    }
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(downs, [(Some(0), kept[0], Some((1, 0..768))), (Some(1), kept[1], Some((1, 768..1536)))], "{kib}K");
+            for got in [prompt_logits(&mut e, &ids), token_by_token(&mut e, &ids)] {
+                let d = max_rel_diff(&got, &want);
+                eprintln!("--tp 2, threshold {s:?}, --accel-mem {kib}K: {d:.4} of the largest logit");
+                assert!(d < 0.1, "{s:?}, {kib}K: accelerator logits differ by {d} of the largest");
+            }
+        }
+    }
 }
 
 /// Online balancing on SmolLM2 (8M: 3 groups of 64 neurons in each layer, 4 in the first
@@ -284,6 +332,32 @@ fn online_balancing_moves_groups_and_keeps_the_results() {
     assert!(st.loads == 0 && st.fired_device > 0 && st.fired_device <= st.fired_best && st.fired_best < st.fired, "{st:?}");
     b.reset_stats();
     assert_eq!((b.stats().fired, b.stats().fired_best), (0, 0));
+}
+
+/// Online balancing with tensor-parallel shards (`--tp 2`): each shard's masked nodes skip the
+/// device's neurons of its range (its masks start at its first neuron), and the device
+/// observes the shards' gate products as the pieces of one layer. Groups move, every pass is
+/// observed, and the logits stay those of `--tp 2` without the accelerator within the
+/// accelerator's bound, token after token.
+#[test]
+fn online_balancing_with_tensor_parallel_shards() {
+    use corelm_engine::balance::{BalanceConfig, Policy};
+    let sp = || Some(Arc::new(SparseFfn::new(vec![0.12; 30], DType::Q8_0)));
+    let (mut cpu, tok) = load(SMOL, EngineConfig { tp: 2, sparsity: sp(), ..test_config(2) });
+    let ids = tok.encode(PROMPT, false, true).unwrap();
+    let want = token_by_token(&mut cpu, &ids);
+    drop(cpu);
+    for policy in [Policy::TopK, Policy::Tam] {
+        let a = corelm_engine::offload::AccelConfig { balance: BalanceConfig::new(policy), ..corelm_engine::offload::AccelConfig::new(8 << 20) };
+        let (mut e, _) = load(SMOL, EngineConfig { tp: 2, sparsity: sp(), accel: Some(a), ..test_config(2) });
+        let got = token_by_token(&mut e, &ids);
+        let d = max_rel_diff(&got, &want);
+        let st = e.balance().expect("online balancing").stats();
+        eprintln!("--tp 2 {policy}: {st:?}, max diff {d}");
+        assert!(d < 0.1, "{policy}: logits differ by {d} of the largest");
+        assert_eq!(st.passes, ids.len() as u64);
+        assert!(st.loads > 0 && st.fired_device > 0 && st.fired_device < st.fired, "{policy}: {st:?}");
+    }
 }
 
 /// A device lost in the middle of a pass (armed after token 5, failing at token 6's first read-

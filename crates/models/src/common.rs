@@ -257,22 +257,28 @@ fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRe
     let n_embd = down.ne[1];
     let begin = b.offload_begin(x, kind, thr);
     if b.balanced() {
-        // Online balancing: the CPU holds every neuron and skips those the device holds at
-        // this pass; the device observes the CPU's gate product of every neuron.
-        let (wg, wu) = (b.weight(gate), b.weight(up));
-        let wd = b.weight_in(down, WeightForm::NeuronMajor { from: down.dtype }); // [n_embd, n_ff]
-        let (y_cpu, g) = cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr, true, None); // [n_tokens, n_embd]
+        // Online balancing: the CPU holds every neuron (tensor parallel: each shard those of
+        // its range) and skips those the device holds at this pass; the device observes the
+        // CPU's gate product of every neuron (the shards' pieces).
+        let xs = b.scatter(x);
+        let (wg, wu) = (b.weight_split(gate, Split::FfRows), b.weight_split(up, Split::FfRows));
+        let wd = b.weight_split_in(down, Split::FfCols, WeightForm::NeuronMajor { from: down.dtype }); // per shard [n_embd, ff_s]
+        let (y_cpu, g) = cpu_sparse_ffn(b, &wg, &wu, &wd, &xs, kind, thr, true, None); // per shard [n_tokens, n_embd]
+        let y_cpu = b.gather_sum(&y_cpu); // [n_tokens, n_embd]
         let y_acc = b.offload_end(&begin, n_embd, Some(&g)); // [n_tokens, n_embd]
         return b.add(&y_cpu, &y_acc);
     }
     if hot == gate.ne[1] {
         return b.offload_end(&begin, n_embd, None); // [n_tokens, n_embd]
     }
-    let layer = b.layer() as u16;
-    let wg = b.weight_in(gate, WeightForm::ColdRows { layer, plain: false }); // [n_embd, n_cold]
-    let wu = b.weight_in(up, WeightForm::ColdRows { layer, plain: true }); // [n_embd, n_cold]
-    let wd = b.weight_in(down, WeightForm::ColdNeuronMajor { from: down.dtype, layer }); // [n_embd, n_cold]
-    let y_cpu = cpu_sparse_ffn(b, &wg, &wu, &wd, x, kind, thr, false, None).0; // [n_tokens, n_embd]
+    // Tensor parallel: each shard computes the CPU's neurons of its feed-forward range.
+    let (layer, n_ff) = (b.layer() as u16, gate.ne[1]);
+    let xs = b.scatter(x);
+    let wg = b.weight_cold(gate, WeightForm::ColdRows { layer, plain: false, n0: 0, n1: 0 }, n_ff); // per shard [n_embd, n_cold]
+    let wu = b.weight_cold(up, WeightForm::ColdRows { layer, plain: true, n0: 0, n1: 0 }, n_ff); // per shard [n_embd, n_cold]
+    let wd = b.weight_cold(down, WeightForm::ColdNeuronMajor { from: down.dtype, layer, n0: 0, n1: 0 }, n_ff); // per shard [n_embd, n_cold]
+    let y_cpu = cpu_sparse_ffn(b, &wg, &wu, &wd, &xs, kind, thr, false, None).0; // per shard [n_tokens, n_embd]
+    let y_cpu = b.gather_sum(&y_cpu); // [n_tokens, n_embd]
     let y_acc = b.offload_end(&begin, n_embd, None); // [n_tokens, n_embd]
     b.add(&y_cpu, &y_acc)
 }

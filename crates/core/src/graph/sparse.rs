@@ -32,10 +32,10 @@ impl SparseFfn {
         SparseFfn { thresholds, down_type, offloaded: Vec::new(), balanced: false, predictor: None }
     }
 
-    /// The neurons of `layer` (of `n_ff`) the CPU computes, in order.
-    pub fn cold(&self, layer: usize, n_ff: usize) -> Vec<u32> {
+    /// The neurons of `layer` among `range` the CPU computes, in order.
+    pub fn cold(&self, layer: usize, range: std::ops::Range<usize>) -> Vec<u32> {
         let hot = self.offloaded.get(layer).map_or(&[][..], |v| &v[..]);
-        (0..n_ff as u32).filter(|i| hot.binary_search(i).is_err()).collect()
+        (range.start as u32..range.end as u32).filter(|i| hot.binary_search(i).is_err()).collect()
     }
 }
 
@@ -137,13 +137,13 @@ impl Builder<'_> {
             WeightForm::NeuronMajor { .. } | WeightForm::ColdNeuronMajor { .. } => {
                 let dt = self.sparse.as_ref().expect("a sparse configuration").down_type;
                 assert!(w.ne[1].is_multiple_of(dt.block_size()), "{}: rows of {} values in {dt} blocks", w.name, w.ne[1]);
-                let n = match form.cold_layer() {
-                    Some(l) => self.n_cold(l, w.ne[0]),
+                let n = match form.cold_range() {
+                    Some((l, r)) => self.n_cold(l, r),
                     None => w.ne[0],
                 };
                 ([w.ne[1], n], dt)
             }
-            WeightForm::ColdRows { layer, .. } => ([w.ne[0], self.n_cold(layer as usize, w.ne[1])], w.dtype),
+            WeightForm::ColdRows { layer, n0, n1, .. } => ([w.ne[0], self.n_cold(layer as usize, n0 as usize..n1 as usize)], w.dtype),
             _ => (w.ne, w.dtype),
         };
         Bundle::one(self.leaf(ne, dtype, Storage::Weight { offset: w.offset, len: w.len, cols: None, copy: None, form }))
@@ -178,16 +178,35 @@ impl Builder<'_> {
                     t.dtype = dt;
                     *f = form;
                 }
-                WeightForm::ColdRows { .. } | WeightForm::ColdNeuronMajor { .. } => panic!("{}: an accelerator's split with tensor parallelism", w.name),
+                WeightForm::ColdRows { .. } | WeightForm::ColdNeuronMajor { .. } => panic!("{}: an accelerator's CPU part is Builder::weight_cold's", w.name),
             }
         }
         parts
     }
 
-    /// How many of layer `layer`'s `n_ff` neurons the CPU computes.
-    fn n_cold(&self, layer: usize, n_ff: usize) -> usize {
-        let hot = self.sparse.as_ref().and_then(|s| s.offloaded.get(layer)).map_or(0, |v| v.len());
-        n_ff - hot
+    /// How many of layer `layer`'s neurons `range` the CPU computes.
+    fn n_cold(&self, layer: usize, range: std::ops::Range<usize>) -> usize {
+        let hot = self.sparse.as_ref().and_then(|s| s.offloaded.get(layer)).map_or(&[][..], |v| &v[..]);
+        range.len() - hot.iter().filter(|&&n| range.contains(&(n as usize))).count()
+    }
+
+    /// The CPU's part of an accelerator's layer (`form` a cold form, its range replaced): in
+    /// serial mode the cold neurons of all `n_ff`; in parallel subgraphs, each shard's cold
+    /// neurons of its feed-forward range (a shard whose neurons are all on the device gets a
+    /// weight of none).
+    pub fn weight_cold(&mut self, w: &WeightRef, form: WeightForm, n_ff: usize) -> Bundle {
+        let Some(plan) = self.tp.clone().filter(|_| self.mode == Mode::Parallel) else {
+            return self.weight_in(w, form.with_range(0..n_ff));
+        };
+        let mut parts = Vec::with_capacity(plan.degree());
+        self.mode = Mode::Serial;
+        for (s, r) in plan.ff.iter().enumerate() {
+            let id = self.weight_in(w, form.with_range(r.clone())).single();
+            self.tensors[id.0 as usize].group = Some(s as u16);
+            parts.push(id);
+        }
+        self.mode = Mode::Parallel;
+        Bundle(parts)
     }
 
     /// Hand `x` (`[n_tokens, n_embd]`) to the accelerator for the current layer's offloaded
@@ -201,12 +220,25 @@ impl Builder<'_> {
     }
 
     /// The accelerator's part of the current layer's FFN output: `[n_tokens, n_embd]`.
-    /// With `gate` (the CPU's gate product of every neuron), the device observes it after.
+    /// With `gate` (the CPU's gate product of every neuron: one tensor, or the shards' of their
+    /// ranges), the device observes it after.
     pub fn offload_end(&mut self, begin: &Bundle, n_embd: usize, gate: Option<&Bundle>) -> Bundle {
         let begin = begin.single();
-        let gate = gate.map(Bundle::single);
+        let gates = gate.map(|g| {
+            g.0.iter().for_each(|&t| self.check_src(t));
+            self.lists.push(g.0.clone());
+            self.lists.len() as u32 - 1
+        });
         let layer = self.layer() as u32;
-        self.node([n_embd, self.n_tokens], DType::F32, Op::OffloadEnd { layer, begin, gate })
+        self.node([n_embd, self.n_tokens], DType::F32, Op::OffloadEnd { layer, begin, gates })
+    }
+
+    /// The layer neuron of the current shard's first (0 in serial mode): where its masks start.
+    fn shard_first_neuron(&self) -> u32 {
+        match (&self.tp, self.group) {
+            (Some(plan), Some(s)) => plan.ff[s as usize].start as u32,
+            _ => 0,
+        }
     }
 
     /// The predictor of layer `il` when it has one and runs sparse on the CPU alone.
@@ -287,6 +319,7 @@ impl Builder<'_> {
             let (op, ne) = b.matmul_op(w, x);
             let Op::MatMul { x: xq, .. } = op else { unreachable!() };
             assert_eq!(ne, b.t(gate).ne, "sparse_up shapes");
+            let masked = masked.then(|| b.shard_first_neuron());
             b.node(ne, DType::F32, Op::SparseUp { gate, w, x: xq, kind, thr, masked }).single()
         })
     }
@@ -306,6 +339,7 @@ impl Builder<'_> {
                 b.check_src(p);
                 assert_eq!(ne, b.t(p).ne, "prediction shape");
             }
+            let masked = masked.then(|| b.shard_first_neuron());
             b.node(ne, DType::F32, Op::GluMasked { gate, up, kind, thr, masked, pred }).single()
         })
     }

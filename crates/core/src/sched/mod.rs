@@ -95,8 +95,10 @@ pub trait Offload: Send + Sync {
     fn resident(&self, _layer: usize) -> Option<&[std::sync::atomic::AtomicU64]> {
         None
     }
-    /// `gate`: `[n_tokens, n_ff]`, the CPU's gate product of layer `layer`.
-    fn observe(&self, _layer: usize, _gate: &[f32]) {}
+    /// The CPU's gate product of every neuron of layer `layer` for `n_tokens` tokens, in
+    /// pieces of consecutive neurons: `piece(i)` is the `i`-th, `[n_tokens, n_i]` (tensor
+    /// parallel: shard `i`'s range; else one piece of all), `None` past the last.
+    fn observe<'a>(&self, _layer: usize, _n_tokens: usize, _piece: &dyn Fn(usize) -> Option<&'a [f32]>) {}
 }
 
 /// Panels per column block the workers' GEMM scratch holds before any plan: the default
@@ -598,14 +600,15 @@ impl Ctx<'_> {
                     self.offload.expect("a graph with offloaded layers runs with an Offload").begin(layer as usize, self.f32s(x), kind, thr);
                 }
             }
-            Op::OffloadEnd { layer, gate, .. } => {
+            Op::OffloadEnd { layer, gates, .. } => {
                 if ith == 0 {
                     // SAFETY: only worker 0 writes this node's tensor.
                     let y = unsafe { self.out_f32(t, 0, ne0 * rows) };
                     let device = self.offload.expect("a graph with offloaded layers runs with an Offload");
                     device.finish(layer as usize, y);
-                    if let Some(g) = gate {
-                        device.observe(layer as usize, self.f32s(g));
+                    if let Some(list) = gates {
+                        let list = &self.graph.lists[list as usize];
+                        device.observe(layer as usize, rows, &|i| list.get(i).map(|&g| self.f32s(g)));
                     }
                 }
             }

@@ -57,10 +57,21 @@ fn list_where(list: &mut Vec<u32>, n: usize, keep: impl Fn(usize) -> bool) {
     list.truncate(k);
 }
 
-/// Whether neuron `n` is set in `mask` (an accelerator's current neurons).
-fn held(mask: Option<&[AtomicU64]>, n: usize) -> bool {
+/// The neurons of a layer an accelerator holds now (`Offload::resident`), seen from a node
+/// whose neuron 0 is the layer's neuron `n0`.
+#[derive(Clone, Copy)]
+pub(super) struct Mask<'a> {
+    bits: &'a [AtomicU64],
+    n0: usize,
+}
+
+/// Whether the node's neuron `n` is set in `mask` (an accelerator's current neurons).
+fn held(mask: Option<Mask>, n: usize) -> bool {
     // Relaxed: the set changes only on worker 0 between barriers, which order it.
-    mask.is_some_and(|m| m[n / 64].load(Ordering::Relaxed) >> (n % 64) & 1 == 1)
+    mask.is_some_and(|m| {
+        let n = m.n0 + n;
+        m.bits[n / 64].load(Ordering::Relaxed) >> (n % 64) & 1 == 1
+    })
 }
 
 /// Per-worker buffers of the sparse nodes, sized once for the graph.
@@ -124,13 +135,12 @@ pub fn gate_activation(k: &Kernels, kind: Glu, g: &[f32], ones: &[f32], a: &mut 
 }
 
 impl Ctx<'_> {
-    /// The neurons a `masked` node of `t`'s layer leaves to the accelerator.
-    pub(super) fn mask(&self, t: &Tensor, masked: bool) -> Option<&[AtomicU64]> {
-        if !masked {
-            return None;
-        }
+    /// The neurons a `masked` node of `t`'s layer leaves to the accelerator (`masked`: the
+    /// layer neuron of the node's first).
+    pub(super) fn mask(&self, t: &Tensor, masked: Option<u32>) -> Option<Mask<'_>> {
+        let n0 = masked? as usize;
         let device = self.offload.expect("a masked sparse node runs with an Offload");
-        Some(device.resident(t.layer as usize).expect("a masked sparse node's layer has an online neuron set"))
+        Some(Mask { bits: device.resident(t.layer as usize).expect("a masked sparse node's layer has an online neuron set"), n0 })
     }
 
     /// `[gate, w, x]`: the gate product, the up matrix, the quantized input. Where the up
@@ -139,7 +149,7 @@ impl Ctx<'_> {
     /// goes through the interleaved GEMV (the plain rows' dots, bit for bit), its quiet neurons
     /// set to zero after; otherwise each firing neuron's plain row is dotted alone.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn sparse_up(&self, t: &Tensor, [gate, w, x]: [TensorId; 3], kind: Glu, thr: f32, mask: Option<&[AtomicU64]>, ith: usize, nth: usize, s: &mut SparseScratch) {
+    pub(super) fn sparse_up(&self, t: &Tensor, [gate, w, x]: [TensorId; 3], kind: Glu, thr: f32, mask: Option<Mask>, ith: usize, nth: usize, s: &mut SparseScratch) {
         let [n_ff, rows] = t.ne;
         let wt = self.t(w);
         let wrb = wt.row_bytes();
@@ -201,7 +211,7 @@ impl Ctx<'_> {
 
     /// `pred`: the margins of `Op::Predict` (only positive ones can fire).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn glu_masked(&self, t: &Tensor, [gate, up]: [TensorId; 2], pred: Option<TensorId>, kind: Glu, thr: f32, mask: Option<&[AtomicU64]>, ith: usize, nth: usize, s: &mut SparseScratch) {
+    pub(super) fn glu_masked(&self, t: &Tensor, [gate, up]: [TensorId; 2], pred: Option<TensorId>, kind: Glu, thr: f32, mask: Option<Mask>, ith: usize, nth: usize, s: &mut SparseScratch) {
         let [n_ff, rows] = t.ne;
         let (g, u) = (self.f32s(gate), self.f32s(up));
         let pred = pred.map(|p| self.f32s(p));

@@ -321,7 +321,7 @@ impl Offload for Online {
         self.layers.get(layer)?.as_ref().map(|l| &l.mask[..])
     }
 
-    fn observe(&self, layer: usize, gate: &[f32]) {
+    fn observe<'a>(&self, layer: usize, n_tokens: usize, piece: &dyn Fn(usize) -> Option<&'a [f32]>) {
         let t0 = Instant::now();
         let Some(l) = self.layers[layer].as_ref() else { return };
         let mut guard = self.lock();
@@ -330,17 +330,23 @@ impl Offload for Online {
             return;
         }
         let (kind, thr) = s.glu[layer];
-        let (n_ff, gs) = (self.n_ff, self.group);
-        let n_tokens = gate.len() / n_ff;
+        let gs = self.group;
         s.counts.fill(0);
-        for g in gate.chunks_exact(n_ff) {
-            gate_activation(self.kernels, kind, g, &s.ones, &mut s.act);
-            for (n, a) in s.act.iter().enumerate() {
-                if a.abs() > thr {
-                    s.counts[l.group_of[n] as usize] += 1;
+        // Piece by piece (a shard's neurons each with tensor parallelism), token by token.
+        let mut n0 = 0;
+        for gate in (0..).map_while(piece) {
+            let n = gate.len() / n_tokens.max(1);
+            for g in gate.chunks_exact(n.max(1)) {
+                gate_activation(self.kernels, kind, g, &s.ones, &mut s.act[..n]);
+                for (j, a) in s.act[..n].iter().enumerate() {
+                    if a.abs() > thr {
+                        s.counts[l.group_of[n0 + j] as usize] += 1;
+                    }
                 }
             }
+            n0 += n;
         }
+        assert_eq!(n0, self.n_ff, "the gate pieces cover the layer");
         for (g, (&c, a)) in s.counts.iter().zip(s.activity.iter_mut()).enumerate() {
             *a = c as f32 / (gs * n_tokens) as f32;
             s.stats.fired += u64::from(c);
