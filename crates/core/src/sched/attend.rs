@@ -199,3 +199,63 @@ pub fn attention_items(
     });
     whole.chain(cut)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::attention_items;
+    use crate::tensor::AttnShard;
+
+    /// Every (block, query head) is taken by exactly one worker; with few pairs the workers'
+    /// head counts differ by at most one (up to ceil-division rounding), and no item spans two
+    /// KV heads.
+    #[test]
+    fn attention_items_cover_every_head_once_and_balance_decode() {
+        for (blocks, n_kv, group) in [(1usize, 3usize, 3usize), (1, 2, 7), (1, 1, 4), (4, 8, 4), (40, 3, 3), (2, 5, 1)] {
+            for nth in 1..=9 {
+                let mut seen = vec![0u32; blocks * n_kv * group];
+                let mut per_worker = vec![];
+                for ith in 0..nth {
+                    let mut n = 0;
+                    let shard = AttnShard { q_head0: 0, group, kv_base: 0 };
+                    for (b, kvh, heads) in attention_items(blocks, n_kv * group, shard, ith, nth) {
+                        assert!(b < blocks && kvh < n_kv && !heads.is_empty());
+                        assert!(heads.start >= kvh * group && heads.end <= (kvh + 1) * group);
+                        for h in heads {
+                            seen[b * n_kv * group + h] += 1;
+                            n += 1;
+                        }
+                    }
+                    per_worker.push(n);
+                }
+                assert!(seen.iter().all(|&c| c == 1), "{blocks} {n_kv} {group} nth {nth}");
+                if blocks * n_kv < 4 * nth {
+                    let units = blocks * n_kv * group;
+                    assert!(per_worker.iter().all(|&n| n <= units.div_ceil(nth)), "{per_worker:?}");
+                }
+            }
+        }
+    }
+
+    /// A tensor-parallel shard's heads (any first head, any count): every (block, head) once,
+    /// each item's heads all reading the item's KV head.
+    #[test]
+    fn attention_items_of_uneven_shards() {
+        // (first query head, heads, group): SmolLM2's shards at --tp 2 and 4, Qwen2.5's at 3,
+        // Gemma 3's at 4.
+        for (q_head0, n_head, group) in [(0, 5, 3), (5, 4, 3), (3, 2, 3), (7, 2, 3), (5, 5, 7), (10, 4, 7), (3, 1, 4)] {
+            let shard = AttnShard { q_head0, group, kv_base: 0 };
+            for (blocks, nth) in [(1usize, 1usize), (1, 3), (2, 2), (40, 2), (3, 7)] {
+                let mut seen = vec![0u32; blocks * n_head];
+                for ith in 0..nth {
+                    for (b, kvh, heads) in attention_items(blocks, n_head, shard, ith, nth) {
+                        for h in heads {
+                            assert_eq!(shard.kv_of(h), kvh, "head {h} of shard {q_head0}+{n_head}");
+                            seen[b * n_head + h] += 1;
+                        }
+                    }
+                }
+                assert!(seen.iter().all(|&c| c == 1), "{q_head0} {n_head} {group}: {seen:?}");
+            }
+        }
+    }
+}

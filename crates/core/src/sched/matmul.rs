@@ -613,3 +613,48 @@ pub(super) unsafe fn store_cols<const J: usize>(base: *mut f32, ld: usize, r: us
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{matmul_part, COL_BLOCK};
+    use crate::sched::split;
+
+    /// Every output element of a matmul belongs to exactly one worker; row parts start at
+    /// multiples of 4 and column parts at 16-column blocks or at multiples of `unit`; with few
+    /// rows or wide matrices the partition is the old column split (in units); and a narrow
+    /// matrix keeps most workers busy.
+    #[test]
+    fn matmul_parts_cover_the_output_once() {
+        for (n_out, rows) in [(128usize, 512usize), (64, 64), (2048, 512), (576, 1), (192, 7), (50, 33), (16, 8), (896, 13), (36, 1), (20, 9)] {
+            for unit in [1, 4].into_iter().filter(|u| n_out % u == 0) {
+                for nth in 1..=64 {
+                    let mut seen = vec![0u8; n_out * rows];
+                    let mut busy = 0;
+                    for ith in 0..nth {
+                        let (cols, rr) = matmul_part(n_out, rows, ith, nth, unit);
+                        if cols.is_empty() || rr.is_empty() {
+                            continue;
+                        }
+                        busy += 1;
+                        assert!(rr.start % 4 == 0 && (cols.start % COL_BLOCK == 0 || rr == (0..rows)));
+                        assert!(cols.start % unit == 0 && cols.end % unit == 0, "n_out {n_out} nth {nth} unit {unit}: {cols:?}");
+                        for r in rr {
+                            for c in cols.clone() {
+                                seen[r * n_out + c] += 1;
+                            }
+                        }
+                    }
+                    assert!(seen.iter().all(|&n| n == 1), "n_out {n_out} rows {rows} nth {nth}");
+                    let blocks = n_out.div_ceil(COL_BLOCK);
+                    if rows < 8 || blocks >= 2 * nth {
+                        let s = |i| split(n_out / unit, i, nth);
+                        assert!((0..nth).all(|i| matmul_part(n_out, rows, i, nth, unit) == (s(i).start * unit..s(i).end * unit, 0..rows)));
+                    } else {
+                        let units = blocks * rows.div_ceil(4);
+                        assert!(2 * busy >= nth.min(units), "n_out {n_out} rows {rows} nth {nth}: {busy} busy");
+                    }
+                }
+            }
+        }
+    }
+}
