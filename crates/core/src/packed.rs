@@ -69,17 +69,21 @@ impl PackedWeights {
         PackedWeights { buf: None, at: HashMap::new() }
     }
 
-    /// Copy the matrices of `graph`'s matmuls from the model file's bytes `file` into one
+    /// Copy the matrices of `graphs`' matmuls (the largest batch's and a one-token decode's:
+    /// a small batch may read a form of a weight the large one does not, such as the CPU's
+    /// gate rows of an accelerator's layer as plain rows for a predicted gate) from the model
+    /// file's bytes `file` into one
     /// buffer placed as `place` says: interleaved, with `repack`, every one the table has
     /// interleaved kernels for (row count a multiple of four); plain rows, every column slice
     /// that is not interleaved. With `shards` (`--numa tp`: the place of each tensor-parallel
     /// shard), every shard's matrices are copied (plain where not interleaved) into a part of
     /// the buffer of their own, placed on their shard's node.
-    pub fn build(graph: &Graph, file: &[u8], kernels: &Kernels, place: &Place, repack: bool, shards: &[Place]) -> Result<PackedWeights, AllocError> {
+    pub fn build(graphs: &[&Graph], file: &[u8], kernels: &Kernels, place: &Place, repack: bool, shards: &[Place]) -> Result<PackedWeights, AllocError> {
+        let graph = graphs[0];
         let mut at = HashMap::new();
         // Bytes of each part: part 0 the serial matrices', part 1 + s shard s's.
         let mut part_len = vec![0usize; 1 + shards.len()];
-        for &id in &graph.nodes {
+        for (graph, &id) in graphs.iter().flat_map(|g| g.nodes.iter().map(move |id| (*g, id))) {
             // Rows per interleaved unit: a matrix's, or one expert's of stacked experts (so no
             // group of four rows spans two experts).
             let (w, unit_rows) = match graph.tensor(id).op {

@@ -308,8 +308,8 @@ impl Engine {
                 return Err(Error::Config(format!("the sparse down projection cannot be stored as {} for a width of {}", s.down_type, h.n_embd)));
             }
             if let Some(p) = &s.predictor {
-                if cfg.accel.is_some() {
-                    return Err(Error::Config("the activation predictor (--predictor) runs with the CPU's sparse FFN alone; drop --accel-mem or --predictor".into()));
+                if s.balanced {
+                    return Err(Error::Config("the activation predictor (--predictor) needs the CPU's neurons fixed at load: drop --accel-policy (static) or --predictor".into()));
                 }
                 if (p.n_embd, p.n_ff, p.layers.len()) != (h.n_embd, h.n_ff, h.n_layer) {
                     return Err(Error::Config(format!(
@@ -323,6 +323,10 @@ impl Engine {
                     )));
                 }
             }
+        }
+        // An accelerator's (static) neurons leave the predictors the CPU's.
+        if let Some(s) = cfg.sparsity.as_mut().filter(|s| s.predictor.is_some() && s.offloaded.iter().any(|v| !v.is_empty())) {
+            Arc::make_mut(s).predict_cold_only(h.n_ff);
         }
         // Under `--numa tp`, each worker's CPU and each shard's node.
         let (worker_cpus, shard_places) = match (&tp, cfg.numa) {
@@ -338,7 +342,10 @@ impl Engine {
         };
         // Plan the largest batch once to size the pools.
         let mut g = build_graph(kernels, &*model, &tp, &cfg, cfg.n_batch, cfg.n_batch, None);
-        let packed = PackedWeights::build(&g, gguf.bytes(), kernels, &placement.memory, cfg.repack, &shard_places)
+        // A one-token decode's graph too: small batches may read forms of weights the largest
+        // does not (`PackedWeights::build`).
+        let one = build_graph(kernels, &*model, &tp, &cfg, 1, 1, None);
+        let packed = PackedWeights::build(&[&g, &one], gguf.bytes(), kernels, &placement.memory, cfg.repack, &shard_places)
             .map_err(|e| Error::Config(format!("repacked weights: {e}")))?;
         // The copied matrices' file pages are not read again by the kernels; drop them from
         // this process (the page cache keeps them for any other reader).

@@ -268,16 +268,20 @@ fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRe
         let y_acc = b.offload_end(&begin, n_embd, Some(&g)); // [n_tokens, n_embd]
         return b.add(&y_cpu, &y_acc);
     }
+    // Tensor parallel: each shard computes the CPU's neurons of its feed-forward range. With a
+    // predictor (over the CPU's neurons only), as without an accelerator.
+    let xs = b.scatter(x);
+    let pred = b.predicted_firing(&xs); // per shard [n_tokens, n_cold_s] margins
     if hot == gate.ne[1] {
+        b.gather_sum(&xs); // no shard work: back to serial (a one-tensor bundle passes through)
         return b.offload_end(&begin, n_embd, None); // [n_tokens, n_embd]
     }
-    // Tensor parallel: each shard computes the CPU's neurons of its feed-forward range.
     let (layer, n_ff) = (b.layer() as u16, gate.ne[1]);
-    let xs = b.scatter(x);
-    let wg = b.weight_cold(gate, WeightForm::ColdRows { layer, plain: false, n0: 0, n1: 0 }, n_ff); // per shard [n_embd, n_cold]
+    let plain = pred.is_some() && b.n_tokens() <= SPARSE_UP_MAX_TOKENS;
+    let wg = b.weight_cold(gate, WeightForm::ColdRows { layer, plain, n0: 0, n1: 0 }, n_ff); // per shard [n_embd, n_cold]
     let wu = b.weight_cold(up, WeightForm::ColdRows { layer, plain: true, n0: 0, n1: 0 }, n_ff); // per shard [n_embd, n_cold]
     let wd = b.weight_cold(down, WeightForm::ColdNeuronMajor { from: down.dtype, layer, n0: 0, n1: 0 }, n_ff); // per shard [n_embd, n_cold]
-    let y_cpu = cpu_sparse_ffn(b, &wg, &wu, &wd, &xs, kind, thr, false, None).0; // per shard [n_tokens, n_embd]
+    let y_cpu = cpu_sparse_ffn(b, &wg, &wu, &wd, &xs, kind, thr, false, pred.as_ref()).0; // per shard [n_tokens, n_embd]
     let y_cpu = b.gather_sum(&y_cpu); // [n_tokens, n_embd]
     let y_acc = b.offload_end(&begin, n_embd, None); // [n_tokens, n_embd]
     b.add(&y_cpu, &y_acc)

@@ -32,6 +32,26 @@ impl SparseFfn {
         SparseFfn { thresholds, down_type, offloaded: Vec::new(), balanced: false, predictor: None }
     }
 
+    /// With an accelerator's neurons (`offloaded`, static), each layer's predictor cut down to
+    /// the CPU's neurons (`LayerPredictor::of_neurons`; none where the device holds them all):
+    /// the CPU's sparse nodes are built over those neurons alone.
+    pub fn predict_cold_only(&mut self, n_ff: usize) {
+        let Some(p) = self.predictor.as_ref() else { return };
+        if self.offloaded.iter().all(Vec::is_empty) {
+            return;
+        }
+        let layers = p
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(l, lp)| {
+                let cold = self.cold(l, 0..n_ff);
+                lp.as_ref().filter(|_| !cold.is_empty()).map(|lp| if cold.len() == n_ff { lp.clone() } else { lp.of_neurons(&cold) })
+            })
+            .collect();
+        self.predictor = Some(Arc::new(Predictors { n_embd: p.n_embd, n_ff: p.n_ff, layers }));
+    }
+
     /// The neurons of `layer` among `range` the CPU computes, in order.
     pub fn cold(&self, layer: usize, range: std::ops::Range<usize>) -> Vec<u32> {
         let hot = self.offloaded.get(layer).map_or(&[][..], |v| &v[..]);
@@ -93,6 +113,26 @@ impl LayerPredictor {
             il
         });
         Ok(LayerPredictor { rank: padded, a: qa, b: qb, a_il, b_il, cut: c.iter().map(|&ci| cut - ci).collect() })
+    }
+}
+
+impl LayerPredictor {
+    /// The predictor of `neurons` only (sorted layer neurons, e.g. the CPU's when an
+    /// accelerator holds the others): their rows of `B` and their cuts, in that order, `B`
+    /// interleaved again when their count is a multiple of four. Each margin is the whole
+    /// predictor's for that neuron, bit for bit.
+    pub fn of_neurons(&self, neurons: &[u32]) -> LayerPredictor {
+        use corelm_kernels::matmul::layout::{Layout, Q5Bits, Q6Form, ROWS};
+        let brb = corelm_kernels::row_bytes(DType::Q8_0, self.rank);
+        let b: Vec<u8> = neurons.iter().flat_map(|&n| &self.b[n as usize * brb..(n as usize + 1) * brb]).copied().collect();
+        let layout = Layout { q5: Q5Bits::Folded, q6: Q6Form::Split };
+        let b_il = neurons.len().is_multiple_of(ROWS).then(|| {
+            let mut il = vec![0u8; b.len()];
+            layout.pack(DType::Q8_0, &b, brb, &mut il);
+            il
+        });
+        let cut = neurons.iter().map(|&n| self.cut[n as usize]).collect();
+        LayerPredictor { rank: self.rank, a: self.a.clone(), b, a_il: self.a_il.clone(), b_il, cut }
     }
 }
 
@@ -244,9 +284,10 @@ impl Builder<'_> {
     /// The predictor of layer `il` when it has one and runs sparse on the CPU alone.
     pub fn layer_predictor(&self, il: usize) -> Option<&LayerPredictor> {
         let s = self.sparse.as_ref()?;
+        // With an accelerator's (static) neurons, the predictor covers the CPU's neurons only
+        // (`SparseFfn::predict_cold_only`); under online balancing the CPU's set moves.
         let sparse = s.thresholds.get(il).is_some_and(|&t| t >= 0.0);
-        let cpu = !s.balanced && s.offloaded.get(il).is_none_or(Vec::is_empty);
-        s.predictor.as_ref()?.layers.get(il)?.as_ref().filter(|_| sparse && cpu)
+        s.predictor.as_ref()?.layers.get(il)?.as_ref().filter(|_| sparse && !s.balanced)
     }
 
     /// The adjacent-layer pipeline of the current layer's sparse FFN, whose input is `x`
@@ -279,6 +320,15 @@ impl Builder<'_> {
             Some(plan) => plan.ff.clone(),
             None => std::iter::once(0..n_ff).collect(),
         };
+        // With an accelerator's neurons the layer's predictor holds the CPU's only: each range
+        // counted in those.
+        let shards: Vec<std::ops::Range<usize>> = shards
+            .into_iter()
+            .map(|r| {
+                let a = self.n_cold(layer, 0..r.start);
+                a..a + self.n_cold(layer, r)
+            })
+            .collect();
         let rows = self.t(x).ne[1];
         let mut parts = Vec::with_capacity(shards.len());
         for (s, r) in shards.iter().enumerate() {

@@ -239,9 +239,9 @@ impl Ctx<'_> {
     pub(super) fn predict(&self, t: &Tensor, layer: u32, x: TensorId, n0: usize, ith: usize, nth: usize, s: &mut SparseScratch) {
         let [n_ff, rows] = t.ne;
         let p = self.layer_predictor(layer);
-        // The node's neurons: B's rows and cuts from `n0` (whole groups of four, so the
-        // interleaved copy's groups start there too).
-        debug_assert!(n0.is_multiple_of(ROWS) && n0 + n_ff <= p.cut.len());
+        // The node's neurons: B's rows and cuts from `n0` (the interleaved copy only where
+        // they are whole groups of four).
+        debug_assert!(n0 + n_ff <= p.cut.len());
         let n_embd = self.t(x).ne[0];
         let xs = self.f32s(x);
         let q8 = self.kernels.ops(DType::Q8_0).expect("Q8_0 kernels");
@@ -250,7 +250,7 @@ impl Ctx<'_> {
         let (pb, pcut) = (&p.b[n0 * brb..], &p.cut[n0..]);
         // The interleaved GEMV where the table has one (the same values as the plain dots).
         let il = q8.interleaved.map(|il| il.rows);
-        let b_il = p.b_il.as_deref().filter(|_| il.is_some()).map(|b| &b[n0 * brb..]);
+        let b_il = p.b_il.as_deref().filter(|_| il.is_some() && n0.is_multiple_of(ROWS) && n_ff.is_multiple_of(ROWS)).map(|b| &b[n0 * brb..]);
         // Many rows: each worker takes whole rows; few: every worker takes a range of neurons
         // of every row (whole groups of four on the interleaved layout).
         let by_rows = rows >= nth * PREDICT_ROWS_PER_WORKER;
