@@ -3,6 +3,7 @@
 //! themselves, the accelerator's hand-off nodes, and the adjacent-layer predictor's nodes.
 
 use super::*;
+use corelm_kernels::matmul::layout::ROWS;
 
 /// Sparse FFNs (`--sparsity`): the per-layer activation thresholds a calibration chose and
 /// the type of the neuron-major down projection.
@@ -101,39 +102,31 @@ impl LayerPredictor {
             row[..rank].copy_from_slice(src);
             quant(&row, out);
         }
-        use corelm_kernels::matmul::layout::{Layout, Q5Bits, Q6Form, ROWS};
-        // Q8_0 packs to the same bytes in every table's layout (only the Q5 types' and Q6_K's
-        // bytes differ).
-        let layout = Layout { q5: Q5Bits::Folded, q6: Q6Form::Split };
-        let mut a_il = vec![0u8; qa.len()];
-        layout.pack(q, &qa, corelm_kernels::row_bytes(q, n_embd), &mut a_il);
-        let b_il = n_ff.is_multiple_of(ROWS).then(|| {
-            let mut il = vec![0u8; qb.len()];
-            layout.pack(q, &qb, brb, &mut il);
-            il
-        });
+        let a_il = interleaved(&qa, corelm_kernels::row_bytes(q, n_embd));
+        let b_il = n_ff.is_multiple_of(ROWS).then(|| interleaved(&qb, brb));
         Ok(LayerPredictor { rank: padded, a: qa, b: qb, a_il, b_il, cut: c.iter().map(|&ci| cut - ci).collect() })
     }
-}
 
-impl LayerPredictor {
     /// The predictor of `neurons` only (sorted layer neurons, e.g. the CPU's when an
     /// accelerator holds the others): their rows of `B` and their cuts, in that order, `B`
     /// interleaved again when their count is a multiple of four. Each margin is the whole
     /// predictor's for that neuron, bit for bit.
     pub fn of_neurons(&self, neurons: &[u32]) -> LayerPredictor {
-        use corelm_kernels::matmul::layout::{Layout, Q5Bits, Q6Form, ROWS};
         let brb = corelm_kernels::row_bytes(DType::Q8_0, self.rank);
         let b: Vec<u8> = neurons.iter().flat_map(|&n| &self.b[n as usize * brb..(n as usize + 1) * brb]).copied().collect();
-        let layout = Layout { q5: Q5Bits::Folded, q6: Q6Form::Split };
-        let b_il = neurons.len().is_multiple_of(ROWS).then(|| {
-            let mut il = vec![0u8; b.len()];
-            layout.pack(DType::Q8_0, &b, brb, &mut il);
-            il
-        });
+        let b_il = neurons.len().is_multiple_of(ROWS).then(|| interleaved(&b, brb));
         let cut = neurons.iter().map(|&n| self.cut[n as usize]).collect();
         LayerPredictor { rank: self.rank, a: self.a.clone(), b, a_il: self.a_il.clone(), b_il, cut }
     }
+}
+
+/// Q8_0 rows (`rb` bytes each, a multiple of four of them) in the interleaved layout, which
+/// packs Q8_0 to the same bytes in every table's layout (only the Q5 types' and Q6_K's differ).
+fn interleaved(rows: &[u8], rb: usize) -> Vec<u8> {
+    use corelm_kernels::matmul::layout::{Layout, Q5Bits, Q6Form};
+    let mut il = vec![0u8; rows.len()];
+    Layout { q5: Q5Bits::Folded, q6: Q6Form::Split }.pack(DType::Q8_0, rows, rb, &mut il);
+    il
 }
 
 /// The adjacent-layer predictors of a model.
