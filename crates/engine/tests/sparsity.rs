@@ -105,15 +105,6 @@ fn calibrated_thresholds_give_the_sparsity_asked_for() {
     }
 }
 
-/// The ten largest logits' ids, largest first.
-fn top10(r: &[f32]) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..r.len()).collect();
-    idx.select_nth_unstable_by(9, |&a, &b| r[b].total_cmp(&r[a]));
-    idx.truncate(10);
-    idx.sort_by(|&a, &b| r[b].total_cmp(&r[a]));
-    idx
-}
-
 /// Tensor parallelism with sparse feed-forwards: each shard computes its feed-forward range's
 /// neurons from its own gate and up rows and its own neuron-major down rows (one sparse node
 /// per shard, the shards' neurons covering the layer once), the partial outputs added at the
@@ -139,13 +130,7 @@ fn sparse_ffns_split_across_tensor_parallel_shards() {
     for tp in [2, 3] {
         let (mut e, _) = load(SMOL, cfg(tp, 0.0));
         let got = prompt_logits(&mut e, &ids);
-        let mut max = 0f32;
-        for (r, (a, b)) in got.iter().zip(&want).enumerate() {
-            let top = top10(b);
-            max = top.iter().map(|&i| (a[i] - b[i]).abs()).fold(max, f32::max);
-            let (ia, ib, margin) = (top10(a)[0], top[0], b[top[0]] - b[top[1]]);
-            assert!(ia == ib || margin < 0.5, "--tp {tp}: row {r} argmax {ia} vs {ib} (margin {margin:.3})");
-        }
+        let (max, _) = golden_rule(&got, &want, &format!("--tp {tp}"));
         eprintln!("sparse (threshold 0) --tp {tp}: max |Δlogit| {max:.4} on the top 10 against --tp 1");
         assert!(max <= 1.0, "--tp {tp}: max |Δlogit| {max}");
         drop(e);

@@ -25,15 +25,6 @@ fn run(e: &mut Engine, prompt: &[u32], steps: &[u32]) -> Vec<Vec<f32>> {
     rows
 }
 
-/// The ten largest logits' ids, largest first.
-fn top10(r: &[f32]) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..r.len()).collect();
-    idx.select_nth_unstable_by(9, |&a, &b| r[b].total_cmp(&r[a]));
-    idx.truncate(10);
-    idx.sort_by(|&a, &b| r[b].total_cmp(&r[a]));
-    idx
-}
-
 const TEXT: &str = "The history of the printing press begins in the fifteenth century, when Johannes \
     Gutenberg combined movable metal type, oil-based ink and a screw press adapted from wine making.";
 
@@ -56,15 +47,8 @@ fn tp_degrees_match_degree_one_within_the_golden_tolerance() {
         for (tp, sync) in [(2, TpSync::Async), (3, TpSync::Async), (4, TpSync::Async), (2, TpSync::Lockstep)] {
             let (mut e, _) = load(file, cfg(tp, sync));
             let got = run(&mut e, &prompt, &steps);
-            let (mut max, mut all) = (0f32, 0f32);
-            for (r, (a, b)) in got.iter().zip(&want).enumerate() {
-                // The golden checks' measure: degree 1's ten largest logits.
-                let top = top10(b);
-                max = top.iter().map(|&i| (a[i] - b[i]).abs()).fold(max, f32::max);
-                all = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(all, f32::max);
-                let (ia, ib, margin) = (top10(a)[0], top[0], b[top[0]] - b[top[1]]);
-                assert!(ia == ib || margin < 0.5, "{file} --tp {tp} {sync}: row {r} argmax {ia} vs {ib} (margin {margin:.3})");
-            }
+            // The golden checks' measure: degree 1's ten largest logits.
+            let (max, all) = golden_rule(&got, &want, &format!("{file} --tp {tp} {sync}"));
             eprintln!(
                 "{file} --tp {tp} --tp-sync {sync}: max |Δlogit| {max:.4} on the top 10 ({all:.4} on any logit) against --tp 1, {} rows",
                 want.len()

@@ -47,6 +47,30 @@ pub fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     a.iter().flatten().zip(b.iter().flatten()).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
 
+/// The ten largest logits' ids, largest first.
+pub fn top10(r: &[f32]) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..r.len()).collect();
+    idx.select_nth_unstable_by(9, |&a, &b| r[b].total_cmp(&r[a]));
+    idx.truncate(10);
+    idx.sort_by(|&a, &b| r[b].total_cmp(&r[a]));
+    idx
+}
+
+/// The golden checks' measure of `got` against `want` row by row: panics (naming `what` and
+/// the row) where the greedy choices differ and `want`'s margin is at least 0.5; returns the
+/// largest |Δlogit| over `want`'s ten largest logits and over any logit.
+pub fn golden_rule(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) -> (f32, f32) {
+    let (mut max, mut all) = (0f32, 0f32);
+    for (r, (a, b)) in got.iter().zip(want).enumerate() {
+        let top = top10(b);
+        max = top.iter().map(|&i| (a[i] - b[i]).abs()).fold(max, f32::max);
+        all = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(all, f32::max);
+        let (ia, ib, margin) = (top10(a)[0], top[0], b[top[0]] - b[top[1]]);
+        assert!(ia == ib || margin < 0.5, "{what}: row {r} argmax {ia} vs {ib} (margin {margin:.3})");
+    }
+    (max, all)
+}
+
 /// Every logit row of `ids` as one prompt of sequence 0, which is cleared after.
 pub fn prompt_logits(engine: &mut Engine, ids: &[u32]) -> Vec<Vec<f32>> {
     let mut b = Batch::new();
