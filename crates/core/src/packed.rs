@@ -152,8 +152,8 @@ impl PackedWeights {
                 let n_embd = e.row_bytes / e.dtype.type_size() * e.dtype.block_size();
                 let n_ff = len / n_embd / from.type_size() * from.block_size();
                 // A tensor-parallel shard's neurons are the columns of its slice.
-                debug_assert!(cold(form).is_none_or(|c| c.iter().all(|&n| (n as usize) < n_ff)));
                 let neurons = cold(form).or_else(|| cols.map(|c| (c.c0 as u32..(c.c0 + e.rows) as u32).collect()));
+                debug_assert!(neurons.iter().flatten().all(|&n| (n as usize) < n_ff));
                 neuron_major(kernels, from, src, e.dtype, e.row_bytes, neurons.as_deref(), dst);
                 continue;
             }

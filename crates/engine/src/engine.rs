@@ -344,7 +344,7 @@ impl Engine {
         let mut g = build_graph(kernels, &*model, &tp, &cfg, cfg.n_batch, cfg.n_batch, None);
         // A one-token decode's graph too: small batches may read forms of weights the largest
         // does not (`PackedWeights::build`).
-        let one = build_graph(kernels, &*model, &tp, &cfg, 1, 1, None);
+        let mut one = build_graph(kernels, &*model, &tp, &cfg, 1, 1, None);
         let packed = PackedWeights::build(&[&g, &one], gguf.bytes(), kernels, &placement.memory, cfg.repack, &shard_places)
             .map_err(|e| Error::Config(format!("repacked weights: {e}")))?;
         // The copied matrices' file pages are not read again by the kernels; drop them from
@@ -359,7 +359,6 @@ impl Engine {
                 // The largest batch's plan and a one-token decode's: the device holds the larger
                 // cut of each matrix.
                 let plans = corelm_plan::planner::plan_graph(&g, roof, cfg.n_ctx / 2);
-                let mut one = build_graph(kernels, &*model, &tp, &cfg, 1, 1, None);
                 packed.apply(&mut one);
                 let one_plans = corelm_plan::planner::plan_graph(&one, roof, cfg.n_ctx / 2);
                 let d = crate::device::DeviceSplits::open(&gguf, &[(&g, &plans), (&one, &one_plans)], roof, cfg.n_batch)?.map(Arc::new);

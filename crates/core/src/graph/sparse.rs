@@ -166,20 +166,30 @@ impl Builder<'_> {
     /// transpose, `[w.ne1, w.ne0]`, in the sparse configuration's down type (copied at load).
     pub fn weight_in(&mut self, w: &WeightRef, form: WeightForm) -> Bundle {
         assert_eq!(self.mode, Mode::Serial, "weight forms in parallel subgraphs");
+        Bundle::one(self.form_leaf(w, form))
+    }
+
+    /// `w` in `form`, a weight of the current shard (`weight_in`'s tensor).
+    fn form_leaf(&mut self, w: &WeightRef, form: WeightForm) -> TensorId {
         let (ne, dtype) = match form {
             WeightForm::NeuronMajor { .. } | WeightForm::ColdNeuronMajor { .. } => {
-                let dt = self.sparse.as_ref().expect("a sparse configuration").down_type;
-                assert!(w.ne[1].is_multiple_of(dt.block_size()), "{}: rows of {} values in {dt} blocks", w.name, w.ne[1]);
                 let n = match form.cold_range() {
                     Some((l, r)) => self.n_cold(l, r),
                     None => w.ne[0],
                 };
-                ([w.ne[1], n], dt)
+                ([w.ne[1], n], self.neuron_major_type(w))
             }
             WeightForm::ColdRows { layer, n0, n1, .. } => ([w.ne[0], self.n_cold(layer as usize, n0 as usize..n1 as usize)], w.dtype),
             _ => (w.ne, w.dtype),
         };
-        Bundle::one(self.leaf(ne, dtype, Storage::Weight { offset: w.offset, len: w.len, cols: None, copy: None, form }))
+        self.leaf(ne, dtype, Storage::Weight { offset: w.offset, len: w.len, cols: None, copy: None, form })
+    }
+
+    /// The type `w` (a down projection) is stored in neuron-major: whole blocks of its rows.
+    fn neuron_major_type(&self, w: &WeightRef) -> DType {
+        let dt = self.sparse.as_ref().expect("a sparse configuration").down_type;
+        assert!(w.ne[1].is_multiple_of(dt.block_size()), "{}: rows of {} values in {dt} blocks", w.name, w.ne[1]);
+        dt
     }
 
     /// A weight cut across the shards of the plan (tensor parallelism) in `form`: `PlainRows`
@@ -192,7 +202,7 @@ impl Builder<'_> {
             return self.weight_in(w, form);
         }
         let parts = self.weight_split(w, split);
-        let down_type = self.sparse.as_ref().map(|s| s.down_type);
+        let down_type = matches!(form, WeightForm::NeuronMajor { .. }).then(|| self.neuron_major_type(w));
         for &id in &parts.0 {
             let t = &mut self.tensors[id.0 as usize];
             let Storage::Weight { form: f, cols, .. } = &mut t.storage else { unreachable!("weight_split makes weights") };
@@ -204,11 +214,9 @@ impl Builder<'_> {
                 }
                 WeightForm::NeuronMajor { .. } => {
                     assert_eq!(split, Split::FfCols, "{}: neuron-major shards are feed-forward columns", w.name);
-                    let dt = down_type.expect("a sparse configuration");
-                    assert!(w.ne[1].is_multiple_of(dt.block_size()), "{}: rows of {} values in {dt} blocks", w.name, w.ne[1]);
                     // The slice's columns (neurons) become rows: `[n_embd, ff_s]`.
                     t.ne = [t.ne[1], t.ne[0]];
-                    t.dtype = dt;
+                    t.dtype = down_type.expect("set above for neuron-major forms");
                     *f = form;
                 }
                 WeightForm::ColdRows { .. } | WeightForm::ColdNeuronMajor { .. } => panic!("{}: an accelerator's CPU part is Builder::weight_cold's", w.name),
@@ -232,13 +240,11 @@ impl Builder<'_> {
             return self.weight_in(w, form.with_range(0..n_ff));
         };
         let mut parts = Vec::with_capacity(plan.degree());
-        self.mode = Mode::Serial;
         for (s, r) in plan.ff.iter().enumerate() {
-            let id = self.weight_in(w, form.with_range(r.clone())).single();
-            self.tensors[id.0 as usize].group = Some(s as u16);
-            parts.push(id);
+            self.group = Some(s as u16);
+            parts.push(self.form_leaf(w, form.with_range(r.clone())));
         }
-        self.mode = Mode::Parallel;
+        self.group = None;
         Bundle(parts)
     }
 
@@ -274,7 +280,8 @@ impl Builder<'_> {
         }
     }
 
-    /// The predictor of layer `il` when it has one and runs sparse on the CPU alone.
+    /// The predictor of layer `il` when it has one and runs sparse with a fixed set of CPU
+    /// neurons (all of them, or those an accelerator's static policy leaves).
     pub fn layer_predictor(&self, il: usize) -> Option<&LayerPredictor> {
         let s = self.sparse.as_ref()?;
         // With an accelerator's (static) neurons, the predictor covers the CPU's neurons only
@@ -309,13 +316,13 @@ impl Builder<'_> {
         self.check_src(x);
         let n_ff = self.sparse.as_ref().and_then(|s| s.predictor.as_ref()).expect("a predictor").n_ff;
         assert_eq!(self.t(x).dtype, DType::F32, "a predictor reads f32 FFN inputs");
-        let shards: Vec<std::ops::Range<usize>> = match self.tp.as_ref().filter(|_| self.mode == Mode::Parallel) {
+        let ranges = match self.tp.as_ref().filter(|_| self.mode == Mode::Parallel) {
             Some(plan) => plan.ff.clone(),
-            None => std::iter::once(0..n_ff).collect(),
+            None => vec![0..n_ff; 1],
         };
         // With an accelerator's neurons the layer's predictor holds the CPU's only: each range
         // counted in those.
-        let shards: Vec<std::ops::Range<usize>> = shards
+        let shards: Vec<std::ops::Range<usize>> = ranges
             .into_iter()
             .map(|r| {
                 let a = self.n_cold(layer, 0..r.start);
@@ -337,13 +344,20 @@ impl Builder<'_> {
     /// zero for the neurons `pred` does not name (`Op::SparseGate`).
     pub fn sparse_gate(&mut self, pred: &Bundle, w: &Bundle, x: &Bundle) -> Bundle {
         self.zip(&[pred, w, x], |b, t| {
-            let (pred, w, x) = (t[0], t[1], t[2]);
-            b.check_src(pred);
-            let (op, ne) = b.matmul_op(w, x);
-            let Op::MatMul { x: xq, .. } = op else { unreachable!() };
-            assert_eq!(ne, b.t(pred).ne, "sparse_gate shapes");
+            let (pred, w) = (t[0], t[1]);
+            let (ne, xq) = b.rows_beside(pred, w, t[2], "sparse_gate");
             b.node(ne, DType::F32, Op::SparseGate { pred, w, x: xq }).single()
         })
+    }
+
+    /// The shape and quantized input of a product of some rows of `w` with `x` whose result
+    /// lies beside `like` (a gate product or margins of the same shape).
+    fn rows_beside(&mut self, like: TensorId, w: TensorId, x: TensorId, what: &str) -> ([usize; 2], TensorId) {
+        self.check_src(like);
+        let (op, ne) = self.matmul_op(w, x);
+        let Op::MatMul { x: xq, .. } = op else { unreachable!() };
+        assert_eq!(ne, self.t(like).ne, "{what} shapes");
+        (ne, xq)
     }
 
     /// Whether the sparse FFNs are balanced online (`SparseFfn::balanced`).
@@ -357,11 +371,8 @@ impl Builder<'_> {
     /// `masked`: the accelerator's current neurons are left to it (`Op::SparseUp`).
     pub fn sparse_up(&mut self, gate: &Bundle, w: &Bundle, x: &Bundle, kind: Glu, thr: f32, masked: bool) -> Bundle {
         self.zip(&[gate, w, x], |b, t| {
-            let (gate, w, x) = (t[0], t[1], t[2]);
-            b.check_src(gate);
-            let (op, ne) = b.matmul_op(w, x);
-            let Op::MatMul { x: xq, .. } = op else { unreachable!() };
-            assert_eq!(ne, b.t(gate).ne, "sparse_up shapes");
+            let (gate, w) = (t[0], t[1]);
+            let (ne, xq) = b.rows_beside(gate, w, t[2], "sparse_up");
             let masked = masked.then(|| b.shard_first_neuron());
             b.node(ne, DType::F32, Op::SparseUp { gate, w, x: xq, kind, thr, masked }).single()
         })
