@@ -270,6 +270,12 @@ impl<'k> Builder<'k> {
         x.clone()
     }
 
+    /// Leave parallel mode with no shard result to gather (the subgraph made only nodes that
+    /// later layers read, such as the next layer's prediction).
+    pub fn leave_parallel(&mut self) {
+        self.mode = Mode::Serial;
+    }
+
     /// Leave parallel mode: one serial node adding the shards' partial results element-wise, in
     /// shard order. A one-tensor bundle passes through.
     pub fn gather_sum(&mut self, x: &Bundle) -> Bundle {

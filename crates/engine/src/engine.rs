@@ -308,9 +308,6 @@ impl Engine {
                 return Err(Error::Config(format!("the sparse down projection cannot be stored as {} for a width of {}", s.down_type, h.n_embd)));
             }
             if let Some(p) = &s.predictor {
-                if s.balanced {
-                    return Err(Error::Config("the activation predictor (--predictor) needs the CPU's neurons fixed at load: drop --accel-policy (static) or --predictor".into()));
-                }
                 if (p.n_embd, p.n_ff, p.layers.len()) != (h.n_embd, h.n_ff, h.n_layer) {
                     return Err(Error::Config(format!(
                         "the predictors are for {} layers of {} inputs and {} neurons, the model has {} of {} and {}",
@@ -325,7 +322,7 @@ impl Engine {
             }
         }
         // An accelerator's (static) neurons leave the predictors the CPU's.
-        if let Some(s) = cfg.sparsity.as_mut().filter(|s| s.predictor.is_some() && s.offloaded.iter().any(|v| !v.is_empty())) {
+        if let Some(s) = cfg.sparsity.as_mut().filter(|s| s.predictor.is_some() && !s.balanced && s.offloaded.iter().any(|v| !v.is_empty())) {
             Arc::make_mut(s).predict_cold_only(h.n_ff);
         }
         // Under `--numa tp`, each worker's CPU and each shard's node.

@@ -41,6 +41,16 @@ fn trained() -> &'static Trained {
     })
 }
 
+/// The trained predictors in the engine's form, each cut at its trained margin, or at `cut`
+/// for all ([`EVERY`]: every neuron predicted).
+fn predictors(cut: Option<f32>) -> Arc<Predictors> {
+    let layers = trained().models.iter().map(|(m, _)| Some(LayerPredictor::new(m.rank, m.n_embd, &m.a, &m.b, &m.c, cut.unwrap_or(m.cut)).unwrap()));
+    Arc::new(Predictors { n_embd: 576, n_ff: 1536, layers: layers.collect() })
+}
+
+/// A cut below every margin: the predictor names every neuron.
+const EVERY: Option<f32> = Some(-1e30);
+
 #[test]
 fn adjacent_layer_predictor_learns_which_neurons_fire() {
     let t = trained();
@@ -60,11 +70,15 @@ fn adjacent_layer_predictor_learns_which_neurons_fire() {
 struct Counts {
     masked: Vec<[u64; 4]>,
     gate: Vec<[u64; 2]>,
+    /// Firing neurons among the sparse gates' outputs (with `Counter::thr`).
+    gate_fired: u64,
 }
 
 struct Counter {
     counts: Mutex<Counts>,
     kernels: &'static corelm_kernels::Kernels,
+    /// The layers' thresholds, to count the sparse gates' firing (empty: not counted).
+    thr: Vec<f32>,
 }
 
 impl Tap for Counter {
@@ -95,6 +109,11 @@ impl Tap for Counter {
                 let g = read(id);
                 c.gate[l][0] += g.iter().filter(|&&v| v != 0.0).count() as u64;
                 c.gate[l][1] += g.len() as u64;
+                if let Some(&thr) = self.thr.get(l) {
+                    let (ones, mut a) = (vec![1f32; g.len()], vec![0f32; g.len()]);
+                    corelm_core::sched::gate_activation(self.kernels, corelm_core::Glu::Silu, g, &ones, &mut a);
+                    c.gate_fired += a.iter().filter(|a| a.abs() > thr).count() as u64;
+                }
             }
             _ => {}
         }
@@ -142,7 +161,7 @@ fn the_predictor_runs_in_the_graph_on_both_paths() {
     // order differs from decode's, dense or not, so bit equality holds up to here).
     let ids = &t.tokens[600..648];
     let (mut e, _) = load(SMOL, sparse(&t.thresholds, Some(Arc::new(loaded.predictors))));
-    let tap = Arc::new(Counter { counts: Mutex::new(Counts::default()), kernels: e.kernels() });
+    let tap = Arc::new(Counter { counts: Mutex::new(Counts::default()), kernels: e.kernels(), thr: Vec::new() });
     e.set_tap(Some(tap.clone()));
     let full = logits(&mut e, ids, true);
     let steps = logits(&mut e, ids, false);
@@ -180,9 +199,7 @@ fn the_predictor_runs_in_the_graph_on_both_paths() {
     assert!(want != full, "the predictor changed nothing");
     // A predictor that names every neuron gives the plain sparse logits, bit for bit, on both
     // paths: the predicted nodes add no arithmetic of their own to the neurons they compute.
-    let everything = t.models.iter().map(|(m, _)| LayerPredictor::new(m.rank, m.n_embd, &m.a, &m.b, &m.c, -1e30).unwrap());
-    let everything = Predictors { n_embd: 576, n_ff: 1536, layers: everything.map(Some).collect() };
-    let (mut e, _) = load(SMOL, sparse(&t.thresholds, Some(Arc::new(everything))));
+    let (mut e, _) = load(SMOL, sparse(&t.thresholds, Some(predictors(EVERY))));
     assert!(logits(&mut e, ids, true) == want && logits(&mut e, ids, false) == want, "all-predicted differs from plain sparse");
 }
 
@@ -200,13 +217,6 @@ fn predictors_that_do_not_fit_are_refused() {
     // Not a predictor file at all: the model itself.
     let err = predictor::load(&model_path(SMOL)).err().expect("refused");
     assert!(err.to_string().contains("not a predictor file"), "{err}");
-    // Online balancing moves the CPU's neurons; the predictors are cut to them at load.
-    use corelm_engine::balance::{BalanceConfig, Policy};
-    let layers = t.models.iter().map(|(m, _)| Some(LayerPredictor::new(m.rank, m.n_embd, &m.a, &m.b, &m.c, m.cut).unwrap()));
-    let preds = Arc::new(Predictors { n_embd: 576, n_ff: 1536, layers: layers.collect() });
-    let a = corelm_engine::offload::AccelConfig { balance: BalanceConfig::new(Policy::Tam), ..corelm_engine::offload::AccelConfig::new(8 << 20) };
-    let err = Engine::load(model_path(SMOL), EngineConfig { accel: Some(a), ..sparse(&t.thresholds, Some(preds)) }).err().expect("refused");
-    assert!(err.to_string().contains("--predictor") && err.to_string().contains("--accel-policy"), "{err}");
 }
 
 
@@ -229,11 +239,7 @@ impl Tap for Margins {
 #[test]
 fn the_predictor_splits_across_tensor_parallel_shards() {
     let t = trained();
-    let preds = Arc::new(Predictors {
-        n_embd: 576,
-        n_ff: 1536,
-        layers: t.models.iter().map(|(m, _)| Some(LayerPredictor::new(m.rank, m.n_embd, &m.a, &m.b, &m.c, m.cut).unwrap())).collect(),
-    });
+    let preds = predictors(None);
     let ids = &t.tokens[600..624];
     let tp = |n: usize, p: Option<Arc<Predictors>>| EngineConfig { tp: n, ..sparse(&t.thresholds, p) };
     // Layer l's margins (predicted during layer l − 1, or from layer 0's own input), assembled
@@ -278,13 +284,11 @@ fn the_predictor_splits_across_tensor_parallel_shards() {
     let full = logits(&mut two, ids, true);
     assert_eq!(full, logits(&mut two, ids, false), "the batched and the token-by-token paths disagree");
     drop(two);
-    let everything = t.models.iter().map(|(m, _)| LayerPredictor::new(m.rank, m.n_embd, &m.a, &m.b, &m.c, -1e30).unwrap());
-    let everything = Predictors { n_embd: 576, n_ff: 1536, layers: everything.map(Some).collect() };
     let (mut plain, _) = load(SMOL, tp(2, None));
     let want = logits(&mut plain, ids, true);
     drop(plain);
     assert_ne!(want, full, "the predictor changed nothing");
-    let (mut e, _) = load(SMOL, tp(2, Some(Arc::new(everything))));
+    let (mut e, _) = load(SMOL, tp(2, Some(predictors(EVERY))));
     assert!(logits(&mut e, ids, true) == want && logits(&mut e, ids, false) == want, "all-predicted differs from plain sparse");
 }
 
@@ -302,11 +306,7 @@ fn the_predictor_splits_across_tensor_parallel_shards() {
 #[test]
 fn the_predictor_covers_the_cpus_neurons_beside_an_accelerator() {
     let t = trained();
-    let of = |cut: Option<f32>| {
-        let layers = t.models.iter().map(|(m, _)| Some(LayerPredictor::new(m.rank, m.n_embd, &m.a, &m.b, &m.c, cut.unwrap_or(m.cut)).unwrap()));
-        Arc::new(Predictors { n_embd: 576, n_ff: 1536, layers: layers.collect() })
-    };
-    let (preds, everything) = (of(None), of(Some(-1e30)));
+    let (preds, everything) = (predictors(None), predictors(EVERY));
     let ids = &t.tokens[600..624];
     let layer0 = |e: &mut Engine| -> Vec<Vec<f32>> {
         let tap = Arc::new(Margins(Mutex::new(Vec::new())));
@@ -354,5 +354,58 @@ fn the_predictor_covers_the_cpus_neurons_beside_an_accelerator() {
         let (mut all, _) = load(SMOL, accel(Some(everything.clone())));
         assert!(logits(&mut all, ids, true) == want[0], "--tp {tp}: all-predicted differs from the plain accelerator run (one pass)");
         assert!(logits(&mut all, ids, false) == want[1], "--tp {tp}: all-predicted differs from the plain accelerator run (token by token)");
+    }
+}
+
+/// Online balancing with a predictor (TAM, `--accel-mem 8M`; lavapipe in CI), `--tp 1` and
+/// `--tp 2`: the device's neurons move, so the predictor covers every neuron (one `Predict`
+/// per shard over its whole range) and the masked nodes skip the device's current ones.
+/// - A predictor naming every neuron gives the online run without one, bit for bit, on each
+///   path, with the same loads and firing counts: the device observes the same gate products.
+/// - The trained one reads fewer gate rows and changes the logits; the device observes the
+///   firing of the predicted neurons' gates, exactly (the others counted quiet), and groups
+///   still move.
+#[test]
+fn the_predictor_runs_beside_online_balancing() {
+    use corelm_engine::balance::{BalanceConfig, Policy};
+    let t = trained();
+    let ids = &t.tokens[600..616];
+    for tp in [1, 2] {
+        let cfg = |p: Option<Arc<Predictors>>| EngineConfig {
+            tp,
+            accel: Some(corelm_engine::offload::AccelConfig { balance: BalanceConfig::new(Policy::Tam), ..corelm_engine::offload::AccelConfig::new(8 << 20) }),
+            ..sparse(&t.thresholds, p)
+        };
+        // Token by token (the balancer's stats after it), then the prompt in one pass.
+        let run = |p: Option<Arc<Predictors>>, count: bool| {
+            let (mut e, _) = load(SMOL, cfg(p));
+            let counter = Arc::new(Counter { counts: Mutex::new(Counts::default()), kernels: e.kernels(), thr: t.thresholds.clone() });
+            if count {
+                e.set_tap(Some(counter.clone()));
+            }
+            let steps = logits(&mut e, ids, false);
+            let st = e.balance().expect("online balancing").stats();
+            (steps, logits(&mut e, ids, true), st, counter)
+        };
+        let (want, want_pass, plain, _) = run(None, false);
+        let (all, all_pass, everything, _) = run(Some(predictors(EVERY)), false);
+        assert!(all == want, "--tp {tp}: all-predicted differs from the online run without a predictor (token by token)");
+        assert!(all_pass == want_pass, "--tp {tp}: all-predicted differs from the online run without a predictor (one pass)");
+        assert_eq!((everything.loads, everything.fired_device, everything.fired), (plain.loads, plain.fired_device, plain.fired), "--tp {tp}");
+        let (mut e, _) = load(SMOL, cfg(Some(predictors(None))));
+        let g = e.graph(1, 1);
+        let sizes: Vec<usize> = g.nodes.iter().map(|id| &g.tensors[id.0 as usize]).filter(|x| matches!(x.op, Op::Predict { layer: 3, .. })).map(|x| x.ne[0]).collect();
+        assert_eq!(sizes, if tp == 1 { vec![1536] } else { vec![768, 768] }, "--tp {tp}: layer 3's predicted neurons per shard");
+        drop(e);
+        let (trained, _, st, counter) = run(Some(predictors(None)), true);
+        let c = counter.counts.lock().unwrap();
+        let gate = c.gate.iter().fold([0u64; 2], |a, g| [a[0] + g[0], a[1] + g[1]]);
+        eprintln!("--tp {tp}: gate rows read {:.3}, without a predictor {plain:?}, with {st:?}", gate[0] as f64 / gate[1] as f64);
+        assert!(trained != want, "--tp {tp}: the predictor changed nothing");
+        assert!(gate[1] > 0 && (gate[0] as f64) < 0.9 * gate[1] as f64, "--tp {tp}: gate rows read {gate:?}");
+        assert!(st.passes == ids.len() as u64 && st.loads > 0 && st.fired_device > 0, "--tp {tp}: {st:?}");
+        // The device observed exactly the firing of the predicted gates (a quiet neuron's gate
+        // is zero), every layer being balanced.
+        assert_eq!(st.fired, c.gate_fired, "--tp {tp}: firing observed against firing among the predicted gates");
     }
 }

@@ -259,11 +259,15 @@ fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRe
     if b.balanced() {
         // Online balancing: the CPU holds every neuron (tensor parallel: each shard those of
         // its range) and skips those the device holds at this pass; the device observes the
-        // CPU's gate product of every neuron (the shards' pieces).
+        // CPU's gate product of every neuron (the shards' pieces). With a predictor (over every
+        // neuron, since the device's set moves), small batches compute the gate of the
+        // predicted neurons only, so the device observes those, the others counted quiet.
         let xs = b.scatter(x);
-        let (wg, wu) = (b.weight_split(gate, Split::FfRows), b.weight_split(up, Split::FfRows));
+        let pred = b.predicted_firing(&xs); // per shard [n_tokens, ff_s] margins
+        let gate_form = if pred.is_some() && b.n_tokens() <= SPARSE_UP_MAX_TOKENS { WeightForm::PlainRows } else { WeightForm::Rows };
+        let (wg, wu) = (b.weight_split_in(gate, Split::FfRows, gate_form), b.weight_split(up, Split::FfRows));
         let wd = b.weight_split_in(down, Split::FfCols, WeightForm::NeuronMajor { from: down.dtype }); // per shard [n_embd, ff_s]
-        let (y_cpu, g) = cpu_sparse_ffn(b, &wg, &wu, &wd, &xs, kind, thr, true, None); // per shard [n_tokens, n_embd]
+        let (y_cpu, g) = cpu_sparse_ffn(b, &wg, &wu, &wd, &xs, kind, thr, true, pred.as_ref()); // per shard [n_tokens, n_embd]
         let y_cpu = b.gather_sum(&y_cpu); // [n_tokens, n_embd]
         let y_acc = b.offload_end(&begin, n_embd, Some(&g)); // [n_tokens, n_embd]
         return b.add(&y_cpu, &y_acc);
@@ -273,7 +277,9 @@ fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRe
     let xs = b.scatter(x);
     let pred = b.predicted_firing(&xs); // per shard [n_tokens, n_cold_s] margins
     if hot == gate.ne[1] {
-        b.gather_sum(&xs); // no shard work: back to serial (a one-tensor bundle passes through)
+        // Every neuron on the device: no CPU part (the scatter was for the next layer's
+        // prediction).
+        b.leave_parallel();
         return b.offload_end(&begin, n_embd, None); // [n_tokens, n_embd]
     }
     let (layer, n_ff) = (b.layer() as u16, gate.ne[1]);

@@ -38,7 +38,8 @@ impl SparseFfn {
     /// the CPU's sparse nodes are built over those neurons alone.
     pub fn predict_cold_only(&mut self, n_ff: usize) {
         let Some(p) = self.predictor.as_ref() else { return };
-        if self.offloaded.iter().all(Vec::is_empty) {
+        // Online balancing: the CPU holds every neuron, the device's set moves.
+        if self.balanced || self.offloaded.iter().all(Vec::is_empty) {
             return;
         }
         let layers = p
@@ -225,8 +226,12 @@ impl Builder<'_> {
         parts
     }
 
-    /// How many of layer `layer`'s neurons `range` the CPU computes.
+    /// How many of layer `layer`'s neurons `range` the CPU computes (holds, under online
+    /// balancing: all of them).
     fn n_cold(&self, layer: usize, range: std::ops::Range<usize>) -> usize {
+        if self.balanced() {
+            return range.len();
+        }
         let hot = self.sparse.as_ref().and_then(|s| s.offloaded.get(layer)).map_or(&[][..], |v| &v[..]);
         range.len() - hot.iter().filter(|&&n| range.contains(&(n as usize))).count()
     }
@@ -280,14 +285,14 @@ impl Builder<'_> {
         }
     }
 
-    /// The predictor of layer `il` when it has one and runs sparse with a fixed set of CPU
-    /// neurons (all of them, or those an accelerator's static policy leaves).
+    /// The predictor of layer `il` when it has one and the layer runs sparse. With an
+    /// accelerator's static neurons it covers the CPU's neurons only
+    /// (`SparseFfn::predict_cold_only`); under online balancing, where the device's set moves,
+    /// every neuron (the masked nodes skip the device's).
     pub fn layer_predictor(&self, il: usize) -> Option<&LayerPredictor> {
         let s = self.sparse.as_ref()?;
-        // With an accelerator's (static) neurons, the predictor covers the CPU's neurons only
-        // (`SparseFfn::predict_cold_only`); under online balancing the CPU's set moves.
         let sparse = s.thresholds.get(il).is_some_and(|&t| t >= 0.0);
-        s.predictor.as_ref()?.layers.get(il)?.as_ref().filter(|_| sparse && !s.balanced)
+        s.predictor.as_ref()?.layers.get(il)?.as_ref().filter(|_| sparse)
     }
 
     /// The adjacent-layer pipeline of the current layer's sparse FFN, whose input is `x`
