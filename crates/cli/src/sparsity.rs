@@ -231,8 +231,9 @@ pub enum SparsityCmd {
     },
     /// Train the adjacent-layer activation predictors (KAIROX §5.1): from layer l-1's FFN
     /// input, a low-rank model per layer predicts which of layer l's neurons fire at the
-    /// calibration's threshold for --level. Trained on the first 80 % of the traced tokens,
-    /// recall and precision reported on the rest (and on --eval-file); written as GGUF.
+    /// calibration's threshold for --level. Trained on the first 80 % of the traced tokens (the
+    /// last --cut-share of those held back from the fit to choose the cut on), recall and
+    /// precision reported on the rest (and on --eval-file); written as GGUF.
     Predict {
         #[command(flatten)]
         model: crate::ModelArgs,
@@ -249,9 +250,14 @@ pub enum SparsityCmd {
         rank: usize,
         #[arg(long, default_value_t = 6)]
         epochs: usize,
-        /// Recall the cut is chosen for on the training tokens.
+        /// Recall the cut is chosen for, on the last training tokens (--cut-share), which the
+        /// fit does not see.
         #[arg(long, default_value_t = 0.92)]
         recall: f64,
+        /// Share of the training tokens held back from the fit to choose the cut on (0: the
+        /// fitted tokens).
+        #[arg(long, default_value_t = 0.125)]
+        cut_share: f64,
         /// A second held-out text to report recall and precision on.
         #[arg(long)]
         eval_file: Option<PathBuf>,
@@ -284,8 +290,8 @@ pub fn run(cmd: SparsityCmd) -> Result<()> {
     match cmd {
         SparsityCmd::Collect { model, file, output, chunk, max_tokens, svg } => collect(&model, &file, output, chunk, max_tokens, svg),
         SparsityCmd::Eval { model, file, levels, chunks, json } => eval(&model, &file, &levels, chunks, json),
-        SparsityCmd::Predict { model, file, level, tokens, rank, epochs, recall, eval_file, output } => {
-            let opts = corelm_engine::predictor::TrainOptions { rank, epochs, recall, ..Default::default() };
+        SparsityCmd::Predict { model, file, level, tokens, rank, epochs, recall, cut_share, eval_file, output } => {
+            let opts = corelm_engine::predictor::TrainOptions { rank, epochs, recall, cut_share, ..Default::default() };
             predict(&model, &file, level, tokens, &opts, eval_file.as_deref(), output)
         }
     }
