@@ -322,7 +322,7 @@ impl Engine {
             }
         }
         // An accelerator's (static) neurons leave the predictors the CPU's.
-        if let Some(s) = cfg.sparsity.as_mut().filter(|s| s.predictor.is_some() && !s.balanced && s.offloaded.iter().any(|v| !v.is_empty())) {
+        if let Some(s) = cfg.sparsity.as_mut().filter(|s| s.predicts_cold_only()) {
             Arc::make_mut(s).predict_cold_only(h.n_ff);
         }
         // Under `--numa tp`, each worker's CPU and each shard's node.

@@ -244,8 +244,7 @@ fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRe
         // neuron on that copy (or, when few fire, the file's plain rows), the predicted gate
         // rows on plain rows.
         let pred = b.predicted_firing(&x); // per shard [n_tokens, ff_s] margins
-        let small = b.n_tokens() <= SPARSE_UP_MAX_TOKENS;
-        let gate_form = if pred.is_some() && small { WeightForm::PlainRows } else { WeightForm::Rows };
+        let gate_form = if predicted_gate_rows(b, pred.as_ref()) { WeightForm::PlainRows } else { WeightForm::Rows };
         let wg = b.weight_split_in(gate, Split::FfRows, gate_form);
         let wu = b.weight_split(up, Split::FfRows);
         let wd = b.weight_split_in(down, Split::FfCols, WeightForm::NeuronMajor { from: down.dtype }); // per shard [n_embd, ff_s]
@@ -264,7 +263,7 @@ fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRe
         // predicted neurons only, so the device observes those, the others counted quiet.
         let xs = b.scatter(x);
         let pred = b.predicted_firing(&xs); // per shard [n_tokens, ff_s] margins
-        let gate_form = if pred.is_some() && b.n_tokens() <= SPARSE_UP_MAX_TOKENS { WeightForm::PlainRows } else { WeightForm::Rows };
+        let gate_form = if predicted_gate_rows(b, pred.as_ref()) { WeightForm::PlainRows } else { WeightForm::Rows };
         let (wg, wu) = (b.weight_split_in(gate, Split::FfRows, gate_form), b.weight_split(up, Split::FfRows));
         let wd = b.weight_split_in(down, Split::FfCols, WeightForm::NeuronMajor { from: down.dtype }); // per shard [n_embd, ff_s]
         let (y_cpu, g) = cpu_sparse_ffn(b, &wg, &wu, &wd, &xs, kind, thr, true, pred.as_ref()); // per shard [n_tokens, n_embd]
@@ -283,7 +282,7 @@ fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRe
         return b.offload_end(&begin, n_embd, None); // [n_tokens, n_embd]
     }
     let (layer, n_ff) = (b.layer() as u16, gate.ne[1]);
-    let plain = pred.is_some() && b.n_tokens() <= SPARSE_UP_MAX_TOKENS;
+    let plain = predicted_gate_rows(b, pred.as_ref());
     let wg = b.weight_cold(gate, WeightForm::ColdRows { layer, plain, n0: 0, n1: 0 }, n_ff); // per shard [n_embd, n_cold]
     let wu = b.weight_cold(up, WeightForm::ColdRows { layer, plain: true, n0: 0, n1: 0 }, n_ff); // per shard [n_embd, n_cold]
     let wd = b.weight_cold(down, WeightForm::ColdNeuronMajor { from: down.dtype, layer, n0: 0, n1: 0 }, n_ff); // per shard [n_embd, n_cold]
@@ -291,6 +290,12 @@ fn sparse_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRe
     let y_cpu = b.gather_sum(&y_cpu); // [n_tokens, n_embd]
     let y_acc = b.offload_end(&begin, n_embd, None); // [n_tokens, n_embd]
     b.add(&y_cpu, &y_acc)
+}
+
+/// Whether the sparse FFN's gate reads only the predicted neurons' rows (`Op::SparseGate`, on
+/// plain rows): with a prediction, in small batches; otherwise the gate is computed densely.
+fn predicted_gate_rows(b: &Builder, pred: Option<&Bundle>) -> bool {
+    pred.is_some() && b.n_tokens() <= SPARSE_UP_MAX_TOKENS
 }
 
 /// The CPU's sparse FFN over gate `wg`, up `wu` and neuron-major down `wd`

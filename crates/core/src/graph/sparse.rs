@@ -37,11 +37,10 @@ impl SparseFfn {
     /// the CPU's neurons (`LayerPredictor::of_neurons`; none where the device holds them all):
     /// the CPU's sparse nodes are built over those neurons alone.
     pub fn predict_cold_only(&mut self, n_ff: usize) {
-        let Some(p) = self.predictor.as_ref() else { return };
-        // Online balancing: the CPU holds every neuron, the device's set moves.
-        if self.balanced || self.offloaded.iter().all(Vec::is_empty) {
+        if !self.predicts_cold_only() {
             return;
         }
+        let Some(p) = self.predictor.as_ref() else { return };
         let layers = p
             .layers
             .iter()
@@ -52,6 +51,13 @@ impl SparseFfn {
             })
             .collect();
         self.predictor = Some(Arc::new(Predictors { n_embd: p.n_embd, n_ff: p.n_ff, layers }));
+    }
+
+    /// Whether [`SparseFfn::predict_cold_only`] cuts the predictors: with a predictor and an
+    /// accelerator's static neurons (under online balancing the CPU holds every neuron, the
+    /// device's set moves).
+    pub fn predicts_cold_only(&self) -> bool {
+        self.predictor.is_some() && !self.balanced && self.offloaded.iter().any(|v| !v.is_empty())
     }
 
     /// The neurons of `layer` among `range` the CPU computes, in order.
