@@ -252,12 +252,27 @@ pub enum SparsityCmd {
         epochs: usize,
         /// Recall the cut is chosen for, on the last training tokens (--cut-share), which the
         /// fit does not see.
-        #[arg(long, default_value_t = 0.92)]
+        #[arg(long, default_value_t = 0.95)]
         recall: f64,
         /// Share of the training tokens held back from the fit to choose the cut on (0: the
         /// fitted tokens).
         #[arg(long, default_value_t = 0.125)]
         cut_share: f64,
+        /// What --recall counts: `count` (firing neurons) or `mass` (their summed
+        /// |act(gate)·up|·‖down column‖, each firing example weighted by it in the fit).
+        #[arg(long, default_value = "mass")]
+        target: corelm_engine::predictor::Target,
+        /// With `--target mass`, the cut also keeps at least this share of the firing neurons.
+        #[arg(long, default_value_t = 0.9)]
+        min_recall: f64,
+        /// Always predict the neurons whose largest activation mass in the traced text is at
+        /// least this many times their layer's mean firing mass (0: none).
+        #[arg(long, default_value_t = 64.0)]
+        pin: f32,
+        /// Train nothing: report the recall, mass recall and precision of this predictor file
+        /// on --file's tokens (its level's thresholds).
+        #[arg(long, conflicts_with = "output")]
+        check: Option<PathBuf>,
         /// A second held-out text to report recall and precision on.
         #[arg(long)]
         eval_file: Option<PathBuf>,
@@ -290,8 +305,11 @@ pub fn run(cmd: SparsityCmd) -> Result<()> {
     match cmd {
         SparsityCmd::Collect { model, file, output, chunk, max_tokens, svg } => collect(&model, &file, output, chunk, max_tokens, svg),
         SparsityCmd::Eval { model, file, levels, chunks, json } => eval(&model, &file, &levels, chunks, json),
-        SparsityCmd::Predict { model, file, level, tokens, rank, epochs, recall, cut_share, eval_file, output } => {
-            let opts = corelm_engine::predictor::TrainOptions { rank, epochs, recall, cut_share, ..Default::default() };
+        SparsityCmd::Predict { model, file, level, tokens, rank, epochs, recall, cut_share, target, min_recall, pin, eval_file, output, check } => {
+            if let Some(c) = check {
+                return check_predictor(&model, &file, tokens, &c);
+            }
+            let opts = corelm_engine::predictor::TrainOptions { rank, epochs, recall, cut_share, target, min_recall, pin, ..Default::default() };
             predict(&model, &file, level, tokens, &opts, eval_file.as_deref(), output)
         }
     }
@@ -461,29 +479,61 @@ fn predict(m: &crate::ModelArgs, file: &Path, level: f32, max_tokens: usize, opt
     let t1 = std::time::Instant::now();
     let models = predictor::train_all(&trace, 0.8, opts);
     eprintln!("traced {} tokens in {traced:.1} s, trained {} layers (rank {}, {} epochs) in {:.1} s", trace.tokens(), models.len(), opts.rank, opts.epochs, t1.elapsed().as_secs_f64());
-    let other = eval_file.map_or(String::new(), |f| format!(" | recall / precision on {}", f.display()));
-    println!("| layer | predicts from | firing | predicted | recall | precision{other} |");
-    println!("|---|---|---|---|---|---|{}", if eval.is_some() { "---|" } else { "" });
-    let mut sums = [0.0f64; 4];
-    for (l, (p, q)) in models.iter().enumerate() {
-        let o = eval.as_ref().map_or(String::new(), |e| {
-            let q = p.quality(&e.x[l.saturating_sub(1)], &e.fired[l]);
-            sums[2] += q.recall;
-            sums[3] += q.precision;
-            format!(" | {:.3} / {:.3}", q.recall, q.precision)
-        });
-        sums[0] += q.recall;
-        sums[1] += q.precision;
-        let from = if l == 0 { "layer 0".to_string() } else { format!("layer {}", l - 1) };
-        println!("| {l} | {from} | {:.1}% | {:.1}% | {:.3} | {:.3}{o} |", 100.0 * q.firing, 100.0 * q.predicted, q.recall, q.precision);
-    }
-    let n = models.len().max(1) as f64;
-    let o = if eval.is_some() { format!(" | {:.3} / {:.3}", sums[2] / n, sums[3] / n) } else { String::new() };
-    println!("| mean | | | | {:.3} | {:.3}{o} |", sums[0] / n, sums[1] / n);
+    let on_eval = |l: usize, p: &predictor::LowRank| eval.as_ref().map(|e| p.quality(&e.x[l.saturating_sub(1)], &e.fired[l], &e.mass[l]));
+    let rows: Vec<_> = models.iter().enumerate().map(|(l, (p, q))| (*q, on_eval(l, p), p.pinned())).collect();
+    quality_table(&rows, eval_file);
     let stem = path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
     let out = output.unwrap_or_else(|| side_path.with_file_name(format!("{stem}.predictor.gguf")));
     let name = path.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
     std::fs::write(&out, predictor::to_gguf(&models, &name, level)).with_context(|| format!("writing {}", out.display()))?;
     eprintln!("predictors written to {}", out.display());
+    Ok(())
+}
+
+/// Per layer: recall, mass recall and precision on the held-out tokens, and on a second text.
+fn quality_table(rows: &[(corelm_engine::predictor::Quality, Option<corelm_engine::predictor::Quality>, usize)], other: Option<&Path>) {
+    let o = other.map_or(String::new(), |f| format!(" | recall / mass recall / worst miss on {}", f.display()));
+    println!("| layer | predicts from | pinned | firing | predicted | recall | mass recall | worst miss | precision{o} |");
+    println!("|---|---|---|---|---|---|---|---|---|{}", if other.is_some() { "---|" } else { "" });
+    let mut sums = [0.0f64; 6];
+    let mut worst = [0f64; 2];
+    for (l, (q, e, pinned)) in rows.iter().enumerate() {
+        let o = e.map_or(String::new(), |e| {
+            sums[4] += e.recall;
+            sums[5] += e.mass_recall;
+            worst[1] = worst[1].max(e.worst_miss);
+            format!(" | {:.3} / {:.3} / {:.0}×", e.recall, e.mass_recall, e.worst_miss)
+        });
+        worst[0] = worst[0].max(q.worst_miss);
+        for (s, v) in sums.iter_mut().zip([q.recall, q.mass_recall, q.precision, q.predicted]) {
+            *s += v;
+        }
+        let from = if l == 0 { "layer 0".to_string() } else { format!("layer {}", l - 1) };
+        println!("| {l} | {from} | {pinned} | {:.1}% | {:.1}% | {:.3} | {:.3} | {:.0}× | {:.3}{o} |", 100.0 * q.firing, 100.0 * q.predicted, q.recall, q.mass_recall, q.worst_miss, q.precision);
+    }
+    let n = rows.len().max(1) as f64;
+    let o = if other.is_some() { format!(" | {:.3} / {:.3} / {:.0}× (largest)", sums[4] / n, sums[5] / n, worst[1]) } else { String::new() };
+    let pinned: usize = rows.iter().map(|r| r.2).sum();
+    println!("| mean | | {pinned} in all | | {:.1}% | {:.3} | {:.3} | {:.0}× (largest) | {:.3}{o} |", 100.0 * sums[3] / n, sums[0] / n, sums[1] / n, worst[0], sums[2] / n);
+}
+
+/// `sparsity predict --check`: a predictor file's quality on `file`'s first `max_tokens` tokens.
+fn check_predictor(m: &crate::ModelArgs, file: &Path, max_tokens: usize, pred: &Path) -> Result<()> {
+    use corelm_engine::predictor;
+    let stored = predictor::read(pred)?;
+    let path = crate::resolve_model(&m.model)?;
+    let side_path = m.place.sparse.sparsity_file.clone().unwrap_or_else(|| sparsity::default_path(&path));
+    let side = Sidecar::read(&side_path).with_context(|| format!("the predictor's firing needs the model's thresholds: run `corelm sparsity collect -m {}` first", path.display()))?;
+    let thresholds = side.thresholds(stored.sparsity, sparsity::Allocation::Uniform)?;
+    let (mut engine, tok) = crate::load(&dense_args(m), 1)?;
+    side.check(&engine, &path.display().to_string())?;
+    let h = engine.hyper();
+    if stored.layers.len() != h.n_layer || stored.layers[0].n_embd != h.n_embd || stored.layers[0].n_ff != h.n_ff {
+        bail!("{} was trained for {} ({} layers, n_ff {}), not this model ({} layers, n_ff {})", pred.display(), stored.model, stored.layers.len(), stored.layers[0].n_ff, h.n_layer, h.n_ff);
+    }
+    let trace = predictor::trace(&mut engine, &tokens_of(&tok, file)?, m.ctx_size, &thresholds, max_tokens)?;
+    eprintln!("{} at sparsity {} on {} tokens of {}", pred.display(), stored.sparsity, trace.tokens(), file.display());
+    let rows: Vec<_> = stored.layers.iter().enumerate().map(|(l, p)| (p.quality(&trace.x[l.saturating_sub(1)], &trace.fired[l], &trace.mass[l]), None, p.pinned())).collect();
+    quality_table(&rows, None);
     Ok(())
 }

@@ -252,3 +252,41 @@ fn perplexity_prints_balance_per_chunk() {
         assert!(err.contains(&format!("[chunk {c}: balance tam: 32 passes, device hit rate ")), "chunk {c}: {err}");
     }
 }
+
+/// `sparsity predict` trains and writes predictors; `--check` reads them back and reports the
+/// same table (a row per layer, recall, mass recall, worst miss) on a text, and refuses a file
+/// that is not a predictor by name.
+#[test]
+fn sparsity_predict_writes_and_checks_predictors() {
+    let dir = std::env::temp_dir().join(format!("corelm-predict-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (side, pred) = (dir.join("smol.sparsity"), dir.join("smol.predictor.gguf"));
+    let text = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/ppl-gpl3.txt");
+    let args = |extra: &[&str]| {
+        let mut c = corelm();
+        c.args(["sparsity"]).args(extra).args(["--model", &smol(), "--threads", "2", "--no-pin", "--file"]).arg(&text);
+        c.arg("--sparsity-file").arg(&side);
+        c
+    };
+    let collect = corelm()
+        .args(["sparsity", "collect", "--model", &smol(), "--max-tokens", "256", "--chunk", "128", "--threads", "2", "--no-pin", "--file"])
+        .arg(&text)
+        .arg("--output")
+        .arg(&side)
+        .output()
+        .unwrap();
+    assert!(collect.status.success(), "{}", String::from_utf8_lossy(&collect.stderr));
+    let train = args(&["predict", "--tokens", "256", "--rank", "8", "--epochs", "1", "-c", "128"]).arg("--output").arg(&pred).output().unwrap();
+    assert!(train.status.success(), "{}", String::from_utf8_lossy(&train.stderr));
+    let check = args(&["predict", "--tokens", "128", "-c", "128"]).arg("--check").arg(&pred).output().unwrap();
+    let wrong = args(&["predict", "--tokens", "128", "-c", "128"]).arg("--check").arg(smol()).output().unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let (trained, checked) = (String::from_utf8_lossy(&train.stdout), String::from_utf8_lossy(&check.stdout));
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
+    for out in [&trained, &checked] {
+        assert!(out.contains("| layer | predicts from | pinned | firing | predicted | recall | mass recall | worst miss |"), "{out}");
+        assert!(out.contains("| 29 | layer 28 |") && out.contains("| mean |"), "{out}");
+    }
+    let err = String::from_utf8_lossy(&wrong.stderr);
+    assert!(!wrong.status.success() && err.contains("not a predictor file"), "{err}");
+}

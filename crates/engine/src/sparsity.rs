@@ -311,7 +311,7 @@ impl Tap for Collector {
 
 /// `‖column i‖²` of layer `il`'s down matrix (`blk.il.ffn_down.weight`, `[n_ff, n_embd]`);
 /// ones where the model names it otherwise.
-fn down_column_norms(engine: &Engine, il: usize, n_ff: usize) -> Vec<f32> {
+pub(crate) fn down_column_norms(engine: &Engine, il: usize, n_ff: usize) -> Vec<f32> {
     let g = engine.gguf();
     let Some(t) = g.tensor(&format!("blk.{il}.ffn_down.weight")) else { return vec![1.0; n_ff] };
     let Some(to_float) = engine.kernels().to_float(t.dtype) else { return vec![1.0; n_ff] };

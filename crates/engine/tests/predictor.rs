@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use corelm_core::{Graph, LayerPredictor, Op, Predictors, Tap, TensorId};
-use corelm_engine::predictor::{self, to_gguf, trace, train_all, LowRank, Quality, TrainOptions};
+use corelm_engine::predictor::{self, to_gguf, trace, train_all, LowRank, Quality, Target, TrainOptions};
 use corelm_engine::sparsity::{collect, Allocation};
 use corelm_engine::{Batch, Engine, EngineConfig, SparseFfn};
 use corelm_kernels::DType;
@@ -19,6 +19,7 @@ const SMOL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 struct Trained {
     thresholds: Vec<f32>,
+    trace: predictor::Trace,
     models: Vec<(LowRank, Quality)>,
     /// The text's tokens: the first 512 traced (384 trained on, 128 held out), the rest unseen.
     tokens: Vec<u32>,
@@ -35,9 +36,18 @@ fn trained() -> &'static Trained {
         let side = collect(&mut e, &tokens[..256], 128, SMOL, "ppl-gpl3.txt", |_, _, _| {}).unwrap();
         let thresholds = side.thresholds(0.5, Allocation::Uniform).unwrap();
         let t = trace(&mut e, &tokens, 128, &thresholds, 512).unwrap();
-        assert_eq!((t.tokens(), t.x.len(), t.fired[29].len()), (512, 30, 512 * 24));
-        let opts = TrainOptions { rank: 16, epochs: 4, recall: 0.9, ..Default::default() };
-        Trained { thresholds, models: train_all(&t, 0.75, &opts), tokens }
+        assert_eq!((t.tokens(), t.x.len(), t.fired[29].len(), t.mass[29].len()), (512, 30, 512 * 24, 512 * 1536));
+        // A mass only where a neuron fires; every firing neuron has one but those whose up
+        // product is exactly 0.
+        for (l, (f, m)) in t.fired.iter().zip(&t.mass).enumerate() {
+            let fires = |k: usize| f[k / 1536 * 24 + k % 1536 / 64] >> (k % 64) & 1 == 1;
+            assert!(m.iter().enumerate().all(|(k, &m)| m == 0 || fires(k)), "layer {l}");
+            let zero = m.iter().enumerate().filter(|&(k, &m)| m == 0 && fires(k)).count();
+            assert!(zero * 1000 < 512 * 1536, "layer {l}: {zero} firing neurons without a mass");
+        }
+        // Counted recall, nothing pinned: the pinned test below compares against these.
+        let opts = TrainOptions { rank: 16, epochs: 4, recall: 0.9, target: Target::Count, pin: 0.0, ..Default::default() };
+        Trained { thresholds, models: train_all(&t, 0.75, &opts), trace: t, tokens }
     })
 }
 
@@ -61,6 +71,27 @@ fn adjacent_layer_predictor_learns_which_neurons_fire() {
     }
     let g = corelm_gguf::Gguf::from_bytes(to_gguf(&t.models, SMOL, 0.5)).unwrap();
     assert_eq!(g.tensor("pred.29.b").map(|t| [t.shape[0], t.shape[1]]), Some([16, 1536]));
+}
+
+#[test]
+fn pinned_neurons_catch_the_first_tokens_massive_activations() {
+    // Layer 11 of SmolLM2 has a neuron whose activation at a sequence's first token is
+    // thousands of times the layer's mean firing mass (an attention sink); the low-rank model
+    // misses it on the held-out chunk's first token (token 384, the trace runs chunks of 128).
+    // Pinned (`TrainOptions::pin`), it is always predicted and the worst miss is ordinary.
+    let t = trained();
+    let (tr, l) = (&t.trace, 11);
+    let (x, f, m) = (&tr.x[l - 1], &tr.fired[l], &tr.mass[l]);
+    let (xh, fh, mh) = (&x[384 * 576..], &f[384 * 24..], &m[384 * 1536..]);
+    let unpinned = t.models[l].0.quality(xh, fh, mh);
+    assert!(unpinned.worst_miss > 1000.0, "{unpinned:?}");
+    // The defaults: a mass target, pinned at 64 times the mean.
+    let opts = TrainOptions { rank: 16, epochs: 4, ..Default::default() };
+    assert_eq!((opts.target, opts.pin), (Target::Mass, 64.0));
+    let p = predictor::train(&x[..384 * 576], &f[..384 * 24], &m[..384 * 1536], 576, 1536, &opts);
+    let pinned = p.quality(xh, fh, mh);
+    assert!((1..=20).contains(&p.pinned()) && pinned.worst_miss < 100.0, "{} pinned: {pinned:?}", p.pinned());
+    assert!(pinned.mass_recall > unpinned.mass_recall, "{pinned:?} against {unpinned:?}");
 }
 
 /// Per layer: (firing and predicted, firing, predicted, all) over the batched path's masked
