@@ -263,7 +263,7 @@ pub enum SparsityCmd {
         #[arg(long, default_value = "mass")]
         target: corelm_engine::predictor::Target,
         /// With `--target mass`, the cut also keeps at least this share of the firing neurons.
-        #[arg(long, default_value_t = 0.9)]
+        #[arg(long, default_value_t = 0.92)]
         min_recall: f64,
         /// Always predict the neurons whose largest activation mass in the traced text is at
         /// least this many times their layer's mean firing mass (0: none).
