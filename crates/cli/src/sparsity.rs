@@ -461,14 +461,29 @@ fn eval(m: &crate::ModelArgs, file: &Path, levels: &[f32], chunks: Option<usize>
     Ok(())
 }
 
-fn predict(m: &crate::ModelArgs, file: &Path, level: f32, max_tokens: usize, opts: &corelm_engine::predictor::TrainOptions, eval_file: Option<&Path>, output: Option<PathBuf>) -> Result<()> {
-    use corelm_engine::predictor;
+/// What tracing a predictor's firing needs: the dense model, and its sidecar's uniform
+/// thresholds for a sparsity level.
+struct Traced {
+    path: PathBuf,
+    side_path: PathBuf,
+    engine: Engine,
+    tok: Tokenizer,
+    thresholds: Vec<f32>,
+}
+
+fn traced(m: &crate::ModelArgs, level: f32) -> Result<Traced> {
     let path = crate::resolve_model(&m.model)?;
     let side_path = m.place.sparse.sparsity_file.clone().unwrap_or_else(|| sparsity::default_path(&path));
     let side = Sidecar::read(&side_path).with_context(|| format!("the predictor needs the model's thresholds: run `corelm sparsity collect -m {}` first", path.display()))?;
     let thresholds = side.thresholds(level, sparsity::Allocation::Uniform)?;
-    let (mut engine, tok) = crate::load(&dense_args(m), 1)?;
+    let (engine, tok) = crate::load(&dense_args(m), 1)?;
     side.check(&engine, &path.display().to_string())?;
+    Ok(Traced { path, side_path, engine, tok, thresholds })
+}
+
+fn predict(m: &crate::ModelArgs, file: &Path, level: f32, max_tokens: usize, opts: &corelm_engine::predictor::TrainOptions, eval_file: Option<&Path>, output: Option<PathBuf>) -> Result<()> {
+    use corelm_engine::predictor;
+    let Traced { path, side_path, mut engine, tok, thresholds } = traced(m, level)?;
     let t0 = std::time::Instant::now();
     let trace = predictor::trace(&mut engine, &tokens_of(&tok, file)?, m.ctx_size, &thresholds, max_tokens)?;
     let traced = t0.elapsed().as_secs_f64();
@@ -521,12 +536,7 @@ fn quality_table(rows: &[(corelm_engine::predictor::Quality, Option<corelm_engin
 fn check_predictor(m: &crate::ModelArgs, file: &Path, max_tokens: usize, pred: &Path) -> Result<()> {
     use corelm_engine::predictor;
     let stored = predictor::read(pred)?;
-    let path = crate::resolve_model(&m.model)?;
-    let side_path = m.place.sparse.sparsity_file.clone().unwrap_or_else(|| sparsity::default_path(&path));
-    let side = Sidecar::read(&side_path).with_context(|| format!("the predictor's firing needs the model's thresholds: run `corelm sparsity collect -m {}` first", path.display()))?;
-    let thresholds = side.thresholds(stored.sparsity, sparsity::Allocation::Uniform)?;
-    let (mut engine, tok) = crate::load(&dense_args(m), 1)?;
-    side.check(&engine, &path.display().to_string())?;
+    let Traced { mut engine, tok, thresholds, .. } = traced(m, stored.sparsity)?;
     let h = engine.hyper();
     if stored.layers.len() != h.n_layer || stored.layers[0].n_embd != h.n_embd || stored.layers[0].n_ff != h.n_ff {
         bail!("{} was trained for {} ({} layers, n_ff {}), not this model ({} layers, n_ff {})", pred.display(), stored.model, stored.layers.len(), stored.layers[0].n_ff, h.n_layer, h.n_ff);

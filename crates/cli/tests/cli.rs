@@ -1,7 +1,7 @@
 //! The `corelm` binary end to end on SmolLM2.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 
@@ -220,6 +220,18 @@ fn accel_split_runs_the_plan_from_the_command_line() {
     assert!(String::from_utf8_lossy(&bare.stderr).contains("--accel-split: needs --roofline with an accelerator target"), "{}", String::from_utf8_lossy(&bare.stderr));
 }
 
+/// A SmolLM2 sidecar calibrated on the first 256 tokens of `text`, written to `side`.
+fn collect_sidecar(text: &Path, side: &Path) {
+    let out = corelm()
+        .args(["sparsity", "collect", "--model", &smol(), "--max-tokens", "256", "--chunk", "128", "--threads", "2", "--no-pin", "--file"])
+        .arg(text)
+        .arg("--output")
+        .arg(side)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// `perplexity` under an online balancing policy prints each chunk's own balance figures
 /// (what `scripts/balance_drift.sh` reads): one token per pass, so a chunk of 32 tokens is 32
 /// passes, the statistics reset between chunks. On the accelerator (lavapipe in CI), with a
@@ -230,14 +242,7 @@ fn perplexity_prints_balance_per_chunk() {
     std::fs::create_dir_all(&dir).unwrap();
     let side = dir.join("smol.sparsity");
     let text = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/ppl-gpl3.txt");
-    let out = corelm()
-        .args(["sparsity", "collect", "--model", &smol(), "--max-tokens", "256", "--chunk", "128", "--threads", "2", "--no-pin", "--file"])
-        .arg(&text)
-        .arg("--output")
-        .arg(&side)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    collect_sidecar(&text, &side);
     let out = corelm()
         .args(["perplexity", "--model", &smol(), "-c", "32", "-b", "1", "--chunks", "2", "-t", "2", "--no-pin", "--sparsity", "0.5", "--accel-mem", "2M", "--accel-policy", "tam", "--file"])
         .arg(&text)
@@ -268,14 +273,7 @@ fn sparsity_predict_writes_and_checks_predictors() {
         c.arg("--sparsity-file").arg(&side);
         c
     };
-    let collect = corelm()
-        .args(["sparsity", "collect", "--model", &smol(), "--max-tokens", "256", "--chunk", "128", "--threads", "2", "--no-pin", "--file"])
-        .arg(&text)
-        .arg("--output")
-        .arg(&side)
-        .output()
-        .unwrap();
-    assert!(collect.status.success(), "{}", String::from_utf8_lossy(&collect.stderr));
+    collect_sidecar(&text, &side);
     let train = args(&["predict", "--tokens", "256", "--rank", "8", "--epochs", "1", "-c", "128"]).arg("--output").arg(&pred).output().unwrap();
     assert!(train.status.success(), "{}", String::from_utf8_lossy(&train.stderr));
     let check = args(&["predict", "--tokens", "128", "-c", "128"]).arg("--check").arg(&pred).output().unwrap();
