@@ -156,12 +156,12 @@ impl SparseArgs {
         let predictor = match &self.predictor {
             Some(p) => {
                 let l = corelm_engine::predictor::load(p)?;
-                if (l.sparsity - s).abs() > 0.005 {
-                    bail!("{} was trained for --sparsity {}; run `corelm sparsity predict --level {s}` for this level", p.display(), l.sparsity);
+                if (l.meta.sparsity - s).abs() > 0.005 {
+                    bail!("{} was trained for --sparsity {}; run `corelm sparsity predict --level {s}` for this level", p.display(), l.meta.sparsity);
                 }
                 let name = model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                if !l.model.is_empty() && l.model != name {
-                    eprintln!("note: {} was trained on {}, not {name}", p.display(), l.model);
+                if !l.meta.model.is_empty() && l.meta.model != name {
+                    eprintln!("note: {} was trained on {}, not {name}", p.display(), l.meta.model);
                 }
                 Some(Arc::new(l.predictors))
             }
@@ -427,7 +427,7 @@ fn eval(m: &crate::ModelArgs, file: &Path, levels: &[f32], chunks: Option<usize>
     let mut rows = vec![("dense".to_string(), dense.clone())];
     // The predictor's level, if given, also runs with it.
     let pred_level = match &m.place.sparse.predictor {
-        Some(p) => Some(corelm_engine::predictor::load(p)?.sparsity),
+        Some(p) => Some(corelm_engine::predictor::load(p)?.meta.sparsity),
         None => None,
     };
     for &lv in levels {
@@ -485,10 +485,11 @@ fn predict(m: &crate::ModelArgs, file: &Path, level: f32, max_tokens: usize, opt
     use corelm_engine::predictor;
     let Traced { path, side_path, mut engine, tok, thresholds } = traced(m, level)?;
     let t0 = std::time::Instant::now();
-    let trace = predictor::trace(&mut engine, &tokens_of(&tok, file)?, m.ctx_size, &thresholds, max_tokens)?;
+    let setup = predictor::TraceSetup::new(&engine, &thresholds)?;
+    let trace = predictor::trace(&mut engine, &tokens_of(&tok, file)?, m.ctx_size, &setup, max_tokens)?;
     let traced = t0.elapsed().as_secs_f64();
     let eval = match eval_file {
-        Some(f) => Some(predictor::trace(&mut engine, &tokens_of(&tok, f)?, m.ctx_size, &thresholds, 1024)?),
+        Some(f) => Some(predictor::trace(&mut engine, &tokens_of(&tok, f)?, m.ctx_size, &setup, 1024)?),
         None => None,
     };
     let t1 = std::time::Instant::now();
@@ -536,13 +537,14 @@ fn quality_table(rows: &[(corelm_engine::predictor::Quality, Option<corelm_engin
 fn check_predictor(m: &crate::ModelArgs, file: &Path, max_tokens: usize, pred: &Path) -> Result<()> {
     use corelm_engine::predictor;
     let stored = predictor::read(pred)?;
-    let Traced { mut engine, tok, thresholds, .. } = traced(m, stored.sparsity)?;
+    let Traced { mut engine, tok, thresholds, .. } = traced(m, stored.meta.sparsity)?;
     let h = engine.hyper();
     if stored.layers.len() != h.n_layer || stored.layers[0].n_embd != h.n_embd || stored.layers[0].n_ff != h.n_ff {
-        bail!("{} was trained for {} ({} layers, n_ff {}), not this model ({} layers, n_ff {})", pred.display(), stored.model, stored.layers.len(), stored.layers[0].n_ff, h.n_layer, h.n_ff);
+        bail!("{} was trained for {} ({} layers, n_ff {}), not this model ({} layers, n_ff {})", pred.display(), stored.meta.model, stored.layers.len(), stored.layers[0].n_ff, h.n_layer, h.n_ff);
     }
-    let trace = predictor::trace(&mut engine, &tokens_of(&tok, file)?, m.ctx_size, &thresholds, max_tokens)?;
-    eprintln!("{} at sparsity {} on {} tokens of {}", pred.display(), stored.sparsity, trace.tokens(), file.display());
+    let setup = predictor::TraceSetup::new(&engine, &thresholds)?;
+    let trace = predictor::trace(&mut engine, &tokens_of(&tok, file)?, m.ctx_size, &setup, max_tokens)?;
+    eprintln!("{} at sparsity {} on {} tokens of {}", pred.display(), stored.meta.sparsity, trace.tokens(), file.display());
     let rows: Vec<_> = stored.layers.iter().enumerate().map(|(l, p)| (p.quality(&trace.x[l.saturating_sub(1)], &trace.fired[l], &trace.mass[l]), None, p.pinned())).collect();
     quality_table(&rows, None);
     Ok(())

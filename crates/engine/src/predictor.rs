@@ -112,9 +112,30 @@ impl Tap for Tracer {
     }
 }
 
+/// What tracing needs besides the text: the per-layer thresholds at which a neuron fires, and
+/// the norms of down's columns (a firing neuron's mass), read from the model once for any number
+/// of traces.
+pub struct TraceSetup {
+    thresholds: Vec<f32>,
+    /// `[layer][neuron]`: the norm of the neuron's column of down.
+    down_norms: Vec<Vec<f32>>,
+}
+
+impl TraceSetup {
+    /// For `engine`'s model firing at `thresholds` (one per layer).
+    pub fn new(engine: &Engine, thresholds: &[f32]) -> Result<Self, Error> {
+        let h = engine.hyper();
+        if thresholds.len() != h.n_layer {
+            return Err(Error::Config(format!("{} thresholds for {} layers", thresholds.len(), h.n_layer)));
+        }
+        let down_norms = (0..h.n_layer).map(|l| crate::sparsity::down_column_norms(engine, l, h.n_ff).iter().map(|n| n.sqrt()).collect()).collect();
+        Ok(TraceSetup { thresholds: thresholds.to_vec(), down_norms })
+    }
+}
+
 /// Run `tokens` through `engine` (dense) in chunks of `n_ctx` and keep the first `max_tokens`
-/// tokens' FFN inputs and firing at `thresholds` (per layer).
-pub fn trace(engine: &mut Engine, tokens: &[u32], n_ctx: usize, thresholds: &[f32], max_tokens: usize) -> Result<Trace, Error> {
+/// tokens' FFN inputs, firing and masses at `setup`'s thresholds.
+pub fn trace(engine: &mut Engine, tokens: &[u32], n_ctx: usize, setup: &TraceSetup, max_tokens: usize) -> Result<Trace, Error> {
     if engine.config().sparsity.is_some() {
         return Err(Error::Config("tracing runs the dense model: load it without --sparsity".into()));
     }
@@ -122,14 +143,13 @@ pub fn trace(engine: &mut Engine, tokens: &[u32], n_ctx: usize, thresholds: &[f3
         return Err(Error::Config(format!("tracing reads whole layers' activations: load the model without --tp {}", engine.tp_degree())));
     }
     let h = engine.hyper().clone();
-    if thresholds.len() != h.n_layer {
-        return Err(Error::Config(format!("{} thresholds for {} layers", thresholds.len(), h.n_layer)));
+    if setup.down_norms.len() != h.n_layer || setup.down_norms.iter().any(|n| n.len() != h.n_ff) {
+        return Err(Error::Config("the trace setup is of another model".into()));
     }
     let n_ctx = n_ctx.min(engine.config().n_ctx).min(engine.config().n_batch);
     let n = h.n_layer;
     let trace = Trace { n_embd: h.n_embd, n_ff: h.n_ff, x: vec![Vec::new(); n], fired: vec![Vec::new(); n], mass: vec![Vec::new(); n] };
-    let down_norms = (0..h.n_layer).map(|l| crate::sparsity::down_column_norms(engine, l, h.n_ff).iter().map(|n| n.sqrt()).collect()).collect();
-    let tap = Arc::new(Tracer { state: Mutex::new(trace), thresholds: thresholds.to_vec(), down_norms, max_tokens, kernels: engine.kernels() });
+    let tap = Arc::new(Tracer { state: Mutex::new(trace), thresholds: setup.thresholds.clone(), down_norms: setup.down_norms.clone(), max_tokens, kernels: engine.kernels() });
     engine.set_tap(Some(tap.clone()));
     let mut run = || -> Result<(), Error> {
         for chunk in tokens.chunks(n_ctx).take(max_tokens.div_ceil(n_ctx)) {
@@ -493,16 +513,17 @@ pub fn to_gguf(models: &[(LowRank, Quality)], model: &str, sparsity: f32) -> Vec
 /// Q8_0; the engine checks its sizes against the model's).
 pub struct Loaded {
     pub predictors: corelm_core::Predictors,
-    /// The model file it was trained for, and the sparsity level.
-    pub model: String,
-    pub sparsity: f32,
-    /// Per layer: the held-out recall `corelm sparsity predict` measured.
-    pub recall: Vec<f32>,
+    pub meta: Meta,
 }
 
 /// A predictor file written by [`to_gguf`], as trained (f32).
 pub struct Stored {
     pub layers: Vec<LowRank>,
+    pub meta: Meta,
+}
+
+/// What a predictor file says of itself besides its layers.
+pub struct Meta {
     /// The model file it was trained for, and the sparsity level.
     pub model: String,
     pub sparsity: f32,
@@ -540,12 +561,12 @@ pub fn read(path: &std::path::Path) -> Result<Stored, Error> {
         recall.push(g.opt_f32(&format!("pred.{l}.recall"))?.unwrap_or(f32::NAN));
     }
     let model = g.opt_str("pred.model")?.unwrap_or("").to_string();
-    Ok(Stored { layers: out, model, sparsity: level, recall })
+    Ok(Stored { layers: out, meta: Meta { model, sparsity: level, recall } })
 }
 
 /// Read a predictor file written by [`to_gguf`], in the engine's form.
 pub fn load(path: &std::path::Path) -> Result<Loaded, Error> {
-    let Stored { layers, model, sparsity, recall } = read(path)?;
+    let Stored { layers, meta } = read(path)?;
     let (n_embd, n_ff) = (layers[0].n_embd, layers[0].n_ff);
     let mut out = Vec::with_capacity(layers.len());
     for (l, m) in layers.iter().enumerate() {
@@ -553,7 +574,7 @@ pub fn load(path: &std::path::Path) -> Result<Loaded, Error> {
             .map_err(|e| Error::Config(format!("predictor file {}: layer {l}: {e}", path.display())))?;
         out.push(Some(p));
     }
-    Ok(Loaded { predictors: corelm_core::Predictors { n_embd, n_ff, layers: out }, model, sparsity, recall })
+    Ok(Loaded { predictors: corelm_core::Predictors { n_embd, n_ff, layers: out }, meta })
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use corelm_core::{Graph, LayerPredictor, Op, Predictors, Tap, TensorId};
-use corelm_engine::predictor::{self, to_gguf, trace, train_all, LowRank, Quality, Target, TrainOptions};
+use corelm_engine::predictor::{self, to_gguf, trace, TraceSetup, train_all, LowRank, Quality, Target, TrainOptions};
 use corelm_engine::sparsity::{collect, Allocation};
 use corelm_engine::{Batch, Engine, EngineConfig, SparseFfn};
 use corelm_kernels::DType;
@@ -35,7 +35,8 @@ fn trained() -> &'static Trained {
         let tokens = tok.encode(&text, true, false).unwrap();
         let side = collect(&mut e, &tokens[..256], 128, SMOL, "ppl-gpl3.txt", |_, _, _| {}).unwrap();
         let thresholds = side.thresholds(0.5, Allocation::Uniform).unwrap();
-        let t = trace(&mut e, &tokens, 128, &thresholds, 512).unwrap();
+        let setup = TraceSetup::new(&e, &thresholds).unwrap();
+        let t = trace(&mut e, &tokens, 128, &setup, 512).unwrap();
         assert_eq!((t.tokens(), t.x.len(), t.fired[29].len(), t.mass[29].len()), (512, 30, 512 * 24, 512 * 1536));
         // A mass only where a neuron fires; every firing neuron has one but those whose up
         // product is exactly 0.
@@ -185,7 +186,7 @@ fn the_predictor_runs_in_the_graph_on_both_paths() {
     let loaded = predictor::load(&path);
     std::fs::remove_file(&path).unwrap();
     let loaded = loaded.unwrap();
-    assert_eq!((loaded.model.as_str(), loaded.sparsity, loaded.recall.len()), (SMOL, 0.5, 30));
+    assert_eq!((loaded.meta.model.as_str(), loaded.meta.sparsity, loaded.meta.recall.len()), (SMOL, 0.5, 30));
     assert!(loaded.predictors.layers.iter().all(|p| p.as_ref().is_some_and(|p| p.rank == 32)), "rank 16 padded to a Q8_0 block");
 
     // 48 tokens the predictor never saw (longer prompts take batched kernels whose float
