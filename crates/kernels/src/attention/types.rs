@@ -98,6 +98,12 @@ pub struct MatrixScratch {
     pub(crate) kw: Vec<f16>,
     /// `[KEY_COLUMNS][head_dim]` one block's Q8_0 or Q4_0 value rows widened to F16.
     pub(crate) vw: Vec<f16>,
+    /// `[head_dim][KEY_COLUMNS]` keys and `[KEY_COLUMNS][head_dim]` values of one block as
+    /// f32: the AVX-512 kernel widens each block once for all the vectors of a call.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) kf: Vec<f32>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) vf: Vec<f32>,
 }
 
 impl MatrixScratch {
@@ -117,6 +123,8 @@ impl MatrixScratch {
             pt: vec![0.0; KEY_COLUMNS * lanes],
             kw: vec![f16::ZERO; head_dim * KEY_COLUMNS],
             vw: vec![f16::ZERO; head_dim * KEY_COLUMNS],
+            kf: if cfg!(target_arch = "x86_64") { vec![0.0; head_dim * KEY_COLUMNS] } else { Vec::new() },
+            vf: if cfg!(target_arch = "x86_64") { vec![0.0; head_dim * KEY_COLUMNS] } else { Vec::new() },
         }
     }
 }

@@ -46,6 +46,10 @@ pub(crate) trait ColumnOps {
     /// pass, then `acc = fma(acc, corr, part)` (`acc`: NH rows of `hd`) — not for a vector
     /// that sees none of the block (`vis`). `hd` a multiple of NV · 16.
     fn values<const NH: usize, const NV: usize>(&self, p: &[[f32; C]], corr: &[f32], vis: &[u16], acc: &mut [f32], hd: usize, vb: *const f16);
+    /// A new block starts (before its keys and values are read): an instance that keeps
+    /// something of the last block drops it.
+    #[inline(always)]
+    fn new_block(&self) {}
     /// Which version of `widen.rs` widens this instance's quantized blocks.
     const WIDEN: Widen = Widen::Portable;
     /// A Q8_0 or Q4_0 (`t`) column block of keys (`src`) widened to `[hd][16]` F16 in `dst`:
@@ -109,6 +113,7 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
             ask_next(next, kbytes.max(vbytes) / C);
         }
         // The block's keys and values as F16 (in place, or widened into the scratch).
+        ops.new_block();
         let kt = keys_f16(ops, kv, t, &mut ms.kw);
         let vb = values_f16(ops, kv, t, &mut ms.vw);
         // Scores and the softmax step, O::SCORE_HEADS vectors at a time.

@@ -2,6 +2,11 @@
 //! over its 16 cells (one widened key vector per dimension, shared by the vectors summed at
 //! once), the softmax step on those lanes, and the values with lanes over dimensions (one
 //! widened value row per cell, shared by up to four vectors). Bit for bit `model.rs`.
+//!
+//! A prefill call holds up to 64 vectors (rows × heads), summed 8 at a time for the scores and
+//! 4 at a time for the values, so each block's F16 keys and values would be widened 8 and 16
+//! times; such a call widens each block to f32 once ([`Shared`]) and every group reads that.
+//! The widening is exact, so the products are the same.
 
 use super::drive::{self, ColumnOps};
 use super::widen::Widen;
@@ -12,10 +17,43 @@ use crate::exp::x86::expf_ggml16;
 use crate::simd::{prefetch_lines, CacheLevel};
 use half::f16;
 use std::arch::x86_64::*;
+use std::cell::RefCell;
 
-/// The AVX-512 instance; made only by [`attend_rows`], whose target features its inlined
-/// methods compile with.
-struct Avx512Ops(());
+/// The AVX-512 instance; made only by [`attend_rows`] and [`run_task`], whose target features
+/// its inlined methods compile with.
+struct Avx512Ops {
+    /// A call of several groups of vectors: the current block widened to f32 once.
+    shared: Option<RefCell<Shared>>,
+}
+
+/// The current block's keys (`[hd][16]`) and values (`[16][hd]`) as f32, and the F16 blocks
+/// they were widened from (null: not yet in this block).
+struct Shared {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    k_of: *const f16,
+    v_of: *const f16,
+}
+
+impl Shared {
+    /// `n` F16 at `src` as f32 in `dst`, unless `dst` holds them already (`of == src`).
+    ///
+    /// # Safety
+    /// `n` F16 readable at `src`, a multiple of 16 and at most `dst.len()` (asserted).
+    #[inline(always)]
+    unsafe fn widen(dst: &mut [f32], of: &mut *const f16, src: *const f16, n: usize) -> *const f32 {
+        assert!(n <= dst.len() && n.is_multiple_of(16));
+        if *of != src {
+            for i in (0..n).step_by(16) {
+                // SAFETY: AVX-512 F and F16C (this type lives only inside the entry points);
+                // i + 16 ≤ n, readable at `src` (the caller's contract) and inside `dst`.
+                unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_cvtph_ps(_mm256_loadu_si256(src.add(i) as *const __m256i))) };
+            }
+            *of = src;
+        }
+        dst.as_ptr()
+    }
+}
 
 /// `drive::attend_rows` on AVX-512.
 ///
@@ -24,7 +62,17 @@ struct Avx512Ops(());
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn attend_rows(q: &[&[f32]], heads: usize, mask: &dyn Fn(usize, usize) -> u16, n_blocks: usize, kv: &KvRows, scale: f32, ms: &mut MatrixScratch, next: &mut NextRows, out: &mut [&mut [f32]]) {
-    drive::attend_rows(&Avx512Ops(()), q, heads, mask, n_blocks, kv, scale, ms, next, out)
+    // One group of vectors (decode) widens each block once anyway, as it reads it.
+    let share = q.len() * heads > drive::SCORE_HEADS && ms.kf.len() >= C * kv.head_dim && ms.vf.len() >= C * kv.head_dim;
+    // The scratch's blocks are lent to the instance for the call (moved, not copied).
+    let null = std::ptr::null();
+    let shared = share.then(|| RefCell::new(Shared { k: std::mem::take(&mut ms.kf), v: std::mem::take(&mut ms.vf), k_of: null, v_of: null }));
+    let ops = Avx512Ops { shared };
+    drive::attend_rows(&ops, q, heads, mask, n_blocks, kv, scale, ms, next, out);
+    if let Some(s) = ops.shared {
+        let s = s.into_inner();
+        (ms.kf, ms.vf) = (s.k, s.v);
+    }
 }
 
 /// A pipelined attention phase (`pipe.rs`) on AVX-512.
@@ -33,12 +81,62 @@ pub(super) unsafe fn attend_rows(q: &[&[f32]], heads: usize, mask: &dyn Fn(usize
 /// AVX-512 F/BW/VL, AVX2, FMA and F16C; a head dimension that is a multiple of 16.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn run_task(task: &pipe::Task, ms: &mut MatrixScratch) -> usize {
-    pipe::run_task(&Avx512Ops(()), task, ms)
+    pipe::run_task(&Avx512Ops { shared: None }, task, ms)
+}
+
+impl Avx512Ops {
+    /// The keys `kt` (`hd · 16` F16) as f32 in the shared block, if this call shares them.
+    #[inline(always)]
+    fn keys_f32(&self, kt: *const f16, hd: usize) -> Option<*const f32> {
+        let mut s = self.shared.as_ref()?.borrow_mut();
+        let s = &mut *s;
+        // SAFETY: `scores`' contract: hd · 16 F16 at `kt`.
+        Some(unsafe { Shared::widen(&mut s.k, &mut s.k_of, kt, hd * C) })
+    }
+
+    /// The values `vb` (16 rows of `hd` F16) as f32 in the shared block, if this call shares
+    /// them.
+    #[inline(always)]
+    fn values_f32(&self, vb: *const f16, hd: usize) -> Option<*const f32> {
+        let mut s = self.shared.as_ref()?.borrow_mut();
+        let s = &mut *s;
+        // SAFETY: `values`' contract: 16 rows of hd F16 at `vb`.
+        Some(unsafe { Shared::widen(&mut s.v, &mut s.v_of, vb, hd * C) })
+    }
+}
+
+/// One dimension `d` of [`ColumnOps::scores`]: the keys of `d` (from `kf` as f32, else `kt` as
+/// F16) times each query's element `d`, into its scores.
+///
+/// # Safety
+/// AVX-512 F and F16C; `scores`' contract (`d < hd`).
+#[inline(always)]
+unsafe fn score_step<const NH: usize>(qs: &[*const f32; NH], kf: Option<*const f32>, kt: *const f16, d: usize, s: &mut [__m512; NH]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let k = match kf {
+            Some(kf) => _mm512_loadu_ps(kf.add(d * C)),
+            None => _mm512_cvtph_ps(_mm256_loadu_si256(kt.add(d * C) as *const __m256i)),
+        };
+        for (i, s) in s.iter_mut().enumerate() {
+            *s = _mm512_fmadd_ps(_mm512_set1_ps(*qs[i].add(d)), k, *s);
+        }
+    }
 }
 
 impl ColumnOps for Avx512Ops {
     type Scores = __m512;
     const WIDEN: Widen = Widen::X86;
+
+    #[inline(always)]
+    fn new_block(&self) {
+        // A quantized cache widens every block into the same F16 scratch: the pointer alone
+        // does not tell blocks apart.
+        if let Some(s) = &self.shared {
+            let mut s = s.borrow_mut();
+            (s.k_of, s.v_of) = (std::ptr::null(), std::ptr::null());
+        }
+    }
 
     #[inline(always)]
     fn zero(&self) -> __m512 {
@@ -68,16 +166,24 @@ impl ColumnOps for Avx512Ops {
         // trait's contract).
         unsafe {
             let mut s = [_mm512_setzero_ps(); NH];
-            let lines = C * 2 * hd / 64;
-            for d in 0..hd {
-                if let Some((k, v)) = ask.filter(|_| d < lines) {
-                    prefetch_lines(k.wrapping_add(d * 64), 64, CacheLevel::L2);
-                    prefetch_lines(v.wrapping_add(d * 64), 64, CacheLevel::L2);
+            let qs: [*const f32; NH] = std::array::from_fn(|i| q[i]);
+            let kf = self.keys_f32(kt, hd);
+            // The dimensions that ask for a line of the block ahead's keys and values, then
+            // the rest (two loops: no test per dimension).
+            let lines = match ask {
+                Some((k, v)) => {
+                    let lines = (C * 2 * hd / 64).min(hd);
+                    for d in 0..lines {
+                        prefetch_lines(k.wrapping_add(d * 64), 64, CacheLevel::L2);
+                        prefetch_lines(v.wrapping_add(d * 64), 64, CacheLevel::L2);
+                        score_step(&qs, kf, kt, d, &mut s);
+                    }
+                    lines
                 }
-                let k = _mm512_cvtph_ps(_mm256_loadu_si256(kt.add(d * C) as *const __m256i));
-                for (i, s) in s.iter_mut().enumerate() {
-                    *s = _mm512_fmadd_ps(_mm512_set1_ps(*q[i].add(d)), k, *s);
-                }
+                None => 0,
+            };
+            for d in lines..hd {
+                score_step(&qs, kf, kt, d, &mut s);
             }
             s
         }
@@ -117,6 +223,10 @@ impl ColumnOps for Avx512Ops {
                 nz[i] = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(_mm512_loadu_ps(p[i].as_ptr()), _mm512_setzero_ps());
             }
             let any = nz.iter().fold(0u16, |a, z| a | z);
+            // Where every vector has the same cells (a block all of them see whole, the usual
+            // case), no product needs a mask: the same FMAs without the per-cell mask work.
+            let same = nz.iter().all(|&z| z == any);
+            let vf = self.values_f32(vb, hd);
             for d0 in (0..hd).step_by(NV * 16) {
                 let mut w = [[_mm512_setzero_ps(); NV]; NH];
                 let mut cells = any;
@@ -125,7 +235,19 @@ impl ColumnOps for Avx512Ops {
                     cells &= cells - 1;
                     let mut v = [_mm512_setzero_ps(); NV];
                     for (x, vx) in v.iter_mut().enumerate() {
-                        *vx = _mm512_cvtph_ps(_mm256_loadu_si256(vb.add(j * hd + d0 + 16 * x) as *const __m256i));
+                        *vx = match vf {
+                            Some(vf) => _mm512_loadu_ps(vf.add(j * hd + d0 + 16 * x)),
+                            None => _mm512_cvtph_ps(_mm256_loadu_si256(vb.add(j * hd + d0 + 16 * x) as *const __m256i)),
+                        };
+                    }
+                    if same {
+                        for i in 0..NH {
+                            let pj = _mm512_set1_ps(p[i][j]);
+                            for x in 0..NV {
+                                w[i][x] = _mm512_fmadd_ps(pj, v[x], w[i][x]);
+                            }
+                        }
+                        continue;
                     }
                     for i in 0..NH {
                         let k = 0u16.wrapping_sub(nz[i] >> j & 1);
