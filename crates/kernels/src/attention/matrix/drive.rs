@@ -46,10 +46,11 @@ pub(crate) trait ColumnOps {
     /// pass, then `acc = fma(acc, corr, part)` (`acc`: NH rows of `hd`) — not for a vector
     /// that sees none of the block (`vis`). `hd` a multiple of NV · 16.
     fn values<const NH: usize, const NV: usize>(&self, p: &[[f32; C]], corr: &[f32], vis: &[u16], acc: &mut [f32], hd: usize, vb: *const f16);
-    /// A new block starts (before its keys and values are read): an instance that keeps
-    /// something of the last block drops it.
+    /// A block's keys `kt` (`hd · 16` F16) and values `vb` (16 rows of `hd` F16), once,
+    /// before `scores` and `values` read them for every group of vectors: an instance may
+    /// prepare them once for all the groups.
     #[inline(always)]
-    fn new_block(&self) {}
+    fn block_read(&self, _kt: *const f16, _vb: *const f16, _hd: usize) {}
     /// Which version of `widen.rs` widens this instance's quantized blocks.
     const WIDEN: Widen = Widen::Portable;
     /// A Q8_0 or Q4_0 (`t`) column block of keys (`src`) widened to `[hd][16]` F16 in `dst`:
@@ -113,9 +114,9 @@ pub(crate) fn attend_rows<O: ColumnOps>(ops: &O, q: &[&[f32]], heads: usize, mas
             ask_next(next, kbytes.max(vbytes) / C);
         }
         // The block's keys and values as F16 (in place, or widened into the scratch).
-        ops.new_block();
         let kt = keys_f16(ops, kv, t, &mut ms.kw);
         let vb = values_f16(ops, kv, t, &mut ms.vw);
+        ops.block_read(kt, vb, hd);
         // Scores and the softmax step, O::SCORE_HEADS vectors at a time.
         for h0 in (0..n).step_by(O::SCORE_HEADS) {
             let qh = &qp[h0..];

@@ -26,32 +26,22 @@ struct Avx512Ops {
     shared: Option<RefCell<Shared>>,
 }
 
-/// The current block's keys (`[hd][16]`) and values (`[16][hd]`) as f32, and the F16 blocks
-/// they were widened from (null: not yet in this block).
+/// The current block's keys (`[hd][16]`) and values (`[16][hd]`) as f32.
 struct Shared {
     k: Vec<f32>,
     v: Vec<f32>,
-    k_of: *const f16,
-    v_of: *const f16,
 }
 
-impl Shared {
-    /// `n` F16 at `src` as f32 in `dst`, unless `dst` holds them already (`of == src`).
-    ///
-    /// # Safety
-    /// `n` F16 readable at `src`, a multiple of 16 and at most `dst.len()` (asserted).
-    #[inline(always)]
-    unsafe fn widen(dst: &mut [f32], of: &mut *const f16, src: *const f16, n: usize) -> *const f32 {
-        assert!(n <= dst.len() && n.is_multiple_of(16));
-        if *of != src {
-            for i in (0..n).step_by(16) {
-                // SAFETY: AVX-512 F and F16C (this type lives only inside the entry points);
-                // i + 16 ≤ n, readable at `src` (the caller's contract) and inside `dst`.
-                unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_cvtph_ps(_mm256_loadu_si256(src.add(i) as *const __m256i))) };
-            }
-            *of = src;
-        }
-        dst.as_ptr()
+/// `dst.len()` F16 at `src` as f32 in `dst` (exact).
+///
+/// # Safety
+/// AVX-512 F and F16C; `dst.len()` F16 readable at `src`, a multiple of 16 (asserted).
+#[inline(always)]
+unsafe fn widen(src: *const f16, dst: &mut [f32]) {
+    assert!(dst.len().is_multiple_of(16));
+    for i in (0..dst.len()).step_by(16) {
+        // SAFETY: i + 16 ≤ dst.len(), readable at `src` (the caller's contract).
+        unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_cvtph_ps(_mm256_loadu_si256(src.add(i) as *const __m256i))) };
     }
 }
 
@@ -65,8 +55,7 @@ pub(super) unsafe fn attend_rows(q: &[&[f32]], heads: usize, mask: &dyn Fn(usize
     // One group of vectors (decode) widens each block once anyway, as it reads it.
     let share = q.len() * heads > drive::SCORE_HEADS && ms.kf.len() >= C * kv.head_dim && ms.vf.len() >= C * kv.head_dim;
     // The scratch's blocks are lent to the instance for the call (moved, not copied).
-    let null = std::ptr::null();
-    let shared = share.then(|| RefCell::new(Shared { k: std::mem::take(&mut ms.kf), v: std::mem::take(&mut ms.vf), k_of: null, v_of: null }));
+    let shared = share.then(|| RefCell::new(Shared { k: std::mem::take(&mut ms.kf), v: std::mem::take(&mut ms.vf) }));
     let ops = Avx512Ops { shared };
     drive::attend_rows(&ops, q, heads, mask, n_blocks, kv, scale, ms, next, out);
     if let Some(s) = ops.shared {
@@ -85,23 +74,16 @@ pub(super) unsafe fn run_task(task: &pipe::Task, ms: &mut MatrixScratch) -> usiz
 }
 
 impl Avx512Ops {
-    /// The keys `kt` (`hd · 16` F16) as f32 in the shared block, if this call shares them.
+    /// The current block's keys as f32 (`block_read` widened them), if this call shares them.
     #[inline(always)]
-    fn keys_f32(&self, kt: *const f16, hd: usize) -> Option<*const f32> {
-        let mut s = self.shared.as_ref()?.borrow_mut();
-        let s = &mut *s;
-        // SAFETY: `scores`' contract: hd · 16 F16 at `kt`.
-        Some(unsafe { Shared::widen(&mut s.k, &mut s.k_of, kt, hd * C) })
+    fn keys_f32(&self) -> Option<*const f32> {
+        self.shared.as_ref().map(|s| s.borrow().k.as_ptr())
     }
 
-    /// The values `vb` (16 rows of `hd` F16) as f32 in the shared block, if this call shares
-    /// them.
+    /// The current block's values as f32, if this call shares them.
     #[inline(always)]
-    fn values_f32(&self, vb: *const f16, hd: usize) -> Option<*const f32> {
-        let mut s = self.shared.as_ref()?.borrow_mut();
-        let s = &mut *s;
-        // SAFETY: `values`' contract: 16 rows of hd F16 at `vb`.
-        Some(unsafe { Shared::widen(&mut s.v, &mut s.v_of, vb, hd * C) })
+    fn values_f32(&self) -> Option<*const f32> {
+        self.shared.as_ref().map(|s| s.borrow().v.as_ptr())
     }
 }
 
@@ -129,12 +111,16 @@ impl ColumnOps for Avx512Ops {
     const WIDEN: Widen = Widen::X86;
 
     #[inline(always)]
-    fn new_block(&self) {
-        // A quantized cache widens every block into the same F16 scratch: the pointer alone
-        // does not tell blocks apart.
+    fn block_read(&self, kt: *const f16, vb: *const f16, hd: usize) {
         if let Some(s) = &self.shared {
-            let mut s = s.borrow_mut();
-            (s.k_of, s.v_of) = (std::ptr::null(), std::ptr::null());
+            let s = &mut *s.borrow_mut();
+            // SAFETY: AVX-512 F and F16C (this instance exists only inside its entry points);
+            // hd · 16 F16 at `kt` and at `vb` (the trait's contract), at most the blocks' room
+            // (`attend_rows` shares only then).
+            unsafe {
+                widen(kt, &mut s.k[..hd * C]);
+                widen(vb, &mut s.v[..hd * C]);
+            }
         }
     }
 
@@ -167,7 +153,7 @@ impl ColumnOps for Avx512Ops {
         unsafe {
             let mut s = [_mm512_setzero_ps(); NH];
             let qs: [*const f32; NH] = std::array::from_fn(|i| q[i]);
-            let kf = self.keys_f32(kt, hd);
+            let kf = self.keys_f32();
             // The dimensions that ask for a line of the block ahead's keys and values, then
             // the rest (two loops: no test per dimension).
             let lines = match ask {
@@ -226,7 +212,7 @@ impl ColumnOps for Avx512Ops {
             // Where every vector has the same cells (a block all of them see whole, the usual
             // case), no product needs a mask: the same FMAs without the per-cell mask work.
             let same = nz.iter().all(|&z| z == any);
-            let vf = self.values_f32(vb, hd);
+            let vf = self.values_f32();
             for d0 in (0..hd).step_by(NV * 16) {
                 let mut w = [[_mm512_setzero_ps(); NV]; NH];
                 let mut cells = any;
