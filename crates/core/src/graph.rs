@@ -32,6 +32,8 @@ use corelm_kernels::{DType, Kernels};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+mod ff_down;
+pub(crate) use ff_down::quantize_padded;
 mod sparse;
 pub use sparse::{LayerPredictor, Predictors, SparseFfn, SPARSE_UP_MAX_TOKENS};
 
@@ -387,6 +389,12 @@ impl<'k> Builder<'k> {
     /// the file; columns: a [`ColSlice`], copied at load); the whole weight in serial mode. A
     /// vector (one row) is cut by elements.
     pub fn weight_split(&mut self, w: &WeightRef, split: Split) -> Bundle {
+        self.weight_cut(w, split, true)
+    }
+
+    /// [`Builder::weight_split`]; a column slice must be whole blocks of `w`'s type where
+    /// `whole_blocks` (it is copied as it is; a form that requantizes it takes any columns).
+    fn weight_cut(&mut self, w: &WeightRef, split: Split, whole_blocks: bool) -> Bundle {
         let Some(plan) = self.tp.clone().filter(|_| self.mode == Mode::Parallel) else {
             return self.weight(w);
         };
@@ -409,7 +417,8 @@ impl<'k> Builder<'k> {
             let [ne0, ne1] = w.ne;
             let id = if by_cols {
                 let bs = w.dtype.block_size();
-                assert!(r.end <= ne0 && r.start % bs == 0 && r.len() % bs == 0, "{}: columns {r:?} are not whole {bs}-value blocks", w.name);
+                let whole = !whole_blocks || (r.start % bs == 0 && r.len() % bs == 0);
+                assert!(r.end <= ne0 && whole, "{}: columns {r:?} are not whole {bs}-value blocks", w.name);
                 self.weight_part(w, [r.len(), ne1], w.offset, w.len, Some(ColSlice { row_len: ne0, c0: r.start }))
             } else if ne1 == 1 {
                 assert!(r.end <= ne0 && w.dtype == DType::F32, "{}: elements {r:?} of a vector", w.name);
@@ -475,7 +484,7 @@ impl<'k> Builder<'k> {
         let ne = self.t(x).ne;
         let xg = self.t(x).group;
         let group = std::mem::replace(&mut self.group, xg);
-        let q = self.node(ne, vdt, Op::Quantize { x }).single();
+        let q = self.node(ne, vdt, Op::Quantize { x, pad: 0 }).single();
         self.group = group;
         self.quantized.insert((x, vdt), q);
         q

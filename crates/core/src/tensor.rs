@@ -168,8 +168,11 @@ pub enum Op {
     Add { a: TensorId, b: TensorId },
     /// `x · s`.
     Scale { x: TensorId, s: f32 },
-    /// Quantize f32 rows to the `vec_dot_type` of the matrices that will read them.
-    Quantize { x: TensorId },
+    /// Quantize f32 rows to the `vec_dot_type` of the matrices that will read them: each row
+    /// of `x` after `pad` zeros, and zeros after it up to `ne0` (`pad` 0 and `x`'s width but
+    /// for a tensor-parallel down product whose cut falls inside a quantization block,
+    /// `Builder::ff_down`).
+    Quantize { x: TensorId, pad: u32 },
     /// `y[r][c] = w[c] · x[r]` for weight rows `c`.
     MatMul { w: TensorId, x: TensorId },
     /// Rotary embedding at each batch token's position; `freqs`: optional per-frequency

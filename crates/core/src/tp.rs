@@ -14,8 +14,12 @@
 //! * Wq/Wk/Wv (and their biases) are split by rows along those heads; Wo by the matching
 //!   columns, so each shard's attention output meets only its own slice of Wo and the shards'
 //!   partial sums are added at the gather.
-//! * The feed-forward width is cut in units of the down matrix's quantization block (a column
-//!   slice of a quantized row must be whole blocks): gate/up by rows, down by columns.
+//! * The feed-forward width is cut in units of [`FF_UNIT`] neurons ([`TpDims::ff_unit`]): gate/up
+//!   by rows, down by columns. Down's quantization blocks may be larger (256 values for
+//!   K-quants): a shard then multiplies every block its neurons touch, its activations padded
+//!   with zeros to them, so a block cut in two is computed on both sides (`Builder::ff_down`).
+//!   Cutting at whole 256-value blocks instead left Qwen2.5's 4,864 neurons as 19 units, 10 + 9
+//!   at `--tp 2` (5.3 % more of every feed-forward block for one shard).
 //! * Mixture-of-experts layers are split by experts: each shard computes the routed pairs of
 //!   its contiguous range of experts and their weighted sum; the router stays serial.
 //! * The output matrix (LM head) is split by vocabulary rows in units of [`VOCAB_UNIT`]; each
@@ -31,6 +35,10 @@ use std::ops::Range;
 /// the interleaved layout and whole column blocks of the matmul schedules.
 pub const VOCAB_UNIT: usize = 64;
 
+/// The finest feed-forward cut (neurons): a multiple of the interleaved layout's and the tiles'
+/// rows (gate/up), of every K-quant's sub-blocks, and a divisor of every quantized block size.
+pub const FF_UNIT: usize = 32;
+
 /// What the plan needs to know of a model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TpDims {
@@ -41,8 +49,11 @@ pub struct TpDims {
     pub n_ff: usize,
     /// Experts of the mixture-of-experts layers (0: none).
     pub n_expert: usize,
-    /// Block size (values) of the down matrices' type: feed-forward cuts are multiples of it.
+    /// Block size (values) of the down matrices' type.
     pub ff_block: usize,
+    /// Feed-forward cuts are multiples of it: `ff_block`, or [`FF_UNIT`] where that divides it
+    /// ([`TpDims::ff_unit`]).
+    pub ff_unit: usize,
     /// Block size of Wo's type: a shard's first Wo column must start a block.
     pub wo_block: usize,
 }
@@ -71,6 +82,19 @@ pub fn balanced(n: usize, s: usize, d: usize) -> Range<usize> {
     start..start + per + usize::from(s < extra)
 }
 
+impl TpDims {
+    /// The feed-forward cut unit for down blocks of `ff_block` values: [`FF_UNIT`] where it
+    /// divides them (every quantized type's block is 32 or 256 values), else the block itself
+    /// (dense types: 1, never cut inside).
+    pub fn ff_unit(ff_block: usize) -> usize {
+        if ff_block > FF_UNIT && ff_block.is_multiple_of(FF_UNIT) {
+            FF_UNIT
+        } else {
+            ff_block
+        }
+    }
+}
+
 impl TpPlan {
     /// The plan for `degree` shards of equal worker groups, or why that degree cannot work.
     pub fn new(degree: usize, dims: TpDims) -> Result<TpPlan, String> {
@@ -80,7 +104,7 @@ impl TpPlan {
     /// The plan for one shard per entry of `workers` (its worker group's size: each shard's
     /// heads and feed-forward blocks in proportion to it), or why that degree cannot work.
     pub fn sized(dims: TpDims, workers: &[usize]) -> Result<TpPlan, String> {
-        let TpDims { n_head, n_kv_head, head_dim, n_ff, n_expert, ff_block, wo_block } = dims;
+        let TpDims { n_head, n_kv_head, head_dim, n_ff, n_expert, ff_unit, wo_block, .. } = dims;
         let degree = workers.len();
         if degree == 0 {
             return Err("--tp must be at least 1".into());
@@ -96,11 +120,11 @@ impl TpPlan {
                 "--tp {degree}: the model has {n_head} query heads, and each shard needs at least one (use --tp 1..={n_head})"
             ));
         }
-        let ff_units = n_ff / ff_block.max(1);
-        if n_ff > 0 && (n_ff % ff_block.max(1) != 0 || degree > ff_units) {
+        let ff_units = n_ff / ff_unit.max(1);
+        if n_ff > 0 && (n_ff % ff_unit.max(1) != 0 || degree > ff_units) {
             return Err(format!(
-                "--tp {degree}: the feed-forward width {n_ff} is {ff_units} blocks of {ff_block} values, \
-                 and each shard needs at least one whole block (use --tp 1..={})",
+                "--tp {degree}: the feed-forward width {n_ff} is {ff_units} units of {ff_unit} neurons, \
+                 and each shard needs at least one whole unit (use --tp 1..={})",
                 ff_units.min(n_head)
             ));
         }
@@ -123,7 +147,7 @@ impl TpPlan {
         let ff_blocks = if n_ff > 0 { proportional(ff_units, &share) } else { vec![0; degree] };
         let kv_heads: Vec<Range<usize>> = q_heads.iter().map(|q| q.start / group..(q.end - 1) / group + 1).collect();
         let kv_base = kv_heads.iter().scan(0, |next, kv| Some(std::mem::replace(next, *next + kv.len()))).collect();
-        let ff = ranges(&ff_blocks, ff_block);
+        let ff = ranges(&ff_blocks, ff_unit);
         let experts = if n_expert > 0 { ranges(&proportional(n_expert, &share), 1) } else { vec![0..0; degree] };
         Ok(TpPlan { dims, q_heads, kv_heads, ff, experts, kv_base })
     }
@@ -205,9 +229,11 @@ pub fn lcm(a: usize, b: usize) -> usize {
 mod tests {
     use super::*;
 
-    const SMOL: TpDims = TpDims { n_head: 9, n_kv_head: 3, head_dim: 64, n_ff: 1536, n_expert: 0, ff_block: 32, wo_block: 32 };
-    const GEMMA: TpDims = TpDims { n_head: 4, n_kv_head: 1, head_dim: 256, n_ff: 2048, n_expert: 0, ff_block: 256, wo_block: 256 };
-    const QWEN: TpDims = TpDims { n_head: 14, n_kv_head: 2, head_dim: 64, n_ff: 4864, n_expert: 0, ff_block: 256, wo_block: 32 };
+    const SMOL: TpDims = TpDims { n_head: 9, n_kv_head: 3, head_dim: 64, n_ff: 1536, n_expert: 0, ff_block: 32, ff_unit: 32, wo_block: 32 };
+    const GEMMA: TpDims = TpDims { n_head: 4, n_kv_head: 1, head_dim: 256, n_ff: 2048, n_expert: 0, ff_block: 256, ff_unit: 32, wo_block: 256 };
+    const QWEN: TpDims = TpDims { n_head: 14, n_kv_head: 2, head_dim: 64, n_ff: 4864, n_expert: 0, ff_block: 256, ff_unit: 32, wo_block: 32 };
+    /// Qwen2.5 cut at whole blocks of down, as before the edges were requantized.
+    const QWEN_BLOCKS: TpDims = TpDims { ff_unit: 256, ..QWEN };
 
     #[test]
     fn every_degree_up_to_the_heads_covers_everything_once() {
@@ -219,7 +245,7 @@ mod tests {
                 for s in 0..d {
                     let (q, ff) = (&p.q_heads[s], &p.ff[s]);
                     assert!(q.start == next.0 && !q.is_empty());
-                    assert!(ff.start == next.1 && !ff.is_empty() && ff.start % dims.ff_block == 0);
+                    assert!(ff.start == next.1 && !ff.is_empty() && ff.start % dims.ff_unit == 0);
                     // Every query head's KV head is on its shard.
                     assert!(q.clone().all(|h| p.kv_heads[s].contains(&(h / g))));
                     assert!(p.kv_heads[s].end <= dims.n_kv_head);
@@ -241,8 +267,12 @@ mod tests {
         let p = TpPlan::new(4, GEMMA).unwrap();
         assert_eq!(p.kv_heads, [0..1, 0..1, 0..1, 0..1]);
         assert_eq!(p.ff, [0..512, 512..1024, 1024..1536, 1536..2048]);
-        // Qwen2.5 at 3: 19 blocks of 256 as 7, 6, 6.
-        assert_eq!(TpPlan::new(3, QWEN).unwrap().ff, [0..1792, 1792..3328, 3328..4864]);
+        // Qwen2.5 at 3: 152 units of 32 as 51, 51, 50; in whole blocks of 256, 19 as 7, 6, 6.
+        assert_eq!(TpPlan::new(3, QWEN).unwrap().ff, [0..1632, 1632..3264, 3264..4864]);
+        assert_eq!(TpPlan::new(3, QWEN_BLOCKS).unwrap().ff, [0..1792, 1792..3328, 3328..4864]);
+        // At 2: 2432 each (9.5 blocks of 256), against 2560 + 2304.
+        assert_eq!(TpPlan::new(2, QWEN).unwrap().ff, [0..2432, 2432..4864]);
+        assert_eq!(TpPlan::new(2, QWEN_BLOCKS).unwrap().ff, [0..2560, 2560..4864]);
     }
 
     #[test]
@@ -261,7 +291,7 @@ mod tests {
 
     #[test]
     fn experts_are_split_in_ranges() {
-        let moe = TpDims { n_head: 4, n_kv_head: 2, head_dim: 32, n_ff: 0, n_expert: 8, ff_block: 1, wo_block: 1 };
+        let moe = TpDims { n_head: 4, n_kv_head: 2, head_dim: 32, n_ff: 0, n_expert: 8, ff_block: 1, ff_unit: 1, wo_block: 1 };
         let p = TpPlan::new(3, moe).unwrap();
         assert_eq!(p.experts, [0..3, 3..6, 6..8]);
         assert!(p.ff.iter().all(|f| f.is_empty()));
@@ -275,9 +305,11 @@ mod tests {
         assert!(e.contains("9 query heads") && e.contains("1..=9"), "{e}");
         let e = TpPlan::new(0, SMOL).unwrap_err();
         assert!(e.contains("at least 1"), "{e}");
-        let narrow = TpDims { n_ff: 512, ..QWEN };
+        let narrow = TpDims { n_ff: 512, ..QWEN_BLOCKS };
         let e = TpPlan::new(3, narrow).unwrap_err();
-        assert!(e.contains("2 blocks of 256"), "{e}");
+        assert!(e.contains("2 units of 256"), "{e}");
+        // The unit of each down block size.
+        assert_eq!([1, 32, 256].map(TpDims::ff_unit), [1, 32, 32]);
         // Wo in 256-value blocks (64-value heads): heads are cut at multiples of 4, so 14 heads
         // give at most 4 shards (4 + 4 + 4 + 2).
         let k_quant_wo = TpDims { wo_block: 256, ..QWEN };
@@ -331,13 +363,13 @@ mod tests {
         assert_eq!(p.kv_heads, [0..2, 2..3]);
         assert_eq!(p.ff, [0..1024, 1024..1536]);
         // Qwen2.5 on 3 + 1 + 1 + 1: 14 heads as 7, 3, 2, 2 (largest remainders, earlier first
-        // on ties); 19 blocks as 10, 3, 3, 3.
+        // on ties); 152 units of 32 as 76, 26, 25, 25.
         let p = TpPlan::sized(QWEN, &[3, 1, 1, 1]).unwrap();
         assert_eq!(p.q_heads, [0..7, 7..10, 10..12, 12..14]);
-        assert_eq!(p.ff.iter().map(|f| f.len() / 256).collect::<Vec<_>>(), [10, 3, 3, 3]);
+        assert_eq!(p.ff.iter().map(|f| f.len() / 32).collect::<Vec<_>>(), [76, 26, 25, 25]);
         // Equal groups of any size are the equal split.
         assert_eq!(TpPlan::sized(QWEN, &[4, 4, 4]).unwrap(), TpPlan::new(3, QWEN).unwrap());
-        let moe = TpDims { n_head: 4, n_kv_head: 2, head_dim: 32, n_ff: 0, n_expert: 8, ff_block: 1, wo_block: 1 };
+        let moe = TpDims { n_head: 4, n_kv_head: 2, head_dim: 32, n_ff: 0, n_expert: 8, ff_block: 1, ff_unit: 1, wo_block: 1 };
         assert_eq!(TpPlan::sized(moe, &[1, 3]).unwrap().experts, [0..2, 2..8]);
     }
 }

@@ -57,7 +57,7 @@ fn candidate(g: &Graph, id: TensorId) -> Option<(TensorId, usize)> {
     let wt = g.tensor(w);
     let Storage::Weight { offset, cols: None, .. } = wt.storage else { return None };
     let src = match g.tensor(x).op {
-        Op::Quantize { x } => x,
+        Op::Quantize { x, .. } => x,
         _ => x,
     };
     let ok = corelm_accel::supported(wt.dtype) && wt.ne[0].is_multiple_of(32) && g.tensor(src).dtype == corelm_kernels::DType::F32;

@@ -148,7 +148,9 @@ fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig, groups: &[
     if degree > cfg.n_threads {
         return refuse(format!("needs at least {degree} worker threads, one per shard; got {}", cfg.n_threads));
     }
-    // The quantization blocks a shard's columns of down and Wo must not cut.
+    // The quantization blocks of down and Wo: Wo's a shard's columns must not cut; down's are
+    // cut every `FF_UNIT` neurons where they are larger (`Builder::ff_down` pads the shard's
+    // activations to whole blocks).
     let block = |name: &str| -> Option<usize> {
         (0..h.n_layer).map(|il| gguf.tensor(&format!("blk.{il}.{name}.weight")).map(|t| t.dtype.block_size())).try_fold(1, |a, b| b.map(|b| lcm(a, b)))
     };
@@ -160,7 +162,8 @@ fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig, groups: &[
         None => return refuse("the model has neither dense feed-forward layers nor experts to split".into()),
     };
     let wo_block = block("attn_output").unwrap_or(1);
-    let dims = TpDims { n_head: h.n_head, n_kv_head: h.n_kv_head, head_dim: h.head_dim, n_ff, n_expert, ff_block, wo_block };
+    let ff_unit = TpDims::ff_unit(ff_block);
+    let dims = TpDims { n_head: h.n_head, n_kv_head: h.n_kv_head, head_dim: h.head_dim, n_ff, n_expert, ff_block, ff_unit, wo_block };
     TpPlan::sized(dims, groups).map(|p| Some(Arc::new(p))).map_err(Error::Config)
 }
 

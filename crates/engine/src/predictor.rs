@@ -87,7 +87,7 @@ impl Tap for Tracer {
         // The FFN input: the gate product's operand, before its quantization.
         let Op::MatMul { x: xq, .. } = graph.tensor(gate).op else { return };
         let x = match graph.tensor(xq).op {
-            Op::Quantize { x } => x,
+            Op::Quantize { x, .. } => x,
             _ => xq,
         };
         let (g, u, xs) = (read(gate), read(up), read(x));

@@ -86,6 +86,39 @@ fn the_lm_head_is_split_by_vocabulary_rows() {
     assert!(matches!(g.tensors[g.result.0 as usize].storage, Storage::Output { offset: 0, ld } if ld == n_vocab));
 }
 
+/// A cut inside one of down's quantization blocks: Qwen2.5's 4,864 neurons (19 blocks of 256
+/// in down) split 2,432 + 2,432 at `--tp 2`. Each shard multiplies its gate/up rows, and every
+/// block of down its neurons touch (the block they share on both sides, in the file's type) by
+/// its activations padded with zeros to those blocks: 128 after shard 0's, 128 before shard
+/// 1's. (The logits against degree 1: `tp_degrees_match_degree_one_within_the_golden_tolerance`.)
+#[test]
+fn a_feed_forward_cut_inside_a_block_pads_the_activations() {
+    use corelm_core::{Op, Storage};
+    let (mut e, _) = load(MODELS[2].1, EngineConfig { tp: 2, ..test_config(2) });
+    let (n_embd, n_ff) = (e.hyper().n_embd, e.hyper().n_ff);
+    let g = e.graph(5, 5);
+    // Per shard: rows of its gate/up matmuls; down's columns, and its input's padding.
+    let (mut ff_rows, mut down) = ([vec![], vec![]], [vec![], vec![]]);
+    for id in &g.nodes {
+        let t = &g.tensors[id.0 as usize];
+        let (Op::MatMul { w, x }, Some(s), 0) = (t.op, t.group, t.layer) else { continue };
+        let w = &g.tensors[w.0 as usize];
+        let Storage::Weight { cols, .. } = w.storage else { unreachable!("matmul weights") };
+        match cols {
+            Some(c) if c.row_len == n_ff => {
+                assert_eq!((w.ne[1], w.dtype.block_size()), (n_embd, 256));
+                let xq = &g.tensors[x.0 as usize];
+                let Op::Quantize { x: a, pad } = xq.op else { panic!("{:?}", xq.op) };
+                down[s as usize].push((c.c0..c.c0 + w.ne[0], pad, xq.ne[0], g.tensors[a.0 as usize].ne[0]));
+            }
+            None if w.ne[1] == n_ff / 2 => ff_rows[s as usize].push(w.ne[1]),
+            _ => {}
+        }
+    }
+    assert_eq!(ff_rows, [[2432, 2432], [2432, 2432]], "gate and up rows of each shard");
+    assert_eq!(down, [[(0..2560, 0, 2560, 2432)], [(2304..4864, 128, 2560, 2432)]], "(down's columns, zeros before, padded width, activations)");
+}
+
 /// ArcLight's per-node pools: under `--numa tp` each shard's nodes write their results into
 /// their own region of the activation buffers (serial nodes into region 0), for the batch that
 /// sized the pools and for smaller ones alike, and each shard region's pages are bound to its

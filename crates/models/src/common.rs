@@ -191,14 +191,14 @@ pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle 
         Ffn::Dense { gate, up, down } => {
             // Tensor parallel: gate/up by rows and down by columns of each shard's feed-forward
             // range; the shards' partial outputs are added at the gather.
+            // A cut inside one of down's quantization blocks gives the shard a second, Q8_0
+            // piece of down for that block's columns (`Builder::ff_down`).
             let x = b.scatter(x);
             let (wg, wu) = (b.weight_split(gate, Split::FfRows), b.weight_split(up, Split::FfRows));
-            let wd = b.weight_split(down, Split::FfCols);
             let g = b.matmul(&wg, &x); // per shard [n_tokens, ff_s]
             let u = b.matmul(&wu, &x); // per shard [n_tokens, ff_s]
             let a = b.glu(&g, &u, kind);
-            let y = b.matmul(&wd, &a); // per shard [n_tokens, n_embd], partial sums
-            b.gather_sum(&y) // [n_tokens, n_embd]
+            b.ff_down(down, &a) // [n_tokens, n_embd]: the shards' partial sums added
         }
         Ffn::Moe { router, gate, up, down, p, shared } => {
             let wr = b.weight(router);

@@ -208,7 +208,8 @@ impl Builder<'_> {
         if self.tp.is_none() || self.mode != Mode::Parallel {
             return self.weight_in(w, form);
         }
-        let parts = self.weight_split(w, split);
+        // A neuron-major copy is requantized, so its columns need not be whole blocks.
+        let parts = self.weight_cut(w, split, !matches!(form, WeightForm::NeuronMajor { .. }));
         let down_type = matches!(form, WeightForm::NeuronMajor { .. }).then(|| self.neuron_major_type(w));
         for &id in &parts.0 {
             let t = &mut self.tensors[id.0 as usize];

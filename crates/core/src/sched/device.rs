@@ -38,7 +38,7 @@ impl Ctx<'_> {
         let rows = o.rows;
         if ith == 0 && c0 > 0 {
             let src = match self.t(x).op {
-                Op::Quantize { x: src } => src,
+                Op::Quantize { x: src, .. } => src,
                 _ => x,
             };
             assert!(self.t(src).dtype == corelm_kernels::DType::F32, "the device reads f32 activations");

@@ -545,14 +545,20 @@ impl Ctx<'_> {
                     y.iter_mut().zip(&x[r * ne0..]).for_each(|(o, &v)| *o = v * s);
                 }
             }
-            Op::Quantize { x } => {
+            Op::Quantize { x, pad } => {
+                // Rows of `w` values, after `pad` zeros where they are padded (`ne0 > w`).
+                let w = self.t(x).ne[0];
                 let x = self.f32s(x);
                 let q = self.kernels.from_float(t.dtype).expect("activation type has a quantizer");
                 let rb = t.row_bytes();
                 for r in split(rows, ith, nth) {
                     // SAFETY: row r's bytes belong to this worker only.
                     let y = unsafe { std::slice::from_raw_parts_mut(self.base(t).add(r * rb), rb) };
-                    q(&x[r * ne0..(r + 1) * ne0], y);
+                    if w == ne0 {
+                        q(&x[r * w..(r + 1) * w], y);
+                    } else {
+                        crate::graph::quantize_padded(q, &x[r * w..(r + 1) * w], pad as usize, t.dtype, y);
+                    }
                 }
             }
             Op::MatMul { w: wid, x } => self.matmul(id, wid, x, ith, nth, scratch),

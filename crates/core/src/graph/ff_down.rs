@@ -1,0 +1,105 @@
+//! Tensor-parallel down products whose cut falls inside one of down's quantization blocks
+//! ([`crate::tp::TpDims::ff_unit`]: the feed-forward is cut every 32 neurons; K-quant blocks
+//! are 256 values). A shard multiplies every block of down its neurons touch — a [`ColSlice`]
+//! copy of whole blocks, as any column shard, so a block cut in two is copied on both sides —
+//! by its activations padded with zeros to those blocks: `Op::Quantize` puts the neurons
+//! before its range (`pad`) and after it at zero, so the other shard's columns of a shared
+//! block add exactly nothing. The weights keep their file values; a shared block is computed
+//! twice, and read by both shards, where gate and up (two thirds of the feed-forward's
+//! weights) are cut exactly.
+
+use super::*;
+use corelm_kernels::quant::FromFloat;
+
+impl Builder<'_> {
+    /// `a · downᵀ` over each shard's feed-forward columns, the partial sums added at the
+    /// gather that leaves parallel mode: `[n_tokens, n_embd]`. `a`: per shard `[n_tokens,
+    /// ff_s]` (the GLU of its gate/up rows). In serial mode, the one product.
+    pub fn ff_down(&mut self, down: &WeightRef, a: &Bundle) -> Bundle {
+        let Some(plan) = self.tp.clone().filter(|_| self.mode == Mode::Parallel) else {
+            let wd = self.weight(down);
+            return self.matmul(&wd, a);
+        };
+        let bs = down.dtype.block_size();
+        let [ne0, ne1] = down.ne;
+        let mut parts = Vec::with_capacity(plan.degree());
+        for (s, r) in plan.ff.iter().enumerate() {
+            self.group = Some(s as u16);
+            let x = a.0[if a.0.len() == 1 { 0 } else { s }];
+            self.check_src(x);
+            let rows = self.t(x).ne[1];
+            assert_eq!(self.t(x).ne[0], r.len(), "{}: shard {s}'s activations are not its feed-forward range", down.name);
+            // The whole blocks the range touches.
+            let cols = r.start / bs * bs..r.end.next_multiple_of(bs).min(ne0);
+            let w = self.weight_part(down, [cols.len(), ne1], down.offset, down.len, Some(ColSlice { row_len: ne0, c0: cols.start }));
+            let xq = self.quantized_padded(x, down.dtype, r.start - cols.start, cols.len());
+            parts.push(self.node([ne1, rows], DType::F32, Op::MatMul { w, x: xq }).single());
+        }
+        self.group = None;
+        self.gather_sum(&Bundle(parts))
+    }
+
+    /// `x`'s rows after `pad` zeros and zeros after them up to `width` values, quantized for
+    /// weights of type `wt`; unpadded, [`Builder::quantized_for`]'s node (shared).
+    fn quantized_padded(&mut self, x: TensorId, wt: DType, pad: usize, width: usize) -> TensorId {
+        let [ne0, rows] = self.t(x).ne;
+        if width == ne0 {
+            return self.quantized_for(x, wt);
+        }
+        let vdt = self.kernels.ops(wt).map(|o| o.vec_dot_type).unwrap_or(DType::F32);
+        assert!(vdt != DType::F32 && pad + ne0 <= width, "padded f32 activations: a block size of 1 is never cut inside");
+        let xg = self.t(x).group;
+        let group = std::mem::replace(&mut self.group, xg);
+        let q = self.node([width, rows], vdt, Op::Quantize { x, pad: pad as u32 }).single();
+        self.group = group;
+        q
+    }
+}
+
+/// `q` (the quantizer of activation type `t`) over the row of `pad` zeros, then `x`, then zeros
+/// to `out`'s length: blocks inside `x` from `x` itself, the others through a block of zeros
+/// on the stack (blocks are quantized each on its own, so the bytes are the padded row's).
+pub(crate) fn quantize_padded(q: FromFloat, x: &[f32], pad: usize, t: DType, out: &mut [u8]) {
+    let (bs, ts) = (t.block_size(), t.type_size());
+    let mut tmp = [0f32; 256];
+    assert!(bs <= tmp.len() && pad + x.len() <= out.len() / ts * bs, "{} values after {pad} in {} bytes of {t:?}", x.len(), out.len());
+    for (b, o) in out.chunks_exact_mut(ts).enumerate() {
+        // The block's values in the padded row, and in `x`.
+        let (lo, hi) = (b * bs, (b + 1) * bs);
+        if lo >= pad && hi <= pad + x.len() {
+            q(&x[lo - pad..hi - pad], o);
+            continue;
+        }
+        tmp[..bs].fill(0.0);
+        let (a, e) = (lo.max(pad), hi.min(pad + x.len()));
+        if a < e {
+            tmp[a - lo..e - lo].copy_from_slice(&x[a - pad..e - pad]);
+        }
+        q(&tmp[..bs], o);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corelm_kernels::Kernels;
+
+    /// A padded row's bytes are those of the row with its zeros written out, for a shard at
+    /// either side of a cut inside a block and one inside a single block (Q8_K: 256-value
+    /// blocks; Q8_0: 32).
+    #[test]
+    fn padded_rows_quantize_as_the_rows_with_their_zeros() {
+        let kernels = Kernels::portable();
+        for (t, pad, n, width) in [(DType::Q8K, 0, 2432, 2560), (DType::Q8K, 128, 2432, 2560), (DType::Q8K, 32, 160, 256), (DType::Q8_0, 64, 96, 256)] {
+            let q = kernels.from_float(t).unwrap();
+            let x: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+            let mut full = vec![0f32; width];
+            full[pad..pad + n].copy_from_slice(&x);
+            let rb = corelm_kernels::row_bytes(t, width);
+            let (mut want, mut got) = (vec![0u8; rb], vec![1u8; rb]);
+            q(&full, &mut want);
+            quantize_padded(q, &x, pad, t, &mut got);
+            assert_eq!(got, want, "{t:?}: {n} values after {pad} zeros in {width}");
+        }
+    }
+}
