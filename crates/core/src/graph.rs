@@ -32,8 +32,8 @@ use corelm_kernels::{DType, Kernels};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-mod ff_down;
-pub(crate) use ff_down::quantize_padded;
+mod col_split;
+pub(crate) use col_split::quantize_padded;
 mod sparse;
 pub use sparse::{LayerPredictor, Predictors, SparseFfn, SPARSE_UP_MAX_TOKENS};
 
@@ -57,9 +57,10 @@ pub enum Split {
     KvHeads,
     /// Rows of the shard's feed-forward range (gate, up).
     FfRows,
-    /// Columns of the shard's query heads (Wo).
+    /// Columns of the shard's query heads (Wo: [`Builder::matmul_cols`]).
     HeadCols,
-    /// Columns of the shard's feed-forward range (down).
+    /// Columns of the shard's feed-forward range (down: [`Builder::matmul_cols`]; its
+    /// neuron-major copy: [`Builder::weight_split_in`]).
     FfCols,
     /// Rows of the shard's experts in a stack of expert matrices.
     Experts,
@@ -67,6 +68,24 @@ pub enum Split {
     Vocab,
 }
 
+impl Split {
+    /// Shard `s`'s rows (or with `true` columns) of `w` under `plan`.
+    fn range(self, plan: &TpPlan, s: usize, w: &WeightRef) -> (std::ops::Range<usize>, bool) {
+        let hd = plan.dims.head_dim;
+        match self {
+            Split::QHeads => (plan.q_heads[s].start * hd..plan.q_heads[s].end * hd, false),
+            Split::KvHeads => (plan.kv_heads[s].start * hd..plan.kv_heads[s].end * hd, false),
+            Split::FfRows => (plan.ff[s].clone(), false),
+            Split::HeadCols => (plan.q_heads[s].start * hd..plan.q_heads[s].end * hd, true),
+            Split::FfCols => (plan.ff[s].clone(), true),
+            Split::Vocab => (plan.vocab(w.ne[1], s), false),
+            Split::Experts => {
+                let per = w.ne[1] / plan.dims.n_expert.max(1);
+                (plan.experts[s].start * per..plan.experts[s].end * per, false)
+            }
+        }
+    }
+}
 
 /// What separates a node from the next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -398,28 +417,16 @@ impl<'k> Builder<'k> {
         let Some(plan) = self.tp.clone().filter(|_| self.mode == Mode::Parallel) else {
             return self.weight(w);
         };
-        let hd = plan.dims.head_dim;
         let mut parts = Vec::with_capacity(plan.degree());
         for s in 0..plan.degree() {
-            let (r, by_cols) = match split {
-                Split::QHeads => (plan.q_heads[s].start * hd..plan.q_heads[s].end * hd, false),
-                Split::KvHeads => (plan.kv_heads[s].start * hd..plan.kv_heads[s].end * hd, false),
-                Split::FfRows => (plan.ff[s].clone(), false),
-                Split::HeadCols => (plan.q_heads[s].start * hd..plan.q_heads[s].end * hd, true),
-                Split::FfCols => (plan.ff[s].clone(), true),
-                Split::Vocab => (plan.vocab(w.ne[1], s), false),
-                Split::Experts => {
-                    let per = w.ne[1] / plan.dims.n_expert.max(1);
-                    (plan.experts[s].start * per..plan.experts[s].end * per, false)
-                }
-            };
+            let (r, by_cols) = split.range(&plan, s, w);
             self.group = Some(s as u16);
             let [ne0, ne1] = w.ne;
             let id = if by_cols {
                 let bs = w.dtype.block_size();
                 let whole = !whole_blocks || (r.start % bs == 0 && r.len() % bs == 0);
                 assert!(r.end <= ne0 && whole, "{}: columns {r:?} are not whole {bs}-value blocks", w.name);
-                self.weight_part(w, [r.len(), ne1], w.offset, w.len, Some(ColSlice { row_len: ne0, c0: r.start }))
+                self.weight_part(w, [r.len(), ne1], w.offset, w.len, Some(ColSlice { row_len: ne0, c0: r.start, n: r.len() }))
             } else if ne1 == 1 {
                 assert!(r.end <= ne0 && w.dtype == DType::F32, "{}: elements {r:?} of a vector", w.name);
                 self.weight_part(w, [r.len(), 1], w.offset + 4 * r.start, 4 * r.len(), None)

@@ -41,8 +41,10 @@ use corelm_kernels::sparse::Panels;
 use corelm_kernels::{DType, Kernels};
 use std::collections::HashMap;
 
-/// A weight's identity: its file range, for a column slice which columns, and its form.
-type Key = (usize, usize, Option<ColSlice>, WeightForm);
+/// A weight's identity: its file range, for a column slice which columns, its form, and under
+/// `--numa tp` the part (shard) it is copied for — two shards reading the same rows (a KV
+/// head both need, a block of Wo or down cut in two) each get a copy on their own node.
+type Key = (usize, usize, Option<ColSlice>, WeightForm, usize);
 
 /// One copy: where it is (in its part of the buffer, see `build`), its length, type, row
 /// bytes, row count and layout.
@@ -61,12 +63,23 @@ struct Entry {
 pub struct PackedWeights {
     buf: Option<Buffer>,
     at: HashMap<Key, Entry>,
+    /// Copies are made per shard (`--numa tp`): a tensor's part is its shard's.
+    by_shard: bool,
+}
+
+/// The part of the copies' buffer a weight of shard `group` is copied into: 0 (serial
+/// matrices, or every matrix without per-shard copies), `1 + s` for shard `s`'s.
+fn part_of(group: Option<u16>, by_shard: bool) -> usize {
+    match group {
+        Some(s) if by_shard => 1 + s as usize,
+        _ => 0,
+    }
 }
 
 impl PackedWeights {
     /// Nothing packed (every matmul reads the file's rows).
     pub fn none() -> PackedWeights {
-        PackedWeights { buf: None, at: HashMap::new() }
+        PackedWeights { buf: None, at: HashMap::new(), by_shard: false }
     }
 
     /// Copy the matrices of `graphs`' matmuls (the largest batch's and a one-token decode's:
@@ -93,17 +106,14 @@ impl PackedWeights {
             };
             let wt = graph.tensor(w);
             let Storage::Weight { offset, len, cols, form, .. } = wt.storage else { continue };
-            let key = (offset, len, cols, form);
+            let part = part_of(wt.group, !shards.is_empty());
+            let key = (offset, len, cols, form, part);
             let has_kernels = kernels.ops(wt.dtype).is_some_and(|o| o.interleaved.is_some());
             let interleaved = repack
                 && matches!(form, WeightForm::Rows | WeightForm::ColdRows { plain: false, .. })
                 && has_kernels
                 && interleave::supported(wt.dtype)
                 && unit_rows % interleave::ROWS == 0;
-            let part = match wt.group {
-                Some(s) if !shards.is_empty() => 1 + s as usize,
-                _ => 0,
-            };
             let always = !matches!(form, WeightForm::Rows | WeightForm::PlainRows);
             if !(interleaved || always || cols.is_some() || part > 0) || at.contains_key(&key) {
                 continue;
@@ -145,7 +155,7 @@ impl PackedWeights {
             let (l, r) = form.cold_range()?;
             Some(graph.sparse.as_ref().expect("cold forms come with a sparse configuration").cold(l, r))
         };
-        for (&(offset, len, cols, form), e) in &at {
+        for (&(offset, len, cols, form, _), e) in &at {
             let dst = &mut out[e.at..e.at + e.len];
             let src = &file[offset..offset + len];
             if let WeightForm::NeuronMajor { from } | WeightForm::ColdNeuronMajor { from, .. } = form {
@@ -184,14 +194,15 @@ impl PackedWeights {
                 dst.copy_from_slice(src);
             }
         }
-        Ok(PackedWeights { buf: Some(buf), at })
+        Ok(PackedWeights { buf: Some(buf), at, by_shard: !shards.is_empty() })
     }
 
     /// Point `graph`'s weight tensors at their copies.
     pub fn apply(&self, graph: &mut Graph) {
         for t in &mut graph.tensors {
             if let Storage::Weight { offset, len, cols, copy, form } = &mut t.storage {
-                *copy = self.at.get(&(*offset, *len, *cols, *form)).map(|e| WeightCopy { at: e.at, interleaved: e.interleaved });
+                let key = (*offset, *len, *cols, *form, part_of(t.group, self.by_shard));
+                *copy = self.at.get(&key).map(|e| WeightCopy { at: e.at, interleaved: e.interleaved });
             }
         }
     }
@@ -218,7 +229,7 @@ impl PackedWeights {
     /// File byte ranges `(offset, len)` of the copied matrices (a sliced matrix's whole range,
     /// once), which the kernels no longer read.
     pub fn file_ranges(&self) -> Vec<(usize, usize)> {
-        let mut r: Vec<(usize, usize)> = self.at.keys().map(|&(o, l, _, _)| (o, l)).collect();
+        let mut r: Vec<(usize, usize)> = self.at.keys().map(|&(o, l, ..)| (o, l)).collect();
         r.sort_unstable();
         r.dedup();
         r

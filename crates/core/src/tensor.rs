@@ -9,13 +9,16 @@ use corelm_kernels::DType;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TensorId(pub u32);
 
-/// A weight made of whole-block columns `c0 .. c0 + ne[0]` of every row of a file matrix whose
-/// rows hold `row_len` values (a tensor-parallel shard of Wo or down): not contiguous in the
-/// file, so always read from a copy made at load.
+/// A weight made of whole-block columns `c0 .. c0 + n` (its `ne[0]`) of every row of a file
+/// matrix whose rows hold `row_len` values (a tensor-parallel shard of Wo or down): not
+/// contiguous in the file, so always read from a copy made at load. Two shards may slice the
+/// same first column with different widths (a block cut in two: `Builder::matmul_cols`), so
+/// the width is part of the slice's identity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ColSlice {
     pub row_len: usize,
     pub c0: usize,
+    pub n: usize,
 }
 
 /// A weight's copy made at load (`crate::packed`): its byte offset in the copies' buffer, and
@@ -171,7 +174,7 @@ pub enum Op {
     /// Quantize f32 rows to the `vec_dot_type` of the matrices that will read them: each row
     /// of `x` after `pad` zeros, and zeros after it up to `ne0` (`pad` 0 and `x`'s width but
     /// for a tensor-parallel down product whose cut falls inside a quantization block,
-    /// `Builder::ff_down`).
+    /// `Builder::matmul_cols`).
     Quantize { x: TensorId, pad: u32 },
     /// `y[r][c] = w[c] · x[r]` for weight rows `c`.
     MatMul { w: TensorId, x: TensorId },

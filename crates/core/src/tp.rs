@@ -17,7 +17,7 @@
 //! * The feed-forward width is cut in units of [`FF_UNIT`] neurons ([`TpDims::ff_unit`]): gate/up
 //!   by rows, down by columns. Down's quantization blocks may be larger (256 values for
 //!   K-quants): a shard then multiplies every block its neurons touch, its activations padded
-//!   with zeros to them, so a block cut in two is computed on both sides (`Builder::ff_down`).
+//!   with zeros to them, so a block cut in two is computed on both sides (`Builder::matmul_cols`).
 //!   Cutting at whole 256-value blocks instead left Qwen2.5's 4,864 neurons as 19 units, 10 + 9
 //!   at `--tp 2` (5.3 % more of every feed-forward block for one shard).
 //! * Mixture-of-experts layers are split by experts: each shard computes the routed pairs of
@@ -27,7 +27,9 @@
 //! * Norms and other vectors are replicated (read by every shard from the one copy).
 //!
 //! A degree that cannot work is refused with the numbers: more shards than query heads, than
-//! feed-forward units, or than the head boundaries that fall on whole quantization blocks of Wo.
+//! feed-forward units, or than experts. Heads are cut at any head: where a cut falls inside
+//! one of Wo's quantization blocks, both shards multiply that block with their activations
+//! padded with zeros, as for down (`Builder::matmul_cols`).
 
 use std::ops::Range;
 
@@ -54,8 +56,6 @@ pub struct TpDims {
     /// Feed-forward cuts are multiples of it: `ff_block`, or [`FF_UNIT`] where that divides it
     /// ([`TpDims::ff_unit`]).
     pub ff_unit: usize,
-    /// Block size of Wo's type: a shard's first Wo column must start a block.
-    pub wo_block: usize,
 }
 
 /// Each shard's ranges, in shard order.
@@ -104,7 +104,7 @@ impl TpPlan {
     /// The plan for one shard per entry of `workers` (its worker group's size: each shard's
     /// heads and feed-forward blocks in proportion to it), or why that degree cannot work.
     pub fn sized(dims: TpDims, workers: &[usize]) -> Result<TpPlan, String> {
-        let TpDims { n_head, n_kv_head, head_dim, n_ff, n_expert, ff_unit, wo_block, .. } = dims;
+        let TpDims { n_head, n_kv_head, n_ff, n_expert, ff_unit, .. } = dims;
         let degree = workers.len();
         if degree == 0 {
             return Err("--tp must be at least 1".into());
@@ -131,19 +131,9 @@ impl TpPlan {
         if n_expert > 0 && degree > n_expert {
             return Err(format!("--tp {degree}: the model has {n_expert} experts, and each shard needs at least one"));
         }
-        // A shard's first head must start a quantization block of Wo's columns: heads are cut
-        // in steps of `step`, the last step possibly shorter.
-        let step = wo_block.max(1) / gcd(wo_block.max(1), head_dim);
-        let head_units = n_head.div_ceil(step);
-        if degree > head_units {
-            return Err(format!(
-                "--tp {degree}: Wo's {wo_block}-value quantization blocks let the {n_head} query heads ({head_dim} values each) \
-                 be cut only at multiples of {step} heads, which gives at most {head_units} shards"
-            ));
-        }
         let group = n_head / n_kv_head;
         let share: Vec<f64> = workers.iter().map(|&w| w as f64).collect();
-        let q_heads: Vec<Range<usize>> = ranges(&proportional(head_units, &share), step).into_iter().map(|r| r.start.min(n_head)..r.end.min(n_head)).collect();
+        let q_heads = ranges(&proportional(n_head, &share), 1);
         let ff_blocks = if n_ff > 0 { proportional(ff_units, &share) } else { vec![0; degree] };
         let kv_heads: Vec<Range<usize>> = q_heads.iter().map(|q| q.start / group..(q.end - 1) / group + 1).collect();
         let kv_base = kv_heads.iter().scan(0, |next, kv| Some(std::mem::replace(next, *next + kv.len()))).collect();
@@ -229,9 +219,9 @@ pub fn lcm(a: usize, b: usize) -> usize {
 mod tests {
     use super::*;
 
-    const SMOL: TpDims = TpDims { n_head: 9, n_kv_head: 3, head_dim: 64, n_ff: 1536, n_expert: 0, ff_block: 32, ff_unit: 32, wo_block: 32 };
-    const GEMMA: TpDims = TpDims { n_head: 4, n_kv_head: 1, head_dim: 256, n_ff: 2048, n_expert: 0, ff_block: 256, ff_unit: 32, wo_block: 256 };
-    const QWEN: TpDims = TpDims { n_head: 14, n_kv_head: 2, head_dim: 64, n_ff: 4864, n_expert: 0, ff_block: 256, ff_unit: 32, wo_block: 32 };
+    const SMOL: TpDims = TpDims { n_head: 9, n_kv_head: 3, head_dim: 64, n_ff: 1536, n_expert: 0, ff_block: 32, ff_unit: 32 };
+    const GEMMA: TpDims = TpDims { n_head: 4, n_kv_head: 1, head_dim: 256, n_ff: 2048, n_expert: 0, ff_block: 256, ff_unit: 32 };
+    const QWEN: TpDims = TpDims { n_head: 14, n_kv_head: 2, head_dim: 64, n_ff: 4864, n_expert: 0, ff_block: 256, ff_unit: 32 };
     /// Qwen2.5 cut at whole blocks of down, as before the edges were requantized.
     const QWEN_BLOCKS: TpDims = TpDims { ff_unit: 256, ..QWEN };
 
@@ -291,7 +281,7 @@ mod tests {
 
     #[test]
     fn experts_are_split_in_ranges() {
-        let moe = TpDims { n_head: 4, n_kv_head: 2, head_dim: 32, n_ff: 0, n_expert: 8, ff_block: 1, ff_unit: 1, wo_block: 1 };
+        let moe = TpDims { n_head: 4, n_kv_head: 2, head_dim: 32, n_ff: 0, n_expert: 8, ff_block: 1, ff_unit: 1 };
         let p = TpPlan::new(3, moe).unwrap();
         assert_eq!(p.experts, [0..3, 3..6, 6..8]);
         assert!(p.ff.iter().all(|f| f.is_empty()));
@@ -310,14 +300,9 @@ mod tests {
         assert!(e.contains("2 units of 256"), "{e}");
         // The unit of each down block size.
         assert_eq!([1, 32, 256].map(TpDims::ff_unit), [1, 32, 32]);
-        // Wo in 256-value blocks (64-value heads): heads are cut at multiples of 4, so 14 heads
-        // give at most 4 shards (4 + 4 + 4 + 2).
-        let k_quant_wo = TpDims { wo_block: 256, ..QWEN };
-        assert_eq!(TpPlan::new(2, k_quant_wo).unwrap().q_heads, [0..8, 8..14]);
-        assert_eq!(TpPlan::new(3, k_quant_wo).unwrap().q_heads, [0..8, 8..12, 12..14]);
-        assert_eq!(TpPlan::new(4, k_quant_wo).unwrap().q_heads, [0..4, 4..8, 8..12, 12..14]);
-        let e = TpPlan::new(5, k_quant_wo).unwrap_err();
-        assert!(e.contains("multiples of 4 heads") && e.contains("at most 4 shards"), "{e}");
+        // Heads are cut at any head (Wo's blocks padded, `Builder::matmul_cols`): Qwen2.5's 14
+        // at 5 as 3, 3, 3, 3, 2.
+        assert_eq!(TpPlan::new(5, QWEN).unwrap().q_heads, [0..3, 3..6, 6..9, 9..12, 12..14]);
         let e = TpPlan::sized(SMOL, &[2, 0]).unwrap_err();
         assert!(e.contains("at least one worker"), "{e}");
     }
@@ -369,7 +354,7 @@ mod tests {
         assert_eq!(p.ff.iter().map(|f| f.len() / 32).collect::<Vec<_>>(), [76, 26, 25, 25]);
         // Equal groups of any size are the equal split.
         assert_eq!(TpPlan::sized(QWEN, &[4, 4, 4]).unwrap(), TpPlan::new(3, QWEN).unwrap());
-        let moe = TpDims { n_head: 4, n_kv_head: 2, head_dim: 32, n_ff: 0, n_expert: 8, ff_block: 1, ff_unit: 1, wo_block: 1 };
+        let moe = TpDims { n_head: 4, n_kv_head: 2, head_dim: 32, n_ff: 0, n_expert: 8, ff_block: 1, ff_unit: 1 };
         assert_eq!(TpPlan::sized(moe, &[1, 3]).unwrap().experts, [0..2, 2..8]);
     }
 }

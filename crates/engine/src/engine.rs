@@ -148,9 +148,8 @@ fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig, groups: &[
     if degree > cfg.n_threads {
         return refuse(format!("needs at least {degree} worker threads, one per shard; got {}", cfg.n_threads));
     }
-    // The quantization blocks of down and Wo: Wo's a shard's columns must not cut; down's are
-    // cut every `FF_UNIT` neurons where they are larger (`Builder::ff_down` pads the shard's
-    // activations to whole blocks).
+    // Down's quantization blocks: cut every `FF_UNIT` neurons where they are larger
+    // (`Builder::matmul_cols` pads the shard's activations to whole blocks).
     let block = |name: &str| -> Option<usize> {
         (0..h.n_layer).map(|il| gguf.tensor(&format!("blk.{il}.{name}.weight")).map(|t| t.dtype.block_size())).try_fold(1, |a, b| b.map(|b| lcm(a, b)))
     };
@@ -161,9 +160,8 @@ fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig, groups: &[
         None if n_expert > 0 => (0, 1),
         None => return refuse("the model has neither dense feed-forward layers nor experts to split".into()),
     };
-    let wo_block = block("attn_output").unwrap_or(1);
     let ff_unit = TpDims::ff_unit(ff_block);
-    let dims = TpDims { n_head: h.n_head, n_kv_head: h.n_kv_head, head_dim: h.head_dim, n_ff, n_expert, ff_block, ff_unit, wo_block };
+    let dims = TpDims { n_head: h.n_head, n_kv_head: h.n_kv_head, head_dim: h.head_dim, n_ff, n_expert, ff_block, ff_unit };
     TpPlan::sized(dims, groups).map(|p| Some(Arc::new(p))).map_err(Error::Config)
 }
 

@@ -174,8 +174,7 @@ pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &B
         window: cfg.window,
     };
     let a = b.attention(il, &q, p); // [n_tokens, n_head * head_dim]
-    let wo = b.weight_split(&lw.wo, Split::HeadCols);
-    let y = b.matmul(&wo, &a); // [n_tokens, n_embd] (per shard: a partial sum)
+    let y = b.matmul_cols(&lw.wo, &a, Split::HeadCols); // [n_tokens, n_embd] (per shard: a partial sum)
     b.gather_sum(&y)
 }
 
@@ -191,14 +190,15 @@ pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle 
         Ffn::Dense { gate, up, down } => {
             // Tensor parallel: gate/up by rows and down by columns of each shard's feed-forward
             // range; the shards' partial outputs are added at the gather.
-            // A cut inside one of down's quantization blocks gives the shard a second, Q8_0
-            // piece of down for that block's columns (`Builder::ff_down`).
+            // A cut inside one of down's quantization blocks: both shards multiply that block,
+            // each by its own activations and zeros (`Builder::matmul_cols`).
             let x = b.scatter(x);
             let (wg, wu) = (b.weight_split(gate, Split::FfRows), b.weight_split(up, Split::FfRows));
             let g = b.matmul(&wg, &x); // per shard [n_tokens, ff_s]
             let u = b.matmul(&wu, &x); // per shard [n_tokens, ff_s]
             let a = b.glu(&g, &u, kind);
-            b.ff_down(down, &a) // [n_tokens, n_embd]: the shards' partial sums added
+            let y = b.matmul_cols(down, &a, Split::FfCols); // per shard [n_tokens, n_embd], partial sums
+            b.gather_sum(&y) // [n_tokens, n_embd]
         }
         Ffn::Moe { router, gate, up, down, p, shared } => {
             let wr = b.weight(router);

@@ -1,42 +1,48 @@
-//! Tensor-parallel down products whose cut falls inside one of down's quantization blocks
-//! ([`crate::tp::TpDims::ff_unit`]: the feed-forward is cut every 32 neurons; K-quant blocks
-//! are 256 values). A shard multiplies every block of down its neurons touch — a [`ColSlice`]
-//! copy of whole blocks, as any column shard, so a block cut in two is copied on both sides —
-//! by its activations padded with zeros to those blocks: `Op::Quantize` puts the neurons
-//! before its range (`pad`) and after it at zero, so the other shard's columns of a shared
-//! block add exactly nothing. The weights keep their file values; a shared block is computed
-//! twice, and read by both shards, where gate and up (two thirds of the feed-forward's
-//! weights) are cut exactly.
+//! Column-split matmuls of tensor parallelism (Wo by the shards' query heads, down by their
+//! feed-forward ranges) whose cut may fall inside one of the matrix's quantization blocks
+//! (K-quants: 256 values; heads are cut at any head, the feed-forward every 32 neurons:
+//! [`crate::tp::TpDims::ff_unit`]). A shard multiplies every block its columns touch — a
+//! [`ColSlice`] copy of whole blocks, as any column shard, so a block cut in two is copied on
+//! both sides — by its activations padded with zeros to those blocks: `Op::Quantize` puts the
+//! columns before its range (`pad`) and after it at zero, so the other shard's columns of a
+//! shared block add exactly nothing. The weights keep their file values; a shared block is
+//! computed twice, and read by both shards, where the row-split matrices beside it (Wq/Wk/Wv,
+//! gate/up) are cut exactly. Cutting only at whole blocks instead left Qwen2.5's 4,864 neurons
+//! as 19 units, 10 + 9 at `--tp 2`, and refused more shards than a model has groups of heads
+//! filling whole blocks of Wo.
 
 use super::*;
 use corelm_kernels::quant::FromFloat;
 
 impl Builder<'_> {
-    /// `a · downᵀ` over each shard's feed-forward columns, the partial sums added at the
-    /// gather that leaves parallel mode: `[n_tokens, n_embd]`. `a`: per shard `[n_tokens,
-    /// ff_s]` (the GLU of its gate/up rows). In serial mode, the one product.
-    pub fn ff_down(&mut self, down: &WeightRef, a: &Bundle) -> Bundle {
+    /// `a · wᵀ` over each shard's columns of `w` under `split` ([`Split::HeadCols`] or
+    /// [`Split::FfCols`]): per shard `[n_tokens, w.ne1]`, a partial sum for the gather. `a`: per
+    /// shard `[n_tokens, cols_s]` (its attention output, or the GLU of its gate/up rows). In
+    /// serial mode, the one product.
+    pub fn matmul_cols(&mut self, w: &WeightRef, a: &Bundle, split: Split) -> Bundle {
         let Some(plan) = self.tp.clone().filter(|_| self.mode == Mode::Parallel) else {
-            let wd = self.weight(down);
-            return self.matmul(&wd, a);
+            let wt = self.weight(w);
+            return self.matmul(&wt, a);
         };
-        let bs = down.dtype.block_size();
-        let [ne0, ne1] = down.ne;
+        let bs = w.dtype.block_size();
+        let [ne0, ne1] = w.ne;
         let mut parts = Vec::with_capacity(plan.degree());
-        for (s, r) in plan.ff.iter().enumerate() {
+        for s in 0..plan.degree() {
+            let (r, by_cols) = split.range(&plan, s, w);
+            assert!(by_cols && r.end <= ne0, "{}: {split:?} is not a cut of {ne0} columns ({r:?})", w.name);
             self.group = Some(s as u16);
             let x = a.0[if a.0.len() == 1 { 0 } else { s }];
             self.check_src(x);
             let rows = self.t(x).ne[1];
-            assert_eq!(self.t(x).ne[0], r.len(), "{}: shard {s}'s activations are not its feed-forward range", down.name);
+            assert_eq!(self.t(x).ne[0], r.len(), "{}: shard {s}'s activations are not its columns {r:?}", w.name);
             // The whole blocks the range touches.
             let cols = r.start / bs * bs..r.end.next_multiple_of(bs).min(ne0);
-            let w = self.weight_part(down, [cols.len(), ne1], down.offset, down.len, Some(ColSlice { row_len: ne0, c0: cols.start }));
-            let xq = self.quantized_padded(x, down.dtype, r.start - cols.start, cols.len());
-            parts.push(self.node([ne1, rows], DType::F32, Op::MatMul { w, x: xq }).single());
+            let wt = self.weight_part(w, [cols.len(), ne1], w.offset, w.len, Some(ColSlice { row_len: ne0, c0: cols.start, n: cols.len() }));
+            let xq = self.quantized_padded(x, w.dtype, r.start - cols.start, cols.len());
+            parts.push(self.node([ne1, rows], DType::F32, Op::MatMul { w: wt, x: xq }).single());
         }
         self.group = None;
-        self.gather_sum(&Bundle(parts))
+        Bundle(parts)
     }
 
     /// `x`'s rows after `pad` zeros and zeros after them up to `width` values, quantized for
