@@ -210,7 +210,8 @@ pub struct Builder<'k> {
     /// The regions to lay activations out in, when they are fixed already (the pools').
     layout: Option<ActLayout>,
     out_bump: usize,
-    quantized: HashMap<(TensorId, DType), TensorId>,
+    /// Quantize nodes by (source, activation type, zeros before, padded width).
+    quantized: HashMap<(TensorId, DType, u32, usize), TensorId>,
     max_head_dim: usize,
     mode: Mode,
     tp: Option<Arc<TpPlan>>,
@@ -481,19 +482,30 @@ impl<'k> Builder<'k> {
     /// every matrix that reads `x` (Q/K/V share one, gate/up share one). A serial `x` is
     /// quantized by a serial node even inside parallel subgraphs, once for every shard.
     fn quantized_for(&mut self, x: TensorId, wt: DType) -> TensorId {
+        let width = self.t(x).ne[0];
+        self.quantized_padded(x, wt, 0, width)
+    }
+
+    /// [`Builder::quantized_for`] with each row after `pad` zeros and zeros after it up to
+    /// `width` values (a column shard cut inside a block, `Builder::matmul_cols`); one node per
+    /// (x, type, pad, width).
+    fn quantized_padded(&mut self, x: TensorId, wt: DType, pad: usize, width: usize) -> TensorId {
         let vdt = self.kernels.ops(wt).map(|o| o.vec_dot_type).unwrap_or(DType::F32);
+        let [ne0, rows] = self.t(x).ne;
         if vdt == DType::F32 {
+            assert!(pad == 0 && width == ne0, "padded f32 activations: a block size of 1 is never cut inside");
             return x;
         }
-        if let Some(&q) = self.quantized.get(&(x, vdt)) {
+        assert!(pad + ne0 <= width, "{ne0} values after {pad} zeros in rows of {width}");
+        let key = (x, vdt, pad as u32, width);
+        if let Some(&q) = self.quantized.get(&key) {
             return q;
         }
-        let ne = self.t(x).ne;
         let xg = self.t(x).group;
         let group = std::mem::replace(&mut self.group, xg);
-        let q = self.node(ne, vdt, Op::Quantize { x, pad: 0 }).single();
+        let q = self.node([width, rows], vdt, Op::Quantize { x, pad: pad as u32 }).single();
         self.group = group;
-        self.quantized.insert((x, vdt), q);
+        self.quantized.insert(key, q);
         q
     }
 

@@ -219,7 +219,7 @@ fn ff_ranges(n_ff: usize, unit: usize, block: usize, share: &[f64]) -> Vec<Range
         let mut out = Vec::with_capacity(d);
         let mut start = 0;
         for (s, &w) in share.iter().enumerate() {
-            let last = if s + 1 == d { n_ff } else { n_ff - (d - 1 - s) * unit };
+            let last = n_ff - (d - 1 - s) * unit;
             let mut end = start + unit;
             if end > last || cost(start, end) > bound * w {
                 return None;
@@ -398,11 +398,11 @@ mod tests {
         for n_ff in [4864, 11008, 14336, 18944] {
             for d in 2..=8 {
                 let share = vec![1.0; d];
-                let best = worst(&ff_ranges(n_ff, 32, 256, &share));
+                let ff = ff_ranges(n_ff, 32, 256, &share);
+                let best = worst(&ff);
                 let whole = worst(&ranges(&proportional(n_ff / 256, &share), 256));
                 let even = worst(&ranges(&proportional(n_ff / 32, &share), 32));
                 assert!(best <= whole.min(even), "{n_ff} at {d}: {best} against {whole} (whole blocks), {even} (even)");
-                let ff = ff_ranges(n_ff, 32, 256, &share);
                 assert!(ff.windows(2).all(|w| w[0].end == w[1].start) && ff[0].start == 0 && ff[d - 1].end == n_ff);
                 assert!(ff.iter().all(|r| !r.is_empty() && r.start % 32 == 0), "{ff:?}");
             }

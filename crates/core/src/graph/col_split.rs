@@ -44,22 +44,6 @@ impl Builder<'_> {
         self.group = None;
         Bundle(parts)
     }
-
-    /// `x`'s rows after `pad` zeros and zeros after them up to `width` values, quantized for
-    /// weights of type `wt`; unpadded, [`Builder::quantized_for`]'s node (shared).
-    fn quantized_padded(&mut self, x: TensorId, wt: DType, pad: usize, width: usize) -> TensorId {
-        let [ne0, rows] = self.t(x).ne;
-        if width == ne0 {
-            return self.quantized_for(x, wt);
-        }
-        let vdt = self.kernels.ops(wt).map(|o| o.vec_dot_type).unwrap_or(DType::F32);
-        assert!(vdt != DType::F32 && pad + ne0 <= width, "padded f32 activations: a block size of 1 is never cut inside");
-        let xg = self.t(x).group;
-        let group = std::mem::replace(&mut self.group, xg);
-        let q = self.node([width, rows], vdt, Op::Quantize { x, pad: pad as u32 }).single();
-        self.group = group;
-        q
-    }
 }
 
 /// `q` (the quantizer of activation type `t`) over the row of `pad` zeros, then `x`, then zeros
