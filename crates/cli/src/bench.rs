@@ -248,18 +248,31 @@ fn print_profile(engine: &corelm_engine::Engine, prof: &corelm_engine::Profile, 
     let total = prof.total_secs();
     let mut ops = prof.per_op.clone();
     ops.sort_by(|a, b| b.secs.total_cmp(&a.secs));
+    // With tensor parallelism, a column of each group's busy time in its own shard's nodes.
+    let groups = ops.iter().map(|e| e.group_secs.len()).max().unwrap_or(0);
+    let (head, rule) = if groups > 0 {
+        (format!(" {} |", (0..groups).map(|g| format!("group {g} ms")).collect::<Vec<_>>().join(" | ")), "---|".repeat(groups))
+    } else {
+        Default::default()
+    };
     eprintln!("  profile of {test}, {t} threads:");
-    eprintln!("  | op | ms | nodes | share | weights read at GB/s |");
-    eprintln!("  |---|---|---|---|---|");
+    eprintln!("  | op | ms | nodes | share | weights read at GB/s |{head}");
+    eprintln!("  |---|---|---|---|---|{rule}");
     for e in &ops {
+        let cols: String = (0..groups).map(|g| format!(" {:.3} |", 1e3 * e.group_secs.get(g).copied().unwrap_or(0.0) / per as f64)).collect();
         eprintln!(
-            "  | {} | {:.3} | {} | {:.1}% | {} |",
+            "  | {} | {:.3} | {} | {:.1}% | {} |{cols}",
             e.label(),
             1e3 * e.secs / per as f64,
             e.nodes / per,
             100.0 * e.secs / total.max(1e-12),
             gbps(e)
         );
+    }
+    if groups > 0 {
+        let busy: Vec<String> =
+            (0..groups).map(|g| format!("{:.3}", 1e3 * ops.iter().filter_map(|e| e.group_secs.get(g)).sum::<f64>() / per as f64)).collect();
+        eprintln!("  each group's busy ms in its shard's nodes (group barriers included, global waits not): {}", busy.join(" / "));
     }
     let nodes = ops.iter().map(|e| e.nodes).sum::<usize>() / per;
     let bar = corelm_engine::bench::barrier_ns(t, 20_000);

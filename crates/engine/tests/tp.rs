@@ -198,7 +198,8 @@ fn async_and_lockstep_give_the_same_bits_under_stress() {
 /// Unequal worker groups get parts in proportion: `-t 3 --tp 2` is a group of 2 workers and
 /// one of 1, so SmolLM2's 9 heads split 6 + 3 and its 48 feed-forward blocks 32 + 16, and each
 /// layer's matrices hold twice the weights in the first shard; the logits stay within the
-/// golden tolerance of degree 1. A profile reports each group's waits at the global barriers.
+/// golden tolerance of degree 1. A profile reports each group's waits at the global barriers,
+/// and each group's busy time in its own shard's nodes per op kind.
 #[test]
 fn shards_follow_their_worker_groups() {
     use corelm_core::Op;
@@ -221,8 +222,18 @@ fn shards_follow_their_worker_groups() {
     let prompt = tok.encode(TEXT, true, false).unwrap();
     e.profile = Some(Default::default());
     let got = run(&mut e, &prompt, &[17]);
-    let waits = e.profile.take().unwrap().group_wait;
+    let prof = e.profile.take().unwrap();
+    let waits = &prof.group_wait;
     assert!(waits.len() == 2 && waits.iter().all(|w| w.is_finite() && *w >= 0.0), "{waits:?}");
+    // Each shard's busy time: both shards run matmuls; a serial op kind has none.
+    for p in &prof.per_op {
+        let busy = p.group_secs.iter().filter(|s| **s > 0.0).count();
+        match p.op {
+            "matmul" => assert_eq!(busy, 2, "{p:?}"),
+            "rms_norm" | "gather_sum" | "embed" => assert_eq!(busy, 0, "{p:?}"),
+            _ => {}
+        }
+    }
     drop(e);
     let (mut one, _) = load(file, test_config(3));
     let want = run(&mut one, &prompt, &[17]);

@@ -329,14 +329,20 @@ impl Executor {
         };
         // With a profile, each worker times its waits in global barriers.
         let timing = profile.is_some();
-        let waits = profile::BarrierWaits::new(if timing { pool.view_groups(view).len() } else { 0 });
+        let n_groups = pool.view_groups(view).len();
+        let waits = profile::BarrierWaits::new(if timing { n_groups } else { 0 });
         let prof = std::sync::Mutex::new(profile);
+        // With several groups, each group's first worker also times its own shard's nodes.
+        let busy: Vec<std::sync::Mutex<Profile>> =
+            if timing && n_groups > 1 { (0..n_groups).map(|_| Default::default()).collect() } else { Vec::new() };
         pool.run_view(view, &|w: &Worker| {
             let mut scratch = self.scratch[w.ith].lock().unwrap_or_else(|e| e.into_inner());
             let mut prof = if w.ith == 0 { prof.lock().ok() } else { None };
             let profiling = prof.as_ref().is_some_and(|g| g.is_some());
+            let mut busy = if w.group_ith == 0 { busy.get(w.group).and_then(|b| b.lock().ok()) } else { None };
             for ((&id, &sync), &cap) in graph.nodes.iter().zip(&graph.sync).zip(&graph.threads) {
                 let t0 = profiling.then(Instant::now);
+                let t_busy = busy.is_some().then(Instant::now);
                 // A parallel subgraph's node runs on its group only, split among the group's
                 // workers; a serial node on every worker; either capped at `cap` workers.
                 let (mine, ith, nth) = match graph.tensor(id).group {
@@ -347,8 +353,14 @@ impl Executor {
                 if mine && ith < nth_cap {
                     ctx.exec(id, ith, nth_cap, &mut scratch);
                 }
+                if sync == After::Group && mine {
+                    w.barrier();
+                }
+                // A shard's node, timed by its group's first worker without the global wait.
+                if let (Some(t), Some(b), true) = (t_busy, busy.as_deref_mut(), mine && graph.tensor(id).group.is_some()) {
+                    b.add(graph.tensor(id).op.name(), profile::weight_of(graph, id).0, t.elapsed().as_secs_f64(), 0);
+                }
                 match sync {
-                    After::Group if mine => w.barrier(),
                     After::Group => {}
                     After::Global if timing => waits.time(w.group, || w.global_barrier()),
                     After::Global => w.global_barrier(),
@@ -364,23 +376,16 @@ impl Executor {
                     tap.node(graph, id, &|t| ctx.f32s(t));
                 }
                 if let (Some(t0), Some(Some(p))) = (t0, prof.as_deref_mut()) {
-                    let t = graph.tensor(id);
-                    let (weight, bytes) = match t.op {
-                        Op::MatMul { w, .. } | Op::MatMulId { w, .. } => {
-                            let wt = graph.tensor(w);
-                            let il = matches!(wt.storage, Storage::Weight { copy: Some(WeightCopy { interleaved: true, .. }), .. });
-                            // An expert matmul reads only the experts its tokens chose.
-                            let bytes = if matches!(t.op, Op::MatMul { .. }) { wt.n_bytes() } else { 0 };
-                            (Some((wt.dtype, il)), bytes)
-                        }
-                        _ => (None, 0),
-                    };
-                    p.add(t.op.name(), weight, t0.elapsed().as_secs_f64(), bytes);
+                    let (weight, bytes) = profile::weight_of(graph, id);
+                    p.add(graph.tensor(id).op.name(), weight, t0.elapsed().as_secs_f64(), bytes);
                 }
             }
         });
         if let Some(p) = prof.into_inner().unwrap_or_else(|e| e.into_inner()) {
             p.add_waits(&waits.per_worker(pool.view_groups(view)));
+            for (g, b) in busy.iter().enumerate() {
+                p.add_group(g, n_groups, &b.lock().unwrap_or_else(|e| e.into_inner()));
+            }
         }
     }
 }

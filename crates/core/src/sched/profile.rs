@@ -1,6 +1,8 @@
 //! `--profile`'s accounting: time per op kind summed over a pass's nodes, matmuls kept apart
 //! by weight type and layout with the bytes they read.
 
+use crate::graph::Graph;
+use crate::tensor::{Op, Storage, TensorId, WeightCopy};
 use corelm_kernels::DType;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +31,10 @@ pub struct ProfileEntry {
     pub nodes: usize,
     /// Weight bytes read (matmuls; 0 otherwise).
     pub bytes: usize,
+    /// With tensor parallelism: seconds each worker group's first worker spent running its
+    /// own shard's nodes of this kind (group barriers included, global waits not), so a
+    /// profile shows which op kind makes one shard slower than the others. Empty without groups.
+    pub group_secs: Vec<f64>,
 }
 
 impl ProfileEntry {
@@ -49,7 +55,19 @@ impl Profile {
                 e.nodes += 1;
                 e.bytes += bytes;
             }
-            None => self.per_op.push(ProfileEntry { op, weight, secs, nodes: 1, bytes }),
+            None => self.per_op.push(ProfileEntry { op, weight, secs, nodes: 1, bytes, group_secs: Vec::new() }),
+        }
+    }
+
+    /// Add group `g`'s busy time per op kind (`busy`'s entries, timed by that group's first
+    /// worker) to the matching entries' `group_secs`, for `groups` groups.
+    pub(super) fn add_group(&mut self, g: usize, groups: usize, busy: &Profile) {
+        for b in &busy.per_op {
+            let Some(e) = self.per_op.iter_mut().find(|e| e.op == b.op && e.weight == b.weight) else { continue };
+            if e.group_secs.len() < groups {
+                e.group_secs.resize(groups, 0.0);
+            }
+            e.group_secs[g] += b.secs;
         }
     }
 
@@ -65,6 +83,22 @@ impl Profile {
     /// Total seconds over all entries.
     pub fn total_secs(&self) -> f64 {
         self.per_op.iter().map(|e| e.secs).sum()
+    }
+}
+
+/// A node's weight type and layout, and the weight bytes it reads (matmuls; `(None, 0)`
+/// otherwise).
+pub(super) fn weight_of(graph: &Graph, id: TensorId) -> (Option<(DType, bool)>, usize) {
+    let t = graph.tensor(id);
+    match t.op {
+        Op::MatMul { w, .. } | Op::MatMulId { w, .. } => {
+            let wt = graph.tensor(w);
+            let il = matches!(wt.storage, Storage::Weight { copy: Some(WeightCopy { interleaved: true, .. }), .. });
+            // An expert matmul reads only the experts its tokens chose.
+            let bytes = if matches!(t.op, Op::MatMul { .. }) { wt.n_bytes() } else { 0 };
+            (Some((wt.dtype, il)), bytes)
+        }
+        _ => (None, 0),
     }
 }
 
