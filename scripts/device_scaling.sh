@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The many-core measurements the ArcLight and Sandwich issues ask of a lent machine (issue 16
+# item 8: thread scaling 1→N and TP 1/2/4 there, with lscpu's and hwloc's view of its nodes;
+# issue 17 item 7: the prefill/decode configuration `corelm tune` chooses there), in one call
+# of the `device` tool, which carries at most 64 MiB and has no Rust (DEVELOPERS.md).
+#
+#   scripts/device_scaling.sh pack       # here: .dev/corelm.xz and two shrunk models (~60 MiB)
+#   scripts/device_scaling.sh measure    # there (or here, to try it): tables in $OUT/scaling.md
+#
+# The device call: `run` with carry [".dev"], command `bash scripts/device_scaling.sh measure`,
+# timeout_s 540. Every step runs under `timeout`, so a slow one costs its own figure only;
+# the log says which. The models are shrunk (scripts/device_model.py: real shapes, types and
+# blocks, repeated rows), so the figures are speed only. Threads: 1, 2, 4, … up to the
+# machine's cores (nproc), then nproc itself; TP 1, 2, 4 at nproc threads.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DEV=.dev
+MODELS=${CORELM_MODELS:-$HOME/.cache/corelm/models}
+SMOL=SmolLM2-135M-Instruct.Q4_1.gguf
+QWEN=qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf
+
+pack() {
+    set -e
+    cargo build --release -p corelm-cli
+    mkdir -p "$DEV"
+    strip -o "$DEV/corelm" target/release/corelm
+    xz -9 -f "$DEV/corelm"
+    for m in "$SMOL" "$QWEN"; do
+        python3 scripts/device_model.py shrink "$MODELS/$m" "$DEV/$m.tiled" --keep 16
+    done
+    du -sh "$DEV"
+}
+
+measure() {
+    local out=${OUT:-/tmp/device_scaling}
+    mkdir -p "$out"
+    local log="$out/scaling.md" bin=/tmp/corelm-dev/corelm dir=/tmp/corelm-dev
+    mkdir -p "$dir"
+    if [ -f "$DEV/corelm.xz" ]; then
+        xz -dc "$DEV/corelm.xz" > "$bin" && chmod +x "$bin"
+    else
+        cp target/release/corelm "$bin"
+    fi
+    local m models=()
+    for m in "$SMOL" "$QWEN"; do
+        if [ -f "$DEV/$m.tiled" ]; then
+            timeout 120 python3 scripts/device_model.py expand "$DEV/$m.tiled" "$dir/$m" && models+=("$dir/$m")
+        elif [ -f "$MODELS/$m" ]; then
+            models+=("$MODELS/$m")
+        fi
+    done
+    local n; n=$(nproc)
+    local threads=() t=1
+    while [ "$t" -lt "$n" ]; do threads+=("$t"); t=$((t * 2)); done
+    threads+=("$n")
+    {
+        echo "# corelm on $(hostname): $(date -u +%FT%TZ)"
+        echo
+        echo '```'
+        lscpu | grep -E '^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA|L[23])' || true
+        grep -o -E 'avx512[a-z_0-9]*|amx[a-z_0-9]*|avx_vnni' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
+        timeout 30 "$bin" topo 2>&1 | head -40
+        echo '```'
+    } > "$log"
+    step() {  # step SECONDS ARGS...: one bench, its table rows into the log
+        local s=$1; shift
+        echo "## corelm bench $*" >> "$log"
+        if ! timeout "$s" "$bin" bench "$@" 2>&1 | grep -E '^\||aggregate|waits|^\[' >> "$log"; then
+            echo "(failed or timed out after ${s} s)" >> "$log"
+        fi
+    }
+    for m in "${models[@]}"; do
+        for t in "${threads[@]}"; do
+            step 90 -m "$m" -p 512 -n 128 -r 2 -t "$t"
+        done
+        for tp in 2 4; do
+            [ "$tp" -le "$n" ] && step 90 -m "$m" -p 512 -n 128 -r 2 -t "$n" --tp "$tp"
+        done
+    done
+    # Sandwich's configuration choice on this machine (SmolLM2).
+    if [ "${#models[@]}" -gt 0 ]; then
+        echo "## corelm tune -m $(basename "${models[0]}")" >> "$log"
+        timeout 150 "$bin" tune -m "${models[0]}" -o "$out/plan.json" 2>&1 | grep -v '^\s*$' | tail -25 >> "$log" \
+            || echo "(tune failed or timed out)" >> "$log"
+    fi
+    cat "$log"
+}
+
+case "${1:-measure}" in
+    pack) pack ;;
+    measure) measure ;;
+    *) echo "usage: $0 pack|measure" >&2; exit 2 ;;
+esac
