@@ -26,6 +26,9 @@ pub struct Gpu {
     info: wgpu::AdapterInfo,
     pub(crate) max_buffer: u64,
     pub(crate) gemv: HashMap<DType, wgpu::ComputePipeline>,
+    /// The tiled products of batches of `matrix::GEMM_MIN_TOKENS` tokens or more
+    /// (`shaders/gemm.wgsl`), with the GEMV's bindings: a matrix's bind group serves both.
+    pub(crate) gemm: HashMap<DType, wgpu::ComputePipeline>,
     pub(crate) act: wgpu::ComputePipeline,
     /// The neuron-major Q8_0 down projection of the hot neurons (`shaders/down_nm.wgsl`).
     pub(crate) down: wgpu::ComputePipeline,
@@ -36,9 +39,9 @@ pub struct Gpu {
 /// The byte helpers every shader reading GGML blocks shares.
 const BYTES: &str = include_str!("shaders/bytes.wgsl");
 
-/// The WGSL source of `t`'s GEMV: the common body and the type's `sub_dot`.
-fn gemv_source(t: DType) -> Option<String> {
-    let common = include_str!("shaders/common.wgsl");
+/// `t`'s part of the product shaders (`shaders/<type>.wgsl`): its `sub_dot` (the GEMV's) and
+/// `sub_val4` (the GEMM's), with the byte helpers they read blocks with.
+fn type_part(t: DType) -> Option<String> {
     let kmin = include_str!("shaders/kmin.wgsl");
     let part = match t {
         DType::F32 => include_str!("shaders/f32.wgsl").to_string(),
@@ -53,7 +56,7 @@ fn gemv_source(t: DType) -> Option<String> {
         DType::Q6K => include_str!("shaders/q6_k.wgsl").to_string(),
         _ => return None,
     };
-    Some(format!("{common}\n{BYTES}\n{part}"))
+    Some(format!("{BYTES}\n{part}"))
 }
 
 /// The weight types with a GEMV shader.
@@ -79,26 +82,42 @@ impl Gpu {
         }))
         .map_err(|e| AccelError::Device(e.to_string()))?;
         let max_buffer = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
-        let pipeline = |label: &str, src: String| {
+        let compile = |label: &str, src: String, layout: Option<&wgpu::PipelineLayout>| {
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(label),
                 source: wgpu::ShaderSource::Wgsl(src.into()),
             });
             device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(label),
-                layout: None,
+                layout,
                 module: &module,
                 entry_point: Some("main"),
                 compilation_options: Default::default(),
                 cache: None,
             })
         };
-        let gemv = TYPES.iter().map(|&t| (t, pipeline(&format!("gemv {t}"), gemv_source(t).expect("a listed type")))).collect();
+        let pipeline = |label: &str, src: String| compile(label, src, None);
+        // The products' bindings (W, X, Y, the shape), one layout for the GEMV and the GEMM.
+        let entry = |binding: u32, ty: wgpu::BindingType| wgpu::BindGroupLayoutEntry { binding, visibility: wgpu::ShaderStages::COMPUTE, ty, count: None };
+        let storage = |read_only: bool| wgpu::BindingType::Buffer { ty: wgpu::BufferBindingType::Storage { read_only }, has_dynamic_offset: false, min_binding_size: None };
+        let uniform = wgpu::BindingType::Buffer { ty: wgpu::BufferBindingType::Uniform, has_dynamic_offset: false, min_binding_size: None };
+        let products = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("products"),
+            entries: &[entry(0, storage(true)), entry(1, storage(true)), entry(2, storage(false)), entry(3, uniform)],
+        });
+        let products = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some("products"), bind_group_layouts: &[Some(&products)], immediate_size: 0 });
+        let (common, gemm_body) = (include_str!("shaders/common.wgsl"), include_str!("shaders/gemm.wgsl"));
+        let product = |kind: &str, body: &str, t: DType| {
+            let head = include_str!("shaders/products.wgsl");
+            compile(&format!("{kind} {t}"), format!("{head}\n{body}\n{}", type_part(t).expect("a listed type")), Some(&products))
+        };
+        let gemv = TYPES.iter().map(|&t| (t, product("gemv", common, t))).collect();
+        let gemm = TYPES.iter().map(|&t| (t, product("gemm", gemm_body, t))).collect();
         let act = pipeline("act", include_str!("shaders/act.wgsl").to_string());
         let down_params = include_str!("shaders/down_params.wgsl");
         let down = pipeline("down (neuron-major)", format!("{down_params}\n{}\n{BYTES}", include_str!("shaders/down_nm.wgsl")));
         let down_sum = pipeline("down (slice sums)", format!("{down_params}\n{}", include_str!("shaders/down_sum.wgsl")));
-        Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, gemv, act, down, down_sum })
+        Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, gemv, gemm, act, down, down_sum })
     }
 
     /// The adapter's name and backend, e.g. `NVIDIA H100 (Vulkan)`.

@@ -1,4 +1,5 @@
-//! A weight matrix on the accelerator and its matrix-vector product.
+//! A weight matrix on the accelerator and its products: the GEMV for small batches, the tiled
+//! GEMM for prefill's.
 
 use crate::device::{AccelError, Gpu, Shape, TYPES};
 use corelm_kernels::DType;
@@ -30,11 +31,16 @@ pub struct Matrix {
 const ROWS_PER_GROUP: usize = 8;
 const TOKENS_PER_GROUP: usize = 8;
 
-/// Workgroups along x and y for `rows` rows (at most 65,535 per dimension).
-fn groups(rows: usize) -> (u32, u32) {
-    let n = rows.div_ceil(ROWS_PER_GROUP);
-    let gx = n.clamp(1, 65_535);
-    (gx as u32, n.div_ceil(gx) as u32)
+/// Batches of this many tokens or more run the tiled GEMM (`shaders/gemm.wgsl`: a workgroup
+/// per 64 rows × 64 tokens, each block decoded once per 64 tokens), smaller ones the GEMV.
+/// Chosen, not measured on a GPU: at 32 tokens the GEMV decodes each block four times.
+pub const GEMM_MIN_TOKENS: usize = 32;
+const GEMM_TILE: usize = 64;
+
+/// Workgroups along x and y for `tiles` row tiles (at most 65,535 per dimension).
+fn groups(tiles: usize) -> (u32, u32) {
+    let gx = tiles.clamp(1, 65_535);
+    (gx as u32, tiles.div_ceil(gx) as u32)
 }
 
 impl Matrix {
@@ -68,7 +74,7 @@ impl Matrix {
     /// The bind group of `y = W x` over device buffers `x` (`[n_tokens, cols]`) and `y`
     /// (`[n_tokens, rows]`).
     pub(crate) fn bind(&self, gpu: &Gpu, x: &wgpu::Buffer, y: &wgpu::Buffer) -> wgpu::BindGroup {
-        gpu.bind("gemv", &gpu.gemv[&self.dtype], [&self.buf, x, y, &self.params.buf])
+        gpu.bind("product", &gpu.gemv[&self.dtype], [&self.buf, x, y, &self.params.buf])
     }
 
     /// Record `y = W x` for `n_tokens` tokens into `pass`.
@@ -79,12 +85,18 @@ impl Matrix {
     /// Record `y = W x` over the first `rows` rows for `n_tokens` (`y`: `[n_tokens, rows]`).
     /// The shape goes to the matrix's parameters through the queue, ahead of the submission
     /// that runs the pass: one product of a matrix per submission.
+    /// Batches of [`GEMM_MIN_TOKENS`] or more take the tiled GEMM, smaller ones the GEMV.
     pub(crate) fn dispatch_rows(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, rows: usize, n_tokens: usize) {
-        let (gx, gy) = groups(rows);
+        let (pipeline, rows_per, tokens_per) = if n_tokens >= GEMM_MIN_TOKENS {
+            (&gpu.gemm[&self.dtype], GEMM_TILE, GEMM_TILE)
+        } else {
+            (&gpu.gemv[&self.dtype], ROWS_PER_GROUP, TOKENS_PER_GROUP)
+        };
+        let (gx, gy) = groups(rows.div_ceil(rows_per));
         self.params.set(gpu, [rows as u32, self.cols as u32, self.row_bytes() as u32, gx, n_tokens as u32, 0, 0, 0]);
-        pass.set_pipeline(&gpu.gemv[&self.dtype]);
+        pass.set_pipeline(pipeline);
         pass.set_bind_group(0, bind, &[]);
-        pass.dispatch_workgroups(gx, gy, n_tokens.div_ceil(TOKENS_PER_GROUP) as u32);
+        pass.dispatch_workgroups(gx, gy, n_tokens.div_ceil(tokens_per) as u32);
     }
 
     /// `y = W x` for `x` of `n_tokens · cols` values, into `y` (`n_tokens · rows`): one

@@ -1,8 +1,9 @@
-//! The accelerator measured as a roofline target (`corelm profile --accel`): the GEMV shaders'
-//! throughput per kernel family at a compute-bound batch, the device's read bandwidth (one
-//! token over a matrix far larger than its caches), the host link's bandwidth, and the round
-//! trip of the smallest product (submit, dispatch, read back) — the fixed cost every product
-//! placed on the device pays, which the planner adds to its time there.
+//! The accelerator measured as a roofline target (`corelm profile --accel`): the product
+//! shaders' throughput per kernel family at a compute-bound batch (the tiled GEMM's), the
+//! device's read bandwidth (one token over a matrix far larger than its caches), the host
+//! link's bandwidth, and the round trip of the smallest product (submit, dispatch, read back)
+//! — the fixed cost every product placed on the device pays, which the planner adds to its
+//! time there.
 //!
 //! Every figure is the best of a few timed products. A product's time includes the upload of
 //! its activations and the read back of its results, as the engine's products pay them.
@@ -42,9 +43,11 @@ fn zeros(gpu: &Gpu, t: DType, rows: usize, cols: usize) -> Result<Matrix, AccelE
     Matrix::upload(gpu, "probe", t, rows, cols, &vec![0u8; rows * corelm_kernels::row_bytes(t, cols)])
 }
 
-/// GFLOP/s of `t`'s GEMV at a batch large enough to be compute-bound — rows and tokens doubled
-/// (from 256 × 1) until one product takes `secs / 4`, or 4096 rows × 64 tokens — with the
-/// matrix and token count that gave it.
+/// GFLOP/s of `t`'s products at a batch large enough to be compute-bound — rows and tokens
+/// doubled (from 256 × 1) until one product takes `secs / 4`, or 4096 rows × 256 tokens, so
+/// from `GEMM_MIN_TOKENS` tokens the tiled GEMM — with the matrix and token count that gave it.
+const MAX_TOKENS: usize = 256;
+
 fn compute_bound(gpu: &Gpu, t: DType, secs: f64) -> Result<(f64, Matrix, usize), AccelError> {
     let cols = 4096;
     let (mut rows, mut tokens) = (256, 1);
@@ -55,7 +58,7 @@ fn compute_bound(gpu: &Gpu, t: DType, secs: f64) -> Result<(f64, Matrix, usize),
         // The better of two: the first product of a pipeline also pays its warm-up (tens of
         // milliseconds on a GPU driver), which would stop the doubling at a tiny shape.
         let once = time_gemv(gpu, &m, &x, &mut y)?.min(time_gemv(gpu, &m, &x, &mut y)?);
-        let last = tokens == 64 && rows == 4096;
+        let last = tokens == MAX_TOKENS && rows == 4096;
         if once >= secs / 4.0 || last {
             let mut best = once;
             for _ in 0..3 {
@@ -63,7 +66,7 @@ fn compute_bound(gpu: &Gpu, t: DType, secs: f64) -> Result<(f64, Matrix, usize),
             }
             return Ok((2.0 * (rows * cols * tokens) as f64 / best / 1e9, m, tokens));
         }
-        if tokens < 64 {
+        if tokens < MAX_TOKENS {
             tokens *= 2;
         } else {
             rows *= 2;
@@ -108,7 +111,9 @@ pub fn read_for(gpu: &Gpu, secs: f64) -> Result<f64, AccelError> {
 pub fn measure(gpu: &Gpu, secs: f64) -> Result<DeviceProfile, AccelError> {
     let mut ceilings = Vec::new();
     for (family, t) in [("int8_dot", DType::Q8_0), ("f16_fma", DType::F16), ("f32_fma", DType::F32)] {
-        ceilings.push((family, format!("wgsl {} gemv", t.name().to_lowercase()), compute_bound(gpu, t, secs)?.0));
+        let (gflops, _, tokens) = compute_bound(gpu, t, secs)?;
+        let kind = if tokens >= crate::matrix::GEMM_MIN_TOKENS { "gemm" } else { "gemv" };
+        ceilings.push((family, format!("wgsl {} {kind}", t.name().to_lowercase()), gflops));
     }
     // Read bandwidth: one token over the largest Q8_0 matrix allowed (256 MiB on a GPU, 32 MiB
     // under software), best of 3 after a warm-up.

@@ -1,4 +1,4 @@
-//! Every accelerator GEMV against the file's dequantized values (exact sums, the bound of
+//! Every accelerator GEMV and tiled GEMM against the file's dequantized values (exact sums, the bound of
 //! `gemv_bound`) and against the CPU's own kernel (which quantizes the activations to 8 bits
 //! first, so within that quantization's error as well). Runs on whatever device `Gpu::open`
 //! finds: in CI Mesa's lavapipe.
@@ -43,8 +43,11 @@ fn gemv_matches_the_file_values_and_the_cpu_kernel() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let types = [DType::F32, DType::F16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4K, DType::Q5K, DType::Q6K];
     // Odd row counts (not whole 8-row workgroups), one row length of a single K-quant
-    // super-block, one token and 11 (two 8-token workgroups, the second holding 3).
-    for (t, rows, cols, n_tok) in types.iter().flat_map(|&t| [(t, 37, 256, 1), (t, 70, 1024, 11)]) {
+    // super-block, one token and 11 (two 8-token workgroups, the second holding 3); and 70
+    // tokens, the tiled GEMM's batch (two 64-token tiles, the second holding 6; 70 rows: a
+    // whole 64-row tile and 6).
+    const { assert!(70 >= corelm_accel::GEMM_MIN_TOKENS) };
+    for (t, rows, cols, n_tok) in types.iter().flat_map(|&t| [(t, 37, 256, 1), (t, 70, 1024, 11), (t, 70, 512, 70)]) {
         let w = matrix(t, rows, cols, &mut rng);
         let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
         let m = Matrix::upload(&gpu, "w", t, rows, cols, &w).unwrap();

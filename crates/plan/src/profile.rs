@@ -8,9 +8,9 @@
 //! and all physical cores at once; and read bandwidth of a buffer far larger than the caches at
 //! 1..N threads. With one target, "all targets busy" is the all-cores figure. A matrix unit
 //! joins as a second target where the table has one (Arm SME, `Isa::Sme`: the panel GEMM's
-//! `SUMOPA` tile kernel for `int8_dot`, the `FMOPA` GEMM for `f32_fma`); the memory roof with
-//! it busy, and the vector cores and it busy together, are not measured yet (Intel AMX has no
-//! kernels). An accelerator joins through `corelm profile --accel` ([`add_accelerator`]:
+//! `SUMOPA` tile kernel for `int8_dot`, the `FMOPA` GEMM for `f32_fma`; Intel AMX, `Isa::Amx`:
+//! its `TDPBSUD` panel for `int8_dot`); the memory roof with it busy, and the vector cores and
+//! it busy together, are not measured yet. An accelerator joins through `corelm profile --accel` ([`add_accelerator`]:
 //! `corelm_accel::probe` measures it, [`int8_beside`] the CPU's rate while it is busy).
 //!
 //! Stated profiles (`fixtures/profiles/*.json`) carry a paper's figures so the planner can be

@@ -1,22 +1,9 @@
-// Shared by every GEMV shader: bindings and the reduction (byte access: bytes.wgsl).
+// Shared by every GEMV shader: the reduction (bindings: products.wgsl; byte access: bytes.wgsl).
 // A workgroup of 256 threads computes 8 output rows for up to 8 tokens: 32 lanes per row take
 // its 32-value sub-blocks s = lane, lane + 32, ... (neighbouring lanes read neighbouring
 // bytes), each calls the type's `sub_dot` once per token (the block's bytes are read from
 // memory once and from cache for the other tokens), and each (row, token)'s 32 lane sums are
 // added in workgroup memory, in a fixed order.
-
-struct Params {
-    rows: u32,       // output rows computed (the matrix's rows, or a split's first rows)
-    cols: u32,       // values per row (a multiple of 32)
-    row_bytes: u32,  // bytes per row in the file's block layout
-    groups_x: u32,   // workgroups along x (row group = wid.x + wid.y * groups_x)
-    tokens: u32,     // tokens in X (`[tokens, cols]`) and Y (`[tokens, rows]`)
-}
-
-@group(0) @binding(0) var<storage, read> W: array<u32>;
-@group(0) @binding(1) var<storage, read> X: array<f32>;
-@group(0) @binding(2) var<storage, read_write> Y: array<f32>;
-@group(0) @binding(3) var<uniform> P: Params;
 
 const LANES: u32 = 32u;
 const ROWS: u32 = 8u;

@@ -8,3 +8,11 @@ fn sub_dot(rb: u32, s: u32, xo: u32) -> f32 {
     }
     return acc;
 }
+
+// Values 4 i4 .. 4 i4 + 3 of sub-block s (the GEMM's loads).
+fn sub_val4(rb: u32, s: u32, i4: u32) -> vec4<f32> {
+    let w = ((rb + s * 64u) >> 2u) + 2u * i4;
+    let a = unpack2x16float(W[w]);
+    let b = unpack2x16float(W[w + 1u]);
+    return vec4<f32>(a.x, a.y, b.x, b.y);
+}

@@ -7,3 +7,9 @@ fn sub_dot(rb: u32, s: u32, xo: u32) -> f32 {
     }
     return acc;
 }
+
+// Values 4 i4 .. 4 i4 + 3 of sub-block s (the GEMM's loads).
+fn sub_val4(rb: u32, s: u32, i4: u32) -> vec4<f32> {
+    let w = ((rb + s * 128u) >> 2u) + 4u * i4;
+    return vec4<f32>(bitcast<f32>(W[w]), bitcast<f32>(W[w + 1u]), bitcast<f32>(W[w + 2u]), bitcast<f32>(W[w + 3u]));
+}

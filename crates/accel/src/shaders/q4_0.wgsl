@@ -11,3 +11,12 @@ fn sub_dot(rb: u32, s: u32, xo: u32) -> f32 {
     }
     return f16at(b) * acc;
 }
+
+// Values 4 i4 .. 4 i4 + 3 of sub-block s (the GEMM's loads): low nibbles of qs[4 i4 ..] for
+// i4 < 4, high nibbles of qs[4 (i4 - 4) ..] after.
+fn sub_val4(rb: u32, s: u32, i4: u32) -> vec4<f32> {
+    let b = rb + s * 18u;
+    let q = w32(b + 2u + 4u * (i4 % 4u)) >> ((i4 / 4u) * 4u);
+    let d = f16at(b);
+    return (vec4<f32>(nib4(q)) - 8.0) * d;
+}

@@ -20,3 +20,13 @@ fn sub_dot(rb: u32, s: u32, xo: u32) -> f32 {
     }
     return f16at(b) * sm.x * acc - f16at(b + 2u) * sm.y * sx;
 }
+
+// Values l = 4 i4 .. 4 i4 + 3 of sub-block s (the GEMM's loads).
+fn sub_val4(rb: u32, s: u32, i4: u32) -> vec4<f32> {
+    let b = rb + (s / 8u) * 176u;
+    let j = s % 8u;
+    let sm = scale_min_k4(j, b + 4u);
+    let q = w32(b + 48u + (j / 2u) * 32u + 4u * i4) >> ((j % 2u) * 4u);
+    let h = w32(b + 16u + 4u * i4) >> j;
+    return (f16at(b) * sm.x) * vec4<f32>(nib4(q) | high4(h, 8u, 1u)) - f16at(b + 2u) * sm.y;
+}

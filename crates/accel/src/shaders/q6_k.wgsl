@@ -27,3 +27,17 @@ fn sub_dot(rb: u32, s: u32, xo: u32) -> f32 {
     let sc = b + 192u + 8u * n + 2u * k;
     return f16at(b + 208u) * (i8at(sc) * acc0 + i8at(sc + 1u) * acc1);
 }
+
+// Values l = 4 i4 .. 4 i4 + 3 of sub-block s (the GEMM's loads): d scale (q - 32), the scale
+// of values 0..15 or 16..31.
+fn sub_val4(rb: u32, s: u32, i4: u32) -> vec4<f32> {
+    let b = rb + (s / 8u) * 210u;
+    let j = s % 8u;
+    let n = j / 4u;
+    let k = j % 4u;
+    let lo = w32(b + 64u * n + 32u * (k % 2u) + 4u * i4) >> ((k / 2u) * 4u);
+    let hi = w32(b + 128u + 32u * n + 4u * i4) >> (2u * k);
+    let v = nib4(lo) | high4(hi, 8u, 3u);
+    let sc = i8at(b + 192u + 8u * n + 2u * k + i4 / 4u);
+    return (f16at(b + 208u) * sc) * (vec4<f32>(v) - 32.0);
+}

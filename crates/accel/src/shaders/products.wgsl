@@ -1,0 +1,15 @@
+// The products' parameters and bindings, shared by the GEMV (common.wgsl) and the GEMM
+// (gemm.wgsl): one binding layout, so a matrix's bind group serves both.
+
+struct Params {
+    rows: u32,       // output rows computed (the matrix's rows, or a split's first rows)
+    cols: u32,       // values per row (a multiple of 32)
+    row_bytes: u32,  // bytes per row in the file's block layout
+    groups_x: u32,   // workgroups along x (row group or tile = wid.x + wid.y * groups_x)
+    tokens: u32,     // tokens in X (`[tokens, cols]`) and Y (`[tokens, rows]`)
+}
+
+@group(0) @binding(0) var<storage, read> W: array<u32>;
+@group(0) @binding(1) var<storage, read> X: array<f32>;
+@group(0) @binding(2) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(3) var<uniform> P: Params;
