@@ -34,6 +34,9 @@ pub struct Gpu {
     pub(crate) down: wgpu::ComputePipeline,
     /// Its slice sums added in order (`shaders/down_sum.wgsl`).
     pub(crate) down_sum: wgpu::ComputePipeline,
+    /// The same product tiled, for batches of `matrix::GEMM_MIN_TOKENS` tokens or more
+    /// (`shaders/down_gemm.wgsl`).
+    pub(crate) down_gemm: wgpu::ComputePipeline,
 }
 
 /// The byte helpers every shader reading GGML blocks shares.
@@ -106,18 +109,20 @@ impl Gpu {
             entries: &[entry(0, storage(true)), entry(1, storage(true)), entry(2, storage(false)), entry(3, uniform)],
         });
         let products = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some("products"), bind_group_layouts: &[Some(&products)], immediate_size: 0 });
-        let (common, gemm_body) = (include_str!("shaders/common.wgsl"), include_str!("shaders/gemm.wgsl"));
+        let tile = include_str!("shaders/tile.wgsl");
+        let (common, gemm_body) = (include_str!("shaders/common.wgsl"), format!("{}\n{tile}", include_str!("shaders/gemm.wgsl")));
         let product = |kind: &str, body: &str, t: DType| {
             let head = include_str!("shaders/products.wgsl");
             compile(&format!("{kind} {t}"), format!("{head}\n{body}\n{}", type_part(t).expect("a listed type")), Some(&products))
         };
         let gemv = TYPES.iter().map(|&t| (t, product("gemv", common, t))).collect();
-        let gemm = TYPES.iter().map(|&t| (t, product("gemm", gemm_body, t))).collect();
+        let gemm = TYPES.iter().map(|&t| (t, product("gemm", &gemm_body, t))).collect();
         let act = pipeline("act", include_str!("shaders/act.wgsl").to_string());
         let down_params = include_str!("shaders/down_params.wgsl");
         let down = pipeline("down (neuron-major)", format!("{down_params}\n{}\n{BYTES}", include_str!("shaders/down_nm.wgsl")));
         let down_sum = pipeline("down (slice sums)", format!("{down_params}\n{}", include_str!("shaders/down_sum.wgsl")));
-        Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, gemv, gemm, act, down, down_sum })
+        let down_gemm = pipeline("down (tiled)", format!("{down_params}\n{}\n{tile}\n{BYTES}", include_str!("shaders/down_gemm.wgsl")));
+        Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, gemv, gemm, act, down, down_sum, down_gemm })
     }
 
     /// The adapter's name and backend, e.g. `NVIDIA H100 (Vulkan)`.

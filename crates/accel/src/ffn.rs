@@ -4,12 +4,13 @@
 //! (neuron-major, [`down_neuron_major`]). So a group of neurons is a contiguous range of rows
 //! in all three matrices, and [`HotFfn::load`] replaces one with three buffer writes (online
 //! balancing); rows never loaded are zeros and contribute nothing. `submit` uploads the FFN
-//! input and records gate and up (GEMVs), the gated activation (the kind and firing rule the
-//! graph's node gives: `|act(g)| > thr`, else 0, as the CPU's sparse nodes) and the
-//! neuron-major down (skipping neurons that did not fire) in one command buffer; `wait` reads
-//! the partial output back (an error if the device was lost). The engine adds it to the CPU's
-//! part through `corelm_core::Offload` (its `offload::Static` or `balance::Online`, which
-//! compute the device's part on the CPU once a read-back fails).
+//! input and records gate and up (GEMVs; a prompt's batch the tiled GEMM), the gated
+//! activation (the kind and firing rule the graph's node gives: `|act(g)| > thr`, else 0, as
+//! the CPU's sparse nodes) and the neuron-major down (skipping neurons that did not fire; a
+//! prompt's batch `shaders/down_gemm.wgsl`, tiled, adding their zeros) in one command buffer;
+//! `wait` reads the partial output back (an error if the device was lost). The engine adds it
+//! to the CPU's part through `corelm_core::Offload` (its `offload::Static` or
+//! `balance::Online`, which compute the device's part on the CPU once a read-back fails).
 
 use crate::device::{AccelError, Gpu, Shape};
 use crate::matrix::Matrix;
@@ -54,7 +55,7 @@ struct Layer {
     up: Matrix,
     /// `[capacity rows, n_embd]` Q8_0, row `i` the down column of the neuron in row `i`.
     down: Matrix,
-    bind: [wgpu::BindGroup; 5], // gate, up, act, down, down's slice sums
+    bind: [wgpu::BindGroup; 6], // gate, up, act, down, down's slice sums, down tiled
     /// Neuron ranges the down product is split into (`shaders/down_nm.wgsl`).
     slices: usize,
 }
@@ -159,7 +160,8 @@ impl HotFfn {
             let act = gpu.bind("act", &gpu.act, [&g, &u, &a, &act_params]);
             let bind_down = gpu.bind("down", &gpu.down, [&down.buf, &a, &sums, &down_params.buf]);
             let bind_sum = gpu.bind("down sums", &gpu.down_sum, [&sums, &y, &down_params.buf]);
-            let bind = [gate.bind(&gpu, &x, &g), up.bind(&gpu, &x, &u), act, bind_down, bind_sum];
+            let bind_tiled = gpu.bind("down tiled", &gpu.down_gemm, [&down.buf, &a, &y, &down_params.buf]);
+            let bind = [gate.bind(&gpu, &x, &g), up.bind(&gpu, &x, &u), act, bind_down, bind_sum, bind_tiled];
             out[l.layer] = Some(Layer { gate, up, down, bind, slices: slices_of(cap) });
         }
         Ok(HotFfn { gpu, n_embd, max_tokens, layers: out, x, y, staging, act_params, down_params, pending: Mutex::new(None), fail_next: AtomicBool::new(false), failed: AtomicBool::new(false) })
@@ -222,12 +224,19 @@ impl HotFfn {
             pass.set_pipeline(&gpu.act);
             pass.set_bind_group(0, &l.bind[2], &[]);
             pass.dispatch_workgroups(n.div_ceil(64), 1, 1);
-            pass.set_pipeline(&gpu.down);
-            pass.set_bind_group(0, &l.bind[3], &[]);
-            pass.dispatch_workgroups(self.n_embd.div_ceil(32) as u32, slices, n_tokens as u32);
-            pass.set_pipeline(&gpu.down_sum);
-            pass.set_bind_group(0, &l.bind[4], &[]);
-            pass.dispatch_workgroups(self.n_embd.div_ceil(64) as u32, n_tokens as u32, 1);
+            if n_tokens >= crate::matrix::GEMM_MIN_TOKENS {
+                // A prompt's batch: the tiled product, each block read once per 64 tokens.
+                pass.set_pipeline(&gpu.down_gemm);
+                pass.set_bind_group(0, &l.bind[5], &[]);
+                pass.dispatch_workgroups(self.n_embd.div_ceil(64) as u32, n_tokens.div_ceil(64) as u32, 1);
+            } else {
+                pass.set_pipeline(&gpu.down);
+                pass.set_bind_group(0, &l.bind[3], &[]);
+                pass.dispatch_workgroups(self.n_embd.div_ceil(32) as u32, slices, n_tokens as u32);
+                pass.set_pipeline(&gpu.down_sum);
+                pass.set_bind_group(0, &l.bind[4], &[]);
+                pass.dispatch_workgroups(self.n_embd.div_ceil(64) as u32, n_tokens as u32, 1);
+            }
         }
         enc.copy_buffer_to_buffer(&self.y, 0, &self.staging, 0, (n_tokens * self.n_embd * 4) as u64);
         gpu.queue.submit([enc.finish()]);

@@ -11,9 +11,9 @@
 //!   (`shaders/common.wgsl`: a workgroup per 8 output rows × 8 tokens, 32 lanes per row on
 //!   neighbouring blocks, a tree reduction per row and token), and a `sub_val4` (4 of a
 //!   block's values, dequantized as ggml does) under one tiled GEMM body for batches of
-//!   [`GEMM_MIN_TOKENS`] or more (`shaders/gemm.wgsl`: a workgroup per 64 rows × 64 tokens,
-//!   each block decoded once per tile into workgroup memory, 4 × 4 outputs per thread). Both
-//!   share one binding layout, so a matrix's bind group serves either.
+//!   [`GEMM_MIN_TOKENS`] or more (`shaders/gemm.wgsl` over `tile.wgsl`: a workgroup per 64
+//!   rows × 64 tokens, each block decoded once per tile into workgroup memory, 4 × 4 outputs
+//!   per thread). Both share one binding layout, so a matrix's bind group serves either.
 //! - Activations travel as f32, and the sums are f32 — unlike the CPU kernels, which quantize
 //!   the activations to 8 bits first — so results agree with the CPU within a bound, not
 //!   bit for bit ([`gemv_bound`] states it; the tests check it on every type).

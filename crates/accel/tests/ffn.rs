@@ -118,7 +118,7 @@ fn hot_ffn_matches_the_cpu_computation() {
     let [gate, up, down] = m.matrices();
     let (down0, down1) = (down_neuron_major(&down, &all), down_neuron_major(&down, &hot1));
     let layer = |l, capacity, neurons, down| HotLayer { layer: l, capacity, neurons, gate, up, down };
-    let ffn = HotFfn::new(gpu, 2, n_embd, 10, &[layer(0, n_ff, &all[..], &down0[..]), layer(1, 128, &hot1[..], &down1[..])]).unwrap();
+    let ffn = HotFfn::new(gpu, 2, n_embd, 70, &[layer(0, n_ff, &all[..], &down0[..]), layer(1, 128, &hot1[..], &down1[..])]).unwrap();
     assert_eq!(ffn.hot_counts(), vec![1280, 128]);
     let mut x = || (0..n_tok * n_embd).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect::<Vec<f32>>();
     let mut rows1: Vec<Option<u32>> = hot1.iter().map(|&n| Some(n)).chain([None; 32]).collect();
@@ -129,6 +129,14 @@ fn hot_ffn_matches_the_cpu_computation() {
         // The threshold lets some neurons fire and not others.
         assert!(fired > 0 && fired < n_tok * hot1.len(), "{fired} fired");
     }
+    // A prompt's batch of 70 tokens (two 64-token tiles): the tiled gate, up and down.
+    const { assert!(70 >= corelm_accel::GEMM_MIN_TOKENS) };
+    let mut rng70 = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let x70: Vec<f32> = (0..70 * n_embd).map(|_| rng70.random::<f32>() * 2.0 - 1.0).collect();
+    let all_rows: Vec<Option<u32>> = all.iter().map(|&n| Some(n)).collect();
+    assert_eq!(m.check(&ffn, 0, &all_rows, Glu::Silu, -1.0, &x70), 70 * n_ff);
+    let fired = m.check(&ffn, 1, &rows1, Glu::GeluTanh, 0.02, &x70);
+    assert!(fired > 0 && fired < 70 * hot1.len(), "{fired} fired");
     // Online balancing's loads: neurons 0, 3, 6, ... into the empty rows 96..128, then
     // neurons 2, 5, 8, ... over rows 32..64; each pass after a load computes the new rows.
     let load = |row0: usize, neurons: &[u32]| {

@@ -7,11 +7,6 @@
 // block is read and decoded once per 64 tokens (the GEMV decodes it once per 8), and every
 // output sums its sub-blocks in order, a fixed order whatever the batch.
 
-const TILE: u32 = 64u;
-// [32 values][64 rows] and [32 values][64 tokens] of the current sub-block.
-var<workgroup> wt: array<f32, 2048>;
-var<workgroup> xt: array<f32, 2048>;
-
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row0 = (wid.x + wid.y * P.groups_x) * TILE;
@@ -45,31 +40,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // The previous sub-block's products are done before its tiles are overwritten.
         workgroupBarrier();
         for (var c = 0u; c < 4u; c++) {
-            wt[(8u * lq + c) * TILE + lr] = w0[c];
-            wt[(8u * lq + 4u + c) * TILE + lr] = w1[c];
-            xt[(8u * lq + c) * TILE + lr] = x0[c];
-            xt[(8u * lq + 4u + c) * TILE + lr] = x1[c];
+            tile_w[(8u * lq + c) * TILE + lr] = w0[c];
+            tile_w[(8u * lq + 4u + c) * TILE + lr] = w1[c];
+            tile_x[(8u * lq + c) * TILE + lr] = x0[c];
+            tile_x[(8u * lq + 4u + c) * TILE + lr] = x1[c];
         }
         workgroupBarrier();
-        for (var k = 0u; k < 32u; k++) {
-            let a = k * TILE + 4u * ty;
-            let b = k * TILE + 4u * tx;
-            let xv = vec4<f32>(xt[b], xt[b + 1u], xt[b + 2u], xt[b + 3u]);
-            acc[0] += wt[a] * xv;
-            acc[1] += wt[a + 1u] * xv;
-            acc[2] += wt[a + 2u] * xv;
-            acc[3] += wt[a + 3u] * xv;
-        }
+        tile_step(&acc, ty, tx);
     }
-    for (var i = 0u; i < 4u; i++) {
-        let r = row0 + 4u * ty + i;
-        if (r < P.rows) {
-            for (var j = 0u; j < 4u; j++) {
-                let t = tok0 + 4u * tx + j;
-                if (t < P.tokens) {
-                    Y[t * P.rows + r] = acc[i][j];
-                }
-            }
-        }
-    }
+    tile_store(acc, row0, tok0, ty, tx, P.rows, P.tokens);
 }
