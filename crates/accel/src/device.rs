@@ -34,9 +34,21 @@ pub struct Gpu {
     pub(crate) down: wgpu::ComputePipeline,
     /// Its slice sums added in order (`shaders/down_sum.wgsl`).
     pub(crate) down_sum: wgpu::ComputePipeline,
+    /// Whole layers' other shaders (`layers.rs`).
+    pub(crate) layer: LayerPipelines,
     /// The same product tiled, for batches of `matrix::GEMM_MIN_TOKENS` tokens or more
     /// (`shaders/down_gemm.wgsl`).
     pub(crate) down_gemm: wgpu::ComputePipeline,
+}
+
+/// The shaders of whole layers on the device (`crate::layers`) besides the products and the
+/// gated activation.
+pub(crate) struct LayerPipelines {
+    pub(crate) rms_norm: wgpu::ComputePipeline,
+    pub(crate) add: wgpu::ComputePipeline,
+    pub(crate) rope: wgpu::ComputePipeline,
+    pub(crate) kv_store: wgpu::ComputePipeline,
+    pub(crate) attention: wgpu::ComputePipeline,
 }
 
 /// The byte helpers every shader reading GGML blocks shares.
@@ -121,8 +133,15 @@ impl Gpu {
         let down_params = include_str!("shaders/down_params.wgsl");
         let down = pipeline("down (neuron-major)", format!("{down_params}\n{}\n{BYTES}", include_str!("shaders/down_nm.wgsl")));
         let down_sum = pipeline("down (slice sums)", format!("{down_params}\n{}", include_str!("shaders/down_sum.wgsl")));
+        let layer = LayerPipelines {
+            rms_norm: pipeline("rms norm", include_str!("shaders/rms_norm.wgsl").to_string()),
+            add: pipeline("add", include_str!("shaders/add.wgsl").to_string()),
+            rope: pipeline("rope", include_str!("shaders/rope.wgsl").to_string()),
+            kv_store: pipeline("kv store", include_str!("shaders/kv_store.wgsl").to_string()),
+            attention: pipeline("attention", include_str!("shaders/attention.wgsl").to_string()),
+        };
         let down_gemm = pipeline("down (tiled)", format!("{down_params}\n{}\n{tile}\n{BYTES}", include_str!("shaders/down_gemm.wgsl")));
-        Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, gemv, gemm, act, down, down_sum, down_gemm })
+        Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, gemv, gemm, act, down, down_sum, layer, down_gemm })
     }
 
     /// The adapter's name and backend, e.g. `NVIDIA H100 (Vulkan)`.

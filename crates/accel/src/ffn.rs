@@ -223,7 +223,8 @@ impl HotFfn {
             l.up.dispatch(gpu, &mut pass, &l.bind[1], n_tokens);
             pass.set_pipeline(&gpu.act);
             pass.set_bind_group(0, &l.bind[2], &[]);
-            pass.dispatch_workgroups(n.div_ceil(64), 1, 1);
+            let (gx, gy) = crate::layers::grid(n as usize, 64);
+            pass.dispatch_workgroups(gx, gy, 1);
             if n_tokens >= crate::matrix::GEMM_MIN_TOKENS {
                 // A prompt's batch: the tiled product, each block read once per 64 tokens.
                 pass.set_pipeline(&gpu.down_gemm);

@@ -103,6 +103,12 @@ pub(crate) struct PlaceArgs {
     /// bound, not bit for bit.
     #[arg(long)]
     pub(crate) accel_split: bool,
+    /// Run the model's first N layers whole on the accelerator (a GPU through `wgpu`, or Mesa's
+    /// software lavapipe): norms, attention with their KV cache, feed-forward, one submission
+    /// and one read-back per pass for all of them. LLaMA and Qwen2 models; results within the
+    /// accelerator's f32 bound of the CPU's, not bit for bit.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) accel_layers: usize,
     #[command(flatten)]
     pub(crate) sparse: sparsity::SparseArgs,
 }
@@ -392,10 +398,14 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         sparsity,
         accel,
         accel_split: m.place.accel_split,
+        accel_layers: m.place.accel_layers,
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
     if let Some(a) = engine.accel() {
         eprintln!("{}", sparsity::describe_accel(a));
+    }
+    if let Some(d) = engine.device_layers() {
+        eprintln!("accel-layers: {}", d.summary());
     }
     if let Some(d) = engine.device() {
         eprintln!("accel-split: {}", d.summary());

@@ -85,10 +85,14 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         sparsity,
         accel,
         accel_split: a.place.accel_split,
+        accel_layers: a.place.accel_layers,
     };
     let engine = Engine::load(&model, cfg).with_context(|| format!("loading {}", model.display()))?;
     if let Some(d) = engine.device() {
         eprintln!("accel-split: {}", d.summary());
+    }
+    if let Some(d) = engine.device_layers() {
+        eprintln!("accel-layers: {}", d.summary());
     }
     if let Some(a) = engine.accel() {
         eprintln!("{}", crate::sparsity::describe_accel(a));

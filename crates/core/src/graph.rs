@@ -224,6 +224,8 @@ pub struct Builder<'k> {
     prediction: Option<(usize, Bundle)>,
     /// How the KV cache the graph writes lays its keys out.
     key_layout: KeyLayout,
+    /// The model's first layers the accelerator runs whole (`--accel-layers`).
+    device_layers: usize,
 }
 
 impl<'k> Builder<'k> {
@@ -250,7 +252,33 @@ impl<'k> Builder<'k> {
             sparse: None,
             prediction: None,
             key_layout: KeyLayout::Rows,
+            device_layers: 0,
         }
+    }
+
+    /// Run the model's first `n` layers whole on the accelerator (`Op::DeviceLayers`): the
+    /// model's `build` hands its embeddings to [`Self::device_block`] and starts at layer `n`.
+    pub fn with_device_layers(mut self, n: usize) -> Self {
+        self.device_layers = n;
+        self
+    }
+
+    /// How many first layers the accelerator runs whole (0: none).
+    pub fn device_layers(&self) -> usize {
+        self.device_layers
+    }
+
+    /// The accelerator's first layers over `x` (`[n_tokens, n_embd]`, the embeddings,
+    /// serial): their output, an activation of the last of them, which the CPU's first layer
+    /// reads. (Same parity as the embeddings' layer: after them in that region; the other: a
+    /// region of its own. Either way not where the first CPU layer writes.)
+    pub fn device_block(&mut self, x: &Bundle) -> Bundle {
+        assert!(self.device_layers > 0, "a device block needs --accel-layers");
+        let x = x.single();
+        self.check_src(x);
+        let ne = self.tensors[x.0 as usize].ne;
+        self.layer = self.device_layers as i32 - 1;
+        self.node(ne, DType::F32, Op::DeviceLayers { x })
     }
 
     /// Store keys in `layout` (the KV cache's, `--kv-layout`).

@@ -224,6 +224,10 @@ pub enum Op {
     /// tensor-parallel shard's of its range in shard order), handed to `Offload::observe`
     /// (online balancing).
     OffloadEnd { layer: u32, begin: TensorId, gates: Option<u32> },
+    /// The model's first layers run whole on the accelerator (`--accel-layers`): their output
+    /// `[n_embd, n_tokens]` from their input `x` (the embeddings), worker 0 waiting for it
+    /// (`sched::DeviceLayers`).
+    DeviceLayers { x: TensorId },
     /// Mixture-of-experts selection of each token from its router logits `[n_expert, n_tokens]`
     /// (`crate::moe::select`, workers split the tokens): I32 `[ids (P)] [weight bits (P)]`.
     MoeSelect { logits: TensorId, p: MoeParams },
@@ -280,6 +284,7 @@ impl Op {
             Op::SparseDown { .. } => "sparse_down",
             Op::OffloadBegin { .. } => "offload_begin",
             Op::OffloadEnd { .. } => "offload_end",
+            Op::DeviceLayers { .. } => "device_layers",
             Op::SelectOutputs { .. } => "select_outputs",
             Op::MoeSelect { .. } => "moe_select",
             Op::MoeRoute { .. } => "moe_route",

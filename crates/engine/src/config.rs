@@ -87,6 +87,10 @@ pub struct EngineConfig {
     /// [`crate::device`]): needs `roofline` with an accelerator target; no tensor parallelism,
     /// `--accel-mem` or `--matrix-workers` with it.
     pub accel_split: bool,
+    /// The model's first layers run whole on an accelerator (`--accel-layers`,
+    /// [`crate::device_layers`]): LLaMA and Qwen2 models, without tensor parallelism or the
+    /// other accelerator modes; 0: none.
+    pub accel_layers: usize,
 }
 
 impl Default for EngineConfig {
@@ -114,6 +118,7 @@ impl Default for EngineConfig {
             sparsity: None,
             accel: None,
             accel_split: false,
+            accel_layers: 0,
         }
     }
 }

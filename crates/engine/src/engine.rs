@@ -93,6 +93,7 @@ fn build_graph(
         .with_tp(tp.clone(), cfg.tp_sync)
         .with_sparsity(cfg.sparsity.clone())
         .with_key_layout(cfg.kv_layout)
+        .with_device_layers(cfg.accel_layers)
         .with_act_layout(layout.cloned());
     let out = model.build(&mut b);
     b.finish(&out)
@@ -197,6 +198,8 @@ pub struct Engine {
     online: Option<Arc<crate::balance::Online>>,
     /// The accelerator's share of split matmuls (`--accel-split`).
     device: Option<Arc<crate::device::DeviceSplits>>,
+    /// The accelerator's whole layers (`--accel-layers`).
+    device_layers: Option<Arc<crate::device_layers::LayersOnDevice>>,
 }
 
 impl Engine {
@@ -234,6 +237,9 @@ impl Engine {
         }
         if cfg.accel_split {
             check_accel_split(&cfg)?;
+        }
+        if cfg.accel_layers > 0 {
+            crate::device_layers::check(&cfg)?;
         }
         let placement = corelm_core::placement::this_machine(cfg.numa).map_err(Error::Config)?;
         let model = corelm_models::load(&gguf, kernels)?;
@@ -441,6 +447,11 @@ impl Engine {
         if let Some(d) = &device {
             exec.set_device(d.clone(), d.max_values(cfg.n_batch));
         }
+        let device_layers = match cfg.accel_layers {
+            0 => None,
+            n => Some(Arc::new(crate::device_layers::LayersOnDevice::open(&gguf, &h, n, kv.n_cells, cfg.n_batch, cfg.n_seq_max)?)),
+        };
+        exec.device_layers = device_layers.clone().map(|d| d as Arc<dyn corelm_core::DeviceLayers>);
         let (accel, online) = match (cfg.sparsity.as_ref().filter(|s| s.offloaded.iter().any(|v| !v.is_empty())), accel_groups, &cfg.accel) {
             (Some(_), Some((members, groups)), Some(a)) => {
                 let online = Arc::new(crate::balance::Online::new(gguf.clone(), kernels, a.balance, cfg.n_batch, members, &groups)?);
@@ -479,6 +490,7 @@ impl Engine {
             accel,
             online,
             device,
+            device_layers,
         })
     }
 
@@ -506,6 +518,11 @@ impl Engine {
     /// The accelerator's share of split matmuls, when `--accel-split` gave it one.
     pub fn device(&self) -> Option<&crate::device::DeviceSplits> {
         self.device.as_deref()
+    }
+
+    /// The accelerator's whole layers, when `--accel-layers` gave it some.
+    pub fn device_layers(&self) -> Option<&crate::device_layers::LayersOnDevice> {
+        self.device_layers.as_deref()
     }
 
     /// The accelerator's part of the FFNs, when `--accel-mem` gave it one.

@@ -24,6 +24,7 @@ pub mod chat;
 pub mod coact;
 pub mod config;
 pub mod device;
+pub mod device_layers;
 pub mod engine;
 pub mod eval;
 pub mod gemm_tune;

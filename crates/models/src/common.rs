@@ -427,7 +427,12 @@ impl Model for PreNorm {
         let h = &self.h;
         let te = b.weight(&self.tok_embd);
         let mut x = b.embed(&te); // [n_tokens, n_embd]
-        for (il, lw) in self.layers.iter().enumerate() {
+        // `--accel-layers`: the first layers whole on the accelerator, the rest here.
+        let on_device = b.device_layers();
+        if on_device > 0 {
+            x = b.device_block(&x); // [n_tokens, n_embd]
+        }
+        for (il, lw) in self.layers.iter().enumerate().skip(on_device) {
             b.begin_layer(il);
             x = pre_norm_block(b, h, lw, il, &x, &self.cfg, Glu::Silu); // [n_tokens, n_embd]
         }

@@ -14,8 +14,8 @@ struct ActParams {
 @group(0) @binding(3) var<uniform> Q: ActParams;
 
 @compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = gid.x + gid.y * nw.x * 64u;
     if (i >= Q.n) {
         return;
     }

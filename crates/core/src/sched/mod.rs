@@ -76,6 +76,16 @@ pub trait Tap: Send + Sync {
     fn node<'a>(&self, graph: &Graph, id: TensorId, read: &dyn Fn(TensorId) -> &'a [f32]);
 }
 
+/// An accelerator running the model's first layers whole (`Op::DeviceLayers`, the engine's
+/// `--accel-layers`), with their KV cache on the device. Called on worker 0 with the layers'
+/// input `x` `[n_tokens, n_embd]`, which it replaces by their output, and the pass's batch and
+/// the CPU's cache (whose block tables say where each token's rows go and which it attends
+/// over). A device lost mid-run cannot hand these layers back (their cache lives there): the
+/// call panics with what happened, which fails the pass.
+pub trait DeviceLayers: Send + Sync {
+    fn forward(&self, x: &mut [f32], batch: &BatchView, kv: &KvCache);
+}
+
 /// A second device that computes part of some layers' feed-forwards (`Op::OffloadBegin`,
 /// `Op::OffloadEnd`; KAIROX's hot neurons on an accelerator). Called on worker 0: `begin` with
 /// the FFN input `[n_tokens, n_embd]`, the gated activation's kind and the firing threshold
@@ -132,6 +142,8 @@ pub struct Executor {
     pub tap: Option<std::sync::Arc<dyn Tap>>,
     /// The device of graphs with `Op::OffloadBegin`/`OffloadEnd` nodes.
     pub offload: Option<std::sync::Arc<dyn Offload>>,
+    /// The device of graphs with an `Op::DeviceLayers` node.
+    pub device_layers: Option<std::sync::Arc<dyn DeviceLayers>>,
     /// The accelerator of graphs with `Graph::device_splits` ([`Executor::set_device`]).
     device: Option<std::sync::Arc<dyn DeviceMatmul>>,
     /// Tuned matmul schedules (`corelm tune`; set with [`Executor::set_schedules`]).
@@ -227,6 +239,7 @@ impl Executor {
             panel_gemm: false,
             tap: None,
             offload: None,
+            device_layers: None,
             device: None,
             schedules: None,
             gemm_dims: (max_k, max_rows),
@@ -323,6 +336,7 @@ impl Executor {
             mode: matmul::Mode { batch_invariant: self.batch_invariant, panel_gemm: self.panel_gemm },
             schedules: self.schedules.as_deref(),
             offload: self.offload.as_deref(),
+            device_layers: self.device_layers.as_deref(),
             device: self.device.as_deref(),
             classes: &self.classes,
             pipelines: &self.pipelines,
@@ -416,6 +430,7 @@ struct Ctx<'a> {
     mode: matmul::Mode,
     schedules: Option<&'a Schedules>,
     offload: Option<&'a dyn Offload>,
+    device_layers: Option<&'a dyn DeviceLayers>,
     device: Option<&'a dyn DeviceMatmul>,
     classes: &'a [WorkerClass],
     /// Prefill attention's pipelines, one per worker group ([`Executor::set_attn_pipeline`]).
@@ -621,6 +636,14 @@ impl Ctx<'_> {
                         let list = &self.graph.lists[list as usize];
                         device.observe(layer as usize, rows, &|i| list.get(i).map(|&g| self.f32s(g)));
                     }
+                }
+            }
+            Op::DeviceLayers { x } => {
+                if ith == 0 {
+                    // SAFETY: only worker 0 writes this node's tensor.
+                    let y = unsafe { self.out_f32(t, 0, ne0 * rows) };
+                    y.copy_from_slice(&self.f32s(x)[..ne0 * rows]);
+                    self.device_layers.expect("a graph with device layers runs with a DeviceLayers").forward(y, &self.batch, self.kv);
                 }
             }
             Op::MoeSelect { .. } | Op::MoeRoute { .. } | Op::MatMulId { .. } | Op::MoeCombine { .. } => self.moe(id, t, ith, nth, &mut scratch.mm),

@@ -1,0 +1,318 @@
+//! Whole decoder layers on the accelerator (`--accel-layers N`): the first N pre-norm blocks of
+//! a LLaMA or Qwen2 model — norms, Q/K/V with their biases, RoPE, the KV cache, attention, Wo,
+//! the SwiGLU feed-forward, both residual adds — recorded for every layer into one command
+//! buffer, so a pass pays one upload and one read-back however many layers the device holds
+//! (the per-layer round trip is what made the hot-neuron feed-forward slower than 16 cores on
+//! an H100: docs/benchmarks.md).
+//!
+//! The device's KV cache mirrors the CPU's (`corelm_core::kv`): each token's key and value rows
+//! go to the cache row the CPU's block tables give it (`slots`), and each token attends over
+//! its sequence's rows 0 ..= pos through the same tables, so several sequences per batch,
+//! their releases and shared prefix blocks need nothing of their own here. Rows are f32.
+//!
+//! Every buffer is allocated at load, sized for `max_tokens` tokens and `max_table` table
+//! entries; a pass only writes them. Sums are f32 (the matrices through [`Matrix`]'s GEMV or
+//! tiled GEMM), so results agree with the CPU's within a bound, not bit for bit.
+
+use crate::device::{AccelError, Gpu};
+use crate::ffn::FileMatrix;
+use crate::matrix::Matrix;
+use std::sync::{Arc, Mutex};
+
+/// The shape and settings every device layer shares.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerShape {
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    /// Values of each head RoPE rotates (the first ones).
+    pub n_rot: usize,
+    pub n_ff: usize,
+    pub eps: f32,
+    pub rope_base: f32,
+    pub freq_scale: f32,
+    /// NeoX pairing (Qwen2) instead of adjacent pairs (LLaMA).
+    pub neox: bool,
+    /// Multiplies q · k.
+    pub scale: f32,
+}
+
+/// One layer's weights as the model file holds them.
+pub struct LayerFiles<'a> {
+    pub attn_norm: &'a [f32],
+    pub wq: FileMatrix<'a>,
+    pub wk: FileMatrix<'a>,
+    pub wv: FileMatrix<'a>,
+    pub bq: Option<&'a [f32]>,
+    pub bk: Option<&'a [f32]>,
+    pub bv: Option<&'a [f32]>,
+    pub wo: FileMatrix<'a>,
+    pub ffn_norm: &'a [f32],
+    pub gate: FileMatrix<'a>,
+    pub up: FileMatrix<'a>,
+    pub down: FileMatrix<'a>,
+}
+
+/// A layer's matrices, its cache and the bind group of each of its dispatches.
+struct Layer {
+    mats: [Matrix; 7], // wq, wk, wv, wo, gate, up, down
+    /// Norms, biases and the cache, kept alive for the bind groups.
+    _bufs: Vec<wgpu::Buffer>,
+    has_bias: bool,
+    bind: LayerBinds,
+}
+
+struct LayerBinds {
+    norm1: wgpu::BindGroup,
+    q: wgpu::BindGroup,
+    k: wgpu::BindGroup,
+    v: wgpu::BindGroup,
+    bias: [Option<wgpu::BindGroup>; 3],
+    rope_q: wgpu::BindGroup,
+    rope_k: wgpu::BindGroup,
+    store: wgpu::BindGroup,
+    attn: wgpu::BindGroup,
+    o: wgpu::BindGroup,
+    residual1: wgpu::BindGroup,
+    norm2: wgpu::BindGroup,
+    gate: wgpu::BindGroup,
+    up: wgpu::BindGroup,
+    act: wgpu::BindGroup,
+    down: wgpu::BindGroup,
+    residual2: wgpu::BindGroup,
+}
+
+/// Per-pass shader parameters, one uniform buffer each (written before every submission).
+struct Params {
+    norm: wgpu::Buffer,
+    add_q: wgpu::Buffer,
+    add_kv: wgpu::Buffer,
+    add_e: wgpu::Buffer,
+    rope_q: wgpu::Buffer,
+    rope_k: wgpu::Buffer,
+    store: wgpu::Buffer,
+    attn: wgpu::Buffer,
+    act: wgpu::Buffer,
+}
+
+/// The first layers of a model on the device, and the buffers a pass uses.
+pub struct DeviceLayers {
+    gpu: Arc<Gpu>,
+    shape: LayerShape,
+    max_tokens: usize,
+    max_table: usize,
+    layers: Vec<Layer>,
+    x: wgpu::Buffer,
+    pos: wgpu::Buffer,
+    slots: wgpu::Buffer,
+    tables: wgpu::Buffer,
+    staging: wgpu::Buffer,
+    params: Params,
+    cache_bytes: u64,
+    /// One pass at a time (the buffers are shared).
+    lock: Mutex<()>,
+}
+
+/// Record one dispatch of `pipe` over `bind`.
+fn run(pass: &mut wgpu::ComputePass, pipe: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, (gx, gy): (u32, u32), gz: u32) {
+    pass.set_pipeline(pipe);
+    pass.set_bind_group(0, bind, &[]);
+    pass.dispatch_workgroups(gx, gy, gz);
+}
+
+/// Workgroups along x and y for `n` values at `per` values each (at most 65,535 along x).
+pub(crate) fn grid(n: usize, per: usize) -> (u32, u32) {
+    let groups = n.div_ceil(per).max(1);
+    let gx = groups.min(65_535);
+    (gx as u32, groups.div_ceil(gx) as u32)
+}
+
+impl DeviceLayers {
+    /// Upload `layers` (the model's first ones, in order) with a cache of `n_cells` rows per
+    /// layer (the CPU cache's), for passes of up to `max_tokens` tokens whose block tables
+    /// hold up to `max_table` entries together.
+    pub fn new(gpu: Arc<Gpu>, shape: LayerShape, layers: &[LayerFiles], n_cells: usize, max_tokens: usize, max_table: usize) -> Result<DeviceLayers, AccelError> {
+        let s = shape;
+        let (e, qd, kvd, ff) = (s.n_embd, s.n_head * s.head_dim, s.n_kv_head * s.head_dim, s.n_ff);
+        assert!(s.head_dim <= 256 && s.n_head.is_multiple_of(s.n_kv_head), "head_dim {} ≤ 256, {} heads over {} KV heads", s.head_dim, s.n_head, s.n_kv_head);
+        let f = |n: usize| (n * 4) as u64;
+        let rw = wgpu::BufferUsages::empty();
+        let dst = wgpu::BufferUsages::COPY_DST;
+        let x = gpu.storage("layers x", f(max_tokens * e), dst | wgpu::BufferUsages::COPY_SRC)?;
+        let xn = gpu.storage("layers xn", f(max_tokens * e), rw)?;
+        let q = gpu.storage("layers q", f(max_tokens * qd), rw)?;
+        let k = gpu.storage("layers k", f(max_tokens * kvd), rw)?;
+        let v = gpu.storage("layers v", f(max_tokens * kvd), rw)?;
+        let att = gpu.storage("layers attention", f(max_tokens * qd), rw)?;
+        let o = gpu.storage("layers o", f(max_tokens * e), rw)?;
+        let g = gpu.storage("layers gate", f(max_tokens * ff), rw)?;
+        let u = gpu.storage("layers up", f(max_tokens * ff), rw)?;
+        let a = gpu.storage("layers act", f(max_tokens * ff), rw)?;
+        let pos = gpu.storage("layers pos", f(max_tokens), dst)?;
+        let slots = gpu.storage("layers slots", f(max_tokens), dst)?;
+        let tables = gpu.storage("layers tables", f(max_tokens + max_table), dst)?;
+        let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("layers staging"),
+            size: x.size(),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let params = Params {
+            norm: gpu.uniform(&[e as u32, s.eps.to_bits(), 0, 0]),
+            add_q: gpu.uniform(&[0; 4]),
+            add_kv: gpu.uniform(&[0; 4]),
+            add_e: gpu.uniform(&[0; 4]),
+            rope_q: gpu.uniform(&[0; 8]),
+            rope_k: gpu.uniform(&[0; 8]),
+            store: gpu.uniform(&[0; 4]),
+            attn: gpu.uniform(&[0; 8]),
+            act: gpu.uniform(&[0; 4]),
+        };
+        let vector = |name: &str, v: &[f32]| -> Result<wgpu::Buffer, AccelError> {
+            let b = gpu.storage(name, f(v.len()), dst)?;
+            gpu.queue.write_buffer(&b, 0, bytemuck::cast_slice(v));
+            Ok(b)
+        };
+        let mut out = Vec::with_capacity(layers.len());
+        let mut cache_bytes = 0;
+        for (il, l) in layers.iter().enumerate() {
+            assert_eq!((l.attn_norm.len(), l.ffn_norm.len()), (e, e), "layer {il}: norms of {e}");
+            let up = |name: &str, m: &FileMatrix| Matrix::upload(&gpu, &format!("blk.{il}.{name}"), m.dtype, m.rows, m.cols, &m.bytes[..m.rows * m.row_bytes()]);
+            let mats = [up("attn_q", &l.wq)?, up("attn_k", &l.wk)?, up("attn_v", &l.wv)?, up("attn_output", &l.wo)?, up("ffn_gate", &l.gate)?, up("ffn_up", &l.up)?, up("ffn_down", &l.down)?];
+            let shapes = [(qd, e), (kvd, e), (kvd, e), (e, qd), (ff, e), (ff, e), (e, ff)];
+            for (m, &(rows, cols)) in mats.iter().zip(&shapes) {
+                assert_eq!((m.rows, m.cols), (rows, cols), "layer {il}: a matrix of {rows} × {cols}");
+            }
+            let n1 = vector(&format!("blk.{il}.attn_norm"), l.attn_norm)?;
+            let n2 = vector(&format!("blk.{il}.ffn_norm"), l.ffn_norm)?;
+            let kc = gpu.storage(&format!("blk.{il} key cache"), f(n_cells * kvd), rw)?;
+            let vc = gpu.storage(&format!("blk.{il} value cache"), f(n_cells * kvd), rw)?;
+            cache_bytes += kc.size() + vc.size();
+            let biases = [l.bq, l.bk, l.bv];
+            let has_bias = biases.iter().any(Option::is_some);
+            assert!(biases.iter().all(Option::is_some) || !has_bias, "layer {il}: biases on all of Q, K, V or none");
+            let mut bias_bufs = Vec::new();
+            let mut bias = [None, None, None];
+            for (i, (b, (t, p))) in biases.iter().zip([(&q, &params.add_q), (&k, &params.add_kv), (&v, &params.add_kv)]).enumerate() {
+                if let Some(b) = b {
+                    let buf = vector(&format!("blk.{il} bias {i}"), b)?;
+                    bias[i] = Some(gpu.bind("bias", &gpu.layer.add, [t, &buf, p]));
+                    bias_bufs.push(buf);
+                }
+            }
+            let p = &gpu.layer;
+            let bind = LayerBinds {
+                norm1: gpu.bind("attn norm", &p.rms_norm, [&x, &n1, &xn, &params.norm]),
+                q: mats[0].bind(&gpu, &xn, &q),
+                k: mats[1].bind(&gpu, &xn, &k),
+                v: mats[2].bind(&gpu, &xn, &v),
+                bias,
+                rope_q: gpu.bind("rope q", &p.rope, [&q, &pos, &params.rope_q]),
+                rope_k: gpu.bind("rope k", &p.rope, [&k, &pos, &params.rope_k]),
+                store: gpu.bind("kv store", &p.kv_store, [&k, &v, &kc, &vc, &slots, &params.store]),
+                attn: gpu.bind("attention", &p.attention, [&q, &kc, &vc, &att, &pos, &tables, &params.attn]),
+                o: mats[3].bind(&gpu, &att, &o),
+                residual1: gpu.bind("residual", &p.add, [&x, &o, &params.add_e]),
+                norm2: gpu.bind("ffn norm", &p.rms_norm, [&x, &n2, &xn, &params.norm]),
+                gate: mats[4].bind(&gpu, &xn, &g),
+                up: mats[5].bind(&gpu, &xn, &u),
+                act: gpu.bind("act", &gpu.act, [&g, &u, &a, &params.act]),
+                down: mats[6].bind(&gpu, &a, &o),
+                residual2: gpu.bind("residual", &p.add, [&x, &o, &params.add_e]),
+            };
+            let mut bufs = vec![n1, n2, kc, vc];
+            bufs.extend(bias_bufs);
+            out.push(Layer { mats, _bufs: bufs, has_bias, bind });
+        }
+        // The activation buffers live on in the bind groups; `x` also here, to upload and read.
+        drop((xn, q, k, v, att, o, g, u, a));
+        Ok(DeviceLayers { gpu, shape, max_tokens, max_table, layers: out, x, pos, slots, tables, staging, params, cache_bytes, lock: Mutex::new(()) })
+    }
+
+    /// Layers held.
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+
+    /// Bytes of weights on the device.
+    pub fn weight_bytes(&self) -> u64 {
+        self.layers.iter().flat_map(|l| l.mats.iter()).map(Matrix::bytes).sum()
+    }
+
+    /// Bytes of the device's KV cache.
+    pub fn cache_bytes(&self) -> u64 {
+        self.cache_bytes
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Run every layer over `x` (`[n_tokens, n_embd]`, replaced by the last layer's output):
+    /// token `t` at position `pos[t]` writes cache row `slots[t]` and attends over the rows
+    /// its block table gives; `tables` holds `n_tokens` offsets (each token's table in the
+    /// rest of the array), then the tables. One submission, one read-back.
+    pub fn forward(&self, x: &mut [f32], pos: &[i32], slots: &[u32], tables: &[u32]) -> Result<(), AccelError> {
+        let s = &self.shape;
+        let n = pos.len();
+        let (e, qd, kvd, ff) = (s.n_embd, s.n_head * s.head_dim, s.n_kv_head * s.head_dim, s.n_ff);
+        assert!(n > 0 && n <= self.max_tokens && x.len() == n * e && slots.len() == n, "{n} tokens of {e} (at most {})", self.max_tokens);
+        assert!(tables.len() <= n + self.max_table, "block tables of {} entries (at most {})", tables.len() - n, self.max_table);
+        let _pass = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let (gpu, q, p) = (&self.gpu, &self.gpu.queue, &self.params);
+        q.write_buffer(&self.x, 0, bytemuck::cast_slice(x));
+        q.write_buffer(&self.pos, 0, bytemuck::cast_slice(pos));
+        q.write_buffer(&self.slots, 0, bytemuck::cast_slice(slots));
+        q.write_buffer(&self.tables, 0, bytemuck::cast_slice(tables));
+        let w = |b: &wgpu::Buffer, words: &[u32]| q.write_buffer(b, 0, bytemuck::cast_slice(words));
+        let u = |v: usize| v as u32;
+        w(&p.add_q, &[u(n * qd), u(qd), 0, 0]);
+        w(&p.add_kv, &[u(n * kvd), u(kvd), 0, 0]);
+        w(&p.add_e, &[u(n * e), u(n * e), 0, 0]);
+        let rope = |heads: usize| [u(n), u(heads), u(s.head_dim), u(s.n_rot), s.rope_base.to_bits(), s.freq_scale.to_bits(), u(s.neox as usize), 0];
+        w(&p.rope_q, &rope(s.n_head));
+        w(&p.rope_k, &rope(s.n_kv_head));
+        w(&p.store, &[u(n), u(kvd), 0, 0]);
+        w(&p.attn, &[u(n), u(s.n_head), u(s.n_kv_head), u(s.head_dim), s.scale.to_bits(), 0, 0, 0]);
+        w(&p.act, &[u(n * ff), 0, (-1f32).to_bits(), 0]); // SiLU, every neuron
+        let pl = &gpu.layer;
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        {
+            let pass = &mut enc.begin_compute_pass(&Default::default());
+            for l in &self.layers {
+                let b = &l.bind;
+                // x [n, e] → xn = norm(x) → q, k, v (+ biases), RoPE → cache → attention [n, qd]
+                run(pass, &pl.rms_norm, &b.norm1, (u(n), 1), 1);
+                l.mats[0].dispatch(gpu, pass, &b.q, n);
+                l.mats[1].dispatch(gpu, pass, &b.k, n);
+                l.mats[2].dispatch(gpu, pass, &b.v, n);
+                if l.has_bias {
+                    for (bias, len) in b.bias.iter().zip([qd, kvd, kvd]) {
+                        run(pass, &pl.add, bias.as_ref().expect("all three biases"), grid(n * len, 256), 1);
+                    }
+                }
+                run(pass, &pl.rope, &b.rope_q, grid(n * s.n_head * s.n_rot / 2, 64), 1);
+                run(pass, &pl.rope, &b.rope_k, grid(n * s.n_kv_head * s.n_rot / 2, 64), 1);
+                run(pass, &pl.kv_store, &b.store, grid(n * kvd, 64), 1);
+                run(pass, &pl.attention, &b.attn, (u(s.n_head), u(n)), 1);
+                // x += Wo · attention; xn = norm(x); x += down(silu(gate xn) · up xn)
+                l.mats[3].dispatch(gpu, pass, &b.o, n);
+                run(pass, &pl.add, &b.residual1, grid(n * e, 256), 1);
+                run(pass, &pl.rms_norm, &b.norm2, (u(n), 1), 1);
+                l.mats[4].dispatch(gpu, pass, &b.gate, n);
+                l.mats[5].dispatch(gpu, pass, &b.up, n);
+                run(pass, &gpu.act, &b.act, grid(n * ff, 64), 1);
+                l.mats[6].dispatch(gpu, pass, &b.down, n);
+                run(pass, &pl.add, &b.residual2, grid(n * e, 256), 1);
+            }
+        }
+        enc.copy_buffer_to_buffer(&self.x, 0, &self.staging, 0, (n * e * 4) as u64);
+        gpu.queue.submit([enc.finish()]);
+        gpu.read_back(&self.staging, x)
+    }
+}

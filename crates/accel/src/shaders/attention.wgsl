@@ -1,0 +1,97 @@
+// A whole layer on the device (layers.rs): causal attention of each token over its sequence's
+// cached rows 0 ..= pos, read through the sequence's block table as the CPU's cache lays them
+// out (row of position p: table[p / 16] · 16 + p % 16). A workgroup of 64 threads per (head,
+// token): per chunk of 64 positions, each thread scores one (q · k · scale), then the running
+// maximum and sum are updated (online softmax, the same values on every thread) and each
+// thread adds the chunk's values into its dimensions (d = lid, lid + 64, …), in position order.
+// Sums in f32 (the CPU's F16 cache and rounding are not reproduced: a bound, not bits).
+
+struct AttnParams {
+    n_tokens: u32,
+    n_head: u32,
+    n_kv_head: u32,
+    head_dim: u32,
+    scale: f32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
+}
+
+@group(0) @binding(0) var<storage, read> Q: array<f32>;
+@group(0) @binding(1) var<storage, read> Kc: array<f32>;
+@group(0) @binding(2) var<storage, read> Vc: array<f32>;
+@group(0) @binding(3) var<storage, read_write> O: array<f32>;
+@group(0) @binding(4) var<storage, read> Pos: array<i32>;
+// [n_tokens] offsets of each token's block table in the rest of the array, then the tables.
+@group(0) @binding(5) var<storage, read> Tab: array<u32>;
+@group(0) @binding(6) var<uniform> A: AttnParams;
+
+const BLOCK: u32 = 16u;
+var<workgroup> qs: array<f32, 256>;
+var<workgroup> sc: array<f32, 64>;
+
+fn cache_row(toff: u32, p: u32) -> u32 {
+    return Tab[A.n_tokens + toff + p / BLOCK] * BLOCK + p % BLOCK;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let h = wid.x;
+    let t = wid.y;
+    let hd = A.head_dim;
+    let kvh = h / (A.n_head / A.n_kv_head);
+    let kvd = A.n_kv_head * hd;
+    let qo = (t * A.n_head + h) * hd;
+    for (var d = lid; d < hd; d += 64u) {
+        qs[d] = Q[qo + d];
+    }
+    workgroupBarrier();
+    let n_cells = u32(Pos[t]) + 1u;
+    let toff = Tab[t];
+    var m = -3.0e38;
+    var l = 0.0;
+    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+    for (var c0 = 0u; c0 < n_cells; c0 += 64u) {
+        let c = c0 + lid;
+        var s = -3.0e38;
+        if (c < n_cells) {
+            let ko = cache_row(toff, c) * kvd + kvh * hd;
+            var dot = 0.0;
+            for (var d = 0u; d < hd; d++) {
+                dot += qs[d] * Kc[ko + d];
+            }
+            s = dot * A.scale;
+        }
+        sc[lid] = s;
+        workgroupBarrier();
+        let n = min(64u, n_cells - c0);
+        var cm = m;
+        for (var i = 0u; i < n; i++) {
+            cm = max(cm, sc[i]);
+        }
+        let corr = exp(m - cm);
+        l *= corr;
+        for (var j = 0u; j < 4u; j++) {
+            acc[j] *= corr;
+        }
+        for (var i = 0u; i < n; i++) {
+            let p = exp(sc[i] - cm);
+            l += p;
+            let vo = cache_row(toff, c0 + i) * kvd + kvh * hd;
+            for (var j = 0u; j < 4u; j++) {
+                let d = lid + 64u * j;
+                if (d < hd) {
+                    acc[j] += p * Vc[vo + d];
+                }
+            }
+        }
+        m = cm;
+        workgroupBarrier();
+    }
+    for (var j = 0u; j < 4u; j++) {
+        let d = lid + 64u * j;
+        if (d < hd) {
+            O[qo + d] = acc[j] / l;
+        }
+    }
+}

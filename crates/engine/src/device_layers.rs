@@ -1,0 +1,170 @@
+//! `--accel-layers N`: the model's first N layers whole on the accelerator
+//! (`corelm_accel::DeviceLayers`), the CPU running the rest and the LM head — llama.cpp's
+//! `-ngl`, counted from the first layer. The graph hands the embeddings to one
+//! `Op::DeviceLayers` node and starts its own layers at N.
+//!
+//! The device keeps those layers' KV cache, written and read through the CPU cache's block
+//! tables (each pass uploads its tokens' cache rows and their sequences' tables), so every
+//! sequence, release and shared prefix the CPU's cache tracks holds on the device too. The
+//! CPU's cache still has room for those layers (unused).
+//!
+//! LLaMA and Qwen2 models (pre-norm blocks, SwiGLU, RoPE without per-frequency factors); not
+//! with tensor parallelism or the other accelerator modes. A device lost mid-run fails the
+//! pass with its error: the layers' cache lives there, so the CPU cannot take them over.
+
+use crate::Error;
+use corelm_accel::{DeviceLayers, FileMatrix, Gpu, LayerFiles, LayerShape};
+use corelm_core::kv::{KvCache, BLOCK};
+use corelm_core::BatchView;
+use corelm_gguf::{Gguf, TensorInfo};
+use corelm_kernels::DType;
+use corelm_models::Hyper;
+use std::sync::{Arc, Mutex};
+
+/// The accelerator's layers and the per-pass table buffer (reused: nothing allocated per
+/// pass once it has grown to the largest batch's).
+pub struct LayersOnDevice {
+    layers: DeviceLayers,
+    tables: Mutex<PassTables>,
+}
+
+/// One pass's block tables for the device.
+struct PassTables {
+    /// `[n_tokens]` table offsets, then the batch's sequences' block tables.
+    words: Vec<u32>,
+    /// The sequences seen in the pass, with their tables' offsets.
+    seqs: Vec<(i32, u32)>,
+}
+
+/// Why `--accel-layers` cannot run with `cfg`, if it cannot (checked before the model loads).
+pub fn check(cfg: &crate::EngineConfig) -> Result<(), Error> {
+    let refuse = |why: &str| Err(Error::Config(format!("--accel-layers: {why}")));
+    if cfg.tp > 1 {
+        return refuse("runs without tensor parallelism for now; drop --tp");
+    }
+    if cfg.accel.is_some() || cfg.accel_split || cfg.sparsity.is_some() {
+        return refuse("runs whole layers on the accelerator; --accel-mem, --accel-split and --sparsity place other work: use one");
+    }
+    Ok(())
+}
+
+impl LayersOnDevice {
+    /// Open the accelerator and upload the first `n` layers of `gguf` (`h` its shape) with a
+    /// cache of `n_cells` rows, for passes of up to `n_batch` tokens of up to `n_seq` sequences.
+    pub fn open(gguf: &Gguf, h: &Hyper, n: usize, n_cells: usize, n_batch: usize, n_seq: usize) -> Result<LayersOnDevice, Error> {
+        let refuse = |why: String| Error::Config(format!("--accel-layers {n}: {why}"));
+        let neox = match h.arch.as_str() {
+            "llama" => false,
+            "qwen2" => true,
+            a => return Err(refuse(format!("runs LLaMA and Qwen2 layers on the accelerator; this model is {a}"))),
+        };
+        if n > h.n_layer {
+            return Err(refuse(format!("the model has {} layers", h.n_layer)));
+        }
+        if gguf.tensor("rope_freqs.weight").is_some() {
+            return Err(refuse("the model's RoPE has per-frequency factors (Llama 3.x), which the device's RoPE lacks".into()));
+        }
+        if h.head_dim > 256 || !h.n_rot.is_multiple_of(2) || h.n_rot > h.head_dim {
+            return Err(refuse(format!("heads of {} values with {} rotated: the device's attention takes at most 256", h.head_dim, h.n_rot)));
+        }
+        let freq_scale = match gguf.opt_f32(&format!("{}.rope.scaling.factor", h.arch)) {
+            Ok(Some(f)) if f > 0.0 => 1.0 / f,
+            _ => 1.0,
+        };
+        let shape = LayerShape {
+            n_embd: h.n_embd,
+            n_head: h.n_head,
+            n_kv_head: h.n_kv_head,
+            head_dim: h.head_dim,
+            n_rot: h.n_rot,
+            n_ff: h.n_ff,
+            eps: h.eps,
+            rope_base: h.rope_base,
+            freq_scale,
+            neox,
+            scale: 1.0 / (h.head_dim as f32).sqrt(),
+        };
+        let tensor = |name: String| gguf.tensor(&name).ok_or_else(|| refuse(format!("the model has no {name}")));
+        let matrix = |t: &TensorInfo| -> Result<FileMatrix, Error> {
+            if !corelm_accel::supported(t.dtype) {
+                return Err(refuse(format!("{} is {}, which the accelerator has no kernel for", t.name, t.dtype)));
+            }
+            Ok(FileMatrix { dtype: t.dtype, rows: t.shape[1] as usize, cols: t.shape[0] as usize, bytes: gguf.tensor_data(t) })
+        };
+        let vector = |t: &TensorInfo| -> Result<Vec<f32>, Error> {
+            if t.dtype != DType::F32 {
+                return Err(refuse(format!("{} is {}, not F32", t.name, t.dtype)));
+            }
+            Ok(gguf.tensor_data(t).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        };
+        // Each layer's norms and biases as f32, then the file views of its matrices.
+        let mut vectors = Vec::with_capacity(n);
+        for l in 0..n {
+            let blk = |w: &str| format!("blk.{l}.{w}");
+            let bias = |w: &str| gguf.tensor(&blk(w)).map(vector).transpose();
+            vectors.push([
+                Some(vector(tensor(blk("attn_norm.weight"))?)?),
+                Some(vector(tensor(blk("ffn_norm.weight"))?)?),
+                bias("attn_q.bias")?,
+                bias("attn_k.bias")?,
+                bias("attn_v.bias")?,
+            ]);
+        }
+        let mut files = Vec::with_capacity(n);
+        for (l, v) in vectors.iter().enumerate() {
+            let m = |w: &str| tensor(format!("blk.{l}.{w}.weight")).and_then(matrix);
+            files.push(LayerFiles {
+                attn_norm: v[0].as_deref().expect("loaded above"),
+                ffn_norm: v[1].as_deref().expect("loaded above"),
+                bq: v[2].as_deref(),
+                bk: v[3].as_deref(),
+                bv: v[4].as_deref(),
+                wq: m("attn_q")?,
+                wk: m("attn_k")?,
+                wv: m("attn_v")?,
+                wo: m("attn_output")?,
+                gate: m("ffn_gate")?,
+                up: m("ffn_up")?,
+                down: m("ffn_down")?,
+            });
+        }
+        let gpu = Arc::new(Gpu::open().map_err(|e| refuse(e.to_string()))?);
+        let max_table = n_seq.min(n_batch) * n_cells.div_ceil(BLOCK);
+        let layers = DeviceLayers::new(gpu, shape, &files, n_cells, n_batch, max_table).map_err(|e| refuse(e.to_string()))?;
+        let tables = Mutex::new(PassTables { words: Vec::with_capacity(n_batch + max_table), seqs: Vec::with_capacity(n_seq.min(n_batch)) });
+        Ok(LayersOnDevice { layers, tables })
+    }
+
+    /// `N layers, X MB of weights and Y MB of cache on <device>`.
+    pub fn summary(&self) -> String {
+        let l = &self.layers;
+        format!("{} layers, {:.1} MB of weights and {:.1} MB of KV cache, on {}", l.len(), l.weight_bytes() as f64 / 1e6, l.cache_bytes() as f64 / 1e6, l.gpu().name())
+    }
+}
+
+impl corelm_core::DeviceLayers for LayersOnDevice {
+    fn forward(&self, x: &mut [f32], batch: &BatchView, kv: &KvCache) {
+        let mut guard = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        let PassTables { words: tables, seqs } = &mut *guard;
+        let n = batch.pos.len();
+        tables.clear();
+        seqs.clear();
+        tables.resize(n, 0);
+        for t in 0..n {
+            let seq = batch.seq[t];
+            let off = match seqs.iter().find(|(s, _)| *s == seq) {
+                Some(&(_, off)) => off,
+                None => {
+                    let off = (tables.len() - n) as u32;
+                    tables.extend_from_slice(kv.blocks.table(seq as usize));
+                    seqs.push((seq, off));
+                    off
+                }
+            };
+            tables[t] = off;
+        }
+        if let Err(e) = self.layers.forward(x, batch.pos, batch.slots, tables) {
+            panic!("--accel-layers: the accelerator failed ({e}); its layers' KV cache is lost with it, so the run cannot go on without it");
+        }
+    }
+}
