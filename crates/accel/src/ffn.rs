@@ -83,6 +83,9 @@ pub struct HotFfn {
     fail_next: AtomicBool,
     /// A read-back failed.
     failed: AtomicBool,
+    /// Products through the GEMV and the per-token down whatever the batch
+    /// ([`HotFfn::set_batch_invariant`]).
+    batch_invariant: AtomicBool,
 }
 
 /// `m`'s rows `neurons`, as stored, into `out` (cleared first).
@@ -164,7 +167,7 @@ impl HotFfn {
             let bind = [gate.bind(&gpu, &x, &g), up.bind(&gpu, &x, &u), act, bind_down, bind_sum, bind_tiled];
             out[l.layer] = Some(Layer { gate, up, down, bind, slices: slices_of(cap) });
         }
-        Ok(HotFfn { gpu, n_embd, max_tokens, layers: out, x, y, staging, act_params, down_params, pending: Mutex::new(None), fail_next: AtomicBool::new(false), failed: AtomicBool::new(false) })
+        Ok(HotFfn { gpu, n_embd, max_tokens, layers: out, x, y, staging, act_params, down_params, pending: Mutex::new(None), fail_next: AtomicBool::new(false), failed: AtomicBool::new(false), batch_invariant: AtomicBool::new(false) })
     }
 
     /// Bytes of weights held on the device.
@@ -200,6 +203,13 @@ impl HotFfn {
         &self.gpu
     }
 
+    /// Compute every token as if alone in its batch (what a server asks): gate and up through
+    /// the GEMV and down per token at every batch size, not the tiled products from
+    /// `GEMM_MIN_TOKENS`, whose sums run in another order.
+    pub fn set_batch_invariant(&self) {
+        self.batch_invariant.store(true, Ordering::Relaxed);
+    }
+
     /// Submit layer `layer`'s hot part for `x` (`[n_tokens, n_embd]`), activation `kind`,
     /// neurons firing where `|act(gate)| > thr`.
     pub fn submit(&self, layer: usize, x: &[f32], kind: Glu, thr: f32) {
@@ -219,13 +229,19 @@ impl HotFfn {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            l.gate.dispatch(gpu, &mut pass, &l.bind[0], n_tokens);
-            l.up.dispatch(gpu, &mut pass, &l.bind[1], n_tokens);
+            let invariant = self.batch_invariant.load(Ordering::Relaxed);
+            if invariant {
+                l.gate.dispatch_gemv(gpu, &mut pass, &l.bind[0], n_tokens);
+                l.up.dispatch_gemv(gpu, &mut pass, &l.bind[1], n_tokens);
+            } else {
+                l.gate.dispatch(gpu, &mut pass, &l.bind[0], n_tokens);
+                l.up.dispatch(gpu, &mut pass, &l.bind[1], n_tokens);
+            }
             pass.set_pipeline(&gpu.act);
             pass.set_bind_group(0, &l.bind[2], &[]);
             let (gx, gy) = crate::layers::grid(n as usize, 64);
             pass.dispatch_workgroups(gx, gy, 1);
-            if n_tokens >= crate::matrix::GEMM_MIN_TOKENS {
+            if n_tokens >= crate::matrix::GEMM_MIN_TOKENS && !invariant {
                 // A prompt's batch: the tiled product, each block read once per 64 tokens.
                 pass.set_pipeline(&gpu.down_gemm);
                 pass.set_bind_group(0, &l.bind[5], &[]);

@@ -110,6 +110,8 @@ pub struct DeviceLayers {
     staging: wgpu::Buffer,
     params: Params,
     cache_bytes: u64,
+    /// Every product through the GEMV, so a token's results do not depend on its batch.
+    batch_invariant: bool,
     /// One pass at a time (the buffers are shared).
     lock: Mutex<()>,
 }
@@ -131,8 +133,18 @@ pub(crate) fn grid(n: usize, per: usize) -> (u32, u32) {
 impl DeviceLayers {
     /// Upload `layers` (the model's first ones, in order) with a cache of `n_cells` rows per
     /// layer (the CPU cache's), for passes of up to `max_tokens` tokens whose block tables
-    /// hold up to `max_table` entries together.
-    pub fn new(gpu: Arc<Gpu>, shape: LayerShape, layers: &[LayerFiles], n_cells: usize, max_tokens: usize, max_table: usize) -> Result<DeviceLayers, AccelError> {
+    /// hold up to `max_table` entries together. `batch_invariant`: every product through the
+    /// GEMV (a token's sums as if alone; the tiled GEMM sums in another order).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        gpu: Arc<Gpu>,
+        shape: LayerShape,
+        layers: &[LayerFiles],
+        n_cells: usize,
+        max_tokens: usize,
+        max_table: usize,
+        batch_invariant: bool,
+    ) -> Result<DeviceLayers, AccelError> {
         let s = shape;
         let (e, qd, kvd, ff) = (s.n_embd, s.n_head * s.head_dim, s.n_kv_head * s.head_dim, s.n_ff);
         assert!(s.head_dim <= 256 && s.n_head.is_multiple_of(s.n_kv_head), "head_dim {} ≤ 256, {} heads over {} KV heads", s.head_dim, s.n_head, s.n_kv_head);
@@ -227,7 +239,7 @@ impl DeviceLayers {
         }
         // The activation buffers live on in the bind groups; `x` also here, to upload and read.
         drop((xn, q, k, v, att, o, g, u, a));
-        Ok(DeviceLayers { gpu, shape, max_tokens, max_table, layers: out, x, pos, slots, tables, staging, params, cache_bytes, lock: Mutex::new(()) })
+        Ok(DeviceLayers { gpu, shape, max_tokens, max_table, layers: out, x, pos, slots, tables, staging, params, cache_bytes, batch_invariant, lock: Mutex::new(()) })
     }
 
     /// Layers held.
@@ -284,13 +296,21 @@ impl DeviceLayers {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let pass = &mut enc.begin_compute_pass(&Default::default());
+            // The products record themselves (their shapes go through the queue).
+            let product = |m: &Matrix, bind: &wgpu::BindGroup, pass: &mut wgpu::ComputePass| {
+                if self.batch_invariant {
+                    m.dispatch_gemv(gpu, pass, bind, n)
+                } else {
+                    m.dispatch(gpu, pass, bind, n)
+                }
+            };
             for l in &self.layers {
                 let b = &l.bind;
                 // x [n, e] → xn = norm(x) → q, k, v (+ biases), RoPE → cache → attention [n, qd]
                 run(pass, &pl.rms_norm, &b.norm1, (u(n), 1), 1);
-                l.mats[0].dispatch(gpu, pass, &b.q, n);
-                l.mats[1].dispatch(gpu, pass, &b.k, n);
-                l.mats[2].dispatch(gpu, pass, &b.v, n);
+                product(&l.mats[0], &b.q, pass);
+                product(&l.mats[1], &b.k, pass);
+                product(&l.mats[2], &b.v, pass);
                 if l.has_bias {
                     for (bias, len) in b.bias.iter().zip([qd, kvd, kvd]) {
                         run(pass, &pl.add, bias.as_ref().expect("all three biases"), grid(n * len, 256), 1);
@@ -301,13 +321,13 @@ impl DeviceLayers {
                 run(pass, &pl.kv_store, &b.store, grid(n * kvd, 64), 1);
                 run(pass, &pl.attention, &b.attn, (u(s.n_head), u(n)), 1);
                 // x += Wo · attention; xn = norm(x); x += down(silu(gate xn) · up xn)
-                l.mats[3].dispatch(gpu, pass, &b.o, n);
+                product(&l.mats[3], &b.o, pass);
                 run(pass, &pl.add, &b.residual1, grid(n * e, 256), 1);
                 run(pass, &pl.rms_norm, &b.norm2, (u(n), 1), 1);
-                l.mats[4].dispatch(gpu, pass, &b.gate, n);
-                l.mats[5].dispatch(gpu, pass, &b.up, n);
+                product(&l.mats[4], &b.gate, pass);
+                product(&l.mats[5], &b.up, pass);
                 run(pass, &gpu.act, &b.act, grid(n * ff, 64), 1);
-                l.mats[6].dispatch(gpu, pass, &b.down, n);
+                product(&l.mats[6], &b.down, pass);
                 run(pass, &pl.add, &b.residual2, grid(n * e, 256), 1);
             }
         }

@@ -82,12 +82,22 @@ impl Matrix {
         self.dispatch_rows(gpu, pass, bind, self.rows, n_tokens)
     }
 
+    /// Record `y = W x` through the GEMV whatever the batch: each token's outputs summed as if
+    /// it were alone (batch-invariant results).
+    pub(crate) fn dispatch_gemv(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, n_tokens: usize) {
+        self.record(gpu, pass, bind, self.rows, n_tokens, false)
+    }
+
     /// Record `y = W x` over the first `rows` rows for `n_tokens` (`y`: `[n_tokens, rows]`).
     /// The shape goes to the matrix's parameters through the queue, ahead of the submission
     /// that runs the pass: one product of a matrix per submission.
     /// Batches of [`GEMM_MIN_TOKENS`] or more take the tiled GEMM, smaller ones the GEMV.
     pub(crate) fn dispatch_rows(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, rows: usize, n_tokens: usize) {
-        let (pipeline, rows_per, tokens_per) = if n_tokens >= GEMM_MIN_TOKENS {
+        self.record(gpu, pass, bind, rows, n_tokens, n_tokens >= GEMM_MIN_TOKENS)
+    }
+
+    fn record(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, rows: usize, n_tokens: usize, tiled: bool) {
+        let (pipeline, rows_per, tokens_per) = if tiled {
             (&gpu.gemm[&self.dtype], GEMM_TILE, GEMM_TILE)
         } else {
             (&gpu.gemv[&self.dtype], ROWS_PER_GROUP, TOKENS_PER_GROUP)

@@ -154,4 +154,14 @@ fn hot_ffn_matches_the_cpu_computation() {
     load(32, &b);
     rows1[32..64].iter_mut().zip(&b).for_each(|(r, &n)| *r = Some(n));
     assert_eq!(m.check(&ffn, 1, &rows1, Glu::GeluTanh, -1.0, &x()), n_tok * 128);
+    // Batch-invariant (a server's): the 70-token batch's first 9 rows are, bit for bit, those
+    // of the 9 tokens alone (without it, the batch takes the tiled products, summed otherwise).
+    ffn.set_batch_invariant();
+    let run = |x: &[f32]| {
+        let mut y = vec![0f32; x.len()];
+        ffn.submit(0, x, Glu::Silu, -1.0);
+        ffn.wait(0, &mut y).unwrap();
+        y
+    };
+    assert_eq!(run(&x70)[..9 * n_embd], run(&x70[..9 * n_embd])[..], "a token's outputs depend on its batch");
 }

@@ -51,7 +51,8 @@ pub fn check(cfg: &crate::EngineConfig) -> Result<(), Error> {
 impl LayersOnDevice {
     /// Open the accelerator and upload the first `n` layers of `gguf` (`h` its shape) with a
     /// cache of `n_cells` rows, for passes of up to `n_batch` tokens of up to `n_seq` sequences.
-    pub fn open(gguf: &Gguf, h: &Hyper, n: usize, n_cells: usize, n_batch: usize, n_seq: usize) -> Result<LayersOnDevice, Error> {
+    /// `batch_invariant`: a token's results as if alone in its batch (what `serve` asks).
+    pub fn open(gguf: &Gguf, h: &Hyper, n: usize, n_cells: usize, n_batch: usize, n_seq: usize, batch_invariant: bool) -> Result<LayersOnDevice, Error> {
         let refuse = |why: String| Error::Config(format!("--accel-layers {n}: {why}"));
         let neox = match h.arch.as_str() {
             "llama" => false,
@@ -130,7 +131,7 @@ impl LayersOnDevice {
         }
         let gpu = Arc::new(Gpu::open().map_err(|e| refuse(e.to_string()))?);
         let max_table = n_seq.min(n_batch) * n_cells.div_ceil(BLOCK);
-        let layers = DeviceLayers::new(gpu, shape, &files, n_cells, n_batch, max_table).map_err(|e| refuse(e.to_string()))?;
+        let layers = DeviceLayers::new(gpu, shape, &files, n_cells, n_batch, max_table, batch_invariant).map_err(|e| refuse(e.to_string()))?;
         let tables = Mutex::new(PassTables { words: Vec::with_capacity(n_batch + max_table), seqs: Vec::with_capacity(n_seq.min(n_batch)) });
         Ok(LayersOnDevice { layers, tables })
     }

@@ -449,7 +449,7 @@ impl Engine {
         }
         let device_layers = match cfg.accel_layers {
             0 => None,
-            n => Some(Arc::new(crate::device_layers::LayersOnDevice::open(&gguf, &h, n, kv.n_cells, cfg.n_batch, cfg.n_seq_max)?)),
+            n => Some(Arc::new(crate::device_layers::LayersOnDevice::open(&gguf, &h, n, kv.n_cells, cfg.n_batch, cfg.n_seq_max, cfg.batch_invariant)?)),
         };
         exec.device_layers = device_layers.clone().map(|d| d as Arc<dyn corelm_core::DeviceLayers>);
         let (accel, online) = match (cfg.sparsity.as_ref().filter(|s| s.offloaded.iter().any(|v| !v.is_empty())), accel_groups, &cfg.accel) {
@@ -465,6 +465,9 @@ impl Engine {
             }
             (None, _, _) => (None, None),
         };
+        if let (Some(a), true) = (&accel, cfg.batch_invariant) {
+            a.set_batch_invariant();
+        }
         let mut graphs = HashMap::new();
         graphs.insert((cfg.n_batch, cfg.n_batch), g);
         Ok(Engine {

@@ -136,24 +136,44 @@ fn first_layers_run_whole_on_the_accelerator() {
         let d = max_rel_diff(&tbt, &got);
         assert!(d < 0.01, "{n} layers: token by token against one pass: {d}");
         // Two sequences in one batch, the second's prompt shorter: as each alone.
-        let (a, b) = (&PROMPT[..14], &PROMPT[6..16]);
-        let (alone_a, alone_b) = (prompt_logits(&mut e, a), prompt_logits(&mut e, b));
-        let mut batch = corelm_engine::Batch::new();
-        let mut order = Vec::new();
-        for i in 0..a.len() {
-            batch.add(a[i], i as i32, 1, true);
-            order.push(&alone_a[i]);
-            if i < b.len() {
-                batch.add(b[i], i as i32, 2, true);
-                order.push(&alone_b[i]);
-            }
-        }
-        let l = e.decode(&batch).unwrap();
-        let rows: Vec<Vec<f32>> = (0..l.rows()).map(|r| l.row(r).to_vec()).collect();
-        let alone: Vec<Vec<f32>> = order.into_iter().cloned().collect();
+        let (rows, alone) = interleaved(&mut e, &PROMPT[..14], &PROMPT[6..16]);
         let d = max_rel_diff(&rows, &alone);
         assert!(d < 0.01, "{n} layers: two sequences in one batch against each alone: {d}");
-        e.clear_all();
+    }
+}
+
+/// Sequences 1 and 2 of prompts `a` and `b` interleaved in one batch: its logit rows, and the
+/// same rows with each sequence alone.
+fn interleaved(e: &mut Engine, a: &[u32], b: &[u32]) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    let (alone_a, alone_b) = (prompt_logits(e, a), prompt_logits(e, b));
+    let mut batch = corelm_engine::Batch::new();
+    let mut alone = Vec::new();
+    for i in 0..a.len().max(b.len()) {
+        if i < a.len() {
+            batch.add(a[i], i as i32, 1, true);
+            alone.push(alone_a[i].clone());
+        }
+        if i < b.len() {
+            batch.add(b[i], i as i32, 2, true);
+            alone.push(alone_b[i].clone());
+        }
+    }
+    let l = e.decode(&batch).unwrap();
+    let rows = (0..l.rows()).map(|r| l.row(r).to_vec()).collect();
+    e.clear_all();
+    (rows, alone)
+}
+
+/// `--accel-layers` under `--batch-invariant` (what `serve` sets): two sequences in a batch of
+/// 44 tokens (past the device's GEMM threshold) get, bit for bit, what each gets alone in
+/// batches of 24 and 20 (every product through the GEMV; the tiled GEMM sums in another order).
+#[test]
+fn device_layers_keep_batch_invariance() {
+    let (mut e, _) = load(SMOL, EngineConfig { accel_layers: 2, batch_invariant: true, ..test_config(2) });
+    const { assert!(24 + 20 >= corelm_accel::GEMM_MIN_TOKENS && 24 < corelm_accel::GEMM_MIN_TOKENS) };
+    let (rows, alone) = interleaved(&mut e, &PROMPT, &PROMPT[..20]);
+    for (r, (got, want)) in rows.iter().zip(&alone).enumerate() {
+        assert_eq!(got, want, "row {r} of the batch differs from its sequence alone");
     }
 }
 
