@@ -4,11 +4,13 @@
 # issue 17 item 7: the prefill/decode configuration `corelm tune` chooses there), in one call
 # of the `device` tool, which carries at most 64 MiB and has no Rust (DEVELOPERS.md).
 #
-#   scripts/device_scaling.sh pack       # here: .dev/corelm.xz and two shrunk models (~60 MiB)
+#   scripts/device_scaling.sh pack       # here: .dev/corelm.xz, two shrunk models (47 MB), and
+#                                        # the Vulkan loaders as .debs in .gl/ (the device README)
 #   scripts/device_scaling.sh measure    # there (or here, to try it): tables in $OUT/scaling.md
 #
-# The device call: `run` with carry [".dev"], command `bash scripts/device_scaling.sh measure`,
-# timeout_s 540. Every step runs under `timeout`, so a slow one costs its own figure only;
+# The device call: `run` with carry [".dev", ".gl"], command `bash scripts/device_scaling.sh
+# measure`, timeout_s 540. With a GPU (Vulkan found once .gl's loaders are unpacked), also
+# `corelm profile --accel` and Qwen2.5 / SmolLM2 with `--accel-layers` (none, half, all). Every step runs under `timeout`, so a slow one costs its own figure only;
 # the log says which. The models are shrunk (scripts/device_model.py: real shapes, types and
 # blocks, repeated rows), so the figures are speed only. Threads: 1, 2, 4, … up to the
 # machine's cores (nproc), then nproc itself; TP 1, 2, 4 at nproc threads.
@@ -28,7 +30,15 @@ pack() {
     for m in "$SMOL" "$QWEN"; do
         python3 scripts/device_model.py shrink "$MODELS/$m" "$DEV/$m.tiled" --keep 16
     done
-    du -sh "$DEV"
+    # The Vulkan loaders the device machine lacks (its README), amd64 whatever this machine is.
+    if ! ls .gl/*.deb > /dev/null 2>&1; then
+        grep -qx '/.gl/' .git/info/exclude 2> /dev/null || echo /.gl/ >> .git/info/exclude
+        mkdir -p .gl /tmp/amd64/partial
+        local o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+        apt-get $o update -qq
+        (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
+    fi
+    du -sh "$DEV" .gl
 }
 
 measure() {
@@ -65,7 +75,7 @@ measure() {
     step() {  # step SECONDS ARGS...: one bench, its table rows into the log
         local s=$1; shift
         echo "## corelm bench $*" >> "$log"
-        if ! timeout "$s" "$bin" bench "$@" 2>&1 | grep -E '^\||aggregate|waits|^\[' >> "$log"; then
+        if ! timeout "$s" "$bin" bench "$@" 2>&1 | grep -E '^\||aggregate|waits|accel-layers|^\[' >> "$log"; then
             echo "(failed or timed out after ${s} s)" >> "$log"
         fi
     }
@@ -77,6 +87,22 @@ measure() {
             [ "$tp" -le "$n" ] && step 90 -m "$m" -p 512 -n 128 -r 2 -t "$n" --tp "$tp"
         done
     done
+    # The accelerator, where there is a GPU: its roofline figures, then whole layers on it.
+    if ls .gl/*.deb > /dev/null 2>&1 && { command -v nvidia-smi > /dev/null || [ -d /usr/local/nvidia ]; }; then
+        for f in .gl/*.deb; do dpkg -x "$f" /; done
+        ldconfig
+        export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+        echo "## corelm profile --accel" >> "$log"
+        timeout 120 "$bin" profile --accel -o "$out/profile.json" 2>&1 | grep -E 'accel|wgsl|read|together' >> "$log" \
+            || echo "(profile --accel failed or timed out)" >> "$log"
+        for m in "${models[@]}"; do
+            local layers
+            layers=$(case "$m" in *qwen*) echo "0 12 24" ;; *) echo "0 15 30" ;; esac)
+            for l in $layers; do
+                step 120 -m "$m" -p 512 -n 128 -r 2 -t "$n" --accel-layers "$l"
+            done
+        done
+    fi
     # Sandwich's configuration choice on this machine (SmolLM2).
     if [ "${#models[@]}" -gt 0 ]; then
         echo "## corelm tune -m $(basename "${models[0]}")" >> "$log"
