@@ -45,6 +45,7 @@ pub struct Gpu {
 /// gated activation.
 pub(crate) struct LayerPipelines {
     pub(crate) rms_norm: wgpu::ComputePipeline,
+    pub(crate) head_norm: wgpu::ComputePipeline,
     pub(crate) add: wgpu::ComputePipeline,
     pub(crate) rope: wgpu::ComputePipeline,
     pub(crate) kv_store: wgpu::ComputePipeline,
@@ -133,8 +134,10 @@ impl Gpu {
         let down_params = include_str!("shaders/down_params.wgsl");
         let down = pipeline("down (neuron-major)", format!("{down_params}\n{}\n{BYTES}", include_str!("shaders/down_nm.wgsl")));
         let down_sum = pipeline("down (slice sums)", format!("{down_params}\n{}", include_str!("shaders/down_sum.wgsl")));
+        let norm = include_str!("shaders/norm.wgsl");
         let layer = LayerPipelines {
-            rms_norm: pipeline("rms norm", include_str!("shaders/rms_norm.wgsl").to_string()),
+            rms_norm: pipeline("rms norm", format!("{}\n{norm}", include_str!("shaders/rms_norm.wgsl"))),
+            head_norm: pipeline("head norm", format!("{}\n{norm}", include_str!("shaders/head_norm.wgsl"))),
             add: pipeline("add", include_str!("shaders/add.wgsl").to_string()),
             rope: pipeline("rope", include_str!("shaders/rope.wgsl").to_string()),
             kv_store: pipeline("kv store", include_str!("shaders/kv_store.wgsl").to_string()),

@@ -1,9 +1,10 @@
 //! Whole decoder layers on the accelerator (`--accel-layers N`): the first N pre-norm blocks of
-//! a LLaMA or Qwen2 model — norms, Q/K/V with their biases, RoPE, the KV cache, attention, Wo,
-//! the SwiGLU feed-forward, both residual adds — recorded for every layer into one command
-//! buffer, so a pass pays one upload and one read-back however many layers the device holds
-//! (the per-layer round trip is what made the hot-neuron feed-forward slower than 16 cores on
-//! an H100: docs/benchmarks.md).
+//! a LLaMA, Qwen2, Qwen3 or Gemma 3 model — norms, Q/K/V with their biases and per-head norms,
+//! RoPE, the KV cache, attention (a sliding window where the layer has one), Wo, the gated
+//! feed-forward, the output norms, both residual adds — recorded for every layer into one
+//! command buffer, so a pass pays one upload and one read-back however many layers the device
+//! holds (the per-layer round trip is what made the hot-neuron feed-forward slower than 16
+//! cores on an H100: docs/benchmarks.md).
 //!
 //! The device's KV cache mirrors the CPU's (`corelm_core::kv`): each token's key and value rows
 //! go to the cache row the CPU's block tables give it (`slots`), and each token attends over
@@ -17,6 +18,7 @@
 use crate::device::{AccelError, Gpu};
 use crate::ffn::FileMatrix;
 use crate::matrix::Matrix;
+use corelm_core::DeviceLayerSpec;
 use std::sync::{Arc, Mutex};
 
 /// The shape and settings every device layer shares.
@@ -30,17 +32,18 @@ pub struct LayerShape {
     pub n_rot: usize,
     pub n_ff: usize,
     pub eps: f32,
-    pub rope_base: f32,
-    pub freq_scale: f32,
-    /// NeoX pairing (Qwen2) instead of adjacent pairs (LLaMA).
-    pub neox: bool,
-    /// Multiplies q · k.
-    pub scale: f32,
 }
 
-/// One layer's weights as the model file holds them.
+/// One layer's weights as the model file holds them, and its settings.
 pub struct LayerFiles<'a> {
+    pub cfg: DeviceLayerSpec,
     pub attn_norm: &'a [f32],
+    /// Per-head norms of Q and K (Gemma 3, Qwen3), and norms of the attention's and the
+    /// feed-forward's outputs (Gemma 3).
+    pub q_norm: Option<&'a [f32]>,
+    pub k_norm: Option<&'a [f32]>,
+    pub post_attn_norm: Option<&'a [f32]>,
+    pub post_ffn_norm: Option<&'a [f32]>,
     pub wq: FileMatrix<'a>,
     pub wk: FileMatrix<'a>,
     pub wv: FileMatrix<'a>,
@@ -54,12 +57,18 @@ pub struct LayerFiles<'a> {
     pub down: FileMatrix<'a>,
 }
 
-/// A layer's matrices, its cache and the bind group of each of its dispatches.
+/// A layer's matrices, its cache, its parameters and the bind group of each of its dispatches.
 struct Layer {
     mats: [Matrix; 7], // wq, wk, wv, wo, gate, up, down
     /// Norms, biases and the cache, kept alive for the bind groups.
     _bufs: Vec<wgpu::Buffer>,
     has_bias: bool,
+    cfg: DeviceLayerSpec,
+    /// Its RoPE (Q, K), attention and activation parameters, written every pass.
+    rope_q: wgpu::Buffer,
+    rope_k: wgpu::Buffer,
+    attn: wgpu::Buffer,
+    act: wgpu::Buffer,
     bind: LayerBinds,
 }
 
@@ -69,31 +78,36 @@ struct LayerBinds {
     k: wgpu::BindGroup,
     v: wgpu::BindGroup,
     bias: [Option<wgpu::BindGroup>; 3],
+    q_norm: Option<wgpu::BindGroup>,
+    k_norm: Option<wgpu::BindGroup>,
     rope_q: wgpu::BindGroup,
     rope_k: wgpu::BindGroup,
     store: wgpu::BindGroup,
     attn: wgpu::BindGroup,
     o: wgpu::BindGroup,
+    /// The attention's output norm into `xn` (Gemma 3); the residual adds `xn` then, else `o`.
+    post_attn: Option<wgpu::BindGroup>,
     residual1: wgpu::BindGroup,
     norm2: wgpu::BindGroup,
     gate: wgpu::BindGroup,
     up: wgpu::BindGroup,
     act: wgpu::BindGroup,
     down: wgpu::BindGroup,
+    post_ffn: Option<wgpu::BindGroup>,
     residual2: wgpu::BindGroup,
 }
 
-/// Per-pass shader parameters, one uniform buffer each (written before every submission).
+/// Shader parameters every layer shares, one uniform buffer each (the ones that depend on the
+/// batch written before every submission).
 struct Params {
     norm: wgpu::Buffer,
+    /// Q's and K's per-head norms (their row counts differ).
+    norm_q: wgpu::Buffer,
+    norm_k: wgpu::Buffer,
     add_q: wgpu::Buffer,
     add_kv: wgpu::Buffer,
     add_e: wgpu::Buffer,
-    rope_q: wgpu::Buffer,
-    rope_k: wgpu::Buffer,
     store: wgpu::Buffer,
-    attn: wgpu::Buffer,
-    act: wgpu::Buffer,
 }
 
 /// The first layers of a model on the device, and the buffers a pass uses.
@@ -172,14 +186,12 @@ impl DeviceLayers {
         });
         let params = Params {
             norm: gpu.uniform(&[e as u32, s.eps.to_bits(), 0, 0]),
+            norm_q: gpu.uniform(&[s.head_dim as u32, s.eps.to_bits(), 0, 0]),
+            norm_k: gpu.uniform(&[s.head_dim as u32, s.eps.to_bits(), 0, 0]),
             add_q: gpu.uniform(&[0; 4]),
             add_kv: gpu.uniform(&[0; 4]),
             add_e: gpu.uniform(&[0; 4]),
-            rope_q: gpu.uniform(&[0; 8]),
-            rope_k: gpu.uniform(&[0; 8]),
             store: gpu.uniform(&[0; 4]),
-            attn: gpu.uniform(&[0; 8]),
-            act: gpu.uniform(&[0; 4]),
         };
         let vector = |name: &str, v: &[f32]| -> Result<wgpu::Buffer, AccelError> {
             let b = gpu.storage(name, f(v.len()), dst)?;
@@ -213,29 +225,46 @@ impl DeviceLayers {
                     bias_bufs.push(buf);
                 }
             }
+            let mut bufs = Vec::new();
+            let norm = |name: &str, w: Option<&[f32]>, len: usize| -> Result<Option<wgpu::Buffer>, AccelError> {
+                let Some(w) = w else { return Ok(None) };
+                assert_eq!(w.len(), len, "layer {il}: {name} of {len}");
+                Ok(Some(vector(&format!("blk.{il}.{name}"), w)?))
+            };
+            let (qn, kn) = (norm("attn_q_norm", l.q_norm, s.head_dim)?, norm("attn_k_norm", l.k_norm, s.head_dim)?);
+            let (pa, pf) = (norm("post_attention_norm", l.post_attn_norm, e)?, norm("post_ffw_norm", l.post_ffn_norm, e)?);
             let p = &gpu.layer;
+            let (rope_q, rope_k, attn, act) = (gpu.uniform(&[0; 8]), gpu.uniform(&[0; 8]), gpu.uniform(&[0; 8]), gpu.uniform(&[0; 4]));
+            let head_norm = |t: &wgpu::Buffer, w: &Option<wgpu::Buffer>, pn| w.as_ref().map(|w| gpu.bind("head norm", &p.head_norm, [t, w, pn]));
+            let post = |w: &Option<wgpu::Buffer>| w.as_ref().map(|w| gpu.bind("post norm", &p.rms_norm, [&o, w, &xn, &params.norm]));
+            let residual_from = |w: &Option<wgpu::Buffer>| gpu.bind("residual", &p.add, [&x, if w.is_some() { &xn } else { &o }, &params.add_e]);
             let bind = LayerBinds {
                 norm1: gpu.bind("attn norm", &p.rms_norm, [&x, &n1, &xn, &params.norm]),
                 q: mats[0].bind(&gpu, &xn, &q),
                 k: mats[1].bind(&gpu, &xn, &k),
                 v: mats[2].bind(&gpu, &xn, &v),
                 bias,
-                rope_q: gpu.bind("rope q", &p.rope, [&q, &pos, &params.rope_q]),
-                rope_k: gpu.bind("rope k", &p.rope, [&k, &pos, &params.rope_k]),
+                q_norm: head_norm(&q, &qn, &params.norm_q),
+                k_norm: head_norm(&k, &kn, &params.norm_k),
+                rope_q: gpu.bind("rope q", &p.rope, [&q, &pos, &rope_q]),
+                rope_k: gpu.bind("rope k", &p.rope, [&k, &pos, &rope_k]),
                 store: gpu.bind("kv store", &p.kv_store, [&k, &v, &kc, &vc, &slots, &params.store]),
-                attn: gpu.bind("attention", &p.attention, [&q, &kc, &vc, &att, &pos, &tables, &params.attn]),
+                attn: gpu.bind("attention", &p.attention, [&q, &kc, &vc, &att, &pos, &tables, &attn]),
                 o: mats[3].bind(&gpu, &att, &o),
-                residual1: gpu.bind("residual", &p.add, [&x, &o, &params.add_e]),
+                post_attn: post(&pa),
+                residual1: residual_from(&pa),
                 norm2: gpu.bind("ffn norm", &p.rms_norm, [&x, &n2, &xn, &params.norm]),
                 gate: mats[4].bind(&gpu, &xn, &g),
                 up: mats[5].bind(&gpu, &xn, &u),
-                act: gpu.bind("act", &gpu.act, [&g, &u, &a, &params.act]),
+                act: gpu.bind("act", &gpu.act, [&g, &u, &a, &act]),
                 down: mats[6].bind(&gpu, &a, &o),
-                residual2: gpu.bind("residual", &p.add, [&x, &o, &params.add_e]),
+                post_ffn: post(&pf),
+                residual2: residual_from(&pf),
             };
-            let mut bufs = vec![n1, n2, kc, vc];
+            bufs.extend([n1, n2, kc, vc]);
             bufs.extend(bias_bufs);
-            out.push(Layer { mats, _bufs: bufs, has_bias, bind });
+            bufs.extend([qn, kn, pa, pf].into_iter().flatten());
+            out.push(Layer { mats, _bufs: bufs, has_bias, cfg: l.cfg, rope_q, rope_k, attn, act, bind });
         }
         // The activation buffers live on in the bind groups; `x` also here, to upload and read.
         drop((xn, q, k, v, att, o, g, u, a));
@@ -286,12 +315,17 @@ impl DeviceLayers {
         w(&p.add_q, &[u(n * qd), u(qd), 0, 0]);
         w(&p.add_kv, &[u(n * kvd), u(kvd), 0, 0]);
         w(&p.add_e, &[u(n * e), u(n * e), 0, 0]);
-        let rope = |heads: usize| [u(n), u(heads), u(s.head_dim), u(s.n_rot), s.rope_base.to_bits(), s.freq_scale.to_bits(), u(s.neox as usize), 0];
-        w(&p.rope_q, &rope(s.n_head));
-        w(&p.rope_k, &rope(s.n_kv_head));
         w(&p.store, &[u(n), u(kvd), 0, 0]);
-        w(&p.attn, &[u(n), u(s.n_head), u(s.n_kv_head), u(s.head_dim), s.scale.to_bits(), 0, 0, 0]);
-        w(&p.act, &[u(n * ff), 0, (-1f32).to_bits(), 0]); // SiLU, every neuron
+        w(&p.norm_q, &[u(s.head_dim), s.eps.to_bits(), u(n * s.n_head), 0]);
+        w(&p.norm_k, &[u(s.head_dim), s.eps.to_bits(), u(n * s.n_kv_head), 0]);
+        for l in &self.layers {
+            let c = &l.cfg;
+            let rope = |heads: usize| [u(n), u(heads), u(s.head_dim), u(s.n_rot), c.rope_base.to_bits(), c.freq_scale.to_bits(), u(c.neox as usize), 0];
+            w(&l.rope_q, &rope(s.n_head));
+            w(&l.rope_k, &rope(s.n_kv_head));
+            w(&l.attn, &[u(n), u(s.n_head), u(s.n_kv_head), u(s.head_dim), c.scale.to_bits(), c.window.unwrap_or(0), 0, 0]);
+            w(&l.act, &[u(n * ff), u(c.gelu as usize), (-1f32).to_bits(), 0]); // every neuron fires
+        }
         let pl = &gpu.layer;
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
@@ -316,18 +350,29 @@ impl DeviceLayers {
                         run(pass, &pl.add, bias.as_ref().expect("all three biases"), grid(n * len, 256), 1);
                     }
                 }
+                for (norm, heads) in [(&b.q_norm, s.n_head), (&b.k_norm, s.n_kv_head)] {
+                    if let Some(norm) = norm {
+                        run(pass, &pl.head_norm, norm, grid(n * heads, 1), 1);
+                    }
+                }
                 run(pass, &pl.rope, &b.rope_q, grid(n * s.n_head * s.n_rot / 2, 64), 1);
                 run(pass, &pl.rope, &b.rope_k, grid(n * s.n_kv_head * s.n_rot / 2, 64), 1);
                 run(pass, &pl.kv_store, &b.store, grid(n * kvd, 64), 1);
                 run(pass, &pl.attention, &b.attn, (u(s.n_head), u(n)), 1);
                 // x += Wo · attention; xn = norm(x); x += down(silu(gate xn) · up xn)
                 product(&l.mats[3], &b.o, pass);
+                if let Some(post) = &b.post_attn {
+                    run(pass, &pl.rms_norm, post, (u(n), 1), 1);
+                }
                 run(pass, &pl.add, &b.residual1, grid(n * e, 256), 1);
                 run(pass, &pl.rms_norm, &b.norm2, (u(n), 1), 1);
                 product(&l.mats[4], &b.gate, pass);
                 product(&l.mats[5], &b.up, pass);
                 run(pass, &gpu.act, &b.act, grid(n * ff, 64), 1);
                 product(&l.mats[6], &b.down, pass);
+                if let Some(post) = &b.post_ffn {
+                    run(pass, &pl.rms_norm, post, (u(n), 1), 1);
+                }
                 run(pass, &pl.add, &b.residual2, grid(n * e, 256), 1);
             }
         }

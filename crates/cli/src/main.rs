@@ -105,8 +105,8 @@ pub(crate) struct PlaceArgs {
     pub(crate) accel_split: bool,
     /// Run the model's first N layers whole on the accelerator (a GPU through `wgpu`, or Mesa's
     /// software lavapipe): norms, attention with their KV cache, feed-forward, one submission
-    /// and one read-back per pass for all of them. LLaMA and Qwen2 models; results within the
-    /// accelerator's f32 bound of the CPU's, not bit for bit.
+    /// and one read-back per pass for all of them. LLaMA, Qwen2, Qwen3 and Gemma 3 models;
+    /// results within the accelerator's f32 bound of the CPU's, not bit for bit.
     #[arg(long, default_value_t = 0)]
     pub(crate) accel_layers: usize,
     #[command(flatten)]

@@ -36,6 +36,6 @@ pub use kv::KvCache;
 pub use memory::{Buffer, Place, Pools};
 pub use packed::PackedWeights;
 pub use placement::{NumaMode, Placement};
-pub use sched::{BatchView, DeviceLayers, DeviceMatmul, Executor, Offload, Profile, ProfileEntry, Tap, Weights};
+pub use sched::{BatchView, DeviceLayerSpec, DeviceLayers, DeviceMatmul, Executor, Offload, Profile, ProfileEntry, Tap, Weights};
 pub use tensor::{AttnParams, AttnShard, Bundle, ClassSplit, DeviceSplit, Glu, MoeParams, Op, RopeParams, Storage, Tensor, TensorId, WeightForm, WeightRef};
 pub use threads::{PoolConfig, ThreadPool, Worker};

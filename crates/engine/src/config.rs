@@ -88,8 +88,8 @@ pub struct EngineConfig {
     /// `--accel-mem` or `--matrix-workers` with it.
     pub accel_split: bool,
     /// The model's first layers run whole on an accelerator (`--accel-layers`,
-    /// [`crate::device_layers`]): LLaMA and Qwen2 models, without tensor parallelism or the
-    /// other accelerator modes; 0: none.
+    /// [`crate::device_layers`]): layers the model says can go (LLaMA, Qwen2, Qwen3, Gemma 3),
+    /// without tensor parallelism or the other accelerator modes; 0: none.
     pub accel_layers: usize,
 }
 

@@ -8,8 +8,9 @@
 //! sequence, release and shared prefix the CPU's cache tracks holds on the device too. The
 //! CPU's cache still has room for those layers (unused).
 //!
-//! LLaMA and Qwen2 models (pre-norm blocks, SwiGLU, RoPE without per-frequency factors); not
-//! with tensor parallelism or the other accelerator modes. A device lost mid-run fails the
+//! Which layers can go is the model's to say (`Model::device_layer`): LLaMA, Qwen2, Qwen3 and
+//! Gemma 3 (RoPE without per-frequency factors, separate Q/K/V, dense feed-forwards); not with
+//! tensor parallelism or the other accelerator modes. A device lost mid-run fails the
 //! pass with its error: the layers' cache lives there, so the CPU cannot take them over.
 
 use crate::Error;
@@ -18,7 +19,7 @@ use corelm_core::kv::{KvCache, BLOCK};
 use corelm_core::BatchView;
 use corelm_gguf::{Gguf, TensorInfo};
 use corelm_kernels::DType;
-use corelm_models::Hyper;
+use corelm_models::Model;
 use std::sync::{Arc, Mutex};
 
 /// The accelerator's layers and the per-pass table buffer (reused: nothing allocated per
@@ -49,42 +50,39 @@ pub fn check(cfg: &crate::EngineConfig) -> Result<(), Error> {
 }
 
 impl LayersOnDevice {
-    /// Open the accelerator and upload the first `n` layers of `gguf` (`h` its shape) with a
-    /// cache of `n_cells` rows, for passes of up to `n_batch` tokens of up to `n_seq` sequences.
-    /// `batch_invariant`: a token's results as if alone in its batch (what `serve` asks).
-    pub fn open(gguf: &Gguf, h: &Hyper, n: usize, n_cells: usize, n_batch: usize, n_seq: usize, batch_invariant: bool) -> Result<LayersOnDevice, Error> {
+    /// Open the accelerator and upload the first `n` layers of `gguf` (`model` says how each
+    /// runs) with a cache of `n_cells` rows, for passes of up to `n_batch` tokens of up to
+    /// `n_seq` sequences. `batch_invariant`: a token's results as if alone in its batch (what
+    /// `serve` asks).
+    #[allow(clippy::too_many_arguments)]
+    pub fn open(
+        gguf: &Gguf,
+        model: &dyn Model,
+        n: usize,
+        n_cells: usize,
+        n_batch: usize,
+        n_seq: usize,
+        batch_invariant: bool,
+    ) -> Result<LayersOnDevice, Error> {
+        let h = model.hyper();
         let refuse = |why: String| Error::Config(format!("--accel-layers {n}: {why}"));
-        let neox = match h.arch.as_str() {
-            "llama" => false,
-            "qwen2" => true,
-            a => return Err(refuse(format!("runs LLaMA and Qwen2 layers on the accelerator; this model is {a}"))),
-        };
         if n > h.n_layer {
             return Err(refuse(format!("the model has {} layers", h.n_layer)));
-        }
-        if gguf.tensor("rope_freqs.weight").is_some() {
-            return Err(refuse("the model's RoPE has per-frequency factors (Llama 3.x), which the device's RoPE lacks".into()));
         }
         if h.head_dim > 256 || !h.n_rot.is_multiple_of(2) || h.n_rot > h.head_dim {
             return Err(refuse(format!("heads of {} values with {} rotated: the device's attention takes at most 256", h.head_dim, h.n_rot)));
         }
-        let freq_scale = match gguf.opt_f32(&format!("{}.rope.scaling.factor", h.arch)) {
-            Ok(Some(f)) if f > 0.0 => 1.0 / f,
-            _ => 1.0,
-        };
-        let shape = LayerShape {
-            n_embd: h.n_embd,
-            n_head: h.n_head,
-            n_kv_head: h.n_kv_head,
-            head_dim: h.head_dim,
-            n_rot: h.n_rot,
-            n_ff: h.n_ff,
-            eps: h.eps,
-            rope_base: h.rope_base,
-            freq_scale,
-            neox,
-            scale: 1.0 / (h.head_dim as f32).sqrt(),
-        };
+        let specs = (0..n)
+            .map(|il| {
+                model.device_layer(il).ok_or_else(|| {
+                    refuse(format!(
+                        "layer {il} of this {} model cannot run on the accelerator (it runs LLaMA, Qwen2, Qwen3 and Gemma 3 layers: not RoPE with per-frequency factors, fused Q/K/V or experts)",
+                        h.arch
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let shape = LayerShape { n_embd: h.n_embd, n_head: h.n_head, n_kv_head: h.n_kv_head, head_dim: h.head_dim, n_rot: h.n_rot, n_ff: h.n_ff, eps: h.eps };
         let tensor = |name: String| gguf.tensor(&name).ok_or_else(|| refuse(format!("the model has no {name}")));
         let matrix = |t: &TensorInfo| -> Result<FileMatrix, Error> {
             if !corelm_accel::supported(t.dtype) {
@@ -98,28 +96,46 @@ impl LayersOnDevice {
             }
             Ok(gguf.tensor_data(t).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
         };
-        // Each layer's norms and biases as f32, then the file views of its matrices.
+        // Each layer's norms and biases as f32 (the optional ones where the file has them),
+        // then the file views of its matrices.
+        const VECTORS: [&str; 9] = [
+            "attn_norm.weight",
+            "ffn_norm.weight",
+            "attn_q.bias",
+            "attn_k.bias",
+            "attn_v.bias",
+            "attn_q_norm.weight",
+            "attn_k_norm.weight",
+            "post_attention_norm.weight",
+            "post_ffw_norm.weight",
+        ];
         let mut vectors = Vec::with_capacity(n);
         for l in 0..n {
-            let blk = |w: &str| format!("blk.{l}.{w}");
-            let bias = |w: &str| gguf.tensor(&blk(w)).map(vector).transpose();
-            vectors.push([
-                Some(vector(tensor(blk("attn_norm.weight"))?)?),
-                Some(vector(tensor(blk("ffn_norm.weight"))?)?),
-                bias("attn_q.bias")?,
-                bias("attn_k.bias")?,
-                bias("attn_v.bias")?,
-            ]);
+            let mut v: [Option<Vec<f32>>; 9] = Default::default();
+            for (slot, name) in v.iter_mut().zip(VECTORS) {
+                *slot = gguf.tensor(&format!("blk.{l}.{name}")).map(vector).transpose()?;
+            }
+            for (i, name) in VECTORS.iter().enumerate().take(2) {
+                if v[i].is_none() {
+                    return Err(refuse(format!("the model has no blk.{l}.{name}")));
+                }
+            }
+            vectors.push(v);
         }
         let mut files = Vec::with_capacity(n);
-        for (l, v) in vectors.iter().enumerate() {
+        for (l, (v, spec)) in vectors.iter().zip(&specs).enumerate() {
             let m = |w: &str| tensor(format!("blk.{l}.{w}.weight")).and_then(matrix);
             files.push(LayerFiles {
-                attn_norm: v[0].as_deref().expect("loaded above"),
-                ffn_norm: v[1].as_deref().expect("loaded above"),
+                cfg: *spec,
+                attn_norm: v[0].as_deref().expect("checked above"),
+                ffn_norm: v[1].as_deref().expect("checked above"),
                 bq: v[2].as_deref(),
                 bk: v[3].as_deref(),
                 bv: v[4].as_deref(),
+                q_norm: v[5].as_deref(),
+                k_norm: v[6].as_deref(),
+                post_attn_norm: v[7].as_deref(),
+                post_ffn_norm: v[8].as_deref(),
                 wq: m("attn_q")?,
                 wk: m("attn_k")?,
                 wv: m("attn_v")?,

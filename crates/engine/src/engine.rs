@@ -449,7 +449,7 @@ impl Engine {
         }
         let device_layers = match cfg.accel_layers {
             0 => None,
-            n => Some(Arc::new(crate::device_layers::LayersOnDevice::open(&gguf, &h, n, kv.n_cells, cfg.n_batch, cfg.n_seq_max, cfg.batch_invariant)?)),
+            n => Some(Arc::new(crate::device_layers::LayersOnDevice::open(&gguf, model.as_ref(), n, kv.n_cells, cfg.n_batch, cfg.n_seq_max, cfg.batch_invariant)?)),
         };
         exec.device_layers = device_layers.clone().map(|d| d as Arc<dyn corelm_core::DeviceLayers>);
         let (accel, online) = match (cfg.sparsity.as_ref().filter(|s| s.offloaded.iter().any(|v| !v.is_empty())), accel_groups, &cfg.accel) {

@@ -177,20 +177,25 @@ fn device_layers_keep_batch_invariance() {
     }
 }
 
-/// Qwen2.5's layers (NeoX RoPE, Q/K/V biases) whole on the accelerator: the logits of the
-/// prompt within the device's f32 sums of the CPU's. (LLaMA's adjacent pairs for Qwen's
-/// layers gave perplexity 16.4 against 6.0 over two 256-token chunks of GPL-3.)
+/// Qwen2.5's layers (NeoX RoPE, Q/K/V biases) and Gemma 3's (per-head Q/K norms, norms after
+/// attention and feed-forward, GELU, a sliding window in five layers of six) whole on the
+/// accelerator: the prompt's logits within the device's f32 sums of the CPU's (measured 0.020
+/// of the largest for Qwen2.5, 0.062–0.069 for Gemma 3 with 1 to 10 layers there: not growing
+/// with the layers; its 8-bit activations on the CPU lose more of Gemma's). (LLaMA's
+/// adjacent RoPE pairs for Qwen's layers gave perplexity 16.4 against 6.0 over two 256-token
+/// chunks of GPL-3; Gemma 3 with its window ignored, 109.5 against 15.9 over 1024 tokens.)
 #[test]
-fn qwen2_layers_run_whole_on_the_accelerator() {
-    const QWEN: &str = "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf";
-    let (mut cpu, tok) = load(QWEN, test_config(2));
-    let ids = tok.encode("fn main() { let answer = 6 * 7; println!(\"{}\", answer); }", true, false).unwrap();
-    let want = prompt_logits(&mut cpu, &ids);
-    drop(cpu);
-    let (mut e, _) = load(QWEN, EngineConfig { accel_layers: 2, ..test_config(2) });
-    let d = max_rel_diff(&prompt_logits(&mut e, &ids), &want);
-    eprintln!("Qwen2.5, 2 layers on the device: logits within {d} of the largest");
-    assert!(d > 0.0 && d < 0.05, "Qwen2.5 with 2 layers on the device: {d}");
+fn qwen2_and_gemma3_layers_run_whole_on_the_accelerator() {
+    for (file, layers, bound) in [("qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf", 2, 0.05), ("gemma-3-270m-q4_k_m.gguf", 6, 0.1)] {
+        let (mut cpu, tok) = load(file, test_config(2));
+        let ids = tok.encode("fn main() { let answer = 6 * 7; println!(\"{}\", answer); }", true, false).unwrap();
+        let want = prompt_logits(&mut cpu, &ids);
+        drop(cpu);
+        let (mut e, _) = load(file, EngineConfig { accel_layers: layers, ..test_config(2) });
+        let d = max_rel_diff(&prompt_logits(&mut e, &ids), &want);
+        eprintln!("{file}, {layers} layers on the device: logits within {d} of the largest");
+        assert!(d > 0.0 && d < bound, "{file} with {layers} layers on the device: {d}");
+    }
 }
 
 #[test]
@@ -200,6 +205,5 @@ fn accel_layers_refuse_what_they_cannot_run() {
     assert!(e.contains("--accel-layers") && e.contains("--tp"), "{e}");
     let e = err(EngineConfig { accel_layers: 31, ..test_config(2) }, SMOL);
     assert!(e.contains("30 layers"), "{e}");
-    let e = err(EngineConfig { accel_layers: 1, ..test_config(2) }, "gemma-3-270m-q4_k_m.gguf");
-    assert!(e.contains("gemma3"), "{e}");
+
 }

@@ -98,6 +98,24 @@ fn tensor_parallel_on_every_fixture() {
     }
 }
 
+/// Whole layers on the accelerator (`--accel-layers 2`, Mesa's lavapipe in CI) on the fixture
+/// architectures it runs — LLaMA (Mistral's grouped-query attention) and Qwen3's per-head
+/// Q/K norms — against llama.cpp within twice the tolerance (the device sums in f32, the CPU
+/// on 8-bit activations and an F16 cache), the same greedy tokens; the ones it cannot run are
+/// refused by layer and architecture (Llama 3's RoPE factors, Phi-3's fused Q/K/V, experts).
+#[test]
+fn accelerator_layers_on_the_fixtures() {
+    for name in ["mistral", "qwen3"] {
+        check_cfg(name, EngineConfig { accel_layers: 2, n_threads: 2, ..Default::default() }, 2.0 * TOL);
+    }
+    for name in ["llama3", "phi3", "qwen3moe"] {
+        let (path, _) = fixture(name);
+        let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, accel_layers: 1, ..Default::default() };
+        let err = Engine::load(&path, cfg).err().unwrap_or_else(|| panic!("{name}: refused")).to_string();
+        assert!(err.contains("--accel-layers 1: layer 0 of this"), "{name}: {err}");
+    }
+}
+
 /// Keys stored in columns (`--kv-layout columns`, the column-key attention, not ggml's
 /// algorithm) on every fixture architecture, alone and with two shards: within twice the
 /// tolerance (ggml's decode kernel rounds the query to F16 and accumulates in F16, which the

@@ -423,6 +423,21 @@ impl Model for PreNorm {
         &self.h
     }
 
+    fn device_layer(&self, il: usize) -> Option<crate::DeviceLayerSpec> {
+        // Not: Llama 3's per-frequency RoPE divisors, queries scaled as a node (Phi-3, whose
+        // Q/K/V are one fused matrix too), mixtures of experts.
+        let c = &self.cfg;
+        let dense = matches!(self.layers.get(il)?.ffn, Ffn::Dense { .. });
+        (dense && c.freqs.is_none() && c.q_scale.is_none()).then_some(crate::DeviceLayerSpec {
+            rope_base: c.rope.base,
+            freq_scale: c.rope.freq_scale,
+            neox: c.rope.neox,
+            window: None,
+            gelu: false,
+            scale: c.scale,
+        })
+    }
+
     fn build(&self, b: &mut Builder) -> Bundle {
         let h = &self.h;
         let te = b.weight(&self.tok_embd);

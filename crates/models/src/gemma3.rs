@@ -54,6 +54,26 @@ impl Gemma3 {
     fn is_swa(&self, il: usize) -> bool {
         il % self.pattern < self.pattern - 1
     }
+
+    /// Layer `il`'s attention: RoPE base and scaling and window by its kind, queries scaled by
+    /// a node of their own.
+    fn attn_cfg(&self, il: usize) -> AttnCfg {
+        let (h, swa) = (&self.h, self.is_swa(il));
+        AttnCfg {
+            rope: RopeParams {
+                n_head: h.n_head,
+                head_dim: h.head_dim,
+                n_rot: h.n_rot,
+                base: if swa { ROPE_BASE_SWA } else { h.rope_base },
+                freq_scale: if swa { 1.0 } else { self.freq_scale_global },
+                neox: true,
+            },
+            scale: 1.0,
+            q_scale: Some(1.0 / (h.head_dim as f32).sqrt()),
+            window: swa.then_some(self.window),
+            freqs: None,
+        }
+    }
 }
 
 impl Model for Gemma3 {
@@ -61,28 +81,31 @@ impl Model for Gemma3 {
         &self.h
     }
 
+    fn device_layer(&self, il: usize) -> Option<crate::DeviceLayerSpec> {
+        let c = self.attn_cfg(il);
+        (il < self.layers.len()).then_some(crate::DeviceLayerSpec {
+            rope_base: c.rope.base,
+            freq_scale: c.rope.freq_scale,
+            neox: true,
+            window: c.window,
+            gelu: true,
+            scale: c.q_scale.unwrap_or(1.0),
+        })
+    }
+
     fn build(&self, b: &mut Builder) -> Bundle {
         let h = &self.h;
         let te = b.weight(&self.tok_embd);
         let x = b.embed(&te); // [n_tokens, n_embd]
         let mut x = b.scale(&x, (h.n_embd as f32).sqrt());
-        for (il, lw) in self.layers.iter().enumerate() {
+        // `--accel-layers`: the first layers whole on the accelerator, the rest here.
+        let on_device = b.device_layers();
+        if on_device > 0 {
+            x = b.device_block(&x); // [n_tokens, n_embd]
+        }
+        for (il, lw) in self.layers.iter().enumerate().skip(on_device) {
             b.begin_layer(il);
-            let swa = self.is_swa(il);
-            let cfg = AttnCfg {
-                rope: RopeParams {
-                    n_head: h.n_head,
-                    head_dim: h.head_dim,
-                    n_rot: h.n_rot,
-                    base: if swa { ROPE_BASE_SWA } else { h.rope_base },
-                    freq_scale: if swa { 1.0 } else { self.freq_scale_global },
-                    neox: true,
-                },
-                scale: 1.0,
-                q_scale: Some(1.0 / (h.head_dim as f32).sqrt()),
-                window: swa.then_some(self.window),
-                freqs: None,
-            };
+            let cfg = self.attn_cfg(il);
             let an = b.weight(&lw.attn_norm);
             let hn = b.rms_norm(&x, &an, h.eps);
             let a = attention(b, h, lw, il, &hn, &cfg); // Q/K norms inside

@@ -56,7 +56,16 @@ pub trait Model: Send + Sync {
     fn hyper(&self) -> &Hyper;
     /// Append the forward pass for the builder's batch; returns the logits of the output rows.
     fn build(&self, b: &mut Builder) -> Bundle;
+    /// How layer `il` runs whole on an accelerator (`--accel-layers`: a pre-norm block whose
+    /// weights are named as LLaMA's, with the optional biases and norms found by name), or
+    /// `None` where the device's layer cannot compute it. A model that returns `Some` also
+    /// starts its `build` at [`Builder::device_layers`].
+    fn device_layer(&self, _il: usize) -> Option<DeviceLayerSpec> {
+        None
+    }
 }
+
+pub use corelm_core::DeviceLayerSpec;
 
 /// `general.architecture` values this build runs.
 pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma3";

@@ -4,7 +4,8 @@
 // token): per chunk of 64 positions, each thread scores one (q · k · scale), then the running
 // maximum and sum are updated (online softmax, the same values on every thread) and each
 // thread adds the chunk's values into its dimensions (d = lid, lid + 64, …), in position order.
-// Sums in f32 (the CPU's F16 cache and rounding are not reproduced: a bound, not bits).
+// With a sliding window w, positions max(0, pos + 1 − w) ..= pos. Sums in f32 (the CPU's F16
+// cache and rounding are not reproduced: a bound, not bits).
 
 struct AttnParams {
     n_tokens: u32,
@@ -12,7 +13,7 @@ struct AttnParams {
     n_kv_head: u32,
     head_dim: u32,
     scale: f32,
-    pad0: u32,
+    window: u32, // a sliding window's positions (0: none)
     pad1: u32,
     pad2: u32,
 }
@@ -47,11 +48,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
     let n_cells = u32(Pos[t]) + 1u;
+    var first = 0u;
+    if (A.window > 0u && n_cells > A.window) {
+        first = n_cells - A.window;
+    }
     let toff = Tab[t];
     var m = -3.0e38;
     var l = 0.0;
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
-    for (var c0 = 0u; c0 < n_cells; c0 += 64u) {
+    for (var c0 = first; c0 < n_cells; c0 += 64u) {
         let c = c0 + lid;
         var s = -3.0e38;
         if (c < n_cells) {

@@ -86,6 +86,22 @@ pub trait DeviceLayers: Send + Sync {
     fn forward(&self, x: &mut [f32], batch: &BatchView, kv: &KvCache);
 }
 
+/// What one layer run whole on an accelerator needs besides its weights (a model's
+/// `device_layer` says it; the accelerator's layers compute with it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeviceLayerSpec {
+    pub rope_base: f32,
+    pub freq_scale: f32,
+    /// NeoX pairing (Qwen2, Gemma 3) instead of adjacent pairs (LLaMA).
+    pub neox: bool,
+    /// Its sliding window of positions, if it has one (Gemma 3's local layers).
+    pub window: Option<u32>,
+    /// GELU (tanh) gating instead of SiLU.
+    pub gelu: bool,
+    /// Multiplies q · k.
+    pub scale: f32,
+}
+
 /// A second device that computes part of some layers' feed-forwards (`Op::OffloadBegin`,
 /// `Op::OffloadEnd`; KAIROX's hot neurons on an accelerator). Called on worker 0: `begin` with
 /// the FFN input `[n_tokens, n_embd]`, the gated activation's kind and the firing threshold
