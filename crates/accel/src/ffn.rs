@@ -74,7 +74,7 @@ pub struct HotFfn {
     x: wgpu::Buffer,
     y: wgpu::Buffer,
     staging: wgpu::Buffer,
-    act_params: wgpu::Buffer,
+    act_params: Shape,
     /// The down shaders' shape (`shaders/down_params.wgsl`).
     down_params: Shape,
     /// The layer and token count submitted by `begin`, not yet read back.
@@ -136,7 +136,7 @@ impl HotFfn {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let act_params = gpu.uniform(&[0, 0, 0, 0]);
+        let act_params = Shape::new(&gpu);
         let down_params = Shape::new(&gpu);
         let slices_of = |cap: usize| cap.div_ceil(NEURONS_PER_SLICE).clamp(1, MAX_SLICES);
         let max_slices = layers.iter().map(|l| slices_of(l.capacity)).max().unwrap_or(1);
@@ -160,7 +160,7 @@ impl HotFfn {
             gather_rows(&l.up, l.neurons, &mut loaded);
             let up = upload("up", l.up.dtype, &loaded)?;
             let down = upload("down", DType::Q8_0, l.down)?;
-            let act = gpu.bind("act", &gpu.act, [&g, &u, &a, &act_params]);
+            let act = gpu.bind("act", &gpu.act, [&g, &u, &a, &act_params.buf]);
             let bind_down = gpu.bind("down", &gpu.down, [&down.buf, &a, &sums, &down_params.buf]);
             let bind_sum = gpu.bind("down sums", &gpu.down_sum, [&sums, &y, &down_params.buf]);
             let bind_tiled = gpu.bind("down tiled", &gpu.down_gemm, [&down.buf, &a, &y, &down_params.buf]);
@@ -223,7 +223,7 @@ impl HotFfn {
             Glu::Silu => 0,
             Glu::GeluTanh => 1,
         };
-        gpu.queue.write_buffer(&self.act_params, 0, bytemuck::cast_slice(&[n, kind, thr.to_bits(), 0]));
+        self.act_params.set(gpu, [n, kind, thr.to_bits(), 0, 0, 0, 0, 0]);
         let (rows, slices) = (l.down.rows as u32, l.slices as u32);
         self.down_params.set(gpu, [rows, self.n_embd as u32, l.down.row_bytes() as u32, slices, n_tokens as u32, 0, 0, 0]);
         let mut enc = gpu.device.create_command_encoder(&Default::default());

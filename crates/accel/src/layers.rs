@@ -15,7 +15,7 @@
 //! entries; a pass only writes them. Sums are f32 (the matrices through [`Matrix`]'s GEMV or
 //! tiled GEMM), so results agree with the CPU's within a bound, not bit for bit.
 
-use crate::device::{AccelError, Gpu};
+use crate::device::{AccelError, Gpu, Shape};
 use crate::ffn::FileMatrix;
 use crate::matrix::Matrix;
 use corelm_core::DeviceLayerSpec;
@@ -64,11 +64,11 @@ struct Layer {
     _bufs: Vec<wgpu::Buffer>,
     has_bias: bool,
     cfg: DeviceLayerSpec,
-    /// Its RoPE (Q, K), attention and activation parameters, written every pass.
-    rope_q: wgpu::Buffer,
-    rope_k: wgpu::Buffer,
-    attn: wgpu::Buffer,
-    act: wgpu::Buffer,
+    /// Its RoPE (Q, K), attention and activation parameters (written when the batch changes).
+    rope_q: Shape,
+    rope_k: Shape,
+    attn: Shape,
+    act: Shape,
     bind: LayerBinds,
 }
 
@@ -97,17 +97,17 @@ struct LayerBinds {
     residual2: wgpu::BindGroup,
 }
 
-/// Shader parameters every layer shares, one uniform buffer each (the ones that depend on the
-/// batch written before every submission).
+/// Shader parameters every layer shares, one uniform buffer each (those that depend on the
+/// batch written only when it changes: decode steps write none).
 struct Params {
     norm: wgpu::Buffer,
     /// Q's and K's per-head norms (their row counts differ).
-    norm_q: wgpu::Buffer,
-    norm_k: wgpu::Buffer,
-    add_q: wgpu::Buffer,
-    add_kv: wgpu::Buffer,
-    add_e: wgpu::Buffer,
-    store: wgpu::Buffer,
+    norm_q: Shape,
+    norm_k: Shape,
+    add_q: Shape,
+    add_kv: Shape,
+    add_e: Shape,
+    store: Shape,
 }
 
 /// The first layers of a model on the device, and the buffers a pass uses.
@@ -186,12 +186,12 @@ impl DeviceLayers {
         });
         let params = Params {
             norm: gpu.uniform(&[e as u32, s.eps.to_bits(), 0, 0]),
-            norm_q: gpu.uniform(&[s.head_dim as u32, s.eps.to_bits(), 0, 0]),
-            norm_k: gpu.uniform(&[s.head_dim as u32, s.eps.to_bits(), 0, 0]),
-            add_q: gpu.uniform(&[0; 4]),
-            add_kv: gpu.uniform(&[0; 4]),
-            add_e: gpu.uniform(&[0; 4]),
-            store: gpu.uniform(&[0; 4]),
+            norm_q: Shape::new(&gpu),
+            norm_k: Shape::new(&gpu),
+            add_q: Shape::new(&gpu),
+            add_kv: Shape::new(&gpu),
+            add_e: Shape::new(&gpu),
+            store: Shape::new(&gpu),
         };
         let vector = |name: &str, v: &[f32]| -> Result<wgpu::Buffer, AccelError> {
             let b = gpu.storage(name, f(v.len()), dst)?;
@@ -218,7 +218,7 @@ impl DeviceLayers {
             assert!(biases.iter().all(Option::is_some) || !has_bias, "layer {il}: biases on all of Q, K, V or none");
             let mut bias_bufs = Vec::new();
             let mut bias = [None, None, None];
-            for (i, (b, (t, p))) in biases.iter().zip([(&q, &params.add_q), (&k, &params.add_kv), (&v, &params.add_kv)]).enumerate() {
+            for (i, (b, (t, p))) in biases.iter().zip([(&q, &params.add_q.buf), (&k, &params.add_kv.buf), (&v, &params.add_kv.buf)]).enumerate() {
                 if let Some(b) = b {
                     let buf = vector(&format!("blk.{il} bias {i}"), b)?;
                     bias[i] = Some(gpu.bind("bias", &gpu.layer.add, [t, &buf, p]));
@@ -234,29 +234,29 @@ impl DeviceLayers {
             let (qn, kn) = (norm("attn_q_norm", l.q_norm, s.head_dim)?, norm("attn_k_norm", l.k_norm, s.head_dim)?);
             let (pa, pf) = (norm("post_attention_norm", l.post_attn_norm, e)?, norm("post_ffw_norm", l.post_ffn_norm, e)?);
             let p = &gpu.layer;
-            let (rope_q, rope_k, attn, act) = (gpu.uniform(&[0; 8]), gpu.uniform(&[0; 8]), gpu.uniform(&[0; 8]), gpu.uniform(&[0; 4]));
+            let (rope_q, rope_k, attn, act) = (Shape::new(&gpu), Shape::new(&gpu), Shape::new(&gpu), Shape::new(&gpu));
             let head_norm = |t: &wgpu::Buffer, w: &Option<wgpu::Buffer>, pn| w.as_ref().map(|w| gpu.bind("head norm", &p.head_norm, [t, w, pn]));
             let post = |w: &Option<wgpu::Buffer>| w.as_ref().map(|w| gpu.bind("post norm", &p.rms_norm, [&o, w, &xn, &params.norm]));
-            let residual_from = |w: &Option<wgpu::Buffer>| gpu.bind("residual", &p.add, [&x, if w.is_some() { &xn } else { &o }, &params.add_e]);
+            let residual_from = |w: &Option<wgpu::Buffer>| gpu.bind("residual", &p.add, [&x, if w.is_some() { &xn } else { &o }, &params.add_e.buf]);
             let bind = LayerBinds {
                 norm1: gpu.bind("attn norm", &p.rms_norm, [&x, &n1, &xn, &params.norm]),
                 q: mats[0].bind(&gpu, &xn, &q),
                 k: mats[1].bind(&gpu, &xn, &k),
                 v: mats[2].bind(&gpu, &xn, &v),
                 bias,
-                q_norm: head_norm(&q, &qn, &params.norm_q),
-                k_norm: head_norm(&k, &kn, &params.norm_k),
-                rope_q: gpu.bind("rope q", &p.rope, [&q, &pos, &rope_q]),
-                rope_k: gpu.bind("rope k", &p.rope, [&k, &pos, &rope_k]),
-                store: gpu.bind("kv store", &p.kv_store, [&k, &v, &kc, &vc, &slots, &params.store]),
-                attn: gpu.bind("attention", &p.attention, [&q, &kc, &vc, &att, &pos, &tables, &attn]),
+                q_norm: head_norm(&q, &qn, &params.norm_q.buf),
+                k_norm: head_norm(&k, &kn, &params.norm_k.buf),
+                rope_q: gpu.bind("rope q", &p.rope, [&q, &pos, &rope_q.buf]),
+                rope_k: gpu.bind("rope k", &p.rope, [&k, &pos, &rope_k.buf]),
+                store: gpu.bind("kv store", &p.kv_store, [&k, &v, &kc, &vc, &slots, &params.store.buf]),
+                attn: gpu.bind("attention", &p.attention, [&q, &kc, &vc, &att, &pos, &tables, &attn.buf]),
                 o: mats[3].bind(&gpu, &att, &o),
                 post_attn: post(&pa),
                 residual1: residual_from(&pa),
                 norm2: gpu.bind("ffn norm", &p.rms_norm, [&x, &n2, &xn, &params.norm]),
                 gate: mats[4].bind(&gpu, &xn, &g),
                 up: mats[5].bind(&gpu, &xn, &u),
-                act: gpu.bind("act", &gpu.act, [&g, &u, &a, &act]),
+                act: gpu.bind("act", &gpu.act, [&g, &u, &a, &act.buf]),
                 down: mats[6].bind(&gpu, &a, &o),
                 post_ffn: post(&pf),
                 residual2: residual_from(&pf),
@@ -305,26 +305,25 @@ impl DeviceLayers {
         assert!(n > 0 && n <= self.max_tokens && x.len() == n * e && slots.len() == n, "{n} tokens of {e} (at most {})", self.max_tokens);
         assert!(tables.len() <= n + self.max_table, "block tables of {} entries (at most {})", tables.len() - n, self.max_table);
         let _pass = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        let (gpu, q, p) = (&self.gpu, &self.gpu.queue, &self.params);
+        let (gpu, q, p) = (&*self.gpu, &self.gpu.queue, &self.params);
         q.write_buffer(&self.x, 0, bytemuck::cast_slice(x));
         q.write_buffer(&self.pos, 0, bytemuck::cast_slice(pos));
         q.write_buffer(&self.slots, 0, bytemuck::cast_slice(slots));
         q.write_buffer(&self.tables, 0, bytemuck::cast_slice(tables));
-        let w = |b: &wgpu::Buffer, words: &[u32]| q.write_buffer(b, 0, bytemuck::cast_slice(words));
         let u = |v: usize| v as u32;
-        w(&p.add_q, &[u(n * qd), u(qd), 0, 0]);
-        w(&p.add_kv, &[u(n * kvd), u(kvd), 0, 0]);
-        w(&p.add_e, &[u(n * e), u(n * e), 0, 0]);
-        w(&p.store, &[u(n), u(kvd), 0, 0]);
-        w(&p.norm_q, &[u(s.head_dim), s.eps.to_bits(), u(n * s.n_head), 0]);
-        w(&p.norm_k, &[u(s.head_dim), s.eps.to_bits(), u(n * s.n_kv_head), 0]);
+        p.add_q.set(gpu, [u(n * qd), u(qd), 0, 0, 0, 0, 0, 0]);
+        p.add_kv.set(gpu, [u(n * kvd), u(kvd), 0, 0, 0, 0, 0, 0]);
+        p.add_e.set(gpu, [u(n * e), u(n * e), 0, 0, 0, 0, 0, 0]);
+        p.store.set(gpu, [u(n), u(kvd), 0, 0, 0, 0, 0, 0]);
+        p.norm_q.set(gpu, [u(s.head_dim), s.eps.to_bits(), u(n * s.n_head), 0, 0, 0, 0, 0]);
+        p.norm_k.set(gpu, [u(s.head_dim), s.eps.to_bits(), u(n * s.n_kv_head), 0, 0, 0, 0, 0]);
         for l in &self.layers {
             let c = &l.cfg;
             let rope = |heads: usize| [u(n), u(heads), u(s.head_dim), u(s.n_rot), c.rope_base.to_bits(), c.freq_scale.to_bits(), u(c.neox as usize), 0];
-            w(&l.rope_q, &rope(s.n_head));
-            w(&l.rope_k, &rope(s.n_kv_head));
-            w(&l.attn, &[u(n), u(s.n_head), u(s.n_kv_head), u(s.head_dim), c.scale.to_bits(), c.window.unwrap_or(0), 0, 0]);
-            w(&l.act, &[u(n * ff), u(c.gelu as usize), (-1f32).to_bits(), 0]); // every neuron fires
+            l.rope_q.set(gpu, rope(s.n_head));
+            l.rope_k.set(gpu, rope(s.n_kv_head));
+            l.attn.set(gpu, [u(n), u(s.n_head), u(s.n_kv_head), u(s.head_dim), c.scale.to_bits(), c.window.unwrap_or(0), 0, 0]);
+            l.act.set(gpu, [u(n * ff), u(c.gelu as usize), (-1f32).to_bits(), 0, 0, 0, 0, 0]); // every neuron fires
         }
         let pl = &gpu.layer;
         let mut enc = gpu.device.create_command_encoder(&Default::default());
