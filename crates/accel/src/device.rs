@@ -208,6 +208,14 @@ impl Gpu {
     }
 }
 
+/// Workgroups along x and y for `n` items at `per` items a workgroup (at most 65,535 along x;
+/// the shaders fold y into their index).
+pub(crate) fn grid(n: usize, per: usize) -> (u32, u32) {
+    let groups = n.div_ceil(per).max(1);
+    let gx = groups.min(65_535);
+    (gx as u32, groups.div_ceil(gx) as u32)
+}
+
 /// A shader's 8-word shape in a uniform buffer, written through the queue (ahead of the next
 /// submission) only when the words change: a run of products of the same shape — the decode
 /// steps — writes nothing per step.

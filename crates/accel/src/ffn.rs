@@ -239,7 +239,7 @@ impl HotFfn {
             }
             pass.set_pipeline(&gpu.act);
             pass.set_bind_group(0, &l.bind[2], &[]);
-            let (gx, gy) = crate::layers::grid(n as usize, 64);
+            let (gx, gy) = crate::device::grid(n as usize, 64);
             pass.dispatch_workgroups(gx, gy, 1);
             if n_tokens >= crate::matrix::GEMM_MIN_TOKENS && !invariant {
                 // A prompt's batch: the tiled product, each block read once per 64 tokens.

@@ -15,7 +15,7 @@
 //! entries; a pass only writes them. Sums are f32 (the matrices through [`Matrix`]'s GEMV or
 //! tiled GEMM), so results agree with the CPU's within a bound, not bit for bit.
 
-use crate::device::{AccelError, Gpu, Shape};
+use crate::device::{grid, AccelError, Gpu, Shape};
 use crate::ffn::FileMatrix;
 use crate::matrix::Matrix;
 use corelm_core::DeviceLayerSpec;
@@ -135,13 +135,6 @@ fn run(pass: &mut wgpu::ComputePass, pipe: &wgpu::ComputePipeline, bind: &wgpu::
     pass.set_pipeline(pipe);
     pass.set_bind_group(0, bind, &[]);
     pass.dispatch_workgroups(gx, gy, gz);
-}
-
-/// Workgroups along x and y for `n` values at `per` values each (at most 65,535 along x).
-pub(crate) fn grid(n: usize, per: usize) -> (u32, u32) {
-    let groups = n.div_ceil(per).max(1);
-    let gx = groups.min(65_535);
-    (gx as u32, groups.div_ceil(gx) as u32)
 }
 
 impl DeviceLayers {

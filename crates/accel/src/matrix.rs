@@ -1,7 +1,7 @@
 //! A weight matrix on the accelerator and its products: the GEMV for small batches, the tiled
 //! GEMM for prefill's.
 
-use crate::device::{AccelError, Gpu, Shape, TYPES};
+use crate::device::{grid, AccelError, Gpu, Shape, TYPES};
 use corelm_kernels::DType;
 
 /// Whether the accelerator has a GEMV for `t`.
@@ -37,11 +37,6 @@ const TOKENS_PER_GROUP: usize = 8;
 pub const GEMM_MIN_TOKENS: usize = 32;
 const GEMM_TILE: usize = 64;
 
-/// Workgroups along x and y for `tiles` row tiles (at most 65,535 per dimension).
-fn groups(tiles: usize) -> (u32, u32) {
-    let gx = tiles.clamp(1, 65_535);
-    (gx as u32, tiles.div_ceil(gx) as u32)
-}
 
 impl Matrix {
     /// Upload `bytes` (`rows` rows of `cols` values of `dtype`, the file's layout).
@@ -102,7 +97,7 @@ impl Matrix {
         } else {
             (&gpu.gemv[&self.dtype], ROWS_PER_GROUP, TOKENS_PER_GROUP)
         };
-        let (gx, gy) = groups(rows.div_ceil(rows_per));
+        let (gx, gy) = grid(rows, rows_per);
         self.params.set(gpu, [rows as u32, self.cols as u32, self.row_bytes() as u32, gx, n_tokens as u32, 0, 0, 0]);
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, bind, &[]);

@@ -88,7 +88,7 @@ impl LayersOnDevice {
             if !corelm_accel::supported(t.dtype) {
                 return Err(refuse(format!("{} is {}, which the accelerator has no kernel for", t.name, t.dtype)));
             }
-            Ok(FileMatrix { dtype: t.dtype, rows: t.shape[1] as usize, cols: t.shape[0] as usize, bytes: gguf.tensor_data(t) })
+            Ok(crate::offload::file_matrix(gguf, t))
         };
         let vector = |t: &TensorInfo| -> Result<Vec<f32>, Error> {
             if t.dtype != DType::F32 {
