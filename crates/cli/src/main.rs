@@ -88,6 +88,11 @@ pub(crate) struct PlaceArgs {
     /// scatter and gather) or lockstep (a global barrier after every node).
     #[arg(long, default_value = "async")]
     pub(crate) tp_sync: corelm_engine::TpSync,
+    /// A KV head that several shards read: exchange (its keys projected on the first, its
+    /// values on the last, each stored into every reader's cache; one more global barrier per
+    /// layer) or replicate (projected on every reader).
+    #[arg(long, default_value = "exchange")]
+    pub(crate) tp_kv: corelm_engine::TpKv,
     /// A plan file of `corelm tune`: the prefill configuration's cores and groups for the
     /// workers (it sets --threads and --tp), and the decode configuration's for short passes.
     #[arg(long, env = "CORELM_PLAN")]
@@ -384,6 +389,7 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         numa: m.place.numa,
         tp: m.place.tp.unwrap_or(0),
         tp_sync: m.place.tp_sync,
+        tp_kv: m.place.tp_kv,
         batch_invariant: m.kernels.batch_invariant,
         cache_type_k: m.kernels.cache.cache_type_k,
         cache_type_v: m.kernels.cache.cache_type_v,

@@ -71,6 +71,7 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         numa: a.place.numa,
         tp: a.place.tp.unwrap_or(0),
         tp_sync: a.place.tp_sync,
+        tp_kv: a.place.tp_kv,
         batch_invariant: true,
         cache_type_k: a.cache.cache_type_k,
         cache_type_v: a.cache.cache_type_v,

@@ -18,7 +18,8 @@
 //!
 //! Synchronisation ([`Graph::sync`]): a node is followed by its group's barrier when the next
 //! node is also a parallel one (`async`, ArcLight's Sync B), or by the global barrier — always
-//! after a serial node, before a serial node, and after every node in `lockstep` (Sync A).
+//! after a serial node, before a serial node, after the last KV store of shards that store
+//! each other's keys and values (`kv_store`), and after every node in `lockstep` (Sync A).
 //!
 //! Invariant: a graph depends only on the batch *shape* (tokens, outputs), never on token ids
 //! or positions, which are read from the batch at run time; so the decode graph is planned once
@@ -32,6 +33,7 @@ use corelm_kernels::{DType, Kernels};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+mod attend;
 mod col_split;
 pub(crate) use col_split::quantize_padded;
 mod sparse;
@@ -53,8 +55,10 @@ pub enum Mode {
 pub enum Split {
     /// Rows of the shard's query heads (Wq, its bias).
     QHeads,
-    /// Rows of the shard's KV heads (Wk, Wv, their biases).
-    KvHeads,
+    /// Rows of the KV heads whose keys the shard projects (Wk, its bias: `TpPlan::k_heads`).
+    KHeads,
+    /// Rows of the KV heads whose values the shard projects (Wv, its bias: `TpPlan::v_heads`).
+    VHeads,
     /// Rows of the shard's feed-forward range (gate, up).
     FfRows,
     /// Columns of the shard's query heads (Wo: [`Builder::matmul_cols`]).
@@ -74,7 +78,8 @@ impl Split {
         let hd = plan.dims.head_dim;
         match self {
             Split::QHeads => (plan.q_heads[s].start * hd..plan.q_heads[s].end * hd, false),
-            Split::KvHeads => (plan.kv_heads[s].start * hd..plan.kv_heads[s].end * hd, false),
+            Split::KHeads => (plan.k_heads[s].start * hd..plan.k_heads[s].end * hd, false),
+            Split::VHeads => (plan.v_heads[s].start * hd..plan.v_heads[s].end * hd, false),
             Split::FfRows => (plan.ff[s].clone(), false),
             Split::HeadCols => (plan.q_heads[s].start * hd..plan.q_heads[s].end * hd, true),
             Split::FfCols => (plan.ff[s].clone(), true),
@@ -226,6 +231,9 @@ pub struct Builder<'k> {
     key_layout: KeyLayout,
     /// The model's first layers the accelerator runs whole (`--accel-layers`).
     device_layers: usize,
+    /// Nodes (indices into `nodes`) followed by the global barrier whatever their neighbours
+    /// (the last key and value stores of an exchange, `kv_store`).
+    global_after: Vec<usize>,
 }
 
 impl<'k> Builder<'k> {
@@ -253,6 +261,7 @@ impl<'k> Builder<'k> {
             prediction: None,
             key_layout: KeyLayout::Rows,
             device_layers: 0,
+            global_after: Vec::new(),
         }
     }
 
@@ -403,7 +412,16 @@ impl<'k> Builder<'k> {
 
     /// A new node whose result is an activation of the current layer, in its shard's region
     /// (offsets are relative to the region until `finish`).
+    ///
+    /// A result with no elements (the keys of a shard that projects none, `TpPlan::k_heads`)
+    /// is a tensor with no storage and no node: nothing runs it, and the nodes reading it are
+    /// empty too.
     fn node(&mut self, ne: [usize; 2], dtype: DType, op: Op) -> Bundle {
+        if ne[0] * ne[1] == 0 {
+            let id = TensorId(self.tensors.len() as u32);
+            self.tensors.push(Tensor { ne, dtype, op, storage: Storage::None, layer: self.layer, group: self.group });
+            return Bundle::one(id);
+        }
         let (p, r) = (self.parity(), region(self.group));
         let bytes = corelm_kernels::row_bytes(dtype, ne[0]) * ne[1];
         if self.bump[p].len() <= r {
@@ -443,7 +461,7 @@ impl<'k> Builder<'k> {
     /// [`Builder::weight_split`]; a column slice must be whole blocks of `w`'s type where
     /// `whole_blocks` (it is copied as it is; a form that requantizes it takes any columns).
     fn weight_cut(&mut self, w: &WeightRef, split: Split, whole_blocks: bool) -> Bundle {
-        let Some(plan) = self.tp.clone().filter(|_| self.mode == Mode::Parallel) else {
+        let Some(plan) = self.shard_plan() else {
             return self.weight(w);
         };
         let mut parts = Vec::with_capacity(plan.degree());
@@ -661,39 +679,9 @@ impl<'k> Builder<'k> {
         })
     }
 
-    /// Store each shard's K and V rows in its own cache slots.
-    pub fn kv_store(&mut self, layer: usize, k: &Bundle, v: &Bundle) {
-        self.zip(&[k, v], |b, t| {
-            let (k, v) = (t[0], t[1]);
-            b.check_src(k);
-            b.check_src(v);
-            let kv_base = b.shard().map_or(0, |(plan, s)| plan.kv_base[s]) as u32;
-            let keys = b.key_layout;
-            b.push([0, 0], DType::F32, Op::KvStore { layer: layer as u32, k, v, kv_base, keys }, Storage::None)
-        });
-    }
-
-    /// Attention of the query heads of `q` (`p` gives the model's head counts; a shard covers
-    /// its own query heads and the KV heads they read).
-    pub fn attention(&mut self, layer: usize, q: &Bundle, p: AttnParams) -> Bundle {
-        assert!(p.n_kv_head > 0 && p.n_head.is_multiple_of(p.n_kv_head), "heads not a multiple of KV heads");
-        let group = p.n_head / p.n_kv_head;
-        self.max_head_dim = self.max_head_dim.max(p.head_dim);
-        self.zip(&[q], |b, t| {
-            let q = t[0];
-            b.check_src(q);
-            let ne = b.t(q).ne;
-            let (p, shard) = match b.shard() {
-                Some((plan, s)) => {
-                    let (qh, kv) = (&plan.q_heads[s], &plan.kv_heads[s]);
-                    let p = AttnParams { n_head: qh.len(), n_kv_head: kv.len(), ..p };
-                    (p, AttnShard { q_head0: qh.start, group, kv_base: plan.kv_base[s] })
-                }
-                None => (p, AttnShard { q_head0: 0, group, kv_base: 0 }),
-            };
-            assert_eq!(ne[0], p.n_head * p.head_dim, "attention query row length");
-            b.node(ne, DType::F32, Op::Attention { layer: layer as u32, q, p, shard }).single()
-        })
+    /// The tensor-parallel plan while inside parallel subgraphs.
+    fn shard_plan(&self) -> Option<Arc<TpPlan>> {
+        self.tp.clone().filter(|_| self.mode == Mode::Parallel)
     }
 
     pub fn glu(&mut self, gate: &Bundle, up: &Bundle, kind: Glu) -> Bundle {
@@ -723,6 +711,7 @@ impl<'k> Builder<'k> {
             .map(|i| {
                 let next = self.nodes.get(i + 1).map(group);
                 match (group(&self.nodes[i]), next) {
+                    _ if self.global_after.contains(&i) => Sync::Global,
                     (Some(_), Some(Some(_))) if self.tp_sync == TpSync::Async => Sync::Group,
                     _ => Sync::Global,
                 }

@@ -181,9 +181,12 @@ pub enum Op {
     /// Rotary embedding at each batch token's position; `freqs`: optional per-frequency
     /// divisors (`n_rot / 2` f32).
     Rope { x: TensorId, p: RopeParams, freqs: Option<TensorId> },
-    /// Write K and V rows (one head after another) into the cache cells the batch was given,
-    /// head `h` into cache slot `kv_base + h`, the keys in the layout `keys` (the cache's).
-    KvStore { layer: u32, k: TensorId, v: TensorId, kv_base: u32, keys: KeyLayout },
+    /// Write K and V rows into the cache cells the batch was given: values `c0 .. c0 + width`
+    /// of each row (whole heads, one after another), head `h` of them into cache slot
+    /// `kv_base + h`, the keys in the layout `keys` (the cache's). Keys only or values only
+    /// where a tensor-parallel shard stores a shared head's projection into another shard's
+    /// slots (`TpPlan::k_heads`).
+    KvStore { layer: u32, k: Option<TensorId>, v: Option<TensorId>, c0: u32, width: u32, kv_base: u32, keys: KeyLayout },
     /// Fused attention of each query head over the cache (`p` counts the node's own heads).
     Attention { layer: u32, q: TensorId, p: AttnParams, shard: AttnShard },
     /// Gated activation.

@@ -14,6 +14,11 @@
 //! * Wq/Wk/Wv (and their biases) are split by rows along those heads; Wo by the matching
 //!   columns, so each shard's attention output meets only its own slice of Wo and the shards'
 //!   partial sums are added at the gather.
+//! * **A shared KV head is projected once** (`k_heads`, `v_heads`): its keys by the first
+//!   shard that reads it, its values by the last, each storing them into every reader's cache
+//!   slots; a global barrier after the stores lets each shard attend over its own copy
+//!   (`Builder::kv_store`). Projecting it on every reader cost Gemma 3's one KV head (256 of
+//!   each shard's rows) about 9 % more matrix rows per shard at `--tp 2`.
 //! * The feed-forward width is cut in units of [`FF_UNIT`] neurons ([`TpDims::ff_unit`]): gate/up
 //!   by rows, down by columns. Down's quantization blocks may be larger (256 values for
 //!   K-quants): a shard then multiplies every block its neurons touch, its activations padded
@@ -58,6 +63,34 @@ pub struct TpDims {
     pub ff_unit: usize,
 }
 
+/// `--tp-kv`: how a KV head that several shards read is projected.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TpKv {
+    /// Once: its keys on the first reader, its values on the last, each stored into every
+    /// reader's cache slots; one global barrier per layer before attention.
+    #[default]
+    Exchange,
+    /// On every reader, each storing its own copy (no barrier; more rows per shard).
+    Replicate,
+}
+
+impl std::str::FromStr for TpKv {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "exchange" => Ok(TpKv::Exchange),
+            "replicate" => Ok(TpKv::Replicate),
+            _ => Err(format!("unknown --tp-kv '{s}' (exchange, replicate)")),
+        }
+    }
+}
+
+impl std::fmt::Display for TpKv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if *self == TpKv::Exchange { "exchange" } else { "replicate" })
+    }
+}
+
 /// Each shard's ranges, in shard order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TpPlan {
@@ -73,6 +106,13 @@ pub struct TpPlan {
     /// Each shard's first KV cache slot: shards keep their KV heads' rows one after another,
     /// a replicated head once per shard.
     pub kv_base: Vec<usize>,
+    /// KV heads whose keys each shard projects (and stores into every reader's slots): those
+    /// of its `kv_heads` that no earlier shard reads. Empty for a shard whose KV heads all
+    /// start on earlier shards. Equal to `kv_heads` with the exchange off ([`TpPlan::replicated`]).
+    pub k_heads: Vec<Range<usize>>,
+    /// KV heads whose values each shard projects: those of its `kv_heads` that no later shard
+    /// reads.
+    pub v_heads: Vec<Range<usize>>,
 }
 
 /// Part `s` of `n` items cut `d` ways, sizes differing by at most one (larger parts first).
@@ -144,7 +184,41 @@ impl TpPlan {
             ranges(&proportional(ff_units, &share), ff_unit)
         };
         let experts = if n_expert > 0 { ranges(&proportional(n_expert, &share), 1) } else { vec![0..0; degree] };
-        Ok(TpPlan { dims, q_heads, kv_heads, ff, experts, kv_base })
+        // Keys by a shared head's first reader, values by its last (heads are in shard order).
+        let k_heads = (0..degree)
+            .map(|s| {
+                let kv = &kv_heads[s];
+                let from = if s > 0 { kv.start.max(kv_heads[s - 1].end).min(kv.end) } else { kv.start };
+                from..kv.end
+            })
+            .collect();
+        let v_heads = (0..degree)
+            .map(|s| {
+                let kv = &kv_heads[s];
+                let to = if s + 1 < degree { kv.end.min(kv_heads[s + 1].start).max(kv.start) } else { kv.end };
+                kv.start..to
+            })
+            .collect();
+        Ok(TpPlan { dims, q_heads, kv_heads, ff, experts, kv_base, k_heads, v_heads })
+    }
+
+    /// The same plan with every shared KV head projected on each shard that reads it (no
+    /// exchange of keys and values between shards, no global barrier before attention).
+    pub fn replicated(mut self) -> TpPlan {
+        self.k_heads = self.kv_heads.clone();
+        self.v_heads = self.kv_heads.clone();
+        self
+    }
+
+    /// Whether some shard stores keys or values it did not project (a KV head is shared, and
+    /// the plan is not [`TpPlan::replicated`]).
+    pub fn exchanges_kv(&self) -> bool {
+        self.k_heads != self.kv_heads || self.v_heads != self.kv_heads
+    }
+
+    /// Cache slots of KV head `h` on each shard `t` that reads it: `(t, slot)`.
+    pub fn kv_copies(&self, h: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.kv_heads.iter().enumerate().filter(move |(_, kv)| kv.contains(&h)).map(move |(t, kv)| (t, self.kv_base[t] + h - kv.start))
     }
 
     pub fn degree(&self) -> usize {
@@ -287,8 +361,17 @@ mod tests {
                     assert!(q.clone().all(|h| p.kv_heads[s].contains(&(h / g))));
                     assert!(p.kv_heads[s].end <= dims.n_kv_head);
                     next = (q.end, ff.end);
+                    // It projects keys and values only of heads it reads.
+                    for r in [&p.k_heads[s], &p.v_heads[s]] {
+                        assert!(r.is_empty() || (p.kv_heads[s].start <= r.start && r.end <= p.kv_heads[s].end));
+                    }
                 }
                 assert_eq!(next, (dims.n_head, dims.n_ff));
+                // Every KV head's keys and values are projected exactly once.
+                for h in 0..dims.n_kv_head {
+                    assert_eq!(p.k_heads.iter().filter(|r| r.contains(&h)).count(), 1, "{dims:?} at {d}: keys of {h}");
+                    assert_eq!(p.v_heads.iter().filter(|r| r.contains(&h)).count(), 1, "{dims:?} at {d}: values of {h}");
+                }
             }
         }
     }
@@ -300,10 +383,21 @@ mod tests {
         assert_eq!(p.q_heads, [0..5, 5..9]);
         assert_eq!(p.kv_heads, [0..2, 1..3]);
         assert_eq!((p.kv_base.as_slice(), p.kv_slots()), ([0, 2].as_slice(), 4));
-        // Gemma 3 has one KV head: every shard keeps it.
+        // Head 1's keys on shard 0, its values on shard 1: three projections each, not four.
+        assert_eq!((p.k_heads.as_slice(), p.v_heads.as_slice()), ([0..2, 2..3].as_slice(), [0..1, 1..3].as_slice()));
+        assert_eq!(p.kv_copies(1).collect::<Vec<_>>(), [(0, 1), (1, 2)]);
+        assert!(p.exchanges_kv() && !p.clone().replicated().exchanges_kv());
+        // Gemma 3 has one KV head: every shard keeps it; shard 0 projects its keys, shard 3
+        // its values.
         let p = TpPlan::new(4, GEMMA).unwrap();
         assert_eq!(p.kv_heads, [0..1, 0..1, 0..1, 0..1]);
+        assert_eq!(p.k_heads, [0..1, 1..1, 1..1, 1..1]);
+        assert_eq!(p.v_heads, [0..0, 0..0, 0..0, 0..1]);
+        assert_eq!(p.kv_copies(0).collect::<Vec<_>>(), [(0, 0), (1, 1), (2, 2), (3, 3)]);
         assert_eq!(p.ff, [0..512, 512..1024, 1024..1536, 1536..2048]);
+        // No shared head (SmolLM2 at 3: one KV head each): nothing is exchanged.
+        let p = TpPlan::new(3, SMOL).unwrap();
+        assert!(!p.exchanges_kv() && p.k_heads == p.kv_heads && p.v_heads == p.kv_heads);
         // Qwen2.5 at 3: 152 units of 32 as 51, 51, 50; in whole blocks of 256, 19 as 7, 6, 6.
         assert_eq!(TpPlan::new(3, QWEN).unwrap().ff, [0..1632, 1632..3264, 3264..4864]);
         assert_eq!(TpPlan::new(3, QWEN_BLOCKS).unwrap().ff, [0..1792, 1792..3328, 3328..4864]);

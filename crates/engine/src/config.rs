@@ -2,6 +2,7 @@
 //! command line fills them with (cache types, key layout, thread counts).
 
 use corelm_core::graph::TpSync;
+use corelm_core::tp::TpKv;
 use corelm_core::NumaMode;
 use corelm_kernels::attention::KeyLayout;
 use corelm_kernels::{DType, Isa};
@@ -29,6 +30,8 @@ pub struct EngineConfig {
     pub tp: usize,
     /// Barriers inside the parallel subgraphs (`--tp-sync`).
     pub tp_sync: TpSync,
+    /// How a KV head that several shards read is projected (`--tp-kv`).
+    pub tp_kv: TpKv,
     /// Results of a token independent of the rest of its batch (see
     /// `Executor::batch_invariant`); a server sets it, so batching never changes an answer.
     pub batch_invariant: bool,
@@ -104,6 +107,7 @@ impl Default for EngineConfig {
             numa: NumaMode::Off,
             tp: 1,
             tp_sync: TpSync::Async,
+            tp_kv: TpKv::Exchange,
             batch_invariant: false,
             cache_type_k: DType::F16,
             cache_type_v: DType::F16,

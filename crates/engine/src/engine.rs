@@ -16,7 +16,7 @@ use crate::Error;
 use corelm_core::kv::BLOCK;
 use corelm_core::memory::{ActLayout, Place};
 use corelm_core::sched::matmul::WorkerClass;
-use corelm_core::tp::{lcm, TpDims, TpPlan};
+use corelm_core::tp::{lcm, TpDims, TpKv, TpPlan};
 use corelm_core::{BatchView, Builder, Executor, Graph, NumaMode, Placement, KvCache, PackedWeights, PoolConfig, Pools, Profile, ThreadPool, Weights};
 use corelm_gguf::Gguf;
 use corelm_kernels::attention::KeyLayout;
@@ -163,7 +163,8 @@ fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig, groups: &[
     };
     let ff_unit = TpDims::ff_unit(ff_block);
     let dims = TpDims { n_head: h.n_head, n_kv_head: h.n_kv_head, head_dim: h.head_dim, n_ff, n_expert, ff_block, ff_unit };
-    TpPlan::sized(dims, groups).map(|p| Some(Arc::new(p))).map_err(Error::Config)
+    let plan = TpPlan::sized(dims, groups).map_err(Error::Config)?;
+    Ok(Some(Arc::new(if cfg.tp_kv == TpKv::Replicate { plan.replicated() } else { plan })))
 }
 
 

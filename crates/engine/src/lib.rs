@@ -41,6 +41,7 @@ pub mod tokenizer;
 pub use engine::{parse_cache_type, parse_kv_layout, Batch, Engine, EngineConfig, Logits};
 pub use tokenizer::{Tokenizer, Utf8Stream};
 pub use corelm_core::graph::TpSync;
+pub use corelm_core::tp::TpKv;
 pub use corelm_core::{NumaMode, Placement, Profile, ProfileEntry, SparseFfn};
 
 /// Where models are cached: `$CORELM_MODELS_DIR`, else `$XDG_CACHE_HOME/corelm/models`, else

@@ -346,3 +346,51 @@ fn cuts_inside_quantization_blocks_of_wo_and_down_keep_the_logits() {
     }
     std::fs::remove_file(&path).ok();
 }
+
+/// A KV head that several shards read is projected once (`--tp-kv exchange`, the default): its
+/// keys by the first reader and its values by the last, each stored into every reader's cache
+/// slots before a global barrier. Against projecting it on every reader (`replicate`), the same
+/// bits (each head's rows are the same dot products, stored by another group), for Gemma 3's
+/// one KV head at `--tp 2` and `--tp 4` (shards 1 and 2 project nothing of it) and SmolLM2's
+/// middle head at `--tp 2` with keys in columns (key and value stores of one cell from two
+/// groups); in the graph, each shard's Wk and Wv rows and one more global barrier per layer.
+#[test]
+fn a_shared_kv_head_is_projected_once_with_the_same_bits() {
+    use corelm_core::{Op, Storage};
+    use corelm_engine::TpKv;
+    let prompt: Vec<u32> = (0..21).map(|i| (i * 577 + 5) % 40000).collect();
+    let steps = [17, 4242, 99];
+    use corelm_kernels::attention::KeyLayout::{Columns, Rows};
+    for (file, tp, kv_layout) in [(MODELS[1].1, 2, Rows), (MODELS[1].1, 4, Rows), (MODELS[0].1, 2, Columns)] {
+        let cfg = |tp_kv| EngineConfig { tp, tp_kv, kv_layout, ..test_config(4) };
+        let (mut rep, _) = load(file, cfg(TpKv::Replicate));
+        let want = run(&mut rep, &prompt, &steps);
+        let replicated_globals = rep.graph(prompt.len(), prompt.len()).barriers().1;
+        drop(rep);
+        let (mut e, _) = load(file, cfg(TpKv::Exchange));
+        let got = run(&mut e, &prompt, &steps);
+        for (r, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{file} --tp {tp}: row {r}");
+        }
+        let (h, n_layer) = (e.hyper().clone(), e.hyper().n_layer);
+        let g = e.graph(prompt.len(), prompt.len());
+        assert_eq!(g.barriers().1, replicated_globals + n_layer, "{file} --tp {tp}: one more global barrier per layer");
+        // Layer 0's K and V projection rows per shard: its matmuls over the embedding of at
+        // most n_kv_head · head_dim rows (Wq's slices too where they are that narrow).
+        let mut rows = vec![0; tp];
+        for id in &g.nodes {
+            let t = &g.tensors[id.0 as usize];
+            let (Op::MatMul { w, .. }, Some(s), 0) = (t.op, t.group, t.layer) else { continue };
+            let w = &g.tensors[w.0 as usize];
+            if matches!(w.storage, Storage::Weight { cols: None, .. }) && w.ne[0] == h.n_embd && w.ne[1] <= h.n_kv_head * h.head_dim {
+                rows[s as usize] += w.ne[1];
+            }
+        }
+        let want_rows: &[usize] = match (h.n_kv_head, tp) {
+            (1, 2) => &[256, 256],           // Gemma: keys on shard 0, values on shard 1
+            (1, 4) => &[512, 256, 256, 512], // and nothing on the shards between (+ 256 of Wq each)
+            _ => &[3 * 64, 3 * 64],          // SmolLM2: K 0-1 + V 0 | K 2 + V 1-2
+        };
+        assert_eq!(rows, want_rows, "{file} --tp {tp}: K and V rows per shard");
+    }
+}

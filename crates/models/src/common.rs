@@ -136,18 +136,19 @@ pub struct AttnCfg {
 /// `x_in [n_tokens, n_embd]` → attention output `[n_tokens, n_embd]` (before the residual add).
 ///
 /// Tensor parallel: each shard computes its query heads (Wq rows) and the KV heads they read
-/// (Wk/Wv rows), stores those in its own cache slots, attends, and multiplies by its columns
-/// of Wo; the shards' partial outputs are added at the gather. Head counts below are per
-/// shard.
+/// (Wk/Wv rows; a head two shards read: its keys on the first, its values on the last, each
+/// stored into both shards' slots), stores those in its own cache slots, attends, and
+/// multiplies by its columns of Wo; the shards' partial outputs are added at the gather. Head
+/// counts below are per shard.
 pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &Bundle, cfg: &AttnCfg) -> Bundle {
     let x = &b.scatter(x);
     let wq = b.weight_split(&lw.wq, Split::QHeads);
-    let wk = b.weight_split(&lw.wk, Split::KvHeads);
-    let wv = b.weight_split(&lw.wv, Split::KvHeads);
+    let wk = b.weight_split(&lw.wk, Split::KHeads);
+    let wv = b.weight_split(&lw.wv, Split::VHeads);
     let mut q = b.matmul(&wq, x); // [n_tokens, n_head * head_dim]
     let mut k = b.matmul(&wk, x); // [n_tokens, n_kv_head * head_dim]
     let mut v = b.matmul(&wv, x); // [n_tokens, n_kv_head * head_dim]
-    for (t, bias, split) in [(&mut q, &lw.bq, Split::QHeads), (&mut k, &lw.bk, Split::KvHeads), (&mut v, &lw.bv, Split::KvHeads)] {
+    for (t, bias, split) in [(&mut q, &lw.bq, Split::QHeads), (&mut k, &lw.bk, Split::KHeads), (&mut v, &lw.bv, Split::VHeads)] {
         if let Some(bias) = bias {
             let bw = b.weight_split(bias, split);
             *t = b.add(t, &bw);

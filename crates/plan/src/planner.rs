@@ -220,9 +220,10 @@ fn cost(g: &Graph, t: &corelm_core::tensor::Tensor, ctx: usize) -> (String, &'st
             ("attention".into(), "f32_fma", flops, kv + 2.0 * f32s(t.ne[0] * t.ne[1]))
         }
         // K and V rows read as f32, written as F16 cache rows: no FLOPs, only bytes.
-        Op::KvStore { k, .. } => {
-            let kt = g.tensor(k);
-            ("kv_store".into(), "f32_fma", 0.0, 2.0 * 6.0 * (kt.ne[0] * kt.ne[1]) as f64)
+        Op::KvStore { k, v, width, .. } => {
+            let rows = g.tensor(k.or(v).expect("a KV store of keys, values or both")).ne[1];
+            let parts = (k.is_some() as usize + v.is_some() as usize) as f64;
+            ("kv_store".into(), "f32_fma", 0.0, parts * 6.0 * (width as usize * rows) as f64)
         }
         // Element-wise and row ops: a few FLOPs per element, inputs and output streamed.
         _ => {

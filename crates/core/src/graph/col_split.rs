@@ -20,7 +20,7 @@ impl Builder<'_> {
     /// shard `[n_tokens, cols_s]` (its attention output, or the GLU of its gate/up rows). In
     /// serial mode, the one product.
     pub fn matmul_cols(&mut self, w: &WeightRef, a: &Bundle, split: Split) -> Bundle {
-        let Some(plan) = self.tp.clone().filter(|_| self.mode == Mode::Parallel) else {
+        let Some(plan) = self.shard_plan() else {
             let wt = self.weight(w);
             return self.matmul(&wt, a);
         };

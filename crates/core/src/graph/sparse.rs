@@ -248,7 +248,7 @@ impl Builder<'_> {
     /// neurons of its feed-forward range (a shard whose neurons are all on the device gets a
     /// weight of none).
     pub fn weight_cold(&mut self, w: &WeightRef, form: WeightForm, n_ff: usize) -> Bundle {
-        let Some(plan) = self.tp.clone().filter(|_| self.mode == Mode::Parallel) else {
+        let Some(plan) = self.shard_plan() else {
             return self.weight_in(w, form.with_range(0..n_ff));
         };
         let mut parts = Vec::with_capacity(plan.degree());

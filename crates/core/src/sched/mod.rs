@@ -612,9 +612,9 @@ impl Ctx<'_> {
                     }
                 }
             }
-            Op::KvStore { layer, k, v, kv_base, keys } => {
+            Op::KvStore { layer, k, v, c0, width, kv_base, keys } => {
                 assert_eq!(keys, self.kv.k_layout, "a graph planned for another key layout than its cache's");
-                self.kv_store(layer as usize, k, v, kv_base as usize, ith, nth)
+                self.kv_store(layer as usize, [k, v], c0 as usize..(c0 + width) as usize, kv_base as usize, ith, nth)
             }
             Op::Attention { layer, q, p, shard } => self.attention(t, layer as usize, q, p, shard, ith, nth, &mut scratch.attn),
             Op::Glu { gate, up, kind } => {
@@ -743,14 +743,17 @@ impl Ctx<'_> {
     /// the cache size, as `llama_kv_cache::get_n_kv` gives it for one sequence — reaches 512
     /// cells, in `ceil(n_kv / nth)`-cell chunks; otherwise `kind`. The bits then match
     /// llama.cpp run with the same thread count.
-    fn kv_store(&self, layer: usize, k: TensorId, v: TensorId, kv_base: usize, ith: usize, nth: usize) {
+    /// Values `cols` of each row of `k` and `v` (whichever are given), a head at a time, into
+    /// cache slots from `kv_base`.
+    fn kv_store(&self, layer: usize, [k, v]: [Option<TensorId>; 2], cols: std::ops::Range<usize>, kv_base: usize, ith: usize, nth: usize) {
         let kv = self.kv;
         let (kp, vp) = kv.layer_ptrs(layer);
         let (hd, cells) = (kv.head_dim, kv.n_cells);
         let (krb, vrb) = kv.row_bytes();
-        let ne0 = self.t(k).ne[0];
-        let (k, v) = (self.f32s(k), self.f32s(v));
-        assert!(kv_base + ne0 / hd <= kv.n_kv_head, "KV slots {kv_base}.. past the cache's {}", kv.n_kv_head);
+        let ne0 = self.t(k.or(v).expect("a KV store of keys, values or both")).ne[0];
+        assert!(cols.end <= ne0 && cols.len().is_multiple_of(hd) && cols.start.is_multiple_of(hd), "KV store of values {cols:?} of rows of {ne0}");
+        let (k, v) = (k.map(|k| self.f32s(k)), v.map(|v| self.f32s(v)));
+        assert!(kv_base + cols.len() / hd <= kv.n_kv_head, "KV slots {kv_base}.. past the cache's {}", kv.n_kv_head);
         let quant = |t| self.kernels.from_float(t).expect("KV cache type checked at start-up");
         let (qk, qv) = (quant(kv.k_type), quant(kv.v_type));
         // One F16, Q8_0 or Q4_0 key (keys in columns), on the stack.
@@ -758,32 +761,38 @@ impl Ctx<'_> {
         assert!(kv.k_layout == attention::KeyLayout::Rows || krb <= key_row.len(), "head dimension {hd} past {}", crate::kv::COLUMNS_MAX_HEAD_DIM);
         for r in split(self.batch.tokens.len(), ith, nth) {
             let slot = self.batch.slots[r] as usize;
-            for h in 0..ne0 / hd {
+            for h in 0..cols.len() / hd {
                 let row = (kv_base + h) * cells + slot;
-                let src = r * ne0 + h * hd..r * ne0 + (h + 1) * hd;
-                if kv.k_layout == attention::KeyLayout::Columns {
-                    // The row's F16, Q8_0 or Q4_0 from the row writer's converter, then scattered.
-                    let key = &mut key_row[..krb];
-                    qk(&k[src.clone()], key);
-                    let (block, j) = ((row - row % crate::kv::BLOCK) * krb, row % crate::kv::BLOCK);
-                    // SAFETY: the cell's block of this head (BLOCK rows' bytes) lies inside the
-                    // storage (cells is a whole number of blocks); each token has its own slot
-                    // (engine invariant), so this worker alone writes the cell's elements.
-                    unsafe {
-                        match kv.k_type {
-                            DType::Q8_0 => attention::matrix::store_key_q8_at(kp.add(block), j, key),
-                            DType::Q4_0 => attention::matrix::store_key_q4_at(kp.add(block), j, key),
-                            _ => attention::matrix::store_key_at(kp.add(block), j, key),
-                        }
-                    };
-                } else {
-                    // SAFETY: each token has its own slot (engine invariant), so rows written by
-                    // different workers are disjoint; row < n_kv_head * cells, the storage size.
-                    qk(&k[src.clone()], unsafe { std::slice::from_raw_parts_mut(kp.add(row * krb), krb) });
+                let src = r * ne0 + cols.start + h * hd..r * ne0 + cols.start + (h + 1) * hd;
+                if let Some(k) = k {
+                    if kv.k_layout == attention::KeyLayout::Columns {
+                        // The row's F16, Q8_0 or Q4_0 from the row writer's converter, then scattered.
+                        let key = &mut key_row[..krb];
+                        qk(&k[src.clone()], key);
+                        let (block, j) = ((row - row % crate::kv::BLOCK) * krb, row % crate::kv::BLOCK);
+                        // SAFETY: the cell's block of this head (BLOCK rows' bytes) lies inside the
+                        // storage (cells is a whole number of blocks); each token has its own slot
+                        // (engine invariant) and each slot's keys one writer (`TpPlan::k_heads`),
+                        // so this worker alone writes the cell's elements.
+                        unsafe {
+                            match kv.k_type {
+                                DType::Q8_0 => attention::matrix::store_key_q8_at(kp.add(block), j, key),
+                                DType::Q4_0 => attention::matrix::store_key_q4_at(kp.add(block), j, key),
+                                _ => attention::matrix::store_key_at(kp.add(block), j, key),
+                            }
+                        };
+                    } else {
+                        // SAFETY: each token has its own slot (engine invariant) and each slot's
+                        // keys one writer, so rows written by different workers are disjoint;
+                        // row < n_kv_head * cells, the storage size.
+                        qk(&k[src.clone()], unsafe { std::slice::from_raw_parts_mut(kp.add(row * krb), krb) });
+                    }
                 }
-                // SAFETY: as for a key row.
-                let vd = unsafe { std::slice::from_raw_parts_mut(vp.add(row * vrb), vrb) };
-                qv(&v[src], vd);
+                if let Some(v) = v {
+                    // SAFETY: as for a key row.
+                    let vd = unsafe { std::slice::from_raw_parts_mut(vp.add(row * vrb), vrb) };
+                    qv(&v[src], vd);
+                }
             }
         }
     }
