@@ -88,9 +88,9 @@ pub(crate) struct PlaceArgs {
     /// scatter and gather) or lockstep (a global barrier after every node).
     #[arg(long, default_value = "async")]
     pub(crate) tp_sync: corelm_engine::TpSync,
-    /// A KV head that several shards read: exchange (its keys projected on the first, its
-    /// values on the last, each stored into every reader's cache; one more global barrier per
-    /// layer) or replicate (projected on every reader).
+    /// A KV head that several shards read: exchange (its keys and its values each projected
+    /// on one reader, the least loaded, and stored into every reader's cache; one more global
+    /// barrier per layer) or replicate (projected on every reader).
     #[arg(long, default_value = "exchange")]
     pub(crate) tp_kv: corelm_engine::TpKv,
     /// A plan file of `corelm tune`: the prefill configuration's cores and groups for the

@@ -14,8 +14,9 @@
 //! * Wq/Wk/Wv (and their biases) are split by rows along those heads; Wo by the matching
 //!   columns, so each shard's attention output meets only its own slice of Wo and the shards'
 //!   partial sums are added at the gather.
-//! * **A shared KV head is projected once** (`k_heads`, `v_heads`): its keys by the first
-//!   shard that reads it, its values by the last, each storing them into every reader's cache
+//! * **A shared KV head is projected once** (`k_heads`, `v_heads`): its keys by one of the
+//!   shards that read it and its values by one, each the reader with the least work so far
+//!   (a shard with a query head fewer takes more), storing them into every reader's cache
 //!   slots; a global barrier after the stores lets each shard attend over its own copy
 //!   (`Builder::kv_store`). Projecting it on every reader cost Gemma 3's one KV head (256 of
 //!   each shard's rows) about 9 % more matrix rows per shard at `--tp 2`.
@@ -66,8 +67,8 @@ pub struct TpDims {
 /// `--tp-kv`: how a KV head that several shards read is projected.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum TpKv {
-    /// Once: its keys on the first reader, its values on the last, each stored into every
-    /// reader's cache slots; one global barrier per layer before attention.
+    /// Once: its keys on one reader, its values on one (the least loaded), each stored into
+    /// every reader's cache slots; one global barrier per layer before attention.
     #[default]
     Exchange,
     /// On every reader, each storing its own copy (no barrier; more rows per shard).
@@ -184,21 +185,7 @@ impl TpPlan {
             ranges(&proportional(ff_units, &share), ff_unit)
         };
         let experts = if n_expert > 0 { ranges(&proportional(n_expert, &share), 1) } else { vec![0..0; degree] };
-        // Keys by a shared head's first reader, values by its last (heads are in shard order).
-        let k_heads = (0..degree)
-            .map(|s| {
-                let kv = &kv_heads[s];
-                let from = if s > 0 { kv.start.max(kv_heads[s - 1].end).min(kv.end) } else { kv.start };
-                from..kv.end
-            })
-            .collect();
-        let v_heads = (0..degree)
-            .map(|s| {
-                let kv = &kv_heads[s];
-                let to = if s + 1 < degree { kv.end.min(kv_heads[s + 1].start).max(kv.start) } else { kv.end };
-                kv.start..to
-            })
-            .collect();
+        let (k_heads, v_heads) = kv_projectors(&q_heads, &kv_heads, &share);
         Ok(TpPlan { dims, q_heads, kv_heads, ff, experts, kv_base, k_heads, v_heads })
     }
 
@@ -319,6 +306,54 @@ fn ff_ranges(n_ff: usize, unit: usize, block: usize, share: &[f64]) -> Vec<Range
     fill(hi).expect("the whole width on the smallest share bounds every fill")
 }
 
+/// Which shard projects each KV head's keys and which its values, as each shard's range of
+/// heads. A head one shard reads is its own. A head several shards read goes, keys then
+/// values, to the reader with the least work per worker so far, earlier readers first on ties,
+/// counting a shard's query heads twice (Wq rows and Wo columns, `head_dim` each by the model
+/// width, as one K or V projection) — so the shard with a query head fewer projects more of
+/// the shared heads: SmolLM2 at `--tp 2` (5 + 4 heads; KV head 1 read by both) balances at 12
+/// units each with both of head 1's projections on shard 1, where keys-first/values-last left
+/// 13 + 11. Owners stay within a head's readers, whose ranges follow shard order, so each
+/// shard's heads are one contiguous range (empty for a shard that projects none).
+fn kv_projectors(q_heads: &[Range<usize>], kv_heads: &[Range<usize>], share: &[f64]) -> (Vec<Range<usize>>, Vec<Range<usize>>) {
+    let d = kv_heads.len();
+    let n_kv = kv_heads.iter().map(|r| r.end).max().unwrap_or(0);
+    let readers = |h: usize| (0..d).filter(move |&s| kv_heads[s].contains(&h));
+    let mut load: Vec<f64> = (0..d).map(|s| 2.0 * q_heads[s].len() as f64).collect();
+    let mut owner = vec![[0usize; 2]; n_kv];
+    // Heads with one reader first: their load is fixed.
+    for (h, o) in owner.iter_mut().enumerate() {
+        let mut r = readers(h);
+        if let (Some(s), None) = (r.next(), r.next()) {
+            *o = [s, s];
+            load[s] += 2.0;
+        }
+    }
+    for (h, o) in owner.iter_mut().enumerate() {
+        if readers(h).count() < 2 {
+            continue;
+        }
+        for part in o.iter_mut() {
+            let s = readers(h).min_by(|&a, &b| (load[a] / share[a]).total_cmp(&(load[b] / share[b]))).expect("a shared head has readers");
+            *part = s;
+            load[s] += 1.0;
+        }
+    }
+    let ranges = |which: usize| -> Vec<Range<usize>> {
+        (0..d)
+            .map(|s| {
+                let mine: Vec<usize> = (0..n_kv).filter(|&h| owner[h][which] == s).collect();
+                match (mine.first(), mine.last()) {
+                    (Some(&a), Some(&b)) => a..b + 1,
+                    // None: an empty range where its heads would start.
+                    _ => kv_heads[s].end..kv_heads[s].end,
+                }
+            })
+            .collect()
+    };
+    (ranges(0), ranges(1))
+}
+
 /// Consecutive ranges of `counts[i] · unit` items each, from 0.
 fn ranges(counts: &[usize], unit: usize) -> Vec<Range<usize>> {
     counts
@@ -383,16 +418,17 @@ mod tests {
         assert_eq!(p.q_heads, [0..5, 5..9]);
         assert_eq!(p.kv_heads, [0..2, 1..3]);
         assert_eq!((p.kv_base.as_slice(), p.kv_slots()), ([0, 2].as_slice(), 4));
-        // Head 1's keys on shard 0, its values on shard 1: three projections each, not four.
-        assert_eq!((p.k_heads.as_slice(), p.v_heads.as_slice()), ([0..2, 2..3].as_slice(), [0..1, 1..3].as_slice()));
+        // Head 1's keys and values on shard 1, which has a query head fewer: 5 + 4 query
+        // heads and 2 + 4 projections, 12 units each (Wq and Wo twice a head).
+        assert_eq!((p.k_heads.as_slice(), p.v_heads.as_slice()), ([0..1, 1..3].as_slice(), [0..1, 1..3].as_slice()));
         assert_eq!(p.kv_copies(1).collect::<Vec<_>>(), [(0, 1), (1, 2)]);
         assert!(p.exchanges_kv() && !p.clone().replicated().exchanges_kv());
-        // Gemma 3 has one KV head: every shard keeps it; shard 0 projects its keys, shard 3
-        // its values.
+        // Gemma 3 has one KV head: every shard keeps it; shard 0 projects its keys, shard 1
+        // its values (the least loaded, earlier first on ties).
         let p = TpPlan::new(4, GEMMA).unwrap();
         assert_eq!(p.kv_heads, [0..1, 0..1, 0..1, 0..1]);
         assert_eq!(p.k_heads, [0..1, 1..1, 1..1, 1..1]);
-        assert_eq!(p.v_heads, [0..0, 0..0, 0..0, 0..1]);
+        assert_eq!(p.v_heads, [1..1, 0..1, 1..1, 1..1]);
         assert_eq!(p.kv_copies(0).collect::<Vec<_>>(), [(0, 0), (1, 1), (2, 2), (3, 3)]);
         assert_eq!(p.ff, [0..512, 512..1024, 1024..1536, 1536..2048]);
         // No shared head (SmolLM2 at 3: one KV head each): nothing is exchanged.

@@ -348,10 +348,10 @@ fn cuts_inside_quantization_blocks_of_wo_and_down_keep_the_logits() {
 }
 
 /// A KV head that several shards read is projected once (`--tp-kv exchange`, the default): its
-/// keys by the first reader and its values by the last, each stored into every reader's cache
-/// slots before a global barrier. Against projecting it on every reader (`replicate`), the same
+/// keys and its values each by the reader with the least work (`TpPlan::k_heads`), stored
+/// into every reader's cache slots before a global barrier. Against projecting it on every reader (`replicate`), the same
 /// bits (each head's rows are the same dot products, stored by another group), for Gemma 3's
-/// one KV head at `--tp 2` and `--tp 4` (shards 1 and 2 project nothing of it) and SmolLM2's
+/// one KV head at `--tp 2` and `--tp 4` (shards 2 and 3 project nothing of it) and SmolLM2's
 /// middle head at `--tp 2` with keys in columns (key and value stores of one cell from two
 /// groups); in the graph, each shard's Wk and Wv rows and one more global barrier per layer.
 #[test]
@@ -388,8 +388,8 @@ fn a_shared_kv_head_is_projected_once_with_the_same_bits() {
         }
         let want_rows: &[usize] = match (h.n_kv_head, tp) {
             (1, 2) => &[256, 256],           // Gemma: keys on shard 0, values on shard 1
-            (1, 4) => &[512, 256, 256, 512], // and nothing on the shards between (+ 256 of Wq each)
-            _ => &[3 * 64, 3 * 64],          // SmolLM2: K 0-1 + V 0 | K 2 + V 1-2
+            (1, 4) => &[512, 512, 256, 256], // and nothing on shards 2 and 3 (+ 256 of Wq each)
+            _ => &[2 * 64, 4 * 64],          // SmolLM2: K/V 0 | K/V 1-2 (the shard of 4 query heads)
         };
         assert_eq!(rows, want_rows, "{file} --tp {tp}: K and V rows per shard");
     }

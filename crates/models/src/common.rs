@@ -136,8 +136,8 @@ pub struct AttnCfg {
 /// `x_in [n_tokens, n_embd]` → attention output `[n_tokens, n_embd]` (before the residual add).
 ///
 /// Tensor parallel: each shard computes its query heads (Wq rows) and the KV heads they read
-/// (Wk/Wv rows; a head two shards read: its keys on the first, its values on the last, each
-/// stored into both shards' slots), stores those in its own cache slots, attends, and
+/// (Wk/Wv rows; a head several shards read: its keys and its values each on one of them,
+/// stored into every reader's slots), stores those in its own cache slots, attends, and
 /// multiplies by its columns of Wo; the shards' partial outputs are added at the gather. Head
 /// counts below are per shard.
 pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &Bundle, cfg: &AttnCfg) -> Bundle {

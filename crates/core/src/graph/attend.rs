@@ -1,7 +1,7 @@
 //! The attention block's cache-facing nodes: storing each shard's keys and values into the KV
 //! cache, and attention over it. Under tensor parallelism a shard caches every KV head its
 //! query heads read; a head several shards read is projected once (`TpPlan::k_heads`,
-//! `v_heads`: its keys by the first reader, its values by the last) and its projector stores
+//! `v_heads`: its keys by one reader, its values by one, the least loaded) and its projector stores
 //! it into every reader's slots, followed by one global barrier, so that each shard then
 //! attends over its own copy. Keeping the copies (rather than reading another shard's slots)
 //! keeps a shard's attention on its own node's memory; projecting once keeps its rows of Wk
