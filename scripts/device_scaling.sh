@@ -10,7 +10,8 @@
 #
 # The device call: `run` with carry [".dev", ".gl"], command `bash scripts/device_scaling.sh
 # measure`, timeout_s 540. With a GPU (Vulkan found once .gl's loaders are unpacked), also
-# `corelm profile --accel` and Qwen2.5 / SmolLM2 with `--accel-layers` (none, half, all). Every step runs under `timeout`, so a slow one costs its own figure only;
+# `corelm profile --accel`, Qwen2.5 / SmolLM2 with `--accel-layers` (none, half, all), and
+# pp512 with the profile's plan on the CPU alone and with `--accel-split`. Every step runs under `timeout`, so a slow one costs its own figure only;
 # the log says which. The models are shrunk (scripts/device_model.py: real shapes, types and
 # blocks, repeated rows), so the figures are speed only. Threads: 1, 2, 4, … up to the
 # machine's cores (nproc), then nproc itself; TP 1, 2, 4 at nproc threads.
@@ -75,7 +76,7 @@ measure() {
     step() {  # step SECONDS ARGS...: one bench, its table rows into the log
         local s=$1; shift
         echo "## corelm bench $*" >> "$log"
-        if ! timeout "$s" "$bin" bench "$@" 2>&1 | grep -E '^\||aggregate|waits|accel-layers|^\[' >> "$log"; then
+        if ! timeout "$s" "$bin" bench "$@" 2>&1 | grep -E '^\||aggregate|waits|accel-layers|accel-split|^\[' >> "$log"; then
             echo "(failed or timed out after ${s} s)" >> "$log"
         fi
     }
@@ -101,6 +102,13 @@ measure() {
             for l in $layers; do
                 step 120 -m "$m" -p 512 -n 128 -r 2 -t "$n" --accel-layers "$l"
             done
+            # Issue 18's split (SMEPilot): prefill matmuls cut between the CPU and the device
+            # as the profile's roofline places them, against the same plan on the CPU alone
+            # (the device alone is --accel-layers with every layer, above).
+            if [ -f "$out/profile.json" ]; then
+                step 120 -m "$m" -p 512 -n 0 -r 2 -t "$n" --roofline "$out/profile.json"
+                step 120 -m "$m" -p 512 -n 0 -r 2 -t "$n" --roofline "$out/profile.json" --accel-split
+            fi
         done
     fi
     # Sandwich's configuration choice on this machine (SmolLM2).
