@@ -349,11 +349,12 @@ fn cuts_inside_quantization_blocks_of_wo_and_down_keep_the_logits() {
 
 /// A KV head that several shards read is projected once (`--tp-kv exchange`, the default): its
 /// keys and its values each by the reader with the least work (`TpPlan::k_heads`), stored
-/// into every reader's cache slots before a global barrier. Against projecting it on every reader (`replicate`), the same
-/// bits (each head's rows are the same dot products, stored by another group), for Gemma 3's
-/// one KV head at `--tp 2` and `--tp 4` (shards 2 and 3 project nothing of it) and SmolLM2's
-/// middle head at `--tp 2` with keys in columns (key and value stores of one cell from two
-/// groups); in the graph, each shard's Wk and Wv rows and one more global barrier per layer.
+/// into every reader's cache slots before a global barrier. Against projecting it on every
+/// reader (`replicate`), the same bits (each head's rows are the same dot products, stored by
+/// another group), for Gemma 3's one KV head at `--tp 2` and `--tp 4` (shards 2 and 3 project
+/// nothing of it; Q8_0 keys and Q4_0 values) and SmolLM2's middle head at `--tp 2` with Q8_0
+/// keys in columns. In the graph: each shard's Wk and Wv rows, and one more global barrier per
+/// layer.
 #[test]
 fn a_shared_kv_head_is_projected_once_with_the_same_bits() {
     use corelm_core::{Op, Storage};
@@ -361,8 +362,10 @@ fn a_shared_kv_head_is_projected_once_with_the_same_bits() {
     let prompt: Vec<u32> = (0..21).map(|i| (i * 577 + 5) % 40000).collect();
     let steps = [17, 4242, 99];
     use corelm_kernels::attention::KeyLayout::{Columns, Rows};
-    for (file, tp, kv_layout) in [(MODELS[1].1, 2, Rows), (MODELS[1].1, 4, Rows), (MODELS[0].1, 2, Columns)] {
-        let cfg = |tp_kv| EngineConfig { tp, tp_kv, kv_layout, ..test_config(4) };
+    use corelm_kernels::DType::{F16, Q4_0, Q8_0};
+    let cases = [(MODELS[1].1, 2, Rows, F16, F16), (MODELS[1].1, 4, Rows, Q8_0, Q4_0), (MODELS[0].1, 2, Columns, Q8_0, F16)];
+    for (file, tp, kv_layout, cache_type_k, cache_type_v) in cases {
+        let cfg = |tp_kv| EngineConfig { tp, tp_kv, kv_layout, cache_type_k, cache_type_v, ..test_config(4) };
         let (mut rep, _) = load(file, cfg(TpKv::Replicate));
         let want = run(&mut rep, &prompt, &steps);
         let replicated_globals = rep.graph(prompt.len(), prompt.len()).barriers().1;
