@@ -413,15 +413,10 @@ impl<'k> Builder<'k> {
     /// A new node whose result is an activation of the current layer, in its shard's region
     /// (offsets are relative to the region until `finish`).
     ///
-    /// A result with no elements (the keys of a shard that projects none, `TpPlan::k_heads`)
-    /// is a tensor with no storage and no node: nothing runs it, and the nodes reading it are
-    /// empty too.
+    /// A result with no elements (the keys of a shard that projects none, `TpPlan::k_heads`;
+    /// the sparse feed-forward of a shard whose neurons are all on an accelerator) is a
+    /// tensor and no node: nothing runs it.
     fn node(&mut self, ne: [usize; 2], dtype: DType, op: Op) -> Bundle {
-        if ne[0] * ne[1] == 0 {
-            let id = TensorId(self.tensors.len() as u32);
-            self.tensors.push(Tensor { ne, dtype, op, storage: Storage::None, layer: self.layer, group: self.group });
-            return Bundle::one(id);
-        }
         let (p, r) = (self.parity(), region(self.group));
         let bytes = corelm_kernels::row_bytes(dtype, ne[0]) * ne[1];
         if self.bump[p].len() <= r {
@@ -432,7 +427,15 @@ impl<'k> Builder<'k> {
         let offset = self.bump[p][r];
         self.bump[p][r] = (offset + bytes).div_ceil(ALIGN) * ALIGN;
         self.peak[p][r] = self.peak[p][r].max(self.bump[p][r]);
-        Bundle::one(self.push(ne, dtype, op, Storage::Act { buf: p as u8, offset }))
+        let storage = Storage::Act { buf: p as u8, offset };
+        if bytes == 0 {
+            // Its storage is an empty range of its region (a valid address for a reader's
+            // empty slice); no node.
+            let id = TensorId(self.tensors.len() as u32);
+            self.tensors.push(Tensor { ne, dtype, op, storage, layer: self.layer, group: self.group });
+            return Bundle::one(id);
+        }
+        Bundle::one(self.push(ne, dtype, op, storage))
     }
 
     /// Register a weight of the model file (read whole by every shard).
