@@ -55,8 +55,8 @@ pub(crate) struct LayerPipelines {
 /// The byte helpers every shader reading GGML blocks shares.
 const BYTES: &str = include_str!("shaders/bytes.wgsl");
 
-/// `t`'s part of the product shaders (`shaders/<type>.wgsl`): its `sub_dot` (the GEMV's) and
-/// `sub_val4` (the GEMM's), with the byte helpers they read blocks with.
+/// `t`'s part of the product shaders (`shaders/<type>.wgsl`): its `sub_val4` (what the GEMV
+/// and the GEMM read), with the byte helpers it reads blocks with.
 fn type_part(t: DType) -> Option<String> {
     let kmin = include_str!("shaders/kmin.wgsl");
     let part = match t {

@@ -348,16 +348,26 @@ fn online_balancing_with_tensor_parallel_shards() {
 /// A device lost in the middle of a pass (armed after token 5, failing at token 6's first read-
 /// back): that layer's device part is recomputed on the CPU from the saved input, every mask
 /// is cleared and the CPU computes every neuron from then on, so the run goes on with the
-/// CPU's results (within the accelerator's bound where the device took part).
+/// CPU's results (within the accelerator's bound where the device took part). Against the
+/// same run with the device kept: equal bits before the loss, and at the lost token within
+/// 0.1 of the largest logit (0.037 here; a fallback that returns zeros for the device's part
+/// gives 0.18, one that returns nothing leaves the lost read-back's NaN).
 #[test]
 fn a_lost_device_hands_its_neurons_to_the_cpu_mid_run() {
     use corelm_engine::balance::{BalanceConfig, Policy};
     let (mut cpu, tok) = load(SMOL, sparse(vec![0.12; 30]));
     let ids = tok.encode(PROMPT, false, true).unwrap();
     let want = token_by_token(&mut cpu, &ids);
-    let s = Arc::new(SparseFfn::new(vec![0.12; 30], DType::Q8_0));
-    let a = corelm_engine::offload::AccelConfig { balance: BalanceConfig::new(Policy::Tam), ..corelm_engine::offload::AccelConfig::new(8 << 20) };
-    let (mut e, _) = load(SMOL, EngineConfig { sparsity: Some(s), accel: Some(a), ..test_config(2) });
+    drop(cpu);
+    let cfg = || {
+        let s = Arc::new(SparseFfn::new(vec![0.12; 30], DType::Q8_0));
+        let a = corelm_engine::offload::AccelConfig { balance: BalanceConfig::new(Policy::Tam), ..corelm_engine::offload::AccelConfig::new(8 << 20) };
+        EngineConfig { sparsity: Some(s), accel: Some(a), ..test_config(2) }
+    };
+    let (mut kept, _) = load(SMOL, cfg());
+    let whole = token_by_token(&mut kept, &ids);
+    drop(kept);
+    let (mut e, _) = load(SMOL, cfg());
     let mut on_device = Vec::new();
     let got = token_by_token_with(&mut e, &ids, |e, i| {
         let st = e.balance().unwrap().stats();
@@ -367,9 +377,14 @@ fn a_lost_device_hands_its_neurons_to_the_cpu_mid_run() {
             e.balance().unwrap().simulate_device_loss();
         }
     });
-    // (A fallback that returns zeros for the device's part fails this at 0.14.)
+    assert!(got.iter().flatten().all(|v| v.is_finite()), "the lost read-back reached the logits");
+    assert!(got[..6] == whole[..6], "the run before the loss differs from the device's own");
+    let at_loss = max_rel_diff(&got[6..7], &whole[6..7]);
+    assert!(at_loss < 0.1, "at the lost token the logits differ from the device's by {at_loss} of the largest");
+    // Against the CPU alone: the device's rounding where it took part, and the neurons it
+    // fires differently at the threshold (0.096-0.103 with this prompt; zeros: 0.157).
     let d = max_rel_diff(&got, &want);
-    assert!(d < 0.1, "logits differ by {d} of the largest");
+    assert!(d < 0.13, "logits differ by {d} of the largest");
     // The device computes nothing after the loss.
     assert!(on_device[5] > 0 && on_device[6..].iter().all(|&n| n == on_device[6]), "{on_device:?}");
 }

@@ -1,9 +1,12 @@
 // Shared by every GEMV shader: the reduction (bindings: products.wgsl; byte access: bytes.wgsl).
 // A workgroup of 256 threads computes 8 output rows for up to 8 tokens: 32 lanes per row take
-// its 32-value sub-blocks s = lane, lane + 32, ... (neighbouring lanes read neighbouring
-// bytes), each calls the type's `sub_dot` once per token (the block's bytes are read from
-// memory once and from cache for the other tokens), and each (row, token)'s 32 lane sums are
-// added in workgroup memory, in a fixed order.
+// its values four at a time, lane l the groups l, l + 32, ... (`sub_val4`, the type's
+// dequantization of 4 values, which the tiled GEMM reads too), so neighbouring lanes read
+// neighbouring weight words and neighbouring activations (on a GPU, one load of the warp
+// covers a few cache lines; reading a whole 32-value sub-block per lane made its
+// activation loads 128 bytes apart, a line per lane). Each group's weights are decoded once
+// for all the tokens, and each (row, token)'s 32 lane sums are added in workgroup memory, in
+// a fixed order.
 
 const LANES: u32 = 32u;
 const ROWS: u32 = 8u;
@@ -21,10 +24,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     if (row < P.rows) {
         let rb = row * P.row_bytes;
-        for (var s = lane; s < P.cols / 32u; s += LANES) {
+        for (var v = lane; v < P.cols / 4u; v += LANES) {
+            let w = sub_val4(rb, v / 8u, v % 8u);
             for (var t = 0u; t < TOK; t++) {
                 if (tok0 + t < P.tokens) {
-                    acc[t] += sub_dot(rb, s, (tok0 + t) * P.cols + s * 32u);
+                    let xo = (tok0 + t) * P.cols + 4u * v;
+                    acc[t] += dot(w, vec4<f32>(X[xo], X[xo + 1u], X[xo + 2u], X[xo + 3u]));
                 }
             }
         }

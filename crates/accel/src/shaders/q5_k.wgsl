@@ -1,27 +1,6 @@
 // Q5_K (176 bytes per 256): d, dmin: f16, scales[12], qh[32], qs[128]. Sub-block j: nibbles
 // as Q4_K, fifth bit = bit j of qh[l]; value d sc q - dmin m.
-fn sub_dot(rb: u32, s: u32, xo: u32) -> f32 {
-    let b = rb + (s / 8u) * 176u;
-    let j = s % 8u;
-    let sm = scale_min_k4(j, b + 4u);
-    let qs = b + 48u + (j / 2u) * 32u;
-    let shift = (j % 2u) * 4u;
-    var acc = 0.0;
-    var sx = 0.0;
-    for (var l = 0u; l < 32u; l += 4u) {
-        let q = w32(qs + l);
-        let h = w32(b + 16u + l);
-        for (var k = 0u; k < 4u; k++) {
-            let x = X[xo + l + k];
-            let v = ((q >> (8u * k + shift)) & 15u) | (((h >> (8u * k + j)) & 1u) << 4u);
-            acc += f32(v) * x;
-            sx += x;
-        }
-    }
-    return f16at(b) * sm.x * acc - f16at(b + 2u) * sm.y * sx;
-}
-
-// Values l = 4 i4 .. 4 i4 + 3 of sub-block s (the GEMM's loads).
+// Values l = 4 i4 .. 4 i4 + 3 of sub-block s (the GEMV's and the GEMM's loads).
 fn sub_val4(rb: u32, s: u32, i4: u32) -> vec4<f32> {
     let b = rb + (s / 8u) * 176u;
     let j = s % 8u;

@@ -1,34 +1,7 @@
 // Q6_K (210 bytes per 256): ql[128], qh[64], scales[16]: i8, d: f16. Sub-block j (of 8) is
 // quarter k = j % 4 of half n = j / 4: low 4 bits from ql[64 n + 32 (k % 2) + l] (high nibble
 // for k >= 2), top 2 bits (qh[32 n + l] >> 2k) & 3; value d scale[i / 16] (q - 32).
-fn sub_dot(rb: u32, s: u32, xo: u32) -> f32 {
-    let b = rb + (s / 8u) * 210u;
-    let j = s % 8u;
-    let n = j / 4u;
-    let k = j % 4u;
-    let ql = b + 64u * n + 32u * (k % 2u);
-    let qh = b + 128u + 32u * n;
-    let shift = (k / 2u) * 4u;
-    var acc0 = 0.0;
-    var acc1 = 0.0;
-    for (var l = 0u; l < 32u; l += 4u) {
-        let lo = w32(ql + l);
-        let hi = w32(qh + l);
-        for (var t = 0u; t < 4u; t++) {
-            let v = ((lo >> (8u * t + shift)) & 15u) | (((hi >> (8u * t + 2u * k)) & 3u) << 4u);
-            let p = (f32(v) - 32.0) * X[xo + l + t];
-            if (l < 16u) {
-                acc0 += p;
-            } else {
-                acc1 += p;
-            }
-        }
-    }
-    let sc = b + 192u + 8u * n + 2u * k;
-    return f16at(b + 208u) * (i8at(sc) * acc0 + i8at(sc + 1u) * acc1);
-}
-
-// Values l = 4 i4 .. 4 i4 + 3 of sub-block s (the GEMM's loads): d scale (q - 32), the scale
+// Values l = 4 i4 .. 4 i4 + 3 of sub-block s (the GEMV's and the GEMM's loads): d scale (q - 32), the scale
 // of values 0..15 or 16..31.
 fn sub_val4(rb: u32, s: u32, i4: u32) -> vec4<f32> {
     let b = rb + (s / 8u) * 210u;
