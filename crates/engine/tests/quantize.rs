@@ -90,7 +90,7 @@ fn quantized_model_round_trip() {
         let q = logits(&out, &tokens);
         let (mut worst, mut sum, mut n) = (0f32, 0f64, 0usize);
         for (i, (a, b)) in base.iter().zip(&q).enumerate() {
-            worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(worst, f32::max);
+            worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(worst, |m, d| if m.is_nan() || d.is_nan() { f32::NAN } else { m.max(d) });
             sum += a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).sum::<f64>();
             n += a.len();
             let mut top: Vec<usize> = (0..a.len()).collect();

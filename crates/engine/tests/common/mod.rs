@@ -41,8 +41,22 @@ pub fn test_config(n_threads: usize) -> EngineConfig {
     EngineConfig { n_ctx: 1024, n_batch: 128, n_seq_max: 4, n_threads, pin: false, batch_invariant: false, ..Default::default() }
 }
 
-/// The largest absolute difference between two sets of logit rows, over the largest `|a|`.
+/// The larger of two differences, NaN if either is (`f32::max` returns the other one, so a
+/// NaN would pass every bound).
+pub fn max_nan(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// The largest absolute difference between two sets of logit rows, over the largest `|a|`;
+/// NaN where either holds a NaN (`f32::max` alone would skip it, and every bound would pass).
 pub fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    if a.iter().chain(b).flatten().any(|v| v.is_nan()) {
+        return f32::NAN;
+    }
     let scale = a.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
     a.iter().flatten().zip(b.iter().flatten()).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
@@ -62,9 +76,10 @@ pub fn top10(r: &[f32]) -> Vec<usize> {
 pub fn golden_rule(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) -> (f32, f32) {
     let (mut max, mut all) = (0f32, 0f32);
     for (r, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!(a.iter().all(|v| v.is_finite()), "{what}: row {r} holds a logit that is not finite");
         let top = top10(b);
-        max = top.iter().map(|&i| (a[i] - b[i]).abs()).fold(max, f32::max);
-        all = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(all, f32::max);
+        max = top.iter().map(|&i| (a[i] - b[i]).abs()).fold(max, max_nan);
+        all = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(all, max_nan);
         let (ia, ib, margin) = (top10(a)[0], top[0], b[top[0]] - b[top[1]]);
         assert!(ia == ib || margin < 0.5, "{what}: row {r} argmax {ia} vs {ib} (margin {margin:.3})");
     }
