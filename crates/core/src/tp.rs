@@ -107,12 +107,11 @@ pub struct TpPlan {
     /// Each shard's first KV cache slot: shards keep their KV heads' rows one after another,
     /// a replicated head once per shard.
     pub kv_base: Vec<usize>,
-    /// KV heads whose keys each shard projects (and stores into every reader's slots): those
-    /// of its `kv_heads` that no earlier shard reads. Empty for a shard whose KV heads all
-    /// start on earlier shards. Equal to `kv_heads` with the exchange off ([`TpPlan::replicated`]).
+    /// KV heads whose keys each shard projects and stores into every reader's slots: each
+    /// head's on exactly one of its readers (`kv_projectors`), an empty range for a shard that
+    /// projects none. Equal to `kv_heads` with the exchange off ([`TpPlan::replicated`]).
     pub k_heads: Vec<Range<usize>>,
-    /// KV heads whose values each shard projects: those of its `kv_heads` that no later shard
-    /// reads.
+    /// The same for values.
     pub v_heads: Vec<Range<usize>>,
 }
 
@@ -201,11 +200,6 @@ impl TpPlan {
     /// the plan is not [`TpPlan::replicated`]).
     pub fn exchanges_kv(&self) -> bool {
         self.k_heads != self.kv_heads || self.v_heads != self.kv_heads
-    }
-
-    /// Cache slots of KV head `h` on each shard `t` that reads it: `(t, slot)`.
-    pub fn kv_copies(&self, h: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
-        self.kv_heads.iter().enumerate().filter(move |(_, kv)| kv.contains(&h)).map(move |(t, kv)| (t, self.kv_base[t] + h - kv.start))
     }
 
     pub fn degree(&self) -> usize {
@@ -421,7 +415,6 @@ mod tests {
         // Head 1's keys and values on shard 1, which has a query head fewer: 5 + 4 query
         // heads and 2 + 4 projections, 12 units each (Wq and Wo twice a head).
         assert_eq!((p.k_heads.as_slice(), p.v_heads.as_slice()), ([0..1, 1..3].as_slice(), [0..1, 1..3].as_slice()));
-        assert_eq!(p.kv_copies(1).collect::<Vec<_>>(), [(0, 1), (1, 2)]);
         assert!(p.exchanges_kv() && !p.clone().replicated().exchanges_kv());
         // Gemma 3 has one KV head: every shard keeps it; shard 0 projects its keys, shard 1
         // its values (the least loaded, earlier first on ties).
@@ -429,7 +422,6 @@ mod tests {
         assert_eq!(p.kv_heads, [0..1, 0..1, 0..1, 0..1]);
         assert_eq!(p.k_heads, [0..1, 1..1, 1..1, 1..1]);
         assert_eq!(p.v_heads, [1..1, 0..1, 1..1, 1..1]);
-        assert_eq!(p.kv_copies(0).collect::<Vec<_>>(), [(0, 0), (1, 1), (2, 2), (3, 3)]);
         assert_eq!(p.ff, [0..512, 512..1024, 1024..1536, 1536..2048]);
         // No shared head (SmolLM2 at 3: one KV head each): nothing is exchanged.
         let p = TpPlan::new(3, SMOL).unwrap();
