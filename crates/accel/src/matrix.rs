@@ -37,7 +37,6 @@ const TOKENS_PER_GROUP: usize = 8;
 pub const GEMM_MIN_TOKENS: usize = 32;
 const GEMM_TILE: usize = 64;
 
-
 impl Matrix {
     /// Upload `bytes` (`rows` rows of `cols` values of `dtype`, the file's layout).
     pub fn upload(gpu: &Gpu, name: &str, dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Matrix, AccelError> {

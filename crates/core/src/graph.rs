@@ -402,11 +402,17 @@ impl<'k> Builder<'k> {
     }
 
     fn push(&mut self, ne: [usize; 2], dtype: DType, op: Op, storage: Storage) -> TensorId {
-        let id = TensorId(self.tensors.len() as u32);
-        self.tensors.push(Tensor { ne, dtype, op, storage, layer: self.layer, group: self.group });
+        let id = self.unscheduled(ne, dtype, op, storage);
         if op != Op::Leaf {
             self.nodes.push(id);
         }
+        id
+    }
+
+    /// A tensor of the current layer and shard that no node computes.
+    fn unscheduled(&mut self, ne: [usize; 2], dtype: DType, op: Op, storage: Storage) -> TensorId {
+        let id = TensorId(self.tensors.len() as u32);
+        self.tensors.push(Tensor { ne, dtype, op, storage, layer: self.layer, group: self.group });
         id
     }
 
@@ -431,9 +437,7 @@ impl<'k> Builder<'k> {
         if bytes == 0 {
             // Its storage is an empty range of its region (a valid address for a reader's
             // empty slice); no node.
-            let id = TensorId(self.tensors.len() as u32);
-            self.tensors.push(Tensor { ne, dtype, op, storage, layer: self.layer, group: self.group });
-            return Bundle::one(id);
+            return Bundle::one(self.unscheduled(ne, dtype, op, storage));
         }
         Bundle::one(self.push(ne, dtype, op, storage))
     }

@@ -8,6 +8,8 @@
 //! each of 8 greedy steps decoded one token at a time (our own argmax fed back) within 0.015 of
 //! llama.cpp's (logits span ~12), and the greedy ids equal.
 
+mod common;
+
 use corelm_engine::{Engine, EngineConfig};
 use corelm_kernels::DType;
 use serde_json::Value;
@@ -25,18 +27,9 @@ fn rows(v: &Value) -> Vec<Vec<f32>> {
     serde_json::from_value(v.clone()).unwrap()
 }
 
-/// The larger of two differences, NaN if either is (`f32::max` would skip a NaN).
-fn max_nan(a: f32, b: f32) -> f32 {
-    if a.is_nan() || b.is_nan() {
-        f32::NAN
-    } else {
-        a.max(b)
-    }
-}
-
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, max_nan)
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, common::max_nan)
 }
 
 /// The logits of every position of `tokens`, fed after what sequence 0 holds (`Engine::feed`).
@@ -186,13 +179,13 @@ fn quantized_kv_cache() {
     let f16_gold = rows(&want["prompt_logits"]);
     for (kt, vt, tp) in [(DType::Q8_0, DType::Q8_0, 1), (DType::Q8_0, DType::F16, 1), (DType::Q8_0, DType::Q8_0, 2), (DType::Q4_0, DType::Q4_0, 1), (DType::Q4_0, DType::F16, 2)] {
         let q_gold = rows(&want[format!("kv_{}_prompt_logits", kt.name().to_lowercase())]);
-        let q_shift = q_gold.iter().zip(&f16_gold).map(|(a, b)| max_diff(a, b)).fold(0f32, max_nan);
+        let q_shift = q_gold.iter().zip(&f16_gold).map(|(a, b)| max_diff(a, b)).fold(0f32, common::max_nan);
         let layout = KeyLayout::Columns;
         let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, cache_type_k: kt, cache_type_v: vt, kv_layout: layout, tp, ..Default::default() };
         let mut e = Engine::load(&path, cfg).unwrap();
         let l = prompt_logits(&mut e, &tokens);
-        let from_f16 = f16_gold.iter().enumerate().map(|(i, g)| max_diff(&l[i], g)).fold(0f32, max_nan);
-        let from_q = q_gold.iter().enumerate().map(|(i, g)| max_diff(&l[i], g)).fold(0f32, max_nan);
+        let from_f16 = f16_gold.iter().enumerate().map(|(i, g)| max_diff(&l[i], g)).fold(0f32, common::max_nan);
+        let from_q = q_gold.iter().enumerate().map(|(i, g)| max_diff(&l[i], g)).fold(0f32, common::max_nan);
         assert!(from_f16 <= 1.1 * q_shift + 2.0 * TOL, "KV {kt} keys in columns, {vt} values, --tp {tp}: max |Δlogit| {from_f16} from the F16 cache, llama.cpp's {kt} cache {q_shift}");
         // Token by token (the decode path) gives what the prompt in one pass gave.
         let mut e = Engine::load(&path, EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, cache_type_k: kt, cache_type_v: vt, kv_layout: layout, tp, ..Default::default() }).unwrap();

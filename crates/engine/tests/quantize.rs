@@ -3,6 +3,8 @@
 //! same input), and a quantized model still computes what the F16 one does, within each
 //! type's error.
 
+mod common;
+
 use corelm_engine::quantize::quantize_file;
 use corelm_engine::{Engine, EngineConfig};
 use corelm_gguf::Gguf;
@@ -90,7 +92,7 @@ fn quantized_model_round_trip() {
         let q = logits(&out, &tokens);
         let (mut worst, mut sum, mut n) = (0f32, 0f64, 0usize);
         for (i, (a, b)) in base.iter().zip(&q).enumerate() {
-            worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(worst, |m, d| if m.is_nan() || d.is_nan() { f32::NAN } else { m.max(d) });
+            worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(worst, common::max_nan);
             sum += a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).sum::<f64>();
             n += a.len();
             let mut top: Vec<usize> = (0..a.len()).collect();

@@ -139,6 +139,12 @@ impl Ctx<'_> {
         }
     }
 
+    /// The attention kernel llama.cpp runs for a query row at `pos` with `nth` threads: its
+    /// split-KV decode when the batch is that one row (or every row is computed as if alone),
+    /// the cache is F16 and its padded length — `used + 1` rounded up to 256 cells, at most
+    /// the cache size, as `llama_kv_cache::get_n_kv` gives it for one sequence — reaches 512
+    /// cells, in `ceil(n_kv / nth)`-cell chunks; otherwise `kind`. The bits then match
+    /// llama.cpp run with the same thread count.
     fn kv_split(&self, kind: attention::AttnKernel, pos: usize, nth: usize) -> attention::AttnKernel {
         let kv = self.kv;
         let one_row = self.graph.n_tokens == 1 || self.mode.batch_invariant;

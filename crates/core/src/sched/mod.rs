@@ -737,12 +737,6 @@ impl Ctx<'_> {
         (if plain { self.bytes(wid) } else { &[] }, il)
     }
 
-    /// The attention kernel llama.cpp runs for a query row at `pos` with `nth` threads: its
-    /// split-KV decode when the batch is that one row (or every row is computed as if alone),
-    /// the cache is F16 and its padded length — `used + 1` rounded up to 256 cells, at most
-    /// the cache size, as `llama_kv_cache::get_n_kv` gives it for one sequence — reaches 512
-    /// cells, in `ceil(n_kv / nth)`-cell chunks; otherwise `kind`. The bits then match
-    /// llama.cpp run with the same thread count.
     /// Values `cols` of each row of `k` and `v` (whichever are given), a head at a time, into
     /// cache slots from `kv_base`.
     fn kv_store(&self, layer: usize, [k, v]: [Option<TensorId>; 2], cols: std::ops::Range<usize>, kv_base: usize, ith: usize, nth: usize) {
