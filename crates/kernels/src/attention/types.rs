@@ -30,6 +30,10 @@ pub enum AttnKernel {
 /// `attend_quant_group`); their grow masks are `u64`.
 pub const DECODE_CHUNK: usize = 64;
 
+/// Key rows the AVX-512 decode kernel scores together (`x86::decode`): widened once, their dot
+/// products reduced across registers.
+pub const DECODE_KEYS: usize = 16;
+
 /// Query rows from which ggml switches to the tiled kernel.
 pub const TILED_MIN_ROWS: usize = 64;
 /// KV cells per tile of the tiled kernel.
@@ -64,6 +68,8 @@ pub struct AttnScratch {
     pub(crate) dgrow: Vec<u64>,
     /// Per head, the (maximum, sum) of the split-KV chunks combined so far.
     pub(crate) dfin: Vec<[f32; 2]>,
+    /// `[DECODE_KEYS][head_dim]` key rows widened to f32 (the AVX-512 decode kernel's phase 1).
+    pub(crate) dkeys: Vec<f32>,
     /// Buffers of the multi-row kernel ([`attend_rows`]).
     pub(crate) rows: RowsScratch,
     /// What the worker reads after its current call ([`AttnScratch::read_next`]).
@@ -259,6 +265,7 @@ impl AttnScratch {
             scores: &mut self.gscores[..],
             grow: &mut self.dgrow[..heads],
             fin: &mut self.dfin[..heads],
+            keys: &mut self.dkeys[..],
             k32: &mut self.k32[..],
             v32: &mut self.v32[..],
             next: &mut self.next,
@@ -312,6 +319,7 @@ impl AttnScratch {
             gqq: vec![0; heads * (head_dim * 4 + 64)],
             dgrow: vec![0; heads],
             dfin: vec![[0.0; 2]; heads],
+            dkeys: vec![0.0; DECODE_KEYS * head_dim],
             rows: RowsScratch::new(head_dim),
             next: NextRows { k: [0; DECODE_CHUNK], v: [0; DECODE_CHUNK], n: 0 },
             matrix: MatrixScratch::new(head_dim),
@@ -475,6 +483,8 @@ pub struct DecodeBuffers<'a> {
     pub grow: &'a mut [u64],
     /// Per head, (maximum, sum) of the KV-split chunks combined so far (`attention::portable::fold`).
     pub fin: &'a mut [[f32; 2]],
+    /// `[DECODE_KEYS][head_dim]`: a group of key rows widened to f32 (the AVX-512 kernel).
+    pub keys: &'a mut [f32],
     /// One key row and one value row in f32 (the AVX2 kernel).
     pub k32: &'a mut [f32],
     pub v32: &'a mut [f32],

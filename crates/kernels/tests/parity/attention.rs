@@ -298,6 +298,37 @@ fn decode_attention_equals_portable_per_head() {
     }
 }
 
+/// A NaN score (a key row holding a NaN) in the middle of a chunk, where the AVX-512 kernel's
+/// prefix-scan maximum and the portable loop's differ (the loop never keeps a NaN as its
+/// maximum): every head's output is what the portable kernel gives, NaN when the cell is
+/// visible, the same bits when it is hidden.
+#[test]
+fn decode_attention_with_a_nan_score_equals_portable() {
+    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, Cells, KvRows};
+    let mut rng = Rng(77);
+    let port = Kernels::portable();
+    for (hd, heads, cells, nan_cell) in [(64usize, 3usize, 100usize, 37usize), (64, 7, 64, 0), (128, 2, 80, 79), (64, 3, 300, 150)] {
+        let (q, mut k, v) = decode_case(&mut rng, hd, heads, cells);
+        k[nan_cell * hd + 5] = f16::NAN;
+        let ident: Vec<u32> = (0..cells as u32).collect();
+        let kvr = KvRows::contiguous(&k, &v, hd, &ident);
+        let masks: [&dyn Fn(usize) -> bool; 2] = [&|_| true, &|c| c != nan_cell];
+        for vis in masks {
+            let mut s = AttnScratch::with_heads(hd, heads);
+            let mut grouped = vec![0f32; heads * hd];
+            attend_heads(AttnKernel::Reference, &Kernels::detect(), &q, Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut grouped);
+            for h in 0..heads {
+                let mut one = vec![0f32; hd];
+                attend_row(AttnKernel::Reference, &port, &q[h * hd..(h + 1) * hd], Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut one);
+                let g = &grouped[h * hd..(h + 1) * hd];
+                let same = g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()));
+                assert!(same, "hd {hd} heads {heads} cells {cells} NaN at {nan_cell} head {h}");
+                assert_eq!(one.iter().any(|x| x.is_nan()), vis(nan_cell), "the NaN reaches the output only where its cell is visible");
+            }
+        }
+    }
+}
+
 /// ggml's split-KV decode (`AttnKernel::Split`): the decode kernels (AVX-512 and AVX2) give
 /// every head the bits of the portable per-head split, over chunk sizes that cut the cells
 /// evenly, unevenly, inside the 64-cell phases and past the end, with a late-growing maximum,

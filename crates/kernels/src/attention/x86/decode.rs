@@ -2,16 +2,21 @@
 //! `attention::portable::attend_reference`) for the query heads of one GQA group, in two phases per chunk of
 //! [`CHUNK`] visible cells, bit-identical per head to the portable kernel:
 //!
-//! 1. **Scores.** Each key row is widened once into registers (head_dim = 64·S: 4·S zmm) and
-//!    dotted with every head's F16-rounded query in ggml's order — four 16-lane accumulators
-//!    over 64-value steps, folded (0+2)+(1+3), the 16 lanes reduced as GCC's
-//!    `_mm512_reduce_add_ps` does — in registers.
-//! 2. **Online softmax.** Per head the running maximum over the chunk and all its exponentials
-//!    at once (`softmax_steps` with glibc's `expf` on 16 lanes, `exp::x86`), then per
-//!    cell the accumulator updated `acc = f16(v · vs + f16(acc · ms))` exactly as ggml's
-//!    `VKQ16`; the accumulator lives as f32 values that F16 represents exactly, rounded through
-//!    `vcvtps2ph`/`vcvtph2ps` in registers instead of being stored as F16 and converted back.
-//!    That rounding pair (2.4 cycles per 16 lanes on Zen 4) is most of what is left per cell.
+//! 1. **Scores.** [`KEYS`] key rows at a time are widened once into an f32 buffer
+//!    (head_dim = 64·S) and dotted with every head's F16-rounded query in ggml's order — four
+//!    16-lane accumulators over 64-value steps, folded (0+2)+(1+3) —, then the 16 keys' lanes
+//!    reduced together across registers ([`reduce16`]), each key's sum the additions of GCC's
+//!    `_mm512_reduce_add_ps` in its order.
+//! 2. **Online softmax.** Per head the running maximum before each cell of the chunk as a
+//!    16-lane prefix scan and all its exponentials at once ([`softmax_step16`], glibc's `expf`
+//!    on 16 lanes, `exp::x86`), then per cell the accumulator updated
+//!    `acc = f16(v · vs + f16(acc · ms))` exactly as ggml's `VKQ16`; the accumulator lives as
+//!    f32 values that F16 represents exactly, rounded through `vcvtps2ph`/`vcvtph2ps` in
+//!    registers instead of being stored as F16 and converted back. That rounding pair with its
+//!    FMA (3.3 cycles per 16 lanes on Zen 4) is most of what is left per cell.
+//!
+//! Per (head, cell) on Zen 4 (SmolLM2's 3 heads per KV head, 512 cells in L2, one thread):
+//! gathering 4, scores 12, softmax 3 (11 as a scalar loop), accumulators 18 cycles.
 //!
 //! Heads are independent, so running them cell by cell instead of head by head changes no
 //! bits; the scores of a chunk do not depend on the softmax state, so computing them first
@@ -20,10 +25,8 @@
 #![allow(clippy::missing_safety_doc)]
 
 use crate::attention::chunks::{ask_share, drive, ChunkRows};
-use crate::attention::portable::softmax_steps;
-use crate::attention::types::{Cells, DecodeBuffers, DECODE_CHUNK as CHUNK};
-use crate::exp::x86::expf_slice;
-use crate::simd::x86::reduce_add_ps16;
+use crate::attention::types::{Cells, DecodeBuffers, DECODE_CHUNK as CHUNK, DECODE_KEYS as KEYS};
+use crate::exp::x86::expf16;
 use crate::simd::{prefetch_lines, CacheLevel};
 use half::f16;
 use std::arch::x86_64::*;
@@ -66,7 +69,7 @@ pub fn attend_decode_group(
 unsafe fn chunk<const S: usize>(rows: &ChunkRows, b: &mut DecodeBuffers, heads: usize, scale: f32) {
     // SAFETY (caller): rows of 64·S F16 values; buffers for `heads` heads.
     unsafe {
-        chunk_scores::<S>(rows, b.qf, heads, scale, b.scores);
+        chunk_scores::<S>(rows, b.qf, heads, scale, b.keys, b.scores);
         chunk_accumulate::<S>(rows.v, rows.ahead_v, b.scores, b.grow, heads, b.acc, b.state);
     }
 }
@@ -91,36 +94,84 @@ fn prefetch_row<const S: usize>(p: *const f16) {
     prefetch_lines(p as *const u8, 128 * S, CacheLevel::L1);
 }
 
-/// Phase 1: `scores[h][i] = (q_h · k_i) · scale` for the chunk's key rows; its value rows
-/// (phase 2) are asked for into L1 and the key rows read after it into L2 meanwhile.
+/// Position `p` of [`reduce16`]'s inputs holds key `ORDER[p]` of the group, so that its output
+/// lanes come in key order (the reduction leaves input `c + 4l` in lane `4c + l`).
+const ORDER: [usize; KEYS] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
+
+/// Phase 1: `scores[h][i] = (q_h · k_i) · scale` for the chunk's key rows, [`KEYS`] at a time:
+/// the group's rows widened once into `keys`, then per head their 16 dot products reduced
+/// together ([`reduce16`]: three additions and two shuffles per key fewer than a horizontal
+/// sum each). Its value rows (phase 2) are asked for into L1 and the key rows read after it
+/// into L2 meanwhile.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-unsafe fn chunk_scores<const S: usize>(rows: &ChunkRows, qf: &[f32], heads: usize, scale: f32, scores: &mut [f32]) {
+unsafe fn chunk_scores<const S: usize>(rows: &ChunkRows, qf: &[f32], heads: usize, scale: f32, keys: &mut [f32], scores: &mut [f32]) {
     let (kr, vr) = (rows.k, rows.v);
-    for (i, &kp) in kr.iter().enumerate() {
-        prefetch_row::<S>(vr[i]);
-        ask_share(rows.ahead_k, 128 * S, i, kr.len());
-        let mut k = [[_mm512_setzero_ps(); 4]; S];
-        for (s, ks) in k.iter_mut().enumerate() {
-            for (j, kj) in ks.iter_mut().enumerate() {
-                // SAFETY (caller): `kp` starts a row of 64·S F16 values.
-                *kj = unsafe { load_ph16(kp.add(64 * s + 16 * j)) };
+    let (n, hd) = (kr.len(), 64 * S);
+    assert!(keys.len() >= KEYS * hd && qf.len() >= heads * hd && scores.len() >= heads * CHUNK && n <= CHUNK);
+    let sv = _mm512_set1_ps(scale);
+    for g in (0..n).step_by(KEYS) {
+        let m = (n - g).min(KEYS);
+        for (i, &kp) in kr[g..g + m].iter().enumerate() {
+            prefetch_row::<S>(vr[g + i]);
+            ask_share(rows.ahead_k, 128 * S, g + i, n);
+            for x in 0..4 * S {
+                // SAFETY: `kp` starts a row of 64·S F16 values (caller); (i + 1)·hd <= keys.len().
+                unsafe { _mm512_storeu_ps(keys.as_mut_ptr().add(i * hd + 16 * x), load_ph16(kp.add(16 * x))) };
             }
         }
         for h in 0..heads {
-            let qh = &qf[h * 64 * S..(h + 1) * 64 * S];
-            let mut a = [_mm512_setzero_ps(); 4];
-            for (s, ks) in k.iter().enumerate() {
-                for (j, aj) in a.iter_mut().enumerate() {
-                    // SAFETY: 64·s + 16·j + 16 <= 64·S = qh.len(); unaligned load.
-                    let qv = unsafe { _mm512_loadu_ps(qh.as_ptr().add(64 * s + 16 * j)) };
-                    *aj = _mm512_fmadd_ps(ks[j], qv, *aj);
+            let mut q = [[_mm512_setzero_ps(); 4]; S];
+            for (s, qs) in q.iter_mut().enumerate() {
+                for (j, qj) in qs.iter_mut().enumerate() {
+                    // SAFETY: h·hd + 64·s + 16·j + 16 <= heads·hd <= qf.len() (asserted).
+                    *qj = unsafe { _mm512_loadu_ps(qf.as_ptr().add(h * hd + 64 * s + 16 * j)) };
                 }
             }
-            let t = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
-            scores[h * CHUNK + i] = reduce_add_ps16(t) * scale;
+            // SAFETY: rows `ORDER[p] < m` of `keys` were written above.
+            let t = |p: usize| if ORDER[p] < m { unsafe { dot_lanes::<S>(keys.as_ptr().add(ORDER[p] * hd), &q) } } else { _mm512_setzero_ps() };
+            let f = _mm512_mul_ps(reduce16(t), sv);
+            let mask = if m == KEYS { 0xffff } else { ((1u32 << m) - 1) as __mmask16 };
+            // SAFETY: h·CHUNK + g + m <= heads·CHUNK <= scores.len() (asserted); masked store.
+            unsafe { _mm512_mask_storeu_ps(scores.as_mut_ptr().add(h * CHUNK + g), mask, f) };
         }
     }
+}
+
+/// The 16 lanes of `k · q` before their horizontal sum, in ggml's order: four accumulators over
+/// the 64-value steps, folded `(0+2) + (1+3)`.
+#[inline(always)]
+unsafe fn dot_lanes<const S: usize>(k: *const f32, q: &[[__m512; 4]; S]) -> __m512 {
+    let mut a = [_mm512_setzero_ps(); 4];
+    for (s, qs) in q.iter().enumerate() {
+        for (j, aj) in a.iter_mut().enumerate() {
+            // SAFETY (caller): 64·S f32 readable at `k`; unaligned load.
+            *aj = _mm512_fmadd_ps(unsafe { _mm512_loadu_ps(k.add(64 * s + 16 * j)) }, qs[j], *aj);
+        }
+    }
+    _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]))
+}
+
+/// Sixteen horizontal sums at once: lane `4c + l` of the result is `t(c + 4l)` summed as
+/// `reduce_add_ps16` sums it (high half + low half, then high quarter + low quarter, then lanes
+/// `(0+2) + (1+3)`), the same additions of the same operands in the same order.
+#[inline(always)]
+unsafe fn reduce16(t: impl Fn(usize) -> __m512) -> __m512 {
+    // Halves: lanes 0..8 of `u[p]` are input 2p's, 8..16 input 2p + 1's, each `hi + lo`.
+    let halves = |a: __m512, b: __m512| {
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0xEE>(a, b), _mm512_shuffle_f32x4::<0x44>(a, b))
+    };
+    let u: [__m512; 8] = std::array::from_fn(|p| halves(t(2 * p), t(2 * p + 1)));
+    // Quarters: 128-bit chunk c of `w[r]` is input 4r + c's four sums `hi + lo`.
+    let quarters = |a: __m512, b: __m512| {
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0xDD>(a, b), _mm512_shuffle_f32x4::<0x88>(a, b))
+    };
+    let w = [quarters(u[0], u[1]), quarters(u[2], u[3]), quarters(u[4], u[5]), quarters(u[6], u[7])];
+    // Lanes (0+2), (1+3): chunk c of `z[r]` holds inputs 8r + c and 8r + 4 + c, two lanes each.
+    let pairs = |a: __m512, b: __m512| _mm512_add_ps(_mm512_shuffle_ps::<0x44>(a, b), _mm512_shuffle_ps::<0xEE>(a, b));
+    let z = [pairs(w[0], w[1]), pairs(w[2], w[3])];
+    // Then (0+2) + (1+3): chunk c holds inputs c, 4 + c, 8 + c, 12 + c.
+    _mm512_add_ps(_mm512_shuffle_ps::<0x88>(z[0], z[1]), _mm512_shuffle_ps::<0xDD>(z[0], z[1]))
 }
 
 /// Phase 2: the online-softmax step of every head for each of the chunk's value rows `vr`,
@@ -137,7 +188,10 @@ unsafe fn chunk_accumulate<const S: usize>(
     acc: &mut [f32],
     state: &mut [[f32; 2]],
 ) {
-    softmax_steps(scores, grow, &mut state[..heads], vr.len(), |x| expf_slice(x));
+    for ((st, g), sc) in state[..heads].iter_mut().zip(grow.iter_mut()).zip(scores.chunks_exact_mut(CHUNK)) {
+        // SAFETY: the caller checked the CPU features.
+        *g = unsafe { softmax_step16(&mut sc[..vr.len()], st) };
+    }
     // Heads in groups whose accumulators stay in registers for the whole chunk: with one
     // head at a time each cell would wait on the previous one's rounding (a chain of FMA and
     // two conversions); through memory, on store-to-load forwarding.
@@ -158,6 +212,47 @@ unsafe fn chunk_accumulate<const S: usize>(
             _ => unsafe { accumulate_heads::<S, 1>(vr, ahead, scores, grow, h, acc, state) },
         };
     }
+}
+
+/// One head's online-softmax step over a chunk's scores (`attention::portable::softmax_step`,
+/// the same values): the running maximum before each cell as a 16-lane prefix scan, a lane
+/// replacing the maximum only where strictly greater, as the scalar loop does, so every lane
+/// sees the maximum the loop would (ties keep the earlier value, its zero sign included);
+/// then `m - s` where a cell raises it and `s - m` elsewhere, and `expf` (glibc's) of each.
+/// Returns the grow mask. A NaN score (which the scan, unlike the loop, may carry as the
+/// maximum) makes its exponential NaN in both, and with it the head's accumulator and sum
+/// for good, so the outputs agree: NaN.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+unsafe fn softmax_step16(sc: &mut [f32], st: &mut [f32; 2]) -> u64 {
+    let n = sc.len();
+    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+    let mut m = _mm512_set1_ps(st[0]);
+    let mut g = 0u64;
+    for b in (0..n).step_by(16) {
+        let k = (n - b).min(16);
+        let mask = if k == 16 { 0xffff } else { ((1u32 << k) - 1) as __mmask16 };
+        // SAFETY: lanes b..b + k of `sc` (masked load; the rest -∞, which raises no maximum).
+        let s = unsafe { _mm512_mask_loadu_ps(ninf, mask, sc.as_ptr().add(b)) };
+        // Inclusive prefix maximum: `max_ps(later, earlier)` keeps the earlier unless the later
+        // is strictly greater, which makes the scan associative.
+        let mut p = s;
+        p = _mm512_max_ps(p, _mm512_castsi512_ps(_mm512_alignr_epi32::<15>(_mm512_castps_si512(p), _mm512_castps_si512(ninf))));
+        p = _mm512_max_ps(p, _mm512_castsi512_ps(_mm512_alignr_epi32::<14>(_mm512_castps_si512(p), _mm512_castps_si512(ninf))));
+        p = _mm512_max_ps(p, _mm512_castsi512_ps(_mm512_alignr_epi32::<12>(_mm512_castps_si512(p), _mm512_castps_si512(ninf))));
+        p = _mm512_max_ps(p, _mm512_castsi512_ps(_mm512_alignr_epi32::<8>(_mm512_castps_si512(p), _mm512_castps_si512(ninf))));
+        let pm = _mm512_max_ps(p, m);
+        // The maximum before each lane: the carry for lane 0, the prefix up to the lane before.
+        let before = _mm512_castsi512_ps(_mm512_alignr_epi32::<15>(_mm512_castps_si512(pm), _mm512_castps_si512(m)));
+        let up = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s, before) & mask;
+        let x = _mm512_mask_sub_ps(_mm512_sub_ps(s, before), up, before, s);
+        // SAFETY: as the load.
+        unsafe { _mm512_mask_storeu_ps(sc.as_mut_ptr().add(b), mask, expf16(x)) };
+        g |= (up as u64) << b;
+        m = _mm512_permutexvar_ps(_mm512_set1_epi32(15), pm);
+    }
+    st[0] = _mm512_cvtss_f32(m);
+    g
 }
 
 /// A row of 64·S F16 values at `vp`, widened.
