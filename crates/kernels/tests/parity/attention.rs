@@ -313,16 +313,16 @@ fn decode_attention_with_a_nan_score_equals_portable() {
         let ident: Vec<u32> = (0..cells as u32).collect();
         let kvr = KvRows::contiguous(&k, &v, hd, &ident);
         let masks: [&dyn Fn(usize) -> bool; 2] = [&|_| true, &|c| c != nan_cell];
-        for vis in masks {
+        for (vis, fast) in masks.into_iter().flat_map(|m| [(m, Kernels::detect()), (m, Kernels::detect_avx2())]) {
             let mut s = AttnScratch::with_heads(hd, heads);
             let mut grouped = vec![0f32; heads * hd];
-            attend_heads(AttnKernel::Reference, &Kernels::detect(), &q, Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut grouped);
+            attend_heads(AttnKernel::Reference, &fast, &q, Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut grouped);
             for h in 0..heads {
                 let mut one = vec![0f32; hd];
                 attend_row(AttnKernel::Reference, &port, &q[h * hd..(h + 1) * hd], Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut one);
                 let g = &grouped[h * hd..(h + 1) * hd];
                 let same = g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()));
-                assert!(same, "hd {hd} heads {heads} cells {cells} NaN at {nan_cell} head {h}");
+                assert!(same, "{} hd {hd} heads {heads} cells {cells} NaN at {nan_cell} head {h}", fast.isa());
                 assert_eq!(one.iter().any(|x| x.is_nan()), vis(nan_cell), "the NaN reaches the output only where its cell is visible");
             }
         }

@@ -245,7 +245,8 @@ unsafe fn softmax_step16(sc: &mut [f32], st: &mut [f32; 2]) -> u64 {
         // The maximum before each lane: the carry for lane 0, the prefix up to the lane before.
         let before = _mm512_castsi512_ps(_mm512_alignr_epi32::<15>(_mm512_castps_si512(pm), _mm512_castps_si512(m)));
         let up = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s, before) & mask;
-        let x = _mm512_mask_sub_ps(_mm512_sub_ps(s, before), up, before, s);
+        // Lanes past the chunk exponentiate 0, not -∞ (glibc's slow path).
+        let x = _mm512_maskz_mov_ps(mask, _mm512_mask_sub_ps(_mm512_sub_ps(s, before), up, before, s));
         // SAFETY: as the load.
         unsafe { _mm512_mask_storeu_ps(sc.as_mut_ptr().add(b), mask, expf16(x)) };
         g |= (up as u64) << b;
