@@ -2,14 +2,14 @@
 //! `attention::portable::attend_reference`) for the query heads of one GQA group, in two phases per chunk of
 //! [`CHUNK`] visible cells, bit-identical per head to the portable kernel:
 //!
-//! 1. **Scores.** Head dimension 64: [`KEYS`] key rows at a time are widened once into an
+//! 1. **Scores.** Head dimension 64: `KEYS` key rows at a time are widened once into an
 //!    f32 buffer and dotted with every head's F16-rounded query in ggml's order — four 16-lane
 //!    accumulators, folded (0+2)+(1+3) —, then the 16 keys' lanes reduced together across
-//!    registers ([`reduce16`]), each key's sum the additions of GCC's `_mm512_reduce_add_ps` in
+//!    registers (`reduce16`), each key's sum the additions of GCC's `_mm512_reduce_add_ps` in
 //!    its order. Head dimensions of 128 and more (64·S): each key row widened into registers
-//!    and every head's sum reduced on its own ([`chunk_scores_rows`]).
+//!    and every head's sum reduced on its own (`chunk_scores_rows`).
 //! 2. **Online softmax.** Per head the running maximum before each cell of the chunk as a
-//!    16-lane prefix scan and all its exponentials at once ([`softmax_step16`], glibc's `expf`
+//!    16-lane prefix scan and all its exponentials at once (`softmax_step16`, glibc's `expf`
 //!    on 16 lanes, `exp::x86`), then per cell the accumulator updated
 //!    `acc = f16(v · vs + f16(acc · ms))` exactly as ggml's `VKQ16`; the accumulator lives as
 //!    f32 values that F16 represents exactly, rounded through `vcvtps2ph`/`vcvtph2ps` in
