@@ -226,8 +226,9 @@ impl Engine {
             }
             None => None,
         };
-        if cfg.n_ctx == 0 || cfg.n_batch == 0 || cfg.n_seq_max == 0 || cfg.n_threads == 0 {
-            return Err(Error::Config(format!("context, batch, sequences and threads must be > 0: {cfg:?}")));
+        let sizes = [("the context size (--ctx-size)", cfg.n_ctx), ("the batch size (--batch-size)", cfg.n_batch), ("the number of sequences (--parallel)", cfg.n_seq_max), ("the number of threads (--threads)", cfg.n_threads)];
+        if let Some((what, _)) = sizes.iter().find(|(_, n)| *n == 0) {
+            return Err(Error::Config(format!("{what} must be > 0, got 0")));
         }
         let kernels = match cfg.isa {
             Some(isa) => corelm_kernels::dispatch::kernels_for(isa).map_err(|e| Error::Config(e.to_string()))?,

@@ -594,3 +594,19 @@ fn roofline_thread_caps_keep_the_logits() {
     assert!(n_decode >= n_prefill + 211, "decode {n_decode}, prefill {n_prefill}");
     assert_eq!(plain.capped_nodes(1, 1), 0);
 }
+
+/// A size of zero in the configuration is refused before anything runs, naming the flag.
+#[test]
+fn a_zero_size_is_refused_naming_its_flag() {
+    let base = test_config(2);
+    let cases = [
+        (EngineConfig { n_ctx: 0, ..base.clone() }, "--ctx-size"),
+        (EngineConfig { n_batch: 0, ..base.clone() }, "--batch-size"),
+        (EngineConfig { n_seq_max: 0, ..base.clone() }, "--parallel"),
+        (EngineConfig { n_threads: 0, ..base.clone() }, "--threads"),
+    ];
+    for (cfg, flag) in cases {
+        let e = Engine::load(model_path(SMOL), cfg).err().expect("a zero size is refused").to_string();
+        assert!(e.contains(flag) && e.contains("must be > 0"), "{e}");
+    }
+}
