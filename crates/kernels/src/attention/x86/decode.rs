@@ -140,9 +140,8 @@ unsafe fn chunk_scores<const S: usize>(rows: &ChunkRows, qf: &[f32], heads: usiz
             // SAFETY: rows `ORDER[p] < m` of `keys` were written above.
             let t = |p: usize| if ORDER[p] < m { unsafe { dot_lanes::<S>(keys.as_ptr().add(ORDER[p] * hd), &q) } } else { _mm512_setzero_ps() };
             let f = _mm512_mul_ps(reduce16(t), sv);
-            let mask = if m == KEYS { 0xffff } else { ((1u32 << m) - 1) as __mmask16 };
             // SAFETY: h·CHUNK + g + m <= heads·CHUNK <= scores.len() (asserted); masked store.
-            unsafe { _mm512_mask_storeu_ps(scores.as_mut_ptr().add(h * CHUNK + g), mask, f) };
+            unsafe { _mm512_mask_storeu_ps(scores.as_mut_ptr().add(h * CHUNK + g), first_lanes(m), f) };
         }
     }
 }
@@ -220,8 +219,8 @@ unsafe fn reduce16(t: impl Fn(usize) -> __m512) -> __m512 {
 }
 
 /// Phase 2: the online-softmax step of every head for each of the chunk's value rows `vr`,
-/// in cell order, with the scores of phase 1 (consumed): [`softmax_steps`] with
-/// `exp::x86::expf16`, then cell by cell the accumulators.
+/// in cell order, with the scores of phase 1 (consumed): [`softmax_step16`] per head, then
+/// cell by cell the accumulators.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
 unsafe fn chunk_accumulate<const S: usize>(
@@ -276,7 +275,7 @@ unsafe fn softmax_step16(sc: &mut [f32], st: &mut [f32; 2]) -> u64 {
     let mut g = 0u64;
     for b in (0..n).step_by(16) {
         let k = (n - b).min(16);
-        let mask = if k == 16 { 0xffff } else { ((1u32 << k) - 1) as __mmask16 };
+        let mask = first_lanes(k);
         // SAFETY: lanes b..b + k of `sc` (masked load; the rest -∞, which raises no maximum).
         let s = unsafe { _mm512_mask_loadu_ps(ninf, mask, sc.as_ptr().add(b)) };
         // Inclusive prefix maximum: `max_ps(later, earlier)` keeps the earlier unless the later
@@ -299,6 +298,12 @@ unsafe fn softmax_step16(sc: &mut [f32], st: &mut [f32; 2]) -> u64 {
     }
     st[0] = _mm512_cvtss_f32(m);
     g
+}
+
+/// The mask of the first `k` (at most 16) lanes.
+#[inline(always)]
+fn first_lanes(k: usize) -> __mmask16 {
+    ((1u32 << k) - 1) as __mmask16
 }
 
 /// A row of 64·S F16 values at `vp`, widened.
