@@ -160,8 +160,12 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
 
     // Executed: under `--fast-prefill` a matrix whose tiles were timed faster gives the tiles'
     // bits, one whose panel was gives the panel's; untimed, its table decides (x86: the tiles
-    // below `PANEL_OVER_TILES_ROWS` rows, the panel from there).
-    assert!(!matmul::panel_over_tiles(Isa::Avx512, 16) && matmul::panel_over_tiles(Isa::Avx512, 40) && matmul::panel_over_tiles(Isa::Dotprod, 16));
+    // below `PANEL_OVER_TILES_ROWS` rows, the panel from there; for the types an AVX-512 table
+    // packs from the interleaved groups, from `PANEL_OVER_TILES_ROWS_GROUPS`).
+    let over = |isa, t, rows| matmul::panel_over_tiles(isa, t, rows);
+    assert!(!over(Isa::Avx512, DType::Q4K, 16) && over(Isa::Avx512, DType::Q4K, 40) && over(Isa::Dotprod, DType::Q4K, 16));
+    assert!(!over(Isa::Avx2, t, 16) && over(Isa::Avx2, t, 40));
+    assert!(over(Isa::Avx512, t, matmul::PANEL_OVER_TILES_ROWS_GROUPS) && !over(Isa::Avx512, t, matmul::PANEL_OVER_TILES_ROWS_GROUPS - 1));
     let mut w = vec![0u8; n_out * row_bytes(t, k)];
     quantizer(t).unwrap()(&values(n_out * k, 7), &mut w);
     let mut checked = 0;
@@ -184,7 +188,7 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
             let panel = run(&kernels, Path::Panel, t, &w, None, k, n_out, &x, rows, None, 2);
             assert_ne!(tiles, panel, "{}: the two paths' float orders differ", kernels.isa());
             // Without a plan (or one that timed a single path), the table's rule.
-            let default = if matmul::panel_over_tiles(kernels.isa(), rows) { &panel } else { &tiles };
+            let default = if matmul::panel_over_tiles(kernels.isa(), t, rows) { &panel } else { &tiles };
             for (plan, want) in [
                 (vec![e(Path::Tiles, 8, 1.0), e(Path::Panel, 8, 2.0)], &tiles),
                 (vec![e(Path::Tiles, 8, 2.0), e(Path::Panel, 8, 1.0)], &panel),
@@ -211,4 +215,37 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = checked;
+}
+
+/// An AVX-512 table decodes the panels of Q4_0, Q4_1 and Q8_0 from the interleaved groups
+/// (`gemm::Weights::Groups`; all a tensor-parallel column slice has) into the bytes the plain
+/// rows give: the same outputs, bit for bit, for several row and worker counts and a last
+/// panel of four columns.
+#[test]
+fn panels_from_interleaved_groups_equal_panels_from_rows() {
+    for kernels in tables() {
+        for t in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+            if !corelm_kernels::matmul::gemm::packs_groups(t, kernels.isa()) {
+                continue;
+            }
+            let (k, n_out) = (96, 76);
+            let mut w = vec![0u8; n_out * row_bytes(t, k)];
+            quantizer(t).unwrap()(&values(n_out * k, 11), &mut w);
+            let mut g = vec![0u8; w.len()];
+            kernels.layout().pack(t, &w, row_bytes(t, k), &mut g);
+            let vdt = kernels.ops(t).unwrap().vec_dot_type;
+            let xrb = row_bytes(vdt, k);
+            for rows in [8usize, 16, 37] {
+                let mut x = vec![0u8; rows * xrb];
+                for r in 0..rows {
+                    kernels.from_float(vdt).unwrap()(&values(k, 300 + r as u64), &mut x[r * xrb..(r + 1) * xrb]);
+                }
+                for nth in [1, 2, 3] {
+                    let from_rows = run(&kernels, Path::Panel, t, &w, None, k, n_out, &x, rows, None, nth);
+                    let from_groups = run(&kernels, Path::Panel, t, &[], Some(&g), k, n_out, &x, rows, None, nth);
+                    assert!(from_rows == from_groups, "{} {t}: {rows} rows, {nth} workers", kernels.isa());
+                }
+            }
+        }
+    }
 }

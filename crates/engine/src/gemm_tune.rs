@@ -114,9 +114,14 @@ impl Engine {
             k: shape.k,
             n_out: shape.n_out,
             w: shape.file_at.map_or(&[][..], |at| &file[at..at + shape.n_out * wrb]),
-            // The panel reads the file's rows; with its interleaved copy at hand an x86 table
-            // would run the tiles instead below 32 rows (`matmul::panel_over_tiles`).
-            il: shape.il_at.filter(|_| shape.path != Path::Panel).map(|at| &packed[at..at + shape.n_out * wrb]),
+            // The panel decodes the file's rows, or the interleaved copy where the table can
+            // (`gemm::packs_groups`, which the engine then does too); for any other type, with the
+            // copy at hand an x86 table would run the tiles instead below 32 rows
+            // (`matmul::panel_over_tiles`).
+            il: shape
+                .il_at
+                .filter(|_| shape.path != Path::Panel || corelm_kernels::matmul::gemm::packs_groups(shape.dtype, kernels.isa()))
+                .map(|at| &packed[at..at + shape.n_out * wrb]),
             x: &x,
             xrb,
             rows,

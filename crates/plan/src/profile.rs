@@ -284,7 +284,7 @@ fn matrix_probe(kernels: &'static Kernels, family: &str) -> Option<(String, Prob
                 BUFS.with_borrow_mut(|(s, out)| {
                     // SAFETY: `out` holds MATRIX_ROWS × ROWS f32, all written by this one call;
                     // the SME or AMX table runs on this CPU (it is `kernels`').
-                    unsafe { gemm::gemm(DType::Q8_0, &w, K, 0..ROWS, &x, rb, MATRIX_ROWS, out.as_mut_ptr(), ROWS, isa, &sched, s) };
+                    unsafe { gemm::gemm(DType::Q8_0, gemm::Weights::Rows(&w), K, 0..ROWS, &x, rb, MATRIX_ROWS, out.as_mut_ptr(), ROWS, isa, &sched, s) };
                     std::hint::black_box(&out);
                 });
                 ROWS * MATRIX_ROWS * K

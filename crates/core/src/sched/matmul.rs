@@ -140,7 +140,10 @@ pub fn path(kernels: &Kernels, dtype: DType, interleaved: bool, plain: bool, row
     let isa = kernels.isa();
     let panel_type = gemm::simd(dtype, isa) || (gemm::supported(dtype) && isa == Isa::Portable);
     let has_il = kernels.ops(dtype).is_some_and(|o| o.interleaved.is_some());
-    if mode.panel_gemm && !mode.batch_invariant && rows >= GEMM_MIN_ROWS && panel_type && plain {
+    // The panels are decoded from the plain rows, or from the interleaved groups where the
+    // table can (`gemm::packs_groups`; a tensor-parallel column slice has only those).
+    let source = plain || (interleaved && gemm::packs_groups(dtype, isa));
+    if mode.panel_gemm && !mode.batch_invariant && rows >= GEMM_MIN_ROWS && panel_type && source {
         Path::Panel
     } else if interleaved && has_il {
         Path::Tiles
@@ -160,6 +163,15 @@ pub fn path(kernels: &Kernels, dtype: DType, interleaved: bool, plain: bool, row
 /// Q8_0 LM head, whose 16 rows are all output rows.
 pub const PANEL_OVER_TILES_ROWS: usize = 32;
 
+/// [`PANEL_OVER_TILES_ROWS`] for the matrices whose panels an AVX-512 table decodes from the
+/// interleaved groups (`gemm::packs_groups`: Q4_0, Q4_1, Q8_0), a few permutes per panel and
+/// block instead of the plain rows' transposes and scalar scales: the panel pays from the
+/// first row count it takes. Zen 4, SmolLM2 at 2 threads, `--fast-prefill`, t/s tiles / panel
+/// from groups: pp8 757–975 / 946–974, pp24 1082–1096 / 1467–1531, pp64 (panel from rows /
+/// from groups) 1562–1575 / 1813–1865; a 16-sequence decode step's Q4_1 matmuls 12.95 /
+/// 9.76 ms and its Q8_0 LM head 3.48 / 3.13 ms (medians of 5).
+pub const PANEL_OVER_TILES_ROWS_GROUPS: usize = GEMM_MIN_ROWS;
+
 /// Whether `--fast-prefill` without a tuned plan runs the panel GEMM over `rows` batch rows on a
 /// matrix that also has interleaved tiles under `isa`'s table. On x86 from
 /// [`PANEL_OVER_TILES_ROWS`] rows: the panel kernels with their kind fixed at compile time and
@@ -167,8 +179,9 @@ pub const PANEL_OVER_TILES_ROWS: usize = 32;
 /// below it the tiles are (before those kernels the panel ran on x86 only without tiles). On
 /// aarch64 always: its panel kernels are the matrix instructions' (`usmmla`, SME's outer
 /// products), not timed against the tiles on ARM hardware.
-pub fn panel_over_tiles(isa: Isa, rows: usize) -> bool {
-    !matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Amx) || rows >= PANEL_OVER_TILES_ROWS
+pub fn panel_over_tiles(isa: Isa, dtype: DType, rows: usize) -> bool {
+    let from = if gemm::packs_groups(dtype, isa) { PANEL_OVER_TILES_ROWS_GROUPS } else { PANEL_OVER_TILES_ROWS };
+    !matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Amx) || rows >= from
 }
 
 /// One tuned schedule: for matmuls on `path` of a `dtype` matrix of `n_out` rows of `k` values,
@@ -290,7 +303,7 @@ pub unsafe fn run(kernels: &Kernels, o: &Operands, mode: Mode, schedules: Option
     // both paths), else where its table's panel is slower than its tiles.
     if mode.panel_gemm && o.il.is_some() {
         let faster = schedules.and_then(|t| t.faster_path(o.dtype, o.k, o.n_out, o.rows));
-        mode.panel_gemm = faster.map_or(panel_over_tiles(kernels.isa(), o.rows), |p| p == Path::Panel);
+        mode.panel_gemm = faster.map_or(panel_over_tiles(kernels.isa(), o.dtype, o.rows), |p| p == Path::Panel);
     }
     let p = path(kernels, o.dtype, o.il.is_some(), !o.w.is_empty(), o.rows, mode);
     let sched = (p != Path::Plain && o.rows >= 2).then(|| schedules.and_then(|t| t.get(p, o.dtype, o.k, o.n_out, o.rows))).flatten();
@@ -335,8 +348,15 @@ unsafe fn run_panel(isa: Isa, o: &Operands, sched: Schedule, ith: usize, nth: us
     // AMX's default grid: rows split so that each worker keeps enough columns.
     let sched = if isa == Isa::Amx && gemm::amx_runs(o.dtype) && sched.row_parts == 0 { Schedule { row_parts: corelm_kernels::matmul::schedule::amx_row_parts(o.n_out, nth), ..sched } } else { sched };
     // A class split is the thread grid: each class its range, with its kernel.
+    // With the interleaved groups to decode from, workers take whole panels (a group is four
+    // columns; `n_out` is a multiple of four).
+    let groups = o.il.is_some() && gemm::packs_groups(o.dtype, isa);
     let (cols, rr, isa) = match o.split.and_then(|(cut, classes)| class_part(cut, classes, o.n_out, o.rows, ith, nth)) {
         Some(part) => part,
+        None if sched.row_parts == 0 && groups => {
+            let p = split(o.n_out.div_ceil(gemm::PANEL), ith, nth);
+            ((p.start * gemm::PANEL).min(o.n_out)..(p.end * gemm::PANEL).min(o.n_out), 0..o.rows, isa)
+        }
         None if sched.row_parts == 0 => (split(o.n_out, ith, nth), 0..o.rows, isa),
         None => {
             let (c, r) = sched_part(&sched, o.n_out, o.rows, ith, nth, gemm::PANEL);
@@ -347,8 +367,15 @@ unsafe fn run_panel(isa: Isa, o: &Operands, sched: Schedule, ith: usize, nth: us
         return;
     }
     let x = &o.x[rr.start * o.xrb..rr.end * o.xrb];
+    let w = match o.il {
+        Some(g) if groups && cols.start.is_multiple_of(4) && cols.end.is_multiple_of(4) => gemm::Weights::Groups(g),
+        _ => {
+            assert!(!o.w.is_empty(), "a panel GEMM over columns {cols:?} of a matrix without plain rows");
+            gemm::Weights::Rows(o.w)
+        }
+    };
     // SAFETY: rows rr of the output, columns `cols`: this worker's (the caller's contract).
-    unsafe { gemm::gemm(o.dtype, o.w, o.k, cols, x, o.xrb, rr.len(), o.out.add(rr.start * o.ldo), o.ldo, isa, &sched, &mut s.gemm) };
+    unsafe { gemm::gemm(o.dtype, w, o.k, cols, x, o.xrb, rr.len(), o.out.add(rr.start * o.ldo), o.ldo, isa, &sched, &mut s.gemm) };
 }
 
 /// Plain weight rows: output columns split across workers; each worker walks its columns in

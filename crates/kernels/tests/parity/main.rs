@@ -294,7 +294,7 @@ fn panel_gemm_matches_row_dots() {
                 let mid = n_out / 2;
                 for cols in [0..mid, mid..n_out] {
                     // SAFETY: out holds rows × n_out f32; each call writes only its columns.
-                    unsafe { gemm(t, &w, k, cols, &x, xrb, rows, out.as_mut_ptr(), n_out, isa, sched, scratch) };
+                    unsafe { gemm(t, corelm_kernels::matmul::gemm::Weights::Rows(&w), k, cols, &x, xrb, rows, out.as_mut_ptr(), n_out, isa, sched, scratch) };
                 }
                 out
             };
@@ -323,7 +323,7 @@ fn panel_gemm_matches_row_dots() {
                     for cols in [0..n_out / 2, n_out / 2..n_out] {
                         let kernel = TileUnit::Panel(r, tile::panel_tile_portable);
                         // SAFETY: as `run`; the portable model runs anywhere.
-                        unsafe { corelm_kernels::matmul::gemm::gemm_impl(t, &w, k, cols, (&x, xrb, rows), (s.as_mut_ptr(), n_out), Some(kernel), Isa::Portable, sched, &mut ts) };
+                        unsafe { corelm_kernels::matmul::gemm::gemm_impl(t, corelm_kernels::matmul::gemm::Weights::Rows(&w), k, cols, (&x, xrb, rows), (s.as_mut_ptr(), n_out), Some(kernel), Isa::Portable, sched, &mut ts) };
                     }
                     assert!(p.iter().zip(&s).all(|(a, b)| a.to_bits() == b.to_bits()), "{t} k={k}: tile model r={r} {} vs portable", sched.describe());
                 }
@@ -340,7 +340,7 @@ fn panel_gemm_matches_row_dots() {
                     for cols in [0..n_out / 2, n_out / 2..n_out] {
                         // SAFETY: as `run`; the portable model runs anywhere, the decoders
                         // of `isa` on this CPU.
-                        unsafe { corelm_kernels::matmul::gemm::gemm_impl(t, &w, k, cols, (&x, xrb, rows), (s.as_mut_ptr(), n_out), Some(TileUnit::Pair(tile::pair_tile_portable)), isa, sched, &mut ts) };
+                        unsafe { corelm_kernels::matmul::gemm::gemm_impl(t, corelm_kernels::matmul::gemm::Weights::Rows(&w), k, cols, (&x, xrb, rows), (s.as_mut_ptr(), n_out), Some(TileUnit::Pair(tile::pair_tile_portable)), isa, sched, &mut ts) };
                     }
                     assert!(p.iter().zip(&s).all(|(a, b)| a.to_bits() == b.to_bits()), "{t} k={k}: AMX tile model under {isa} {} vs portable", sched.describe());
                 }

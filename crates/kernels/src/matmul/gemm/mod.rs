@@ -19,6 +19,12 @@
 //! portable twin ([`panel_portable`]) and the AVX-512 VNNI kernel are bit-identical; against
 //! `vec_dot` (ggml's order) only the float summation order differs. Not used in
 //! batch-invariant mode (its rows would depend on the batch size) — the scheduler decides.
+//!
+//! The panels are decoded from the plain rows ([`Weights::Rows`]) or, on the AVX-512 tables
+//! for Q4_0, Q4_1 and Q8_0, from the copy interleaved at load ([`Weights::Groups`],
+//! `x86::pack_groups`): the same bytes at a fraction of the work, which lets the panel pay
+//! from 8 rows (a batched decode step) and gives tensor-parallel column slices, which have
+//! only that copy, the panel too.
 
 use crate::quant::blocks::*;
 use crate::quant::portable::{q4_0_values, q5_0_values, q5_1_values, q6_k_values};
@@ -95,6 +101,37 @@ pub fn matrix_tile_rows() -> usize {
         return PAIR_ROWS;
     }
     0
+}
+
+/// Where a panel GEMM's weights come from: the matrix's plain rows, or its copy interleaved at
+/// load (`matmul::layout`), which the AVX-512 tables decode for the types [`packs_groups`]
+/// names — the same panels, so the same bits.
+#[derive(Clone, Copy)]
+pub enum Weights<'a> {
+    /// Rows of `row_bytes(t, k)` bytes.
+    Rows(&'a [u8]),
+    /// Groups of four rows (`matmul::layout`).
+    Groups(&'a [u8]),
+}
+
+impl<'a> Weights<'a> {
+    fn bytes(self) -> &'a [u8] {
+        match self {
+            Weights::Rows(w) | Weights::Groups(w) => w,
+        }
+    }
+}
+
+/// Whether `isa`'s panel GEMM decodes `t`'s interleaved groups ([`Weights::Groups`]): the
+/// AVX-512 tables (AMX's included), for Q4_0, Q4_1 and Q8_0.
+pub fn packs_groups(t: DType, isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return isa.avx512() && x86::packs_groups(t);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (t, isa);
+        false
+    }
 }
 
 /// Types with a scale per 16 elements: a packed block holds the scales of its two halves (in
@@ -298,7 +335,7 @@ fn block_sums(x: &[u8], xrb: usize, rows: usize, nb: usize, act: Act, out: &mut 
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm(
     t: DType,
-    w: &[u8],
+    w: Weights,
     k: usize,
     cols: std::ops::Range<usize>,
     x: &[u8],
@@ -338,7 +375,7 @@ pub unsafe fn gemm(
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_impl(
     t: DType,
-    w: &[u8],
+    w: Weights,
     k: usize,
     cols: std::ops::Range<usize>,
     (x, xrb, rows): (&[u8], usize, usize),
@@ -349,6 +386,7 @@ pub unsafe fn gemm_impl(
     scratch: &mut GemmScratch,
 ) {
     debug_assert!(supported(t) && k.is_multiple_of(32) && scratch.fits(k, rows));
+    assert!(matches!(w, Weights::Rows(_)) || (cols.start.is_multiple_of(4) && cols.end.is_multiple_of(4)), "interleaved groups are packed four columns at a time");
     assert!(tiles.is_none_or(|u| (1..=64).contains(&u.rows()) && u.rows() <= scratch.tile_rows), "the scratch holds no row tile of this size");
     let nb = k / 32;
     let (o, act, split) = (offset(t), act_of(t), split16(t));
@@ -380,18 +418,25 @@ pub unsafe fn gemm_impl(
         // The next column block's rows into L2 while this one is decoded and multiplied: they
         // come from memory, a few lines per row at a time, which the hardware prefetcher
         // follows poorly (a short batch waits on them).
+        // (Four interleaved rows take the bytes of four plain rows: the same range.)
         let next = c1 * rb..(c1 + nc).min(cols.end) * rb;
-        crate::simd::prefetch(&w[next.start.min(w.len())..next.end.min(w.len())], crate::simd::CacheLevel::L2);
+        let wb = w.bytes();
+        crate::simd::prefetch(&wb[next.start.min(wb.len())..next.end.min(wb.len())], crate::simd::CacheLevel::L2);
         for p in 0..n_panels {
             let pc = c0 + p * PANEL;
             let panel = &mut panel[p * pb..(p + 1) * pb];
             crate::matmul::layout::note_repack(pb);
-            match isa {
+            match (w, isa) {
+                // SAFETY: checked by `packs_groups`: the caller's CPU runs an AVX-512 table,
+                // whose features this needs.
+                #[cfg(target_arch = "x86_64")]
+                (Weights::Groups(g), _) if packs_groups(t, isa) => unsafe { x86::pack_groups(t, g, k, pc, (c1 - pc).min(PANEL), panel) },
+                (Weights::Groups(_), _) => panic!("the {isa:?} table's panel GEMM does not decode {t}'s interleaved groups"),
                 // SAFETY: the caller's CPU runs the x86 tables, whose features (AVX2, F16C)
                 // this needs.
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe { x86::pack(t, w, k, pc, (c1 - pc).min(PANEL), o, panel) },
-                _ => pack(t, w, k, pc, (c1 - pc).min(PANEL), panel),
+                (Weights::Rows(w), Isa::Avx2 | Isa::Avx512 | Isa::Amx) => unsafe { x86::pack(t, w, k, pc, (c1 - pc).min(PANEL), o, panel) },
+                (Weights::Rows(w), _) => pack(t, w, k, pc, (c1 - pc).min(PANEL), panel),
             }
         }
         for b0 in (0..nb).step_by(kc) {
@@ -524,6 +569,25 @@ pub unsafe fn gemm_impl(
 mod tests {
     use super::*;
 
+    /// `n` random bytes (xorshift from `seed`), with every f16 a finite value of either sign
+    /// (whatever the block layout puts at even offsets, its scales are among them).
+    fn random_rows(seed: &mut u64, n: usize) -> Vec<u8> {
+        let mut w: Vec<u8> = (0..n)
+            .map(|_| {
+                *seed ^= *seed << 13;
+                *seed ^= *seed >> 7;
+                *seed ^= *seed << 17;
+                *seed as u8
+            })
+            .collect();
+        for v in w.chunks_exact_mut(2) {
+            if v[1] & 0x7C == 0x7C {
+                v[1] &= !0x40;
+            }
+        }
+        w
+    }
+
     /// The AVX2 decoder writes the scalar decoder's bytes for every type, every column count
     /// of a panel (the missing columns padded) and rows of several blocks and super-blocks.
     #[test]
@@ -532,28 +596,41 @@ mod tests {
             return;
         }
         let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-        let mut byte = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed as u8
-        };
         for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
             let k = if t.block_size() == 256 { 512 } else { 96 };
-            let rb = crate::row_bytes(t, k);
-            // Random bytes, with every f16 scale made a finite value of either sign.
-            let mut w: Vec<u8> = (0..10 * rb).map(|_| byte()).collect();
-            for v in w.chunks_exact_mut(2) {
-                if v[1] & 0x7C == 0x7C {
-                    v[1] &= !0x40;
-                }
-            }
+            let w = random_rows(&mut seed, 10 * crate::row_bytes(t, k));
             for n in 1..=PANEL {
                 let (mut a, mut b) = (vec![0u8; k / 32 * PACKED_BLOCK], vec![1u8; k / 32 * PACKED_BLOCK]);
                 pack(t, &w, k, 10 - n, n, &mut a);
                 // SAFETY: AVX2 and F16C detected above.
                 unsafe { x86::pack(t, &w, k, 10 - n, n, offset(t), &mut b) };
                 assert!(a == b, "{t}: {n} columns");
+            }
+        }
+    }
+
+    /// The AVX-512 decoder of interleaved groups writes the plain rows' panels, byte for byte,
+    /// for each type it takes, at every group of a matrix, with one group or two per panel.
+    #[test]
+    fn group_pack_equals_row_pack() {
+        if !Isa::Avx512.missing().is_empty() {
+            return;
+        }
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let layout = crate::matmul::layout::Layout { q5: crate::matmul::layout::Q5Bits::Masks, q6: crate::matmul::layout::Q6Form::Split };
+        for t in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+            assert!(packs_groups(t, Isa::Avx512));
+            let k = 160;
+            let rb = crate::row_bytes(t, k);
+            let w = random_rows(&mut seed, 12 * rb);
+            let mut g = vec![0u8; w.len()];
+            layout.pack(t, &w, rb, &mut g);
+            for (c0, n) in [(0, 8), (4, 8), (0, 4), (4, 4), (8, 4)] {
+                let (mut a, mut b) = (vec![0u8; k / 32 * PACKED_BLOCK], vec![1u8; k / 32 * PACKED_BLOCK]);
+                pack(t, &w, k, c0, n, &mut a);
+                // SAFETY: AVX-512 detected above.
+                unsafe { x86::pack_groups(t, &g, k, c0, n, &mut b) };
+                assert!(a == b, "{t}: columns {c0}.. ({n})");
             }
         }
     }
