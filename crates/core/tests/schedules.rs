@@ -160,12 +160,14 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
 
     // Executed: under `--fast-prefill` a matrix whose tiles were timed faster gives the tiles'
     // bits, one whose panel was gives the panel's; untimed, its table decides (x86: the tiles
-    // below `PANEL_OVER_TILES_ROWS` rows, the panel from there; for the types an AVX-512 table
+    // below `PANEL_OVER_TILES_ROWS` rows, the panel from there; for the types an x86 table
     // packs from the interleaved groups, from `PANEL_OVER_TILES_ROWS_GROUPS`).
     let over = |isa, t, rows| matmul::panel_over_tiles(isa, t, rows);
     assert!(!over(Isa::Avx512, DType::Q4K, 16) && over(Isa::Avx512, DType::Q4K, 40) && over(Isa::Dotprod, DType::Q4K, 16));
-    assert!(!over(Isa::Avx2, t, 16) && over(Isa::Avx2, t, 40));
-    assert!(over(Isa::Avx512, t, matmul::PANEL_OVER_TILES_ROWS_GROUPS) && !over(Isa::Avx512, t, matmul::PANEL_OVER_TILES_ROWS_GROUPS - 1));
+    assert!(!over(Isa::Avx2, DType::Q5_0, 16) && over(Isa::Avx2, DType::Q5_0, 40));
+    for isa in [Isa::Avx512, Isa::Avx2] {
+        assert!(over(isa, t, matmul::PANEL_OVER_TILES_ROWS_GROUPS) && !over(isa, t, matmul::PANEL_OVER_TILES_ROWS_GROUPS - 1));
+    }
     let mut w = vec![0u8; n_out * row_bytes(t, k)];
     quantizer(t).unwrap()(&values(n_out * k, 7), &mut w);
     let mut checked = 0;
@@ -217,7 +219,7 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
     let _ = checked;
 }
 
-/// An AVX-512 table decodes the panels of Q4_0, Q4_1 and Q8_0 from the interleaved groups
+/// An x86 table decodes the panels of Q4_0, Q4_1 (and AVX-512's Q8_0) from the interleaved groups
 /// (`gemm::Weights::Groups`; all a tensor-parallel column slice has) into the bytes the plain
 /// rows give: the same outputs, bit for bit, for several row and worker counts and a last
 /// panel of four columns.

@@ -149,8 +149,8 @@ fn golden_smollm2() {
 /// best table and, where that is AVX-512, under AVX2's panel kernel too (same bits: both
 /// equal the portable panel). With `--no-repack` every matmul of 8 or more rows takes the
 /// panel; with the repacked weights (the default), on x86 only those of
-/// `matmul::PANEL_OVER_TILES_ROWS` or more rows (AVX-512's Q4_1 and Q8_0, whose panels it
-/// decodes from the repacked groups: `PANEL_OVER_TILES_ROWS_GROUPS`), the tiles the others
+/// `matmul::PANEL_OVER_TILES_ROWS` or more rows (Q4_1, and AVX-512's Q8_0, whose panels the
+/// table decodes from the repacked groups: `PANEL_OVER_TILES_ROWS_GROUPS`), the tiles the others
 /// (`matmul::panel_over_tiles`).
 #[test]
 fn golden_smollm2_fast_prefill() {

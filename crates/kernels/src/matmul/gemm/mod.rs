@@ -20,11 +20,11 @@
 //! `vec_dot` (ggml's order) only the float summation order differs. Not used in
 //! batch-invariant mode (its rows would depend on the batch size) — the scheduler decides.
 //!
-//! The panels are decoded from the plain rows ([`Weights::Rows`]) or, on the AVX-512 tables
-//! for Q4_0, Q4_1 and Q8_0, from the copy interleaved at load ([`Weights::Groups`],
-//! `x86::pack_groups`): the same bytes at a fraction of the work, which lets the panel pay
-//! from 8 rows (a batched decode step) and gives tensor-parallel column slices, which have
-//! only that copy, the panel too.
+//! The panels are decoded from the plain rows ([`Weights::Rows`]) or, on the x86 tables for
+//! Q4_0 and Q4_1 (AVX-512: and Q8_0), from the copy interleaved at load ([`Weights::Groups`],
+//! `x86::pack_groups`, `x86::pack_groups_avx2`): the same bytes at a fraction of the work,
+//! which lets the panel pay from 8 rows (a batched decode step) and gives tensor-parallel
+//! column slices, which have only that copy, the panel too.
 
 use crate::quant::blocks::*;
 use crate::quant::portable::{q4_0_values, q5_0_values, q5_1_values, q6_k_values};
@@ -104,8 +104,8 @@ pub fn matrix_tile_rows() -> usize {
 }
 
 /// Where a panel GEMM's weights come from: the matrix's plain rows, or its copy interleaved at
-/// load (`matmul::layout`), which the AVX-512 tables decode for the types [`packs_groups`]
-/// names — the same panels, so the same bits.
+/// load (`matmul::layout`), which the x86 tables decode for the types [`packs_groups`] names —
+/// the same panels, so the same bits.
 #[derive(Clone, Copy)]
 pub enum Weights<'a> {
     /// Rows of `row_bytes(t, k)` bytes.
@@ -123,10 +123,14 @@ impl<'a> Weights<'a> {
 }
 
 /// Whether `isa`'s panel GEMM decodes `t`'s interleaved groups ([`Weights::Groups`]): the
-/// AVX-512 tables (AMX's included), for Q4_0, Q4_1 and Q8_0.
+/// AVX-512 tables (AMX's included) for Q4_0, Q4_1 and Q8_0, the AVX2 table for Q4_0 and Q4_1.
 pub fn packs_groups(t: DType, isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
-    return isa.avx512() && x86::packs_groups(t);
+    return match isa {
+        Isa::Avx512 | Isa::Amx => x86::packs_groups(t, true),
+        Isa::Avx2 => x86::packs_groups(t, false),
+        _ => false,
+    };
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (t, isa);
@@ -427,10 +431,12 @@ pub unsafe fn gemm_impl(
             let panel = &mut panel[p * pb..(p + 1) * pb];
             crate::matmul::layout::note_repack(pb);
             match (w, isa) {
-                // SAFETY: checked by `packs_groups`: the caller's CPU runs an AVX-512 table,
-                // whose features this needs.
+                // SAFETY (both): checked by `packs_groups`: the caller's CPU runs an AVX-512
+                // table, or AVX2's, whose features these need.
                 #[cfg(target_arch = "x86_64")]
-                (Weights::Groups(g), _) if packs_groups(t, isa) => unsafe { x86::pack_groups(t, g, k, pc, (c1 - pc).min(PANEL), panel) },
+                (Weights::Groups(g), _) if packs_groups(t, isa) && isa.avx512() => unsafe { x86::pack_groups(t, g, k, pc, (c1 - pc).min(PANEL), panel) },
+                #[cfg(target_arch = "x86_64")]
+                (Weights::Groups(g), Isa::Avx2) if packs_groups(t, isa) => unsafe { x86::pack_groups_avx2(t, g, k, pc, (c1 - pc).min(PANEL), panel) },
                 (Weights::Groups(_), _) => panic!("the {isa:?} table's panel GEMM does not decode {t}'s interleaved groups"),
                 // SAFETY: the caller's CPU runs the x86 tables, whose features (AVX2, F16C)
                 // this needs.
@@ -609,28 +615,35 @@ mod tests {
         }
     }
 
-    /// The AVX-512 decoder of interleaved groups writes the plain rows' panels, byte for byte,
-    /// for each type it takes, at every group of a matrix, with one group or two per panel.
+    /// The AVX-512 and AVX2 decoders of interleaved groups write the plain rows' panels, byte
+    /// for byte, for each type they take, at every group of a matrix, with one group or two per
+    /// panel.
     #[test]
     fn group_pack_equals_row_pack() {
-        if !Isa::Avx512.missing().is_empty() {
-            return;
-        }
+        let (wide, avx2) = (Isa::Avx512.missing().is_empty(), Isa::Avx2.missing().is_empty());
         let mut seed = 0x2545_F491_4F6C_DD1Du64;
         let layout = crate::matmul::layout::Layout { q5: crate::matmul::layout::Q5Bits::Masks, q6: crate::matmul::layout::Q6Form::Split };
         for t in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
-            assert!(packs_groups(t, Isa::Avx512));
             let k = 160;
             let rb = crate::row_bytes(t, k);
             let w = random_rows(&mut seed, 12 * rb);
             let mut g = vec![0u8; w.len()];
             layout.pack(t, &w, rb, &mut g);
             for (c0, n) in [(0, 8), (4, 8), (0, 4), (4, 4), (8, 4)] {
-                let (mut a, mut b) = (vec![0u8; k / 32 * PACKED_BLOCK], vec![1u8; k / 32 * PACKED_BLOCK]);
+                let mut a = vec![0u8; k / 32 * PACKED_BLOCK];
                 pack(t, &w, k, c0, n, &mut a);
-                // SAFETY: AVX-512 detected above.
-                unsafe { x86::pack_groups(t, &g, k, c0, n, &mut b) };
-                assert!(a == b, "{t}: columns {c0}.. ({n})");
+                if wide && packs_groups(t, Isa::Avx512) {
+                    let mut b = vec![1u8; a.len()];
+                    // SAFETY: AVX-512 detected above.
+                    unsafe { x86::pack_groups(t, &g, k, c0, n, &mut b) };
+                    assert!(a == b, "{t}: columns {c0}.. ({n})");
+                }
+                if avx2 && packs_groups(t, Isa::Avx2) {
+                    let mut b = vec![1u8; a.len()];
+                    // SAFETY: AVX2 (and F16C, part of the table's features) detected above.
+                    unsafe { x86::pack_groups_avx2(t, &g, k, c0, n, &mut b) };
+                    assert!(a == b, "{t} (AVX2): columns {c0}.. ({n})");
+                }
             }
         }
     }

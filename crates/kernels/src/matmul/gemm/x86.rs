@@ -64,11 +64,12 @@ pub fn pack(t: DType, w: &[u8], k: usize, c0: usize, n: usize, o: i32, panel: &m
     }
 }
 
-/// Whether [`pack_groups`] decodes `t`'s interleaved groups: the types whose group-blocks hold
-/// their values as nibbles (Q4_0, Q4_1) or bytes (Q8_0), which an AVX-512 permute moves into
-/// the panel's four-byte groups as they are.
-pub fn packs_groups(t: DType) -> bool {
-    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+/// Whether [`pack_groups`] (`wide`: AVX-512) or [`pack_groups_avx2`] decodes `t`'s interleaved
+/// groups: the types whose group-blocks hold their values as nibbles (Q4_0, Q4_1) or, with
+/// AVX-512, bytes (Q8_0, which AVX2's panel kernel does not take), moved into the panel's
+/// four-byte groups as they are.
+pub fn packs_groups(t: DType, wide: bool) -> bool {
+    matches!(t, DType::Q4_0 | DType::Q4_1) || (wide && t == DType::Q8_0)
 }
 
 /// [`pack`] from the matrix interleaved at load (`matmul::layout`: groups of four rows) instead
@@ -83,11 +84,8 @@ pub fn packs_groups(t: DType) -> bool {
 /// rows on: a 16-sequence decode step packs its weights once per step.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
 pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
-    assert!(packs_groups(t) && c0.is_multiple_of(4) && n.is_multiple_of(4) && (4..=PANEL).contains(&n));
-    let nb = k / 32;
-    let (bs4, gb) = (4 * t.type_size(), 4 * crate::row_bytes(t, k));
-    assert!(g.len() >= (c0 + n) / 4 * gb && panel.len() >= nb * PACKED_BLOCK);
-    // Dword i of the result: four-byte group `i / 8` (+ 2 for `HI`) of column `i % 8`, which is
+    let (nb, bs4, gb) = group_sizes(t, true, g, k, (c0, n), panel);
+    // Dword i of `idx(first)`'s result: four-byte group `first + i / 8` of column `i % 8`,
     // dword `4·(i % 4) + group` of the first group's vector (columns 0‥4) or of the second's.
     let idx = |first: i32| _mm512_setr_epi32(first, 4 + first, 8 + first, 12 + first, 16 + first, 20 + first, 24 + first, 28 + first, first + 1, 5 + first, 9 + first, 13 + first, 17 + first, 21 + first, 25 + first, 29 + first);
     let (i01, i23) = (idx(0), idx(2));
@@ -130,6 +128,66 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
                 let h1 = if two { _mm_loadu_si128(p1 as *const __m128i) } else { _mm_setzero_si128() };
                 let f = _mm512_cvtph_ps(_mm256_set_m128i(h1, h0));
                 _mm512_storeu_ps(dst.add(256) as *mut f32, _mm512_permutexvar_ps(dm, f));
+            } else {
+                let h0 = (p0 as *const i64).read_unaligned();
+                let h1 = if two { (p1 as *const i64).read_unaligned() } else { 0 };
+                _mm256_storeu_ps(dst.add(256) as *mut f32, _mm256_cvtph_ps(_mm_set_epi64x(h1, h0)));
+                _mm256_storeu_ps(dst.add(288) as *mut f32, _mm256_setzero_ps());
+            }
+        }
+    }
+}
+
+/// A group packer's blocks per row, bytes per group-block and per group, after checking that
+/// `t` is one it decodes (`wide`: AVX-512's), that columns `c0 .. c0 + n` are whole groups of
+/// at most one panel inside `g`, and that `panel` holds a row of blocks.
+fn group_sizes(t: DType, wide: bool, g: &[u8], k: usize, (c0, n): (usize, usize), panel: &[u8]) -> (usize, usize, usize) {
+    assert!(packs_groups(t, wide) && c0.is_multiple_of(4) && n.is_multiple_of(4) && (4..=PANEL).contains(&n));
+    let nb = k / 32;
+    let (bs4, gb) = (4 * t.type_size(), 4 * crate::row_bytes(t, k));
+    assert!(g.len() >= (c0 + n) / 4 * gb && panel.len() >= nb * PACKED_BLOCK);
+    (nb, bs4, gb)
+}
+
+/// [`pack_groups`] with AVX2 (Q4_0, Q4_1), the same bytes: per block, a 256-bit load holds two
+/// rows' 16 value bytes, so the eight rows' four-byte groups are a 4 × 8 transpose of four
+/// loads (two unpacks of 32-bit and of 64-bit lanes, then a permute into row order).
+#[target_feature(enable = "avx2,f16c")]
+pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
+    let (nb, bs4, gb) = group_sizes(t, false, g, k, (c0, n), panel);
+    let nib = _mm256_set1_epi8(0x0F);
+    let pad = _mm256_set1_epi8(if t == DType::Q4_0 { 0x88u8 as i8 } else { 0 });
+    // After the unpacks the rows sit as 0, 2, 4, 6 | 1, 3, 5, 7.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let two = n == PANEL;
+    let at = if t == DType::Q4_1 { 16 } else { 8 };
+    for b in 0..nb {
+        // SAFETY: as in `pack_groups`: the groups' block b and the panel's are in bounds
+        // (asserted above); the features are this function's.
+        unsafe {
+            let p0 = g.as_ptr().add(c0 / 4 * gb + b * bs4);
+            let p1 = p0.add(gb);
+            let dst = panel.as_mut_ptr().add(b * PACKED_BLOCK);
+            let ld = |p: *const u8| _mm256_loadu_si256(p as *const __m256i);
+            let (a0, a1) = (ld(p0.add(at)), ld(p0.add(at + 32)));
+            let (b0, b1) = if two { (ld(p1.add(at)), ld(p1.add(at + 32))) } else { (pad, pad) };
+            let (t0, t1) = (_mm256_unpacklo_epi32(a0, a1), _mm256_unpackhi_epi32(a0, a1));
+            let (u0, u1) = (_mm256_unpacklo_epi32(b0, b1), _mm256_unpackhi_epi32(b0, b1));
+            let groups = [_mm256_unpacklo_epi64(t0, u0), _mm256_unpackhi_epi64(t0, u0), _mm256_unpacklo_epi64(t1, u1), _mm256_unpackhi_epi64(t1, u1)];
+            for (i, v) in groups.into_iter().enumerate() {
+                let v = _mm256_permutevar8x32_epi32(v, order);
+                _mm256_storeu_si256(dst.add(32 * i) as *mut __m256i, _mm256_and_si256(v, nib));
+                _mm256_storeu_si256(dst.add(32 * (4 + i)) as *mut __m256i, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+            }
+            if t == DType::Q4_1 {
+                // `[d0 m0 d1 m1 …]` of each group: scales at even places, mins at odd.
+                let f0 = _mm256_cvtph_ps(_mm_loadu_si128(p0 as *const __m128i));
+                let f1 = if two { _mm256_cvtph_ps(_mm_loadu_si128(p1 as *const __m128i)) } else { _mm256_setzero_ps() };
+                let d = _mm256_shuffle_ps::<0b10_00_10_00>(f0, f1);
+                let m = _mm256_shuffle_ps::<0b11_01_11_01>(f0, f1);
+                let rows = |v: __m256| _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(v)));
+                _mm256_storeu_ps(dst.add(256) as *mut f32, rows(d));
+                _mm256_storeu_ps(dst.add(288) as *mut f32, rows(m));
             } else {
                 let h0 = (p0 as *const i64).read_unaligned();
                 let h1 = if two { (p1 as *const i64).read_unaligned() } else { 0 };
