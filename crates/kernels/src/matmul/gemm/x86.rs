@@ -66,22 +66,24 @@ pub fn pack(t: DType, w: &[u8], k: usize, c0: usize, n: usize, o: i32, panel: &m
 
 /// Whether [`pack_groups`] (`wide`: AVX-512) or [`pack_groups_avx2`] decodes `t`'s interleaved
 /// groups: the types whose group-blocks hold their values as nibbles (Q4_0, Q4_1) or, with
-/// AVX-512, bytes (Q8_0, which AVX2's panel kernel does not take), moved into the panel's
+/// AVX-512, also as nibbles and fifth-bit masks (Q5_0, Q5_1: `Q5Bits::Masks`, the AVX-512
+/// layout) or bytes (Q8_0, which AVX2's panel kernel does not take), moved into the panel's
 /// four-byte groups as they are.
 pub fn packs_groups(t: DType, wide: bool) -> bool {
-    matches!(t, DType::Q4_0 | DType::Q4_1) || (wide && t == DType::Q8_0)
+    matches!(t, DType::Q4_0 | DType::Q4_1) || (wide && matches!(t, DType::Q5_0 | DType::Q5_1 | DType::Q8_0))
 }
 
-/// [`pack`] from the matrix interleaved at load (`matmul::layout`: groups of four rows) instead
-/// of its plain rows, the same bytes: weight rows `c0 .. c0 + n` (`c0` and `n` multiples of
-/// four, n ≤ 8; the missing columns' codes at the offset, scale and min 0) of `g` into `panel`.
-/// Per block, one 512-bit load holds one group's 16 value bytes of each of its four rows, so
-/// the panel's first four-byte groups of all eight columns are two `vpermt2d` away (values
-/// 0‥16 and, Q4_0/Q4_1, their high nibbles 16‥32; Q8_0 a second pair of loads), and the
-/// eight rows' scales (Q4_1: scales and mins) one F16 conversion and one permute — about 15
-/// operations per panel and block where the plain rows' decoder takes a transpose of eight
-/// vectors and sixteen scalar scales. What lets `--fast-prefill`'s panel GEMM pay from a few
-/// rows on: a 16-sequence decode step packs its weights once per step.
+/// [`pack`] from the matrix interleaved at load (`matmul::layout`: groups of four rows, in the
+/// AVX-512 table's layout) instead of its plain rows, the same bytes: weight rows
+/// `c0 .. c0 + n` (`c0` and `n` multiples of four, n ≤ 8; the missing columns' codes at the
+/// offset, scale and min 0) of `g` into `panel`. Per block, one 512-bit vector holds a group's
+/// unsigned codes of values 0‥16 of each of its four rows (`lo`; a mask of the loaded nibbles,
+/// with Q5 the fifth bits or'ed in from their byte mask; Q8_0 its bytes flipped) and one those
+/// of values 16‥32 (`hi`), so the panel's four-byte groups of both groups' eight columns are
+/// four `vpermt2d` away; the scales (Q4_1, Q5_1: and mins) are one F16 conversion and one
+/// permute — about 15 operations per panel and block where the plain rows' decoder takes a
+/// transpose of eight vectors and sixteen scalar scales. What lets `--fast-prefill`'s panel
+/// GEMM pay from a few rows on: a 16-sequence decode step packs its weights once per step.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
 pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
     let (nb, bs4, gb) = group_sizes(t, true, g, k, (c0, n), panel);
@@ -89,41 +91,49 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
     // dword `4·(i % 4) + group` of the first group's vector (columns 0‥4) or of the second's.
     let idx = |first: i32| _mm512_setr_epi32(first, 4 + first, 8 + first, 12 + first, 16 + first, 20 + first, 24 + first, 28 + first, first + 1, 5 + first, 9 + first, 13 + first, 17 + first, 21 + first, 25 + first, 29 + first);
     let (i01, i23) = (idx(0), idx(2));
-    let nib = _mm512_set1_epi8(0x0F);
-    // The padding group's bytes: codes at the offset (Q4_0's nibbles 8, Q8_0's 0 before its flip).
-    let pad = _mm512_set1_epi8(if t == DType::Q4_0 { 0x88u8 as i8 } else { 0 });
-    let flip = _mm512_set1_epi8(-128);
+    let (nib, fifth, flip) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10), _mm512_set1_epi8(-128));
+    // The padding group's codes: the offset.
+    let pad = _mm512_set1_epi8(super::offset(t) as i8);
+    // Where a group-block's values start: past the scales (and Q5's two 64-bit masks).
+    let (scales, values) = match t {
+        DType::Q4_1 => (16, 16),
+        DType::Q5_0 => (8, 24),
+        DType::Q5_1 => (16, 32),
+        _ => (8, 8),
+    };
     let two = n == PANEL;
-    // Scales and mins of Q4_1 `[d0 m0 d1 m1 …]` per group to `[d0‥d7, m0‥m7]`.
+    // Scales and mins `[d0 m0 d1 m1 …]` per group to `[d0‥d7, m0‥m7]`.
     let dm = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     for b in 0..nb {
         // SAFETY: group `c0 / 4` (and the next, with `two`) and its block b are inside `g`, block
-        // b of the panel inside `panel` (asserted above); the features are this function's.
+        // b of the panel inside `panel` (`group_sizes`); the features are this function's.
         unsafe {
             let p0 = g.as_ptr().add(c0 / 4 * gb + b * bs4);
             let p1 = p0.add(gb);
             let dst = panel.as_mut_ptr().add(b * PACKED_BLOCK);
-            let load = |at: usize| (_mm512_loadu_si512(p0.add(at) as *const _), if two { _mm512_loadu_si512(p1.add(at) as *const _) } else { pad });
-            let pair = |v: (__m512i, __m512i)| (_mm512_permutex2var_epi32(v.0, i01, v.1), _mm512_permutex2var_epi32(v.0, i23, v.1));
+            // One group's codes (lo, hi).
+            let codes = |p: *const u8| {
+                let v = _mm512_loadu_si512(p.add(values) as *const _);
+                match t {
+                    DType::Q8_0 => (_mm512_xor_si512(v, flip), _mm512_xor_si512(_mm512_loadu_si512(p.add(72) as *const _), flip)),
+                    DType::Q5_0 | DType::Q5_1 => {
+                        let (hl, hh) = ((p.add(values - 16) as *const u64).read_unaligned(), (p.add(values - 8) as *const u64).read_unaligned());
+                        (
+                            _mm512_or_si512(_mm512_and_si512(v, nib), _mm512_maskz_mov_epi8(hl, fifth)),
+                            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), nib), _mm512_maskz_mov_epi8(hh, fifth)),
+                        )
+                    }
+                    _ => (_mm512_and_si512(v, nib), _mm512_and_si512(_mm512_srli_epi16(v, 4), nib)),
+                }
+            };
+            let (lo0, hi0) = codes(p0);
+            let (lo1, hi1) = if two { codes(p1) } else { (pad, pad) };
             let st = |at: usize, v: __m512i| _mm512_storeu_si512(dst.add(at) as *mut _, v);
-            match t {
-                DType::Q8_0 => {
-                    let (a, b2) = pair(load(8));
-                    let (c, d) = pair(load(72));
-                    st(0, _mm512_xor_si512(a, flip));
-                    st(64, _mm512_xor_si512(b2, flip));
-                    st(128, _mm512_xor_si512(c, flip));
-                    st(192, _mm512_xor_si512(d, flip));
-                }
-                _ => {
-                    let (a, b2) = pair(load(if t == DType::Q4_1 { 16 } else { 8 }));
-                    st(0, _mm512_and_si512(a, nib));
-                    st(64, _mm512_and_si512(b2, nib));
-                    st(128, _mm512_and_si512(_mm512_srli_epi16(a, 4), nib));
-                    st(192, _mm512_and_si512(_mm512_srli_epi16(b2, 4), nib));
-                }
-            }
-            if t == DType::Q4_1 {
+            st(0, _mm512_permutex2var_epi32(lo0, i01, lo1));
+            st(64, _mm512_permutex2var_epi32(lo0, i23, lo1));
+            st(128, _mm512_permutex2var_epi32(hi0, i01, hi1));
+            st(192, _mm512_permutex2var_epi32(hi0, i23, hi1));
+            if scales == 16 {
                 let h0 = _mm_loadu_si128(p0 as *const __m128i);
                 let h1 = if two { _mm_loadu_si128(p1 as *const __m128i) } else { _mm_setzero_si128() };
                 let f = _mm512_cvtph_ps(_mm256_set_m128i(h1, h0));
@@ -156,7 +166,8 @@ fn group_sizes(t: DType, wide: bool, g: &[u8], k: usize, (c0, n): (usize, usize)
 pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
     let (nb, bs4, gb) = group_sizes(t, false, g, k, (c0, n), panel);
     let nib = _mm256_set1_epi8(0x0F);
-    let pad = _mm256_set1_epi8(if t == DType::Q4_0 { 0x88u8 as i8 } else { 0 });
+    // The padding group's bytes: both nibbles at the offset (Q4_0's 8; Q4_1's 0).
+    let pad = _mm256_set1_epi8((super::offset(t) * 0x11) as i8);
     // After the unpacks the rows sit as 0, 2, 4, 6 | 1, 3, 5, 7.
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     let two = n == PANEL;
