@@ -149,9 +149,10 @@ fn golden_smollm2() {
 /// best table and, where that is AVX-512, under AVX2's panel kernel too (same bits: both
 /// equal the portable panel). With `--no-repack` every matmul of 8 or more rows takes the
 /// panel; with the repacked weights (the default), on x86 only those of
-/// `matmul::PANEL_OVER_TILES_ROWS` or more rows (Q4_1, and AVX-512's Q8_0, whose panels the
-/// table decodes from the repacked groups: `PANEL_OVER_TILES_ROWS_GROUPS`), the tiles the others
-/// (`matmul::panel_over_tiles`).
+/// `matmul::PANEL_OVER_TILES_ROWS` or more rows (from `PANEL_OVER_TILES_ROWS_GROUPS` for Q4_1,
+/// and AVX-512's Q8_0, whose panels the table decodes from the repacked groups), the tiles the
+/// others (`matmul::panel_over_tiles`), under each table; and with `--tp 2`, whose column
+/// slices (Wo, down) have only their repacked copy.
 #[test]
 fn golden_smollm2_fast_prefill() {
     use corelm_kernels::Isa;
@@ -160,8 +161,10 @@ fn golden_smollm2_fast_prefill() {
     let isas = if best == Isa::Avx512 { vec![best, Isa::Avx2] } else { vec![best] };
     for isa in isas {
         check_model_cfg(d, f, 1.5 * t, corelm_engine::EngineConfig { fast_prefill: true, repack: false, isa: Some(isa), ..test_config(2) }, &[]);
+        check_model_cfg(d, f, 1.5 * t, corelm_engine::EngineConfig { fast_prefill: true, isa: Some(isa), ..test_config(2) }, &[]);
     }
-    check_model_cfg(d, f, 1.5 * t, corelm_engine::EngineConfig { fast_prefill: true, isa: Some(best), ..test_config(2) }, &[]);
+    // Tensor-parallel column slices have only their interleaved copy: the panel decodes it.
+    check_model_cfg(d, f, 1.5 * t, corelm_engine::EngineConfig { fast_prefill: true, tp: 2, n_batch: 512, isa: Some(best), ..test_config(2) }, &["p01", "p04"]);
 }
 
 /// The same checks under every kernel table below the best this CPU runs (`--isa`), so each
