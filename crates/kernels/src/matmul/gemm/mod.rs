@@ -21,7 +21,7 @@
 //! batch-invariant mode (its rows would depend on the batch size) — the scheduler decides.
 //!
 //! The panels are decoded from the plain rows ([`Weights::Rows`]) or, on the x86 tables for
-//! Q4_0 and Q4_1 (AVX-512: and Q5_0, Q5_1, Q8_0), from the copy interleaved at load ([`Weights::Groups`],
+//! Q4_0 and Q4_1 (AVX-512: and Q5_0, Q5_1, Q8_0, Q4_K), from the copy interleaved at load ([`Weights::Groups`],
 //! `x86::pack_groups`, `x86::pack_groups_avx2`): the same bytes at a fraction of the work,
 //! which lets the panel pay from 8 rows (a batched decode step) and gives tensor-parallel
 //! column slices, which have only that copy, the panel too.
@@ -123,8 +123,8 @@ impl<'a> Weights<'a> {
 }
 
 /// Whether `isa`'s panel GEMM decodes `t`'s interleaved groups ([`Weights::Groups`]): the
-/// AVX-512 tables (AMX's included) for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, the AVX2 table for
-/// Q4_0 and Q4_1.
+/// AVX-512 tables (AMX's included) for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q4_K, the AVX2 table
+/// for Q4_0 and Q4_1.
 pub fn packs_groups(t: DType, isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     return match isa {
@@ -625,8 +625,8 @@ mod tests {
         let mut seed = 0x2545_F491_4F6C_DD1Du64;
         // The AVX-512 table's layout (Q5's fifth bits as masks), which AVX2's packer does not read.
         let layout = crate::matmul::layout::Layout { q5: crate::matmul::layout::Q5Bits::Masks, q6: crate::matmul::layout::Q6Form::Split };
-        for t in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0] {
-            let k = 160;
+        for t in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4K] {
+            let k = if t.block_size() == 256 { 512 } else { 160 };
             let rb = crate::row_bytes(t, k);
             let w = random_rows(&mut seed, 12 * rb);
             let mut g = vec![0u8; w.len()];

@@ -67,10 +67,10 @@ pub fn pack(t: DType, w: &[u8], k: usize, c0: usize, n: usize, o: i32, panel: &m
 /// Whether [`pack_groups`] (`wide`: AVX-512) or [`pack_groups_avx2`] decodes `t`'s interleaved
 /// groups: the types whose group-blocks hold their values as nibbles (Q4_0, Q4_1) or, with
 /// AVX-512, also as nibbles and fifth-bit masks (Q5_0, Q5_1: `Q5Bits::Masks`, the AVX-512
-/// layout) or bytes (Q8_0, which AVX2's panel kernel does not take), moved into the panel's
-/// four-byte groups as they are.
+/// layout), bytes (Q8_0, which AVX2's panel kernel does not take) or 16-byte runs of nibbles
+/// with packed 6-bit scales (Q4_K), moved into the panel's four-byte groups as they are.
 pub fn packs_groups(t: DType, wide: bool) -> bool {
-    matches!(t, DType::Q4_0 | DType::Q4_1) || (wide && matches!(t, DType::Q5_0 | DType::Q5_1 | DType::Q8_0))
+    matches!(t, DType::Q4_0 | DType::Q4_1) || (wide && matches!(t, DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K))
 }
 
 /// [`pack`] from the matrix interleaved at load (`matmul::layout`: groups of four rows, in the
@@ -102,6 +102,12 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
         _ => (8, 8),
     };
     let two = n == PANEL;
+    if t == DType::Q4K {
+        // SAFETY: the features `pack_groups_q4k` needs are this function's; its bounds are
+        // `group_sizes`'.
+        unsafe { pack_groups_q4k(g, nb, gb, c0, two, panel, (i01, i23)) };
+        return;
+    }
     // Scales and mins `[d0 m0 d1 m1 …]` per group to `[d0‥d7, m0‥m7]`.
     let dm = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     for b in 0..nb {
@@ -144,6 +150,68 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
                 _mm256_storeu_ps(dst.add(256) as *mut f32, _mm256_cvtph_ps(_mm_set_epi64x(h1, h0)));
                 _mm256_storeu_ps(dst.add(288) as *mut f32, _mm256_setzero_ps());
             }
+        }
+    }
+}
+
+/// [`pack_groups`] for Q4_K: panel block `b` is sub-block `j = b % 8` of super-block `b / 8`,
+/// whose values are the low (even j) or high (odd j) nibbles of the 16-byte runs `2·(j/2)` and
+/// `2·(j/2) + 1` of each row's `qs` (a group-block holds run h of its four rows at `64 + 64h`);
+/// its scale and min are `d·sc` and `−dmin·m` with `(sc, m)` the 6-bit pair j of the row's 12
+/// scale bytes (`get_scale_min_k4`), unpacked for the eight rows at once from the three 32-bit
+/// words each group-block keeps side by side, the products those of the plain decoder.
+///
+/// # Safety
+/// AVX-512 F/BW/VL, AVX2 and F16C present; `group_sizes` checked the bounds.
+#[inline(always)]
+unsafe fn pack_groups_q4k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, panel: &mut [u8], (i01, i23): (__m512i, __m512i)) {
+    let nib = _mm512_set1_epi8(0x0F);
+    let (six, four, two_bits) = (_mm256_set1_epi32(63), _mm256_set1_epi32(0x0F), _mm256_set1_epi32(3));
+    for b in 0..nb {
+        let (sb, j) = (b / 8, b % 8);
+        // SAFETY: super-block sb of group `c0 / 4` (and the next, with `two`) is inside `g`,
+        // block b of the panel inside `panel` (the caller's `group_sizes`).
+        unsafe {
+            let p0 = g.as_ptr().add(c0 / 4 * gb + sb * 576);
+            let p1 = p0.add(gb);
+            let dst = panel.as_mut_ptr().add(b * PACKED_BLOCK);
+            let run = |p: *const u8, h: usize| {
+                let v = _mm512_loadu_si512(p.add(64 + 64 * h) as *const _);
+                _mm512_and_si512(if j % 2 == 1 { _mm512_srli_epi16(v, 4) } else { v }, nib)
+            };
+            let h = 2 * (j / 2);
+            let zero = _mm512_setzero_si512();
+            let (lo0, hi0) = (run(p0, h), run(p0, h + 1));
+            let (lo1, hi1) = if two { (run(p1, h), run(p1, h + 1)) } else { (zero, zero) };
+            let st = |at: usize, v: __m512i| _mm512_storeu_si512(dst.add(at) as *mut _, v);
+            st(0, _mm512_permutex2var_epi32(lo0, i01, lo1));
+            st(64, _mm512_permutex2var_epi32(lo0, i23, lo1));
+            st(128, _mm512_permutex2var_epi32(hi0, i01, hi1));
+            st(192, _mm512_permutex2var_epi32(hi0, i23, hi1));
+            // Word w of the eight rows' scale bytes (rows of the second group zero without it).
+            let word = |w: usize| {
+                let a = _mm_loadu_si128(p0.add(16 + 16 * w) as *const __m128i);
+                let b = if two { _mm_loadu_si128(p1.add(16 + 16 * w) as *const __m128i) } else { _mm_setzero_si128() };
+                _mm256_set_m128i(b, a)
+            };
+            let shift = _mm_cvtsi32_si128(8 * (j % 4) as i32);
+            let byte = |w: usize| _mm256_srl_epi32(word(w), shift);
+            let (sc, mn) = if j < 4 {
+                (_mm256_and_si256(byte(0), six), _mm256_and_si256(byte(1), six))
+            } else {
+                let (q0, q1, q2) = (byte(0), byte(1), byte(2));
+                let high = |q: __m256i| _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(q, 6), two_bits), 4);
+                (_mm256_or_si256(_mm256_and_si256(q2, four), high(q0)), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(q2, 4), four), high(q1)))
+            };
+            // `[d0‥d3 dmin0‥dmin3]` of each group: scales in the low halves, mins in the high.
+            let h0 = _mm_loadu_si128(p0 as *const __m128i);
+            let h1 = if two { _mm_loadu_si128(p1 as *const __m128i) } else { _mm_setzero_si128() };
+            let (d, dmin) = (_mm256_cvtph_ps(_mm_unpacklo_epi64(h0, h1)), _mm256_cvtph_ps(_mm_unpackhi_epi64(h0, h1)));
+            let m = _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)), _mm256_set1_ps(-0.0));
+            // The plain decoder leaves a padding column's min at +0.
+            let m = if two { m } else { _mm256_blend_ps::<0xF0>(m, _mm256_setzero_ps()) };
+            _mm256_storeu_ps(dst.add(256) as *mut f32, _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)));
+            _mm256_storeu_ps(dst.add(288) as *mut f32, m);
         }
     }
 }
