@@ -163,7 +163,7 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
     // below `PANEL_OVER_TILES_ROWS` rows, the panel from there; for the types an x86 table
     // packs from the interleaved groups, from `PANEL_OVER_TILES_ROWS_GROUPS`).
     let over = |isa, t, rows| matmul::panel_over_tiles(isa, t, rows);
-    assert!(!over(Isa::Avx512, DType::Q6K, 16) && over(Isa::Avx512, DType::Q6K, 40) && over(Isa::Dotprod, DType::Q6K, 16));
+    assert!(!over(Isa::Avx512, DType::IQ4NL, 16) && over(Isa::Avx512, DType::IQ4NL, 40) && over(Isa::Dotprod, DType::IQ4NL, 16));
     assert!(!over(Isa::Avx2, DType::Q5_0, 16) && over(Isa::Avx2, DType::Q5_0, 40));
     for isa in [Isa::Avx512, Isa::Avx2] {
         assert!(over(isa, t, matmul::PANEL_OVER_TILES_ROWS_GROUPS) && !over(isa, t, matmul::PANEL_OVER_TILES_ROWS_GROUPS - 1));
@@ -219,14 +219,14 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
     let _ = checked;
 }
 
-/// An x86 table decodes the panels of Q4_0, Q4_1 (and AVX-512's Q5_0, Q5_1, Q8_0, Q4_K) from the interleaved groups
+/// An x86 table decodes the panels of Q4_0, Q4_1 (and AVX-512's Q5_0, Q5_1, Q8_0, Q4_K, Q6_K) from the interleaved groups
 /// (`gemm::Weights::Groups`; all a tensor-parallel column slice has) into the bytes the plain
 /// rows give: the same outputs, bit for bit, for several row and worker counts and a last
 /// panel of four columns.
 #[test]
 fn panels_from_interleaved_groups_equal_panels_from_rows() {
     for kernels in tables() {
-        for t in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4K] {
+        for t in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4K, DType::Q6K] {
             if !corelm_kernels::matmul::gemm::packs_groups(t, kernels.isa()) {
                 continue;
             }

@@ -164,7 +164,8 @@ pub fn path(kernels: &Kernels, dtype: DType, interleaved: bool, plain: bool, row
 pub const PANEL_OVER_TILES_ROWS: usize = 32;
 
 /// [`PANEL_OVER_TILES_ROWS`] for the matrices whose panels an x86 table decodes from the
-/// interleaved groups (`gemm::packs_groups`: Q4_0, Q4_1, AVX-512 also Q5_0, Q5_1, Q8_0, Q4_K), a few permutes
+/// interleaved groups (`gemm::packs_groups`: Q4_0, Q4_1, AVX-512 also Q5_0, Q5_1, Q8_0, Q4_K,
+/// Q6_K), a few permutes
 /// per panel and block instead of the plain rows' transposes and scalar scales: the panel pays
 /// from the first row count it takes. Zen 4, SmolLM2 at 2 threads, `--fast-prefill`, t/s tiles
 /// / panel from groups: pp8 757–975 / 946–974, pp24 1082–1096 / 1467–1531, pp64 (panel from

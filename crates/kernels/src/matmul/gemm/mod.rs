@@ -21,8 +21,8 @@
 //! batch-invariant mode (its rows would depend on the batch size) — the scheduler decides.
 //!
 //! The panels are decoded from the plain rows ([`Weights::Rows`]) or, on the x86 tables for
-//! Q4_0 and Q4_1 (AVX-512: and Q5_0, Q5_1, Q8_0, Q4_K), from the copy interleaved at load ([`Weights::Groups`],
-//! `x86::pack_groups`, `x86::pack_groups_avx2`): the same bytes at a fraction of the work,
+//! Q4_0 and Q4_1 (AVX-512: and Q5_0, Q5_1, Q8_0, Q4_K, Q6_K), from the copy interleaved at load ([`Weights::Groups`],
+//! `groups`): the same bytes at a fraction of the work,
 //! which lets the panel pay from 8 rows (a batched decode step) and gives tensor-parallel
 //! column slices, which have only that copy, the panel too.
 
@@ -36,6 +36,8 @@ use crate::DType;
 pub mod aarch64;
 #[cfg(target_arch = "x86_64")]
 pub mod amx;
+#[cfg(target_arch = "x86_64")]
+pub mod groups;
 pub mod panel;
 pub mod tile;
 #[cfg(target_arch = "x86_64")]
@@ -123,13 +125,13 @@ impl<'a> Weights<'a> {
 }
 
 /// Whether `isa`'s panel GEMM decodes `t`'s interleaved groups ([`Weights::Groups`]): the
-/// AVX-512 tables (AMX's included) for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q4_K, the AVX2 table
-/// for Q4_0 and Q4_1.
+/// AVX-512 tables (AMX's included) for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K, the AVX2
+/// table for Q4_0 and Q4_1.
 pub fn packs_groups(t: DType, isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     return match isa {
-        Isa::Avx512 | Isa::Amx => x86::packs_groups(t, true),
-        Isa::Avx2 => x86::packs_groups(t, false),
+        Isa::Avx512 | Isa::Amx => groups::packs_groups(t, true),
+        Isa::Avx2 => groups::packs_groups(t, false),
         _ => false,
     };
     #[cfg(not(target_arch = "x86_64"))]
@@ -435,9 +437,9 @@ pub unsafe fn gemm_impl(
                 // SAFETY (both): checked by `packs_groups`: the caller's CPU runs an AVX-512
                 // table, or AVX2's, whose features these need.
                 #[cfg(target_arch = "x86_64")]
-                (Weights::Groups(g), _) if packs_groups(t, isa) && isa.avx512() => unsafe { x86::pack_groups(t, g, k, pc, (c1 - pc).min(PANEL), panel) },
+                (Weights::Groups(g), _) if packs_groups(t, isa) && isa.avx512() => unsafe { groups::pack_groups(t, g, k, pc, (c1 - pc).min(PANEL), panel) },
                 #[cfg(target_arch = "x86_64")]
-                (Weights::Groups(g), Isa::Avx2) if packs_groups(t, isa) => unsafe { x86::pack_groups_avx2(t, g, k, pc, (c1 - pc).min(PANEL), panel) },
+                (Weights::Groups(g), Isa::Avx2) if packs_groups(t, isa) => unsafe { groups::pack_groups_avx2(t, g, k, pc, (c1 - pc).min(PANEL), panel) },
                 (Weights::Groups(_), _) => panic!("the {isa:?} table's panel GEMM does not decode {t}'s interleaved groups"),
                 // SAFETY: the caller's CPU runs the x86 tables, whose features (AVX2, F16C)
                 // this needs.
@@ -625,7 +627,7 @@ mod tests {
         let mut seed = 0x2545_F491_4F6C_DD1Du64;
         // The AVX-512 table's layout (Q5's fifth bits as masks), which AVX2's packer does not read.
         let layout = crate::matmul::layout::Layout { q5: crate::matmul::layout::Q5Bits::Masks, q6: crate::matmul::layout::Q6Form::Split };
-        for t in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4K] {
+        for t in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4K, DType::Q6K] {
             let k = if t.block_size() == 256 { 512 } else { 160 };
             let rb = crate::row_bytes(t, k);
             let w = random_rows(&mut seed, 12 * rb);
@@ -637,13 +639,13 @@ mod tests {
                 if wide && packs_groups(t, Isa::Avx512) {
                     let mut b = vec![1u8; a.len()];
                     // SAFETY: AVX-512 detected above.
-                    unsafe { x86::pack_groups(t, &g, k, c0, n, &mut b) };
+                    unsafe { groups::pack_groups(t, &g, k, c0, n, &mut b) };
                     assert!(a == b, "{t}: columns {c0}.. ({n})");
                 }
                 if avx2 && packs_groups(t, Isa::Avx2) {
                     let mut b = vec![1u8; a.len()];
                     // SAFETY: AVX2 (and F16C, part of the table's features) detected above.
-                    unsafe { x86::pack_groups_avx2(t, &g, k, c0, n, &mut b) };
+                    unsafe { groups::pack_groups_avx2(t, &g, k, c0, n, &mut b) };
                     assert!(a == b, "{t} (AVX2): columns {c0}.. ({n})");
                 }
             }

@@ -1,0 +1,286 @@
+//! x86 decoders of the panel GEMM's panels from the matrix interleaved at load
+//! (`matmul::layout`, the table's form) instead of its plain rows: the same bytes as
+//! `x86::pack`, at a fraction of its work. A group-block holds one block of four rows with the
+//! rows' value bytes side by side, 16 bytes a row, so a panel's four-byte groups (group g of
+//! every column together) are a few permutes of whole vectors away — AVX-512: `vpermt2d` of
+//! two groups' vectors; AVX2: a 4 × 8 transpose — where the plain rows' decoder gathers eight
+//! rows and converts sixteen scalar scales per block. Which table decodes which type:
+//! [`packs_groups`]. What lets `--fast-prefill`'s panel GEMM pay from a few rows on (a batched
+//! decode step packs its weights once per step) and gives tensor-parallel column slices, which
+//! have only the interleaved copy, the panel.
+
+#![allow(clippy::missing_safety_doc)]
+
+use super::panel::{PACKED_BLOCK, PANEL};
+use crate::DType;
+use std::arch::x86_64::*;
+
+/// Whether [`pack_groups`] (`wide`: AVX-512) or [`pack_groups_avx2`] decodes `t`'s interleaved
+/// groups: the types whose group-blocks hold their values as nibbles (Q4_0, Q4_1) or, with
+/// AVX-512, also as nibbles and fifth-bit masks (Q5_0, Q5_1: `Q5Bits::Masks`, the AVX-512
+/// layout), bytes (Q8_0, which AVX2's panel kernel does not take) or 16-byte runs of nibbles
+/// with packed 6-bit scales (Q4_K) or of low nibbles and high bit pairs (Q6_K, `Q6Form::Split`,
+/// the AVX-512 layout), moved into the panel's four-byte groups as they are.
+pub fn packs_groups(t: DType, wide: bool) -> bool {
+    matches!(t, DType::Q4_0 | DType::Q4_1) || (wide && matches!(t, DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K | DType::Q6K))
+}
+
+/// [`x86::pack`](super::x86::pack) from the matrix interleaved at load (in the AVX-512 table's
+/// layout) instead of its plain rows, the same bytes: weight rows `c0 .. c0 + n` (`c0` and `n`
+/// multiples of four, n ≤ 8; the missing columns' codes at the offset, scale and min 0) of `g`
+/// into `panel`. Per block, one 512-bit vector holds a group's unsigned codes of values 0‥16
+/// of each of its four rows (`lo`; a mask of the loaded nibbles, with Q5 the fifth bits or'ed
+/// in from their byte mask; Q8_0 its bytes flipped) and one those of values 16‥32 (`hi`), so
+/// the panel's four-byte groups of both groups' eight columns are four `vpermt2d` away; the
+/// scales (Q4_1, Q5_1: and mins) are one F16 conversion and one permute — about 15 operations
+/// per panel and block where the plain rows' decoder takes a transpose of eight vectors and
+/// sixteen scalar scales. Q4_K and Q6_K: [`pack_groups_q4k`], [`pack_groups_q6k`].
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
+    let (nb, bs4, gb) = group_sizes(t, true, g, k, (c0, n), panel);
+    // Dword i of `idx(first)`'s result: four-byte group `first + i / 8` of column `i % 8`,
+    // dword `4·(i % 4) + group` of the first group's vector (columns 0‥4) or of the second's.
+    let idx = |first: i32| _mm512_setr_epi32(first, 4 + first, 8 + first, 12 + first, 16 + first, 20 + first, 24 + first, 28 + first, first + 1, 5 + first, 9 + first, 13 + first, 17 + first, 21 + first, 25 + first, 29 + first);
+    let (i01, i23) = (idx(0), idx(2));
+    let (nib, fifth, flip) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10), _mm512_set1_epi8(-128));
+    // The padding group's codes: the offset.
+    let pad = _mm512_set1_epi8(super::offset(t) as i8);
+    // Where a group-block's values start: past the scales (and Q5's two 64-bit masks).
+    let (scales, values) = match t {
+        DType::Q4_1 => (16, 16),
+        DType::Q5_0 => (8, 24),
+        DType::Q5_1 => (16, 32),
+        _ => (8, 8),
+    };
+    let two = n == PANEL;
+    // SAFETY (both): the features these need are this function's; their bounds are
+    // `group_sizes`'.
+    match t {
+        DType::Q4K => return unsafe { pack_groups_q4k(g, nb, gb, c0, two, panel, (i01, i23)) },
+        DType::Q6K => return unsafe { pack_groups_q6k(g, nb, gb, c0, two, panel, (i01, i23)) },
+        _ => {}
+    }
+    // Scales and mins `[d0 m0 d1 m1 …]` per group to `[d0‥d7, m0‥m7]`.
+    let dm = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    for b in 0..nb {
+        // SAFETY: group `c0 / 4` (and the next, with `two`) and its block b are inside `g`, block
+        // b of the panel inside `panel` (`group_sizes`); the features are this function's.
+        unsafe {
+            let p0 = g.as_ptr().add(c0 / 4 * gb + b * bs4);
+            let p1 = p0.add(gb);
+            let dst = panel.as_mut_ptr().add(b * PACKED_BLOCK);
+            // One group's codes (lo, hi).
+            let codes = |p: *const u8| {
+                let v = _mm512_loadu_si512(p.add(values) as *const _);
+                match t {
+                    DType::Q8_0 => (_mm512_xor_si512(v, flip), _mm512_xor_si512(_mm512_loadu_si512(p.add(72) as *const _), flip)),
+                    DType::Q5_0 | DType::Q5_1 => {
+                        let (hl, hh) = ((p.add(values - 16) as *const u64).read_unaligned(), (p.add(values - 8) as *const u64).read_unaligned());
+                        (
+                            _mm512_or_si512(_mm512_and_si512(v, nib), _mm512_maskz_mov_epi8(hl, fifth)),
+                            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), nib), _mm512_maskz_mov_epi8(hh, fifth)),
+                        )
+                    }
+                    _ => (_mm512_and_si512(v, nib), _mm512_and_si512(_mm512_srli_epi16(v, 4), nib)),
+                }
+            };
+            let (lo0, hi0) = codes(p0);
+            let (lo1, hi1) = if two { codes(p1) } else { (pad, pad) };
+            let st = |at: usize, v: __m512i| _mm512_storeu_si512(dst.add(at) as *mut _, v);
+            st(0, _mm512_permutex2var_epi32(lo0, i01, lo1));
+            st(64, _mm512_permutex2var_epi32(lo0, i23, lo1));
+            st(128, _mm512_permutex2var_epi32(hi0, i01, hi1));
+            st(192, _mm512_permutex2var_epi32(hi0, i23, hi1));
+            if scales == 16 {
+                let h0 = _mm_loadu_si128(p0 as *const __m128i);
+                let h1 = if two { _mm_loadu_si128(p1 as *const __m128i) } else { _mm_setzero_si128() };
+                let f = _mm512_cvtph_ps(_mm256_set_m128i(h1, h0));
+                _mm512_storeu_ps(dst.add(256) as *mut f32, _mm512_permutexvar_ps(dm, f));
+            } else {
+                let h0 = (p0 as *const i64).read_unaligned();
+                let h1 = if two { (p1 as *const i64).read_unaligned() } else { 0 };
+                _mm256_storeu_ps(dst.add(256) as *mut f32, _mm256_cvtph_ps(_mm_set_epi64x(h1, h0)));
+                _mm256_storeu_ps(dst.add(288) as *mut f32, _mm256_setzero_ps());
+            }
+        }
+    }
+}
+
+/// [`pack_groups`] for Q4_K: panel block `b` is sub-block `j = b % 8` of super-block `b / 8`,
+/// whose values are the low (even j) or high (odd j) nibbles of the 16-byte runs `2·(j/2)` and
+/// `2·(j/2) + 1` of each row's `qs` (a group-block holds run h of its four rows at `64 + 64h`);
+/// its scale and min are `d·sc` and `−dmin·m` with `(sc, m)` the 6-bit pair j of the row's 12
+/// scale bytes (`get_scale_min_k4`), unpacked for the eight rows at once from the three 32-bit
+/// words each group-block keeps side by side, the products those of the plain decoder.
+///
+/// # Safety
+/// AVX-512 F/BW/VL, AVX2 and F16C present; `group_sizes` checked the bounds.
+#[inline(always)]
+unsafe fn pack_groups_q4k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, panel: &mut [u8], (i01, i23): (__m512i, __m512i)) {
+    let nib = _mm512_set1_epi8(0x0F);
+    let (six, four, two_bits) = (_mm256_set1_epi32(63), _mm256_set1_epi32(0x0F), _mm256_set1_epi32(3));
+    for b in 0..nb {
+        let (sb, j) = (b / 8, b % 8);
+        // SAFETY: super-block sb of group `c0 / 4` (and the next, with `two`) is inside `g`,
+        // block b of the panel inside `panel` (the caller's `group_sizes`).
+        unsafe {
+            let p0 = g.as_ptr().add(c0 / 4 * gb + sb * 576);
+            let p1 = p0.add(gb);
+            let dst = panel.as_mut_ptr().add(b * PACKED_BLOCK);
+            let run = |p: *const u8, h: usize| {
+                let v = _mm512_loadu_si512(p.add(64 + 64 * h) as *const _);
+                _mm512_and_si512(if j % 2 == 1 { _mm512_srli_epi16(v, 4) } else { v }, nib)
+            };
+            let h = 2 * (j / 2);
+            let zero = _mm512_setzero_si512();
+            let (lo0, hi0) = (run(p0, h), run(p0, h + 1));
+            let (lo1, hi1) = if two { (run(p1, h), run(p1, h + 1)) } else { (zero, zero) };
+            let st = |at: usize, v: __m512i| _mm512_storeu_si512(dst.add(at) as *mut _, v);
+            st(0, _mm512_permutex2var_epi32(lo0, i01, lo1));
+            st(64, _mm512_permutex2var_epi32(lo0, i23, lo1));
+            st(128, _mm512_permutex2var_epi32(hi0, i01, hi1));
+            st(192, _mm512_permutex2var_epi32(hi0, i23, hi1));
+            // Word w of the eight rows' scale bytes (rows of the second group zero without it).
+            let word = |w: usize| {
+                let a = _mm_loadu_si128(p0.add(16 + 16 * w) as *const __m128i);
+                let b = if two { _mm_loadu_si128(p1.add(16 + 16 * w) as *const __m128i) } else { _mm_setzero_si128() };
+                _mm256_set_m128i(b, a)
+            };
+            let shift = _mm_cvtsi32_si128(8 * (j % 4) as i32);
+            let byte = |w: usize| _mm256_srl_epi32(word(w), shift);
+            let (sc, mn) = if j < 4 {
+                (_mm256_and_si256(byte(0), six), _mm256_and_si256(byte(1), six))
+            } else {
+                let (q0, q1, q2) = (byte(0), byte(1), byte(2));
+                let high = |q: __m256i| _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(q, 6), two_bits), 4);
+                (_mm256_or_si256(_mm256_and_si256(q2, four), high(q0)), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(q2, 4), four), high(q1)))
+            };
+            // `[d0‥d3 dmin0‥dmin3]` of each group: scales in the low halves, mins in the high.
+            let h0 = _mm_loadu_si128(p0 as *const __m128i);
+            let h1 = if two { _mm_loadu_si128(p1 as *const __m128i) } else { _mm_setzero_si128() };
+            let (d, dmin) = (_mm256_cvtph_ps(_mm_unpacklo_epi64(h0, h1)), _mm256_cvtph_ps(_mm_unpackhi_epi64(h0, h1)));
+            let m = _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)), _mm256_set1_ps(-0.0));
+            // The plain decoder leaves a padding column's min at +0.
+            let m = if two { m } else { _mm256_blend_ps::<0xF0>(m, _mm256_setzero_ps()) };
+            _mm256_storeu_ps(dst.add(256) as *mut f32, _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)));
+            _mm256_storeu_ps(dst.add(288) as *mut f32, m);
+        }
+    }
+}
+
+/// [`pack_groups`] for Q6_K (`Q6Form::Split`): panel block `b` is values `32k .. 32k + 32` of
+/// half `n` of super-block `b / 8` (`k = b % 4`, `n = b % 8 / 4`), each the low (k < 2) or
+/// high nibble of an `ql` byte (16-byte runs `4n + 2·(k % 2)` and the next; a group-block holds
+/// run p of its four rows at `72 + 64p`) and bits `2k, 2k + 1` of a `qh` byte (runs `2n` and the
+/// next, at `584 + 64p`) — the code `q + 32` as it is stored; its two scales are `d` times the
+/// signed scale bytes `2j` and `2j + 1` of each row (`j = b % 8`), read one by one.
+///
+/// # Safety
+/// As [`pack_groups_q4k`].
+#[inline(always)]
+unsafe fn pack_groups_q6k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, panel: &mut [u8], (i01, i23): (__m512i, __m512i)) {
+    let (nib, bits) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
+    let pad = _mm512_set1_epi8(32);
+    for b in 0..nb {
+        let (sb, j) = (b / 8, b % 8);
+        let (n, k) = (j / 4, j % 4);
+        let (lo_shift, hi_shift) = (_mm_cvtsi32_si128(4 * (k / 2) as i32), _mm_cvtsi32_si128(2 * k as i32));
+        // SAFETY: super-block sb of group `c0 / 4` (and the next, with `two`) is inside `g`,
+        // block b of the panel inside `panel` (the caller's `group_sizes`).
+        unsafe {
+            let p0 = g.as_ptr().add(c0 / 4 * gb + sb * 840);
+            let p1 = p0.add(gb);
+            let dst = panel.as_mut_ptr().add(b * PACKED_BLOCK);
+            // Values 16i .. 16i + 16 of the block (i = 0, 1) for the group at `p`.
+            let half = |p: *const u8, i: usize| {
+                let ql = _mm512_loadu_si512(p.add(72 + 64 * (4 * n + 2 * (k % 2) + i)) as *const _);
+                let qh = _mm512_loadu_si512(p.add(584 + 64 * (2 * n + i)) as *const _);
+                let high = _mm512_slli_epi16(_mm512_and_si512(_mm512_srl_epi16(qh, hi_shift), bits), 4);
+                _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi16(ql, lo_shift), nib), high)
+            };
+            let (lo0, hi0) = (half(p0, 0), half(p0, 1));
+            let (lo1, hi1) = if two { (half(p1, 0), half(p1, 1)) } else { (pad, pad) };
+            let st = |at: usize, v: __m512i| _mm512_storeu_si512(dst.add(at) as *mut _, v);
+            st(0, _mm512_permutex2var_epi32(lo0, i01, lo1));
+            st(64, _mm512_permutex2var_epi32(lo0, i23, lo1));
+            st(128, _mm512_permutex2var_epi32(hi0, i01, hi1));
+            st(192, _mm512_permutex2var_epi32(hi0, i23, hi1));
+            // Row r's scale bytes 2j + i (rows of a missing second group 0).
+            let at = if j < 4 { 8 } else { 40 } + 2 * (j % 4);
+            let sc = |r: usize, i: usize| -> i32 {
+                match (r < 4, two) {
+                    (true, _) => *(p0.add(at + 8 * r + i) as *const i8) as i32,
+                    (false, true) => *(p1.add(at + 8 * (r - 4) + i) as *const i8) as i32,
+                    (false, false) => 0,
+                }
+            };
+            let scales = |i: usize| _mm256_cvtepi32_ps(_mm256_setr_epi32(sc(0, i), sc(1, i), sc(2, i), sc(3, i), sc(4, i), sc(5, i), sc(6, i), sc(7, i)));
+            let h0 = (p0 as *const i64).read_unaligned();
+            let h1 = if two { (p1 as *const i64).read_unaligned() } else { 0 };
+            let d = _mm256_cvtph_ps(_mm_set_epi64x(h1, h0));
+            _mm256_storeu_ps(dst.add(256) as *mut f32, _mm256_mul_ps(d, scales(0)));
+            _mm256_storeu_ps(dst.add(288) as *mut f32, _mm256_mul_ps(d, scales(1)));
+        }
+    }
+}
+
+/// A group packer's blocks per row, bytes per group-block and per group, after checking that
+/// `t` is one it decodes (`wide`: AVX-512's), that columns `c0 .. c0 + n` are whole groups of
+/// at most one panel inside `g`, and that `panel` holds a row of blocks.
+fn group_sizes(t: DType, wide: bool, g: &[u8], k: usize, (c0, n): (usize, usize), panel: &[u8]) -> (usize, usize, usize) {
+    assert!(packs_groups(t, wide) && c0.is_multiple_of(4) && n.is_multiple_of(4) && (4..=PANEL).contains(&n));
+    let nb = k / 32;
+    let (bs4, gb) = (4 * t.type_size(), 4 * crate::row_bytes(t, k));
+    assert!(g.len() >= (c0 + n) / 4 * gb && panel.len() >= nb * PACKED_BLOCK);
+    (nb, bs4, gb)
+}
+
+/// [`pack_groups`] with AVX2 (Q4_0, Q4_1), the same bytes: per block, a 256-bit load holds two
+/// rows' 16 value bytes, so the eight rows' four-byte groups are a 4 × 8 transpose of four
+/// loads (two unpacks of 32-bit and of 64-bit lanes, then a permute into row order).
+#[target_feature(enable = "avx2,f16c")]
+pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
+    let (nb, bs4, gb) = group_sizes(t, false, g, k, (c0, n), panel);
+    let nib = _mm256_set1_epi8(0x0F);
+    // The padding group's bytes: both nibbles at the offset (Q4_0's 8; Q4_1's 0).
+    let pad = _mm256_set1_epi8((super::offset(t) * 0x11) as i8);
+    // After the unpacks the rows sit as 0, 2, 4, 6 | 1, 3, 5, 7.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let two = n == PANEL;
+    let at = if t == DType::Q4_1 { 16 } else { 8 };
+    for b in 0..nb {
+        // SAFETY: as in `pack_groups`: the groups' block b and the panel's are in bounds
+        // (asserted above); the features are this function's.
+        unsafe {
+            let p0 = g.as_ptr().add(c0 / 4 * gb + b * bs4);
+            let p1 = p0.add(gb);
+            let dst = panel.as_mut_ptr().add(b * PACKED_BLOCK);
+            let ld = |p: *const u8| _mm256_loadu_si256(p as *const __m256i);
+            let (a0, a1) = (ld(p0.add(at)), ld(p0.add(at + 32)));
+            let (b0, b1) = if two { (ld(p1.add(at)), ld(p1.add(at + 32))) } else { (pad, pad) };
+            let (t0, t1) = (_mm256_unpacklo_epi32(a0, a1), _mm256_unpackhi_epi32(a0, a1));
+            let (u0, u1) = (_mm256_unpacklo_epi32(b0, b1), _mm256_unpackhi_epi32(b0, b1));
+            let groups = [_mm256_unpacklo_epi64(t0, u0), _mm256_unpackhi_epi64(t0, u0), _mm256_unpacklo_epi64(t1, u1), _mm256_unpackhi_epi64(t1, u1)];
+            for (i, v) in groups.into_iter().enumerate() {
+                let v = _mm256_permutevar8x32_epi32(v, order);
+                _mm256_storeu_si256(dst.add(32 * i) as *mut __m256i, _mm256_and_si256(v, nib));
+                _mm256_storeu_si256(dst.add(32 * (4 + i)) as *mut __m256i, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+            }
+            if t == DType::Q4_1 {
+                // `[d0 m0 d1 m1 …]` of each group: scales at even places, mins at odd.
+                let f0 = _mm256_cvtph_ps(_mm_loadu_si128(p0 as *const __m128i));
+                let f1 = if two { _mm256_cvtph_ps(_mm_loadu_si128(p1 as *const __m128i)) } else { _mm256_setzero_ps() };
+                let d = _mm256_shuffle_ps::<0b10_00_10_00>(f0, f1);
+                let m = _mm256_shuffle_ps::<0b11_01_11_01>(f0, f1);
+                let rows = |v: __m256| _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(v)));
+                _mm256_storeu_ps(dst.add(256) as *mut f32, rows(d));
+                _mm256_storeu_ps(dst.add(288) as *mut f32, rows(m));
+            } else {
+                let h0 = (p0 as *const i64).read_unaligned();
+                let h1 = if two { (p1 as *const i64).read_unaligned() } else { 0 };
+                _mm256_storeu_ps(dst.add(256) as *mut f32, _mm256_cvtph_ps(_mm_set_epi64x(h1, h0)));
+                _mm256_storeu_ps(dst.add(288) as *mut f32, _mm256_setzero_ps());
+            }
+        }
+    }
+}
