@@ -165,9 +165,8 @@ pub const PANEL_OVER_TILES_ROWS: usize = 32;
 
 /// [`PANEL_OVER_TILES_ROWS`] for the matrices whose panels an x86 table decodes from the
 /// interleaved groups (`gemm::packs_groups`: Q4_0, Q4_1, AVX-512 also Q5_0, Q5_1, Q8_0, Q4_K,
-/// Q6_K), a few permutes
-/// per panel and block instead of the plain rows' transposes and scalar scales: the panel pays
-/// from the first row count it takes. Zen 4, SmolLM2 at 2 threads, `--fast-prefill`, t/s tiles
+/// Q6_K), a few permutes per panel and block instead of the plain rows' transposes and scalar
+/// scales: the panel pays from the first row count it takes. Zen 4, SmolLM2 at 2 threads, `--fast-prefill`, t/s tiles
 /// / panel from groups: pp8 757–975 / 946–974, pp24 1082–1096 / 1467–1531, pp64 (panel from
 /// rows / from groups) 1562–1575 / 1813–1865; a 16-sequence decode step's Q4_1 matmuls 12.95
 /// / 9.76 ms and its Q8_0 LM head 3.48 / 3.13 ms (medians of 5). AVX2 table (`--isa avx2`,
@@ -351,10 +350,10 @@ fn sched_part(sched: &Schedule, n_out: usize, rows: usize, ith: usize, nth: usiz
 unsafe fn run_panel(isa: Isa, o: &Operands, sched: Schedule, ith: usize, nth: usize, s: &mut MatmulScratch) {
     // AMX's default grid: rows split so that each worker keeps enough columns.
     let sched = if isa == Isa::Amx && gemm::amx_runs(o.dtype) && sched.row_parts == 0 { Schedule { row_parts: corelm_kernels::matmul::schedule::amx_row_parts(o.n_out, nth), ..sched } } else { sched };
-    // A class split is the thread grid: each class its range, with its kernel.
     // With the interleaved groups to decode from, workers take whole panels (a group is four
     // columns; `n_out` is a multiple of four).
     let groups = o.il.is_some() && gemm::packs_groups(o.dtype, isa);
+    // A class split is the thread grid: each class its range, with its kernel.
     let (cols, rr, isa) = match o.split.and_then(|(cut, classes)| class_part(cut, classes, o.n_out, o.rows, ith, nth)) {
         Some(part) => part,
         None if sched.row_parts == 0 && groups => {
