@@ -219,9 +219,9 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
     let _ = checked;
 }
 
-/// An x86 table decodes the panels of Q4_0, Q4_1 (and AVX-512's Q5_0, Q5_1, Q8_0, Q4_K, Q6_K) from the interleaved groups
-/// (`gemm::Weights::Groups`; all a tensor-parallel column slice has) into the bytes the plain
-/// rows give: the same outputs, bit for bit, for several row and worker counts and a last
+/// An x86 table decodes the panels of Q4_0, Q4_1 (and AVX-512's Q5_0, Q5_1, Q8_0, Q4_K, Q6_K)
+/// from the interleaved groups (`gemm::Weights::Groups`; all a tensor-parallel column slice
+/// has) into the bytes the plain rows give: the same outputs, bit for bit, for several row and worker counts and a last
 /// panel of four columns.
 #[test]
 fn panels_from_interleaved_groups_equal_panels_from_rows() {

@@ -166,10 +166,10 @@ pub const PANEL_OVER_TILES_ROWS: usize = 32;
 /// [`PANEL_OVER_TILES_ROWS`] for the matrices whose panels an x86 table decodes from the
 /// interleaved groups (`gemm::packs_groups`: Q4_0, Q4_1, AVX-512 also Q5_0, Q5_1, Q8_0, Q4_K,
 /// Q6_K), a few permutes per panel and block instead of the plain rows' transposes and scalar
-/// scales: the panel pays from the first row count it takes. Zen 4, SmolLM2 at 2 threads, `--fast-prefill`, t/s tiles
-/// / panel from groups: pp8 757–975 / 946–974, pp24 1082–1096 / 1467–1531, pp64 (panel from
-/// rows / from groups) 1562–1575 / 1813–1865; a 16-sequence decode step's Q4_1 matmuls 12.95
-/// / 9.76 ms and its Q8_0 LM head 3.48 / 3.13 ms (medians of 5). AVX2 table (`--isa avx2`,
+/// scales: the panel pays from the first row count it takes. Zen 4, SmolLM2 at 2 threads,
+/// `--fast-prefill`, t/s tiles / panel from groups: pp8 757–975 / 946–974, pp24 1082–1096 /
+/// 1467–1531, pp64 (panel from rows / from groups) 1562–1575 / 1813–1865; a 16-sequence decode
+/// step's Q4_1 matmuls 12.95 / 9.76 ms and its Q8_0 LM head 3.48 / 3.13 ms (medians of 5). AVX2 table (`--isa avx2`,
 /// same VM): pp8 562–638 / 582–682, pp24 828–830 / 959–1004, pp64 863–1061 / 1122–1158, the
 /// decode step's Q4_1 matmuls 17.52 / 14.48 ms. Qwen2.5 (Q5_0, AVX-512): pp16 325–327 /
 /// 387–401, pp24 336–338 / 440–449; its Q5_0 matmuls at 16 sequences 33.3 / 25.8 ms.

@@ -42,6 +42,14 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
     // dword `4·(i % 4) + group` of the first group's vector (columns 0‥4) or of the second's.
     let idx = |first: i32| _mm512_setr_epi32(first, 4 + first, 8 + first, 12 + first, 16 + first, 20 + first, 24 + first, 28 + first, first + 1, 5 + first, 9 + first, 13 + first, 17 + first, 21 + first, 25 + first, 29 + first);
     let (i01, i23) = (idx(0), idx(2));
+    let two = n == PANEL;
+    // SAFETY (both): the features these need are this function's; their bounds are
+    // `group_sizes`'.
+    match t {
+        DType::Q4K => return unsafe { pack_groups_q4k(g, nb, gb, c0, two, panel, (i01, i23)) },
+        DType::Q6K => return unsafe { pack_groups_q6k(g, nb, gb, c0, two, panel, (i01, i23)) },
+        _ => {}
+    }
     let (nib, fifth, flip) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10), _mm512_set1_epi8(-128));
     // The padding group's codes: the offset.
     let pad = _mm512_set1_epi8(super::offset(t) as i8);
@@ -52,14 +60,6 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
         DType::Q5_1 => (16, 32),
         _ => (8, 8),
     };
-    let two = n == PANEL;
-    // SAFETY (both): the features these need are this function's; their bounds are
-    // `group_sizes`'.
-    match t {
-        DType::Q4K => return unsafe { pack_groups_q4k(g, nb, gb, c0, two, panel, (i01, i23)) },
-        DType::Q6K => return unsafe { pack_groups_q6k(g, nb, gb, c0, two, panel, (i01, i23)) },
-        _ => {}
-    }
     // Scales and mins `[d0 m0 d1 m1 …]` per group to `[d0‥d7, m0‥m7]`.
     let dm = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     for b in 0..nb {
@@ -73,7 +73,7 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
             let codes = |p: *const u8| {
                 let v = _mm512_loadu_si512(p.add(values) as *const _);
                 match t {
-                    DType::Q8_0 => (_mm512_xor_si512(v, flip), _mm512_xor_si512(_mm512_loadu_si512(p.add(72) as *const _), flip)),
+                    DType::Q8_0 => (_mm512_xor_si512(v, flip), _mm512_xor_si512(_mm512_loadu_si512(p.add(values + 64) as *const _), flip)),
                     DType::Q5_0 | DType::Q5_1 => {
                         let (hl, hh) = ((p.add(values - 16) as *const u64).read_unaligned(), (p.add(values - 8) as *const u64).read_unaligned());
                         (
@@ -86,20 +86,14 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
             };
             let (lo0, hi0) = codes(p0);
             let (lo1, hi1) = if two { codes(p1) } else { (pad, pad) };
-            let st = |at: usize, v: __m512i| _mm512_storeu_si512(dst.add(at) as *mut _, v);
-            st(0, _mm512_permutex2var_epi32(lo0, i01, lo1));
-            st(64, _mm512_permutex2var_epi32(lo0, i23, lo1));
-            st(128, _mm512_permutex2var_epi32(hi0, i01, hi1));
-            st(192, _mm512_permutex2var_epi32(hi0, i23, hi1));
+            store_codes(dst, (lo0, hi0), (lo1, hi1), (i01, i23));
             if scales == 16 {
                 let h0 = _mm_loadu_si128(p0 as *const __m128i);
                 let h1 = if two { _mm_loadu_si128(p1 as *const __m128i) } else { _mm_setzero_si128() };
                 let f = _mm512_cvtph_ps(_mm256_set_m128i(h1, h0));
                 _mm512_storeu_ps(dst.add(256) as *mut f32, _mm512_permutexvar_ps(dm, f));
             } else {
-                let h0 = (p0 as *const i64).read_unaligned();
-                let h1 = if two { (p1 as *const i64).read_unaligned() } else { 0 };
-                _mm256_storeu_ps(dst.add(256) as *mut f32, _mm256_cvtph_ps(_mm_set_epi64x(h1, h0)));
+                _mm256_storeu_ps(dst.add(256) as *mut f32, scales8(p0, p1, two));
                 _mm256_storeu_ps(dst.add(288) as *mut f32, _mm256_setzero_ps());
             }
         }
@@ -135,11 +129,7 @@ unsafe fn pack_groups_q4k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, 
             let zero = _mm512_setzero_si512();
             let (lo0, hi0) = (run(p0, h), run(p0, h + 1));
             let (lo1, hi1) = if two { (run(p1, h), run(p1, h + 1)) } else { (zero, zero) };
-            let st = |at: usize, v: __m512i| _mm512_storeu_si512(dst.add(at) as *mut _, v);
-            st(0, _mm512_permutex2var_epi32(lo0, i01, lo1));
-            st(64, _mm512_permutex2var_epi32(lo0, i23, lo1));
-            st(128, _mm512_permutex2var_epi32(hi0, i01, hi1));
-            st(192, _mm512_permutex2var_epi32(hi0, i23, hi1));
+            store_codes(dst, (lo0, hi0), (lo1, hi1), (i01, i23));
             // Word w of the eight rows' scale bytes (rows of the second group zero without it).
             let word = |w: usize| {
                 let a = _mm_loadu_si128(p0.add(16 + 16 * w) as *const __m128i);
@@ -200,11 +190,7 @@ unsafe fn pack_groups_q6k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, 
             };
             let (lo0, hi0) = (half(p0, 0), half(p0, 1));
             let (lo1, hi1) = if two { (half(p1, 0), half(p1, 1)) } else { (pad, pad) };
-            let st = |at: usize, v: __m512i| _mm512_storeu_si512(dst.add(at) as *mut _, v);
-            st(0, _mm512_permutex2var_epi32(lo0, i01, lo1));
-            st(64, _mm512_permutex2var_epi32(lo0, i23, lo1));
-            st(128, _mm512_permutex2var_epi32(hi0, i01, hi1));
-            st(192, _mm512_permutex2var_epi32(hi0, i23, hi1));
+            store_codes(dst, (lo0, hi0), (lo1, hi1), (i01, i23));
             // Row r's scale bytes 2j + i (rows of a missing second group 0).
             let at = if j < 4 { 8 } else { 40 } + 2 * (j % 4);
             let sc = |r: usize, i: usize| -> i32 {
@@ -215,12 +201,44 @@ unsafe fn pack_groups_q6k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, 
                 }
             };
             let scales = |i: usize| _mm256_cvtepi32_ps(_mm256_setr_epi32(sc(0, i), sc(1, i), sc(2, i), sc(3, i), sc(4, i), sc(5, i), sc(6, i), sc(7, i)));
-            let h0 = (p0 as *const i64).read_unaligned();
-            let h1 = if two { (p1 as *const i64).read_unaligned() } else { 0 };
-            let d = _mm256_cvtph_ps(_mm_set_epi64x(h1, h0));
+            let d = scales8(p0, p1, two);
             _mm256_storeu_ps(dst.add(256) as *mut f32, _mm256_mul_ps(d, scales(0)));
             _mm256_storeu_ps(dst.add(288) as *mut f32, _mm256_mul_ps(d, scales(1)));
         }
+    }
+}
+
+/// Both groups' codes — `lo` (values 0‥16) and `hi` (16‥32) of each, 128-bit lane r row r —
+/// stored at `dst` as a panel block's eight four-byte groups: group g of the eight columns is
+/// dword g % 4 of each lane of `lo` (g < 4) or `hi`, the first group's columns first
+/// ([`pack_groups`]' `idx`).
+///
+/// # Safety
+/// AVX-512 F present; `dst` holds the block's 256 code bytes.
+#[inline(always)]
+unsafe fn store_codes(dst: *mut u8, (lo0, hi0): (__m512i, __m512i), (lo1, hi1): (__m512i, __m512i), (i01, i23): (__m512i, __m512i)) {
+    // SAFETY: 256 writable bytes at `dst` (the caller's).
+    unsafe {
+        let st = |at: usize, v: __m512i| _mm512_storeu_si512(dst.add(at) as *mut _, v);
+        st(0, _mm512_permutex2var_epi32(lo0, i01, lo1));
+        st(64, _mm512_permutex2var_epi32(lo0, i23, lo1));
+        st(128, _mm512_permutex2var_epi32(hi0, i01, hi1));
+        st(192, _mm512_permutex2var_epi32(hi0, i23, hi1));
+    }
+}
+
+/// The eight rows' F16 scales `d0‥d3` that open the two groups' block heads at `p0` and `p1`
+/// (the second group's 0 without `two`), as f32.
+///
+/// # Safety
+/// F16C present; 8 readable bytes at `p0` (and, with `two`, at `p1`).
+#[inline(always)]
+unsafe fn scales8(p0: *const u8, p1: *const u8, two: bool) -> __m256 {
+    // SAFETY: the caller's.
+    unsafe {
+        let h0 = (p0 as *const i64).read_unaligned();
+        let h1 = if two { (p1 as *const i64).read_unaligned() } else { 0 };
+        _mm256_cvtph_ps(_mm_set_epi64x(h1, h0))
     }
 }
 
@@ -276,9 +294,7 @@ pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel
                 _mm256_storeu_ps(dst.add(256) as *mut f32, rows(d));
                 _mm256_storeu_ps(dst.add(288) as *mut f32, rows(m));
             } else {
-                let h0 = (p0 as *const i64).read_unaligned();
-                let h1 = if two { (p1 as *const i64).read_unaligned() } else { 0 };
-                _mm256_storeu_ps(dst.add(256) as *mut f32, _mm256_cvtph_ps(_mm_set_epi64x(h1, h0)));
+                _mm256_storeu_ps(dst.add(256) as *mut f32, scales8(p0, p1, two));
                 _mm256_storeu_ps(dst.add(288) as *mut f32, _mm256_setzero_ps());
             }
         }

@@ -21,10 +21,10 @@
 //! batch-invariant mode (its rows would depend on the batch size) — the scheduler decides.
 //!
 //! The panels are decoded from the plain rows ([`Weights::Rows`]) or, on the x86 tables for
-//! Q4_0 and Q4_1 (AVX-512: and Q5_0, Q5_1, Q8_0, Q4_K, Q6_K), from the copy interleaved at load ([`Weights::Groups`],
-//! `groups`): the same bytes at a fraction of the work,
-//! which lets the panel pay from 8 rows (a batched decode step) and gives tensor-parallel
-//! column slices, which have only that copy, the panel too.
+//! Q4_0 and Q4_1 (AVX-512: and Q5_0, Q5_1, Q8_0, Q4_K, Q6_K), from the copy interleaved at
+//! load ([`Weights::Groups`], `groups`): the same bytes at a fraction of the work, which lets
+//! the panel pay from 8 rows (a batched decode step) and gives tensor-parallel column slices,
+//! which have only that copy, the panel too.
 
 use crate::quant::blocks::*;
 use crate::quant::portable::{q4_0_values, q5_0_values, q5_1_values, q6_k_values};
