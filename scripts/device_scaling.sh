@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# The many-core measurements the ArcLight and Sandwich issues ask of a lent machine (issue 16
-# item 8: thread scaling 1→N and TP 1/2/4 there, with lscpu's and hwloc's view of its nodes;
-# issue 17 item 7: the prefill/decode configuration `corelm tune` chooses there), in one call
-# of the `device` tool, which carries at most 64 MiB and has no Rust (DEVELOPERS.md).
+# The measurements the issues ask of a lent machine, in one call of the `device` tool, which
+# carries at most 64 MiB and has no Rust (DEVELOPERS.md): issue 16 item 8 (thread scaling 1→N
+# and TP 1/2/4, both synchronisations, with lscpu's and hwloc's view of its nodes), issue 17
+# item 7 (the configuration `corelm tune` chooses there), and with a GPU issues 18 and 19
+# (`corelm profile --accel`; whole layers on the device with `--accel-layers`; prefill matmuls
+# split with it, `--accel-split`). llama.cpp's llama-bench runs beside corelm in the same call.
 #
-#   scripts/device_scaling.sh pack       # here: .dev/corelm.xz, two shrunk models (47 MB), and
-#                                        # the Vulkan loaders as .debs in .gl/ (the device README)
-#   scripts/device_scaling.sh measure    # there (or here, to try it): tables in $OUT/scaling.md
+#   scripts/device_scaling.sh pack       # here: .dev/ (corelm and llama-bench, xz; two models
+#                                        # shrunk to 26 MB) and the Vulkan loaders in .gl/.
+#                                        # BASE=<rev> also builds that revision, run beside.
+#   scripts/device_scaling.sh measure    # there: $OUT/scaling.md (summary), $OUT/raw.log
 #
 # The device call: `run` with carry [".dev", ".gl"], command `bash scripts/device_scaling.sh
-# measure`, timeout_s 540. With a GPU (Vulkan found once .gl's loaders are unpacked), also
-# `corelm profile --accel`, Qwen2.5 / SmolLM2 with `--accel-layers` (none, half, all), and
-# pp512 with the profile's plan on the CPU alone and with `--accel-split`. Every step runs under `timeout`, so a slow one costs its own figure only;
-# the log says which. The models are shrunk (scripts/device_model.py: real shapes, types and
-# blocks, repeated rows), so the figures are speed only. Threads: 1, 2, 4, … up to the
-# machine's cores (nproc), then nproc itself; TP 1, 2, 4 at nproc threads.
+# measure`, timeout_s about BUDGET + 60. SECTIONS selects (default "info gpu hybrid vk tp
+# threads llama tune"; the order is the script's), THREADS the thread counts (1,4,16); BUDGET (seconds, default 500) is a deadline every step's
+# `timeout` is cut to, so the call ends in time and a slow step costs its own figure only.
+# The models are shrunk (scripts/device_model.py: real shapes, types and blocks, repeated
+# rows), so the figures are speed only. Threads: 1, 2, 4, … up to nproc, then nproc itself.
+# ACCEL_LOCAL=1 runs the GPU section on whatever Vulkan device this machine has (lavapipe).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEV=.dev
@@ -29,7 +32,7 @@ pack() {
     strip -o "$DEV/corelm" target/release/corelm
     xz -9 -f "$DEV/corelm"
     for m in "$SMOL" "$QWEN"; do
-        python3 scripts/device_model.py shrink "$MODELS/$m" "$DEV/$m.tiled" --keep 16
+        python3 scripts/device_model.py shrink "$MODELS/$m" "$DEV/$m.tiled" --keep 32
     done
     # The Vulkan loaders the device machine lacks (its README), amd64 whatever this machine is.
     if ! ls .gl/*.deb > /dev/null 2>&1; then
@@ -39,18 +42,59 @@ pack() {
         apt-get $o update -qq
         (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
     fi
+    # llama.cpp's llama-bench (4df29be, static, built outside the repo: LLAMA_BUILD=DIR with
+    # b-avx2/, b-avx512/ and b-vk/ (Vulkan) under it), and the libgomp it links.
+    local v b=${LLAMA_BUILD:-/work/llama}
+    for v in avx2 avx512 vk; do
+        if [ -x "$b/b-$v/bin/llama-bench" ]; then
+            strip -o "$DEV/llama-bench-$v" "$b/b-$v/bin/llama-bench"
+            xz -9 -f "$DEV/llama-bench-$v"
+        fi
+    done
+    # The shared libraries corelm (hwloc, udev) and llama-bench (libgomp, OpenSSL) link, for a machine
+    # without them (`measure` uses each only where the machine lacks it).
+    mkdir -p "$DEV/lib"
+    local lib
+    for lib in libhwloc.so.15 libudev.so.1 libgomp.so.1 libssl.so.3 libcrypto.so.3; do
+        cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')" "$DEV/lib/"
+    done
+    # BASE=<rev>: that revision's corelm too, to set beside this one in the same run.
+    if [ -n "${BASE:-}" ]; then
+        rm -rf /tmp/corelm-base && git worktree add -f /tmp/corelm-base "$BASE"
+        (cd /tmp/corelm-base && CARGO_TARGET_DIR=$PWD/../corelm-base-target cargo build --release -p corelm-cli)
+        strip -o "$DEV/corelm-base" /tmp/corelm-base-target/release/corelm
+        xz -9 -f "$DEV/corelm-base"
+        git worktree remove --force /tmp/corelm-base
+    fi
     du -sh "$DEV" .gl
 }
 
 measure() {
     local out=${OUT:-/tmp/device_scaling}
     mkdir -p "$out"
-    local log="$out/scaling.md" bin=/tmp/corelm-dev/corelm dir=/tmp/corelm-dev
+    local log="$out/scaling.md" raw="$out/raw.log" dir=/tmp/corelm-dev
+    local bin=$dir/corelm
     mkdir -p "$dir"
+    local deadline=$((SECONDS + ${BUDGET:-500}))
+    local sections=" ${SECTIONS:-info gpu hybrid vk tp threads llama tune} "
+    # The carried libraries this machine lacks.
+    mkdir -p "$dir/lib"
+    local lib
+    for lib in "$DEV"/lib/*; do
+        [ -f "$lib" ] || continue
+        ldconfig -p | grep -q "^\s*$(basename "$lib") " || cp "$lib" "$dir/lib/"
+    done
+    export LD_LIBRARY_PATH=$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     if [ -f "$DEV/corelm.xz" ]; then
         xz -dc "$DEV/corelm.xz" > "$bin" && chmod +x "$bin"
     else
         cp target/release/corelm "$bin"
+    fi
+    # A second build to set beside the first in the same run (BASE: `pack` with BASE=<rev>).
+    local base=""
+    if [ -f "$DEV/corelm-base.xz" ]; then
+        base=$dir/corelm-base
+        xz -dc "$DEV/corelm-base.xz" > "$base" && chmod +x "$base"
     fi
     local m models=()
     for m in "$SMOL" "$QWEN"; do
@@ -64,59 +108,127 @@ measure() {
     local threads=() t=1
     while [ "$t" -lt "$n" ]; do threads+=("$t"); t=$((t * 2)); done
     threads+=("$n")
+    [ -n "${THREADS:-}" ] && IFS=, read -r -a threads <<< "$THREADS"
+    # A llama.cpp llama-bench (CPU only) for the CPU's widest table, where `pack` found builds.
+    local llama=""
+    if grep -q avx512vnni /proc/cpuinfo && [ -f "$DEV/llama-bench-avx512.xz" ]; then
+        llama=$dir/llama-bench; xz -dc "$DEV/llama-bench-avx512.xz" > "$llama"
+    elif [ -f "$DEV/llama-bench-avx2.xz" ]; then
+        llama=$dir/llama-bench; xz -dc "$DEV/llama-bench-avx2.xz" > "$llama"
+    fi
+    [ -n "$llama" ] && chmod +x "$llama"
+    has() { [[ "$sections" == *" $1 "* ]]; }
+    left() { echo $((deadline - SECONDS)); }
     {
-        echo "# corelm on $(hostname): $(date -u +%FT%TZ)"
+        echo "# corelm on $(hostname): $(date -u +%FT%TZ), sections:$sections"
         echo
         echo '```'
         lscpu | grep -E '^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA|L[23])' || true
         grep -o -E 'avx512[a-z_0-9]*|amx[a-z_0-9]*|avx_vnni' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
-        timeout 30 "$bin" topo 2>&1 | head -40
+        command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+        has info && timeout 30 "$bin" topo 2>&1 | head -40
         echo '```'
     } > "$log"
-    step() {  # step SECONDS ARGS...: one bench, its table rows into the log
-        local s=$1; shift
-        echo "## corelm bench $*" >> "$log"
-        if ! timeout "$s" "$bin" bench "$@" 2>&1 | grep -E '^\||aggregate|waits|accel-layers|accel-split|^\[' >> "$log"; then
-            echo "(failed or timed out after ${s} s)" >> "$log"
+    # run SECONDS TITLE FILTER CMD...: one command under `timeout` (cut to the time left before
+    # the deadline, skipped under 15 s), its whole output into raw.log and FILTER's lines
+    # (an extended regex) into the summary.
+    run() {
+        local s=$1 title=$2 filter=$3; shift 3
+        local l; l=$(left)
+        [ "$s" -gt "$l" ] && s=$l
+        echo "## $title" >> "$log"
+        if [ "$s" -lt 15 ]; then
+            echo "(skipped: ${l} s left)" >> "$log"
+            return
         fi
+        echo "### $title ($(date -u +%T), limit $s s)" >> "$raw"
+        local t0=$SECONDS
+        timeout "$s" "$@" > "$dir/step.log" 2>&1
+        local rc=$?
+        cat "$dir/step.log" >> "$raw"
+        grep -E "$filter" "$dir/step.log" >> "$log"
+        [ "$rc" -ne 0 ] && echo "(exit $rc after $((SECONDS - t0)) s)" >> "$log"
     }
-    for m in "${models[@]}"; do
-        for t in "${threads[@]}"; do
-            step 90 -m "$m" -p 512 -n 128 -r 2 -t "$t"
-        done
-        for tp in 2 4; do
-            [ "$tp" -le "$n" ] && step 90 -m "$m" -p 512 -n 128 -r 2 -t "$n" --tp "$tp"
-        done
-    done
-    # The accelerator, where there is a GPU: its roofline figures, then whole layers on it.
+    local rows='^\||aggregate|accel-layers|accel-split|^\['
+    step() {  # step SECONDS ARGS...: one `corelm bench`
+        local s=$1; shift
+        run "$s" "corelm bench $*" "$rows" "$bin" bench "$@"
+    }
+    gpu=false
     if ls .gl/*.deb > /dev/null 2>&1 && { command -v nvidia-smi > /dev/null || [ -d /usr/local/nvidia ]; }; then
         for f in .gl/*.deb; do dpkg -x "$f" /; done
         ldconfig
         export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-        echo "## corelm profile --accel" >> "$log"
-        timeout 120 "$bin" profile --accel -o "$out/profile.json" 2>&1 | grep -E 'accel|wgsl|read|together' >> "$log" \
-            || echo "(profile --accel failed or timed out)" >> "$log"
+        gpu=true
+    elif [ -n "${ACCEL_LOCAL:-}" ]; then
+        gpu=true  # trying the script here, on whatever Vulkan device this machine has
+    fi
+    # The accelerator (issues 18 and 19): its roofline figures, whole layers on it for decode
+    # and prefill, and prefill matmuls split between it and the CPU as the profile places them.
+    if has gpu && $gpu; then
+        run 150 "corelm profile --accel" 'accel|wgsl|read|together|int8|device|link' \
+            "$bin" profile --accel -o "$out/profile.json"
         for m in "${models[@]}"; do
-            local layers
-            layers=$(case "$m" in *qwen*) echo "0 12 24" ;; *) echo "0 15 30" ;; esac)
-            for l in $layers; do
-                step 120 -m "$m" -p 512 -n 128 -r 2 -t "$n" --accel-layers "$l"
-            done
-            # Issue 18's split (SMEPilot): prefill matmuls cut between the CPU and the device
-            # as the profile's roofline places them, against the same plan on the CPU alone
-            # (the device alone is --accel-layers with every layer, above).
+            local all; all=$(case "$m" in *qwen*) echo 24 ;; *) echo 30 ;; esac)
+            step 60 -m "$m" -p 512 -n 64 -r 2 -t "$n"
+            step 60 -m "$m" -p 512 -n 64 -r 2 -t "$n" --accel-layers "$all"
+            [ -n "$base" ] && run 60 "base: corelm bench -m $m --accel-layers $all" "$rows" \
+                "$base" bench -m "$m" -p 512 -n 64 -r 2 -t "$n" --accel-layers "$all"
             if [ -f "$out/profile.json" ]; then
-                step 120 -m "$m" -p 512 -n 0 -r 2 -t "$n" --roofline "$out/profile.json"
-                step 120 -m "$m" -p 512 -n 0 -r 2 -t "$n" --roofline "$out/profile.json" --accel-split
+                step 60 -m "$m" -p 512 -n 0 -r 2 -t "$n" --roofline "$out/profile.json" --accel-split
             fi
         done
     fi
-    # Sandwich's configuration choice on this machine (SmolLM2).
-    if [ "${#models[@]}" -gt 0 ]; then
-        echo "## corelm tune -m $(basename "${models[0]}")" >> "$log"
-        timeout 150 "$bin" tune -m "${models[0]}" -o "$out/plan.json" 2>&1 | grep -v '^\s*$' | tail -25 >> "$log" \
-            || echo "(tune failed or timed out)" >> "$log"
+    # Prefill on the device, decode on the CPU (`--accel-min-tokens`), beside each alone.
+    if has hybrid && $gpu; then
+        for m in "${models[@]}"; do
+            local all; all=$(case "$m" in *qwen*) echo 24 ;; *) echo 30 ;; esac)
+            step 60 -m "$m" -p 128,512 -n 128 -r 2 -t "$n"
+            step 60 -m "$m" -p 128,512 -n 128 -r 2 -t "$n" --accel-layers "$all"
+            step 60 -m "$m" -p 128,512 -n 128 -r 2 -t "$n" --accel-layers "$all" --accel-min-tokens 32
+        done
+        # Where a pass on the device spends its time (recording, waiting), prefill and decode.
+        [ "${#models[@]}" -gt 1 ] && run 60 "corelm bench --profile --accel-layers 24 (Qwen2.5)" \
+            'device|^\|' "$bin" bench -m "${models[1]}" -p 512 -n 32 -r 1 -t "$n" --accel-layers 24 --profile
     fi
+    # llama.cpp's Vulkan build on the same GPU: no layers there, then all of them.
+    if has vk && $gpu && [ -f "$DEV/llama-bench-vk.xz" ]; then
+        xz -dc "$DEV/llama-bench-vk.xz" > "$dir/llama-bench-vk" && chmod +x "$dir/llama-bench-vk"
+        for m in "${models[@]}"; do
+            for ngl in 0 99; do
+                run 60 "llama-bench (Vulkan) -m $(basename "$m") -ngl $ngl" '^\||ggml_vulkan: 0' \
+                    "$dir/llama-bench-vk" -m "$m" -p 128,512 -n 128 -r 2 -t "$n" -ngl "$ngl"
+            done
+        done
+    fi
+    # Tensor parallelism at every core (issue 16): TP 1, 2, 4, both synchronisations.
+    if has tp; then
+        for m in "${models[@]}"; do
+            step 40 -m "$m" -p 512 -n 128 -r 2 -t "$n"
+            for tp in 2 4; do
+                [ "$tp" -le "$n" ] || continue
+                step 40 -m "$m" -p 512 -n 128 -r 2 -t "$n" --tp "$tp"
+                step 40 -m "$m" -p 512 -n 128 -r 2 -t "$n" --tp "$tp" --tp-sync lockstep
+            done
+        done
+    fi
+    # Thread scaling 1 → nproc, and llama.cpp beside it in the same run.
+    if has threads; then
+        for m in "${models[@]}"; do
+            step 120 -m "$m" -p 512 -n 64 -r 2 -t "$(IFS=,; echo "${threads[*]}")"
+        done
+    fi
+    if has llama && [ -n "$llama" ]; then
+        for m in "${models[@]}"; do
+            run 120 "llama-bench -m $(basename "$m") -t ${threads[*]}" '^\|' \
+                "$llama" -m "$m" -p 512 -n 64 -r 2 -t "$(IFS=,; echo "${threads[*]}")"
+        done
+    fi
+    # Sandwich's configuration choice on this machine (SmolLM2).
+    if has tune && [ "${#models[@]}" -gt 0 ]; then
+        run 150 "corelm tune -m $(basename "${models[0]}")" '.' "$bin" tune -m "${models[0]}" -o "$out/plan.json"
+    fi
+    echo "(done at $SECONDS s, $(left) s before the deadline)" >> "$log"
     cat "$log"
 }
 

@@ -191,7 +191,12 @@ impl Gpu {
 
     /// Wait for the submitted work and copy `staging`'s first `out.len()` floats into `out`.
     pub(crate) fn read_back(&self, staging: &wgpu::Buffer, out: &mut [f32]) -> Result<(), AccelError> {
-        let n = (out.len() * 4) as u64;
+        self.read_back_with(staging, out.len(), |v| out.copy_from_slice(v))
+    }
+
+    /// Wait for the submitted work and hand `staging`'s first `len` floats, mapped, to `f`.
+    pub(crate) fn read_back_with(&self, staging: &wgpu::Buffer, len: usize, f: impl FnOnce(&[f32])) -> Result<(), AccelError> {
+        let n = (len * 4) as u64;
         let slice = staging.slice(..n);
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
@@ -201,7 +206,7 @@ impl Gpu {
         rx.recv().map_err(|e| AccelError::Readback(e.to_string()))?.map_err(|e| AccelError::Readback(e.to_string()))?;
         {
             let view = slice.get_mapped_range().map_err(|e| AccelError::Readback(format!("{e:?}")))?;
-            out.copy_from_slice(bytemuck::cast_slice(&view));
+            f(bytemuck::cast_slice(&view));
         }
         staging.unmap();
         Ok(())

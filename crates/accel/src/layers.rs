@@ -60,6 +60,9 @@ pub struct LayerFiles<'a> {
 /// A layer's matrices, its cache, its parameters and the bind group of each of its dispatches.
 struct Layer {
     mats: [Matrix; 7], // wq, wk, wv, wo, gate, up, down
+    /// Its key and value cache, `[n_cells, kvd]` f32 each.
+    kc: wgpu::Buffer,
+    vc: wgpu::Buffer,
     /// Norms, biases and the cache, kept alive for the bind groups.
     _bufs: Vec<wgpu::Buffer>,
     has_bias: bool,
@@ -122,16 +125,34 @@ pub struct DeviceLayers {
     slots: wgpu::Buffer,
     tables: wgpu::Buffer,
     staging: wgpu::Buffer,
+    /// `read_cells`' staging, `[layer][key, value][max_tokens][kvd]` f32 (only where asked:
+    /// `with_cache_read_back`).
+    cache_staging: Option<wgpu::Buffer>,
     params: Params,
     cache_bytes: u64,
     /// Every product through the GEMV, so a token's results do not depend on its batch.
     batch_invariant: bool,
     /// One pass at a time (the buffers are shared).
     lock: Mutex<()>,
+    /// Where the passes' time went, since the last `take_times`.
+    times: Mutex<PassTimes>,
 }
 
-/// Record one dispatch of `pipe` over `bind`.
-fn run(pass: &mut wgpu::ComputePass, pipe: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, (gx, gy): (u32, u32), gz: u32) {
+/// Where passes on the device spent their time (host clocks), summed over passes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PassTimes {
+    pub passes: usize,
+    /// Dispatches recorded.
+    pub dispatches: usize,
+    /// Uploading the pass's inputs, recording its dispatches and submitting them.
+    pub record_secs: f64,
+    /// Waiting for the device to finish, and reading the output back.
+    pub wait_secs: f64,
+}
+
+/// Record one dispatch of `pipe` over `bind`, counted in `count`.
+fn run(pass: &mut wgpu::ComputePass, count: &mut usize, pipe: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, (gx, gy): (u32, u32), gz: u32) {
+    *count += 1;
     pass.set_pipeline(pipe);
     pass.set_bind_group(0, bind, &[]);
     pass.dispatch_workgroups(gx, gy, gz);
@@ -203,8 +224,10 @@ impl DeviceLayers {
             }
             let n1 = vector(&format!("blk.{il}.attn_norm"), l.attn_norm)?;
             let n2 = vector(&format!("blk.{il}.ffn_norm"), l.ffn_norm)?;
-            let kc = gpu.storage(&format!("blk.{il} key cache"), f(n_cells * kvd), rw)?;
-            let vc = gpu.storage(&format!("blk.{il} value cache"), f(n_cells * kvd), rw)?;
+            // Copied to and from the CPU's cache where passes alternate (`write_cells`, `read_cells`).
+            let copy = wgpu::BufferUsages::COPY_SRC | dst;
+            let kc = gpu.storage(&format!("blk.{il} key cache"), f(n_cells * kvd), copy)?;
+            let vc = gpu.storage(&format!("blk.{il} value cache"), f(n_cells * kvd), copy)?;
             cache_bytes += kc.size() + vc.size();
             let biases = [l.bq, l.bk, l.bv];
             let has_bias = biases.iter().any(Option::is_some);
@@ -254,14 +277,78 @@ impl DeviceLayers {
                 post_ffn: post(&pf),
                 residual2: residual_from(&pf),
             };
-            bufs.extend([n1, n2, kc, vc]);
+            bufs.extend([n1, n2]);
             bufs.extend(bias_bufs);
             bufs.extend([qn, kn, pa, pf].into_iter().flatten());
-            out.push(Layer { mats, _bufs: bufs, has_bias, cfg: l.cfg, rope_q, rope_k, attn, act, bind });
+            out.push(Layer { mats, kc, vc, _bufs: bufs, has_bias, cfg: l.cfg, rope_q, rope_k, attn, act, bind });
         }
         // The activation buffers live on in the bind groups; `x` also here, to upload and read.
         drop((xn, q, k, v, att, o, g, u, a));
-        Ok(DeviceLayers { gpu, shape, max_tokens, max_table, layers: out, x, pos, slots, tables, staging, params, cache_bytes, batch_invariant, lock: Mutex::new(()) })
+        Ok(DeviceLayers { gpu, shape, max_tokens, max_table, layers: out, x, pos, slots, tables, staging, cache_staging: None, params, cache_bytes, batch_invariant, lock: Mutex::new(()), times: Mutex::new(PassTimes::default()) })
+    }
+
+    /// Room to read a pass's cache rows back ([`Self::read_cells`]): `max_tokens` cells of
+    /// every layer, allocated here, once.
+    pub fn with_cache_read_back(mut self) -> Result<DeviceLayers, AccelError> {
+        let len = (self.layers.len() * 2 * self.max_tokens * self.kvd() * 4) as u64;
+        if len > self.gpu.max_buffer {
+            return Err(AccelError::TooLarge { what: "the cache rows of a pass".into(), need: len, max: self.gpu.max_buffer });
+        }
+        self.cache_staging = Some(self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("layers cache staging"),
+            size: len.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        }));
+        Ok(self)
+    }
+
+    /// Values of one cache row: every KV head's `head_dim`.
+    fn kvd(&self) -> usize {
+        self.shape.n_kv_head * self.shape.head_dim
+    }
+
+    /// Write cache rows `cell0 ..` of `layer` (`k`, `v`: whole rows, `[n, kvd]` f32), through
+    /// the queue: the next pass sees them.
+    pub fn write_cells(&self, layer: usize, cell0: u32, k: &[f32], v: &[f32]) {
+        let l = &self.layers[layer];
+        let off = u64::from(cell0) * (self.kvd() * 4) as u64;
+        assert!(k.len() == v.len() && k.len().is_multiple_of(self.kvd()) && off + (k.len() * 4) as u64 <= l.kc.size(), "rows {cell0}.. of {} values", self.kvd());
+        self.gpu.queue.write_buffer(&l.kc, off, bytemuck::cast_slice(k));
+        self.gpu.queue.write_buffer(&l.vc, off, bytemuck::cast_slice(v));
+    }
+
+    /// Read back the cache rows of `cells` (at most `max_tokens`) of every layer and hand them,
+    /// mapped, to `f`: `[layer][key, value][cells.len()][kvd]` f32. One copy per layer and run
+    /// of consecutive cells, one submission and a wait. Needs [`Self::with_cache_read_back`].
+    pub fn read_cells(&self, cells: &[u32], f: impl FnOnce(&[f32])) -> Result<(), AccelError> {
+        let (n, kvd) = (cells.len(), self.kvd());
+        assert!(n <= self.max_tokens, "{n} cells, at most {}", self.max_tokens);
+        let staging = self.cache_staging.as_ref().expect("DeviceLayers::with_cache_read_back before read_cells");
+        if n == 0 {
+            f(&[]);
+            return Ok(());
+        }
+        let _pass = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let row = (kvd * 4) as u64;
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        let mut i = 0;
+        while i < n {
+            // The run of consecutive cells from i.
+            let mut j = i + 1;
+            while j < n && cells[j] == cells[j - 1] + 1 {
+                j += 1;
+            }
+            for (il, l) in self.layers.iter().enumerate() {
+                for (kind, buf) in [&l.kc, &l.vc].into_iter().enumerate() {
+                    let dst = ((il * 2 + kind) * n + i) as u64 * row;
+                    enc.copy_buffer_to_buffer(buf, u64::from(cells[i]) * row, staging, dst, (j - i) as u64 * row);
+                }
+            }
+            i = j;
+        }
+        self.gpu.queue.submit([enc.finish()]);
+        self.gpu.read_back_with(staging, self.layers.len() * 2 * n * kvd, f)
     }
 
     /// Layers held.
@@ -287,6 +374,11 @@ impl DeviceLayers {
         &self.gpu
     }
 
+    /// The passes' times since the last call, then zero.
+    pub fn take_times(&self) -> PassTimes {
+        std::mem::take(&mut *self.times.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// Run every layer over `x` (`[n_tokens, n_embd]`, replaced by the last layer's output):
     /// token `t` at position `pos[t]` writes cache row `slots[t]` and attends over the rows
     /// its block table gives; `tables` holds `n_tokens` offsets (each token's table in the
@@ -298,6 +390,7 @@ impl DeviceLayers {
         assert!(n > 0 && n <= self.max_tokens && x.len() == n * e && slots.len() == n, "{n} tokens of {e} (at most {})", self.max_tokens);
         assert!(tables.len() <= n + self.max_table, "block tables of {} entries (at most {})", tables.len() - n, self.max_table);
         let _pass = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let start = std::time::Instant::now();
         let (gpu, q, p) = (&*self.gpu, &self.gpu.queue, &self.params);
         q.write_buffer(&self.x, 0, bytemuck::cast_slice(x));
         q.write_buffer(&self.pos, 0, bytemuck::cast_slice(pos));
@@ -319,11 +412,13 @@ impl DeviceLayers {
             l.act.set(gpu, [u(n * ff), u(c.gelu as usize), (-1f32).to_bits(), 0, 0, 0, 0, 0]); // every neuron fires
         }
         let pl = &gpu.layer;
+        let mut dispatches = 0;
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let pass = &mut enc.begin_compute_pass(&Default::default());
             // The products record themselves (their shapes go through the queue).
-            let product = |m: &Matrix, bind: &wgpu::BindGroup, pass: &mut wgpu::ComputePass| {
+            let product = |m: &Matrix, bind: &wgpu::BindGroup, pass: &mut wgpu::ComputePass, dispatches: &mut usize| {
+                *dispatches += 1;
                 if self.batch_invariant {
                     m.dispatch_gemv(gpu, pass, bind, n)
                 } else {
@@ -333,43 +428,50 @@ impl DeviceLayers {
             for l in &self.layers {
                 let b = &l.bind;
                 // x [n, e] → xn = norm(x) → q, k, v (+ biases), RoPE → cache → attention [n, qd]
-                run(pass, &pl.rms_norm, &b.norm1, (u(n), 1), 1);
-                product(&l.mats[0], &b.q, pass);
-                product(&l.mats[1], &b.k, pass);
-                product(&l.mats[2], &b.v, pass);
+                run(pass, &mut dispatches, &pl.rms_norm, &b.norm1, (u(n), 1), 1);
+                product(&l.mats[0], &b.q, pass, &mut dispatches);
+                product(&l.mats[1], &b.k, pass, &mut dispatches);
+                product(&l.mats[2], &b.v, pass, &mut dispatches);
                 if l.has_bias {
                     for (bias, len) in b.bias.iter().zip([qd, kvd, kvd]) {
-                        run(pass, &pl.add, bias.as_ref().expect("all three biases"), grid(n * len, 256), 1);
+                        run(pass, &mut dispatches, &pl.add, bias.as_ref().expect("all three biases"), grid(n * len, 256), 1);
                     }
                 }
                 for (norm, heads) in [(&b.q_norm, s.n_head), (&b.k_norm, s.n_kv_head)] {
                     if let Some(norm) = norm {
-                        run(pass, &pl.head_norm, norm, grid(n * heads, 1), 1);
+                        run(pass, &mut dispatches, &pl.head_norm, norm, grid(n * heads, 1), 1);
                     }
                 }
-                run(pass, &pl.rope, &b.rope_q, grid(n * s.n_head * s.n_rot / 2, 64), 1);
-                run(pass, &pl.rope, &b.rope_k, grid(n * s.n_kv_head * s.n_rot / 2, 64), 1);
-                run(pass, &pl.kv_store, &b.store, grid(n * kvd, 64), 1);
-                run(pass, &pl.attention, &b.attn, (u(s.n_head), u(n)), 1);
+                run(pass, &mut dispatches, &pl.rope, &b.rope_q, grid(n * s.n_head * s.n_rot / 2, 64), 1);
+                run(pass, &mut dispatches, &pl.rope, &b.rope_k, grid(n * s.n_kv_head * s.n_rot / 2, 64), 1);
+                run(pass, &mut dispatches, &pl.kv_store, &b.store, grid(n * kvd, 64), 1);
+                run(pass, &mut dispatches, &pl.attention, &b.attn, (u(s.n_head), u(n)), 1);
                 // x += Wo · attention; xn = norm(x); x += down(silu(gate xn) · up xn)
-                product(&l.mats[3], &b.o, pass);
+                product(&l.mats[3], &b.o, pass, &mut dispatches);
                 if let Some(post) = &b.post_attn {
-                    run(pass, &pl.rms_norm, post, (u(n), 1), 1);
+                    run(pass, &mut dispatches, &pl.rms_norm, post, (u(n), 1), 1);
                 }
-                run(pass, &pl.add, &b.residual1, grid(n * e, 256), 1);
-                run(pass, &pl.rms_norm, &b.norm2, (u(n), 1), 1);
-                product(&l.mats[4], &b.gate, pass);
-                product(&l.mats[5], &b.up, pass);
-                run(pass, &gpu.act, &b.act, grid(n * ff, 64), 1);
-                product(&l.mats[6], &b.down, pass);
+                run(pass, &mut dispatches, &pl.add, &b.residual1, grid(n * e, 256), 1);
+                run(pass, &mut dispatches, &pl.rms_norm, &b.norm2, (u(n), 1), 1);
+                product(&l.mats[4], &b.gate, pass, &mut dispatches);
+                product(&l.mats[5], &b.up, pass, &mut dispatches);
+                run(pass, &mut dispatches, &gpu.act, &b.act, grid(n * ff, 64), 1);
+                product(&l.mats[6], &b.down, pass, &mut dispatches);
                 if let Some(post) = &b.post_ffn {
-                    run(pass, &pl.rms_norm, post, (u(n), 1), 1);
+                    run(pass, &mut dispatches, &pl.rms_norm, post, (u(n), 1), 1);
                 }
-                run(pass, &pl.add, &b.residual2, grid(n * e, 256), 1);
+                run(pass, &mut dispatches, &pl.add, &b.residual2, grid(n * e, 256), 1);
             }
         }
         enc.copy_buffer_to_buffer(&self.x, 0, &self.staging, 0, (n * e * 4) as u64);
         gpu.queue.submit([enc.finish()]);
-        gpu.read_back(&self.staging, x)
+        let submitted = std::time::Instant::now();
+        let r = gpu.read_back(&self.staging, x);
+        let mut t = self.times.lock().unwrap_or_else(|e| e.into_inner());
+        t.passes += 1;
+        t.dispatches += dispatches;
+        t.record_secs += (submitted - start).as_secs_f64();
+        t.wait_secs += submitted.elapsed().as_secs_f64();
+        r
     }
 }

@@ -38,6 +38,6 @@ mod split;
 
 pub use device::{AccelError, Gpu};
 pub use ffn::{down_neuron_major, gather_rows, FileMatrix, HotFfn, HotLayer};
-pub use layers::{DeviceLayers, LayerFiles, LayerShape};
+pub use layers::{DeviceLayers, LayerFiles, LayerShape, PassTimes};
 pub use matrix::{gemv_bound, supported, Matrix, GEMM_MIN_TOKENS};
 pub use split::SplitMatrices;

@@ -233,11 +233,28 @@ pub fn gbps(e: &corelm_engine::ProfileEntry) -> String {
 /// `corelm bench --profile`: one profiled pass of a test, per op kind, and what the barriers
 /// between nodes cost (measured on this pool size).
 fn print_bench_profile(engine: &mut corelm_engine::Engine, d: usize, p: usize, n: usize, t: usize) -> Result<()> {
+    if let Some(dl) = engine.device_layers() {
+        dl.take_times();
+    }
     let (prof, secs) = corelm_engine::bench::profile_test(engine, d, p, n)?;
     let at = if d > 0 { format!(" @ d{d}") } else { String::new() };
     let (test, per, unit) =
         if p > 0 { (format!("pp{p}{at} (per pass)"), 1, "pass") } else { (format!("tg{n}{at} (per token)"), n.max(1), "token") };
     print_profile(engine, &prof, secs, &test, per, unit, if p > 0 { p } else { 1 }, t);
+    if let Some(dl) = engine.device_layers() {
+        let pt = dl.take_times();
+        if pt.passes > 0 {
+            let k = pt.passes as f64;
+            eprintln!(
+                "  device layers: {} passes, each {:.3} ms uploading, recording and submitting {} dispatches ({:.1} µs each) and {:.3} ms waiting for the device and reading back",
+                pt.passes,
+                1e3 * pt.record_secs / k,
+                pt.dispatches / pt.passes,
+                1e6 * pt.record_secs / pt.dispatches.max(1) as f64,
+                1e3 * pt.wait_secs / k
+            );
+        }
+    }
     Ok(())
 }
 

@@ -114,6 +114,13 @@ pub(crate) struct PlaceArgs {
     /// results within the accelerator's f32 bound of the CPU's, not bit for bit.
     #[arg(long, default_value_t = 0)]
     pub(crate) accel_layers: usize,
+    /// With --accel-layers: passes of fewer tokens than this (decode steps) run those layers on
+    /// the CPU, so a prefill runs on the accelerator and generation on the CPU, where one round
+    /// trip per token costs more than the layers (e.g. 32). The two KV caches are kept in
+    /// step. Not with --batch-invariant or --kv-layout columns [default: every pass on the
+    /// accelerator]
+    #[arg(long, default_value_t = 0)]
+    pub(crate) accel_min_tokens: usize,
     #[command(flatten)]
     pub(crate) sparse: sparsity::SparseArgs,
 }
@@ -405,6 +412,7 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         accel,
         accel_split: m.place.accel_split,
         accel_layers: m.place.accel_layers,
+        accel_min_tokens: m.place.accel_min_tokens,
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
     if let Some(a) = engine.accel() {

@@ -19,8 +19,9 @@
 //! block with a key is full and never written again.
 
 use crate::memory::{AllocError, Buffer, Place};
-use corelm_kernels::attention::KeyLayout;
-use corelm_kernels::DType;
+use corelm_kernels::attention::{self, KeyLayout};
+use corelm_kernels::quant::FromFloat;
+use corelm_kernels::{DType, Kernels};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
@@ -148,6 +149,86 @@ impl KvCache {
     /// Bytes of one K row and one V row.
     pub fn row_bytes(&self) -> (usize, usize) {
         (corelm_kernels::row_bytes(self.k_type, self.head_dim), corelm_kernels::row_bytes(self.v_type, self.head_dim))
+    }
+
+    /// The converters from f32 of the cache's key and value types.
+    pub(crate) fn converters(&self, kernels: &Kernels) -> (FromFloat, FromFloat) {
+        let quant = |t| kernels.from_float(t).expect("KV cache type checked at start-up");
+        (quant(self.k_type), quant(self.v_type))
+    }
+
+    /// Write row `row` (`kv_head · n_cells + cell`) of `layer`: its key and/or value (`head_dim`
+    /// f32 each) converted by `qk` / `qv` (`converters`), the key in `k_layout` (`key_row`:
+    /// room for one converted key, `row_bytes().0` at least, for keys in columns).
+    ///
+    /// # Safety
+    /// No other thread reads or writes that row of `layer` while this runs.
+    pub(crate) unsafe fn store_row(&self, layer: usize, row: usize, k: Option<&[f32]>, v: Option<&[f32]>, (qk, qv): (FromFloat, FromFloat), key_row: &mut [u8]) {
+        let (kp, vp) = self.layer_ptrs(layer);
+        let (krb, vrb) = self.row_bytes();
+        assert!(row < self.n_kv_head * self.n_cells, "row {row} of {} heads × {} cells", self.n_kv_head, self.n_cells);
+        if let Some(k) = k {
+            if self.k_layout == KeyLayout::Columns {
+                // The row's F16, Q8_0 or Q4_0 from the row writer's converter, then scattered.
+                let key = &mut key_row[..krb];
+                qk(k, key);
+                let (block, j) = ((row - row % BLOCK) * krb, row % BLOCK);
+                // SAFETY: the cell's block of this head (BLOCK rows' bytes) lies inside the
+                // storage (cells is a whole number of blocks); the caller makes this thread the
+                // row's only writer.
+                unsafe {
+                    match self.k_type {
+                        DType::Q8_0 => attention::matrix::store_key_q8_at(kp.add(block), j, key),
+                        DType::Q4_0 => attention::matrix::store_key_q4_at(kp.add(block), j, key),
+                        _ => attention::matrix::store_key_at(kp.add(block), j, key),
+                    }
+                };
+            } else {
+                // SAFETY: row < n_kv_head · n_cells (asserted), inside the layer's storage; the
+                // caller makes this thread the row's only writer.
+                qk(k, unsafe { std::slice::from_raw_parts_mut(kp.add(row * krb), krb) });
+            }
+        }
+        if let Some(v) = v {
+            // SAFETY: as for a key row.
+            qv(v, unsafe { std::slice::from_raw_parts_mut(vp.add(row * vrb), vrb) });
+        }
+    }
+
+    /// Store every KV head's key and value of each of `cells` in `layer` (`k`, `v`:
+    /// `[cells.len(), n_kv_head, head_dim]` f32) as a pass's `kv_store` nodes would: rows
+    /// computed elsewhere (the accelerator's layers of a prefill, `--accel-min-tokens`).
+    pub fn store_cells(&mut self, kernels: &Kernels, layer: usize, cells: &[u32], k: &[f32], v: &[f32]) {
+        let (hd, kvd) = (self.head_dim, self.n_kv_head * self.head_dim);
+        assert!(k.len() == cells.len() * kvd && v.len() == k.len(), "{} cells of {} heads of {hd}", cells.len(), self.n_kv_head);
+        let conv = self.converters(kernels);
+        let mut key_row = [0u8; 2 * COLUMNS_MAX_HEAD_DIM];
+        for (i, &cell) in cells.iter().enumerate() {
+            let cell = cell as usize;
+            assert!(cell < self.n_cells, "cell {cell} of {}", self.n_cells);
+            for h in 0..self.n_kv_head {
+                let r = i * kvd + h * hd..i * kvd + (h + 1) * hd;
+                // SAFETY: `&mut self`: no other reference to the cache, so no other reader or writer.
+                unsafe { self.store_row(layer, h * self.n_cells + cell, Some(&k[r.clone()]), Some(&v[r]), conv, &mut key_row) };
+            }
+        }
+    }
+
+    /// Every KV head's key and value of `cell` in `layer` as f32 (`k`, `v`: `[n_kv_head,
+    /// head_dim]`), for a cache with keys in rows.
+    pub fn load_cell(&self, kernels: &Kernels, layer: usize, cell: usize, k: &mut [f32], v: &mut [f32]) {
+        let hd = self.head_dim;
+        assert!(cell < self.n_cells && k.len() == self.n_kv_head * hd && v.len() == k.len(), "cell {cell}: {} heads of {hd}", self.n_kv_head);
+        assert_eq!(self.k_layout, KeyLayout::Rows, "reading keys back from a cache with keys in rows");
+        let deq = |t| kernels.to_float(t).expect("KV cache type checked at start-up");
+        let (dk, dv) = (deq(self.k_type), deq(self.v_type));
+        let (kb, vb) = (&self.k.as_slice()[layer * self.layer_bytes.0..][..self.layer_bytes.0], &self.v.as_slice()[layer * self.layer_bytes.1..][..self.layer_bytes.1]);
+        let (krb, vrb) = self.row_bytes();
+        for h in 0..self.n_kv_head {
+            let row = h * self.n_cells + cell;
+            dk(&kb[row * krb..(row + 1) * krb], &mut k[h * hd..(h + 1) * hd]);
+            dv(&vb[row * vrb..(row + 1) * vrb], &mut v[h * hd..(h + 1) * hd]);
+        }
     }
 }
 

@@ -294,6 +294,12 @@ impl ActLayout {
         ActLayout { regions: peaks.clone().map(|v| v.into_iter().map(|b| b.div_ceil(Self::PAGE) * Self::PAGE).collect()) }
     }
 
+    /// Regions that hold either layout's (each region the larger of the two).
+    pub fn max(&self, other: &ActLayout) -> ActLayout {
+        let merge = |a: &Vec<usize>, b: &Vec<usize>| (0..a.len().max(b.len())).map(|r| a.get(r).copied().unwrap_or(0).max(b.get(r).copied().unwrap_or(0))).collect();
+        ActLayout { regions: [merge(&self.regions[0], &other.regions[0]), merge(&self.regions[1], &other.regions[1])] }
+    }
+
     /// Bytes of buffer `buf`.
     pub fn bytes(&self, buf: usize) -> usize {
         self.regions[buf].iter().sum()

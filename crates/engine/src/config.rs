@@ -94,6 +94,10 @@ pub struct EngineConfig {
     /// [`crate::device_layers`]): layers the model says can go (LLaMA, Qwen2, Qwen3, Gemma 3),
     /// without tensor parallelism or the other accelerator modes; 0: none.
     pub accel_layers: usize,
+    /// Passes of fewer tokens than this run those layers on the CPU too (`--accel-min-tokens`,
+    /// [`crate::device_layers`]): prefill on the accelerator, decode steps on the CPU, each
+    /// cache kept in step with the other's rows. 0 or 1: every pass on the accelerator.
+    pub accel_min_tokens: usize,
 }
 
 impl Default for EngineConfig {
@@ -123,7 +127,21 @@ impl Default for EngineConfig {
             accel: None,
             accel_split: false,
             accel_layers: 0,
+            accel_min_tokens: 0,
         }
+    }
+}
+
+impl EngineConfig {
+    /// The first layers the accelerator runs in a pass of `n_tokens` tokens (`--accel-layers`,
+    /// none below `--accel-min-tokens`).
+    pub fn device_layers_for(&self, n_tokens: usize) -> usize {
+        if n_tokens >= self.accel_min_tokens { self.accel_layers } else { 0 }
+    }
+
+    /// Whether some passes run the accelerator's layers and others run them on the CPU.
+    pub fn alternates_layers(&self) -> bool {
+        self.accel_layers > 0 && self.accel_min_tokens > 1
     }
 }
 

@@ -8,6 +8,14 @@
 //! sequence, release and shared prefix the CPU's cache tracks holds on the device too. The
 //! CPU's cache still has room for those layers (unused).
 //!
+//! `--accel-min-tokens T`: passes of fewer than T tokens (decode steps) run those layers on the
+//! CPU instead — the accelerator where a pass is compute-bound, the CPU where one round trip
+//! per token costs more than its layers (docs/benchmarks.md: on an H200 through wgpu, prefill
+//! 4–5.6× 16 cores, decode 0.3–0.66×). Both caches then hold every row: after a pass on the
+//! device its rows are read back into the CPU's cache (converted to the CPU cache's type), and
+//! the rows CPU passes wrote are uploaded before the next device pass (`Sync`). The CPU holds
+//! those layers' repacked weights too.
+//!
 //! Which layers can go is the model's to say (`Model::device_layer`): LLaMA, Qwen2, Qwen3 and
 //! Gemma 3 (RoPE without per-frequency factors, separate Q/K/V, dense feed-forwards); not with
 //! tensor parallelism or the other accelerator modes. A device lost mid-run fails the
@@ -18,7 +26,7 @@ use corelm_accel::{DeviceLayers, FileMatrix, Gpu, LayerFiles, LayerShape};
 use corelm_core::kv::{KvCache, BLOCK};
 use corelm_core::BatchView;
 use corelm_gguf::{Gguf, TensorInfo};
-use corelm_kernels::DType;
+use corelm_kernels::{DType, Kernels};
 use corelm_models::Model;
 use std::sync::{Arc, Mutex};
 
@@ -27,7 +35,21 @@ use std::sync::{Arc, Mutex};
 pub struct LayersOnDevice {
     layers: DeviceLayers,
     tables: Mutex<PassTables>,
+    /// Where passes alternate between the device and the CPU (`--accel-min-tokens`).
+    sync: Option<Mutex<Sync>>,
 }
+
+/// The two caches kept in step (`--accel-min-tokens`): buffers sized at load.
+struct Sync {
+    /// Cells the CPU wrote since the last device pass (their rows not yet on the device).
+    stale: Vec<u32>,
+    /// Up to `UPLOAD_CELLS` consecutive cells' keys and values on their way to the device.
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+/// Cells uploaded per copy (`Sync::k`, `Sync::v`).
+const UPLOAD_CELLS: usize = 256;
 
 /// One pass's block tables for the device.
 struct PassTables {
@@ -46,6 +68,18 @@ pub fn check(cfg: &crate::EngineConfig) -> Result<(), Error> {
     if cfg.accel.is_some() || cfg.accel_split || cfg.sparsity.is_some() {
         return refuse("runs whole layers on the accelerator; --accel-mem, --accel-split and --sparsity place other work: use one");
     }
+    if cfg.alternates_layers() {
+        let t = cfg.accel_min_tokens;
+        if t > cfg.n_batch {
+            return refuse(&format!("--accel-min-tokens {t}: passes hold at most the batch size's {} tokens, so none would reach the accelerator", cfg.n_batch));
+        }
+        if cfg.batch_invariant {
+            return refuse(&format!("--accel-min-tokens {t} runs a token's first layers on the accelerator or the CPU by the size of its batch, so its results would depend on the batch: not with --batch-invariant (serve)"));
+        }
+        if cfg.kv_layout == corelm_kernels::attention::KeyLayout::Columns {
+            return refuse(&format!("--accel-min-tokens {t} copies cache rows between the CPU and the accelerator, which reads keys in rows: use --kv-layout rows"));
+        }
+    }
     Ok(())
 }
 
@@ -59,11 +93,13 @@ impl LayersOnDevice {
         gguf: &Gguf,
         model: &dyn Model,
         n: usize,
-        n_cells: usize,
+        kv: &KvCache,
         n_batch: usize,
         n_seq: usize,
         batch_invariant: bool,
+        alternate: bool,
     ) -> Result<LayersOnDevice, Error> {
+        let n_cells = kv.n_cells;
         let h = model.hyper();
         let refuse = |why: String| Error::Config(format!("--accel-layers {n}: {why}"));
         if n > h.n_layer {
@@ -149,7 +185,82 @@ impl LayersOnDevice {
         let max_table = n_seq.min(n_batch) * n_cells.div_ceil(BLOCK);
         let layers = DeviceLayers::new(gpu, shape, &files, n_cells, n_batch, max_table, batch_invariant).map_err(|e| refuse(e.to_string()))?;
         let tables = Mutex::new(PassTables { words: Vec::with_capacity(n_batch + max_table), seqs: Vec::with_capacity(n_seq.min(n_batch)) });
-        Ok(LayersOnDevice { layers, tables })
+        let (layers, sync) = if alternate {
+            let kvd = h.n_kv_head * h.head_dim;
+            let layers = layers.with_cache_read_back().map_err(|e| refuse(e.to_string()))?;
+            let sync = Sync {
+                stale: Vec::with_capacity(n_cells),
+                k: vec![0.0; UPLOAD_CELLS * kvd],
+                v: vec![0.0; UPLOAD_CELLS * kvd],
+            };
+            (layers, Some(Mutex::new(sync)))
+        } else {
+            (layers, None)
+        };
+        Ok(LayersOnDevice { layers, tables, sync })
+    }
+
+    /// Where the device's passes spent their time since the last call (`bench --profile`).
+    pub fn take_times(&self) -> corelm_accel::PassTimes {
+        self.layers.take_times()
+    }
+
+    /// After a pass that ran the device's layers on the CPU: its cells' rows are not on the
+    /// device yet.
+    pub(crate) fn cpu_pass(&self, slots: &[u32]) {
+        let Some(sync) = &self.sync else { return };
+        let mut s = sync.lock().unwrap_or_else(|e| e.into_inner());
+        if s.stale.len() + slots.len() > s.stale.capacity() {
+            // Cells written twice since the last device pass (released and reused).
+            s.stale.sort_unstable();
+            s.stale.dedup();
+        }
+        s.stale.extend_from_slice(slots);
+    }
+
+    /// Before a pass on the device: upload the rows the CPU wrote since the last one, from the
+    /// CPU's cache (`kv`).
+    pub(crate) fn upload_stale(&self, kv: &KvCache, kernels: &Kernels) {
+        let Some(sync) = &self.sync else { return };
+        let mut guard = sync.lock().unwrap_or_else(|e| e.into_inner());
+        let Sync { stale, k, v, .. } = &mut *guard;
+        stale.sort_unstable();
+        stale.dedup();
+        let kvd = kv.n_kv_head * kv.head_dim;
+        let mut i = 0;
+        while i < stale.len() {
+            // A run of consecutive cells from i, at most UPLOAD_CELLS.
+            let mut j = i + 1;
+            while j < stale.len() && j - i < UPLOAD_CELLS && stale[j] == stale[j - 1] + 1 {
+                j += 1;
+            }
+            for layer in 0..self.layers.len() {
+                for (c, &cell) in stale[i..j].iter().enumerate() {
+                    kv.load_cell(kernels, layer, cell as usize, &mut k[c * kvd..][..kvd], &mut v[c * kvd..][..kvd]);
+                }
+                self.layers.write_cells(layer, stale[i], &k[..(j - i) * kvd], &v[..(j - i) * kvd]);
+            }
+            i = j;
+        }
+        stale.clear();
+    }
+
+    /// After a pass on the device: its cells' rows (`slots`) into the CPU's cache.
+    pub(crate) fn read_back(&self, kv: &mut KvCache, kernels: &Kernels, slots: &[u32]) {
+        if self.sync.is_none() || slots.is_empty() {
+            return;
+        }
+        let n = slots.len() * kv.n_kv_head * kv.head_dim;
+        // Converted straight from the mapped read-back buffer.
+        let store = |rows: &[f32]| {
+            for (layer, rows) in rows.chunks_exact(2 * n).enumerate() {
+                let (k, v) = rows.split_at(n);
+                kv.store_cells(kernels, layer, slots, k, v);
+            }
+        };
+        if let Err(e) = self.layers.read_cells(slots, store) {
+            panic!("--accel-layers: reading the accelerator's cache rows back failed ({e}); the CPU's cache misses them, so the run cannot go on");
+        }
     }
 
     /// `N layers, X MB of weights and Y MB of cache on <device>`.

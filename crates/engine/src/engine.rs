@@ -93,7 +93,7 @@ fn build_graph(
         .with_tp(tp.clone(), cfg.tp_sync)
         .with_sparsity(cfg.sparsity.clone())
         .with_key_layout(cfg.kv_layout)
-        .with_device_layers(cfg.accel_layers)
+        .with_device_layers(cfg.device_layers_for(n_tokens))
         .with_act_layout(layout.cloned());
     let out = model.build(&mut b);
     b.finish(&out)
@@ -348,10 +348,20 @@ impl Engine {
         };
         // Plan the largest batch once to size the pools.
         let mut g = build_graph(kernels, &*model, &tp, &cfg, cfg.n_batch, cfg.n_batch, None);
+        // Passes below --accel-min-tokens run every layer here: the largest of them sizes the
+        // pools and the workers' scratch with the largest batch.
+        let cpu_passes = cfg.alternates_layers().then(|| {
+            let n = (cfg.accel_min_tokens - 1).min(cfg.n_batch);
+            build_graph(kernels, &*model, &tp, &cfg, n, n, None)
+        });
+        if let Some(cpu) = &cpu_passes {
+            g = build_graph(kernels, &*model, &tp, &cfg, cfg.n_batch, cfg.n_batch, Some(&g.act.max(&cpu.act)));
+        }
         // A one-token decode's graph too: small batches may read forms of weights the largest
         // does not (`PackedWeights::build`).
         let mut one = build_graph(kernels, &*model, &tp, &cfg, 1, 1, None);
-        let packed = PackedWeights::build(&[&g, &one], gguf.bytes(), kernels, &placement.memory, cfg.repack, &shard_places)
+        let forms: Vec<&corelm_core::graph::Graph> = [&g, &one].into_iter().chain(&cpu_passes).collect();
+        let packed = PackedWeights::build(&forms, gguf.bytes(), kernels, &placement.memory, cfg.repack, &shard_places)
             .map_err(|e| Error::Config(format!("repacked weights: {e}")))?;
         // The copied matrices' file pages are not read again by the kernels; drop them from
         // this process (the page cache keeps them for any other reader).
@@ -435,7 +445,9 @@ impl Engine {
             // A roofline plan may cap a node at one worker, which then takes all its rows.
             group_threads = 1;
         }
-        let mut exec = Executor::new(cfg.n_threads, group_threads, g.max_head_dim, &g);
+        let sizing: Vec<&corelm_core::graph::Graph> = std::iter::once(&g).chain(&cpu_passes).collect();
+        let max_head_dim = sizing.iter().map(|s| s.max_head_dim).max().unwrap_or(0);
+        let mut exec = Executor::new(cfg.n_threads, group_threads, max_head_dim, &sizing);
         exec.dump_dir = std::env::var_os("CORELM_DUMP_DIR").map(Into::into);
         exec.batch_invariant = cfg.batch_invariant;
         exec.panel_gemm = cfg.fast_prefill;
@@ -451,7 +463,7 @@ impl Engine {
         }
         let device_layers = match cfg.accel_layers {
             0 => None,
-            n => Some(Arc::new(crate::device_layers::LayersOnDevice::open(&gguf, model.as_ref(), n, kv.n_cells, cfg.n_batch, cfg.n_seq_max, cfg.batch_invariant)?)),
+            n => Some(Arc::new(crate::device_layers::LayersOnDevice::open(&gguf, model.as_ref(), n, &kv, cfg.n_batch, cfg.n_seq_max, cfg.batch_invariant, cfg.alternates_layers())?)),
         };
         exec.device_layers = device_layers.clone().map(|d| d as Arc<dyn corelm_core::DeviceLayers>);
         let (accel, online) = match (cfg.sparsity.as_ref().filter(|s| s.offloaded.iter().any(|v| !v.is_empty())), accel_groups, &cfg.accel) {
@@ -731,6 +743,11 @@ impl Engine {
             (Some(p), Some(v)) if !p.prefill_for(n) => v,
             _ => 0,
         };
+        // --accel-min-tokens: a pass on the device first gets the rows CPU passes wrote.
+        let on_device = self.cfg.device_layers_for(n) > 0;
+        if let (Some(d), true) = (&self.device_layers, on_device) {
+            d.upload_stale(&self.kv, self.kernels);
+        }
         let view = BatchView {
             tokens: &batch.tokens,
             pos: &batch.pos,
@@ -749,6 +766,15 @@ impl Engine {
             self.kernels,
             self.profile.as_mut(),
         );
+        // … and the CPU's cache gets a device pass's rows; the device learns which cells the
+        // CPU wrote.
+        if let Some(d) = &self.device_layers {
+            if on_device {
+                d.read_back(&mut self.kv, self.kernels, &self.slots);
+            } else {
+                d.cpu_pass(&self.slots);
+            }
+        }
         self.n_out = n_out;
         Ok(self.logits())
     }

@@ -175,13 +175,14 @@ pub struct Executor {
 
 impl Executor {
     /// Scratch for attention rows of `max_head_dim` and panel GEMMs of the largest (inner
-    /// dimension, rows) among `graph`'s matmuls, for `n_threads` workers of which the smallest
-    /// group (tensor parallelism; else all) has `group_threads`.
-    pub fn new(n_threads: usize, group_threads: usize, max_head_dim: usize, graph: &Graph) -> Self {
+    /// dimension, rows) among `graphs`' matmuls (the largest batch's, and any other that has
+    /// nodes it lacks), for `n_threads` workers of which the smallest group (tensor
+    /// parallelism; else all) has `group_threads`.
+    pub fn new(n_threads: usize, group_threads: usize, max_head_dim: usize, graphs: &[&Graph]) -> Self {
         let (mut max_k, mut max_rows, mut max_group, mut max_k_all, mut gather) = (0, 0, 1, 0, 0);
         let (mut rope_rows, mut max_rot, mut max_k_f16) = (0, 0, 0);
         let (mut sparse_ff, mut il_k, mut pred_rank) = (0, 0, 0);
-        for &id in &graph.nodes {
+        for (graph, id) in graphs.iter().flat_map(|g| g.nodes.iter().map(move |&id| (*g, id))) {
             let t = graph.tensor(id);
             match t.op {
                 Op::SparseUp { w, .. } => {
@@ -741,52 +742,24 @@ impl Ctx<'_> {
     /// cache slots from `kv_base`.
     fn kv_store(&self, layer: usize, [k, v]: [Option<TensorId>; 2], cols: std::ops::Range<usize>, kv_base: usize, ith: usize, nth: usize) {
         let kv = self.kv;
-        let (kp, vp) = kv.layer_ptrs(layer);
         let (hd, cells) = (kv.head_dim, kv.n_cells);
-        let (krb, vrb) = kv.row_bytes();
         let ne0 = self.t(k.or(v).expect("a KV store of keys, values or both")).ne[0];
         assert!(cols.end <= ne0 && cols.len().is_multiple_of(hd) && cols.start.is_multiple_of(hd), "KV store of values {cols:?} of rows of {ne0}");
         let (k, v) = (k.map(|k| self.f32s(k)), v.map(|v| self.f32s(v)));
         assert!(kv_base + cols.len() / hd <= kv.n_kv_head, "KV slots {kv_base}.. past the cache's {}", kv.n_kv_head);
-        let quant = |t| self.kernels.from_float(t).expect("KV cache type checked at start-up");
-        let (qk, qv) = (quant(kv.k_type), quant(kv.v_type));
+        let conv = kv.converters(self.kernels);
         // One F16, Q8_0 or Q4_0 key (keys in columns), on the stack.
         let mut key_row = [0u8; 2 * crate::kv::COLUMNS_MAX_HEAD_DIM];
-        assert!(kv.k_layout == attention::KeyLayout::Rows || krb <= key_row.len(), "head dimension {hd} past {}", crate::kv::COLUMNS_MAX_HEAD_DIM);
+        assert!(kv.k_layout == attention::KeyLayout::Rows || kv.row_bytes().0 <= key_row.len(), "head dimension {hd} past {}", crate::kv::COLUMNS_MAX_HEAD_DIM);
         for r in split(self.batch.tokens.len(), ith, nth) {
             let slot = self.batch.slots[r] as usize;
             for h in 0..cols.len() / hd {
                 let row = (kv_base + h) * cells + slot;
                 let src = r * ne0 + cols.start + h * hd..r * ne0 + cols.start + (h + 1) * hd;
-                if let Some(k) = k {
-                    if kv.k_layout == attention::KeyLayout::Columns {
-                        // The row's F16, Q8_0 or Q4_0 from the row writer's converter, then scattered.
-                        let key = &mut key_row[..krb];
-                        qk(&k[src.clone()], key);
-                        let (block, j) = ((row - row % crate::kv::BLOCK) * krb, row % crate::kv::BLOCK);
-                        // SAFETY: the cell's block of this head (BLOCK rows' bytes) lies inside the
-                        // storage (cells is a whole number of blocks); each token has its own slot
-                        // (engine invariant) and each slot's keys one writer (`TpPlan::k_heads`),
-                        // so this worker alone writes the cell's elements.
-                        unsafe {
-                            match kv.k_type {
-                                DType::Q8_0 => attention::matrix::store_key_q8_at(kp.add(block), j, key),
-                                DType::Q4_0 => attention::matrix::store_key_q4_at(kp.add(block), j, key),
-                                _ => attention::matrix::store_key_at(kp.add(block), j, key),
-                            }
-                        };
-                    } else {
-                        // SAFETY: each token has its own slot (engine invariant) and each slot's
-                        // keys one writer, so rows written by different workers are disjoint;
-                        // row < n_kv_head * cells, the storage size.
-                        qk(&k[src.clone()], unsafe { std::slice::from_raw_parts_mut(kp.add(row * krb), krb) });
-                    }
-                }
-                if let Some(v) = v {
-                    // SAFETY: as for a key row.
-                    let vd = unsafe { std::slice::from_raw_parts_mut(vp.add(row * vrb), vrb) };
-                    qv(&v[src], vd);
-                }
+                // SAFETY: each token has its own slot (engine invariant) and each slot's keys and
+                // values one writer (`TpPlan::k_heads`), so rows written by different workers
+                // are disjoint, and no node reads the cache while a store runs (barriers).
+                unsafe { kv.store_row(layer, row, k.map(|k| &k[src.clone()]), v.map(|v| &v[src.clone()]), conv, &mut key_row) };
             }
         }
     }
