@@ -54,8 +54,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // The previous chunk's products are done before its tiles are overwritten.
         workgroupBarrier();
         for (var c = 0u; c < 8u; c++) {
-            tile_w[ln * TILE + lr + c] = w[c];
-            tile_x[(lq + c) * TILE + lt] = a[c];
+            set_w(ln, lr + c, w[c]);
+            set_x(lq + c, lt, a[c]);
         }
         workgroupBarrier();
         tile_step(&acc, ty, tx);

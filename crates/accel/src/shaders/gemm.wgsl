@@ -40,10 +40,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // The previous sub-block's products are done before its tiles are overwritten.
         workgroupBarrier();
         for (var c = 0u; c < 4u; c++) {
-            tile_w[(8u * lq + c) * TILE + lr] = w0[c];
-            tile_w[(8u * lq + 4u + c) * TILE + lr] = w1[c];
-            tile_x[(8u * lq + c) * TILE + lr] = x0[c];
-            tile_x[(8u * lq + 4u + c) * TILE + lr] = x1[c];
+            set_w(8u * lq + c, lr, w0[c]);
+            set_w(8u * lq + 4u + c, lr, w1[c]);
+            set_x(8u * lq + c, lr, x0[c]);
+            set_x(8u * lq + 4u + c, lr, x1[c]);
         }
         workgroupBarrier();
         tile_step(&acc, ty, tx);

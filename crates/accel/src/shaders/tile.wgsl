@@ -1,22 +1,32 @@
 // The 64 × 64 output tile both tiled products share (gemm.wgsl, down_gemm.wgsl): a workgroup
 // of 256 threads, thread (ty, tx) = (lid / 16, lid % 16) holding outputs 4 ty .. + 4 for
 // tokens 4 tx .. + 4. Each step the shader fills `tile_w` ([32][64]: for each output, 32 of
-// the weights it sums over) and `tile_x` ([32][64]: the same 32 activations of each token),
-// and `tile_step` adds the 32 products, in order, into `acc`.
+// the weights it sums over; `set_w`) and `tile_x` ([32][64]: the same 32 activations of each
+// token; `set_x`), four outputs (tokens) to a vector so that `tile_step` reads a thread's
+// four with one load, and `tile_step` adds the 32 products, in order, into `acc`.
 
 const TILE: u32 = 64u;
-var<workgroup> tile_w: array<f32, 2048>;
-var<workgroup> tile_x: array<f32, 2048>;
+var<workgroup> tile_w: array<vec4<f32>, 512>; // [32][16]
+var<workgroup> tile_x: array<vec4<f32>, 512>;
+
+// Weight k (of 32) of output o (of 64).
+fn set_w(k: u32, o: u32, v: f32) {
+    tile_w[k * 16u + o / 4u][o % 4u] = v;
+}
+
+// Activation k (of 32) of token t (of 64).
+fn set_x(k: u32, t: u32, v: f32) {
+    tile_x[k * 16u + t / 4u][t % 4u] = v;
+}
 
 fn tile_step(acc: ptr<function, array<vec4<f32>, 4>>, ty: u32, tx: u32) {
     for (var k = 0u; k < 32u; k++) {
-        let o = k * TILE + 4u * ty;
-        let t = k * TILE + 4u * tx;
-        let xv = vec4<f32>(tile_x[t], tile_x[t + 1u], tile_x[t + 2u], tile_x[t + 3u]);
-        (*acc)[0] += tile_w[o] * xv;
-        (*acc)[1] += tile_w[o + 1u] * xv;
-        (*acc)[2] += tile_w[o + 2u] * xv;
-        (*acc)[3] += tile_w[o + 3u] * xv;
+        let w = tile_w[k * 16u + ty];
+        let xv = tile_x[k * 16u + tx];
+        (*acc)[0] += w.x * xv;
+        (*acc)[1] += w.y * xv;
+        (*acc)[2] += w.z * xv;
+        (*acc)[3] += w.w * xv;
     }
 }
 
