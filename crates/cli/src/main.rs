@@ -421,6 +421,9 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
     if let Some(d) = engine.device_layers() {
         eprintln!("accel-layers: {}", d.summary());
     }
+    if let Some(why) = engine.plan_note() {
+        eprintln!("plan: {why}");
+    }
     if let Some(d) = engine.device() {
         eprintln!("accel-split: {}", d.summary());
     }

@@ -96,6 +96,9 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
     if let Some(d) = engine.device_layers() {
         eprintln!("accel-layers: {}", d.summary());
     }
+    if let Some(why) = engine.plan_note() {
+        eprintln!("plan: {why}");
+    }
     if let Some(a) = engine.accel() {
         eprintln!("{}", crate::sparsity::describe_accel(a));
     }

@@ -11,9 +11,14 @@
 //!    plan says `modelled`.
 //! 3. `Plan::choose` picks the prefill and decode configurations (same TP degree, decode
 //!    groups inside the prefill ones) with the shortest request and where they cross.
+//! 4. The prefill matmul schedules (`--gemm`), on the prefill configuration's workers.
+//! 5. The accelerator (`--accel`): passes of 1, 2, 4, … `--prompt` tokens timed on the chosen
+//!    CPU configurations, then with the model's first layers whole on the device, longest
+//!    first until the CPU wins one; `AccelPlan::choose` keeps the device from where the two
+//!    cross (on a discrete GPU: prefill there, decode on the CPU).
 
-use anyhow::{Context, Result};
-use corelm_engine::plan::{Candidate, Plan};
+use anyhow::{bail, Context, Result};
+use corelm_engine::plan::{AccelPlan, AccelPoint, Candidate, Plan};
 use corelm_engine::{Engine, EngineConfig};
 use corelm_topo::sandwich::{self, ServiceConfig, TNode};
 use corelm_topo::Topology;
@@ -65,6 +70,11 @@ pub struct TuneArgs {
     /// within this fraction of the average gain so far (negative: search every length).
     #[arg(long, default_value_t = 0.05, allow_hyphen_values = true)]
     gemm_reuse: f64,
+    /// Time the model's layers on an accelerator against the CPU and put it in the plan where
+    /// it wins: auto (a GPU, not a software renderer such as lavapipe), on (whatever adapter
+    /// wgpu finds; an error without one), off.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
+    accel: String,
 }
 
 impl TuneArgs {
@@ -90,6 +100,7 @@ fn measure(model: &std::path::Path, c: &ServiceConfig, prompt: usize, reps: usiz
         gemm_threads: 0,
         gemm_tuning_s: 0.0,
         gemm: Vec::new(),
+        accel: None,
     };
     let cfg = EngineConfig { n_ctx: prompt + 64, n_batch: prompt.max(1), n_seq_max: 1, tp: 0, plan: Some(plan), ..Default::default() };
     let mut engine = Engine::load(model, cfg)?;
@@ -170,9 +181,27 @@ pub fn tune(a: &TuneArgs, model: PathBuf) -> Result<()> {
         gemm_threads: 0,
         gemm_tuning_s: 0.0,
         gemm: Vec::new(),
+        accel: None,
     };
     if measured && a.gemm.iter().any(|&m| m >= 2) {
         tune_gemm(a, &model, &mut plan)?;
+    }
+    if measured {
+        // Whole layers on the device run without tensor parallelism: with them, the CPU's part
+        // runs on the best one-group pair, which replaces the plan's where the device wins.
+        let single = match plan.prefill.tp() {
+            1 => Some(plan.clone()),
+            _ => {
+                let one: Vec<Candidate> = plan.candidates.iter().filter(|c| c.config.tp() == 1).cloned().collect();
+                Plan::choose(&one, a.prompt, a.gen).map(|(i, j, min)| Plan { prefill: one[i].config.clone(), decode: one[j].config.clone(), prefill_min_tokens: min, ..plan.clone() })
+            }
+        };
+        if let Some(accel) = tune_accel(a, &model, &plan, single.as_ref())? {
+            if let (true, Some(single)) = (accel.layers > 0, single) {
+                plan = single;
+            }
+            plan.accel = Some(accel);
+        }
     }
     plan.save(&a.out)?;
     print!("{}", plan.explain());
@@ -228,4 +257,83 @@ fn tune_gemm(a: &TuneArgs, model: &std::path::Path, plan: &mut Plan) -> Result<(
     }
     plan.gemm_tuning_s = t0.elapsed().as_secs_f64();
     Ok(())
+}
+
+/// Step 5: the accelerator's layers, their CPU part on `single` (the best pair without tensor
+/// parallelism), against the plan's CPU configurations, pass length by pass length; `None`
+/// where none was timed (`--accel off`, no adapter or a software one under `auto`, no
+/// one-group candidate, a model none of whose layers can go).
+fn tune_accel(a: &TuneArgs, model: &std::path::Path, plan: &Plan, single: Option<&Plan>) -> Result<Option<AccelPlan>> {
+    let skip = |why: String| -> Result<Option<AccelPlan>> {
+        if a.accel == "on" {
+            bail!("--accel on: {why}");
+        }
+        eprintln!("accelerator not timed: {why}");
+        Ok(None)
+    };
+    if a.accel == "off" {
+        return Ok(None);
+    }
+    let Some(single) = single else {
+        return skip("whole layers on the accelerator run without tensor parallelism, and no one-group configuration could be timed".into());
+    };
+    let device = match corelm_accel::Gpu::open() {
+        Ok(g) if g.is_software() && a.accel == "auto" => return skip(format!("{} renders in software (--accel on times it anyway)", g.name())),
+        Ok(g) => g.name(),
+        Err(e) => return skip(e.to_string()),
+    };
+    // 1, 2, 4, … below the prompt, then the prompt.
+    let mut lengths: Vec<usize> = std::iter::successors(Some(1usize), |n| Some(n * 2)).take_while(|&n| n < a.prompt).collect();
+    lengths.push(a.prompt.max(1));
+    let config = |plan: &Plan, layers| EngineConfig {
+        n_ctx: a.prompt + 64,
+        n_batch: a.prompt.max(1),
+        n_seq_max: 1,
+        tp: 0,
+        plan: Some(Plan { accel: None, ..plan.clone() }),
+        accel_layers: layers,
+        ..Default::default()
+    };
+    // A pass of n tokens: one decode step after a prompt, or a prefill of n.
+    let pass = |engine: &mut Engine, n: usize| -> Result<f64> {
+        Ok(if n == 1 {
+            1.0 / corelm_engine::bench::run_test(engine, a.prompt, 0, 16, a.reps)?.0
+        } else {
+            n as f64 / corelm_engine::bench::run_test(engine, 0, n, 0, a.reps)?.0
+        })
+    };
+    let bar = indicatif::ProgressBar::new(2 * lengths.len() as u64);
+    bar.set_style(indicatif::ProgressStyle::with_template("timing the accelerator {bar:30} {pos}/{len} {msg}").expect("a valid template"));
+    let mut cpu = Engine::load(model, config(plan, 0))?;
+    let layers = cpu.device_capable_layers();
+    if layers == 0 {
+        bar.finish_and_clear();
+        return skip(format!("no layer of this {} model can run on the accelerator", cpu.hyper().arch));
+    }
+    let mut cpu_s = Vec::with_capacity(lengths.len());
+    for &n in &lengths {
+        bar.set_message(format!("CPU, {n} tokens"));
+        cpu_s.push(pass(&mut cpu, n)?);
+        bar.inc(1);
+    }
+    drop(cpu);
+    // Longest first, stopping at the first length the CPU wins: the device runs from a
+    // threshold up, so shorter lengths cannot change the choice (and a device that loses the
+    // prompt pass costs one pass to rule out).
+    let mut dev = Engine::load(model, config(single, layers)).with_context(|| format!("{layers} layers on {device}"))?;
+    let mut points = Vec::with_capacity(lengths.len());
+    for (&n, &cpu_s) in lengths.iter().zip(&cpu_s).rev() {
+        bar.set_message(format!("{layers} layers on the device, {n} tokens"));
+        let p = AccelPoint { tokens: n, cpu_s, device_s: pass(&mut dev, n)? };
+        points.insert(0, p);
+        bar.inc(1);
+        if p.device_s >= p.cpu_s {
+            break;
+        }
+    }
+    bar.finish_and_clear();
+    for p in &points {
+        eprintln!("  {:>5} tokens: CPU {:.3} ms, {layers} layers on {device} {:.3} ms", p.tokens, 1e3 * p.cpu_s, 1e3 * p.device_s);
+    }
+    Ok(Some(AccelPlan::choose(device, layers, points)))
 }

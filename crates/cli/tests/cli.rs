@@ -153,6 +153,44 @@ fn tune_writes_a_plan_that_run_and_plan_use() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `tune --accel on` times the model's layers on the accelerator against the CPU (lavapipe in
+/// CI: slower at the prompt's length, so one pass rules it out and the plan places nothing
+/// there). A plan whose device wins from 2 tokens runs a prompt's layers there and decodes on
+/// the CPU; with `--batch-invariant` it says why the device is left out.
+#[test]
+fn tune_times_the_accelerator_and_run_follows_the_plan() {
+    let dir = std::env::temp_dir().join(format!("corelm-tune-accel-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("plan.json");
+    let out = corelm()
+        .args(["tune", "--model", &smol(), "--prompt", "2", "--gen", "4", "--reps", "1", "--gemm", "0", "--accel", "on", "--max-measured", "2", "--out"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("slower than the CPU at 2 tokens, the longest pass timed"), "{text}");
+    let mut plan: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let accel = &mut plan["accel"];
+    assert_eq!((accel["layers"].as_u64(), accel["points"].as_array().map(Vec::len)), (Some(0), Some(1)), "{accel}");
+    // As a GPU's timing would place it: a prompt of 2 tokens or more on the device, the rest
+    // on a one-group configuration (as `tune` switches to where the device wins).
+    accel["layers"] = 30.into();
+    accel["min_tokens"] = 2.into();
+    let one = plan["candidates"].as_array().unwrap().iter().find(|c| c["config"]["groups"].as_array().unwrap().len() == 1).expect("a one-group candidate")["config"].clone();
+    (plan["prefill"], plan["decode"], plan["prefill_min_tokens"]) = (one.clone(), one, 1.into());
+    std::fs::write(&path, serde_json::to_vec(&plan).unwrap()).unwrap();
+    let explained = corelm().args(["plan", "--plan"]).arg(&path).output().unwrap();
+    assert!(String::from_utf8_lossy(&explained.stdout).contains("passes of 2 tokens or more run the first 30 layers there"));
+    let run = corelm().args(["run", "--model", &smol(), "-n", "2", "--temp", "0", "-p", "The capital of France is", "--plan"]).arg(&path).output().unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success() && err.contains("accel-layers: 30 layers"), "{err}");
+    let invariant = corelm().args(["run", "--model", &smol(), "-n", "1", "-p", "x", "--batch-invariant", "--plan"]).arg(&path).output().unwrap();
+    let err = String::from_utf8_lossy(&invariant.stderr);
+    assert!(invariant.status.success() && err.contains("plan: the plan's 30 layers") && err.contains("--batch-invariant") && !err.contains("accel-layers:"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `plan --model` on the stated M4 Pro profile: decode's matrices on the CPU (memory-bound),
 /// prefill's split between CPU and SME; `--svg` draws every operator.
 #[test]

@@ -214,20 +214,26 @@ impl KvCache {
         }
     }
 
-    /// Every KV head's key and value of `cell` in `layer` as f32 (`k`, `v`: `[n_kv_head,
-    /// head_dim]`), for a cache with keys in rows.
-    pub fn load_cell(&self, kernels: &Kernels, layer: usize, cell: usize, k: &mut [f32], v: &mut [f32]) {
-        let hd = self.head_dim;
-        assert!(cell < self.n_cells && k.len() == self.n_kv_head * hd && v.len() == k.len(), "cell {cell}: {} heads of {hd}", self.n_kv_head);
+    /// Every KV head's key and value of each of `cells` in `layer` as f32 (`k`, `v`:
+    /// `[cells.len(), n_kv_head, head_dim]`), for a cache with keys in rows: what
+    /// [`Self::store_cells`] stores, read back.
+    pub fn load_cells(&self, kernels: &Kernels, layer: usize, cells: &[u32], k: &mut [f32], v: &mut [f32]) {
+        let (hd, kvd) = (self.head_dim, self.n_kv_head * self.head_dim);
+        assert!(k.len() == cells.len() * kvd && v.len() == k.len(), "{} cells of {} heads of {hd}", cells.len(), self.n_kv_head);
         assert_eq!(self.k_layout, KeyLayout::Rows, "reading keys back from a cache with keys in rows");
         let deq = |t| kernels.to_float(t).expect("KV cache type checked at start-up");
         let (dk, dv) = (deq(self.k_type), deq(self.v_type));
         let (kb, vb) = (&self.k.as_slice()[layer * self.layer_bytes.0..][..self.layer_bytes.0], &self.v.as_slice()[layer * self.layer_bytes.1..][..self.layer_bytes.1]);
         let (krb, vrb) = self.row_bytes();
-        for h in 0..self.n_kv_head {
-            let row = h * self.n_cells + cell;
-            dk(&kb[row * krb..(row + 1) * krb], &mut k[h * hd..(h + 1) * hd]);
-            dv(&vb[row * vrb..(row + 1) * vrb], &mut v[h * hd..(h + 1) * hd]);
+        for (i, &cell) in cells.iter().enumerate() {
+            let cell = cell as usize;
+            assert!(cell < self.n_cells, "cell {cell} of {}", self.n_cells);
+            for h in 0..self.n_kv_head {
+                let row = h * self.n_cells + cell;
+                let out = i * kvd + h * hd..i * kvd + (h + 1) * hd;
+                dk(&kb[row * krb..(row + 1) * krb], &mut k[out.clone()]);
+                dv(&vb[row * vrb..(row + 1) * vrb], &mut v[out]);
+            }
         }
     }
 }
@@ -526,5 +532,27 @@ mod tests {
         assert_eq!((b.cached(), b.evictions, b.available()), (0, 2, 0));
         b.release(0);
         assert_eq!(b.attach_prefix(1, &prompt), 0);
+    }
+
+    /// Rows stored for scattered cells read back as stored (f32 exactly; F16 and Q8_0 within
+    /// their rounding), every head of every cell in place, other layers and cells untouched.
+    #[test]
+    fn cells_stored_read_back() {
+        let kernels = corelm_kernels::kernels();
+        let (heads, hd, cells) = (2, 64, [3u32, 5, 6, 40]);
+        let k: Vec<f32> = (0..cells.len() * heads * hd).map(|i| ((i * 37 % 101) as f32 - 50.0) / 16.0).collect();
+        let v: Vec<f32> = k.iter().map(|x| -0.5 * x).collect();
+        for (t, tol) in [(DType::F32, 0.0), (DType::F16, 2e-3), (DType::Q8_0, 0.03)] {
+            let mut kv = KvCache::new(2, 64, heads, hd, (t, t), 1, &Place::Any).unwrap();
+            kv.store_cells(kernels, 1, &cells, &k, &v);
+            let (mut k2, mut v2) = (vec![0.0; k.len()], vec![0.0; v.len()]);
+            kv.load_cells(kernels, 1, &cells, &mut k2, &mut v2);
+            for (a, b) in k.iter().chain(&v).zip(k2.iter().chain(&v2)) {
+                assert!((a - b).abs() <= tol * a.abs().max(1.0), "{t}: {a} read back as {b}");
+            }
+            kv.load_cells(kernels, 0, &cells, &mut k2, &mut v2);
+            kv.load_cells(kernels, 1, &[4], &mut k2[..heads * hd], &mut v2[..heads * hd]);
+            assert!(k2.iter().chain(&v2).all(|&x| x == 0.0), "{t}: rows not stored read back as zero");
+        }
     }
 }

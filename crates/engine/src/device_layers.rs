@@ -189,7 +189,8 @@ impl LayersOnDevice {
             let kvd = h.n_kv_head * h.head_dim;
             let layers = layers.with_cache_read_back().map_err(|e| refuse(e.to_string()))?;
             let sync = Sync {
-                stale: Vec::with_capacity(n_cells),
+                // At most every cell once after a dedup, plus a pass's slots (`cpu_pass`).
+                stale: Vec::with_capacity(n_cells + n_batch),
                 k: vec![0.0; UPLOAD_CELLS * kvd],
                 v: vec![0.0; UPLOAD_CELLS * kvd],
             };
@@ -198,6 +199,19 @@ impl LayersOnDevice {
             (layers, None)
         };
         Ok(LayersOnDevice { layers, tables, sync })
+    }
+
+    /// The layers `cfg` asks for (`accel_layers`; none: `None`), opened with `kv`'s cells;
+    /// `from_plan`: a plan file chose them, so a failure says to tune again.
+    pub(crate) fn open_for(gguf: &Gguf, model: &dyn Model, kv: &KvCache, cfg: &crate::EngineConfig, from_plan: bool) -> Result<Option<LayersOnDevice>, Error> {
+        if cfg.accel_layers == 0 {
+            return Ok(None);
+        }
+        let d = Self::open(gguf, model, cfg.accel_layers, kv, cfg.n_batch, cfg.n_seq_max, cfg.batch_invariant, cfg.alternates_layers());
+        match d {
+            Err(e) if from_plan => Err(Error::Config(format!("the plan (corelm tune) runs layers on the accelerator, which failed here ({e}): tune again on this machine"))),
+            d => d.map(Some),
+        }
     }
 
     /// Where the device's passes spent their time since the last call (`bench --profile`).
@@ -211,10 +225,12 @@ impl LayersOnDevice {
         let Some(sync) = &self.sync else { return };
         let mut s = sync.lock().unwrap_or_else(|e| e.into_inner());
         if s.stale.len() + slots.len() > s.stale.capacity() {
-            // Cells written twice since the last device pass (released and reused).
+            // Cells written twice since the last device pass (released and reused): once
+            // deduplicated they number at most `n_cells`, so a pass's slots fit without growing.
             s.stale.sort_unstable();
             s.stale.dedup();
         }
+        debug_assert!(s.stale.len() + slots.len() <= s.stale.capacity(), "a pass of {} tokens", slots.len());
         s.stale.extend_from_slice(slots);
     }
 
@@ -234,11 +250,10 @@ impl LayersOnDevice {
             while j < stale.len() && j - i < UPLOAD_CELLS && stale[j] == stale[j - 1] + 1 {
                 j += 1;
             }
+            let n = (j - i) * kvd;
             for layer in 0..self.layers.len() {
-                for (c, &cell) in stale[i..j].iter().enumerate() {
-                    kv.load_cell(kernels, layer, cell as usize, &mut k[c * kvd..][..kvd], &mut v[c * kvd..][..kvd]);
-                }
-                self.layers.write_cells(layer, stale[i], &k[..(j - i) * kvd], &v[..(j - i) * kvd]);
+                kv.load_cells(kernels, layer, &stale[i..j], &mut k[..n], &mut v[..n]);
+                self.layers.write_cells(layer, stale[i], &k[..n], &v[..n]);
             }
             i = j;
         }

@@ -201,6 +201,8 @@ pub struct Engine {
     device: Option<Arc<crate::device::DeviceSplits>>,
     /// The accelerator's whole layers (`--accel-layers`).
     device_layers: Option<Arc<crate::device_layers::LayersOnDevice>>,
+    /// Why the plan's accelerator layers do not run with this configuration, if they do not.
+    plan_note: Option<String>,
 }
 
 impl Engine {
@@ -226,6 +228,8 @@ impl Engine {
             }
             None => None,
         };
+        // The plan's accelerator layers, where they can run with the rest of `cfg`.
+        let (from_plan, plan_note) = crate::plan::apply_accel(&mut cfg);
         let sizes = [("the context size (--ctx-size)", cfg.n_ctx), ("the batch size (--batch-size)", cfg.n_batch), ("the number of sequences (--parallel)", cfg.n_seq_max), ("the number of threads (--threads)", cfg.n_threads)];
         if let Some((what, _)) = sizes.iter().find(|(_, n)| *n == 0) {
             return Err(Error::Config(format!("{what} must be > 0, got 0")));
@@ -461,10 +465,7 @@ impl Engine {
         if let Some(d) = &device {
             exec.set_device(d.clone(), d.max_values(cfg.n_batch));
         }
-        let device_layers = match cfg.accel_layers {
-            0 => None,
-            n => Some(Arc::new(crate::device_layers::LayersOnDevice::open(&gguf, model.as_ref(), n, &kv, cfg.n_batch, cfg.n_seq_max, cfg.batch_invariant, cfg.alternates_layers())?)),
-        };
+        let device_layers = crate::device_layers::LayersOnDevice::open_for(&gguf, model.as_ref(), &kv, &cfg, from_plan)?.map(Arc::new);
         exec.device_layers = device_layers.clone().map(|d| d as Arc<dyn corelm_core::DeviceLayers>);
         let (accel, online) = match (cfg.sparsity.as_ref().filter(|s| s.offloaded.iter().any(|v| !v.is_empty())), accel_groups, &cfg.accel) {
             (Some(_), Some((members, groups)), Some(a)) => {
@@ -508,6 +509,7 @@ impl Engine {
             online,
             device,
             device_layers,
+            plan_note,
         })
     }
 
@@ -537,7 +539,18 @@ impl Engine {
         self.device.as_deref()
     }
 
-    /// The accelerator's whole layers, when `--accel-layers` gave it some.
+    /// How many of the model's first layers could run whole on an accelerator
+    /// (`--accel-layers`): those its architecture says can, counted from layer 0.
+    pub fn device_capable_layers(&self) -> usize {
+        (0..self.hyper().n_layer).take_while(|&il| self.model.device_layer(il).is_some()).count()
+    }
+
+    /// Why the plan's accelerator layers (`corelm tune`) do not run with this configuration.
+    pub fn plan_note(&self) -> Option<&str> {
+        self.plan_note.as_deref()
+    }
+
+    /// The accelerator's whole layers, when `--accel-layers` or the plan gave it some.
     pub fn device_layers(&self) -> Option<&crate::device_layers::LayersOnDevice> {
         self.device_layers.as_deref()
     }

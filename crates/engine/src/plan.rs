@@ -15,6 +15,14 @@
 //! prompt chunks and decode tokens is one pass of their sum, so it follows the same rule: a
 //! step with a long enough prompt chunk runs on the prefill cores, decode-only steps on the
 //! decode cores.
+//!
+//! **The accelerator** (`corelm tune --accel`, [`AccelPlan`]): where a device is found, tune
+//! times passes of 1, 2, 4, … `prompt` tokens with the model's first layers on it (the rest on
+//! the best configurations without tensor parallelism, which whole layers on the device need)
+//! against the same passes on the CPU configurations above, and keeps the device — and those
+//! configurations — for passes from the length where its line crosses the CPU's (`--accel-layers N --accel-min-tokens T`, chosen rather
+//! than typed): on a discrete GPU that is prefill on the device and decode on the CPU. A plan
+//! whose device lost the longest pass records the times and places nothing there.
 
 use corelm_core::sched::matmul::{Path as GemmPath, ScheduleEntry, Schedules};
 use corelm_kernels::matmul::schedule::Schedule;
@@ -69,6 +77,55 @@ pub struct Plan {
     pub gemm_tuning_s: f64,
     #[serde(default)]
     pub gemm: Vec<GemmPlan>,
+    /// The accelerator's share, where `corelm tune` measured one (`None`: not measured).
+    #[serde(default)]
+    pub accel: Option<AccelPlan>,
+}
+
+/// The model's first `layers` layers on the accelerator `device` for passes of at least
+/// `min_tokens` tokens (`--accel-layers`, `--accel-min-tokens`), chosen from `points`
+/// (ascending lengths, from the last one the CPU won, where it won one);
+/// `layers` 0: the device was slower at the longest pass, so nothing runs there.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AccelPlan {
+    pub device: String,
+    pub layers: usize,
+    pub min_tokens: usize,
+    pub points: Vec<AccelPoint>,
+}
+
+/// One pass length's times (seconds): on the CPU configurations, and with the layers on the
+/// device.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AccelPoint {
+    pub tokens: usize,
+    pub cpu_s: f64,
+    pub device_s: f64,
+}
+
+impl AccelPlan {
+    /// From `points` (ascending lengths) with `layers` layers timed on `device`: the device
+    /// from where it stays faster up to the longest length, the crossing placed by linear
+    /// interpolation between the last length the CPU won and the first the device won. The
+    /// device is taken only where it wins the longest pass, so a device that wins only short
+    /// passes (an integrated GPU whose decode beats a slow CPU's but whose prefill does not)
+    /// is left out: a pass's target is a threshold on its length.
+    pub fn choose(device: String, layers: usize, points: Vec<AccelPoint>) -> AccelPlan {
+        let wins = |p: &AccelPoint| p.device_s < p.cpu_s;
+        let first = points.iter().rposition(|p| !wins(p)).map_or(0, |i| i + 1);
+        let (layers, min_tokens) = match (first, points.get(first)) {
+            (_, None) => (0, 0),
+            (0, Some(_)) => (layers, 1),
+            (i, Some(b)) => {
+                let a = &points[i - 1];
+                // CPU minus device, linear in n: ≤ 0 at a, > 0 at b; where it reaches 0.
+                let (da, db) = (a.cpu_s - a.device_s, b.cpu_s - b.device_s);
+                let n = a.tokens as f64 + da / (da - db) * (b.tokens - a.tokens) as f64;
+                (layers, (n.ceil() as usize).clamp(a.tokens + 1, b.tokens))
+            }
+        };
+        AccelPlan { device, layers, min_tokens, points }
+    }
 }
 
 /// One tuned matmul schedule: for the `path` (`tiles` or `panel`) of `dtype` matrices of
@@ -191,6 +248,35 @@ impl Plan {
         Some(Schedules::new(self.gemm.iter().filter_map(|g| g.entry().ok()).collect()))
     }
 
+    /// The accelerator's layers and the shortest pass they run in (`EngineConfig::accel_layers`,
+    /// `accel_min_tokens`) for an engine configured as `cfg`: `Ok(None)` where the plan places
+    /// nothing on the device or `--accel-layers` was given (the flags win), `Err` naming what
+    /// keeps the plan's device choice from running with `cfg` (the engine then runs on the CPU
+    /// configurations alone and says why).
+    pub fn accel_for(&self, cfg: &crate::EngineConfig) -> Result<Option<(usize, usize)>, String> {
+        let Some(a) = self.accel.as_ref().filter(|a| a.layers > 0) else { return Ok(None) };
+        if cfg.accel_layers > 0 {
+            return Ok(None);
+        }
+        let not = |why: String| Err(format!("the plan's {} layers on {} from {} tokens are not used: {why}", a.layers, a.device, a.min_tokens));
+        if cfg.accel.is_some() || cfg.accel_split || cfg.sparsity.is_some() {
+            return not("--accel-mem, --accel-split or --sparsity place other work on the accelerator".into());
+        }
+        if self.prefill.tp() > 1 {
+            return not(format!("whole layers on the accelerator run without tensor parallelism, and the plan's is {}", self.prefill.tp()));
+        }
+        if a.min_tokens > cfg.n_batch {
+            return not(format!("passes hold at most the batch size's {} tokens", cfg.n_batch));
+        }
+        if a.min_tokens > 1 && cfg.batch_invariant {
+            return not("a token's layers would run on the device or the CPU by its batch's size, and --batch-invariant (serve) asks for results that do not depend on it".into());
+        }
+        if a.min_tokens > 1 && cfg.kv_layout == corelm_kernels::attention::KeyLayout::Columns {
+            return not("the caches are kept in step in rows, not with --kv-layout columns".into());
+        }
+        Ok(Some((a.layers, a.min_tokens)))
+    }
+
     /// Whether a pass of `n_tokens` runs on the prefill configuration (the rule above).
     pub fn prefill_for(&self, n_tokens: usize) -> bool {
         n_tokens >= self.prefill_min_tokens
@@ -275,6 +361,16 @@ impl Plan {
                 );
             }
         }
+        if let Some(a) = &self.accel {
+            s += &match (a.layers, a.min_tokens) {
+                (0, _) => format!("Accelerator {}: slower than the CPU at {} tokens, the longest pass timed, so nothing runs there.\n", a.device, a.points.last().map_or(0, |p| p.tokens)),
+                (n, 1) => format!("Accelerator {}: the first {n} layers of every pass run there (faster at every length timed).\n", a.device),
+                (n, t) => format!("Accelerator {}: passes of {t} tokens or more run the first {n} layers there (prefill), shorter ones on the CPU (decode), where the times cross.\n", a.device),
+            };
+            for p in &a.points {
+                s += &format!("  {:>5} tokens: CPU {:>9.3} ms, device {:>9.3} ms ({:.2}× the CPU's speed)\n", p.tokens, 1e3 * p.cpu_s, 1e3 * p.device_s, p.cpu_s / p.device_s);
+            }
+        }
         s += "Candidates (request time = prefill + gen × decode):\n";
         for c in self.candidates.iter().take(8) {
             s += &format!(
@@ -286,6 +382,19 @@ impl Plan {
             );
         }
         s
+    }
+}
+
+/// Set `cfg`'s accelerator layers from its plan (`Plan::accel_for`): whether they came from
+/// it, and why the plan's were left out where they were.
+pub(crate) fn apply_accel(cfg: &mut crate::EngineConfig) -> (bool, Option<String>) {
+    match cfg.plan.as_ref().map(|p| p.accel_for(cfg)) {
+        Some(Ok(Some((n, t)))) => {
+            (cfg.accel_layers, cfg.accel_min_tokens) = (n, t);
+            (true, None)
+        }
+        Some(Err(why)) => (false, Some(why)),
+        _ => (false, None),
     }
 }
 
@@ -367,5 +476,64 @@ mod tests {
         let gemm = [g("tiles", 8, 1.0), g("panel", 8, 2.0), g("tiles", 64, 3.0), g("panel", 64, 2.0), g("panel", 128, 1.0), g("tiles", 256, 1.0)];
         assert_eq!(fast_prefill_paths(&gemm), (1, 1));
         assert_eq!(fast_prefill_paths(&gemm[..1]), (0, 0));
+    }
+
+    /// The device from where its line crosses the CPU's and stays below it; nothing where it
+    /// never wins or wins only short passes.
+    #[test]
+    fn accel_plan_keeps_the_device_from_the_crossing() {
+        let pts = |t: &[(usize, f64, f64)]| t.iter().map(|&(tokens, cpu_s, device_s)| AccelPoint { tokens, cpu_s, device_s }).collect::<Vec<_>>();
+        let choose = |t: &[(usize, f64, f64)]| {
+            let a = AccelPlan::choose("gpu".into(), 30, pts(t));
+            (a.layers, a.min_tokens)
+        };
+        // A discrete GPU: decode on the CPU, the lines crossing 3/4 of the way from 8 to 16.
+        assert_eq!(choose(&[(1, 1.0, 5.0), (8, 2.0, 5.0), (16, 5.0, 4.0), (64, 20.0, 6.0)]), (30, 14));
+        assert_eq!(choose(&[(1, 1.0, 0.5), (64, 20.0, 6.0)]), (30, 1));
+        assert_eq!(choose(&[(1, 1.0, 5.0), (64, 20.0, 30.0)]), (0, 0));
+        // Faster on one-token passes only: a threshold cannot express it.
+        assert_eq!(choose(&[(1, 1.0, 0.5), (64, 20.0, 30.0)]), (0, 0));
+        // Wins at 4, loses at 8, wins from 16: from the last crossing on.
+        assert_eq!(choose(&[(1, 1.0, 5.0), (4, 2.0, 1.0), (8, 2.0, 3.0), (16, 5.0, 4.0)]), (30, 12));
+        // A tie goes to the CPU: the device from the next token.
+        assert_eq!(choose(&[(1, 1.0, 1.0), (2, 2.0, 1.0)]), (30, 2));
+        assert_eq!(choose(&[]), (0, 0));
+    }
+
+    /// A plan's device layers run where the configuration allows them; where it does not, the
+    /// reason names what is in the way, and `--accel-layers` wins over the plan.
+    #[test]
+    fn a_plans_accelerator_layers_give_way_with_a_reason() {
+        let one = ServiceConfig { numa: vec![Some(0)], groups: vec![vec![0]] };
+        let points = vec![AccelPoint { tokens: 1, cpu_s: 1.0, device_s: 2.0 }, AccelPoint { tokens: 64, cpu_s: 9.0, device_s: 3.0 }];
+        let plan = Plan {
+            cpu: "test".into(),
+            topology: "test".into(),
+            model: "test".into(),
+            source: "measured".into(),
+            prompt: 64,
+            gen: 16,
+            prefill: one.clone(),
+            decode: one,
+            prefill_min_tokens: 1,
+            candidates: Vec::new(),
+            gemm_isa: String::new(),
+            gemm_threads: 0,
+            gemm_tuning_s: 0.0,
+            gemm: Vec::new(),
+            accel: Some(AccelPlan::choose("gpu".into(), 24, points)),
+        };
+        let cfg = crate::EngineConfig::default();
+        assert_eq!(plan.accel_for(&cfg), Ok(Some((24, 10))));
+        assert!(plan.explain().contains("passes of 10 tokens or more run the first 24 layers there"), "{}", plan.explain());
+        let why = |c: crate::EngineConfig| plan.accel_for(&c).unwrap_err();
+        assert!(why(crate::EngineConfig { n_batch: 8, ..Default::default() }).contains("batch size's 8 tokens"));
+        assert!(why(crate::EngineConfig { batch_invariant: true, ..Default::default() }).contains("--batch-invariant"));
+        assert!(why(crate::EngineConfig { accel_split: true, ..Default::default() }).contains("--accel-split"));
+        assert!(why(crate::EngineConfig { kv_layout: corelm_kernels::attention::KeyLayout::Columns, ..Default::default() }).contains("--kv-layout columns"));
+        assert_eq!(plan.accel_for(&crate::EngineConfig { accel_layers: 4, ..Default::default() }), Ok(None));
+        let cpu_only = Plan { accel: Some(AccelPlan::choose("gpu".into(), 24, vec![AccelPoint { tokens: 64, cpu_s: 1.0, device_s: 2.0 }])), ..plan.clone() };
+        assert_eq!(cpu_only.accel_for(&cfg), Ok(None));
+        assert!(cpu_only.explain().contains("slower than the CPU at 64 tokens"));
     }
 }

@@ -460,6 +460,7 @@ fn nested_plan(cpus: &[u32], prefill_min_tokens: usize) -> corelm_engine::plan::
         gemm_threads: 0,
         gemm_tuning_s: 0.0,
         gemm: Vec::new(),
+        accel: None,
     }
 }
 
