@@ -224,9 +224,13 @@ measure() {
                 "$llama" -m "$m" -p 512 -n 64 -r 2 -t "$(IFS=,; echo "${threads[*]}")"
         done
     fi
-    # Sandwich's configuration choice on this machine (SmolLM2).
+    # Sandwich's configuration choice on this machine (SmolLM2), the GPU timed against it
+    # (`--accel auto`), then the plan's prefill (where it placed the device) against the CPU alone.
     if has tune && [ "${#models[@]}" -gt 0 ]; then
-        run 150 "corelm tune -m $(basename "${models[0]}")" '.' "$bin" tune -m "${models[0]}" -o "$out/plan.json"
+        run 200 "corelm tune -m $(basename "${models[0]}")" '.' "$bin" tune -m "${models[0]}" -o "$out/plan.json"
+        if [ -s "$out/plan.json" ]; then
+            run 60 "corelm bench --plan (tuned)" 'pp|tg' "$bin" bench -m "${models[0]}" -p 512 -n 128 -r 2 --plan "$out/plan.json"
+        fi
     fi
     echo "(done at $SECONDS s, $(left) s before the deadline)" >> "$log"
     cat "$log"
