@@ -85,28 +85,21 @@ impl TuneArgs {
 
 /// Time `c` on this machine: a prefill pass of `prompt` tokens and a single-token decode pass.
 fn measure(model: &std::path::Path, c: &ServiceConfig, prompt: usize, reps: usize) -> Result<(f64, f64)> {
-    let plan = Plan {
-        cpu: String::new(),
-        topology: String::new(),
-        model: String::new(),
-        source: "measured".into(),
-        prompt,
-        gen: 0,
-        prefill: c.clone(),
-        decode: c.clone(),
-        prefill_min_tokens: 1,
-        candidates: Vec::new(),
-        gemm_isa: String::new(),
-        gemm_threads: 0,
-        gemm_tuning_s: 0.0,
-        gemm: Vec::new(),
-        accel: None,
-    };
+    let plan = Plan { source: "measured".into(), prompt, ..Plan::with_configs(c.clone(), c.clone(), 1) };
     let cfg = EngineConfig { n_ctx: prompt + 64, n_batch: prompt.max(1), n_seq_max: 1, tp: 0, plan: Some(plan), ..Default::default() };
     let mut engine = Engine::load(model, cfg)?;
-    let (pp, ..) = corelm_engine::bench::run_test(&mut engine, 0, prompt, 0, reps)?;
-    let (tg, ..) = corelm_engine::bench::run_test(&mut engine, prompt, 0, 16, reps)?;
-    Ok((prompt as f64 / pp, 1.0 / tg))
+    Ok((pass_seconds(&mut engine, prompt, prompt, reps)?, pass_seconds(&mut engine, 1, prompt, reps)?))
+}
+
+/// Seconds of one pass of `n` tokens (`bench::run_test`'s mean of `reps` runs after a warm-up
+/// one): a prefill of `n` from an empty cache, or for `n` = 1 a decode step after a
+/// `prompt`-token prompt (16 steps a run).
+fn pass_seconds(engine: &mut Engine, n: usize, prompt: usize, reps: usize) -> Result<f64> {
+    Ok(if n == 1 {
+        1.0 / corelm_engine::bench::run_test(engine, prompt, 0, 16, reps)?.0
+    } else {
+        n as f64 / corelm_engine::bench::run_test(engine, 0, n, 0, reps)?.0
+    })
 }
 
 pub fn tune(a: &TuneArgs, model: PathBuf) -> Result<()> {
@@ -294,14 +287,6 @@ fn tune_accel(a: &TuneArgs, model: &std::path::Path, plan: &Plan, single: Option
         accel_layers: layers,
         ..Default::default()
     };
-    // A pass of n tokens: one decode step after a prompt, or a prefill of n.
-    let pass = |engine: &mut Engine, n: usize| -> Result<f64> {
-        Ok(if n == 1 {
-            1.0 / corelm_engine::bench::run_test(engine, a.prompt, 0, 16, a.reps)?.0
-        } else {
-            n as f64 / corelm_engine::bench::run_test(engine, 0, n, 0, a.reps)?.0
-        })
-    };
     let bar = indicatif::ProgressBar::new(2 * lengths.len() as u64);
     bar.set_style(indicatif::ProgressStyle::with_template("timing the accelerator {bar:30} {pos}/{len} {msg}").expect("a valid template"));
     let mut cpu = Engine::load(model, config(plan, 0))?;
@@ -313,7 +298,7 @@ fn tune_accel(a: &TuneArgs, model: &std::path::Path, plan: &Plan, single: Option
     let mut cpu_s = Vec::with_capacity(lengths.len());
     for &n in &lengths {
         bar.set_message(format!("CPU, {n} tokens"));
-        cpu_s.push(pass(&mut cpu, n)?);
+        cpu_s.push(pass_seconds(&mut cpu, n, a.prompt, a.reps)?);
         bar.inc(1);
     }
     drop(cpu);
@@ -324,16 +309,14 @@ fn tune_accel(a: &TuneArgs, model: &std::path::Path, plan: &Plan, single: Option
     let mut points = Vec::with_capacity(lengths.len());
     for (&n, &cpu_s) in lengths.iter().zip(&cpu_s).rev() {
         bar.set_message(format!("{layers} layers on the device, {n} tokens"));
-        let p = AccelPoint { tokens: n, cpu_s, device_s: pass(&mut dev, n)? };
-        points.insert(0, p);
+        let p = AccelPoint { tokens: n, cpu_s, device_s: pass_seconds(&mut dev, n, a.prompt, a.reps)? };
+        points.push(p);
         bar.inc(1);
         if p.device_s >= p.cpu_s {
             break;
         }
     }
     bar.finish_and_clear();
-    for p in &points {
-        eprintln!("  {:>5} tokens: CPU {:.3} ms, {layers} layers on {device} {:.3} ms", p.tokens, 1e3 * p.cpu_s, 1e3 * p.device_s);
-    }
+    points.reverse();
     Ok(Some(AccelPlan::choose(device, layers, points)))
 }

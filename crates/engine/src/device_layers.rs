@@ -61,23 +61,29 @@ struct PassTables {
 
 /// Why `--accel-layers` cannot run with `cfg`, if it cannot (checked before the model loads).
 pub fn check(cfg: &crate::EngineConfig) -> Result<(), Error> {
-    let refuse = |why: &str| Err(Error::Config(format!("--accel-layers: {why}")));
-    if cfg.tp > 1 {
-        return refuse("runs without tensor parallelism for now; drop --tp");
+    check_with(cfg, cfg.tp, cfg.accel_min_tokens).map_err(|why| Error::Config(format!("--accel-layers: {why}")))
+}
+
+/// Why layers on the accelerator from `min_tokens` tokens cannot run with the rest of `cfg` at
+/// tensor-parallel degree `tp`: [`check`]'s rules, also for a plan's layers
+/// (`Plan::accel_for`), which are not in `cfg` yet.
+pub(crate) fn check_with(cfg: &crate::EngineConfig, tp: usize, min_tokens: usize) -> Result<(), String> {
+    if tp > 1 {
+        return Err("runs without tensor parallelism for now; drop --tp".into());
     }
     if cfg.accel.is_some() || cfg.accel_split || cfg.sparsity.is_some() {
-        return refuse("runs whole layers on the accelerator; --accel-mem, --accel-split and --sparsity place other work: use one");
+        return Err("runs whole layers on the accelerator; --accel-mem, --accel-split and --sparsity place other work: use one".into());
     }
-    if cfg.alternates_layers() {
-        let t = cfg.accel_min_tokens;
+    let t = min_tokens;
+    if t > 1 {
         if t > cfg.n_batch {
-            return refuse(&format!("--accel-min-tokens {t}: passes hold at most the batch size's {} tokens, so none would reach the accelerator", cfg.n_batch));
+            return Err(format!("--accel-min-tokens {t}: passes hold at most the batch size's {} tokens, so none would reach the accelerator", cfg.n_batch));
         }
         if cfg.batch_invariant {
-            return refuse(&format!("--accel-min-tokens {t} runs a token's first layers on the accelerator or the CPU by the size of its batch, so its results would depend on the batch: not with --batch-invariant (serve)"));
+            return Err(format!("--accel-min-tokens {t} runs a token's first layers on the accelerator or the CPU by the size of its batch, so its results would depend on the batch: not with --batch-invariant (serve)"));
         }
         if cfg.kv_layout == corelm_kernels::attention::KeyLayout::Columns {
-            return refuse(&format!("--accel-min-tokens {t} copies cache rows between the CPU and the accelerator, which reads keys in rows: use --kv-layout rows"));
+            return Err(format!("--accel-min-tokens {t} copies cache rows between the CPU and the accelerator, which reads keys in rows: not with --kv-layout columns; use --kv-layout rows"));
         }
     }
     Ok(())

@@ -202,6 +202,28 @@ fn nested(prefill: &ServiceConfig, decode: &ServiceConfig) -> bool {
 }
 
 impl Plan {
+    /// A plan of just these configurations and rule: nothing tuned, timed or named yet (what
+    /// `corelm tune` loads an engine with to time a candidate, and what tests state).
+    pub fn with_configs(prefill: ServiceConfig, decode: ServiceConfig, prefill_min_tokens: usize) -> Plan {
+        Plan {
+            cpu: String::new(),
+            topology: String::new(),
+            model: String::new(),
+            source: String::new(),
+            prompt: 0,
+            gen: 0,
+            prefill,
+            decode,
+            prefill_min_tokens,
+            candidates: Vec::new(),
+            gemm_isa: String::new(),
+            gemm_threads: 0,
+            gemm_tuning_s: 0.0,
+            gemm: Vec::new(),
+            accel: None,
+        }
+    }
+
     pub fn load(path: &Path) -> Result<Plan, PlanError> {
         let plan: Plan = corelm_plan::file::read_json(path)?;
         plan.check()?;
@@ -258,22 +280,8 @@ impl Plan {
         if cfg.accel_layers > 0 {
             return Ok(None);
         }
-        let not = |why: String| Err(format!("the plan's {} layers on {} from {} tokens are not used: {why}", a.layers, a.device, a.min_tokens));
-        if cfg.accel.is_some() || cfg.accel_split || cfg.sparsity.is_some() {
-            return not("--accel-mem, --accel-split or --sparsity place other work on the accelerator".into());
-        }
-        if self.prefill.tp() > 1 {
-            return not(format!("whole layers on the accelerator run without tensor parallelism, and the plan's is {}", self.prefill.tp()));
-        }
-        if a.min_tokens > cfg.n_batch {
-            return not(format!("passes hold at most the batch size's {} tokens", cfg.n_batch));
-        }
-        if a.min_tokens > 1 && cfg.batch_invariant {
-            return not("a token's layers would run on the device or the CPU by its batch's size, and --batch-invariant (serve) asks for results that do not depend on it".into());
-        }
-        if a.min_tokens > 1 && cfg.kv_layout == corelm_kernels::attention::KeyLayout::Columns {
-            return not("the caches are kept in step in rows, not with --kv-layout columns".into());
-        }
+        crate::device_layers::check_with(cfg, self.prefill.tp(), a.min_tokens)
+            .map_err(|why| format!("the plan's {} layers on {} from {} tokens are not used: {why}", a.layers, a.device, a.min_tokens))?;
         Ok(Some((a.layers, a.min_tokens)))
     }
 
@@ -506,23 +514,7 @@ mod tests {
     fn a_plans_accelerator_layers_give_way_with_a_reason() {
         let one = ServiceConfig { numa: vec![Some(0)], groups: vec![vec![0]] };
         let points = vec![AccelPoint { tokens: 1, cpu_s: 1.0, device_s: 2.0 }, AccelPoint { tokens: 64, cpu_s: 9.0, device_s: 3.0 }];
-        let plan = Plan {
-            cpu: "test".into(),
-            topology: "test".into(),
-            model: "test".into(),
-            source: "measured".into(),
-            prompt: 64,
-            gen: 16,
-            prefill: one.clone(),
-            decode: one,
-            prefill_min_tokens: 1,
-            candidates: Vec::new(),
-            gemm_isa: String::new(),
-            gemm_threads: 0,
-            gemm_tuning_s: 0.0,
-            gemm: Vec::new(),
-            accel: Some(AccelPlan::choose("gpu".into(), 24, points)),
-        };
+        let plan = Plan { prompt: 64, gen: 16, accel: Some(AccelPlan::choose("gpu".into(), 24, points)), ..Plan::with_configs(one.clone(), one, 1) };
         let cfg = crate::EngineConfig::default();
         assert_eq!(plan.accel_for(&cfg), Ok(Some((24, 10))));
         assert!(plan.explain().contains("passes of 10 tokens or more run the first 24 layers there"), "{}", plan.explain());

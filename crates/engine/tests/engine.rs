@@ -452,15 +452,7 @@ fn nested_plan(cpus: &[u32], prefill_min_tokens: usize) -> corelm_engine::plan::
         source: "measured".into(),
         prompt: 16,
         gen: 16,
-        prefill: cfg(cpus.to_vec()),
-        decode: cfg(cpus[..1].to_vec()),
-        prefill_min_tokens,
-        candidates: Vec::new(),
-        gemm_isa: String::new(),
-        gemm_threads: 0,
-        gemm_tuning_s: 0.0,
-        gemm: Vec::new(),
-        accel: None,
+        ..corelm_engine::plan::Plan::with_configs(cfg(cpus.to_vec()), cfg(cpus[..1].to_vec()), prefill_min_tokens)
     }
 }
 
