@@ -35,6 +35,7 @@ pub mod predictor;
 pub mod plan;
 pub mod quantize;
 pub mod sample;
+mod setup;
 pub mod sparsity;
 pub mod tokenizer;
 
