@@ -31,6 +31,7 @@ import json
 import math
 import os
 import random
+import shlex
 import socket
 import subprocess
 import sys
@@ -156,7 +157,7 @@ def summarise(name, rate, res, wall, slo_ttft, slo_tpot):
     }
 
 
-def start_corelm(model, port, args):
+def start_corelm(model, port, args, extra=()):
     exe = ROOT / "target" / "release" / "corelm"
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "corelm-cli"], cwd=ROOT, check=True)
     cmd = [str(exe), "serve", "-m", str(model), "--port", str(port), "-t", str(args.threads),
@@ -167,6 +168,7 @@ def start_corelm(model, port, args):
         i = cmd.index("-t")
         del cmd[i:i + 2]
         cmd += ["--plan", args.plan]
+    cmd += list(extra)
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -202,7 +204,10 @@ def main():
     ap.add_argument("--llama-venv", default=os.environ.get("CORELM_LLAMA_VENV", "~/.cache/corelm/llama-venv"))
     ap.add_argument("--llama-server", default=os.environ.get("CORELM_LLAMA_SERVER", "~/.cache/corelm/llama/build-native/bin/llama-server"))
     ap.add_argument("--plan", help="a corelm tune plan file for corelm serve")
-    ap.add_argument("--servers", default="corelm,llama-server")
+    ap.add_argument("--servers", default="corelm,llama-server",
+                    help="any of corelm, corelm+ (corelm serve with --corelm-args), llama-server, llama.cpp")
+    ap.add_argument("--corelm-args", default="", help="more `corelm serve` flags for the corelm+ server, "
+                    "e.g. '--no-batch-invariant --fast-prefill'")
     ap.add_argument("--json", help="write all rows to this file")
     args = ap.parse_args()
     model = Path(args.model)
@@ -211,8 +216,11 @@ def main():
     rows = []
     for name in args.servers.split(","):
         port = free_port()
-        start = {"corelm": start_corelm, "llama-server": start_llama_server, "llama.cpp": start_llama}[name]
+        start = {"corelm": start_corelm, "llama-server": start_llama_server, "llama.cpp": start_llama,
+                 "corelm+": lambda m, p, a: start_corelm(m, p, a, shlex.split(a.corelm_args))}[name]
         proc = start(model, port, args)
+        if name == "corelm+":
+            name = f"corelm {args.corelm_args}"
         base = f"http://127.0.0.1:{port}"
         try:
             wait_health(f"{base}/v1/models", proc)

@@ -145,7 +145,8 @@ impl PlaceArgs {
 }
 
 /// Kernel choices, shared by every command that computes with a model except `serve` (which
-/// is always batch-invariant and takes only the cache types).
+/// is batch-invariant unless `--no-batch-invariant` and takes the cache types and
+/// `--fast-prefill`).
 #[derive(Args, Clone, Copy)]
 struct KernelArgs {
     /// Compute every batch row as if alone (what `serve` does): results independent of

@@ -44,6 +44,18 @@ pub struct ServeArgs {
     threads: Option<usize>,
     #[arg(long)]
     no_pin: bool,
+    /// Let a request's results depend on what else shares its steps, as llama-server's do:
+    /// the batch-size-dependent kernel choices of `run` (llama.cpp's), and with them
+    /// --fast-prefill, --accel-split and a plan's or --accel-min-tokens' prefill on the
+    /// accelerator. Default: every request computed as if alone (same tokens and
+    /// log-probabilities under any load).
+    #[arg(long)]
+    no_batch_invariant: bool,
+    /// Prefill with the panel GEMM (as `run --fast-prefill`: batches of 32 rows or more on
+    /// x86, 8 for the types whose panels are decoded from interleaved groups). Needs
+    /// --no-batch-invariant.
+    #[arg(long, requires = "no_batch_invariant")]
+    fast_prefill: bool,
     #[command(flatten)]
     place: crate::PlaceArgs,
     #[command(flatten)]
@@ -72,12 +84,12 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         tp: a.place.tp.unwrap_or(0),
         tp_sync: a.place.tp_sync,
         tp_kv: a.place.tp_kv,
-        batch_invariant: true,
+        batch_invariant: !a.no_batch_invariant,
         cache_type_k: a.cache.cache_type_k,
         cache_type_v: a.cache.cache_type_v,
         kv_layout: a.cache.kv_layout,
-        attn_pipeline: false, // batch-invariant: attention runs row by row, never the pipeline
-        fast_prefill: false, // the server is batch-invariant, which the panel GEMM is not
+        attn_pipeline: false, // steps mix sequences; the pipeline prefills one at a time
+        fast_prefill: a.fast_prefill,
         repack: true,
         isa: None, // the process default, which `--isa` set
         plan: a.place.load_plan()?,
@@ -117,10 +129,15 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
             .await
             .with_context(|| format!("binding {host}:{}", a.port))?;
         eprintln!(
-            "corelm serving {model_id} on http://{} (parallel {}, context {} per request, KV {kv} tokens)",
+            "corelm serving {model_id} on http://{} (parallel {}, context {} per request, KV {kv} tokens, {})",
             listener.local_addr()?,
             a.parallel,
-            a.ctx_size
+            a.ctx_size,
+            match (a.no_batch_invariant, a.fast_prefill) {
+                (false, _) => "batch-invariant",
+                (true, false) => "results depend on batching",
+                (true, true) => "results depend on batching, panel GEMM prefill",
+            }
         );
         corelm_server::serve(listener, router).await.context("serving")
     })?;

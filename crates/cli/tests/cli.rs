@@ -156,7 +156,8 @@ fn tune_writes_a_plan_that_run_and_plan_use() {
 /// `tune --accel on` times the model's layers on the accelerator against the CPU (lavapipe in
 /// CI: slower at the prompt's length, so one pass rules it out and the plan places nothing
 /// there). A plan whose device wins from 2 tokens runs a prompt's layers there and decodes on
-/// the CPU; with `--batch-invariant` it says why the device is left out.
+/// the CPU; with `--batch-invariant` (and in `serve` unless `--no-batch-invariant`) it says why
+/// the device is left out.
 #[test]
 fn tune_times_the_accelerator_and_run_follows_the_plan() {
     let dir = std::env::temp_dir().join(format!("corelm-tune-accel-{}", std::process::id()));
@@ -188,6 +189,12 @@ fn tune_times_the_accelerator_and_run_follows_the_plan() {
     let invariant = corelm().args(["run", "--model", &smol(), "-n", "1", "-p", "x", "--batch-invariant", "--plan"]).arg(&path).output().unwrap();
     let err = String::from_utf8_lossy(&invariant.stderr);
     assert!(invariant.status.success() && err.contains("plan: the plan's 30 layers") && err.contains("--batch-invariant") && !err.contains("accel-layers:"), "{err}");
+    // serve is batch-invariant unless told otherwise: the plan's device only with the opt-out.
+    let plan = path.to_str().unwrap();
+    let log = Served::start(&["--plan", plan]).log.clone();
+    assert!(log.contains("plan: the plan's 30 layers") && log.contains("`serve --no-batch-invariant` allows it") && !log.contains("accel-layers:"), "{log}");
+    let log = Served::start(&["--plan", plan, "--no-batch-invariant"]).log.clone();
+    assert!(log.contains("accel-layers: 30 layers") && !log.contains("plan:"), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -325,4 +332,85 @@ fn sparsity_predict_writes_and_checks_predictors() {
     }
     let err = String::from_utf8_lossy(&wrong.stderr);
     assert!(!wrong.status.success() && err.contains("not a predictor file"), "{err}");
+}
+
+/// A `corelm serve` process on a free port, killed when dropped.
+struct Served {
+    child: std::process::Child,
+    addr: String,
+    /// Its standard error up to the line that announces the address.
+    log: String,
+}
+
+impl Served {
+    fn start(args: &[&str]) -> Served {
+        use std::io::BufRead;
+        let mut child = corelm()
+            .args(["serve", "--model", &smol(), "--port", "0", "--parallel", "2", "-c", "512"])
+            .args(args)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut log = String::new();
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            log += &line;
+            log.push('\n');
+            if let Some(at) = line.split("http://").nth(1) {
+                let addr = at.split_whitespace().next().unwrap().to_string();
+                // Keep draining what it writes later, so it never blocks on a full pipe.
+                std::thread::spawn(move || lines.for_each(drop));
+                return Served { child, addr, log };
+            }
+        }
+        let _ = child.wait();
+        panic!("serve {args:?} exited before serving:\n{log}");
+    }
+
+    /// POST `body` to `path`; the reply's JSON body.
+    fn post(&self, path: &str, body: &serde_json::Value) -> serde_json::Value {
+        use std::io::Read;
+        let body = body.to_string();
+        let mut s = std::net::TcpStream::connect(&self.addr).unwrap();
+        write!(s, "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", self.addr, body.len()).unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        let (head, json) = reply.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 200"), "{reply}");
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {reply}"))
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `serve --no-batch-invariant --fast-prefill` prefills through the panel GEMM: the same greedy
+/// request's log-probabilities move off the batch-invariant server's bits (activations rounded
+/// per panel, another summation order; 0.03–0.06 here) but stay near them. `--fast-prefill` alone is refused, naming the flag
+/// it needs.
+#[test]
+fn serve_without_batch_invariance_takes_the_fast_prefill() {
+    let request = serde_json::json!({
+        "prompt": "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined movable metal type, oil-based ink and a wooden press into one system",
+        "max_tokens": 4, "temperature": 0, "logprobs": 1,
+    });
+    let logprobs = |v: serde_json::Value| -> Vec<f64> {
+        v["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap_or_else(|| panic!("{v}")).iter().map(|l| l.as_f64().unwrap()).collect()
+    };
+    let invariant = logprobs(Served::start(&[]).post("/v1/completions", &request));
+    let fast = Served::start(&["--no-batch-invariant", "--fast-prefill"]);
+    assert!(fast.log.contains("results depend on batching, panel GEMM prefill"), "{}", fast.log);
+    let variant = logprobs(fast.post("/v1/completions", &request));
+    assert_eq!(invariant.len(), 4);
+    assert_ne!(invariant[0], variant[0], "the prompt's pass ran the same kernels: the panel GEMM was not used");
+    assert!(invariant.iter().zip(&variant).all(|(a, b)| (a - b).abs() < 0.2), "{invariant:?} vs {variant:?}");
+    let refused = corelm().args(["serve", "--model", &smol(), "--port", "0", "--fast-prefill"]).output().unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && err.contains("--no-batch-invariant"), "{err}");
 }

@@ -33,7 +33,8 @@ pub struct EngineConfig {
     /// How a KV head that several shards read is projected (`--tp-kv`).
     pub tp_kv: TpKv,
     /// Results of a token independent of the rest of its batch (see
-    /// `Executor::batch_invariant`); a server sets it, so batching never changes an answer.
+    /// `Executor::batch_invariant`); `serve` sets it unless
+    /// `--no-batch-invariant`, so batching never changes an answer.
     pub batch_invariant: bool,
     /// Element types of the cached keys and values (`corelm_core::kv::KV_TYPES`: F16, Q8_0,
     /// Q4_0), like llama.cpp's `--cache-type-k/-v`.

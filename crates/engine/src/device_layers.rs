@@ -80,7 +80,7 @@ pub(crate) fn check_with(cfg: &crate::EngineConfig, tp: usize, min_tokens: usize
             return Err(format!("--accel-min-tokens {t}: passes hold at most the batch size's {} tokens, so none would reach the accelerator", cfg.n_batch));
         }
         if cfg.batch_invariant {
-            return Err(format!("--accel-min-tokens {t} runs a token's first layers on the accelerator or the CPU by the size of its batch, so its results would depend on the batch: not with --batch-invariant (serve)"));
+            return Err(format!("--accel-min-tokens {t} runs a token's first layers on the accelerator or the CPU by the size of its batch, so its results would depend on the batch: not with --batch-invariant (serve's default; `serve --no-batch-invariant` allows it)"));
         }
         if cfg.kv_layout == corelm_kernels::attention::KeyLayout::Columns {
             return Err(format!("--accel-min-tokens {t} copies cache rows between the CPU and the accelerator, which reads keys in rows: not with --kv-layout columns; use --kv-layout rows"));
