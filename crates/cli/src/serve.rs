@@ -88,7 +88,7 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         cache_type_k: a.cache.cache_type_k,
         cache_type_v: a.cache.cache_type_v,
         kv_layout: a.cache.kv_layout,
-        attn_pipeline: false, // steps mix sequences; the pipeline prefills one at a time
+        attn_pipeline: false, // it takes only passes of one sequence; a server's steps mix them
         fast_prefill: a.fast_prefill,
         repack: true,
         isa: None, // the process default, which `--isa` set
