@@ -12,6 +12,7 @@
 
 pub use crate::batch::{Batch, Logits};
 pub use crate::config::{default_threads, default_threads_for, parse_cache_type, parse_kv_layout, EngineConfig};
+pub use crate::setup::expert_count;
 use crate::setup::{build_graph, check_accel_split, finish_graph, matrix_classes, plan_places, tp_plan};
 use crate::Error;
 use corelm_core::kv::BLOCK;
@@ -31,14 +32,6 @@ use std::sync::Arc;
 pub fn open_gguf(path: impl AsRef<Path>) -> Result<Gguf, Error> {
     Ok(Gguf::open(path)?)
 }
-
-
-/// Experts per mixture-of-experts layer (`<arch>.expert_count`; 0 for a dense model).
-pub fn expert_count(g: &Gguf) -> usize {
-    let arch = g.str("general.architecture").unwrap_or_default();
-    g.opt_u64(&format!("{arch}.expert_count")).ok().flatten().unwrap_or(0) as usize
-}
-
 
 pub struct Engine {
     gguf: Arc<Gguf>,

@@ -1,7 +1,7 @@
 //! What [`Engine::from_gguf`](crate::Engine::from_gguf) decides before it runs anything: the
-//! tensor-parallel shard plan, each shard's node under a plan, the worker classes of
-//! `--matrix-workers`, whether `--accel-split` can run, and how a batch shape's graph is built
-//! and finished (weights pointed at their repacked copies, the roofline's caps and splits).
+//! model's expert count, the tensor-parallel shard plan, each shard's node under a plan, the
+//! worker classes of `--matrix-workers`, whether `--accel-split` can run, and how a batch
+//! shape's graph is built and finished (weights pointed at their repacked copies, the roofline's caps and splits).
 //!
 //! Invariant: nothing here touches the engine's pools or KV cache; each function answers from
 //! the configuration, the model and the machine's placement.
@@ -115,6 +115,12 @@ pub(crate) fn check_accel_split(cfg: &EngineConfig) -> Result<(), Error> {
     Ok(())
 }
 
+/// Experts per mixture-of-experts layer (`<arch>.expert_count`; 0 for a dense model).
+pub fn expert_count(g: &Gguf) -> usize {
+    let arch = g.str("general.architecture").unwrap_or_default();
+    g.opt_u64(&format!("{arch}.expert_count")).ok().flatten().unwrap_or(0) as usize
+}
+
 /// The shard plan of `--tp` for this model over worker groups of `groups` workers (one per
 /// shard), or why that degree cannot work (`None` at 1).
 pub(crate) fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig, groups: &[usize]) -> Result<Option<Arc<TpPlan>>, Error> {
@@ -132,7 +138,7 @@ pub(crate) fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig,
         (0..h.n_layer).map(|il| gguf.tensor(&format!("blk.{il}.{name}.weight")).map(|t| t.dtype.block_size())).try_fold(1, |a, b| b.map(|b| lcm(a, b)))
     };
     // Dense feed-forward layers are cut by their width; mixtures of experts by experts.
-    let n_expert = gguf.opt_u64(&format!("{}.expert_count", h.arch)).ok().flatten().unwrap_or(0) as usize;
+    let n_expert = expert_count(gguf);
     let (n_ff, ff_block) = match block("ffn_down") {
         Some(b) => (h.n_ff, b),
         None if n_expert > 0 => (0, 1),
