@@ -67,7 +67,9 @@ impl Engine {
             // A tensor-parallel column slice has no plain rows of its own (`file_at` unused).
             let plain = cols.is_none();
             let mode = Mode { batch_invariant: bi, panel_gemm: fast };
-            let path = matmul::path(kernels, wt.dtype, il_at.is_some(), plain, t.ne[1], mode);
+            // The path of a full batch of rows, also for the LM head, which a prefill pass
+            // runs on its one output row but a batched decode step or `eval` on many.
+            let path = matmul::path(kernels, wt.dtype, il_at.is_some(), plain, nb.max(t.ne[1]), mode);
             if path == Path::Plain {
                 continue;
             }

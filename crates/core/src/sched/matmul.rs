@@ -135,8 +135,7 @@ pub struct Mode {
 /// rows at hand or not) takes.
 pub fn path(kernels: &Kernels, dtype: DType, interleaved: bool, plain: bool, rows: usize, mode: Mode) -> Path {
     // The panel where the table has a SIMD kernel for it, and everywhere on the portable
-    // table (its twin still decodes each block once for every row); AVX2's Q8_0 takes the
-    // interleaved tiles instead.
+    // table (its twin still decodes each block once for every row).
     let isa = kernels.isa();
     let panel_type = gemm::simd(dtype, isa) || (gemm::supported(dtype) && isa == Isa::Portable);
     let has_il = kernels.ops(dtype).is_some_and(|o| o.interleaved.is_some());

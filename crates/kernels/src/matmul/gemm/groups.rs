@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 /// Whether [`pack_groups`] (`wide`: AVX-512) or [`pack_groups_avx2`] decodes `t`'s interleaved
 /// groups: the types whose group-blocks hold their values as nibbles (Q4_0, Q4_1) or, with
 /// AVX-512, also as nibbles and fifth-bit masks (Q5_0, Q5_1: `Q5Bits::Masks`, the AVX-512
-/// layout), bytes (Q8_0, which AVX2's panel kernel does not take) or 16-byte runs of nibbles
+/// layout), bytes (Q8_0) or 16-byte runs of nibbles
 /// with packed 6-bit scales (Q4_K) or of low nibbles and high bit pairs (Q6_K, `Q6Form::Split`,
 /// the AVX-512 layout), moved into the panel's four-byte groups as they are.
 pub fn packs_groups(t: DType, wide: bool) -> bool {

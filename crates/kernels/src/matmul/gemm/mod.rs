@@ -51,14 +51,12 @@ pub fn supported(t: DType) -> bool {
     matches!(t, DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K | DType::Q6K)
 }
 
-/// Whether the panel GEMM of `t` runs a SIMD kernel under `isa`'s table (AVX-512 and SME:
-/// every supported type; AVX2: all but Q8_0, whose unsigned codes saturate `maddubs`' i16
-/// sums; dotprod: every type on a CPU with i8mm (`usmmla`), else all but Q8_0, whose codes do
-/// not fit `sdot`'s signed bytes; elsewhere the portable twin).
+/// Whether the panel GEMM of `t` runs a SIMD kernel under `isa`'s table (AVX-512, AVX2 and
+/// SME: every supported type; dotprod: every type on a CPU with i8mm (`usmmla`), else all but
+/// Q8_0, whose codes do not fit `sdot`'s signed bytes; elsewhere the portable twin).
 pub fn simd(t: DType, isa: Isa) -> bool {
     supported(t) && match isa {
-        Isa::Avx512 | Isa::Amx | Isa::Sme => true,
-        Isa::Avx2 => t != DType::Q8_0,
+        Isa::Avx512 | Isa::Amx | Isa::Sme | Isa::Avx2 => true,
         Isa::Dotprod => t != DType::Q8_0 || i8mm(),
         Isa::Portable | Isa::Neon => false,
     }
@@ -163,6 +161,16 @@ fn offset(t: DType) -> i32 {
         DType::Q8_0 => 128,
         DType::Q6K => 32,
         _ => 0,
+    }
+}
+
+/// The largest unsigned code `u` of a type's packed panels (its values' bits).
+fn umax(t: DType) -> i32 {
+    match t {
+        DType::Q4_0 | DType::Q4_1 | DType::Q4K => 15,
+        DType::Q5_0 | DType::Q5_1 | DType::Q5K => 31,
+        DType::Q6K => 63,
+        _ => 255,
     }
 }
 
@@ -533,6 +541,7 @@ pub unsafe fn gemm_impl(
                         b1,
                         mr: sched.mr,
                         o,
+                        umax: umax(t),
                         act,
                         split,
                         x: &x[r0 * xrb..r1 * xrb],
@@ -595,6 +604,58 @@ mod tests {
             }
         }
         w
+    }
+
+    /// The AVX2 panel kernel at the codes and activations that make its i16 sums largest:
+    /// every code at the type's largest (Q8_0 also at its smallest signed byte, −128) against
+    /// rows of ±127 (Q8_K: −128), every register tile height. A `maddubs` pair or an i16 sum of
+    /// `G` of them that saturated would differ from the portable twin's exact integers.
+    #[test]
+    fn avx2_panel_sums_stay_exact_at_extreme_codes() {
+        if !Isa::Avx2.missing().is_empty() {
+            return;
+        }
+        use crate::quant::portable::{quant_q8_0, quant_q8_1, quant_q8_k};
+        for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
+            let (act, o, split) = (act_of(t), offset(t), split16(t));
+            let k = 256;
+            let nb = k / 32;
+            type Quantize = fn(&[f32], &mut [u8]);
+            let (vdt, quantize): (DType, Quantize) = match act {
+                Act::Q8_0 => (DType::Q8_0, quant_q8_0),
+                Act::Q8_1 => (DType::Q8_1, quant_q8_1),
+                Act::Q8K => (DType::Q8K, quant_q8_k),
+            };
+            let xrb = crate::row_bytes(vdt, k);
+            // Rows of +1 and of −1: every value at the quantizer's extreme, of one sign.
+            let rows = 8;
+            let mut x = vec![0u8; rows * xrb];
+            for r in 0..rows {
+                let v = if r % 2 == 0 { 1.0 } else { -1.0 };
+                quantize(&vec![v; k], &mut x[r * xrb..(r + 1) * xrb]);
+            }
+            let mut ysum = vec![0i32; rows * nb * 2];
+            block_sums(&x, xrb, rows, nb, act, &mut ysum);
+            let codes: &[u8] = if t == DType::Q8_0 { &[255, 0] } else { &[umax(t) as u8] };
+            for &u in codes {
+                let mut panel = vec![0u8; nb * PACKED_BLOCK];
+                for blk in panel.chunks_exact_mut(PACKED_BLOCK) {
+                    blk[..256].fill(u);
+                    for col in 0..PANEL {
+                        blk[256 + 4 * col..260 + 4 * col].copy_from_slice(&(1.0f32 + col as f32).to_le_bytes());
+                        blk[288 + 4 * col..292 + 4 * col].copy_from_slice(&(0.5f32).to_le_bytes());
+                    }
+                }
+                for mr in crate::matmul::schedule::PANEL_MR {
+                    let job = PanelJob { panel: &panel, nb, b0: 0, b1: nb, mr, o, umax: umax(t), act, split, x: &x, xrb, ysum: &ysum, rows };
+                    let (mut p, mut s) = (vec![[0f32; PANEL]; rows], vec![[f32::NAN; PANEL]; rows]);
+                    panel_portable(job, |_| [0.0; PANEL], |r, a| p[r] = *a);
+                    // SAFETY: AVX2 (with FMA and F16C, the table's features) detected above.
+                    unsafe { x86::panel_avx2(job, |_| [0.0; PANEL], |r, a| s[r] = *a) };
+                    assert!(p.iter().flatten().zip(s.iter().flatten()).all(|(a, b)| a.to_bits() == b.to_bits()), "{t}: codes {u}, mr {mr}: {:?} vs portable {:?}", s[0], p[0]);
+                }
+            }
+        }
     }
 
     /// The AVX2 decoder writes the scalar decoder's bytes for every type, every column count

@@ -64,7 +64,8 @@ pub fn q8k_block(row: &[u8], b: usize) -> (f32, f32, &[i8; 32]) {
 }
 
 /// One panel kernel call's inputs: the packed panel of `nb` blocks, of which blocks
-/// `b0 .. b1` are summed, its weights' code offset `o`, the activation type, whether the type
+/// `b0 .. b1` are summed, its weights' code offset `o` and largest code `umax` (15, 31, 63 or
+/// 255: how many products the AVX2 kernel may add in i16), the activation type, whether the type
 /// keeps two scales per block ([`super::split16`]), `rows` activation rows (`x`, `xrb` bytes
 /// apart) with their half-block sums `ysum`, and the rows per register tile `mr`
 /// ([`crate::matmul::schedule::PANEL_MR`]; the portable twin ignores it).
@@ -76,6 +77,7 @@ pub struct PanelJob<'a> {
     pub b1: usize,
     pub mr: usize,
     pub o: i32,
+    pub umax: i32,
     pub act: Act,
     pub split: bool,
     pub x: &'a [u8],

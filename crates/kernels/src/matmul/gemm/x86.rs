@@ -2,12 +2,17 @@
 //! of a register tile share every loaded weight vector, and each row's four values of a group
 //! (one 32-bit broadcast) meet one panel ([`panel`], 256-bit) or two ([`panel_pair`]: one
 //! 512-bit vector, half the broadcasts and block scalars per product). AVX-512 VNNI:
-//! `vpdpbusd` adds 4 u8×i8 products per lane. AVX2 ([`panel_avx2`]): `maddubs` of two groups
-//! added as i16 (each pair `u·y + u·y` ≤ 63·128·2, two of them ≤ 32 256: no saturation for
-//! codes up to 63, so not Q8_0, whose codes reach 255), then `madd` with ones into the i32
-//! lanes. All are bit-identical to the portable kernel (exact integer sums, the same float
-//! operations per lane in the same order). [`pack`] decodes the weight rows into panels with
-//! AVX2, the scalar decoder's bytes.
+//! `vpdpbusd` adds 4 u8×i8 products per lane. AVX2 ([`panel_avx2`]): `maddubs` of `G` groups
+//! added as i16, then one `madd` with ones into the i32 lanes. Each `maddubs` lane holds a pair
+//! `u·y + u·y` ≤ 2·umax·128, so as many groups as stay within i16 are added: 8 for 4-bit codes
+//! (8·2·15·128 = 30 720), 4 for 5-bit ones, 2 for Q6_K's 6 bits. The `madd`s, which compete
+//! with `maddubs` for the vector multiplier, drop from one per two groups to one per eight
+//! (Q4) or four (Q5). Q8_0's codes reach 255 and saturate even one pair, so its kernel
+//! (`G` = 1) multiplies the signed bytes `q = u ^ 0x80` as the dot products do —
+//! `maddubs(|q|, sign(y, q))`, pairs ≤ 2·128·127 — and removes no offset. All are
+//! bit-identical to the portable kernel (exact integer sums, the same float operations per
+//! lane in the same order). [`pack`] decodes the weight rows into panels with AVX2, the
+//! scalar decoder's bytes.
 //!
 //! The activation kind, the code offset and the scale split are const parameters
 //! ([`by_kind`]), so nothing branches on them per row and block; each row's block scale and
@@ -179,10 +184,9 @@ pub fn panel_pair(job: PanelJob, second: &[u8], acc0: impl Fn(usize, usize) -> [
     unsafe { by_kind::<true, 2>(job, panels, &acc0, &mut store) }
 }
 
-/// The panel kernel with AVX2 (codes up to 63: every supported type but Q8_0).
+/// The panel kernel with AVX2 (every supported type; Q8_0 on its signed bytes).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn panel_avx2(job: PanelJob, acc0: impl Fn(usize) -> [f32; PANEL], mut store: impl FnMut(usize, &[f32; PANEL])) {
-    assert!(job.o <= 32, "Q8_0's codes (up to 255) would saturate the AVX2 panel's i16 sums");
     let panels = [job.panel];
     // SAFETY: the features `by_kind::<false, 1>` uses are enabled here.
     unsafe { by_kind::<false, 1>(job, panels, &|r, _| acc0(r), &mut |r, _, a| store(r, a)) }
@@ -193,9 +197,10 @@ const Q8_0: u8 = 0;
 const Q8_1: u8 = 1;
 const Q8K: u8 = 2;
 
-/// The kernel instance of the job's activation kind, code offset and scale split. Every
-/// supported weight type is one of these four (Q4_0/Q5_0/Q8_0; Q4_1/Q5_1; Q4_K/Q5_K; Q6_K);
-/// anything else runs the portable twin, with the same bits.
+/// The kernel instance of the job's activation kind, code offset and scale split, and on AVX2
+/// of the groups `G` whose `maddubs` add as i16 (1: Q8_0's signed bytes). Every supported
+/// weight type is one of these (Q4_0/Q5_0/Q8_0; Q4_1/Q5_1; Q4_K/Q5_K; Q6_K); anything else
+/// runs the portable twin, with the same bits.
 ///
 /// # Safety
 /// AVX2, FMA and F16C present, and with `VNNI` AVX-512 F/VL/VNNI.
@@ -203,11 +208,19 @@ const Q8K: u8 = 2;
 unsafe fn by_kind<const VNNI: bool, const P: usize>(job: PanelJob, panels: [&[u8]; P], acc0: &impl Fn(usize, usize) -> [f32; PANEL], store: &mut impl FnMut(usize, usize, &[f32; PANEL])) {
     // SAFETY (every arm): the caller's features.
     unsafe {
-        match (job.act, job.o != 0, job.split) {
-            (Act::Q8_0, true, false) => panel_kind::<Q8_0, true, false, VNNI, P>(job, panels, acc0, store),
-            (Act::Q8_1, false, false) => panel_kind::<Q8_1, false, false, VNNI, P>(job, panels, acc0, store),
-            (Act::Q8K, false, false) => panel_kind::<Q8K, false, false, VNNI, P>(job, panels, acc0, store),
-            (Act::Q8K, true, true) => panel_kind::<Q8K, true, true, VNNI, P>(job, panels, acc0, store),
+        match (job.act, job.o != 0, job.split, if VNNI { 0 } else { job.umax }) {
+            (Act::Q8_0, true, false, 0) => panel_kind::<Q8_0, true, false, VNNI, P, 8>(job, panels, acc0, store),
+            (Act::Q8_1, false, false, 0) => panel_kind::<Q8_1, false, false, VNNI, P, 8>(job, panels, acc0, store),
+            (Act::Q8K, false, false, 0) => panel_kind::<Q8K, false, false, VNNI, P, 8>(job, panels, acc0, store),
+            (Act::Q8K, true, true, 0) => panel_kind::<Q8K, true, true, VNNI, P, 8>(job, panels, acc0, store),
+            (Act::Q8_0, true, false, 15) => panel_kind::<Q8_0, true, false, false, P, 8>(job, panels, acc0, store),
+            (Act::Q8_0, true, false, 31) => panel_kind::<Q8_0, true, false, false, P, 4>(job, panels, acc0, store),
+            (Act::Q8_0, true, false, 255) => panel_kind::<Q8_0, false, false, false, P, 1>(job, panels, acc0, store),
+            (Act::Q8_1, false, false, 15) => panel_kind::<Q8_1, false, false, false, P, 8>(job, panels, acc0, store),
+            (Act::Q8_1, false, false, 31) => panel_kind::<Q8_1, false, false, false, P, 4>(job, panels, acc0, store),
+            (Act::Q8K, false, false, 15) => panel_kind::<Q8K, false, false, false, P, 8>(job, panels, acc0, store),
+            (Act::Q8K, false, false, 31) => panel_kind::<Q8K, false, false, false, P, 4>(job, panels, acc0, store),
+            (Act::Q8K, true, true, 63) => panel_kind::<Q8K, true, true, false, P, 2>(job, panels, acc0, store),
             _ => {
                 for (p, &panel) in panels.iter().enumerate() {
                     super::panel_portable(PanelJob { panel, ..job }, |r| acc0(r, p), |r, a| store(r, p, a));
@@ -224,7 +237,7 @@ unsafe fn by_kind<const VNNI: bool, const P: usize>(job: PanelJob, panels: [&[u8
 /// # Safety
 /// As [`by_kind`].
 #[inline(always)]
-unsafe fn panel_kind<const A: u8, const OFF: bool, const SPLIT: bool, const VNNI: bool, const P: usize>(job: PanelJob, panels: [&[u8]; P], acc0: &impl Fn(usize, usize) -> [f32; PANEL], store: &mut impl FnMut(usize, usize, &[f32; PANEL])) {
+unsafe fn panel_kind<const A: u8, const OFF: bool, const SPLIT: bool, const VNNI: bool, const P: usize, const G: usize>(job: PanelJob, panels: [&[u8]; P], acc0: &impl Fn(usize, usize) -> [f32; PANEL], store: &mut impl FnMut(usize, usize, &[f32; PANEL])) {
     let PanelJob { nb, b1, x, xrb, rows, mr, ysum, .. } = job;
     // Bytes of an activation block (Q8_K: of a super-block of eight).
     let abs = act_bytes::<A>();
@@ -237,11 +250,11 @@ unsafe fn panel_kind<const A: u8, const OFF: bool, const SPLIT: bool, const VNNI
         // SAFETY (every arm): the caller's features; rows r .. r + h exist (checked here).
         unsafe {
             match h {
-                8 => rows_tile::<8, A, OFF, SPLIT, VNNI, P>(&job, &panels, r, acc0, store),
-                6 | 7 => rows_tile::<6, A, OFF, SPLIT, VNNI, P>(&job, &panels, r, acc0, store),
-                4 | 5 => rows_tile::<4, A, OFF, SPLIT, VNNI, P>(&job, &panels, r, acc0, store),
-                2 | 3 => rows_tile::<2, A, OFF, SPLIT, VNNI, P>(&job, &panels, r, acc0, store),
-                _ => rows_tile::<1, A, OFF, SPLIT, VNNI, P>(&job, &panels, r, acc0, store),
+                8 => rows_tile::<8, A, OFF, SPLIT, VNNI, P, G>(&job, &panels, r, acc0, store),
+                6 | 7 => rows_tile::<6, A, OFF, SPLIT, VNNI, P, G>(&job, &panels, r, acc0, store),
+                4 | 5 => rows_tile::<4, A, OFF, SPLIT, VNNI, P, G>(&job, &panels, r, acc0, store),
+                2 | 3 => rows_tile::<2, A, OFF, SPLIT, VNNI, P, G>(&job, &panels, r, acc0, store),
+                _ => rows_tile::<1, A, OFF, SPLIT, VNNI, P, G>(&job, &panels, r, acc0, store),
             }
         }
         r += [1, 1, 2, 2, 4, 4, 6, 6, 8][h];
@@ -254,7 +267,7 @@ unsafe fn panel_kind<const A: u8, const OFF: bool, const SPLIT: bool, const VNNI
 /// # Safety
 /// As [`panel_kind`].
 #[inline(always)]
-unsafe fn rows_tile<const R: usize, const A: u8, const OFF: bool, const SPLIT: bool, const VNNI: bool, const P: usize>(
+unsafe fn rows_tile<const R: usize, const A: u8, const OFF: bool, const SPLIT: bool, const VNNI: bool, const P: usize, const G: usize>(
     job: &PanelJob,
     panels: &[&[u8]; P],
     r0: usize,
@@ -267,7 +280,7 @@ unsafe fn rows_tile<const R: usize, const A: u8, const OFF: bool, const SPLIT: b
             assert!(VNNI, "two panels per pass need AVX-512 VNNI");
             rows_wide::<R, A, OFF, SPLIT>(job, &[panels[0], panels[P - 1]], r0, acc0, store)
         } else {
-            rows_block::<R, A, OFF, SPLIT, VNNI>(job, panels[0], r0, acc0, store)
+            rows_block::<R, A, OFF, SPLIT, VNNI, G>(job, panels[0], r0, acc0, store)
         }
     }
 }
@@ -280,7 +293,7 @@ unsafe fn rows_tile<const R: usize, const A: u8, const OFF: bool, const SPLIT: b
 /// # Safety
 /// As [`panel_kind`], whose asserts bound every access.
 #[inline(always)]
-unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: bool, const VNNI: bool>(
+unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: bool, const VNNI: bool, const G: usize>(
     job: &PanelJob,
     panel: &[u8],
     r0: usize,
@@ -313,12 +326,29 @@ unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: 
                         *a = _mm256_dpbusd_epi32(*a, w, y4(j, g));
                     }
                 }
+            } else if G == 1 {
+                // Q8_0: the signed bytes `q = u ^ 0x80`, `maddubs(|q|, sign(y, q))` = q·y
+                // (|q| ≤ 128, |y| ≤ 127), `madd` with ones per group.
+                for g in 0..8 {
+                    let q = _mm256_xor_si256(wv(g), _mm256_set1_epi8(-128));
+                    let aq = _mm256_abs_epi8(q);
+                    for (j, a) in acci[0].iter_mut().enumerate() {
+                        let s = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(y4(j, g), q));
+                        *a = _mm256_add_epi32(*a, _mm256_madd_epi16(s, ones));
+                    }
+                }
             } else {
-                // `maddubs` of two groups added as i16, then `madd` with ones into i32.
-                for g in (0..8).step_by(2) {
-                    let (w0, w1) = (wv(g), wv(g + 1));
-                    for (j, a) in acci[if SPLIT { g / 4 } else { 0 }].iter_mut().enumerate() {
-                        let s = _mm256_add_epi16(_mm256_maddubs_epi16(w0, y4(j, g)), _mm256_maddubs_epi16(w1, y4(j, g + 1)));
+                // `maddubs` of `G` groups added as i16 (within i16: the module doc), then
+                // `madd` with ones into i32. G ≤ 4 where the halves are kept apart.
+                for g0 in (0..8).step_by(G) {
+                    let mut s = [_mm256_setzero_si256(); R];
+                    for g in g0..g0 + G {
+                        let w = wv(g);
+                        for (j, s) in s.iter_mut().enumerate() {
+                            *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(w, y4(j, g)));
+                        }
+                    }
+                    for (a, s) in acci[if SPLIT { g0 / 4 } else { 0 }].iter_mut().zip(s) {
                         *a = _mm256_add_epi32(*a, _mm256_madd_epi16(s, ones));
                     }
                 }
