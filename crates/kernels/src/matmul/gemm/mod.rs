@@ -176,9 +176,9 @@ fn umax(t: DType) -> i32 {
 
 /// Per-thread buffers, sized once: the packed panels of one column block (up to `max_panels`
 /// panels of rows of up to `max_k` elements), the activation half-block sums of up to
-/// `max_rows` rows, and, where a matrix unit runs the panels, one packed row tile of its
-/// `tile_rows` rows ([`tile::pack_rows`]) or, for AMX's tiles, which read the rows in place,
-/// the block scalars of all rows ([`tile::row_scalars`]).
+/// `max_rows` rows, where a matrix unit runs the panels one packed row tile of its
+/// `tile_rows` rows ([`tile::pack_rows`]), and on x86 (AMX's tiles, which read the rows in
+/// place, and the AVX2 panel kernel) the block scalars of all rows ([`tile::row_scalars`]).
 pub struct GemmScratch {
     panel: Vec<u8>,
     ysum: Vec<i32>,
@@ -198,14 +198,15 @@ impl GemmScratch {
     pub fn with_tile_rows(max_k: usize, max_rows: usize, max_panels: usize, tile_rows: usize) -> Self {
         let nb = max_k / 32;
         // AMX's tiles (16 rows) need every row's scalars; so does the AMX model, anywhere.
-        let pair = tile_rows == PAIR_ROWS;
         GemmScratch {
             panel: vec![0; max_panels.max(1) * nb * PACKED_BLOCK],
             ysum: vec![0; max_rows * (max_k / 16)],
             tile_rows,
             tile_codes: vec![0; nb * 32 * tile_rows],
             tile_sc: vec![0; nb * tile_rows * ROW_SCALARS],
-            row_sc: vec![0; if pair { nb * max_rows * ROW_SCALARS } else { 0 }],
+            // AMX's tiles (and its model, anywhere) and the AVX2 panel kernel (row-major
+            // there) read every row's.
+            row_sc: vec![0; if tile_rows == PAIR_ROWS || cfg!(target_arch = "x86_64") { nb * max_rows * ROW_SCALARS } else { 0 }],
         }
     }
 
@@ -215,13 +216,18 @@ impl GemmScratch {
 
     /// Whether the block scalars of `rows` rows of `k` values fit ([`TileUnit::Pair`]).
     fn fits_row_scalars(&self, k: usize, rows: usize) -> bool {
-        self.row_sc.len() >= k / 32 * rows * ROW_SCALARS
+        scratch_fits_sc(&self.row_sc, k, rows)
     }
 
     /// Panels of rows of `k` values one column block can hold.
     pub fn panels(&self, k: usize) -> usize {
         self.panel.len() / (k / 32 * PACKED_BLOCK).max(1)
     }
+}
+
+/// Whether `sc` holds the block scalars of `rows` rows of `k` values.
+fn scratch_fits_sc(sc: &[u8], k: usize, rows: usize) -> bool {
+    sc.len() >= k / 32 * rows * ROW_SCALARS
 }
 
 /// Q4_K/Q5_K block `b` (sub-block `j = b % 8` of super-block `b / 8`) of a plain row: `j`, its
@@ -413,6 +419,19 @@ pub unsafe fn gemm_impl(
     if o != 0 {
         block_sums(x, xrb, rows, nb, act, ysum);
     }
+    // The AVX2 panel kernel's block scalars, row-major (`(r · nb + b) ·` ROW_SCALARS).
+    #[cfg(target_arch = "x86_64")]
+    let avx2_sc = tiles.is_none() && isa == Isa::Avx2 && simd(t, isa);
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx2_sc = false;
+    #[cfg(target_arch = "x86_64")]
+    if avx2_sc {
+        assert!(scratch_fits_sc(row_sc, k, rows), "the scratch holds no row scalars");
+        for r in 0..rows {
+            // SAFETY: the AVX2 table's CPUs have AVX2 and F16C.
+            unsafe { x86::row_scalars(&x[r * xrb..], xrb, 1, nb, act, &ysum[r * nb * 2..], (o, split), &mut row_sc[r * nb * ROW_SCALARS..]) };
+        }
+    }
     if pair {
         match isa {
             // SAFETY: the x86 tables' CPUs have AVX2 and F16C.
@@ -547,6 +566,7 @@ pub unsafe fn gemm_impl(
                         x: &x[r0 * xrb..r1 * xrb],
                         xrb,
                         ysum: &ysum[r0 * nb * 2..],
+                        sc: if avx2_sc { &row_sc[r0 * nb * ROW_SCALARS..] } else { &[] },
                         rows: r1 - r0,
                     };
                     // AVX-512: two panels per pass where there are two (each row's broadcasts
@@ -647,7 +667,7 @@ mod tests {
                     }
                 }
                 for mr in crate::matmul::schedule::PANEL_MR {
-                    let job = PanelJob { panel: &panel, nb, b0: 0, b1: nb, mr, o, umax: umax(t), act, split, x: &x, xrb, ysum: &ysum, rows };
+                    let job = PanelJob { panel: &panel, nb, b0: 0, b1: nb, mr, o, umax: umax(t), act, split, x: &x, xrb, ysum: &ysum, sc: &[], rows };
                     let (mut p, mut s) = (vec![[0f32; PANEL]; rows], vec![[f32::NAN; PANEL]; rows]);
                     panel_portable(job, |_| [0.0; PANEL], |r, a| p[r] = *a);
                     // SAFETY: AVX2 (with FMA and F16C, the table's features) detected above.

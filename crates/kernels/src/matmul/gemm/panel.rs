@@ -67,7 +67,9 @@ pub fn q8k_block(row: &[u8], b: usize) -> (f32, f32, &[i8; 32]) {
 /// `b0 .. b1` are summed, its weights' code offset `o` and largest code `umax` (15, 31, 63 or
 /// 255: how many products the AVX2 kernel may add in i16), the activation type, whether the type
 /// keeps two scales per block ([`super::split16`]), `rows` activation rows (`x`, `xrb` bytes
-/// apart) with their half-block sums `ysum`, and the rows per register tile `mr`
+/// apart) with their half-block sums `ysum` and, for the AVX2 kernel, their block scalars `sc`
+/// (`tile::row_scalars` of each row, row-major: `(r · nb + b) · ROW_SCALARS`; empty: read
+/// from the rows), and the rows per register tile `mr`
 /// ([`crate::matmul::schedule::PANEL_MR`]; the portable twin ignores it).
 #[derive(Clone, Copy)]
 pub struct PanelJob<'a> {
@@ -83,6 +85,7 @@ pub struct PanelJob<'a> {
     pub x: &'a [u8],
     pub xrb: usize,
     pub ysum: &'a [i32],
+    pub sc: &'a [u8],
     pub rows: usize,
 }
 

@@ -15,8 +15,12 @@
 //! scalar decoder's bytes.
 //!
 //! The activation kind, the code offset and the scale split are const parameters
-//! ([`by_kind`]), so nothing branches on them per row and block; each row's block scale and
-//! `s` are read from the row as [`act_block`](super::act_block) reads them, with F16C.
+//! ([`by_kind`]), so nothing branches on them per row and block. Each row's block scale and
+//! `s` are read from the row as [`act_block`](super::act_block) reads them, with F16C — on
+//! AVX2 from the job's block scalars instead (`PanelJob::sc`: converted once per call, with
+//! `o·Σy`, where every panel converted them again: on the AVX2 VM pp128 322 → 381 t/s,
+//! pp512 299 → 342 with `--fast-prefill`; the AVX-512 kernels, measured earlier on Zen 4
+//! without a gain, keep theirs).
 //! Measured on Zen 4 (one thread, Q4_1, k = 576, 512 rows, `mr` 4, decoding included), ns per
 //! 128 products: 2.04 before (kind matched at run time per row and block, `act_block` per row
 //! and block, the scalar decoder), 1.11 with the kind fixed, 1.0 over pairs of panels in
@@ -28,6 +32,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use super::panel::{Act, PanelJob, PACKED_BLOCK, PANEL};
+use super::tile::ROW_SCALARS;
 use crate::matmul::x86::common::{bits_32, nibbles_32, q6_group};
 use crate::quant::blocks::*;
 use crate::simd::x86::h2f;
@@ -300,7 +305,7 @@ unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: 
     acc0: &impl Fn(usize, usize) -> [f32; PANEL],
     store: &mut impl FnMut(usize, usize, &[f32; PANEL]),
 ) {
-    let PanelJob { nb, b0, b1, o, x, xrb, ysum, .. } = *job;
+    let PanelJob { nb, b0, b1, o, x, xrb, ysum, sc, .. } = *job;
     let mut accf = [_mm256_setzero_ps(); R];
     for (j, a) in accf.iter_mut().enumerate() {
         // SAFETY: 8 f32 of stack memory.
@@ -355,6 +360,24 @@ unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: 
             }
             let dw = _mm256_loadu_ps(blk.add(256) as *const f32);
             let mw = _mm256_loadu_ps(blk.add(288) as *const f32);
+            if !VNNI && !sc.is_empty() {
+                for (j, acc) in accf.iter_mut().enumerate() {
+                    let at = sc.as_ptr().add(((r0 + j) * nb + b) * ROW_SCALARS);
+                    let oy = |i: usize| _mm256_set1_epi32((at.add(4 * i) as *const i32).read_unaligned());
+                    let dx = _mm256_broadcast_ss(&*(at.add(8) as *const f32));
+                    if SPLIT {
+                        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acci[0][j], oy(0))), _mm256_mul_ps(dw, dx), *acc);
+                        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acci[1][j], oy(1))), _mm256_mul_ps(mw, dx), *acc);
+                        continue;
+                    }
+                    let s = if OFF { _mm256_sub_epi32(acci[0][j], oy(0)) } else { acci[0][j] };
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), *acc);
+                    if A != Q8_0 {
+                        *acc = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(&*(at.add(12) as *const f32)), *acc);
+                    }
+                }
+                continue;
+            }
             for (j, acc) in accf.iter_mut().enumerate() {
                 let (dx, sx) = scalars::<A>(xs[j].add(head), b);
                 let dx = _mm256_set1_ps(dx);
