@@ -248,6 +248,7 @@ unsafe fn panel_kind<const A: u8, const OFF: bool, const SPLIT: bool, const VNNI
     let abs = act_bytes::<A>();
     assert!(panels.iter().all(|p| p.len() >= nb * PACKED_BLOCK) && b1 <= nb && x.len() >= rows * xrb);
     assert!(xrb >= if A == Q8K { nb / 8 * abs } else { nb * abs } && (!OFF || ysum.len() >= rows * nb * 2));
+    assert!(job.sc.is_empty() || job.sc.len() >= rows * nb * ROW_SCALARS, "block scalars for every row");
     let tile = mr.clamp(1, 8);
     let mut r = 0;
     while r < rows {
