@@ -69,7 +69,7 @@ impl Engine {
             let mode = Mode { batch_invariant: bi, panel_gemm: fast };
             // The path of a full batch of rows, also for the LM head, which a prefill pass
             // runs on its one output row but a batched decode step or `eval` on many.
-            let path = matmul::path(kernels, wt.dtype, il_at.is_some(), plain, nb.max(t.ne[1]), mode);
+            let path = matmul::path(kernels, wt.dtype, il_at.is_some(), plain, nb, mode);
             if path == Path::Plain {
                 continue;
             }

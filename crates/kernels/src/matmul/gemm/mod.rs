@@ -204,8 +204,7 @@ impl GemmScratch {
             tile_rows,
             tile_codes: vec![0; nb * 32 * tile_rows],
             tile_sc: vec![0; nb * tile_rows * ROW_SCALARS],
-            // AMX's tiles (and its model, anywhere) and the AVX2 panel kernel (row-major
-            // there) read every row's.
+            // AMX's tiles (and its model, anywhere) and the AVX2 panel kernel read every row's.
             row_sc: vec![0; if tile_rows == PAIR_ROWS || cfg!(target_arch = "x86_64") { nb * max_rows * ROW_SCALARS } else { 0 }],
         }
     }
@@ -216,18 +215,13 @@ impl GemmScratch {
 
     /// Whether the block scalars of `rows` rows of `k` values fit ([`TileUnit::Pair`]).
     fn fits_row_scalars(&self, k: usize, rows: usize) -> bool {
-        scratch_fits_sc(&self.row_sc, k, rows)
+        self.row_sc.len() >= k / 32 * rows * ROW_SCALARS
     }
 
     /// Panels of rows of `k` values one column block can hold.
     pub fn panels(&self, k: usize) -> usize {
         self.panel.len() / (k / 32 * PACKED_BLOCK).max(1)
     }
-}
-
-/// Whether `sc` holds the block scalars of `rows` rows of `k` values.
-fn scratch_fits_sc(sc: &[u8], k: usize, rows: usize) -> bool {
-    sc.len() >= k / 32 * rows * ROW_SCALARS
 }
 
 /// Q4_K/Q5_K block `b` (sub-block `j = b % 8` of super-block `b / 8`) of a plain row: `j`, its
@@ -414,25 +408,14 @@ pub unsafe fn gemm_impl(
     let has_min = act != Act::Q8_0 && !split;
     let panels_max = scratch.panels(k).max(1);
     let pair = matches!(tiles, Some(TileUnit::Pair(_)));
-    assert!(!pair || scratch.fits_row_scalars(k, rows), "the scratch holds no row scalars for AMX's tiles");
+    // The AVX2 panel kernel reads the block scalars AMX's tiles read, converted once per call.
+    let avx2_sc = cfg!(target_arch = "x86_64") && tiles.is_none() && isa == Isa::Avx2 && simd(t, isa);
+    assert!(!(pair || avx2_sc) || scratch.fits_row_scalars(k, rows), "the scratch holds no row scalars for AMX's tiles or the AVX2 panel kernel");
     let GemmScratch { panel, ysum, tile_codes, tile_sc, row_sc, .. } = scratch;
     if o != 0 {
         block_sums(x, xrb, rows, nb, act, ysum);
     }
-    // The AVX2 panel kernel's block scalars, row-major (`(r · nb + b) ·` ROW_SCALARS).
-    #[cfg(target_arch = "x86_64")]
-    let avx2_sc = tiles.is_none() && isa == Isa::Avx2 && simd(t, isa);
-    #[cfg(not(target_arch = "x86_64"))]
-    let avx2_sc = false;
-    #[cfg(target_arch = "x86_64")]
-    if avx2_sc {
-        assert!(scratch_fits_sc(row_sc, k, rows), "the scratch holds no row scalars");
-        for r in 0..rows {
-            // SAFETY: the AVX2 table's CPUs have AVX2 and F16C.
-            unsafe { x86::row_scalars(&x[r * xrb..], xrb, 1, nb, act, &ysum[r * nb * 2..], (o, split), &mut row_sc[r * nb * ROW_SCALARS..]) };
-        }
-    }
-    if pair {
+    if pair || avx2_sc {
         match isa {
             // SAFETY: the x86 tables' CPUs have AVX2 and F16C.
             #[cfg(target_arch = "x86_64")]
@@ -566,7 +549,8 @@ pub unsafe fn gemm_impl(
                         x: &x[r0 * xrb..r1 * xrb],
                         xrb,
                         ysum: &ysum[r0 * nb * 2..],
-                        sc: if avx2_sc { &row_sc[r0 * nb * ROW_SCALARS..] } else { &[] },
+                        sc: if avx2_sc { &row_sc[r0 * ROW_SCALARS..] } else { &[] },
+                        sc_rows: rows,
                         rows: r1 - r0,
                     };
                     // AVX-512: two panels per pass where there are two (each row's broadcasts
@@ -667,7 +651,7 @@ mod tests {
                     }
                 }
                 for mr in crate::matmul::schedule::PANEL_MR {
-                    let job = PanelJob { panel: &panel, nb, b0: 0, b1: nb, mr, o, umax: umax(t), act, split, x: &x, xrb, ysum: &ysum, sc: &[], rows };
+                    let job = PanelJob { panel: &panel, nb, b0: 0, b1: nb, mr, o, umax: umax(t), act, split, x: &x, xrb, ysum: &ysum, sc: &[], sc_rows: 0, rows };
                     let (mut p, mut s) = (vec![[0f32; PANEL]; rows], vec![[f32::NAN; PANEL]; rows]);
                     panel_portable(job, |_| [0.0; PANEL], |r, a| p[r] = *a);
                     // SAFETY: AVX2 (with FMA and F16C, the table's features) detected above.

@@ -68,8 +68,9 @@ pub fn q8k_block(row: &[u8], b: usize) -> (f32, f32, &[i8; 32]) {
 /// 255: how many products the AVX2 kernel may add in i16), the activation type, whether the type
 /// keeps two scales per block ([`super::split16`]), `rows` activation rows (`x`, `xrb` bytes
 /// apart) with their half-block sums `ysum` and, for the AVX2 kernel, their block scalars `sc`
-/// (`tile::row_scalars` of each row, row-major: `(r · nb + b) · ROW_SCALARS`; empty: read
-/// from the rows), and the rows per register tile `mr`
+/// (`tile::row_scalars` of the call's `sc_rows` rows, from this job's first: its row r's
+/// block b at `(b · sc_rows + r) · ROW_SCALARS`; empty: read from the rows), and the rows per
+/// register tile `mr`
 /// ([`crate::matmul::schedule::PANEL_MR`]; the portable twin ignores it).
 #[derive(Clone, Copy)]
 pub struct PanelJob<'a> {
@@ -86,6 +87,7 @@ pub struct PanelJob<'a> {
     pub xrb: usize,
     pub ysum: &'a [i32],
     pub sc: &'a [u8],
+    pub sc_rows: usize,
     pub rows: usize,
 }
 

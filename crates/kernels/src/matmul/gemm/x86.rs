@@ -248,7 +248,7 @@ unsafe fn panel_kind<const A: u8, const OFF: bool, const SPLIT: bool, const VNNI
     let abs = act_bytes::<A>();
     assert!(panels.iter().all(|p| p.len() >= nb * PACKED_BLOCK) && b1 <= nb && x.len() >= rows * xrb);
     assert!(xrb >= if A == Q8K { nb / 8 * abs } else { nb * abs } && (!OFF || ysum.len() >= rows * nb * 2));
-    assert!(job.sc.is_empty() || job.sc.len() >= rows * nb * ROW_SCALARS, "block scalars for every row");
+    assert!(job.sc.is_empty() || (rows <= job.sc_rows && job.sc.len() >= ((nb.max(1) - 1) * job.sc_rows + rows) * ROW_SCALARS), "block scalars for every row");
     let tile = mr.clamp(1, 8);
     let mut r = 0;
     while r < rows {
@@ -306,7 +306,7 @@ unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: 
     acc0: &impl Fn(usize, usize) -> [f32; PANEL],
     store: &mut impl FnMut(usize, usize, &[f32; PANEL]),
 ) {
-    let PanelJob { nb, b0, b1, o, x, xrb, ysum, sc, .. } = *job;
+    let PanelJob { nb, b0, b1, o, x, xrb, ysum, sc, sc_rows, .. } = *job;
     let mut accf = [_mm256_setzero_ps(); R];
     for (j, a) in accf.iter_mut().enumerate() {
         // SAFETY: 8 f32 of stack memory.
@@ -363,7 +363,7 @@ unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: 
             let mw = _mm256_loadu_ps(blk.add(288) as *const f32);
             if !VNNI && !sc.is_empty() {
                 for (j, acc) in accf.iter_mut().enumerate() {
-                    let at = sc.as_ptr().add(((r0 + j) * nb + b) * ROW_SCALARS);
+                    let at = sc.as_ptr().add((b * sc_rows + r0 + j) * ROW_SCALARS);
                     let oy = |i: usize| _mm256_set1_epi32((at.add(4 * i) as *const i32).read_unaligned());
                     let dx = _mm256_broadcast_ss(&*(at.add(8) as *const f32));
                     if SPLIT {
