@@ -10,8 +10,10 @@
 //!   back into rows × columns at the end of each block. Every type, Q8_0's codes up to 255
 //!   included. A single leftover row is paired with itself.
 //! - [`panel_dotprod`] (`sdot`): each row's four activations of a group replicated (`ld1r`)
-//!   against the group's 32 code bytes, 4 products per lane. `sdot` is signed × signed, so
-//!   codes up to 127: every supported type but Q8_0 (codes up to 255), which stays portable.
+//!   against the group's 32 code bytes, 4 products per lane. `sdot` is signed × signed: codes
+//!   up to 127 as they are; Q8_0's (up to 255, its signed values plus 128) turned back into
+//!   the signed values (`u ^ 0x80` = `u − 128`, one `eor` per 16 codes shared by every row)
+//!   and multiplied without the offset, so the integer sums are the same exact numbers.
 #![allow(clippy::missing_safety_doc)]
 
 use super::panel::{act_block_with, Act, PanelJob, PACKED_BLOCK, PANEL};
@@ -32,10 +34,16 @@ pub fn panel_i8mm(job: PanelJob, acc0: impl Fn(usize) -> [f32; PANEL], store: im
     unsafe { panel_impl::<true>(job, acc0, store) }
 }
 
-/// The panel kernel with `sdot` (codes up to 127: every supported type but Q8_0).
+/// The panel kernel with `sdot` (every supported type; Q8_0 on its signed values).
 #[target_feature(enable = "dotprod")]
 pub fn panel_dotprod(job: PanelJob, acc0: impl Fn(usize) -> [f32; PANEL], store: impl FnMut(usize, &[f32; PANEL])) {
-    assert!(job.o <= 32, "Q8_0's codes (up to 255) do not fit sdot's signed bytes");
+    // Codes above 127 (Q8_0's, offset 128) go through `sdot` as `code − 128`: then no offset.
+    let job = if job.umax > 127 {
+        assert!(job.o == 128 && !job.split, "codes above 127 are Q8_0's, offset 128");
+        PanelJob { o: 0, ..job }
+    } else {
+        job
+    };
     // SAFETY: the features `panel_impl::<false>` uses are enabled here.
     unsafe { panel_impl::<false>(job, acc0, store) }
 }
@@ -92,7 +100,9 @@ unsafe fn rows_block<const R: usize, const SPLIT: bool, const MMLA: bool>(
     acc0: &impl Fn(usize) -> [f32; PANEL],
     store: &mut impl FnMut(usize, &[f32; PANEL]),
 ) {
-    let PanelJob { panel, nb, b0, b1, o, act, x, xrb, ysum, .. } = job;
+    let PanelJob { panel, nb, b0, b1, o, act, x, xrb, ysum, umax, .. } = job;
+    // `sdot`'s codes: Q8_0's turned signed (`panel_dotprod`), the others as they are.
+    let flip = vdupq_n_u8(if !MMLA && umax > 127 { 0x80 } else { 0 });
     let row_of = |j: usize| r0 + j.min(n - 1);
     let rows: [&[u8]; R] = std::array::from_fn(|j| &x[row_of(j) * xrb..(row_of(j) + 1) * xrb]);
     // SAFETY: the caller's features (NEON, `dotprod`, with `MMLA` `i8mm`); every load is inside
@@ -116,7 +126,8 @@ unsafe fn rows_block<const R: usize, const SPLIT: bool, const MMLA: bool>(
                 mmla_block::<R, SPLIT>(blk, &acts, &mut acci);
             } else {
                 for g in 0..8 {
-                    let w = (vld1q_s8(blk.add(32 * g) as *const i8), vld1q_s8(blk.add(32 * g + 16) as *const i8));
+                    let ld = |at: usize| vreinterpretq_s8_u8(veorq_u8(vld1q_u8(blk.add(at)), flip));
+                    let w = (ld(32 * g), ld(32 * g + 16));
                     let h = if SPLIT { g / 4 } else { 0 };
                     for j in 0..R {
                         let y = vreinterpretq_s8_s32(vdupq_n_s32((acts[j].2.as_ptr().add(4 * g) as *const i32).read_unaligned()));

@@ -51,13 +51,13 @@ pub fn supported(t: DType) -> bool {
     matches!(t, DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K | DType::Q6K)
 }
 
-/// Whether the panel GEMM of `t` runs a SIMD kernel under `isa`'s table (AVX-512, AVX2 and
-/// SME: every supported type; dotprod: every type on a CPU with i8mm (`usmmla`), else all but
-/// Q8_0, whose codes do not fit `sdot`'s signed bytes; elsewhere the portable twin).
+/// Whether the panel GEMM of `t` runs a SIMD kernel under `isa`'s table (AVX-512, AVX2, SME
+/// and dotprod — `usmmla` with i8mm, else `sdot`, Q8_0 on its signed values —: every
+/// supported type; elsewhere the portable twin).
 pub fn simd(t: DType, isa: Isa) -> bool {
     supported(t) && match isa {
         Isa::Avx512 | Isa::Amx | Isa::Sme | Isa::Avx2 => true,
-        Isa::Dotprod => t != DType::Q8_0 || i8mm(),
+        Isa::Dotprod => true,
         Isa::Portable | Isa::Neon => false,
     }
 }
