@@ -156,8 +156,9 @@ fn tune_writes_a_plan_that_run_and_plan_use() {
 /// `tune --accel on` times the model's layers on the accelerator against the CPU (lavapipe in
 /// CI: slower at the prompt's length, so one pass rules it out and the plan places nothing
 /// there). A plan whose device wins from 2 tokens runs a prompt's layers there and decodes on
-/// the CPU; with `--batch-invariant` (and in `serve` unless `--no-batch-invariant`) it says why
-/// the device is left out.
+/// the CPU, in `run` and in `serve --no-batch-invariant` (a request's log-probabilities near
+/// the CPU-only server's); with `--batch-invariant` (and in `serve` unless
+/// `--no-batch-invariant`) it says why the device is left out.
 #[test]
 fn tune_times_the_accelerator_and_run_follows_the_plan() {
     let dir = std::env::temp_dir().join(format!("corelm-tune-accel-{}", std::process::id()));
@@ -191,10 +192,25 @@ fn tune_times_the_accelerator_and_run_follows_the_plan() {
     assert!(invariant.status.success() && err.contains("plan: the plan's 30 layers") && err.contains("--batch-invariant") && !err.contains("accel-layers:"), "{err}");
     // serve is batch-invariant unless told otherwise: the plan's device only with the opt-out.
     let plan = path.to_str().unwrap();
-    let log = Served::start(&["--plan", plan]).log.clone();
-    assert!(log.contains("plan: the plan's 30 layers") && log.contains("`serve --no-batch-invariant` allows it") && !log.contains("accel-layers:"), "{log}");
-    let log = Served::start(&["--plan", plan, "--no-batch-invariant"]).log.clone();
-    assert!(log.contains("accel-layers: 30 layers") && !log.contains("plan:"), "{log}");
+    let cpu = Served::start(&["--plan", plan]);
+    assert!(cpu.log.contains("plan: the plan's 30 layers") && cpu.log.contains("`serve --no-batch-invariant` allows it") && !cpu.log.contains("accel-layers:"), "{}", cpu.log);
+    let device = Served::start(&["--plan", plan, "--no-batch-invariant"]);
+    assert!(device.log.contains("accel-layers: 30 layers") && !device.log.contains("plan:"), "{}", device.log);
+    // A request served that way: its prompt's pass on the device, its decode steps (one token
+    // each) on the CPU, which reads the prompt's rows read back from the device's cache.
+    // Greedy log-probabilities near the CPU-only server's (the device sums in f32, the CPU
+    // rounds its activations to 8 bits: 0.005–0.06 apart here), not its bits. (A short prompt:
+    // lavapipe takes about 3 s a token on 2 cores.)
+    let request = serde_json::json!({ "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0, "logprobs": 1 });
+    let logprobs = |v: serde_json::Value| -> Vec<f64> {
+        v["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap_or_else(|| panic!("{v}")).iter().map(|l| l.as_f64().unwrap()).collect()
+    };
+    let want = logprobs(cpu.post("/v1/completions", &request));
+    let got = logprobs(device.post("/v1/completions", &request));
+    assert_eq!((got.len(), want.len()), (4, 4));
+    assert_ne!(got[0], want[0], "the prompt's pass ran on the CPU, not on the device");
+    assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() < 0.2), "device prefill {got:?} vs CPU {want:?}");
+    drop((cpu, device));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
