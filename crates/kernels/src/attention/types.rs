@@ -267,7 +267,7 @@ impl AttnScratch {
             fin: &mut self.dfin[..heads],
             keys: &mut self.dkeys[..],
             k32: &mut self.k32[..],
-            v32: &mut self.v32[..],
+            v32: &mut self.rows.v32[..],
             next: &mut self.next,
         })
     }
@@ -485,7 +485,8 @@ pub struct DecodeBuffers<'a> {
     pub fin: &'a mut [[f32; 2]],
     /// `[DECODE_KEYS][head_dim]`: a group of key rows widened to f32 (the AVX-512 kernel).
     pub keys: &'a mut [f32],
-    /// One key row and one value row in f32 (the AVX2 kernel).
+    /// One key row in f32, and `[DECODE_CHUNK][head_dim]`: a chunk's value rows in f32 (the
+    /// AVX2 kernel; the multi-row kernel's tile of values, unused by decode).
     pub k32: &'a mut [f32],
     pub v32: &'a mut [f32],
     /// The rows the worker reads after this call.

@@ -1,16 +1,29 @@
 //! The two-phase decode attention of [`super::decode`] with AVX2, for CPUs without
-//! AVX-512: the same driver and softmax steps, 8-lane phases. Phase 1 widens each key row once
-//! into an f32 row and dots it with every head in ggml's order — its four 16-lane accumulators
-//! as eight 8-lane halves, folded and reduced in registers; phase 2 takes the exponentials from
-//! `exp::x86::expf8` and updates the F16-rounded accumulators in memory with each value row
-//! widened once for all heads — for head dimension 64, head by head with the accumulators in
-//! registers instead ([`accumulate_head64`]). Bit-identical per head to
-//! `attention::portable::attend_reference`.
+//! AVX-512: the same driver and softmax steps, 8-lane phases. Phase 1 widens [`KEYS`] key rows
+//! at a time once into an f32 buffer and dots each with every head in ggml's order — its four
+//! 16-lane accumulators as eight 8-lane halves, folded in registers —, then reduces the eight
+//! keys' vectors together ([`reduce8`]: 21 shuffles and additions where a horizontal sum per
+//! key took six and a scalar store); phase 2 takes the exponentials from `exp::x86::expf_slice_avx2` and,
+//! for head dimension 64, updates each head's F16-rounded accumulators in registers over the
+//! chunk's value rows, widened once for all the group's heads ([`accumulate_head64`]); other
+//! head dimensions update them in memory, each value row widened once. Bit-identical per head
+//! to `attention::portable::attend_reference`.
+//!
+//! SmolLM2's 3 heads per KV head, one thread, 144–2048 cells in cache, on the 2-core AVX2 VM:
+//! 51–52 ns per (head, cell) with a horizontal sum per key and each value row widened per
+//! head; 48–50 with the keys reduced together; 42–44 with the values widened once too. What is
+//! left is mostly the F16 rounding pair per accumulator update (`vcvtps2ph` alone measured
+//! about 4 cycles per vector on that VM).
 #![allow(clippy::missing_safety_doc)]
 
 use crate::attention::chunks::{ask_share, drive};
 use crate::attention::portable::softmax_steps;
 use crate::attention::types::{Cells, DecodeBuffers, DECODE_CHUNK};
+
+/// Key rows scored together: widened once into `DecodeBuffers::keys`, their sums reduced
+/// across registers ([`reduce8`]).
+const KEYS: usize = 8;
+const _: () = assert!(KEYS <= crate::attention::types::DECODE_KEYS && DECODE_CHUNK.is_multiple_of(KEYS));
 use crate::exp::x86::expf_slice_avx2;
 use crate::simd::{prefetch_lines, CacheLevel};
 use half::f16;
@@ -30,27 +43,67 @@ pub fn attend_decode_group_avx2(
     let Cells { kv, .. } = cells;
     let hd = kv.head_dim;
     let heads = q.len() / hd;
+    assert!(bufs.keys.len() >= KEYS * hd, "room for {KEYS} widened key rows");
     drive(q, cells, split, bufs, out, |rows, b| {
         let (kr, vr) = (rows.k, rows.v);
-        for (i, &kp) in kr.iter().enumerate() {
-            // Value row i into L1 for phase 2 (asked for into L2 a chunk earlier); the rows
-            // read after this chunk into L2.
-            prefetch_lines(vr[i] as *const u8, 2 * hd, CacheLevel::L1);
-            ask_share(rows.ahead_k, 2 * hd, i, kr.len());
-            ask_share(rows.ahead_v, 2 * hd, i, kr.len());
-            // SAFETY: `kp` starts a row of `hd` F16 values; k32 holds `hd` (checked by `drive`).
-            unsafe { widen(kp, &mut b.k32[..hd]) };
+        for g in (0..kr.len()).step_by(KEYS) {
+            let m = (kr.len() - g).min(KEYS);
+            for (i, &kp) in kr[g..g + m].iter().enumerate() {
+                // Value row g + i into L1 for phase 2 (asked for into L2 a chunk earlier); the
+                // rows read after this chunk into L2.
+                prefetch_lines(vr[g + i] as *const u8, 2 * hd, CacheLevel::L1);
+                ask_share(rows.ahead_k, 2 * hd, g + i, kr.len());
+                ask_share(rows.ahead_v, 2 * hd, g + i, kr.len());
+                // SAFETY: `kp` starts a row of `hd` F16 values; `keys` holds KEYS rows of `hd`
+                // (asserted above).
+                unsafe { widen(kp, &mut b.keys[i * hd..(i + 1) * hd]) };
+            }
             for h in 0..heads {
-                let s = dot(&b.k32[..hd], &b.qf[h * hd..(h + 1) * hd]);
-                b.scores[h * DECODE_CHUNK + i] = s * scale;
+                let qh = &b.qf[h * hd..(h + 1) * hd];
+                // Each key's eight accumulators folded to one vector, the group's vectors then
+                // reduced together; the keys past `m` are zeros, their scores not stored.
+                let mut t = [_mm256_setzero_ps(); KEYS];
+                for (i, ti) in t.iter_mut().enumerate().take(m) {
+                    *ti = fold(&b.keys[i * hd..(i + 1) * hd], qh);
+                }
+                let s = _mm256_mul_ps(reduce8(&t), _mm256_set1_ps(scale));
+                let at = &mut b.scores[h * DECODE_CHUNK + g..h * DECODE_CHUNK + g + m];
+                if m == KEYS {
+                    // SAFETY: `at` holds KEYS = 8 values; unaligned store.
+                    unsafe { _mm256_storeu_ps(at.as_mut_ptr(), s) };
+                } else {
+                    let mut all = [0f32; KEYS];
+                    // SAFETY: 8 f32 of stack memory.
+                    unsafe { _mm256_storeu_ps(all.as_mut_ptr(), s) };
+                    at.copy_from_slice(&all[..m]);
+                }
             }
         }
         softmax_steps(b.scores, b.grow, &mut b.state[..heads], vr.len(), |x| expf_slice_avx2(x));
         if hd == 64 {
+            // With more than one head, the chunk's value rows widened once into `v32` for all
+            // of them; one head converts as it reads.
+            let wide = heads > 1 && b.v32.len() >= vr.len() * 64;
+            if wide {
+                for (i, &vp) in vr.iter().enumerate() {
+                    // SAFETY: `vp` starts a row of 64 F16 values; v32 holds the chunk's rows
+                    // (checked just above).
+                    unsafe { widen(vp, &mut b.v32[i * 64..(i + 1) * 64]) };
+                }
+            }
             for (h, st) in b.state[..heads].iter_mut().enumerate() {
-                // SAFETY: every `vr` pointer starts a row of 64 F16 values; the head's scores
-                // cover the chunk's cells and its accumulator holds 64 values.
-                unsafe { accumulate_head64(vr, &b.scores[h * DECODE_CHUNK..(h + 1) * DECODE_CHUNK], b.grow[h], &mut b.acc[h * 64..(h + 1) * 64], &mut st[1]) };
+                let (e, acc) = (&b.scores[h * DECODE_CHUNK..(h + 1) * DECODE_CHUNK], &mut b.acc[h * 64..(h + 1) * 64]);
+                // SAFETY: every `vr` pointer starts a row of 64 F16 values, and with `wide`
+                // v32 holds them widened; the head's scores cover the chunk's cells and its
+                // accumulator holds 64 values.
+                unsafe {
+                    if wide {
+                        let v = b.v32.as_ptr();
+                        accumulate_head64(vr.len(), |i, j| _mm256_loadu_ps(v.add(64 * i + 8 * j)), e, b.grow[h], acc, &mut st[1])
+                    } else {
+                        accumulate_head64(vr.len(), |i, j| _mm256_cvtph_ps(_mm_loadu_si128(vr[i].add(8 * j) as *const __m128i)), e, b.grow[h], acc, &mut st[1])
+                    }
+                }
             }
             return;
         }
@@ -67,28 +120,27 @@ pub fn attend_decode_group_avx2(
     });
 }
 
-/// Phase 2 of one head of dimension 64 over the chunk's value rows `vr`: its eight
-/// accumulator vectors stay in registers from the first cell to the last, where the general
-/// loop below loads and stores them for every cell (each cell then waits on the previous one's
-/// store). Each value row is widened again per head (one conversion per 8 lanes, as a load of
-/// a widened copy would cost); the chunk's rows stay in L1 across its heads. The same
-/// operations per lane in the same cell order as [`accumulate`], so the same bits.
+/// Phase 2 of one head of dimension 64 over the chunk's `n` value rows, lanes `8j..8j + 8`
+/// of row `i` widened by `v(i, j)`: its eight accumulator vectors stay in registers from the
+/// first cell to the last, where the general loop below loads and stores them for every cell
+/// (each cell then waits on the previous one's store). The same operations per lane in the
+/// same cell order as [`accumulate`], so the same bits.
 ///
 /// # Safety
-/// Every `vr` pointer starts a row of 64 F16 values; `e` holds an exponential per cell of `vr`;
-/// `acc` holds 64 values; AVX2, FMA and F16C present.
+/// `v(i, j)` for `i < n`, `j < 8` reads inside a value row; `e` holds an exponential per
+/// cell; `acc` holds 64 values; AVX2, FMA and F16C present.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn accumulate_head64(vr: &[*const f16], e: &[f32], grow: u64, acc: &mut [f32], sum: &mut f32) {
+unsafe fn accumulate_head64(n: usize, v: impl Fn(usize, usize) -> __m256, e: &[f32], grow: u64, acc: &mut [f32], sum: &mut f32) {
     let round = |x: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
-    assert!(acc.len() >= 64 && e.len() >= vr.len());
+    assert!(acc.len() >= 64 && e.len() >= n);
     let mut r = [_mm256_setzero_ps(); 8];
     for (j, rj) in r.iter_mut().enumerate() {
         // SAFETY: 8j + 8 <= 64 <= acc.len(); unaligned load.
         *rj = unsafe { _mm256_loadu_ps(acc.as_ptr().add(8 * j)) };
     }
     let mut s = *sum;
-    for (i, &vp) in vr.iter().enumerate() {
+    for i in 0..n {
         let (ms, vs) = if grow & (1 << i) != 0 { (e[i], 1f32) } else { (1f32, e[i]) };
         // Skipping the rescale when `ms` is 1 changes no bits (an F16 value times 1 is itself).
         if ms != 1.0 {
@@ -99,9 +151,7 @@ unsafe fn accumulate_head64(vr: &[*const f16], e: &[f32], grow: u64, acc: &mut [
         }
         let vsv = _mm256_set1_ps(vs);
         for (j, rj) in r.iter_mut().enumerate() {
-            // SAFETY (caller): `vp` starts a row of 64 F16 values; unaligned load.
-            let v = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(vp.add(8 * j) as *const __m128i)) };
-            *rj = round(_mm256_fmadd_ps(v, vsv, *rj));
+            *rj = round(_mm256_fmadd_ps(v(i, j), vsv, *rj));
         }
         s = s.mul_add(ms, vs);
     }
@@ -122,12 +172,13 @@ unsafe fn widen(src: *const f16, dst: &mut [f32]) {
     }
 }
 
-/// `k · q` in ggml's order for a multiple of 64 values: accumulator halves j = 0..8 over the
-/// 64-value steps, `(0+4)+(2+6)` and `(1+5)+(3+7)` (ggml's 0+2, 1+3, then 0+1 on 16 lanes),
-/// then GCC's `_mm512_reduce_add_ps` order on the 16 lanes.
+/// `k · q` in ggml's order for a multiple of 64 values, up to the last 8 lanes: accumulator
+/// halves j = 0..8 over the 64-value steps, `(0+4)+(2+6)` and `(1+5)+(3+7)` (ggml's 0+2, 1+3,
+/// then 0+1 on 16 lanes), then their sum — the 16-lane accumulator's halves added, the first
+/// step of GCC's `_mm512_reduce_add_ps`, whose rest [`reduce8`] takes for eight keys at once.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot(k: &[f32], q: &[f32]) -> f32 {
+fn fold(k: &[f32], q: &[f32]) -> __m256 {
     let n = k.len().min(q.len());
     let mut acc = [_mm256_setzero_ps(); 8];
     for i in (0..n).step_by(64) {
@@ -138,10 +189,26 @@ fn dot(k: &[f32], q: &[f32]) -> f32 {
     }
     let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
     let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
-    let t3 = _mm256_add_ps(hi, lo);
-    let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
-    let u = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
-    _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)))
+    _mm256_add_ps(hi, lo)
+}
+
+/// The sums of eight keys' [`fold`]ed vectors `t[c]`, key c in lane c, each by the additions
+/// of a horizontal sum in the order of GCC's `_mm512_reduce_add_ps` after its first step:
+/// `t6 = hi + lo` (the 128-bit halves), `u = t6[0..2] + t6[2..4]`, then `u[0] + u[1]` — here
+/// as 21 shuffles and additions for the eight where each alone takes six and a store.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn reduce8(t: &[__m256; KEYS]) -> __m256 {
+    // Lanes [t6 of key c | t6 of key c + 4].
+    let t6 = |c: usize| _mm256_add_ps(_mm256_permute2f128_ps::<0x31>(t[c], t[c + 4]), _mm256_permute2f128_ps::<0x20>(t[c], t[c + 4]));
+    let (w0, w1, w2, w3) = (t6(0), t6(1), t6(2), t6(3));
+    // Lanes [u of keys c, c + 1 | u of keys c + 4, c + 5].
+    let u = |a: __m256, b: __m256| {
+        let (a, b) = (_mm256_castps_pd(a), _mm256_castps_pd(b));
+        _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)), _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)))
+    };
+    let (z01, z23) = (u(w0, w1), u(w2, w3));
+    _mm256_add_ps(_mm256_shuffle_ps::<0b10_00_10_00>(z01, z23), _mm256_shuffle_ps::<0b11_01_11_01>(z01, z23))
 }
 
 /// One head's accumulator step: `a = f16(f16(a · ms) + v · vs)` lane by lane (the rescale
