@@ -161,10 +161,13 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
     // Executed: under `--fast-prefill` a matrix whose tiles were timed faster gives the tiles'
     // bits, one whose panel was gives the panel's; untimed, its table decides (x86: the tiles
     // below `PANEL_OVER_TILES_ROWS` rows, the panel from there; for the types an x86 table
-    // packs from the interleaved groups, from `PANEL_OVER_TILES_ROWS_GROUPS`).
+    // packs from the interleaved groups, from `PANEL_OVER_TILES_ROWS_GROUPS`, and AVX2's Q8_0
+    // from `PANEL_OVER_TILES_ROWS_AVX2_Q8_0`).
     let over = |isa, t, rows| matmul::panel_over_tiles(isa, t, rows);
     assert!(!over(Isa::Avx512, DType::IQ4NL, 16) && over(Isa::Avx512, DType::IQ4NL, 40) && over(Isa::Dotprod, DType::IQ4NL, 16));
     assert!(!over(Isa::Avx2, DType::Q5_0, 16) && over(Isa::Avx2, DType::Q5_0, 40));
+    // AVX2's Q8_0 (an LM head at 16 sequences) from 16 rows.
+    assert!(!over(Isa::Avx2, DType::Q8_0, 15) && over(Isa::Avx2, DType::Q8_0, 16) && !over(Isa::Avx2, DType::Q5_0, 16));
     for isa in [Isa::Avx512, Isa::Avx2] {
         assert!(over(isa, t, matmul::PANEL_OVER_TILES_ROWS_GROUPS) && !over(isa, t, matmul::PANEL_OVER_TILES_ROWS_GROUPS - 1));
     }

@@ -174,6 +174,13 @@ pub const PANEL_OVER_TILES_ROWS: usize = 32;
 /// 387–401, pp24 336–338 / 440–449; its Q5_0 matmuls at 16 sequences 33.3 / 25.8 ms.
 pub const PANEL_OVER_TILES_ROWS_GROUPS: usize = GEMM_MIN_ROWS;
 
+/// [`PANEL_OVER_TILES_ROWS`] for Q8_0 under the AVX2 table (its panel on the signed bytes,
+/// `maddubs(|q|, sign(y, q))`, decoded from the plain rows): measured faster than the tiles
+/// from 16 rows. The AVX2 VM (2026-11-30), SmolLM2's Q8_0 LM head in a 16-sequence
+/// decode step (`bench --npl 16 -p 128 --fast-prefill --profile`, three alternations), tiles
+/// / panel: 20.9, 21.1, 22.6 / 20.2, 20.4, 19.5 ms.
+pub const PANEL_OVER_TILES_ROWS_AVX2_Q8_0: usize = 16;
+
 /// Whether `--fast-prefill` without a tuned plan runs the panel GEMM over `rows` batch rows on a
 /// matrix that also has interleaved tiles under `isa`'s table. On x86 from
 /// [`PANEL_OVER_TILES_ROWS`] rows: the panel kernels with their kind fixed at compile time and
@@ -182,7 +189,13 @@ pub const PANEL_OVER_TILES_ROWS_GROUPS: usize = GEMM_MIN_ROWS;
 /// aarch64 always: its panel kernels are the matrix instructions' (`usmmla`, SME's outer
 /// products), not timed against the tiles on ARM hardware.
 pub fn panel_over_tiles(isa: Isa, dtype: DType, rows: usize) -> bool {
-    let from = if gemm::packs_groups(dtype, isa) { PANEL_OVER_TILES_ROWS_GROUPS } else { PANEL_OVER_TILES_ROWS };
+    let from = if gemm::packs_groups(dtype, isa) {
+        PANEL_OVER_TILES_ROWS_GROUPS
+    } else if isa == Isa::Avx2 && dtype == DType::Q8_0 {
+        PANEL_OVER_TILES_ROWS_AVX2_Q8_0
+    } else {
+        PANEL_OVER_TILES_ROWS
+    };
     !matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Amx) || rows >= from
 }
 
