@@ -130,7 +130,7 @@ pub(crate) fn drive(
     let b = &mut bufs;
     assert!(supports(hd) && kv.is_f16() && out.len() >= heads * hd);
     assert!(b.qf.len() >= heads * hd && b.acc.len() >= heads * hd && b.state.len() >= heads && b.fin.len() >= heads);
-    assert!(b.scores.len() >= heads * CHUNK && b.grow.len() >= heads && b.k32.len() >= hd && b.v32.len() >= hd);
+    assert!(b.scores.len() >= heads * CHUNK && b.grow.len() >= heads && b.v32.len() >= hd);
     crate::simd::round_f16_row(&q[..heads * hd], &mut b.qf[..heads * hd]);
     let range = if split == 0 { n_cells.max(1) } else { split };
     if split > 0 {

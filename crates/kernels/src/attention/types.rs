@@ -266,7 +266,6 @@ impl AttnScratch {
             grow: &mut self.dgrow[..heads],
             fin: &mut self.dfin[..heads],
             keys: &mut self.dkeys[..],
-            k32: &mut self.k32[..],
             v32: &mut self.rows.v32[..],
             next: &mut self.next,
         })
@@ -485,9 +484,8 @@ pub struct DecodeBuffers<'a> {
     pub fin: &'a mut [[f32; 2]],
     /// `[DECODE_KEYS][head_dim]`: a group of key rows widened to f32 (the AVX-512 kernel).
     pub keys: &'a mut [f32],
-    /// One key row in f32, and `[DECODE_CHUNK][head_dim]`: a chunk's value rows in f32 (the
-    /// AVX2 kernel; the multi-row kernel's tile of values, unused by decode).
-    pub k32: &'a mut [f32],
+    /// `[DECODE_CHUNK][head_dim]`: a chunk's value rows in f32 (the AVX2 kernel; the multi-row
+    /// kernel's tile of values, unused by decode).
     pub v32: &'a mut [f32],
     /// The rows the worker reads after this call.
     pub next: &'a mut NextRows,

@@ -19,15 +19,15 @@
 use crate::attention::chunks::{ask_share, drive};
 use crate::attention::portable::softmax_steps;
 use crate::attention::types::{Cells, DecodeBuffers, DECODE_CHUNK};
+use crate::exp::x86::expf_slice_avx2;
+use crate::simd::{prefetch_lines, CacheLevel};
+use half::f16;
+use std::arch::x86_64::*;
 
 /// Key rows scored together: widened once into `DecodeBuffers::keys`, their sums reduced
 /// across registers ([`reduce8`]).
 const KEYS: usize = 8;
 const _: () = assert!(KEYS <= crate::attention::types::DECODE_KEYS && DECODE_CHUNK.is_multiple_of(KEYS));
-use crate::exp::x86::expf_slice_avx2;
-use crate::simd::{prefetch_lines, CacheLevel};
-use half::f16;
-use std::arch::x86_64::*;
 
 /// Attention of the `q.len() / head_dim` query heads of one KV head over the visible cells
 /// `c < n_cells` of an F16 cache (`chunks::supports(head_dim)`).
@@ -44,6 +44,7 @@ pub fn attend_decode_group_avx2(
     let hd = kv.head_dim;
     let heads = q.len() / hd;
     assert!(bufs.keys.len() >= KEYS * hd, "room for {KEYS} widened key rows");
+    assert!(hd != 64 || bufs.v32.len() >= DECODE_CHUNK * 64, "room for a chunk's value rows");
     drive(q, cells, split, bufs, out, |rows, b| {
         let (kr, vr) = (rows.k, rows.v);
         for g in (0..kr.len()).step_by(KEYS) {
@@ -83,11 +84,11 @@ pub fn attend_decode_group_avx2(
         if hd == 64 {
             // With more than one head, the chunk's value rows widened once into `v32` for all
             // of them; one head converts as it reads.
-            let wide = heads > 1 && b.v32.len() >= vr.len() * 64;
+            let wide = heads > 1;
             if wide {
                 for (i, &vp) in vr.iter().enumerate() {
-                    // SAFETY: `vp` starts a row of 64 F16 values; v32 holds the chunk's rows
-                    // (checked just above).
+                    // SAFETY: `vp` starts a row of 64 F16 values; v32 holds a chunk's rows
+                    // (asserted above).
                     unsafe { widen(vp, &mut b.v32[i * 64..(i + 1) * 64]) };
                 }
             }
