@@ -202,9 +202,6 @@ fn tune_times_the_accelerator_and_run_follows_the_plan() {
     // rounds its activations to 8 bits: 0.005–0.06 apart here), not its bits. (A short prompt:
     // lavapipe takes about 3 s a token on 2 cores.)
     let request = serde_json::json!({ "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0, "logprobs": 1 });
-    let logprobs = |v: serde_json::Value| -> Vec<f64> {
-        v["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap_or_else(|| panic!("{v}")).iter().map(|l| l.as_f64().unwrap()).collect()
-    };
     let want = logprobs(cpu.post("/v1/completions", &request));
     let got = logprobs(device.post("/v1/completions", &request));
     assert_eq!((got.len(), want.len()), (4, 4));
@@ -399,6 +396,11 @@ impl Served {
     }
 }
 
+/// The per-token log-probabilities of a `/v1/completions` reply with `logprobs` on.
+fn logprobs(v: serde_json::Value) -> Vec<f64> {
+    v["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap_or_else(|| panic!("{v}")).iter().map(|l| l.as_f64().unwrap()).collect()
+}
+
 impl Drop for Served {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -416,9 +418,6 @@ fn serve_without_batch_invariance_takes_the_fast_prefill() {
         "prompt": "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined movable metal type, oil-based ink and a wooden press into one system",
         "max_tokens": 4, "temperature": 0, "logprobs": 1,
     });
-    let logprobs = |v: serde_json::Value| -> Vec<f64> {
-        v["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap_or_else(|| panic!("{v}")).iter().map(|l| l.as_f64().unwrap()).collect()
-    };
     let invariant = logprobs(Served::start(&[]).post("/v1/completions", &request));
     let fast = Served::start(&["--no-batch-invariant", "--fast-prefill"]);
     assert!(fast.log.contains("results depend on batching, panel GEMM prefill"), "{}", fast.log);
