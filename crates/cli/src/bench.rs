@@ -273,17 +273,18 @@ fn print_profile(engine: &corelm_engine::Engine, prof: &corelm_engine::Profile, 
         Default::default()
     };
     eprintln!("  profile of {test}, {t} threads:");
-    eprintln!("  | op | ms | nodes | share | weights read at GB/s |{head}");
-    eprintln!("  |---|---|---|---|---|{rule}");
+    eprintln!("  | op | ms | nodes | share | weights read at GB/s | waits after ms |{head}");
+    eprintln!("  |---|---|---|---|---|---|{rule}");
     for e in &ops {
         let cols: String = (0..groups).map(|g| format!(" {:.3} |", 1e3 * e.group_secs.get(g).copied().unwrap_or(0.0) / per as f64)).collect();
         eprintln!(
-            "  | {} | {:.3} | {} | {:.1}% | {} |{cols}",
+            "  | {} | {:.3} | {} | {:.1}% | {} | {:.3} |{cols}",
             e.label(),
             1e3 * e.secs / per as f64,
             e.nodes / per,
             100.0 * e.secs / total.max(1e-12),
-            gbps(e)
+            gbps(e),
+            1e3 * e.wait_secs / per as f64
         );
     }
     if groups > 0 {

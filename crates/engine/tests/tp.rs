@@ -198,8 +198,9 @@ fn async_and_lockstep_give_the_same_bits_under_stress() {
 /// Unequal worker groups get parts in proportion: `-t 3 --tp 2` is a group of 2 workers and
 /// one of 1, so SmolLM2's 9 heads split 6 + 3 and its 48 feed-forward blocks 32 + 16, and each
 /// layer's matrices hold twice the weights in the first shard; the logits stay within the
-/// golden tolerance of degree 1. A profile reports each group's waits at the global barriers,
-/// and each group's busy time in its own shard's nodes per op kind.
+/// golden tolerance of degree 1. A profile reports each group's waits at the global barriers
+/// (and the same waits by the op kind of the node before them), and each group's busy time in
+/// its own shard's nodes per op kind.
 #[test]
 fn shards_follow_their_worker_groups() {
     use corelm_core::Op;
@@ -225,6 +226,11 @@ fn shards_follow_their_worker_groups() {
     let prof = e.profile.take().unwrap();
     let waits = &prof.group_wait;
     assert!(waits.len() == 2 && waits.iter().all(|w| w.is_finite() && *w >= 0.0), "{waits:?}");
+    // The waits after each op kind's nodes are the same waits, per worker of the pool: the
+    // group of 2's mean counts twice, the group of 1's once.
+    let per_op: f64 = prof.per_op.iter().map(|p| p.wait_secs).sum();
+    let per_group = (2.0 * waits[0] + waits[1]) / 3.0;
+    assert!((per_op - per_group).abs() <= 1e-6 + 1e-6 * per_group, "waits after op kinds {per_op} s, per group {per_group} s");
     // Each shard's busy time: both shards run matmuls; a serial op kind has none.
     for p in &prof.per_op {
         let busy = p.group_secs.iter().filter(|s| **s > 0.0).count();

@@ -361,7 +361,7 @@ impl Executor {
         // With a profile, each worker times its waits in global barriers.
         let timing = profile.is_some();
         let n_groups = pool.view_groups(view).len();
-        let waits = profile::BarrierWaits::new(if timing { n_groups } else { 0 });
+        let waits = profile::BarrierWaits::new(if timing { n_groups } else { 0 }, graph.nodes.len());
         let prof = std::sync::Mutex::new(profile);
         // With several groups, each group's first worker also times its own shard's nodes.
         let busy: Vec<std::sync::Mutex<Profile>> =
@@ -371,7 +371,7 @@ impl Executor {
             let mut prof = if w.ith == 0 { prof.lock().ok() } else { None };
             let profiling = prof.as_ref().is_some_and(|g| g.is_some());
             let mut busy = if w.group_ith == 0 { busy.get(w.group).and_then(|b| b.lock().ok()) } else { None };
-            for ((&id, &sync), &cap) in graph.nodes.iter().zip(&graph.sync).zip(&graph.threads) {
+            for (node, ((&id, &sync), &cap)) in graph.nodes.iter().zip(&graph.sync).zip(&graph.threads).enumerate() {
                 let t0 = profiling.then(Instant::now);
                 let t_busy = busy.is_some().then(Instant::now);
                 // A parallel subgraph's node runs on its group only, split among the group's
@@ -393,7 +393,7 @@ impl Executor {
                 }
                 match sync {
                     After::Group => {}
-                    After::Global if timing => waits.time(w.group, || w.global_barrier()),
+                    After::Global if timing => waits.time(w.group, node, || w.global_barrier()),
                     After::Global => w.global_barrier(),
                 }
                 // Seen by the first worker that waited for the node: a shard's node by its
@@ -414,6 +414,7 @@ impl Executor {
         });
         if let Some(p) = prof.into_inner().unwrap_or_else(|e| e.into_inner()) {
             p.add_waits(&waits.per_worker(pool.view_groups(view)));
+            p.add_node_waits(graph, &waits.per_node(pool.view_groups(view).iter().map(|r| r.len()).sum()));
             for (g, b) in busy.iter().enumerate() {
                 p.add_group(g, n_groups, &b.lock().unwrap_or_else(|e| e.into_inner()));
             }

@@ -35,6 +35,10 @@ pub struct ProfileEntry {
     /// own shard's nodes of this kind (group barriers included, global waits not), so a
     /// profile shows which op kind makes one shard slower than the others. Empty without groups.
     pub group_secs: Vec<f64>,
+    /// Seconds a worker spent in the global barriers after this kind's nodes (the mean over
+    /// the pass's workers): what the kind's uneven shares, or its work on fewer workers than
+    /// the pool's, cost the others.
+    pub wait_secs: f64,
 }
 
 impl ProfileEntry {
@@ -55,7 +59,7 @@ impl Profile {
                 e.nodes += 1;
                 e.bytes += bytes;
             }
-            None => self.per_op.push(ProfileEntry { op, weight, secs, nodes: 1, bytes, group_secs: Vec::new() }),
+            None => self.per_op.push(ProfileEntry { op, weight, secs, nodes: 1, bytes, group_secs: Vec::new(), wait_secs: 0.0 }),
         }
     }
 
@@ -68,6 +72,17 @@ impl Profile {
                 e.group_secs.resize(groups, 0.0);
             }
             e.group_secs[g] += b.secs;
+        }
+    }
+
+    /// Add the workers' mean wait after each node (`per_node`, in the graph's node order) to
+    /// its kind's entry.
+    pub(super) fn add_node_waits(&mut self, graph: &Graph, per_node: &[f64]) {
+        for (&id, &w) in graph.nodes.iter().zip(per_node) {
+            let (op, weight) = (graph.tensor(id).op.name(), weight_of(graph, id).0);
+            if let Some(e) = self.per_op.iter_mut().find(|e| e.op == op && e.weight == weight) {
+                e.wait_secs += w;
+            }
         }
     }
 
@@ -102,25 +117,37 @@ pub(super) fn weight_of(graph: &Graph, id: TensorId) -> (Option<(DType, bool)>, 
     }
 }
 
-/// Nanoseconds the workers of each group spent in global barriers during one pass.
-pub(super) struct BarrierWaits(Vec<AtomicU64>);
+/// Nanoseconds the workers of each group, and all workers after each node, spent in global
+/// barriers during one pass.
+pub(super) struct BarrierWaits {
+    per_group: Vec<AtomicU64>,
+    per_node: Vec<AtomicU64>,
+}
 
 impl BarrierWaits {
-    /// Room for up to `groups` groups (0: nothing is timed).
-    pub(super) fn new(groups: usize) -> Self {
-        BarrierWaits((0..groups).map(|_| AtomicU64::new(0)).collect())
+    /// Room for up to `groups` groups and `nodes` nodes (0 groups: nothing is timed).
+    pub(super) fn new(groups: usize, nodes: usize) -> Self {
+        let zeros = |n: usize| (0..n).map(|_| AtomicU64::new(0)).collect();
+        BarrierWaits { per_group: zeros(groups), per_node: zeros(if groups == 0 { 0 } else { nodes }) }
     }
 
-    /// Run `barrier`, adding its time to `group`'s.
+    /// Run `barrier`, the one after node `node`, adding its time to `group`'s and the node's.
     #[inline]
-    pub(super) fn time(&self, group: usize, barrier: impl FnOnce()) {
+    pub(super) fn time(&self, group: usize, node: usize, barrier: impl FnOnce()) {
         let t = Instant::now();
         barrier();
-        self.0[group].fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let ns = t.elapsed().as_nanos() as u64;
+        self.per_group[group].fetch_add(ns, Ordering::Relaxed);
+        self.per_node[node].fetch_add(ns, Ordering::Relaxed);
     }
 
     /// Seconds per group, divided by its worker count (`groups`: the workers of each).
     pub(super) fn per_worker(&self, groups: &[Range<usize>]) -> Vec<f64> {
-        groups.iter().zip(&self.0).map(|(r, ns)| ns.load(Ordering::Relaxed) as f64 * 1e-9 / r.len().max(1) as f64).collect()
+        groups.iter().zip(&self.per_group).map(|(r, ns)| ns.load(Ordering::Relaxed) as f64 * 1e-9 / r.len().max(1) as f64).collect()
+    }
+
+    /// Seconds per node, divided by the pool's `workers`.
+    pub(super) fn per_node(&self, workers: usize) -> Vec<f64> {
+        self.per_node.iter().map(|ns| ns.load(Ordering::Relaxed) as f64 * 1e-9 / workers.max(1) as f64).collect()
     }
 }
