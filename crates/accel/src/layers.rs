@@ -6,6 +6,12 @@
 //! holds (the per-layer round trip is what made the hot-neuron feed-forward slower than 16
 //! cores on an H100: docs/benchmarks.md).
 //!
+//! Each dispatch waits for the one before it (about 10 µs each on an H200, measured as a
+//! whole pass: docs/benchmarks.md), so adds ride on the products that make their operands:
+//! Q's, K's and V's biases are added in their products, and without an output norm Wo's and
+//! down's products add themselves onto `x` (`matrix::Addend`, the same float operations as
+//! the add dispatches). A LLaMA or Qwen2 layer is 14 dispatches (Qwen2's were 19), Gemma 3's 20.
+//!
 //! The device's KV cache mirrors the CPU's (`corelm_core::kv`): each token's key and value rows
 //! go to the cache row the CPU's block tables give it (`slots`), and each token attends over
 //! its sequence's rows 0 ..= pos through the same tables, so several sequences per batch,
@@ -17,7 +23,7 @@
 
 use crate::device::{grid, AccelError, Gpu, Shape};
 use crate::ffn::FileMatrix;
-use crate::matrix::Matrix;
+use crate::matrix::{Addend, Matrix};
 use corelm_core::DeviceLayerSpec;
 use std::sync::{Arc, Mutex};
 
@@ -65,6 +71,7 @@ struct Layer {
     vc: wgpu::Buffer,
     /// Norms, biases and the cache, kept alive for the bind groups.
     _bufs: Vec<wgpu::Buffer>,
+    /// Q, K and V add their biases in their products (`Matrix::dispatch_bias`).
     has_bias: bool,
     cfg: DeviceLayerSpec,
     /// Its RoPE (Q, K), attention and activation parameters (written when the batch changes).
@@ -80,24 +87,27 @@ struct LayerBinds {
     q: wgpu::BindGroup,
     k: wgpu::BindGroup,
     v: wgpu::BindGroup,
-    bias: [Option<wgpu::BindGroup>; 3],
     q_norm: Option<wgpu::BindGroup>,
     k_norm: Option<wgpu::BindGroup>,
     rope_q: wgpu::BindGroup,
     rope_k: wgpu::BindGroup,
     store: wgpu::BindGroup,
     attn: wgpu::BindGroup,
+    /// Wo's product: onto `x` itself (`x += Wo · attention`, no residual dispatch), or with an
+    /// output norm into `o`.
     o: wgpu::BindGroup,
-    /// The attention's output norm into `xn` (Gemma 3); the residual adds `xn` then, else `o`.
+    /// The attention's output norm from `o` into `xn` (Gemma 3), and the residual add of `xn`
+    /// (only with the norm).
     post_attn: Option<wgpu::BindGroup>,
-    residual1: wgpu::BindGroup,
+    residual1: Option<wgpu::BindGroup>,
     norm2: wgpu::BindGroup,
     gate: wgpu::BindGroup,
     up: wgpu::BindGroup,
     act: wgpu::BindGroup,
+    /// Down's product, onto `x` or into `o` as Wo's.
     down: wgpu::BindGroup,
     post_ffn: Option<wgpu::BindGroup>,
-    residual2: wgpu::BindGroup,
+    residual2: Option<wgpu::BindGroup>,
 }
 
 /// Shader parameters every layer shares, one uniform buffer each (those that depend on the
@@ -107,8 +117,6 @@ struct Params {
     /// Q's and K's per-head norms (their row counts differ).
     norm_q: Shape,
     norm_k: Shape,
-    add_q: Shape,
-    add_kv: Shape,
     add_e: Shape,
     store: Shape,
 }
@@ -202,8 +210,6 @@ impl DeviceLayers {
             norm: gpu.uniform(&[e as u32, s.eps.to_bits(), 0, 0]),
             norm_q: Shape::new(&gpu),
             norm_k: Shape::new(&gpu),
-            add_q: Shape::new(&gpu),
-            add_kv: Shape::new(&gpu),
             add_e: Shape::new(&gpu),
             store: Shape::new(&gpu),
         };
@@ -233,14 +239,16 @@ impl DeviceLayers {
             let has_bias = biases.iter().any(Option::is_some);
             assert!(biases.iter().all(Option::is_some) || !has_bias, "layer {il}: biases on all of Q, K, V or none");
             let mut bias_bufs = Vec::new();
-            let mut bias = [None, None, None];
-            for (i, (b, (t, p))) in biases.iter().zip([(&q, &params.add_q.buf), (&k, &params.add_kv.buf), (&v, &params.add_kv.buf)]).enumerate() {
+            for (i, b) in biases.iter().enumerate() {
                 if let Some(b) = b {
-                    let buf = vector(&format!("blk.{il} bias {i}"), b)?;
-                    bias[i] = Some(gpu.bind("bias", &gpu.layer.add, [t, &buf, p]));
-                    bias_bufs.push(buf);
+                    bias_bufs.push(vector(&format!("blk.{il} bias {i}"), b)?);
                 }
             }
+            // Q, K and V into their buffers, each adding its bias where the layer has them.
+            let qkv = |i: usize, y: &wgpu::Buffer| match bias_bufs.get(i) {
+                Some(b) => mats[i].bind_bias(&gpu, &xn, y, b),
+                None => mats[i].bind(&gpu, &xn, y),
+            };
             let mut bufs = Vec::new();
             let norm = |name: &str, w: Option<&[f32]>, len: usize| -> Result<Option<wgpu::Buffer>, AccelError> {
                 let Some(w) = w else { return Ok(None) };
@@ -253,29 +261,31 @@ impl DeviceLayers {
             let (rope_q, rope_k, attn, act) = (Shape::new(&gpu), Shape::new(&gpu), Shape::new(&gpu), Shape::new(&gpu));
             let head_norm = |t: &wgpu::Buffer, w: &Option<wgpu::Buffer>, pn| w.as_ref().map(|w| gpu.bind("head norm", &p.head_norm, [t, w, pn]));
             let post = |w: &Option<wgpu::Buffer>| w.as_ref().map(|w| gpu.bind("post norm", &p.rms_norm, [&o, w, &xn, &params.norm]));
-            let residual_from = |w: &Option<wgpu::Buffer>| gpu.bind("residual", &p.add, [&x, if w.is_some() { &xn } else { &o }, &params.add_e.buf]);
+            // Without an output norm a product adds itself onto `x`; with one, the norm's
+            // output `xn` is added by a dispatch of its own.
+            let residual = |w: &Option<wgpu::Buffer>| w.as_ref().map(|_| gpu.bind("residual", &p.add, [&x, &xn, &params.add_e.buf]));
+            let onto = |w: &Option<wgpu::Buffer>| if w.is_some() { &o } else { &x };
             let bind = LayerBinds {
                 norm1: gpu.bind("attn norm", &p.rms_norm, [&x, &n1, &xn, &params.norm]),
-                q: mats[0].bind(&gpu, &xn, &q),
-                k: mats[1].bind(&gpu, &xn, &k),
-                v: mats[2].bind(&gpu, &xn, &v),
-                bias,
+                q: qkv(0, &q),
+                k: qkv(1, &k),
+                v: qkv(2, &v),
                 q_norm: head_norm(&q, &qn, &params.norm_q.buf),
                 k_norm: head_norm(&k, &kn, &params.norm_k.buf),
                 rope_q: gpu.bind("rope q", &p.rope, [&q, &pos, &rope_q.buf]),
                 rope_k: gpu.bind("rope k", &p.rope, [&k, &pos, &rope_k.buf]),
                 store: gpu.bind("kv store", &p.kv_store, [&k, &v, &kc, &vc, &slots, &params.store.buf]),
                 attn: gpu.bind("attention", &p.attention, [&q, &kc, &vc, &att, &pos, &tables, &attn.buf]),
-                o: mats[3].bind(&gpu, &att, &o),
+                o: mats[3].bind(&gpu, &att, onto(&pa)),
                 post_attn: post(&pa),
-                residual1: residual_from(&pa),
+                residual1: residual(&pa),
                 norm2: gpu.bind("ffn norm", &p.rms_norm, [&x, &n2, &xn, &params.norm]),
                 gate: mats[4].bind(&gpu, &xn, &g),
                 up: mats[5].bind(&gpu, &xn, &u),
                 act: gpu.bind("act", &gpu.act, [&g, &u, &a, &act.buf]),
-                down: mats[6].bind(&gpu, &a, &o),
+                down: mats[6].bind(&gpu, &a, onto(&pf)),
                 post_ffn: post(&pf),
-                residual2: residual_from(&pf),
+                residual2: residual(&pf),
             };
             bufs.extend([n1, n2]);
             bufs.extend(bias_bufs);
@@ -386,7 +396,7 @@ impl DeviceLayers {
     pub fn forward(&self, x: &mut [f32], pos: &[i32], slots: &[u32], tables: &[u32]) -> Result<(), AccelError> {
         let s = &self.shape;
         let n = pos.len();
-        let (e, qd, kvd, ff) = (s.n_embd, s.n_head * s.head_dim, s.n_kv_head * s.head_dim, s.n_ff);
+        let (e, kvd, ff) = (s.n_embd, s.n_kv_head * s.head_dim, s.n_ff);
         assert!(n > 0 && n <= self.max_tokens && x.len() == n * e && slots.len() == n, "{n} tokens of {e} (at most {})", self.max_tokens);
         assert!(tables.len() <= n + self.max_table, "block tables of {} entries (at most {})", tables.len() - n, self.max_table);
         let _pass = self.lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -397,8 +407,6 @@ impl DeviceLayers {
         q.write_buffer(&self.slots, 0, bytemuck::cast_slice(slots));
         q.write_buffer(&self.tables, 0, bytemuck::cast_slice(tables));
         let u = |v: usize| v as u32;
-        p.add_q.set(gpu, [u(n * qd), u(qd), 0, 0, 0, 0, 0, 0]);
-        p.add_kv.set(gpu, [u(n * kvd), u(kvd), 0, 0, 0, 0, 0, 0]);
         p.add_e.set(gpu, [u(n * e), u(n * e), 0, 0, 0, 0, 0, 0]);
         p.store.set(gpu, [u(n), u(kvd), 0, 0, 0, 0, 0, 0]);
         p.norm_q.set(gpu, [u(s.head_dim), s.eps.to_bits(), u(n * s.n_head), 0, 0, 0, 0, 0]);
@@ -417,26 +425,20 @@ impl DeviceLayers {
         {
             let pass = &mut enc.begin_compute_pass(&Default::default());
             // The products record themselves (their shapes go through the queue).
-            let product = |m: &Matrix, bind: &wgpu::BindGroup, pass: &mut wgpu::ComputePass, dispatches: &mut usize| {
+            let product = |m: &Matrix, bind: &wgpu::BindGroup, addend: Addend, pass: &mut wgpu::ComputePass, dispatches: &mut usize| {
                 *dispatches += 1;
-                if self.batch_invariant {
-                    m.dispatch_gemv(gpu, pass, bind, n)
-                } else {
-                    m.dispatch(gpu, pass, bind, n)
-                }
+                m.dispatch_adding(gpu, pass, bind, n, self.batch_invariant, addend)
             };
+            // A product whose residual has no dispatch of its own adds itself onto `x`.
+            let onto_x = |residual: &Option<wgpu::BindGroup>| if residual.is_none() { Addend::Output } else { Addend::None };
             for l in &self.layers {
                 let b = &l.bind;
                 // x [n, e] → xn = norm(x) → q, k, v (+ biases), RoPE → cache → attention [n, qd]
                 run(pass, &mut dispatches, &pl.rms_norm, &b.norm1, (u(n), 1), 1);
-                product(&l.mats[0], &b.q, pass, &mut dispatches);
-                product(&l.mats[1], &b.k, pass, &mut dispatches);
-                product(&l.mats[2], &b.v, pass, &mut dispatches);
-                if l.has_bias {
-                    for (bias, len) in b.bias.iter().zip([qd, kvd, kvd]) {
-                        run(pass, &mut dispatches, &pl.add, bias.as_ref().expect("all three biases"), grid(n * len, 256), 1);
-                    }
-                }
+                let bias = if l.has_bias { Addend::Bias } else { Addend::None };
+                product(&l.mats[0], &b.q, bias, pass, &mut dispatches);
+                product(&l.mats[1], &b.k, bias, pass, &mut dispatches);
+                product(&l.mats[2], &b.v, bias, pass, &mut dispatches);
                 for (norm, heads) in [(&b.q_norm, s.n_head), (&b.k_norm, s.n_kv_head)] {
                     if let Some(norm) = norm {
                         run(pass, &mut dispatches, &pl.head_norm, norm, grid(n * heads, 1), 1);
@@ -447,20 +449,24 @@ impl DeviceLayers {
                 run(pass, &mut dispatches, &pl.kv_store, &b.store, grid(n * kvd, 64), 1);
                 run(pass, &mut dispatches, &pl.attention, &b.attn, (u(s.n_head), u(n)), 1);
                 // x += Wo · attention; xn = norm(x); x += down(silu(gate xn) · up xn)
-                product(&l.mats[3], &b.o, pass, &mut dispatches);
+                product(&l.mats[3], &b.o, onto_x(&b.residual1), pass, &mut dispatches);
                 if let Some(post) = &b.post_attn {
                     run(pass, &mut dispatches, &pl.rms_norm, post, (u(n), 1), 1);
                 }
-                run(pass, &mut dispatches, &pl.add, &b.residual1, grid(n * e, 256), 1);
+                if let Some(residual) = &b.residual1 {
+                    run(pass, &mut dispatches, &pl.add, residual, grid(n * e, 256), 1);
+                }
                 run(pass, &mut dispatches, &pl.rms_norm, &b.norm2, (u(n), 1), 1);
-                product(&l.mats[4], &b.gate, pass, &mut dispatches);
-                product(&l.mats[5], &b.up, pass, &mut dispatches);
+                product(&l.mats[4], &b.gate, Addend::None, pass, &mut dispatches);
+                product(&l.mats[5], &b.up, Addend::None, pass, &mut dispatches);
                 run(pass, &mut dispatches, &gpu.act, &b.act, grid(n * ff, 64), 1);
-                product(&l.mats[6], &b.down, pass, &mut dispatches);
+                product(&l.mats[6], &b.down, onto_x(&b.residual2), pass, &mut dispatches);
                 if let Some(post) = &b.post_ffn {
                     run(pass, &mut dispatches, &pl.rms_norm, post, (u(n), 1), 1);
                 }
-                run(pass, &mut dispatches, &pl.add, &b.residual2, grid(n * e, 256), 1);
+                if let Some(residual) = &b.residual2 {
+                    run(pass, &mut dispatches, &pl.add, residual, grid(n * e, 256), 1);
+                }
             }
         }
         enc.copy_buffer_to_buffer(&self.x, 0, &self.staging, 0, (n * e * 4) as u64);

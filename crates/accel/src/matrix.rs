@@ -27,6 +27,17 @@ pub struct Matrix {
     pub cols: usize,
 }
 
+/// What a product adds to its sums (`shaders/products.wgsl`'s `addend`), in the order of the
+/// add dispatch it replaces (`shaders/add.wgsl`): the same values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Addend {
+    None = 0,
+    /// The output's own values (`y + Σ`): a residual.
+    Output = 1,
+    /// The bias bound by [`Matrix::bind_bias`], per row (`Σ + b`).
+    Bias = 2,
+}
+
 /// Output rows per workgroup, and tokens per workgroup (`shaders/common.wgsl`).
 const ROWS_PER_GROUP: usize = 8;
 const TOKENS_PER_GROUP: usize = 8;
@@ -68,7 +79,13 @@ impl Matrix {
     /// The bind group of `y = W x` over device buffers `x` (`[n_tokens, cols]`) and `y`
     /// (`[n_tokens, rows]`).
     pub(crate) fn bind(&self, gpu: &Gpu, x: &wgpu::Buffer, y: &wgpu::Buffer) -> wgpu::BindGroup {
-        gpu.bind("product", &gpu.gemv[&self.dtype], [&self.buf, x, y, &self.params.buf])
+        // No bias: the weights stand in for the binding, never read.
+        self.bind_bias(gpu, x, y, &self.buf)
+    }
+
+    /// [`Self::bind`] with a bias of `rows` values, which [`Addend::Bias`] adds.
+    pub(crate) fn bind_bias(&self, gpu: &Gpu, x: &wgpu::Buffer, y: &wgpu::Buffer, bias: &wgpu::Buffer) -> wgpu::BindGroup {
+        gpu.bind("product", &gpu.gemv[&self.dtype], [&self.buf, x, y, &self.params.buf, bias])
     }
 
     /// Record `y = W x` for `n_tokens` tokens into `pass`.
@@ -79,7 +96,7 @@ impl Matrix {
     /// Record `y = W x` through the GEMV whatever the batch: each token's outputs summed as if
     /// it were alone (batch-invariant results).
     pub(crate) fn dispatch_gemv(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, n_tokens: usize) {
-        self.record(gpu, pass, bind, self.rows, n_tokens, false)
+        self.record(gpu, pass, bind, self.rows, n_tokens, false, Addend::None)
     }
 
     /// Record `y = W x` over the first `rows` rows for `n_tokens` (`y`: `[n_tokens, rows]`).
@@ -87,17 +104,25 @@ impl Matrix {
     /// that runs the pass: one product of a matrix per submission.
     /// Batches of [`GEMM_MIN_TOKENS`] or more take the tiled GEMM, smaller ones the GEMV.
     pub(crate) fn dispatch_rows(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, rows: usize, n_tokens: usize) {
-        self.record(gpu, pass, bind, rows, n_tokens, n_tokens >= GEMM_MIN_TOKENS)
+        self.record(gpu, pass, bind, rows, n_tokens, n_tokens >= GEMM_MIN_TOKENS, Addend::None)
     }
 
-    fn record(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, rows: usize, n_tokens: usize, tiled: bool) {
+    /// Record `y = W x` plus `addend` for `n_tokens` tokens, through the GEMV with `gemv`
+    /// whatever the batch (else as [`Self::dispatch`]): one dispatch where a residual or bias
+    /// add took a second.
+    pub(crate) fn dispatch_adding(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, n_tokens: usize, gemv: bool, addend: Addend) {
+        self.record(gpu, pass, bind, self.rows, n_tokens, !gemv && n_tokens >= GEMM_MIN_TOKENS, addend)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, rows: usize, n_tokens: usize, tiled: bool, addend: Addend) {
         let (pipeline, rows_per, tokens_per) = if tiled {
             (&gpu.gemm[&self.dtype], GEMM_TILE, GEMM_TILE)
         } else {
             (&gpu.gemv[&self.dtype], ROWS_PER_GROUP, TOKENS_PER_GROUP)
         };
         let (gx, gy) = grid(rows, rows_per);
-        self.params.set(gpu, [rows as u32, self.cols as u32, self.row_bytes() as u32, gx, n_tokens as u32, 0, 0, 0]);
+        self.params.set(gpu, [rows as u32, self.cols as u32, self.row_bytes() as u32, gx, n_tokens as u32, addend as u32, 0, 0]);
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, bind, &[]);
         pass.dispatch_workgroups(gx, gy, n_tokens.div_ceil(tokens_per) as u32);
@@ -106,24 +131,59 @@ impl Matrix {
     /// `y = W x` for `x` of `n_tokens · cols` values, into `y` (`n_tokens · rows`): one
     /// submission and a wait (tests, benchmarks; the engine's path is [`crate::HotFfn`]).
     pub fn gemv(&self, gpu: &Gpu, x: &[f32], y: &mut [f32]) -> Result<(), AccelError> {
+        self.product(gpu, x, y, None)
+    }
+
+    /// `y += W x` as the device layers add a residual where it is made (`y` uploaded, each
+    /// output `y + Σ`): as [`Self::gemv`] otherwise.
+    pub fn gemv_onto(&self, gpu: &Gpu, x: &[f32], y: &mut [f32]) -> Result<(), AccelError> {
+        self.product(gpu, x, y, Some(None))
+    }
+
+    /// `y = W x + b` as the device layers add Q's, K's and V's biases (`bias`: one per row,
+    /// each output `Σ + b`): as [`Self::gemv`] otherwise.
+    pub fn gemv_bias(&self, gpu: &Gpu, x: &[f32], bias: &[f32], y: &mut [f32]) -> Result<(), AccelError> {
+        assert_eq!(bias.len(), self.rows, "a bias per row");
+        self.product(gpu, x, y, Some(Some(bias)))
+    }
+
+    /// `y = W x`, with `adding` `y`'s own values (`Some(None)`) or a bias (`Some(Some(b))`).
+    fn product(&self, gpu: &Gpu, x: &[f32], y: &mut [f32], adding: Option<Option<&[f32]>>) -> Result<(), AccelError> {
         let n_tokens = x.len() / self.cols;
         assert_eq!(x.len(), n_tokens * self.cols, "x holds whole rows");
         assert_eq!(y.len(), n_tokens * self.rows, "y holds a row per token");
         let xb = gpu.storage("x", (x.len() * 4) as u64, wgpu::BufferUsages::COPY_DST)?;
         gpu.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
         let yn = (y.len() * 4) as u64;
-        let yb = gpu.storage("y", yn, wgpu::BufferUsages::COPY_SRC)?;
+        let yb = gpu.storage("y", yn, wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST)?;
+        let bias = match adding {
+            Some(None) => {
+                gpu.queue.write_buffer(&yb, 0, bytemuck::cast_slice(y));
+                None
+            }
+            Some(Some(b)) => {
+                let bb = gpu.storage("bias", (b.len() * 4) as u64, wgpu::BufferUsages::COPY_DST)?;
+                gpu.queue.write_buffer(&bb, 0, bytemuck::cast_slice(b));
+                Some(bb)
+            }
+            None => None,
+        };
         let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("staging"),
             size: yb.size(),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let bind = self.bind(gpu, &xb, &yb);
+        let bind = self.bind_bias(gpu, &xb, &yb, bias.as_ref().unwrap_or(&self.buf));
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            self.dispatch(gpu, &mut pass, &bind, n_tokens);
+            let addend = match adding {
+                Some(None) => Addend::Output,
+                Some(Some(_)) => Addend::Bias,
+                None => Addend::None,
+            };
+            self.dispatch_adding(gpu, &mut pass, &bind, n_tokens, false, addend);
         }
         enc.copy_buffer_to_buffer(&yb, 0, &staging, 0, yb.size());
         gpu.queue.submit([enc.finish()]);

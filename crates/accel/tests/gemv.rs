@@ -123,6 +123,34 @@ fn split_matrices_give_the_first_rows_of_the_gemv() {
     assert!(split.wait(2, &mut [0f32; 12]).is_ok());
 }
 
+/// A product onto its output (`gemv_onto`: the device layers' residual added where it is
+/// made, instead of an add of its own) and one with a bias (`gemv_bias`: Q's, K's and V's):
+/// each output is the old value plus the plain product's, or the plain product's plus its
+/// row's bias, bit for bit, through the GEMV (3 tokens) and the tiled GEMM (40).
+#[test]
+fn products_add_a_residual_or_a_bias_as_the_adds_did() {
+    let gpu = Gpu::open().expect("an accelerator (CI: Mesa lavapipe, apt mesa-vulkan-drivers)");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
+    const { assert!(40 >= corelm_accel::GEMM_MIN_TOKENS && 3 < corelm_accel::GEMM_MIN_TOKENS) };
+    for (t, rows, cols, n_tok) in [(DType::Q4_1, 70, 256, 3), (DType::Q4_1, 70, 256, 40), (DType::Q6K, 24, 512, 40)] {
+        let w = matrix(t, rows, cols, &mut rng);
+        let m = Matrix::upload(&gpu, "w", t, rows, cols, &w).unwrap();
+        let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
+        let y0: Vec<f32> = (0..n_tok * rows).map(|_| rng.random::<f32>() * 8.0 - 4.0).collect();
+        let mut plain = vec![0f32; n_tok * rows];
+        m.gemv(&gpu, &x, &mut plain).unwrap();
+        let mut got = y0.clone();
+        m.gemv_onto(&gpu, &x, &mut got).unwrap();
+        let want: Vec<u32> = y0.iter().zip(&plain).map(|(a, b)| (a + b).to_bits()).collect();
+        assert!(got.iter().map(|v| v.to_bits()).eq(want.iter().copied()), "{t}: {rows} rows × {n_tok} tokens onto y");
+        let bias = &y0[..rows];
+        let mut got = vec![f32::NAN; n_tok * rows];
+        m.gemv_bias(&gpu, &x, bias, &mut got).unwrap();
+        let want: Vec<u32> = plain.iter().enumerate().map(|(i, p)| (p + bias[i % rows]).to_bits()).collect();
+        assert!(got.iter().map(|v| v.to_bits()).eq(want.iter().copied()), "{t}: {rows} rows × {n_tok} tokens with a bias");
+    }
+}
+
 /// The accelerator as a roofline target (`corelm profile --accel`): every figure measured and
 /// positive, the round trip under a second.
 #[test]

@@ -7,9 +7,24 @@ struct Params {
     row_bytes: u32,  // bytes per row in the file's block layout
     groups_x: u32,   // workgroups along x (row group or tile = wid.x + wid.y * groups_x)
     tokens: u32,     // tokens in X (`[tokens, cols]`) and Y (`[tokens, rows]`)
+    addend: u32,     // 0: Y = W X; 1: Y = Y + W X (a residual added where it is made);
+                     // 2: Y = W X + B[row] (a bias)
 }
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> X: array<f32>;
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(3) var<uniform> P: Params;
+@group(0) @binding(4) var<storage, read> B: array<f32>; // the bias (addend 2; else any buffer)
+
+// Output `i` (row `row`) of the product, `y` its sum, with the addend the parameters ask for:
+// the order of the add dispatch it replaces (`add.wgsl`: Y + B).
+fn store_product(i: u32, row: u32, y: f32) {
+    if (P.addend == 1u) {
+        Y[i] = Y[i] + y;
+    } else if (P.addend == 2u) {
+        Y[i] = y + B[row];
+    } else {
+        Y[i] = y;
+    }
+}
