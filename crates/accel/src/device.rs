@@ -47,8 +47,7 @@ pub(crate) struct LayerPipelines {
     pub(crate) rms_norm: wgpu::ComputePipeline,
     pub(crate) head_norm: wgpu::ComputePipeline,
     pub(crate) add: wgpu::ComputePipeline,
-    pub(crate) rope: wgpu::ComputePipeline,
-    pub(crate) kv_store: wgpu::ComputePipeline,
+    pub(crate) rope_store: wgpu::ComputePipeline,
     pub(crate) attention: wgpu::ComputePipeline,
 }
 
@@ -139,8 +138,7 @@ impl Gpu {
             rms_norm: pipeline("rms norm", format!("{}\n{norm}", include_str!("shaders/rms_norm.wgsl"))),
             head_norm: pipeline("head norm", format!("{}\n{norm}", include_str!("shaders/head_norm.wgsl"))),
             add: pipeline("add", include_str!("shaders/add.wgsl").to_string()),
-            rope: pipeline("rope", include_str!("shaders/rope.wgsl").to_string()),
-            kv_store: pipeline("kv store", include_str!("shaders/kv_store.wgsl").to_string()),
+            rope_store: pipeline("rope and kv store", include_str!("shaders/rope_store.wgsl").to_string()),
             attention: pipeline("attention", include_str!("shaders/attention.wgsl").to_string()),
         };
         let down_gemm = pipeline("down (tiled)", format!("{down_params}\n{}\n{tile}\n{BYTES}", include_str!("shaders/down_gemm.wgsl")));

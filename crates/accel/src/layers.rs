@@ -10,7 +10,8 @@
 //! whole pass: docs/benchmarks.md), so adds ride on the products that make their operands:
 //! Q's, K's and V's biases are added in their products, and without an output norm Wo's and
 //! down's products add themselves onto `x` (`matrix::Addend`, the same float operations as
-//! the add dispatches). A LLaMA or Qwen2 layer is 14 dispatches (Qwen2's were 19), Gemma 3's 20.
+//! the add dispatches); RoPE of Q, of K and the cache store are one dispatch (K rotated on its way
+//! into the cache). A LLaMA or Qwen2 layer is 12 dispatches (Qwen2's were 19), Gemma 3's 18.
 //!
 //! The device's KV cache mirrors the CPU's (`corelm_core::kv`): each token's key and value rows
 //! go to the cache row the CPU's block tables give it (`slots`), and each token attends over
@@ -74,9 +75,9 @@ struct Layer {
     /// Q, K and V add their biases in their products (`Matrix::dispatch_bias`).
     has_bias: bool,
     cfg: DeviceLayerSpec,
-    /// Its RoPE (Q, K), attention and activation parameters (written when the batch changes).
-    rope_q: Shape,
-    rope_k: Shape,
+    /// Its RoPE (of Q, and of K into the cache), attention and activation parameters (written
+    /// when the batch changes).
+    rope: Shape,
     attn: Shape,
     act: Shape,
     bind: LayerBinds,
@@ -89,9 +90,8 @@ struct LayerBinds {
     v: wgpu::BindGroup,
     q_norm: Option<wgpu::BindGroup>,
     k_norm: Option<wgpu::BindGroup>,
-    rope_q: wgpu::BindGroup,
-    rope_k: wgpu::BindGroup,
-    store: wgpu::BindGroup,
+    /// RoPE of Q in place, K rotated into the cache and V copied there: one dispatch.
+    rope_store: wgpu::BindGroup,
     attn: wgpu::BindGroup,
     /// Wo's product: onto `x` itself (`x += Wo · attention`, no residual dispatch), or with an
     /// output norm into `o`.
@@ -118,7 +118,6 @@ struct Params {
     norm_q: Shape,
     norm_k: Shape,
     add_e: Shape,
-    store: Shape,
 }
 
 /// The first layers of a model on the device, and the buffers a pass uses.
@@ -211,7 +210,6 @@ impl DeviceLayers {
             norm_q: Shape::new(&gpu),
             norm_k: Shape::new(&gpu),
             add_e: Shape::new(&gpu),
-            store: Shape::new(&gpu),
         };
         let vector = |name: &str, v: &[f32]| -> Result<wgpu::Buffer, AccelError> {
             let b = gpu.storage(name, f(v.len()), dst)?;
@@ -258,7 +256,7 @@ impl DeviceLayers {
             let (qn, kn) = (norm("attn_q_norm", l.q_norm, s.head_dim)?, norm("attn_k_norm", l.k_norm, s.head_dim)?);
             let (pa, pf) = (norm("post_attention_norm", l.post_attn_norm, e)?, norm("post_ffw_norm", l.post_ffn_norm, e)?);
             let p = &gpu.layer;
-            let (rope_q, rope_k, attn, act) = (Shape::new(&gpu), Shape::new(&gpu), Shape::new(&gpu), Shape::new(&gpu));
+            let (rope, attn, act) = (Shape::new(&gpu), Shape::new(&gpu), Shape::new(&gpu));
             let head_norm = |t: &wgpu::Buffer, w: &Option<wgpu::Buffer>, pn| w.as_ref().map(|w| gpu.bind("head norm", &p.head_norm, [t, w, pn]));
             let post = |w: &Option<wgpu::Buffer>| w.as_ref().map(|w| gpu.bind("post norm", &p.rms_norm, [&o, w, &xn, &params.norm]));
             // Without an output norm a product adds itself onto `x`; with one, the norm's
@@ -272,9 +270,7 @@ impl DeviceLayers {
                 v: qkv(2, &v),
                 q_norm: head_norm(&q, &qn, &params.norm_q.buf),
                 k_norm: head_norm(&k, &kn, &params.norm_k.buf),
-                rope_q: gpu.bind("rope q", &p.rope, [&q, &pos, &rope_q.buf]),
-                rope_k: gpu.bind("rope k", &p.rope, [&k, &pos, &rope_k.buf]),
-                store: gpu.bind("kv store", &p.kv_store, [&k, &v, &kc, &vc, &slots, &params.store.buf]),
+                rope_store: gpu.bind("rope and kv store", &p.rope_store, [&q, &k, &v, &kc, &vc, &pos, &slots, &rope.buf]),
                 attn: gpu.bind("attention", &p.attention, [&q, &kc, &vc, &att, &pos, &tables, &attn.buf]),
                 o: mats[3].bind(&gpu, &att, onto(&pa)),
                 post_attn: post(&pa),
@@ -290,7 +286,7 @@ impl DeviceLayers {
             bufs.extend([n1, n2]);
             bufs.extend(bias_bufs);
             bufs.extend([qn, kn, pa, pf].into_iter().flatten());
-            out.push(Layer { mats, kc, vc, _bufs: bufs, has_bias, cfg: l.cfg, rope_q, rope_k, attn, act, bind });
+            out.push(Layer { mats, kc, vc, _bufs: bufs, has_bias, cfg: l.cfg, rope, attn, act, bind });
         }
         // The activation buffers live on in the bind groups; `x` also here, to upload and read.
         drop((xn, q, k, v, att, o, g, u, a));
@@ -408,14 +404,11 @@ impl DeviceLayers {
         q.write_buffer(&self.tables, 0, bytemuck::cast_slice(tables));
         let u = |v: usize| v as u32;
         p.add_e.set(gpu, [u(n * e), u(n * e), 0, 0, 0, 0, 0, 0]);
-        p.store.set(gpu, [u(n), u(kvd), 0, 0, 0, 0, 0, 0]);
         p.norm_q.set(gpu, [u(s.head_dim), s.eps.to_bits(), u(n * s.n_head), 0, 0, 0, 0, 0]);
         p.norm_k.set(gpu, [u(s.head_dim), s.eps.to_bits(), u(n * s.n_kv_head), 0, 0, 0, 0, 0]);
         for l in &self.layers {
             let c = &l.cfg;
-            let rope = |heads: usize| [u(n), u(heads), u(s.head_dim), u(s.n_rot), c.rope_base.to_bits(), c.freq_scale.to_bits(), u(c.neox as usize), 0];
-            l.rope_q.set(gpu, rope(s.n_head));
-            l.rope_k.set(gpu, rope(s.n_kv_head));
+            l.rope.set(gpu, [u(n), u(s.n_head), u(s.n_kv_head), u(s.head_dim), u(s.n_rot), c.rope_base.to_bits(), c.freq_scale.to_bits(), u(c.neox as usize)]);
             l.attn.set(gpu, [u(n), u(s.n_head), u(s.n_kv_head), u(s.head_dim), c.scale.to_bits(), c.window.unwrap_or(0), 0, 0]);
             l.act.set(gpu, [u(n * ff), u(c.gelu as usize), (-1f32).to_bits(), 0, 0, 0, 0, 0]); // every neuron fires
         }
@@ -444,9 +437,7 @@ impl DeviceLayers {
                         run(pass, &mut dispatches, &pl.head_norm, norm, grid(n * heads, 1), 1);
                     }
                 }
-                run(pass, &mut dispatches, &pl.rope, &b.rope_q, grid(n * s.n_head * s.n_rot / 2, 64), 1);
-                run(pass, &mut dispatches, &pl.rope, &b.rope_k, grid(n * s.n_kv_head * s.n_rot / 2, 64), 1);
-                run(pass, &mut dispatches, &pl.kv_store, &b.store, grid(n * kvd, 64), 1);
+                run(pass, &mut dispatches, &pl.rope_store, &b.rope_store, grid(n * (s.n_head * s.n_rot / 2 + kvd), 64), 1);
                 run(pass, &mut dispatches, &pl.attention, &b.attn, (u(s.n_head), u(n)), 1);
                 // x += Wo · attention; xn = norm(x); x += down(silu(gate xn) · up xn)
                 product(&l.mats[3], &b.o, onto_x(&b.residual1), pass, &mut dispatches);
