@@ -11,7 +11,8 @@
 //! Q's, K's and V's biases are added in their products, and without an output norm Wo's and
 //! down's products add themselves onto `x` (`matrix::Addend`, the same float operations as
 //! the add dispatches); RoPE of Q, of K and the cache store are one dispatch (K rotated on its way
-//! into the cache). A LLaMA or Qwen2 layer is 12 dispatches (Qwen2's were 19), Gemma 3's 18.
+//! into the cache); gate and up of one type are one matrix of both's rows, one product. A LLaMA
+//! or Qwen2 layer is 11 dispatches (Qwen2's were 19), Gemma 3's 17.
 //!
 //! The device's KV cache mirrors the CPU's (`corelm_core::kv`): each token's key and value rows
 //! go to the cache row the CPU's block tables give it (`slots`), and each token attends over
@@ -66,7 +67,10 @@ pub struct LayerFiles<'a> {
 
 /// A layer's matrices, its cache, its parameters and the bind group of each of its dispatches.
 struct Layer {
-    mats: [Matrix; 7], // wq, wk, wv, wo, gate, up, down
+    mats: [Matrix; 5], // wq, wk, wv, wo, down
+    /// Gate and up as one matrix of `2 · n_ff` rows where they have one type (one product
+    /// into `[tokens][gate | up]`), else the two.
+    gate_up: Vec<Matrix>,
     /// Its key and value cache, `[n_cells, kvd]` f32 each.
     kc: wgpu::Buffer,
     vc: wgpu::Buffer,
@@ -101,8 +105,8 @@ struct LayerBinds {
     post_attn: Option<wgpu::BindGroup>,
     residual1: Option<wgpu::BindGroup>,
     norm2: wgpu::BindGroup,
-    gate: wgpu::BindGroup,
-    up: wgpu::BindGroup,
+    /// Gate's and up's product (one where `Layer::gate_up` is one matrix), and the activation.
+    gate_up: Vec<wgpu::BindGroup>,
     act: wgpu::BindGroup,
     /// Down's product, onto `x` or into `o` as Wo's.
     down: wgpu::BindGroup,
@@ -193,7 +197,8 @@ impl DeviceLayers {
         let v = gpu.storage("layers v", f(max_tokens * kvd), rw)?;
         let att = gpu.storage("layers attention", f(max_tokens * qd), rw)?;
         let o = gpu.storage("layers o", f(max_tokens * e), rw)?;
-        let g = gpu.storage("layers gate", f(max_tokens * ff), rw)?;
+        // Gate's outputs, or gate's and up's where one product makes both.
+        let g = gpu.storage("layers gate", f(max_tokens * 2 * ff), rw)?;
         let u = gpu.storage("layers up", f(max_tokens * ff), rw)?;
         let a = gpu.storage("layers act", f(max_tokens * ff), rw)?;
         let pos = gpu.storage("layers pos", f(max_tokens), dst)?;
@@ -221,11 +226,21 @@ impl DeviceLayers {
         for (il, l) in layers.iter().enumerate() {
             assert_eq!((l.attn_norm.len(), l.ffn_norm.len()), (e, e), "layer {il}: norms of {e}");
             let up = |name: &str, m: &FileMatrix| Matrix::upload(&gpu, &format!("blk.{il}.{name}"), m.dtype, m.rows, m.cols, &m.bytes[..m.rows * m.row_bytes()]);
-            let mats = [up("attn_q", &l.wq)?, up("attn_k", &l.wk)?, up("attn_v", &l.wv)?, up("attn_output", &l.wo)?, up("ffn_gate", &l.gate)?, up("ffn_up", &l.up)?, up("ffn_down", &l.down)?];
-            let shapes = [(qd, e), (kvd, e), (kvd, e), (e, qd), (ff, e), (ff, e), (e, ff)];
-            for (m, &(rows, cols)) in mats.iter().zip(&shapes) {
+            let mats = [up("attn_q", &l.wq)?, up("attn_k", &l.wk)?, up("attn_v", &l.wv)?, up("attn_output", &l.wo)?, up("ffn_down", &l.down)?];
+            let shapes = [(qd, e), (kvd, e), (kvd, e), (e, qd), (e, ff), (ff, e), (ff, e)];
+            for (&(rows, cols), m) in shapes.iter().zip([&l.wq, &l.wk, &l.wv, &l.wo, &l.down, &l.gate, &l.up]) {
                 assert_eq!((m.rows, m.cols), (rows, cols), "layer {il}: a matrix of {rows} × {cols}");
             }
+            // Gate's rows then up's, one product for both where their type is the same (and the
+            // two fit one buffer).
+            let both = (l.gate.rows * l.gate.row_bytes() + l.up.rows * l.up.row_bytes() + 8) as u64;
+            let fused = l.gate.dtype == l.up.dtype && both <= gpu.max_buffer;
+            let gate_up = if fused {
+                let bytes = [&l.gate, &l.up].map(|m| &m.bytes[..m.rows * m.row_bytes()]).concat();
+                vec![Matrix::upload(&gpu, &format!("blk.{il}.ffn_gate_up"), l.gate.dtype, 2 * ff, e, &bytes)?]
+            } else {
+                vec![up("ffn_gate", &l.gate)?, up("ffn_up", &l.up)?]
+            };
             let n1 = vector(&format!("blk.{il}.attn_norm"), l.attn_norm)?;
             let n2 = vector(&format!("blk.{il}.ffn_norm"), l.ffn_norm)?;
             // Copied to and from the CPU's cache where passes alternate (`write_cells`, `read_cells`).
@@ -276,17 +291,16 @@ impl DeviceLayers {
                 post_attn: post(&pa),
                 residual1: residual(&pa),
                 norm2: gpu.bind("ffn norm", &p.rms_norm, [&x, &n2, &xn, &params.norm]),
-                gate: mats[4].bind(&gpu, &xn, &g),
-                up: mats[5].bind(&gpu, &xn, &u),
-                act: gpu.bind("act", &gpu.act, [&g, &u, &a, &act.buf]),
-                down: mats[6].bind(&gpu, &a, onto(&pf)),
+                gate_up: gate_up.iter().zip([&g, &u]).map(|(m, y)| m.bind(&gpu, &xn, y)).collect(),
+                act: gpu.bind("act", &gpu.act, [&g, if fused { &g } else { &u }, &a, &act.buf]),
+                down: mats[4].bind(&gpu, &a, onto(&pf)),
                 post_ffn: post(&pf),
                 residual2: residual(&pf),
             };
             bufs.extend([n1, n2]);
             bufs.extend(bias_bufs);
             bufs.extend([qn, kn, pa, pf].into_iter().flatten());
-            out.push(Layer { mats, kc, vc, _bufs: bufs, has_bias, cfg: l.cfg, rope, attn, act, bind });
+            out.push(Layer { mats, gate_up, kc, vc, _bufs: bufs, has_bias, cfg: l.cfg, rope, attn, act, bind });
         }
         // The activation buffers live on in the bind groups; `x` also here, to upload and read.
         drop((xn, q, k, v, att, o, g, u, a));
@@ -368,7 +382,7 @@ impl DeviceLayers {
 
     /// Bytes of weights on the device.
     pub fn weight_bytes(&self) -> u64 {
-        self.layers.iter().flat_map(|l| l.mats.iter()).map(Matrix::bytes).sum()
+        self.layers.iter().flat_map(|l| l.mats.iter().chain(&l.gate_up)).map(Matrix::bytes).sum()
     }
 
     /// Bytes of the device's KV cache.
@@ -410,7 +424,9 @@ impl DeviceLayers {
             let c = &l.cfg;
             l.rope.set(gpu, [u(n), u(s.n_head), u(s.n_kv_head), u(s.head_dim), u(s.n_rot), c.rope_base.to_bits(), c.freq_scale.to_bits(), u(c.neox as usize)]);
             l.attn.set(gpu, [u(n), u(s.n_head), u(s.n_kv_head), u(s.head_dim), c.scale.to_bits(), c.window.unwrap_or(0), 0, 0]);
-            l.act.set(gpu, [u(n * ff), u(c.gelu as usize), (-1f32).to_bits(), 0, 0, 0, 0, 0]); // every neuron fires
+            // Every neuron fires; with one product for gate and up, its rows `[gate | up]`.
+            let (width, stride) = if l.gate_up.len() == 1 { (ff, 2 * ff) } else { (0, 0) };
+            l.act.set(gpu, [u(n * ff), u(c.gelu as usize), (-1f32).to_bits(), u(width), u(stride), u(width), 0, 0]);
         }
         let pl = &gpu.layer;
         let mut dispatches = 0;
@@ -448,10 +464,11 @@ impl DeviceLayers {
                     run(pass, &mut dispatches, &pl.add, residual, grid(n * e, 256), 1);
                 }
                 run(pass, &mut dispatches, &pl.rms_norm, &b.norm2, (u(n), 1), 1);
-                product(&l.mats[4], &b.gate, Addend::None, pass, &mut dispatches);
-                product(&l.mats[5], &b.up, Addend::None, pass, &mut dispatches);
+                for (m, bind) in l.gate_up.iter().zip(&b.gate_up) {
+                    product(m, bind, Addend::None, pass, &mut dispatches);
+                }
                 run(pass, &mut dispatches, &gpu.act, &b.act, grid(n * ff, 64), 1);
-                product(&l.mats[6], &b.down, onto_x(&b.residual2), pass, &mut dispatches);
+                product(&l.mats[4], &b.down, onto_x(&b.residual2), pass, &mut dispatches);
                 if let Some(post) = &b.post_ffn {
                     run(pass, &mut dispatches, &pl.rms_norm, post, (u(n), 1), 1);
                 }

@@ -1,11 +1,17 @@
 // Gated activation of the hot neurons: A = act(G) U where |act(G)| > thr, else 0 (the same
 // rule as the CPU's sparse nodes; thr < 0: every neuron fires). kind 0: SiLU, 1: GELU (tanh).
+// With `width` (whole layers, gate and up made by one product: `[tokens][gate | up]`), value
+// i = t · width + j reads G[t · stride + j] and U[t · stride + uoff + j]; 0: G[i] and U[i].
 
 struct ActParams {
     n: u32,     // values (hot neurons x tokens)
     kind: u32,
     thr: f32,
-    pad: u32,
+    width: u32,
+    stride: u32,
+    uoff: u32,
+    pad0: u32,
+    pad1: u32,
 }
 
 @group(0) @binding(0) var<storage, read> G: array<f32>;
@@ -19,7 +25,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (i >= Q.n) {
         return;
     }
-    let g = G[i];
+    var gi = i;
+    var ui = i;
+    if (Q.width != 0u) {
+        gi = i / Q.width * Q.stride + i % Q.width;
+        ui = gi + Q.uoff;
+    }
+    let g = G[gi];
     var a: f32;
     if (Q.kind == 0u) {
         a = g / (1.0 + exp(-g));
@@ -27,7 +39,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         a = 0.5 * g * (1.0 + tanh(0.7978845608028654 * g * (1.0 + 0.044715 * g * g)));
     }
     if (abs(a) > Q.thr) {
-        A[i] = a * U[i];
+        A[i] = a * U[ui];
     } else {
         A[i] = 0.0;
     }
