@@ -76,7 +76,7 @@ struct Layer {
     vc: wgpu::Buffer,
     /// Norms, biases and the cache, kept alive for the bind groups.
     _bufs: Vec<wgpu::Buffer>,
-    /// Q, K and V add their biases in their products (`Matrix::dispatch_bias`).
+    /// Q, K and V add their biases in their products (`Addend::Bias`).
     has_bias: bool,
     cfg: DeviceLayerSpec,
     /// Its RoPE (of Q, and of K into the cache), attention and activation parameters (written

@@ -131,24 +131,25 @@ impl Matrix {
     /// `y = W x` for `x` of `n_tokens · cols` values, into `y` (`n_tokens · rows`): one
     /// submission and a wait (tests, benchmarks; the engine's path is [`crate::HotFfn`]).
     pub fn gemv(&self, gpu: &Gpu, x: &[f32], y: &mut [f32]) -> Result<(), AccelError> {
-        self.product(gpu, x, y, None)
+        self.product(gpu, x, y, Addend::None, None)
     }
 
     /// `y += W x` as the device layers add a residual where it is made (`y` uploaded, each
     /// output `y + Σ`): as [`Self::gemv`] otherwise.
     pub fn gemv_onto(&self, gpu: &Gpu, x: &[f32], y: &mut [f32]) -> Result<(), AccelError> {
-        self.product(gpu, x, y, Some(None))
+        self.product(gpu, x, y, Addend::Output, None)
     }
 
     /// `y = W x + b` as the device layers add Q's, K's and V's biases (`bias`: one per row,
     /// each output `Σ + b`): as [`Self::gemv`] otherwise.
     pub fn gemv_bias(&self, gpu: &Gpu, x: &[f32], bias: &[f32], y: &mut [f32]) -> Result<(), AccelError> {
         assert_eq!(bias.len(), self.rows, "a bias per row");
-        self.product(gpu, x, y, Some(Some(bias)))
+        self.product(gpu, x, y, Addend::Bias, Some(bias))
     }
 
-    /// `y = W x`, with `adding` `y`'s own values (`Some(None)`) or a bias (`Some(Some(b))`).
-    fn product(&self, gpu: &Gpu, x: &[f32], y: &mut [f32], adding: Option<Option<&[f32]>>) -> Result<(), AccelError> {
+    /// `y = W x` plus `addend`: `y`'s own values (uploaded first), or `bias`.
+    fn product(&self, gpu: &Gpu, x: &[f32], y: &mut [f32], addend: Addend, bias: Option<&[f32]>) -> Result<(), AccelError> {
+        assert_eq!(addend == Addend::Bias, bias.is_some(), "a bias where it is added");
         let n_tokens = x.len() / self.cols;
         assert_eq!(x.len(), n_tokens * self.cols, "x holds whole rows");
         assert_eq!(y.len(), n_tokens * self.rows, "y holds a row per token");
@@ -156,12 +157,11 @@ impl Matrix {
         gpu.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
         let yn = (y.len() * 4) as u64;
         let yb = gpu.storage("y", yn, wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST)?;
-        let bias = match adding {
-            Some(None) => {
-                gpu.queue.write_buffer(&yb, 0, bytemuck::cast_slice(y));
-                None
-            }
-            Some(Some(b)) => {
+        if addend == Addend::Output {
+            gpu.queue.write_buffer(&yb, 0, bytemuck::cast_slice(y));
+        }
+        let bias = match bias {
+            Some(b) => {
                 let bb = gpu.storage("bias", (b.len() * 4) as u64, wgpu::BufferUsages::COPY_DST)?;
                 gpu.queue.write_buffer(&bb, 0, bytemuck::cast_slice(b));
                 Some(bb)
@@ -178,11 +178,6 @@ impl Matrix {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            let addend = match adding {
-                Some(None) => Addend::Output,
-                Some(Some(_)) => Addend::Bias,
-                None => Addend::None,
-            };
             self.dispatch_adding(gpu, &mut pass, &bind, n_tokens, false, addend);
         }
         enc.copy_buffer_to_buffer(&yb, 0, &staging, 0, yb.size());
