@@ -425,8 +425,8 @@ impl DeviceLayers {
             l.rope.set(gpu, [u(n), u(s.n_head), u(s.n_kv_head), u(s.head_dim), u(s.n_rot), c.rope_base.to_bits(), c.freq_scale.to_bits(), u(c.neox as usize)]);
             l.attn.set(gpu, [u(n), u(s.n_head), u(s.n_kv_head), u(s.head_dim), c.scale.to_bits(), c.window.unwrap_or(0), 0, 0]);
             // Every neuron fires; with one product for gate and up, its rows `[gate | up]`.
-            let (width, stride) = if l.gate_up.len() == 1 { (ff, 2 * ff) } else { (0, 0) };
-            l.act.set(gpu, [u(n * ff), u(c.gelu as usize), (-1f32).to_bits(), u(width), u(stride), u(width), 0, 0]);
+            let width = if l.gate_up.len() == 1 { ff } else { 0 };
+            l.act.set(gpu, [u(n * ff), u(c.gelu as usize), (-1f32).to_bits(), u(width), 0, 0, 0, 0]);
         }
         let pl = &gpu.layer;
         let mut dispatches = 0;

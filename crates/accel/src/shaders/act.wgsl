@@ -1,17 +1,14 @@
 // Gated activation of the hot neurons: A = act(G) U where |act(G)| > thr, else 0 (the same
 // rule as the CPU's sparse nodes; thr < 0: every neuron fires). kind 0: SiLU, 1: GELU (tanh).
-// With `width` (whole layers, gate and up made by one product: `[tokens][gate | up]`), value
-// i = t · width + j reads G[t · stride + j] and U[t · stride + uoff + j]; 0: G[i] and U[i].
+// With `width` (whole layers, gate and up made by one product: `[tokens][gate | up]`, `width`
+// each), value i = t · width + j reads G[2t · width + j] and U[(2t + 1) · width + j]; 0: G[i]
+// and U[i].
 
 struct ActParams {
     n: u32,     // values (hot neurons x tokens)
     kind: u32,
     thr: f32,
     width: u32,
-    stride: u32,
-    uoff: u32,
-    pad0: u32,
-    pad1: u32,
 }
 
 @group(0) @binding(0) var<storage, read> G: array<f32>;
@@ -28,8 +25,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     var gi = i;
     var ui = i;
     if (Q.width != 0u) {
-        gi = i / Q.width * Q.stride + i % Q.width;
-        ui = gi + Q.uoff;
+        gi = i / Q.width * 2u * Q.width + i % Q.width;
+        ui = gi + Q.width;
     }
     let g = G[gi];
     var a: f32;

@@ -37,6 +37,11 @@ fn angle(t: u32, i: u32) -> vec2<f32> {
     return vec2<f32>(cos(r), sin(r));
 }
 
+// The pair (x0, x1) rotated by the angle whose (cos, sin) is `cs`.
+fn rotate(x0: f32, x1: f32, cs: vec2<f32>) -> vec2<f32> {
+    return vec2<f32>(x0 * cs.x - x1 * cs.y, x0 * cs.y + x1 * cs.x);
+}
+
 // Offsets in a head of pair i's two values.
 fn pair(i: u32) -> vec2<u32> {
     if (R.neox != 0u) {
@@ -57,10 +62,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let cs = angle(t, i);
         let o = th * R.head_dim;
         let ab = pair(i);
-        let x0 = Q[o + ab.x];
-        let x1 = Q[o + ab.y];
-        Q[o + ab.x] = x0 * cs.x - x1 * cs.y;
-        Q[o + ab.y] = x0 * cs.y + x1 * cs.x;
+        let r = rotate(Q[o + ab.x], Q[o + ab.y], cs);
+        Q[o + ab.x] = r.x;
+        Q[o + ab.y] = r.y;
         return;
     }
     let kv = R.n_kv_heads * R.head_dim;
@@ -85,11 +89,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let o = e - d;
     let ab = pair(i);
     let cs = angle(t, i);
-    let x0 = K[o + ab.x];
-    let x1 = K[o + ab.y];
-    if (d == ab.x) {
-        Kc[dst] = x0 * cs.x - x1 * cs.y;
-    } else {
-        Kc[dst] = x0 * cs.y + x1 * cs.x;
-    }
+    let r = rotate(K[o + ab.x], K[o + ab.y], cs);
+    Kc[dst] = select(r.y, r.x, d == ab.x);
 }
