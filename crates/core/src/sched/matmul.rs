@@ -410,6 +410,8 @@ unsafe fn run_plain(o: &Operands, ops: &TypeOps, mode: Mode, ith: usize, nth: us
     let tiled_end = tiled_rows.min(row_range.end);
     let base = o.out;
     let xrow = |r: usize| o.xrow(r);
+    // Blocks re-laid for the tiles (calls, bytes), counted once at the end (`note_repacks`).
+    let mut packs = (0, 0);
     let mut c0 = cols.start;
     while c0 < cols.end {
         let c1 = (c0 + COL_BLOCK).min(cols.end);
@@ -422,7 +424,7 @@ unsafe fn run_plain(o: &Operands, ops: &TypeOps, mode: Mode, ith: usize, nth: us
             Some(pk) if grouped && tiled_end.saturating_sub(row_range.start) >= 8 && n_tile * (pk.row_bytes)(wrb) <= pack.len() => {
                 let buf = &mut pack[..n_tile * (pk.row_bytes)(wrb)];
                 (pk.pack)(&wb[..n_tile * wrb], wrb, buf);
-                corelm_kernels::matmul::layout::note_repack(buf.len());
+                packs = (packs.0 + 1, packs.1 + buf.len());
                 Some((pk.tile, &*buf))
             }
             _ => None,
@@ -481,6 +483,7 @@ unsafe fn run_plain(o: &Operands, ops: &TypeOps, mode: Mode, ith: usize, nth: us
         }
         c0 = c1;
     }
+    corelm_kernels::matmul::layout::note_repacks(packs.0, packs.1);
 }
 
 /// A matrix interleaved at load (`o.il`, groups of four weight rows): columns are split in

@@ -73,8 +73,17 @@ static REPACKS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 
 /// Count one weight re-layout of `bytes` bytes ([`repacks`]).
 pub fn note_repack(bytes: usize) {
-    REPACKS[0].fetch_add(1, Ordering::Relaxed);
-    REPACKS[1].fetch_add(bytes as u64, Ordering::Relaxed);
+    note_repacks(1, bytes);
+}
+
+/// Count `calls` weight re-layouts of `bytes` bytes in all ([`repacks`]): kernels that
+/// re-lay many pieces in one call count them once, at its end, rather than writing the
+/// shared counters (one cache line for every worker) per piece.
+pub fn note_repacks(calls: usize, bytes: usize) {
+    if calls > 0 {
+        REPACKS[0].fetch_add(calls as u64, Ordering::Relaxed);
+        REPACKS[1].fetch_add(bytes as u64, Ordering::Relaxed);
+    }
 }
 
 /// Weight re-layouts made so far by this process: (calls, bytes).
