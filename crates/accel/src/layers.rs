@@ -11,8 +11,12 @@
 //! Q's, K's and V's biases are added in their products, and without an output norm Wo's and
 //! down's products add themselves onto `x` (`matrix::Addend`, the same float operations as
 //! the add dispatches); RoPE of Q, of K and the cache store are one dispatch (K rotated on its way
-//! into the cache); gate and up of one type are one matrix of both's rows, one product. A LLaMA
-//! or Qwen2 layer is 11 dispatches (Qwen2's were 19), Gemma 3's 17.
+//! into the cache); matrices that read the same input are one matrix of their rows where their
+//! type is the same, one product: gate and up, and Q, K and V (or Q and K where V's type
+//! differs). Q, K and V are written into one buffer, each token's row `[q | k | v]` (products
+//! at a stride and an offset, `matrix::Place`), whatever products make them. A LLaMA layer
+//! is 9 dispatches (16 before these fusions), a Qwen2 layer 9 or 10 (19), Gemma 3's 15 or 16
+//! (20).
 //!
 //! The device's KV cache mirrors the CPU's (`corelm_core::kv`): each token's key and value rows
 //! go to the cache row the CPU's block tables give it (`slots`), and each token attends over
@@ -25,7 +29,7 @@
 
 use crate::device::{grid, AccelError, Gpu, Shape};
 use crate::ffn::FileMatrix;
-use crate::matrix::{Addend, Matrix};
+use crate::matrix::{Addend, Matrix, Place};
 use corelm_core::DeviceLayerSpec;
 use std::sync::{Arc, Mutex};
 
@@ -67,7 +71,10 @@ pub struct LayerFiles<'a> {
 
 /// A layer's matrices, its cache, its parameters and the bind group of each of its dispatches.
 struct Layer {
-    mats: [Matrix; 5], // wq, wk, wv, wo, down
+    /// Q's, K's and V's products: runs of them of one type as one matrix of their rows, each
+    /// with its first column in the row `[q | k | v]`.
+    qkv: Vec<(Matrix, usize)>,
+    mats: [Matrix; 2], // wo, down
     /// Gate and up as one matrix of `2 · n_ff` rows where they have one type (one product
     /// into `[tokens][gate | up]`), else the two.
     gate_up: Vec<Matrix>,
@@ -89,9 +96,8 @@ struct Layer {
 
 struct LayerBinds {
     norm1: wgpu::BindGroup,
-    q: wgpu::BindGroup,
-    k: wgpu::BindGroup,
-    v: wgpu::BindGroup,
+    /// `Layer::qkv`'s products.
+    qkv: Vec<wgpu::BindGroup>,
     q_norm: Option<wgpu::BindGroup>,
     k_norm: Option<wgpu::BindGroup>,
     /// RoPE of Q in place, K rotated into the cache and V copied there: one dispatch.
@@ -192,14 +198,15 @@ impl DeviceLayers {
         let dst = wgpu::BufferUsages::COPY_DST;
         let x = gpu.storage("layers x", f(max_tokens * e), dst | wgpu::BufferUsages::COPY_SRC)?;
         let xn = gpu.storage("layers xn", f(max_tokens * e), rw)?;
-        let q = gpu.storage("layers q", f(max_tokens * qd), rw)?;
-        let k = gpu.storage("layers k", f(max_tokens * kvd), rw)?;
-        let v = gpu.storage("layers v", f(max_tokens * kvd), rw)?;
+        // Each token's row `[q | k | v]`.
+        let qkv_row = qd + 2 * kvd;
+        let qkv_buf = gpu.storage("layers qkv", f(max_tokens * qkv_row), rw)?;
         let att = gpu.storage("layers attention", f(max_tokens * qd), rw)?;
         let o = gpu.storage("layers o", f(max_tokens * e), rw)?;
         // Gate's outputs, or gate's and up's where one product makes both.
         let g = gpu.storage("layers gate", f(max_tokens * 2 * ff), rw)?;
-        let u = gpu.storage("layers up", f(max_tokens * ff), rw)?;
+        // Up's outputs where a layer's up is a product of its own (allocated for the first).
+        let mut u: Option<wgpu::Buffer> = None;
         let a = gpu.storage("layers act", f(max_tokens * ff), rw)?;
         let pos = gpu.storage("layers pos", f(max_tokens), dst)?;
         let slots = gpu.storage("layers slots", f(max_tokens), dst)?;
@@ -226,21 +233,19 @@ impl DeviceLayers {
         for (il, l) in layers.iter().enumerate() {
             assert_eq!((l.attn_norm.len(), l.ffn_norm.len()), (e, e), "layer {il}: norms of {e}");
             let up = |name: &str, m: &FileMatrix| Matrix::upload(&gpu, &format!("blk.{il}.{name}"), m.dtype, m.rows, m.cols, &m.bytes[..m.rows * m.row_bytes()]);
-            let mats = [up("attn_q", &l.wq)?, up("attn_k", &l.wk)?, up("attn_v", &l.wv)?, up("attn_output", &l.wo)?, up("ffn_down", &l.down)?];
+            let mats = [up("attn_output", &l.wo)?, up("ffn_down", &l.down)?];
             let shapes = [(qd, e), (kvd, e), (kvd, e), (e, qd), (e, ff), (ff, e), (ff, e)];
             for (&(rows, cols), m) in shapes.iter().zip([&l.wq, &l.wk, &l.wv, &l.wo, &l.down, &l.gate, &l.up]) {
                 assert_eq!((m.rows, m.cols), (rows, cols), "layer {il}: a matrix of {rows} × {cols}");
             }
             // Gate's rows then up's, one product for both where their type is the same (and the
             // two fit one buffer).
-            let both = (l.gate.rows * l.gate.row_bytes() + l.up.rows * l.up.row_bytes() + 8) as u64;
-            let fused = l.gate.dtype == l.up.dtype && both <= gpu.max_buffer;
-            let gate_up = if fused {
-                let bytes = [&l.gate, &l.up].map(|m| &m.bytes[..m.rows * m.row_bytes()]).concat();
-                vec![Matrix::upload(&gpu, &format!("blk.{il}.ffn_gate_up"), l.gate.dtype, 2 * ff, e, &bytes)?]
-            } else {
-                vec![up("ffn_gate", &l.gate)?, up("ffn_up", &l.up)?]
-            };
+            let gate_up: Vec<Matrix> = runs(&gpu, [&l.gate, &l.up], &format!("blk.{il}"), ["ffn_gate", "ffn_up"])?.into_iter().map(|(m, _)| m).collect();
+            let fused = gate_up.len() == 1;
+            if !fused && u.is_none() {
+                u = Some(gpu.storage("layers up", f(max_tokens * ff), rw)?);
+            }
+            let up_out = if fused { &g } else { u.as_ref().expect("allocated above") };
             let n1 = vector(&format!("blk.{il}.attn_norm"), l.attn_norm)?;
             let n2 = vector(&format!("blk.{il}.ffn_norm"), l.ffn_norm)?;
             // Copied to and from the CPU's cache where passes alternate (`write_cells`, `read_cells`).
@@ -251,17 +256,16 @@ impl DeviceLayers {
             let biases = [l.bq, l.bk, l.bv];
             let has_bias = biases.iter().any(Option::is_some);
             assert!(biases.iter().all(Option::is_some) || !has_bias, "layer {il}: biases on all of Q, K, V or none");
+            // Q, K and V as runs of one type, each run's biases side by side as its rows are.
+            let qkv = runs(&gpu, [&l.wq, &l.wk, &l.wv], &format!("blk.{il}"), ["attn_q", "attn_k", "attn_v"])?;
             let mut bias_bufs = Vec::new();
-            for (i, b) in biases.iter().enumerate() {
-                if let Some(b) = b {
-                    bias_bufs.push(vector(&format!("blk.{il} bias {i}"), b)?);
+            if has_bias {
+                let all: Vec<f32> = biases.iter().flat_map(|b| b.expect("checked: all or none").iter().copied()).collect();
+                assert_eq!(all.len(), qkv_row, "layer {il}: biases of Q, K and V");
+                for (m, c0) in &qkv {
+                    bias_bufs.push(vector(&format!("blk.{il} bias from {c0}"), &all[*c0..*c0 + m.rows])?);
                 }
             }
-            // Q, K and V into their buffers, each adding its bias where the layer has them.
-            let qkv = |i: usize, y: &wgpu::Buffer| match bias_bufs.get(i) {
-                Some(b) => mats[i].bind_bias(&gpu, &xn, y, b),
-                None => mats[i].bind(&gpu, &xn, y),
-            };
             let mut bufs = Vec::new();
             let norm = |name: &str, w: Option<&[f32]>, len: usize| -> Result<Option<wgpu::Buffer>, AccelError> {
                 let Some(w) = w else { return Ok(None) };
@@ -272,7 +276,7 @@ impl DeviceLayers {
             let (pa, pf) = (norm("post_attention_norm", l.post_attn_norm, e)?, norm("post_ffw_norm", l.post_ffn_norm, e)?);
             let p = &gpu.layer;
             let (rope, attn, act) = (Shape::new(&gpu), Shape::new(&gpu), Shape::new(&gpu));
-            let head_norm = |t: &wgpu::Buffer, w: &Option<wgpu::Buffer>, pn| w.as_ref().map(|w| gpu.bind("head norm", &p.head_norm, [t, w, pn]));
+            let head_norm = |w: &Option<wgpu::Buffer>, pn| w.as_ref().map(|w| gpu.bind("head norm", &p.head_norm, [&qkv_buf, w, pn]));
             let post = |w: &Option<wgpu::Buffer>| w.as_ref().map(|w| gpu.bind("post norm", &p.rms_norm, [&o, w, &xn, &params.norm]));
             // Without an output norm a product adds itself onto `x`; with one, the norm's
             // output `xn` is added by a dispatch of its own.
@@ -280,30 +284,32 @@ impl DeviceLayers {
             let onto = |w: &Option<wgpu::Buffer>| if w.is_some() { &o } else { &x };
             let bind = LayerBinds {
                 norm1: gpu.bind("attn norm", &p.rms_norm, [&x, &n1, &xn, &params.norm]),
-                q: qkv(0, &q),
-                k: qkv(1, &k),
-                v: qkv(2, &v),
-                q_norm: head_norm(&q, &qn, &params.norm_q.buf),
-                k_norm: head_norm(&k, &kn, &params.norm_k.buf),
-                rope_store: gpu.bind("rope and kv store", &p.rope_store, [&q, &k, &v, &kc, &vc, &pos, &slots, &rope.buf]),
-                attn: gpu.bind("attention", &p.attention, [&q, &kc, &vc, &att, &pos, &tables, &attn.buf]),
-                o: mats[3].bind(&gpu, &att, onto(&pa)),
+                // Each run into its columns of `[q | k | v]`, adding its biases where the layer has them.
+                qkv: qkv.iter().enumerate().map(|(i, (m, _))| match bias_bufs.get(i) {
+                    Some(b) => m.bind_bias(&gpu, &xn, &qkv_buf, b),
+                    None => m.bind(&gpu, &xn, &qkv_buf),
+                }).collect(),
+                q_norm: head_norm(&qn, &params.norm_q.buf),
+                k_norm: head_norm(&kn, &params.norm_k.buf),
+                rope_store: gpu.bind("rope and kv store", &p.rope_store, [&qkv_buf, &kc, &vc, &pos, &slots, &rope.buf]),
+                attn: gpu.bind("attention", &p.attention, [&qkv_buf, &kc, &vc, &att, &pos, &tables, &attn.buf]),
+                o: mats[0].bind(&gpu, &att, onto(&pa)),
                 post_attn: post(&pa),
                 residual1: residual(&pa),
                 norm2: gpu.bind("ffn norm", &p.rms_norm, [&x, &n2, &xn, &params.norm]),
-                gate_up: gate_up.iter().zip([&g, &u]).map(|(m, y)| m.bind(&gpu, &xn, y)).collect(),
-                act: gpu.bind("act", &gpu.act, [&g, if fused { &g } else { &u }, &a, &act.buf]),
-                down: mats[4].bind(&gpu, &a, onto(&pf)),
+                gate_up: gate_up.iter().zip([&g, up_out]).map(|(m, y)| m.bind(&gpu, &xn, y)).collect(),
+                act: gpu.bind("act", &gpu.act, [&g, up_out, &a, &act.buf]),
+                down: mats[1].bind(&gpu, &a, onto(&pf)),
                 post_ffn: post(&pf),
                 residual2: residual(&pf),
             };
             bufs.extend([n1, n2]);
             bufs.extend(bias_bufs);
             bufs.extend([qn, kn, pa, pf].into_iter().flatten());
-            out.push(Layer { mats, gate_up, kc, vc, _bufs: bufs, has_bias, cfg: l.cfg, rope, attn, act, bind });
+            out.push(Layer { qkv, mats, gate_up, kc, vc, _bufs: bufs, has_bias, cfg: l.cfg, rope, attn, act, bind });
         }
         // The activation buffers live on in the bind groups; `x` also here, to upload and read.
-        drop((xn, q, k, v, att, o, g, u, a));
+        drop((xn, qkv_buf, att, o, g, u, a));
         Ok(DeviceLayers { gpu, shape, max_tokens, max_table, layers: out, x, pos, slots, tables, staging, cache_staging: None, params, cache_bytes, batch_invariant, lock: Mutex::new(()), times: Mutex::new(PassTimes::default()) })
     }
 
@@ -382,7 +388,7 @@ impl DeviceLayers {
 
     /// Bytes of weights on the device.
     pub fn weight_bytes(&self) -> u64 {
-        self.layers.iter().flat_map(|l| l.mats.iter().chain(&l.gate_up)).map(Matrix::bytes).sum()
+        self.layers.iter().flat_map(|l| l.qkv.iter().map(|(m, _)| m).chain(&l.mats).chain(&l.gate_up)).map(Matrix::bytes).sum()
     }
 
     /// Bytes of the device's KV cache.
@@ -418,8 +424,10 @@ impl DeviceLayers {
         q.write_buffer(&self.tables, 0, bytemuck::cast_slice(tables));
         let u = |v: usize| v as u32;
         p.add_e.set(gpu, [u(n * e), u(n * e), 0, 0, 0, 0, 0, 0]);
-        p.norm_q.set(gpu, [u(s.head_dim), s.eps.to_bits(), u(n * s.n_head), 0, 0, 0, 0, 0]);
-        p.norm_k.set(gpu, [u(s.head_dim), s.eps.to_bits(), u(n * s.n_kv_head), 0, 0, 0, 0, 0]);
+        // Q's heads and K's in each token's row `[q | k | v]`.
+        let (qd, row) = (s.n_head * s.head_dim, (s.n_head + 2 * s.n_kv_head) * s.head_dim);
+        p.norm_q.set(gpu, [u(s.head_dim), s.eps.to_bits(), u(n * s.n_head), u(s.n_head), u(row), 0, 0, 0]);
+        p.norm_k.set(gpu, [u(s.head_dim), s.eps.to_bits(), u(n * s.n_kv_head), u(s.n_kv_head), u(row), u(qd), 0, 0]);
         for l in &self.layers {
             let c = &l.cfg;
             l.rope.set(gpu, [u(n), u(s.n_head), u(s.n_kv_head), u(s.head_dim), u(s.n_rot), c.rope_base.to_bits(), c.freq_scale.to_bits(), u(c.neox as usize)]);
@@ -434,10 +442,11 @@ impl DeviceLayers {
         {
             let pass = &mut enc.begin_compute_pass(&Default::default());
             // The products record themselves (their shapes go through the queue).
-            let product = |m: &Matrix, bind: &wgpu::BindGroup, addend: Addend, pass: &mut wgpu::ComputePass, dispatches: &mut usize| {
+            let product = |m: &Matrix, bind: &wgpu::BindGroup, addend: Addend, place: Place, pass: &mut wgpu::ComputePass, dispatches: &mut usize| {
                 *dispatches += 1;
-                m.dispatch_adding(gpu, pass, bind, n, self.batch_invariant, addend)
+                m.dispatch_adding(gpu, pass, bind, n, self.batch_invariant, addend, place)
             };
+            let alone = |m: &Matrix| Place::alone(m.rows);
             // A product whose residual has no dispatch of its own adds itself onto `x`.
             let onto_x = |residual: &Option<wgpu::BindGroup>| if residual.is_none() { Addend::Output } else { Addend::None };
             for l in &self.layers {
@@ -445,9 +454,9 @@ impl DeviceLayers {
                 // x [n, e] → xn = norm(x) → q, k, v (+ biases), RoPE → cache → attention [n, qd]
                 run(pass, &mut dispatches, &pl.rms_norm, &b.norm1, (u(n), 1), 1);
                 let bias = if l.has_bias { Addend::Bias } else { Addend::None };
-                product(&l.mats[0], &b.q, bias, pass, &mut dispatches);
-                product(&l.mats[1], &b.k, bias, pass, &mut dispatches);
-                product(&l.mats[2], &b.v, bias, pass, &mut dispatches);
+                for ((m, c0), bind) in l.qkv.iter().zip(&b.qkv) {
+                    product(m, bind, bias, Place { stride: row, offset: *c0 }, pass, &mut dispatches);
+                }
                 for (norm, heads) in [(&b.q_norm, s.n_head), (&b.k_norm, s.n_kv_head)] {
                     if let Some(norm) = norm {
                         run(pass, &mut dispatches, &pl.head_norm, norm, grid(n * heads, 1), 1);
@@ -456,7 +465,7 @@ impl DeviceLayers {
                 run(pass, &mut dispatches, &pl.rope_store, &b.rope_store, grid(n * (s.n_head * s.n_rot / 2 + kvd), 64), 1);
                 run(pass, &mut dispatches, &pl.attention, &b.attn, (u(s.n_head), u(n)), 1);
                 // x += Wo · attention; xn = norm(x); x += down(silu(gate xn) · up xn)
-                product(&l.mats[3], &b.o, onto_x(&b.residual1), pass, &mut dispatches);
+                product(&l.mats[0], &b.o, onto_x(&b.residual1), alone(&l.mats[0]), pass, &mut dispatches);
                 if let Some(post) = &b.post_attn {
                     run(pass, &mut dispatches, &pl.rms_norm, post, (u(n), 1), 1);
                 }
@@ -465,10 +474,10 @@ impl DeviceLayers {
                 }
                 run(pass, &mut dispatches, &pl.rms_norm, &b.norm2, (u(n), 1), 1);
                 for (m, bind) in l.gate_up.iter().zip(&b.gate_up) {
-                    product(m, bind, Addend::None, pass, &mut dispatches);
+                    product(m, bind, Addend::None, alone(m), pass, &mut dispatches);
                 }
                 run(pass, &mut dispatches, &gpu.act, &b.act, grid(n * ff, 64), 1);
-                product(&l.mats[4], &b.down, onto_x(&b.residual2), pass, &mut dispatches);
+                product(&l.mats[1], &b.down, onto_x(&b.residual2), alone(&l.mats[1]), pass, &mut dispatches);
                 if let Some(post) = &b.post_ffn {
                     run(pass, &mut dispatches, &pl.rms_norm, post, (u(n), 1), 1);
                 }
@@ -488,4 +497,28 @@ impl DeviceLayers {
         t.wait_secs += submitted.elapsed().as_secs_f64();
         r
     }
+}
+
+/// `mats` (of the same columns, read from one input) uploaded as runs of neighbours of one
+/// type, each run one matrix of its members' rows in order (one product where there were
+/// several) as long as it fits one buffer; with each run the column where its outputs start
+/// in the members' outputs side by side. `names` name the members.
+fn runs<const N: usize>(gpu: &Gpu, mats: [&FileMatrix; N], layer: &str, names: [&str; N]) -> Result<Vec<(Matrix, usize)>, AccelError> {
+    let bytes = |m: &FileMatrix| m.rows * m.row_bytes();
+    let mut out = Vec::new();
+    let (mut i, mut c0) = (0, 0);
+    while i < N {
+        // Members i .. j of one type whose bytes (and the shaders' padding) fit one buffer.
+        let mut j = i + 1;
+        while j < N && mats[j].dtype == mats[i].dtype && (mats[i..=j].iter().map(|m| bytes(m)).sum::<usize>() + 8) as u64 <= gpu.max_buffer {
+            j += 1;
+        }
+        let rows = mats[i..j].iter().map(|m| m.rows).sum();
+        let data: Vec<u8> = mats[i..j].iter().flat_map(|m| &m.bytes[..bytes(m)]).copied().collect();
+        let name = format!("{layer}.{}", names[i..j].join("+"));
+        out.push((Matrix::upload(gpu, &name, mats[i].dtype, rows, mats[i].cols, &data)?, c0));
+        c0 += rows;
+        i = j;
+    }
+    Ok(out)
 }

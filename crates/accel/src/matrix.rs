@@ -38,6 +38,22 @@ pub(crate) enum Addend {
     Bias = 2,
 }
 
+/// Where a product writes token t's output row r: `y[t · stride + offset + r]`
+/// (`shaders/products.wgsl`'s `y_stride`, `y_offset`). A product of its own writes `[tokens,
+/// rows]`; products that share an output buffer write their columns of each token's row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub stride: usize,
+    pub offset: usize,
+}
+
+impl Place {
+    /// `[tokens, rows]`: the product's rows alone.
+    pub fn alone(rows: usize) -> Place {
+        Place { stride: rows, offset: 0 }
+    }
+}
+
 /// Output rows per workgroup, and tokens per workgroup (`shaders/common.wgsl`).
 const ROWS_PER_GROUP: usize = 8;
 const TOKENS_PER_GROUP: usize = 8;
@@ -96,7 +112,7 @@ impl Matrix {
     /// Record `y = W x` through the GEMV whatever the batch: each token's outputs summed as if
     /// it were alone (batch-invariant results).
     pub(crate) fn dispatch_gemv(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, n_tokens: usize) {
-        self.record(gpu, pass, bind, self.rows, n_tokens, false, Addend::None)
+        self.record(gpu, pass, bind, self.rows, n_tokens, false, Addend::None, Place::alone(self.rows))
     }
 
     /// Record `y = W x` over the first `rows` rows for `n_tokens` (`y`: `[n_tokens, rows]`).
@@ -104,25 +120,28 @@ impl Matrix {
     /// that runs the pass: one product of a matrix per submission.
     /// Batches of [`GEMM_MIN_TOKENS`] or more take the tiled GEMM, smaller ones the GEMV.
     pub(crate) fn dispatch_rows(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, rows: usize, n_tokens: usize) {
-        self.record(gpu, pass, bind, rows, n_tokens, n_tokens >= GEMM_MIN_TOKENS, Addend::None)
+        self.record(gpu, pass, bind, rows, n_tokens, n_tokens >= GEMM_MIN_TOKENS, Addend::None, Place::alone(rows))
     }
 
-    /// Record `y = W x` plus `addend` for `n_tokens` tokens, through the GEMV with `gemv`
-    /// whatever the batch (else as [`Self::dispatch`]): one dispatch where a residual or bias
-    /// add took a second.
-    pub(crate) fn dispatch_adding(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, n_tokens: usize, gemv: bool, addend: Addend) {
-        self.record(gpu, pass, bind, self.rows, n_tokens, !gemv && n_tokens >= GEMM_MIN_TOKENS, addend)
+    /// Record `y = W x` plus `addend` for `n_tokens` tokens at `place` in `y`, through the
+    /// GEMV with `gemv` whatever the batch (else as [`Self::dispatch`]): one dispatch where a
+    /// residual or bias add took a second.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn dispatch_adding(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, n_tokens: usize, gemv: bool, addend: Addend, place: Place) {
+        self.record(gpu, pass, bind, self.rows, n_tokens, !gemv && n_tokens >= GEMM_MIN_TOKENS, addend, place)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn record(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, rows: usize, n_tokens: usize, tiled: bool, addend: Addend) {
+    fn record(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, rows: usize, n_tokens: usize, tiled: bool, addend: Addend, place: Place) {
+        assert!(place.offset + rows <= place.stride, "rows {rows} at {} of a stride of {}", place.offset, place.stride);
         let (pipeline, rows_per, tokens_per) = if tiled {
             (&gpu.gemm[&self.dtype], GEMM_TILE, GEMM_TILE)
         } else {
             (&gpu.gemv[&self.dtype], ROWS_PER_GROUP, TOKENS_PER_GROUP)
         };
         let (gx, gy) = grid(rows, rows_per);
-        self.params.set(gpu, [rows as u32, self.cols as u32, self.row_bytes() as u32, gx, n_tokens as u32, addend as u32, 0, 0]);
+        let u = |v: usize| v as u32;
+        self.params.set(gpu, [u(rows), u(self.cols), u(self.row_bytes()), gx, u(n_tokens), addend as u32, u(place.stride), u(place.offset)]);
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, bind, &[]);
         pass.dispatch_workgroups(gx, gy, n_tokens.div_ceil(tokens_per) as u32);
@@ -147,17 +166,29 @@ impl Matrix {
         self.product(gpu, x, y, Addend::Bias, Some(bias))
     }
 
+    /// `y = W x` into columns `offset ..` of rows of `stride` values (`y`: `[tokens, stride]`,
+    /// uploaded first, so its other columns stay) as the device layers write Q, K and V into
+    /// one buffer: as [`Self::gemv`] otherwise.
+    pub fn gemv_at(&self, gpu: &Gpu, x: &[f32], y: &mut [f32], stride: usize, offset: usize) -> Result<(), AccelError> {
+        self.product_at(gpu, x, y, Addend::None, None, Place { stride, offset })
+    }
+
     /// `y = W x` plus `addend`: `y`'s own values (uploaded first), or `bias`.
     fn product(&self, gpu: &Gpu, x: &[f32], y: &mut [f32], addend: Addend, bias: Option<&[f32]>) -> Result<(), AccelError> {
+        self.product_at(gpu, x, y, addend, bias, Place::alone(self.rows))
+    }
+
+    /// [`Self::product`] at `place` in `y` (`y` uploaded first unless it is the product's alone).
+    fn product_at(&self, gpu: &Gpu, x: &[f32], y: &mut [f32], addend: Addend, bias: Option<&[f32]>, place: Place) -> Result<(), AccelError> {
         assert_eq!(addend == Addend::Bias, bias.is_some(), "a bias where it is added");
         let n_tokens = x.len() / self.cols;
         assert_eq!(x.len(), n_tokens * self.cols, "x holds whole rows");
-        assert_eq!(y.len(), n_tokens * self.rows, "y holds a row per token");
+        assert_eq!(y.len(), n_tokens * place.stride, "y holds a row per token");
         let xb = gpu.storage("x", (x.len() * 4) as u64, wgpu::BufferUsages::COPY_DST)?;
         gpu.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
         let yn = (y.len() * 4) as u64;
         let yb = gpu.storage("y", yn, wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST)?;
-        if addend == Addend::Output {
+        if addend == Addend::Output || place != Place::alone(self.rows) {
             gpu.queue.write_buffer(&yb, 0, bytemuck::cast_slice(y));
         }
         let bias = match bias {
@@ -178,7 +209,7 @@ impl Matrix {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            self.dispatch_adding(gpu, &mut pass, &bind, n_tokens, false, addend);
+            self.dispatch_adding(gpu, &mut pass, &bind, n_tokens, false, addend, place);
         }
         enc.copy_buffer_to_buffer(&yb, 0, &staging, 0, yb.size());
         gpu.queue.submit([enc.finish()]);

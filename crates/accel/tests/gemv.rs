@@ -126,7 +126,9 @@ fn split_matrices_give_the_first_rows_of_the_gemv() {
 /// A product onto its output (`gemv_onto`: the device layers' residual added where it is
 /// made, instead of an add of its own) and one with a bias (`gemv_bias`: Q's, K's and V's):
 /// each output is the old value plus the plain product's, or the plain product's plus its
-/// row's bias, bit for bit, through the GEMV (3 tokens) and the tiled GEMM (40).
+/// row's bias, bit for bit, through the GEMV (3 tokens) and the tiled GEMM (40). And a product
+/// into its columns of a wider row (`gemv_at`, as Q, K and V share one buffer): the plain
+/// product's bits there, nothing else written.
 #[test]
 fn products_add_a_residual_or_a_bias_as_the_adds_did() {
     let gpu = Gpu::open().expect("an accelerator (CI: Mesa lavapipe, apt mesa-vulkan-drivers)");
@@ -148,6 +150,17 @@ fn products_add_a_residual_or_a_bias_as_the_adds_did() {
         m.gemv_bias(&gpu, &x, bias, &mut got).unwrap();
         let want: Vec<u32> = plain.iter().enumerate().map(|(i, p)| (p + bias[i % rows]).to_bits()).collect();
         assert!(got.iter().map(|v| v.to_bits()).eq(want.iter().copied()), "{t}: {rows} rows × {n_tok} tokens with a bias");
+        // Into columns 9 .. 9 + rows of rows of rows + 13 values (Q, K and V's shared buffer):
+        // the plain product's bits there, the other columns as they were.
+        let stride = rows + 13;
+        let before: Vec<f32> = (0..n_tok * stride).map(|i| i as f32).collect();
+        let mut got = before.clone();
+        m.gemv_at(&gpu, &x, &mut got, stride, 9).unwrap();
+        for (i, (&g, &b)) in got.iter().zip(&before).enumerate() {
+            let (tok, c) = (i / stride, i % stride);
+            let want = if (9..9 + rows).contains(&c) { plain[tok * rows + c - 9] } else { b };
+            assert_eq!(g.to_bits(), want.to_bits(), "{t}: {rows} rows × {n_tok} tokens at column 9 of {stride}: token {tok}, column {c}");
+        }
     }
 }
 

@@ -42,7 +42,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let hd = A.head_dim;
     let kvh = h / (A.n_head / A.n_kv_head);
     let kvd = A.n_kv_head * hd;
-    let qo = (t * A.n_head + h) * hd;
+    // Q's columns of token t's row `[q | k | v]` (rope_store.wgsl).
+    let qo = t * (A.n_head + 2u * A.n_kv_head) * hd + h * hd;
     for (var d = lid; d < hd; d += 64u) {
         qs[d] = Q[qo + d];
     }
@@ -96,7 +97,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var j = 0u; j < 4u; j++) {
         let d = lid + 64u * j;
         if (d < hd) {
-            O[qo + d] = acc[j] / l;
+            O[(t * A.n_head + h) * hd + d] = acc[j] / l;
         }
     }
 }

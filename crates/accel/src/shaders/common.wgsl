@@ -49,7 +49,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (lane == 0u && row < P.rows) {
         for (var t = 0u; t < TOK; t++) {
             if (tok0 + t < P.tokens) {
-                store_product((tok0 + t) * P.rows + row, row, partial[t * 256u + lid]);
+                store_product(tok0 + t, row, partial[t * 256u + lid]);
             }
         }
     }

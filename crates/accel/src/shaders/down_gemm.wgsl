@@ -63,7 +63,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     tile_store(acc, r0, tok0, ty, tx, P.n_embd, P.tokens);
 }
 
-// tile_store's output `i`: the sum itself.
-fn tile_out(i: u32, r: u32, v: f32) {
-    Y[i] = v;
+// tile_store's output: row `r` of token `t` (Y is `[tokens][n_embd]`), the sum itself.
+fn tile_out(t: u32, r: u32, v: f32) {
+    Y[t * P.n_embd + r] = v;
 }

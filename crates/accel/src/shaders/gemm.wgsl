@@ -51,7 +51,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     tile_store(acc, row0, tok0, ty, tx, P.rows, P.tokens);
 }
 
-// tile_store's output `i` (row `r`): through the products' addend.
-fn tile_out(i: u32, r: u32, v: f32) {
-    store_product(i, r, v);
+// tile_store's output: row `r` of token `t`, through the products' addend and output place.
+fn tile_out(t: u32, r: u32, v: f32) {
+    store_product(t, r, v);
 }

@@ -1,12 +1,18 @@
 // A whole layer on the device (layers.rs): RMS norm in place of each row of N.n values (each
 // head of Q or K: Gemma 3's and Qwen3's per-head norms) times the norm's weights, as
-// rms_norm.wgsl computes it. A workgroup of 64 threads per row (the reduction: norm.wgsl).
+// rms_norm.wgsl computes it. Row r is head r % heads of token r / heads, at
+// `(r / heads) · stride + offset + (r % heads) · n` (Q's or K's columns of the buffer the
+// products write Q, K and V into). A workgroup of 64 threads per row (the reduction: norm.wgsl).
 
 struct NormParams {
     n: u32,
     eps: f32,
     rows: u32,
-    pad: u32,
+    heads: u32,
+    stride: u32,
+    offset: u32,
+    pad0: u32,
+    pad1: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> Y: array<f32>;
@@ -19,7 +25,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw: vec3
     if (row >= N.rows) {
         return;
     }
-    let o = row * N.n;
+    let o = (row / N.heads) * N.stride + N.offset + (row % N.heads) * N.n;
     var s = 0.0;
     for (var i = lid; i < N.n; i += 64u) {
         let v = Y[o + i];

@@ -9,6 +9,8 @@ struct Params {
     tokens: u32,     // tokens in X (`[tokens, cols]`) and Y (`[tokens, rows]`)
     addend: u32,     // 0: Y = W X; 1: Y = Y + W X (a residual added where it is made);
                      // 2: Y = W X + B[row] (a bias)
+    y_stride: u32,   // values per token in Y (`rows` for a product of its own; more where
+    y_offset: u32,   // several products write their columns of one row, from `y_offset`)
 }
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
@@ -17,9 +19,10 @@ struct Params {
 @group(0) @binding(3) var<uniform> P: Params;
 @group(0) @binding(4) var<storage, read> B: array<f32>; // the bias (addend 2; else any buffer)
 
-// Output `i` (row `row`) of the product, `y` its sum, with the addend the parameters ask for:
-// the order of the add dispatch it replaces (`add.wgsl`: Y + B).
-fn store_product(i: u32, row: u32, y: f32) {
+// Output `row` of token `t`, `y` its sum, with the addend the parameters ask for: the order of
+// the add dispatch it replaces (`add.wgsl`: Y + B).
+fn store_product(t: u32, row: u32, y: f32) {
+    let i = t * P.y_stride + P.y_offset + row;
     if (P.addend == 1u) {
         Y[i] = Y[i] + y;
     } else if (P.addend == 2u) {

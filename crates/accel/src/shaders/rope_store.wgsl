@@ -1,5 +1,6 @@
-// A whole layer on the device (layers.rs), one dispatch after the Q, K and V products: RoPE in
-// place on Q (`[tokens][n_heads][head_dim]`), and each token's key row rotated the same way and
+// A whole layer on the device (layers.rs), one dispatch after the Q, K and V products, which
+// write each token's row `[q: n_heads · head_dim | k: n_kv_heads · head_dim | v: the same]` of
+// one buffer: RoPE in place on Q, and each token's key row rotated the same way and
 // its value row copied into the layer's cache at the row the CPU's cache gives it (`Slots`), so
 // the device's cache mirrors the CPU's block tables (prefix blocks shared between sequences
 // too). The first n_rot values of each head are rotated by pairs — adjacent (LLaMA's permuted
@@ -20,14 +21,12 @@ struct RopeParams {
     neox: u32,
 }
 
-@group(0) @binding(0) var<storage, read_write> Q: array<f32>;
-@group(0) @binding(1) var<storage, read> K: array<f32>;
-@group(0) @binding(2) var<storage, read> V: array<f32>;
-@group(0) @binding(3) var<storage, read_write> Kc: array<f32>;
-@group(0) @binding(4) var<storage, read_write> Vc: array<f32>;
-@group(0) @binding(5) var<storage, read> Pos: array<i32>;
-@group(0) @binding(6) var<storage, read> Slots: array<u32>;
-@group(0) @binding(7) var<uniform> R: RopeParams;
+@group(0) @binding(0) var<storage, read_write> QKV: array<f32>;
+@group(0) @binding(1) var<storage, read_write> Kc: array<f32>;
+@group(0) @binding(2) var<storage, read_write> Vc: array<f32>;
+@group(0) @binding(3) var<storage, read> Pos: array<i32>;
+@group(0) @binding(4) var<storage, read> Slots: array<u32>;
+@group(0) @binding(5) var<uniform> R: RopeParams;
 
 // (cos, sin) of pair i's angle at token t.
 fn angle(t: u32, i: u32) -> vec2<f32> {
@@ -55,19 +54,21 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let half = R.n_rot / 2u;
     let idx = gid.x + gid.y * nw.x * 64u;
     let n_q = R.n_tokens * R.n_heads * half;
+    let qd = R.n_heads * R.head_dim;
+    let kv = R.n_kv_heads * R.head_dim;
+    let row = qd + 2u * kv;
     if (idx < n_q) {
         let i = idx % half;
         let th = idx / half;
         let t = th / R.n_heads;
         let cs = angle(t, i);
-        let o = th * R.head_dim;
+        let o = t * row + (th % R.n_heads) * R.head_dim;
         let ab = pair(i);
-        let r = rotate(Q[o + ab.x], Q[o + ab.y], cs);
-        Q[o + ab.x] = r.x;
-        Q[o + ab.y] = r.y;
+        let r = rotate(QKV[o + ab.x], QKV[o + ab.y], cs);
+        QKV[o + ab.x] = r.x;
+        QKV[o + ab.y] = r.y;
         return;
     }
-    let kv = R.n_kv_heads * R.head_dim;
     let e = idx - n_q;
     if (e >= R.n_tokens * kv) {
         return;
@@ -76,9 +77,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let j = e % kv;
     let d = j % R.head_dim;
     let dst = Slots[t] * kv + j;
-    Vc[dst] = V[e];
+    // This token's key value j, and its value value j.
+    let k = t * row + qd + j;
+    Vc[dst] = QKV[k + kv];
     if (d >= R.n_rot) {
-        Kc[dst] = K[e];
+        Kc[dst] = QKV[k];
         return;
     }
     // This value's pair, and which of its two it is.
@@ -86,9 +89,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (R.neox != 0u) {
         i = d % half;
     }
-    let o = e - d;
+    let o = k - d;
     let ab = pair(i);
     let cs = angle(t, i);
-    let r = rotate(K[o + ab.x], K[o + ab.y], cs);
+    let r = rotate(QKV[o + ab.x], QKV[o + ab.y], cs);
     Kc[dst] = select(r.y, r.x, d == ab.x);
 }

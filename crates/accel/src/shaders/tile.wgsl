@@ -30,8 +30,8 @@ fn tile_step(acc: ptr<function, array<vec4<f32>, 4>>, ty: u32, tx: u32) {
     }
 }
 
-// Writes the thread's outputs inside `n_out` outputs × `n_tok` tokens into Y (`[n_tok][n_out]`)
-// through the including shader's `tile_out(index, row, value)`.
+// Writes the thread's outputs inside `n_out` outputs × `n_tok` tokens through the including
+// shader's `tile_out(token, row, value)`.
 fn tile_store(acc: array<vec4<f32>, 4>, out0: u32, tok0: u32, ty: u32, tx: u32, n_out: u32, n_tok: u32) {
     for (var i = 0u; i < 4u; i++) {
         let r = out0 + 4u * ty + i;
@@ -39,7 +39,7 @@ fn tile_store(acc: array<vec4<f32>, 4>, out0: u32, tok0: u32, ty: u32, tx: u32, 
             for (var j = 0u; j < 4u; j++) {
                 let t = tok0 + 4u * tx + j;
                 if (t < n_tok) {
-                    tile_out(t * n_out + r, r, acc[i][j]);
+                    tile_out(t, r, acc[i][j]);
                 }
             }
         }
