@@ -302,6 +302,10 @@ enum Cmd {
         /// Also convert matrices that are already quantized (dequantized first).
         #[arg(long)]
         allow_requantize: bool,
+        /// A type for the tensors whose name contains NAME (repeatable; the first rule that
+        /// matches decides), as llama-quantize's --tensor-type: e.g. attn_v=q8_0.
+        #[arg(long = "tensor-type", value_name = "NAME=TYPE", value_parser = corelm_engine::quantize::parse_tensor_type)]
+        tensor_types: Vec<(String, DType)>,
         /// Worker threads (default: physical cores).
         #[arg(short, long)]
         threads: Option<usize>,
@@ -523,10 +527,10 @@ fn main() -> Result<()> {
             let path = resolve_model(&a.model_path())?;
             serve::serve(a, path)?;
         }
-        Cmd::Quantize { input, output, ty, allow_requantize, threads } => {
+        Cmd::Quantize { input, output, ty, allow_requantize, tensor_types, threads } => {
             let t0 = std::time::Instant::now();
             let n = threads.unwrap_or_else(corelm_engine::engine::default_threads);
-            let r = corelm_engine::quantize::quantize_file(&input, &output, ty, allow_requantize, n)
+            let r = corelm_engine::quantize::quantize_file_with(&input, &output, ty, &tensor_types, allow_requantize, n)
                 .with_context(|| format!("quantizing {}", input.display()))?;
             if let Some((name, t)) = r.fell_back.first() {
                 eprintln!(
@@ -534,8 +538,9 @@ fn main() -> Result<()> {
                     r.fell_back.len()
                 );
             }
+            let to = if tensor_types.is_empty() { ty.to_string() } else { format!("{ty} or their --tensor-type") };
             println!(
-                "{}: {} tensors quantized to {ty}, {} fell back, {} copied; {:.1} MB -> {:.1} MB in {:.1} s",
+                "{}: {} tensors quantized to {to}, {} fell back, {} copied; {:.1} MB -> {:.1} MB in {:.1} s",
                 output.display(),
                 r.quantized,
                 r.fell_back.len(),

@@ -6,7 +6,10 @@
 //! except the MoE router (`ffn_gate_inp`, kept as llama-quantize keeps it). Norms, biases and
 //! other vectors are copied. A matrix whose rows are not whole blocks of the target type falls
 //! back as llama-quantize does (Q4_K → Q5_0, Q6_K → Q8_0), or else stays as it is. Metadata is
-//! copied, with `general.file_type` and `general.quantization_version` set.
+//! copied, with `general.file_type` and `general.quantization_version` set. Per-tensor types
+//! (llama-quantize's `--tensor-type`, as its Q4_K_M keeps `attn_v` and `ffn_down` in higher
+//! types): `NAME=TYPE` gives the tensors whose name contains NAME that type instead, the
+//! first such rule that matches deciding.
 //!
 //! The output is written to `<out>.part` and renamed when complete, so a failure never leaves
 //! a truncated model behind. Rows are split across the worker threads of a core thread pool.
@@ -98,11 +101,29 @@ fn target_of(name: &str, src: DType, shape: &[u64], t: DType, requantize: bool) 
     }
 }
 
+/// Parse a per-tensor type rule `NAME=TYPE` (`ffn_up=q8_0`): tensors whose name contains NAME
+/// are quantized to TYPE.
+pub fn parse_tensor_type(s: &str) -> Result<(String, DType), String> {
+    let (name, t) = s.split_once('=').ok_or_else(|| format!("'{s}': expected NAME=TYPE, e.g. attn_v=q8_0"))?;
+    if name.is_empty() {
+        return Err(format!("'{s}': an empty tensor name matches every tensor; use --type"));
+    }
+    Ok((name.to_string(), parse_type(t)?))
+}
+
 /// `requantize`: also convert matrices that are already quantized (dequantized first, so the
 /// result carries both quantization errors; llama-quantize's `--allow-requantize`).
 pub fn quantize_file(input: &Path, output: &Path, t: DType, requantize: bool, n_threads: usize) -> Result<Report, Error> {
-    if !TARGETS.contains(&t) {
-        return Err(Error::Config(format!("cannot quantize to {t}")));
+    quantize_file_with(input, output, t, &[], requantize, n_threads)
+}
+
+/// [`quantize_file`] with per-tensor types: a tensor whose name contains `rules[i].0` (the
+/// first such i) is quantized to `rules[i].1` instead of `t`.
+pub fn quantize_file_with(input: &Path, output: &Path, t: DType, rules: &[(String, DType)], requantize: bool, n_threads: usize) -> Result<Report, Error> {
+    for &to in std::iter::once(&t).chain(rules.iter().map(|(_, to)| to)) {
+        if !TARGETS.contains(&to) {
+            return Err(Error::Config(format!("cannot quantize to {to}")));
+        }
     }
     let g = Gguf::open(input)?;
     let mut w = Writer::new();
@@ -120,12 +141,13 @@ pub fn quantize_file(input: &Path, output: &Path, t: DType, requantize: bool, n_
         .iter()
         .map(|ti| {
             let shape = &ti.shape[..ti.n_dims];
-            let to = target_of(&ti.name, ti.dtype, shape, t, requantize);
+            let want = rules.iter().find(|(name, _)| ti.name.contains(name.as_str())).map_or(t, |&(_, to)| to);
+            let to = target_of(&ti.name, ti.dtype, shape, want, requantize);
             let n_bytes = row_bytes(to, shape[0] as usize) as u64 * shape[1..].iter().product::<u64>();
             w.tensor_info(&ti.name, shape, to, n_bytes);
             if to == ti.dtype {
                 report.copied += 1;
-            } else if to == t {
+            } else if to == want {
                 report.quantized += 1;
             } else {
                 report.fell_back.push((ti.name.clone(), to));

@@ -279,3 +279,35 @@ fn prefill_on_the_accelerator_decode_on_the_cpu() {
         assert!(d < 0.05 && d < 1.5 * d_every, "{what}: the logits differ by {d} of the largest, {d_every} with every pass on the device");
     }
 }
+
+/// Matrices that read one input but differ in type stay products of their own: the LLaMA
+/// fixture (random weights, 2 layers) quantized to Q4_0, once as it is and once with V and up
+/// in Q8_0 (`quantize --tensor-type`), runs on the accelerator as Q+K+V and gate+up (9
+/// dispatches a layer), then as Q+K, V, gate and up (11: up written to a buffer of its own),
+/// each file's logits within the device's f32 sums of the CPU's on that file.
+#[test]
+fn matrices_of_different_types_stay_separate_products_on_the_accelerator() {
+    use corelm_kernels::DType;
+    let src = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/mistral.gguf");
+    let dir = std::env::temp_dir().join(format!("corelm-device-mixed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ids: Vec<u32> = (1..24).map(|i| i * 11 % 280).collect();
+    for (rules, per_layer) in [(vec![], 9), (vec![("attn_v".to_string(), DType::Q8_0), ("ffn_up".to_string(), DType::Q8_0)], 11)] {
+        let file = dir.join(format!("mixed-{}.gguf", rules.len()));
+        corelm_engine::quantize::quantize_file_with(&src, &file, DType::Q4_0, &rules, false, 2).unwrap();
+        let g = corelm_gguf::Gguf::open(&file).unwrap();
+        let ty = |name: &str| g.tensor(name).unwrap().dtype;
+        let mixed = !rules.is_empty();
+        assert_eq!((ty("blk.1.attn_k.weight"), ty("blk.1.attn_v.weight"), ty("blk.1.ffn_up.weight")), (DType::Q4_0, if mixed { DType::Q8_0 } else { DType::Q4_0 }, if mixed { DType::Q8_0 } else { DType::Q4_0 }));
+        let want = prompt_logits(&mut Engine::load(&file, test_config(2)).unwrap(), &ids);
+        let mut e = Engine::load(&file, EngineConfig { accel_layers: 2, ..test_config(2) }).unwrap();
+        e.device_layers().unwrap().take_times();
+        let got = prompt_logits(&mut e, &ids);
+        let t = e.device_layers().unwrap().take_times();
+        assert_eq!(t.dispatches, per_layer * 2 * t.passes, "{} rules: {} passes", rules.len(), t.passes);
+        let d = max_rel_diff(&got, &want);
+        eprintln!("{} rules: logits within {d} of the largest", rules.len());
+        assert!(d > 0.0 && d < 0.05, "{} rules: the logits differ by {d} of the largest", rules.len());
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

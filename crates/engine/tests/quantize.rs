@@ -154,3 +154,19 @@ fn f16_model_gives_the_avx512_tables_logits() {
     eprintln!("{isa}: F16 SmolLM2 logits hash {h:#018x}");
     assert_eq!(h, AVX512_HASH, "{isa}: F16 logits differ from the AVX-512 table's");
 }
+
+/// `--tensor-type NAME=TYPE`: a rule names its tensors and a type `--type` accepts; a rule
+/// without both, or with a type that cannot be written, is refused with what is wrong.
+#[test]
+fn tensor_type_rules_parse_or_say_what_is_wrong() {
+    use corelm_engine::quantize::{parse_tensor_type, quantize_file_with};
+    assert_eq!(parse_tensor_type("attn_v=q8_0").unwrap(), ("attn_v".to_string(), DType::Q8_0));
+    assert_eq!(parse_tensor_type("blk.0.ffn_down=Q6_K").unwrap(), ("blk.0.ffn_down".to_string(), DType::Q6K));
+    for bad in ["attn_v", "=q8_0", "attn_v=q9_9"] {
+        let e = parse_tensor_type(bad).unwrap_err();
+        assert!(e.contains(bad.split('=').next_back().unwrap()) || e.contains("NAME=TYPE") || e.contains("empty"), "{bad}: {e}");
+    }
+    let src = fixtures().join("mistral.gguf");
+    let e = quantize_file_with(&src, &tmp("never.gguf"), DType::Q4_0, &[("ffn_up".into(), DType::Q2K)], false, 2).unwrap_err();
+    assert!(e.to_string().contains("Q2_K") || e.to_string().contains("q2_k"), "{e}");
+}
