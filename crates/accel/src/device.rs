@@ -124,12 +124,12 @@ impl Gpu {
         let tile = include_str!("shaders/tile.wgsl");
         let (common, gemm_body) = (include_str!("shaders/common.wgsl"), format!("{}\n{tile}", include_str!("shaders/gemm.wgsl")));
         let product = |kind: &str, body: &str, t: DType| {
-            let head = include_str!("shaders/products.wgsl");
+            let head = format!("{}\n{}", include_str!("shaders/products.wgsl"), include_str!("shaders/act_fn.wgsl"));
             compile(&format!("{kind} {t}"), format!("{head}\n{body}\n{}", type_part(t).expect("a listed type")), Some(&products))
         };
         let gemv = TYPES.iter().map(|&t| (t, product("gemv", common, t))).collect();
         let gemm = TYPES.iter().map(|&t| (t, product("gemm", &gemm_body, t))).collect();
-        let act = pipeline("act", include_str!("shaders/act.wgsl").to_string());
+        let act = pipeline("act", format!("{}\n{}", include_str!("shaders/act.wgsl"), include_str!("shaders/act_fn.wgsl")));
         let down_params = include_str!("shaders/down_params.wgsl");
         let down = pipeline("down (neuron-major)", format!("{down_params}\n{}\n{BYTES}", include_str!("shaders/down_nm.wgsl")));
         let down_sum = pipeline("down (slice sums)", format!("{down_params}\n{}", include_str!("shaders/down_sum.wgsl")));
@@ -219,25 +219,31 @@ pub(crate) fn grid(n: usize, per: usize) -> (u32, u32) {
     (gx as u32, groups.div_ceil(gx) as u32)
 }
 
-/// A shader's 8-word shape in a uniform buffer, written through the queue (ahead of the next
-/// submission) only when the words change: a run of products of the same shape — the decode
-/// steps — writes nothing per step.
+/// A shader's shape (8 words, the products' 12) in a uniform buffer, written through the queue
+/// (ahead of the next submission) only when the words change: a run of products of the same
+/// shape — the decode steps — writes nothing per step.
 pub(crate) struct Shape {
     pub(crate) buf: wgpu::Buffer,
-    last: Mutex<Option<[u32; 8]>>,
+    last: Mutex<Vec<u32>>,
 }
 
 impl Shape {
     pub(crate) fn new(gpu: &Gpu) -> Shape {
-        Shape { buf: gpu.uniform(&[0; 8]), last: Mutex::new(None) }
+        Shape::words(gpu, 8)
     }
 
-    /// The words the next submission's dispatches read.
-    pub(crate) fn set(&self, gpu: &Gpu, words: [u32; 8]) {
+    /// A shape of `n` words.
+    pub(crate) fn words(gpu: &Gpu, n: usize) -> Shape {
+        Shape { buf: gpu.uniform(&vec![0; n]), last: Mutex::new(Vec::new()) }
+    }
+
+    /// The words the next submission's dispatches read (as many as the shape has).
+    pub(crate) fn set<const N: usize>(&self, gpu: &Gpu, words: [u32; N]) {
+        assert_eq!(self.buf.size(), (N * 4).next_multiple_of(16) as u64, "{N} words for this shape");
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        if *last != Some(words) {
+        if last[..] != words[..] {
             gpu.queue.write_buffer(&self.buf, 0, bytemuck::cast_slice(&words));
-            *last = Some(words);
+            *last = words.to_vec();
         }
     }
 }

@@ -14,9 +14,12 @@
 //! into the cache); matrices that read the same input are one matrix of their rows where their
 //! type is the same, one product: gate and up, and Q, K and V (or Q and K where V's type
 //! differs). Q, K and V are written into one buffer, each token's row `[q | k | v]` (products
-//! at a stride and an offset, `matrix::Place`), whatever products make them. A LLaMA layer
-//! is 9 dispatches (16 before these fusions), a Qwen2 layer 9 or 10 (19), Gemma 3's 15 or 16
-//! (20).
+//! at a stride and an offset, `matrix::Place`), whatever products make them. Where gate and up
+//! are one product, down's product reads act(gate) · up from its rows (`matrix::Input`: the
+//! activation computed as its own dispatch computes it, once per output row group that reads
+//! it — recomputing is cheaper than a dispatch on a GPU at decode's sizes; not measured). A
+//! LLaMA layer is 8 dispatches (16 before these fusions), a Qwen2 layer 8 or 9 (19), Gemma 3's
+//! 14 or 15 (20).
 //!
 //! The device's KV cache mirrors the CPU's (`corelm_core::kv`): each token's key and value rows
 //! go to the cache row the CPU's block tables give it (`slots`), and each token attends over
@@ -29,7 +32,7 @@
 
 use crate::device::{grid, AccelError, Gpu, Shape};
 use crate::ffn::FileMatrix;
-use crate::matrix::{Addend, Matrix, Place};
+use crate::matrix::{Addend, Input, Matrix, Place};
 use corelm_core::DeviceLayerSpec;
 use std::sync::{Arc, Mutex};
 
@@ -111,9 +114,10 @@ struct LayerBinds {
     post_attn: Option<wgpu::BindGroup>,
     residual1: Option<wgpu::BindGroup>,
     norm2: wgpu::BindGroup,
-    /// Gate's and up's product (one where `Layer::gate_up` is one matrix), and the activation.
+    /// Gate's and up's product (one where `Layer::gate_up` is one matrix), and where there are
+    /// two, the activation's dispatch (with one, down's product reads act(gate) · up itself).
     gate_up: Vec<wgpu::BindGroup>,
-    act: wgpu::BindGroup,
+    act: Option<wgpu::BindGroup>,
     /// Down's product, onto `x` or into `o` as Wo's.
     down: wgpu::BindGroup,
     post_ffn: Option<wgpu::BindGroup>,
@@ -205,9 +209,9 @@ impl DeviceLayers {
         let o = gpu.storage("layers o", f(max_tokens * e), rw)?;
         // Gate's outputs, or gate's and up's where one product makes both.
         let g = gpu.storage("layers gate", f(max_tokens * 2 * ff), rw)?;
-        // Up's outputs where a layer's up is a product of its own (allocated for the first).
-        let mut u: Option<wgpu::Buffer> = None;
-        let a = gpu.storage("layers act", f(max_tokens * ff), rw)?;
+        // Up's outputs and the activation's where a layer's up is a product of its own
+        // (allocated for the first such layer; elsewhere down reads act(gate) · up from `g`).
+        let mut split: Option<(wgpu::Buffer, wgpu::Buffer)> = None;
         let pos = gpu.storage("layers pos", f(max_tokens), dst)?;
         let slots = gpu.storage("layers slots", f(max_tokens), dst)?;
         let tables = gpu.storage("layers tables", f(max_tokens + max_table), dst)?;
@@ -242,10 +246,10 @@ impl DeviceLayers {
             // two fit one buffer).
             let gate_up: Vec<Matrix> = runs(&gpu, [&l.gate, &l.up], &format!("blk.{il}"), ["ffn_gate", "ffn_up"])?.into_iter().map(|(m, _)| m).collect();
             let fused = gate_up.len() == 1;
-            if !fused && u.is_none() {
-                u = Some(gpu.storage("layers up", f(max_tokens * ff), rw)?);
+            if !fused && split.is_none() {
+                split = Some((gpu.storage("layers up", f(max_tokens * ff), rw)?, gpu.storage("layers act", f(max_tokens * ff), rw)?));
             }
-            let up_out = if fused { &g } else { u.as_ref().expect("allocated above") };
+            let split = split.as_ref().filter(|_| !fused);
             let n1 = vector(&format!("blk.{il}.attn_norm"), l.attn_norm)?;
             let n2 = vector(&format!("blk.{il}.ffn_norm"), l.ffn_norm)?;
             // Copied to and from the CPU's cache where passes alternate (`write_cells`, `read_cells`).
@@ -297,9 +301,12 @@ impl DeviceLayers {
                 post_attn: post(&pa),
                 residual1: residual(&pa),
                 norm2: gpu.bind("ffn norm", &p.rms_norm, [&x, &n2, &xn, &params.norm]),
-                gate_up: gate_up.iter().zip([&g, up_out]).map(|(m, y)| m.bind(&gpu, &xn, y)).collect(),
-                act: gpu.bind("act", &gpu.act, [&g, up_out, &a, &act.buf]),
-                down: mats[1].bind(&gpu, &a, onto(&pf)),
+                gate_up: match split {
+                    Some((u, _)) => gate_up.iter().zip([&g, u]).map(|(m, y)| m.bind(&gpu, &xn, y)).collect(),
+                    None => vec![gate_up[0].bind(&gpu, &xn, &g)],
+                },
+                act: split.map(|(u, a)| gpu.bind("act", &gpu.act, [&g, u, a, &act.buf])),
+                down: mats[1].bind(&gpu, split.map_or(&g, |(_, a)| a), onto(&pf)),
                 post_ffn: post(&pf),
                 residual2: residual(&pf),
             };
@@ -309,7 +316,7 @@ impl DeviceLayers {
             out.push(Layer { qkv, mats, gate_up, kc, vc, _bufs: bufs, has_bias, cfg: l.cfg, rope, attn, act, bind });
         }
         // The activation buffers live on in the bind groups; `x` also here, to upload and read.
-        drop((xn, qkv_buf, att, o, g, u, a));
+        drop((xn, qkv_buf, att, o, g, split));
         Ok(DeviceLayers { gpu, shape, max_tokens, max_table, layers: out, x, pos, slots, tables, staging, cache_staging: None, params, cache_bytes, batch_invariant, lock: Mutex::new(()), times: Mutex::new(PassTimes::default()) })
     }
 
@@ -432,9 +439,8 @@ impl DeviceLayers {
             let c = &l.cfg;
             l.rope.set(gpu, [u(n), u(s.n_head), u(s.n_kv_head), u(s.head_dim), u(s.n_rot), c.rope_base.to_bits(), c.freq_scale.to_bits(), u(c.neox as usize)]);
             l.attn.set(gpu, [u(n), u(s.n_head), u(s.n_kv_head), u(s.head_dim), c.scale.to_bits(), c.window.unwrap_or(0), 0, 0]);
-            // Every neuron fires; with one product for gate and up, its rows `[gate | up]`.
-            let width = if l.gate_up.len() == 1 { ff } else { 0 };
-            l.act.set(gpu, [u(n * ff), u(c.gelu as usize), (-1f32).to_bits(), u(width), 0, 0, 0, 0]);
+            // Every neuron fires (the activation's own dispatch, where gate and up are two products).
+            l.act.set(gpu, [u(n * ff), u(c.gelu as usize), (-1f32).to_bits(), 0, 0, 0, 0, 0]);
         }
         let pl = &gpu.layer;
         let mut dispatches = 0;
@@ -442,9 +448,9 @@ impl DeviceLayers {
         {
             let pass = &mut enc.begin_compute_pass(&Default::default());
             // The products record themselves (their shapes go through the queue).
-            let product = |m: &Matrix, bind: &wgpu::BindGroup, addend: Addend, place: Place, pass: &mut wgpu::ComputePass, dispatches: &mut usize| {
+            let product = |m: &Matrix, bind: &wgpu::BindGroup, how: (Addend, Place, Input), pass: &mut wgpu::ComputePass, dispatches: &mut usize| {
                 *dispatches += 1;
-                m.dispatch_adding(gpu, pass, bind, n, self.batch_invariant, addend, place)
+                m.dispatch_adding(gpu, pass, bind, n, self.batch_invariant, how)
             };
             let alone = |m: &Matrix| Place::alone(m.rows);
             // A product whose residual has no dispatch of its own adds itself onto `x`.
@@ -455,7 +461,7 @@ impl DeviceLayers {
                 run(pass, &mut dispatches, &pl.rms_norm, &b.norm1, (u(n), 1), 1);
                 let bias = if l.has_bias { Addend::Bias } else { Addend::None };
                 for ((m, c0), bind) in l.qkv.iter().zip(&b.qkv) {
-                    product(m, bind, bias, Place { stride: row, offset: *c0 }, pass, &mut dispatches);
+                    product(m, bind, (bias, Place { stride: row, offset: *c0 }, Input::Rows), pass, &mut dispatches);
                 }
                 for (norm, heads) in [(&b.q_norm, s.n_head), (&b.k_norm, s.n_kv_head)] {
                     if let Some(norm) = norm {
@@ -465,7 +471,7 @@ impl DeviceLayers {
                 run(pass, &mut dispatches, &pl.rope_store, &b.rope_store, grid(n * (s.n_head * s.n_rot / 2 + kvd), 64), 1);
                 run(pass, &mut dispatches, &pl.attention, &b.attn, (u(s.n_head), u(n)), 1);
                 // x += Wo · attention; xn = norm(x); x += down(silu(gate xn) · up xn)
-                product(&l.mats[0], &b.o, onto_x(&b.residual1), alone(&l.mats[0]), pass, &mut dispatches);
+                product(&l.mats[0], &b.o, (onto_x(&b.residual1), alone(&l.mats[0]), Input::Rows), pass, &mut dispatches);
                 if let Some(post) = &b.post_attn {
                     run(pass, &mut dispatches, &pl.rms_norm, post, (u(n), 1), 1);
                 }
@@ -474,10 +480,17 @@ impl DeviceLayers {
                 }
                 run(pass, &mut dispatches, &pl.rms_norm, &b.norm2, (u(n), 1), 1);
                 for (m, bind) in l.gate_up.iter().zip(&b.gate_up) {
-                    product(m, bind, Addend::None, alone(m), pass, &mut dispatches);
+                    product(m, bind, (Addend::None, alone(m), Input::Rows), pass, &mut dispatches);
                 }
-                run(pass, &mut dispatches, &gpu.act, &b.act, grid(n * ff, 64), 1);
-                product(&l.mats[1], &b.down, onto_x(&b.residual2), alone(&l.mats[1]), pass, &mut dispatches);
+                // Down reads act(gate) · up from the one product's rows, or the activation's own.
+                let input = match &b.act {
+                    Some(act) => {
+                        run(pass, &mut dispatches, &gpu.act, act, grid(n * ff, 64), 1);
+                        Input::Rows
+                    }
+                    None => Input::Gated(l.cfg.gelu as u32),
+                };
+                product(&l.mats[1], &b.down, (onto_x(&b.residual2), alone(&l.mats[1]), input), pass, &mut dispatches);
                 if let Some(post) = &b.post_ffn {
                     run(pass, &mut dispatches, &pl.rms_norm, post, (u(n), 1), 1);
                 }

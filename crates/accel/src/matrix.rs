@@ -54,6 +54,16 @@ impl Place {
     }
 }
 
+/// What a product reads as its activations (`shaders/products.wgsl`'s `x_act`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Input {
+    /// `x`, `[tokens, cols]`.
+    Rows,
+    /// The gated activation act(gate) · up of `x`'s `[tokens][gate | up]` (`cols` each), as
+    /// `shaders/act.wgsl` computes it with every neuron firing: kind 0 SiLU, 1 GELU.
+    Gated(u32),
+}
+
 /// Output rows per workgroup, and tokens per workgroup (`shaders/common.wgsl`).
 const ROWS_PER_GROUP: usize = 8;
 const TOKENS_PER_GROUP: usize = 8;
@@ -78,7 +88,7 @@ impl Matrix {
         let mut padded = bytes.to_vec();
         padded.resize((bytes.len() + 4).next_multiple_of(4), 0);
         gpu.queue.write_buffer(&buf, 0, &padded);
-        let params = Shape::new(gpu);
+        let params = Shape::words(gpu, 12);
         Ok(Matrix { buf, params, dtype, rows, cols })
     }
 
@@ -112,7 +122,7 @@ impl Matrix {
     /// Record `y = W x` through the GEMV whatever the batch: each token's outputs summed as if
     /// it were alone (batch-invariant results).
     pub(crate) fn dispatch_gemv(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, n_tokens: usize) {
-        self.record(gpu, pass, bind, self.rows, n_tokens, false, Addend::None, Place::alone(self.rows))
+        self.record(gpu, pass, bind, self.rows, n_tokens, false, (Addend::None, Place::alone(self.rows), Input::Rows))
     }
 
     /// Record `y = W x` over the first `rows` rows for `n_tokens` (`y`: `[n_tokens, rows]`).
@@ -120,19 +130,19 @@ impl Matrix {
     /// that runs the pass: one product of a matrix per submission.
     /// Batches of [`GEMM_MIN_TOKENS`] or more take the tiled GEMM, smaller ones the GEMV.
     pub(crate) fn dispatch_rows(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, rows: usize, n_tokens: usize) {
-        self.record(gpu, pass, bind, rows, n_tokens, n_tokens >= GEMM_MIN_TOKENS, Addend::None, Place::alone(rows))
+        self.record(gpu, pass, bind, rows, n_tokens, n_tokens >= GEMM_MIN_TOKENS, (Addend::None, Place::alone(rows), Input::Rows))
     }
 
-    /// Record `y = W x` plus `addend` for `n_tokens` tokens at `place` in `y`, through the
-    /// GEMV with `gemv` whatever the batch (else as [`Self::dispatch`]): one dispatch where a
-    /// residual or bias add took a second.
+    /// Record `y = W x` plus `addend` for `n_tokens` tokens at `place` in `y`, reading `input`,
+    /// through the GEMV with `gemv` whatever the batch (else as [`Self::dispatch`]): one
+    /// dispatch where a residual or bias add, or the activation, took a second.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn dispatch_adding(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, n_tokens: usize, gemv: bool, addend: Addend, place: Place) {
-        self.record(gpu, pass, bind, self.rows, n_tokens, !gemv && n_tokens >= GEMM_MIN_TOKENS, addend, place)
+    pub(crate) fn dispatch_adding(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, n_tokens: usize, gemv: bool, how: (Addend, Place, Input)) {
+        self.record(gpu, pass, bind, self.rows, n_tokens, !gemv && n_tokens >= GEMM_MIN_TOKENS, how)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn record(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, rows: usize, n_tokens: usize, tiled: bool, addend: Addend, place: Place) {
+    fn record(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, rows: usize, n_tokens: usize, tiled: bool, (addend, place, input): (Addend, Place, Input)) {
         assert!(place.offset + rows <= place.stride, "rows {rows} at {} of a stride of {}", place.offset, place.stride);
         let (pipeline, rows_per, tokens_per) = if tiled {
             (&gpu.gemm[&self.dtype], GEMM_TILE, GEMM_TILE)
@@ -141,7 +151,11 @@ impl Matrix {
         };
         let (gx, gy) = grid(rows, rows_per);
         let u = |v: usize| v as u32;
-        self.params.set(gpu, [u(rows), u(self.cols), u(self.row_bytes()), gx, u(n_tokens), addend as u32, u(place.stride), u(place.offset)]);
+        let x_act = match input {
+            Input::Rows => 0,
+            Input::Gated(kind) => 1 + kind,
+        };
+        self.params.set(gpu, [u(rows), u(self.cols), u(self.row_bytes()), gx, u(n_tokens), addend as u32, u(place.stride), u(place.offset), x_act, 0, 0, 0]);
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, bind, &[]);
         pass.dispatch_workgroups(gx, gy, n_tokens.div_ceil(tokens_per) as u32);
@@ -150,39 +164,43 @@ impl Matrix {
     /// `y = W x` for `x` of `n_tokens · cols` values, into `y` (`n_tokens · rows`): one
     /// submission and a wait (tests, benchmarks; the engine's path is [`crate::HotFfn`]).
     pub fn gemv(&self, gpu: &Gpu, x: &[f32], y: &mut [f32]) -> Result<(), AccelError> {
-        self.product(gpu, x, y, Addend::None, None)
+        self.product(gpu, x, y, None, (Addend::None, Place::alone(self.rows), Input::Rows))
     }
 
     /// `y += W x` as the device layers add a residual where it is made (`y` uploaded, each
     /// output `y + Σ`): as [`Self::gemv`] otherwise.
     pub fn gemv_onto(&self, gpu: &Gpu, x: &[f32], y: &mut [f32]) -> Result<(), AccelError> {
-        self.product(gpu, x, y, Addend::Output, None)
+        self.product(gpu, x, y, None, (Addend::Output, Place::alone(self.rows), Input::Rows))
     }
 
     /// `y = W x + b` as the device layers add Q's, K's and V's biases (`bias`: one per row,
     /// each output `Σ + b`): as [`Self::gemv`] otherwise.
     pub fn gemv_bias(&self, gpu: &Gpu, x: &[f32], bias: &[f32], y: &mut [f32]) -> Result<(), AccelError> {
         assert_eq!(bias.len(), self.rows, "a bias per row");
-        self.product(gpu, x, y, Addend::Bias, Some(bias))
+        self.product(gpu, x, y, Some(bias), (Addend::Bias, Place::alone(self.rows), Input::Rows))
     }
 
     /// `y = W x` into columns `offset ..` of rows of `stride` values (`y`: `[tokens, stride]`,
     /// uploaded first, so its other columns stay) as the device layers write Q, K and V into
     /// one buffer: as [`Self::gemv`] otherwise.
     pub fn gemv_at(&self, gpu: &Gpu, x: &[f32], y: &mut [f32], stride: usize, offset: usize) -> Result<(), AccelError> {
-        self.product_at(gpu, x, y, Addend::None, None, Place { stride, offset })
+        self.product(gpu, x, y, None, (Addend::None, Place { stride, offset }, Input::Rows))
     }
 
-    /// `y = W x` plus `addend`: `y`'s own values (uploaded first), or `bias`.
-    fn product(&self, gpu: &Gpu, x: &[f32], y: &mut [f32], addend: Addend, bias: Option<&[f32]>) -> Result<(), AccelError> {
-        self.product_at(gpu, x, y, addend, bias, Place::alone(self.rows))
+    /// `y = W act(g) · u` for `gate_up` holding each token's `[g | u]` (`2 · cols` values), as
+    /// the device layers' down product reads the gate and up product's rows: `gelu` GELU, else
+    /// SiLU. As [`Self::gemv`] otherwise.
+    pub fn gemv_gated(&self, gpu: &Gpu, gate_up: &[f32], gelu: bool, y: &mut [f32]) -> Result<(), AccelError> {
+        self.product(gpu, gate_up, y, None, (Addend::None, Place::alone(self.rows), Input::Gated(gelu as u32)))
     }
 
-    /// [`Self::product`] at `place` in `y` (`y` uploaded first unless it is the product's alone).
-    fn product_at(&self, gpu: &Gpu, x: &[f32], y: &mut [f32], addend: Addend, bias: Option<&[f32]>, place: Place) -> Result<(), AccelError> {
+    /// `y = W x` plus `addend` (`y`'s own values, uploaded first, or `bias`), at `place` in `y`
+    /// (uploaded first unless the product's alone), reading `input`.
+    fn product(&self, gpu: &Gpu, x: &[f32], y: &mut [f32], bias: Option<&[f32]>, (addend, place, input): (Addend, Place, Input)) -> Result<(), AccelError> {
         assert_eq!(addend == Addend::Bias, bias.is_some(), "a bias where it is added");
-        let n_tokens = x.len() / self.cols;
-        assert_eq!(x.len(), n_tokens * self.cols, "x holds whole rows");
+        let per_token = if input == Input::Rows { self.cols } else { 2 * self.cols };
+        let n_tokens = x.len() / per_token;
+        assert_eq!(x.len(), n_tokens * per_token, "x holds whole rows");
         assert_eq!(y.len(), n_tokens * place.stride, "y holds a row per token");
         let xb = gpu.storage("x", (x.len() * 4) as u64, wgpu::BufferUsages::COPY_DST)?;
         gpu.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
@@ -209,7 +227,7 @@ impl Matrix {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            self.dispatch_adding(gpu, &mut pass, &bind, n_tokens, false, addend, place);
+            self.dispatch_adding(gpu, &mut pass, &bind, n_tokens, false, (addend, place, input));
         }
         enc.copy_buffer_to_buffer(&yb, 0, &staging, 0, yb.size());
         gpu.queue.submit([enc.finish()]);

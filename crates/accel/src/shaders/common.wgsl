@@ -28,8 +28,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let w = sub_val4(rb, v / 8u, v % 8u);
             for (var t = 0u; t < TOK; t++) {
                 if (tok0 + t < P.tokens) {
-                    let xo = (tok0 + t) * P.cols + 4u * v;
-                    acc[t] += dot(w, vec4<f32>(X[xo], X[xo + 1u], X[xo + 2u], X[xo + 3u]));
+                    acc[t] += dot(w, x4(tok0 + t, 4u * v));
                 }
             }
         }
