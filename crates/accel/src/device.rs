@@ -112,13 +112,14 @@ impl Gpu {
             })
         };
         let pipeline = |label: &str, src: String| compile(label, src, None);
-        // The products' bindings (W, X, Y, the shape, a bias), one layout for the GEMV and the GEMM.
+        // The products' bindings (W, X, Y, the shape, a bias, a norm's weights), one layout for
+        // the GEMV and the GEMM.
         let entry = |binding: u32, ty: wgpu::BindingType| wgpu::BindGroupLayoutEntry { binding, visibility: wgpu::ShaderStages::COMPUTE, ty, count: None };
         let storage = |read_only: bool| wgpu::BindingType::Buffer { ty: wgpu::BufferBindingType::Storage { read_only }, has_dynamic_offset: false, min_binding_size: None };
         let uniform = wgpu::BindingType::Buffer { ty: wgpu::BufferBindingType::Uniform, has_dynamic_offset: false, min_binding_size: None };
         let products = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some("products"),
-            entries: &[entry(0, storage(true)), entry(1, storage(true)), entry(2, storage(false)), entry(3, uniform), entry(4, storage(true))],
+            entries: &[entry(0, storage(true)), entry(1, storage(true)), entry(2, storage(false)), entry(3, uniform), entry(4, storage(true)), entry(5, storage(true))],
         });
         let products = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some("products"), bind_group_layouts: &[Some(&products)], immediate_size: 0 });
         let tile = include_str!("shaders/tile.wgsl");

@@ -17,9 +17,12 @@
 //! at a stride and an offset, `matrix::Place`), whatever products make them. Where gate and up
 //! are one product, down's product reads act(gate) · up from its rows (`matrix::Input`: the
 //! activation computed as its own dispatch computes it, once per output row group that reads
-//! it — recomputing is cheaper than a dispatch on a GPU at decode's sizes; not measured). A
-//! LLaMA layer is 8 dispatches (16 before these fusions), a Qwen2 layer 8 or 9 (19), Gemma 3's
-//! 14 or 15 (20).
+//! it — recomputing is cheaper than a dispatch on a GPU at decode's sizes; not measured). In
+//! passes through the GEMV (fewer than `GEMM_MIN_TOKENS` tokens: decode; or batch-invariant
+//! ones) the products after a norm norm their input as they read it (`Input::Normed`: each
+//! workgroup computes its tokens' scales as the norm's dispatch would), so a LLaMA layer is 6
+//! dispatches at decode (16 before these fusions), a Qwen2 layer 6 or 7 (19), Gemma 3's 12 or
+//! 13 (20); prefill passes keep the two norms' dispatches (8, 8–9, 14–15).
 //!
 //! The device's KV cache mirrors the CPU's (`corelm_core::kv`): each token's key and value rows
 //! go to the cache row the CPU's block tables give it (`slots`), and each token attends over
@@ -32,7 +35,7 @@
 
 use crate::device::{grid, AccelError, Gpu, Shape};
 use crate::ffn::FileMatrix;
-use crate::matrix::{Addend, Input, Matrix, Place};
+use crate::matrix::{Addend, Input, Matrix, Place, GEMM_MIN_TOKENS};
 use corelm_core::DeviceLayerSpec;
 use std::sync::{Arc, Mutex};
 
@@ -99,8 +102,10 @@ struct Layer {
 
 struct LayerBinds {
     norm1: wgpu::BindGroup,
-    /// `Layer::qkv`'s products.
+    /// `Layer::qkv`'s products, reading `xn`; and reading `x` normed as they read it (the
+    /// GEMV: passes of fewer than `GEMM_MIN_TOKENS` tokens, or batch-invariant ones).
     qkv: Vec<wgpu::BindGroup>,
+    qkv_normed: Vec<wgpu::BindGroup>,
     q_norm: Option<wgpu::BindGroup>,
     k_norm: Option<wgpu::BindGroup>,
     /// RoPE of Q in place, K rotated into the cache and V copied there: one dispatch.
@@ -117,6 +122,7 @@ struct LayerBinds {
     /// Gate's and up's product (one where `Layer::gate_up` is one matrix), and where there are
     /// two, the activation's dispatch (with one, down's product reads act(gate) · up itself).
     gate_up: Vec<wgpu::BindGroup>,
+    gate_up_normed: Vec<wgpu::BindGroup>,
     act: Option<wgpu::BindGroup>,
     /// Down's product, onto `x` or into `o` as Wo's.
     down: wgpu::BindGroup,
@@ -250,6 +256,10 @@ impl DeviceLayers {
                 split = Some((gpu.storage("layers up", f(max_tokens * ff), rw)?, gpu.storage("layers act", f(max_tokens * ff), rw)?));
             }
             let split = split.as_ref().filter(|_| !fused);
+            let gate_up_out = match split {
+                Some((u, _)) => vec![&g, u],
+                None => vec![&g],
+            };
             let n1 = vector(&format!("blk.{il}.attn_norm"), l.attn_norm)?;
             let n2 = vector(&format!("blk.{il}.ffn_norm"), l.ffn_norm)?;
             // Copied to and from the CPU's cache where passes alternate (`write_cells`, `read_cells`).
@@ -289,10 +299,8 @@ impl DeviceLayers {
             let bind = LayerBinds {
                 norm1: gpu.bind("attn norm", &p.rms_norm, [&x, &n1, &xn, &params.norm]),
                 // Each run into its columns of `[q | k | v]`, adding its biases where the layer has them.
-                qkv: qkv.iter().enumerate().map(|(i, (m, _))| match bias_bufs.get(i) {
-                    Some(b) => m.bind_bias(&gpu, &xn, &qkv_buf, b),
-                    None => m.bind(&gpu, &xn, &qkv_buf),
-                }).collect(),
+                qkv: qkv.iter().enumerate().map(|(i, (m, _))| m.bind_with(&gpu, &xn, &qkv_buf, bias_bufs.get(i), None)).collect(),
+                qkv_normed: qkv.iter().enumerate().map(|(i, (m, _))| m.bind_with(&gpu, &x, &qkv_buf, bias_bufs.get(i), Some(&n1))).collect(),
                 q_norm: head_norm(&qn, &params.norm_q.buf),
                 k_norm: head_norm(&kn, &params.norm_k.buf),
                 rope_store: gpu.bind("rope and kv store", &p.rope_store, [&qkv_buf, &kc, &vc, &pos, &slots, &rope.buf]),
@@ -301,10 +309,8 @@ impl DeviceLayers {
                 post_attn: post(&pa),
                 residual1: residual(&pa),
                 norm2: gpu.bind("ffn norm", &p.rms_norm, [&x, &n2, &xn, &params.norm]),
-                gate_up: match split {
-                    Some((u, _)) => gate_up.iter().zip([&g, u]).map(|(m, y)| m.bind(&gpu, &xn, y)).collect(),
-                    None => vec![gate_up[0].bind(&gpu, &xn, &g)],
-                },
+                gate_up: gate_up.iter().zip(&gate_up_out).map(|(m, y)| m.bind(&gpu, &xn, y)).collect(),
+                gate_up_normed: gate_up.iter().zip(&gate_up_out).map(|(m, y)| m.bind_with(&gpu, &x, y, None, Some(&n2))).collect(),
                 act: split.map(|(u, a)| gpu.bind("act", &gpu.act, [&g, u, a, &act.buf])),
                 down: mats[1].bind(&gpu, split.map_or(&g, |(_, a)| a), onto(&pf)),
                 post_ffn: post(&pf),
@@ -453,15 +459,21 @@ impl DeviceLayers {
                 m.dispatch_adding(gpu, pass, bind, n, self.batch_invariant, how)
             };
             let alone = |m: &Matrix| Place::alone(m.rows);
+            // Through the GEMV the products norm their input themselves: the norms' dispatches
+            // saved (the tiled GEMM's workgroups would each norm 64 tokens).
+            let fuse_norms = self.batch_invariant || n < GEMM_MIN_TOKENS;
+            let normed = if fuse_norms { Input::Normed(s.eps) } else { Input::Rows };
             // A product whose residual has no dispatch of its own adds itself onto `x`.
             let onto_x = |residual: &Option<wgpu::BindGroup>| if residual.is_none() { Addend::Output } else { Addend::None };
             for l in &self.layers {
                 let b = &l.bind;
                 // x [n, e] → xn = norm(x) → q, k, v (+ biases), RoPE → cache → attention [n, qd]
-                run(pass, &mut dispatches, &pl.rms_norm, &b.norm1, (u(n), 1), 1);
+                if !fuse_norms {
+                    run(pass, &mut dispatches, &pl.rms_norm, &b.norm1, (u(n), 1), 1);
+                }
                 let bias = if l.has_bias { Addend::Bias } else { Addend::None };
-                for ((m, c0), bind) in l.qkv.iter().zip(&b.qkv) {
-                    product(m, bind, (bias, Place { stride: row, offset: *c0 }, Input::Rows), pass, &mut dispatches);
+                for ((m, c0), bind) in l.qkv.iter().zip(if fuse_norms { &b.qkv_normed } else { &b.qkv }) {
+                    product(m, bind, (bias, Place { stride: row, offset: *c0 }, normed), pass, &mut dispatches);
                 }
                 for (norm, heads) in [(&b.q_norm, s.n_head), (&b.k_norm, s.n_kv_head)] {
                     if let Some(norm) = norm {
@@ -478,9 +490,11 @@ impl DeviceLayers {
                 if let Some(residual) = &b.residual1 {
                     run(pass, &mut dispatches, &pl.add, residual, grid(n * e, 256), 1);
                 }
-                run(pass, &mut dispatches, &pl.rms_norm, &b.norm2, (u(n), 1), 1);
-                for (m, bind) in l.gate_up.iter().zip(&b.gate_up) {
-                    product(m, bind, (Addend::None, alone(m), Input::Rows), pass, &mut dispatches);
+                if !fuse_norms {
+                    run(pass, &mut dispatches, &pl.rms_norm, &b.norm2, (u(n), 1), 1);
+                }
+                for (m, bind) in l.gate_up.iter().zip(if fuse_norms { &b.gate_up_normed } else { &b.gate_up }) {
+                    product(m, bind, (Addend::None, alone(m), normed), pass, &mut dispatches);
                 }
                 // Down reads act(gate) · up from the one product's rows, or the activation's own.
                 let input = match &b.act {

@@ -54,14 +54,18 @@ impl Place {
     }
 }
 
-/// What a product reads as its activations (`shaders/products.wgsl`'s `x_act`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What a product reads as its activations (`shaders/products.wgsl`'s `x_act`, `x_norm`).
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Input {
     /// `x`, `[tokens, cols]`.
     Rows,
     /// The gated activation act(gate) · up of `x`'s `[tokens][gate | up]` (`cols` each), as
     /// `shaders/act.wgsl` computes it with every neuron firing: kind 0 SiLU, 1 GELU.
     Gated(u32),
+    /// `x` RMS-normed with this epsilon and the weights bound by [`Matrix::bind_with`], as
+    /// `shaders/rms_norm.wgsl` computes it (the GEMV only: each workgroup computes its tokens'
+    /// scales).
+    Normed(f32),
 }
 
 /// Output rows per workgroup, and tokens per workgroup (`shaders/common.wgsl`).
@@ -105,13 +109,15 @@ impl Matrix {
     /// The bind group of `y = W x` over device buffers `x` (`[n_tokens, cols]`) and `y`
     /// (`[n_tokens, rows]`).
     pub(crate) fn bind(&self, gpu: &Gpu, x: &wgpu::Buffer, y: &wgpu::Buffer) -> wgpu::BindGroup {
-        // No bias: the weights stand in for the binding, never read.
-        self.bind_bias(gpu, x, y, &self.buf)
+        self.bind_with(gpu, x, y, None, None)
     }
 
-    /// [`Self::bind`] with a bias of `rows` values, which [`Addend::Bias`] adds.
-    pub(crate) fn bind_bias(&self, gpu: &Gpu, x: &wgpu::Buffer, y: &wgpu::Buffer, bias: &wgpu::Buffer) -> wgpu::BindGroup {
-        gpu.bind("product", &gpu.gemv[&self.dtype], [&self.buf, x, y, &self.params.buf, bias])
+    /// [`Self::bind`] with a bias of `rows` values, which [`Addend::Bias`] adds, and a norm's
+    /// `cols` weights, which [`Input::Normed`] reads.
+    pub(crate) fn bind_with(&self, gpu: &Gpu, x: &wgpu::Buffer, y: &wgpu::Buffer, bias: Option<&wgpu::Buffer>, norm: Option<&wgpu::Buffer>) -> wgpu::BindGroup {
+        // What is not given, the weights stand in for: bound, never read.
+        let (bias, norm) = (bias.unwrap_or(&self.buf), norm.unwrap_or(&self.buf));
+        gpu.bind("product", &gpu.gemv[&self.dtype], [&self.buf, x, y, &self.params.buf, bias, norm])
     }
 
     /// Record `y = W x` for `n_tokens` tokens into `pass`.
@@ -144,6 +150,7 @@ impl Matrix {
     #[allow(clippy::too_many_arguments)]
     fn record(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, rows: usize, n_tokens: usize, tiled: bool, (addend, place, input): (Addend, Place, Input)) {
         assert!(place.offset + rows <= place.stride, "rows {rows} at {} of a stride of {}", place.offset, place.stride);
+        assert!(!(tiled && matches!(input, Input::Normed(_))), "the tiled GEMM reads no normed input");
         let (pipeline, rows_per, tokens_per) = if tiled {
             (&gpu.gemm[&self.dtype], GEMM_TILE, GEMM_TILE)
         } else {
@@ -151,11 +158,12 @@ impl Matrix {
         };
         let (gx, gy) = grid(rows, rows_per);
         let u = |v: usize| v as u32;
-        let x_act = match input {
-            Input::Rows => 0,
-            Input::Gated(kind) => 1 + kind,
+        let (x_act, x_norm, eps) = match input {
+            Input::Rows => (0, 0, 0.0),
+            Input::Gated(kind) => (1 + kind, 0, 0.0),
+            Input::Normed(eps) => (0, 1, eps),
         };
-        self.params.set(gpu, [u(rows), u(self.cols), u(self.row_bytes()), gx, u(n_tokens), addend as u32, u(place.stride), u(place.offset), x_act, 0, 0, 0]);
+        self.params.set(gpu, [u(rows), u(self.cols), u(self.row_bytes()), gx, u(n_tokens), addend as u32, u(place.stride), u(place.offset), x_act, x_norm, f32::to_bits(eps), 0]);
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, bind, &[]);
         pass.dispatch_workgroups(gx, gy, n_tokens.div_ceil(tokens_per) as u32);
@@ -194,11 +202,21 @@ impl Matrix {
         self.product(gpu, gate_up, y, None, (Addend::None, Place::alone(self.rows), Input::Gated(gelu as u32)))
     }
 
-    /// `y = W x` plus `addend` (`y`'s own values, uploaded first, or `bias`), at `place` in `y`
-    /// (uploaded first unless the product's alone), reading `input`.
-    fn product(&self, gpu: &Gpu, x: &[f32], y: &mut [f32], bias: Option<&[f32]>, (addend, place, input): (Addend, Place, Input)) -> Result<(), AccelError> {
-        assert_eq!(addend == Addend::Bias, bias.is_some(), "a bias where it is added");
-        let per_token = if input == Input::Rows { self.cols } else { 2 * self.cols };
+    /// `y = W rms_norm(x)` with the norm's `weights` and `eps` (`x`: `[tokens, cols]`) as the
+    /// device layers' Q, K, V and gate and up products read the residual stream at decode,
+    /// through the GEMV whatever the batch.
+    pub fn gemv_normed(&self, gpu: &Gpu, x: &[f32], weights: &[f32], eps: f32, y: &mut [f32]) -> Result<(), AccelError> {
+        assert_eq!(weights.len(), self.cols, "a norm weight per column");
+        self.product(gpu, x, y, Some(weights), (Addend::None, Place::alone(self.rows), Input::Normed(eps)))
+    }
+
+    /// `y = W x` plus `addend` (`y`'s own values, uploaded first, or the bias `extra`), at `place`
+    /// in `y` (uploaded first unless the product's alone), reading `input` (normed with the
+    /// weights `extra`).
+    fn product(&self, gpu: &Gpu, x: &[f32], y: &mut [f32], extra: Option<&[f32]>, (addend, place, input): (Addend, Place, Input)) -> Result<(), AccelError> {
+        let normed = matches!(input, Input::Normed(_));
+        assert_eq!(addend == Addend::Bias || normed, extra.is_some(), "a bias where it is added, weights where x is normed");
+        let per_token = if matches!(input, Input::Gated(_)) { 2 * self.cols } else { self.cols };
         let n_tokens = x.len() / per_token;
         assert_eq!(x.len(), n_tokens * per_token, "x holds whole rows");
         assert_eq!(y.len(), n_tokens * place.stride, "y holds a row per token");
@@ -209,9 +227,9 @@ impl Matrix {
         if addend == Addend::Output || place != Place::alone(self.rows) {
             gpu.queue.write_buffer(&yb, 0, bytemuck::cast_slice(y));
         }
-        let bias = match bias {
+        let extra = match extra {
             Some(b) => {
-                let bb = gpu.storage("bias", (b.len() * 4) as u64, wgpu::BufferUsages::COPY_DST)?;
+                let bb = gpu.storage("bias or norm", (b.len() * 4) as u64, wgpu::BufferUsages::COPY_DST)?;
                 gpu.queue.write_buffer(&bb, 0, bytemuck::cast_slice(b));
                 Some(bb)
             }
@@ -223,7 +241,8 @@ impl Matrix {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let bind = self.bind_bias(gpu, &xb, &yb, bias.as_ref().unwrap_or(&self.buf));
+        let (bias, norm) = if normed { (None, extra.as_ref()) } else { (extra.as_ref(), None) };
+        let bind = self.bind_with(gpu, &xb, &yb, bias, norm);
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());

@@ -219,3 +219,40 @@ fn products_read_the_gated_activation_of_gate_and_up() {
         }
     }
 }
+
+/// A product that RMS-norms its input as it reads it (`gemv_normed`: the device layers' Q, K,
+/// V and gate and up products at decode, the norms' dispatches saved): against the exact sum
+/// over x · scale · w computed here in f64, within the product's bound plus 8 units in the last
+/// place (the scale's sum, square root and division; two products per value), for 3 tokens and
+/// 11 (a second workgroup of tokens from token 8), rows of 608 values (not whole 64s).
+#[test]
+fn products_read_their_input_rms_normed() {
+    let gpu = Gpu::open().expect("an accelerator (CI: Mesa lavapipe, apt mesa-vulkan-drivers)");
+    let portable = Kernels::portable();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(23);
+    let (t, rows, eps) = (DType::Q8_0, 21, 1e-5f32);
+    for (cols, n_tok) in [(608, 3), (576, 11)] {
+        let w = matrix(t, rows, cols, &mut rng);
+        let m = Matrix::upload(&gpu, "wq", t, rows, cols, &w).unwrap();
+        let rb = corelm_kernels::row_bytes(t, cols);
+        let mut wf = vec![0f32; cols];
+        let norm: Vec<f32> = (0..cols).map(|_| rng.random::<f32>() * 2.0).collect();
+        let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.random::<f32>() * 6.0 - 3.0).collect();
+        let mut y = vec![f32::NAN; n_tok * rows];
+        m.gemv_normed(&gpu, &x, &norm, eps, &mut y).unwrap();
+        for tok in 0..n_tok {
+            let xr = &x[tok * cols..(tok + 1) * cols];
+            let mean = xr.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64;
+            let scale = 1.0 / (mean + eps as f64).sqrt();
+            let xn: Vec<f64> = xr.iter().zip(&norm).map(|(&v, &g)| v as f64 * scale * g as f64).collect();
+            for r in 0..rows {
+                portable.to_float(t).unwrap()(&w[r * rb..(r + 1) * rb], &mut wf);
+                let exact: f64 = wf.iter().zip(&xn).map(|(&a, &b)| a as f64 * b).sum();
+                let sum_abs: f64 = wf.iter().zip(&xn).map(|(&a, &b)| (a as f64 * b).abs()).sum();
+                let bound = gemv_bound(cols, sum_abs) + 8.0 * f64::from(f32::EPSILON) * sum_abs + 1e-30;
+                let got = y[tok * rows + r] as f64;
+                assert!((got - exact).abs() <= bound, "{cols} columns, {n_tok} tokens, row {r} token {tok}: gpu {got} exact {exact} bound {bound}");
+            }
+        }
+    }
+}

@@ -13,9 +13,9 @@ struct Params {
     y_offset: u32,   // several products write their columns of one row, from `y_offset`)
     x_act: u32,      // 0: X is `[tokens, cols]`; 1 + kind: X is the gate and up product's
                      // `[tokens][gate | up]` (`cols` each), read as act(gate) · up (act_fn.wgsl)
+    x_norm: u32,     // 1: X is RMS-normed with eps and the weights Wn as read (the GEMV only:
+    eps: f32,        // common.wgsl's `norm_scales`, rms_norm.wgsl's values)
     pad0: u32,
-    pad1: u32,
-    pad2: u32,
 }
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
@@ -23,6 +23,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(3) var<uniform> P: Params;
 @group(0) @binding(4) var<storage, read> B: array<f32>; // the bias (addend 2; else any buffer)
+@group(0) @binding(5) var<storage, read> Wn: array<f32>; // the norm's weights (x_norm; else any)
 
 // Activations c .. c + 4 of token t: X's own, or with `x_act` the gated activation of X's
 // gate and up values, as act.wgsl computes it with every neuron firing (its dispatch saved).
