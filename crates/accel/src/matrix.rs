@@ -20,7 +20,7 @@ pub fn gemv_bound(n: usize, sum_abs: f64) -> f64 {
 /// A `rows × cols` matrix in the file's block layout, resident on the device.
 pub struct Matrix {
     pub(crate) buf: wgpu::Buffer,
-    /// The GEMV's shape (`shaders/common.wgsl`'s `Params`), set by each dispatch.
+    /// The products' shape (`shaders/products.wgsl`'s `Params`, 12 words), set by each dispatch.
     params: Shape,
     pub dtype: DType,
     pub rows: usize,
@@ -34,7 +34,7 @@ pub(crate) enum Addend {
     None = 0,
     /// The output's own values (`y + Σ`): a residual.
     Output = 1,
-    /// The bias bound by [`Matrix::bind_bias`], per row (`Σ + b`).
+    /// The bias bound by [`Matrix::bind_with`], per row (`Σ + b`).
     Bias = 2,
 }
 
