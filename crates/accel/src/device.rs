@@ -125,12 +125,12 @@ impl Gpu {
         let tile = include_str!("shaders/tile.wgsl");
         let (common, gemm_body) = (include_str!("shaders/common.wgsl"), format!("{}\n{tile}", include_str!("shaders/gemm.wgsl")));
         let product = |kind: &str, body: &str, t: DType| {
-            let head = format!("{}\n{}", include_str!("shaders/products.wgsl"), include_str!("shaders/act_fn.wgsl"));
+            let head = include_str!("shaders/products.wgsl");
             compile(&format!("{kind} {t}"), format!("{head}\n{body}\n{}", type_part(t).expect("a listed type")), Some(&products))
         };
         let gemv = TYPES.iter().map(|&t| (t, product("gemv", common, t))).collect();
         let gemm = TYPES.iter().map(|&t| (t, product("gemm", &gemm_body, t))).collect();
-        let act = pipeline("act", format!("{}\n{}", include_str!("shaders/act.wgsl"), include_str!("shaders/act_fn.wgsl")));
+        let act = pipeline("act", include_str!("shaders/act.wgsl").to_string());
         let down_params = include_str!("shaders/down_params.wgsl");
         let down = pipeline("down (neuron-major)", format!("{down_params}\n{}\n{BYTES}", include_str!("shaders/down_nm.wgsl")));
         let down_sum = pipeline("down (slice sums)", format!("{down_params}\n{}", include_str!("shaders/down_sum.wgsl")));

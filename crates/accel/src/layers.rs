@@ -14,15 +14,16 @@
 //! into the cache); matrices that read the same input are one matrix of their rows where their
 //! type is the same, one product: gate and up, and Q, K and V (or Q and K where V's type
 //! differs). Q, K and V are written into one buffer, each token's row `[q | k | v]` (products
-//! at a stride and an offset, `matrix::Place`), whatever products make them. Where gate and up
-//! are one product, down's product reads act(gate) · up from its rows (`matrix::Input`: the
-//! activation computed as its own dispatch computes it, once per output row group that reads
-//! it — recomputing is cheaper than a dispatch on a GPU at decode's sizes; not measured). In
-//! passes through the GEMV (fewer than `GEMM_MIN_TOKENS` tokens: decode; or batch-invariant
-//! ones) the products after a norm norm their input as they read it (`Input::Normed`: each
-//! workgroup computes its tokens' scales as the norm's dispatch would), so a LLaMA layer is 6
-//! dispatches at decode (16 before these fusions), a Qwen2 layer 6 or 7 (19), Gemma 3's 12 or
-//! 13 (20); prefill passes keep the two norms' dispatches (8, 8–9, 14–15).
+//! at a stride and an offset, `matrix::Place`), whatever products make them. In passes through
+//! the GEMV (fewer than `GEMM_MIN_TOKENS` tokens: decode; or batch-invariant ones) the
+//! products after a norm norm their input as they read it (`Input::Normed`: each workgroup
+//! computes its tokens' scales as the norm's dispatch would, a read of its tokens' rows), so
+//! a LLaMA layer is 7 dispatches at decode (16 before these fusions), a Qwen2 layer 7 or 8
+//! (19), Gemma 3's 13 or 14 (20); prefill passes keep the two norms' dispatches (9, 9–10,
+//! 15–16). The activation keeps its dispatch: down's product reading act(gate) · up itself
+//! would compute each activation once per workgroup of output rows (576–896 times), which
+//! made decode on lavapipe twice as slow and on a weaker GPU could cost more than the
+//! dispatch it saves (docs/benchmarks.md).
 //!
 //! The device's KV cache mirrors the CPU's (`corelm_core::kv`): each token's key and value rows
 //! go to the cache row the CPU's block tables give it (`slots`), and each token attends over
@@ -119,11 +120,11 @@ struct LayerBinds {
     post_attn: Option<wgpu::BindGroup>,
     residual1: Option<wgpu::BindGroup>,
     norm2: wgpu::BindGroup,
-    /// Gate's and up's product (one where `Layer::gate_up` is one matrix), and where there are
-    /// two, the activation's dispatch (with one, down's product reads act(gate) · up itself).
+    /// Gate's and up's product (one where `Layer::gate_up` is one matrix; reading `xn`, or `x`
+    /// normed as `qkv_normed`), and the activation.
     gate_up: Vec<wgpu::BindGroup>,
     gate_up_normed: Vec<wgpu::BindGroup>,
-    act: Option<wgpu::BindGroup>,
+    act: wgpu::BindGroup,
     /// Down's product, onto `x` or into `o` as Wo's.
     down: wgpu::BindGroup,
     post_ffn: Option<wgpu::BindGroup>,
@@ -215,9 +216,9 @@ impl DeviceLayers {
         let o = gpu.storage("layers o", f(max_tokens * e), rw)?;
         // Gate's outputs, or gate's and up's where one product makes both.
         let g = gpu.storage("layers gate", f(max_tokens * 2 * ff), rw)?;
-        // Up's outputs and the activation's where a layer's up is a product of its own
-        // (allocated for the first such layer; elsewhere down reads act(gate) · up from `g`).
-        let mut split: Option<(wgpu::Buffer, wgpu::Buffer)> = None;
+        // Up's outputs where a layer's up is a product of its own (allocated for the first).
+        let mut u: Option<wgpu::Buffer> = None;
+        let a = gpu.storage("layers act", f(max_tokens * ff), rw)?;
         let pos = gpu.storage("layers pos", f(max_tokens), dst)?;
         let slots = gpu.storage("layers slots", f(max_tokens), dst)?;
         let tables = gpu.storage("layers tables", f(max_tokens + max_table), dst)?;
@@ -252,14 +253,11 @@ impl DeviceLayers {
             // two fit one buffer).
             let gate_up: Vec<Matrix> = runs(&gpu, [&l.gate, &l.up], &format!("blk.{il}"), ["ffn_gate", "ffn_up"])?.into_iter().map(|(m, _)| m).collect();
             let fused = gate_up.len() == 1;
-            if !fused && split.is_none() {
-                split = Some((gpu.storage("layers up", f(max_tokens * ff), rw)?, gpu.storage("layers act", f(max_tokens * ff), rw)?));
+            if !fused && u.is_none() {
+                u = Some(gpu.storage("layers up", f(max_tokens * ff), rw)?);
             }
-            let split = split.as_ref().filter(|_| !fused);
-            let gate_up_out = match split {
-                Some((u, _)) => vec![&g, u],
-                None => vec![&g],
-            };
+            let up_out = if fused { &g } else { u.as_ref().expect("allocated above") };
+            let gate_up_out = if fused { vec![&g] } else { vec![&g, up_out] };
             let n1 = vector(&format!("blk.{il}.attn_norm"), l.attn_norm)?;
             let n2 = vector(&format!("blk.{il}.ffn_norm"), l.ffn_norm)?;
             // Copied to and from the CPU's cache where passes alternate (`write_cells`, `read_cells`).
@@ -311,8 +309,8 @@ impl DeviceLayers {
                 norm2: gpu.bind("ffn norm", &p.rms_norm, [&x, &n2, &xn, &params.norm]),
                 gate_up: gate_up.iter().zip(&gate_up_out).map(|(m, y)| m.bind(&gpu, &xn, y)).collect(),
                 gate_up_normed: gate_up.iter().zip(&gate_up_out).map(|(m, y)| m.bind_with(&gpu, &x, y, None, Some(&n2))).collect(),
-                act: split.map(|(u, a)| gpu.bind("act", &gpu.act, [&g, u, a, &act.buf])),
-                down: mats[1].bind(&gpu, split.map_or(&g, |(_, a)| a), onto(&pf)),
+                act: gpu.bind("act", &gpu.act, [&g, up_out, &a, &act.buf]),
+                down: mats[1].bind(&gpu, &a, onto(&pf)),
                 post_ffn: post(&pf),
                 residual2: residual(&pf),
             };
@@ -322,7 +320,7 @@ impl DeviceLayers {
             out.push(Layer { qkv, mats, gate_up, kc, vc, _bufs: bufs, has_bias, cfg: l.cfg, rope, attn, act, bind });
         }
         // The activation buffers live on in the bind groups; `x` also here, to upload and read.
-        drop((xn, qkv_buf, att, o, g, split));
+        drop((xn, qkv_buf, att, o, g, u, a));
         Ok(DeviceLayers { gpu, shape, max_tokens, max_table, layers: out, x, pos, slots, tables, staging, cache_staging: None, params, cache_bytes, batch_invariant, lock: Mutex::new(()), times: Mutex::new(PassTimes::default()) })
     }
 
@@ -445,8 +443,9 @@ impl DeviceLayers {
             let c = &l.cfg;
             l.rope.set(gpu, [u(n), u(s.n_head), u(s.n_kv_head), u(s.head_dim), u(s.n_rot), c.rope_base.to_bits(), c.freq_scale.to_bits(), u(c.neox as usize)]);
             l.attn.set(gpu, [u(n), u(s.n_head), u(s.n_kv_head), u(s.head_dim), c.scale.to_bits(), c.window.unwrap_or(0), 0, 0]);
-            // Every neuron fires (the activation's own dispatch, where gate and up are two products).
-            l.act.set(gpu, [u(n * ff), u(c.gelu as usize), (-1f32).to_bits(), 0, 0, 0, 0, 0]);
+            // Every neuron fires; with one product for gate and up, its rows `[gate | up]`.
+            let width = if l.gate_up.len() == 1 { ff } else { 0 };
+            l.act.set(gpu, [u(n * ff), u(c.gelu as usize), (-1f32).to_bits(), u(width), 0, 0, 0, 0]);
         }
         let pl = &gpu.layer;
         let mut dispatches = 0;
@@ -496,15 +495,8 @@ impl DeviceLayers {
                 for (m, bind) in l.gate_up.iter().zip(if fuse_norms { &b.gate_up_normed } else { &b.gate_up }) {
                     product(m, bind, (Addend::None, alone(m), normed), pass, &mut dispatches);
                 }
-                // Down reads act(gate) · up from the one product's rows, or the activation's own.
-                let input = match &b.act {
-                    Some(act) => {
-                        run(pass, &mut dispatches, &gpu.act, act, grid(n * ff, 64), 1);
-                        Input::Rows
-                    }
-                    None => Input::Gated(l.cfg.gelu as u32),
-                };
-                product(&l.mats[1], &b.down, (onto_x(&b.residual2), alone(&l.mats[1]), input), pass, &mut dispatches);
+                run(pass, &mut dispatches, &gpu.act, &b.act, grid(n * ff, 64), 1);
+                product(&l.mats[1], &b.down, (onto_x(&b.residual2), alone(&l.mats[1]), Input::Rows), pass, &mut dispatches);
                 if let Some(post) = &b.post_ffn {
                     run(pass, &mut dispatches, &pl.rms_norm, post, (u(n), 1), 1);
                 }

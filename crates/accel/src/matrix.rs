@@ -54,14 +54,11 @@ impl Place {
     }
 }
 
-/// What a product reads as its activations (`shaders/products.wgsl`'s `x_act`, `x_norm`).
+/// What a product reads as its activations (`shaders/products.wgsl`'s `x_norm`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Input {
     /// `x`, `[tokens, cols]`.
     Rows,
-    /// The gated activation act(gate) · up of `x`'s `[tokens][gate | up]` (`cols` each), as
-    /// `shaders/act.wgsl` computes it with every neuron firing: kind 0 SiLU, 1 GELU.
-    Gated(u32),
     /// `x` RMS-normed with this epsilon and the weights bound by [`Matrix::bind_with`], as
     /// `shaders/rms_norm.wgsl` computes it (the GEMV only: each workgroup computes its tokens'
     /// scales).
@@ -158,12 +155,11 @@ impl Matrix {
         };
         let (gx, gy) = grid(rows, rows_per);
         let u = |v: usize| v as u32;
-        let (x_act, x_norm, eps) = match input {
-            Input::Rows => (0, 0, 0.0),
-            Input::Gated(kind) => (1 + kind, 0, 0.0),
-            Input::Normed(eps) => (0, 1, eps),
+        let (x_norm, eps) = match input {
+            Input::Rows => (0, 0.0),
+            Input::Normed(eps) => (1, eps),
         };
-        self.params.set(gpu, [u(rows), u(self.cols), u(self.row_bytes()), gx, u(n_tokens), addend as u32, u(place.stride), u(place.offset), x_act, x_norm, f32::to_bits(eps), 0]);
+        self.params.set(gpu, [u(rows), u(self.cols), u(self.row_bytes()), gx, u(n_tokens), addend as u32, u(place.stride), u(place.offset), x_norm, f32::to_bits(eps), 0, 0]);
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, bind, &[]);
         pass.dispatch_workgroups(gx, gy, n_tokens.div_ceil(tokens_per) as u32);
@@ -195,13 +191,6 @@ impl Matrix {
         self.product(gpu, x, y, None, (Addend::None, Place { stride, offset }, Input::Rows))
     }
 
-    /// `y = W act(g) · u` for `gate_up` holding each token's `[g | u]` (`2 · cols` values), as
-    /// the device layers' down product reads the gate and up product's rows: `gelu` GELU, else
-    /// SiLU. As [`Self::gemv`] otherwise.
-    pub fn gemv_gated(&self, gpu: &Gpu, gate_up: &[f32], gelu: bool, y: &mut [f32]) -> Result<(), AccelError> {
-        self.product(gpu, gate_up, y, None, (Addend::None, Place::alone(self.rows), Input::Gated(gelu as u32)))
-    }
-
     /// `y = W rms_norm(x)` with the norm's `weights` and `eps` (`x`: `[tokens, cols]`) as the
     /// device layers' Q, K, V and gate and up products read the residual stream at decode,
     /// through the GEMV whatever the batch.
@@ -216,9 +205,8 @@ impl Matrix {
     fn product(&self, gpu: &Gpu, x: &[f32], y: &mut [f32], extra: Option<&[f32]>, (addend, place, input): (Addend, Place, Input)) -> Result<(), AccelError> {
         let normed = matches!(input, Input::Normed(_));
         assert_eq!(addend == Addend::Bias || normed, extra.is_some(), "a bias where it is added, weights where x is normed");
-        let per_token = if matches!(input, Input::Gated(_)) { 2 * self.cols } else { self.cols };
-        let n_tokens = x.len() / per_token;
-        assert_eq!(x.len(), n_tokens * per_token, "x holds whole rows");
+        let n_tokens = x.len() / self.cols;
+        assert_eq!(x.len(), n_tokens * self.cols, "x holds whole rows");
         assert_eq!(y.len(), n_tokens * place.stride, "y holds a row per token");
         let xb = gpu.storage("x", (x.len() * 4) as u64, wgpu::BufferUsages::COPY_DST)?;
         gpu.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));

@@ -178,48 +178,6 @@ fn the_device_profile_has_every_figure() {
     assert!(corelm_accel::probe::int8_for(&gpu, 0.002).unwrap() > 0.0);
 }
 
-/// A product that reads act(gate) · up from the gate and up product's rows (`gemv_gated`: the
-/// device layers' down, the activation's dispatch saved): against the exact sum over the
-/// activations computed here in f64 from the same gate and up values, within the product's
-/// bound plus 4 units in the last place of each activation (the device's `exp`, `tanh` and
-/// division), for SiLU and GELU, through the GEMV (3 tokens) and the tiled GEMM (40).
-#[test]
-fn products_read_the_gated_activation_of_gate_and_up() {
-    let gpu = Gpu::open().expect("an accelerator (CI: Mesa lavapipe, apt mesa-vulkan-drivers)");
-    let portable = Kernels::portable();
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(17);
-    let (t, rows, cols) = (DType::Q4_1, 37, 256);
-    let w = matrix(t, rows, cols, &mut rng);
-    let m = Matrix::upload(&gpu, "down", t, rows, cols, &w).unwrap();
-    let rb = corelm_kernels::row_bytes(t, cols);
-    let mut wf = vec![0f32; cols];
-    for (gelu, n_tok) in [(false, 3), (true, 3), (false, 40), (true, 40)] {
-        let gu: Vec<f32> = (0..n_tok * 2 * cols).map(|_| rng.random::<f32>() * 8.0 - 4.0).collect();
-        let mut y = vec![f32::NAN; n_tok * rows];
-        m.gemv_gated(&gpu, &gu, gelu, &mut y).unwrap();
-        for tok in 0..n_tok {
-            let (g, u) = gu[tok * 2 * cols..(tok + 1) * 2 * cols].split_at(cols);
-            let act: Vec<f64> = g
-                .iter()
-                .zip(u)
-                .map(|(&g, &u)| {
-                    let g = g as f64;
-                    let a = if gelu { 0.5 * g * (1.0 + (0.7978845608028654 * g * (1.0 + 0.044715 * g * g)).tanh()) } else { g / (1.0 + (-g).exp()) };
-                    a * u as f64
-                })
-                .collect();
-            for r in 0..rows {
-                portable.to_float(t).unwrap()(&w[r * rb..(r + 1) * rb], &mut wf);
-                let exact: f64 = wf.iter().zip(&act).map(|(&a, &b)| a as f64 * b).sum();
-                let sum_abs: f64 = wf.iter().zip(&act).map(|(&a, &b)| (a as f64 * b).abs()).sum();
-                let bound = gemv_bound(cols, sum_abs) + 4.0 * f64::from(f32::EPSILON) * sum_abs + 1e-30;
-                let got = y[tok * rows + r] as f64;
-                assert!((got - exact).abs() <= bound, "gelu {gelu}, {n_tok} tokens, row {r} token {tok}: gpu {got} exact {exact} bound {bound}");
-            }
-        }
-    }
-}
-
 /// A product that RMS-norms its input as it reads it (`gemv_normed`: the device layers' Q, K,
 /// V and gate and up products at decode, the norms' dispatches saved): against the exact sum
 /// over x · scale · w computed here in f64, within the product's bound plus 8 units in the last

@@ -130,10 +130,9 @@ fn first_layers_run_whole_on_the_accelerator() {
         let got = prompt_logits(&mut e, &PROMPT);
         // Per layer of a pass of fewer than 32 tokens: Q, K and V (one matrix: all Q4_1, norming
         // its input), RoPE with the cache store, attention, Wo, gate and up (one matrix, norming
-        // its input), down (reading act(gate) · up itself) — the residuals added by Wo's and
-        // down's products.
+        // its input), the activation, down — the residuals added by Wo's and down's products.
         let t = e.device_layers().unwrap().take_times();
-        assert_eq!(t.dispatches, 6 * n * t.passes, "{n} layers, {} passes", t.passes);
+        assert_eq!(t.dispatches, 7 * n * t.passes, "{n} layers, {} passes", t.passes);
         let d = max_rel_diff(&got, &want);
         eprintln!("{n} layers: prompt logits within {d} of the largest");
         assert!(d > 0.0 && d < 0.05, "{n} layers on the device: the logits differ by {d} of the largest");
@@ -198,7 +197,7 @@ fn qwen2_and_gemma3_layers_run_whole_on_the_accelerator() {
     // with one more where V's type is not Q's and K's (Q8_0 against Q5_0: layers 0 and 1 of
     // both files, and Gemma's 4); Gemma 3's six more (two head norms, two output norms, their
     // two residual adds). Dispatches of the first layers together:
-    for (file, layers, bound, dispatches) in [("qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf", 2, 0.05, 7 + 7), ("gemma-3-270m-q4_k_m.gguf", 6, 0.1, 13 + 13 + 12 + 12 + 13 + 12)] {
+    for (file, layers, bound, dispatches) in [("qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf", 2, 0.05, 8 + 8), ("gemma-3-270m-q4_k_m.gguf", 6, 0.1, 14 + 14 + 13 + 13 + 14 + 13)] {
         let (mut cpu, tok) = load(file, test_config(2));
         let ids = tok.encode("fn main() { let answer = 6 * 7; println!(\"{}\", answer); }", true, false).unwrap();
         let want = prompt_logits(&mut cpu, &ids);
@@ -284,10 +283,9 @@ fn prefill_on_the_accelerator_decode_on_the_cpu() {
 
 /// Matrices that read one input but differ in type stay products of their own: the LLaMA
 /// fixture (random weights, 2 layers) quantized to Q4_0, once as it is and once with V and up
-/// in Q8_0 (`quantize --tensor-type`), runs on the accelerator as Q+K+V and gate+up (6
-/// dispatches a layer: the products norm their input, down reads act(gate) · up), then as
-/// Q+K, V, gate and up (9: up written to a buffer of its own, the activation a dispatch of its
-/// own),
+/// in Q8_0 (`quantize --tensor-type`), runs on the accelerator as Q+K+V and gate+up (7
+/// dispatches a layer, the products norming their input), then as Q+K, V, gate and up (9: up
+/// written to a buffer of its own),
 /// each file's logits within the device's f32 sums of the CPU's on that file.
 #[test]
 fn matrices_of_different_types_stay_separate_products_on_the_accelerator() {
@@ -296,7 +294,7 @@ fn matrices_of_different_types_stay_separate_products_on_the_accelerator() {
     let dir = std::env::temp_dir().join(format!("corelm-device-mixed-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let ids: Vec<u32> = (1..24).map(|i| i * 11 % 280).collect();
-    for (rules, per_layer) in [(vec![], 6), (vec![("attn_v".to_string(), DType::Q8_0), ("ffn_up".to_string(), DType::Q8_0)], 9)] {
+    for (rules, per_layer) in [(vec![], 7), (vec![("attn_v".to_string(), DType::Q8_0), ("ffn_up".to_string(), DType::Q8_0)], 9)] {
         let file = dir.join(format!("mixed-{}.gguf", rules.len()));
         corelm_engine::quantize::quantize_file_with(&src, &file, DType::Q4_0, &rules, false, 2).unwrap();
         let g = corelm_gguf::Gguf::open(&file).unwrap();

@@ -33,9 +33,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var x0 = vec4<f32>(0.0);
         var x1 = vec4<f32>(0.0);
         if (xtok < P.tokens) {
-            let c = s * 32u + 8u * lq;
-            x0 = x4(xtok, c);
-            x1 = x4(xtok, c + 4u);
+            let xo = xtok * P.cols + s * 32u + 8u * lq;
+            x0 = vec4<f32>(X[xo], X[xo + 1u], X[xo + 2u], X[xo + 3u]);
+            x1 = vec4<f32>(X[xo + 4u], X[xo + 5u], X[xo + 6u], X[xo + 7u]);
         }
         // The previous sub-block's products are done before its tiles are overwritten.
         workgroupBarrier();

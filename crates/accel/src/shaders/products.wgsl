@@ -11,11 +11,10 @@ struct Params {
                      // 2: Y = W X + B[row] (a bias)
     y_stride: u32,   // values per token in Y (`rows` for a product of its own; more where
     y_offset: u32,   // several products write their columns of one row, from `y_offset`)
-    x_act: u32,      // 0: X is `[tokens, cols]`; 1 + kind: X is the gate and up product's
-                     // `[tokens][gate | up]` (`cols` each), read as act(gate) · up (act_fn.wgsl)
     x_norm: u32,     // 1: X is RMS-normed with eps and the weights Wn as read (the GEMV only:
     eps: f32,        // common.wgsl's `norm_scales`, rms_norm.wgsl's values)
     pad0: u32,
+    pad1: u32,
 }
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
@@ -25,22 +24,10 @@ struct Params {
 @group(0) @binding(4) var<storage, read> B: array<f32>; // the bias (addend 2; else any buffer)
 @group(0) @binding(5) var<storage, read> Wn: array<f32>; // the norm's weights (x_norm; else any)
 
-// Activations c .. c + 4 of token t: X's own, or with `x_act` the gated activation of X's
-// gate and up values, as act.wgsl computes it with every neuron firing (its dispatch saved).
+// Activations c .. c + 4 of token t.
 fn x4(t: u32, c: u32) -> vec4<f32> {
-    if (P.x_act == 0u) {
-        let o = t * P.cols + c;
-        return vec4<f32>(X[o], X[o + 1u], X[o + 2u], X[o + 3u]);
-    }
-    let g = t * 2u * P.cols + c;
-    let u = g + P.cols;
-    let kind = P.x_act - 1u;
-    return vec4<f32>(
-        act_of(X[g], kind) * X[u],
-        act_of(X[g + 1u], kind) * X[u + 1u],
-        act_of(X[g + 2u], kind) * X[u + 2u],
-        act_of(X[g + 3u], kind) * X[u + 3u],
-    );
+    let o = t * P.cols + c;
+    return vec4<f32>(X[o], X[o + 1u], X[o + 2u], X[o + 3u]);
 }
 
 // Output `row` of token `t`, `y` its sum, with the addend the parameters ask for: the order of
