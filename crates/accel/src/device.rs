@@ -225,8 +225,12 @@ pub(crate) fn grid(n: usize, per: usize) -> (u32, u32) {
 /// shape — the decode steps — writes nothing per step.
 pub(crate) struct Shape {
     pub(crate) buf: wgpu::Buffer,
-    last: Mutex<Vec<u32>>,
+    /// The words last written, zero-padded (a fixed array: no allocation when they change).
+    last: Mutex<Option<[u32; MAX_WORDS]>>,
 }
+
+/// The most words a shape holds (the products' 12).
+const MAX_WORDS: usize = 12;
 
 impl Shape {
     pub(crate) fn new(gpu: &Gpu) -> Shape {
@@ -235,16 +239,19 @@ impl Shape {
 
     /// A shape of `n` words.
     pub(crate) fn words(gpu: &Gpu, n: usize) -> Shape {
-        Shape { buf: gpu.uniform(&vec![0; n]), last: Mutex::new(Vec::new()) }
+        assert!(n <= MAX_WORDS, "a shape of at most {MAX_WORDS} words");
+        Shape { buf: gpu.uniform(&[0; MAX_WORDS][..n]), last: Mutex::new(None) }
     }
 
     /// The words the next submission's dispatches read (as many as the shape has).
     pub(crate) fn set<const N: usize>(&self, gpu: &Gpu, words: [u32; N]) {
         assert_eq!(self.buf.size(), (N * 4).next_multiple_of(16) as u64, "{N} words for this shape");
+        let mut padded = [0; MAX_WORDS];
+        padded[..N].copy_from_slice(&words);
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        if last[..] != words[..] {
+        if *last != Some(padded) {
             gpu.queue.write_buffer(&self.buf, 0, bytemuck::cast_slice(&words));
-            *last = words.to_vec();
+            *last = Some(padded);
         }
     }
 }

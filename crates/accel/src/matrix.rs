@@ -138,7 +138,7 @@ impl Matrix {
 
     /// Record `y = W x` plus `addend` for `n_tokens` tokens at `place` in `y`, reading `input`,
     /// through the GEMV with `gemv` whatever the batch (else as [`Self::dispatch`]): one
-    /// dispatch where a residual or bias add, or the activation, took a second.
+    /// dispatch where a residual or bias add, or a norm, took a second.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn dispatch_adding(&self, gpu: &Gpu, pass: &mut wgpu::ComputePass, bind: &wgpu::BindGroup, n_tokens: usize, gemv: bool, how: (Addend, Place, Input)) {
         self.record(gpu, pass, bind, self.rows, n_tokens, !gemv && n_tokens >= GEMM_MIN_TOKENS, how)
