@@ -67,11 +67,13 @@ pub fn q8k_block(row: &[u8], b: usize) -> (f32, f32, &[i8; 32]) {
 /// `b0 .. b1` are summed, its weights' code offset `o` and largest code `umax` (15, 31, 63 or
 /// 255: how many products the AVX2 kernel may add in i16), the activation type, whether the type
 /// keeps two scales per block ([`super::split16`]), `rows` activation rows (`x`, `xrb` bytes
-/// apart) with their half-block sums `ysum` and, for the AVX2 kernel, their block scalars `sc`
+/// apart) with their half-block sums `ysum` and, for the x86 kernels, their block scalars `sc`
 /// (`tile::row_scalars` of the call's `sc_rows` rows, from this job's first: its row r's
-/// block b at `(b · sc_rows + r) · ROW_SCALARS`; empty: read from the rows), and the rows per
+/// block b at `(b · sc_rows + r) · ROW_SCALARS`; empty: read from the rows), the rows per
 /// register tile `mr`
-/// ([`crate::matmul::schedule::PANEL_MR`]; the portable twin ignores it).
+/// ([`crate::matmul::schedule::PANEL_MR`]; the portable twin ignores it), and `ahead`: weight
+/// bytes of a later column block that the x86 kernels ask for into L2 a few lines per step of
+/// their loops (the others ignore it; empty: none).
 #[derive(Clone, Copy)]
 pub struct PanelJob<'a> {
     pub panel: &'a [u8],
@@ -89,6 +91,7 @@ pub struct PanelJob<'a> {
     pub sc: &'a [u8],
     pub sc_rows: usize,
     pub rows: usize,
+    pub ahead: &'a [u8],
 }
 
 /// Scalar micro-kernel over one packed panel: the twin of the SIMD kernels, bit for bit. Row

@@ -317,7 +317,9 @@ unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: 
     unsafe {
         let xs: [*const u8; R] = std::array::from_fn(|j| x.as_ptr().add((r0 + j) * xrb));
         let ones = _mm256_set1_epi16(1);
+        let ahead = Ahead::new(job, r0, R);
         for b in b0..b1 {
+            ahead.step(job, b - b0);
             let blk = panel.as_ptr().add(b * PACKED_BLOCK);
             let (head, q) = block_at::<A>(b);
             let y4 = |j: usize, g: usize| _mm256_set1_epi32((xs[j].add(q + 4 * g) as *const i32).read_unaligned());
@@ -361,7 +363,7 @@ unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: 
             }
             let dw = _mm256_loadu_ps(blk.add(256) as *const f32);
             let mw = _mm256_loadu_ps(blk.add(288) as *const f32);
-            if !VNNI && !sc.is_empty() {
+            if !sc.is_empty() {
                 for (j, acc) in accf.iter_mut().enumerate() {
                     let at = sc.as_ptr().add((b * sc_rows + r0 + j) * ROW_SCALARS);
                     let oy = |i: usize| _mm256_set1_epi32((at.add(4 * i) as *const i32).read_unaligned());
@@ -406,6 +408,33 @@ unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: 
         // SAFETY: 8 f32 of stack memory.
         unsafe { _mm256_storeu_ps(out.as_mut_ptr(), *a) };
         store(r0 + j, 0, &out);
+    }
+}
+
+/// A register tile's part of [`PanelJob::ahead`] (rows `r0 .. r0 + r` take their share of the
+/// bytes), asked for one piece per block of the tile's loop: a hundred prefetches issued at
+/// once fill the core's miss buffers and stall the loads behind them.
+struct Ahead {
+    from: usize,
+    to: usize,
+    step: usize,
+}
+
+impl Ahead {
+    #[inline(always)]
+    fn new(job: &PanelJob, r0: usize, r: usize) -> Self {
+        let (len, rows) = (job.ahead.len(), job.rows.max(1));
+        let (from, to) = (len * r0.min(rows) / rows, len * (r0 + r).min(rows) / rows);
+        Ahead { from, to, step: (to - from).div_ceil((job.b1 - job.b0).max(1)).next_multiple_of(64) }
+    }
+
+    /// The piece of block `i` of the loop (from the first block summed).
+    #[inline(always)]
+    fn step(&self, job: &PanelJob, i: usize) {
+        let at = self.from + i * self.step;
+        if at < self.to {
+            crate::simd::prefetch(&job.ahead[at..(at + self.step).min(self.to)], crate::simd::CacheLevel::L2);
+        }
     }
 }
 
@@ -472,7 +501,7 @@ unsafe fn rows_wide<const R: usize, const A: u8, const OFF: bool, const SPLIT: b
     acc0: &impl Fn(usize, usize) -> [f32; PANEL],
     store: &mut impl FnMut(usize, usize, &[f32; PANEL]),
 ) {
-    let PanelJob { nb, b0, b1, o, x, xrb, ysum, .. } = *job;
+    let PanelJob { nb, b0, b1, o, x, xrb, ysum, sc, sc_rows, .. } = *job;
     let ps = |v: __m512i| _mm512_castsi512_ps(v);
     let mut accf = [_mm512_setzero_ps(); R];
     for (j, a) in accf.iter_mut().enumerate() {
@@ -483,7 +512,9 @@ unsafe fn rows_wide<const R: usize, const A: u8, const OFF: bool, const SPLIT: b
     // SAFETY (the loop): as in `rows_block`.
     unsafe {
         let xs: [*const u8; R] = std::array::from_fn(|j| x.as_ptr().add((r0 + j) * xrb));
+        let ahead = Ahead::new(job, r0, R);
         for b in b0..b1 {
+            ahead.step(job, b - b0);
             let blk = [panels[0].as_ptr().add(b * PACKED_BLOCK), panels[1].as_ptr().add(b * PACKED_BLOCK)];
             let (head, q) = block_at::<A>(b);
             let wv = |at: usize| join(_mm256_loadu_si256(blk[0].add(at) as *const __m256i), _mm256_loadu_si256(blk[1].add(at) as *const __m256i));
@@ -495,6 +526,26 @@ unsafe fn rows_wide<const R: usize, const A: u8, const OFF: bool, const SPLIT: b
                 }
             }
             let (dw, mw) = (ps(wv(256)), ps(wv(288)));
+            if !sc.is_empty() {
+                // The block scalars converted once per call: each a broadcast operand of the
+                // float step that uses it, no F16 conversion per row and block.
+                for (j, acc) in accf.iter_mut().enumerate() {
+                    let at = sc.as_ptr().add((b * sc_rows + r0 + j) * ROW_SCALARS);
+                    let oy = |i: usize| _mm512_set1_epi32((at.add(4 * i) as *const i32).read_unaligned());
+                    let dx = _mm512_set1_ps((at.add(8) as *const f32).read_unaligned());
+                    if SPLIT {
+                        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acci[0][j], oy(0))), _mm512_mul_ps(dw, dx), *acc);
+                        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acci[1][j], oy(1))), _mm512_mul_ps(mw, dx), *acc);
+                        continue;
+                    }
+                    let s = if OFF { _mm512_sub_epi32(acci[0][j], oy(0)) } else { acci[0][j] };
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), *acc);
+                    if A != Q8_0 {
+                        *acc = _mm512_fmadd_ps(mw, _mm512_set1_ps((at.add(12) as *const f32).read_unaligned()), *acc);
+                    }
+                }
+                continue;
+            }
             for (j, acc) in accf.iter_mut().enumerate() {
                 let (dx, sx) = scalars::<A>(xs[j].add(head), b);
                 let dx = _mm512_set1_ps(dx);
