@@ -169,8 +169,14 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
     // AVX2's Q8_0 (an LM head at 16 sequences) from 16 rows.
     assert!(!over(Isa::Avx2, DType::Q8_0, 15) && over(Isa::Avx2, DType::Q8_0, 16) && !over(Isa::Avx2, DType::Q5_0, 16));
     for isa in [Isa::Avx512, Isa::Avx2] {
-        assert!(over(isa, t, matmul::PANEL_OVER_TILES_ROWS_GROUPS) && !over(isa, t, matmul::PANEL_OVER_TILES_ROWS_GROUPS - 1));
+        // The AVX-512 table's nibble types (Q4_0 here) from `GEMM_MIN_ROWS_NIBBLES`.
+        let from = if isa == Isa::Avx512 { matmul::GEMM_MIN_ROWS_NIBBLES } else { matmul::PANEL_OVER_TILES_ROWS_GROUPS };
+        assert!(over(isa, t, from) && !over(isa, t, from - 1));
+        assert_eq!(matmul::gemm_min_rows(isa, t, true), from.min(matmul::GEMM_MIN_ROWS));
     }
+    // Not the AVX-512 table's other grouped types, nor plain rows.
+    assert!(!over(Isa::Avx512, DType::Q8_0, 7) && over(Isa::Avx512, DType::Q8_0, 8) && !over(Isa::Avx512, DType::Q6K, 7));
+    assert_eq!(matmul::gemm_min_rows(Isa::Avx512, t, false), matmul::GEMM_MIN_ROWS);
     let mut w = vec![0u8; n_out * row_bytes(t, k)];
     quantizer(t).unwrap()(&values(n_out * k, 7), &mut w);
     let mut checked = 0;
@@ -182,7 +188,11 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
         let mut g = vec![0u8; w.len()];
         kernels.layout().pack(t, &w, row_bytes(t, k), &mut g);
         // Below and above the rows from which x86 prefers the panel without a plan.
-        for rows in [16, 40] {
+        for rows in [4, 16, 40] {
+            // Four rows: the AVX-512 table's nibble types only (`gemm_min_rows`).
+            if rows < matmul::gemm_min_rows(kernels.isa(), t, true) {
+                continue;
+            }
             let vdt = kernels.ops(t).unwrap().vec_dot_type;
             let xrb = row_bytes(vdt, k);
             let mut x = vec![0u8; rows * xrb];
@@ -190,7 +200,8 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
                 kernels.from_float(vdt).unwrap()(&values(k, 100 + r as u64), &mut x[r * xrb..(r + 1) * xrb]);
             }
             let tiles = run(&kernels, Path::Tiles, t, &w, Some(&g), k, n_out, &x, rows, None, 2);
-            let panel = run(&kernels, Path::Panel, t, &w, None, k, n_out, &x, rows, None, 2);
+            // From the plain rows, or (below `GEMM_MIN_ROWS`) the groups: the same bytes.
+            let panel = run(&kernels, Path::Panel, t, &w, (rows < matmul::GEMM_MIN_ROWS).then_some(&g[..]), k, n_out, &x, rows, None, 2);
             assert_ne!(tiles, panel, "{}: the two paths' float orders differ", kernels.isa());
             // Without a plan (or one that timed a single path), the table's rule.
             let default = if matmul::panel_over_tiles(kernels.isa(), t, rows) { &panel } else { &tiles };

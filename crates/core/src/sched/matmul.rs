@@ -34,8 +34,28 @@ pub const IL_COL_MAX: usize = 256;
 /// (`IlTiles::decoded`: one byte per weight value). A larger block takes the plain tiles.
 pub const DECODED_MAX: usize = 1 << 20;
 
-/// Batch rows from which a matmul over a panel-GEMM type uses the panel kernel.
+/// Batch rows from which a matmul over a panel-GEMM type uses the panel kernel
+/// ([`gemm_min_rows`]: fewer for some).
 pub const GEMM_MIN_ROWS: usize = 8;
+
+/// [`GEMM_MIN_ROWS`] under the AVX-512 table for the matrices whose panels it decodes from
+/// interleaved nibbles (Q4_0, Q4_1, Q5_0, Q5_1). Zen 4, 2 threads, `--fast-prefill`, a decode
+/// step of 4 sequences (`bench --npl 4 -p 128 --profile`, two alternations), tiles / panel:
+/// SmolLM2's Q4_1 matmuls 4.45, 4.53 / 3.93, 3.90 ms; Qwen2.5's Q5_0 9.4, 10.2 / 7.7, 7.9 ms.
+/// Its Q8_0, Q4_K and Q6_K matrices were as fast or slower on the panel there (Q8_0 4.7, 4.8
+/// / 6.1, 5.1 ms), the AVX2 table's Q4_1 within 5 %; at 2 sequences the tiles win (SmolLM2's
+/// Q4_1: 2.7 / 3.8 ms).
+pub const GEMM_MIN_ROWS_NIBBLES: usize = 4;
+
+/// The fewest batch rows from which a `dtype` matrix (`interleaved` at load or not) takes the
+/// panel GEMM under `isa`'s table.
+pub fn gemm_min_rows(isa: Isa, dtype: DType, interleaved: bool) -> usize {
+    if isa == Isa::Avx512 && interleaved && matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1) {
+        GEMM_MIN_ROWS_NIBBLES
+    } else {
+        GEMM_MIN_ROWS
+    }
+}
 
 /// A matmul's kernel path; schedules are tuned and kept per path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -127,7 +147,7 @@ impl<'a> Operands<'a> {
 pub struct Mode {
     /// Every row computed in the single-row order (`Executor::batch_invariant`).
     pub batch_invariant: bool,
-    /// The panel GEMM for batches of [`GEMM_MIN_ROWS`] or more (`Executor::panel_gemm`).
+    /// The panel GEMM for batches of [`gemm_min_rows`] or more (`Executor::panel_gemm`).
     pub panel_gemm: bool,
 }
 
@@ -142,7 +162,7 @@ pub fn path(kernels: &Kernels, dtype: DType, interleaved: bool, plain: bool, row
     // The panels are decoded from the plain rows, or from the interleaved groups where the
     // table can (`gemm::packs_groups`; a tensor-parallel column slice has only those).
     let source = plain || (interleaved && gemm::packs_groups(dtype, isa));
-    if mode.panel_gemm && !mode.batch_invariant && rows >= GEMM_MIN_ROWS && panel_type && source {
+    if mode.panel_gemm && !mode.batch_invariant && rows >= gemm_min_rows(isa, dtype, interleaved) && panel_type && source {
         Path::Panel
     } else if interleaved && has_il {
         Path::Tiles
@@ -190,7 +210,8 @@ pub const PANEL_OVER_TILES_ROWS_AVX2_Q8_0: usize = 16;
 /// products), not timed against the tiles on ARM hardware.
 pub fn panel_over_tiles(isa: Isa, dtype: DType, rows: usize) -> bool {
     let from = if gemm::packs_groups(dtype, isa) {
-        PANEL_OVER_TILES_ROWS_GROUPS
+        // The AVX-512 table's nibble types from fewer (`gemm_min_rows`).
+        PANEL_OVER_TILES_ROWS_GROUPS.min(gemm_min_rows(isa, dtype, true))
     } else if isa == Isa::Avx2 && dtype == DType::Q8_0 {
         PANEL_OVER_TILES_ROWS_AVX2_Q8_0
     } else {

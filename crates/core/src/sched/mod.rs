@@ -151,7 +151,7 @@ pub struct Executor {
     /// on what else shares its batch (serving). Off, kernels follow llama.cpp's choice by batch
     /// size (bit-identical to it).
     pub batch_invariant: bool,
-    /// Use the panel GEMM for batches of at least [`GEMM_MIN_ROWS`] rows (types it supports).
+    /// Use the panel GEMM for batches of at least [`GEMM_MIN_ROWS`] rows (`matmul::gemm_min_rows`: fewer for some types), the types it supports.
     /// Off, every matmul uses ggml's per-row dot order (bit-identical to llama.cpp).
     pub panel_gemm: bool,
     /// Statistics taken as nodes run (off the hot path: worker 0 runs it between barriers).
