@@ -1,0 +1,94 @@
+//! Times `gemm::gemm`, the panel GEMM of `--fast-prefill` and of batched decode steps, on one
+//! thread: a `t` matrix of `n` rows of `k` values (random, quantized, interleaved at load as the
+//! engine does) against `rows` activation rows, as the engine calls it for one worker's whole
+//! matrix. With `--copies C` the matrix is copied C times and the calls go round the copies, so
+//! that (with C · the matrix's bytes well over the L3) its weights come from memory as in a
+//! decode step, instead of from L2. The kernel table is the process's (`CORELM_ISA=avx2`
+//! forces a lower one). Prints µs per call (the best of five rounds) and GMAC/s.
+//!
+//!     cargo run --release --manifest-path scripts/gemm_bench/Cargo.toml -- \
+//!         [--type q4_1] [--k 576] [--n 1536] [--rows 16] [--mr 4] [--copies 1] [--reps 2000]
+
+use corelm_kernels::matmul::gemm::{self, GemmScratch, Weights};
+use corelm_kernels::matmul::schedule::Schedule;
+use corelm_kernels::quant::reference::quantizer;
+use corelm_kernels::{kernels, row_bytes, DType};
+use std::time::Instant;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let (mut t, mut k, mut n, mut rows, mut mr, mut copies, mut reps) = (DType::Q4_1, 576, 1536, 16, Schedule::PANEL_DEFAULT.mr, 1, 2000);
+    while let Some(a) = args.next() {
+        let mut v = || args.next().unwrap_or_else(|| panic!("{a} takes a value"));
+        match a.as_str() {
+            "--type" => {
+                t = match v().to_ascii_lowercase().as_str() {
+                    "q4_0" => DType::Q4_0,
+                    "q4_1" => DType::Q4_1,
+                    "q5_0" => DType::Q5_0,
+                    "q5_1" => DType::Q5_1,
+                    "q8_0" => DType::Q8_0,
+                    "q4_k" => DType::Q4K,
+                    "q6_k" => DType::Q6K,
+                    other => panic!("--type {other}: one of q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q6_k"),
+                }
+            }
+            "--k" => k = v().parse().expect("--k: a number"),
+            "--n" => n = v().parse().expect("--n: a number"),
+            "--rows" => rows = v().parse().expect("--rows: a number"),
+            "--mr" => mr = v().parse().expect("--mr: a number"),
+            "--copies" => copies = v().parse().expect("--copies: a number"),
+            "--reps" => reps = v().parse().expect("--reps: a number"),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    assert!(k % t.block_size() == 0 && n % 4 == 0 && copies >= 1, "k a multiple of the type's block, n of 4");
+    let table = kernels();
+    let ops = table.ops(t).expect("a weight type of the table");
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut uniform = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    };
+    let rb = row_bytes(t, k);
+    let mut w = vec![0u8; rb * n];
+    quantizer(t).expect("a reference quantizer")(&(0..n * k).map(|_| uniform()).collect::<Vec<_>>(), &mut w);
+    let mut g = vec![0u8; w.len()];
+    table.layout().pack(t, &w, rb, &mut g);
+    let groups: Vec<Vec<u8>> = (0..copies).map(|_| g.clone()).collect();
+    let vdt = ops.vec_dot_type;
+    let xrb = row_bytes(vdt, k);
+    let mut x = vec![0u8; xrb * rows];
+    for r in 0..rows {
+        let xf: Vec<f32> = (0..k).map(|_| uniform()).collect();
+        table.from_float(vdt).expect("the activation quantizer")(&xf, &mut x[r * xrb..(r + 1) * xrb]);
+    }
+    let mut out = vec![0f32; rows * n];
+    let mut scratch = GemmScratch::new(k, rows, 64);
+    let sched = Schedule { mr, ..gemm::default_schedule(table.isa(), t) };
+    let mut call = |i: usize| {
+        // SAFETY: `out` holds rows × n f32, all written by this one call.
+        unsafe { gemm::gemm(t, Weights::Groups(&groups[i % copies]), k, 0..n, &x, xrb, rows, out.as_mut_ptr(), n, table.isa(), &sched, &mut scratch) }
+    };
+    for i in 0..reps / 10 + copies {
+        call(i);
+    }
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let start = Instant::now();
+        for i in 0..reps {
+            call(i);
+        }
+        best = best.min(start.elapsed().as_secs_f64() / reps as f64);
+    }
+    let macs = (k * n * rows) as f64;
+    println!(
+        "{t} k {k} n {n} rows {rows} mr {mr} copies {copies} ({} table, {:.1} MB of weights): {:.1} µs, {:.1} GMAC/s",
+        table.isa().name(),
+        (copies * g.len()) as f64 / 1e6,
+        best * 1e6,
+        macs / best / 1e9
+    );
+}
