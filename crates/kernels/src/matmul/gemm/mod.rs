@@ -460,7 +460,7 @@ pub unsafe fn gemm_impl(
             &[]
         };
         // This column block's panel kernel calls, each given its share of `ahead`.
-        let calls = nb.div_ceil(kc) * rows.div_ceil(mc) * n_panels.div_ceil(if isa.avx512() { 2 } else { 1 });
+        let calls = (nb.div_ceil(kc) * rows.div_ceil(mc) * n_panels.div_ceil(if isa.avx512() { 2 } else { 1 })).max(1);
         let mut call = 0;
         let mut share = || {
             let part = &ahead[ahead.len() * call / calls..ahead.len() * (call + 1) / calls];
