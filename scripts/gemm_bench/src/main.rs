@@ -55,8 +55,15 @@ fn main() {
     let rb = row_bytes(t, k);
     let mut w = vec![0u8; rb * n];
     quantizer(t).expect("a reference quantizer")(&(0..n * k).map(|_| uniform()).collect::<Vec<_>>(), &mut w);
+    // The interleaved copy where the table decodes its panels from it (as the engine's
+    // repacked matrices), else the plain rows.
+    let grouped = gemm::packs_groups(t, table.isa());
     let mut g = vec![0u8; w.len()];
-    table.layout().pack(t, &w, rb, &mut g);
+    if grouped {
+        table.layout().pack(t, &w, rb, &mut g);
+    } else {
+        g.copy_from_slice(&w);
+    }
     let groups: Vec<Vec<u8>> = (0..copies).map(|_| g.clone()).collect();
     let vdt = ops.vec_dot_type;
     let xrb = row_bytes(vdt, k);
@@ -69,8 +76,9 @@ fn main() {
     let mut scratch = GemmScratch::new(k, rows, 64);
     let sched = Schedule { mr, ..gemm::default_schedule(table.isa(), t) };
     let mut call = |i: usize| {
+        let w = if grouped { Weights::Groups(&groups[i % copies]) } else { Weights::Rows(&groups[i % copies]) };
         // SAFETY: `out` holds rows × n f32, all written by this one call.
-        unsafe { gemm::gemm(t, Weights::Groups(&groups[i % copies]), k, 0..n, &x, xrb, rows, out.as_mut_ptr(), n, table.isa(), &sched, &mut scratch) }
+        unsafe { gemm::gemm(t, w, k, 0..n, &x, xrb, rows, out.as_mut_ptr(), n, table.isa(), &sched, &mut scratch) }
     };
     for i in 0..reps / 10 + copies {
         call(i);
@@ -85,8 +93,9 @@ fn main() {
     }
     let macs = (k * n * rows) as f64;
     println!(
-        "{t} k {k} n {n} rows {rows} mr {mr} copies {copies} ({} table, {:.1} MB of weights): {:.1} µs, {:.1} GMAC/s",
+        "{t} k {k} n {n} rows {rows} mr {mr} copies {copies} ({} table, {}, {:.1} MB of weights): {:.1} µs, {:.1} GMAC/s",
         table.isa().name(),
+        if grouped { "interleaved" } else { "plain rows" },
         (copies * g.len()) as f64 / 1e6,
         best * 1e6,
         macs / best / 1e9

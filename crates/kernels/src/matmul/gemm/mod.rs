@@ -430,6 +430,11 @@ pub unsafe fn gemm_impl(
             Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe { x86::row_scalars(x, xrb, rows, nb, act, ysum, (o, split), row_sc) },
             _ => row_scalars(x, xrb, rows, nb, act, ysum, (o, split), row_sc),
         }
+        // The x86 panel kernels start their sums at the offset terms, signs turned.
+        #[cfg(target_arch = "x86_64")]
+        if x86_sc && o != 0 {
+            x86::negate_offsets(&mut row_sc[..nb * rows * ROW_SCALARS]);
+        }
     }
     let nc = sched.nc.clamp(PANEL, panels_max * PANEL) / PANEL * PANEL;
     let kc = if sched.kc == 0 { nb } else { sched.kc.min(nb) };
