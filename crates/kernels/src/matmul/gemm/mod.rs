@@ -416,24 +416,21 @@ pub unsafe fn gemm_impl(
     let pair = matches!(tiles, Some(TileUnit::Pair(_)));
     // The x86 panel kernels read the block scalars AMX's tiles read, converted once per call.
     let x86_sc = cfg!(target_arch = "x86_64") && tiles.is_none() && matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Amx) && simd(t, isa);
-    // They also spread the prefetch of the weights ahead over their loops.
-    let spread = x86_sc;
     assert!(!(pair || x86_sc) || scratch.fits_row_scalars(k, rows), "the scratch holds no row scalars for AMX's tiles or the x86 panel kernels");
     let GemmScratch { panel, ysum, tile_codes, tile_sc, row_sc, .. } = scratch;
     if o != 0 {
         block_sums(x, xrb, rows, nb, act, ysum);
     }
     if pair || x86_sc {
+        // The x86 panel kernels start their sums at the offset terms with the sign turned
+        // (`x86::start_offsets`): made with `−o`, the scalars hold `−o·Σy`; AMX's tiles
+        // subtract `o·Σy`.
+        let os = (if x86_sc { -o } else { o }, split);
         match isa {
             // SAFETY: the x86 tables' CPUs have AVX2 and F16C.
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe { x86::row_scalars(x, xrb, rows, nb, act, ysum, (o, split), row_sc) },
-            _ => row_scalars(x, xrb, rows, nb, act, ysum, (o, split), row_sc),
-        }
-        // The x86 panel kernels start their sums at the offset terms, signs turned.
-        #[cfg(target_arch = "x86_64")]
-        if x86_sc && o != 0 {
-            x86::negate_offsets(&mut row_sc[..nb * rows * ROW_SCALARS]);
+            Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe { x86::row_scalars(x, xrb, rows, nb, act, ysum, os, row_sc) },
+            _ => row_scalars(x, xrb, rows, nb, act, ysum, os, row_sc),
         }
     }
     let nc = sched.nc.clamp(PANEL, panels_max * PANEL) / PANEL * PANEL;
@@ -456,7 +453,7 @@ pub unsafe fn gemm_impl(
         // (Four interleaved rows take the bytes of four plain rows: the same ranges.)
         let wb = w.bytes();
         let in_bytes = |r: std::ops::Range<usize>| &wb[(r.start * rb).min(wb.len())..(r.end * rb).min(wb.len())];
-        let ahead = if spread {
+        let ahead = if x86_sc {
             // The first column block also asks for those between it and its block ahead.
             let from = if c0 == cols.start { c1 } else { c1 + (AHEAD - 1) * nc };
             in_bytes(from.min(cols.end)..(c1 + AHEAD * nc).min(cols.end))

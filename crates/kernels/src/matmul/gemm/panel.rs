@@ -68,9 +68,9 @@ pub fn q8k_block(row: &[u8], b: usize) -> (f32, f32, &[i8; 32]) {
 /// 255: how many products the AVX2 kernel may add in i16), the activation type, whether the type
 /// keeps two scales per block ([`super::split16`]), `rows` activation rows (`x`, `xrb` bytes
 /// apart) with their half-block sums `ysum` and, for the x86 kernels, their block scalars `sc`
-/// (`tile::row_scalars` of the call's `sc_rows` rows, from this job's first, the offset terms'
-/// signs turned by `x86::negate_offsets`: its row r's block b at `(b · sc_rows + r) ·
-/// ROW_SCALARS`; empty: read from the rows), the rows per
+/// (`tile::row_scalars` of the call's `sc_rows` rows, from this job's first, made with the
+/// offset `−o`: its row r's block b at `(b · sc_rows + r) · ROW_SCALARS`; empty: read from the
+/// rows), the rows per
 /// register tile `mr`
 /// ([`crate::matmul::schedule::PANEL_MR`]; the portable twin ignores it), and `ahead`: weight
 /// bytes of a later column block that the x86 kernels ask for into L2 a few lines per step of

@@ -319,7 +319,7 @@ unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: 
         let ones = _mm256_set1_epi16(1);
         let ahead = Ahead::new(job, r0, R);
         for b in b0..b1 {
-            ahead.step(job, b - b0);
+            ahead.step(b - b0);
             let blk = panel.as_ptr().add(b * PACKED_BLOCK);
             let (head, q) = block_at::<A>(b);
             let y4 = |j: usize, g: usize| _mm256_set1_epi32((xs[j].add(q + 4 * g) as *const i32).read_unaligned());
@@ -420,32 +420,31 @@ unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: 
 /// A register tile's part of [`PanelJob::ahead`] (rows `r0 .. r0 + r` take their share of the
 /// bytes), asked for one piece per block of the tile's loop: a hundred prefetches issued at
 /// once fill the core's miss buffers and stall the loads behind them.
-struct Ahead {
-    from: usize,
-    to: usize,
+struct Ahead<'a> {
+    bytes: &'a [u8],
     step: usize,
 }
 
-impl Ahead {
+impl<'a> Ahead<'a> {
     #[inline(always)]
-    fn new(job: &PanelJob, r0: usize, r: usize) -> Self {
+    fn new(job: &PanelJob<'a>, r0: usize, r: usize) -> Self {
         let (len, rows) = (job.ahead.len(), job.rows.max(1));
-        let (from, to) = (len * r0.min(rows) / rows, len * (r0 + r).min(rows) / rows);
-        Ahead { from, to, step: (to - from).div_ceil((job.b1 - job.b0).max(1)).next_multiple_of(64) }
+        let bytes = &job.ahead[len * r0.min(rows) / rows..len * (r0 + r).min(rows) / rows];
+        Ahead { bytes, step: bytes.len().div_ceil((job.b1 - job.b0).max(1)).next_multiple_of(64) }
     }
 
     /// The piece of block `i` of the loop (from the first block summed).
     #[inline(always)]
-    fn step(&self, job: &PanelJob, i: usize) {
-        let at = self.from + i * self.step;
-        if at < self.to {
-            crate::simd::prefetch(&job.ahead[at..(at + self.step).min(self.to)], crate::simd::CacheLevel::L2);
+    fn step(&self, i: usize) {
+        let at = i * self.step;
+        if at < self.bytes.len() {
+            crate::simd::prefetch(&self.bytes[at..(at + self.step).min(self.bytes.len())], crate::simd::CacheLevel::L2);
         }
     }
 }
 
 /// Start each row's integer sums of a block at its offset term with the sign turned
-/// (`negated(j, h)`: row `j`'s half `h`, from [`negate_offsets`]' block scalars; without
+/// (`negated(j, h)`: row `j`'s half `h`, from block scalars made with `−o` (`gemm_impl`); without
 /// `SPLIT` the second is 0 and unused): `Σ u·y − o·Σy` then needs no subtraction after the products, one
 /// vector operation less per row and block beside the `vpdpbusd` (Zen 4, 16 rows of Q5_0 in
 /// L2: 129 → 121 µs). The integer sum is the same.
@@ -533,7 +532,7 @@ unsafe fn rows_wide<const R: usize, const A: u8, const OFF: bool, const SPLIT: b
         let xs: [*const u8; R] = std::array::from_fn(|j| x.as_ptr().add((r0 + j) * xrb));
         let ahead = Ahead::new(job, r0, R);
         for b in b0..b1 {
-            ahead.step(job, b - b0);
+            ahead.step(b - b0);
             let blk = [panels[0].as_ptr().add(b * PACKED_BLOCK), panels[1].as_ptr().add(b * PACKED_BLOCK)];
             let (head, q) = block_at::<A>(b);
             let wv = |at: usize| join(_mm256_loadu_si256(blk[0].add(at) as *const __m256i), _mm256_loadu_si256(blk[1].add(at) as *const __m256i));
@@ -595,17 +594,6 @@ unsafe fn rows_wide<const R: usize, const A: u8, const OFF: bool, const SPLIT: b
         unsafe { _mm512_storeu_ps(out.as_mut_ptr(), *a) };
         for p in 0..2 {
             store(r0 + j, p, out[p * PANEL..(p + 1) * PANEL].try_into().expect("a panel's columns"));
-        }
-    }
-}
-
-/// Turn the sign of the offset terms `o·Σy` in block scalars made by [`row_scalars`], as the
-/// x86 panel kernels read them ([`start_offsets`]; AMX's tiles read them as made).
-pub fn negate_offsets(sc: &mut [u8]) {
-    for rec in sc.chunks_exact_mut(ROW_SCALARS) {
-        for h in 0..2 {
-            let v = i32::from_le_bytes(rec[4 * h..4 * h + 4].try_into().expect("4 bytes"));
-            rec[4 * h..4 * h + 4].copy_from_slice(&v.wrapping_neg().to_le_bytes());
         }
     }
 }
