@@ -433,6 +433,8 @@ pub unsafe fn gemm_impl(
             _ => row_scalars(x, xrb, rows, nb, act, ysum, os, row_sc),
         }
     }
+    // The x86 panel kernels take two panels per pass (AVX2: where its kernel covers the type).
+    let pairs = cfg!(target_arch = "x86_64") && (isa.avx512() || (isa == Isa::Avx2 && simd(t, isa)));
     let nc = sched.nc.clamp(PANEL, panels_max * PANEL) / PANEL * PANEL;
     let kc = if sched.kc == 0 { nb } else { sched.kc.min(nb) };
     let mc = if sched.mc == 0 { rows.max(1) } else { sched.mc };
@@ -462,7 +464,7 @@ pub unsafe fn gemm_impl(
             &[]
         };
         // This column block's panel kernel calls, each given its share of `ahead`.
-        let calls = (nb.div_ceil(kc) * rows.div_ceil(mc) * n_panels.div_ceil(if isa.avx512() { 2 } else { 1 })).max(1);
+        let calls = (nb.div_ceil(kc) * rows.div_ceil(mc) * n_panels.div_ceil(if pairs { 2 } else { 1 })).max(1);
         let mut call = 0;
         let mut share = || {
             let part = &ahead[ahead.len() * call / calls..ahead.len() * (call + 1) / calls];
@@ -584,15 +586,21 @@ pub unsafe fn gemm_impl(
                         rows: r1 - r0,
                         ahead: share(),
                     };
-                    // AVX-512: two panels per pass where there are two (each row's broadcasts
-                    // and block scalars serve both); panel p + 1's outputs are `(r, 1)`.
+                    // x86: two panels per pass where there are two (each row's broadcasts and
+                    // block scalars serve both); panel p + 1's outputs are `(r, 1)`.
                     #[cfg(target_arch = "x86_64")]
-                    if isa.avx512() && p + 1 < n_panels {
+                    if pairs && p + 1 < n_panels {
                         let n2 = (c1 - pc - PANEL).min(PANEL);
                         let pcs = [(pc, n), (pc + PANEL, n2)];
                         let second = &panel[(p + 1) * pb..(p + 2) * pb];
-                        // SAFETY: the caller's CPU runs the AVX-512 table, whose features this needs.
-                        unsafe { x86::panel_pair(job, second, |r, q| load(r0 + r, pcs[q].0, pcs[q].1), |r, q, acc| save(r0 + r, pcs[q].0, pcs[q].1, acc)) };
+                        let (acc0, store) = (|r, q: usize| load(r0 + r, pcs[q].0, pcs[q].1), |r, q: usize, acc: &[f32; PANEL]| save(r0 + r, pcs[q].0, pcs[q].1, acc));
+                        if isa.avx512() {
+                            // SAFETY: the caller's CPU runs the AVX-512 table, whose features this needs.
+                            unsafe { x86::panel_pair(job, second, acc0, store) };
+                        } else {
+                            // SAFETY: the caller's CPU runs the AVX2 table, whose features this needs.
+                            unsafe { x86::panel_pair_avx2(job, second, acc0, store) };
+                        }
                         p += 2;
                         continue;
                     }

@@ -1,8 +1,9 @@
 //! x86 twins of `gemm::panel_portable`: lanes are the panel's 8 columns; the activation rows
 //! of a register tile share every loaded weight vector, and each row's four values of a group
 //! (one 32-bit broadcast) meet one panel ([`panel`], 256-bit) or two ([`panel_pair`]: one
-//! 512-bit vector, half the broadcasts and block scalars per product). AVX-512 VNNI:
-//! `vpdpbusd` adds 4 u8×i8 products per lane. AVX2 ([`panel_avx2`]): `maddubs` of `G` groups
+//! 512-bit vector, half the broadcasts and block scalars per product; [`panel_pair_avx2`]: two
+//! 256-bit vectors, half the broadcasts). AVX-512 VNNI: `vpdpbusd` adds 4 u8×i8 products per
+//! lane. AVX2 ([`panel_avx2`]): `maddubs` of `G` groups
 //! added as i16, then one `madd` with ones into the i32 lanes. Each `maddubs` lane holds a pair
 //! `u·y + u·y` ≤ 2·umax·128, so as many groups as stay within i16 are added: 8 for 4-bit codes
 //! (8·2·15·128 = 30 720), 4 for 5-bit ones, 2 for Q6_K's 6 bits. The `madd`s, which compete
@@ -28,6 +29,14 @@
 //! 0.55. Splitting each row's chain of eight `vpdpbusd` in two gained nothing at 4 rows and
 //! spilled at 8; converting the block scalars once per call instead of once per panel gained
 //! nothing measurable.
+//!
+//! AVX2 on Zen 4 (measured there; the `--isa avx2` table): `maddubs`, `madd`, `sign` and `abs`
+//! share two of the four vector pipes, a broadcast from memory takes one of two load slots a
+//! cycle, so a row's four values broadcast once per group feed one `maddubs` on one panel but
+//! two on a pair. Pairs, `mr` 4, 16 rows of Q4_1 (576 × 1536) from memory, one thread:
+//! 189–193 → 171 µs; Q4_0 209–215 → 181, Q5_1 277–313 → 249–256, Q8_0 (576 × 49152) 11.5 →
+//! 10.5 ms. (Q8_0's codes as two nibbles, two 4-bit kernels, did not beat the signed bytes:
+//! their `maddubs` and i16 adds fill the pipes the signs and `madd`s did.)
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -197,6 +206,15 @@ pub fn panel_avx2(job: PanelJob, acc0: impl Fn(usize) -> [f32; PANEL], mut store
     unsafe { by_kind::<false, 1>(job, panels, &|r, _| acc0(r), &mut |r, _, a| store(r, a)) }
 }
 
+/// [`panel_avx2`] over two panels at once (each row's broadcasts and block scalars serve
+/// both), as [`panel_pair`] gives them.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn panel_pair_avx2(job: PanelJob, second: &[u8], acc0: impl Fn(usize, usize) -> [f32; PANEL], mut store: impl FnMut(usize, usize, &[f32; PANEL])) {
+    let panels = [job.panel, second];
+    // SAFETY: the features `by_kind::<false, 2>` uses are enabled here.
+    unsafe { by_kind::<false, 2>(job, panels, &acc0, &mut store) }
+}
+
 /// Activation kinds as const parameters of [`panel_kind`].
 const Q8_0: u8 = 0;
 const Q8_1: u8 = 1;
@@ -282,107 +300,90 @@ unsafe fn rows_tile<const R: usize, const A: u8, const OFF: bool, const SPLIT: b
 ) {
     // SAFETY (both): the caller's features and bounds.
     unsafe {
-        if P == 2 {
-            assert!(VNNI, "two panels per pass need AVX-512 VNNI");
+        if P == 2 && VNNI {
             rows_wide::<R, A, OFF, SPLIT>(job, &[panels[0], panels[P - 1]], r0, acc0, store)
         } else {
-            rows_block::<R, A, OFF, SPLIT, VNNI, G>(job, panels[0], r0, acc0, store)
+            rows_block::<R, A, OFF, SPLIT, VNNI, P, G>(job, panels, r0, acc0, store)
         }
     }
 }
 
-/// Rows `r0 .. r0 + R` of [`panel_kind`] on one panel: per block, the panel's eight 32-byte
-/// groups, each met by every row's four values of that group (broadcast from the row itself),
-/// then per row the float steps of [`panel_portable`](super::panel_portable) with the row's
-/// block scale and `s` as [`act_block`](super::act_block) gives them.
+/// Rows `r0 .. r0 + R` of [`panel_kind`] on `P` panels in 256-bit vectors (two: AVX2 only,
+/// whose `maddubs` take 256 bits): per block, each panel's eight 32-byte groups, each met by
+/// every row's four values of that group (broadcast from the row itself, once for the `P`
+/// panels), then per row and panel the float steps of [`panel_portable`](super::panel_portable)
+/// with the row's block scale and `s` as [`act_block`](super::act_block) gives them.
 ///
 /// # Safety
 /// As [`panel_kind`], whose asserts bound every access.
 #[inline(always)]
-unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: bool, const VNNI: bool, const G: usize>(
+unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: bool, const VNNI: bool, const P: usize, const G: usize>(
     job: &PanelJob,
-    panel: &[u8],
+    panels: &[&[u8]; P],
     r0: usize,
     acc0: &impl Fn(usize, usize) -> [f32; PANEL],
     store: &mut impl FnMut(usize, usize, &[f32; PANEL]),
 ) {
     let PanelJob { nb, b0, b1, o, x, xrb, ysum, sc, sc_rows, .. } = *job;
-    let mut accf = [_mm256_setzero_ps(); R];
+    let mut accf = [[_mm256_setzero_ps(); P]; R];
     for (j, a) in accf.iter_mut().enumerate() {
-        // SAFETY: 8 f32 of stack memory.
-        *a = unsafe { _mm256_loadu_ps(acc0(r0 + j, 0).as_ptr()) };
+        for (p, a) in a.iter_mut().enumerate() {
+            // SAFETY: 8 f32 of stack memory.
+            *a = unsafe { _mm256_loadu_ps(acc0(r0 + j, p).as_ptr()) };
+        }
     }
     // SAFETY (the loop): rows r0 .. r0 + R are inside `x`, blocks b0 .. b1 inside each row and
-    // the panel (the caller's asserts); `ysum` holds two sums per row and block.
+    // the panels (the caller's asserts); `ysum` holds two sums per row and block.
     unsafe {
         let xs: [*const u8; R] = std::array::from_fn(|j| x.as_ptr().add((r0 + j) * xrb));
-        let ones = _mm256_set1_epi16(1);
         let ahead = Ahead::new(job, r0, R);
         for b in b0..b1 {
             ahead.step(b - b0);
-            let blk = panel.as_ptr().add(b * PACKED_BLOCK);
+            let blk: [*const u8; P] = std::array::from_fn(|p| panels[p].as_ptr().add(b * PACKED_BLOCK));
             let (head, q) = block_at::<A>(b);
-            let y4 = |j: usize, g: usize| _mm256_set1_epi32((xs[j].add(q + 4 * g) as *const i32).read_unaligned());
-            let wv = |g: usize| _mm256_loadu_si256(blk.add(g * 32) as *const __m256i);
             // Integer sums of the two 16-element halves (groups 0..4, 4..8), kept apart only
             // where the halves have scales of their own.
-            let mut acci = [[_mm256_setzero_si256(); R]; 2];
-            // (Not without VNNI: its 16 registers hold the i16 sums too, and the started sums
-            // spilled: AVX2 table, 16 rows of Q4_0, 192 → 200 µs. It adds them after.)
-            if VNNI && OFF && !sc.is_empty() {
-                start_offsets(&mut acci, |j, h| _mm256_set1_epi32((sc.as_ptr().add((b * sc_rows + r0 + j) * ROW_SCALARS + 4 * h) as *const i32).read_unaligned()));
-            }
-            if VNNI {
+            let acci = if VNNI {
+                let mut acci = [[[_mm256_setzero_si256(); P]; R]; 2];
+                if OFF && !sc.is_empty() {
+                    start_offsets(&mut acci, |j, h| [_mm256_set1_epi32((sc.as_ptr().add((b * sc_rows + r0 + j) * ROW_SCALARS + 4 * h) as *const i32).read_unaligned()); P]);
+                }
                 for g in 0..8 {
-                    let w = wv(g);
+                    let w: [__m256i; P] = std::array::from_fn(|p| _mm256_loadu_si256(blk[p].add(g * 32) as *const __m256i));
                     for (j, a) in acci[if SPLIT { g / 4 } else { 0 }].iter_mut().enumerate() {
-                        *a = _mm256_dpbusd_epi32(*a, w, y4(j, g));
-                    }
-                }
-            } else if G == 1 {
-                // Q8_0: the signed bytes `q = u ^ 0x80`, `maddubs(|q|, sign(y, q))` = q·y
-                // (|q| ≤ 128, |y| ≤ 127), `madd` with ones per group.
-                for g in 0..8 {
-                    let q = _mm256_xor_si256(wv(g), _mm256_set1_epi8(-128));
-                    let aq = _mm256_abs_epi8(q);
-                    for (j, a) in acci[0].iter_mut().enumerate() {
-                        let s = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(y4(j, g), q));
-                        *a = _mm256_add_epi32(*a, _mm256_madd_epi16(s, ones));
-                    }
-                }
-            } else {
-                // `maddubs` of `G` groups added as i16 (within i16: the module doc), then
-                // `madd` with ones into i32. G ≤ 4 where the halves are kept apart.
-                for g0 in (0..8).step_by(G) {
-                    let mut s = [_mm256_setzero_si256(); R];
-                    for g in g0..g0 + G {
-                        let w = wv(g);
-                        for (j, s) in s.iter_mut().enumerate() {
-                            *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(w, y4(j, g)));
+                        let y = _mm256_set1_epi32((xs[j].add(q + 4 * g) as *const i32).read_unaligned());
+                        for p in 0..P {
+                            a[p] = _mm256_dpbusd_epi32(a[p], w[p], y);
                         }
                     }
-                    for (a, s) in acci[if SPLIT { g0 / 4 } else { 0 }].iter_mut().zip(s) {
-                        *a = _mm256_add_epi32(*a, _mm256_madd_epi16(s, ones));
-                    }
                 }
-            }
-            let dw = _mm256_loadu_ps(blk.add(256) as *const f32);
-            let mw = _mm256_loadu_ps(blk.add(288) as *const f32);
+                acci
+            } else {
+                // (Not started at the offsets without VNNI: its 16 registers hold the i16 sums
+                // too, and the started sums spilled: AVX2 table, 16 rows of Q4_0, 192 → 200 µs.
+                // It adds them after.)
+                sums_avx2::<R, SPLIT, P, G>(&blk, &xs, q)
+            };
+            let dw: [__m256; P] = std::array::from_fn(|p| _mm256_loadu_ps(blk[p].add(256) as *const f32));
+            let mw: [__m256; P] = std::array::from_fn(|p| _mm256_loadu_ps(blk[p].add(288) as *const f32));
             if !sc.is_empty() {
                 for (j, acc) in accf.iter_mut().enumerate() {
                     // With VNNI the sums started at the offsets' negated terms, else they are
                     // added now.
                     let at = sc.as_ptr().add((b * sc_rows + r0 + j) * ROW_SCALARS);
-                    let sum = |h: usize| if OFF && !VNNI { _mm256_add_epi32(acci[h][j], _mm256_set1_epi32((at.add(4 * h) as *const i32).read_unaligned())) } else { acci[h][j] };
+                    let off = |h: usize| _mm256_set1_epi32((at.add(4 * h) as *const i32).read_unaligned());
+                    let sum = |h: usize, p: usize| if OFF && !VNNI { _mm256_add_epi32(acci[h][j][p], off(h)) } else { acci[h][j][p] };
                     let dx = _mm256_broadcast_ss(&*(at.add(8) as *const f32));
-                    if SPLIT {
-                        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum(0)), _mm256_mul_ps(dw, dx), *acc);
-                        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum(1)), _mm256_mul_ps(mw, dx), *acc);
-                        continue;
-                    }
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum(0)), _mm256_mul_ps(dw, dx), *acc);
-                    if A != Q8_0 {
-                        *acc = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(&*(at.add(12) as *const f32)), *acc);
+                    for (p, acc) in acc.iter_mut().enumerate() {
+                        if SPLIT {
+                            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum(0, p)), _mm256_mul_ps(dw[p], dx), *acc);
+                            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum(1, p)), _mm256_mul_ps(mw[p], dx), *acc);
+                            continue;
+                        }
+                        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum(0, p)), _mm256_mul_ps(dw[p], dx), *acc);
+                        if A != Q8_0 {
+                            *acc = _mm256_fmadd_ps(mw[p], _mm256_broadcast_ss(&*(at.add(12) as *const f32)), *acc);
+                        }
                     }
                 }
                 continue;
@@ -391,30 +392,85 @@ unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: 
                 let (dx, sx) = scalars::<A>(xs[j].add(head), b);
                 let dx = _mm256_set1_ps(dx);
                 let ys = ysum.as_ptr().add(((r0 + j) * nb + b) * 2);
-                if SPLIT {
-                    let lo = _mm256_sub_epi32(acci[0][j], _mm256_set1_epi32(o * *ys));
-                    let hi = _mm256_sub_epi32(acci[1][j], _mm256_set1_epi32(o * *ys.add(1)));
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(dw, dx), *acc);
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(mw, dx), *acc);
-                    continue;
-                }
-                let mut s = acci[0][j];
-                if OFF {
-                    s = _mm256_sub_epi32(s, _mm256_set1_epi32(o * (*ys + *ys.add(1))));
-                }
-                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), *acc);
-                if A != Q8_0 {
-                    *acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx), *acc);
+                for (p, acc) in acc.iter_mut().enumerate() {
+                    if SPLIT {
+                        let lo = _mm256_sub_epi32(acci[0][j][p], _mm256_set1_epi32(o * *ys));
+                        let hi = _mm256_sub_epi32(acci[1][j][p], _mm256_set1_epi32(o * *ys.add(1)));
+                        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(dw[p], dx), *acc);
+                        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(mw[p], dx), *acc);
+                        continue;
+                    }
+                    let mut s = acci[0][j][p];
+                    if OFF {
+                        s = _mm256_sub_epi32(s, _mm256_set1_epi32(o * (*ys + *ys.add(1))));
+                    }
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[p], dx), *acc);
+                    if A != Q8_0 {
+                        *acc = _mm256_fmadd_ps(mw[p], _mm256_set1_ps(sx), *acc);
+                    }
                 }
             }
         }
     }
     for (j, a) in accf.iter().enumerate() {
-        let mut out = [0f32; PANEL];
-        // SAFETY: 8 f32 of stack memory.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), *a) };
-        store(r0 + j, 0, &out);
+        for (p, a) in a.iter().enumerate() {
+            let mut out = [0f32; PANEL];
+            // SAFETY: 8 f32 of stack memory.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), *a) };
+            store(r0 + j, p, &out);
+        }
     }
+}
+
+/// The integer sums of one block without VNNI, for rows `xs` (their codes at byte `q`) on the
+/// panels' blocks `blk`: `maddubs` of `G` groups added as i16 (within i16: the module doc),
+/// then `madd` with ones into i32 (G ≤ 4 where the halves are kept apart); Q8_0 (`G` = 1) on
+/// its signed bytes, `madd` per group.
+///
+/// # Safety
+/// AVX2 present (inlined into its callers); each `blk[p]` a packed block, each `xs[j] + q` a
+/// block's 32 codes.
+#[inline(always)]
+unsafe fn sums_avx2<const R: usize, const SPLIT: bool, const P: usize, const G: usize>(blk: &[*const u8; P], xs: &[*const u8; R], q: usize) -> [[[__m256i; P]; R]; 2] {
+    let mut acci = [[[_mm256_setzero_si256(); P]; R]; 2];
+    // SAFETY (both): the caller's bounds.
+    let y4 = |j: usize, g: usize| unsafe { _mm256_set1_epi32((xs[j].add(q + 4 * g) as *const i32).read_unaligned()) };
+    let wv = |g: usize| -> [__m256i; P] { std::array::from_fn(|p| unsafe { _mm256_loadu_si256(blk[p].add(g * 32) as *const __m256i) }) };
+    let ones = _mm256_set1_epi16(1);
+    if G == 1 {
+        // Q8_0: the signed bytes `q = u ^ 0x80`, `maddubs(|q|, sign(y, q))` = q·y (|q| ≤ 128,
+        // |y| ≤ 127), `madd` with ones per group.
+        for g in 0..8 {
+            let q = wv(g).map(|w| _mm256_xor_si256(w, _mm256_set1_epi8(-128)));
+            let aq = q.map(|q| _mm256_abs_epi8(q));
+            for (j, a) in acci[0].iter_mut().enumerate() {
+                let y = y4(j, g);
+                for p in 0..P {
+                    let s = _mm256_maddubs_epi16(aq[p], _mm256_sign_epi8(y, q[p]));
+                    a[p] = _mm256_add_epi32(a[p], _mm256_madd_epi16(s, ones));
+                }
+            }
+        }
+        return acci;
+    }
+    for g0 in (0..8).step_by(G) {
+        let mut s = [[_mm256_setzero_si256(); P]; R];
+        for g in g0..g0 + G {
+            let w = wv(g);
+            for (j, s) in s.iter_mut().enumerate() {
+                let y = y4(j, g);
+                for p in 0..P {
+                    s[p] = _mm256_add_epi16(s[p], _mm256_maddubs_epi16(w[p], y));
+                }
+            }
+        }
+        for (a, s) in acci[if SPLIT { g0 / 4 } else { 0 }].iter_mut().zip(s) {
+            for p in 0..P {
+                a[p] = _mm256_add_epi32(a[p], _mm256_madd_epi16(s[p], ones));
+            }
+        }
+    }
+    acci
 }
 
 /// A register tile's part of [`PanelJob::ahead`] (rows `r0 .. r0 + r` take their share of the
