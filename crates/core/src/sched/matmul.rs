@@ -198,8 +198,15 @@ pub const PANEL_OVER_TILES_ROWS_GROUPS: usize = GEMM_MIN_ROWS;
 /// `maddubs(|q|, sign(y, q))`, decoded from the plain rows): measured faster than the tiles
 /// from 16 rows. The AVX2 VM (2026-11-30), SmolLM2's Q8_0 LM head in a 16-sequence
 /// decode step (`bench --npl 16 -p 128 --fast-prefill --profile`, three alternations), tiles
-/// / panel: 20.9, 21.1, 22.6 / 20.2, 20.4, 19.5 ms.
+/// / panel: 20.9, 21.1, 22.6 / 20.2, 20.4, 19.5 ms. With two panels per pass, at 8 sequences
+/// (Zen 4, `--isa avx2`) the tiles still win: 2.83–2.94 / 3.38–3.55 ms.
 pub const PANEL_OVER_TILES_ROWS_AVX2_Q8_0: usize = 16;
+
+/// [`PANEL_OVER_TILES_ROWS`] for the other types under the AVX2 table, whose panel kernel runs
+/// two panels per pass (`x86::panel_pair_avx2`). Zen 4 with `--isa avx2`, `--fast-prefill`, t/s
+/// with the panel from 32 / from 16 rows, interleaved runs: Qwen2.5 pp16 195–214 / 226–253,
+/// pp24 192–228 / 274–292; Gemma 3 pp16 620–642 / 632–677, pp24 616–687 / 769–821.
+pub const PANEL_OVER_TILES_ROWS_AVX2: usize = 16;
 
 /// Whether `--fast-prefill` without a tuned plan runs the panel GEMM over `rows` batch rows on a
 /// matrix that also has interleaved tiles under `isa`'s table. On x86 from
@@ -214,6 +221,8 @@ pub fn panel_over_tiles(isa: Isa, dtype: DType, rows: usize) -> bool {
         PANEL_OVER_TILES_ROWS_GROUPS.min(gemm_min_rows(isa, dtype, true))
     } else if isa == Isa::Avx2 && dtype == DType::Q8_0 {
         PANEL_OVER_TILES_ROWS_AVX2_Q8_0
+    } else if isa == Isa::Avx2 {
+        PANEL_OVER_TILES_ROWS_AVX2
     } else {
         PANEL_OVER_TILES_ROWS
     };
