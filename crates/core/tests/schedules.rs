@@ -171,8 +171,8 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
     // AVX2's Q8_0 (an LM head at 16 sequences) from 16 rows.
     assert!(!over(Isa::Avx2, DType::Q8_0, 15) && over(Isa::Avx2, DType::Q8_0, 16));
     for isa in [Isa::Avx512, Isa::Avx2] {
-        // The AVX-512 table's nibble types (Q4_0 here) from `GEMM_MIN_ROWS_NIBBLES`.
-        let from = if isa == Isa::Avx512 { matmul::GEMM_MIN_ROWS_NIBBLES } else { matmul::PANEL_OVER_TILES_ROWS_GROUPS };
+        // The x86 tables' nibble types (Q4_0 here) from `GEMM_MIN_ROWS_NIBBLES`.
+        let from = matmul::GEMM_MIN_ROWS_NIBBLES;
         assert!(over(isa, t, from) && !over(isa, t, from - 1));
         assert_eq!(matmul::gemm_min_rows(isa, t, true), from.min(matmul::GEMM_MIN_ROWS));
     }
@@ -191,7 +191,7 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
         kernels.layout().pack(t, &w, row_bytes(t, k), &mut g);
         // Below and above the rows from which x86 prefers the panel without a plan.
         for rows in [4, 16, 40] {
-            // Four rows: the AVX-512 table's nibble types only (`gemm_min_rows`).
+            // Four rows: the x86 tables' nibble types only (`gemm_min_rows`).
             if rows < matmul::gemm_min_rows(kernels.isa(), t, true) {
                 continue;
             }
