@@ -17,11 +17,10 @@
 //!
 //! The activation kind, the code offset and the scale split are const parameters
 //! ([`by_kind`]), so nothing branches on them per row and block. Each row's block scale and
-//! `s` are read from the row as [`act_block`](super::act_block) reads them, with F16C — on
-//! AVX2 from the job's block scalars instead (`PanelJob::sc`: converted once per call, with
-//! `o·Σy`, where every panel converted them again: on the AVX2 VM pp128 322 → 381 t/s,
-//! pp512 299 → 342 with `--fast-prefill`; the AVX-512 kernels, measured earlier on Zen 4
-//! without a gain, keep theirs).
+//! `s` come from the job's block scalars (`PanelJob::sc`: converted once per call, with
+//! `−o·Σy`, where every panel converted them again: on the AVX2 VM pp128 322 → 381 t/s,
+//! pp512 299 → 342 with `--fast-prefill`), or where a job has none from the row as
+//! [`act_block`](super::act_block) reads them, with F16C.
 //! Measured on Zen 4 (one thread, Q4_1, k = 576, 512 rows, `mr` 4, decoding included), ns per
 //! 128 products: 2.04 before (kind matched at run time per row and block, `act_block` per row
 //! and block, the scalar decoder), 1.11 with the kind fixed, 1.0 over pairs of panels in
