@@ -253,8 +253,9 @@ unsafe fn by_kind<const VNNI: bool, const P: usize>(job: PanelJob, panels: [&[u8
 }
 
 /// The kernel for activation kind `A`, with (`OFF`) or without a code offset and with
-/// (`SPLIT`) or without two scales per block, on one panel or (`P` = 2, AVX-512 VNNI) two as
-/// one 512-bit vector: register tiles of `mr` rows, the rows left over one at a time.
+/// (`SPLIT`) or without two scales per block, on one panel or two (`P` = 2: AVX-512 VNNI as
+/// one 512-bit vector, AVX2 as two 256-bit ones): register tiles of `mr` rows, the rows left
+/// over one at a time.
 ///
 /// # Safety
 /// As [`by_kind`].
@@ -284,8 +285,8 @@ unsafe fn panel_kind<const A: u8, const OFF: bool, const SPLIT: bool, const VNNI
     }
 }
 
-/// Rows `r0 .. r0 + R` of [`panel_kind`]: on its one panel in 256-bit vectors
-/// ([`rows_block`]), or on its two as one 512-bit vector ([`rows_wide`], AVX-512 VNNI only).
+/// Rows `r0 .. r0 + R` of [`panel_kind`]: on its panels in 256-bit vectors ([`rows_block`]),
+/// or with AVX-512 VNNI on two as one 512-bit vector ([`rows_wide`]).
 ///
 /// # Safety
 /// As [`panel_kind`].
