@@ -45,13 +45,7 @@ fn main() {
     assert!(k % t.block_size() == 0 && n % 4 == 0 && copies >= 1, "k a multiple of the type's block, n of 4");
     let table = kernels();
     let ops = table.ops(t).expect("a weight type of the table");
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    let mut uniform = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    };
+    let mut uniform = gemm_bench::uniform();
     let rb = row_bytes(t, k);
     let mut w = vec![0u8; rb * n];
     quantizer(t).expect("a reference quantizer")(&(0..n * k).map(|_| uniform()).collect::<Vec<_>>(), &mut w);

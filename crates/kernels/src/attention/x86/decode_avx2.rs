@@ -1,19 +1,27 @@
 //! The two-phase decode attention of [`super::decode`] with AVX2, for CPUs without
-//! AVX-512: the same driver and softmax steps, 8-lane phases. Phase 1 widens [`KEYS`] key rows
-//! at a time once into an f32 buffer and dots each with every head in ggml's order — its four
-//! 16-lane accumulators as eight 8-lane halves, folded in registers —, then reduces the eight
-//! keys' vectors together ([`reduce8`]: 21 shuffles and additions where a horizontal sum per
-//! key took six and a scalar store); phase 2 takes the exponentials from `exp::x86::expf_slice_avx2` and,
-//! for head dimension 64, updates each head's F16-rounded accumulators in registers over the
-//! chunk's value rows, widened once for all the group's heads ([`accumulate_head64`]); other
-//! head dimensions update them in memory, each value row widened once. Bit-identical per head
-//! to `attention::portable::attend_reference`.
+//! AVX-512: the same driver and softmax steps, 8-lane phases. Phase 1 scores [`KEYS`] key rows
+//! at a time in ggml's order — its four 16-lane accumulators as eight 8-lane halves, folded in
+//! registers —, then reduces the eight keys' vectors together ([`reduce8`]: 21 shuffles and
+//! additions where a horizontal sum per key took six and a scalar store). For head dimension
+//! 64 each key row is widened into registers and dotted there with every head's query
+//! ([`fold64`]); larger head dimensions widen the rows once into an f32 buffer and dot each
+//! with every head from it ([`fold`]). Phase 2 takes the exponentials from
+//! `exp::x86::expf_slice_avx2` and, for head dimension 64, updates each head's F16-rounded
+//! accumulators in registers over the chunk's value rows, widened once for all the group's
+//! heads ([`accumulate_head64`]); other head dimensions update them in memory, each value row
+//! widened once. Bit-identical per head to `attention::portable::attend_reference`.
 //!
 //! SmolLM2's 3 heads per KV head, one thread, 144–2048 cells in cache, on the 2-core AVX2 VM:
 //! 51–52 ns per (head, cell) with a horizontal sum per key and each value row widened per
-//! head; 48–50 with the keys reduced together; 42–44 with the values widened once too. What is
-//! left is mostly the F16 rounding pair per accumulator update (`vcvtps2ph` alone measured
-//! about 4 cycles per vector on that VM).
+//! head; 48–50 with the keys reduced together; 42–44 with the values widened once too.
+//! On Zen 4 (the `--isa avx2` table; `scripts/gemm_bench`'s `attn`, 3 heads, 150 cells, one
+//! thread): 16.6–17.9 ns per (head, cell) in L2, 19.1 from memory, with the keys widened into
+//! the buffer and read back per head (16 loads per head and key: phase 1 took 23 cycles per
+//! (head, cell)); 12.4–12.7 and 14.8 with the row in registers ([`fold64`]). Of the 12.4 ns,
+//! phase 2 takes 6 (22 cycles; 8 chains of an FMA and the F16 rounding pair, whose latency is
+//! 14 cycles and throughput 1.15 per vector there) — running two or three heads' chains
+//! interleaved on half rows instead measured no faster (12.7–13.9: the accumulators spill) —
+//! the softmax with its exponentials 2, gathering the rows 1.4.
 #![allow(clippy::missing_safety_doc)]
 
 use crate::attention::chunks::{ask_share, drive};
@@ -45,10 +53,30 @@ pub fn attend_decode_group_avx2(
     let heads = q.len() / hd;
     assert!(bufs.keys.len() >= KEYS * hd, "room for {KEYS} widened key rows");
     assert!(hd != 64 || bufs.v32.len() >= DECODE_CHUNK * 64, "room for a chunk's value rows");
+    // Head dimension 64: each key row widened into registers and dotted with every head there
+    // ([`fold64`]); the folded vectors of up to `keys.len() / (KEYS · 8)` heads kept in `keys`.
+    let in_registers = hd == 64 && heads * KEYS * 8 <= bufs.keys.len();
     drive(q, cells, split, bufs, out, |rows, b| {
         let (kr, vr) = (rows.k, rows.v);
         for g in (0..kr.len()).step_by(KEYS) {
             let m = (kr.len() - g).min(KEYS);
+            if in_registers {
+                for (i, &kp) in kr[g..g + m].iter().enumerate() {
+                    prefetch_lines(vr[g + i] as *const u8, 128, CacheLevel::L1);
+                    ask_share(rows.ahead_k, 128, g + i, kr.len());
+                    ask_share(rows.ahead_v, 128, g + i, kr.len());
+                    // SAFETY: `kp` starts a row of 64 F16 values; `qf` holds `heads` rows of 64
+                    // and `keys` room for `heads · KEYS` vectors (`in_registers`).
+                    unsafe { fold64(kp, &b.qf[..heads * 64], i, &mut b.keys[..heads * KEYS * 8]) };
+                }
+                for h in 0..heads {
+                    let t: &[f32] = &b.keys[h * KEYS * 8..(h + 1) * KEYS * 8];
+                    // The keys past `m` are zeros, their scores not stored.
+                    let t: [__m256; KEYS] = std::array::from_fn(|i| if i < m { unsafe { _mm256_loadu_ps(t.as_ptr().add(8 * i)) } } else { _mm256_setzero_ps() });
+                    store_scores(_mm256_mul_ps(reduce8(&t), _mm256_set1_ps(scale)), &mut b.scores[h * DECODE_CHUNK + g..h * DECODE_CHUNK + g + m]);
+                }
+                continue;
+            }
             for (i, &kp) in kr[g..g + m].iter().enumerate() {
                 // Value row g + i into L1 for phase 2 (asked for into L2 a chunk earlier); the
                 // rows read after this chunk into L2.
@@ -67,17 +95,7 @@ pub fn attend_decode_group_avx2(
                 for (i, ti) in t.iter_mut().enumerate().take(m) {
                     *ti = fold(&b.keys[i * hd..(i + 1) * hd], qh);
                 }
-                let s = _mm256_mul_ps(reduce8(&t), _mm256_set1_ps(scale));
-                let at = &mut b.scores[h * DECODE_CHUNK + g..h * DECODE_CHUNK + g + m];
-                if m == KEYS {
-                    // SAFETY: `at` holds KEYS = 8 values; unaligned store.
-                    unsafe { _mm256_storeu_ps(at.as_mut_ptr(), s) };
-                } else {
-                    let mut all = [0f32; KEYS];
-                    // SAFETY: 8 f32 of stack memory.
-                    unsafe { _mm256_storeu_ps(all.as_mut_ptr(), s) };
-                    at.copy_from_slice(&all[..m]);
-                }
+                store_scores(_mm256_mul_ps(reduce8(&t), _mm256_set1_ps(scale)), &mut b.scores[h * DECODE_CHUNK + g..h * DECODE_CHUNK + g + m]);
             }
         }
         softmax_steps(b.scores, b.grow, &mut b.state[..heads], vr.len(), |x| expf_slice_avx2(x));
@@ -191,6 +209,48 @@ fn fold(k: &[f32], q: &[f32]) -> __m256 {
     let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
     let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
     _mm256_add_ps(hi, lo)
+}
+
+/// [`fold`] of one key row of head dimension 64 with every head's query, the row widened once
+/// into registers: `t[h · KEYS + i]` (8 lanes) = head `h`'s folded vector of key `i`. The same
+/// products (`fma` with a zero accumulator) and additions as [`fold`], so the same bits; where
+/// `fold` per head read the row back from the widened buffer, this reads each row once.
+///
+/// # Safety
+/// `k` starts a row of 64 F16 values; `q.len()` is a multiple of 64 and `t` holds
+/// `q.len() / 64 · KEYS · 8` values; `i < KEYS`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fold64(k: *const f16, q: &[f32], i: usize, t: &mut [f32]) {
+    let heads = q.len() / 64;
+    assert!(i < KEYS && t.len() >= heads * KEYS * 8);
+    // SAFETY (all below): 64 F16 values at `k`; `q` holds `heads` rows of 64; the store is
+    // inside `t` (asserted).
+    let kv: [__m256; 8] = std::array::from_fn(|j| unsafe { _mm256_cvtph_ps(_mm_loadu_si128(k.add(8 * j) as *const __m128i)) });
+    let zero = _mm256_setzero_ps();
+    for h in 0..heads {
+        let qh = unsafe { q.as_ptr().add(64 * h) };
+        let p = |j: usize| _mm256_fmadd_ps(kv[j], unsafe { _mm256_loadu_ps(qh.add(8 * j)) }, zero);
+        let lo = _mm256_add_ps(_mm256_add_ps(p(0), p(4)), _mm256_add_ps(p(2), p(6)));
+        let hi = _mm256_add_ps(_mm256_add_ps(p(1), p(5)), _mm256_add_ps(p(3), p(7)));
+        unsafe { _mm256_storeu_ps(t.as_mut_ptr().add((h * KEYS + i) * 8), _mm256_add_ps(hi, lo)) };
+    }
+}
+
+/// Eight keys' scores `s` into `at` (its first `at.len()` ≤ 8 lanes).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn store_scores(s: __m256, at: &mut [f32]) {
+    if at.len() == KEYS {
+        // SAFETY: `at` holds KEYS = 8 values; unaligned store.
+        unsafe { _mm256_storeu_ps(at.as_mut_ptr(), s) };
+    } else {
+        let mut all = [0f32; KEYS];
+        // SAFETY: 8 f32 of stack memory.
+        unsafe { _mm256_storeu_ps(all.as_mut_ptr(), s) };
+        let n = at.len().min(KEYS);
+        at[..n].copy_from_slice(&all[..n]);
+    }
 }
 
 /// The sums of eight keys' [`fold`]ed vectors `t[c]`, key c in lane c, each by the additions

@@ -1,0 +1,51 @@
+//! Times decode attention (`attention::attend_heads`, ggml's one-chunk algorithm over an F16
+//! cache, the kernel a decode step runs) on one thread: `heads` query heads of one KV head of
+//! dimension `hd` over `cells` cells. With `--copies C` the calls go round C caches (SmolLM2's
+//! 16-sequence step reads 16 · 30 · 3 = 1,440 of 150 cells: 55 MB, over the L3), else one
+//! cache stays in L2. Prints ns per (head, cell), the best of five rounds.
+//!
+//!     cargo run --release --manifest-path scripts/gemm_bench/Cargo.toml --bin attn -- \
+//!         [--cells 150] [--heads 3] [--hd 64] [--copies 1] [--reps 20000]
+
+use corelm_kernels::attention::{attend_heads, AttnKernel, AttnScratch, Cells, KvRows};
+use corelm_kernels::kernels;
+use half::f16;
+use std::time::Instant;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let (mut cells, mut heads, mut hd, mut copies, mut reps) = (150usize, 3usize, 64usize, 1usize, 20000usize);
+    while let Some(a) = args.next() {
+        let v: usize = args.next().unwrap_or_else(|| panic!("{a} takes a value")).parse().expect("a number");
+        match a.as_str() {
+            "--cells" => cells = v,
+            "--heads" => heads = v,
+            "--hd" => hd = v,
+            "--copies" => copies = v,
+            "--reps" => reps = v,
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    let table = kernels();
+    let mut uniform = gemm_bench::uniform();
+    let k: Vec<Vec<f16>> = (0..copies).map(|_| (0..cells * hd).map(|_| f16::from_f32(uniform())).collect()).collect();
+    let v: Vec<Vec<f16>> = (0..copies).map(|_| (0..cells * hd).map(|_| f16::from_f32(uniform())).collect()).collect();
+    let q: Vec<f32> = (0..heads * hd).map(|_| uniform()).collect();
+    let identity: Vec<u32> = (0..cells as u32).collect();
+    let kv: Vec<KvRows> = (0..copies).map(|c| KvRows::contiguous(&k[c], &v[c], hd, &identity)).collect();
+    let visible = |_: usize| true;
+    let mut scratch = AttnScratch::with_heads(hd, heads);
+    let mut out = vec![0f32; heads * hd];
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        for i in 0..reps {
+            let c = Cells { kv: &kv[i % copies], n: cells, visible: &visible };
+            attend_heads(AttnKernel::Reference, table, &q, c, scale, &mut scratch, &mut out);
+        }
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    println!("{:?}: {} heads x {} cells (hd {}), {} copies: {:.2} ns per (head, cell)", table.isa(), heads, cells, hd, copies, best * 1e9 / (reps * heads * cells) as f64);
+    std::hint::black_box(&out);
+}
