@@ -162,14 +162,13 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
     // bits, one whose panel was gives the panel's; untimed, its table decides (x86: the tiles
     // below `PANEL_OVER_TILES_ROWS` rows, the panel from there — AVX2 from
     // `PANEL_OVER_TILES_ROWS_AVX2`; for the types an x86 table packs from the interleaved
-    // groups, from `PANEL_OVER_TILES_ROWS_GROUPS`, and AVX2's Q8_0 from
-    // `PANEL_OVER_TILES_ROWS_AVX2_Q8_0`).
+    // groups — Q8_0 too —, from `PANEL_OVER_TILES_ROWS_GROUPS`).
     let over = |isa, t, rows| matmul::panel_over_tiles(isa, t, rows);
     assert!(!over(Isa::Avx512, DType::IQ4NL, 16) && over(Isa::Avx512, DType::IQ4NL, 40) && over(Isa::Dotprod, DType::IQ4NL, 16));
     let avx2 = matmul::PANEL_OVER_TILES_ROWS_AVX2;
     assert!(avx2 < matmul::PANEL_OVER_TILES_ROWS && !over(Isa::Avx2, DType::Q5_0, avx2 - 1) && over(Isa::Avx2, DType::Q5_0, avx2) && over(Isa::Avx2, DType::Q6K, 40));
-    // AVX2's Q8_0 (an LM head at 16 sequences) from 16 rows.
-    assert!(!over(Isa::Avx2, DType::Q8_0, 15) && over(Isa::Avx2, DType::Q8_0, 16));
+    // AVX2's Q8_0 (an LM head at 8 sequences), decoded from the groups, from 8 rows.
+    assert!(!over(Isa::Avx2, DType::Q8_0, 7) && over(Isa::Avx2, DType::Q8_0, 8));
     for isa in [Isa::Avx512, Isa::Avx2] {
         // The x86 tables' nibble types (Q4_0 here) from `GEMM_MIN_ROWS_NIBBLES`.
         let from = matmul::GEMM_MIN_ROWS_NIBBLES;

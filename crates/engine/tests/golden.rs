@@ -150,8 +150,8 @@ fn golden_smollm2() {
 /// equal the portable panel). With `--no-repack` every matmul of 8 or more rows takes the
 /// panel; with the repacked weights (the default), on x86 only those of
 /// `matmul::PANEL_OVER_TILES_ROWS` or more rows (AVX2: `PANEL_OVER_TILES_ROWS_AVX2`; from
-/// `PANEL_OVER_TILES_ROWS_GROUPS` for Q4_1, and AVX-512's Q8_0, whose panels the table decodes
-/// from the repacked groups; AVX2's Q8_0 from `PANEL_OVER_TILES_ROWS_AVX2_Q8_0`), the tiles the
+/// `PANEL_OVER_TILES_ROWS_GROUPS` for Q4_1 and Q8_0, whose panels the table decodes from the
+/// repacked groups), the tiles the
 /// others (`matmul::panel_over_tiles`), under each table; and with `--tp 2`, whose column
 /// slices (Wo, down) have only their repacked copy.
 #[test]

@@ -190,9 +190,12 @@ pub fn path(kernels: &Kernels, dtype: DType, interleaved: bool, plain: bool, row
 pub const PANEL_OVER_TILES_ROWS: usize = 32;
 
 /// [`PANEL_OVER_TILES_ROWS`] for the matrices whose panels an x86 table decodes from the
-/// interleaved groups (`gemm::packs_groups`: Q4_0, Q4_1, AVX-512 also Q5_0, Q5_1, Q8_0, Q4_K,
+/// interleaved groups (`gemm::packs_groups`: Q4_0, Q4_1, Q8_0, AVX-512 also Q5_0, Q5_1, Q4_K,
 /// Q6_K), a few permutes per panel and block instead of the plain rows' transposes and scalar
-/// scales: the panel pays from the first row count it takes. Zen 4, SmolLM2 at 2 threads,
+/// scales: the panel pays from the first row count it takes. (AVX2's Q8_0, on its signed bytes,
+/// took the panel from 16 rows while it decoded the plain rows: at 8 sequences its tiles won,
+/// SmolLM2's LM head 2.83–2.94 / 3.38–3.55 ms; from the groups the panel wins there too, 2.85,
+/// 2.94 / 2.38, 2.40 ms, and Gemma 3's Q8_0 matmuls 17.1, 17.7 / 13.7, 14.6 ms.) Zen 4, SmolLM2 at 2 threads,
 /// `--fast-prefill`, t/s tiles / panel from groups: pp8 757–975 / 946–974, pp24 1082–1096 /
 /// 1467–1531, pp64 (panel from rows / from groups) 1562–1575 / 1813–1865; a 16-sequence decode
 /// step's Q4_1 matmuls 12.95 / 9.76 ms and its Q8_0 LM head 3.48 / 3.13 ms (medians of 5). AVX2 table (`--isa avx2`,
@@ -200,14 +203,6 @@ pub const PANEL_OVER_TILES_ROWS: usize = 32;
 /// decode step's Q4_1 matmuls 17.52 / 14.48 ms. Qwen2.5 (Q5_0, AVX-512): pp16 325–327 /
 /// 387–401, pp24 336–338 / 440–449; its Q5_0 matmuls at 16 sequences 33.3 / 25.8 ms.
 pub const PANEL_OVER_TILES_ROWS_GROUPS: usize = GEMM_MIN_ROWS;
-
-/// [`PANEL_OVER_TILES_ROWS`] for Q8_0 under the AVX2 table (its panel on the signed bytes,
-/// `maddubs(|q|, sign(y, q))`, decoded from the plain rows): measured faster than the tiles
-/// from 16 rows. The AVX2 VM (2026-11-30), SmolLM2's Q8_0 LM head in a 16-sequence
-/// decode step (`bench --npl 16 -p 128 --fast-prefill --profile`, three alternations), tiles
-/// / panel: 20.9, 21.1, 22.6 / 20.2, 20.4, 19.5 ms. With two panels per pass, at 8 sequences
-/// (Zen 4, `--isa avx2`) the tiles still win: 2.83–2.94 / 3.38–3.55 ms.
-pub const PANEL_OVER_TILES_ROWS_AVX2_Q8_0: usize = 16;
 
 /// [`PANEL_OVER_TILES_ROWS`] for the other types under the AVX2 table, whose panel kernel runs
 /// two panels per pass (`x86::panel_pair_avx2`). Zen 4 with `--isa avx2`, `--fast-prefill`, t/s
@@ -226,8 +221,6 @@ pub fn panel_over_tiles(isa: Isa, dtype: DType, rows: usize) -> bool {
     let from = if gemm::packs_groups(dtype, isa) {
         // The AVX-512 table's nibble types from fewer (`gemm_min_rows`).
         PANEL_OVER_TILES_ROWS_GROUPS.min(gemm_min_rows(isa, dtype, true))
-    } else if isa == Isa::Avx2 && dtype == DType::Q8_0 {
-        PANEL_OVER_TILES_ROWS_AVX2_Q8_0
     } else if isa == Isa::Avx2 {
         PANEL_OVER_TILES_ROWS_AVX2
     } else {

@@ -16,13 +16,13 @@ use crate::DType;
 use std::arch::x86_64::*;
 
 /// Whether [`pack_groups`] (`wide`: AVX-512) or [`pack_groups_avx2`] decodes `t`'s interleaved
-/// groups: the types whose group-blocks hold their values as nibbles (Q4_0, Q4_1) or, with
-/// AVX-512, also as nibbles and fifth-bit masks (Q5_0, Q5_1: `Q5Bits::Masks`, the AVX-512
-/// layout), bytes (Q8_0) or 16-byte runs of nibbles
+/// groups: the types whose group-blocks hold their values as nibbles (Q4_0, Q4_1) or bytes
+/// (Q8_0) or, with AVX-512, also as nibbles and fifth-bit masks (Q5_0, Q5_1: `Q5Bits::Masks`,
+/// the AVX-512 layout) or 16-byte runs of nibbles
 /// with packed 6-bit scales (Q4_K) or of low nibbles and high bit pairs (Q6_K, `Q6Form::Split`,
 /// the AVX-512 layout), moved into the panel's four-byte groups as they are.
 pub fn packs_groups(t: DType, wide: bool) -> bool {
-    matches!(t, DType::Q4_0 | DType::Q4_1) || (wide && matches!(t, DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K | DType::Q6K))
+    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q8_0) || (wide && matches!(t, DType::Q5_0 | DType::Q5_1 | DType::Q4K | DType::Q6K))
 }
 
 /// [`x86::pack`](super::x86::pack) from the matrix interleaved at load (in the AVX-512 table's
@@ -253,15 +253,22 @@ fn group_sizes(t: DType, wide: bool, g: &[u8], k: usize, (c0, n): (usize, usize)
     (nb, bs4, gb)
 }
 
-/// [`pack_groups`] with AVX2 (Q4_0, Q4_1), the same bytes: per block, a 256-bit load holds two
-/// rows' 16 value bytes, so the eight rows' four-byte groups are a 4 × 8 transpose of four
-/// loads (two unpacks of 32-bit and of 64-bit lanes, then a permute into row order).
+/// [`pack_groups`] with AVX2 (Q4_0, Q4_1, Q8_0), the same bytes: per block, a 256-bit load
+/// holds two rows' 16 value bytes, so the eight rows' four-byte groups are a 4 × 8 transpose
+/// of four loads (two unpacks of 32-bit and of 64-bit lanes, then a permute into row order):
+/// the nibbles' low halves give groups 0‥4 and their high halves 4‥8; Q8_0's first 16 bytes of
+/// each row give groups 0‥4 and its last 16 (a second transpose) 4‥8, their bytes flipped to
+/// the unsigned codes. Where the rows' decoder transposed eight rows and converted eight
+/// scalar scales per block, Q8_0's panels from the groups cost the AVX2 table's 16-row panel
+/// GEMM (576 × 4096, one thread) a fifth of its time less (`scripts/gemm_bench`).
 #[target_feature(enable = "avx2,f16c")]
 pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
     let (nb, bs4, gb) = group_sizes(t, false, g, k, (c0, n), panel);
-    let nib = _mm256_set1_epi8(0x0F);
-    // The padding group's bytes: both nibbles at the offset (Q4_0's 8; Q4_1's 0).
-    let pad = _mm256_set1_epi8((super::offset(t) * 0x11) as i8);
+    let (nib, flip) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(-128));
+    let q8 = t == DType::Q8_0;
+    // The padding group's bytes: both nibbles at the offset (Q4_0's 8; Q4_1's 0); Q8_0's zeros,
+    // flipped to the offset 128 with the rest.
+    let pad = if q8 { _mm256_setzero_si256() } else { _mm256_set1_epi8((super::offset(t) * 0x11) as i8) };
     // After the unpacks the rows sit as 0, 2, 4, 6 | 1, 3, 5, 7.
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     let two = n == PANEL;
@@ -274,15 +281,26 @@ pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel
             let p1 = p0.add(gb);
             let dst = panel.as_mut_ptr().add(b * PACKED_BLOCK);
             let ld = |p: *const u8| _mm256_loadu_si256(p as *const __m256i);
-            let (a0, a1) = (ld(p0.add(at)), ld(p0.add(at + 32)));
-            let (b0, b1) = if two { (ld(p1.add(at)), ld(p1.add(at + 32))) } else { (pad, pad) };
-            let (t0, t1) = (_mm256_unpacklo_epi32(a0, a1), _mm256_unpackhi_epi32(a0, a1));
-            let (u0, u1) = (_mm256_unpacklo_epi32(b0, b1), _mm256_unpackhi_epi32(b0, b1));
-            let groups = [_mm256_unpacklo_epi64(t0, u0), _mm256_unpackhi_epi64(t0, u0), _mm256_unpacklo_epi64(t1, u1), _mm256_unpackhi_epi64(t1, u1)];
-            for (i, v) in groups.into_iter().enumerate() {
-                let v = _mm256_permutevar8x32_epi32(v, order);
-                _mm256_storeu_si256(dst.add(32 * i) as *mut __m256i, _mm256_and_si256(v, nib));
-                _mm256_storeu_si256(dst.add(32 * (4 + i)) as *mut __m256i, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+            // The four-byte groups of the 16 bytes at `at + off` of each of the eight rows,
+            // in row order: group i of the 16 bytes in vector i.
+            let transpose = |off: usize| {
+                let (a0, a1) = (ld(p0.add(at + off)), ld(p0.add(at + off + 32)));
+                let (b0, b1) = if two { (ld(p1.add(at + off)), ld(p1.add(at + off + 32))) } else { (pad, pad) };
+                let (t0, t1) = (_mm256_unpacklo_epi32(a0, a1), _mm256_unpackhi_epi32(a0, a1));
+                let (u0, u1) = (_mm256_unpacklo_epi32(b0, b1), _mm256_unpackhi_epi32(b0, b1));
+                [_mm256_unpacklo_epi64(t0, u0), _mm256_unpackhi_epi64(t0, u0), _mm256_unpacklo_epi64(t1, u1), _mm256_unpackhi_epi64(t1, u1)].map(|v| _mm256_permutevar8x32_epi32(v, order))
+            };
+            if q8 {
+                for (half, groups) in [transpose(0), transpose(64)].into_iter().enumerate() {
+                    for (i, v) in groups.into_iter().enumerate() {
+                        _mm256_storeu_si256(dst.add(32 * (4 * half + i)) as *mut __m256i, _mm256_xor_si256(v, flip));
+                    }
+                }
+            } else {
+                for (i, v) in transpose(0).into_iter().enumerate() {
+                    _mm256_storeu_si256(dst.add(32 * i) as *mut __m256i, _mm256_and_si256(v, nib));
+                    _mm256_storeu_si256(dst.add(32 * (4 + i)) as *mut __m256i, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+                }
             }
             if t == DType::Q4_1 {
                 // `[d0 m0 d1 m1 …]` of each group: scales at even places, mins at odd.
