@@ -16,13 +16,13 @@ use crate::DType;
 use std::arch::x86_64::*;
 
 /// Whether [`pack_groups`] (`wide`: AVX-512) or [`pack_groups_avx2`] decodes `t`'s interleaved
-/// groups: the types whose group-blocks hold their values as nibbles (Q4_0, Q4_1) or bytes
-/// (Q8_0) or, with AVX-512, also as nibbles and fifth-bit masks (Q5_0, Q5_1: `Q5Bits::Masks`,
-/// the AVX-512 layout) or 16-byte runs of nibbles
-/// with packed 6-bit scales (Q4_K) or of low nibbles and high bit pairs (Q6_K, `Q6Form::Split`,
-/// the AVX-512 layout), moved into the panel's four-byte groups as they are.
+/// groups: the types whose group-blocks hold their values as nibbles (Q4_0, Q4_1), bytes
+/// (Q8_0) or 16-byte runs of nibbles with packed 6-bit scales (Q4_K) or, with AVX-512, also as
+/// nibbles and fifth-bit masks (Q5_0, Q5_1: `Q5Bits::Masks`, the AVX-512 layout) or 16-byte
+/// runs of low nibbles and high bit pairs (Q6_K, `Q6Form::Split`, the AVX-512 layout), moved
+/// into the panel's four-byte groups as they are.
 pub fn packs_groups(t: DType, wide: bool) -> bool {
-    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q8_0) || (wide && matches!(t, DType::Q5_0 | DType::Q5_1 | DType::Q4K | DType::Q6K))
+    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4K) || (wide && matches!(t, DType::Q5_0 | DType::Q5_1 | DType::Q6K))
 }
 
 /// [`x86::pack`](super::x86::pack) from the matrix interleaved at load (in the AVX-512 table's
@@ -112,15 +112,12 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
 #[inline(always)]
 unsafe fn pack_groups_q4k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, panel: &mut [u8], (i01, i23): (__m512i, __m512i)) {
     let nib = _mm512_set1_epi8(0x0F);
-    let (six, four, two_bits) = (_mm256_set1_epi32(63), _mm256_set1_epi32(0x0F), _mm256_set1_epi32(3));
     for b in 0..nb {
-        let (sb, j) = (b / 8, b % 8);
-        // SAFETY: super-block sb of group `c0 / 4` (and the next, with `two`) is inside `g`,
+        // SAFETY: the caller's `group_sizes` checked the bounds.
+        let (j, p0, p1, dst) = unsafe { q4k_block(g, gb, c0, b, panel) };
+        // SAFETY: super-block b / 8 of group `c0 / 4` (and the next, with `two`) is inside `g`,
         // block b of the panel inside `panel` (the caller's `group_sizes`).
         unsafe {
-            let p0 = g.as_ptr().add(c0 / 4 * gb + sb * 576);
-            let p1 = p0.add(gb);
-            let dst = panel.as_mut_ptr().add(b * PACKED_BLOCK);
             let run = |p: *const u8, h: usize| {
                 let v = _mm512_loadu_si512(p.add(64 + 64 * h) as *const _);
                 _mm512_and_si512(if j % 2 == 1 { _mm512_srli_epi16(v, 4) } else { v }, nib)
@@ -130,31 +127,63 @@ unsafe fn pack_groups_q4k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, 
             let (lo0, hi0) = (run(p0, h), run(p0, h + 1));
             let (lo1, hi1) = if two { (run(p1, h), run(p1, h + 1)) } else { (zero, zero) };
             store_codes(dst, (lo0, hi0), (lo1, hi1), (i01, i23));
-            // Word w of the eight rows' scale bytes (rows of the second group zero without it).
-            let word = |w: usize| {
-                let a = _mm_loadu_si128(p0.add(16 + 16 * w) as *const __m128i);
-                let b = if two { _mm_loadu_si128(p1.add(16 + 16 * w) as *const __m128i) } else { _mm_setzero_si128() };
-                _mm256_set_m128i(b, a)
-            };
-            let shift = _mm_cvtsi32_si128(8 * (j % 4) as i32);
-            let byte = |w: usize| _mm256_srl_epi32(word(w), shift);
-            let (sc, mn) = if j < 4 {
-                (_mm256_and_si256(byte(0), six), _mm256_and_si256(byte(1), six))
-            } else {
-                let (q0, q1, q2) = (byte(0), byte(1), byte(2));
-                let high = |q: __m256i| _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(q, 6), two_bits), 4);
-                (_mm256_or_si256(_mm256_and_si256(q2, four), high(q0)), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(q2, 4), four), high(q1)))
-            };
-            // `[d0‥d3 dmin0‥dmin3]` of each group: scales in the low halves, mins in the high.
-            let h0 = _mm_loadu_si128(p0 as *const __m128i);
-            let h1 = if two { _mm_loadu_si128(p1 as *const __m128i) } else { _mm_setzero_si128() };
-            let (d, dmin) = (_mm256_cvtph_ps(_mm_unpacklo_epi64(h0, h1)), _mm256_cvtph_ps(_mm_unpackhi_epi64(h0, h1)));
-            let m = _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)), _mm256_set1_ps(-0.0));
-            // The plain decoder leaves a padding column's min at +0.
-            let m = if two { m } else { _mm256_blend_ps::<0xF0>(m, _mm256_setzero_ps()) };
-            _mm256_storeu_ps(dst.add(256) as *mut f32, _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)));
-            _mm256_storeu_ps(dst.add(288) as *mut f32, m);
+            store_q4k_scales(dst, p0, p1, two, j);
         }
+    }
+}
+
+/// Panel block `b` of a Q4_K matrix's groups: its sub-block `j` (of super-block `b / 8`), the
+/// super-block's group-blocks of group `c0 / 4` and of the next, and the block in `panel`.
+///
+/// # Safety
+/// Super-block `b / 8` of group `c0 / 4` lies inside `g` (the next group's is only addressed)
+/// and block `b` inside `panel` (`group_sizes`).
+#[inline(always)]
+unsafe fn q4k_block(g: &[u8], gb: usize, c0: usize, b: usize, panel: &mut [u8]) -> (usize, *const u8, *const u8, *mut u8) {
+    // SAFETY: the caller's; `wrapping_add` for the next group, read only where it exists.
+    unsafe {
+        let p0 = g.as_ptr().add(c0 / 4 * gb + b / 8 * 576);
+        (b % 8, p0, p0.wrapping_add(gb), panel.as_mut_ptr().add(b * PACKED_BLOCK))
+    }
+}
+
+/// A Q4_K panel block's scales `d·sc` and mins `−dmin·m` (sub-block `j` of the super-block
+/// whose group-blocks start at `p0` and, with `two`, `p1`) into its scale and min slots: the
+/// eight rows' 6-bit pairs (`get_scale_min_k4`) unpacked at once from the three 32-bit words
+/// each group-block keeps side by side, the products those of the plain decoder.
+///
+/// # Safety
+/// AVX2 and F16C present; a Q4_K group-block head (64 bytes) at `p0` (and with `two` at
+/// `p1`); `dst` holds a packed block.
+#[inline(always)]
+unsafe fn store_q4k_scales(dst: *mut u8, p0: *const u8, p1: *const u8, two: bool, j: usize) {
+    let (six, four, two_bits) = (_mm256_set1_epi32(63), _mm256_set1_epi32(0x0F), _mm256_set1_epi32(3));
+    // SAFETY (all): the caller's.
+    unsafe {
+        // Word w of the eight rows' scale bytes (rows of the second group zero without it).
+        let word = |w: usize| {
+            let a = _mm_loadu_si128(p0.add(16 + 16 * w) as *const __m128i);
+            let b = if two { _mm_loadu_si128(p1.add(16 + 16 * w) as *const __m128i) } else { _mm_setzero_si128() };
+            _mm256_set_m128i(b, a)
+        };
+        let shift = _mm_cvtsi32_si128(8 * (j % 4) as i32);
+        let byte = |w: usize| _mm256_srl_epi32(word(w), shift);
+        let (sc, mn) = if j < 4 {
+            (_mm256_and_si256(byte(0), six), _mm256_and_si256(byte(1), six))
+        } else {
+            let (q0, q1, q2) = (byte(0), byte(1), byte(2));
+            let high = |q: __m256i| _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(q, 6), two_bits), 4);
+            (_mm256_or_si256(_mm256_and_si256(q2, four), high(q0)), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(q2, 4), four), high(q1)))
+        };
+        // `[d0‥d3 dmin0‥dmin3]` of each group: scales in the low halves, mins in the high.
+        let h0 = _mm_loadu_si128(p0 as *const __m128i);
+        let h1 = if two { _mm_loadu_si128(p1 as *const __m128i) } else { _mm_setzero_si128() };
+        let (d, dmin) = (_mm256_cvtph_ps(_mm_unpacklo_epi64(h0, h1)), _mm256_cvtph_ps(_mm_unpackhi_epi64(h0, h1)));
+        let m = _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)), _mm256_set1_ps(-0.0));
+        // The plain decoder leaves a padding column's min at +0.
+        let m = if two { m } else { _mm256_blend_ps::<0xF0>(m, _mm256_setzero_ps()) };
+        _mm256_storeu_ps(dst.add(256) as *mut f32, _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)));
+        _mm256_storeu_ps(dst.add(288) as *mut f32, m);
     }
 }
 
@@ -242,6 +271,28 @@ unsafe fn scales8(p0: *const u8, p1: *const u8, two: bool) -> __m256 {
     }
 }
 
+/// The four-byte groups of the 16 bytes at `off` of each row of the two groups of four rows
+/// at `p0` and `p1` (a group-block holds its rows' 16 bytes side by side; without `two` the
+/// second group's bytes are `pad`), in row order: group i of the 16 bytes in vector i — two
+/// unpacks of 32-bit and of 64-bit lanes, then a permute into row order.
+///
+/// # Safety
+/// AVX2 present; 64 readable bytes at `p0 + off` (and with `two` at `p1 + off`).
+#[inline(always)]
+unsafe fn transpose8(p0: *const u8, p1: *const u8, off: usize, two: bool, pad: __m256i) -> [__m256i; 4] {
+    // SAFETY (all): the caller's; unaligned loads.
+    unsafe {
+        let ld = |p: *const u8| _mm256_loadu_si256(p as *const __m256i);
+        let (a0, a1) = (ld(p0.add(off)), ld(p0.add(off + 32)));
+        let (b0, b1) = if two { (ld(p1.add(off)), ld(p1.add(off + 32))) } else { (pad, pad) };
+        let (t0, t1) = (_mm256_unpacklo_epi32(a0, a1), _mm256_unpackhi_epi32(a0, a1));
+        let (u0, u1) = (_mm256_unpacklo_epi32(b0, b1), _mm256_unpackhi_epi32(b0, b1));
+        // After the unpacks the rows sit as 0, 2, 4, 6 | 1, 3, 5, 7.
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        [_mm256_unpacklo_epi64(t0, u0), _mm256_unpackhi_epi64(t0, u0), _mm256_unpacklo_epi64(t1, u1), _mm256_unpackhi_epi64(t1, u1)].map(|v| _mm256_permutevar8x32_epi32(v, order))
+    }
+}
+
 /// A group packer's blocks per row, bytes per group-block and per group, after checking that
 /// `t` is one it decodes (`wide`: AVX-512's), that columns `c0 .. c0 + n` are whole groups of
 /// at most one panel inside `g`, and that `panel` holds a row of blocks.
@@ -253,25 +304,50 @@ fn group_sizes(t: DType, wide: bool, g: &[u8], k: usize, (c0, n): (usize, usize)
     (nb, bs4, gb)
 }
 
-/// [`pack_groups`] with AVX2 (Q4_0, Q4_1, Q8_0), the same bytes: per block, a 256-bit load
-/// holds two rows' 16 value bytes, so the eight rows' four-byte groups are a 4 × 8 transpose
-/// of four loads (two unpacks of 32-bit and of 64-bit lanes, then a permute into row order):
-/// the nibbles' low halves give groups 0‥4 and their high halves 4‥8; Q8_0's first 16 bytes of
-/// each row give groups 0‥4 and its last 16 (a second transpose) 4‥8, their bytes flipped to
-/// the unsigned codes. Where the rows' decoder transposed eight rows and converted eight
-/// scalar scales per block, Q8_0's panels from the groups cost the AVX2 table's 16-row panel
-/// GEMM (576 × 4096, one thread) a fifth of its time less (`scripts/gemm_bench`).
+/// [`pack_groups`] with AVX2 (Q4_0, Q4_1, Q8_0, Q4_K), the same bytes: per block, a 256-bit
+/// load holds two rows' 16 value bytes, so the eight rows' four-byte groups are a 4 × 8
+/// transpose of four loads ([`transpose8`]): the nibbles' low halves give groups 0‥4 and their
+/// high halves 4‥8; Q8_0's first 16 bytes of each row give groups 0‥4 and its last 16 (a
+/// second transpose) 4‥8, their bytes flipped to the unsigned codes; a Q4_K sub-block's two
+/// 16-byte runs give groups 0‥4 and 4‥8, their low or high nibbles, and its scales and mins
+/// come as the AVX-512 packer makes them ([`store_q4k_scales`]). Where the rows' decoder
+/// transposed eight rows and converted eight scalar scales per block (Q4_K: unpacked each
+/// row's 6-bit pair per block), the AVX2 table's 16-row panel GEMM (one thread,
+/// `scripts/gemm_bench`) took 19 % (Q8_0, 576 × 4096) and 54 % (Q4_K, 4864 × 896) of its time
+/// decoding.
 #[target_feature(enable = "avx2,f16c")]
 pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
     let (nb, bs4, gb) = group_sizes(t, false, g, k, (c0, n), panel);
     let (nib, flip) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(-128));
+    let two = n == PANEL;
+    let store = |dst: *mut u8, i: usize, v: __m256i| {
+        // SAFETY: group i < 8 of a packed block (the callers').
+        unsafe { _mm256_storeu_si256(dst.add(32 * i) as *mut __m256i, v) }
+    };
+    if t == DType::Q4K {
+        for b in 0..nb {
+            // SAFETY: `group_sizes` checked the bounds.
+            let (j, p0, p1, dst) = unsafe { q4k_block(g, gb, c0, b, panel) };
+            // SAFETY: super-block b / 8 of group `c0 / 4` (and the next, with `two`) is inside
+            // `g`, block b of the panel inside `panel` (`group_sizes`); the features are this
+            // function's.
+            unsafe {
+                // Runs h and h + 1 (at 64 + 64h) hold the sub-block's values 0‥16 and 16‥32.
+                let h = 2 * (j / 2);
+                for (half, groups) in [transpose8(p0, p1, 64 + 64 * h, two, _mm256_setzero_si256()), transpose8(p0, p1, 128 + 64 * h, two, _mm256_setzero_si256())].into_iter().enumerate() {
+                    for (i, v) in groups.into_iter().enumerate() {
+                        store(dst, 4 * half + i, _mm256_and_si256(if j % 2 == 1 { _mm256_srli_epi16(v, 4) } else { v }, nib));
+                    }
+                }
+                store_q4k_scales(dst, p0, p1, two, j);
+            }
+        }
+        return;
+    }
     let q8 = t == DType::Q8_0;
     // The padding group's bytes: both nibbles at the offset (Q4_0's 8; Q4_1's 0); Q8_0's zeros,
     // flipped to the offset 128 with the rest.
     let pad = if q8 { _mm256_setzero_si256() } else { _mm256_set1_epi8((super::offset(t) * 0x11) as i8) };
-    // After the unpacks the rows sit as 0, 2, 4, 6 | 1, 3, 5, 7.
-    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    let two = n == PANEL;
     let at = if t == DType::Q4_1 { 16 } else { 8 };
     for b in 0..nb {
         // SAFETY: as in `pack_groups`: the groups' block b and the panel's are in bounds
@@ -280,26 +356,16 @@ pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel
             let p0 = g.as_ptr().add(c0 / 4 * gb + b * bs4);
             let p1 = p0.add(gb);
             let dst = panel.as_mut_ptr().add(b * PACKED_BLOCK);
-            let ld = |p: *const u8| _mm256_loadu_si256(p as *const __m256i);
-            // The four-byte groups of the 16 bytes at `at + off` of each of the eight rows,
-            // in row order: group i of the 16 bytes in vector i.
-            let transpose = |off: usize| {
-                let (a0, a1) = (ld(p0.add(at + off)), ld(p0.add(at + off + 32)));
-                let (b0, b1) = if two { (ld(p1.add(at + off)), ld(p1.add(at + off + 32))) } else { (pad, pad) };
-                let (t0, t1) = (_mm256_unpacklo_epi32(a0, a1), _mm256_unpackhi_epi32(a0, a1));
-                let (u0, u1) = (_mm256_unpacklo_epi32(b0, b1), _mm256_unpackhi_epi32(b0, b1));
-                [_mm256_unpacklo_epi64(t0, u0), _mm256_unpackhi_epi64(t0, u0), _mm256_unpacklo_epi64(t1, u1), _mm256_unpackhi_epi64(t1, u1)].map(|v| _mm256_permutevar8x32_epi32(v, order))
-            };
             if q8 {
-                for (half, groups) in [transpose(0), transpose(64)].into_iter().enumerate() {
+                for (half, groups) in [transpose8(p0, p1, at, two, pad), transpose8(p0, p1, at + 64, two, pad)].into_iter().enumerate() {
                     for (i, v) in groups.into_iter().enumerate() {
-                        _mm256_storeu_si256(dst.add(32 * (4 * half + i)) as *mut __m256i, _mm256_xor_si256(v, flip));
+                        store(dst, 4 * half + i, _mm256_xor_si256(v, flip));
                     }
                 }
             } else {
-                for (i, v) in transpose(0).into_iter().enumerate() {
-                    _mm256_storeu_si256(dst.add(32 * i) as *mut __m256i, _mm256_and_si256(v, nib));
-                    _mm256_storeu_si256(dst.add(32 * (4 + i)) as *mut __m256i, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+                for (i, v) in transpose8(p0, p1, at, two, pad).into_iter().enumerate() {
+                    store(dst, i, _mm256_and_si256(v, nib));
+                    store(dst, 4 + i, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
                 }
             }
             if t == DType::Q4_1 {

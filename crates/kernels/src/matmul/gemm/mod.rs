@@ -124,7 +124,7 @@ impl<'a> Weights<'a> {
 
 /// Whether `isa`'s panel GEMM decodes `t`'s interleaved groups ([`Weights::Groups`]): the
 /// AVX-512 tables (AMX's included) for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K, the AVX2
-/// table for Q4_0, Q4_1 and Q8_0.
+/// table for Q4_0, Q4_1, Q8_0 and Q4_K.
 pub fn packs_groups(t: DType, isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     return match isa {
