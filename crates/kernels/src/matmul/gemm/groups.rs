@@ -16,13 +16,13 @@ use crate::DType;
 use std::arch::x86_64::*;
 
 /// Whether [`pack_groups`] (`wide`: AVX-512) or [`pack_groups_avx2`] decodes `t`'s interleaved
-/// groups: the types whose group-blocks hold their values as nibbles (Q4_0, Q4_1), bytes
-/// (Q8_0) or 16-byte runs of nibbles with packed 6-bit scales (Q4_K) or, with AVX-512, also as
-/// nibbles and fifth-bit masks (Q5_0, Q5_1: `Q5Bits::Masks`, the AVX-512 layout) or 16-byte
-/// runs of low nibbles and high bit pairs (Q6_K, `Q6Form::Split`, the AVX-512 layout), moved
-/// into the panel's four-byte groups as they are.
+/// groups: the types whose group-blocks hold their values as nibbles (Q4_0, Q4_1), as nibbles
+/// and fifth bits (Q5_0, Q5_1: AVX-512 as masks, `Q5Bits::Masks`; AVX2 folded into the value
+/// bytes, `Q5Bits::Folded`), bytes (Q8_0) or 16-byte runs of nibbles with packed 6-bit scales
+/// (Q4_K) or, with AVX-512, also as 16-byte runs of low nibbles and high bit pairs (Q6_K,
+/// `Q6Form::Split`, the AVX-512 layout), moved into the panel's four-byte groups as they are.
 pub fn packs_groups(t: DType, wide: bool) -> bool {
-    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4K) || (wide && matches!(t, DType::Q5_0 | DType::Q5_1 | DType::Q6K))
+    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K) || (wide && t == DType::Q6K)
 }
 
 /// [`x86::pack`](super::x86::pack) from the matrix interleaved at load (in the AVX-512 table's
@@ -304,17 +304,19 @@ fn group_sizes(t: DType, wide: bool, g: &[u8], k: usize, (c0, n): (usize, usize)
     (nb, bs4, gb)
 }
 
-/// [`pack_groups`] with AVX2 (Q4_0, Q4_1, Q8_0, Q4_K), the same bytes: per block, a 256-bit
-/// load holds two rows' 16 value bytes, so the eight rows' four-byte groups are a 4 × 8
-/// transpose of four loads ([`transpose8`]): the nibbles' low halves give groups 0‥4 and their
-/// high halves 4‥8; Q8_0's first 16 bytes of each row give groups 0‥4 and its last 16 (a
+/// [`pack_groups`] with AVX2 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K), the same bytes: per block,
+/// a 256-bit load holds two rows' 16 value bytes, so the eight rows' four-byte groups are a
+/// 4 × 8 transpose of four loads ([`transpose8`]): the nibbles' low halves give groups 0‥4 and
+/// their high halves 4‥8; Q5's folded bytes (`Q5Bits::Folded`) give values 0‥16 as their low
+/// five bits and values 16‥32 as their high three with two bits each from the group's 16
+/// shared bytes, moved per row by a variable shift; Q8_0's first 16 bytes of each row give groups 0‥4 and its last 16 (a
 /// second transpose) 4‥8, their bytes flipped to the unsigned codes; a Q4_K sub-block's two
 /// 16-byte runs give groups 0‥4 and 4‥8, their low or high nibbles, and its scales and mins
 /// come as the AVX-512 packer makes them ([`store_q4k_scales`]). Where the rows' decoder
 /// transposed eight rows and converted eight scalar scales per block (Q4_K: unpacked each
 /// row's 6-bit pair per block), the AVX2 table's 16-row panel GEMM (one thread,
-/// `scripts/gemm_bench`) took 19 % (Q8_0, 576 × 4096) and 54 % (Q4_K, 4864 × 896) of its time
-/// decoding.
+/// `scripts/gemm_bench`) took 19 % (Q8_0, 576 × 4096), 34 % (Q5_0, 896 × 4864) and 54 % (Q4_K,
+/// 4864 × 896) of its time decoding.
 #[target_feature(enable = "avx2,f16c")]
 pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
     let (nb, bs4, gb) = group_sizes(t, false, g, k, (c0, n), panel);
@@ -344,11 +346,25 @@ pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel
         }
         return;
     }
-    let q8 = t == DType::Q8_0;
+    let (q8, q5) = (t == DType::Q8_0, matches!(t, DType::Q5_0 | DType::Q5_1));
     // The padding group's bytes: both nibbles at the offset (Q4_0's 8; Q4_1's 0); Q8_0's zeros,
-    // flipped to the offset 128 with the rest.
-    let pad = if q8 { _mm256_setzero_si256() } else { _mm256_set1_epi8((super::offset(t) * 0x11) as i8) };
-    let at = if t == DType::Q4_1 { 16 } else { 8 };
+    // flipped to the offset 128 with the rest; Q5_0's folded bytes 0x10 with the shared bits'
+    // bytes 0xAA (value j and value 16 + j both 16), Q5_1's zeros.
+    let pad = match t {
+        DType::Q8_0 | DType::Q5_1 => _mm256_setzero_si256(),
+        DType::Q5_0 => _mm256_set1_epi8(0x10),
+        _ => _mm256_set1_epi8((super::offset(t) * 0x11) as i8),
+    };
+    let pad_bits = _mm_set1_epi8(if t == DType::Q5_0 { 0xAAu8 as i8 } else { 0 });
+    // Where the values start: past the scales (and Q5's 16 shared bytes of high bits).
+    let at = match t {
+        DType::Q4_1 => 16,
+        DType::Q5_0 => 24,
+        DType::Q5_1 => 32,
+        _ => 8,
+    };
+    // Q5 (`Q5Bits::Folded`): row r's bits of the shared bytes at 2r, 2r + 1.
+    let (five, three, two_bits, row_shift) = (_mm256_set1_epi8(0x1F), _mm256_set1_epi8(7), _mm256_set1_epi8(3), _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
     for b in 0..nb {
         // SAFETY: as in `pack_groups`: the groups' block b and the panel's are in bounds
         // (asserted above); the features are this function's.
@@ -362,13 +378,24 @@ pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel
                         store(dst, 4 * half + i, _mm256_xor_si256(v, flip));
                     }
                 }
+            } else if q5 {
+                // Byte j of a row: value j (bits 0‥4) and value 16 + j's bits 0‥2 (5‥7); its
+                // bits 3 and 4 in the group's shared byte j. The shared bytes of both groups,
+                // group i's dword of them broadcast in each half, moved to each row's bits.
+                let bits = _mm256_set_m128i(if two { _mm_loadu_si128(p1.add(at - 16) as *const __m128i) } else { pad_bits }, _mm_loadu_si128(p0.add(at - 16) as *const __m128i));
+                let shared = [_mm256_shuffle_epi32::<0x00>(bits), _mm256_shuffle_epi32::<0x55>(bits), _mm256_shuffle_epi32::<0xAA>(bits), _mm256_shuffle_epi32::<0xFF>(bits)];
+                for (i, v) in transpose8(p0, p1, at, two, pad).into_iter().enumerate() {
+                    store(dst, i, _mm256_and_si256(v, five));
+                    let high = _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(shared[i], row_shift), two_bits), 3);
+                    store(dst, 4 + i, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 5), three), high));
+                }
             } else {
                 for (i, v) in transpose8(p0, p1, at, two, pad).into_iter().enumerate() {
                     store(dst, i, _mm256_and_si256(v, nib));
                     store(dst, 4 + i, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
                 }
             }
-            if t == DType::Q4_1 {
+            if matches!(t, DType::Q4_1 | DType::Q5_1) {
                 // `[d0 m0 d1 m1 …]` of each group: scales at even places, mins at odd.
                 let f0 = _mm256_cvtph_ps(_mm_loadu_si128(p0 as *const __m128i));
                 let f1 = if two { _mm256_cvtph_ps(_mm_loadu_si128(p1 as *const __m128i)) } else { _mm256_setzero_ps() };

@@ -124,7 +124,7 @@ impl<'a> Weights<'a> {
 
 /// Whether `isa`'s panel GEMM decodes `t`'s interleaved groups ([`Weights::Groups`]): the
 /// AVX-512 tables (AMX's included) for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K, the AVX2
-/// table for Q4_0, Q4_1, Q8_0 and Q4_K.
+/// table for all of them but Q6_K (its Q5 types in the table's `Q5Bits::Folded` form).
 pub fn packs_groups(t: DType, isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     return match isa {
@@ -738,6 +738,10 @@ mod tests {
             let w = random_rows(&mut seed, 12 * rb);
             let mut g = vec![0u8; w.len()];
             layout.pack(t, &w, rb, &mut g);
+            // The AVX2 table's layout (Q5's fifth bits folded into the values, Q6_K's values
+            // folded), which its packer reads.
+            let mut g2 = vec![0u8; w.len()];
+            crate::matmul::layout::Layout { q5: crate::matmul::layout::Q5Bits::Folded, q6: crate::matmul::layout::Q6Form::Folded }.pack(t, &w, rb, &mut g2);
             for (c0, n) in [(0, 8), (4, 8), (0, 4), (4, 4), (8, 4)] {
                 let mut a = vec![0u8; k / 32 * PACKED_BLOCK];
                 pack(t, &w, k, c0, n, &mut a);
@@ -750,7 +754,7 @@ mod tests {
                 if avx2 && packs_groups(t, Isa::Avx2) {
                     let mut b = vec![1u8; a.len()];
                     // SAFETY: AVX2 (and F16C, part of the table's features) detected above.
-                    unsafe { groups::pack_groups_avx2(t, &g, k, c0, n, &mut b) };
+                    unsafe { groups::pack_groups_avx2(t, &g2, k, c0, n, &mut b) };
                     assert!(a == b, "{t} (AVX2): columns {c0}.. ({n})");
                 }
             }
