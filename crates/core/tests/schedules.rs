@@ -166,9 +166,9 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
     let over = |isa, t, rows| matmul::panel_over_tiles(isa, t, rows);
     assert!(!over(Isa::Avx512, DType::IQ4NL, 16) && over(Isa::Avx512, DType::IQ4NL, 40) && over(Isa::Dotprod, DType::IQ4NL, 16));
     let avx2 = matmul::PANEL_OVER_TILES_ROWS_AVX2;
-    assert!(avx2 < matmul::PANEL_OVER_TILES_ROWS && !over(Isa::Avx2, DType::Q6K, avx2 - 1) && over(Isa::Avx2, DType::Q6K, avx2) && over(Isa::Avx2, DType::Q6K, 40));
-    // AVX2's Q5_0 and Q4_K, decoded from the groups, from 8 rows.
-    assert!(!over(Isa::Avx2, DType::Q5_0, 7) && over(Isa::Avx2, DType::Q5_0, 8) && over(Isa::Avx2, DType::Q4K, 8));
+    assert!(avx2 < matmul::PANEL_OVER_TILES_ROWS && !over(Isa::Avx2, DType::Q5K, avx2 - 1) && over(Isa::Avx2, DType::Q5K, avx2) && over(Isa::Avx2, DType::Q5K, 40));
+    // AVX2's Q5_0, Q4_K and Q6_K, decoded from the groups, from 8 rows.
+    assert!(!over(Isa::Avx2, DType::Q5_0, 7) && over(Isa::Avx2, DType::Q5_0, 8) && over(Isa::Avx2, DType::Q4K, 8) && !over(Isa::Avx2, DType::Q6K, 7) && over(Isa::Avx2, DType::Q6K, 8));
     // AVX2's Q8_0 (an LM head at 8 sequences), decoded from the groups, from 8 rows.
     assert!(!over(Isa::Avx2, DType::Q8_0, 7) && over(Isa::Avx2, DType::Q8_0, 8));
     for isa in [Isa::Avx512, Isa::Avx2] {

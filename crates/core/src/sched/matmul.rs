@@ -190,14 +190,15 @@ pub fn path(kernels: &Kernels, dtype: DType, interleaved: bool, plain: bool, row
 pub const PANEL_OVER_TILES_ROWS: usize = 32;
 
 /// [`PANEL_OVER_TILES_ROWS`] for the matrices whose panels an x86 table decodes from the
-/// interleaved groups (`gemm::packs_groups`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, AVX-512 also
-/// Q6_K), a few permutes per panel and block instead of the plain rows' transposes and scalar
+/// interleaved groups (`gemm::packs_groups`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K), a few
+/// permutes per panel and block instead of the plain rows' transposes and scalar
 /// scales: the panel pays from the first row count it takes. (AVX2's Q8_0, on its signed bytes,
 /// took the panel from 16 rows while it decoded the plain rows: at 8 sequences its tiles won,
 /// SmolLM2's LM head 2.83–2.94 / 3.38–3.55 ms; from the groups the panel wins there too, 2.85,
 /// 2.94 / 2.38, 2.40 ms, and Gemma 3's Q8_0 matmuls 17.1, 17.7 / 13.7, 14.6 ms. AVX2's Q4_K
 /// took it from 16 rows, decoded from the rows: Qwen2.5's Q4_K matmuls at 8 sequences, tiles /
-/// panel from the groups, 3.73, 3.67 / 3.03, 3.06 ms; its Q5_0 matmuls 26.5, 26.7 / 16.2, 16.6 ms.) Zen 4, SmolLM2 at 2 threads,
+/// panel from the groups, 3.73, 3.67 / 3.03, 3.06 ms; its Q5_0 matmuls 26.5, 26.7 / 16.2, 16.6 ms; its Q6_K matmuls 5.36, 5.40 /
+/// 4.47, 4.56 ms.) Zen 4, SmolLM2 at 2 threads,
 /// `--fast-prefill`, t/s tiles / panel from groups: pp8 757–975 / 946–974, pp24 1082–1096 /
 /// 1467–1531, pp64 (panel from rows / from groups) 1562–1575 / 1813–1865; a 16-sequence decode
 /// step's Q4_1 matmuls 12.95 / 9.76 ms and its Q8_0 LM head 3.48 / 3.13 ms (medians of 5). AVX2 table (`--isa avx2`,

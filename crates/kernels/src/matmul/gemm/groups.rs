@@ -15,14 +15,15 @@ use super::panel::{PACKED_BLOCK, PANEL};
 use crate::DType;
 use std::arch::x86_64::*;
 
-/// Whether [`pack_groups`] (`wide`: AVX-512) or [`pack_groups_avx2`] decodes `t`'s interleaved
-/// groups: the types whose group-blocks hold their values as nibbles (Q4_0, Q4_1), as nibbles
-/// and fifth bits (Q5_0, Q5_1: AVX-512 as masks, `Q5Bits::Masks`; AVX2 folded into the value
-/// bytes, `Q5Bits::Folded`), bytes (Q8_0) or 16-byte runs of nibbles with packed 6-bit scales
-/// (Q4_K) or, with AVX-512, also as 16-byte runs of low nibbles and high bit pairs (Q6_K,
-/// `Q6Form::Split`, the AVX-512 layout), moved into the panel's four-byte groups as they are.
-pub fn packs_groups(t: DType, wide: bool) -> bool {
-    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K) || (wide && t == DType::Q6K)
+/// Whether [`pack_groups`] (AVX-512) and [`pack_groups_avx2`] decode `t`'s interleaved groups —
+/// the same types for both, each in its table's layout: values as nibbles (Q4_0,
+/// Q4_1), as nibbles and fifth bits (Q5_0, Q5_1: AVX-512 as masks, `Q5Bits::Masks`; AVX2 folded
+/// into the value bytes, `Q5Bits::Folded`), bytes (Q8_0), 16-byte runs of nibbles with packed
+/// 6-bit scales (Q4_K), or Q6_K's runs (AVX-512: low nibbles and high bit pairs,
+/// `Q6Form::Split`; AVX2: three values and a fourth's bits per byte, `Q6Form::Folded`), moved
+/// into the panel's four-byte groups.
+pub fn packs_groups(t: DType) -> bool {
+    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K | DType::Q6K)
 }
 
 /// [`x86::pack`](super::x86::pack) from the matrix interleaved at load (in the AVX-512 table's
@@ -37,7 +38,7 @@ pub fn packs_groups(t: DType, wide: bool) -> bool {
 /// sixteen scalar scales. Q4_K and Q6_K: [`pack_groups_q4k`], [`pack_groups_q6k`].
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
 pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
-    let (nb, bs4, gb) = group_sizes(t, true, g, k, (c0, n), panel);
+    let (nb, bs4, gb) = group_sizes(t, g, k, (c0, n), panel);
     // Dword i of `idx(first)`'s result: four-byte group `first + i / 8` of column `i % 8`,
     // dword `4·(i % 4) + group` of the first group's vector (columns 0‥4) or of the second's.
     let idx = |first: i32| _mm512_setr_epi32(first, 4 + first, 8 + first, 12 + first, 16 + first, 20 + first, 24 + first, 28 + first, first + 1, 5 + first, 9 + first, 13 + first, 17 + first, 21 + first, 25 + first, 29 + first);
@@ -220,20 +221,36 @@ unsafe fn pack_groups_q6k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, 
             let (lo0, hi0) = (half(p0, 0), half(p0, 1));
             let (lo1, hi1) = if two { (half(p1, 0), half(p1, 1)) } else { (pad, pad) };
             store_codes(dst, (lo0, hi0), (lo1, hi1), (i01, i23));
-            // Row r's scale bytes 2j + i (rows of a missing second group 0).
-            let at = if j < 4 { 8 } else { 40 } + 2 * (j % 4);
-            let sc = |r: usize, i: usize| -> i32 {
-                match (r < 4, two) {
-                    (true, _) => *(p0.add(at + 8 * r + i) as *const i8) as i32,
-                    (false, true) => *(p1.add(at + 8 * (r - 4) + i) as *const i8) as i32,
-                    (false, false) => 0,
-                }
-            };
-            let scales = |i: usize| _mm256_cvtepi32_ps(_mm256_setr_epi32(sc(0, i), sc(1, i), sc(2, i), sc(3, i), sc(4, i), sc(5, i), sc(6, i), sc(7, i)));
-            let d = scales8(p0, p1, two);
-            _mm256_storeu_ps(dst.add(256) as *mut f32, _mm256_mul_ps(d, scales(0)));
-            _mm256_storeu_ps(dst.add(288) as *mut f32, _mm256_mul_ps(d, scales(1)));
+            store_q6k_scales(dst, p0, p1, two, j);
         }
+    }
+}
+
+/// A Q6_K panel block's two scales, `d` times the signed scale bytes `2j` and `2j + 1` of each
+/// row (sub-block `j` of the super-block whose group-blocks start at `p0` and, with `two`,
+/// `p1`; a missing second group's 0), into its scale and min slots. Both layouts keep `d` and
+/// the scales where `Split` has them.
+///
+/// # Safety
+/// AVX2 and F16C present; a Q6_K group-block head (72 bytes) at `p0` (and with `two` at
+/// `p1`); `dst` holds a packed block.
+#[inline(always)]
+unsafe fn store_q6k_scales(dst: *mut u8, p0: *const u8, p1: *const u8, two: bool, j: usize) {
+    // Row r's scale bytes 2j + i (rows of a missing second group 0).
+    let at = if j < 4 { 8 } else { 40 } + 2 * (j % 4);
+    // SAFETY (all): the caller's.
+    unsafe {
+        let sc = |r: usize, i: usize| -> i32 {
+            match (r < 4, two) {
+                (true, _) => *(p0.add(at + 8 * r + i) as *const i8) as i32,
+                (false, true) => *(p1.add(at + 8 * (r - 4) + i) as *const i8) as i32,
+                (false, false) => 0,
+            }
+        };
+        let scales = |i: usize| _mm256_cvtepi32_ps(_mm256_setr_epi32(sc(0, i), sc(1, i), sc(2, i), sc(3, i), sc(4, i), sc(5, i), sc(6, i), sc(7, i)));
+        let d = scales8(p0, p1, two);
+        _mm256_storeu_ps(dst.add(256) as *mut f32, _mm256_mul_ps(d, scales(0)));
+        _mm256_storeu_ps(dst.add(288) as *mut f32, _mm256_mul_ps(d, scales(1)));
     }
 }
 
@@ -271,6 +288,47 @@ unsafe fn scales8(p0: *const u8, p1: *const u8, two: bool) -> __m256 {
     }
 }
 
+/// [`pack_groups_avx2`] for Q6_K in the AVX2 table's layout (`Q6Form::Folded`): panel block
+/// `b` is values `128n + 32k .. + 32` of super-block `b / 8` (`k = b % 4`, `n = b % 8 / 4`);
+/// position `l = 16h + i` of them is byte `i` of run `3·(2n + h) + c` (at `72 + 64·run`, the
+/// four rows' 16 bytes side by side), whose bits 0‥5 are value k = c (c < 3) and bits 6, 7 two
+/// bits of value k = 3. So k < 3 is one transpose ([`transpose8`]) and a mask per 16 values,
+/// k = 3 three transposes, shifts and masks joined by ors. The padding columns' bytes are
+/// code 32 (`0x20`; run 2's `0xA0`, whose top bits give value 3 its 32 too).
+///
+/// # Safety
+/// `group_sizes` checked the bounds.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn pack_groups_q6k_avx2(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, panel: &mut [u8]) {
+    let low6 = _mm256_set1_epi8(63);
+    let pads = [_mm256_set1_epi8(0x20), _mm256_set1_epi8(0x20), _mm256_set1_epi8(0xA0u8 as i8)];
+    for b in 0..nb {
+        let (sb, j) = (b / 8, b % 8);
+        let (n, k) = (j / 4, j % 4);
+        // SAFETY: super-block sb of group `c0 / 4` (and the next, with `two`) is inside `g`,
+        // block b of the panel inside `panel` (the caller's `group_sizes`).
+        unsafe {
+            let p0 = g.as_ptr().add(c0 / 4 * gb + sb * 840);
+            let p1 = p0.wrapping_add(gb);
+            let dst = panel.as_mut_ptr().add(b * PACKED_BLOCK);
+            for h in 0..2 {
+                let run = |c: usize| transpose8(p0, p1, 72 + 64 * (3 * (2 * n + h) + c), two, pads[c]);
+                let groups = if k < 3 {
+                    run(k).map(|v| _mm256_and_si256(v, low6))
+                } else {
+                    let (a0, a1, a2) = (run(0), run(1), run(2));
+                    let bits = |v: __m256i, shift: i32, mask: i8| _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(mask));
+                    std::array::from_fn(|i| _mm256_or_si256(_mm256_or_si256(bits(a0[i], 6, 0x03), bits(a1[i], 4, 0x0C)), bits(a2[i], 2, 0x30)))
+                };
+                for (i, v) in groups.into_iter().enumerate() {
+                    _mm256_storeu_si256(dst.add(32 * (4 * h + i)) as *mut __m256i, v);
+                }
+            }
+            store_q6k_scales(dst, p0, p1, two, j);
+        }
+    }
+}
+
 /// The four-byte groups of the 16 bytes at `off` of each row of the two groups of four rows
 /// at `p0` and `p1` (a group-block holds its rows' 16 bytes side by side; without `two` the
 /// second group's bytes are `pad`), in row order: group i of the 16 bytes in vector i — two
@@ -294,17 +352,18 @@ unsafe fn transpose8(p0: *const u8, p1: *const u8, off: usize, two: bool, pad: _
 }
 
 /// A group packer's blocks per row, bytes per group-block and per group, after checking that
-/// `t` is one it decodes (`wide`: AVX-512's), that columns `c0 .. c0 + n` are whole groups of
+/// `t` is one they decode, that columns `c0 .. c0 + n` are whole groups of
 /// at most one panel inside `g`, and that `panel` holds a row of blocks.
-fn group_sizes(t: DType, wide: bool, g: &[u8], k: usize, (c0, n): (usize, usize), panel: &[u8]) -> (usize, usize, usize) {
-    assert!(packs_groups(t, wide) && c0.is_multiple_of(4) && n.is_multiple_of(4) && (4..=PANEL).contains(&n));
+fn group_sizes(t: DType, g: &[u8], k: usize, (c0, n): (usize, usize), panel: &[u8]) -> (usize, usize, usize) {
+    assert!(packs_groups(t) && c0.is_multiple_of(4) && n.is_multiple_of(4) && (4..=PANEL).contains(&n));
     let nb = k / 32;
     let (bs4, gb) = (4 * t.type_size(), 4 * crate::row_bytes(t, k));
     assert!(g.len() >= (c0 + n) / 4 * gb && panel.len() >= nb * PACKED_BLOCK);
     (nb, bs4, gb)
 }
 
-/// [`pack_groups`] with AVX2 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K), the same bytes: per block,
+/// [`pack_groups`] with AVX2 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K; Q6_K:
+/// [`pack_groups_q6k_avx2`]), the same bytes: per block,
 /// a 256-bit load holds two rows' 16 value bytes, so the eight rows' four-byte groups are a
 /// 4 × 8 transpose of four loads ([`transpose8`]): the nibbles' low halves give groups 0‥4 and
 /// their high halves 4‥8; Q5's folded bytes (`Q5Bits::Folded`) give values 0‥16 as their low
@@ -315,17 +374,21 @@ fn group_sizes(t: DType, wide: bool, g: &[u8], k: usize, (c0, n): (usize, usize)
 /// come as the AVX-512 packer makes them ([`store_q4k_scales`]). Where the rows' decoder
 /// transposed eight rows and converted eight scalar scales per block (Q4_K: unpacked each
 /// row's 6-bit pair per block), the AVX2 table's 16-row panel GEMM (one thread,
-/// `scripts/gemm_bench`) took 19 % (Q8_0, 576 × 4096), 34 % (Q5_0, 896 × 4864) and 54 % (Q4_K,
-/// 4864 × 896) of its time decoding.
+/// `scripts/gemm_bench`) took 19 % (Q8_0, 576 × 4096), 34 % (Q5_0, 896 × 4864; Q6_K, 4864 ×
+/// 896) and 54 % (Q4_K, 4864 × 896) of its time decoding.
 #[target_feature(enable = "avx2,f16c")]
 pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
-    let (nb, bs4, gb) = group_sizes(t, false, g, k, (c0, n), panel);
+    let (nb, bs4, gb) = group_sizes(t, g, k, (c0, n), panel);
     let (nib, flip) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(-128));
     let two = n == PANEL;
     let store = |dst: *mut u8, i: usize, v: __m256i| {
         // SAFETY: group i < 8 of a packed block (the callers').
         unsafe { _mm256_storeu_si256(dst.add(32 * i) as *mut __m256i, v) }
     };
+    if t == DType::Q6K {
+        // SAFETY: the features are this function's; `group_sizes` checked the bounds.
+        return unsafe { pack_groups_q6k_avx2(g, nb, gb, c0, two, panel) };
+    }
     if t == DType::Q4K {
         for b in 0..nb {
             // SAFETY: `group_sizes` checked the bounds.

@@ -123,13 +123,12 @@ impl<'a> Weights<'a> {
 }
 
 /// Whether `isa`'s panel GEMM decodes `t`'s interleaved groups ([`Weights::Groups`]): the
-/// AVX-512 tables (AMX's included) for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K, the AVX2
-/// table for all of them but Q6_K (its Q5 types in the table's `Q5Bits::Folded` form).
+/// AVX-512 tables (AMX's included) and the AVX2 table for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K
+/// and Q6_K, each in its table's layout (AVX2: Q5 and Q6_K folded).
 pub fn packs_groups(t: DType, isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     return match isa {
-        Isa::Avx512 | Isa::Amx => groups::packs_groups(t, true),
-        Isa::Avx2 => groups::packs_groups(t, false),
+        Isa::Avx512 | Isa::Amx | Isa::Avx2 => groups::packs_groups(t),
         _ => false,
     };
     #[cfg(not(target_arch = "x86_64"))]
