@@ -62,6 +62,7 @@ pub fn attend_decode_group_avx2(
             let m = (kr.len() - g).min(KEYS);
             if in_registers {
                 for (i, &kp) in kr[g..g + m].iter().enumerate() {
+                    // As below: the value row into L1, the rows read after this chunk into L2.
                     prefetch_lines(vr[g + i] as *const u8, 128, CacheLevel::L1);
                     ask_share(rows.ahead_k, 128, g + i, kr.len());
                     ask_share(rows.ahead_v, 128, g + i, kr.len());
@@ -72,6 +73,7 @@ pub fn attend_decode_group_avx2(
                 for h in 0..heads {
                     let t: &[f32] = &b.keys[h * KEYS * 8..(h + 1) * KEYS * 8];
                     // The keys past `m` are zeros, their scores not stored.
+                    // SAFETY: 8i + 8 <= KEYS · 8 = t.len(); unaligned load.
                     let t: [__m256; KEYS] = std::array::from_fn(|i| if i < m { unsafe { _mm256_loadu_ps(t.as_ptr().add(8 * i)) } } else { _mm256_setzero_ps() });
                     store_scores(_mm256_mul_ps(reduce8(&t), _mm256_set1_ps(scale)), &mut b.scores[h * DECODE_CHUNK + g..h * DECODE_CHUNK + g + m]);
                 }
