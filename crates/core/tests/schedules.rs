@@ -167,10 +167,13 @@ fn fast_prefill_takes_the_path_the_plan_timed_faster_else_the_tables() {
     assert!(!over(Isa::Avx512, DType::IQ4NL, 16) && over(Isa::Avx512, DType::IQ4NL, 40) && over(Isa::Dotprod, DType::IQ4NL, 16));
     let avx2 = matmul::PANEL_OVER_TILES_ROWS_AVX2;
     assert!(avx2 < matmul::PANEL_OVER_TILES_ROWS && !over(Isa::Avx2, DType::Q5K, avx2 - 1) && over(Isa::Avx2, DType::Q5K, avx2) && over(Isa::Avx2, DType::Q5K, 40));
-    // AVX2's Q5_0, Q4_K and Q6_K, decoded from the groups, from 8 rows.
-    assert!(!over(Isa::Avx2, DType::Q5_0, 7) && over(Isa::Avx2, DType::Q5_0, 8) && over(Isa::Avx2, DType::Q4K, 8) && !over(Isa::Avx2, DType::Q6K, 7) && over(Isa::Avx2, DType::Q6K, 8));
-    // AVX2's Q8_0 (an LM head at 8 sequences), decoded from the groups, from 8 rows.
-    assert!(!over(Isa::Avx2, DType::Q8_0, 7) && over(Isa::Avx2, DType::Q8_0, 8));
+    // AVX2's Q5_0, Q4_K and Q6_K, decoded from the groups, from `GEMM_MIN_ROWS_NIBBLES` rows
+    // as its Q4 types; AVX-512's Q4_K and Q6_K from `GEMM_MIN_ROWS`.
+    let from = matmul::GEMM_MIN_ROWS_NIBBLES;
+    for t in [DType::Q5_0, DType::Q4K, DType::Q6K, DType::Q8_0] {
+        assert!(!over(Isa::Avx2, t, from - 1) && over(Isa::Avx2, t, from), "{t}");
+    }
+    assert!(!over(Isa::Avx512, DType::Q4K, matmul::GEMM_MIN_ROWS - 1) && over(Isa::Avx512, DType::Q4K, matmul::GEMM_MIN_ROWS));
     for isa in [Isa::Avx512, Isa::Avx2] {
         // The x86 tables' nibble types (Q4_0 here) from `GEMM_MIN_ROWS_NIBBLES`.
         let from = matmul::GEMM_MIN_ROWS_NIBBLES;

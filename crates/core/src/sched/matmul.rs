@@ -39,14 +39,18 @@ pub const DECODED_MAX: usize = 1 << 20;
 pub const GEMM_MIN_ROWS: usize = 8;
 
 /// [`GEMM_MIN_ROWS`] under the AVX-512 table for the matrices whose panels it decodes from
-/// interleaved nibbles (Q4_0, Q4_1, Q5_0, Q5_1; AVX2: Q4_0, Q4_1). Zen 4, 2 threads, `--fast-prefill`, a decode
+/// interleaved nibbles (Q4_0, Q4_1, Q5_0, Q5_1; AVX2: every type it decodes from the groups).
+/// Zen 4, 2 threads, `--fast-prefill`, a decode
 /// step of 4 sequences (`bench --npl 4 -p 128 --profile`, two alternations), tiles / panel:
 /// SmolLM2's Q4_1 matmuls 4.45, 4.53 / 3.93, 3.90 ms; Qwen2.5's Q5_0 9.4, 10.2 / 7.7, 7.9 ms.
 /// Its Q8_0, Q4_K and Q6_K matrices were as fast or slower on the panel there (Q8_0 4.7, 4.8
 /// / 6.1, 5.1 ms); at 2 sequences the tiles win (SmolLM2's Q4_1: 2.7 / 3.8 ms). Also under
 /// the AVX2 table for Q4_0 and Q4_1 (decoded from groups) since its kernel runs two panels
 /// per pass: SmolLM2's Q4_1 matmuls at 4 sequences (`--isa avx2`, four alternations) 4.6–6.2
-/// / 4.1–4.6 ms.
+/// / 4.1–4.6 ms; and, since that table decodes them from the groups too, for Q5_0, Q5_1,
+/// Q8_0, Q4_K and Q6_K: Qwen2.5 at 4 sequences, Q5_0 13.8, 12.5, 13.8 / 9.2, 9.0, 9.7 ms
+/// (S_TG 135, 146, 130 / 155, 172, 157 t/s); then Q8_0 7.8, 7.7 / 6.7, 6.7, Q4_K 2.24, 2.16
+/// / 1.86, 1.86, Q6_K 3.07, 2.93 / 2.90, 2.88 ms.
 pub const GEMM_MIN_ROWS_NIBBLES: usize = 4;
 
 /// The fewest batch rows from which a `dtype` matrix (`interleaved` at load or not) takes the
@@ -54,7 +58,7 @@ pub const GEMM_MIN_ROWS_NIBBLES: usize = 4;
 pub fn gemm_min_rows(isa: Isa, dtype: DType, interleaved: bool) -> usize {
     let nibbles = match isa {
         Isa::Avx512 => matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1),
-        Isa::Avx2 => matches!(dtype, DType::Q4_0 | DType::Q4_1),
+        Isa::Avx2 => gemm::packs_groups(dtype, isa),
         _ => false,
     };
     if interleaved && nibbles {
