@@ -208,14 +208,23 @@ fn fold(k: &[f32], q: &[f32]) -> __m256 {
             unsafe { *a = _mm256_fmadd_ps(_mm256_loadu_ps(k.as_ptr().add(i + 8 * j)), _mm256_loadu_ps(q.as_ptr().add(i + 8 * j)), *a) };
         }
     }
-    let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
-    let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+    fold_tree(&acc)
+}
+
+/// The addition tree that folds [`fold`]'s eight accumulators into one vector: ggml's 16-lane
+/// accumulators `(0 + 2) + (1 + 3)` as 8-lane halves, so ((0 + 4) + (2 + 6)) + ((1 + 5) +
+/// (3 + 7)), summed hi + lo.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn fold_tree(a: &[__m256; 8]) -> __m256 {
+    let lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+    let hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
     _mm256_add_ps(hi, lo)
 }
 
 /// [`fold`] of one key row of head dimension 64 with every head's query, the row widened once
 /// into registers: `t[h · KEYS + i]` (8 lanes) = head `h`'s folded vector of key `i`. The same
-/// products (`fma` with a zero accumulator) and additions as [`fold`], so the same bits; where
+/// products (`fma` with a zero accumulator) and additions ([`fold_tree`]) as [`fold`], so the same bits; where
 /// `fold` per head read the row back from the widened buffer, this reads each row once.
 ///
 /// # Safety
@@ -232,10 +241,8 @@ unsafe fn fold64(k: *const f16, q: &[f32], i: usize, t: &mut [f32]) {
     let zero = _mm256_setzero_ps();
     for h in 0..heads {
         let qh = unsafe { q.as_ptr().add(64 * h) };
-        let p = |j: usize| _mm256_fmadd_ps(kv[j], unsafe { _mm256_loadu_ps(qh.add(8 * j)) }, zero);
-        let lo = _mm256_add_ps(_mm256_add_ps(p(0), p(4)), _mm256_add_ps(p(2), p(6)));
-        let hi = _mm256_add_ps(_mm256_add_ps(p(1), p(5)), _mm256_add_ps(p(3), p(7)));
-        unsafe { _mm256_storeu_ps(t.as_mut_ptr().add((h * KEYS + i) * 8), _mm256_add_ps(hi, lo)) };
+        let p: [__m256; 8] = std::array::from_fn(|j| _mm256_fmadd_ps(kv[j], unsafe { _mm256_loadu_ps(qh.add(8 * j)) }, zero));
+        unsafe { _mm256_storeu_ps(t.as_mut_ptr().add((h * KEYS + i) * 8), fold_tree(&p)) };
     }
 }
 

@@ -12,6 +12,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use super::panel::{PACKED_BLOCK, PANEL};
+use crate::quant::blocks::{BlockQ4K, BlockQ6K};
 use crate::DType;
 use std::arch::x86_64::*;
 
@@ -115,7 +116,7 @@ unsafe fn pack_groups_q4k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, 
     let nib = _mm512_set1_epi8(0x0F);
     for b in 0..nb {
         // SAFETY: the caller's `group_sizes` checked the bounds.
-        let (j, p0, p1, dst) = unsafe { q4k_block(g, gb, c0, b, panel) };
+        let (j, p0, p1, dst) = unsafe { kquant_block(g, gb, Q4K_GROUP_BLOCK, c0, b, panel) };
         // SAFETY: super-block b / 8 of group `c0 / 4` (and the next, with `two`) is inside `g`,
         // block b of the panel inside `panel` (the caller's `group_sizes`).
         unsafe {
@@ -133,17 +134,22 @@ unsafe fn pack_groups_q4k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, 
     }
 }
 
-/// Panel block `b` of a Q4_K matrix's groups: its sub-block `j` (of super-block `b / 8`), the
-/// super-block's group-blocks of group `c0 / 4` and of the next, and the block in `panel`.
+/// Bytes of one super-block of a group of four rows: Q4_K 576, Q6_K 840.
+const Q4K_GROUP_BLOCK: usize = 4 * std::mem::size_of::<BlockQ4K>();
+const Q6K_GROUP_BLOCK: usize = 4 * std::mem::size_of::<BlockQ6K>();
+
+/// Panel block `b` of a K-quant matrix's groups whose super-blocks take `sbb` bytes a group
+/// ([`Q4K_GROUP_BLOCK`], [`Q6K_GROUP_BLOCK`]): its sub-block `j` (of super-block `b / 8`), the super-block's
+/// group-blocks of group `c0 / 4` and of the next, and the block in `panel`.
 ///
 /// # Safety
 /// Super-block `b / 8` of group `c0 / 4` lies inside `g` (the next group's is only addressed)
 /// and block `b` inside `panel` (`group_sizes`).
 #[inline(always)]
-unsafe fn q4k_block(g: &[u8], gb: usize, c0: usize, b: usize, panel: &mut [u8]) -> (usize, *const u8, *const u8, *mut u8) {
+unsafe fn kquant_block(g: &[u8], gb: usize, sbb: usize, c0: usize, b: usize, panel: &mut [u8]) -> (usize, *const u8, *const u8, *mut u8) {
     // SAFETY: the caller's; `wrapping_add` for the next group, read only where it exists.
     unsafe {
-        let p0 = g.as_ptr().add(c0 / 4 * gb + b / 8 * 576);
+        let p0 = g.as_ptr().add(c0 / 4 * gb + b / 8 * sbb);
         (b % 8, p0, p0.wrapping_add(gb), panel.as_mut_ptr().add(b * PACKED_BLOCK))
     }
 }
@@ -202,15 +208,13 @@ unsafe fn pack_groups_q6k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, 
     let (nib, bits) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
     let pad = _mm512_set1_epi8(32);
     for b in 0..nb {
-        let (sb, j) = (b / 8, b % 8);
+        // SAFETY: super-block b / 8 of group `c0 / 4` (and the next, with `two`) is inside
+        // `g`, block b of the panel inside `panel` (the caller's `group_sizes`).
+        let (j, p0, p1, dst) = unsafe { kquant_block(g, gb, Q6K_GROUP_BLOCK, c0, b, panel) };
         let (n, k) = (j / 4, j % 4);
         let (lo_shift, hi_shift) = (_mm_cvtsi32_si128(4 * (k / 2) as i32), _mm_cvtsi32_si128(2 * k as i32));
-        // SAFETY: super-block sb of group `c0 / 4` (and the next, with `two`) is inside `g`,
-        // block b of the panel inside `panel` (the caller's `group_sizes`).
+        // SAFETY: as above; `p1` is read only with `two`.
         unsafe {
-            let p0 = g.as_ptr().add(c0 / 4 * gb + sb * 840);
-            let p1 = p0.add(gb);
-            let dst = panel.as_mut_ptr().add(b * PACKED_BLOCK);
             // Values 16i .. 16i + 16 of the block (i = 0, 1) for the group at `p`.
             let half = |p: *const u8, i: usize| {
                 let ql = _mm512_loadu_si512(p.add(72 + 64 * (4 * n + 2 * (k % 2) + i)) as *const _);
@@ -303,14 +307,12 @@ unsafe fn pack_groups_q6k_avx2(g: &[u8], nb: usize, gb: usize, c0: usize, two: b
     let low6 = _mm256_set1_epi8(63);
     let pads = [_mm256_set1_epi8(0x20), _mm256_set1_epi8(0x20), _mm256_set1_epi8(0xA0u8 as i8)];
     for b in 0..nb {
-        let (sb, j) = (b / 8, b % 8);
+        // SAFETY: super-block b / 8 of group `c0 / 4` (and the next, with `two`) is inside
+        // `g`, block b of the panel inside `panel` (the caller's `group_sizes`).
+        let (j, p0, p1, dst) = unsafe { kquant_block(g, gb, Q6K_GROUP_BLOCK, c0, b, panel) };
         let (n, k) = (j / 4, j % 4);
-        // SAFETY: super-block sb of group `c0 / 4` (and the next, with `two`) is inside `g`,
-        // block b of the panel inside `panel` (the caller's `group_sizes`).
+        // SAFETY: as above; `p1` is read only with `two`.
         unsafe {
-            let p0 = g.as_ptr().add(c0 / 4 * gb + sb * 840);
-            let p1 = p0.wrapping_add(gb);
-            let dst = panel.as_mut_ptr().add(b * PACKED_BLOCK);
             for h in 0..2 {
                 let run = |c: usize| transpose8(p0, p1, 72 + 64 * (3 * (2 * n + h) + c), two, pads[c]);
                 let groups = if k < 3 {
@@ -392,7 +394,7 @@ pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel
     if t == DType::Q4K {
         for b in 0..nb {
             // SAFETY: `group_sizes` checked the bounds.
-            let (j, p0, p1, dst) = unsafe { q4k_block(g, gb, c0, b, panel) };
+            let (j, p0, p1, dst) = unsafe { kquant_block(g, gb, Q4K_GROUP_BLOCK, c0, b, panel) };
             // SAFETY: super-block b / 8 of group `c0 / 4` (and the next, with `two`) is inside
             // `g`, block b of the panel inside `panel` (`group_sizes`); the features are this
             // function's.
