@@ -12,12 +12,14 @@ demo: deps
 # Fetch every golden model, then run the whole test suite (release mode: the golden tests run
 # real models), then check that no x86 intrinsic was left out of line in the binary, then the
 # official `openai` Python client against `corelm serve`, then the aarch64 kernel parity tests
-# and SmolLM2 golden check under qemu (installs its toolchain).
+# and SmolLM2 golden check under qemu (installs its toolchain), then the kernel parity tests and
+# the golden models' greedy text on an emulated x86 CPU without AVX-512.
 test: deps models
 	cargo test --release --workspace
 	bash scripts/check_intrinsics_inlined.sh
 	bash scripts/test_openai_client.sh
 	bash scripts/test_arm.sh
+	bash scripts/test_avx2_cpu.sh
 
 # Clippy on every crate and test, warnings as errors (not part of `make test`: a newer
 # toolchain's new lints must not turn CI red; run it before committing).

@@ -10,8 +10,8 @@
 # SME: Debian 12's qemu 7.2 computes SME's 8-bit outer products into 32-bit tiles (`SUMOPA`)
 # wrongly, so under its `-cpu max` the start-up self-test refuses the SME table (the tests
 # check that it does). The SME kernels themselves run under bookworm-backports' qemu 10
-# (its static `qemu-aarch64`, fetched once into ~/.cache/corelm/qemu-backports with an apt
-# of its own, nothing installed), at streaming vectors of 512 and 256 bits, where
+# (its static `qemu-aarch64`, fetched once into ~/.cache/corelm/qemu-backports by
+# scripts/qemu_backports.sh, nothing installed), at streaming vectors of 512 and 256 bits, where
 # CORELM_EXPECT_SME=1 makes the tests fail unless the SME table is granted.
 #
 # What it needs is installed here if missing (Debian 12; rustup's downloads are not reachable):
@@ -67,19 +67,8 @@ for cpu in max neoverse-n1 cortex-a53; do
     "$CARGO" test --release --target $T "${F16[@]}" -q f16_model_gives_the_avx512_tables_logits -- --exact --nocapture
 done
 
-QDIR="${XDG_CACHE_HOME:-$HOME/.cache}/corelm/qemu-backports"
+QDIR=$(bash scripts/qemu_backports.sh)
 QEMU_SME="$QDIR/usr/bin/qemu-aarch64"
-if [ ! -x "$QEMU_SME" ]; then
-    echo "test_arm: fetching qemu-user from bookworm-backports into $QDIR"
-    tmp=$(mktemp -d)
-    mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$QDIR"
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm-backports main" > "$tmp/sources.list"
-    APT=(-o "Dir::Etc::SourceList=$tmp/sources.list" -o Dir::Etc::SourceParts=/dev/null -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache")
-    apt-get "${APT[@]}" update -qq
-    (cd "$tmp" && apt-get "${APT[@]}" download -qq qemu-user 2>/dev/null)
-    dpkg-deb -x "$tmp"/qemu-user_*.deb "$QDIR"
-    rm -rf "$tmp"
-fi
 export CORELM_EXPECT_SME=1
 for vl in 32 64; do
     echo "test_arm: $("$QEMU_SME" --version | head -1) -cpu max,sme-default-vector-length=$vl"
