@@ -224,8 +224,9 @@ fn fold_tree(a: &[__m256; 8]) -> __m256 {
 
 /// [`fold`] of one key row of head dimension 64 with every head's query, the row widened once
 /// into registers: `t[h · KEYS + i]` (8 lanes) = head `h`'s folded vector of key `i`. The same
-/// products (`fma` with a zero accumulator) and additions ([`fold_tree`]) as [`fold`], so the same bits; where
-/// `fold` per head read the row back from the widened buffer, this reads each row once.
+/// products (`fma` with a zero accumulator) and additions ([`fold_tree`]) as [`fold`], so the
+/// same bits; where `fold` per head read the row back from the widened buffer, this reads each
+/// row once.
 ///
 /// # Safety
 /// `k` starts a row of 64 F16 values; `q.len()` is a multiple of 64 and `t` holds

@@ -134,13 +134,14 @@ unsafe fn pack_groups_q4k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, 
     }
 }
 
-/// Bytes of one super-block of a group of four rows: Q4_K 576, Q6_K 840.
+/// Bytes of one Q4_K super-block of a group of four rows (576).
 const Q4K_GROUP_BLOCK: usize = 4 * std::mem::size_of::<BlockQ4K>();
+/// Bytes of one Q6_K super-block of a group of four rows (840).
 const Q6K_GROUP_BLOCK: usize = 4 * std::mem::size_of::<BlockQ6K>();
 
 /// Panel block `b` of a K-quant matrix's groups whose super-blocks take `sbb` bytes a group
-/// ([`Q4K_GROUP_BLOCK`], [`Q6K_GROUP_BLOCK`]): its sub-block `j` (of super-block `b / 8`), the super-block's
-/// group-blocks of group `c0 / 4` and of the next, and the block in `panel`.
+/// ([`Q4K_GROUP_BLOCK`], [`Q6K_GROUP_BLOCK`]): its sub-block `j` (of super-block `b / 8`),
+/// the super-block's group-blocks of group `c0 / 4` and of the next, and the block in `panel`.
 ///
 /// # Safety
 /// Super-block `b / 8` of group `c0 / 4` lies inside `g` (the next group's is only addressed)

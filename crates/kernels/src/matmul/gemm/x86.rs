@@ -35,8 +35,8 @@
 //! i16 sums spilling; what was tried against that: docs/benchmarks.md, 2026-12-01), a
 //! broadcast from memory takes one of two load slots a cycle, so a row's four values broadcast
 //! once per group feed one `maddubs` on one panel but two on a pair. Pairs, `mr` 4, 16 rows
-//! of Q4_1 (576 × 1536) from memory, one thread: 189–193 → 171 µs; Q4_0 209–215 → 181, Q5_1
-//! 277–313 → 249–256, Q8_0 (576 × 49152) 11.5 → 10.5 ms. (Q8_0's codes as two nibbles, two
+//! of Q4_1 (576 × 1536) from memory, one thread: 189–193 → 171 µs; Q4_0 209–215 → 181,
+//! Q5_1 277–313 → 249–256, Q8_0 (576 × 49152) 11.5 → 10.5 ms. (Q8_0's codes as two nibbles, two
 //! 4-bit kernels, did not beat the signed bytes: their `maddubs` and i16 adds fill the pipes
 //! the signs and `madd`s did.)
 
