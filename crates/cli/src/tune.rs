@@ -70,6 +70,10 @@ pub struct TuneArgs {
     /// within this fraction of the average gain so far (negative: search every length).
     #[arg(long, default_value_t = 0.05, allow_hyphen_values = true)]
     gemm_reuse: f64,
+    /// Times the searched winner and the default are timed again, alternately, before the
+    /// winner is kept (0: keep the search's pick unconfirmed).
+    #[arg(long, default_value_t = 2)]
+    gemm_confirm: usize,
     /// Time the model's layers on an accelerator against the CPU and put it in the plan where
     /// it wins: auto (a GPU, not a software renderer such as lavapipe), on (whatever adapter
     /// wgpu finds; an error without one), off.
@@ -217,7 +221,7 @@ fn tune_gemm(a: &TuneArgs, model: &std::path::Path, plan: &mut Plan) -> Result<(
         "panel" => &[true],
         _ => &[false, true],
     };
-    let opts = Options { window: a.gemm_window, reuse: a.gemm_reuse, ..Options::default() };
+    let opts = Options { window: a.gemm_window, reuse: a.gemm_reuse, confirm: a.gemm_confirm, ..Options::default() };
     for &panel in paths {
         let cfg = EngineConfig { n_ctx: max_len + 16, n_batch: max_len, n_seq_max: 1, tp: 0, plan: Some(plan.clone()), fast_prefill: panel, ..Default::default() };
         let mut engine = Engine::load(model, cfg)?;
