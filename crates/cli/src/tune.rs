@@ -70,8 +70,8 @@ pub struct TuneArgs {
     /// within this fraction of the average gain so far (negative: search every length).
     #[arg(long, default_value_t = 0.05, allow_hyphen_values = true)]
     gemm_reuse: f64,
-    /// Times the searched winner and the default are timed again, alternately, before the
-    /// winner is kept (0: keep the search's pick unconfirmed).
+    /// Times each winner (searched, or reused from the previous length) and the default are
+    /// timed again, alternately, before the winner is kept (0: keep the pick unconfirmed).
     #[arg(long, default_value_t = 2)]
     gemm_confirm: usize,
     /// Time the model's layers on an accelerator against the CPU and put it in the plan where

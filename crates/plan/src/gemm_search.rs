@@ -6,7 +6,7 @@
 //!
 //! 1. **Reuse.** The previous length's best schedule is timed at `m` against the path's default.
 //!    When its ratio to the default is within `reuse` of the average ratio the search has reached
-//!    so far, it is kept and the search at `m` stops early.
+//!    so far, it is kept (once confirmed as in step 5) and the search at `m` stops early.
 //! 2. **Fast start.** From the better of the previous best and the default, each blocking
 //!    dimension (`mc`, `nc`, then `kc` on the panel path) is walked in steps growing
 //!    exponentially (×2, ×4, ×8 of the value the walk started from) while each step pays; the
@@ -114,8 +114,12 @@ pub fn search(lengths: &[usize], space: &Space, opts: &Options, measure: &mut dy
             let t_prev = time(&p);
             let avg = out.iter().map(|t| t.secs / t.default_secs).sum::<f64>() / out.len() as f64;
             if t_prev / t_def <= avg * (1.0 + opts.reuse) {
-                let (sched, secs) = if t_prev <= t_def { (p, t_prev) } else { (def, t_def) };
-                out.push(Tuned { rows: m, sched, secs, default_secs: t_def, measured: n_measured, reused: true });
+                let (sched, secs, default_secs) = if t_prev <= t_def {
+                    confirm((p, t_prev), (def, t_def), opts, &mut time)
+                } else {
+                    (def, t_def, t_def)
+                };
+                out.push(Tuned { rows: m, sched, secs, default_secs, measured: n_measured, reused: true });
                 continue;
             }
             if t_prev < t_best {
@@ -166,20 +170,30 @@ pub fn search(lengths: &[usize], space: &Space, opts: &Options, measure: &mut dy
         let grids = std::iter::once(0).chain((1..=space.nth).filter(|d| space.nth.is_multiple_of(*d)));
         each(&mut grids.map(|row_parts| Schedule { row_parts, ..tiled }), &mut best, &mut t_best);
         // 5. Confirmed against the default, timed alternately.
-        let mut default_secs = t_def;
-        if best != def && opts.confirm > 0 {
-            (t_best, default_secs) = (f64::INFINITY, f64::INFINITY);
-            for _ in 0..opts.confirm {
-                default_secs = default_secs.min(time(&def));
-                t_best = t_best.min(time(&best));
-            }
-            if !pays(t_best, default_secs) {
-                (best, t_best) = (def, default_secs);
-            }
-        }
-        out.push(Tuned { rows: m, sched: best, secs: t_best, default_secs, measured: n_measured, reused: false });
+        let (sched, secs, default_secs) = confirm((best, t_best), (def, t_def), opts, &mut time);
+        out.push(Tuned { rows: m, sched, secs, default_secs, measured: n_measured, reused: false });
     }
     out
+}
+
+/// Step 5: `best` and the default `def`, each with the seconds the search timed, timed again
+/// alternately `opts.confirm` times each; `best` is kept only if the better of its new timings
+/// still pays (by `min_gain`) against the better of the default's. Gives the schedule kept, its
+/// seconds and the default's. Nothing is timed when `best` is the default or `confirm` is 0.
+fn confirm(best: (Schedule, f64), def: (Schedule, f64), opts: &Options, time: &mut dyn FnMut(&Schedule) -> f64) -> (Schedule, f64, f64) {
+    if best.0 == def.0 || opts.confirm == 0 {
+        return (best.0, best.1, def.1);
+    }
+    let (mut t_best, mut t_def) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..opts.confirm {
+        t_def = t_def.min(time(&def.0));
+        t_best = t_best.min(time(&best.0));
+    }
+    if t_best < t_def * (1.0 - opts.min_gain) {
+        (best.0, t_best, t_def)
+    } else {
+        (def.0, t_def, t_def)
+    }
 }
 
 /// `window` consecutive indices out of `len` around `centre`.
@@ -334,8 +348,30 @@ mod tests {
         });
         // The bowl does not move with m (mc is capped by m at 64 only): 128 and 256 reuse.
         assert!(!t[0].reused && t[1].reused && t[2].reused, "{t:?}");
-        assert_eq!(per_length[&128], 2);
+        // The default and the reused schedule, then the confirmation's two per round.
+        assert_eq!(per_length[&128], 2 + 2 * Options::default().confirm);
         assert_eq!(t[2].sched, t[0].sched);
+    }
+
+    #[test]
+    fn a_reused_schedule_whose_gain_does_not_hold_is_dropped() {
+        // `nc` 32 halves the cost at 64 rows. At 128 its first timing (the reuse check) comes
+        // out as fast again, by noise, and then no faster than the default.
+        let noisy = || {
+            let mut first_at_128 = true;
+            move |m: usize, s: &Schedule| match (m, s.nc) {
+                (64, 32) => 0.5,
+                (128, 32) if std::mem::take(&mut first_at_128) => 0.5,
+                _ => 1.0,
+            }
+        };
+        let sp = Space { panel: true, nth: 1, n_out: 512, nb: 4, max_nc: 256, start: Schedule::PANEL_DEFAULT };
+        let t = search(&[64, 128], &sp, &Options::default(), &mut noisy());
+        assert_eq!((t[0].sched.nc, t[0].gain()), (32, 2.0));
+        assert!(t[1].reused && t[1].sched == Schedule::PANEL_DEFAULT && t[1].gain() == 1.0, "{t:?}");
+        // Without the confirmation the reuse keeps it, and reads the noise as a gain.
+        let t = search(&[64, 128], &sp, &Options { confirm: 0, ..Options::default() }, &mut noisy());
+        assert!(t[1].reused && t[1].sched.nc == 32 && t[1].gain() == 2.0, "{t:?}");
     }
 
     #[test]
