@@ -13,36 +13,10 @@ use corelm_kernels::matmul::gemm::{self, GemmScratch, Weights};
 use corelm_kernels::matmul::schedule::Schedule;
 use corelm_kernels::quant::reference::quantizer;
 use corelm_kernels::{kernels, row_bytes, DType};
-use std::time::Instant;
 
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let (mut t, mut k, mut n, mut rows, mut mr, mut copies, mut reps) = (DType::Q4_1, 576, 1536, 16, Schedule::PANEL_DEFAULT.mr, 1, 2000);
-    while let Some(a) = args.next() {
-        let mut v = || args.next().unwrap_or_else(|| panic!("{a} takes a value"));
-        match a.as_str() {
-            "--type" => {
-                t = match v().to_ascii_lowercase().as_str() {
-                    "q4_0" => DType::Q4_0,
-                    "q4_1" => DType::Q4_1,
-                    "q5_0" => DType::Q5_0,
-                    "q5_1" => DType::Q5_1,
-                    "q8_0" => DType::Q8_0,
-                    "q4_k" => DType::Q4K,
-                    "q6_k" => DType::Q6K,
-                    other => panic!("--type {other}: one of q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q6_k"),
-                }
-            }
-            "--k" => k = v().parse().expect("--k: a number"),
-            "--n" => n = v().parse().expect("--n: a number"),
-            "--rows" => rows = v().parse().expect("--rows: a number"),
-            "--mr" => mr = v().parse().expect("--mr: a number"),
-            "--copies" => copies = v().parse().expect("--copies: a number"),
-            "--reps" => reps = v().parse().expect("--reps: a number"),
-            other => panic!("unknown argument {other}"),
-        }
-    }
-    assert!(k % t.block_size() == 0 && n % 4 == 0 && copies >= 1, "k a multiple of the type's block, n of 4");
+    let gemm_bench::Opts { t, k, n, rows, mr, copies, reps } =
+        gemm_bench::Opts::parse(gemm_bench::Opts { t: DType::Q4_1, k: 576, n: 1536, rows: 16, mr: Schedule::PANEL_DEFAULT.mr, copies: 1, reps: 2000 });
     let table = kernels();
     let ops = table.ops(t).expect("a weight type of the table");
     let mut uniform = gemm_bench::uniform();
@@ -74,17 +48,7 @@ fn main() {
         // SAFETY: `out` holds rows × n f32, all written by this one call.
         unsafe { gemm::gemm(t, w, k, 0..n, &x, xrb, rows, out.as_mut_ptr(), n, table.isa(), &sched, &mut scratch) }
     };
-    for i in 0..reps / 10 + copies {
-        call(i);
-    }
-    let mut best = f64::MAX;
-    for _ in 0..5 {
-        let start = Instant::now();
-        for i in 0..reps {
-            call(i);
-        }
-        best = best.min(start.elapsed().as_secs_f64() / reps as f64);
-    }
+    let best = gemm_bench::best_of_five(reps, reps / 10 + copies, &mut call);
     let macs = (k * n * rows) as f64;
     println!(
         "{t} k {k} n {n} rows {rows} mr {mr} copies {copies} ({} table, {}, {:.1} MB of weights): {:.1} µs, {:.1} GMAC/s",
