@@ -177,6 +177,10 @@ struct KernelArgs {
     /// load into the interleaved layout of the AVX2 and AVX-512 kernels (same results, slower).
     #[arg(long)]
     no_repack: bool,
+    /// Keep a barrier after every graph node, where the engine leaves out those between
+    /// independent nodes and row-local chains (same results; for comparing)
+    #[arg(long)]
+    all_barriers: bool,
 }
 
 #[derive(Args, Clone)]
@@ -418,6 +422,7 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         accel_split: m.place.accel_split,
         accel_layers: m.place.accel_layers,
         accel_min_tokens: m.place.accel_min_tokens,
+        elide_barriers: !m.kernels.all_barriers,
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
     if let Some(a) = engine.accel() {

@@ -100,6 +100,7 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         accel_split: a.place.accel_split,
         accel_layers: a.place.accel_layers,
         accel_min_tokens: a.place.accel_min_tokens,
+        elide_barriers: true,
     };
     let engine = Engine::load(&model, cfg).with_context(|| format!("loading {}", model.display()))?;
     if let Some(d) = engine.device() {

@@ -20,6 +20,8 @@
 //! node is also a parallel one (`async`, ArcLight's Sync B), or by the global barrier — always
 //! after a serial node, before a serial node, after the last KV store of shards that store
 //! each other's keys and values (`kv_store`), and after every node in `lockstep` (Sync A).
+//! Once the graph is final, [`Graph::elide_barriers`] drops the global barriers that separate
+//! independent nodes and row-local chains (`graph/elide.rs`).
 //!
 //! Invariant: a graph depends only on the batch *shape* (tokens, outputs), never on token ids
 //! or positions, which are read from the batch at run time; so the decode graph is planned once
@@ -35,6 +37,7 @@ use std::sync::Arc;
 
 mod attend;
 mod col_split;
+mod elide;
 pub(crate) use col_split::quantize_padded;
 mod sparse;
 pub use sparse::{LayerPredictor, Predictors, SparseFfn, SPARSE_UP_MAX_TOKENS};
@@ -99,6 +102,9 @@ pub enum Sync {
     Group,
     /// Every worker of the pool.
     Global,
+    /// None: each worker goes on to the next node once its own share of this one is done
+    /// ([`Graph::elide_barriers`]: the next node reads nothing of this one but its own rows).
+    Elided,
 }
 
 impl std::str::FromStr for TpSync {
@@ -190,8 +196,8 @@ impl Graph {
 
     /// Barriers per pass: (group, global).
     pub fn barriers(&self) -> (usize, usize) {
-        let global = self.sync.iter().filter(|&&s| s == Sync::Global).count();
-        (self.sync.len() - global, global)
+        let count = |kind| self.sync.iter().filter(|&&s| s == kind).count();
+        (count(Sync::Group), count(Sync::Global))
     }
 }
 

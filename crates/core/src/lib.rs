@@ -31,7 +31,7 @@ pub mod tensor;
 pub mod threads;
 pub mod tp;
 
-pub use graph::{Builder, Graph, LayerPredictor, Mode, Predictors, SparseFfn};
+pub use graph::{Builder, Graph, LayerPredictor, Mode, Predictors, SparseFfn, Sync};
 pub use kv::KvCache;
 pub use memory::{Buffer, Place, Pools};
 pub use packed::PackedWeights;

@@ -99,6 +99,9 @@ pub struct EngineConfig {
     /// [`crate::device_layers`]): prefill on the accelerator, decode steps on the CPU, each
     /// cache kept in step with the other's rows. 0 or 1: every pass on the accelerator.
     pub accel_min_tokens: usize,
+    /// Leave out the barriers between independent nodes and row-local chains
+    /// (`corelm_core::Graph::elide_barriers`; same bits). Off only to compare.
+    pub elide_barriers: bool,
 }
 
 impl Default for EngineConfig {
@@ -129,6 +132,7 @@ impl Default for EngineConfig {
             accel_split: false,
             accel_layers: 0,
             accel_min_tokens: 0,
+            elide_barriers: true,
         }
     }
 }

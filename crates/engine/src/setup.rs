@@ -97,6 +97,9 @@ pub(crate) fn finish_graph(g: &mut Graph, packed: &PackedWeights, cfg: &EngineCo
             d.apply(g, &plans);
         }
     }
+    if cfg.elide_barriers {
+        g.elide_barriers();
+    }
 }
 
 /// Why `cfg`'s `--accel-split` cannot run, if it cannot.

@@ -358,6 +358,50 @@ fn logits_are_the_same_for_any_thread_count() {
     }
 }
 
+/// Barriers left out between independent nodes and row-local chains
+/// (`corelm_core::Graph::elide_barriers`) change no bits: each golden model, a 45-token prompt
+/// and three one-token steps at 13 threads on this machine's few cores (workers preempted
+/// mid-node, so a missing barrier shows), against every barrier kept. SmolLM2's one-token
+/// graph drops 9 of each layer's 20 (Q/K, K/V, the RoPEs, gate/up; norm → quantize twice,
+/// activation → quantize, the residual add → the next norm twice); a matmul never starts
+/// before the quantized row it reads is whole.
+#[test]
+fn elided_barriers_keep_the_logits() {
+    use corelm_core::{Op, Sync};
+    let tokens: Vec<u32> = (0..45).map(|i| (i * 977 + 13) % 30000).collect();
+    for (_, file, _) in MODELS {
+        let run = |elide_barriers: bool| {
+            let (mut e, _) = load(file, corelm_engine::EngineConfig { elide_barriers, ..test_config(13) });
+            let mut rows = logits_alone(&mut e, 0, &tokens);
+            for (i, t) in [11u32, 4000, 17].into_iter().enumerate() {
+                let mut b = Batch::new();
+                b.add(t, (tokens.len() + i) as i32, 0, true);
+                rows.push(e.decode(&b).unwrap().row(0).to_vec());
+            }
+            let n_layer = e.hyper().n_layer;
+            let g = e.graph(1, 1);
+            for (i, w) in g.nodes.windows(2).enumerate() {
+                if let Op::MatMul { x, .. } = g.tensor(w[1]).op {
+                    assert!(x != w[0] || g.sync[i] != Sync::Elided, "{file}: a matmul starts before its input is whole");
+                }
+            }
+            (rows, g.barriers().1, g.nodes.len(), n_layer)
+        };
+        let (kept, all, nodes, n_layer) = run(false);
+        let (elided, fewer, _, _) = run(true);
+        assert_eq!(all, nodes, "{file}: every node followed by the global barrier");
+        eprintln!("{file}: {fewer} of {nodes} global barriers kept at one token");
+        if file == SMOL {
+            assert_eq!(nodes - fewer, 9 * n_layer, "{file}: nine per layer left out");
+        } else {
+            assert!(fewer < nodes - 4 * n_layer, "{file}: {fewer} of {nodes}");
+        }
+        for (r, (a, b)) in elided.iter().zip(&kept).enumerate() {
+            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{file}: row {r} differs");
+        }
+    }
+}
+
 /// Matrices repacked at load (the interleaved layout of the SIMD kernels) give the plain
 /// rows' logits bit for bit, on all three golden models and under every SIMD table this CPU
 /// runs (AVX2's and AVX-512's interleaved kernels): a 45-token prompt (tiles, the GEMV on its

@@ -1,6 +1,8 @@
 //! The sequential scheduler: walks the graph's node list; every worker runs its share of each
 //! node (rows, output columns or (token, head) pairs), then all meet at a barrier before the
-//! next node. Kernels come from the dispatch table chosen at start-up.
+//! next node — unless the graph left that barrier out (`Sync::Elided`: the next node reads
+//! nothing of the open nodes but rows its worker wrote, `Graph::elide_barriers`). Kernels come
+//! from the dispatch table chosen at start-up.
 //!
 //! Invariant: running a graph allocates nothing; per-worker scratch is created with the
 //! executor and reused.
@@ -384,6 +386,8 @@ impl Executor {
                 if mine && ith < nth_cap {
                     ctx.exec(id, ith, nth_cap, &mut scratch);
                 }
+                // A dump or a tap reads the node whole after it: no barrier is left out then.
+                let sync = if sync == After::Elided && (self.dump_dir.is_some() || self.tap.is_some()) { After::Global } else { sync };
                 if sync == After::Group && mine {
                     w.barrier();
                 }
@@ -392,7 +396,7 @@ impl Executor {
                     b.add(graph.tensor(id).op.name(), profile::weight_of(graph, id).0, t.elapsed().as_secs_f64(), 0);
                 }
                 match sync {
-                    After::Group => {}
+                    After::Group | After::Elided => {}
                     After::Global if timing => waits.time(w.group, node, || w.global_barrier()),
                     After::Global => w.global_barrier(),
                 }
