@@ -364,7 +364,7 @@ fn logits_are_the_same_for_any_thread_count() {
 /// mid-node, so a missing barrier shows), against every barrier kept. SmolLM2's one-token
 /// graph drops 9 of each layer's 20 (Q/K, K/V, the RoPEs, gate/up; norm → quantize twice,
 /// activation → quantize, the residual add → the next norm twice); a matmul never starts
-/// before the quantized row it reads is whole.
+/// before the quantized row it reads is whole. The same for group barriers at `--tp 2`.
 #[test]
 fn elided_barriers_keep_the_logits() {
     use corelm_core::{Op, Sync};
@@ -399,6 +399,19 @@ fn elided_barriers_keep_the_logits() {
         for (r, (a, b)) in elided.iter().zip(&kept).enumerate() {
             assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{file}: row {r} differs");
         }
+    }
+    // Inside tensor-parallel subgraphs (each shard's next node, the shards interleaved): the
+    // group barriers, at --tp 2 over 13 workers.
+    let run = |elide_barriers: bool| {
+        let (mut e, _) = load(SMOL, corelm_engine::EngineConfig { elide_barriers, tp: 2, ..test_config(13) });
+        let rows = logits_alone(&mut e, 0, &tokens);
+        (rows, e.graph(tokens.len(), tokens.len()).barriers())
+    };
+    let ((kept, (group_all, _)), (elided, (group, _))) = (run(false), run(true));
+    eprintln!("--tp 2: {group} of {group_all} group barriers kept");
+    assert!(group < group_all, "--tp 2: group barriers {group} of {group_all}");
+    for (r, (a, b)) in elided.iter().zip(&kept).enumerate() {
+        assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "--tp 2: row {r} differs");
     }
 }
 

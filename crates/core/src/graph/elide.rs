@@ -19,10 +19,12 @@
 //! worker count.
 //!
 //! Only plain nodes take part — norms, adds, scales, quantizations, activations, RoPE, and
-//! matmuls that no worker class, accelerator or plan cuts — and only outside tensor-parallel
-//! subgraphs (their nodes interleave shard by shard). Conflicts are found from the bytes each
-//! node reads and writes in the activation buffers, not from tensor ids, since activation
-//! memory is reused across layers; anything in the output buffer counts as overlapping.
+//! matmuls that no worker class, accelerator or plan cuts. Inside tensor-parallel subgraphs the
+//! same holds for a shard's node and that shard's next one (the shards' nodes interleave, each
+//! group waiting at its own barriers only): group barriers are left out the same way. Conflicts
+//! are found from the bytes each node reads and writes in the activation buffers, not from
+//! tensor ids, since activation memory is reused across layers; anything in the output buffer
+//! counts as overlapping.
 //!
 //! Invariant: called once the graph's caps and cuts are final (`engine::setup::finish_graph`);
 //! a graph that was not passed through it keeps every barrier, which is always correct.
@@ -35,27 +37,54 @@ impl Graph {
     /// Drop the barrier after each node whose successor is independent of, or row-local to,
     /// the nodes since the last barrier (module doc). Returns how many were dropped.
     pub fn elide_barriers(&mut self) -> usize {
-        let mut open: Vec<usize> = Vec::new();
+        // The open nodes of the serial graph (slot 0) and of each shard's subgraph (1 + s): a
+        // global barrier closes them all, a group barrier its group's.
+        let mut open: Vec<Vec<usize>> = Vec::new();
         let mut dropped = 0;
         for i in 0..self.nodes.len().saturating_sub(1) {
-            open.push(i);
-            let elide = match self.sync[i] {
-                Sync::Elided => true,
-                Sync::Group => false,
-                Sync::Global => open.iter().all(|&p| self.plain(p)) && self.plain(i + 1) && self.joins(&open, i + 1),
+            let slot = self.tensor(self.nodes[i]).group.map_or(0, |g| g as usize + 1);
+            if open.len() <= slot {
+                open.resize(slot + 1, Vec::new());
+            }
+            open[slot].push(i);
+            let next = self.next_in_group(i);
+            let elide = match (self.sync[i], next) {
+                (Sync::Elided, _) => true,
+                (_, Some(j)) => open[slot].iter().all(|&p| self.plain(p)) && self.plain(j) && self.joins(&open[slot], j),
+                (_, None) => false,
             };
-            if !elide {
-                open.clear();
+            if elide {
+                if self.sync[i] != Sync::Elided {
+                    self.sync[i] = Sync::Elided;
+                    dropped += 1;
+                }
             } else if self.sync[i] == Sync::Global {
-                self.sync[i] = Sync::Elided;
-                dropped += 1;
+                open.iter_mut().for_each(Vec::clear);
+            } else {
+                open[slot].clear();
             }
         }
         dropped
     }
 
-    /// Whether node `i` may run without a barrier before or after it: a plain operation of
-    /// the serial graph writing the activation buffers.
+    /// The node the workers of node `i` run next, where only `i`'s barrier stands between
+    /// them: for a serial node followed by the global barrier, the next node if serial too;
+    /// for a shard's node followed by its group's barrier, the shard's next node if only other
+    /// shards' nodes (their own group barriers) come between.
+    fn next_in_group(&self, i: usize) -> Option<usize> {
+        let group = self.tensor(self.nodes[i]).group;
+        match (self.sync[i], group) {
+            (Sync::Global, None) => (self.tensor(self.nodes[i + 1]).group.is_none()).then_some(i + 1),
+            (Sync::Group, Some(_)) => {
+                let j = (i + 1..self.nodes.len()).find(|&j| self.tensor(self.nodes[j]).group == group)?;
+                (i + 1..j).all(|k| self.sync[k] == Sync::Group).then_some(j)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether node `i` may run without a barrier before or after it: a plain operation
+    /// writing the activation buffers.
     fn plain(&self, i: usize) -> bool {
         let id = self.nodes[i];
         let t = self.tensor(id);
@@ -63,7 +92,7 @@ impl Graph {
             Op::MatMul { .. } => self.split_of(id).is_none() && self.device_split_of(id).is_none(),
             _ => row_local(&t.op),
         };
-        op && t.group.is_none() && matches!(t.storage, Storage::Act { .. })
+        op && matches!(t.storage, Storage::Act { .. })
     }
 
     /// Whether node `j` may start, on each worker, right after that worker's share of the
