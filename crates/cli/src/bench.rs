@@ -297,14 +297,15 @@ fn print_profile(engine: &corelm_engine::Engine, prof: &corelm_engine::Profile, 
     let wall = secs / per as f64;
     // Barriers per pass of the planned graph (group and global alike); every node's where the
     // graph is not known.
-    let barriers = engine.barriers(pass_tokens).map_or(nodes, |(group, global)| group + global);
+    let counts = engine.barriers(pass_tokens);
+    let barriers = counts.map_or(nodes, |(group, global)| group + global);
     eprintln!(
         "  {nodes} nodes, {barriers} barriers per {unit}; one barrier at {t} threads: {bar:.0} ns, so barriers cost {:.1} µs = {:.2}% of the {:.2} ms",
         barriers as f64 * bar / 1e3,
         100.0 * barriers as f64 * bar * 1e-9 / wall,
         1e3 * wall
     );
-    if let Some((group, global)) = engine.barriers(pass_tokens) {
+    if let Some((group, global)) = counts {
         eprintln!("  graph nodes per pass followed by the global barrier: {global}, by their worker group's only: {group}, by none: {}", nodes.saturating_sub(group + global));
     }
     match prof.group_wait.as_slice() {

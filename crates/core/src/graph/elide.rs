@@ -35,12 +35,12 @@ use std::ops::Range;
 
 impl Graph {
     /// Drop the barrier after each node whose successor is independent of, or row-local to,
-    /// the nodes since the last barrier (module doc). Returns how many were dropped.
-    pub fn elide_barriers(&mut self) -> usize {
+    /// the nodes since the last barrier (module doc).
+    pub fn elide_barriers(&mut self) {
         // The open nodes of the serial graph (slot 0) and of each shard's subgraph (1 + s): a
-        // global barrier closes them all, a group barrier its group's.
+        // global barrier closes them all, a group barrier its group's. Every open node but the
+        // first was checked plain when it joined, so only `i` is checked here.
         let mut open: Vec<Vec<usize>> = Vec::new();
-        let mut dropped = 0;
         for i in 0..self.nodes.len().saturating_sub(1) {
             let slot = self.tensor(self.nodes[i]).group.map_or(0, |g| g as usize + 1);
             if open.len() <= slot {
@@ -50,21 +50,17 @@ impl Graph {
             let next = self.next_in_group(i);
             let elide = match (self.sync[i], next) {
                 (Sync::Elided, _) => true,
-                (_, Some(j)) => open[slot].iter().all(|&p| self.plain(p)) && self.plain(j) && self.joins(&open[slot], j),
+                (_, Some(j)) => self.plain(i) && self.plain(j) && self.joins(&open[slot], j),
                 (_, None) => false,
             };
             if elide {
-                if self.sync[i] != Sync::Elided {
-                    self.sync[i] = Sync::Elided;
-                    dropped += 1;
-                }
+                self.sync[i] = Sync::Elided;
             } else if self.sync[i] == Sync::Global {
                 open.iter_mut().for_each(Vec::clear);
             } else {
                 open[slot].clear();
             }
         }
-        dropped
     }
 
     /// The node the workers of node `i` run next, where only `i`'s barrier stands between

@@ -368,6 +368,8 @@ impl Executor {
         // With several groups, each group's first worker also times its own shard's nodes.
         let busy: Vec<std::sync::Mutex<Profile>> =
             if timing && n_groups > 1 { (0..n_groups).map(|_| Default::default()).collect() } else { Vec::new() };
+        // A dump or a tap reads each node whole after it: no barrier is left out then.
+        let observing = self.dump_dir.is_some() || self.tap.is_some();
         pool.run_view(view, &|w: &Worker| {
             let mut scratch = self.scratch[w.ith].lock().unwrap_or_else(|e| e.into_inner());
             let mut prof = if w.ith == 0 { prof.lock().ok() } else { None };
@@ -386,8 +388,7 @@ impl Executor {
                 if mine && ith < nth_cap {
                     ctx.exec(id, ith, nth_cap, &mut scratch);
                 }
-                // A dump or a tap reads the node whole after it: no barrier is left out then.
-                let sync = if sync == After::Elided && (self.dump_dir.is_some() || self.tap.is_some()) { After::Global } else { sync };
+                let sync = if sync == After::Elided && observing { After::Global } else { sync };
                 if sync == After::Group && mine {
                     w.barrier();
                 }
