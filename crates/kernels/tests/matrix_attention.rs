@@ -10,7 +10,7 @@
 mod common;
 
 use common::{tables, Rng};
-use corelm_kernels::attention::{attend_heads, attend_row, attend_rows, matrix, AttnKernel, ROWS_MAX_VECTORS, AttnScratch, Cells, KeyLayout, KvRows, KEY_COLUMNS};
+use corelm_kernels::attention::{attend_heads, attend_row, attend_rows, matrix, AttnKernel, ROWS_MAX_VECTORS, AttnScratch, Cells, KeyLayout, KvRows, Visible, KEY_COLUMNS};
 use corelm_kernels::{DType, Kernels};
 use half::f16;
 
@@ -173,14 +173,14 @@ fn every_table_gives_the_portable_bits() {
                     let o = r * heads * hd..(r + 1) * heads * hd;
                     let mut want = vec![0f32; heads * hd];
                     let lo = span.start;
-                    matrix::attend_heads_portable(&q[o.clone()], Cells { kv: &kv, n: span.end, visible: &|c| c >= lo }, 0.125, &mut s, &mut want);
+                    matrix::attend_heads_portable(&q[o.clone()], Cells { kv: &kv, n: span.end, visible: Visible::Mask(&|c| c >= lo) }, 0.125, &mut s, &mut want);
                     assert!(same(&out[o.clone()], &want), "{:?} rows: hd {hd} heads {heads} row {r} span {span:?}", k.isa());
                     // Decode's entry points: the heads together, and one head alone.
                     let mut dec = vec![0f32; heads * hd];
-                    attend_heads(AttnKernel::Reference, &k, &q[o.clone()], Cells { kv: &kv, n: span.end, visible: &|c| c >= lo }, 0.125, &mut s, &mut dec);
+                    attend_heads(AttnKernel::Reference, &k, &q[o.clone()], Cells { kv: &kv, n: span.end, visible: Visible::Mask(&|c| c >= lo) }, 0.125, &mut s, &mut dec);
                     assert!(same(&dec, &want), "{:?} heads: hd {hd} heads {heads} row {r} span {span:?}", k.isa());
                     let mut one = vec![0f32; hd];
-                    attend_row(AttnKernel::Reference, &k, &q[o.start..o.start + hd], Cells { kv: &kv, n: span.end, visible: &|c| c >= lo }, 0.125, &mut s, &mut one);
+                    attend_row(AttnKernel::Reference, &k, &q[o.start..o.start + hd], Cells { kv: &kv, n: span.end, visible: Visible::Mask(&|c| c >= lo) }, 0.125, &mut s, &mut one);
                     assert!(same(&one, &want[..hd]), "{:?} row: hd {hd} row {r} span {span:?}", k.isa());
                 }
             }
@@ -202,8 +202,8 @@ fn agrees_with_ggml_within_a_bound() {
         let (mut got, mut want) = (vec![0f32; heads * hd], vec![0f32; heads * hd]);
         let lo = cells / 3;
         let vis = |c: usize| c >= lo;
-        attend_heads(AttnKernel::Reference, &port, &q, Cells { kv: &cache.columns(), n: cells, visible: &vis }, 0.125, &mut s, &mut got);
-        attend_heads(AttnKernel::Reference, &port, &q, Cells { kv: &cache.rows(), n: cells, visible: &vis }, 0.125, &mut s, &mut want);
+        attend_heads(AttnKernel::Reference, &port, &q, Cells { kv: &cache.columns(), n: cells, visible: Visible::Mask(&vis) }, 0.125, &mut s, &mut got);
+        attend_heads(AttnKernel::Reference, &port, &q, Cells { kv: &cache.rows(), n: cells, visible: Visible::Mask(&vis) }, 0.125, &mut s, &mut want);
         // Values are up to 50: ggml's F16 accumulator alone is off by up to 50 · 2⁻¹¹.
         let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, |m, d| if m.is_nan() || d.is_nan() { f32::NAN } else { m.max(d) });
         assert!(err < 0.1, "hd {hd} heads {heads}: max difference {err}");
@@ -221,7 +221,7 @@ fn agrees_with_ggml_within_a_bound() {
     let kv = cache.columns();
     let q: Vec<f32> = (0..hd).map(|_| rng.f32()).collect();
     let mut out = vec![0f32; hd];
-    attend_row(AttnKernel::Reference, &port, &q, Cells { kv: &kv, n: 40, visible: &|c| c >= 7 }, 0.3, &mut AttnScratch::new(hd), &mut out);
+    attend_row(AttnKernel::Reference, &port, &q, Cells { kv: &kv, n: 40, visible: Visible::Mask(&|c| c >= 7) }, 0.3, &mut AttnScratch::new(hd), &mut out);
     for (d, o) in out.iter().enumerate() {
         let mean = (7..40).map(|c| kv.v(c)[d].to_f32() as f64).sum::<f64>() / 33.0;
         assert!((*o as f64 - mean).abs() < 1e-4 * mean.abs().max(1.0), "dimension {d}: {o} against the mean {mean}");
@@ -323,7 +323,7 @@ fn quantized_caches_every_table_gives_the_portable_bits() {
                     .map(|(r, span)| {
                         let mut w = vec![0f32; heads * hd];
                         let lo = span.start;
-                        matrix::attend_heads_portable(&q[r * heads * hd..(r + 1) * heads * hd], Cells { kv: &kv, n: span.end, visible: &|c| c >= lo }, 0.125, &mut s, &mut w);
+                        matrix::attend_heads_portable(&q[r * heads * hd..(r + 1) * heads * hd], Cells { kv: &kv, n: span.end, visible: Visible::Mask(&|c| c >= lo) }, 0.125, &mut s, &mut w);
                         w
                     })
                     .collect();
@@ -334,7 +334,7 @@ fn quantized_caches_every_table_gives_the_portable_bits() {
                         assert!(same(&out[o.clone()], &want[r]), "{:?} rows: {t} keys, quantized values {vq}, hd {hd} heads {heads} row {r} span {span:?}", k.isa());
                         let mut dec = vec![0f32; heads * hd];
                         let lo = span.start;
-                        attend_heads(AttnKernel::Reference, &k, &q[o], Cells { kv: &kv, n: span.end, visible: &|c| c >= lo }, 0.125, &mut s, &mut dec);
+                        attend_heads(AttnKernel::Reference, &k, &q[o], Cells { kv: &kv, n: span.end, visible: Visible::Mask(&|c| c >= lo) }, 0.125, &mut s, &mut dec);
                         assert!(same(&dec, &want[r]), "{:?} heads: {t} keys, quantized values {vq}, hd {hd} heads {heads} row {r} span {span:?}", k.isa());
                     }
                 }
@@ -342,12 +342,12 @@ fn quantized_caches_every_table_gives_the_portable_bits() {
             let lo = cells / 3;
             let vis = |c: usize| c >= lo;
             let mut got = vec![0f32; heads * hd];
-            attend_heads(AttnKernel::Reference, &port, &q[..heads * hd], Cells { kv: &kv, n: cells, visible: &vis }, 0.125, &mut s, &mut got);
+            attend_heads(AttnKernel::Reference, &port, &q[..heads * hd], Cells { kv: &kv, n: cells, visible: Visible::Mask(&vis) }, 0.125, &mut s, &mut got);
             let exact = exact_q(&cache, t, &q[..heads * hd], vq, lo..cells, 0.125);
             let err = got.iter().zip(&exact).map(|(a, b)| (*a as f64 - b).abs()).fold(0f64, f64::max);
             assert!(err < 0.1, "{t} keys, quantized values {vq}, hd {hd} heads {heads}: max difference {err} from exact attention");
             let mut ggml = vec![0f32; heads * hd];
-            attend_heads(AttnKernel::Reference, &port, &q[..heads * hd], Cells { kv: &cache.rows_q(t, vq), n: cells, visible: &vis }, 0.125, &mut s, &mut ggml);
+            attend_heads(AttnKernel::Reference, &port, &q[..heads * hd], Cells { kv: &cache.rows_q(t, vq), n: cells, visible: Visible::Mask(&vis) }, 0.125, &mut s, &mut ggml);
             let err_ggml = ggml.iter().zip(&exact).map(|(a, b)| (*a as f64 - b).abs()).fold(0f64, f64::max);
             eprintln!("{t} keys, quantized values {vq}, hd {hd} heads {heads}: max |Δ| from exact: columns {err:.2e}, ggml's rows {err_ggml:.2e}");
         }

@@ -7,7 +7,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use crate::attention::portable::{finish, fold, normalize_heads};
-use crate::attention::types::{Cells, DecodeBuffers, KvRows, DECODE_CHUNK as CHUNK};
+use crate::attention::types::{Cells, DecodeBuffers, KvRows, Visible, DECODE_CHUNK as CHUNK};
 use crate::simd::{prefetch_lines, CacheLevel};
 use half::f16;
 
@@ -66,7 +66,7 @@ pub(crate) fn ask_share(rows: &[*const f16], bytes: usize, i: usize, n: usize) {
 /// `range` cells; otherwise one).
 struct Gather<'a, 'k> {
     kv: &'a KvRows<'k>,
-    visible: &'a dyn Fn(usize) -> bool,
+    visible: Visible<'a>,
     n_cells: usize,
     range: usize,
     /// The next cell to look at.
@@ -89,7 +89,7 @@ impl Gather<'_, '_> {
         let end = ((r + 1) * self.range).min(self.n_cells);
         let mut n = 0;
         while self.c < end && n < CHUNK {
-            if (self.visible)(self.c) {
+            if self.visible.at(self.c) {
                 let (row, (kb, vb)) = (self.kv.row(self.c), self.row_bytes);
                 let (kr, vr) = (&self.kv.k[row * kb..(row + 1) * kb], &self.kv.v[row * vb..(row + 1) * vb]);
                 (k[n], v[n]) = (kr.as_ptr() as *const f16, vr.as_ptr() as *const f16);
@@ -138,7 +138,9 @@ pub(crate) fn drive(
         b.fin[..heads].fill([f32::NEG_INFINITY, 0.0]);
     }
     let row_bytes = (2 * hd, 2 * hd);
-    let mut gather = Gather { kv, visible, n_cells, range, c: 0, row_bytes };
+    // Decode's cells start at the visible ones: the hidden cells before them (a sliding
+    // window's) yield no chunk, walked or not.
+    let mut gather = Gather { kv, visible, n_cells, range, c: visible.first(), row_bytes };
     // Row pointers `[CHUNK]` of the chunk computed and of the one after it.
     let (mut k, mut v) = ([std::ptr::null::<f16>(); CHUNK], [std::ptr::null::<f16>(); CHUNK]);
     let (mut nk, mut nv) = (k, v);

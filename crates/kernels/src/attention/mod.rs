@@ -23,7 +23,7 @@ pub mod x86;
 pub use portable::softmax_steps;
 use portable::{attend_reference, attend_tiled};
 use quant::{attend_quant, attend_quant_group};
-pub use types::{key_transposes, AttnKernel, AttnScratch, Cells, GroupBuffers, KeyLayout, KvRows, KEY_COLUMNS, ReferenceBuffers, RowsScratch, TileWork, DECODE_CHUNK, KV_TILE, ROWS_MAX_VECTORS, TILED_MIN_ROWS};
+pub use types::{key_transposes, AttnKernel, AttnScratch, Cells, GroupBuffers, KeyLayout, KvRows, KEY_COLUMNS, ReferenceBuffers, RowsScratch, TileWork, DECODE_CHUNK, KV_TILE, ROWS_MAX_VECTORS, TILED_MIN_ROWS, Visible};
 
 /// Fused attention for one query head over an F16 KV cache, with online softmax (one pass, no
 /// score matrix): `out = Σ_c softmax(scale · q·k_c) v_c` over the logical cells `c < n_cells`
@@ -245,8 +245,7 @@ pub fn attend_rows(
     for (i, ((qr, or), span)) in q.iter().zip(out.iter_mut()).zip(spans).enumerate() {
         let lo = span.start;
         let rows = if i == 0 { Rows::Memory } else { Rows::Cached };
-        let visible = |c| c >= lo;
-        attend_heads_from(kind, kernels, qr, Cells { kv, n: span.end, visible: &visible }, scale, scratch, or, rows);
+        attend_heads_from(kind, kernels, qr, Cells { kv, n: span.end, visible: Visible::From(lo) }, scale, scratch, or, rows);
     }
 }
 

@@ -21,7 +21,7 @@
 //! finish; without them each head goes through the portable reference per chunk.
 
 use super::tiles::tile_step;
-use super::types::{AttnScratch, Cells, KvRows, DECODE_CHUNK, KV_TILE};
+use super::types::{AttnScratch, Cells, KvRows, Visible, DECODE_CHUNK, KV_TILE};
 use crate::exp::expf_ggml;
 use crate::matmul::portable::dot_f16_ggml;
 use crate::simd::reduce_add_16;
@@ -76,7 +76,7 @@ pub(crate) fn attend_reference(
     out: &mut [f32],
 ) {
     let Cells { kv, n: n_cells, visible } = cells;
-    let [_, s] = reference_partial(q, kv, 0..n_cells, scale, &visible, scratch);
+    let [_, s] = reference_partial(q, kv, 0..n_cells, scale, visible, scratch);
     let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
     for (o, a) in out.iter_mut().zip(&scratch.acc16) {
         *o = a.to_f32() * inv;
@@ -90,7 +90,7 @@ pub(crate) fn reference_partial(
     kv: &KvRows,
     cells: std::ops::Range<usize>,
     scale: f32,
-    visible: &dyn Fn(usize) -> bool,
+    visible: Visible,
     scratch: &mut AttnScratch,
 ) -> [f32; 2] {
     for (d, &s) in scratch.q16.iter_mut().zip(q) {
@@ -99,7 +99,7 @@ pub(crate) fn reference_partial(
     scratch.acc16.iter_mut().for_each(|a| *a = f16::ZERO);
     let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
     for c in cells {
-        if !visible(c) {
+        if !visible.at(c) {
             continue;
         }
         let score = dot_f16_ggml(kv.k(c), &scratch.q16) * scale;
@@ -138,7 +138,7 @@ pub(crate) fn attend_tiled(
     while t0 < n_cells {
         let t1 = (t0 + KV_TILE).min(n_cells);
         for c in t0..t1 {
-            scratch.scores[c - t0] = if visible(c) {
+            scratch.scores[c - t0] = if visible.at(c) {
                 kv.k(c).iter().zip(q).fold(0f32, |acc, (&kk, &qq)| kk.to_f32().mul_add(qq, acc)) * scale
             } else {
                 f32::NEG_INFINITY

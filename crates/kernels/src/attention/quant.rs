@@ -62,7 +62,7 @@ fn attend_quant_body(
     scratch.acc.iter_mut().for_each(|a| *a = 0.0);
     let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
     for c in 0..n_cells {
-        if !visible(c) {
+        if !visible.at(c) {
             continue;
         }
         let score = (kops.vec_dot)(kv.k_bytes(c), qq) * scale;
@@ -173,7 +173,7 @@ fn attend_quant_group_body<const X86: bool>(
         if ahead {
             prefetch_ahead(kv, c, 0, n_cells);
         }
-        if visible(c) {
+        if visible.at(c) {
             cells[n] = c;
             n += 1;
         }

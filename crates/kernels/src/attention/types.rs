@@ -326,14 +326,46 @@ impl AttnScratch {
     }
 }
 
-/// The cells one attention call reads: the logical cells `c < n` of `kv` for which
-/// `visible(c)` holds (the causal limit, a sliding window, cells hidden from a sequence), in
-/// logical order.
+/// The cells one attention call reads: the logical cells `c < n` of `kv` that are
+/// [`Visible`] (the causal limit, a sliding window, cells hidden from a sequence), in logical
+/// order.
 #[derive(Clone, Copy)]
 pub struct Cells<'a> {
     pub kv: &'a KvRows<'a>,
     pub n: usize,
-    pub visible: &'a dyn Fn(usize) -> bool,
+    pub visible: Visible<'a>,
+}
+
+/// Which of a call's cells are visible: from a first cell on (what the engine's causal limit
+/// and sliding windows give), or any mask. `From` is read without a call per cell, and decode's
+/// gathering starts at its first cell instead of walking the hidden ones (a sliding window deep
+/// in a long context hides most of them).
+#[derive(Clone, Copy)]
+pub enum Visible<'a> {
+    /// The cells `c >= first` (0: all of them).
+    From(usize),
+    /// The cells for which the function holds.
+    Mask(&'a dyn Fn(usize) -> bool),
+}
+
+impl Visible<'_> {
+    /// Whether cell `c` is visible.
+    #[inline(always)]
+    pub fn at(&self, c: usize) -> bool {
+        match *self {
+            Visible::From(first) => c >= first,
+            Visible::Mask(f) => f(c),
+        }
+    }
+
+    /// Every cell below this one is hidden.
+    #[inline]
+    pub fn first(&self) -> usize {
+        match *self {
+            Visible::From(first) => first,
+            Visible::Mask(_) => 0,
+        }
+    }
 }
 
 /// The K and V rows of one KV head in a paged cache. Logical cell `i` (the token at position

@@ -2,6 +2,7 @@
 //! GQA group, split-KV decode, quantized caches.
 
 use crate::common::{tables, Rng};
+use corelm_kernels::attention::Visible;
 use corelm_kernels::{row_bytes, DType, Kernels};
 use half::f16;
 
@@ -20,8 +21,8 @@ fn attention_simd_twin_is_bit_identical() {
         let kvr = KvRows::contiguous(&k, &v, hd, &ident);
         let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
         let mut s = AttnScratch::new(hd);
-        attend_row(AttnKernel::Reference, &fast, &q, Cells { kv: &kvr, n: cells, visible: &vis }, 0.125, &mut s, &mut a);
-        attend_row(AttnKernel::Reference, &port, &q, Cells { kv: &kvr, n: cells, visible: &vis }, 0.125, &mut s, &mut b);
+        attend_row(AttnKernel::Reference, &fast, &q, Cells { kv: &kvr, n: cells, visible: Visible::Mask(&vis) }, 0.125, &mut s, &mut a);
+        attend_row(AttnKernel::Reference, &port, &q, Cells { kv: &kvr, n: cells, visible: Visible::Mask(&vis) }, 0.125, &mut s, &mut b);
         assert_eq!(a, b, "head_dim {hd}");
         // Against an f64 softmax reference, within F16 accumulation error.
         let kf: Vec<f64> = k.iter().map(|x| x.to_f64()).collect();
@@ -37,8 +38,8 @@ fn attention_simd_twin_is_bit_identical() {
         }
         // The tiled kernel: SIMD twin bit-identical to the portable one, both near the reference.
         let mut t = vec![0f32; hd];
-        attend_row(AttnKernel::Tiled, &fast, &q, Cells { kv: &kvr, n: cells, visible: &vis }, 0.125, &mut s, &mut t);
-        attend_row(AttnKernel::Tiled, &port, &q, Cells { kv: &kvr, n: cells, visible: &vis }, 0.125, &mut s, &mut b);
+        attend_row(AttnKernel::Tiled, &fast, &q, Cells { kv: &kvr, n: cells, visible: Visible::Mask(&vis) }, 0.125, &mut s, &mut t);
+        attend_row(AttnKernel::Tiled, &port, &q, Cells { kv: &kvr, n: cells, visible: Visible::Mask(&vis) }, 0.125, &mut s, &mut b);
         assert_eq!(t, b, "tiled head_dim {hd}");
         for d in 0..hd {
             assert!((a[d] - b[d]).abs() < 0.05 + 2e-3 * a[d].abs(), "tiled hd {hd} dim {d}");
@@ -57,7 +58,7 @@ fn attention_simd_twin_is_bit_identical() {
         for kind in [AttnKernel::Reference, AttnKernel::Tiled] {
             for ks in [&fast, &port] {
                 let mut p = vec![0f32; hd];
-                attend_row(kind, ks, &q, Cells { kv: &paged, n: cells, visible: &vis }, 0.125, &mut s, &mut p);
+                attend_row(kind, ks, &q, Cells { kv: &paged, n: cells, visible: Visible::Mask(&vis) }, 0.125, &mut s, &mut p);
                 assert_eq!(&p, if kind == AttnKernel::Tiled { &t } else { &a }, "paged {kind:?} {:?} hd {hd}", ks.isa());
             }
         }
@@ -105,8 +106,8 @@ fn attention_over_quantized_cache() {
         let rows = KvRows { k: &kb, v: &vb, k_type: kt, v_type: vt, head_dim: hd, table: &ident, shift: 0, k_layout: KeyLayout::Rows };
         let mut s = AttnScratch::new(hd);
         let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
-        attend_row(AttnKernel::Reference, &fast, &q, Cells { kv: &rows, n: cells, visible: &|_| true }, 0.125, &mut s, &mut a);
-        attend_row(AttnKernel::Reference, &port, &q, Cells { kv: &rows, n: cells, visible: &|_| true }, 0.125, &mut s, &mut b);
+        attend_row(AttnKernel::Reference, &fast, &q, Cells { kv: &rows, n: cells, visible: Visible::Mask(&|_| true) }, 0.125, &mut s, &mut a);
+        attend_row(AttnKernel::Reference, &port, &q, Cells { kv: &rows, n: cells, visible: Visible::Mask(&|_| true) }, 0.125, &mut s, &mut b);
         for d in 0..hd {
             assert!((a[d] - b[d]).abs() < 1e-3 * (1.0 + a[d].abs()), "{kt}/{vt} dim {d}: simd {} portable {}", a[d], b[d]);
             assert!((a[d] as f64 - want[d]).abs() < tol, "{kt}/{vt} dim {d}: {} vs f64 {}", a[d], want[d]);
@@ -184,7 +185,7 @@ fn grouped_attention_equals_per_head_attention() {
         for vis in masks {
             for ks in [Kernels::detect(), Kernels::portable()] {
                 for kind in [AttnKernel::Tiled, AttnKernel::Reference] {
-                    assert_heads_equal_single(kind, &ks, &q, hd, Cells { kv: &kvr, n: cells, visible: vis }, &format!("hd {hd}"));
+                    assert_heads_equal_single(kind, &ks, &q, hd, Cells { kv: &kvr, n: cells, visible: Visible::Mask(vis) }, &format!("hd {hd}"));
                 }
             }
         }
@@ -247,7 +248,7 @@ fn row_block_attention_with(fast: &Kernels) {
                     let o = (r * heads + h) * hd;
                     let mut one = vec![0f32; hd];
                     let lo = span.start;
-                    attend_row(AttnKernel::Tiled, &port, &q[o..o + hd], Cells { kv: &kvr, n: span.end, visible: &|c| c >= lo }, 0.125, &mut s, &mut one);
+                    attend_row(AttnKernel::Tiled, &port, &q[o..o + hd], Cells { kv: &kvr, n: span.end, visible: Visible::Mask(&|c| c >= lo) }, 0.125, &mut s, &mut one);
                     let got = &out[o..o + hd];
                     assert!(got.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{:?}: hd {hd} heads {heads} row {r} head {h} span {span:?}", fast.isa());
                 }
@@ -287,12 +288,43 @@ fn decode_attention_equals_portable_per_head() {
         for (vis, fast) in masks.into_iter().flat_map(|m| [(m, Kernels::detect()), (m, Kernels::detect_avx2())]) {
             let mut s = AttnScratch::with_heads(hd, heads);
             let mut grouped = vec![f32::NAN; heads * hd];
-            attend_heads(AttnKernel::Reference, &fast, &q, Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut grouped);
+            attend_heads(AttnKernel::Reference, &fast, &q, Cells { kv: &kvr, n: cells, visible: Visible::Mask(vis) }, 0.125, &mut s, &mut grouped);
             for h in 0..heads {
                 let mut one = vec![0f32; hd];
-                attend_row(AttnKernel::Reference, &port, &q[h * hd..(h + 1) * hd], Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut one);
+                attend_row(AttnKernel::Reference, &port, &q[h * hd..(h + 1) * hd], Cells { kv: &kvr, n: cells, visible: Visible::Mask(vis) }, 0.125, &mut s, &mut one);
                 let g = &grouped[h * hd..(h + 1) * hd];
                 assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "avx512 {} hd {hd} heads {heads} cells {cells} head {h}", fast.isa());
+            }
+        }
+    }
+}
+
+/// Cells visible from a first one on (`Visible::From`, what the engine passes, where decode's
+/// gathering starts at that cell) give the bits of the same cells as a mask, on every kernel:
+/// the decode kernels (AVX-512, AVX2, NEON), their split-KV form, the tiled kernel and the
+/// portable ones; first cells at 0, inside the first chunk, past it, at the last cell and past
+/// the end (nothing visible).
+#[test]
+fn visible_from_a_first_cell_equals_the_same_mask() {
+    use corelm_kernels::attention::{attend_heads, AttnKernel, AttnScratch, Cells, KvRows};
+    let mut rng = Rng(515);
+    for (hd, heads, cells) in [(64usize, 3usize, 200usize), (128, 2, 150)] {
+        let (q, k, v) = decode_case(&mut rng, hd, heads, cells);
+        let ident: Vec<u32> = (0..cells as u32).collect();
+        let kvr = KvRows::contiguous(&k, &v, hd, &ident);
+        for first in [0, 5, 70, cells - 1, cells + 3] {
+            let mask = move |c: usize| c >= first;
+            for ks in [Kernels::detect(), Kernels::detect_avx2(), Kernels::portable()] {
+                for kind in [AttnKernel::Reference, AttnKernel::Split(48), AttnKernel::Tiled] {
+                    let run = |visible| {
+                        let mut s = AttnScratch::with_heads(hd, heads);
+                        let mut out = vec![f32::NAN; heads * hd];
+                        attend_heads(kind, &ks, &q, Cells { kv: &kvr, n: cells, visible }, 0.125, &mut s, &mut out);
+                        out
+                    };
+                    let (from, masked) = (run(Visible::From(first)), run(Visible::Mask(&mask)));
+                    assert!(from.iter().zip(&masked).all(|(a, b)| a.to_bits() == b.to_bits()), "{} {kind:?} hd {hd} cells {cells} first {first}", ks.isa());
+                }
             }
         }
     }
@@ -316,10 +348,10 @@ fn decode_attention_with_a_nan_score_equals_portable() {
         for (vis, fast) in masks.into_iter().flat_map(|m| [(m, Kernels::detect()), (m, Kernels::detect_avx2())]) {
             let mut s = AttnScratch::with_heads(hd, heads);
             let mut grouped = vec![0f32; heads * hd];
-            attend_heads(AttnKernel::Reference, &fast, &q, Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut grouped);
+            attend_heads(AttnKernel::Reference, &fast, &q, Cells { kv: &kvr, n: cells, visible: Visible::Mask(vis) }, 0.125, &mut s, &mut grouped);
             for h in 0..heads {
                 let mut one = vec![0f32; hd];
-                attend_row(AttnKernel::Reference, &port, &q[h * hd..(h + 1) * hd], Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut one);
+                attend_row(AttnKernel::Reference, &port, &q[h * hd..(h + 1) * hd], Cells { kv: &kvr, n: cells, visible: Visible::Mask(vis) }, 0.125, &mut s, &mut one);
                 let g = &grouped[h * hd..(h + 1) * hd];
                 let same = g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()));
                 assert!(same, "{} hd {hd} heads {heads} cells {cells} NaN at {nan_cell} head {h}", fast.isa());
@@ -347,11 +379,11 @@ fn split_kv_decode_equals_portable_and_stays_near_unsplit() {
         for (vis, fast) in masks.into_iter().flat_map(|m| [(m, Kernels::detect()), (m, Kernels::detect_avx2())]) {
             let mut s = AttnScratch::with_heads(hd, heads);
             let mut grouped = vec![f32::NAN; heads * hd];
-            attend_heads(AttnKernel::Split(chunk), &fast, &q, Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut grouped);
+            attend_heads(AttnKernel::Split(chunk), &fast, &q, Cells { kv: &kvr, n: cells, visible: Visible::Mask(vis) }, 0.125, &mut s, &mut grouped);
             for h in 0..heads {
                 let (mut one, mut whole) = (vec![0f32; hd], vec![0f32; hd]);
-                attend_row(AttnKernel::Split(chunk), &port, &q[h * hd..(h + 1) * hd], Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut one);
-                attend_row(AttnKernel::Reference, &port, &q[h * hd..(h + 1) * hd], Cells { kv: &kvr, n: cells, visible: vis }, 0.125, &mut s, &mut whole);
+                attend_row(AttnKernel::Split(chunk), &port, &q[h * hd..(h + 1) * hd], Cells { kv: &kvr, n: cells, visible: Visible::Mask(vis) }, 0.125, &mut s, &mut one);
+                attend_row(AttnKernel::Reference, &port, &q[h * hd..(h + 1) * hd], Cells { kv: &kvr, n: cells, visible: Visible::Mask(vis) }, 0.125, &mut s, &mut whole);
                 let g = &grouped[h * hd..(h + 1) * hd];
                 assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "avx512 {} hd {hd} cells {cells} chunk {chunk} head {h}", fast.isa());
                 let mag = whole.iter().fold(1f32, |m, x| m.max(x.abs()));
@@ -382,7 +414,7 @@ fn grouped_quantized_cache_attention_equals_per_head() {
                 let masks: [&dyn Fn(usize) -> bool; 3] = [&|_| true, &|c| c % 5 != 3, &|_| false];
                 // Prefill rows (`Tiled`) take ggml's one-chunk path too on a quantized cache.
                 for (vis, kind) in masks.into_iter().flat_map(|m| [(m, AttnKernel::Reference), (m, AttnKernel::Tiled)]) {
-                    assert_heads_equal_single(kind, &ks, &q, hd, Cells { kv: &rows, n: cells, visible: vis }, &format!("{kt}/{vt} heads {heads} cells {cells}"));
+                    assert_heads_equal_single(kind, &ks, &q, hd, Cells { kv: &rows, n: cells, visible: Visible::Mask(vis) }, &format!("{kt}/{vt} heads {heads} cells {cells}"));
                 }
             }
         }
@@ -427,7 +459,7 @@ fn quantized_cache_rows_equal_per_row() {
                             let lo = span.start;
                             let vis = move |c: usize| c >= lo;
                             let qh = &q[(r * heads + h) * hd..(r * heads + h + 1) * hd];
-                            attend_row(kind, &ks, qh, Cells { kv: &kv, n: span.end, visible: &vis }, 0.125, &mut s, &mut one);
+                            attend_row(kind, &ks, qh, Cells { kv: &kv, n: span.end, visible: Visible::Mask(&vis) }, 0.125, &mut s, &mut one);
                             let g = &got[(r * heads + h) * hd..(r * heads + h + 1) * hd];
                             assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{kt}/{vt} {kind:?} {:?} rows {rows} heads {heads} row {r} head {h}", ks.isa());
                         }

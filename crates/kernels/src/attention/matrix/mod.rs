@@ -136,7 +136,7 @@ pub(crate) fn attend_heads(kernels: &crate::Kernels, q: &[f32], cells: Cells, sc
 /// [`attend_heads`] on version `v`: each block's visible cells from `cells`.
 fn attend_cells(v: Version, q: &[f32], cells: Cells, scale: f32, s: &mut AttnScratch, out: &mut [f32]) {
     let Cells { kv, n, visible } = cells;
-    let mask = |_: usize, t: usize| (0..C).filter(|&j| t * C + j < n && visible(t * C + j)).fold(0u16, |m, j| m | 1 << j);
+    let mask = |_: usize, t: usize| (0..C).filter(|&j| t * C + j < n && visible.at(t * C + j)).fold(0u16, |m, j| m | 1 << j);
     attend_heads_masked(v, q, q.len() / kv.head_dim, &mask, n.div_ceil(C), kv, scale, s, out);
 }
 

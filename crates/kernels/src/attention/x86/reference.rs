@@ -34,7 +34,7 @@ pub fn attend_reference(
     acc16.iter_mut().for_each(|a| *a = f16::ZERO);
     let mut st = [f32::NEG_INFINITY, 0f32];
     for c in 0..n_cells {
-        if !visible(c) {
+        if !visible.at(c) {
             continue;
         }
         let score = dot_f16_ggml(kv.k(c), q16) * scale;
@@ -137,7 +137,7 @@ pub fn attend_reference_group(
     acc16[..heads * hd].fill(f16::ZERO);
     state[..heads].fill([f32::NEG_INFINITY, 0.0]);
     for c in 0..n_cells {
-        if !visible(c) {
+        if !visible.at(c) {
             continue;
         }
         widen(kv.k(c), k32);
@@ -216,10 +216,10 @@ pub fn attend_tiled_group(
         let t1 = (t0 + KV_TILE).min(n_cells);
         let mut c = t0;
         while c < t1 {
-            if c + 8 <= t1 && (c..c + 8).any(visible) {
+            if c + 8 <= t1 && (c..c + 8).any(|c| visible.at(c)) {
                 scores8_heads(q, kv, c, &mut scores[c - t0..], KV_TILE);
                 for j in 0..8 {
-                    let vis = visible(c + j);
+                    let vis = visible.at(c + j);
                     for h in 0..heads {
                         let p = &mut scores[h * KV_TILE + c + j - t0];
                         *p = if vis { *p * scale } else { f32::NEG_INFINITY };
@@ -228,7 +228,7 @@ pub fn attend_tiled_group(
                 c += 8;
                 continue;
             }
-            let vis = visible(c);
+            let vis = visible.at(c);
             for h in 0..heads {
                 let qh = &q[h * hd..(h + 1) * hd];
                 scores[h * KV_TILE + c - t0] = if vis {
