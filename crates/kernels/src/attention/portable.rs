@@ -98,7 +98,7 @@ pub(crate) fn reference_partial(
     }
     scratch.acc16.iter_mut().for_each(|a| *a = f16::ZERO);
     let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
-    for c in cells {
+    for c in visible.clip(cells) {
         if !visible.at(c) {
             continue;
         }

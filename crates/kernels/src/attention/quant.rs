@@ -51,7 +51,7 @@ fn attend_quant_body(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
-    let Cells { kv, n: n_cells, visible } = cells;
+    let Cells { kv, visible, .. } = cells;
     let kops = kernels.ops(kv.k_type).expect("KV cache type checked at start-up");
     let qt = kops.vec_dot_type;
     let qq = &mut scratch.qq[..crate::row_bytes(qt, q.len())];
@@ -61,7 +61,7 @@ fn attend_quant_body(
     scratch.acc16.iter_mut().for_each(|a| *a = f16::ZERO);
     scratch.acc.iter_mut().for_each(|a| *a = 0.0);
     let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
-    for c in 0..n_cells {
+    for c in cells.span() {
         if !visible.at(c) {
             continue;
         }
@@ -148,6 +148,7 @@ fn attend_quant_group_body<const X86: bool>(
     out: &mut [f32],
     ahead: bool,
 ) {
+    let span = cells.span();
     let Cells { kv, n: n_cells, visible } = cells;
     let hd = kv.head_dim;
     let heads = q.len() / hd;
@@ -169,9 +170,9 @@ fn attend_quant_group_body<const X86: bool>(
     // apart from this FMA-enabled body, its `mul_add`s back to libm calls.
     let mut cells = [0usize; DECODE_CHUNK];
     let mut n = 0;
-    for c in 0..n_cells {
+    for c in span.clone() {
         if ahead {
-            prefetch_ahead(kv, c, 0, n_cells);
+            prefetch_ahead(kv, c, span.start, n_cells);
         }
         if visible.at(c) {
             cells[n] = c;

@@ -336,6 +336,14 @@ pub struct Cells<'a> {
     pub visible: Visible<'a>,
 }
 
+impl Cells<'_> {
+    /// The cells `first..n` a per-cell loop walks ([`Visible::clip`]).
+    #[inline]
+    pub fn span(&self) -> std::ops::Range<usize> {
+        self.visible.clip(0..self.n)
+    }
+}
+
 /// Which of a call's cells are visible: from a first cell on (what the engine's causal limit
 /// and sliding windows give), or any mask. `From` is read without a call per cell, and decode's
 /// gathering starts at its first cell instead of walking the hidden ones (a sliding window deep
@@ -365,6 +373,13 @@ impl Visible<'_> {
             Visible::From(first) => first,
             Visible::Mask(_) => 0,
         }
+    }
+
+    /// `cells` less the hidden ones below [`Visible::first`]: what a per-cell loop walks (it
+    /// still tests [`Visible::at`] for each, as a mask hides cells anywhere).
+    #[inline]
+    pub fn clip(&self, cells: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        self.first().max(cells.start).min(cells.end)..cells.end
     }
 }
 

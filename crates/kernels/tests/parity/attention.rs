@@ -2,7 +2,7 @@
 //! GQA group, split-KV decode, quantized caches.
 
 use crate::common::{tables, Rng};
-use corelm_kernels::attention::Visible;
+use corelm_kernels::attention::{Cells, Visible};
 use corelm_kernels::{row_bytes, DType, Kernels};
 use half::f16;
 
@@ -300,32 +300,47 @@ fn decode_attention_equals_portable_per_head() {
 }
 
 /// Cells visible from a first one on (`Visible::From`, what the engine passes, where decode's
-/// gathering starts at that cell) give the bits of the same cells as a mask, on every kernel:
-/// the decode kernels (AVX-512, AVX2, NEON), their split-KV form, the tiled kernel and the
-/// portable ones; first cells at 0, inside the first chunk, past it, at the last cell and past
-/// the end (nothing visible).
+/// gathering and the per-cell loops start at that cell) give the bits of the same cells as a
+/// mask, on every kernel: the decode kernels (AVX-512, AVX2, NEON), their split-KV form, the
+/// tiled kernel and the portable ones, over F16 and quantized caches (Q8_0, Q4_0: ggml's
+/// one-chunk loops); first cells at 0, inside the first chunk, past it, at the last cell and
+/// past the end (nothing visible).
 #[test]
 fn visible_from_a_first_cell_equals_the_same_mask() {
-    use corelm_kernels::attention::{attend_heads, AttnKernel, AttnScratch, Cells, KvRows};
+    use corelm_kernels::attention::{KeyLayout, KvRows};
     let mut rng = Rng(515);
     for (hd, heads, cells) in [(64usize, 3usize, 200usize), (128, 2, 150)] {
         let (q, k, v) = decode_case(&mut rng, hd, heads, cells);
         let ident: Vec<u32> = (0..cells as u32).collect();
         let kvr = KvRows::contiguous(&k, &v, hd, &ident);
-        for first in [0, 5, 70, cells - 1, cells + 3] {
-            let mask = move |c: usize| c >= first;
-            for ks in [Kernels::detect(), Kernels::detect_avx2(), Kernels::portable()] {
-                for kind in [AttnKernel::Reference, AttnKernel::Split(48), AttnKernel::Tiled] {
-                    let run = |visible| {
-                        let mut s = AttnScratch::with_heads(hd, heads);
-                        let mut out = vec![f32::NAN; heads * hd];
-                        attend_heads(kind, &ks, &q, Cells { kv: &kvr, n: cells, visible }, 0.125, &mut s, &mut out);
-                        out
-                    };
-                    let (from, masked) = (run(Visible::From(first)), run(Visible::Mask(&mask)));
-                    assert!(from.iter().zip(&masked).all(|(a, b)| a.to_bits() == b.to_bits()), "{} {kind:?} hd {hd} cells {cells} first {first}", ks.isa());
-                }
+        for ks in [Kernels::detect(), Kernels::detect_avx2(), Kernels::portable()] {
+            assert_from_equals_mask(&ks, &q, heads, Cells { kv: &kvr, n: cells, visible: Visible::From(0) }, "f16");
+            let enc = |t: DType, x: &[f16]| kv_rows_of(&ks, t, &x.iter().map(|h| h.to_f32()).collect::<Vec<_>>(), hd);
+            for (kt, vt) in [(DType::Q8_0, DType::Q8_0), (DType::Q4_0, DType::F16)] {
+                let (kb, vb) = (enc(kt, &k), enc(vt, &v));
+                let rows = KvRows { k: &kb, v: &vb, k_type: kt, v_type: vt, head_dim: hd, table: &ident, shift: 0, k_layout: KeyLayout::Rows };
+                assert_from_equals_mask(&ks, &q, heads, Cells { kv: &rows, n: cells, visible: Visible::From(0) }, &format!("{kt}/{vt}"));
             }
+        }
+    }
+}
+
+/// `Visible::From(first)` against the mask `c >= first` over `cells.kv`, for first cells at 0,
+/// 5, 70, the last cell and past the end, with each attention kernel.
+fn assert_from_equals_mask(ks: &Kernels, q: &[f32], heads: usize, cells: Cells, label: &str) {
+    use corelm_kernels::attention::{attend_heads, AttnKernel, AttnScratch};
+    let (hd, n) = (cells.kv.head_dim, cells.n);
+    for first in [0, 5, 70, n - 1, n + 3] {
+        let mask = move |c: usize| c >= first;
+        for kind in [AttnKernel::Reference, AttnKernel::Split(48), AttnKernel::Tiled] {
+            let run = |visible| {
+                let mut s = AttnScratch::with_heads(hd, heads);
+                let mut out = vec![f32::NAN; heads * hd];
+                attend_heads(kind, ks, q, Cells { visible, ..cells }, 0.125, &mut s, &mut out);
+                out
+            };
+            let (from, masked) = (run(Visible::From(first)), run(Visible::Mask(&mask)));
+            assert!(from.iter().zip(&masked).all(|(a, b)| a.to_bits() == b.to_bits()), "{} {label} {kind:?} hd {hd} cells {n} first {first}", ks.isa());
         }
     }
 }

@@ -24,7 +24,7 @@ pub fn attend_reference(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
-    let Cells { kv, n: n_cells, visible } = cells;
+    let Cells { kv, visible, .. } = cells;
     let hd = q.len();
     let body = hd & !7;
     let (q16, acc16, v32) = scratch.f16_buffers();
@@ -33,7 +33,7 @@ pub fn attend_reference(
     }
     acc16.iter_mut().for_each(|a| *a = f16::ZERO);
     let mut st = [f32::NEG_INFINITY, 0f32];
-    for c in 0..n_cells {
+    for c in cells.span() {
         if !visible.at(c) {
             continue;
         }
@@ -128,7 +128,7 @@ pub fn attend_reference_group(
     bufs: ReferenceBuffers,
     out: &mut [f32],
 ) {
-    let Cells { kv, n: n_cells, visible } = cells;
+    let Cells { kv, visible, .. } = cells;
     let hd = kv.head_dim;
     let heads = q.len() / hd;
     let (qf, acc16, state, k32, v32) = bufs;
@@ -136,7 +136,7 @@ pub fn attend_reference_group(
     crate::simd::round_f16_row(&q[..heads * hd], &mut qf[..heads * hd]);
     acc16[..heads * hd].fill(f16::ZERO);
     state[..heads].fill([f32::NEG_INFINITY, 0.0]);
-    for c in 0..n_cells {
+    for c in cells.span() {
         if !visible.at(c) {
             continue;
         }
