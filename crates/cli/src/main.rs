@@ -159,7 +159,8 @@ struct KernelArgs {
     /// order). With a --plan tuned on both paths (`corelm tune`) each matrix at each length
     /// takes the path timed faster; without one, x86 runs the panel on batches of 32 or more
     /// rows and the repacked tiles below that (pp512 1.2-1.7x the tiles on Zen 4), aarch64
-    /// always.
+    /// always. Attention over fewer than 64 rows (decode steps) then keeps its value
+    /// accumulators in F32 instead of rounding them to F16 at every cell.
     #[arg(long)]
     fast_prefill: bool,
     /// Arm SME: this many workers run their share of the prefill GEMMs that the --roofline

@@ -21,8 +21,12 @@ impl Ctx<'_> {
         let (hd, cells) = (p.head_dim, kv.n_cells);
         let (krb, vrb) = kv.row_bytes();
         let group = shard.group;
+        // Fewer rows than ggml's tiled kernel takes: its one-chunk kernel, with the value
+        // accumulators in F32 under `--fast-prefill` (llama.cpp's bits given up there already).
         let kind = if rows >= attention::TILED_MIN_ROWS && !self.mode.batch_invariant {
             attention::AttnKernel::Tiled
+        } else if self.mode.panel_gemm && !self.mode.batch_invariant {
+            attention::AttnKernel::Wide
         } else {
             attention::AttnKernel::Reference
         };
@@ -107,7 +111,7 @@ impl Ctx<'_> {
             let block = b * per_block..((b + 1) * per_block).min(rows);
             // Decode: this item's kernel asks for the next item's first cells while it
             // computes its last chunk, as it asks for each of its chunks during the one before.
-            let next = items.peek().filter(|_| kind == attention::AttnKernel::Reference).map(|&(nb, nkvh, _)| {
+            let next = items.peek().filter(|_| kind != attention::AttnKernel::Tiled).map(|&(nb, nkvh, _)| {
                 let r = nb * per_block;
                 (rows_of(self.batch.seq[r], shard.kv_base + nkvh), span_of(r))
             });
@@ -144,11 +148,12 @@ impl Ctx<'_> {
     /// the cache is F16 and its padded length — `used + 1` rounded up to 256 cells, at most
     /// the cache size, as `llama_kv_cache::get_n_kv` gives it for one sequence — reaches 512
     /// cells, in `ceil(n_kv / nth)`-cell chunks; otherwise `kind`. The bits then match
-    /// llama.cpp run with the same thread count.
+    /// llama.cpp run with the same thread count. A one-row [`attention::AttnKernel::Wide`] is
+    /// split the same way (the split's chunks keep ggml's F16 accumulators).
     fn kv_split(&self, kind: attention::AttnKernel, pos: usize, nth: usize) -> attention::AttnKernel {
         let kv = self.kv;
         let one_row = self.graph.n_tokens == 1 || self.mode.batch_invariant;
-        if kind != attention::AttnKernel::Reference || !one_row || kv.k_type != DType::F16 || kv.v_type != DType::F16 {
+        if !matches!(kind, attention::AttnKernel::Reference | attention::AttnKernel::Wide) || !one_row || kv.k_type != DType::F16 || kv.v_type != DType::F16 {
             return kind;
         }
         let n_kv = (pos + 1).next_multiple_of(256).min(kv.n_cells);

@@ -4,6 +4,8 @@
 //! maximum grows) and the tiled kernel (prefill batches of at least [`TILED_MIN_ROWS`] rows over
 //! an F16 cache). Portable versions here; SIMD twins in [`x86`] (AVX2, AVX-512) and
 //! [`aarch64`] (NEON), chosen from the kernel table ([`has_simd`]), bit-identical per head.
+//! [`AttnKernel::Wide`] is the one-chunk kernel with an F32 value accumulator over an F16
+//! cache (not llama.cpp's bits: `--fast-prefill`'s decode steps), on the same drivers.
 //! Every kernel takes what a query reads as one [`Cells`]: the KV head's rows, how many
 //! logical cells, and which of them are visible. A cache whose keys are stored in columns
 //! ([`KeyLayout::Columns`], opt-in) is read only by [`matrix`]'s kernels, whatever the
@@ -47,7 +49,7 @@ pub fn attend_row(
     if let AttnKernel::Split(chunk) = kind {
         return attend_split(kernels, q, cells, scale, chunk, scratch, out);
     }
-    if kind == AttnKernel::Reference && attend_decode(kernels, q, cells, scale, 0, scratch, out) {
+    if matches!(kind, AttnKernel::Reference | AttnKernel::Wide) && attend_decode(kernels, q, cells, scale, 0, kind == AttnKernel::Reference, scratch, out) {
         return;
     }
     match kind {
@@ -56,7 +58,8 @@ pub fn attend_row(
             // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
             unsafe { x86::reference::attend_reference(q, cells, scale, scratch, out) }
         }
-        AttnKernel::Reference | AttnKernel::Split(_) => attend_reference(q, cells, scale, scratch, out),
+        AttnKernel::Reference | AttnKernel::Split(_) => attend_reference(q, cells, scale, false, scratch, out),
+        AttnKernel::Wide => attend_reference(q, cells, scale, true, scratch, out),
         AttnKernel::Tiled => {
             if !tiled_group(kernels, q, cells, scale, scratch, out) {
                 attend_tiled(q, cells, scale, scratch, out)
@@ -117,7 +120,7 @@ fn attend_heads_from(
         k => k,
     };
     let hd = kv.head_dim;
-    if kind == AttnKernel::Reference && attend_decode(kernels, q, cells, scale, 0, scratch, out) {
+    if matches!(kind, AttnKernel::Reference | AttnKernel::Wide) && attend_decode(kernels, q, cells, scale, 0, kind == AttnKernel::Reference, scratch, out) {
         return;
     }
     // A quantized cache always takes ggml's one-chunk path (`attend_row` ignores `kind` for it),
@@ -149,13 +152,16 @@ pub fn has_simd(kernels: &crate::Kernels) -> bool {
 /// (`x86::decode` with AVX-512, `x86::decode_avx2` with the AVX2 table, `aarch64::decode`
 /// with NEON), if the cache is F16 and the head dimension one it takes; returns whether it
 /// ran. `split` > 0: ggml's split-KV decode over chunks of `split` cells
-/// (`attention::portable::fold`).
+/// (`attention::portable::fold`). `f16_acc`: the V accumulators rounded to F16 after every
+/// step (`Reference`); else kept in F32 ([`AttnKernel::Wide`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_decode(
     kernels: &crate::Kernels,
     q: &[f32],
     cells: Cells,
     scale: f32,
     split: usize,
+    f16_acc: bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) -> bool {
@@ -169,22 +175,38 @@ pub(crate) fn attend_decode(
         if kernels.isa().avx512() {
             // SAFETY: an Avx512 table is only built after detecting AVX-512 F/BW/VL/VNNI (and
             // AVX2, FMA, F16C).
-            unsafe { x86::decode::attend_decode_group(q, cells, scale, split, bufs, out) };
+            unsafe {
+                if f16_acc {
+                    x86::decode::attend_decode_group::<true>(q, cells, scale, split, bufs, out)
+                } else {
+                    x86::decode::attend_decode_group::<false>(q, cells, scale, split, bufs, out)
+                }
+            }
         } else {
             // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
-            unsafe { x86::decode_avx2::attend_decode_group_avx2(q, cells, scale, split, bufs, out) };
+            unsafe {
+                if f16_acc {
+                    x86::decode_avx2::attend_decode_group_avx2::<true>(q, cells, scale, split, bufs, out)
+                } else {
+                    x86::decode_avx2::attend_decode_group_avx2::<false>(q, cells, scale, split, bufs, out)
+                }
+            }
         }
         true
     }
     #[cfg(target_arch = "aarch64")]
     {
-        aarch64::decode::attend_decode_group(q, cells, scale, split, bufs, out);
+        if f16_acc {
+            aarch64::decode::attend_decode_group::<true>(q, cells, scale, split, bufs, out);
+        } else {
+            aarch64::decode::attend_decode_group::<false>(q, cells, scale, split, bufs, out);
+        }
         true
     }
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         // `has_simd` is false here: never reached.
-        let _ = (cells, scale, split, bufs, out);
+        let _ = (cells, scale, split, f16_acc, bufs, out);
         false
     }
 }
@@ -291,7 +313,7 @@ fn attend_split(
     out: &mut [f32],
 ) {
     let chunk = chunk.max(1);
-    if attend_decode(kernels, q, cells, scale, chunk, scratch, out) {
+    if attend_decode(kernels, q, cells, scale, chunk, true, scratch, out) {
         return;
     }
     portable::attend_split(q, cells, scale, chunk, scratch, out)

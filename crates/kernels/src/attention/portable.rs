@@ -65,38 +65,46 @@ pub(crate) fn normalize_heads(acc: &[f32], state: &[[f32; 2]], head_dim: usize, 
     }
 }
 
-/// ggml's `one_chunk` kernel over a quantized cache: the query quantized to the key type's
-/// `vec_dot_type` and scored with the type's dot product; F16 values accumulated in F16 as in
-/// [`AttnKernel::Reference`], quantized values converted to f32 and accumulated in f32.
+/// ggml's `one_chunk` over an F16 cache ([`AttnKernel::Reference`]; with `wide`,
+/// [`AttnKernel::Wide`]: the V accumulator in F32) for one head.
 pub(crate) fn attend_reference(
     q: &[f32],
     cells: Cells,
     scale: f32,
+    wide: bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
     let Cells { kv, n: n_cells, visible } = cells;
-    let [_, s] = reference_partial(q, kv, 0..n_cells, scale, visible, scratch);
+    let [_, s] = reference_partial(q, kv, 0..n_cells, scale, visible, wide, scratch);
     let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
-    for (o, a) in out.iter_mut().zip(&scratch.acc16) {
-        *o = a.to_f32() * inv;
+    if wide {
+        for (o, a) in out.iter_mut().zip(&scratch.acc) {
+            *o = a * inv;
+        }
+    } else {
+        for (o, a) in out.iter_mut().zip(&scratch.acc16) {
+            *o = a.to_f32() * inv;
+        }
     }
 }
 
 /// ggml's `one_chunk` over the visible cells of `cells`: returns (maximum, sum) and leaves the
-/// unnormalised F16 accumulator in `scratch.acc16`.
+/// unnormalised F16 accumulator in `scratch.acc16` (with `wide`, the F32 one in `scratch.acc`).
 pub(crate) fn reference_partial(
     q: &[f32],
     kv: &KvRows,
     cells: std::ops::Range<usize>,
     scale: f32,
     visible: Visible,
+    wide: bool,
     scratch: &mut AttnScratch,
 ) -> [f32; 2] {
     for (d, &s) in scratch.q16.iter_mut().zip(q) {
         *d = f16::from_f32(s);
     }
     scratch.acc16.iter_mut().for_each(|a| *a = f16::ZERO);
+    scratch.acc.iter_mut().for_each(|a| *a = 0.0);
     let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
     for c in visible.clip(cells) {
         if !visible.at(c) {
@@ -108,14 +116,22 @@ pub(crate) fn reference_partial(
             let old = m;
             m = score;
             ms = (old - m).exp();
-            for a in scratch.acc16.iter_mut() {
-                *a = f16::from_f32(a.to_f32() * ms);
+            if wide {
+                scratch.acc.iter_mut().for_each(|a| *a *= ms);
+            } else {
+                scratch.acc16.iter_mut().for_each(|a| *a = f16::from_f32(a.to_f32() * ms));
             }
         } else {
             vs = (score - m).exp();
         }
-        for (a, &vv) in scratch.acc16.iter_mut().zip(kv.v(c)) {
-            *a = f16::from_f32(vv.to_f32().mul_add(vs, a.to_f32()));
+        if wide {
+            for (a, &vv) in scratch.acc.iter_mut().zip(kv.v(c)) {
+                *a = vv.to_f32().mul_add(vs, *a);
+            }
+        } else {
+            for (a, &vv) in scratch.acc16.iter_mut().zip(kv.v(c)) {
+                *a = f16::from_f32(vv.to_f32().mul_add(vs, a.to_f32()));
+            }
         }
         s = s.mul_add(ms, vs);
     }
@@ -218,7 +234,7 @@ pub(crate) fn attend_split(
         let mut fin = [f32::NEG_INFINITY, 0.0];
         oh.fill(0.0);
         for a in (0..n_cells).step_by(chunk) {
-            let st = reference_partial(qh, kv, a..(a + chunk).min(n_cells), scale, visible, scratch);
+            let st = reference_partial(qh, kv, a..(a + chunk).min(n_cells), scale, visible, false, scratch);
             let acc = &mut scratch.acc[..hd];
             for (d, s) in acc.iter_mut().zip(&scratch.acc16) {
                 *d = s.to_f32();

@@ -24,6 +24,13 @@ pub enum AttnKernel {
     /// `ggml_flash_attn_ext_reduce_partials` does (`attention::portable::fold`). A quantized cache is
     /// never split (as in ggml): there it is `Reference`.
     Split(usize),
+    /// `Reference` with each head's V accumulator kept in F32 instead of rounded to F16 after
+    /// every cell (as ggml keeps it for a V cache that is not F16): the same scores and softmax
+    /// steps, one F16 rounding pair less per value and cell (AVX2 phase 2 then waits on an
+    /// FMA's latency, not an FMA's and two conversions'). Not llama.cpp's bits over an F16
+    /// cache; `--fast-prefill` outside batch-invariant serving takes it for decode steps of
+    /// several sequences and short prompts. A quantized cache takes `Reference`.
+    Wide,
 }
 
 /// Visible cells per phase of the two-phase decode kernels (`x86::decode*`,

@@ -299,6 +299,40 @@ fn decode_attention_equals_portable_per_head() {
     }
 }
 
+/// `AttnKernel::Wide` (the value accumulators in F32): the decode kernels of each table give
+/// every head of a GQA group the bits of the portable per-head kernel, over the shapes and masks
+/// of `decode_attention_equals_portable_per_head` (a late-growing maximum, hidden cells, a
+/// window, nothing visible); and it stays within F16 accumulation error of `Reference`, whose
+/// scores and softmax steps it shares.
+#[test]
+fn wide_decode_attention_equals_portable_per_head() {
+    use corelm_kernels::attention::{attend_heads, attend_row, AttnKernel, AttnScratch, KvRows};
+    let mut rng = Rng(4242);
+    let port = Kernels::portable();
+    for (hd, heads, cells) in [(64usize, 3usize, 64usize), (64, 7, 200), (64, 12, 93), (64, 1, 130), (128, 5, 129), (192, 2, 70), (256, 4, 131), (256, 1, 1)] {
+        let (q, k, v) = decode_case(&mut rng, hd, heads, cells);
+        let ident: Vec<u32> = (0..cells as u32).collect();
+        let kvr = KvRows::contiguous(&k, &v, hd, &ident);
+        let masks: [&dyn Fn(usize) -> bool; 4] = [&|_| true, &|c| c % 5 != 3, &|c| c + 60 >= cells, &|_| false];
+        for (vis, ks) in masks.into_iter().flat_map(|m| [(m, Kernels::detect()), (m, Kernels::detect_avx2()), (m, Kernels::portable())]) {
+            let mut s = AttnScratch::with_heads(hd, heads);
+            let cells = Cells { kv: &kvr, n: cells, visible: Visible::Mask(vis) };
+            let (mut wide, mut f16acc) = (vec![f32::NAN; heads * hd], vec![f32::NAN; heads * hd]);
+            attend_heads(AttnKernel::Wide, &ks, &q, cells, 0.125, &mut s, &mut wide);
+            attend_heads(AttnKernel::Reference, &ks, &q, cells, 0.125, &mut s, &mut f16acc);
+            for h in 0..heads {
+                let mut one = vec![0f32; hd];
+                attend_row(AttnKernel::Wide, &port, &q[h * hd..(h + 1) * hd], cells, 0.125, &mut s, &mut one);
+                let g = &wide[h * hd..(h + 1) * hd];
+                assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{} hd {hd} heads {heads} cells {} head {h}", ks.isa(), cells.n);
+            }
+            // Values up to 50: F16 accumulators are within a few units of their last place.
+            let worst = wide.iter().zip(&f16acc).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(worst < 0.25, "{} hd {hd} heads {heads}: Wide and Reference differ by {worst}", ks.isa());
+        }
+    }
+}
+
 /// Cells visible from a first one on (`Visible::From`, what the engine passes, where decode's
 /// gathering and the per-cell loops start at that cell) give the bits of the same cells as a
 /// mask, on every kernel: the decode kernels (AVX-512, AVX2, NEON), their split-KV form, the

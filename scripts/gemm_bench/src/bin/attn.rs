@@ -5,10 +5,11 @@
 //! cache stays in L2. Prints ns per (head, cell), the best of five rounds.
 //!
 //!     cargo run --release --manifest-path scripts/gemm_bench/Cargo.toml --bin attn -- \
-//!         [--cells 150] [--heads 3] [--hd 64] [--copies 1] [--reps 20000] [--window 0]
+//!         [--cells 150] [--heads 3] [--hd 64] [--copies 1] [--reps 20000] [--window 0] [--wide 0]
 //!
 //! `--window W` (W > 0) shows only the last W cells, as a sliding window deep in a context does;
-//! the time is still given per (head, cell) of all `cells`.
+//! the time is still given per (head, cell) of all `cells`. `--wide 1` times `AttnKernel::Wide`
+//! (the value accumulators in F32, `--fast-prefill`'s decode) instead of ggml's F16 ones.
 
 use corelm_kernels::attention::{attend_heads, AttnKernel, AttnScratch, Cells, KvRows, Visible};
 use corelm_kernels::kernels;
@@ -18,6 +19,7 @@ use std::time::Instant;
 fn main() {
     let mut args = std::env::args().skip(1);
     let (mut cells, mut heads, mut hd, mut copies, mut reps, mut window) = (150usize, 3usize, 64usize, 1usize, 20000usize, 0usize);
+    let mut wide = false;
     while let Some(a) = args.next() {
         let v: usize = args.next().unwrap_or_else(|| panic!("{a} takes a value")).parse().expect("a number");
         match a.as_str() {
@@ -27,6 +29,7 @@ fn main() {
             "--copies" => copies = v,
             "--reps" => reps = v,
             "--window" => window = v,
+            "--wide" => wide = v != 0,
             other => panic!("unknown argument {other}"),
         }
     }
@@ -47,10 +50,10 @@ fn main() {
         let t0 = Instant::now();
         for i in 0..reps {
             let c = Cells { kv: &kv[i % copies], n: cells, visible };
-            attend_heads(AttnKernel::Reference, table, &q, c, scale, &mut scratch, &mut out);
+            attend_heads(if wide { AttnKernel::Wide } else { AttnKernel::Reference }, table, &q, c, scale, &mut scratch, &mut out);
         }
         best = best.min(t0.elapsed().as_secs_f64());
     }
-    println!("{:?}: {} heads x {} cells (hd {}), {} copies: {:.2} ns per (head, cell)", table.isa(), heads, cells, hd, copies, best * 1e9 / (reps * heads * cells) as f64);
+    println!("{:?}{}: {} heads x {} cells (hd {}), {} copies: {:.2} ns per (head, cell)", table.isa(), if wide { " wide" } else { "" }, heads, cells, hd, copies, best * 1e9 / (reps * heads * cells) as f64);
     std::hint::black_box(&out);
 }

@@ -10,7 +10,7 @@
 //! 2. **Online softmax.** [`softmax_steps`] with libm's `expf` (`f32::exp`, what the portable
 //!    kernel calls), then per cell the accumulators updated `acc = f16(v · vs + f16(acc · ms))`,
 //!    the value row widened once per 64-value step for all heads, each accumulator rounded
-//!    through `fcvtn`/`fcvtl` in registers.
+//!    through `fcvtn`/`fcvtl` in registers — or, for `AttnKernel::Wide`, kept in F32.
 #![allow(clippy::missing_safety_doc)]
 // Register arrays are indexed in plain loops with constant bounds (fully unrolled).
 #![allow(clippy::needless_range_loop)]
@@ -28,7 +28,9 @@ const HEADS: usize = 16;
 /// Attention of the `q.len() / head_dim` query heads of one KV head over the visible cells
 /// `c < n_cells` of an F16 cache (`chunks::supports(head_dim)`); every head gets the bits of
 /// `attention::portable::attend_reference`, or with `split` > 0 of ggml's split-KV decode.
-pub fn attend_decode_group(
+/// `R`: each value accumulator rounded to F16 after every cell (ggml's `one_chunk`); else
+/// kept in F32 (`AttnKernel::Wide`).
+pub fn attend_decode_group<const R: bool>(
     q: &[f32],
     cells: Cells,
     scale: f32,
@@ -44,25 +46,36 @@ pub fn attend_decode_group(
         // checked the head dimension (`supports`) and the buffers' sizes.
         unsafe {
             match steps {
-                1 => chunk::<1>(rows, b, heads, scale),
-                2 => chunk::<2>(rows, b, heads, scale),
-                3 => chunk::<3>(rows, b, heads, scale),
-                _ => chunk::<4>(rows, b, heads, scale),
+                1 => chunk::<1, R>(rows, b, heads, scale),
+                2 => chunk::<2, R>(rows, b, heads, scale),
+                3 => chunk::<3, R>(rows, b, heads, scale),
+                _ => chunk::<4, R>(rows, b, heads, scale),
             }
         }
     });
 }
 
+/// An accumulator's new value as the kernel keeps it: rounded to F16 (`R`, ggml's `one_chunk`)
+/// or left in F32 (`AttnKernel::Wide`).
+#[inline(always)]
+fn keep<const R: bool>(x: float32x4_t) -> float32x4_t {
+    if R {
+        round_f16x4(x)
+    } else {
+        x
+    }
+}
+
 /// Both phases over one chunk's key and value rows (head_dim = 64·S); the rows read after it
 /// are asked for during phase 1.
 #[inline]
-unsafe fn chunk<const S: usize>(rows: &ChunkRows, b: &mut DecodeBuffers, heads: usize, scale: f32) {
+unsafe fn chunk<const S: usize, const R: bool>(rows: &ChunkRows, b: &mut DecodeBuffers, heads: usize, scale: f32) {
     let vr = rows.v;
     // SAFETY (caller): rows of 64·S F16 values; buffers for `heads` heads.
     unsafe { chunk_scores::<S>(rows, b.qf, heads, scale, b.scores) };
     softmax_steps(b.scores, b.grow, &mut b.state[..heads], vr.len(), |x| x.iter_mut().for_each(|e| *e = e.exp()));
     // SAFETY: as above.
-    unsafe { chunk_accumulate::<S>(vr, b.scores, b.grow, heads, b.acc, b.state) };
+    unsafe { chunk_accumulate::<S, R>(vr, b.scores, b.grow, heads, b.acc, b.state) };
 }
 
 /// Phase 1: `scores[h][i] = (q_h · k_i) · scale` for the chunk's key rows; the rows read
@@ -111,7 +124,7 @@ unsafe fn chunk_scores<const S: usize>(rows: &ChunkRows, qf: &[f32], heads: usiz
 /// Phase 2: per value row of the chunk, in cell order, every head's accumulator update with
 /// the exponentials of phase 1 (`scores`) and the cells that raise each maximum (`grow`).
 #[inline]
-unsafe fn chunk_accumulate<const S: usize>(vr: &[*const f16], scores: &[f32], grow: &[u64], heads: usize, acc: &mut [f32], state: &mut [[f32; 2]]) {
+unsafe fn chunk_accumulate<const S: usize, const R: bool>(vr: &[*const f16], scores: &[f32], grow: &[u64], heads: usize, acc: &mut [f32], state: &mut [[f32; 2]]) {
     let hd = 64 * S;
     assert!(acc.len() >= heads * hd && state.len() >= heads);
     let steps = |h: usize, i: usize| {
@@ -142,12 +155,12 @@ unsafe fn chunk_accumulate<const S: usize>(vr: &[*const f16], scores: &[f32], gr
                     if ms != 1.0 {
                         let msv = vdupq_n_f32(ms);
                         for x in 0..16 {
-                            let r = round_f16x4(vmulq_f32(vld1q_f32(a.add(4 * x)), msv));
-                            vst1q_f32(a.add(4 * x), round_f16x4(vfmaq_f32(r, v[x], vsv)));
+                            let r = keep::<R>(vmulq_f32(vld1q_f32(a.add(4 * x)), msv));
+                            vst1q_f32(a.add(4 * x), keep::<R>(vfmaq_f32(r, v[x], vsv)));
                         }
                     } else {
                         for x in 0..16 {
-                            vst1q_f32(a.add(4 * x), round_f16x4(vfmaq_f32(vld1q_f32(a.add(4 * x)), v[x], vsv)));
+                            vst1q_f32(a.add(4 * x), keep::<R>(vfmaq_f32(vld1q_f32(a.add(4 * x)), v[x], vsv)));
                         }
                     }
                 }

@@ -15,6 +15,10 @@
 //!    f32 values that F16 represents exactly, rounded through `vcvtps2ph`/`vcvtph2ps` in
 //!    registers instead of being stored as F16 and converted back. That rounding pair with its
 //!    FMA (3.3 cycles per 16 lanes on Zen 4) is most of what is left per cell.
+//!    `AttnKernel::Wide` (const `R` false) leaves the pair out: `acc = v · vs + acc · ms` in
+//!    F32. Zen 4, SmolLM2's 3 heads, 144 cells, one thread, best of six: 7.0 → 5.3 ns per
+//!    (head, cell) in L2, 10.2 → 8.2 from memory; Gemma 3's 4 heads of 256 (accumulators in
+//!    memory) 25.9 → 24.8.
 //!
 //! Per (head, cell) on Zen 4 (SmolLM2's 3 heads per KV head, 512 cells in L2, one thread),
 //! each part timed alone: gathering 4, scores 12, softmax 3 (11 as a scalar loop),
@@ -40,8 +44,10 @@ use std::arch::x86_64::*;
 /// `c < n_cells` of an F16 cache (`supports(head_dim)`); every head gets the bits of
 /// `attention::portable::attend_reference`, or with `split` > 0 of ggml's split-KV decode over chunks of
 /// `split` cells (`attention::portable::fold`).
+/// `R`: each value accumulator rounded to F16 after every cell (ggml's `one_chunk`); else
+/// kept in F32 (`AttnKernel::Wide`).
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-pub fn attend_decode_group(
+pub fn attend_decode_group<const R: bool>(
     q: &[f32],
     cells: Cells,
     scale: f32,
@@ -58,10 +64,10 @@ pub fn attend_decode_group(
         // `attend_decode_group` checked the CPU features.
         unsafe {
             match steps {
-                1 => chunk::<1>(rows, b, heads, scale),
-                2 => chunk::<2>(rows, b, heads, scale),
-                3 => chunk::<3>(rows, b, heads, scale),
-                _ => chunk::<4>(rows, b, heads, scale),
+                1 => chunk::<1, R>(rows, b, heads, scale),
+                2 => chunk::<2, R>(rows, b, heads, scale),
+                3 => chunk::<3, R>(rows, b, heads, scale),
+                _ => chunk::<4, R>(rows, b, heads, scale),
             }
         }
     });
@@ -71,7 +77,7 @@ pub fn attend_decode_group(
 /// are asked for meanwhile, keys in phase 1, values in phase 2.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-unsafe fn chunk<const S: usize>(rows: &ChunkRows, b: &mut DecodeBuffers, heads: usize, scale: f32) {
+unsafe fn chunk<const S: usize, const R: bool>(rows: &ChunkRows, b: &mut DecodeBuffers, heads: usize, scale: f32) {
     // SAFETY (caller): rows of 64·S F16 values; buffers for `heads` heads.
     unsafe {
         if S == 1 {
@@ -79,7 +85,7 @@ unsafe fn chunk<const S: usize>(rows: &ChunkRows, b: &mut DecodeBuffers, heads: 
         } else {
             chunk_scores_rows::<S>(rows, b.qf, heads, scale, b.scores);
         }
-        chunk_accumulate::<S>(rows.v, rows.ahead_v, b.scores, b.grow, heads, b.acc, b.state);
+        chunk_accumulate::<S, R>(rows.v, rows.ahead_v, b.scores, b.grow, heads, b.acc, b.state);
     }
 }
 
@@ -94,6 +100,18 @@ unsafe fn load_ph16(p: *const f16) -> __m512 {
 #[inline(always)]
 unsafe fn round_f16(x: __m512) -> __m512 {
     _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x))
+}
+
+/// An accumulator's new value as the kernel keeps it: rounded to F16 (`R`, ggml's `one_chunk`)
+/// or left in F32 (`AttnKernel::Wide`).
+#[inline(always)]
+unsafe fn keep<const R: bool>(x: __m512) -> __m512 {
+    if R {
+        // SAFETY (caller): AVX-512 F present.
+        unsafe { round_f16(x) }
+    } else {
+        x
+    }
 }
 
 /// The 2·S cache lines of a row of 64·S F16 values into L1: phase 1 fetches the chunk's value
@@ -223,7 +241,7 @@ unsafe fn reduce16(t: impl Fn(usize) -> __m512) -> __m512 {
 /// cell by cell the accumulators.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-unsafe fn chunk_accumulate<const S: usize>(
+unsafe fn chunk_accumulate<const S: usize, const R: bool>(
     vr: &[*const f16],
     ahead: &[*const f16],
     scores: &mut [f32],
@@ -241,7 +259,7 @@ unsafe fn chunk_accumulate<const S: usize>(
     // two conversions); through memory, on store-to-load forwarding.
     if S > 2 {
         // SAFETY: as this function's contract.
-        return unsafe { accumulate_rows::<S>(vr, ahead, scores, grow, heads, acc, state) };
+        return unsafe { accumulate_rows::<S, R>(vr, ahead, scores, grow, heads, acc, state) };
     }
     let mut h = 0;
     while h < heads {
@@ -250,10 +268,10 @@ unsafe fn chunk_accumulate<const S: usize>(
         let ahead = if h == 0 { ahead } else { &[] };
         // SAFETY (all): as this function's contract; h + H <= heads.
         h += match S {
-            1 if left >= 4 => unsafe { accumulate_heads::<S, 4>(vr, ahead, scores, grow, h, acc, state) },
-            1 | 2 if left >= 3 => unsafe { accumulate_heads::<S, 3>(vr, ahead, scores, grow, h, acc, state) },
-            1 | 2 if left >= 2 => unsafe { accumulate_heads::<S, 2>(vr, ahead, scores, grow, h, acc, state) },
-            _ => unsafe { accumulate_heads::<S, 1>(vr, ahead, scores, grow, h, acc, state) },
+            1 if left >= 4 => unsafe { accumulate_heads::<S, 4, R>(vr, ahead, scores, grow, h, acc, state) },
+            1 | 2 if left >= 3 => unsafe { accumulate_heads::<S, 3, R>(vr, ahead, scores, grow, h, acc, state) },
+            1 | 2 if left >= 2 => unsafe { accumulate_heads::<S, 2, R>(vr, ahead, scores, grow, h, acc, state) },
+            _ => unsafe { accumulate_heads::<S, 1, R>(vr, ahead, scores, grow, h, acc, state) },
         };
     }
 }
@@ -324,7 +342,7 @@ unsafe fn widen_row<const S: usize>(vp: *const f16) -> [[__m512; 4]; S] {
 /// alone would widen each value row again).
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-unsafe fn accumulate_rows<const S: usize>(
+unsafe fn accumulate_rows<const S: usize, const R: bool>(
     vr: &[*const f16],
     ahead: &[*const f16],
     scores: &[f32],
@@ -346,7 +364,7 @@ unsafe fn accumulate_rows<const S: usize>(
                 for x in 0..4 * S {
                     let p = a.as_mut_ptr().wrapping_add(16 * x);
                     // SAFETY: 16·x + 16 <= a.len(); unaligned load and store.
-                    unsafe { _mm512_storeu_ps(p, round_f16(_mm512_mul_ps(_mm512_loadu_ps(p), msv))) };
+                    unsafe { _mm512_storeu_ps(p, keep::<R>(_mm512_mul_ps(_mm512_loadu_ps(p), msv))) };
                 }
             }
             let vsv = _mm512_set1_ps(vs);
@@ -354,7 +372,7 @@ unsafe fn accumulate_rows<const S: usize>(
                 for (j, &vj) in vv.iter().enumerate() {
                     let p = a.as_mut_ptr().wrapping_add(64 * s + 16 * j);
                     // SAFETY: 64·s + 16·j + 16 <= a.len(); unaligned load and store.
-                    unsafe { _mm512_storeu_ps(p, round_f16(_mm512_fmadd_ps(vj, vsv, _mm512_loadu_ps(p)))) };
+                    unsafe { _mm512_storeu_ps(p, keep::<R>(_mm512_fmadd_ps(vj, vsv, _mm512_loadu_ps(p)))) };
                 }
             }
             st[1] = st[1].mul_add(ms, vs);
@@ -366,7 +384,7 @@ unsafe fn accumulate_rows<const S: usize>(
 /// their exponentials (`scores`) and `grow` masks; returns `H`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-unsafe fn accumulate_heads<const S: usize, const H: usize>(
+unsafe fn accumulate_heads<const S: usize, const H: usize, const R: bool>(
     vr: &[*const f16],
     ahead: &[*const f16],
     scores: &[f32],
@@ -405,7 +423,7 @@ unsafe fn accumulate_heads<const S: usize, const H: usize>(
                 for s in 0..S {
                     for j in 0..4 {
                         // SAFETY: register arithmetic.
-                        r[h][s][j] = unsafe { round_f16(_mm512_mul_ps(r[h][s][j], msv)) };
+                        r[h][s][j] = unsafe { keep::<R>(_mm512_mul_ps(r[h][s][j], msv)) };
                     }
                 }
             }
@@ -413,7 +431,7 @@ unsafe fn accumulate_heads<const S: usize, const H: usize>(
             for s in 0..S {
                 for j in 0..4 {
                     // SAFETY: register arithmetic.
-                    r[h][s][j] = unsafe { round_f16(_mm512_fmadd_ps(v[s][j], vsv, r[h][s][j])) };
+                    r[h][s][j] = unsafe { keep::<R>(_mm512_fmadd_ps(v[s][j], vsv, r[h][s][j])) };
                 }
             }
             sums[h] = sums[h].mul_add(ms, vs);

@@ -21,7 +21,10 @@
 //! phase 2 takes 6 (22 cycles; 8 chains of an FMA and the F16 rounding pair, whose latency is
 //! 14 cycles and throughput 1.15 per vector there) — running two or three heads' chains
 //! interleaved on half rows instead measured no faster (12.7–13.9: the accumulators spill) —
-//! the softmax with its exponentials 2, gathering the rows 1.4.
+//! the softmax with its exponentials 2, gathering the rows 1.4. `AttnKernel::Wide` (const `R`
+//! false) drops the rounding pair, each chain an FMA's latency: 11.3–14.5 → 8.4 ns in L2,
+//! 14.0–16.9 → 10.6–11.1 from memory (Zen 4, `--isa avx2`, 144 cells); 4 heads of 256 (in
+//! memory) 45.2 → 42.5.
 #![allow(clippy::missing_safety_doc)]
 
 use crate::attention::chunks::{ask_share, drive};
@@ -39,8 +42,10 @@ const _: () = assert!(KEYS <= crate::attention::types::DECODE_KEYS && DECODE_CHU
 
 /// Attention of the `q.len() / head_dim` query heads of one KV head over the visible cells
 /// `c < n_cells` of an F16 cache (`chunks::supports(head_dim)`).
+/// `R`: each value accumulator rounded to F16 after every cell (ggml's `one_chunk`); else
+/// kept in F32 (`AttnKernel::Wide`).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn attend_decode_group_avx2(
+pub fn attend_decode_group_avx2<const R: bool>(
     q: &[f32],
     cells: Cells,
     scale: f32,
@@ -118,11 +123,12 @@ pub fn attend_decode_group_avx2(
                 // v32 holds them widened; the head's scores cover the chunk's cells and its
                 // accumulator holds 64 values.
                 unsafe {
+                    let v32 = b.v32.as_ptr();
+                    let (from32, from16) = (|i, j| _mm256_loadu_ps(v32.add(64 * i + 8 * j)), |i: usize, j| _mm256_cvtph_ps(_mm_loadu_si128(vr[i].add(8 * j) as *const __m128i)));
                     if wide {
-                        let v = b.v32.as_ptr();
-                        accumulate_head64(vr.len(), |i, j| _mm256_loadu_ps(v.add(64 * i + 8 * j)), e, b.grow[h], acc, &mut st[1])
+                        accumulate_head64::<R>(vr.len(), from32, e, b.grow[h], acc, &mut st[1])
                     } else {
-                        accumulate_head64(vr.len(), |i, j| _mm256_cvtph_ps(_mm_loadu_si128(vr[i].add(8 * j) as *const __m128i)), e, b.grow[h], acc, &mut st[1])
+                        accumulate_head64::<R>(vr.len(), from16, e, b.grow[h], acc, &mut st[1])
                     }
                 }
             }
@@ -134,7 +140,7 @@ pub fn attend_decode_group_avx2(
             for (h, st) in b.state[..heads].iter_mut().enumerate() {
                 let e = b.scores[h * DECODE_CHUNK + i];
                 let (ms, vs) = if b.grow[h] & (1 << i) != 0 { (e, 1f32) } else { (1f32, e) };
-                accumulate(&mut b.acc[h * hd..(h + 1) * hd], &b.v32[..hd], ms, vs);
+                accumulate::<R>(&mut b.acc[h * hd..(h + 1) * hd], &b.v32[..hd], ms, vs);
                 st[1] = st[1].mul_add(ms, vs);
             }
         }
@@ -152,8 +158,9 @@ pub fn attend_decode_group_avx2(
 /// cell; `acc` holds 64 values; AVX2, FMA and F16C present.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn accumulate_head64(n: usize, v: impl Fn(usize, usize) -> __m256, e: &[f32], grow: u64, acc: &mut [f32], sum: &mut f32) {
-    let round = |x: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
+unsafe fn accumulate_head64<const R: bool>(n: usize, v: impl Fn(usize, usize) -> __m256, e: &[f32], grow: u64, acc: &mut [f32], sum: &mut f32) {
+    // The F16 rounding pair (`R`, ggml's `one_chunk`), or the F32 value as it is (`Wide`).
+    let round = |x: __m256| if R { _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x)) } else { x };
     assert!(acc.len() >= 64 && e.len() >= n);
     let mut r = [_mm256_setzero_ps(); 8];
     for (j, rj) in r.iter_mut().enumerate() {
@@ -286,8 +293,9 @@ fn reduce8(t: &[__m256; KEYS]) -> __m256 {
 /// skipped when `ms` is exactly 1: an F16 value times 1 is itself).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn accumulate(a: &mut [f32], v: &[f32], ms: f32, vs: f32) {
-    let round = |x: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
+fn accumulate<const R: bool>(a: &mut [f32], v: &[f32], ms: f32, vs: f32) {
+    // The F16 rounding pair (`R`, ggml's `one_chunk`), or the F32 value as it is (`Wide`).
+    let round = |x: __m256| if R { _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x)) } else { x };
     let n = a.len().min(v.len());
     let (msv, vsv) = (_mm256_set1_ps(ms), _mm256_set1_ps(vs));
     for d in (0..n).step_by(8) {
