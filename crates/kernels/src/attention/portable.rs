@@ -103,8 +103,11 @@ pub(crate) fn reference_partial(
     for (d, &s) in scratch.q16.iter_mut().zip(q) {
         *d = f16::from_f32(s);
     }
-    scratch.acc16.iter_mut().for_each(|a| *a = f16::ZERO);
-    scratch.acc.iter_mut().for_each(|a| *a = 0.0);
+    if wide {
+        scratch.acc.iter_mut().for_each(|a| *a = 0.0);
+    } else {
+        scratch.acc16.iter_mut().for_each(|a| *a = f16::ZERO);
+    }
     let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
     for c in visible.clip(cells) {
         if !visible.at(c) {
