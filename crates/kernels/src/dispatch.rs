@@ -71,7 +71,7 @@ fn interleaved_avx2<T: crate::matmul::x86::common::IlBlock>() -> InterleavedOps 
     // SAFETY (all closures): `Kernels::build` puts these in a table only for `Isa::Avx2` or
     // above, whose features it checked; the `_vnni` ones only where AVX-VNNI was detected.
     let decode: fn(&[u8], usize, &mut [u8]) = |g, xrb, d| unsafe { decode::<T>(g, xrb, d) };
-    if std::is_x86_feature_detected!("avxvnni") {
+    if crate::simd::x86::avx_vnni() {
         return InterleavedOps {
             rows: |g, xrb, y, o, p| unsafe { rows_vnni::<T>(g, xrb, y, o, p) },
             tiles: IlTiles {

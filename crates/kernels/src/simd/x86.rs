@@ -177,6 +177,16 @@ pub(crate) fn fold_ggml(acc: &[__m256; 8]) -> f64 {
     reduce_add_16(&lanes) as f64
 }
 
+/// Whether the AVX2 table's integer kernels use AVX-VNNI (`vpdpbusd` on 256-bit vectors, VEX:
+/// Intel since Alder Lake, AMD since Zen 5) where the CPU has it: the interleaved GEMV and
+/// tiles (`matmul::x86::avx2_il`) and the panel GEMM (`matmul::gemm::x86`), the same bits as
+/// their `maddubs` forms. `CORELM_AVX_VNNI=0` turns it off, to measure or test the plain AVX2
+/// kernels on such a CPU; read once per process.
+pub fn avx_vnni() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::is_x86_feature_detected!("avxvnni") && std::env::var("CORELM_AVX_VNNI").map_or(true, |v| v != "0"))
+}
+
 /// Whether the CPU reports AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25). Whether
 /// the kernel lets this process use them is [`amx_permitted`].
 pub fn amx_cpuid() -> (bool, bool) {

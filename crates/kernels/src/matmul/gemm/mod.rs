@@ -434,6 +434,9 @@ pub unsafe fn gemm_impl(
     }
     // The x86 panel kernels take two panels per pass (AVX2: where its kernel covers the type).
     let pairs = cfg!(target_arch = "x86_64") && (isa.avx512() || (isa == Isa::Avx2 && simd(t, isa)));
+    // The AVX2 table's kernels with AVX-VNNI's `vpdpbusd` where the CPU has it (the same bits).
+    #[cfg(target_arch = "x86_64")]
+    let avx_vnni = isa == Isa::Avx2 && crate::simd::x86::avx_vnni();
     let nc = sched.nc.clamp(PANEL, panels_max * PANEL) / PANEL * PANEL;
     let kc = if sched.kc == 0 { nb } else { sched.kc.min(nb) };
     let mc = if sched.mc == 0 { rows.max(1) } else { sched.mc };
@@ -596,6 +599,10 @@ pub unsafe fn gemm_impl(
                         if isa.avx512() {
                             // SAFETY: the caller's CPU runs the AVX-512 table, whose features this needs.
                             unsafe { x86::panel_pair(job, second, acc0, store) };
+                        } else if avx_vnni {
+                            // SAFETY: the caller's CPU runs the AVX2 table, whose features this
+                            // needs, and has AVX-VNNI (`avx_vnni`).
+                            unsafe { x86::panel_pair_avx_vnni(job, second, acc0, store) };
                         } else {
                             // SAFETY: the caller's CPU runs the AVX2 table, whose features this needs.
                             unsafe { x86::panel_pair_avx2(job, second, acc0, store) };
@@ -605,9 +612,12 @@ pub unsafe fn gemm_impl(
                     }
                     p += 1;
                     match isa {
-                        // SAFETY (both): the caller's CPU runs `isa`'s table, whose features these need.
+                        // SAFETY (all three): the caller's CPU runs `isa`'s table, whose features these
+                        // need, and AVX-VNNI where `avx_vnni` says so.
                         #[cfg(target_arch = "x86_64")]
                         Isa::Avx512 | Isa::Amx => unsafe { x86::panel(job, acc0, store) },
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::Avx2 if simd(t, isa) && avx_vnni => unsafe { x86::panel_avx_vnni(job, acc0, store) },
                         #[cfg(target_arch = "x86_64")]
                         Isa::Avx2 if simd(t, isa) => unsafe { x86::panel_avx2(job, acc0, store) },
                         // SAFETY (both): the dotprod table is built only on a CPU with
@@ -627,136 +637,4 @@ pub unsafe fn gemm_impl(
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
-mod tests {
-    use super::*;
-
-    /// `n` random bytes (xorshift from `seed`), with every f16 a finite value of either sign
-    /// (whatever the block layout puts at even offsets, its scales are among them).
-    fn random_rows(seed: &mut u64, n: usize) -> Vec<u8> {
-        let mut w: Vec<u8> = (0..n)
-            .map(|_| {
-                *seed ^= *seed << 13;
-                *seed ^= *seed >> 7;
-                *seed ^= *seed << 17;
-                *seed as u8
-            })
-            .collect();
-        for v in w.chunks_exact_mut(2) {
-            if v[1] & 0x7C == 0x7C {
-                v[1] &= !0x40;
-            }
-        }
-        w
-    }
-
-    /// The AVX2 panel kernel at the codes and activations that make its i16 sums largest:
-    /// every code at the type's largest (Q8_0 also at its smallest signed byte, −128) against
-    /// rows of ±127 (Q8_K: −128), every register tile height. A `maddubs` pair or an i16 sum of
-    /// `G` of them that saturated would differ from the portable twin's exact integers.
-    #[test]
-    fn avx2_panel_sums_stay_exact_at_extreme_codes() {
-        if !Isa::Avx2.missing().is_empty() {
-            return;
-        }
-        use crate::quant::portable::{quant_q8_0, quant_q8_1, quant_q8_k};
-        for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
-            let (act, o, split) = (act_of(t), offset(t), split16(t));
-            let k = 256;
-            let nb = k / 32;
-            type Quantize = fn(&[f32], &mut [u8]);
-            let (vdt, quantize): (DType, Quantize) = match act {
-                Act::Q8_0 => (DType::Q8_0, quant_q8_0),
-                Act::Q8_1 => (DType::Q8_1, quant_q8_1),
-                Act::Q8K => (DType::Q8K, quant_q8_k),
-            };
-            let xrb = crate::row_bytes(vdt, k);
-            // Rows of +1 and of −1: every value at the quantizer's extreme, of one sign.
-            let rows = 8;
-            let mut x = vec![0u8; rows * xrb];
-            for r in 0..rows {
-                let v = if r % 2 == 0 { 1.0 } else { -1.0 };
-                quantize(&vec![v; k], &mut x[r * xrb..(r + 1) * xrb]);
-            }
-            let mut ysum = vec![0i32; rows * nb * 2];
-            block_sums(&x, xrb, rows, nb, act, &mut ysum);
-            let codes: &[u8] = if t == DType::Q8_0 { &[255, 0] } else { &[umax(t) as u8] };
-            for &u in codes {
-                let mut panel = vec![0u8; nb * PACKED_BLOCK];
-                for blk in panel.chunks_exact_mut(PACKED_BLOCK) {
-                    blk[..256].fill(u);
-                    for col in 0..PANEL {
-                        blk[256 + 4 * col..260 + 4 * col].copy_from_slice(&(1.0f32 + col as f32).to_le_bytes());
-                        blk[288 + 4 * col..292 + 4 * col].copy_from_slice(&(0.5f32).to_le_bytes());
-                    }
-                }
-                for mr in crate::matmul::schedule::PANEL_MR {
-                    let job = PanelJob { panel: &panel, nb, b0: 0, b1: nb, mr, o, umax: umax(t), act, split, x: &x, xrb, ysum: &ysum, sc: &[], sc_rows: 0, rows, ahead: &[] };
-                    let (mut p, mut s) = (vec![[0f32; PANEL]; rows], vec![[f32::NAN; PANEL]; rows]);
-                    panel_portable(job, |_| [0.0; PANEL], |r, a| p[r] = *a);
-                    // SAFETY: AVX2 (with FMA and F16C, the table's features) detected above.
-                    unsafe { x86::panel_avx2(job, |_| [0.0; PANEL], |r, a| s[r] = *a) };
-                    assert!(p.iter().flatten().zip(s.iter().flatten()).all(|(a, b)| a.to_bits() == b.to_bits()), "{t}: codes {u}, mr {mr}: {:?} vs portable {:?}", s[0], p[0]);
-                }
-            }
-        }
-    }
-
-    /// The AVX2 decoder writes the scalar decoder's bytes for every type, every column count
-    /// of a panel (the missing columns padded) and rows of several blocks and super-blocks.
-    #[test]
-    fn simd_pack_equals_scalar_pack() {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")) {
-            return;
-        }
-        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-        for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
-            let k = if t.block_size() == 256 { 512 } else { 96 };
-            let w = random_rows(&mut seed, 10 * crate::row_bytes(t, k));
-            for n in 1..=PANEL {
-                let (mut a, mut b) = (vec![0u8; k / 32 * PACKED_BLOCK], vec![1u8; k / 32 * PACKED_BLOCK]);
-                pack(t, &w, k, 10 - n, n, &mut a);
-                // SAFETY: AVX2 and F16C detected above.
-                unsafe { x86::pack(t, &w, k, 10 - n, n, offset(t), &mut b) };
-                assert!(a == b, "{t}: {n} columns");
-            }
-        }
-    }
-
-    /// The AVX-512 and AVX2 decoders of interleaved groups write the plain rows' panels, byte
-    /// for byte, for each type they take, at every group of a matrix, with one group or two per
-    /// panel.
-    #[test]
-    fn group_pack_equals_row_pack() {
-        let (wide, avx2) = (Isa::Avx512.missing().is_empty(), Isa::Avx2.missing().is_empty());
-        let mut seed = 0x2545_F491_4F6C_DD1Du64;
-        // The AVX-512 table's layout (Q5's fifth bits as masks), which AVX2's packer does not read.
-        let layout = crate::matmul::layout::Layout { q5: crate::matmul::layout::Q5Bits::Masks, q6: crate::matmul::layout::Q6Form::Split };
-        for t in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4K, DType::Q6K] {
-            let k = if t.block_size() == 256 { 512 } else { 160 };
-            let rb = crate::row_bytes(t, k);
-            let w = random_rows(&mut seed, 12 * rb);
-            let mut g = vec![0u8; w.len()];
-            layout.pack(t, &w, rb, &mut g);
-            // The AVX2 table's layout (Q5's fifth bits folded into the values, Q6_K's values
-            // folded), which its packer reads.
-            let mut g2 = vec![0u8; w.len()];
-            crate::matmul::layout::Layout { q5: crate::matmul::layout::Q5Bits::Folded, q6: crate::matmul::layout::Q6Form::Folded }.pack(t, &w, rb, &mut g2);
-            for (c0, n) in [(0, 8), (4, 8), (0, 4), (4, 4), (8, 4)] {
-                let mut a = vec![0u8; k / 32 * PACKED_BLOCK];
-                pack(t, &w, k, c0, n, &mut a);
-                if wide && packs_groups(t, Isa::Avx512) {
-                    let mut b = vec![1u8; a.len()];
-                    // SAFETY: AVX-512 detected above.
-                    unsafe { groups::pack_groups(t, &g, k, c0, n, &mut b) };
-                    assert!(a == b, "{t}: columns {c0}.. ({n})");
-                }
-                if avx2 && packs_groups(t, Isa::Avx2) {
-                    let mut b = vec![1u8; a.len()];
-                    // SAFETY: AVX2 (and F16C, part of the table's features) detected above.
-                    unsafe { groups::pack_groups_avx2(t, &g2, k, c0, n, &mut b) };
-                    assert!(a == b, "{t} (AVX2): columns {c0}.. ({n})");
-                }
-            }
-        }
-    }
-}
+mod tests;

@@ -12,8 +12,11 @@
 //! (`G` = 1) multiplies the signed bytes `q = u ^ 0x80` as the dot products do —
 //! `maddubs(|q|, sign(y, q))`, pairs ≤ 2·128·127 — and removes no offset. All are
 //! bit-identical to the portable kernel (exact integer sums, the same float operations per
-//! lane in the same order). [`pack`] decodes the weight rows into panels with AVX2, the
-//! scalar decoder's bytes.
+//! lane in the same order). With AVX-VNNI ([`panel_avx_vnni`]; Intel since Alder Lake, AMD
+//! since Zen 5: `simd::x86::avx_vnni`) one 256-bit `vpdpbusd` per group, row and panel takes
+//! the place of `maddubs`, the i16 sums and their `madd`, and Q8_0 runs on its unsigned codes
+//! with the offset term as the AVX-512 kernels do. [`pack`] decodes the weight rows into
+//! panels with AVX2, the scalar decoder's bytes.
 //!
 //! The activation kind, the code offset and the scale split are const parameters
 //! ([`by_kind`]), so nothing branches on them per row and block. Each row's block scale and
@@ -39,6 +42,13 @@
 //! Q5_1 277–313 → 249–256, Q8_0 (576 × 49152) 11.5 → 10.5 ms. (Q8_0's codes as two nibbles, two
 //! 4-bit kernels, did not beat the signed bytes: their `maddubs` and i16 adds fill the pipes
 //! the signs and `madd`s did.)
+//!
+//! AVX-VNNI, measured on Zen 5 (`--isa avx2` table; `scripts/gemm_bench`, one thread, 16 rows,
+//! `mr` 4, µs per call, `CORELM_AVX_VNNI=0` against on): Q4_1 576 × 1536 131–135 → 115–122,
+//! Q8_0 576 × 49152 7081–7144 → 3874–4056, and at 1024 × 4864 Q4_0 694–707 → 590–629, Q5_0
+//! 758–779 → 625–635, Q4_K 763–827 → 694–767, Q6_K 1255–1327 → 868–909. `mr` 4 stays the
+//! best tile (Q4_1: 2 rows 137, 6 rows 127, 8 rows 151 µs; 16 registers hold 4 rows' sums of
+//! two panels, the weights and a broadcast).
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -187,8 +197,8 @@ fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub fn panel(job: PanelJob, acc0: impl Fn(usize) -> [f32; PANEL], mut store: impl FnMut(usize, &[f32; PANEL])) {
     let panels = [job.panel];
-    // SAFETY: the features `by_kind::<true, 1>` uses are enabled here.
-    unsafe { by_kind::<true, 1>(job, panels, &|r, _| acc0(r), &mut |r, _, a| store(r, a)) }
+    // SAFETY: the features `by_kind::<VNNI512, 1>` uses are enabled here.
+    unsafe { by_kind::<VNNI512, 1>(job, panels, &|r, _| acc0(r), &mut |r, _, a| store(r, a)) }
 }
 
 /// [`panel`] over two panels at once: `job.panel` (outputs `(r, 0)`) and `second` (outputs
@@ -196,16 +206,16 @@ pub fn panel(job: PanelJob, acc0: impl Fn(usize) -> [f32; PANEL], mut store: imp
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub fn panel_pair(job: PanelJob, second: &[u8], acc0: impl Fn(usize, usize) -> [f32; PANEL], mut store: impl FnMut(usize, usize, &[f32; PANEL])) {
     let panels = [job.panel, second];
-    // SAFETY: the features `by_kind::<true, 2>` uses are enabled here.
-    unsafe { by_kind::<true, 2>(job, panels, &acc0, &mut store) }
+    // SAFETY: the features `by_kind::<VNNI512, 2>` uses are enabled here.
+    unsafe { by_kind::<VNNI512, 2>(job, panels, &acc0, &mut store) }
 }
 
 /// The panel kernel with AVX2 (every supported type; Q8_0 on its signed bytes).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn panel_avx2(job: PanelJob, acc0: impl Fn(usize) -> [f32; PANEL], mut store: impl FnMut(usize, &[f32; PANEL])) {
     let panels = [job.panel];
-    // SAFETY: the features `by_kind::<false, 1>` uses are enabled here.
-    unsafe { by_kind::<false, 1>(job, panels, &|r, _| acc0(r), &mut |r, _, a| store(r, a)) }
+    // SAFETY: the features `by_kind::<MADDUBS, 1>` uses are enabled here.
+    unsafe { by_kind::<MADDUBS, 1>(job, panels, &|r, _| acc0(r), &mut |r, _, a| store(r, a)) }
 }
 
 /// [`panel_avx2`] over two panels at once (each row's broadcasts and block scalars serve
@@ -213,9 +223,35 @@ pub fn panel_avx2(job: PanelJob, acc0: impl Fn(usize) -> [f32; PANEL], mut store
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn panel_pair_avx2(job: PanelJob, second: &[u8], acc0: impl Fn(usize, usize) -> [f32; PANEL], mut store: impl FnMut(usize, usize, &[f32; PANEL])) {
     let panels = [job.panel, second];
-    // SAFETY: the features `by_kind::<false, 2>` uses are enabled here.
-    unsafe { by_kind::<false, 2>(job, panels, &acc0, &mut store) }
+    // SAFETY: the features `by_kind::<MADDUBS, 2>` uses are enabled here.
+    unsafe { by_kind::<MADDUBS, 2>(job, panels, &acc0, &mut store) }
 }
+
+/// [`panel_avx2`] with AVX-VNNI (`simd::x86::avx_vnni`): one 256-bit `vpdpbusd` per group,
+/// row and panel adds the four `u·y` products into the i32 lanes, where `maddubs`, the i16
+/// sums and their `madd` took three; Q8_0 runs on its unsigned codes with the offset term, as
+/// the AVX-512 kernels do (no `sign`/`abs`). The same exact integers, so the same bits.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub fn panel_avx_vnni(job: PanelJob, acc0: impl Fn(usize) -> [f32; PANEL], mut store: impl FnMut(usize, &[f32; PANEL])) {
+    let panels = [job.panel];
+    // SAFETY: the features `by_kind::<VNNI256, 1>` uses are enabled here.
+    unsafe { by_kind::<VNNI256, 1>(job, panels, &|r, _| acc0(r), &mut |r, _, a| store(r, a)) }
+}
+
+/// [`panel_avx_vnni`] over two panels at once, as [`panel_pair_avx2`].
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub fn panel_pair_avx_vnni(job: PanelJob, second: &[u8], acc0: impl Fn(usize, usize) -> [f32; PANEL], mut store: impl FnMut(usize, usize, &[f32; PANEL])) {
+    let panels = [job.panel, second];
+    // SAFETY: the features `by_kind::<VNNI256, 2>` uses are enabled here.
+    unsafe { by_kind::<VNNI256, 2>(job, panels, &acc0, &mut store) }
+}
+
+/// The integer dot instruction, a const parameter of the kernels: AVX2's `maddubs` (with
+/// `madd` into i32), AVX-512 VNNI's `vpdpbusd` (EVEX; two panels as one 512-bit vector), or
+/// AVX-VNNI's (VEX, 256 bits).
+const MADDUBS: u8 = 0;
+const VNNI512: u8 = 1;
+const VNNI256: u8 = 2;
 
 /// Activation kinds as const parameters of [`panel_kind`].
 const Q8_0: u8 = 0;
@@ -228,24 +264,25 @@ const Q8K: u8 = 2;
 /// runs the portable twin, with the same bits.
 ///
 /// # Safety
-/// AVX2, FMA and F16C present, and with `VNNI` AVX-512 F/VL/VNNI.
+/// AVX2, FMA and F16C present, with `D` = [`VNNI512`] AVX-512 F/VL/VNNI, with [`VNNI256`]
+/// AVX-VNNI.
 #[inline(always)]
-unsafe fn by_kind<const VNNI: bool, const P: usize>(job: PanelJob, panels: [&[u8]; P], acc0: &impl Fn(usize, usize) -> [f32; PANEL], store: &mut impl FnMut(usize, usize, &[f32; PANEL])) {
+unsafe fn by_kind<const D: u8, const P: usize>(job: PanelJob, panels: [&[u8]; P], acc0: &impl Fn(usize, usize) -> [f32; PANEL], store: &mut impl FnMut(usize, usize, &[f32; PANEL])) {
     // SAFETY (every arm): the caller's features.
     unsafe {
-        match (job.act, job.o != 0, job.split, if VNNI { 0 } else { job.umax }) {
-            (Act::Q8_0, true, false, 0) => panel_kind::<Q8_0, true, false, VNNI, P, 8>(job, panels, acc0, store),
-            (Act::Q8_1, false, false, 0) => panel_kind::<Q8_1, false, false, VNNI, P, 8>(job, panels, acc0, store),
-            (Act::Q8K, false, false, 0) => panel_kind::<Q8K, false, false, VNNI, P, 8>(job, panels, acc0, store),
-            (Act::Q8K, true, true, 0) => panel_kind::<Q8K, true, true, VNNI, P, 8>(job, panels, acc0, store),
-            (Act::Q8_0, true, false, 15) => panel_kind::<Q8_0, true, false, false, P, 8>(job, panels, acc0, store),
-            (Act::Q8_0, true, false, 31) => panel_kind::<Q8_0, true, false, false, P, 4>(job, panels, acc0, store),
-            (Act::Q8_0, true, false, 255) => panel_kind::<Q8_0, false, false, false, P, 1>(job, panels, acc0, store),
-            (Act::Q8_1, false, false, 15) => panel_kind::<Q8_1, false, false, false, P, 8>(job, panels, acc0, store),
-            (Act::Q8_1, false, false, 31) => panel_kind::<Q8_1, false, false, false, P, 4>(job, panels, acc0, store),
-            (Act::Q8K, false, false, 15) => panel_kind::<Q8K, false, false, false, P, 8>(job, panels, acc0, store),
-            (Act::Q8K, false, false, 31) => panel_kind::<Q8K, false, false, false, P, 4>(job, panels, acc0, store),
-            (Act::Q8K, true, true, 63) => panel_kind::<Q8K, true, true, false, P, 2>(job, panels, acc0, store),
+        match (job.act, job.o != 0, job.split, if D != MADDUBS { 0 } else { job.umax }) {
+            (Act::Q8_0, true, false, 0) => panel_kind::<Q8_0, true, false, D, P, 8>(job, panels, acc0, store),
+            (Act::Q8_1, false, false, 0) => panel_kind::<Q8_1, false, false, D, P, 8>(job, panels, acc0, store),
+            (Act::Q8K, false, false, 0) => panel_kind::<Q8K, false, false, D, P, 8>(job, panels, acc0, store),
+            (Act::Q8K, true, true, 0) => panel_kind::<Q8K, true, true, D, P, 8>(job, panels, acc0, store),
+            (Act::Q8_0, true, false, 15) => panel_kind::<Q8_0, true, false, MADDUBS, P, 8>(job, panels, acc0, store),
+            (Act::Q8_0, true, false, 31) => panel_kind::<Q8_0, true, false, MADDUBS, P, 4>(job, panels, acc0, store),
+            (Act::Q8_0, true, false, 255) => panel_kind::<Q8_0, false, false, MADDUBS, P, 1>(job, panels, acc0, store),
+            (Act::Q8_1, false, false, 15) => panel_kind::<Q8_1, false, false, MADDUBS, P, 8>(job, panels, acc0, store),
+            (Act::Q8_1, false, false, 31) => panel_kind::<Q8_1, false, false, MADDUBS, P, 4>(job, panels, acc0, store),
+            (Act::Q8K, false, false, 15) => panel_kind::<Q8K, false, false, MADDUBS, P, 8>(job, panels, acc0, store),
+            (Act::Q8K, false, false, 31) => panel_kind::<Q8K, false, false, MADDUBS, P, 4>(job, panels, acc0, store),
+            (Act::Q8K, true, true, 63) => panel_kind::<Q8K, true, true, MADDUBS, P, 2>(job, panels, acc0, store),
             _ => {
                 for (p, &panel) in panels.iter().enumerate() {
                     super::panel_portable(PanelJob { panel, ..job }, |r| acc0(r, p), |r, a| store(r, p, a));
@@ -263,7 +300,7 @@ unsafe fn by_kind<const VNNI: bool, const P: usize>(job: PanelJob, panels: [&[u8
 /// # Safety
 /// As [`by_kind`].
 #[inline(always)]
-unsafe fn panel_kind<const A: u8, const OFF: bool, const SPLIT: bool, const VNNI: bool, const P: usize, const G: usize>(job: PanelJob, panels: [&[u8]; P], acc0: &impl Fn(usize, usize) -> [f32; PANEL], store: &mut impl FnMut(usize, usize, &[f32; PANEL])) {
+unsafe fn panel_kind<const A: u8, const OFF: bool, const SPLIT: bool, const D: u8, const P: usize, const G: usize>(job: PanelJob, panels: [&[u8]; P], acc0: &impl Fn(usize, usize) -> [f32; PANEL], store: &mut impl FnMut(usize, usize, &[f32; PANEL])) {
     let PanelJob { nb, b1, x, xrb, rows, mr, ysum, .. } = job;
     // Bytes of an activation block (Q8_K: of a super-block of eight).
     let abs = act_bytes::<A>();
@@ -277,11 +314,11 @@ unsafe fn panel_kind<const A: u8, const OFF: bool, const SPLIT: bool, const VNNI
         // SAFETY (every arm): the caller's features; rows r .. r + h exist (checked here).
         unsafe {
             match h {
-                8 => rows_tile::<8, A, OFF, SPLIT, VNNI, P, G>(&job, &panels, r, acc0, store),
-                6 | 7 => rows_tile::<6, A, OFF, SPLIT, VNNI, P, G>(&job, &panels, r, acc0, store),
-                4 | 5 => rows_tile::<4, A, OFF, SPLIT, VNNI, P, G>(&job, &panels, r, acc0, store),
-                2 | 3 => rows_tile::<2, A, OFF, SPLIT, VNNI, P, G>(&job, &panels, r, acc0, store),
-                _ => rows_tile::<1, A, OFF, SPLIT, VNNI, P, G>(&job, &panels, r, acc0, store),
+                8 => rows_tile::<8, A, OFF, SPLIT, D, P, G>(&job, &panels, r, acc0, store),
+                6 | 7 => rows_tile::<6, A, OFF, SPLIT, D, P, G>(&job, &panels, r, acc0, store),
+                4 | 5 => rows_tile::<4, A, OFF, SPLIT, D, P, G>(&job, &panels, r, acc0, store),
+                2 | 3 => rows_tile::<2, A, OFF, SPLIT, D, P, G>(&job, &panels, r, acc0, store),
+                _ => rows_tile::<1, A, OFF, SPLIT, D, P, G>(&job, &panels, r, acc0, store),
             }
         }
         r += [1, 1, 2, 2, 4, 4, 6, 6, 8][h];
@@ -294,7 +331,7 @@ unsafe fn panel_kind<const A: u8, const OFF: bool, const SPLIT: bool, const VNNI
 /// # Safety
 /// As [`panel_kind`].
 #[inline(always)]
-unsafe fn rows_tile<const R: usize, const A: u8, const OFF: bool, const SPLIT: bool, const VNNI: bool, const P: usize, const G: usize>(
+unsafe fn rows_tile<const R: usize, const A: u8, const OFF: bool, const SPLIT: bool, const D: u8, const P: usize, const G: usize>(
     job: &PanelJob,
     panels: &[&[u8]; P],
     r0: usize,
@@ -303,10 +340,10 @@ unsafe fn rows_tile<const R: usize, const A: u8, const OFF: bool, const SPLIT: b
 ) {
     // SAFETY (both): the caller's features and bounds.
     unsafe {
-        if P == 2 && VNNI {
+        if P == 2 && D == VNNI512 {
             rows_wide::<R, A, OFF, SPLIT>(job, &[panels[0], panels[P - 1]], r0, acc0, store)
         } else {
-            rows_block::<R, A, OFF, SPLIT, VNNI, P, G>(job, panels, r0, acc0, store)
+            rows_block::<R, A, OFF, SPLIT, D, P, G>(job, panels, r0, acc0, store)
         }
     }
 }
@@ -320,7 +357,7 @@ unsafe fn rows_tile<const R: usize, const A: u8, const OFF: bool, const SPLIT: b
 /// # Safety
 /// As [`panel_kind`], whose asserts bound every access.
 #[inline(always)]
-unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: bool, const VNNI: bool, const P: usize, const G: usize>(
+unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: bool, const D: u8, const P: usize, const G: usize>(
     job: &PanelJob,
     panels: &[&[u8]; P],
     r0: usize,
@@ -346,7 +383,7 @@ unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: 
             let (head, q) = block_at::<A>(b);
             // Integer sums of the two 16-element halves (groups 0..4, 4..8), kept apart only
             // where the halves have scales of their own.
-            let acci = if VNNI {
+            let acci = if D != MADDUBS {
                 let mut acci = [[[_mm256_setzero_si256(); P]; R]; 2];
                 if OFF && !sc.is_empty() {
                     start_offsets(&mut acci, |j, h| [_mm256_set1_epi32((sc.as_ptr().add((b * sc_rows + r0 + j) * ROW_SCALARS + 4 * h) as *const i32).read_unaligned()); P]);
@@ -356,7 +393,7 @@ unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: 
                     for (j, a) in acci[if SPLIT { g / 4 } else { 0 }].iter_mut().enumerate() {
                         let y = _mm256_set1_epi32((xs[j].add(q + 4 * g) as *const i32).read_unaligned());
                         for p in 0..P {
-                            a[p] = _mm256_dpbusd_epi32(a[p], w[p], y);
+                            a[p] = if D == VNNI256 { _mm256_dpbusd_avx_epi32(a[p], w[p], y) } else { _mm256_dpbusd_epi32(a[p], w[p], y) };
                         }
                     }
                 }
@@ -375,7 +412,7 @@ unsafe fn rows_block<const R: usize, const A: u8, const OFF: bool, const SPLIT: 
                     // added now.
                     let at = sc.as_ptr().add((b * sc_rows + r0 + j) * ROW_SCALARS);
                     let off = |h: usize| _mm256_set1_epi32((at.add(4 * h) as *const i32).read_unaligned());
-                    let sum = |h: usize, p: usize| if OFF && !VNNI { _mm256_add_epi32(acci[h][j][p], off(h)) } else { acci[h][j][p] };
+                    let sum = |h: usize, p: usize| if OFF && D == MADDUBS { _mm256_add_epi32(acci[h][j][p], off(h)) } else { acci[h][j][p] };
                     let dx = _mm256_broadcast_ss(&*(at.add(8) as *const f32));
                     for (p, acc) in acc.iter_mut().enumerate() {
                         if SPLIT {

@@ -17,7 +17,8 @@
 //! ≤ 31·128·2, no i16 saturation) and add `−o·Σy` per lane, computed once per call for each
 //! activation block (`prep`), not once per group.
 //!
-//! On CPUs with AVX-VNNI (Intel since Alder Lake and Sapphire Rapids) the `*_vnni` entry points
+//! On CPUs with AVX-VNNI (Intel since Alder Lake and Sapphire Rapids, AMD since Zen 5; unless
+//! `CORELM_AVX_VNNI=0`: `simd::x86::avx_vnni`) the `*_vnni` entry points
 //! replace `maddubs` + `madd` (+ the offset add) by one `vpdpbusd` for every type but Q8_0: the
 //! same i32 lane sums, so the same bits (`tests::vnni_kernels_equal_the_avx2_ones`).
 //!
