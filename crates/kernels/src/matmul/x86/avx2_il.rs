@@ -175,13 +175,15 @@ fn spread<T: IlBlock>(h: __m256, p: usize) -> __m256 {
 }
 
 /// The exact i32 lane sums of one half (`u` against the broadcast activation half `y`). With
-/// `V` (AVX-VNNI) one `vpdpbusd` replaces `maddubs` + `madd` (+ the offset add) for the types
-/// whose i16 pair sums cannot saturate (|u| ≤ 31, or IQ4_NL's |v| ≤ 127): the same integers.
-/// Q8_0, whose bytes may hold −128, keeps `maddubs`' saturation, as the plain kernel.
+/// `V` (AVX-VNNI) one `vpdpbusd` replaces `maddubs` + `madd` (+ the offset add): the same
+/// integers, since no i16 pair sum of `maddubs` saturates here. Unsigned codes are at most 31;
+/// the signed ones (Q8_0's bytes, IQ4_NL's values) enter as `|u|` ≤ 128 against
+/// `sign(y, u)` in −128..=127 (−128 where `y` is −128: `sign` wraps it, in both forms), so a
+/// pair lies in −32768..=32512.
 #[inline(always)]
 unsafe fn half_sum<T: IlBlock, const V: bool>(u: __m256i, y: __m256i, neg: __m256i) -> __m256i {
     let ones = _mm256_set1_epi16(1);
-    if V && !matches!(T::VALUES, IlValues::Bytes) {
+    if V {
         // SAFETY: `V` is set only in the kernels compiled with AVX-VNNI.
         unsafe {
             if signed::<T>() {
