@@ -4,7 +4,8 @@
 //! matrix. With `--copies C` the matrix is copied C times and the calls go round the copies, so
 //! that (with C · the matrix's bytes well over the L3) its weights come from memory as in a
 //! decode step, instead of from L2. The kernel table is the process's (`CORELM_ISA=avx2`
-//! forces a lower one). Prints µs per call (the best of five rounds) and GMAC/s.
+//! forces a lower one; `CORELM_AVX_VNNI=0` keeps the AVX2 table on `maddubs` where the CPU has
+//! AVX-VNNI). Prints µs per call (the best of five rounds) and GMAC/s.
 //!
 //!     cargo run --release --manifest-path scripts/gemm_bench/Cargo.toml -- \
 //!         [--type q4_1] [--k 576] [--n 1536] [--rows 16] [--mr 4] [--copies 1] [--reps 2000]
