@@ -22,6 +22,16 @@ fn random_rows(seed: &mut u64, n: usize) -> Vec<u8> {
     w
 }
 
+/// The activation type of kind `act` and its portable quantizer.
+fn act_quantizer(act: Act) -> (DType, fn(&[f32], &mut [u8])) {
+    use crate::quant::portable::{quant_q8_0, quant_q8_1, quant_q8_k};
+    match act {
+        Act::Q8_0 => (DType::Q8_0, quant_q8_0),
+        Act::Q8_1 => (DType::Q8_1, quant_q8_1),
+        Act::Q8K => (DType::Q8K, quant_q8_k),
+    }
+}
+
 /// The AVX2 panel kernel at the codes and activations that make its i16 sums largest:
 /// every code at the type's largest (Q8_0 also at its smallest signed byte, −128) against
 /// rows of ±127 (Q8_K: −128), every register tile height. A `maddubs` pair or an i16 sum of
@@ -31,17 +41,11 @@ fn avx2_panel_sums_stay_exact_at_extreme_codes() {
     if !Isa::Avx2.missing().is_empty() {
         return;
     }
-    use crate::quant::portable::{quant_q8_0, quant_q8_1, quant_q8_k};
     for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
         let (act, o, split) = (act_of(t), offset(t), split16(t));
         let k = 256;
         let nb = k / 32;
-        type Quantize = fn(&[f32], &mut [u8]);
-        let (vdt, quantize): (DType, Quantize) = match act {
-            Act::Q8_0 => (DType::Q8_0, quant_q8_0),
-            Act::Q8_1 => (DType::Q8_1, quant_q8_1),
-            Act::Q8K => (DType::Q8K, quant_q8_k),
-        };
+        let (vdt, quantize) = act_quantizer(act);
         let xrb = crate::row_bytes(vdt, k);
         // Rows of +1 and of −1: every value at the quantizer's extreme, of one sign.
         let rows = 8;
@@ -85,7 +89,6 @@ fn avx2_panel_kernels_equal_portable() {
         return;
     }
     let vnni = is_x86_feature_detected!("avxvnni");
-    use crate::quant::portable::{quant_q8_0, quant_q8_1, quant_q8_k};
     let mut seed = 0x1234_5678_9ABC_DEF1u64;
     for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
         let (act, o, split) = (act_of(t), offset(t), split16(t));
@@ -95,12 +98,7 @@ fn avx2_panel_kernels_equal_portable() {
         let (mut p0, mut p1) = (vec![0u8; nb * PACKED_BLOCK], vec![0u8; nb * PACKED_BLOCK]);
         pack(t, &w, k, 0, PANEL, &mut p0);
         pack(t, &w, k, PANEL, PANEL, &mut p1);
-        type Quantize = fn(&[f32], &mut [u8]);
-        let (vdt, quantize): (DType, Quantize) = match act {
-            Act::Q8_0 => (DType::Q8_0, quant_q8_0),
-            Act::Q8_1 => (DType::Q8_1, quant_q8_1),
-            Act::Q8K => (DType::Q8K, quant_q8_k),
-        };
+        let (vdt, quantize) = act_quantizer(act);
         let (rows, xrb) = (11, crate::row_bytes(vdt, k));
         let mut x = vec![0u8; rows * xrb];
         for r in 0..rows {

@@ -294,7 +294,7 @@ unsafe fn by_kind<const D: u8, const P: usize>(job: PanelJob, panels: [&[u8]; P]
 
 /// The kernel for activation kind `A`, with (`OFF`) or without a code offset and with
 /// (`SPLIT`) or without two scales per block, on one panel or two (`P` = 2: AVX-512 VNNI as
-/// one 512-bit vector, AVX2 as two 256-bit ones): register tiles of `mr` rows, the rows left
+/// one 512-bit vector, the AVX2 table (`maddubs` or AVX-VNNI) as two 256-bit ones): register tiles of `mr` rows, the rows left
 /// over one at a time.
 ///
 /// # Safety
@@ -348,8 +348,8 @@ unsafe fn rows_tile<const R: usize, const A: u8, const OFF: bool, const SPLIT: b
     }
 }
 
-/// Rows `r0 .. r0 + R` of [`panel_kind`] on `P` panels in 256-bit vectors (two: AVX2 only,
-/// whose `maddubs` take 256 bits): per block, each panel's eight 32-byte groups, each met by
+/// Rows `r0 .. r0 + R` of [`panel_kind`] on `P` panels in 256-bit vectors (two: the AVX2
+/// table, whose `maddubs` and AVX-VNNI `vpdpbusd` take 256 bits): per block, each panel's eight 32-byte groups, each met by
 /// every row's four values of that group (broadcast from the row itself, once for the `P`
 /// panels), then per row and panel the float steps of [`panel_portable`](super::panel_portable)
 /// with the row's block scale and `s` as [`act_block`](super::act_block) gives them.
