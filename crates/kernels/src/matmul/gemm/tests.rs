@@ -22,8 +22,11 @@ fn random_rows(seed: &mut u64, n: usize) -> Vec<u8> {
     w
 }
 
+/// A portable activation quantizer: values in, one row of blocks out.
+type Quantize = fn(&[f32], &mut [u8]);
+
 /// The activation type of kind `act` and its portable quantizer.
-fn act_quantizer(act: Act) -> (DType, fn(&[f32], &mut [u8])) {
+fn act_quantizer(act: Act) -> (DType, Quantize) {
     use crate::quant::portable::{quant_q8_0, quant_q8_1, quant_q8_k};
     match act {
         Act::Q8_0 => (DType::Q8_0, quant_q8_0),
