@@ -8,7 +8,11 @@
 //!    prompt) are timed, best of `--reps`. Candidates go in the model's order, class by class
 //!    (TP degree, NUMA-local), and a class stops after `--patience` measurements that did not
 //!    beat its best. With `--topology` (another machine) the model's times stand in, and the
-//!    plan says `modelled`.
+//!    plan says `modelled`. The finalists (`Plan::finalists`: the `--confirm-top` shortest
+//!    requests, the fastest prefill, the fastest decode, the pair chosen) are then loaded side
+//!    by side and timed again in `--confirm` interleaved rounds, each round in a rotated order;
+//!    their medians replace the single measurements, which on a shared or virtual machine
+//!    differ from run to run by more than the candidates differ.
 //! 3. `Plan::choose` picks the prefill and decode configurations (same TP degree, decode
 //!    groups inside the prefill ones) with the shortest request and where they cross.
 //! 4. The prefill matmul schedules (`--gemm`), on the prefill configuration's workers.
@@ -54,6 +58,14 @@ pub struct TuneArgs {
     /// Repetitions per timing (best kept).
     #[arg(short, long, default_value_t = 2)]
     reps: usize,
+    /// Interleaved rounds the finalists are timed again in before the choice, which then takes
+    /// their medians (0: choose from the search's single measurements).
+    #[arg(long, default_value_t = 5)]
+    confirm: usize,
+    /// Shortest requests among the finalists (with the fastest prefill and decode configurations
+    /// and the pair the search chose); they are loaded side by side while confirmed.
+    #[arg(long, default_value_t = 2)]
+    confirm_top: usize,
     /// Sequence lengths the prefill matmul schedules are tuned at (comma-separated, ascending;
     /// `0` skips the GEMM tuning). Shorter passes take the first length's schedule, except single
     /// rows (decode's GEMV), which take none.
@@ -87,23 +99,85 @@ impl TuneArgs {
     }
 }
 
-/// Time `c` on this machine: a prefill pass of `prompt` tokens and a single-token decode pass.
-fn measure(model: &std::path::Path, c: &ServiceConfig, prompt: usize, reps: usize) -> Result<(f64, f64)> {
+/// An engine on `c` alone (both phases), sized for a `prompt`-token pass and the decode after it.
+fn load_on(model: &std::path::Path, c: &ServiceConfig, prompt: usize) -> Result<Engine> {
     let plan = Plan { source: "measured".into(), prompt, ..Plan::with_configs(c.clone(), c.clone(), 1) };
     let cfg = EngineConfig { n_ctx: prompt + 64, n_batch: prompt.max(1), n_seq_max: 1, tp: 0, plan: Some(plan), ..Default::default() };
-    let mut engine = Engine::load(model, cfg)?;
+    Ok(Engine::load(model, cfg)?)
+}
+
+/// Time `c` on this machine: a prefill pass of `prompt` tokens and a single-token decode pass.
+fn measure(model: &std::path::Path, c: &ServiceConfig, prompt: usize, reps: usize) -> Result<(f64, f64)> {
+    let mut engine = load_on(model, c, prompt)?;
     Ok((pass_seconds(&mut engine, prompt, prompt, reps)?, pass_seconds(&mut engine, 1, prompt, reps)?))
+}
+
+/// Step 2's confirmation: the finalists loaded side by side and timed `a.confirm` times each,
+/// round by round, the order rotated every round. Each finalist's pass times become the first
+/// finalist's median times scaled by the median of its ratios to the first one *within* rounds:
+/// the machine's drift from minute to minute (10–25 % on the development VMs) meets every
+/// finalist of a round alike and cancels in those ratios. Returns the finalists (indices into
+/// `candidates`) and each round's times of them, for [`Plan::choose_confirmed`].
+fn confirm(a: &TuneArgs, model: &std::path::Path, candidates: &mut [Candidate], default: Option<usize>) -> Result<(Vec<usize>, Rounds)> {
+    let finalists = Plan::finalists(candidates, a.prompt, a.gen, a.confirm_top, default);
+    if a.confirm == 0 || finalists.len() < 2 {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let mut engines = Vec::with_capacity(finalists.len());
+    for &i in &finalists {
+        let c = &candidates[i].config;
+        engines.push(load_on(model, c, a.prompt).with_context(|| format!("loading {} again to confirm its times", c.describe()))?);
+    }
+    let n = finalists.len();
+    let bar = indicatif::ProgressBar::new((n * a.confirm) as u64);
+    bar.set_style(indicatif::ProgressStyle::with_template("confirming {bar:30} {pos}/{len} {msg}").expect("a valid template"));
+    // [round][finalist] → (prefill s, decode s)
+    let mut rounds = vec![vec![(0.0, 0.0); n]; a.confirm];
+    for (r, times) in rounds.iter_mut().enumerate() {
+        for k in (0..n).map(|k| (r + k) % n) {
+            bar.set_message(candidates[finalists[k]].config.describe().chars().take(60).collect::<String>());
+            times[k] = (pass_seconds(&mut engines[k], a.prompt, a.prompt, 1)?, decode_seconds(&mut engines[k], a.prompt, CONFIRM_STEPS, 1)?);
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    let first = |f: fn(&(f64, f64)) -> f64| median(&mut rounds.iter().map(|t| f(&t[0])).collect::<Vec<_>>());
+    let (p0, d0) = (first(|t| t.0), first(|t| t.1));
+    for (k, &i) in finalists.iter().enumerate() {
+        let ratio = |f: fn(&(f64, f64)) -> f64| median(&mut rounds.iter().map(|t| f(&t[k]) / f(&t[0])).collect::<Vec<_>>());
+        let c = &mut candidates[i];
+        (c.prefill_s, c.decode_s, c.rounds) = (p0 * ratio(|t| t.0), d0 * ratio(|t| t.1), a.confirm);
+    }
+    Ok((finalists, rounds))
+}
+
+/// Per confirmation round, per finalist: (prefill seconds, decode seconds).
+type Rounds = Vec<Vec<(f64, f64)>>;
+
+/// Decode steps timed per confirmation sample: twice the search's, since a decode pass is a
+/// few milliseconds and weighs `--gen` times in a request.
+const CONFIRM_STEPS: usize = 32;
+
+/// The middle of `x` (the mean of the two middle values for an even count); sorts `x`.
+fn median(x: &mut [f64]) -> f64 {
+    x.sort_by(f64::total_cmp);
+    let h = x.len() / 2;
+    if x.len() % 2 == 1 { x[h] } else { 0.5 * (x[h - 1] + x[h]) }
 }
 
 /// Seconds of one pass of `n` tokens (`bench::run_test`'s mean of `reps` runs after a warm-up
 /// one): a prefill of `n` from an empty cache, or for `n` = 1 a decode step after a
 /// `prompt`-token prompt (16 steps a run).
 fn pass_seconds(engine: &mut Engine, n: usize, prompt: usize, reps: usize) -> Result<f64> {
-    Ok(if n == 1 {
-        1.0 / corelm_engine::bench::run_test(engine, prompt, 0, 16, reps)?.0
-    } else {
-        n as f64 / corelm_engine::bench::run_test(engine, 0, n, 0, reps)?.0
-    })
+    if n == 1 {
+        return decode_seconds(engine, prompt, 16, reps);
+    }
+    Ok(n as f64 / corelm_engine::bench::run_test(engine, 0, n, 0, reps)?.0)
+}
+
+/// Seconds of one decode step after a `prompt`-token prompt, over runs of `steps` steps.
+fn decode_seconds(engine: &mut Engine, prompt: usize, steps: usize, reps: usize) -> Result<f64> {
+    Ok(1.0 / corelm_engine::bench::run_test(engine, prompt, 0, steps, reps)?.0)
 }
 
 pub fn tune(a: &TuneArgs, model: PathBuf) -> Result<()> {
@@ -158,11 +232,25 @@ pub fn tune(a: &TuneArgs, model: PathBuf) -> Result<()> {
     }
     let mut candidates: Vec<Candidate> = all
         .iter()
-        .filter_map(|c| times.get(&c.key()).map(|&(p, d)| Candidate { config: c.clone(), prefill_s: p, decode_s: d }))
+        .filter_map(|c| times.get(&c.key()).map(|&(p, d)| Candidate { config: c.clone(), prefill_s: p, decode_s: d, rounds: 0 }))
         .collect();
-    candidates.sort_by(|x, y| request((x.prefill_s, x.decode_s)).total_cmp(&request((y.prefill_s, y.decode_s))));
+    // What runs without a plan: one group of every core.
+    let most = candidates.iter().map(|c| c.config.n_cores()).max().unwrap_or(0);
+    let default = candidates.iter().position(|c| c.config.tp() == 1 && c.config.n_cores() == most);
+    let (finalists, rounds) = if measured { confirm(a, &model, &mut candidates, default)? } else { (Vec::new(), Vec::new()) };
     // 3. The pair.
-    let (i, j, min) = Plan::choose(&candidates, a.prompt, a.gen).context("no candidate configuration could be timed")?;
+    let need = (a.confirm * 4).div_ceil(5);
+    let (i, j, min, won) = Plan::choose_confirmed(&candidates, &finalists, &rounds, a.prompt, a.gen, default, need).context("no candidate configuration could be timed")?;
+    if !finalists.is_empty() {
+        eprintln!("confirmed {} finalists: times from {} interleaved rounds", finalists.len(), a.confirm);
+    }
+    if let (Some(won), Some(d)) = (won, default) {
+        let best = Plan::choose(&candidates, a.prompt, a.gen).map(|(i, j, _)| (i, j));
+        let what = if best == Some((i, j)) { "chosen" } else { "not chosen, the default kept" };
+        eprintln!("the best pair made a shorter request than the default ({}) in {won} of {} rounds ({need} needed): {what}", candidates[d].config.describe(), a.confirm);
+    }
+    let (prefill, decode) = (candidates[i].config.clone(), candidates[j].config.clone());
+    candidates.sort_by(|x, y| request((x.prefill_s, x.decode_s)).total_cmp(&request((y.prefill_s, y.decode_s))));
     let mut plan = Plan {
         cpu: if measured { crate::profile::cpu_model() } else { prof.name.clone() },
         topology: topo.source.clone(),
@@ -170,8 +258,8 @@ pub fn tune(a: &TuneArgs, model: PathBuf) -> Result<()> {
         source: if measured { "measured" } else { "modelled" }.into(),
         prompt: a.prompt,
         gen: a.gen,
-        prefill: candidates[i].config.clone(),
-        decode: candidates[j].config.clone(),
+        prefill,
+        decode,
         prefill_min_tokens: min,
         candidates,
         gemm_isa: String::new(),

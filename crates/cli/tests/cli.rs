@@ -134,9 +134,12 @@ fn tune_writes_a_plan_that_run_and_plan_use() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("finalists: times from 5 interleaved rounds"), "{err}");
     let explained = corelm().args(["plan", "--plan"]).arg(&here).output().unwrap();
     let text = String::from_utf8_lossy(&explained.stdout);
     assert!(text.contains("Prefill: tp") && text.contains("Decode:  tp") && text.contains("measured"), "{text}");
+    assert!(text.contains("(confirmed in 5 rounds)"), "{text}");
     let run = corelm().args(["run", "--model", &smol(), "-n", "4", "--temp", "0", "-p", "Hello", "--plan"]).arg(&here).output().unwrap();
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let both = corelm().args(["run", "--model", &smol(), "-t", "1", "-p", "x", "--plan"]).arg(&here).output().unwrap();

@@ -36,6 +36,11 @@ pub struct Candidate {
     pub config: ServiceConfig,
     pub decode_s: f64,
     pub prefill_s: f64,
+    /// How many interleaved rounds confirmed the two times (`corelm tune --confirm`, the
+    /// finalists: medians within rounds); 0: one measurement of the search, or the latency
+    /// model's times.
+    #[serde(default)]
+    pub rounds: usize,
 }
 
 impl Candidate {
@@ -313,6 +318,45 @@ impl Plan {
         Some((i, j, min))
     }
 
+    /// The candidates worth timing again before the choice (`corelm tune --confirm`): the
+    /// `top` shortest requests, the fastest prefill and the fastest decode pass, the pair
+    /// [`Plan::choose`] takes from these times, and `default` (the configuration an engine runs
+    /// without a plan) — indices, each once, in that order. One measurement each on a busy or
+    /// virtual machine can be off by more than the candidates differ (two cores: decode passes
+    /// of 1.8–2.4 ms on one configuration in three runs), so the choice is made again on the
+    /// finalists' confirmed times.
+    pub fn finalists(candidates: &[Candidate], prompt: usize, gen: usize, top: usize, default: Option<usize>) -> Vec<usize> {
+        let request = |c: &Candidate| c.prefill_s + gen as f64 * c.decode_s;
+        let mut order: Vec<usize> = (0..candidates.len()).collect();
+        order.sort_by(|&a, &b| request(&candidates[a]).total_cmp(&request(&candidates[b])));
+        let fastest = |key: fn(&Candidate) -> f64| (0..candidates.len()).min_by(|&a, &b| key(&candidates[a]).total_cmp(&key(&candidates[b])));
+        let mut out: Vec<usize> = Vec::new();
+        let chosen = Plan::choose(candidates, prompt, gen).map(|(i, j, _)| [i, j]);
+        let more = [fastest(|c| c.prefill_s), fastest(|c| c.decode_s)].into_iter().flatten().chain(chosen.into_iter().flatten()).chain(default);
+        for i in order.into_iter().take(top).chain(more) {
+            if !out.contains(&i) {
+                out.push(i);
+            }
+        }
+        out
+    }
+
+    /// [`Plan::choose`] over confirmed candidates, kept only where it held: `rounds[r][k]` is
+    /// round `r`'s (prefill, decode) seconds of `candidates[finalists[k]]`, and a chosen pair
+    /// other than (`default`, `default`) — one group of every core, what runs without a plan —
+    /// must make a shorter request than the default in at least `need` rounds, else the default
+    /// is taken. So a plan changes what runs only where its gain outlasted the machine's noise.
+    /// Returns the pair, the prefill threshold, and the rounds the chosen pair won against the
+    /// default (`None` where there is no default among the finalists).
+    pub fn choose_confirmed(candidates: &[Candidate], finalists: &[usize], rounds: &[Vec<(f64, f64)>], prompt: usize, gen: usize, default: Option<usize>, need: usize) -> Option<(usize, usize, usize, Option<usize>)> {
+        let (i, j, min) = Plan::choose(candidates, prompt, gen)?;
+        let at = |c: usize| finalists.iter().position(|&f| f == c);
+        let (Some(d), Some(ki), Some(kj)) = (default, at(i), at(j)) else { return Some((i, j, min, None)) };
+        let Some(kd) = at(d).filter(|_| (i, j) != (d, d)) else { return Some((i, j, min, None)) };
+        let won = rounds.iter().filter(|t| t[ki].0 + gen as f64 * t[kj].1 < t[kd].0 + gen as f64 * t[kd].1).count();
+        Some(if won >= need { (i, j, min, Some(won)) } else { (d, d, 1, Some(won)) })
+    }
+
     /// The plan in words (`corelm plan --plan`).
     pub fn explain(&self) -> String {
         let mut s = format!(
@@ -327,7 +371,18 @@ impl Plan {
         );
         s += &format!("Prefill: {}.\n", self.prefill.describe());
         s += &format!("Decode:  {}.\n", self.decode.describe());
-        if self.prefill == self.decode {
+        let request = |c: &Candidate| c.prefill_s + self.gen as f64 * c.decode_s;
+        let find = |c: &ServiceConfig| self.candidates.iter().find(|x| &x.config == c);
+        let chosen = find(&self.prefill).zip(find(&self.decode)).map(|(p, d)| p.prefill_s + self.gen as f64 * d.decode_s);
+        let shortest = self.candidates.iter().min_by(|a, b| request(a).total_cmp(&request(b)));
+        if let Some(c) = shortest.filter(|c| c.rounds > 0 && chosen.is_some_and(|t| request(c) < t)) {
+            s += &format!(
+                "Kept over {}, whose request was shorter on the confirmed times ({:.2} ms) but not in enough of the {} rounds.\n",
+                c.config.describe(),
+                1e3 * request(c),
+                c.rounds
+            );
+        } else if self.prefill == self.decode {
             s += "Both phases run on the same configuration: no other candidate made a request faster.\n";
         } else {
             let spare = self.prefill.n_cores() - self.decode.n_cores();
@@ -336,7 +391,6 @@ impl Plan {
                 self.prefill_min_tokens
             );
         }
-        let find = |c: &ServiceConfig| self.candidates.iter().find(|x| &x.config == c);
         if let (Some(p), Some(d)) = (find(&self.prefill), find(&self.decode)) {
             s += &format!(
                 "{}: prefill pass {:.2} ms ({:.0} tokens/s), decode pass {:.3} ms ({:.1} tokens/s).\n",
@@ -382,11 +436,12 @@ impl Plan {
         s += "Candidates (request time = prefill + gen × decode):\n";
         for c in self.candidates.iter().take(8) {
             s += &format!(
-                "  {:>9.2} ms  prefill {:.2} ms, decode {:.3} ms  {}\n",
+                "  {:>9.2} ms  prefill {:.2} ms, decode {:.3} ms  {}{}\n",
                 1e3 * (c.prefill_s + self.gen as f64 * c.decode_s),
                 1e3 * c.prefill_s,
                 1e3 * c.decode_s,
-                c.config.describe()
+                c.config.describe(),
+                if c.rounds > 0 { format!(" (confirmed in {} rounds)", c.rounds) } else { String::new() }
             );
         }
         s

@@ -586,20 +586,48 @@ fn the_plan_rule_picks_the_faster_pair_and_where_they_cross() {
     use corelm_topo::sandwich::ServiceConfig;
     let cfg = |g: Vec<u32>| ServiceConfig { numa: vec![Some(0)], groups: vec![g] };
     // Four cores: fast prefill, slower decode (contention); two cores: slow prefill, fast decode.
-    let four = Candidate { config: cfg(vec![0, 1, 2, 3]), prefill_s: 0.100, decode_s: 0.012 };
-    let two = Candidate { config: cfg(vec![0, 1]), prefill_s: 0.190, decode_s: 0.010 };
-    let other = Candidate { config: cfg(vec![2, 3]), prefill_s: 0.190, decode_s: 0.009 };
+    let four = Candidate { config: cfg(vec![0, 1, 2, 3]), prefill_s: 0.100, decode_s: 0.012, rounds: 0 };
+    let two = Candidate { config: cfg(vec![0, 1]), prefill_s: 0.190, decode_s: 0.010, rounds: 0 };
+    let other = Candidate { config: cfg(vec![2, 3]), prefill_s: 0.190, decode_s: 0.009, rounds: 0 };
     let (i, j, min) = Plan::choose(&[four.clone(), two.clone(), other], 128, 128).unwrap();
     // Cores 2-3 decode fastest but are not inside... they are: any subset of the prefill group.
     assert_eq!((i, j), (0, 2));
     // Lines 12 ms → 100 ms and 9 ms → 190 ms over 1..128 tokens cross near n = 5.
     assert!((2..=8).contains(&min), "{min}");
     // Decode on two cores only pays when they are nested in the prefill group.
-    let apart = Candidate { config: cfg(vec![4, 5]), prefill_s: 0.3, decode_s: 0.011 };
+    let apart = Candidate { config: cfg(vec![4, 5]), prefill_s: 0.3, decode_s: 0.011, rounds: 0 };
     let (i, j, min) = Plan::choose(&[four, apart], 128, 128).unwrap();
     assert_eq!((i, j, min), (0, 0, 1), "no nested decode configuration: one for both");
     assert!(Plan::choose(&[], 128, 128).is_none());
     let _ = two;
+}
+
+#[test]
+fn a_confirmed_plan_keeps_the_default_unless_its_gain_held() {
+    use corelm_engine::plan::{Candidate, Plan};
+    use corelm_topo::sandwich::ServiceConfig;
+    let cfg = |g: Vec<Vec<u32>>| ServiceConfig { numa: vec![Some(0); g.len()], groups: g };
+    let c = |g, p, d| Candidate { config: cfg(g), prefill_s: p, decode_s: d, rounds: 0 };
+    // 0: one group of both cores (the default); 1: two groups, a little faster per request;
+    // 2: one core, slow prefill but the fastest decode in this (noisy) search.
+    let cands = [c(vec![vec![0, 1]], 0.070, 0.0024), c(vec![vec![0], vec![1]], 0.072, 0.0022), c(vec![vec![0]], 0.130, 0.0020)];
+    assert_eq!(Plan::choose(&cands, 128, 128).map(|(i, j, _)| (i, j)), Some((0, 2)), "decode nested in the default's group");
+    // The shortest request (two groups), then the fastest prefill (the default), the fastest
+    // decode and the pair chosen (the single core), each once.
+    assert_eq!(Plan::finalists(&cands, 128, 128, 1, Some(0)), vec![1, 0, 2]);
+    assert_eq!(Plan::finalists(&cands[..2], 128, 128, 0, None), vec![0, 1]);
+    // Confirmed times: the single core's decode was noise; two groups now shortest on the medians.
+    let cands = [c(vec![vec![0, 1]], 0.070, 0.0024), c(vec![vec![0], vec![1]], 0.072, 0.0022), c(vec![vec![0]], 0.130, 0.0026)];
+    let finalists = [0, 2, 1];
+    // Per round (prefill, decode) of finalists 0, 2, 1: two groups win 3 of 5 rounds, then 5 of 5.
+    let round = |d0: f64, d1: f64| vec![(0.070, d0), (0.130, 0.0026), (0.072, d1)];
+    let mixed: Vec<_> = [(0.0024, 0.0022), (0.0022, 0.0024), (0.0024, 0.0021), (0.0023, 0.0025), (0.0025, 0.0022)].iter().map(|&(a, b)| round(a, b)).collect();
+    assert_eq!(Plan::choose_confirmed(&cands, &finalists, &mixed, 128, 128, Some(0), 4), Some((0, 0, 1, Some(3))));
+    let held: Vec<_> = (0..5).map(|_| round(0.0024, 0.0022)).collect();
+    assert_eq!(Plan::choose_confirmed(&cands, &finalists, &held, 128, 128, Some(0), 4), Some((1, 1, 1, Some(5))));
+    // Without a default among the finalists, or nothing confirmed: the plain choice.
+    assert_eq!(Plan::choose_confirmed(&cands, &finalists, &mixed, 128, 128, None, 4), Some((1, 1, 1, None)));
+    assert_eq!(Plan::choose_confirmed(&cands, &[], &[], 128, 128, Some(0), 4), Some((1, 1, 1, None)));
 }
 
 /// A roofline whose bandwidth saturates at one thread: memory-bound nodes run on one worker of
