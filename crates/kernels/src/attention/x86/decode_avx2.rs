@@ -6,7 +6,7 @@
 //! 64 each key row is widened into registers and dotted there with every head's query
 //! ([`fold64`]); larger head dimensions widen the rows once into an f32 buffer and dot each
 //! with every head from it ([`fold`]). Phase 2 takes the exponentials from
-//! `exp::x86::expf_slice_avx2` and, for head dimension 64, updates each head's F16-rounded
+//! [`softmax_step8`] (a prefix-scan maximum, `exp::x86::expf8`) and, for head dimension 64, updates each head's F16-rounded
 //! accumulators in registers over the chunk's value rows, widened once for all the group's
 //! heads ([`accumulate_head64`]); other head dimensions update them in memory, each value row
 //! widened once. Bit-identical per head to `attention::portable::attend_reference`.
@@ -28,9 +28,8 @@
 #![allow(clippy::missing_safety_doc)]
 
 use crate::attention::chunks::{ask_share, drive};
-use crate::attention::portable::softmax_steps;
 use crate::attention::types::{Cells, DecodeBuffers, DECODE_CHUNK};
-use crate::exp::x86::expf_slice_avx2;
+use crate::exp::x86::expf8;
 use crate::simd::{prefetch_lines, CacheLevel};
 use half::f16;
 use std::arch::x86_64::*;
@@ -105,7 +104,10 @@ pub fn attend_decode_group_avx2<const R: bool>(
                 store_scores(_mm256_mul_ps(reduce8(&t), _mm256_set1_ps(scale)), &mut b.scores[h * DECODE_CHUNK + g..h * DECODE_CHUNK + g + m]);
             }
         }
-        softmax_steps(b.scores, b.grow, &mut b.state[..heads], vr.len(), |x| expf_slice_avx2(x));
+        for ((st, g), sc) in b.state[..heads].iter_mut().zip(b.grow.iter_mut()).zip(b.scores.chunks_exact_mut(DECODE_CHUNK)) {
+            // SAFETY: this function's features.
+            *g = unsafe { softmax_step8(&mut sc[..vr.len()], st) };
+        }
         if hd == 64 {
             // With more than one head, the chunk's value rows widened once into `v32` for all
             // of them; one head converts as it reads.
@@ -145,6 +147,62 @@ pub fn attend_decode_group_avx2<const R: bool>(
             }
         }
     });
+}
+
+/// `attention::portable::softmax_step` on 8 lanes (the same values, as
+/// `decode::softmax_step16` on 16): the running maximum before each cell as an 8-lane prefix
+/// scan, a lane replacing the maximum only where strictly greater, as the scalar loop does (ties
+/// keep the earlier value, its zero sign included); then `m - s` where a cell raises it and
+/// `s - m` elsewhere, and glibc's `expf` of each ([`expf8`]). Returns the grow mask. Where the
+/// scalar loop carried the maximum from score to score (a compare, a select and a subtraction
+/// in one chain per score: 13 % of SmolLM2's decode attention on this table), the chain is a
+/// maximum and a permute per 8. A NaN score (which the scan, unlike the loop, may carry as the
+/// maximum) makes its exponential NaN in both, and with it the head's accumulator and sum for
+/// good, so the outputs agree: NaN.
+///
+/// # Safety
+/// AVX2, FMA and F16C present.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn softmax_step8(sc: &mut [f32], st: &mut [f32; 2]) -> u64 {
+    let n = sc.len();
+    let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+    let mut m = _mm256_set1_ps(st[0]);
+    let mut g = 0u64;
+    for b in (0..n).step_by(8) {
+        let k = (n - b).min(8) as i32;
+        let lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        let keep = _mm256_castsi256_ps(lanes);
+        // SAFETY: lanes b..b + k of `sc` (masked load; the rest -∞, which raises no maximum).
+        let s = _mm256_blendv_ps(ninf, unsafe { _mm256_maskload_ps(sc.as_ptr().add(b), lanes) }, keep);
+        // Inclusive prefix maximum: `max_ps(later, earlier)` keeps the earlier unless the later
+        // is strictly greater, which makes the scan associative.
+        let mut p = s;
+        p = _mm256_max_ps(p, up::<1, 0b1>(p, ninf));
+        p = _mm256_max_ps(p, up::<2, 0b11>(p, ninf));
+        p = _mm256_max_ps(p, up::<4, 0b1111>(p, ninf));
+        let pm = _mm256_max_ps(p, m);
+        // The maximum before each lane: the carry for lane 0, the prefix up to the lane before.
+        let before = up::<1, 0b1>(pm, m);
+        let grew = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(s, before), keep);
+        // Lanes past the chunk exponentiate 0, not -∞ (glibc's slow path).
+        let x = _mm256_and_ps(keep, _mm256_blendv_ps(_mm256_sub_ps(s, before), _mm256_sub_ps(before, s), grew));
+        // SAFETY: as the load.
+        unsafe { _mm256_maskstore_ps(sc.as_mut_ptr().add(b), lanes, expf8(x)) };
+        g |= (_mm256_movemask_ps(grew) as u64) << b;
+        m = _mm256_permutevar8x32_ps(pm, _mm256_set1_epi32(7));
+    }
+    st[0] = _mm256_cvtss_f32(m);
+    g
+}
+
+/// Lane i of `up::<K, B>(x, fill)`: x's lane i - K, or `fill`'s (a broadcast) below K; `B` is
+/// the blend mask of the lanes below K.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn up<const K: i32, const B: i32>(x: __m256, fill: __m256) -> __m256 {
+    let idx = _mm256_max_epi32(_mm256_setr_epi32(0, 1 - K, 2 - K, 3 - K, 4 - K, 5 - K, 6 - K, 7 - K), _mm256_setzero_si256());
+    _mm256_blend_ps::<B>(_mm256_permutevar8x32_ps(x, idx), fill)
 }
 
 /// Phase 2 of one head of dimension 64 over the chunk's `n` value rows, lanes `8j..8j + 8`
@@ -307,6 +365,38 @@ fn accumulate<const R: bool>(a: &mut [f32], v: &[f32], ms: f32, vs: f32) {
                 x = round(_mm256_mul_ps(x, msv));
             }
             _mm256_storeu_ps(p, round(_mm256_fmadd_ps(_mm256_loadu_ps(v.as_ptr().add(d)), vsv, x)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::portable::softmax_step;
+
+    /// [`softmax_step8`] gives the scalar step's exponentials, grow mask and maximum bit for
+    /// bit: every length 1..=64 (tails of every width), a carried maximum below, between and
+    /// above the scores, ties (the earlier kept: ±0 included), -∞ (hidden cells) and large
+    /// exponents.
+    #[test]
+    fn softmax_step8_equals_the_scalar_step() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
+            return;
+        }
+        let edges = [f32::NEG_INFINITY, -0.0, 0.0, 0.0, -0.0, 1.5, 1.5, -3.25, 90.0, -120.0, 2.0, 2.0, 7.0, f32::NEG_INFINITY, 6.999, 7.0];
+        // Spread scores in -20..20, rising and falling (odd cases).
+        let spread = |n: usize, i: usize| ((i * 7919 + n * 104_729) % 4001) as f32 / 100.0 - 20.0;
+        for n in 1..=64usize {
+            for (case, start) in [f32::NEG_INFINITY, -1e3, 0.0, 5.0, 1e3].into_iter().enumerate() {
+                let scores: Vec<f32> = (0..n).map(|i| if case % 2 == 0 { edges[(i * 7 + case) % edges.len()] } else { spread(n, i) }).collect();
+                let (mut a, mut b) = (scores.clone(), scores);
+                let (mut sa, mut sb) = ([start, 0.0], [start, 0.0]);
+                // SAFETY (both): the features were checked above.
+                let ga = softmax_step(&mut a, &mut sa, |e| unsafe { crate::exp::x86::expf_slice_avx2(e) });
+                let gb = unsafe { softmax_step8(&mut b, &mut sb) };
+                assert_eq!((ga, sa[0].to_bits()), (gb, sb[0].to_bits()), "n {n} start {start}");
+                assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "n {n} start {start}: {a:?} {b:?}");
+            }
         }
     }
 }
