@@ -88,6 +88,26 @@ impl Gather<'_, '_> {
         let r = self.c / self.range;
         let end = ((r + 1) * self.range).min(self.n_cells);
         let mut n = 0;
+        if let Visible::From(first) = self.visible {
+            // Every cell from `first` on (what the engine passes): the hidden ones skipped at
+            // once, then run by run within a block of the cache, whose rows follow each other,
+            // one lookup and one bounds check per run instead of per cell.
+            self.c = self.c.max(first).min(end);
+            let (kb, vb) = self.row_bytes;
+            while self.c < end && n < CHUNK {
+                let block_end = ((self.c >> self.kv.shift) + 1) << self.kv.shift;
+                let run = (end.min(block_end) - self.c).min(CHUNK - n);
+                let row = self.kv.row(self.c);
+                let (kr, vr) = (&self.kv.k[row * kb..(row + run) * kb], &self.kv.v[row * vb..(row + run) * vb]);
+                for (i, (kp, vp)) in k[n..n + run].iter_mut().zip(&mut v[n..n + run]).enumerate() {
+                    // Row i of the run: inside `kr` and `vr` (i < run), checked above.
+                    (*kp, *vp) = (kr.as_ptr().wrapping_add(i * kb) as *const f16, vr.as_ptr().wrapping_add(i * vb) as *const f16);
+                }
+                n += run;
+                self.c += run;
+            }
+            return Some((r, n));
+        }
         while self.c < end && n < CHUNK {
             if self.visible.at(self.c) {
                 let (row, (kb, vb)) = (self.kv.row(self.c), self.row_bytes);

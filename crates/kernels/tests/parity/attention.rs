@@ -336,9 +336,9 @@ fn wide_decode_attention_equals_portable_per_head() {
 /// Cells visible from a first one on (`Visible::From`, what the engine passes, where decode's
 /// gathering and the per-cell loops start at that cell) give the bits of the same cells as a
 /// mask, on every kernel: the decode kernels (AVX-512, AVX2, NEON), their split-KV form, the
-/// tiled kernel and the portable ones, over F16 and quantized caches (Q8_0, Q4_0: ggml's
-/// one-chunk loops); first cells at 0, inside the first chunk, past it, at the last cell and
-/// past the end (nothing visible).
+/// tiled kernel and the portable ones, over F16 caches (contiguous, and paged in blocks of 16
+/// rows as the engine's) and quantized ones (Q8_0, Q4_0: ggml's one-chunk loops); first cells
+/// at 0, inside the first chunk, past it, at the last cell and past the end (nothing visible).
 #[test]
 fn visible_from_a_first_cell_equals_the_same_mask() {
     use corelm_kernels::attention::{KeyLayout, KvRows};
@@ -347,8 +347,14 @@ fn visible_from_a_first_cell_equals_the_same_mask() {
         let (q, k, v) = decode_case(&mut rng, hd, heads, cells);
         let ident: Vec<u32> = (0..cells as u32).collect();
         let kvr = KvRows::contiguous(&k, &v, hd, &ident);
+        // Paged as the engine's cache: blocks of 16 rows in reverse order (runs of rows inside a
+        // block, the gathering's unit, broken at every block and chunk boundary).
+        let (kp, vp) = (decode_case(&mut rng, hd, 0, cells.next_multiple_of(16)).1, decode_case(&mut rng, hd, 0, cells.next_multiple_of(16)).2);
+        let table: Vec<u32> = (0..cells.div_ceil(16) as u32).rev().collect();
+        let paged = KvRows { table: &table, shift: 4, ..KvRows::contiguous(&kp, &vp, hd, &[]) };
         for ks in [Kernels::detect(), Kernels::detect_avx2(), Kernels::portable()] {
             assert_from_equals_mask(&ks, &q, heads, Cells { kv: &kvr, n: cells, visible: Visible::From(0) }, "f16");
+            assert_from_equals_mask(&ks, &q, heads, Cells { kv: &paged, n: cells, visible: Visible::From(0) }, "f16 paged");
             let enc = |t: DType, x: &[f16]| kv_rows_of(&ks, t, &x.iter().map(|h| h.to_f32()).collect::<Vec<_>>(), hd);
             for (kt, vt) in [(DType::Q8_0, DType::Q8_0), (DType::Q4_0, DType::F16)] {
                 let (kb, vb) = (enc(kt, &k), enc(vt, &v));
