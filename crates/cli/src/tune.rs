@@ -11,10 +11,11 @@
 //!    plan says `modelled`. The finalists (`Plan::finalists`: the `--confirm-top` shortest
 //!    requests, the fastest prefill, the fastest decode, the pair chosen) are then loaded side
 //!    by side and timed again in `--confirm` interleaved rounds, each round in a rotated order;
-//!    their medians replace the single measurements, which on a shared or virtual machine
+//!    times within rounds replace the single measurements, which on a shared or virtual machine
 //!    differ from run to run by more than the candidates differ.
-//! 3. `Plan::choose` picks the prefill and decode configurations (same TP degree, decode
-//!    groups inside the prefill ones) with the shortest request and where they cross.
+//! 3. `Plan::choose_confirmed` picks the prefill and decode configurations (same TP degree,
+//!    decode groups inside the prefill ones) with the shortest request and where they cross,
+//!    and keeps the default (one group of every core) unless that pair beat it in 4 of 5 rounds.
 //! 4. The prefill matmul schedules (`--gemm`), on the prefill configuration's workers.
 //! 5. The accelerator (`--accel`): passes of 1, 2, 4, … `--prompt` tokens timed on the chosen
 //!    CPU configurations, then with the model's first layers whole on the device, longest
