@@ -9,10 +9,10 @@
 //!    (TP degree, NUMA-local), and a class stops after `--patience` measurements that did not
 //!    beat its best. With `--topology` (another machine) the model's times stand in, and the
 //!    plan says `modelled`. The finalists (`Plan::finalists`: the `--confirm-top` shortest
-//!    requests, the fastest prefill, the fastest decode, the pair chosen) are then loaded side
-//!    by side and timed again in `--confirm` interleaved rounds, each round in a rotated order;
-//!    times within rounds replace the single measurements, which on a shared or virtual machine
-//!    differ from run to run by more than the candidates differ.
+//!    requests, the fastest prefill, the fastest decode, the pair chosen, the default) are
+//!    loaded side by side and timed again in `--confirm` interleaved rounds, each round in a
+//!    rotated order; times within rounds replace the single measurements, which on a shared or
+//!    virtual machine differ from run to run by more than the candidates differ.
 //! 3. `Plan::choose_confirmed` picks the prefill and decode configurations (same TP degree,
 //!    decode groups inside the prefill ones) with the shortest request and where they cross,
 //!    and keeps the default (one group of every core) unless that pair beat it in 4 of 5 rounds.
@@ -246,12 +246,11 @@ pub fn tune(a: &TuneArgs, model: PathBuf) -> Result<()> {
         eprintln!("confirmed {} finalists: times from {} interleaved rounds", finalists.len(), a.confirm);
     }
     if let (Some(won), Some(d)) = (won, default) {
-        let best = Plan::choose(&candidates, a.prompt, a.gen).map(|(i, j, _)| (i, j));
-        let what = if best == Some((i, j)) { "chosen" } else { "not chosen, the default kept" };
+        let what = if won >= need { "chosen" } else { "not chosen, the default kept" };
         eprintln!("the best pair made a shorter request than the default ({}) in {won} of {} rounds ({need} needed): {what}", candidates[d].config.describe(), a.confirm);
     }
     let (prefill, decode) = (candidates[i].config.clone(), candidates[j].config.clone());
-    candidates.sort_by(|x, y| request((x.prefill_s, x.decode_s)).total_cmp(&request((y.prefill_s, y.decode_s))));
+    candidates.sort_by(|x, y| x.request(a.gen).total_cmp(&y.request(a.gen)));
     let mut plan = Plan {
         cpu: if measured { crate::profile::cpu_model() } else { prof.name.clone() },
         topology: topo.source.clone(),

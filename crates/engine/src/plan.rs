@@ -44,6 +44,11 @@ pub struct Candidate {
 }
 
 impl Candidate {
+    /// Seconds of a request on this candidate alone: its prefill pass, then `gen` decode passes.
+    pub fn request(&self, gen: usize) -> f64 {
+        self.prefill_s + gen as f64 * self.decode_s
+    }
+
     /// Pass time at `n` tokens, linear between the two points (`prompt` the longer one).
     pub fn at(&self, n: usize, prompt: usize) -> f64 {
         if prompt <= 1 {
@@ -326,9 +331,8 @@ impl Plan {
     /// of 1.8–2.4 ms on one configuration in three runs), so the choice is made again on the
     /// finalists' confirmed times.
     pub fn finalists(candidates: &[Candidate], prompt: usize, gen: usize, top: usize, default: Option<usize>) -> Vec<usize> {
-        let request = |c: &Candidate| c.prefill_s + gen as f64 * c.decode_s;
         let mut order: Vec<usize> = (0..candidates.len()).collect();
-        order.sort_by(|&a, &b| request(&candidates[a]).total_cmp(&request(&candidates[b])));
+        order.sort_by(|&a, &b| candidates[a].request(gen).total_cmp(&candidates[b].request(gen)));
         let fastest = |key: fn(&Candidate) -> f64| (0..candidates.len()).min_by(|&a, &b| key(&candidates[a]).total_cmp(&key(&candidates[b])));
         let mut out: Vec<usize> = Vec::new();
         let chosen = Plan::choose(candidates, prompt, gen).map(|(i, j, _)| [i, j]);
@@ -371,15 +375,14 @@ impl Plan {
         );
         s += &format!("Prefill: {}.\n", self.prefill.describe());
         s += &format!("Decode:  {}.\n", self.decode.describe());
-        let request = |c: &Candidate| c.prefill_s + self.gen as f64 * c.decode_s;
         let find = |c: &ServiceConfig| self.candidates.iter().find(|x| &x.config == c);
         let chosen = find(&self.prefill).zip(find(&self.decode)).map(|(p, d)| p.prefill_s + self.gen as f64 * d.decode_s);
-        let shortest = self.candidates.iter().min_by(|a, b| request(a).total_cmp(&request(b)));
-        if let Some(c) = shortest.filter(|c| c.rounds > 0 && chosen.is_some_and(|t| request(c) < t)) {
+        let shortest = self.candidates.iter().min_by(|a, b| a.request(self.gen).total_cmp(&b.request(self.gen)));
+        if let Some(c) = shortest.filter(|c| c.rounds > 0 && chosen.is_some_and(|t| c.request(self.gen) < t)) {
             s += &format!(
                 "Kept over {}, whose request was shorter on the confirmed times ({:.2} ms) but not in enough of the {} rounds.\n",
                 c.config.describe(),
-                1e3 * request(c),
+                1e3 * c.request(self.gen),
                 c.rounds
             );
         } else if self.prefill == self.decode {
@@ -437,7 +440,7 @@ impl Plan {
         for c in self.candidates.iter().take(8) {
             s += &format!(
                 "  {:>9.2} ms  prefill {:.2} ms, decode {:.3} ms  {}{}\n",
-                1e3 * (c.prefill_s + self.gen as f64 * c.decode_s),
+                1e3 * c.request(self.gen),
                 1e3 * c.prefill_s,
                 1e3 * c.decode_s,
                 c.config.describe(),

@@ -349,7 +349,7 @@ fn visible_from_a_first_cell_equals_the_same_mask() {
         let kvr = KvRows::contiguous(&k, &v, hd, &ident);
         // Paged as the engine's cache: blocks of 16 rows in reverse order (runs of rows inside a
         // block, the gathering's unit, broken at every block and chunk boundary).
-        let (kp, vp) = (decode_case(&mut rng, hd, 0, cells.next_multiple_of(16)).1, decode_case(&mut rng, hd, 0, cells.next_multiple_of(16)).2);
+        let (_, kp, vp) = decode_case(&mut rng, hd, 0, cells.next_multiple_of(16));
         let table: Vec<u32> = (0..cells.div_ceil(16) as u32).rev().collect();
         let paged = KvRows { table: &table, shift: 4, ..KvRows::contiguous(&kp, &vp, hd, &[]) };
         for ks in [Kernels::detect(), Kernels::detect_avx2(), Kernels::portable()] {
