@@ -688,3 +688,62 @@ fn a_zero_size_is_refused_naming_its_flag() {
         assert!(e.contains(flag) && e.contains("must be > 0"), "{e}");
     }
 }
+
+/// Every attention node's output of a pass, in order.
+#[derive(Default)]
+struct AttnOutputs(std::sync::Mutex<Vec<Vec<f32>>>);
+
+impl corelm_core::Tap for AttnOutputs {
+    fn node<'a>(&self, graph: &corelm_core::Graph, id: corelm_core::TensorId, read: &dyn Fn(corelm_core::TensorId) -> &'a [f32]) {
+        if matches!(graph.tensor(id).op, corelm_core::Op::Attention { .. }) {
+            self.0.lock().unwrap().push(read(id).to_vec());
+        }
+    }
+}
+
+/// One row's decode over 512+ cells (ggml's split-KV ranges, here dealt to the workers with the
+/// KV heads and folded by whichever finishes a head's last range) gives every attention
+/// output the bits of the same step in a batch of two, where each row's ranges run one after
+/// another on one worker; and so do the logits. SmolLM2 600 cells in at 2 and 3 workers (its 3
+/// KV heads cut into 2 and 3 ranges: 6 and 9 units); Gemma 3 1,400 cells in at 2 workers (one
+/// KV head: its global layers' 2 ranges one per worker; its sliding-window layers see only
+/// the second range, whose 4 heads are cut in two parts).
+#[test]
+fn split_kv_decode_across_workers_equals_one_worker_per_row() {
+    for (file, threads, cells, layers) in [(SMOL, 2, 600, 30), (SMOL, 3, 600, 30), ("gemma-3-270m-q4_k_m.gguf", 2, 1400, 18)] {
+        let cfg = EngineConfig { batch_invariant: true, n_ctx: 3 * cells + 64, n_batch: 512, ..test_config(threads) };
+        let (mut engine, tok) = load(file, cfg);
+        let text = "The river ran past the mill, and the miller counted the sacks of grain twice. ".repeat(cells / 10);
+        let prompt = tok.encode(&text, true, true).unwrap();
+        let prompt = &prompt[..cells];
+        for seq in 0..3 {
+            engine.feed(seq, prompt, false, |_| {}).unwrap();
+        }
+        let (next, pos) = (42u32, prompt.len() as i32);
+        let mut step = |seqs: &[i32]| {
+            let tap = std::sync::Arc::new(AttnOutputs::default());
+            engine.set_tap(Some(tap.clone()));
+            let mut b = Batch::new();
+            for &s in seqs {
+                b.add(next, pos, s, true);
+            }
+            let l = engine.decode(&b).unwrap();
+            let logits: Vec<Vec<f32>> = (0..seqs.len()).map(|r| l.row(r).to_vec()).collect();
+            engine.set_tap(None);
+            let outs = std::mem::take(&mut *tap.0.lock().unwrap());
+            (logits, outs)
+        };
+        let (alone, alone_attn) = step(&[0]);
+        let (two, two_attn) = step(&[1, 2]);
+        let same = |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert_eq!((alone_attn.len(), two_attn.len()), (layers, layers), "{file}: one attention node per layer");
+        for (layer, (a, t)) in alone_attn.iter().zip(&two_attn).enumerate() {
+            for r in 0..2 {
+                assert!(same(a, &t[r * a.len()..(r + 1) * a.len()]), "{file}, {threads} workers, layer {layer}: row {r} of two differs from the row alone");
+            }
+        }
+        for (r, l) in two.iter().enumerate() {
+            assert!(same(l, &alone[0]), "{file}, {threads} workers: the logits of row {r} of two differ from the row alone");
+        }
+    }
+}

@@ -61,6 +61,18 @@ impl Ctx<'_> {
             let pos = self.batch.pos[r] as usize;
             p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize))..pos + 1
         };
+        // One query row over an F16 cache long enough for ggml's split-KV decode: its ranges
+        // dealt to the workers with the KV heads (`split_decode`).
+        if rows == 1 && kv.k_layout == KeyLayout::Rows {
+            if let attention::AttnKernel::Split(chunk) = self.kv_split(kind, self.batch.pos[0] as usize, nth) {
+                let (n_kv, _) = kv_heads(p.n_head, shard);
+                let ranges = attention::split_ranges(span_of(0).end, chunk);
+                if self.split_parts.fits(shard.q_head0..shard.q_head0 + p.n_head, ranges, hd) {
+                    let seq = self.batch.seq[0];
+                    return self.split_decode(t, q, &|j| rows_of(seq, shard.kv_base + j), n_kv, span_of(0), chunk, p, shard, ith, nth, scratch);
+                }
+            }
+        }
         // A prefill of one sequence over keys in columns: the pipeline of the node's worker
         // group, if there is one (its slots are shared by the group's workers; a serial node
         // runs on the pool's only group).
@@ -139,6 +151,84 @@ impl Ctx<'_> {
                 let kind = self.kv_split(kind, self.batch.pos[r0] as usize, nth);
                 attention::attend_rows(kind, self.kernels, q_rows, heads.len(), &spans[..n], &rows_kv, p.scale, scratch, out_rows);
                 r0 = r1;
+            }
+        }
+    }
+
+    /// Worker `ith` of `nth`'s share of a one-row attention node `t` (queries `q`) under
+    /// ggml's split-KV decode (`chunk`-cell ranges, of which those holding cells of the
+    /// visible `span` count): the units — per KV head (`n_kv` of them, whose rows `rows_of`
+    /// gives), per range, per part of its query heads — cut into one contiguous run per
+    /// worker. Heads are cut into parts only where KV heads × ranges are fewer than the workers
+    /// (a sliding window leaves one range or two). Each unit's partials go to
+    /// `Executor::split_parts`; the worker that writes a KV head's last unit folds its query
+    /// heads in range order into the output (`partials`): the bits of the whole split on one
+    /// worker (`attention::fold_ranges`; ranges without a visible cell fold as nothing).
+    /// Workers' shares differ by at most one unit, and each key and value row is read once
+    /// where the heads are not cut: split by heads, SmolLM2's 3 KV heads of 3 query heads over
+    /// 2 workers gave one worker 5 heads, and both read the middle KV head's rows.
+    #[allow(clippy::too_many_arguments)]
+    fn split_decode<'k>(
+        &self,
+        t: &Tensor,
+        q: &[f32],
+        rows_of: &dyn Fn(usize) -> attention::KvRows<'k>,
+        n_kv: usize,
+        span: Range<usize>,
+        chunk: usize,
+        p: AttnParams,
+        shard: AttnShard,
+        ith: usize,
+        nth: usize,
+        scratch: &mut AttnScratch,
+    ) {
+        let hd = p.head_dim;
+        let (_, heads_of) = kv_heads(p.n_head, shard);
+        let ranges = attention::split_ranges(span.end, chunk);
+        // Ranges before `first` hold no visible cell.
+        let first = (span.start / chunk).min(ranges - 1);
+        let live = ranges - first;
+        let parts = nth.div_ceil(n_kv * live).clamp(1, shard.group);
+        // Unit u: KV head u / (live · parts), then its range, then its part of the heads.
+        let unit = |u: usize| {
+            let (j, rest) = (u / (live * parts), u % (live * parts));
+            let all = heads_of(j);
+            let part = split(all.len(), rest % parts, parts);
+            (j, first + rest / parts, all.start + part.start..all.start + part.end)
+        };
+        let visible = attention::Visible::From(span.start);
+        let mut units = split(n_kv * live * parts, ith, nth).map(unit).peekable();
+        while let Some((j, r, heads)) = units.next() {
+            // The model's query heads of this unit (its slots), and of its KV head (whose
+            // count this unit adds to).
+            let model = |h: Range<usize>| shard.q_head0 + h.start..shard.q_head0 + h.end;
+            let group = model(heads_of(j));
+            if !heads.is_empty() {
+                // This unit's kernel asks for the next unit's first cells while it computes
+                // its last chunk.
+                let next = units.peek().map(|&(nj, nr, _)| {
+                    let a = (nr * chunk).max(span.start).min(span.end);
+                    (rows_of(nj), a..(a + chunk).min(span.end))
+                });
+                scratch.read_next(next);
+                // SAFETY: the (range, head) slots of this unit are written by this worker alone
+                // in this node (units are dealt once) and read only after the KV head's count
+                // completes.
+                let (states, acc) = unsafe { self.split_parts.slots(r, model(heads.clone()), hd) };
+                let kvr = rows_of(j);
+                let cells = attention::Cells { kv: &kvr, n: span.end, visible };
+                attention::attend_split_range(self.kernels, &q[heads.start * hd..heads.end * hd], cells, p.scale, chunk, r, scratch, states, acc);
+            }
+            if !self.split_parts.written(group.start, live * parts) {
+                continue;
+            }
+            for (h, mh) in heads_of(j).zip(group) {
+                // SAFETY: this worker completed the KV head's count: every unit's slots of its
+                // heads were written and released before; this head's output is written here
+                // alone (one folder per KV head).
+                let out = unsafe { self.out_f32(t, h * hd, hd) };
+                // SAFETY: as above.
+                attention::fold_ranges((first..ranges).map(|r| unsafe { self.split_parts.part(r, mh, hd) }), out);
             }
         }
     }

@@ -23,6 +23,7 @@ use std::time::Instant;
 mod attend;
 mod dense;
 mod device;
+mod partials;
 pub mod experts;
 pub mod matmul;
 mod profile;
@@ -173,6 +174,8 @@ pub struct Executor {
     /// Prefill attention over keys in columns as a pipeline, one per worker group
     /// ([`Executor::set_attn_pipeline`]; empty: none).
     pipelines: Vec<attention::matrix::Pipeline>,
+    /// Split-KV decode's partials, shared by an attention node's workers.
+    split_parts: partials::SplitParts,
 }
 
 impl Executor {
@@ -182,7 +185,7 @@ impl Executor {
     /// parallelism; else all) has `group_threads`.
     pub fn new(n_threads: usize, group_threads: usize, max_head_dim: usize, graphs: &[&Graph]) -> Self {
         let (mut max_k, mut max_rows, mut max_group, mut max_k_all, mut gather) = (0, 0, 1, 0, 0);
-        let (mut rope_rows, mut max_rot, mut max_k_f16) = (0, 0, 0);
+        let (mut rope_rows, mut max_rot, mut max_k_f16, mut max_heads) = (0, 0, 0, 0);
         let (mut sparse_ff, mut il_k, mut pred_rank) = (0, 0, 0);
         for (graph, id) in graphs.iter().flat_map(|g| g.nodes.iter().map(move |&id| (*g, id))) {
             let t = graph.tensor(id);
@@ -209,8 +212,9 @@ impl Executor {
                 rope_rows = rope_rows.max(t.ne[1]);
                 max_rot = max_rot.max(p.n_rot);
             }
-            if let Op::Attention { shard, .. } = t.op {
+            if let Op::Attention { shard, p, .. } = t.op {
                 max_group = max_group.max(shard.group);
+                max_heads = max_heads.max(shard.q_head0 + p.n_head);
             }
             if let Op::MatMulId { w, x, p, per_pair, .. } = t.op {
                 let (wt, xt) = (graph.tensor(w), graph.tensor(x));
@@ -264,6 +268,7 @@ impl Executor {
             gemm_dims: (max_k, max_rows),
             classes: Vec::new(),
             pipelines: Vec::new(),
+            split_parts: partials::SplitParts::new(max_heads, n_threads, max_head_dim),
         }
     }
 
@@ -359,7 +364,9 @@ impl Executor {
             device: self.device.as_deref(),
             classes: &self.classes,
             pipelines: &self.pipelines,
+            split_parts: &self.split_parts,
         };
+        self.split_parts.reset();
         // With a profile, each worker times its waits in global barriers.
         let timing = profile.is_some();
         let n_groups = pool.view_groups(view).len();
@@ -458,6 +465,7 @@ struct Ctx<'a> {
     classes: &'a [WorkerClass],
     /// Prefill attention's pipelines, one per worker group ([`Executor::set_attn_pipeline`]).
     pipelines: &'a [attention::matrix::Pipeline],
+    split_parts: &'a partials::SplitParts,
 }
 
 // SAFETY: the raw pointers address the pools, which outlive the run; workers write disjoint

@@ -135,7 +135,8 @@ pub fn supports(head_dim: usize) -> bool {
 /// `bufs.next`, taken), the outputs normalised. The first chunk's rows are asked for at once: only a
 /// previous call's `next` could have asked earlier. With `split` > 0, all that per range of
 /// `split` cells, each range's partial folded into the outputs as ggml combines them
-/// (`attention::portable::fold`).
+/// (`attention::portable::fold`), or with `bufs.only` only that range's, left unnormalised in
+/// the outputs with its (maximum, sum) per head in `bufs.fin`.
 pub(crate) fn drive(
     q: &[f32],
     cells: Cells,
@@ -153,14 +154,18 @@ pub(crate) fn drive(
     assert!(b.scores.len() >= heads * CHUNK && b.grow.len() >= heads && b.v32.len() >= hd);
     crate::simd::round_f16_row(&q[..heads * hd], &mut b.qf[..heads * hd]);
     let range = if split == 0 { n_cells.max(1) } else { split };
-    if split > 0 {
+    // The ranges computed: all, or with `b.only` one (split-KV decode's ranges run apart).
+    let only = b.only.filter(|_| split > 0);
+    let ranges = only.map_or(0..n_cells.max(1).div_ceil(range), |r| r..r + 1);
+    if split > 0 && only.is_none() {
         out[..heads * hd].fill(0.0);
         b.fin[..heads].fill([f32::NEG_INFINITY, 0.0]);
     }
     let row_bytes = (2 * hd, 2 * hd);
     // Decode's cells start at the visible ones: the hidden cells before them (a sliding
     // window's) yield no chunk, walked or not.
-    let mut gather = Gather { kv, visible, n_cells, range, c: visible.first(), row_bytes };
+    let (first, n_end) = (visible.first().max(ranges.start * range), n_cells.min(ranges.end * range));
+    let mut gather = Gather { kv, visible, n_cells: n_end, range, c: first, row_bytes };
     // Row pointers `[CHUNK]` of the chunk computed and of the one after it.
     let (mut k, mut v) = ([std::ptr::null::<f16>(); CHUNK], [std::ptr::null::<f16>(); CHUNK]);
     let (mut nk, mut nv) = (k, v);
@@ -171,7 +176,7 @@ pub(crate) fn drive(
             prefetch_lines(vp as *const u8, 2 * hd, CacheLevel::L2);
         }
     }
-    for r in 0..n_cells.max(1).div_ceil(range) {
+    for r in ranges {
         b.acc[..heads * hd].fill(0.0);
         b.state[..heads].fill([f32::NEG_INFINITY, 0.0]);
         while let Some((_, n)) = cur.filter(|&(cr, _)| cr == r) {
@@ -188,6 +193,11 @@ pub(crate) fn drive(
         }
         if split == 0 {
             return normalize_heads(&b.acc[..heads * hd], &b.state[..heads], hd, out);
+        }
+        if only.is_some() {
+            out[..heads * hd].copy_from_slice(&b.acc[..heads * hd]);
+            b.fin[..heads].copy_from_slice(&b.state[..heads]);
+            return;
         }
         for h in 0..heads {
             fold(&mut b.fin[h], &mut out[h * hd..(h + 1) * hd], b.state[h], &b.acc[h * hd..(h + 1) * hd]);

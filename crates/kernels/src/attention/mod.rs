@@ -49,7 +49,7 @@ pub fn attend_row(
     if let AttnKernel::Split(chunk) = kind {
         return attend_split(kernels, q, cells, scale, chunk, scratch, out);
     }
-    if matches!(kind, AttnKernel::Reference | AttnKernel::Wide) && attend_decode(kernels, q, cells, scale, 0, kind == AttnKernel::Reference, scratch, out) {
+    if matches!(kind, AttnKernel::Reference | AttnKernel::Wide) && attend_decode(kernels, q, cells, scale, 0, None, kind == AttnKernel::Reference, scratch, out) {
         return;
     }
     match kind {
@@ -120,7 +120,7 @@ fn attend_heads_from(
         k => k,
     };
     let hd = kv.head_dim;
-    if matches!(kind, AttnKernel::Reference | AttnKernel::Wide) && attend_decode(kernels, q, cells, scale, 0, kind == AttnKernel::Reference, scratch, out) {
+    if matches!(kind, AttnKernel::Reference | AttnKernel::Wide) && attend_decode(kernels, q, cells, scale, 0, None, kind == AttnKernel::Reference, scratch, out) {
         return;
     }
     // A quantized cache always takes ggml's one-chunk path (`attend_row` ignores `kind` for it),
@@ -152,7 +152,8 @@ pub fn has_simd(kernels: &crate::Kernels) -> bool {
 /// (`x86::decode` with AVX-512, `x86::decode_avx2` with the AVX2 table, `aarch64::decode`
 /// with NEON), if the cache is F16 and the head dimension one it takes; returns whether it
 /// ran. `split` > 0: ggml's split-KV decode over chunks of `split` cells
-/// (`attention::portable::fold`). `f16_acc`: the V accumulators rounded to F16 after every
+/// (`attention::portable::fold`), with `only` its one range alone ([`attend_split_range`]).
+/// `f16_acc`: the V accumulators rounded to F16 after every
 /// step (`Reference`); else kept in F32 ([`AttnKernel::Wide`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_decode(
@@ -161,6 +162,7 @@ pub(crate) fn attend_decode(
     cells: Cells,
     scale: f32,
     split: usize,
+    only: Option<usize>,
     f16_acc: bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
@@ -169,7 +171,8 @@ pub(crate) fn attend_decode(
     if !(has_simd(kernels) && kv.is_f16() && chunks::supports(kv.head_dim)) {
         return false;
     }
-    let Some(bufs) = scratch.decode_buffers(q.len() / kv.head_dim) else { return false };
+    let Some(mut bufs) = scratch.decode_buffers(q.len() / kv.head_dim) else { return false };
+    bufs.only = only;
     #[cfg(target_arch = "x86_64")]
     {
         if kernels.isa().avx512() {
@@ -300,6 +303,53 @@ fn tiled_group(
     false
 }
 
+/// Ranges of `chunk` cells that split-KV decode (`AttnKernel::Split(chunk)`) cuts `n_cells`
+/// into (at least one).
+pub fn split_ranges(n_cells: usize, chunk: usize) -> usize {
+    n_cells.max(1).div_ceil(chunk.max(1))
+}
+
+/// Range `r` of split-KV decode (`AttnKernel::Split(chunk)`: cells `r·chunk ..`) alone, for
+/// the `q.len() / head_dim` query heads in `q` (of one KV head): each head's partial — its
+/// (maximum, sum) in `state[h]`, its unnormalised values (F16 accumulators, as f32) in
+/// `acc[h·hd ..]` —, which [`fold_ranges`] combines, in range order, into the bits of
+/// [`attend_heads`] with `AttnKernel::Split(chunk)`. The ranges of one query may run on
+/// different workers (the engine's one-row decode does: `core::sched::attend`).
+#[allow(clippy::too_many_arguments)]
+pub fn attend_split_range(
+    kernels: &crate::Kernels,
+    q: &[f32],
+    cells: Cells,
+    scale: f32,
+    chunk: usize,
+    r: usize,
+    scratch: &mut AttnScratch,
+    state: &mut [[f32; 2]],
+    acc: &mut [f32],
+) {
+    let (hd, chunk) = (cells.kv.head_dim, chunk.max(1));
+    let heads = q.len() / hd;
+    assert!(cells.kv.is_f16() && cells.kv.k_layout == KeyLayout::Rows, "split-KV decode reads an F16 cache of key rows");
+    assert!(state.len() >= heads && acc.len() >= heads * hd && r < split_ranges(cells.n, chunk));
+    if attend_decode(kernels, q, cells, scale, chunk, Some(r), true, scratch, acc) {
+        state[..heads].copy_from_slice(scratch.range_states(heads));
+        return;
+    }
+    portable::attend_split_range(q, cells, scale, chunk, r, scratch, state, acc)
+}
+
+/// Split-KV decode's partials of one head, given in range order as (maximum, sum) and
+/// unnormalised values ([`attend_split_range`]), combined into its output as
+/// `ggml_flash_attn_ext_reduce_partials` combines them.
+pub fn fold_ranges<'p>(parts: impl IntoIterator<Item = ([f32; 2], &'p [f32])>, out: &mut [f32]) {
+    let mut fin = [f32::NEG_INFINITY, 0.0];
+    out.fill(0.0);
+    for (st, acc) in parts {
+        portable::fold(&mut fin, out, st, acc);
+    }
+    portable::finish(fin, out);
+}
+
 /// Split-KV attention of the `q.len() / head_dim` query heads in `q` over the visible cells
 /// `c < n_cells` of an F16 cache, in chunks of `chunk` cells: the decode kernels where they
 /// apply, otherwise the portable reference per head and chunk.
@@ -313,7 +363,7 @@ fn attend_split(
     out: &mut [f32],
 ) {
     let chunk = chunk.max(1);
-    if attend_decode(kernels, q, cells, scale, chunk, true, scratch, out) {
+    if attend_decode(kernels, q, cells, scale, chunk, None, true, scratch, out) {
         return;
     }
     portable::attend_split(q, cells, scale, chunk, scratch, out)

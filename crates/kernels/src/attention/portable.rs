@@ -221,6 +221,30 @@ pub(crate) fn finish(fin: [f32; 2], out: &mut [f32]) {
     }
 }
 
+/// One range of [`attend_split`] alone (cells `r·chunk ..`): per head its partial, `state[h]`
+/// and the unnormalised values in `acc[h·hd..]`, for [`fold`] in range order.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_split_range(
+    q: &[f32],
+    cells: Cells,
+    scale: f32,
+    chunk: usize,
+    r: usize,
+    scratch: &mut AttnScratch,
+    state: &mut [[f32; 2]],
+    acc: &mut [f32],
+) {
+    let Cells { kv, n: n_cells, visible } = cells;
+    let hd = kv.head_dim;
+    let a = (r * chunk).min(n_cells);
+    for ((qh, ah), st) in q.chunks_exact(hd).zip(acc.chunks_exact_mut(hd)).zip(state.iter_mut()) {
+        *st = reference_partial(qh, kv, a..(a + chunk).min(n_cells), scale, visible, false, scratch);
+        for (d, s) in ah.iter_mut().zip(&scratch.acc16) {
+            *d = s.to_f32();
+        }
+    }
+}
+
 /// ggml's split-KV decode, portable: for each head, [`reference_partial`] restarted on every
 /// chunk of `chunk` cells, the partials folded in order.
 pub(crate) fn attend_split(

@@ -275,7 +275,14 @@ impl AttnScratch {
             keys: &mut self.dkeys[..],
             v32: &mut self.rows.v32[..],
             next: &mut self.next,
+            only: None,
         })
+    }
+
+    /// Per head, the (maximum, sum) a decode kernel left in `DecodeBuffers::fin` for the range
+    /// it computed alone.
+    pub(crate) fn range_states(&self, heads: usize) -> &[[f32; 2]] {
+        &self.dfin[..heads]
     }
 
     /// The F16 query and accumulator buffers and one f32 value row (for SIMD twins of the
@@ -543,4 +550,8 @@ pub struct DecodeBuffers<'a> {
     pub v32: &'a mut [f32],
     /// The rows the worker reads after this call.
     pub next: &'a mut NextRows,
+    /// Split-KV decode's range computed alone (`attention::attend_split_range`): its partial
+    /// left unnormalised in the output and its (maximum, sum) per head in `fin`; `None`: every
+    /// range, folded.
+    pub only: Option<usize>,
 }

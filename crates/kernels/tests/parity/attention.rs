@@ -448,6 +448,44 @@ fn split_kv_decode_equals_portable_and_stays_near_unsplit() {
     }
 }
 
+/// Split-KV decode's ranges run apart (`attend_split_range`, as the engine's one-row decode
+/// deals them to workers) and folded in order (`fold_ranges`) give every head the bits of the
+/// whole split (`attend_heads` with `AttnKernel::Split`), with each table: ranges cut evenly and
+/// not, inside the 64-cell phases, ranges nothing in is visible (a window), hidden cells and a
+/// late-growing maximum; the ranges computed in reverse order, each with its own scratch's
+/// leftovers from the others.
+#[test]
+fn split_kv_ranges_apart_equal_the_whole_split() {
+    use corelm_kernels::attention::{attend_heads, attend_split_range, fold_ranges, split_ranges, AttnKernel, AttnScratch, Cells, KvRows};
+    let mut rng = Rng(8128);
+    for (hd, heads, cells, chunk) in [(64usize, 3usize, 600usize, 256usize), (64, 7, 513, 171), (128, 2, 700, 384), (64, 4, 260, 100), (256, 1, 129, 64), (64, 2, 5, 1000), (192, 3, 300, 40)] {
+        let (q, k, v) = decode_case(&mut rng, hd, heads, cells);
+        let ident: Vec<u32> = (0..cells as u32).collect();
+        let kvr = KvRows::contiguous(&k, &v, hd, &ident);
+        let masks: [&dyn Fn(usize) -> bool; 3] = [&|_| true, &|c| c % 5 != 3, &|c| c + 120 >= cells];
+        for ks in tables() {
+            for (m, vis) in masks.iter().enumerate() {
+                let (ranges, mut s) = (split_ranges(cells, chunk), AttnScratch::with_heads(hd, heads));
+                let visible = if m == 2 { Visible::From(cells.saturating_sub(120)) } else { Visible::Mask(*vis) };
+                let cells_of = || Cells { kv: &kvr, n: cells, visible };
+                let mut whole = vec![f32::NAN; heads * hd];
+                attend_heads(AttnKernel::Split(chunk), &ks, &q, cells_of(), 0.125, &mut s, &mut whole);
+                // Per range: each head's (maximum, sum) and its unnormalised values.
+                let mut parts = vec![(vec![[f32::NAN; 2]; heads], vec![f32::NAN; heads * hd]); ranges];
+                for (r, (st, acc)) in parts.iter_mut().enumerate().rev() {
+                    attend_split_range(&ks, &q, cells_of(), 0.125, chunk, r, &mut s, st, acc);
+                }
+                for h in 0..heads {
+                    let mut out = vec![f32::NAN; hd];
+                    fold_ranges(parts.iter().map(|(st, acc)| (st[h], &acc[h * hd..(h + 1) * hd])), &mut out);
+                    let w = &whole[h * hd..(h + 1) * hd];
+                    assert!(out.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()), "{} hd {hd} cells {cells} chunk {chunk} mask {m} head {h}: {:?} vs {:?}", ks.isa(), &out[..4], &w[..4]);
+                }
+            }
+        }
+    }
+}
+
 /// Decode over a quantized KV cache (`--cache-type-k/-v q8_0|q4_0`) for the heads of a GQA
 /// group at once gives every head the bits of its own single-head call, with each table, across
 /// chunk boundaries and masks (including nothing visible).
