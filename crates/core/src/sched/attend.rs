@@ -65,11 +65,9 @@ impl Ctx<'_> {
         // dealt to the workers with the KV heads (`split_decode`).
         if rows == 1 && kv.k_layout == KeyLayout::Rows {
             if let attention::AttnKernel::Split(chunk) = self.kv_split(kind, self.batch.pos[0] as usize, nth) {
-                let (n_kv, _) = kv_heads(p.n_head, shard);
-                let ranges = attention::split_ranges(span_of(0).end, chunk);
-                if self.split_parts.fits(shard.q_head0..shard.q_head0 + p.n_head, ranges, hd) {
-                    let seq = self.batch.seq[0];
-                    return self.split_decode(t, q, &|j| rows_of(seq, shard.kv_base + j), n_kv, span_of(0), chunk, p, shard, ith, nth, scratch);
+                let seq = self.batch.seq[0];
+                if self.split_decode(t, q, &|j| rows_of(seq, shard.kv_base + j), span_of(0), chunk, p, shard, ith, nth, scratch) {
+                    return;
                 }
             }
         }
@@ -157,8 +155,8 @@ impl Ctx<'_> {
 
     /// Worker `ith` of `nth`'s share of a one-row attention node `t` (queries `q`) under
     /// ggml's split-KV decode (`chunk`-cell ranges, of which those holding cells of the
-    /// visible `span` count): the units — per KV head (`n_kv` of them, whose rows `rows_of`
-    /// gives), per range, per part of its query heads — cut into one contiguous run per
+    /// visible `span` count): the units — per KV head (whose rows `rows_of` gives), per range,
+    /// per part of its query heads — cut into one contiguous run per
     /// worker. Heads are cut into parts only where KV heads × ranges are fewer than the workers
     /// (a sliding window leaves one range or two). Each unit's partials go to
     /// `Executor::split_parts`; the worker that writes a KV head's last unit folds its query
@@ -166,14 +164,14 @@ impl Ctx<'_> {
     /// worker (`attention::fold_ranges`; ranges without a visible cell fold as nothing).
     /// Workers' shares differ by at most one unit, and each key and value row is read once
     /// where the heads are not cut: split by heads, SmolLM2's 3 KV heads of 3 query heads over
-    /// 2 workers gave one worker 5 heads, and both read the middle KV head's rows.
+    /// 2 workers gave one worker 5 heads, and both read the middle KV head's rows. Returns
+    /// false, having done nothing, where `Executor::split_parts` has no slots for the node.
     #[allow(clippy::too_many_arguments)]
     fn split_decode<'k>(
         &self,
         t: &Tensor,
         q: &[f32],
         rows_of: &dyn Fn(usize) -> attention::KvRows<'k>,
-        n_kv: usize,
         span: Range<usize>,
         chunk: usize,
         p: AttnParams,
@@ -181,10 +179,15 @@ impl Ctx<'_> {
         ith: usize,
         nth: usize,
         scratch: &mut AttnScratch,
-    ) {
+    ) -> bool {
         let hd = p.head_dim;
-        let (_, heads_of) = kv_heads(p.n_head, shard);
+        let (n_kv, heads_of) = kv_heads(p.n_head, shard);
         let ranges = attention::split_ranges(span.end, chunk);
+        // The model's query heads of the node's heads `h` (slots and counts are the model's).
+        let model = |h: Range<usize>| shard.q_head0 + h.start..shard.q_head0 + h.end;
+        if !self.split_parts.fits(model(0..p.n_head), ranges, hd) {
+            return false;
+        }
         // Ranges before `first` hold no visible cell.
         let first = (span.start / chunk).min(ranges - 1);
         let live = ranges - first;
@@ -199,9 +202,7 @@ impl Ctx<'_> {
         let visible = attention::Visible::From(span.start);
         let mut units = split(n_kv * live * parts, ith, nth).map(unit).peekable();
         while let Some((j, r, heads)) = units.next() {
-            // The model's query heads of this unit (its slots), and of its KV head (whose
-            // count this unit adds to).
-            let model = |h: Range<usize>| shard.q_head0 + h.start..shard.q_head0 + h.end;
+            // Its KV head's query heads, whose count this unit adds to.
             let group = model(heads_of(j));
             if !heads.is_empty() {
                 // This unit's kernel asks for the next unit's first cells while it computes
@@ -231,6 +232,7 @@ impl Ctx<'_> {
                 attention::fold_ranges((first..ranges).map(|r| unsafe { self.split_parts.part(r, mh, hd) }), out);
             }
         }
+        true
     }
 
     /// The attention kernel llama.cpp runs for a query row at `pos` with `nth` threads: its

@@ -234,15 +234,23 @@ pub(crate) fn attend_split_range(
     state: &mut [[f32; 2]],
     acc: &mut [f32],
 ) {
-    let Cells { kv, n: n_cells, visible } = cells;
-    let hd = kv.head_dim;
-    let a = (r * chunk).min(n_cells);
+    let hd = cells.kv.head_dim;
     for ((qh, ah), st) in q.chunks_exact(hd).zip(acc.chunks_exact_mut(hd)).zip(state.iter_mut()) {
-        *st = reference_partial(qh, kv, a..(a + chunk).min(n_cells), scale, visible, false, scratch);
-        for (d, s) in ah.iter_mut().zip(&scratch.acc16) {
-            *d = s.to_f32();
-        }
+        *st = range_partial(qh, cells, scale, chunk, r, scratch);
+        ah.copy_from_slice(&scratch.acc[..hd]);
     }
+}
+
+/// One head's partial over range `r` of `chunk` cells ([`reference_partial`] restarted):
+/// returns (maximum, sum) and leaves the unnormalised values, widened, in `scratch.acc[..hd]`.
+fn range_partial(qh: &[f32], cells: Cells, scale: f32, chunk: usize, r: usize, scratch: &mut AttnScratch) -> [f32; 2] {
+    let Cells { kv, n: n_cells, visible } = cells;
+    let a = (r * chunk).min(n_cells);
+    let st = reference_partial(qh, kv, a..(a + chunk).min(n_cells), scale, visible, false, scratch);
+    for (d, s) in scratch.acc[..kv.head_dim].iter_mut().zip(&scratch.acc16) {
+        *d = s.to_f32();
+    }
+    st
 }
 
 /// ggml's split-KV decode, portable: for each head, [`reference_partial`] restarted on every
@@ -255,17 +263,12 @@ pub(crate) fn attend_split(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
-    let Cells { kv, n: n_cells, visible } = cells;
-    let hd = kv.head_dim;
+    let (hd, n_cells) = (cells.kv.head_dim, cells.n);
     for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
         let mut fin = [f32::NEG_INFINITY, 0.0];
         oh.fill(0.0);
-        for a in (0..n_cells).step_by(chunk) {
-            let st = reference_partial(qh, kv, a..(a + chunk).min(n_cells), scale, visible, false, scratch);
-            let acc = &mut scratch.acc[..hd];
-            for (d, s) in acc.iter_mut().zip(&scratch.acc16) {
-                *d = s.to_f32();
-            }
+        for r in 0..n_cells.div_ceil(chunk) {
+            let st = range_partial(qh, cells, scale, chunk, r, scratch);
             fold(&mut fin, oh, st, &scratch.acc[..hd]);
         }
         finish(fin, oh);
