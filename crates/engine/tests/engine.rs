@@ -701,49 +701,57 @@ impl corelm_core::Tap for AttnOutputs {
     }
 }
 
-/// One row's decode over 512+ cells (ggml's split-KV ranges, here dealt to the workers with the
-/// KV heads and folded by whichever finishes a head's last range) gives every attention
-/// output the bits of the same step in a batch of two, where each row's ranges run one after
-/// another on one worker; and so do the logits. SmolLM2 600 cells in at 2 and 3 workers (its 3
-/// KV heads cut into 2 and 3 ranges: 6 and 9 units); Gemma 3 1,400 cells in at 2 workers (one
-/// KV head: its global layers' 2 ranges one per worker; its sliding-window layers see only
-/// the second range, whose 4 heads are cut in two parts).
+/// A decode step's attention units — per row, KV head, range of ggml's split-KV decode (512+
+/// cells) and query head — dealt to the workers by their cells give every attention output the
+/// bits of the row alone, and so do the logits: a row alone (its ranges dealt), two long rows,
+/// a long and a short one (the short one's heads riding with the long one's ranges), and five
+/// long rows, more than the partial slots hold, where each row's ranges run one after another
+/// on one worker. SmolLM2 600 cells in at 2 and 3 workers (its 3 KV heads cut into 2 and 3
+/// ranges); Gemma 3 1,400 cells in at 2 workers (one KV head: its global layers' 2 ranges; its
+/// sliding-window layers see only the second range, whose 4 heads are cut between workers).
 #[test]
 fn split_kv_decode_across_workers_equals_one_worker_per_row() {
-    for (file, threads, cells, layers) in [(SMOL, 2, 600, 30), (SMOL, 3, 600, 30), ("gemma-3-270m-q4_k_m.gguf", 2, 1400, 18)] {
-        let cfg = EngineConfig { batch_invariant: true, n_ctx: 3 * cells + 64, n_batch: 512, ..test_config(threads) };
+    for (file, threads, cells, layers, long) in [(SMOL, 2, 600, 30, 9), (SMOL, 3, 600, 30, 9), ("gemma-3-270m-q4_k_m.gguf", 2, 1400, 18, 4)] {
+        let cfg = EngineConfig { batch_invariant: true, n_ctx: long * cells + 300, n_batch: 512, n_seq_max: long + 2, ..test_config(threads) };
         let (mut engine, tok) = load(file, cfg);
         let text = "The river ran past the mill, and the miller counted the sacks of grain twice. ".repeat(cells / 10);
         let prompt = tok.encode(&text, true, true).unwrap();
-        let prompt = &prompt[..cells];
-        for seq in 0..3 {
-            engine.feed(seq, prompt, false, |_| {}).unwrap();
+        // Sequences 0 .. long hold `cells` tokens, the two after them 80; each decodes once.
+        let (prompt, short) = (&prompt[..cells], long as i32);
+        for seq in 0..long as i32 + 2 {
+            engine.feed(seq, if seq < short { prompt } else { &prompt[..80] }, false, |_| {}).unwrap();
         }
-        let (next, pos) = (42u32, prompt.len() as i32);
+        let next = 42u32;
+        let pos = |s: i32| if s >= short { 80 } else { cells as i32 };
         let mut step = |seqs: &[i32]| {
             let tap = std::sync::Arc::new(AttnOutputs::default());
             engine.set_tap(Some(tap.clone()));
             let mut b = Batch::new();
             for &s in seqs {
-                b.add(next, pos, s, true);
+                b.add(next, pos(s), s, true);
             }
             let l = engine.decode(&b).unwrap();
             let logits: Vec<Vec<f32>> = (0..seqs.len()).map(|r| l.row(r).to_vec()).collect();
             engine.set_tap(None);
             let outs = std::mem::take(&mut *tap.0.lock().unwrap());
+            assert_eq!(outs.len(), layers, "{file}: one attention node per layer");
             (logits, outs)
         };
-        let (alone, alone_attn) = step(&[0]);
-        let (two, two_attn) = step(&[1, 2]);
+        let alone = [step(&[0]), step(&[short])];
         let same = |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-        assert_eq!((alone_attn.len(), two_attn.len()), (layers, layers), "{file}: one attention node per layer");
-        for (layer, (a, t)) in alone_attn.iter().zip(&two_attn).enumerate() {
-            for r in 0..2 {
-                assert!(same(a, &t[r * a.len()..(r + 1) * a.len()]), "{file}, {threads} workers, layer {layer}: row {r} of two differs from the row alone");
-            }
+        let mut batches = vec![vec![1, 2], vec![3, short + 1]];
+        if long > 8 {
+            batches.push(vec![4, 5, 6, 7, 8]);
         }
-        for (r, l) in two.iter().enumerate() {
-            assert!(same(l, &alone[0]), "{file}, {threads} workers: the logits of row {r} of two differ from the row alone");
+        for seqs in batches {
+            let (logits, attn) = step(&seqs);
+            for (r, &s) in seqs.iter().enumerate() {
+                let (ref_logits, ref_attn) = &alone[usize::from(s >= short)];
+                for (layer, (a, t)) in ref_attn.iter().zip(&attn).enumerate() {
+                    assert!(same(a, &t[r * a.len()..(r + 1) * a.len()]), "{file}, {threads} workers, layer {layer}: row {r} of {seqs:?} differs from the row alone");
+                }
+                assert!(same(&logits[r], &ref_logits[0]), "{file}, {threads} workers: the logits of row {r} of {seqs:?} differ from the row alone");
+            }
         }
     }
 }

@@ -1,11 +1,12 @@
 //! Split-KV decode's partials, shared by the workers of one attention node
-//! ([`Ctx::split_decode`](super::Ctx)): llama.cpp cuts a one-row decode over 512+ cells into one
-//! range of cells per thread and folds the ranges' partials in order. Here the (KV head, range)
-//! units are dealt to the workers, each worker writes its units' partials — per query head the
-//! range's (maximum, sum) and unnormalised values — into their slots, and counts them per head
-//! group; the worker that writes a group's last range folds the group's heads
-//! (`attention::fold_ranges`, in range order, whoever wrote which range). No barrier inside the
-//! node: the one after it orders the folds before the next node.
+//! ([`Ctx::decode_dealt`](super::Ctx)): llama.cpp cuts a one-row decode over 512+ cells into one
+//! range of cells per thread and folds the ranges' partials in order. Here the (row, KV head,
+//! range, query head) units of a decode step's split rows are dealt to the workers, each worker
+//! writes its units' partials — per query head the range's (maximum, sum) and unnormalised
+//! values — into their slots, one row of slots per split row (up to [`SPLIT_ROWS`]), and counts
+//! them per row and head group; the worker that writes a group's last unit folds the group's
+//! heads (`attention::fold_ranges`, in range order, whoever wrote which range). No barrier
+//! inside the node: the one after it orders the folds before the next node.
 //!
 //! Invariant: a group's count is back at 0 when a node ends (its folder resets it), and
 //! [`SplitParts::reset`] zeroes every count before a graph runs.
@@ -13,17 +14,23 @@
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// The slots of every (range, query head) pair, and a count per head group.
+/// Split rows of one decode node whose partials the slots hold at once: a step with more runs
+/// each split row's ranges on one worker (`attention_items`).
+pub(super) const SPLIT_ROWS: usize = 4;
+
+/// The slots of every (row, range, query head), and a count per row and head group.
 pub(super) struct SplitParts {
+    rows: usize,
     heads: usize,
     ranges: usize,
     head_dim: usize,
-    /// `[range][head]` (maximum, sum).
+    /// `[row][range][head]` (maximum, sum).
     states: Box<[UnsafeCell<[f32; 2]>]>,
-    /// `[range][head][d]` unnormalised values, `d` the node's head dimension (at most
+    /// `[row][range][head][d]` unnormalised values, `d` the node's head dimension (at most
     /// `head_dim`).
     values: Box<[UnsafeCell<f32>]>,
-    /// Per group, named by its first query head: ranges written in this node.
+    /// `[row][group]`, a group named by its first query head: (range, head) units written in
+    /// this node.
     written: Box<[AtomicUsize]>,
 }
 
@@ -33,23 +40,30 @@ pub(super) struct SplitParts {
 unsafe impl Sync for SplitParts {}
 
 impl SplitParts {
-    /// Slots for `heads` query heads (the model's), up to `ranges` ranges of heads of up to
-    /// `head_dim` values.
-    pub(super) fn new(heads: usize, ranges: usize, head_dim: usize) -> Self {
+    /// Slots for `rows` rows of `heads` query heads (the model's), up to `ranges` ranges of
+    /// heads of up to `head_dim` values.
+    pub(super) fn new(rows: usize, heads: usize, ranges: usize, head_dim: usize) -> Self {
+        let n = rows * ranges * heads;
         SplitParts {
+            rows,
             heads,
             ranges,
             head_dim,
-            states: (0..heads * ranges).map(|_| UnsafeCell::new([0.0; 2])).collect(),
-            values: (0..heads * ranges * head_dim).map(|_| UnsafeCell::new(0.0)).collect(),
-            written: (0..heads).map(|_| AtomicUsize::new(0)).collect(),
+            states: (0..n).map(|_| UnsafeCell::new([0.0; 2])).collect(),
+            values: (0..n * head_dim).map(|_| UnsafeCell::new(0.0)).collect(),
+            written: (0..rows * heads).map(|_| AtomicUsize::new(0)).collect(),
         }
     }
 
-    /// Whether heads `heads` (the model's indices) of dimension `head_dim` cut into `ranges`
-    /// ranges have slots.
-    pub(super) fn fits(&self, heads: std::ops::Range<usize>, ranges: usize, head_dim: usize) -> bool {
-        heads.end <= self.heads && ranges <= self.ranges && head_dim <= self.head_dim
+    /// Whether `rows` rows of heads `heads` (the model's indices) of dimension `head_dim` cut
+    /// into `ranges` ranges have slots.
+    pub(super) fn fits(&self, rows: usize, heads: std::ops::Range<usize>, ranges: usize, head_dim: usize) -> bool {
+        rows <= self.rows && heads.end <= self.heads && ranges <= self.ranges && head_dim <= self.head_dim
+    }
+
+    /// Where row `row`'s range `r` of head `h` starts among the slots.
+    fn at(&self, row: usize, r: usize, h: usize) -> usize {
+        (row * self.ranges + r) * self.heads + h
     }
 
     /// Every count at 0 (a run cut short by a panic could leave one behind).
@@ -57,15 +71,17 @@ impl SplitParts {
         self.written.iter().for_each(|w| w.store(0, Ordering::Relaxed));
     }
 
-    /// Range `r`'s slots of heads `heads`: their states and their values (`head_dim` each).
+    /// Row `row`'s range `r` slots of heads `heads`: their states and their values
+    /// (`head_dim` each).
     ///
     /// # Safety
-    /// `fits(heads, r + 1, head_dim)`; no other reference to these slots lives (one writer per
-    /// (range, head) in a node, no reader before [`SplitParts::written`] completes the group).
+    /// `fits(row + 1, heads, r + 1, head_dim)`; no other reference to these slots lives (one
+    /// writer per (row, range, head) in a node, no reader before [`SplitParts::written`]
+    /// completes the group).
     #[allow(clippy::mut_from_ref)]
-    pub(super) unsafe fn slots(&self, r: usize, heads: std::ops::Range<usize>, head_dim: usize) -> (&mut [[f32; 2]], &mut [f32]) {
-        debug_assert!(self.fits(heads.clone(), r + 1, head_dim));
-        let (at, n) = (r * self.heads + heads.start, heads.len());
+    pub(super) unsafe fn slots(&self, row: usize, r: usize, heads: std::ops::Range<usize>, head_dim: usize) -> (&mut [[f32; 2]], &mut [f32]) {
+        debug_assert!(self.fits(row + 1, heads.clone(), r + 1, head_dim));
+        let (at, n) = (self.at(row, r, heads.start), heads.len());
         // SAFETY: `at .. at + n` and its values lie inside the slots (`fits`); `UnsafeCell<T>`
         // has `T`'s layout, so the cells are a run of plain values; exclusive (the contract).
         unsafe {
@@ -76,24 +92,26 @@ impl SplitParts {
         }
     }
 
-    /// Head `h`'s partial of range `r`: its state and its values.
+    /// Row `row`'s partial of head `h` over range `r`: its state and its values.
     ///
     /// # Safety
     /// The slot was written in this node, ordered before this read ([`SplitParts::written`]
     /// returned true to this worker).
-    pub(super) unsafe fn part(&self, r: usize, h: usize, head_dim: usize) -> ([f32; 2], &[f32]) {
-        let at = r * self.heads + h;
+    pub(super) unsafe fn part(&self, row: usize, r: usize, h: usize, head_dim: usize) -> ([f32; 2], &[f32]) {
+        let at = self.at(row, r, h);
         // SAFETY: inside the slots (the writer's `fits`); no writer now (the contract).
         unsafe { (*self.states[at].get(), std::slice::from_raw_parts(UnsafeCell::raw_get(self.values.as_ptr().add(at * head_dim)), head_dim)) }
     }
 
-    /// One more range of the group whose first head is `h0` written, of `ranges`: true for the
-    /// worker that wrote the last, which then folds the group (and its count starts again).
-    pub(super) fn written(&self, h0: usize, ranges: usize) -> bool {
+    /// `n` more (range, head) units of row `row`'s group whose first head is `h0` written, of
+    /// `units`: true for the worker that wrote the last, which then folds the group (and its
+    /// count starts again).
+    pub(super) fn written(&self, row: usize, h0: usize, n: usize, units: usize) -> bool {
+        let count = &self.written[row * self.heads + h0];
         // AcqRel: the last writer's increment acquires every earlier writer's release.
-        let done = self.written[h0].fetch_add(1, Ordering::AcqRel) + 1 == ranges;
+        let done = count.fetch_add(n, Ordering::AcqRel) + n == units;
         if done {
-            self.written[h0].store(0, Ordering::Relaxed);
+            count.store(0, Ordering::Relaxed);
         }
         done
     }
