@@ -8,7 +8,7 @@ compare the same round's rows).
 Usage:
   python3 scripts/serve_mixed.py --bin base=/tmp/base/target/release/corelm \\
       --bin new=target/release/corelm [--long 3500] [--short 40] [--shorts 1] [--tokens 96] \\
-      [--threads 2] [--rounds 3] [--serve-args "--no-batch-invariant"]
+      [--threads 2] [--rounds 3] [--serve-args=--no-batch-invariant]
 
 Only the standard library: http.client, threads.
 """
