@@ -704,15 +704,16 @@ impl corelm_core::Tap for AttnOutputs {
 /// A decode step's attention units — per row, KV head, range of ggml's split-KV decode (512+
 /// cells) and query head — dealt to the workers by their cells give every attention output the
 /// bits of the row alone, and so do the logits: a row alone (its ranges dealt), two long rows,
-/// a long and a short one (the short one's heads riding with the long one's ranges), and five
-/// long rows, more than the partial slots hold, where each row's ranges run one after another
-/// on one worker. SmolLM2 600 cells in at 2 and 3 workers (its 3 KV heads cut into 2 and 3
-/// ranges); Gemma 3 1,400 cells in at 2 workers (one KV head: its global layers' 2 ranges; its
-/// sliding-window layers see only the second range, whose 4 heads are cut between workers).
+/// a long and a short one (the short one's heads riding with the long one's ranges), five long
+/// rows, and seventeen, more than a decode node deals, where each row's ranges run one after
+/// another on one worker (the reference). SmolLM2 600 cells in at 2 and 3 workers (its 3 KV
+/// heads cut into 2 and 3 ranges); Gemma 3 1,400 cells in at 2 workers (one KV head: its
+/// global layers' 2 ranges; its sliding-window layers see only the second range, whose 4 heads
+/// are cut between workers).
 #[test]
 fn split_kv_decode_across_workers_equals_one_worker_per_row() {
-    for (file, threads, cells, layers, long) in [(SMOL, 2, 600, 30, 9), (SMOL, 3, 600, 30, 9), ("gemma-3-270m-q4_k_m.gguf", 2, 1400, 18, 4)] {
-        let cfg = EngineConfig { batch_invariant: true, n_ctx: long * cells + 300, n_batch: 512, n_seq_max: long + 2, ..test_config(threads) };
+    for (file, threads, cells, layers, long) in [(SMOL, 2, 600, 30, 21), (SMOL, 3, 600, 30, 9), ("gemma-3-270m-q4_k_m.gguf", 2, 1400, 18, 4)] {
+        let cfg = EngineConfig { batch_invariant: true, n_ctx: long * (cells + 32) + 300, n_batch: 512, n_seq_max: long + 2, ..test_config(threads) };
         let (mut engine, tok) = load(file, cfg);
         let text = "The river ran past the mill, and the miller counted the sacks of grain twice. ".repeat(cells / 10);
         let prompt = tok.encode(&text, true, true).unwrap();
@@ -740,7 +741,9 @@ fn split_kv_decode_across_workers_equals_one_worker_per_row() {
         let alone = [step(&[0]), step(&[short])];
         let same = |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
         let mut batches = vec![vec![1, 2], vec![3, short + 1]];
-        if long > 8 {
+        if long > 20 {
+            batches.push((4..21).collect());
+        } else if long > 8 {
             batches.push(vec![4, 5, 6, 7, 8]);
         }
         for seqs in batches {

@@ -162,7 +162,7 @@ impl Ctx<'_> {
     /// heads a key row is read once. Before, the items were cut by their count: a 4,000-cell
     /// row and a 100-cell one on 2 workers left one idle, and a split row's ranges ran on one
     /// worker. Returns false, having done nothing, where the split rows outnumber
-    /// [`partials::SPLIT_ROWS`] or `Executor::split_parts` has no slots for them, and where no
+    /// the slots' rows (`partials::SplitParts::rows_for`) or `Executor::split_parts` has no slots for them, and where no
     /// row is split and the longest row is within 1.5× the shortest.
     #[allow(clippy::too_many_arguments)]
     fn decode_dealt<'k>(
@@ -277,7 +277,7 @@ impl Ctx<'_> {
 
 /// Rows of a decode node at most that [`Ctx::decode_dealt`] deals (a longer step's items are
 /// cut by their count, `attention_items`).
-const DEALT_ROWS: usize = 16;
+pub(super) const DEALT_ROWS: usize = 16;
 
 /// How [`Ctx::decode_dealt`] computes one row: its visible cells, its kernel and, under the
 /// split-KV decode (`chunk` > 0), its ranges `first .. ranges` and its row of partial slots.

@@ -268,7 +268,7 @@ impl Executor {
             gemm_dims: (max_k, max_rows),
             classes: Vec::new(),
             pipelines: Vec::new(),
-            split_parts: partials::SplitParts::new(partials::SPLIT_ROWS, max_heads, n_threads, max_head_dim),
+            split_parts: partials::SplitParts::new(partials::SplitParts::rows_for(attend::DEALT_ROWS, max_heads, n_threads, max_head_dim), max_heads, n_threads, max_head_dim),
         }
     }
 
