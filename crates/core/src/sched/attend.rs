@@ -161,9 +161,9 @@ impl Ctx<'_> {
     /// units of one (row, KV head, range) are one kernel call, so where a cut falls between KV
     /// heads a key row is read once. Before, the items were cut by their count: a 4,000-cell
     /// row and a 100-cell one on 2 workers left one idle, and a split row's ranges ran on one
-    /// worker. Returns false, having done nothing, where the split rows outnumber
-    /// the slots' rows (`partials::SplitParts::rows_for`) or `Executor::split_parts` has no slots for them, and where no
-    /// row is split and the longest row is within 1.5× the shortest.
+    /// worker. Returns false, having done nothing, where `Executor::split_parts` has no slots
+    /// for the split rows (`partials::SplitParts::rows_for`), and where no row is split and the
+    /// longest row is within 1.5× the shortest.
     #[allow(clippy::too_many_arguments)]
     fn decode_dealt<'k>(
         &self,
@@ -183,21 +183,19 @@ impl Ctx<'_> {
         let (n_kv, heads_of) = kv_heads(p.n_head, shard);
         // The model's query heads of the node's heads `h` (slots and counts are the model's).
         let model = |h: Range<usize>| shard.q_head0 + h.start..shard.q_head0 + h.end;
-        let mut plans: [RowPlan; DEALT_ROWS] = std::array::from_fn(|_| RowPlan { span: 0..0, kind, chunk: 0, first: 0, ranges: 1, slot: 0 });
+        let mut plans: [RowPlan; DEALT_ROWS] = std::array::from_fn(|_| RowPlan::whole(0..0, kind));
         let (mut split_rows, mut max_ranges, mut total) = (0, 1, 0u64);
         for (r, plan) in plans.iter_mut().enumerate().take(rows) {
             let span = span_of(r);
             total += (span.len() * p.n_head) as u64;
             *plan = match self.kv_split(kind, self.batch.pos[r] as usize, nth) {
                 attention::AttnKernel::Split(chunk) => {
-                    let ranges = attention::split_ranges(span.end, chunk);
-                    max_ranges = max_ranges.max(ranges);
                     split_rows += 1;
-                    // Ranges before `first` hold no visible cell.
-                    RowPlan { span: span.clone(), kind, chunk, first: (span.start / chunk).min(ranges - 1), ranges, slot: split_rows - 1 }
+                    RowPlan::split(span, kind, chunk, split_rows - 1)
                 }
-                kind => RowPlan { span, kind, chunk: 0, first: 0, ranges: 1, slot: 0 },
+                kind => RowPlan::whole(span, kind),
             };
+            max_ranges = max_ranges.max(plan.ranges);
         }
         if split_rows > 0 && !self.split_parts.fits(split_rows, model(0..p.n_head), max_ranges, hd) {
             return false;
@@ -212,17 +210,19 @@ impl Ctx<'_> {
         }
         let plans = &plans[..rows];
         let mut calls = dealt_calls(plans, n_kv, &heads_of, total.max(1), ith, nth).peekable();
+        // The rows of the call peeked at, which the next iteration computes.
+        let mut peeked = None;
         while let Some(Call { r, j, i, heads }) = calls.next() {
             let plan = &plans[r];
-            let seq = self.batch.seq[r];
+            let kvr = peeked.take().unwrap_or_else(|| rows_of(self.batch.seq[r], shard.kv_base + j));
             // This call's kernel asks for the next call's first cells while it computes its
             // last chunk.
             let next = calls.peek().map(|c| {
-                let pl = &plans[c.r];
-                (rows_of(self.batch.seq[c.r], shard.kv_base + c.j), pl.cells(c.i))
+                let kv = rows_of(self.batch.seq[c.r], shard.kv_base + c.j);
+                peeked = Some(kv);
+                (kv, plans[c.r].cells(c.i))
             });
             scratch.read_next(next);
-            let kvr = rows_of(seq, shard.kv_base + j);
             let at = r * ne0 + heads.start * hd;
             let qs = &q[at..at + heads.len() * hd];
             if plan.chunk == 0 {
@@ -291,6 +291,18 @@ struct RowPlan {
 }
 
 impl RowPlan {
+    /// A row computed in one call over its visible cells `span`.
+    fn whole(span: Range<usize>, kind: attention::AttnKernel) -> Self {
+        RowPlan { span, kind, chunk: 0, first: 0, ranges: 1, slot: 0 }
+    }
+
+    /// A row under the split-KV decode in `chunk`-cell ranges, its partials in slot row
+    /// `slot`: ranges before `first` hold no visible cell.
+    fn split(span: Range<usize>, kind: attention::AttnKernel, chunk: usize, slot: usize) -> Self {
+        let ranges = attention::split_ranges(span.end, chunk);
+        RowPlan { first: (span.start / chunk).min(ranges - 1), span, kind, chunk, ranges, slot }
+    }
+
     /// The visible cells of range `i` (the whole span without the split).
     fn cells(&self, i: usize) -> Range<usize> {
         if self.chunk == 0 {
@@ -415,11 +427,8 @@ mod tests {
     /// worker to more workers than units, and tensor-parallel shards.
     #[test]
     fn decode_units_dealt_once_by_their_cells() {
-        let whole = |span: std::ops::Range<usize>| RowPlan { span, kind: AttnKernel::Reference, chunk: 0, first: 0, ranges: 1, slot: 0 };
-        let split = |span: std::ops::Range<usize>, chunk: usize| {
-            let ranges = span.end.div_ceil(chunk);
-            RowPlan { first: span.start / chunk, span, kind: AttnKernel::Reference, chunk, ranges, slot: 0 }
-        };
+        let whole = |span| RowPlan::whole(span, AttnKernel::Reference);
+        let split = |span, chunk| RowPlan::split(span, AttnKernel::Reference, chunk, 0);
         let cases: Vec<(Vec<RowPlan>, AttnShard, usize)> = vec![
             (vec![split(0..4000, 2048)], AttnShard { q_head0: 0, group: 3, kv_base: 0 }, 9),
             (vec![split(0..4000, 2048), whole(0..100)], AttnShard { q_head0: 0, group: 3, kv_base: 0 }, 9),
