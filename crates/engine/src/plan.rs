@@ -406,17 +406,25 @@ impl Plan {
         }
         if !self.gemm.is_empty() {
             let tuned: Vec<&GemmPlan> = self.gemm.iter().filter(|g| !g.reused).collect();
-            let gain = self.gemm.iter().map(|g| (g.default_secs / g.secs).ln()).sum::<f64>() / self.gemm.len() as f64;
+            // The geometric mean of the gains over the default schedules, of one path or all.
+            let gain = |path: Option<&str>| {
+                let logs: Vec<f64> = self.gemm.iter().filter(|g| path.is_none_or(|p| g.path == p)).map(|g| (g.default_secs / g.secs).ln()).collect();
+                (!logs.is_empty()).then(|| (logs.iter().sum::<f64>() / logs.len() as f64).exp())
+            };
+            let per_path = match (gain(Some("tiles")), gain(Some("panel"))) {
+                (Some(t), Some(p)) => format!("; the tiles {t:.2}×, the panel GEMM (--fast-prefill) {p:.2}×"),
+                (None, Some(_)) => "; the panel GEMM's, run with --fast-prefill".into(),
+                _ => String::new(),
+            };
             s += &format!(
-                "Prefill matmuls: {} schedules ({} searched, {} reused) for the {} table on {} workers, tuned in {:.0} s; {:.2}× the default schedules' speed (geometric mean over matrices and lengths){}.\n",
+                "Prefill matmuls: {} schedules ({} searched, {} reused) for the {} table on {} workers, tuned in {:.0} s; {:.2}× the default schedules' speed (geometric mean over matrices and lengths{per_path}).\n",
                 self.gemm.len(),
                 tuned.len(),
                 self.gemm.len() - tuned.len(),
                 self.gemm_isa,
                 self.gemm_threads,
                 self.gemm_tuning_s,
-                gain.exp(),
-                if self.gemm.iter().any(|g| g.path == "panel") { " (panel GEMM: with --fast-prefill)" } else { "" }
+                gain(None).unwrap_or(1.0),
             );
             let (panel, tiles) = fast_prefill_paths(&self.gemm);
             if panel + tiles > 0 {
@@ -542,6 +550,36 @@ mod tests {
         let gemm = [g("tiles", 8, 1.0), g("panel", 8, 2.0), g("tiles", 64, 3.0), g("panel", 64, 2.0), g("panel", 128, 1.0), g("tiles", 256, 1.0)];
         assert_eq!(fast_prefill_paths(&gemm), (1, 1));
         assert_eq!(fast_prefill_paths(&gemm[..1]), (0, 0));
+    }
+
+    /// `corelm plan` gives the geometric mean of the schedules' gains over all of them, then per
+    /// path where both were tuned.
+    #[test]
+    fn plan_explains_the_gains_per_path() {
+        let g = |path: &str, secs: f64, default_secs: f64| GemmPlan {
+            path: path.into(),
+            dtype: "q4_0".into(),
+            k: 96,
+            n_out: 72,
+            rows: 8,
+            mr: 4,
+            nc: 64,
+            mc: 0,
+            kc: 0,
+            row_parts: 0,
+            secs,
+            default_secs,
+            reused: false,
+        };
+        let one = ServiceConfig { numa: vec![Some(0)], groups: vec![vec![0]] };
+        let plan = |gemm: Vec<GemmPlan>| Plan { gemm, ..Plan::with_configs(one.clone(), one.clone(), 1) }.explain();
+        // Tiles 1× and 1.21× (geometric mean 1.10×), panel 1.44× and 1.0×  (1.20×): 1.15× in all.
+        let both = plan(vec![g("tiles", 1.0, 1.0), g("tiles", 1.0, 1.21), g("panel", 1.0, 1.44), g("panel", 2.0, 2.0)]);
+        assert!(both.contains("1.15× the default schedules' speed (geometric mean over matrices and lengths; the tiles 1.10×, the panel GEMM (--fast-prefill) 1.20×)"), "{both}");
+        let tiles = plan(vec![g("tiles", 1.0, 1.21)]);
+        assert!(tiles.contains("1.21× the default schedules' speed (geometric mean over matrices and lengths)."), "{tiles}");
+        let panel = plan(vec![g("panel", 1.0, 1.44)]);
+        assert!(panel.contains("1.44× the default schedules' speed (geometric mean over matrices and lengths; the panel GEMM's, run with --fast-prefill)."), "{panel}");
     }
 
     /// The device from where its line crosses the CPU's and stays below it; nothing where it
