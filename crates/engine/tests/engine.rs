@@ -705,21 +705,24 @@ impl corelm_core::Tap for AttnOutputs {
 /// cells) and query head — dealt to the workers by their cells give every attention output the
 /// bits of the row alone, and so do the logits: a row alone (its ranges dealt), two long rows,
 /// a long and a short one (the short one's heads riding with the long one's ranges), five long
-/// rows, and seventeen, more than a decode node deals, where each row's ranges run one after
-/// another on one worker (the reference). SmolLM2 600 cells in at 2 and 3 workers (its 3 KV
+/// rows, two long and sixteen short ones (eighteen rows, two split), and seventeen long ones,
+/// more split rows than a decode node deals, where each row's ranges run one after another on
+/// one worker (the reference). SmolLM2 600 cells in at 2 and 3 workers (its 3 KV
 /// heads cut into 2 and 3 ranges); Gemma 3 1,400 cells in at 2 workers (one KV head: its
 /// global layers' 2 ranges; its sliding-window layers see only the second range, whose 4 heads
 /// are cut between workers).
 #[test]
 fn split_kv_decode_across_workers_equals_one_worker_per_row() {
-    for (file, threads, cells, layers, long) in [(SMOL, 2, 600, 30, 21), (SMOL, 3, 600, 30, 9), ("gemma-3-270m-q4_k_m.gguf", 2, 1400, 18, 4)] {
-        let cfg = EngineConfig { batch_invariant: true, n_ctx: long * (cells + 32) + 300, n_batch: 512, n_seq_max: long + 2, ..test_config(threads) };
+    for (file, threads, cells, layers, long) in [(SMOL, 2, 600, 30, 23), (SMOL, 3, 600, 30, 9), ("gemma-3-270m-q4_k_m.gguf", 2, 1400, 18, 4)] {
+        let n_short = if long > 20 { 18 } else { 2 };
+        let cfg = EngineConfig { batch_invariant: true, n_ctx: long * (cells + 32) + n_short * 96 + 300, n_batch: 512, n_seq_max: long + n_short, ..test_config(threads) };
         let (mut engine, tok) = load(file, cfg);
         let text = "The river ran past the mill, and the miller counted the sacks of grain twice. ".repeat(cells / 10);
         let prompt = tok.encode(&text, true, true).unwrap();
-        // Sequences 0 .. long hold `cells` tokens, the two after them 80; each decodes once.
+        // Sequences 0 .. long hold `cells` tokens, the `n_short` after them 80; each decodes
+        // once.
         let (prompt, short) = (&prompt[..cells], long as i32);
-        for seq in 0..long as i32 + 2 {
+        for seq in 0..(long + n_short) as i32 {
             engine.feed(seq, if seq < short { prompt } else { &prompt[..80] }, false, |_| {}).unwrap();
         }
         let next = 42u32;
@@ -742,6 +745,7 @@ fn split_kv_decode_across_workers_equals_one_worker_per_row() {
         let same = |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
         let mut batches = vec![vec![1, 2], vec![3, short + 1]];
         if long > 20 {
+            batches.push([21, 22].into_iter().chain(short + 2..short + 18).collect());
             batches.push((4..21).collect());
         } else if long > 8 {
             batches.push(vec![4, 5, 6, 7, 8]);

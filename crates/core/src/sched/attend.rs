@@ -13,7 +13,8 @@ use corelm_kernels::DType;
 impl Ctx<'_> {
     /// Worker `ith` of `nth`'s share of the attention node `t` of layer `layer` (queries `q`).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn attention(&self, t: &Tensor, layer: usize, q: TensorId, p: AttnParams, shard: AttnShard, ith: usize, nth: usize, scratch: &mut AttnScratch) {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attention(&self, t: &Tensor, layer: usize, q: TensorId, p: AttnParams, shard: AttnShard, ith: usize, nth: usize, scratch: &mut AttnScratch, plans: &mut Vec<RowPlan>) {
         let [ne0, rows] = t.ne;
         let q = self.f32s(q);
         let kv = self.kv;
@@ -63,7 +64,7 @@ impl Ctx<'_> {
         };
         // A decode step (a query row per sequence, over key rows): its (row, KV head, range,
         // query head) units dealt to the workers by their cells (`decode_dealt`).
-        if per_block == 1 && kv.k_layout == KeyLayout::Rows && rows <= DEALT_ROWS && self.decode_dealt(t, q, &rows_of, &span_of, kind, p, shard, ith, nth, scratch) {
+        if per_block == 1 && kv.k_layout == KeyLayout::Rows && self.decode_dealt(t, q, &rows_of, &span_of, kind, p, shard, ith, nth, scratch, plans) {
             return;
         }
         // A prefill of one sequence over keys in columns: the pipeline of the node's worker
@@ -162,8 +163,9 @@ impl Ctx<'_> {
     /// heads a key row is read once. Before, the items were cut by their count: a 4,000-cell
     /// row and a 100-cell one on 2 workers left one idle, and a split row's ranges ran on one
     /// worker. Returns false, having done nothing, where `Executor::split_parts` has no slots
-    /// for the split rows (`partials::SplitParts::rows_for`), and where no row is split and the
-    /// longest row is within 1.5× the shortest.
+    /// for the split rows (`partials::SplitParts::rows_for`: [`SPLIT_ROWS`] at most), where no
+    /// row is split and the longest row is within 1.5× the shortest, and where `plans` has no
+    /// room for the node's rows (sized for the largest attention node's).
     #[allow(clippy::too_many_arguments)]
     fn decode_dealt<'k>(
         &self,
@@ -177,18 +179,23 @@ impl Ctx<'_> {
         ith: usize,
         nth: usize,
         scratch: &mut AttnScratch,
+        plans: &mut Vec<RowPlan>,
     ) -> bool {
         let [ne0, rows] = t.ne;
+        // Plans for every row in the worker's room for them (an attention node's rows at most).
+        if rows > plans.capacity() {
+            return false;
+        }
         let hd = p.head_dim;
         let (n_kv, heads_of) = kv_heads(p.n_head, shard);
         // The model's query heads of the node's heads `h` (slots and counts are the model's).
         let model = |h: Range<usize>| shard.q_head0 + h.start..shard.q_head0 + h.end;
-        let mut plans: [RowPlan; DEALT_ROWS] = std::array::from_fn(|_| RowPlan::whole(0..0, kind));
+        plans.clear();
         let (mut split_rows, mut max_ranges, mut total) = (0, 1, 0u64);
-        for (r, plan) in plans.iter_mut().enumerate().take(rows) {
+        for r in 0..rows {
             let span = span_of(r);
             total += (span.len() * p.n_head) as u64;
-            *plan = match self.kv_split(kind, self.batch.pos[r] as usize, nth) {
+            let plan = match self.kv_split(kind, self.batch.pos[r] as usize, nth) {
                 attention::AttnKernel::Split(chunk) => {
                     split_rows += 1;
                     RowPlan::split(span, kind, chunk, split_rows - 1)
@@ -196,6 +203,7 @@ impl Ctx<'_> {
                 kind => RowPlan::whole(span, kind),
             };
             max_ranges = max_ranges.max(plan.ranges);
+            plans.push(plan);
         }
         if split_rows > 0 && !self.split_parts.fits(split_rows, model(0..p.n_head), max_ranges, hd) {
             return false;
@@ -203,12 +211,12 @@ impl Ctx<'_> {
         // Rows alike without the split: the count-based cut is even already, and kept (16
         // rows of 160 cells on 2 workers: 0.93–0.97× the old cut's aggregate decode rate with
         // this one).
-        let lens = plans[..rows].iter().map(|pl| pl.span.len());
+        let lens = plans.iter().map(|pl| pl.span.len());
         let (shortest, longest) = (lens.clone().min().unwrap_or(0), lens.max().unwrap_or(0));
         if split_rows == 0 && 2 * longest <= 3 * shortest {
             return false;
         }
-        let plans = &plans[..rows];
+        let plans = &plans[..];
         let mut calls = dealt_calls(plans, n_kv, &heads_of, total.max(1), ith, nth).peekable();
         // The rows of the call peeked at, which the next iteration computes.
         let mut peeked = None;
@@ -275,13 +283,14 @@ impl Ctx<'_> {
     }
 }
 
-/// Rows of a decode node at most that [`Ctx::decode_dealt`] deals (a longer step's items are
-/// cut by their count, `attention_items`).
-pub(super) const DEALT_ROWS: usize = 16;
+/// Split rows of a decode node whose ranges [`Ctx::decode_dealt`] deals, at most (the partial
+/// slots' rows, `partials::SplitParts::rows_for`; a step with more split rows cuts its items by
+/// their count, `attention_items`, each split row's ranges on one worker).
+pub(super) const SPLIT_ROWS: usize = 16;
 
 /// How [`Ctx::decode_dealt`] computes one row: its visible cells, its kernel and, under the
 /// split-KV decode (`chunk` > 0), its ranges `first .. ranges` and its row of partial slots.
-struct RowPlan {
+pub(super) struct RowPlan {
     span: Range<usize>,
     kind: attention::AttnKernel,
     chunk: usize,

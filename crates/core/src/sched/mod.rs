@@ -68,6 +68,8 @@ pub struct Scratch {
     /// Worker 0: the device's columns of a split matmul (`device.rs`; sized by
     /// `Executor::set_device`).
     device_y: Vec<f32>,
+    /// A decode node's row plans (`Ctx::decode_dealt`), room for an attention node's rows.
+    plans: Vec<attend::RowPlan>,
 }
 
 /// Sees nodes' results as a graph runs (statistics such as `corelm sparsity collect`'s):
@@ -185,7 +187,7 @@ impl Executor {
     /// parallelism; else all) has `group_threads`.
     pub fn new(n_threads: usize, group_threads: usize, max_head_dim: usize, graphs: &[&Graph]) -> Self {
         let (mut max_k, mut max_rows, mut max_group, mut max_k_all, mut gather) = (0, 0, 1, 0, 0);
-        let (mut rope_rows, mut max_rot, mut max_k_f16, mut max_heads) = (0, 0, 0, 0);
+        let (mut rope_rows, mut max_rot, mut max_k_f16, mut max_heads, mut attn_rows) = (0, 0, 0, 0, 0);
         let (mut sparse_ff, mut il_k, mut pred_rank) = (0, 0, 0);
         for (graph, id) in graphs.iter().flat_map(|g| g.nodes.iter().map(move |&id| (*g, id))) {
             let t = graph.tensor(id);
@@ -213,6 +215,7 @@ impl Executor {
                 max_rot = max_rot.max(p.n_rot);
             }
             if let Op::Attention { shard, p, .. } = t.op {
+                attn_rows = attn_rows.max(t.ne[1]);
                 max_group = max_group.max(shard.group);
                 max_heads = max_heads.max(shard.q_head0 + p.n_head);
             }
@@ -254,6 +257,7 @@ impl Executor {
                         rope: crate::rope::RopeTables::new(split(rope_rows, 0, group_threads.clamp(1, n_threads)).len(), max_rot),
                         sparse: sparse::SparseScratch::new(sparse_ff, il_k, pred_rank),
                         device_y: Vec::new(),
+                        plans: Vec::with_capacity(attn_rows),
                     })
                 })
                 .collect(),
@@ -268,7 +272,7 @@ impl Executor {
             gemm_dims: (max_k, max_rows),
             classes: Vec::new(),
             pipelines: Vec::new(),
-            split_parts: partials::SplitParts::new(partials::SplitParts::rows_for(attend::DEALT_ROWS, max_heads, n_threads, max_head_dim), max_heads, n_threads, max_head_dim),
+            split_parts: partials::SplitParts::new(partials::SplitParts::rows_for(attend::SPLIT_ROWS, max_heads, n_threads, max_head_dim), max_heads, n_threads, max_head_dim),
         }
     }
 
@@ -631,7 +635,7 @@ impl Ctx<'_> {
                 assert_eq!(keys, self.kv.k_layout, "a graph planned for another key layout than its cache's");
                 self.kv_store(layer as usize, [k, v], c0 as usize..(c0 + width) as usize, kv_base as usize, ith, nth)
             }
-            Op::Attention { layer, q, p, shard } => self.attention(t, layer as usize, q, p, shard, ith, nth, &mut scratch.attn),
+            Op::Attention { layer, q, p, shard } => self.attention(t, layer as usize, q, p, shard, ith, nth, &mut scratch.attn, &mut scratch.plans),
             Op::Glu { gate, up, kind } => {
                 let (g, u) = (self.f32s(gate), self.f32s(up));
                 for r in split(rows, ith, nth) {

@@ -41,7 +41,7 @@ unsafe impl Sync for SplitParts {}
 impl SplitParts {
     /// Split rows of one decode node whose partials the slots hold at once, for `heads` query
     /// heads of up to `head_dim` values cut into up to `ranges` ranges: as many as a decode
-    /// node deals (`rows_max`) within [`SLOT_BYTES`], and at least four (SmolLM2 at 2 threads:
+    /// node deals split (`rows_max`, `attend::SPLIT_ROWS`) within [`SLOT_BYTES`], and at least four (SmolLM2 at 2 threads:
     /// 4.6 kB a row; Qwen2.5 at 16: 57 kB; 64 heads of 128 at 64 threads: 2 MB). A step with
     /// more runs each split row's ranges on one worker (`attention_items`).
     pub(super) fn rows_for(rows_max: usize, heads: usize, ranges: usize, head_dim: usize) -> usize {
