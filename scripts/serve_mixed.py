@@ -77,6 +77,8 @@ def run_once(binary, model, args):
                     break
             except OSError:
                 time.sleep(0.1)
+        else:
+            raise SystemExit(f"{binary} serve did not answer /health in 600 tries (exit status {srv.poll()})")
         long_out, short_out = [], []
         started = threading.Event()
         # Words ≈ tokens for this word list (one token each, plus BOS).
@@ -113,7 +115,7 @@ def main():
     ap.add_argument("--serve-args", default="")
     args = ap.parse_args()
     bins = [b.split("=", 1) for b in args.bin]
-    print(f"| round | binary | long request's TPOT beside the short ones, ms | short requests' TPOT, ms |")
+    print("| round | binary | long request's TPOT beside the short ones, ms | short requests' TPOT, ms |")
     print("|---|---|---|---|")
     for rnd in range(args.rounds):
         for name, path in bins:

@@ -13,7 +13,6 @@ use corelm_kernels::DType;
 impl Ctx<'_> {
     /// Worker `ith` of `nth`'s share of the attention node `t` of layer `layer` (queries `q`).
     #[allow(clippy::too_many_arguments)]
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn attention(&self, t: &Tensor, layer: usize, q: TensorId, p: AttnParams, shard: AttnShard, ith: usize, nth: usize, scratch: &mut AttnScratch, plans: &mut Vec<RowPlan>) {
         let [ne0, rows] = t.ne;
         let q = self.f32s(q);

@@ -3,10 +3,11 @@
 //! range of cells per thread and folds the ranges' partials in order. Here the (row, KV head,
 //! range, query head) units of a decode step's split rows are dealt to the workers, each worker
 //! writes its units' partials — per query head the range's (maximum, sum) and unnormalised
-//! values — into their slots, one row of slots per split row (up to [`SplitParts::rows_for`]), and counts
-//! them per row and head group; the worker that writes a group's last unit folds the group's
-//! heads (`attention::fold_ranges`, in range order, whoever wrote which range). No barrier
-//! inside the node: the one after it orders the folds before the next node.
+//! values — into their slots, one row of slots per split row (up to
+//! [`SplitParts::rows_for`]), and counts them per row and head group; the worker that writes a
+//! group's last unit folds the group's heads (`attention::fold_ranges`, in range order, whoever
+//! wrote which range). No barrier inside the node: the one after it orders the folds before the
+//! next node.
 //!
 //! Invariant: a group's count is back at 0 when a node ends (its folder resets it), and
 //! [`SplitParts::reset`] zeroes every count before a graph runs.
@@ -41,9 +42,10 @@ unsafe impl Sync for SplitParts {}
 impl SplitParts {
     /// Split rows of one decode node whose partials the slots hold at once, for `heads` query
     /// heads of up to `head_dim` values cut into up to `ranges` ranges: as many as a decode
-    /// node deals split (`rows_max`, `attend::SPLIT_ROWS`) within [`SLOT_BYTES`], and at least four (SmolLM2 at 2 threads:
-    /// 4.6 kB a row; Qwen2.5 at 16: 57 kB; 64 heads of 128 at 64 threads: 2 MB). A step with
-    /// more runs each split row's ranges on one worker (`attention_items`).
+    /// node deals split (`rows_max`, `attend::SPLIT_ROWS`) within [`SLOT_BYTES`], and at least
+    /// four (SmolLM2 at 2 threads: 4.6 kB a row; Qwen2.5 at 16: 57 kB; 64 heads of 128 at 64
+    /// threads: 2 MB). A step with more runs each split row's ranges on one worker
+    /// (`attention_items`).
     pub(super) fn rows_for(rows_max: usize, heads: usize, ranges: usize, head_dim: usize) -> usize {
         let row = heads * ranges * (head_dim * size_of::<f32>() + size_of::<[f32; 2]>());
         (SLOT_BYTES / row.max(1)).clamp(4.min(rows_max), rows_max)
