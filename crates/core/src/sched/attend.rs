@@ -11,9 +11,10 @@ use corelm_kernels::attention::{self, AttnScratch, KeyLayout};
 use corelm_kernels::DType;
 
 impl Ctx<'_> {
-    /// Worker `ith` of `nth`'s share of the attention node `t` of layer `layer` (queries `q`).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn attention(&self, t: &Tensor, layer: usize, q: TensorId, p: AttnParams, shard: AttnShard, ith: usize, nth: usize, scratch: &mut AttnScratch, plans: &mut Vec<RowPlan>) {
+    /// Worker `w.ith` of `w.nth`'s share of the attention node `t` of layer `layer` (queries
+    /// `q`).
+    pub(super) fn attention(&self, t: &Tensor, layer: usize, q: TensorId, p: AttnParams, shard: AttnShard, w: AttnWorker) {
+        let AttnWorker { ith, nth, scratch, plans } = w;
         let [ne0, rows] = t.ne;
         let q = self.f32s(q);
         let kv = self.kv;
@@ -63,7 +64,7 @@ impl Ctx<'_> {
         };
         // A decode step (a query row per sequence, over key rows): its (row, KV head, range,
         // query head) units dealt to the workers by their cells (`decode_dealt`).
-        if per_block == 1 && kv.k_layout == KeyLayout::Rows && self.decode_dealt(t, q, &rows_of, &span_of, kind, p, shard, ith, nth, scratch, plans) {
+        if per_block == 1 && kv.k_layout == KeyLayout::Rows && self.decode_dealt(t, q, &rows_of, &span_of, kind, p, shard, AttnWorker { ith, nth, scratch: &mut *scratch, plans }) {
             return;
         }
         // A prefill of one sequence over keys in columns: the pipeline of the node's worker
@@ -175,15 +176,23 @@ impl Ctx<'_> {
         kind: attention::AttnKernel,
         p: AttnParams,
         shard: AttnShard,
-        ith: usize,
-        nth: usize,
-        scratch: &mut AttnScratch,
-        plans: &mut Vec<RowPlan>,
+        w: AttnWorker,
     ) -> bool {
+        let AttnWorker { ith, nth, scratch, plans } = w;
         let [ne0, rows] = t.ne;
         // Plans for every row in the worker's room for them (an attention node's rows at most).
         if rows > plans.capacity() {
             return false;
+        }
+        // Rows alike where none can be split (a step of several rows without
+        // `--batch-invariant`): the count-based cut is even already, and kept (16 rows of 160
+        // cells on 2 workers: 0.93–0.97× the old cut's aggregate decode rate with this one).
+        if !self.splits() {
+            let lens = (0..rows).map(|r| span_of(r).len());
+            let (shortest, longest) = (lens.clone().min().unwrap_or(0), lens.max().unwrap_or(0));
+            if 2 * longest <= 3 * shortest {
+                return false;
+            }
         }
         let hd = p.head_dim;
         let (n_kv, heads_of) = kv_heads(p.n_head, shard);
@@ -207,9 +216,7 @@ impl Ctx<'_> {
         if split_rows > 0 && !self.split_parts.fits(split_rows, model(0..p.n_head), max_ranges, hd) {
             return false;
         }
-        // Rows alike without the split: the count-based cut is even already, and kept (16
-        // rows of 160 cells on 2 workers: 0.93–0.97× the old cut's aggregate decode rate with
-        // this one).
+        // Rows alike and none split after all (every row under 512 cells): as above.
         let lens = plans.iter().map(|pl| pl.span.len());
         let (shortest, longest) = (lens.clone().min().unwrap_or(0), lens.max().unwrap_or(0));
         if split_rows == 0 && 2 * longest <= 3 * shortest {
@@ -270,8 +277,7 @@ impl Ctx<'_> {
     /// split the same way (the split's chunks keep ggml's F16 accumulators).
     fn kv_split(&self, kind: attention::AttnKernel, pos: usize, nth: usize) -> attention::AttnKernel {
         let kv = self.kv;
-        let one_row = self.graph.n_tokens == 1 || self.mode.batch_invariant;
-        if !matches!(kind, attention::AttnKernel::Reference | attention::AttnKernel::Wide) || !one_row || kv.k_type != DType::F16 || kv.v_type != DType::F16 {
+        if !matches!(kind, attention::AttnKernel::Reference | attention::AttnKernel::Wide) || !self.splits() {
             return kind;
         }
         let n_kv = (pos + 1).next_multiple_of(256).min(kv.n_cells);
@@ -280,6 +286,22 @@ impl Ctx<'_> {
         }
         attention::AttnKernel::Split(n_kv.div_ceil(nth))
     }
+
+    /// Whether [`Ctx::kv_split`] may split a row of this pass: every row computed as if alone
+    /// (one row, or `--batch-invariant`) over an F16 cache.
+    fn splits(&self) -> bool {
+        let kv = self.kv;
+        (self.graph.n_tokens == 1 || self.mode.batch_invariant) && kv.k_type == DType::F16 && kv.v_type == DType::F16
+    }
+}
+
+/// A worker's part in an attention node: worker `ith` of the node's `nth`, with its buffers.
+pub(super) struct AttnWorker<'s> {
+    pub ith: usize,
+    pub nth: usize,
+    pub scratch: &'s mut AttnScratch,
+    /// A decode node's row plans ([`Ctx::decode_dealt`]), room for an attention node's rows.
+    pub plans: &'s mut Vec<RowPlan>,
 }
 
 /// Split rows of a decode node whose ranges [`Ctx::decode_dealt`] deals, at most (the partial

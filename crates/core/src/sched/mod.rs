@@ -272,7 +272,7 @@ impl Executor {
             gemm_dims: (max_k, max_rows),
             classes: Vec::new(),
             pipelines: Vec::new(),
-            split_parts: partials::SplitParts::new(partials::SplitParts::rows_for(attend::SPLIT_ROWS, max_heads, n_threads, max_head_dim), max_heads, n_threads, max_head_dim),
+            split_parts: partials::SplitParts::new(attend::SPLIT_ROWS, max_heads, n_threads, max_head_dim),
         }
     }
 
@@ -635,7 +635,7 @@ impl Ctx<'_> {
                 assert_eq!(keys, self.kv.k_layout, "a graph planned for another key layout than its cache's");
                 self.kv_store(layer as usize, [k, v], c0 as usize..(c0 + width) as usize, kv_base as usize, ith, nth)
             }
-            Op::Attention { layer, q, p, shard } => self.attention(t, layer as usize, q, p, shard, ith, nth, &mut scratch.attn, &mut scratch.plans),
+            Op::Attention { layer, q, p, shard } => self.attention(t, layer as usize, q, p, shard, attend::AttnWorker { ith, nth, scratch: &mut scratch.attn, plans: &mut scratch.plans }),
             Op::Glu { gate, up, kind } => {
                 let (g, u) = (self.f32s(gate), self.f32s(up));
                 for r in split(rows, ith, nth) {

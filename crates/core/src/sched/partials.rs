@@ -46,14 +46,16 @@ impl SplitParts {
     /// four (SmolLM2 at 2 threads: 4.6 kB a row; Qwen2.5 at 16: 57 kB; 64 heads of 128 at 64
     /// threads: 2 MB). A step with more runs each split row's ranges on one worker
     /// (`attention_items`).
-    pub(super) fn rows_for(rows_max: usize, heads: usize, ranges: usize, head_dim: usize) -> usize {
+    fn rows_for(rows_max: usize, heads: usize, ranges: usize, head_dim: usize) -> usize {
         let row = heads * ranges * (head_dim * size_of::<f32>() + size_of::<[f32; 2]>());
         (SLOT_BYTES / row.max(1)).clamp(4.min(rows_max), rows_max)
     }
 
-    /// Slots for `rows` rows of `heads` query heads (the model's), up to `ranges` ranges of
-    /// heads of up to `head_dim` values.
-    pub(super) fn new(rows: usize, heads: usize, ranges: usize, head_dim: usize) -> Self {
+    /// Slots for the split rows of decode nodes that deal up to `rows_max` of them
+    /// ([`rows_for`](Self::rows_for) rows), of `heads` query heads (the model's), up to
+    /// `ranges` ranges of heads of up to `head_dim` values.
+    pub(super) fn new(rows_max: usize, heads: usize, ranges: usize, head_dim: usize) -> Self {
+        let rows = Self::rows_for(rows_max, heads, ranges, head_dim);
         let n = rows * ranges * heads;
         SplitParts {
             rows,
