@@ -274,9 +274,9 @@ fn panel_gemm_matches_row_dots() {
     for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
         assert!(supported(t));
         let shapes: &[(usize, usize, usize)] = if t.block_size() == 256 {
-            &[(256, 3, 1), (512, 13, 7), (768, 16, 9), (256, 10, 21)]
+            &[(256, 3, 1), (512, 13, 7), (768, 16, 9), (256, 10, 21), (512, 40, 9)]
         } else {
-            &[(32, 3, 1), (96, 13, 7), (256, 16, 9), (64, 10, 21)]
+            &[(32, 3, 1), (96, 13, 7), (256, 16, 9), (64, 10, 21), (96, 40, 9)]
         };
         for &(k, n_out, rows) in shapes {
             let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(t, k, &mut rng)).collect();

@@ -11,7 +11,7 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use super::panel::{PACKED_BLOCK, PANEL};
+use super::panel::{PanelLayout, PANEL};
 use crate::quant::blocks::{BlockQ4K, BlockQ6K};
 use crate::DType;
 use std::arch::x86_64::*;
@@ -36,10 +36,11 @@ pub fn packs_groups(t: DType) -> bool {
 /// the panel's four-byte groups of both groups' eight columns are four `vpermt2d` away; the
 /// scales (Q4_1, Q5_1: and mins) are one F16 conversion and one permute — about 15 operations
 /// per panel and block where the plain rows' decoder takes a transpose of eight vectors and
-/// sixteen scalar scales. Q4_K and Q6_K: [`pack_groups_q4k`], [`pack_groups_q6k`].
+/// sixteen scalar scales. Q4_K and Q6_K: [`pack_groups_q4k`], [`pack_groups_q6k`]. The blocks
+/// go where `lay` says (alone, or as half of a pair).
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
-pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
-    let (nb, bs4, gb) = group_sizes(t, g, k, (c0, n), panel);
+pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8], lay: PanelLayout) {
+    let (nb, bs4, gb) = group_sizes(t, g, k, (c0, n), panel, lay);
     // Dword i of `idx(first)`'s result: four-byte group `first + i / 8` of column `i % 8`,
     // dword `4·(i % 4) + group` of the first group's vector (columns 0‥4) or of the second's.
     let idx = |first: i32| _mm512_setr_epi32(first, 4 + first, 8 + first, 12 + first, 16 + first, 20 + first, 24 + first, 28 + first, first + 1, 5 + first, 9 + first, 13 + first, 17 + first, 21 + first, 25 + first, 29 + first);
@@ -48,8 +49,8 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
     // SAFETY (both): the features these need are this function's; their bounds are
     // `group_sizes`'.
     match t {
-        DType::Q4K => return unsafe { pack_groups_q4k(g, nb, gb, c0, two, panel, (i01, i23)) },
-        DType::Q6K => return unsafe { pack_groups_q6k(g, nb, gb, c0, two, panel, (i01, i23)) },
+        DType::Q4K => return unsafe { pack_groups_q4k(g, nb, gb, c0, two, panel, lay, (i01, i23)) },
+        DType::Q6K => return unsafe { pack_groups_q6k(g, nb, gb, c0, two, panel, lay, (i01, i23)) },
         _ => {}
     }
     let (nib, fifth, flip) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10), _mm512_set1_epi8(-128));
@@ -70,7 +71,7 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
         unsafe {
             let p0 = g.as_ptr().add(c0 / 4 * gb + b * bs4);
             let p1 = p0.add(gb);
-            let dst = panel.as_mut_ptr().add(b * PACKED_BLOCK);
+            let dst = panel.as_mut_ptr().add(lay.at(b, 0));
             // One group's codes (lo, hi).
             let codes = |p: *const u8| {
                 let v = _mm512_loadu_si512(p.add(values) as *const _);
@@ -88,15 +89,15 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
             };
             let (lo0, hi0) = codes(p0);
             let (lo1, hi1) = if two { codes(p1) } else { (pad, pad) };
-            store_codes(dst, (lo0, hi0), (lo1, hi1), (i01, i23));
+            store_codes(dst, lay, (lo0, hi0), (lo1, hi1), (i01, i23));
             if scales == 16 {
                 let h0 = _mm_loadu_si128(p0 as *const __m128i);
                 let h1 = if two { _mm_loadu_si128(p1 as *const __m128i) } else { _mm_setzero_si128() };
                 let f = _mm512_cvtph_ps(_mm256_set_m128i(h1, h0));
-                _mm512_storeu_ps(dst.add(256) as *mut f32, _mm512_permutexvar_ps(dm, f));
+                store_units(dst, lay, 8, _mm512_castps_si512(_mm512_permutexvar_ps(dm, f)));
             } else {
-                _mm256_storeu_ps(dst.add(256) as *mut f32, scales8(p0, p1, two));
-                _mm256_storeu_ps(dst.add(288) as *mut f32, _mm256_setzero_ps());
+                _mm256_storeu_ps(dst.add(8 * lay.unit) as *mut f32, scales8(p0, p1, two));
+                _mm256_storeu_ps(dst.add(9 * lay.unit) as *mut f32, _mm256_setzero_ps());
             }
         }
     }
@@ -112,11 +113,12 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
 /// # Safety
 /// AVX-512 F/BW/VL, AVX2 and F16C present; `group_sizes` checked the bounds.
 #[inline(always)]
-unsafe fn pack_groups_q4k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, panel: &mut [u8], (i01, i23): (__m512i, __m512i)) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn pack_groups_q4k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, panel: &mut [u8], lay: PanelLayout, (i01, i23): (__m512i, __m512i)) {
     let nib = _mm512_set1_epi8(0x0F);
     for b in 0..nb {
         // SAFETY: the caller's `group_sizes` checked the bounds.
-        let (j, p0, p1, dst) = unsafe { kquant_block(g, gb, Q4K_GROUP_BLOCK, c0, b, panel) };
+        let (j, p0, p1, dst) = unsafe { kquant_block(g, gb, Q4K_GROUP_BLOCK, c0, b, panel, lay) };
         // SAFETY: super-block b / 8 of group `c0 / 4` (and the next, with `two`) is inside `g`,
         // block b of the panel inside `panel` (the caller's `group_sizes`).
         unsafe {
@@ -128,8 +130,8 @@ unsafe fn pack_groups_q4k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, 
             let zero = _mm512_setzero_si512();
             let (lo0, hi0) = (run(p0, h), run(p0, h + 1));
             let (lo1, hi1) = if two { (run(p1, h), run(p1, h + 1)) } else { (zero, zero) };
-            store_codes(dst, (lo0, hi0), (lo1, hi1), (i01, i23));
-            store_q4k_scales(dst, p0, p1, two, j);
+            store_codes(dst, lay, (lo0, hi0), (lo1, hi1), (i01, i23));
+            store_q4k_scales(dst, lay, p0, p1, two, j);
         }
     }
 }
@@ -141,17 +143,18 @@ const Q6K_GROUP_BLOCK: usize = 4 * std::mem::size_of::<BlockQ6K>();
 
 /// Panel block `b` of a K-quant matrix's groups whose super-blocks take `sbb` bytes a group
 /// ([`Q4K_GROUP_BLOCK`], [`Q6K_GROUP_BLOCK`]): its sub-block `j` (of super-block `b / 8`),
-/// the super-block's group-blocks of group `c0 / 4` and of the next, and the block in `panel`.
+/// the super-block's group-blocks of group `c0 / 4` and of the next, and the block in `panel`
+/// (where `lay` puts it).
 ///
 /// # Safety
 /// Super-block `b / 8` of group `c0 / 4` lies inside `g` (the next group's is only addressed)
 /// and block `b` inside `panel` (`group_sizes`).
 #[inline(always)]
-unsafe fn kquant_block(g: &[u8], gb: usize, sbb: usize, c0: usize, b: usize, panel: &mut [u8]) -> (usize, *const u8, *const u8, *mut u8) {
+unsafe fn kquant_block(g: &[u8], gb: usize, sbb: usize, c0: usize, b: usize, panel: &mut [u8], lay: PanelLayout) -> (usize, *const u8, *const u8, *mut u8) {
     // SAFETY: the caller's; `wrapping_add` for the next group, read only where it exists.
     unsafe {
         let p0 = g.as_ptr().add(c0 / 4 * gb + b / 8 * sbb);
-        (b % 8, p0, p0.wrapping_add(gb), panel.as_mut_ptr().add(b * PACKED_BLOCK))
+        (b % 8, p0, p0.wrapping_add(gb), panel.as_mut_ptr().add(lay.at(b, 0)))
     }
 }
 
@@ -162,9 +165,9 @@ unsafe fn kquant_block(g: &[u8], gb: usize, sbb: usize, c0: usize, b: usize, pan
 ///
 /// # Safety
 /// AVX2 and F16C present; a Q4_K group-block head (64 bytes) at `p0` (and with `two` at
-/// `p1`); `dst` holds a packed block.
+/// `p1`); `dst` holds a packed block laid out as `lay` says.
 #[inline(always)]
-unsafe fn store_q4k_scales(dst: *mut u8, p0: *const u8, p1: *const u8, two: bool, j: usize) {
+unsafe fn store_q4k_scales(dst: *mut u8, lay: PanelLayout, p0: *const u8, p1: *const u8, two: bool, j: usize) {
     let (six, four, two_bits) = (_mm256_set1_epi32(63), _mm256_set1_epi32(0x0F), _mm256_set1_epi32(3));
     // SAFETY (all): the caller's.
     unsafe {
@@ -190,8 +193,8 @@ unsafe fn store_q4k_scales(dst: *mut u8, p0: *const u8, p1: *const u8, two: bool
         let m = _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)), _mm256_set1_ps(-0.0));
         // The plain decoder leaves a padding column's min at +0.
         let m = if two { m } else { _mm256_blend_ps::<0xF0>(m, _mm256_setzero_ps()) };
-        _mm256_storeu_ps(dst.add(256) as *mut f32, _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)));
-        _mm256_storeu_ps(dst.add(288) as *mut f32, m);
+        _mm256_storeu_ps(dst.add(8 * lay.unit) as *mut f32, _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)));
+        _mm256_storeu_ps(dst.add(9 * lay.unit) as *mut f32, m);
     }
 }
 
@@ -205,13 +208,14 @@ unsafe fn store_q4k_scales(dst: *mut u8, p0: *const u8, p1: *const u8, two: bool
 /// # Safety
 /// As [`pack_groups_q4k`].
 #[inline(always)]
-unsafe fn pack_groups_q6k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, panel: &mut [u8], (i01, i23): (__m512i, __m512i)) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn pack_groups_q6k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, panel: &mut [u8], lay: PanelLayout, (i01, i23): (__m512i, __m512i)) {
     let (nib, bits) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
     let pad = _mm512_set1_epi8(32);
     for b in 0..nb {
         // SAFETY: super-block b / 8 of group `c0 / 4` (and the next, with `two`) is inside
         // `g`, block b of the panel inside `panel` (the caller's `group_sizes`).
-        let (j, p0, p1, dst) = unsafe { kquant_block(g, gb, Q6K_GROUP_BLOCK, c0, b, panel) };
+        let (j, p0, p1, dst) = unsafe { kquant_block(g, gb, Q6K_GROUP_BLOCK, c0, b, panel, lay) };
         let (n, k) = (j / 4, j % 4);
         let (lo_shift, hi_shift) = (_mm_cvtsi32_si128(4 * (k / 2) as i32), _mm_cvtsi32_si128(2 * k as i32));
         // SAFETY: as above; `p1` is read only with `two`.
@@ -225,8 +229,8 @@ unsafe fn pack_groups_q6k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, 
             };
             let (lo0, hi0) = (half(p0, 0), half(p0, 1));
             let (lo1, hi1) = if two { (half(p1, 0), half(p1, 1)) } else { (pad, pad) };
-            store_codes(dst, (lo0, hi0), (lo1, hi1), (i01, i23));
-            store_q6k_scales(dst, p0, p1, two, j);
+            store_codes(dst, lay, (lo0, hi0), (lo1, hi1), (i01, i23));
+            store_q6k_scales(dst, lay, p0, p1, two, j);
         }
     }
 }
@@ -238,9 +242,9 @@ unsafe fn pack_groups_q6k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, 
 ///
 /// # Safety
 /// AVX2 and F16C present; a Q6_K group-block head (72 bytes) at `p0` (and with `two` at
-/// `p1`); `dst` holds a packed block.
+/// `p1`); `dst` holds a packed block laid out as `lay` says.
 #[inline(always)]
-unsafe fn store_q6k_scales(dst: *mut u8, p0: *const u8, p1: *const u8, two: bool, j: usize) {
+unsafe fn store_q6k_scales(dst: *mut u8, lay: PanelLayout, p0: *const u8, p1: *const u8, two: bool, j: usize) {
     // Row r's scale bytes 2j + i (rows of a missing second group 0).
     let at = if j < 4 { 8 } else { 40 } + 2 * (j % 4);
     // SAFETY (all): the caller's.
@@ -254,27 +258,44 @@ unsafe fn store_q6k_scales(dst: *mut u8, p0: *const u8, p1: *const u8, two: bool
         };
         let scales = |i: usize| _mm256_cvtepi32_ps(_mm256_setr_epi32(sc(0, i), sc(1, i), sc(2, i), sc(3, i), sc(4, i), sc(5, i), sc(6, i), sc(7, i)));
         let d = scales8(p0, p1, two);
-        _mm256_storeu_ps(dst.add(256) as *mut f32, _mm256_mul_ps(d, scales(0)));
-        _mm256_storeu_ps(dst.add(288) as *mut f32, _mm256_mul_ps(d, scales(1)));
+        _mm256_storeu_ps(dst.add(8 * lay.unit) as *mut f32, _mm256_mul_ps(d, scales(0)));
+        _mm256_storeu_ps(dst.add(9 * lay.unit) as *mut f32, _mm256_mul_ps(d, scales(1)));
     }
 }
 
 /// Both groups' codes — `lo` (values 0‥16) and `hi` (16‥32) of each, 128-bit lane r row r —
 /// stored at `dst` as a panel block's eight four-byte groups: group g of the eight columns is
 /// dword g % 4 of each lane of `lo` (g < 4) or `hi`, the first group's columns first
-/// ([`pack_groups`]' `idx`).
+/// ([`pack_groups`]' `idx`), where `lay` puts them.
 ///
 /// # Safety
-/// AVX-512 F present; `dst` holds the block's 256 code bytes.
+/// AVX-512 F present; `dst` holds the block's code units as `lay` lays them out.
 #[inline(always)]
-unsafe fn store_codes(dst: *mut u8, (lo0, hi0): (__m512i, __m512i), (lo1, hi1): (__m512i, __m512i), (i01, i23): (__m512i, __m512i)) {
-    // SAFETY: 256 writable bytes at `dst` (the caller's).
+unsafe fn store_codes(dst: *mut u8, lay: PanelLayout, (lo0, hi0): (__m512i, __m512i), (lo1, hi1): (__m512i, __m512i), (i01, i23): (__m512i, __m512i)) {
+    // SAFETY: the block's code units at `dst` (the caller's).
     unsafe {
-        let st = |at: usize, v: __m512i| _mm512_storeu_si512(dst.add(at) as *mut _, v);
-        st(0, _mm512_permutex2var_epi32(lo0, i01, lo1));
-        st(64, _mm512_permutex2var_epi32(lo0, i23, lo1));
-        st(128, _mm512_permutex2var_epi32(hi0, i01, hi1));
-        st(192, _mm512_permutex2var_epi32(hi0, i23, hi1));
+        store_units(dst, lay, 0, _mm512_permutex2var_epi32(lo0, i01, lo1));
+        store_units(dst, lay, 2, _mm512_permutex2var_epi32(lo0, i23, lo1));
+        store_units(dst, lay, 4, _mm512_permutex2var_epi32(hi0, i01, hi1));
+        store_units(dst, lay, 6, _mm512_permutex2var_epi32(hi0, i23, hi1));
+    }
+}
+
+/// Units `u` and `u + 1` of a block (`v`'s low and high 32 bytes) at `dst` where `lay` puts
+/// them: one 64-byte store alone, two 32-byte stores in a pair.
+///
+/// # Safety
+/// AVX-512 F present; `dst` holds the block's units `u`, `u + 1` as `lay` lays them out.
+#[inline(always)]
+unsafe fn store_units(dst: *mut u8, lay: PanelLayout, u: usize, v: __m512i) {
+    // SAFETY: the caller's.
+    unsafe {
+        if lay.unit == 32 {
+            _mm512_storeu_si512(dst.add(32 * u) as *mut _, v);
+        } else {
+            _mm256_storeu_si256(dst.add(u * lay.unit) as *mut __m256i, _mm512_castsi512_si256(v));
+            _mm256_storeu_si256(dst.add((u + 1) * lay.unit) as *mut __m256i, _mm512_extracti64x4_epi64::<1>(v));
+        }
     }
 }
 
@@ -305,12 +326,13 @@ unsafe fn scales8(p0: *const u8, p1: *const u8, two: bool) -> __m256 {
 /// `group_sizes` checked the bounds.
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn pack_groups_q6k_avx2(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, panel: &mut [u8]) {
+    let lay = PanelLayout::SINGLE;
     let low6 = _mm256_set1_epi8(63);
     let pads = [_mm256_set1_epi8(0x20), _mm256_set1_epi8(0x20), _mm256_set1_epi8(0xA0u8 as i8)];
     for b in 0..nb {
         // SAFETY: super-block b / 8 of group `c0 / 4` (and the next, with `two`) is inside
         // `g`, block b of the panel inside `panel` (the caller's `group_sizes`).
-        let (j, p0, p1, dst) = unsafe { kquant_block(g, gb, Q6K_GROUP_BLOCK, c0, b, panel) };
+        let (j, p0, p1, dst) = unsafe { kquant_block(g, gb, Q6K_GROUP_BLOCK, c0, b, panel, lay) };
         let (n, k) = (j / 4, j % 4);
         // SAFETY: as above; `p1` is read only with `two`.
         unsafe {
@@ -327,7 +349,7 @@ unsafe fn pack_groups_q6k_avx2(g: &[u8], nb: usize, gb: usize, c0: usize, two: b
                     _mm256_storeu_si256(dst.add(32 * (4 * h + i)) as *mut __m256i, v);
                 }
             }
-            store_q6k_scales(dst, p0, p1, two, j);
+            store_q6k_scales(dst, lay, p0, p1, two, j);
         }
     }
 }
@@ -356,12 +378,12 @@ unsafe fn transpose8(p0: *const u8, p1: *const u8, off: usize, two: bool, pad: _
 
 /// A group packer's blocks per row, bytes per group-block and per group, after checking that
 /// `t` is one they decode, that columns `c0 .. c0 + n` are whole groups of
-/// at most one panel inside `g`, and that `panel` holds a row of blocks.
-fn group_sizes(t: DType, g: &[u8], k: usize, (c0, n): (usize, usize), panel: &[u8]) -> (usize, usize, usize) {
+/// at most one panel inside `g`, and that `panel` holds a row of blocks laid out as `lay` says.
+fn group_sizes(t: DType, g: &[u8], k: usize, (c0, n): (usize, usize), panel: &[u8], lay: PanelLayout) -> (usize, usize, usize) {
     assert!(packs_groups(t) && c0.is_multiple_of(4) && n.is_multiple_of(4) && (4..=PANEL).contains(&n));
     let nb = k / 32;
     let (bs4, gb) = (4 * t.type_size(), 4 * crate::row_bytes(t, k));
-    assert!(g.len() >= (c0 + n) / 4 * gb && panel.len() >= nb * PACKED_BLOCK);
+    assert!(g.len() >= (c0 + n) / 4 * gb && panel.len() >= nb * lay.block);
     (nb, bs4, gb)
 }
 
@@ -381,7 +403,8 @@ fn group_sizes(t: DType, g: &[u8], k: usize, (c0, n): (usize, usize), panel: &[u
 /// 896) and 54 % (Q4_K, 4864 × 896) of its time decoding.
 #[target_feature(enable = "avx2,f16c")]
 pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
-    let (nb, bs4, gb) = group_sizes(t, g, k, (c0, n), panel);
+    let lay = PanelLayout::SINGLE;
+    let (nb, bs4, gb) = group_sizes(t, g, k, (c0, n), panel, lay);
     let (nib, flip) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(-128));
     let two = n == PANEL;
     let store = |dst: *mut u8, i: usize, v: __m256i| {
@@ -395,7 +418,7 @@ pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel
     if t == DType::Q4K {
         for b in 0..nb {
             // SAFETY: `group_sizes` checked the bounds.
-            let (j, p0, p1, dst) = unsafe { kquant_block(g, gb, Q4K_GROUP_BLOCK, c0, b, panel) };
+            let (j, p0, p1, dst) = unsafe { kquant_block(g, gb, Q4K_GROUP_BLOCK, c0, b, panel, lay) };
             // SAFETY: super-block b / 8 of group `c0 / 4` (and the next, with `two`) is inside
             // `g`, block b of the panel inside `panel` (`group_sizes`); the features are this
             // function's.
@@ -407,7 +430,7 @@ pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel
                         store(dst, 4 * half + i, _mm256_and_si256(if j % 2 == 1 { _mm256_srli_epi16(v, 4) } else { v }, nib));
                     }
                 }
-                store_q4k_scales(dst, p0, p1, two, j);
+                store_q4k_scales(dst, lay, p0, p1, two, j);
             }
         }
         return;
@@ -437,7 +460,7 @@ pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel
         unsafe {
             let p0 = g.as_ptr().add(c0 / 4 * gb + b * bs4);
             let p1 = p0.add(gb);
-            let dst = panel.as_mut_ptr().add(b * PACKED_BLOCK);
+            let dst = panel.as_mut_ptr().add(lay.at(b, 0));
             if q8 {
                 for (half, groups) in [transpose8(p0, p1, at, two, pad), transpose8(p0, p1, at + 64, two, pad)].into_iter().enumerate() {
                     for (i, v) in groups.into_iter().enumerate() {

@@ -43,7 +43,7 @@ pub mod tile;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 
-pub use panel::{act_block, panel_portable, Act, PanelJob, PACKED_BLOCK, PANEL};
+pub use panel::{act_block, panel_portable, Act, PanelJob, PanelLayout, PACKED_BLOCK, PANEL};
 use tile::{pack_rows, row_scalars, PairJob, TileJob, TileUnit, PAIR_ROWS, ROW_SCALARS};
 
 /// Weight types the panel GEMM handles.
@@ -434,6 +434,10 @@ pub unsafe fn gemm_impl(
     }
     // The x86 panel kernels take two panels per pass (AVX2: where its kernel covers the type).
     let pairs = cfg!(target_arch = "x86_64") && (isa.avx512() || (isa == Isa::Avx2 && simd(t, isa)));
+    // AVX-512's kernel of two panels reads them packed as a pair (`PanelLayout::pair`): panels
+    // 2i and 2i + 1 of a column block, each unit of both one 512-bit load; a last odd panel,
+    // AMX's tiles and every other kernel read panels alone.
+    let joined = pairs && isa.avx512() && tiles.is_none();
     // The AVX2 table's kernels with AVX-VNNI's `vpdpbusd` where the CPU has it (the same bits).
     #[cfg(target_arch = "x86_64")]
     let avx_vnni = isa == Isa::Avx2 && crate::simd::x86::avx_vnni();
@@ -475,20 +479,25 @@ pub unsafe fn gemm_impl(
         };
         for p in 0..n_panels {
             let pc = c0 + p * PANEL;
-            let panel = &mut panel[p * pb..(p + 1) * pb];
+            // Where panel p goes: alone, or as half p % 2 of the pair it makes with its neighbour.
+            let (panel, lay) = if joined && (p | 1) < n_panels {
+                (&mut panel[(p & !1) * pb..((p & !1) + 2) * pb], PanelLayout::pair(p % 2))
+            } else {
+                (&mut panel[p * pb..(p + 1) * pb], PanelLayout::SINGLE)
+            };
             decoded += 1;
             match (w, isa) {
                 // SAFETY (both): checked by `packs_groups`: the caller's CPU runs an AVX-512
                 // table, or AVX2's, whose features these need.
                 #[cfg(target_arch = "x86_64")]
-                (Weights::Groups(g), _) if packs_groups(t, isa) && isa.avx512() => unsafe { groups::pack_groups(t, g, k, pc, (c1 - pc).min(PANEL), panel) },
+                (Weights::Groups(g), _) if packs_groups(t, isa) && isa.avx512() => unsafe { groups::pack_groups(t, g, k, pc, (c1 - pc).min(PANEL), panel, lay) },
                 #[cfg(target_arch = "x86_64")]
                 (Weights::Groups(g), Isa::Avx2) if packs_groups(t, isa) => unsafe { groups::pack_groups_avx2(t, g, k, pc, (c1 - pc).min(PANEL), panel) },
                 (Weights::Groups(_), _) => panic!("the {isa:?} table's panel GEMM does not decode {t}'s interleaved groups"),
                 // SAFETY: the caller's CPU runs the x86 tables, whose features (AVX2, F16C)
                 // this needs.
                 #[cfg(target_arch = "x86_64")]
-                (Weights::Rows(w), Isa::Avx2 | Isa::Avx512 | Isa::Amx) => unsafe { x86::pack(t, w, k, pc, (c1 - pc).min(PANEL), o, panel) },
+                (Weights::Rows(w), Isa::Avx2 | Isa::Avx512 | Isa::Amx) => unsafe { x86::pack(t, w, k, pc, (c1 - pc).min(PANEL), o, panel, lay) },
                 (Weights::Rows(w), _) => pack(t, w, k, pc, (c1 - pc).min(PANEL), panel),
             }
         }
@@ -596,9 +605,10 @@ pub unsafe fn gemm_impl(
                         let pcs = [(pc, n), (pc + PANEL, n2)];
                         let second = &panel[(p + 1) * pb..(p + 2) * pb];
                         let (acc0, store) = (|r, q: usize| load(r0 + r, pcs[q].0, pcs[q].1), |r, q: usize, acc: &[f32; PANEL]| save(r0 + r, pcs[q].0, pcs[q].1, acc));
-                        if isa.avx512() {
-                            // SAFETY: the caller's CPU runs the AVX-512 table, whose features this needs.
-                            unsafe { x86::panel_pair(job, second, acc0, store) };
+                        if joined {
+                            // SAFETY: the caller's CPU runs the AVX-512 table, whose features this
+                            // needs; panels p and p + 1 were packed as a pair.
+                            unsafe { x86::panel_pair(PanelJob { panel: &panel[p * pb..(p + 2) * pb], ..job }, acc0, store) };
                         } else if avx_vnni {
                             // SAFETY: the caller's CPU runs the AVX2 table, whose features this
                             // needs, and has AVX-VNNI (`avx_vnni`).

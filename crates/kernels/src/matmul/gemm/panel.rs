@@ -12,6 +12,38 @@ pub const PANEL: usize = 8;
 /// Bytes of one packed block: 32 elements × 8 columns, plus 8 scales and 8 mins (f32).
 pub const PACKED_BLOCK: usize = 32 * PANEL + 2 * 4 * PANEL;
 
+/// Where a packer writes a panel's blocks, each ten 32-byte units (eight groups, the scales,
+/// the mins): alone ([`PanelLayout::SINGLE`]: block b at `b · PACKED_BLOCK`, its units one
+/// after the other, the layout every kernel but one reads), or as half `h` of a pair
+/// ([`PanelLayout::pair`]): block b of both panels at `b · 2 · PACKED_BLOCK`, their units
+/// alternating, so that unit u of the two panels is one 64-byte vector at `64u`, panel 0's
+/// columns first — what the AVX-512 kernel of two panels (`x86::panel_pair`) reads: one load
+/// per group where two halves were joined (Zen 5, one thread, Q4_1 576 × 1536 over 16 rows in
+/// L2: 8–14 % less time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PanelLayout {
+    /// Bytes from one block to the next.
+    pub block: usize,
+    /// Bytes from one unit to the next.
+    pub unit: usize,
+    /// Where the panel's units start within a block.
+    pub half: usize,
+}
+
+impl PanelLayout {
+    pub const SINGLE: PanelLayout = PanelLayout { block: PACKED_BLOCK, unit: 32, half: 0 };
+
+    /// Half `h` (0 or 1) of a pair.
+    pub const fn pair(h: usize) -> PanelLayout {
+        PanelLayout { block: 2 * PACKED_BLOCK, unit: 64, half: 32 * h }
+    }
+
+    /// Where unit `u` of block `b` starts.
+    pub const fn at(self, b: usize, u: usize) -> usize {
+        b * self.block + self.half + u * self.unit
+    }
+}
+
 /// Activation block layout of a weight type's `vec_dot_type`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Act {

@@ -145,7 +145,9 @@ fn avx2_panel_kernels_equal_portable() {
 }
 
 /// The AVX2 decoder writes the scalar decoder's bytes for every type, every column count
-/// of a panel (the missing columns padded) and rows of several blocks and super-blocks.
+/// of a panel (the missing columns padded) and rows of several blocks and super-blocks —
+/// alone, and as either half of a pair (`PanelLayout::pair`: the two panels' 32-byte units
+/// alternating).
 #[test]
 fn simd_pack_equals_scalar_pack() {
     if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")) {
@@ -159,8 +161,14 @@ fn simd_pack_equals_scalar_pack() {
             let (mut a, mut b) = (vec![0u8; k / 32 * PACKED_BLOCK], vec![1u8; k / 32 * PACKED_BLOCK]);
             pack(t, &w, k, 10 - n, n, &mut a);
             // SAFETY: AVX2 and F16C detected above.
-            unsafe { x86::pack(t, &w, k, 10 - n, n, offset(t), &mut b) };
+            unsafe { x86::pack(t, &w, k, 10 - n, n, offset(t), &mut b, PanelLayout::SINGLE) };
             assert!(a == b, "{t}: {n} columns");
+            for h in 0..2 {
+                let mut pair = vec![1u8; 2 * a.len()];
+                // SAFETY: as above.
+                unsafe { x86::pack(t, &w, k, 10 - n, n, offset(t), &mut pair, PanelLayout::pair(h)) };
+                assert_eq!(half_of(&pair, h), a, "{t}: {n} columns, half {h} of a pair");
+            }
         }
     }
 }
@@ -190,8 +198,14 @@ fn group_pack_equals_row_pack() {
             if wide && packs_groups(t, Isa::Avx512) {
                 let mut b = vec![1u8; a.len()];
                 // SAFETY: AVX-512 detected above.
-                unsafe { groups::pack_groups(t, &g, k, c0, n, &mut b) };
+                unsafe { groups::pack_groups(t, &g, k, c0, n, &mut b, PanelLayout::SINGLE) };
                 assert!(a == b, "{t}: columns {c0}.. ({n})");
+                for h in 0..2 {
+                    let mut pair = vec![1u8; 2 * a.len()];
+                    // SAFETY: AVX-512 detected above.
+                    unsafe { groups::pack_groups(t, &g, k, c0, n, &mut pair, PanelLayout::pair(h)) };
+                    assert_eq!(half_of(&pair, h), a, "{t}: columns {c0}.. ({n}), half {h} of a pair");
+                }
             }
             if avx2 && packs_groups(t, Isa::Avx2) {
                 let mut b = vec![1u8; a.len()];
@@ -201,4 +215,10 @@ fn group_pack_equals_row_pack() {
             }
         }
     }
+}
+
+/// Half `h` of panels packed as a pair (`PanelLayout::pair`), as one panel packed alone: every
+/// other 32-byte unit, from the `h`th.
+fn half_of(pair: &[u8], h: usize) -> Vec<u8> {
+    pair.chunks_exact(32).skip(h).step_by(2).flatten().copied().collect()
 }

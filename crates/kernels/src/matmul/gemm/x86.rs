@@ -1,8 +1,9 @@
 //! x86 twins of `gemm::panel_portable`: lanes are the panel's 8 columns; the activation rows
 //! of a register tile share every loaded weight vector, and each row's four values of a group
 //! (one 32-bit broadcast) meet one panel ([`panel`], 256-bit) or two ([`panel_pair`]: one
-//! 512-bit vector, half the broadcasts and block scalars per product; [`panel_pair_avx2`]: two
-//! 256-bit vectors, half the broadcasts). AVX-512 VNNI: `vpdpbusd` adds 4 u8×i8 products per
+//! 512-bit vector, half the broadcasts and block scalars per product, each group of both one
+//! load from panels packed as a pair, `PanelLayout::pair`; [`panel_pair_avx2`]: two 256-bit
+//! vectors, half the broadcasts). AVX-512 VNNI: `vpdpbusd` adds 4 u8×i8 products per
 //! lane. AVX2 ([`panel_avx2`]): `maddubs` of `G` groups
 //! added as i16, then one `madd` with ones into the i32 lanes. Each `maddubs` lane holds a pair
 //! `u·y + u·y` ≤ 2·umax·128, so as many groups as stay within i16 are added: 8 for 4-bit codes
@@ -52,7 +53,7 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use super::panel::{Act, PanelJob, PACKED_BLOCK, PANEL};
+use super::panel::{Act, PanelJob, PanelLayout, PACKED_BLOCK, PANEL};
 use super::tile::ROW_SCALARS;
 use crate::matmul::x86::common::{bits_32, nibbles_32, q6_group};
 use crate::quant::blocks::*;
@@ -65,12 +66,14 @@ use std::mem::{offset_of, size_of};
 /// missing columns' codes at the offset `o`, scale and min 0) of `w` (rows of `k` values) into
 /// `panel`, block by block: each row's 32 unsigned codes decoded into one vector, the eight
 /// vectors transposed as 8 × 8 four-byte groups (group g of every column together), the
-/// scales and mins (Q6_K: its two scales) converted as the scalar decoder converts them.
+/// scales and mins (Q6_K: its two scales) converted as the scalar decoder converts them. The
+/// blocks go where `lay` says (alone, or as half of a pair).
 #[target_feature(enable = "avx2,f16c")]
-pub fn pack(t: DType, w: &[u8], k: usize, c0: usize, n: usize, o: i32, panel: &mut [u8]) {
+#[allow(clippy::too_many_arguments)]
+pub fn pack(t: DType, w: &[u8], k: usize, c0: usize, n: usize, o: i32, panel: &mut [u8], lay: PanelLayout) {
     let nb = k / 32;
     let rb = crate::row_bytes(t, k);
-    assert!(n <= PANEL && w.len() >= (c0 + n) * rb && panel.len() >= nb * PACKED_BLOCK);
+    assert!(n <= PANEL && w.len() >= (c0 + n) * rb && panel.len() >= nb * lay.block);
     let pad = _mm256_set1_epi8(o as i8);
     for b in 0..nb {
         // Eight columns written out, not a loop over `n` of them: the codes stay in registers
@@ -82,15 +85,15 @@ pub fn pack(t: DType, w: &[u8], k: usize, c0: usize, n: usize, o: i32, panel: &m
         let g = transpose8([c[0].0, c[1].0, c[2].0, c[3].0, c[4].0, c[5].0, c[6].0, c[7].0]);
         let d = _mm256_setr_ps(c[0].1, c[1].1, c[2].1, c[3].1, c[4].1, c[5].1, c[6].1, c[7].1);
         let m = _mm256_setr_ps(c[0].2, c[1].2, c[2].2, c[3].2, c[4].2, c[5].2, c[6].2, c[7].2);
-        // SAFETY: block b's PACKED_BLOCK bytes are inside `panel` (asserted): eight 32-byte
-        // groups, then 8 scales and 8 mins.
+        // SAFETY: block b's units are inside `panel` (asserted): eight 32-byte groups, then 8
+        // scales and 8 mins.
         unsafe {
-            let blk = panel.as_mut_ptr().add(b * PACKED_BLOCK);
+            let blk = panel.as_mut_ptr().add(lay.at(b, 0));
             for (i, v) in g.iter().enumerate() {
-                _mm256_storeu_si256(blk.add(32 * i) as *mut __m256i, *v);
+                _mm256_storeu_si256(blk.add(i * lay.unit) as *mut __m256i, *v);
             }
-            _mm256_storeu_ps(blk.add(256) as *mut f32, d);
-            _mm256_storeu_ps(blk.add(288) as *mut f32, m);
+            _mm256_storeu_ps(blk.add(8 * lay.unit) as *mut f32, d);
+            _mm256_storeu_ps(blk.add(9 * lay.unit) as *mut f32, m);
         }
     }
 }
@@ -201,11 +204,12 @@ pub fn panel(job: PanelJob, acc0: impl Fn(usize) -> [f32; PANEL], mut store: imp
     unsafe { by_kind::<VNNI512, 1>(job, panels, &|r, _| acc0(r), &mut |r, _, a| store(r, a)) }
 }
 
-/// [`panel`] over two panels at once: `job.panel` (outputs `(r, 0)`) and `second` (outputs
-/// `(r, 1)`), of the same blocks.
+/// [`panel`] over two panels at once, packed as a pair (`PanelLayout::pair`) into `job.panel`:
+/// the first's outputs are `(r, 0)`, the second's `(r, 1)`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-pub fn panel_pair(job: PanelJob, second: &[u8], acc0: impl Fn(usize, usize) -> [f32; PANEL], mut store: impl FnMut(usize, usize, &[f32; PANEL])) {
-    let panels = [job.panel, second];
+pub fn panel_pair(job: PanelJob, acc0: impl Fn(usize, usize) -> [f32; PANEL], mut store: impl FnMut(usize, usize, &[f32; PANEL])) {
+    assert!(job.panel.len() >= job.nb * PanelLayout::pair(0).block, "a pair's blocks");
+    let panels = [job.panel, job.panel];
     // SAFETY: the features `by_kind::<VNNI512, 2>` uses are enabled here.
     unsafe { by_kind::<VNNI512, 2>(job, panels, &acc0, &mut store) }
 }
@@ -284,6 +288,8 @@ unsafe fn by_kind<const D: u8, const P: usize>(job: PanelJob, panels: [&[u8]; P]
             (Act::Q8K, false, false, 31) => panel_kind::<Q8K, false, false, MADDUBS, P, 4>(job, panels, acc0, store),
             (Act::Q8K, true, true, 63) => panel_kind::<Q8K, true, true, MADDUBS, P, 2>(job, panels, acc0, store),
             _ => {
+                // (The pair layout has no portable reader; every type reaches an arm above.)
+                assert!(!(D == VNNI512 && P == 2), "no AVX-512 kernel of two panels for this type");
                 for (p, &panel) in panels.iter().enumerate() {
                     super::panel_portable(PanelJob { panel, ..job }, |r| acc0(r, p), |r, a| store(r, p, a));
                 }
@@ -326,7 +332,7 @@ unsafe fn panel_kind<const A: u8, const OFF: bool, const SPLIT: bool, const D: u
 }
 
 /// Rows `r0 .. r0 + R` of [`panel_kind`]: on its panels in 256-bit vectors ([`rows_block`]),
-/// or with AVX-512 VNNI on two as one 512-bit vector ([`rows_wide`]).
+/// or with AVX-512 VNNI on a pair as one 512-bit vector ([`rows_wide`]).
 ///
 /// # Safety
 /// As [`panel_kind`].
@@ -341,7 +347,7 @@ unsafe fn rows_tile<const R: usize, const A: u8, const OFF: bool, const SPLIT: b
     // SAFETY (both): the caller's features and bounds.
     unsafe {
         if P == 2 && D == VNNI512 {
-            rows_wide::<R, A, OFF, SPLIT>(job, &[panels[0], panels[P - 1]], r0, acc0, store)
+            rows_wide::<R, A, OFF, SPLIT>(job, panels[0], r0, acc0, store)
         } else {
             rows_block::<R, A, OFF, SPLIT, D, P, G>(job, panels, r0, acc0, store)
         }
@@ -601,21 +607,23 @@ unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
 }
 
-/// [`rows_block`] over two panels in 512-bit vectors (AVX-512 VNNI): lanes 0‥8 are panel 0's
-/// columns, 8‥16 panel 1's, one `vpdpbusd` per group and row for both, and the float steps
-/// once per row for both. The same operations per lane as the 256-bit form.
+/// [`rows_block`] over a pair of panels in 512-bit vectors (AVX-512 VNNI): lanes 0‥8 are panel
+/// 0's columns, 8‥16 panel 1's, each unit of both one load (`PanelLayout::pair`), one
+/// `vpdpbusd` per group and row for both, and the float steps once per row for both. The same
+/// operations per lane as the 256-bit form.
 ///
 /// # Safety
 /// As [`panel_kind`] with AVX-512 F/VL/VNNI; its asserts bound every access.
 #[inline(always)]
 unsafe fn rows_wide<const R: usize, const A: u8, const OFF: bool, const SPLIT: bool>(
     job: &PanelJob,
-    panels: &[&[u8]; 2],
+    pair: &[u8],
     r0: usize,
     acc0: &impl Fn(usize, usize) -> [f32; PANEL],
     store: &mut impl FnMut(usize, usize, &[f32; PANEL]),
 ) {
     let PanelJob { nb, b0, b1, o, x, xrb, ysum, sc, sc_rows, .. } = *job;
+    let lay = PanelLayout::pair(0);
     let ps = |v: __m512i| _mm512_castsi512_ps(v);
     let mut accf = [_mm512_setzero_ps(); R];
     for (j, a) in accf.iter_mut().enumerate() {
@@ -629,20 +637,21 @@ unsafe fn rows_wide<const R: usize, const A: u8, const OFF: bool, const SPLIT: b
         let ahead = Ahead::new(job, r0, R);
         for b in b0..b1 {
             ahead.step(b - b0);
-            let blk = [panels[0].as_ptr().add(b * PACKED_BLOCK), panels[1].as_ptr().add(b * PACKED_BLOCK)];
+            let blk = pair.as_ptr().add(lay.at(b, 0));
             let (head, q) = block_at::<A>(b);
-            let wv = |at: usize| join(_mm256_loadu_si256(blk[0].add(at) as *const __m256i), _mm256_loadu_si256(blk[1].add(at) as *const __m256i));
+            // Unit u of both panels.
+            let wv = |u: usize| _mm512_loadu_si512(blk.add(u * lay.unit) as *const _);
             let mut acci = [[_mm512_setzero_si512(); R]; 2];
             if OFF && !sc.is_empty() {
                 start_offsets(&mut acci, |j, h| _mm512_set1_epi32((sc.as_ptr().add((b * sc_rows + r0 + j) * ROW_SCALARS + 4 * h) as *const i32).read_unaligned()));
             }
             for g in 0..8 {
-                let w = wv(g * 32);
+                let w = wv(g);
                 for (j, a) in acci[if SPLIT { g / 4 } else { 0 }].iter_mut().enumerate() {
                     *a = _mm512_dpbusd_epi32(*a, w, _mm512_set1_epi32((xs[j].add(q + 4 * g) as *const i32).read_unaligned()));
                 }
             }
-            let (dw, mw) = (ps(wv(256)), ps(wv(288)));
+            let (dw, mw) = (ps(wv(8)), ps(wv(9)));
             if !sc.is_empty() {
                 // The block scalars converted once per call: each a broadcast operand of the
                 // float step that uses it, no F16 conversion per row and block; the sums
