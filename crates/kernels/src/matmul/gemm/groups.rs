@@ -71,7 +71,7 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
         unsafe {
             let p0 = g.as_ptr().add(c0 / 4 * gb + b * bs4);
             let p1 = p0.add(gb);
-            let dst = panel.as_mut_ptr().add(lay.at(b, 0));
+            let dst = panel.as_mut_ptr().add(lay.at(b));
             // One group's codes (lo, hi).
             let codes = |p: *const u8| {
                 let v = _mm512_loadu_si512(p.add(values) as *const _);
@@ -154,7 +154,7 @@ unsafe fn kquant_block(g: &[u8], gb: usize, sbb: usize, c0: usize, b: usize, pan
     // SAFETY: the caller's; `wrapping_add` for the next group, read only where it exists.
     unsafe {
         let p0 = g.as_ptr().add(c0 / 4 * gb + b / 8 * sbb);
-        (b % 8, p0, p0.wrapping_add(gb), panel.as_mut_ptr().add(lay.at(b, 0)))
+        (b % 8, p0, p0.wrapping_add(gb), panel.as_mut_ptr().add(lay.at(b)))
     }
 }
 
@@ -460,7 +460,7 @@ pub fn pack_groups_avx2(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel
         unsafe {
             let p0 = g.as_ptr().add(c0 / 4 * gb + b * bs4);
             let p1 = p0.add(gb);
-            let dst = panel.as_mut_ptr().add(lay.at(b, 0));
+            let dst = panel.as_mut_ptr().add(lay.at(b));
             if q8 {
                 for (half, groups) in [transpose8(p0, p1, at, two, pad), transpose8(p0, p1, at + 64, two, pad)].into_iter().enumerate() {
                     for (i, v) in groups.into_iter().enumerate() {

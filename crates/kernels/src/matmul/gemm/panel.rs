@@ -38,9 +38,9 @@ impl PanelLayout {
         PanelLayout { block: 2 * PACKED_BLOCK, unit: 64, half: 32 * h }
     }
 
-    /// Where unit `u` of block `b` starts.
-    pub const fn at(self, b: usize, u: usize) -> usize {
-        b * self.block + self.half + u * self.unit
+    /// Where the panel's units of block `b` start (unit `u` of it `u · unit` further).
+    pub const fn at(self, b: usize) -> usize {
+        b * self.block + self.half
     }
 }
 

@@ -88,7 +88,7 @@ pub fn pack(t: DType, w: &[u8], k: usize, c0: usize, n: usize, o: i32, panel: &m
         // SAFETY: block b's units are inside `panel` (asserted): eight 32-byte groups, then 8
         // scales and 8 mins.
         unsafe {
-            let blk = panel.as_mut_ptr().add(lay.at(b, 0));
+            let blk = panel.as_mut_ptr().add(lay.at(b));
             for (i, v) in g.iter().enumerate() {
                 _mm256_storeu_si256(blk.add(i * lay.unit) as *mut __m256i, *v);
             }
@@ -637,7 +637,7 @@ unsafe fn rows_wide<const R: usize, const A: u8, const OFF: bool, const SPLIT: b
         let ahead = Ahead::new(job, r0, R);
         for b in b0..b1 {
             ahead.step(b - b0);
-            let blk = pair.as_ptr().add(lay.at(b, 0));
+            let blk = pair.as_ptr().add(lay.at(b));
             let (head, q) = block_at::<A>(b);
             // Unit u of both panels.
             let wv = |u: usize| _mm512_loadu_si512(blk.add(u * lay.unit) as *const _);
