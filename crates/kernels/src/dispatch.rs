@@ -203,6 +203,10 @@ impl Kernels {
     /// the AVX2 ones, except the BF16 dot with AVX-512 BF16, which like ggml's has an order of
     /// its own). Only for a CPU with [`Isa::Avx512`].
     fn avx512() -> Kernels {
+        // The panel GEMM's default tile height depends on it (`gemm::default_schedule`): timed
+        // here, once, rather than in the first matmul of a pass.
+        #[cfg(target_arch = "x86_64")]
+        crate::simd::x86::vnni512_full_rate();
         #[allow(unused_mut)]
         let mut k = Kernels::avx2();
         #[cfg(target_arch = "x86_64")]

@@ -8,7 +8,7 @@
 //! AVX-VNNI). Prints µs per call (the best of five rounds) and GMAC/s.
 //!
 //!     cargo run --release --manifest-path scripts/gemm_bench/Cargo.toml -- \
-//!         [--type q4_1] [--k 576] [--n 1536] [--rows 16] [--mr 4] [--copies 1] [--reps 2000]
+//!         [--type q4_1] [--k 576] [--n 1536] [--rows 16] [--mr 0: the engine's default] [--copies 1] [--reps 2000]
 
 use corelm_kernels::matmul::gemm::{self, GemmScratch, Weights};
 use corelm_kernels::matmul::schedule::Schedule;
@@ -17,7 +17,7 @@ use corelm_kernels::{kernels, row_bytes, DType};
 
 fn main() {
     let gemm_bench::Opts { t, k, n, rows, mr, copies, reps } =
-        gemm_bench::Opts::parse(gemm_bench::Opts { t: DType::Q4_1, k: 576, n: 1536, rows: 16, mr: Schedule::PANEL_DEFAULT.mr, copies: 1, reps: 2000 });
+        gemm_bench::Opts::parse(gemm_bench::Opts { t: DType::Q4_1, k: 576, n: 1536, rows: 16, mr: 0, copies: 1, reps: 2000 });
     let table = kernels();
     let ops = table.ops(t).expect("a weight type of the table");
     let mut uniform = gemm_bench::uniform();
@@ -43,7 +43,10 @@ fn main() {
     }
     let mut out = vec![0f32; rows * n];
     let mut scratch = GemmScratch::new(k, rows, 64);
-    let sched = Schedule { mr, ..gemm::default_schedule(table.isa(), t) };
+    // `--mr 0` (the default): the engine's default tile height on this CPU and table.
+    let def = gemm::default_schedule(table.isa(), t);
+    let sched = Schedule { mr: if mr == 0 { def.mr } else { mr }, ..def };
+    let mr = sched.mr;
     let mut call = |i: usize| {
         let w = if grouped { Weights::Groups(&groups[i % copies]) } else { Weights::Rows(&groups[i % copies]) };
         // SAFETY: `out` holds rows × n f32, all written by this one call.

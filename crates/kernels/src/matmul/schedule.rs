@@ -44,6 +44,10 @@ impl Schedule {
     /// AVX-512 kernel runs them in one pass), every row and the whole inner dimension per block.
     pub const PANEL_DEFAULT: Schedule = Schedule { mr: 4, nc: 16, mc: 0, kc: 0, row_parts: 0 };
 
+    /// [`PANEL_DEFAULT`](Self::PANEL_DEFAULT) with 8-row tiles: the AVX-512 table's default on
+    /// a CPU that issues 512-bit `vpdpbusd` at full rate (`simd::x86::vnni512_full_rate`).
+    pub const PANEL_WIDE_DEFAULT: Schedule = Schedule { mr: 8, ..Schedule::PANEL_DEFAULT };
+
     /// The panel GEMM's fixed schedule on AMX's tiles ([`Isa::Amx`](crate::Isa::Amx); where
     /// it applies: `gemm::default_schedule`): eight
     /// panels per column block and 32 blocks of the inner dimension per pass, so a 16-row tile's

@@ -301,7 +301,7 @@ unsafe fn by_kind<const D: u8, const P: usize>(job: PanelJob, panels: [&[u8]; P]
 /// The kernel for activation kind `A`, with (`OFF`) or without a code offset and with
 /// (`SPLIT`) or without two scales per block, on one panel or two (`P` = 2: AVX-512 VNNI as
 /// one 512-bit vector, the AVX2 table (`maddubs` or AVX-VNNI) as two 256-bit ones): register tiles of `mr` rows, the rows left
-/// over one at a time.
+/// over in the tallest tiles under `mr` that fit.
 ///
 /// # Safety
 /// As [`by_kind`].
@@ -316,7 +316,9 @@ unsafe fn panel_kind<const A: u8, const OFF: bool, const SPLIT: bool, const D: u
     let tile = mr.clamp(1, 8);
     let mut r = 0;
     while r < rows {
-        let h = if r + tile <= rows { tile } else { 1 };
+        // The rows left over under a tile's height in the tallest tiles that fit (12 rows at
+        // `mr` 8: 8 + 4, not 8 + 1 + 1 + 1 + 1).
+        let h = tile.min(rows - r);
         // SAFETY (every arm): the caller's features; rows r .. r + h exist (checked here).
         unsafe {
             match h {
