@@ -44,7 +44,8 @@ pub fn best_of_five(reps: usize, warm: usize, mut call: impl FnMut(usize)) -> f6
 }
 
 /// The matrix timers' arguments: weight type, inner dimension, output columns, activation rows
-/// and register tile height (the panel GEMM's), matrix copies, calls per round.
+/// and the panel GEMM's register tile height and column block (0: the engine's defaults),
+/// matrix copies, calls per round.
 #[derive(Clone, Copy)]
 pub struct Opts {
     pub t: corelm_kernels::DType,
@@ -52,12 +53,13 @@ pub struct Opts {
     pub n: usize,
     pub rows: usize,
     pub mr: usize,
+    pub nc: usize,
     pub copies: usize,
     pub reps: usize,
 }
 
 impl Opts {
-    /// `defaults` with the command line's `--type --k --n --rows --mr --copies --reps` applied.
+    /// `defaults` with the command line's `--type --k --n --rows --mr --nc --copies --reps` applied.
     pub fn parse(defaults: Opts) -> Opts {
         let mut o = defaults;
         let mut args = std::env::args().skip(1);
@@ -70,6 +72,7 @@ impl Opts {
                 "--n" => o.n = num(),
                 "--rows" => o.rows = num(),
                 "--mr" => o.mr = num(),
+                "--nc" => o.nc = num(),
                 "--copies" => o.copies = num(),
                 "--reps" => o.reps = num(),
                 other => panic!("unknown argument {other}"),

@@ -8,7 +8,7 @@
 //! AVX-VNNI). Prints µs per call (the best of five rounds) and GMAC/s.
 //!
 //!     cargo run --release --manifest-path scripts/gemm_bench/Cargo.toml -- \
-//!         [--type q4_1] [--k 576] [--n 1536] [--rows 16] [--mr 0: the engine's default] [--copies 1] [--reps 2000]
+//!         [--type q4_1] [--k 576] [--n 1536] [--rows 16] [--mr 0] [--nc 0] (0: the engine's defaults) [--copies 1] [--reps 2000]
 
 use corelm_kernels::matmul::gemm::{self, GemmScratch, Weights};
 use corelm_kernels::matmul::schedule::Schedule;
@@ -16,8 +16,8 @@ use corelm_kernels::quant::reference::quantizer;
 use corelm_kernels::{kernels, row_bytes, DType};
 
 fn main() {
-    let gemm_bench::Opts { t, k, n, rows, mr, copies, reps } =
-        gemm_bench::Opts::parse(gemm_bench::Opts { t: DType::Q4_1, k: 576, n: 1536, rows: 16, mr: 0, copies: 1, reps: 2000 });
+    let gemm_bench::Opts { t, k, n, rows, mr, nc, copies, reps } =
+        gemm_bench::Opts::parse(gemm_bench::Opts { t: DType::Q4_1, k: 576, n: 1536, rows: 16, mr: 0, nc: 0, copies: 1, reps: 2000 });
     let table = kernels();
     let ops = table.ops(t).expect("a weight type of the table");
     let mut uniform = gemm_bench::uniform();
@@ -45,8 +45,9 @@ fn main() {
     let mut scratch = GemmScratch::new(k, rows, 64);
     // `--mr 0` (the default): the engine's default tile height on this CPU and table.
     let def = gemm::default_schedule(table.isa(), t);
-    let sched = Schedule { mr: if mr == 0 { def.mr } else { mr }, ..def };
-    let mr = sched.mr;
+    let pick = |v: usize, d: usize| if v == 0 { d } else { v };
+    let sched = Schedule { mr: pick(mr, def.mr), nc: pick(nc, def.nc), ..def };
+    let (mr, nc) = (sched.mr, sched.nc);
     let mut call = |i: usize| {
         let w = if grouped { Weights::Groups(&groups[i % copies]) } else { Weights::Rows(&groups[i % copies]) };
         // SAFETY: `out` holds rows × n f32, all written by this one call.
@@ -55,7 +56,7 @@ fn main() {
     let best = gemm_bench::best_of_five(reps, reps / 10 + copies, &mut call);
     let macs = (k * n * rows) as f64;
     println!(
-        "{t} k {k} n {n} rows {rows} mr {mr} copies {copies} ({} table, {}, {:.1} MB of weights): {:.1} µs, {:.1} GMAC/s",
+        "{t} k {k} n {n} rows {rows} mr {mr} nc {nc} copies {copies} ({} table, {}, {:.1} MB of weights): {:.1} µs, {:.1} GMAC/s",
         table.isa().name(),
         if grouped { "interleaved" } else { "plain rows" },
         (copies * g.len()) as f64 / 1e6,

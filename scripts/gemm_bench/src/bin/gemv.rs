@@ -14,7 +14,7 @@ use corelm_kernels::quant::reference::quantizer;
 use corelm_kernels::{kernels, row_bytes, DType};
 
 fn main() {
-    let gemm_bench::Opts { t, k, n, copies, reps, .. } = gemm_bench::Opts::parse(gemm_bench::Opts { t: DType::Q5_0, k: 896, n: 4864, rows: 1, mr: 1, copies: 1, reps: 2000 });
+    let gemm_bench::Opts { t, k, n, copies, reps, .. } = gemm_bench::Opts::parse(gemm_bench::Opts { t: DType::Q5_0, k: 896, n: 4864, rows: 1, mr: 1, nc: 0, copies: 1, reps: 2000 });
     let table = kernels();
     let ops = table.ops(t).expect("a weight type of the table");
     let il = ops.interleaved.expect("the table interleaves this type");
