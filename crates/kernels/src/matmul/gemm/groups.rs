@@ -41,10 +41,7 @@ pub fn packs_groups(t: DType) -> bool {
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
 pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8], lay: PanelLayout) {
     let (nb, bs4, gb) = group_sizes(t, g, k, (c0, n), panel, lay);
-    // Dword i of `idx(first)`'s result: four-byte group `first + i / 8` of column `i % 8`,
-    // dword `4·(i % 4) + group` of the first group's vector (columns 0‥4) or of the second's.
-    let idx = |first: i32| _mm512_setr_epi32(first, 4 + first, 8 + first, 12 + first, 16 + first, 20 + first, 24 + first, 28 + first, first + 1, 5 + first, 9 + first, 13 + first, 17 + first, 21 + first, 25 + first, 29 + first);
-    let (i01, i23) = (idx(0), idx(2));
+    let (i01, i23) = unit_indices();
     let two = n == PANEL;
     // SAFETY (both): the features these need are this function's; their bounds are
     // `group_sizes`'.
@@ -53,16 +50,9 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
         DType::Q6K => return unsafe { pack_groups_q6k(g, nb, gb, c0, two, panel, lay, (i01, i23)) },
         _ => {}
     }
-    let (nib, fifth, flip) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10), _mm512_set1_epi8(-128));
     // The padding group's codes: the offset.
     let pad = _mm512_set1_epi8(super::offset(t) as i8);
-    // Where a group-block's values start: past the scales (and Q5's two 64-bit masks).
-    let (scales, values) = match t {
-        DType::Q4_1 => (16, 16),
-        DType::Q5_0 => (8, 24),
-        DType::Q5_1 => (16, 32),
-        _ => (8, 8),
-    };
+    let (scales, _) = value_start(t);
     // Scales and mins `[d0 m0 d1 m1 …]` per group to `[d0‥d7, m0‥m7]`.
     let dm = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     for b in 0..nb {
@@ -72,23 +62,8 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
             let p0 = g.as_ptr().add(c0 / 4 * gb + b * bs4);
             let p1 = p0.add(gb);
             let dst = panel.as_mut_ptr().add(lay.at(b));
-            // One group's codes (lo, hi).
-            let codes = |p: *const u8| {
-                let v = _mm512_loadu_si512(p.add(values) as *const _);
-                match t {
-                    DType::Q8_0 => (_mm512_xor_si512(v, flip), _mm512_xor_si512(_mm512_loadu_si512(p.add(values + 64) as *const _), flip)),
-                    DType::Q5_0 | DType::Q5_1 => {
-                        let (hl, hh) = ((p.add(values - 16) as *const u64).read_unaligned(), (p.add(values - 8) as *const u64).read_unaligned());
-                        (
-                            _mm512_or_si512(_mm512_and_si512(v, nib), _mm512_maskz_mov_epi8(hl, fifth)),
-                            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), nib), _mm512_maskz_mov_epi8(hh, fifth)),
-                        )
-                    }
-                    _ => (_mm512_and_si512(v, nib), _mm512_and_si512(_mm512_srli_epi16(v, 4), nib)),
-                }
-            };
-            let (lo0, hi0) = codes(p0);
-            let (lo1, hi1) = if two { codes(p1) } else { (pad, pad) };
+            let (lo0, hi0) = group_codes(t, p0);
+            let (lo1, hi1) = if two { group_codes(t, p1) } else { (pad, pad) };
             store_codes(dst, lay, (lo0, hi0), (lo1, hi1), (i01, i23));
             if scales == 16 {
                 let h0 = _mm_loadu_si128(p0 as *const __m128i);
@@ -98,6 +73,103 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
             } else {
                 _mm256_storeu_ps(dst.add(8 * lay.unit) as *mut f32, scales8(p0, p1, two));
                 _mm256_storeu_ps(dst.add(9 * lay.unit) as *mut f32, _mm256_setzero_ps());
+            }
+        }
+    }
+}
+
+/// The `vpermt2d` indices of a panel's units 0, 1 and 2, 3 from two groups' codes: dword i of
+/// the result is four-byte group `first + i / 8` of column `i % 8`, dword `4·(i % 4) + group`
+/// of the first group's vector (columns 0‥4) or of the second's.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn unit_indices() -> (__m512i, __m512i) {
+    let idx = |first: i32| _mm512_setr_epi32(first, 4 + first, 8 + first, 12 + first, 16 + first, 20 + first, 24 + first, 28 + first, first + 1, 5 + first, 9 + first, 13 + first, 17 + first, 21 + first, 25 + first, 29 + first);
+    (idx(0), idx(2))
+}
+
+/// Bytes of a group-block's scales (and mins), and where its values start (past them and Q5's
+/// two 64-bit masks), for the types [`group_codes`] reads.
+fn value_start(t: DType) -> (usize, usize) {
+    match t {
+        DType::Q4_1 => (16, 16),
+        DType::Q5_0 => (8, 24),
+        DType::Q5_1 => (16, 32),
+        _ => (8, 8),
+    }
+}
+
+/// One group-block's unsigned codes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) at `p`: values 0‥16 of its
+/// four rows (`lo`) and values 16‥32 (`hi`), 16 bytes a row.
+///
+/// # Safety
+/// AVX-512 F/BW present; `p` starts a group-block of `t`.
+#[inline(always)]
+unsafe fn group_codes(t: DType, p: *const u8) -> (__m512i, __m512i) {
+    let (nib, fifth, flip) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10), _mm512_set1_epi8(-128));
+    let values = value_start(t).1;
+    // SAFETY: the caller's.
+    unsafe {
+        let v = _mm512_loadu_si512(p.add(values) as *const _);
+        match t {
+            DType::Q8_0 => (_mm512_xor_si512(v, flip), _mm512_xor_si512(_mm512_loadu_si512(p.add(values + 64) as *const _), flip)),
+            DType::Q5_0 | DType::Q5_1 => {
+                let (hl, hh) = ((p.add(values - 16) as *const u64).read_unaligned(), (p.add(values - 8) as *const u64).read_unaligned());
+                (
+                    _mm512_or_si512(_mm512_and_si512(v, nib), _mm512_maskz_mov_epi8(hl, fifth)),
+                    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), nib), _mm512_maskz_mov_epi8(hh, fifth)),
+                )
+            }
+            _ => (_mm512_and_si512(v, nib), _mm512_and_si512(_mm512_srli_epi16(v, 4), nib)),
+        }
+    }
+}
+
+/// Whether [`pack_groups_pair`] packs `t`'s pairs in one pass (the types of [`group_codes`]).
+pub fn packs_pairs(t: DType) -> bool {
+    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0)
+}
+
+/// [`pack_groups`] of both panels of a pair at once, in [`PanelLayout::pair`]: columns
+/// `c0 .. c0 + 16` (all there) of `g` into `panel` (the pair's two panels' bytes), the same
+/// bytes as the two halves packed apart. Per block, the four groups' `vpermt2d` give each
+/// panel's units two at a time, and one `vshufi64x2` per pair of them joins the two panels'
+/// halves into the 64-byte vector the kernel loads, stored whole: eight 64-byte stores for the
+/// codes where the halves packed apart took sixteen 32-byte ones. Types: [`packs_pairs`].
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+pub fn pack_groups_pair(t: DType, g: &[u8], k: usize, c0: usize, panel: &mut [u8]) {
+    let lay = PanelLayout::pair(0);
+    let (nb, bs4, gb) = group_sizes(t, g, k, (c0, PANEL), panel, lay);
+    assert!(packs_pairs(t) && g.len() >= (c0 + 2 * PANEL) / 4 * gb);
+    let (i01, i23) = unit_indices();
+    let (scales, _) = value_start(t);
+    // Scales and mins `[d0 m0 d1 m1 …]` of two panels' groups to the d's and the m's of both.
+    let (di, mi) = (_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31));
+    for b in 0..nb {
+        // SAFETY: groups `c0 / 4 .. c0 / 4 + 4` and their block b are inside `g` (asserted), block
+        // b of the pair inside `panel` (`group_sizes`); the features are this function's.
+        unsafe {
+            let p: [*const u8; 4] = std::array::from_fn(|i| g.as_ptr().add((c0 / 4 + i) * gb + b * bs4));
+            let dst = panel.as_mut_ptr().add(lay.at(b));
+            let c: [(__m512i, __m512i); 4] = std::array::from_fn(|i| group_codes(t, p[i]));
+            // Units u, u + 1 of both panels: `a` panel 0's, `b` panel 1's, joined per unit.
+            let store2 = |u: usize, a: __m512i, b: __m512i| {
+                _mm512_storeu_si512(dst.add(64 * u) as *mut _, _mm512_shuffle_i64x2::<0x44>(a, b));
+                _mm512_storeu_si512(dst.add(64 * (u + 1)) as *mut _, _mm512_shuffle_i64x2::<0xEE>(a, b));
+            };
+            for (u, (pick, i)) in [(0usize, (false, i01)), (2, (false, i23)), (4, (true, i01)), (6, (true, i23))] {
+                let v = |j: usize| if pick { c[j].1 } else { c[j].0 };
+                store2(u, _mm512_permutex2var_epi32(v(0), i, v(1)), _mm512_permutex2var_epi32(v(2), i, v(3)));
+            }
+            if scales == 16 {
+                let h = |i: usize| _mm_loadu_si128(p[i] as *const __m128i);
+                let (f0, f1) = (_mm512_cvtph_ps(_mm256_set_m128i(h(1), h(0))), _mm512_cvtph_ps(_mm256_set_m128i(h(3), h(2))));
+                _mm512_storeu_ps(dst.add(64 * 8) as *mut f32, _mm512_permutex2var_ps(f0, di, f1));
+                _mm512_storeu_ps(dst.add(64 * 9) as *mut f32, _mm512_permutex2var_ps(f0, mi, f1));
+            } else {
+                _mm256_storeu_ps(dst.add(64 * 8) as *mut f32, scales8(p[0], p[1], true));
+                _mm256_storeu_ps(dst.add(64 * 8 + 32) as *mut f32, scales8(p[2], p[3], true));
+                _mm512_storeu_ps(dst.add(64 * 9) as *mut f32, _mm512_setzero_ps());
             }
         }
     }

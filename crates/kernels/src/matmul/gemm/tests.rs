@@ -185,7 +185,7 @@ fn group_pack_equals_row_pack() {
     for t in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4K, DType::Q6K] {
         let k = if t.block_size() == 256 { 512 } else { 160 };
         let rb = crate::row_bytes(t, k);
-        let w = random_rows(&mut seed, 12 * rb);
+        let w = random_rows(&mut seed, 20 * rb);
         let mut g = vec![0u8; w.len()];
         layout.pack(t, &w, rb, &mut g);
         // The AVX2 table's layout (Q5's fifth bits folded into the values, Q6_K's values
@@ -212,6 +212,19 @@ fn group_pack_equals_row_pack() {
                 // SAFETY: AVX2 (and F16C, part of the table's features) detected above.
                 unsafe { groups::pack_groups_avx2(t, &g2, k, c0, n, &mut b) };
                 assert!(a == b, "{t} (AVX2): columns {c0}.. ({n})");
+            }
+        }
+        // A whole pair in one pass: each half the panel of its eight columns packed alone.
+        if wide && groups::packs_pairs(t) {
+            for c0 in [0, 4] {
+                let mut pair = vec![1u8; 2 * k / 32 * PACKED_BLOCK];
+                // SAFETY: AVX-512 detected above.
+                unsafe { groups::pack_groups_pair(t, &g, k, c0, &mut pair) };
+                for h in 0..2 {
+                    let mut a = vec![0u8; k / 32 * PACKED_BLOCK];
+                    pack(t, &w, k, c0 + h * PANEL, PANEL, &mut a);
+                    assert_eq!(half_of(&pair, h), a, "{t}: columns {c0}.. packed as a pair in one pass, half {h}");
+                }
             }
         }
     }
