@@ -43,7 +43,8 @@ fn main() {
     }
     let mut out = vec![0f32; rows * n];
     let mut scratch = GemmScratch::new(k, rows, 64);
-    // `--mr 0` (the default): the engine's default tile height on this CPU and table.
+    // `--mr 0`, `--nc 0` (the defaults): the engine's default tile height and column block on
+    // this CPU and table.
     let def = gemm::default_schedule(table.isa(), t);
     let pick = |v: usize, d: usize| if v == 0 { d } else { v };
     let sched = Schedule { mr: pick(mr, def.mr), nc: pick(nc, def.nc), ..def };

@@ -443,10 +443,13 @@ pub unsafe fn gemm_impl(
     // 2i and 2i + 1 of a column block, each unit of both one 512-bit load; a last odd panel,
     // AMX's tiles and every other kernel read panels alone.
     let joined = pairs && isa.avx512() && tiles.is_none();
-    // Whose pairs are packed in one pass from the interleaved groups (`groups::pack_groups_pair`:
+    // The interleaved groups whose pairs are packed in one pass (`groups::pack_groups_pair`:
     // Zen 5, 16 rows of Q4_1 576 × 1536, 4–6 % less time in L2, 9–15 % from memory).
     #[cfg(target_arch = "x86_64")]
-    let one_pass = joined && matches!(w, Weights::Groups(_)) && packs_groups(t, isa) && groups::packs_pairs(t);
+    let one_pass = match w {
+        Weights::Groups(g) if joined && packs_groups(t, isa) && groups::packs_pairs(t) => Some(g),
+        _ => None,
+    };
     // The AVX2 table's kernels with AVX-VNNI's `vpdpbusd` where the CPU has it (the same bits).
     #[cfg(target_arch = "x86_64")]
     let avx_vnni = isa == Isa::Avx2 && crate::simd::x86::avx_vnni();
@@ -498,10 +501,10 @@ pub unsafe fn gemm_impl(
             // A whole pair from the groups in one pass, at its first panel; its second is
             // then done.
             #[cfg(target_arch = "x86_64")]
-            if let (Weights::Groups(g), true) = (w, one_pass && lay != PanelLayout::SINGLE && c1 - (p & !1) * PANEL - c0 >= 2 * PANEL) {
+            if let Some(g) = one_pass.filter(|_| lay != PanelLayout::SINGLE && c1 - (p & !1) * PANEL - c0 >= 2 * PANEL) {
                 if p % 2 == 0 {
-                    // SAFETY: `one_pass` implies `packs_groups` for an AVX-512 table: the
-                    // caller's CPU runs it.
+                    // SAFETY: `one_pass` holds groups only where `packs_groups` said so for an
+                    // AVX-512 table: the caller's CPU runs it.
                     unsafe { groups::pack_groups_pair(t, g, k, pc, panel) };
                 }
                 continue;
