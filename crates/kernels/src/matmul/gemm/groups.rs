@@ -26,54 +26,169 @@ use std::arch::x86_64::*;
 pub fn packs_groups(t: DType) -> bool {
     matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K | DType::Q6K)
 }
-
 /// [`x86::pack`](super::x86::pack) from the matrix interleaved at load (in the AVX-512 table's
 /// layout) instead of its plain rows, the same bytes: weight rows `c0 .. c0 + n` (`c0` and `n`
 /// multiples of four, n ≤ 8; the missing columns' codes at the offset, scale and min 0) of `g`
 /// into `panel`. Per block, one 512-bit vector holds a group's unsigned codes of values 0‥16
-/// of each of its four rows (`lo`; a mask of the loaded nibbles, with Q5 the fifth bits or'ed
-/// in from their byte mask; Q8_0 its bytes flipped) and one those of values 16‥32 (`hi`), so
-/// the panel's four-byte groups of both groups' eight columns are four `vpermt2d` away; the
-/// scales (Q4_1, Q5_1: and mins) are one F16 conversion and one permute — about 15 operations
-/// per panel and block where the plain rows' decoder takes a transpose of eight vectors and
-/// sixteen scalar scales. Q4_K and Q6_K: [`pack_groups_q4k`], [`pack_groups_q6k`]. The blocks
-/// go where `lay` says (alone, or as half of a pair).
+/// of each of its four rows (`lo`) and one those of values 16‥32 (`hi`), as [`Decode::codes`]
+/// makes them for each type, so the panel's four-byte groups of both groups' eight columns are
+/// four `vpermt2d` away; the scales (and mins) are a few conversions and permutes
+/// ([`Decode::scales`]) — about 15 operations per panel and block where the plain rows'
+/// decoder takes a transpose of eight vectors and sixteen scalar scales. The blocks go where
+/// `lay` says (alone, or as half of a pair).
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
 pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8], lay: PanelLayout) {
     let (nb, bs4, gb) = group_sizes(t, g, k, (c0, n), panel, lay);
-    let (i01, i23) = unit_indices();
-    let two = n == PANEL;
-    // SAFETY (both): the features these need are this function's; their bounds are
-    // `group_sizes`'.
-    match t {
-        DType::Q4K => return unsafe { pack_groups_q4k(g, nb, gb, c0, two, panel, lay, (i01, i23)) },
-        DType::Q6K => return unsafe { pack_groups_q6k(g, nb, gb, c0, two, panel, lay, (i01, i23)) },
-        _ => {}
+    let at = Groups { g, gb, c0, nb };
+    // SAFETY (each arm): the features the decoders need are this function's; `group_sizes`
+    // checked the bounds.
+    unsafe {
+        match t {
+            DType::Q4K => single(&Q4k, at, n == PANEL, t, panel, lay),
+            DType::Q6K => single(&Q6k, at, n == PANEL, t, panel, lay),
+            _ => single(&Plain { t, bs4 }, at, n == PANEL, t, panel, lay),
+        }
     }
-    // The padding group's codes: the offset.
-    let pad = _mm512_set1_epi8(super::offset(t) as i8);
-    let (scales, _) = value_start(t);
-    // Scales and mins `[d0 m0 d1 m1 …]` per group to `[d0‥d7, m0‥m7]`.
-    let dm = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    for b in 0..nb {
-        // SAFETY: group `c0 / 4` (and the next, with `two`) and its block b are inside `g`, block
-        // b of the panel inside `panel` (`group_sizes`); the features are this function's.
+}
+
+/// Whether [`pack_groups_pair`] packs `t`'s pairs in one pass (every type [`pack_groups`]
+/// takes).
+pub fn packs_pairs(t: DType) -> bool {
+    packs_groups(t)
+}
+
+/// [`pack_groups`] of both panels of a pair at once, in [`PanelLayout::pair`]: columns
+/// `c0 .. c0 + 16` (all there) of `g` into `panel` (the pair's two panels' bytes), the same
+/// bytes as the two halves packed apart. Per block, the four groups' `vpermt2d` give each
+/// panel's units two at a time, and one `vshufi64x2` per pair of them joins the two panels'
+/// halves into the 64-byte vector the kernel loads, stored whole: eight 64-byte stores for the
+/// codes where the halves packed apart took sixteen 32-byte ones. Types: [`packs_pairs`].
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+pub fn pack_groups_pair(t: DType, g: &[u8], k: usize, c0: usize, panel: &mut [u8]) {
+    let (nb, bs4, gb) = group_sizes(t, g, k, (c0, PANEL), panel, PanelLayout::pair(0));
+    assert!(packs_pairs(t) && g.len() >= (c0 + 2 * PANEL) / 4 * gb);
+    let at = Groups { g, gb, c0, nb };
+    // SAFETY (each arm): as in `pack_groups`; the second panel's groups asserted above.
+    unsafe {
+        match t {
+            DType::Q4K => pair(&Q4k, at, panel),
+            DType::Q6K => pair(&Q6k, at, panel),
+            _ => pair(&Plain { t, bs4 }, at, panel),
+        }
+    }
+}
+
+/// The interleaved groups a call packs from: `g`, `gb` bytes a group of four rows, the panel's
+/// first group `c0 / 4`, `nb` blocks of 32 values a row.
+#[derive(Clone, Copy)]
+struct Groups<'a> {
+    g: &'a [u8],
+    gb: usize,
+    c0: usize,
+    nb: usize,
+}
+
+impl Groups<'_> {
+    /// Where the `i`th group of the panel (or pair) starts its data for panel block `b`.
+    ///
+    /// # Safety
+    /// That group's data for block `b` lies inside `g`.
+    #[inline(always)]
+    unsafe fn at(&self, i: usize, b: usize, d: &impl Decode) -> *const u8 {
+        // SAFETY: the caller's.
+        unsafe { self.g.as_ptr().add((self.c0 / 4 + i) * self.gb + d.block(b)) }
+    }
+}
+
+/// How one type's group-blocks give a panel block, for [`single`] and [`pair`] (each type's
+/// decoder monomorphised into its loop): where block `b`'s group-block starts within a group,
+/// its codes, and its scale and min units.
+trait Decode {
+    /// Bytes from a group's start to the group-block that holds panel block `b`.
+    fn block(&self, b: usize) -> usize;
+
+    /// Panel block `b`'s unsigned codes in the group-block at `p`: values 0‥16 of its four
+    /// rows (`lo`, 16 bytes a row) and values 16‥32 (`hi`).
+    ///
+    /// # Safety
+    /// AVX-512 F/BW present; `p` is [`Decode::block`]'s group-block.
+    unsafe fn codes(&self, p: *const u8, b: usize) -> (__m512i, __m512i);
+
+    /// Panel block `b`'s scale and min units for the eight columns of the groups at `p0` and
+    /// (with `two`) `p1` into the block at `dst`, laid out as `lay` says (a missing second
+    /// group's 0).
+    ///
+    /// # Safety
+    /// AVX2, F16C and AVX-512 F present; `p0`, `p1` as in [`Decode::codes`] (`p1` read only with
+    /// `two`); `dst` holds a packed block laid out as `lay` says.
+    unsafe fn scales(&self, dst: *mut u8, lay: PanelLayout, p0: *const u8, p1: *const u8, two: bool, b: usize);
+
+    /// [`Decode::scales`] of both panels of a pair (groups `p`) into the pair's block at `dst`.
+    ///
+    /// # Safety
+    /// As [`Decode::scales`], all four groups there.
+    #[inline(always)]
+    unsafe fn scales_pair(&self, dst: *mut u8, p: [*const u8; 4], b: usize) {
+        // SAFETY: the caller's; half 1's units start 32 bytes in.
         unsafe {
-            let p0 = g.as_ptr().add(c0 / 4 * gb + b * bs4);
-            let p1 = p0.add(gb);
+            self.scales(dst, PanelLayout::pair(0), p[0], p[1], true, b);
+            self.scales(dst.add(32), PanelLayout::pair(1), p[2], p[3], true, b);
+        }
+    }
+}
+
+/// [`pack_groups`]' loop: per block, both groups' codes (a missing second group's at the
+/// type's offset), [`store_codes`], then the scales.
+///
+/// # Safety
+/// The decoder's features present; `group_sizes` checked the bounds for these groups.
+#[inline(always)]
+unsafe fn single(d: &impl Decode, at: Groups, two: bool, t: DType, panel: &mut [u8], lay: PanelLayout) {
+    let pad = _mm512_set1_epi8(super::offset(t) as i8);
+    // SAFETY: the caller's features.
+    let (i01, i23) = unsafe { unit_indices() };
+    for b in 0..at.nb {
+        // SAFETY: the caller's features and bounds; the second group is read only with `two`
+        // (`wrapping_add` without it).
+        unsafe {
+            let p0 = at.at(0, b, d);
+            let p1 = p0.wrapping_add(at.gb);
             let dst = panel.as_mut_ptr().add(lay.at(b));
-            let (lo0, hi0) = group_codes(t, p0);
-            let (lo1, hi1) = if two { group_codes(t, p1) } else { (pad, pad) };
-            store_codes(dst, lay, (lo0, hi0), (lo1, hi1), (i01, i23));
-            if scales == 16 {
-                let h0 = _mm_loadu_si128(p0 as *const __m128i);
-                let h1 = if two { _mm_loadu_si128(p1 as *const __m128i) } else { _mm_setzero_si128() };
-                let f = _mm512_cvtph_ps(_mm256_set_m128i(h1, h0));
-                store_units(dst, lay, 8, _mm512_castps_si512(_mm512_permutexvar_ps(dm, f)));
-            } else {
-                _mm256_storeu_ps(dst.add(8 * lay.unit) as *mut f32, scales8(p0, p1, two));
-                _mm256_storeu_ps(dst.add(9 * lay.unit) as *mut f32, _mm256_setzero_ps());
+            let (lo1, hi1) = if two { d.codes(p1, b) } else { (pad, pad) };
+            store_codes(dst, lay, d.codes(p0, b), (lo1, hi1), (i01, i23));
+            d.scales(dst, lay, p0, p1, two, b);
+        }
+    }
+}
+
+/// [`pack_groups_pair`]'s loop: per block, the four groups' codes, each pair of units of both
+/// panels joined into one 64-byte store, then both panels' scales.
+///
+/// # Safety
+/// As [`single`], for the four groups.
+#[inline(always)]
+unsafe fn pair(d: &impl Decode, at: Groups, panel: &mut [u8]) {
+    let lay = PanelLayout::pair(0);
+    // SAFETY: the caller's features.
+    let (i01, i23) = unsafe { unit_indices() };
+    for b in 0..at.nb {
+        // SAFETY: groups `c0 / 4 .. c0 / 4 + 4` and their block b are inside `g`, block b of
+        // the pair inside `panel` (the caller's); the features are the caller's.
+        unsafe {
+            // (No closures around the intrinsics: one LLVM leaves out of line does not inherit
+            // the caller's features, and every intrinsic in it becomes a call.)
+            let p = [at.at(0, b, d), at.at(1, b, d), at.at(2, b, d), at.at(3, b, d)];
+            let dst = panel.as_mut_ptr().add(lay.at(b));
+            let c = [d.codes(p[0], b), d.codes(p[1], b), d.codes(p[2], b), d.codes(p[3], b)];
+            for (u, (pick, i)) in [(0usize, (false, i01)), (2, (false, i23)), (4, (true, i01)), (6, (true, i23))] {
+                let v = if pick { [c[0].1, c[1].1, c[2].1, c[3].1] } else { [c[0].0, c[1].0, c[2].0, c[3].0] };
+                // Units u, u + 1 of both panels (panel 0's from `a`, panel 1's from `z`),
+                // joined per unit.
+                let (a, z) = (_mm512_permutex2var_epi32(v[0], i, v[1]), _mm512_permutex2var_epi32(v[2], i, v[3]));
+                _mm512_storeu_si512(dst.add(64 * u) as *mut _, _mm512_shuffle_i64x2::<0x44>(a, z));
+                _mm512_storeu_si512(dst.add(64 * (u + 1)) as *mut _, _mm512_shuffle_i64x2::<0xEE>(a, z));
             }
+            d.scales_pair(dst, p, b);
         }
     }
 }
@@ -88,8 +203,16 @@ fn unit_indices() -> (__m512i, __m512i) {
     (idx(0), idx(2))
 }
 
+/// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: one group-block (`bs4` bytes) per panel block, its codes
+/// a mask of the loaded nibbles (Q5: the fifth bits or'ed in from their byte masks,
+/// `Q5Bits::Masks`; Q8_0 its bytes flipped); scales as F16 (Q4_1, Q5_1: scale and min pairs).
+struct Plain {
+    t: DType,
+    bs4: usize,
+}
+
 /// Bytes of a group-block's scales (and mins), and where its values start (past them and Q5's
-/// two 64-bit masks), for the types [`group_codes`] reads.
+/// two 64-bit masks), for the types [`Plain`] reads.
 fn value_start(t: DType) -> (usize, usize) {
     match t {
         DType::Q4_1 => (16, 16),
@@ -99,69 +222,59 @@ fn value_start(t: DType) -> (usize, usize) {
     }
 }
 
-/// One group-block's unsigned codes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) at `p`: values 0‥16 of its
-/// four rows (`lo`) and values 16‥32 (`hi`), 16 bytes a row.
-///
-/// # Safety
-/// AVX-512 F/BW present; `p` starts a group-block of `t`.
-#[inline(always)]
-unsafe fn group_codes(t: DType, p: *const u8) -> (__m512i, __m512i) {
-    let (nib, fifth, flip) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10), _mm512_set1_epi8(-128));
-    let values = value_start(t).1;
-    // SAFETY: the caller's.
-    unsafe {
-        let v = _mm512_loadu_si512(p.add(values) as *const _);
-        match t {
-            DType::Q8_0 => (_mm512_xor_si512(v, flip), _mm512_xor_si512(_mm512_loadu_si512(p.add(values + 64) as *const _), flip)),
-            DType::Q5_0 | DType::Q5_1 => {
-                let (hl, hh) = ((p.add(values - 16) as *const u64).read_unaligned(), (p.add(values - 8) as *const u64).read_unaligned());
-                (
-                    _mm512_or_si512(_mm512_and_si512(v, nib), _mm512_maskz_mov_epi8(hl, fifth)),
-                    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), nib), _mm512_maskz_mov_epi8(hh, fifth)),
-                )
+impl Decode for Plain {
+    #[inline(always)]
+    fn block(&self, b: usize) -> usize {
+        b * self.bs4
+    }
+
+    #[inline(always)]
+    unsafe fn codes(&self, p: *const u8, _: usize) -> (__m512i, __m512i) {
+        let (nib, fifth, flip) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10), _mm512_set1_epi8(-128));
+        let values = value_start(self.t).1;
+        // SAFETY: the caller's.
+        unsafe {
+            let v = _mm512_loadu_si512(p.add(values) as *const _);
+            match self.t {
+                DType::Q8_0 => (_mm512_xor_si512(v, flip), _mm512_xor_si512(_mm512_loadu_si512(p.add(values + 64) as *const _), flip)),
+                DType::Q5_0 | DType::Q5_1 => {
+                    let (hl, hh) = ((p.add(values - 16) as *const u64).read_unaligned(), (p.add(values - 8) as *const u64).read_unaligned());
+                    (
+                        _mm512_or_si512(_mm512_and_si512(v, nib), _mm512_maskz_mov_epi8(hl, fifth)),
+                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), nib), _mm512_maskz_mov_epi8(hh, fifth)),
+                    )
+                }
+                _ => (_mm512_and_si512(v, nib), _mm512_and_si512(_mm512_srli_epi16(v, 4), nib)),
             }
-            _ => (_mm512_and_si512(v, nib), _mm512_and_si512(_mm512_srli_epi16(v, 4), nib)),
         }
     }
-}
 
-/// Whether [`pack_groups_pair`] packs `t`'s pairs in one pass (the types of [`group_codes`]).
-pub fn packs_pairs(t: DType) -> bool {
-    matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0)
-}
-
-/// [`pack_groups`] of both panels of a pair at once, in [`PanelLayout::pair`]: columns
-/// `c0 .. c0 + 16` (all there) of `g` into `panel` (the pair's two panels' bytes), the same
-/// bytes as the two halves packed apart. Per block, the four groups' `vpermt2d` give each
-/// panel's units two at a time, and one `vshufi64x2` per pair of them joins the two panels'
-/// halves into the 64-byte vector the kernel loads, stored whole: eight 64-byte stores for the
-/// codes where the halves packed apart took sixteen 32-byte ones. Types: [`packs_pairs`].
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
-pub fn pack_groups_pair(t: DType, g: &[u8], k: usize, c0: usize, panel: &mut [u8]) {
-    let lay = PanelLayout::pair(0);
-    let (nb, bs4, gb) = group_sizes(t, g, k, (c0, PANEL), panel, lay);
-    assert!(packs_pairs(t) && g.len() >= (c0 + 2 * PANEL) / 4 * gb);
-    let (i01, i23) = unit_indices();
-    let (scales, _) = value_start(t);
-    // Scales and mins `[d0 m0 d1 m1 …]` of two panels' groups to the d's and the m's of both.
-    let (di, mi) = (_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31));
-    for b in 0..nb {
-        // SAFETY: groups `c0 / 4 .. c0 / 4 + 4` and their block b are inside `g` (asserted), block
-        // b of the pair inside `panel` (`group_sizes`); the features are this function's.
+    #[inline(always)]
+    unsafe fn scales(&self, dst: *mut u8, lay: PanelLayout, p0: *const u8, p1: *const u8, two: bool, _: usize) {
+        // SAFETY (all): the caller's.
         unsafe {
-            let p: [*const u8; 4] = std::array::from_fn(|i| g.as_ptr().add((c0 / 4 + i) * gb + b * bs4));
-            let dst = panel.as_mut_ptr().add(lay.at(b));
-            let c: [(__m512i, __m512i); 4] = std::array::from_fn(|i| group_codes(t, p[i]));
-            // Units u, u + 1 of both panels: `a` panel 0's, `b` panel 1's, joined per unit.
-            let store2 = |u: usize, a: __m512i, b: __m512i| {
-                _mm512_storeu_si512(dst.add(64 * u) as *mut _, _mm512_shuffle_i64x2::<0x44>(a, b));
-                _mm512_storeu_si512(dst.add(64 * (u + 1)) as *mut _, _mm512_shuffle_i64x2::<0xEE>(a, b));
-            };
-            for (u, (pick, i)) in [(0usize, (false, i01)), (2, (false, i23)), (4, (true, i01)), (6, (true, i23))] {
-                let v = |j: usize| if pick { c[j].1 } else { c[j].0 };
-                store2(u, _mm512_permutex2var_epi32(v(0), i, v(1)), _mm512_permutex2var_epi32(v(2), i, v(3)));
+            if value_start(self.t).0 == 16 {
+                // Scales and mins `[d0 m0 d1 m1 …]` per group to `[d0‥d7, m0‥m7]`.
+                let dm = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+                let h0 = _mm_loadu_si128(p0 as *const __m128i);
+                let h1 = if two { _mm_loadu_si128(p1 as *const __m128i) } else { _mm_setzero_si128() };
+                let f = _mm512_cvtph_ps(_mm256_set_m128i(h1, h0));
+                store_units(dst, lay, 8, _mm512_castps_si512(_mm512_permutexvar_ps(dm, f)));
+            } else {
+                _mm256_storeu_ps(dst.add(8 * lay.unit) as *mut f32, scales8(p0, p1, two));
+                _mm256_storeu_ps(dst.add(9 * lay.unit) as *mut f32, _mm256_setzero_ps());
             }
-            if scales == 16 {
+        }
+    }
+
+    /// Both panels' scales (and mins) in whole 64-byte units: the d's of both, then the m's.
+    #[inline(always)]
+    unsafe fn scales_pair(&self, dst: *mut u8, p: [*const u8; 4], _: usize) {
+        // SAFETY (all): the caller's.
+        unsafe {
+            if value_start(self.t).0 == 16 {
+                // `[d0 m0 d1 m1 …]` of two panels' groups to the d's and the m's of both.
+                let (di, mi) = (_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31));
                 let h = |i: usize| _mm_loadu_si128(p[i] as *const __m128i);
                 let (f0, f1) = (_mm512_cvtph_ps(_mm256_set_m128i(h(1), h(0))), _mm512_cvtph_ps(_mm256_set_m128i(h(3), h(2))));
                 _mm512_storeu_ps(dst.add(64 * 8) as *mut f32, _mm512_permutex2var_ps(f0, di, f1));
@@ -175,36 +288,69 @@ pub fn pack_groups_pair(t: DType, g: &[u8], k: usize, c0: usize, panel: &mut [u8
     }
 }
 
-/// [`pack_groups`] for Q4_K: panel block `b` is sub-block `j = b % 8` of super-block `b / 8`,
-/// whose values are the low (even j) or high (odd j) nibbles of the 16-byte runs `2·(j/2)` and
-/// `2·(j/2) + 1` of each row's `qs` (a group-block holds run h of its four rows at `64 + 64h`);
-/// its scale and min are `d·sc` and `−dmin·m` with `(sc, m)` the 6-bit pair j of the row's 12
-/// scale bytes (`get_scale_min_k4`), unpacked for the eight rows at once from the three 32-bit
-/// words each group-block keeps side by side, the products those of the plain decoder.
-///
-/// # Safety
-/// AVX-512 F/BW/VL, AVX2 and F16C present; `group_sizes` checked the bounds.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn pack_groups_q4k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, panel: &mut [u8], lay: PanelLayout, (i01, i23): (__m512i, __m512i)) {
-    let nib = _mm512_set1_epi8(0x0F);
-    for b in 0..nb {
-        // SAFETY: the caller's `group_sizes` checked the bounds.
-        let (j, p0, p1, dst) = unsafe { kquant_block(g, gb, Q4K_GROUP_BLOCK, c0, b, panel, lay) };
-        // SAFETY: super-block b / 8 of group `c0 / 4` (and the next, with `two`) is inside `g`,
-        // block b of the panel inside `panel` (the caller's `group_sizes`).
-        unsafe {
-            let run = |p: *const u8, h: usize| {
-                let v = _mm512_loadu_si512(p.add(64 + 64 * h) as *const _);
-                _mm512_and_si512(if j % 2 == 1 { _mm512_srli_epi16(v, 4) } else { v }, nib)
-            };
-            let h = 2 * (j / 2);
-            let zero = _mm512_setzero_si512();
-            let (lo0, hi0) = (run(p0, h), run(p0, h + 1));
-            let (lo1, hi1) = if two { (run(p1, h), run(p1, h + 1)) } else { (zero, zero) };
-            store_codes(dst, lay, (lo0, hi0), (lo1, hi1), (i01, i23));
-            store_q4k_scales(dst, lay, p0, p1, two, j);
+/// Q4_K: panel block `b` is sub-block `j = b % 8` of super-block `b / 8`, whose values are
+/// the low (even j) or high (odd j) nibbles of the 16-byte runs `2·(j/2)` and `2·(j/2) + 1` of
+/// each row's `qs` (a group-block holds run h of its four rows at `64 + 64h`); its scale and
+/// min are `d·sc` and `−dmin·m` with `(sc, m)` the 6-bit pair j of the row's 12 scale bytes
+/// ([`store_q4k_scales`]).
+struct Q4k;
+
+impl Decode for Q4k {
+    #[inline(always)]
+    fn block(&self, b: usize) -> usize {
+        b / 8 * Q4K_GROUP_BLOCK
+    }
+
+    #[inline(always)]
+    unsafe fn codes(&self, p: *const u8, b: usize) -> (__m512i, __m512i) {
+        let (j, nib) = (b % 8, _mm512_set1_epi8(0x0F));
+        // Runs h and h + 1: values 0‥16 and 16‥32, low nibbles for even j, high for odd.
+        let h = 2 * (j / 2);
+        // SAFETY: the caller's.
+        let (lo, hi) = unsafe { (_mm512_loadu_si512(p.add(64 + 64 * h) as *const _), _mm512_loadu_si512(p.add(128 + 64 * h) as *const _)) };
+        let shift = _mm_cvtsi32_si128(4 * (j % 2) as i32);
+        (_mm512_and_si512(_mm512_srl_epi16(lo, shift), nib), _mm512_and_si512(_mm512_srl_epi16(hi, shift), nib))
+    }
+
+    #[inline(always)]
+    unsafe fn scales(&self, dst: *mut u8, lay: PanelLayout, p0: *const u8, p1: *const u8, two: bool, b: usize) {
+        // SAFETY: the caller's.
+        unsafe { store_q4k_scales(dst, lay, p0, p1, two, b % 8) }
+    }
+}
+
+/// Q6_K (`Q6Form::Split`): panel block `b` is values `32k .. 32k + 32` of half `n` of
+/// super-block `b / 8` (`k = b % 4`, `n = b % 8 / 4`), each the low (k < 2) or high nibble of
+/// an `ql` byte (16-byte runs `4n + 2·(k % 2)` and the next; a group-block holds run p of its
+/// four rows at `72 + 64p`) and bits `2k, 2k + 1` of a `qh` byte (runs `2n` and the next, at
+/// `584 + 64p`) — the code `q + 32` as it is stored; its two scales [`store_q6k_scales`]'.
+struct Q6k;
+
+impl Decode for Q6k {
+    #[inline(always)]
+    fn block(&self, b: usize) -> usize {
+        b / 8 * Q6K_GROUP_BLOCK
+    }
+
+    #[inline(always)]
+    unsafe fn codes(&self, p: *const u8, b: usize) -> (__m512i, __m512i) {
+        let (n, k) = (b % 8 / 4, b % 4);
+        let (nib, bits) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
+        let (lo_shift, hi_shift) = (_mm_cvtsi32_si128(4 * (k / 2) as i32), _mm_cvtsi32_si128(2 * k as i32));
+        let mut v = [_mm512_setzero_si512(); 2];
+        for (i, v) in v.iter_mut().enumerate() {
+            // Values 16i .. 16i + 16 of the block. SAFETY: the caller's.
+            let (ql, qh) = unsafe { (_mm512_loadu_si512(p.add(72 + 64 * (4 * n + 2 * (k % 2) + i)) as *const _), _mm512_loadu_si512(p.add(584 + 64 * (2 * n + i)) as *const _)) };
+            let high = _mm512_slli_epi16(_mm512_and_si512(_mm512_srl_epi16(qh, hi_shift), bits), 4);
+            *v = _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi16(ql, lo_shift), nib), high);
         }
+        (v[0], v[1])
+    }
+
+    #[inline(always)]
+    unsafe fn scales(&self, dst: *mut u8, lay: PanelLayout, p0: *const u8, p1: *const u8, two: bool, b: usize) {
+        // SAFETY: the caller's.
+        unsafe { store_q6k_scales(dst, lay, p0, p1, two, b % 8) }
     }
 }
 
@@ -270,43 +416,6 @@ unsafe fn store_q4k_scales(dst: *mut u8, lay: PanelLayout, p0: *const u8, p1: *c
     }
 }
 
-/// [`pack_groups`] for Q6_K (`Q6Form::Split`): panel block `b` is values `32k .. 32k + 32` of
-/// half `n` of super-block `b / 8` (`k = b % 4`, `n = b % 8 / 4`), each the low (k < 2) or
-/// high nibble of an `ql` byte (16-byte runs `4n + 2·(k % 2)` and the next; a group-block holds
-/// run p of its four rows at `72 + 64p`) and bits `2k, 2k + 1` of a `qh` byte (runs `2n` and the
-/// next, at `584 + 64p`) — the code `q + 32` as it is stored; its two scales are `d` times the
-/// signed scale bytes `2j` and `2j + 1` of each row (`j = b % 8`), read one by one.
-///
-/// # Safety
-/// As [`pack_groups_q4k`].
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn pack_groups_q6k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, panel: &mut [u8], lay: PanelLayout, (i01, i23): (__m512i, __m512i)) {
-    let (nib, bits) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
-    let pad = _mm512_set1_epi8(32);
-    for b in 0..nb {
-        // SAFETY: super-block b / 8 of group `c0 / 4` (and the next, with `two`) is inside
-        // `g`, block b of the panel inside `panel` (the caller's `group_sizes`).
-        let (j, p0, p1, dst) = unsafe { kquant_block(g, gb, Q6K_GROUP_BLOCK, c0, b, panel, lay) };
-        let (n, k) = (j / 4, j % 4);
-        let (lo_shift, hi_shift) = (_mm_cvtsi32_si128(4 * (k / 2) as i32), _mm_cvtsi32_si128(2 * k as i32));
-        // SAFETY: as above; `p1` is read only with `two`.
-        unsafe {
-            // Values 16i .. 16i + 16 of the block (i = 0, 1) for the group at `p`.
-            let half = |p: *const u8, i: usize| {
-                let ql = _mm512_loadu_si512(p.add(72 + 64 * (4 * n + 2 * (k % 2) + i)) as *const _);
-                let qh = _mm512_loadu_si512(p.add(584 + 64 * (2 * n + i)) as *const _);
-                let high = _mm512_slli_epi16(_mm512_and_si512(_mm512_srl_epi16(qh, hi_shift), bits), 4);
-                _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi16(ql, lo_shift), nib), high)
-            };
-            let (lo0, hi0) = (half(p0, 0), half(p0, 1));
-            let (lo1, hi1) = if two { (half(p1, 0), half(p1, 1)) } else { (pad, pad) };
-            store_codes(dst, lay, (lo0, hi0), (lo1, hi1), (i01, i23));
-            store_q6k_scales(dst, lay, p0, p1, two, j);
-        }
-    }
-}
-
 /// A Q6_K panel block's two scales, `d` times the signed scale bytes `2j` and `2j + 1` of each
 /// row (sub-block `j` of the super-block whose group-blocks start at `p0` and, with `two`,
 /// `p1`; a missing second group's 0), into its scale and min slots. Both layouts keep `d` and
@@ -317,21 +426,22 @@ unsafe fn pack_groups_q6k(g: &[u8], nb: usize, gb: usize, c0: usize, two: bool, 
 /// `p1`); `dst` holds a packed block laid out as `lay` says.
 #[inline(always)]
 unsafe fn store_q6k_scales(dst: *mut u8, lay: PanelLayout, p0: *const u8, p1: *const u8, two: bool, j: usize) {
-    // Row r's scale bytes 2j + i (rows of a missing second group 0).
-    let at = if j < 4 { 8 } else { 40 } + 2 * (j % 4);
+    // Row r's eight scale bytes `8·(j / 4) ..` at `8 + 32·(j / 4) + 8r` of its group-block: one
+    // 64-bit lane a row, shifted so that bytes 2j, 2j + 1 of the row's sixteen come first.
+    let at = 8 + 32 * (j / 4);
+    let shift = _mm_cvtsi32_si128(16 * (j % 4) as i32);
     // SAFETY (all): the caller's.
     unsafe {
-        let sc = |r: usize, i: usize| -> i32 {
-            match (r < 4, two) {
-                (true, _) => *(p0.add(at + 8 * r + i) as *const i8) as i32,
-                (false, true) => *(p1.add(at + 8 * (r - 4) + i) as *const i8) as i32,
-                (false, false) => 0,
-            }
-        };
-        let scales = |i: usize| _mm256_cvtepi32_ps(_mm256_setr_epi32(sc(0, i), sc(1, i), sc(2, i), sc(3, i), sc(4, i), sc(5, i), sc(6, i), sc(7, i)));
+        let a = _mm256_srl_epi64(_mm256_loadu_si256(p0.add(at) as *const __m256i), shift);
+        let b = if two { _mm256_srl_epi64(_mm256_loadu_si256(p1.add(at) as *const __m256i), shift) } else { _mm256_setzero_si256() };
+        // The low dword of each row's lane, rows 0‥8 in order (`[0 1 4 5 | 2 3 6 7]` put back).
+        let rows = _mm256_shuffle_ps::<0b10_00_10_00>(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b));
+        let rows = _mm256_castpd_si256(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(rows)));
+        // Bytes 0 and 1 of each dword, sign-extended.
+        let (s0, s1) = (_mm256_srai_epi32::<24>(_mm256_slli_epi32::<24>(rows)), _mm256_srai_epi32::<24>(_mm256_slli_epi32::<16>(rows)));
         let d = scales8(p0, p1, two);
-        _mm256_storeu_ps(dst.add(8 * lay.unit) as *mut f32, _mm256_mul_ps(d, scales(0)));
-        _mm256_storeu_ps(dst.add(9 * lay.unit) as *mut f32, _mm256_mul_ps(d, scales(1)));
+        _mm256_storeu_ps(dst.add(8 * lay.unit) as *mut f32, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s0)));
+        _mm256_storeu_ps(dst.add(9 * lay.unit) as *mut f32, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s1)));
     }
 }
 

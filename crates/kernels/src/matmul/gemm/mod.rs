@@ -444,7 +444,8 @@ pub unsafe fn gemm_impl(
     // AMX's tiles and every other kernel read panels alone.
     let joined = pairs && isa.avx512() && tiles.is_none();
     // The interleaved groups whose pairs are packed in one pass (`groups::pack_groups_pair`:
-    // Zen 5, 16 rows of Q4_1 576 × 1536, 4–6 % less time in L2, 9–15 % from memory).
+    // Zen 5, 16 rows of Q4_1 576 × 1536, 4–6 % less time in L2, 9–15 % from memory; Q4_K and
+    // Q6_K 3–6 % less).
     #[cfg(target_arch = "x86_64")]
     let one_pass = match w {
         Weights::Groups(g) if joined && packs_groups(t, isa) && groups::packs_pairs(t) => Some(g),
