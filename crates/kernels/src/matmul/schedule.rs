@@ -48,6 +48,10 @@ impl Schedule {
     /// a CPU that issues 512-bit `vpdpbusd` at full rate (`simd::x86::vnni512_full_rate`).
     pub const PANEL_WIDE_DEFAULT: Schedule = Schedule { mr: 8, ..Schedule::PANEL_DEFAULT };
 
+    /// [`PANEL_DEFAULT`](Self::PANEL_DEFAULT) with 2-row tiles: the AVX2 table's default for
+    /// Q6_K on a CPU without AVX-VNNI (`gemm::default_schedule`).
+    pub const PANEL_NARROW_DEFAULT: Schedule = Schedule { mr: 2, ..Schedule::PANEL_DEFAULT };
+
     /// The panel GEMM's fixed schedule on AMX's tiles ([`Isa::Amx`](crate::Isa::Amx); where
     /// it applies: `gemm::default_schedule`): eight
     /// panels per column block and 32 blocks of the inner dimension per pass, so a 16-row tile's

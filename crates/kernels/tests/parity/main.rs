@@ -302,7 +302,7 @@ fn panel_gemm_matches_row_dots() {
             // Every register tile height, blocks of columns (two panels; one more than the
             // scratch holds, capped), rows and inner blocks (carried through the output): the
             // same bits on every table.
-            let mut schedules = vec![Schedule::PANEL_DEFAULT, Schedule::PANEL_WIDE_DEFAULT, Schedule::AMX_DEFAULT];
+            let mut schedules = vec![Schedule::PANEL_DEFAULT, Schedule::PANEL_WIDE_DEFAULT, Schedule::PANEL_NARROW_DEFAULT, Schedule::AMX_DEFAULT];
             for mr in PANEL_MR {
                 schedules.push(Schedule { mr, nc: 16, mc: 8, kc: 1, row_parts: 0 });
                 schedules.push(Schedule { mr, nc: 24, mc: 0, kc: 3, row_parts: 0 });

@@ -73,7 +73,13 @@ pub fn amx_runs(t: DType) -> bool {
 /// The panel GEMM's fixed schedule before tuning for a `t` matrix under `isa`'s table: AMX's
 /// where its tiles run ([`amx_runs`]); the AVX-512 kernel's 8-row tiles where the CPU issues
 /// 512-bit `vpdpbusd` at full rate (`simd::x86::vnni512_full_rate`: Zen 5 server, 16 rows of
-/// Q4_0‥Q6_K in L2 5–24 % faster than 4-row tiles; on Zen 4 they lose); else 4-row tiles.
+/// Q4_0‥Q6_K in L2 5–24 % faster than 4-row tiles; on Zen 4 they lose); 2-row tiles for
+/// Q6_K on the AVX2 table without AVX-VNNI (`simd::x86::avx_vnni`): its two scales a block
+/// keep both halves' i32 sums apart beside the `maddubs` i16 sums and the float sums — 32
+/// vectors for 4 rows of two panels, 16 for 2, of 16 registers — and 4-row tiles spill
+/// (Zen 5 with `CORELM_AVX_VNNI=0`, one thread, Q6_K 4864 × 896: 4 rows 977–1001 µs, 2 rows
+/// 754–774 at 16 rows; 3302 against 2591 at 64; 2048 × 640 at 512 rows 8073 against 6179;
+/// with AVX-VNNI's single sums 4 rows stay faster, 660 against 846); else 4-row tiles.
 pub fn default_schedule(isa: Isa, t: DType) -> Schedule {
     if isa == Isa::Amx && amx_runs(t) {
         return Schedule::AMX_DEFAULT;
@@ -81,6 +87,10 @@ pub fn default_schedule(isa: Isa, t: DType) -> Schedule {
     #[cfg(target_arch = "x86_64")]
     if isa.avx512() && crate::simd::x86::vnni512_full_rate() {
         return Schedule::PANEL_WIDE_DEFAULT;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && t == DType::Q6K && !crate::simd::x86::avx_vnni() {
+        return Schedule::PANEL_NARROW_DEFAULT;
     }
     Schedule::PANEL_DEFAULT
 }
