@@ -26,6 +26,7 @@ use std::arch::x86_64::*;
 pub fn packs_groups(t: DType) -> bool {
     matches!(t, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K | DType::Q6K)
 }
+
 /// [`x86::pack`](super::x86::pack) from the matrix interleaved at load (in the AVX-512 table's
 /// layout) instead of its plain rows, the same bytes: weight rows `c0 .. c0 + n` (`c0` and `n`
 /// multiples of four, n ≤ 8; the missing columns' codes at the offset, scale and min 0) of `g`
@@ -51,22 +52,16 @@ pub fn pack_groups(t: DType, g: &[u8], k: usize, c0: usize, n: usize, panel: &mu
     }
 }
 
-/// Whether [`pack_groups_pair`] packs `t`'s pairs in one pass (every type [`pack_groups`]
-/// takes).
-pub fn packs_pairs(t: DType) -> bool {
-    packs_groups(t)
-}
-
 /// [`pack_groups`] of both panels of a pair at once, in [`PanelLayout::pair`]: columns
 /// `c0 .. c0 + 16` (all there) of `g` into `panel` (the pair's two panels' bytes), the same
 /// bytes as the two halves packed apart. Per block, the four groups' `vpermt2d` give each
 /// panel's units two at a time, and one `vshufi64x2` per pair of them joins the two panels'
 /// halves into the 64-byte vector the kernel loads, stored whole: eight 64-byte stores for the
-/// codes where the halves packed apart took sixteen 32-byte ones. Types: [`packs_pairs`].
+/// codes where the halves packed apart took sixteen 32-byte ones. Types: [`packs_groups`].
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
 pub fn pack_groups_pair(t: DType, g: &[u8], k: usize, c0: usize, panel: &mut [u8]) {
     let (nb, bs4, gb) = group_sizes(t, g, k, (c0, PANEL), panel, PanelLayout::pair(0));
-    assert!(packs_pairs(t) && g.len() >= (c0 + 2 * PANEL) / 4 * gb);
+    assert!(g.len() >= (c0 + 2 * PANEL) / 4 * gb, "the pair's second panel's groups");
     let at = Groups { g, gb, c0, nb };
     // SAFETY (each arm): as in `pack_groups`; the second panel's groups asserted above.
     unsafe {
@@ -448,7 +443,7 @@ unsafe fn store_q6k_scales(dst: *mut u8, lay: PanelLayout, p0: *const u8, p1: *c
 /// Both groups' codes — `lo` (values 0‥16) and `hi` (16‥32) of each, 128-bit lane r row r —
 /// stored at `dst` as a panel block's eight four-byte groups: group g of the eight columns is
 /// dword g % 4 of each lane of `lo` (g < 4) or `hi`, the first group's columns first
-/// ([`pack_groups`]' `idx`), where `lay` puts them.
+/// ([`unit_indices`]), where `lay` puts them.
 ///
 /// # Safety
 /// AVX-512 F present; `dst` holds the block's code units as `lay` lays them out.

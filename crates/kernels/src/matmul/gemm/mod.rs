@@ -458,7 +458,7 @@ pub unsafe fn gemm_impl(
     // Q6_K 3–6 % less).
     #[cfg(target_arch = "x86_64")]
     let one_pass = match w {
-        Weights::Groups(g) if joined && packs_groups(t, isa) && groups::packs_pairs(t) => Some(g),
+        Weights::Groups(g) if joined && packs_groups(t, isa) => Some(g),
         _ => None,
     };
     // The AVX2 table's kernels with AVX-VNNI's `vpdpbusd` where the CPU has it (the same bits).

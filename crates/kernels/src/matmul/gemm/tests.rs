@@ -215,7 +215,7 @@ fn group_pack_equals_row_pack() {
             }
         }
         // A whole pair in one pass: each half the panel of its eight columns packed alone.
-        if wide && groups::packs_pairs(t) {
+        if wide && packs_groups(t, Isa::Avx512) {
             for c0 in [0, 4] {
                 let mut pair = vec![1u8; 2 * k / 32 * PACKED_BLOCK];
                 // SAFETY: AVX-512 detected above.
