@@ -55,6 +55,14 @@ pub struct BenchArgs {
 
 /// Thread counts to bench: `-t`, else the physical cores; under `--plan` one run on the plan's
 /// workers (0 here, the plan's count once loaded).
+/// The header line of a bench table: the kernel table, the best this CPU runs, and what the
+/// table chose inside its level (`Kernels::variant`: AVX-VNNI or not, the AVX-512 panel tile).
+fn kernels_line() -> String {
+    let k = corelm_kernels::kernels();
+    let v = k.variant();
+    format!("kernels: {}{} (this CPU runs up to {})", k.isa(), if v.is_empty() { String::new() } else { format!(", {v}") }, corelm_kernels::best_isa())
+}
+
 fn bench_threads(a: &BenchArgs) -> Result<Vec<usize>> {
     Ok(match (&a.place.plan, a.threads.is_empty()) {
         (Some(_), true) => vec![0],
@@ -88,8 +96,7 @@ fn bench_batched(a: &BenchArgs) -> Result<()> {
     let path = resolve_model(&a.model)?;
     let threads = bench_threads(a)?;
     if !a.json {
-        println!("kernels: {} (this CPU runs up to {}){}", corelm_kernels::kernels().isa(), corelm_kernels::best_isa(),
-            if a.kernels.batch_invariant { ", batch-invariant" } else { "" });
+        println!("{}{}", kernels_line(), if a.kernels.batch_invariant { ", batch-invariant" } else { "" });
         println!("| threads | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |");
         println!("|---|---|---|---|---|---|---|---|---|---|---|");
     }
@@ -137,7 +144,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     let n_batch = a.batch_size.min(max_tokens.max(1));
     let mut results = Vec::new();
     if !json {
-        println!("kernels: {} (this CPU runs up to {})", corelm_kernels::kernels().isa(), corelm_kernels::best_isa());
+        println!("{}", kernels_line());
         println!("| model | threads | test | t/s | roofline t/s |");
         println!("|---|---|---|---|---|");
     }

@@ -469,6 +469,12 @@ fn print_stream(s: &str) -> bool {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    // A closed pipe ends a printing command quietly (`corelm bench … | head -1`), as it ends
+    // `cat`, rather than as a panic in `println!`. Not for `serve`, whose clients' sockets may
+    // close under it and which must keep running.
+    if !matches!(cli.cmd, Cmd::Serve { .. }) {
+        sigpipe::reset();
+    }
     if let Some(isa) = cli.isa {
         corelm_kernels::dispatch::set_default_isa(isa)?;
     }

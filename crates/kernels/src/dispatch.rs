@@ -515,6 +515,31 @@ impl Kernels {
         self.isa.avx512()
     }
 
+    /// What this table chose at run time inside its level, in words, for `bench` and `tune`
+    /// to print beside [`Kernels::isa`]: on the AVX2 table whether its integer kernels take
+    /// AVX-VNNI or `maddubs`; on the AVX-512 (and AMX) table what the start-up probe of
+    /// 512-bit `vpdpbusd` answered, which sets the panel GEMM's default register tile
+    /// (`gemm::default_schedule`). Empty where nothing is chosen (portable, aarch64).
+    /// Zen 4 answers half rate (the probe's 512-bit loop took 1.98–1.99× the 256-bit one's
+    /// time in six runs), Zen 5 server full rate (0.97–1.03).
+    pub fn variant(&self) -> String {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if self.isa.avx512() {
+                let probe = if crate::simd::x86::vnni512_full_rate() {
+                    "512-bit vpdpbusd at full rate: 8-row panel tiles"
+                } else {
+                    "512-bit vpdpbusd at half rate: 4-row panel tiles"
+                };
+                return if self.isa == Isa::Amx { format!("AMX tiles where they run, else {probe}") } else { probe.into() };
+            }
+            if self.isa == Isa::Avx2 {
+                return if crate::simd::x86::avx_vnni() { "AVX-VNNI".into() } else { "maddubs, no AVX-VNNI".into() };
+            }
+        }
+        String::new()
+    }
+
     /// Kernels for a weight type, `None` if this build cannot compute with it.
     pub fn ops(&self, t: DType) -> Option<&TypeOps> {
         Some(&self.ops[slot(t)?])

@@ -539,3 +539,21 @@ fn dense_batch_dots_follow_tinyblas_order() {
         }
     }
 }
+
+/// What `bench` prints of a table's run-time choices (`Kernels::variant`) is what its panel
+/// GEMM does: the AVX-512 table says 8-row tiles exactly when its default schedule has them,
+/// the AVX2 table says `maddubs` exactly when Q6_K's default falls to 2-row tiles.
+#[test]
+fn variant_names_the_default_panel_tile() {
+    use corelm_kernels::matmul::gemm::default_schedule;
+    for k in tables() {
+        let (isa, v) = (k.isa(), k.variant());
+        eprintln!("{isa}: {v}");
+        match isa {
+            Isa::Avx512 => assert_eq!(v.contains("8-row"), default_schedule(isa, DType::Q4_1).mr == 8, "{v}"),
+            Isa::Avx2 => assert_eq!(v.contains("maddubs"), default_schedule(isa, DType::Q6K).mr == 2, "{v}"),
+            Isa::Amx => assert!(v.starts_with("AMX"), "{v}"),
+            _ => assert!(v.is_empty(), "{isa}: {v}"),
+        }
+    }
+}
