@@ -9,7 +9,10 @@ llama.cpp is the one the golden data came from: the sdist of `llama-cpp-python==
 llama.cpp 4df29be. Build its `llama-bench` once, outside the repository (10-20 minutes on 2
 cores), for the ISA under test:
 
-    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.35   # or fetch the sdist
+    # The sdist's link from PyPI's simple index (`pip download --no-binary :all:` builds the
+    # sdist's build dependencies, cmake included, from source first: many minutes):
+    curl -sL -o llama_cpp_python-0.3.35.tar.gz "$(curl -s https://pypi.org/simple/llama-cpp-python/ \
+        | grep -o 'https://[^"#]*llama_cpp_python-0.3.35.tar.gz' | head -1)"
     tar xzf llama_cpp_python-0.3.35.tar.gz && cd llama_cpp_python-0.3.35/vendor/llama.cpp
     # AVX2 only (the `--isa avx2` comparison on an AVX-512 CPU, or any AVX2-only CPU):
     cmake -B ~/.cache/corelm/llama/build-avx2 -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \\
