@@ -84,7 +84,8 @@ def run_corelm(binary, model, t, pp, tg, reps, isa, extra):
     pp_row = next((r for r in rows if r["n_prompt"] > 0), {})
     tg_row = next((r for r in rows if r["n_gen"] > 0), {})
     return {"pp": pp_row.get("avg_ts"), "tg": tg_row.get("avg_ts"), "roof": tg_row.get("roofline_ts"),
-            "kernels": (tg_row or pp_row).get("kernels", "?")}
+            "kernels": "; ".join(filter(None, [(tg_row or pp_row).get(k, "?" if k == "kernels" else "")
+                                                for k in ("kernels", "kernel_variant")]))}
 
 
 def main():

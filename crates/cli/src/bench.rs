@@ -190,6 +190,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
                 samples_ts: samples,
                 samples_ns: ns,
                 kernels: corelm_kernels::kernels().isa().to_string(),
+                kernel_variant: corelm_kernels::kernels().variant(),
                 roofline_ts: (n > 0).then(|| bw / bytes as f64),
             };
             if json {

@@ -118,6 +118,13 @@ fn bench_json_has_llama_bench_fields() {
         assert!(l["avg_ts"].as_f64().unwrap() > 0.0);
         assert!(l["stddev_ts"].as_f64().unwrap() >= 0.0);
         assert_eq!(l["samples_ts"].as_array().unwrap().len(), 2);
+        // The table's run-time choices beside its name, on the x86 tables that make any.
+        let (isa, variant) = (l["kernels"].as_str().unwrap(), l["kernel_variant"].as_str().unwrap_or(""));
+        match isa {
+            "avx2" => assert!(variant == "AVX-VNNI" || variant == "maddubs, no AVX-VNNI", "{variant}"),
+            "avx512" | "amx" => assert!(variant.contains("512-bit vpdpbusd at"), "{variant}"),
+            _ => assert!(variant.is_empty(), "{isa}: {variant}"),
+        }
     }
 }
 

@@ -23,6 +23,10 @@ pub struct BenchResult {
     pub samples_ns: Vec<u64>,
     /// The kernel table that ran (`portable`, `avx2`, `avx512`); not a llama-bench field.
     pub kernels: String,
+    /// What the table chose inside its level (`Kernels::variant`: AVX-VNNI or `maddubs`, the
+    /// AVX-512 panel tile); empty where it chooses nothing. Not a llama-bench field.
+    #[serde(skip_serializing_if = "String::is_empty", default)]
+    pub kernel_variant: String,
     /// Decode tests: the memory roofline, measured read bandwidth ÷ bytes read per token (weights
     /// and the KV cache at the test's mean context); not a llama-bench field.
     #[serde(skip_serializing_if = "Option::is_none")]
