@@ -83,9 +83,9 @@ def run_corelm(binary, model, t, pp, tg, reps, isa, extra):
     rows = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
     pp_row = next((r for r in rows if r["n_prompt"] > 0), {})
     tg_row = next((r for r in rows if r["n_gen"] > 0), {})
+    row = tg_row or pp_row
     return {"pp": pp_row.get("avg_ts"), "tg": tg_row.get("avg_ts"), "roof": tg_row.get("roofline_ts"),
-            "kernels": "; ".join(filter(None, [(tg_row or pp_row).get(k, "?" if k == "kernels" else "")
-                                                for k in ("kernels", "kernel_variant")]))}
+            "kernels": "; ".join(filter(None, [row.get("kernels", "?"), row.get("kernel_variant")]))}
 
 
 def main():

@@ -53,8 +53,6 @@ pub struct BenchArgs {
 }
 
 
-/// Thread counts to bench: `-t`, else the physical cores; under `--plan` one run on the plan's
-/// workers (0 here, the plan's count once loaded).
 /// The header line of a bench table: the kernel table, the best this CPU runs, and what the
 /// table chose inside its level (`Kernels::variant`: AVX-VNNI or not, the AVX-512 panel tile).
 fn kernels_line() -> String {
@@ -63,6 +61,8 @@ fn kernels_line() -> String {
     format!("kernels: {}{} (this CPU runs up to {})", k.isa(), if v.is_empty() { String::new() } else { format!(", {v}") }, corelm_kernels::best_isa())
 }
 
+/// Thread counts to bench: `-t`, else the physical cores; under `--plan` one run on the plan's
+/// workers (0 here, the plan's count once loaded).
 fn bench_threads(a: &BenchArgs) -> Result<Vec<usize>> {
     Ok(match (&a.place.plan, a.threads.is_empty()) {
         (Some(_), true) => vec![0],

@@ -515,8 +515,8 @@ impl Kernels {
         self.isa.avx512()
     }
 
-    /// What this table chose at run time inside its level, in words, for `bench` and `tune`
-    /// to print beside [`Kernels::isa`]: on the AVX2 table whether its integer kernels take
+    /// What this table chose at run time inside its level, in words, for `bench` to print
+    /// beside [`Kernels::isa`] (and in its JSON as `kernel_variant`): on the AVX2 table whether its integer kernels take
     /// AVX-VNNI or `maddubs`; on the AVX-512 (and AMX) table what the start-up probe of
     /// 512-bit `vpdpbusd` answered, which sets the panel GEMM's default register tile
     /// (`gemm::default_schedule`). Empty where nothing is chosen (portable, aarch64).
@@ -526,12 +526,11 @@ impl Kernels {
         #[cfg(target_arch = "x86_64")]
         {
             if self.isa.avx512() {
-                let probe = if crate::simd::x86::vnni512_full_rate() {
-                    "512-bit vpdpbusd at full rate: 8-row panel tiles"
-                } else {
-                    "512-bit vpdpbusd at half rate: 4-row panel tiles"
-                };
-                return if self.isa == Isa::Amx { format!("AMX tiles where they run, else {probe}") } else { probe.into() };
+                // The tile height as the schedule gives it, not restated here.
+                let rows = crate::matmul::gemm::default_schedule(Isa::Avx512, crate::DType::Q4_1).mr;
+                let rate = if crate::simd::x86::vnni512_full_rate() { "full" } else { "half" };
+                let probe = format!("512-bit vpdpbusd at {rate} rate: {rows}-row panel tiles");
+                return if self.isa == Isa::Amx { format!("AMX tiles where they run, else {probe}") } else { probe };
             }
             if self.isa == Isa::Avx2 {
                 return if crate::simd::x86::avx_vnni() { "AVX-VNNI".into() } else { "maddubs, no AVX-VNNI".into() };
