@@ -97,13 +97,21 @@ pub fn pages_per_node(addr: usize, len: usize, max_samples: usize) -> std::io::R
     Ok(out)
 }
 
-/// The `/proc/self/numa_maps` line of the mapping that starts at `addr` (policy, then
+/// The `/proc/self/numa_maps` line of the mapping that holds `addr` (policy, then
 /// `N<node>=<pages>` counts), e.g. `7f12a0000000 bind:0 anon=2048 dirty=2048 N0=2048 kernelpagesize_kB=4`.
+///
+/// The kernel merges adjacent anonymous mappings with equal flags and policy into one, so a
+/// buffer's mapping may start below the buffer (another thread's buffer beside it). Lines list
+/// each mapping's start only; for a mapped `addr` the one holding it is the line with the
+/// greatest start not above `addr`, found in one read. Its counts then cover merged neighbours.
 #[cfg(target_os = "linux")]
 pub fn numa_maps_line(addr: usize) -> Option<String> {
     let maps = std::fs::read_to_string("/proc/self/numa_maps").ok()?;
-    let key = format!("{addr:x} ");
-    maps.lines().find(|l| l.starts_with(&key)).map(str::to_string)
+    maps.lines()
+        .filter_map(|l| Some((usize::from_str_radix(l.split_whitespace().next()?, 16).ok()?, l)))
+        .filter(|&(start, _)| start <= addr)
+        .max_by_key(|&(start, _)| start)
+        .map(|(_, l)| l.to_string())
 }
 
 /// Pages per node that a `numa_maps` line reports (`N0=12 N1=40` → {0: 12, 1: 40}).
