@@ -1,10 +1,11 @@
 """The official `openai` Python client against `corelm serve`, unchanged: chat (streaming and
-not), text completions, models, and errors surfacing as the client's exception types.
+not, JSON mode), text completions, models, and errors surfacing as the client's exception types.
 
 Run by scripts/test_openai_client.sh (which installs `openai` in a venv and starts the server);
 CORELM_BASE_URL and CORELM_MODEL_ID say where the server is and what it serves.
 """
 
+import json
 import os
 import sys
 
@@ -59,6 +60,17 @@ check("chat logprobs", len(lp) == 3 and all(t.logprob <= 0 and len(t.top_logprob
 
 r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5, temperature=0, stop=["\n"])
 check("completions: text", isinstance(r.choices[0].text, str) and "\n" not in r.choices[0].text, r)
+
+r = client.chat.completions.create(
+    model=MODEL, max_tokens=160, temperature=0, response_format={"type": "json_object"},
+    messages=[{"role": "user", "content": "Give me a JSON object describing a cat with name and age."}],
+)
+try:
+    obj = json.loads(r.choices[0].message.content)
+except ValueError as e:
+    obj = e
+check("json_object: a JSON object, stopped where it closes",
+      isinstance(obj, dict) and r.choices[0].finish_reason == "stop", (r.choices[0].message.content, obj))
 
 try:
     client.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=3)

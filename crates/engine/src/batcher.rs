@@ -25,6 +25,7 @@
 //! else is batched with it (a test compares 16 concurrent requests with each alone).
 
 use crate::generate::TextOut;
+use crate::json::{JsonMask, JsonVocab};
 use crate::sample::{Sampler, SamplingParams};
 use crate::{Batch, Engine, Error, Tokenizer};
 use corelm_core::kv::BLOCK;
@@ -42,6 +43,9 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Report log-probabilities: `Some(n)` with the `n` most likely alternatives per token.
     pub logprobs: Option<usize>,
+    /// JSON mode: the text is constrained to a JSON object and stops when it closes
+    /// ([`crate::json`]).
+    pub json: bool,
     pub sink: Sink,
     /// When the request arrived (for queueing time and TTFT).
     pub arrived: Instant,
@@ -106,6 +110,8 @@ struct Running {
     req: Request,
     seq: i32,
     sampler: Sampler,
+    /// JSON mode's automaton (`Request::json`).
+    json: Option<JsonMask>,
     /// Prompt tokens in the KV cache.
     fed: usize,
     cached: usize,
@@ -123,6 +129,8 @@ struct Running {
 pub struct Batcher {
     engine: Engine,
     tok: Arc<Tokenizer>,
+    /// The vocabulary as JSON mode sees it (`Request::json`).
+    json_vocab: JsonVocab,
     waiting: VecDeque<Request>,
     slots: Vec<Option<Running>>,
     batch: Batch,
@@ -172,6 +180,7 @@ impl Batcher {
         stats.kv_blocks_total.store(engine.blocks().n_blocks(), Ordering::Relaxed);
         Batcher {
             engine,
+            json_vocab: JsonVocab::new(&tok),
             tok,
             waiting: VecDeque::new(),
             slots: (0..n_seq).map(|_| None).collect(),
@@ -279,6 +288,7 @@ impl Batcher {
             let now = Instant::now();
             let text = TextOut::new(req.stop.clone(), req.max_tokens.min(4096) * 8);
             self.slots[slot] = Some(Running {
+                json: req.json.then(JsonMask::new),
                 req,
                 seq,
                 sampler,
@@ -365,7 +375,7 @@ impl Batcher {
             Ok(logits) => {
                 for (row, &seq) in self.rows.iter().enumerate() {
                     let r = self.slots[seq as usize].as_mut().expect("row of a running sequence");
-                    if let Some(reason) = sample_one(r, logits.row(row), &self.tok) {
+                    if let Some(reason) = sample_one(r, logits.row(row), &self.tok, &self.json_vocab) {
                         self.done.push((seq, reason));
                     }
                 }
@@ -400,8 +410,14 @@ impl Batcher {
 }
 
 /// Sample the next token of `r` from its logits row and deliver it; `Some` when it finished.
-fn sample_one(r: &mut Running, logits: &[f32], tok: &Tokenizer) -> Option<FinishReason> {
-    let t = r.sampler.sample(logits);
+fn sample_one(r: &mut Running, logits: &[f32], tok: &Tokenizer, vocab: &JsonVocab) -> Option<FinishReason> {
+    let t = match &r.json {
+        None => r.sampler.sample(logits),
+        Some(m) => match r.sampler.sample_allowed(logits, Some(|id| m.allows(vocab, tok, id))) {
+            Some(t) => t,
+            None => return Some(FinishReason::Error("no token of the vocabulary continues the JSON object".into())),
+        },
+    };
     let now = Instant::now();
     if r.first.is_none() {
         r.first = Some(now);
@@ -418,7 +434,8 @@ fn sample_one(r: &mut Running, logits: &[f32], tok: &Tokenizer) -> Option<Finish
     if !(r.req.sink)(Event::Token { id: t, text, logprob }) {
         return Some(FinishReason::Cancelled);
     }
-    if stopped {
+    // JSON mode: the object just closed ends the answer.
+    if stopped || r.json.as_mut().is_some_and(|m| m.accept(vocab, tok, t) && m.is_complete()) {
         return Some(FinishReason::Stop);
     }
     if r.generated >= r.req.max_tokens {

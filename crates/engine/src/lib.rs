@@ -28,6 +28,7 @@ pub mod device_layers;
 pub mod engine;
 pub mod eval;
 pub mod gemm_tune;
+pub mod json;
 pub mod generate;
 pub mod offload;
 pub mod perplexity;

@@ -117,6 +117,13 @@ impl Sampler {
 
     /// Choose the next token from one row of logits.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        self.sample_allowed(logits, None::<fn(u32) -> bool>).unwrap_or(0)
+    }
+
+    /// [`sample`](Self::sample) among the tokens `allowed` admits (all without it; a
+    /// constraint such as JSON mode's), after the penalties and before the chain, as
+    /// llama.cpp applies a grammar; `None` when it admits none.
+    pub fn sample_allowed(&mut self, logits: &[f32], allowed: Option<impl Fn(u32) -> bool>) -> Option<u32> {
         let p = self.params.clone();
         self.cand.clear();
         self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
@@ -133,6 +140,12 @@ impl Sampler {
                 }
             }
         }
+        if let Some(allowed) = allowed {
+            self.cand.retain(|c| allowed(c.0));
+        }
+        if self.cand.is_empty() {
+            return None;
+        }
         if p.temperature <= 0.0 {
             let mut best = 0;
             for i in 1..self.cand.len() {
@@ -140,7 +153,7 @@ impl Sampler {
                     best = i;
                 }
             }
-            return self.cand[best].0;
+            return Some(self.cand[best].0);
         }
         // Sort descending (ties: lower id first), after cutting to top-k.
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
@@ -184,9 +197,9 @@ impl Sampler {
         for c in &self.cand {
             r -= c.1 as f64;
             if r <= 0.0 {
-                return c.0;
+                return Some(c.0);
             }
         }
-        self.cand.last().map_or(0, |c| c.0)
+        self.cand.last().map(|c| c.0)
     }
 }

@@ -36,6 +36,8 @@ const FIM_EOG_TEXTS: [&str; 11] = [
     "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>",
 ];
 const TOKEN_USER_DEFINED: i64 = 4;
+const TOKEN_UNKNOWN: i64 = 2;
+const TOKEN_UNUSED: i64 = 5;
 const TOKEN_BYTE: i64 = 6;
 
 /// Pre-tokenizer split regexes by `tokenizer.ggml.pre` (applied in order).
@@ -88,6 +90,8 @@ pub struct Tokenizer {
     pub eos: Option<u32>,
     pub add_bos: bool,
     eog: Vec<u32>,
+    /// Tokens that never stand for text: control, unknown and unused ones (GGUF types 3, 2, 5).
+    not_text: Vec<bool>,
 }
 
 fn strings<'a>(g: &'a Gguf, key: &str) -> Result<&'a [String], Error> {
@@ -208,7 +212,8 @@ impl Tokenizer {
         let add_bos = g.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(kind == VocabKind::Spm);
         let bos = id("tokenizer.ggml.bos_token_id")?;
         let eos = id("tokenizer.ggml.eos_token_id")?;
-        Ok(Tokenizer { hf, hf_plain, kind, pieces, texts: tokens.to_vec(), bos, eos, add_bos, eog })
+        let not_text = token_type.iter().map(|&t| matches!(t, TOKEN_CONTROL | TOKEN_UNKNOWN | TOKEN_UNUSED)).collect();
+        Ok(Tokenizer { hf, hf_plain, kind, pieces, texts: tokens.to_vec(), bos, eos, add_bos, eog, not_text })
     }
 
     pub fn n_vocab(&self) -> usize {
@@ -244,6 +249,11 @@ impl Tokenizer {
     pub fn decode(&self, ids: &[u32]) -> String {
         let bytes: Vec<u8> = ids.iter().flat_map(|&i| self.piece(i).iter().copied()).collect();
         String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Is this a control, unknown or unused token (one that never stands for text)?
+    pub fn is_control(&self, id: u32) -> bool {
+        self.not_text.get(id as usize).copied().unwrap_or(true)
     }
 
     /// Does this token end generation?

@@ -35,6 +35,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, cancel_after: Option<usize>) -> 
         stop: vec![],
         ignore_eos: true,
         logprobs: Some(2),
+        json: false,
         sink,
         arrived: Instant::now(),
     };

@@ -3,8 +3,9 @@
 //! Bodies are parsed once into JSON, then read twice with `serde_path_to_error` (the fields
 //! both endpoints share, then the endpoint's own), so a bad field is named in the 400 answer
 //! (`messages[1].content: invalid type ...`). Unknown fields are ignored, as OpenAI clients
-//! send fields this server does not use (`user`, `response_format` ...); fields it cannot
-//! honour with a different meaning (`n > 1`, `echo`, tools) are refused by name.
+//! send fields this server does not use (`user`, `metadata` ...); fields it cannot honour with
+//! a different meaning (`n > 1`, `echo`, tools, a `json_schema` response format) are refused
+//! by name. `response_format: {"type": "json_object"}` is JSON mode (`corelm_engine::json`).
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -135,6 +136,14 @@ pub struct Common {
     pub n: Option<u64>,
     #[serde(default)]
     pub ignore_eos: bool,
+    pub response_format: Option<ResponseFormat>,
+}
+
+/// `response_format`: `{"type": "text" | "json_object" | "json_schema", ...}`.
+#[derive(Deserialize, Debug)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
 }
 
 #[derive(Deserialize, Debug)]
@@ -172,6 +181,8 @@ pub struct GenParams {
     pub ignore_eos: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// JSON mode: the answer is a JSON object.
+    pub json: bool,
 }
 
 fn range(param: &str, v: Option<f32>, lo: f32, hi: f32, default: f32) -> Result<f32, ApiError> {
@@ -191,6 +202,14 @@ impl Common {
                 return Err(ApiError::bad("n", format!("n must be 1 (one choice per request), got {n}")));
             }
         }
+        let json = match self.response_format.as_ref().map(|f| f.kind.as_str()) {
+            None | Some("text") => false,
+            Some("json_object") => true,
+            Some("json_schema") => {
+                return Err(ApiError::bad("response_format", "json_schema is not supported; {\"type\": \"json_object\"} gives JSON mode"))
+            }
+            Some(k) => return Err(ApiError::bad("response_format", format!("unknown response_format type {k:?} (text or json_object)"))),
+        };
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             Some(0) => return Err(ApiError::bad("max_tokens", "max_tokens must be at least 1")),
             Some(m) => Some(m.min(usize::MAX as u64) as usize),
@@ -229,6 +248,7 @@ impl Common {
             ignore_eos: self.ignore_eos,
             stream: self.stream,
             include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            json,
         })
     }
 }

@@ -242,6 +242,7 @@ fn submit(
         stop: params.stop.clone(),
         ignore_eos: params.ignore_eos,
         logprobs,
+        json: params.json,
         sink,
         arrived: Instant::now(),
     };

@@ -166,6 +166,51 @@ fn chat_completions_json_and_stream_agree() {
     assert!(body.contains("corelm_requests_total{endpoint=\"chat_completions\",status=\"200\"} 2"), "{body}");
 }
 
+/// Whether `text` is a JSON object (`Some(true)`), the prefix of one (`Some(false)`), or neither.
+fn json_object_prefix(text: &str) -> Option<bool> {
+    let mut st = corelm_engine::json::JsonState::new();
+    st.feed_all(text.as_bytes()).then(|| st.is_complete())
+}
+
+#[test]
+fn json_mode_answers_json_objects() {
+    let srv = start(2, 16, None);
+    // Greedy: SmolLM2 closes its object well before the limit, and the answer stops there.
+    let mut body = chat("Give me a JSON object describing a cat with name and age.", 160, false);
+    body["response_format"] = json!({"type": "json_object"});
+    let r = post(&srv, "/v1/chat/completions", body.clone());
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{text}");
+    let obj: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert!(obj.as_object().is_some_and(|o| !o.is_empty()), "{text}");
+    // Streamed, the same text.
+    body["stream"] = json!(true);
+    let ev = post(&srv, "/v1/chat/completions", body).events();
+    let streamed: String = ev[..ev.len() - 1]
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok()?["choices"][0]["delta"]["content"].as_str().map(String::from))
+        .collect();
+    assert_eq!(streamed, text);
+    // Sampled at a high temperature, from prompts that do not ask for JSON: every answer is a
+    // JSON object, or the prefix of one where max_tokens cut it.
+    for (seed, prompt) in [(1, "Write a poem."), (2, "What is 2 + 2?"), (3, "Tell me about the sea."), (4, "List three colours.")] {
+        let body = json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 48, "temperature": 1.5, "top_k": 0,
+                          "top_p": 1.0, "min_p": 0.0, "seed": seed, "response_format": {"type": "json_object"}});
+        let v = post(&srv, "/v1/chat/completions", body).json();
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        let done = json_object_prefix(text).unwrap_or_else(|| panic!("not JSON: {text:?}"));
+        assert_eq!(v["choices"][0]["finish_reason"], if done { "stop" } else { "length" }, "{text:?}");
+        if done {
+            assert!(serde_json::from_str::<Value>(text).is_ok_and(|o| o.is_object()), "{text:?}");
+        }
+    }
+    // Without it, the same greedy request answers in prose.
+    let v = post(&srv, "/v1/chat/completions", chat("What is the capital of France?", 12, false)).json();
+    assert_eq!(json_object_prefix(v["choices"][0]["message"]["content"].as_str().unwrap()), None);
+}
+
 #[test]
 fn bad_requests_get_openai_errors_naming_the_problem() {
     let srv = start(1, 16, None);
@@ -178,6 +223,8 @@ fn bad_requests_get_openai_errors_naming_the_problem() {
         (json!({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4o"}), 404, "model"),
         (json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}), 400, "messages"),
         (json!({"model": MODEL}), 400, "messages"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {}}}), 400, "response_format"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "yaml"}}), 400, "response_format"),
     ];
     for (body, status, param) in cases {
         let r = post(&srv, "/v1/chat/completions", body.clone());
