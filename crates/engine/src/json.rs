@@ -11,9 +11,11 @@
 //!   sample: control tokens, end-of-generation tokens and empty pieces are never allowed; the
 //!   sequence ends (`Stop`) as soon as its top-level object is closed, so it needs no EOS.
 //!   Most tokens are settled without a feed ([`JsonVocab`]): by their first byte (which bytes
-//!   the state takes is noted once per token generated) or, inside a string, as plain text.
-//! - Whitespace outside strings is capped at [`MAX_WS`] bytes in a row, so a model cannot
-//!   stall in an endless run of newlines (llama.cpp's JSON grammar caps it too).
+//!   the state takes is noted once per token generated) or, inside a string, as whole
+//!   characters of text.
+//! - The text starts with its `{`, and whitespace outside strings is capped at [`MAX_WS`]
+//!   bytes in a row, so a model cannot stall in an endless run of blanks (llama.cpp's JSON
+//!   grammar does both).
 //!
 //! Invariant: every prefix the mask lets through can still be completed (the vocabulary's
 //! single-byte tokens close any open string, number, literal and container), so a sequence
@@ -78,7 +80,7 @@ impl Num {
 /// What the automaton expects next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
-    /// Nothing yet: the top-level `{` (after whitespace).
+    /// Nothing yet: the top-level `{`, first.
     Start,
     /// A value (after `:`, `[` … `,`).
     Value,
@@ -133,8 +135,12 @@ impl JsonState {
         self.mode == Mode::Done
     }
 
-    /// Inside a string, outside an escape and a UTF-8 sequence: where printable ASCII other
-    /// than `"` and `\\` is text that changes nothing.
+    /// Inside a string, outside an escape and a UTF-8 sequence: where whole characters other
+    /// than `"`, `\` and control characters are text that changes nothing.
+    fn inside_string(&self) -> bool {
+        matches!(self.mode, Mode::Str { .. })
+    }
+
     fn in_plain_string(&self) -> bool {
         matches!(self.mode, Mode::Str { esc: 0, need: 0, .. })
     }
@@ -170,6 +176,11 @@ impl JsonState {
             _ => {}
         }
         if matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+            // The answer starts with its `{`, as llama.cpp's JSON grammar has it (a model left
+            // free spends tokens on leading blanks).
+            if self.mode == Mode::Start {
+                return false;
+            }
             self.ws += 1;
             return self.ws <= MAX_WS;
         }
@@ -308,18 +319,23 @@ impl JsonState {
 enum Class {
     /// Control, unknown, unused or end-of-generation token, or an empty piece: never allowed.
     Never,
-    /// Printable ASCII without `"` or `\`: inside a string (outside an escape or a UTF-8
-    /// sequence) always allowed, and it leaves the state as it was.
-    Plain,
+    /// Whole UTF-8 characters without `"`, `\` or control characters: inside a string
+    /// (outside an escape or a UTF-8 sequence) always allowed, and it leaves the state as it
+    /// was.
+    Text,
     /// Anything else: its bytes are fed to a copy of the state.
     Other,
 }
 
-/// The vocabulary as JSON mode sees it: each token's [`Class`], so that trying the whole
-/// vocabulary before a sample feeds only the tokens that need it.
+/// The vocabulary as JSON mode sees it: each token's [`Class`] and first byte, side by side,
+/// so that trying the whole vocabulary before a sample reads two arrays and feeds only the
+/// tokens that need it.
 #[derive(Debug)]
 pub struct JsonVocab {
     class: Vec<Class>,
+    first: Vec<u8>,
+    /// The second byte of a token of two or more that starts with whitespace, else 0.
+    second: Vec<u8>,
 }
 
 impl JsonVocab {
@@ -329,14 +345,21 @@ impl JsonVocab {
                 let p = tok.piece(id);
                 if p.is_empty() || tok.is_control(id) || tok.is_eog(id) {
                     Class::Never
-                } else if p.iter().all(|&b| (0x20..0x7F).contains(&b) && b != b'"' && b != b'\\') {
-                    Class::Plain
+                } else if std::str::from_utf8(p).is_ok() && p.iter().all(|&b| b >= 0x20 && b != b'"' && b != b'\\') {
+                    Class::Text
                 } else {
                     Class::Other
                 }
             })
             .collect();
-        JsonVocab { class }
+        let first = (0..tok.n_vocab() as u32).map(|id| tok.piece(id).first().copied().unwrap_or(0)).collect();
+        let second = (0..tok.n_vocab() as u32)
+            .map(|id| match tok.piece(id) {
+                [w, b, ..] if w.is_ascii_whitespace() => *b,
+                _ => 0,
+            })
+            .collect();
+        JsonVocab { class, first, second }
     }
 }
 
@@ -346,6 +369,9 @@ pub struct JsonMask {
     state: JsonState,
     /// Which first bytes the state takes ([`prepare`](Self::prepare)).
     first: [bool; 256],
+    /// Which second bytes it takes after a space (tokens such as ` word`, which a first byte
+    /// alone does not settle).
+    after_ws: [bool; 256],
 }
 
 impl Default for JsonMask {
@@ -356,7 +382,7 @@ impl Default for JsonMask {
 
 impl JsonMask {
     pub fn new() -> JsonMask {
-        let mut m = JsonMask { state: JsonState::new(), first: [false; 256] };
+        let mut m = JsonMask { state: JsonState::new(), first: [false; 256], after_ws: [false; 256] };
         m.prepare();
         m
     }
@@ -364,22 +390,29 @@ impl JsonMask {
     /// Note which single bytes the current state takes (256 feeds), so that
     /// [`allows`](Self::allows) refuses most tokens by their first byte.
     fn prepare(&mut self) {
+        let mut ws = self.state;
+        let ws_ok = ws.feed(b' ');
         for b in 0..=255u8 {
             let mut s = self.state;
             self.first[b as usize] = s.feed(b);
+            let mut s = ws;
+            self.after_ws[b as usize] = ws_ok && s.feed(b);
         }
     }
 
     /// May token `id` come next? Never a control or end-of-generation token, or an empty piece.
     pub fn allows(&self, vocab: &JsonVocab, tok: &Tokenizer, id: u32) -> bool {
-        let piece = tok.piece(id);
-        match vocab.class.get(id as usize) {
+        let i = id as usize;
+        match vocab.class.get(i) {
             None | Some(Class::Never) => false,
-            Some(Class::Plain) if self.state.in_plain_string() => true,
-            _ if !self.first[piece[0] as usize] => false,
+            Some(Class::Text) if self.state.in_plain_string() => true,
+            _ if !self.first[vocab.first[i] as usize] => false,
+            // Whitespace then a byte the state refuses after it (outside strings: all but one
+            // kind of whitespace is the same byte to the automaton, up to the cap).
+            _ if vocab.second[i] != 0 && !self.state.inside_string() && !self.after_ws[vocab.second[i] as usize] => false,
             _ => {
                 let mut s = self.state;
-                s.feed_all(piece)
+                s.feed_all(tok.piece(id))
             }
         }
     }
@@ -414,7 +447,7 @@ mod tests {
     fn objects_are_accepted_and_complete() {
         for s in [
             r#"{}"#,
-            r#"  {"a": 1}"#,
+            r#"{"a": 1}  "#,
             r#"{"a":[1,-2.5e+3,0,0.0,1E9,true,false,null,"x\"\\\/\b\f\n\r\t\u00e9"],"b":{"c":{}}}"#,
             "{\"é\": \"日本語 🎉\", \"k\": []}\n",
             "{\n  \"name\": \"Bob\",\n  \"age\": 30\n}",
@@ -437,7 +470,7 @@ mod tests {
     #[test]
     fn non_json_is_refused() {
         for s in [
-            "[1]", "\"s\"", "1", "x", "{a: 1}", "{'a': 1}", "{\"a\" 1}", "{\"a\": 01}", "{\"a\": 1.}", "{\"a\": .5}",
+            "[1]", "\"s\"", "1", "x", " {}", "\n{}", "{a: 1}", "{'a': 1}", "{\"a\" 1}", "{\"a\": 01}", "{\"a\": 1.}", "{\"a\": .5}",
             "{\"a\": +1}", "{\"a\": tru }", "{\"a\": 1,}", "{\"a\": [1,]}", "{\"a\": [1}", "{\"a\": {]}", "{}}", "{},",
             "{\"a\": \"\\x\"}", "{\"a\": \"\\u12G4\"}", "{\"a\": \"tab\there\"}", "{\"a\": 1e}", "{\"a\": -}", "{,}", "{\"a\": 1e100}",
         ] {
@@ -456,7 +489,7 @@ mod tests {
         assert!(st.feed_all(deep.as_bytes()));
         assert!(!st.clone().feed(b'['), "one level past MAX_DEPTH");
         let mut st = JsonState::new();
-        assert!(st.feed_all(&[b' '; MAX_WS as usize]) && !st.feed(b' '));
+        assert!(st.feed(b'{') && st.feed_all(&[b' '; MAX_WS as usize]) && !st.feed(b' '));
         // Whitespace inside strings is text, not capped.
         assert_eq!(accepts(&format!("{{\"{}\": 1}}", " ".repeat(100))), Some(true));
     }
