@@ -215,6 +215,10 @@ struct SampleArgs {
     /// Keep generating past end-of-generation tokens (for benchmarks).
     #[arg(long)]
     ignore_eos: bool,
+    /// JSON mode: generate a JSON object, stopping when it closes (as `serve`'s
+    /// `response_format: {"type": "json_object"}`).
+    #[arg(long)]
+    json: bool,
 }
 
 /// `--cache-type-k/-v`, shared by every command that loads a model.
@@ -459,6 +463,7 @@ fn gen_params(s: &SampleArgs) -> GenerateParams {
         stop: s.stop.clone(),
         seq: 0,
         ignore_eos: s.ignore_eos,
+        json: s.json,
     }
 }
 

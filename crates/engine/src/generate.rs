@@ -1,7 +1,9 @@
 //! Generation: prefill a prompt (in batches of the engine's batch size), then sample token by
 //! token, streaming text that never splits a UTF-8 character, until an end-of-generation
-//! token, a stop string, the token limit or a full context.
+//! token, a stop string, the token limit or a full context; in JSON mode (`GenerateParams::json`)
+//! only tokens that keep the text the prefix of a JSON object, until it closes.
 
+use crate::json::{JsonMask, JsonVocab};
 use crate::sample::{Sampler, SamplingParams};
 use crate::{Batch, Engine, Error, Tokenizer, Utf8Stream};
 use std::time::Instant;
@@ -15,11 +17,14 @@ pub struct GenerateParams {
     pub seq: i32,
     /// Do not stop at end-of-generation tokens (benchmarks).
     pub ignore_eos: bool,
+    /// JSON mode ([`crate::json`]): the text is a JSON object, and generation stops when it
+    /// closes.
+    pub json: bool,
 }
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        GenerateParams { max_tokens: 128, sampling: SamplingParams::default(), stop: vec![], seq: 0, ignore_eos: false }
+        GenerateParams { max_tokens: 128, sampling: SamplingParams::default(), stop: vec![], seq: 0, ignore_eos: false, json: false }
     }
 }
 
@@ -32,6 +37,8 @@ pub enum StopReason {
     ContextFull,
     /// The callback asked to stop.
     Cancelled,
+    /// JSON mode: the object closed.
+    JsonClosed,
 }
 
 #[derive(Clone, Debug)]
@@ -139,8 +146,15 @@ pub fn generate(
     let mut reason = StopReason::MaxTokens;
     let mut out = TextOut::new(params.stop.clone(), params.max_tokens.min(1 << 16) * 8);
     let mut batch = Batch::new();
+    let mut json = params.json.then(|| (JsonVocab::new(tok), JsonMask::new()));
     while tokens.len() < params.max_tokens {
-        let t = sampler.sample(&logits);
+        let t = match &json {
+            None => sampler.sample(&logits),
+            Some((vocab, mask)) => match sampler.sample_allowed(&logits, Some(|id| mask.allows(vocab, tok, id))) {
+                Some(t) => t,
+                None => return Err(Error::Sampling("no token of the vocabulary continues the JSON object".into())),
+            },
+        };
         if tok.is_eog(t) && !params.ignore_eos {
             reason = StopReason::Eog;
             break;
@@ -154,6 +168,10 @@ pub fn generate(
         }
         if stopped {
             reason = StopReason::StopString;
+            break;
+        }
+        if json.as_mut().is_some_and(|(vocab, mask)| mask.accept(vocab, tok, t) && mask.is_complete()) {
+            reason = StopReason::JsonClosed;
             break;
         }
         if tokens.len() == params.max_tokens {

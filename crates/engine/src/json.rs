@@ -10,9 +10,9 @@
 //! - [`JsonMask`] tries every token of the vocabulary from the sequence's state before each
 //!   sample: control tokens, end-of-generation tokens and empty pieces are never allowed; the
 //!   sequence ends (`Stop`) as soon as its top-level object is closed, so it needs no EOS.
-//!   Most tokens are settled without a feed ([`JsonVocab`]): by their first byte (which bytes
-//!   the state takes is noted once per token generated) or, inside a string, as whole
-//!   characters of text.
+//!   Most tokens are settled without a feed ([`JsonVocab`]): by their first two bytes (which
+//!   bytes and pairs the state takes is noted once per token generated) or, inside a string, as
+//!   whole characters of text.
 //! - The text starts with its `{`, and whitespace outside strings is capped at [`MAX_WS`]
 //!   bytes in a row, so a model cannot stall in an endless run of blanks (llama.cpp's JSON
 //!   grammar does both).
@@ -334,8 +334,8 @@ enum Class {
 pub struct JsonVocab {
     class: Vec<Class>,
     first: Vec<u8>,
-    /// The second byte of a token of two or more that starts with whitespace, else 0.
-    second: Vec<u8>,
+    /// The second byte of a token of two or more, else [`NO_BYTE`].
+    second: Vec<u16>,
 }
 
 impl JsonVocab {
@@ -353,15 +353,13 @@ impl JsonVocab {
             })
             .collect();
         let first = (0..tok.n_vocab() as u32).map(|id| tok.piece(id).first().copied().unwrap_or(0)).collect();
-        let second = (0..tok.n_vocab() as u32)
-            .map(|id| match tok.piece(id) {
-                [w, b, ..] if w.is_ascii_whitespace() => *b,
-                _ => 0,
-            })
-            .collect();
+        let second = (0..tok.n_vocab() as u32).map(|id| tok.piece(id).get(1).map_or(NO_BYTE, |&b| b as u16)).collect();
         JsonVocab { class, first, second }
     }
 }
+
+/// [`JsonVocab`]'s second byte of a one-byte token.
+const NO_BYTE: u16 = 256;
 
 /// The per-sequence JSON constraint: its automaton, and which tokens may follow.
 #[derive(Clone, Debug)]
@@ -369,9 +367,12 @@ pub struct JsonMask {
     state: JsonState,
     /// Which first bytes the state takes ([`prepare`](Self::prepare)).
     first: [bool; 256],
-    /// Which second bytes it takes after a space (tokens such as ` word`, which a first byte
-    /// alone does not settle).
-    after_ws: [bool; 256],
+    /// Outside strings, `pair[a][b]`: whether the state takes `a` then `b` (for the first
+    /// bytes it takes; ` word` or `every` where a number may end, which a first byte alone does
+    /// not settle). Inside strings most tokens are whole characters of text, settled by class.
+    pair: Box<[[bool; 256]; 256]>,
+    /// Whether `pair` holds for the current state (outside strings).
+    pairs: bool,
 }
 
 impl Default for JsonMask {
@@ -382,21 +383,29 @@ impl Default for JsonMask {
 
 impl JsonMask {
     pub fn new() -> JsonMask {
-        let mut m = JsonMask { state: JsonState::new(), first: [false; 256], after_ws: [false; 256] };
+        let mut m = JsonMask { state: JsonState::new(), first: [false; 256], pair: Box::new([[false; 256]; 256]), pairs: false };
         m.prepare();
         m
     }
 
-    /// Note which single bytes the current state takes (256 feeds), so that
-    /// [`allows`](Self::allows) refuses most tokens by their first byte.
+    /// Note which single bytes the current state takes (256 feeds) and, outside strings, which
+    /// pairs starting with one of them (256 feeds for each: about 20 first bytes there), so that
+    /// [`allows`](Self::allows) refuses most tokens by their first two bytes.
     fn prepare(&mut self) {
-        let mut ws = self.state;
-        let ws_ok = ws.feed(b' ');
         for b in 0..=255u8 {
             let mut s = self.state;
             self.first[b as usize] = s.feed(b);
-            let mut s = ws;
-            self.after_ws[b as usize] = ws_ok && s.feed(b);
+        }
+        self.pairs = !self.state.inside_string();
+        if self.pairs {
+            for a in (0..=255u8).filter(|&a| self.first[a as usize]) {
+                let mut after = self.state;
+                after.feed(a);
+                for b in 0..=255u8 {
+                    let mut s = after;
+                    self.pair[a as usize][b as usize] = s.feed(b);
+                }
+            }
         }
     }
 
@@ -407,9 +416,9 @@ impl JsonMask {
             None | Some(Class::Never) => false,
             Some(Class::Text) if self.state.in_plain_string() => true,
             _ if !self.first[vocab.first[i] as usize] => false,
-            // Whitespace then a byte the state refuses after it (outside strings: all but one
-            // kind of whitespace is the same byte to the automaton, up to the cap).
-            _ if vocab.second[i] != 0 && !self.state.inside_string() && !self.after_ws[vocab.second[i] as usize] => false,
+            // One byte, which the state takes.
+            _ if vocab.second[i] == NO_BYTE => true,
+            _ if self.pairs && !self.pair[vocab.first[i] as usize][vocab.second[i] as usize] => false,
             _ => {
                 let mut s = self.state;
                 s.feed_all(tok.piece(id))

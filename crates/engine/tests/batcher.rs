@@ -134,9 +134,9 @@ fn cancelled_requests_leave_at_once_and_free_their_blocks() {
     assert!(e.to_string().contains("does not fit"), "{e}");
 }
 
-/// JSON mode's prefilters (a token's first byte, its second after a blank, whole characters
-/// inside a string) settle every token of all three golden vocabularies as feeding its bytes
-/// to the automaton would, in every kind of state.
+/// JSON mode's prefilters (a token's first two bytes, whole characters inside a string)
+/// settle every token of all three golden vocabularies as feeding its bytes to the automaton
+/// would, in every kind of state.
 #[test]
 fn json_mask_prefilters_agree_with_feeding_every_token() {
     use corelm_engine::json::{JsonMask, JsonState, JsonVocab};

@@ -272,7 +272,7 @@ fn utf8_stream_never_splits_a_character() {
 fn generation_stops_on_stop_strings_and_limits() {
     let (mut engine, tok) = load(SMOL, test_config(2));
     let ids = tok.encode("1, 2, 3, 4, 5,", false, true).unwrap();
-    let params = GenerateParams { max_tokens: 40, sampling: SamplingParams::greedy(), stop: vec!["9".into()], seq: 0, ignore_eos: false };
+    let params = GenerateParams { max_tokens: 40, sampling: SamplingParams::greedy(), stop: vec!["9".into()], seq: 0, ignore_eos: false, json: false };
     let mut streamed = String::new();
     let g = generate(&mut engine, &tok, &ids, &params, |t| {
         streamed.push_str(t);
@@ -290,6 +290,14 @@ fn generation_stops_on_stop_strings_and_limits() {
 
     // Greedy generation is deterministic and the tokens are in the KV cache afterwards.
     assert_eq!(engine.seq_len(0), ids.len() + 4);
+
+    // JSON mode: the same prompt (a list of numbers) answered as an object, which closes.
+    engine.clear_all();
+    let params = GenerateParams { max_tokens: 64, sampling: SamplingParams::greedy(), json: true, ..Default::default() };
+    let g = generate(&mut engine, &tok, &ids, &params, |_| true).unwrap();
+    assert_eq!(g.reason, StopReason::JsonClosed, "text: {:?}", g.text);
+    let v: serde_json::Value = serde_json::from_str(&g.text).unwrap_or_else(|e| panic!("{e}: {:?}", g.text));
+    assert!(v.is_object(), "{:?}", g.text);
 }
 
 #[test]
