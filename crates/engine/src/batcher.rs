@@ -413,9 +413,9 @@ impl Batcher {
 fn sample_one(r: &mut Running, logits: &[f32], tok: &Tokenizer, vocab: &JsonVocab) -> Option<FinishReason> {
     let t = match &r.json {
         None => r.sampler.sample(logits),
-        Some(m) => match r.sampler.sample_allowed(logits, Some(|id| m.allows(vocab, tok, id))) {
-            Some(t) => t,
-            None => return Some(FinishReason::Error("no token of the vocabulary continues the JSON object".into())),
+        Some(m) => match m.sample(vocab, tok, &mut r.sampler, logits) {
+            Ok(t) => t,
+            Err(e) => return Some(FinishReason::Error(e.to_string())),
         },
     };
     let now = Instant::now();
@@ -435,7 +435,7 @@ fn sample_one(r: &mut Running, logits: &[f32], tok: &Tokenizer, vocab: &JsonVoca
         return Some(FinishReason::Cancelled);
     }
     // JSON mode: the object just closed ends the answer.
-    if stopped || r.json.as_mut().is_some_and(|m| m.accept(vocab, tok, t) && m.is_complete()) {
+    if stopped || r.json.as_mut().is_some_and(|m| m.closes_with(vocab, tok, t)) {
         return Some(FinishReason::Stop);
     }
     if r.generated >= r.req.max_tokens {

@@ -150,10 +150,7 @@ pub fn generate(
     while tokens.len() < params.max_tokens {
         let t = match &json {
             None => sampler.sample(&logits),
-            Some((vocab, mask)) => match sampler.sample_allowed(&logits, Some(|id| mask.allows(vocab, tok, id))) {
-                Some(t) => t,
-                None => return Err(Error::Sampling("no token of the vocabulary continues the JSON object".into())),
-            },
+            Some((vocab, mask)) => mask.sample(vocab, tok, &mut sampler, &logits)?,
         };
         if tok.is_eog(t) && !params.ignore_eos {
             reason = StopReason::Eog;
@@ -170,7 +167,7 @@ pub fn generate(
             reason = StopReason::StopString;
             break;
         }
-        if json.as_mut().is_some_and(|(vocab, mask)| mask.accept(vocab, tok, t) && mask.is_complete()) {
+        if json.as_mut().is_some_and(|(vocab, mask)| mask.closes_with(vocab, tok, t)) {
             reason = StopReason::JsonClosed;
             break;
         }

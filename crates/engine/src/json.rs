@@ -21,7 +21,9 @@
 //! single-byte tokens close any open string, number, literal and container), so a sequence
 //! ends either with a parseable object (`Stop`) or at `max_tokens` (`Length`).
 
+use crate::sample::Sampler;
 use crate::tokenizer::Tokenizer;
+use crate::Error;
 
 /// Deepest nesting of objects and arrays allowed.
 pub const MAX_DEPTH: u8 = 64;
@@ -135,12 +137,12 @@ impl JsonState {
         self.mode == Mode::Done
     }
 
-    /// Inside a string, outside an escape and a UTF-8 sequence: where whole characters other
-    /// than `"`, `\` and control characters are text that changes nothing.
     fn inside_string(&self) -> bool {
         matches!(self.mode, Mode::Str { .. })
     }
 
+    /// Inside a string, outside an escape and a UTF-8 sequence: where whole characters other
+    /// than `"`, `\` and control characters are text that changes nothing.
     fn in_plain_string(&self) -> bool {
         matches!(self.mode, Mode::Str { esc: 0, need: 0, .. })
     }
@@ -327,9 +329,9 @@ enum Class {
     Other,
 }
 
-/// The vocabulary as JSON mode sees it: each token's [`Class`] and first byte, side by side,
-/// so that trying the whole vocabulary before a sample reads two arrays and feeds only the
-/// tokens that need it.
+/// The vocabulary as JSON mode sees it: each token's [`Class`] and first two bytes, side by
+/// side, so that trying the whole vocabulary before a sample reads these arrays and feeds only
+/// the tokens that need it.
 #[derive(Debug)]
 pub struct JsonVocab {
     class: Vec<Class>,
@@ -424,6 +426,18 @@ impl JsonMask {
                 s.feed_all(tok.piece(id))
             }
         }
+    }
+
+    /// Draw the next token with `sampler` among those [`allows`](Self::allows) admits.
+    pub fn sample(&self, vocab: &JsonVocab, tok: &Tokenizer, sampler: &mut Sampler, logits: &[f32]) -> Result<u32, Error> {
+        sampler
+            .sample_allowed(logits, Some(|id| self.allows(vocab, tok, id)))
+            .ok_or_else(|| Error::Sampling("no token of the vocabulary continues the JSON object".into()))
+    }
+
+    /// Take the sampled token `id`; whether the object is now closed (the sequence ends).
+    pub fn closes_with(&mut self, vocab: &JsonVocab, tok: &Tokenizer, id: u32) -> bool {
+        self.accept(vocab, tok, id) && self.is_complete()
     }
 
     /// Take token `id`; `false` (the state unchanged) if it does not fit.
