@@ -1,5 +1,5 @@
 """The official `openai` Python client against `corelm serve`, unchanged: chat (streaming and
-not, JSON mode), text completions, models, and errors surfacing as the client's exception types.
+not, JSON mode, structured outputs from a pydantic model), text completions, models, and errors surfacing as the client's exception types.
 
 Run by scripts/test_openai_client.sh (which installs `openai` in a venv and starts the server);
 CORELM_BASE_URL and CORELM_MODEL_ID say where the server is and what it serves.
@@ -71,6 +71,37 @@ except ValueError as e:
     obj = e
 check("json_object: a JSON object, stopped where it closes",
       isinstance(obj, dict) and r.choices[0].finish_reason == "stop", (r.choices[0].message.content, obj))
+
+# Structured outputs: the client turns a pydantic model into a strict JSON Schema
+# (`response_format: {"type": "json_schema", ...}`, with `$defs`, `anyOf` and `enum`) and
+# parses the answer back into the model.
+from typing import List, Literal, Optional  # noqa: E402
+
+from pydantic import BaseModel, Field  # noqa: E402
+
+
+class Owner(BaseModel):
+    first: str
+    last: str
+
+
+class Cat(BaseModel):
+    name: str
+    age: int
+    colour: Literal["black", "white", "ginger", "grey"]
+    indoor: bool
+    toys: List[str] = Field(max_length=3)
+    owner: Optional[Owner]
+
+
+parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+r = parse(
+    model=MODEL, max_tokens=200, temperature=0, response_format=Cat,
+    messages=[{"role": "user", "content": "Describe a cat as JSON."}],
+)
+check("json_schema: parsed into the pydantic model, stopped where it closes",
+      isinstance(r.choices[0].message.parsed, Cat) and r.choices[0].finish_reason == "stop",
+      (r.choices[0].message.content, r.choices[0].finish_reason))
 
 try:
     client.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=3)

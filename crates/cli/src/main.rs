@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use corelm_engine::chat::{ChatTemplate, Message};
 use corelm_engine::eval::{run_case, Case};
 use corelm_engine::generate::{generate, GenerateParams, StopReason};
+use corelm_engine::json::Schema;
 use corelm_engine::sample::SamplingParams;
 use corelm_engine::{Engine, EngineConfig, Tokenizer};
 use corelm_kernels::DType;
@@ -219,6 +220,10 @@ struct SampleArgs {
     /// `response_format: {"type": "json_object"}`).
     #[arg(long)]
     json: bool,
+    /// Generate a JSON value of this JSON Schema (a file), stopping when it closes (as
+    /// `serve`'s `response_format: {"type": "json_schema", ...}`; see README for the keywords).
+    #[arg(long, value_name = "FILE", conflicts_with = "json")]
+    json_schema: Option<std::path::PathBuf>,
 }
 
 /// `--cache-type-k/-v`, shared by every command that loads a model.
@@ -446,8 +451,16 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
     Ok((engine, tok))
 }
 
-fn gen_params(s: &SampleArgs) -> GenerateParams {
-    GenerateParams {
+fn gen_params(s: &SampleArgs) -> Result<GenerateParams> {
+    let json = match &s.json_schema {
+        Some(f) => {
+            let text = std::fs::read_to_string(f).with_context(|| format!("cannot read --json-schema {}", f.display()))?;
+            let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("--json-schema {} is not JSON", f.display()))?;
+            Some(std::sync::Arc::new(Schema::compile(&v).with_context(|| format!("--json-schema {}", f.display()))?))
+        }
+        None => s.json.then(|| std::sync::Arc::new(Schema::object())),
+    };
+    Ok(GenerateParams {
         max_tokens: s.n_predict,
         sampling: SamplingParams {
             temperature: s.temp,
@@ -463,8 +476,8 @@ fn gen_params(s: &SampleArgs) -> GenerateParams {
         stop: s.stop.clone(),
         seq: 0,
         ignore_eos: s.ignore_eos,
-        json: s.json,
-    }
+        json,
+    })
 }
 
 fn print_stream(s: &str) -> bool {
@@ -500,7 +513,7 @@ fn main() -> Result<()> {
                     tok.encode(&text, true, true)?
                 }
             };
-            let g = generate(&mut engine, &tok, &ids, &gen_params(&sample), print_stream)?;
+            let g = generate(&mut engine, &tok, &ids, &gen_params(&sample)?, print_stream)?;
             println!();
             eprintln!(
                 "[{} prompt tokens in {:.3} s = {:.1} t/s; {} generated in {:.3} s = {:.1} t/s; stop: {:?}; {} threads, {} kernels]",
@@ -651,7 +664,7 @@ fn chat(model: &ModelArgs, sample: &SampleArgs, system: Option<String>) -> Resul
     let tmpl = ChatTemplate::from_gguf(engine.gguf(), &tok)?;
     let mut msgs: Vec<Message> = system.iter().map(|s| Message::new("system", s)).collect();
     let mut in_kv = String::new(); // the text whose tokens are in the KV cache
-    let params = gen_params(sample);
+    let params = gen_params(sample)?;
     let stdin = std::io::stdin();
     loop {
         eprint!("> ");

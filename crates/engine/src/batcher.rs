@@ -25,7 +25,7 @@
 //! else is batched with it (a test compares 16 concurrent requests with each alone).
 
 use crate::generate::TextOut;
-use crate::json::{JsonMask, JsonVocab};
+use crate::json::{JsonMask, JsonVocab, Schema};
 use crate::sample::{Sampler, SamplingParams};
 use crate::{Batch, Engine, Error, Tokenizer};
 use corelm_core::kv::BLOCK;
@@ -43,9 +43,9 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Report log-probabilities: `Some(n)` with the `n` most likely alternatives per token.
     pub logprobs: Option<usize>,
-    /// JSON mode: the text is constrained to a JSON object and stops when it closes
-    /// ([`crate::json`]).
-    pub json: bool,
+    /// JSON mode (`Schema::object()`) or a JSON Schema: the text is constrained to a JSON
+    /// value of the schema and stops when it closes ([`crate::json`]).
+    pub json: Option<Arc<Schema>>,
     pub sink: Sink,
     /// When the request arrived (for queueing time and TTFT).
     pub arrived: Instant,
@@ -288,7 +288,7 @@ impl Batcher {
             let now = Instant::now();
             let text = TextOut::new(req.stop.clone(), req.max_tokens.min(4096) * 8);
             self.slots[slot] = Some(Running {
-                json: req.json.then(JsonMask::new),
+                json: req.json.clone().map(JsonMask::new),
                 req,
                 seq,
                 sampler,

@@ -3,9 +3,10 @@
 //! token, a stop string, the token limit or a full context; in JSON mode (`GenerateParams::json`)
 //! only tokens that keep the text the prefix of a JSON object, until it closes.
 
-use crate::json::{JsonMask, JsonVocab};
+use crate::json::{JsonMask, JsonVocab, Schema};
 use crate::sample::{Sampler, SamplingParams};
 use crate::{Batch, Engine, Error, Tokenizer, Utf8Stream};
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Clone, Debug)]
@@ -17,14 +18,14 @@ pub struct GenerateParams {
     pub seq: i32,
     /// Do not stop at end-of-generation tokens (benchmarks).
     pub ignore_eos: bool,
-    /// JSON mode ([`crate::json`]): the text is a JSON object, and generation stops when it
-    /// closes.
-    pub json: bool,
+    /// JSON mode (`Schema::object()`) or a JSON Schema ([`crate::json`]): the text is a JSON
+    /// value of the schema, and generation stops when it closes.
+    pub json: Option<Arc<Schema>>,
 }
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        GenerateParams { max_tokens: 128, sampling: SamplingParams::default(), stop: vec![], seq: 0, ignore_eos: false, json: false }
+        GenerateParams { max_tokens: 128, sampling: SamplingParams::default(), stop: vec![], seq: 0, ignore_eos: false, json: None }
     }
 }
 
@@ -146,7 +147,7 @@ pub fn generate(
     let mut reason = StopReason::MaxTokens;
     let mut out = TextOut::new(params.stop.clone(), params.max_tokens.min(1 << 16) * 8);
     let mut batch = Batch::new();
-    let mut json = params.json.then(|| (JsonVocab::new(tok), JsonMask::new()));
+    let mut json = params.json.clone().map(|s| (JsonVocab::new(tok), JsonMask::new(s)));
     while tokens.len() < params.max_tokens {
         let t = match &json {
             None => sampler.sample(&logits),

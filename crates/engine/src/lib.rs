@@ -79,6 +79,8 @@ pub enum Error {
     Config(String),
     #[error("invalid sampling parameter: {0}")]
     Sampling(String),
+    #[error("JSON schema: {0}")]
+    Schema(String),
     #[error("golden case: {0}")]
     Case(String),
 }

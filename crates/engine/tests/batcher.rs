@@ -35,7 +35,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, cancel_after: Option<usize>) -> 
         stop: vec![],
         ignore_eos: true,
         logprobs: Some(2),
-        json: false,
+        json: None,
         sink,
         arrived: Instant::now(),
     };
@@ -134,46 +134,57 @@ fn cancelled_requests_leave_at_once_and_free_their_blocks() {
     assert!(e.to_string().contains("does not fit"), "{e}");
 }
 
-/// JSON mode's prefilters (a token's first two bytes, whole characters inside a string)
-/// settle every token of all three golden vocabularies as feeding its bytes to the automaton
-/// would, in every kind of state.
+/// JSON mode's and a JSON Schema's prefilters (a token's first two bytes, whole characters
+/// inside a string) settle every token of all three golden vocabularies as feeding its bytes to
+/// the automaton would, in every kind of state.
 #[test]
 fn json_mask_prefilters_agree_with_feeding_every_token() {
-    use corelm_engine::json::{JsonMask, JsonState, JsonVocab};
+    use corelm_engine::json::{JsonMask, JsonState, JsonVocab, Schema};
+    use std::sync::Arc;
+    let object = Arc::new(Schema::object());
+    let person = serde_json::json!({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "nick": {"type": "string"},
+        "pet": {"enum": ["cat", "dog", null]}, "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}}, "required": ["name", "age", "pet", "tags"]});
+    let person = Arc::new(Schema::compile(&person).unwrap());
+    let cases: [(&Arc<Schema>, &[&str]); 2] = [
+        (
+            &object,
+            &["", "{", "{\"na", "{\"name\"", "{\"name\":", "{\"a\": \"Fel", "{\"a\": \"\\", "{\"a\": \"\\u0", "{\"a\": \"\u{e9}", "{\"a\": 1", "{\"a\": -", "{\"a\": 1.5e", "{\"a\": tr", "{\"a\": [", "{\"a\": [1, {}", "{\"a\": 1}\n"],
+        ),
+        (&person, &["", "{", "{\"n", "{\"name\": \"Bo", "{\"name\": \"Bob\", \"age\": 1", "{\"name\": \"Bob\", \"age\": 1,", "{\"name\": \"Bob\", \"age\": 1, \"pet\": \"c", "{\"name\": \"Bob\", \"age\": 1, \"pet\": null, \"tags\": [true, "]),
+    ];
     for file in ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf"] {
         let g = corelm_gguf::Gguf::open(model_path(file)).unwrap();
         let tok = corelm_engine::Tokenizer::from_gguf(&g).unwrap();
         let vocab = JsonVocab::new(&tok);
-        let prefixes = ["", "{", "{\"na", "{\"name\"", "{\"name\":", "{\"a\": \"Fel", "{\"a\": \"\\", "{\"a\": \"\\u0", "{\"a\": \"\u{e9}", "{\"a\": 1", "{\"a\": -", "{\"a\": 1.5e", "{\"a\": tr", "{\"a\": [", "{\"a\": [1, {}", "{\"a\": 1}\n"];
-        let mut checked = 0;
-        for prefix in prefixes {
-            let mut mask = JsonMask::new();
-            let mut state = JsonState::new();
-            // The mask fed the prefix's single-byte tokens (all in these vocabularies but an
-            // odd one), the state its bytes.
-            for &b in prefix.as_bytes() {
-                assert!(state.feed(b), "{prefix:?}");
+        for (schema, prefixes) in cases {
+            let mut checked = 0;
+            for prefix in prefixes {
+                let mut mask = JsonMask::new(schema.clone());
+                let mut state = JsonState::new(schema);
+                // The mask fed the prefix's single-byte tokens (all in these vocabularies but an
+                // odd one), the state its bytes.
+                assert!(state.feed_all(schema, prefix.as_bytes()), "{prefix:?}");
+                let byte_tokens: Vec<u32> = prefix.bytes().filter_map(|b| (0..tok.n_vocab() as u32).find(|&id| tok.piece(id) == [b] && !tok.is_control(id))).collect();
+                if byte_tokens.len() != prefix.len() {
+                    continue;
+                }
+                for &id in &byte_tokens {
+                    assert!(mask.accept(&vocab, &tok, id), "{file} {prefix:?}");
+                }
+                let mut allowed = 0;
+                for id in 0..tok.n_vocab() as u32 {
+                    let p = tok.piece(id);
+                    let want = !p.is_empty() && !tok.is_control(id) && !tok.is_eog(id) && {
+                        let mut s = state;
+                        s.feed_all(schema, p)
+                    };
+                    assert_eq!(mask.allows(&vocab, &tok, id), want, "{file} {prefix:?} token {id} {:?}", String::from_utf8_lossy(p));
+                    allowed += want as usize;
+                }
+                assert!(allowed > 0, "{file} {prefix:?}: no token continues");
+                checked += 1;
             }
-            let byte_tokens: Vec<u32> = prefix.bytes().filter_map(|b| (0..tok.n_vocab() as u32).find(|&id| tok.piece(id) == [b] && !tok.is_control(id))).collect();
-            if byte_tokens.len() != prefix.len() {
-                continue;
-            }
-            for &id in &byte_tokens {
-                assert!(mask.accept(&vocab, &tok, id), "{file} {prefix:?}");
-            }
-            let mut allowed = 0;
-            for id in 0..tok.n_vocab() as u32 {
-                let p = tok.piece(id);
-                let want = !p.is_empty() && !tok.is_control(id) && !tok.is_eog(id) && {
-                    let mut s = state;
-                    s.feed_all(p)
-                };
-                assert_eq!(mask.allows(&vocab, &tok, id), want, "{file} {prefix:?} token {id} {:?}", String::from_utf8_lossy(p));
-                allowed += want as usize;
-            }
-            assert!(allowed > 0, "{file} {prefix:?}: no token continues");
-            checked += 1;
+            assert!(checked >= prefixes.len() - 2, "{file}: {checked} prefixes had single-byte tokens");
         }
-        assert!(checked >= prefixes.len() - 2, "{file}: {checked} prefixes had single-byte tokens");
     }
 }

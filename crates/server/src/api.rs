@@ -4,11 +4,15 @@
 //! both endpoints share, then the endpoint's own), so a bad field is named in the 400 answer
 //! (`messages[1].content: invalid type ...`). Unknown fields are ignored, as OpenAI clients
 //! send fields this server does not use (`user`, `metadata` ...); fields it cannot honour with
-//! a different meaning (`n > 1`, `echo`, tools, a `json_schema` response format) are refused
-//! by name. `response_format: {"type": "json_object"}` is JSON mode (`corelm_engine::json`).
+//! a different meaning (`n > 1`, `echo`, tools, a schema keyword the constraint cannot hold)
+//! are refused by name. `response_format: {"type": "json_object"}` is JSON mode, `{"type":
+//! "json_schema", ...}` a JSON Schema (`corelm_engine::json`).
+
+use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use corelm_engine::json::Schema;
 use corelm_engine::sample::SamplingParams;
 use serde::Deserialize;
 use serde_json::json;
@@ -139,11 +143,19 @@ pub struct Common {
     pub response_format: Option<ResponseFormat>,
 }
 
-/// `response_format`: `{"type": "text" | "json_object" | "json_schema", ...}`.
+/// `response_format`: `{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`.
 #[derive(Deserialize, Debug)]
 pub struct ResponseFormat {
     #[serde(rename = "type")]
     pub kind: String,
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+/// `response_format.json_schema`: `{"name": ..., "schema": {...}, "strict": ...}`. `strict`
+/// changes nothing here: the answer is always held to the schema.
+#[derive(Deserialize, Debug)]
+pub struct JsonSchemaFormat {
+    pub schema: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -182,7 +194,8 @@ pub struct GenParams {
     pub stream: bool,
     pub include_usage: bool,
     /// JSON mode: the answer is a JSON object.
-    pub json: bool,
+    /// JSON mode or a JSON Schema (`corelm_engine::json`).
+    pub json: Option<Arc<Schema>>,
 }
 
 fn range(param: &str, v: Option<f32>, lo: f32, hi: f32, default: f32) -> Result<f32, ApiError> {
@@ -202,13 +215,18 @@ impl Common {
                 return Err(ApiError::bad("n", format!("n must be 1 (one choice per request), got {n}")));
             }
         }
-        let json = match self.response_format.as_ref().map(|f| f.kind.as_str()) {
-            None | Some("text") => false,
-            Some("json_object") => true,
-            Some("json_schema") => {
-                return Err(ApiError::bad("response_format", "json_schema is not supported; {\"type\": \"json_object\"} gives JSON mode"))
-            }
-            Some(k) => return Err(ApiError::bad("response_format", format!("unknown response_format type {k:?} (text or json_object)"))),
+        let json = match self.response_format.as_ref() {
+            None => None,
+            Some(f) => match f.kind.as_str() {
+                "text" => None,
+                "json_object" => Some(Arc::new(Schema::object())),
+                "json_schema" => {
+                    let schema = f.json_schema.as_ref().and_then(|j| j.schema.as_ref());
+                    let schema = schema.ok_or_else(|| ApiError::bad("response_format", "json_schema needs {\"json_schema\": {\"schema\": {...}}}"))?;
+                    Some(Arc::new(Schema::compile(schema).map_err(|e| ApiError::bad("response_format", e.to_string()))?))
+                }
+                k => return Err(ApiError::bad("response_format", format!("unknown response_format type {k:?} (text, json_object or json_schema)"))),
+            },
         };
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             Some(0) => return Err(ApiError::bad("max_tokens", "max_tokens must be at least 1")),

@@ -242,7 +242,7 @@ fn submit(
         stop: params.stop.clone(),
         ignore_eos: params.ignore_eos,
         logprobs,
-        json: params.json,
+        json: params.json.clone(),
         sink,
         arrived: Instant::now(),
     };

@@ -168,8 +168,14 @@ fn chat_completions_json_and_stream_agree() {
 
 /// Whether `text` is a JSON object (`Some(true)`), the prefix of one (`Some(false)`), or neither.
 fn json_object_prefix(text: &str) -> Option<bool> {
-    let mut st = corelm_engine::json::JsonState::new();
-    st.feed_all(text.as_bytes()).then(|| st.is_complete())
+    json_prefix(&corelm_engine::json::Schema::object(), text)
+}
+
+/// Whether `text` is a JSON value of `schema` (`Some(true)`), the prefix of one (`Some(false)`),
+/// or neither.
+fn json_prefix(schema: &corelm_engine::json::Schema, text: &str) -> Option<bool> {
+    let mut st = corelm_engine::json::JsonState::new(schema);
+    st.feed_all(schema, text.as_bytes()).then(|| st.is_complete())
 }
 
 #[test]
@@ -209,6 +215,31 @@ fn json_mode_answers_json_objects() {
     // Without it, the same greedy request answers in prose.
     let v = post(&srv, "/v1/chat/completions", chat("What is the capital of France?", 12, false)).json();
     assert_eq!(json_object_prefix(v["choices"][0]["message"]["content"].as_str().unwrap()), None);
+
+    // A JSON Schema (as the `openai` client sends a pydantic model): the greedy answer has
+    // exactly the properties, in order, of their types; sampled answers are values of the
+    // schema or, cut by max_tokens, prefixes of one.
+    let schema = json!({"title": "Cat", "type": "object", "additionalProperties": false, "required": ["name", "age", "colour", "indoor"],
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "colour": {"enum": ["black", "white", "ginger", "grey"]}, "indoor": {"type": "boolean"}}});
+    let compiled = corelm_engine::json::Schema::compile(&schema).unwrap();
+    let mut body = chat("Give me a JSON object describing a cat.", 96, false);
+    body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "Cat", "strict": true, "schema": schema}});
+    let v = post(&srv, "/v1/chat/completions", body.clone()).json();
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{text}");
+    let cat: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(cat.as_object().unwrap().keys().collect::<Vec<_>>(), ["name", "age", "colour", "indoor"], "{text}");
+    assert!(cat["name"].is_string() && cat["age"].is_i64() && cat["indoor"].is_boolean(), "{text}");
+    assert!(["black", "white", "ginger", "grey"].contains(&cat["colour"].as_str().unwrap()), "{text}");
+    for seed in 1..=4 {
+        body["temperature"] = json!(1.5);
+        body["seed"] = json!(seed);
+        body["max_tokens"] = json!(40);
+        let v = post(&srv, "/v1/chat/completions", body.clone()).json();
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        let done = json_prefix(&compiled, text).unwrap_or_else(|| panic!("not of the schema: {text:?}"));
+        assert_eq!(v["choices"][0]["finish_reason"], if done { "stop" } else { "length" }, "{text:?}");
+    }
 }
 
 #[test]
@@ -225,6 +256,12 @@ fn bad_requests_get_openai_errors_naming_the_problem() {
         (json!({"model": MODEL}), 400, "messages"),
         (json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {}}}), 400, "response_format"),
         (json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "yaml"}}), 400, "response_format"),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema":
+                {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-z]+$"}}}}}}),
+            400,
+            "\"pattern\" is not supported",
+        ),
     ];
     for (body, status, param) in cases {
         let r = post(&srv, "/v1/chat/completions", body.clone());

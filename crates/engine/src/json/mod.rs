@@ -1,0 +1,318 @@
+//! JSON mode and JSON Schema (OpenAI's `response_format` `{"type": "json_object"}` and
+//! `{"type": "json_schema", ...}`): generation constrained so its text is a JSON value of a
+//! schema (RFC 8259; JSON mode: any object), by masking at every step each token whose bytes
+//! would leave the text no longer the prefix of one.
+//!
+//! Design:
+//! - [`schema`] compiles a JSON Schema to a table of nodes; [`state::JsonState`] is a
+//!   byte-level pushdown automaton over that table (a frame per open container, the lexical
+//!   state of [`lex`] at the top). It is `Copy` (no heap), so trying a token is a copy and a
+//!   feed of its bytes.
+//! - [`JsonMask`] tries every token of the vocabulary from the sequence's state before each
+//!   sample: control tokens, end-of-generation tokens and empty pieces are never allowed; the
+//!   sequence ends (`Stop`) as soon as its top-level value is closed, so it needs no EOS.
+//!   Most tokens are settled without a feed ([`JsonVocab`]): by their first two bytes (which
+//!   bytes and pairs the state takes is noted once per token generated) or, inside a string, as
+//!   whole characters of text.
+//! - The text starts with its `{` (or `[`), and whitespace outside strings is capped at
+//!   [`MAX_WS`] bytes in a row, so a model cannot stall in an endless run of blanks (llama.cpp's
+//!   JSON grammar does both).
+//!
+//! Invariant: every prefix the mask lets through can still be completed (the vocabulary's
+//! single-byte tokens close any open string, number, literal and container), so a sequence
+//! ends either with a parseable value of its schema (`Stop`) or at `max_tokens` (`Length`).
+
+mod lex;
+pub mod schema;
+pub mod state;
+
+use std::sync::Arc;
+
+pub use lex::MAX_NUM;
+pub use schema::Schema;
+pub use state::{JsonState, MAX_DEPTH, MAX_WS};
+
+use crate::sample::Sampler;
+use crate::tokenizer::Tokenizer;
+use crate::Error;
+
+/// What a token can be under JSON mode, computed once per vocabulary ([`JsonVocab::new`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    /// Control, unknown, unused or end-of-generation token, or an empty piece: never allowed.
+    Never,
+    /// Whole UTF-8 characters without `"`, `\` or control characters: inside a string
+    /// (outside an escape or a UTF-8 sequence) always allowed, and it leaves the state as it
+    /// was.
+    Text,
+    /// Anything else: its bytes are fed to a copy of the state.
+    Other,
+}
+
+/// The vocabulary as JSON mode sees it: each token's [`Class`] and first two bytes, side by
+/// side, so that trying the whole vocabulary before a sample reads these arrays and feeds only
+/// the tokens that need it.
+#[derive(Debug)]
+pub struct JsonVocab {
+    class: Vec<Class>,
+    first: Vec<u8>,
+    /// The second byte of a token of two or more, else [`NO_BYTE`].
+    second: Vec<u16>,
+}
+
+impl JsonVocab {
+    pub fn new(tok: &Tokenizer) -> JsonVocab {
+        let class = (0..tok.n_vocab() as u32)
+            .map(|id| {
+                let p = tok.piece(id);
+                if p.is_empty() || tok.is_control(id) || tok.is_eog(id) {
+                    Class::Never
+                } else if std::str::from_utf8(p).is_ok() && p.iter().all(|&b| b >= 0x20 && b != b'"' && b != b'\\') {
+                    Class::Text
+                } else {
+                    Class::Other
+                }
+            })
+            .collect();
+        let first = (0..tok.n_vocab() as u32).map(|id| tok.piece(id).first().copied().unwrap_or(0)).collect();
+        let second = (0..tok.n_vocab() as u32).map(|id| tok.piece(id).get(1).map_or(NO_BYTE, |&b| b as u16)).collect();
+        JsonVocab { class, first, second }
+    }
+}
+
+/// [`JsonVocab`]'s second byte of a one-byte token.
+const NO_BYTE: u16 = 256;
+
+/// The per-sequence JSON constraint: its schema and automaton, and which tokens may follow.
+#[derive(Clone, Debug)]
+pub struct JsonMask {
+    schema: Arc<Schema>,
+    state: JsonState,
+    /// Which first bytes the state takes ([`prepare`](Self::prepare)).
+    first: [bool; 256],
+    /// Outside strings, `pair[a][b]`: whether the state takes `a` then `b` (for the first
+    /// bytes it takes; ` word` or `every` where a number may end, which a first byte alone does
+    /// not settle). Inside strings most tokens are whole characters of text, settled by class.
+    pair: Box<[[bool; 256]; 256]>,
+    /// Whether `pair` holds for the current state (outside strings).
+    pairs: bool,
+}
+
+impl Default for JsonMask {
+    fn default() -> Self {
+        JsonMask::new(Arc::new(Schema::object()))
+    }
+}
+
+impl JsonMask {
+    /// Before the first token of a value of `schema` ([`Schema::object`]: JSON mode).
+    pub fn new(schema: Arc<Schema>) -> JsonMask {
+        let state = JsonState::new(&schema);
+        let mut m = JsonMask { schema, state, first: [false; 256], pair: Box::new([[false; 256]; 256]), pairs: false };
+        m.prepare();
+        m
+    }
+
+    /// Note which single bytes the current state takes (256 feeds) and, outside strings, which
+    /// pairs starting with one of them (256 feeds for each: about 20 first bytes there), so that
+    /// [`allows`](Self::allows) refuses most tokens by their first two bytes.
+    fn prepare(&mut self) {
+        for b in 0..=255u8 {
+            let mut s = self.state;
+            self.first[b as usize] = s.feed(&self.schema, b);
+        }
+        self.pairs = !self.state.inside_string();
+        if self.pairs {
+            for a in (0..=255u8).filter(|&a| self.first[a as usize]) {
+                let mut after = self.state;
+                after.feed(&self.schema, a);
+                for b in 0..=255u8 {
+                    let mut s = after;
+                    self.pair[a as usize][b as usize] = s.feed(&self.schema, b);
+                }
+            }
+        }
+    }
+
+    /// May token `id` come next? Never a control or end-of-generation token, or an empty piece.
+    pub fn allows(&self, vocab: &JsonVocab, tok: &Tokenizer, id: u32) -> bool {
+        let i = id as usize;
+        match vocab.class.get(i) {
+            None | Some(Class::Never) => false,
+            Some(Class::Text) if self.state.in_plain_string() => true,
+            _ if !self.first[vocab.first[i] as usize] => false,
+            // One byte, which the state takes.
+            _ if vocab.second[i] == NO_BYTE => true,
+            _ if self.pairs && !self.pair[vocab.first[i] as usize][vocab.second[i] as usize] => false,
+            _ => {
+                let mut s = self.state;
+                s.feed_all(&self.schema, tok.piece(id))
+            }
+        }
+    }
+
+    /// Draw the next token with `sampler` among those [`allows`](Self::allows) admits.
+    pub fn sample(&self, vocab: &JsonVocab, tok: &Tokenizer, sampler: &mut Sampler, logits: &[f32]) -> Result<u32, Error> {
+        sampler
+            .sample_allowed(logits, Some(|id| self.allows(vocab, tok, id)))
+            .ok_or_else(|| Error::Sampling("no token of the vocabulary continues the JSON value".into()))
+    }
+
+    /// Take the sampled token `id`; whether the value is now closed (the sequence ends).
+    pub fn closes_with(&mut self, vocab: &JsonVocab, tok: &Tokenizer, id: u32) -> bool {
+        self.accept(vocab, tok, id) && self.is_complete()
+    }
+
+    /// Take token `id`; `false` (the state unchanged) if it does not fit.
+    pub fn accept(&mut self, vocab: &JsonVocab, tok: &Tokenizer, id: u32) -> bool {
+        if !self.allows(vocab, tok, id) {
+            return false;
+        }
+        self.state.feed_all(&self.schema, tok.piece(id));
+        self.prepare();
+        true
+    }
+
+    /// Is the value closed (the sequence should stop)?
+    pub fn is_complete(&self) -> bool {
+        self.state.is_complete()
+    }
+}
+
+/// For tests: feed `bytes` to a fresh state of `schema`, skipping those it refuses, then close
+/// the value by the first byte of `closer` it takes, a byte at a time. The text, or where it
+/// got stuck.
+#[cfg(test)]
+fn walk_and_close(schema: &Schema, bytes: &[u8], closer: &[u8]) -> Result<Vec<u8>, String> {
+    let mut st = JsonState::new(schema);
+    let mut text = Vec::new();
+    for &b in bytes {
+        let mut t = st;
+        if t.feed(schema, b) {
+            st = t;
+            text.push(b);
+        }
+    }
+    for _ in 0..10_000 {
+        if st.is_complete() {
+            return Ok(text);
+        }
+        let b = closer.iter().copied().find(|&b| st.clone().feed(schema, b));
+        let b = b.ok_or_else(|| format!("stuck after {}", String::from_utf8_lossy(&text)))?;
+        st.feed(schema, b);
+        text.push(b);
+    }
+    Err(format!("not closed: {}", String::from_utf8_lossy(&text)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn accepts(s: &str) -> Option<bool> {
+        accepts_schema(&Schema::object(), s)
+    }
+
+    fn accepts_schema(sch: &Schema, s: &str) -> Option<bool> {
+        let mut st = JsonState::new(sch);
+        st.feed_all(sch, s.as_bytes()).then(|| st.is_complete())
+    }
+
+    #[test]
+    fn objects_are_accepted_and_complete() {
+        for s in [
+            r#"{}"#,
+            r#"{"a": 1}  "#,
+            r#"{"a":[1,-2.5e+3,0,0.0,1E9,true,false,null,"x\"\\\/\b\f\n\r\t\u00e9"],"b":{"c":{}}}"#,
+            "{\"é\": \"日本語 🎉\", \"k\": []}\n",
+            "{\n  \"name\": \"Bob\",\n  \"age\": 30\n}",
+        ] {
+            assert_eq!(accepts(s), Some(true), "{s}");
+            assert!(serde_json::from_str::<serde_json::Value>(s).unwrap().is_object());
+        }
+    }
+
+    #[test]
+    fn prefixes_are_accepted_incomplete() {
+        for s in [r#"{"a"#, r#"{"a": [1, 2"#, r#"{"a": -"#, r#"{"a": 1."#, r#"{"a": tr"#, r#"{"a": "\u00"#, "{\"a\": \"\u{e9}"] {
+            assert_eq!(accepts(s), Some(false), "{s}");
+        }
+        // A two-byte character cut after its lead byte.
+        let o = Schema::object();
+        let mut st = JsonState::new(&o);
+        assert!(st.feed_all(&o, b"{\"a\": \"\xC3") && !st.is_complete());
+    }
+
+    #[test]
+    fn non_json_is_refused() {
+        for s in [
+            "[1]", "\"s\"", "1", "x", " {}", "\n{}", "{a: 1}", "{'a': 1}", "{\"a\" 1}", "{\"a\": 01}", "{\"a\": 1.}", "{\"a\": .5}",
+            "{\"a\": +1}", "{\"a\": tru }", "{\"a\": 1,}", "{\"a\": [1,]}", "{\"a\": [1}", "{\"a\": {]}", "{}}", "{},",
+            "{\"a\": \"\\x\"}", "{\"a\": \"\\u12G4\"}", "{\"a\": \"tab\there\"}", "{\"a\": 1e}", "{\"a\": -}", "{,}", "{\"a\": 1e100}",
+        ] {
+            assert_eq!(accepts(s), None, "{s}");
+        }
+        // Invalid UTF-8: a stray continuation byte, an overlong form, a surrogate, past U+10FFFF.
+        for b in [&b"{\"\x80\""[..], b"{\"\xC0\xAF\"", b"{\"\xED\xA0\x80\"", b"{\"\xF4\x90\x80\x80\""] {
+            let o = Schema::object();
+            assert!(!JsonState::new(&o).feed_all(&o, b), "{b:?}");
+        }
+    }
+
+    #[test]
+    fn depth_and_whitespace_are_capped() {
+        let o = Schema::object();
+        let deep = format!("{{\"a\":{}", "[".repeat(MAX_DEPTH - 1));
+        let mut st = JsonState::new(&o);
+        assert!(st.feed_all(&o, deep.as_bytes()));
+        assert!(!st.clone().feed(&o, b'['), "one level past MAX_DEPTH");
+        let mut st = JsonState::new(&o);
+        assert!(st.feed(&o, b'{') && st.feed_all(&o, &[b' '; MAX_WS as usize]) && !st.feed(&o, b' '));
+        // Whitespace inside strings is text, not capped.
+        assert_eq!(accepts(&format!("{{\"{}\": 1}}", " ".repeat(100))), Some(true));
+    }
+
+    fn value() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::Bool),
+            any::<i64>().prop_map(|i| serde_json::json!(i)),
+            (-1e30f64..1e30).prop_map(|f| serde_json::json!(f)),
+            any::<String>().prop_map(serde_json::Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::Array),
+                prop::collection::btree_map(any::<String>(), inner, 0..6).prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Every object serde_json writes (compact and pretty) is accepted whole, and none of
+        /// its proper prefixes is complete.
+        #[test]
+        fn serde_objects_are_accepted(m in prop::collection::btree_map(any::<String>(), value(), 0..5), pretty in any::<bool>()) {
+            let v = serde_json::Value::Object(m.into_iter().collect());
+            let s = if pretty { serde_json::to_string_pretty(&v).unwrap() } else { serde_json::to_string(&v).unwrap() };
+            let o = Schema::object();
+            let mut st = JsonState::new(&o);
+            for (i, &b) in s.as_bytes().iter().enumerate() {
+                prop_assert!(!st.is_complete(), "complete before byte {} of {}", i, s);
+                prop_assert!(st.feed(&o, b), "byte {} of {}", i, s);
+            }
+            prop_assert!(st.is_complete());
+        }
+
+        /// Soundness and completability: a random walk through the automaton (bytes it
+        /// refuses skipped), closed by the first accepted of a few bytes at a time, ends as
+        /// an object serde_json parses.
+        #[test]
+        fn random_walks_complete_and_parse(bytes in prop::collection::vec(prop::sample::select(b"{}[]:,\"\\ \n0123456789-+.eEtrufalsn\xC3\xA9\xE6\x97\xA5\xF0\x9F\x8E\x89u".to_vec()), 0..200)) {
+            let text = walk_and_close(&Schema::object(), &bytes, b"\"}]:0rueals\x80\x90\xA9{").map_err(TestCaseError::fail)?;
+            let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| TestCaseError::fail(format!("{e}: {}", String::from_utf8_lossy(&text))))?;
+            prop_assert!(v.is_object());
+        }
+    }
+}

@@ -1,0 +1,451 @@
+//! JSON Schema (OpenAI's `response_format: {"type": "json_schema"}`) compiled to the node
+//! table [`super::state::JsonState`] walks.
+//!
+//! Design: a schema becomes a flat `Vec` of [`Node`]s addressed by `u16`, so the automaton's
+//! state names the node it is in and stays `Copy`. `$ref`s (to `#`, `#/$defs/…` or
+//! `#/definitions/…`) become one-alternative `AnyOf` nodes reserved before their target is
+//! compiled, so recursive schemas compile. What is supported, as OpenAI's structured outputs
+//! and llama.cpp's schema grammars write answers:
+//! - `type` (one or a list): `object`, `array`, `string`, `number`, `integer`, `boolean`, `null`;
+//! - objects: `properties` written **in their declared order**, those not in `required`
+//!   optional; no other keys (`additionalProperties` is only read when there are no
+//!   `properties`: `false` gives `{}`, a schema the values of free keys);
+//! - arrays: `items`, `minItems`, `maxItems`; `enum` and `const` (any JSON values);
+//! - `anyOf`/`oneOf` whose alternatives start with different bytes (a value's first byte
+//!   chooses its alternative: `["string", "null"]` yes, two objects no).
+//!
+//! Annotations (`title`, `description`, `default`, `examples`, …) are ignored; every other
+//! keyword (`pattern`, `format`, `minLength`, `minimum`, `allOf`, …) is refused by name rather
+//! than ignored, so an answer never claims a constraint it was not held to.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value};
+
+use crate::Error;
+
+/// Index of a node in [`Schema`]'s table.
+pub type NodeId = u16;
+
+/// Any JSON value; an object of any keys and values; an array of any values.
+pub(super) const ANY: NodeId = 0;
+pub(super) const ANY_OBJECT: NodeId = 1;
+pub(super) const ANY_ARRAY: NodeId = 2;
+
+/// Most properties an object may have in a row that are all optional (the automaton matches
+/// keys against a 64-bit mask of candidates), and most values of an `enum`.
+pub const MAX_CHOICES: usize = 64;
+
+/// One declared property: its key as JSON writes it inside the quotes (escaped), and its value.
+#[derive(Debug)]
+pub(super) struct Prop {
+    pub key: Vec<u8>,
+    pub node: NodeId,
+    pub required: bool,
+}
+
+#[derive(Debug)]
+pub(super) enum Node {
+    Any,
+    /// Declared `props` in order, or (none declared) free keys whose values are `extra`
+    /// (`None`: the object is `{}`).
+    Object { props: Vec<Prop>, extra: Option<NodeId> },
+    Array { items: NodeId, min: u32, max: u32 },
+    String,
+    Number { integer: bool },
+    Bool,
+    Null,
+    /// One of these texts (`enum`/`const`, compact JSON).
+    Literal(Vec<Vec<u8>>),
+    /// The first alternative whose first byte fits.
+    AnyOf(Vec<NodeId>),
+}
+
+/// A compiled schema: the nodes and the root's.
+#[derive(Debug)]
+pub struct Schema {
+    pub(super) nodes: Vec<Node>,
+    pub(super) root: NodeId,
+}
+
+/// Keywords that describe and do not constrain.
+const ANNOTATIONS: [&str; 12] =
+    ["title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", "$defs", "definitions"];
+/// Keywords read here, under some type.
+const READ: [&str; 12] = ["type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref"];
+
+impl Schema {
+    /// JSON mode: any object.
+    pub fn object() -> Schema {
+        Schema { nodes: base(), root: ANY_OBJECT }
+    }
+
+    /// Compile a JSON Schema. Its root must be an object or an array (the answer opens with
+    /// `{` or `[`, so the end of the answer is known).
+    pub fn compile(schema: &Value) -> Result<Schema, Error> {
+        let mut c = Compiler { doc: schema, nodes: base(), refs: HashMap::new(), depth: 0 };
+        let root = c.node(schema, "schema")?;
+        let s = Schema { nodes: c.nodes, root };
+        let first = s.first_bytes(root, 0);
+        if first.iter().enumerate().any(|(b, &on)| on && b != b'{' as usize && b != b'[' as usize) {
+            return Err(bad("schema", "the root must be an object or an array"));
+        }
+        if s.nodes.len() > NodeId::MAX as usize {
+            return Err(bad("schema", "too many nodes"));
+        }
+        Ok(s)
+    }
+
+    /// Which bytes can start a value of `node`.
+    pub(super) fn first_bytes(&self, node: NodeId, depth: u32) -> [bool; 256] {
+        let mut f = [false; 256];
+        let mut on = |bytes: &[u8]| bytes.iter().for_each(|&b| f[b as usize] = true);
+        match &self.nodes[node as usize] {
+            Node::Any => on(b"{[\"-0123456789tfn"),
+            Node::Object { .. } => on(b"{"),
+            Node::Array { .. } => on(b"["),
+            Node::String => on(b"\""),
+            Node::Number { .. } => on(b"-0123456789"),
+            Node::Bool => on(b"tf"),
+            Node::Null => on(b"n"),
+            Node::Literal(texts) => texts.iter().for_each(|t| on(&t[..1])),
+            Node::AnyOf(alts) if depth < 64 => {
+                for &a in alts {
+                    let g = self.first_bytes(a, depth + 1);
+                    f.iter_mut().zip(g).for_each(|(x, y)| *x |= y);
+                }
+            }
+            Node::AnyOf(_) => {}
+        }
+        f
+    }
+}
+
+/// The three nodes every table starts with.
+fn base() -> Vec<Node> {
+    vec![Node::Any, Node::Object { props: vec![], extra: Some(ANY) }, Node::Array { items: ANY, min: 0, max: u32::MAX }]
+}
+
+fn bad(path: &str, what: impl std::fmt::Display) -> Error {
+    Error::Schema(format!("{path}: {what}"))
+}
+
+struct Compiler<'a> {
+    doc: &'a Value,
+    nodes: Vec<Node>,
+    refs: HashMap<String, NodeId>,
+    depth: u32,
+}
+
+impl<'a> Compiler<'a> {
+    fn push(&mut self, n: Node) -> NodeId {
+        self.nodes.push(n);
+        (self.nodes.len() - 1).min(NodeId::MAX as usize) as NodeId
+    }
+
+    fn node(&mut self, v: &'a Value, path: &str) -> Result<NodeId, Error> {
+        self.depth += 1;
+        if self.depth > 128 {
+            return Err(bad(path, "nested too deep"));
+        }
+        let r = self.node_inner(v, path);
+        self.depth -= 1;
+        r
+    }
+
+    fn node_inner(&mut self, v: &'a Value, path: &str) -> Result<NodeId, Error> {
+        let m = match v {
+            Value::Bool(true) => return Ok(ANY),
+            Value::Object(m) => m,
+            _ => return Err(bad(path, "a schema must be an object (or true)")),
+        };
+        if let Some(k) = m.keys().find(|k| !ANNOTATIONS.contains(&k.as_str()) && !READ.contains(&k.as_str())) {
+            return Err(bad(path, format!("the keyword {k:?} is not supported")));
+        }
+        if let Some(r) = m.get("$ref") {
+            return self.reference(r, path);
+        }
+        if let Some(c) = m.get("const") {
+            return Ok(self.push(Node::Literal(vec![serde_json::to_vec(c).unwrap_or_default()])));
+        }
+        if let Some(e) = m.get("enum") {
+            let vals = e.as_array().filter(|a| !a.is_empty() && a.len() <= MAX_CHOICES).ok_or_else(|| bad(path, format!("enum must list 1 to {MAX_CHOICES} values")))?;
+            return Ok(self.push(Node::Literal(vals.iter().map(|v| serde_json::to_vec(v).unwrap_or_default()).collect())));
+        }
+        for key in ["anyOf", "oneOf"] {
+            if let Some(alts) = m.get(key) {
+                let alts = alts.as_array().filter(|a| !a.is_empty()).ok_or_else(|| bad(path, format!("{key} must list schemas")))?;
+                let ids = alts.iter().enumerate().map(|(i, a)| self.node(a, &format!("{path}.{key}[{i}]"))).collect::<Result<Vec<_>, _>>()?;
+                return self.any_of(ids, &format!("{path}.{key}"));
+            }
+        }
+        let types: Vec<&str> = match m.get("type") {
+            None if m.contains_key("properties") || m.contains_key("additionalProperties") => vec!["object"],
+            None if m.contains_key("items") => vec!["array"],
+            None => return Ok(ANY),
+            Some(Value::String(t)) => vec![t.as_str()],
+            Some(Value::Array(ts)) => ts.iter().map(|t| t.as_str().ok_or_else(|| bad(path, "type must be a string or a list of them"))).collect::<Result<_, _>>()?,
+            Some(_) => return Err(bad(path, "type must be a string or a list of them")),
+        };
+        let ids = types.iter().map(|t| self.typed(t, m, path)).collect::<Result<Vec<_>, _>>()?;
+        if ids.len() == 1 {
+            Ok(ids[0])
+        } else {
+            self.any_of(ids, &format!("{path}.type"))
+        }
+    }
+
+    fn typed(&mut self, t: &str, m: &'a Map<String, Value>, path: &str) -> Result<NodeId, Error> {
+        Ok(match t {
+            "object" => return self.object(m, path),
+            "array" => {
+                let items = match m.get("items") {
+                    Some(i) => self.node(i, &format!("{path}.items"))?,
+                    None => ANY,
+                };
+                let count = |k: &str| m.get(k).map(|v| v.as_u64().filter(|&n| n <= u16::MAX as u64).ok_or_else(|| bad(path, format!("{k} must be a count up to 65535")))).transpose();
+                let min = count("minItems")?.unwrap_or(0) as u32;
+                let max = count("maxItems")?.map_or(u32::MAX, |n| n as u32);
+                if min > max {
+                    return Err(bad(path, "minItems is above maxItems"));
+                }
+                self.push(Node::Array { items, min, max })
+            }
+            "string" => self.push(Node::String),
+            "number" => self.push(Node::Number { integer: false }),
+            "integer" => self.push(Node::Number { integer: true }),
+            "boolean" => self.push(Node::Bool),
+            "null" => self.push(Node::Null),
+            _ => return Err(bad(path, format!("unknown type {t:?}"))),
+        })
+    }
+
+    fn object(&mut self, m: &'a Map<String, Value>, path: &str) -> Result<NodeId, Error> {
+        let required: Vec<&str> = match m.get("required") {
+            None => vec![],
+            Some(Value::Array(r)) => r.iter().map(|k| k.as_str().ok_or_else(|| bad(path, "required must list property names"))).collect::<Result<_, _>>()?,
+            Some(_) => return Err(bad(path, "required must list property names")),
+        };
+        let declared = match m.get("properties") {
+            None => None,
+            Some(Value::Object(p)) => Some(p),
+            Some(_) => return Err(bad(path, "properties must be an object")),
+        };
+        let Some(declared) = declared.filter(|p| !p.is_empty()) else {
+            if let Some(k) = required.first() {
+                return Err(bad(path, format!("required property {k:?} is not in properties")));
+            }
+            let extra = match m.get("additionalProperties") {
+                None | Some(Value::Bool(true)) => Some(ANY),
+                Some(Value::Bool(false)) => None,
+                Some(s) => Some(self.node(s, &format!("{path}.additionalProperties"))?),
+            };
+            return Ok(self.push(Node::Object { props: vec![], extra }));
+        };
+        if let Some(k) = required.iter().find(|k| !declared.contains_key(**k)) {
+            return Err(bad(path, format!("required property {k:?} is not in properties")));
+        }
+        let mut props = Vec::with_capacity(declared.len());
+        let mut optional_run = 0;
+        for (k, v) in declared {
+            let node = self.node(v, &format!("{path}.properties.{k}"))?;
+            let quoted = serde_json::to_vec(k).unwrap_or_default();
+            let req = required.contains(&k.as_str());
+            optional_run = if req { 0 } else { optional_run + 1 };
+            if optional_run >= MAX_CHOICES {
+                return Err(bad(path, format!("more than {} optional properties in a row", MAX_CHOICES - 1)));
+            }
+            props.push(Prop { key: quoted[1..quoted.len() - 1].to_vec(), node, required: req });
+        }
+        Ok(self.push(Node::Object { props, extra: None }))
+    }
+
+    fn any_of(&mut self, ids: Vec<NodeId>, path: &str) -> Result<NodeId, Error> {
+        let s = Schema { nodes: std::mem::take(&mut self.nodes), root: 0 };
+        let mut seen = [false; 256];
+        let mut clash = None;
+        for &id in &ids {
+            let f = s.first_bytes(id, 0);
+            if let Some(b) = (0..256).find(|&b| f[b] && seen[b]) {
+                clash = Some(b as u8);
+            }
+            seen.iter_mut().zip(f).for_each(|(x, y)| *x |= y);
+        }
+        self.nodes = s.nodes;
+        if let Some(b) = clash {
+            return Err(bad(path, format!("two alternatives can start with {:?}; only alternatives a first byte tells apart are supported", b as char)));
+        }
+        Ok(self.push(Node::AnyOf(ids)))
+    }
+
+    fn reference(&mut self, r: &'a Value, path: &str) -> Result<NodeId, Error> {
+        let r = r.as_str().ok_or_else(|| bad(path, "$ref must be a string"))?;
+        if let Some(&id) = self.refs.get(r) {
+            return Ok(id);
+        }
+        let target = if r == "#" {
+            Some(self.doc)
+        } else {
+            r.strip_prefix("#/$defs/").map(|n| ("$defs", n)).or_else(|| r.strip_prefix("#/definitions/").map(|n| ("definitions", n))).and_then(|(d, n)| self.doc.get(d)?.get(n))
+        };
+        let target = target.ok_or_else(|| bad(path, format!("$ref {r:?} is not #, #/$defs/NAME or #/definitions/NAME of this schema")))?;
+        // Reserved first, so a reference back to it (a recursive schema) finds it.
+        let id = self.push(Node::AnyOf(vec![]));
+        self.refs.insert(r.to_string(), id);
+        let t = self.node(target, r)?;
+        self.nodes[id as usize] = Node::AnyOf(vec![t]);
+        Ok(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::JsonState;
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    /// A person: required and optional properties, an integer, an array of an enum with
+    /// bounds, a `$ref`, a nullable field, a `const`.
+    fn person() -> Value {
+        json!({
+            "title": "Person", "type": "object",
+            "properties": {
+                "name": {"type": "string", "description": "full name"},
+                "age": {"type": "integer"},
+                "email": {"type": "string"},
+                "tags": {"type": "array", "items": {"enum": ["a", "b", 7]}, "minItems": 2, "maxItems": 3},
+                "address": {"$ref": "#/$defs/Address"},
+                "kind": {"const": "person"},
+                "score": {"type": ["number", "null"]}
+            },
+            "required": ["name", "age", "tags", "address", "kind"],
+            "$defs": {"Address": {"type": "object", "properties": {"street": {"type": "string"}, "zip": {"anyOf": [{"type": "string"}, {"type": "null"}]}}, "required": ["street", "zip"]}}
+        })
+    }
+
+    /// A tree: a recursive `$ref` to the root.
+    fn tree() -> Value {
+        json!({"type": "object", "properties": {"value": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#"}}}, "required": ["value"]})
+    }
+
+    fn accepts(schema: &Value, text: &str) -> Option<bool> {
+        let s = Schema::compile(schema).unwrap();
+        let mut st = JsonState::new(&s);
+        st.feed_all(&s, text.as_bytes()).then(|| st.is_complete())
+    }
+
+    #[test]
+    fn answers_of_the_schema_are_accepted() {
+        let p = person();
+        for text in [
+            r#"{"name":"Bob","age":3,"tags":["a","a"],"address":{"street":"x","zip":null},"kind":"person"}"#,
+            r#"{"name": "Bob", "age": -30, "email": "b@x", "tags": ["b", 7, "a"], "address": {"street": "x", "zip": "123"}, "kind": "person", "score": 1.5e3}"#,
+            "{\n  \"name\": \"\\u00e9\",\n  \"age\": 0,\n  \"tags\": [7, 7],\n  \"address\": {\"street\": \"\", \"zip\": \"\"},\n  \"kind\": \"person\",\n  \"score\": null\n}",
+        ] {
+            assert_eq!(accepts(&p, text), Some(true), "{text}");
+        }
+        let t = tree();
+        assert_eq!(accepts(&t, r#"{"value": 1, "children": [{"value": 2}, {"value": 3, "children": [{"value": 4, "children": []}]}]}"#), Some(true));
+        assert_eq!(accepts(&json!({"type": "array", "items": {"type": "boolean"}}), "[true, false]"), Some(true));
+        assert_eq!(accepts(&json!({"type": "object", "additionalProperties": {"type": "integer"}}), r#"{"x": 1, "y": 2}"#), Some(true));
+        assert_eq!(accepts(&json!({"type": "object", "additionalProperties": false}), "{}"), Some(true));
+        assert_eq!(accepts(&json!({"enum": [{"a": 1}, [1, 2]]}), "[1,2]"), Some(true));
+        assert_eq!(accepts(&p, r#"{"name":"Bob","age":3,"tags":["a","a"],"address":{"street":"x","zip":null},"kind":"pers"#), Some(false));
+    }
+
+    #[test]
+    fn answers_off_the_schema_are_refused() {
+        let p = person();
+        let ok = r#"{"name":"Bob","age":3,"tags":["a","b"],"address":{"street":"x","zip":null},"kind":"person"}"#;
+        for (what, text) in [
+            ("order", ok.replace(r#""name":"Bob","age":3"#, r#""age":3,"name":"Bob""#)),
+            ("missing required", ok.replace(r#""age":3,"#, "")),
+            ("unknown key", ok.replace(r#""age":3,"#, r#""age":3,"x":1,"#)),
+            ("integer", ok.replace("3", "3.5")),
+            ("minItems", ok.replace(r#"["a","b"]"#, "[]")),
+            ("minItems 2", ok.replace(r#"["a","b"]"#, r#"["a"]"#)),
+            ("maxItems", ok.replace(r#"["a","b"]"#, r#"["a","a","a","a"]"#)),
+            ("enum", ok.replace(r#"["a","b"]"#, r#"["a","c"]"#)),
+            ("enum number", ok.replace(r#"["a","b"]"#, "[7,77]")),
+            ("anyOf", ok.replace("null", "5")),
+            ("const", ok.replace("person", "persons")),
+            ("type", ok.replace(r#""Bob""#, "1")),
+            ("leading space", format!(" {ok}")),
+        ] {
+            let r = accepts(&p, &text);
+            assert!(r != Some(true), "{what}: {text} gave {r:?}");
+        }
+        assert_eq!(accepts(&tree(), r#"{"children": []}"#), None, "value is required first");
+    }
+
+    #[test]
+    fn unsupported_schemas_are_refused_by_name() {
+        for (schema, says) in [
+            (json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "x+"}}}), "\"pattern\""),
+            (json!({"type": "object", "properties": {"d": {"type": "string", "format": "date-time"}}}), "\"format\""),
+            (json!({"type": "string"}), "root must be an object or an array"),
+            (json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "object"}, {"type": "object", "properties": {"b": {}}}]}}}), "alternatives"),
+            (json!({"type": "object", "properties": {"a": {}}, "required": ["b"]}), "\"b\" is not in properties"),
+            (json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/Nope"}}}), "$ref"),
+            (json!({"type": "object", "properties": {"a": {"enum": []}}}), "enum"),
+            (json!({"type": "object", "properties": {"a": {"type": "decimal"}}}), "unknown type"),
+            (json!({"type": "array", "minItems": 3, "maxItems": 2}), "minItems"),
+        ] {
+            let e = Schema::compile(&schema).expect_err(&schema.to_string()).to_string();
+            assert!(e.contains(says), "{schema}: {e}");
+        }
+    }
+
+    /// Whether `v` is valid under `s` (the subset [`Schema::compile`] takes; `root` for `$ref`).
+    fn valid(s: &Value, v: &Value, root: &Value) -> bool {
+        if let Some(r) = s.get("$ref").and_then(Value::as_str) {
+            let target = if r == "#" { root } else { &root["$defs"][r.trim_start_matches("#/$defs/")] };
+            return valid(target, v, root);
+        }
+        if let Some(c) = s.get("const") {
+            return c == v;
+        }
+        if let Some(e) = s.get("enum").and_then(Value::as_array) {
+            return e.contains(v);
+        }
+        if let Some(alts) = s.get("anyOf").and_then(Value::as_array) {
+            return alts.iter().any(|a| valid(a, v, root));
+        }
+        let types: Vec<&str> = match &s["type"] {
+            Value::String(t) => vec![t],
+            Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+            _ => return true,
+        };
+        types.iter().any(|t| match (*t, v) {
+            ("object", Value::Object(m)) => {
+                let props = s["properties"].as_object().cloned().unwrap_or_default();
+                let req = s["required"].as_array().cloned().unwrap_or_default();
+                req.iter().all(|k| m.contains_key(k.as_str().unwrap())) && m.iter().all(|(k, x)| props.get(k).is_some_and(|p| valid(p, x, root)))
+            }
+            ("array", Value::Array(a)) => {
+                let n = a.len() as u64;
+                n >= s["minItems"].as_u64().unwrap_or(0) && n <= s["maxItems"].as_u64().unwrap_or(u64::MAX) && a.iter().all(|x| valid(&s["items"], x, root))
+            }
+            ("string", Value::String(_)) | ("boolean", Value::Bool(_)) | ("null", Value::Null) => true,
+            ("number", Value::Number(_)) => true,
+            ("integer", Value::Number(n)) => n.is_i64() || n.is_u64(),
+            _ => false,
+        })
+    }
+
+    proptest! {
+        /// Soundness and completability under a schema: a random walk (bytes the automaton
+        /// refuses skipped), closed greedily a byte at a time, parses as a value the schema
+        /// admits.
+        #[test]
+        fn random_walks_complete_and_validate(which in 0..2usize, bytes in prop::collection::vec(prop::sample::select(b"{}[]:,\" \n0123456789-.eEtrufalsnabcdegimopqrstvwxyz7\xC3\xA9".to_vec()), 0..300)) {
+            let sv = if which == 0 { person() } else { tree() };
+            let s = Schema::compile(&sv).unwrap();
+            let order: Vec<u8> = b"\"}]:,0".iter().copied().chain(0..=255).collect();
+            let text = super::super::walk_and_close(&s, &bytes, &order).map_err(TestCaseError::fail)?;
+            let v: Value = serde_json::from_slice(&text).map_err(|e| TestCaseError::fail(format!("{e}: {}", String::from_utf8_lossy(&text))))?;
+            prop_assert!(valid(&sv, &v, &sv), "{} is not valid", String::from_utf8_lossy(&text));
+        }
+    }
+}

@@ -1,0 +1,367 @@
+//! The byte-level pushdown automaton of JSON text held to a [`Schema`]: JSON mode is the schema
+//! [`Schema::object`] (any object), `json_schema` any compiled one.
+//!
+//! Design: one [`Frame`] per open container (its schema node, how far it has got, what may come
+//! next), at most [`MAX_DEPTH`]; the lexical state at the top ([`Lex`]: a string, a declared key
+//! still matching some properties, a number, a word, an `enum` text). The schema is passed to
+//! [`JsonState::feed`], not held, so the state is `Copy` (no heap): trying a token is a copy and
+//! a feed of its bytes.
+//!
+//! Invariant: every prefix the automaton takes can still be completed by single bytes (a
+//! string, number, word or literal can always end, every container close; a required property
+//! or item is always startable) — except through a schema whose required parts recurse without
+//! end or nest past [`MAX_DEPTH`].
+
+use super::lex::{Num, StrLex, StrStep, MAX_NUM, WORDS};
+use super::schema::{Node, NodeId, Prop, Schema, ANY_ARRAY, ANY_OBJECT};
+
+/// Deepest nesting of objects and arrays.
+pub const MAX_DEPTH: usize = 32;
+/// Longest run of whitespace outside strings.
+pub const MAX_WS: u8 = 32;
+
+/// What an open container expects next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+enum Phase {
+    /// After `{`: a key or `}`.
+    #[default]
+    ObjOpen,
+    /// After `,` in an object: a key.
+    ObjComma,
+    /// After a key: `:`.
+    ObjColon,
+    /// After a member's value: `,` or `}`.
+    ObjAfter,
+    /// After `[`: an item or `]`.
+    ArrOpen,
+    /// After `,` in an array: an item.
+    ArrComma,
+    /// After an item: `,` or `]`.
+    ArrAfter,
+}
+
+/// An open container: its node, and (object) the index of the next declared property that may
+/// come or (array) the items begun.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+struct Frame {
+    node: NodeId,
+    idx: u16,
+    phase: Phase,
+}
+
+/// The lexical state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lex {
+    /// A value of this node comes next (the root's first; after `:`).
+    Value(NodeId),
+    /// Between tokens inside a container: its frame's phase says what may come.
+    Between,
+    /// Inside a string: a value, or a free key (`key`), which `:` follows.
+    Str { key: bool, s: StrLex },
+    /// Inside a declared key: bit `j` of `cand` is property `idx + j` of the top frame, whose
+    /// escaped key matches the `at` bytes so far.
+    Key { cand: u64, at: u16 },
+    Num { n: Num, len: u8, integer: bool },
+    Word { word: u8, at: u8 },
+    /// Inside one of an `enum`'s texts: bit `j` of `cand` is text `j`, matching so far.
+    Lit { node: NodeId, cand: u64, at: u16 },
+    /// The root value is closed: only whitespace may follow.
+    Done,
+}
+
+/// The automaton's state after the bytes fed so far (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JsonState {
+    frames: [Frame; MAX_DEPTH],
+    depth: u8,
+    lex: Lex,
+    /// Whitespace bytes in a row outside strings.
+    ws: u8,
+}
+
+/// The set bits of `m`, lowest first.
+fn bits(mut m: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (m != 0).then(|| {
+            let j = m.trailing_zeros() as usize;
+            m &= m - 1;
+            j
+        })
+    })
+}
+
+impl JsonState {
+    /// Before the first byte of a value of `schema`.
+    pub fn new(schema: &Schema) -> JsonState {
+        JsonState { frames: [Frame::default(); MAX_DEPTH], depth: 0, lex: Lex::Value(schema.root), ws: 0 }
+    }
+
+    /// Is the text fed so far a whole value of the schema (possibly followed by whitespace)?
+    pub fn is_complete(&self) -> bool {
+        self.lex == Lex::Done
+    }
+
+    /// Inside a string (a value or a free key), where most bytes are text.
+    pub(super) fn inside_string(&self) -> bool {
+        matches!(self.lex, Lex::Str { .. })
+    }
+
+    /// Inside a string, outside an escape and a UTF-8 sequence: where whole characters other
+    /// than `"`, `\` and control characters are text that changes nothing.
+    pub(super) fn in_plain_string(&self) -> bool {
+        matches!(self.lex, Lex::Str { s, .. } if s.plain())
+    }
+
+    /// Feed every byte of `bytes`; `false` (the state then unspecified) at the first one that
+    /// makes the text no longer the prefix of a value of `schema`.
+    pub fn feed_all(&mut self, schema: &Schema, bytes: &[u8]) -> bool {
+        bytes.iter().all(|&b| self.feed(schema, b))
+    }
+
+    /// Feed one byte; `false` where it makes the text no longer the prefix of a value of
+    /// `schema` (the state then unspecified).
+    pub fn feed(&mut self, schema: &Schema, b: u8) -> bool {
+        match self.lex {
+            Lex::Str { key, s } => {
+                return match s.step(b) {
+                    StrStep::In(s) => {
+                        self.lex = Lex::Str { key, s };
+                        true
+                    }
+                    StrStep::Close if key => {
+                        self.top().phase = Phase::ObjColon;
+                        self.lex = Lex::Between;
+                        true
+                    }
+                    StrStep::Close => {
+                        self.value_done();
+                        true
+                    }
+                    StrStep::Bad => false,
+                }
+            }
+            Lex::Key { cand, at } => return self.key_byte(schema, cand, at, b),
+            Lex::Word { word, at } => {
+                let w = WORDS[word as usize];
+                if w[at as usize] != b {
+                    return false;
+                }
+                if at as usize + 1 == w.len() {
+                    self.value_done();
+                } else {
+                    self.lex = Lex::Word { word, at: at + 1 };
+                }
+                return true;
+            }
+            Lex::Num { n, len, integer } => match n.step(b, integer) {
+                Some(n) if len < MAX_NUM => {
+                    self.lex = Lex::Num { n, len: len + 1, integer };
+                    return true;
+                }
+                Some(_) => return false,
+                // The number ends at this byte, which the state after it must take.
+                None if n.complete() => self.value_done(),
+                None => return false,
+            },
+            Lex::Lit { node, cand, at } => {
+                let texts = literal(schema, node);
+                let next = bits(cand).filter(|&j| texts[j].get(at as usize) == Some(&b)).fold(0u64, |m, j| m | 1 << j);
+                if next != 0 {
+                    self.literal_at(texts, node, next, at + 1);
+                    return true;
+                }
+                // A text ended at the last byte (another one went on); this byte follows it.
+                if !bits(cand).any(|j| texts[j].len() == at as usize) {
+                    return false;
+                }
+                self.value_done();
+            }
+            _ => {}
+        }
+        if matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+            // The answer starts with its first byte, as llama.cpp's JSON grammar has it (a model
+            // left free spends tokens on leading blanks).
+            if self.depth == 0 && matches!(self.lex, Lex::Value(_)) {
+                return false;
+            }
+            self.ws += 1;
+            return self.ws <= MAX_WS;
+        }
+        self.ws = 0;
+        match self.lex {
+            Lex::Value(node) => self.begin(schema, node, b),
+            Lex::Between => self.between(schema, b),
+            _ => false,
+        }
+    }
+
+    fn top(&mut self) -> &mut Frame {
+        &mut self.frames[self.depth as usize - 1]
+    }
+
+    /// A value has ended: the next of its container (whose phase was set when it began), or
+    /// `Done` at the root.
+    fn value_done(&mut self) {
+        self.lex = if self.depth == 0 { Lex::Done } else { Lex::Between };
+    }
+
+    fn push(&mut self, node: NodeId, phase: Phase) -> bool {
+        if self.depth as usize == MAX_DEPTH {
+            return false;
+        }
+        self.frames[self.depth as usize] = Frame { node, idx: 0, phase };
+        self.depth += 1;
+        self.lex = Lex::Between;
+        true
+    }
+
+    fn close(&mut self) -> bool {
+        self.depth -= 1;
+        self.value_done();
+        true
+    }
+
+    fn word(&mut self, b: u8) -> bool {
+        let word = match b {
+            b't' => 0,
+            b'f' => 1,
+            b'n' => 2,
+            _ => return false,
+        };
+        self.lex = Lex::Word { word, at: 1 };
+        true
+    }
+
+    fn number(&mut self, b: u8, integer: bool) -> bool {
+        Num::start(b).map(|n| self.lex = Lex::Num { n, len: 1, integer }).is_some()
+    }
+
+    fn string(&mut self, key: bool) -> bool {
+        self.lex = Lex::Str { key, s: StrLex::default() };
+        true
+    }
+
+    /// `at` bytes of the texts in `cand` matched: the value ends here if none can go on.
+    fn literal_at(&mut self, texts: &[Vec<u8>], node: NodeId, cand: u64, at: u16) {
+        if bits(cand).all(|j| texts[j].len() == at as usize) {
+            self.value_done();
+        } else {
+            self.lex = Lex::Lit { node, cand, at };
+        }
+    }
+
+    /// The first byte `b` of a value of `node`.
+    fn begin(&mut self, schema: &Schema, node: NodeId, b: u8) -> bool {
+        match &schema.nodes[node as usize] {
+            Node::Any => match b {
+                b'{' => self.push(ANY_OBJECT, Phase::ObjOpen),
+                b'[' => self.push(ANY_ARRAY, Phase::ArrOpen),
+                b'"' => self.string(false),
+                _ => self.word(b) || self.number(b, false),
+            },
+            Node::Object { .. } => b == b'{' && self.push(node, Phase::ObjOpen),
+            Node::Array { .. } => b == b'[' && self.push(node, Phase::ArrOpen),
+            Node::String => b == b'"' && self.string(false),
+            &Node::Number { integer } => self.number(b, integer),
+            Node::Bool => matches!(b, b't' | b'f') && self.word(b),
+            Node::Null => b == b'n' && self.word(b),
+            Node::Literal(texts) => {
+                let cand = texts.iter().enumerate().filter(|(_, t)| t[0] == b).fold(0u64, |m, (j, _)| m | 1 << j);
+                cand != 0 && {
+                    self.literal_at(texts, node, cand, 1);
+                    true
+                }
+            }
+            Node::AnyOf(alts) => alts.iter().any(|&a| {
+                let mut t = *self;
+                t.begin(schema, a, b) && {
+                    *self = t;
+                    true
+                }
+            }),
+        }
+    }
+
+    /// Byte `b` between tokens inside the top container.
+    fn between(&mut self, schema: &Schema, b: u8) -> bool {
+        let f = *self.top();
+        match &schema.nodes[f.node as usize] {
+            Node::Object { props, extra } => match (f.phase, b) {
+                (Phase::ObjOpen | Phase::ObjAfter, b'}') if props.iter().skip(f.idx as usize).all(|p| !p.required) => self.close(),
+                (Phase::ObjOpen | Phase::ObjComma, b'"') => self.start_key(props, extra.is_some(), f.idx),
+                (Phase::ObjAfter, b',') if props.is_empty() || (f.idx as usize) < props.len() => {
+                    self.top().phase = Phase::ObjComma;
+                    true
+                }
+                (Phase::ObjColon, b':') => {
+                    let value = if props.is_empty() { extra.unwrap_or(0) } else { props[f.idx as usize - 1].node };
+                    self.top().phase = Phase::ObjAfter;
+                    self.lex = Lex::Value(value);
+                    true
+                }
+                _ => false,
+            },
+            &Node::Array { items, min, max } => match (f.phase, b) {
+                (Phase::ArrOpen, b']') if min == 0 => self.close(),
+                (Phase::ArrAfter, b']') if f.idx as u32 >= min => self.close(),
+                (Phase::ArrAfter, b',') if (f.idx as u32) < max => {
+                    self.top().phase = Phase::ArrComma;
+                    true
+                }
+                (Phase::ArrOpen | Phase::ArrComma, _) => {
+                    let top = self.top();
+                    top.idx = top.idx.saturating_add(1);
+                    top.phase = Phase::ArrAfter;
+                    self.begin(schema, items, b)
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// The opening `"` of a key: a free one, or one of the declared properties from `idx` up
+    /// to the first required one (those between may be left out).
+    fn start_key(&mut self, props: &[Prop], free: bool, idx: u16) -> bool {
+        if props.is_empty() {
+            return free && self.string(true);
+        }
+        let mut cand = 0u64;
+        for (j, p) in props.iter().skip(idx as usize).enumerate().take(64) {
+            cand |= 1 << j;
+            if p.required {
+                break;
+            }
+        }
+        self.lex = Lex::Key { cand, at: 0 };
+        cand != 0
+    }
+
+    fn key_byte(&mut self, schema: &Schema, cand: u64, at: u16, b: u8) -> bool {
+        let f = *self.top();
+        let Node::Object { props, .. } = &schema.nodes[f.node as usize] else { return false };
+        let props = &props[f.idx as usize..];
+        // A complete key's escaped text never ends inside an escape, so a `"` that would go
+        // on with another candidate cannot come where one is complete.
+        if b == b'"' {
+            if let Some(j) = bits(cand).find(|&j| props[j].key.len() == at as usize) {
+                let top = self.top();
+                top.idx += j as u16 + 1;
+                top.phase = Phase::ObjColon;
+                self.lex = Lex::Between;
+                return true;
+            }
+        }
+        let next = bits(cand).filter(|&j| props[j].key.get(at as usize) == Some(&b)).fold(0u64, |m, j| m | 1 << j);
+        self.lex = Lex::Key { cand: next, at: at + 1 };
+        next != 0
+    }
+}
+
+/// The texts of literal node `node`.
+fn literal(schema: &Schema, node: NodeId) -> &[Vec<u8>] {
+    match &schema.nodes[node as usize] {
+        Node::Literal(t) => t,
+        _ => &[],
+    }
+}
