@@ -93,7 +93,36 @@ impl Schema {
         if s.nodes.len() > NodeId::MAX as usize {
             return Err(bad("schema", "too many nodes"));
         }
+        if s.has_alias_cycle() {
+            return Err(bad("schema", "a $ref or anyOf refers back to itself before any value begins"));
+        }
+        if !first.contains(&true) {
+            return Err(bad("schema", "no value matches it"));
+        }
         Ok(s)
+    }
+
+    /// Does some chain of `anyOf` alternatives and `$ref`s lead back to where it started
+    /// without a value beginning (`{"$ref": "#"}` at the root)? The automaton would follow it
+    /// for ever.
+    fn has_alias_cycle(&self) -> bool {
+        // 0 unseen, 1 on the current path, 2 done.
+        let mut mark = vec![0u8; self.nodes.len()];
+        fn visit(s: &Schema, n: usize, mark: &mut [u8]) -> bool {
+            match mark[n] {
+                1 => return true,
+                2 => return false,
+                _ => {}
+            }
+            mark[n] = 1;
+            let cycle = match &s.nodes[n] {
+                Node::AnyOf(alts) => alts.iter().any(|&a| visit(s, a as usize, mark)),
+                _ => false,
+            };
+            mark[n] = 2;
+            cycle
+        }
+        (0..self.nodes.len()).any(|n| visit(self, n, &mut mark))
     }
 
     /// Which bytes can start a value of `node`.
@@ -391,6 +420,8 @@ mod tests {
             (json!({"type": "object", "properties": {"a": {"enum": []}}}), "enum"),
             (json!({"type": "object", "properties": {"a": {"type": "decimal"}}}), "unknown type"),
             (json!({"type": "array", "minItems": 3, "maxItems": 2}), "minItems"),
+            (json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}, {"type": "null"}]}}}), "refers back to itself"),
+            (json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {"A": {"$ref": "#/$defs/A"}}}), "refers back to itself"),
         ] {
             let e = Schema::compile(&schema).expect_err(&schema.to_string()).to_string();
             assert!(e.contains(says), "{schema}: {e}");
