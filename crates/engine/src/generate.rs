@@ -1,7 +1,8 @@
 //! Generation: prefill a prompt (in batches of the engine's batch size), then sample token by
 //! token, streaming text that never splits a UTF-8 character, until an end-of-generation
-//! token, a stop string, the token limit or a full context; in JSON mode (`GenerateParams::json`)
-//! only tokens that keep the text the prefix of a JSON object, until it closes.
+//! token, a stop string, the token limit or a full context; under JSON mode or a JSON Schema
+//! (`GenerateParams::json`) only tokens that keep the text the prefix of a value of the schema,
+//! until it closes.
 
 use crate::json::{JsonMask, JsonVocab, Schema};
 use crate::sample::{Sampler, SamplingParams};
@@ -38,7 +39,7 @@ pub enum StopReason {
     ContextFull,
     /// The callback asked to stop.
     Cancelled,
-    /// JSON mode: the object closed.
+    /// JSON mode or a JSON Schema: the value closed.
     JsonClosed,
 }
 

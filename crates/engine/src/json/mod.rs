@@ -179,6 +179,14 @@ impl JsonMask {
     }
 }
 
+/// For tests: whether `text` is a whole value of `schema` (`Some(true)`), the prefix of one
+/// (`Some(false)`), or neither.
+#[cfg(test)]
+fn accepts(schema: &Schema, text: &str) -> Option<bool> {
+    let mut st = JsonState::new(schema);
+    st.feed_all(schema, text.as_bytes()).then(|| st.is_complete())
+}
+
 /// For tests: feed `bytes` to a fresh state of `schema`, skipping those it refuses, then close
 /// the value by the first byte of `closer` it takes, a byte at a time. The text, or where it
 /// got stuck.
@@ -210,13 +218,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn accepts(s: &str) -> Option<bool> {
-        accepts_schema(&Schema::object(), s)
-    }
-
-    fn accepts_schema(sch: &Schema, s: &str) -> Option<bool> {
-        let mut st = JsonState::new(sch);
-        st.feed_all(sch, s.as_bytes()).then(|| st.is_complete())
+    fn accepts_object(s: &str) -> Option<bool> {
+        accepts(&Schema::object(), s)
     }
 
     #[test]
@@ -228,7 +231,7 @@ mod tests {
             "{\"é\": \"日本語 🎉\", \"k\": []}\n",
             "{\n  \"name\": \"Bob\",\n  \"age\": 30\n}",
         ] {
-            assert_eq!(accepts(s), Some(true), "{s}");
+            assert_eq!(accepts_object(s), Some(true), "{s}");
             assert!(serde_json::from_str::<serde_json::Value>(s).unwrap().is_object());
         }
     }
@@ -236,7 +239,7 @@ mod tests {
     #[test]
     fn prefixes_are_accepted_incomplete() {
         for s in [r#"{"a"#, r#"{"a": [1, 2"#, r#"{"a": -"#, r#"{"a": 1."#, r#"{"a": tr"#, r#"{"a": "\u00"#, "{\"a\": \"\u{e9}"] {
-            assert_eq!(accepts(s), Some(false), "{s}");
+            assert_eq!(accepts_object(s), Some(false), "{s}");
         }
         // A two-byte character cut after its lead byte.
         let o = Schema::object();
@@ -251,7 +254,7 @@ mod tests {
             "{\"a\": +1}", "{\"a\": tru }", "{\"a\": 1,}", "{\"a\": [1,]}", "{\"a\": [1}", "{\"a\": {]}", "{}}", "{},",
             "{\"a\": \"\\x\"}", "{\"a\": \"\\u12G4\"}", "{\"a\": \"tab\there\"}", "{\"a\": 1e}", "{\"a\": -}", "{,}", "{\"a\": 1e100}",
         ] {
-            assert_eq!(accepts(s), None, "{s}");
+            assert_eq!(accepts_object(s), None, "{s}");
         }
         // Invalid UTF-8: a stray continuation byte, an overlong form, a surrogate, past U+10FFFF.
         for b in [&b"{\"\x80\""[..], b"{\"\xC0\xAF\"", b"{\"\xED\xA0\x80\"", b"{\"\xF4\x90\x80\x80\""] {
@@ -270,7 +273,7 @@ mod tests {
         let mut st = JsonState::new(&o);
         assert!(st.feed(&o, b'{') && st.feed_all(&o, &[b' '; MAX_WS as usize]) && !st.feed(&o, b' '));
         // Whitespace inside strings is text, not capped.
-        assert_eq!(accepts(&format!("{{\"{}\": 1}}", " ".repeat(100))), Some(true));
+        assert_eq!(accepts_object(&format!("{{\"{}\": 1}}", " ".repeat(100))), Some(true));
     }
 
     fn value() -> impl Strategy<Value = serde_json::Value> {

@@ -86,7 +86,7 @@ impl Schema {
         let mut c = Compiler { doc: schema, nodes: base(), refs: HashMap::new(), depth: 0 };
         let root = c.node(schema, "schema")?;
         let s = Schema { nodes: c.nodes, root };
-        let first = s.first_bytes(root, 0);
+        let first = first_bytes(&s.nodes, root, 0);
         if first.iter().enumerate().any(|(b, &on)| on && b != b'{' as usize && b != b'[' as usize) {
             return Err(bad("schema", "the root must be an object or an array"));
         }
@@ -124,30 +124,31 @@ impl Schema {
         }
         (0..self.nodes.len()).any(|n| visit(self, n, &mut mark))
     }
+}
 
-    /// Which bytes can start a value of `node`.
-    pub(super) fn first_bytes(&self, node: NodeId, depth: u32) -> [bool; 256] {
-        let mut f = [false; 256];
-        let mut on = |bytes: &[u8]| bytes.iter().for_each(|&b| f[b as usize] = true);
-        match &self.nodes[node as usize] {
-            Node::Any => on(b"{[\"-0123456789tfn"),
-            Node::Object { .. } => on(b"{"),
-            Node::Array { .. } => on(b"["),
-            Node::String => on(b"\""),
-            Node::Number { .. } => on(b"-0123456789"),
-            Node::Bool => on(b"tf"),
-            Node::Null => on(b"n"),
-            Node::Literal(texts) => texts.iter().for_each(|t| on(&t[..1])),
-            Node::AnyOf(alts) if depth < 64 => {
-                for &a in alts {
-                    let g = self.first_bytes(a, depth + 1);
-                    f.iter_mut().zip(g).for_each(|(x, y)| *x |= y);
-                }
+/// Which bytes can start a value of `node` (`depth`: `anyOf`s followed so far, a guard while a
+/// recursive reference is still a placeholder).
+fn first_bytes(nodes: &[Node], node: NodeId, depth: u32) -> [bool; 256] {
+    let mut f = [false; 256];
+    let mut on = |bytes: &[u8]| bytes.iter().for_each(|&b| f[b as usize] = true);
+    match &nodes[node as usize] {
+        Node::Any => on(b"{[\"-0123456789tfn"),
+        Node::Object { .. } => on(b"{"),
+        Node::Array { .. } => on(b"["),
+        Node::String => on(b"\""),
+        Node::Number { .. } => on(b"-0123456789"),
+        Node::Bool => on(b"tf"),
+        Node::Null => on(b"n"),
+        Node::Literal(texts) => texts.iter().for_each(|t| on(&t[..1])),
+        Node::AnyOf(alts) if depth < 64 => {
+            for &a in alts {
+                let g = first_bytes(nodes, a, depth + 1);
+                f.iter_mut().zip(g).for_each(|(x, y)| *x |= y);
             }
-            Node::AnyOf(_) => {}
         }
-        f
+        Node::AnyOf(_) => {}
     }
+    f
 }
 
 /// The three nodes every table starts with.
@@ -290,17 +291,15 @@ impl<'a> Compiler<'a> {
     }
 
     fn any_of(&mut self, ids: Vec<NodeId>, path: &str) -> Result<NodeId, Error> {
-        let s = Schema { nodes: std::mem::take(&mut self.nodes), root: 0 };
         let mut seen = [false; 256];
         let mut clash = None;
         for &id in &ids {
-            let f = s.first_bytes(id, 0);
+            let f = first_bytes(&self.nodes, id, 0);
             if let Some(b) = (0..256).find(|&b| f[b] && seen[b]) {
                 clash = Some(b as u8);
             }
             seen.iter_mut().zip(f).for_each(|(x, y)| *x |= y);
         }
-        self.nodes = s.nodes;
         if let Some(b) = clash {
             return Err(bad(path, format!("two alternatives can start with {:?}; only alternatives a first byte tells apart are supported", b as char)));
         }
@@ -329,7 +328,6 @@ impl<'a> Compiler<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::JsonState;
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
@@ -359,9 +357,7 @@ mod tests {
     }
 
     fn accepts(schema: &Value, text: &str) -> Option<bool> {
-        let s = Schema::compile(schema).unwrap();
-        let mut st = JsonState::new(&s);
-        st.feed_all(&s, text.as_bytes()).then(|| st.is_complete())
+        super::super::accepts(&Schema::compile(schema).unwrap(), text)
     }
 
     #[test]

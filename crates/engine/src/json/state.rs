@@ -79,6 +79,11 @@ pub struct JsonState {
     ws: u8,
 }
 
+/// Of the candidates in `cand` (bit `j`: `text(j)`), those whose byte `at` is `b`.
+fn narrow<'a>(cand: u64, at: u16, b: u8, text: impl Fn(usize) -> &'a [u8]) -> u64 {
+    bits(cand).filter(|&j| text(j).get(at as usize) == Some(&b)).fold(0, |m, j| m | 1 << j)
+}
+
 /// The set bits of `m`, lowest first.
 fn bits(mut m: u64) -> impl Iterator<Item = usize> {
     std::iter::from_fn(move || {
@@ -165,7 +170,7 @@ impl JsonState {
             },
             Lex::Lit { node, cand, at } => {
                 let texts = literal(schema, node);
-                let next = bits(cand).filter(|&j| texts[j].get(at as usize) == Some(&b)).fold(0u64, |m, j| m | 1 << j);
+                let next = narrow(cand, at, b, |j| &texts[j]);
                 if next != 0 {
                     self.literal_at(texts, node, next, at + 1);
                     return true;
@@ -266,7 +271,8 @@ impl JsonState {
             Node::Bool => matches!(b, b't' | b'f') && self.word(b),
             Node::Null => b == b'n' && self.word(b),
             Node::Literal(texts) => {
-                let cand = texts.iter().enumerate().filter(|(_, t)| t[0] == b).fold(0u64, |m, (j, _)| m | 1 << j);
+                let all = u64::MAX >> (64 - texts.len());
+                let cand = narrow(all, 0, b, |j| &texts[j]);
                 cand != 0 && {
                     self.literal_at(texts, node, cand, 1);
                     true
@@ -352,7 +358,7 @@ impl JsonState {
                 return true;
             }
         }
-        let next = bits(cand).filter(|&j| props[j].key.get(at as usize) == Some(&b)).fold(0u64, |m, j| m | 1 << j);
+        let next = narrow(cand, at, b, |j| &props[j].key);
         self.lex = Lex::Key { cand: next, at: at + 1 };
         next != 0
     }
