@@ -73,8 +73,8 @@ check("json_object: a JSON object, stopped where it closes",
       isinstance(obj, dict) and r.choices[0].finish_reason == "stop", (r.choices[0].message.content, obj))
 
 # Structured outputs: the client turns a pydantic model into a strict JSON Schema
-# (`response_format: {"type": "json_schema", ...}`, with `$defs`, `anyOf` and `enum`) and
-# parses the answer back into the model.
+# (`response_format: {"type": "json_schema", ...}`, with `$defs`, `anyOf`, `enum`, string
+# lengths and number bounds) and parses the answer back into the model, which checks them.
 from typing import List, Literal, Optional  # noqa: E402
 
 from pydantic import BaseModel, Field  # noqa: E402
@@ -86,8 +86,9 @@ class Owner(BaseModel):
 
 
 class Cat(BaseModel):
-    name: str
-    age: int
+    name: str = Field(min_length=2, max_length=12)
+    age: int = Field(ge=1, le=25)
+    weight_kg: float = Field(gt=0, lt=15)
     colour: Literal["black", "white", "ginger", "grey"]
     indoor: bool
     toys: List[str] = Field(max_length=3)

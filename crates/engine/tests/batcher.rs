@@ -145,12 +145,15 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
     let person = serde_json::json!({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "nick": {"type": "string"},
         "pet": {"enum": ["cat", "dog", null]}, "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}}, "required": ["name", "age", "pet", "tags"]});
     let person = Arc::new(Schema::compile(&person).unwrap());
-    let cases: [(&Arc<Schema>, &[&str]); 2] = [
+    let bounded = serde_json::json!({"type": "object", "properties": {"code": {"type": "string", "minLength": 2, "maxLength": 4}, "n": {"type": "number", "minimum": 10, "exclusiveMaximum": 12.5}}, "required": ["code", "n"]});
+    let bounded = Arc::new(Schema::compile(&bounded).unwrap());
+    let cases: [(&Arc<Schema>, &[&str]); 3] = [
         (
             &object,
             &["", "{", "{\"na", "{\"name\"", "{\"name\":", "{\"a\": \"Fel", "{\"a\": \"\\", "{\"a\": \"\\u0", "{\"a\": \"\u{e9}", "{\"a\": 1", "{\"a\": -", "{\"a\": 1.5e", "{\"a\": tr", "{\"a\": [", "{\"a\": [1, {}", "{\"a\": 1}\n"],
         ),
         (&person, &["", "{", "{\"n", "{\"name\": \"Bo", "{\"name\": \"Bob\", \"age\": 1", "{\"name\": \"Bob\", \"age\": 1,", "{\"name\": \"Bob\", \"age\": 1, \"pet\": \"c", "{\"name\": \"Bob\", \"age\": 1, \"pet\": null, \"tags\": [true, "]),
+        (&bounded, &["{\"code\": \"", "{\"code\": \"a", "{\"code\": \"ab", "{\"code\": \"abc", "{\"code\": \"abcd", "{\"code\": \"abcd\", \"n\": ", "{\"code\": \"abcd\", \"n\": 1", "{\"code\": \"abcd\", \"n\": 12."]),
     ];
     for file in ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf"] {
         let g = corelm_gguf::Gguf::open(model_path(file)).unwrap();

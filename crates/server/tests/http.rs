@@ -217,10 +217,10 @@ fn json_mode_answers_json_objects() {
     assert_eq!(json_object_prefix(v["choices"][0]["message"]["content"].as_str().unwrap()), None);
 
     // A JSON Schema (as the `openai` client sends a pydantic model): the greedy answer has
-    // exactly the properties, in order, of their types; sampled answers are values of the
+    // exactly the properties, in order, of their types and bounds; sampled answers are values of the
     // schema or, cut by max_tokens, prefixes of one.
     let schema = json!({"title": "Cat", "type": "object", "additionalProperties": false, "required": ["name", "age", "colour", "indoor"],
-        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "colour": {"enum": ["black", "white", "ginger", "grey"]}, "indoor": {"type": "boolean"}}});
+        "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 10}, "age": {"type": "integer", "minimum": 0, "maximum": 30}, "colour": {"enum": ["black", "white", "ginger", "grey"]}, "indoor": {"type": "boolean"}}});
     let compiled = corelm_engine::json::Schema::compile(&schema).unwrap();
     let mut body = chat("Give me a JSON object describing a cat.", 96, false);
     body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "Cat", "strict": true, "schema": schema}});
@@ -230,6 +230,7 @@ fn json_mode_answers_json_objects() {
     let cat: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     assert_eq!(cat.as_object().unwrap().keys().collect::<Vec<_>>(), ["name", "age", "colour", "indoor"], "{text}");
     assert!(cat["name"].is_string() && cat["age"].is_i64() && cat["indoor"].is_boolean(), "{text}");
+    assert!((1..=10).contains(&cat["name"].as_str().unwrap().chars().count()) && (0..=30).contains(&cat["age"].as_i64().unwrap()), "bounds: {text}");
     assert!(["black", "white", "ginger", "grey"].contains(&cat["colour"].as_str().unwrap()), "{text}");
     for seed in 1..=4 {
         body["temperature"] = json!(1.5);

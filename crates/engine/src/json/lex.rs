@@ -94,6 +94,11 @@ impl StrLex {
         self.esc == 0 && self.need == 0
     }
 
+    /// Would `b` make the `\u` escape under way one of a surrogate (`\uD800`‥`\uDFFF`)?
+    pub(super) fn surrogate_escape(self, b: u8) -> bool {
+        self.esc == 4 && self.lo == 1 && matches!(b, b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F')
+    }
+
     pub(super) fn step(self, b: u8) -> StrStep {
         let s = |esc, need, lo, hi| StrStep::In(StrLex { esc, need, lo, hi });
         if self.need > 0 {
@@ -101,7 +106,8 @@ impl StrLex {
         }
         match self.esc {
             1 if matches!(b, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' | b'u') => return s(if b == b'u' { 5 } else { 0 }, 0, 0, 0),
-            2..=5 if b.is_ascii_hexdigit() => return s(if self.esc == 2 { 0 } else { self.esc - 1 }, 0, 0, 0),
+            // `lo` after a `\u`'s first digit: whether it was `d` (a surrogate may follow).
+            2..=5 if b.is_ascii_hexdigit() => return s(if self.esc == 2 { 0 } else { self.esc - 1 }, 0, (self.esc == 5 && b | 0x20 == b'd') as u8, 0),
             1..=5 => return StrStep::Bad,
             _ => {}
         }

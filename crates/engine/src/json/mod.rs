@@ -22,6 +22,7 @@
 //! single-byte tokens close any open string, number, literal and container), so a sequence
 //! ends either with a parseable value of its schema (`Stop`) or at `max_tokens` (`Length`).
 
+mod bounds;
 mod lex;
 pub mod schema;
 pub mod state;
@@ -42,8 +43,8 @@ enum Class {
     /// Control, unknown, unused or end-of-generation token, or an empty piece: never allowed.
     Never,
     /// Whole UTF-8 characters without `"`, `\` or control characters: inside a string
-    /// (outside an escape or a UTF-8 sequence) always allowed, and it leaves the state as it
-    /// was.
+    /// (outside an escape or a UTF-8 sequence) allowed where the string has room for that
+    /// many characters, and it leaves the state as it was but for the count.
     Text,
     /// Anything else: its bytes are fed to a copy of the state.
     Other,
@@ -58,6 +59,8 @@ pub struct JsonVocab {
     first: Vec<u8>,
     /// The second byte of a token of two or more, else [`NO_BYTE`].
     second: Vec<u16>,
+    /// Characters of a [`Class::Text`] token (at most 255), which a bounded string counts.
+    chars: Vec<u8>,
 }
 
 impl JsonVocab {
@@ -76,7 +79,8 @@ impl JsonVocab {
             .collect();
         let first = (0..tok.n_vocab() as u32).map(|id| tok.piece(id).first().copied().unwrap_or(0)).collect();
         let second = (0..tok.n_vocab() as u32).map(|id| tok.piece(id).get(1).map_or(NO_BYTE, |&b| b as u16)).collect();
-        JsonVocab { class, first, second }
+        let chars = (0..tok.n_vocab() as u32).map(|id| tok.piece(id).iter().filter(|&&b| b & 0xC0 != 0x80).count().min(255) as u8).collect();
+        JsonVocab { class, first, second, chars }
     }
 }
 
@@ -96,6 +100,8 @@ pub struct JsonMask {
     pair: Box<[[bool; 256]; 256]>,
     /// Whether `pair` holds for the current state (outside strings).
     pairs: bool,
+    /// In plain string text: the characters the string may still take.
+    room: Option<u32>,
 }
 
 impl Default for JsonMask {
@@ -108,7 +114,7 @@ impl JsonMask {
     /// Before the first token of a value of `schema` ([`Schema::object`]: JSON mode).
     pub fn new(schema: Arc<Schema>) -> JsonMask {
         let state = JsonState::new(&schema);
-        let mut m = JsonMask { schema, state, first: [false; 256], pair: Box::new([[false; 256]; 256]), pairs: false };
+        let mut m = JsonMask { schema, state, first: [false; 256], pair: Box::new([[false; 256]; 256]), pairs: false, room: None };
         m.prepare();
         m
     }
@@ -122,6 +128,7 @@ impl JsonMask {
             self.first[b as usize] = s.feed(&self.schema, b);
         }
         self.pairs = !self.state.inside_string();
+        self.room = self.state.plain_string_room();
         if self.pairs {
             for a in (0..=255u8).filter(|&a| self.first[a as usize]) {
                 let mut after = self.state;
@@ -139,7 +146,7 @@ impl JsonMask {
         let i = id as usize;
         match vocab.class.get(i) {
             None | Some(Class::Never) => false,
-            Some(Class::Text) if self.state.in_plain_string() => true,
+            Some(Class::Text) if self.room.is_some() => self.room.is_some_and(|room| room >= vocab.chars[i] as u32),
             _ if !self.first[vocab.first[i] as usize] => false,
             // One byte, which the state takes.
             _ if vocab.second[i] == NO_BYTE => true,

@@ -12,16 +12,18 @@
 //!   `properties`: `false` gives `{}`, a schema the values of free keys);
 //! - arrays: `items`, `minItems`, `maxItems`; `enum` and `const` (any JSON values);
 //! - `anyOf`/`oneOf` whose alternatives start with different bytes (a value's first byte
-//!   chooses its alternative: `["string", "null"]` yes, two objects no).
+//!   chooses its alternative: `["string", "null"]` yes, two objects no);
+//! - beside `type`, string lengths and number bounds ([`super::bounds`]).
 //!
 //! Annotations (`title`, `description`, `default`, `examples`, …) are ignored; every other
-//! keyword (`pattern`, `format`, `minLength`, `minimum`, `allOf`, …) is refused by name rather
+//! keyword (`pattern`, `format`, `multipleOf`, `allOf`, …) is refused by name rather
 //! than ignored, so an answer never claims a constraint it was not held to.
 
 use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
+use super::bounds::{self, Range};
 use crate::Error;
 
 /// Index of a node in [`Schema`]'s table.
@@ -51,8 +53,10 @@ pub(super) enum Node {
     /// (`None`: the object is `{}`).
     Object { props: Vec<Prop>, extra: Option<NodeId> },
     Array { items: NodeId, min: u32, max: u32 },
-    String,
-    Number { integer: bool },
+    /// A string of `min ..= max` characters (code points).
+    String { min: u32, max: u32 },
+    /// A number (`integer`: no fraction or exponent), within `range` where it has bounds.
+    Number { integer: bool, range: Option<Range> },
     Bool,
     Null,
     /// One of these texts (`enum`/`const`, compact JSON).
@@ -135,7 +139,7 @@ fn first_bytes(nodes: &[Node], node: NodeId, depth: u32) -> [bool; 256] {
         Node::Any => on(b"{[\"-0123456789tfn"),
         Node::Object { .. } => on(b"{"),
         Node::Array { .. } => on(b"["),
-        Node::String => on(b"\""),
+        Node::String { .. } => on(b"\""),
         Node::Number { .. } => on(b"-0123456789"),
         Node::Bool => on(b"tf"),
         Node::Null => on(b"n"),
@@ -189,8 +193,14 @@ impl<'a> Compiler<'a> {
             Value::Object(m) => m,
             _ => return Err(bad(path, "a schema must be an object (or true)")),
         };
-        if let Some(k) = m.keys().find(|k| !ANNOTATIONS.contains(&k.as_str()) && !READ.contains(&k.as_str())) {
+        if let Some(k) = m.keys().find(|k| !ANNOTATIONS.contains(&k.as_str()) && !READ.contains(&k.as_str()) && !bounds::KEYWORDS.contains(&k.as_str())) {
             return Err(bad(path, format!("the keyword {k:?} is not supported")));
+        }
+        // Bounds apply to the types they name; beside anything but `type` they would be lost.
+        let bounded = bounds::KEYWORDS.iter().find(|k| m.contains_key(**k));
+        let lone = ["$ref", "const", "enum", "anyOf", "oneOf"].into_iter().find(|k| m.contains_key(*k)).or(m.get("type").is_none().then_some("no type"));
+        if let (Some(b), Some(l)) = (bounded, lone) {
+            return Err(bad(path, format!("{b:?} is supported beside \"type\" only, not with {l}")));
         }
         if let Some(r) = m.get("$ref") {
             return self.reference(r, path);
@@ -241,9 +251,18 @@ impl<'a> Compiler<'a> {
                 }
                 self.push(Node::Array { items, min, max })
             }
-            "string" => self.push(Node::String),
-            "number" => self.push(Node::Number { integer: false }),
-            "integer" => self.push(Node::Number { integer: true }),
+            "string" => {
+                let (min, max) = bounds::lengths(m, path)?;
+                self.push(Node::String { min, max })
+            }
+            "number" | "integer" => {
+                let integer = t == "integer";
+                let range = Range::compile(m, path)?;
+                if range.is_some_and(|r| !r.satisfiable(integer)) {
+                    return Err(bad(path, format!("no {t} of at most {} digits lies within its bounds", bounds::DIGITS)));
+                }
+                self.push(Node::Number { integer, range })
+            }
             "boolean" => self.push(Node::Bool),
             "null" => self.push(Node::Null),
             _ => return Err(bad(path, format!("unknown type {t:?}"))),
@@ -356,6 +375,22 @@ mod tests {
         json!({"type": "object", "properties": {"value": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#"}}}, "required": ["value"]})
     }
 
+    /// Bounds: an integer and a number range, string lengths, as pydantic's `Field(ge=…,
+    /// lt=…, max_length=…)` writes them.
+    fn bounded() -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "age": {"type": "integer", "minimum": 18, "maximum": 120},
+                "code": {"type": "string", "minLength": 2, "maxLength": 3},
+                "score": {"type": "number", "exclusiveMinimum": -0.5, "exclusiveMaximum": 1},
+                "tags": {"type": "array", "items": {"type": "string", "maxLength": 1}, "maxItems": 2},
+                "big": {"type": ["integer", "null"], "minimum": 1000}
+            },
+            "required": ["age", "code", "score", "big"]
+        })
+    }
+
     fn accepts(schema: &Value, text: &str) -> Option<bool> {
         super::super::accepts(&Schema::compile(schema).unwrap(), text)
     }
@@ -405,6 +440,38 @@ mod tests {
     }
 
     #[test]
+    fn bounds_are_held() {
+        let b = bounded();
+        let ok = r#"{"age": 18, "code": "ab", "score": 0.25, "tags": ["x", "é"], "big": 1000}"#;
+        assert_eq!(accepts(&b, ok), Some(true));
+        for text in [ok.replace("18", "120"), ok.replace("\"ab\"", "\"a\\n\\u00e9\""), ok.replace("0.25", "-0.49999999999999"), ok.replace("1000}", "null}")] {
+            assert_eq!(accepts(&b, &text), Some(true), "{text}");
+        }
+        for (what, text) in [
+            ("below minimum", ok.replace("18", "17")),
+            ("above maximum", ok.replace("18", "121")),
+            ("integer", ok.replace("18", "18.0")),
+            ("too short", ok.replace("\"ab\"", "\"a\"")),
+            ("too long", ok.replace("\"ab\"", "\"abcd\"")),
+            ("too long, escapes", ok.replace("\"ab\"", "\"\\t\\t\\t\\t\"")),
+            ("surrogate escape", ok.replace("\"ab\"", "\"\\ud83d\\ude00a\"")),
+            ("item too long", ok.replace("\"é\"", "\"éé\"")),
+            ("exclusive maximum", ok.replace("0.25", "1")),
+            ("exclusive minimum", ok.replace("0.25", "-0.5")),
+            ("exponent", ok.replace("0.25", "2.5e-1")),
+            ("16 digits", ok.replace("0.25", "0.250000000000000")),
+            ("below minimum, nullable", ok.replace("1000}", "999}")),
+        ] {
+            assert_eq!(accepts(&b, &text), None, "{what}: {text}");
+        }
+        // Prefixes that can still end inside are taken: "1" may become 18..=120 or 1000.
+        assert_eq!(accepts(&b, r#"{"age": 1"#), Some(false));
+        assert_eq!(accepts(&b, r#"{"age": 2"#), Some(false));
+        assert_eq!(accepts(&b, r#"{"age": 13"#), None, "no completion of 13 in 18..=120");
+        assert_eq!(accepts(&b, r#"{"age": 18, "code": "ab", "score": 0.25, "big": 9"#), Some(false), "9 may become 1000");
+    }
+
+    #[test]
     fn unsupported_schemas_are_refused_by_name() {
         for (schema, says) in [
             (json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "x+"}}}), "\"pattern\""),
@@ -418,6 +485,12 @@ mod tests {
             (json!({"type": "array", "minItems": 3, "maxItems": 2}), "minItems"),
             (json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}, {"type": "null"}]}}}), "refers back to itself"),
             (json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {"A": {"$ref": "#/$defs/A"}}}), "refers back to itself"),
+            (json!({"type": "object", "properties": {"a": {"minimum": 0}}}), "\"minimum\" is supported beside \"type\" only"),
+            (json!({"type": "object", "properties": {"a": {"enum": [1, 5], "maximum": 3}}}), "not with enum"),
+            (json!({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0.2, "maximum": 0.8}}}), "no integer"),
+            (json!({"type": "object", "properties": {"a": {"type": "number", "minimum": 1e16}}}), "no number of at most 15 digits"),
+            (json!({"type": "object", "properties": {"a": {"type": "string", "minLength": 3, "maxLength": 2}}}), "minLength"),
+            (json!({"type": "object", "properties": {"a": {"type": "number", "maximum": "1"}}}), "maximum must be a number"),
         ] {
             let e = Schema::compile(&schema).expect_err(&schema.to_string()).to_string();
             assert!(e.contains(says), "{schema}: {e}");
@@ -454,12 +527,22 @@ mod tests {
                 let n = a.len() as u64;
                 n >= s["minItems"].as_u64().unwrap_or(0) && n <= s["maxItems"].as_u64().unwrap_or(u64::MAX) && a.iter().all(|x| valid(&s["items"], x, root))
             }
-            ("string", Value::String(_)) | ("boolean", Value::Bool(_)) | ("null", Value::Null) => true,
-            ("number", Value::Number(_)) => true,
+            ("string", Value::String(t)) => {
+                let n = t.chars().count() as u64;
+                n >= s["minLength"].as_u64().unwrap_or(0) && n <= s["maxLength"].as_u64().unwrap_or(u64::MAX)
+            }
+            ("boolean", Value::Bool(_)) | ("null", Value::Null) => true,
+            ("number", Value::Number(n)) => in_bounds(s, n.as_f64().unwrap()),
             // `-0` is an integer, which serde_json reads as the float -0.0.
-            ("integer", Value::Number(n)) => n.is_i64() || n.is_u64() || n.to_string() == "-0.0",
+            ("integer", Value::Number(n)) => (n.is_i64() || n.is_u64() || n.to_string() == "-0.0") && in_bounds(s, n.as_f64().unwrap()),
             _ => false,
         })
+    }
+
+    /// `x` against `s`'s numeric bounds, in `f64` as validators compare.
+    fn in_bounds(s: &Value, x: f64) -> bool {
+        let b = |k: &str| s[k].as_f64();
+        b("minimum").is_none_or(|m| x >= m) && b("maximum").is_none_or(|m| x <= m) && b("exclusiveMinimum").is_none_or(|m| x > m) && b("exclusiveMaximum").is_none_or(|m| x < m)
     }
 
     proptest! {
@@ -467,8 +550,8 @@ mod tests {
         /// refuses skipped), closed greedily a byte at a time, parses as a value the schema
         /// admits.
         #[test]
-        fn random_walks_complete_and_validate(which in 0..2usize, bytes in prop::collection::vec(prop::sample::select(b"{}[]:,\" \n0123456789-.eEtrufalsnabcdegimopqrstvwxyz7\xC3\xA9".to_vec()), 0..300)) {
-            let sv = if which == 0 { person() } else { tree() };
+        fn random_walks_complete_and_validate(which in 0..3usize, bytes in prop::collection::vec(prop::sample::select(b"{}[]:,\" \n0123456789-.eEtrufalsnabcdegimopqrstvwxyz7\xC3\xA9".to_vec()), 0..300)) {
+            let sv = [person, tree, bounded][which]();
             let s = Schema::compile(&sv).unwrap();
             let order: Vec<u8> = b"\"}]:,0".iter().copied().chain(0..=255).collect();
             let text = super::super::walk_and_close(&s, &bytes, &order).map_err(TestCaseError::fail)?;

@@ -12,8 +12,9 @@
 //! or item is always startable) — except through a schema whose required parts recurse without
 //! end or nest past [`MAX_DEPTH`].
 
+use super::bounds::{Digits, Range};
 use super::lex::{Num, StrLex, StrStep, MAX_NUM, WORDS};
-use super::schema::{Node, NodeId, Prop, Schema, ANY_ARRAY, ANY_OBJECT};
+use super::schema::{Node, NodeId, Prop, Schema, ANY, ANY_ARRAY, ANY_OBJECT};
 
 /// Deepest nesting of objects and arrays.
 pub const MAX_DEPTH: usize = 32;
@@ -56,12 +57,14 @@ enum Lex {
     Value(NodeId),
     /// Between tokens inside a container: its frame's phase says what may come.
     Between,
-    /// Inside a string: a value, or a free key (`key`), which `:` follows.
-    Str { key: bool, s: StrLex },
+    /// Inside a string: a value, or a free key (`key`), which `:` follows; `chars` begun so
+    /// far, of `min ..= max`.
+    Str { key: bool, s: StrLex, chars: u32, min: u32, max: u32 },
     /// Inside a declared key: bit `j` of `cand` is property `idx + j` of the top frame, whose
     /// escaped key matches the `at` bytes so far.
     Key { cand: u64, at: u16 },
-    Num { n: Num, len: u8, integer: bool },
+    /// A number of `node`; with bounds, its text so far in `dig`.
+    Num { n: Num, len: u8, integer: bool, node: NodeId, dig: Digits },
     Word { word: u8, at: u8 },
     /// Inside one of an `enum`'s texts: bit `j` of `cand` is text `j`, matching so far.
     Lit { node: NodeId, cand: u64, at: u16 },
@@ -111,10 +114,14 @@ impl JsonState {
         matches!(self.lex, Lex::Str { .. })
     }
 
-    /// Inside a string, outside an escape and a UTF-8 sequence: where whole characters other
-    /// than `"`, `\` and control characters are text that changes nothing.
-    pub(super) fn in_plain_string(&self) -> bool {
-        matches!(self.lex, Lex::Str { s, .. } if s.plain())
+    /// Inside a string, outside an escape and a UTF-8 sequence, where whole characters other
+    /// than `"`, `\` and control characters are text that changes nothing but the count:
+    /// how many more characters the string may take (`None` elsewhere).
+    pub(super) fn plain_string_room(&self) -> Option<u32> {
+        match self.lex {
+            Lex::Str { s, chars, max, .. } if s.plain() => Some(max - chars),
+            _ => None,
+        }
     }
 
     /// Feed every byte of `bytes`; `false` (the state then unspecified) at the first one that
@@ -127,10 +134,19 @@ impl JsonState {
     /// `schema` (the state then unspecified).
     pub fn feed(&mut self, schema: &Schema, b: u8) -> bool {
         match self.lex {
-            Lex::Str { key, s } => {
+            Lex::Str { key, s, chars, min, max } => {
+                // A bounded string counts each `\u` escape as one character: no surrogates.
+                if (min > 0 || max < u32::MAX) && s.surrogate_escape(b) {
+                    return false;
+                }
+                // A character begins at each byte of plain text but the closing quote.
+                let chars = chars + (s.plain() && b != b'"') as u32;
+                if chars > max {
+                    return false;
+                }
                 return match s.step(b) {
                     StrStep::In(s) => {
-                        self.lex = Lex::Str { key, s };
+                        self.lex = Lex::Str { key, s, chars, min, max };
                         true
                     }
                     StrStep::Close if key => {
@@ -140,7 +156,7 @@ impl JsonState {
                     }
                     StrStep::Close => {
                         self.value_done();
-                        true
+                        chars >= min
                     }
                     StrStep::Bad => false,
                 }
@@ -158,14 +174,21 @@ impl JsonState {
                 }
                 return true;
             }
-            Lex::Num { n, len, integer } => match n.step(b, integer) {
+            Lex::Num { n, len, integer, node, dig } => match n.step(b, integer) {
                 Some(n) if len < MAX_NUM => {
-                    self.lex = Lex::Num { n, len: len + 1, integer };
+                    let dig = match range(schema, node) {
+                        Some(r) => match dig.push(b, r, integer) {
+                            Some(d) => d,
+                            None => return false,
+                        },
+                        None => dig,
+                    };
+                    self.lex = Lex::Num { n, len: len + 1, integer, node, dig };
                     return true;
                 }
                 Some(_) => return false,
                 // The number ends at this byte, which the state after it must take.
-                None if n.complete() => self.value_done(),
+                None if n.complete() && range(schema, node).is_none_or(|r| dig.ends_in(r)) => self.value_done(),
                 None => return false,
             },
             Lex::Lit { node, cand, at } => {
@@ -237,12 +260,23 @@ impl JsonState {
         true
     }
 
-    fn number(&mut self, b: u8, integer: bool) -> bool {
-        Num::start(b).map(|n| self.lex = Lex::Num { n, len: 1, integer }).is_some()
+    /// The first byte of a number of `node`.
+    fn number(&mut self, schema: &Schema, node: NodeId, b: u8, integer: bool) -> bool {
+        let Some(n) = Num::start(b) else { return false };
+        let dig = match range(schema, node) {
+            Some(r) => match Digits::default().push(b, r, integer) {
+                Some(d) => d,
+                None => return false,
+            },
+            None => Digits::default(),
+        };
+        self.lex = Lex::Num { n, len: 1, integer, node, dig };
+        true
     }
 
-    fn string(&mut self, key: bool) -> bool {
-        self.lex = Lex::Str { key, s: StrLex::default() };
+    /// The opening `"` of a key (`key`) or of a string value of `min ..= max` characters.
+    fn string(&mut self, key: bool, min: u32, max: u32) -> bool {
+        self.lex = Lex::Str { key, s: StrLex::default(), chars: 0, min, max };
         true
     }
 
@@ -261,13 +295,13 @@ impl JsonState {
             Node::Any => match b {
                 b'{' => self.push(ANY_OBJECT, Phase::ObjOpen),
                 b'[' => self.push(ANY_ARRAY, Phase::ArrOpen),
-                b'"' => self.string(false),
-                _ => self.word(b) || self.number(b, false),
+                b'"' => self.string(false, 0, u32::MAX),
+                _ => self.word(b) || self.number(schema, ANY, b, false),
             },
             Node::Object { .. } => b == b'{' && self.push(node, Phase::ObjOpen),
             Node::Array { .. } => b == b'[' && self.push(node, Phase::ArrOpen),
-            Node::String => b == b'"' && self.string(false),
-            &Node::Number { integer } => self.number(b, integer),
+            &Node::String { min, max } => b == b'"' && self.string(false, min, max),
+            &Node::Number { integer, .. } => self.number(schema, node, b, integer),
             Node::Bool => matches!(b, b't' | b'f') && self.word(b),
             Node::Null => b == b'n' && self.word(b),
             Node::Literal(texts) => {
@@ -330,7 +364,7 @@ impl JsonState {
     /// to the first required one (those between may be left out).
     fn start_key(&mut self, props: &[Prop], free: bool, idx: u16) -> bool {
         if props.is_empty() {
-            return free && self.string(true);
+            return free && self.string(true, 0, u32::MAX);
         }
         let mut cand = 0u64;
         for (j, p) in props.iter().skip(idx as usize).enumerate().take(64) {
@@ -361,6 +395,14 @@ impl JsonState {
         let next = narrow(cand, at, b, |j| &props[j].key);
         self.lex = Lex::Key { cand: next, at: at + 1 };
         next != 0
+    }
+}
+
+/// The bounds of number node `node`, if it has some.
+fn range(schema: &Schema, node: NodeId) -> Option<&Range> {
+    match &schema.nodes[node as usize] {
+        Node::Number { range, .. } => range.as_ref(),
+        _ => None,
     }
 }
 
