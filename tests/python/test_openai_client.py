@@ -61,6 +61,11 @@ check("chat logprobs", len(lp) == 3 and all(t.logprob <= 0 and len(t.top_logprob
 r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5, temperature=0, stop=["\n"])
 check("completions: text", isinstance(r.choices[0].text, str) and "\n" not in r.choices[0].text, r)
 
+# logit_bias: the greedy first token " Paris" (id 7042 in SmolLM2's vocabulary) banned.
+first = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=1, temperature=0)
+banned = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=1, temperature=0, logit_bias={"7042": -100})
+check("completions: logit_bias bans a token", first.choices[0].text == " Paris" and banned.choices[0].text != " Paris", (first.choices[0].text, banned.choices[0].text))
+
 r = client.chat.completions.create(
     model=MODEL, max_tokens=160, temperature=0, response_format={"type": "json_object"},
     messages=[{"role": "user", "content": "Give me a JSON object describing a cat with name and age."}],

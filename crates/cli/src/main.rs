@@ -210,6 +210,10 @@ struct SampleArgs {
     /// RNG seed.
     #[arg(short, long, default_value_t = 0xC0FFEE)]
     seed: u64,
+    /// Add a bias to a token's logit, as llama.cpp's: `ID+BIAS` or `ID-BIAS` (`15043-inf`
+    /// bans token 15043; repeatable).
+    #[arg(short = 'l', long, value_name = "ID(+|-)BIAS", value_parser = parse_logit_bias)]
+    logit_bias: Vec<(u32, f32)>,
     /// Stop when this text is generated (repeatable).
     #[arg(long)]
     stop: Vec<String>,
@@ -472,12 +476,21 @@ fn gen_params(s: &SampleArgs) -> Result<GenerateParams> {
             frequency_penalty: s.frequency_penalty,
             presence_penalty: s.presence_penalty,
             seed: s.seed,
+            logit_bias: s.logit_bias.clone(),
         },
         stop: s.stop.clone(),
         seq: 0,
         ignore_eos: s.ignore_eos,
         json,
     })
+}
+
+/// `--logit-bias ID+BIAS` / `ID-BIAS` (llama.cpp's form; `-inf` bans).
+fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let at = s.find(['+', '-']).ok_or_else(|| format!("{s:?}: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS"))?;
+    let id = s[..at].parse::<u32>().map_err(|_| format!("{s:?}: {:?} is not a token id", &s[..at]))?;
+    let bias = s[at..].parse::<f32>().map_err(|_| format!("{s:?}: {:?} is not a bias", &s[at..]))?;
+    Ok((id, bias))
 }
 
 fn print_stream(s: &str) -> bool {

@@ -244,12 +244,25 @@ fn sampler_behaviour() {
     let mut s = Sampler::new(SamplingParams { temperature: 0.0, presence_penalty: 0.5, ..Default::default() }, 5).unwrap();
     s.accept(1);
     assert_eq!(s.sample(&logits), 2);
+    // A logit bias lifts a token to the top, or bans one (−∞), before the penalties and the
+    // chain; at a high temperature with top_k 1 the banned token never comes.
+    let mut s = Sampler::new(SamplingParams { temperature: 0.0, logit_bias: vec![(4, 2.5)], ..Default::default() }, 5).unwrap();
+    assert_eq!(s.sample(&logits), 4);
+    let mut s = Sampler::new(SamplingParams { temperature: 0.0, logit_bias: vec![(1, f32::NEG_INFINITY), (2, -2.5)], ..Default::default() }, 5).unwrap();
+    assert_eq!(s.sample(&logits), 4);
+    let mut s = Sampler::new(SamplingParams { temperature: 5.0, top_k: 1, logit_bias: vec![(1, f32::NEG_INFINITY)], ..Default::default() }, 5).unwrap();
+    assert!((0..20).all(|_| s.sample(&logits) == 2));
+    let all: Vec<(u32, f32)> = (0..5).map(|t| (t, f32::NEG_INFINITY)).collect();
+    let mut s = Sampler::new(SamplingParams { logit_bias: all, ..Default::default() }, 5).unwrap();
+    assert_eq!(s.sample_allowed(&logits, None::<fn(u32) -> bool>), None, "every token banned");
     // Bad parameters are refused by name.
     for bad in [
         SamplingParams { temperature: -1.0, ..Default::default() },
         SamplingParams { top_p: 0.0, ..Default::default() },
         SamplingParams { min_p: 2.0, ..Default::default() },
         SamplingParams { repeat_penalty: 0.0, ..Default::default() },
+        SamplingParams { logit_bias: vec![(5, 1.0)], ..Default::default() },
+        SamplingParams { logit_bias: vec![(0, f32::NAN)], ..Default::default() },
     ] {
         assert!(matches!(Sampler::new(bad, 5), Err(Error::Sampling(_))));
     }

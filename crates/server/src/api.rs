@@ -141,6 +141,8 @@ pub struct Common {
     #[serde(default)]
     pub ignore_eos: bool,
     pub response_format: Option<ResponseFormat>,
+    /// Token id (as a string) → bias in [−100, 100], added to its logit.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
 }
 
 /// `response_format`: `{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`.
@@ -258,6 +260,7 @@ impl Common {
             frequency_penalty: range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, 0.0)?,
             presence_penalty: range("presence_penalty", self.presence_penalty, -2.0, 2.0, 0.0)?,
             seed,
+            logit_bias: self.logit_bias()?,
         };
         Ok(GenParams {
             max_tokens,
@@ -268,6 +271,24 @@ impl Common {
             include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
             json,
         })
+    }
+}
+
+impl Common {
+    /// `logit_bias` as (token, bias) pairs; the ids are checked against the vocabulary at
+    /// admission.
+    fn logit_bias(&self) -> Result<Vec<(u32, f32)>, ApiError> {
+        let Some(m) = &self.logit_bias else { return Ok(vec![]) };
+        if m.len() > 1024 {
+            return Err(ApiError::bad("logit_bias", "at most 1024 biased tokens"));
+        }
+        m.iter()
+            .map(|(k, &b)| {
+                let t = k.parse::<u32>().map_err(|_| ApiError::bad("logit_bias", format!("logit_bias keys are token ids, got {k:?}")))?;
+                let b = range("logit_bias", Some(b), -100.0, 100.0, 0.0)?;
+                Ok((t, b))
+            })
+            .collect()
     }
 }
 

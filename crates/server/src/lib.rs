@@ -195,6 +195,9 @@ fn submit(
     if let Some(&t) = prompt.iter().find(|&&t| t as usize >= n_vocab) {
         return Err(ApiError::bad("prompt", format!("token id {t} is outside the vocabulary of {n_vocab}")));
     }
+    if let Some((t, _)) = params.sampling.logit_bias.iter().find(|(t, _)| *t as usize >= n_vocab) {
+        return Err(ApiError::bad("logit_bias", format!("token id {t} is outside the vocabulary of {n_vocab}")));
+    }
     let max_tokens = params.max_tokens.unwrap_or(ctx.saturating_sub(prompt.len()));
     if max_tokens == 0 || prompt.len().saturating_add(max_tokens) > ctx {
         let mut e = ApiError::bad(

@@ -153,6 +153,17 @@ fn chat_completions_json_and_stream_agree() {
     assert!(lp["token_logprobs"][0].as_f64().unwrap() <= 0.0);
     assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 3);
     assert_eq!(v["choices"][0]["finish_reason"], "length");
+    // `logit_bias`: the greedy first token (" Paris", id 7042 in SmolLM2's vocabulary) banned
+    // at −100 gives way to another; lifted by +100, a token the model did not favour comes.
+    assert_eq!(lp["tokens"][0], " Paris");
+    let biased = |bias: Value| {
+        let r = post(&srv, "/v1/completions", json!({"prompt": "The capital of France is", "max_tokens": 1, "temperature": 0, "logit_bias": bias}));
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    assert_ne!(biased(json!({"7042": -100})), " Paris");
+    assert_eq!(biased(json!({"7042": -100, "19": 100})), biased(json!({"19": 100})), "token 19 wins either way");
+    assert_ne!(biased(json!({"19": 100})), " Paris");
 
     // Models, health, metrics.
     let m = get(&srv, "/v1/models").json();
@@ -248,6 +259,9 @@ fn bad_requests_get_openai_errors_naming_the_problem() {
     let srv = start(1, 16, None);
     let cases: Vec<(Value, u16, &str)> = vec![
         (json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "five"}), 400, "max_tokens"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"x": 1}}), 400, "logit_bias"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 101}}), 400, "logit_bias"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"4000000": 1}}), 400, "logit_bias"),
         (json!({"messages": [{"role": "user", "content": 5}]}), 400, "messages[0].content"),
         (json!({"messages": [{"role": "wizard", "content": "hi"}]}), 400, "messages[0].role"),
         (json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 9}), 400, "temperature"),
