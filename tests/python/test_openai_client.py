@@ -109,6 +109,45 @@ check("json_schema: parsed into the pydantic model, stopped where it closes",
       isinstance(r.choices[0].message.parsed, Cat) and r.choices[0].finish_reason == "stop",
       (r.choices[0].message.content, r.choices[0].finish_reason))
 
+# Tool calling: a forced call of a pydantic function tool, parsed back into the model by the
+# client; the same streamed (deltas gathered as the client's users do); the call and its
+# result sent back for the next turn.
+
+
+class GetWeather(BaseModel):
+    city: str = Field(max_length=20)
+    unit: Literal["celsius", "fahrenheit"]
+
+
+ask = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+weather_tool = openai.pydantic_function_tool(GetWeather, name="get_weather", description="Current weather in a city")
+r = parse(model=MODEL, messages=ask, tools=[weather_tool], tool_choice="required", temperature=0, max_tokens=60)
+c = r.choices[0]
+call = (c.message.tool_calls or [None])[0]
+check("tools: a forced call, parsed into the pydantic model",
+      c.finish_reason == "tool_calls" and call is not None and call.function.name == "get_weather"
+      and isinstance(call.function.parsed_arguments, GetWeather), c.message)
+pieces, finish = {}, None
+for ch in client.chat.completions.create(model=MODEL, messages=ask, tools=[weather_tool], tool_choice="required",
+                                         temperature=0, max_tokens=60, stream=True):
+    if not ch.choices:
+        continue
+    for d in ch.choices[0].delta.tool_calls or []:
+        p = pieces.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+        p["id"] = d.id or p["id"]
+        p["name"] += (d.function and d.function.name) or ""
+        p["arguments"] += (d.function and d.function.arguments) or ""
+    finish = ch.choices[0].finish_reason or finish
+check("tools: streamed, the same call", finish == "tool_calls" and call is not None and len(pieces) == 1
+      and pieces[0]["name"] == "get_weather" and json.loads(pieces[0]["arguments"]) == json.loads(call.function.arguments), pieces)
+if call is not None:
+    turn = ask + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})}]
+    r = client.chat.completions.create(model=MODEL, messages=turn, tools=[weather_tool], tool_choice="none", temperature=0, max_tokens=30)
+    check("tools: the result sent back, an answer in text", isinstance(r.choices[0].message.content, str)
+          and not r.choices[0].message.tool_calls, r.choices[0].message)
+
 try:
     client.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=3)
     check("unknown model -> NotFoundError", False, "no error")

@@ -8,15 +8,22 @@ use corelm_gguf::Gguf;
 use minijinja::{context, Environment};
 use serde::Serialize;
 
+/// One turn. `tool_calls` (an assistant's calls, OpenAI's form with `arguments` an object, as
+/// templates read them) and `tool_call_id` (a `tool` turn's call) only with tools
+/// (`crate::tools`).
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Message {
     pub role: String,
     pub content: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
     pub fn new(role: &str, content: &str) -> Message {
-        Message { role: role.to_string(), content: content.to_string() }
+        Message { role: role.to_string(), content: content.to_string(), tool_calls: None, tool_call_id: None }
     }
 }
 
@@ -28,6 +35,8 @@ enum Kind {
 
 pub struct ChatTemplate {
     kind: Kind,
+    /// The template renders `tools` and writes calls in `<tool_call>` tags.
+    hermes: bool,
     bos: String,
     eos: String,
 }
@@ -46,17 +55,26 @@ impl ChatTemplate {
     pub fn from_gguf(g: &Gguf, tok: &crate::Tokenizer) -> Result<ChatTemplate, Error> {
         let bos = tok.bos.map(|b| tok.text(b).to_string()).unwrap_or_default();
         let eos = tok.eos.map(|b| tok.text(b).to_string()).unwrap_or_default();
-        let kind = match g.opt_str("tokenizer.chat_template")? {
-            Some(src) => Kind::Jinja(Box::new(Self::environment(src)?)),
-            None if g.str("general.architecture")?.starts_with("gemma") => Kind::Gemma,
-            None => Kind::ChatMl,
-        };
-        Ok(ChatTemplate { kind, bos, eos })
+        match g.opt_str("tokenizer.chat_template")? {
+            Some(src) => Self::from_jinja(src, &bos, &eos),
+            None if g.str("general.architecture")?.starts_with("gemma") => Ok(ChatTemplate { kind: Kind::Gemma, hermes: false, bos, eos }),
+            None => Ok(ChatTemplate { kind: Kind::ChatMl, hermes: false, bos, eos }),
+        }
     }
 
     /// A template from jinja source (for tests and user-supplied templates).
     pub fn from_jinja(src: &str, bos: &str, eos: &str) -> Result<ChatTemplate, Error> {
-        Ok(ChatTemplate { kind: Kind::Jinja(Box::new(Self::environment(src)?)), bos: bos.into(), eos: eos.into() })
+        let hermes = src.contains("tools") && src.contains(crate::tools::OPEN);
+        Ok(ChatTemplate { kind: Kind::Jinja(Box::new(Self::environment(src)?)), hermes, bos: bos.into(), eos: eos.into() })
+    }
+
+    /// How this template takes tools (`crate::tools::Format`).
+    pub fn tool_format(&self) -> crate::tools::Format {
+        if self.hermes {
+            crate::tools::Format::Hermes
+        } else {
+            crate::tools::Format::Json
+        }
     }
 
     fn environment(src: &str) -> Result<Environment<'static>, Error> {
@@ -68,22 +86,31 @@ impl ChatTemplate {
         env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
             Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
         });
+        env.add_filter("tojson", tojson);
         env.add_template_owned("chat", src.to_string()).map_err(render_err)?;
         Ok(env)
     }
 
     /// Render a conversation; `add_generation_prompt` appends the assistant turn header.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, Error> {
+        self.render_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// [`render`](Self::render) with `tools` (OpenAI's form) offered to a template that reads
+    /// them (none: `tools` undefined, as without).
+    pub fn render_with_tools(&self, messages: &[Message], tools: &[serde_json::Value], add_generation_prompt: bool) -> Result<String, Error> {
         match &self.kind {
             Kind::Jinja(env) => {
                 let t = env.get_template("chat").map_err(render_err)?;
-                t.render(context! {
+                let ctx = context! {
                     messages => messages,
                     add_generation_prompt => add_generation_prompt,
                     bos_token => self.bos,
                     eos_token => self.eos,
-                })
-                .map_err(render_err)
+                };
+                // `tools` only where there are some: templates test `tools is defined`.
+                let ctx = if tools.is_empty() { ctx } else { context! { tools => tools, ..ctx } };
+                t.render(ctx).map_err(render_err)
             }
             Kind::Gemma => Ok(gemma(messages, add_generation_prompt)),
             Kind::ChatMl => {
@@ -97,6 +124,50 @@ impl ChatTemplate {
                 Ok(s)
             }
         }
+    }
+}
+
+/// The `tojson` of Hugging Face's templates, Python's `json.dumps(v, ensure_ascii=False)`:
+/// `", "` and `": "` between items, keys in their order; with `indent`, one item a line.
+fn tojson(v: minijinja::Value, kwargs: minijinja::value::Kwargs) -> Result<String, minijinja::Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let fail = |e: serde_json::Error| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, format!("tojson: {e}"));
+    let v = serde_json::to_value(&v).map_err(fail)?;
+    let mut out = Vec::new();
+    match indent {
+        Some(n) => {
+            let pad = vec![b' '; n];
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, serde_json::ser::PrettyFormatter::with_indent(&pad));
+            serde::Serialize::serialize(&v, &mut ser).map_err(fail)?;
+        }
+        None => serde::Serialize::serialize(&v, &mut serde_json::Serializer::with_formatter(&mut out, Spaced)).map_err(fail)?,
+    }
+    Ok(String::from_utf8(out).unwrap_or_default())
+}
+
+/// Python `json.dumps`'s default separators.
+struct Spaced;
+
+impl serde_json::ser::Formatter for Spaced {
+    fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
     }
 }
 

@@ -39,6 +39,7 @@ pub mod sample;
 mod setup;
 pub mod sparsity;
 pub mod tokenizer;
+pub mod tools;
 
 pub use engine::{parse_cache_type, parse_kv_layout, Batch, Engine, EngineConfig, Logits};
 pub use tokenizer::{Tokenizer, Utf8Stream};

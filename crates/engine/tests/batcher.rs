@@ -147,12 +147,22 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
     let person = Arc::new(Schema::compile(&person).unwrap());
     let bounded = serde_json::json!({"type": "object", "properties": {"code": {"type": "string", "minLength": 2, "maxLength": 4}, "n": {"type": "number", "minimum": 10, "exclusiveMaximum": 12.5}}, "required": ["code", "n"]});
     let bounded = Arc::new(Schema::compile(&bounded).unwrap());
-    let cases: [(&Arc<Schema>, &[&str]); 3] = [
+    // Tool calls: alternatives a first byte does not tell apart (two live until the name).
+    let tools: Vec<corelm_engine::tools::Tool> = [
+        serde_json::json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}}, "required": ["city"]}}}),
+        serde_json::json!({"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "integer"}}, "required": ["zone"]}}}),
+    ]
+    .iter()
+    .map(|t| corelm_engine::tools::Tool::from_openai(t, "t").unwrap())
+    .collect();
+    let calls = Arc::new(corelm_engine::tools::call_schema(&tools, &corelm_engine::tools::Choice::Required).unwrap().unwrap());
+    let cases: [(&Arc<Schema>, &[&str]); 4] = [
         (
             &object,
             &["", "{", "{\"na", "{\"name\"", "{\"name\":", "{\"a\": \"Fel", "{\"a\": \"\\", "{\"a\": \"\\u0", "{\"a\": \"\u{e9}", "{\"a\": 1", "{\"a\": -", "{\"a\": 1.5e", "{\"a\": tr", "{\"a\": [", "{\"a\": [1, {}", "{\"a\": 1}\n"],
         ),
         (&person, &["", "{", "{\"n", "{\"name\": \"Bo", "{\"name\": \"Bob\", \"age\": 1", "{\"name\": \"Bob\", \"age\": 1,", "{\"name\": \"Bob\", \"age\": 1, \"pet\": \"c", "{\"name\": \"Bob\", \"age\": 1, \"pet\": null, \"tags\": [true, "]),
+        (&calls, &["", "{", "{\"name\": \"get_", "{\"name\": \"get_time\", \"arguments\": {\"zone\": 1", "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par"]),
         (&bounded, &["{\"code\": \"", "{\"code\": \"a", "{\"code\": \"ab", "{\"code\": \"abc", "{\"code\": \"abcd", "{\"code\": \"abcd\", \"n\": ", "{\"code\": \"abcd\", \"n\": 1", "{\"code\": \"abcd\", \"n\": 12."]),
     ];
     for file in ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf"] {
@@ -163,10 +173,13 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
             let mut checked = 0;
             for prefix in prefixes {
                 let mut mask = JsonMask::new(schema.clone());
-                let mut state = JsonState::new(schema);
                 // The mask fed the prefix's single-byte tokens (all in these vocabularies but an
-                // odd one), the state its bytes.
-                assert!(state.feed_all(schema, prefix.as_bytes()), "{prefix:?}");
+                // odd one), the states of the roots it fits their bytes.
+                let states: Vec<JsonState> = (0..schema.alternatives())
+                    .map(|i| JsonState::at_root(schema, i))
+                    .filter_map(|mut s| s.feed_all(schema, prefix.as_bytes()).then_some(s))
+                    .collect();
+                assert!(!states.is_empty(), "{prefix:?}");
                 let byte_tokens: Vec<u32> = prefix.bytes().filter_map(|b| (0..tok.n_vocab() as u32).find(|&id| tok.piece(id) == [b] && !tok.is_control(id))).collect();
                 if byte_tokens.len() != prefix.len() {
                     continue;
@@ -177,10 +190,10 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
                 let mut allowed = 0;
                 for id in 0..tok.n_vocab() as u32 {
                     let p = tok.piece(id);
-                    let want = !p.is_empty() && !tok.is_control(id) && !tok.is_eog(id) && {
-                        let mut s = state;
+                    let want = !p.is_empty() && !tok.is_control(id) && !tok.is_eog(id) && states.iter().any(|&s| {
+                        let mut s = s;
                         s.feed_all(schema, p)
-                    };
+                    });
                     assert_eq!(mask.allows(&vocab, &tok, id), want, "{file} {prefix:?} token {id} {:?}", String::from_utf8_lossy(p));
                     allowed += want as usize;
                 }

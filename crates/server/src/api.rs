@@ -4,9 +4,10 @@
 //! both endpoints share, then the endpoint's own), so a bad field is named in the 400 answer
 //! (`messages[1].content: invalid type ...`). Unknown fields are ignored, as OpenAI clients
 //! send fields this server does not use (`user`, `metadata` ...); fields it cannot honour with
-//! a different meaning (`n > 1`, `echo`, tools, a schema keyword the constraint cannot hold)
-//! are refused by name. `response_format: {"type": "json_object"}` is JSON mode, `{"type":
-//! "json_schema", ...}` a JSON Schema (`corelm_engine::json`).
+//! a different meaning (`n > 1`, `echo`, a schema keyword the constraint cannot hold) are
+//! refused by name. `response_format: {"type": "json_object"}` is JSON mode, `{"type":
+//! "json_schema", ...}` a JSON Schema (`corelm_engine::json`); `tools` and `tool_choice` are
+//! read into a [`ToolPlan`] (`corelm_engine::tools`).
 
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use corelm_engine::json::Schema;
 use corelm_engine::sample::SamplingParams;
+use corelm_engine::tools::{Choice, Tool};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -109,6 +111,32 @@ pub struct ChatMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant turn's calls.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// A `tool` turn's call.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+/// An earlier call, as the client sends it back: `arguments` is JSON text.
+#[derive(Deserialize, Debug)]
+pub struct ToolCallIn {
+    pub id: String,
+    pub function: FunctionIn,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct FunctionIn {
+    pub name: String,
+    pub arguments: String,
+}
+
+/// The tools a chat request offers and what it lets the model do with them.
+#[derive(Debug)]
+pub struct ToolPlan {
+    pub tools: Vec<Tool>,
+    pub choice: Choice,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -166,7 +194,11 @@ pub struct ChatRequest {
     #[serde(default)]
     pub logprobs: bool,
     pub top_logprobs: Option<u64>,
-    pub tools: Option<serde_json::Value>,
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// `"none"`, `"auto"`, `"required"` or `{"type": "function", "function": {"name": ...}}`.
+    pub tool_choice: Option<serde_json::Value>,
+    /// Accepted; a forced call is one call, an `auto` answer may hold several.
+    pub parallel_tool_calls: Option<bool>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -293,11 +325,43 @@ impl Common {
 }
 
 impl ChatRequest {
-    /// The messages as (role, text); `top_logprobs` when `logprobs` is set.
-    pub fn messages(&self) -> Result<Vec<corelm_engine::chat::Message>, ApiError> {
-        if self.tools.as_ref().is_some_and(|t| !t.is_null()) {
-            return Err(ApiError::bad("tools", "tool calling is not supported"));
+    /// The tools offered and `tool_choice` (default `auto` with tools); `None` without tools
+    /// or with `"none"`.
+    pub fn tool_plan(&self) -> Result<Option<ToolPlan>, ApiError> {
+        let tools = self.tools.as_deref().unwrap_or_default();
+        if tools.len() > 128 {
+            return Err(ApiError::bad("tools", "at most 128 tools"));
         }
+        let tools = tools.iter().enumerate().map(|(i, t)| Tool::from_openai(t, &format!("tools[{i}]"))).collect::<Result<Vec<_>, _>>().map_err(|e| ApiError::bad("tools", e.to_string()))?;
+        let choice = match &self.tool_choice {
+            None | Some(serde_json::Value::Null) => Choice::Auto,
+            Some(serde_json::Value::String(s)) => match s.as_str() {
+                "none" => Choice::None,
+                "auto" => Choice::Auto,
+                "required" => Choice::Required,
+                _ => return Err(ApiError::bad("tool_choice", format!("tool_choice must be none, auto, required or a function, got {s:?}"))),
+            },
+            Some(v) => match v["function"]["name"].as_str() {
+                Some(n) if v["type"] == "function" => Choice::Named(n.to_string()),
+                _ => return Err(ApiError::bad("tool_choice", "tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}")),
+            },
+        };
+        if tools.is_empty() {
+            return match choice {
+                Choice::Required | Choice::Named(_) => Err(ApiError::bad("tool_choice", "tool_choice asks for a call but there are no tools")),
+                _ => Ok(None),
+            };
+        }
+        if let Choice::Named(n) = &choice {
+            if !tools.iter().any(|t| &t.name == n) {
+                return Err(ApiError::bad("tool_choice", format!("tool_choice names {n:?}, which is not among the tools")));
+            }
+        }
+        Ok((choice != Choice::None).then_some(ToolPlan { tools, choice }))
+    }
+
+    /// The messages as the chat template takes them; `top_logprobs` when `logprobs` is set.
+    pub fn messages(&self) -> Result<Vec<corelm_engine::chat::Message>, ApiError> {
         if self.messages.is_empty() {
             return Err(ApiError::bad("messages", "messages must not be empty"));
         }
@@ -326,7 +390,19 @@ impl ChatRequest {
                 }
             };
             let role = if m.role == "developer" { "system" } else { m.role.as_str() };
-            out.push(corelm_engine::chat::Message::new(role, &text));
+            let mut msg = corelm_engine::chat::Message::new(role, &text);
+            if let Some(calls) = m.tool_calls.as_ref().filter(|c| !c.is_empty()) {
+                let calls = calls.iter().enumerate().map(|(j, c)| {
+                    // Templates read the arguments as an object.
+                    let args: serde_json::Value = serde_json::from_str(&c.function.arguments).ok().filter(serde_json::Value::is_object).ok_or_else(|| {
+                        ApiError::bad(&format!("messages[{i}].tool_calls[{j}].function.arguments"), "arguments must be the JSON text of an object")
+                    })?;
+                    Ok(json!({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}}))
+                });
+                msg.tool_calls = Some(calls.collect::<Result<_, ApiError>>()?);
+            }
+            msg.tool_call_id = m.tool_call_id.clone();
+            out.push(msg);
         }
         Ok(out)
     }

@@ -176,6 +176,8 @@ pub(crate) struct Job {
     pub params: GenParams,
     pub logprobs: Option<usize>,
     pub id: String,
+    /// With tools offered: how to read calls out of the answer.
+    pub tools: Option<respond::ToolAnswer>,
 }
 
 /// Admission: context check, queue bound, then hand the request to the engine thread.
@@ -255,7 +257,7 @@ fn submit(
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", None, "the engine has stopped"));
     }
     let n = REQ_ID.fetch_add(1, Ordering::Relaxed);
-    Ok(Job { events: erx, params, logprobs, id: format!("{prefix}-{:x}{n:06x}", st.created) })
+    Ok(Job { events: erx, params, logprobs, id: format!("{prefix}-{:x}{n:06x}", st.created), tools: None })
 }
 
 static REQ_ID: AtomicU64 = AtomicU64::new(0);
@@ -283,12 +285,30 @@ fn encode(st: &AppState, text: &str, field: &str) -> Result<Vec<u32>, ApiError> 
 async fn chat(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
     let r = async {
         let (common, req): (_, ChatRequest) = read_request(&st, &headers, &body)?;
-        let params = common.params()?;
+        let mut params = common.params()?;
         let logprobs = req.top_logprobs()?;
         let msgs = req.messages()?;
-        let text = st.template.render(&msgs, true).map_err(|e| ApiError::bad("messages", e.to_string()))?;
+        let plan = req.tool_plan()?;
+        let (text, tools) = match plan {
+            None => (st.template.render(&msgs, true).map_err(|e| ApiError::bad("messages", e.to_string()))?, None),
+            Some(plan) => {
+                if logprobs.is_some() {
+                    return Err(ApiError::bad("logprobs", "logprobs together with tools is not supported"));
+                }
+                if params.json.is_some() {
+                    return Err(ApiError::bad("response_format", "response_format together with tools is not supported"));
+                }
+                let (text, answer, forced) = corelm_engine::tools::prompt(&st.template, &msgs, &plan.tools, &plan.choice).map_err(|e| match e {
+                    corelm_engine::Error::Schema(m) => ApiError::bad("tools", m),
+                    e => ApiError::bad("messages", e.to_string()),
+                })?;
+                params.json = forced;
+                (text, Some(respond::ToolAnswer { answer, tools: plan.tools }))
+            }
+        };
         let prompt = encode(&st, &text, "messages")?;
-        let job = submit(&st, prompt, params, logprobs, "chatcmpl", "messages")?;
+        let mut job = submit(&st, prompt, params, logprobs, "chatcmpl", "messages")?;
+        job.tools = tools;
         Ok(respond::answer(st.clone(), job, respond::Kind::Chat).await)
     }
     .await;

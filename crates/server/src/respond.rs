@@ -1,10 +1,17 @@
 //! Turning a job's engine events into OpenAI answers: one JSON body, or an SSE stream of
 //! chunks ending with `data: [DONE]`.
+//!
+//! With tools offered, the answer's calls are read out of its text when it ends
+//! (`corelm_engine::tools::parse`): `message.tool_calls` and `finish_reason: "tool_calls"`. A
+//! stream sends as content only the text that cannot be part of a call
+//! (`tools::plain_prefix`), holds the rest, and at the end sends the calls as one
+//! `delta.tool_calls` chunk — or, when there were none, the held text.
 
 use crate::{AppState, Job};
 use axum::response::sse::{Event as Sse, Sse as SseResponse};
 use axum::response::{IntoResponse, Response};
 use corelm_engine::batcher::{Event, Finish, FinishReason, TokenLogprob};
+use corelm_engine::tools::{self, Answer, Tool, ToolCall};
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -22,6 +29,38 @@ fn finish_reason(r: &FinishReason) -> &'static str {
         FinishReason::Length => "length",
         _ => "stop",
     }
+}
+
+/// How to read a chat answer's tool calls.
+#[derive(Debug)]
+pub(crate) struct ToolAnswer {
+    pub answer: Answer,
+    pub tools: Vec<Tool>,
+}
+
+impl ToolAnswer {
+    /// The held-back text's content and calls.
+    fn read(&self, text: &str) -> (Option<String>, Vec<ToolCall>) {
+        tools::parse(text, self.answer, &self.tools)
+    }
+
+    /// Bytes of `text` that are surely content (a forced call's: none).
+    fn plain(&self, text: &str) -> usize {
+        match self.answer {
+            Answer::Bare => 0,
+            Answer::Free(f) => tools::plain_prefix(text, f),
+        }
+    }
+}
+
+/// OpenAI's `tool_calls` (with `index`, as stream deltas carry them).
+fn tool_calls(job_id: &str, calls: &[ToolCall]) -> Value {
+    let id = job_id.rsplit('-').next().unwrap_or(job_id);
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| json!({"index": i, "id": format!("call_{id}_{i}"), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+        .collect()
 }
 
 fn usage(f: &Finish) -> Value {
@@ -114,12 +153,22 @@ async fn whole(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
         return error_response(e);
     }
     let lp = lps.as_mut().map_or(Value::Null, Logprobs::take);
-    let choice = match kind {
-        Kind::Chat => json!({
+    let choice = match (kind, &job.tools) {
+        (Kind::Chat, Some(t)) => {
+            let (content, calls) = t.read(&text);
+            let mut message = json!({"role": "assistant", "content": content});
+            let mut finish = finish_reason(&fin.reason);
+            if !calls.is_empty() {
+                message["tool_calls"] = tool_calls(&job.id, &calls);
+                finish = "tool_calls";
+            }
+            json!({"index": 0, "message": message, "logprobs": lp, "finish_reason": finish})
+        }
+        (Kind::Chat, None) => json!({
             "index": 0, "message": {"role": "assistant", "content": text},
             "logprobs": lp, "finish_reason": finish_reason(&fin.reason),
         }),
-        Kind::Text => json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason(&fin.reason)}),
+        (Kind::Text, _) => json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason(&fin.reason)}),
     };
     let object = if kind == Kind::Chat { "chat.completion" } else { "text_completion" };
     axum::Json(json!({
@@ -161,6 +210,8 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
         }
         let mut lps = job.logprobs.map(|_| Logprobs::new(kind));
         let mut offset = 0;
+        // With tools: the whole text so far, and how much of it went out as content.
+        let (mut full, mut sent) = (String::new(), 0);
         loop {
             let (piece, lp) = match job.events.recv().await {
                 Some(Event::Token { id, text, logprob }) => {
@@ -179,7 +230,20 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
                         let err = json!({"error": {"message": e, "type": "server_error"}});
                         let _ = send(Sse::default().data(err.to_string())).await;
                     } else {
-                        let _ = send(chunk(choice(None, Value::Null, json!(finish_reason(&f.reason))), None)).await;
+                        let mut finish = finish_reason(&f.reason);
+                        if let Some(t) = &job.tools {
+                            let (_, calls) = t.read(&full);
+                            let last = if calls.is_empty() {
+                                (sent < full.len()).then(|| json!([{"index": 0, "delta": {"content": &full[sent..]}, "logprobs": null, "finish_reason": null}]))
+                            } else {
+                                finish = "tool_calls";
+                                Some(json!([{"index": 0, "delta": {"tool_calls": tool_calls(&job.id, &calls)}, "logprobs": null, "finish_reason": null}]))
+                            };
+                            if let Some(c) = last {
+                                let _ = send(chunk(c, None)).await;
+                            }
+                        }
+                        let _ = send(chunk(choice(None, Value::Null, json!(finish)), None)).await;
                         if job.params.include_usage {
                             let _ = send(chunk(json!([]), Some(usage(&f)))).await;
                         }
@@ -190,6 +254,16 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
                 None => return,
             };
             offset += piece.len();
+            let piece = match &job.tools {
+                Some(t) => {
+                    full.push_str(&piece);
+                    let plain = t.plain(&full).max(sent);
+                    let out = full[sent..plain].to_string();
+                    sent = plain;
+                    out
+                }
+                None => piece,
+            };
             if piece.is_empty() && lp.is_null() {
                 continue;
             }

@@ -254,6 +254,50 @@ fn json_mode_answers_json_objects() {
     }
 }
 
+/// Tools: a forced call is a call of the named tool whose arguments are a value of its
+/// parameters, the same streamed as one `delta.tool_calls`; an `auto` answer in prose is
+/// content, streamed as it comes.
+#[test]
+fn tool_calls_are_held_to_their_tools_and_read_back() {
+    let srv = start(1, 16, None);
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city", "days"]}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
+    ]);
+    for choice in [json!("required"), json!({"type": "function", "function": {"name": "get_weather"}})] {
+        let mut body = chat("What will the weather be in Paris this week?", 60, false);
+        body["tools"] = tools.clone();
+        body["tool_choice"] = choice.clone();
+        let v = post(&srv, "/v1/chat/completions", body.clone()).json();
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{choice}: {v}");
+        assert!(c["message"]["content"].is_null(), "{v}");
+        let call = &c["message"]["tool_calls"][0];
+        assert_eq!((call["type"].as_str(), call["function"]["name"].as_str()), (Some("function"), Some("get_weather")), "{v}");
+        let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert!(args["city"].as_str().is_some_and(|c| c.chars().count() <= 20) && (1..=7).contains(&args["days"].as_i64().unwrap()), "{args}");
+        body["stream"] = json!(true);
+        let ev = post(&srv, "/v1/chat/completions", body).events();
+        let chunks: Vec<Value> = ev[..ev.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        let streamed: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
+        assert_eq!(streamed.len(), 1);
+        assert_eq!(streamed[0]["function"], call["function"]);
+        assert!(chunks.iter().all(|c| c["choices"][0]["delta"]["content"].as_str().is_none_or(str::is_empty)), "no content chunks");
+        assert_eq!(chunks.iter().find_map(|c| c["choices"][0]["finish_reason"].as_str()), Some("tool_calls"));
+    }
+    // `auto` on a question SmolLM2 answers in prose: content, the same streamed.
+    let mut body = chat("Say hello.", 12, false);
+    body["tools"] = tools;
+    let v = post(&srv, "/v1/chat/completions", body.clone()).json();
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap_or_else(|| panic!("{v}")).to_string();
+    assert!(v["choices"][0]["message"]["tool_calls"].is_null(), "{v}");
+    body["stream"] = json!(true);
+    let ev = post(&srv, "/v1/chat/completions", body).events();
+    let streamed: String = ev[..ev.len() - 1].iter().filter_map(|e| serde_json::from_str::<Value>(e).ok()?["choices"][0]["delta"]["content"].as_str().map(String::from)).collect();
+    assert_eq!(streamed, text);
+}
+
 #[test]
 fn bad_requests_get_openai_errors_naming_the_problem() {
     let srv = start(1, 16, None);
@@ -263,6 +307,12 @@ fn bad_requests_get_openai_errors_naming_the_problem() {
         (json!({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 101}}), 400, "logit_bias"),
         (json!({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"4000000": 1}}), 400, "logit_bias"),
         (json!({"messages": [{"role": "user", "content": 5}]}), 400, "messages[0].content"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "a b"}}]}), 400, "tools[0]"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}), 400, "tool_choice"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}), 400, "tool_choice"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}], "logprobs": true}), 400, "logprobs"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}}}], "tool_choice": "required"}), 400, "\"pattern\""),
+        (json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]}), 400, "messages[0].tool_calls[0].function.arguments"),
         (json!({"messages": [{"role": "wizard", "content": "hi"}]}), 400, "messages[0].role"),
         (json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 9}), 400, "temperature"),
         (json!({"messages": [{"role": "user", "content": "hi"}], "n": 2}), 400, "n"),

@@ -7,7 +7,8 @@
 //! - [`schema`] compiles a JSON Schema to a table of nodes; [`state::JsonState`] is a
 //!   byte-level pushdown automaton over that table (a frame per open container, the lexical
 //!   state of [`lex`] at the top). It is `Copy` (no heap), so trying a token is a copy and a
-//!   feed of its bytes.
+//!   feed of its bytes. A schema of alternatives that start alike ([`Schema::one_of`]: tool
+//!   calls) has a root each; the mask keeps the automaton of every root the text still fits.
 //! - [`JsonMask`] tries every token of the vocabulary from the sequence's state before each
 //!   sample: control tokens, end-of-generation tokens and empty pieces are never allowed; the
 //!   sequence ends (`Stop`) as soon as its top-level value is closed, so it needs no EOS.
@@ -87,20 +88,22 @@ impl JsonVocab {
 /// [`JsonVocab`]'s second byte of a one-byte token.
 const NO_BYTE: u16 = 256;
 
-/// The per-sequence JSON constraint: its schema and automaton, and which tokens may follow.
+/// The per-sequence JSON constraint: its schema and automata, and which tokens may follow.
 #[derive(Clone, Debug)]
 pub struct JsonMask {
     schema: Arc<Schema>,
-    state: JsonState,
-    /// Which first bytes the state takes ([`prepare`](Self::prepare)).
+    /// The automaton of each root of the schema that the text so far still fits (one but for
+    /// [`Schema::one_of`]'s alternatives).
+    states: Vec<JsonState>,
+    /// Which first bytes some state takes ([`prepare`](Self::prepare)).
     first: [bool; 256],
     /// Outside strings, `pair[a][b]`: whether the state takes `a` then `b` (for the first
     /// bytes it takes; ` word` or `every` where a number may end, which a first byte alone does
     /// not settle). Inside strings most tokens are whole characters of text, settled by class.
     pair: Box<[[bool; 256]; 256]>,
-    /// Whether `pair` holds for the current state (outside strings).
+    /// Whether `pair` holds for the current states (outside strings).
     pairs: bool,
-    /// In plain string text: the characters the string may still take.
+    /// Every state in plain string text: the most characters one of the strings may still take.
     room: Option<u32>,
 }
 
@@ -113,8 +116,8 @@ impl Default for JsonMask {
 impl JsonMask {
     /// Before the first token of a value of `schema` ([`Schema::object`]: JSON mode).
     pub fn new(schema: Arc<Schema>) -> JsonMask {
-        let state = JsonState::new(&schema);
-        let mut m = JsonMask { schema, state, first: [false; 256], pair: Box::new([[false; 256]; 256]), pairs: false, room: None };
+        let states = (0..schema.roots.len()).map(|i| JsonState::at_root(&schema, i)).collect();
+        let mut m = JsonMask { schema, states, first: [false; 256], pair: Box::new([[false; 256]; 256]), pairs: false, room: None };
         m.prepare();
         m
     }
@@ -123,19 +126,23 @@ impl JsonMask {
     /// pairs starting with one of them (256 feeds for each: about 20 first bytes there), so that
     /// [`allows`](Self::allows) refuses most tokens by their first two bytes.
     fn prepare(&mut self) {
+        let schema = &self.schema;
         for b in 0..=255u8 {
-            let mut s = self.state;
-            self.first[b as usize] = s.feed(&self.schema, b);
+            self.first[b as usize] = self.states.iter().any(|&s| s.clone().feed(schema, b));
         }
-        self.pairs = !self.state.inside_string();
-        self.room = self.state.plain_string_room();
+        self.pairs = self.states.iter().all(|s| !s.inside_string());
+        self.room = self.states.iter().map(|s| s.plain_string_room()).try_fold(0, |m, r| r.map(|r| m.max(r)));
         if self.pairs {
             for a in (0..=255u8).filter(|&a| self.first[a as usize]) {
-                let mut after = self.state;
-                after.feed(&self.schema, a);
-                for b in 0..=255u8 {
-                    let mut s = after;
-                    self.pair[a as usize][b as usize] = s.feed(&self.schema, b);
+                let row = &mut self.pair[a as usize];
+                row.fill(false);
+                for &s in &self.states {
+                    let mut after = s;
+                    if after.feed(schema, a) {
+                        for b in 0..=255u8 {
+                            row[b as usize] |= after.clone().feed(schema, b);
+                        }
+                    }
                 }
             }
         }
@@ -151,10 +158,7 @@ impl JsonMask {
             // One byte, which the state takes.
             _ if vocab.second[i] == NO_BYTE => true,
             _ if self.pairs && !self.pair[vocab.first[i] as usize][vocab.second[i] as usize] => false,
-            _ => {
-                let mut s = self.state;
-                s.feed_all(&self.schema, tok.piece(id))
-            }
+            _ => self.states.iter().any(|&s| s.clone().feed_all(&self.schema, tok.piece(id))),
         }
     }
 
@@ -175,14 +179,15 @@ impl JsonMask {
         if !self.allows(vocab, tok, id) {
             return false;
         }
-        self.state.feed_all(&self.schema, tok.piece(id));
+        let (schema, piece) = (&self.schema, tok.piece(id));
+        self.states.retain_mut(|s| s.feed_all(schema, piece));
         self.prepare();
         true
     }
 
     /// Is the value closed (the sequence should stop)?
     pub fn is_complete(&self) -> bool {
-        self.state.is_complete()
+        self.states.iter().any(|s| s.is_complete())
     }
 }
 

@@ -39,14 +39,14 @@ pub(super) const ANY_ARRAY: NodeId = 2;
 pub const MAX_CHOICES: usize = 64;
 
 /// One declared property: its key as JSON writes it inside the quotes (escaped), and its value.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Prop {
     pub key: Vec<u8>,
     pub node: NodeId,
     pub required: bool,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) enum Node {
     Any,
     /// Declared `props` in order, or (none declared) free keys whose values are `extra`
@@ -65,11 +65,12 @@ pub(super) enum Node {
     AnyOf(Vec<NodeId>),
 }
 
-/// A compiled schema: the nodes and the root's.
+/// A compiled schema: the nodes, and the roots: a value of any one of them (more than one
+/// only from [`Schema::one_of`], whose alternatives a first byte need not tell apart).
 #[derive(Debug)]
 pub struct Schema {
     pub(super) nodes: Vec<Node>,
-    pub(super) root: NodeId,
+    pub(super) roots: Vec<NodeId>,
 }
 
 /// Keywords that describe and do not constrain.
@@ -81,7 +82,41 @@ const READ: [&str; 12] = ["type", "properties", "required", "additionalPropertie
 impl Schema {
     /// JSON mode: any object.
     pub fn object() -> Schema {
-        Schema { nodes: base(), root: ANY_OBJECT }
+        Schema { nodes: base(), roots: vec![ANY_OBJECT] }
+    }
+
+    /// How many roots (alternatives) the schema has.
+    pub fn alternatives(&self) -> usize {
+        self.roots.len()
+    }
+
+    /// A value of any one of `alts`, which may start alike (tool calls: one object per tool,
+    /// told apart only by their `name`): the mask follows every alternative the text so far
+    /// still fits. Their node tables are joined, each alternative's ids moved past the others'.
+    pub fn one_of(alts: Vec<Schema>) -> Result<Schema, Error> {
+        let mut nodes = base();
+        let mut roots = Vec::new();
+        for a in alts {
+            let offset = (nodes.len() - base().len()) as NodeId;
+            let at = |id: NodeId| if (id as usize) < base().len() { id } else { id + offset };
+            nodes.extend(a.nodes[base().len()..].iter().map(|n| match n {
+                Node::Object { props, extra } => Node::Object {
+                    props: props.iter().map(|p| Prop { node: at(p.node), ..p.clone() }).collect(),
+                    extra: extra.map(at),
+                },
+                &Node::Array { items, min, max } => Node::Array { items: at(items), min, max },
+                Node::AnyOf(alts) => Node::AnyOf(alts.iter().map(|&x| at(x)).collect()),
+                other => other.clone(),
+            }));
+            roots.extend(a.roots.iter().map(|&r| at(r)));
+            if nodes.len() > NodeId::MAX as usize {
+                return Err(bad("schema", "too many nodes"));
+            }
+        }
+        if roots.is_empty() {
+            return Err(bad("schema", "no alternatives"));
+        }
+        Ok(Schema { nodes, roots })
     }
 
     /// Compile a JSON Schema. Its root must be an object or an array (the answer opens with
@@ -89,7 +124,7 @@ impl Schema {
     pub fn compile(schema: &Value) -> Result<Schema, Error> {
         let mut c = Compiler { doc: schema, nodes: base(), refs: HashMap::new(), depth: 0 };
         let root = c.node(schema, "schema")?;
-        let s = Schema { nodes: c.nodes, root };
+        let s = Schema { nodes: c.nodes, roots: vec![root] };
         let first = first_bytes(&s.nodes, root, 0);
         if first.iter().enumerate().any(|(b, &on)| on && b != b'{' as usize && b != b'[' as usize) {
             return Err(bad("schema", "the root must be an object or an array"));

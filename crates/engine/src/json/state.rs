@@ -99,9 +99,14 @@ fn bits(mut m: u64) -> impl Iterator<Item = usize> {
 }
 
 impl JsonState {
-    /// Before the first byte of a value of `schema`.
+    /// Before the first byte of a value of `schema` (its first root).
     pub fn new(schema: &Schema) -> JsonState {
-        JsonState { frames: [Frame::default(); MAX_DEPTH], depth: 0, lex: Lex::Value(schema.root), ws: 0 }
+        JsonState::at_root(schema, 0)
+    }
+
+    /// Before the first byte of a value of `schema`'s root `i`.
+    pub fn at_root(schema: &Schema, i: usize) -> JsonState {
+        JsonState { frames: [Frame::default(); MAX_DEPTH], depth: 0, lex: Lex::Value(schema.roots[i]), ws: 0 }
     }
 
     /// Is the text fed so far a whole value of the schema (possibly followed by whitespace)?

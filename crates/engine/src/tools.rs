@@ -1,0 +1,406 @@
+//! Tool calling (OpenAI's `tools` and `tool_choice`): how the tools and earlier calls reach
+//! the prompt, how an answer that must call a tool is held to a call, and how calls are read
+//! back out of the answer's text.
+//!
+//! Two formats ([`Format`]):
+//! - `Hermes`: the model's chat template renders `tools` itself and writes each call as
+//!   `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` (Qwen2.5, Qwen3, Hermes); earlier
+//!   calls and results go to the template as messages with `tool_calls` and role `tool`.
+//! - `Json`, every other template: the tools are described in the system message, a call is
+//!   an answer that is one JSON object `{"name": …, "arguments": {…}}` (or a list of them),
+//!   and earlier calls and results become plain assistant and user turns.
+//!
+//! A forced call (`tool_choice` `required` or a named function) is held to
+//! [`call_schema`]: one alternative per allowed tool, `{"name": <its name>, "arguments": <its
+//! parameters>}`, through the JSON mask (Hermes: after `<tool_call>\n` ends the prompt). An
+//! `auto` answer is free, and read by [`parse`] when it ends.
+
+use serde_json::{json, Map, Value};
+
+use std::sync::Arc;
+
+use crate::chat::{ChatTemplate, Message};
+use crate::json::Schema;
+use crate::Error;
+
+/// A function the model may call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    pub description: Option<String>,
+    /// JSON Schema of the arguments (an object).
+    pub parameters: Value,
+}
+
+/// `tool_choice`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Choice {
+    /// No calls: the tools are left out of the prompt.
+    None,
+    /// The model chooses: free text, read for calls when it ends.
+    Auto,
+    /// A call of some tool, held to the tools' schemas.
+    Required,
+    /// A call of this tool.
+    Named(String),
+}
+
+/// One call read from an answer: the tool and its arguments as JSON text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolCall {
+    pub name: String,
+    pub arguments: String,
+}
+
+/// How a chat template takes tools (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Hermes,
+    Json,
+}
+
+/// What [`parse`] reads: an answer free to call tools in its format, or (`Bare`) the text a
+/// forced call produced (the JSON of one call; Hermes' tags were in the prompt).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    Free(Format),
+    Bare,
+}
+
+impl Tool {
+    /// A tool from OpenAI's `{"type": "function", "function": {"name", "description",
+    /// "parameters"}}`, checked: a name of 1–64 letters, digits, `_` or `-`, parameters an
+    /// object schema (none: no arguments). `what` names it in errors.
+    pub fn from_openai(v: &Value, what: &str) -> Result<Tool, Error> {
+        let bad = |m: String| Error::Schema(format!("{what}: {m}"));
+        if v.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(bad("only tools of type \"function\" are supported".into()));
+        }
+        let f = v.get("function").and_then(Value::as_object).ok_or_else(|| bad("needs a \"function\" object".into()))?;
+        let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
+        if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+            return Err(bad(format!("function.name must be 1 to 64 letters, digits, _ or -, got {name:?}")));
+        }
+        let parameters = match f.get("parameters") {
+            None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => return Err(bad("function.parameters must be a JSON Schema object".into())),
+        };
+        Ok(Tool { name: name.to_string(), description: f.get("description").and_then(Value::as_str).map(String::from), parameters })
+    }
+
+    /// OpenAI's form, as templates read `tools` (keys in the order of OpenAI's documents).
+    pub fn to_openai(&self) -> Value {
+        let mut f = Map::new();
+        f.insert("name".into(), json!(self.name));
+        if let Some(d) = &self.description {
+            f.insert("description".into(), json!(d));
+        }
+        f.insert("parameters".into(), self.parameters.clone());
+        json!({"type": "function", "function": f})
+    }
+}
+
+/// The schema of one call of `tool`: its parameters' `$defs`/`definitions` lifted to the
+/// top, so their references still resolve.
+fn call_json(tool: &Tool) -> Result<Value, Error> {
+    let mut args = tool.parameters.clone();
+    let mut top = Map::new();
+    if let Some(o) = args.as_object_mut() {
+        for key in ["$defs", "definitions"] {
+            if let Some(d) = o.remove(key) {
+                top.insert(key.to_string(), d);
+            }
+        }
+    }
+    if args.to_string().contains("\"$ref\":\"#\"") {
+        return Err(Error::Schema(format!("tool {:?}: a $ref to the parameters' root (\"#\") is not supported", tool.name)));
+    }
+    top.insert("type".into(), json!("object"));
+    top.insert("properties".into(), json!({"name": {"const": tool.name}, "arguments": args}));
+    top.insert("required".into(), json!(["name", "arguments"]));
+    Ok(Value::Object(top))
+}
+
+/// What a forced call is held to: for `Required` one alternative per tool, for `Named` that
+/// tool's; `None` for `Auto` and `None`.
+pub fn call_schema(tools: &[Tool], choice: &Choice) -> Result<Option<Schema>, Error> {
+    let chosen: Vec<&Tool> = match choice {
+        Choice::None | Choice::Auto => return Ok(None),
+        Choice::Required => tools.iter().collect(),
+        Choice::Named(n) => tools.iter().filter(|t| &t.name == n).collect(),
+    };
+    if chosen.is_empty() {
+        return Err(Error::Schema(match choice {
+            Choice::Named(n) => format!("tool_choice names {n:?}, which is not among the tools"),
+            _ => "tool_choice \"required\" needs at least one tool".into(),
+        }));
+    }
+    let alts = chosen
+        .iter()
+        .map(|t| Schema::compile(&call_json(t)?).map_err(|e| Error::Schema(format!("tool {:?}: {}", t.name, e.to_string().trim_start_matches("invalid JSON Schema: ")))))
+        .collect::<Result<Vec<_>, _>>()?;
+    Schema::one_of(alts).map(Some)
+}
+
+/// The system text that describes `tools` to a template of the `Json` format.
+pub fn system_text(tools: &[Tool]) -> String {
+    let mut s = String::from("You can call these tools (each with a JSON Schema of its arguments):\n");
+    for t in tools {
+        s.push_str(&t.to_openai()["function"].to_string());
+        s.push('\n');
+    }
+    s.push_str("To call a tool, answer with only a JSON object: {\"name\": <the tool's name>, \"arguments\": <its arguments>}. Otherwise answer normally.");
+    s
+}
+
+/// The messages as a template of `format` takes them, with `tools` offered (empty: none).
+/// `Hermes` passes them as they are (the template renders `tools`, `tool_calls` and role
+/// `tool`); `Json` describes the tools in the system message (joined to one given) and turns
+/// earlier calls into the assistant's JSON and results into user turns.
+pub fn for_template(messages: &[Message], tools: &[Tool], format: Format) -> Vec<Message> {
+    if format == Format::Hermes {
+        return messages.to_vec();
+    }
+    let mut out = Vec::with_capacity(messages.len() + 1);
+    if !tools.is_empty() {
+        let text = system_text(tools);
+        match messages.first() {
+            Some(m) if m.role == "system" => out.push(Message::new("system", &format!("{}\n\n{text}", m.content))),
+            _ => out.push(Message::new("system", &text)),
+        }
+    }
+    let skip = usize::from(!tools.is_empty() && messages.first().is_some_and(|m| m.role == "system"));
+    for m in &messages[skip..] {
+        match (m.role.as_str(), &m.tool_calls) {
+            ("assistant", Some(calls)) if !calls.is_empty() => {
+                let mut text = m.content.clone();
+                for c in calls {
+                    let f = &c["function"];
+                    if !text.is_empty() {
+                        text.push('\n');
+                    }
+                    text.push_str(&json!({"name": f["name"], "arguments": f["arguments"]}).to_string());
+                }
+                out.push(Message::new("assistant", &text));
+            }
+            ("tool", _) => {
+                let name = m.tool_call_id.as_deref().and_then(|id| call_name(messages, id));
+                let head = name.map_or("Tool result".to_string(), |n| format!("Result of {n}"));
+                out.push(Message::new("user", &format!("{head}: {}", m.content)));
+            }
+            _ => out.push(Message::new(&m.role, &m.content)),
+        }
+    }
+    out
+}
+
+/// The prompt for `messages` with `tools` offered under `choice`, how to read the answer, and
+/// (a forced call) the schema the answer is held to. A Hermes template's forced call starts
+/// after `<tool_call>\n`, which ends the prompt.
+pub fn prompt(template: &ChatTemplate, messages: &[Message], tools: &[Tool], choice: &Choice) -> Result<(String, Answer, Option<Arc<Schema>>), Error> {
+    let format = template.tool_format();
+    let msgs = for_template(messages, tools, format);
+    let offered: Vec<Value> = if format == Format::Hermes { tools.iter().map(Tool::to_openai).collect() } else { vec![] };
+    let mut text = template.render_with_tools(&msgs, &offered, true)?;
+    let forced = call_schema(tools, choice)?;
+    let answer = match (&forced, format) {
+        (Some(_), Format::Hermes) => {
+            text.push_str(OPEN);
+            text.push('\n');
+            Answer::Bare
+        }
+        (Some(_), Format::Json) => Answer::Bare,
+        (None, f) => Answer::Free(f),
+    };
+    Ok((text, answer, forced.map(Arc::new)))
+}
+
+/// The function name of the earlier call `id`.
+fn call_name<'a>(messages: &'a [Message], id: &str) -> Option<&'a str> {
+    messages.iter().filter_map(|m| m.tool_calls.as_ref()).flatten().find(|c| c["id"] == id).and_then(|c| c["function"]["name"].as_str())
+}
+
+/// One call from a JSON value `{"name": <a tool of `tools`>, "arguments": {…}}`.
+fn call_of(v: &Value, tools: &[Tool]) -> Option<ToolCall> {
+    let name = v.get("name")?.as_str()?;
+    let args = v.get("arguments").filter(|a| a.is_object())?;
+    tools.iter().any(|t| t.name == name).then(|| ToolCall { name: name.to_string(), arguments: args.to_string() })
+}
+
+/// The calls in a finished answer, and the text that remains (`None` where nothing does;
+/// trimmed around calls; without calls the answer as it is, which a stream sent unchanged).
+/// Text that looks like a call but does not parse as one of a tool of `tools` stays text.
+pub fn parse(text: &str, answer: Answer, tools: &[Tool]) -> (Option<String>, Vec<ToolCall>) {
+    let whole = |t: &str| -> Option<Vec<ToolCall>> {
+        match serde_json::from_str::<Value>(t.trim()).ok()? {
+            Value::Array(a) if !a.is_empty() => a.iter().map(|v| call_of(v, tools)).collect(),
+            v => call_of(&v, tools).map(|c| vec![c]),
+        }
+    };
+    let rest = |t: &str| Some(t.trim().to_string()).filter(|t| !t.is_empty());
+    match answer {
+        Answer::Bare | Answer::Free(Format::Json) => match whole(text) {
+            Some(calls) => (None, calls),
+            None => (Some(text.to_string()).filter(|t| !t.trim().is_empty()), vec![]),
+        },
+        Answer::Free(Format::Hermes) => {
+            let (mut kept, mut calls, mut at) = (String::new(), Vec::new(), 0);
+            while let Some(open) = text[at..].find(OPEN).map(|i| at + i) {
+                let body = open + OPEN.len();
+                let Some(close) = text[body..].find(CLOSE).map(|i| body + i) else { break };
+                match whole(&text[body..close]).filter(|c| c.len() == 1) {
+                    Some(mut c) => {
+                        kept.push_str(&text[at..open]);
+                        calls.append(&mut c);
+                    }
+                    None => kept.push_str(&text[at..close + CLOSE.len()]),
+                }
+                at = close + CLOSE.len();
+            }
+            kept.push_str(&text[at..]);
+            if calls.is_empty() {
+                // Small models often write the call's JSON without the tags.
+                return match whole(text) {
+                    Some(c) => (None, c),
+                    None => (Some(text.to_string()).filter(|t| !t.trim().is_empty()), vec![]),
+                };
+            }
+            (rest(&kept), calls)
+        }
+    }
+}
+
+/// Hermes' tags around a call.
+pub const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+
+/// How many leading bytes of an answer still being written in `format` are surely text, not
+/// part of a call (a stream sends those and holds the rest until the answer ends): nothing if
+/// the answer opens with `{` or `[` (a call's JSON, which Hermes models also write without
+/// tags); else `Json` all, Hermes up to its first `<tool_call>` (or a partial one at the end).
+pub fn plain_prefix(text: &str, format: Format) -> usize {
+    if matches!(text.trim_start().bytes().next(), None | Some(b'{' | b'[')) {
+        return 0;
+    }
+    match format {
+        Format::Json => text.len(),
+        Format::Hermes => {
+            if let Some(i) = text.find(OPEN) {
+                return i;
+            }
+            // A tail that could be the tag's beginning.
+            let tail = (1..OPEN.len()).rev().find(|&n| text.len() >= n && text.is_char_boundary(text.len() - n) && OPEN.starts_with(&text[text.len() - n..]));
+            text.len() - tail.unwrap_or(0)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weather() -> Tool {
+        Tool::from_openai(
+            &json!({"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}}, "required": ["city"]}}}),
+            "tools[0]",
+        )
+        .unwrap()
+    }
+
+    fn time() -> Tool {
+        Tool::from_openai(&json!({"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"$ref": "#/$defs/Zone"}}, "required": ["zone"], "$defs": {"Zone": {"type": "string", "maxLength": 8}}}}}), "t").unwrap()
+    }
+
+    #[test]
+    fn tools_are_checked() {
+        assert_eq!(weather().name, "get_weather");
+        assert_eq!(Tool::from_openai(&json!({"type": "function", "function": {"name": "f"}}), "t").unwrap().parameters["type"], "object");
+        for (v, says) in [
+            (json!({"type": "retrieval"}), "type \"function\""),
+            (json!({"type": "function"}), "\"function\" object"),
+            (json!({"type": "function", "function": {"name": "a b"}}), "function.name"),
+            (json!({"type": "function", "function": {"name": "f", "parameters": 3}}), "parameters"),
+        ] {
+            let e = Tool::from_openai(&v, "tools[1]").unwrap_err().to_string();
+            assert!(e.contains("tools[1]") && e.contains(says), "{e}");
+        }
+    }
+
+    /// A forced call is held to one of the tools' call schemas: the name chooses the
+    /// arguments' schema, a `$defs` reference in them resolves.
+    #[test]
+    fn forced_calls_are_held_to_the_tools() {
+        let tools = [weather(), time()];
+        let s = call_schema(&tools, &Choice::Required).unwrap().unwrap();
+        let ok = |t: &str| {
+            let mut m = crate::json::JsonState::at_root(&s, 0);
+            let mut n = crate::json::JsonState::at_root(&s, 1);
+            let (a, b) = (m.feed_all(&s, t.as_bytes()), n.feed_all(&s, t.as_bytes()));
+            (a && m.is_complete()) || (b && n.is_complete())
+        };
+        assert!(ok(r#"{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}"#));
+        assert!(ok(r#"{"name": "get_time", "arguments": {"zone": "UTC"}}"#));
+        assert!(!ok(r#"{"name": "get_time", "arguments": {"city": "Oslo"}}"#), "the other tool's arguments");
+        assert!(!ok(r#"{"name": "get_time", "arguments": {"zone": "Europe/Oslo"}}"#), "maxLength through $defs");
+        assert!(!ok(r#"{"name": "get_news", "arguments": {}}"#));
+        let named = call_schema(&tools, &Choice::Named("get_time".into())).unwrap().unwrap();
+        assert_eq!(named.alternatives(), 1);
+        assert!(call_schema(&tools, &Choice::Auto).unwrap().is_none());
+        assert!(call_schema(&tools, &Choice::Named("x".into())).unwrap_err().to_string().contains("not among the tools"));
+        assert!(call_schema(&[], &Choice::Required).is_err());
+    }
+
+    #[test]
+    fn calls_are_read_back() {
+        let tools = [weather(), time()];
+        let call = |n: &str, a: &str| ToolCall { name: n.into(), arguments: a.into() };
+        let hermes = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": \"CET\"}}\n</tool_call>";
+        assert_eq!(
+            parse(hermes, Answer::Free(Format::Hermes), &tools),
+            (Some("Let me check.".into()), vec![call("get_weather", r#"{"city":"Oslo"}"#), call("get_time", r#"{"zone":"CET"}"#)])
+        );
+        // An unknown tool, or a call cut off, stays text.
+        let odd = "<tool_call>{\"name\": \"nope\", \"arguments\": {}}</tool_call> and <tool_call>{\"name\": \"get_time\"";
+        assert_eq!(parse(odd, Answer::Free(Format::Hermes), &tools), (Some(odd.into()), vec![]));
+        assert_eq!(parse("{\"name\": \"get_time\", \"arguments\": {}}", Answer::Free(Format::Hermes), &tools), (None, vec![call("get_time", "{}")]));
+        assert_eq!(parse(" {\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}\n", Answer::Bare, &tools), (None, vec![call("get_time", r#"{"zone":"UTC"}"#)]));
+        assert_eq!(parse("[{\"name\": \"get_time\", \"arguments\": {}}, {\"name\": \"get_weather\", \"arguments\": {}}]", Answer::Free(Format::Json), &tools).1.len(), 2);
+        assert_eq!(parse(" It is sunny.\n", Answer::Free(Format::Json), &tools), (Some(" It is sunny.\n".into()), vec![]));
+        assert_eq!(parse(" \n", Answer::Free(Format::Hermes), &tools), (None, vec![]));
+        assert_eq!(parse("{\"a\": 1}", Answer::Free(Format::Json), &tools), (Some("{\"a\": 1}".into()), vec![]));
+    }
+
+    #[test]
+    fn streams_hold_back_what_may_be_a_call() {
+        assert_eq!(plain_prefix("Hello", Format::Hermes), 5);
+        assert_eq!(plain_prefix(" {\"name\"", Format::Hermes), 0);
+        assert_eq!(plain_prefix("Hello <tool", Format::Hermes), 6);
+        assert_eq!(plain_prefix("Hello <tool_call>{", Format::Hermes), 6);
+        assert_eq!(plain_prefix("a < b", Format::Hermes), 5);
+        assert_eq!(plain_prefix("é<", Format::Hermes), "é".len());
+        assert_eq!(plain_prefix("  {\"name\"", Format::Json), 0);
+        assert_eq!(plain_prefix("Sure", Format::Json), 4);
+        assert_eq!(plain_prefix("", Format::Json), 0);
+    }
+
+    /// Json-format templates get the tools in the system message and earlier calls and results
+    /// as plain turns; Hermes templates the messages as they are.
+    #[test]
+    fn messages_for_templates() {
+        let mut asked = Message::new("assistant", "");
+        asked.tool_calls = Some(vec![json!({"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}})]);
+        let mut result = Message::new("tool", "12 C");
+        result.tool_call_id = Some("call_1".into());
+        let msgs = vec![Message::new("system", "Be brief."), Message::new("user", "Weather?"), asked, result];
+        let out = for_template(&msgs, &[weather()], Format::Json);
+        assert_eq!(out.len(), 4);
+        assert!(out[0].content.starts_with("Be brief.\n\nYou can call these tools") && out[0].content.contains("\"get_weather\""), "{}", out[0].content);
+        assert_eq!(out[2].content, r#"{"name":"get_weather","arguments":{"city":"Oslo"}}"#);
+        assert_eq!((out[3].role.as_str(), out[3].content.as_str()), ("user", "Result of get_weather: 12 C"));
+        assert_eq!(for_template(&msgs, &[weather()], Format::Hermes), msgs);
+        let plain = for_template(&msgs[1..2], &[weather()], Format::Json);
+        assert_eq!((plain[0].role.as_str(), plain.len()), ("system", 2));
+    }
+}
