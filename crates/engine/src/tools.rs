@@ -402,5 +402,8 @@ mod tests {
         assert_eq!(for_template(&msgs, &[weather()], Format::Hermes), msgs);
         let plain = for_template(&msgs[1..2], &[weather()], Format::Json);
         assert_eq!((plain[0].role.as_str(), plain.len()), ("system", 2));
+        // No tools offered (tool_choice none): earlier calls and results still become turns.
+        let none = for_template(&msgs, &[], Format::Json);
+        assert_eq!((none[0].content.as_str(), none.len(), none[3].role.as_str()), ("Be brief.", 4, "user"));
     }
 }

@@ -290,7 +290,11 @@ async fn chat(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
         let msgs = req.messages()?;
         let plan = req.tool_plan()?;
         let (text, tools) = match plan {
-            None => (st.template.render(&msgs, true).map_err(|e| ApiError::bad("messages", e.to_string()))?, None),
+            // Earlier calls and results, as this template takes them.
+            None => {
+                let msgs = corelm_engine::tools::for_template(&msgs, &[], st.template.tool_format());
+                (st.template.render(&msgs, true).map_err(|e| ApiError::bad("messages", e.to_string()))?, None)
+            }
             Some(plan) => {
                 if logprobs.is_some() {
                     return Err(ApiError::bad("logprobs", "logprobs together with tools is not supported"));
