@@ -25,6 +25,7 @@ def check(name, cond, detail=""):
 
 models = client.models.list()
 check("models.list names the model", [m.id for m in models.data] == [MODEL], models)
+check("models.retrieve finds it", client.models.retrieve(MODEL).id == MODEL)
 
 messages = [
     {"role": "system", "content": "You answer in one short sentence."},

@@ -9,7 +9,8 @@
 //!
 //! * [`api`]: request bodies, validation into engine parameters, OpenAI error bodies.
 //! * [`metrics`]: Prometheus text exposition.
-//! * this file: the router, the handlers (JSON and SSE), admission (bounded queue → 429,
+//! * this file: the router, the handlers (JSON and SSE; also `/v1/models/{id}`, `/tokenize`,
+//!   `/detokenize`), admission (bounded queue → 429,
 //!   never-fitting request → 400 `context_length_exceeded`), bearer authentication.
 //!
 //! Invariants: HTTP and JSON live here only — the engine sees token ids and sinks. A client
@@ -90,6 +91,9 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{model}", get(model))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
@@ -155,15 +159,73 @@ async fn metrics_text(State(st): S) -> Response {
     counted(&st, "metrics", Ok(r))
 }
 
+/// The served model as `/v1/models` lists it.
+fn model_card(st: &AppState) -> serde_json::Value {
+    serde_json::json!({
+        "id": st.cfg.model_id, "object": "model", "created": st.created, "owned_by": "corelm",
+        "meta": {"n_ctx": st.cfg.ctx_size, "n_vocab": st.tok.n_vocab()},
+    })
+}
+
 async fn models(State(st): S, headers: HeaderMap) -> Response {
-    let r = check_auth(&st, &headers).map(|_| {
-        axum::Json(serde_json::json!({"object": "list", "data": [{
-            "id": st.cfg.model_id, "object": "model", "created": st.created, "owned_by": "corelm",
-            "meta": {"n_ctx": st.cfg.ctx_size},
-        }]}))
-        .into_response()
-    });
+    let r = check_auth(&st, &headers).map(|_| axum::Json(serde_json::json!({"object": "list", "data": [model_card(&st)]})).into_response());
     counted(&st, "models", r)
+}
+
+/// `GET /v1/models/{model}` (the `openai` client's `models.retrieve`).
+async fn model(State(st): S, headers: HeaderMap, axum::extract::Path(id): axum::extract::Path<String>) -> Response {
+    let r = check_auth(&st, &headers).and_then(|_| check_model(&st, &Some(id))).map(|_| axum::Json(model_card(&st)).into_response());
+    counted(&st, "models", r)
+}
+
+/// `POST /tokenize`, as llama.cpp's server: `{"content": TEXT, "add_special": false,
+/// "with_pieces": false}` → `{"tokens": [ID, ...]}` (with pieces: `[{"id", "piece"}]`, a piece
+/// that is not whole UTF-8 as its bytes).
+async fn tokenize(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
+    #[derive(serde::Deserialize)]
+    struct Req {
+        content: String,
+        #[serde(default)]
+        add_special: bool,
+        #[serde(default)]
+        with_pieces: bool,
+    }
+    let r = (|| {
+        check_auth(&st, &headers)?;
+        let req: Req = api::fields(&api::parse_body(&body)?)?;
+        let ids = st.tok.encode(&req.content, req.add_special, true).map_err(|e| ApiError::bad("content", e.to_string()))?;
+        let tokens: Vec<serde_json::Value> = if req.with_pieces {
+            ids.iter()
+                .map(|&id| {
+                    let p = st.tok.piece(id);
+                    let piece = std::str::from_utf8(p).map_or_else(|_| serde_json::json!(p), |t| serde_json::json!(t));
+                    serde_json::json!({"id": id, "piece": piece})
+                })
+                .collect()
+        } else {
+            ids.iter().map(|&id| serde_json::json!(id)).collect()
+        };
+        Ok(axum::Json(serde_json::json!({"tokens": tokens})).into_response())
+    })();
+    counted(&st, "tokenize", r)
+}
+
+/// `POST /detokenize`, as llama.cpp's server: `{"tokens": [ID, ...]}` → `{"content": TEXT}`.
+async fn detokenize(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
+    #[derive(serde::Deserialize)]
+    struct Req {
+        tokens: Vec<u32>,
+    }
+    let r = (|| {
+        check_auth(&st, &headers)?;
+        let req: Req = api::fields(&api::parse_body(&body)?)?;
+        let n_vocab = st.tok.n_vocab();
+        if let Some(t) = req.tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(ApiError::bad("tokens", format!("token id {t} is outside the vocabulary of {n_vocab}")));
+        }
+        Ok(axum::Json(serde_json::json!({"content": st.tok.decode(&req.tokens)})).into_response())
+    })();
+    counted(&st, "detokenize", r)
 }
 
 async fn not_found() -> Response {

@@ -168,7 +168,19 @@ fn chat_completions_json_and_stream_agree() {
     // Models, health, metrics.
     let m = get(&srv, "/v1/models").json();
     assert_eq!(m["data"][0]["id"], MODEL);
+    assert_eq!(get(&srv, &format!("/v1/models/{MODEL}")).json()["id"], MODEL);
+    assert_eq!(get(&srv, "/v1/models/gpt-4o").status, 404);
     assert_eq!(get(&srv, "/health").json()["status"], "ok");
+    // llama.cpp's /tokenize and /detokenize: the text back, pieces as text.
+    let t = post(&srv, "/tokenize", json!({"content": "The capital of France is Paris"})).json();
+    let ids = t["tokens"].as_array().unwrap().clone();
+    assert_eq!(ids[ids.len() - 1], json!(7042), "{t}");
+    assert_eq!(post(&srv, "/detokenize", json!({"tokens": ids})).json()["content"], "The capital of France is Paris");
+    let p = post(&srv, "/tokenize", json!({"content": " Paris", "with_pieces": true})).json();
+    assert_eq!(p["tokens"], json!([{"id": 7042, "piece": " Paris"}]));
+    let r = post(&srv, "/detokenize", json!({"tokens": [1, 99999999]}));
+    assert!(r.status == 400 && r.body.contains("outside the vocabulary"), "{}", r.body);
+    assert_eq!(post(&srv, "/tokenize", json!({"text": "x"})).status, 400);
     assert!(metric(&srv, "corelm_generated_tokens_total") >= 28.0);
     assert!(metric(&srv, "corelm_ttft_seconds_count") >= 3.0);
     assert_eq!(metric(&srv, "corelm_sequences_running"), 0.0);
