@@ -128,7 +128,7 @@ impl JsonMask {
     fn prepare(&mut self) {
         let schema = &self.schema;
         for b in 0..=255u8 {
-            self.first[b as usize] = self.states.iter().any(|&s| s.clone().feed(schema, b));
+            self.first[b as usize] = self.states.iter().any(|&(mut s)| s.feed(schema, b));
         }
         self.pairs = self.states.iter().all(|s| !s.inside_string());
         self.room = self.states.iter().map(|s| s.plain_string_room()).try_fold(0, |m, r| r.map(|r| m.max(r)));
@@ -140,7 +140,8 @@ impl JsonMask {
                     let mut after = s;
                     if after.feed(schema, a) {
                         for b in 0..=255u8 {
-                            row[b as usize] |= after.clone().feed(schema, b);
+                            let mut s = after;
+                            row[b as usize] |= s.feed(schema, b);
                         }
                     }
                 }
@@ -151,14 +152,14 @@ impl JsonMask {
     /// May token `id` come next? Never a control or end-of-generation token, or an empty piece.
     pub fn allows(&self, vocab: &JsonVocab, tok: &Tokenizer, id: u32) -> bool {
         let i = id as usize;
-        match vocab.class.get(i) {
-            None | Some(Class::Never) => false,
-            Some(Class::Text) if self.room.is_some() => self.room.is_some_and(|room| room >= vocab.chars[i] as u32),
+        match (vocab.class.get(i), self.room) {
+            (None | Some(Class::Never), _) => false,
+            (Some(Class::Text), Some(room)) => room >= vocab.chars[i] as u32,
             _ if !self.first[vocab.first[i] as usize] => false,
             // One byte, which the state takes.
             _ if vocab.second[i] == NO_BYTE => true,
             _ if self.pairs && !self.pair[vocab.first[i] as usize][vocab.second[i] as usize] => false,
-            _ => self.states.iter().any(|&s| s.clone().feed_all(&self.schema, tok.piece(id))),
+            _ => self.states.iter().any(|&(mut s)| s.feed_all(&self.schema, tok.piece(id))),
         }
     }
 
