@@ -163,15 +163,18 @@ pub fn for_template(messages: &[Message], tools: &[Tool], format: Format) -> Vec
         return messages.to_vec();
     }
     let mut out = Vec::with_capacity(messages.len() + 1);
+    let mut rest = messages;
     if !tools.is_empty() {
         let text = system_text(tools);
         match messages.first() {
-            Some(m) if m.role == "system" => out.push(Message::new("system", &format!("{}\n\n{text}", m.content))),
+            Some(m) if m.role == "system" => {
+                out.push(Message::new("system", &format!("{}\n\n{text}", m.content)));
+                rest = &messages[1..];
+            }
             _ => out.push(Message::new("system", &text)),
         }
     }
-    let skip = usize::from(!tools.is_empty() && messages.first().is_some_and(|m| m.role == "system"));
-    for m in &messages[skip..] {
+    for m in rest {
         match (m.role.as_str(), &m.tool_calls) {
             ("assistant", Some(calls)) if !calls.is_empty() => {
                 let mut text = m.content.clone();
