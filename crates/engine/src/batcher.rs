@@ -15,7 +15,11 @@
 //!
 //! Admission reserves blocks for the worst case (prompt + `max_tokens`), minus the blocks a
 //! cached prefix provides, so an admitted request never runs out of KV cache mid-way and no
-//! preemption is needed; a request that does not fit waits (first come, first served).
+//! preemption is needed; a request that does not fit waits (first come, first served). A
+//! request whose prompt opens with full blocks that a running sequence is still prefilling
+//! (the choices of one `n > 1` request, concurrent requests under one long system prompt)
+//! waits for that prefill and then attaches those blocks instead of computing them again;
+//! the requests behind it are admitted meanwhile.
 //!
 //! Results reach the caller through each request's [`Sink`]: a token event per generated
 //! token (text held back while it could still become a stop string) and one final event. A
@@ -260,10 +264,28 @@ impl Batcher {
         self.slots.iter().flatten().map(|r| r.reserved - self.engine.blocks().table(r.seq as usize).len()).sum()
     }
 
-    /// Move waiting requests into free slots while their worst case fits.
+    /// Whether `prompt` had better wait for a running sequence still prefilling its opening:
+    /// their prompts share more full blocks than that sequence has in the cache yet. (Only
+    /// full blocks are shared, and the last prompt token is always computed.)
+    fn awaits_shared_prefill(&self, prompt: &[u32]) -> bool {
+        let mine = &prompt[..prompt.len().saturating_sub(1)];
+        self.slots.iter().flatten().any(|r| {
+            let theirs = &r.req.prompt;
+            r.fed < theirs.len() && theirs.iter().zip(mine).take_while(|(a, b)| a == b).count() / BLOCK > r.fed / BLOCK
+        })
+    }
+
+    /// Move waiting requests into free slots while their worst case fits, passing over those
+    /// that wait for a shared prefill ([`Self::awaits_shared_prefill`]).
     fn admit(&mut self) {
+        let mut at = 0;
         while let Some(slot) = self.slots.iter().position(Option::is_none) {
-            let Some(req) = self.waiting.pop_front() else { break };
+            let Some(next) = self.waiting.get(at) else { break };
+            if self.awaits_shared_prefill(&next.prompt) {
+                at += 1;
+                continue;
+            }
+            let req = self.waiting.remove(at).expect("looked at above");
             let seq = slot as i32;
             let cached = self.engine.attach_prefix(seq, &req.prompt);
             let have = self.engine.blocks().table(slot).len();
@@ -271,7 +293,7 @@ impl Batcher {
             let fresh = reserved - have;
             if fresh + self.outstanding() > self.engine.blocks().available() {
                 self.engine.clear_seq(seq);
-                self.waiting.push_front(req);
+                self.waiting.insert(at, req);
                 break;
             }
             let mut sampler = match Sampler::new(req.sampling.clone(), self.engine.hyper().n_vocab) {

@@ -7,6 +7,7 @@ use common::*;
 use corelm_engine::batcher::{Batcher, Event, FinishReason, Request};
 use corelm_engine::sample::SamplingParams;
 use corelm_engine::EngineConfig;
+use corelm_core::kv::BLOCK;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -132,6 +133,53 @@ fn cancelled_requests_leave_at_once_and_free_their_blocks() {
     let (r, _) = request(ps[0].clone(), 1 << 20, None);
     let e = b.submit(r).expect_err("refused").1;
     assert!(e.to_string().contains("does not fit"), "{e}");
+}
+
+/// Requests with one long prompt submitted together (an `n > 1` request's choices): the first
+/// prefills it, the others wait for that and attach its full blocks, and every one gives the
+/// tokens it gives alone. A request behind them with another prompt is not held up.
+#[test]
+fn requests_sharing_a_prompt_wait_for_its_prefill_and_reuse_it() {
+    let cfg = EngineConfig { n_seq_max: 4, n_batch: 64, batch_invariant: true, ..test_config(1) };
+    let (engine, tok) = load("SmolLM2-135M-Instruct.Q4_1.gguf", cfg);
+    let tok = Arc::new(tok);
+    let mut b = Batcher::new(engine, tok.clone());
+    let text = "You are a careful assistant. Answer in one short sentence, plainly, without lists, tables or headings, and never repeat the question back. If you do not know, say so; do not guess, and do not apologise. Keep to facts a school textbook would state. Question: why is the sky blue?";
+    let prompt = tok.encode(text, true, true).unwrap();
+    assert!(prompt.len() > 3 * BLOCK, "{} tokens", prompt.len());
+    let other = prompts(&tok, 1).remove(0);
+    type Ends = Arc<Mutex<Vec<(usize, usize)>>>;
+    let ends: Ends = Arc::default();
+    let submit = |b: &mut Batcher, i: usize, p: &[u32]| {
+        let (mut r, log) = request(p.to_vec(), 6, None);
+        let (mut inner, ends) = (r.sink, ends.clone());
+        r.sink = Box::new(move |e: Event| {
+            if let Event::Done(f) = &e {
+                ends.lock().unwrap().push((i, f.cached_tokens));
+            }
+            inner(e)
+        });
+        b.submit(r).map_err(|e| e.1).unwrap();
+        log
+    };
+    let mut logs = vec![];
+    for (i, p) in [&prompt, &prompt, &prompt, &other].into_iter().enumerate() {
+        logs.push(submit(&mut b, i, p));
+    }
+    // The first and the other prompt are admitted; the copies wait for the first's prefill.
+    b.step();
+    assert_eq!((b.n_running(), b.n_waiting()), (2, 2));
+    drain(&mut b);
+    let full = (prompt.len() - 1) / BLOCK * BLOCK;
+    let mut got = ends.lock().unwrap().clone();
+    got.sort();
+    assert_eq!(got, [(0, 0), (1, full), (2, full), (3, 0)], "prompt tokens served from the first's blocks");
+    // Alone (its prefix cached by now; batch-invariant, so the same tokens either way).
+    let alone = submit(&mut b, 4, &prompt);
+    drain(&mut b);
+    for log in &logs[..3] {
+        assert_eq!(log.lock().unwrap().0, alone.lock().unwrap().0, "a copy's tokens");
+    }
 }
 
 /// JSON mode's and a JSON Schema's prefilters (a token's first two bytes, whole characters
