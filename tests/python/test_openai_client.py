@@ -55,6 +55,19 @@ check("stream: same text as non-streaming", "".join(pieces) == text, ("".join(pi
 check("stream: finish_reason", finish == r.choices[0].finish_reason, finish)
 check("stream: usage chunk", usage is not None and usage.completion_tokens == r.usage.completion_tokens, usage)
 
+# n choices: indices 0..n in order, each streamed choice gathered by its index.
+r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=1.0, seed=3, n=3)
+texts = [c.message.content for c in r.choices]
+check("chat n=3: three choices in order", [c.index for c in r.choices] == [0, 1, 2] and all(texts), r)
+stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=1.0, seed=3, n=3, stream=True)
+gathered = ["", "", ""]
+for chunk in stream:
+    for c in chunk.choices:
+        gathered[c.index] += c.delta.content or ""
+check("chat n=3 streamed: each choice's text", gathered == texts, (gathered, texts))
+r = client.completions.create(model=MODEL, prompt=["The capital of France is", "One, two,"], max_tokens=2, temperature=0, n=2)
+check("completions: two prompts x n=2", len(r.choices) == 4 and r.choices[0].text == r.choices[1].text and r.choices[2].text == r.choices[3].text, r)
+
 r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2)
 lp = r.choices[0].logprobs.content
 check("chat logprobs", len(lp) == 3 and all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in lp), lp)

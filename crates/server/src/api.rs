@@ -4,8 +4,8 @@
 //! both endpoints share, then the endpoint's own), so a bad field is named in the 400 answer
 //! (`messages[1].content: invalid type ...`). Unknown fields are ignored, as OpenAI clients
 //! send fields this server does not use (`user`, `metadata` ...); fields it cannot honour with
-//! a different meaning (`n > 1`, `echo`, a schema keyword the constraint cannot hold) are
-//! refused by name. `response_format: {"type": "json_object"}` is JSON mode, `{"type":
+//! a different meaning (`echo`, a schema keyword the constraint cannot hold) are refused by
+//! name. `n` choices (and `/v1/completions`' several prompts) become one engine request each. `response_format: {"type": "json_object"}` is JSON mode, `{"type":
 //! "json_schema", ...}` a JSON Schema (`corelm_engine::json`); `tools` and `tool_choice` are
 //! read into a [`ToolPlan`] (`corelm_engine::tools`).
 
@@ -207,7 +207,11 @@ pub enum Prompt {
     Text(String),
     Texts(Vec<String>),
     Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
 }
+
+/// Most choices one request may ask for: `n` times its prompts.
+pub const MAX_CHOICES: usize = 64;
 
 #[derive(Deserialize, Debug)]
 pub struct CompletionRequest {
@@ -227,7 +231,9 @@ pub struct GenParams {
     pub ignore_eos: bool,
     pub stream: bool,
     pub include_usage: bool,
-    /// JSON mode: the answer is a JSON object.
+    /// Choices per prompt (`n`): each its own engine request, choice `i` sampled with seed
+    /// `seed + i`.
+    pub n: usize,
     /// JSON mode or a JSON Schema (`corelm_engine::json`).
     pub json: Option<Arc<Schema>>,
 }
@@ -244,11 +250,11 @@ impl Common {
     /// Validate the shared fields. Defaults follow llama.cpp's server (temperature 0.8,
     /// top_k 40, top_p 0.95, min_p 0.05); a missing seed draws a fresh one.
     pub fn params(&self) -> Result<GenParams, ApiError> {
-        if let Some(n) = self.n {
-            if n != 1 {
-                return Err(ApiError::bad("n", format!("n must be 1 (one choice per request), got {n}")));
-            }
-        }
+        let n = match self.n {
+            None => 1,
+            Some(n) if (1..=MAX_CHOICES as u64).contains(&n) => n as usize,
+            Some(n) => return Err(ApiError::bad("n", format!("n must be in 1..={MAX_CHOICES}, got {n}"))),
+        };
         let json = match self.response_format.as_ref() {
             None => None,
             Some(f) => match f.kind.as_str() {
@@ -301,6 +307,7 @@ impl Common {
             ignore_eos: self.ignore_eos,
             stream: self.stream,
             include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            n,
             json,
         })
     }

@@ -234,7 +234,8 @@ async fn not_found() -> Response {
 
 /// What a handler needs to answer once the request is submitted.
 pub(crate) struct Job {
-    pub events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    /// Each choice's events, in choice order: prompt `c / n`'s choice `c % n`.
+    pub choices: Vec<tokio::sync::mpsc::UnboundedReceiver<Event>>,
     pub params: GenParams,
     pub logprobs: Option<usize>,
     pub id: String,
@@ -242,84 +243,102 @@ pub(crate) struct Job {
     pub tools: Option<respond::ToolAnswer>,
 }
 
-/// Admission: context check, queue bound, then hand the request to the engine thread.
+/// Admission: context checks, queue bound, then hand the requests to the engine thread — one
+/// per prompt and choice (`params.n`), all or none.
 fn submit(
     st: &Arc<AppState>,
-    prompt: Vec<u32>,
+    prompts: Vec<Vec<u32>>,
     params: GenParams,
     logprobs: Option<usize>,
     prefix: &str,
     prompt_field: &str,
 ) -> Result<Job, ApiError> {
     let ctx = st.cfg.ctx_size;
-    if prompt.is_empty() {
-        return Err(ApiError::bad(prompt_field, "the prompt is empty"));
-    }
     let n_vocab = st.tok.n_vocab();
-    if let Some(&t) = prompt.iter().find(|&&t| t as usize >= n_vocab) {
-        return Err(ApiError::bad("prompt", format!("token id {t} is outside the vocabulary of {n_vocab}")));
-    }
     if let Some((t, _)) = params.sampling.logit_bias.iter().find(|(t, _)| *t as usize >= n_vocab) {
         return Err(ApiError::bad("logit_bias", format!("token id {t} is outside the vocabulary of {n_vocab}")));
     }
-    let max_tokens = params.max_tokens.unwrap_or(ctx.saturating_sub(prompt.len()));
-    if max_tokens == 0 || prompt.len().saturating_add(max_tokens) > ctx {
-        let mut e = ApiError::bad(
-            prompt_field,
-            format!(
-                "this model's maximum context length is {ctx} tokens; the request has {} prompt tokens and asks for {} completion tokens",
-                prompt.len(),
-                max_tokens.max(1)
-            ),
-        );
-        e.code = Some("context_length_exceeded");
-        return Err(e);
+    let count = prompts.len().saturating_mul(params.n);
+    if prompts.is_empty() {
+        return Err(ApiError::bad(prompt_field, "no prompt"));
     }
-    let queued = st.queued.fetch_add(1, Ordering::AcqRel);
-    if queued as usize >= st.cfg.max_queue {
-        st.queued.fetch_sub(1, Ordering::AcqRel);
+    let most = api::MAX_CHOICES.min(st.cfg.max_queue);
+    if count > most {
+        return Err(ApiError::bad("n", format!("{} prompts × n = {} asks for {count} choices; this server takes at most {most}", prompts.len(), params.n)));
+    }
+    let mut max_tokens = Vec::with_capacity(prompts.len());
+    for (i, prompt) in prompts.iter().enumerate() {
+        let field = if prompts.len() > 1 { format!("{prompt_field}[{i}]") } else { prompt_field.to_string() };
+        if prompt.is_empty() {
+            return Err(ApiError::bad(&field, "the prompt is empty"));
+        }
+        if let Some(&t) = prompt.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(ApiError::bad(&field, format!("token id {t} is outside the vocabulary of {n_vocab}")));
+        }
+        let m = params.max_tokens.unwrap_or(ctx.saturating_sub(prompt.len()));
+        if m == 0 || prompt.len().saturating_add(m) > ctx {
+            let mut e = ApiError::bad(
+                &field,
+                format!("this model's maximum context length is {ctx} tokens; the request has {} prompt tokens and asks for {} completion tokens", prompt.len(), m.max(1)),
+            );
+            e.code = Some("context_length_exceeded");
+            return Err(e);
+        }
+        max_tokens.push(m);
+    }
+    let queued = st.queued.fetch_add(count as u64, Ordering::AcqRel);
+    if queued as usize + count > st.cfg.max_queue {
+        st.queued.fetch_sub(count as u64, Ordering::AcqRel);
         let mut e = ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limit_error",
             Some("queue_full"),
-            format!("the server queue is full ({} requests waiting); retry later", st.cfg.max_queue),
+            format!("the server queue is full ({} requests waiting, this one brings {count}); retry later", st.cfg.max_queue),
         );
         e.retry_after = Some(1);
         return Err(e);
     }
-    let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
-    let st2 = st.clone();
-    let mut first = true;
-    // Runs on the engine thread: bookkeeping here sees every request's end, including those
-    // whose client has gone.
-    let sink = Box::new(move |e: Event| {
-        if first {
-            first = false;
-            st2.queued.fetch_sub(1, Ordering::AcqRel);
+    let mut choices = Vec::with_capacity(count);
+    let tx = st.tx.lock().unwrap_or_else(|e| e.into_inner());
+    for c in 0..count {
+        let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
+        let st2 = st.clone();
+        let mut first = true;
+        // Runs on the engine thread: bookkeeping here sees every request's end, including those
+        // whose client has gone.
+        let sink = Box::new(move |e: Event| {
+            if first {
+                first = false;
+                st2.queued.fetch_sub(1, Ordering::AcqRel);
+            }
+            if let Event::Done(f) = &e {
+                st2.metrics.finished(f);
+            }
+            etx.send(e).is_ok()
+        });
+        let mut sampling = params.sampling.clone();
+        sampling.seed = sampling.seed.wrapping_add((c % params.n) as u64);
+        let req = Request {
+            prompt: prompts[c / params.n].clone(),
+            max_tokens: max_tokens[c / params.n],
+            sampling,
+            stop: params.stop.clone(),
+            ignore_eos: params.ignore_eos,
+            logprobs,
+            json: params.json.clone(),
+            sink,
+            arrived: Instant::now(),
+        };
+        if tx.send(req).is_err() {
+            // The requests sent before have their sinks; those never sent are unqueued here.
+            st.queued.fetch_sub((count - c) as u64, Ordering::AcqRel);
+            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", None, "the engine has stopped"));
         }
-        if let Event::Done(f) = &e {
-            st2.metrics.finished(f);
-        }
-        etx.send(e).is_ok()
-    });
-    let req = Request {
-        prompt,
-        max_tokens,
-        sampling: params.sampling.clone(),
-        stop: params.stop.clone(),
-        ignore_eos: params.ignore_eos,
-        logprobs,
-        json: params.json.clone(),
-        sink,
-        arrived: Instant::now(),
-    };
-    let sent = st.tx.lock().unwrap_or_else(|e| e.into_inner()).send(req);
-    if sent.is_err() {
-        st.queued.fetch_sub(1, Ordering::AcqRel);
-        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", None, "the engine has stopped"));
+        choices.push(erx);
     }
+    drop(tx);
     let n = REQ_ID.fetch_add(1, Ordering::Relaxed);
-    Ok(Job { events: erx, params, logprobs, id: format!("{prefix}-{:x}{n:06x}", st.created), tools: None })
+    Ok(Job { choices, params, logprobs, id: format!("{prefix}-{:x}{n:06x}", st.created), tools: None })
 }
 
 static REQ_ID: AtomicU64 = AtomicU64::new(0);
@@ -373,7 +392,7 @@ async fn chat(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
             }
         };
         let prompt = encode(&st, &text, "messages")?;
-        let mut job = submit(&st, prompt, params, logprobs, "chatcmpl", "messages")?;
+        let mut job = submit(&st, vec![prompt], params, logprobs, "chatcmpl", "messages")?;
         job.tools = tools;
         Ok(respond::answer(st.clone(), job, respond::Kind::Chat).await)
     }
@@ -389,13 +408,14 @@ async fn completions(State(st): S, headers: HeaderMap, body: Bytes) -> Response 
         }
         let params = common.params()?;
         let logprobs = req.top_logprobs()?;
-        let prompt = match req.prompt {
-            Prompt::Tokens(t) => t,
-            Prompt::Text(s) => encode(&st, &s, "prompt")?,
-            Prompt::Texts(v) if v.len() == 1 => encode(&st, &v[0], "prompt")?,
-            Prompt::Texts(_) => return Err(ApiError::bad("prompt", "one prompt per request")),
+        // Several prompts: choices `p · n .. (p + 1) · n` are prompt p's.
+        let prompts = match req.prompt {
+            Prompt::Tokens(t) => vec![t],
+            Prompt::TokenLists(v) => v,
+            Prompt::Text(s) => vec![encode(&st, &s, "prompt")?],
+            Prompt::Texts(v) => v.iter().enumerate().map(|(i, s)| encode(&st, s, &format!("prompt[{i}]"))).collect::<Result<_, _>>()?,
         };
-        let job = submit(&st, prompt, params, logprobs, "cmpl", "prompt")?;
+        let job = submit(&st, prompts, params, logprobs, "cmpl", "prompt")?;
         Ok(respond::answer(st.clone(), job, respond::Kind::Text).await)
     }
     .await;

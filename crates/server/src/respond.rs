@@ -6,6 +6,11 @@
 //! stream sends as content only the text that cannot be part of a call
 //! (`tools::plain_prefix`), holds the rest, and at the end sends the calls as one
 //! `delta.tool_calls` chunk — or, when there were none, the held text.
+//!
+//! Several choices (`n`, several prompts): an answer holds one per engine request, `index` in
+//! request order; a stream interleaves their chunks as their tokens come, each chunk one
+//! choice's, and ends after every choice's last. Usage counts each prompt once (its first
+//! choice's prompt and cached tokens) and every choice's completion tokens.
 
 use crate::{AppState, Job};
 use axum::response::sse::{Event as Sse, Sse as SseResponse};
@@ -53,9 +58,10 @@ impl ToolAnswer {
     }
 }
 
-/// OpenAI's `tool_calls` (with `index`, as stream deltas carry them).
-fn tool_calls(job_id: &str, calls: &[ToolCall]) -> Value {
+/// OpenAI's `tool_calls` of choice `choice` (with `index`, as stream deltas carry them).
+fn tool_calls(job_id: &str, choice: usize, calls: &[ToolCall]) -> Value {
     let id = job_id.rsplit('-').next().unwrap_or(job_id);
+    let id = if choice == 0 { id.to_string() } else { format!("{id}_{choice}") };
     calls
         .iter()
         .enumerate()
@@ -63,13 +69,32 @@ fn tool_calls(job_id: &str, calls: &[ToolCall]) -> Value {
         .collect()
 }
 
-fn usage(f: &Finish) -> Value {
-    json!({
-        "prompt_tokens": f.prompt_tokens,
-        "completion_tokens": f.completion_tokens,
-        "total_tokens": f.prompt_tokens + f.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": f.cached_tokens},
-    })
+/// Token counts over a job's choices: each prompt once, every completion.
+#[derive(Default)]
+struct Usage {
+    prompt: usize,
+    cached: usize,
+    completion: usize,
+}
+
+impl Usage {
+    /// Count choice `c`'s end (of `n` per prompt).
+    fn add(&mut self, c: usize, n: usize, f: &Finish) {
+        if c.is_multiple_of(n) {
+            self.prompt += f.prompt_tokens;
+            self.cached += f.cached_tokens;
+        }
+        self.completion += f.completion_tokens;
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt,
+            "completion_tokens": self.completion,
+            "total_tokens": self.prompt + self.completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached},
+        })
+    }
 }
 
 /// Log-probabilities of tokens in the shape of `kind`'s API.
@@ -134,52 +159,69 @@ pub(crate) async fn answer(st: Arc<AppState>, job: Job, kind: Kind) -> Response 
 }
 
 async fn whole(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
-    let mut text = String::new();
-    let mut lps = job.logprobs.map(|_| Logprobs::new(kind));
-    let fin = loop {
-        match job.events.recv().await {
-            Some(Event::Token { id, text: t, logprob }) => {
-                if let (Some(l), Some(lp)) = (lps.as_mut(), logprob.as_ref()) {
-                    l.push(&st, id, lp, text.len());
+    let mut choices = Vec::with_capacity(job.choices.len());
+    let mut usage = Usage::default();
+    // In order: the others' events wait in their channels meanwhile.
+    let mut receivers = std::mem::take(&mut job.choices);
+    for (c, events) in receivers.iter_mut().enumerate() {
+        let mut text = String::new();
+        let mut lps = job.logprobs.map(|_| Logprobs::new(kind));
+        let fin = loop {
+            match events.recv().await {
+                Some(Event::Token { id, text: t, logprob }) => {
+                    if let (Some(l), Some(lp)) = (lps.as_mut(), logprob.as_ref()) {
+                        l.push(&st, id, lp, text.len());
+                    }
+                    text.push_str(&t);
                 }
-                text.push_str(&t);
+                Some(Event::Text(t)) => text.push_str(&t),
+                Some(Event::Done(f)) => break f,
+                None => return error_response("the engine dropped the request"),
             }
-            Some(Event::Text(t)) => text.push_str(&t),
-            Some(Event::Done(f)) => break f,
-            None => return error_response("the engine dropped the request"),
+        };
+        if let FinishReason::Error(e) = &fin.reason {
+            return error_response(e);
         }
-    };
-    if let FinishReason::Error(e) = &fin.reason {
-        return error_response(e);
+        usage.add(c, job.params.n, &fin);
+        let lp = lps.as_mut().map_or(Value::Null, Logprobs::take);
+        choices.push(match (kind, &job.tools) {
+            (Kind::Chat, Some(t)) => {
+                let (content, calls) = t.read(&text);
+                let mut message = json!({"role": "assistant", "content": content});
+                let mut finish = finish_reason(&fin.reason);
+                if !calls.is_empty() {
+                    message["tool_calls"] = tool_calls(&job.id, c, &calls);
+                    finish = "tool_calls";
+                }
+                json!({"index": c, "message": message, "logprobs": lp, "finish_reason": finish})
+            }
+            (Kind::Chat, None) => json!({
+                "index": c, "message": {"role": "assistant", "content": text},
+                "logprobs": lp, "finish_reason": finish_reason(&fin.reason),
+            }),
+            (Kind::Text, _) => json!({"index": c, "text": text, "logprobs": lp, "finish_reason": finish_reason(&fin.reason)}),
+        });
     }
-    let lp = lps.as_mut().map_or(Value::Null, Logprobs::take);
-    let choice = match (kind, &job.tools) {
-        (Kind::Chat, Some(t)) => {
-            let (content, calls) = t.read(&text);
-            let mut message = json!({"role": "assistant", "content": content});
-            let mut finish = finish_reason(&fin.reason);
-            if !calls.is_empty() {
-                message["tool_calls"] = tool_calls(&job.id, &calls);
-                finish = "tool_calls";
-            }
-            json!({"index": 0, "message": message, "logprobs": lp, "finish_reason": finish})
-        }
-        (Kind::Chat, None) => json!({
-            "index": 0, "message": {"role": "assistant", "content": text},
-            "logprobs": lp, "finish_reason": finish_reason(&fin.reason),
-        }),
-        (Kind::Text, _) => json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason(&fin.reason)}),
-    };
     let object = if kind == Kind::Chat { "chat.completion" } else { "text_completion" };
     axum::Json(json!({
         "id": job.id, "object": object, "created": st.created, "model": st.cfg.model_id,
-        "choices": [choice], "usage": usage(&fin),
+        "choices": choices, "usage": usage.json(),
     }))
     .into_response()
 }
 
+/// A streamed choice's state.
+struct Streamed {
+    lps: Option<Logprobs>,
+    /// Bytes of text so far (the legacy logprobs' offsets).
+    offset: usize,
+    /// With tools: the whole text so far, and how much of it went out as content.
+    full: String,
+    sent: usize,
+}
+
 /// SSE: engine events are converted to chunks on a task; when the client goes, the SSE body is
-/// dropped, the task's send fails, it drops the event receiver and the engine cancels.
+/// dropped, the task's send fails, it drops the event receivers and the engine cancels.
 fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Sse, Infallible>>(64);
     let object = if kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
@@ -193,73 +235,86 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
             Sse::default().data(v.to_string())
         }
     };
-    let choice = move |text: Option<&str>, lp: Value, finish: Value| match kind {
+    let choice = move |c: usize, text: Option<&str>, lp: Value, finish: Value| match kind {
         Kind::Chat => {
             let delta = text.map_or(json!({}), |t| json!({"content": t}));
-            json!([{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}])
+            json!([{"index": c, "delta": delta, "logprobs": lp, "finish_reason": finish}])
         }
-        Kind::Text => json!([{"index": 0, "text": text.unwrap_or(""), "logprobs": lp, "finish_reason": finish}]),
+        Kind::Text => json!([{"index": c, "text": text.unwrap_or(""), "logprobs": lp, "finish_reason": finish}]),
     };
+    let mut events = tokio_stream::StreamMap::new();
+    for (c, r) in std::mem::take(&mut job.choices).into_iter().enumerate() {
+        events.insert(c, tokio_stream::wrappers::UnboundedReceiverStream::new(r));
+    }
     tokio::spawn(async move {
+        use tokio_stream::StreamExt;
         let send = |e: Sse| tx.send(Ok(e));
+        let count = events.len();
         if kind == Kind::Chat {
-            let first = json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]);
-            if send(chunk(first, None)).await.is_err() {
-                return;
+            for c in 0..count {
+                let first = json!([{"index": c, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]);
+                if send(chunk(first, None)).await.is_err() {
+                    return;
+                }
             }
         }
-        let mut lps = job.logprobs.map(|_| Logprobs::new(kind));
-        let mut offset = 0;
-        // With tools: the whole text so far, and how much of it went out as content.
-        let (mut full, mut sent) = (String::new(), 0);
+        let mut state: Vec<Streamed> = (0..count).map(|_| Streamed { lps: job.logprobs.map(|_| Logprobs::new(kind)), offset: 0, full: String::new(), sent: 0 }).collect();
+        let (mut usage, mut ended) = (Usage::default(), 0);
         loop {
-            let (piece, lp) = match job.events.recv().await {
-                Some(Event::Token { id, text, logprob }) => {
-                    let lp = match (lps.as_mut(), logprob.as_ref()) {
+            let Some((c, event)) = events.next().await else { return };
+            let s = &mut state[c];
+            let (piece, lp) = match event {
+                Event::Token { id, text, logprob } => {
+                    let lp = match (s.lps.as_mut(), logprob.as_ref()) {
                         (Some(l), Some(p)) => {
-                            l.push(&st, id, p, offset);
+                            l.push(&st, id, p, s.offset);
                             l.take()
                         }
                         _ => Value::Null,
                     };
                     (text, lp)
                 }
-                Some(Event::Text(t)) => (t, Value::Null),
-                Some(Event::Done(f)) => {
+                Event::Text(t) => (t, Value::Null),
+                Event::Done(f) => {
                     if let FinishReason::Error(e) = &f.reason {
                         let err = json!({"error": {"message": e, "type": "server_error"}});
                         let _ = send(Sse::default().data(err.to_string())).await;
-                    } else {
-                        let mut finish = finish_reason(&f.reason);
-                        if let Some(t) = &job.tools {
-                            let (_, calls) = t.read(&full);
-                            let last = if calls.is_empty() {
-                                (sent < full.len()).then(|| json!([{"index": 0, "delta": {"content": &full[sent..]}, "logprobs": null, "finish_reason": null}]))
-                            } else {
-                                finish = "tool_calls";
-                                Some(json!([{"index": 0, "delta": {"tool_calls": tool_calls(&job.id, &calls)}, "logprobs": null, "finish_reason": null}]))
-                            };
-                            if let Some(c) = last {
-                                let _ = send(chunk(c, None)).await;
-                            }
+                        let _ = send(Sse::default().data("[DONE]")).await;
+                        return;
+                    }
+                    let mut finish = finish_reason(&f.reason);
+                    if let Some(t) = &job.tools {
+                        let (_, calls) = t.read(&s.full);
+                        let last = if calls.is_empty() {
+                            (s.sent < s.full.len()).then(|| json!([{"index": c, "delta": {"content": &s.full[s.sent..]}, "logprobs": null, "finish_reason": null}]))
+                        } else {
+                            finish = "tool_calls";
+                            Some(json!([{"index": c, "delta": {"tool_calls": tool_calls(&job.id, c, &calls)}, "logprobs": null, "finish_reason": null}]))
+                        };
+                        if let Some(last) = last {
+                            let _ = send(chunk(last, None)).await;
                         }
-                        let _ = send(chunk(choice(None, Value::Null, json!(finish)), None)).await;
-                        if job.params.include_usage {
-                            let _ = send(chunk(json!([]), Some(usage(&f)))).await;
-                        }
+                    }
+                    let _ = send(chunk(choice(c, None, Value::Null, json!(finish)), None)).await;
+                    usage.add(c, job.params.n, &f);
+                    ended += 1;
+                    if ended < count {
+                        continue;
+                    }
+                    if job.params.include_usage {
+                        let _ = send(chunk(json!([]), Some(usage.json()))).await;
                     }
                     let _ = send(Sse::default().data("[DONE]")).await;
                     return;
                 }
-                None => return,
             };
-            offset += piece.len();
+            s.offset += piece.len();
             let piece = match &job.tools {
                 Some(t) => {
-                    full.push_str(&piece);
-                    let plain = t.plain(&full).max(sent);
-                    let out = full[sent..plain].to_string();
-                    sent = plain;
+                    s.full.push_str(&piece);
+                    let plain = t.plain(&s.full).max(s.sent);
+                    let out = s.full[s.sent..plain].to_string();
+                    s.sent = plain;
                     out
                 }
                 None => piece,
@@ -267,8 +322,8 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
             if piece.is_empty() && lp.is_null() {
                 continue;
             }
-            if send(chunk(choice(Some(&piece), lp, Value::Null), None)).await.is_err() {
-                return; // client gone: dropping job.events cancels the sequence
+            if send(chunk(choice(c, Some(&piece), lp, Value::Null), None)).await.is_err() {
+                return; // client gone: dropping the receivers cancels the sequences
             }
         }
     });

@@ -327,7 +327,10 @@ fn bad_requests_get_openai_errors_naming_the_problem() {
         (json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]}), 400, "messages[0].tool_calls[0].function.arguments"),
         (json!({"messages": [{"role": "wizard", "content": "hi"}]}), 400, "messages[0].role"),
         (json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 9}), 400, "temperature"),
-        (json!({"messages": [{"role": "user", "content": "hi"}], "n": 2}), 400, "n"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "n": 0}), 400, "n"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "n": 65}), 400, "n"),
+        // More choices than the queue (16 here) would ever hold.
+        (json!({"messages": [{"role": "user", "content": "hi"}], "n": 17}), 400, "n"),
         (json!({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4o"}), 404, "model"),
         (json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}), 400, "messages"),
         (json!({"model": MODEL}), 400, "messages"),
@@ -357,6 +360,66 @@ fn bad_requests_get_openai_errors_naming_the_problem() {
     assert_eq!(get(&srv, "/v1/nothing").status, 404);
     // The server is unharmed.
     assert_eq!(post(&srv, "/v1/completions", json!({"prompt": "Hi", "max_tokens": 2})).status, 200);
+}
+
+/// `n` choices and several prompts: one engine request each, `index` in order, choice `i`
+/// sampled with seed `seed + i`; a stream interleaves the choices' chunks; usage counts each
+/// prompt once.
+#[test]
+fn several_choices_and_prompts_answer_in_order() {
+    let srv = start(4, 64, None);
+    let ask = |n: u64, seed: u64, stream: bool| {
+        let body = json!({"messages": [{"role": "user", "content": "Name a colour and a fruit."}], "max_tokens": 8, "temperature": 1.0,
+                          "seed": seed, "n": n, "stream": stream, "stream_options": {"include_usage": true}});
+        let r = post(&srv, "/v1/chat/completions", body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r
+    };
+    let v = ask(3, 5, false).json();
+    let texts: Vec<String> = (0..3).map(|i| {
+        assert_eq!(v["choices"][i]["index"], i);
+        v["choices"][i]["message"]["content"].as_str().unwrap().to_string()
+    }).collect();
+    assert!(texts[0] != texts[1] || texts[1] != texts[2], "three seeds, one text: {texts:?}");
+    // Choice i is the one-choice answer with seed 5 + i.
+    for (i, t) in texts.iter().enumerate() {
+        assert_eq!(&ask(1, 5 + i as u64, false).json()["choices"][0]["message"]["content"], t, "choice {i}");
+    }
+    let one = ask(1, 5, false).json();
+    assert_eq!(v["usage"]["prompt_tokens"], one["usage"]["prompt_tokens"], "the prompt counted once");
+    let completion = v["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!((3..=24).contains(&completion), "{}", v["usage"]);
+    // Streamed: each choice's deltas, gathered by index, are its text; one finish each.
+    let ev = ask(3, 5, true).events();
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = ev[..ev.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    for (i, t) in texts.iter().enumerate() {
+        let mine: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"].as_array()?.first().filter(|c| c["index"] == i)).collect();
+        let streamed: String = mine.iter().filter_map(|c| c["delta"]["content"].as_str()).collect();
+        assert_eq!(&streamed, t, "choice {i} streamed");
+        assert_eq!(mine.iter().filter(|c| !c["finish_reason"].is_null()).count(), 1, "choice {i}'s finish");
+    }
+    let u = &chunks.last().unwrap()["usage"];
+    assert_eq!((&u["prompt_tokens"], &u["completion_tokens"]), (&v["usage"]["prompt_tokens"], &v["usage"]["completion_tokens"]));
+
+    // Two prompts (as texts, then as token lists) × n = 2, greedy: choices 2p and 2p + 1 are
+    // prompt p's, each the one-prompt answer.
+    let alone = |p: &str| post(&srv, "/v1/completions", json!({"prompt": p, "max_tokens": 3, "temperature": 0})).json();
+    let (a, b) = (alone("The capital of France is"), alone("One, two, three,"));
+    let r = post(&srv, "/v1/completions", json!({"prompt": ["The capital of France is", "One, two, three,"], "n": 2, "max_tokens": 3, "temperature": 0}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let text = |i: usize| v["choices"][i]["text"].clone();
+    assert_eq!([text(0), text(1), text(2), text(3)], [a["choices"][0]["text"].clone(), a["choices"][0]["text"].clone(), b["choices"][0]["text"].clone(), b["choices"][0]["text"].clone()]);
+    let prompts = a["usage"]["prompt_tokens"].as_u64().unwrap() + b["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(v["usage"]["prompt_tokens"], prompts);
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+    let ids = |p: &str| post(&srv, "/tokenize", json!({"content": p, "add_special": true})).json()["tokens"].clone();
+    let r = post(&srv, "/v1/completions", json!({"prompt": [ids("The capital of France is"), ids("One, two, three,")], "max_tokens": 3, "temperature": 0}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"][1]["text"], b["choices"][0]["text"]);
+    let r = post(&srv, "/v1/completions", json!({"prompt": ["fine", ""], "max_tokens": 3}));
+    assert!(r.status == 400 && r.json()["error"]["param"] == "prompt[1]", "{}", r.body);
 }
 
 #[test]
