@@ -93,7 +93,7 @@ check("json_object: a JSON object, stopped where it closes",
 
 # Structured outputs: the client turns a pydantic model into a strict JSON Schema
 # (`response_format: {"type": "json_schema", ...}`, with `$defs`, `anyOf`, `enum`, string
-# lengths and number bounds) and parses the answer back into the model, which checks them.
+# lengths, number bounds and a pattern) and parses the answer back into the model, which checks them.
 from typing import List, Literal, Optional  # noqa: E402
 
 from pydantic import BaseModel, Field  # noqa: E402
@@ -112,11 +112,12 @@ class Cat(BaseModel):
     indoor: bool
     toys: List[str] = Field(max_length=3)
     owner: Optional[Owner]
+    chip: str = Field(pattern=r"^[A-F0-9]{4}-[0-9]{2}$")
 
 
 parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
 r = parse(
-    model=MODEL, max_tokens=200, temperature=0, response_format=Cat,
+    model=MODEL, max_tokens=240, temperature=0, response_format=Cat,
     messages=[{"role": "user", "content": "Describe a cat as JSON."}],
 )
 check("json_schema: parsed into the pydantic model, stopped where it closes",

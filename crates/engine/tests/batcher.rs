@@ -195,6 +195,8 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
     let person = Arc::new(Schema::compile(&person).unwrap());
     let bounded = serde_json::json!({"type": "object", "properties": {"code": {"type": "string", "minLength": 2, "maxLength": 4}, "n": {"type": "number", "minimum": 10, "exclusiveMaximum": 12.5}}, "required": ["code", "n"]});
     let bounded = Arc::new(Schema::compile(&bounded).unwrap());
+    let patterned = serde_json::json!({"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-z]{2}[0-9]+$"}, "say": {"type": "string", "pattern": "^(hello|héllo) world"}}, "required": ["id", "say"]});
+    let patterned = Arc::new(Schema::compile(&patterned).unwrap());
     // Tool calls: alternatives a first byte does not tell apart (two live until the name).
     let tools: Vec<corelm_engine::tools::Tool> = [
         serde_json::json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}}, "required": ["city"]}}}),
@@ -204,7 +206,7 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
     .map(|t| corelm_engine::tools::Tool::from_openai(t, "t").unwrap())
     .collect();
     let calls = Arc::new(corelm_engine::tools::call_schema(&tools, &corelm_engine::tools::Choice::Required).unwrap().unwrap());
-    let cases: [(&Arc<Schema>, &[&str]); 4] = [
+    let cases: [(&Arc<Schema>, &[&str]); 5] = [
         (
             &object,
             &["", "{", "{\"na", "{\"name\"", "{\"name\":", "{\"a\": \"Fel", "{\"a\": \"\\", "{\"a\": \"\\u0", "{\"a\": \"\u{e9}", "{\"a\": 1", "{\"a\": -", "{\"a\": 1.5e", "{\"a\": tr", "{\"a\": [", "{\"a\": [1, {}", "{\"a\": 1}\n"],
@@ -212,6 +214,8 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
         (&person, &["", "{", "{\"n", "{\"name\": \"Bo", "{\"name\": \"Bob\", \"age\": 1", "{\"name\": \"Bob\", \"age\": 1,", "{\"name\": \"Bob\", \"age\": 1, \"pet\": \"c", "{\"name\": \"Bob\", \"age\": 1, \"pet\": null, \"tags\": [true, "]),
         (&calls, &["", "{", "{\"name\": \"get_", "{\"name\": \"get_time\", \"arguments\": {\"zone\": 1", "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par"]),
         (&bounded, &["{\"code\": \"", "{\"code\": \"a", "{\"code\": \"ab", "{\"code\": \"abc", "{\"code\": \"abcd", "{\"code\": \"abcd\", \"n\": ", "{\"code\": \"abcd\", \"n\": 1", "{\"code\": \"abcd\", \"n\": 12."]),
+        // Inside patterned strings every token is fed (no whole-character shortcut).
+        (&patterned, &["{\"id\": \"", "{\"id\": \"ab", "{\"id\": \"ab1", "{\"id\": \"ab12\", \"say\": \"", "{\"id\": \"ab12\", \"say\": \"hello", "{\"id\": \"ab12\", \"say\": \"hello world, "]),
     ];
     for file in ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf"] {
         let g = corelm_gguf::Gguf::open(model_path(file)).unwrap();

@@ -242,16 +242,19 @@ fn json_mode_answers_json_objects() {
     // A JSON Schema (as the `openai` client sends a pydantic model): the greedy answer has
     // exactly the properties, in order, of their types and bounds; sampled answers are values of the
     // schema or, cut by max_tokens, prefixes of one.
-    let schema = json!({"title": "Cat", "type": "object", "additionalProperties": false, "required": ["name", "age", "colour", "indoor"],
-        "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 10}, "age": {"type": "integer", "minimum": 0, "maximum": 30}, "colour": {"enum": ["black", "white", "ginger", "grey"]}, "indoor": {"type": "boolean"}}});
+    let schema = json!({"title": "Cat", "type": "object", "additionalProperties": false, "required": ["name", "age", "colour", "indoor", "chip"],
+        "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 10}, "age": {"type": "integer", "minimum": 0, "maximum": 30}, "colour": {"enum": ["black", "white", "ginger", "grey"]}, "indoor": {"type": "boolean"},
+                       "chip": {"type": "string", "pattern": "^[A-F0-9]{6}$"}}});
     let compiled = corelm_engine::json::Schema::compile(&schema).unwrap();
-    let mut body = chat("Give me a JSON object describing a cat.", 96, false);
+    let mut body = chat("Give me a JSON object describing a cat.", 112, false);
     body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "Cat", "strict": true, "schema": schema}});
     let v = post(&srv, "/v1/chat/completions", body.clone()).json();
     let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
     assert_eq!(v["choices"][0]["finish_reason"], "stop", "{text}");
     let cat: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
-    assert_eq!(cat.as_object().unwrap().keys().collect::<Vec<_>>(), ["name", "age", "colour", "indoor"], "{text}");
+    assert_eq!(cat.as_object().unwrap().keys().collect::<Vec<_>>(), ["name", "age", "colour", "indoor", "chip"], "{text}");
+    let chip = cat["chip"].as_str().unwrap();
+    assert!(chip.len() == 6 && chip.bytes().all(|b| matches!(b, b'A'..=b'F' | b'0'..=b'9')), "pattern: {text}");
     assert!(cat["name"].is_string() && cat["age"].is_i64() && cat["indoor"].is_boolean(), "{text}");
     assert!((1..=10).contains(&cat["name"].as_str().unwrap().chars().count()) && (0..=30).contains(&cat["age"].as_i64().unwrap()), "bounds: {text}");
     assert!(["black", "white", "ginger", "grey"].contains(&cat["colour"].as_str().unwrap()), "{text}");
@@ -323,7 +326,7 @@ fn bad_requests_get_openai_errors_naming_the_problem() {
         (json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}), 400, "tool_choice"),
         (json!({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}), 400, "tool_choice"),
         (json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}], "logprobs": true}), 400, "logprobs"),
-        (json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}}}], "tool_choice": "required"}), 400, "\"pattern\""),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string", "format": "x"}}}}}], "tool_choice": "required"}), 400, "\"format\""),
         (json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]}), 400, "messages[0].tool_calls[0].function.arguments"),
         (json!({"messages": [{"role": "wizard", "content": "hi"}]}), 400, "messages[0].role"),
         (json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 9}), 400, "temperature"),
@@ -338,9 +341,9 @@ fn bad_requests_get_openai_errors_naming_the_problem() {
         (json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "yaml"}}), 400, "response_format"),
         (
             json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema":
-                {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-z]+$"}}}}}}),
+                {"type": "object", "properties": {"id": {"type": "string", "pattern": "^(?=[a-z])"}}}}}}),
             400,
-            "\"pattern\" is not supported",
+            "look-around",
         ),
     ];
     for (body, status, param) in cases {

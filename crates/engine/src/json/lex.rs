@@ -94,6 +94,11 @@ impl StrLex {
         self.esc == 0 && self.need == 0
     }
 
+    /// Right after a `\`, where the escape's letter comes.
+    pub(super) fn after_backslash(self) -> bool {
+        self.esc == 1
+    }
+
     /// Would `b` make the `\u` escape under way one of a surrogate (`\uD800`‥`\uDFFF`)?
     pub(super) fn surrogate_escape(self, b: u8) -> bool {
         self.esc == 4 && self.lo == 1 && matches!(b, b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F')

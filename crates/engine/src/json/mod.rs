@@ -14,7 +14,8 @@
 //!   sequence ends (`Stop`) as soon as its top-level value is closed, so it needs no EOS.
 //!   Most tokens are settled without a feed ([`JsonVocab`]): by their first two bytes (which
 //!   bytes and pairs the state takes is noted once per token generated) or, inside a string, as
-//!   whole characters of text.
+//!   whole characters of text (counted against a length bound, or run through the string's
+//!   `pattern` alone).
 //! - The text starts with its `{` (or `[`), and whitespace outside strings is capped at
 //!   [`MAX_WS`] bytes in a row, so a model cannot stall in an endless run of blanks (llama.cpp's
 //!   JSON grammar does both).
@@ -25,6 +26,7 @@
 
 mod bounds;
 mod lex;
+mod pattern;
 pub mod schema;
 pub mod state;
 
@@ -35,6 +37,7 @@ pub use schema::Schema;
 pub use state::{JsonState, MAX_DEPTH, MAX_WS};
 
 use crate::sample::Sampler;
+use regex_automata::util::primitives::StateID;
 use crate::tokenizer::Tokenizer;
 use crate::Error;
 
@@ -105,7 +108,23 @@ pub struct JsonMask {
     pairs: bool,
     /// Every state in plain string text: the most characters one of the strings may still take.
     room: Option<u32>,
+    /// The one state in plain text of a patterned string: its pattern and the pattern's state.
+    pattern: Option<(u16, StateID)>,
+    /// Where in `memo` the [`Class::Text`] tokens `pattern` takes are (once [`accept`] has
+    /// noted them).
+    ///
+    /// [`accept`]: Self::accept
+    text_ok: Option<usize>,
+    /// The token sets (a bit per token id) of the last [`MEMO`] pattern states met: a string's
+    /// pattern mostly returns to states it has been in (`[a-z]+` stays in one). Slots are
+    /// reused once all are taken (`memo_next`: the oldest), so a long string allocates nothing.
+    memo: Vec<((u16, StateID), Vec<u64>)>,
+    memo_next: usize,
 }
+
+/// Pattern states whose token sets a mask keeps (each a bit per token: 32 KiB for a vocabulary
+/// of 262,144).
+const MEMO: usize = 16;
 
 impl Default for JsonMask {
     fn default() -> Self {
@@ -117,7 +136,7 @@ impl JsonMask {
     /// Before the first token of a value of `schema` ([`Schema::object`]: JSON mode).
     pub fn new(schema: Arc<Schema>) -> JsonMask {
         let states = (0..schema.roots.len()).map(|i| JsonState::at_root(&schema, i)).collect();
-        let mut m = JsonMask { schema, states, first: [false; 256], pair: Box::new([[false; 256]; 256]), pairs: false, room: None };
+        let mut m = JsonMask { schema, states, first: [false; 256], pair: Box::new([[false; 256]; 256]), pairs: false, room: None, pattern: None, text_ok: None, memo: Vec::new(), memo_next: 0 };
         m.prepare();
         m
     }
@@ -132,6 +151,10 @@ impl JsonMask {
         }
         self.pairs = self.states.iter().all(|s| !s.inside_string());
         self.room = self.states.iter().map(|s| s.plain_string_room()).try_fold(0, |m, r| r.map(|r| m.max(r)));
+        self.pattern = match self.states[..] {
+            [s] => s.plain_pattern(),
+            _ => None,
+        };
         if self.pairs {
             for a in (0..=255u8).filter(|&a| self.first[a as usize]) {
                 let row = &mut self.pair[a as usize];
@@ -155,6 +178,10 @@ impl JsonMask {
         match (vocab.class.get(i), self.room) {
             (None | Some(Class::Never), _) => false,
             (Some(Class::Text), Some(room)) => room >= vocab.chars[i] as u32,
+            (Some(Class::Text), None) if self.pattern.is_some() => match self.text_ok {
+                Some(m) => self.memo[m].1[i / 64] >> (i % 64) & 1 == 1,
+                None => self.pattern.is_some_and(|(p, at)| self.schema.pattern_takes(p, at, tok.piece(id))),
+            },
             _ if !self.first[vocab.first[i] as usize] => false,
             // One byte, which the state takes.
             _ if vocab.second[i] == NO_BYTE => true,
@@ -183,7 +210,34 @@ impl JsonMask {
         let (schema, piece) = (&self.schema, tok.piece(id));
         self.states.retain_mut(|s| s.feed_all(schema, piece));
         self.prepare();
+        self.text_ok = self.pattern.map(|key| self.text_tokens(vocab, tok, key));
         true
+    }
+
+    /// The memo slot of the [`Class::Text`] tokens pattern state `key` takes: found, or
+    /// computed (one pass over the vocabulary, as [`allows`](Self::allows) would make without
+    /// it) into a new slot or the oldest.
+    fn text_tokens(&mut self, vocab: &JsonVocab, tok: &Tokenizer, key: (u16, StateID)) -> usize {
+        if let Some(m) = self.memo.iter().position(|(k, _)| *k == key) {
+            return m;
+        }
+        let m = if self.memo.len() < MEMO {
+            self.memo.push((key, vec![0; vocab.class.len().div_ceil(64)]));
+            self.memo.len() - 1
+        } else {
+            let m = self.memo_next;
+            self.memo_next = (m + 1) % MEMO;
+            self.memo[m].0 = key;
+            self.memo[m].1.fill(0);
+            m
+        };
+        let (schema, bits) = (&self.schema, &mut self.memo[m].1);
+        for (i, _) in vocab.class.iter().enumerate().filter(|(_, &c)| c == Class::Text) {
+            if schema.pattern_takes(key.0, key.1, tok.piece(i as u32)) {
+                bits[i / 64] |= 1 << (i % 64);
+            }
+        }
+        m
     }
 
     /// Is the value closed (the sequence should stop)?

@@ -13,17 +13,20 @@
 //! - arrays: `items`, `minItems`, `maxItems`; `enum` and `const` (any JSON values);
 //! - `anyOf`/`oneOf` whose alternatives start with different bytes (a value's first byte
 //!   chooses its alternative: `["string", "null"]` yes, two objects no);
-//! - beside `type`, string lengths and number bounds ([`super::bounds`]).
+//! - beside `type`, string lengths and number bounds ([`super::bounds`]), and a string's
+//!   `pattern` ([`super::pattern`]; not together with lengths).
 //!
 //! Annotations (`title`, `description`, `default`, `examples`, …) are ignored; every other
-//! keyword (`pattern`, `format`, `multipleOf`, `allOf`, …) is refused by name rather
-//! than ignored, so an answer never claims a constraint it was not held to.
+//! keyword (`format`, `multipleOf`, `allOf`, …) is refused by name rather than ignored, so an
+//! answer never claims a constraint it was not held to.
 
 use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
 use super::bounds::{self, Range};
+use super::pattern::Pattern;
+use regex_automata::util::primitives::StateID;
 use crate::Error;
 
 /// Index of a node in [`Schema`]'s table.
@@ -53,8 +56,9 @@ pub(super) enum Node {
     /// (`None`: the object is `{}`).
     Object { props: Vec<Prop>, extra: Option<NodeId> },
     Array { items: NodeId, min: u32, max: u32 },
-    /// A string of `min ..= max` characters (code points).
-    String { min: u32, max: u32 },
+    /// A string of `min ..= max` characters (code points), matching [`Schema`]'s pattern
+    /// `pattern` where it has one.
+    String { min: u32, max: u32, pattern: Option<u16> },
     /// A number (`integer`: no fraction or exponent), within `range` where it has bounds.
     Number { integer: bool, range: Option<Range> },
     Bool,
@@ -71,7 +75,12 @@ pub(super) enum Node {
 pub struct Schema {
     pub(super) nodes: Vec<Node>,
     pub(super) roots: Vec<NodeId>,
+    /// The strings' patterns, by [`Node::String`]'s index.
+    pub(super) patterns: Vec<Pattern>,
 }
+
+/// Most distinct patterns in one schema (each a DFA of up to a few MB).
+const MAX_PATTERNS: usize = 64;
 
 /// Keywords that describe and do not constrain.
 const ANNOTATIONS: [&str; 12] =
@@ -82,7 +91,7 @@ const READ: [&str; 12] = ["type", "properties", "required", "additionalPropertie
 impl Schema {
     /// JSON mode: any object.
     pub fn object() -> Schema {
-        Schema { nodes: base(), roots: vec![ANY_OBJECT] }
+        Schema { nodes: base(), roots: vec![ANY_OBJECT], patterns: vec![] }
     }
 
     /// How many roots (alternatives) the schema has.
@@ -96,9 +105,11 @@ impl Schema {
     pub fn one_of(alts: Vec<Schema>) -> Result<Schema, Error> {
         let mut nodes = base();
         let mut roots = Vec::new();
+        let mut patterns = Vec::new();
         for a in alts {
             let offset = (nodes.len() - base().len()) as NodeId;
             let at = |id: NodeId| if (id as usize) < base().len() { id } else { id + offset };
+            let first_pattern = patterns.len() as u16;
             nodes.extend(a.nodes[base().len()..].iter().map(|n| match n {
                 Node::Object { props, extra } => Node::Object {
                     props: props.iter().map(|p| Prop { node: at(p.node), ..p.clone() }).collect(),
@@ -106,9 +117,11 @@ impl Schema {
                 },
                 &Node::Array { items, min, max } => Node::Array { items: at(items), min, max },
                 Node::AnyOf(alts) => Node::AnyOf(alts.iter().map(|&x| at(x)).collect()),
+                &Node::String { min, max, pattern } => Node::String { min, max, pattern: pattern.map(|p| p + first_pattern) },
                 other => other.clone(),
             }));
             roots.extend(a.roots.iter().map(|&r| at(r)));
+            patterns.extend(a.patterns);
             if nodes.len() > NodeId::MAX as usize {
                 return Err(bad("schema", "too many nodes"));
             }
@@ -116,15 +129,18 @@ impl Schema {
         if roots.is_empty() {
             return Err(bad("schema", "no alternatives"));
         }
-        Ok(Schema { nodes, roots })
+        if patterns.len() > MAX_PATTERNS {
+            return Err(bad("schema", format!("more than {MAX_PATTERNS} patterns")));
+        }
+        Ok(Schema { nodes, roots, patterns })
     }
 
     /// Compile a JSON Schema. Its root must be an object or an array (the answer opens with
     /// `{` or `[`, so the end of the answer is known).
     pub fn compile(schema: &Value) -> Result<Schema, Error> {
-        let mut c = Compiler { doc: schema, nodes: base(), refs: HashMap::new(), depth: 0 };
+        let mut c = Compiler { doc: schema, nodes: base(), refs: HashMap::new(), depth: 0, patterns: vec![], pattern_ids: HashMap::new() };
         let root = c.node(schema, "schema")?;
-        let s = Schema { nodes: c.nodes, roots: vec![root] };
+        let s = Schema { nodes: c.nodes, roots: vec![root], patterns: c.patterns };
         let first = first_bytes(&s.nodes, root, 0);
         if first.iter().enumerate().any(|(b, &on)| on && b != b'{' as usize && b != b'[' as usize) {
             return Err(bad("schema", "the root must be an object or an array"));
@@ -139,6 +155,12 @@ impl Schema {
             return Err(bad("schema", "no value matches it"));
         }
         Ok(s)
+    }
+
+    /// Whether pattern `p` in state `at` takes `text` (decoded bytes) with a match still ahead.
+    pub(super) fn pattern_takes(&self, p: u16, at: StateID, text: &[u8]) -> bool {
+        let p = &self.patterns[p as usize];
+        text.iter().try_fold(at, |s, &b| p.step(s, b)).is_some()
     }
 
     /// Does some chain of `anyOf` alternatives and `$ref`s lead back to where it started
@@ -204,6 +226,9 @@ struct Compiler<'a> {
     nodes: Vec<Node>,
     refs: HashMap<String, NodeId>,
     depth: u32,
+    patterns: Vec<Pattern>,
+    /// Each distinct pattern text's index in `patterns`.
+    pattern_ids: HashMap<&'a str, u16>,
 }
 
 impl<'a> Compiler<'a> {
@@ -228,11 +253,12 @@ impl<'a> Compiler<'a> {
             Value::Object(m) => m,
             _ => return Err(bad(path, "a schema must be an object (or true)")),
         };
-        if let Some(k) = m.keys().find(|k| !ANNOTATIONS.contains(&k.as_str()) && !READ.contains(&k.as_str()) && !bounds::KEYWORDS.contains(&k.as_str())) {
+        if let Some(k) = m.keys().find(|k| !ANNOTATIONS.contains(&k.as_str()) && !READ.contains(&k.as_str()) && !bounds::KEYWORDS.contains(&k.as_str()) && *k != "pattern") {
             return Err(bad(path, format!("the keyword {k:?} is not supported")));
         }
-        // Bounds apply to the types they name; beside anything but `type` they would be lost.
-        let bounded = bounds::KEYWORDS.iter().find(|k| m.contains_key(**k));
+        // Bounds and patterns apply to the types they name; beside anything but `type` they
+        // would be lost.
+        let bounded = bounds::KEYWORDS.iter().chain(&["pattern"]).find(|k| m.contains_key(**k));
         let lone = ["$ref", "const", "enum", "anyOf", "oneOf"].into_iter().find(|k| m.contains_key(*k)).or(m.get("type").is_none().then_some("no type"));
         if let (Some(b), Some(l)) = (bounded, lone) {
             return Err(bad(path, format!("{b:?} is supported beside \"type\" only, not with {l}")));
@@ -288,7 +314,13 @@ impl<'a> Compiler<'a> {
             }
             "string" => {
                 let (min, max) = bounds::lengths(m, path)?;
-                self.push(Node::String { min, max })
+                let pattern = match m.get("pattern") {
+                    None => None,
+                    Some(_) if min > 0 || max < u32::MAX => return Err(bad(path, "minLength and maxLength beside pattern are not supported")),
+                    Some(Value::String(p)) => Some(self.pattern(p, path)?),
+                    Some(_) => return Err(bad(path, "pattern must be a string")),
+                };
+                self.push(Node::String { min, max, pattern })
             }
             "number" | "integer" => {
                 let integer = t == "integer";
@@ -302,6 +334,20 @@ impl<'a> Compiler<'a> {
             "null" => self.push(Node::Null),
             _ => return Err(bad(path, format!("unknown type {t:?}"))),
         })
+    }
+
+    /// The index of pattern `p`, compiled on its first use.
+    fn pattern(&mut self, p: &'a str, path: &str) -> Result<u16, Error> {
+        if let Some(&i) = self.pattern_ids.get(p) {
+            return Ok(i);
+        }
+        if self.patterns.len() == MAX_PATTERNS {
+            return Err(bad(path, format!("more than {MAX_PATTERNS} patterns")));
+        }
+        self.patterns.push(Pattern::compile(p).map_err(|e| bad(path, e))?);
+        let i = (self.patterns.len() - 1) as u16;
+        self.pattern_ids.insert(p, i);
+        Ok(i)
     }
 
     fn object(&mut self, m: &'a Map<String, Value>, path: &str) -> Result<NodeId, Error> {
@@ -426,6 +472,20 @@ mod tests {
         })
     }
 
+    /// Patterns: anchored, with an escape in its text, a `\b`, and in an array's items.
+    fn patterned() -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]+$"},
+                "note": {"type": ["string", "null"], "pattern": "^(yes|no)\\b"},
+                "tags": {"type": "array", "items": {"type": "string", "pattern": "^#[a-z]+$"}, "maxItems": 3},
+                "line": {"type": "string", "pattern": "^a\\n\"$"}
+            },
+            "required": ["code"]
+        })
+    }
+
     fn accepts(schema: &Value, text: &str) -> Option<bool> {
         super::super::accepts(&Schema::compile(schema).unwrap(), text)
     }
@@ -507,9 +567,35 @@ mod tests {
     }
 
     #[test]
+    fn patterns_are_held() {
+        let p = patterned();
+        let ok = r##"{"code": "AB-12", "note": "yes, fine", "tags": ["#a", "#bc"], "line": "a\n\""}"##;
+        assert_eq!(accepts(&p, ok), Some(true));
+        assert_eq!(accepts(&p, r#"{"code": "ZZ-0", "note": null}"#), Some(true));
+        for (what, text) in [
+            ("too short", ok.replace("AB-12", "AB-")),
+            ("lower case", ok.replace("AB-12", "ab-12")),
+            ("a `\\u` escape", ok.replace("AB-12", "\\u0041B-12")),
+            ("no word boundary", ok.replace("yes, fine", "yesterday")),
+            ("item", ok.replace("#bc", "#b1")),
+            ("escape decoded", ok.replace(r#"a\n\""#, r#"a\\n\""#)),
+        ] {
+            assert_eq!(accepts(&p, &text), None, "{what}: {text}");
+        }
+        // Prefixes that can still match are taken.
+        assert_eq!(accepts(&p, r#"{"code": "A"#), Some(false));
+        assert_eq!(accepts(&p, r#"{"code": "AB-1"#), Some(false));
+        assert_eq!(accepts(&p, r#"{"code": "AB-1", "note": "n"#), Some(false));
+    }
+
+    #[test]
     fn unsupported_schemas_are_refused_by_name() {
         for (schema, says) in [
-            (json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "x+"}}}), "\"pattern\""),
+            (json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=x)"}}}), "look-around"),
+            (json!({"type": "object", "properties": {"a": {"type": "string", "pattern": 5}}}), "pattern must be a string"),
+            (json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "x", "maxLength": 3}}}), "beside pattern"),
+            (json!({"type": "object", "properties": {"a": {"enum": ["x"], "pattern": "x"}}}), "\"pattern\" is supported beside \"type\" only"),
+            (json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "^\\x01$"}}}), "no JSON string matches"),
             (json!({"type": "object", "properties": {"d": {"type": "string", "format": "date-time"}}}), "\"format\""),
             (json!({"type": "string"}), "root must be an object or an array"),
             (json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "object"}, {"type": "object", "properties": {"b": {}}}]}}}), "alternatives"),
@@ -564,7 +650,8 @@ mod tests {
             }
             ("string", Value::String(t)) => {
                 let n = t.chars().count() as u64;
-                n >= s["minLength"].as_u64().unwrap_or(0) && n <= s["maxLength"].as_u64().unwrap_or(u64::MAX)
+                let pattern = s["pattern"].as_str().is_none_or(|p| regex::Regex::new(p).unwrap().is_match(t));
+                n >= s["minLength"].as_u64().unwrap_or(0) && n <= s["maxLength"].as_u64().unwrap_or(u64::MAX) && pattern
             }
             ("boolean", Value::Bool(_)) | ("null", Value::Null) => true,
             ("number", Value::Number(n)) => in_bounds(s, n.as_f64().unwrap()),
@@ -585,8 +672,8 @@ mod tests {
         /// refuses skipped), closed greedily a byte at a time, parses as a value the schema
         /// admits.
         #[test]
-        fn random_walks_complete_and_validate(which in 0..3usize, bytes in prop::collection::vec(prop::sample::select(b"{}[]:,\" \n0123456789-.eEtrufalsnabcdegimopqrstvwxyz7\xC3\xA9".to_vec()), 0..300)) {
-            let sv = [person, tree, bounded][which]();
+        fn random_walks_complete_and_validate(which in 0..4usize, bytes in prop::collection::vec(prop::sample::select(b"{}[]:,\" \n0123456789-.eEtrufalsnabcdegimopqrstvwxyz7\xC3\xA9AB#\\".to_vec()), 0..300)) {
+            let sv = [person, tree, bounded, patterned][which]();
             let s = Schema::compile(&sv).unwrap();
             let order: Vec<u8> = b"\"}]:,0".iter().copied().chain(0..=255).collect();
             let text = super::super::walk_and_close(&s, &bytes, &order).map_err(TestCaseError::fail)?;

@@ -14,7 +14,9 @@
 
 use super::bounds::{Digits, Range};
 use super::lex::{Num, StrLex, StrStep, MAX_NUM, WORDS};
+use super::pattern::unescape;
 use super::schema::{Node, NodeId, Prop, Schema, ANY, ANY_ARRAY, ANY_OBJECT};
+use regex_automata::util::primitives::StateID;
 
 /// Deepest nesting of objects and arrays.
 pub const MAX_DEPTH: usize = 32;
@@ -58,8 +60,9 @@ enum Lex {
     /// Between tokens inside a container: its frame's phase says what may come.
     Between,
     /// Inside a string: a value, or a free key (`key`), which `:` follows; `chars` begun so
-    /// far, of `min ..= max`.
-    Str { key: bool, s: StrLex, chars: u32, min: u32, max: u32 },
+    /// far, of `min ..= max`; with a pattern (`pat`: its index + 1, 0 none) the pattern's
+    /// state `at` after the decoded text so far.
+    Str { key: bool, s: StrLex, chars: u32, min: u32, max: u32, pat: u16, at: StateID },
     /// Inside a declared key: bit `j` of `cand` is property `idx + j` of the top frame, whose
     /// escaped key matches the `at` bytes so far.
     Key { cand: u64, at: u16 },
@@ -124,7 +127,16 @@ impl JsonState {
     /// how many more characters the string may take (`None` elsewhere).
     pub(super) fn plain_string_room(&self) -> Option<u32> {
         match self.lex {
-            Lex::Str { s, chars, max, .. } if s.plain() => Some(max - chars),
+            Lex::Str { s, chars, max, pat: 0, .. } if s.plain() => Some(max - chars),
+            _ => None,
+        }
+    }
+
+    /// Inside a patterned string, outside an escape and a UTF-8 sequence: its pattern and the
+    /// pattern's state, which whole characters of text only advance (`None` elsewhere).
+    pub(super) fn plain_pattern(&self) -> Option<(u16, StateID)> {
+        match self.lex {
+            Lex::Str { s, pat, at, .. } if pat > 0 && s.plain() => Some((pat - 1, at)),
             _ => None,
         }
     }
@@ -139,7 +151,7 @@ impl JsonState {
     /// `schema` (the state then unspecified).
     pub fn feed(&mut self, schema: &Schema, b: u8) -> bool {
         match self.lex {
-            Lex::Str { key, s, chars, min, max } => {
+            Lex::Str { key, s, chars, min, max, pat, at } => {
                 // A bounded string counts each `\u` escape as one character: no surrogates.
                 if (min > 0 || max < u32::MAX) && s.surrogate_escape(b) {
                     return false;
@@ -149,9 +161,29 @@ impl JsonState {
                 if chars > max {
                     return false;
                 }
-                return match s.step(b) {
+                let step = s.step(b);
+                if matches!(step, StrStep::Bad) {
+                    return false;
+                }
+                // A pattern reads the decoded text: raw bytes, and a short escape's character
+                // (no `\u` escapes: `pattern`'s invariant).
+                let pattern = (pat > 0).then(|| &schema.patterns[pat as usize - 1]);
+                let at = match pattern {
+                    None => at,
+                    Some(_) if s.plain() && b == b'"' => at,
+                    // An escape only where some short escape's character can follow.
+                    Some(p) if s.plain() && b == b'\\' => match b"\"\\/bfnrt".iter().any(|&e| unescape(e).and_then(|c| p.step(at, c)).is_some()) {
+                        true => at,
+                        false => return false,
+                    },
+                    Some(p) => match (if s.after_backslash() { unescape(b) } else { Some(b) }).and_then(|c| p.step(at, c)) {
+                        Some(at) => at,
+                        None => return false,
+                    },
+                };
+                return match step {
                     StrStep::In(s) => {
-                        self.lex = Lex::Str { key, s, chars, min, max };
+                        self.lex = Lex::Str { key, s, chars, min, max, pat, at };
                         true
                     }
                     StrStep::Close if key => {
@@ -161,7 +193,7 @@ impl JsonState {
                     }
                     StrStep::Close => {
                         self.value_done();
-                        chars >= min
+                        chars >= min && pattern.is_none_or(|p| p.matches(at))
                     }
                     StrStep::Bad => false,
                 }
@@ -281,7 +313,13 @@ impl JsonState {
 
     /// The opening `"` of a key (`key`) or of a string value of `min ..= max` characters.
     fn string(&mut self, key: bool, min: u32, max: u32) -> bool {
-        self.lex = Lex::Str { key, s: StrLex::default(), chars: 0, min, max };
+        self.lex = Lex::Str { key, s: StrLex::default(), chars: 0, min, max, pat: 0, at: StateID::ZERO };
+        true
+    }
+
+    /// The opening `"` of a string value matching `schema`'s pattern `p`.
+    fn patterned(&mut self, schema: &Schema, p: u16) -> bool {
+        self.lex = Lex::Str { key: false, s: StrLex::default(), chars: 0, min: 0, max: u32::MAX, pat: p + 1, at: schema.patterns[p as usize].start() };
         true
     }
 
@@ -305,7 +343,13 @@ impl JsonState {
             },
             Node::Object { .. } => b == b'{' && self.push(node, Phase::ObjOpen),
             Node::Array { .. } => b == b'[' && self.push(node, Phase::ArrOpen),
-            &Node::String { min, max } => b == b'"' && self.string(false, min, max),
+            &Node::String { min, max, pattern } => {
+                b == b'"'
+                    && match pattern {
+                        Some(p) => self.patterned(schema, p),
+                        None => self.string(false, min, max),
+                    }
+            }
             &Node::Number { integer, .. } => self.number(schema, node, b, integer),
             Node::Bool => matches!(b, b't' | b'f') && self.word(b),
             Node::Null => b == b'n' && self.word(b),
