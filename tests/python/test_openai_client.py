@@ -93,7 +93,9 @@ check("json_object: a JSON object, stopped where it closes",
 
 # Structured outputs: the client turns a pydantic model into a strict JSON Schema
 # (`response_format: {"type": "json_schema", ...}`, with `$defs`, `anyOf`, `enum`, string
-# lengths, number bounds and a pattern) and parses the answer back into the model, which checks them.
+# lengths, number bounds, a pattern and a date's format) and parses the answer back into the model,
+# which checks them.
+from datetime import date  # noqa: E402
 from typing import List, Literal, Optional  # noqa: E402
 
 from pydantic import BaseModel, Field  # noqa: E402
@@ -113,6 +115,7 @@ class Cat(BaseModel):
     toys: List[str] = Field(max_length=3)
     owner: Optional[Owner]
     chip: str = Field(pattern=r"^[A-F0-9]{4}-[0-9]{2}$")
+    born: date
 
 
 parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse

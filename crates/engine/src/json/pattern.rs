@@ -131,6 +131,38 @@ impl Pattern {
     }
 }
 
+/// Gregorian dates `YYYY-MM-DD` from 0001 (Python's `date.min`) with each month's days and
+/// 29 February in leap years only (divisible by 4, centuries by 400).
+const DATE: &str = concat!(
+    "(([0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})-",
+    "((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))",
+    "|([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)-02-29)"
+);
+/// `HH:MM:SS`, a fraction of up to 6 digits (Python's microseconds), a zone or none.
+const TIME: &str = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?";
+
+/// The pattern a JSON Schema string `format` stands for (anchored), for the formats pydantic
+/// writes that a regular expression states exactly: `date`, `time`, `date-time` (RFC 3339, as
+/// Python's `datetime` reads them), `uuid` (`uuid1` ‥ `uuid5`: that version and RFC 4122's
+/// variant), `ipv4` (dotted decimal, no leading zeros), `email` (a conservative subset of
+/// addresses: dot-separated atoms of letters, digits and `_%+-`, a domain of letter-digit
+/// labels with inner hyphens and a top-level label of two letters or more).
+pub(super) fn format(name: &str) -> Option<String> {
+    let hex = |n: usize| format!("[0-9a-f]{{{n}}}");
+    let uuid = |v: &str| format!("^{}-{}-{v}{}-{}-{}$", hex(8), hex(4), hex(3), if v == "[0-9a-f]" { hex(4) } else { format!("[89ab]{}", hex(3)) }, hex(12));
+    let octet = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])";
+    Some(match name {
+        "date" => format!("^{DATE}$"),
+        "time" => format!("^{TIME}$"),
+        "date-time" => format!("^{DATE}T{TIME}$"),
+        "uuid" => uuid("[0-9a-f]"),
+        "uuid1" | "uuid3" | "uuid4" | "uuid5" => uuid(&name[4..]),
+        "ipv4" => format!("^({octet}\\.){{3}}{octet}$"),
+        "email" => "^[A-Za-z0-9_%+-]+(\\.[A-Za-z0-9_%+-]+)*@([A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?\\.)+[A-Za-z]{2,}$".to_string(),
+        _ => return None,
+    })
+}
+
 /// The decoded byte of the short escape `\b` (`b` after the backslash), or `None` for `\u`
 /// (refused in a patterned string) and anything else.
 pub(super) fn unescape(b: u8) -> Option<u8> {
@@ -177,6 +209,39 @@ mod tests {
         let p = Pattern::compile(r"^\p{Greek}+ é$").unwrap();
         assert_eq!(run(&p, "αβγ é"), Some(true));
         assert_eq!(run(&p, "abc"), None);
+    }
+
+    #[test]
+    fn formats_are_their_exact_patterns() {
+        let f = |name: &str| Pattern::compile(&format(name).unwrap()).unwrap();
+        let whole = |p: &Pattern, t: &str| run(p, t) == Some(true);
+        let date = f("date");
+        for t in ["2024-02-29", "2000-02-29", "0004-02-29", "1999-12-31", "0001-01-01", "2023-04-30"] {
+            assert!(whole(&date, t), "{t}");
+        }
+        for t in ["2023-02-29", "1900-02-29", "0000-01-01", "2023-04-31", "2023-13-01", "2023-00-10", "2023-1-10", "2023-01-32"] {
+            assert!(!whole(&date, t), "{t}");
+        }
+        let dt = f("date-time");
+        for t in ["2024-05-06T07:08:09Z", "2024-05-06T23:59:59.123456+05:30", "2024-05-06T00:00:00"] {
+            assert!(whole(&dt, t), "{t}");
+        }
+        for t in ["2024-05-06 07:08:09", "2024-05-06T24:00:00", "2024-05-06T07:60:00", "2024-05-06T07:08:09.1234567", "2024-05-06T07:08:09+24:00"] {
+            assert!(!whole(&dt, t), "{t}");
+        }
+        let uuid4 = f("uuid4");
+        assert!(whole(&uuid4, "1b4e28ba-2fa1-41d2-883f-0016d3cca427"));
+        assert!(!whole(&uuid4, "1b4e28ba-2fa1-11d2-883f-0016d3cca427"), "version 1");
+        assert!(!whole(&uuid4, "1b4e28ba-2fa1-41d2-c83f-0016d3cca427"), "variant");
+        assert!(whole(&f("uuid"), "1b4e28ba-2fa1-11d2-c83f-0016d3cca427"));
+        let ip = f("ipv4");
+        assert!(whole(&ip, "192.168.0.1") && whole(&ip, "255.255.255.255") && !whole(&ip, "256.1.1.1") && !whole(&ip, "01.2.3.4"));
+        let email = f("email");
+        assert!(whole(&email, "ada.lovelace+x@math.example.org"));
+        for t in ["a..b@x.org", ".a@x.org", "a@-x.org", "a@x", "a@x.o", "a b@x.org"] {
+            assert!(!whole(&email, t), "{t}");
+        }
+        assert_eq!(format("uri"), None);
     }
 
     #[test]

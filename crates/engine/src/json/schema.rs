@@ -14,10 +14,11 @@
 //! - `anyOf`/`oneOf` whose alternatives start with different bytes (a value's first byte
 //!   chooses its alternative: `["string", "null"]` yes, two objects no);
 //! - beside `type`, string lengths and number bounds ([`super::bounds`]), and a string's
-//!   `pattern` ([`super::pattern`]; not together with lengths).
+//!   `pattern` or `format` (`date`, `time`, `date-time`, `uuid`, `ipv4`, `email`: as patterns,
+//!   [`super::pattern`]; one of the three kinds per string).
 //!
 //! Annotations (`title`, `description`, `default`, `examples`, …) are ignored; every other
-//! keyword (`format`, `multipleOf`, `allOf`, …) is refused by name rather than ignored, so an
+//! keyword (`multipleOf`, `allOf`, …) and format is refused by name rather than ignored, so an
 //! answer never claims a constraint it was not held to.
 
 use std::collections::HashMap;
@@ -25,7 +26,7 @@ use std::collections::HashMap;
 use serde_json::{Map, Value};
 
 use super::bounds::{self, Range};
-use super::pattern::Pattern;
+use super::pattern::{self, Pattern};
 use regex_automata::util::primitives::StateID;
 use crate::Error;
 
@@ -81,6 +82,9 @@ pub struct Schema {
 
 /// Most distinct patterns in one schema (each a DFA of up to a few MB).
 const MAX_PATTERNS: usize = 64;
+
+/// A string's form, beside `type`: its pattern, or a format that stands for one.
+const STRING_FORMS: [&str; 2] = ["pattern", "format"];
 
 /// Keywords that describe and do not constrain.
 const ANNOTATIONS: [&str; 12] =
@@ -228,7 +232,7 @@ struct Compiler<'a> {
     depth: u32,
     patterns: Vec<Pattern>,
     /// Each distinct pattern text's index in `patterns`.
-    pattern_ids: HashMap<&'a str, u16>,
+    pattern_ids: HashMap<String, u16>,
 }
 
 impl<'a> Compiler<'a> {
@@ -253,12 +257,12 @@ impl<'a> Compiler<'a> {
             Value::Object(m) => m,
             _ => return Err(bad(path, "a schema must be an object (or true)")),
         };
-        if let Some(k) = m.keys().find(|k| !ANNOTATIONS.contains(&k.as_str()) && !READ.contains(&k.as_str()) && !bounds::KEYWORDS.contains(&k.as_str()) && *k != "pattern") {
+        if let Some(k) = m.keys().find(|k| !ANNOTATIONS.contains(&k.as_str()) && !READ.contains(&k.as_str()) && !bounds::KEYWORDS.contains(&k.as_str()) && !STRING_FORMS.contains(&k.as_str())) {
             return Err(bad(path, format!("the keyword {k:?} is not supported")));
         }
         // Bounds and patterns apply to the types they name; beside anything but `type` they
         // would be lost.
-        let bounded = bounds::KEYWORDS.iter().chain(&["pattern"]).find(|k| m.contains_key(**k));
+        let bounded = bounds::KEYWORDS.iter().chain(&STRING_FORMS).find(|k| m.contains_key(**k));
         let lone = ["$ref", "const", "enum", "anyOf", "oneOf"].into_iter().find(|k| m.contains_key(*k)).or(m.get("type").is_none().then_some("no type"));
         if let (Some(b), Some(l)) = (bounded, lone) {
             return Err(bad(path, format!("{b:?} is supported beside \"type\" only, not with {l}")));
@@ -314,11 +318,17 @@ impl<'a> Compiler<'a> {
             }
             "string" => {
                 let (min, max) = bounds::lengths(m, path)?;
-                let pattern = match m.get("pattern") {
-                    None => None,
-                    Some(_) if min > 0 || max < u32::MAX => return Err(bad(path, "minLength and maxLength beside pattern are not supported")),
-                    Some(Value::String(p)) => Some(self.pattern(p, path)?),
-                    Some(_) => return Err(bad(path, "pattern must be a string")),
+                let pattern = match (m.get("pattern"), m.get("format")) {
+                    (None, None) => None,
+                    _ if min > 0 || max < u32::MAX => return Err(bad(path, "minLength and maxLength beside pattern or format are not supported")),
+                    (Some(_), Some(_)) => return Err(bad(path, "pattern and format together are not supported")),
+                    (Some(Value::String(p)), None) => Some(self.pattern(p, path)?),
+                    (None, Some(Value::String(f))) => {
+                        let p = pattern::format(f).ok_or_else(|| bad(path, format!("the format {f:?} is not supported (date, time, date-time, uuid, uuid1-5, ipv4, email are)")))?;
+                        Some(self.pattern(&p, path)?)
+                    }
+                    (Some(_), _) => return Err(bad(path, "pattern must be a string")),
+                    (_, Some(_)) => return Err(bad(path, "format must be a string")),
                 };
                 self.push(Node::String { min, max, pattern })
             }
@@ -337,7 +347,7 @@ impl<'a> Compiler<'a> {
     }
 
     /// The index of pattern `p`, compiled on its first use.
-    fn pattern(&mut self, p: &'a str, path: &str) -> Result<u16, Error> {
+    fn pattern(&mut self, p: &str, path: &str) -> Result<u16, Error> {
         if let Some(&i) = self.pattern_ids.get(p) {
             return Ok(i);
         }
@@ -346,7 +356,7 @@ impl<'a> Compiler<'a> {
         }
         self.patterns.push(Pattern::compile(p).map_err(|e| bad(path, e))?);
         let i = (self.patterns.len() - 1) as u16;
-        self.pattern_ids.insert(p, i);
+        self.pattern_ids.insert(p.to_string(), i);
         Ok(i)
     }
 
@@ -480,7 +490,8 @@ mod tests {
                 "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]+$"},
                 "note": {"type": ["string", "null"], "pattern": "^(yes|no)\\b"},
                 "tags": {"type": "array", "items": {"type": "string", "pattern": "^#[a-z]+$"}, "maxItems": 3},
-                "line": {"type": "string", "pattern": "^a\\n\"$"}
+                "line": {"type": "string", "pattern": "^a\\n\"$"},
+                "day": {"type": "string", "format": "date"}
             },
             "required": ["code"]
         })
@@ -596,7 +607,9 @@ mod tests {
             (json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "x", "maxLength": 3}}}), "beside pattern"),
             (json!({"type": "object", "properties": {"a": {"enum": ["x"], "pattern": "x"}}}), "\"pattern\" is supported beside \"type\" only"),
             (json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "^\\x01$"}}}), "no JSON string matches"),
-            (json!({"type": "object", "properties": {"d": {"type": "string", "format": "date-time"}}}), "\"format\""),
+            (json!({"type": "object", "properties": {"d": {"type": "string", "format": "uri"}}}), "the format \"uri\""),
+            (json!({"type": "object", "properties": {"d": {"type": "string", "format": "date", "pattern": "x"}}}), "pattern and format"),
+            (json!({"type": "object", "properties": {"d": {"format": "date"}}}), "\"format\" is supported beside \"type\" only"),
             (json!({"type": "string"}), "root must be an object or an array"),
             (json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "object"}, {"type": "object", "properties": {"b": {}}}]}}}), "alternatives"),
             (json!({"type": "object", "properties": {"a": {}}, "required": ["b"]}), "\"b\" is not in properties"),
@@ -650,7 +663,7 @@ mod tests {
             }
             ("string", Value::String(t)) => {
                 let n = t.chars().count() as u64;
-                let pattern = s["pattern"].as_str().is_none_or(|p| regex::Regex::new(p).unwrap().is_match(t));
+                let pattern = s["pattern"].as_str().is_none_or(|p| regex::Regex::new(p).unwrap().is_match(t)) && (s["format"] != "date" || is_date(t));
                 n >= s["minLength"].as_u64().unwrap_or(0) && n <= s["maxLength"].as_u64().unwrap_or(u64::MAX) && pattern
             }
             ("boolean", Value::Bool(_)) | ("null", Value::Null) => true,
@@ -659,6 +672,16 @@ mod tests {
             ("integer", Value::Number(n)) => (n.is_i64() || n.is_u64() || n.to_string() == "-0.0") && in_bounds(s, n.as_f64().unwrap()),
             _ => false,
         })
+    }
+
+    /// A Gregorian `YYYY-MM-DD` from year 1, by arithmetic.
+    fn is_date(t: &str) -> bool {
+        let p: Vec<&str> = t.split('-').collect();
+        let n = |s: &str, len: usize| (s.len() == len && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse::<u32>().unwrap());
+        let (Some(y), Some(m), Some(d)) = (p.first().and_then(|s| n(s, 4)), p.get(1).and_then(|s| n(s, 2)), p.get(2).and_then(|s| n(s, 2))) else { return false };
+        let leap = y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
+        let days = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+        p.len() == 3 && y >= 1 && (1..=12).contains(&m) && d >= 1 && d <= days[m as usize - 1]
     }
 
     /// `x` against `s`'s numeric bounds, in `f64` as validators compare.
