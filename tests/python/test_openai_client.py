@@ -96,7 +96,7 @@ check("json_object: a JSON object, stopped where it closes",
 # lengths, number bounds, a pattern and a date's format) and parses the answer back into the model,
 # which checks them.
 from datetime import date  # noqa: E402
-from typing import List, Literal, Optional  # noqa: E402
+from typing import Annotated, List, Literal, Optional, Union  # noqa: E402
 
 from pydantic import BaseModel, Field  # noqa: E402
 
@@ -125,6 +125,31 @@ r = parse(
 )
 check("json_schema: parsed into the pydantic model, stopped where it closes",
       isinstance(r.choices[0].message.parsed, Cat) and r.choices[0].finish_reason == "stop",
+      (r.choices[0].message.content, r.choices[0].finish_reason))
+
+# Unions of objects: a discriminated one (pydantic writes `oneOf` and `discriminator`) in a list,
+# and a plain one (`anyOf`); both alternatives start with `{"kind": "`.
+class Walk(BaseModel):
+    kind: Literal["walk"]
+    km: float = Field(ge=0, le=50)
+
+
+class Nap(BaseModel):
+    kind: Literal["nap"]
+    hours: int = Field(ge=0, le=20)
+
+
+class Day(BaseModel):
+    activities: List[Annotated[Union[Walk, Nap], Field(discriminator="kind")]] = Field(max_length=3)
+    mood: Union[Walk, Nap]
+
+
+r = parse(
+    model=MODEL, max_tokens=200, temperature=0, response_format=Day,
+    messages=[{"role": "user", "content": "Plan a lazy day as JSON."}],
+)
+check("json_schema: unions of objects parsed into the pydantic model",
+      isinstance(r.choices[0].message.parsed, Day) and r.choices[0].finish_reason == "stop",
       (r.choices[0].message.content, r.choices[0].finish_reason))
 
 # Tool calling: a forced call of a pydantic function tool, parsed back into the model by the

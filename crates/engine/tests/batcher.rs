@@ -197,6 +197,12 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
     let bounded = Arc::new(Schema::compile(&bounded).unwrap());
     let patterned = serde_json::json!({"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-z]{2}[0-9]+$"}, "say": {"type": "string", "pattern": "^(hello|héllo) world"}}, "required": ["id", "say"]});
     let patterned = Arc::new(Schema::compile(&patterned).unwrap());
+    // A union of objects that start alike (the mask follows each until the text tells them apart).
+    let union = serde_json::json!({"type": "object", "properties": {"pet": {"anyOf": [
+        {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}}, "required": ["kind", "lives"]},
+        {"type": "object", "properties": {"kind": {"const": "cow"}, "name": {"type": "string"}}, "required": ["kind"]},
+        {"type": "object", "properties": {"size": {"type": "number"}}}]}}, "required": ["pet"]});
+    let union = Arc::new(Schema::compile(&union).unwrap());
     // Tool calls: alternatives a first byte does not tell apart (two live until the name).
     let tools: Vec<corelm_engine::tools::Tool> = [
         serde_json::json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}}, "required": ["city"]}}}),
@@ -206,7 +212,7 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
     .map(|t| corelm_engine::tools::Tool::from_openai(t, "t").unwrap())
     .collect();
     let calls = Arc::new(corelm_engine::tools::call_schema(&tools, &corelm_engine::tools::Choice::Required).unwrap().unwrap());
-    let cases: [(&Arc<Schema>, &[&str]); 5] = [
+    let cases: [(&Arc<Schema>, &[&str]); 6] = [
         (
             &object,
             &["", "{", "{\"na", "{\"name\"", "{\"name\":", "{\"a\": \"Fel", "{\"a\": \"\\", "{\"a\": \"\\u0", "{\"a\": \"\u{e9}", "{\"a\": 1", "{\"a\": -", "{\"a\": 1.5e", "{\"a\": tr", "{\"a\": [", "{\"a\": [1, {}", "{\"a\": 1}\n"],
@@ -214,6 +220,7 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
         (&person, &["", "{", "{\"n", "{\"name\": \"Bo", "{\"name\": \"Bob\", \"age\": 1", "{\"name\": \"Bob\", \"age\": 1,", "{\"name\": \"Bob\", \"age\": 1, \"pet\": \"c", "{\"name\": \"Bob\", \"age\": 1, \"pet\": null, \"tags\": [true, "]),
         (&calls, &["", "{", "{\"name\": \"get_", "{\"name\": \"get_time\", \"arguments\": {\"zone\": 1", "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par"]),
         (&bounded, &["{\"code\": \"", "{\"code\": \"a", "{\"code\": \"ab", "{\"code\": \"abc", "{\"code\": \"abcd", "{\"code\": \"abcd\", \"n\": ", "{\"code\": \"abcd\", \"n\": 1", "{\"code\": \"abcd\", \"n\": 12."]),
+        (&union, &["{\"pet\":", "{\"pet\": ", "{\"pet\": {", "{\"pet\": {\"", "{\"pet\": {\"kind\": \"c", "{\"pet\": {\"kind\": \"co", "{\"pet\": {\"kind\": \"cow\"", "{\"pet\": {\"size\": 1"]),
         // Inside patterned strings every token is fed (no whole-character shortcut).
         (&patterned, &["{\"id\": \"", "{\"id\": \"ab", "{\"id\": \"ab1", "{\"id\": \"ab12\", \"say\": \"", "{\"id\": \"ab12\", \"say\": \"hello", "{\"id\": \"ab12\", \"say\": \"hello world, "]),
     ];
@@ -226,11 +233,9 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
             for prefix in prefixes {
                 let mut mask = JsonMask::new(schema.clone());
                 // The mask fed the prefix's single-byte tokens (all in these vocabularies but an
-                // odd one), the states of the roots it fits their bytes.
-                let states: Vec<JsonState> = (0..schema.alternatives())
-                    .map(|i| JsonState::at_root(schema, i))
-                    .filter_map(|mut s| s.feed_all(schema, prefix.as_bytes()).then_some(s))
-                    .collect();
+                // odd one), the states of the roots (and of the alternatives) it fits their bytes.
+                let mut states: Vec<JsonState> = (0..schema.alternatives()).map(|i| JsonState::at_root(schema, i)).collect();
+                corelm_engine::json::state::advance(&mut states, &mut vec![], schema, prefix.as_bytes());
                 assert!(!states.is_empty(), "{prefix:?}");
                 let byte_tokens: Vec<u32> = prefix.bytes().filter_map(|b| (0..tok.n_vocab() as u32).find(|&id| tok.piece(id) == [b] && !tok.is_control(id))).collect();
                 if byte_tokens.len() != prefix.len() {
@@ -242,10 +247,7 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
                 let mut allowed = 0;
                 for id in 0..tok.n_vocab() as u32 {
                     let p = tok.piece(id);
-                    let want = !p.is_empty() && !tok.is_control(id) && !tok.is_eog(id) && states.iter().any(|&s| {
-                        let mut s = s;
-                        s.feed_all(schema, p)
-                    });
+                    let want = !p.is_empty() && !tok.is_control(id) && !tok.is_eog(id) && states.iter().any(|&s| s.takes_all(schema, p));
                     assert_eq!(mask.allows(&vocab, &tok, id), want, "{file} {prefix:?} token {id} {:?}", String::from_utf8_lossy(p));
                     allowed += want as usize;
                 }

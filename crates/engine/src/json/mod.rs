@@ -8,7 +8,9 @@
 //!   byte-level pushdown automaton over that table (a frame per open container, the lexical
 //!   state of [`lex`] at the top). It is `Copy` (no heap), so trying a token is a copy and a
 //!   feed of its bytes. A schema of alternatives that start alike ([`Schema::one_of`]: tool
-//!   calls) has a root each; the mask keeps the automaton of every root the text still fits.
+//!   calls) has a root each, and an `anyOf` of such alternatives forks the automaton where its
+//!   value begins (`JsonState::feed_forking`); the mask keeps every automaton the text still
+//!   fits (at most [`MAX_STATES`]).
 //! - [`JsonMask`] tries every token of the vocabulary from the sequence's state before each
 //!   sample: control tokens, end-of-generation tokens and empty pieces are never allowed; the
 //!   sequence ends (`Stop`) as soon as its top-level value is closed, so it needs no EOS.
@@ -34,7 +36,7 @@ use std::sync::Arc;
 
 pub use lex::MAX_NUM;
 pub use schema::Schema;
-pub use state::{JsonState, MAX_DEPTH, MAX_WS};
+pub use state::{JsonState, MAX_DEPTH, MAX_STATES, MAX_WS};
 
 use crate::sample::Sampler;
 use regex_automata::util::primitives::StateID;
@@ -120,6 +122,8 @@ pub struct JsonMask {
     /// reused once all are taken (`memo_next`: the oldest), so a long string allocates nothing.
     memo: Vec<((u16, StateID), Vec<u64>)>,
     memo_next: usize,
+    /// [`accept`](Self::accept)'s buffer where the schema forks.
+    scratch: Vec<JsonState>,
 }
 
 /// Pattern states whose token sets a mask keeps (each a bit per token: 32 KiB for a vocabulary
@@ -136,7 +140,7 @@ impl JsonMask {
     /// Before the first token of a value of `schema` ([`Schema::object`]: JSON mode).
     pub fn new(schema: Arc<Schema>) -> JsonMask {
         let states = (0..schema.roots.len()).map(|i| JsonState::at_root(&schema, i)).collect();
-        let mut m = JsonMask { schema, states, first: [false; 256], pair: Box::new([[false; 256]; 256]), pairs: false, room: None, pattern: None, text_ok: None, memo: Vec::new(), memo_next: 0 };
+        let mut m = JsonMask { schema, states, first: [false; 256], pair: Box::new([[false; 256]; 256]), pairs: false, room: None, pattern: None, text_ok: None, memo: Vec::new(), memo_next: 0, scratch: Vec::new() };
         m.prepare();
         m
     }
@@ -161,7 +165,9 @@ impl JsonMask {
                 row.fill(false);
                 for &s in &self.states {
                     let mut after = s;
-                    if after.feed(schema, a) {
+                    let mut forks = Vec::new();
+                    let ok = after.feed_forking(schema, a, schema.forks.then_some(&mut forks));
+                    for after in forks.into_iter().chain(ok.then_some(after)) {
                         for b in 0..=255u8 {
                             let mut s = after;
                             row[b as usize] |= s.feed(schema, b);
@@ -186,6 +192,7 @@ impl JsonMask {
             // One byte, which the state takes.
             _ if vocab.second[i] == NO_BYTE => true,
             _ if self.pairs && !self.pair[vocab.first[i] as usize][vocab.second[i] as usize] => false,
+            _ if self.schema.forks => self.states.iter().any(|&s| s.takes_all(&self.schema, tok.piece(id))),
             _ => self.states.iter().any(|&(mut s)| s.feed_all(&self.schema, tok.piece(id))),
         }
     }
@@ -208,7 +215,11 @@ impl JsonMask {
             return false;
         }
         let (schema, piece) = (&self.schema, tok.piece(id));
-        self.states.retain_mut(|s| s.feed_all(schema, piece));
+        if schema.forks {
+            state::advance(&mut self.states, &mut self.scratch, schema, piece);
+        } else {
+            self.states.retain_mut(|s| s.feed_all(schema, piece));
+        }
         self.prepare();
         self.text_ok = self.pattern.map(|key| self.text_tokens(vocab, tok, key));
         true
@@ -247,34 +258,40 @@ impl JsonMask {
 }
 
 /// For tests: whether `text` is a whole value of `schema` (`Some(true)`), the prefix of one
-/// (`Some(false)`), or neither.
+/// (`Some(false)`), or neither — every alternative followed, as the mask does.
 #[cfg(test)]
 fn accepts(schema: &Schema, text: &str) -> Option<bool> {
-    let mut st = JsonState::new(schema);
-    st.feed_all(schema, text.as_bytes()).then(|| st.is_complete())
+    let (mut states, mut scratch) = (vec![JsonState::new(schema)], vec![]);
+    state::advance(&mut states, &mut scratch, schema, text.as_bytes());
+    (!states.is_empty()).then(|| states.iter().any(JsonState::is_complete))
 }
 
-/// For tests: feed `bytes` to a fresh state of `schema`, skipping those it refuses, then close
-/// the value by the first byte of `closer` it takes, a byte at a time. The text, or where it
-/// got stuck.
+/// For tests: feed `bytes` to a fresh state of `schema` (every alternative followed), skipping
+/// those no state takes, then close the value by the first byte of `closer` some state takes,
+/// a byte at a time. The text, or where it got stuck.
 #[cfg(test)]
 fn walk_and_close(schema: &Schema, bytes: &[u8], closer: &[u8]) -> Result<Vec<u8>, String> {
-    let mut st = JsonState::new(schema);
+    let (mut states, mut scratch) = (vec![JsonState::new(schema)], vec![]);
     let mut text = Vec::new();
+    let mut take = |states: &mut Vec<JsonState>, b: u8| {
+        let mut next = states.clone();
+        state::advance(&mut next, &mut scratch, schema, &[b]);
+        !next.is_empty() && {
+            *states = next;
+            true
+        }
+    };
     for &b in bytes {
-        let mut t = st;
-        if t.feed(schema, b) {
-            st = t;
+        if take(&mut states, b) {
             text.push(b);
         }
     }
     for _ in 0..10_000 {
-        if st.is_complete() {
+        if states.iter().any(JsonState::is_complete) {
             return Ok(text);
         }
-        let b = closer.iter().copied().find(|&b| st.clone().feed(schema, b));
+        let b = closer.iter().copied().find(|&b| take(&mut states, b));
         let b = b.ok_or_else(|| format!("stuck after {}", String::from_utf8_lossy(&text)))?;
-        st.feed(schema, b);
         text.push(b);
     }
     Err(format!("not closed: {}", String::from_utf8_lossy(&text)))

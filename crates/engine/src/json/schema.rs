@@ -11,8 +11,8 @@
 //!   optional; no other keys (`additionalProperties` is only read when there are no
 //!   `properties`: `false` gives `{}`, a schema the values of free keys);
 //! - arrays: `items`, `minItems`, `maxItems`; `enum` and `const` (any JSON values);
-//! - `anyOf`/`oneOf` whose alternatives start with different bytes (a value's first byte
-//!   chooses its alternative: `["string", "null"]` yes, two objects no);
+//! - `anyOf`/`oneOf` (a union of objects too: where alternatives start alike, the mask follows
+//!   each until the text tells them apart; [`Schema::forks`]);
 //! - beside `type`, string lengths and number bounds ([`super::bounds`]), and a string's
 //!   `pattern` or `format` (`date`, `time`, `date-time`, `uuid`, `ipv4`, `email`: as patterns,
 //!   [`super::pattern`]; one of the three kinds per string).
@@ -78,6 +78,9 @@ pub struct Schema {
     pub(super) roots: Vec<NodeId>,
     /// The strings' patterns, by [`Node::String`]'s index.
     pub(super) patterns: Vec<Pattern>,
+    /// Whether some `anyOf` has alternatives that start with the same byte: the mask then
+    /// follows the automaton of each (`JsonState::feed_forking`).
+    pub(super) forks: bool,
 }
 
 /// Most distinct patterns in one schema (each a DFA of up to a few MB).
@@ -86,16 +89,17 @@ const MAX_PATTERNS: usize = 64;
 /// A string's form, beside `type`: its pattern, or a format that stands for one.
 const STRING_FORMS: [&str; 2] = ["pattern", "format"];
 
-/// Keywords that describe and do not constrain.
-const ANNOTATIONS: [&str; 12] =
-    ["title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", "$defs", "definitions"];
+/// Keywords that describe and do not constrain (`discriminator`, OpenAPI's and pydantic's
+/// name for a `oneOf`'s telling property: the `oneOf` check finds it itself).
+const ANNOTATIONS: [&str; 13] =
+    ["title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "discriminator"];
 /// Keywords read here, under some type.
 const READ: [&str; 12] = ["type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref"];
 
 impl Schema {
     /// JSON mode: any object.
     pub fn object() -> Schema {
-        Schema { nodes: base(), roots: vec![ANY_OBJECT], patterns: vec![] }
+        Schema { nodes: base(), roots: vec![ANY_OBJECT], patterns: vec![], forks: false }
     }
 
     /// How many roots (alternatives) the schema has.
@@ -110,7 +114,9 @@ impl Schema {
         let mut nodes = base();
         let mut roots = Vec::new();
         let mut patterns = Vec::new();
+        let mut forks = false;
         for a in alts {
+            forks |= a.forks;
             let offset = (nodes.len() - base().len()) as NodeId;
             let at = |id: NodeId| if (id as usize) < base().len() { id } else { id + offset };
             let first_pattern = patterns.len() as u16;
@@ -136,15 +142,15 @@ impl Schema {
         if patterns.len() > MAX_PATTERNS {
             return Err(bad("schema", format!("more than {MAX_PATTERNS} patterns")));
         }
-        Ok(Schema { nodes, roots, patterns })
+        Ok(Schema { nodes, roots, patterns, forks })
     }
 
     /// Compile a JSON Schema. Its root must be an object or an array (the answer opens with
     /// `{` or `[`, so the end of the answer is known).
     pub fn compile(schema: &Value) -> Result<Schema, Error> {
-        let mut c = Compiler { doc: schema, nodes: base(), refs: HashMap::new(), depth: 0, patterns: vec![], pattern_ids: HashMap::new() };
+        let mut c = Compiler { doc: schema, nodes: base(), refs: HashMap::new(), depth: 0, patterns: vec![], pattern_ids: HashMap::new(), forks: false };
         let root = c.node(schema, "schema")?;
-        let s = Schema { nodes: c.nodes, roots: vec![root], patterns: c.patterns };
+        let s = Schema { nodes: c.nodes, roots: vec![root], patterns: c.patterns, forks: c.forks };
         let first = first_bytes(&s.nodes, root, 0);
         if first.iter().enumerate().any(|(b, &on)| on && b != b'{' as usize && b != b'[' as usize) {
             return Err(bad("schema", "the root must be an object or an array"));
@@ -233,6 +239,8 @@ struct Compiler<'a> {
     patterns: Vec<Pattern>,
     /// Each distinct pattern text's index in `patterns`.
     pattern_ids: HashMap<String, u16>,
+    /// Some `anyOf`'s alternatives start alike ([`Schema::forks`]).
+    forks: bool,
 }
 
 impl<'a> Compiler<'a> {
@@ -281,6 +289,11 @@ impl<'a> Compiler<'a> {
             if let Some(alts) = m.get(key) {
                 let alts = alts.as_array().filter(|a| !a.is_empty()).ok_or_else(|| bad(path, format!("{key} must list schemas")))?;
                 let ids = alts.iter().enumerate().map(|(i, a)| self.node(a, &format!("{path}.{key}[{i}]"))).collect::<Result<Vec<_>, _>>()?;
+                // `oneOf`: no value may fit two alternatives, which `anyOf`'s automaton would
+                // allow where they start alike and are not told apart by a discriminator.
+                if key == "oneOf" && self.clash(&ids) && !self.discriminated(&ids) {
+                    return Err(bad(path, "oneOf alternatives that start alike must be objects told apart by a required property of distinct constants (a discriminator); anyOf takes them as they are"));
+                }
                 return self.any_of(ids, &format!("{path}.{key}"));
             }
         }
@@ -401,19 +414,52 @@ impl<'a> Compiler<'a> {
     }
 
     fn any_of(&mut self, ids: Vec<NodeId>, path: &str) -> Result<NodeId, Error> {
+        if ids.len() > MAX_CHOICES {
+            return Err(bad(path, format!("more than {MAX_CHOICES} alternatives")));
+        }
+        self.forks |= self.clash(&ids);
+        Ok(self.push(Node::AnyOf(ids)))
+    }
+
+    /// Whether two of the alternatives `ids` can start with the same byte (a reference still
+    /// being compiled, with no first bytes yet, counts as one).
+    fn clash(&self, ids: &[NodeId]) -> bool {
         let mut seen = [false; 256];
-        let mut clash = None;
-        for &id in &ids {
+        let mut clash = false;
+        for &id in ids {
             let f = first_bytes(&self.nodes, id, 0);
-            if let Some(b) = (0..256).find(|&b| f[b] && seen[b]) {
-                clash = Some(b as u8);
-            }
+            clash |= (0..256).any(|b| f[b] && seen[b]) || !f.contains(&true);
             seen.iter_mut().zip(f).for_each(|(x, y)| *x |= y);
         }
-        if let Some(b) = clash {
-            return Err(bad(path, format!("two alternatives can start with {:?}; only alternatives a first byte tells apart are supported", b as char)));
+        clash
+    }
+
+    /// Whether the alternatives `ids` are objects (through `$ref`s) that all require one key
+    /// whose values are constants no two of them share: no value fits two.
+    fn discriminated(&self, ids: &[NodeId]) -> bool {
+        let resolve = |mut id: NodeId| {
+            for _ in 0..64 {
+                match &self.nodes[id as usize] {
+                    Node::AnyOf(a) if a.len() == 1 => id = a[0],
+                    _ => break,
+                }
+            }
+            &self.nodes[id as usize]
+        };
+        let props: Vec<&[Prop]> = ids.iter().filter_map(|&id| if let Node::Object { props, .. } = resolve(id) { Some(&props[..]) } else { None }).collect();
+        if props.len() != ids.len() {
+            return false;
         }
-        Ok(self.push(Node::AnyOf(ids)))
+        props[0].iter().filter(|p| p.required).any(|k| {
+            let mut texts: Vec<&Vec<u8>> = Vec::new();
+            props.iter().all(|ps| match ps.iter().find(|p| p.required && p.key == k.key).map(|p| resolve(p.node)) {
+                Some(Node::Literal(t)) => t.iter().all(|t| !texts.contains(&t) && {
+                    texts.push(t);
+                    true
+                }),
+                _ => false,
+            })
+        })
     }
 
     fn reference(&mut self, r: &'a Value, path: &str) -> Result<NodeId, Error> {
@@ -494,6 +540,27 @@ mod tests {
                 "day": {"type": "string", "format": "date"}
             },
             "required": ["code"]
+        })
+    }
+
+    /// Unions of objects that start alike (pydantic's `Union[Cat, Dog]`, a discriminator
+    /// `kind`), in an array too, and alternatives nested in alternatives.
+    fn union() -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "pet": {"$ref": "#/$defs/Pet"},
+                "more": {"type": "array", "items": {"$ref": "#/$defs/Pet"}, "maxItems": 3},
+                "id": {"anyOf": [{"type": "integer"}, {"type": "number", "minimum": 0.5, "maximum": 2}, {"anyOf": [{"type": "string", "maxLength": 2}, {"type": "string", "pattern": "^x+$"}]}]}
+            },
+            "required": ["pet", "id"],
+            "$defs": {
+                "Pet": {"oneOf": [
+                    {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}}, "required": ["kind", "lives"]},
+                    {"type": "object", "properties": {"kind": {"const": "dog"}, "breed": {"type": "string"}}, "required": ["kind", "breed"]},
+                    {"type": "object", "properties": {"kind": {"const": "cow"}}, "required": ["kind"]}
+                ]}
+            }
         })
     }
 
@@ -600,6 +667,29 @@ mod tests {
     }
 
     #[test]
+    fn unions_that_start_alike_are_followed_until_they_part() {
+        let u = union();
+        let ok = r#"{"pet": {"kind": "dog", "breed": "pug"}, "more": [{"kind": "cat", "lives": 9}, {"kind": "cow"}], "id": 1.5}"#;
+        assert_eq!(accepts(&u, ok), Some(true));
+        for text in [ok.replace("1.5", "7"), ok.replace("1.5", "\"ab\""), ok.replace("1.5", "\"xxxxx\"")] {
+            assert_eq!(accepts(&u, &text), Some(true), "{text}");
+        }
+        for (what, text) in [
+            ("a dog's lives", ok.replace(r#""breed": "pug""#, r#""lives": 3"#)),
+            ("a cat's breed", ok.replace(r#""lives": 9"#, r#""breed": "x""#)),
+            ("a cow with lives", ok.replace(r#"{"kind": "cow"}"#, r#"{"kind": "cow", "lives": 1}"#)),
+            ("no such kind", ok.replace("dog", "cat")),
+            ("number out of range", ok.replace("1.5", "2.5")),
+            ("string of neither", ok.replace("1.5", "\"abc\"")),
+        ] {
+            assert_eq!(accepts(&u, &text), None, "{what}: {text}");
+        }
+        assert_eq!(accepts(&u, r#"{"pet": {"kind": "c"#), Some(false), "cat or cow");
+        assert_eq!(accepts(&u, r#"{"pet": {"kind": "co"#), Some(false));
+        assert_eq!(accepts(&u, r#"{"pet": {"kind": "cx"#), None);
+    }
+
+    #[test]
     fn unsupported_schemas_are_refused_by_name() {
         for (schema, says) in [
             (json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=x)"}}}), "look-around"),
@@ -611,7 +701,10 @@ mod tests {
             (json!({"type": "object", "properties": {"d": {"type": "string", "format": "date", "pattern": "x"}}}), "pattern and format"),
             (json!({"type": "object", "properties": {"d": {"format": "date"}}}), "\"format\" is supported beside \"type\" only"),
             (json!({"type": "string"}), "root must be an object or an array"),
-            (json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "object"}, {"type": "object", "properties": {"b": {}}}]}}}), "alternatives"),
+            (json!({"type": "object", "properties": {"a": {"anyOf": (0..65).map(|i| json!({"const": i})).collect::<Vec<_>>()}}}), "more than 64 alternatives"),
+            (json!({"type": "object", "properties": {"a": {"oneOf": [{"type": "object"}, {"type": "object", "properties": {"b": {}}}]}}}), "discriminator"),
+            (json!({"type": "object", "properties": {"a": {"oneOf": [
+                {"type": "object", "properties": {"k": {"const": 1}}, "required": ["k"]}, {"type": "object", "properties": {"k": {"enum": [2, 1]}}, "required": ["k"]}]}}}), "discriminator"),
             (json!({"type": "object", "properties": {"a": {}}, "required": ["b"]}), "\"b\" is not in properties"),
             (json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/Nope"}}}), "$ref"),
             (json!({"type": "object", "properties": {"a": {"enum": []}}}), "enum"),
@@ -645,6 +738,9 @@ mod tests {
         }
         if let Some(alts) = s.get("anyOf").and_then(Value::as_array) {
             return alts.iter().any(|a| valid(a, v, root));
+        }
+        if let Some(alts) = s.get("oneOf").and_then(Value::as_array) {
+            return alts.iter().filter(|a| valid(a, v, root)).count() == 1;
         }
         let types: Vec<&str> = match &s["type"] {
             Value::String(t) => vec![t],
@@ -695,8 +791,8 @@ mod tests {
         /// refuses skipped), closed greedily a byte at a time, parses as a value the schema
         /// admits.
         #[test]
-        fn random_walks_complete_and_validate(which in 0..4usize, bytes in prop::collection::vec(prop::sample::select(b"{}[]:,\" \n0123456789-.eEtrufalsnabcdegimopqrstvwxyz7\xC3\xA9AB#\\".to_vec()), 0..300)) {
-            let sv = [person, tree, bounded, patterned][which]();
+        fn random_walks_complete_and_validate(which in 0..5usize, bytes in prop::collection::vec(prop::sample::select(b"{}[]:,\" \n0123456789-.eEtrufalsnabcdegimopqrstvwxyz7\xC3\xA9AB#\\".to_vec()), 0..300)) {
+            let sv = [person, tree, bounded, patterned, union][which]();
             let s = Schema::compile(&sv).unwrap();
             let order: Vec<u8> = b"\"}]:,0".iter().copied().chain(0..=255).collect();
             let text = super::super::walk_and_close(&s, &bytes, &order).map_err(TestCaseError::fail)?;

@@ -142,14 +142,78 @@ impl JsonState {
     }
 
     /// Feed every byte of `bytes`; `false` (the state then unspecified) at the first one that
-    /// makes the text no longer the prefix of a value of `schema`.
+    /// makes the text no longer the prefix of a value of `schema` (first alternatives only:
+    /// [`Self::takes_all`] follows every one).
     pub fn feed_all(&mut self, schema: &Schema, bytes: &[u8]) -> bool {
         bytes.iter().all(|&b| self.feed(schema, b))
     }
 
+    /// Whether some path through the alternatives of the `anyOf`s met takes every byte of
+    /// `bytes` (forks followed depth first; a fork allocates its list).
+    pub fn takes_all(self, schema: &Schema, bytes: &[u8]) -> bool {
+        let mut s = self;
+        for (i, &b) in bytes.iter().enumerate() {
+            let mut forks = Vec::new();
+            let ok = s.feed_forking(schema, b, Some(&mut forks));
+            if forks.into_iter().any(|f| f.takes_all(schema, &bytes[i + 1..])) {
+                return true;
+            }
+            if !ok {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Push to `out` every state `bytes` lead this one to, through every alternative.
+    fn advance_into(self, schema: &Schema, bytes: &[u8], out: &mut Vec<JsonState>) {
+        let mut s = self;
+        for (i, &b) in bytes.iter().enumerate() {
+            let mut forks = Vec::new();
+            let ok = s.feed_forking(schema, b, Some(&mut forks));
+            for f in forks {
+                f.advance_into(schema, &bytes[i + 1..], out);
+            }
+            if !ok {
+                return;
+            }
+        }
+        out.push(s);
+    }
+}
+
+/// Most automata a mask follows at once: past it, later alternatives are dropped (their texts
+/// refused, never a text off the schema taken).
+pub const MAX_STATES: usize = 64;
+
+/// Replace `states` by those `bytes` lead them to through every alternative, each once
+/// (`scratch`: a buffer kept between calls).
+pub fn advance(states: &mut Vec<JsonState>, scratch: &mut Vec<JsonState>, schema: &Schema, bytes: &[u8]) {
+    scratch.clear();
+    for &s in states.iter() {
+        s.advance_into(schema, bytes, scratch);
+    }
+    states.clear();
+    for s in scratch.drain(..) {
+        if states.len() < MAX_STATES && !states.contains(&s) {
+            states.push(s);
+        }
+    }
+}
+
+impl JsonState {
+
     /// Feed one byte; `false` where it makes the text no longer the prefix of a value of
-    /// `schema` (the state then unspecified).
+    /// `schema` (the state then unspecified). Where an `anyOf`'s alternatives start alike, the
+    /// first one the byte fits is taken ([`Self::feed_forking`] follows the others too).
     pub fn feed(&mut self, schema: &Schema, b: u8) -> bool {
+        self.feed_forking(schema, b, None)
+    }
+
+    /// [`Self::feed`], pushing to `forks` the state after `b` in each other alternative of an
+    /// `anyOf` that `b` begins and fits (this state is then the first such alternative's; it
+    /// may have failed where a fork did not, so the forks count whatever this returns).
+    pub fn feed_forking(&mut self, schema: &Schema, b: u8, mut forks: Option<&mut Vec<JsonState>>) -> bool {
         match self.lex {
             Lex::Str { key, s, chars, min, max, pat, at } => {
                 // A bounded string counts each `\u` escape as one character: no surrogates.
@@ -254,8 +318,8 @@ impl JsonState {
         }
         self.ws = 0;
         match self.lex {
-            Lex::Value(node) => self.begin(schema, node, b),
-            Lex::Between => self.between(schema, b),
+            Lex::Value(node) => self.begin(schema, node, b, forks.as_deref_mut()),
+            Lex::Between => self.between(schema, b, forks),
             _ => false,
         }
     }
@@ -333,7 +397,7 @@ impl JsonState {
     }
 
     /// The first byte `b` of a value of `node`.
-    fn begin(&mut self, schema: &Schema, node: NodeId, b: u8) -> bool {
+    fn begin(&mut self, schema: &Schema, node: NodeId, b: u8, mut forks: Option<&mut Vec<JsonState>>) -> bool {
         match &schema.nodes[node as usize] {
             Node::Any => match b {
                 b'{' => self.push(ANY_OBJECT, Phase::ObjOpen),
@@ -361,18 +425,31 @@ impl JsonState {
                     true
                 }
             }
-            Node::AnyOf(alts) => alts.iter().any(|&a| {
-                let mut t = *self;
-                t.begin(schema, a, b) && {
-                    *self = t;
-                    true
+            Node::AnyOf(alts) => {
+                let before = *self;
+                let mut taken = false;
+                for &a in alts {
+                    let mut t = before;
+                    if !t.begin(schema, a, b, forks.as_deref_mut()) {
+                        continue;
+                    }
+                    if !taken {
+                        *self = t;
+                        taken = true;
+                        if forks.is_none() {
+                            break;
+                        }
+                    } else if let Some(f) = forks.as_deref_mut() {
+                        f.push(t);
+                    }
                 }
-            }),
+                taken
+            }
         }
     }
 
     /// Byte `b` between tokens inside the top container.
-    fn between(&mut self, schema: &Schema, b: u8) -> bool {
+    fn between(&mut self, schema: &Schema, b: u8, forks: Option<&mut Vec<JsonState>>) -> bool {
         let f = *self.top();
         match &schema.nodes[f.node as usize] {
             Node::Object { props, extra } => match (f.phase, b) {
@@ -401,7 +478,7 @@ impl JsonState {
                     let top = self.top();
                     top.idx = top.idx.saturating_add(1);
                     top.phase = Phase::ArrAfter;
-                    self.begin(schema, items, b)
+                    self.begin(schema, items, b, forks)
                 }
                 _ => false,
             },
