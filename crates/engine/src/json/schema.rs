@@ -684,6 +684,24 @@ mod tests {
         ] {
             assert_eq!(accepts(&u, &text), None, "{what}: {text}");
         }
+        // The forks merge once a union's value closes: one state after each item.
+        let schema = Schema::compile(&u).unwrap();
+        let mut text = String::from(r#"{"pet": {"kind": "cow"}, "more": ["#);
+        for item in [r#"{"kind": "cow"}"#, r#", {"kind": "cat", "lives": 1}"#, r#", {"kind": "dog", "breed": "x"}"#] {
+            text.push_str(item);
+            let mut states = vec![super::super::JsonState::new(&schema)];
+            super::super::state::advance(&mut states, &mut vec![], &schema, text.as_bytes());
+            assert_eq!(states.len(), 1, "{text}");
+        }
+        // Alternatives that both fit an item: two automata through it, one after it.
+        let both = json!({"type": "array", "items": {"anyOf": [
+            {"type": "object", "properties": {"a": {"type": "integer"}}}, {"type": "object", "properties": {"a": {"type": "number"}}}]}});
+        let schema = Schema::compile(&both).unwrap();
+        let mut states = vec![super::super::JsonState::new(&schema)];
+        super::super::state::advance(&mut states, &mut vec![], &schema, br#"[{"a": 1"#);
+        assert_eq!(states.len(), 2);
+        super::super::state::advance(&mut states, &mut vec![], &schema, br#"}, {"a": 2}, {"a": 3}"#);
+        assert_eq!(states.len(), 1);
         assert_eq!(accepts(&u, r#"{"pet": {"kind": "c"#), Some(false), "cat or cow");
         assert_eq!(accepts(&u, r#"{"pet": {"kind": "co"#), Some(false));
         assert_eq!(accepts(&u, r#"{"pet": {"kind": "cx"#), None);

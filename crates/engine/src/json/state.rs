@@ -7,10 +7,15 @@
 //! [`JsonState::feed`], not held, so the state is `Copy` (no heap): trying a token is a copy and
 //! a feed of its bytes.
 //!
+//! An `anyOf` whose alternatives start alike forks the automaton where its value begins
+//! ([`JsonState::feed_forking`]): [`advance`] keeps every state the text still fits, the
+//! mask's view of a union until the text tells its alternatives apart.
+//!
 //! Invariant: every prefix the automaton takes can still be completed by single bytes (a
-//! string, number, word or literal can always end, every container close; a required property
-//! or item is always startable) — except through a schema whose required parts recurse without
-//! end or nest past [`MAX_DEPTH`].
+//! string, number, word or literal can always end — a patterned string through its pattern's
+//! live states —, every container close; a required property or item is always startable) —
+//! except through a schema whose required parts recurse without end or nest past
+//! [`MAX_DEPTH`].
 
 use super::bounds::{Digits, Range};
 use super::lex::{Num, StrLex, StrStep, MAX_NUM, WORDS};
@@ -180,28 +185,6 @@ impl JsonState {
         }
         out.push(s);
     }
-}
-
-/// Most automata a mask follows at once: past it, later alternatives are dropped (their texts
-/// refused, never a text off the schema taken).
-pub const MAX_STATES: usize = 64;
-
-/// Replace `states` by those `bytes` lead them to through every alternative, each once
-/// (`scratch`: a buffer kept between calls).
-pub fn advance(states: &mut Vec<JsonState>, scratch: &mut Vec<JsonState>, schema: &Schema, bytes: &[u8]) {
-    scratch.clear();
-    for &s in states.iter() {
-        s.advance_into(schema, bytes, scratch);
-    }
-    states.clear();
-    for s in scratch.drain(..) {
-        if states.len() < MAX_STATES && !states.contains(&s) {
-            states.push(s);
-        }
-    }
-}
-
-impl JsonState {
 
     /// Feed one byte; `false` where it makes the text no longer the prefix of a value of
     /// `schema` (the state then unspecified). Where an `anyOf`'s alternatives start alike, the
@@ -211,8 +194,8 @@ impl JsonState {
     }
 
     /// [`Self::feed`], pushing to `forks` the state after `b` in each other alternative of an
-    /// `anyOf` that `b` begins and fits (this state is then the first such alternative's; it
-    /// may have failed where a fork did not, so the forks count whatever this returns).
+    /// `anyOf` that `b` begins and fits (this state is then the first such alternative's, and
+    /// the call returns `true` whenever it pushed one).
     pub fn feed_forking(&mut self, schema: &Schema, b: u8, mut forks: Option<&mut Vec<JsonState>>) -> bool {
         match self.lex {
             Lex::Str { key, s, chars, min, max, pat, at } => {
@@ -346,6 +329,9 @@ impl JsonState {
 
     fn close(&mut self) -> bool {
         self.depth -= 1;
+        // Cleared, so that states equal in every open frame compare equal ([`advance`] merges
+        // the forks of a union once its value has closed).
+        self.frames[self.depth as usize] = Frame::default();
         self.value_done();
         true
     }
@@ -521,6 +507,25 @@ impl JsonState {
         let next = narrow(cand, at, b, |j| &props[j].key);
         self.lex = Lex::Key { cand: next, at: at + 1 };
         next != 0
+    }
+}
+
+/// Most automata a mask follows at once: past it, later alternatives are dropped (their texts
+/// refused, never a text off the schema taken).
+pub const MAX_STATES: usize = 64;
+
+/// Replace `states` by those `bytes` lead them to through every alternative, each once
+/// (`scratch`: a buffer kept between calls).
+pub fn advance(states: &mut Vec<JsonState>, scratch: &mut Vec<JsonState>, schema: &Schema, bytes: &[u8]) {
+    scratch.clear();
+    for &s in states.iter() {
+        s.advance_into(schema, bytes, scratch);
+    }
+    states.clear();
+    for s in scratch.drain(..) {
+        if states.len() < MAX_STATES && !states.contains(&s) {
+            states.push(s);
+        }
     }
 }
 
