@@ -326,7 +326,7 @@ fn bad_requests_get_openai_errors_naming_the_problem() {
         (json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}), 400, "tool_choice"),
         (json!({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}), 400, "tool_choice"),
         (json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}], "logprobs": true}), 400, "logprobs"),
-        (json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string", "format": "x"}}}}}], "tool_choice": "required"}), 400, "\"format\""),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string", "format": "x"}}}}}], "tool_choice": "required"}), 400, "the format \"x\""),
         (json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]}), 400, "messages[0].tool_calls[0].function.arguments"),
         (json!({"messages": [{"role": "wizard", "content": "hi"}]}), 400, "messages[0].role"),
         (json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 9}), 400, "temperature"),
