@@ -66,45 +66,46 @@ impl Pattern {
             .map_err(|e| format!("pattern {pattern:?}: {e}"))?;
         let start = dfa.start_state(&start::Config::new().anchored(Anchored::Yes)).map_err(|e| format!("pattern {pattern:?}: {e}"))?;
         let index = |s: StateID| s.as_usize() >> dfa.stride2();
-        // Every state reachable from the start through holdable bytes, with its successors.
-        let mut seen: Vec<Option<Vec<usize>>> = Vec::new();
-        let mut order = vec![start];
-        let mut todo = vec![start];
+        // Every state reachable from the start through holdable bytes, with the states each
+        // is reached from (indexed as `live` is).
+        // (`preds` and `queued` grow together, to the highest index met.)
+        let mut preds: Vec<Vec<usize>> = vec![Vec::new(); index(start) + 1];
+        let mut queued = vec![false; index(start) + 1];
+        queued[index(start)] = true;
+        let (mut order, mut todo) = (vec![start], vec![start]);
+        let mut next: Vec<StateID> = Vec::new();
         while let Some(s) = todo.pop() {
-            let i = index(s);
-            if seen.len() <= i {
-                seen.resize(i + 1, None);
-            }
-            let mut next: Vec<usize> = Vec::new();
+            // Its distinct successors (a few: the bytes fall in a few classes).
+            next.clear();
             for b in (0..=255u8).filter(|&b| holdable(b)) {
                 let t = dfa.next_state(s, b);
-                if dfa.is_dead_state(t) || dfa.is_quit_state(t) {
-                    continue;
+                if !dfa.is_dead_state(t) && !dfa.is_quit_state(t) && !next.contains(&t) {
+                    next.push(t);
                 }
+            }
+            for &t in &next {
                 let j = index(t);
-                if !next.contains(&j) {
-                    next.push(j);
+                if preds.len() <= j {
+                    preds.resize(j + 1, Vec::new());
+                    queued.resize(j + 1, false);
                 }
-                if seen.get(j).is_none_or(Option::is_none) && !order.contains(&t) {
+                preds[j].push(index(s));
+                if !queued[j] {
+                    queued[j] = true;
                     order.push(t);
                     todo.push(t);
                 }
             }
-            seen[i] = Some(next);
         }
-        // Live: a match at the end of the string, or a live successor (to a fixed point).
-        let mut live = vec![false; seen.len()];
-        for &s in &order {
-            live[index(s)] = dfa.is_match_state(dfa.next_eoi_state(s));
-        }
-        let mut changed = true;
-        while changed {
-            changed = false;
-            for &s in &order {
-                let i = index(s);
-                if !live[i] && seen[i].as_ref().is_some_and(|n| n.iter().any(|&j| live[j])) {
+        // Live: a match at the end of the string, or a live successor: back from the matches.
+        let mut live = vec![false; queued.len()];
+        let mut todo: Vec<usize> = order.iter().filter(|&&s| dfa.is_match_state(dfa.next_eoi_state(s))).map(|&s| index(s)).collect();
+        todo.iter().for_each(|&i| live[i] = true);
+        while let Some(j) = todo.pop() {
+            for &i in &preds[j] {
+                if !live[i] {
                     live[i] = true;
-                    changed = true;
+                    todo.push(i);
                 }
             }
         }
