@@ -162,8 +162,7 @@ async fn whole(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
     let mut choices = Vec::with_capacity(job.choices.len());
     let mut usage = Usage::default();
     // In order: the others' events wait in their channels meanwhile.
-    let mut receivers = std::mem::take(&mut job.choices);
-    for (c, events) in receivers.iter_mut().enumerate() {
+    for (c, events) in job.choices.iter_mut().enumerate() {
         let mut text = String::new();
         let mut lps = job.logprobs.map(|_| Logprobs::new(kind));
         let fin = loop {
@@ -286,7 +285,7 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
                     if let Some(t) = &job.tools {
                         let (_, calls) = t.read(&s.full);
                         let last = if calls.is_empty() {
-                            (s.sent < s.full.len()).then(|| json!([{"index": c, "delta": {"content": &s.full[s.sent..]}, "logprobs": null, "finish_reason": null}]))
+                            (s.sent < s.full.len()).then(|| choice(c, Some(&s.full[s.sent..]), Value::Null, Value::Null))
                         } else {
                             finish = "tool_calls";
                             Some(json!([{"index": c, "delta": {"tool_calls": tool_calls(&job.id, c, &calls)}, "logprobs": null, "finish_reason": null}]))

@@ -110,12 +110,8 @@ pub struct JsonMask {
     pairs: bool,
     /// Every state in plain string text: the most characters one of the strings may still take.
     room: Option<u32>,
-    /// The one state in plain text of a patterned string: its pattern and the pattern's state.
-    pattern: Option<(u16, StateID)>,
-    /// Where in `memo` the [`Class::Text`] tokens `pattern` takes are (once [`accept`] has
-    /// noted them).
-    ///
-    /// [`accept`]: Self::accept
+    /// With one state, in plain text of a patterned string: where in `memo` the
+    /// [`Class::Text`] tokens its pattern state takes are ([`accept`](Self::accept) notes them).
     text_ok: Option<usize>,
     /// The token sets (a bit per token id) of the last [`MEMO`] pattern states met: a string's
     /// pattern mostly returns to states it has been in (`[a-z]+` stays in one). Slots are
@@ -140,7 +136,7 @@ impl JsonMask {
     /// Before the first token of a value of `schema` ([`Schema::object`]: JSON mode).
     pub fn new(schema: Arc<Schema>) -> JsonMask {
         let states = (0..schema.roots.len()).map(|i| JsonState::at_root(&schema, i)).collect();
-        let mut m = JsonMask { schema, states, first: [false; 256], pair: Box::new([[false; 256]; 256]), pairs: false, room: None, pattern: None, text_ok: None, memo: Vec::new(), memo_next: 0, scratch: Vec::new() };
+        let mut m = JsonMask { schema, states, first: [false; 256], pair: Box::new([[false; 256]; 256]), pairs: false, room: None, text_ok: None, memo: Vec::new(), memo_next: 0, scratch: Vec::new() };
         m.prepare();
         m
     }
@@ -155,10 +151,6 @@ impl JsonMask {
         }
         self.pairs = self.states.iter().all(|s| !s.inside_string());
         self.room = self.states.iter().map(|s| s.plain_string_room()).try_fold(0, |m, r| r.map(|r| m.max(r)));
-        self.pattern = match self.states[..] {
-            [s] => s.plain_pattern(),
-            _ => None,
-        };
         if self.pairs {
             for a in (0..=255u8).filter(|&a| self.first[a as usize]) {
                 let row = &mut self.pair[a as usize];
@@ -181,13 +173,10 @@ impl JsonMask {
     /// May token `id` come next? Never a control or end-of-generation token, or an empty piece.
     pub fn allows(&self, vocab: &JsonVocab, tok: &Tokenizer, id: u32) -> bool {
         let i = id as usize;
-        match (vocab.class.get(i), self.room) {
-            (None | Some(Class::Never), _) => false,
-            (Some(Class::Text), Some(room)) => room >= vocab.chars[i] as u32,
-            (Some(Class::Text), None) if self.pattern.is_some() => match self.text_ok {
-                Some(m) => self.memo[m].1[i / 64] >> (i % 64) & 1 == 1,
-                None => self.pattern.is_some_and(|(p, at)| self.schema.pattern_takes(p, at, tok.piece(id))),
-            },
+        match (vocab.class.get(i), self.room, self.text_ok) {
+            (None | Some(Class::Never), _, _) => false,
+            (Some(Class::Text), Some(room), _) => room >= vocab.chars[i] as u32,
+            (Some(Class::Text), None, Some(m)) => self.memo[m].1[i / 64] >> (i % 64) & 1 == 1,
             _ if !self.first[vocab.first[i] as usize] => false,
             // One byte, which the state takes.
             _ if vocab.second[i] == NO_BYTE => true,
@@ -221,7 +210,11 @@ impl JsonMask {
             self.states.retain_mut(|s| s.feed_all(schema, piece));
         }
         self.prepare();
-        self.text_ok = self.pattern.map(|key| self.text_tokens(vocab, tok, key));
+        let pattern = match self.states[..] {
+            [s] => s.plain_pattern(),
+            _ => None,
+        };
+        self.text_ok = pattern.map(|key| self.text_tokens(vocab, tok, key));
         true
     }
 

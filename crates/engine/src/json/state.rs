@@ -156,34 +156,24 @@ impl JsonState {
     /// Whether some path through the alternatives of the `anyOf`s met takes every byte of
     /// `bytes` (forks followed depth first; a fork allocates its list).
     pub fn takes_all(self, schema: &Schema, bytes: &[u8]) -> bool {
+        self.follow(schema, bytes, &mut |_| true)
+    }
+
+    /// Follow `bytes` through every alternative, depth first, handing each state they lead to
+    /// to `end`; `true` as soon as `end` does.
+    fn follow(self, schema: &Schema, bytes: &[u8], end: &mut impl FnMut(JsonState) -> bool) -> bool {
         let mut s = self;
         for (i, &b) in bytes.iter().enumerate() {
             let mut forks = Vec::new();
             let ok = s.feed_forking(schema, b, Some(&mut forks));
-            if forks.into_iter().any(|f| f.takes_all(schema, &bytes[i + 1..])) {
+            if forks.into_iter().any(|f| f.follow(schema, &bytes[i + 1..], end)) {
                 return true;
             }
             if !ok {
                 return false;
             }
         }
-        true
-    }
-
-    /// Push to `out` every state `bytes` lead this one to, through every alternative.
-    fn advance_into(self, schema: &Schema, bytes: &[u8], out: &mut Vec<JsonState>) {
-        let mut s = self;
-        for (i, &b) in bytes.iter().enumerate() {
-            let mut forks = Vec::new();
-            let ok = s.feed_forking(schema, b, Some(&mut forks));
-            for f in forks {
-                f.advance_into(schema, &bytes[i + 1..], out);
-            }
-            if !ok {
-                return;
-            }
-        }
-        out.push(s);
+        end(s)
     }
 
     /// Feed one byte; `false` where it makes the text no longer the prefix of a value of
@@ -519,7 +509,10 @@ pub const MAX_STATES: usize = 64;
 pub fn advance(states: &mut Vec<JsonState>, scratch: &mut Vec<JsonState>, schema: &Schema, bytes: &[u8]) {
     scratch.clear();
     for &s in states.iter() {
-        s.advance_into(schema, bytes, scratch);
+        s.follow(schema, bytes, &mut |t| {
+            scratch.push(t);
+            false
+        });
     }
     states.clear();
     for s in scratch.drain(..) {
