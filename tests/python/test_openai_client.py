@@ -7,6 +7,7 @@ CORELM_BASE_URL and CORELM_MODEL_ID say where the server is and what it serves.
 
 import json
 import os
+import struct
 import sys
 
 import openai
@@ -190,6 +191,27 @@ if call is not None:
     r = client.chat.completions.create(model=MODEL, messages=turn, tools=[weather_tool], tool_choice="none", temperature=0, max_tokens=30)
     check("tools: the result sent back, an answer in text", isinstance(r.choices[0].message.content, str)
           and not r.choices[0].message.tool_calls, r.choices[0].message)
+
+# Embeddings: the client asks for base64 unless told otherwise; both forms give one vector.
+texts = ["The cat sat on the mat.", "A kitten was sitting on the rug.", "Stock markets fell sharply on Tuesday."]
+e64 = client.embeddings.create(model=MODEL, input=texts)
+ef = client.embeddings.create(model=MODEL, input=texts, encoding_format="float")
+vecs = [d.embedding for d in ef.data]
+check("embeddings: one unit vector per input, in order", [d.index for d in ef.data] == [0, 1, 2]
+      and all(len(v) == 576 and abs(sum(x * x for x in v) - 1) < 1e-4 for v in vecs), [len(v) for v in vecs])
+as_f32 = lambda v: list(struct.unpack(f"{len(v)}f", struct.pack(f"{len(v)}f", *v)))
+check("embeddings: base64 decodes to the float answer", [list(d.embedding) for d in e64.data] == [as_f32(v) for v in vecs])
+cos = lambda a, b: sum(x * y for x, y in zip(a, b))
+check("embeddings: the paraphrase is nearer than the other topic", cos(vecs[0], vecs[1]) > cos(vecs[0], vecs[2]),
+      (cos(vecs[0], vecs[1]), cos(vecs[0], vecs[2])))
+check("embeddings: usage counts the inputs' tokens", ef.usage.prompt_tokens == ef.usage.total_tokens > 3, ef.usage)
+one = client.embeddings.create(model=MODEL, input=texts[1], encoding_format="float")
+check("embeddings: a single input gives the same vector as in a list", one.data[0].embedding == vecs[1])
+try:
+    client.embeddings.create(model=MODEL, input=texts, dimensions=64)
+    check("embeddings: other dimensions -> BadRequestError", False, "no error")
+except openai.BadRequestError as e:
+    check("embeddings: other dimensions -> BadRequestError naming dimensions", "dimensions" in str(e), e)
 
 try:
     client.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=3)

@@ -16,6 +16,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
 mod bench;
+mod embed;
 mod profile;
 mod roofline;
 mod sparsity;
@@ -279,6 +280,8 @@ enum Cmd {
     },
     /// Serve the model over an OpenAI-compatible HTTP API with continuous batching.
     Serve(serve::ServeArgs),
+    /// Embed texts: one vector per text, pooled from the final norm's rows (as /v1/embeddings).
+    Embed(embed::EmbedArgs),
     /// Print the token ids of a text.
     Tokenize {
         #[arg(short, long)]
@@ -566,6 +569,7 @@ fn main() -> Result<()> {
             println!("{}", serde_json::to_string(&ids)?);
         }
         Cmd::Bench(a) => bench::bench(&a)?,
+        Cmd::Embed(a) => embed::embed(&a)?,
         Cmd::Serve(a) => {
             let path = resolve_model(&a.model_path())?;
             serve::serve(a, path)?;

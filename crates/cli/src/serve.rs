@@ -56,6 +56,10 @@ pub struct ServeArgs {
     /// --no-batch-invariant.
     #[arg(long, requires = "no_batch_invariant")]
     fast_prefill: bool,
+    /// How `/v1/embeddings` pools an input's hidden rows: mean, cls or last (default: the
+    /// model's `pooling_type`, else mean).
+    #[arg(long, value_parser = crate::embed::parse_pooling)]
+    pooling: Option<corelm_engine::embed::Pooling>,
     #[command(flatten)]
     place: crate::PlaceArgs,
     #[command(flatten)]
@@ -116,13 +120,17 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         eprintln!("{}", crate::sparsity::describe_accel(a));
     }
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", model.display()))?;
+    let pooling = match a.pooling {
+        Some(p) => p,
+        None => corelm_engine::embed::Pooling::from_gguf(engine.gguf())?.unwrap_or(corelm_engine::embed::Pooling::Mean),
+    };
     let model_id = model.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned());
     let host = a.host.clone().unwrap_or_else(|| if a.api_key.is_some() { "0.0.0.0" } else { "127.0.0.1" }.into());
     if a.api_key.is_none() && host != "127.0.0.1" && host != "localhost" && host != "::1" {
         eprintln!("warning: serving on {host} without --api-key: anyone who can reach it can use it");
     }
     let scfg = ServeConfig { model_id: model_id.clone(), max_queue: a.max_queue, ctx_size: a.ctx_size, api_key: a.api_key,
-        tpot_target: Some(a.tpot_target_ms / 1e3).filter(|t| *t > 0.0) };
+        tpot_target: Some(a.tpot_target_ms / 1e3).filter(|t| *t > 0.0), pooling };
     let (router, engine_thread) = corelm_server::app(engine, tok, scfg).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {

@@ -237,6 +237,8 @@ pub struct Builder<'k> {
     key_layout: KeyLayout,
     /// The model's first layers the accelerator runs whole (`--accel-layers`).
     device_layers: usize,
+    /// The graph ends at the final norm's rows in the output pool (embeddings), not the logits.
+    hidden_output: bool,
     /// Nodes (indices into `nodes`) followed by the global barrier whatever their neighbours
     /// (the last key and value stores of an exchange, `kv_store`).
     global_after: Vec<usize>,
@@ -267,6 +269,7 @@ impl<'k> Builder<'k> {
             prediction: None,
             key_layout: KeyLayout::Rows,
             device_layers: 0,
+            hidden_output: false,
             global_after: Vec::new(),
         }
     }
@@ -276,6 +279,34 @@ impl<'k> Builder<'k> {
     pub fn with_device_layers(mut self, n: usize) -> Self {
         self.device_layers = n;
         self
+    }
+
+    /// End the graph at the final norm's output rows instead of the LM head
+    /// ([`Self::hidden_to_output`]): the hidden states embeddings are pooled from.
+    pub fn with_hidden_output(mut self, on: bool) -> Self {
+        self.hidden_output = on;
+        self
+    }
+
+    /// Whether the model's head should stop before the LM head.
+    pub fn hidden_output(&self) -> bool {
+        self.hidden_output
+    }
+
+    /// Move `x`, the last node built (serial, F32), into the output pool as the graph's
+    /// result, `[ne0, rows]` packed rows; its activation bytes stay reserved, unused.
+    pub fn hidden_to_output(&mut self, x: &Bundle) -> Bundle {
+        let id = x.single();
+        assert_eq!(self.mode, Mode::Serial, "output rows from inside parallel subgraphs");
+        let offset = self.out_bump;
+        let last = self.nodes.last() == Some(&id);
+        let t = &mut self.tensors[id.0 as usize];
+        // (A pass with no output rows has no node here.)
+        assert!(last || t.ne[1] == 0, "only the last node can write the output pool");
+        assert_eq!(t.dtype, DType::F32, "output rows are f32");
+        t.storage = Storage::Output { offset, ld: t.ne[0] };
+        self.out_bump += t.ne[0] * t.ne[1] * 4;
+        x.clone()
     }
 
     /// How many first layers the accelerator runs whole (0: none).

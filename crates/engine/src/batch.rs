@@ -1,6 +1,6 @@
 //! The batch API's two types: a [`Batch`] of tokens going into `Engine::decode` (each with
 //! its position, sequence and whether its logits are wanted, like `llama_batch`), and the
-//! [`Logits`] coming out, a view of the output rows.
+//! [`Logits`] coming out, a view of the output rows — or, for embeddings, the [`Hidden`] rows.
 
 /// Tokens of one forward pass.
 #[derive(Clone, Debug, Default)]
@@ -50,18 +50,33 @@ impl Batch {
     }
 }
 
-/// Logits of the output rows of the last `decode`, in batch order.
-pub struct Logits<'a> {
+/// The output rows of the last pass, in batch order: `width` f32 each.
+pub struct Rows<'a> {
     pub(crate) data: &'a [f32],
-    pub n_vocab: usize,
+    pub width: usize,
 }
 
-impl<'a> Logits<'a> {
+impl<'a> Rows<'a> {
     pub fn rows(&self) -> usize {
-        self.data.len() / self.n_vocab
+        self.data.len() / self.width
     }
 
     pub fn row(&self, i: usize) -> &'a [f32] {
-        &self.data[i * self.n_vocab..(i + 1) * self.n_vocab]
+        &self.data[i * self.width..(i + 1) * self.width]
     }
+}
+
+/// Logits of the output rows of the last `decode` (`[n_vocab]` each).
+pub type Logits<'a> = Rows<'a>;
+
+/// Hidden states of the output rows of the last `Engine::decode_hidden` (`[n_embd]` each).
+pub type Hidden<'a> = Rows<'a>;
+
+/// What a pass's output rows hold (one graph is planned per batch shape and kind).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outputs {
+    /// The LM head's logits, `[n_vocab]` per row.
+    Logits,
+    /// The final norm's output, `[n_embd]` per row (embeddings are pooled from these).
+    Hidden,
 }

@@ -3,14 +3,15 @@
 //! A [`Batch`] lists tokens, each with its sequence id, position and whether its logits are
 //! wanted (like `llama_batch`). [`Engine::decode`] appends every token to its sequence in the
 //! paged KV cache, plans (or reuses) the graph for the batch shape, runs it, and returns the
-//! wanted logits as a view of the output pool. [`Engine::attach_prefix`] starts a sequence on
+//! wanted logits as a view of the output pool ([`Engine::decode_hidden`]: the final norm's rows
+//! instead, for embeddings; no LM head runs). [`Engine::attach_prefix`] starts a sequence on
 //! cached blocks of an earlier one with the same leading tokens.
 //!
 //! Invariants: pools and the KV cache are sized at load and never grow; a graph is planned once
-//! per batch shape (`n_tokens`, `n_outputs`) and reused, so decoding token after token does no
+//! per batch shape (`n_tokens`, `n_outputs`, logits or hidden rows) and reused, so decoding token after token does no
 //! planning and no allocation; a sequence's positions are `0..len` with no gaps.
 
-pub use crate::batch::{Batch, Logits};
+pub use crate::batch::{Batch, Hidden, Logits, Outputs, Rows};
 pub use crate::config::{default_threads, default_threads_for, parse_cache_type, parse_kv_layout, EngineConfig};
 pub use crate::setup::expert_count;
 use crate::setup::{build_graph, check_accel_split, finish_graph, matrix_classes, plan_places, tp_plan};
@@ -47,7 +48,7 @@ pub struct Engine {
     tp: Option<Arc<TpPlan>>,
     pools: Pools,
     kv: KvCache,
-    graphs: HashMap<(usize, usize), Graph>,
+    graphs: HashMap<(usize, usize, Outputs), Graph>,
     cfg: EngineConfig,
     // Reused per-call buffers (capacity n_batch / n_seq_max).
     slots: Vec<u32>,
@@ -216,19 +217,19 @@ impl Engine {
             _ => (placement.cpus.clone(), Vec::new()),
         };
         // Plan the largest batch once to size the pools.
-        let mut g = build_graph(kernels, &*model, &tp, &cfg, cfg.n_batch, cfg.n_batch, None);
+        let mut g = build_graph(kernels, &*model, &tp, &cfg, (cfg.n_batch, cfg.n_batch, Outputs::Logits), None);
         // Passes below --accel-min-tokens run every layer here: the largest of them sizes the
         // pools and the workers' scratch with the largest batch.
         let cpu_passes = cfg.alternates_layers().then(|| {
             let n = (cfg.accel_min_tokens - 1).min(cfg.n_batch);
-            build_graph(kernels, &*model, &tp, &cfg, n, n, None)
+            build_graph(kernels, &*model, &tp, &cfg, (n, n, Outputs::Logits), None)
         });
         if let Some(cpu) = &cpu_passes {
-            g = build_graph(kernels, &*model, &tp, &cfg, cfg.n_batch, cfg.n_batch, Some(&g.act.max(&cpu.act)));
+            g = build_graph(kernels, &*model, &tp, &cfg, (cfg.n_batch, cfg.n_batch, Outputs::Logits), Some(&g.act.max(&cpu.act)));
         }
         // A one-token decode's graph too: small batches may read forms of weights the largest
         // does not (`PackedWeights::build`).
-        let mut one = build_graph(kernels, &*model, &tp, &cfg, 1, 1, None);
+        let mut one = build_graph(kernels, &*model, &tp, &cfg, (1, 1, Outputs::Logits), None);
         let forms: Vec<&corelm_core::graph::Graph> = [&g, &one].into_iter().chain(&cpu_passes).collect();
         let packed = PackedWeights::build(&forms, gguf.bytes(), kernels, &placement.memory, cfg.repack, &shard_places)
             .map_err(|e| Error::Config(format!("repacked weights: {e}")))?;
@@ -349,7 +350,7 @@ impl Engine {
             a.set_batch_invariant();
         }
         let mut graphs = HashMap::new();
-        graphs.insert((cfg.n_batch, cfg.n_batch), g);
+        graphs.insert((cfg.n_batch, cfg.n_batch, Outputs::Logits), g);
         Ok(Engine {
             gguf,
             model,
@@ -451,7 +452,7 @@ impl Engine {
     /// Barriers per pass (group, global) of the planned graph for batches of `n_tokens`, if one
     /// has been planned: with `--tp`, group barriers separate nodes of the parallel subgraphs.
     pub fn barriers(&self, n_tokens: usize) -> Option<(usize, usize)> {
-        self.graphs.iter().find(|(&(n, _), _)| n == n_tokens).map(|(_, g)| g.barriers())
+        self.graphs.iter().find(|(&(n, _, _), _)| n == n_tokens).map(|(_, g)| g.barriers())
     }
 
     /// Nodes of the graph for `n_tokens` tokens capped below every worker by the roofline plan.
@@ -462,9 +463,14 @@ impl Engine {
     /// The graph of passes of `n_tokens` tokens with `n_out` logit rows, planned (once per
     /// shape, then cached) if it was not yet. `n_tokens` at most the batch size.
     pub fn graph(&mut self, n_tokens: usize, n_out: usize) -> &corelm_core::graph::Graph {
-        let key = (n_tokens, n_out);
+        self.graph_of(n_tokens, n_out, Outputs::Logits)
+    }
+
+    /// [`Self::graph`] for either kind of output rows.
+    fn graph_of(&mut self, n_tokens: usize, n_out: usize, outputs: Outputs) -> &corelm_core::graph::Graph {
+        let key = (n_tokens, n_out, outputs);
         if !self.graphs.contains_key(&key) {
-            let mut g = build_graph(self.kernels, &*self.model, &self.tp, &self.cfg, n_tokens, n_out, Some(&self.pools.layout));
+            let mut g = build_graph(self.kernels, &*self.model, &self.tp, &self.cfg, key, Some(&self.pools.layout));
             finish_graph(&mut g, &self.packed, &self.cfg, self.device.as_deref());
             self.graphs.insert(key, g);
         }
@@ -603,6 +609,21 @@ impl Engine {
     /// Run one forward pass over `batch`; returns the logits of the tokens flagged `logits`,
     /// in batch order. On error nothing is changed (the KV cache keeps its contents).
     pub fn decode(&mut self, batch: &Batch) -> Result<Logits<'_>, Error> {
+        self.pass(batch, Outputs::Logits)?;
+        Ok(self.logits())
+    }
+
+    /// Like [`Self::decode`], but the flagged tokens' rows are the final norm's output (the
+    /// hidden states embeddings are pooled from, `[n_embd]` each) and no LM head runs.
+    pub fn decode_hidden(&mut self, batch: &Batch) -> Result<Hidden<'_>, Error> {
+        self.pass(batch, Outputs::Hidden)?;
+        let n_embd = self.hyper().n_embd;
+        // SAFETY: as in `logits`; the last pass wrote `n_out` rows of `n_embd` f32.
+        let data = unsafe { std::slice::from_raw_parts(self.pools.out.as_slice().as_ptr() as *const f32, self.n_out * n_embd) };
+        Ok(Hidden { data, width: n_embd })
+    }
+
+    fn pass(&mut self, batch: &Batch, outputs: Outputs) -> Result<(), Error> {
         self.validate(batch)?;
         let n = batch.len();
         // Append each token to its sequence's blocks.
@@ -614,8 +635,8 @@ impl Engine {
         self.out_rows.clear();
         self.out_rows.extend((0..n as u32).filter(|&i| batch.logits[i as usize]));
         let n_out = self.out_rows.len();
-        self.graph(n, n_out);
-        let graph = &self.graphs[&(n, n_out)];
+        self.graph_of(n, n_out, outputs);
+        let graph = &self.graphs[&(n, n_out, outputs)];
         // The plan's rule: short passes on the decode view, the rest on every worker.
         self.last_view = match (&self.cfg.plan, self.decode_view) {
             (Some(p), Some(v)) if !p.prefill_for(n) => v,
@@ -654,7 +675,7 @@ impl Engine {
             }
         }
         self.n_out = n_out;
-        Ok(self.logits())
+        Ok(())
     }
 
     /// Append `tokens` to sequence `seq` (positions continue from its length) in forward passes
@@ -691,6 +712,6 @@ impl Engine {
         let data = &self.pools.out.as_slice()[..self.n_out * n_vocab * 4];
         // SAFETY: the output pool is 64-byte aligned and holds f32 logits written by the last run.
         let data = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const f32, self.n_out * n_vocab) };
-        Logits { data, n_vocab }
+        Logits { data, width: n_vocab }
     }
 }

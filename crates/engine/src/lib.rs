@@ -8,6 +8,7 @@
 //! * [`generate`]: prompt → stream of tokens with stop conditions.
 //! * [`batcher`]: continuous batching for serving — requests in, token events out, on the
 //!   engine thread (no HTTP here).
+//! * [`embed`]: embeddings pooled from the final norm's rows (mean, CLS, last).
 //! * [`eval`]: golden-case evaluation in the format of llama.cpp's reference data.
 //! * [`bench`]: llama-bench-style pp/tg measurements, memory bandwidth and decode roofline.
 //! * [`perplexity`]: perplexity of a text by llama-perplexity's protocol.
@@ -25,6 +26,7 @@ pub mod coact;
 pub mod config;
 pub mod device;
 pub mod device_layers;
+pub mod embed;
 pub mod engine;
 pub mod eval;
 pub mod gemm_tune;
@@ -41,7 +43,7 @@ pub mod sparsity;
 pub mod tokenizer;
 pub mod tools;
 
-pub use engine::{parse_cache_type, parse_kv_layout, Batch, Engine, EngineConfig, Logits};
+pub use engine::{parse_cache_type, parse_kv_layout, Batch, Engine, EngineConfig, Hidden, Logits, Outputs};
 pub use tokenizer::{Tokenizer, Utf8Stream};
 pub use corelm_core::graph::TpSync;
 pub use corelm_core::tp::TpKv;

@@ -6,7 +6,7 @@
 //! Invariant: nothing here touches the engine's pools or KV cache; each function answers from
 //! the configuration, the model and the machine's placement.
 
-use crate::{EngineConfig, Error};
+use crate::{EngineConfig, Error, Outputs};
 use corelm_core::memory::{ActLayout, Place};
 use corelm_core::sched::matmul::WorkerClass;
 use corelm_core::tp::{lcm, TpDims, TpKv, TpPlan};
@@ -60,7 +60,8 @@ pub(crate) fn matrix_classes(cfg: &EngineConfig, kernels: &Kernels) -> Result<Ve
     Ok(vec![WorkerClass { isa: Isa::Sme, workers: m }, WorkerClass { isa: vector, workers: cfg.n_threads - m }])
 }
 
-/// The graph of passes of `n_tokens` tokens with `n_out` logit rows as `model` builds it,
+/// The graph of passes of `n_tokens` tokens with `n_out` output rows (logits or hidden states)
+/// as `model` builds it,
 /// tensor-parallel per `tp`, its activations in `layout`'s regions (`None`: its own, for the
 /// graph that sizes the pools).
 pub(crate) fn build_graph(
@@ -68,11 +69,11 @@ pub(crate) fn build_graph(
     model: &dyn Model,
     tp: &Option<Arc<TpPlan>>,
     cfg: &EngineConfig,
-    n_tokens: usize,
-    n_out: usize,
+    (n_tokens, n_out, outputs): (usize, usize, Outputs),
     layout: Option<&ActLayout>,
 ) -> Graph {
     let mut b = Builder::new(kernels, n_tokens, n_out)
+        .with_hidden_output(outputs == Outputs::Hidden)
         .with_tp(tp.clone(), cfg.tp_sync)
         .with_sparsity(cfg.sparsity.clone())
         .with_key_layout(cfg.kv_layout)

@@ -346,12 +346,17 @@ pub fn pre_norm_block(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, 
     b.add(&f, &x1)
 }
 
-/// Final norm and LM head over the output rows: `[n_outputs, n_vocab]` logits.
+/// Final norm and LM head over the output rows: `[n_outputs, n_vocab]` logits — or, for a
+/// graph of hidden states (`Builder::with_hidden_output`, embeddings), the normed rows
+/// themselves, `[n_outputs, n_embd]` (llama.cpp's `t_embd`).
 pub fn head(b: &mut Builder, h: &Hyper, x: &Bundle, norm: &WeightRef, output: &WeightRef) -> Bundle {
     b.begin_layer(h.n_layer);
     let x = b.select_outputs(x); // [n_outputs, n_embd]
     let nw = b.weight(norm);
     let x = b.rms_norm(&x, &nw, h.eps);
+    if b.hidden_output() {
+        return b.hidden_to_output(&x); // [n_outputs, n_embd]
+    }
     // Tensor parallel: each shard computes its vocabulary rows' logits.
     let x = b.scatter(&x);
     let w = b.weight_split(output, Split::Vocab);

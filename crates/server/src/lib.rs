@@ -9,6 +9,7 @@
 //!
 //! * [`api`]: request bodies, validation into engine parameters, OpenAI error bodies.
 //! * [`metrics`]: Prometheus text exposition.
+//! * `embed`: `/v1/embeddings`.
 //! * this file: the router, the handlers (JSON and SSE; also `/v1/models/{id}`, `/tokenize`,
 //!   `/detokenize`), admission (bounded queue → 429,
 //!   never-fitting request → 400 `context_length_exceeded`), bearer authentication.
@@ -18,6 +19,7 @@
 //! sequence is cancelled and its blocks released.
 
 pub mod api;
+mod embed;
 pub mod metrics;
 mod respond;
 
@@ -28,7 +30,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use corelm_engine::batcher::{self, Batcher, Event, Request, Stats};
+use corelm_engine::batcher::{self, Batcher, Event, Request, Stats, Work};
+use corelm_engine::embed::Pooling;
 use corelm_engine::chat::ChatTemplate;
 use corelm_engine::{Engine, Tokenizer};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,12 +50,16 @@ pub struct ServeConfig {
     pub api_key: Option<String>,
     /// Keep steps with running decodes within this many seconds by shrinking prompt chunks.
     pub tpot_target: Option<f64>,
+    /// How `/v1/embeddings` pools an input's rows.
+    pub pooling: Pooling,
 }
 
 pub struct AppState {
     cfg: ServeConfig,
-    tx: Mutex<mpsc::Sender<Request>>,
+    tx: Mutex<mpsc::Sender<Work>>,
     tok: Arc<Tokenizer>,
+    /// The model's embedding width.
+    n_embd: usize,
     template: ChatTemplate,
     stats: Arc<Stats>,
     pub metrics: metrics::Metrics,
@@ -66,6 +73,7 @@ pub struct AppState {
 pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, std::thread::JoinHandle<()>), String> {
     let template = ChatTemplate::from_gguf(engine.gguf(), &tok).map_err(|e| e.to_string())?;
     let tok = Arc::new(tok);
+    let n_embd = engine.hyper().n_embd;
     let mut cfg = cfg;
     let mut b = Batcher::new(engine, tok.clone());
     b.set_tpot_target(cfg.tpot_target);
@@ -81,6 +89,7 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
         cfg,
         tx: Mutex::new(tx),
         tok,
+        n_embd,
         template,
         stats,
         metrics: metrics::Metrics::default(),
@@ -90,6 +99,7 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
     let router = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embed::embeddings))
         .route("/v1/models", get(models))
         .route("/v1/models/{model}", get(model))
         .route("/tokenize", post(tokenize))
@@ -289,14 +299,7 @@ fn submit(
     let queued = st.queued.fetch_add(count as u64, Ordering::AcqRel);
     if queued as usize + count > st.cfg.max_queue {
         st.queued.fetch_sub(count as u64, Ordering::AcqRel);
-        let mut e = ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limit_error",
-            Some("queue_full"),
-            format!("the server queue is full ({} requests waiting, this one brings {count}); retry later", st.cfg.max_queue),
-        );
-        e.retry_after = Some(1);
-        return Err(e);
+        return Err(queue_full(st.cfg.max_queue, count));
     }
     let mut choices = Vec::with_capacity(count);
     let tx = st.tx.lock().unwrap_or_else(|e| e.into_inner());
@@ -329,10 +332,10 @@ fn submit(
             sink,
             arrived: Instant::now(),
         };
-        if tx.send(req).is_err() {
+        if tx.send(Work::Generate(req)).is_err() {
             // The requests sent before have their sinks; those never sent are unqueued here.
             st.queued.fetch_sub((count - c) as u64, Ordering::AcqRel);
-            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", None, "the engine has stopped"));
+            return Err(engine_stopped());
         }
         choices.push(erx);
     }
@@ -343,6 +346,28 @@ fn submit(
 
 static REQ_ID: AtomicU64 = AtomicU64::new(0);
 
+/// 429: the queue bound (`--max-queue`) would be passed by `count` more requests.
+fn queue_full(max_queue: usize, count: usize) -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limit_error",
+        Some("queue_full"),
+        format!("the server queue is full ({max_queue} requests waiting, this one brings {count}); retry later"),
+    );
+    e.retry_after = Some(1);
+    e
+}
+
+fn engine_stopped() -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", None, "the engine has stopped")
+}
+
+/// Authentication, then the body parsed as a JSON object.
+fn read_body(st: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<serde_json::Value, ApiError> {
+    check_auth(st, headers)?;
+    api::parse_body(body)
+}
+
 /// The shared start of both completion endpoints: authentication, the body parsed once, the
 /// common fields and the endpoint's own, and the model check — in that order.
 fn read_request<T: serde::de::DeserializeOwned>(
@@ -350,8 +375,7 @@ fn read_request<T: serde::de::DeserializeOwned>(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<(api::Common, T), ApiError> {
-    check_auth(st, headers)?;
-    let body = api::parse_body(body)?;
+    let body = read_body(st, headers, body)?;
     let common: api::Common = api::fields(&body)?;
     let req: T = api::fields(&body)?;
     check_model(st, &common.model)?;

@@ -37,7 +37,7 @@ fn start_tp(parallel: usize, max_queue: usize, api_key: Option<&str>, tp: usize)
     };
     let engine = Engine::load(&path, cfg).unwrap();
     let tok = Tokenizer::from_gguf(engine.gguf()).unwrap();
-    let scfg = ServeConfig { model_id: MODEL.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1) };
+    let scfg = ServeConfig { model_id: MODEL.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1), pooling: corelm_engine::embed::Pooling::Mean };
     let (router, _engine) = corelm_server::app(engine, tok, scfg).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
@@ -423,6 +423,68 @@ fn several_choices_and_prompts_answer_in_order() {
     assert_eq!(r.json()["choices"][1]["text"], b["choices"][0]["text"]);
     let r = post(&srv, "/v1/completions", json!({"prompt": ["fine", ""], "max_tokens": 3}));
     assert!(r.status == 400 && r.json()["error"]["param"] == "prompt[1]", "{}", r.body);
+}
+
+#[test]
+fn embeddings_equal_the_engine_alone_beside_a_running_chat() {
+    use base64::Engine as _;
+    let texts = ["The cat sat on the mat.", "A kitten was sitting on the rug, purring softly.", "Stock markets fell."];
+    // Each text alone on an engine of the server's settings, normalized as the server does.
+    let path = corelm_engine::models_dir().join(format!("{MODEL}.gguf"));
+    let cfg = EngineConfig { n_ctx: 2048, n_batch: 64, n_seq_max: 2, n_threads: 2, pin: false, batch_invariant: true, ..Default::default() };
+    let mut engine = Engine::load(&path, cfg).unwrap();
+    let tok = Tokenizer::from_gguf(engine.gguf()).unwrap();
+    let alone: Vec<Vec<f32>> = texts
+        .iter()
+        .map(|t| {
+            let mut v = engine.embed(0, &tok.encode(t, true, true).unwrap(), corelm_engine::embed::Pooling::Mean).unwrap();
+            corelm_engine::embed::normalize(&mut v);
+            v
+        })
+        .collect();
+    drop(engine);
+    // A chat holds one of the two sequences while the three inputs take turns on the other.
+    let srv = start(2, 8, None);
+    let embed = json!({"model": MODEL, "input": texts}).to_string();
+    let story = chat("Tell me a long story about the sea.", 48, false).to_string();
+    let (c, e) = srv._rt.block_on(async {
+        let c = call(srv.addr, "POST", "/v1/chat/completions", &story, "");
+        let e = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            call(srv.addr, "POST", "/v1/embeddings", &embed, "").await
+        };
+        tokio::join!(c, e)
+    });
+    assert_eq!((c.status, e.status), (200, 200), "{} {}", c.body, e.body);
+    let v = e.json();
+    let got: Vec<Vec<f32>> = (0..3)
+        .map(|i| {
+            assert_eq!(v["data"][i]["index"], i);
+            v["data"][i]["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+        })
+        .collect();
+    assert!(got == alone, "vectors over HTTP differ from each text alone");
+    let n: usize = texts.iter().map(|t| tok.encode(t, true, true).unwrap().len()).sum();
+    assert_eq!((v["usage"]["prompt_tokens"].as_u64(), v["object"].as_str()), (Some(n as u64), Some("list")));
+    // base64: the same f32 values, little-endian.
+    let r = post(&srv, "/v1/embeddings", json!({"input": texts[1], "encoding_format": "base64"}));
+    let bytes = base64::engine::general_purpose::STANDARD.decode(r.json()["data"][0]["embedding"].as_str().unwrap()).unwrap();
+    let floats: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    assert!(floats == alone[1], "base64 vector differs");
+    for (body, param) in [
+        (json!({"input": []}), "input"),
+        (json!({"input": ["fine", ""]}), "input[1]"),
+        (json!({"input": [[1, 2], [49152]]}), "input[1]"),
+        (json!({"input": "x", "dimensions": 64}), "dimensions"),
+        (json!({"input": "x", "encoding_format": "int8"}), "encoding_format"),
+    ] {
+        let r = post(&srv, "/v1/embeddings", body.clone());
+        assert!(r.status == 400 && r.json()["error"]["param"] == param, "{body}: {}", r.body);
+    }
+    let long = vec![1; 1025];
+    let r = post(&srv, "/v1/embeddings", json!({"input": long}));
+    assert!(r.status == 400 && r.json()["error"]["code"] == "context_length_exceeded", "{}", r.body);
+    assert_eq!(metric(&srv, "corelm_kv_blocks_used"), 0.0, "every lane released its blocks");
 }
 
 #[test]

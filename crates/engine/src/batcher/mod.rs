@@ -25,8 +25,16 @@
 //! token (text held back while it could still become a stop string) and one final event. A
 //! sink returning `false` means the client has gone: the sequence is cancelled.
 //!
+//! Embedding requests ([`EmbedRequest`], [`embed`]) share the sequences and the KV cache:
+//! their passes of hidden states alternate with generation steps while both have work, and
+//! admission takes the two kinds in arrival order.
+//!
 //! Invariant: with `EngineConfig::batch_invariant`, a request's tokens do not depend on what
 //! else is batched with it (a test compares 16 concurrent requests with each alone).
+
+mod embed;
+
+pub use embed::{EmbedRequest, EmbedSink};
 
 use crate::generate::TextOut;
 use crate::json::{JsonMask, JsonVocab, Schema};
@@ -37,6 +45,12 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// What the engine thread is handed.
+pub enum Work {
+    Generate(Request),
+    Embed(EmbedRequest),
+}
 
 /// A generation request (tokens in, events out).
 pub struct Request {
@@ -146,6 +160,9 @@ pub struct Batcher {
     stats: Arc<Stats>,
     tpot_target: Option<f64>,
     cost: StepCost,
+    embeds: embed::Embeds,
+    /// The next step is an embedding pass if embeddings have work (they alternate).
+    embed_turn: bool,
 }
 
 /// Online model of a step's time: `fixed + per_token · n_tokens` seconds.
@@ -196,6 +213,8 @@ impl Batcher {
             tpot_target: None,
             // A first guess (refined after a few steps): 5 ms per step plus 5 ms per token.
             cost: StepCost { fixed: 0.005, per_token: 0.005 },
+            embeds: embed::Embeds::new(nb),
+            embed_turn: false,
         }
     }
 
@@ -238,13 +257,23 @@ impl Batcher {
         Ok(())
     }
 
-    /// Nothing running and nothing waiting.
-    pub fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.slots.iter().all(Option::is_none)
+    /// Queue an embedding request; one that can never run is handed back with the reason.
+    #[allow(clippy::result_large_err)]
+    pub fn submit_embed(&mut self, req: EmbedRequest) -> Result<(), (EmbedRequest, String)> {
+        let (ctx, n_vocab) = (self.max_context(), self.engine.hyper().n_vocab);
+        self.embeds.submit(req, ctx, n_vocab)?;
+        self.publish();
+        Ok(())
     }
 
+    /// Nothing running and nothing waiting.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.slots.iter().all(Option::is_none) && self.embeds.is_empty()
+    }
+
+    /// Requests not yet started (generation and embedding).
     pub fn n_waiting(&self) -> usize {
-        self.waiting.len()
+        self.waiting.len() + self.embeds.n_waiting()
     }
 
     pub fn n_running(&self) -> usize {
@@ -253,15 +282,31 @@ impl Batcher {
 
     fn publish(&self) {
         let b = self.engine.blocks();
-        self.stats.waiting.store(self.waiting.len(), Ordering::Relaxed);
+        self.stats.waiting.store(self.n_waiting(), Ordering::Relaxed);
         self.stats.running.store(self.n_running(), Ordering::Relaxed);
         self.stats.kv_blocks_used.store(b.used(), Ordering::Relaxed);
         self.stats.kv_blocks_cached.store(b.cached(), Ordering::Relaxed);
     }
 
-    /// Blocks promised to running sequences and not yet taken.
+    /// Blocks promised to running sequences and embedding lanes and not yet taken.
     fn outstanding(&self) -> usize {
+        self.generation_outstanding() + self.embeds.outstanding(&self.engine)
+    }
+
+    fn generation_outstanding(&self) -> usize {
         self.slots.iter().flatten().map(|r| r.reserved - self.engine.blocks().table(r.seq as usize).len()).sum()
+    }
+
+    /// A sequence neither a generation nor an embedding lane holds.
+    fn free_seq(&self) -> Option<usize> {
+        (0..self.slots.len()).find(|&s| self.slots[s].is_none() && !self.embeds.holds(s))
+    }
+
+    /// Start embedding inputs on free sequences while their blocks fit.
+    fn start_embeds(&mut self) {
+        let others = self.generation_outstanding();
+        let slots = &self.slots;
+        self.embeds.start(&mut self.engine, |e| (0..slots.len()).find(|&s| slots[s].is_none() && !e.holds(s)), others);
     }
 
     /// Whether `prompt` had better wait for a running sequence still prefilling its opening:
@@ -276,10 +321,21 @@ impl Batcher {
     }
 
     /// Move waiting requests into free slots while their worst case fits, passing over those
-    /// that wait for a shared prefill ([`Self::awaits_shared_prefill`]).
+    /// that wait for a shared prefill ([`Self::awaits_shared_prefill`]); embedding inputs
+    /// that arrived before the first waiting generation request start first.
     fn admit(&mut self) {
+        if let Some(e) = self.embeds.first_waiting() {
+            if self.waiting.front().is_none_or(|g| e <= g.arrived) {
+                self.start_embeds();
+            }
+        }
+        self.admit_generation();
+        self.start_embeds();
+    }
+
+    fn admit_generation(&mut self) {
         let mut at = 0;
-        while let Some(slot) = self.slots.iter().position(Option::is_none) {
+        while let Some(slot) = self.free_seq() {
             let Some(next) = self.waiting.get(at) else { break };
             if self.awaits_shared_prefill(&next.prompt) {
                 at += 1;
@@ -332,6 +388,20 @@ impl Batcher {
     pub fn step(&mut self) -> bool {
         self.admit();
         let budget = self.engine.config().n_batch;
+        let generating = self.slots.iter().any(Option::is_some);
+        if self.embeds.has_lanes() && (self.embed_turn || !generating) {
+            // An embedding pass, held to the TPOT budget while sequences decode.
+            self.embed_turn = false;
+            let budget = match self.tpot_target {
+                Some(t) if generating => budget.min(self.cost.tokens_within(t).max(16)),
+                _ => budget,
+            };
+            self.embeds.step(&mut self.engine, budget);
+            self.stats.steps.fetch_add(1, Ordering::Relaxed);
+            self.publish();
+            return true;
+        }
+        self.embed_turn = self.embeds.has_lanes();
         self.batch.clear();
         self.rows.clear();
         // Decode tokens of running sequences first: they are latency-bound.
@@ -421,6 +491,7 @@ impl Batcher {
         while let Some(req) = self.waiting.pop_front() {
             finish_now(req, FinishReason::Cancelled);
         }
+        self.embeds.cancel_all(&mut self.engine, "the server is shutting down");
         for s in 0..self.slots.len() {
             if let Some(r) = self.slots[s].take() {
                 self.engine.clear_seq(r.seq);
@@ -524,18 +595,18 @@ pub fn token_logprob(logits: &[f32], t: u32, n: usize) -> TokenLogprob {
 
 /// The engine thread: take requests from `rx` between steps, step while there is work, block
 /// when idle. Returns when every sender is gone and all work is finished.
-pub fn run(mut batcher: Batcher, rx: std::sync::mpsc::Receiver<Request>) {
+pub fn run(mut batcher: Batcher, rx: std::sync::mpsc::Receiver<Work>) {
     use std::sync::mpsc::{RecvTimeoutError, TryRecvError};
     loop {
         if batcher.is_idle() {
             match rx.recv() {
-                Ok(req) => batcher.submit_or_fail(req),
+                Ok(req) => batcher.take(req),
                 Err(_) => return,
             }
         }
         loop {
             match rx.try_recv() {
-                Ok(req) => batcher.submit_or_fail(req),
+                Ok(req) => batcher.take(req),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => break,
             }
@@ -543,7 +614,7 @@ pub fn run(mut batcher: Batcher, rx: std::sync::mpsc::Receiver<Request>) {
         if !batcher.step() && !batcher.is_idle() {
             // Waiting for blocks that nobody is about to free: wait for news instead of spinning.
             match rx.recv_timeout(std::time::Duration::from_millis(5)) {
-                Ok(req) => batcher.submit_or_fail(req),
+                Ok(req) => batcher.take(req),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     batcher.cancel_all();
@@ -559,6 +630,18 @@ impl Batcher {
     pub fn submit_or_fail(&mut self, req: Request) {
         if let Err((req, e)) = self.submit(req) {
             finish_now(req, FinishReason::Error(e.to_string()));
+        }
+    }
+
+    /// Queue `work`, answering at once what is refused.
+    pub fn take(&mut self, work: Work) {
+        match work {
+            Work::Generate(req) => self.submit_or_fail(req),
+            Work::Embed(req) => {
+                if let Err((req, e)) = self.submit_embed(req) {
+                    req.sink.answer(Err(e));
+                }
+            }
         }
     }
 }
