@@ -12,7 +12,8 @@
 //!
 //! Invariant: an input's rows are pooled from a sequence that starts empty, except under
 //! [`Pooling::Last`], where cached prefix blocks are reused (only the last row is read);
-//! under [`Pooling::Cls`] only the first token goes through (attention is causal).
+//! under [`Pooling::Cls`] with batch-invariant kernels only the first token goes through
+//! (attention is causal).
 
 use crate::{Batch, Engine, Error};
 use corelm_gguf::Gguf;
@@ -62,12 +63,15 @@ impl Pooling {
         }
     }
 
-    /// How many leading tokens of an input of `len` must go through the model: attention is
-    /// causal in every architecture here, so the first row depends on the first token alone.
-    pub fn needed(self, len: usize) -> usize {
+    /// How many leading tokens of an input of `len` go through the model. Attention is causal
+    /// in every architecture here, so the first row depends on the first token alone — and,
+    /// with `batch_invariant` kernels, not on how many rows its pass has: CLS then feeds one
+    /// token. Otherwise the whole input goes through, as llama.cpp computes it (its first
+    /// row's bits depend on the pass's size).
+    pub fn needed(self, len: usize, batch_invariant: bool) -> usize {
         match self {
-            Pooling::Cls => len.min(1),
-            Pooling::Mean | Pooling::Last => len,
+            Pooling::Cls if batch_invariant => len.min(1),
+            _ => len,
         }
     }
 
@@ -155,7 +159,7 @@ impl Engine {
         let nb = self.config().n_batch;
         let mut batch = Batch::with_capacity(nb.min(tokens.len()));
         let result = (|| {
-            for (ci, chunk) in tokens[start..pooling.needed(tokens.len())].chunks(nb).enumerate() {
+            for (ci, chunk) in tokens[start..pooling.needed(tokens.len(), self.config().batch_invariant)].chunks(nb).enumerate() {
                 batch.clear();
                 for (j, &t) in chunk.iter().enumerate() {
                     let i = start + ci * nb + j;

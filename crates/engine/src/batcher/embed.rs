@@ -137,7 +137,7 @@ impl Embeds {
             let pooling = job.req.pooling;
             // Only the last row is read under `Last`: a cached prefix can stand for the rest.
             let cached = if pooling == Pooling::Last { engine.attach_prefix(seq as i32, input) } else { 0 };
-            let reserved = pooling.needed(input.len()).div_ceil(BLOCK);
+            let reserved = pooling.needed(input.len(), engine.config().batch_invariant).div_ceil(BLOCK);
             let fresh = reserved - engine.blocks().table(seq).len();
             if fresh + others + self.outstanding(engine) > engine.blocks().available() {
                 engine.clear_seq(seq as i32);
@@ -152,6 +152,7 @@ impl Embeds {
     /// One pass over the lanes' next tokens, at most `budget` of them.
     pub fn step(&mut self, engine: &mut Engine, budget: usize) {
         self.drop_abandoned(engine);
+        let invariant = engine.config().batch_invariant;
         self.batch.clear();
         self.rows.clear();
         for (li, lane) in self.lanes.iter_mut().enumerate() {
@@ -161,7 +162,7 @@ impl Embeds {
             }
             let job = self.jobs.iter().find(|j| j.id == lane.job).expect("a lane's request is queued");
             let input = &job.req.inputs[lane.input];
-            let end = (lane.fed + room).min(job.req.pooling.needed(input.len()));
+            let end = (lane.fed + room).min(job.req.pooling.needed(input.len(), invariant));
             for (i, &t) in input.iter().enumerate().take(end).skip(lane.fed) {
                 let wanted = job.req.pooling.wants(i, input.len());
                 self.batch.add(t, i as i32, lane.seq, wanted);
@@ -196,7 +197,7 @@ impl Embeds {
             let lane = &self.lanes[li];
             let j = self.jobs.iter().position(|j| j.id == lane.job).expect("a lane's request is queued");
             let req = &self.jobs[j].req;
-            if lane.fed < req.pooling.needed(req.inputs[lane.input].len()) {
+            if lane.fed < req.pooling.needed(req.inputs[lane.input].len(), invariant) {
                 li += 1;
                 continue;
             }
