@@ -89,6 +89,9 @@ pub struct Tokenizer {
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub add_bos: bool,
+    /// Append EOS to text tokenized with its special tokens (`tokenizer.ggml.add_eos_token`,
+    /// which embedding models with last-token pooling set).
+    pub add_eos: bool,
     eog: Vec<u32>,
     /// Tokens that never stand for text: control, unknown and unused ones (GGUF types 3, 2, 5).
     not_text: Vec<bool>,
@@ -210,28 +213,33 @@ impl Tokenizer {
             .map(|i| piece_bytes(&tokens[i], token_type[i], kind, &inv))
             .collect();
         let add_bos = g.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(kind == VocabKind::Spm);
+        let add_eos = g.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
         let bos = id("tokenizer.ggml.bos_token_id")?;
         let eos = id("tokenizer.ggml.eos_token_id")?;
         let not_text = token_type.iter().map(|&t| matches!(t, TOKEN_CONTROL | TOKEN_UNKNOWN | TOKEN_UNUSED)).collect();
-        Ok(Tokenizer { hf, hf_plain, kind, pieces, texts: tokens.to_vec(), bos, eos, add_bos, eog, not_text })
+        Ok(Tokenizer { hf, hf_plain, kind, pieces, texts: tokens.to_vec(), bos, eos, add_bos, add_eos, eog, not_text })
     }
 
     pub fn n_vocab(&self) -> usize {
         self.pieces.len()
     }
 
-    /// Tokenize `text`. `add_special`: prepend BOS if the model asks for it; `parse_special`:
-    /// recognise control-token text (e.g. `<|im_start|>`) as those tokens.
+    /// Tokenize `text`. `add_special`: prepend BOS and append EOS where the model asks for them
+    /// (as `llama_tokenize`); `parse_special`: recognise control-token text (e.g.
+    /// `<|im_start|>`) as those tokens.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>, Error> {
         let t = if parse_special { &self.hf } else { &self.hf_plain };
         let enc = t.encode(text, false).map_err(tok_err)?;
-        let mut ids = Vec::with_capacity(enc.len() + 1);
+        let mut ids = Vec::with_capacity(enc.len() + 2);
         if add_special && self.add_bos {
             if let Some(b) = self.bos {
                 ids.push(b);
             }
         }
         ids.extend_from_slice(enc.get_ids());
+        if add_special && self.add_eos {
+            ids.extend(self.eos);
+        }
         Ok(ids)
     }
 

@@ -166,3 +166,24 @@ fn batched_embedding_passes_equal_each_input_alone() {
     assert_eq!(tokens(gen_rx), gen_alone, "generation changed beside embedding passes");
     assert_eq!(b.engine().blocks().used(), 0, "every sequence released its blocks");
 }
+
+#[test]
+fn add_eos_token_appends_eos_to_special_tokenization() {
+    // SmolLM2's vocabulary, its metadata copied with `add_eos_token` set (as embedding models
+    // with last-token pooling state it).
+    let g = corelm_gguf::Gguf::open(model_path(SMOL)).unwrap();
+    let mut w = corelm_gguf::writer::Writer::new();
+    for (k, v) in g.metadata.iter().filter(|(k, _)| k != "tokenizer.ggml.add_eos_token") {
+        w.kv(k, v.clone());
+    }
+    w.kv("tokenizer.ggml.add_eos_token", corelm_gguf::Value::Bool(true));
+    let with_eos = corelm_engine::Tokenizer::from_gguf(&corelm_gguf::Gguf::from_bytes(w.to_bytes()).unwrap()).unwrap();
+    let plain = corelm_engine::Tokenizer::from_gguf(&g).unwrap();
+    let text = "The cat sat.";
+    let ids = plain.encode(text, true, true).unwrap();
+    assert!(!plain.add_eos && ids.last() != plain.eos.as_ref());
+    let mut expected = ids.clone();
+    expected.push(plain.eos.unwrap());
+    assert_eq!(with_eos.encode(text, true, true).unwrap(), expected);
+    assert_eq!(with_eos.encode(text, false, true).unwrap(), ids, "EOS only with the special tokens");
+}
