@@ -617,10 +617,7 @@ impl Engine {
     /// hidden states embeddings are pooled from, `[n_embd]` each) and no LM head runs.
     pub fn decode_hidden(&mut self, batch: &Batch) -> Result<Hidden<'_>, Error> {
         self.pass(batch, Outputs::Hidden)?;
-        let n_embd = self.hyper().n_embd;
-        // SAFETY: as in `logits`; the last pass wrote `n_out` rows of `n_embd` f32.
-        let data = unsafe { std::slice::from_raw_parts(self.pools.out.as_slice().as_ptr() as *const f32, self.n_out * n_embd) };
-        Ok(Hidden { data, width: n_embd })
+        Ok(self.output_rows(self.hyper().n_embd))
     }
 
     fn pass(&mut self, batch: &Batch, outputs: Outputs) -> Result<(), Error> {
@@ -708,10 +705,14 @@ impl Engine {
 
     /// The logits of the last `decode`.
     pub fn logits(&self) -> Logits<'_> {
-        let n_vocab = self.hyper().n_vocab;
-        let data = &self.pools.out.as_slice()[..self.n_out * n_vocab * 4];
-        // SAFETY: the output pool is 64-byte aligned and holds f32 logits written by the last run.
-        let data = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const f32, self.n_out * n_vocab) };
-        Logits { data, width: n_vocab }
+        self.output_rows(self.hyper().n_vocab)
+    }
+
+    /// The last pass's `n_out` output rows of `width` f32 (logits or hidden states).
+    fn output_rows(&self, width: usize) -> Rows<'_> {
+        let data = &self.pools.out.as_slice()[..self.n_out * width * 4];
+        // SAFETY: the output pool is 64-byte aligned and holds the f32 rows the last run wrote.
+        let data = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const f32, self.n_out * width) };
+        Rows { data, width }
     }
 }

@@ -297,16 +297,25 @@ impl Batcher {
         self.slots.iter().flatten().map(|r| r.reserved - self.engine.blocks().table(r.seq as usize).len()).sum()
     }
 
+    /// `budget` cut to the tokens a step may carry within the TPOT target, if one is set, but
+    /// at least `floor` (so work always progresses).
+    fn within_target(&self, budget: usize, floor: usize) -> usize {
+        match self.tpot_target {
+            Some(t) => budget.min(self.cost.tokens_within(t).max(floor)),
+            None => budget,
+        }
+    }
+
     /// A sequence neither a generation nor an embedding lane holds.
     fn free_seq(&self) -> Option<usize> {
-        (0..self.slots.len()).find(|&s| self.slots[s].is_none() && !self.embeds.holds(s))
+        free_seq(&self.slots, &self.embeds)
     }
 
     /// Start embedding inputs on free sequences while their blocks fit.
     fn start_embeds(&mut self) {
         let others = self.generation_outstanding();
         let slots = &self.slots;
-        self.embeds.start(&mut self.engine, |e| (0..slots.len()).find(|&s| slots[s].is_none() && !e.holds(s)), others);
+        self.embeds.start(&mut self.engine, |e| free_seq(slots, e), others);
     }
 
     /// Whether `prompt` had better wait for a running sequence still prefilling its opening:
@@ -392,10 +401,7 @@ impl Batcher {
         if self.embeds.has_lanes() && (self.embed_turn || !generating) {
             // An embedding pass, held to the TPOT budget while sequences decode.
             self.embed_turn = false;
-            let budget = match self.tpot_target {
-                Some(t) if generating => budget.min(self.cost.tokens_within(t).max(16)),
-                _ => budget,
-            };
+            let budget = if generating { self.within_target(budget, 16) } else { budget };
             self.embeds.step(&mut self.engine, budget);
             self.stats.steps.fetch_add(1, Ordering::Relaxed);
             self.publish();
@@ -416,10 +422,7 @@ impl Batcher {
         // Then prompt chunks, oldest first; while sequences decode, only as many prompt tokens
         // as keep the step within the TPOT target (at least 16, so prompts always progress).
         let n_decode = self.batch.len();
-        let budget = match self.tpot_target {
-            Some(t) if n_decode > 0 => budget.min(self.cost.tokens_within(t).max(n_decode + 16)),
-            _ => budget,
-        };
+        let budget = if n_decode > 0 { self.within_target(budget, n_decode + 16) } else { budget };
         self.order.clear();
         for (i, r) in self.slots.iter().enumerate() {
             if let Some(r) = r {
@@ -500,6 +503,11 @@ impl Batcher {
         }
         self.publish();
     }
+}
+
+/// A sequence neither a generation (`slots`) nor an embedding lane holds.
+fn free_seq(slots: &[Option<Running>], embeds: &embed::Embeds) -> Option<usize> {
+    (0..slots.len()).find(|&s| slots[s].is_none() && !embeds.holds(s))
 }
 
 /// Sample the next token of `r` from its logits row and deliver it; `Some` when it finished.
