@@ -7,14 +7,15 @@
 # split with it, `--accel-split`). llama.cpp's llama-bench runs beside corelm in the same call.
 #
 #   scripts/device_scaling.sh pack       # here: .dev/ (corelm and llama-bench, xz; two models
-#                                        # shrunk to 26 MB) and the Vulkan loaders in .gl/.
+#                                        # shrunk to 19 MB) and the Vulkan loaders in .gl/.
 #                                        # BASE=<rev> also builds that revision, run beside.
 #   scripts/device_scaling.sh measure    # there: $OUT/scaling.md (summary), $OUT/raw.log
 #
 # The device call: `run` with carry [".dev", ".gl"], command `bash scripts/device_scaling.sh
-# measure`, timeout_s about BUDGET + 60. SECTIONS selects (default "info gpu hybrid vk tp
-# threads llama tune"; the order is the script's), THREADS the thread counts (1,4,16); BUDGET (seconds, default 500) is a deadline every step's
-# `timeout` is cut to, so the call ends in time and a slow step costs its own figure only.
+# measure`, timeout_s about BUDGET + 60. SECTIONS selects (default "info roofline gpu hybrid vk
+# budget batched tp threads llama tune"; the order is the script's), THREADS the thread counts
+# (1,4,16); BUDGET (seconds, default 500) is a deadline every step's `timeout` is cut to, so
+# the call ends in time and a slow step costs its own figure only.
 # The models are shrunk (scripts/device_model.py: real shapes, types and blocks, repeated
 # rows), so the figures are speed only. Threads: 1, 2, 4, … up to nproc, then nproc itself.
 # ACCEL_LOCAL=1 runs the GPU section on whatever Vulkan device this machine has (lavapipe).
@@ -32,7 +33,7 @@ pack() {
     strip -o "$DEV/corelm" target/release/corelm
     xz -9 -f "$DEV/corelm"
     for m in "$SMOL" "$QWEN"; do
-        python3 scripts/device_model.py shrink "$MODELS/$m" "$DEV/$m.tiled" --keep 32
+        python3 scripts/device_model.py shrink "$MODELS/$m" "$DEV/$m.tiled" --keep 64
     done
     # The Vulkan loaders the device machine lacks (its README), amd64 whatever this machine is.
     if ! ls .gl/*.deb > /dev/null 2>&1; then
@@ -45,11 +46,14 @@ pack() {
     # llama.cpp's llama-bench (4df29be, static, built outside the repo: LLAMA_BUILD=DIR with
     # b-avx2/, b-avx512/ and b-vk/ (Vulkan) under it), and the libgomp it links.
     local v b=${LLAMA_BUILD:-/work/llama}
+    local tool
     for v in avx2 avx512 vk; do
-        if [ -x "$b/b-$v/bin/llama-bench" ]; then
-            strip -o "$DEV/llama-bench-$v" "$b/b-$v/bin/llama-bench"
-            xz -9 -f "$DEV/llama-bench-$v"
-        fi
+        for tool in llama-bench llama-batched-bench; do
+            if [ -x "$b/b-$v/bin/$tool" ]; then
+                strip -o "$DEV/$tool-$v" "$b/b-$v/bin/$tool"
+                xz -9 -f "$DEV/$tool-$v"
+            fi
+        done
     done
     # The shared libraries corelm (hwloc, udev) and llama-bench (libgomp, OpenSSL) link, for a machine
     # without them (`measure` uses each only where the machine lacks it).
@@ -76,7 +80,7 @@ measure() {
     local bin=$dir/corelm
     mkdir -p "$dir"
     local deadline=$((SECONDS + ${BUDGET:-500}))
-    local sections=" ${SECTIONS:-info gpu hybrid vk tp threads llama tune} "
+    local sections=" ${SECTIONS:-info roofline gpu hybrid vk budget batched tp threads llama tune} "
     # The carried libraries this machine lacks.
     mkdir -p "$dir/lib"
     local lib
@@ -109,14 +113,21 @@ measure() {
     while [ "$t" -lt "$n" ]; do threads+=("$t"); t=$((t * 2)); done
     threads+=("$n")
     [ -n "${THREADS:-}" ] && IFS=, read -r -a threads <<< "$THREADS"
-    # A llama.cpp llama-bench (CPU only) for the CPU's widest table, where `pack` found builds.
-    local llama=""
-    if grep -q avx512vnni /proc/cpuinfo && [ -f "$DEV/llama-bench-avx512.xz" ]; then
-        llama=$dir/llama-bench; xz -dc "$DEV/llama-bench-avx512.xz" > "$llama"
-    elif [ -f "$DEV/llama-bench-avx2.xz" ]; then
-        llama=$dir/llama-bench; xz -dc "$DEV/llama-bench-avx2.xz" > "$llama"
-    fi
-    [ -n "$llama" ] && chmod +x "$llama"
+    # unpack TOOL: llama.cpp's TOOL built for this CPU's widest table, its path in $tool ("" if none).
+    unpack() {
+        tool=""
+        local v
+        for v in avx512 avx2; do
+            [ "$v" = avx512 ] && ! grep -q avx512_vnni /proc/cpuinfo && continue
+            if [ -f "$DEV/$1-$v.xz" ]; then
+                tool=$dir/$1; xz -dc "$DEV/$1-$v.xz" > "$tool" && chmod +x "$tool"
+                return
+            fi
+        done
+    }
+    local tool llama batched
+    unpack llama-bench; llama=$tool
+    unpack llama-batched-bench; batched=$tool
     has() { [[ "$sections" == *" $1 "* ]]; }
     left() { echo $((deadline - SECONDS)); }
     {
@@ -166,7 +177,7 @@ measure() {
     # The accelerator (issues 18 and 19): its roofline figures, whole layers on it for decode
     # and prefill, and prefill matmuls split between it and the CPU as the profile places them.
     if has gpu && $gpu; then
-        run 150 "corelm profile --accel" 'accel|wgsl|read|together|int8|device|link' \
+        has roofline && run 150 "corelm profile --accel" 'accel|wgsl|read|together|int8|device|link' \
             "$bin" profile --accel -o "$out/profile.json"
         for m in "${models[@]}"; do
             local all; all=$(case "$m" in *qwen*) echo 24 ;; *) echo 30 ;; esac)
@@ -174,6 +185,12 @@ measure() {
             step 60 -m "$m" -p 512 -n 64 -r 2 -t "$n" --accel-layers "$all"
             [ -n "$base" ] && run 60 "base: corelm bench -m $m --accel-layers $all" "$rows" \
                 "$base" bench -m "$m" -p 512 -n 64 -r 2 -t "$n" --accel-layers "$all"
+            # Where a decode token and a 512-token prompt on the device go (recording, waiting,
+            # and the device's clock per kind of dispatch).
+            run 60 "corelm bench --profile --accel-layers $all (decode)" 'device|^\|' \
+                "$bin" bench -m "$m" -p 0 -n 32 -r 1 -t "$n" --accel-layers "$all" --profile
+            run 60 "corelm bench --profile --accel-layers $all (prefill)" 'device|^\|' \
+                "$bin" bench -m "$m" -p 512 -n 0 -r 1 -t "$n" --accel-layers "$all" --profile
             if [ -f "$out/profile.json" ]; then
                 step 60 -m "$m" -p 512 -n 0 -r 2 -t "$n" --roofline "$out/profile.json" --accel-split
             fi
@@ -191,14 +208,44 @@ measure() {
         [ "${#models[@]}" -gt 1 ] && run 60 "corelm bench --profile --accel-layers 24 (Qwen2.5)" \
             'device|^\|' "$bin" bench -m "${models[1]}" -p 512 -n 32 -r 1 -t "$n" --accel-layers 24 --profile
     fi
-    # llama.cpp's Vulkan build on the same GPU: no layers there, then all of them.
+    # llama.cpp's Vulkan build on the same GPU: no layers there, half of them, all of them.
     if has vk && $gpu && [ -f "$DEV/llama-bench-vk.xz" ]; then
         xz -dc "$DEV/llama-bench-vk.xz" > "$dir/llama-bench-vk" && chmod +x "$dir/llama-bench-vk"
         for m in "${models[@]}"; do
-            for ngl in 0 99; do
+            local half; half=$(case "$m" in *qwen*) echo 12 ;; *) echo 15 ;; esac)
+            for ngl in 0 "$half" 99; do
                 run 60 "llama-bench (Vulkan) -m $(basename "$m") -ngl $ngl" '^\||ggml_vulkan: 0' \
                     "$dir/llama-bench-vk" -m "$m" -p 128,512 -n 128 -r 2 -t "$n" -ngl "$ngl"
             done
+        done
+    fi
+    # The device holding half the layers' bytes (issue 19 item 8: llama.cpp's -ngl at the same
+    # budget): those layers whole, then the same bytes of feed-forward weights (`--accel-mem`).
+    if has budget && $gpu; then
+        for m in "${models[@]}"; do
+            local half; half=$(case "$m" in *qwen*) echo 12 ;; *) echo 15 ;; esac)
+            step 60 -m "$m" -p 128,512 -n 128 -r 2 -t "$n" --accel-layers "$half"
+            local mb; mb=$(grep -o -E '[0-9.]+ MB of weights' "$dir/step.log" | head -1 | cut -d' ' -f1)
+            [ -n "$mb" ] && step 60 -m "$m" -p 128,512 -n 128 -r 2 -t "$n" --accel-mem "${mb%.*}M"
+        done
+    fi
+    # Batched decode (issue 17 item 6): B sequences of a 128-token prompt each, then 64 decode
+    # steps of one token per sequence, at every core, beside llama-batched-bench; then every
+    # layer on the device, where a step's rows share each weight read.
+    if has batched; then
+        for m in "${models[@]}"; do
+            local all; all=$(case "$m" in *qwen*) echo 24 ;; *) echo 30 ;; esac)
+            step 90 -m "$m" -p 128 -n 64 -r 2 -t "$n" --npl 1,4,16
+            [ -n "$batched" ] && run 90 "llama-batched-bench -m $(basename "$m") -npl 1,4,16" '^\|' \
+                "$batched" -m "$m" -c 8192 -b 512 -ub 512 -fa on -npp 128 -ntg 64 -npl 1,4,16 -t "$n" -tb "$n"
+            $gpu && step 60 -m "$m" -p 128 -n 64 -r 2 -t "$n" --npl 1,4,16 --accel-layers "$all"
+            if $gpu && [ -f "$DEV/llama-batched-bench-vk.xz" ]; then
+                [ -x "$dir/llama-batched-bench-vk" ] || { xz -dc "$DEV/llama-batched-bench-vk.xz" \
+                    > "$dir/llama-batched-bench-vk" && chmod +x "$dir/llama-batched-bench-vk"; }
+                run 90 "llama-batched-bench (Vulkan) -m $(basename "$m") -ngl 99 -npl 1,4,16" '^\|' \
+                    "$dir/llama-batched-bench-vk" -m "$m" -c 8192 -b 512 -ub 512 -fa on -npp 128 \
+                    -ntg 64 -npl 1,4,16 -t "$n" -tb "$n" -ngl 99
+            fi
         done
     fi
     # Tensor parallelism at every core (issue 16): TP 1, 2, 4, both synchronisations.

@@ -25,6 +25,8 @@ pub struct Gpu {
     pub(crate) queue: wgpu::Queue,
     info: wgpu::AdapterInfo,
     pub(crate) max_buffer: u64,
+    /// Whether timestamps can be written inside a compute pass (`crate::clock`).
+    pub(crate) timestamps: bool,
     pub(crate) gemv: HashMap<DType, wgpu::ComputePipeline>,
     /// The tiled products of batches of `matrix::GEMM_MIN_TOKENS` tokens or more
     /// (`shaders/gemm.wgsl`), with the GEMV's bindings: a matrix's bind group serves both.
@@ -90,8 +92,12 @@ impl Gpu {
         }))
         .map_err(|e| AccelError::NoAdapter(e.to_string()))?;
         let limits = adapter.limits();
+        // Timestamps between dispatches where the adapter has them (`bench --profile`).
+        let clock = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        let timestamps = adapter.features().contains(clock);
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("corelm"),
+            required_features: if timestamps { clock } else { wgpu::Features::empty() },
             required_limits: limits.clone(),
             ..Default::default()
         }))
@@ -143,7 +149,7 @@ impl Gpu {
             attention: pipeline("attention", include_str!("shaders/attention.wgsl").to_string()),
         };
         let down_gemm = pipeline("down (tiled)", format!("{down_params}\n{}\n{tile}\n{BYTES}", include_str!("shaders/down_gemm.wgsl")));
-        Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, gemv, gemm, act, down, down_sum, layer, down_gemm })
+        Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, timestamps, gemv, gemm, act, down, down_sum, layer, down_gemm })
     }
 
     /// The adapter's name and backend, e.g. `NVIDIA H100 (Vulkan)`.

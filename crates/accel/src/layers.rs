@@ -34,6 +34,7 @@
 //! entries; a pass only writes them. Sums are f32 (the matrices through [`Matrix`]'s GEMV or
 //! tiled GEMM), so results agree with the CPU's within a bound, not bit for bit.
 
+use crate::clock::{DeviceClock, Kind, Timestamps};
 use crate::device::{grid, AccelError, Gpu, Shape};
 use crate::ffn::FileMatrix;
 use crate::matrix::{Addend, Input, Matrix, Place, GEMM_MIN_TOKENS};
@@ -164,6 +165,8 @@ pub struct DeviceLayers {
     lock: Mutex<()>,
     /// Where the passes' time went, since the last `take_times`.
     times: Mutex<PassTimes>,
+    /// The device's clock between dispatches, while timing is on (`set_timing`).
+    clock: Mutex<Option<Timestamps>>,
 }
 
 /// Where passes on the device spent their time (host clocks), summed over passes.
@@ -176,14 +179,33 @@ pub struct PassTimes {
     pub record_secs: f64,
     /// Waiting for the device to finish, and reading the output back.
     pub wait_secs: f64,
+    /// The device's own clock per kind of dispatch, over the passes timed (`set_timing`).
+    pub device: DeviceClock,
 }
 
-/// Record one dispatch of `pipe` over `bind`, counted in `count`.
-fn run(pass: &mut wgpu::ComputePass, count: &mut usize, pipe: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, (gx, gy): (u32, u32), gz: u32) {
-    *count += 1;
-    pass.set_pipeline(pipe);
-    pass.set_bind_group(0, bind, &[]);
-    pass.dispatch_workgroups(gx, gy, gz);
+/// A pass's dispatches as they are recorded: counted, and timed while timing is on.
+struct Recorder<'a, 'p> {
+    pass: &'a mut wgpu::ComputePass<'p>,
+    dispatches: usize,
+    clock: Option<&'a mut Timestamps>,
+}
+
+impl Recorder<'_, '_> {
+    /// One dispatch of `pipe` over `bind`.
+    fn run(&mut self, kind: Kind, pipe: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, (gx, gy): (u32, u32)) {
+        self.pass.set_pipeline(pipe);
+        self.pass.set_bind_group(0, bind, &[]);
+        self.pass.dispatch_workgroups(gx, gy, 1);
+        self.done(kind);
+    }
+
+    /// A dispatch of `kind` recorded.
+    fn done(&mut self, kind: Kind) {
+        self.dispatches += 1;
+        if let Some(clock) = self.clock.as_deref_mut() {
+            clock.mark(self.pass, kind);
+        }
+    }
 }
 
 impl DeviceLayers {
@@ -321,7 +343,7 @@ impl DeviceLayers {
         }
         // The activation buffers live on in the bind groups; `x` also here, to upload and read.
         drop((xn, qkv_buf, att, o, g, u, a));
-        Ok(DeviceLayers { gpu, shape, max_tokens, max_table, layers: out, x, pos, slots, tables, staging, cache_staging: None, params, cache_bytes, batch_invariant, lock: Mutex::new(()), times: Mutex::new(PassTimes::default()) })
+        Ok(DeviceLayers { gpu, shape, max_tokens, max_table, layers: out, x, pos, slots, tables, staging, cache_staging: None, params, cache_bytes, batch_invariant, lock: Mutex::new(()), times: Mutex::new(PassTimes::default()), clock: Mutex::new(None) })
     }
 
     /// Room to read a pass's cache rows back ([`Self::read_cells`]): `max_tokens` cells of
@@ -416,6 +438,15 @@ impl DeviceLayers {
         std::mem::take(&mut *self.times.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// Time every dispatch of the following passes on the device's clock (`PassTimes::device`),
+    /// or stop. False where the device cannot (no timestamps inside compute passes).
+    pub fn set_timing(&self, on: bool) -> bool {
+        let mut clock = self.clock.lock().unwrap_or_else(|e| e.into_inner());
+        // Room for the most dispatches a layer records (Gemma 3's prefill: 18).
+        *clock = if on { Timestamps::new(&self.gpu, self.layers.len() * 20) } else { None };
+        clock.is_some()
+    }
+
     /// Run every layer over `x` (`[n_tokens, n_embd]`, replaced by the last layer's output):
     /// token `t` at position `pos[t]` writes cache row `slots[t]` and attends over the rows
     /// its block table gives; `tables` holds `n_tokens` offsets (each token's table in the
@@ -448,14 +479,18 @@ impl DeviceLayers {
             l.act.set(gpu, [u(n * ff), u(c.gelu as usize), (-1f32).to_bits(), u(width), 0, 0, 0, 0]);
         }
         let pl = &gpu.layer;
-        let mut dispatches = 0;
+        let mut clock = self.clock.lock().unwrap_or_else(|e| e.into_inner());
         let mut enc = gpu.device.create_command_encoder(&Default::default());
-        {
+        let dispatches = {
             let pass = &mut enc.begin_compute_pass(&Default::default());
+            if let Some(c) = clock.as_mut() {
+                c.start(pass);
+            }
+            let mut r = Recorder { pass, dispatches: 0, clock: clock.as_mut() };
             // The products record themselves (their shapes go through the queue).
-            let product = |m: &Matrix, bind: &wgpu::BindGroup, how: (Addend, Place, Input), pass: &mut wgpu::ComputePass, dispatches: &mut usize| {
-                *dispatches += 1;
-                m.dispatch_adding(gpu, pass, bind, n, self.batch_invariant, how)
+            let product = |r: &mut Recorder, kind: Kind, m: &Matrix, bind: &wgpu::BindGroup, how: (Addend, Place, Input)| {
+                m.dispatch_adding(gpu, r.pass, bind, n, self.batch_invariant, how);
+                r.done(kind);
             };
             let alone = |m: &Matrix| Place::alone(m.rows);
             // Through the GEMV the products norm their input themselves: the norms' dispatches
@@ -468,42 +503,46 @@ impl DeviceLayers {
                 let b = &l.bind;
                 // x [n, e] → xn = norm(x) → q, k, v (+ biases), RoPE → cache → attention [n, qd]
                 if !fuse_norms {
-                    run(pass, &mut dispatches, &pl.rms_norm, &b.norm1, (u(n), 1), 1);
+                    r.run(Kind::Norm, &pl.rms_norm, &b.norm1, (u(n), 1));
                 }
                 let bias = if l.has_bias { Addend::Bias } else { Addend::None };
                 for ((m, c0), bind) in l.qkv.iter().zip(if fuse_norms { &b.qkv_normed } else { &b.qkv }) {
-                    product(m, bind, (bias, Place { stride: row, offset: *c0 }, normed), pass, &mut dispatches);
+                    product(&mut r, Kind::Qkv, m, bind, (bias, Place { stride: row, offset: *c0 }, normed));
                 }
                 for (norm, heads) in [(&b.q_norm, s.n_head), (&b.k_norm, s.n_kv_head)] {
                     if let Some(norm) = norm {
-                        run(pass, &mut dispatches, &pl.head_norm, norm, grid(n * heads, 1), 1);
+                        r.run(Kind::HeadNorm, &pl.head_norm, norm, grid(n * heads, 1));
                     }
                 }
-                run(pass, &mut dispatches, &pl.rope_store, &b.rope_store, grid(n * (s.n_head * s.n_rot / 2 + kvd), 64), 1);
-                run(pass, &mut dispatches, &pl.attention, &b.attn, (u(s.n_head), u(n)), 1);
+                r.run(Kind::RopeStore, &pl.rope_store, &b.rope_store, grid(n * (s.n_head * s.n_rot / 2 + kvd), 64));
+                r.run(Kind::Attention, &pl.attention, &b.attn, (u(s.n_head), u(n)));
                 // x += Wo · attention; xn = norm(x); x += down(silu(gate xn) · up xn)
-                product(&l.mats[0], &b.o, (onto_x(&b.residual1), alone(&l.mats[0]), Input::Rows), pass, &mut dispatches);
+                product(&mut r, Kind::Wo, &l.mats[0], &b.o, (onto_x(&b.residual1), alone(&l.mats[0]), Input::Rows));
                 if let Some(post) = &b.post_attn {
-                    run(pass, &mut dispatches, &pl.rms_norm, post, (u(n), 1), 1);
+                    r.run(Kind::Norm, &pl.rms_norm, post, (u(n), 1));
                 }
                 if let Some(residual) = &b.residual1 {
-                    run(pass, &mut dispatches, &pl.add, residual, grid(n * e, 256), 1);
+                    r.run(Kind::Add, &pl.add, residual, grid(n * e, 256));
                 }
                 if !fuse_norms {
-                    run(pass, &mut dispatches, &pl.rms_norm, &b.norm2, (u(n), 1), 1);
+                    r.run(Kind::Norm, &pl.rms_norm, &b.norm2, (u(n), 1));
                 }
                 for (m, bind) in l.gate_up.iter().zip(if fuse_norms { &b.gate_up_normed } else { &b.gate_up }) {
-                    product(m, bind, (Addend::None, alone(m), normed), pass, &mut dispatches);
+                    product(&mut r, Kind::GateUp, m, bind, (Addend::None, alone(m), normed));
                 }
-                run(pass, &mut dispatches, &gpu.act, &b.act, grid(n * ff, 64), 1);
-                product(&l.mats[1], &b.down, (onto_x(&b.residual2), alone(&l.mats[1]), Input::Rows), pass, &mut dispatches);
+                r.run(Kind::Act, &gpu.act, &b.act, grid(n * ff, 64));
+                product(&mut r, Kind::Down, &l.mats[1], &b.down, (onto_x(&b.residual2), alone(&l.mats[1]), Input::Rows));
                 if let Some(post) = &b.post_ffn {
-                    run(pass, &mut dispatches, &pl.rms_norm, post, (u(n), 1), 1);
+                    r.run(Kind::Norm, &pl.rms_norm, post, (u(n), 1));
                 }
                 if let Some(residual) = &b.residual2 {
-                    run(pass, &mut dispatches, &pl.add, residual, grid(n * e, 256), 1);
+                    r.run(Kind::Add, &pl.add, residual, grid(n * e, 256));
                 }
             }
+            r.dispatches
+        };
+        if let Some(c) = clock.as_ref() {
+            c.resolve(&mut enc);
         }
         enc.copy_buffer_to_buffer(&self.x, 0, &self.staging, 0, (n * e * 4) as u64);
         gpu.queue.submit([enc.finish()]);
@@ -514,7 +553,10 @@ impl DeviceLayers {
         t.dispatches += dispatches;
         t.record_secs += (submitted - start).as_secs_f64();
         t.wait_secs += submitted.elapsed().as_secs_f64();
-        r
+        match clock.as_ref() {
+            Some(c) if r.is_ok() => c.read(gpu, &mut t.device),
+            _ => r,
+        }
     }
 }
 

@@ -29,6 +29,7 @@
 //! Invariant: nothing here runs unless a device was opened ([`Gpu::open`]); every buffer is
 //! allocated when the weights are uploaded, none per token.
 
+pub mod clock;
 mod device;
 mod ffn;
 mod layers;

@@ -241,9 +241,10 @@ pub fn gbps(e: &corelm_engine::ProfileEntry) -> String {
 /// `corelm bench --profile`: one profiled pass of a test, per op kind, and what the barriers
 /// between nodes cost (measured on this pool size).
 fn print_bench_profile(engine: &mut corelm_engine::Engine, d: usize, p: usize, n: usize, t: usize) -> Result<()> {
-    if let Some(dl) = engine.device_layers() {
+    let timed = engine.device_layers().is_some_and(|dl| {
         dl.take_times();
-    }
+        dl.set_timing(true)
+    });
     let (prof, secs) = corelm_engine::bench::profile_test(engine, d, p, n)?;
     let at = if d > 0 { format!(" @ d{d}") } else { String::new() };
     let (test, per, unit) =
@@ -261,9 +262,37 @@ fn print_bench_profile(engine: &mut corelm_engine::Engine, d: usize, p: usize, n
                 1e6 * pt.record_secs / pt.dispatches.max(1) as f64,
                 1e3 * pt.wait_secs / k
             );
+            print_device_clock(&pt, timed);
+            dl.set_timing(false);
         }
     }
     Ok(())
+}
+
+/// The device's own clock over a profiled test's passes: per kind of dispatch, and what of the
+/// host's wait it does not cover (submission, the device's start, the read-back).
+fn print_device_clock(pt: &corelm_accel::PassTimes, timed: bool) {
+    use corelm_accel::clock::Kind;
+    let c = &pt.device;
+    if !timed || c.passes == 0 {
+        eprintln!("  device clock: not available (the device writes no timestamps inside compute passes)");
+        return;
+    }
+    let k = c.passes as f64;
+    let mut kinds: Vec<(Kind, f64, usize)> =
+        Kind::ALL.iter().map(|&kind| (kind, c.secs[kind as usize], c.dispatches[kind as usize])).filter(|&(_, _, d)| d > 0).collect();
+    kinds.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let per_kind: Vec<String> = kinds
+        .iter()
+        .map(|&(kind, secs, d)| format!("{} {:.3} ms ({} × {:.1} µs)", kind.name(), 1e3 * secs / k, d / c.passes, 1e6 * secs / d as f64))
+        .collect();
+    eprintln!(
+        "  device clock: {:.3} ms a pass from its first dispatch to its last ({:.1} µs a dispatch); the host's wait {:.3} ms beyond it",
+        1e3 * c.span_secs / k,
+        1e6 * c.span_secs / c.dispatches.iter().sum::<usize>().max(1) as f64,
+        1e3 * (pt.wait_secs / pt.passes.max(1) as f64 - c.span_secs / k)
+    );
+    eprintln!("  device clock per kind, a pass: {}", per_kind.join(", "));
 }
 
 /// A profile's table: time per op kind over `per` passes (each one `unit` of `pass_tokens`

@@ -225,6 +225,12 @@ impl LayersOnDevice {
         self.layers.take_times()
     }
 
+    /// Time the following passes' dispatches on the device's clock, or stop; false where the
+    /// device cannot (`corelm_accel::clock`).
+    pub fn set_timing(&self, on: bool) -> bool {
+        self.layers.set_timing(on)
+    }
+
     /// After a pass that ran the device's layers on the CPU: its cells' rows are not on the
     /// device yet.
     pub(crate) fn cpu_pass(&self, slots: &[u32]) {

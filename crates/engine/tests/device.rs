@@ -313,3 +313,39 @@ fn matrices_of_different_types_stay_separate_products_on_the_accelerator() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `bench --profile`'s device clock: with timing on, every dispatch of a pass of whole layers
+/// is timed under its kind — a 24-token pass (the GEMV, norms inside the products) 7 a layer,
+/// a 40-token pass (the tiled GEMM) 9 with the two norms — the kinds' times sum to the pass's
+/// span, the logits are the untimed ones bit for bit, and with timing off nothing is timed.
+#[test]
+fn device_clock_times_each_dispatch_by_kind() {
+    use corelm_accel::clock::Kind;
+    let layers = 2;
+    let (mut e, _) = load(SMOL, EngineConfig { accel_layers: layers, ..test_config(2) });
+    let long: Vec<u32> = PROMPT.iter().chain(&PROMPT[..16]).copied().collect();
+    let untimed = (prompt_logits(&mut e, &PROMPT), prompt_logits(&mut e, &long));
+    let dl = e.device_layers().expect("layers on the accelerator");
+    dl.take_times();
+    assert!(dl.set_timing(true), "lavapipe and GPUs write timestamps inside compute passes");
+    for (ids, want, norms) in [(&PROMPT[..], &untimed.0, 0), (&long[..], &untimed.1, 2)] {
+        let got = prompt_logits(&mut e, ids);
+        assert!(got == *want, "{} tokens: timing changed the logits", ids.len());
+        let t = e.device_layers().unwrap().take_times();
+        let c = t.device;
+        assert_eq!((c.passes, t.passes), (1, 1), "{} tokens", ids.len());
+        let count = |k: Kind| c.dispatches[k as usize];
+        for k in [Kind::Qkv, Kind::RopeStore, Kind::Attention, Kind::Wo, Kind::GateUp, Kind::Act, Kind::Down] {
+            assert_eq!(count(k), layers, "{} tokens: {} dispatches", ids.len(), k.name());
+        }
+        assert_eq!(count(Kind::Norm), norms * layers, "{} tokens: norms", ids.len());
+        assert_eq!(c.dispatches.iter().sum::<usize>(), t.dispatches, "{} tokens: every dispatch timed", ids.len());
+        let sum: f64 = c.secs.iter().sum();
+        assert!(c.span_secs > 0.0 && (sum - c.span_secs).abs() <= 1e-9 * c.span_secs.max(1e-3), "{} tokens: span {} against the kinds' {sum}", ids.len(), c.span_secs);
+        assert!(c.secs[Kind::GateUp as usize] > 0.0, "{} tokens: gate/up took no time", ids.len());
+    }
+    e.device_layers().unwrap().set_timing(false);
+    prompt_logits(&mut e, &PROMPT);
+    let t = e.device_layers().unwrap().take_times();
+    assert_eq!((t.passes, t.device.passes), (1, 0), "timing off: nothing timed");
+}
