@@ -28,6 +28,8 @@ pub struct Gpu {
     /// Whether timestamps can be written inside a compute pass (`crate::clock`).
     pub(crate) timestamps: bool,
     pub(crate) gemv: HashMap<DType, wgpu::ComputePipeline>,
+    /// The GEMV compiled for one token (`shaders/common.wgsl` with `TOK` 1): decode steps.
+    pub(crate) gemv1: HashMap<DType, wgpu::ComputePipeline>,
     /// The tiled products of batches of `matrix::GEMM_MIN_TOKENS` tokens or more
     /// (`shaders/gemm.wgsl`), with the GEMV's bindings: a matrix's bind group serves both.
     pub(crate) gemm: HashMap<DType, wgpu::ComputePipeline>,
@@ -135,6 +137,9 @@ impl Gpu {
             compile(&format!("{kind} {t}"), format!("{head}\n{body}\n{}", type_part(t).expect("a listed type")), Some(&products))
         };
         let gemv = TYPES.iter().map(|&t| (t, product("gemv", common, t))).collect();
+        let one = common.replacen("const TOK: u32 = 8u;", "const TOK: u32 = 1u;", 1);
+        assert_ne!(one, common, "common.wgsl declares TOK");
+        let gemv1 = TYPES.iter().map(|&t| (t, product("gemv (one token)", &one, t))).collect();
         let gemm = TYPES.iter().map(|&t| (t, product("gemm", &gemm_body, t))).collect();
         let act = pipeline("act", include_str!("shaders/act.wgsl").to_string());
         let down_params = include_str!("shaders/down_params.wgsl");
@@ -149,7 +154,7 @@ impl Gpu {
             attention: pipeline("attention", include_str!("shaders/attention.wgsl").to_string()),
         };
         let down_gemm = pipeline("down (tiled)", format!("{down_params}\n{}\n{tile}\n{BYTES}", include_str!("shaders/down_gemm.wgsl")));
-        Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, timestamps, gemv, gemm, act, down, down_sum, layer, down_gemm })
+        Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, timestamps, gemv, gemv1, gemm, act, down, down_sum, layer, down_gemm })
     }
 
     /// The adapter's name and backend, e.g. `NVIDIA H100 (Vulkan)`.

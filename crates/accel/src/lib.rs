@@ -8,8 +8,10 @@
 //!   a `u32` storage buffer): no format of our own to keep in step, and a GPU holds as many
 //!   weights per byte of `--accel-mem` as the file does. Each weight type has a `sub_val4`
 //!   (`shaders/<type>.wgsl`: 4 of a block's values, dequantized as ggml does) under one GEMV
-//!   body (`shaders/common.wgsl`: a workgroup per 8 output rows × 8 tokens, 32 lanes per row
-//!   on neighbouring groups of 4 values, a tree reduction per row and token) and one tiled
+//!   body (`shaders/common.wgsl`: a workgroup per 8 output rows × 8 tokens — one token in a
+//!   copy compiled for decode steps, the same sums in the same order — 32 lanes per row on
+//!   neighbouring groups of 4 values, four groups' loads in flight together, a tree reduction
+//!   per row and token) and one tiled
 //!   GEMM body for batches of
 //!   [`GEMM_MIN_TOKENS`] or more (`shaders/gemm.wgsl` over `tile.wgsl`: a workgroup per 64
 //!   rows × 64 tokens, each block decoded once per tile into workgroup memory, 4 × 4 outputs

@@ -150,6 +150,8 @@ impl Matrix {
         assert!(!(tiled && matches!(input, Input::Normed(_))), "the tiled GEMM reads no normed input");
         let (pipeline, rows_per, tokens_per) = if tiled {
             (&gpu.gemm[&self.dtype], GEMM_TILE, GEMM_TILE)
+        } else if n_tokens == 1 {
+            (&gpu.gemv1[&self.dtype], ROWS_PER_GROUP, 1)
         } else {
             (&gpu.gemv[&self.dtype], ROWS_PER_GROUP, TOKENS_PER_GROUP)
         };

@@ -214,3 +214,34 @@ fn products_read_their_input_rms_normed() {
         }
     }
 }
+
+/// A one-token product (the copy of the GEMV compiled for one token, the decode steps) gives
+/// bit for bit what the same token gets in a batch of 11, for every type, read plain and RMS
+/// normed: the same lanes and the same order of sums, so a token's outputs do not depend on
+/// its batch (what `--batch-invariant` keeps). Rows of 1,056 values: four-group steps and a
+/// remainder.
+#[test]
+fn one_token_products_equal_their_row_in_a_batch() {
+    let gpu = Gpu::open().expect("an accelerator (CI: Mesa lavapipe, apt mesa-vulkan-drivers)");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(31);
+    let types = [DType::F32, DType::F16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4K, DType::Q5K, DType::Q6K];
+    let (rows, n_tok, eps) = (19, 11, 1e-5f32);
+    for t in types {
+        let cols = if matches!(t, DType::Q4K | DType::Q5K | DType::Q6K) { 1280 } else { 1056 };
+        let w = matrix(t, rows, cols, &mut rng);
+        let m = Matrix::upload(&gpu, "w", t, rows, cols, &w).unwrap();
+        let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
+        let norm: Vec<f32> = (0..cols).map(|_| rng.random::<f32>() * 2.0).collect();
+        for normed in [false, true] {
+            let product = |x: &[f32], y: &mut [f32]| if normed { m.gemv_normed(&gpu, x, &norm, eps, y) } else { m.gemv(&gpu, x, y) };
+            let mut batch = vec![f32::NAN; n_tok * rows];
+            product(&x, &mut batch).unwrap();
+            for tok in [0, 3, 10] {
+                let mut one = vec![f32::NAN; rows];
+                product(&x[tok * cols..(tok + 1) * cols], &mut one).unwrap();
+                let same = one.iter().zip(&batch[tok * rows..(tok + 1) * rows]).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{t}, normed {normed}: token {tok} alone differs from its row in the batch");
+            }
+        }
+    }
+}
