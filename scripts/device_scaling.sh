@@ -113,6 +113,10 @@ measure() {
     while [ "$t" -lt "$n" ]; do threads+=("$t"); t=$((t * 2)); done
     threads+=("$n")
     [ -n "${THREADS:-}" ] && IFS=, read -r -a threads <<< "$THREADS"
+    # unxz NAME: the carried $DEV/NAME.xz unpacked to $dir/NAME.
+    unxz() {
+        xz -dc "$DEV/$1.xz" > "$dir/$1" && chmod +x "$dir/$1"
+    }
     # unpack TOOL: llama.cpp's TOOL built for this CPU's widest table, its path in $tool ("" if none).
     unpack() {
         tool=""
@@ -120,7 +124,7 @@ measure() {
         for v in avx512 avx2; do
             [ "$v" = avx512 ] && ! grep -q avx512_vnni /proc/cpuinfo && continue
             if [ -f "$DEV/$1-$v.xz" ]; then
-                tool=$dir/$1; xz -dc "$DEV/$1-$v.xz" > "$tool" && chmod +x "$tool"
+                unxz "$1-$v" && tool=$dir/$1-$v
                 return
             fi
         done
@@ -129,6 +133,7 @@ measure() {
     unpack llama-bench; llama=$tool
     unpack llama-batched-bench; batched=$tool
     has() { [[ "$sections" == *" $1 "* ]]; }
+    layers_of() { case "$1" in *qwen*) echo 24 ;; *) echo 30 ;; esac; }  # MODEL: its layers
     left() { echo $((deadline - SECONDS)); }
     {
         echo "# corelm on $(hostname): $(date -u +%FT%TZ), sections:$sections"
@@ -180,7 +185,7 @@ measure() {
         has roofline && run 150 "corelm profile --accel" 'accel|wgsl|read|together|int8|device|link' \
             "$bin" profile --accel -o "$out/profile.json"
         for m in "${models[@]}"; do
-            local all; all=$(case "$m" in *qwen*) echo 24 ;; *) echo 30 ;; esac)
+            local all; all=$(layers_of "$m")
             step 60 -m "$m" -p 512 -n 64 -r 2 -t "$n"
             step 60 -m "$m" -p 512 -n 64 -r 2 -t "$n" --accel-layers "$all"
             [ -n "$base" ] && run 60 "base: corelm bench -m $m --accel-layers $all" "$rows" \
@@ -199,20 +204,17 @@ measure() {
     # Prefill on the device, decode on the CPU (`--accel-min-tokens`), beside each alone.
     if has hybrid && $gpu; then
         for m in "${models[@]}"; do
-            local all; all=$(case "$m" in *qwen*) echo 24 ;; *) echo 30 ;; esac)
+            local all; all=$(layers_of "$m")
             step 60 -m "$m" -p 128,512 -n 128 -r 2 -t "$n"
             step 60 -m "$m" -p 128,512 -n 128 -r 2 -t "$n" --accel-layers "$all"
             step 60 -m "$m" -p 128,512 -n 128 -r 2 -t "$n" --accel-layers "$all" --accel-min-tokens 32
         done
-        # Where a pass on the device spends its time (recording, waiting), prefill and decode.
-        [ "${#models[@]}" -gt 1 ] && run 60 "corelm bench --profile --accel-layers 24 (Qwen2.5)" \
-            'device|^\|' "$bin" bench -m "${models[1]}" -p 512 -n 32 -r 1 -t "$n" --accel-layers 24 --profile
     fi
     # llama.cpp's Vulkan build on the same GPU: no layers there, half of them, all of them.
     if has vk && $gpu && [ -f "$DEV/llama-bench-vk.xz" ]; then
-        xz -dc "$DEV/llama-bench-vk.xz" > "$dir/llama-bench-vk" && chmod +x "$dir/llama-bench-vk"
+        unxz llama-bench-vk
         for m in "${models[@]}"; do
-            local half; half=$(case "$m" in *qwen*) echo 12 ;; *) echo 15 ;; esac)
+            local half=$(($(layers_of "$m") / 2))
             for ngl in 0 "$half" 99; do
                 run 60 "llama-bench (Vulkan) -m $(basename "$m") -ngl $ngl" '^\||ggml_vulkan: 0' \
                     "$dir/llama-bench-vk" -m "$m" -p 128,512 -n 128 -r 2 -t "$n" -ngl "$ngl"
@@ -223,7 +225,7 @@ measure() {
     # budget): those layers whole, then the same bytes of feed-forward weights (`--accel-mem`).
     if has budget && $gpu; then
         for m in "${models[@]}"; do
-            local half; half=$(case "$m" in *qwen*) echo 12 ;; *) echo 15 ;; esac)
+            local half=$(($(layers_of "$m") / 2))
             step 60 -m "$m" -p 128,512 -n 128 -r 2 -t "$n" --accel-layers "$half"
             local mb; mb=$(grep -o -E '[0-9.]+ MB of weights' "$dir/step.log" | head -1 | cut -d' ' -f1)
             [ -n "$mb" ] && step 60 -m "$m" -p 128,512 -n 128 -r 2 -t "$n" --accel-mem "${mb%.*}M"
@@ -233,17 +235,19 @@ measure() {
     # steps of one token per sequence, at every core, beside llama-batched-bench; then every
     # layer on the device, where a step's rows share each weight read.
     if has batched; then
+        local batched_vk=""
+        if $gpu && [ -f "$DEV/llama-batched-bench-vk.xz" ]; then
+            unxz llama-batched-bench-vk && batched_vk=$dir/llama-batched-bench-vk
+        fi
         for m in "${models[@]}"; do
-            local all; all=$(case "$m" in *qwen*) echo 24 ;; *) echo 30 ;; esac)
+            local all; all=$(layers_of "$m")
             step 90 -m "$m" -p 128 -n 64 -r 2 -t "$n" --npl 1,4,16
             [ -n "$batched" ] && run 90 "llama-batched-bench -m $(basename "$m") -npl 1,4,16" '^\|' \
                 "$batched" -m "$m" -c 8192 -b 512 -ub 512 -fa on -npp 128 -ntg 64 -npl 1,4,16 -t "$n" -tb "$n"
             $gpu && step 60 -m "$m" -p 128 -n 64 -r 2 -t "$n" --npl 1,4,16 --accel-layers "$all"
-            if $gpu && [ -f "$DEV/llama-batched-bench-vk.xz" ]; then
-                [ -x "$dir/llama-batched-bench-vk" ] || { xz -dc "$DEV/llama-batched-bench-vk.xz" \
-                    > "$dir/llama-batched-bench-vk" && chmod +x "$dir/llama-batched-bench-vk"; }
+            if [ -n "$batched_vk" ]; then
                 run 90 "llama-batched-bench (Vulkan) -m $(basename "$m") -ngl 99 -npl 1,4,16" '^\|' \
-                    "$dir/llama-batched-bench-vk" -m "$m" -c 8192 -b 512 -ub 512 -fa on -npp 128 \
+                    "$batched_vk" -m "$m" -c 8192 -b 512 -ub 512 -fa on -npp 128 \
                     -ntg 64 -npl 1,4,16 -t "$n" -tb "$n" -ngl 99
             fi
         done

@@ -241,11 +241,15 @@ pub fn gbps(e: &corelm_engine::ProfileEntry) -> String {
 /// `corelm bench --profile`: one profiled pass of a test, per op kind, and what the barriers
 /// between nodes cost (measured on this pool size).
 fn print_bench_profile(engine: &mut corelm_engine::Engine, d: usize, p: usize, n: usize, t: usize) -> Result<()> {
-    let timed = engine.device_layers().is_some_and(|dl| {
+    if let Some(dl) = engine.device_layers() {
         dl.take_times();
-        dl.set_timing(true)
-    });
-    let (prof, secs) = corelm_engine::bench::profile_test(engine, d, p, n)?;
+        dl.set_timing(true);
+    }
+    let profiled = corelm_engine::bench::profile_test(engine, d, p, n);
+    if let Some(dl) = engine.device_layers() {
+        dl.set_timing(false);
+    }
+    let (prof, secs) = profiled?;
     let at = if d > 0 { format!(" @ d{d}") } else { String::new() };
     let (test, per, unit) =
         if p > 0 { (format!("pp{p}{at} (per pass)"), 1, "pass") } else { (format!("tg{n}{at} (per token)"), n.max(1), "token") };
@@ -262,19 +266,19 @@ fn print_bench_profile(engine: &mut corelm_engine::Engine, d: usize, p: usize, n
                 1e6 * pt.record_secs / pt.dispatches.max(1) as f64,
                 1e3 * pt.wait_secs / k
             );
-            print_device_clock(&pt, timed);
-            dl.set_timing(false);
+            print_device_clock(&pt);
         }
     }
     Ok(())
 }
 
 /// The device's own clock over a profiled test's passes: per kind of dispatch, and what of the
-/// host's wait it does not cover (submission, the device's start, the read-back).
-fn print_device_clock(pt: &corelm_accel::PassTimes, timed: bool) {
+/// host's wait it does not cover (submission, the device's start, the read-back). Passes but
+/// none timed: the device could not write timestamps inside a compute pass.
+fn print_device_clock(pt: &corelm_accel::PassTimes) {
     use corelm_accel::clock::Kind;
     let c = &pt.device;
-    if !timed || c.passes == 0 {
+    if c.passes == 0 {
         eprintln!("  device clock: not available (the device writes no timestamps inside compute passes)");
         return;
     }
