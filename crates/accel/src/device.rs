@@ -53,7 +53,14 @@ pub(crate) struct LayerPipelines {
     pub(crate) add: wgpu::ComputePipeline,
     pub(crate) rope_store: wgpu::ComputePipeline,
     pub(crate) attention: wgpu::ComputePipeline,
+    /// Prefill attention in tiles of tokens sharing each chunk of cache rows
+    /// (`shaders/attention_tiles.wgsl`, head dimension 64), with [`attention`](Self::attention)'s
+    /// bindings; none where the device's workgroup memory is under the shader's 16 KiB.
+    pub(crate) attention_tiles: Option<wgpu::ComputePipeline>,
 }
+
+/// Workgroup memory the tiled attention declares: a chunk's keys and values, and its span.
+const ATTENTION_TILES_MEMORY: u32 = 2 * 2048 * 4 + 16;
 
 /// The byte helpers every shader reading GGML blocks shares.
 const BYTES: &str = include_str!("shaders/bytes.wgsl");
@@ -146,12 +153,21 @@ impl Gpu {
         let down = pipeline("down (neuron-major)", format!("{down_params}\n{}\n{BYTES}", include_str!("shaders/down_nm.wgsl")));
         let down_sum = pipeline("down (slice sums)", format!("{down_params}\n{}", include_str!("shaders/down_sum.wgsl")));
         let norm = include_str!("shaders/norm.wgsl");
+        // Both attention shaders under one layout, so a layer's bind group serves either.
+        let attention = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("attention"),
+            entries: &[entry(0, storage(true)), entry(1, storage(true)), entry(2, storage(true)), entry(3, storage(false)), entry(4, storage(true)), entry(5, storage(true)), entry(6, uniform)],
+        });
+        let attention = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some("attention"), bind_group_layouts: &[Some(&attention)], immediate_size: 0 });
+        let tiles_fit = limits.max_compute_workgroup_storage_size >= ATTENTION_TILES_MEMORY;
+        let attn = include_str!("shaders/attn_common.wgsl");
         let layer = LayerPipelines {
             rms_norm: pipeline("rms norm", format!("{}\n{norm}", include_str!("shaders/rms_norm.wgsl"))),
             head_norm: pipeline("head norm", format!("{}\n{norm}", include_str!("shaders/head_norm.wgsl"))),
             add: pipeline("add", include_str!("shaders/add.wgsl").to_string()),
             rope_store: pipeline("rope and kv store", include_str!("shaders/rope_store.wgsl").to_string()),
-            attention: pipeline("attention", include_str!("shaders/attention.wgsl").to_string()),
+            attention: compile("attention", format!("{attn}\n{}", include_str!("shaders/attention.wgsl")), Some(&attention)),
+            attention_tiles: tiles_fit.then(|| compile("attention (tiles)", format!("{attn}\n{}", include_str!("shaders/attention_tiles.wgsl")), Some(&attention))),
         };
         let down_gemm = pipeline("down (tiled)", format!("{down_params}\n{}\n{tile}\n{BYTES}", include_str!("shaders/down_gemm.wgsl")));
         Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, timestamps, gemv, gemv1, gemm, act, down, down_sum, layer, down_gemm })

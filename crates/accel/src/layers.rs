@@ -438,6 +438,23 @@ impl DeviceLayers {
         std::mem::take(&mut *self.times.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// The tiled attention's pipeline and tokens per tile where a pass of `n_tokens` takes it:
+    /// prefill (the tiled GEMM's threshold) outside batch-invariant serving (it sums in another
+    /// order than the one-token shader), head dimension 64, and a device with its workgroup
+    /// memory.
+    fn attention_tiles(&self, n_tokens: usize) -> Option<(&wgpu::ComputePipeline, usize)> {
+        let s = &self.shape;
+        let group = s.n_head / s.n_kv_head;
+        let fits = n_tokens >= GEMM_MIN_TOKENS && !self.batch_invariant && s.head_dim == 64 && group <= 64;
+        self.gpu.layer.attention_tiles.as_ref().filter(|_| fits).map(|p| (p, 64 / group))
+    }
+
+    /// Whether a pass of `n_tokens` runs its attention in tiles of tokens (prefill; see
+    /// `shaders/attention_tiles.wgsl`).
+    pub fn tiles_attention(&self, n_tokens: usize) -> bool {
+        self.attention_tiles(n_tokens).is_some()
+    }
+
     /// Time every dispatch of the following passes on the device's clock (`PassTimes::device`),
     /// or stop. False where the device cannot (no timestamps inside compute passes).
     pub fn set_timing(&self, on: bool) -> bool {
@@ -515,7 +532,10 @@ impl DeviceLayers {
                     }
                 }
                 r.run(Kind::RopeStore, &pl.rope_store, &b.rope_store, grid(n * (s.n_head * s.n_rot / 2 + kvd), 64));
-                r.run(Kind::Attention, &pl.attention, &b.attn, (u(s.n_head), u(n)));
+                match self.attention_tiles(n) {
+                    Some((pipe, per)) => r.run(Kind::Attention, pipe, &b.attn, (u(s.n_kv_head), u(n.div_ceil(per)))),
+                    None => r.run(Kind::Attention, &pl.attention, &b.attn, (u(s.n_head), u(n))),
+                }
                 // x += Wo · attention; xn = norm(x); x += down(silu(gate xn) · up xn)
                 product(&mut r, Kind::Wo, &l.mats[0], &b.o, (onto_x(&b.residual1), alone(&l.mats[0]), Input::Rows));
                 if let Some(post) = &b.post_attn {

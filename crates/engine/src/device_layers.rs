@@ -225,6 +225,11 @@ impl LayersOnDevice {
         self.layers.take_times()
     }
 
+    /// Whether a pass of `n_tokens` runs the device's attention in tiles of tokens (prefill).
+    pub fn tiles_attention(&self, n_tokens: usize) -> bool {
+        self.layers.tiles_attention(n_tokens)
+    }
+
     /// Time the following passes' dispatches on the device's clock, or stop; false where the
     /// device cannot (`corelm_accel::clock`).
     pub fn set_timing(&self, on: bool) -> bool {

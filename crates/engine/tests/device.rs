@@ -170,6 +170,27 @@ fn interleaved(e: &mut Engine, a: &[u32], b: &[u32]) -> (Vec<Vec<f32>>, Vec<Vec<
     (rows, alone)
 }
 
+/// Prefill attention in tiles of tokens (`shaders/attention_tiles.wgsl`: passes of 32 tokens
+/// or more outside batch-invariant serving) against the one-token shader: a 48-token prompt
+/// in one pass against the same tokens one pass each; then two sequences interleaved in one
+/// pass of 70 tokens, where every tile straddles both (each row alone, from memory), against
+/// each alone in one pass (tiles of one sequence).
+#[test]
+fn prefill_attention_in_tiles_agrees_with_one_token_attention() {
+    let prompt: Vec<u32> = PROMPT.iter().chain(&PROMPT).copied().collect();
+    let (mut e, _) = load(SMOL, EngineConfig { accel_layers: 30, ..test_config(2) });
+    let layers = e.device_layers().expect("layers on the accelerator");
+    assert!(layers.tiles_attention(48) && !layers.tiles_attention(31), "tiles from 32 tokens");
+    let one = prompt_logits(&mut e, &prompt);
+    let d = max_rel_diff(&one, &token_by_token(&mut e, &prompt));
+    eprintln!("48 tokens in one pass against one at a time: within {d} of the largest");
+    assert!(d < 2e-3, "48 tokens in one pass (attention in tiles) against one at a time: {d}");
+    let (rows, alone) = interleaved(&mut e, &prompt[..40], &prompt[8..38]);
+    let d = max_rel_diff(&rows, &alone);
+    eprintln!("two sequences in one pass against each alone: within {d}");
+    assert!(d < 2e-3, "two sequences in one pass of 70 tokens against each alone: {d}");
+}
+
 /// `--accel-layers` under `--batch-invariant` (what `serve` sets): two sequences in a batch of
 /// 44 tokens (past the device's GEMM threshold) get, bit for bit, what each gets alone in
 /// batches of 24 and 20 (every product through the GEMV; the tiled GEMM sums in another order).

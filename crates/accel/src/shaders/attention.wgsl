@@ -9,34 +9,14 @@
 // With a sliding window w, positions max(0, pos + 1 − w) ..= pos. Sums in f32 (the CPU's F16
 // cache and rounding are not reproduced: a bound, not bits).
 
-struct AttnParams {
-    n_tokens: u32,
-    n_head: u32,
-    n_kv_head: u32,
-    head_dim: u32,
-    scale: f32,
-    window: u32, // a sliding window's positions (0: none)
-    pad1: u32,
-    pad2: u32,
-}
-
 @group(0) @binding(0) var<storage, read> Q: array<f32>;
 @group(0) @binding(1) var<storage, read> Kc: array<f32>;
 @group(0) @binding(2) var<storage, read> Vc: array<f32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
-@group(0) @binding(4) var<storage, read> Pos: array<i32>;
-// [n_tokens] offsets of each token's block table in the rest of the array, then the tables.
-@group(0) @binding(5) var<storage, read> Tab: array<u32>;
-@group(0) @binding(6) var<uniform> A: AttnParams;
 
-const BLOCK: u32 = 16u;
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> sc: array<f32, 64>;
 var<workgroup> rows: array<u32, 64>; // the chunk's cache rows
-
-fn cache_row(toff: u32, p: u32) -> u32 {
-    return Tab[A.n_tokens + toff + p / BLOCK] * BLOCK + p % BLOCK;
-}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
