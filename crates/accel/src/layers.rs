@@ -440,19 +440,26 @@ impl DeviceLayers {
 
     /// The tiled attention's pipeline and tokens per tile where a pass of `n_tokens` takes it:
     /// prefill (the tiled GEMM's threshold) outside batch-invariant serving (it sums in another
-    /// order than the one-token shader), head dimension 64, and a device with its workgroup
-    /// memory.
-    fn attention_tiles(&self, n_tokens: usize) -> Option<(&wgpu::ComputePipeline, usize)> {
+    /// order than the one-token shader), head dimension 64, a device with its workgroup
+    /// memory, and tokens in long runs of one sequence (`offsets`: each token's block table,
+    /// equal within a sequence): at most one tile in two may straddle two sequences, whose rows
+    /// the shader takes alone — a step of many sequences' decode tokens keeps the one-token
+    /// shader, whose 64 threads share each row.
+    fn attention_tiles(&self, n_tokens: usize, offsets: &[u32]) -> Option<(&wgpu::ComputePipeline, usize)> {
         let s = &self.shape;
         let group = s.n_head / s.n_kv_head;
-        let fits = n_tokens >= GEMM_MIN_TOKENS && !self.batch_invariant && s.head_dim == 64 && group <= 64;
-        self.gpu.layer.attention_tiles.as_ref().filter(|_| fits).map(|p| (p, 64 / group))
+        if n_tokens < GEMM_MIN_TOKENS || self.batch_invariant || s.head_dim != 64 || group > 64 {
+            return None;
+        }
+        let per = 64 / group;
+        let seams = offsets.windows(2).filter(|w| w[0] != w[1]).count();
+        self.gpu.layer.attention_tiles.as_ref().filter(|_| 2 * seams * per <= n_tokens).map(|p| (p, per))
     }
 
-    /// Whether a pass of `n_tokens` runs its attention in tiles of tokens (prefill; see
-    /// `shaders/attention_tiles.wgsl`).
+    /// Whether a pass of `n_tokens` of one sequence runs its attention in tiles of tokens
+    /// (prefill; see `shaders/attention_tiles.wgsl`).
     pub fn tiles_attention(&self, n_tokens: usize) -> bool {
-        self.attention_tiles(n_tokens).is_some()
+        self.attention_tiles(n_tokens, &[]).is_some()
     }
 
     /// Time every dispatch of the following passes on the device's clock (`PassTimes::device`),
@@ -496,6 +503,7 @@ impl DeviceLayers {
             l.act.set(gpu, [u(n * ff), u(c.gelu as usize), (-1f32).to_bits(), u(width), 0, 0, 0, 0]);
         }
         let pl = &gpu.layer;
+        let tiles = self.attention_tiles(n, &tables[..n]);
         let mut clock = self.clock.lock().unwrap_or_else(|e| e.into_inner());
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         let dispatches = {
@@ -532,7 +540,7 @@ impl DeviceLayers {
                     }
                 }
                 r.run(Kind::RopeStore, &pl.rope_store, &b.rope_store, grid(n * (s.n_head * s.n_rot / 2 + kvd), 64));
-                match self.attention_tiles(n) {
+                match tiles {
                     Some((pipe, per)) => r.run(Kind::Attention, pipe, &b.attn, (u(s.n_kv_head), u(n.div_ceil(per)))),
                     None => r.run(Kind::Attention, &pl.attention, &b.attn, (u(s.n_head), u(n))),
                 }

@@ -10,7 +10,8 @@
 // chunk's cells in position order with the online softmax (the sums rescaled only when the
 // maximum grows); a score's four lanes are attention.wgsl's four running sums.
 // A tile whose tokens do not share one block table (a batch of several sequences, where a
-// tile straddles two) takes each row alone, from the cache in memory, in the same order.
+// tile straddles two) takes each row alone, from the cache in memory, in the same order
+// (layers.rs keeps the one-token shader for passes where many tiles would).
 // Same causal and sliding-window rule as attention.wgsl, sums in f32 in another order: a
 // bound, not bits (and not used where results must not depend on the batch).
 
