@@ -1,8 +1,7 @@
 //! Opening a device and compiling the shaders once.
 
 use corelm_kernels::DType;
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 /// What can go wrong on the accelerator.
 #[derive(Debug, thiserror::Error)]
@@ -27,12 +26,12 @@ pub struct Gpu {
     pub(crate) max_buffer: u64,
     /// Whether timestamps can be written inside a compute pass (`crate::clock`).
     pub(crate) timestamps: bool,
-    pub(crate) gemv: HashMap<DType, wgpu::ComputePipeline>,
-    /// The GEMV compiled for one token (`shaders/common.wgsl` with `TOK` 1): decode steps.
-    pub(crate) gemv1: HashMap<DType, wgpu::ComputePipeline>,
-    /// The tiled products of batches of `matrix::GEMM_MIN_TOKENS` tokens or more
-    /// (`shaders/gemm.wgsl`), with the GEMV's bindings: a matrix's bind group serves both.
-    pub(crate) gemm: HashMap<DType, wgpu::ComputePipeline>,
+    /// The products' pipelines per weight type ([`TYPES`]' order), compiled when a matrix of
+    /// the type first goes to the device ([`Gpu::products`]): a model compiles its own types'
+    /// (2–4 of 10), not every type's.
+    products: [OnceLock<Products>; TYPES.len()],
+    /// The products' pipeline layout (their bindings), for those compiled later.
+    products_layout: wgpu::PipelineLayout,
     pub(crate) act: wgpu::ComputePipeline,
     /// The neuron-major Q8_0 down projection of the hot neurons (`shaders/down_nm.wgsl`).
     pub(crate) down: wgpu::ComputePipeline,
@@ -43,6 +42,18 @@ pub struct Gpu {
     /// The same product tiled, for batches of `matrix::GEMM_MIN_TOKENS` tokens or more
     /// (`shaders/down_gemm.wgsl`).
     pub(crate) down_gemm: wgpu::ComputePipeline,
+}
+
+/// The product shaders of one weight type: one pipeline layout, so a matrix's bind group
+/// serves all three.
+pub(crate) struct Products {
+    /// The GEMV (`shaders/common.wgsl`: 8 tokens a workgroup).
+    pub(crate) gemv: wgpu::ComputePipeline,
+    /// The GEMV compiled for one token (`TOK` 1): decode steps.
+    pub(crate) gemv1: wgpu::ComputePipeline,
+    /// The tiled products of batches of `matrix::GEMM_MIN_TOKENS` tokens or more
+    /// (`shaders/gemm.wgsl`).
+    pub(crate) gemm: wgpu::ComputePipeline,
 }
 
 /// The shaders of whole layers on the device (`crate::layers`) besides the products and the
@@ -136,18 +147,8 @@ impl Gpu {
             label: Some("products"),
             entries: &[entry(0, storage(true)), entry(1, storage(true)), entry(2, storage(false)), entry(3, uniform), entry(4, storage(true)), entry(5, storage(true))],
         });
-        let products = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some("products"), bind_group_layouts: &[Some(&products)], immediate_size: 0 });
+        let products_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some("products"), bind_group_layouts: &[Some(&products)], immediate_size: 0 });
         let tile = include_str!("shaders/tile.wgsl");
-        let (common, gemm_body) = (include_str!("shaders/common.wgsl"), format!("{}\n{tile}", include_str!("shaders/gemm.wgsl")));
-        let product = |kind: &str, body: &str, t: DType| {
-            let head = include_str!("shaders/products.wgsl");
-            compile(&format!("{kind} {t}"), format!("{head}\n{body}\n{}", type_part(t).expect("a listed type")), Some(&products))
-        };
-        let gemv = TYPES.iter().map(|&t| (t, product("gemv", common, t))).collect();
-        let one = common.replacen("const TOK: u32 = 8u;", "const TOK: u32 = 1u;", 1);
-        assert_ne!(one, common, "common.wgsl declares TOK");
-        let gemv1 = TYPES.iter().map(|&t| (t, product("gemv (one token)", &one, t))).collect();
-        let gemm = TYPES.iter().map(|&t| (t, product("gemm", &gemm_body, t))).collect();
         let act = pipeline("act", include_str!("shaders/act.wgsl").to_string());
         let down_params = include_str!("shaders/down_params.wgsl");
         let down = pipeline("down (neuron-major)", format!("{down_params}\n{}\n{BYTES}", include_str!("shaders/down_nm.wgsl")));
@@ -170,7 +171,34 @@ impl Gpu {
             attention_tiles: tiles_fit.then(|| compile("attention (tiles)", format!("{attn}\n{}", include_str!("shaders/attention_tiles.wgsl")), Some(&attention))),
         };
         let down_gemm = pipeline("down (tiled)", format!("{down_params}\n{}\n{tile}\n{BYTES}", include_str!("shaders/down_gemm.wgsl")));
-        Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, timestamps, gemv, gemv1, gemm, act, down, down_sum, layer, down_gemm })
+        let products = std::array::from_fn(|_| OnceLock::new());
+        Ok(Gpu { device, queue, info: adapter.get_info(), max_buffer, timestamps, products, products_layout, act, down, down_sum, layer, down_gemm })
+    }
+
+    /// The product pipelines of weight type `t` (one of [`TYPES`]), compiled on the first call
+    /// (a matrix's upload, not its products).
+    pub(crate) fn products(&self, t: DType) -> &Products {
+        let i = TYPES.iter().position(|&u| u == t).unwrap_or_else(|| panic!("{t} has no product shaders"));
+        self.products[i].get_or_init(|| {
+            let compile = |kind: &str, body: &str| {
+                let src = format!("{}\n{body}\n{}", include_str!("shaders/products.wgsl"), type_part(t).expect("a listed type"));
+                let label = format!("{kind} {t}");
+                let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(src.into()) });
+                self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(&label),
+                    layout: Some(&self.products_layout),
+                    module: &module,
+                    entry_point: Some("main"),
+                    compilation_options: Default::default(),
+                    cache: None,
+                })
+            };
+            let common = include_str!("shaders/common.wgsl");
+            let one = common.replacen("const TOK: u32 = 8u;", "const TOK: u32 = 1u;", 1);
+            assert_ne!(one, common, "common.wgsl declares TOK");
+            let gemm = format!("{}\n{}", include_str!("shaders/gemm.wgsl"), include_str!("shaders/tile.wgsl"));
+            Products { gemv: compile("gemv", common), gemv1: compile("gemv (one token)", &one), gemm: compile("gemm", &gemm) }
+        })
     }
 
     /// The adapter's name and backend, e.g. `NVIDIA H100 (Vulkan)`.

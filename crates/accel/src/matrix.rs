@@ -90,6 +90,8 @@ impl Matrix {
         padded.resize((bytes.len() + 4).next_multiple_of(4), 0);
         gpu.queue.write_buffer(&buf, 0, &padded);
         let params = Shape::words(gpu, 12);
+        // Its type's shaders compiled now, at load, not at its first product.
+        gpu.products(dtype);
         Ok(Matrix { buf, params, dtype, rows, cols })
     }
 
@@ -114,7 +116,7 @@ impl Matrix {
     pub(crate) fn bind_with(&self, gpu: &Gpu, x: &wgpu::Buffer, y: &wgpu::Buffer, bias: Option<&wgpu::Buffer>, norm: Option<&wgpu::Buffer>) -> wgpu::BindGroup {
         // What is not given, the weights stand in for: bound, never read.
         let (bias, norm) = (bias.unwrap_or(&self.buf), norm.unwrap_or(&self.buf));
-        gpu.bind("product", &gpu.gemv[&self.dtype], [&self.buf, x, y, &self.params.buf, bias, norm])
+        gpu.bind("product", &gpu.products(self.dtype).gemv, [&self.buf, x, y, &self.params.buf, bias, norm])
     }
 
     /// Record `y = W x` for `n_tokens` tokens into `pass`.
@@ -149,11 +151,11 @@ impl Matrix {
         assert!(place.offset + rows <= place.stride, "rows {rows} at {} of a stride of {}", place.offset, place.stride);
         assert!(!(tiled && matches!(input, Input::Normed(_))), "the tiled GEMM reads no normed input");
         let (pipeline, rows_per, tokens_per) = if tiled {
-            (&gpu.gemm[&self.dtype], GEMM_TILE, GEMM_TILE)
+            (&gpu.products(self.dtype).gemm, GEMM_TILE, GEMM_TILE)
         } else if n_tokens == 1 {
-            (&gpu.gemv1[&self.dtype], ROWS_PER_GROUP, 1)
+            (&gpu.products(self.dtype).gemv1, ROWS_PER_GROUP, 1)
         } else {
-            (&gpu.gemv[&self.dtype], ROWS_PER_GROUP, TOKENS_PER_GROUP)
+            (&gpu.products(self.dtype).gemv, ROWS_PER_GROUP, TOKENS_PER_GROUP)
         };
         let (gx, gy) = grid(rows, rows_per);
         let u = |v: usize| v as u32;
