@@ -123,20 +123,7 @@ impl Gpu {
         }))
         .map_err(|e| AccelError::Device(e.to_string()))?;
         let max_buffer = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
-        let compile = |label: &str, src: String, layout: Option<&wgpu::PipelineLayout>| {
-            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(label),
-                source: wgpu::ShaderSource::Wgsl(src.into()),
-            });
-            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(label),
-                layout,
-                module: &module,
-                entry_point: Some("main"),
-                compilation_options: Default::default(),
-                cache: None,
-            })
-        };
+        let compile = |label: &str, src: String, layout: Option<&wgpu::PipelineLayout>| compile(&device, label, src, layout);
         let pipeline = |label: &str, src: String| compile(label, src, None);
         // The products' bindings (W, X, Y, the shape, a bias, a norm's weights), one layout for
         // the GEMV and the GEMM.
@@ -182,16 +169,7 @@ impl Gpu {
         self.products[i].get_or_init(|| {
             let compile = |kind: &str, body: &str| {
                 let src = format!("{}\n{body}\n{}", include_str!("shaders/products.wgsl"), type_part(t).expect("a listed type"));
-                let label = format!("{kind} {t}");
-                let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(src.into()) });
-                self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(&label),
-                    layout: Some(&self.products_layout),
-                    module: &module,
-                    entry_point: Some("main"),
-                    compilation_options: Default::default(),
-                    cache: None,
-                })
+                compile(&self.device, &format!("{kind} {t}"), src, Some(&self.products_layout))
             };
             let common = include_str!("shaders/common.wgsl");
             let one = common.replacen("const TOK: u32 = 8u;", "const TOK: u32 = 1u;", 1);
@@ -265,6 +243,20 @@ impl Gpu {
         staging.unmap();
         Ok(())
     }
+}
+
+/// The compute pipeline of WGSL `src` (entry point `main`), with `layout` or the one its
+/// bindings imply.
+fn compile(device: &wgpu::Device, label: &str, src: String, layout: Option<&wgpu::PipelineLayout>) -> wgpu::ComputePipeline {
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(label), source: wgpu::ShaderSource::Wgsl(src.into()) });
+    device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(label),
+        layout,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    })
 }
 
 /// Workgroups along x and y for `n` items at `per` items a workgroup (at most 65,535 along x;
