@@ -60,6 +60,9 @@ SPECS = [
     Spec("qwen3moe", "qwen3moe", head_dim=32, qk_norm=True, tied=False, experts=(8, 2, 48)),
     Spec("phi3", "phi3", n_kv=4, fused=True, tied=False),
     Spec("qwen2moe", "qwen2moe", bias=True, tied=False, experts=(8, 2, 32), shared_ff=64),
+    # Heads of 128 values, wider than the model (4 × 128 over 64): the device's attention tiles
+    # of two threads a row.
+    Spec("llama128", "llama", n_kv=2, head_dim=128, tied=False, rope_base=1000.0),
 ]
 
 
@@ -176,9 +179,12 @@ def reference(path, tokens, kv_type=None):
     return prompt, ids, np.array(steps)
 
 
-def make_all(out):
+def make_all(out, only=None):
+    """Every fixture, or those named in `only` (each keeps its seed: its place in SPECS)."""
     import llama_cpp
     for i, spec in enumerate(SPECS):
+        if only and spec.name not in only:
+            continue
         rng = np.random.default_rng(1000 + i)
         path = os.path.join(out, f"{spec.name}.gguf")
         write(spec, path, rng)

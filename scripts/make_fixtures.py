@@ -6,7 +6,7 @@ Run by hand (never in CI), with the llama-cpp-python venv that bench_compare.py 
 
     /work/cache/llama-venv/bin/pip install gguf
     /work/cache/llama-venv/bin/python scripts/make_fixtures.py quants
-    /work/cache/llama-venv/bin/python scripts/make_fixtures.py models
+    /work/cache/llama-venv/bin/python scripts/make_fixtures.py models [--only NAME ...]
 
 `quants` writes fixtures/quants.gguf: one f32 input matrix, and for each weight type the bytes
 ggml's own quantizer (`ggml_quantize_chunk`, no importance matrix) makes of it, and ggml's own
@@ -105,6 +105,7 @@ def make_quants():
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["quants", "models", "all"])
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="models: only these fixtures (e.g. a new one)")
     a = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
     if a.what in ("quants", "all"):
@@ -112,7 +113,7 @@ def main():
     if a.what in ("models", "all"):
         sys.path.insert(0, HERE)
         import fixture_models
-        fixture_models.make_all(OUT)
+        fixture_models.make_all(OUT, a.only)
 
 
 if __name__ == "__main__":

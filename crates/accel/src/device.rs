@@ -64,14 +64,45 @@ pub(crate) struct LayerPipelines {
     pub(crate) add: wgpu::ComputePipeline,
     pub(crate) rope_store: wgpu::ComputePipeline,
     pub(crate) attention: wgpu::ComputePipeline,
+    /// Both attention shaders' pipeline layout (a layer's bind group serves either).
+    attention_layout: wgpu::PipelineLayout,
     /// Prefill attention in tiles of tokens sharing each chunk of cache rows
-    /// (`shaders/attention_tiles.wgsl`, head dimension 64), with [`attention`](Self::attention)'s
-    /// bindings; none where the device's workgroup memory is under the shader's 16 KiB.
-    pub(crate) attention_tiles: Option<wgpu::ComputePipeline>,
+    /// (`shaders/attention_tiles.wgsl`) per head dimension of [`TILE_HEAD_DIMS`], compiled for
+    /// the first model of that head dimension ([`LayerPipelines::attention_tiles`]); none where
+    /// the device's workgroup memory is under the shader's.
+    attention_tiles: [OnceLock<Option<wgpu::ComputePipeline>>; TILE_HEAD_DIMS.len()],
+    /// The device's workgroup memory, in bytes.
+    workgroup_memory: u32,
 }
 
-/// Workgroup memory the tiled attention declares: a chunk's keys and values, and its span.
-const ATTENTION_TILES_MEMORY: u32 = 2 * 2048 * 4 + 16;
+/// The head dimensions the tiled attention takes: S = 1, 2 or 4 threads a row, 64 dimensions
+/// each.
+const TILE_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// Workgroup memory the tiled attention declares with `s` threads a row: a chunk's keys and
+/// values (2 × 512 vec4s), its partial scores (64 threads × 32 / s cells, none at one thread a
+/// row) and its span.
+const fn attention_tiles_memory(s: u32) -> u32 {
+    2 * 512 * 16 + if s == 1 { 4 } else { 64 * (32 / s) * 4 } + 16
+}
+
+impl LayerPipelines {
+    /// The tiled attention's pipeline for heads of `head_dim` values, compiled on the first
+    /// call; none for another head dimension or where the device's workgroup memory is too
+    /// small.
+    pub(crate) fn attention_tiles(&self, device: &wgpu::Device, head_dim: usize) -> Option<&wgpu::ComputePipeline> {
+        let i = TILE_HEAD_DIMS.iter().position(|&d| d == head_dim)?;
+        self.attention_tiles[i]
+            .get_or_init(|| {
+                let body = include_str!("shaders/attention_tiles.wgsl");
+                let threads = body.replacen("const S: u32 = 1u;", &format!("const S: u32 = {}u;", head_dim / 64), 1);
+                assert!(head_dim == 64 || threads != body, "attention_tiles.wgsl declares S");
+                let src = format!("{}\n{threads}", include_str!("shaders/attn_common.wgsl"));
+                (self.workgroup_memory >= attention_tiles_memory(head_dim as u32 / 64)).then(|| compile(device, &format!("attention (tiles, head dimension {head_dim})"), src, Some(&self.attention_layout)))
+            })
+            .as_ref()
+    }
+}
 
 /// The byte helpers every shader reading GGML blocks shares.
 const BYTES: &str = include_str!("shaders/bytes.wgsl");
@@ -147,7 +178,6 @@ impl Gpu {
             entries: &[entry(0, storage(true)), entry(1, storage(true)), entry(2, storage(true)), entry(3, storage(false)), entry(4, storage(true)), entry(5, storage(true)), entry(6, uniform)],
         });
         let attention = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some("attention"), bind_group_layouts: &[Some(&attention)], immediate_size: 0 });
-        let tiles_fit = limits.max_compute_workgroup_storage_size >= ATTENTION_TILES_MEMORY;
         let attn = include_str!("shaders/attn_common.wgsl");
         let layer = LayerPipelines {
             rms_norm: pipeline("rms norm", format!("{}\n{norm}", include_str!("shaders/rms_norm.wgsl"))),
@@ -155,7 +185,9 @@ impl Gpu {
             add: pipeline("add", include_str!("shaders/add.wgsl").to_string()),
             rope_store: pipeline("rope and kv store", include_str!("shaders/rope_store.wgsl").to_string()),
             attention: compile("attention", format!("{attn}\n{}", include_str!("shaders/attention.wgsl")), Some(&attention)),
-            attention_tiles: tiles_fit.then(|| compile("attention (tiles)", format!("{attn}\n{}", include_str!("shaders/attention_tiles.wgsl")), Some(&attention))),
+            attention_layout: attention,
+            attention_tiles: std::array::from_fn(|_| OnceLock::new()),
+            workgroup_memory: limits.max_compute_workgroup_storage_size,
         };
         let down_gemm = pipeline("down (tiled)", format!("{down_params}\n{}\n{tile}\n{BYTES}", include_str!("shaders/down_gemm.wgsl")));
         let products = std::array::from_fn(|_| OnceLock::new());

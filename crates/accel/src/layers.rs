@@ -343,6 +343,8 @@ impl DeviceLayers {
         }
         // The activation buffers live on in the bind groups; `x` also here, to upload and read.
         drop((xn, qkv_buf, att, o, g, u, a));
+        // The tiled attention of this head dimension compiled now, at load, not in a pass.
+        let _ = gpu.layer.attention_tiles(&gpu.device, s.head_dim);
         Ok(DeviceLayers { gpu, shape, max_tokens, max_table, layers: out, x, pos, slots, tables, staging, cache_staging: None, params, cache_bytes, batch_invariant, lock: Mutex::new(()), times: Mutex::new(PassTimes::default()), clock: Mutex::new(None) })
     }
 
@@ -440,20 +442,21 @@ impl DeviceLayers {
 
     /// The tiled attention's pipeline and tokens per tile where a pass of `n_tokens` takes it:
     /// prefill (the tiled GEMM's threshold) outside batch-invariant serving (it sums in another
-    /// order than the one-token shader), head dimension 64, a device with its workgroup
-    /// memory, and tokens in long runs of one sequence (`offsets`: each token's block table,
-    /// equal within a sequence): at most one tile in two may straddle two sequences, whose rows
-    /// the shader takes alone — a step of many sequences' decode tokens keeps the one-token
-    /// shader, whose 64 threads share each row.
+    /// order than the one-token shader), head dimension 64, 128 or 256 (S = 1, 2 or 4 threads
+    /// a row) with a tile's 64 / S rows holding at least one token's heads, a device with its
+    /// workgroup memory, and tokens in long runs of one sequence (`offsets`: each token's block
+    /// table, equal within a sequence): at most one tile in two may straddle two sequences,
+    /// whose rows the shader takes alone — a step of many sequences' decode tokens keeps the
+    /// one-token shader, whose 64 threads share each row.
     fn attention_tiles(&self, n_tokens: usize, offsets: &[u32]) -> Option<(&wgpu::ComputePipeline, usize)> {
         let s = &self.shape;
-        let group = s.n_head / s.n_kv_head;
-        if n_tokens < GEMM_MIN_TOKENS || self.batch_invariant || s.head_dim != 64 || group > 64 {
+        let rows = 64 / s.head_dim.div_ceil(64);
+        let per = rows / (s.n_head / s.n_kv_head);
+        if n_tokens < GEMM_MIN_TOKENS || self.batch_invariant || per == 0 {
             return None;
         }
-        let per = 64 / group;
         let seams = offsets.windows(2).filter(|w| w[0] != w[1]).count();
-        self.gpu.layer.attention_tiles.as_ref().filter(|_| 2 * seams * per <= n_tokens).map(|p| (p, per))
+        self.gpu.layer.attention_tiles(&self.gpu.device, s.head_dim).filter(|_| 2 * seams * per <= n_tokens).map(|p| (p, per))
     }
 
     /// Whether a pass of `n_tokens` of one sequence runs its attention in tiles of tokens

@@ -1,5 +1,5 @@
 //! Architectures no small real model covers here (Llama 3 with `rope_freqs`, Mistral-style
-//! GQA, Qwen3 QK-norm with head_dim ≠ n_embd/n_head, Qwen3-MoE, Qwen2-MoE with a shared
+//! GQA, Qwen3 QK-norm with head_dim ≠ n_embd/n_head, heads of 128 values, Qwen3-MoE, Qwen2-MoE with a shared
 //! expert and Q/K/V biases, Phi-3 fused tensors), checked
 //! against llama.cpp on tiny random-weight GGUFs in `fixtures/` (written by
 //! `scripts/make_fixtures.py models`, which records llama.cpp's logits next to each file).
@@ -101,13 +101,14 @@ fn tensor_parallel_on_every_fixture() {
 }
 
 /// Whole layers on the accelerator (`--accel-layers 2`, Mesa's lavapipe in CI) on the fixture
-/// architectures it runs — LLaMA (Mistral's grouped-query attention) and Qwen3's per-head
-/// Q/K norms — against llama.cpp within twice the tolerance (the device sums in f32, the CPU
+/// architectures it runs — LLaMA (Mistral's grouped-query attention; heads of 128 values, whose
+/// 32-token prompt takes the attention tiles of two threads a row) and Qwen3's per-head Q/K
+/// norms — against llama.cpp within twice the tolerance (the device sums in f32, the CPU
 /// on 8-bit activations and an F16 cache), the same greedy tokens; the ones it cannot run are
 /// refused by layer and architecture (Llama 3's RoPE factors, Phi-3's fused Q/K/V, experts).
 #[test]
 fn accelerator_layers_on_the_fixtures() {
-    for name in ["mistral", "qwen3"] {
+    for name in ["mistral", "qwen3", "llama128"] {
         check_cfg(name, EngineConfig { accel_layers: 2, n_threads: 2, ..Default::default() }, 2.0 * TOL);
     }
     for name in ["llama3", "phi3", "qwen3moe"] {
@@ -155,6 +156,12 @@ fn llama3_rope_freqs() {
 #[test]
 fn mistral_gqa_untied() {
     check("mistral", false);
+}
+
+/// Heads of 128 values, 4 × 128 wider than the model's 64.
+#[test]
+fn llama_heads_of_128() {
+    check("llama128", false);
 }
 
 #[test]

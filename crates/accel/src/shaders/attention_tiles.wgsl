@@ -1,17 +1,24 @@
 // Prefill attention in tiles (layers.rs: passes of GEMM_MIN_TOKENS tokens or more outside
-// batch-invariant serving, head dimension 64). attention.wgsl runs a workgroup per (head,
-// token), each reading every cache row its token sees: a 512-token prompt reads each row
-// about 256 times per head. Here a workgroup of 64 threads takes one KV head and a tile of
-// T = 64 / G consecutive tokens (G: query heads per KV head), one thread per (token, head) row
-// of the tile. Per chunk of 32 cache rows the threads load the rows' keys and values once
-// into workgroup memory (16 KiB), and every row of the tile reads them there: the cache is
-// read once per tile and KV head instead of once per token and query head.
-// Each thread keeps its query and its 64 value sums in registers (16 vec4 each) and takes the
-// chunk's cells in position order with the online softmax (the sums rescaled only when the
-// maximum grows); a score's four lanes are attention.wgsl's four running sums.
+// batch-invariant serving, head dimension 64, 128 or 256). attention.wgsl runs a workgroup per
+// (head, token), each reading every cache row its token sees: a 512-token prompt reads each
+// row about 256 times per head. Here a workgroup of 64 threads takes one KV head and a tile of
+// T = 64 / (S · G) consecutive tokens (G: query heads per KV head), S threads per (token, head)
+// row of the tile, each holding 64 of the row's dimensions (S = head dimension / 64; device.rs
+// compiles one pipeline per S, replacing the constant below). Per chunk of KC cache rows
+// (512 vec4s of keys and as many of values, 16 KiB) the threads load the rows once into
+// workgroup memory, and every row of the tile reads them there: the cache is read once per
+// tile and KV head instead of once per token and query head.
+// Each thread keeps its query slice and its value sums in registers (16 vec4 each). With one
+// thread a row (S = 1) it takes the chunk's cells in position order with the online softmax
+// (the sums rescaled only when the maximum grows). With more, a chunk takes two steps: each
+// thread scores the cells its row sees over its 64 dimensions into workgroup memory; then
+// each adds the row's S partial scores of a cell (in slice order: the row's threads get the
+// same score), takes the chunk's maximum, rescales its sums once if it grew, and adds the
+// cells' weighted values in position order. (Two steps at S = 1 too: 197 → 314 ms a layer on
+// lavapipe, SmolLM2 at 512 tokens.) A score's four lanes are attention.wgsl's four sums.
 // A tile whose tokens do not share one block table (a batch of several sequences, where a
-// tile straddles two) takes each row alone, from the cache in memory, in the same order
-// (layers.rs keeps the one-token shader for passes where many tiles would).
+// tile straddles two) reads each row's keys and values from the cache in memory, in the same
+// order (layers.rs keeps the one-token shader for passes where many tiles would).
 // Same causal and sliding-window rule as attention.wgsl, sums in f32 in another order: a
 // bound, not bits (and not used where results must not depend on the batch).
 
@@ -20,10 +27,15 @@
 @group(0) @binding(2) var<storage, read> Vc: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> O: array<vec4<f32>>;
 
-const HD4: u32 = 16u; // head dimension (64) in vec4s
-const KC: u32 = 32u; // cache rows a chunk
-var<workgroup> ks: array<vec4<f32>, 512>; // KC × HD4 keys
-var<workgroup> vs: array<vec4<f32>, 512>; // KC × HD4 values
+const S: u32 = 1u; // threads a row: head dimension / 64 (1, 2 or 4; device.rs replaces it)
+const HD4: u32 = 16u; // a thread's slice of a row, in vec4s (64 dimensions)
+const RD4: u32 = HD4 * S; // a head's row, in vec4s
+const KC: u32 = 32u / S; // cache rows a chunk (KC × RD4 = 512 vec4s)
+const ROWS: u32 = 64u / S; // (token, head) rows a workgroup
+var<workgroup> ks: array<vec4<f32>, 512>; // [KC][RD4] keys
+var<workgroup> vs: array<vec4<f32>, 512>; // [KC][RD4] values
+const PSN: u32 = select(64u * KC, 1u, S == 1u); // partial scores: none at S = 1
+var<workgroup> ps: array<f32, PSN>; // [ROWS][S][KC] partial scores
 // The tile's cells lo .. hi (the union of its tokens' ranges), and whether its tokens share
 // one block table (1) or not (0), as thread 0 found them.
 var<workgroup> tile: vec3<u32>;
@@ -38,11 +50,48 @@ fn cells(t: u32) -> vec2<u32> {
     return vec2<u32>(first, n_cells);
 }
 
-// This thread's row: its running maximum and sum of exponentials, its query, its value sums.
+// This thread's row: its running maximum and sum of exponentials, its query slice, its value
+// sums; and where its slice starts in a chunk's row and in a cache row.
 var<private> m: f32;
 var<private> l: f32;
 var<private> q: array<vec4<f32>, 16>;
 var<private> acc: array<vec4<f32>, 16>;
+var<private> in_chunk: u32;
+var<private> in_cache: u32;
+
+// The slice's score of the cell at chunk row j (`one_table`: the tile's tokens share one block
+// table, the chunk is in workgroup memory) or at cache row `row` (not). The callers pass
+// `one_table` as a literal, each in its own loop, so the branch folds away.
+fn partial(one_table: bool, j: u32, row: u32) -> f32 {
+    var s = vec4<f32>(0.0);
+    if (one_table) {
+        let b = j * RD4 + in_chunk;
+        for (var i = 0u; i < HD4; i++) {
+            s += q[i] * ks[b + i];
+        }
+    } else {
+        let o = row * A.n_kv_head * RD4 + in_cache;
+        for (var i = 0u; i < HD4; i++) {
+            s += q[i] * Kc[o + i];
+        }
+    }
+    return (s.x + s.y) + (s.z + s.w);
+}
+
+// Add weight p times the slice's values of the same cell.
+fn add_values(one_table: bool, j: u32, row: u32, p: f32) {
+    if (one_table) {
+        let b = j * RD4 + in_chunk;
+        for (var i = 0u; i < HD4; i++) {
+            acc[i] += p * vs[b + i];
+        }
+    } else {
+        let o = row * A.n_kv_head * RD4 + in_cache;
+        for (var i = 0u; i < HD4; i++) {
+            acc[i] += p * Vc[o + i];
+        }
+    }
+}
 
 // The weight of a cell of scaled score `s` (the sums rescaled first if it is a new maximum).
 fn weight(s: f32) -> f32 {
@@ -59,14 +108,23 @@ fn weight(s: f32) -> f32 {
     return p;
 }
 
+// Row r's scaled score of the chunk's cell j: its S partial scores added in slice order.
+fn score(r: u32, j: u32) -> f32 {
+    var s = ps[r * S * KC + j];
+    for (var i = 1u; i < S; i++) {
+        s += ps[(r * S + i) * KC + j];
+    }
+    return s * A.scale;
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let g = A.n_head / A.n_kv_head;
-    let per = 64u / g; // tokens a tile
+    let per = ROWS / g; // tokens a tile
     let kvh = wid.x;
     let t0 = wid.y * per;
     let t_end = min(t0 + per, A.n_tokens);
-    let kvd4 = A.n_kv_head * HD4;
+    let kvd4 = A.n_kv_head * RD4;
     if (lid == 0u) {
         var lo = 0xffffffffu;
         var hi = 0u;
@@ -82,69 +140,97 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         tile = vec3<u32>(lo, hi, one);
     }
     let span = workgroupUniformLoad(&tile);
-    // This thread's row: token t, query head h.
-    let t = t0 + lid / g;
-    let h = kvh * g + lid % g;
-    let live = lid / g < per && t < t_end;
+    // This thread's row r (token t, query head h) and its slice `part` of the row's dimensions.
+    let r = lid / S;
+    let part = lid % S;
+    let t = t0 + r / g;
+    let h = kvh * g + r % g;
+    let live = r / g < per && t < t_end;
     m = -3.0e38;
     l = 0.0;
     var mine = vec2<u32>(0u, 0u);
+    var toff = Tab[t0];
     if (live) {
-        let qo = t * (A.n_head + 2u * A.n_kv_head) * HD4 + h * HD4;
+        let qo = t * (A.n_head + 2u * A.n_kv_head) * RD4 + h * RD4 + part * HD4;
         for (var i = 0u; i < HD4; i++) {
             q[i] = Q[qo + i];
             acc[i] = vec4<f32>(0.0);
         }
         mine = cells(t);
+        toff = Tab[t];
     }
-    if (span.z == 1u) {
-        let toff = Tab[t0];
-        for (var c0 = span.x; c0 < span.y; c0 += KC) {
-            // Thread lid loads vec4 lid % 16 of rows lid / 16, + 4, + 8, ...
-            for (var j = lid / HD4; j < KC; j += 4u) {
-                let c = c0 + j;
+    in_chunk = part * HD4;
+    in_cache = kvh * RD4 + part * HD4;
+    let one_table = span.z == 1u;
+    for (var c0 = span.x; c0 < span.y; c0 += KC) {
+        if (one_table) {
+            // Thread lid loads vec4s lid, lid + 64, … of the chunk's [KC][RD4].
+            for (var j = lid; j < KC * RD4; j += 64u) {
+                let c = c0 + j / RD4;
                 var k = vec4<f32>(0.0);
                 var v = vec4<f32>(0.0);
                 if (c < span.y) {
-                    let o = cache_row(toff, c) * kvd4 + kvh * HD4 + lid % HD4;
+                    let o = cache_row(toff, c) * kvd4 + kvh * RD4 + j % RD4;
                     k = Kc[o];
                     v = Vc[o];
                 }
-                ks[j * HD4 + lid % HD4] = k;
-                vs[j * HD4 + lid % HD4] = v;
+                ks[j] = k;
+                vs[j] = v;
             }
-            workgroupBarrier();
-            if (live) {
-                for (var c = max(c0, mine.x); c < min(c0 + KC, mine.y); c++) {
-                    let b = (c - c0) * HD4;
-                    var s = vec4<f32>(0.0);
-                    for (var i = 0u; i < HD4; i++) {
-                        s += q[i] * ks[b + i];
-                    }
-                    let p = weight(((s.x + s.y) + (s.z + s.w)) * A.scale);
-                    for (var i = 0u; i < HD4; i++) {
-                        acc[i] += p * vs[b + i];
-                    }
+        }
+        workgroupBarrier();
+        let lo = max(c0, mine.x);
+        let hi = min(c0 + KC, mine.y);
+        if (S == 1u) {
+            if (one_table) {
+                for (var c = lo; c < hi; c++) {
+                    add_values(true, c - c0, 0u, weight(partial(true, c - c0, 0u) * A.scale));
+                }
+            } else {
+                for (var c = lo; c < hi; c++) {
+                    let row = cache_row(toff, c);
+                    add_values(false, 0u, row, weight(partial(false, 0u, row) * A.scale));
+                }
+            }
+        } else {
+            if (one_table) {
+                for (var c = lo; c < hi; c++) {
+                    ps[lid * KC + c - c0] = partial(true, c - c0, 0u);
+                }
+            } else {
+                for (var c = lo; c < hi; c++) {
+                    ps[lid * KC + c - c0] = partial(false, 0u, cache_row(toff, c));
                 }
             }
             workgroupBarrier();
-        }
-    } else if (live) {
-        let toff = Tab[t];
-        for (var c = mine.x; c < mine.y; c++) {
-            let o = cache_row(toff, c) * kvd4 + kvh * HD4;
-            var s = vec4<f32>(0.0);
-            for (var i = 0u; i < HD4; i++) {
-                s += q[i] * Kc[o + i];
+            if (lo < hi) {
+                var cm = m;
+                for (var c = lo; c < hi; c++) {
+                    cm = max(cm, score(r, c - c0));
+                }
+                if (cm > m) {
+                    let corr = exp(m - cm);
+                    l *= corr;
+                    for (var i = 0u; i < HD4; i++) {
+                        acc[i] *= corr;
+                    }
+                    m = cm;
+                }
+                for (var c = lo; c < hi; c++) {
+                    let p = exp(score(r, c - c0) - m);
+                    l += p;
+                    if (one_table) {
+                        add_values(true, c - c0, 0u, p);
+                    } else {
+                        add_values(false, 0u, cache_row(toff, c), p);
+                    }
+                }
             }
-            let p = weight(((s.x + s.y) + (s.z + s.w)) * A.scale);
-            for (var i = 0u; i < HD4; i++) {
-                acc[i] += p * Vc[o + i];
-            }
         }
+        workgroupBarrier();
     }
     if (live) {
-        let oo = (t * A.n_head + h) * HD4;
+        let oo = (t * A.n_head + h) * RD4 + part * HD4;
         for (var i = 0u; i < HD4; i++) {
             O[oo + i] = acc[i] / l;
         }
