@@ -83,7 +83,7 @@ const TILE_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// values (2 × 512 vec4s), its partial scores (64 threads × 32 / s cells, none at one thread a
 /// row) and its span.
 const fn attention_tiles_memory(s: u32) -> u32 {
-    2 * 512 * 16 + if s == 1 { 4 } else { 64 * (32 / s) * 4 } + 16
+    2 * 512 * 16 + if s == 1 { 4 } else { 64 * s * (32 / s) * 4 } + 16
 }
 
 impl LayerPipelines {

@@ -443,15 +443,14 @@ impl DeviceLayers {
     /// The tiled attention's pipeline and tokens per tile where a pass of `n_tokens` takes it:
     /// prefill (the tiled GEMM's threshold) outside batch-invariant serving (it sums in another
     /// order than the one-token shader), head dimension 64, 128 or 256 (S = 1, 2 or 4 threads
-    /// a row) with a tile's 64 / S rows holding at least one token's heads, a device with its
+    /// a row) with a tile's 64 rows holding at least one token's heads, a device with its
     /// workgroup memory, and tokens in long runs of one sequence (`offsets`: each token's block
     /// table, equal within a sequence): at most one tile in two may straddle two sequences,
     /// whose rows the shader takes alone — a step of many sequences' decode tokens keeps the
     /// one-token shader, whose 64 threads share each row.
     fn attention_tiles(&self, n_tokens: usize, offsets: &[u32]) -> Option<(&wgpu::ComputePipeline, usize)> {
         let s = &self.shape;
-        let rows = 64 / s.head_dim.div_ceil(64);
-        let per = rows / (s.n_head / s.n_kv_head);
+        let per = 64 / (s.n_head / s.n_kv_head);
         if n_tokens < GEMM_MIN_TOKENS || self.batch_invariant || per == 0 {
             return None;
         }

@@ -1,10 +1,12 @@
 // Prefill attention in tiles (layers.rs: passes of GEMM_MIN_TOKENS tokens or more outside
 // batch-invariant serving, head dimension 64, 128 or 256). attention.wgsl runs a workgroup per
 // (head, token), each reading every cache row its token sees: a 512-token prompt reads each
-// row about 256 times per head. Here a workgroup of 64 threads takes one KV head and a tile of
-// T = 64 / (S · G) consecutive tokens (G: query heads per KV head), S threads per (token, head)
-// row of the tile, each holding 64 of the row's dimensions (S = head dimension / 64; device.rs
-// compiles one pipeline per S, replacing the constant below). Per chunk of KC cache rows
+// row about 256 times per head. Here a workgroup of 64 · S threads takes one KV head and a
+// tile of T = 64 / G consecutive tokens (G: query heads per KV head), S threads per (token,
+// head) row of the tile, each holding 64 of the row's dimensions (S = head dimension / 64;
+// device.rs compiles one pipeline per S, replacing the constant below; 64 rows at every S: on
+// lavapipe Gemma 3's attention took the same time with 16 rows, but each row of the cache is
+// then read for 4 tokens instead of 16). Per chunk of KC cache rows
 // (512 vec4s of keys and as many of values, 16 KiB) the threads load the rows once into
 // workgroup memory, and every row of the tile reads them there: the cache is read once per
 // tile and KV head instead of once per token and query head.
@@ -31,10 +33,11 @@ const S: u32 = 1u; // threads a row: head dimension / 64 (1, 2 or 4; device.rs r
 const HD4: u32 = 16u; // a thread's slice of a row, in vec4s (64 dimensions)
 const RD4: u32 = HD4 * S; // a head's row, in vec4s
 const KC: u32 = 32u / S; // cache rows a chunk (KC × RD4 = 512 vec4s)
-const ROWS: u32 = 64u / S; // (token, head) rows a workgroup
+const ROWS: u32 = 64u; // (token, head) rows a workgroup
+const WG: u32 = ROWS * S; // threads a workgroup
 var<workgroup> ks: array<vec4<f32>, 512>; // [KC][RD4] keys
 var<workgroup> vs: array<vec4<f32>, 512>; // [KC][RD4] values
-const PSN: u32 = select(64u * KC, 1u, S == 1u); // partial scores: none at S = 1
+const PSN: u32 = select(WG * KC, 1u, S == 1u); // partial scores: none at S = 1
 var<workgroup> ps: array<f32, PSN>; // [ROWS][S][KC] partial scores
 // The tile's cells lo .. hi (the union of its tokens' ranges), and whether its tokens share
 // one block table (1) or not (0), as thread 0 found them.
@@ -117,7 +120,7 @@ fn score(r: u32, j: u32) -> f32 {
     return s * A.scale;
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let g = A.n_head / A.n_kv_head;
     let per = ROWS / g; // tokens a tile
@@ -164,8 +167,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let one_table = span.z == 1u;
     for (var c0 = span.x; c0 < span.y; c0 += KC) {
         if (one_table) {
-            // Thread lid loads vec4s lid, lid + 64, … of the chunk's [KC][RD4].
-            for (var j = lid; j < KC * RD4; j += 64u) {
+            // Thread lid loads vec4s lid, lid + WG, … of the chunk's [KC][RD4].
+            for (var j = lid; j < KC * RD4; j += WG) {
                 let c = c0 + j / RD4;
                 var k = vec4<f32>(0.0);
                 var v = vec4<f32>(0.0);
