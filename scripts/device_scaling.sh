@@ -25,6 +25,8 @@ DEV=.dev
 MODELS=${CORELM_MODELS:-$HOME/.cache/corelm/models}
 SMOL=SmolLM2-135M-Instruct.Q4_1.gguf
 QWEN=qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf
+# Heads of 256 (the device's attention tiles of 4 threads a row): the gpu section only.
+GEMMA=gemma-3-270m-q4_k_m.gguf
 
 pack() {
     set -e
@@ -32,7 +34,7 @@ pack() {
     mkdir -p "$DEV"
     strip -o "$DEV/corelm" target/release/corelm
     xz -9 -f "$DEV/corelm"
-    for m in "$SMOL" "$QWEN"; do
+    for m in "$SMOL" "$QWEN" "$GEMMA"; do
         python3 scripts/device_model.py shrink "$MODELS/$m" "$DEV/$m.tiled" --keep 64
     done
     # The Vulkan loaders the device machine lacks (its README), amd64 whatever this machine is.
@@ -100,13 +102,16 @@ measure() {
         base=$dir/corelm-base
         xz -dc "$DEV/corelm-base.xz" > "$base" && chmod +x "$base"
     fi
-    local m models=()
-    for m in "$SMOL" "$QWEN"; do
+    local m models=() gpu_models=()
+    for m in "$SMOL" "$QWEN" "$GEMMA"; do
         if [ -f "$DEV/$m.tiled" ]; then
-            timeout 120 python3 scripts/device_model.py expand "$DEV/$m.tiled" "$dir/$m" && models+=("$dir/$m")
+            timeout 120 python3 scripts/device_model.py expand "$DEV/$m.tiled" "$dir/$m" && gpu_models+=("$dir/$m")
         elif [ -f "$MODELS/$m" ]; then
-            models+=("$MODELS/$m")
+            gpu_models+=("$MODELS/$m")
         fi
+    done
+    for m in "${gpu_models[@]}"; do
+        [[ "$m" == *"$GEMMA" ]] || models+=("$m")
     done
     local n; n=$(nproc)
     local threads=() t=1
@@ -133,7 +138,7 @@ measure() {
     unpack llama-bench; llama=$tool
     unpack llama-batched-bench; batched=$tool
     has() { [[ "$sections" == *" $1 "* ]]; }
-    layers_of() { case "$1" in *qwen*) echo 24 ;; *) echo 30 ;; esac; }  # MODEL: its layers
+    layers_of() { case "$1" in *qwen*) echo 24 ;; *gemma*) echo 18 ;; *) echo 30 ;; esac; }  # MODEL: its layers
     left() { echo $((deadline - SECONDS)); }
     {
         echo "# corelm on $(hostname): $(date -u +%FT%TZ), sections:$sections"
@@ -184,7 +189,7 @@ measure() {
     if has gpu && $gpu; then
         has roofline && run 150 "corelm profile --accel" 'accel|wgsl|read|together|int8|device|link' \
             "$bin" profile --accel -o "$out/profile.json"
-        for m in "${models[@]}"; do
+        for m in "${gpu_models[@]}"; do
             local all; all=$(layers_of "$m")
             step 60 -m "$m" -p 512 -n 64 -r 2 -t "$n"
             step 60 -m "$m" -p 512 -n 64 -r 2 -t "$n" --accel-layers "$all"
