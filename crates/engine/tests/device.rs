@@ -206,7 +206,7 @@ fn prefill_attention_in_tiles_agrees_with_one_token_attention() {
     assert!(d < 2e-3, "two sequences interleaved in one pass of 70 tokens against each alone: {d}");
 }
 
-/// Tiles of heads of 256 values (S = 4 threads a row, 4 tokens a tile) with Gemma 3's sliding
+/// Tiles of heads of 256 values (S = 4 threads a row, 16 tokens a tile) with Gemma 3's sliding
 /// window (512 cells in five layers of six): a pass of 64 tokens at positions 480–543 (the last
 /// 32 past the window) against the same tokens one pass each (the one-token shader), after the
 /// same 480-token prefill, all 18 layers on the device (with the CPU's layers in the pass, its

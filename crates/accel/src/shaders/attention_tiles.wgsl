@@ -96,15 +96,21 @@ fn add_values(one_table: bool, j: u32, row: u32, p: f32) {
     }
 }
 
+// Make `mx` (greater than m) the row's maximum: the sum of exponentials and the value sums
+// rescaled to it.
+fn raise_max(mx: f32) {
+    let corr = exp(m - mx);
+    l *= corr;
+    for (var i = 0u; i < HD4; i++) {
+        acc[i] *= corr;
+    }
+    m = mx;
+}
+
 // The weight of a cell of scaled score `s` (the sums rescaled first if it is a new maximum).
 fn weight(s: f32) -> f32 {
     if (s > m) {
-        let corr = exp(m - s);
-        l *= corr;
-        for (var i = 0u; i < HD4; i++) {
-            acc[i] *= corr;
-        }
-        m = s;
+        raise_max(s);
     }
     let p = exp(s - m);
     l += p;
@@ -212,12 +218,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     cm = max(cm, score(r, c - c0));
                 }
                 if (cm > m) {
-                    let corr = exp(m - cm);
-                    l *= corr;
-                    for (var i = 0u; i < HD4; i++) {
-                        acc[i] *= corr;
-                    }
-                    m = cm;
+                    raise_max(cm);
                 }
                 for (var c = lo; c < hi; c++) {
                     let p = exp(score(r, c - c0) - m);
