@@ -1,5 +1,5 @@
 """The official `openai` Python client against `corelm serve`, unchanged: chat (streaming and
-not, JSON mode, structured outputs from a pydantic model), text completions, models, and errors surfacing as the client's exception types.
+not, JSON mode, structured outputs from pydantic models), text completions, models, and errors surfacing as the client's exception types.
 
 Run by scripts/test_openai_client.sh (which installs `openai` in a venv and starts the server);
 CORELM_BASE_URL and CORELM_MODEL_ID say where the server is and what it serves.
@@ -151,6 +151,26 @@ r = parse(
 )
 check("json_schema: unions of objects parsed into the pydantic model",
       isinstance(r.choices[0].message.parsed, Day) and r.choices[0].finish_reason == "stop",
+      (r.choices[0].message.content, r.choices[0].finish_reason))
+
+# URLs and multiples, as pydantic writes them: `AnyUrl` is `format: uri` with a `minLength`,
+# here with a `maxLength` too (`HttpUrl` has one of 2083), `multiple_of` is `multipleOf`.
+from pydantic import AnyUrl, UrlConstraints  # noqa: E402
+
+
+class Site(BaseModel):
+    name: str = Field(max_length=20)
+    url: Annotated[AnyUrl, UrlConstraints(max_length=80)]
+    visits: int = Field(multiple_of=5, ge=0, le=1000)
+
+
+r = parse(
+    model=MODEL, max_tokens=200, temperature=0, response_format=Site,
+    messages=[{"role": "user", "content": "Give me a JSON object about the Wikipedia website."}],
+)
+site = r.choices[0].message.parsed
+check("json_schema: a URL and a multipleOf parsed into the pydantic model",
+      isinstance(site, Site) and r.choices[0].finish_reason == "stop" and site.visits % 5 == 0,
       (r.choices[0].message.content, r.choices[0].finish_reason))
 
 # Tool calling: a forced call of a pydantic function tool, parsed back into the model by the

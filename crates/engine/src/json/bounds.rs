@@ -1,12 +1,17 @@
-//! Bounds on numbers (`minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum`) and on
-//! string lengths (`minLength`, `maxLength`), held byte by byte like the rest of the schema.
+//! Bounds on numbers (`minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum`,
+//! `multipleOf`) and on string lengths (`minLength`, `maxLength`), held byte by byte like the
+//! rest of the schema.
 //!
 //! Design, numbers: a bounded number is written without an exponent and with at most
 //! [`DIGITS`] digits (so at most 14 after the point), which makes every such number a whole
 //! count of units of 10⁻¹⁴ below 10²⁹ (an `i128`), and each bound becomes the nearest unit
 //! inside it ([`Range`]: both ends inclusive). A prefix is taken only where some completion
 //! lies in the range: the completions of a prefix are a few arithmetic grids (one per count
-//! of integer digits still to come), each checked exactly ([`Range::meets`]). Why exact decimal
+//! of integer digits still to come), each checked exactly ([`Range::meets`]). `multipleOf`
+//! (a whole number `m`) keeps of a grid the points that are multiples of `m`: a grid again,
+//! found by solving `a + j·step ≡ 0 (mod m)` for `j` (a step divides every whole `m`). Only whole multiples are taken:
+//! validators test a fraction such as 0.1 in binary floating point, where 0.3 is not a
+//! multiple of it, so a decimal answer could fail them. Why exact decimal
 //! comparison is what validators do: they compare the parsed `f64` with the bound's `f64`;
 //! two different decimals of at most 15 significant digits parse to different `f64`s (15 is
 //! `DBL_DIG`) and a bound's shortest text parses to the bound, so with rounding monotone,
@@ -28,19 +33,24 @@ const UNIT: i128 = 100_000_000_000_000;
 const FAR: i128 = 1_000_000_000_000_000_000_000_000_000_000;
 
 /// The keywords read here.
-pub(super) const KEYWORDS: [&str; 6] = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength"];
+pub(super) const KEYWORDS: [&str; 7] = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength"];
 
 /// `10^e` in units.
 fn pow10(e: u32) -> i128 {
     10i128.pow(e)
 }
 
-/// The numbers a bounded node admits: units `lo ..= hi`.
+/// The numbers a bounded node admits: units `lo ..= hi` that are multiples of `multiple`
+/// units (1: any).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Range {
     lo: i128,
     hi: i128,
+    multiple: i128,
 }
+
+/// No bounds: every number of at most [`DIGITS`] digits.
+const OPEN: Range = Range { lo: -FAR, hi: FAR, multiple: 1 };
 
 impl Range {
     /// The range of a `number` or `integer` schema `m` (`None` without bounds).
@@ -49,7 +59,7 @@ impl Range {
         // Draft 4's form: `exclusiveMinimum: true` makes `minimum` exclusive.
         let flag = |k: &str| matches!(m.get(k), Some(Value::Bool(true)));
         let excl = |k: &str| if matches!(m.get(k), Some(Value::Bool(_))) { Ok(None) } else { num(k) };
-        let mut r = Range { lo: -FAR, hi: FAR };
+        let mut r = OPEN;
         if let Some(t) = num("minimum")? {
             r.lo = r.lo.max(units(&t, Round::Up, flag("exclusiveMinimum")));
         }
@@ -62,15 +72,44 @@ impl Range {
         if let Some(t) = excl("exclusiveMaximum")? {
             r.hi = r.hi.min(units(&t, Round::Down, true));
         }
-        Ok((r != Range { lo: -FAR, hi: FAR }).then_some(r))
+        if let Some(v) = m.get("multipleOf") {
+            let whole = v.as_u64().filter(|&n| n > 0 && n < 10u64.pow(DIGITS as u32));
+            let n = whole.ok_or_else(|| bad(path, "multipleOf must be a whole number from 1 to 10^15 (validators test fractions in binary floating point, where 0.3 is not a multiple of 0.1)"))?;
+            r.multiple = n as i128 * UNIT;
+        }
+        Ok((r != OPEN).then_some(r))
     }
 
     fn contains(&self, v: i128) -> bool {
-        (self.lo..=self.hi).contains(&v)
+        (self.lo..=self.hi).contains(&v) && v.rem_euclid(self.multiple) == 0
     }
 
     /// Is some `a + j·step` (`0 ≤ j < n`) inside?
     fn meets(&self, a: i128, step: i128, n: i128) -> bool {
+        if self.multiple == 1 {
+            return self.meets_grid(a, step, n);
+        }
+        // The `j` with `a + j·step ≡ 0 (mod M)`. A grid's step is a power of ten up to one
+        // (`UNIT`), so it divides M, a whole number of ones: none unless `step` divides `a`;
+        // else every `j ≡ -a / step (mod M / step)`.
+        debug_assert_eq!(self.multiple % step, 0);
+        if a.rem_euclid(step) != 0 {
+            return false;
+        }
+        let period = self.multiple / step;
+        let j0 = (-a / step).rem_euclid(period);
+        if j0 >= n {
+            return false;
+        }
+        let first = a + j0 * step;
+        if n - j0 <= period {
+            return self.meets_grid(first, step, 1);
+        }
+        self.meets_grid(first, step * period, (n - 1 - j0) / period + 1)
+    }
+
+    /// Is some `a + j·step` (`0 ≤ j < n`) within `lo ..= hi`?
+    fn meets_grid(&self, a: i128, step: i128, n: i128) -> bool {
         let last = a + (n - 1) * step;
         if last < self.lo || a > self.hi {
             return false;
@@ -236,13 +275,13 @@ mod tests {
 
     #[test]
     fn bounds_become_units_inside() {
-        assert_eq!(range(json!({"minimum": 0, "maximum": 1})), Range { lo: 0, hi: UNIT });
-        assert_eq!(range(json!({"exclusiveMinimum": 0, "exclusiveMaximum": 1})), Range { lo: 1, hi: UNIT - 1 });
-        assert_eq!(range(json!({"minimum": 0, "exclusiveMinimum": true})), Range { lo: 1, hi: FAR });
-        assert_eq!(range(json!({"minimum": -2.5, "maximum": 1e-20})), Range { lo: -5 * UNIT / 2, hi: 0 });
-        assert_eq!(range(json!({"exclusiveMaximum": -1e-20})), Range { lo: -FAR, hi: -1 });
-        assert_eq!(range(json!({"minimum": 1e300, "maximum": -1.5e300})), Range { lo: FAR, hi: -FAR });
-        assert_eq!(range(json!({"minimum": 0.1})), Range { lo: UNIT / 10, hi: FAR });
+        assert_eq!(range(json!({"minimum": 0, "maximum": 1})), Range { lo: 0, hi: UNIT, multiple: 1 });
+        assert_eq!(range(json!({"exclusiveMinimum": 0, "exclusiveMaximum": 1})), Range { lo: 1, hi: UNIT - 1, multiple: 1 });
+        assert_eq!(range(json!({"minimum": 0, "exclusiveMinimum": true})), Range { lo: 1, hi: FAR, multiple: 1 });
+        assert_eq!(range(json!({"minimum": -2.5, "maximum": 1e-20})), Range { lo: -5 * UNIT / 2, hi: 0, multiple: 1 });
+        assert_eq!(range(json!({"exclusiveMaximum": -1e-20})), Range { lo: -FAR, hi: -1, multiple: 1 });
+        assert_eq!(range(json!({"minimum": 1e300, "maximum": -1.5e300})), Range { lo: FAR, hi: -FAR, multiple: 1 });
+        assert_eq!(range(json!({"minimum": 0.1})), Range { lo: UNIT / 10, hi: FAR, multiple: 1 });
         assert!(Range::compile(json!({"maximum": "1"}).as_object().unwrap(), "t").is_err());
         assert_eq!(Range::compile(json!({}).as_object().unwrap(), "t").unwrap(), None);
     }
@@ -278,5 +317,52 @@ mod tests {
         let tight = range(json!({"minimum": 0.2, "maximum": 0.8}));
         assert!(tight.satisfiable(false) && !tight.satisfiable(true));
         assert!(!range(json!({"minimum": 2, "maximum": 1})).satisfiable(false));
+    }
+
+    #[test]
+    fn multiples_are_held_digit_by_digit() {
+        let r = range(json!({"multipleOf": 7, "minimum": -20, "maximum": 100}));
+        assert_eq!(feed(&r, true, "14"), Some(true));
+        assert_eq!(feed(&r, true, "-14"), Some(true));
+        assert_eq!(feed(&r, true, "0"), Some(true));
+        assert_eq!(feed(&r, true, "98"), Some(true));
+        assert_eq!(feed(&r, true, "15"), None, "no completion of 15 is a multiple of 7 up to 100");
+        assert_eq!(feed(&r, true, "1"), Some(false), "1 may become 14");
+        assert_eq!(feed(&r, true, "9"), Some(false), "9 may become 91 or 98");
+        assert_eq!(feed(&r, true, "-2"), None, "-21 is below -20");
+        assert_eq!(feed(&r, false, "14.0"), Some(true), "14.0 is a multiple of 7");
+        assert_eq!(feed(&r, false, "14.5"), None);
+        assert_eq!(feed(&r, false, "14."), Some(false));
+        // Every prefix taken by a wide range of multiples can still end on one.
+        let big = range(json!({"multipleOf": 1000003}));
+        assert_eq!(feed(&big, true, "3000009"), Some(true));
+        assert_eq!(feed(&big, true, "3000008"), Some(false), "30000080… may still be one");
+        assert_eq!(feed(&big, true, "300000800000000"), None, "15 digits, not a multiple");
+        assert!(!range(json!({"multipleOf": 10, "minimum": 1, "maximum": 9})).satisfiable(false));
+        assert!(range(json!({"multipleOf": 10, "minimum": 1, "maximum": 10})).satisfiable(true));
+        for bad in [json!({"multipleOf": 0.1}), json!({"multipleOf": 0}), json!({"multipleOf": -3}), json!({"multipleOf": 1e16})] {
+            assert!(Range::compile(bad.as_object().unwrap(), "t").is_err(), "{bad}");
+        }
+    }
+
+    /// Against every integer in a window: a text of it is taken whole exactly where it is a
+    /// multiple in range, and each of its prefixes where some multiple in range extends it.
+    #[test]
+    fn multiples_agree_with_arithmetic() {
+        for (m, lo, hi) in [(3i64, -50i64, 50i64), (25, 0, 1000), (1, 10, 20), (12, -1000, -100)] {
+            let r = range(json!({"multipleOf": m, "minimum": lo, "maximum": hi}));
+            for v in -1200i64..1200 {
+                let t = v.to_string();
+                let ok = (lo..=hi).contains(&v) && v % m == 0;
+                assert_eq!(feed(&r, true, &t) == Some(true), ok, "{v} of {m} in {lo}..={hi}");
+                for cut in 1..t.len() {
+                    let p = &t[..cut];
+                    // The texts of the multiples in range; 0 also as `-0`.
+                    let texts = (lo..=hi).filter(|w| w % m == 0).flat_map(|w| [w.to_string(), if w == 0 { "-0".into() } else { String::new() }]);
+                    let extends = texts.filter(|t| !t.is_empty()).any(|t| t.starts_with(p));
+                    assert_eq!(feed(&r, true, p).is_some(), extends, "prefix {p} of {v}, multiples of {m} in {lo}..={hi}");
+                }
+            }
+        }
     }
 }

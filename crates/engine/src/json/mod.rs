@@ -26,6 +26,7 @@
 //! single-byte tokens close any open string, number, literal and container), so a sequence
 //! ends either with a parseable value of its schema (`Stop`) or at `max_tokens` (`Length`).
 
+mod all_of;
 mod bounds;
 mod lex;
 mod pattern;

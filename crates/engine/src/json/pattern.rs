@@ -38,6 +38,9 @@ pub(super) struct Pattern {
     start: StateID,
     /// Whether the state of index `id >> stride2` can still reach a match.
     live: Vec<bool>,
+    /// The fewest characters (bytes that begin one) from the state of that index to a match
+    /// (`u32::MAX` where none is reachable), for a string that also has a `maxLength`.
+    shortest: Vec<u32>,
 }
 
 impl Pattern {
@@ -69,27 +72,33 @@ impl Pattern {
         // Every state reachable from the start through holdable bytes, with the states each
         // is reached from (indexed as `live` is).
         // (`preds` and `queued` grow together, to the highest index met.)
-        let mut preds: Vec<Vec<usize>> = vec![Vec::new(); index(start) + 1];
+        // Each edge weighs the characters its byte begins: 0 for a UTF-8 continuation byte.
+        let mut preds: Vec<Vec<(usize, u32)>> = vec![Vec::new(); index(start) + 1];
         let mut queued = vec![false; index(start) + 1];
         queued[index(start)] = true;
         let (mut order, mut todo) = (vec![start], vec![start]);
-        let mut next: Vec<StateID> = Vec::new();
+        let mut next: Vec<(StateID, u32)> = Vec::new();
         while let Some(s) = todo.pop() {
-            // Its distinct successors (a few: the bytes fall in a few classes).
+            // Its distinct successors (a few: the bytes fall in a few classes), each through
+            // its lightest byte.
             next.clear();
             for b in (0..=255u8).filter(|&b| holdable(b)) {
-                let t = dfa.next_state(s, b);
-                if !dfa.is_dead_state(t) && !dfa.is_quit_state(t) && !next.contains(&t) {
-                    next.push(t);
+                let (t, w) = (dfa.next_state(s, b), (b & 0xC0 != 0x80) as u32);
+                if dfa.is_dead_state(t) || dfa.is_quit_state(t) {
+                    continue;
+                }
+                match next.iter_mut().find(|e| e.0 == t) {
+                    Some(e) => e.1 = e.1.min(w),
+                    None => next.push((t, w)),
                 }
             }
-            for &t in &next {
+            for &(t, w) in &next {
                 let j = index(t);
                 if preds.len() <= j {
                     preds.resize(j + 1, Vec::new());
                     queued.resize(j + 1, false);
                 }
-                preds[j].push(index(s));
+                preds[j].push((index(s), w));
                 if !queued[j] {
                     queued[j] = true;
                     order.push(t);
@@ -101,8 +110,9 @@ impl Pattern {
         let mut live = vec![false; queued.len()];
         let mut todo: Vec<usize> = order.iter().filter(|&&s| dfa.is_match_state(dfa.next_eoi_state(s))).map(|&s| index(s)).collect();
         todo.iter().for_each(|&i| live[i] = true);
+        let ends = todo.clone();
         while let Some(j) = todo.pop() {
-            for &i in &preds[j] {
+            for &(i, _) in &preds[j] {
                 if !live[i] {
                     live[i] = true;
                     todo.push(i);
@@ -112,7 +122,24 @@ impl Pattern {
         if !live[index(start)] {
             return Err(format!("pattern {pattern:?}: no JSON string matches it"));
         }
-        Ok(Pattern { dfa, start, live })
+        // Fewest characters to a match: a breadth-first search back from the matches, edges
+        // of weight 0 first.
+        let mut shortest = vec![u32::MAX; queued.len()];
+        let mut queue: std::collections::VecDeque<usize> = ends.iter().copied().collect();
+        ends.iter().for_each(|&i| shortest[i] = 0);
+        while let Some(j) = queue.pop_front() {
+            for &(i, w) in &preds[j] {
+                if shortest[j] + w < shortest[i] {
+                    shortest[i] = shortest[j] + w;
+                    if w == 0 {
+                        queue.push_front(i);
+                    } else {
+                        queue.push_back(i);
+                    }
+                }
+            }
+        }
+        Ok(Pattern { dfa, start, live, shortest })
     }
 
     /// The state before a string's first byte.
@@ -124,6 +151,11 @@ impl Pattern {
     pub(super) fn step(&self, s: StateID, b: u8) -> Option<StateID> {
         let t = self.dfa.next_state(s, b);
         self.live.get(t.as_usize() >> self.dfa.stride2()).copied().unwrap_or(false).then_some(t)
+    }
+
+    /// The fewest characters that lead from `s` to a match.
+    pub(super) fn shortest(&self, s: StateID) -> u32 {
+        self.shortest.get(s.as_usize() >> self.dfa.stride2()).copied().unwrap_or(u32::MAX)
     }
 
     /// Does the text that led to `s` match (may the string close here)?
@@ -147,7 +179,8 @@ const TIME: &str = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[
 /// Python's `datetime` reads them), `uuid` (`uuid1` ‥ `uuid5`: that version and RFC 4122's
 /// variant), `ipv4` (dotted decimal, no leading zeros), `email` (a conservative subset of
 /// addresses: dot-separated atoms of letters, digits and `_%+-`, a domain of letter-digit
-/// labels with inner hyphens and a top-level label of two letters or more).
+/// labels with inner hyphens and a top-level label of two letters or more), `uri` (RFC 3986's
+/// `URI` rule, less the bracketed IP literals of its hosts: a subset, so every answer is one).
 pub(super) fn format(name: &str) -> Option<String> {
     let hex = |n: usize| format!("[0-9a-f]{{{n}}}");
     let uuid = |v: &str| format!("^{}-{}-{v}{}-{}-{}$", hex(8), hex(4), hex(3), if v == "[0-9a-f]" { hex(4) } else { format!("[89ab]{}", hex(3)) }, hex(12));
@@ -160,8 +193,23 @@ pub(super) fn format(name: &str) -> Option<String> {
         "uuid1" | "uuid3" | "uuid4" | "uuid5" => uuid(&name[4..]),
         "ipv4" => format!("^({octet}\\.){{3}}{octet}$"),
         "email" => "^[A-Za-z0-9_%+-]+(\\.[A-Za-z0-9_%+-]+)*@([A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?\\.)+[A-Za-z]{2,}$".to_string(),
+        "uri" => uri(),
         _ => return None,
     })
+}
+
+/// RFC 3986 §3: `scheme ":" hier-part ["?" query] ["#" fragment]`, the host a `reg-name`
+/// (which covers IPv4 addresses).
+fn uri() -> String {
+    // unreserved, sub-delims; pchar; a %-escape.
+    let (unreserved, sub) = ("A-Za-z0-9._~\\-", "!$&'()*+,;=");
+    let pct = "%[0-9A-Fa-f]{2}";
+    let pchar = format!("(?:[{unreserved}{sub}:@]|{pct})");
+    let userinfo = format!("(?:(?:[{unreserved}{sub}:]|{pct})*@)?");
+    let host = format!("(?:[{unreserved}{sub}]|{pct})*");
+    let segments = format!("(?:/{pchar}*)*");
+    let hier = format!("(?://{userinfo}{host}(?::[0-9]*)?{segments}|/(?:{pchar}+{segments})?|{pchar}+{segments}|)");
+    format!("^[A-Za-z][A-Za-z0-9+.\\-]*:{hier}(?:\\?(?:{pchar}|[/?])*)?(?:#(?:{pchar}|[/?])*)?$")
 }
 
 /// The decoded byte of the short escape `\b` (`b` after the backslash), or `None` for `\u`
@@ -242,7 +290,14 @@ mod tests {
         for t in ["a..b@x.org", ".a@x.org", "a@-x.org", "a@x", "a@x.o", "a b@x.org"] {
             assert!(!whole(&email, t), "{t}");
         }
-        assert_eq!(format("uri"), None);
+        let uri = f("uri");
+        for t in ["https://example.org", "http://user:pw@host.example:8080/a/b%20c?q=1&r=/x?#frag", "mailto:ada@example.org", "urn:isbn:0451450523", "file:///etc/hosts", "a:", "h://1.2.3.4/"] {
+            assert!(whole(&uri, t), "{t}");
+        }
+        for t in ["example.org/x", "//host/x", "1http://x", "http://exa mple.org", "http://x/%2", "http://x/\"", "http://x/a#b#c", "http://[::1]/", "ht tp://x", "http://x/?a=[1]"] {
+            assert!(!whole(&uri, t), "{t}");
+        }
+        assert_eq!(format("uri-reference"), None);
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //!
 //! Invariant: every prefix the automaton takes can still be completed by single bytes (a
 //! string, number, word or literal can always end — a patterned string through its pattern's
-//! live states —, every container close; a required property or item is always startable) —
+//! live states, within its `maxLength` by the pattern's shortest way to a match —, every
+//! container close; a required property or item is always startable) —
 //! except through a schema whose required parts recurse without end or nest past
 //! [`MAX_DEPTH`].
 
@@ -141,7 +142,8 @@ impl JsonState {
     /// pattern's state, which whole characters of text only advance (`None` elsewhere).
     pub(super) fn plain_pattern(&self) -> Option<(u16, StateID)> {
         match self.lex {
-            Lex::Str { s, pat, at, .. } if pat > 0 && s.plain() => Some((pat - 1, at)),
+            // (Not under a `maxLength`: what a token may take then depends on the count too.)
+            Lex::Str { s, pat, at, max: u32::MAX, .. } if pat > 0 && s.plain() => Some((pat - 1, at)),
             _ => None,
         }
     }
@@ -203,19 +205,23 @@ impl JsonState {
                     return false;
                 }
                 // A pattern reads the decoded text: raw bytes, and a short escape's character
-                // (no `\u` escapes: `pattern`'s invariant).
+                // (no `\u` escapes: `pattern`'s invariant). Under a `maxLength`, a state is
+                // taken only if its shortest way to a match fits in the characters left (a
+                // character is counted where it begins, so the state after its first byte or
+                // after a backslash owes the rest of it only).
                 let pattern = (pat > 0).then(|| &schema.patterns[pat as usize - 1]);
+                let fits = |p: &super::pattern::Pattern, t: StateID, chars: u32| max == u32::MAX || p.shortest(t).saturating_add(chars) <= max;
                 let at = match pattern {
                     None => at,
                     Some(_) if s.plain() && b == b'"' => at,
                     // An escape only where some short escape's character can follow.
-                    Some(p) if s.plain() && b == b'\\' => match b"\"\\/bfnrt".iter().any(|&e| unescape(e).and_then(|c| p.step(at, c)).is_some()) {
+                    Some(p) if s.plain() && b == b'\\' => match b"\"\\/bfnrt".iter().any(|&e| unescape(e).and_then(|c| p.step(at, c)).is_some_and(|t| fits(p, t, chars))) {
                         true => at,
                         false => return false,
                     },
                     Some(p) => match (if s.after_backslash() { unescape(b) } else { Some(b) }).and_then(|c| p.step(at, c)) {
-                        Some(at) => at,
-                        None => return false,
+                        Some(t) if fits(p, t, chars) => t,
+                        _ => return false,
                     },
                 };
                 return match step {
@@ -357,9 +363,10 @@ impl JsonState {
         true
     }
 
-    /// The opening `"` of a string value matching `schema`'s pattern `p`.
-    fn patterned(&mut self, schema: &Schema, p: u16) -> bool {
-        self.lex = Lex::Str { key: false, s: StrLex::default(), chars: 0, min: 0, max: u32::MAX, pat: p + 1, at: schema.patterns[p as usize].start() };
+    /// The opening `"` of a string value of `min ..= max` characters matching `schema`'s
+    /// pattern `p`.
+    fn patterned(&mut self, schema: &Schema, p: u16, min: u32, max: u32) -> bool {
+        self.lex = Lex::Str { key: false, s: StrLex::default(), chars: 0, min, max, pat: p + 1, at: schema.patterns[p as usize].start() };
         true
     }
 
@@ -386,7 +393,7 @@ impl JsonState {
             &Node::String { min, max, pattern } => {
                 b == b'"'
                     && match pattern {
-                        Some(p) => self.patterned(schema, p),
+                        Some(p) => self.patterned(schema, p, min, max),
                         None => self.string(false, min, max),
                     }
             }
