@@ -153,8 +153,11 @@ check("json_schema: unions of objects parsed into the pydantic model",
       isinstance(r.choices[0].message.parsed, Day) and r.choices[0].finish_reason == "stop",
       (r.choices[0].message.content, r.choices[0].finish_reason))
 
-# URLs and multiples, as pydantic writes them: `AnyUrl` is `format: uri` with a `minLength`,
-# here with a `maxLength` too (`HttpUrl` has one of 2083), `multiple_of` is `multipleOf`.
+# URLs, multiples and tuples, as pydantic writes them: `AnyUrl` is `format: uri` with a
+# `minLength`, here with a `maxLength` too (`HttpUrl` has one of 2083), `multiple_of` is
+# `multipleOf`, a `Tuple` is `prefixItems`.
+from typing import Tuple  # noqa: E402
+
 from pydantic import AnyUrl, UrlConstraints  # noqa: E402
 
 
@@ -162,6 +165,7 @@ class Site(BaseModel):
     name: str = Field(max_length=20)
     url: Annotated[AnyUrl, UrlConstraints(max_length=80)]
     visits: int = Field(multiple_of=5, ge=0, le=1000)
+    top_page: Tuple[Annotated[str, Field(max_length=16)], int]
 
 
 r = parse(
@@ -169,8 +173,9 @@ r = parse(
     messages=[{"role": "user", "content": "Give me a JSON object about the Wikipedia website."}],
 )
 site = r.choices[0].message.parsed
-check("json_schema: a URL and a multipleOf parsed into the pydantic model",
-      isinstance(site, Site) and r.choices[0].finish_reason == "stop" and site.visits % 5 == 0,
+check("json_schema: a URL, a multipleOf and a tuple parsed into the pydantic model",
+      isinstance(site, Site) and r.choices[0].finish_reason == "stop" and site.visits % 5 == 0
+      and isinstance(site.top_page[1], int),
       (r.choices[0].message.content, r.choices[0].finish_reason))
 
 # Tool calling: a forced call of a pydantic function tool, parsed back into the model by the

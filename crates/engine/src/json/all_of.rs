@@ -17,8 +17,9 @@
 //! - one part with `anyOf`/`oneOf`: the rest merged into each alternative (`A ∧ (B ∨ C)` is
 //!   `(A ∧ B) ∨ (A ∧ C)`, and exactly one of `B`, `C` stays exactly one), alternatives left
 //!   empty dropped; two such parts are refused;
-//! - annotations: the first part's; any other keyword is carried, for the compiler to refuse by
-//!   name.
+//! - annotations: the first part's; any other keyword is carried where one part has it or all
+//!   agree (for the compiler to read, or refuse by name), and refused where two parts differ;
+//!   a tuple (`prefixItems`) beside another part's items is refused.
 //!
 //! Invariant: every value of the merged schema fits every part (the merge may only narrow), so
 //! a constrained answer still validates against the schema as the client wrote it.
@@ -27,6 +28,7 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Value};
 
+use super::schema::ANNOTATIONS;
 use crate::Error;
 
 /// Most `allOf`s and `$ref`s merged inside one another before a schema is called circular.
@@ -193,19 +195,25 @@ const EMPTY: &str = "no value fits every member";
 /// maybe beneath).
 fn meet(mut a: Map<String, Value>, b: Map<String, Value>, path: &str) -> Result<Map<String, Value>, Error> {
     let both = |x: Value, y: Value| Value::Object(Map::from_iter([("allOf".to_string(), Value::Array(vec![x, y]))]));
+    // A tuple's items beside another member's items would need merging item by item.
+    let tuple = |m: &Map<String, Value>| m.contains_key("prefixItems") || m.contains_key("additionalItems") || m.get("items").is_some_and(Value::is_array);
+    let items = |m: &Map<String, Value>| ["items", "prefixItems", "additionalItems"].iter().any(|k| m.contains_key(*k));
+    if (tuple(&a) && items(&b)) || (tuple(&b) && items(&a)) {
+        return Err(bad(path, "a tuple (prefixItems) beside another member's items is not supported"));
+    }
     meet_objects(&mut a, &b, path)?;
     let values = meet_values(values(&a), values(&b), path)?;
     for (k, v) in b {
+        if matches!(k.as_str(), "properties" | "required" | "additionalProperties" | "enum" | "const") {
+            continue;
+        }
         let Some(old) = a.get(&k).cloned() else {
-            if !matches!(k.as_str(), "properties" | "required" | "additionalProperties" | "enum" | "const") {
-                a.insert(k, v);
-            }
+            a.insert(k, v);
             continue;
         };
         let merged = match k.as_str() {
             "type" => meet_types(&old, &v, path)?,
             "items" => both(old, v),
-            "enum" | "const" => continue,
             "multipleOf" => match (old.as_u64(), v.as_u64()) {
                 (Some(x), Some(y)) if x > 0 && y > 0 => Value::from(lcm(x, y).ok_or_else(|| bad(path, "multipleOf: the least common multiple is too large"))?),
                 _ => old,
@@ -216,8 +224,10 @@ fn meet(mut a: Map<String, Value>, b: Map<String, Value>, path: &str) -> Result<
             }
             k if LOWER.contains(&k) => tighter(old, v, |x, y| x > y),
             k if UPPER.contains(&k) => tighter(old, v, |x, y| x < y),
-            // Annotations and the rest: the first part's.
-            _ => old,
+            // Annotations: the first part's. Any other keyword two members give differently
+            // is not merged here (so never silently widened).
+            k if ANNOTATIONS.contains(&k) || old == v => old,
+            _ => return Err(bad(path, format!("two different {k:?}s in allOf members are not supported"))),
         };
         a.insert(k, merged);
     }

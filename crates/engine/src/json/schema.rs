@@ -10,7 +10,8 @@
 //! - objects: `properties` written **in their declared order**, those not in `required`
 //!   optional; no other keys (`additionalProperties` is only read when there are no
 //!   `properties`: `false` gives `{}`, a schema the values of free keys);
-//! - arrays: `items`, `minItems`, `maxItems`; `enum` and `const` (any JSON values);
+//! - arrays: `items`, `minItems`, `maxItems`, a tuple's `prefixItems` (or the older
+//!   `items: [...]` and `additionalItems`); `enum` and `const` (any JSON values);
 //! - `anyOf`/`oneOf` (a union of objects too: where alternatives start alike, the mask follows
 //!   each until the text tells them apart; [`Schema::forks`]); `allOf`, merged into one schema
 //!   before compiling ([`super::all_of`]);
@@ -58,7 +59,8 @@ pub(super) enum Node {
     /// Declared `props` in order, or (none declared) free keys whose values are `extra`
     /// (`None`: the object is `{}`).
     Object { props: Vec<Prop>, extra: Option<NodeId> },
-    Array { items: NodeId, min: u32, max: u32 },
+    /// `min ..= max` items: item `i` of `prefix` (a tuple's, `prefixItems`), the rest `items`.
+    Array { items: NodeId, min: u32, max: u32, prefix: Vec<NodeId> },
     /// A string of `min ..= max` characters (code points), matching [`Schema`]'s pattern
     /// `pattern` where it has one.
     String { min: u32, max: u32, pattern: Option<u16> },
@@ -93,10 +95,10 @@ const STRING_FORMS: [&str; 2] = ["pattern", "format"];
 
 /// Keywords that describe and do not constrain (`discriminator`, OpenAPI's and pydantic's
 /// name for a `oneOf`'s telling property: the `oneOf` check finds it itself).
-const ANNOTATIONS: [&str; 13] =
+pub(super) const ANNOTATIONS: [&str; 13] =
     ["title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "discriminator"];
 /// Keywords read here, under some type.
-const READ: [&str; 12] = ["type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref"];
+const READ: [&str; 14] = ["type", "properties", "required", "additionalProperties", "items", "prefixItems", "additionalItems", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref"];
 
 impl Schema {
     /// JSON mode: any object.
@@ -127,7 +129,7 @@ impl Schema {
                     props: props.iter().map(|p| Prop { node: at(p.node), ..p.clone() }).collect(),
                     extra: extra.map(at),
                 },
-                &Node::Array { items, min, max } => Node::Array { items: at(items), min, max },
+                Node::Array { items, min, max, prefix } => Node::Array { items: at(*items), min: *min, max: *max, prefix: prefix.iter().map(|&p| at(p)).collect() },
                 Node::AnyOf(alts) => Node::AnyOf(alts.iter().map(|&x| at(x)).collect()),
                 &Node::String { min, max, pattern } => Node::String { min, max, pattern: pattern.map(|p| p + first_pattern) },
                 other => other.clone(),
@@ -228,7 +230,7 @@ fn first_bytes(nodes: &[Node], node: NodeId, depth: u32) -> [bool; 256] {
 
 /// The three nodes every table starts with.
 fn base() -> Vec<Node> {
-    vec![Node::Any, Node::Object { props: vec![], extra: Some(ANY) }, Node::Array { items: ANY, min: 0, max: u32::MAX }]
+    vec![Node::Any, Node::Object { props: vec![], extra: Some(ANY) }, Node::Array { items: ANY, min: 0, max: u32::MAX, prefix: vec![] }]
 }
 
 fn bad(path: &str, what: impl std::fmt::Display) -> Error {
@@ -303,7 +305,7 @@ impl<'a> Compiler<'a> {
         }
         let types: Vec<&str> = match m.get("type") {
             None if m.contains_key("properties") || m.contains_key("additionalProperties") => vec!["object"],
-            None if m.contains_key("items") => vec!["array"],
+            None if m.contains_key("items") || m.contains_key("prefixItems") => vec!["array"],
             None => return Ok(ANY),
             Some(Value::String(t)) => vec![t.as_str()],
             Some(Value::Array(ts)) => ts.iter().map(|t| t.as_str().ok_or_else(|| bad(path, "type must be a string or a list of them"))).collect::<Result<_, _>>()?,
@@ -321,17 +323,34 @@ impl<'a> Compiler<'a> {
         Ok(match t {
             "object" => return self.object(m, path),
             "array" => {
-                let items = match m.get("items") {
-                    Some(i) => self.node(i, &format!("{path}.items"))?,
-                    None => ANY,
+                // A tuple: `prefixItems` (2020-12, pydantic's `Tuple[…]`) then `items` for the
+                // rest, or the older `items: [...]` then `additionalItems`.
+                let (prefix, rest_key) = match (m.get("prefixItems"), m.get("items")) {
+                    (Some(p), _) => (Some(("prefixItems", p)), "items"),
+                    (None, Some(p @ Value::Array(_))) => (Some(("items", p)), "additionalItems"),
+                    (None, _) => (None, "items"),
+                };
+                let prefix = match prefix {
+                    None => vec![],
+                    Some((key, Value::Array(p))) if p.len() <= u16::MAX as usize => p.iter().enumerate().map(|(i, s)| self.node(s, &format!("{path}.{key}[{i}]"))).collect::<Result<Vec<_>, _>>()?,
+                    Some((key, _)) => return Err(bad(path, format!("{key} must list up to 65535 schemas"))),
                 };
                 let count = |k: &str| m.get(k).map(|v| v.as_u64().filter(|&n| n <= u16::MAX as u64).ok_or_else(|| bad(path, format!("{k} must be a count up to 65535")))).transpose();
                 let min = count("minItems")?.unwrap_or(0) as u32;
-                let max = count("maxItems")?.map_or(u32::MAX, |n| n as u32);
+                let mut max = count("maxItems")?.map_or(u32::MAX, |n| n as u32);
+                let items = match m.get(rest_key) {
+                    None | Some(Value::Bool(true)) => ANY,
+                    // No items past the tuple's.
+                    Some(Value::Bool(false)) => {
+                        max = max.min(prefix.len() as u32);
+                        ANY
+                    }
+                    Some(i) => self.node(i, &format!("{path}.{rest_key}"))?,
+                };
                 if min > max {
-                    return Err(bad(path, "minItems is above maxItems"));
+                    return Err(bad(path, "minItems is above maxItems (or the tuple's length, with no items past it)"));
                 }
-                self.push(Node::Array { items, min, max })
+                self.push(Node::Array { items, min, max, prefix })
             }
             "string" => {
                 let (min, max) = bounds::lengths(m, path)?;

@@ -450,7 +450,7 @@ impl JsonState {
                 }
                 _ => false,
             },
-            &Node::Array { items, min, max } => match (f.phase, b) {
+            &Node::Array { items, min, max, ref prefix } => match (f.phase, b) {
                 (Phase::ArrOpen, b']') if min == 0 => self.close(),
                 (Phase::ArrAfter, b']') if f.idx as u32 >= min => self.close(),
                 (Phase::ArrAfter, b',') if (f.idx as u32) < max => {
@@ -458,10 +458,12 @@ impl JsonState {
                     true
                 }
                 (Phase::ArrOpen | Phase::ArrComma, _) => {
+                    // Item `idx`: its own schema in a tuple, else `items`.
+                    let item = prefix.get(f.idx as usize).copied().unwrap_or(items);
                     let top = self.top();
                     top.idx = top.idx.saturating_add(1);
                     top.phase = Phase::ArrAfter;
-                    self.begin(schema, items, b, forks)
+                    self.begin(schema, item, b, forks)
                 }
                 _ => false,
             },

@@ -87,7 +87,8 @@ fn union() -> Value {
 
 /// `allOf`: pydantic v1's field of a model (a lone `$ref` with a description), an
 /// intersection of two objects (zod's `.and()`), numbers narrowed part by part to multiples,
-/// and a union whose alternatives take the rest (one no value fits: dropped); a URI.
+/// and a union whose alternatives take the rest (one no value fits: dropped); a URI; tuples
+/// (pydantic's `Tuple[int, str]`, one with more items after it, and the older `items: [...]`).
 fn merged() -> Value {
     json!({
         "type": "object",
@@ -99,7 +100,10 @@ fn merged() -> Value {
                 {"type": "object", "properties": {"id": {"type": "integer", "multipleOf": 2}}, "required": ["id"]},
                 {"anyOf": [{"properties": {"kind": {"const": "dot"}}, "required": ["kind"]}, {"properties": {"kind": {"const": "box"}, "side": {"type": "integer"}}, "required": ["kind", "side"]}, {"type": "string"}]}
             ]},
-            "link": {"type": "string", "format": "uri"}
+            "link": {"type": "string", "format": "uri"},
+            "pair": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string", "maxLength": 3}], "minItems": 2, "maxItems": 2},
+            "row": {"prefixItems": [{"const": "id"}], "items": {"type": "integer"}},
+            "old": {"type": "array", "items": [{"type": "boolean"}, {"type": "null"}], "additionalItems": false}
         },
         "required": ["owner", "item", "size", "shape"],
         "$defs": {
@@ -270,11 +274,12 @@ fn unions_that_start_alike_are_followed_until_they_part() {
 }
 
 #[test]
-fn all_of_is_every_member_at_once() {
+fn all_of_multiples_uris_and_tuples_are_held() {
     let m = merged();
     let ok = r#"{"owner": {"name": "Al"}, "item": {"name": "ab", "tags": [], "price": 15}, "size": 3, "shape": {"id": 4, "kind": "box", "side": 2}, "link": "https://example.org/a?b#c"}"#;
     assert_eq!(accepts(&m, ok), Some(true));
-    for text in [ok.replace(r#""kind": "box", "side": 2"#, r#""kind": "dot""#), ok.replace(r#""tags": [], "#, "")] {
+    let tuples = ok.replace(r#"a?b#c""#, r#"a?b#c", "pair": [7, "ab"], "row": ["id", 1, 2], "old": [true, null]"#);
+    for text in [ok.replace(r#""kind": "box", "side": 2"#, r#""kind": "dot""#), ok.replace(r#""tags": [], "#, ""), tuples.clone(), tuples.replace(r#"["id", 1, 2]"#, r#"["id"]"#), tuples.replace("[true, null]", "[false]")] {
         assert_eq!(accepts(&m, &text), Some(true), "{text}");
     }
     for (what, text) in [
@@ -291,6 +296,14 @@ fn all_of_is_every_member_at_once() {
         ("a box without its side", ok.replace(r#", "side": 2"#, "")),
         ("the string alternative, which no object part allows", ok.replace(r#"{"id": 4, "kind": "box", "side": 2}"#, r#""box""#)),
         ("a link that is no URI", ok.replace("https://example.org/a?b#c", "example.org")),
+        ("a pair's items swapped", tuples.replace(r#"[7, "ab"]"#, r#"["ab", 7]"#)),
+        ("a pair of one", tuples.replace(r#"[7, "ab"]"#, "[7]")),
+        ("a pair of three", tuples.replace(r#"[7, "ab"]"#, r#"[7, "ab", 1]"#)),
+        ("a pair's string too long", tuples.replace(r#""ab""#, r#""abcd""#)),
+        ("a row's rest not integers", tuples.replace(r#"["id", 1, 2]"#, r#"["id", 1, "x"]"#)),
+        ("a row's first not its const", tuples.replace(r#"["id", 1, 2]"#, "[1, 2]")),
+        ("an old tuple with more items", tuples.replace("[true, null]", "[true, null, null]")),
+        ("an old tuple's second not null", tuples.replace("[true, null]", "[true, true]")),
     ] {
         assert_eq!(accepts(&m, &text), None, "{what}: {text}");
     }
@@ -336,6 +349,9 @@ fn unsupported_schemas_are_refused_by_name() {
         (json!({"allOf": [{"$ref": "#"}]}), "refers back to itself"),
         (json!({"type": "object", "properties": {"a": {"allOf": []}}}), "allOf must list schemas"),
         (json!({"type": "object", "properties": {"a": {"allOf": [{"not": {}}]}}}), "the keyword \"not\""),
+        (json!({"type": "object", "properties": {"a": {"allOf": [{"not": {}}, {"not": {"type": "null"}}]}}}), "two different \"not\"s"),
+        (json!({"type": "object", "properties": {"a": {"allOf": [{"prefixItems": [{}]}, {"items": {"type": "null"}}]}}}), "a tuple (prefixItems) beside"),
+        (json!({"type": "object", "properties": {"a": {"type": "array", "prefixItems": [{}], "items": false, "minItems": 2}}}), "minItems is above"),
     ] {
         let e = Schema::compile(&schema).expect_err(&schema.to_string()).to_string();
         assert!(e.contains(says), "{schema}: {e}");
@@ -387,7 +403,19 @@ fn valid(s: &Value, v: &Value, root: &Value) -> bool {
 
         ("array", Value::Array(a)) => {
             let n = a.len() as u64;
-            n >= s["minItems"].as_u64().unwrap_or(0) && n <= s["maxItems"].as_u64().unwrap_or(u64::MAX) && a.iter().all(|x| valid(&s["items"], x, root))
+            // A tuple's own schemas, then `items` (`additionalItems` after `items: [...]`).
+            let (prefix, rest) = match (&s["prefixItems"], &s["items"]) {
+                (Value::Array(p), r) => (p.clone(), r),
+                (_, Value::Array(p)) => (p.clone(), &s["additionalItems"]),
+                (_, r) => (vec![], r),
+            };
+            let item = |i: usize, x: &Value| match (prefix.get(i), rest) {
+                (Some(p), _) => valid(p, x, root),
+                (None, Value::Bool(b)) => *b,
+                (None, Value::Null) => true,
+                (None, r) => valid(r, x, root),
+            };
+            n >= s["minItems"].as_u64().unwrap_or(0) && n <= s["maxItems"].as_u64().unwrap_or(u64::MAX) && a.iter().enumerate().all(|(i, x)| item(i, x))
         }
         ("string", Value::String(t)) => {
             let n = t.chars().count() as u64;
