@@ -197,6 +197,11 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
     let bounded = Arc::new(Schema::compile(&bounded).unwrap());
     let patterned = serde_json::json!({"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-z]{2}[0-9]+$"}, "say": {"type": "string", "pattern": "^(hello|héllo) world"}}, "required": ["id", "say"]});
     let patterned = Arc::new(Schema::compile(&patterned).unwrap());
+    // Patterns under a maxLength: far from it (the memo of what the pattern takes) and near it
+    // (each token fed).
+    let capped = serde_json::json!({"type": "object", "properties": {"home": {"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083},
+        "slug": {"type": "string", "pattern": "^[a-z]+(-[a-z]+)*$", "maxLength": 8}}, "required": ["home", "slug"]});
+    let capped = Arc::new(Schema::compile(&capped).unwrap());
     // A union of objects that start alike (the mask follows each until the text tells them apart).
     let union = serde_json::json!({"type": "object", "properties": {"pet": {"anyOf": [
         {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}}, "required": ["kind", "lives"]},
@@ -212,7 +217,7 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
     .map(|t| corelm_engine::tools::Tool::from_openai(t, "t").unwrap())
     .collect();
     let calls = Arc::new(corelm_engine::tools::call_schema(&tools, &corelm_engine::tools::Choice::Required).unwrap().unwrap());
-    let cases: [(&Arc<Schema>, &[&str]); 6] = [
+    let cases: [(&Arc<Schema>, &[&str]); 7] = [
         (
             &object,
             &["", "{", "{\"na", "{\"name\"", "{\"name\":", "{\"a\": \"Fel", "{\"a\": \"\\", "{\"a\": \"\\u0", "{\"a\": \"\u{e9}", "{\"a\": 1", "{\"a\": -", "{\"a\": 1.5e", "{\"a\": tr", "{\"a\": [", "{\"a\": [1, {}", "{\"a\": 1}\n"],
@@ -223,6 +228,7 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
         (&union, &["{\"pet\":", "{\"pet\": ", "{\"pet\": {", "{\"pet\": {\"", "{\"pet\": {\"kind\": \"c", "{\"pet\": {\"kind\": \"co", "{\"pet\": {\"kind\": \"cow\"", "{\"pet\": {\"size\": 1"]),
         // Inside patterned strings every token is fed (no whole-character shortcut).
         (&patterned, &["{\"id\": \"", "{\"id\": \"ab", "{\"id\": \"ab1", "{\"id\": \"ab12\", \"say\": \"", "{\"id\": \"ab12\", \"say\": \"hello", "{\"id\": \"ab12\", \"say\": \"hello world, "]),
+        (&capped, &["{\"home\": \"", "{\"home\": \"https://ex", "{\"home\": \"https://ex.org/%", "{\"home\": \"h:\", \"slug\": \"", "{\"home\": \"h:\", \"slug\": \"abc", "{\"home\": \"h:\", \"slug\": \"abcdef-", "{\"home\": \"h:\", \"slug\": \"abcdefg"]),
     ];
     for file in ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf"] {
         let g = corelm_gguf::Gguf::open(model_path(file)).unwrap();

@@ -68,11 +68,13 @@ pub struct JsonVocab {
     second: Vec<u16>,
     /// Characters of a [`Class::Text`] token (at most 255), which a bounded string counts.
     chars: Vec<u8>,
+    /// The most characters of any [`Class::Text`] token.
+    longest: u32,
 }
 
 impl JsonVocab {
     pub fn new(tok: &Tokenizer) -> JsonVocab {
-        let class = (0..tok.n_vocab() as u32)
+        let class: Vec<Class> = (0..tok.n_vocab() as u32)
             .map(|id| {
                 let p = tok.piece(id);
                 if p.is_empty() || tok.is_control(id) || tok.is_eog(id) {
@@ -87,7 +89,8 @@ impl JsonVocab {
         let first = (0..tok.n_vocab() as u32).map(|id| tok.piece(id).first().copied().unwrap_or(0)).collect();
         let second = (0..tok.n_vocab() as u32).map(|id| tok.piece(id).get(1).map_or(NO_BYTE, |&b| b as u16)).collect();
         let chars = (0..tok.n_vocab() as u32).map(|id| tok.piece(id).iter().filter(|&&b| b & 0xC0 != 0x80).count().min(255) as u8).collect();
-        JsonVocab { class, first, second, chars }
+        let longest = (0..tok.n_vocab()).filter(|&i| class[i] == Class::Text).map(|i| tok.piece(i as u32).iter().filter(|&&b| b & 0xC0 != 0x80).count() as u32).max().unwrap_or(0);
+        JsonVocab { class, first, second, chars, longest }
     }
 }
 
@@ -211,11 +214,15 @@ impl JsonMask {
             self.states.retain_mut(|s| s.feed_all(schema, piece));
         }
         self.prepare();
+        // The memo says which text tokens the pattern takes; under a `maxLength` that is also
+        // what the bound allows while the string has room for the longest token and then the
+        // pattern's longest shortest way to a match. Nearer its end each token is fed.
         let pattern = match self.states[..] {
             [s] => s.plain_pattern(),
             _ => None,
         };
-        self.text_ok = pattern.map(|key| self.text_tokens(vocab, tok, key));
+        let far = |&(p, _, room): &(u16, StateID, u32)| room >= self.schema.patterns[p as usize].worst().saturating_add(vocab.longest);
+        self.text_ok = pattern.filter(far).map(|(p, at, _)| self.text_tokens(vocab, tok, (p, at)));
         true
     }
 

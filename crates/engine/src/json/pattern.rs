@@ -41,6 +41,9 @@ pub(super) struct Pattern {
     /// The fewest characters (bytes that begin one) from the state of that index to a match
     /// (`u32::MAX` where none is reachable), for a string that also has a `maxLength`.
     shortest: Vec<u32>,
+    /// The most of `shortest` over the live states: a string with at least this many
+    /// characters left (past a token's) cannot be stopped by its `maxLength`.
+    worst: u32,
 }
 
 impl Pattern {
@@ -139,7 +142,8 @@ impl Pattern {
                 }
             }
         }
-        Ok(Pattern { dfa, start, live, shortest })
+        let worst = shortest.iter().zip(&live).filter(|(_, &l)| l).map(|(&s, _)| s).max().unwrap_or(0);
+        Ok(Pattern { dfa, start, live, shortest, worst })
     }
 
     /// The state before a string's first byte.
@@ -156,6 +160,11 @@ impl Pattern {
     /// The fewest characters that lead from `s` to a match.
     pub(super) fn shortest(&self, s: StateID) -> u32 {
         self.shortest.get(s.as_usize() >> self.dfa.stride2()).copied().unwrap_or(u32::MAX)
+    }
+
+    /// The most characters any live state is from a match.
+    pub(super) fn worst(&self) -> u32 {
+        self.worst
     }
 
     /// Does the text that led to `s` match (may the string close here)?

@@ -138,12 +138,12 @@ impl JsonState {
         }
     }
 
-    /// Inside a patterned string, outside an escape and a UTF-8 sequence: its pattern and the
-    /// pattern's state, which whole characters of text only advance (`None` elsewhere).
-    pub(super) fn plain_pattern(&self) -> Option<(u16, StateID)> {
+    /// Inside a patterned string, outside an escape and a UTF-8 sequence: its pattern, the
+    /// pattern's state, which whole characters of text only advance, and how many more
+    /// characters its `maxLength` lets it take (`None` elsewhere).
+    pub(super) fn plain_pattern(&self) -> Option<(u16, StateID, u32)> {
         match self.lex {
-            // (Not under a `maxLength`: what a token may take then depends on the count too.)
-            Lex::Str { s, pat, at, max: u32::MAX, .. } if pat > 0 && s.plain() => Some((pat - 1, at)),
+            Lex::Str { s, pat, at, chars, max, .. } if pat > 0 && s.plain() => Some((pat - 1, at, max - chars)),
             _ => None,
         }
     }
