@@ -32,6 +32,7 @@ pub mod eval;
 pub mod gemm_tune;
 pub mod json;
 pub mod generate;
+pub mod infill;
 pub mod offload;
 pub mod perplexity;
 pub mod predictor;

@@ -35,6 +35,23 @@ const FIM_EOG_TEXTS: [&str; 11] = [
     "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>",
     "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>",
 ];
+/// Fill-in-the-middle tokens by role (prefix, suffix, middle, repository, file separator), by
+/// the texts llama.cpp recognises them by where the GGUF names none (`llama-vocab.cpp`).
+const FIM_TEXTS: [&[&str]; 5] = [
+    &["<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>"],
+    &["<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>"],
+    &["<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"],
+    &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"],
+    &["<|file_sep|>"],
+];
+/// The GGUF keys that name them (and the older names of the first three).
+const FIM_KEYS: [[&str; 2]; 5] = [
+    ["tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id"],
+    ["tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.suffix_token_id"],
+    ["tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.middle_token_id"],
+    ["tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_rep_token_id"],
+    ["tokenizer.ggml.fim_sep_token_id", "tokenizer.ggml.fim_sep_token_id"],
+];
 const TOKEN_USER_DEFINED: i64 = 4;
 const TOKEN_UNKNOWN: i64 = 2;
 const TOKEN_UNUSED: i64 = 5;
@@ -95,6 +112,19 @@ pub struct Tokenizer {
     eog: Vec<u32>,
     /// Tokens that never stand for text: control, unknown and unused ones (GGUF types 3, 2, 5).
     not_text: Vec<bool>,
+    /// Fill-in-the-middle tokens, where the model has the three it needs.
+    pub fim: Option<Fim>,
+}
+
+/// A code model's fill-in-the-middle tokens: `pre` text `suf` text `mid` (the model writes the
+/// middle); `rep` and `sep` open a repository's name and each file of its context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fim {
+    pub pre: u32,
+    pub suf: u32,
+    pub mid: u32,
+    pub rep: Option<u32>,
+    pub sep: Option<u32>,
 }
 
 fn strings<'a>(g: &'a Gguf, key: &str) -> Result<&'a [String], Error> {
@@ -135,6 +165,22 @@ impl Tokenizer {
         .into_iter()
         .flatten()
         .collect();
+        // FIM tokens: named by the GGUF, else found by their text (first in id order), and
+        // made control tokens as llama.cpp makes them.
+        let mut fim_ids = [None; 5];
+        for (role, slot) in fim_ids.iter_mut().enumerate() {
+            *slot = match (id(FIM_KEYS[role][0])?, id(FIM_KEYS[role][1])?) {
+                (Some(t), _) | (None, Some(t)) => Some(t),
+                (None, None) => tokens.iter().position(|t| FIM_TEXTS[role].contains(&t.as_str())).map(|i| i as u32),
+            };
+            if let Some(t) = *slot {
+                token_type[t as usize] = TOKEN_CONTROL;
+            }
+        }
+        let fim = match fim_ids {
+            [Some(pre), Some(suf), Some(mid), rep, sep] => Some(Fim { pre, suf, mid, rep, sep }),
+            _ => None,
+        };
         let has_tool_response = tokens.iter().any(|t| t == "<|tool_response>");
         for (i, t) in tokens.iter().enumerate() {
             let text_eog = EOG_TEXTS.contains(&t.as_str()) && !(t == "</s>" && has_tool_response);
@@ -217,7 +263,7 @@ impl Tokenizer {
         let bos = id("tokenizer.ggml.bos_token_id")?;
         let eos = id("tokenizer.ggml.eos_token_id")?;
         let not_text = token_type.iter().map(|&t| matches!(t, TOKEN_CONTROL | TOKEN_UNKNOWN | TOKEN_UNUSED)).collect();
-        Ok(Tokenizer { hf, hf_plain, kind, pieces, texts: tokens.to_vec(), bos, eos, add_bos, add_eos, eog, not_text })
+        Ok(Tokenizer { hf, hf_plain, kind, pieces, texts: tokens.to_vec(), bos, eos, add_bos, add_eos, eog, not_text, fim })
     }
 
     pub fn n_vocab(&self) -> usize {

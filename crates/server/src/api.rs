@@ -221,6 +221,8 @@ pub struct CompletionRequest {
     pub logprobs: Option<u64>,
     #[serde(default)]
     pub echo: bool,
+    /// Fill in the middle: the text after the hole the answer fills (`prompt` the text before).
+    pub suffix: Option<String>,
 }
 
 /// What the engine needs from a request, validated.

@@ -433,11 +433,24 @@ async fn completions(State(st): S, headers: HeaderMap, body: Bytes) -> Response 
         let params = common.params()?;
         let logprobs = req.top_logprobs()?;
         // Several prompts: choices `p · n .. (p + 1) · n` are prompt p's.
-        let prompts = match req.prompt {
-            Prompt::Tokens(t) => vec![t],
-            Prompt::TokenLists(v) => v,
-            Prompt::Text(s) => vec![encode(&st, &s, "prompt")?],
-            Prompt::Texts(v) => v.iter().enumerate().map(|(i, s)| encode(&st, s, &format!("prompt[{i}]"))).collect::<Result<_, _>>()?,
+        let prompts = match (req.prompt, req.suffix) {
+            // Fill in the middle, in the model's FIM tokens, within the context less the
+            // answer's room (a quarter of the context unless `max_tokens` says).
+            (Prompt::Text(s), Some(suffix)) => {
+                let budget = st.cfg.ctx_size.saturating_sub(params.max_tokens.unwrap_or(st.cfg.ctx_size / 4));
+                vec![corelm_engine::infill::prompt(&st.tok, &s, &suffix, &[], "", budget).map_err(|e| {
+                    let mut a = ApiError::bad("suffix", e.to_string());
+                    if matches!(e, corelm_engine::Error::PromptTooLong { .. }) {
+                        a.code = Some("context_length_exceeded");
+                    }
+                    a
+                })?]
+            }
+            (_, Some(_)) => return Err(ApiError::bad("suffix", "suffix takes one prompt, as text")),
+            (Prompt::Tokens(t), None) => vec![t],
+            (Prompt::TokenLists(v), None) => v,
+            (Prompt::Text(s), None) => vec![encode(&st, &s, "prompt")?],
+            (Prompt::Texts(v), None) => v.iter().enumerate().map(|(i, s)| encode(&st, s, &format!("prompt[{i}]"))).collect::<Result<_, _>>()?,
         };
         let job = submit(&st, prompts, params, logprobs, "cmpl", "prompt")?;
         Ok(respond::answer(st.clone(), job, respond::Kind::Text).await)

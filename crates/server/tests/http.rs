@@ -352,6 +352,12 @@ fn bad_requests_get_openai_errors_naming_the_problem() {
         let e = r.json();
         assert!(e["error"]["message"].as_str().unwrap().contains(param) || e["error"]["param"] == param, "{body} -> {e}");
     }
+    // Fill in the middle: SmolLM2 has no FIM tokens; a suffix takes one prompt text.
+    for (body, says) in [(json!({"prompt": "def f(", "suffix": "):"}), "no fill-in-the-middle tokens"), (json!({"prompt": ["a", "b"], "suffix": "c"}), "one prompt")] {
+        let r = post(&srv, "/v1/completions", body.clone());
+        assert_eq!(r.status, 400, "{body} -> {}", r.body);
+        assert!(r.json()["error"]["message"].as_str().unwrap().contains(says) && r.json()["error"]["param"] == "suffix", "{body} -> {}", r.body);
+    }
     let r = post(&srv, "/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}));
     assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
     let r = srv._rt.block_on(call(srv.addr, "POST", "/v1/completions", "{\"prompt\": ", ""));
