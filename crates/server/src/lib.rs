@@ -10,6 +10,7 @@
 //! * [`api`]: request bodies, validation into engine parameters, OpenAI error bodies.
 //! * [`metrics`]: Prometheus text exposition.
 //! * `embed`: `/v1/embeddings`.
+//! * `infill`: llama.cpp's `/infill`, answered in llama.cpp's completion format.
 //! * this file: the router, the handlers (JSON and SSE; also `/v1/models/{id}`, `/tokenize`,
 //!   `/detokenize`), admission (bounded queue → 429,
 //!   never-fitting request → 400 `context_length_exceeded`), bearer authentication.
@@ -20,6 +21,7 @@
 
 pub mod api;
 mod embed;
+mod infill;
 pub mod metrics;
 mod respond;
 
@@ -102,6 +104,7 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
         .route("/v1/embeddings", post(embed::embeddings))
         .route("/v1/models", get(models))
         .route("/v1/models/{model}", get(model))
+        .route("/infill", post(infill::infill))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/health", get(health))

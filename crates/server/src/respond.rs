@@ -146,7 +146,7 @@ impl Logprobs {
     }
 }
 
-fn error_response(msg: &str) -> Response {
+pub(crate) fn error_response(msg: &str) -> Response {
     crate::api::ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "server_error", None, msg).into_response()
 }
 

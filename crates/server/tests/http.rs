@@ -23,7 +23,12 @@ fn start(parallel: usize, max_queue: usize, api_key: Option<&str>) -> Server {
 
 /// A server whose engine runs `tp` tensor-parallel shards (virtual nodes).
 fn start_tp(parallel: usize, max_queue: usize, api_key: Option<&str>, tp: usize) -> Server {
-    let path = corelm_engine::models_dir().join(format!("{MODEL}.gguf"));
+    start_model(MODEL, parallel, max_queue, api_key, tp)
+}
+
+/// A server of the model file `model` (no `.gguf`).
+fn start_model(model: &str, parallel: usize, max_queue: usize, api_key: Option<&str>, tp: usize) -> Server {
+    let path = corelm_engine::models_dir().join(format!("{model}.gguf"));
     assert!(path.exists(), "{} missing: run scripts/fetch_models.py all", path.display());
     let cfg = EngineConfig {
         n_ctx: 1024 * parallel,
@@ -37,7 +42,7 @@ fn start_tp(parallel: usize, max_queue: usize, api_key: Option<&str>, tp: usize)
     };
     let engine = Engine::load(&path, cfg).unwrap();
     let tok = Tokenizer::from_gguf(engine.gguf()).unwrap();
-    let scfg = ServeConfig { model_id: MODEL.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1), pooling: corelm_engine::embed::Pooling::Mean };
+    let scfg = ServeConfig { model_id: model.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1), pooling: corelm_engine::embed::Pooling::Mean };
     let (router, _engine) = corelm_server::app(engine, tok, scfg).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
@@ -353,6 +358,10 @@ fn bad_requests_get_openai_errors_naming_the_problem() {
         assert!(e["error"]["message"].as_str().unwrap().contains(param) || e["error"]["param"] == param, "{body} -> {e}");
     }
     // Fill in the middle: SmolLM2 has no FIM tokens; a suffix takes one prompt text.
+    let r = post(&srv, "/infill", json!({"input_prefix": "a", "input_suffix": "b"}));
+    assert!(r.status == 400 && r.body.contains("no fill-in-the-middle tokens"), "{}", r.body);
+    let r = post(&srv, "/infill", json!({"input_prefix": "a"}));
+    assert!(r.status == 400 && r.body.contains("input_suffix"), "{}", r.body);
     for (body, says) in [(json!({"prompt": "def f(", "suffix": "):"}), "no fill-in-the-middle tokens"), (json!({"prompt": ["a", "b"], "suffix": "c"}), "one prompt")] {
         let r = post(&srv, "/v1/completions", body.clone());
         assert_eq!(r.status, 400, "{body} -> {}", r.body);
@@ -585,4 +594,31 @@ fn a_client_that_hangs_up_cancels_its_sequence() {
     assert!(metric(&srv, "corelm_generated_tokens_total") < 800.0);
     assert_eq!(metric(&srv, "corelm_kv_blocks_used"), 0.0);
     assert_eq!(metric(&srv, "corelm_sequences_running"), 0.0);
+}
+
+/// Fill in the middle on Qwen2.5-Coder: `/v1/completions`' `suffix` writes llama.cpp's middle
+/// (the engine's infill test has it); llama.cpp's `/infill` takes files of context and answers
+/// in llama.cpp's format, streamed as the same text.
+#[test]
+fn fill_in_the_middle_on_qwen_coder() {
+    let srv = start_model("qwen2.5-coder-0.5b-instruct-awq-q4_k_m", 1, 4, None, 1);
+    let v = post(&srv, "/v1/completions", json!({"prompt": "def fib(n):\n    ", "suffix": "\n\nprint(fib(10))\n", "max_tokens": 64, "temperature": 0})).json();
+    assert_eq!(v["choices"][0]["text"], "if n <= 1:\n        return n\n    else:\n        return fib(n-1) + fib(n-2)\n\nprint(fib(10))\n", "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["prompt_tokens"], 16, "[PRE] 5 tokens [SUF] 8 tokens [MID]");
+    // As llama.vim sends it (fields it alone knows are ignored).
+    let body = json!({"input_prefix": "def fib(n):\n    ", "input_suffix": "\n\nprint(fib(10))\n", "input_extra": [{"filename": "util.py", "text": "def helper():\n    pass\n"}],
+        "prompt": "", "n_predict": 12, "temperature": 0, "samplers": ["top_k", "top_p", "infill"], "n_indent": 4, "cache_prompt": true});
+    let v = post(&srv, "/infill", body.clone()).json();
+    let content = v["content"].as_str().unwrap().to_string();
+    assert!(!content.is_empty() && v["stop"] == true && v["stop_type"] == "limit" && v["tokens_predicted"] == 12, "{v}");
+    assert_eq!(v["tokens_evaluated"], 33, "the repository layout: 17 tokens of files before the 16: {v}");
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let r = post(&srv, "/infill", streamed);
+    let events: Vec<Value> = r.events().iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let text: String = events.iter().map(|e| e["content"].as_str().unwrap()).collect();
+    assert_eq!(text, content, "{}", r.body);
+    assert!(events[..events.len() - 1].iter().all(|e| e["stop"] == false) && events.last().unwrap()["stop"] == true, "{}", r.body);
+    assert!(!r.body.contains("[DONE]"));
 }

@@ -1,0 +1,147 @@
+//! llama.cpp's `POST /infill`, the fill-in-the-middle endpoint editor plugins call (llama.vim,
+//! llama.vscode): its request fields, and answers in llama.cpp's own completion format, not
+//! OpenAI's.
+//!
+//! Request: `input_prefix` and `input_suffix` (required), `input_extra` (files of context,
+//! `[{"filename", "text"}]`), `prompt` (text after the prefix), `n_predict` (−1: the rest of
+//! the context), and the sampling fields the completion endpoints take under their names. The
+//! prompt is [`corelm_engine::infill::prompt`]'s (llama-server's repository layout where files
+//! are given).
+//!
+//! Answer: one JSON object (`content`, `stop: true`, `stop_type` `eos`/`limit`/`none`,
+//! `tokens_predicted`, `tokens_evaluated`, `tokens_cached`, `timings`), or with `stream` SSE
+//! `data:` chunks of `content` with `stop: false`, then that object with `content` empty — and
+//! no `[DONE]`, as llama-server sends them.
+
+use crate::api::{self, ApiError};
+use crate::{AppState, Job, S};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event as Sse, Sse as SseResponse};
+use axum::response::{IntoResponse, Response};
+use corelm_engine::batcher::{Event, Finish, FinishReason};
+use corelm_engine::infill::Chunk;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::Arc;
+
+#[derive(Deserialize, Debug)]
+struct InfillRequest {
+    input_prefix: String,
+    input_suffix: String,
+    #[serde(default)]
+    input_extra: Vec<ExtraChunk>,
+    #[serde(default)]
+    prompt: String,
+}
+
+#[derive(Deserialize, Debug)]
+struct ExtraChunk {
+    text: String,
+    #[serde(default = "tmp")]
+    filename: String,
+}
+
+/// llama-server's name for a context file without one.
+fn tmp() -> String {
+    "tmp".into()
+}
+
+pub(crate) async fn infill(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
+    let r = async {
+        let mut body = crate::read_body(&st, &headers, &body)?;
+        // llama.cpp's `n_predict` is `max_tokens` (−1 or absent: the rest of the context).
+        match body.get("n_predict").map(Value::as_i64) {
+            Some(Some(n)) if n >= 0 && body.get("max_tokens").is_none() => body["max_tokens"] = json!(n),
+            Some(Some(_)) | None => {}
+            Some(None) => return Err(ApiError::bad("n_predict", "n_predict must be an integer")),
+        }
+        let common: api::Common = api::fields(&body)?;
+        let req: InfillRequest = api::fields(&body)?;
+        crate::check_model(&st, &common.model)?;
+        let params = common.params()?;
+        if params.n != 1 {
+            return Err(ApiError::bad("n", "infill answers one completion"));
+        }
+        let ctx = st.cfg.ctx_size;
+        let budget = ctx.saturating_sub(params.max_tokens.unwrap_or(ctx / 4));
+        let extra: Vec<Chunk> = req.input_extra.into_iter().map(|c| Chunk { filename: c.filename, text: c.text }).collect();
+        let tokens = corelm_engine::infill::prompt(&st.tok, &req.input_prefix, &req.input_suffix, &extra, &req.prompt, budget).map_err(|e| {
+            let mut a = ApiError::bad("input_prefix", format!("infill: {e}"));
+            if matches!(e, corelm_engine::Error::PromptTooLong { .. }) {
+                a.code = Some("context_length_exceeded");
+            }
+            a
+        })?;
+        let job = crate::submit(&st, vec![tokens], params, None, "infill", "input_prefix")?;
+        Ok(answer(st.clone(), job).await)
+    }
+    .await;
+    crate::counted(&st, "infill", r)
+}
+
+/// llama.cpp's final object for a finished request.
+fn final_object(st: &AppState, content: &str, f: &Finish) -> Value {
+    let stop_type = match f.reason {
+        FinishReason::Stop => "eos",
+        FinishReason::Length => "limit",
+        _ => "none",
+    };
+    let prompt_ms = 1000.0 * (f.ttft_secs - f.queue_secs).max(0.0);
+    let predicted_ms = 1000.0 * f.tpot_secs * f.completion_tokens.saturating_sub(1) as f64;
+    let per_second = |n: usize, ms: f64| if ms > 0.0 { 1000.0 * n as f64 / ms } else { 0.0 };
+    let evaluated = f.prompt_tokens - f.cached_tokens;
+    json!({
+        "index": 0, "content": content, "tokens": [], "stop": true, "model": st.cfg.model_id,
+        "tokens_predicted": f.completion_tokens, "tokens_evaluated": f.prompt_tokens, "tokens_cached": f.cached_tokens,
+        "stop_type": stop_type, "stopping_word": "", "has_new_line": content.contains('\n'),
+        "timings": {
+            "prompt_n": evaluated, "prompt_ms": prompt_ms, "prompt_per_second": per_second(evaluated, prompt_ms),
+            "predicted_n": f.completion_tokens, "predicted_ms": predicted_ms, "predicted_per_second": per_second(f.completion_tokens.saturating_sub(1), predicted_ms),
+        },
+    })
+}
+
+async fn answer(st: Arc<AppState>, mut job: Job) -> Response {
+    let Some(mut events) = job.choices.pop() else { return crate::respond::error_response("no request") };
+    if !job.params.stream {
+        let mut content = String::new();
+        loop {
+            match events.recv().await {
+                Some(Event::Token { text, .. } | Event::Text(text)) => content.push_str(&text),
+                Some(Event::Done(f)) => {
+                    if let FinishReason::Error(e) = &f.reason {
+                        return crate::respond::error_response(e);
+                    }
+                    return axum::Json(final_object(&st, &content, &f)).into_response();
+                }
+                None => return crate::respond::error_response("the engine dropped the request"),
+            }
+        }
+    }
+    // SSE: when the client goes, the send fails and dropping the receiver cancels the sequence.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Sse, Infallible>>(64);
+    tokio::spawn(async move {
+        let mut predicted = 0;
+        while let Some(event) = events.recv().await {
+            let data = match event {
+                Event::Token { text, .. } => {
+                    predicted += 1;
+                    json!({"index": 0, "content": text, "tokens": [], "stop": false, "tokens_predicted": predicted})
+                }
+                Event::Text(text) => json!({"index": 0, "content": text, "tokens": [], "stop": false, "tokens_predicted": predicted}),
+                Event::Done(f) => match &f.reason {
+                    FinishReason::Error(e) => json!({"error": {"message": e, "type": "server_error"}}),
+                    _ => final_object(&st, "", &f),
+                },
+            };
+            let last = data["stop"] != json!(false);
+            if tx.send(Ok(Sse::default().data(data.to_string()))).await.is_err() || last {
+                return;
+            }
+        }
+    });
+    SseResponse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).into_response()
+}
