@@ -2,7 +2,8 @@
 //! compiles: the compiler never sees the keyword.
 //!
 //! Design: [`expand`] walks the document's schema positions (the root, `properties`, `$defs`,
-//! `definitions`, `items`, `additionalProperties`, `anyOf`/`oneOf` alternatives) and replaces
+//! `definitions`, `items`, `prefixItems`, `additionalItems`, `additionalProperties`,
+//! `anyOf`/`oneOf` alternatives) and replaces
 //! each schema that has `allOf` by one schema of its parts — the schema's other keywords, each
 //! member, and each part's `$ref` target — merged keyword by keyword into their intersection:
 //! - `type`: the types in every part (`integer` within `number`); none left: refused;
@@ -96,16 +97,16 @@ fn walk(v: &Value, cx: &Ctx, path: &str, depth: u32) -> Result<Value, Error> {
             }
         }
     }
-    for key in ["items", "additionalProperties"] {
-        if let Some(c) = m.get_mut(key) {
-            *c = walk(c, cx, &format!("{path}.{key}"), depth)?;
-        }
-    }
-    for key in ["anyOf", "oneOf"] {
-        if let Some(Value::Array(alts)) = m.get_mut(key) {
-            for (i, a) in alts.iter_mut().enumerate() {
-                *a = walk(a, cx, &format!("{path}.{key}[{i}]"), depth)?;
+    // A schema, or a list of them (alternatives, a tuple's items).
+    for key in ["items", "additionalProperties", "additionalItems", "prefixItems", "anyOf", "oneOf"] {
+        match m.get_mut(key) {
+            Some(Value::Array(list)) => {
+                for (i, a) in list.iter_mut().enumerate() {
+                    *a = walk(a, cx, &format!("{path}.{key}[{i}]"), depth)?;
+                }
             }
+            Some(c) => *c = walk(c, cx, &format!("{path}.{key}"), depth)?,
+            None => {}
         }
     }
     Ok(Value::Object(m))
@@ -216,7 +217,8 @@ fn meet(mut a: Map<String, Value>, b: Map<String, Value>, path: &str) -> Result<
             "items" => both(old, v),
             "multipleOf" => match (old.as_u64(), v.as_u64()) {
                 (Some(x), Some(y)) if x > 0 && y > 0 => Value::from(lcm(x, y).ok_or_else(|| bad(path, "multipleOf: the least common multiple is too large"))?),
-                _ => old,
+                _ if old == v => old,
+                _ => return Err(bad(path, "two multipleOf that are not both whole numbers are not supported")),
             },
             "pattern" | "format" if old != v => return Err(bad(path, format!("two different {k}s for one string are not supported"))),
             "exclusiveMinimum" | "exclusiveMaximum" if old.is_boolean() || v.is_boolean() => {
@@ -437,6 +439,9 @@ mod tests {
         }
         let deep = json!({"$ref": "#/$defs/D39", "$defs": defs});
         assert!(expand(&deep).unwrap_err().to_string().contains("more than 100000 schemas"));
+        // Inside a tuple's items too.
+        let tuple = json!({"prefixItems": [{"allOf": [{"type": "integer"}, {"minimum": 1}]}], "items": [{"allOf": [{"type": "null"}]}]});
+        assert_eq!(merged(tuple), json!({"prefixItems": [{"type": "integer", "minimum": 1}], "items": [{"type": "null"}]}));
         // No `allOf`: the document itself.
         let plain = json!({"type": "object"});
         assert!(matches!(expand(&plain).unwrap(), Cow::Borrowed(_)));
