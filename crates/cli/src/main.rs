@@ -264,6 +264,10 @@ enum Cmd {
         /// Wrap the prompt as a user message with the model's chat template.
         #[arg(long)]
         chat: bool,
+        /// Fill in the middle: the prompt is the text before the hole, this the text after it
+        /// (in the model's FIM tokens, as `serve`'s `suffix`).
+        #[arg(long, conflicts_with_all = ["chat", "prompt_ids"])]
+        suffix: Option<String>,
         /// Print time per operation kind after the run.
         #[arg(long)]
         profile: bool,
@@ -513,14 +517,19 @@ fn main() -> Result<()> {
         corelm_kernels::dispatch::set_default_isa(isa)?;
     }
     match cli.cmd {
-        Cmd::Run { model, sample, prompt, prompt_ids, chat, profile } => {
+        Cmd::Run { model, sample, prompt, prompt_ids, chat, suffix, profile } => {
             let (mut engine, tok) = load(&model, 1)?;
             if profile {
                 engine.profile = Some(Default::default());
             }
-            let ids = match prompt_ids {
-                Some(ids) => ids,
-                None => {
+            let ids = match (prompt_ids, suffix) {
+                (Some(ids), _) => ids,
+                // The context less the answer's room (`-n`).
+                (None, Some(suffix)) => {
+                    let budget = engine.config().n_ctx.saturating_sub(sample.n_predict);
+                    corelm_engine::infill::prompt(&tok, &prompt, &suffix, &[], "", budget).context("--suffix")?
+                }
+                (None, None) => {
                     let text = if chat {
                         ChatTemplate::from_gguf(engine.gguf(), &tok)?.render(&[Message::new("user", &prompt)], true)?
                     } else {

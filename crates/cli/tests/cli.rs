@@ -60,6 +60,9 @@ fn tokenize_and_run() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("Paris"));
     assert!(String::from_utf8_lossy(&out.stderr).contains("generated"));
+    // Fill in the middle needs a model with FIM tokens; SmolLM2's error says so.
+    let out = corelm().args(["run", "--model", &smol(), "-p", "def f(", "--suffix", "):", "-n", "4", "--no-pin"]).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no fill-in-the-middle tokens"), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]
