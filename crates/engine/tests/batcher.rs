@@ -200,7 +200,7 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
     // Patterns under a maxLength: far from it (the memo of what the pattern takes) and near it
     // (each token fed).
     let capped = serde_json::json!({"type": "object", "properties": {"home": {"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083},
-        "slug": {"type": "string", "pattern": "^[a-z]+(-[a-z]+)*$", "maxLength": 8}}, "required": ["home", "slug"]});
+        "slug": {"type": "string", "pattern": "^[a-z]+(-[a-z]+)*$", "maxLength": 8}, "pin": {"type": "string", "pattern": "^[0-9]+$", "minLength": 4, "maxLength": 6}}, "required": ["home", "slug", "pin"]});
     let capped = Arc::new(Schema::compile(&capped).unwrap());
     // A union of objects that start alike (the mask follows each until the text tells them apart).
     let union = serde_json::json!({"type": "object", "properties": {"pet": {"anyOf": [
@@ -228,7 +228,7 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
         (&union, &["{\"pet\":", "{\"pet\": ", "{\"pet\": {", "{\"pet\": {\"", "{\"pet\": {\"kind\": \"c", "{\"pet\": {\"kind\": \"co", "{\"pet\": {\"kind\": \"cow\"", "{\"pet\": {\"size\": 1"]),
         // Inside patterned strings every token is fed (no whole-character shortcut).
         (&patterned, &["{\"id\": \"", "{\"id\": \"ab", "{\"id\": \"ab1", "{\"id\": \"ab12\", \"say\": \"", "{\"id\": \"ab12\", \"say\": \"hello", "{\"id\": \"ab12\", \"say\": \"hello world, "]),
-        (&capped, &["{\"home\": \"", "{\"home\": \"https://ex", "{\"home\": \"https://ex.org/%", "{\"home\": \"h:\", \"slug\": \"", "{\"home\": \"h:\", \"slug\": \"abc", "{\"home\": \"h:\", \"slug\": \"abcdef-", "{\"home\": \"h:\", \"slug\": \"abcdefg"]),
+        (&capped, &["{\"home\": \"", "{\"home\": \"https://ex", "{\"home\": \"https://ex.org/%", "{\"home\": \"h:\", \"slug\": \"", "{\"home\": \"h:\", \"slug\": \"abc", "{\"home\": \"h:\", \"slug\": \"abcdef-", "{\"home\": \"h:\", \"slug\": \"abcdefg", "{\"home\": \"h:\", \"slug\": \"a\", \"pin\": \"12", "{\"home\": \"h:\", \"slug\": \"a\", \"pin\": \"12345"]),
     ];
     for file in ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf"] {
         let g = corelm_gguf::Gguf::open(model_path(file)).unwrap();

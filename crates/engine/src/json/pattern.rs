@@ -13,6 +13,10 @@
 //! not live is refused, so every prefix taken can still be completed, and the closing `"` is
 //! taken only where the text matches.
 //!
+//! Beside `maxLength`, each state's shortest way to a match (in characters) says whether a
+//! match still fits; beside a `minLength` the pattern does not imply, a copy of the pattern
+//! carries each state's lengths of completion ([`Pattern::with_lengths`]).
+//!
 //! Invariant: the automaton feeds the pattern the string's decoded bytes: raw text, and the
 //! character of a short escape; a `\u` escape is refused in a patterned string (its text is
 //! written as UTF-8 instead), so the decoded bytes are known a byte at a time.
@@ -44,7 +48,27 @@ pub(super) struct Pattern {
     /// The most of `shortest` over the live states: a string with at least this many
     /// characters left (past a token's) cannot be stopped by its `maxLength`.
     worst: u32,
+    /// Each reachable state's predecessors and the characters the byte between begins (0 or
+    /// 1, both where bytes of both kinds lead there), indexed as `live` is.
+    preds: Vec<Vec<(usize, u32)>>,
+    /// For a string held to a `minLength` the pattern does not imply: which lengths of
+    /// completion each state has ([`Lengths`]).
+    lengths: Option<Lengths>,
 }
+
+/// Bit `k` of state `i`'s row: some completion of exactly `k` characters leads from state `i`
+/// to a match, for `k` up to `limit` (the `maxLength`, or without one the `minLength` plus the
+/// state count: a longer completion can lose cycles, of at most that many characters each,
+/// down to one within it).
+#[derive(Clone, Debug)]
+struct Lengths {
+    limit: u32,
+    words: usize,
+    bits: Vec<u64>,
+}
+
+/// Most bits of a [`Lengths`] table (8 MB).
+const MAX_LENGTH_BITS: usize = 1 << 26;
 
 impl Pattern {
     /// Compile `pattern`, or say why not (bad syntax, too complex, no JSON string matches it).
@@ -87,12 +111,8 @@ impl Pattern {
             next.clear();
             for b in (0..=255u8).filter(|&b| holdable(b)) {
                 let (t, w) = (dfa.next_state(s, b), (b & 0xC0 != 0x80) as u32);
-                if dfa.is_dead_state(t) || dfa.is_quit_state(t) {
-                    continue;
-                }
-                match next.iter_mut().find(|e| e.0 == t) {
-                    Some(e) => e.1 = e.1.min(w),
-                    None => next.push((t, w)),
+                if !dfa.is_dead_state(t) && !dfa.is_quit_state(t) && !next.contains(&(t, w)) {
+                    next.push((t, w));
                 }
             }
             for &(t, w) in &next {
@@ -143,7 +163,7 @@ impl Pattern {
             }
         }
         let worst = shortest.iter().zip(&live).filter(|(_, &l)| l).map(|(&s, _)| s).max().unwrap_or(0);
-        Ok(Pattern { dfa, start, live, shortest, worst })
+        Ok(Pattern { dfa, start, live, shortest, worst, preds, lengths: None })
     }
 
     /// The state before a string's first byte.
@@ -162,9 +182,75 @@ impl Pattern {
         self.shortest.get(s.as_usize() >> self.dfa.stride2()).copied().unwrap_or(u32::MAX)
     }
 
-    /// The most characters any live state is from a match.
+    /// The most characters any live state is from a match (with a [`Lengths`] table, more
+    /// than any string has: a token's fit then depends on the count).
     pub(super) fn worst(&self) -> u32 {
-        self.worst
+        if self.lengths.is_some() {
+            u32::MAX / 2
+        } else {
+            self.worst
+        }
+    }
+
+    /// This pattern for strings of `min ..= max` characters where `min` is more than its
+    /// shortest match: with the table of each state's lengths of completion ([`Lengths`]).
+    pub(super) fn with_lengths(&self, min: u32, max: u32) -> Result<Pattern, String> {
+        let n = self.live.len();
+        let limit = if max == u32::MAX { min.saturating_add(n as u32) } else { max };
+        let words = (limit as usize + 1).div_ceil(64);
+        if n.saturating_mul(words * 64) > MAX_LENGTH_BITS {
+            return Err(format!("minLength {min} beside this pattern needs a table of more than {MAX_LENGTH_BITS} bits"));
+        }
+        let mut bits = vec![0u64; n * words];
+        // `at[i]`: state i has a completion of exactly k characters, k = 0, 1, …: the matches,
+        // then one character before the last set, each closed over continuation bytes.
+        let mut at: Vec<bool> = (0..n).map(|i| self.live[i] && self.shortest[i] == 0).collect();
+        let mut next = vec![false; n];
+        let mut todo = Vec::new();
+        for k in 0..=limit as usize {
+            if k > 0 {
+                next.iter_mut().for_each(|x| *x = false);
+                for j in (0..n).filter(|&j| at[j]) {
+                    for &(i, w) in &self.preds[j] {
+                        if w == 1 {
+                            next[i] = true;
+                        }
+                    }
+                }
+                std::mem::swap(&mut at, &mut next);
+            }
+            todo.extend((0..n).filter(|&i| at[i]));
+            while let Some(j) = todo.pop() {
+                for &(i, w) in &self.preds[j] {
+                    if w == 0 && !at[i] {
+                        at[i] = true;
+                        todo.push(i);
+                    }
+                }
+            }
+            for i in (0..n).filter(|&i| at[i]) {
+                bits[i * words + k / 64] |= 1 << (k % 64);
+            }
+        }
+        Ok(Pattern { lengths: Some(Lengths { limit, words, bits }), ..self.clone() })
+    }
+
+    /// May a string in state `t` with `chars` characters so far still end on a match with
+    /// `min ..= max` characters? (Without a [`Lengths`] table `min` is one the pattern
+    /// implies, and the shortest way to a match decides.)
+    pub(super) fn fits(&self, t: StateID, chars: u32, min: u32, max: u32) -> bool {
+        let i = t.as_usize() >> self.dfa.stride2();
+        let Some(l) = &self.lengths else { return max == u32::MAX || self.shortest(t).saturating_add(chars) <= max };
+        if chars > max || i >= self.live.len() {
+            return false;
+        }
+        let (lo, hi) = (min.saturating_sub(chars) as usize, (max - chars).min(l.limit) as usize);
+        let row = &l.bits[i * l.words..(i + 1) * l.words];
+        (lo <= hi) && (lo / 64..=hi / 64).any(|w| {
+            let from = if w == lo / 64 { lo % 64 } else { 0 };
+            let to = if w == hi / 64 { hi % 64 } else { 63 };
+            row[w] >> from << (63 - (to - from)) != 0
+        })
     }
 
     /// Does the text that led to `s` match (may the string close here)?

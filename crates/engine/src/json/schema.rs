@@ -154,7 +154,7 @@ impl Schema {
     pub fn compile(schema: &Value) -> Result<Schema, Error> {
         let merged = all_of::expand(schema)?;
         let schema = &*merged;
-        let mut c = Compiler { doc: schema, nodes: base(), refs: HashMap::new(), depth: 0, patterns: vec![], pattern_ids: HashMap::new(), forks: false };
+        let mut c = Compiler { doc: schema, nodes: base(), refs: HashMap::new(), depth: 0, patterns: vec![], pattern_ids: HashMap::new(), length_ids: HashMap::new(), forks: false };
         let root = c.node(schema, "schema")?;
         let s = Schema { nodes: c.nodes, roots: vec![root], patterns: c.patterns, forks: c.forks };
         let first = first_bytes(&s.nodes, root, 0);
@@ -245,6 +245,8 @@ struct Compiler<'a> {
     patterns: Vec<Pattern>,
     /// Each distinct pattern text's index in `patterns`.
     pattern_ids: HashMap<String, u16>,
+    /// Each (pattern, minLength, maxLength)'s copy with lengths in `patterns`.
+    length_ids: HashMap<(u16, u32, u32), u16>,
     /// Some `anyOf`'s alternatives start alike ([`Schema::forks`]).
     forks: bool,
 }
@@ -365,13 +367,17 @@ impl<'a> Compiler<'a> {
                     (Some(_), _) => return Err(bad(path, "pattern must be a string")),
                     (_, Some(_)) => return Err(bad(path, "format must be a string")),
                 };
-                // Beside a pattern, a `maxLength` is held exactly, by the pattern's shortest way
-                // to a match; a `minLength` only where the pattern implies it.
-                if let Some(shortest) = pattern.map(|p| self.patterns[p as usize].shortest(self.patterns[p as usize].start())).filter(|&s| min > s) {
-                    return Err(bad(path, format!("minLength {min} beside a pattern or format that takes strings of {shortest} characters is not supported")));
-                }
-                if pattern.is_some_and(|p| self.patterns[p as usize].shortest(self.patterns[p as usize].start()) > max) {
-                    return Err(bad(path, "no string of its pattern or format is short enough for its maxLength"));
+                // Beside a pattern, a `maxLength` is held by the pattern's shortest way to a
+                // match; a `minLength` the pattern does not imply by a copy of the pattern with
+                // each state's lengths of completion.
+                let pattern = match pattern {
+                    Some(p) if min > self.patterns[p as usize].shortest(self.patterns[p as usize].start()) => Some(self.with_lengths(p, min, max, path)?),
+                    p => p,
+                };
+                if let Some(p) = pattern.map(|p| &self.patterns[p as usize]) {
+                    if !p.fits(p.start(), 0, min, max) {
+                        return Err(bad(path, format!("no string of its pattern or format has {min} to {max} characters")));
+                    }
                 }
                 self.push(Node::String { min, max, pattern })
             }
@@ -387,6 +393,22 @@ impl<'a> Compiler<'a> {
             "null" => self.push(Node::Null),
             _ => return Err(bad(path, format!("unknown type {t:?}"))),
         })
+    }
+
+    /// The index of pattern `p`'s copy for strings of `min ..= max` characters (its
+    /// [`Pattern::with_lengths`]), made on its first use.
+    fn with_lengths(&mut self, p: u16, min: u32, max: u32, path: &str) -> Result<u16, Error> {
+        if let Some(&i) = self.length_ids.get(&(p, min, max)) {
+            return Ok(i);
+        }
+        if self.patterns.len() == MAX_PATTERNS {
+            return Err(bad(path, format!("more than {MAX_PATTERNS} patterns")));
+        }
+        let copy = self.patterns[p as usize].with_lengths(min, max).map_err(|e| bad(path, e))?;
+        self.patterns.push(copy);
+        let i = (self.patterns.len() - 1) as u16;
+        self.length_ids.insert((p, min, max), i);
+        Ok(i)
     }
 
     /// The index of pattern `p`, compiled on its first use.

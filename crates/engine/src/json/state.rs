@@ -210,7 +210,7 @@ impl JsonState {
                 // character is counted where it begins, so the state after its first byte or
                 // after a backslash owes the rest of it only).
                 let pattern = (pat > 0).then(|| &schema.patterns[pat as usize - 1]);
-                let fits = |p: &super::pattern::Pattern, t: StateID, chars: u32| max == u32::MAX || p.shortest(t).saturating_add(chars) <= max;
+                let fits = |p: &super::pattern::Pattern, t: StateID, chars: u32| p.fits(t, chars, min, max);
                 let at = match pattern {
                     None => at,
                     Some(_) if s.plain() && b == b'"' => at,

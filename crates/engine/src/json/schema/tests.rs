@@ -58,7 +58,10 @@ fn patterned() -> Value {
             "day": {"type": "string", "format": "date"},
             "slug": {"type": "string", "pattern": "^[a-z]+(-[a-z]+)*$", "maxLength": 5},
             "link": {"type": "string", "format": "uri", "minLength": 1, "maxLength": 20},
-            "esc": {"type": "string", "pattern": "^(\n|é)+$", "maxLength": 2}
+            "esc": {"type": "string", "pattern": "^(\n|é)+$", "maxLength": 2},
+            "pin": {"type": "string", "pattern": "^[0-9]+$", "minLength": 4, "maxLength": 6},
+            "even": {"type": "string", "pattern": "^(ab)+$", "minLength": 3, "maxLength": 5},
+            "word": {"type": "string", "pattern": "^[a-zé]+$", "minLength": 3}
         },
         "required": ["code"]
     })
@@ -230,6 +233,23 @@ fn patterns_are_held() {
     assert_eq!(accepts(&p, r#"{"code": "AB-1", "slug": "a", "link": "http://e.org/abcde%"#), None, "19 characters, but %20 would make 21");
     assert_eq!(accepts(&p, r#"{"code": "AB-1", "slug": "a", "link": "http://e.org/abcde"#), Some(false));
     assert_eq!(accepts(&p, r#"{"code": "AB-1", "slug": "a", "link": "h"#), Some(false), "h: is a URI");
+    // Beside a minLength the pattern does not imply: each state's lengths of completion.
+    let ok = r#"{"code": "AB-1", "pin": "1234", "even": "abab", "word": "abé"}"#;
+    assert_eq!(accepts(&p, ok), Some(true));
+    assert_eq!(accepts(&p, &ok.replace("1234", "123456")), Some(true));
+    assert_eq!(accepts(&p, &ok.replace("abé", "abcdefghijé")), Some(true));
+    for (what, text) in [
+        ("a pin of 3", ok.replace("1234", "123")),
+        ("a pin of 7", ok.replace("1234", "1234567")),
+        ("even of 2", ok.replace("abab", "ab")),
+        ("even of 6", ok.replace("abab", "ababab")),
+        ("a word of 2", ok.replace("abé", "aé")),
+    ] {
+        assert_eq!(accepts(&p, &text), None, "{what}: {text}");
+    }
+    assert_eq!(accepts(&p, r#"{"code": "AB-1", "even": "a"#), Some(false));
+    assert_eq!(accepts(&p, r#"{"code": "AB-1", "even": "abab"#), Some(false));
+    assert_eq!(accepts(&p, r#"{"code": "AB-1", "even": "ababa"#), None, "ababab is 6");
 }
 
 #[test]
@@ -314,8 +334,9 @@ fn unsupported_schemas_are_refused_by_name() {
     for (schema, says) in [
         (json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=x)"}}}), "look-around"),
         (json!({"type": "object", "properties": {"a": {"type": "string", "pattern": 5}}}), "pattern must be a string"),
-        (json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x+$", "minLength": 3}}}), "minLength 3 beside a pattern or format that takes strings of 1 characters"),
-        (json!({"type": "object", "properties": {"a": {"type": "string", "format": "date", "maxLength": 9}}}), "short enough for its maxLength"),
+        (json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x{1,2}$", "minLength": 3}}}), "no string of its pattern or format has 3 to 4294967295 characters"),
+        (json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "^(ab)+$", "minLength": 3, "maxLength": 3}}}), "has 3 to 3 characters"),
+        (json!({"type": "object", "properties": {"a": {"type": "string", "format": "date", "maxLength": 9}}}), "has 0 to 9 characters"),
         (json!({"type": "object", "properties": {"a": {"enum": ["x"], "pattern": "x"}}}), "\"pattern\" is supported beside \"type\" only"),
         (json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "^\\x01$"}}}), "no JSON string matches"),
         (json!({"type": "object", "properties": {"d": {"type": "string", "format": "uri-reference"}}}), "the format \"uri-reference\""),
