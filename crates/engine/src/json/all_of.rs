@@ -44,8 +44,8 @@ struct Ctx<'a> {
 }
 
 /// Lower and upper bounds: the merge keeps the tighter.
-const LOWER: [&str; 4] = ["minimum", "exclusiveMinimum", "minLength", "minItems"];
-const UPPER: [&str; 4] = ["maximum", "exclusiveMaximum", "maxLength", "maxItems"];
+const LOWER: [&str; 5] = ["minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"];
+const UPPER: [&str; 5] = ["maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"];
 
 /// The document with every `allOf` merged away (borrowed as it is where it has none).
 pub(super) fn expand(doc: &Value) -> Result<Cow<'_, Value>, Error> {

@@ -9,7 +9,8 @@
 //! - `type` (one or a list): `object`, `array`, `string`, `number`, `integer`, `boolean`, `null`;
 //! - objects: `properties` written **in their declared order**, those not in `required`
 //!   optional; no other keys (`additionalProperties` is only read when there are no
-//!   `properties`: `false` gives `{}`, a schema the values of free keys);
+//!   `properties`: `false` gives `{}`, a schema the values of free keys, up to
+//!   `maxProperties` of them and at least a `minProperties` of 0 or 1);
 //! - arrays: `items`, `minItems`, `maxItems`, a tuple's `prefixItems` (or the older
 //!   `items: [...]` and `additionalItems`); `enum` and `const` (any JSON values);
 //! - `anyOf`/`oneOf` (a union of objects too: where alternatives start alike, the mask follows
@@ -57,8 +58,9 @@ pub(super) struct Prop {
 pub(super) enum Node {
     Any,
     /// Declared `props` in order, or (none declared) free keys whose values are `extra`
-    /// (`None`: the object is `{}`).
-    Object { props: Vec<Prop>, extra: Option<NodeId> },
+    /// (`None`: the object is `{}`), `keys.0 ..= keys.1` of them (`minProperties`,
+    /// `maxProperties`; 0 or 1 at least: a repeated key counts once).
+    Object { props: Vec<Prop>, extra: Option<NodeId>, keys: (u16, u16) },
     /// `min ..= max` items: item `i` of `prefix` (a tuple's, `prefixItems`), the rest `items`.
     Array { items: NodeId, min: u32, max: u32, prefix: Vec<NodeId> },
     /// A string of `min ..= max` characters (code points), matching [`Schema`]'s pattern
@@ -98,7 +100,7 @@ const STRING_FORMS: [&str; 2] = ["pattern", "format"];
 pub(super) const ANNOTATIONS: [&str; 13] =
     ["title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "discriminator"];
 /// Keywords read here, under some type.
-const READ: [&str; 14] = ["type", "properties", "required", "additionalProperties", "items", "prefixItems", "additionalItems", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref"];
+const READ: [&str; 16] = ["type", "properties", "required", "additionalProperties", "minProperties", "maxProperties", "items", "prefixItems", "additionalItems", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$ref"];
 
 impl Schema {
     /// JSON mode: any object.
@@ -125,9 +127,10 @@ impl Schema {
             let at = |id: NodeId| if (id as usize) < base().len() { id } else { id + offset };
             let first_pattern = patterns.len() as u16;
             nodes.extend(a.nodes[base().len()..].iter().map(|n| match n {
-                Node::Object { props, extra } => Node::Object {
+                Node::Object { props, extra, keys } => Node::Object {
                     props: props.iter().map(|p| Prop { node: at(p.node), ..p.clone() }).collect(),
                     extra: extra.map(at),
+                    keys: *keys,
                 },
                 Node::Array { items, min, max, prefix } => Node::Array { items: at(*items), min: *min, max: *max, prefix: prefix.iter().map(|&p| at(p)).collect() },
                 Node::AnyOf(alts) => Node::AnyOf(alts.iter().map(|&x| at(x)).collect()),
@@ -230,7 +233,7 @@ fn first_bytes(nodes: &[Node], node: NodeId, depth: u32) -> [bool; 256] {
 
 /// The three nodes every table starts with.
 fn base() -> Vec<Node> {
-    vec![Node::Any, Node::Object { props: vec![], extra: Some(ANY) }, Node::Array { items: ANY, min: 0, max: u32::MAX, prefix: vec![] }]
+    vec![Node::Any, Node::Object { props: vec![], extra: Some(ANY), keys: (0, u16::MAX) }, Node::Array { items: ANY, min: 0, max: u32::MAX, prefix: vec![] }]
 }
 
 fn bad(path: &str, what: impl std::fmt::Display) -> Error {
@@ -436,6 +439,8 @@ impl<'a> Compiler<'a> {
             Some(Value::Object(p)) => Some(p),
             Some(_) => return Err(bad(path, "properties must be an object")),
         };
+        let count = |k: &str| m.get(k).map(|v| v.as_u64().filter(|&n| n <= u16::MAX as u64).map(|n| n as u16).ok_or_else(|| bad(path, format!("{k} must be a count up to 65535")))).transpose();
+        let keys = (count("minProperties")?.unwrap_or(0), count("maxProperties")?.unwrap_or(u16::MAX));
         let Some(declared) = declared.filter(|p| !p.is_empty()) else {
             if let Some(k) = required.first() {
                 return Err(bad(path, format!("required property {k:?} is not in properties")));
@@ -445,10 +450,20 @@ impl<'a> Compiler<'a> {
                 Some(Value::Bool(false)) => None,
                 Some(s) => Some(self.node(s, &format!("{path}.additionalProperties"))?),
             };
-            return Ok(self.push(Node::Object { props: vec![], extra }));
+            if keys.0 > 1 {
+                return Err(bad(path, "minProperties above 1 is not supported for free keys (a repeated key would count once)"));
+            }
+            if keys.0 > keys.1 || (keys.0 > 0 && extra.is_none()) {
+                return Err(bad(path, "no object has as many properties as minProperties asks within maxProperties and additionalProperties"));
+            }
+            return Ok(self.push(Node::Object { props: vec![], extra, keys }));
         };
         if let Some(k) = required.iter().find(|k| !declared.contains_key(**k)) {
             return Err(bad(path, format!("required property {k:?} is not in properties")));
+        }
+        // Beside declared properties only as they imply (the required ones, all of them).
+        if (keys.0 as usize) > required.len() || (keys.1 as usize) < declared.len() {
+            return Err(bad(path, "minProperties and maxProperties beside properties are supported only where the required and declared properties imply them"));
         }
         let mut props = Vec::with_capacity(declared.len());
         let mut optional_run = 0;
@@ -462,7 +477,7 @@ impl<'a> Compiler<'a> {
             }
             props.push(Prop { key: quoted[1..quoted.len() - 1].to_vec(), node, required: req });
         }
-        Ok(self.push(Node::Object { props, extra: None }))
+        Ok(self.push(Node::Object { props, extra: None, keys: (0, u16::MAX) }))
     }
 
     fn any_of(&mut self, ids: Vec<NodeId>, path: &str) -> Result<NodeId, Error> {

@@ -435,10 +435,15 @@ impl JsonState {
     fn between(&mut self, schema: &Schema, b: u8, forks: Option<&mut Vec<JsonState>>) -> bool {
         let f = *self.top();
         match &schema.nodes[f.node as usize] {
-            Node::Object { props, extra } => match (f.phase, b) {
-                (Phase::ObjOpen | Phase::ObjAfter, b'}') if props.iter().skip(f.idx as usize).all(|p| !p.required) => self.close(),
+            // Free keys (no `props`): `idx` counts them.
+            Node::Object { props, extra, keys } => match (f.phase, b) {
+                (Phase::ObjOpen | Phase::ObjAfter, b'}') if props.iter().skip(f.idx as usize).all(|p| !p.required) && (!props.is_empty() || f.idx >= keys.0) => self.close(),
+                (Phase::ObjOpen | Phase::ObjComma, b'"') if props.is_empty() => {
+                    self.top().idx = f.idx.saturating_add(1);
+                    (f.idx < keys.1 || keys.1 == u16::MAX) && self.start_key(props, extra.is_some(), f.idx)
+                }
                 (Phase::ObjOpen | Phase::ObjComma, b'"') => self.start_key(props, extra.is_some(), f.idx),
-                (Phase::ObjAfter, b',') if props.is_empty() || (f.idx as usize) < props.len() => {
+                (Phase::ObjAfter, b',') if (props.is_empty() && (f.idx < keys.1 || keys.1 == u16::MAX)) || (f.idx as usize) < props.len() => {
                     self.top().phase = Phase::ObjComma;
                     true
                 }

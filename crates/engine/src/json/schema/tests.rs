@@ -106,7 +106,8 @@ fn merged() -> Value {
             "link": {"type": "string", "format": "uri"},
             "pair": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string", "maxLength": 3}], "minItems": 2, "maxItems": 2},
             "row": {"prefixItems": [{"const": "id"}], "items": {"type": "integer"}},
-            "old": {"type": "array", "items": [{"type": "boolean"}, {"type": "null"}], "additionalItems": false}
+            "old": {"type": "array", "items": [{"type": "boolean"}, {"type": "null"}], "additionalItems": false},
+            "counts": {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 2}
         },
         "required": ["owner", "item", "size", "shape"],
         "$defs": {
@@ -299,7 +300,7 @@ fn all_of_multiples_uris_and_tuples_are_held() {
     let ok = r#"{"owner": {"name": "Al"}, "item": {"name": "ab", "tags": [], "price": 15}, "size": 3, "shape": {"id": 4, "kind": "box", "side": 2}, "link": "https://example.org/a?b#c"}"#;
     assert_eq!(accepts(&m, ok), Some(true));
     let tuples = ok.replace(r#"a?b#c""#, r#"a?b#c", "pair": [7, "ab"], "row": ["id", 1, 2], "old": [true, null]"#);
-    for text in [ok.replace(r#""kind": "box", "side": 2"#, r#""kind": "dot""#), ok.replace(r#""tags": [], "#, ""), tuples.clone(), tuples.replace(r#"["id", 1, 2]"#, r#"["id"]"#), tuples.replace("[true, null]", "[false]")] {
+    for text in [ok.replace(r#""kind": "box", "side": 2"#, r#""kind": "dot""#), ok.replace(r#""tags": [], "#, ""), tuples.clone(), tuples.replace(r#"["id", 1, 2]"#, r#"["id"]"#), tuples.replace("[true, null]", "[false]"), tuples.replace("[true, null]", r#"[true, null], "counts": {"a": 1}"#), tuples.replace("[true, null]", r#"[true, null], "counts": {"a": 1, "b": 2}"#)] {
         assert_eq!(accepts(&m, &text), Some(true), "{text}");
     }
     for (what, text) in [
@@ -324,6 +325,8 @@ fn all_of_multiples_uris_and_tuples_are_held() {
         ("a row's first not its const", tuples.replace(r#"["id", 1, 2]"#, "[1, 2]")),
         ("an old tuple with more items", tuples.replace("[true, null]", "[true, null, null]")),
         ("an old tuple's second not null", tuples.replace("[true, null]", "[true, true]")),
+        ("no counts", tuples.replace("[true, null]", r#"[true, null], "counts": {}"#)),
+        ("three counts", tuples.replace("[true, null]", r#"[true, null], "counts": {"a": 1, "b": 2, "c": 3}"#)),
     ] {
         assert_eq!(accepts(&m, &text), None, "{what}: {text}");
     }
@@ -373,6 +376,9 @@ fn unsupported_schemas_are_refused_by_name() {
         (json!({"type": "object", "properties": {"a": {"allOf": [{"not": {}}, {"not": {"type": "null"}}]}}}), "two different \"not\"s"),
         (json!({"type": "object", "properties": {"a": {"allOf": [{"prefixItems": [{}]}, {"items": {"type": "null"}}]}}}), "a tuple (prefixItems) beside"),
         (json!({"type": "object", "properties": {"a": {"type": "array", "prefixItems": [{}], "items": false, "minItems": 2}}}), "minItems is above"),
+        (json!({"type": "object", "properties": {"a": {"type": "object", "minProperties": 2}}}), "minProperties above 1"),
+        (json!({"type": "object", "properties": {"a": {"type": "object", "minProperties": 1, "additionalProperties": false}}}), "no object has as many properties"),
+        (json!({"type": "object", "properties": {"a": {"type": "object", "properties": {"x": {}, "y": {}}, "maxProperties": 1}}}), "only where the required and declared properties imply"),
     ] {
         let e = Schema::compile(&schema).expect_err(&schema.to_string()).to_string();
         assert!(e.contains(says), "{schema}: {e}");
@@ -406,7 +412,9 @@ fn valid(s: &Value, v: &Value, root: &Value) -> bool {
     let object = |m: &Map<String, Value>| {
         let props = s["properties"].as_object().cloned().unwrap_or_default();
         let req = s["required"].as_array().cloned().unwrap_or_default();
-        req.iter().all(|k| m.contains_key(k.as_str().unwrap()))
+        let n = m.len() as u64;
+        n >= s["minProperties"].as_u64().unwrap_or(0) && n <= s["maxProperties"].as_u64().unwrap_or(u64::MAX)
+            && req.iter().all(|k| m.contains_key(k.as_str().unwrap()))
             && m.iter().all(|(k, x)| match (props.get(k), s.get("additionalProperties")) {
                 (Some(p), _) => valid(p, x, root),
                 (None, Some(Value::Bool(b))) => *b,
