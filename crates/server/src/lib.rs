@@ -10,7 +10,7 @@
 //! * [`api`]: request bodies, validation into engine parameters, OpenAI error bodies.
 //! * [`metrics`]: Prometheus text exposition.
 //! * `embed`: `/v1/embeddings`.
-//! * `infill`: llama.cpp's `/infill`, answered in llama.cpp's completion format.
+//! * `native`: llama.cpp's `/completion` and `/infill`, answered in llama.cpp's format.
 //! * this file: the router, the handlers (JSON and SSE; also `/v1/models/{id}`, `/tokenize`,
 //!   `/detokenize`), admission (bounded queue → 429,
 //!   never-fitting request → 400 `context_length_exceeded`), bearer authentication.
@@ -21,7 +21,7 @@
 
 pub mod api;
 mod embed;
-mod infill;
+mod native;
 pub mod metrics;
 mod respond;
 
@@ -104,7 +104,8 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
         .route("/v1/embeddings", post(embed::embeddings))
         .route("/v1/models", get(models))
         .route("/v1/models/{model}", get(model))
-        .route("/infill", post(infill::infill))
+        .route("/completion", post(native::completion))
+        .route("/infill", post(native::infill))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/health", get(health))

@@ -622,3 +622,25 @@ fn fill_in_the_middle_on_qwen_coder() {
     assert!(events[..events.len() - 1].iter().all(|e| e["stop"] == false) && events.last().unwrap()["stop"] == true, "{}", r.body);
     assert!(!r.body.contains("[DONE]"));
 }
+
+/// llama.cpp's `/completion`: a text or token ids, `n_predict`, answered in llama.cpp's format
+/// (the stream the same text, ending in a chunk with `stop: true`).
+#[test]
+fn llama_cpp_completion_endpoint() {
+    let srv = start(1, 4, None);
+    let body = json!({"prompt": "The capital of France is", "n_predict": 8, "temperature": 0});
+    let v = post(&srv, "/completion", body.clone()).json();
+    let content = v["content"].as_str().unwrap().to_string();
+    assert!(content.contains("Paris") && v["stop"] == true && v["stop_type"] == "limit" && v["tokens_predicted"] == 8 && v["tokens_evaluated"] == 5, "{v}");
+    let ids: Vec<u32> = post(&srv, "/tokenize", json!({"content": "The capital of France is"})).json()["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+    let v = post(&srv, "/completion", json!({"prompt": ids, "n_predict": 8, "temperature": 0})).json();
+    assert_eq!(v["content"], content.as_str(), "token ids give the same answer");
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let r = post(&srv, "/completion", streamed);
+    let events: Vec<Value> = r.events().iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    assert_eq!(events.iter().map(|e| e["content"].as_str().unwrap()).collect::<String>(), content);
+    assert_eq!(events.last().unwrap()["stop"], true);
+    let r = post(&srv, "/completion", json!({"prompt": "x", "n_predict": 2.5}));
+    assert!(r.status == 400 && r.body.contains("n_predict"), "{}", r.body);
+}

@@ -1,12 +1,12 @@
-//! llama.cpp's `POST /infill`, the fill-in-the-middle endpoint editor plugins call (llama.vim,
-//! llama.vscode): its request fields, and answers in llama.cpp's own completion format, not
-//! OpenAI's.
+//! llama.cpp's own endpoints, answered in llama.cpp's completion format, not OpenAI's:
+//! `POST /completion` (`prompt` a text or token ids) and `POST /infill`, the fill-in-the-middle
+//! endpoint editor plugins call (llama.vim, llama.vscode).
 //!
-//! Request: `input_prefix` and `input_suffix` (required), `input_extra` (files of context,
-//! `[{"filename", "text"}]`), `prompt` (text after the prefix), `n_predict` (−1: the rest of
-//! the context), and the sampling fields the completion endpoints take under their names. The
-//! prompt is [`corelm_engine::infill::prompt`]'s (llama-server's repository layout where files
-//! are given).
+//! Requests: `n_predict` (−1: the rest of the context) and the sampling fields the OpenAI
+//! endpoints take under their names. `/infill`: `input_prefix` and `input_suffix` (required),
+//! `input_extra` (files of context, `[{"filename", "text"}]`), `prompt` (text after the
+//! prefix); the prompt is [`corelm_engine::infill::prompt`]'s (llama-server's repository
+//! layout where files are given).
 //!
 //! Answer: one JSON object (`content`, `stop: true`, `stop_type` `eos`/`limit`/`none`,
 //! `tokens_predicted`, `tokens_evaluated`, `tokens_cached`, `timings`), or with `stream` SSE
@@ -49,22 +49,55 @@ fn tmp() -> String {
     "tmp".into()
 }
 
+/// The body, with llama.cpp's `n_predict` as `max_tokens` (−1 or absent: the rest of the
+/// context), its common fields checked, and the model.
+fn read(st: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<(Value, crate::api::GenParams), ApiError> {
+    let mut body = crate::read_body(st, headers, body)?;
+    match body.get("n_predict").map(Value::as_i64) {
+        Some(Some(n)) if n >= 0 && body.get("max_tokens").is_none() => body["max_tokens"] = json!(n),
+        Some(Some(_)) | None => {}
+        Some(None) => return Err(ApiError::bad("n_predict", "n_predict must be an integer")),
+    }
+    let common: api::Common = api::fields(&body)?;
+    crate::check_model(st, &common.model)?;
+    let params = common.params()?;
+    if params.n != 1 {
+        return Err(ApiError::bad("n", "llama.cpp's endpoints answer one completion"));
+    }
+    Ok((body, params))
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum NativePrompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+#[derive(Deserialize, Debug)]
+struct CompletionRequest {
+    prompt: NativePrompt,
+}
+
+pub(crate) async fn completion(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
+    let r = async {
+        let (body, params) = read(&st, &headers, &body)?;
+        let req: CompletionRequest = api::fields(&body)?;
+        let tokens = match req.prompt {
+            NativePrompt::Tokens(t) => t,
+            NativePrompt::Text(s) => st.tok.encode(&s, true, true).map_err(|e| ApiError::bad("prompt", e.to_string()))?,
+        };
+        let job = crate::submit(&st, vec![tokens], params, None, "cmpl", "prompt")?;
+        Ok(answer(st.clone(), job).await)
+    }
+    .await;
+    crate::counted(&st, "completion", r)
+}
+
 pub(crate) async fn infill(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
     let r = async {
-        let mut body = crate::read_body(&st, &headers, &body)?;
-        // llama.cpp's `n_predict` is `max_tokens` (−1 or absent: the rest of the context).
-        match body.get("n_predict").map(Value::as_i64) {
-            Some(Some(n)) if n >= 0 && body.get("max_tokens").is_none() => body["max_tokens"] = json!(n),
-            Some(Some(_)) | None => {}
-            Some(None) => return Err(ApiError::bad("n_predict", "n_predict must be an integer")),
-        }
-        let common: api::Common = api::fields(&body)?;
+        let (body, params) = read(&st, &headers, &body)?;
         let req: InfillRequest = api::fields(&body)?;
-        crate::check_model(&st, &common.model)?;
-        let params = common.params()?;
-        if params.n != 1 {
-            return Err(ApiError::bad("n", "infill answers one completion"));
-        }
         let ctx = st.cfg.ctx_size;
         let budget = ctx.saturating_sub(params.max_tokens.unwrap_or(ctx / 4));
         let extra: Vec<Chunk> = req.input_extra.into_iter().map(|c| Chunk { filename: c.filename, text: c.text }).collect();
