@@ -256,5 +256,11 @@ try:
 except openai.BadRequestError as e:
     check("bad field -> BadRequestError naming temperature", "temperature" in str(e), e)
 
+try:
+    client.completions.create(model=MODEL, prompt="def f(", suffix="):", max_tokens=4)
+    check("suffix on a model without FIM tokens -> BadRequestError", False, "no error")
+except openai.BadRequestError as e:
+    check("suffix on a model without FIM tokens -> BadRequestError naming suffix", e.param == "suffix", e)
+
 print(f"{len(failures)} failure(s)")
 sys.exit(1 if failures else 0)
