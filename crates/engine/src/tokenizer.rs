@@ -165,16 +165,22 @@ impl Tokenizer {
         .into_iter()
         .flatten()
         .collect();
-        // FIM tokens: named by the GGUF, else found by their text (first in id order), and
-        // made control tokens as llama.cpp makes them.
+        // FIM tokens: named by the GGUF, else found by their text (first in id order) and then
+        // made control tokens; the repository and file separators end generation (llama.cpp's
+        // rules).
         let mut fim_ids = [None; 5];
         for (role, slot) in fim_ids.iter_mut().enumerate() {
             *slot = match (id(FIM_KEYS[role][0])?, id(FIM_KEYS[role][1])?) {
                 (Some(t), _) | (None, Some(t)) => Some(t),
-                (None, None) => tokens.iter().position(|t| FIM_TEXTS[role].contains(&t.as_str())).map(|i| i as u32),
+                (None, None) => {
+                    let found = tokens.iter().position(|t| FIM_TEXTS[role].contains(&t.as_str()));
+                    found.inspect(|&i| token_type[i] = TOKEN_CONTROL).map(|i| i as u32)
+                }
             };
-            if let Some(t) = *slot {
-                token_type[t as usize] = TOKEN_CONTROL;
+            if let (Some(t), 3..) = (*slot, role) {
+                if !eog.contains(&t) {
+                    eog.push(t);
+                }
             }
         }
         let fim = match fim_ids {

@@ -216,7 +216,8 @@ impl JsonMask {
         self.prepare();
         // The memo says which text tokens the pattern takes; under a `maxLength` that is also
         // what the bound allows while the string has room for the longest token and then the
-        // pattern's longest shortest way to a match. Nearer its end each token is fed.
+        // pattern's farthest state from a match. Nearer its end (and under a `minLength` the
+        // pattern does not imply) each token is fed.
         let pattern = match self.states[..] {
             [s] => s.plain_pattern(),
             _ => None,

@@ -13,7 +13,7 @@
 //!
 //! Invariant: every prefix the automaton takes can still be completed by single bytes (a
 //! string, number, word or literal can always end — a patterned string through its pattern's
-//! live states, within its `maxLength` by the pattern's shortest way to a match —, every
+//! live states, within its length bounds by `Pattern::fits` —, every
 //! container close; a required property or item is always startable) —
 //! except through a schema whose required parts recurse without end or nest past
 //! [`MAX_DEPTH`].
@@ -205,8 +205,8 @@ impl JsonState {
                     return false;
                 }
                 // A pattern reads the decoded text: raw bytes, and a short escape's character
-                // (no `\u` escapes: `pattern`'s invariant). Under a `maxLength`, a state is
-                // taken only if its shortest way to a match fits in the characters left (a
+                // (no `\u` escapes: `pattern`'s invariant). Under length bounds, a state is
+                // taken only where a match of an allowed length can still follow from it (a
                 // character is counted where it begins, so the state after its first byte or
                 // after a backslash owes the rest of it only).
                 let pattern = (pat > 0).then(|| &schema.patterns[pat as usize - 1]);
