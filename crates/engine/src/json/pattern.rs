@@ -57,9 +57,10 @@ pub(super) struct Pattern {
 }
 
 /// Bit `k` of state `i`'s row: some completion of exactly `k` characters leads from state `i`
-/// to a match, for `k` up to `limit` (the `maxLength`, or without one the `minLength` plus the
-/// state count: a longer completion can lose cycles, of at most that many characters each,
-/// down to one within it).
+/// to a match, for `k` up to `limit`: the `maxLength`, or the `minLength` plus the state count
+/// where that is less. A completion longer than `lo` + the state count repeats a state, and
+/// losing that cycle (at most a state count of characters) leaves one of at least `lo`: so
+/// where a string needs `lo ..= hi` more characters, bits `lo ..= min(hi, limit)` decide.
 #[derive(Clone, Debug)]
 struct Lengths {
     limit: u32,
@@ -196,7 +197,7 @@ impl Pattern {
     /// shortest match: with the table of each state's lengths of completion ([`Lengths`]).
     pub(super) fn with_lengths(&self, min: u32, max: u32) -> Result<Pattern, String> {
         let n = self.live.len();
-        let limit = if max == u32::MAX { min.saturating_add(n as u32) } else { max };
+        let limit = max.min(min.saturating_add(n as u32));
         let words = (limit as usize + 1).div_ceil(64);
         if n.saturating_mul(words * 64) > MAX_LENGTH_BITS {
             return Err(format!("minLength {min} beside this pattern needs a table of more than {MAX_LENGTH_BITS} bits"));
