@@ -61,7 +61,7 @@ fn patterned() -> Value {
             "esc": {"type": "string", "pattern": "^(\n|é)+$", "maxLength": 2},
             "pin": {"type": "string", "pattern": "^[0-9]+$", "minLength": 4, "maxLength": 6},
             "even": {"type": "string", "pattern": "^(ab)+$", "minLength": 3, "maxLength": 5},
-            "word": {"type": "string", "pattern": "^[a-zé]+$", "minLength": 3}
+            "word": {"type": "string", "pattern": "^[a-zé]+$", "minLength": 3, "maxLength": 100000}
         },
         "required": ["code"]
     })
