@@ -9,9 +9,10 @@
 //! layout where files are given).
 //!
 //! Answer: one JSON object (`content`, `stop: true`, `stop_type` `eos`/`limit`/`none`,
-//! `tokens_predicted`, `tokens_evaluated`, `tokens_cached`, `timings`), or with `stream` SSE
-//! `data:` chunks of `content` with `stop: false`, then that object with `content` empty — and
-//! no `[DONE]`, as llama-server sends them.
+//! `tokens_predicted`, `tokens_evaluated`, `tokens_cached`, `timings`; cut to the paths of
+//! `response_fields` where given), or with `stream` SSE `data:` chunks of `content` with
+//! `stop: false`, then that object with `content` empty — and no `[DONE]`, as llama-server
+//! sends them.
 
 use crate::api::{self, ApiError};
 use crate::{AppState, Job, S};
@@ -88,7 +89,7 @@ pub(crate) async fn completion(State(st): S, headers: HeaderMap, body: Bytes) ->
             NativePrompt::Text(s) => st.tok.encode(&s, true, true).map_err(|e| ApiError::bad("prompt", e.to_string()))?,
         };
         let job = crate::submit(&st, vec![tokens], params, None, "cmpl", "prompt")?;
-        Ok(answer(st.clone(), job).await)
+        Ok(answer(st.clone(), job, fields(&body)?).await)
     }
     .await;
     crate::counted(&st, "completion", r)
@@ -109,7 +110,7 @@ pub(crate) async fn infill(State(st): S, headers: HeaderMap, body: Bytes) -> Res
             a
         })?;
         let job = crate::submit(&st, vec![tokens], params, None, "infill", "input_prefix")?;
-        Ok(answer(st.clone(), job).await)
+        Ok(answer(st.clone(), job, fields(&body)?).await)
     }
     .await;
     crate::counted(&st, "infill", r)
@@ -137,7 +138,25 @@ fn final_object(st: &AppState, content: &str, f: &Finish) -> Value {
     })
 }
 
-async fn answer(st: Arc<AppState>, mut job: Job) -> Response {
+/// `response_fields`: the paths (`timings/prompt_n`) the final object is cut to, each its own
+/// key, as llama-server does (none: the whole object).
+fn fields(body: &Value) -> Result<Vec<String>, ApiError> {
+    match body.get("response_fields") {
+        None | Some(Value::Null) => Ok(vec![]),
+        Some(v) => serde_json::from_value(v.clone()).map_err(|_| ApiError::bad("response_fields", "response_fields must list strings")),
+    }
+}
+
+/// `v` cut to `paths` (`a/b`: `v["a"]["b"]`, under the key `a/b`; absent ones left out).
+fn only(paths: &[String], v: Value) -> Value {
+    if paths.is_empty() {
+        return v;
+    }
+    let picked = paths.iter().filter_map(|p| p.split('/').try_fold(&v, |at, k| at.get(k)).map(|x| (p.clone(), x.clone())));
+    Value::Object(picked.collect())
+}
+
+async fn answer(st: Arc<AppState>, mut job: Job, paths: Vec<String>) -> Response {
     let Some(mut events) = job.choices.pop() else { return crate::respond::error_response("no request") };
     if !job.params.stream {
         let mut content = String::new();
@@ -148,7 +167,7 @@ async fn answer(st: Arc<AppState>, mut job: Job) -> Response {
                     if let FinishReason::Error(e) = &f.reason {
                         return crate::respond::error_response(e);
                     }
-                    return axum::Json(final_object(&st, &content, &f)).into_response();
+                    return axum::Json(only(&paths, final_object(&st, &content, &f))).into_response();
                 }
                 None => return crate::respond::error_response("the engine dropped the request"),
             }
@@ -167,7 +186,7 @@ async fn answer(st: Arc<AppState>, mut job: Job) -> Response {
                 Event::Text(text) => json!({"index": 0, "content": text, "tokens": [], "stop": false, "tokens_predicted": predicted}),
                 Event::Done(f) => match &f.reason {
                     FinishReason::Error(e) => json!({"error": {"message": e, "type": "server_error"}}),
-                    _ => final_object(&st, "", &f),
+                    _ => only(&paths, final_object(&st, "", &f)),
                 },
             };
             let last = data["stop"] != json!(false);

@@ -621,6 +621,12 @@ fn fill_in_the_middle_on_qwen_coder() {
     assert_eq!(text, content, "{}", r.body);
     assert!(events[..events.len() - 1].iter().all(|e| e["stop"] == false) && events.last().unwrap()["stop"] == true, "{}", r.body);
     assert!(!r.body.contains("[DONE]"));
+    // `response_fields` cuts the answer to those paths, each its own key (llama.vim asks so).
+    let mut body = json!({"input_prefix": "def fib(n):\n    ", "input_suffix": "\n", "n_predict": 2, "temperature": 0});
+    body["response_fields"] = json!(["content", "timings/prompt_n", "nothing/here"]);
+    let v = post(&srv, "/infill", body).json();
+    let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["content", "timings/prompt_n"], "{v}");
 }
 
 /// llama.cpp's `/completion`: a text or token ids, `n_predict`, answered in llama.cpp's format
