@@ -84,12 +84,13 @@ pub(crate) async fn completion(State(st): S, headers: HeaderMap, body: Bytes) ->
     let r = async {
         let (body, params) = read(&st, &headers, &body)?;
         let req: CompletionRequest = api::fields(&body)?;
+        let paths = fields(&body)?;
         let tokens = match req.prompt {
             NativePrompt::Tokens(t) => t,
             NativePrompt::Text(s) => st.tok.encode(&s, true, true).map_err(|e| ApiError::bad("prompt", e.to_string()))?,
         };
         let job = crate::submit(&st, vec![tokens], params, None, "cmpl", "prompt")?;
-        Ok(answer(st.clone(), job, fields(&body)?).await)
+        Ok(answer(st.clone(), job, paths).await)
     }
     .await;
     crate::counted(&st, "completion", r)
@@ -99,6 +100,7 @@ pub(crate) async fn infill(State(st): S, headers: HeaderMap, body: Bytes) -> Res
     let r = async {
         let (body, params) = read(&st, &headers, &body)?;
         let req: InfillRequest = api::fields(&body)?;
+        let paths = fields(&body)?;
         let ctx = st.cfg.ctx_size;
         let budget = ctx.saturating_sub(params.max_tokens.unwrap_or(ctx / 4));
         let extra: Vec<Chunk> = req.input_extra.into_iter().map(|c| Chunk { filename: c.filename, text: c.text }).collect();
@@ -110,7 +112,7 @@ pub(crate) async fn infill(State(st): S, headers: HeaderMap, body: Bytes) -> Res
             a
         })?;
         let job = crate::submit(&st, vec![tokens], params, None, "infill", "input_prefix")?;
-        Ok(answer(st.clone(), job, fields(&body)?).await)
+        Ok(answer(st.clone(), job, paths).await)
     }
     .await;
     crate::counted(&st, "infill", r)
@@ -126,7 +128,7 @@ fn final_object(st: &AppState, content: &str, f: &Finish) -> Value {
     let prompt_ms = 1000.0 * (f.ttft_secs - f.queue_secs).max(0.0);
     let predicted_ms = 1000.0 * f.tpot_secs * f.completion_tokens.saturating_sub(1) as f64;
     let per_second = |n: usize, ms: f64| if ms > 0.0 { 1000.0 * n as f64 / ms } else { 0.0 };
-    let evaluated = f.prompt_tokens - f.cached_tokens;
+    let evaluated = f.prompt_tokens.saturating_sub(f.cached_tokens);
     json!({
         "index": 0, "content": content, "tokens": [], "stop": true, "model": st.cfg.model_id,
         "tokens_predicted": f.completion_tokens, "tokens_evaluated": f.prompt_tokens, "tokens_cached": f.cached_tokens,

@@ -649,4 +649,6 @@ fn llama_cpp_completion_endpoint() {
     assert_eq!(events.last().unwrap()["stop"], true);
     let r = post(&srv, "/completion", json!({"prompt": "x", "n_predict": 2.5}));
     assert!(r.status == 400 && r.body.contains("n_predict"), "{}", r.body);
+    let r = post(&srv, "/completion", json!({"prompt": "x", "response_fields": 5}));
+    assert!(r.status == 400 && r.body.contains("response_fields"), "{}", r.body);
 }
