@@ -386,6 +386,21 @@ fn read_request<T: serde::de::DeserializeOwned>(
     Ok((common, req))
 }
 
+/// A fill-in-the-middle prompt ([`corelm_engine::infill::prompt`]) in the context less the
+/// answer's room (`max_tokens`, else a quarter of the context), or a 400 on `field`
+/// (`context_length_exceeded` where even its FIM tokens do not fit).
+fn fim_prompt(st: &AppState, prefix: &str, suffix: &str, extra: &[corelm_engine::infill::Chunk], prompt: &str, max_tokens: Option<usize>, field: &str) -> Result<Vec<u32>, ApiError> {
+    let ctx = st.cfg.ctx_size;
+    let budget = ctx.saturating_sub(max_tokens.unwrap_or(ctx / 4));
+    corelm_engine::infill::prompt(&st.tok, prefix, suffix, extra, prompt, budget).map_err(|e| {
+        let mut a = ApiError::bad(field, e.to_string());
+        if matches!(e, corelm_engine::Error::PromptTooLong { .. }) {
+            a.code = Some("context_length_exceeded");
+        }
+        a
+    })
+}
+
 /// Tokenize request text (BOS as the model wants it, special tokens parsed), or a 400 on `field`.
 fn encode(st: &AppState, text: &str, field: &str) -> Result<Vec<u32>, ApiError> {
     st.tok.encode(text, true, true).map_err(|e| ApiError::bad(field, e.to_string()))
@@ -441,14 +456,7 @@ async fn completions(State(st): S, headers: HeaderMap, body: Bytes) -> Response 
             // Fill in the middle, in the model's FIM tokens, within the context less the
             // answer's room (a quarter of the context unless `max_tokens` says).
             (Prompt::Text(s), Some(suffix)) => {
-                let budget = st.cfg.ctx_size.saturating_sub(params.max_tokens.unwrap_or(st.cfg.ctx_size / 4));
-                vec![corelm_engine::infill::prompt(&st.tok, &s, &suffix, &[], "", budget).map_err(|e| {
-                    let mut a = ApiError::bad("suffix", e.to_string());
-                    if matches!(e, corelm_engine::Error::PromptTooLong { .. }) {
-                        a.code = Some("context_length_exceeded");
-                    }
-                    a
-                })?]
+                vec![fim_prompt(&st, &s, &suffix, &[], "", params.max_tokens, "suffix")?]
             }
             (_, Some(_)) => return Err(ApiError::bad("suffix", "suffix takes one prompt, as text")),
             (Prompt::Tokens(t), None) => vec![t],

@@ -101,16 +101,8 @@ pub(crate) async fn infill(State(st): S, headers: HeaderMap, body: Bytes) -> Res
         let (body, params) = read(&st, &headers, &body)?;
         let req: InfillRequest = api::fields(&body)?;
         let paths = fields(&body)?;
-        let ctx = st.cfg.ctx_size;
-        let budget = ctx.saturating_sub(params.max_tokens.unwrap_or(ctx / 4));
         let extra: Vec<Chunk> = req.input_extra.into_iter().map(|c| Chunk { filename: c.filename, text: c.text }).collect();
-        let tokens = corelm_engine::infill::prompt(&st.tok, &req.input_prefix, &req.input_suffix, &extra, &req.prompt, budget).map_err(|e| {
-            let mut a = ApiError::bad("input_prefix", format!("infill: {e}"));
-            if matches!(e, corelm_engine::Error::PromptTooLong { .. }) {
-                a.code = Some("context_length_exceeded");
-            }
-            a
-        })?;
+        let tokens = crate::fim_prompt(&st, &req.input_prefix, &req.input_suffix, &extra, &req.prompt, params.max_tokens, "input_prefix")?;
         let job = crate::submit(&st, vec![tokens], params, None, "infill", "input_prefix")?;
         Ok(answer(st.clone(), job, paths).await)
     }

@@ -175,8 +175,7 @@ fn distribute(mut parts: Vec<Map<String, Value>>, u: usize, cx: &Ctx, path: &str
     let rest = parts.into_iter().try_fold(Map::new(), |acc, p| meet(acc, p, path))?;
     let mut kept = Vec::new();
     for (i, alt) in alts.iter().enumerate() {
-        let both = Value::Object(Map::from_iter([("allOf".to_string(), Value::Array(vec![Value::Object(rest.clone()), alt.clone()]))]));
-        match walk(&both, cx, &format!("{path}.{key}[{i}]"), depth + 1) {
+        match walk(&all_of(Value::Object(rest.clone()), alt.clone()), cx, &format!("{path}.{key}[{i}]"), depth + 1) {
             Ok(v) => kept.push(v),
             // An alternative that contradicts the rest is one no value takes.
             Err(Error::Schema(e)) if e.contains(EMPTY) => {}
@@ -189,13 +188,17 @@ fn distribute(mut parts: Vec<Map<String, Value>>, u: usize, cx: &Ctx, path: &str
     Ok(Map::from_iter([(key.to_string(), Value::Array(kept))]))
 }
 
+/// `{"allOf": [x, y]}`: a value of both, merged in turn by [`walk`].
+fn all_of(x: Value, y: Value) -> Value {
+    Value::Object(Map::from_iter([("allOf".to_string(), Value::Array(vec![x, y]))]))
+}
+
 /// What a contradiction says (an alternative that says it is dropped from a union).
 const EMPTY: &str = "no value fits every member";
 
 /// The intersection of schemas `a` and `b` (neither with `allOf`, `$ref` or a union, but
 /// maybe beneath).
 fn meet(mut a: Map<String, Value>, b: Map<String, Value>, path: &str) -> Result<Map<String, Value>, Error> {
-    let both = |x: Value, y: Value| Value::Object(Map::from_iter([("allOf".to_string(), Value::Array(vec![x, y]))]));
     // A tuple's items beside another member's items would need merging item by item.
     let tuple = |m: &Map<String, Value>| m.contains_key("prefixItems") || m.contains_key("additionalItems") || m.get("items").is_some_and(Value::is_array);
     let items = |m: &Map<String, Value>| ["items", "prefixItems", "additionalItems"].iter().any(|k| m.contains_key(*k));
@@ -214,7 +217,7 @@ fn meet(mut a: Map<String, Value>, b: Map<String, Value>, path: &str) -> Result<
         };
         let merged = match k.as_str() {
             "type" => meet_types(&old, &v, path)?,
-            "items" => both(old, v),
+            "items" => all_of(old, v),
             "multipleOf" => match (old.as_u64(), v.as_u64()) {
                 (Some(x), Some(y)) if x > 0 && y > 0 => Value::from(lcm(x, y).ok_or_else(|| bad(path, "multipleOf: the least common multiple is too large"))?),
                 _ if old == v => old,
@@ -280,7 +283,6 @@ fn meet_types(a: &Value, b: &Value, path: &str) -> Result<Value, Error> {
 
 /// `properties`, `required` and `additionalProperties` of `a` and `b`, into `a`.
 fn meet_objects(a: &mut Map<String, Value>, b: &Map<String, Value>, path: &str) -> Result<(), Error> {
-    let both = |x: &Value, y: &Value| Value::Object(Map::from_iter([("allOf".to_string(), Value::Array(vec![x.clone(), y.clone()]))]));
     let props = |m: &Map<String, Value>| m.get("properties").and_then(Value::as_object).cloned().unwrap_or_default();
     let (pa, pb) = (props(a), props(b));
     let (xa, xb) = (a.get("additionalProperties").cloned(), b.get("additionalProperties").cloned());
@@ -299,11 +301,11 @@ fn meet_objects(a: &mut Map<String, Value>, b: &Map<String, Value>, path: &str) 
     let mut merged = Map::new();
     for (k, (own, extra)) in pa.iter().map(|(k, v)| (k, (v, other(&xb)))).chain(pb.iter().filter(|(k, _)| !pa.contains_key(*k)).map(|(k, v)| (k, (v, other(&xa))))) {
         let schema = match (pa.get(k), pb.get(k), extra) {
-            (Some(x), Some(y), _) => both(x, y),
+            (Some(x), Some(y), _) => all_of(x.clone(), y.clone()),
             (_, _, None) if required.iter().any(|r| r == k) => return Err(bad(path, format!("{EMPTY}: property {k:?} is required but another member has additionalProperties false"))),
             (_, _, None) => continue,
             (_, _, Some(Value::Bool(true))) => own.clone(),
-            (_, _, Some(s)) => both(own, &s),
+            (_, _, Some(s)) => all_of(own.clone(), s),
         };
         merged.insert(k.clone(), schema);
     }
@@ -317,7 +319,7 @@ fn meet_objects(a: &mut Map<String, Value>, b: &Map<String, Value>, path: &str) 
         (None, _) | (_, None) => a.insert("additionalProperties".into(), Value::Bool(false)),
         (Some(Value::Bool(true)), Some(Value::Bool(true))) => a.remove("additionalProperties"),
         (Some(Value::Bool(true)), Some(s)) | (Some(s), Some(Value::Bool(true))) => a.insert("additionalProperties".into(), s),
-        (Some(x), Some(y)) => a.insert("additionalProperties".into(), both(&x, &y)),
+        (Some(x), Some(y)) => a.insert("additionalProperties".into(), all_of(x, y)),
     };
     Ok(())
 }

@@ -240,6 +240,11 @@ fn bad(path: &str, what: impl std::fmt::Display) -> Error {
     Error::Schema(format!("{path}: {what}"))
 }
 
+/// Keyword `k` of `m` as a count of items or properties (up to 65535), if given.
+fn count(m: &Map<String, Value>, k: &str, path: &str) -> Result<Option<u16>, Error> {
+    m.get(k).map(|v| v.as_u64().filter(|&n| n <= u16::MAX as u64).map(|n| n as u16).ok_or_else(|| bad(path, format!("{k} must be a count up to 65535")))).transpose()
+}
+
 struct Compiler<'a> {
     doc: &'a Value,
     nodes: Vec<Node>,
@@ -340,9 +345,8 @@ impl<'a> Compiler<'a> {
                     Some((key, Value::Array(p))) if p.len() <= u16::MAX as usize => p.iter().enumerate().map(|(i, s)| self.node(s, &format!("{path}.{key}[{i}]"))).collect::<Result<Vec<_>, _>>()?,
                     Some((key, _)) => return Err(bad(path, format!("{key} must list up to 65535 schemas"))),
                 };
-                let count = |k: &str| m.get(k).map(|v| v.as_u64().filter(|&n| n <= u16::MAX as u64).ok_or_else(|| bad(path, format!("{k} must be a count up to 65535")))).transpose();
-                let min = count("minItems")?.unwrap_or(0) as u32;
-                let mut max = count("maxItems")?.map_or(u32::MAX, |n| n as u32);
+                let min = count(m, "minItems", path)?.unwrap_or(0) as u32;
+                let mut max = count(m, "maxItems", path)?.map_or(u32::MAX, |n| n as u32);
                 let items = match m.get(rest_key) {
                     None | Some(Value::Bool(true)) => ANY,
                     // No items past the tuple's.
@@ -439,8 +443,7 @@ impl<'a> Compiler<'a> {
             Some(Value::Object(p)) => Some(p),
             Some(_) => return Err(bad(path, "properties must be an object")),
         };
-        let count = |k: &str| m.get(k).map(|v| v.as_u64().filter(|&n| n <= u16::MAX as u64).map(|n| n as u16).ok_or_else(|| bad(path, format!("{k} must be a count up to 65535")))).transpose();
-        let keys = (count("minProperties")?.unwrap_or(0), count("maxProperties")?.unwrap_or(u16::MAX));
+        let keys = (count(m, "minProperties", path)?.unwrap_or(0), count(m, "maxProperties", path)?.unwrap_or(u16::MAX));
         let Some(declared) = declared.filter(|p| !p.is_empty()) else {
             if let Some(k) = required.first() {
                 return Err(bad(path, format!("required property {k:?} is not in properties")));
