@@ -73,6 +73,16 @@ r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3,
 lp = r.choices[0].logprobs.content
 check("chat logprobs", len(lp) == 3 and all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in lp), lp)
 
+# echo with logprobs, as lm-evaluation-harness scores a continuation: token lists in, the
+# continuation's scores read from token_logprobs[ctxlen:-1].
+ctx, cont = [504, 3575, 282, 4649, 314], [7042, 30]
+r = client.completions.create(model=MODEL, prompt=[ctx + cont], max_tokens=1, temperature=0, logprobs=1, echo=True)
+lp = r.choices[0].logprobs
+check("completions: echo scores the prompt", len(lp.token_logprobs) == len(ctx + cont) + 1 and lp.token_logprobs[0] is None
+      and all(x <= 0 for x in lp.token_logprobs[1:]) and r.choices[0].text.startswith("The capital of France is Paris."), (r.choices[0].text, lp))
+r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=0, logprobs=0, echo=True)
+check("completions: echo with max_tokens 0", r.choices[0].text == "The capital of France is" and r.usage.completion_tokens == 0, r)
+
 r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5, temperature=0, stop=["\n"])
 check("completions: text", isinstance(r.choices[0].text, str) and "\n" not in r.choices[0].text, r)
 

@@ -25,6 +25,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, cancel_after: Option<usize>) -> 
                 g.3.extend(logprob.map(|l| l.logprob));
             }
             Event::Text(t) => g.1.push_str(&t),
+            Event::Prompt { .. } => {}
             Event::Done(f) => g.2 = Some(f.reason),
         }
         cancel_after.is_none_or(|n| g.0.len() < n)
@@ -36,6 +37,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, cancel_after: Option<usize>) -> 
         stop: vec![],
         ignore_eos: true,
         logprobs: Some(2),
+        prompt_logprobs: None,
         json: None,
         sink,
         arrived: Instant::now(),
@@ -263,4 +265,82 @@ fn json_mask_prefilters_agree_with_feeding_every_token() {
             assert!(checked >= prefixes.len() - 2, "{file}: {checked} prefixes had single-byte tokens");
         }
     }
+}
+
+/// A scored prompt (`prompt_logprobs`, the legacy API's `echo`): one event per prompt token, in
+/// order, each the log-softmax of the logits of the position before it exactly as a pass with
+/// every row's logits gives it (the perplexity path), whether the prompt goes in chunks beside
+/// another request's decode, is already in the prefix cache, or is followed by an answer —
+/// which is then the answer an unscored request gets.
+#[test]
+fn scored_prompts_equal_the_all_logits_pass() {
+    use corelm_engine::batcher::{token_logprob, TokenLogprob};
+    let cfg = EngineConfig { n_seq_max: 3, n_batch: 16, batch_invariant: true, ..test_config(2) };
+    let (mut engine, tok) = load("SmolLM2-135M-Instruct.Q4_1.gguf", cfg);
+    let text = "The quick brown fox jumps over the lazy dog, and then it runs into the forest where the owls are sleeping until night. \
+        When the moon rises the owls wake, and the fox, tired from the day, curls up under an old oak and listens to them calling across the valley.";
+    let prompt = tok.encode(text, true, true).unwrap();
+    assert!(prompt.len() > 2 * BLOCK && prompt.len() > 16, "{} tokens", prompt.len());
+    // The reference: one sequence, every row's logits, in passes of 16.
+    let mut want: Vec<TokenLogprob> = vec![];
+    let mut pos = 0;
+    engine
+        .feed(0, &prompt, true, |l| {
+            for r in 0..l.rows() {
+                if pos + r + 1 < prompt.len() {
+                    want.push(token_logprob(l.row(r), prompt[pos + r + 1], 3));
+                }
+            }
+            pos += l.rows();
+        })
+        .unwrap();
+    engine.clear_all();
+    let tok = Arc::new(tok);
+    let mut b = Batcher::new(engine, tok.clone());
+    type Scored = Arc<Mutex<(Vec<(u32, Option<TokenLogprob>)>, Vec<u32>, Option<(FinishReason, usize)>)>>;
+    let scored = |b: &mut Batcher, max_tokens: usize| -> Scored {
+        let log: Scored = Arc::default();
+        let l = log.clone();
+        let sink = Box::new(move |e: Event| {
+            let mut g = l.lock().unwrap();
+            match e {
+                Event::Prompt { id, logprob } => {
+                    assert!(g.1.is_empty(), "a prompt event after a generated token");
+                    g.0.push((id, logprob));
+                }
+                Event::Token { id, .. } => g.1.push(id),
+                Event::Text(_) => {}
+                Event::Done(f) => g.2 = Some((f.reason, f.completion_tokens)),
+            }
+            true
+        });
+        let (mut r, _) = request(prompt.clone(), max_tokens, None);
+        r.sink = sink;
+        r.prompt_logprobs = Some(3);
+        b.submit(r).map_err(|e| e.1).unwrap();
+        log
+    };
+    let check = |log: &Scored, max_tokens: usize| {
+        let g = log.lock().unwrap();
+        assert_eq!(g.0.len(), prompt.len(), "one event per prompt token");
+        assert_eq!(g.0[0], (prompt[0], None), "the first token has no log-probability");
+        for (p, (id, lp)) in g.0.iter().enumerate().skip(1) {
+            assert_eq!(*id, prompt[p]);
+            assert_eq!(lp.as_ref(), Some(&want[p - 1]), "prompt token {p}");
+        }
+        assert_eq!(g.2, Some((FinishReason::Length, max_tokens)));
+        assert_eq!(g.1.len(), max_tokens);
+    };
+    // Beside an unscored request of the same prompt: chunks of 16 share each step.
+    let (plain, plain_log) = request(prompt.clone(), 5, None);
+    b.submit(plain).map_err(|e| e.1).unwrap();
+    let only_prompt = scored(&mut b, 0);
+    drain(&mut b);
+    check(&only_prompt, 0);
+    // Its blocks are cached now; a scored request computes the prompt again, then answers.
+    let answered = scored(&mut b, 5);
+    drain(&mut b);
+    check(&answered, 5);
+    assert_eq!(answered.lock().unwrap().1, plain_log.lock().unwrap().0, "the answer after a scored prompt");
+    assert_eq!(b.engine().blocks().used(), 0);
 }

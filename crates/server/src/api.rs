@@ -4,8 +4,7 @@
 //! both endpoints share, then the endpoint's own), so a bad field is named in the 400 answer
 //! (`messages[1].content: invalid type ...`). Unknown fields are ignored, as OpenAI clients
 //! send fields this server does not use (`user`, `metadata` ...); fields it cannot honour with
-//! a different meaning (`echo`, a schema keyword the constraint cannot hold) are refused by
-//! name. `n` choices (and `/v1/completions`' several prompts) become one engine request each.
+//! a different meaning (a schema keyword the constraint cannot hold) are refused by name. `n` choices (and `/v1/completions`' several prompts) become one engine request each.
 //! `response_format: {"type": "json_object"}` is JSON mode, `{"type": "json_schema", ...}` a
 //! JSON Schema (`corelm_engine::json`); `tools` and `tool_choice` are read into a
 //! [`ToolPlan`] (`corelm_engine::tools`).
@@ -217,8 +216,10 @@ pub const MAX_CHOICES: usize = 64;
 #[derive(Deserialize, Debug)]
 pub struct CompletionRequest {
     pub prompt: Prompt,
-    /// Legacy API: how many top alternatives per token (0..=5).
+    /// Legacy API: how many top alternatives per token (0..=20).
     pub logprobs: Option<u64>,
+    /// The prompt before the answer, in the text and (with `logprobs`) in the log-probabilities,
+    /// the first prompt token's `null`.
     #[serde(default)]
     pub echo: bool,
     /// Fill in the middle: the text after the hole the answer fills (`prompt` the text before).
@@ -239,6 +240,8 @@ pub struct GenParams {
     pub n: usize,
     /// JSON mode or a JSON Schema (`corelm_engine::json`).
     pub json: Option<Arc<Schema>>,
+    /// `echo` with `logprobs`: score every prompt token too, with this many alternatives.
+    pub prompt_logprobs: Option<usize>,
 }
 
 fn range(param: &str, v: Option<f32>, lo: f32, hi: f32, default: f32) -> Result<f32, ApiError> {
@@ -253,6 +256,11 @@ impl Common {
     /// Validate the shared fields. Defaults follow llama.cpp's server (temperature 0.8,
     /// top_k 40, top_p 0.95, min_p 0.05); a missing seed draws a fresh one.
     pub fn params(&self) -> Result<GenParams, ApiError> {
+        self.params_with(false)
+    }
+
+    /// [`Self::params`]; `max_tokens: 0` taken when `zero_tokens` (an echoed prompt, only scored).
+    pub fn params_with(&self, zero_tokens: bool) -> Result<GenParams, ApiError> {
         let n = match self.n {
             None => 1,
             Some(n) if (1..=MAX_CHOICES as u64).contains(&n) => n as usize,
@@ -272,7 +280,7 @@ impl Common {
             },
         };
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
-            Some(0) => return Err(ApiError::bad("max_tokens", "max_tokens must be at least 1")),
+            Some(0) if !zero_tokens => return Err(ApiError::bad("max_tokens", "max_tokens must be at least 1 (0 only with echo)")),
             Some(m) => Some(m.min(usize::MAX as u64) as usize),
             None => None,
         };
@@ -312,6 +320,7 @@ impl Common {
             include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
             n,
             json,
+            prompt_logprobs: None,
         })
     }
 }
@@ -432,8 +441,10 @@ impl CompletionRequest {
     pub fn top_logprobs(&self) -> Result<Option<usize>, ApiError> {
         match self.logprobs {
             None => Ok(None),
-            Some(n) if n <= 5 => Ok(Some(n as usize)),
-            Some(n) => Err(ApiError::bad("logprobs", format!("logprobs must be in 0..=5, got {n}"))),
+            // OpenAI takes up to 5; llama-cpp-python's server and vLLM more (lm-evaluation-harness's
+            // `gguf` model asks for 10).
+            Some(n) if n <= 20 => Ok(Some(n as usize)),
+            Some(n) => Err(ApiError::bad("logprobs", format!("logprobs must be in 0..=20, got {n}"))),
         }
     }
 }

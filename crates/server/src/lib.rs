@@ -12,7 +12,8 @@
 //! * `embed`: `/v1/embeddings`.
 //! * `native`: llama.cpp's `/completion` and `/infill`, answered in llama.cpp's format.
 //! * this file: the router, the handlers (JSON and SSE; also `/v1/models/{id}`, `/tokenize`,
-//!   `/detokenize`), admission (bounded queue → 429,
+//!   `/detokenize` and `/tokenizer_info` in both llama.cpp's and vLLM's shapes — the latter is
+//!   what lm-evaluation-harness's remote tokenizer asks for), admission (bounded queue → 429,
 //!   never-fitting request → 400 `context_length_exceeded`), bearer authentication.
 //!
 //! Invariants: HTTP and JSON live here only — the engine sees token ids and sinks. A client
@@ -63,6 +64,8 @@ pub struct AppState {
     /// The model's embedding width.
     n_embd: usize,
     template: ChatTemplate,
+    /// The GGUF's chat template source, if it has one (`/tokenizer_info`).
+    template_source: Option<String>,
     stats: Arc<Stats>,
     pub metrics: metrics::Metrics,
     /// Requests accepted and without a first event yet.
@@ -74,6 +77,7 @@ pub struct AppState {
 /// with it every sender) is dropped.
 pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, std::thread::JoinHandle<()>), String> {
     let template = ChatTemplate::from_gguf(engine.gguf(), &tok).map_err(|e| e.to_string())?;
+    let template_source = engine.gguf().opt_str("tokenizer.chat_template").ok().flatten().map(str::to_string);
     let tok = Arc::new(tok);
     let n_embd = engine.hyper().n_embd;
     let mut cfg = cfg;
@@ -93,6 +97,7 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
         tok,
         n_embd,
         template,
+        template_source,
         stats,
         metrics: metrics::Metrics::default(),
         queued: Arc::new(AtomicU64::new(0)),
@@ -108,6 +113,7 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
         .route("/infill", post(native::infill))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
+        .route("/tokenizer_info", get(tokenizer_info))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
@@ -194,20 +200,24 @@ async fn model(State(st): S, headers: HeaderMap, axum::extract::Path(id): axum::
 
 /// `POST /tokenize`, as llama.cpp's server: `{"content": TEXT, "add_special": false,
 /// "with_pieces": false}` → `{"tokens": [ID, ...]}` (with pieces: `[{"id", "piece"}]`, a piece
-/// that is not whole UTF-8 as its bytes).
+/// that is not whole UTF-8 as its bytes); or as vLLM's: `{"prompt": TEXT,
+/// "add_special_tokens": true}`. Special tokens' text is parsed either way.
 async fn tokenize(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
     #[derive(serde::Deserialize)]
     struct Req {
+        #[serde(alias = "prompt")]
         content: String,
-        #[serde(default)]
-        add_special: bool,
+        add_special: Option<bool>,
+        add_special_tokens: Option<bool>,
         #[serde(default)]
         with_pieces: bool,
     }
     let r = (|| {
         check_auth(&st, &headers)?;
         let req: Req = api::fields(&api::parse_body(&body)?)?;
-        let ids = st.tok.encode(&req.content, req.add_special, true).map_err(|e| ApiError::bad("content", e.to_string()))?;
+        // Each server's default: llama.cpp adds no BOS unless asked, vLLM does.
+        let special = req.add_special.or(req.add_special_tokens).unwrap_or(req.add_special_tokens.is_some());
+        let ids = st.tok.encode(&req.content, special, true).map_err(|e| ApiError::bad("content", e.to_string()))?;
         let tokens: Vec<serde_json::Value> = if req.with_pieces {
             ids.iter()
                 .map(|&id| {
@@ -219,12 +229,14 @@ async fn tokenize(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
         } else {
             ids.iter().map(|&id| serde_json::json!(id)).collect()
         };
-        Ok(axum::Json(serde_json::json!({"tokens": tokens})).into_response())
+        let count = tokens.len();
+        Ok(axum::Json(serde_json::json!({"tokens": tokens, "count": count, "max_model_len": st.cfg.ctx_size})).into_response())
     })();
     counted(&st, "tokenize", r)
 }
 
-/// `POST /detokenize`, as llama.cpp's server: `{"tokens": [ID, ...]}` → `{"content": TEXT}`.
+/// `POST /detokenize`, as llama.cpp's server: `{"tokens": [ID, ...]}` → `{"content": TEXT}`
+/// (and vLLM's `"prompt": TEXT`).
 async fn detokenize(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
     #[derive(serde::Deserialize)]
     struct Req {
@@ -237,9 +249,28 @@ async fn detokenize(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
         if let Some(t) = req.tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(ApiError::bad("tokens", format!("token id {t} is outside the vocabulary of {n_vocab}")));
         }
-        Ok(axum::Json(serde_json::json!({"content": st.tok.decode(&req.tokens)})).into_response())
+        let text = st.tok.decode(&req.tokens);
+        Ok(axum::Json(serde_json::json!({"content": text, "prompt": text})).into_response())
     })();
     counted(&st, "detokenize", r)
+}
+
+/// `GET /tokenizer_info`, as vLLM's: the special tokens' text, the chat template, the context.
+async fn tokenizer_info(State(st): S, headers: HeaderMap) -> Response {
+    let r = check_auth(&st, &headers).map(|_| {
+        let text = |t: Option<u32>| t.map(|t| st.tok.text(t).to_string());
+        axum::Json(serde_json::json!({
+            "tokenizer_class": format!("{:?}", st.tok.kind),
+            "bos_token": text(st.tok.bos),
+            "eos_token": text(st.tok.eos),
+            "add_bos_token": st.tok.add_bos,
+            "chat_template": st.template_source,
+            "model_max_length": st.cfg.ctx_size,
+            "vocab_size": st.tok.n_vocab(),
+        }))
+        .into_response()
+    });
+    counted(&st, "tokenizer_info", r)
 }
 
 async fn not_found() -> Response {
@@ -255,6 +286,8 @@ pub(crate) struct Job {
     pub id: String,
     /// With tools offered: how to read calls out of the answer.
     pub tools: Option<respond::ToolAnswer>,
+    /// `echo`: each prompt's text, put before its choices' answers (empty: no echo).
+    pub echo: Vec<String>,
 }
 
 /// Admission: context checks, queue bound, then hand the requests to the engine thread — one
@@ -290,7 +323,7 @@ fn submit(
             return Err(ApiError::bad(&field, format!("token id {t} is outside the vocabulary of {n_vocab}")));
         }
         let m = params.max_tokens.unwrap_or(ctx.saturating_sub(prompt.len()));
-        if m == 0 || prompt.len().saturating_add(m) > ctx {
+        if (m == 0 && params.max_tokens.is_none()) || prompt.len().saturating_add(m) > ctx {
             let mut e = ApiError::bad(
                 &field,
                 format!("this model's maximum context length is {ctx} tokens; the request has {} prompt tokens and asks for {} completion tokens", prompt.len(), m.max(1)),
@@ -332,6 +365,7 @@ fn submit(
             stop: params.stop.clone(),
             ignore_eos: params.ignore_eos,
             logprobs,
+            prompt_logprobs: params.prompt_logprobs,
             json: params.json.clone(),
             sink,
             arrived: Instant::now(),
@@ -345,7 +379,7 @@ fn submit(
     }
     drop(tx);
     let n = REQ_ID.fetch_add(1, Ordering::Relaxed);
-    Ok(Job { choices, params, logprobs, id: format!("{prefix}-{:x}{n:06x}", st.created), tools: None })
+    Ok(Job { choices, params, logprobs, id: format!("{prefix}-{:x}{n:06x}", st.created), tools: None, echo: vec![] })
 }
 
 static REQ_ID: AtomicU64 = AtomicU64::new(0);
@@ -446,12 +480,20 @@ async fn chat(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
 async fn completions(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
     let r = async {
         let (common, req): (_, CompletionRequest) = read_request(&st, &headers, &body)?;
-        if req.echo {
-            return Err(ApiError::bad("echo", "echo is not supported"));
-        }
-        let params = common.params()?;
+        let mut params = common.params_with(req.echo)?;
         let logprobs = req.top_logprobs()?;
+        if req.echo {
+            if req.suffix.is_some() {
+                return Err(ApiError::bad("echo", "echo together with suffix is not supported"));
+            }
+            params.prompt_logprobs = logprobs;
+        }
         // Several prompts: choices `p · n .. (p + 1) · n` are prompt p's.
+        let texts = match &req.prompt {
+            Prompt::Text(s) => Some(vec![s.clone()]),
+            Prompt::Texts(v) => Some(v.clone()),
+            _ => None,
+        };
         let prompts = match (req.prompt, req.suffix) {
             // Fill in the middle, in the model's FIM tokens, within the context less the
             // answer's room (a quarter of the context unless `max_tokens` says).
@@ -464,7 +506,14 @@ async fn completions(State(st): S, headers: HeaderMap, body: Bytes) -> Response 
             (Prompt::Text(s), None) => vec![encode(&st, &s, "prompt")?],
             (Prompt::Texts(v), None) => v.iter().enumerate().map(|(i, s)| encode(&st, s, &format!("prompt[{i}]"))).collect::<Result<_, _>>()?,
         };
-        let job = submit(&st, prompts, params, logprobs, "cmpl", "prompt")?;
+        // `echo`: the text as sent, or what token prompts decode to.
+        let echo = match (&req.echo, &texts) {
+            (false, _) => vec![],
+            (true, Some(t)) => t.clone(),
+            (true, None) => prompts.iter().map(|p| st.tok.decode(p)).collect(),
+        };
+        let mut job = submit(&st, prompts, params, logprobs, "cmpl", "prompt")?;
+        job.echo = echo;
         Ok(respond::answer(st.clone(), job, respond::Kind::Text).await)
     }
     .await;

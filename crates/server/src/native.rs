@@ -157,6 +157,7 @@ async fn answer(st: Arc<AppState>, mut job: Job, paths: Vec<String>) -> Response
         loop {
             match events.recv().await {
                 Some(Event::Token { text, .. } | Event::Text(text)) => content.push_str(&text),
+                Some(Event::Prompt { .. }) => {} // not asked for here
                 Some(Event::Done(f)) => {
                     if let FinishReason::Error(e) = &f.reason {
                         return crate::respond::error_response(e);
@@ -173,6 +174,7 @@ async fn answer(st: Arc<AppState>, mut job: Job, paths: Vec<String>) -> Response
         let mut predicted = 0;
         while let Some(event) = events.recv().await {
             let data = match event {
+                Event::Prompt { .. } => continue, // not asked for here
                 Event::Token { text, .. } => {
                     predicted += 1;
                     json!({"index": 0, "content": text, "tokens": [], "stop": false, "tokens_predicted": predicted})

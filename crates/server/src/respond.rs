@@ -7,6 +7,10 @@
 //! (`tools::plain_prefix`), holds the rest, and at the end sends the calls as one
 //! `delta.tool_calls` chunk — or, when there were none, the held text.
 //!
+//! `echo` (legacy completions): each choice's text opens with its prompt's, and its
+//! log-probabilities with the prompt tokens' (the first one's `null`); a stream sends them as
+//! the choice's first chunk, once the prompt is computed.
+//!
 //! Several choices (`n`, several prompts): an answer holds one per engine request, `index` in
 //! request order; a stream interleaves their chunks as their tokens come, each chunk one
 //! choice's, and ends after every choice's last. Usage counts each prompt once (its first
@@ -102,14 +106,30 @@ struct Logprobs {
     kind: Kind,
     content: Vec<Value>,
     tokens: Vec<String>,
-    token_logprobs: Vec<f32>,
+    token_logprobs: Vec<Option<f32>>,
     top: Vec<Value>,
     offsets: Vec<usize>,
+    /// Characters of the prompt tokens' pieces so far (their `text_offset`s).
+    prompt_chars: usize,
 }
 
 impl Logprobs {
     fn new(kind: Kind) -> Self {
-        Logprobs { kind, content: vec![], tokens: vec![], token_logprobs: vec![], top: vec![], offsets: vec![] }
+        Logprobs { kind, content: vec![], tokens: vec![], token_logprobs: vec![], top: vec![], offsets: vec![], prompt_chars: 0 }
+    }
+
+    /// An echoed prompt token (legacy completions only): `lp` is `None` for the first.
+    fn push_prompt(&mut self, st: &AppState, id: u32, lp: Option<&TokenLogprob>) {
+        match lp {
+            Some(lp) => self.push(st, id, lp, self.prompt_chars),
+            None => {
+                self.tokens.push(String::from_utf8_lossy(st.tok.piece(id)).into_owned());
+                self.token_logprobs.push(None);
+                self.top.push(Value::Null);
+                self.offsets.push(self.prompt_chars);
+            }
+        }
+        self.prompt_chars += self.tokens.last().map_or(0, |t| t.chars().count());
     }
 
     fn push(&mut self, st: &AppState, id: u32, lp: &TokenLogprob, offset: usize) {
@@ -125,7 +145,7 @@ impl Logprobs {
             }
             Kind::Text => {
                 self.tokens.push(piece(id));
-                self.token_logprobs.push(lp.logprob);
+                self.token_logprobs.push(Some(lp.logprob));
                 let m: serde_json::Map<String, Value> = lp.top.iter().map(|&(t, l)| (piece(t), json!(l))).collect();
                 self.top.push(Value::Object(m));
                 self.offsets.push(offset);
@@ -163,14 +183,21 @@ async fn whole(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
     let mut usage = Usage::default();
     // In order: the others' events wait in their channels meanwhile.
     for (c, events) in job.choices.iter_mut().enumerate() {
-        let mut text = String::new();
+        let mut text = job.echo.get(c / job.params.n).cloned().unwrap_or_default();
+        let mut chars = text.chars().count();
         let mut lps = job.logprobs.map(|_| Logprobs::new(kind));
         let fin = loop {
             match events.recv().await {
+                Some(Event::Prompt { id, logprob }) => {
+                    if let Some(l) = lps.as_mut() {
+                        l.push_prompt(&st, id, logprob.as_ref());
+                    }
+                }
                 Some(Event::Token { id, text: t, logprob }) => {
                     if let (Some(l), Some(lp)) = (lps.as_mut(), logprob.as_ref()) {
-                        l.push(&st, id, lp, text.len());
+                        l.push(&st, id, lp, chars);
                     }
+                    chars += t.chars().count();
                     text.push_str(&t);
                 }
                 Some(Event::Text(t)) => text.push_str(&t),
@@ -212,8 +239,11 @@ async fn whole(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
 /// A streamed choice's state.
 struct Streamed {
     lps: Option<Logprobs>,
-    /// Bytes of text so far (the legacy logprobs' offsets).
+    /// Characters of text so far (the legacy logprobs' `text_offset`s count characters, as
+    /// OpenAI's and the clients that cut a prompt by its Python length).
     offset: usize,
+    /// `echo`: the prompt's text, until it goes out as the choice's first chunk.
+    echo: Option<String>,
     /// With tools: the whole text so far, and how much of it went out as content.
     full: String,
     sent: usize,
@@ -257,12 +287,35 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
                 }
             }
         }
-        let mut state: Vec<Streamed> = (0..count).map(|_| Streamed { lps: job.logprobs.map(|_| Logprobs::new(kind)), offset: 0, full: String::new(), sent: 0 }).collect();
+        let mut state: Vec<Streamed> = (0..count)
+            .map(|c| Streamed {
+                lps: job.logprobs.map(|_| Logprobs::new(kind)),
+                offset: 0,
+                echo: job.echo.get(c / job.params.n).cloned(),
+                full: String::new(),
+                sent: 0,
+            })
+            .collect();
         let (mut usage, mut ended) = (Usage::default(), 0);
         loop {
             let Some((c, event)) = events.next().await else { return };
             let s = &mut state[c];
+            if let Event::Prompt { id, logprob } = &event {
+                if let Some(l) = s.lps.as_mut() {
+                    l.push_prompt(&st, *id, logprob.as_ref());
+                }
+                continue;
+            }
+            // The echoed prompt (and its tokens' log-probabilities) before the first answer chunk.
+            if let (Some(e), false) = (s.echo.take(), matches!(&event, Event::Done(f) if matches!(f.reason, FinishReason::Error(_)))) {
+                s.offset = e.chars().count();
+                let lp = s.lps.as_mut().map_or(Value::Null, Logprobs::take);
+                if send(chunk(choice(c, Some(&e), lp, Value::Null), None)).await.is_err() {
+                    return;
+                }
+            }
             let (piece, lp) = match event {
+                Event::Prompt { .. } => continue, // taken above
                 Event::Token { id, text, logprob } => {
                     let lp = match (s.lps.as_mut(), logprob.as_ref()) {
                         (Some(l), Some(p)) => {
@@ -307,7 +360,7 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
                     return;
                 }
             };
-            s.offset += piece.len();
+            s.offset += piece.chars().count();
             let piece = match &job.tools {
                 Some(t) => {
                     s.full.push_str(&piece);

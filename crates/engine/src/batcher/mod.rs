@@ -55,12 +55,19 @@ pub enum Work {
 /// A generation request (tokens in, events out).
 pub struct Request {
     pub prompt: Vec<u32>,
+    /// At most this many tokens are generated; 0: the prompt is only computed (scored with
+    /// `prompt_logprobs`, its full blocks left in the prefix cache).
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
     /// Report log-probabilities: `Some(n)` with the `n` most likely alternatives per token.
     pub logprobs: Option<usize>,
+    /// Score the prompt (the legacy API's `echo` with `logprobs`): an [`Event::Prompt`] per
+    /// prompt token, in order and before any generated one, with its log-probability given the
+    /// tokens before it and the `n` most likely alternatives there (the first token has none).
+    /// Such a prompt is computed whole: no prefix cache, every row's logits kept.
+    pub prompt_logprobs: Option<usize>,
     /// JSON mode (`Schema::object()`) or a JSON Schema: the text is constrained to a JSON
     /// value of the schema and stops when it closes ([`crate::json`]).
     pub json: Option<Arc<Schema>>,
@@ -74,6 +81,8 @@ pub type Sink = Box<dyn FnMut(Event) -> bool + Send>;
 
 #[derive(Clone, Debug)]
 pub enum Event {
+    /// A prompt token and its log-probability (`Request::prompt_logprobs`; `None` for the first).
+    Prompt { id: u32, logprob: Option<TokenLogprob> },
     /// One generated token and the text it releases (may be empty: held back or partial UTF-8).
     Token { id: u32, text: String, logprob: Option<TokenLogprob> },
     /// Held-back text released at the end (no token of its own).
@@ -152,8 +161,9 @@ pub struct Batcher {
     waiting: VecDeque<Request>,
     slots: Vec<Option<Running>>,
     batch: Batch,
-    /// Sequence of each batch row with logits, in row order.
-    rows: Vec<i32>,
+    /// Each batch row with logits, in row order: its sequence, and the prompt position it
+    /// holds when its request scores the prompt (`Request::prompt_logprobs`).
+    rows: Vec<(i32, Option<usize>)>,
     /// Prefilling slots by admission time (reused each step).
     order: Vec<(Instant, usize)>,
     done: Vec<(i32, FinishReason)>,
@@ -323,7 +333,7 @@ impl Batcher {
     /// full blocks are shared, and the last prompt token is always computed.)
     fn awaits_shared_prefill(&self, prompt: &[u32]) -> bool {
         let mine = &prompt[..prompt.len().saturating_sub(1)];
-        self.slots.iter().flatten().any(|r| {
+        self.slots.iter().flatten().filter(|r| r.req.prompt_logprobs.is_none()).any(|r| {
             let theirs = &r.req.prompt;
             r.fed < theirs.len() && theirs.iter().zip(mine).take_while(|(a, b)| a == b).count() / BLOCK > r.fed / BLOCK
         })
@@ -346,13 +356,14 @@ impl Batcher {
         let mut at = 0;
         while let Some(slot) = self.free_seq() {
             let Some(next) = self.waiting.get(at) else { break };
-            if self.awaits_shared_prefill(&next.prompt) {
+            // A scored prompt is computed whole: it neither waits for nor takes cached blocks.
+            if next.prompt_logprobs.is_none() && self.awaits_shared_prefill(&next.prompt) {
                 at += 1;
                 continue;
             }
             let req = self.waiting.remove(at).expect("looked at above");
             let seq = slot as i32;
-            let cached = self.engine.attach_prefix(seq, &req.prompt);
+            let cached = if req.prompt_logprobs.is_some() { 0 } else { self.engine.attach_prefix(seq, &req.prompt) };
             let have = self.engine.blocks().table(slot).len();
             let reserved = (req.prompt.len() + req.max_tokens).div_ceil(BLOCK);
             let fresh = reserved - have;
@@ -415,7 +426,7 @@ impl Batcher {
             if self.batch.len() < budget {
                 if let Some(t) = r.next.take() {
                     self.batch.add(t, self.engine.seq_len(r.seq) as i32, r.seq, true);
-                    self.rows.push(r.seq);
+                    self.rows.push((r.seq, None));
                 }
             }
         }
@@ -440,11 +451,13 @@ impl Batcher {
             let r = self.slots[i].as_mut().expect("slot listed above");
             let end = (r.fed + room).min(r.req.prompt.len());
             let start_pos = self.engine.seq_len(r.seq);
+            let scored = r.req.prompt_logprobs.is_some();
             for (j, &t) in r.req.prompt[r.fed..end].iter().enumerate() {
-                let last = r.fed + j + 1 == r.req.prompt.len();
-                self.batch.add(t, (start_pos + j) as i32, r.seq, last);
-                if last {
-                    self.rows.push(r.seq);
+                let p = r.fed + j;
+                let last = p + 1 == r.req.prompt.len();
+                self.batch.add(t, (start_pos + j) as i32, r.seq, last || scored);
+                if last || scored {
+                    self.rows.push((r.seq, Some(p).filter(|_| scored)));
                 }
             }
             r.fed = end;
@@ -468,9 +481,20 @@ impl Batcher {
                 }
             }
             Ok(logits) => {
-                for (row, &seq) in self.rows.iter().enumerate() {
+                for (row, &(seq, at)) in self.rows.iter().enumerate() {
                     let r = self.slots[seq as usize].as_mut().expect("row of a running sequence");
-                    if let Some(reason) = sample_one(r, logits.row(row), &self.tok, &self.json_vocab) {
+                    if self.done.iter().any(|d| d.0 == seq) {
+                        continue; // cancelled at an earlier row of this step
+                    }
+                    let l = logits.row(row);
+                    let reason = match at {
+                        Some(p) if !score_prompt(r, p, l) => Some(FinishReason::Cancelled),
+                        Some(p) if p + 1 < r.req.prompt.len() => None,
+                        // The prompt's last row, or a decode row: the next token.
+                        _ if r.req.max_tokens == 0 => Some(FinishReason::Length),
+                        _ => sample_one(r, l, &self.tok, &self.json_vocab),
+                    };
+                    if let Some(reason) = reason {
                         self.done.push((seq, reason));
                     }
                 }
@@ -510,6 +534,21 @@ fn free_seq(slots: &[Option<Running>], embeds: &embed::Embeds) -> Option<usize> 
     (0..slots.len()).find(|&s| slots[s].is_none() && !embeds.holds(s))
 }
 
+/// Deliver the prompt events of the row at prompt position `p` of a scored prompt (its logits
+/// `logits` score token `p + 1`; position 0 also brings the first token); `false` when the
+/// client has gone.
+fn score_prompt(r: &mut Running, p: usize, logits: &[f32]) -> bool {
+    let Request { prompt, sink, prompt_logprobs, .. } = &mut r.req;
+    let n = prompt_logprobs.unwrap_or(0);
+    if p == 0 && !sink(Event::Prompt { id: prompt[0], logprob: None }) {
+        return false;
+    }
+    match prompt.get(p + 1) {
+        Some(&t) => sink(Event::Prompt { id: t, logprob: Some(token_logprob(logits, t, n)) }),
+        None => true,
+    }
+}
+
 /// Sample the next token of `r` from its logits row and deliver it; `Some` when it finished.
 fn sample_one(r: &mut Running, logits: &[f32], tok: &Tokenizer, vocab: &JsonVocab) -> Option<FinishReason> {
     let t = match &r.json {
@@ -525,6 +564,14 @@ fn sample_one(r: &mut Running, logits: &[f32], tok: &Tokenizer, vocab: &JsonVoca
     }
     r.last = now;
     if tok.is_eog(t) && !r.req.ignore_eos {
+        // A scored prompt's reader counts on one answer token's score (lm-evaluation-harness
+        // drops the last), so the end token is reported there, without text.
+        if let (Some(n), Some(_)) = (r.req.logprobs, r.req.prompt_logprobs) {
+            let logprob = Some(token_logprob(logits, t, n));
+            if !(r.req.sink)(Event::Token { id: t, text: String::new(), logprob }) {
+                return Some(FinishReason::Cancelled);
+            }
+        }
         return Some(FinishReason::Stop);
     }
     r.sampler.accept(t);

@@ -1,0 +1,122 @@
+//! The HTTP test harness: a server on a real model over a local port, and a minimal HTTP/1.1
+//! client over a TCP socket (so a test can also hang up mid-stream).
+#![allow(dead_code)] // each test file uses a part
+
+use corelm_engine::{Engine, EngineConfig, Tokenizer};
+use corelm_server::ServeConfig;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+pub const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1";
+
+pub struct Server {
+    pub addr: SocketAddr,
+    pub _rt: tokio::runtime::Runtime,
+}
+
+pub fn start(parallel: usize, max_queue: usize, api_key: Option<&str>) -> Server {
+    start_tp(parallel, max_queue, api_key, 1)
+}
+
+/// A server whose engine runs `tp` tensor-parallel shards (virtual nodes).
+pub fn start_tp(parallel: usize, max_queue: usize, api_key: Option<&str>, tp: usize) -> Server {
+    start_model(MODEL, parallel, max_queue, api_key, tp)
+}
+
+/// A server of the model file `model` (no `.gguf`).
+pub fn start_model(model: &str, parallel: usize, max_queue: usize, api_key: Option<&str>, tp: usize) -> Server {
+    let path = corelm_engine::models_dir().join(format!("{model}.gguf"));
+    assert!(path.exists(), "{} missing: run scripts/fetch_models.py all", path.display());
+    let cfg = EngineConfig {
+        n_ctx: 1024 * parallel,
+        n_batch: 64,
+        n_seq_max: parallel,
+        n_threads: 2,
+        pin: false,
+        batch_invariant: true,
+        tp,
+        ..Default::default()
+    };
+    let engine = Engine::load(&path, cfg).unwrap();
+    let tok = Tokenizer::from_gguf(engine.gguf()).unwrap();
+    let scfg = ServeConfig { model_id: model.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1), pooling: corelm_engine::embed::Pooling::Mean };
+    let (router, _engine) = corelm_server::app(engine, tok, scfg).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(async move { axum::serve(listener, router).await });
+    Server { addr, _rt: rt }
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub headers: String,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+
+    /// The `data:` payloads of an SSE body.
+    pub fn events(&self) -> Vec<String> {
+        self.body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
+    }
+}
+
+pub fn request(method: &str, path: &str, body: &str, extra: &str) -> String {
+    format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n{extra}\r\n{body}",
+        body.len()
+    )
+}
+
+pub async fn call(addr: SocketAddr, method: &str, path: &str, body: &str, extra: &str) -> Reply {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(request(method, path, body, extra).as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
+    Reply { status, headers: head.to_ascii_lowercase(), body }
+}
+
+pub fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+pub fn post(srv: &Server, path: &str, body: Value) -> Reply {
+    srv._rt.block_on(call(srv.addr, "POST", path, &body.to_string(), ""))
+}
+
+pub fn get(srv: &Server, path: &str) -> Reply {
+    srv._rt.block_on(call(srv.addr, "GET", path, "", ""))
+}
+
+pub fn metric(srv: &Server, name: &str) -> f64 {
+    let m = get(srv, "/metrics").body;
+    m.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing"))
+}
+
+pub fn chat(content: &str, max_tokens: usize, stream: bool) -> Value {
+    json!({"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+           "temperature": 0, "stream": stream, "stream_options": {"include_usage": true}})
+}
+
