@@ -12,7 +12,8 @@ fi
 cargo build --release -q -p corelm-cli
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 LOG=$(mktemp)
-./target/release/corelm serve --port "$PORT" --ctx-size 1024 --parallel 2 --no-pin >"$LOG" 2>&1 &
+# With prompt-lookup drafts on: they change no answer, so every check holds with them.
+./target/release/corelm serve --port "$PORT" --ctx-size 1024 --parallel 2 --no-pin --lookup 4 >"$LOG" 2>&1 &
 PID=$!
 trap 'kill $PID 2>/dev/null || true; rm -f "$LOG"' EXIT
 for _ in $(seq 1 100); do

@@ -36,6 +36,11 @@ pub struct ServeArgs {
     /// Requests accepted and waiting for their first token before new ones get 429.
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
+    /// Prompt-lookup speculative decoding: each decoding request feeds up to N tokens copied
+    /// from where its last few tokens occurred before, and keeps those the model would have
+    /// chosen anyway (answers unchanged; several tokens a pass where text repeats). 0 = off.
+    #[arg(long, default_value_t = 0)]
+    lookup: usize,
     /// Require `Authorization: Bearer <key>` on /v1 endpoints.
     #[arg(long, env = "CORELM_API_KEY")]
     api_key: Option<String>,
@@ -130,7 +135,7 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         eprintln!("warning: serving on {host} without --api-key: anyone who can reach it can use it");
     }
     let scfg = ServeConfig { model_id: model_id.clone(), max_queue: a.max_queue, ctx_size: a.ctx_size, api_key: a.api_key,
-        tpot_target: Some(a.tpot_target_ms / 1e3).filter(|t| *t > 0.0), pooling };
+        tpot_target: Some(a.tpot_target_ms / 1e3).filter(|t| *t > 0.0), pooling, lookup: a.lookup };
     let (router, engine_thread) = corelm_server::app(engine, tok, scfg).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {

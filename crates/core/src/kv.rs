@@ -406,6 +406,45 @@ impl Blocks {
         self.tips[seq] = ROOT;
     }
 
+    /// Forget `seq`'s tokens from position `len` on (draft tokens a pass rejected). Blocks past
+    /// it are dropped; the block `len` falls inside, if a full one was registered, leaves the
+    /// prefix map, since its tail will be written again. Only blocks the sequence filled itself
+    /// are cut: `len` is past every block it attached from the cache.
+    pub fn truncate(&mut self, seq: usize, len: usize) {
+        if len >= self.lens[seq] {
+            return;
+        }
+        let keep = len.div_ceil(BLOCK);
+        while self.tables[seq].len() > keep {
+            let b = self.tables[seq].pop().expect("more blocks than kept");
+            let bu = b as usize;
+            self.refs[bu] -= 1;
+            if self.refs[bu] == 0 {
+                if self.key[bu].is_some_and(|k| self.map.get(&k) == Some(&b)) {
+                    self.unregister(b);
+                }
+                self.key[bu] = None;
+                self.free.push(b);
+            }
+        }
+        self.lens[seq] = len;
+        self.tips[seq] = match self.tables[seq].last() {
+            None => ROOT,
+            Some(&b) => {
+                let bu = b as usize;
+                if len.is_multiple_of(BLOCK) {
+                    chain(self.parent[bu], &self.tokens[bu * BLOCK..(bu + 1) * BLOCK])
+                } else {
+                    debug_assert_eq!(self.refs[bu], 1, "a partly kept block is the sequence's own");
+                    if self.key[bu].is_some() {
+                        self.unregister(b);
+                    }
+                    self.parent[bu]
+                }
+            }
+        };
+    }
+
     /// Forget every cached prefix (blocks in use keep their contents but are no longer shared).
     pub fn clear_cache(&mut self) {
         while let Some(b) = self.lru_pop() {
@@ -532,6 +571,31 @@ mod tests {
         assert_eq!((b.cached(), b.evictions, b.available()), (0, 2, 0));
         b.release(0);
         assert_eq!(b.attach_prefix(1, &prompt), 0);
+    }
+
+    /// Cutting a sequence back (rejected draft tokens) frees the blocks past the cut and takes
+    /// a full block it cuts into out of the prefix map; appending again rebuilds the same keys.
+    #[test]
+    fn truncation_frees_and_unregisters_what_it_cuts() {
+        let mut b = Blocks::new(6, 2);
+        let toks: Vec<u32> = (0..3 * BLOCK as u32).collect();
+        fill(&mut b, 0, &toks);
+        assert_eq!((b.used(), b.map.len()), (3, 3));
+        b.truncate(0, BLOCK + 3);
+        assert_eq!((b.len(0), b.table(0).len(), b.used(), b.map.len()), (BLOCK + 3, 2, 2, 1));
+        // The cut block is the sequence's own again; a new sequence shares only the first.
+        assert_eq!(b.attach_prefix(1, &toks), BLOCK);
+        b.release(1);
+        fill(&mut b, 0, &toks[BLOCK + 3..]);
+        assert_eq!((b.len(0), b.map.len()), (3 * BLOCK, 3));
+        assert_eq!(b.attach_prefix(1, &toks), 2 * BLOCK, "the refilled blocks are keyed as before");
+        b.release(1);
+        // A cut on a block boundary keeps the full block registered.
+        b.truncate(0, 2 * BLOCK);
+        assert_eq!((b.table(0).len(), b.map.len()), (2, 2));
+        fill(&mut b, 0, &[5; BLOCK]);
+        b.truncate(0, 0);
+        assert_eq!((b.len(0), b.used(), b.tips[0]), (0, 0, ROOT));
     }
 
     /// Rows stored for scattered cells read back as stored (f32 exactly; F16 and Q8_0 within

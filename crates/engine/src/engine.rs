@@ -558,6 +558,18 @@ impl Engine {
         }
     }
 
+    /// Cut sequence `seq` back to its first `len` tokens (draft tokens a pass rejected); the
+    /// next token goes to position `len`. Not with layers on the device (their cache is not cut).
+    pub fn truncate_seq(&mut self, seq: i32, len: usize) -> Result<(), Error> {
+        if self.device_layers.is_some() {
+            return Err(Error::Config("draft tokens cannot be taken back from layers on the device".into()));
+        }
+        if let Some(s) = self.seq_index(seq) {
+            self.kv.blocks.truncate(s, len);
+        }
+        Ok(())
+    }
+
     /// Forget every sequence and every cached prefix.
     pub fn clear_all(&mut self) {
         for s in 0..self.cfg.n_seq_max as i32 {

@@ -11,7 +11,9 @@ use corelm_core::kv::BLOCK;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-type Log = Arc<Mutex<(Vec<u32>, String, Option<FinishReason>, Vec<f32>)>>;
+/// Tokens, text, finish and log-probabilities of one request.
+type Answer = (Vec<u32>, String, Option<FinishReason>, Vec<f32>);
+type Log = Arc<Mutex<Answer>>;
 
 fn request(prompt: Vec<u32>, max_tokens: usize, cancel_after: Option<usize>) -> (Request, Log) {
     let log: Log = Arc::default();
@@ -343,4 +345,61 @@ fn scored_prompts_equal_the_all_logits_pass() {
     check(&answered, 5);
     assert_eq!(answered.lock().unwrap().1, plain_log.lock().unwrap().0, "the answer after a scored prompt");
     assert_eq!(b.engine().blocks().used(), 0);
+}
+
+/// Prompt-lookup drafts change no token and no log-probability: greedy and seeded sampled
+/// requests, four at once, with repetition penalties and a stop string, give with drafts (of
+/// a fixed length, and as long as the timed costs say) what they give without; the drafts of
+/// repetitive text are mostly kept; every block comes back.
+#[test]
+fn prompt_lookup_drafts_change_nothing_but_the_passes() {
+    let cfg = EngineConfig { n_seq_max: 4, n_batch: 48, batch_invariant: true, ..test_config(2) };
+    let (engine, tok) = load("SmolLM2-135M-Instruct.Q4_1.gguf", cfg);
+    let tok = Arc::new(tok);
+    let mut b = Batcher::new(engine, tok.clone());
+    let texts = [
+        "Copy the list exactly, three times:\n- red apple\n- green pear\n- blue plum\n",
+        "fn add(a: i32, b: i32) -> i32 { a + b }\nfn sub(a: i32, b: i32) -> i32 { a - b }\nfn mul(",
+        "The cat sat on the mat. The cat sat on the mat. The cat",
+        "Once upon a time, in a small village by the sea,",
+    ];
+    let run = |b: &mut Batcher| -> Vec<Answer> {
+        let logs: Vec<Log> = texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let (mut r, log) = request(tok.encode(t, true, true).unwrap(), 40, None);
+                if i % 2 == 1 {
+                    r.sampling.temperature = 0.7;
+                    r.sampling.seed = 11 + i as u64;
+                    r.sampling.repeat_penalty = 1.1;
+                }
+                if i == 3 {
+                    r.stop = vec!["sea.".into()];
+                }
+                b.submit(r).map_err(|e| e.1).unwrap();
+                log
+            })
+            .collect();
+        drain(b);
+        logs.iter().map(|l| l.lock().unwrap().clone()).collect()
+    };
+    let plain = run(&mut b);
+    for adaptive in [false, true] {
+        b.set_lookup(6, adaptive).unwrap();
+        let before = b.drafted;
+        let drafted = run(&mut b);
+        assert_eq!(b.engine().blocks().used(), 0, "finished sequences release their blocks");
+        for (i, (a, d)) in plain.iter().zip(&drafted).enumerate() {
+            assert_eq!(a.0, d.0, "request {i}: tokens");
+            assert_eq!(a.1, d.1, "request {i}: text");
+            assert_eq!(a.2, d.2, "request {i}: finish");
+            assert_eq!(a.3, d.3, "request {i}: log-probabilities");
+        }
+        let (fed, kept) = (b.drafted.0 - before.0, b.drafted.1 - before.1);
+        eprintln!("adaptive {adaptive}: {kept} of {fed} draft tokens kept");
+        if !adaptive {
+            assert!(fed > 40 && kept * 3 > fed, "{kept} of {fed} draft tokens kept");
+        }
+    }
 }

@@ -55,6 +55,8 @@ pub struct ServeConfig {
     pub tpot_target: Option<f64>,
     /// How `/v1/embeddings` pools an input's rows.
     pub pooling: Pooling,
+    /// Most prompt-lookup draft tokens a decoding request feeds per step (0: off).
+    pub lookup: usize,
 }
 
 pub struct AppState {
@@ -83,6 +85,7 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
     let mut cfg = cfg;
     let mut b = Batcher::new(engine, tok.clone());
     b.set_tpot_target(cfg.tpot_target);
+    b.set_lookup(cfg.lookup, true).map_err(|e| e.to_string())?;
     cfg.ctx_size = cfg.ctx_size.min(b.max_context());
     let stats = b.stats();
     let (tx, rx) = mpsc::channel();

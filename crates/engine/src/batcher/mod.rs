@@ -25,113 +25,38 @@
 //! token (text held back while it could still become a stop string) and one final event. A
 //! sink returning `false` means the client has gone: the sequence is cancelled.
 //!
+//! A scored prompt (`Request::prompt_logprobs`) keeps every prompt row's logits and reports
+//! each prompt token's log-probability. With prompt lookup on ([`Batcher::set_lookup`]), a
+//! decoding sequence feeds a draft of tokens copied from its own history beside its next
+//! token and keeps those the model samples anyway ([`lookup`]); the rest are cut from the KV
+//! cache after the step.
+//!
 //! Embedding requests ([`EmbedRequest`], [`embed`]) share the sequences and the KV cache:
 //! their passes of hidden states alternate with generation steps while both have work, and
 //! admission takes the two kinds in arrival order.
 //!
 //! Invariant: with `EngineConfig::batch_invariant`, a request's tokens do not depend on what
-//! else is batched with it (a test compares 16 concurrent requests with each alone).
+//! else is batched with it (a test compares 16 concurrent requests with each alone), nor on
+//! prompt-lookup drafts (a test compares requests with and without).
 
+mod cost;
 mod embed;
+pub mod lookup;
+mod request;
 
+pub use cost::StepCost;
 pub use embed::{EmbedRequest, EmbedSink};
+pub use request::{finish_now, token_logprob, Event, Finish, FinishReason, Request, Sink, Stats, TokenLogprob, Work};
 
 use crate::generate::TextOut;
-use crate::json::{JsonMask, JsonVocab, Schema};
-use crate::sample::{Sampler, SamplingParams};
+use crate::json::{JsonMask, JsonVocab};
+use crate::sample::Sampler;
 use crate::{Batch, Engine, Error, Tokenizer};
 use corelm_core::kv::BLOCK;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// What the engine thread is handed.
-pub enum Work {
-    Generate(Request),
-    Embed(EmbedRequest),
-}
-
-/// A generation request (tokens in, events out).
-pub struct Request {
-    pub prompt: Vec<u32>,
-    /// At most this many tokens are generated; 0: the prompt is only computed (scored with
-    /// `prompt_logprobs`, its full blocks left in the prefix cache).
-    pub max_tokens: usize,
-    pub sampling: SamplingParams,
-    pub stop: Vec<String>,
-    pub ignore_eos: bool,
-    /// Report log-probabilities: `Some(n)` with the `n` most likely alternatives per token.
-    pub logprobs: Option<usize>,
-    /// Score the prompt (the legacy API's `echo` with `logprobs`): an [`Event::Prompt`] per
-    /// prompt token, in order and before any generated one, with its log-probability given the
-    /// tokens before it and the `n` most likely alternatives there (the first token has none).
-    /// Such a prompt is computed whole: no prefix cache, every row's logits kept.
-    pub prompt_logprobs: Option<usize>,
-    /// JSON mode (`Schema::object()`) or a JSON Schema: the text is constrained to a JSON
-    /// value of the schema and stops when it closes ([`crate::json`]).
-    pub json: Option<Arc<Schema>>,
-    pub sink: Sink,
-    /// When the request arrived (for queueing time and TTFT).
-    pub arrived: Instant,
-}
-
-/// Receives a request's events; returns `false` when nobody listens any more (cancel).
-pub type Sink = Box<dyn FnMut(Event) -> bool + Send>;
-
-#[derive(Clone, Debug)]
-pub enum Event {
-    /// A prompt token and its log-probability (`Request::prompt_logprobs`; `None` for the first).
-    Prompt { id: u32, logprob: Option<TokenLogprob> },
-    /// One generated token and the text it releases (may be empty: held back or partial UTF-8).
-    Token { id: u32, text: String, logprob: Option<TokenLogprob> },
-    /// Held-back text released at the end (no token of its own).
-    Text(String),
-    Done(Finish),
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct TokenLogprob {
-    pub logprob: f32,
-    /// Most likely tokens with their log-probabilities, best first.
-    pub top: Vec<(u32, f32)>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// End-of-generation token or stop string.
-    Stop,
-    /// `max_tokens` reached.
-    Length,
-    Cancelled,
-    Error(String),
-}
-
-#[derive(Clone, Debug)]
-pub struct Finish {
-    pub reason: FinishReason,
-    pub prompt_tokens: usize,
-    /// Prompt tokens served from the prefix cache.
-    pub cached_tokens: usize,
-    pub completion_tokens: usize,
-    /// Arrival to admission.
-    pub queue_secs: f64,
-    /// Arrival to first generated token.
-    pub ttft_secs: f64,
-    /// Mean time per generated token after the first.
-    pub tpot_secs: f64,
-}
-
-/// Live counters for metrics (read from other threads).
-#[derive(Default, Debug)]
-pub struct Stats {
-    pub waiting: AtomicUsize,
-    pub running: AtomicUsize,
-    pub kv_blocks_used: AtomicUsize,
-    pub kv_blocks_cached: AtomicUsize,
-    pub kv_blocks_total: AtomicUsize,
-    pub steps: AtomicU64,
-}
 
 struct Running {
     req: Request,
@@ -148,6 +73,10 @@ struct Running {
     text: TextOut,
     /// Blocks reserved at admission (its table never grows past this).
     reserved: usize,
+    /// Prompt and generated tokens, for prompt-lookup drafts (empty when they are off).
+    history: Vec<u32>,
+    /// How often its draft tokens are kept.
+    accept: lookup::Acceptance,
     admitted: Instant,
     first: Option<Instant>,
     last: Instant,
@@ -161,9 +90,20 @@ pub struct Batcher {
     waiting: VecDeque<Request>,
     slots: Vec<Option<Running>>,
     batch: Batch,
-    /// Each batch row with logits, in row order: its sequence, and the prompt position it
-    /// holds when its request scores the prompt (`Request::prompt_logprobs`).
-    rows: Vec<(i32, Option<usize>)>,
+    /// Each batch row with logits, in row order: its sequence and what it holds.
+    rows: Vec<(i32, Row)>,
+    /// Most draft tokens a decoding sequence feeds per step ([`lookup`]; 0: off), and whether
+    /// fewer when they do not pay.
+    lookup: usize,
+    lookup_adaptive: bool,
+    /// A sequence's draft (reused each step).
+    draft: Vec<u32>,
+    /// Sequences to cut back to their fed tokens after a step's drafts (reused each step).
+    cuts: Vec<(i32, usize)>,
+    /// Decode steps' time by their rows (how far drafting pays).
+    row_cost: lookup::RowCost,
+    /// Draft tokens fed and kept since creation (what prompt lookup buys).
+    pub drafted: (u64, u64),
     /// Prefilling slots by admission time (reused each step).
     order: Vec<(Instant, usize)>,
     done: Vec<(i32, FinishReason)>,
@@ -175,30 +115,15 @@ pub struct Batcher {
     embed_turn: bool,
 }
 
-/// Online model of a step's time: `fixed + per_token · n_tokens` seconds.
-#[derive(Clone, Copy, Debug)]
-pub struct StepCost {
-    pub fixed: f64,
-    pub per_token: f64,
-}
-
-impl StepCost {
-    fn observe(&mut self, n: usize, secs: f64) {
-        const A: f64 = 0.2;
-        if n >= 16 {
-            // Large steps are dominated by the per-token part.
-            let pt = (secs - self.fixed).max(secs * 0.5) / n as f64;
-            self.per_token += A * (pt - self.per_token);
-        } else {
-            let fx = (secs - self.per_token * n as f64).max(0.0);
-            self.fixed += A * (fx - self.fixed);
-        }
-    }
-
-    /// Tokens a step may carry to finish within `target` seconds.
-    fn tokens_within(&self, target: f64) -> usize {
-        ((target - self.fixed) / self.per_token.max(1e-6)).max(0.0) as usize
-    }
+/// What a batch row with logits holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Row {
+    /// A decode token, or a prompt's last: the next token is sampled from it.
+    Next,
+    /// Prompt position `p` of a scored prompt (`Request::prompt_logprobs`).
+    Prompt(usize),
+    /// A draft token ([`lookup`]), kept if the row before it samples it.
+    Draft(u32),
 }
 
 impl Batcher {
@@ -217,6 +142,12 @@ impl Batcher {
             slots: (0..n_seq).map(|_| None).collect(),
             batch: Batch::with_capacity(nb),
             rows: Vec::with_capacity(nb),
+            lookup: 0,
+            lookup_adaptive: true,
+            draft: Vec::with_capacity(nb),
+            cuts: Vec::with_capacity(n_seq),
+            row_cost: lookup::RowCost::default(),
+            drafted: (0, 0),
             order: Vec::with_capacity(n_seq),
             done: Vec::with_capacity(n_seq),
             stats,
@@ -232,6 +163,17 @@ impl Batcher {
     /// whole token budget).
     pub fn set_tpot_target(&mut self, secs: Option<f64>) {
         self.tpot_target = secs.filter(|s| *s > 0.0);
+    }
+
+    /// Prompt-lookup speculative decoding: each decoding sequence feeds up to `n` draft tokens
+    /// per step ([`lookup`]), as many as pay by the timed step costs when `adaptive`, else
+    /// always `n` where its history has them; 0 turns it off. Not with layers on the device.
+    pub fn set_lookup(&mut self, n: usize, adaptive: bool) -> Result<(), Error> {
+        if n > 0 && self.engine.device_layers().is_some() {
+            return Err(Error::Config("--lookup: draft tokens cannot be taken back from layers on the device".into()));
+        }
+        (self.lookup, self.lookup_adaptive) = (n, adaptive);
+        Ok(())
     }
 
     pub fn stats(&self) -> Arc<Stats> {
@@ -296,6 +238,8 @@ impl Batcher {
         self.stats.running.store(self.n_running(), Ordering::Relaxed);
         self.stats.kv_blocks_used.store(b.used(), Ordering::Relaxed);
         self.stats.kv_blocks_cached.store(b.cached(), Ordering::Relaxed);
+        self.stats.drafted.store(self.drafted.0, Ordering::Relaxed);
+        self.stats.drafts_kept.store(self.drafted.1, Ordering::Relaxed);
     }
 
     /// Blocks promised to running sequences and embedding lanes and not yet taken.
@@ -385,6 +329,11 @@ impl Batcher {
             }
             let now = Instant::now();
             let text = TextOut::new(req.stop.clone(), req.max_tokens.min(4096) * 8);
+            let mut history = vec![];
+            if self.lookup > 0 {
+                history.reserve_exact(req.prompt.len() + req.max_tokens);
+                history.extend_from_slice(&req.prompt);
+            }
             self.slots[slot] = Some(Running {
                 json: req.json.clone().map(JsonMask::new),
                 req,
@@ -396,6 +345,8 @@ impl Batcher {
                 generated: 0,
                 text,
                 reserved,
+                history,
+                accept: lookup::Acceptance(lookup::Acceptance::PRIOR),
                 admitted: now,
                 first: None,
                 last: now,
@@ -421,12 +372,28 @@ impl Batcher {
         self.embed_turn = self.embeds.has_lanes();
         self.batch.clear();
         self.rows.clear();
-        // Decode tokens of running sequences first: they are latency-bound.
+        // Decode tokens of running sequences first: they are latency-bound. Then each one's
+        // draft, while the budget leaves room for every decode token.
+        let mut left = self.slots.iter().flatten().filter(|r| r.next.is_some()).count();
+        let (seqs, fit) = (left, self.row_cost.fit().filter(|_| self.lookup_adaptive));
         for r in self.slots.iter_mut().flatten() {
             if self.batch.len() < budget {
                 if let Some(t) = r.next.take() {
-                    self.batch.add(t, self.engine.seq_len(r.seq) as i32, r.seq, true);
-                    self.rows.push((r.seq, None));
+                    left -= 1;
+                    let pos = self.engine.seq_len(r.seq);
+                    self.batch.add(t, pos as i32, r.seq, true);
+                    self.rows.push((r.seq, Row::Next));
+                    // Drafts no longer than the answer's room (the reserved blocks) or the budget.
+                    let room = budget.saturating_sub(self.batch.len() + left);
+                    let most = self.lookup.min(r.req.max_tokens.saturating_sub(r.generated + 1)).min(room);
+                    // Until steps of several sizes are timed, the longest drafts (to time them).
+                    let len = fit.map_or(most, |c| lookup::best_len(r.accept.0, c, seqs, most));
+                    lookup::draft(&r.history, len, &mut self.draft);
+                    for (i, &d) in self.draft.iter().enumerate() {
+                        self.batch.add(d, (pos + 1 + i) as i32, r.seq, true);
+                        self.rows.push((r.seq, Row::Draft(d)));
+                    }
+                    self.drafted.0 += self.draft.len() as u64;
                 }
             }
         }
@@ -457,7 +424,7 @@ impl Batcher {
                 let last = p + 1 == r.req.prompt.len();
                 self.batch.add(t, (start_pos + j) as i32, r.seq, last || scored);
                 if last || scored {
-                    self.rows.push((r.seq, Some(p).filter(|_| scored)));
+                    self.rows.push((r.seq, if scored { Row::Prompt(p) } else { Row::Next }));
                 }
             }
             r.fed = end;
@@ -468,7 +435,11 @@ impl Batcher {
         }
         let t0 = Instant::now();
         let result = self.engine.decode(&self.batch);
-        self.cost.observe(self.batch.len(), t0.elapsed().as_secs_f64());
+        let secs = t0.elapsed().as_secs_f64();
+        self.cost.observe(self.batch.len(), secs);
+        if self.batch.len() == n_decode {
+            self.row_cost.observe(n_decode, secs);
+        }
         self.done.clear();
         match result {
             Err(e) => {
@@ -481,25 +452,56 @@ impl Batcher {
                 }
             }
             Ok(logits) => {
-                for (row, &(seq, at)) in self.rows.iter().enumerate() {
+                // Per sequence: drafts fed, drafts kept so far, and whether its run of them ended.
+                let (mut fed, mut kept, mut cut) = (0usize, 0usize, false);
+                for (row, &(seq, what)) in self.rows.iter().enumerate() {
                     let r = self.slots[seq as usize].as_mut().expect("row of a running sequence");
                     if self.done.iter().any(|d| d.0 == seq) {
-                        continue; // cancelled at an earlier row of this step
+                        continue; // finished at an earlier row of this step
                     }
                     let l = logits.row(row);
-                    let reason = match at {
-                        Some(p) if !score_prompt(r, p, l) => Some(FinishReason::Cancelled),
-                        Some(p) if p + 1 < r.req.prompt.len() => None,
+                    fed += usize::from(matches!(what, Row::Draft(_)));
+                    let reason = match what {
+                        Row::Prompt(p) if !score_prompt(r, p, l) => Some(FinishReason::Cancelled),
+                        Row::Prompt(p) if p + 1 < r.req.prompt.len() => None,
+                        Row::Draft(_) if cut => None,
+                        // The token sampled at the row before was this draft token: it is fed.
+                        Row::Draft(d) if r.next == Some(d) => {
+                            r.next = None;
+                            kept += 1;
+                            sample_one(r, l, &self.tok, &self.json_vocab)
+                        }
+                        Row::Draft(_) => {
+                            cut = true;
+                            None
+                        }
                         // The prompt's last row, or a decode row: the next token.
                         _ if r.req.max_tokens == 0 => Some(FinishReason::Length),
-                        _ => sample_one(r, l, &self.tok, &self.json_vocab),
+                        _ => {
+                            (fed, kept, cut) = (0, 0, false);
+                            sample_one(r, l, &self.tok, &self.json_vocab)
+                        }
                     };
                     if let Some(reason) = reason {
                         self.done.push((seq, reason));
                     }
+                    // After a sequence's last row: the rejected drafts leave the KV cache.
+                    let ends = self.rows.get(row + 1).is_none_or(|n| n.0 != seq || !matches!(n.1, Row::Draft(_)));
+                    if ends && !self.done.iter().any(|d| d.0 == seq) && matches!(what, Row::Next | Row::Draft(_)) {
+                        self.drafted.1 += kept as u64;
+                        r.accept.observe(fed, kept);
+                        self.cuts.push((seq, r.req.prompt.len() + r.generated - 1));
+                    }
                 }
             }
         }
+        for &(seq, fed) in &self.cuts {
+            if self.engine.seq_len(seq) > fed {
+                // Cannot fail: drafts are off with layers on the device.
+                let _ = self.engine.truncate_seq(seq, fed);
+            }
+        }
+        self.cuts.clear();
         for i in 0..self.done.len() {
             let (seq, reason) = self.done[i].clone();
             if let Some(r) = self.slots[seq as usize].take() {
@@ -576,6 +578,9 @@ fn sample_one(r: &mut Running, logits: &[f32], tok: &Tokenizer, vocab: &JsonVoca
     }
     r.sampler.accept(t);
     r.generated += 1;
+    if r.history.capacity() > 0 {
+        r.history.push(t);
+    }
     let logprob = r.req.logprobs.map(|n| token_logprob(logits, t, n));
     let (piece, stopped) = r.text.push(tok.piece(t));
     let text = piece.to_string();
@@ -613,39 +618,6 @@ fn finish(mut r: Running, reason: FinishReason) {
         tpot_secs: tpot,
     };
     (r.req.sink)(Event::Done(f));
-}
-
-/// Finish a request that never ran.
-pub fn finish_now(mut req: Request, reason: FinishReason) {
-    let waited = req.arrived.elapsed().as_secs_f64();
-    let f = Finish {
-        reason,
-        prompt_tokens: req.prompt.len(),
-        cached_tokens: 0,
-        completion_tokens: 0,
-        queue_secs: waited,
-        ttft_secs: waited,
-        tpot_secs: 0.0,
-    };
-    (req.sink)(Event::Done(f));
-}
-
-/// Log-probability of `t` and the `n` most likely tokens under the model's distribution.
-pub fn token_logprob(logits: &[f32], t: u32, n: usize) -> TokenLogprob {
-    let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let lse = max + logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
-    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
-    for (i, &l) in logits.iter().enumerate() {
-        if top.len() < n || top.last().is_some_and(|x| l > x.1) {
-            let at = top.partition_point(|x| x.1 >= l);
-            top.insert(at, (i as u32, l));
-            top.truncate(n);
-        }
-    }
-    for x in top.iter_mut() {
-        x.1 -= lse;
-    }
-    TokenLogprob { logprob: logits[t as usize] - lse, top }
 }
 
 /// The engine thread: take requests from `rx` between steps, step while there is work, block
@@ -698,26 +670,5 @@ impl Batcher {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::StepCost;
-
-    #[test]
-    fn step_cost_learns_fixed_and_per_token_parts() {
-        // True cost: 4 ms per step + 2 ms per token.
-        let mut c = StepCost { fixed: 0.005, per_token: 0.005 };
-        for _ in 0..60 {
-            c.observe(64, 0.004 + 0.002 * 64.0);
-            c.observe(4, 0.004 + 0.002 * 4.0);
-        }
-        assert!((c.per_token - 0.002).abs() < 2e-4, "{c:?}");
-        assert!((c.fixed - 0.004).abs() < 1e-3, "{c:?}");
-        // 100 ms allows about (0.1 - 0.004) / 0.002 = 48 tokens.
-        let n = c.tokens_within(0.1);
-        assert!((44..=52).contains(&n), "{n}");
-        assert_eq!(c.tokens_within(0.001), 0);
     }
 }

@@ -1,0 +1,132 @@
+//! What goes into the batcher and what comes out: requests, the events a request's sink
+//! receives, the live counters.
+
+use super::EmbedRequest;
+use crate::json::Schema;
+use crate::sample::SamplingParams;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What the engine thread is handed.
+pub enum Work {
+    Generate(Request),
+    Embed(EmbedRequest),
+}
+
+/// A generation request (tokens in, events out).
+pub struct Request {
+    pub prompt: Vec<u32>,
+    /// At most this many tokens are generated; 0: the prompt is only computed (scored with
+    /// `prompt_logprobs`, its full blocks left in the prefix cache).
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    /// Report log-probabilities: `Some(n)` with the `n` most likely alternatives per token.
+    pub logprobs: Option<usize>,
+    /// Score the prompt (the legacy API's `echo` with `logprobs`): an [`Event::Prompt`] per
+    /// prompt token, in order and before any generated one, with its log-probability given the
+    /// tokens before it and the `n` most likely alternatives there (the first token has none).
+    /// Such a prompt is computed whole: no prefix cache, every row's logits kept.
+    pub prompt_logprobs: Option<usize>,
+    /// JSON mode (`Schema::object()`) or a JSON Schema: the text is constrained to a JSON
+    /// value of the schema and stops when it closes ([`crate::json`]).
+    pub json: Option<Arc<Schema>>,
+    pub sink: Sink,
+    /// When the request arrived (for queueing time and TTFT).
+    pub arrived: Instant,
+}
+
+/// Receives a request's events; returns `false` when nobody listens any more (cancel).
+pub type Sink = Box<dyn FnMut(Event) -> bool + Send>;
+
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// A prompt token and its log-probability (`Request::prompt_logprobs`; `None` for the first).
+    Prompt { id: u32, logprob: Option<TokenLogprob> },
+    /// One generated token and the text it releases (may be empty: held back or partial UTF-8).
+    Token { id: u32, text: String, logprob: Option<TokenLogprob> },
+    /// Held-back text released at the end (no token of its own).
+    Text(String),
+    Done(Finish),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub logprob: f32,
+    /// Most likely tokens with their log-probabilities, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End-of-generation token or stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    Cancelled,
+    Error(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct Finish {
+    pub reason: FinishReason,
+    pub prompt_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+    /// Arrival to admission.
+    pub queue_secs: f64,
+    /// Arrival to first generated token.
+    pub ttft_secs: f64,
+    /// Mean time per generated token after the first.
+    pub tpot_secs: f64,
+}
+
+/// Live counters for metrics (read from other threads).
+#[derive(Default, Debug)]
+pub struct Stats {
+    pub waiting: AtomicUsize,
+    pub running: AtomicUsize,
+    pub kv_blocks_used: AtomicUsize,
+    pub kv_blocks_cached: AtomicUsize,
+    pub kv_blocks_total: AtomicUsize,
+    pub steps: AtomicU64,
+    /// Prompt-lookup draft tokens fed, and kept.
+    pub drafted: AtomicU64,
+    pub drafts_kept: AtomicU64,
+}
+
+/// Finish a request that never ran.
+pub fn finish_now(mut req: Request, reason: FinishReason) {
+    let waited = req.arrived.elapsed().as_secs_f64();
+    let f = Finish {
+        reason,
+        prompt_tokens: req.prompt.len(),
+        cached_tokens: 0,
+        completion_tokens: 0,
+        queue_secs: waited,
+        ttft_secs: waited,
+        tpot_secs: 0.0,
+    };
+    (req.sink)(Event::Done(f));
+}
+
+/// Log-probability of `t` and the `n` most likely tokens under the model's distribution.
+pub fn token_logprob(logits: &[f32], t: u32, n: usize) -> TokenLogprob {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let lse = max + logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    for (i, &l) in logits.iter().enumerate() {
+        if top.len() < n || top.last().is_some_and(|x| l > x.1) {
+            let at = top.partition_point(|x| x.1 >= l);
+            top.insert(at, (i as u32, l));
+            top.truncate(n);
+        }
+    }
+    for x in top.iter_mut() {
+        x.1 -= lse;
+    }
+    TokenLogprob { logprob: logits[t as usize] - lse, top }
+}
