@@ -50,15 +50,9 @@ metric_list:
   - metric: acc_norm
 """)
 PY
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-./target/release/corelm serve --model "$GGUF" --port "$PORT" --ctx-size 1024 --parallel 2 --no-pin >"$WORK/serve.log" 2>&1 &
-PID=$!
-trap 'kill $PID 2>/dev/null || true; rm -rf "$WORK"' EXIT
-for _ in $(seq 1 300); do
-    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$PORT/health', timeout=1)" 2>/dev/null && break
-    kill -0 $PID 2>/dev/null || { cat "$WORK/serve.log"; exit 1; }
-    sleep 0.1
-done
+trap 'kill ${PID:-} 2>/dev/null || true; rm -rf "$WORK"' EXIT
+. scripts/serve_bg.sh
+serve_bg "$WORK/serve.log" --model "$GGUF" --ctx-size 1024 --parallel 2 --no-pin
 START=$(date +%s.%N)
 HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 "$LMEVAL_VENV/bin/lm_eval" --model local-completions \
     --model_args "model=$MODEL,base_url=http://127.0.0.1:$PORT/v1/completions,num_concurrent=2,max_length=1024,tokenizer_backend=remote" \

@@ -4,7 +4,8 @@
 //! both endpoints share, then the endpoint's own), so a bad field is named in the 400 answer
 //! (`messages[1].content: invalid type ...`). Unknown fields are ignored, as OpenAI clients
 //! send fields this server does not use (`user`, `metadata` ...); fields it cannot honour with
-//! a different meaning (a schema keyword the constraint cannot hold) are refused by name. `n` choices (and `/v1/completions`' several prompts) become one engine request each.
+//! a different meaning (a schema keyword the constraint cannot hold) are refused by name. `n`
+//! choices (and `/v1/completions`' several prompts) become one engine request each.
 //! `response_format: {"type": "json_object"}` is JSON mode, `{"type": "json_schema", ...}` a
 //! JSON Schema (`corelm_engine::json`); `tools` and `tool_choice` are read into a
 //! [`ToolPlan`] (`corelm_engine::tools`).

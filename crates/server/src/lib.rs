@@ -492,9 +492,9 @@ async fn completions(State(st): S, headers: HeaderMap, body: Bytes) -> Response 
             params.prompt_logprobs = logprobs;
         }
         // Several prompts: choices `p · n .. (p + 1) · n` are prompt p's.
-        let texts = match &req.prompt {
-            Prompt::Text(s) => Some(vec![s.clone()]),
-            Prompt::Texts(v) => Some(v.clone()),
+        let texts = match (&req.prompt, req.echo) {
+            (Prompt::Text(s), true) => Some(vec![s.clone()]),
+            (Prompt::Texts(v), true) => Some(v.clone()),
             _ => None,
         };
         let prompts = match (req.prompt, req.suffix) {

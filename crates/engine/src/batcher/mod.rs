@@ -102,8 +102,6 @@ pub struct Batcher {
     cuts: Vec<(i32, usize)>,
     /// Decode steps' time by their rows (how far drafting pays).
     row_cost: lookup::RowCost,
-    /// Draft tokens fed and kept since creation (what prompt lookup buys).
-    pub drafted: (u64, u64),
     /// Prefilling slots by admission time (reused each step).
     order: Vec<(Instant, usize)>,
     done: Vec<(i32, FinishReason)>,
@@ -147,7 +145,6 @@ impl Batcher {
             draft: Vec::with_capacity(nb),
             cuts: Vec::with_capacity(n_seq),
             row_cost: lookup::RowCost::default(),
-            drafted: (0, 0),
             order: Vec::with_capacity(n_seq),
             done: Vec::with_capacity(n_seq),
             stats,
@@ -238,8 +235,6 @@ impl Batcher {
         self.stats.running.store(self.n_running(), Ordering::Relaxed);
         self.stats.kv_blocks_used.store(b.used(), Ordering::Relaxed);
         self.stats.kv_blocks_cached.store(b.cached(), Ordering::Relaxed);
-        self.stats.drafted.store(self.drafted.0, Ordering::Relaxed);
-        self.stats.drafts_kept.store(self.drafted.1, Ordering::Relaxed);
     }
 
     /// Blocks promised to running sequences and embedding lanes and not yet taken.
@@ -393,7 +388,7 @@ impl Batcher {
                         self.batch.add(d, (pos + 1 + i) as i32, r.seq, true);
                         self.rows.push((r.seq, Row::Draft(d)));
                     }
-                    self.drafted.0 += self.draft.len() as u64;
+                    self.stats.drafted.fetch_add(self.draft.len() as u64, Ordering::Relaxed);
                 }
             }
         }
@@ -488,7 +483,7 @@ impl Batcher {
                     // After a sequence's last row: the rejected drafts leave the KV cache.
                     let ends = self.rows.get(row + 1).is_none_or(|n| n.0 != seq || !matches!(n.1, Row::Draft(_)));
                     if ends && !self.done.iter().any(|d| d.0 == seq) && matches!(what, Row::Next | Row::Draft(_)) {
-                        self.drafted.1 += kept as u64;
+                        self.stats.drafts_kept.fetch_add(kept as u64, Ordering::Relaxed);
                         r.accept.observe(fed, kept);
                         self.cuts.push((seq, r.req.prompt.len() + r.generated - 1));
                     }

@@ -93,7 +93,7 @@ pub struct Stats {
     pub kv_blocks_cached: AtomicUsize,
     pub kv_blocks_total: AtomicUsize,
     pub steps: AtomicU64,
-    /// Prompt-lookup draft tokens fed, and kept.
+    /// Prompt-lookup draft tokens fed, and kept (since the batcher was made).
     pub drafted: AtomicU64,
     pub drafts_kept: AtomicU64,
 }
