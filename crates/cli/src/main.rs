@@ -8,6 +8,8 @@ use clap::{Args, Parser, Subcommand};
 use corelm_engine::chat::{ChatTemplate, Message};
 use corelm_engine::eval::{run_case, Case};
 use corelm_engine::generate::{generate, GenerateParams, StopReason};
+use corelm_engine::constraint::Constraint;
+use corelm_engine::grammar::Grammar;
 use corelm_engine::json::Schema;
 use corelm_engine::sample::SamplingParams;
 use corelm_engine::{Engine, EngineConfig, Tokenizer};
@@ -229,6 +231,13 @@ struct SampleArgs {
     /// `serve`'s `response_format: {"type": "json_schema", ...}`; see README for the keywords).
     #[arg(long, value_name = "FILE", conflicts_with = "json")]
     json_schema: Option<std::path::PathBuf>,
+    /// Constrain the text to this GBNF grammar (llama.cpp's syntax; its start rule is `root`),
+    /// stopping where it can take nothing more (as `serve`'s `grammar` field).
+    #[arg(long, value_name = "GBNF", conflicts_with_all = ["json", "json_schema"])]
+    grammar: Option<String>,
+    /// `--grammar` read from a file.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["json", "json_schema", "grammar"])]
+    grammar_file: Option<std::path::PathBuf>,
 }
 
 /// `--cache-type-k/-v`, shared by every command that loads a model.
@@ -471,6 +480,15 @@ fn gen_params(s: &SampleArgs) -> Result<GenerateParams> {
         }
         None => s.json.then(|| std::sync::Arc::new(Schema::object())),
     };
+    let grammar = match (&s.grammar, &s.grammar_file) {
+        (Some(g), _) => Some(Grammar::parse(g).context("--grammar")?),
+        (None, Some(f)) => {
+            let text = std::fs::read_to_string(f).with_context(|| format!("cannot read --grammar-file {}", f.display()))?;
+            Some(Grammar::parse(&text).with_context(|| format!("--grammar-file {}", f.display()))?)
+        }
+        (None, None) => None,
+    };
+    let constraint = json.map(Constraint::Json).or(grammar.map(|g| Constraint::Grammar(std::sync::Arc::new(g))));
     Ok(GenerateParams {
         max_tokens: s.n_predict,
         sampling: SamplingParams {
@@ -488,7 +506,7 @@ fn gen_params(s: &SampleArgs) -> Result<GenerateParams> {
         stop: s.stop.clone(),
         seq: 0,
         ignore_eos: s.ignore_eos,
-        json,
+        constraint,
     })
 }
 
@@ -552,6 +570,9 @@ fn main() -> Result<()> {
                 engine.config().n_threads,
                 engine.kernels().isa(),
             );
+            if g.mask_secs > 0.0 {
+                eprintln!("[constraint mask: {:.3} ms per generated token]", 1e3 * g.mask_secs / g.tokens.len().max(1) as f64);
+            }
             if let Some(p) = &engine.profile {
                 let total = p.total_secs();
                 eprintln!("{:<20} {:>10} {:>8} {:>7} {:>8}", "op", "ms", "nodes", "share", "GB/s");

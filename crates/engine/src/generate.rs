@@ -1,13 +1,12 @@
 //! Generation: prefill a prompt (in batches of the engine's batch size), then sample token by
 //! token, streaming text that never splits a UTF-8 character, until an end-of-generation
-//! token, a stop string, the token limit or a full context; under JSON mode or a JSON Schema
-//! (`GenerateParams::json`) only tokens that keep the text the prefix of a value of the schema,
-//! until it closes.
+//! token, a stop string, the token limit or a full context; under JSON mode, a JSON Schema or a
+//! GBNF grammar (`GenerateParams::constraint`) only tokens that keep the text the prefix of one
+//! the constraint takes, until it closes.
 
-use crate::json::{JsonMask, JsonVocab, Schema};
+use crate::constraint::{Constraint, Mask, Vocabs};
 use crate::sample::{Sampler, SamplingParams};
 use crate::{Batch, Engine, Error, Tokenizer, Utf8Stream};
-use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Clone, Debug)]
@@ -19,14 +18,14 @@ pub struct GenerateParams {
     pub seq: i32,
     /// Do not stop at end-of-generation tokens (benchmarks).
     pub ignore_eos: bool,
-    /// JSON mode (`Schema::object()`) or a JSON Schema ([`crate::json`]): the text is a JSON
-    /// value of the schema, and generation stops when it closes.
-    pub json: Option<Arc<Schema>>,
+    /// JSON mode, a JSON Schema or a GBNF grammar ([`Constraint`]): the text is one the
+    /// constraint takes, and generation stops when it closes.
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        GenerateParams { max_tokens: 128, sampling: SamplingParams::default(), stop: vec![], seq: 0, ignore_eos: false, json: None }
+        GenerateParams { max_tokens: 128, sampling: SamplingParams::default(), stop: vec![], seq: 0, ignore_eos: false, constraint: None }
     }
 }
 
@@ -39,8 +38,8 @@ pub enum StopReason {
     ContextFull,
     /// The callback asked to stop.
     Cancelled,
-    /// JSON mode or a JSON Schema: the value closed.
-    JsonClosed,
+    /// JSON mode or a JSON Schema: the value closed; a grammar: nothing more could follow.
+    Closed,
 }
 
 #[derive(Clone, Debug)]
@@ -51,6 +50,9 @@ pub struct Generation {
     pub n_prompt: usize,
     pub prefill_secs: f64,
     pub decode_secs: f64,
+    /// Of `decode_secs`, the time the constraint's mask took (sampling under it and taking
+    /// each token; 0 without one).
+    pub mask_secs: f64,
 }
 
 /// Feed `tokens` to sequence `seq` starting at its current length; returns the logits row of
@@ -136,6 +138,9 @@ pub fn generate(
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<Generation, Error> {
     let mut sampler = Sampler::new(params.sampling.clone(), tok.n_vocab())?;
+    if let Some(Constraint::Grammar(g)) = &params.constraint {
+        g.check_tokens(tok.n_vocab())?;
+    }
     for &t in prompt {
         sampler.accept(t);
     }
@@ -148,12 +153,22 @@ pub fn generate(
     let mut reason = StopReason::MaxTokens;
     let mut out = TextOut::new(params.stop.clone(), params.max_tokens.min(1 << 16) * 8);
     let mut batch = Batch::new();
-    let mut json = params.json.clone().map(|s| (JsonVocab::new(tok), JsonMask::new(s)));
+    let vocabs = params.constraint.as_ref().map(|c| {
+        let v = Vocabs::default();
+        v.prepare(c, tok);
+        v
+    });
+    let mut mask = params.constraint.as_ref().map(Mask::new);
+    let mut mask_secs = 0.0;
     while tokens.len() < params.max_tokens {
-        let t = match &json {
-            None => sampler.sample(&logits),
-            Some((vocab, mask)) => mask.sample(vocab, tok, &mut sampler, &logits)?,
+        let tm = Instant::now();
+        let t = match (&mut mask, &vocabs) {
+            (Some(m), Some(v)) => m.sample(v, tok, &mut sampler, &logits)?,
+            _ => sampler.sample(&logits),
         };
+        if mask.is_some() {
+            mask_secs += tm.elapsed().as_secs_f64();
+        }
         if tok.is_eog(t) && !params.ignore_eos {
             reason = StopReason::Eog;
             break;
@@ -169,9 +184,14 @@ pub fn generate(
             reason = StopReason::StopString;
             break;
         }
-        if json.as_mut().is_some_and(|(vocab, mask)| mask.closes_with(vocab, tok, t)) {
-            reason = StopReason::JsonClosed;
-            break;
+        if let (Some(m), Some(v)) = (mask.as_mut(), vocabs.as_ref()) {
+            let tm = Instant::now();
+            let closed = m.closes_with(v, tok, t);
+            mask_secs += tm.elapsed().as_secs_f64();
+            if closed {
+                reason = StopReason::Closed;
+                break;
+            }
         }
         if tokens.len() == params.max_tokens {
             break;
@@ -199,6 +219,7 @@ pub fn generate(
         n_prompt: prompt.len(),
         prefill_secs,
         decode_secs: t1.elapsed().as_secs_f64(),
+        mask_secs,
     })
 }
 

@@ -24,12 +24,14 @@ pub mod bench;
 pub mod chat;
 pub mod coact;
 pub mod config;
+pub mod constraint;
 pub mod device;
 pub mod device_layers;
 pub mod embed;
 pub mod engine;
 pub mod eval;
 pub mod gemm_tune;
+pub mod grammar;
 pub mod json;
 pub mod generate;
 pub mod infill;
@@ -85,6 +87,8 @@ pub enum Error {
     Sampling(String),
     #[error("JSON schema: {0}")]
     Schema(String),
+    #[error("{0}")]
+    Grammar(String),
     #[error("golden case: {0}")]
     Case(String),
 }

@@ -40,7 +40,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, cancel_after: Option<usize>) -> 
         ignore_eos: true,
         logprobs: Some(2),
         prompt_logprobs: None,
-        json: None,
+        constraint: None,
         sink,
         arrived: Instant::now(),
     };

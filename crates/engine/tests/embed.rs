@@ -131,7 +131,7 @@ fn batched_embedding_passes_equal_each_input_alone() {
             ignore_eos: true,
             logprobs: None,
             prompt_logprobs: None,
-            json: None,
+            constraint: None,
             sink: Box::new(move |e: Event| tx.send(e).is_ok()),
             arrived: Instant::now(),
         };

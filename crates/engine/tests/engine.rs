@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use corelm_engine::constraint::Constraint;
 use corelm_engine::chat::{ChatTemplate, Message};
 use corelm_engine::generate::{generate, GenerateParams, StopReason};
 use corelm_engine::sample::{argmax, Sampler, SamplingParams};
@@ -285,7 +286,7 @@ fn utf8_stream_never_splits_a_character() {
 fn generation_stops_on_stop_strings_and_limits() {
     let (mut engine, tok) = load(SMOL, test_config(2));
     let ids = tok.encode("1, 2, 3, 4, 5,", false, true).unwrap();
-    let params = GenerateParams { max_tokens: 40, sampling: SamplingParams::greedy(), stop: vec!["9".into()], seq: 0, ignore_eos: false, json: None };
+    let params = GenerateParams { max_tokens: 40, sampling: SamplingParams::greedy(), stop: vec!["9".into()], seq: 0, ignore_eos: false, constraint: None };
     let mut streamed = String::new();
     let g = generate(&mut engine, &tok, &ids, &params, |t| {
         streamed.push_str(t);
@@ -306,20 +307,20 @@ fn generation_stops_on_stop_strings_and_limits() {
 
     // JSON mode: the same prompt (a list of numbers) answered as an object, which closes.
     engine.clear_all();
-    let object = Some(std::sync::Arc::new(corelm_engine::json::Schema::object()));
-    let params = GenerateParams { max_tokens: 64, sampling: SamplingParams::greedy(), json: object, ..Default::default() };
+    let object = Some(Constraint::Json(std::sync::Arc::new(corelm_engine::json::Schema::object())));
+    let params = GenerateParams { max_tokens: 64, sampling: SamplingParams::greedy(), constraint: object, ..Default::default() };
     let g = generate(&mut engine, &tok, &ids, &params, |_| true).unwrap();
-    assert_eq!(g.reason, StopReason::JsonClosed, "text: {:?}", g.text);
+    assert_eq!(g.reason, StopReason::Closed, "text: {:?}", g.text);
     let v: serde_json::Value = serde_json::from_str(&g.text).unwrap_or_else(|e| panic!("{e}: {:?}", g.text));
     assert!(v.is_object(), "{:?}", g.text);
 
     // A JSON Schema: the answer has exactly its properties, in order, of their types.
     engine.clear_all();
     let schema = serde_json::json!({"type": "object", "properties": {"count": {"type": "integer"}, "numbers": {"type": "array", "items": {"type": "integer"}, "maxItems": 4}, "done": {"type": "boolean"}}, "required": ["count", "numbers", "done"]});
-    let json = Some(std::sync::Arc::new(corelm_engine::json::Schema::compile(&schema).unwrap()));
-    let params = GenerateParams { max_tokens: 64, sampling: SamplingParams::greedy(), json, ..Default::default() };
+    let json = Some(Constraint::Json(std::sync::Arc::new(corelm_engine::json::Schema::compile(&schema).unwrap())));
+    let params = GenerateParams { max_tokens: 64, sampling: SamplingParams::greedy(), constraint: json, ..Default::default() };
     let g = generate(&mut engine, &tok, &ids, &params, |_| true).unwrap();
-    assert_eq!(g.reason, StopReason::JsonClosed, "text: {:?}", g.text);
+    assert_eq!(g.reason, StopReason::Closed, "text: {:?}", g.text);
     let v: serde_json::Value = serde_json::from_str(&g.text).unwrap_or_else(|e| panic!("{e}: {:?}", g.text));
     let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(keys, ["count", "numbers", "done"], "{:?}", g.text);

@@ -7,13 +7,16 @@
 //! a different meaning (a schema keyword the constraint cannot hold) are refused by name. `n`
 //! choices (and `/v1/completions`' several prompts) become one engine request each.
 //! `response_format: {"type": "json_object"}` is JSON mode, `{"type": "json_schema", ...}` a
-//! JSON Schema (`corelm_engine::json`); `tools` and `tool_choice` are read into a
+//! JSON Schema (`corelm_engine::json`); `grammar` (llama-server's field) a GBNF grammar
+//! (`corelm_engine::grammar`); `tools` and `tool_choice` are read into a
 //! [`ToolPlan`] (`corelm_engine::tools`).
 
 use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use corelm_engine::constraint::Constraint;
+use corelm_engine::grammar::Grammar;
 use corelm_engine::json::Schema;
 use corelm_engine::sample::SamplingParams;
 use corelm_engine::tools::{Choice, Tool};
@@ -170,6 +173,10 @@ pub struct Common {
     #[serde(default)]
     pub ignore_eos: bool,
     pub response_format: Option<ResponseFormat>,
+    /// A GBNF grammar (llama-server's extension; empty: none).
+    pub grammar: Option<String>,
+    /// A JSON Schema (llama-server's extension, as `response_format`'s `json_schema`).
+    pub json_schema: Option<serde_json::Value>,
     /// Token id (as a string) → bias in [−100, 100], added to its logit.
     pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
 }
@@ -239,8 +246,8 @@ pub struct GenParams {
     /// Choices per prompt (`n`): each its own engine request, choice `i` sampled with seed
     /// `seed + i`.
     pub n: usize,
-    /// JSON mode or a JSON Schema (`corelm_engine::json`).
-    pub json: Option<Arc<Schema>>,
+    /// JSON mode, a JSON Schema or a GBNF grammar.
+    pub constraint: Option<Constraint>,
     /// `echo` with `logprobs`: score every prompt token too, with this many alternatives.
     pub prompt_logprobs: Option<usize>,
 }
@@ -280,6 +287,17 @@ impl Common {
                 k => return Err(ApiError::bad("response_format", format!("unknown response_format type {k:?} (text, json_object or json_schema)"))),
             },
         };
+        let json = match (&self.json_schema, json) {
+            (None | Some(serde_json::Value::Null), json) => json,
+            (Some(_), Some(_)) => return Err(ApiError::bad("json_schema", "json_schema together with response_format is not supported")),
+            (Some(s), None) => Some(Arc::new(Schema::compile(s).map_err(|e| ApiError::bad("json_schema", e.to_string()))?)),
+        };
+        let grammar = match self.grammar.as_deref() {
+            None | Some("") => None,
+            Some(_) if json.is_some() => return Err(ApiError::bad("grammar", "grammar together with json_schema or a JSON response_format is not supported")),
+            Some(g) => Some(Arc::new(Grammar::parse(g).map_err(|e| ApiError::bad("grammar", e.to_string()))?)),
+        };
+        let constraint = json.map(Constraint::Json).or(grammar.map(Constraint::Grammar));
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             Some(0) if !zero_tokens => return Err(ApiError::bad("max_tokens", "max_tokens must be at least 1 (0 only with echo)")),
             Some(m) => Some(m.min(usize::MAX as u64) as usize),
@@ -320,7 +338,7 @@ impl Common {
             stream: self.stream,
             include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
             n,
-            json,
+            constraint,
             prompt_logprobs: None,
         })
     }

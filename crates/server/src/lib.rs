@@ -34,6 +34,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use corelm_engine::batcher::{self, Batcher, Event, Request, Stats, Work};
+use corelm_engine::constraint::Constraint;
 use corelm_engine::embed::Pooling;
 use corelm_engine::chat::ChatTemplate;
 use corelm_engine::{Engine, Tokenizer};
@@ -308,6 +309,9 @@ fn submit(
     if let Some((t, _)) = params.sampling.logit_bias.iter().find(|(t, _)| *t as usize >= n_vocab) {
         return Err(ApiError::bad("logit_bias", format!("token id {t} is outside the vocabulary of {n_vocab}")));
     }
+    if let Some(Constraint::Grammar(g)) = &params.constraint {
+        g.check_tokens(n_vocab).map_err(|e| ApiError::bad("grammar", e.to_string()))?;
+    }
     let count = prompts.len().saturating_mul(params.n);
     if prompts.is_empty() {
         return Err(ApiError::bad(prompt_field, "no prompt"));
@@ -369,7 +373,7 @@ fn submit(
             ignore_eos: params.ignore_eos,
             logprobs,
             prompt_logprobs: params.prompt_logprobs,
-            json: params.json.clone(),
+            constraint: params.constraint.clone(),
             sink,
             arrived: Instant::now(),
         };
@@ -460,14 +464,16 @@ async fn chat(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
                 if logprobs.is_some() {
                     return Err(ApiError::bad("logprobs", "logprobs together with tools is not supported"));
                 }
-                if params.json.is_some() {
-                    return Err(ApiError::bad("response_format", "response_format together with tools is not supported"));
+                match params.constraint {
+                    Some(Constraint::Json(_)) => return Err(ApiError::bad("response_format", "response_format together with tools is not supported")),
+                    Some(Constraint::Grammar(_)) => return Err(ApiError::bad("grammar", "grammar together with tools is not supported")),
+                    None => {}
                 }
                 let (text, answer, forced) = corelm_engine::tools::prompt(&st.template, &msgs, &plan.tools, &plan.choice).map_err(|e| match e {
                     corelm_engine::Error::Schema(m) => ApiError::bad("tools", m),
                     e => ApiError::bad("messages", e.to_string()),
                 })?;
-                params.json = forced;
+                params.constraint = forced.map(Constraint::Json);
                 (text, Some(respond::ToolAnswer { answer, tools: plan.tools }))
             }
         };

@@ -49,7 +49,7 @@ pub use embed::{EmbedRequest, EmbedSink};
 pub use request::{finish_now, token_logprob, Event, Finish, FinishReason, Request, Sink, Stats, TokenLogprob, Work};
 
 use crate::generate::TextOut;
-use crate::json::{JsonMask, JsonVocab};
+use crate::constraint::{Mask, Vocabs};
 use crate::sample::Sampler;
 use crate::{Batch, Engine, Error, Tokenizer};
 use corelm_core::kv::BLOCK;
@@ -62,8 +62,8 @@ struct Running {
     req: Request,
     seq: i32,
     sampler: Sampler,
-    /// JSON mode's automaton (`Request::json`).
-    json: Option<JsonMask>,
+    /// The constraint's mask (`Request::constraint`).
+    mask: Option<Mask>,
     /// Prompt tokens in the KV cache.
     fed: usize,
     cached: usize,
@@ -85,8 +85,8 @@ struct Running {
 pub struct Batcher {
     engine: Engine,
     tok: Arc<Tokenizer>,
-    /// The vocabulary as JSON mode sees it (`Request::json`).
-    json_vocab: JsonVocab,
+    /// The vocabulary as the constraints see it (`Request::constraint`).
+    vocabs: Vocabs,
     waiting: VecDeque<Request>,
     slots: Vec<Option<Running>>,
     batch: Batch,
@@ -134,7 +134,7 @@ impl Batcher {
         stats.kv_blocks_total.store(engine.blocks().n_blocks(), Ordering::Relaxed);
         Batcher {
             engine,
-            json_vocab: JsonVocab::new(&tok),
+            vocabs: Vocabs::default(),
             tok,
             waiting: VecDeque::new(),
             slots: (0..n_seq).map(|_| None).collect(),
@@ -329,8 +329,11 @@ impl Batcher {
                 history.reserve_exact(req.prompt.len() + req.max_tokens);
                 history.extend_from_slice(&req.prompt);
             }
+            if let Some(c) = &req.constraint {
+                self.vocabs.prepare(c, &self.tok);
+            }
             self.slots[slot] = Some(Running {
-                json: req.json.clone().map(JsonMask::new),
+                mask: req.constraint.as_ref().map(Mask::new),
                 req,
                 seq,
                 sampler,
@@ -464,7 +467,7 @@ impl Batcher {
                         Row::Draft(d) if r.next == Some(d) => {
                             r.next = None;
                             kept += 1;
-                            sample_one(r, l, &self.tok, &self.json_vocab)
+                            sample_one(r, l, &self.tok, &self.vocabs)
                         }
                         Row::Draft(_) => {
                             cut = true;
@@ -474,7 +477,7 @@ impl Batcher {
                         _ if r.req.max_tokens == 0 => Some(FinishReason::Length),
                         _ => {
                             (fed, kept, cut) = (0, 0, false);
-                            sample_one(r, l, &self.tok, &self.json_vocab)
+                            sample_one(r, l, &self.tok, &self.vocabs)
                         }
                     };
                     if let Some(reason) = reason {
@@ -547,10 +550,10 @@ fn score_prompt(r: &mut Running, p: usize, logits: &[f32]) -> bool {
 }
 
 /// Sample the next token of `r` from its logits row and deliver it; `Some` when it finished.
-fn sample_one(r: &mut Running, logits: &[f32], tok: &Tokenizer, vocab: &JsonVocab) -> Option<FinishReason> {
-    let t = match &r.json {
+fn sample_one(r: &mut Running, logits: &[f32], tok: &Tokenizer, vocabs: &Vocabs) -> Option<FinishReason> {
+    let t = match &mut r.mask {
         None => r.sampler.sample(logits),
-        Some(m) => match m.sample(vocab, tok, &mut r.sampler, logits) {
+        Some(m) => match m.sample(vocabs, tok, &mut r.sampler, logits) {
             Ok(t) => t,
             Err(e) => return Some(FinishReason::Error(e.to_string())),
         },
@@ -582,8 +585,8 @@ fn sample_one(r: &mut Running, logits: &[f32], tok: &Tokenizer, vocab: &JsonVoca
     if !(r.req.sink)(Event::Token { id: t, text, logprob }) {
         return Some(FinishReason::Cancelled);
     }
-    // JSON mode: the object just closed ends the answer.
-    if stopped || r.json.as_mut().is_some_and(|m| m.closes_with(vocab, tok, t)) {
+    // A JSON value just closed, or a grammar that can take nothing more, ends the answer.
+    if stopped || r.mask.as_mut().is_some_and(|m| m.closes_with(vocabs, tok, t)) {
         return Some(FinishReason::Stop);
     }
     if r.generated >= r.req.max_tokens {

@@ -2,10 +2,9 @@
 //! receives, the live counters.
 
 use super::EmbedRequest;
-use crate::json::Schema;
+use crate::constraint::Constraint;
 use crate::sample::SamplingParams;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
-use std::sync::Arc;
 use std::time::Instant;
 
 /// What the engine thread is handed.
@@ -30,9 +29,9 @@ pub struct Request {
     /// tokens before it and the `n` most likely alternatives there (the first token has none).
     /// Such a prompt is computed whole: no prefix cache, every row's logits kept.
     pub prompt_logprobs: Option<usize>,
-    /// JSON mode (`Schema::object()`) or a JSON Schema: the text is constrained to a JSON
-    /// value of the schema and stops when it closes ([`crate::json`]).
-    pub json: Option<Arc<Schema>>,
+    /// JSON mode, a JSON Schema or a GBNF grammar: the text is constrained to one the
+    /// constraint takes and stops when it closes ([`crate::constraint`]).
+    pub constraint: Option<Constraint>,
     pub sink: Sink,
     /// When the request arrived (for queueing time and TTFT).
     pub arrived: Instant,
