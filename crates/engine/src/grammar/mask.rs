@@ -35,8 +35,9 @@ pub struct GrammarMask {
     sets: Sets,
     path: Vec<(u32, u32, usize)>,
     cps: Vec<u32>,
-    /// [`next`](Self::next)'s result (reused).
+    /// [`next`](Self::next)'s result and its two working sets (reused).
     after: Vec<u32>,
+    work: [Vec<u32>; 2],
 }
 
 impl GrammarMask {
@@ -45,7 +46,7 @@ impl GrammarMask {
         let mut stacks = Stacks::default();
         let mut set = Vec::new();
         stacks.start(&grammar, &mut set);
-        GrammarMask { grammar, stacks, set, partial: Partial::default(), memo: vec![], memo_next: 0, cur: None, sets: Sets::default(), path: vec![], cps: vec![], after: vec![] }
+        GrammarMask { grammar, stacks, set, partial: Partial::default(), memo: vec![], memo_next: 0, cur: None, sets: Sets::default(), path: vec![], cps: vec![], after: vec![], work: [vec![], vec![]] }
     }
 
     /// May token `id` come next? (Computes the whole token set of this state, or finds it
@@ -122,7 +123,8 @@ impl GrammarMask {
         let mut cps = std::mem::take(&mut self.cps);
         cps.clear();
         let end = decode(piece, self.partial, &mut cps);
-        let (mut next, mut cur, mut step) = (std::mem::take(&mut self.after), Vec::new(), Vec::new());
+        let [mut cur, mut step] = std::mem::take(&mut self.work);
+        let mut next = std::mem::take(&mut self.after);
         next.clear();
         let set = std::mem::take(&mut self.set);
         for &s in set.iter().filter(|_| end.is_some()) {
@@ -149,6 +151,7 @@ impl GrammarMask {
         }
         self.set = set;
         self.cps = cps;
+        self.work = [cur, step];
         next.sort_unstable();
         next.dedup();
         let end = end?;
@@ -211,13 +214,17 @@ impl GrammarMask {
                 }
             }
         }
-        let key = (self.set.clone(), self.partial);
         let m = if self.memo.len() < MEMO {
-            self.memo.push((key, bits));
+            self.memo.push(((self.set.clone(), self.partial), bits));
             self.memo.len() - 1
         } else {
+            // The oldest slot, its set's buffer reused.
             let m = self.memo_next;
-            self.memo[m] = (key, bits);
+            let ((set, partial), old) = &mut self.memo[m];
+            set.clear();
+            set.extend_from_slice(&self.set);
+            *partial = self.partial;
+            *old = bits;
             self.memo_next = (m + 1) % MEMO;
             m
         };

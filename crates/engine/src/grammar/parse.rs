@@ -16,6 +16,9 @@ use std::collections::HashMap;
 /// Most repetitions of one item (`{m,n}` beyond this: unbounded, as llama.cpp).
 const MAX_REPETITION: u64 = 2000;
 
+/// Most elements repetitions may write out in all (a request's grammar is untrusted input).
+const MAX_WRITTEN: usize = 1 << 20;
+
 /// One item of a sequence while parsing (flattened into [`Elem`]s by [`finish`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Item {
@@ -36,11 +39,13 @@ struct Parser<'a> {
     ids: HashMap<String, u32>,
     names: Vec<String>,
     rules: Vec<Option<Rule>>,
+    /// Elements repetitions have written out so far.
+    written: usize,
 }
 
 /// Parse GBNF text into a grammar whose start symbol is `root`.
 pub fn parse(src: &str) -> Result<Grammar, String> {
-    let mut p = Parser { src: src.as_bytes(), pos: 0, ids: HashMap::new(), names: Vec::new(), rules: Vec::new() };
+    let mut p = Parser { src: src.as_bytes(), pos: 0, ids: HashMap::new(), names: Vec::new(), rules: Vec::new(), written: 0 };
     p.grammar().map_err(|e| {
         let before = &src.as_bytes()[..p.pos.min(src.len())];
         let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
@@ -347,8 +352,10 @@ impl Parser<'_> {
     fn repeat(&mut self, name: &str, seq: &mut Vec<Item>, last: Option<usize>, min: u64, max: Option<u64>) -> Result<(), String> {
         let start = last.filter(|&l| l < seq.len()).ok_or("`*`, `+`, `?` or `{` with nothing before it")?;
         let item: Vec<Item> = seq.split_off(start);
-        if seq.len() + item.len() * (min as usize) > 100_000 {
-            return Err("repetition makes the grammar too large".into());
+        let copies = min + max.map_or(1, |m| m - min);
+        self.written = self.written.saturating_add(item.len().saturating_mul(copies as usize));
+        if self.written > MAX_WRITTEN {
+            return Err(format!("repetitions write out more than {MAX_WRITTEN} elements"));
         }
         for _ in 0..min {
             seq.extend(item.iter().cloned());

@@ -112,6 +112,7 @@ fn bad_grammars_are_refused_by_name() {
         ("root ::= (\"a\"", "expected `)`"),
         ("root ::= \"a\"\nroot ::= \"b\"", "defined twice"),
         ("root ::= <hello>", "`<[id]>`"),
+        (format!("root ::= \"{}\"{{1000,2000}}", "x".repeat(600)).as_str(), "more than 1048576 elements"),
     ] {
         let e = Grammar::parse(src).expect_err(src).to_string();
         assert!(e.contains(want), "{src:?}: {e}");

@@ -3,7 +3,6 @@
 
 use super::{decode, Partial};
 use crate::tokenizer::Tokenizer;
-use std::collections::HashMap;
 
 /// Built once per tokenizer ([`GrammarVocab::new`]); nodes are numbered from the root (0), each
 /// node's lists stored contiguously (`*_at[i]..*_at[i + 1]`).
@@ -33,11 +32,11 @@ pub struct GrammarVocab {
 impl GrammarVocab {
     pub fn new(tok: &Tokenizer) -> GrammarVocab {
         let n_vocab = tok.n_vocab();
-        let mut edges: HashMap<(u32, u32), u32> = HashMap::new();
-        let mut n_nodes = 1u32;
-        let (mut ends, mut cuts, mut eog, mut text) = (vec![], vec![], vec![], vec![]);
-        let mut cps = Vec::new();
-        let mut whole = vec![false; n_vocab];
+        let (mut eog, mut text, mut whole) = (vec![], vec![], vec![false; n_vocab]);
+        // Each readable token's code points; sorted, neighbours share their common prefix, so
+        // the trie is built in one pass with its nodes numbered depth first, children by code
+        // point: the order a walk visits them, so it reads every table front to back.
+        let mut read: Vec<(Vec<u32>, u32, Partial)> = Vec::with_capacity(n_vocab);
         for id in 0..n_vocab as u32 {
             let piece = tok.piece(id);
             if tok.is_eog(id) {
@@ -48,48 +47,34 @@ impl GrammarVocab {
                 continue;
             }
             text.push(id);
-            cps.clear();
+            let mut cps = Vec::with_capacity(piece.len());
             let Some(end) = decode(piece, Partial::default(), &mut cps) else { continue };
             whole[id as usize] = !cps.is_empty();
-            let mut node = 0u32;
-            for &c in &cps {
-                node = *edges.entry((node, c)).or_insert_with(|| {
-                    n_nodes += 1;
-                    n_nodes - 1
-                });
+            read.push((cps, id, end));
+        }
+        read.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+        // (parent, code point, child) in creation order; the path of the last token's nodes.
+        let (mut edges, mut ends, mut cuts) = (Vec::<(u32, u32, u32)>::new(), Vec::<(u32, u32)>::new(), Vec::<(u32, (u32, Partial))>::new());
+        let mut path: Vec<(u32, u32)> = Vec::new();
+        let mut n_nodes = 1u32;
+        for (cps, id, end) in &read {
+            let common = path.iter().zip(cps).take_while(|(p, c)| p.0 == **c).count();
+            path.truncate(common);
+            for &c in &cps[common..] {
+                let parent = path.last().map_or(0, |p| p.1);
+                edges.push((parent, c, n_nodes));
+                path.push((c, n_nodes));
+                n_nodes += 1;
             }
+            let node = path.last().map_or(0, |p| p.1);
             if end.remain == 0 {
-                ends.push((node, id));
+                ends.push((node, *id));
             } else {
-                cuts.push((node, (id, end)));
+                cuts.push((node, (*id, *end)));
             }
         }
-        // Renumber the nodes in the walk's order (depth first, children by code point), so that
-        // a walk reads every table front to back.
-        let mut kids: Vec<(u32, u32, u32)> = edges.into_iter().map(|((n, c), k)| (n, c, k)).collect();
-        kids.sort_unstable();
-        let mut first = vec![0u32; n_nodes as usize + 1];
-        for k in &kids {
-            first[k.0 as usize + 1] += 1;
-        }
-        for i in 0..n_nodes as usize {
-            first[i + 1] += first[i];
-        }
-        let mut order = vec![0u32; n_nodes as usize];
-        let (mut next_id, mut todo) = (0u32, vec![0u32]);
-        while let Some(n) = todo.pop() {
-            order[n as usize] = next_id;
-            next_id += 1;
-            for k in kids[first[n as usize] as usize..first[n as usize + 1] as usize].iter().rev() {
-                todo.push(k.2);
-            }
-        }
-        let mut kids: Vec<(u32, u32, u32)> = kids.iter().map(|&(n, c, k)| (order[n as usize], c, order[k as usize])).collect();
-        kids.sort_unstable();
-        let mut ends: Vec<(u32, u32)> = ends.iter().map(|&(n, id)| (order[n as usize], id)).collect();
-        ends.sort_unstable();
-        let mut cuts: Vec<(u32, (u32, Partial))> = cuts.iter().map(|&(n, c)| (order[n as usize], c)).collect();
-        cuts.sort_unstable_by_key(|&(n, (id, _))| (n, id));
+        // Children grouped by parent (a stable sort keeps them by code point).
+        edges.sort_by_key(|e| e.0);
         let offsets = |keys: &mut dyn Iterator<Item = u32>| {
             let mut at = vec![0u32; n_nodes as usize + 1];
             for k in keys {
@@ -101,8 +86,8 @@ impl GrammarVocab {
             at
         };
         GrammarVocab {
-            kid_at: offsets(&mut kids.iter().map(|k| k.0)),
-            kids: kids.iter().map(|&(_, c, k)| (c, k)).collect(),
+            kid_at: offsets(&mut edges.iter().map(|k| k.0)),
+            kids: edges.iter().map(|&(_, c, k)| (c, k)).collect(),
             end_at: offsets(&mut ends.iter().map(|e| e.0)),
             ends: ends.iter().map(|e| e.1).collect(),
             cut_at: offsets(&mut cuts.iter().map(|c| c.0)),
