@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use corelm_engine::chat::{ChatTemplate, Message};
 use corelm_engine::eval::{run_case, Case};
 use corelm_engine::generate::{generate, GenerateParams, StopReason};
-use corelm_engine::constraint::Constraint;
+use corelm_engine::constraint::{Constraint, Lazy, Trigger};
 use corelm_engine::grammar::Grammar;
 use corelm_engine::json::Schema;
 use corelm_engine::sample::SamplingParams;
@@ -238,6 +238,10 @@ struct SampleArgs {
     /// `--grammar` read from a file.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["json", "json_schema", "grammar"])]
     grammar_file: Option<std::path::PathBuf>,
+    /// Make the grammar or schema lazy: the text is free until this word appears in it, and
+    /// held from the word on (repeatable; as llama-server's `grammar_lazy` with word triggers).
+    #[arg(long, value_name = "WORD")]
+    grammar_trigger: Vec<String>,
 }
 
 /// `--cache-type-k/-v`, shared by every command that loads a model.
@@ -488,7 +492,12 @@ fn gen_params(s: &SampleArgs) -> Result<GenerateParams> {
         }
         (None, None) => None,
     };
-    let constraint = json.map(Constraint::Json).or(grammar.map(|g| Constraint::Grammar(std::sync::Arc::new(g))));
+    let mut constraint = json.map(Constraint::Json).or(grammar.map(|g| Constraint::Grammar(std::sync::Arc::new(g))));
+    if !s.grammar_trigger.is_empty() {
+        let then = constraint.context("--grammar-trigger needs --grammar, --grammar-file, --json or --json-schema")?;
+        let triggers = s.grammar_trigger.iter().map(|w| Trigger::Word(w.clone())).collect();
+        constraint = Some(Constraint::Lazy(std::sync::Arc::new(Lazy::new(triggers, then, false).context("--grammar-trigger")?)));
+    }
     Ok(GenerateParams {
         max_tokens: s.n_predict,
         sampling: SamplingParams {

@@ -138,8 +138,8 @@ pub fn generate(
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<Generation, Error> {
     let mut sampler = Sampler::new(params.sampling.clone(), tok.n_vocab())?;
-    if let Some(Constraint::Grammar(g)) = &params.constraint {
-        g.check_tokens(tok.n_vocab())?;
+    if let Some(c) = &params.constraint {
+        c.check(tok.n_vocab())?;
     }
     for &t in prompt {
         sampler.accept(t);

@@ -13,13 +13,15 @@
 //! A forced call (`tool_choice` `required` or a named function) is held to
 //! [`call_schema`]: one alternative per allowed tool, `{"name": <its name>, "arguments": <its
 //! parameters>}`, through the JSON mask (Hermes: after `<tool_call>\n` ends the prompt). An
-//! `auto` answer is free, and read by [`parse`] when it ends.
+//! `auto` answer is free but for its calls, each held to the same schema from where it starts
+//! (a lazy constraint, [`crate::constraint::lazy`]); it is read by [`parse`] when it ends.
 
 use serde_json::{json, Map, Value};
 
 use std::sync::Arc;
 
 use crate::chat::{ChatTemplate, Message};
+use crate::constraint::{Constraint, Lazy, Trigger};
 use crate::json::Schema;
 use crate::Error;
 
@@ -198,25 +200,50 @@ pub fn for_template(messages: &[Message], tools: &[Tool], format: Format) -> Vec
     out
 }
 
+/// Where a call starts in a free Hermes answer (full patterns, the held text from the group):
+/// the JSON after `<tool_call>`; a call's JSON in a code fence (as Qwen2.5-Coder writes them)
+/// or opening the answer, once it reads `{"name":`.
+const HERMES_TRIGGERS: [&str; 3] = [r"[\s\S]*?<tool_call>\s*(\{)[\s\S]*", r#"[\s\S]*?```(?:json)?\s*(\{\s*"name"\s*:)[\s\S]*"#, r#"\s*(\{\s*"name"\s*:)[\s\S]*"#];
+
+/// Where a call starts in a free `Json`-format answer: the answer opens with `{"name":`, in a
+/// code fence or not.
+const JSON_TRIGGER: &str = r#"\s*(?:```(?:json)?\s*)?(\{\s*"name"\s*:)[\s\S]*"#;
+
 /// The prompt for `messages` with `tools` offered under `choice`, how to read the answer, and
-/// (a forced call) the schema the answer is held to. A Hermes template's forced call starts
-/// after `<tool_call>\n`, which ends the prompt.
-pub fn prompt(template: &ChatTemplate, messages: &[Message], tools: &[Tool], choice: &Choice) -> Result<(String, Answer, Option<Arc<Schema>>), Error> {
+/// what the answer is held to ([`Constraint`]):
+/// - a forced call: the call's schema. A Hermes template's forced call starts after
+///   `<tool_call>\n`, which ends the prompt.
+/// - `auto`, Hermes: free text, each call's JSON held to the tools' schemas from where it
+///   starts ([`HERMES_TRIGGERS`]), free again once it closes.
+/// - `auto`, `Json`: free text, or — where the answer opens with a call ([`JSON_TRIGGER`]) — a
+///   call held to the tools' schemas, the answer ending when it closes.
+pub fn prompt(template: &ChatTemplate, messages: &[Message], tools: &[Tool], choice: &Choice) -> Result<(String, Answer, Option<Constraint>), Error> {
     let format = template.tool_format();
     let msgs = for_template(messages, tools, format);
     let offered: Vec<Value> = if format == Format::Hermes { tools.iter().map(Tool::to_openai).collect() } else { vec![] };
     let mut text = template.render_with_tools(&msgs, &offered, true)?;
-    let forced = call_schema(tools, choice)?;
-    let answer = match (&forced, format) {
-        (Some(_), Format::Hermes) => {
+    let forced = call_schema(tools, choice)?.map(Arc::new);
+    let (answer, held) = match (forced, format) {
+        (Some(s), Format::Hermes) => {
             text.push_str(OPEN);
             text.push('\n');
-            Answer::Bare
+            (Answer::Bare, Some(Constraint::Json(s)))
         }
-        (Some(_), Format::Json) => Answer::Bare,
-        (None, f) => Answer::Free(f),
+        (Some(s), Format::Json) => (Answer::Bare, Some(Constraint::Json(s))),
+        (None, f) => {
+            let any = match tools {
+                [] => None,
+                _ => call_schema(tools, &Choice::Required)?.map(|s| Constraint::Json(Arc::new(s))),
+            };
+            let lazy = match (any, f) {
+                (None, _) => None,
+                (Some(then), Format::Hermes) => Some(Lazy::new(HERMES_TRIGGERS.iter().map(|t| Trigger::full(t)).collect::<Result<_, _>>()?, then, true)?),
+                (Some(then), Format::Json) => Some(Lazy::new(vec![Trigger::full(JSON_TRIGGER)?], then, false)?),
+            };
+            (Answer::Free(f), lazy.map(|l| Constraint::Lazy(Arc::new(l))))
+        }
     };
-    Ok((text, answer, forced.map(Arc::new)))
+    Ok((text, answer, held))
 }
 
 /// The function name of the earlier call `id`.
@@ -234,6 +261,9 @@ fn call_of(v: &Value, tools: &[Tool]) -> Option<ToolCall> {
 /// The calls in a finished answer, and the text that remains (`None` where nothing does;
 /// trimmed around calls; without calls the answer as it is, which a stream sent unchanged).
 /// Text that looks like a call but does not parse as one of a tool of `tools` stays text.
+/// Besides Hermes' tags, a call (or a list of them) may be the whole answer or sit in a code
+/// fence (```` ```json ````), whose closing fence may be missing (the held call closed the
+/// answer).
 pub fn parse(text: &str, answer: Answer, tools: &[Tool]) -> (Option<String>, Vec<ToolCall>) {
     let whole = |t: &str| -> Option<Vec<ToolCall>> {
         match serde_json::from_str::<Value>(t.trim()).ok()? {
@@ -242,16 +272,37 @@ pub fn parse(text: &str, answer: Answer, tools: &[Tool]) -> (Option<String>, Vec
         }
     };
     let rest = |t: &str| Some(t.trim().to_string()).filter(|t| !t.is_empty());
+    // No tags: the whole answer, or its first code fence, is the calls.
+    let untagged = |t: &str| -> (Option<String>, Vec<ToolCall>) {
+        if let Some(calls) = whole(t) {
+            return (None, calls);
+        }
+        if let Some(open) = t.find(FENCE) {
+            let body = open + FENCE.len() + if t[open + FENCE.len()..].starts_with("json") { 4 } else { 0 };
+            let close = t[body..].find(FENCE).map_or(t.len(), |i| body + i);
+            if let Some(calls) = whole(&t[body..close]) {
+                let after = (close + FENCE.len()).min(t.len());
+                return (rest(&format!("{}{}", &t[..open], &t[after..])), calls);
+            }
+        }
+        (Some(t.to_string()).filter(|t| !t.trim().is_empty()), vec![])
+    };
     match answer {
-        Answer::Bare | Answer::Free(Format::Json) => match whole(text) {
-            Some(calls) => (None, calls),
-            None => (Some(text.to_string()).filter(|t| !t.trim().is_empty()), vec![]),
-        },
+        Answer::Bare | Answer::Free(Format::Json) => untagged(text),
         Answer::Free(Format::Hermes) => {
             let (mut kept, mut calls, mut at) = (String::new(), Vec::new(), 0);
             while let Some(open) = text[at..].find(OPEN).map(|i| at + i) {
                 let body = open + OPEN.len();
-                let Some(close) = text[body..].find(CLOSE).map(|i| body + i) else { break };
+                let Some(close) = text[body..].find(CLOSE).map(|i| body + i) else {
+                    // A last call the answer ended in, before its closing tag (an end token
+                    // right after the held JSON).
+                    if let Some(mut c) = whole(&text[body..]).filter(|c| c.len() == 1) {
+                        kept.push_str(&text[at..open]);
+                        calls.append(&mut c);
+                        at = text.len();
+                    }
+                    break;
+                };
                 match whole(&text[body..close]).filter(|c| c.len() == 1) {
                     Some(mut c) => {
                         kept.push_str(&text[at..open]);
@@ -264,10 +315,7 @@ pub fn parse(text: &str, answer: Answer, tools: &[Tool]) -> (Option<String>, Vec
             kept.push_str(&text[at..]);
             if calls.is_empty() {
                 // Small models often write the call's JSON without the tags.
-                return match whole(text) {
-                    Some(c) => (None, c),
-                    None => (Some(text.to_string()).filter(|t| !t.trim().is_empty()), vec![]),
-                };
+                return untagged(text);
             }
             (rest(&kept), calls)
         }
@@ -277,23 +325,28 @@ pub fn parse(text: &str, answer: Answer, tools: &[Tool]) -> (Option<String>, Vec
 /// Hermes' tags around a call.
 pub const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
+/// A code fence, which may hold a call.
+const FENCE: &str = "```";
 
 /// How many leading bytes of an answer still being written in `format` are surely text, not
 /// part of a call (a stream sends those and holds the rest until the answer ends): nothing if
-/// the answer opens with `{` or `[` (a call's JSON, which Hermes models also write without
-/// tags); else `Json` all, Hermes up to its first `<tool_call>` (or a partial one at the end).
+/// the answer opens with `{`, `[` or a code fence (a call's JSON, which Hermes models also
+/// write without tags); else `Json` all, Hermes up to its first `<tool_call>` or code fence
+/// (or the partial beginning of one at the end).
 pub fn plain_prefix(text: &str, format: Format) -> usize {
-    if matches!(text.trim_start().bytes().next(), None | Some(b'{' | b'[')) {
+    let t = text.trim_start().as_bytes();
+    if t.is_empty() || t[0] == b'{' || t[0] == b'[' || FENCE.as_bytes().starts_with(&t[..t.len().min(FENCE.len())]) {
         return 0;
     }
     match format {
         Format::Json => text.len(),
         Format::Hermes => {
-            if let Some(i) = text.find(OPEN) {
+            if let Some(i) = [OPEN, FENCE].iter().filter_map(|m| text.find(m)).min() {
                 return i;
             }
-            // A tail that could be the tag's beginning.
-            let tail = (1..OPEN.len()).rev().find(|&n| text.len() >= n && text.is_char_boundary(text.len() - n) && OPEN.starts_with(&text[text.len() - n..]));
+            // A tail that could be a tag's or fence's beginning.
+            let starts = |n: usize| [OPEN, FENCE].iter().any(|m| m.len() > n && m.starts_with(&text[text.len() - n..]));
+            let tail = (1..OPEN.len()).rev().find(|&n| text.len() >= n && text.is_char_boundary(text.len() - n) && starts(n));
             text.len() - tail.unwrap_or(0)
         }
     }
@@ -372,6 +425,19 @@ mod tests {
         assert_eq!(parse("[{\"name\": \"get_time\", \"arguments\": {}}, {\"name\": \"get_weather\", \"arguments\": {}}]", Answer::Free(Format::Json), &tools).1.len(), 2);
         assert_eq!(parse(" It is sunny.\n", Answer::Free(Format::Json), &tools), (Some(" It is sunny.\n".into()), vec![]));
         assert_eq!(parse(" \n", Answer::Free(Format::Hermes), &tools), (None, vec![]));
+        // Calls in a code fence, closed or not, alone or after text.
+        let fenced = "```json\n{\"name\": \"get_time\", \"arguments\": {\"zone\": \"CET\"}}\n```";
+        for format in [Format::Hermes, Format::Json] {
+            assert_eq!(parse(fenced, Answer::Free(format), &tools), (None, vec![call("get_time", r#"{"zone":"CET"}"#)]));
+            assert_eq!(parse(&fenced[..fenced.len() - 4], Answer::Free(format), &tools), (None, vec![call("get_time", r#"{"zone":"CET"}"#)]));
+            let around = format!("Sure:\n{fenced}\nDone.");
+            assert_eq!(parse(&around, Answer::Free(format), &tools), (Some("Sure:\n\nDone.".into()), vec![call("get_time", r#"{"zone":"CET"}"#)]));
+        }
+        let code = "```json\n{\"a\": 1}\n```";
+        assert_eq!(parse(code, Answer::Free(Format::Hermes), &tools), (Some(code.into()), vec![]));
+        // A last call ended before its closing tag.
+        let open_end = "Sure.\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": \"CET\"}}";
+        assert_eq!(parse(open_end, Answer::Free(Format::Hermes), &tools), (Some("Sure.".into()), vec![call("get_time", r#"{"zone":"CET"}"#)]));
         assert_eq!(parse("{\"a\": 1}", Answer::Free(Format::Json), &tools), (Some("{\"a\": 1}".into()), vec![]));
     }
 
@@ -383,6 +449,10 @@ mod tests {
         assert_eq!(plain_prefix("Hello <tool_call>{", Format::Hermes), 6);
         assert_eq!(plain_prefix("a < b", Format::Hermes), 5);
         assert_eq!(plain_prefix("é<", Format::Hermes), "é".len());
+        assert_eq!(plain_prefix("``", Format::Json), 0);
+        assert_eq!(plain_prefix("Here:\n```json\n{", Format::Hermes), 6);
+        assert_eq!(plain_prefix("Here:\n`", Format::Hermes), 6);
+        assert_eq!(plain_prefix("Here: `x` and", Format::Hermes), 13);
         assert_eq!(plain_prefix("  {\"name\"", Format::Json), 0);
         assert_eq!(plain_prefix("Sure", Format::Json), 4);
         assert_eq!(plain_prefix("", Format::Json), 0);

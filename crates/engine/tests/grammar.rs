@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use corelm_engine::batcher::{Batcher, Event, FinishReason, Request};
+use corelm_engine::batcher::{Batcher, Event, FinishReason};
 use corelm_engine::constraint::Constraint;
 use corelm_engine::generate::{generate, GenerateParams, StopReason};
 use corelm_engine::grammar::stacks::{Stacks, NIL};
@@ -14,7 +14,6 @@ use corelm_engine::grammar::{decode, Elem, Grammar, GrammarMask, GrammarVocab, P
 use corelm_engine::sample::SamplingParams;
 use corelm_engine::Tokenizer;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 /// A batched request's tokens and finish.
 type Log = Arc<Mutex<(Vec<u32>, Option<FinishReason>)>>;
@@ -118,18 +117,7 @@ fn greedy_answers_under_grammars_equal_llama_cpp() {
                 }
                 true
             });
-            let req = Request {
-                prompt: c.prompt.clone(),
-                max_tokens: c.max_tokens,
-                sampling: SamplingParams::greedy(),
-                stop: vec![],
-                ignore_eos: false,
-                logprobs: None,
-                prompt_logprobs: None,
-                constraint: Some(Constraint::Grammar(c.grammar.clone())),
-                sink,
-                arrived: Instant::now(),
-            };
+            let req = greedy_request(c.prompt.clone(), c.max_tokens, None, Some(Constraint::Grammar(c.grammar.clone())), sink);
             b.submit(req).map_err(|e| e.1).unwrap();
         }
         let mut steps = 0;

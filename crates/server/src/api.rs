@@ -8,14 +8,15 @@
 //! choices (and `/v1/completions`' several prompts) become one engine request each.
 //! `response_format: {"type": "json_object"}` is JSON mode, `{"type": "json_schema", ...}` a
 //! JSON Schema (`corelm_engine::json`); `grammar` (llama-server's field) a GBNF grammar
-//! (`corelm_engine::grammar`); `tools` and `tool_choice` are read into a
+//! (`corelm_engine::grammar`), held from a trigger on with `grammar_lazy` and
+//! `grammar_triggers` (`corelm_engine::constraint::lazy`); `tools` and `tool_choice` are read into a
 //! [`ToolPlan`] (`corelm_engine::tools`).
 
 use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use corelm_engine::constraint::Constraint;
+use corelm_engine::constraint::{Constraint, Lazy, Trigger};
 use corelm_engine::grammar::Grammar;
 use corelm_engine::json::Schema;
 use corelm_engine::sample::SamplingParams;
@@ -177,6 +178,12 @@ pub struct Common {
     pub grammar: Option<String>,
     /// A JSON Schema (llama-server's extension, as `response_format`'s `json_schema`).
     pub json_schema: Option<serde_json::Value>,
+    /// llama-server's lazy grammars: the grammar (or schema) holds the text only from one of
+    /// `grammar_triggers` on, each `{"type": 0 token | 1 word | 2 pattern | 3 pattern_full,
+    /// "value": text, "token": id}` (the type also by name).
+    #[serde(default)]
+    pub grammar_lazy: bool,
+    pub grammar_triggers: Option<Vec<serde_json::Value>>,
     /// Token id (as a string) → bias in [−100, 100], added to its logit.
     pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
 }
@@ -261,6 +268,37 @@ fn range(param: &str, v: Option<f32>, lo: f32, hi: f32, default: f32) -> Result<
 }
 
 impl Common {
+    /// `grammar_triggers`, as llama-server reads them.
+    fn triggers(&self) -> Result<Vec<Trigger>, ApiError> {
+        let list = self.grammar_triggers.as_deref().unwrap_or_default();
+        if list.len() > 64 {
+            return Err(ApiError::bad("grammar_triggers", "at most 64 grammar triggers"));
+        }
+        let mut out = Vec::with_capacity(list.len());
+        for (i, t) in list.iter().enumerate() {
+            let field = format!("grammar_triggers[{i}]");
+            let kind = match &t["type"] {
+                serde_json::Value::Number(n) => n.as_u64(),
+                serde_json::Value::String(s) => ["token", "word", "pattern", "pattern_full"].iter().position(|k| k == s).map(|k| k as u64),
+                _ => None,
+            };
+            let value = t["value"].as_str();
+            let need_value = || value.ok_or_else(|| ApiError::bad(&field, format!("{field} needs a \"value\" string")));
+            let trigger = match kind {
+                Some(0) => match t["token"].as_u64() {
+                    Some(id) if id <= u32::MAX as u64 => Trigger::Token(id as u32),
+                    _ => return Err(ApiError::bad(&field, format!("{field}: a token trigger needs a \"token\" id"))),
+                },
+                Some(1) => Trigger::Word(need_value()?.to_string()),
+                Some(2) => Trigger::pattern(need_value()?).map_err(|e| ApiError::bad(&field, e.to_string()))?,
+                Some(3) => Trigger::full(need_value()?).map_err(|e| ApiError::bad(&field, e.to_string()))?,
+                _ => return Err(ApiError::bad(&field, format!("{field}: type must be 0 (token), 1 (word), 2 (pattern) or 3 (pattern_full)"))),
+            };
+            out.push(trigger);
+        }
+        Ok(out)
+    }
+
     /// Validate the shared fields. Defaults follow llama.cpp's server (temperature 0.8,
     /// top_k 40, top_p 0.95, min_p 0.05); a missing seed draws a fresh one.
     pub fn params(&self) -> Result<GenParams, ApiError> {
@@ -297,7 +335,14 @@ impl Common {
             Some(_) if json.is_some() => return Err(ApiError::bad("grammar", "grammar together with json_schema or a JSON response_format is not supported")),
             Some(g) => Some(Arc::new(Grammar::parse(g).map_err(|e| ApiError::bad("grammar", e.to_string()))?)),
         };
-        let constraint = json.map(Constraint::Json).or(grammar.map(Constraint::Grammar));
+        let constraint = match (json.map(Constraint::Json).or(grammar.map(Constraint::Grammar)), self.grammar_lazy) {
+            (c, false) => c,
+            (None, true) => return Err(ApiError::bad("grammar_lazy", "grammar_lazy needs a grammar or a json_schema")),
+            (Some(then), true) => {
+                let lazy = Lazy::new(self.triggers()?, then, false).map_err(|e| ApiError::bad("grammar_triggers", e.to_string()))?;
+                Some(Constraint::Lazy(Arc::new(lazy)))
+            }
+        };
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             Some(0) if !zero_tokens => return Err(ApiError::bad("max_tokens", "max_tokens must be at least 1 (0 only with echo)")),
             Some(m) => Some(m.min(usize::MAX as u64) as usize),

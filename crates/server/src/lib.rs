@@ -309,8 +309,8 @@ fn submit(
     if let Some((t, _)) = params.sampling.logit_bias.iter().find(|(t, _)| *t as usize >= n_vocab) {
         return Err(ApiError::bad("logit_bias", format!("token id {t} is outside the vocabulary of {n_vocab}")));
     }
-    if let Some(Constraint::Grammar(g)) = &params.constraint {
-        g.check_tokens(n_vocab).map_err(|e| ApiError::bad("grammar", e.to_string()))?;
+    if let Some(c) = &params.constraint {
+        c.check(n_vocab).map_err(|e| ApiError::bad("grammar", e.to_string()))?;
     }
     let count = prompts.len().saturating_mul(params.n);
     if prompts.is_empty() {
@@ -466,14 +466,14 @@ async fn chat(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
                 }
                 match params.constraint {
                     Some(Constraint::Json(_)) => return Err(ApiError::bad("response_format", "response_format together with tools is not supported")),
-                    Some(Constraint::Grammar(_)) => return Err(ApiError::bad("grammar", "grammar together with tools is not supported")),
+                    Some(Constraint::Grammar(_) | Constraint::Lazy(_)) => return Err(ApiError::bad("grammar", "grammar together with tools is not supported")),
                     None => {}
                 }
-                let (text, answer, forced) = corelm_engine::tools::prompt(&st.template, &msgs, &plan.tools, &plan.choice).map_err(|e| match e {
+                let (text, answer, held) = corelm_engine::tools::prompt(&st.template, &msgs, &plan.tools, &plan.choice).map_err(|e| match e {
                     corelm_engine::Error::Schema(m) => ApiError::bad("tools", m),
                     e => ApiError::bad("messages", e.to_string()),
                 })?;
-                params.constraint = forced.map(Constraint::Json);
+                params.constraint = held;
                 (text, Some(respond::ToolAnswer { answer, tools: plan.tools }))
             }
         };

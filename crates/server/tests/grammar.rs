@@ -73,3 +73,51 @@ fn grammar_field_holds_answers_and_bad_grammars_are_refused() {
     let r = post(&srv, "/v1/completions", json!({"prompt": "x", "json_schema": {"type": "object"}, "response_format": {"type": "json_object"}}));
     assert_eq!((r.status, r.json()["error"]["param"].as_str()), (400, Some("json_schema")), "{}", r.body);
 }
+
+/// llama-server's lazy grammars: the answer is free until a trigger and held from it (the
+/// free part the same as without the grammar), on the OpenAI endpoints and `/completion`;
+/// bad triggers refused by name.
+#[test]
+fn lazy_grammars_hold_answers_from_their_trigger() {
+    let srv = start(1, 16, None);
+    let free = post(&srv, "/v1/chat/completions", chat("Where is the Eiffel Tower?", 30, false)).json();
+    let free = free["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let at = free.find("Paris").unwrap_or_else(|| panic!("{free:?}"));
+    let grammar = r#"root ::= "Paris, population " [1-9] [0-9]{2} " thousand.""#;
+    for (lazy, triggers) in [(json!(true), json!([{"type": 1, "value": "Paris"}])), (json!(true), json!([{"type": "pattern", "value": "Par(is)"}]))] {
+        let mut body = chat("Where is the Eiffel Tower?", 30, false);
+        body["grammar"] = json!(grammar);
+        body["grammar_lazy"] = lazy;
+        body["grammar_triggers"] = triggers.clone();
+        let v = post(&srv, "/v1/chat/completions", body).json();
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap_or_else(|| panic!("{v}")).to_string();
+        assert_eq!(text[..at], free[..at], "{triggers}: free until the trigger");
+        let held = &text[at..];
+        assert!(held.starts_with("Paris, population ") && held.ends_with(" thousand.") && held.len() == "Paris, population 123 thousand.".len(), "{triggers}: {text:?}");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    }
+    // `/completion`, the grammar a JSON Schema, the trigger a full pattern whose group starts
+    // the held text.
+    let schema = json!({"type": "object", "properties": {"city": {"enum": ["Paris", "Lyon"]}}, "required": ["city"]});
+    let r = post(&srv, "/completion", json!({"prompt": "Answer in JSON. The capital of France:", "n_predict": 30, "temperature": 0, "json_schema": schema,
+        "grammar_lazy": true, "grammar_triggers": [{"type": 3, "value": r"[\s\S]*?(\{)[\s\S]*"}]}));
+    let content = r.json()["content"].as_str().unwrap_or_else(|| panic!("{}", r.body)).to_string();
+    let open = content.find('{').unwrap_or_else(|| panic!("{content:?}"));
+    let v: serde_json::Value = serde_json::from_str(&content[open..]).unwrap_or_else(|e| panic!("{e}: {content:?}"));
+    assert!(["Paris", "Lyon"].contains(&v["city"].as_str().unwrap()), "{content:?}");
+
+    for (body, want) in [
+        (json!({"prompt": "x", "grammar": "root ::= \"a\"", "grammar_lazy": true}), "at least one trigger"),
+        (json!({"prompt": "x", "grammar": "root ::= \"a\"", "grammar_lazy": true, "grammar_triggers": [{"type": 1, "value": ""}]}), "empty"),
+        (json!({"prompt": "x", "grammar": "root ::= \"a\"", "grammar_lazy": true, "grammar_triggers": [{"type": 2, "value": "a("}]}), "trigger pattern \"a(\""),
+        (json!({"prompt": "x", "grammar": "root ::= \"a\"", "grammar_lazy": true, "grammar_triggers": [{"type": 7, "value": "a"}]}), "type must be"),
+        (json!({"prompt": "x", "grammar": "root ::= \"a\"", "grammar_lazy": true, "grammar_triggers": [{"type": 0, "value": "a"}]}), "needs a \"token\" id"),
+        (json!({"prompt": "x", "grammar": "root ::= \"a\"", "grammar_lazy": true, "grammar_triggers": [{"type": 0, "token": 99999999}]}), "outside the vocabulary"),
+        (json!({"prompt": "x", "grammar_lazy": true, "grammar_triggers": [{"type": 1, "value": "a"}]}), "needs a grammar or a json_schema"),
+    ] {
+        let r = post(&srv, "/v1/completions", body.clone());
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(msg.contains(want), "{body}: {msg}");
+    }
+}

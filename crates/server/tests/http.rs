@@ -164,6 +164,18 @@ fn json_mode_answers_json_objects() {
     }
 }
 
+/// `body` streamed: the answer's one call `call` as one `delta.tool_calls`, no content.
+fn streams_the_call(srv: &Server, mut body: Value, call: &Value) {
+    body["stream"] = json!(true);
+    let ev = post(srv, "/v1/chat/completions", body).events();
+    let chunks: Vec<Value> = ev[..ev.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let streamed: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
+    assert_eq!(streamed.len(), 1);
+    assert_eq!(streamed[0]["function"], call["function"]);
+    assert!(chunks.iter().all(|c| c["choices"][0]["delta"]["content"].as_str().is_none_or(str::is_empty)), "no content chunks");
+    assert_eq!(chunks.iter().find_map(|c| c["choices"][0]["finish_reason"].as_str()), Some("tool_calls"));
+}
+
 /// Tools: a forced call is a call of the named tool whose arguments are a value of its
 /// parameters, the same streamed as one `delta.tool_calls`; an `auto` answer in prose is
 /// content, streamed as it comes.
@@ -187,14 +199,7 @@ fn tool_calls_are_held_to_their_tools_and_read_back() {
         assert_eq!((call["type"].as_str(), call["function"]["name"].as_str()), (Some("function"), Some("get_weather")), "{v}");
         let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
         assert!(args["city"].as_str().is_some_and(|c| c.chars().count() <= 20) && (1..=7).contains(&args["days"].as_i64().unwrap()), "{args}");
-        body["stream"] = json!(true);
-        let ev = post(&srv, "/v1/chat/completions", body).events();
-        let chunks: Vec<Value> = ev[..ev.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
-        let streamed: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
-        assert_eq!(streamed.len(), 1);
-        assert_eq!(streamed[0]["function"], call["function"]);
-        assert!(chunks.iter().all(|c| c["choices"][0]["delta"]["content"].as_str().is_none_or(str::is_empty)), "no content chunks");
-        assert_eq!(chunks.iter().find_map(|c| c["choices"][0]["finish_reason"].as_str()), Some("tool_calls"));
+        streams_the_call(&srv, body, call);
     }
     // `auto` on a question SmolLM2 answers in prose: content, the same streamed.
     let mut body = chat("Say hello.", 12, false);
@@ -206,6 +211,42 @@ fn tool_calls_are_held_to_their_tools_and_read_back() {
     let ev = post(&srv, "/v1/chat/completions", body).events();
     let streamed: String = ev[..ev.len() - 1].iter().filter_map(|e| serde_json::from_str::<Value>(e).ok()?["choices"][0]["delta"]["content"].as_str().map(String::from)).collect();
     assert_eq!(streamed, text);
+}
+
+/// `auto` on Qwen2.5-Coder, which writes its calls in a code fence: each call is held to the
+/// tools' schemas from where it starts (an enum the model would not pick unheld, a pattern),
+/// read back as a call, the same streamed; prose stays content.
+#[test]
+fn auto_tool_calls_are_held_where_they_start() {
+    let srv = start_model("qwen2.5-coder-0.5b-instruct-awq-q4_k_m", 1, 16, None, 1);
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Current weather at an airport",
+            "parameters": {"type": "object", "properties": {"airport": {"type": "string", "pattern": "^[A-Z]{3}$"}, "unit": {"enum": ["kelvin", "rankine"]}}, "required": ["airport", "unit"]}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
+    ]);
+    let qwen = |q: &str, n: usize| {
+        let mut b = chat(q, n, false);
+        b.as_object_mut().unwrap().remove("model");
+        b
+    };
+    let mut body = qwen("What's the weather at Oslo airport?", 80);
+    body["tools"] = tools.clone();
+    let v = post(&srv, "/v1/chat/completions", body.clone()).json();
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+    let call = &c["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "get_weather", "{v}");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    let airport = args["airport"].as_str().unwrap();
+    assert!(airport.len() == 3 && airport.chars().all(|c| c.is_ascii_uppercase()), "{args}");
+    assert!(["kelvin", "rankine"].contains(&args["unit"].as_str().unwrap()), "{args}");
+    streams_the_call(&srv, body, call);
+
+    let mut body = qwen("Write a haiku about rain.", 30);
+    body["tools"] = tools;
+    let v = post(&srv, "/v1/chat/completions", body).json();
+    assert!(v["choices"][0]["message"]["content"].as_str().is_some_and(|t| t.contains("Rain")), "{v}");
+    assert!(v["choices"][0]["message"]["tool_calls"].is_null(), "{v}");
 }
 
 #[test]

@@ -98,6 +98,23 @@ impl GrammarMask {
             return self.set.contains(&NIL);
         }
         let Some(end) = self.next(vocab, tok, id) else { return false };
+        self.commit(end);
+        true
+    }
+
+    /// Take `text` as characters (a lazy grammar's text from its trigger on, which may end
+    /// inside a character); `false` (the state unchanged) if the grammar does not take it.
+    pub fn accept_text(&mut self, text: &[u8]) -> bool {
+        if text.is_empty() {
+            return true;
+        }
+        let Some(end) = self.next_chars(text, None) else { return false };
+        self.commit(end);
+        true
+    }
+
+    /// Make `after` the current set, with `end` the character left cut.
+    fn commit(&mut self, end: Partial) {
         std::mem::swap(&mut self.set, &mut self.after);
         self.partial = end;
         self.cur = None;
@@ -108,7 +125,6 @@ impl GrammarMask {
             self.memo_next = 0;
             self.sets.clear();
         }
-        true
     }
 
     /// The stacks after non-end token `id` (into `after`: every stack its whole characters
@@ -119,6 +135,13 @@ impl GrammarMask {
         if piece.first().is_none_or(|&b| b == 0) {
             return None;
         }
+        self.next_chars(piece, Some((id, vocab.whole[id as usize])))
+    }
+
+    /// [`next`](Self::next) for the bytes `piece`: of token `token` (its id, and whether it
+    /// reads as whole characters, for token elements), or of text (`None`: no token element
+    /// takes it).
+    fn next_chars(&mut self, piece: &[u8], token: Option<(u32, bool)>) -> Option<Partial> {
         let g = self.grammar.clone();
         let mut cps = std::mem::take(&mut self.cps);
         cps.clear();
@@ -132,7 +155,7 @@ impl GrammarMask {
                 continue;
             }
             if let Elem::Token { id: t, not } = g.elems[self.stacks.top(s) as usize] {
-                if (t == id) != not && self.partial.remain == 0 && vocab.whole[id as usize] {
+                if token.is_some_and(|(id, whole)| (t == id) != not && whole) && self.partial.remain == 0 {
                     let span = self.stacks.after(&g, s);
                     next.extend_from_slice(self.stacks.list(span));
                 }

@@ -207,7 +207,24 @@ impl JsonMask {
         if !self.allows(vocab, tok, id) {
             return false;
         }
-        let (schema, piece) = (&self.schema, tok.piece(id));
+        self.advance(vocab, tok, tok.piece(id));
+        true
+    }
+
+    /// Take `text` (a lazy constraint's text from its trigger on); `false` (the state
+    /// unchanged) if it is not the prefix of a value of the schema.
+    pub fn accept_text(&mut self, vocab: &JsonVocab, tok: &Tokenizer, text: &[u8]) -> bool {
+        let schema = &self.schema;
+        if !self.states.iter().any(|&(mut s)| if schema.forks { s.takes_all(schema, text) } else { s.feed_all(schema, text) }) {
+            return false;
+        }
+        self.advance(vocab, tok, text);
+        true
+    }
+
+    /// Feed `piece`, which some state takes, and note what may follow.
+    fn advance(&mut self, vocab: &JsonVocab, tok: &Tokenizer, piece: &[u8]) {
+        let schema = &self.schema;
         if schema.forks {
             state::advance(&mut self.states, &mut self.scratch, schema, piece);
         } else {
@@ -224,7 +241,6 @@ impl JsonMask {
         };
         let far = |&(p, _, room): &(u16, StateID, u32)| room >= self.schema.patterns[p as usize].worst().saturating_add(vocab.longest);
         self.text_ok = pattern.filter(far).map(|(p, at, _)| self.text_tokens(vocab, tok, (p, at)));
-        true
     }
 
     /// The memo slot of the [`Class::Text`] tokens pattern state `key` takes: found, or

@@ -2,8 +2,18 @@
 
 #![allow(dead_code)]
 
+use corelm_engine::batcher::{Request, Sink};
+use corelm_engine::constraint::Constraint;
+use corelm_engine::sample::SamplingParams;
 use corelm_engine::{Batch, Engine, EngineConfig, Tokenizer};
 use std::path::PathBuf;
+use std::time::Instant;
+
+/// A greedy batcher request of `prompt` held to `constraint`: up to `max_tokens`, with
+/// `logprobs` alternatives per token, its events to `sink`.
+pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize, logprobs: Option<usize>, constraint: Option<Constraint>, sink: Sink) -> Request {
+    Request { prompt, max_tokens, sampling: SamplingParams::greedy(), stop: vec![], ignore_eos: false, logprobs, prompt_logprobs: None, constraint, sink, arrived: Instant::now() }
+}
 
 /// (golden directory name, model file name, logit tolerance from ../shared/golden/README.md)
 pub const MODELS: [(&str, &str, f32); 3] = [

@@ -1,6 +1,10 @@
-//! What a request's text is held to — a JSON Schema ([`crate::json`]) or a GBNF grammar
-//! ([`crate::grammar`]) — and the per-sequence mask that holds it, behind one type for the
-//! batcher and `generate`.
+//! What a request's text is held to — a JSON Schema ([`crate::json`]), a GBNF grammar
+//! ([`crate::grammar`]), or either from a trigger on ([`lazy`]) — and the per-sequence mask
+//! that holds it, behind one type for the batcher and `generate`.
+
+pub mod lazy;
+
+pub use lazy::{Lazy, LazyMask, Trigger};
 
 use crate::grammar::{Grammar, GrammarMask, GrammarVocab};
 use crate::json::{JsonMask, JsonVocab, Schema};
@@ -18,6 +22,28 @@ pub enum Constraint {
     /// A GBNF grammar: the text stays the prefix of one the grammar derives; an end token only
     /// where it is complete, and the text stops where nothing else could follow.
     Grammar(Arc<Grammar>),
+    /// Free text until a trigger, then one of the above ([`lazy`]).
+    Lazy(Arc<Lazy>),
+}
+
+impl Constraint {
+    /// Check what depends on the vocabulary: the grammar's token elements and the trigger
+    /// tokens are ids below `n_vocab`.
+    pub fn check(&self, n_vocab: usize) -> Result<(), Error> {
+        match self {
+            Constraint::Json(_) => Ok(()),
+            Constraint::Grammar(g) => g.check_tokens(n_vocab),
+            Constraint::Lazy(l) => {
+                if let Some(t) = l.triggers.iter().find_map(|t| match t {
+                    Trigger::Token(t) if *t as usize >= n_vocab => Some(*t),
+                    _ => None,
+                }) {
+                    return Err(Error::Grammar(format!("trigger token {t} is outside the vocabulary of {n_vocab}")));
+                }
+                l.then.check(n_vocab)
+            }
+        }
+    }
 }
 
 /// The vocabulary as each constraint reads it, each built when first asked for (the grammar
@@ -42,6 +68,7 @@ impl Vocabs {
         match c {
             Constraint::Json(_) => drop(self.json(tok)),
             Constraint::Grammar(_) => drop(self.grammar(tok)),
+            Constraint::Lazy(l) => self.prepare(&l.then, tok),
         }
     }
 }
@@ -51,6 +78,7 @@ impl Vocabs {
 pub enum Mask {
     Json(JsonMask),
     Grammar(GrammarMask),
+    Lazy(LazyMask),
 }
 
 impl Mask {
@@ -58,6 +86,7 @@ impl Mask {
         match c {
             Constraint::Json(s) => Mask::Json(JsonMask::new(s.clone())),
             Constraint::Grammar(g) => Mask::Grammar(GrammarMask::new(g.clone())),
+            Constraint::Lazy(l) => Mask::Lazy(LazyMask::new(l.clone())),
         }
     }
 
@@ -66,6 +95,7 @@ impl Mask {
         match self {
             Mask::Json(m) => m.sample(vocabs.json(tok), tok, sampler, logits),
             Mask::Grammar(m) => m.sample(vocabs.grammar(tok), tok, sampler, logits),
+            Mask::Lazy(m) => m.sample(vocabs, tok, sampler, logits),
         }
     }
 
@@ -74,6 +104,25 @@ impl Mask {
         match self {
             Mask::Json(m) => m.closes_with(vocabs.json(tok), tok, id),
             Mask::Grammar(m) => m.closes_with(vocabs.grammar(tok), tok, id),
+            Mask::Lazy(m) => m.closes_with(vocabs, tok, id),
+        }
+    }
+
+    /// Take `text` (a lazy constraint's text from its trigger); `false` if it does not fit.
+    fn accept_text(&mut self, vocabs: &Vocabs, tok: &Tokenizer, text: &[u8]) -> bool {
+        match self {
+            Mask::Json(m) => m.accept_text(vocabs.json(tok), tok, text),
+            Mask::Grammar(m) => m.accept_text(text),
+            Mask::Lazy(_) => false,
+        }
+    }
+
+    /// Is the text finished (a closed JSON value, a grammar that can take nothing more)?
+    fn is_closed(&self) -> bool {
+        match self {
+            Mask::Json(m) => m.is_complete(),
+            Mask::Grammar(m) => m.is_done(),
+            Mask::Lazy(_) => false,
         }
     }
 }

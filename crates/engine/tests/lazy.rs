@@ -1,0 +1,133 @@
+//! Lazy constraints on a real model: free text until the trigger, held from there on.
+//!
+//! The reference is a plain (not lazy) grammar that spells out the free answer up to the
+//! trigger's token and then holds the rest as the lazy grammar does: greedy decoding under it
+//! takes the free answer's own tokens (each the best and allowed), so both runs see the same
+//! logits at every step and must give the same tokens — through `generate` and through the
+//! batcher, with the answer ending where the grammar closes. With `again` the answer goes on
+//! after the held part, each token again the model's best.
+
+mod common;
+
+use common::*;
+use corelm_engine::batcher::{Batcher, Event, FinishReason};
+use corelm_engine::constraint::{Constraint, Lazy, Trigger};
+use corelm_engine::generate::{generate, GenerateParams, StopReason};
+use corelm_engine::grammar::Grammar;
+use corelm_engine::sample::SamplingParams;
+use corelm_engine::{Engine, Tokenizer};
+use std::sync::{Arc, Mutex};
+
+/// `text` as a GBNF string literal.
+fn literal(text: &str) -> String {
+    let mut s = String::from("\"");
+    for c in text.chars() {
+        match c {
+            '"' => s.push_str("\\\""),
+            '\\' => s.push_str("\\\\"),
+            '\n' => s.push_str("\\n"),
+            '\r' => s.push_str("\\r"),
+            '\t' => s.push_str("\\t"),
+            c => s.push(c),
+        }
+    }
+    s.push('"');
+    s
+}
+
+fn run(engine: &mut Engine, tok: &Tokenizer, prompt: &[u32], n: usize, c: Option<Constraint>) -> (Vec<u32>, StopReason) {
+    engine.clear_all();
+    let params = GenerateParams { max_tokens: n, sampling: SamplingParams::greedy(), constraint: c, ..Default::default() };
+    let g = generate(engine, tok, prompt, &params, |_| true).unwrap();
+    (g.tokens, g.reason)
+}
+
+fn lazy(word: &str, then: &str, again: bool) -> Constraint {
+    let g = Constraint::Grammar(Arc::new(Grammar::parse(then).unwrap()));
+    Constraint::Lazy(Arc::new(Lazy::new(vec![Trigger::Word(word.into())], g, again).unwrap()))
+}
+
+/// The free answer's first token (past the fourth) that reads as a word of three or more
+/// letters not met earlier in the answer: its index and the word.
+fn trigger_in(tok: &Tokenizer, free: &[u32]) -> (usize, String) {
+    let mut text = String::new();
+    for (k, &t) in free.iter().enumerate() {
+        let piece = String::from_utf8_lossy(tok.piece(t)).to_string();
+        let word = piece.trim_start();
+        if k > 4 && word.len() >= 3 && word.chars().all(|c| c.is_ascii_alphabetic()) && !text.contains(word) {
+            return (k, word.to_string());
+        }
+        text.push_str(&piece);
+    }
+    panic!("no trigger word in {:?}", tok.decode(free));
+}
+
+#[test]
+fn lazy_grammars_are_free_until_their_trigger() {
+    for file in ["SmolLM2-135M-Instruct.Q4_1.gguf", "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf"] {
+        let (mut engine, tok) = load(file, test_config(2));
+        let prompt = tok.encode("<|im_start|>user\nWhat is the capital of France, and why is it famous?<|im_end|>\n<|im_start|>assistant\n", true, true).unwrap();
+        let (free, _) = run(&mut engine, &tok, &prompt, 40, None);
+        let (k, word) = trigger_in(&tok, &free);
+        let before = String::from_utf8(free[..=k].iter().flat_map(|&t| tok.piece(t).to_vec()).collect()).unwrap();
+        let cut = before.len() - word.len();
+        let digits = r#"": " [0-9] [0-9] [0-9] "\n""#;
+
+        // Held to the end: the answer closes with the grammar.
+        let (got, reason) = run(&mut engine, &tok, &prompt, 40, Some(lazy(&word, &format!("root ::= {} {digits}", literal(&word)), false)));
+        let plain = Constraint::Grammar(Arc::new(Grammar::parse(&format!("root ::= {} {digits}", literal(&before))).unwrap()));
+        let (want, want_reason) = run(&mut engine, &tok, &prompt, 40, Some(plain));
+        assert_eq!(got[..=k], free[..=k], "{file}: free until {word:?}");
+        assert_eq!(got, want, "{file}: {:?} against {:?}", tok.decode(&got), tok.decode(&want));
+        assert_eq!((reason, want_reason), (StopReason::Closed, StopReason::Closed), "{file}: {:?}", tok.decode(&got));
+        let text = tok.decode(&got);
+        assert!(text[cut..].starts_with(&format!("{word}: ")) && text.ends_with('\n'), "{file}: {text:?}");
+
+        // Free again after it (`again`): the same until the grammar closes, then more.
+        let again = lazy(&word, &format!("root ::= {} {digits}", literal(&word)), true);
+        let (got2, _) = run(&mut engine, &tok, &prompt, 40, Some(again.clone()));
+        let held = got.len();
+        assert_eq!(got2[..held], got[..], "{file}: again");
+        assert!(got2.len() > held, "{file}: free text after the held part");
+
+        // The batcher (the serving path), both at once: the same tokens.
+        engine.clear_all();
+        let tok = Arc::new(tok);
+        let mut b = Batcher::new(engine, tok.clone());
+        // Per request: its tokens, each one's best alternative, and its finish.
+        type Log = Arc<Mutex<(Vec<u32>, Vec<u32>, Option<FinishReason>)>>;
+        let logs: Vec<Log> = vec![Arc::default(), Arc::default()];
+        for (c, log) in [lazy(&word, &format!("root ::= {} {digits}", literal(&word)), false), again].into_iter().zip(&logs) {
+            let l = log.clone();
+            let sink = Box::new(move |e: Event| {
+                let mut g = l.lock().unwrap();
+                match e {
+                    Event::Token { id, logprob, .. } => {
+                        g.0.push(id);
+                        g.1.push(logprob.unwrap().top[0].0);
+                    }
+                    Event::Done(f) => g.2 = Some(f.reason),
+                    _ => {}
+                }
+                true
+            });
+            let req = greedy_request(prompt.clone(), 40, Some(1), Some(c), sink);
+            b.submit(req).map_err(|e| e.1).unwrap();
+        }
+        let mut steps = 0;
+        while !b.is_idle() {
+            b.step();
+            steps += 1;
+            assert!(steps < 1_000, "batcher does not finish");
+        }
+        let (one, two) = (logs[0].lock().unwrap(), logs[1].lock().unwrap());
+        assert_eq!((&one.0, &one.2), (&got, &Some(FinishReason::Stop)), "{file} batched");
+        assert_eq!(two.0, got2, "{file} batched, again");
+        // Free text is the model's best token at each step: before the trigger and after the
+        // held part closed (until the word comes back, held again there).
+        let back = (held..got2.len()).find(|&i| tok.decode(&got2[held..=i]).contains(&word)).unwrap_or(got2.len());
+        for i in (0..=k).chain(held..back) {
+            assert_eq!(two.0[i], two.1[i], "{file}: step {i} of {:?} is not the best token", tok.decode(&got2));
+        }
+    }
+}
