@@ -214,10 +214,11 @@ const JSON_TRIGGER: &str = r#"\s*(?:```(?:json)?\s*)?(\{\s*"name"\s*:)[\s\S]*"#;
 /// - a forced call: the call's schema. A Hermes template's forced call starts after
 ///   `<tool_call>\n`, which ends the prompt.
 /// - `auto`, Hermes: free text, each call's JSON held to the tools' schemas from where it
-///   starts ([`HERMES_TRIGGERS`]), free again once it closes.
+///   starts ([`HERMES_TRIGGERS`]), free again once it closes — or, without `parallel` calls,
+///   the answer ending there.
 /// - `auto`, `Json`: free text, or — where the answer opens with a call ([`JSON_TRIGGER`]) — a
 ///   call held to the tools' schemas, the answer ending when it closes.
-pub fn prompt(template: &ChatTemplate, messages: &[Message], tools: &[Tool], choice: &Choice) -> Result<(String, Answer, Option<Constraint>), Error> {
+pub fn prompt(template: &ChatTemplate, messages: &[Message], tools: &[Tool], choice: &Choice, parallel: bool) -> Result<(String, Answer, Option<Constraint>), Error> {
     let format = template.tool_format();
     let msgs = for_template(messages, tools, format);
     let offered: Vec<Value> = if format == Format::Hermes { tools.iter().map(Tool::to_openai).collect() } else { vec![] };
@@ -237,7 +238,7 @@ pub fn prompt(template: &ChatTemplate, messages: &[Message], tools: &[Tool], cho
             };
             let lazy = match (any, f) {
                 (None, _) => None,
-                (Some(then), Format::Hermes) => Some(Lazy::new(HERMES_TRIGGERS.iter().map(|t| Trigger::full(t)).collect::<Result<_, _>>()?, then, true)?),
+                (Some(then), Format::Hermes) => Some(Lazy::new(HERMES_TRIGGERS.iter().map(|t| Trigger::full(t)).collect::<Result<_, _>>()?, then, parallel)?),
                 (Some(then), Format::Json) => Some(Lazy::new(vec![Trigger::full(JSON_TRIGGER)?], then, false)?),
             };
             (Answer::Free(f), lazy.map(|l| Constraint::Lazy(Arc::new(l))))
@@ -272,20 +273,30 @@ pub fn parse(text: &str, answer: Answer, tools: &[Tool]) -> (Option<String>, Vec
         }
     };
     let rest = |t: &str| Some(t.trim().to_string()).filter(|t| !t.is_empty());
-    // No tags: the whole answer, or its first code fence, is the calls.
+    // No tags: the whole answer is the calls, or its code fences that hold calls are.
     let untagged = |t: &str| -> (Option<String>, Vec<ToolCall>) {
         if let Some(calls) = whole(t) {
             return (None, calls);
         }
-        if let Some(open) = t.find(FENCE) {
+        let (mut kept, mut calls, mut at) = (String::new(), Vec::new(), 0);
+        while let Some(open) = t[at..].find(FENCE).map(|i| at + i) {
             let body = open + FENCE.len() + if t[open + FENCE.len()..].starts_with("json") { 4 } else { 0 };
             let close = t[body..].find(FENCE).map_or(t.len(), |i| body + i);
-            if let Some(calls) = whole(&t[body..close]) {
-                let after = (close + FENCE.len()).min(t.len());
-                return (rest(&format!("{}{}", &t[..open], &t[after..])), calls);
+            let after = (close + FENCE.len()).min(t.len());
+            match whole(&t[body..close]) {
+                Some(mut c) => {
+                    kept.push_str(&t[at..open]);
+                    calls.append(&mut c);
+                }
+                None => kept.push_str(&t[at..after]),
             }
+            at = after;
         }
-        (Some(t.to_string()).filter(|t| !t.trim().is_empty()), vec![])
+        if calls.is_empty() {
+            return (Some(t.to_string()).filter(|t| !t.trim().is_empty()), vec![]);
+        }
+        kept.push_str(&t[at..]);
+        (rest(&kept), calls)
     };
     match answer {
         Answer::Bare | Answer::Free(Format::Json) => untagged(text),
@@ -435,6 +446,11 @@ mod tests {
         }
         let code = "```json\n{\"a\": 1}\n```";
         assert_eq!(parse(code, Answer::Free(Format::Hermes), &tools), (Some(code.into()), vec![]));
+        // Several fences: those holding calls are calls, the others stay text.
+        let two = format!("{code}\nA:\n{fenced}\nB:\n{}", fenced.replace("CET", "UTC"));
+        let (text, calls) = parse(&two, Answer::Free(Format::Hermes), &tools);
+        assert_eq!(text.as_deref(), Some(format!("{code}\nA:\n\nB:").as_str()));
+        assert_eq!(calls, vec![call("get_time", r#"{"zone":"CET"}"#), call("get_time", r#"{"zone":"UTC"}"#)]);
         // A last call ended before its closing tag.
         let open_end = "Sure.\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": \"CET\"}}";
         assert_eq!(parse(open_end, Answer::Free(Format::Hermes), &tools), (Some("Sure.".into()), vec![call("get_time", r#"{"zone":"CET"}"#)]));

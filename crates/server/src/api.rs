@@ -142,6 +142,8 @@ pub struct FunctionIn {
 pub struct ToolPlan {
     pub tools: Vec<Tool>,
     pub choice: Choice,
+    /// `parallel_tool_calls` (default true): more than one call per answer.
+    pub parallel: bool,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -212,7 +214,8 @@ pub struct ChatRequest {
     pub tools: Option<Vec<serde_json::Value>>,
     /// `"none"`, `"auto"`, `"required"` or `{"type": "function", "function": {"name": ...}}`.
     pub tool_choice: Option<serde_json::Value>,
-    /// Accepted; a forced call is one call, an `auto` answer may hold several.
+    /// A forced call is one call; an `auto` answer may hold several, or (`false`) ends after
+    /// its first.
     pub parallel_tool_calls: Option<bool>,
 }
 
@@ -440,7 +443,7 @@ impl ChatRequest {
                 return Err(ApiError::bad("tool_choice", format!("tool_choice names {n:?}, which is not among the tools")));
             }
         }
-        Ok((choice != Choice::None).then_some(ToolPlan { tools, choice }))
+        Ok((choice != Choice::None).then_some(ToolPlan { tools, choice, parallel: self.parallel_tool_calls.unwrap_or(true) }))
     }
 
     /// The messages as the chat template takes them; `top_logprobs` when `logprobs` is set.

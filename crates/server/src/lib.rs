@@ -469,7 +469,7 @@ async fn chat(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
                     Some(Constraint::Grammar(_) | Constraint::Lazy(_)) => return Err(ApiError::bad("grammar", "grammar together with tools is not supported")),
                     None => {}
                 }
-                let (text, answer, held) = corelm_engine::tools::prompt(&st.template, &msgs, &plan.tools, &plan.choice).map_err(|e| match e {
+                let (text, answer, held) = corelm_engine::tools::prompt(&st.template, &msgs, &plan.tools, &plan.choice, plan.parallel).map_err(|e| match e {
                     corelm_engine::Error::Schema(m) => ApiError::bad("tools", m),
                     e => ApiError::bad("messages", e.to_string()),
                 })?;
