@@ -242,6 +242,11 @@ struct SampleArgs {
     /// held from the word on (repeatable; as llama-server's `grammar_lazy` with word triggers).
     #[arg(long, value_name = "WORD")]
     grammar_trigger: Vec<String>,
+    /// Prompt-lookup speculative decoding: feed up to N draft tokens copied from the prompt
+    /// and answer beside each token, keeping those the model samples anyway (0: off). The
+    /// answer is the one without drafts (bit for bit with --batch-invariant).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    lookup: usize,
 }
 
 /// `--cache-type-k/-v`, shared by every command that loads a model.
@@ -516,6 +521,7 @@ fn gen_params(s: &SampleArgs) -> Result<GenerateParams> {
         seq: 0,
         ignore_eos: s.ignore_eos,
         constraint,
+        lookup: s.lookup,
     })
 }
 
@@ -581,6 +587,9 @@ fn main() -> Result<()> {
             );
             if g.mask_secs > 0.0 {
                 eprintln!("[constraint mask: {:.3} ms per generated token]", 1e3 * g.mask_secs / g.tokens.len().max(1) as f64);
+            }
+            if g.drafted > 0 {
+                eprintln!("[lookup drafts: {} fed, {} kept]", g.drafted, g.kept);
             }
             if let Some(p) = &engine.profile {
                 let total = p.total_secs();

@@ -2,9 +2,11 @@
 //! token, streaming text that never splits a UTF-8 character, until an end-of-generation
 //! token, a stop string, the token limit or a full context; under JSON mode, a JSON Schema or a
 //! GBNF grammar (`GenerateParams::constraint`) only tokens that keep the text the prefix of one
-//! the constraint takes, until it closes.
+//! the constraint takes, until it closes. With prompt lookup (`GenerateParams::lookup`) a
+//! step feeds a draft beside its token and keeps the draft tokens the model samples anyway.
 
 use crate::constraint::{Constraint, Mask, Vocabs};
+use crate::lookup::{self, Acceptance, RowCost};
 use crate::sample::{Sampler, SamplingParams};
 use crate::{Batch, Engine, Error, Tokenizer, Utf8Stream};
 use std::time::Instant;
@@ -21,11 +23,15 @@ pub struct GenerateParams {
     /// JSON mode, a JSON Schema or a GBNF grammar ([`Constraint`]): the text is one the
     /// constraint takes, and generation stops when it closes.
     pub constraint: Option<Constraint>,
+    /// Prompt-lookup speculative decoding ([`crate::lookup`]): at most this many draft tokens
+    /// fed beside each token (0: off). The answer is the one without drafts (bit for bit under
+    /// `batch_invariant`, where a row's logits do not depend on the rows beside it).
+    pub lookup: usize,
 }
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        GenerateParams { max_tokens: 128, sampling: SamplingParams::default(), stop: vec![], seq: 0, ignore_eos: false, constraint: None }
+        GenerateParams { max_tokens: 128, sampling: SamplingParams::default(), stop: vec![], seq: 0, ignore_eos: false, constraint: None, lookup: 0 }
     }
 }
 
@@ -53,6 +59,9 @@ pub struct Generation {
     /// Of `decode_secs`, the time the constraint's mask took (sampling under it and taking
     /// each token; 0 without one).
     pub mask_secs: f64,
+    /// Prompt-lookup draft tokens fed, and kept (`GenerateParams::lookup`).
+    pub drafted: usize,
+    pub kept: usize,
 }
 
 /// Feed `tokens` to sequence `seq` starting at its current length; returns the logits row of
@@ -160,11 +169,23 @@ pub fn generate(
     });
     let mut mask = params.constraint.as_ref().map(Mask::new);
     let mut mask_secs = 0.0;
+    // Prompt-lookup drafts (`params.lookup`): `draft` was fed after the step's first token, so
+    // the step left `rows` logits rows; `row` is the one sampled next.
+    let (seq, n_vocab) = (params.seq, engine.hyper().n_vocab);
+    if params.lookup > 0 {
+        // Refused (before anything is generated) where the cache cannot be cut.
+        engine.truncate_seq(seq, engine.seq_len(seq))?;
+    }
+    let mut history: Vec<u32> = if params.lookup > 0 { prompt.to_vec() } else { vec![] };
+    let (mut draft, mut row, mut rows) = (Vec::new(), 0, 1);
+    let (mut cost, mut accept) = (RowCost::default(), Acceptance(Acceptance::PRIOR));
+    let (mut drafted, mut kept) = (0, 0);
     while tokens.len() < params.max_tokens {
+        let lg = &logits[row * n_vocab..(row + 1) * n_vocab];
         let tm = Instant::now();
         let t = match (&mut mask, &vocabs) {
-            (Some(m), Some(v)) => m.sample(v, tok, &mut sampler, &logits)?,
-            _ => sampler.sample(&logits),
+            (Some(m), Some(v)) => m.sample(v, tok, &mut sampler, lg)?,
+            _ => sampler.sample(lg),
         };
         if mask.is_some() {
             mask_secs += tm.elapsed().as_secs_f64();
@@ -175,6 +196,9 @@ pub fn generate(
         }
         sampler.accept(t);
         tokens.push(t);
+        if params.lookup > 0 {
+            history.push(t);
+        }
         let (piece, stopped) = out.push(tok.piece(t));
         if !piece.is_empty() && !on_text(piece) {
             reason = StopReason::Cancelled;
@@ -196,15 +220,50 @@ pub fn generate(
         if tokens.len() == params.max_tokens {
             break;
         }
-        if engine.room(params.seq) == 0 {
+        // A draft token the model sampled anyway is in the cache already; its row is next.
+        if row + 1 < rows && draft[row] == t {
+            row += 1;
+            continue;
+        }
+        if params.lookup > 0 {
+            // (A step without drafts lets the acceptance drift back, so drafting is retried.)
+            accept.observe(rows - 1, row);
+        }
+        if rows > 1 {
+            // The rest of the draft leaves the cache.
+            kept += row;
+            engine.truncate_seq(seq, engine.seq_len(seq) - (rows - 1 - row))?;
+        }
+        if engine.room(seq) == 0 {
             reason = StopReason::ContextFull;
             break;
         }
+        // This step's draft: within the context, the batch and the answer's limit, and only as
+        // long as pays by the timed steps (the longest until steps of several sizes are timed).
+        let most = params.lookup.min(engine.room(seq) - 1).min(engine.config().n_batch - 1).min(params.max_tokens - tokens.len() - 1);
+        let len = cost.fit().map_or(most, |c| lookup::best_len(accept.0, c, 1, most));
+        lookup::draft(&history, len, &mut draft);
         batch.clear();
-        batch.add(t, engine.seq_len(params.seq) as i32, params.seq, true);
+        let pos = engine.seq_len(seq);
+        batch.add(t, pos as i32, seq, true);
+        for (i, &d) in draft.iter().enumerate() {
+            batch.add(d, (pos + 1 + i) as i32, seq, true);
+        }
+        let ts = Instant::now();
         let l = engine.decode(&batch)?;
         logits.clear();
-        logits.extend_from_slice(l.row(0));
+        for r in 0..batch.len() {
+            logits.extend_from_slice(l.row(r));
+        }
+        if params.lookup > 0 {
+            cost.observe(batch.len(), ts.elapsed().as_secs_f64());
+        }
+        (row, rows, drafted) = (0, batch.len(), drafted + draft.len());
+    }
+    // Draft rows past the last token taken leave the cache (a session goes on from it).
+    if rows > row + 1 {
+        kept += row;
+        engine.truncate_seq(seq, engine.seq_len(seq) - (rows - 1 - row))?;
     }
     if !matches!(reason, StopReason::StopString | StopReason::Cancelled) {
         let rest = out.finish();
@@ -220,6 +279,8 @@ pub fn generate(
         prefill_secs,
         decode_secs: t1.elapsed().as_secs_f64(),
         mask_secs,
+        drafted,
+        kept,
     })
 }
 

@@ -33,6 +33,7 @@ pub mod eval;
 pub mod gemm_tune;
 pub mod grammar;
 pub mod json;
+pub mod lookup;
 pub mod generate;
 pub mod infill;
 pub mod offload;

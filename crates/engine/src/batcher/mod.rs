@@ -41,7 +41,7 @@
 
 mod cost;
 mod embed;
-pub mod lookup;
+use crate::lookup;
 mod request;
 
 pub use cost::StepCost;

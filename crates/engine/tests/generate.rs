@@ -1,6 +1,6 @@
-//! Lazy constraints on a real model: free text until the trigger, held from there on.
+//! `generate`'s features on real models: lazy constraints and prompt-lookup drafts.
 //!
-//! The reference is a plain (not lazy) grammar that spells out the free answer up to the
+//! Lazy constraints: free text until the trigger, held from there on. The reference is a plain (not lazy) grammar that spells out the free answer up to the
 //! trigger's token and then holds the rest as the lazy grammar does: greedy decoding under it
 //! takes the free answer's own tokens (each the best and allowed), so both runs see the same
 //! logits at every step and must give the same tokens — through `generate` and through the
@@ -15,7 +15,7 @@ use corelm_engine::constraint::{Constraint, Lazy, Trigger};
 use corelm_engine::generate::{generate, GenerateParams, StopReason};
 use corelm_engine::grammar::Grammar;
 use corelm_engine::sample::SamplingParams;
-use corelm_engine::{Engine, Tokenizer};
+use corelm_engine::{Engine, EngineConfig, Tokenizer};
 use std::sync::{Arc, Mutex};
 
 /// `text` as a GBNF string literal.
@@ -130,4 +130,48 @@ fn lazy_grammars_are_free_until_their_trigger() {
             assert_eq!(two.0[i], two.1[i], "{file}: step {i} of {:?} is not the best token", tok.decode(&got2));
         }
     }
+}
+
+/// Prompt-lookup drafts in `generate` change nothing but the passes (batch-invariant
+/// arithmetic): greedy and seeded sampled answers with a repetition penalty, a stop string, a
+/// grammar, a lazy grammar; a session that goes on in the same sequence after an answer whose
+/// last step fed drafts. Drafts of repetitive text are mostly kept.
+#[test]
+fn lookup_drafts_in_generate_change_nothing_but_the_passes() {
+    let cfg = EngineConfig { n_batch: 48, batch_invariant: true, ..test_config(2) };
+    let (mut engine, tok) = load("SmolLM2-135M-Instruct.Q4_1.gguf", cfg);
+    let list = Constraint::Grammar(Arc::new(Grammar::parse(r#"root ::= ("- " [a-z]+ " " [a-z]+ "\n")+"#).unwrap()));
+    let cases: Vec<(&str, f32, Vec<String>, Option<Constraint>)> = vec![
+        ("Copy the list exactly, three times:\n- red apple\n- green pear\n- blue plum\n", 0.0, vec![], None),
+        ("fn add(a: i32, b: i32) -> i32 { a + b }\nfn sub(a: i32, b: i32) -> i32 { a - b }\nfn mul(", 0.7, vec![], None),
+        ("Copy the list:\n- red apple\n- green pear\n- blue plum\nCopy:\n", 0.0, vec!["plum".into()], None),
+        ("Copy the list:\n- red apple\n- green pear\n- blue plum\nCopy:\n", 0.0, vec![], Some(list.clone())),
+        ("Copy the list:\n- red apple\n- green pear\n- blue plum\nCopy:\n", 0.7, vec![], Some(lazy("green", r#"root ::= "green " [a-z]+ "\n""#, true))),
+    ];
+    let (mut drafted, mut kept) = (0, 0);
+    for (i, (text, temp, stop, c)) in cases.iter().enumerate() {
+        let prompt = tok.encode(text, true, true).unwrap();
+        let mut sampling = SamplingParams::greedy();
+        if *temp > 0.0 {
+            sampling = SamplingParams { temperature: *temp, seed: 11 + i as u64, repeat_penalty: 1.1, ..sampling };
+        }
+        let answer = |engine: &mut Engine, lookup: usize| {
+            engine.clear_all();
+            let params = GenerateParams { max_tokens: 48, sampling: sampling.clone(), stop: stop.clone(), constraint: c.clone(), lookup, ..Default::default() };
+            let g = generate(engine, &tok, &prompt, &params, |_| true).unwrap();
+            // A session goes on in the same sequence.
+            let more = tok.encode("\nAgain:", false, true).unwrap();
+            let params = GenerateParams { max_tokens: 12, lookup, ..Default::default() };
+            let next = generate(engine, &tok, &more, &params, |_| true).unwrap();
+            (g, next.tokens, engine.seq_len(0))
+        };
+        let (plain, plain_next, plain_len) = answer(&mut engine, 0);
+        let (with, with_next, with_len) = answer(&mut engine, 6);
+        assert_eq!((&with.tokens, &with.text, with.reason), (&plain.tokens, &plain.text, plain.reason), "case {i}: {text:?}");
+        assert_eq!((with_next, with_len), (plain_next, plain_len), "case {i}: the session after it");
+        assert_eq!((plain.drafted, plain.kept), (0, 0));
+        drafted += with.drafted;
+        kept += with.kept;
+    }
+    assert!(kept > 0 && 3 * kept > drafted, "{kept} of {drafted} drafts kept");
 }
