@@ -108,11 +108,6 @@ impl LazyMask {
         LazyMask { lazy, text: Vec::new(), held: None }
     }
 
-    /// Is the text held now (a trigger seen, its constraint not yet closed)?
-    pub fn is_held(&self) -> bool {
-        self.held.is_some()
-    }
-
     /// Draw the next token: freely, or among those the held constraint allows.
     pub fn sample(&mut self, vocabs: &Vocabs, tok: &Tokenizer, sampler: &mut Sampler, logits: &[f32]) -> Result<u32, Error> {
         match &mut self.held {
