@@ -80,6 +80,15 @@ pub fn prefill(engine: &mut Engine, seq: i32, tokens: &[u32], last: &mut Vec<f32
     })
 }
 
+/// After a step that fed `rows` rows (its token and a draft) to `seq`, of which the model took
+/// the rows up to `row`: the rest leave the KV cache. The draft tokens kept.
+fn cut_draft(engine: &mut Engine, seq: i32, rows: usize, row: usize) -> Result<usize, Error> {
+    if rows > row + 1 {
+        engine.truncate_seq(seq, engine.seq_len(seq) - (rows - 1 - row))?;
+    }
+    Ok(row)
+}
+
 /// Incremental detokenizer with stop strings: pieces go in, text that can no longer become
 /// part of a stop string comes out (never splitting a UTF-8 character). Shared by
 /// [`generate`] and the serving batcher.
@@ -229,11 +238,8 @@ pub fn generate(
             // (A step without drafts lets the acceptance drift back, so drafting is retried.)
             accept.observe(rows - 1, row);
         }
-        if rows > 1 {
-            // The rest of the draft leaves the cache.
-            kept += row;
-            engine.truncate_seq(seq, engine.seq_len(seq) - (rows - 1 - row))?;
-        }
+        kept += cut_draft(engine, seq, rows, row)?;
+        (row, rows) = (0, 1);
         if engine.room(seq) == 0 {
             reason = StopReason::ContextFull;
             break;
@@ -260,11 +266,8 @@ pub fn generate(
         }
         (row, rows, drafted) = (0, batch.len(), drafted + draft.len());
     }
-    // Draft rows past the last token taken leave the cache (a session goes on from it).
-    if rows > row + 1 {
-        kept += row;
-        engine.truncate_seq(seq, engine.seq_len(seq) - (rows - 1 - row))?;
-    }
+    // A session goes on from the last token taken.
+    kept += cut_draft(engine, seq, rows, row)?;
     if !matches!(reason, StopReason::StopString | StopReason::Cancelled) {
         let rest = out.finish();
         if !rest.is_empty() {

@@ -278,59 +278,41 @@ pub fn parse(text: &str, answer: Answer, tools: &[Tool]) -> (Option<String>, Vec
         if let Some(calls) = whole(t) {
             return (None, calls);
         }
-        let (mut kept, mut calls, mut at) = (String::new(), Vec::new(), 0);
-        while let Some(open) = t[at..].find(FENCE).map(|i| at + i) {
-            let body = open + FENCE.len() + if t[open + FENCE.len()..].starts_with("json") { 4 } else { 0 };
-            let close = t[body..].find(FENCE).map_or(t.len(), |i| body + i);
-            let after = (close + FENCE.len()).min(t.len());
-            match whole(&t[body..close]) {
-                Some(mut c) => {
-                    kept.push_str(&t[at..open]);
-                    calls.append(&mut c);
-                }
-                None => kept.push_str(&t[at..after]),
-            }
-            at = after;
+        match blocks(t, FENCE, "json", FENCE, &whole) {
+            (_, calls) if calls.is_empty() => (Some(t.to_string()).filter(|t| !t.trim().is_empty()), vec![]),
+            (kept, calls) => (rest(&kept), calls),
         }
-        if calls.is_empty() {
-            return (Some(t.to_string()).filter(|t| !t.trim().is_empty()), vec![]);
-        }
-        kept.push_str(&t[at..]);
-        (rest(&kept), calls)
     };
     match answer {
         Answer::Bare | Answer::Free(Format::Json) => untagged(text),
-        Answer::Free(Format::Hermes) => {
-            let (mut kept, mut calls, mut at) = (String::new(), Vec::new(), 0);
-            while let Some(open) = text[at..].find(OPEN).map(|i| at + i) {
-                let body = open + OPEN.len();
-                let Some(close) = text[body..].find(CLOSE).map(|i| body + i) else {
-                    // A last call the answer ended in, before its closing tag (an end token
-                    // right after the held JSON).
-                    if let Some(mut c) = whole(&text[body..]).filter(|c| c.len() == 1) {
-                        kept.push_str(&text[at..open]);
-                        calls.append(&mut c);
-                        at = text.len();
-                    }
-                    break;
-                };
-                match whole(&text[body..close]).filter(|c| c.len() == 1) {
-                    Some(mut c) => {
-                        kept.push_str(&text[at..open]);
-                        calls.append(&mut c);
-                    }
-                    None => kept.push_str(&text[at..close + CLOSE.len()]),
-                }
-                at = close + CLOSE.len();
-            }
-            kept.push_str(&text[at..]);
-            if calls.is_empty() {
-                // Small models often write the call's JSON without the tags.
-                return untagged(text);
-            }
-            (rest(&kept), calls)
-        }
+        Answer::Free(Format::Hermes) => match blocks(text, OPEN, "", CLOSE, &|b| whole(b).filter(|c| c.len() == 1)) {
+            // Small models often write the call's JSON without the tags.
+            (_, calls) if calls.is_empty() => untagged(text),
+            (kept, calls) => (rest(&kept), calls),
+        },
     }
+}
+
+/// The calls in the blocks of `t` that open with `open` (`label` may follow it) and close with
+/// `close` — the last one may run to the text's end (an answer that ended right after a held
+/// call) — each block whose body `calls_in` reads as calls; and the text without those blocks.
+fn blocks(t: &str, open: &str, label: &str, close: &str, calls_in: &dyn Fn(&str) -> Option<Vec<ToolCall>>) -> (String, Vec<ToolCall>) {
+    let (mut kept, mut calls, mut at) = (String::new(), Vec::new(), 0);
+    while let Some(start) = t[at..].find(open).map(|i| at + i) {
+        let body = start + open.len() + if t[start + open.len()..].starts_with(label) { label.len() } else { 0 };
+        let end = t[body..].find(close).map_or(t.len(), |i| body + i);
+        let after = (end + close.len()).min(t.len());
+        match calls_in(&t[body..end]) {
+            Some(mut c) => {
+                kept.push_str(&t[at..start]);
+                calls.append(&mut c);
+            }
+            None => kept.push_str(&t[at..after]),
+        }
+        at = after;
+    }
+    kept.push_str(&t[at..]);
+    (kept, calls)
 }
 
 /// Hermes' tags around a call.

@@ -309,6 +309,9 @@ fn submit(
     if let Some((t, _)) = params.sampling.logit_bias.iter().find(|(t, _)| *t as usize >= n_vocab) {
         return Err(ApiError::bad("logit_bias", format!("token id {t} is outside the vocabulary of {n_vocab}")));
     }
+    if let Some(Constraint::Lazy(l)) = &params.constraint {
+        l.check_triggers(n_vocab).map_err(|e| ApiError::bad("grammar_triggers", e.to_string()))?;
+    }
     if let Some(c) = &params.constraint {
         c.check(n_vocab).map_err(|e| ApiError::bad("grammar", e.to_string()))?;
     }

@@ -119,5 +119,7 @@ fn lazy_grammars_hold_answers_from_their_trigger() {
         assert_eq!(r.status, 400, "{body}: {}", r.body);
         let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
         assert!(msg.contains(want), "{body}: {msg}");
+        let param = r.json()["error"]["param"].as_str().unwrap_or_default().to_string();
+        assert!(param.starts_with(if body.get("grammar").is_some() { "grammar_triggers" } else { "grammar_lazy" }), "{body}: {param}");
     }
 }

@@ -11,8 +11,9 @@
 //!
 //! The text searched is what was generated since the start (or since the last held text
 //! closed), not the prompt. Patterns run over all of it after each free token, as llama.cpp's
-//! do: the three full patterns of a Hermes tool answer take 28 µs a token at 8 KB of text. A token whose text after the trigger the constraint refuses (it was
-//! sampled freely) ends the answer there; llama.cpp fails the request.
+//! do: the three full patterns of a Hermes tool answer take 28 µs a token at 8 KB of text. A
+//! token whose text after the trigger the constraint refuses (it was sampled freely) ends the
+//! answer there; llama.cpp fails the request.
 //!
 //! When the held text closes, the answer ends ([`Lazy::again`] false, as llama.cpp: only an
 //! end token may follow a complete grammar) or the text is free again and the next trigger is
@@ -92,6 +93,14 @@ impl Lazy {
             return Err(Error::Grammar("a lazy constraint cannot hold a lazy one".into()));
         }
         Ok(Lazy { triggers, then, again })
+    }
+
+    /// The trigger tokens are ids below `n_vocab`.
+    pub fn check_triggers(&self, n_vocab: usize) -> Result<(), Error> {
+        match self.triggers.iter().find(|t| matches!(t, Trigger::Token(id) if *id as usize >= n_vocab)) {
+            Some(Trigger::Token(id)) => Err(Error::Grammar(format!("trigger token {id} is outside the vocabulary of {n_vocab}"))),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -34,12 +34,7 @@ impl Constraint {
             Constraint::Json(_) => Ok(()),
             Constraint::Grammar(g) => g.check_tokens(n_vocab),
             Constraint::Lazy(l) => {
-                if let Some(t) = l.triggers.iter().find_map(|t| match t {
-                    Trigger::Token(t) if *t as usize >= n_vocab => Some(*t),
-                    _ => None,
-                }) {
-                    return Err(Error::Grammar(format!("trigger token {t} is outside the vocabulary of {n_vocab}")));
-                }
+                l.check_triggers(n_vocab)?;
                 l.then.check(n_vocab)
             }
         }
