@@ -7,11 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use corelm_engine::chat::{ChatTemplate, Message};
 use corelm_engine::eval::{run_case, Case};
-use corelm_engine::generate::{generate, GenerateParams, StopReason};
-use corelm_engine::constraint::{Constraint, Lazy, Trigger};
-use corelm_engine::grammar::Grammar;
-use corelm_engine::json::Schema;
-use corelm_engine::sample::SamplingParams;
+use corelm_engine::generate::{generate, StopReason};
 use corelm_engine::{Engine, EngineConfig, Tokenizer};
 use corelm_kernels::DType;
 use std::io::{BufRead, Write};
@@ -21,6 +17,7 @@ mod bench;
 mod embed;
 mod profile;
 mod roofline;
+mod sampling;
 mod sparsity;
 mod topo;
 mod tune;
@@ -188,67 +185,6 @@ struct KernelArgs {
     all_barriers: bool,
 }
 
-#[derive(Args, Clone)]
-struct SampleArgs {
-    /// Tokens to generate.
-    #[arg(short = 'n', long, default_value_t = 128)]
-    n_predict: usize,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.8)]
-    temp: f32,
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
-    #[arg(long, default_value_t = 0.05)]
-    min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
-    repeat_penalty: f32,
-    #[arg(long, default_value_t = 64)]
-    repeat_last_n: usize,
-    #[arg(long, default_value_t = 0.0)]
-    frequency_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
-    presence_penalty: f32,
-    /// RNG seed.
-    #[arg(short, long, default_value_t = 0xC0FFEE)]
-    seed: u64,
-    /// Add a bias to a token's logit, as llama.cpp's: `ID+BIAS` or `ID-BIAS` (`15043-inf`
-    /// bans token 15043; repeatable).
-    #[arg(short = 'l', long, value_name = "ID(+|-)BIAS", value_parser = parse_logit_bias)]
-    logit_bias: Vec<(u32, f32)>,
-    /// Stop when this text is generated (repeatable).
-    #[arg(long)]
-    stop: Vec<String>,
-    /// Keep generating past end-of-generation tokens (for benchmarks).
-    #[arg(long)]
-    ignore_eos: bool,
-    /// JSON mode: generate a JSON object, stopping when it closes (as `serve`'s
-    /// `response_format: {"type": "json_object"}`).
-    #[arg(long)]
-    json: bool,
-    /// Generate a JSON value of this JSON Schema (a file), stopping when it closes (as
-    /// `serve`'s `response_format: {"type": "json_schema", ...}`; see README for the keywords).
-    #[arg(long, value_name = "FILE", conflicts_with = "json")]
-    json_schema: Option<std::path::PathBuf>,
-    /// Constrain the text to this GBNF grammar (llama.cpp's syntax; its start rule is `root`),
-    /// stopping where it can take nothing more (as `serve`'s `grammar` field).
-    #[arg(long, value_name = "GBNF", conflicts_with_all = ["json", "json_schema"])]
-    grammar: Option<String>,
-    /// `--grammar` read from a file.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["json", "json_schema", "grammar"])]
-    grammar_file: Option<std::path::PathBuf>,
-    /// Make the grammar or schema lazy: the text is free until this word appears in it, and
-    /// held from the word on (repeatable; as llama-server's `grammar_lazy` with word triggers).
-    #[arg(long, value_name = "WORD")]
-    grammar_trigger: Vec<String>,
-    /// Prompt-lookup speculative decoding: feed up to N draft tokens copied from the prompt
-    /// and answer beside each token, keeping those the model samples anyway (0: off). The
-    /// answer is the one without drafts (bit for bit with --batch-invariant).
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    lookup: usize,
-}
-
 /// `--cache-type-k/-v`, shared by every command that loads a model.
 #[derive(Args, Clone, Copy)]
 pub(crate) struct CacheArgs {
@@ -272,7 +208,7 @@ enum Cmd {
         #[command(flatten)]
         model: ModelArgs,
         #[command(flatten)]
-        sample: SampleArgs,
+        sample: sampling::SampleArgs,
         /// The prompt (special tokens such as <|im_start|> are recognised).
         #[arg(short, long, required_unless_present = "prompt_ids", default_value = "")]
         prompt: String,
@@ -295,7 +231,7 @@ enum Cmd {
         #[command(flatten)]
         model: ModelArgs,
         #[command(flatten)]
-        sample: SampleArgs,
+        sample: sampling::SampleArgs,
         /// System message.
         #[arg(long)]
         system: Option<String>,
@@ -480,59 +416,6 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
     Ok((engine, tok))
 }
 
-fn gen_params(s: &SampleArgs) -> Result<GenerateParams> {
-    let json = match &s.json_schema {
-        Some(f) => {
-            let text = std::fs::read_to_string(f).with_context(|| format!("cannot read --json-schema {}", f.display()))?;
-            let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("--json-schema {} is not JSON", f.display()))?;
-            Some(std::sync::Arc::new(Schema::compile(&v).with_context(|| format!("--json-schema {}", f.display()))?))
-        }
-        None => s.json.then(|| std::sync::Arc::new(Schema::object())),
-    };
-    let grammar = match (&s.grammar, &s.grammar_file) {
-        (Some(g), _) => Some(Grammar::parse(g).context("--grammar")?),
-        (None, Some(f)) => {
-            let text = std::fs::read_to_string(f).with_context(|| format!("cannot read --grammar-file {}", f.display()))?;
-            Some(Grammar::parse(&text).with_context(|| format!("--grammar-file {}", f.display()))?)
-        }
-        (None, None) => None,
-    };
-    let mut constraint = json.map(Constraint::Json).or(grammar.map(|g| Constraint::Grammar(std::sync::Arc::new(g))));
-    if !s.grammar_trigger.is_empty() {
-        let then = constraint.context("--grammar-trigger needs --grammar, --grammar-file, --json or --json-schema")?;
-        let triggers = s.grammar_trigger.iter().map(|w| Trigger::Word(w.clone())).collect();
-        constraint = Some(Constraint::Lazy(std::sync::Arc::new(Lazy::new(triggers, then, false).context("--grammar-trigger")?)));
-    }
-    Ok(GenerateParams {
-        max_tokens: s.n_predict,
-        sampling: SamplingParams {
-            temperature: s.temp,
-            top_k: s.top_k,
-            top_p: s.top_p,
-            min_p: s.min_p,
-            repeat_penalty: s.repeat_penalty,
-            repeat_last_n: s.repeat_last_n,
-            frequency_penalty: s.frequency_penalty,
-            presence_penalty: s.presence_penalty,
-            seed: s.seed,
-            logit_bias: s.logit_bias.clone(),
-        },
-        stop: s.stop.clone(),
-        seq: 0,
-        ignore_eos: s.ignore_eos,
-        constraint,
-        lookup: s.lookup,
-    })
-}
-
-/// `--logit-bias ID+BIAS` / `ID-BIAS` (llama.cpp's form; `-inf` bans).
-fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
-    let at = s.find(['+', '-']).ok_or_else(|| format!("{s:?}: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS"))?;
-    let id = s[..at].parse::<u32>().map_err(|_| format!("{s:?}: {:?} is not a token id", &s[..at]))?;
-    let bias = s[at..].parse::<f32>().map_err(|_| format!("{s:?}: {:?} is not a bias", &s[at..]))?;
-    Ok((id, bias))
-}
-
 fn print_stream(s: &str) -> bool {
     let mut out = std::io::stdout().lock();
     out.write_all(s.as_bytes()).and_then(|_| out.flush()).is_ok()
@@ -571,7 +454,7 @@ fn main() -> Result<()> {
                     tok.encode(&text, true, true)?
                 }
             };
-            let g = generate(&mut engine, &tok, &ids, &gen_params(&sample)?, print_stream)?;
+            let g = generate(&mut engine, &tok, &ids, &sampling::gen_params(&sample, &tok)?, print_stream)?;
             println!();
             eprintln!(
                 "[{} prompt tokens in {:.3} s = {:.1} t/s; {} generated in {:.3} s = {:.1} t/s; stop: {:?}; {} threads, {} kernels]",
@@ -724,12 +607,12 @@ fn perplexity(m: &ModelArgs, file: &std::path::Path, chunks: Option<usize>, json
 /// Interactive chat. Each turn renders the whole conversation with the template and feeds only
 /// the text past what the KV cache already holds; if the template does not extend the previous
 /// rendering, the sequence is re-prefilled.
-fn chat(model: &ModelArgs, sample: &SampleArgs, system: Option<String>) -> Result<()> {
+fn chat(model: &ModelArgs, sample: &sampling::SampleArgs, system: Option<String>) -> Result<()> {
     let (mut engine, tok) = load(model, 1)?;
     let tmpl = ChatTemplate::from_gguf(engine.gguf(), &tok)?;
     let mut msgs: Vec<Message> = system.iter().map(|s| Message::new("system", s)).collect();
     let mut in_kv = String::new(); // the text whose tokens are in the KV cache
-    let params = gen_params(sample)?;
+    let params = sampling::gen_params(sample, &tok)?;
     let stdin = std::io::stdin();
     loop {
         eprint!("> ");

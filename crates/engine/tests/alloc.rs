@@ -64,3 +64,40 @@ fn decoding_allocates_nothing_per_token() {
         assert_eq!(ALLOCS.load(Ordering::Relaxed), 0, "{file} --tp {tp}: allocations during 16 decode steps");
     }
 }
+
+/// Every stage of the sampler (penalties, DRY, top-nσ, typical, XTC, dynamic temperature;
+/// Mirostat 1 and 2) samples without allocating once built.
+#[test]
+fn sampling_allocates_nothing_per_token() {
+    use corelm_engine::sample::{Breakers, Dry, Mirostat};
+    let n_vocab = 5000;
+    let breakers = std::sync::Arc::new(Breakers::from_tokens(&[vec![3], vec![7, 8]]));
+    let dry = Dry { multiplier: 0.8, breakers, ..Dry::default() };
+    let all = SamplingParams {
+        repeat_penalty: 1.1,
+        frequency_penalty: 0.1,
+        dry,
+        top_n_sigma: 3.0,
+        top_k: 0,
+        typical_p: 0.95,
+        xtc_probability: 0.5,
+        dynatemp_range: 0.3,
+        ..SamplingParams::default()
+    };
+    for p in [all.clone(), SamplingParams { mirostat: Mirostat::V1, ..all.clone() }, SamplingParams { mirostat: Mirostat::V2, ..all }] {
+        let mut sampler = Sampler::new(p, n_vocab).unwrap();
+        let mut logits: Vec<f32> = (0..n_vocab).map(|i| ((i * 7919) % 1009) as f32 / 100.0).collect();
+        for step in 0..80 {
+            if step == 2 {
+                ALLOCS.store(0, Ordering::Relaxed);
+                COUNTING.store(true, Ordering::Relaxed);
+            }
+            let t = sampler.sample(&logits);
+            // Repeat a short cycle so that DRY finds repeats.
+            sampler.accept(t % 4);
+            logits[t as usize] -= 0.5;
+        }
+        COUNTING.store(false, Ordering::Relaxed);
+        assert_eq!(ALLOCS.load(Ordering::Relaxed), 0, "{:?}: allocations while sampling", sampler.params.mirostat);
+    }
+}

@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use corelm_engine::constraint::{Constraint, Lazy, Trigger};
 use corelm_engine::grammar::Grammar;
 use corelm_engine::json::Schema;
-use corelm_engine::sample::SamplingParams;
+use corelm_engine::sample::{Breakers, Dry, Mirostat, SamplingParams};
 use corelm_engine::tools::{Choice, Tool};
 use serde::Deserialize;
 use serde_json::json;
@@ -171,6 +171,22 @@ pub struct Common {
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
     pub repeat_penalty: Option<f32>,
+    /// llama-server's other samplers (README: "Samplers").
+    pub repeat_last_n: Option<i64>,
+    pub typical_p: Option<f32>,
+    pub top_n_sigma: Option<f32>,
+    pub xtc_probability: Option<f32>,
+    pub xtc_threshold: Option<f32>,
+    pub dynatemp_range: Option<f32>,
+    pub dynatemp_exponent: Option<f32>,
+    pub mirostat: Option<i64>,
+    pub mirostat_tau: Option<f32>,
+    pub mirostat_eta: Option<f32>,
+    pub dry_multiplier: Option<f32>,
+    pub dry_base: Option<f32>,
+    pub dry_allowed_length: Option<i64>,
+    pub dry_penalty_last_n: Option<i64>,
+    pub dry_sequence_breakers: Option<Vec<String>>,
     pub stop: Option<Stop>,
     pub n: Option<u64>,
     #[serde(default)]
@@ -260,7 +276,12 @@ pub struct GenParams {
     pub constraint: Option<Constraint>,
     /// `echo` with `logprobs`: score every prompt token too, with this many alternatives.
     pub prompt_logprobs: Option<usize>,
+    /// DRY's sequence breakers, to be found in the vocabulary (when DRY is on).
+    pub dry_breakers: Option<Vec<String>>,
 }
+
+/// `repeat_last_n` or `dry_penalty_last_n` of −1: the whole context, settled at admission.
+pub const WHOLE_CONTEXT: usize = usize::MAX;
 
 fn range(param: &str, v: Option<f32>, lo: f32, hi: f32, default: f32) -> Result<f32, ApiError> {
     match v {
@@ -372,12 +393,13 @@ impl Common {
             top_p: range("top_p", self.top_p, 0.0, 1.0, 0.95)?.max(f32::MIN_POSITIVE),
             min_p: range("min_p", self.min_p, 0.0, 1.0, 0.05)?,
             repeat_penalty: range("repeat_penalty", self.repeat_penalty, 0.0, 10.0, 1.0)?.max(f32::MIN_POSITIVE),
-            repeat_last_n: 64,
             frequency_penalty: range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, 0.0)?,
             presence_penalty: range("presence_penalty", self.presence_penalty, -2.0, 2.0, 0.0)?,
             seed,
             logit_bias: self.logit_bias()?,
+            ..self.other_samplers()?
         };
+        let dry_breakers = sampling.dry.is_on().then(|| self.dry_sequence_breakers.clone().unwrap_or_else(|| Breakers::DEFAULT.map(String::from).to_vec()));
         Ok(GenParams {
             max_tokens,
             sampling,
@@ -388,6 +410,59 @@ impl Common {
             n,
             constraint,
             prompt_logprobs: None,
+            dry_breakers,
+        })
+    }
+
+    /// llama-server's samplers beyond OpenAI's, with its defaults and ranges.
+    fn other_samplers(&self) -> Result<SamplingParams, ApiError> {
+        let d = SamplingParams::default();
+        let last_n = |field: &str, v: Option<i64>, default: usize| match v {
+            None => Ok(default),
+            Some(-1) => Ok(WHOLE_CONTEXT),
+            Some(n) if n >= 0 => Ok(n as usize),
+            Some(n) => Err(ApiError::bad(field, format!("{field} must be >= -1 (-1: the whole context), got {n}"))),
+        };
+        let finite = |field: &str, v: Option<f32>, default: f32| match v {
+            None => Ok(default),
+            Some(x) if x.is_finite() => Ok(x),
+            Some(x) => Err(ApiError::bad(field, format!("{field} must be a finite number, got {x}"))),
+        };
+        let mirostat = match self.mirostat {
+            None | Some(0) => Mirostat::Off,
+            Some(1) => Mirostat::V1,
+            Some(2) => Mirostat::V2,
+            Some(m) => return Err(ApiError::bad("mirostat", format!("mirostat must be 0, 1 or 2, got {m}"))),
+        };
+        let allowed = match self.dry_allowed_length {
+            None => d.dry.allowed_length,
+            Some(n) if n >= 0 => n as usize,
+            Some(n) => return Err(ApiError::bad("dry_allowed_length", format!("dry_allowed_length must be >= 0, got {n}"))),
+        };
+        if self.dry_sequence_breakers.as_ref().is_some_and(|b| b.is_empty()) {
+            return Err(ApiError::bad("dry_sequence_breakers", "dry_sequence_breakers must be a non-empty array of strings"));
+        }
+        // As llama-server: a `dry_base` below 1 takes the default.
+        let base = finite("dry_base", self.dry_base, d.dry.base)?;
+        Ok(SamplingParams {
+            repeat_last_n: last_n("repeat_last_n", self.repeat_last_n, d.repeat_last_n)?,
+            typical_p: finite("typical_p", self.typical_p, d.typical_p)?,
+            top_n_sigma: finite("top_n_sigma", self.top_n_sigma, d.top_n_sigma)?,
+            xtc_probability: range("xtc_probability", self.xtc_probability, 0.0, 1.0, d.xtc_probability)?,
+            xtc_threshold: range("xtc_threshold", self.xtc_threshold, 0.0, 1.0, d.xtc_threshold)?,
+            dynatemp_range: range("dynatemp_range", self.dynatemp_range, 0.0, 2.0, d.dynatemp_range)?,
+            dynatemp_exponent: finite("dynatemp_exponent", self.dynatemp_exponent, d.dynatemp_exponent)?,
+            mirostat,
+            mirostat_tau: finite("mirostat_tau", self.mirostat_tau, d.mirostat_tau)?,
+            mirostat_eta: finite("mirostat_eta", self.mirostat_eta, d.mirostat_eta)?,
+            dry: Dry {
+                multiplier: range("dry_multiplier", self.dry_multiplier, 0.0, 100.0, d.dry.multiplier)?,
+                base: if base < 1.0 { d.dry.base } else { base },
+                allowed_length: allowed,
+                last_n: last_n("dry_penalty_last_n", self.dry_penalty_last_n, d.dry.last_n)?,
+                breakers: Default::default(),
+            },
+            ..d
         })
     }
 }

@@ -36,6 +36,7 @@ use axum::Router;
 use corelm_engine::batcher::{self, Batcher, Event, Request, Stats, Work};
 use corelm_engine::constraint::Constraint;
 use corelm_engine::embed::Pooling;
+use corelm_engine::sample::Breakers;
 use corelm_engine::chat::ChatTemplate;
 use corelm_engine::{Engine, Tokenizer};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,6 +75,8 @@ pub struct AppState {
     /// Requests accepted and without a first event yet.
     queued: Arc<AtomicU64>,
     created: u64,
+    /// DRY's breakers as found in the vocabulary, for the last few lists of texts asked for.
+    breakers: Mutex<Vec<(Vec<String>, Arc<Breakers>)>>,
 }
 
 /// Start the engine thread and build the router. The engine thread ends when the router (and
@@ -105,6 +108,7 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
         stats,
         metrics: metrics::Metrics::default(),
         queued: Arc::new(AtomicU64::new(0)),
+        breakers: Mutex::new(Vec::new()),
         created,
     });
     let router = Router::new()
@@ -296,16 +300,44 @@ pub(crate) struct Job {
 
 /// Admission: context checks, queue bound, then hand the requests to the engine thread — one
 /// per prompt and choice (`params.n`), all or none.
+/// DRY's breakers for `texts` in this vocabulary: a walk of the vocabulary per text, so the
+/// last 8 lists are kept.
+fn breakers(st: &AppState, texts: Vec<String>) -> Arc<Breakers> {
+    let mut cache = st.breakers.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(at) = cache.iter().position(|(t, _)| *t == texts) {
+        let hit = cache.remove(at);
+        let b = hit.1.clone();
+        cache.push(hit);
+        return b;
+    }
+    let b = Arc::new(Breakers::new(&st.tok, &texts));
+    if cache.len() == 8 {
+        cache.remove(0);
+    }
+    cache.push((texts, b.clone()));
+    b
+}
+
 fn submit(
     st: &Arc<AppState>,
     prompts: Vec<Vec<u32>>,
-    params: GenParams,
+    mut params: GenParams,
     logprobs: Option<usize>,
     prefix: &str,
     prompt_field: &str,
 ) -> Result<Job, ApiError> {
     let ctx = st.cfg.ctx_size;
     let n_vocab = st.tok.n_vocab();
+    let sp = &mut params.sampling;
+    for n in [&mut sp.repeat_last_n, &mut sp.dry.last_n] {
+        if *n == api::WHOLE_CONTEXT {
+            *n = ctx;
+        }
+        *n = (*n).min(ctx);
+    }
+    if let Some(texts) = params.dry_breakers.take() {
+        params.sampling.dry.breakers = breakers(st, texts);
+    }
     if let Some((t, _)) = params.sampling.logit_bias.iter().find(|(t, _)| *t as usize >= n_vocab) {
         return Err(ApiError::bad("logit_bias", format!("token id {t} is outside the vocabulary of {n_vocab}")));
     }
@@ -380,7 +412,7 @@ fn submit(
             sink,
             arrived: Instant::now(),
         };
-        if tx.send(Work::Generate(req)).is_err() {
+        if tx.send(Work::Generate(Box::new(req))).is_err() {
             // The requests sent before have their sinks; those never sent are unqueued here.
             st.queued.fetch_sub((count - c) as u64, Ordering::AcqRel);
             return Err(engine_stopped());

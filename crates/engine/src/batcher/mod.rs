@@ -661,7 +661,7 @@ impl Batcher {
     /// Queue `work`, answering at once what is refused.
     pub fn take(&mut self, work: Work) {
         match work {
-            Work::Generate(req) => self.submit_or_fail(req),
+            Work::Generate(req) => self.submit_or_fail(*req),
             Work::Embed(req) => {
                 if let Err((req, e)) = self.submit_embed(req) {
                     req.sink.answer(Err(e));

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 /// What the engine thread is handed.
 pub enum Work {
-    Generate(Request),
+    Generate(Box<Request>),
     Embed(EmbedRequest),
 }
 

@@ -62,7 +62,7 @@ impl GrammarMask {
     /// refuses it (the same token either way, as llama.cpp's common sampler does); sampling at
     /// a temperature draws from the masked distribution.
     pub fn sample(&mut self, vocab: &GrammarVocab, tok: &Tokenizer, sampler: &mut Sampler, logits: &[f32]) -> Result<u32, Error> {
-        if sampler.params.temperature <= 0.0 {
+        if sampler.params.is_greedy() {
             let best = sampler.sample(logits);
             if self.takes(vocab, tok, best) {
                 return Ok(best);

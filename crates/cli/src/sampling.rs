@@ -1,0 +1,192 @@
+//! `run` and `chat`'s sampling flags (llama.cpp's names) and the generation parameters they
+//! make.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use corelm_engine::constraint::{Constraint, Lazy, Trigger};
+use corelm_engine::generate::GenerateParams;
+use corelm_engine::grammar::Grammar;
+use corelm_engine::json::Schema;
+use corelm_engine::sample::{Breakers, Dry, Mirostat, SamplingParams};
+use corelm_engine::Tokenizer;
+
+#[derive(Args, Clone)]
+pub(crate) struct SampleArgs {
+    /// Tokens to generate.
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub(crate) n_predict: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub(crate) temp: f32,
+    #[arg(long, default_value_t = 40)]
+    pub(crate) top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    pub(crate) top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    pub(crate) min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) repeat_penalty: f32,
+    #[arg(long, default_value_t = 64)]
+    pub(crate) repeat_last_n: usize,
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) frequency_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) presence_penalty: f32,
+    /// Locally typical sampling's mass (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    typical: f32,
+    /// Keep the logits within N standard deviations of the best (-1 = off).
+    #[arg(long, value_name = "N", default_value_t = -1.0)]
+    top_n_sigma: f32,
+    /// XTC: the chance per token of removing the likely tokens (0 = off) ...
+    #[arg(long, default_value_t = 0.0)]
+    xtc_probability: f32,
+    /// ... those at or above this probability, but the least likely of them (> 0.5 = off).
+    #[arg(long, default_value_t = 0.1)]
+    xtc_threshold: f32,
+    /// Dynamic temperature: temp ± this range, by the candidates' entropy (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    dynatemp_range: f32,
+    #[arg(long, default_value_t = 1.0)]
+    dynatemp_exp: f32,
+    /// Mirostat 1 or 2 in place of the cuts (0 = off; no penalties then, as llama.cpp).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
+    mirostat: u8,
+    /// Mirostat's learning rate (eta).
+    #[arg(long, default_value_t = 0.1)]
+    mirostat_lr: f32,
+    /// Mirostat's target surprise (tau).
+    #[arg(long, default_value_t = 5.0)]
+    mirostat_ent: f32,
+    /// DRY: a token that would extend a repeat loses multiplier·base^(length − allowed) from
+    /// its logit (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    dry_multiplier: f32,
+    #[arg(long, default_value_t = 1.75)]
+    dry_base: f32,
+    /// Repeats up to this long are free.
+    #[arg(long, default_value_t = 2)]
+    dry_allowed_length: usize,
+    /// How many recent tokens DRY searches (0 = off).
+    #[arg(long, default_value_t = 64)]
+    dry_penalty_last_n: usize,
+    /// A text that ends DRY's look back (repeatable; replaces the defaults "\n", ":", "\"",
+    /// "*"; `none` for none).
+    #[arg(long, value_name = "TEXT")]
+    dry_sequence_breaker: Vec<String>,
+    /// RNG seed.
+    #[arg(short, long, default_value_t = 0xC0FFEE)]
+    pub(crate) seed: u64,
+    /// Add a bias to a token's logit, as llama.cpp's: `ID+BIAS` or `ID-BIAS` (`15043-inf`
+    /// bans token 15043; repeatable).
+    #[arg(short = 'l', long, value_name = "ID(+|-)BIAS", value_parser = parse_logit_bias)]
+    pub(crate) logit_bias: Vec<(u32, f32)>,
+    /// Stop when this text is generated (repeatable).
+    #[arg(long)]
+    pub(crate) stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens (for benchmarks).
+    #[arg(long)]
+    pub(crate) ignore_eos: bool,
+    /// JSON mode: generate a JSON object, stopping when it closes (as `serve`'s
+    /// `response_format: {"type": "json_object"}`).
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Generate a JSON value of this JSON Schema (a file), stopping when it closes (as
+    /// `serve`'s `response_format: {"type": "json_schema", ...}`; see README for the keywords).
+    #[arg(long, value_name = "FILE", conflicts_with = "json")]
+    pub(crate) json_schema: Option<std::path::PathBuf>,
+    /// Constrain the text to this GBNF grammar (llama.cpp's syntax; its start rule is `root`),
+    /// stopping where it can take nothing more (as `serve`'s `grammar` field).
+    #[arg(long, value_name = "GBNF", conflicts_with_all = ["json", "json_schema"])]
+    pub(crate) grammar: Option<String>,
+    /// `--grammar` read from a file.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["json", "json_schema", "grammar"])]
+    pub(crate) grammar_file: Option<std::path::PathBuf>,
+    /// Make the grammar or schema lazy: the text is free until this word appears in it, and
+    /// held from the word on (repeatable; as llama-server's `grammar_lazy` with word triggers).
+    #[arg(long, value_name = "WORD")]
+    pub(crate) grammar_trigger: Vec<String>,
+    /// Prompt-lookup speculative decoding: feed up to N draft tokens copied from the prompt
+    /// and answer beside each token, keeping those the model samples anyway (0: off). The
+    /// answer is the one without drafts (bit for bit with --batch-invariant).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub(crate) lookup: usize,
+}
+
+pub(crate) fn gen_params(s: &SampleArgs, tok: &Tokenizer) -> Result<GenerateParams> {
+    let json = match &s.json_schema {
+        Some(f) => {
+            let text = std::fs::read_to_string(f).with_context(|| format!("cannot read --json-schema {}", f.display()))?;
+            let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("--json-schema {} is not JSON", f.display()))?;
+            Some(std::sync::Arc::new(Schema::compile(&v).with_context(|| format!("--json-schema {}", f.display()))?))
+        }
+        None => s.json.then(|| std::sync::Arc::new(Schema::object())),
+    };
+    let grammar = match (&s.grammar, &s.grammar_file) {
+        (Some(g), _) => Some(Grammar::parse(g).context("--grammar")?),
+        (None, Some(f)) => {
+            let text = std::fs::read_to_string(f).with_context(|| format!("cannot read --grammar-file {}", f.display()))?;
+            Some(Grammar::parse(&text).with_context(|| format!("--grammar-file {}", f.display()))?)
+        }
+        (None, None) => None,
+    };
+    let mut constraint = json.map(Constraint::Json).or(grammar.map(|g| Constraint::Grammar(std::sync::Arc::new(g))));
+    if !s.grammar_trigger.is_empty() {
+        let then = constraint.context("--grammar-trigger needs --grammar, --grammar-file, --json or --json-schema")?;
+        let triggers = s.grammar_trigger.iter().map(|w| Trigger::Word(w.clone())).collect();
+        constraint = Some(Constraint::Lazy(std::sync::Arc::new(Lazy::new(triggers, then, false).context("--grammar-trigger")?)));
+    }
+    let mut dry = Dry {
+        multiplier: s.dry_multiplier,
+        base: s.dry_base,
+        allowed_length: s.dry_allowed_length,
+        last_n: s.dry_penalty_last_n,
+        breakers: Default::default(),
+    };
+    if dry.is_on() {
+        let texts: Vec<&str> = match s.dry_sequence_breaker.as_slice() {
+            [] => Breakers::DEFAULT.to_vec(),
+            [none] if none == "none" => vec![],
+            b => b.iter().map(String::as_str).collect(),
+        };
+        dry.breakers = std::sync::Arc::new(Breakers::new(tok, &texts));
+    }
+    Ok(GenerateParams {
+        max_tokens: s.n_predict,
+        sampling: SamplingParams {
+            temperature: s.temp,
+            top_k: s.top_k,
+            top_p: s.top_p,
+            min_p: s.min_p,
+            repeat_penalty: s.repeat_penalty,
+            repeat_last_n: s.repeat_last_n,
+            frequency_penalty: s.frequency_penalty,
+            presence_penalty: s.presence_penalty,
+            seed: s.seed,
+            logit_bias: s.logit_bias.clone(),
+            typical_p: s.typical,
+            top_n_sigma: s.top_n_sigma,
+            xtc_probability: s.xtc_probability,
+            xtc_threshold: s.xtc_threshold,
+            dynatemp_range: s.dynatemp_range,
+            dynatemp_exponent: s.dynatemp_exp,
+            mirostat: [Mirostat::Off, Mirostat::V1, Mirostat::V2][s.mirostat as usize],
+            mirostat_tau: s.mirostat_ent,
+            mirostat_eta: s.mirostat_lr,
+            dry,
+        },
+        stop: s.stop.clone(),
+        seq: 0,
+        ignore_eos: s.ignore_eos,
+        constraint,
+        lookup: s.lookup,
+    })
+}
+
+/// `--logit-bias ID+BIAS` / `ID-BIAS` (llama.cpp's form; `-inf` bans).
+fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let at = s.find(['+', '-']).ok_or_else(|| format!("{s:?}: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS"))?;
+    let id = s[..at].parse::<u32>().map_err(|_| format!("{s:?}: {:?} is not a token id", &s[..at]))?;
+    let bias = s[at..].parse::<f32>().map_err(|_| format!("{s:?}: {:?} is not a bias", &s[at..]))?;
+    Ok((id, bias))
+}

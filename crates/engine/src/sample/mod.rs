@@ -1,0 +1,447 @@
+//! Token sampling, in the order of llama.cpp's default chain: logit biases, the repetition
+//! penalties, DRY, (a constraint's mask), top-nσ, top-k, locally typical, top-p, min-p, XTC,
+//! then the temperature (fixed or dynamic) and a seeded draw. Mirostat 1 or 2 replaces the
+//! chain after the biases, as in llama.cpp (no penalties, no cuts: the temperature, then
+//! Mirostat's own cut and draw). Temperature 0 is greedy (ties go to the lower id) unless a
+//! stage that can drop the best token (typical, XTC) or a dynamic temperature is on.
+//!
+//! Every stage is llama.cpp's (`llama-sampler.cpp` at 4df29be); the draw is this crate's own
+//! seeded generator, so a seed gives other tokens than llama.cpp's does, from the same
+//! distribution. With the stages added here off, the chain is the one it was, token for token.
+//!
+//! Invariant: the buffers are allocated once per sampler; sampling a token allocates nothing
+//! (DRY's map of repeat ends keeps its capacity).
+
+mod dry;
+mod stages;
+
+pub use dry::Breakers;
+
+use crate::Error;
+use dry::DryState;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// Mirostat, which replaces the cuts and the draw (llama.cpp's `--mirostat N`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mirostat {
+    #[default]
+    Off,
+    V1,
+    V2,
+}
+
+/// DRY's settings (llama.cpp's `--dry-*`): off while `multiplier` is 0.
+#[derive(Clone, Debug)]
+pub struct Dry {
+    pub multiplier: f32,
+    /// At least 1.
+    pub base: f32,
+    /// Repeats up to this long are free.
+    pub allowed_length: usize,
+    /// How many recent tokens are searched for repeats (0 = off).
+    pub last_n: usize,
+    /// Built for a vocabulary with [`Breakers::new`] (llama.cpp's default texts are
+    /// [`Breakers::DEFAULT`]).
+    pub breakers: Arc<Breakers>,
+}
+
+impl Default for Dry {
+    fn default() -> Self {
+        Dry { multiplier: 0.0, base: 1.75, allowed_length: 2, last_n: 64, breakers: Arc::default() }
+    }
+}
+
+impl Dry {
+    pub fn is_on(&self) -> bool {
+        self.multiplier != 0.0 && self.base >= 1.0 && self.last_n > 0
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SamplingParams {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// 1 = off.
+    pub top_p: f32,
+    /// 0 = off.
+    pub min_p: f32,
+    /// 1 = off.
+    pub repeat_penalty: f32,
+    /// How many recent tokens the penalties look at.
+    pub repeat_last_n: usize,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    pub seed: u64,
+    /// Added to these tokens' logits before anything else (OpenAI's `logit_bias`, llama.cpp's
+    /// `--logit-bias`; −∞ bans a token).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Locally typical sampling's mass (1 = off).
+    pub typical_p: f32,
+    /// Keep logits within this many standard deviations of the best (≤ 0 = off).
+    pub top_n_sigma: f32,
+    /// XTC: the chance per token of removing the likely tokens (0 = off) ...
+    pub xtc_probability: f32,
+    /// ... those at or above this probability but the least likely of them (> 0.5 = off).
+    pub xtc_threshold: f32,
+    /// Dynamic temperature: `temperature ± range` by the candidates' entropy (0 = off).
+    pub dynatemp_range: f32,
+    pub dynatemp_exponent: f32,
+    pub mirostat: Mirostat,
+    /// Mirostat's target surprise (τ) and learning rate (η).
+    pub mirostat_tau: f32,
+    pub mirostat_eta: f32,
+    pub dry: Dry,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
+            seed: 0xC0FFEE,
+            typical_p: 1.0,
+            top_n_sigma: -1.0,
+            xtc_probability: 0.0,
+            xtc_threshold: 0.1,
+            dynatemp_range: 0.0,
+            dynatemp_exponent: 1.0,
+            mirostat: Mirostat::Off,
+            mirostat_tau: 5.0,
+            mirostat_eta: 0.1,
+            dry: Dry::default(),
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        SamplingParams { temperature: 0.0, ..Default::default() }
+    }
+
+    fn xtc_on(&self) -> bool {
+        self.xtc_probability > 0.0 && self.xtc_threshold <= 0.5
+    }
+
+    /// Does sampling take the best token (after the penalties and DRY) without a draw?
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+            && (self.mirostat != Mirostat::Off || (self.dynatemp_range <= 0.0 && self.typical_p >= 1.0 && !self.xtc_on()))
+    }
+
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |s: String| Err(Error::Sampling(s));
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad(format!("temperature must be >= 0, got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        if !(self.repeat_penalty > 0.0 && self.repeat_penalty.is_finite()) {
+            return bad(format!("repeat_penalty must be > 0, got {}", self.repeat_penalty));
+        }
+        if !self.frequency_penalty.is_finite() || !self.presence_penalty.is_finite() {
+            return bad("penalties must be finite".into());
+        }
+        let finite = [
+            ("typical_p", self.typical_p),
+            ("top_n_sigma", self.top_n_sigma),
+            ("dynatemp_exponent", self.dynatemp_exponent),
+            ("mirostat_tau", self.mirostat_tau),
+            ("mirostat_eta", self.mirostat_eta),
+            ("dry_multiplier", self.dry.multiplier),
+        ];
+        if let Some((name, v)) = finite.iter().find(|(_, v)| !v.is_finite()) {
+            return bad(format!("{name} must be a finite number, got {v}"));
+        }
+        if !(0.0..=1.0).contains(&self.xtc_probability) || !(0.0..=1.0).contains(&self.xtc_threshold) {
+            return bad(format!("xtc_probability and xtc_threshold must be in [0, 1], got {} and {}", self.xtc_probability, self.xtc_threshold));
+        }
+        if !(self.dynatemp_range >= 0.0 && self.dynatemp_range.is_finite()) {
+            return bad(format!("dynatemp_range must be >= 0, got {}", self.dynatemp_range));
+        }
+        if !(self.dry.base >= 1.0 && self.dry.base.is_finite()) {
+            return bad(format!("dry_base must be >= 1, got {}", self.dry.base));
+        }
+        if let Some((t, b)) = self.logit_bias.iter().find(|(_, b)| b.is_nan() || *b == f32::INFINITY) {
+            return bad(format!("the logit bias of token {t} must be a number or -inf, got {b}"));
+        }
+        Ok(())
+    }
+}
+
+pub struct Sampler {
+    pub params: SamplingParams,
+    rng: ChaCha8Rng,
+    /// The last `max(repeat_last_n, dry.last_n)` tokens, oldest first.
+    recent: VecDeque<u32>,
+    window: usize,
+    cand: Vec<(u32, f32)>,
+    probs: Vec<f32>,
+    scratch: Vec<(f32, u32, f32, f32)>,
+    dry: DryState,
+    /// The penalties' count of each recent token.
+    counts: HashMap<u32, u32>,
+    /// Mirostat's running target (starts at 2τ).
+    mu: f32,
+    n_vocab: usize,
+}
+
+/// Index of the largest logit; ties go to the lower id.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams, n_vocab: usize) -> Result<Sampler, Error> {
+        params.validate()?;
+        if let Some((t, _)) = params.logit_bias.iter().find(|(t, _)| *t as usize >= n_vocab) {
+            return Err(Error::Sampling(format!("logit bias for token {t}, outside the vocabulary of {n_vocab}")));
+        }
+        let dry_n = if params.dry.is_on() { params.dry.last_n } else { 0 };
+        let window = params.repeat_last_n.max(dry_n);
+        let typical = params.typical_p < 1.0 && params.mirostat == Mirostat::Off;
+        Ok(Sampler {
+            rng: ChaCha8Rng::seed_from_u64(params.seed),
+            recent: VecDeque::with_capacity(window + 1),
+            window,
+            cand: Vec::with_capacity(n_vocab),
+            probs: Vec::with_capacity(n_vocab),
+            scratch: Vec::with_capacity(if typical { n_vocab } else { 0 }),
+            dry: DryState::new(dry_n),
+            counts: HashMap::with_capacity(params.repeat_last_n),
+            mu: 2.0 * params.mirostat_tau,
+            n_vocab,
+            params,
+        })
+    }
+
+    /// Record a token (prompt or generated) for the penalties and DRY.
+    pub fn accept(&mut self, tok: u32) {
+        if self.window == 0 {
+            return;
+        }
+        if self.recent.len() == self.window {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(tok);
+    }
+
+    fn penalties_active(&self) -> bool {
+        let p = &self.params;
+        p.mirostat == Mirostat::Off
+            && p.repeat_last_n > 0
+            && !self.recent.is_empty()
+            && (p.repeat_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0)
+    }
+
+    /// Choose the next token from one row of logits.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        self.sample_allowed(logits, None::<fn(u32) -> bool>).unwrap_or(0)
+    }
+
+    /// [`sample`](Self::sample) among the tokens `allowed` admits (all without it; a
+    /// constraint such as JSON mode's), after the penalties and DRY and before the cuts, as
+    /// llama.cpp applies a grammar; `None` when it admits none.
+    pub fn sample_allowed(&mut self, logits: &[f32], allowed: Option<impl Fn(u32) -> bool>) -> Option<u32> {
+        let temp = match self.cut(logits, allowed)? {
+            Cut::Chosen(t) => return Some(t),
+            Cut::Draw(temp) => temp,
+        };
+        // Temperature, then draw.
+        let Sampler { rng, cand, .. } = self;
+        let max = cand[0].1;
+        let mut total = 0f64;
+        for c in cand.iter_mut() {
+            c.1 = (((c.1 - max) / temp) as f64).exp() as f32;
+            total += c.1 as f64;
+        }
+        Some(draw(rng, cand, total))
+    }
+
+    /// The candidates (token, logit) left after every cut of the chain, before the
+    /// temperature, sorted by logit (for checking the stages against llama.cpp's); empty when
+    /// the chain chose without a draw. Uses the generator as [`sample`](Self::sample) would
+    /// (XTC's chance) but draws nothing.
+    pub fn candidates(&mut self, logits: &[f32]) -> Vec<(u32, f32)> {
+        match self.cut(logits, None::<fn(u32) -> bool>) {
+            Some(Cut::Draw(_)) => {
+                let mut out = self.cand.clone();
+                stages::sort(&mut out);
+                out
+            }
+            _ => vec![],
+        }
+    }
+
+    /// Everything before the draw: `None` when `allowed` admits no token.
+    fn cut(&mut self, logits: &[f32], allowed: Option<impl Fn(u32) -> bool>) -> Option<Cut> {
+        let penalties = self.penalties_active();
+        let dry = self.params.dry.is_on() && self.params.mirostat == Mirostat::Off;
+        let greedy = self.params.is_greedy();
+        let Sampler { params: p, rng, recent, cand, probs, scratch, dry: dry_state, mu, n_vocab, counts, .. } = self;
+        cand.clear();
+        cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        for &(t, b) in &p.logit_bias {
+            cand[t as usize].1 += b;
+        }
+        // `cand[t]` is token t until the banned tokens leave below.
+        if penalties {
+            // Each distinct token once, with its count in the last `repeat_last_n`.
+            counts.clear();
+            for &t in recent.range(recent.len().saturating_sub(p.repeat_last_n)..) {
+                *counts.entry(t).or_insert(0) += 1;
+            }
+            for (&t, &count) in counts.iter() {
+                if let Some(c) = cand.get_mut(t as usize) {
+                    c.1 = if c.1 <= 0.0 { c.1 * p.repeat_penalty } else { c.1 / p.repeat_penalty };
+                    c.1 -= count as f32 * p.frequency_penalty + p.presence_penalty;
+                }
+            }
+        }
+        if dry {
+            let d = &p.dry;
+            dry_state.find(recent.iter().copied(), d.last_n, d.allowed_length, &d.breakers);
+            for &t in dry_state.extend.keys() {
+                if let Some(c) = cand.get_mut(t as usize) {
+                    c.1 -= dry_state.penalty(t, d.multiplier, d.base, d.allowed_length, &d.breakers);
+                }
+            }
+        }
+        if p.logit_bias.iter().any(|&(_, b)| b == f32::NEG_INFINITY) {
+            cand.retain(|c| c.1 > f32::NEG_INFINITY);
+        }
+        if let Some(allowed) = allowed {
+            cand.retain(|c| allowed(c.0));
+        }
+        if cand.is_empty() {
+            return None;
+        }
+        if greedy {
+            return Some(Cut::Chosen(best(cand)));
+        }
+        if p.mirostat != Mirostat::Off {
+            return Some(Cut::Chosen(mirostat(p, rng, cand, probs, mu, *n_vocab)));
+        }
+        stages::top_n_sigma(cand, p.top_n_sigma);
+        // Sort descending (ties: lower id first), after cutting to top-k.
+        let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let k = if p.top_k > 0 { p.top_k.min(cand.len()) } else { cand.len() };
+        if k < cand.len() {
+            cand.select_nth_unstable_by(k - 1, by_logit);
+            cand.truncate(k);
+        }
+        cand.sort_unstable_by(by_logit);
+        stages::typical(cand, p.typical_p, probs, scratch);
+        // Softmax at temperature 1 for top-p / min-p (as llama.cpp's chain, before temperature).
+        let max = cand[0].1;
+        if p.top_p < 1.0 {
+            let mut probs_sum = 0f64;
+            for c in cand.iter() {
+                probs_sum += ((c.1 - max) as f64).exp();
+            }
+            let mut cum = 0f64;
+            let mut keep = cand.len();
+            for (i, c) in cand.iter().enumerate() {
+                cum += ((c.1 - max) as f64).exp() / probs_sum;
+                if cum >= p.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            cand.truncate(keep.max(1));
+        }
+        if p.min_p > 0.0 {
+            // Relative to the most likely token: p_i / p_max = exp(l_i - l_max).
+            let thresh = (p.min_p as f64).ln();
+            let keep = cand.iter().take_while(|c| ((c.1 - max) as f64) >= thresh).count();
+            cand.truncate(keep.max(1));
+        }
+        if p.xtc_on() && cand.len() >= 2 {
+            let chance = rng.random::<f32>();
+            stages::xtc(cand, chance, p.xtc_probability, p.xtc_threshold, probs);
+        }
+        let temp = if p.dynatemp_range > 0.0 {
+            stages::dynamic_temperature(cand, p.temperature, p.dynatemp_range, p.dynatemp_exponent, probs)
+        } else {
+            p.temperature
+        };
+        Some(if temp <= 0.0 { Cut::Chosen(best(cand)) } else { Cut::Draw(temp) })
+    }
+}
+
+/// What the chain left for the draw.
+enum Cut {
+    Chosen(u32),
+    /// Draw from `cand` at this temperature.
+    Draw(f32),
+}
+
+/// The candidate with the highest logit (ties: the first, which is the lower id).
+fn best(cand: &[(u32, f32)]) -> u32 {
+    let mut best = 0;
+    for i in 1..cand.len() {
+        if cand[i].1 > cand[best].1 {
+            best = i;
+        }
+    }
+    cand[best].0
+}
+
+/// Draw by `weights` in `cand[i].1`, which sum to `total`.
+fn draw(rng: &mut ChaCha8Rng, cand: &[(u32, f32)], total: f64) -> u32 {
+    let mut r = rng.random::<f64>() * total;
+    for c in cand.iter() {
+        r -= c.1 as f64;
+        if r <= 0.0 {
+            return c.0;
+        }
+    }
+    cand.last().map_or(0, |c| c.0)
+}
+
+/// Mirostat 1 or 2 over the biased (and masked) logits: the temperature, the cut, a draw from
+/// the softmax of what is left, and `mu` moved toward the target surprise.
+fn mirostat(p: &SamplingParams, rng: &mut ChaCha8Rng, cand: &mut Vec<(u32, f32)>, probs: &mut Vec<f32>, mu: &mut f32, n_vocab: usize) -> u32 {
+    for c in cand.iter_mut() {
+        c.1 /= p.temperature;
+    }
+    match p.mirostat {
+        Mirostat::V1 => stages::mirostat_v1_cut(cand, *mu, n_vocab),
+        _ => stages::mirostat_v2_cut(cand, *mu),
+    }
+    stages::softmax(cand, probs);
+    let total: f64 = probs.iter().map(|&q| q as f64).sum();
+    let mut r = rng.random::<f64>() * total;
+    let mut idx = cand.len() - 1;
+    for (i, &q) in probs.iter().enumerate() {
+        r -= q as f64;
+        if r <= 0.0 {
+            idx = i;
+            break;
+        }
+    }
+    let surprise = -probs[idx].log2();
+    *mu -= p.mirostat_eta * (surprise - p.mirostat_tau);
+    cand[idx].0
+}

@@ -1,0 +1,159 @@
+//! The sampler's stages against llama.cpp's: `fixtures/sampler_golden.json` holds what
+//! llama.cpp 4df29be's chain (penalties, DRY, top-nσ, top-k, typical, top-p, min-p, XTC) keeps
+//! of fixed logits over SmolLM2's vocabulary after a history of 57 tokens, written by
+//! `scripts/make_sampler_golden.c`; [`Sampler::candidates`] must keep the same tokens with the
+//! same logits. DRY's sequence breakers are found in the same vocabulary.
+
+mod common;
+
+use common::*;
+use corelm_engine::sample::{Breakers, Dry, Mirostat, Sampler, SamplingParams};
+use corelm_engine::Tokenizer;
+use std::sync::Arc;
+
+const TEXT: &str = "Q: what is the capital of France?\nA: Paris is the capital of France.\n\
+Q: what is the capital of Spain?\nA: Madrid is the capital of Spain.\n\
+Q: what is the capital of Italy?\nA: Rome is the capital of";
+
+fn fixture() -> serde_json::Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/sampler_golden.json");
+    serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("fixture is JSON")
+}
+
+fn tokenizer() -> Tokenizer {
+    let g = corelm_gguf::Gguf::open(model_path("SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    Tokenizer::from_gguf(&g).unwrap()
+}
+
+/// The C program's logits: the ids permuted over [−4, 4) (no two alike), plus 2 per history
+/// token.
+fn logits(n_vocab: usize, history: &[u32]) -> Vec<f32> {
+    let mut l: Vec<f32> = (0..n_vocab as u64).map(|i| (i * 40503 % 65537) as f32 / 65537.0 * 8.0 - 4.0).collect();
+    for &t in history {
+        l[t as usize] += 2.0;
+    }
+    l
+}
+
+fn params(c: &serde_json::Value, breakers: &Arc<Breakers>) -> SamplingParams {
+    let f = |k: &str| c[k].as_f64().unwrap() as f32;
+    let u = |k: &str| c[k].as_i64().unwrap().max(0) as usize;
+    SamplingParams {
+        temperature: 0.8,
+        repeat_penalty: f("repeat_penalty"),
+        frequency_penalty: f("frequency_penalty"),
+        presence_penalty: f("presence_penalty"),
+        repeat_last_n: u("repeat_last_n"),
+        dry: Dry {
+            multiplier: f("dry_multiplier"),
+            base: f("dry_base"),
+            allowed_length: u("dry_allowed_length"),
+            last_n: u("dry_penalty_last_n"),
+            breakers: breakers.clone(),
+        },
+        top_n_sigma: f("top_n_sigma"),
+        top_k: u("top_k"),
+        typical_p: f("typical_p"),
+        top_p: f("top_p"),
+        min_p: f("min_p"),
+        xtc_probability: f("xtc_probability"),
+        xtc_threshold: f("xtc_threshold"),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn the_chain_keeps_what_llama_cpp_keeps() {
+    let tok = tokenizer();
+    let fx = fixture();
+    let history: Vec<u32> = fx["history"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    assert_eq!(tok.encode(TEXT, false, false).unwrap(), history, "the history tokenizes as llama.cpp's");
+    let logits = logits(tok.n_vocab(), &history);
+    let breakers = Arc::new(Breakers::new(&tok, &Breakers::DEFAULT));
+    for c in fx["cases"].as_array().unwrap() {
+        let name = c["name"].as_str().unwrap();
+        let mut want: Vec<(u32, f32)> =
+            c["kept"].as_array().unwrap().iter().map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_f64().unwrap() as f32)).collect();
+        want.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut s = Sampler::new(params(c, &breakers), tok.n_vocab()).unwrap();
+        for &t in &history {
+            s.accept(t);
+        }
+        let got: Vec<(u32, f32)> = s.candidates(&logits).into_iter().filter(|c| c.1.is_finite()).collect();
+        let ids = |v: &[(u32, f32)]| v.iter().map(|c| c.0).collect::<Vec<_>>();
+        assert_eq!(ids(&got), ids(&want), "{name}: the tokens kept, best first");
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g.1 - w.1).abs() <= 1e-5 * w.1.abs().max(1.0), "{name}: token {} logit {} against llama.cpp's {}", g.0, g.1, w.1);
+        }
+        // Greedy takes the best of what the penalties and DRY left (typical and XTC off).
+        if c["typical_p"].as_f64() == Some(1.0) && c["xtc_probability"].as_f64() == Some(0.0) {
+            let mut g = Sampler::new(SamplingParams { temperature: 0.0, ..params(c, &breakers) }, tok.n_vocab()).unwrap();
+            for &t in &history {
+                g.accept(t);
+            }
+            assert_eq!(g.sample(&logits), want[0].0, "{name}: greedy");
+        }
+    }
+}
+
+/// DRY moves the greedy choice off a repeat: made the best token, " France" would continue
+/// "is the capital of France"; with DRY another is taken.
+#[test]
+fn dry_changes_the_greedy_choice() {
+    let tok = tokenizer();
+    let fx = fixture();
+    let history: Vec<u32> = fx["history"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let mut logits = logits(tok.n_vocab(), &history);
+    let france = tok.encode(" France", false, false).unwrap()[0];
+    // One above the best; DRY takes 0.8 · 1.75^(4 − 2) = 2.45 for the 4 tokens it repeats.
+    logits[france as usize] = logits.iter().fold(f32::MIN, |a, &b| a.max(b)) + 1.0;
+    let breakers = Arc::new(Breakers::new(&tok, &Breakers::DEFAULT));
+    let pick = |mult: f32| {
+        let p = SamplingParams { temperature: 0.0, dry: Dry { multiplier: mult, breakers: breakers.clone(), ..Dry::default() }, ..Default::default() };
+        let mut s = Sampler::new(p, tok.n_vocab()).unwrap();
+        history.iter().for_each(|&t| s.accept(t));
+        s.sample(&logits)
+    };
+    assert_eq!(pick(0.0), france);
+    assert_ne!(pick(0.8), france);
+}
+
+/// Mirostat keeps the surprise of what it draws near its target τ (a free draw from these
+/// logits averages 7.7 bits).
+#[test]
+fn mirostat_holds_the_surprise_near_tau() {
+    // Zipf-like logits over 5000 tokens.
+    let logits: Vec<f32> = (0..5000).map(|i| -1.1 * ((i + 1) as f32).ln()).collect();
+    for (m, tau) in [(Mirostat::V1, 3.0f32), (Mirostat::V1, 6.0), (Mirostat::V2, 3.0), (Mirostat::V2, 6.0)] {
+        let p = SamplingParams { temperature: 1.0, mirostat: m, mirostat_tau: tau, mirostat_eta: 0.1, seed: 7, ..Default::default() };
+        let mut s = Sampler::new(p, logits.len()).unwrap();
+        let (lse, max) = {
+            let max = logits[0];
+            (logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln(), max)
+        };
+        let n = 3000;
+        let mut surprise = 0.0;
+        for _ in 0..n {
+            let t = s.sample(&logits) as usize;
+            // The model's own surprise of the token, in bits.
+            surprise += -((logits[t] - max - lse) / std::f32::consts::LN_2) as f64;
+        }
+        let mean = surprise / n as f64;
+        // The target is the surprise within the cut; the model's own is a little higher.
+        assert!(mean > tau as f64 && mean < tau as f64 + 1.5, "{m:?} tau {tau}: mean surprise {mean:.2}");
+    }
+}
+
+/// A prompt-free check of each option's refusal.
+#[test]
+fn bad_sampler_settings_are_refused() {
+    let bad = [
+        SamplingParams { xtc_probability: 1.5, ..Default::default() },
+        SamplingParams { dynatemp_range: -1.0, ..Default::default() },
+        SamplingParams { typical_p: f32::NAN, ..Default::default() },
+        SamplingParams { dry: Dry { base: 0.5, ..Dry::default() }, ..Default::default() },
+    ];
+    for p in bad {
+        assert!(Sampler::new(p, 10).is_err());
+    }
+}

@@ -1,0 +1,71 @@
+//! llama-server's samplers beyond OpenAI's (DRY, XTC, typical, top-nσ, dynamic temperature,
+//! Mirostat, `repeat_last_n`) through the server: what they change, and their refusals.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn text(v: &Value) -> String {
+    v["choices"][0]["text"].as_str().map(str::to_string).or_else(|| v["content"].as_str().map(str::to_string)).unwrap_or_else(|| panic!("{v}"))
+}
+
+#[test]
+fn dry_breaks_a_greedy_loop_and_the_other_samplers_answer() {
+    let srv = start(2, 16, None);
+    let prompt = "Write the line \"the cat sat on the mat\" five times:\n";
+    let ask = |extra: Value| {
+        let mut body = json!({"prompt": prompt, "max_tokens": 48, "temperature": 0});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let r = post(&srv, "/v1/completions", body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        text(&r.json())
+    };
+    let plain = ask(json!({}));
+    let dry = ask(json!({"dry_multiplier": 1.0}));
+    let count = |t: &str| t.matches("the cat sat on the mat").count();
+    assert!(count(&plain) >= 3, "greedy repeats the line: {plain:?}");
+    assert!(count(&dry) < count(&plain), "DRY repeats it less: {dry:?} against {plain:?}");
+    // Breakers that the text does not contain let the repeat reach across lines: no less DRY.
+    let far = ask(json!({"dry_multiplier": 1.0, "dry_sequence_breakers": ["@@"]}));
+    assert!(count(&far) <= count(&dry), "{far:?}");
+
+    // Each sampler answers, the same seed the same text (native endpoint too).
+    for extra in [
+        json!({"typical_p": 0.8}),
+        json!({"top_n_sigma": 1.0}),
+        json!({"xtc_probability": 0.5, "xtc_threshold": 0.1}),
+        json!({"dynatemp_range": 0.5, "dynatemp_exponent": 2.0}),
+        json!({"mirostat": 1, "mirostat_tau": 4.0}),
+        json!({"mirostat": 2, "mirostat_eta": 0.2}),
+        json!({"dry_multiplier": 0.8, "dry_penalty_last_n": -1, "repeat_last_n": -1, "repeat_penalty": 1.1}),
+    ] {
+        let mut body = json!({"prompt": "Once upon a time", "n_predict": 24, "temperature": 0.9, "seed": 11});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let a = post(&srv, "/completion", body.clone());
+        let b = post(&srv, "/completion", body);
+        assert_eq!((a.status, b.status), (200, 200), "{extra}: {}", a.body);
+        assert_eq!(text(&a.json()), text(&b.json()), "{extra}: the same seed");
+    }
+}
+
+#[test]
+fn bad_sampler_fields_name_themselves() {
+    let srv = start(1, 16, None);
+    for (field, value) in [
+        ("mirostat", json!(3)),
+        ("xtc_probability", json!(1.5)),
+        ("xtc_threshold", json!(-0.1)),
+        ("dynatemp_range", json!(-1)),
+        ("repeat_last_n", json!(-2)),
+        ("dry_penalty_last_n", json!(-5)),
+        ("dry_allowed_length", json!(-1)),
+        ("dry_sequence_breakers", json!([])),
+        ("dry_multiplier", json!(-1)),
+    ] {
+        let mut body = json!({"prompt": "Hi", "max_tokens": 4});
+        body[field] = value.clone();
+        let r = post(&srv, "/v1/completions", body);
+        assert_eq!((r.status, r.json()["error"]["param"].as_str()), (400, Some(field)), "{field} = {value}: {}", r.body);
+    }
+}
