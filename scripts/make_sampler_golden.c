@@ -1,10 +1,10 @@
 // llama.cpp's samplers applied to fixed logits, for fixtures/sampler_golden.json (read by
 // crates/engine/tests/sampler_golden.rs). Build against a libllama of llama.cpp 4df29be (the
 // vendored copy in the llama-cpp-python==0.3.35 sdist), e.g.:
-//   cmake -B build -DLLAMA_CURL=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+//   cmake -B build -DLLAMA_CURL=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 //         -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=ON && cmake --build build --target llama
-//   cc -O2 scripts/make_sampler_golden.c -I$LLAMA/include -I$LLAMA/ggml/include \
-//      -Lbuild/bin -lllama -o /tmp/sampler_golden
+//   cc -O2 scripts/make_sampler_golden.c -I$LLAMA/include -I$LLAMA/ggml/include
+//      -Lbuild/bin -lllama -lm -o /tmp/sampler_golden
 //   LD_LIBRARY_PATH=build/bin /tmp/sampler_golden SmolLM2-135M-Instruct.Q4_1.gguf > fixtures/sampler_golden.json
 // The logits: token i gets ((i·40503) mod 65537)/65537·8 − 4 (in f32; no two alike), plus 2 for every
 // token of the history; the history is the tokens of TEXT (no BOS).
@@ -24,9 +24,13 @@ struct cfg {
     float repeat, freq, present; int last_n;
     float dry_mult, dry_base; int dry_allowed, dry_last_n;
     float sigma; int top_k; float typical, top_p, min_p, xtc_p, xtc_t;
+    const char * breaker; // DRY's one breaker, or NULL for llama.cpp's four
 };
 
 static const struct cfg CASES[] = {
+    {"dry_whole",    1.0f, 0.0f, 0.0f, 64, 0.8f, 1.75f, 2, 64, -1.0f, 0, 1.0f, 1.0f, 0.0f, 0.0f, 0.1f},
+    {"dry_breaker",  1.0f, 0.0f, 0.0f, 64, 0.8f, 1.75f, 1, 64, -1.0f, 0, 1.0f, 1.0f, 0.0f, 0.0f, 0.1f, " capital"},
+    {"penalties_whole", 1.3f, 0.2f, 0.3f, 32, 0.0f, 1.75f, 2, 64, -1.0f, 0, 1.0f, 1.0f, 0.0f, 0.0f, 0.1f},
     {"dry",          1.0f, 0.0f, 0.0f, 64, 0.8f, 1.75f, 2, 64, -1.0f, 40, 1.0f, 1.0f, 0.0f, 0.0f, 0.1f},
     {"dry_long",     1.0f, 0.0f, 0.0f, 64, 1.5f, 2.0f,  1, 256, -1.0f, 60, 1.0f, 1.0f, 0.0f, 0.0f, 0.1f},
     {"penalties",    1.3f, 0.2f, 0.3f, 32, 0.0f, 1.75f, 2, 64, -1.0f, 40, 1.0f, 1.0f, 0.0f, 0.0f, 0.1f},
@@ -53,7 +57,7 @@ int main(int argc, char ** argv) {
     }
     for (int i = 0; i < n_hist; i++) logits[hist[i]] += 2.0f;
     llama_token_data * data = malloc(sizeof(llama_token_data) * n_vocab);
-    const char * breakers[] = {"\n", ":", "\"", "*"};
+    const char * defaults[] = {"\n", ":", "\"", "*"};
     printf("{\"text\": \"see scripts/make_sampler_golden.c\", \"history\": [");
     for (int i = 0; i < n_hist; i++) printf("%s%d", i ? ", " : "", hist[i]);
     printf("], \"cases\": [\n");
@@ -62,7 +66,9 @@ int main(int argc, char ** argv) {
         const struct cfg * k = &CASES[c];
         struct llama_sampler * ch = llama_sampler_chain_init(llama_sampler_chain_default_params());
         llama_sampler_chain_add(ch, llama_sampler_init_penalties(n_vocab, k->last_n, k->repeat, k->freq, k->present));
-        llama_sampler_chain_add(ch, llama_sampler_init_dry(vocab, k->dry_mult, k->dry_base, k->dry_allowed, k->dry_last_n, breakers, 4));
+        const char * one[1] = {k->breaker};
+        const char ** breakers = k->breaker ? one : defaults;
+        llama_sampler_chain_add(ch, llama_sampler_init_dry(vocab, k->dry_mult, k->dry_base, k->dry_allowed, k->dry_last_n, breakers, k->breaker ? 1 : 4));
         llama_sampler_chain_add(ch, llama_sampler_init_top_n_sigma(k->sigma));
         llama_sampler_chain_add(ch, llama_sampler_init_top_k(k->top_k));
         llama_sampler_chain_add(ch, llama_sampler_init_typical(k->typical, 0));
@@ -76,12 +82,22 @@ int main(int argc, char ** argv) {
         printf("  {\"name\": \"%s\", \"repeat_penalty\": %g, \"frequency_penalty\": %g, \"presence_penalty\": %g, "
                "\"repeat_last_n\": %d, \"dry_multiplier\": %g, \"dry_base\": %g, \"dry_allowed_length\": %d, "
                "\"dry_penalty_last_n\": %d, \"top_n_sigma\": %g, \"top_k\": %d, \"typical_p\": %g, \"top_p\": %g, "
-               "\"min_p\": %g, \"xtc_probability\": %g, \"xtc_threshold\": %g,\n   \"kept\": [",
+               "\"min_p\": %g, \"xtc_probability\": %g, \"xtc_threshold\": %g, \"breaker\": \"%s\",\n   \"kept\": [",
                k->name, k->repeat, k->freq, k->present, k->last_n, k->dry_mult, k->dry_base, k->dry_allowed,
-               k->dry_last_n, k->sigma, k->top_k, k->typical, k->top_p, k->min_p, k->xtc_p, k->xtc_t);
-        int first = 1;
-        for (size_t i = 0; i < cur.size; i++) {
+               k->dry_last_n, k->sigma, k->top_k, k->typical, k->top_p, k->min_p, k->xtc_p, k->xtc_t,
+               k->breaker ? k->breaker : "");
+        // Every finite logit when few are left; else how many are, and those that changed.
+        int first = 1, finite = 0;
+        for (size_t i = 0; i < cur.size; i++) finite += !isinf(cur.data[i].logit);
+        for (size_t i = 0; i < cur.size && finite <= 200; i++) {
             if (isinf(cur.data[i].logit)) continue;
+            printf("%s[%d, %.9g]", first ? "" : ", ", cur.data[i].id, cur.data[i].logit);
+            first = 0;
+        }
+        printf("],\n   \"size\": %d, \"changed\": [", finite);
+        first = 1;
+        for (size_t i = 0; i < cur.size; i++) {
+            if (isinf(cur.data[i].logit) || cur.data[i].logit == logits[cur.data[i].id]) continue;
             printf("%s[%d, %.9g]", first ? "" : ", ", cur.data[i].id, cur.data[i].logit);
             first = 0;
         }

@@ -1,8 +1,9 @@
 //! The sampler's stages against llama.cpp's: `fixtures/sampler_golden.json` holds what
 //! llama.cpp 4df29be's chain (penalties, DRY, top-nσ, top-k, typical, top-p, min-p, XTC) keeps
 //! of fixed logits over SmolLM2's vocabulary after a history of 57 tokens, written by
-//! `scripts/make_sampler_golden.c`; [`Sampler::candidates`] must keep the same tokens with the
-//! same logits. DRY's sequence breakers are found in the same vocabulary.
+//! `scripts/make_sampler_golden.c` (every token kept, when 200 or fewer are, and every token
+//! whose logit the penalties or DRY moved); [`Sampler::candidates`] must keep the same tokens
+//! with the same logits. DRY's sequence breakers are found in the same vocabulary.
 
 mod common;
 
@@ -72,26 +73,42 @@ fn the_chain_keeps_what_llama_cpp_keeps() {
     let breakers = Arc::new(Breakers::new(&tok, &Breakers::DEFAULT));
     for c in fx["cases"].as_array().unwrap() {
         let name = c["name"].as_str().unwrap();
-        let mut want: Vec<(u32, f32)> =
-            c["kept"].as_array().unwrap().iter().map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_f64().unwrap() as f32)).collect();
-        want.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let pairs = |k: &str| -> Vec<(u32, f32)> {
+            let mut v: Vec<(u32, f32)> = c[k].as_array().unwrap().iter().map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_f64().unwrap() as f32)).collect();
+            v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            v
+        };
+        let near = |g: &(u32, f32), w: &(u32, f32)| {
+            assert!((g.1 - w.1).abs() <= 1e-5 * w.1.abs().max(1.0), "{name}: token {} logit {} against llama.cpp's {}", g.0, g.1, w.1)
+        };
+        let breakers = match c["breaker"].as_str().unwrap() {
+            "" => breakers.clone(),
+            b => Arc::new(Breakers::new(&tok, &[b])),
+        };
         let mut s = Sampler::new(params(c, &breakers), tok.n_vocab()).unwrap();
         for &t in &history {
             s.accept(t);
         }
         let got: Vec<(u32, f32)> = s.candidates(&logits).into_iter().filter(|c| c.1.is_finite()).collect();
         let ids = |v: &[(u32, f32)]| v.iter().map(|c| c.0).collect::<Vec<_>>();
-        assert_eq!(ids(&got), ids(&want), "{name}: the tokens kept, best first");
-        for (g, w) in got.iter().zip(&want) {
-            assert!((g.1 - w.1).abs() <= 1e-5 * w.1.abs().max(1.0), "{name}: token {} logit {} against llama.cpp's {}", g.0, g.1, w.1);
+        assert_eq!(got.len() as u64, c["size"].as_u64().unwrap(), "{name}: how many are kept");
+        let want = pairs("kept");
+        if !want.is_empty() {
+            assert_eq!(ids(&got), ids(&want), "{name}: the tokens kept, best first");
+            got.iter().zip(&want).for_each(|(g, w)| near(g, w));
         }
+        // The tokens whose logits the penalties and DRY moved, and where to.
+        let moved: Vec<(u32, f32)> = got.iter().filter(|g| g.1 != logits[g.0 as usize]).copied().collect();
+        let want_moved = pairs("changed");
+        assert_eq!(ids(&moved), ids(&want_moved), "{name}: the tokens moved");
+        moved.iter().zip(&want_moved).for_each(|(g, w)| near(g, w));
         // Greedy takes the best of what the penalties and DRY left (typical and XTC off).
         if c["typical_p"].as_f64() == Some(1.0) && c["xtc_probability"].as_f64() == Some(0.0) {
             let mut g = Sampler::new(SamplingParams { temperature: 0.0, ..params(c, &breakers) }, tok.n_vocab()).unwrap();
             for &t in &history {
                 g.accept(t);
             }
-            assert_eq!(g.sample(&logits), want[0].0, "{name}: greedy");
+            assert_eq!(g.sample(&logits), got[0].0, "{name}: greedy");
         }
     }
 }
@@ -156,4 +173,14 @@ fn bad_sampler_settings_are_refused() {
     for p in bad {
         assert!(Sampler::new(p, 10).is_err());
     }
+}
+
+/// A banned token leaves the list after the penalties, so they land on the right ids.
+#[test]
+fn penalties_hit_their_tokens_beside_a_banned_one() {
+    let logits = [0.0, 1.0, 2.0, 5.0, 4.0];
+    let p = SamplingParams { temperature: 0.0, repeat_penalty: 10.0, logit_bias: vec![(0, f32::NEG_INFINITY)], ..Default::default() };
+    let mut s = Sampler::new(p, logits.len()).unwrap();
+    s.accept(3);
+    assert_eq!(s.sample(&logits), 4, "token 3's logit 5 / 10 falls below token 4's");
 }
