@@ -13,6 +13,12 @@
 //! `response_fields` where given), or with `stream` SSE `data:` chunks of `content` with
 //! `stop: false`, then that object with `content` empty — and no `[DONE]`, as llama-server
 //! sends them.
+//!
+//! `n_probs: N` (1..=20; `logprobs` as its alias) adds llama-server's
+//! `completion_probabilities`: per generated token `{id, token, bytes, logprob,
+//! top_logprobs: [{id, token, bytes, logprob}; N]}`, the model's own distribution (before the
+//! sampling chain) — all of them in the final object, or one per streamed chunk.
+//! `post_sampling_probs` (the chain's distribution) is refused by name.
 
 use crate::api::{self, ApiError};
 use crate::{AppState, Job, S};
@@ -21,7 +27,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as Sse, Sse as SseResponse};
 use axum::response::{IntoResponse, Response};
-use corelm_engine::batcher::{Event, Finish, FinishReason};
+use corelm_engine::batcher::{Event, Finish, FinishReason, TokenLogprob};
 use corelm_engine::infill::Chunk;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -52,6 +58,24 @@ fn tmp() -> String {
 
 /// The body, with llama.cpp's `n_predict` as `max_tokens` (−1 or absent: the rest of the
 /// context), its common fields checked, and the model.
+/// `n_probs` (or its alias `logprobs`, a number): how many alternatives per token, `None` for
+/// no `completion_probabilities`.
+fn n_probs(body: &Value) -> Result<Option<usize>, ApiError> {
+    if body.get("post_sampling_probs").and_then(Value::as_bool) == Some(true) {
+        return Err(ApiError::bad("post_sampling_probs", "post_sampling_probs is not supported: completion_probabilities are the model's, before the sampling chain"));
+    }
+    let (field, v) = match (body.get("n_probs"), body.get("logprobs")) {
+        (Some(v), _) if !v.is_null() => ("n_probs", v),
+        (_, Some(v)) if v.is_number() => ("logprobs", v),
+        _ => return Ok(None),
+    };
+    match v.as_u64() {
+        Some(0) => Ok(None),
+        Some(n) if n <= 20 => Ok(Some(n as usize)),
+        _ => Err(ApiError::bad(field, format!("{field} must be an integer in 0..=20, got {v}"))),
+    }
+}
+
 fn read(st: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<(Value, crate::api::GenParams), ApiError> {
     let mut body = crate::read_body(st, headers, body)?;
     match body.get("n_predict").map(Value::as_i64) {
@@ -89,7 +113,7 @@ pub(crate) async fn completion(State(st): S, headers: HeaderMap, body: Bytes) ->
             NativePrompt::Tokens(t) => t,
             NativePrompt::Text(s) => st.tok.encode(&s, true, true).map_err(|e| ApiError::bad("prompt", e.to_string()))?,
         };
-        let job = crate::submit(&st, vec![tokens], params, None, "cmpl", "prompt")?;
+        let job = crate::submit(&st, vec![tokens], params, n_probs(&body)?, "cmpl", "prompt")?;
         Ok(answer(st.clone(), job, paths).await)
     }
     .await;
@@ -103,11 +127,29 @@ pub(crate) async fn infill(State(st): S, headers: HeaderMap, body: Bytes) -> Res
         let paths = fields(&body)?;
         let extra: Vec<Chunk> = req.input_extra.into_iter().map(|c| Chunk { filename: c.filename, text: c.text }).collect();
         let tokens = crate::fim_prompt(&st, &req.input_prefix, &req.input_suffix, &extra, &req.prompt, params.max_tokens, "input_prefix")?;
-        let job = crate::submit(&st, vec![tokens], params, None, "infill", "input_prefix")?;
+        let job = crate::submit(&st, vec![tokens], params, n_probs(&body)?, "infill", "input_prefix")?;
         Ok(answer(st.clone(), job, paths).await)
     }
     .await;
     crate::counted(&st, "infill", r)
+}
+
+/// One token of llama-server's `completion_probabilities`.
+fn token_probs(st: &AppState, id: u32, lp: &TokenLogprob) -> Value {
+    let piece = |t: u32| {
+        let bytes = st.tok.piece(t);
+        (String::from_utf8_lossy(bytes).into_owned(), bytes.to_vec())
+    };
+    let (token, bytes) = piece(id);
+    let top: Vec<Value> = lp
+        .top
+        .iter()
+        .map(|&(t, l)| {
+            let (token, bytes) = piece(t);
+            json!({"id": t, "token": token, "bytes": bytes, "logprob": l})
+        })
+        .collect();
+    json!({"id": id, "token": token, "bytes": bytes, "logprob": lp.logprob, "top_logprobs": top})
 }
 
 /// llama.cpp's final object for a finished request.
@@ -154,15 +196,26 @@ async fn answer(st: Arc<AppState>, mut job: Job, paths: Vec<String>) -> Response
     let Some(mut events) = job.choices.pop() else { return crate::respond::error_response("no request") };
     if !job.params.stream {
         let mut content = String::new();
+        let mut probs = vec![];
         loop {
             match events.recv().await {
-                Some(Event::Token { text, .. } | Event::Text(text)) => content.push_str(&text),
+                Some(Event::Token { id, text, logprob }) => {
+                    content.push_str(&text);
+                    if let Some(lp) = &logprob {
+                        probs.push(token_probs(&st, id, lp));
+                    }
+                }
+                Some(Event::Text(text)) => content.push_str(&text),
                 Some(Event::Prompt { .. }) => {} // not asked for here
                 Some(Event::Done(f)) => {
                     if let FinishReason::Error(e) = &f.reason {
                         return crate::respond::error_response(e);
                     }
-                    return axum::Json(only(&paths, final_object(&st, &content, &f))).into_response();
+                    let mut out = final_object(&st, &content, &f);
+                    if job.logprobs.is_some() {
+                        out["completion_probabilities"] = Value::Array(probs);
+                    }
+                    return axum::Json(only(&paths, out)).into_response();
                 }
                 None => return crate::respond::error_response("the engine dropped the request"),
             }
@@ -175,9 +228,13 @@ async fn answer(st: Arc<AppState>, mut job: Job, paths: Vec<String>) -> Response
         while let Some(event) = events.recv().await {
             let data = match event {
                 Event::Prompt { .. } => continue, // not asked for here
-                Event::Token { text, .. } => {
+                Event::Token { id, text, logprob } => {
                     predicted += 1;
-                    json!({"index": 0, "content": text, "tokens": [], "stop": false, "tokens_predicted": predicted})
+                    let mut chunk = json!({"index": 0, "content": text, "tokens": [], "stop": false, "tokens_predicted": predicted});
+                    if let Some(lp) = &logprob {
+                        chunk["completion_probabilities"] = json!([token_probs(&st, id, lp)]);
+                    }
+                    chunk
                 }
                 Event::Text(text) => json!({"index": 0, "content": text, "tokens": [], "stop": false, "tokens_predicted": predicted}),
                 Event::Done(f) => match &f.reason {

@@ -69,3 +69,50 @@ fn bad_sampler_fields_name_themselves() {
         assert_eq!((r.status, r.json()["error"]["param"].as_str()), (400, Some(field)), "{field} = {value}: {}", r.body);
     }
 }
+
+/// llama-server's `n_probs` on `/completion`: `completion_probabilities`, whole and streamed.
+#[test]
+fn completion_probabilities_on_the_native_endpoint() {
+    let srv = start(1, 16, None);
+    let body = json!({"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "n_probs": 3});
+    let r = post(&srv, "/completion", body.clone());
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let probs = v["completion_probabilities"].as_array().unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(probs.len() as u64, v["tokens_predicted"].as_u64().unwrap());
+    let mut text = String::new();
+    for p in probs {
+        let top = p["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{p}");
+        // Greedy: the token is the best of the model's own distribution.
+        assert_eq!(p["id"], top[0]["id"], "{p}");
+        assert!((p["logprob"].as_f64().unwrap() - top[0]["logprob"].as_f64().unwrap()).abs() < 1e-6, "{p}");
+        assert!(top.windows(2).all(|w| w[0]["logprob"].as_f64() >= w[1]["logprob"].as_f64()), "{p}");
+        assert!(top.iter().all(|t| t["logprob"].as_f64().unwrap() <= 0.0), "{p}");
+        let bytes: Vec<u8> = p["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8).collect();
+        assert_eq!(String::from_utf8_lossy(&bytes), p["token"].as_str().unwrap());
+        text.push_str(p["token"].as_str().unwrap());
+    }
+    assert_eq!(text, v["content"].as_str().unwrap(), "the tokens spell the answer");
+
+    // Streamed: one entry per chunk, the same tokens.
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    let r = post(&srv, "/completion", stream);
+    let chunks: Vec<Value> = r.events().iter().filter_map(|e| serde_json::from_str(e).ok()).collect();
+    let ids: Vec<Value> = chunks.iter().filter_map(|c| c["completion_probabilities"].as_array()).map(|a| {
+        assert_eq!(a.len(), 1);
+        a[0]["id"].clone()
+    }).collect();
+    assert_eq!(ids, probs.iter().map(|p| p["id"].clone()).collect::<Vec<_>>());
+
+    // Without n_probs: none; out of range or the chain's probabilities: refused by name.
+    let r = post(&srv, "/completion", json!({"prompt": "Hi", "n_predict": 2}));
+    assert!(r.json().get("completion_probabilities").is_none());
+    for (field, extra) in [("n_probs", json!({"n_probs": 21})), ("post_sampling_probs", json!({"n_probs": 2, "post_sampling_probs": true}))] {
+        let mut b = json!({"prompt": "Hi", "n_predict": 2});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let r = post(&srv, "/completion", b);
+        assert_eq!((r.status, r.json()["error"]["param"].as_str()), (400, Some(field)), "{}", r.body);
+    }
+}
