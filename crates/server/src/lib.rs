@@ -77,6 +77,8 @@ pub struct AppState {
     created: u64,
     /// DRY's breakers as found in the vocabulary, for the last few lists of texts asked for.
     breakers: Mutex<Vec<(Vec<String>, Arc<Breakers>)>>,
+    /// Sequences served at once (`--parallel`).
+    slots: usize,
 }
 
 /// Start the engine thread and build the router. The engine thread ends when the router (and
@@ -92,6 +94,7 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
     b.set_lookup(cfg.lookup, true).map_err(|e| e.to_string())?;
     cfg.ctx_size = cfg.ctx_size.min(b.max_context());
     let stats = b.stats();
+    let slots = b.engine().config().n_seq_max;
     let (tx, rx) = mpsc::channel();
     let handle = std::thread::Builder::new()
         .name("corelm-engine".into())
@@ -109,20 +112,26 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
         metrics: metrics::Metrics::default(),
         queued: Arc::new(AtomicU64::new(0)),
         breakers: Mutex::new(Vec::new()),
+        slots,
         created,
     });
     let router = Router::new()
         .route("/v1/chat/completions", post(chat))
+        .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embed::embeddings))
         .route("/v1/models", get(models))
         .route("/v1/models/{model}", get(model))
         .route("/completion", post(native::completion))
+        .route("/completions", post(native::completion))
+        .route("/props", get(native::props).post(native::set_props))
+        .route("/apply-template", post(native::apply_template))
         .route("/infill", post(native::infill))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/tokenizer_info", get(tokenizer_info))
         .route("/health", get(health))
+        .route("/v1/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .with_state(state);
@@ -482,36 +491,42 @@ fn encode(st: &AppState, text: &str, field: &str) -> Result<Vec<u32>, ApiError> 
     st.tok.encode(text, true, true).map_err(|e| ApiError::bad(field, e.to_string()))
 }
 
+/// A chat request's prompt text, as its template renders the messages (and the tools, with
+/// the constraint that holds their calls put in `params`), and how to read calls back.
+fn chat_prompt(st: &AppState, req: &ChatRequest, params: &mut GenParams, logprobs: Option<usize>) -> Result<(String, Option<respond::ToolAnswer>), ApiError> {
+    let msgs = req.messages()?;
+    let plan = req.tool_plan()?;
+    Ok(match plan {
+        // Earlier calls and results, as this template takes them.
+        None => {
+            let msgs = corelm_engine::tools::for_template(&msgs, &[], st.template.tool_format());
+            (st.template.render(&msgs, true).map_err(|e| ApiError::bad("messages", e.to_string()))?, None)
+        }
+        Some(plan) => {
+            if logprobs.is_some() {
+                return Err(ApiError::bad("logprobs", "logprobs together with tools is not supported"));
+            }
+            match params.constraint {
+                Some(Constraint::Json(_)) => return Err(ApiError::bad("response_format", "response_format together with tools is not supported")),
+                Some(Constraint::Grammar(_) | Constraint::Lazy(_)) => return Err(ApiError::bad("grammar", "grammar together with tools is not supported")),
+                None => {}
+            }
+            let (text, answer, held) = corelm_engine::tools::prompt(&st.template, &msgs, &plan.tools, &plan.choice, plan.parallel).map_err(|e| match e {
+                corelm_engine::Error::Schema(m) => ApiError::bad("tools", m),
+                e => ApiError::bad("messages", e.to_string()),
+            })?;
+            params.constraint = held;
+            (text, Some(respond::ToolAnswer { answer, tools: plan.tools }))
+        }
+    })
+}
+
 async fn chat(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
     let r = async {
         let (common, req): (_, ChatRequest) = read_request(&st, &headers, &body)?;
         let mut params = common.params()?;
         let logprobs = req.top_logprobs()?;
-        let msgs = req.messages()?;
-        let plan = req.tool_plan()?;
-        let (text, tools) = match plan {
-            // Earlier calls and results, as this template takes them.
-            None => {
-                let msgs = corelm_engine::tools::for_template(&msgs, &[], st.template.tool_format());
-                (st.template.render(&msgs, true).map_err(|e| ApiError::bad("messages", e.to_string()))?, None)
-            }
-            Some(plan) => {
-                if logprobs.is_some() {
-                    return Err(ApiError::bad("logprobs", "logprobs together with tools is not supported"));
-                }
-                match params.constraint {
-                    Some(Constraint::Json(_)) => return Err(ApiError::bad("response_format", "response_format together with tools is not supported")),
-                    Some(Constraint::Grammar(_) | Constraint::Lazy(_)) => return Err(ApiError::bad("grammar", "grammar together with tools is not supported")),
-                    None => {}
-                }
-                let (text, answer, held) = corelm_engine::tools::prompt(&st.template, &msgs, &plan.tools, &plan.choice, plan.parallel).map_err(|e| match e {
-                    corelm_engine::Error::Schema(m) => ApiError::bad("tools", m),
-                    e => ApiError::bad("messages", e.to_string()),
-                })?;
-                params.constraint = held;
-                (text, Some(respond::ToolAnswer { answer, tools: plan.tools }))
-            }
-        };
+        let (text, tools) = chat_prompt(&st, &req, &mut params, logprobs)?;
         let prompt = encode(&st, &text, "messages")?;
         let mut job = submit(&st, vec![prompt], params, logprobs, "chatcmpl", "messages")?;
         job.tools = tools;

@@ -19,6 +19,11 @@
 //! top_logprobs: [{id, token, bytes, logprob}; N]}`, the model's own distribution (before the
 //! sampling chain) — all of them in the final object, or one per streamed chunk.
 //! `post_sampling_probs` (the chain's distribution) is refused by name.
+//!
+//! Also llama-server's `GET /props` (the default generation settings, slots, context, chat
+//! template, BOS/EOS; `POST /props` changes nothing and says so) and `POST /apply-template`
+//! (a chat request's messages, and tools, rendered as the prompt the chat endpoint would
+//! generate after: `{"prompt"}`).
 
 use crate::api::{self, ApiError};
 use crate::{AppState, Job, S};
@@ -29,6 +34,7 @@ use axum::response::sse::{Event as Sse, Sse as SseResponse};
 use axum::response::{IntoResponse, Response};
 use corelm_engine::batcher::{Event, Finish, FinishReason, TokenLogprob};
 use corelm_engine::infill::Chunk;
+use corelm_engine::sample::{Breakers, Mirostat, SamplingParams};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -249,4 +255,58 @@ async fn answer(st: Arc<AppState>, mut job: Job, paths: Vec<String>) -> Response
         }
     });
     SseResponse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).into_response()
+}
+
+/// llama-server's `GET /props`.
+pub(crate) async fn props(State(st): S, headers: HeaderMap) -> Response {
+    let r = crate::check_auth(&st, &headers).map(|_| {
+        let d = SamplingParams::default();
+        let params = json!({
+            "n_predict": -1, "seed": -1, "temperature": d.temperature, "dynatemp_range": d.dynatemp_range,
+            "dynatemp_exponent": d.dynatemp_exponent, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p,
+            "top_n_sigma": d.top_n_sigma, "xtc_probability": d.xtc_probability, "xtc_threshold": d.xtc_threshold,
+            "typical_p": d.typical_p, "repeat_last_n": d.repeat_last_n, "repeat_penalty": d.repeat_penalty,
+            "presence_penalty": d.presence_penalty, "frequency_penalty": d.frequency_penalty,
+            "dry_multiplier": d.dry.multiplier, "dry_base": d.dry.base, "dry_allowed_length": d.dry.allowed_length,
+            "dry_penalty_last_n": d.dry.last_n, "dry_sequence_breakers": Breakers::DEFAULT,
+            "mirostat": match d.mirostat { Mirostat::Off => 0, Mirostat::V1 => 1, Mirostat::V2 => 2 },
+            "mirostat_tau": d.mirostat_tau, "mirostat_eta": d.mirostat_eta, "n_probs": 0, "min_keep": 0,
+            "stop": [], "ignore_eos": false, "stream": false, "post_sampling_probs": false,
+            "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+        });
+        let token = |t: Option<u32>| t.map_or(String::new(), |t| st.tok.text(t).to_string());
+        axum::Json(json!({
+            "default_generation_settings": {"params": params, "n_ctx": st.cfg.ctx_size},
+            "total_slots": st.slots,
+            "model_alias": st.cfg.model_id,
+            "model_path": st.cfg.model_id,
+            "modalities": {"vision": false, "audio": false, "video": false},
+            "chat_template": st.template_source.clone().unwrap_or_default(),
+            "bos_token": token(st.tok.bos),
+            "eos_token": token(st.tok.eos),
+            "build_info": concat!("corelm ", env!("CARGO_PKG_VERSION")),
+            "is_sleeping": false,
+        }))
+        .into_response()
+    });
+    crate::counted(&st, "props", r)
+}
+
+/// llama-server's `POST /props`: nothing here can be changed while serving.
+pub(crate) async fn set_props(State(st): S, headers: HeaderMap) -> Response {
+    let r = crate::check_auth(&st, &headers).and_then(|_| {
+        Err(ApiError::new(axum::http::StatusCode::NOT_IMPLEMENTED, "not_supported_error", None, "this server does not change its properties while serving"))
+    });
+    crate::counted(&st, "props", r)
+}
+
+/// llama-server's `POST /apply-template`: the prompt a chat request would generate after.
+pub(crate) async fn apply_template(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
+    let r = (|| {
+        let (common, req): (_, api::ChatRequest) = crate::read_request(&st, &headers, &body)?;
+        let mut params = common.params()?;
+        let (prompt, _) = crate::chat_prompt(&st, &req, &mut params, None)?;
+        Ok(axum::Json(json!({"prompt": prompt})).into_response())
+    })();
+    crate::counted(&st, "apply_template", r)
 }

@@ -116,3 +116,31 @@ fn completion_probabilities_on_the_native_endpoint() {
         assert_eq!((r.status, r.json()["error"]["param"].as_str()), (400, Some(field)), "{}", r.body);
     }
 }
+
+/// llama-server's `/props`, `/apply-template` and its route aliases.
+#[test]
+fn props_apply_template_and_llama_server_routes() {
+    let srv = start(3, 16, None);
+    let p = get(&srv, "/props");
+    assert_eq!(p.status, 200, "{}", p.body);
+    let v = p.json();
+    assert_eq!(v["total_slots"], 3);
+    assert_eq!(v["default_generation_settings"]["params"]["top_k"], 40);
+    assert_eq!(v["default_generation_settings"]["params"]["dry_sequence_breakers"], json!(["\n", ":", "\"", "*"]));
+    assert!(v["default_generation_settings"]["n_ctx"].as_u64().unwrap() > 0);
+    assert!(v["chat_template"].as_str().unwrap().contains("im_start"), "SmolLM2's template: {v}");
+    assert_eq!(v["eos_token"], "<|im_end|>");
+    assert_eq!(post(&srv, "/props", json!({})).status, 501);
+
+    // The prompt the chat endpoint generates after: the same answer from /completion.
+    let msgs = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]);
+    let t = post(&srv, "/apply-template", json!({"messages": msgs}));
+    assert_eq!(t.status, 200, "{}", t.body);
+    let prompt = t.json()["prompt"].as_str().unwrap().to_string();
+    assert!(prompt.starts_with("<|im_start|>system\nBe brief.<|im_end|>\n") && prompt.ends_with("<|im_start|>assistant\n"), "{prompt:?}");
+    let chat = post(&srv, "/chat/completions", json!({"messages": msgs, "max_tokens": 12, "temperature": 0})).json();
+    let native = post(&srv, "/completions", json!({"prompt": prompt, "n_predict": 12, "temperature": 0})).json();
+    assert_eq!(chat["choices"][0]["message"]["content"], native["content"], "{chat} {native}");
+    assert_eq!(post(&srv, "/apply-template", json!({"messages": "nope"})).status, 400);
+    assert_eq!(get(&srv, "/v1/health").status, 200);
+}
