@@ -4,7 +4,8 @@
 //! * [`tokenizer`]: GGUF vocabulary → `tokenizers` BPE (byte-level or SentencePiece-style),
 //!   byte-exact pieces and a UTF-8-safe stream.
 //! * [`chat`]: chat templates from the GGUF rendered with minijinja, built-in ones when absent.
-//! * [`sample`]: greedy, temperature, top-k/top-p/min-p, penalties, seeded RNG.
+//! * [`sample`]: llama.cpp's chain — penalties, DRY, top-nσ, top-k, typical, top-p, min-p, XTC,
+//!   temperature (or dynamic), Mirostat — and a seeded draw.
 //! * [`generate`]: prompt → stream of tokens with stop conditions.
 //! * [`batcher`]: continuous batching for serving — requests in, token events out, on the
 //!   engine thread (no HTTP here).

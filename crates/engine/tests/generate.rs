@@ -14,7 +14,7 @@ use corelm_engine::batcher::{Batcher, Event, FinishReason};
 use corelm_engine::constraint::{Constraint, Lazy, Trigger};
 use corelm_engine::generate::{generate, GenerateParams, StopReason};
 use corelm_engine::grammar::Grammar;
-use corelm_engine::sample::SamplingParams;
+use corelm_engine::sample::{Breakers, Dry, Mirostat, SamplingParams};
 use corelm_engine::{Engine, EngineConfig, Tokenizer};
 use std::sync::{Arc, Mutex};
 
@@ -141,20 +141,26 @@ fn lookup_drafts_in_generate_change_nothing_but_the_passes() {
     let cfg = EngineConfig { n_batch: 48, batch_invariant: true, ..test_config(2) };
     let (mut engine, tok) = load("SmolLM2-135M-Instruct.Q4_1.gguf", cfg);
     let list = Constraint::Grammar(Arc::new(Grammar::parse(r#"root ::= ("- " [a-z]+ " " [a-z]+ "\n")+"#).unwrap()));
-    let cases: Vec<(&str, f32, Vec<String>, Option<Constraint>)> = vec![
-        ("Copy the list exactly, three times:\n- red apple\n- green pear\n- blue plum\n", 0.0, vec![], None),
-        ("fn add(a: i32, b: i32) -> i32 { a + b }\nfn sub(a: i32, b: i32) -> i32 { a - b }\nfn mul(", 0.7, vec![], None),
-        ("Copy the list:\n- red apple\n- green pear\n- blue plum\nCopy:\n", 0.0, vec!["plum".into()], None),
-        ("Copy the list:\n- red apple\n- green pear\n- blue plum\nCopy:\n", 0.0, vec![], Some(list.clone())),
-        ("Copy the list:\n- red apple\n- green pear\n- blue plum\nCopy:\n", 0.7, vec![], Some(lazy("green", r#"root ::= "green " [a-z]+ "\n""#, true))),
+    let breakers = Arc::new(Breakers::new(&tok, &Breakers::DEFAULT));
+    let dry = Dry { multiplier: 0.8, breakers, ..Dry::default() };
+    // llama.cpp's other samplers: state carried from token to token (Mirostat's target, DRY's
+    // window, XTC's draws) must come out the same with drafts.
+    let miro = SamplingParams { temperature: 0.8, seed: 5, mirostat: Mirostat::V2, dry: dry.clone(), ..Default::default() };
+    let cuts = SamplingParams { temperature: 0.7, seed: 6, dry, typical_p: 0.9, xtc_probability: 0.5, dynatemp_range: 0.3, top_n_sigma: 2.0, ..Default::default() };
+    let greedy = SamplingParams::greedy;
+    let sampled = |t: f32, seed: u64| SamplingParams { temperature: t, seed, repeat_penalty: 1.1, ..greedy() };
+    let cases: Vec<(&str, SamplingParams, Vec<String>, Option<Constraint>)> = vec![
+        ("Copy the list exactly, three times:\n- red apple\n- green pear\n- blue plum\n", greedy(), vec![], None),
+        ("fn add(a: i32, b: i32) -> i32 { a + b }\nfn sub(a: i32, b: i32) -> i32 { a - b }\nfn mul(", sampled(0.7, 12), vec![], None),
+        ("Copy the list:\n- red apple\n- green pear\n- blue plum\nCopy:\n", greedy(), vec!["plum".into()], None),
+        ("Copy the list:\n- red apple\n- green pear\n- blue plum\nCopy:\n", greedy(), vec![], Some(list.clone())),
+        ("Copy the list:\n- red apple\n- green pear\n- blue plum\nCopy:\n", sampled(0.7, 15), vec![], Some(lazy("green", r#"root ::= "green " [a-z]+ "\n""#, true))),
+        ("Copy the list exactly, three times:\n- red apple\n- green pear\n- blue plum\n", miro, vec![], None),
+        ("fn add(a: i32, b: i32) -> i32 { a + b }\nfn sub(a: i32, b: i32) -> i32 { a - b }\nfn mul(", cuts, vec![], None),
     ];
     let (mut drafted, mut kept) = (0, 0);
-    for (i, (text, temp, stop, c)) in cases.iter().enumerate() {
+    for (i, (text, sampling, stop, c)) in cases.iter().enumerate() {
         let prompt = tok.encode(text, true, true).unwrap();
-        let mut sampling = SamplingParams::greedy();
-        if *temp > 0.0 {
-            sampling = SamplingParams { temperature: *temp, seed: 11 + i as u64, repeat_penalty: 1.1, ..sampling };
-        }
         let answer = |engine: &mut Engine, lookup: usize| {
             engine.clear_all();
             let params = GenerateParams { max_tokens: 48, sampling: sampling.clone(), stop: stop.clone(), constraint: c.clone(), lookup, ..Default::default() };
