@@ -15,65 +15,8 @@ pub(crate) struct SampleArgs {
     /// Tokens to generate.
     #[arg(short = 'n', long, default_value_t = 128)]
     pub(crate) n_predict: usize,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.8)]
-    pub(crate) temp: f32,
-    #[arg(long, default_value_t = 40)]
-    pub(crate) top_k: usize,
-    #[arg(long, default_value_t = 0.95)]
-    pub(crate) top_p: f32,
-    #[arg(long, default_value_t = 0.05)]
-    pub(crate) min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
-    pub(crate) repeat_penalty: f32,
-    #[arg(long, default_value_t = 64)]
-    pub(crate) repeat_last_n: usize,
-    #[arg(long, default_value_t = 0.0)]
-    pub(crate) frequency_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
-    pub(crate) presence_penalty: f32,
-    /// Locally typical sampling's mass (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    typical: f32,
-    /// Keep the logits within N standard deviations of the best (-1 = off).
-    #[arg(long, value_name = "N", default_value_t = -1.0)]
-    top_n_sigma: f32,
-    /// XTC: the chance per token of removing the likely tokens (0 = off) ...
-    #[arg(long, default_value_t = 0.0)]
-    xtc_probability: f32,
-    /// ... those at or above this probability, but the least likely of them (> 0.5 = off).
-    #[arg(long, default_value_t = 0.1)]
-    xtc_threshold: f32,
-    /// Dynamic temperature: temp ± this range, by the candidates' entropy (0 = off).
-    #[arg(long, default_value_t = 0.0)]
-    dynatemp_range: f32,
-    #[arg(long, default_value_t = 1.0)]
-    dynatemp_exp: f32,
-    /// Mirostat 1 or 2 in place of the cuts (0 = off; no penalties then, as llama.cpp).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
-    mirostat: u8,
-    /// Mirostat's learning rate (eta).
-    #[arg(long, default_value_t = 0.1)]
-    mirostat_lr: f32,
-    /// Mirostat's target surprise (tau).
-    #[arg(long, default_value_t = 5.0)]
-    mirostat_ent: f32,
-    /// DRY: a token that would extend a repeat loses multiplier·base^(length − allowed) from
-    /// its logit (0 = off).
-    #[arg(long, default_value_t = 0.0)]
-    dry_multiplier: f32,
-    #[arg(long, default_value_t = 1.75)]
-    dry_base: f32,
-    /// Repeats up to this long are free.
-    #[arg(long, default_value_t = 2)]
-    dry_allowed_length: usize,
-    /// How many recent tokens DRY searches (0 = off).
-    #[arg(long, default_value_t = 64)]
-    dry_penalty_last_n: usize,
-    /// A text that ends DRY's look back (repeatable; replaces the defaults "\n", ":", "\"",
-    /// "*"; `none` for none).
-    #[arg(long, value_name = "TEXT")]
-    dry_sequence_breaker: Vec<String>,
+    #[command(flatten)]
+    pub(crate) chain: ChainArgs,
     /// RNG seed.
     #[arg(short, long, default_value_t = 0xC0FFEE)]
     pub(crate) seed: u64,
@@ -136,51 +79,127 @@ pub(crate) fn gen_params(s: &SampleArgs, tok: &Tokenizer) -> Result<GeneratePara
         let triggers = s.grammar_trigger.iter().map(|w| Trigger::Word(w.clone())).collect();
         constraint = Some(Constraint::Lazy(std::sync::Arc::new(Lazy::new(triggers, then, false).context("--grammar-trigger")?)));
     }
-    let mut dry = Dry {
-        multiplier: s.dry_multiplier,
-        base: s.dry_base,
-        allowed_length: s.dry_allowed_length,
-        last_n: s.dry_penalty_last_n,
-        breakers: Default::default(),
-    };
-    if dry.is_on() {
-        let texts: Vec<&str> = match s.dry_sequence_breaker.as_slice() {
-            [] => Breakers::DEFAULT.to_vec(),
-            [none] if none == "none" => vec![],
-            b => b.iter().map(String::as_str).collect(),
-        };
-        dry.breakers = std::sync::Arc::new(Breakers::new(tok, &texts));
-    }
     Ok(GenerateParams {
         max_tokens: s.n_predict,
-        sampling: SamplingParams {
-            temperature: s.temp,
-            top_k: s.top_k,
-            top_p: s.top_p,
-            min_p: s.min_p,
-            repeat_penalty: s.repeat_penalty,
-            repeat_last_n: s.repeat_last_n,
-            frequency_penalty: s.frequency_penalty,
-            presence_penalty: s.presence_penalty,
-            seed: s.seed,
-            logit_bias: s.logit_bias.clone(),
-            typical_p: s.typical,
-            top_n_sigma: s.top_n_sigma,
-            xtc_probability: s.xtc_probability,
-            xtc_threshold: s.xtc_threshold,
-            dynatemp_range: s.dynatemp_range,
-            dynatemp_exponent: s.dynatemp_exp,
-            mirostat: [Mirostat::Off, Mirostat::V1, Mirostat::V2][s.mirostat as usize],
-            mirostat_tau: s.mirostat_ent,
-            mirostat_eta: s.mirostat_lr,
-            dry,
-        },
+        sampling: SamplingParams { seed: s.seed, logit_bias: s.logit_bias.clone(), ..s.chain.params(tok) },
         stop: s.stop.clone(),
         seq: 0,
         ignore_eos: s.ignore_eos,
         constraint,
         lookup: s.lookup,
     })
+}
+
+/// The sampler chain's flags, llama.cpp's names and defaults: `run` and `chat` sample with
+/// them, `serve` takes them as the defaults of requests that leave a field out.
+#[derive(Args, Clone)]
+pub(crate) struct ChainArgs {
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub(crate) temp: f32,
+    #[arg(long, default_value_t = 40)]
+    pub(crate) top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    pub(crate) top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    pub(crate) min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) repeat_penalty: f32,
+    #[arg(long, default_value_t = 64)]
+    pub(crate) repeat_last_n: usize,
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) frequency_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) presence_penalty: f32,
+    /// Locally typical sampling's mass (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) typical: f32,
+    /// Keep the logits within N standard deviations of the best (-1 = off).
+    #[arg(long, value_name = "N", default_value_t = -1.0)]
+    pub(crate) top_n_sigma: f32,
+    /// XTC: the chance per token of removing the likely tokens (0 = off) ...
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) xtc_probability: f32,
+    /// ... those at or above this probability, but the least likely of them (> 0.5 = off).
+    #[arg(long, default_value_t = 0.1)]
+    pub(crate) xtc_threshold: f32,
+    /// Dynamic temperature: temp ± this range, by the candidates' entropy (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) dynatemp_range: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) dynatemp_exp: f32,
+    /// Mirostat 1 or 2 in place of the cuts (0 = off; no penalties then, as llama.cpp).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
+    pub(crate) mirostat: u8,
+    /// Mirostat's learning rate (eta).
+    #[arg(long, default_value_t = 0.1)]
+    pub(crate) mirostat_lr: f32,
+    /// Mirostat's target surprise (tau).
+    #[arg(long, default_value_t = 5.0)]
+    pub(crate) mirostat_ent: f32,
+    /// DRY: a token that would extend a repeat loses multiplier·base^(length − allowed) from
+    /// its logit (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) dry_multiplier: f32,
+    #[arg(long, default_value_t = 1.75)]
+    pub(crate) dry_base: f32,
+    /// Repeats up to this long are free.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) dry_allowed_length: usize,
+    /// How many recent tokens DRY searches (0 = off).
+    #[arg(long, default_value_t = 64)]
+    pub(crate) dry_penalty_last_n: usize,
+    /// A text that ends DRY's look back (repeatable; replaces the defaults "\n", ":", "\"",
+    /// "*"; `none` for none).
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) dry_sequence_breaker: Vec<String>,
+}
+
+impl ChainArgs {
+    /// DRY's breaker texts: the defaults unless given (`none`: none).
+    pub(crate) fn breaker_texts(&self) -> Vec<String> {
+        match self.dry_sequence_breaker.as_slice() {
+            [] => Breakers::DEFAULT.map(String::from).to_vec(),
+            [none] if none == "none" => vec![],
+            b => b.to_vec(),
+        }
+    }
+
+    /// The chain (seed and biases left at their defaults); DRY's breakers found in `tok`'s
+    /// vocabulary when DRY is on.
+    pub(crate) fn params(&self, tok: &Tokenizer) -> SamplingParams {
+        let mut dry = Dry {
+            multiplier: self.dry_multiplier,
+            base: self.dry_base,
+            allowed_length: self.dry_allowed_length,
+            last_n: self.dry_penalty_last_n,
+            breakers: Default::default(),
+        };
+        if dry.is_on() {
+            dry.breakers = std::sync::Arc::new(Breakers::new(tok, &self.breaker_texts()));
+        }
+        SamplingParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            typical_p: self.typical,
+            top_n_sigma: self.top_n_sigma,
+            xtc_probability: self.xtc_probability,
+            xtc_threshold: self.xtc_threshold,
+            dynatemp_range: self.dynatemp_range,
+            dynatemp_exponent: self.dynatemp_exp,
+            mirostat: [Mirostat::Off, Mirostat::V1, Mirostat::V2][self.mirostat as usize],
+            mirostat_tau: self.mirostat_ent,
+            mirostat_eta: self.mirostat_lr,
+            dry,
+            ..Default::default()
+        }
+    }
 }
 
 /// `--logit-bias ID+BIAS` / `ID-BIAS` (llama.cpp's form; `-inf` bans).

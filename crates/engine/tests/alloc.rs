@@ -1,5 +1,6 @@
-//! Invariant: after planning, decoding token after token allocates nothing. A counting global
-//! allocator watches a run of single-token decodes on a real model.
+//! Invariant: after planning, decoding token after token allocates nothing, and neither does
+//! sampling. A counting global allocator watches a run of single-token decodes on a real
+//! model, and the sampler's every stage; the tests take turns, since the counter is global.
 
 mod common;
 
@@ -12,6 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 struct Counting;
 static COUNTING: AtomicBool = AtomicBool::new(false);
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+/// Held by each test: another test's allocations would count in this one's window.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 // SAFETY: forwards to the system allocator; only counts.
 unsafe impl GlobalAlloc for Counting {
@@ -33,6 +36,7 @@ static GLOBAL: Counting = Counting;
 
 #[test]
 fn decoding_allocates_nothing_per_token() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // Every model without tensor parallelism, and with two shards (virtual nodes).
     let runs = MODELS.iter().map(|m| (m.1, 1)).chain(MODELS.iter().map(|m| (m.1, 2)));
     for (file, tp) in runs {
@@ -69,6 +73,7 @@ fn decoding_allocates_nothing_per_token() {
 /// Mirostat 1 and 2) samples without allocating once built.
 #[test]
 fn sampling_allocates_nothing_per_token() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     use corelm_engine::sample::{Breakers, Dry, Mirostat};
     let n_vocab = 5000;
     let breakers = std::sync::Arc::new(Breakers::from_tokens(&[vec![3], vec![7, 8]]));

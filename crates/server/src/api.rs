@@ -280,6 +280,21 @@ pub struct GenParams {
     pub dry_breakers: Option<Vec<String>>,
 }
 
+/// What a request that leaves a sampling field out gets (`serve`'s sampling flags; by
+/// default llama-server's defaults).
+#[derive(Clone, Debug)]
+pub struct RequestDefaults {
+    pub sampling: SamplingParams,
+    /// DRY's breaker texts.
+    pub dry_breakers: Vec<String>,
+}
+
+impl Default for RequestDefaults {
+    fn default() -> Self {
+        RequestDefaults { sampling: SamplingParams::default(), dry_breakers: Breakers::DEFAULT.map(String::from).to_vec() }
+    }
+}
+
 /// `repeat_last_n` or `dry_penalty_last_n` of −1: the whole context, settled at admission.
 pub const WHOLE_CONTEXT: usize = usize::MAX;
 
@@ -323,14 +338,14 @@ impl Common {
         Ok(out)
     }
 
-    /// Validate the shared fields. Defaults follow llama.cpp's server (temperature 0.8,
-    /// top_k 40, top_p 0.95, min_p 0.05); a missing seed draws a fresh one.
-    pub fn params(&self) -> Result<GenParams, ApiError> {
-        self.params_with(false)
+    /// Validate the shared fields; a field left out takes its value from `d` (llama-server's
+    /// defaults unless `serve` was given others); a missing seed draws a fresh one.
+    pub fn params(&self, d: &RequestDefaults) -> Result<GenParams, ApiError> {
+        self.params_with(d, false)
     }
 
     /// [`Self::params`]; `max_tokens: 0` taken when `zero_tokens` (an echoed prompt, only scored).
-    pub fn params_with(&self, zero_tokens: bool) -> Result<GenParams, ApiError> {
+    pub fn params_with(&self, d: &RequestDefaults, zero_tokens: bool) -> Result<GenParams, ApiError> {
         let n = match self.n {
             None => 1,
             Some(n) if (1..=MAX_CHOICES as u64).contains(&n) => n as usize,
@@ -373,7 +388,7 @@ impl Common {
             None => None,
         };
         let top_k = match self.top_k {
-            None => 40,
+            None => d.sampling.top_k,
             Some(k) if k <= 0 => 0,
             Some(k) => k as usize,
         };
@@ -387,19 +402,20 @@ impl Common {
             let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
             t.as_nanos() as u64 ^ 0x5DEE_CE66_D1CE_4E5B
         });
+        let ds = &d.sampling;
         let sampling = SamplingParams {
-            temperature: range("temperature", self.temperature, 0.0, 2.0, 0.8)?,
+            temperature: range("temperature", self.temperature, 0.0, 2.0, ds.temperature)?,
             top_k,
-            top_p: range("top_p", self.top_p, 0.0, 1.0, 0.95)?.max(f32::MIN_POSITIVE),
-            min_p: range("min_p", self.min_p, 0.0, 1.0, 0.05)?,
-            repeat_penalty: range("repeat_penalty", self.repeat_penalty, 0.0, 10.0, 1.0)?.max(f32::MIN_POSITIVE),
-            frequency_penalty: range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, 0.0)?,
-            presence_penalty: range("presence_penalty", self.presence_penalty, -2.0, 2.0, 0.0)?,
+            top_p: range("top_p", self.top_p, 0.0, 1.0, ds.top_p)?.max(f32::MIN_POSITIVE),
+            min_p: range("min_p", self.min_p, 0.0, 1.0, ds.min_p)?,
+            repeat_penalty: range("repeat_penalty", self.repeat_penalty, 0.0, 10.0, ds.repeat_penalty)?.max(f32::MIN_POSITIVE),
+            frequency_penalty: range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, ds.frequency_penalty)?,
+            presence_penalty: range("presence_penalty", self.presence_penalty, -2.0, 2.0, ds.presence_penalty)?,
             seed,
             logit_bias: self.logit_bias()?,
-            ..self.other_samplers()?
+            ..self.other_samplers(ds)?
         };
-        let dry_breakers = sampling.dry.is_on().then(|| self.dry_sequence_breakers.clone().unwrap_or_else(|| Breakers::DEFAULT.map(String::from).to_vec()));
+        let dry_breakers = sampling.dry.is_on().then(|| self.dry_sequence_breakers.clone().unwrap_or_else(|| d.dry_breakers.clone()));
         Ok(GenParams {
             max_tokens,
             sampling,
@@ -415,8 +431,8 @@ impl Common {
     }
 
     /// llama-server's samplers beyond OpenAI's, with its defaults and ranges.
-    fn other_samplers(&self) -> Result<SamplingParams, ApiError> {
-        let d = SamplingParams::default();
+    fn other_samplers(&self, d: &SamplingParams) -> Result<SamplingParams, ApiError> {
+        let d = d.clone();
         let last_n = |field: &str, v: Option<i64>, default: usize| match v {
             None => Ok(default),
             Some(-1) => Ok(WHOLE_CONTEXT),

@@ -59,6 +59,8 @@ pub struct ServeConfig {
     pub pooling: Pooling,
     /// Most prompt-lookup draft tokens a decoding request feeds per step (0: off).
     pub lookup: usize,
+    /// The sampling of a request that leaves fields out.
+    pub defaults: api::RequestDefaults,
 }
 
 pub struct AppState {
@@ -524,7 +526,7 @@ fn chat_prompt(st: &AppState, req: &ChatRequest, params: &mut GenParams, logprob
 async fn chat(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
     let r = async {
         let (common, req): (_, ChatRequest) = read_request(&st, &headers, &body)?;
-        let mut params = common.params()?;
+        let mut params = common.params(&st.cfg.defaults)?;
         let logprobs = req.top_logprobs()?;
         let (text, tools) = chat_prompt(&st, &req, &mut params, logprobs)?;
         let prompt = encode(&st, &text, "messages")?;
@@ -539,7 +541,7 @@ async fn chat(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
 async fn completions(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
     let r = async {
         let (common, req): (_, CompletionRequest) = read_request(&st, &headers, &body)?;
-        let mut params = common.params_with(req.echo)?;
+        let mut params = common.params_with(&st.cfg.defaults, req.echo)?;
         let logprobs = req.top_logprobs()?;
         if req.echo {
             if req.suffix.is_some() {

@@ -34,7 +34,7 @@ use axum::response::sse::{Event as Sse, Sse as SseResponse};
 use axum::response::{IntoResponse, Response};
 use corelm_engine::batcher::{Event, Finish, FinishReason, TokenLogprob};
 use corelm_engine::infill::Chunk;
-use corelm_engine::sample::{Breakers, Mirostat, SamplingParams};
+use corelm_engine::sample::Mirostat;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -91,7 +91,7 @@ fn read(st: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<(Value, crate
     }
     let common: api::Common = api::fields(&body)?;
     crate::check_model(st, &common.model)?;
-    let params = common.params()?;
+    let params = common.params(&st.cfg.defaults)?;
     if params.n != 1 {
         return Err(ApiError::bad("n", "llama.cpp's endpoints answer one completion"));
     }
@@ -260,7 +260,7 @@ async fn answer(st: Arc<AppState>, mut job: Job, paths: Vec<String>) -> Response
 /// llama-server's `GET /props`.
 pub(crate) async fn props(State(st): S, headers: HeaderMap) -> Response {
     let r = crate::check_auth(&st, &headers).map(|_| {
-        let d = SamplingParams::default();
+        let d = &st.cfg.defaults.sampling;
         let params = json!({
             "n_predict": -1, "seed": -1, "temperature": d.temperature, "dynatemp_range": d.dynatemp_range,
             "dynatemp_exponent": d.dynatemp_exponent, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p,
@@ -268,7 +268,7 @@ pub(crate) async fn props(State(st): S, headers: HeaderMap) -> Response {
             "typical_p": d.typical_p, "repeat_last_n": d.repeat_last_n, "repeat_penalty": d.repeat_penalty,
             "presence_penalty": d.presence_penalty, "frequency_penalty": d.frequency_penalty,
             "dry_multiplier": d.dry.multiplier, "dry_base": d.dry.base, "dry_allowed_length": d.dry.allowed_length,
-            "dry_penalty_last_n": d.dry.last_n, "dry_sequence_breakers": Breakers::DEFAULT,
+            "dry_penalty_last_n": d.dry.last_n, "dry_sequence_breakers": st.cfg.defaults.dry_breakers,
             "mirostat": match d.mirostat { Mirostat::Off => 0, Mirostat::V1 => 1, Mirostat::V2 => 2 },
             "mirostat_tau": d.mirostat_tau, "mirostat_eta": d.mirostat_eta, "n_probs": 0, "min_keep": 0,
             "stop": [], "ignore_eos": false, "stream": false, "post_sampling_probs": false,
@@ -304,7 +304,7 @@ pub(crate) async fn set_props(State(st): S, headers: HeaderMap) -> Response {
 pub(crate) async fn apply_template(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
     let r = (|| {
         let (common, req): (_, api::ChatRequest) = crate::read_request(&st, &headers, &body)?;
-        let mut params = common.params()?;
+        let mut params = common.params(&st.cfg.defaults)?;
         let (prompt, _) = crate::chat_prompt(&st, &req, &mut params, None)?;
         Ok(axum::Json(json!({"prompt": prompt})).into_response())
     })();

@@ -144,3 +144,25 @@ fn props_apply_template_and_llama_server_routes() {
     assert_eq!(post(&srv, "/apply-template", json!({"messages": "nope"})).status, 400);
     assert_eq!(get(&srv, "/v1/health").status, 200);
 }
+
+/// `serve`'s sampling flags are the defaults of requests that leave those fields out.
+#[test]
+fn server_defaults_fill_the_fields_a_request_leaves_out() {
+    use corelm_engine::sample::{Dry, SamplingParams};
+    use corelm_server::api::RequestDefaults;
+    let sampling = SamplingParams { temperature: 0.0, dry: Dry { multiplier: 1.0, ..Dry::default() }, ..Default::default() };
+    let srv = start_defaults(1, RequestDefaults { sampling, ..Default::default() });
+    let plain = start(1, 16, None);
+    let prompt = "Write the line \"the cat sat on the mat\" five times:\n";
+    let got = post(&srv, "/v1/completions", json!({"prompt": prompt, "max_tokens": 32}));
+    let want = post(&plain, "/v1/completions", json!({"prompt": prompt, "max_tokens": 32, "temperature": 0, "dry_multiplier": 1.0}));
+    assert_eq!(text(&got.json()), text(&want.json()));
+    // A field the request gives wins: DRY off again repeats the line.
+    let off = post(&srv, "/v1/completions", json!({"prompt": prompt, "max_tokens": 32, "dry_multiplier": 0}));
+    let greedy = post(&plain, "/v1/completions", json!({"prompt": prompt, "max_tokens": 32, "temperature": 0}));
+    assert_eq!(text(&off.json()), text(&greedy.json()));
+    assert_ne!(text(&off.json()), text(&got.json()));
+    let props = get(&srv, "/props").json();
+    assert_eq!(props["default_generation_settings"]["params"]["temperature"], 0.0);
+    assert_eq!(props["default_generation_settings"]["params"]["dry_multiplier"], 1.0);
+}

@@ -27,6 +27,15 @@ pub fn start_tp(parallel: usize, max_queue: usize, api_key: Option<&str>, tp: us
 
 /// A server of the model file `model` (no `.gguf`).
 pub fn start_model(model: &str, parallel: usize, max_queue: usize, api_key: Option<&str>, tp: usize) -> Server {
+    start_cfg(model, parallel, max_queue, api_key, tp, Default::default())
+}
+
+/// A server whose requests take `defaults` for the sampling fields they leave out.
+pub fn start_defaults(parallel: usize, defaults: corelm_server::api::RequestDefaults) -> Server {
+    start_cfg(MODEL, parallel, 16, None, 1, defaults)
+}
+
+fn start_cfg(model: &str, parallel: usize, max_queue: usize, api_key: Option<&str>, tp: usize, defaults: corelm_server::api::RequestDefaults) -> Server {
     let path = corelm_engine::models_dir().join(format!("{model}.gguf"));
     assert!(path.exists(), "{} missing: run scripts/fetch_models.py all", path.display());
     let cfg = EngineConfig {
@@ -41,7 +50,7 @@ pub fn start_model(model: &str, parallel: usize, max_queue: usize, api_key: Opti
     };
     let engine = Engine::load(&path, cfg).unwrap();
     let tok = Tokenizer::from_gguf(engine.gguf()).unwrap();
-    let scfg = ServeConfig { model_id: model.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1), pooling: corelm_engine::embed::Pooling::Mean, lookup: 0 };
+    let scfg = ServeConfig { model_id: model.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1), pooling: corelm_engine::embed::Pooling::Mean, lookup: 0, defaults };
     let (router, _engine) = corelm_server::app(engine, tok, scfg).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
