@@ -454,7 +454,8 @@ fn main() -> Result<()> {
                     tok.encode(&text, true, true)?
                 }
             };
-            let g = generate(&mut engine, &tok, &ids, &sampling::gen_params(&sample, &tok)?, print_stream)?;
+            let params = sampling::gen_params(&sample, &tok, engine.config().n_ctx)?;
+            let g = generate(&mut engine, &tok, &ids, &params, print_stream)?;
             println!();
             eprintln!(
                 "[{} prompt tokens in {:.3} s = {:.1} t/s; {} generated in {:.3} s = {:.1} t/s; stop: {:?}; {} threads, {} kernels]",
@@ -612,7 +613,7 @@ fn chat(model: &ModelArgs, sample: &sampling::SampleArgs, system: Option<String>
     let tmpl = ChatTemplate::from_gguf(engine.gguf(), &tok)?;
     let mut msgs: Vec<Message> = system.iter().map(|s| Message::new("system", s)).collect();
     let mut in_kv = String::new(); // the text whose tokens are in the KV cache
-    let params = sampling::gen_params(sample, &tok)?;
+    let params = sampling::gen_params(sample, &tok, engine.config().n_ctx)?;
     let stdin = std::io::stdin();
     loop {
         eprint!("> ");

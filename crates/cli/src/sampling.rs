@@ -56,7 +56,7 @@ pub(crate) struct SampleArgs {
     pub(crate) lookup: usize,
 }
 
-pub(crate) fn gen_params(s: &SampleArgs, tok: &Tokenizer) -> Result<GenerateParams> {
+pub(crate) fn gen_params(s: &SampleArgs, tok: &Tokenizer, n_ctx: usize) -> Result<GenerateParams> {
     let json = match &s.json_schema {
         Some(f) => {
             let text = std::fs::read_to_string(f).with_context(|| format!("cannot read --json-schema {}", f.display()))?;
@@ -81,7 +81,7 @@ pub(crate) fn gen_params(s: &SampleArgs, tok: &Tokenizer) -> Result<GeneratePara
     }
     Ok(GenerateParams {
         max_tokens: s.n_predict,
-        sampling: SamplingParams { seed: s.seed, logit_bias: s.logit_bias.clone(), ..s.chain.params(tok) },
+        sampling: SamplingParams { seed: s.seed, logit_bias: s.logit_bias.clone(), ..s.chain.params(tok, n_ctx) },
         stop: s.stop.clone(),
         seq: 0,
         ignore_eos: s.ignore_eos,
@@ -166,13 +166,14 @@ impl ChainArgs {
     }
 
     /// The chain (seed and biases left at their defaults); DRY's breakers found in `tok`'s
-    /// vocabulary when DRY is on.
-    pub(crate) fn params(&self, tok: &Tokenizer) -> SamplingParams {
+    /// vocabulary when DRY is on. The look-backs are cut to the context, `n_ctx`, which is
+    /// all there is to look back on.
+    pub(crate) fn params(&self, tok: &Tokenizer, n_ctx: usize) -> SamplingParams {
         let mut dry = Dry {
             multiplier: self.dry_multiplier,
             base: self.dry_base,
             allowed_length: self.dry_allowed_length,
-            last_n: self.dry_penalty_last_n,
+            last_n: self.dry_penalty_last_n.min(n_ctx),
             breakers: Default::default(),
         };
         if dry.is_on() {
@@ -184,7 +185,7 @@ impl ChainArgs {
             top_p: self.top_p,
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
-            repeat_last_n: self.repeat_last_n,
+            repeat_last_n: self.repeat_last_n.min(n_ctx),
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
             typical_p: self.typical,

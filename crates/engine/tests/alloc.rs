@@ -16,11 +16,21 @@ static ALLOCS: AtomicUsize = AtomicUsize::new(0);
 /// Held by each test: another test's allocations would count in this one's window.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+thread_local! {
+    /// Count this thread's allocations alone (the sampler runs on the caller's thread; the
+    /// engine's workers of an earlier test may still be winding down).
+    static HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static HERE_ALLOCS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 // SAFETY: forwards to the system allocator; only counts.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         if COUNTING.load(Ordering::Relaxed) {
             ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        if HERE.try_with(|h| h.get()).unwrap_or(false) {
+            let _ = HERE_ALLOCS.try_with(|n| n.set(n.get() + 1));
         }
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(l) }
@@ -94,15 +104,15 @@ fn sampling_allocates_nothing_per_token() {
         let mut logits: Vec<f32> = (0..n_vocab).map(|i| ((i * 7919) % 1009) as f32 / 100.0).collect();
         for step in 0..80 {
             if step == 2 {
-                ALLOCS.store(0, Ordering::Relaxed);
-                COUNTING.store(true, Ordering::Relaxed);
+                HERE_ALLOCS.with(|n| n.set(0));
+                HERE.with(|h| h.set(true));
             }
             let t = sampler.sample(&logits);
             // Repeat a short cycle so that DRY finds repeats.
             sampler.accept(t % 4);
             logits[t as usize] -= 0.5;
         }
-        COUNTING.store(false, Ordering::Relaxed);
-        assert_eq!(ALLOCS.load(Ordering::Relaxed), 0, "{:?}: allocations while sampling", sampler.params.mirostat);
+        HERE.with(|h| h.set(false));
+        assert_eq!(HERE_ALLOCS.with(|n| n.get()), 0, "{:?}: allocations while sampling", sampler.params.mirostat);
     }
 }

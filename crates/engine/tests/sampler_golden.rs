@@ -184,3 +184,15 @@ fn penalties_hit_their_tokens_beside_a_banned_one() {
     s.accept(3);
     assert_eq!(s.sample(&logits), 4, "token 3's logit 5 / 10 falls below token 4's");
 }
+
+/// A look-back longer than any context (a careless flag) does not allocate itself up front.
+#[test]
+fn a_window_past_any_context_is_not_allocated_whole() {
+    let dry = Dry { multiplier: 1.0, last_n: 1 << 40, ..Dry::default() };
+    let p = SamplingParams { temperature: 0.0, repeat_penalty: 1.5, repeat_last_n: 1 << 40, dry, ..Default::default() };
+    let mut s = Sampler::new(p, 4).unwrap();
+    for t in [3, 3, 3] {
+        s.accept(t);
+    }
+    assert_eq!(s.sample(&[0.0, 1.0, 2.0, 2.5]), 2, "token 3 penalised");
+}

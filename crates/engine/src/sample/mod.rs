@@ -220,16 +220,19 @@ impl Sampler {
         }
         let dry_n = if params.dry.is_on() { params.dry.last_n } else { 0 };
         let window = params.repeat_last_n.max(dry_n);
+        // Buffers for up to a million-token context up front (a window past any context, as a
+        // careless flag asks, must not allocate it whole).
+        let room = |n: usize| n.min(1 << 20);
         let typical = params.typical_p < 1.0 && params.mirostat == Mirostat::Off;
         Ok(Sampler {
             rng: ChaCha8Rng::seed_from_u64(params.seed),
-            recent: VecDeque::with_capacity(window + 1),
+            recent: VecDeque::with_capacity(room(window + 1)),
             window,
             cand: Vec::with_capacity(n_vocab),
             probs: Vec::with_capacity(n_vocab),
             scratch: Vec::with_capacity(if typical { n_vocab } else { 0 }),
-            dry: DryState::new(dry_n),
-            counts: HashMap::with_capacity(params.repeat_last_n),
+            dry: DryState::new(room(dry_n)),
+            counts: HashMap::with_capacity(room(params.repeat_last_n)),
             mu: 2.0 * params.mirostat_tau,
             n_vocab,
             params,
