@@ -340,10 +340,8 @@ fn submit(
     let ctx = st.cfg.ctx_size;
     let n_vocab = st.tok.n_vocab();
     let sp = &mut params.sampling;
+    // `WHOLE_CONTEXT` (−1) and anything longer is the context.
     for n in [&mut sp.repeat_last_n, &mut sp.dry.last_n] {
-        if *n == api::WHOLE_CONTEXT {
-            *n = ctx;
-        }
         *n = (*n).min(ctx);
     }
     if let Some(texts) = params.dry_breakers.take() {

@@ -69,10 +69,6 @@ impl Breakers {
         }
         Breakers(map)
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 fn push_unique(map: &mut HashMap<u32, Vec<Vec<u32>>>, head: u32, tail: Vec<u32>) {

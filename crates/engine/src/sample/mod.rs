@@ -347,14 +347,8 @@ impl Sampler {
             return Some(Cut::Chosen(mirostat(p, rng, cand, probs, mu, *n_vocab)));
         }
         stages::top_n_sigma(cand, p.top_n_sigma);
-        // Sort descending (ties: lower id first), after cutting to top-k.
-        let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        let k = if p.top_k > 0 { p.top_k.min(cand.len()) } else { cand.len() };
-        if k < cand.len() {
-            cand.select_nth_unstable_by(k - 1, by_logit);
-            cand.truncate(k);
-        }
-        cand.sort_unstable_by(by_logit);
+        // Top-k (0: all), sorted highest first.
+        stages::top(cand, if p.top_k > 0 { p.top_k } else { cand.len() });
         stages::typical(cand, p.typical_p, probs, scratch);
         // Softmax at temperature 1 for top-p / min-p (as llama.cpp's chain, before temperature).
         let max = cand[0].1;

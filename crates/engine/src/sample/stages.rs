@@ -18,9 +18,14 @@ pub(crate) fn softmax(cand: &[(u32, f32)], probs: &mut Vec<f32>) {
     }
 }
 
+/// The chain's order: by logit, highest first (ties: the lower id first).
+fn by_logit(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
 /// Sort by logit, highest first (ties: the lower id first).
 pub(crate) fn sort(cand: &mut [(u32, f32)]) {
-    cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    cand.sort_unstable_by(by_logit);
 }
 
 /// Top-nσ: logits more than `n` standard deviations (of the finite logits) below the highest
@@ -99,9 +104,8 @@ pub(crate) fn dynamic_temperature(cand: &[(u32, f32)], temp: f32, range: f32, ex
     min_t + (max_t - min_t) * (entropy / max_entropy).powf(exponent)
 }
 
-/// The `k` best of `cand`, sorted (a selection, then a sort of those alone).
-fn top(cand: &mut Vec<(u32, f32)>, k: usize) {
-    let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+/// The `k` (≥ 1) best of `cand`, sorted (a selection, then a sort of those alone).
+pub(crate) fn top(cand: &mut Vec<(u32, f32)>, k: usize) {
     if k < cand.len() {
         cand.select_nth_unstable_by(k - 1, by_logit);
         cand.truncate(k);
@@ -114,7 +118,6 @@ fn top(cand: &mut Vec<(u32, f32)>, k: usize) {
 /// the ratios p_i / p_{i+1} are exp(l_i − l_{i+1}), so a selection of the top 100 does.)
 pub(crate) fn mirostat_v1_cut(cand: &mut Vec<(u32, f32)>, mu: f32, n_vocab: usize) {
     let m = 100.min(cand.len());
-    let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
     if m < cand.len() {
         cand.select_nth_unstable_by(m - 1, by_logit);
     }
