@@ -81,7 +81,7 @@ pub(crate) fn gen_params(s: &SampleArgs, tok: &Tokenizer, n_ctx: usize) -> Resul
     }
     Ok(GenerateParams {
         max_tokens: s.n_predict,
-        sampling: SamplingParams { seed: s.seed, logit_bias: s.logit_bias.clone(), ..s.chain.params(tok, n_ctx) },
+        sampling: SamplingParams { seed: s.seed, logit_bias: s.logit_bias.clone(), ..s.chain.params(Some(tok), n_ctx) },
         stop: s.stop.clone(),
         seq: 0,
         ignore_eos: s.ignore_eos,
@@ -166,9 +166,9 @@ impl ChainArgs {
     }
 
     /// The chain (seed and biases left at their defaults); DRY's breakers found in `tok`'s
-    /// vocabulary when DRY is on. The look-backs are cut to the context, `n_ctx`, which is
-    /// all there is to look back on.
-    pub(crate) fn params(&self, tok: &Tokenizer, n_ctx: usize) -> SamplingParams {
+    /// vocabulary when DRY is on and a tokenizer is given (the server finds them itself). The
+    /// look-backs are cut to the context, `n_ctx`, which is all there is to look back on.
+    pub(crate) fn params(&self, tok: Option<&Tokenizer>, n_ctx: usize) -> SamplingParams {
         let mut dry = Dry {
             multiplier: self.dry_multiplier,
             base: self.dry_base,
@@ -176,7 +176,7 @@ impl ChainArgs {
             last_n: self.dry_penalty_last_n.min(n_ctx),
             breakers: Default::default(),
         };
-        if dry.is_on() {
+        if let (true, Some(tok)) = (dry.is_on(), tok) {
             dry.breakers = std::sync::Arc::new(Breakers::new(tok, &self.breaker_texts()));
         }
         SamplingParams {

@@ -137,7 +137,7 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
     if a.api_key.is_none() && host != "127.0.0.1" && host != "localhost" && host != "::1" {
         eprintln!("warning: serving on {host} without --api-key: anyone who can reach it can use it");
     }
-    let defaults = corelm_server::api::RequestDefaults { sampling: a.chain.params(&tok, a.ctx_size), dry_breakers: a.chain.breaker_texts() };
+    let defaults = corelm_server::api::RequestDefaults { sampling: a.chain.params(None, a.ctx_size), dry_breakers: a.chain.breaker_texts() };
     defaults.sampling.validate().context("the sampling flags")?;
     let scfg = ServeConfig { model_id: model_id.clone(), max_queue: a.max_queue, ctx_size: a.ctx_size, api_key: a.api_key,
         tpot_target: Some(a.tpot_target_ms / 1e3).filter(|t| *t > 0.0), pooling, lookup: a.lookup, defaults };

@@ -39,6 +39,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, cancel_after: Option<usize>) -> 
         stop: vec![],
         ignore_eos: true,
         logprobs: Some(2),
+        chain_probs: false,
         prompt_logprobs: None,
         constraint: None,
         sink,

@@ -97,6 +97,20 @@ fn the_chain_keeps_what_llama_cpp_keeps() {
             assert_eq!(ids(&got), ids(&want), "{name}: the tokens kept, best first");
             got.iter().zip(&want).for_each(|(g, w)| near(g, w));
         }
+        // What llama-server's `post_sampling_probs` reports: the softmax of what is kept at the
+        // temperature (0.8), drawn with the same generator as `candidates` used.
+        if !want.is_empty() {
+            let mut d = Sampler::new(params(c, &breakers), tok.n_vocab()).unwrap();
+            history.iter().for_each(|&t| d.accept(t));
+            let t = d.sample(&logits);
+            let (p_t, top) = d.chain_probs(t, 20);
+            let z: f64 = want.iter().map(|w| (((w.1 - want[0].1) / 0.8) as f64).exp()).sum();
+            let p = |w: &(u32, f32)| ((((w.1 - want[0].1) / 0.8) as f64).exp() / z) as f32;
+            assert_eq!(ids(&top), ids(&want[..want.len().min(20)]), "{name}: post-sampling alternatives");
+            top.iter().zip(&want).for_each(|(g, w)| assert!((g.1 - p(w)).abs() < 1e-5, "{name}: token {} p {} against {}", g.0, g.1, p(w)));
+            let w = want.iter().find(|w| w.0 == t).expect("the draw is among the kept");
+            assert!((p_t - p(w)).abs() < 1e-5, "{name}: the drawn token's probability");
+        }
         // The tokens whose logits the penalties and DRY moved, and where to.
         let moved: Vec<(u32, f32)> = got.iter().filter(|g| g.1 != logits[g.0 as usize]).copied().collect();
         let want_moved = pairs("changed");
@@ -158,6 +172,30 @@ fn mirostat_holds_the_surprise_near_tau() {
         let mean = surprise / n as f64;
         // The target is the surprise within the cut; the model's own is a little higher.
         assert!(mean > tau as f64 && mean < tau as f64 + 1.5, "{m:?} tau {tau}: mean surprise {mean:.2}");
+    }
+}
+
+/// `chain_probs` after a greedy choice (probability 1, alone) and after Mirostat (its cut's
+/// softmax: best first, summing to 1 when all are asked for).
+#[test]
+fn chain_probs_follow_the_last_draw() {
+    let logits: Vec<f32> = (0..500).map(|i| -1.1 * ((i + 1) as f32).ln()).collect();
+    let mut g = Sampler::new(SamplingParams::greedy(), logits.len()).unwrap();
+    assert_eq!(g.chain_probs(0, 5), (0.0, vec![]), "nothing drawn yet");
+    assert_eq!(g.sample(&logits), 0);
+    assert_eq!(g.chain_probs(0, 5), (1.0, vec![(0, 1.0)]));
+    for m in [Mirostat::V1, Mirostat::V2] {
+        let p = SamplingParams { temperature: 1.0, mirostat: m, mirostat_tau: 3.0, seed: 3, ..Default::default() };
+        let mut s = Sampler::new(p, logits.len()).unwrap();
+        for _ in 0..20 {
+            let t = s.sample(&logits);
+            let (p_t, all) = s.chain_probs(t, logits.len());
+            let sum: f32 = all.iter().map(|x| x.1).sum();
+            assert!((sum - 1.0).abs() < 1e-4, "{m:?}: the cut's probabilities sum to {sum}");
+            assert!(all.windows(2).all(|w| w[0].1 >= w[1].1), "{m:?}: best first");
+            assert!(all.len() < logits.len(), "{m:?}: the cut dropped the tail");
+            assert_eq!(all.iter().find(|x| x.0 == t).map(|x| x.1), Some(p_t), "{m:?}: the drawn token's own");
+        }
     }
 }
 

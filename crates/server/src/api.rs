@@ -276,6 +276,9 @@ pub struct GenParams {
     pub constraint: Option<Constraint>,
     /// `echo` with `logprobs`: score every prompt token too, with this many alternatives.
     pub prompt_logprobs: Option<usize>,
+    /// llama-server's `post_sampling_probs`: log-probabilities under the sampling chain's
+    /// distribution (native endpoints).
+    pub chain_probs: bool,
     /// DRY's sequence breakers, to be found in the vocabulary (when DRY is on).
     pub dry_breakers: Option<Vec<String>>,
 }
@@ -284,8 +287,10 @@ pub struct GenParams {
 /// default llama-server's defaults).
 #[derive(Clone, Debug)]
 pub struct RequestDefaults {
+    /// (`sampling.dry.breakers` is not used: every request's breakers are found by their
+    /// texts.)
     pub sampling: SamplingParams,
-    /// DRY's breaker texts.
+    /// DRY's breaker texts (found in the vocabulary at start when DRY is on by default).
     pub dry_breakers: Vec<String>,
 }
 
@@ -426,6 +431,7 @@ impl Common {
             n,
             constraint,
             prompt_logprobs: None,
+            chain_probs: false,
             dry_breakers,
         })
     }

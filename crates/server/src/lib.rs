@@ -102,6 +102,9 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
         .name("corelm-engine".into())
         .spawn(move || batcher::run(b, rx))
         .map_err(|e| format!("engine thread: {e}"))?;
+    // With DRY on by default, its breakers are found in the vocabulary once, here.
+    let d = &cfg.defaults;
+    let seed_breakers = if d.sampling.dry.is_on() { vec![(d.dry_breakers.clone(), Arc::new(Breakers::new(&tok, &d.dry_breakers)))] } else { vec![] };
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let state = Arc::new(AppState {
         cfg,
@@ -113,7 +116,7 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
         stats,
         metrics: metrics::Metrics::default(),
         queued: Arc::new(AtomicU64::new(0)),
-        breakers: Mutex::new(Vec::new()),
+        breakers: Mutex::new(seed_breakers),
         slots,
         created,
     });
@@ -309,10 +312,8 @@ pub(crate) struct Job {
     pub echo: Vec<String>,
 }
 
-/// Admission: context checks, queue bound, then hand the requests to the engine thread — one
-/// per prompt and choice (`params.n`), all or none.
 /// DRY's breakers for `texts` in this vocabulary: a walk of the vocabulary per text, so the
-/// last 8 lists are kept.
+/// last 8 lists are kept (seeded with the server's defaults).
 fn breakers(st: &AppState, texts: Vec<String>) -> Arc<Breakers> {
     let mut cache = st.breakers.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(at) = cache.iter().position(|(t, _)| *t == texts) {
@@ -329,6 +330,8 @@ fn breakers(st: &AppState, texts: Vec<String>) -> Arc<Breakers> {
     b
 }
 
+/// Admission: context checks, queue bound, then hand the requests to the engine thread — one
+/// per prompt and choice (`params.n`), all or none.
 fn submit(
     st: &Arc<AppState>,
     prompts: Vec<Vec<u32>>,
@@ -416,6 +419,7 @@ fn submit(
             stop: params.stop.clone(),
             ignore_eos: params.ignore_eos,
             logprobs,
+            chain_probs: params.chain_probs,
             prompt_logprobs: params.prompt_logprobs,
             constraint: params.constraint.clone(),
             sink,

@@ -17,8 +17,11 @@
 //! `n_probs: N` (1..=20; `logprobs` as its alias) adds llama-server's
 //! `completion_probabilities`: per generated token `{id, token, bytes, logprob,
 //! top_logprobs: [{id, token, bytes, logprob}; N]}`, the model's own distribution (before the
-//! sampling chain) — all of them in the final object, or one per streamed chunk.
-//! `post_sampling_probs` (the chain's distribution) is refused by name.
+//! sampling chain) — all of them in the final object, or one per streamed chunk. With
+//! `post_sampling_probs: true` they are the sampling chain's distribution instead (after the
+//! cuts, the temperature and a grammar's mask), as probabilities under `prob` and `top_probs`,
+//! tokens the chain cut left out: llama-server's shape. A token chosen without a draw
+//! (temperature 0) has probability 1 and is its own only alternative.
 //!
 //! Also llama-server's `GET /props` (the default generation settings, slots, context, chat
 //! template, BOS/EOS; `POST /props` changes nothing and says so) and `POST /apply-template`
@@ -67,9 +70,6 @@ fn tmp() -> String {
 /// `n_probs` (or its alias `logprobs`, a number): how many alternatives per token, `None` for
 /// no `completion_probabilities`.
 fn n_probs(body: &Value) -> Result<Option<usize>, ApiError> {
-    if body.get("post_sampling_probs").and_then(Value::as_bool) == Some(true) {
-        return Err(ApiError::bad("post_sampling_probs", "post_sampling_probs is not supported: completion_probabilities are the model's, before the sampling chain"));
-    }
     let (field, v) = match (body.get("n_probs"), body.get("logprobs")) {
         (Some(v), _) if !v.is_null() => ("n_probs", v),
         (_, Some(v)) if v.is_number() => ("logprobs", v),
@@ -95,6 +95,12 @@ fn read(st: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<(Value, crate
     if params.n != 1 {
         return Err(ApiError::bad("n", "llama.cpp's endpoints answer one completion"));
     }
+    let mut params = params;
+    params.chain_probs = match body.get("post_sampling_probs") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::bad("post_sampling_probs", "post_sampling_probs must be a boolean")),
+    };
     Ok((body, params))
 }
 
@@ -140,8 +146,11 @@ pub(crate) async fn infill(State(st): S, headers: HeaderMap, body: Bytes) -> Res
     crate::counted(&st, "infill", r)
 }
 
-/// One token of llama-server's `completion_probabilities`.
-fn token_probs(st: &AppState, id: u32, lp: &TokenLogprob) -> Value {
+/// One token of llama-server's `completion_probabilities`: log-probabilities, or with
+/// `chain` (`post_sampling_probs`) probabilities under llama-server's other keys.
+fn token_probs(st: &AppState, id: u32, lp: &TokenLogprob, chain: bool) -> Value {
+    let (key, top_key) = if chain { ("prob", "top_probs") } else { ("logprob", "top_logprobs") };
+    let value = |l: f32| if chain { json!(l.exp()) } else { json!(l) };
     let piece = |t: u32| {
         let bytes = st.tok.piece(t);
         (String::from_utf8_lossy(bytes).into_owned(), bytes.to_vec())
@@ -152,10 +161,10 @@ fn token_probs(st: &AppState, id: u32, lp: &TokenLogprob) -> Value {
         .iter()
         .map(|&(t, l)| {
             let (token, bytes) = piece(t);
-            json!({"id": t, "token": token, "bytes": bytes, "logprob": l})
+            json!({"id": t, "token": token, "bytes": bytes, key: value(l)})
         })
         .collect();
-    json!({"id": id, "token": token, "bytes": bytes, "logprob": lp.logprob, "top_logprobs": top})
+    json!({"id": id, "token": token, "bytes": bytes, key: value(lp.logprob), top_key: top})
 }
 
 /// llama.cpp's final object for a finished request.
@@ -208,7 +217,7 @@ async fn answer(st: Arc<AppState>, mut job: Job, paths: Vec<String>) -> Response
                 Some(Event::Token { id, text, logprob }) => {
                     content.push_str(&text);
                     if let Some(lp) = &logprob {
-                        probs.push(token_probs(&st, id, lp));
+                        probs.push(token_probs(&st, id, lp, job.params.chain_probs));
                     }
                 }
                 Some(Event::Text(text)) => content.push_str(&text),
@@ -229,6 +238,7 @@ async fn answer(st: Arc<AppState>, mut job: Job, paths: Vec<String>) -> Response
     }
     // SSE: when the client goes, the send fails and dropping the receiver cancels the sequence.
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Sse, Infallible>>(64);
+    let chain = job.params.chain_probs;
     tokio::spawn(async move {
         let mut predicted = 0;
         while let Some(event) = events.recv().await {
@@ -238,7 +248,7 @@ async fn answer(st: Arc<AppState>, mut job: Job, paths: Vec<String>) -> Response
                     predicted += 1;
                     let mut chunk = json!({"index": 0, "content": text, "tokens": [], "stop": false, "tokens_predicted": predicted});
                     if let Some(lp) = &logprob {
-                        chunk["completion_probabilities"] = json!([token_probs(&st, id, lp)]);
+                        chunk["completion_probabilities"] = json!([token_probs(&st, id, lp, chain)]);
                     }
                     chunk
                 }

@@ -106,14 +106,44 @@ fn completion_probabilities_on_the_native_endpoint() {
     }).collect();
     assert_eq!(ids, probs.iter().map(|p| p["id"].clone()).collect::<Vec<_>>());
 
-    // Without n_probs: none; out of range or the chain's probabilities: refused by name.
+    // Without n_probs: none; out of range or not a boolean: refused by name.
     let r = post(&srv, "/completion", json!({"prompt": "Hi", "n_predict": 2}));
     assert!(r.json().get("completion_probabilities").is_none());
-    for (field, extra) in [("n_probs", json!({"n_probs": 21})), ("post_sampling_probs", json!({"n_probs": 2, "post_sampling_probs": true}))] {
+    for (field, extra) in [("n_probs", json!({"n_probs": 21})), ("post_sampling_probs", json!({"n_probs": 2, "post_sampling_probs": 1}))] {
         let mut b = json!({"prompt": "Hi", "n_predict": 2});
         b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         let r = post(&srv, "/completion", b);
         assert_eq!((r.status, r.json()["error"]["param"].as_str()), (400, Some(field)), "{}", r.body);
+    }
+}
+
+/// `post_sampling_probs`: the chain's distribution as probabilities, under llama-server's keys.
+#[test]
+fn post_sampling_probs_are_the_chains() {
+    let srv = start(1, 16, None);
+    let ask = |extra: Value| {
+        let mut body = json!({"prompt": "Once upon a time", "n_predict": 6, "n_probs": 10, "post_sampling_probs": true});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let r = post(&srv, "/completion", body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["completion_probabilities"].as_array().unwrap_or_else(|| panic!("{}", r.body)).clone()
+    };
+    // Greedy: each token is certain and its own only alternative.
+    for p in ask(json!({"temperature": 0})) {
+        assert_eq!(p["prob"], 1.0, "{p}");
+        assert!(p.get("logprob").is_none() && p.get("top_logprobs").is_none(), "{p}");
+        assert_eq!(p["top_probs"], json!([{"id": p["id"], "token": p["token"], "bytes": p["bytes"], "prob": 1.0}]));
+    }
+    // Top-k 3 at temperature 1: at most three alternatives, best first, the whole mass, the
+    // drawn token among them with its own probability.
+    for p in ask(json!({"temperature": 1.0, "top_k": 3, "top_p": 1.0, "min_p": 0.0, "seed": 5})) {
+        let top = p["top_probs"].as_array().unwrap();
+        let probs: Vec<f64> = top.iter().map(|t| t["prob"].as_f64().unwrap()).collect();
+        assert!(!top.is_empty() && top.len() <= 3, "{p}");
+        assert!(probs.windows(2).all(|w| w[0] >= w[1]), "{p}");
+        assert!((probs.iter().sum::<f64>() - 1.0).abs() < 1e-4, "{p}");
+        let own = top.iter().find(|t| t["id"] == p["id"]).unwrap_or_else(|| panic!("{p}"));
+        assert_eq!(own["prob"], p["prob"], "{p}");
     }
 }
 

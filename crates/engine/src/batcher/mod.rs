@@ -579,7 +579,13 @@ fn sample_one(r: &mut Running, logits: &[f32], tok: &Tokenizer, vocabs: &Vocabs)
     if r.history.capacity() > 0 {
         r.history.push(t);
     }
-    let logprob = r.req.logprobs.map(|n| token_logprob(logits, t, n));
+    let logprob = r.req.logprobs.map(|n| match r.req.chain_probs {
+        false => token_logprob(logits, t, n),
+        true => {
+            let (p, top) = r.sampler.chain_probs(t, n);
+            TokenLogprob { logprob: p.ln(), top: top.into_iter().map(|(id, q)| (id, q.ln())).collect() }
+        }
+    });
     let (piece, stopped) = r.text.push(tok.piece(t));
     let text = piece.to_string();
     if !(r.req.sink)(Event::Token { id: t, text, logprob }) {

@@ -24,6 +24,10 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Report log-probabilities: `Some(n)` with the `n` most likely alternatives per token.
     pub logprobs: Option<usize>,
+    /// Report those under the sampling chain's distribution (after the cuts, the temperature
+    /// and a constraint's mask; [`crate::sample::Sampler::chain_probs`]) rather than the
+    /// model's: llama-server's `post_sampling_probs`. Generated tokens only.
+    pub chain_probs: bool,
     /// Score the prompt (the legacy API's `echo` with `logprobs`): an [`Event::Prompt`] per
     /// prompt token, in order and before any generated one, with its log-probability given the
     /// tokens before it and the `n` most likely alternatives there (the first token has none).

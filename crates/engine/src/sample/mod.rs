@@ -199,6 +199,21 @@ pub struct Sampler {
     /// Mirostat's running target (starts at 2τ).
     mu: f32,
     n_vocab: usize,
+    /// How the last token was chosen, for [`chain_probs`](Self::chain_probs).
+    last: Last,
+}
+
+/// The chain's distribution at the last draw, as `cand` (and `probs`) hold it.
+#[derive(Clone, Copy)]
+enum Last {
+    /// Nothing sampled yet, or no token allowed.
+    None,
+    /// Chosen without a draw (greedy, or temperature 0 after the cuts): probability 1.
+    Chosen(u32),
+    /// `cand[i].1` are weights summing to this.
+    Weights(f64),
+    /// Mirostat: `probs[i]` is `cand[i]`'s probability.
+    Probs,
 }
 
 /// Index of the largest logit; ties go to the lower id.
@@ -235,6 +250,7 @@ impl Sampler {
             counts: HashMap::with_capacity(room(params.repeat_last_n)),
             mu: 2.0 * params.mirostat_tau,
             n_vocab,
+            last: Last::None,
             params,
         })
     }
@@ -267,8 +283,12 @@ impl Sampler {
     /// constraint such as JSON mode's), after the penalties and DRY and before the cuts, as
     /// llama.cpp applies a grammar; `None` when it admits none.
     pub fn sample_allowed(&mut self, logits: &[f32], allowed: Option<impl Fn(u32) -> bool>) -> Option<u32> {
+        self.last = Last::None;
         let temp = match self.cut(logits, allowed)? {
-            Cut::Chosen(t) => return Some(t),
+            Cut::Chosen(t) => {
+                self.last = if self.params.mirostat != Mirostat::Off && !self.params.is_greedy() { Last::Probs } else { Last::Chosen(t) };
+                return Some(t);
+            }
             Cut::Draw(temp) => temp,
         };
         // Temperature, then draw.
@@ -279,7 +299,40 @@ impl Sampler {
             c.1 = (((c.1 - max) / temp) as f64).exp() as f32;
             total += c.1 as f64;
         }
+        self.last = Last::Weights(total);
         Some(draw(rng, cand, total))
+    }
+
+    /// The probability of `t` and the `n` most likely tokens (best first, none of probability
+    /// 0) under the distribution the last [`sample`](Self::sample) drew from: after every cut,
+    /// the temperature and a constraint's mask, as llama-server's `post_sampling_probs`
+    /// reports it. A token chosen without a draw has probability 1, the rest none. `(0, [])`
+    /// before the first draw.
+    pub fn chain_probs(&self, t: u32, n: usize) -> (f32, Vec<(u32, f32)>) {
+        let prob = |i: usize| match self.last {
+            Last::Weights(total) => (self.cand[i].1 as f64 / total) as f32,
+            _ => self.probs[i],
+        };
+        match self.last {
+            Last::None => (0.0, vec![]),
+            Last::Chosen(c) => (if c == t { 1.0 } else { 0.0 }, if n > 0 { vec![(c, 1.0)] } else { vec![] }),
+            Last::Weights(_) | Last::Probs => {
+                let mut p_t = 0.0;
+                let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+                for i in 0..self.cand.len() {
+                    let (id, p) = (self.cand[i].0, prob(i));
+                    if id == t {
+                        p_t = p;
+                    }
+                    if p > 0.0 && (top.len() < n || top.last().is_some_and(|x| p > x.1)) {
+                        let at = top.partition_point(|x| x.1 >= p);
+                        top.insert(at, (id, p));
+                        top.truncate(n);
+                    }
+                }
+                (p_t, top)
+            }
+        }
     }
 
     /// The candidates (token, logit) left after every cut of the chain, before the
@@ -287,6 +340,7 @@ impl Sampler {
     /// the chain chose without a draw. Uses the generator as [`sample`](Self::sample) would
     /// (XTC's chance) but draws nothing.
     pub fn candidates(&mut self, logits: &[f32]) -> Vec<(u32, f32)> {
+        self.last = Last::None;
         match self.cut(logits, None::<fn(u32) -> bool>) {
             Some(Cut::Draw(_)) => {
                 let mut out = self.cand.clone();
