@@ -7,7 +7,7 @@ use corelm_engine::constraint::{Constraint, Lazy, Trigger};
 use corelm_engine::generate::GenerateParams;
 use corelm_engine::grammar::Grammar;
 use corelm_engine::json::Schema;
-use corelm_engine::sample::{Breakers, Dry, Mirostat, SamplingParams};
+use corelm_engine::sample::{Breakers, Dry, InfillVocab, Item, Mirostat, SamplingParams, Stage, DEFAULT_ORDER};
 use corelm_engine::Tokenizer;
 
 #[derive(Args, Clone)]
@@ -153,6 +153,26 @@ pub(crate) struct ChainArgs {
     /// "*"; `none` for none).
     #[arg(long, value_name = "TEXT")]
     pub(crate) dry_sequence_breaker: Vec<String>,
+    /// The chain's stages in order, by llama.cpp's names separated by ';' (default
+    /// "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature"; a stage left out
+    /// is not applied; `infill` is fill-in-the-middle's cut).
+    #[arg(long, value_name = "NAMES", value_parser = parse_names)]
+    pub(crate) samplers: Option<Order>,
+    /// `--samplers` by llama.cpp's letters (default "edskypmxt").
+    #[arg(long, visible_alias = "sampler-seq", value_name = "LETTERS", value_parser = parse_letters, conflicts_with = "samplers")]
+    pub(crate) sampling_seq: Option<Order>,
+}
+
+/// A chain order from `--samplers` or `--sampling-seq`.
+#[derive(Clone, Debug)]
+pub(crate) struct Order(Vec<Stage>);
+
+fn parse_names(s: &str) -> Result<Order, String> {
+    Stage::parse_order(s.split(';').filter(|n| !n.is_empty()).map(Item::Name), true).map(Order)
+}
+
+fn parse_letters(s: &str) -> Result<Order, String> {
+    Stage::parse_order(s.chars().map(Item::Letter), true).map(Order)
 }
 
 impl ChainArgs {
@@ -179,6 +199,11 @@ impl ChainArgs {
         if let (true, Some(tok)) = (dry.is_on(), tok) {
             dry.breakers = std::sync::Arc::new(Breakers::new(tok, &self.breaker_texts()));
         }
+        let order = self.samplers.as_ref().or(self.sampling_seq.as_ref()).map_or(DEFAULT_ORDER.to_vec(), |o| o.0.clone());
+        let infill = match tok {
+            Some(tok) if order.contains(&Stage::Infill) => InfillVocab::new(tok).map(std::sync::Arc::new),
+            _ => None,
+        };
         SamplingParams {
             temperature: self.temp,
             top_k: self.top_k,
@@ -198,6 +223,8 @@ impl ChainArgs {
             mirostat_tau: self.mirostat_ent,
             mirostat_eta: self.mirostat_lr,
             dry,
+            order,
+            infill,
             ..Default::default()
         }
     }

@@ -105,6 +105,9 @@ pub struct Tokenizer {
     texts: Vec<String>,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
+    /// End of turn: the GGUF's `eot_token_id`, else the first token with one of llama.cpp's
+    /// end-of-turn texts (`<|im_end|>`, `<end_of_turn>`, …).
+    pub eot: Option<u32>,
     pub add_bos: bool,
     /// Append EOS to text tokenized with its special tokens (`tokenizer.ggml.add_eos_token`,
     /// which embedding models with last-token pooling set).
@@ -157,6 +160,11 @@ impl Tokenizer {
         // llama.cpp promotes tokens by their text: end-of-generation and FIM tokens become
         // control tokens (parsed as special, never as text) whatever type the file gives them.
         let mut token_type = token_type;
+        const EOT_TEXTS: [&str; 11] = [
+            "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
+            "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+        ];
+        let eot = id("tokenizer.ggml.eot_token_id")?.or_else(|| tokens.iter().position(|t| EOT_TEXTS.contains(&t.as_str())).map(|i| i as u32));
         let mut eog: Vec<u32> = [
             id("tokenizer.ggml.eos_token_id")?,
             id("tokenizer.ggml.eot_token_id")?,
@@ -269,7 +277,7 @@ impl Tokenizer {
         let bos = id("tokenizer.ggml.bos_token_id")?;
         let eos = id("tokenizer.ggml.eos_token_id")?;
         let not_text = token_type.iter().map(|&t| matches!(t, TOKEN_CONTROL | TOKEN_UNKNOWN | TOKEN_UNUSED)).collect();
-        Ok(Tokenizer { hf, hf_plain, kind, pieces, texts: tokens.to_vec(), bos, eos, add_bos, add_eos, eog, not_text, fim })
+        Ok(Tokenizer { hf, hf_plain, kind, pieces, texts: tokens.to_vec(), bos, eos, eot, add_bos, add_eos, eog, not_text, fim })
     }
 
     pub fn n_vocab(&self) -> usize {

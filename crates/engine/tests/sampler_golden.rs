@@ -1,6 +1,8 @@
 //! The sampler's stages against llama.cpp's: `fixtures/sampler_golden.json` holds what
 //! llama.cpp 4df29be's chain (penalties, DRY, top-nσ, top-k, typical, top-p, min-p, XTC) keeps
-//! of fixed logits over SmolLM2's vocabulary after a history of 57 tokens, written by
+//! of fixed logits over SmolLM2's vocabulary after a history of 57 tokens, in the default order
+//! and in seven others (the temperature first, penalties and DRY after the cuts, the infill
+//! stage, …), written by
 //! `scripts/make_sampler_golden.c` (every token kept, when 200 or fewer are, and every token
 //! whose logit the penalties or DRY moved); [`Sampler::candidates`] must keep the same tokens
 //! with the same logits. DRY's sequence breakers are found in the same vocabulary.
@@ -8,7 +10,7 @@
 mod common;
 
 use common::*;
-use corelm_engine::sample::{Breakers, Dry, Mirostat, Sampler, SamplingParams};
+use corelm_engine::sample::{Breakers, Dry, InfillVocab, Mirostat, Parsed, Sampler, SamplingParams, Stage};
 use corelm_engine::Tokenizer;
 use std::sync::Arc;
 
@@ -36,11 +38,20 @@ fn logits(n_vocab: usize, history: &[u32]) -> Vec<f32> {
     l
 }
 
-fn params(c: &serde_json::Value, breakers: &Arc<Breakers>) -> SamplingParams {
+fn params(c: &serde_json::Value, breakers: &Arc<Breakers>, tok: &Tokenizer) -> SamplingParams {
     let f = |k: &str| c[k].as_f64().unwrap() as f32;
     let u = |k: &str| c[k].as_i64().unwrap().max(0) as usize;
+    let order = c["order"].as_str().unwrap().chars().map(|l| match Stage::from_char(l) {
+        Parsed::Stage(s) => s,
+        other => panic!("{l}: {other:?}"),
+    });
+    let order: Vec<Stage> = order.collect();
+    let bias = c["bias"].as_array().unwrap().iter().map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_f64().unwrap() as f32)).collect();
     SamplingParams {
-        temperature: 0.8,
+        temperature: f("temperature"),
+        infill: order.contains(&Stage::Infill).then(|| Arc::new(InfillVocab::new(tok).unwrap())),
+        order,
+        logit_bias: bias,
         repeat_penalty: f("repeat_penalty"),
         frequency_penalty: f("frequency_penalty"),
         presence_penalty: f("presence_penalty"),
@@ -85,7 +96,7 @@ fn the_chain_keeps_what_llama_cpp_keeps() {
             "" => breakers.clone(),
             b => Arc::new(Breakers::new(&tok, &[b])),
         };
-        let mut s = Sampler::new(params(c, &breakers), tok.n_vocab()).unwrap();
+        let mut s = Sampler::new(params(c, &breakers, &tok), tok.n_vocab()).unwrap();
         for &t in &history {
             s.accept(t);
         }
@@ -97,15 +108,15 @@ fn the_chain_keeps_what_llama_cpp_keeps() {
             assert_eq!(ids(&got), ids(&want), "{name}: the tokens kept, best first");
             got.iter().zip(&want).for_each(|(g, w)| near(g, w));
         }
-        // What llama-server's `post_sampling_probs` reports: the softmax of what is kept at the
-        // temperature (0.8), drawn with the same generator as `candidates` used.
+        // What llama-server's `post_sampling_probs` reports: the softmax of what is kept (the
+        // temperature already divided in), drawn with the same generator as `candidates` used.
         if !want.is_empty() {
-            let mut d = Sampler::new(params(c, &breakers), tok.n_vocab()).unwrap();
+            let mut d = Sampler::new(params(c, &breakers, &tok), tok.n_vocab()).unwrap();
             history.iter().for_each(|&t| d.accept(t));
             let t = d.sample(&logits);
             let (p_t, top) = d.chain_probs(t, 20);
-            let z: f64 = want.iter().map(|w| (((w.1 - want[0].1) / 0.8) as f64).exp()).sum();
-            let p = |w: &(u32, f32)| ((((w.1 - want[0].1) / 0.8) as f64).exp() / z) as f32;
+            let z: f64 = want.iter().map(|w| ((w.1 - want[0].1) as f64).exp()).sum();
+            let p = |w: &(u32, f32)| (((w.1 - want[0].1) as f64).exp() / z) as f32;
             assert_eq!(ids(&top), ids(&want[..want.len().min(20)]), "{name}: post-sampling alternatives");
             top.iter().zip(&want).for_each(|(g, w)| assert!((g.1 - p(w)).abs() < 1e-5, "{name}: token {} p {} against {}", g.0, g.1, p(w)));
             let w = want.iter().find(|w| w.0 == t).expect("the draw is among the kept");
@@ -116,9 +127,10 @@ fn the_chain_keeps_what_llama_cpp_keeps() {
         let want_moved = pairs("changed");
         assert_eq!(ids(&moved), ids(&want_moved), "{name}: the tokens moved");
         moved.iter().zip(&want_moved).for_each(|(g, w)| near(g, w));
-        // Greedy takes the best of what the penalties and DRY left (typical and XTC off).
-        if c["typical_p"].as_f64() == Some(1.0) && c["xtc_probability"].as_f64() == Some(0.0) {
-            let mut g = Sampler::new(SamplingParams { temperature: 0.0, ..params(c, &breakers) }, tok.n_vocab()).unwrap();
+        // Greedy (the default order, the temperature last at 0) takes the best of what the
+        // penalties and DRY left (typical and XTC off).
+        if c["order"] == "edskypmx" && c["typical_p"].as_f64() == Some(1.0) && c["xtc_probability"].as_f64() == Some(0.0) {
+            let mut g = Sampler::new(SamplingParams { temperature: 0.0, order: corelm_engine::sample::DEFAULT_ORDER.to_vec(), ..params(c, &breakers, &tok) }, tok.n_vocab()).unwrap();
             for &t in &history {
                 g.accept(t);
             }
@@ -196,6 +208,28 @@ fn chain_probs_follow_the_last_draw() {
             assert!(all.len() < logits.len(), "{m:?}: the cut dropped the tail");
             assert_eq!(all.iter().find(|x| x.0 == t).map(|x| x.1), Some(p_t), "{m:?}: the drawn token's own");
         }
+    }
+}
+
+/// Temperature 0 is greedy only where the order has the temperature and nothing before it that
+/// can drop the best token; the chain agrees with `is_greedy`.
+#[test]
+fn greedy_follows_the_order() {
+    let logits: Vec<f32> = (0..200).map(|i| -0.05 * i as f32).collect();
+    let at = |order: &[Stage], typical_p: f32| SamplingParams { temperature: 0.0, typical_p, order: order.to_vec(), seed: 9, ..Default::default() };
+    let cases = [
+        (at(&corelm_engine::sample::DEFAULT_ORDER, 1.0), true),
+        (at(&corelm_engine::sample::DEFAULT_ORDER, 0.2), false),
+        (at(&[Stage::Temperature, Stage::Typical], 0.2), true),
+        (at(&[Stage::TopK], 1.0), false),
+    ];
+    for (p, greedy) in cases {
+        assert_eq!(p.is_greedy(), greedy, "{:?} typical {}", p.order, p.typical_p);
+        let mut s = Sampler::new(p.clone(), logits.len()).unwrap();
+        let draws: Vec<u32> = (0..20).map(|_| s.sample(&logits)).collect();
+        // A flat tail: typical at 0.2 keeps tokens near the entropy, far from the best; a free
+        // draw at temperature 1 rarely takes token 0 twenty times.
+        assert_eq!(draws.iter().all(|&t| t == 0), greedy, "{:?}: {draws:?}", p.order);
     }
 }
 

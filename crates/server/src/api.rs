@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use corelm_engine::constraint::{Constraint, Lazy, Trigger};
 use corelm_engine::grammar::Grammar;
 use corelm_engine::json::Schema;
-use corelm_engine::sample::{Breakers, Dry, Mirostat, SamplingParams};
+use corelm_engine::sample::{Breakers, Dry, Item, Mirostat, SamplingParams, Stage};
 use corelm_engine::tools::{Choice, Tool};
 use serde::Deserialize;
 use serde_json::json;
@@ -187,6 +187,8 @@ pub struct Common {
     pub dry_allowed_length: Option<i64>,
     pub dry_penalty_last_n: Option<i64>,
     pub dry_sequence_breakers: Option<Vec<String>>,
+    /// The chain's order: llama.cpp's names (`["top_k", "temperature"]`) or letters (`"kt"`).
+    pub samplers: Option<serde_json::Value>,
     pub stop: Option<Stop>,
     pub n: Option<u64>,
     #[serde(default)]
@@ -464,6 +466,16 @@ impl Common {
         if self.dry_sequence_breakers.as_ref().is_some_and(|b| b.is_empty()) {
             return Err(ApiError::bad("dry_sequence_breakers", "dry_sequence_breakers must be a non-empty array of strings"));
         }
+        let order = match &self.samplers {
+            None | Some(serde_json::Value::Null) => Ok(d.order.clone()),
+            Some(serde_json::Value::String(s)) => Stage::parse_order(s.chars().map(Item::Letter), false),
+            Some(serde_json::Value::Array(a)) => match a.iter().map(|v| v.as_str().map(Item::Name)).collect::<Option<Vec<_>>>() {
+                Some(names) => Stage::parse_order(names, false),
+                None => Err("samplers must be an array of names or a string of letters".into()),
+            },
+            Some(_) => Err("samplers must be an array of names or a string of letters".into()),
+        }
+        .map_err(|e| ApiError::bad("samplers", e))?;
         // As llama-server: a `dry_base` below 1 takes the default.
         let base = finite("dry_base", self.dry_base, d.dry.base)?;
         Ok(SamplingParams {
@@ -484,6 +496,7 @@ impl Common {
                 last_n: last_n("dry_penalty_last_n", self.dry_penalty_last_n, d.dry.last_n)?,
                 breakers: Default::default(),
             },
+            order,
             ..d
         })
     }

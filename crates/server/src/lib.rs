@@ -36,7 +36,7 @@ use axum::Router;
 use corelm_engine::batcher::{self, Batcher, Event, Request, Stats, Work};
 use corelm_engine::constraint::Constraint;
 use corelm_engine::embed::Pooling;
-use corelm_engine::sample::Breakers;
+use corelm_engine::sample::{Breakers, InfillVocab, Stage};
 use corelm_engine::chat::ChatTemplate;
 use corelm_engine::{Engine, Tokenizer};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,6 +79,9 @@ pub struct AppState {
     created: u64,
     /// DRY's breakers as found in the vocabulary, for the last few lists of texts asked for.
     breakers: Mutex<Vec<(Vec<String>, Arc<Breakers>)>>,
+    /// What the `infill` sampler reads of the vocabulary, made when a request first asks for it
+    /// (`None`: the vocabulary has no end token).
+    infill: std::sync::OnceLock<Option<Arc<InfillVocab>>>,
     /// Sequences served at once (`--parallel`).
     slots: usize,
 }
@@ -117,6 +120,7 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
         metrics: metrics::Metrics::default(),
         queued: Arc::new(AtomicU64::new(0)),
         breakers: Mutex::new(seed_breakers),
+        infill: std::sync::OnceLock::new(),
         slots,
         created,
     });
@@ -349,6 +353,10 @@ fn submit(
     }
     if let Some(texts) = params.dry_breakers.take() {
         params.sampling.dry.breakers = breakers(st, texts);
+    }
+    if params.sampling.order.contains(&Stage::Infill) {
+        let v = st.infill.get_or_init(|| InfillVocab::new(&st.tok).map(Arc::new));
+        params.sampling.infill = Some(v.clone().ok_or_else(|| ApiError::bad("samplers", "the infill sampler needs an end-of-generation token, and this vocabulary has none"))?);
     }
     if let Some((t, _)) = params.sampling.logit_bias.iter().find(|(t, _)| *t as usize >= n_vocab) {
         return Err(ApiError::bad("logit_bias", format!("token id {t} is outside the vocabulary of {n_vocab}")));

@@ -282,7 +282,7 @@ pub(crate) async fn props(State(st): S, headers: HeaderMap) -> Response {
             "mirostat": match d.mirostat { Mirostat::Off => 0, Mirostat::V1 => 1, Mirostat::V2 => 2 },
             "mirostat_tau": d.mirostat_tau, "mirostat_eta": d.mirostat_eta, "n_probs": 0, "min_keep": 0,
             "stop": [], "ignore_eos": false, "stream": false, "post_sampling_probs": false,
-            "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+            "samplers": d.order.iter().map(|s| s.name()).collect::<Vec<_>>(),
         });
         let token = |t: Option<u32>| t.map_or(String::new(), |t| st.tok.text(t).to_string());
         axum::Json(json!({

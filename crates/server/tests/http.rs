@@ -537,12 +537,14 @@ fn fill_in_the_middle_on_qwen_coder() {
     assert_eq!(v["choices"][0]["text"], "if n <= 1:\n        return n\n    else:\n        return fib(n-1) + fib(n-2)\n\nprint(fib(10))\n", "{v}");
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     assert_eq!(v["usage"]["prompt_tokens"], 16, "[PRE] 5 tokens [SUF] 8 tokens [MID]");
-    // As llama.vim sends it (fields it alone knows are ignored).
+    // As llama.vim sends it (fields it alone knows are ignored): its chain, top-k, top-p and
+    // the infill cut, has no temperature, so it draws at 1 (seeded here) and may end early.
     let body = json!({"input_prefix": "def fib(n):\n    ", "input_suffix": "\n\nprint(fib(10))\n", "input_extra": [{"filename": "util.py", "text": "def helper():\n    pass\n"}],
-        "prompt": "", "n_predict": 12, "temperature": 0, "samplers": ["top_k", "top_p", "infill"], "n_indent": 4, "cache_prompt": true});
+        "prompt": "", "n_predict": 12, "temperature": 0, "samplers": ["top_k", "top_p", "infill"], "n_indent": 4, "cache_prompt": true, "seed": 1});
     let v = post(&srv, "/infill", body.clone()).json();
     let content = v["content"].as_str().unwrap().to_string();
-    assert!(!content.is_empty() && v["stop"] == true && v["stop_type"] == "limit" && v["tokens_predicted"] == 12, "{v}");
+    let ended = (v["stop_type"] == "limit" && v["tokens_predicted"] == 12) || (v["stop_type"] == "eos" && v["tokens_predicted"].as_u64() < Some(12));
+    assert!(!content.is_empty() && v["stop"] == true && ended, "{v}");
     assert_eq!(v["tokens_evaluated"], 33, "the repository layout: 17 tokens of files before the 16: {v}");
     let mut streamed = body;
     streamed["stream"] = json!(true);

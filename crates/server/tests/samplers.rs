@@ -117,6 +117,36 @@ fn completion_probabilities_on_the_native_endpoint() {
     }
 }
 
+/// llama-server's `samplers`: the chain's order by names or letters; a stage left out is not
+/// applied; names of no stage are skipped, as llama-server skips them.
+#[test]
+fn samplers_order_the_chain() {
+    let srv = start(1, 16, None);
+    let prompt = "Write the line \"the cat sat on the mat\" five times:\n";
+    let ask = |extra: Value| {
+        let mut body = json!({"prompt": prompt, "n_predict": 24, "temperature": 0, "repeat_penalty": 1.5});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let r = post(&srv, "/completion", body);
+        assert_eq!(r.status, 200, "{extra}: {}", r.body);
+        text(&r.json())
+    };
+    let penalised = ask(json!({}));
+    let plain = ask(json!({"repeat_penalty": 1.0}));
+    assert_ne!(penalised, plain, "the penalty changes the greedy text");
+    assert_eq!(ask(json!({"samplers": "edskypmxt"})), penalised, "the default order by letters");
+    assert_eq!(ask(json!({"samplers": ["top_k", "temperature"]})), plain, "penalties left out");
+    assert_eq!(ask(json!({"samplers": ["tfs_z", "Penalties", "top-k", "temp"]})), penalised, "an unknown name skipped, aliases taken");
+    // The temperature before the penalties: greedy takes the model's best, the penalty comes too late.
+    assert_eq!(ask(json!({"samplers": "te"})), plain);
+    for bad in [json!(5), json!(["top_k", 3]), json!("kat"), json!(["adaptive_p"])] {
+        let r = post(&srv, "/completion", json!({"prompt": "Hi", "n_predict": 2, "samplers": bad}));
+        assert_eq!((r.status, r.json()["error"]["param"].as_str()), (400, Some("samplers")), "{bad}: {}", r.body);
+    }
+    let props = get(&srv, "/props").json();
+    let want = json!(["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]);
+    assert_eq!(props["default_generation_settings"]["params"]["samplers"], want);
+}
+
 /// `post_sampling_probs`: the chain's distribution as probabilities, under llama-server's keys.
 #[test]
 fn post_sampling_probs_are_the_chains() {

@@ -1,9 +1,13 @@
 //! Token sampling, in the order of llama.cpp's default chain: logit biases, the repetition
 //! penalties, DRY, (a constraint's mask), top-nσ, top-k, locally typical, top-p, min-p, XTC,
-//! then the temperature (fixed or dynamic) and a seeded draw. Mirostat 1 or 2 replaces the
-//! chain after the biases, as in llama.cpp (no penalties, no cuts: the temperature, then
-//! Mirostat's own cut and draw). Temperature 0 is greedy (ties go to the lower id) unless a
-//! stage that can drop the best token (typical, XTC) or a dynamic temperature is on.
+//! then the temperature (fixed or dynamic) and a seeded draw. The stages after the biases may
+//! come in another order ([`SamplingParams::order`], llama.cpp's `--samplers`): a stage left
+//! out is not applied, stages after the temperature see the divided logits, and the mask
+//! comes before the first cut (the penalties and DRY work on any list). Mirostat 1 or 2
+//! replaces the chain after the biases, as in llama.cpp (no penalties, no cuts: the
+//! temperature, then Mirostat's own cut and draw). Temperature 0 is greedy (ties go to the
+//! lower id) unless a stage before the temperature can drop the best token (typical, XTC) or
+//! a dynamic temperature is on.
 //!
 //! Every stage is llama.cpp's (`llama-sampler.cpp` at 4df29be); the draw is this crate's own
 //! seeded generator, so a seed gives other tokens than llama.cpp's does, from the same
@@ -13,9 +17,13 @@
 //! (DRY's map of repeat ends keeps its capacity).
 
 mod dry;
+mod infill;
+mod order;
 mod stages;
 
 pub use dry::Breakers;
+pub use infill::InfillVocab;
+pub use order::{Item, Parsed, Stage, DEFAULT_ORDER};
 
 use crate::Error;
 use dry::DryState;
@@ -96,6 +104,12 @@ pub struct SamplingParams {
     pub mirostat_tau: f32,
     pub mirostat_eta: f32,
     pub dry: Dry,
+    /// The stages after the biases, in order (llama.cpp's `--samplers`; default
+    /// [`DEFAULT_ORDER`]). A stage left out is not applied; without the temperature the draw
+    /// is at temperature 1.
+    pub order: Vec<Stage>,
+    /// The vocabulary the `infill` stage reads (needed when the order has it).
+    pub infill: Option<Arc<InfillVocab>>,
 }
 
 impl Default for SamplingParams {
@@ -121,6 +135,8 @@ impl Default for SamplingParams {
             mirostat_tau: 5.0,
             mirostat_eta: 0.1,
             dry: Dry::default(),
+            order: DEFAULT_ORDER.to_vec(),
+            infill: None,
         }
     }
 }
@@ -135,9 +151,24 @@ impl SamplingParams {
     }
 
     /// Does sampling take the best token (after the penalties and DRY) without a draw?
+    /// (Temperature 0 and no stage before it that can drop the best: typical, XTC; with
+    /// Mirostat, temperature 0 alone.)
     pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0
-            && (self.mirostat != Mirostat::Off || (self.dynatemp_range <= 0.0 && self.typical_p >= 1.0 && !self.xtc_on()))
+        if self.temperature > 0.0 || (self.mirostat == Mirostat::Off && self.dynatemp_range > 0.0) {
+            return false;
+        }
+        if self.mirostat != Mirostat::Off {
+            return true;
+        }
+        match self.order.iter().position(|&s| s == Stage::Temperature) {
+            None => false,
+            Some(at) => self.order[..at].iter().all(|&s| match s {
+                Stage::Typical => self.typical_p >= 1.0,
+                Stage::Xtc => !self.xtc_on(),
+                Stage::Infill => false,
+                _ => true,
+            }),
+        }
     }
 
     pub fn validate(&self) -> Result<(), Error> {
@@ -230,6 +261,9 @@ pub fn argmax(logits: &[f32]) -> u32 {
 impl Sampler {
     pub fn new(params: SamplingParams, n_vocab: usize) -> Result<Sampler, Error> {
         params.validate()?;
+        if params.order.contains(&Stage::Infill) && params.infill.is_none() {
+            return Err(Error::Sampling("the infill sampler needs its vocabulary (SamplingParams::infill)".into()));
+        }
         if let Some((t, _)) = params.logit_bias.iter().find(|(t, _)| *t as usize >= n_vocab) {
             return Err(Error::Sampling(format!("logit bias for token {t}, outside the vocabulary of {n_vocab}")));
         }
@@ -293,7 +327,8 @@ impl Sampler {
         };
         // Temperature, then draw.
         let Sampler { rng, cand, .. } = self;
-        let max = cand[0].1;
+        // (The list is sorted unless a custom order left it otherwise.)
+        let max = cand.iter().fold(cand[0].1, |m, c| m.max(c.1));
         let mut total = 0f64;
         for c in cand.iter_mut() {
             c.1 = (((c.1 - max) / temp) as f64).exp() as f32;
@@ -335,15 +370,15 @@ impl Sampler {
         }
     }
 
-    /// The candidates (token, logit) left after every cut of the chain, before the
-    /// temperature, sorted by logit (for checking the stages against llama.cpp's); empty when
-    /// the chain chose without a draw. Uses the generator as [`sample`](Self::sample) would
+    /// The candidates (token, logit) left after every stage of the chain, as llama.cpp's
+    /// chain leaves them for its draw (divided by the temperature), sorted by logit (for
+    /// checking the stages against llama.cpp's); empty when the chain chose without a draw. Uses the generator as [`sample`](Self::sample) would
     /// (XTC's chance) but draws nothing.
     pub fn candidates(&mut self, logits: &[f32]) -> Vec<(u32, f32)> {
         self.last = Last::None;
         match self.cut(logits, None::<fn(u32) -> bool>) {
-            Some(Cut::Draw(_)) => {
-                let mut out = self.cand.clone();
+            Some(Cut::Draw(temp)) => {
+                let mut out: Vec<(u32, f32)> = self.cand.iter().map(|&(t, l)| (t, if temp == 1.0 { l } else { l / temp })).collect();
                 stages::sort(&mut out);
                 out
             }
@@ -362,83 +397,149 @@ impl Sampler {
         for &(t, b) in &p.logit_bias {
             cand[t as usize].1 += b;
         }
-        // `cand[t]` is token t until the banned tokens leave below.
-        if penalties {
-            // Each distinct token once, with its count in the last `repeat_last_n`.
-            counts.clear();
-            for &t in recent.range(recent.len().saturating_sub(p.repeat_last_n)..) {
-                *counts.entry(t).or_insert(0) += 1;
+        let mirostat_on = p.mirostat != Mirostat::Off;
+        let order: &[Stage] = if mirostat_on { &[] } else { &p.order };
+        // `cand[t]` is token t until the first stage that is not a penalty: the banned tokens
+        // and those the mask refuses leave there (before every cut, as llama.cpp applies a
+        // grammar first).
+        let mut indexed = true;
+        let mut sorted = false;
+        // A temperature not yet divided into the logits (the draw's, when nothing follows it).
+        let mut temp = 1.0f32;
+        for &stage in order {
+            if indexed && !matches!(stage, Stage::Penalties | Stage::Dry) {
+                if !leave_out(p, cand, &allowed) {
+                    return None;
+                }
+                indexed = false;
             }
-            for (&t, &count) in counts.iter() {
-                if let Some(c) = cand.get_mut(t as usize) {
-                    c.1 = if c.1 <= 0.0 { c.1 * p.repeat_penalty } else { c.1 / p.repeat_penalty };
-                    c.1 -= count as f32 * p.frequency_penalty + p.presence_penalty;
+            if temp != 1.0 {
+                // A stage after the temperature sees the logits it made.
+                for c in cand.iter_mut() {
+                    c.1 /= temp;
+                }
+                temp = 1.0;
+            }
+            match stage {
+                Stage::Penalties if penalties => {
+                    // Each distinct token once, with its count in the last `repeat_last_n`.
+                    counts.clear();
+                    for &t in recent.range(recent.len().saturating_sub(p.repeat_last_n)..) {
+                        *counts.entry(t).or_insert(0) += 1;
+                    }
+                    let penalise = |c: &mut (u32, f32), count: u32| {
+                        c.1 = if c.1 <= 0.0 { c.1 * p.repeat_penalty } else { c.1 / p.repeat_penalty };
+                        c.1 -= count as f32 * p.frequency_penalty + p.presence_penalty;
+                    };
+                    if indexed {
+                        for (&t, &n) in counts.iter() {
+                            if let Some(c) = cand.get_mut(t as usize) {
+                                penalise(c, n);
+                            }
+                        }
+                    } else {
+                        for c in cand.iter_mut() {
+                            if let Some(&n) = counts.get(&c.0) {
+                                penalise(c, n);
+                            }
+                        }
+                    }
+                    sorted = false;
+                }
+                Stage::Dry if dry => {
+                    let d = &p.dry;
+                    dry_state.find(recent.iter().copied(), d.last_n, d.allowed_length, &d.breakers);
+                    let penalty = |t: u32| dry_state.penalty(t, d.multiplier, d.base, d.allowed_length, &d.breakers);
+                    if indexed {
+                        for &t in dry_state.extend.keys() {
+                            if let Some(c) = cand.get_mut(t as usize) {
+                                c.1 -= penalty(t);
+                            }
+                        }
+                    } else {
+                        cand.iter_mut().filter(|c| dry_state.extend.contains_key(&c.0)).for_each(|c| c.1 -= penalty(c.0));
+                    }
+                    sorted = false;
+                }
+                Stage::Penalties | Stage::Dry => {}
+                // Greedy: the cuts that keep the best are skipped; the temperature takes it.
+                s if greedy && s.keeps_best() => {}
+                Stage::TopNSigma => stages::top_n_sigma(cand, p.top_n_sigma),
+                Stage::TopK => {
+                    // Top-k (0: all), sorted highest first.
+                    stages::top(cand, if p.top_k > 0 { p.top_k } else { cand.len() });
+                    sorted = true;
+                }
+                // The stages below read the list sorted, highest first; each is skipped when off.
+                Stage::Typical if p.typical_p < 1.0 => {
+                    ensure_sorted(cand, &mut sorted);
+                    stages::typical(cand, p.typical_p, probs, scratch);
+                }
+                Stage::TopP if p.top_p < 1.0 => {
+                    ensure_sorted(cand, &mut sorted);
+                    stages::top_p(cand, p.top_p);
+                }
+                Stage::MinP if p.min_p > 0.0 => {
+                    ensure_sorted(cand, &mut sorted);
+                    stages::min_p(cand, p.min_p);
+                }
+                Stage::Xtc if p.xtc_on() && cand.len() >= 2 => {
+                    ensure_sorted(cand, &mut sorted);
+                    let chance = rng.random::<f32>();
+                    stages::xtc(cand, chance, p.xtc_probability, p.xtc_threshold, probs);
+                }
+                Stage::Infill => {
+                    if let Some(v) = &p.infill {
+                        ensure_sorted(cand, &mut sorted);
+                        infill::infill(cand, probs, v);
+                    }
+                }
+                Stage::Typical | Stage::TopP | Stage::MinP | Stage::Xtc => {}
+                Stage::Temperature => {
+                    temp = if p.dynatemp_range > 0.0 {
+                        ensure_sorted(cand, &mut sorted);
+                        stages::dynamic_temperature(cand, p.temperature, p.dynatemp_range, p.dynatemp_exponent, probs)
+                    } else {
+                        p.temperature
+                    };
+                    if temp <= 0.0 {
+                        return Some(Cut::Chosen(best(cand)));
+                    }
                 }
             }
         }
-        if dry {
-            let d = &p.dry;
-            dry_state.find(recent.iter().copied(), d.last_n, d.allowed_length, &d.breakers);
-            for &t in dry_state.extend.keys() {
-                if let Some(c) = cand.get_mut(t as usize) {
-                    c.1 -= dry_state.penalty(t, d.multiplier, d.base, d.allowed_length, &d.breakers);
-                }
-            }
-        }
-        if p.logit_bias.iter().any(|&(_, b)| b == f32::NEG_INFINITY) {
-            cand.retain(|c| c.1 > f32::NEG_INFINITY);
-        }
-        if let Some(allowed) = allowed {
-            cand.retain(|c| allowed(c.0));
-        }
-        if cand.is_empty() {
+        if indexed && !leave_out(p, cand, &allowed) {
             return None;
         }
         if greedy {
+            // Mirostat at temperature 0, or a chain whose stages before the temperature keep
+            // the best token.
             return Some(Cut::Chosen(best(cand)));
         }
-        if p.mirostat != Mirostat::Off {
+        if mirostat_on {
             return Some(Cut::Chosen(mirostat(p, rng, cand, probs, mu, *n_vocab)));
         }
-        stages::top_n_sigma(cand, p.top_n_sigma);
-        // Top-k (0: all), sorted highest first.
-        stages::top(cand, if p.top_k > 0 { p.top_k } else { cand.len() });
-        stages::typical(cand, p.typical_p, probs, scratch);
-        // Softmax at temperature 1 for top-p / min-p (as llama.cpp's chain, before temperature).
-        let max = cand[0].1;
-        if p.top_p < 1.0 {
-            let mut probs_sum = 0f64;
-            for c in cand.iter() {
-                probs_sum += ((c.1 - max) as f64).exp();
-            }
-            let mut cum = 0f64;
-            let mut keep = cand.len();
-            for (i, c) in cand.iter().enumerate() {
-                cum += ((c.1 - max) as f64).exp() / probs_sum;
-                if cum >= p.top_p as f64 {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            cand.truncate(keep.max(1));
-        }
-        if p.min_p > 0.0 {
-            // Relative to the most likely token: p_i / p_max = exp(l_i - l_max).
-            let thresh = (p.min_p as f64).ln();
-            let keep = cand.iter().take_while(|c| ((c.1 - max) as f64) >= thresh).count();
-            cand.truncate(keep.max(1));
-        }
-        if p.xtc_on() && cand.len() >= 2 {
-            let chance = rng.random::<f32>();
-            stages::xtc(cand, chance, p.xtc_probability, p.xtc_threshold, probs);
-        }
-        let temp = if p.dynatemp_range > 0.0 {
-            stages::dynamic_temperature(cand, p.temperature, p.dynatemp_range, p.dynatemp_exponent, probs)
-        } else {
-            p.temperature
-        };
-        Some(if temp <= 0.0 { Cut::Chosen(best(cand)) } else { Cut::Draw(temp) })
+        Some(Cut::Draw(temp))
     }
+}
+
+fn ensure_sorted(cand: &mut [(u32, f32)], sorted: &mut bool) {
+    if !*sorted {
+        stages::sort(cand);
+        *sorted = true;
+    }
+}
+
+/// The banned tokens (a bias of −∞) and those `allowed` refuses leave `cand`; `false` when
+/// none is left.
+fn leave_out(p: &SamplingParams, cand: &mut Vec<(u32, f32)>, allowed: &Option<impl Fn(u32) -> bool>) -> bool {
+    if p.logit_bias.iter().any(|&(_, b)| b == f32::NEG_INFINITY) {
+        cand.retain(|c| c.1 > f32::NEG_INFINITY);
+    }
+    if let Some(allowed) = allowed {
+        cand.retain(|c| allowed(c.0));
+    }
+    !cand.is_empty()
 }
 
 /// What the chain left for the draw.

@@ -104,6 +104,34 @@ pub(crate) fn dynamic_temperature(cand: &[(u32, f32)], temp: f32, range: f32, ex
     min_t + (max_t - min_t) * (entropy / max_entropy).powf(exponent)
 }
 
+/// Top-p: the most likely tokens until their probability (at temperature 1) reaches `p`.
+/// `cand` is sorted.
+pub(crate) fn top_p(cand: &mut Vec<(u32, f32)>, p: f32) {
+    let max = cand[0].1;
+    let mut probs_sum = 0f64;
+    for c in cand.iter() {
+        probs_sum += ((c.1 - max) as f64).exp();
+    }
+    let mut cum = 0f64;
+    let mut keep = cand.len();
+    for (i, c) in cand.iter().enumerate() {
+        cum += ((c.1 - max) as f64).exp() / probs_sum;
+        if cum >= p as f64 {
+            keep = i + 1;
+            break;
+        }
+    }
+    cand.truncate(keep.max(1));
+}
+
+/// Min-p: the tokens at least `p` times as likely as the best. `cand` is sorted.
+pub(crate) fn min_p(cand: &mut Vec<(u32, f32)>, p: f32) {
+    // Relative to the most likely token: p_i / p_max = exp(l_i - l_max).
+    let (max, thresh) = (cand[0].1, (p as f64).ln());
+    let keep = cand.iter().take_while(|c| ((c.1 - max) as f64) >= thresh).count();
+    cand.truncate(keep.max(1));
+}
+
 /// The `k` (≥ 1) best of `cand`, sorted (a selection, then a sort of those alone).
 pub(crate) fn top(cand: &mut Vec<(u32, f32)>, k: usize) {
     if k < cand.len() {
