@@ -4,8 +4,11 @@
 //! With tools offered, the answer's calls are read out of its text when it ends
 //! (`corelm_engine::tools::parse`): `message.tool_calls` and `finish_reason: "tool_calls"`. A
 //! stream sends as content only the text that cannot be part of a call
-//! (`tools::plain_prefix`), holds the rest, and at the end sends the calls as one
-//! `delta.tool_calls` chunk — or, when there were none, the held text.
+//! (`tools::plain_prefix`) and holds the rest; calls in the held text go out as OpenAI streams
+//! them while they are written (`tools::CallReader`: a `delta.tool_calls` with the call's
+//! `id`, `type` and name, then its arguments' text piece by piece). At the end, calls the
+//! reader did not follow (JSON of no call came first) go out whole — or, when there were
+//! none at all, the held text.
 //!
 //! `echo` (legacy completions): each choice's text opens with its prompt's, and its
 //! log-probabilities with the prompt tokens' (the first one's `null`); a stream sends them as
@@ -20,7 +23,7 @@ use crate::{AppState, Job};
 use axum::response::sse::{Event as Sse, Sse as SseResponse};
 use axum::response::{IntoResponse, Response};
 use corelm_engine::batcher::{Event, Finish, FinishReason, TokenLogprob};
-use corelm_engine::tools::{self, Answer, Tool, ToolCall};
+use corelm_engine::tools::{self, Answer, CallDelta, CallReader, Tool, ToolCall};
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -62,15 +65,17 @@ impl ToolAnswer {
     }
 }
 
-/// OpenAI's `tool_calls` of choice `choice` (with `index`, as stream deltas carry them).
-fn tool_calls(job_id: &str, choice: usize, calls: &[ToolCall]) -> Value {
+/// OpenAI's `tool_calls` of choice `choice` (with `index`, as stream deltas carry them), the
+/// first `first`.
+fn tool_calls(job_id: &str, choice: usize, first: usize, calls: &[ToolCall]) -> Value {
+    calls.iter().enumerate().map(|(i, c)| tool_call(job_id, choice, first + i, &c.name, &c.arguments)).collect()
+}
+
+/// Call `i` of choice `choice`: its id is the job's.
+fn tool_call(job_id: &str, choice: usize, i: usize, name: &str, arguments: &str) -> Value {
     let id = job_id.rsplit('-').next().unwrap_or(job_id);
     let id = if choice == 0 { id.to_string() } else { format!("{id}_{choice}") };
-    calls
-        .iter()
-        .enumerate()
-        .map(|(i, c)| json!({"index": i, "id": format!("call_{id}_{i}"), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
-        .collect()
+    json!({"index": i, "id": format!("call_{id}_{i}"), "type": "function", "function": {"name": name, "arguments": arguments}})
 }
 
 /// Token counts over a job's choices: each prompt once, every completion.
@@ -216,7 +221,7 @@ async fn whole(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
                 let mut message = json!({"role": "assistant", "content": content});
                 let mut finish = finish_reason(&fin.reason);
                 if !calls.is_empty() {
-                    message["tool_calls"] = tool_calls(&job.id, c, &calls);
+                    message["tool_calls"] = tool_calls(&job.id, c, 0, &calls);
                     finish = "tool_calls";
                 }
                 json!({"index": c, "message": message, "logprobs": lp, "finish_reason": finish})
@@ -244,9 +249,11 @@ struct Streamed {
     offset: usize,
     /// `echo`: the prompt's text, until it goes out as the choice's first chunk.
     echo: Option<String>,
-    /// With tools: the whole text so far, and how much of it went out as content.
+    /// With tools: the whole text so far, how much of it went out as content, and the calls
+    /// read in the rest as it comes.
     full: String,
     sent: usize,
+    calls: CallReader,
 }
 
 /// SSE: engine events are converted to chunks on a task; when the client goes, the SSE body is
@@ -294,6 +301,7 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
                 echo: job.echo.get(c / job.params.n).cloned(),
                 full: String::new(),
                 sent: 0,
+                calls: CallReader::default(),
             })
             .collect();
         let (mut usage, mut ended) = (Usage::default(), 0);
@@ -337,11 +345,16 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
                     let mut finish = finish_reason(&f.reason);
                     if let Some(t) = &job.tools {
                         let (_, calls) = t.read(&s.full);
-                        let last = if calls.is_empty() {
+                        let streamed = s.calls.started();
+                        if !calls.is_empty() && s.calls.all_closed() {
+                            finish = "tool_calls";
+                        }
+                        let last = if streamed == 0 && calls.is_empty() {
                             (s.sent < s.full.len()).then(|| choice(c, Some(&s.full[s.sent..]), Value::Null, Value::Null))
                         } else {
-                            finish = "tool_calls";
-                            Some(json!([{"index": c, "delta": {"tool_calls": tool_calls(&job.id, c, &calls)}, "logprobs": null, "finish_reason": null}]))
+                            // The calls the reader did not follow (those it did went out).
+                            let rest = calls.get(streamed..).filter(|r| !r.is_empty());
+                            rest.map(|r| json!([{"index": c, "delta": {"tool_calls": tool_calls(&job.id, c, streamed, r)}, "logprobs": null, "finish_reason": null}]))
                         };
                         if let Some(last) = last {
                             let _ = send(chunk(last, None)).await;
@@ -361,21 +374,30 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
                 }
             };
             s.offset += piece.chars().count();
+            let mut deltas = vec![];
             let piece = match &job.tools {
                 Some(t) => {
                     s.full.push_str(&piece);
                     let plain = t.plain(&s.full).max(s.sent);
                     let out = s.full[s.sent..plain].to_string();
                     s.sent = plain;
+                    s.calls.feed(&s.full, s.sent, &t.tools, &mut deltas);
                     out
                 }
                 None => piece,
             };
-            if piece.is_empty() && lp.is_null() {
-                continue;
-            }
-            if send(chunk(choice(c, Some(&piece), lp, Value::Null), None)).await.is_err() {
+            if !(piece.is_empty() && lp.is_null()) && send(chunk(choice(c, Some(&piece), lp, Value::Null), None)).await.is_err() {
                 return; // client gone: dropping the receivers cancels the sequences
+            }
+            for d in deltas {
+                let call = match d {
+                    CallDelta::Start { index, name } => tool_call(&job.id, c, index, &name, ""),
+                    CallDelta::Args { index, text } => json!({"index": index, "function": {"arguments": text}}),
+                };
+                let delta = json!([{"index": c, "delta": {"tool_calls": [call]}, "logprobs": null, "finish_reason": null}]);
+                if send(chunk(delta, None)).await.is_err() {
+                    return;
+                }
             }
         }
     });

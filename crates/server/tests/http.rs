@@ -164,14 +164,22 @@ fn json_mode_answers_json_objects() {
     }
 }
 
-/// `body` streamed: the answer's one call `call` as one `delta.tool_calls`, no content.
+/// `body` streamed: the answer's one call `call` as OpenAI streams one — a `delta.tool_calls`
+/// with its id, type and name, then its arguments in pieces (more than one: they go out as
+/// written) that join to the same value — and no content.
 fn streams_the_call(srv: &Server, mut body: Value, call: &Value) {
     body["stream"] = json!(true);
     let ev = post(srv, "/v1/chat/completions", body).events();
     let chunks: Vec<Value> = ev[..ev.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
     let streamed: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
-    assert_eq!(streamed.len(), 1);
-    assert_eq!(streamed[0]["function"], call["function"]);
+    assert!(streamed.len() > 2, "{streamed:?}");
+    assert!(streamed.iter().all(|d| d["index"] == 0), "{streamed:?}");
+    assert!(streamed[0]["id"].as_str().is_some_and(|id| id.starts_with("call_") && id.ends_with("_0")), "{}", streamed[0]);
+    assert_eq!((&streamed[0]["type"], &streamed[0]["function"]["name"]), (&call["type"], &call["function"]["name"]));
+    assert!(streamed[1..].iter().all(|d| d.get("id").is_none() && d["function"].get("name").is_none()), "{streamed:?}");
+    let args: String = streamed.iter().map(|d| d["function"]["arguments"].as_str().unwrap()).collect();
+    let value = |s: &str| serde_json::from_str::<Value>(s).unwrap_or_else(|e| panic!("{s}: {e}"));
+    assert_eq!(value(&args), value(call["function"]["arguments"].as_str().unwrap()));
     assert!(chunks.iter().all(|c| c["choices"][0]["delta"]["content"].as_str().is_none_or(str::is_empty)), "no content chunks");
     assert_eq!(chunks.iter().find_map(|c| c["choices"][0]["finish_reason"].as_str()), Some("tool_calls"));
 }

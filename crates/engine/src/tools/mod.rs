@@ -16,6 +16,10 @@
 //! `auto` answer is free but for its calls, each held to the same schema from where it starts
 //! (a lazy constraint, [`crate::constraint::lazy`]); it is read by [`parse`] when it ends.
 
+mod stream;
+
+pub use stream::{CallDelta, CallReader};
+
 use serde_json::{json, Map, Value};
 
 use std::sync::Arc;
