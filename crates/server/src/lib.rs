@@ -134,6 +134,8 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
         .route("/completion", post(native::completion))
         .route("/completions", post(native::completion))
         .route("/props", get(native::props).post(native::set_props))
+        .route("/slots", get(native::slots))
+        .route("/slots/{id}", post(native::slot_action))
         .route("/apply-template", post(native::apply_template))
         .route("/infill", post(native::infill))
         .route("/tokenize", post(tokenize))

@@ -226,3 +226,37 @@ fn server_defaults_fill_the_fields_a_request_leaves_out() {
     assert_eq!(props["default_generation_settings"]["params"]["temperature"], 0.0);
     assert_eq!(props["default_generation_settings"]["params"]["dry_multiplier"], 1.0);
 }
+
+/// llama-server's `/slots`: each slot idle or processing, its request's progress (kept when
+/// it ends); `fail_on_no_slot` a 503 while every slot works; slot actions a 501.
+#[test]
+fn slots_show_what_each_sequence_does() {
+    let srv = start(1, 16, None);
+    let v = get(&srv, "/slots").json();
+    assert_eq!(v, json!([{"id": 0, "n_ctx": v[0]["n_ctx"], "speculative": false, "is_processing": false}]), "before any request");
+    let r = post(&srv, "/completion", json!({"prompt": "Once upon a time", "n_predict": 8, "ignore_eos": true})).json();
+    let s = &get(&srv, "/slots").json()[0];
+    assert_eq!((s["is_processing"].as_bool(), s["id_task"].as_u64()), (Some(false), Some(1)), "{s}");
+    assert_eq!(s["n_prompt_tokens"], r["tokens_evaluated"], "{s}");
+    assert_eq!(s["next_token"][0]["n_decoded"], 8, "{s}");
+    assert_eq!(s["next_token"][0]["n_remain"], 0, "{s}");
+    assert_eq!(get(&srv, "/slots?fail_on_no_slot=1").status, 200, "the slot is idle");
+    // While a long answer is written, the slot is busy.
+    std::thread::scope(|scope| {
+        scope.spawn(|| post(&srv, "/completion", json!({"prompt": "Once upon a time", "n_predict": 400, "ignore_eos": true})));
+        let t0 = std::time::Instant::now();
+        let busy = loop {
+            let s = get(&srv, "/slots").json();
+            if s[0]["is_processing"] == true {
+                break s;
+            }
+            assert!(t0.elapsed().as_secs() < 30, "the slot never showed the request");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        assert_eq!(busy[0]["id_task"], 2, "{busy}");
+        let full = get(&srv, "/slots?fail_on_no_slot=1");
+        assert_eq!((full.status, full.json()["error"]["message"].as_str()), (503, Some("no slot available")), "{}", full.body);
+    });
+    let a = post(&srv, "/slots/0?action=erase", json!({}));
+    assert_eq!((a.status, a.json()["error"]["param"].as_str()), (501, Some("action")), "{}", a.body);
+}

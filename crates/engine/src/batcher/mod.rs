@@ -46,7 +46,7 @@ mod request;
 
 pub use cost::StepCost;
 pub use embed::{EmbedRequest, EmbedSink};
-pub use request::{finish_now, token_logprob, Event, Finish, FinishReason, Request, Sink, Stats, TokenLogprob, Work};
+pub use request::{finish_now, token_logprob, Event, Finish, FinishReason, Request, Sink, SlotStat, Stats, TokenLogprob, Work};
 
 use crate::generate::TextOut;
 use crate::constraint::{Mask, Vocabs};
@@ -60,6 +60,8 @@ use std::time::Instant;
 
 struct Running {
     req: Request,
+    /// Its serial number (`SlotStat::task`).
+    task: u64,
     seq: i32,
     sampler: Sampler,
     /// The constraint's mask (`Request::constraint`).
@@ -111,6 +113,8 @@ pub struct Batcher {
     embeds: embed::Embeds,
     /// The next step is an embedding pass if embeddings have work (they alternate).
     embed_turn: bool,
+    /// Requests admitted so far.
+    tasks: u64,
 }
 
 /// What a batch row with logits holds.
@@ -130,7 +134,7 @@ impl Batcher {
     pub fn new(engine: Engine, tok: Arc<Tokenizer>) -> Batcher {
         let n_seq = engine.config().n_seq_max;
         let nb = engine.config().n_batch;
-        let stats = Arc::new(Stats::default());
+        let stats = Arc::new(Stats { slots: (0..n_seq).map(|_| SlotStat::default()).collect(), ..Stats::default() });
         stats.kv_blocks_total.store(engine.blocks().n_blocks(), Ordering::Relaxed);
         Batcher {
             engine,
@@ -153,6 +157,7 @@ impl Batcher {
             cost: StepCost { fixed: 0.005, per_token: 0.005 },
             embeds: embed::Embeds::new(nb),
             embed_turn: false,
+            tasks: 0,
         }
     }
 
@@ -235,6 +240,12 @@ impl Batcher {
         self.stats.running.store(self.n_running(), Ordering::Relaxed);
         self.stats.kv_blocks_used.store(b.used(), Ordering::Relaxed);
         self.stats.kv_blocks_cached.store(b.cached(), Ordering::Relaxed);
+        for (slot, stat) in self.slots.iter().zip(self.stats.slots.iter()) {
+            stat.busy.store(slot.is_some(), Ordering::Relaxed);
+            if let Some(r) = slot {
+                record(stat, r);
+            }
+        }
     }
 
     /// Blocks promised to running sequences and embedding lanes and not yet taken.
@@ -332,9 +343,11 @@ impl Batcher {
             if let Some(c) = &req.constraint {
                 self.vocabs.prepare(c, &self.tok);
             }
+            self.tasks += 1;
             self.slots[slot] = Some(Running {
                 mask: req.constraint.as_ref().map(Mask::new),
                 req,
+                task: self.tasks,
                 seq,
                 sampler,
                 fed: cached,
@@ -504,6 +517,7 @@ impl Batcher {
             let (seq, reason) = self.done[i].clone();
             if let Some(r) = self.slots[seq as usize].take() {
                 self.engine.clear_seq(seq);
+                record(&self.stats.slots[seq as usize], &r);
                 self.publish(); // before the client hears of the end
                 finish(r, reason);
             }
@@ -527,6 +541,16 @@ impl Batcher {
         }
         self.publish();
     }
+}
+
+/// A running request's progress into its slot's counters.
+fn record(stat: &SlotStat, r: &Running) {
+    stat.task.store(r.task, Ordering::Relaxed);
+    stat.n_prompt.store(r.req.prompt.len(), Ordering::Relaxed);
+    stat.n_prompt_processed.store(r.fed.min(r.req.prompt.len()) - r.cached, Ordering::Relaxed);
+    stat.n_prompt_cached.store(r.cached, Ordering::Relaxed);
+    stat.n_decoded.store(r.generated, Ordering::Relaxed);
+    stat.n_remain.store(r.req.max_tokens - r.generated, Ordering::Relaxed);
 }
 
 /// A sequence neither a generation (`slots`) nor an embedding lane holds.

@@ -4,7 +4,7 @@
 use super::EmbedRequest;
 use crate::constraint::Constraint;
 use crate::sample::SamplingParams;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::time::Instant;
 
 /// What the engine thread is handed.
@@ -99,6 +99,25 @@ pub struct Stats {
     /// Prompt-lookup draft tokens fed, and kept (since the batcher was made).
     pub drafted: AtomicU64,
     pub drafts_kept: AtomicU64,
+    /// One per sequence slot (llama-server's `/slots`).
+    pub slots: Box<[SlotStat]>,
+}
+
+/// A sequence slot: whether a request runs in it, and that request's (or, when idle, the last
+/// one's) progress. Written by the engine thread after each step.
+#[derive(Default, Debug)]
+pub struct SlotStat {
+    pub busy: AtomicBool,
+    /// The request's serial number in this batcher (0: none yet).
+    pub task: AtomicU64,
+    pub n_prompt: AtomicUsize,
+    /// Prompt tokens computed so far (not taken from the prefix cache).
+    pub n_prompt_processed: AtomicUsize,
+    /// Prompt tokens taken from the prefix cache.
+    pub n_prompt_cached: AtomicUsize,
+    pub n_decoded: AtomicUsize,
+    /// Tokens it may still generate.
+    pub n_remain: AtomicUsize,
 }
 
 /// Finish a request that never ran.
