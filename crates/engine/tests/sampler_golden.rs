@@ -233,6 +233,45 @@ fn greedy_follows_the_order() {
     }
 }
 
+/// A mask asked about the best tokens only (greedy, or top-k first) draws what the mask over
+/// every token draws: the same tokens from the same generator, with masks that admit most,
+/// few and almost no tokens, penalties and a banned token. (The whole-vocabulary path is
+/// forced by a top-nσ that is on and cuts nothing.)
+#[test]
+fn a_mask_asked_about_the_best_tokens_draws_as_the_whole_mask() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(17);
+    let n = 3000;
+    for round in 0..24 {
+        let logits: Vec<f32> = (0..n).map(|_| rng.random::<f32>() * 8.0 - 4.0).collect();
+        let density = [0.9, 0.05, 0.002][round % 3];
+        let admitted: Vec<bool> = (0..n).map(|_| rng.random::<f64>() < density).collect();
+        let allowed = |t: u32| admitted[t as usize];
+        let temperature = if round % 4 == 0 { 0.0 } else { 0.9 };
+        let base = SamplingParams {
+            temperature,
+            repeat_penalty: 1.3,
+            logit_bias: vec![(7, f32::NEG_INFINITY), (11, 5.0)],
+            seed: round as u64,
+            ..Default::default()
+        };
+        let whole = SamplingParams { top_n_sigma: 1e30, ..base.clone() };
+        let (mut a, mut b) = (Sampler::new(base, n).unwrap(), Sampler::new(whole, n).unwrap());
+        for t in [11, 12, 13, 12] {
+            a.accept(t);
+            b.accept(t);
+        }
+        for step in 0..20 {
+            let (x, y) = (a.sample_allowed(&logits, Some(allowed)), b.sample_allowed(&logits, Some(allowed)));
+            assert_eq!(x, y, "round {round} (density {density}, temperature {temperature}), step {step}");
+            assert!(x.is_none_or(|t| admitted[t as usize] && t != 7));
+        }
+    }
+    // Nothing admitted: none.
+    let mut s = Sampler::new(SamplingParams::default(), 100).unwrap();
+    assert_eq!(s.sample_allowed(&[0.0; 100], Some(|_| false)), None);
+}
+
 /// A prompt-free check of each option's refusal.
 #[test]
 fn bad_sampler_settings_are_refused() {

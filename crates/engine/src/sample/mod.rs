@@ -406,9 +406,23 @@ impl Sampler {
         let mut sorted = false;
         // A temperature not yet divided into the logits (the draw's, when nothing follows it).
         let mut temp = 1.0f32;
+        // Greedy takes the best token the mask admits, and top-k first (the default order) the
+        // k best: those are found by asking the mask about the best tokens only.
+        let best_k = match allowed {
+            Some(_) if greedy => Some(1),
+            Some(_) if top_k_first(p, order) => Some(p.top_k),
+            _ => None,
+        };
         for &stage in order {
             if indexed && !matches!(stage, Stage::Penalties | Stage::Dry) {
-                if !leave_out(p, cand, &allowed) {
+                let banned = p.logit_bias.iter().any(|&(_, b)| b == f32::NEG_INFINITY);
+                if let (Some(k), Some(a)) = (best_k, &allowed) {
+                    sorted = best_allowed(cand, k, banned, a);
+                }
+                if !sorted && !leave_out(p, cand, &allowed) {
+                    return None;
+                }
+                if cand.is_empty() {
                     return None;
                 }
                 indexed = false;
@@ -528,6 +542,41 @@ fn ensure_sorted(cand: &mut [(u32, f32)], sorted: &mut bool) {
         stages::sort(cand);
         *sorted = true;
     }
+}
+
+/// Is top-k (on) the first cut after the penalties and DRY, as in the default order?
+fn top_k_first(p: &SamplingParams, order: &[Stage]) -> bool {
+    // Top-nσ at 0 or below cuts nothing.
+    let passes = |s: Stage| matches!(s, Stage::Penalties | Stage::Dry) || (s == Stage::TopNSigma && p.top_n_sigma <= 0.0);
+    let first_cut = order.iter().find(|&&s| !passes(s));
+    p.top_k > 0 && first_cut == Some(&Stage::TopK)
+}
+
+/// What the mask and then top-k leave: the `k` best tokens that `allowed` admits (and that are
+/// not `banned`, −∞), sorted — found among the `4k + 64` best alone, so the mask is asked about
+/// those only. `false` when fewer than `k` of them are admitted (and more tokens remain):
+/// `cand` is then whole, in another order, for the mask over every token.
+fn best_allowed(cand: &mut Vec<(u32, f32)>, k: usize, banned: bool, allowed: &impl Fn(u32) -> bool) -> bool {
+    let m = (4 * k + 64).min(cand.len());
+    if m < cand.len() {
+        cand.select_nth_unstable_by(m - 1, stages::by_logit);
+    }
+    cand[..m].sort_unstable_by(stages::by_logit);
+    let mut n = 0;
+    for i in 0..m {
+        if !(banned && cand[i].1 == f32::NEG_INFINITY) && allowed(cand[i].0) {
+            cand.swap(n, i);
+            n += 1;
+            if n == k {
+                break;
+            }
+        }
+    }
+    if n < k && m < cand.len() {
+        return false;
+    }
+    cand.truncate(n);
+    true
 }
 
 /// The banned tokens (a bias of −∞) and those `allowed` refuses leave `cand`; `false` when

@@ -19,7 +19,7 @@ pub(crate) fn softmax(cand: &[(u32, f32)], probs: &mut Vec<f32>) {
 }
 
 /// The chain's order: by logit, highest first (ties: the lower id first).
-fn by_logit(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+pub(crate) fn by_logit(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
     b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
 
