@@ -233,10 +233,10 @@ fn greedy_follows_the_order() {
     }
 }
 
-/// A mask asked about the best tokens only (greedy, or top-k first) draws what the mask over
-/// every token draws: the same tokens from the same generator, with masks that admit most,
-/// few and almost no tokens, penalties and a banned token. (The whole-vocabulary path is
-/// forced by a top-nσ that is on and cuts nothing.)
+/// A mask asked about the best tokens only (`sample_checked`: greedy, or top-k first) draws
+/// what the mask over every token (`sample_allowed`) draws: the same tokens from the same
+/// generator, with masks that admit most, few and almost no tokens, penalties and a banned
+/// token.
 #[test]
 fn a_mask_asked_about_the_best_tokens_draws_as_the_whole_mask() {
     use rand::{Rng, SeedableRng};
@@ -255,21 +255,21 @@ fn a_mask_asked_about_the_best_tokens_draws_as_the_whole_mask() {
             seed: round as u64,
             ..Default::default()
         };
-        let whole = SamplingParams { top_n_sigma: 1e30, ..base.clone() };
+        let whole = base.clone();
         let (mut a, mut b) = (Sampler::new(base, n).unwrap(), Sampler::new(whole, n).unwrap());
         for t in [11, 12, 13, 12] {
             a.accept(t);
             b.accept(t);
         }
         for step in 0..20 {
-            let (x, y) = (a.sample_allowed(&logits, Some(allowed)), b.sample_allowed(&logits, Some(allowed)));
+            let (x, y) = (a.sample_checked(&logits, allowed), b.sample_allowed(&logits, Some(allowed)));
             assert_eq!(x, y, "round {round} (density {density}, temperature {temperature}), step {step}");
             assert!(x.is_none_or(|t| admitted[t as usize] && t != 7));
         }
     }
     // Nothing admitted: none.
     let mut s = Sampler::new(SamplingParams::default(), 100).unwrap();
-    assert_eq!(s.sample_allowed(&[0.0; 100], Some(|_| false)), None);
+    assert_eq!(s.sample_checked(&[0.0; 100], |_| false), None);
 }
 
 /// A prompt-free check of each option's refusal.

@@ -193,7 +193,7 @@ impl JsonMask {
     /// Draw the next token with `sampler` among those [`allows`](Self::allows) admits.
     pub fn sample(&self, vocab: &JsonVocab, tok: &Tokenizer, sampler: &mut Sampler, logits: &[f32]) -> Result<u32, Error> {
         sampler
-            .sample_allowed(logits, Some(|id| self.allows(vocab, tok, id)))
+            .sample_checked(logits, |id| self.allows(vocab, tok, id))
             .ok_or_else(|| Error::Sampling("no token of the vocabulary continues the JSON value".into()))
     }
 

@@ -317,8 +317,20 @@ impl Sampler {
     /// constraint such as JSON mode's), after the penalties and DRY and before the cuts, as
     /// llama.cpp applies a grammar; `None` when it admits none.
     pub fn sample_allowed(&mut self, logits: &[f32], allowed: Option<impl Fn(u32) -> bool>) -> Option<u32> {
+        self.draw_among(logits, allowed, false)
+    }
+
+    /// [`sample_allowed`](Self::sample_allowed) for a check that costs something per token
+    /// (JSON mode's): where the chain is greedy or starts with top-k, only the best tokens are
+    /// checked, until the best one or the k best admitted are found (among the 4k + 64 best;
+    /// else every token is). The same token as `sample_allowed`.
+    pub fn sample_checked(&mut self, logits: &[f32], check: impl Fn(u32) -> bool) -> Option<u32> {
+        self.draw_among(logits, Some(check), true)
+    }
+
+    fn draw_among(&mut self, logits: &[f32], allowed: Option<impl Fn(u32) -> bool>, best_first: bool) -> Option<u32> {
         self.last = Last::None;
-        let temp = match self.cut(logits, allowed)? {
+        let temp = match self.cut(logits, allowed, best_first)? {
             Cut::Chosen(t) => {
                 self.last = if self.params.mirostat != Mirostat::Off && !self.params.is_greedy() { Last::Probs } else { Last::Chosen(t) };
                 return Some(t);
@@ -376,7 +388,7 @@ impl Sampler {
     /// (XTC's chance) but draws nothing.
     pub fn candidates(&mut self, logits: &[f32]) -> Vec<(u32, f32)> {
         self.last = Last::None;
-        match self.cut(logits, None::<fn(u32) -> bool>) {
+        match self.cut(logits, None::<fn(u32) -> bool>, false) {
             Some(Cut::Draw(temp)) => {
                 let mut out: Vec<(u32, f32)> = self.cand.iter().map(|&(t, l)| (t, if temp == 1.0 { l } else { l / temp })).collect();
                 stages::sort(&mut out);
@@ -386,8 +398,9 @@ impl Sampler {
         }
     }
 
-    /// Everything before the draw: `None` when `allowed` admits no token.
-    fn cut(&mut self, logits: &[f32], allowed: Option<impl Fn(u32) -> bool>) -> Option<Cut> {
+    /// Everything before the draw: `None` when `allowed` admits no token. `best_first`: ask
+    /// `allowed` about the best tokens first ([`sample_checked`](Self::sample_checked)).
+    fn cut(&mut self, logits: &[f32], allowed: Option<impl Fn(u32) -> bool>, best_first: bool) -> Option<Cut> {
         let penalties = self.penalties_active();
         let dry = self.params.dry.is_on() && self.params.mirostat == Mirostat::Off;
         let greedy = self.params.is_greedy();
@@ -409,8 +422,8 @@ impl Sampler {
         // Greedy takes the best token the mask admits, and top-k first (the default order) the
         // k best: those are found by asking the mask about the best tokens only.
         let best_k = match allowed {
-            Some(_) if greedy => Some(1),
-            Some(_) if top_k_first(p, order) => Some(p.top_k),
+            Some(_) if best_first && greedy => Some(1),
+            Some(_) if best_first && top_k_first(p, order) => Some(p.top_k),
             _ => None,
         };
         for &stage in order {
@@ -557,6 +570,16 @@ fn top_k_first(p: &SamplingParams, order: &[Stage]) -> bool {
 /// those only. `false` when fewer than `k` of them are admitted (and more tokens remain):
 /// `cand` is then whole, in another order, for the mask over every token.
 fn best_allowed(cand: &mut Vec<(u32, f32)>, k: usize, banned: bool, allowed: &impl Fn(u32) -> bool) -> bool {
+    if k == 1 {
+        // The best alone first: one pass and one question (`cand` is in id order here, so the
+        // first of equal logits is the lower id, as the sort below would put it).
+        let b = best_at(cand);
+        if !(banned && cand[b].1 == f32::NEG_INFINITY) && allowed(cand[b].0) {
+            cand.swap(0, b);
+            cand.truncate(1);
+            return true;
+        }
+    }
     let m = (4 * k + 64).min(cand.len());
     if m < cand.len() {
         cand.select_nth_unstable_by(m - 1, stages::by_logit);
@@ -600,13 +623,18 @@ enum Cut {
 
 /// The candidate with the highest logit (ties: the first, which is the lower id).
 fn best(cand: &[(u32, f32)]) -> u32 {
+    cand[best_at(cand)].0
+}
+
+/// Where [`best`]'s candidate is.
+fn best_at(cand: &[(u32, f32)]) -> usize {
     let mut best = 0;
     for i in 1..cand.len() {
         if cand[i].1 > cand[best].1 {
             best = i;
         }
     }
-    cand[best].0
+    best
 }
 
 /// Draw by `weights` in `cand[i].1`, which sum to `total`.
