@@ -267,6 +267,18 @@ fn a_mask_asked_about_the_best_tokens_draws_as_the_whole_mask() {
             assert!(x.is_none_or(|t| admitted[t as usize] && t != 7));
         }
     }
+    // Ties go to the lower id, whichever way the search left the list: here the best 100 are
+    // refused, so the whole mask is asked after a selection moved the tokens about.
+    let mut g = Sampler::new(SamplingParams::greedy(), 3000).unwrap();
+    for pair in [(2500u32, 2999u32), (1200, 2100), (150, 160), (2998, 2999)] {
+        let mut l = vec![0.0f32; 3000];
+        l[..100].fill(10.0);
+        l[pair.0 as usize] = 1.0;
+        l[pair.1 as usize] = 1.0;
+        let ok = |t: u32| t == pair.0 || t == pair.1 || (t % 7 == 3 && t >= 100);
+        assert_eq!(g.sample_checked(&l, ok), Some(pair.0), "{pair:?}");
+        assert_eq!(g.sample_allowed(&l, Some(ok)), Some(pair.0), "{pair:?}");
+    }
     // Nothing admitted: none.
     let mut s = Sampler::new(SamplingParams::default(), 100).unwrap();
     assert_eq!(s.sample_checked(&[0.0; 100], |_| false), None);

@@ -571,8 +571,7 @@ fn top_k_first(p: &SamplingParams, order: &[Stage]) -> bool {
 /// `cand` is then whole, in another order, for the mask over every token.
 fn best_allowed(cand: &mut Vec<(u32, f32)>, k: usize, banned: bool, allowed: &impl Fn(u32) -> bool) -> bool {
     if k == 1 {
-        // The best alone first: one pass and one question (`cand` is in id order here, so the
-        // first of equal logits is the lower id, as the sort below would put it).
+        // The best alone first: one pass and one question.
         let b = best_at(cand);
         if !(banned && cand[b].1 == f32::NEG_INFINITY) && allowed(cand[b].0) {
             cand.swap(0, b);
@@ -621,7 +620,7 @@ enum Cut {
     Draw(f32),
 }
 
-/// The candidate with the highest logit (ties: the first, which is the lower id).
+/// The candidate with the highest logit (ties: the lower id, wherever the list put it).
 fn best(cand: &[(u32, f32)]) -> u32 {
     cand[best_at(cand)].0
 }
@@ -630,7 +629,8 @@ fn best(cand: &[(u32, f32)]) -> u32 {
 fn best_at(cand: &[(u32, f32)]) -> usize {
     let mut best = 0;
     for i in 1..cand.len() {
-        if cand[i].1 > cand[best].1 {
+        let (c, b) = (cand[i], cand[best]);
+        if c.1 > b.1 || (c.1 == b.1 && c.0 < b.0) {
             best = i;
         }
     }
