@@ -164,10 +164,11 @@ impl Tokenizer {
             "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
             "<｜end▁of▁sentence｜>", "<end_of_utterance>",
         ];
-        let eot = id("tokenizer.ggml.eot_token_id")?.or_else(|| tokens.iter().position(|t| EOT_TEXTS.contains(&t.as_str())).map(|i| i as u32));
+        let eot_key = id("tokenizer.ggml.eot_token_id")?;
+        let eot = eot_key.or_else(|| tokens.iter().position(|t| EOT_TEXTS.contains(&t.as_str())).map(|i| i as u32));
         let mut eog: Vec<u32> = [
             id("tokenizer.ggml.eos_token_id")?,
-            id("tokenizer.ggml.eot_token_id")?,
+            eot_key,
             id("tokenizer.ggml.eom_token_id")?,
         ]
         .into_iter()

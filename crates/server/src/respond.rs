@@ -71,6 +71,11 @@ fn tool_calls(job_id: &str, choice: usize, first: usize, calls: &[ToolCall]) -> 
     calls.iter().enumerate().map(|(i, c)| tool_call(job_id, choice, first + i, &c.name, &c.arguments)).collect()
 }
 
+/// A stream chunk's `choices` carrying `calls` (a list of `tool_calls` entries) for choice `c`.
+fn tool_delta(c: usize, calls: Value) -> Value {
+    json!([{"index": c, "delta": {"tool_calls": calls}, "logprobs": null, "finish_reason": null}])
+}
+
 /// Call `i` of choice `choice`: its id is the job's.
 fn tool_call(job_id: &str, choice: usize, i: usize, name: &str, arguments: &str) -> Value {
     let id = job_id.rsplit('-').next().unwrap_or(job_id);
@@ -354,7 +359,7 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
                         } else {
                             // The calls the reader did not follow (those it did went out).
                             let rest = calls.get(streamed..).filter(|r| !r.is_empty());
-                            rest.map(|r| json!([{"index": c, "delta": {"tool_calls": tool_calls(&job.id, c, streamed, r)}, "logprobs": null, "finish_reason": null}]))
+                            rest.map(|r| tool_delta(c, tool_calls(&job.id, c, streamed, r)))
                         };
                         if let Some(last) = last {
                             let _ = send(chunk(last, None)).await;
@@ -394,8 +399,7 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
                     CallDelta::Start { index, name } => tool_call(&job.id, c, index, &name, ""),
                     CallDelta::Args { index, text } => json!({"index": index, "function": {"arguments": text}}),
                 };
-                let delta = json!([{"index": c, "delta": {"tool_calls": [call]}, "logprobs": null, "finish_reason": null}]);
-                if send(chunk(delta, None)).await.is_err() {
+                if send(chunk(tool_delta(c, json!([call])), None)).await.is_err() {
                     return;
                 }
             }

@@ -6,6 +6,12 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 
+/// `body` with `extra`'s fields added (replacing its own of the same names).
+fn with(mut body: Value, extra: &Value) -> Value {
+    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    body
+}
+
 fn text(v: &Value) -> String {
     v["choices"][0]["text"].as_str().map(str::to_string).or_else(|| v["content"].as_str().map(str::to_string)).unwrap_or_else(|| panic!("{v}"))
 }
@@ -15,8 +21,7 @@ fn dry_breaks_a_greedy_loop_and_the_other_samplers_answer() {
     let srv = start(2, 16, None);
     let prompt = "Write the line \"the cat sat on the mat\" five times:\n";
     let ask = |extra: Value| {
-        let mut body = json!({"prompt": prompt, "max_tokens": 48, "temperature": 0});
-        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let body = with(json!({"prompt": prompt, "max_tokens": 48, "temperature": 0}), &extra);
         let r = post(&srv, "/v1/completions", body);
         assert_eq!(r.status, 200, "{}", r.body);
         text(&r.json())
@@ -40,8 +45,7 @@ fn dry_breaks_a_greedy_loop_and_the_other_samplers_answer() {
         json!({"mirostat": 2, "mirostat_eta": 0.2}),
         json!({"dry_multiplier": 0.8, "dry_penalty_last_n": -1, "repeat_last_n": -1, "repeat_penalty": 1.1}),
     ] {
-        let mut body = json!({"prompt": "Once upon a time", "n_predict": 24, "temperature": 0.9, "seed": 11});
-        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let body = with(json!({"prompt": "Once upon a time", "n_predict": 24, "temperature": 0.9, "seed": 11}), &extra);
         let a = post(&srv, "/completion", body.clone());
         let b = post(&srv, "/completion", body);
         assert_eq!((a.status, b.status), (200, 200), "{extra}: {}", a.body);
@@ -110,8 +114,7 @@ fn completion_probabilities_on_the_native_endpoint() {
     let r = post(&srv, "/completion", json!({"prompt": "Hi", "n_predict": 2}));
     assert!(r.json().get("completion_probabilities").is_none());
     for (field, extra) in [("n_probs", json!({"n_probs": 21})), ("post_sampling_probs", json!({"n_probs": 2, "post_sampling_probs": 1}))] {
-        let mut b = json!({"prompt": "Hi", "n_predict": 2});
-        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let b = with(json!({"prompt": "Hi", "n_predict": 2}), &extra);
         let r = post(&srv, "/completion", b);
         assert_eq!((r.status, r.json()["error"]["param"].as_str()), (400, Some(field)), "{}", r.body);
     }
@@ -124,8 +127,7 @@ fn samplers_order_the_chain() {
     let srv = start(1, 16, None);
     let prompt = "Write the line \"the cat sat on the mat\" five times:\n";
     let ask = |extra: Value| {
-        let mut body = json!({"prompt": prompt, "n_predict": 24, "temperature": 0, "repeat_penalty": 1.5});
-        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let body = with(json!({"prompt": prompt, "n_predict": 24, "temperature": 0, "repeat_penalty": 1.5}), &extra);
         let r = post(&srv, "/completion", body);
         assert_eq!(r.status, 200, "{extra}: {}", r.body);
         text(&r.json())
@@ -152,8 +154,7 @@ fn samplers_order_the_chain() {
 fn post_sampling_probs_are_the_chains() {
     let srv = start(1, 16, None);
     let ask = |extra: Value| {
-        let mut body = json!({"prompt": "Once upon a time", "n_predict": 6, "n_probs": 10, "post_sampling_probs": true});
-        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let body = with(json!({"prompt": "Once upon a time", "n_predict": 6, "n_probs": 10, "post_sampling_probs": true}), &extra);
         let r = post(&srv, "/completion", body);
         assert_eq!(r.status, 200, "{}", r.body);
         r.json()["completion_probabilities"].as_array().unwrap_or_else(|| panic!("{}", r.body)).clone()

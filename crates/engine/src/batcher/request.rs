@@ -3,7 +3,7 @@
 
 use super::EmbedRequest;
 use crate::constraint::Constraint;
-use crate::sample::SamplingParams;
+use crate::sample::{keep_top, SamplingParams};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::time::Instant;
 
@@ -141,11 +141,7 @@ pub fn token_logprob(logits: &[f32], t: u32, n: usize) -> TokenLogprob {
     let lse = max + logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
     let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
     for (i, &l) in logits.iter().enumerate() {
-        if top.len() < n || top.last().is_some_and(|x| l > x.1) {
-            let at = top.partition_point(|x| x.1 >= l);
-            top.insert(at, (i as u32, l));
-            top.truncate(n);
-        }
+        keep_top(&mut top, n, i as u32, l);
     }
     for x in top.iter_mut() {
         x.1 -= lse;

@@ -332,7 +332,11 @@ impl Sampler {
         self.last = Last::None;
         let temp = match self.cut(logits, allowed, best_first)? {
             Cut::Chosen(t) => {
-                self.last = if self.params.mirostat != Mirostat::Off && !self.params.is_greedy() { Last::Probs } else { Last::Chosen(t) };
+                self.last = Last::Chosen(t);
+                return Some(t);
+            }
+            Cut::Mirostat(t) => {
+                self.last = Last::Probs;
                 return Some(t);
             }
             Cut::Draw(temp) => temp,
@@ -371,10 +375,8 @@ impl Sampler {
                     if id == t {
                         p_t = p;
                     }
-                    if p > 0.0 && (top.len() < n || top.last().is_some_and(|x| p > x.1)) {
-                        let at = top.partition_point(|x| x.1 >= p);
-                        top.insert(at, (id, p));
-                        top.truncate(n);
+                    if p > 0.0 {
+                        keep_top(&mut top, n, id, p);
                     }
                 }
                 (p_t, top)
@@ -384,8 +386,8 @@ impl Sampler {
 
     /// The candidates (token, logit) left after every stage of the chain, as llama.cpp's
     /// chain leaves them for its draw (divided by the temperature), sorted by logit (for
-    /// checking the stages against llama.cpp's); empty when the chain chose without a draw. Uses the generator as [`sample`](Self::sample) would
-    /// (XTC's chance) but draws nothing.
+    /// checking the stages against llama.cpp's); empty when the chain chose without a draw.
+    /// Uses the generator as [`sample`](Self::sample) would (XTC's chance) but draws nothing.
     pub fn candidates(&mut self, logits: &[f32]) -> Vec<(u32, f32)> {
         self.last = Last::None;
         match self.cut(logits, None::<fn(u32) -> bool>, false) {
@@ -426,14 +428,14 @@ impl Sampler {
             Some(_) if best_first && top_k_first(p, order) => Some(p.top_k),
             _ => None,
         };
+        let banned = p.logit_bias.iter().any(|&(_, b)| b == f32::NEG_INFINITY);
         for &stage in order {
             if indexed && !matches!(stage, Stage::Penalties | Stage::Dry) {
-                let banned = p.logit_bias.iter().any(|&(_, b)| b == f32::NEG_INFINITY);
                 if let (Some(k), Some(a)) = (best_k, &allowed) {
                     sorted = best_allowed(cand, k, banned, a);
                 }
-                if !sorted && !leave_out(p, cand, &allowed) {
-                    return None;
+                if !sorted {
+                    leave_out(cand, banned, &allowed);
                 }
                 if cand.is_empty() {
                     return None;
@@ -535,8 +537,11 @@ impl Sampler {
                 }
             }
         }
-        if indexed && !leave_out(p, cand, &allowed) {
-            return None;
+        if indexed {
+            leave_out(cand, banned, &allowed);
+            if cand.is_empty() {
+                return None;
+            }
         }
         if greedy {
             // Mirostat at temperature 0, or a chain whose stages before the temperature keep
@@ -544,7 +549,7 @@ impl Sampler {
             return Some(Cut::Chosen(best(cand)));
         }
         if mirostat_on {
-            return Some(Cut::Chosen(mirostat(p, rng, cand, probs, mu, *n_vocab)));
+            return Some(Cut::Mirostat(mirostat(p, rng, cand, probs, mu, *n_vocab)));
         }
         Some(Cut::Draw(temp))
     }
@@ -601,23 +606,35 @@ fn best_allowed(cand: &mut Vec<(u32, f32)>, k: usize, banned: bool, allowed: &im
     true
 }
 
-/// The banned tokens (a bias of −∞) and those `allowed` refuses leave `cand`; `false` when
-/// none is left.
-fn leave_out(p: &SamplingParams, cand: &mut Vec<(u32, f32)>, allowed: &Option<impl Fn(u32) -> bool>) -> bool {
-    if p.logit_bias.iter().any(|&(_, b)| b == f32::NEG_INFINITY) {
+/// The `banned` tokens (when some bias is −∞, those at −∞) and those `allowed` refuses leave
+/// `cand`.
+fn leave_out(cand: &mut Vec<(u32, f32)>, banned: bool, allowed: &Option<impl Fn(u32) -> bool>) {
+    if banned {
         cand.retain(|c| c.1 > f32::NEG_INFINITY);
     }
     if let Some(allowed) = allowed {
         cand.retain(|c| allowed(c.0));
     }
-    !cand.is_empty()
 }
 
 /// What the chain left for the draw.
 enum Cut {
+    /// Without a draw (greedy, or a temperature of 0).
     Chosen(u32),
+    /// Drawn by Mirostat from `probs` over `cand`.
+    Mirostat(u32),
     /// Draw from `cand` at this temperature.
     Draw(f32),
+}
+
+/// Put `(id, v)` into `top`, the `n` largest values so far, largest first (an equal value goes
+/// after those already there).
+pub(crate) fn keep_top(top: &mut Vec<(u32, f32)>, n: usize, id: u32, v: f32) {
+    if top.len() < n || top.last().is_some_and(|x| v > x.1) {
+        let at = top.partition_point(|x| x.1 >= v);
+        top.insert(at, (id, v));
+        top.truncate(n);
+    }
 }
 
 /// The candidate with the highest logit (ties: the lower id, wherever the list put it).
