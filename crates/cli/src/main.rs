@@ -15,6 +15,7 @@ use std::path::PathBuf;
 
 mod bench;
 mod embed;
+mod lora;
 mod profile;
 mod roofline;
 mod sampling;
@@ -124,6 +125,8 @@ pub(crate) struct PlaceArgs {
     pub(crate) accel_min_tokens: usize,
     #[command(flatten)]
     pub(crate) sparse: sparsity::SparseArgs,
+    #[command(flatten)]
+    pub(crate) lora: lora::LoraArgs,
 }
 
 impl PlaceArgs {
@@ -398,6 +401,7 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
         accel_layers: m.place.accel_layers,
         accel_min_tokens: m.place.accel_min_tokens,
         elide_barriers: !m.kernels.all_barriers,
+        lora: m.place.lora.specs()?,
     };
     let engine = Engine::load(&path, cfg).with_context(|| format!("loading {}", path.display()))?;
     if let Some(a) = engine.accel() {

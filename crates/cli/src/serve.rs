@@ -56,6 +56,10 @@ pub struct ServeArgs {
     /// log-probabilities under any load).
     #[arg(long)]
     no_batch_invariant: bool,
+    /// Load the LoRA adapters at scale 0: applied once `POST /lora-adapters` or a request's
+    /// `lora` field sets their scales.
+    #[arg(long)]
+    lora_init_without_apply: bool,
     /// Prefill with the panel GEMM (as `run --fast-prefill`: batches of 32 rows or more on
     /// x86, 8 for the types whose panels are decoded from interleaved groups). Needs
     /// --no-batch-invariant.
@@ -113,6 +117,13 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         accel_layers: a.place.accel_layers,
         accel_min_tokens: a.place.accel_min_tokens,
         elide_barriers: true,
+        lora: {
+            let mut specs = a.place.lora.specs()?;
+            if a.lora_init_without_apply {
+                specs.iter_mut().for_each(|s| s.scale = 0.0);
+            }
+            specs
+        },
     };
     let engine = Engine::load(&model, cfg).with_context(|| format!("loading {}", model.display()))?;
     if let Some(d) = engine.device() {

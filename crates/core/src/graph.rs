@@ -38,8 +38,10 @@ use std::sync::Arc;
 mod attend;
 mod col_split;
 mod elide;
+mod lora;
 pub(crate) use col_split::quantize_padded;
 mod sparse;
+pub use lora::{AdapterMatrix, Lora, LoraPair};
 pub use sparse::{LayerPredictor, Predictors, SparseFfn, SPARSE_UP_MAX_TOKENS};
 
 const ALIGN: usize = 64;
@@ -242,6 +244,8 @@ pub struct Builder<'k> {
     /// Nodes (indices into `nodes`) followed by the global barrier whatever their neighbours
     /// (the last key and value stores of an exchange, `kv_store`).
     global_after: Vec<usize>,
+    /// LoRA adapters applied to the matrices they pair (`lora::Builder::lora`).
+    lora: Option<Arc<Lora>>,
 }
 
 impl<'k> Builder<'k> {
@@ -271,6 +275,7 @@ impl<'k> Builder<'k> {
             device_layers: 0,
             hidden_output: false,
             global_after: Vec::new(),
+            lora: None,
         }
     }
 

@@ -83,6 +83,9 @@ pub enum Storage {
     /// In the output (logits) buffer at a byte offset, rows `ld` f32 apart (`ne0`, or the whole
     /// vocabulary for a tensor-parallel shard's columns of the logits).
     Output { offset: usize, ld: usize },
+    /// A LoRA adapter's matrix in the executor's adapter buffer (`Weights::adapters`), plain
+    /// rows at a byte offset.
+    Adapter { offset: usize, len: usize },
     /// Produces no tensor of its own (writes into the KV cache).
     None,
 }

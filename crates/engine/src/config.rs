@@ -102,6 +102,9 @@ pub struct EngineConfig {
     /// Leave out the barriers between independent nodes and row-local chains
     /// (`corelm_core::Graph::elide_barriers`; same bits). Off only to compare.
     pub elide_barriers: bool,
+    /// LoRA adapters applied at run time (`--lora`, `--lora-scaled`, [`crate::lora`]), in
+    /// order, each at its starting scale; not with `--tp`, `--sparsity` or the accelerator.
+    pub lora: Vec<crate::lora::LoraSpec>,
 }
 
 impl Default for EngineConfig {
@@ -133,6 +136,7 @@ impl Default for EngineConfig {
             accel_layers: 0,
             accel_min_tokens: 0,
             elide_barriers: true,
+            lora: Vec::new(),
         }
     }
 }

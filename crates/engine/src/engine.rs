@@ -69,6 +69,9 @@ pub struct Engine {
     device_layers: Option<Arc<crate::device_layers::LayersOnDevice>>,
     /// Why the plan's accelerator layers do not run with this configuration, if they do not.
     plan_note: Option<String>,
+    /// LoRA adapters (`--lora`), and what the graphs apply of them at their current scales.
+    adapters: Option<crate::lora::Adapters>,
+    lora: Option<Arc<corelm_core::graph::Lora>>,
 }
 
 impl Engine {
@@ -216,20 +219,34 @@ impl Engine {
             }
             _ => (placement.cpus.clone(), Vec::new()),
         };
+        // LoRA adapters: the graphs that size the pools and pick the weights' forms hold every
+        // adapter's nodes; the engine's graphs only those of non-zero scale.
+        let adapters = match cfg.lora.is_empty() {
+            true => None,
+            false => {
+                crate::lora::check(&cfg)?;
+                Some(crate::lora::Adapters::open(&cfg.lora, &gguf, kernels)?)
+            }
+        };
+        let every = adapters.as_ref().and_then(|a| a.lora(true));
+        let tpl = (&tp, &every);
         // Plan the largest batch once to size the pools.
-        let mut g = build_graph(kernels, &*model, &tp, &cfg, (cfg.n_batch, cfg.n_batch, Outputs::Logits), None);
+        let mut g = build_graph(kernels, &*model, tpl, &cfg, (cfg.n_batch, cfg.n_batch, Outputs::Logits), None);
+        if let Some(a) = &adapters {
+            a.check_applied(&g)?;
+        }
         // Passes below --accel-min-tokens run every layer here: the largest of them sizes the
         // pools and the workers' scratch with the largest batch.
         let cpu_passes = cfg.alternates_layers().then(|| {
             let n = (cfg.accel_min_tokens - 1).min(cfg.n_batch);
-            build_graph(kernels, &*model, &tp, &cfg, (n, n, Outputs::Logits), None)
+            build_graph(kernels, &*model, tpl, &cfg, (n, n, Outputs::Logits), None)
         });
         if let Some(cpu) = &cpu_passes {
-            g = build_graph(kernels, &*model, &tp, &cfg, (cfg.n_batch, cfg.n_batch, Outputs::Logits), Some(&g.act.max(&cpu.act)));
+            g = build_graph(kernels, &*model, tpl, &cfg, (cfg.n_batch, cfg.n_batch, Outputs::Logits), Some(&g.act.max(&cpu.act)));
         }
         // A one-token decode's graph too: small batches may read forms of weights the largest
         // does not (`PackedWeights::build`).
-        let mut one = build_graph(kernels, &*model, &tp, &cfg, (1, 1, Outputs::Logits), None);
+        let mut one = build_graph(kernels, &*model, tpl, &cfg, (1, 1, Outputs::Logits), None);
         let forms: Vec<&corelm_core::graph::Graph> = [&g, &one].into_iter().chain(&cpu_passes).collect();
         let packed = PackedWeights::build(&forms, gguf.bytes(), kernels, &placement.memory, cfg.repack, &shard_places)
             .map_err(|e| Error::Config(format!("repacked weights: {e}")))?;
@@ -350,7 +367,10 @@ impl Engine {
             a.set_batch_invariant();
         }
         let mut graphs = HashMap::new();
-        graphs.insert((cfg.n_batch, cfg.n_batch, Outputs::Logits), g);
+        let lora = adapters.as_ref().and_then(|a| a.lora(false));
+        if lora == every {
+            graphs.insert((cfg.n_batch, cfg.n_batch, Outputs::Logits), g);
+        }
         Ok(Engine {
             gguf,
             model,
@@ -376,6 +396,8 @@ impl Engine {
             device,
             device_layers,
             plan_note,
+            adapters,
+            lora,
         })
     }
 
@@ -470,7 +492,7 @@ impl Engine {
     fn graph_of(&mut self, n_tokens: usize, n_out: usize, outputs: Outputs) -> &corelm_core::graph::Graph {
         let key = (n_tokens, n_out, outputs);
         if !self.graphs.contains_key(&key) {
-            let mut g = build_graph(self.kernels, &*self.model, &self.tp, &self.cfg, key, Some(&self.pools.layout));
+            let mut g = build_graph(self.kernels, &*self.model, (&self.tp, &self.lora), &self.cfg, key, Some(&self.pools.layout));
             finish_graph(&mut g, &self.packed, &self.cfg, self.device.as_deref());
             self.graphs.insert(key, g);
         }
@@ -566,6 +588,36 @@ impl Engine {
         }
         if let Some(s) = self.seq_index(seq) {
             self.kv.blocks.truncate(s, len);
+        }
+        Ok(())
+    }
+
+    /// The LoRA adapters loaded (`--lora`), in order, with their scales.
+    pub fn lora_adapters(&self) -> &[crate::lora::Adapter] {
+        self.adapters.as_ref().map_or(&[], |a| a.list())
+    }
+
+    /// Whether the adapters run at `scales` now (one per adapter; none loaded: empty).
+    pub fn lora_scales_are(&self, scales: &[f32]) -> bool {
+        let list = self.lora_adapters();
+        list.len() == scales.len() && list.iter().zip(scales).all(|(a, &s)| a.scale == s)
+    }
+
+    /// Set the adapters' scales (one per adapter; 0 leaves one out). The graphs are rebuilt
+    /// and the prefix cache emptied; sequences keep the KV rows they have.
+    pub fn set_lora_scales(&mut self, scales: &[f32]) -> Result<(), Error> {
+        let Some(a) = self.adapters.as_mut() else {
+            return match scales.len() {
+                0 => Ok(()),
+                n => Err(Error::Config(format!("{n} LoRA scales but no adapter is loaded (--lora)"))),
+            };
+        };
+        a.set_scales(scales)?;
+        let lora = a.lora(false);
+        if lora != self.lora {
+            self.lora = lora;
+            self.graphs.clear();
+            self.kv.blocks.clear_cache();
         }
         Ok(())
     }
@@ -667,7 +719,7 @@ impl Engine {
             &self.pool,
             self.last_view,
             graph,
-            Weights { file: self.gguf.bytes(), packed: self.packed.bytes() },
+            Weights { file: self.gguf.bytes(), packed: self.packed.bytes(), adapters: self.adapters.as_ref().map_or(&[], |a| a.bytes()) },
             &self.pools,
             &self.kv,
             view,

@@ -16,6 +16,7 @@
 //! * [`sparsity`]: FFN activation statistics (sidecar files) and per-layer sparsity thresholds.
 //! * [`device`]: `--accel-split`, matmuls shared with an accelerator as the roofline plan
 //!   places them.
+//! * [`lora`]: LoRA adapter files, applied at run time at scales that can change.
 //! * [`quantize`]: GGUF F32/F16/BF16 → quantized types with ggml's block semantics.
 
 pub mod balance;
@@ -35,6 +36,7 @@ pub mod gemm_tune;
 pub mod grammar;
 pub mod json;
 pub mod lookup;
+pub mod lora;
 pub mod generate;
 pub mod infill;
 pub mod offload;

@@ -10,6 +10,7 @@ use crate::{EngineConfig, Error, Outputs};
 use corelm_core::memory::{ActLayout, Place};
 use corelm_core::sched::matmul::WorkerClass;
 use corelm_core::tp::{lcm, TpDims, TpKv, TpPlan};
+use corelm_core::graph::Lora;
 use corelm_core::{Builder, Graph, PackedWeights, Placement};
 use corelm_gguf::Gguf;
 use corelm_kernels::{Isa, Kernels};
@@ -63,16 +64,17 @@ pub(crate) fn matrix_classes(cfg: &EngineConfig, kernels: &Kernels) -> Result<Ve
 /// The graph of passes of `n_tokens` tokens with `n_out` output rows (logits or hidden states)
 /// as `model` builds it,
 /// tensor-parallel per `tp`, its activations in `layout`'s regions (`None`: its own, for the
-/// graph that sizes the pools).
+/// graph that sizes the pools), with `lora`'s adapters.
 pub(crate) fn build_graph(
     kernels: &'static Kernels,
     model: &dyn Model,
-    tp: &Option<Arc<TpPlan>>,
+    (tp, lora): (&Option<Arc<TpPlan>>, &Option<Arc<Lora>>),
     cfg: &EngineConfig,
     (n_tokens, n_out, outputs): (usize, usize, Outputs),
     layout: Option<&ActLayout>,
 ) -> Graph {
     let mut b = Builder::new(kernels, n_tokens, n_out)
+        .with_lora(lora.clone())
         .with_hidden_output(outputs == Outputs::Hidden)
         .with_tp(tp.clone(), cfg.tp_sync)
         .with_sparsity(cfg.sparsity.clone())

@@ -40,6 +40,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, cancel_after: Option<usize>) -> 
         ignore_eos: true,
         logprobs: Some(2),
         chain_probs: false,
+        lora: None,
         prompt_logprobs: None,
         constraint: None,
         sink,

@@ -131,6 +131,7 @@ fn batched_embedding_passes_equal_each_input_alone() {
             ignore_eos: true,
             logprobs: None,
             chain_probs: false,
+            lora: None,
             prompt_logprobs: None,
             constraint: None,
             sink: Box::new(move |e: Event| tx.send(e).is_ok()),

@@ -259,6 +259,10 @@ impl Kernels {
                 wide: None,
                 step: 16,
             });
+            // ggml's AVX-512 `ggml_vec_dot_f32` order (routers, LoRA adapters).
+            let f32_ggml: VecDot = |x, y| unsafe { dense::dot_f32_ggml(x, y) };
+            let o = &mut k.ops[slot(DType::F32).unwrap()];
+            (o.vec_dot, o.vec_dot_tile) = (f32_ggml, f32_ggml);
             let o = &mut k.ops[slot(DType::F16).unwrap()];
             o.batch_dot = Some(BatchDot {
                 dot: |x, y| unsafe { dense::batch_f16(x, y) },

@@ -36,6 +36,7 @@ type Dot = fn(&[u8], &[u8]) -> f32;
 fn reference(isa: Isa, t: DType) -> Option<Dot> {
     let arm = matches!(isa, Isa::Neon | Isa::Dotprod | Isa::Sme);
     match t {
+        DType::F32 if isa == Isa::Avx512 || isa == Isa::Amx => Some(portable::dot_f32_ggml),
         DType::F32 if isa != Isa::Portable => Some(lanes::dot_f32),
         DType::F16 if arm || isa == Isa::Avx512 => Some(dot_f16_ggml),
         DType::BF16 if arm => Some(portable::dot_bf16_avx2_order),
@@ -75,7 +76,7 @@ fn dense_dots_follow_their_tables_order() {
 fn dense_orders_are_sums_of_the_products() {
     let mut rng = Rng(0xDE45_E002);
     for n in [5usize, 64, 100, 4871] {
-        for (t, f) in [(DType::F32, lanes::dot_f32 as fn(&[u8], &[u8]) -> f32), (DType::F16, dot_f16_ggml), (DType::BF16, portable::dot_bf16_avx2_order)] {
+        for (t, f) in [(DType::F32, lanes::dot_f32 as fn(&[u8], &[u8]) -> f32), (DType::F32, portable::dot_f32_ggml), (DType::F16, dot_f16_ggml), (DType::BF16, portable::dot_bf16_avx2_order)] {
             let (x, y) = (row(t, n, &mut rng), row(t, n, &mut rng));
             let (mut xf, mut yf) = (vec![0f32; n], vec![0f32; n]);
             let port = Kernels::portable();

@@ -145,9 +145,13 @@ pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &B
     let wq = b.weight_split(&lw.wq, Split::QHeads);
     let wk = b.weight_split(&lw.wk, Split::KHeads);
     let wv = b.weight_split(&lw.wv, Split::VHeads);
-    let mut q = b.matmul(&wq, x); // [n_tokens, n_head * head_dim]
-    let mut k = b.matmul(&wk, x); // [n_tokens, n_kv_head * head_dim]
-    let mut v = b.matmul(&wv, x); // [n_tokens, n_kv_head * head_dim]
+    // Each product plus its LoRA adapters' (`Builder::lora`; none under `--tp`).
+    let q = b.matmul(&wq, x); // [n_tokens, n_head * head_dim]
+    let mut q = b.lora(&lw.wq, x, q);
+    let k = b.matmul(&wk, x); // [n_tokens, n_kv_head * head_dim]
+    let mut k = b.lora(&lw.wk, x, k);
+    let v = b.matmul(&wv, x); // [n_tokens, n_kv_head * head_dim]
+    let mut v = b.lora(&lw.wv, x, v);
     for (t, bias, split) in [(&mut q, &lw.bq, Split::QHeads), (&mut k, &lw.bk, Split::KHeads), (&mut v, &lw.bv, Split::VHeads)] {
         if let Some(bias) = bias {
             let bw = b.weight_split(bias, split);
@@ -176,6 +180,7 @@ pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &B
     };
     let a = b.attention(il, &q, p); // [n_tokens, n_head * head_dim]
     let y = b.matmul_cols(&lw.wo, &a, Split::HeadCols); // [n_tokens, n_embd] (per shard: a partial sum)
+    let y = b.lora(&lw.wo, &a, y);
     b.gather_sum(&y)
 }
 
@@ -196,14 +201,18 @@ pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle 
             let x = b.scatter(x);
             let (wg, wu) = (b.weight_split(gate, Split::FfRows), b.weight_split(up, Split::FfRows));
             let g = b.matmul(&wg, &x); // per shard [n_tokens, ff_s]
+            let g = b.lora(gate, &x, g);
             let u = b.matmul(&wu, &x); // per shard [n_tokens, ff_s]
+            let u = b.lora(up, &x, u);
             let a = b.glu(&g, &u, kind);
             let y = b.matmul_cols(down, &a, Split::FfCols); // per shard [n_tokens, n_embd], partial sums
+            let y = b.lora(down, &a, y);
             b.gather_sum(&y) // [n_tokens, n_embd]
         }
         Ffn::Moe { router, gate, up, down, p, shared } => {
             let wr = b.weight(router);
             let logits = b.matmul(&wr, x); // [n_tokens, n_expert]
+            let logits = b.lora(router, x, logits);
             let route = b.moe_route(&logits, *p); // routing table
             // Tensor parallel: each shard computes the pairs routed to its experts and their
             // weighted sum; the gather adds the shards' sums.
@@ -220,6 +229,7 @@ pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle 
             let s = dense_ffn(b, &sh.gate, &sh.up, &sh.down, x, kind); // [n_tokens, n_embd]
             let wgi = b.weight(&sh.gate_inp);
             let g = b.matmul(&wgi, x); // [n_tokens, 1]
+            let g = b.lora(&sh.gate_inp, x, g);
             let s = b.sigmoid_mul(&s, &g);
             b.add(&moe, &s)
         }
@@ -323,9 +333,12 @@ fn cpu_sparse_ffn(b: &mut Builder, wg: &Bundle, wu: &Bundle, wd: &Bundle, x: &Bu
 fn dense_ffn(b: &mut Builder, gate: &WeightRef, up: &WeightRef, down: &WeightRef, x: &Bundle, kind: Glu) -> Bundle {
     let (wg, wu, wd) = (b.weight(gate), b.weight(up), b.weight(down));
     let g = b.matmul(&wg, x); // [n_tokens, n_ff]
+    let g = b.lora(gate, x, g);
     let u = b.matmul(&wu, x); // [n_tokens, n_ff]
+    let u = b.lora(up, x, u);
     let a = b.glu(&g, &u, kind);
-    b.matmul(&wd, &a) // [n_tokens, n_embd]
+    let y = b.matmul(&wd, &a); // [n_tokens, n_embd]
+    b.lora(down, &a, y)
 }
 
 /// Weights of every layer.

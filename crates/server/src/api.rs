@@ -189,6 +189,9 @@ pub struct Common {
     pub dry_sequence_breakers: Option<Vec<String>>,
     /// The chain's order: llama.cpp's names (`["top_k", "temperature"]`) or letters (`"kt"`).
     pub samplers: Option<serde_json::Value>,
+    /// LoRA adapters' scales for this request, `[{"id", "scale"}]` (llama-server's; those left
+    /// out at 0; absent or empty: the server's, `POST /lora-adapters`).
+    pub lora: Option<serde_json::Value>,
     pub stop: Option<Stop>,
     pub n: Option<u64>,
     #[serde(default)]
@@ -283,6 +286,8 @@ pub struct GenParams {
     pub chain_probs: bool,
     /// DRY's sequence breakers, to be found in the vocabulary (when DRY is on).
     pub dry_breakers: Option<Vec<String>>,
+    /// The request's `lora` field, read against the adapters at admission (`crate::lora`).
+    pub lora: Option<serde_json::Value>,
 }
 
 /// What a request that leaves a sampling field out gets (`serve`'s sampling flags; by
@@ -435,6 +440,7 @@ impl Common {
             prompt_logprobs: None,
             chain_probs: false,
             dry_breakers,
+            lora: self.lora.clone(),
         })
     }
 

@@ -22,6 +22,7 @@
 
 pub mod api;
 mod embed;
+mod lora;
 mod native;
 pub mod metrics;
 mod respond;
@@ -84,6 +85,8 @@ pub struct AppState {
     infill: std::sync::OnceLock<Option<Arc<InfillVocab>>>,
     /// Sequences served at once (`--parallel`).
     slots: usize,
+    /// LoRA adapters and the server's scales (`/lora-adapters`).
+    lora: lora::Loras,
 }
 
 /// Start the engine thread and build the router. The engine thread ends when the router (and
@@ -93,6 +96,7 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
     let template_source = engine.gguf().opt_str("tokenizer.chat_template").ok().flatten().map(str::to_string);
     let tok = Arc::new(tok);
     let n_embd = engine.hyper().n_embd;
+    let loras = lora::Loras::new(engine.lora_adapters());
     let mut cfg = cfg;
     let mut b = Batcher::new(engine, tok.clone());
     b.set_tpot_target(cfg.tpot_target);
@@ -123,6 +127,7 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
         infill: std::sync::OnceLock::new(),
         slots,
         created,
+        lora: loras,
     });
     let router = Router::new()
         .route("/v1/chat/completions", post(chat))
@@ -138,6 +143,7 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
         .route("/slots/{id}", post(native::slot_action))
         .route("/apply-template", post(native::apply_template))
         .route("/infill", post(native::infill))
+        .route("/lora-adapters", get(lora::list).post(lora::set))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/tokenizer_info", get(tokenizer_info))
@@ -369,6 +375,7 @@ fn submit(
     if let Some(c) = &params.constraint {
         c.check(n_vocab).map_err(|e| ApiError::bad("grammar", e.to_string()))?;
     }
+    let lora = st.lora.resolve(params.lora.as_ref())?;
     let count = prompts.len().saturating_mul(params.n);
     if prompts.is_empty() {
         return Err(ApiError::bad(prompt_field, "no prompt"));
@@ -432,6 +439,7 @@ fn submit(
             chain_probs: params.chain_probs,
             prompt_logprobs: params.prompt_logprobs,
             constraint: params.constraint.clone(),
+            lora: lora.clone(),
             sink,
             arrived: Instant::now(),
         };

@@ -127,7 +127,7 @@ impl Graph {
         match t.storage {
             Storage::Act { buf, offset } => Some((buf, offset..offset + t.n_bytes())),
             Storage::Output { .. } => Some((2, 0..usize::MAX)),
-            Storage::Weight { .. } | Storage::None => None,
+            Storage::Weight { .. } | Storage::Adapter { .. } | Storage::None => None,
         }
     }
 }

@@ -451,6 +451,8 @@ pub fn split(n: usize, ith: usize, nth: usize) -> Range<usize> {
 pub struct Weights<'a> {
     pub file: &'a [u8],
     pub packed: &'a [u8],
+    /// LoRA adapters' matrices (`Storage::Adapter`); empty without adapters.
+    pub adapters: &'a [u8],
 }
 
 struct Ctx<'a> {
@@ -499,6 +501,7 @@ impl Ctx<'_> {
                 assert!(cols.is_none(), "a column slice of a weight without its copy");
                 self.weights.file[offset..].as_ptr() as *mut u8
             }
+            Storage::Adapter { offset, .. } => self.weights.adapters[offset..].as_ptr() as *mut u8,
             // SAFETY: offsets were planned within the pool sizes asserted in `run`.
             Storage::Act { buf, offset } => unsafe { self.act[buf as usize].add(offset) },
             // SAFETY: as above, for the output pool.
@@ -515,6 +518,7 @@ impl Ctx<'_> {
                 return &self.weights.packed[at..at + t.n_bytes()];
             }
             Storage::Weight { offset, len, cols: None, .. } => return &self.weights.file[offset..offset + len],
+            Storage::Adapter { offset, len } => return &self.weights.adapters[offset..offset + len],
             _ => {}
         }
         // SAFETY: the tensor's planned range lies in its pool; no worker writes it during the

@@ -311,6 +311,17 @@ impl Batcher {
                 at += 1;
                 continue;
             }
+            // Other LoRA scales: switched to once nothing runs; until then nothing after it
+            // is admitted (it keeps its place).
+            if let Some(want) = next.lora.as_deref().filter(|&w| !self.engine.lora_scales_are(w)) {
+                if self.slots.iter().any(Option::is_some) || self.embeds.has_lanes() {
+                    break;
+                }
+                if let Err(e) = self.engine.set_lora_scales(want) {
+                    finish_now(self.waiting.remove(at).expect("looked at above"), FinishReason::Error(e.to_string()));
+                    continue;
+                }
+            }
             let req = self.waiting.remove(at).expect("looked at above");
             let seq = slot as i32;
             let cached = if req.prompt_logprobs.is_some() { 0 } else { self.engine.attach_prefix(seq, &req.prompt) };

@@ -36,6 +36,10 @@ pub struct Request {
     /// JSON mode, a JSON Schema or a GBNF grammar: the text is constrained to one the
     /// constraint takes and stops when it closes ([`crate::constraint`]).
     pub constraint: Option<Constraint>,
+    /// The LoRA adapters' scales to run under, one per adapter (`None`: whatever the engine
+    /// has). Requests of other scales do not share steps: one waits until the running ones
+    /// finish, then the engine switches ([`crate::Engine::set_lora_scales`]).
+    pub lora: Option<Vec<f32>>,
     pub sink: Sink,
     /// When the request arrived (for queueing time and TTFT).
     pub arrived: Instant,

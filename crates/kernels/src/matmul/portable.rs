@@ -295,20 +295,17 @@ pub fn dot_iq4_xs_q8_k(x: &[u8], y: &[u8]) -> f32 {
     sum
 }
 
-/// F16 dot product in exactly the order ggml-cpu's AVX-512 build sums it (`ggml_vec_dot_f16`
-/// with `F32Cx16`): four 16-lane f32 accumulators over 64-element steps, fused multiply-adds,
-/// the accumulators folded (0+2, 1+3, then 0+1), the 16 lanes reduced as GCC's
-/// `_mm512_reduce_add_ps` does, the tail added in double. Attention scores of massive-activation
-/// rows are sensitive to these bits.
-pub fn dot_f16_ggml(x: &[f16], y: &[f16]) -> f32 {
-    let n = x.len().min(y.len());
-    let np = n & !63;
+/// ggml-cpu's AVX-512 accumulation (`GGML_F32_STEP` 64: four 16-lane accumulators of fused
+/// multiply-adds), folded 0+2, 1+3, then 0+1, the 16 lanes reduced as GCC's
+/// `_mm512_reduce_add_ps` does: the sum of the products `pair(k)` over the first `n & !63`
+/// values. The rest is each caller's tail.
+fn ggml_steps64(n: usize, pair: impl Fn(usize) -> (f32, f32)) -> f32 {
     let mut acc = [[0f32; 16]; 4];
-    for i in (0..np).step_by(64) {
+    for i in (0..n & !63).step_by(64) {
         for (j, a) in acc.iter_mut().enumerate() {
             for (l, al) in a.iter_mut().enumerate() {
-                let k = i + j * 16 + l;
-                *al = x[k].to_f32().mul_add(y[k].to_f32(), *al);
+                let (x, y) = pair(i + j * 16 + l);
+                *al = x.mul_add(y, *al);
             }
         }
     }
@@ -319,8 +316,30 @@ pub fn dot_f16_ggml(x: &[f16], y: &[f16]) -> f32 {
     for l in 0..16 {
         acc[0][l] += acc[1][l];
     }
-    let mut sum = reduce_add_16(&acc[0]) as f64;
-    for k in np..n {
+    reduce_add_16(&acc[0])
+}
+
+/// F32 dot product in the order ggml-cpu's AVX-512 build sums it (`ggml_vec_dot_f32`):
+/// [`ggml_steps64`], then the tail value by value in f32 (`sumf += x[i]*y[i]`, which GCC
+/// contracts into a fused multiply-add). The matmuls of F32 weights — routers, LoRA adapters —
+/// give llama.cpp's bits with it.
+pub fn dot_f32_ggml(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<f32>(x), as_blocks::<f32>(y));
+    let n = x.len().min(y.len());
+    let mut sum = ggml_steps64(n, |k| (x[k], y[k]));
+    for k in n & !63..n {
+        sum = x[k].mul_add(y[k], sum);
+    }
+    sum
+}
+
+/// F16 dot product in exactly the order ggml-cpu's AVX-512 build sums it (`ggml_vec_dot_f16`
+/// with `F32Cx16`): [`ggml_steps64`] on the values widened to f32, the tail added in double.
+/// Attention scores of massive-activation rows are sensitive to these bits.
+pub fn dot_f16_ggml(x: &[f16], y: &[f16]) -> f32 {
+    let n = x.len().min(y.len());
+    let mut sum = ggml_steps64(n, |k| (x[k].to_f32(), y[k].to_f32())) as f64;
+    for k in n & !63..n {
         sum += (x[k].to_f32() * y[k].to_f32()) as f64;
     }
     sum as f32

@@ -36,9 +36,19 @@ pub fn start_defaults(parallel: usize, defaults: corelm_server::api::RequestDefa
 }
 
 fn start_cfg(model: &str, parallel: usize, max_queue: usize, api_key: Option<&str>, tp: usize, defaults: corelm_server::api::RequestDefaults) -> Server {
+    start_with(model, parallel, max_queue, api_key, tp, defaults, vec![])
+}
+
+/// A server of SmolLM2 with LoRA adapters loaded (`serve --lora`).
+pub fn start_lora(parallel: usize, lora: Vec<corelm_engine::lora::LoraSpec>) -> Server {
+    start_with(MODEL, parallel, 16, None, 1, Default::default(), lora)
+}
+
+fn start_with(model: &str, parallel: usize, max_queue: usize, api_key: Option<&str>, tp: usize, defaults: corelm_server::api::RequestDefaults, lora: Vec<corelm_engine::lora::LoraSpec>) -> Server {
     let path = corelm_engine::models_dir().join(format!("{model}.gguf"));
     assert!(path.exists(), "{} missing: run scripts/fetch_models.py all", path.display());
     let cfg = EngineConfig {
+        lora,
         n_ctx: 1024 * parallel,
         n_batch: 64,
         n_seq_max: parallel,

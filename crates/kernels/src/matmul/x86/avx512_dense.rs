@@ -1,6 +1,8 @@
 //! AVX-512 dots of the dense float weight types (F32, F16, BF16) in the orders llama.cpp uses
 //! on a CPU with AVX-512, so that F16/BF16 models give its logits bit for bit:
 //!
+//! - [`dot_f32_ggml`]: `ggml_vec_dot_f32` (decode's GEMV and matmuls whose `k` is not a
+//!   multiple of 16: a LoRA adapter's `B`);
 //! - [`dot_bf16`]: `ggml_vec_dot_bf16`'s `__AVX512BF16__` path (decode's GEMV and any matmul
 //!   of one row): two `vdpbf16ps` accumulators per 64 values, each reduced into an f64 sum,
 //!   the tail in f64;
@@ -27,6 +29,34 @@ unsafe fn reduce(c: __m512) -> f32 {
         let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(c)));
         hsum_f32x8(_mm256_add_ps(hi, _mm512_castps512_ps256(c)))
     }
+}
+
+/// F32·F32 in ggml's AVX-512 `ggml_vec_dot_f32` order (twin: `matmul::portable::dot_f32_ggml`):
+/// four 16-lane FMA accumulators over 64-value steps, folded 0+2, 1+3, 0+1, reduced as
+/// GCC's `_mm512_reduce_add_ps`, the tail one fused multiply-add per value.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub fn dot_f32_ggml(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<f32>(x), as_blocks::<f32>(y));
+    let n = x.len().min(y.len());
+    let np = n & !63;
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut i = 0;
+    while i < np {
+        for (j, a) in acc.iter_mut().enumerate() {
+            // SAFETY: i + 64 <= np <= n for both slices.
+            let (u, v) = unsafe { (_mm512_loadu_ps(x.as_ptr().add(i + 16 * j)), _mm512_loadu_ps(y.as_ptr().add(i + 16 * j))) };
+            *a = _mm512_fmadd_ps(u, v, *a);
+        }
+        i += 64;
+    }
+    let lo = _mm512_add_ps(acc[0], acc[2]);
+    let hi = _mm512_add_ps(acc[1], acc[3]);
+    // SAFETY: features enabled above.
+    let mut sum = unsafe { reduce(_mm512_add_ps(lo, hi)) };
+    for k in np..n {
+        sum = x[k].mul_add(y[k], sum);
+    }
+    sum
 }
 
 /// 32 BF16 values at `p`.
