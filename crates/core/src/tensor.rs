@@ -174,6 +174,9 @@ pub enum Op {
     Add { a: TensorId, b: TensorId },
     /// `x · s`.
     Scale { x: TensorId, s: f32 },
+    /// `a + b · s`, the product rounded before the sum: a [`Op::Scale`] then an [`Op::Add`]
+    /// in one pass (a LoRA adapter's term, `graph::lora`).
+    AddScaled { a: TensorId, b: TensorId, s: f32 },
     /// Quantize f32 rows to the `vec_dot_type` of the matrices that will read them: each row
     /// of `x` after `pad` zeros, and zeros after it up to `ne0` (`pad` 0 and `x`'s width but
     /// for a tensor-parallel down product whose cut falls inside a quantization block,
@@ -276,6 +279,7 @@ impl Op {
             Op::Embed { .. } => "embed",
             Op::RmsNorm { .. } => "rms_norm",
             Op::Add { .. } => "add",
+            Op::AddScaled { .. } => "add_scaled",
             Op::Scale { .. } => "scale",
             Op::Quantize { .. } => "quantize",
             Op::MatMul { .. } => "matmul",

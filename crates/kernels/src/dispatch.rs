@@ -263,6 +263,7 @@ impl Kernels {
             let f32_ggml: VecDot = |x, y| unsafe { dense::dot_f32_ggml(x, y) };
             let o = &mut k.ops[slot(DType::F32).unwrap()];
             (o.vec_dot, o.vec_dot_tile) = (f32_ggml, f32_ggml);
+            o.vec_dot_rows = Some(|x, xrb, y, out| unsafe { dense::rows_f32_ggml(x, xrb, y, out) });
             let o = &mut k.ops[slot(DType::F16).unwrap()];
             o.batch_dot = Some(BatchDot {
                 dot: |x, y| unsafe { dense::batch_f16(x, y) },

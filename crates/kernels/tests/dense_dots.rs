@@ -70,6 +70,33 @@ fn dense_dots_follow_their_tables_order() {
     eprintln!("{checked} dense dots checked against their order");
 }
 
+/// Decode's GEMV of F32 rows, where a table has one (AVX-512: rows under 64 values sixteen at a
+/// time in the lanes of a vector), gives each row's `vec_dot` bits: short and long rows, row
+/// counts around the 16-row groups.
+#[test]
+fn f32_rows_kernels_give_the_dot() {
+    let mut rng = Rng(0xDE45_E003);
+    let mut checked = 0;
+    for k in tables() {
+        let ops = k.ops(DType::F32).unwrap();
+        let Some(rows) = ops.vec_dot_rows else { continue };
+        for n in [1usize, 4, 16, 17, 63, 64, 100] {
+            for n_rows in [1usize, 15, 16, 17, 40] {
+                let w: Vec<u8> = (0..n_rows).flat_map(|_| row(DType::F32, n, &mut rng)).collect();
+                let y = row(DType::F32, n, &mut rng);
+                let mut out = vec![0f32; n_rows];
+                rows(&w, 4 * n, &y, &mut out);
+                for (r, &v) in out.iter().enumerate() {
+                    let want = (ops.vec_dot)(&w[r * 4 * n..(r + 1) * 4 * n], &y);
+                    assert_eq!(v.to_bits(), want.to_bits(), "{} n={n}, row {r} of {n_rows}", k.isa());
+                }
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} F32 row kernels checked");
+}
+
 /// The references themselves differ from the sequential sum only by rounding: a wrong lane
 /// mapping in a reference (and so in the kernel tested against it) would show up here.
 #[test]

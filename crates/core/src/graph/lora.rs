@@ -1,7 +1,7 @@
 //! LoRA adapters in the graph, as llama.cpp's `build_lora_mm` builds them: a matrix an
 //! adapter pairs becomes `y = W·x`, then for each adapter in turn `y = y + s · B·(A·x)` — the
-//! rank-`r` product `A·x` (`[n_tokens, r]`), its product with `B` (`[n_tokens, n_out]`), a
-//! scale node and an add. `s` is the adapter's scale times `alpha / r`, or the scale alone
+//! rank-`r` product `A·x` (`[n_tokens, r]`), its product with `B` (`[n_tokens, n_out]`), and
+//! `y + s·(B·A·x)` in one pass (`Op::AddScaled`: ggml's scale node then its add, same bits). `s` is the adapter's scale times `alpha / r`, or the scale alone
 //! where the adapter has no alpha. The adapters' matrices are plain rows in their own buffer
 //! (`Storage::Adapter`), multiplied by the table's kernels for their type like any weight, so
 //! `W·x` is the node it was without adapters and a graph without them is unchanged.
@@ -11,7 +11,7 @@
 //! fused or expert tensor), so none is dropped silently.
 
 use super::Builder;
-use crate::tensor::{Bundle, Storage, WeightRef};
+use crate::tensor::{Bundle, Op, Storage, WeightRef};
 use corelm_kernels::DType;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -66,10 +66,20 @@ impl Builder<'_> {
             let (a, b) = (self.adapter(&p.a), self.adapter(&p.b));
             let t = self.matmul(&a, x); // [n_tokens, r]
             let u = self.matmul(&b, &t); // [n_tokens, n_out]
-            let u = self.scale(&u, p.scale);
-            y = self.add(&y, &u);
+            y = self.add_scaled(&y, &u, p.scale);
         }
         y
+    }
+
+    /// `y + u · s` (`Op::AddScaled`: ggml's scale, then its add, in one pass).
+    fn add_scaled(&mut self, y: &Bundle, u: &Bundle, s: f32) -> Bundle {
+        self.zip(&[y, u], |bl, t| {
+            let (a, b) = (t[0], t[1]);
+            bl.check_src(a);
+            bl.check_src(b);
+            assert_eq!(bl.t(a).ne, bl.t(b).ne, "a LoRA term's shape");
+            bl.node(bl.t(a).ne, DType::F32, Op::AddScaled { a, b, s }).single()
+        })
     }
 
     fn adapter(&mut self, m: &AdapterMatrix) -> Bundle {

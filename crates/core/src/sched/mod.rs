@@ -596,6 +596,16 @@ impl Ctx<'_> {
                     }
                 }
             }
+            Op::AddScaled { a, b, s } => {
+                let (a, b) = (self.f32s(a), self.f32s(b));
+                for r in split(rows, ith, nth) {
+                    // SAFETY: row r belongs to this worker only.
+                    let y = unsafe { self.out_f32(t, r * ne0, ne0) };
+                    for ((o, &p), &q) in y.iter_mut().zip(&a[r * ne0..]).zip(&b[r * ne0..(r + 1) * ne0]) {
+                        *o = p + q * s;
+                    }
+                }
+            }
             Op::Scale { x, s } => {
                 let x = self.f32s(x);
                 for r in split(rows, ith, nth) {

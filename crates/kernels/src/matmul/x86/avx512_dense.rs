@@ -59,6 +59,72 @@ pub fn dot_f32_ggml(x: &[u8], y: &[u8]) -> f32 {
     sum
 }
 
+/// `r[i]` row `i` of a 16×16 block in, `r[j]` column `j` out: pairs of rows interleaved
+/// (`unpack`), then quadruples (`shuffle_ps`), then the 128-bit quarters (`shuffle_f32x4`).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose16(r: &mut [__m512; 16]) {
+    // t[2g], t[2g + 1]: rows 2g, 2g + 1 interleaved, columns {0,1} and {2,3} of each quarter.
+    let mut t = [_mm512_setzero_ps(); 16];
+    for g in 0..8 {
+        t[2 * g] = _mm512_unpacklo_ps(r[2 * g], r[2 * g + 1]);
+        t[2 * g + 1] = _mm512_unpackhi_ps(r[2 * g], r[2 * g + 1]);
+    }
+    // u[4g + c]: rows 4g..4g + 4 at column c of each quarter (quarter q: column c + 4q).
+    let mut u = [_mm512_setzero_ps(); 16];
+    for g in 0..4 {
+        for h in 0..2 {
+            let (a, b) = (t[4 * g + h], t[4 * g + 2 + h]);
+            u[4 * g + 2 * h] = _mm512_shuffle_ps::<0x44>(a, b);
+            u[4 * g + 2 * h + 1] = _mm512_shuffle_ps::<0xEE>(a, b);
+        }
+    }
+    for c in 0..4 {
+        let (v0, w0) = (_mm512_shuffle_f32x4::<0x88>(u[c], u[4 + c]), _mm512_shuffle_f32x4::<0x88>(u[8 + c], u[12 + c]));
+        let (v1, w1) = (_mm512_shuffle_f32x4::<0xDD>(u[c], u[4 + c]), _mm512_shuffle_f32x4::<0xDD>(u[8 + c], u[12 + c]));
+        r[c] = _mm512_shuffle_f32x4::<0x88>(v0, w0);
+        r[c + 8] = _mm512_shuffle_f32x4::<0xDD>(v0, w0);
+        r[c + 4] = _mm512_shuffle_f32x4::<0x88>(v1, w1);
+        r[c + 12] = _mm512_shuffle_f32x4::<0xDD>(v1, w1);
+    }
+}
+
+/// Decode's GEMV of F32 rows of `xrb` bytes in [`dot_f32_ggml`]'s order, `out[c]` row `c`'s.
+/// Rows of under 64 values (a LoRA adapter's `B`, whose rows are its rank) are all tail there:
+/// one chain of fused multiply-adds from zero per row, latency-bound alone, so sixteen rows run
+/// their chains side by side in the lanes of one vector, sixteen values of each row loaded and
+/// transposed at a time (the same operations, lane for lane). Longer rows take one dot each.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub fn rows_f32_ggml(x: &[u8], xrb: usize, y: &[u8], out: &mut [f32]) {
+    let k = xrb / 4;
+    let mut c = 0;
+    if k < 64 {
+        let (w, y) = (as_blocks::<f32>(&x[..out.len() * xrb]), as_blocks::<f32>(y));
+        while c + 16 <= out.len() {
+            let mut acc = _mm512_setzero_ps();
+            for j0 in (0..k).step_by(16) {
+                let m = (k - j0).min(16);
+                let mut r = [_mm512_setzero_ps(); 16];
+                for (l, rl) in r.iter_mut().enumerate() {
+                    // SAFETY: values j0..j0 + m of row c + l lie in `w` (out.len() rows of k);
+                    // the masked-off lanes are not read.
+                    *rl = unsafe { _mm512_maskz_loadu_ps(((1u32 << m) - 1) as u16, w.as_ptr().add((c + l) * k + j0)) };
+                }
+                transpose16(&mut r);
+                for (j, rj) in r[..m].iter().enumerate() {
+                    acc = _mm512_fmadd_ps(*rj, _mm512_set1_ps(y[j0 + j]), acc);
+                }
+            }
+            // SAFETY: out has c + 16 elements.
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(c), acc) };
+            c += 16;
+        }
+    }
+    for (r, o) in out.iter_mut().enumerate().skip(c) {
+        *o = dot_f32_ggml(&x[r * xrb..(r + 1) * xrb], y);
+    }
+}
+
 /// 32 BF16 values at `p`.
 #[inline(always)]
 unsafe fn load_bf16(p: *const u16) -> __m512bh {
