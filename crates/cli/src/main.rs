@@ -413,6 +413,9 @@ fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
     if let Some(why) = engine.plan_note() {
         eprintln!("plan: {why}");
     }
+    for a in engine.lora_adapters() {
+        eprintln!("lora: {} ({} matrices, scale {})", a.path.display(), a.n_matrices(), a.scale);
+    }
     if let Some(d) = engine.device() {
         eprintln!("accel-split: {}", d.summary());
     }

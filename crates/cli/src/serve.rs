@@ -135,6 +135,9 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
     if let Some(why) = engine.plan_note() {
         eprintln!("plan: {why}");
     }
+    for (id, a) in engine.lora_adapters().iter().enumerate() {
+        eprintln!("lora {id}: {} ({} matrices, scale {})", a.path.display(), a.n_matrices(), a.scale);
+    }
     if let Some(a) = engine.accel() {
         eprintln!("{}", crate::sparsity::describe_accel(a));
     }

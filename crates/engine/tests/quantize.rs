@@ -15,10 +15,10 @@ fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
 }
 
+/// A file in the temporary directory, this process's own (each test removes its files; no
+/// directory is left behind).
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("corelm-quantize-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+    std::env::temp_dir().join(format!("corelm-quantize-{}-{name}", std::process::id()))
 }
 
 #[test]
