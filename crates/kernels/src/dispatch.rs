@@ -466,7 +466,7 @@ impl Kernels {
                 (DType::Q2K, pick(neon::<{ kind::Q2_K }>, |x, y| unsafe { dotprod::<{ kind::Q2_K }>(x, y) })),
                 (DType::Q3K, pick(neon::<{ kind::Q3_K }>, |x, y| unsafe { dotprod::<{ kind::Q3_K }>(x, y) })),
                 // The dense types (`matmul::aarch64::neon_dense`): baseline NEON, x86 tables' orders.
-                (DType::F32, dense::dot_f32),
+                (DType::F32, dense::dot_f32_ggml),
                 (DType::F16, dense::dot_f16),
                 (DType::BF16, dense::dot_bf16),
             ] {

@@ -36,7 +36,7 @@ type Dot = fn(&[u8], &[u8]) -> f32;
 fn reference(isa: Isa, t: DType) -> Option<Dot> {
     let arm = matches!(isa, Isa::Neon | Isa::Dotprod | Isa::Sme);
     match t {
-        DType::F32 if isa == Isa::Avx512 || isa == Isa::Amx => Some(portable::dot_f32_ggml),
+        DType::F32 if arm || isa == Isa::Avx512 || isa == Isa::Amx => Some(portable::dot_f32_ggml),
         DType::F32 if isa != Isa::Portable => Some(lanes::dot_f32),
         DType::F16 if arm || isa == Isa::Avx512 => Some(dot_f16_ggml),
         DType::BF16 if arm => Some(portable::dot_bf16_avx2_order),

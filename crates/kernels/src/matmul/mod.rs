@@ -22,7 +22,7 @@
 //! | `x86/avx512_il.rs` | AVX-512 VNNI GEMV and tiles on the interleaved layout: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL |
 //! | `x86/avx512_il_k.rs` | the same for Q4_K, Q6_K and IQ4_XS |
 //! | `aarch64/neon.rs` | NEON dots of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS in the x86 lane order, `sdot` (dotprod) or widening multiplies |
-//! | `aarch64/neon_dense.rs` | NEON dots of F32 (AVX2 order), F16 (ggml's AVX-512 order) and BF16 (ggml's AVX2 order); F32/F16 batch dots and tiles (tinyBLAS's AVX-512 order) |
+//! | `aarch64/neon_dense.rs` | NEON dots of F32 and F16 (ggml's AVX-512 orders) and BF16 (ggml's AVX2 order); F32/F16 batch dots and tiles (tinyBLAS's AVX-512 order) |
 //! | `aarch64/neon_il.rs` | NEON GEMV and tiles on the interleaved layout, all nine types (`sdot` or widening multiplies) |
 //! | `aarch64/sme.rs` | Arm SME: the panel GEMM's integer outer-product tile kernel, an f32 GEMM on `FMOPA`, their start-up self-test |
 //! | `x86/avx512_dense.rs` | F32/F16/BF16 in llama.cpp's AVX-512 orders (BF16 dot, tinyBLAS batch tiles) |

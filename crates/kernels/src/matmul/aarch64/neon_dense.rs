@@ -3,7 +3,7 @@
 //!
 //! | type | order | reference twin |
 //! |---|---|---|
-//! | F32 | the AVX2 kernel's: 8 lanes of fused multiply-adds, `hsum_f32x8`, the tail value by value | `matmul::lanes::dot_f32` |
+//! | F32 | ggml's AVX-512 `ggml_vec_dot_f32` (the AVX-512 table's): four 16-lane accumulators over 64-value steps, folded, the tail one FMA per value | `matmul::portable::dot_f32_ggml` |
 //! | F16 | ggml's AVX-512 `ggml_vec_dot_f16` (the AVX-512 table's and the attention kernels'): four 16-lane accumulators over 64-value steps, folded, the tail in double | `matmul::portable::dot_f16_ggml` |
 //! | BF16 | ggml's AVX2 BF16 path: four 8-lane accumulators of rounded products per 32 values, the f64 tail | `matmul::portable::dot_bf16_avx2_order` |
 //!
@@ -21,42 +21,18 @@ use crate::simd::aarch64::{load_f16x8, reduce_add_16x4};
 use half::f16;
 use std::arch::aarch64::*;
 
-/// F32·F32 in `matmul::lanes::dot_f32`'s order.
-pub fn dot_f32(x: &[u8], y: &[u8]) -> f32 {
-    let (x, y) = (as_blocks::<f32>(x), as_blocks::<f32>(y));
-    let n = x.len().min(y.len());
-    let body = n - n % 8;
-    // SAFETY: NEON is the aarch64 baseline; every load reads values `i..i + 8` with
-    // `i + 8 <= body <= n`, inside both slices.
-    let mut s = unsafe {
-        let mut acc = [vdupq_n_f32(0.0); 2];
-        for i in (0..body).step_by(8) {
-            let (px, py) = (x.as_ptr().add(i), y.as_ptr().add(i));
-            acc[0] = vfmaq_f32(acc[0], vld1q_f32(px), vld1q_f32(py));
-            acc[1] = vfmaq_f32(acc[1], vld1q_f32(px.add(4)), vld1q_f32(py.add(4)));
-        }
-        super::neon::hsum8(acc)
-    };
-    for j in body..n {
-        s += x[j] * y[j];
-    }
-    s
-}
-
-/// F16·F16 in `matmul::portable::dot_f16_ggml`'s order.
-pub fn dot_f16(x: &[u8], y: &[u8]) -> f32 {
-    let (x, y) = (as_blocks::<f16>(x), as_blocks::<f16>(y));
-    let n = x.len().min(y.len());
-    let np = n & !63;
-    // SAFETY: NEON is the aarch64 baseline; every load reads 16 values at `i + 16j` ≤ `i + 48`
-    // with `i + 64 <= np <= n`, inside both slices.
-    let mut sum = unsafe {
+/// ggml's AVX-512 accumulation (`matmul::portable::ggml_steps64`) over the first `np` values
+/// (a multiple of 64): `load(o)` gives the 16 values at `o` of both rows, four lanes per
+/// register; four 16-lane accumulators of fused multiply-adds, folded 0+2, 1+3, then 0+1, and
+/// reduced as GCC's `_mm512_reduce_add_ps`.
+fn ggml_steps64(np: usize, load: impl Fn(usize) -> ([float32x4_t; 4], [float32x4_t; 4])) -> f32 {
+    // SAFETY: NEON is the aarch64 baseline (the loads are the caller's `load`).
+    unsafe {
         // Accumulator j (values 16j‥16j+16 of each step) is `acc[j]`, four lanes per register.
         let mut acc = [[vdupq_n_f32(0.0); 4]; 4];
         for i in (0..np).step_by(64) {
             for (j, a) in acc.iter_mut().enumerate() {
-                let o = i + 16 * j;
-                let (xv, yv) = (load16::<true>(x.as_ptr().add(o) as *const u8), load16::<true>(y.as_ptr().add(o) as *const u8));
+                let (xv, yv) = load(i + 16 * j);
                 for q in 0..4 {
                     a[q] = vfmaq_f32(a[q], xv[q], yv[q]);
                 }
@@ -69,8 +45,33 @@ pub fn dot_f16(x: &[u8], y: &[u8]) -> f32 {
         for q in 0..4 {
             acc[0][q] = vaddq_f32(acc[0][q], acc[1][q]);
         }
-        reduce_add_16x4(acc[0]) as f64
-    };
+        reduce_add_16x4(acc[0])
+    }
+}
+
+/// F32·F32 in `matmul::portable::dot_f32_ggml`'s order (the AVX-512 table's): the tail one
+/// fused multiply-add per value.
+pub fn dot_f32_ggml(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<f32>(x), as_blocks::<f32>(y));
+    let n = x.len().min(y.len());
+    let np = n & !63;
+    // SAFETY (the loads): 16 values at `o` ≤ `np - 16`, inside both slices.
+    let load16 = |p: *const f32, o: usize| unsafe { [0, 4, 8, 12].map(|q| vld1q_f32(p.add(o + q))) };
+    let mut sum = ggml_steps64(np, |o| (load16(x.as_ptr(), o), load16(y.as_ptr(), o)));
+    for k in np..n {
+        sum = x[k].mul_add(y[k], sum);
+    }
+    sum
+}
+
+/// F16·F16 in `matmul::portable::dot_f16_ggml`'s order.
+pub fn dot_f16(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<f16>(x), as_blocks::<f16>(y));
+    let n = x.len().min(y.len());
+    let np = n & !63;
+    // SAFETY (the loads): 16 values at `o` ≤ `np - 16`, inside both slices.
+    let load = |o: usize| unsafe { (load16::<true>(x.as_ptr().add(o) as *const u8), load16::<true>(y.as_ptr().add(o) as *const u8)) };
+    let mut sum = ggml_steps64(np, load) as f64;
     for k in np..n {
         sum += (x[k].to_f32() * y[k].to_f32()) as f64;
     }

@@ -509,6 +509,8 @@ pub unsafe fn gemm_impl(
                 (&mut panel[p * pb..(p + 1) * pb], PanelLayout::SINGLE)
             };
             decoded += 1;
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = lay; // the pairs' layout is the x86 packers'
             // A whole pair from the groups in one pass, at its first panel; its second is
             // then done.
             #[cfg(target_arch = "x86_64")]
