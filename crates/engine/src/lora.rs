@@ -156,7 +156,7 @@ pub(crate) fn check(cfg: &crate::EngineConfig) -> Result<(), Error> {
         (cfg.tp > 1 || cfg.tp == 0 && cfg.numa == corelm_core::NumaMode::Tp, "--tp"),
         (cfg.sparsity.is_some(), "--sparsity"),
         (cfg.accel.is_some() || cfg.accel_split || cfg.accel_layers > 0, "the accelerator (--accel-*)"),
-        (cfg.plan.is_some() && cfg.plan.as_ref().is_some_and(|p| p.prefill.tp() > 1), "a plan's tensor parallelism"),
+        (cfg.plan.as_ref().is_some_and(|p| p.prefill.tp() > 1), "a plan's tensor parallelism"),
     ];
     if let Some((_, what)) = other.iter().find(|(on, _)| *on) {
         return Err(Error::Config(format!("LoRA adapters (--lora) run without {what} for now")));

@@ -94,9 +94,10 @@ fn reference_cell(score: f32, st: &mut [f32; 2], a16: &mut [f16], v: &[f32]) -> 
 }
 
 /// `dot_f16_ggml` on rows already widened to f32 (the same products, exactly: F16 → f32 is
-/// exact), in the same order.
+/// exact), in the same order, its tail in double — not the F32 matmuls' `dot_f32_ggml`, whose
+/// tail is one FMA per value.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_f32_ggml(x: &[f32], y: &[f32]) -> f32 {
+fn dot_widened_f16_ggml(x: &[f32], y: &[f32]) -> f32 {
     let n = x.len().min(y.len());
     let np = n & !63;
     let mut acc = [_mm256_setzero_ps(); 8];
@@ -143,7 +144,7 @@ pub fn attend_reference_group(
         widen(kv.k(c), k32);
         widen(kv.v(c), v32);
         for (h, st) in state[..heads].iter_mut().enumerate() {
-            let score = dot_f32_ggml(k32, &qf[h * hd..(h + 1) * hd]) * scale;
+            let score = dot_widened_f16_ggml(k32, &qf[h * hd..(h + 1) * hd]) * scale;
             reference_cell(score, st, &mut acc16[h * hd..(h + 1) * hd], v32);
         }
     }
