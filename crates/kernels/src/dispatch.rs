@@ -9,7 +9,7 @@ use crate::matmul::{FromFloat, ToFloat, TypeOps, VecDot};
 #[cfg(target_arch = "x86_64")]
 use crate::matmul::TilePacking;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-use crate::matmul::{BatchDot, IlTiles, InterleavedOps, Widened};
+use crate::matmul::{BatchDot, IlTiles, InterleavedOps, VecDotFew, Widened};
 #[cfg(target_arch = "x86_64")]
 use crate::matmul::{DecodedTiles, IlFew};
 use crate::quant::portable as pq;
@@ -253,9 +253,11 @@ impl Kernels {
                 tile: |p, xrb, y, out| unsafe { avx512::tiles_packed::<BlockQ8_0>(p, xrb, y, out) },
             });
             use crate::matmul::x86::avx512_dense as dense;
+            let few_f32: VecDotFew = |x, xrb, y, o| unsafe { dense::few_f32(x, xrb, y, o) };
             k.ops[slot(DType::F32).unwrap()].batch_dot = Some(BatchDot {
                 dot: |x, y| unsafe { dense::batch_f32(x, y) },
                 tile: |x, xrb, y, o| unsafe { dense::tiles_f32(x, xrb, y, o) },
+                few: Some(few_f32),
                 wide: None,
                 step: 16,
             });
@@ -268,9 +270,11 @@ impl Kernels {
             o.batch_dot = Some(BatchDot {
                 dot: |x, y| unsafe { dense::batch_f16(x, y) },
                 tile: |x, xrb, y, o| unsafe { dense::tiles_f16(x, xrb, y, o) },
+                few: Some(|x, xrb, y, o| unsafe { dense::few_f16(x, xrb, y, o) }),
                 wide: Some(Widened {
                     widen: |x, o| unsafe { dense::widen_f16(x, o) },
                     tile: |x, xrb, y, o| unsafe { dense::tiles_f32(x, xrb, y, o) },
+                    few: Some(few_f32),
                 }),
                 step: 16,
             });
@@ -285,6 +289,7 @@ impl Kernels {
                 o.batch_dot = Some(BatchDot {
                     dot: |x, y| unsafe { dense::batch_bf16(x, y) },
                     tile: |x, xrb, y, o| unsafe { dense::tiles_bf16(x, xrb, y, o) },
+                    few: Some(|x, xrb, y, o| unsafe { dense::few_bf16(x, xrb, y, o) }),
                     wide: None,
                     step: 32,
                 });
@@ -475,11 +480,12 @@ impl Kernels {
                 // Q4_K's tile order is set below; the others' tile dot is their dot.
                 o.vec_dot_tile = f;
             }
-            k.ops[slot(DType::F32).unwrap()].batch_dot = Some(BatchDot { dot: dense::batch_f32, tile: dense::tiles_f32, wide: None, step: 16 });
+            k.ops[slot(DType::F32).unwrap()].batch_dot = Some(BatchDot { dot: dense::batch_f32, tile: dense::tiles_f32, few: None, wide: None, step: 16 });
             k.ops[slot(DType::F16).unwrap()].batch_dot = Some(BatchDot {
                 dot: dense::batch_f16,
                 tile: dense::tiles_f16,
-                wide: Some(Widened { widen: dense::widen_f16, tile: dense::tiles_f32 }),
+                few: None,
+                wide: Some(Widened { widen: dense::widen_f16, tile: dense::tiles_f32, few: None }),
                 step: 16,
             });
             k.ops[slot(DType::Q4K).unwrap()].vec_dot_tile = pick(neon::<{ kind::Q4_K_TILE }>, |x, y| unsafe { dotprod::<{ kind::Q4_K_TILE }>(x, y) });

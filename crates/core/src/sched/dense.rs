@@ -7,7 +7,9 @@
 //! products and sums are the same). The F16 tile converts both operands in its inner loop and
 //! is bound by the conversions (21 of the 32 FLOP per cycle one core can do here); on f32 rows
 //! it reaches 27. Re-widening a weight block once per chunk costs one conversion per
-//! `ACT_CHUNK` multiply-adds.
+//! `ACT_CHUNK` multiply-adds. A batch's last one to three rows take the table's tiles for so
+//! few rows (`BatchDot::few`: one accumulator per output still, several outputs side by side)
+//! rather than one latency-bound dot per output.
 
 use super::matmul::{matmul_part, store_cols, COL_BLOCK};
 use super::{Ctx, Scratch};
@@ -17,6 +19,9 @@ use corelm_kernels::BatchDot;
 /// Activation rows widened at once (F16): 64 rows of 1536 values are 384 KiB, in L2 with a
 /// widened weight block.
 pub(super) const ACT_CHUNK: usize = 64;
+
+/// Fewest rows of a batch whose weight blocks are widened first (F16).
+pub(super) const WIDE_MIN_ROWS: usize = 8;
 
 /// The bytes of an f32 slice (the tiles take rows as bytes).
 fn f32_bytes(v: &[f32]) -> &[u8] {
@@ -38,14 +43,23 @@ impl Ctx<'_> {
             return;
         }
         let (base, ld) = (self.base(t) as *mut f32, self.row_stride(t));
-        let wide = b.wide.filter(|_| scratch.wide.len() >= COL_BLOCK * k && scratch.wide_act.len() >= ACT_CHUNK * k);
+        // Fewer than `WIDE_MIN_ROWS` rows take the type's own tiles: a widened weight block is
+        // worth its conversions and stores only where several groups of four rows reuse it.
+        let wide = b.wide.filter(|_| row_range.len() >= WIDE_MIN_ROWS && scratch.wide.len() >= COL_BLOCK * k && scratch.wide_act.len() >= ACT_CHUNK * k);
         let chunk = if wide.is_some() { ACT_CHUNK } else { row_range.len().max(1) };
         let xrow = |r: usize| &xb[r * xrb..(r + 1) * xrb];
         for r0 in row_range.clone().step_by(chunk) {
             let r1 = (r0 + chunk).min(row_range.end);
             let groups_end = r0 + (r1 - r0) / 4 * 4;
+            // The last one to three rows: the table's tile for so few, where it has one.
+            let few = match wide {
+                Some(wd) => wd.few,
+                None => b.few,
+            };
+            let few = few.filter(|_| groups_end < r1);
+            let widened_end = if few.is_some() { r1 } else { groups_end };
             if let Some(wd) = wide {
-                (wd.widen)(&xb[r0 * xrb..groups_end * xrb], &mut scratch.wide_act[..(groups_end - r0) * k]);
+                (wd.widen)(&xb[r0 * xrb..widened_end * xrb], &mut scratch.wide_act[..(widened_end - r0) * k]);
             }
             let mut c0 = cols.start;
             while c0 < cols.end {
@@ -75,7 +89,37 @@ impl Ctx<'_> {
                         }
                     }
                 }
-                for r in groups_end..r1 {
+                let mut left_from = groups_end;
+                if let Some(few) = few {
+                    let n = r1 - groups_end;
+                    let mut o = [[0f32; 4]; COL_BLOCK];
+                    match wide {
+                        Some(_) => {
+                            let a = f32_bytes(&scratch.wide_act[(groups_end - r0) * k..(r1 - r0) * k]);
+                            let ya: [&[u8]; 3] = std::array::from_fn(|j| &a[(j % n) * 4 * k..(j % n + 1) * 4 * k]);
+                            few(f32_bytes(&scratch.wide[..n_tile * k]), 4 * k, &ya[..n], &mut o[..n_tile]);
+                        }
+                        None => {
+                            let ys: [&[u8]; 3] = std::array::from_fn(|j| xrow(groups_end + j % n));
+                            few(&w[..n_tile * wrb], wrb, &ys[..n], &mut o[..n_tile]);
+                        }
+                    }
+                    for (i, o) in o[..n_tile].iter().enumerate() {
+                        for (j, &v) in o[..n].iter().enumerate() {
+                            // SAFETY: column c0 + i of these rows is written by this worker only.
+                            unsafe { *base.add((groups_end + j) * ld + c0 + i) = v };
+                        }
+                    }
+                    // Their columns past the tiles' multiple of four, one dot each.
+                    for r in groups_end..r1 {
+                        for c in c0 + n_tile..c1 {
+                            // SAFETY: column c of row r is written by this worker only.
+                            unsafe { *base.add(r * ld + c) = (b.dot)(&w[(c - c0) * wrb..(c - c0 + 1) * wrb], xrow(r)) };
+                        }
+                    }
+                    left_from = r1;
+                }
+                for r in left_from..r1 {
                     for c in c0..c1 {
                         // SAFETY: column c of row r is written by this worker only.
                         unsafe { *base.add(r * ld + c) = (b.dot)(&w[(c - c0) * wrb..(c - c0 + 1) * wrb], xrow(r)) };

@@ -149,6 +149,9 @@ pub struct BatchDot {
     pub dot: VecDot,
     /// The same values for 4 weight rows × 4 activation rows at a time (rows of `step`s).
     pub tile: VecDotTile,
+    /// `tile`'s values for a batch's last one to three activation rows, where the table has
+    /// such tiles (else one `dot` per output, a latency-bound chain each).
+    pub few: Option<VecDotFew>,
     /// Where set (F16, whose own tile is bound by its conversions): `tile`'s values through f32
     /// tiles on rows widened first.
     pub wide: Option<Widened>,
@@ -163,7 +166,13 @@ pub struct Widened {
     /// `BatchDot::tile`'s values on weight and activation rows both widened (called with f32
     /// rows of `4·k` bytes).
     pub tile: VecDotTile,
+    /// The same for one to three activation rows (`BatchDot::few`).
+    pub few: Option<VecDotFew>,
 }
+
+/// A [`BatchDot`]'s tile for one to three activation rows (`y.len()`): `out[c][j]` for
+/// `j < y.len()`, bit for bit the type's batch dot of weight row c and `y[j]`.
+pub type VecDotFew = fn(x: &[u8], xrb: usize, y: &[&[u8]], out: &mut [[f32; 4]]);
 
 /// Most packed bytes per weight row of `k` values any [`TilePacking`] uses (36 per 32 values
 /// for Q5_0/Q8_0, 40 per 32 for Q4_1; Q4_K: 152 per 256).

@@ -524,6 +524,15 @@ fn dense_batch_dots_follow_tinyblas_order() {
                     assert_eq!(o[j].to_bits(), want.to_bits(), "{t} n={n} row {c} act {j}: tile {} vs batch dot {want}", o[j]);
                 }
             }
+            // The tiles for a batch's last one to three rows: the 4-row tile's values.
+            if let Some(few) = b.few {
+                for m in 1..4 {
+                    let ys: Vec<&[u8]> = acts[..m].iter().map(|a| &a[..]).collect();
+                    let mut o = vec![[f32::NAN; 4]; 16];
+                    few(&w, x.len(), &ys, &mut o);
+                    assert!(o.iter().zip(&out).all(|(a, b)| a[..m].iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())), "{t} n={n}: tile of {m} rows differs");
+                }
+            }
             // F16: the f32 tile on weight and activation rows widened first.
             if let Some(wd) = b.wide {
                 let wide_rows = |bytes: &[u8], rows: usize| {
@@ -535,6 +544,15 @@ fn dense_batch_dots_follow_tinyblas_order() {
                 let mut wide = vec![[0f32; 4]; 16];
                 (wd.tile)(&wide_rows(&w, 16), 4 * n, std::array::from_fn(|j| &wa[j][..]), &mut wide);
                 assert!(wide.iter().zip(&out).all(|(a, b)| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())), "{t} n={n}: wide tile differs");
+                if let Some(few) = wd.few {
+                    let ww = wide_rows(&w, 16);
+                    for m in 1..4 {
+                        let ys: Vec<&[u8]> = wa[..m].iter().map(|a| &a[..]).collect();
+                        let mut o = vec![[f32::NAN; 4]; 16];
+                        few(&ww, 4 * n, &ys, &mut o);
+                        assert!(o.iter().zip(&out).all(|(a, b)| a[..m].iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())), "{t} n={n}: wide tile of {m} rows differs");
+                    }
+                }
             }
         }
     }
