@@ -20,7 +20,7 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CODE = open(os.path.join(ROOT, "crates/engine/src/batcher/lookup.rs")).read()[:1800]
+CODE = open(os.path.join(ROOT, "crates/engine/src/lookup.rs")).read()[:1800]
 PROMPTS = {
     # The answer copies the prompt: the case drafts are for.
     "edit code": f"Here is a Rust file:\n```rust\n{CODE}\n```\nThe same file with the doc comments removed, nothing else changed:\n```rust\n",

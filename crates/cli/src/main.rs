@@ -7,13 +7,14 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use corelm_engine::chat::{ChatTemplate, Message};
 use corelm_engine::eval::{run_case, Case};
-use corelm_engine::generate::{generate, StopReason};
+use corelm_engine::generate::{generate_drafted, StopReason};
 use corelm_engine::{Engine, EngineConfig, Tokenizer};
 use corelm_kernels::DType;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
 mod bench;
+mod draft;
 mod embed;
 mod lora;
 mod profile;
@@ -462,7 +463,8 @@ fn main() -> Result<()> {
                 }
             };
             let params = sampling::gen_params(&sample, &tok, engine.config().n_ctx)?;
-            let g = generate(&mut engine, &tok, &ids, &params, print_stream)?;
+            let mut draft = sample.draft.load(&engine, &tok)?;
+            let g = generate_drafted(&mut engine, draft.as_mut(), &tok, &ids, &params, print_stream)?;
             println!();
             eprintln!(
                 "[{} prompt tokens in {:.3} s = {:.1} t/s; {} generated in {:.3} s = {:.1} t/s; stop: {:?}; {} threads, {} kernels]",
@@ -480,7 +482,8 @@ fn main() -> Result<()> {
                 eprintln!("[constraint mask: {:.3} ms per generated token]", 1e3 * g.mask_secs / g.tokens.len().max(1) as f64);
             }
             if g.drafted > 0 {
-                eprintln!("[lookup drafts: {} fed, {} kept]", g.drafted, g.kept);
+                let what = if draft.is_some() { "draft model" } else { "lookup" };
+                eprintln!("[{what} drafts: {} fed, {} kept]", g.drafted, g.kept);
             }
             if let Some(p) = &engine.profile {
                 let total = p.total_secs();
@@ -621,6 +624,7 @@ fn chat(model: &ModelArgs, sample: &sampling::SampleArgs, system: Option<String>
     let mut msgs: Vec<Message> = system.iter().map(|s| Message::new("system", s)).collect();
     let mut in_kv = String::new(); // the text whose tokens are in the KV cache
     let params = sampling::gen_params(sample, &tok, engine.config().n_ctx)?;
+    let mut draft = sample.draft.load(&engine, &tok)?;
     let stdin = std::io::stdin();
     loop {
         eprint!("> ");
@@ -642,7 +646,7 @@ fn chat(model: &ModelArgs, sample: &sampling::SampleArgs, system: Option<String>
             }
         };
         let ids = tok.encode(&new_text, engine.seq_len(0) == 0, true)?;
-        let g = match generate(&mut engine, &tok, &ids, &params, print_stream) {
+        let g = match generate_drafted(&mut engine, draft.as_mut(), &tok, &ids, &params, print_stream) {
             Ok(g) => g,
             Err(e) => {
                 eprintln!("error: {e}");

@@ -54,6 +54,8 @@ pub(crate) struct SampleArgs {
     /// answer is the one without drafts (bit for bit with --batch-invariant).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub(crate) lookup: usize,
+    #[command(flatten)]
+    pub(crate) draft: crate::draft::DraftArgs,
 }
 
 pub(crate) fn gen_params(s: &SampleArgs, tok: &Tokenizer, n_ctx: usize) -> Result<GenerateParams> {

@@ -41,6 +41,8 @@ pub struct ServeArgs {
     /// chosen anyway (answers unchanged; several tokens a pass where text repeats). 0 = off.
     #[arg(long, default_value_t = 0)]
     lookup: usize,
+    #[command(flatten)]
+    draft: crate::draft::DraftArgs,
     /// Require `Authorization: Bearer <key>` on /v1 endpoints.
     #[arg(long, env = "CORELM_API_KEY")]
     api_key: Option<String>,
@@ -142,6 +144,7 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         eprintln!("{}", crate::sparsity::describe_accel(a));
     }
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", model.display()))?;
+    let draft = a.draft.load(&engine, &tok)?;
     let pooling = match a.pooling {
         Some(p) => p,
         None => corelm_engine::embed::Pooling::from_gguf(engine.gguf())?.unwrap_or(corelm_engine::embed::Pooling::Mean),
@@ -155,7 +158,7 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
     defaults.sampling.validate().context("the sampling flags")?;
     let scfg = ServeConfig { model_id: model_id.clone(), max_queue: a.max_queue, ctx_size: a.ctx_size, api_key: a.api_key,
         tpot_target: Some(a.tpot_target_ms / 1e3).filter(|t| *t > 0.0), pooling, lookup: a.lookup, defaults };
-    let (router, engine_thread) = corelm_server::app(engine, tok, scfg).map_err(anyhow::Error::msg)?;
+    let (router, engine_thread) = corelm_server::app_drafted(engine, draft, tok, scfg).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind((host.as_str(), a.port))

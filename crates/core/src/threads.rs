@@ -18,6 +18,9 @@
 //!   workers waiting at a barrier leave the job, `run` re-raises the panic in the caller once
 //!   all have left, and the pool takes new jobs.
 //!
+//! * One pool serves a process: a draft model's engine runs its jobs on its target's pool
+//!   (shared by `Arc`), one caller at a time (a claim taken for each job).
+//!
 //! Invariant: the group layout changes only between jobs (`split`/`rejoin`/`add_view` take
 //! `&mut self`).
 
@@ -183,6 +186,27 @@ struct Shared {
     wake: Condvar,
     /// A worker of the running job panicked.
     aborted: AtomicBool,
+    /// A caller's job is running: pools shared by two engines (a draft model's) take one
+    /// caller at a time.
+    claimed: AtomicBool,
+}
+
+/// One caller's hold on the pool, let go when its job ends (also by a panic).
+struct Claim<'a>(&'a AtomicBool);
+
+impl<'a> Claim<'a> {
+    fn take(flag: &'a AtomicBool) -> Claim<'a> {
+        while flag.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            std::thread::yield_now();
+        }
+        Claim(flag)
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 // SAFETY: the raw pointers in `job` are written by the owner of the pool before bumping
@@ -221,6 +245,7 @@ impl ThreadPool {
             sleepers: Mutex::new(0),
             wake: Condvar::new(),
             aborted: AtomicBool::new(false),
+            claimed: AtomicBool::new(false),
         });
         let caller_affinity = cfg.cpus.first().map(|&cpu| {
             let before = current_affinity();
@@ -299,9 +324,11 @@ impl ThreadPool {
     pub fn run_view(&self, view: usize, f: &(dyn Fn(&Worker) + Sync)) {
         let layout = &self.views[view];
         let s = &*self.shared;
+        let _claim = Claim::take(&s.claimed);
         if s.n > 1 {
-            // SAFETY: no job is running (the previous `run` waited for all workers), so nobody
-            // reads `job` now; workers read it only after the generation bump below.
+            // SAFETY: no job is running (the previous `run` waited for all workers, and the
+            // claim keeps other callers out), so nobody reads `job` now; workers read it only
+            // after the generation bump below.
             unsafe {
                 let f: *const Job = std::mem::transmute::<&(dyn Fn(&Worker) + Sync), &'static Job>(f);
                 *s.job.get() = Some((f, layout as *const Layout));

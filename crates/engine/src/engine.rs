@@ -38,7 +38,8 @@ pub struct Engine {
     gguf: Arc<Gguf>,
     model: Box<dyn Model>,
     kernels: &'static Kernels,
-    pool: ThreadPool,
+    /// Shared with a draft model's engine ([`crate::draft`]), which runs on it too.
+    pool: Arc<ThreadPool>,
     exec: Executor,
     /// Matrices repacked at load; graphs' weight tensors point into it.
     packed: PackedWeights,
@@ -81,7 +82,16 @@ impl Engine {
         Self::from_gguf(gguf, cfg)
     }
 
-    pub fn from_gguf(gguf: Arc<Gguf>, mut cfg: EngineConfig) -> Result<Engine, Error> {
+    pub fn from_gguf(gguf: Arc<Gguf>, cfg: EngineConfig) -> Result<Engine, Error> {
+        Self::from_gguf_on(gguf, cfg, None)
+    }
+
+    /// As [`Engine::from_gguf`], on `shared`'s workers where given (a draft model's engine on
+    /// its target's pool: all its workers, one group).
+    pub(crate) fn from_gguf_on(gguf: Arc<Gguf>, mut cfg: EngineConfig, shared: Option<Arc<ThreadPool>>) -> Result<Engine, Error> {
+        if let Some(p) = shared.as_ref().filter(|p| p.n_threads() != cfg.n_threads || cfg.tp > 1 || cfg.plan.is_some()) {
+            return Err(Error::Config(format!("an engine on another's {} workers runs on all of them, without --tp or a plan", p.n_threads())));
+        }
         // A plan fixes the workers: its prefill configuration's cores, one group per shard.
         let plan_workers = match &cfg.plan {
             Some(p) => {
@@ -315,15 +325,21 @@ impl Engine {
             return Err(Error::Config("--attn-pipeline pipelines the column-key kernels: it needs --kv-layout columns".into()));
         }
         let cpus = if cfg.pin { worker_cpus } else { vec![] };
-        let mut pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
-        if tp.is_some() {
-            // One group of workers per shard, consecutive workers (under `--numa tp`, a node's
-            // cores) together.
-            pool.split(&group_sizes).map_err(Error::Config)?;
-        }
-        let decode_view = match plan_workers.as_ref().and_then(|w| w.decode.as_ref()) {
-            Some(groups) => Some(pool.add_view(groups).map_err(Error::Config)?),
-            None => None,
+        let (pool, decode_view) = match shared {
+            Some(p) => (p, None),
+            None => {
+                let mut pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
+                if tp.is_some() {
+                    // One group of workers per shard, consecutive workers (under `--numa tp`, a
+                    // node's cores) together.
+                    pool.split(&group_sizes).map_err(Error::Config)?;
+                }
+                let decode_view = match plan_workers.as_ref().and_then(|w| w.decode.as_ref()) {
+                    Some(groups) => Some(pool.add_view(groups).map_err(Error::Config)?),
+                    None => None,
+                };
+                (Arc::new(pool), decode_view)
+            }
         };
         // The smallest group of any view sizes the per-worker scratch.
         let views = std::iter::once(0).chain(decode_view);
@@ -403,6 +419,10 @@ impl Engine {
 
     pub(crate) fn pool(&self) -> &ThreadPool {
         &self.pool
+    }
+
+    pub(crate) fn shared_pool(&self) -> Arc<ThreadPool> {
+        self.pool.clone()
     }
 
     pub(crate) fn exec_mut(&mut self) -> &mut Executor {

@@ -3,9 +3,11 @@
 //! token, a stop string, the token limit or a full context; under JSON mode, a JSON Schema or a
 //! GBNF grammar (`GenerateParams::constraint`) only tokens that keep the text the prefix of one
 //! the constraint takes, until it closes. With prompt lookup (`GenerateParams::lookup`) a
-//! step feeds a draft beside its token and keeps the draft tokens the model samples anyway.
+//! step feeds a draft beside its token and keeps the draft tokens the model samples anyway; a
+//! draft model ([`generate_drafted`]) proposes them instead.
 
 use crate::constraint::{Constraint, Mask, Vocabs};
+use crate::draft::{DraftModel, DraftRequest};
 use crate::lookup::{self, Acceptance, RowCost};
 use crate::sample::{Sampler, SamplingParams};
 use crate::{Batch, Engine, Error, Tokenizer, Utf8Stream};
@@ -153,6 +155,19 @@ pub fn generate(
     tok: &Tokenizer,
     prompt: &[u32],
     params: &GenerateParams,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<Generation, Error> {
+    generate_drafted(engine, None, tok, prompt, params, on_text)
+}
+
+/// [`generate`], with a draft model's proposals fed beside each token where one is given
+/// ([`crate::draft`]; in place of `params.lookup`'s). The answer is the one without.
+pub fn generate_drafted(
+    engine: &mut Engine,
+    mut model: Option<&mut DraftModel>,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    params: &GenerateParams,
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<Generation, Error> {
     let mut sampler = Sampler::new(params.sampling.clone(), tok.n_vocab())?;
@@ -161,6 +176,17 @@ pub fn generate(
     }
     for &t in prompt {
         sampler.accept(t);
+    }
+    // Drafts (prompt lookup's or a draft model's) see the sequence's tokens: with a draft
+    // model, also those of earlier calls on it (a chat session) that its cache still holds.
+    let (seq, n_vocab) = (params.seq, engine.hyper().n_vocab);
+    let spec = params.lookup > 0 || model.is_some();
+    let mut history: Vec<u32> = match &model {
+        Some(m) => m.cached(seq)[..m.cached(seq).len().min(engine.seq_len(seq))].to_vec(),
+        None => vec![],
+    };
+    if spec {
+        history.extend_from_slice(prompt);
     }
     let t0 = Instant::now();
     let mut logits = Vec::with_capacity(engine.hyper().n_vocab);
@@ -178,14 +204,12 @@ pub fn generate(
     });
     let mut mask = params.constraint.as_ref().map(Mask::new);
     let mut mask_secs = 0.0;
-    // Prompt-lookup drafts (`params.lookup`): `draft` was fed after the step's first token, so
-    // the step left `rows` logits rows; `row` is the one sampled next.
-    let (seq, n_vocab) = (params.seq, engine.hyper().n_vocab);
-    if params.lookup > 0 {
+    // Drafts: `draft` was fed after the step's first token, so the step left `rows` logits
+    // rows; `row` is the one sampled next.
+    if spec {
         // Refused (before anything is generated) where the cache cannot be cut.
         engine.truncate_seq(seq, engine.seq_len(seq))?;
     }
-    let mut history: Vec<u32> = if params.lookup > 0 { prompt.to_vec() } else { vec![] };
     let (mut draft, mut row, mut rows) = (Vec::new(), 0, 1);
     let (mut cost, mut accept) = (RowCost::default(), Acceptance(Acceptance::PRIOR));
     let (mut drafted, mut kept) = (0, 0);
@@ -205,7 +229,7 @@ pub fn generate(
         }
         sampler.accept(t);
         tokens.push(t);
-        if params.lookup > 0 {
+        if spec {
             history.push(t);
         }
         let (piece, stopped) = out.push(tok.piece(t));
@@ -244,11 +268,18 @@ pub fn generate(
             reason = StopReason::ContextFull;
             break;
         }
-        // This step's draft: within the context, the batch and the answer's limit, and only as
-        // long as pays by the timed steps (the longest until steps of several sizes are timed).
-        let most = params.lookup.min(engine.room(seq) - 1).min(engine.config().n_batch - 1).min(params.max_tokens - tokens.len() - 1);
-        let len = cost.fit().map_or(most, |c| lookup::best_len(accept.0, c, 1, most));
-        lookup::draft(&history, len, &mut draft);
+        // This step's draft: within the context, the batch and the answer's limit; a lookup
+        // draft only as long as pays by the timed steps (the longest until steps of several
+        // sizes are timed), a draft model's as its parameters say.
+        let n = model.as_ref().map_or(params.lookup, |m| m.params().n_max);
+        let most = n.min(engine.room(seq) - 1).min(engine.config().n_batch - 1).min(params.max_tokens - tokens.len() - 1);
+        match model.as_deref_mut() {
+            Some(m) => m.draft(|_| DraftRequest { seq, history: &history, max: most }, std::slice::from_mut(&mut draft)),
+            None => {
+                let len = cost.fit().map_or(most, |c| lookup::best_len(accept.0, c, 1, most));
+                lookup::draft(&history, len, &mut draft);
+            }
+        }
         batch.clear();
         let pos = engine.seq_len(seq);
         batch.add(t, pos as i32, seq, true);

@@ -29,6 +29,7 @@ pub mod config;
 pub mod constraint;
 pub mod device;
 pub mod device_layers;
+pub mod draft;
 pub mod embed;
 pub mod engine;
 pub mod eval;

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use corelm_engine::batcher::{Batcher, Event, FinishReason, Request};
 use corelm_engine::sample::SamplingParams;
-use corelm_engine::EngineConfig;
+use corelm_engine::{EngineConfig, Tokenizer};
 use corelm_core::kv::BLOCK;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -349,6 +349,37 @@ fn scored_prompts_equal_the_all_logits_pass() {
     assert_eq!(b.engine().blocks().used(), 0);
 }
 
+/// Four requests at once, their answers: greedy ones (repetitive text, a story with a stop
+/// string) and seeded sampled ones with a repetition penalty, each with log-probabilities.
+fn four_requests(b: &mut Batcher, tok: &Tokenizer) -> Vec<Answer> {
+    let texts = [
+        "Copy the list exactly, three times:\n- red apple\n- green pear\n- blue plum\n",
+        "fn add(a: i32, b: i32) -> i32 { a + b }\nfn sub(a: i32, b: i32) -> i32 { a - b }\nfn mul(",
+        "The cat sat on the mat. The cat sat on the mat. The cat",
+        "Once upon a time, in a small village by the sea,",
+    ];
+    let logs: Vec<Log> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let (mut r, log) = request(tok.encode(t, true, true).unwrap(), 40, None);
+            r.logprobs = Some(2);
+            if i % 2 == 1 {
+                r.sampling.temperature = 0.7;
+                r.sampling.seed = 11 + i as u64;
+                r.sampling.repeat_penalty = 1.1;
+            }
+            if i == 3 {
+                r.stop = vec!["sea.".into()];
+            }
+            b.submit(r).map_err(|e| e.1).unwrap();
+            log
+        })
+        .collect();
+    drain(b);
+    logs.iter().map(|l| l.lock().unwrap().clone()).collect()
+}
+
 /// Prompt-lookup drafts change no token and no log-probability: greedy and seeded sampled
 /// requests, four at once, with repetition penalties and a stop string, give with drafts (of
 /// a fixed length, and as long as the timed costs say) what they give without; the drafts of
@@ -360,33 +391,7 @@ fn prompt_lookup_drafts_change_nothing_but_the_passes() {
     let (engine, tok) = load("SmolLM2-135M-Instruct.Q4_1.gguf", cfg);
     let tok = Arc::new(tok);
     let mut b = Batcher::new(engine, tok.clone());
-    let texts = [
-        "Copy the list exactly, three times:\n- red apple\n- green pear\n- blue plum\n",
-        "fn add(a: i32, b: i32) -> i32 { a + b }\nfn sub(a: i32, b: i32) -> i32 { a - b }\nfn mul(",
-        "The cat sat on the mat. The cat sat on the mat. The cat",
-        "Once upon a time, in a small village by the sea,",
-    ];
-    let run = |b: &mut Batcher| -> Vec<Answer> {
-        let logs: Vec<Log> = texts
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                let (mut r, log) = request(tok.encode(t, true, true).unwrap(), 40, None);
-                if i % 2 == 1 {
-                    r.sampling.temperature = 0.7;
-                    r.sampling.seed = 11 + i as u64;
-                    r.sampling.repeat_penalty = 1.1;
-                }
-                if i == 3 {
-                    r.stop = vec!["sea.".into()];
-                }
-                b.submit(r).map_err(|e| e.1).unwrap();
-                log
-            })
-            .collect();
-        drain(b);
-        logs.iter().map(|l| l.lock().unwrap().clone()).collect()
-    };
+    let run = |b: &mut Batcher| four_requests(b, &tok);
     let plain = run(&mut b);
     for adaptive in [false, true] {
         b.set_lookup(6, adaptive).unwrap();
@@ -407,4 +412,33 @@ fn prompt_lookup_drafts_change_nothing_but_the_passes() {
             assert!(fed > 40 && kept * 3 > fed, "{kept} of {fed} draft tokens kept");
         }
     }
+}
+
+/// A draft model's proposals change no token and no log-probability either: the same four
+/// requests (two sampled, one with a stop string) with SmolLM2 requantized to Q4_0 as the
+/// draft; all four sequences draft in the same passes; every block of both caches comes back.
+#[test]
+fn a_draft_model_changes_nothing_but_the_passes() {
+    use corelm_engine::draft::{DraftModel, DraftParams};
+    use std::sync::atomic::Ordering::Relaxed;
+    let cfg = EngineConfig { n_seq_max: 4, n_batch: 48, batch_invariant: true, ..test_config(2) };
+    let (engine, tok) = load("SmolLM2-135M-Instruct.Q4_1.gguf", cfg);
+    let tok = Arc::new(tok);
+    let q4_0 = DraftFile::smollm2_q4_0();
+    let model = DraftModel::load(&q4_0.0, &engine, &tok, DraftParams { n_max: 5, ..Default::default() }).unwrap();
+    let mut b = Batcher::new(engine, tok.clone());
+    let run = |b: &mut Batcher| four_requests(b, &tok);
+    let plain = run(&mut b);
+    b.set_draft_model(model).unwrap();
+    let drafted = run(&mut b);
+    for (i, (a, d)) in plain.iter().zip(&drafted).enumerate() {
+        assert_eq!((&a.0, &a.1, &a.2), (&d.0, &d.1, &d.2), "request {i}: tokens, text, finish");
+        assert_eq!(a.3, d.3, "request {i}: log-probabilities");
+    }
+    let (fed, kept) = (b.stats().drafted.load(Relaxed), b.stats().drafts_kept.load(Relaxed));
+    eprintln!("{kept} of {fed} proposals kept");
+    assert!(fed > 40 && kept > fed / 4, "{kept} of {fed} proposals kept");
+    assert_eq!(b.engine().blocks().used(), 0, "the target's blocks come back");
+    let m = b.draft_model().unwrap();
+    assert_eq!((m.engine().blocks().used(), m.failed()), (0, 0), "the draft's blocks come back; no draft pass failed");
 }

@@ -1,4 +1,5 @@
-//! `generate`'s features on real models: lazy constraints and prompt-lookup drafts.
+//! `generate`'s features on real models: lazy constraints, prompt-lookup drafts and a draft
+//! model's.
 //!
 //! Lazy constraints: free text until the trigger, held from there on. The reference is a plain (not lazy) grammar that spells out the free answer up to the
 //! trigger's token and then holds the rest as the lazy grammar does: greedy decoding under it
@@ -12,7 +13,8 @@ mod common;
 use common::*;
 use corelm_engine::batcher::{Batcher, Event, FinishReason};
 use corelm_engine::constraint::{Constraint, Lazy, Trigger};
-use corelm_engine::generate::{generate, GenerateParams, StopReason};
+use corelm_engine::draft::{DraftModel, DraftParams};
+use corelm_engine::generate::{generate, generate_drafted, GenerateParams, StopReason};
 use corelm_engine::grammar::Grammar;
 use corelm_engine::sample::{Breakers, Dry, Mirostat, SamplingParams};
 use corelm_engine::{Engine, EngineConfig, Tokenizer};
@@ -180,4 +182,80 @@ fn lookup_drafts_in_generate_change_nothing_but_the_passes() {
         kept += with.kept;
     }
     assert!(kept > 0 && 3 * kept > drafted, "{kept} of {drafted} drafts kept");
+}
+
+/// A draft model's proposals in `generate` change nothing but the passes (batch-invariant
+/// arithmetic), greedy or sampled, with a stop string or a grammar, and in a session that goes
+/// on in the same sequence. The model as its own draft has every proposal kept under greedy
+/// decoding (it computes the target's own rows); a requantized one (Q4_0) has some kept and
+/// some not. Drafts shorter than `n_min` are not fed; `p_min` 1 proposes nothing.
+#[test]
+fn a_draft_model_in_generate_changes_nothing_but_the_passes() {
+    let cfg = EngineConfig { n_batch: 48, batch_invariant: true, ..test_config(2) };
+    let (mut engine, tok) = load("SmolLM2-135M-Instruct.Q4_1.gguf", cfg);
+    let q4_0 = DraftFile::smollm2_q4_0();
+    let list = Constraint::Grammar(Arc::new(Grammar::parse(r#"root ::= ("- " [a-z]+ " " [a-z]+ "\n")+"#).unwrap()));
+    let greedy = SamplingParams::greedy;
+    let sampled = SamplingParams { temperature: 0.8, seed: 3, repeat_penalty: 1.1, ..greedy() };
+    let cases: Vec<(&str, SamplingParams, Vec<String>, Option<Constraint>)> = vec![
+        ("Copy the list exactly, three times:\n- red apple\n- green pear\n- blue plum\n", greedy(), vec![], None),
+        ("Once upon a time, in a small village by the sea,", sampled, vec![], None),
+        ("Copy the list:\n- red apple\n- green pear\n- blue plum\nCopy:\n", greedy(), vec!["plum".into()], None),
+        ("Copy the list:\n- red apple\n- green pear\n- blue plum\nCopy:\n", greedy(), vec![], Some(list)),
+    ];
+    let answer = |engine: &mut Engine, model: Option<&mut DraftModel>, case: &(&str, SamplingParams, Vec<String>, Option<Constraint>)| {
+        let (text, sampling, stop, c) = case;
+        engine.clear_all();
+        let mut model = model;
+        let prompt = tok.encode(text, true, true).unwrap();
+        let params = GenerateParams { max_tokens: 40, sampling: sampling.clone(), stop: stop.clone(), constraint: c.clone(), ..Default::default() };
+        let g = generate_drafted(engine, model.as_deref_mut(), &tok, &prompt, &params, |_| true).unwrap();
+        // A session goes on in the same sequence.
+        let more = tok.encode("\nAgain:", false, true).unwrap();
+        let params = GenerateParams { max_tokens: 12, ..Default::default() };
+        let next = generate_drafted(engine, model, &tok, &more, &params, |_| true).unwrap();
+        (g, next, engine.seq_len(0))
+    };
+    let plain: Vec<_> = cases.iter().map(|c| answer(&mut engine, None, c)).collect();
+    let drafts = [model_path("SmolLM2-135M-Instruct.Q4_1.gguf"), q4_0.0.clone()];
+    for (which, path) in drafts.iter().enumerate() {
+        let mut model = DraftModel::load(path, &engine, &tok, DraftParams { n_max: 4, ..Default::default() }).unwrap();
+        let (mut drafted, mut kept) = (0, 0);
+        for (i, case) in cases.iter().enumerate() {
+            let (g, next, len) = answer(&mut engine, Some(&mut model), case);
+            let (p, p_next, p_len) = &plain[i];
+            assert_eq!((&g.tokens, &g.text, g.reason), (&p.tokens, &p.text, p.reason), "draft {which}, case {i}");
+            assert_eq!((&next.tokens, len), (&p_next.tokens, *p_len), "draft {which}, case {i}: the session after it");
+            if which == 0 && i == 0 {
+                // Greedy, no stop string: every proposal is the target's own token, but for
+                // those after the end of the answer.
+                assert!(g.drafted > 12 && g.kept + 4 >= g.drafted, "{} of {} kept, {} tokens, {:?}", g.kept, g.drafted, g.tokens.len(), g.reason);
+            }
+            eprintln!("draft {which} case {i}: {}/{} then {}/{} ({} tokens {:?})", g.kept, g.drafted, next.kept, next.drafted, g.tokens.len(), g.reason);
+            (drafted, kept) = (drafted + g.drafted + next.drafted, kept + g.kept + next.kept);
+        }
+        eprintln!("draft {which}: {kept} of {drafted} proposals kept");
+        assert!(kept > 0 && drafted > 40, "draft {which}: {kept} of {drafted} kept");
+        if which == 1 {
+            assert!(kept < drafted, "a requantized draft proposes some token the target does not take");
+        }
+    }
+    // n_min above n_max's reach: nothing fed; p_min 1: no proposal is that sure.
+    for params in [DraftParams { n_max: 2, n_min: 3, p_min: 0.0 }, DraftParams { n_max: 4, n_min: 0, p_min: 1.0 }] {
+        let mut model = DraftModel::load(&q4_0.0, &engine, &tok, params).unwrap();
+        let (g, next, _) = answer(&mut engine, Some(&mut model), &cases[0]);
+        assert_eq!((&g.tokens, g.drafted, next.drafted), (&plain[0].0.tokens, 0, 0), "{params:?}");
+    }
+}
+
+/// A draft model of another vocabulary, or asked to propose nothing, is refused by name.
+#[test]
+fn a_draft_model_of_another_vocabulary_is_refused() {
+    let (engine, tok) = load("SmolLM2-135M-Instruct.Q4_1.gguf", test_config(1));
+    let other = model_path("gemma-3-270m-q4_k_m.gguf");
+    let e = DraftModel::load(&other, &engine, &tok, DraftParams::default()).err().unwrap().to_string();
+    assert!(e.contains("gemma-3-270m-q4_k_m.gguf") && e.contains("vocabulary"), "{e}");
+    let own = model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let e = DraftModel::load(&own, &engine, &tok, DraftParams { n_max: 0, ..Default::default() }).err().unwrap().to_string();
+    assert!(e.contains("--spec-draft-n-max"), "{e}");
 }

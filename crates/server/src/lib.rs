@@ -39,6 +39,7 @@ use corelm_engine::constraint::Constraint;
 use corelm_engine::embed::Pooling;
 use corelm_engine::sample::{Breakers, InfillVocab, Stage};
 use corelm_engine::chat::ChatTemplate;
+use corelm_engine::draft::DraftModel;
 use corelm_engine::{Engine, Tokenizer};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -66,6 +67,8 @@ pub struct ServeConfig {
 
 pub struct AppState {
     cfg: ServeConfig,
+    /// Requests' decode steps feed drafts (prompt lookup's or a draft model's).
+    speculative: bool,
     tx: Mutex<mpsc::Sender<Work>>,
     tok: Arc<Tokenizer>,
     /// The model's embedding width.
@@ -92,6 +95,12 @@ pub struct AppState {
 /// Start the engine thread and build the router. The engine thread ends when the router (and
 /// with it every sender) is dropped.
 pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, std::thread::JoinHandle<()>), String> {
+    app_drafted(engine, None, tok, cfg)
+}
+
+/// [`app`], with a draft model proposing every decoding request's drafts where one is given
+/// (in place of `cfg.lookup`'s).
+pub fn app_drafted(engine: Engine, draft: Option<DraftModel>, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, std::thread::JoinHandle<()>), String> {
     let template = ChatTemplate::from_gguf(engine.gguf(), &tok).map_err(|e| e.to_string())?;
     let template_source = engine.gguf().opt_str("tokenizer.chat_template").ok().flatten().map(str::to_string);
     let tok = Arc::new(tok);
@@ -101,6 +110,10 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
     let mut b = Batcher::new(engine, tok.clone());
     b.set_tpot_target(cfg.tpot_target);
     b.set_lookup(cfg.lookup, true).map_err(|e| e.to_string())?;
+    let speculative = cfg.lookup > 0 || draft.is_some();
+    if let Some(d) = draft {
+        b.set_draft_model(d).map_err(|e| e.to_string())?;
+    }
     cfg.ctx_size = cfg.ctx_size.min(b.max_context());
     let stats = b.stats();
     let slots = b.engine().config().n_seq_max;
@@ -115,6 +128,7 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let state = Arc::new(AppState {
         cfg,
+        speculative,
         tx: Mutex::new(tx),
         tok,
         n_embd,

@@ -118,7 +118,7 @@ impl Metrics {
         counter(&mut o, "corelm_generated_tokens_total", "Generated tokens.", ld(&self.generated_tokens));
         counter(&mut o, "corelm_requests_cancelled_total", "Requests cancelled (client gone).", ld(&self.cancelled));
         counter(&mut o, "corelm_engine_steps_total", "Forward passes of the batcher.", ld(&stats.steps));
-        counter(&mut o, "corelm_draft_tokens_total", "Prompt-lookup draft tokens fed (--lookup).", ld(&stats.drafted));
+        counter(&mut o, "corelm_draft_tokens_total", "Draft tokens fed (--lookup, --spec-draft-model).", ld(&stats.drafted));
         counter(&mut o, "corelm_draft_tokens_accepted_total", "Draft tokens kept: the ones the model chose.", ld(&stats.drafts_kept));
         let us = |a: &std::sync::atomic::AtomicUsize| a.load(Ordering::Relaxed) as u64;
         gauge(&mut o, "corelm_queue_depth", "Requests accepted and without a first token yet.", queued);

@@ -319,7 +319,7 @@ pub(crate) async fn slots(State(st): S, headers: HeaderMap, Query(q): Query<Hash
             .enumerate()
             .map(|(id, s)| {
                 let busy = s.busy.load(Relaxed);
-                let mut v = json!({"id": id, "n_ctx": st.cfg.ctx_size, "speculative": st.cfg.lookup > 0, "is_processing": busy});
+                let mut v = json!({"id": id, "n_ctx": st.cfg.ctx_size, "speculative": st.speculative, "is_processing": busy});
                 let task = s.task.load(Relaxed);
                 if task > 0 {
                     v["id_task"] = json!(task);

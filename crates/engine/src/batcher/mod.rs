@@ -41,6 +41,7 @@
 
 mod cost;
 mod embed;
+use crate::draft::{DraftModel, DraftRequest};
 use crate::lookup;
 mod request;
 
@@ -100,6 +101,11 @@ pub struct Batcher {
     lookup_adaptive: bool,
     /// A sequence's draft (reused each step).
     draft: Vec<u32>,
+    /// A draft model proposing the drafts instead ([`Batcher::set_draft_model`]); per decoding
+    /// sequence of a step, its slot and its proposal (reused each step).
+    model: Option<DraftModel>,
+    proposing: Vec<usize>,
+    proposals: Vec<Vec<u32>>,
     /// Sequences to cut back to their fed tokens after a step's drafts (reused each step).
     cuts: Vec<(i32, usize)>,
     /// Decode steps' time by their rows (how far drafting pays).
@@ -147,6 +153,9 @@ impl Batcher {
             lookup: 0,
             lookup_adaptive: true,
             draft: Vec::with_capacity(nb),
+            model: None,
+            proposing: Vec::with_capacity(n_seq),
+            proposals: vec![Vec::new(); n_seq],
             cuts: Vec::with_capacity(n_seq),
             row_cost: lookup::RowCost::default(),
             order: Vec::with_capacity(n_seq),
@@ -176,6 +185,23 @@ impl Batcher {
         }
         (self.lookup, self.lookup_adaptive) = (n, adaptive);
         Ok(())
+    }
+
+    /// Speculative decoding with a draft model ([`crate::draft`]): each decoding sequence
+    /// feeds the model's proposal beside its next token (in place of prompt lookup's). Not
+    /// with layers on the device.
+    pub fn set_draft_model(&mut self, model: DraftModel) -> Result<(), Error> {
+        if self.engine.device_layers().is_some() {
+            return Err(Error::Config("a draft model: draft tokens cannot be taken back from layers on the device".into()));
+        }
+        let n = model.params().n_max;
+        self.proposals.iter_mut().for_each(|p| p.reserve(n));
+        self.model = Some(model);
+        Ok(())
+    }
+
+    pub fn draft_model(&self) -> Option<&DraftModel> {
+        self.model.as_ref()
     }
 
     pub fn stats(&self) -> Arc<Stats> {
@@ -347,7 +373,7 @@ impl Batcher {
             let now = Instant::now();
             let text = TextOut::new(req.stop.clone(), req.max_tokens.min(4096) * 8);
             let mut history = vec![];
-            if self.lookup > 0 {
+            if self.lookup > 0 || self.model.is_some() {
                 history.reserve_exact(req.prompt.len() + req.max_tokens);
                 history.extend_from_slice(&req.prompt);
             }
@@ -376,6 +402,21 @@ impl Batcher {
         }
     }
 
+    /// The draft model's proposals for this step's decoding sequences, in slot order, each
+    /// within its answer's room and the step's `room` (`proposals[..]`).
+    fn propose(&mut self, room: usize) {
+        let Some(model) = self.model.as_mut() else { return };
+        self.proposing.clear();
+        let slots = &self.slots;
+        self.proposing.extend(slots.iter().enumerate().filter(|(_, r)| r.as_ref().is_some_and(|r| r.next.is_some())).map(|(i, _)| i));
+        let (proposing, n) = (&self.proposing, self.proposing.len());
+        let req = |i: usize| {
+            let r = slots[proposing[i]].as_ref().expect("a decoding slot");
+            DraftRequest { seq: r.seq, history: &r.history, max: r.req.max_tokens.saturating_sub(r.generated + 1).min(room) }
+        };
+        model.draft(req, &mut self.proposals[..n]);
+    }
+
     /// One iteration: admit, run one forward pass, sample, deliver events. Returns whether any
     /// work was done.
     pub fn step(&mut self) -> bool {
@@ -398,6 +439,8 @@ impl Batcher {
         // draft, while the budget leaves room for every decode token.
         let mut left = self.slots.iter().flatten().filter(|r| r.next.is_some()).count();
         let (seqs, fit) = (left, self.row_cost.fit().filter(|_| self.lookup_adaptive));
+        self.propose(budget.saturating_sub(left));
+        let mut proposed = 0;
         for r in self.slots.iter_mut().flatten() {
             if self.batch.len() < budget {
                 if let Some(t) = r.next.take() {
@@ -408,9 +451,17 @@ impl Batcher {
                     // Drafts no longer than the answer's room (the reserved blocks) or the budget.
                     let room = budget.saturating_sub(self.batch.len() + left);
                     let most = self.lookup.min(r.req.max_tokens.saturating_sub(r.generated + 1)).min(room);
-                    // Until steps of several sizes are timed, the longest drafts (to time them).
-                    let len = fit.map_or(most, |c| lookup::best_len(r.accept.0, c, seqs, most));
-                    lookup::draft(&r.history, len, &mut self.draft);
+                    if self.model.is_some() {
+                        // The draft model's proposal (its slots in the order walked here).
+                        let p = &self.proposals[proposed];
+                        self.draft.clear();
+                        self.draft.extend_from_slice(&p[..p.len().min(room)]);
+                        proposed += 1;
+                    } else {
+                        // Until steps of several sizes are timed, the longest drafts (to time them).
+                        let len = fit.map_or(most, |c| lookup::best_len(r.accept.0, c, seqs, most));
+                        lookup::draft(&r.history, len, &mut self.draft);
+                    }
                     for (i, &d) in self.draft.iter().enumerate() {
                         self.batch.add(d, (pos + 1 + i) as i32, r.seq, true);
                         self.rows.push((r.seq, Row::Draft(d)));
@@ -528,6 +579,9 @@ impl Batcher {
             let (seq, reason) = self.done[i].clone();
             if let Some(r) = self.slots[seq as usize].take() {
                 self.engine.clear_seq(seq);
+                if let Some(m) = self.model.as_mut() {
+                    m.forget(seq);
+                }
                 record(&self.stats.slots[seq as usize], &r);
                 self.publish(); // before the client hears of the end
                 finish(r, reason);

@@ -126,3 +126,22 @@ pub fn token_by_token_with(engine: &mut Engine, ids: &[u32], mut after: impl FnM
     engine.clear_all();
     out
 }
+
+/// A draft model for SmolLM2 with other weights and the same vocabulary: the model requantized
+/// to Q4_0, written once per test process into the temporary directory (removed by
+/// [`DraftFile`]'s drop).
+pub struct DraftFile(pub PathBuf);
+
+impl DraftFile {
+    pub fn smollm2_q4_0() -> DraftFile {
+        let out = std::env::temp_dir().join(format!("corelm-draft-{}-smollm2-q4_0.gguf", std::process::id()));
+        corelm_engine::quantize::quantize_file(&model_path("SmolLM2-135M-Instruct.Q4_1.gguf"), &out, corelm_kernels::DType::Q4_0, true, 2).expect("requantized");
+        DraftFile(out)
+    }
+}
+
+impl Drop for DraftFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}

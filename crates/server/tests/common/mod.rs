@@ -36,15 +36,31 @@ pub fn start_defaults(parallel: usize, defaults: corelm_server::api::RequestDefa
 }
 
 fn start_cfg(model: &str, parallel: usize, max_queue: usize, api_key: Option<&str>, tp: usize, defaults: corelm_server::api::RequestDefaults) -> Server {
-    start_with(model, parallel, max_queue, api_key, tp, defaults, vec![])
+    start_with(model, parallel, max_queue, api_key, tp, defaults, vec![], None)
 }
 
 /// A server of SmolLM2 with LoRA adapters loaded (`serve --lora`).
 pub fn start_lora(parallel: usize, lora: Vec<corelm_engine::lora::LoraSpec>) -> Server {
-    start_with(MODEL, parallel, 16, None, 1, Default::default(), lora)
+    start_with(MODEL, parallel, 16, None, 1, Default::default(), lora, None)
 }
 
-fn start_with(model: &str, parallel: usize, max_queue: usize, api_key: Option<&str>, tp: usize, defaults: corelm_server::api::RequestDefaults, lora: Vec<corelm_engine::lora::LoraSpec>) -> Server {
+/// A server of SmolLM2 with a draft model (`serve --spec-draft-model`), proposing up to
+/// `n_max` tokens a step.
+pub fn start_draft(parallel: usize, draft: &std::path::Path, n_max: usize) -> Server {
+    start_with(MODEL, parallel, 16, None, 1, Default::default(), vec![], Some((draft, n_max)))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn start_with(
+    model: &str,
+    parallel: usize,
+    max_queue: usize,
+    api_key: Option<&str>,
+    tp: usize,
+    defaults: corelm_server::api::RequestDefaults,
+    lora: Vec<corelm_engine::lora::LoraSpec>,
+    draft: Option<(&std::path::Path, usize)>,
+) -> Server {
     let path = corelm_engine::models_dir().join(format!("{model}.gguf"));
     assert!(path.exists(), "{} missing: run scripts/fetch_models.py all", path.display());
     let cfg = EngineConfig {
@@ -61,7 +77,11 @@ fn start_with(model: &str, parallel: usize, max_queue: usize, api_key: Option<&s
     let engine = Engine::load(&path, cfg).unwrap();
     let tok = Tokenizer::from_gguf(engine.gguf()).unwrap();
     let scfg = ServeConfig { model_id: model.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1), pooling: corelm_engine::embed::Pooling::Mean, lookup: 0, defaults };
-    let (router, _engine) = corelm_server::app(engine, tok, scfg).unwrap();
+    let draft = draft.map(|(path, n_max)| {
+        let params = corelm_engine::draft::DraftParams { n_max, ..Default::default() };
+        corelm_engine::draft::DraftModel::load(path, &engine, &tok, params).unwrap()
+    });
+    let (router, _engine) = corelm_server::app_drafted(engine, draft, tok, scfg).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
     let addr = listener.local_addr().unwrap();
