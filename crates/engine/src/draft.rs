@@ -89,6 +89,10 @@ impl DraftModel {
         if !(0.0..=1.0).contains(&params.p_min) {
             return Err(Error::Config(format!("--spec-draft-p-min must be within 0..1, got {}", params.p_min)));
         }
+        if target.tp_degree() > 1 {
+            // Its workers are split into shard groups; the draft's graph is not cut for them.
+            return Err(Error::Config(format!("a draft model with --tp {}: not supported (drafts run on one group of all the workers)", target.tp_degree())));
+        }
         let gguf = Arc::new(Gguf::open(path).map_err(|e| Error::Config(format!("draft model {}: {e}", path.display())))?);
         let tok = Tokenizer::from_gguf(&gguf).map_err(|e| Error::Config(format!("draft model {}: {e}", path.display())))?;
         vocabularies_match(target_tok, &tok).map_err(|why| Error::Config(format!("draft model {}: its vocabulary is not the target's: {why}", path.display())))?;
