@@ -181,10 +181,8 @@ pub fn generate_drafted(
     // model, also those of earlier calls on it (a chat session) that its cache still holds.
     let (seq, n_vocab) = (params.seq, engine.hyper().n_vocab);
     let spec = params.lookup > 0 || model.is_some();
-    let mut history: Vec<u32> = match &model {
-        Some(m) => m.cached(seq)[..m.cached(seq).len().min(engine.seq_len(seq))].to_vec(),
-        None => vec![],
-    };
+    let prior = model.as_ref().map_or(&[][..], |m| m.cached(seq));
+    let mut history = prior[..prior.len().min(engine.seq_len(seq))].to_vec();
     if spec {
         history.extend_from_slice(prompt);
     }

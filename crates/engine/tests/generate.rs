@@ -203,10 +203,9 @@ fn a_draft_model_in_generate_changes_nothing_but_the_passes() {
         ("Copy the list:\n- red apple\n- green pear\n- blue plum\nCopy:\n", greedy(), vec!["plum".into()], None),
         ("Copy the list:\n- red apple\n- green pear\n- blue plum\nCopy:\n", greedy(), vec![], Some(list)),
     ];
-    let answer = |engine: &mut Engine, model: Option<&mut DraftModel>, case: &(&str, SamplingParams, Vec<String>, Option<Constraint>)| {
+    let answer = |engine: &mut Engine, mut model: Option<&mut DraftModel>, case: &(&str, SamplingParams, Vec<String>, Option<Constraint>)| {
         let (text, sampling, stop, c) = case;
         engine.clear_all();
-        let mut model = model;
         let prompt = tok.encode(text, true, true).unwrap();
         let params = GenerateParams { max_tokens: 40, sampling: sampling.clone(), stop: stop.clone(), constraint: c.clone(), ..Default::default() };
         let g = generate_drafted(engine, model.as_deref_mut(), &tok, &prompt, &params, |_| true).unwrap();

@@ -89,7 +89,9 @@ impl Ctx<'_> {
                         }
                     }
                 }
-                let mut left_from = groups_end;
+                // Rows past the groups of four: the few-row tile over the block's columns in
+                // whole groups of four where the table has one, one dot per output for the rest.
+                let mut dot_from = c0;
                 if let Some(few) = few {
                     let n = r1 - groups_end;
                     let mut o = [[0f32; 4]; COL_BLOCK];
@@ -110,17 +112,10 @@ impl Ctx<'_> {
                             unsafe { *base.add((groups_end + j) * ld + c0 + i) = v };
                         }
                     }
-                    // Their columns past the tiles' multiple of four, one dot each.
-                    for r in groups_end..r1 {
-                        for c in c0 + n_tile..c1 {
-                            // SAFETY: column c of row r is written by this worker only.
-                            unsafe { *base.add(r * ld + c) = (b.dot)(&w[(c - c0) * wrb..(c - c0 + 1) * wrb], xrow(r)) };
-                        }
-                    }
-                    left_from = r1;
+                    dot_from = c0 + n_tile;
                 }
-                for r in left_from..r1 {
-                    for c in c0..c1 {
+                for r in groups_end..r1 {
+                    for c in dot_from..c1 {
                         // SAFETY: column c of row r is written by this worker only.
                         unsafe { *base.add(r * ld + c) = (b.dot)(&w[(c - c0) * wrb..(c - c0 + 1) * wrb], xrow(r)) };
                     }

@@ -101,10 +101,9 @@ pub struct Batcher {
     lookup_adaptive: bool,
     /// A sequence's draft (reused each step).
     draft: Vec<u32>,
-    /// A draft model proposing the drafts instead ([`Batcher::set_draft_model`]); per decoding
-    /// sequence of a step, its slot and its proposal (reused each step).
+    /// A draft model proposing the drafts instead ([`Batcher::set_draft_model`]); per slot,
+    /// its proposal for this step (empty where the slot is not decoding; reused each step).
     model: Option<DraftModel>,
-    proposing: Vec<usize>,
     proposals: Vec<Vec<u32>>,
     /// Sequences to cut back to their fed tokens after a step's drafts (reused each step).
     cuts: Vec<(i32, usize)>,
@@ -154,7 +153,6 @@ impl Batcher {
             lookup_adaptive: true,
             draft: Vec::with_capacity(nb),
             model: None,
-            proposing: Vec::with_capacity(n_seq),
             proposals: vec![Vec::new(); n_seq],
             cuts: Vec::with_capacity(n_seq),
             row_cost: lookup::RowCost::default(),
@@ -402,19 +400,16 @@ impl Batcher {
         }
     }
 
-    /// The draft model's proposals for this step's decoding sequences, in slot order, each
-    /// within its answer's room and the step's `room` (`proposals[..]`).
+    /// The draft model's proposals for this step's decoding sequences into `proposals[slot]`,
+    /// each within its answer's room and the step's `room`.
     fn propose(&mut self, room: usize) {
         let Some(model) = self.model.as_mut() else { return };
-        self.proposing.clear();
         let slots = &self.slots;
-        self.proposing.extend(slots.iter().enumerate().filter(|(_, r)| r.as_ref().is_some_and(|r| r.next.is_some())).map(|(i, _)| i));
-        let (proposing, n) = (&self.proposing, self.proposing.len());
-        let req = |i: usize| {
-            let r = slots[proposing[i]].as_ref().expect("a decoding slot");
-            DraftRequest { seq: r.seq, history: &r.history, max: r.req.max_tokens.saturating_sub(r.generated + 1).min(room) }
+        let req = |i: usize| match slots[i].as_ref().filter(|r| r.next.is_some()) {
+            Some(r) => DraftRequest { seq: r.seq, history: &r.history, max: r.req.max_tokens.saturating_sub(r.generated + 1).min(room) },
+            None => DraftRequest { seq: i as i32, history: &[], max: 0 },
         };
-        model.draft(req, &mut self.proposals[..n]);
+        model.draft(req, &mut self.proposals);
     }
 
     /// One iteration: admit, run one forward pass, sample, deliver events. Returns whether any
@@ -440,7 +435,6 @@ impl Batcher {
         let mut left = self.slots.iter().flatten().filter(|r| r.next.is_some()).count();
         let (seqs, fit) = (left, self.row_cost.fit().filter(|_| self.lookup_adaptive));
         self.propose(budget.saturating_sub(left));
-        let mut proposed = 0;
         for r in self.slots.iter_mut().flatten() {
             if self.batch.len() < budget {
                 if let Some(t) = r.next.take() {
@@ -452,11 +446,9 @@ impl Batcher {
                     let room = budget.saturating_sub(self.batch.len() + left);
                     let most = self.lookup.min(r.req.max_tokens.saturating_sub(r.generated + 1)).min(room);
                     if self.model.is_some() {
-                        // The draft model's proposal (its slots in the order walked here).
-                        let p = &self.proposals[proposed];
+                        let p = &self.proposals[r.seq as usize];
                         self.draft.clear();
                         self.draft.extend_from_slice(&p[..p.len().min(room)]);
-                        proposed += 1;
                     } else {
                         // Until steps of several sizes are timed, the longest drafts (to time them).
                         let len = fit.map_or(most, |c| lookup::best_len(r.accept.0, c, seqs, most));
