@@ -6,23 +6,13 @@ CORELM_BASE_URL and CORELM_MODEL_ID say where the server is and what it serves.
 """
 
 import json
-import os
 import struct
-import sys
 
 import openai
+import checks
+from checks import BASE, MODEL, check
 
-BASE = os.environ["CORELM_BASE_URL"]
-MODEL = os.environ["CORELM_MODEL_ID"]
 client = openai.OpenAI(base_url=BASE, api_key="unused", max_retries=0, timeout=120)
-failures = []
-
-
-def check(name, cond, detail=""):
-    print(("ok   " if cond else "FAIL ") + name + ("" if cond else f": {detail}"))
-    if not cond:
-        failures.append(name)
-
 
 models = client.models.list()
 check("models.list names the model", [m.id for m in models.data] == [MODEL], models)
@@ -272,5 +262,4 @@ try:
 except openai.BadRequestError as e:
     check("suffix on a model without FIM tokens -> BadRequestError naming suffix", e.param == "suffix", e)
 
-print(f"{len(failures)} failure(s)")
-sys.exit(1 if failures else 0)
+checks.finish()

@@ -102,13 +102,14 @@ pub struct TextOut {
     emitted: usize,
     stop: Vec<String>,
     max_stop: usize,
-    stopped: bool,
+    /// The stop string that cut the text, once one did (its index in `stop`).
+    stopped: Option<usize>,
 }
 
 impl TextOut {
     pub fn new(stop: Vec<String>, capacity: usize) -> TextOut {
         let max_stop = stop.iter().map(|s| s.len()).max().unwrap_or(0);
-        TextOut { stream: Utf8Stream::default(), text: String::with_capacity(capacity), emitted: 0, stop, max_stop, stopped: false }
+        TextOut { stream: Utf8Stream::default(), text: String::with_capacity(capacity), emitted: 0, stop, max_stop, stopped: None }
     }
 
     /// Add a token's bytes. Returns the newly safe text and whether a stop string was found
@@ -120,9 +121,11 @@ impl TextOut {
         // bytes are held back, so one starting earlier would have been complete, and found,
         // before. Search from there instead of the whole text on every token.
         let rest = &self.text[from..];
-        if let Some(pos) = self.stop.iter().filter(|s| !s.is_empty()).filter_map(|s| rest.find(s.as_str())).min() {
+        // The earliest match; at one place, the first listed.
+        let hit = self.stop.iter().enumerate().filter(|(_, s)| !s.is_empty()).filter_map(|(i, s)| Some((rest.find(s.as_str())?, i))).min();
+        if let Some((pos, i)) = hit {
             self.text.truncate(from + pos);
-            self.stopped = true;
+            self.stopped = Some(i);
             self.emitted = self.text.len();
             return (&self.text[from..], true);
         }
@@ -135,10 +138,15 @@ impl TextOut {
         (&self.text[from..self.emitted], false)
     }
 
+    /// The stop string that ended the text, if one did.
+    pub fn stop_word(&self) -> Option<&str> {
+        self.stopped.map(|i| self.stop[i].as_str())
+    }
+
     /// End of generation: flush held-back text and incomplete characters (nothing after a
     /// stop string).
     pub fn finish(&mut self) -> &str {
-        if self.stopped {
+        if self.stopped.is_some() {
             return "";
         }
         self.text.push_str(&self.stream.finish());

@@ -20,7 +20,9 @@
 //! that goes away drops its event receiver; the next event the engine sends fails and the
 //! sequence is cancelled and its blocks released.
 
+mod anthropic;
 pub mod api;
+mod blocks;
 mod embed;
 mod lora;
 mod native;
@@ -146,6 +148,10 @@ pub fn app_drafted(engine: Engine, draft: Option<DraftModel>, tok: Tokenizer, cf
     let router = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
+        .route("/v1/chat/completions/input_tokens", post(chat_input_tokens))
+        .route("/chat/completions/input_tokens", post(chat_input_tokens))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embed::embeddings))
         .route("/v1/models", get(models))
@@ -180,9 +186,12 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io
 
 type S = State<Arc<AppState>>;
 
+/// The API key as OpenAI's clients send it (`Authorization: Bearer KEY`) or Anthropic's
+/// (`x-api-key: KEY`).
 fn check_auth(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &st.cfg.api_key else { return Ok(()) };
-    let given = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let given = header("authorization").and_then(|v| v.strip_prefix("Bearer ")).or(header("x-api-key"));
     if given == Some(key.as_str()) {
         Ok(())
     } else {
@@ -529,15 +538,26 @@ fn encode(st: &AppState, text: &str, field: &str) -> Result<Vec<u32>, ApiError> 
 
 /// A chat request's prompt text, as its template renders the messages (and the tools, with
 /// the constraint that holds their calls put in `params`), and how to read calls back.
+///
+/// A last message of the assistant's (its text, no calls) is a prefill, as llama-server takes
+/// one: the turns before it are rendered up to the assistant's turn and its text follows, so
+/// the answer goes on from it (and holds only what comes after).
 fn chat_prompt(st: &AppState, req: &ChatRequest, params: &mut GenParams, logprobs: Option<usize>) -> Result<(String, Option<respond::ToolAnswer>), ApiError> {
-    let msgs = req.messages()?;
+    let mut msgs = req.messages()?;
     let plan = req.tool_plan()?;
+    let prefill = match msgs.last() {
+        Some(m) if m.role == "assistant" && m.tool_calls.is_none() && msgs.len() > 1 => msgs.pop().map(|m| m.content),
+        _ => None,
+    };
     Ok(match plan {
         // Earlier calls and results, as this template takes them.
         None => {
             let msgs = corelm_engine::tools::for_template(&msgs, &[], st.template.tool_format());
-            (st.template.render(&msgs, true).map_err(|e| ApiError::bad("messages", e.to_string()))?, None)
+            let mut text = st.template.render(&msgs, true).map_err(|e| ApiError::bad("messages", e.to_string()))?;
+            text.push_str(prefill.as_deref().unwrap_or_default());
+            (text, None)
         }
+        Some(_) if prefill.is_some() => return Err(ApiError::bad("messages", "a last assistant message (a prefill) together with tools is not supported")),
         Some(plan) => {
             if logprobs.is_some() {
                 return Err(ApiError::bad("logprobs", "logprobs together with tools is not supported"));
@@ -555,6 +575,37 @@ fn chat_prompt(st: &AppState, req: &ChatRequest, params: &mut GenParams, logprob
             (text, Some(respond::ToolAnswer { answer, tools: plan.tools }))
         }
     })
+}
+
+/// A chat request (`body`, parsed: another API's request rewritten into one) submitted as the
+/// chat endpoint submits it, its ids prefixed `prefix`; and its prompt's tokens.
+fn submit_chat(st: &Arc<AppState>, body: &serde_json::Value, prefix: &str) -> Result<(Job, usize), ApiError> {
+    let (common, req): (api::Common, ChatRequest) = (api::fields(body)?, api::fields(body)?);
+    check_model(st, &common.model)?;
+    let mut params = common.params(&st.cfg.defaults)?;
+    let (text, tools) = chat_prompt(st, &req, &mut params, None)?;
+    let prompt = encode(st, &text, "messages")?;
+    let n = prompt.len();
+    let mut job = submit(st, vec![prompt], params, None, prefix, "messages")?;
+    job.tools = tools;
+    Ok((job, n))
+}
+
+/// Tokens of the prompt a chat request (`body`, parsed) computes before its answer.
+fn prompt_tokens(st: &AppState, body: &serde_json::Value) -> Result<usize, ApiError> {
+    let (common, req): (api::Common, ChatRequest) = (api::fields(body)?, api::fields(body)?);
+    check_model(st, &common.model)?;
+    let mut params = common.params(&st.cfg.defaults)?;
+    let (text, _) = chat_prompt(st, &req, &mut params, None)?;
+    Ok(encode(st, &text, "messages")?.len())
+}
+
+/// `POST /v1/chat/completions/input_tokens` (llama-server's): `{"input_tokens", "object"}`.
+async fn chat_input_tokens(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
+    let r = read_body(&st, &headers, &body)
+        .and_then(|b| prompt_tokens(&st, &b))
+        .map(|n| axum::Json(serde_json::json!({"input_tokens": n, "object": "response.input_tokens"})).into_response());
+    counted(&st, "input_tokens", r)
 }
 
 async fn chat(State(st): S, headers: HeaderMap, body: Bytes) -> Response {

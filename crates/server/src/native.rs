@@ -8,7 +8,8 @@
 //! prefix); the prompt is [`corelm_engine::infill::prompt`]'s (llama-server's repository
 //! layout where files are given).
 //!
-//! Answer: one JSON object (`content`, `stop: true`, `stop_type` `eos`/`limit`/`none`,
+//! Answer: one JSON object (`content`, `stop: true`, `stop_type` `eos`/`word`/`limit`/`none`
+//! with the stop string as `stopping_word`,
 //! `tokens_predicted`, `tokens_evaluated`, `tokens_cached`, `timings`; cut to the paths of
 //! `response_fields` where given), or with `stream` SSE `data:` chunks of `content` with
 //! `stop: false`, then that object with `content` empty — and no `[DONE]`, as llama-server
@@ -172,6 +173,7 @@ fn token_probs(st: &AppState, id: u32, lp: &TokenLogprob, chain: bool) -> Value 
 /// llama.cpp's final object for a finished request.
 fn final_object(st: &AppState, content: &str, f: &Finish) -> Value {
     let stop_type = match f.reason {
+        FinishReason::Stop if f.stop_word.is_some() => "word",
         FinishReason::Stop => "eos",
         FinishReason::Length => "limit",
         _ => "none",
@@ -183,7 +185,7 @@ fn final_object(st: &AppState, content: &str, f: &Finish) -> Value {
     json!({
         "index": 0, "content": content, "tokens": [], "stop": true, "model": st.cfg.model_id,
         "tokens_predicted": f.completion_tokens, "tokens_evaluated": f.prompt_tokens, "tokens_cached": f.cached_tokens,
-        "stop_type": stop_type, "stopping_word": "", "has_new_line": content.contains('\n'),
+        "stop_type": stop_type, "stopping_word": f.stop_word.as_deref().unwrap_or_default(), "has_new_line": content.contains('\n'),
         "timings": {
             "prompt_n": evaluated, "prompt_ms": prompt_ms, "prompt_per_second": per_second(evaluated, prompt_ms),
             "predicted_n": f.completion_tokens, "predicted_ms": predicted_ms, "predicted_per_second": per_second(f.completion_tokens.saturating_sub(1), predicted_ms),

@@ -52,12 +52,12 @@ pub(crate) struct ToolAnswer {
 
 impl ToolAnswer {
     /// The held-back text's content and calls.
-    fn read(&self, text: &str) -> (Option<String>, Vec<ToolCall>) {
+    pub(crate) fn read(&self, text: &str) -> (Option<String>, Vec<ToolCall>) {
         tools::parse(text, self.answer, &self.tools)
     }
 
     /// Bytes of `text` that are surely content (a forced call's: none).
-    fn plain(&self, text: &str) -> usize {
+    pub(crate) fn plain(&self, text: &str) -> usize {
         match self.answer {
             Answer::Bare => 0,
             Answer::Free(f) => tools::plain_prefix(text, f),

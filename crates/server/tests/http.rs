@@ -582,6 +582,8 @@ fn llama_cpp_completion_endpoint() {
     let ids: Vec<u32> = post(&srv, "/tokenize", json!({"content": "The capital of France is"})).json()["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
     let v = post(&srv, "/completion", json!({"prompt": ids, "n_predict": 8, "temperature": 0})).json();
     assert_eq!(v["content"], content.as_str(), "token ids give the same answer");
+    let v = post(&srv, "/completion", json!({"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "stop": ["Paris"]})).json();
+    assert_eq!((&v["content"], &v["stop_type"], &v["stopping_word"]), (&json!(content[..content.find("Paris").unwrap()]), &json!("word"), &json!("Paris")), "{v}");
     let mut streamed = body;
     streamed["stream"] = json!(true);
     let r = post(&srv, "/completion", streamed);

@@ -698,6 +698,7 @@ fn finish(mut r: Running, reason: FinishReason) {
         prompt_tokens: r.req.prompt.len(),
         cached_tokens: r.cached,
         completion_tokens: r.generated,
+        stop_word: r.text.stop_word().map(str::to_string),
         queue_secs: (r.admitted - arrived).as_secs_f64(),
         ttft_secs: (first - arrived).as_secs_f64(),
         tpot_secs: tpot,

@@ -83,6 +83,8 @@ pub struct Finish {
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// The stop string that ended the answer (`reason` is then `Stop`), if one did.
+    pub stop_word: Option<String>,
     /// Arrival to admission.
     pub queue_secs: f64,
     /// Arrival to first generated token.
@@ -132,6 +134,7 @@ pub fn finish_now(mut req: Request, reason: FinishReason) {
         prompt_tokens: req.prompt.len(),
         cached_tokens: 0,
         completion_tokens: 0,
+        stop_word: None,
         queue_secs: waited,
         ttft_secs: waited,
         tpot_secs: 0.0,

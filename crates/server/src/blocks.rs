@@ -1,0 +1,69 @@
+//! An answer split, as it streams, into the blocks of the APIs that send text and tool calls
+//! as separate items (Anthropic's content blocks, the Responses API's output items): text, a
+//! call's start, more of its arguments — the chat stream's reading of calls
+//! (`respond.rs`'s module doc), given to a [`Blocks`] instead of written as chunks.
+
+use crate::respond::ToolAnswer;
+use corelm_engine::tools::{CallDelta, CallReader};
+
+/// Where a [`Split`] puts what it reads.
+pub(crate) trait Blocks {
+    /// More of the answer's text (never empty).
+    fn text(&mut self, t: &str);
+    /// Call `i` of tool `name` begins.
+    fn call(&mut self, i: usize, name: &str);
+    /// More of the last call's arguments (JSON text).
+    fn args(&mut self, piece: &str);
+}
+
+/// The stream's state: without tools every piece is text; with them, the text that cannot be
+/// part of a call goes out as it comes and the rest is held while the call reader follows it.
+#[derive(Default)]
+pub(crate) struct Split {
+    /// The whole text so far and how much of it went out as text.
+    full: String,
+    sent: usize,
+    reader: CallReader,
+}
+
+impl Split {
+    /// One more piece of the answer.
+    pub(crate) fn piece(&mut self, tools: Option<&ToolAnswer>, piece: &str, out: &mut impl Blocks) {
+        let Some(t) = tools else {
+            if !piece.is_empty() {
+                out.text(piece);
+            }
+            return;
+        };
+        self.full.push_str(piece);
+        let plain = t.plain(&self.full).max(self.sent);
+        if plain > self.sent {
+            out.text(&self.full[self.sent..plain]);
+        }
+        self.sent = plain;
+        let mut deltas = vec![];
+        self.reader.feed(&self.full, self.sent, &t.tools, &mut deltas);
+        for d in deltas {
+            match d {
+                CallDelta::Start { index, name } => out.call(index, &name),
+                CallDelta::Args { text, .. } => out.args(&text),
+            }
+        }
+    }
+
+    /// The answer ended: the calls the reader did not follow go out whole, or, where there
+    /// were none at all, the held text. Returns how many calls the answer made.
+    pub(crate) fn end(&mut self, tools: Option<&ToolAnswer>, out: &mut impl Blocks) -> usize {
+        let Some(t) = tools else { return 0 };
+        let (_, calls) = t.read(&self.full);
+        let streamed = self.reader.started();
+        if streamed == 0 && calls.is_empty() && self.sent < self.full.len() {
+            out.text(&self.full[self.sent..]);
+        }
+        for (i, c) in calls.iter().enumerate().skip(streamed) {
+            out.call(i, &c.name);
+            out.args(&c.arguments);
+        }
+        calls.len().max(streamed)
+    }
+}
