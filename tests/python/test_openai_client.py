@@ -1,5 +1,7 @@
 """The official `openai` Python client against `corelm serve`, unchanged: chat (streaming and
-not, JSON mode, structured outputs from pydantic models), text completions, models, and errors surfacing as the client's exception types.
+not, JSON mode, structured outputs from pydantic models), text completions, models, the
+Responses API (text, streamed, function calls), and errors surfacing as the client's
+exception types.
 
 Run by scripts/test_openai_client.sh (which installs `openai` in a venv and starts the server);
 CORELM_BASE_URL and CORELM_MODEL_ID say where the server is and what it serves.
@@ -261,5 +263,39 @@ try:
     check("suffix on a model without FIM tokens -> BadRequestError", False, "no error")
 except openai.BadRequestError as e:
     check("suffix on a model without FIM tokens -> BadRequestError naming suffix", e.param == "suffix", e)
+
+# The Responses API: text, streamed through the client's accumulator, a function call.
+ask = dict(model=MODEL, instructions="You answer in one short sentence.", input="What is the capital of France?",
+           max_output_tokens=40, temperature=0)
+r = client.responses.create(**ask)
+check("responses: output_text", "Paris" in r.output_text and r.status == "completed", r)
+with client.responses.stream(**ask) as s:
+    deltas = [e.delta for e in s if e.type == "response.output_text.delta"]
+    final = s.get_final_response()
+check("responses stream: the same text in pieces", len(deltas) > 1 and "".join(deltas) == r.output_text == final.output_text, (deltas, final))
+counted = client.responses.input_tokens.count(model=MODEL, instructions=ask["instructions"], input=ask["input"])
+check("responses input_tokens: the prompt", counted.input_tokens == r.usage.input_tokens, (counted, r.usage))
+weather = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False},
+           "strict": True}
+call_ask = dict(ask, input="What is the weather in Paris?", tools=[weather], tool_choice={"type": "function", "name": "get_weather"})
+r = client.responses.create(**call_ask)
+calls = [o for o in r.output if o.type == "function_call"]
+check("responses: a function call", len(calls) == 1 and calls[0].name == "get_weather" and "city" in json.loads(calls[0].arguments), r.output)
+with client.responses.stream(**call_ask) as s:
+    final = s.get_final_response()
+streamed = [o for o in final.output if o.type == "function_call"]
+check("responses stream: the call's arguments rebuilt", len(streamed) == 1 and json.loads(streamed[0].arguments) == json.loads(calls[0].arguments), final.output)
+r = client.responses.create(**dict(call_ask, tool_choice="auto", input=[
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather", "arguments": calls[0].arguments},
+    {"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny, 24 °C."},
+]))
+check("responses: the call's output answered", len(r.output) > 0, r)
+try:
+    client.responses.create(**dict(ask, previous_response_id="resp_1"))
+    check("previous_response_id -> BadRequestError", False, "no error")
+except openai.BadRequestError as e:
+    check("previous_response_id -> BadRequestError naming it", e.param == "previous_response_id", e)
 
 checks.finish()

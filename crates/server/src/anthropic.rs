@@ -26,17 +26,16 @@
 //! llama-server does.
 
 use crate::api::ApiError;
-use crate::blocks::{Blocks, Split};
+use crate::blocks::Blocks;
 use crate::{AppState, Job, S};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{Event as Sse, Sse as SseResponse};
+use axum::response::sse::Event as Sse;
 use axum::response::{IntoResponse, Response};
 use corelm_engine::batcher::{Event, Finish, FinishReason};
 use corelm_engine::tools::ToolCall;
 use serde_json::{json, Map, Value};
-use std::convert::Infallible;
 use std::sync::Arc;
 
 /// An error as Anthropic's API answers one.
@@ -334,52 +333,33 @@ impl Blocks for Content<'_> {
             self.event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": piece}}));
         }
     }
+
+    fn drain(&mut self) -> Vec<Sse> {
+        std::mem::take(&mut self.out)
+    }
 }
 
 /// SSE in Anthropic's events; as the chat stream, a client that goes drops the receiver and
 /// the engine cancels. `message_start` counts the prompt's `n` tokens as input (the prefix
 /// cache's share is known at the end, in `message_delta`).
 fn stream(st: Arc<AppState>, mut job: Job, n: usize) -> Response {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Sse, Infallible>>(64);
-    let mut events = job.choices.remove(0);
-    tokio::spawn(async move {
+    let events = job.choices.remove(0);
+    crate::blocks::sse(move |tx| async move {
         let mut b = Content { job_id: &job.id, open: None, next: 0, out: vec![] };
         let start = json!({"id": job.id, "type": "message", "role": "assistant", "model": st.cfg.model_id, "content": [],
             "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": n, "output_tokens": 0}});
         b.event("message_start", json!({"type": "message_start", "message": start}));
-        let mut split = Split::default();
-        loop {
-            let ended = match events.recv().await {
-                Some(Event::Token { text, .. } | Event::Text(text)) => {
-                    split.piece(job.tools.as_ref(), &text, &mut b);
-                    false
-                }
-                Some(Event::Prompt { .. }) => false,
-                Some(Event::Done(f)) => {
-                    if let FinishReason::Error(e) = &f.reason {
-                        b.event("error", error_body("api_error", e));
-                    } else {
-                        let calls = split.end(job.tools.as_ref(), &mut b);
-                        b.close();
-                        let (reason, sequence) = stop_reason(&f, calls);
-                        b.event("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage(&f)}));
-                        b.event("message_stop", json!({"type": "message_stop"}));
-                    }
-                    true
-                }
-                None => true,
-            };
-            for e in b.out.drain(..) {
-                if tx.send(Ok(e)).await.is_err() {
-                    return; // client gone: dropping the receiver cancels the sequence
-                }
+        crate::blocks::pump(events, job.tools.as_ref(), &mut b, &tx, |b, end| match end {
+            Err(e) => b.event("error", error_body("api_error", e)),
+            Ok((f, calls)) => {
+                b.close();
+                let (reason, sequence) = stop_reason(f, calls);
+                b.event("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage(f)}));
+                b.event("message_stop", json!({"type": "message_stop"}));
             }
-            if ended {
-                return;
-            }
-        }
-    });
-    SseResponse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).into_response()
+        })
+        .await;
+    })
 }
 
 #[cfg(test)]

@@ -4,7 +4,10 @@
 //! (`respond.rs`'s module doc), given to a [`Blocks`] instead of written as chunks.
 
 use crate::respond::ToolAnswer;
+use axum::response::sse::Event as Sse;
+use corelm_engine::batcher::{Event, Finish, FinishReason};
 use corelm_engine::tools::{CallDelta, CallReader};
+use std::convert::Infallible;
 
 /// Where a [`Split`] puts what it reads.
 pub(crate) trait Blocks {
@@ -14,6 +17,61 @@ pub(crate) trait Blocks {
     fn call(&mut self, i: usize, name: &str);
     /// More of the last call's arguments (JSON text).
     fn args(&mut self, piece: &str);
+    /// The events made so far, to send.
+    fn drain(&mut self) -> Vec<Sse>;
+}
+
+/// An SSE response whose events the task `run` makes sends into its sender.
+pub(crate) fn sse<F: std::future::Future<Output = ()> + Send + 'static>(run: impl FnOnce(Sender) -> F) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(run(tx));
+    axum::response::sse::Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).into_response()
+}
+
+/// Where a stream's task sends its events.
+pub(crate) type Sender = tokio::sync::mpsc::Sender<Result<Sse, Infallible>>;
+
+/// Run a stream: each of a request's `events` split into `out`, and at its end `done` given
+/// the finish and how many calls the answer made (or the engine's error); after each event,
+/// what `out` made goes to `tx`. Returns when the answer ended, or when the client went (a
+/// failed send: the receivers dropped with this task cancel the sequence).
+pub(crate) async fn pump<B: Blocks>(
+    mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    tools: Option<&ToolAnswer>,
+    out: &mut B,
+    tx: &Sender,
+    done: impl FnOnce(&mut B, Result<(&Finish, usize), &str>),
+) {
+    let (mut split, mut done) = (Split::default(), Some(done));
+    loop {
+        let ended = match events.recv().await {
+            Some(Event::Token { text, .. } | Event::Text(text)) => {
+                split.piece(tools, &text, out);
+                false
+            }
+            Some(Event::Prompt { .. }) => false,
+            Some(Event::Done(f)) => {
+                let end = match &f.reason {
+                    FinishReason::Error(e) => Err(e.as_str()),
+                    _ => Ok((&f, split.end(tools, out))),
+                };
+                if let Some(d) = done.take() {
+                    d(out, end);
+                }
+                true
+            }
+            None => true,
+        };
+        for e in out.drain() {
+            if tx.send(Ok(e)).await.is_err() {
+                return;
+            }
+        }
+        if ended {
+            return;
+        }
+    }
 }
 
 /// The stream's state: without tools every piece is text; with them, the text that cannot be

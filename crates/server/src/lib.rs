@@ -11,10 +11,14 @@
 //! * [`metrics`]: Prometheus text exposition.
 //! * `embed`: `/v1/embeddings`.
 //! * `native`: llama.cpp's `/completion` and `/infill`, answered in llama.cpp's format.
+//! * `anthropic`, `responses`: Anthropic's Messages API and OpenAI's Responses API, each a
+//!   rewrite into a chat request ([`submit_chat`]) answered in its own shape (`blocks`: a
+//!   streamed answer split into text and calls for them).
 //! * this file: the router, the handlers (JSON and SSE; also `/v1/models/{id}`, `/tokenize`,
 //!   `/detokenize` and `/tokenizer_info` in both llama.cpp's and vLLM's shapes — the latter is
 //!   what lm-evaluation-harness's remote tokenizer asks for), admission (bounded queue → 429,
-//!   never-fitting request → 400 `context_length_exceeded`), bearer authentication.
+//!   never-fitting request → 400 `context_length_exceeded`), authentication (a bearer token
+//!   or `x-api-key`).
 //!
 //! Invariants: HTTP and JSON live here only — the engine sees token ids and sinks. A client
 //! that goes away drops its event receiver; the next event the engine sends fails and the
@@ -28,6 +32,7 @@ mod lora;
 mod native;
 pub mod metrics;
 mod respond;
+mod responses;
 
 use api::{ApiError, ChatRequest, CompletionRequest, GenParams, Prompt};
 use axum::body::Bytes;
@@ -150,6 +155,10 @@ pub fn app_drafted(engine: Engine, draft: Option<DraftModel>, tok: Tokenizer, cf
         .route("/chat/completions", post(chat))
         .route("/v1/chat/completions/input_tokens", post(chat_input_tokens))
         .route("/chat/completions/input_tokens", post(chat_input_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route("/responses", post(responses::create))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
+        .route("/responses/input_tokens", post(responses::input_tokens))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/completions", post(completions))
