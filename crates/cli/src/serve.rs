@@ -43,7 +43,20 @@ pub struct ServeArgs {
     lookup: usize,
     #[command(flatten)]
     draft: crate::draft::DraftArgs,
-    /// Require `Authorization: Bearer <key>` on /v1 endpoints.
+    /// The chat template: `chatml`, `gemma`, or jinja source (default: the model's), as
+    /// llama-server's --chat-template.
+    #[arg(long, conflicts_with = "chat_template_file")]
+    chat_template: Option<String>,
+    /// The chat template's jinja source from a file (llama-server's --chat-template-file).
+    #[arg(long)]
+    chat_template_file: Option<PathBuf>,
+    /// Reasoning blocks (`<think>`) of models whose template writes them: `deepseek` (or
+    /// `auto`) answers them apart as `reasoning_content` (Anthropic's `thinking` blocks, the
+    /// Responses API's `reasoning` items), `none` leaves them in the content. A request's
+    /// `reasoning_format` overrides it.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "deepseek", "none"])]
+    reasoning_format: String,
+    /// Require the key on /v1 endpoints (`Authorization: Bearer <key>` or `x-api-key: <key>`).
     #[arg(long, env = "CORELM_API_KEY")]
     api_key: Option<String>,
     /// Worker threads (default: physical cores).
@@ -157,7 +170,13 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
     let defaults = corelm_server::api::RequestDefaults { sampling: a.chain.params(None, a.ctx_size), dry_breakers: a.chain.breaker_texts() };
     defaults.sampling.validate().context("the sampling flags")?;
     let scfg = ServeConfig { model_id: model_id.clone(), max_queue: a.max_queue, ctx_size: a.ctx_size, api_key: a.api_key,
-        tpot_target: Some(a.tpot_target_ms / 1e3).filter(|t| *t > 0.0), pooling, lookup: a.lookup, defaults };
+        tpot_target: Some(a.tpot_target_ms / 1e3).filter(|t| *t > 0.0), pooling, lookup: a.lookup, defaults,
+        chat_template: match (&a.chat_template, &a.chat_template_file) {
+            (Some(t), _) => Some(t.clone()),
+            (None, Some(f)) => Some(std::fs::read_to_string(f).with_context(|| format!("reading the chat template {}", f.display()))?),
+            (None, None) => None,
+        },
+        reasoning: a.reasoning_format != "none" };
     let (router, engine_thread) = corelm_server::app_drafted(engine, draft, tok, scfg).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {

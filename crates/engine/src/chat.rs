@@ -19,11 +19,15 @@ pub struct Message {
     pub tool_calls: Option<Vec<serde_json::Value>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant turn's reasoning apart from its content (`crate::reasoning`), for
+    /// templates that render it (Qwen3's keeps the last turns').
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl Message {
     pub fn new(role: &str, content: &str) -> Message {
-        Message { role: role.to_string(), content: content.to_string(), tool_calls: None, tool_call_id: None }
+        Message { role: role.to_string(), content: content.to_string(), tool_calls: None, tool_call_id: None, reasoning_content: None }
     }
 }
 
@@ -37,6 +41,8 @@ pub struct ChatTemplate {
     kind: Kind,
     /// The template renders `tools` and writes calls in `<tool_call>` tags.
     hermes: bool,
+    /// The template writes reasoning blocks (`<think>`: `crate::reasoning`).
+    thinking: bool,
     bos: String,
     eos: String,
 }
@@ -57,15 +63,32 @@ impl ChatTemplate {
         let eos = tok.eos.map(|b| tok.text(b).to_string()).unwrap_or_default();
         match g.opt_str("tokenizer.chat_template")? {
             Some(src) => Self::from_jinja(src, &bos, &eos),
-            None if g.str("general.architecture")?.starts_with("gemma") => Ok(ChatTemplate { kind: Kind::Gemma, hermes: false, bos, eos }),
-            None => Ok(ChatTemplate { kind: Kind::ChatMl, hermes: false, bos, eos }),
+            None if g.str("general.architecture")?.starts_with("gemma") => Ok(ChatTemplate { kind: Kind::Gemma, hermes: false, thinking: false, bos, eos }),
+            None => Ok(ChatTemplate { kind: Kind::ChatMl, hermes: false, thinking: false, bos, eos }),
         }
     }
 
     /// A template from jinja source (for tests and user-supplied templates).
     pub fn from_jinja(src: &str, bos: &str, eos: &str) -> Result<ChatTemplate, Error> {
         let hermes = src.contains("tools") && src.contains(crate::tools::OPEN);
-        Ok(ChatTemplate { kind: Kind::Jinja(Box::new(Self::environment(src)?)), hermes, bos: bos.into(), eos: eos.into() })
+        let thinking = src.contains(crate::reasoning::OPEN);
+        Ok(ChatTemplate { kind: Kind::Jinja(Box::new(Self::environment(src)?)), hermes, thinking, bos: bos.into(), eos: eos.into() })
+    }
+
+    /// A template given by name or source, as llama-server's `--chat-template` takes it: the
+    /// built-in `chatml` or `gemma`, else jinja source.
+    pub fn named(name_or_src: &str, bos: &str, eos: &str) -> Result<ChatTemplate, Error> {
+        let builtin = |kind| Ok(ChatTemplate { kind, hermes: false, thinking: false, bos: bos.into(), eos: eos.into() });
+        match name_or_src {
+            "chatml" => builtin(Kind::ChatMl),
+            "gemma" => builtin(Kind::Gemma),
+            src => Self::from_jinja(src, bos, eos),
+        }
+    }
+
+    /// Whether the template's answers may hold reasoning blocks (`crate::reasoning`).
+    pub fn thinks(&self) -> bool {
+        self.thinking
     }
 
     /// How this template takes tools (`crate::tools::Format`).
@@ -99,6 +122,13 @@ impl ChatTemplate {
     /// [`render`](Self::render) with `tools` (OpenAI's form) offered to a template that reads
     /// them (none: `tools` undefined, as without).
     pub fn render_with_tools(&self, messages: &[Message], tools: &[serde_json::Value], add_generation_prompt: bool) -> Result<String, Error> {
+        self.render_with(messages, tools, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// [`render_with_tools`](Self::render_with_tools) with more variables for the template
+    /// (llama-server's `chat_template_kwargs`, e.g. Qwen3's `enable_thinking`); they cannot
+    /// replace the messages, tools or special tokens. The built-in formats take none.
+    pub fn render_with(&self, messages: &[Message], tools: &[serde_json::Value], add_generation_prompt: bool, kwargs: &serde_json::Map<String, serde_json::Value>) -> Result<String, Error> {
         match &self.kind {
             Kind::Jinja(env) => {
                 let t = env.get_template("chat").map_err(render_err)?;
@@ -107,6 +137,7 @@ impl ChatTemplate {
                     add_generation_prompt => add_generation_prompt,
                     bos_token => self.bos,
                     eos_token => self.eos,
+                    ..minijinja::Value::from_serialize(kwargs)
                 };
                 // `tools` only where there are some: templates test `tools is defined`.
                 let ctx = if tools.is_empty() { ctx } else { context! { tools => tools, ..ctx } };

@@ -45,6 +45,7 @@ pub mod perplexity;
 pub mod predictor;
 pub mod plan;
 pub mod quantize;
+pub mod reasoning;
 pub mod sample;
 mod setup;
 pub mod sparsity;

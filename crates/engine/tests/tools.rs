@@ -24,7 +24,7 @@ fn tools_through_a_hermes_template() {
     let mut result = Message::new("tool", "12 C");
     result.tool_call_id = Some("c1".into());
     let msgs = [Message::new("user", "Weather in Oslo?"), asked, result];
-    let (text, answer, forced) = tools::prompt(&t, &msgs, std::slice::from_ref(&tool), &Choice::Required, true).unwrap();
+    let (text, answer, forced) = tools::prompt(&t, &msgs, std::slice::from_ref(&tool), &Choice::Required, true, &Default::default()).unwrap();
     for want in [
         "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather now\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}\n</tools>",
         "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call><|im_end|>",
@@ -37,7 +37,7 @@ fn tools_through_a_hermes_template() {
     assert!(matches!(forced, Some(corelm_engine::constraint::Constraint::Json(_))));
     // `auto`: a lazy constraint, free again after a call only with parallel calls.
     for parallel in [true, false] {
-        let (_, answer, held) = tools::prompt(&t, &msgs[..1], std::slice::from_ref(&tool), &Choice::Auto, parallel).unwrap();
+        let (_, answer, held) = tools::prompt(&t, &msgs[..1], std::slice::from_ref(&tool), &Choice::Auto, parallel, &Default::default()).unwrap();
         assert_eq!(answer, Answer::Free(Format::Hermes));
         match held {
             Some(corelm_engine::constraint::Constraint::Lazy(l)) => assert_eq!(l.again, parallel),

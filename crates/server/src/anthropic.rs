@@ -18,9 +18,12 @@
 //! `tool_use` blocks become the assistant turn's `tool_calls` and `tool_result` blocks `tool`
 //! turns (before the rest of their user turn's text); `tools` (`name`, `description`,
 //! `input_schema`) and `tool_choice` (`auto`, `any`, `tool` by name, `none`,
-//! `disable_parallel_tool_use`) map to OpenAI's; `stop_sequences` to `stop`. `thinking` blocks
-//! of earlier turns are dropped and `thinking` asked for is not honoured (these models do not
-//! reason apart from their answer); image and document blocks, and Anthropic's server tools,
+//! `disable_parallel_tool_use`) map to OpenAI's; `stop_sequences` to `stop`; `thinking` blocks
+//! of earlier turns become the turn's `reasoning_content`. Where the template writes
+//! reasoning blocks (`corelm_engine::reasoning`), an answer's reasoning is a `thinking` block
+//! first (its `signature` empty: there is nothing to verify locally), streamed as
+//! `thinking_delta`s; the request's `thinking` field changes nothing (the template and its
+//! `chat_template_kwargs` decide). Image and document blocks, and Anthropic's server tools,
 //! are refused by name. Claude Code's `x-anthropic-billing-header` system line carries a
 //! per-request stamp (`cch=`) that would stop the prefix cache at it; it is made constant, as
 //! llama-server does.
@@ -108,13 +111,14 @@ fn message(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
         Value::Array(b) => b,
         _ => return Err(ApiError::bad(&format!("{field}.content"), format!("{field}.content must be a string or a list of content blocks"))),
     };
-    let (mut text, mut calls) = (vec![], vec![]);
+    let (mut text, mut calls, mut thinking) = (vec![], vec![], String::new());
     for (j, b) in blocks.iter().enumerate() {
         let at = format!("{field}.content[{j}]");
         match b["type"].as_str().unwrap_or_default() {
             "text" => text.push(json!({"type": "text", "text": b["text"].as_str().unwrap_or_default()})),
-            // The model's own reasoning of an earlier turn: not part of what these templates take.
-            "thinking" | "redacted_thinking" => {}
+            // The model's own reasoning of an earlier turn, for templates that render it.
+            "thinking" => thinking.push_str(b["thinking"].as_str().unwrap_or_default()),
+            "redacted_thinking" => {}
             "tool_use" => {
                 let (Some(id), Some(name)) = (b["id"].as_str(), b["name"].as_str()) else {
                     return Err(ApiError::bad(&at, format!("{at}: a tool_use block needs an id and a name")));
@@ -131,10 +135,13 @@ fn message(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
             other => return Err(ApiError::bad(&at, format!("{at}: content blocks of type {other:?} are not supported (this server's models read text)"))),
         }
     }
-    if !text.is_empty() || !calls.is_empty() {
+    if !text.is_empty() || !calls.is_empty() || !thinking.is_empty() {
         let mut turn = json!({"role": role, "content": if text.is_empty() { json!("") } else { json!(text) }});
         if !calls.is_empty() {
             turn["tool_calls"] = json!(calls);
+        }
+        if !thinking.is_empty() {
+            turn["reasoning_content"] = json!(thinking);
         }
         out.push(turn);
     }
@@ -270,11 +277,16 @@ async fn whole(st: &AppState, mut job: Job) -> Response {
     if let FinishReason::Error(e) = &fin.reason {
         return error_response(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "api_error", None, e.as_str()));
     }
+    let (reasoning, text) = match job.reasoning {
+        Some(open) => corelm_engine::reasoning::split(&text, open),
+        None => (None, text),
+    };
     let (content, calls) = match &job.tools {
         Some(t) => t.read(&text),
         None => (Some(text), vec![]),
     };
-    let mut blocks: Vec<Value> = content.filter(|c| !c.is_empty()).map(|c| json!({"type": "text", "text": c})).into_iter().collect();
+    let mut blocks: Vec<Value> = reasoning.filter(|r| !r.is_empty()).map(|r| json!({"type": "thinking", "thinking": r, "signature": ""})).into_iter().collect();
+    blocks.extend(content.filter(|c| !c.is_empty()).map(|c| json!({"type": "text", "text": c})));
     blocks.extend(calls.iter().enumerate().map(|(i, c)| tool_use(&job.id, i, c)));
     let (reason, sequence) = stop_reason(&fin, calls.len());
     axum::Json(json!({
@@ -284,11 +296,19 @@ async fn whole(st: &AppState, mut job: Job) -> Response {
     .into_response()
 }
 
+/// A content block's kind.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Thinking,
+    Text,
+    ToolUse,
+}
+
 /// A stream's content blocks: at most one open, numbered in order; the events to send.
 struct Content<'a> {
     job_id: &'a str,
-    /// The open block's index and whether it is text.
-    open: Option<(usize, bool)>,
+    /// The open block's index and kind.
+    open: Option<(usize, Kind)>,
     next: usize,
     out: Vec<Sse>,
 }
@@ -298,39 +318,55 @@ impl Content<'_> {
         self.out.push(Sse::default().event(name).data(data.to_string()));
     }
 
+    fn delta(&mut self, index: usize, delta: Value) {
+        self.event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": delta}));
+    }
+
     fn close(&mut self) {
-        if let Some((index, _)) = self.open.take() {
+        if let Some((index, kind)) = self.open.take() {
+            // A thinking block carries a signature (none here: nothing to verify locally).
+            if kind == Kind::Thinking {
+                self.delta(index, json!({"type": "signature_delta", "signature": ""}));
+            }
             self.event("content_block_stop", json!({"type": "content_block_stop", "index": index}));
         }
     }
 
-    fn open(&mut self, block: Value, text: bool) -> usize {
-        self.close();
-        let index = self.next;
-        self.next += 1;
-        self.event("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": block}));
-        self.open = Some((index, text));
-        index
+    /// The open block's index if it is of `kind`, else a new one opened as `block`.
+    fn block(&mut self, kind: Kind, block: Value) -> usize {
+        match self.open {
+            Some((i, k)) if k == kind && kind != Kind::ToolUse => i,
+            _ => {
+                self.close();
+                let index = self.next;
+                self.next += 1;
+                self.event("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": block}));
+                self.open = Some((index, kind));
+                index
+            }
+        }
     }
 }
 
 impl Blocks for Content<'_> {
+    fn reasoning(&mut self, t: &str) {
+        let index = self.block(Kind::Thinking, json!({"type": "thinking", "thinking": ""}));
+        self.delta(index, json!({"type": "thinking_delta", "thinking": t}));
+    }
+
     fn text(&mut self, t: &str) {
-        let index = match self.open {
-            Some((i, true)) => i,
-            _ => self.open(json!({"type": "text", "text": ""}), true),
-        };
-        self.event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": t}}));
+        let index = self.block(Kind::Text, json!({"type": "text", "text": ""}));
+        self.delta(index, json!({"type": "text_delta", "text": t}));
     }
 
     fn call(&mut self, i: usize, name: &str) {
         let id = tool_use_id(self.job_id, i);
-        self.open(json!({"type": "tool_use", "id": id, "name": name, "input": {}}), false);
+        self.block(Kind::ToolUse, json!({"type": "tool_use", "id": id, "name": name, "input": {}}));
     }
 
     fn args(&mut self, piece: &str) {
-        if let Some((index, false)) = self.open {
-            self.event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": piece}}));
+        if let Some((index, Kind::ToolUse)) = self.open {
+            self.delta(index, json!({"type": "input_json_delta", "partial_json": piece}));
         }
     }
 
@@ -349,7 +385,7 @@ fn stream(st: Arc<AppState>, mut job: Job, n: usize) -> Response {
         let start = json!({"id": job.id, "type": "message", "role": "assistant", "model": st.cfg.model_id, "content": [],
             "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": n, "output_tokens": 0}});
         b.event("message_start", json!({"type": "message_start", "message": start}));
-        crate::blocks::pump(events, job.tools.as_ref(), &mut b, &tx, |b, end| match end {
+        crate::blocks::pump(events, (job.tools.as_ref(), job.reasoning), &mut b, &tx, |b, end| match end {
             Err(e) => b.event("error", error_body("api_error", e)),
             Ok((f, calls)) => {
                 b.close();
@@ -390,7 +426,7 @@ mod tests {
                 "messages": [
                     {"role": "system", "content": "x-anthropic-billing-header: cc_version=2.1; cch=fffff; You are helpful."},
                     {"role": "user", "content": "Weather in Paris?"},
-                    {"role": "assistant", "content": [{"type": "text", "text": "Let me look."}],
+                    {"role": "assistant", "content": [{"type": "text", "text": "Let me look."}], "reasoning_content": "hm",
                         "tool_calls": [{"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
                     {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"},
                     {"role": "user", "content": [{"type": "text", "text": "Thanks."}]},

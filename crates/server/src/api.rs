@@ -122,6 +122,9 @@ pub struct ChatMessage {
     /// A `tool` turn's call.
     #[serde(default)]
     pub tool_call_id: Option<String>,
+    /// An assistant turn's reasoning (llama-server's field), for templates that render it.
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
 }
 
 /// An earlier call, as the client sends it back: `arguments` is JSON text.
@@ -238,6 +241,11 @@ pub struct ChatRequest {
     /// A forced call is one call; an `auto` answer may hold several, or (`false`) ends after
     /// its first.
     pub parallel_tool_calls: Option<bool>,
+    /// More variables for the chat template (llama-server's; e.g. `{"enable_thinking": false}`).
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// `none` (reasoning stays in the content) or `deepseek`/`auto` (apart, where the template
+    /// thinks: the server's `--reasoning-format` when left out).
+    pub reasoning_format: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -604,9 +612,20 @@ impl ChatRequest {
                 msg.tool_calls = Some(calls.collect::<Result<_, ApiError>>()?);
             }
             msg.tool_call_id = m.tool_call_id.clone();
+            msg.reasoning_content = m.reasoning_content.clone().filter(|_| role == "assistant");
             out.push(msg);
         }
         Ok(out)
+    }
+
+    /// Whether reasoning is read apart from the content, `server` when the request leaves it out.
+    pub fn reasoning(&self, server: bool) -> Result<bool, ApiError> {
+        match self.reasoning_format.as_deref() {
+            None => Ok(server),
+            Some("none") => Ok(false),
+            Some("deepseek" | "auto") => Ok(true),
+            Some(f) => Err(ApiError::bad("reasoning_format", format!("reasoning_format must be none, deepseek or auto, got {f:?}"))),
+        }
     }
 
     pub fn top_logprobs(&self) -> Result<Option<usize>, ApiError> {

@@ -1,16 +1,19 @@
-//! An answer split, as it streams, into the blocks of the APIs that send text and tool calls
-//! as separate items (Anthropic's content blocks, the Responses API's output items): text, a
-//! call's start, more of its arguments — the chat stream's reading of calls
+//! An answer split, as it streams, into the blocks of the APIs that send reasoning, text and
+//! tool calls as separate items (Anthropic's content blocks, the Responses API's output items):
+//! reasoning, text, a call's start, more of its arguments — the chat stream's reading of calls
 //! (`respond.rs`'s module doc), given to a [`Blocks`] instead of written as chunks.
 
 use crate::respond::ToolAnswer;
 use axum::response::sse::Event as Sse;
 use corelm_engine::batcher::{Event, Finish, FinishReason};
+use corelm_engine::reasoning::Splitter;
 use corelm_engine::tools::{CallDelta, CallReader};
 use std::convert::Infallible;
 
 /// Where a [`Split`] puts what it reads.
 pub(crate) trait Blocks {
+    /// More of the answer's reasoning (never empty; before its text and calls).
+    fn reasoning(&mut self, t: &str);
     /// More of the answer's text (never empty).
     fn text(&mut self, t: &str);
     /// Call `i` of tool `name` begins.
@@ -38,12 +41,12 @@ pub(crate) type Sender = tokio::sync::mpsc::Sender<Result<Sse, Infallible>>;
 /// failed send: the receivers dropped with this task cancel the sequence).
 pub(crate) async fn pump<B: Blocks>(
     mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
-    tools: Option<&ToolAnswer>,
+    (tools, reasoning): (Option<&ToolAnswer>, Option<bool>),
     out: &mut B,
     tx: &Sender,
     done: impl FnOnce(&mut B, Result<(&Finish, usize), &str>),
 ) {
-    let (mut split, mut done) = (Split::default(), Some(done));
+    let (mut split, mut done) = (Split::new(reasoning), Some(done));
     loop {
         let ended = match events.recv().await {
             Some(Event::Token { text, .. } | Event::Text(text)) => {
@@ -74,10 +77,12 @@ pub(crate) async fn pump<B: Blocks>(
     }
 }
 
-/// The stream's state: without tools every piece is text; with them, the text that cannot be
-/// part of a call goes out as it comes and the rest is held while the call reader follows it.
+/// The stream's state: its reasoning read apart where the job asks (`Job::reasoning`); without
+/// tools every other piece is text; with them, the text that cannot be part of a call goes out
+/// as it comes and the rest is held while the call reader follows it.
 #[derive(Default)]
 pub(crate) struct Split {
+    think: Option<Splitter>,
     /// The whole text so far and how much of it went out as text.
     full: String,
     sent: usize,
@@ -85,8 +90,27 @@ pub(crate) struct Split {
 }
 
 impl Split {
+    /// Reasoning read apart where `reasoning` says whether the answer starts inside its block.
+    pub(crate) fn new(reasoning: Option<bool>) -> Split {
+        Split { think: reasoning.map(Splitter::new), ..Default::default() }
+    }
+
     /// One more piece of the answer.
     pub(crate) fn piece(&mut self, tools: Option<&ToolAnswer>, piece: &str, out: &mut impl Blocks) {
+        let piece = match self.think.as_mut().map(|t| t.push(piece)) {
+            Some(p) => {
+                if !p.reasoning.is_empty() {
+                    out.reasoning(&p.reasoning);
+                }
+                p.content
+            }
+            None => piece.to_string(),
+        };
+        self.content(tools, &piece, out);
+    }
+
+    /// One more piece of the content.
+    fn content(&mut self, tools: Option<&ToolAnswer>, piece: &str, out: &mut impl Blocks) {
         let Some(t) = tools else {
             if !piece.is_empty() {
                 out.text(piece);
@@ -112,6 +136,12 @@ impl Split {
     /// The answer ended: the calls the reader did not follow go out whole, or, where there
     /// were none at all, the held text. Returns how many calls the answer made.
     pub(crate) fn end(&mut self, tools: Option<&ToolAnswer>, out: &mut impl Blocks) -> usize {
+        if let Some(p) = self.think.as_mut().map(Splitter::finish) {
+            if !p.reasoning.is_empty() {
+                out.reasoning(&p.reasoning);
+            }
+            self.content(tools, &p.content, out);
+        }
         let Some(t) = tools else { return 0 };
         let (_, calls) = t.read(&self.full);
         let streamed = self.reader.started();

@@ -70,6 +70,10 @@ pub struct ServeConfig {
     pub lookup: usize,
     /// The sampling of a request that leaves fields out.
     pub defaults: api::RequestDefaults,
+    /// The chat template in place of the model's: `chatml`, `gemma` or jinja source.
+    pub chat_template: Option<String>,
+    /// Answer reasoning blocks apart where the template writes them (`--reasoning-format`).
+    pub reasoning: bool,
 }
 
 pub struct AppState {
@@ -108,8 +112,17 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
 /// [`app`], with a draft model proposing every decoding request's drafts where one is given
 /// (in place of `cfg.lookup`'s).
 pub fn app_drafted(engine: Engine, draft: Option<DraftModel>, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, std::thread::JoinHandle<()>), String> {
-    let template = ChatTemplate::from_gguf(engine.gguf(), &tok).map_err(|e| e.to_string())?;
-    let template_source = engine.gguf().opt_str("tokenizer.chat_template").ok().flatten().map(str::to_string);
+    let (template, template_source) = match &cfg.chat_template {
+        Some(t) => {
+            let text = |id: Option<u32>| id.map(|b| tok.text(b).to_string()).unwrap_or_default();
+            let template = ChatTemplate::named(t, &text(tok.bos), &text(tok.eos)).map_err(|e| format!("the chat template: {e}"))?;
+            (template, Some(t.clone()).filter(|t| !matches!(t.as_str(), "chatml" | "gemma")))
+        }
+        None => (
+            ChatTemplate::from_gguf(engine.gguf(), &tok).map_err(|e| e.to_string())?,
+            engine.gguf().opt_str("tokenizer.chat_template").ok().flatten().map(str::to_string),
+        ),
+    };
     let tok = Arc::new(tok);
     let n_embd = engine.hyper().n_embd;
     let loras = lora::Loras::new(engine.lora_adapters());
@@ -354,6 +367,9 @@ pub(crate) struct Job {
     pub tools: Option<respond::ToolAnswer>,
     /// `echo`: each prompt's text, put before its choices' answers (empty: no echo).
     pub echo: Vec<String>,
+    /// Chat: where reasoning is read apart from the content, whether the answer starts inside
+    /// its block (`ChatPrompt::reasoning`).
+    pub reasoning: Option<bool>,
 }
 
 /// DRY's breakers for `texts` in this vocabulary: a walk of the vocabulary per text, so the
@@ -484,7 +500,7 @@ fn submit(
     }
     drop(tx);
     let n = REQ_ID.fetch_add(1, Ordering::Relaxed);
-    Ok(Job { choices, params, logprobs, id: format!("{prefix}-{:x}{n:06x}", st.created), tools: None, echo: vec![] })
+    Ok(Job { choices, params, logprobs, id: format!("{prefix}-{:x}{n:06x}", st.created), tools: None, echo: vec![], reasoning: None })
 }
 
 static REQ_ID: AtomicU64 = AtomicU64::new(0);
@@ -545,24 +561,37 @@ fn encode(st: &AppState, text: &str, field: &str) -> Result<Vec<u32>, ApiError> 
     st.tok.encode(text, true, true).map_err(|e| ApiError::bad(field, e.to_string()))
 }
 
-/// A chat request's prompt text, as its template renders the messages (and the tools, with
-/// the constraint that holds their calls put in `params`), and how to read calls back.
+/// A chat request's prompt, as its template renders it, and how to read its answer.
+pub(crate) struct ChatPrompt {
+    pub text: String,
+    /// With tools: how to read calls out of the answer.
+    pub tools: Option<respond::ToolAnswer>,
+    /// Where reasoning is read apart (`corelm_engine::reasoning`): whether the answer starts
+    /// inside a block.
+    pub reasoning: Option<bool>,
+}
+
+/// A chat request's prompt text, as its template renders the messages (with the request's
+/// `chat_template_kwargs`, and the tools, the constraint that holds their calls put in
+/// `params`), and how to read calls and reasoning back.
 ///
 /// A last message of the assistant's (its text, no calls) is a prefill, as llama-server takes
 /// one: the turns before it are rendered up to the assistant's turn and its text follows, so
 /// the answer goes on from it (and holds only what comes after).
-fn chat_prompt(st: &AppState, req: &ChatRequest, params: &mut GenParams, logprobs: Option<usize>) -> Result<(String, Option<respond::ToolAnswer>), ApiError> {
+fn chat_prompt(st: &AppState, req: &ChatRequest, params: &mut GenParams, logprobs: Option<usize>) -> Result<ChatPrompt, ApiError> {
     let mut msgs = req.messages()?;
     let plan = req.tool_plan()?;
+    let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+    let reasoning = req.reasoning(st.cfg.reasoning)? && st.template.thinks();
     let prefill = match msgs.last() {
         Some(m) if m.role == "assistant" && m.tool_calls.is_none() && msgs.len() > 1 => msgs.pop().map(|m| m.content),
         _ => None,
     };
-    Ok(match plan {
+    let (text, tools) = match plan {
         // Earlier calls and results, as this template takes them.
         None => {
             let msgs = corelm_engine::tools::for_template(&msgs, &[], st.template.tool_format());
-            let mut text = st.template.render(&msgs, true).map_err(|e| ApiError::bad("messages", e.to_string()))?;
+            let mut text = st.template.render_with(&msgs, &[], true, &kwargs).map_err(|e| ApiError::bad("messages", e.to_string()))?;
             text.push_str(prefill.as_deref().unwrap_or_default());
             (text, None)
         }
@@ -576,14 +605,16 @@ fn chat_prompt(st: &AppState, req: &ChatRequest, params: &mut GenParams, logprob
                 Some(Constraint::Grammar(_) | Constraint::Lazy(_)) => return Err(ApiError::bad("grammar", "grammar together with tools is not supported")),
                 None => {}
             }
-            let (text, answer, held) = corelm_engine::tools::prompt(&st.template, &msgs, &plan.tools, &plan.choice, plan.parallel).map_err(|e| match e {
+            let (text, answer, held) = corelm_engine::tools::prompt(&st.template, &msgs, &plan.tools, &plan.choice, plan.parallel, &kwargs).map_err(|e| match e {
                 corelm_engine::Error::Schema(m) => ApiError::bad("tools", m),
                 e => ApiError::bad("messages", e.to_string()),
             })?;
             params.constraint = held;
             (text, Some(respond::ToolAnswer { answer, tools: plan.tools }))
         }
-    })
+    };
+    let reasoning = reasoning.then(|| corelm_engine::reasoning::starts_open(&text));
+    Ok(ChatPrompt { text, tools, reasoning })
 }
 
 /// A chat request (`body`, parsed: another API's request rewritten into one) submitted as the
@@ -592,11 +623,11 @@ fn submit_chat(st: &Arc<AppState>, body: &serde_json::Value, prefix: &str) -> Re
     let (common, req): (api::Common, ChatRequest) = (api::fields(body)?, api::fields(body)?);
     check_model(st, &common.model)?;
     let mut params = common.params(&st.cfg.defaults)?;
-    let (text, tools) = chat_prompt(st, &req, &mut params, None)?;
-    let prompt = encode(st, &text, "messages")?;
+    let p = chat_prompt(st, &req, &mut params, None)?;
+    let prompt = encode(st, &p.text, "messages")?;
     let n = prompt.len();
     let mut job = submit(st, vec![prompt], params, None, prefix, "messages")?;
-    job.tools = tools;
+    (job.tools, job.reasoning) = (p.tools, p.reasoning);
     Ok((job, n))
 }
 
@@ -605,8 +636,8 @@ fn prompt_tokens(st: &AppState, body: &serde_json::Value) -> Result<usize, ApiEr
     let (common, req): (api::Common, ChatRequest) = (api::fields(body)?, api::fields(body)?);
     check_model(st, &common.model)?;
     let mut params = common.params(&st.cfg.defaults)?;
-    let (text, _) = chat_prompt(st, &req, &mut params, None)?;
-    Ok(encode(st, &text, "messages")?.len())
+    let p = chat_prompt(st, &req, &mut params, None)?;
+    Ok(encode(st, &p.text, "messages")?.len())
 }
 
 /// `POST /v1/chat/completions/input_tokens` (llama-server's): `{"input_tokens", "object"}`.
@@ -622,10 +653,10 @@ async fn chat(State(st): S, headers: HeaderMap, body: Bytes) -> Response {
         let (common, req): (_, ChatRequest) = read_request(&st, &headers, &body)?;
         let mut params = common.params(&st.cfg.defaults)?;
         let logprobs = req.top_logprobs()?;
-        let (text, tools) = chat_prompt(&st, &req, &mut params, logprobs)?;
-        let prompt = encode(&st, &text, "messages")?;
+        let p = chat_prompt(&st, &req, &mut params, logprobs)?;
+        let prompt = encode(&st, &p.text, "messages")?;
         let mut job = submit(&st, vec![prompt], params, logprobs, "chatcmpl", "messages")?;
-        job.tools = tools;
+        (job.tools, job.reasoning) = (p.tools, p.reasoning);
         Ok(respond::answer(st.clone(), job, respond::Kind::Chat).await)
     }
     .await;

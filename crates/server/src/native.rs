@@ -363,8 +363,8 @@ pub(crate) async fn apply_template(State(st): S, headers: HeaderMap, body: Bytes
     let r = (|| {
         let (common, req): (_, api::ChatRequest) = crate::read_request(&st, &headers, &body)?;
         let mut params = common.params(&st.cfg.defaults)?;
-        let (prompt, _) = crate::chat_prompt(&st, &req, &mut params, None)?;
-        Ok(axum::Json(json!({"prompt": prompt})).into_response())
+        let p = crate::chat_prompt(&st, &req, &mut params, None)?;
+        Ok(axum::Json(json!({"prompt": p.text})).into_response())
     })();
     crate::counted(&st, "apply_template", r)
 }

@@ -10,6 +10,10 @@
 //! reader did not follow (JSON of no call came first) go out whole — or, when there were
 //! none at all, the held text.
 //!
+//! Where the template writes reasoning blocks (`Job::reasoning`), a chat answer's reasoning is
+//! `message.reasoning_content` (streamed as `delta.reasoning_content`) and the rest its content
+//! (`corelm_engine::reasoning`), where tool calls are read.
+//!
 //! `echo` (legacy completions): each choice's text opens with its prompt's, and its
 //! log-probabilities with the prompt tokens' (the first one's `null`); a stream sends them as
 //! the choice's first chunk, once the prompt is computed.
@@ -23,6 +27,7 @@ use crate::{AppState, Job};
 use axum::response::sse::{Event as Sse, Sse as SseResponse};
 use axum::response::{IntoResponse, Response};
 use corelm_engine::batcher::{Event, Finish, FinishReason, TokenLogprob};
+use corelm_engine::reasoning::Splitter;
 use corelm_engine::tools::{self, Answer, CallDelta, CallReader, Tool, ToolCall};
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -74,6 +79,11 @@ fn tool_calls(job_id: &str, choice: usize, first: usize, calls: &[ToolCall]) -> 
 /// A stream chunk's `choices` carrying `calls` (a list of `tool_calls` entries) for choice `c`.
 fn tool_delta(c: usize, calls: Value) -> Value {
     json!([{"index": c, "delta": {"tool_calls": calls}, "logprobs": null, "finish_reason": null}])
+}
+
+/// A stream chunk's `choices` carrying more of choice `c`'s reasoning.
+fn reasoning_delta(c: usize, r: &str) -> Value {
+    json!([{"index": c, "delta": {"reasoning_content": r}, "logprobs": null, "finish_reason": null}])
 }
 
 /// Call `i` of choice `choice`: its id is the job's.
@@ -220,7 +230,11 @@ async fn whole(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
         }
         usage.add(c, job.params.n, &fin);
         let lp = lps.as_mut().map_or(Value::Null, Logprobs::take);
-        choices.push(match (kind, &job.tools) {
+        let (reasoning, text) = match job.reasoning {
+            Some(open) => corelm_engine::reasoning::split(&text, open),
+            None => (None, text),
+        };
+        let mut choice = match (kind, &job.tools) {
             (Kind::Chat, Some(t)) => {
                 let (content, calls) = t.read(&text);
                 let mut message = json!({"role": "assistant", "content": content});
@@ -236,7 +250,11 @@ async fn whole(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
                 "logprobs": lp, "finish_reason": finish_reason(&fin.reason),
             }),
             (Kind::Text, _) => json!({"index": c, "text": text, "logprobs": lp, "finish_reason": finish_reason(&fin.reason)}),
-        });
+        };
+        if let Some(r) = reasoning {
+            choice["message"]["reasoning_content"] = json!(r);
+        }
+        choices.push(choice);
     }
     let object = if kind == Kind::Chat { "chat.completion" } else { "text_completion" };
     axum::Json(json!({
@@ -259,6 +277,8 @@ struct Streamed {
     full: String,
     sent: usize,
     calls: CallReader,
+    /// Where reasoning is read apart: the answer's reader.
+    think: Option<Splitter>,
 }
 
 /// SSE: engine events are converted to chunks on a task; when the client goes, the SSE body is
@@ -307,6 +327,7 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
                 full: String::new(),
                 sent: 0,
                 calls: CallReader::default(),
+                think: job.reasoning.map(Splitter::new),
             })
             .collect();
         let (mut usage, mut ended) = (Usage::default(), 0);
@@ -341,6 +362,19 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
                 }
                 Event::Text(t) => (t, Value::Null),
                 Event::Done(f) => {
+                    // What the reasoning reader held: reasoning, or a tag's start that was content.
+                    if let Some(p) = s.think.as_mut().map(Splitter::finish) {
+                        if !p.reasoning.is_empty() {
+                            let _ = send(chunk(reasoning_delta(c, &p.reasoning), None)).await;
+                        }
+                        match &job.tools {
+                            Some(_) => s.full.push_str(&p.content),
+                            None if !p.content.is_empty() => {
+                                let _ = send(chunk(choice(c, Some(&p.content), Value::Null, Value::Null), None)).await;
+                            }
+                            None => {}
+                        }
+                    }
                     if let FinishReason::Error(e) = &f.reason {
                         let err = json!({"error": {"message": e, "type": "server_error"}});
                         let _ = send(Sse::default().data(err.to_string())).await;
@@ -379,6 +413,16 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
                 }
             };
             s.offset += piece.chars().count();
+            // Reasoning goes out as `reasoning_content`; the rest is the content.
+            let piece = match s.think.as_mut().map(|t| t.push(&piece)) {
+                Some(p) => {
+                    if !p.reasoning.is_empty() && send(chunk(reasoning_delta(c, &p.reasoning), None)).await.is_err() {
+                        return;
+                    }
+                    p.content
+                }
+                None => piece,
+            };
             let mut deltas = vec![];
             let piece = match &job.tools {
                 Some(t) => {

@@ -7,6 +7,8 @@
 //! a `response` object whose `output` holds a `message` item (one `output_text` part) and a
 //! `function_call` item per call (`call_id`, `name`, `arguments`); `status` is `completed`, or
 //! `incomplete` with `incomplete_details.reason: "max_output_tokens"` at the token limit.
+//! Where the template writes reasoning blocks (`corelm_engine::reasoning`), a `reasoning` item
+//! (its text a `reasoning_text` part, streamed as `response.reasoning_text.delta`s) comes first.
 //! A stream is the API's typed events, each with its `sequence_number`:
 //! `response.created`, `response.in_progress`, per item `response.output_item.added`, a
 //! message's `response.content_part.added`, `response.output_text.delta`s,
@@ -18,8 +20,8 @@
 //! The rewrite: `instructions` leads as a system message; `input` is a text (one user turn) or
 //! items — messages (`input_text`/`output_text` parts), `function_call`s (joined to the
 //! assistant turn before them) and `function_call_output`s (`tool` turns); `reasoning` items
-//! are dropped; `tools` of type `function` become chat tools (others, the hosted tools, are
-//! left out, as llama-server does); `tool_choice`, `parallel_tool_calls`, `max_output_tokens`,
+//! give the next assistant turn its `reasoning_content`; `tools` of type `function` become
+//! chat tools (others, the hosted tools, are left out, as llama-server does); `tool_choice`, `parallel_tool_calls`, `max_output_tokens`,
 //! `text.format` (`text`, `json_object`, `json_schema`), `temperature`, `top_p` map to theirs.
 //! Nothing is stored (`store` is answered `false`), so `previous_response_id`, `item_reference`
 //! items and `background` are refused by name, as are image and file parts.
@@ -62,8 +64,9 @@ fn parts_text(v: &Value, at: &str) -> Result<String, ApiError> {
     }
 }
 
-/// Input item `i` appended to the chat messages.
-fn item(i: usize, it: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
+/// Input item `i` appended to the chat messages; a `reasoning` item's text waits in `thought`
+/// for the assistant turn after it.
+fn item(i: usize, it: &Value, out: &mut Vec<Value>, thought: &mut Option<String>) -> Result<(), ApiError> {
     let at = format!("input[{i}]");
     let kind = it["type"].as_str().unwrap_or(if it.get("role").is_some() { "message" } else { "" });
     match kind {
@@ -72,7 +75,11 @@ fn item(i: usize, it: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
             if !matches!(role, "user" | "system" | "developer" | "assistant") {
                 return Err(ApiError::bad(&format!("{at}.role"), format!("{at}.role must be user, system, developer or assistant, got {}", it["role"])));
             }
-            out.push(json!({"role": role, "content": parts_text(&it["content"], &format!("{at}.content"))?}));
+            let mut turn = json!({"role": role, "content": parts_text(&it["content"], &format!("{at}.content"))?});
+            if let Some(r) = thought.take().filter(|_| role == "assistant") {
+                turn["reasoning_content"] = json!(r);
+            }
+            out.push(turn);
         }
         "function_call" => {
             let (Some(id), Some(name)) = (it["call_id"].as_str(), it["name"].as_str()) else {
@@ -85,15 +92,25 @@ fn item(i: usize, it: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
                     Some(calls) => calls.push(call),
                     None => m["tool_calls"] = json!([call]),
                 },
-                _ => out.push(json!({"role": "assistant", "content": "", "tool_calls": [call]})),
+                _ => {
+                    let mut turn = json!({"role": "assistant", "content": "", "tool_calls": [call]});
+                    if let Some(r) = thought.take() {
+                        turn["reasoning_content"] = json!(r);
+                    }
+                    out.push(turn);
+                }
             }
         }
         "function_call_output" => {
             let id = it["call_id"].as_str().ok_or_else(|| ApiError::bad(&at, format!("{at}: a function_call_output needs a call_id")))?;
             out.push(json!({"role": "tool", "tool_call_id": id, "content": parts_text(&it["output"], &format!("{at}.output"))?}));
         }
-        // The model's own reasoning of an earlier turn: not part of what these templates take.
-        "reasoning" => {}
+        // The model's own reasoning of an earlier turn: its text, for templates that render it.
+        "reasoning" => {
+            let parts = it["content"].as_array().into_iter().flatten().chain(it["summary"].as_array().into_iter().flatten());
+            let text: String = parts.filter_map(|p| p["text"].as_str()).collect();
+            *thought = Some(text).filter(|t| !t.is_empty());
+        }
         "item_reference" => return Err(ApiError::bad(&at, format!("{at}: item references need stored responses, and this server stores none"))),
         "" => return Err(ApiError::bad(&at, format!("{at}: an input item needs a type (or a role)"))),
         other => return Err(ApiError::bad(&at, format!("{at}: input items of type {other:?} are not supported"))),
@@ -116,8 +133,9 @@ pub(crate) fn to_chat(body: &Value) -> Result<Value, ApiError> {
     match &body["input"] {
         Value::String(s) => messages.push(json!({"role": "user", "content": s})),
         Value::Array(items) => {
+            let mut thought = None;
             for (i, it) in items.iter().enumerate() {
-                item(i, it, &mut messages)?;
+                item(i, it, &mut messages, &mut thought)?;
             }
         }
         Value::Null => return Err(ApiError::bad("input", "input is required: a text or a list of items")),
@@ -242,6 +260,13 @@ fn call_ids(job_id: &str, i: usize) -> (String, String) {
     (format!("fc_{id}_{i}"), format!("call_{id}_{i}"))
 }
 
+/// The answer's reasoning as an item (its text as one `reasoning_text` part once done).
+fn reasoning_item(job: &Job, text: &str, status: &str) -> Value {
+    let id = format!("rs_{}", job.id.rsplit('_').next().unwrap_or(&job.id));
+    let content = if status == "in_progress" { json!([]) } else { json!([{"type": "reasoning_text", "text": text}]) };
+    json!({"type": "reasoning", "id": id, "summary": [], "content": content, "status": status})
+}
+
 fn message_item(id: &str, text: &str, status: &str) -> Value {
     let content = if status == "in_progress" { json!([]) } else { json!([{"type": "output_text", "text": text, "annotations": []}]) };
     json!({"type": "message", "id": id, "status": status, "role": "assistant", "content": content})
@@ -265,17 +290,23 @@ async fn whole(st: &AppState, mut job: Job, echo: Value) -> Response {
     if let FinishReason::Error(e) = &fin.reason {
         return crate::respond::error_response(e);
     }
+    let (reasoning, text) = match job.reasoning {
+        Some(open) => corelm_engine::reasoning::split(&text, open),
+        None => (None, text),
+    };
     let (content, calls) = match &job.tools {
         Some(t) => t.read(&text),
         None => (Some(text), vec![]),
     };
-    let mut output: Vec<Value> = content.filter(|c| !c.is_empty()).map(|c| message_item(&message_id(&job), &c, "completed")).into_iter().collect();
+    let mut output: Vec<Value> = reasoning.filter(|r| !r.is_empty()).map(|r| reasoning_item(&job, &r, "completed")).into_iter().collect();
+    output.extend(content.filter(|c| !c.is_empty()).map(|c| message_item(&message_id(&job), &c, "completed")));
     output.extend(calls.iter().enumerate().map(|(i, c)| call_item(&job.id, i, &c.name, &c.arguments, "completed")));
     axum::Json(response(st, &job, &echo, output, Some(&fin))).into_response()
 }
 
 /// The item a stream is writing.
 enum Open {
+    Reasoning { text: String },
     Message { id: String, text: String },
     Call { i: usize, name: String, arguments: String },
 }
@@ -302,6 +333,11 @@ impl Output<'_> {
         let index = self.done.len();
         let item = match self.open.take() {
             None => return,
+            Some(Open::Reasoning { text }) => {
+                let item = reasoning_item(self.job, &text, "completed");
+                self.event("response.reasoning_text.done", json!({"item_id": item["id"], "output_index": index, "content_index": 0, "text": text}));
+                item
+            }
             Some(Open::Message { id, text }) => {
                 let part = json!({"type": "output_text", "text": text, "annotations": []});
                 self.event("response.output_text.done", json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}));
@@ -320,6 +356,20 @@ impl Output<'_> {
 }
 
 impl Blocks for Output<'_> {
+    fn reasoning(&mut self, t: &str) {
+        let index = self.done.len();
+        if !matches!(self.open, Some(Open::Reasoning { .. })) {
+            self.close();
+            self.event("response.output_item.added", json!({"output_index": index, "item": reasoning_item(self.job, "", "in_progress")}));
+            self.open = Some(Open::Reasoning { text: String::new() });
+        }
+        let id = reasoning_item(self.job, "", "in_progress")["id"].clone();
+        if let Some(Open::Reasoning { text }) = &mut self.open {
+            text.push_str(t);
+            self.event("response.reasoning_text.delta", json!({"item_id": id, "output_index": index, "content_index": 0, "delta": t}));
+        }
+    }
+
     fn text(&mut self, t: &str) {
         let index = self.done.len();
         if !matches!(self.open, Some(Open::Message { .. })) {
@@ -367,7 +417,7 @@ fn stream(st: Arc<AppState>, mut job: Job, echo: Value) -> Response {
         let start = response(&st, &job, &echo, vec![], None);
         o.event("response.created", json!({"response": start}));
         o.event("response.in_progress", json!({"response": start}));
-        crate::blocks::pump(events, job.tools.as_ref(), &mut o, &tx, |o, end| match end {
+        crate::blocks::pump(events, (job.tools.as_ref(), job.reasoning), &mut o, &tx, |o, end| match end {
             Err(e) => o.event("error", json!({"code": "server_error", "message": e, "param": null})),
             Ok((f, _)) => {
                 o.close();

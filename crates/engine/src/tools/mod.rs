@@ -198,7 +198,7 @@ pub fn for_template(messages: &[Message], tools: &[Tool], format: Format) -> Vec
                 let head = name.map_or("Tool result".to_string(), |n| format!("Result of {n}"));
                 out.push(Message::new("user", &format!("{head}: {}", m.content)));
             }
-            _ => out.push(Message::new(&m.role, &m.content)),
+            _ => out.push(m.clone()),
         }
     }
     out
@@ -222,11 +222,13 @@ const JSON_TRIGGER: &str = r#"\s*(?:```(?:json)?\s*)?(\{\s*"name"\s*:)[\s\S]*"#;
 ///   the answer ending there.
 /// - `auto`, `Json`: free text, or — where the answer opens with a call ([`JSON_TRIGGER`]) — a
 ///   call held to the tools' schemas, the answer ending when it closes.
-pub fn prompt(template: &ChatTemplate, messages: &[Message], tools: &[Tool], choice: &Choice, parallel: bool) -> Result<(String, Answer, Option<Constraint>), Error> {
+///
+/// `kwargs`: more variables for the template (`ChatTemplate::render_with`).
+pub fn prompt(template: &ChatTemplate, messages: &[Message], tools: &[Tool], choice: &Choice, parallel: bool, kwargs: &serde_json::Map<String, Value>) -> Result<(String, Answer, Option<Constraint>), Error> {
     let format = template.tool_format();
     let msgs = for_template(messages, tools, format);
     let offered: Vec<Value> = if format == Format::Hermes { tools.iter().map(Tool::to_openai).collect() } else { vec![] };
-    let mut text = template.render_with_tools(&msgs, &offered, true)?;
+    let mut text = template.render_with(&msgs, &offered, true, kwargs)?;
     let forced = call_schema(tools, choice)?.map(Arc::new);
     let (answer, held) = match (forced, format) {
         (Some(s), Format::Hermes) => {

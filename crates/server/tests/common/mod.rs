@@ -36,18 +36,23 @@ pub fn start_defaults(parallel: usize, defaults: corelm_server::api::RequestDefa
 }
 
 fn start_cfg(model: &str, parallel: usize, max_queue: usize, api_key: Option<&str>, tp: usize, defaults: corelm_server::api::RequestDefaults) -> Server {
-    start_with(model, parallel, max_queue, api_key, tp, defaults, vec![], None)
+    start_with(model, parallel, max_queue, api_key, tp, defaults, vec![], None, None)
 }
 
 /// A server of SmolLM2 with LoRA adapters loaded (`serve --lora`).
 pub fn start_lora(parallel: usize, lora: Vec<corelm_engine::lora::LoraSpec>) -> Server {
-    start_with(MODEL, parallel, 16, None, 1, Default::default(), lora, None)
+    start_with(MODEL, parallel, 16, None, 1, Default::default(), lora, None, None)
+}
+
+/// A server of SmolLM2 with `template` as its chat template (`serve --chat-template`).
+pub fn start_template(template: &str) -> Server {
+    start_with(MODEL, 1, 16, None, 1, Default::default(), vec![], None, Some(template))
 }
 
 /// A server of SmolLM2 with a draft model (`serve --spec-draft-model`), proposing up to
 /// `n_max` tokens a step.
 pub fn start_draft(parallel: usize, draft: &std::path::Path, n_max: usize) -> Server {
-    start_with(MODEL, parallel, 16, None, 1, Default::default(), vec![], Some((draft, n_max)))
+    start_with(MODEL, parallel, 16, None, 1, Default::default(), vec![], Some((draft, n_max)), None)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -60,6 +65,7 @@ fn start_with(
     defaults: corelm_server::api::RequestDefaults,
     lora: Vec<corelm_engine::lora::LoraSpec>,
     draft: Option<(&std::path::Path, usize)>,
+    chat_template: Option<&str>,
 ) -> Server {
     let path = corelm_engine::models_dir().join(format!("{model}.gguf"));
     assert!(path.exists(), "{} missing: run scripts/fetch_models.py all", path.display());
@@ -76,7 +82,7 @@ fn start_with(
     };
     let engine = Engine::load(&path, cfg).unwrap();
     let tok = Tokenizer::from_gguf(engine.gguf()).unwrap();
-    let scfg = ServeConfig { model_id: model.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1), pooling: corelm_engine::embed::Pooling::Mean, lookup: 0, defaults };
+    let scfg = ServeConfig { model_id: model.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1), pooling: corelm_engine::embed::Pooling::Mean, lookup: 0, defaults, chat_template: chat_template.map(Into::into), reasoning: true };
     let draft = draft.map(|(path, n_max)| {
         let params = corelm_engine::draft::DraftParams { n_max, ..Default::default() };
         corelm_engine::draft::DraftModel::load(path, &engine, &tok, params).unwrap()
