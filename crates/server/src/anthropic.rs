@@ -36,7 +36,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::Event as Sse;
 use axum::response::{IntoResponse, Response};
-use corelm_engine::batcher::{Event, Finish, FinishReason};
+use corelm_engine::batcher::{Finish, FinishReason};
 use corelm_engine::tools::ToolCall;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
@@ -264,34 +264,17 @@ fn usage(f: &Finish) -> Value {
 }
 
 async fn whole(st: &AppState, mut job: Job) -> Response {
-    let mut text = String::new();
-    let events = &mut job.choices[0];
-    let fin = loop {
-        match events.recv().await {
-            Some(Event::Token { text: t, .. } | Event::Text(t)) => text.push_str(&t),
-            Some(Event::Prompt { .. }) => {}
-            Some(Event::Done(f)) => break f,
-            None => return error_response(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "api_error", None, "the engine dropped the request")),
-        }
+    let w = match crate::blocks::whole(&mut job).await {
+        Ok(w) => w,
+        Err(e) => return error_response(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "api_error", None, e)),
     };
-    if let FinishReason::Error(e) = &fin.reason {
-        return error_response(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "api_error", None, e.as_str()));
-    }
-    let (reasoning, text) = match job.reasoning {
-        Some(open) => corelm_engine::reasoning::split(&text, open),
-        None => (None, text),
-    };
-    let (content, calls) = match &job.tools {
-        Some(t) => t.read(&text),
-        None => (Some(text), vec![]),
-    };
-    let mut blocks: Vec<Value> = reasoning.filter(|r| !r.is_empty()).map(|r| json!({"type": "thinking", "thinking": r, "signature": ""})).into_iter().collect();
-    blocks.extend(content.filter(|c| !c.is_empty()).map(|c| json!({"type": "text", "text": c})));
-    blocks.extend(calls.iter().enumerate().map(|(i, c)| tool_use(&job.id, i, c)));
-    let (reason, sequence) = stop_reason(&fin, calls.len());
+    let mut blocks: Vec<Value> = w.reasoning.map(|r| json!({"type": "thinking", "thinking": r, "signature": ""})).into_iter().collect();
+    blocks.extend(w.content.map(|c| json!({"type": "text", "text": c})));
+    blocks.extend(w.calls.iter().enumerate().map(|(i, c)| tool_use(&job.id, i, c)));
+    let (reason, sequence) = stop_reason(&w.finish, w.calls.len());
     axum::Json(json!({
         "id": job.id, "type": "message", "role": "assistant", "model": st.cfg.model_id, "content": blocks,
-        "stop_reason": reason, "stop_sequence": sequence, "usage": usage(&fin),
+        "stop_reason": reason, "stop_sequence": sequence, "usage": usage(&w.finish),
     }))
     .into_response()
 }

@@ -7,7 +7,7 @@ use crate::respond::ToolAnswer;
 use axum::response::sse::Event as Sse;
 use corelm_engine::batcher::{Event, Finish, FinishReason};
 use corelm_engine::reasoning::Splitter;
-use corelm_engine::tools::{CallDelta, CallReader};
+use corelm_engine::tools::{CallDelta, CallReader, ToolCall};
 use std::convert::Infallible;
 
 /// Where a [`Split`] puts what it reads.
@@ -22,6 +22,41 @@ pub(crate) trait Blocks {
     fn args(&mut self, piece: &str);
     /// The events made so far, to send.
     fn drain(&mut self) -> Vec<Sse>;
+}
+
+/// A whole answer, read apart: its reasoning (where the job asks for it), its content (no
+/// longer empty) and its calls, with how it ended.
+pub(crate) struct Whole {
+    pub reasoning: Option<String>,
+    pub content: Option<String>,
+    pub calls: Vec<ToolCall>,
+    pub finish: Finish,
+}
+
+/// Wait for the job's (one) answer and read it apart; `Err` with the engine's error, or where
+/// the engine dropped the request.
+pub(crate) async fn whole(job: &mut crate::Job) -> Result<Whole, String> {
+    let mut text = String::new();
+    let finish = loop {
+        match job.choices[0].recv().await {
+            Some(Event::Token { text: t, .. } | Event::Text(t)) => text.push_str(&t),
+            Some(Event::Prompt { .. }) => {}
+            Some(Event::Done(f)) => break f,
+            None => return Err("the engine dropped the request".into()),
+        }
+    };
+    if let FinishReason::Error(e) = &finish.reason {
+        return Err(e.clone());
+    }
+    let (reasoning, text) = match job.reasoning {
+        Some(open) => corelm_engine::reasoning::split(&text, open),
+        None => (None, text),
+    };
+    let (content, calls) = match &job.tools {
+        Some(t) => t.read(&text),
+        None => (Some(text), vec![]),
+    };
+    Ok(Whole { reasoning: reasoning.filter(|r| !r.is_empty()), content: content.filter(|c| !c.is_empty()), calls, finish })
 }
 
 /// An SSE response whose events the task `run` makes sends into its sender.

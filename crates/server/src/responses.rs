@@ -34,7 +34,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::Event as Sse;
 use axum::response::{IntoResponse, Response};
-use corelm_engine::batcher::{Event, Finish, FinishReason};
+use corelm_engine::batcher::{Finish, FinishReason};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
@@ -278,30 +278,14 @@ fn call_item(job_id: &str, i: usize, name: &str, arguments: &str, status: &str) 
 }
 
 async fn whole(st: &AppState, mut job: Job, echo: Value) -> Response {
-    let mut text = String::new();
-    let fin = loop {
-        match job.choices[0].recv().await {
-            Some(Event::Token { text: t, .. } | Event::Text(t)) => text.push_str(&t),
-            Some(Event::Prompt { .. }) => {}
-            Some(Event::Done(f)) => break f,
-            None => return crate::respond::error_response("the engine dropped the request"),
-        }
+    let w = match crate::blocks::whole(&mut job).await {
+        Ok(w) => w,
+        Err(e) => return crate::respond::error_response(&e),
     };
-    if let FinishReason::Error(e) = &fin.reason {
-        return crate::respond::error_response(e);
-    }
-    let (reasoning, text) = match job.reasoning {
-        Some(open) => corelm_engine::reasoning::split(&text, open),
-        None => (None, text),
-    };
-    let (content, calls) = match &job.tools {
-        Some(t) => t.read(&text),
-        None => (Some(text), vec![]),
-    };
-    let mut output: Vec<Value> = reasoning.filter(|r| !r.is_empty()).map(|r| reasoning_item(&job, &r, "completed")).into_iter().collect();
-    output.extend(content.filter(|c| !c.is_empty()).map(|c| message_item(&message_id(&job), &c, "completed")));
-    output.extend(calls.iter().enumerate().map(|(i, c)| call_item(&job.id, i, &c.name, &c.arguments, "completed")));
-    axum::Json(response(st, &job, &echo, output, Some(&fin))).into_response()
+    let mut output: Vec<Value> = w.reasoning.map(|r| reasoning_item(&job, &r, "completed")).into_iter().collect();
+    output.extend(w.content.map(|c| message_item(&message_id(&job), &c, "completed")));
+    output.extend(w.calls.iter().enumerate().map(|(i, c)| call_item(&job.id, i, &c.name, &c.arguments, "completed")));
+    axum::Json(response(st, &job, &echo, output, Some(&w.finish))).into_response()
 }
 
 /// The item a stream is writing.
