@@ -50,6 +50,10 @@ pub struct ServeArgs {
     /// The chat template's jinja source from a file (llama-server's --chat-template-file).
     #[arg(long)]
     chat_template_file: Option<PathBuf>,
+    /// Variables for the chat template in every request, as a JSON object (e.g.
+    /// '{"enable_thinking": false}'); a request's `chat_template_kwargs` override them.
+    #[arg(long, value_parser = parse_kwargs)]
+    chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// Reasoning blocks (`<think>`) of models whose template writes them: `deepseek` (or
     /// `auto`) answers them apart as `reasoning_content` (Anthropic's `thinking` blocks, the
     /// Responses API's `reasoning` items), `none` leaves them in the content. A request's
@@ -96,6 +100,15 @@ pub struct ServeArgs {
 impl ServeArgs {
     pub fn model_path(&self) -> Option<PathBuf> {
         self.model.clone()
+    }
+}
+
+/// `--chat-template-kwargs`: a JSON object.
+fn parse_kwargs(s: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str(s) {
+        Ok(serde_json::Value::Object(m)) => Ok(m),
+        Ok(_) => Err("a JSON object, e.g. '{\"enable_thinking\": false}'".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
     }
 }
 
@@ -176,7 +189,7 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
             (None, Some(f)) => Some(std::fs::read_to_string(f).with_context(|| format!("reading the chat template {}", f.display()))?),
             (None, None) => None,
         },
-        reasoning: a.reasoning_format != "none" };
+        reasoning: a.reasoning_format != "none", template_kwargs: a.chat_template_kwargs.clone().unwrap_or_default() };
     let (router, engine_thread) = corelm_server::app_drafted(engine, draft, tok, scfg).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {

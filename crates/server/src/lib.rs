@@ -74,6 +74,9 @@ pub struct ServeConfig {
     pub chat_template: Option<String>,
     /// Answer reasoning blocks apart where the template writes them (`--reasoning-format`).
     pub reasoning: bool,
+    /// Template variables of every request, under its own `chat_template_kwargs`
+    /// (`--chat-template-kwargs`).
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 pub struct AppState {
@@ -115,7 +118,7 @@ pub fn app_drafted(engine: Engine, draft: Option<DraftModel>, tok: Tokenizer, cf
     let (template, template_source) = match &cfg.chat_template {
         Some(t) => {
             let text = |id: Option<u32>| id.map(|b| tok.text(b).to_string()).unwrap_or_default();
-            let template = ChatTemplate::named(t, &text(tok.bos), &text(tok.eos)).map_err(|e| format!("the chat template: {e}"))?;
+            let template = ChatTemplate::named(t, &text(tok.bos), &text(tok.eos)).map_err(|e| e.to_string())?;
             (template, Some(t.clone()).filter(|t| !matches!(t.as_str(), "chatml" | "gemma")))
         }
         None => (
@@ -581,7 +584,8 @@ pub(crate) struct ChatPrompt {
 fn chat_prompt(st: &AppState, req: &ChatRequest, params: &mut GenParams, logprobs: Option<usize>) -> Result<ChatPrompt, ApiError> {
     let mut msgs = req.messages()?;
     let plan = req.tool_plan()?;
-    let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+    let mut kwargs = st.cfg.template_kwargs.clone();
+    kwargs.extend(req.chat_template_kwargs.clone().unwrap_or_default());
     let reasoning = req.reasoning(st.cfg.reasoning)? && st.template.thinks();
     let prefill = match msgs.last() {
         Some(m) if m.role == "assistant" && m.tool_calls.is_none() && msgs.len() > 1 => msgs.pop().map(|m| m.content),

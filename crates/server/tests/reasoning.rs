@@ -34,7 +34,7 @@ fn stream_events(srv: &Server, path: &str, mut body: Value) -> Vec<Value> {
 
 #[test]
 fn reasoning_is_answered_apart_by_every_api() {
-    let srv = start_template(TEMPLATE);
+    let srv = start_template(TEMPLATE, json!({}));
     // The raw text: `reasoning_format: none`.
     let raw = post(&srv, "/v1/chat/completions", chat(json!({"reasoning_format": "none"}))).json();
     let raw = raw["choices"][0]["message"]["content"].as_str().unwrap_or_else(|| panic!("{raw}")).to_string();
@@ -76,10 +76,11 @@ fn reasoning_is_answered_apart_by_every_api() {
 
 #[test]
 fn template_kwargs_and_earlier_reasoning_reach_the_template() {
-    let srv = start_template(TEMPLATE);
+    // The server's variables (`--chat-template-kwargs`), under a request's own.
+    let srv = start_template(TEMPLATE, json!({"enable_thinking": false}));
     let prompt = |body: Value| post(&srv, "/apply-template", body).json()["prompt"].as_str().unwrap().to_string();
-    assert!(prompt(chat(json!({}))).ends_with("<|im_start|>assistant\n<think>\n"));
-    let off = chat(json!({"chat_template_kwargs": {"enable_thinking": false}}));
+    assert!(prompt(chat(json!({"chat_template_kwargs": {"enable_thinking": true}}))).ends_with("<|im_start|>assistant\n<think>\n"));
+    let off = chat(json!({}));
     assert!(prompt(off.clone()).ends_with("<think>\n\n</think>\n\n"));
     // Thinking off: the answer is not inside a block, so all of it is content.
     let v = post(&srv, "/v1/chat/completions", off).json();

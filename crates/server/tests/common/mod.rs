@@ -44,9 +44,10 @@ pub fn start_lora(parallel: usize, lora: Vec<corelm_engine::lora::LoraSpec>) -> 
     start_with(MODEL, parallel, 16, None, 1, Default::default(), lora, None, None)
 }
 
-/// A server of SmolLM2 with `template` as its chat template (`serve --chat-template`).
-pub fn start_template(template: &str) -> Server {
-    start_with(MODEL, 1, 16, None, 1, Default::default(), vec![], None, Some(template))
+/// A server of SmolLM2 with `template` as its chat template (`serve --chat-template`) and
+/// `kwargs` its variables (`--chat-template-kwargs`).
+pub fn start_template(template: &str, kwargs: Value) -> Server {
+    start_with(MODEL, 1, 16, None, 1, Default::default(), vec![], None, Some((template, kwargs)))
 }
 
 /// A server of SmolLM2 with a draft model (`serve --spec-draft-model`), proposing up to
@@ -65,7 +66,7 @@ fn start_with(
     defaults: corelm_server::api::RequestDefaults,
     lora: Vec<corelm_engine::lora::LoraSpec>,
     draft: Option<(&std::path::Path, usize)>,
-    chat_template: Option<&str>,
+    chat_template: Option<(&str, Value)>,
 ) -> Server {
     let path = corelm_engine::models_dir().join(format!("{model}.gguf"));
     assert!(path.exists(), "{} missing: run scripts/fetch_models.py all", path.display());
@@ -82,7 +83,8 @@ fn start_with(
     };
     let engine = Engine::load(&path, cfg).unwrap();
     let tok = Tokenizer::from_gguf(engine.gguf()).unwrap();
-    let scfg = ServeConfig { model_id: model.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1), pooling: corelm_engine::embed::Pooling::Mean, lookup: 0, defaults, chat_template: chat_template.map(Into::into), reasoning: true };
+    let scfg = ServeConfig { model_id: model.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1), pooling: corelm_engine::embed::Pooling::Mean, lookup: 0, defaults, chat_template: chat_template.as_ref().map(|t| t.0.into()), reasoning: true,
+        template_kwargs: chat_template.and_then(|t| t.1.as_object().cloned()).unwrap_or_default() };
     let draft = draft.map(|(path, n_max)| {
         let params = corelm_engine::draft::DraftParams { n_max, ..Default::default() };
         corelm_engine::draft::DraftModel::load(path, &engine, &tok, params).unwrap()
