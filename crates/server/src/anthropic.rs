@@ -22,8 +22,8 @@
 //! of earlier turns become the turn's `reasoning_content`. Where the template writes
 //! reasoning blocks (`corelm_engine::reasoning`), an answer's reasoning is a `thinking` block
 //! first (its `signature` empty: there is nothing to verify locally), streamed as
-//! `thinking_delta`s; the request's `thinking` field changes nothing (the template and its
-//! `chat_template_kwargs` decide). Image and document blocks, and Anthropic's server tools,
+//! `thinking_delta`s; the request's `thinking` (`enabled` or `disabled`) sets the template's
+//! `enable_thinking` (Qwen3's switch) unless its `chat_template_kwargs` do. Image and document blocks, and Anthropic's server tools,
 //! are refused by name. Claude Code's `x-anthropic-billing-header` system line carries a
 //! per-request stamp (`cch=`) that would stop the prefix cache at it; it is made constant, as
 //! llama-server does.
@@ -201,6 +201,15 @@ pub(crate) fn to_chat(body: &Value) -> Result<Value, ApiError> {
     }
     if let Some(s) = body.get("stop_sequences").filter(|s| !s.is_null()) {
         chat.insert("stop".into(), s.clone());
+    }
+    // Extended thinking on or off, as a template that can switch it reads it (Qwen3's
+    // `enable_thinking`), unless the request sets that variable itself.
+    if let Some(on) = match body["thinking"]["type"].as_str() {
+        Some("enabled") => Some(true),
+        Some("disabled") => Some(false),
+        _ => None,
+    } {
+        crate::api::template_default(&mut chat, "enable_thinking", json!(on));
     }
     Ok(Value::Object(chat))
 }
@@ -399,7 +408,7 @@ mod tests {
             ],
             "tools": [{"name": "get_weather", "description": "Weather", "input_schema": {"type": "object"}}],
             "tool_choice": {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": true},
-            "metadata": {"user_id": "u"},
+            "metadata": {"user_id": "u"}, "thinking": {"type": "disabled"},
         });
         let chat = to_chat(&body).unwrap();
         assert_eq!(
@@ -417,6 +426,7 @@ mod tests {
                 "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {"type": "object"}}}],
                 "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
                 "parallel_tool_calls": false,
+                "chat_template_kwargs": {"enable_thinking": false},
             })
         );
     }

@@ -257,6 +257,15 @@ pub enum Prompt {
     TokenLists(Vec<Vec<u32>>),
 }
 
+/// Set the chat template variable `key` in a chat request body (`chat`) to `value`, unless
+/// its `chat_template_kwargs` already set it (for another API's switch that maps to one).
+pub fn template_default(chat: &mut serde_json::Map<String, serde_json::Value>, key: &str, value: serde_json::Value) {
+    let kwargs = chat.entry("chat_template_kwargs").or_insert_with(|| json!({}));
+    if let Some(k) = kwargs.as_object_mut() {
+        k.entry(key).or_insert(value);
+    }
+}
+
 /// Most choices one request may ask for: `n` times its prompts.
 pub const MAX_CHOICES: usize = 64;
 

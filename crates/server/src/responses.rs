@@ -22,7 +22,9 @@
 //! assistant turn before them) and `function_call_output`s (`tool` turns); `reasoning` items
 //! give the next assistant turn its `reasoning_content`; `tools` of type `function` become
 //! chat tools (others, the hosted tools, are left out, as llama-server does); `tool_choice`, `parallel_tool_calls`, `max_output_tokens`,
-//! `text.format` (`text`, `json_object`, `json_schema`), `temperature`, `top_p` map to theirs.
+//! `text.format` (`text`, `json_object`, `json_schema`), `temperature`, `top_p` map to theirs;
+//! `reasoning.effort` sets the template's `enable_thinking` (false at `none`) unless the
+//! request's `chat_template_kwargs` do.
 //! Nothing is stored (`store` is answered `false`), so `previous_response_id`, `item_reference`
 //! items and `background` are refused by name, as are image and file parts.
 
@@ -180,6 +182,11 @@ pub(crate) fn to_chat(body: &Value) -> Result<Value, ApiError> {
             chat.insert("response_format".into(), json!({"type": "json_schema", "json_schema": {"schema": format["schema"]}}));
         }
         Some(k) => return Err(ApiError::bad("text.format", format!("text.format.type must be text, json_object or json_schema, got {k:?}"))),
+    }
+    // Reasoning on or off (effort `none`), as a template that can switch it reads it (Qwen3's
+    // `enable_thinking`), unless the request sets that variable itself.
+    if let Some(effort) = body["reasoning"]["effort"].as_str() {
+        crate::api::template_default(&mut chat, "enable_thinking", json!(effort != "none"));
     }
     Ok(Value::Object(chat))
 }
@@ -433,6 +440,7 @@ mod tests {
             "tools": [{"type": "function", "name": "get_weather", "description": "Weather", "parameters": {"type": "object"}}, {"type": "web_search"}],
             "tool_choice": {"type": "function", "name": "get_weather"},
             "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+            "reasoning": {"effort": "none"}, "chat_template_kwargs": {"enable_thinking": true},
         });
         assert_eq!(
             to_chat(&body).unwrap(),
@@ -448,6 +456,7 @@ mod tests {
                 "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {"type": "object"}}}],
                 "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
                 "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}},
+                "chat_template_kwargs": {"enable_thinking": true},
             })
         );
     }
