@@ -96,12 +96,13 @@ fn text_of(v: &Value, field: &str) -> Result<String, ApiError> {
 }
 
 /// One Anthropic message as OpenAI chat messages: its tool results (`tool` turns) first,
-/// then its text and calls as one turn.
+/// then its text and calls as one turn. A `system` message among them (Claude Code sends its
+/// context so) is a system turn there.
 fn message(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
     let field = format!("messages[{i}]");
     let role = m["role"].as_str().unwrap_or_default();
-    if !matches!(role, "user" | "assistant") {
-        return Err(ApiError::bad(&format!("{field}.role"), format!("{field}.role must be \"user\" or \"assistant\", got {}", m["role"])));
+    if !matches!(role, "user" | "assistant" | "system") {
+        return Err(ApiError::bad(&format!("{field}.role"), format!("{field}.role must be \"user\", \"assistant\" or \"system\", got {}", m["role"])));
     }
     let blocks = match &m["content"] {
         Value::String(s) => {
@@ -441,7 +442,7 @@ mod tests {
         refused(json!({}), "messages");
         refused(user(json!([{"type": "image", "source": {"type": "base64", "data": ""}}])), "messages[0].content[0]");
         refused(user(json!([{"type": "tool_result", "content": "x"}])), "messages[0].content[0]");
-        refused(json!({"messages": [{"role": "system", "content": "x"}]}), "messages[0].role");
+        refused(json!({"messages": [{"role": "tool", "content": "x"}]}), "messages[0].role");
         refused(json!({"messages": [], "system": [{"type": "image"}]}), "system[0]");
         refused(json!({"messages": [], "tools": [{"type": "web_search_20250305", "name": "web_search"}]}), "tools[0]");
         refused(json!({"messages": [], "tool_choice": {"type": "tool"}}), "tool_choice");

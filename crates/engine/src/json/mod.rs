@@ -29,6 +29,7 @@
 mod all_of;
 mod bounds;
 mod lex;
+pub mod loosen;
 mod pattern;
 pub mod schema;
 pub mod state;

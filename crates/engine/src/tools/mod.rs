@@ -107,10 +107,10 @@ impl Tool {
     }
 }
 
-/// The schema of one call of `tool`: its parameters' `$defs`/`definitions` lifted to the
-/// top, so their references still resolve.
+/// The schema of one call of `tool`: its parameters (loosened: `crate::json::loosen`) with
+/// their `$defs`/`definitions` lifted to the top, so their references still resolve.
 fn call_json(tool: &Tool) -> Result<Value, Error> {
-    let mut args = tool.parameters.clone();
+    let mut args = crate::json::loosen::loosen(&tool.parameters);
     let mut top = Map::new();
     if let Some(o) = args.as_object_mut() {
         for key in ["$defs", "definitions"] {
