@@ -47,6 +47,12 @@ pub struct ChatTemplate {
     eos: String,
 }
 
+/// The BOS and EOS tokens' text, as templates read `bos_token` and `eos_token`.
+fn special_texts(tok: &crate::Tokenizer) -> (String, String) {
+    let text = |t: Option<u32>| t.map(|b| tok.text(b).to_string()).unwrap_or_default();
+    (text(tok.bos), text(tok.eos))
+}
+
 fn render_err(e: minijinja::Error) -> Error {
     let mut msg = e.to_string();
     let mut src = std::error::Error::source(&e);
@@ -59,13 +65,16 @@ fn render_err(e: minijinja::Error) -> Error {
 
 impl ChatTemplate {
     pub fn from_gguf(g: &Gguf, tok: &crate::Tokenizer) -> Result<ChatTemplate, Error> {
-        let bos = tok.bos.map(|b| tok.text(b).to_string()).unwrap_or_default();
-        let eos = tok.eos.map(|b| tok.text(b).to_string()).unwrap_or_default();
+        let (bos, eos) = special_texts(tok);
         match g.opt_str("tokenizer.chat_template")? {
             Some(src) => Self::from_jinja(src, &bos, &eos),
-            None if g.str("general.architecture")?.starts_with("gemma") => Ok(ChatTemplate { kind: Kind::Gemma, hermes: false, thinking: false, bos, eos }),
-            None => Ok(ChatTemplate { kind: Kind::ChatMl, hermes: false, thinking: false, bos, eos }),
+            None if g.str("general.architecture")?.starts_with("gemma") => Ok(Self::builtin(Kind::Gemma, bos, eos)),
+            None => Ok(Self::builtin(Kind::ChatMl, bos, eos)),
         }
+    }
+
+    fn builtin(kind: Kind, bos: String, eos: String) -> ChatTemplate {
+        ChatTemplate { kind, hermes: false, thinking: false, bos, eos }
     }
 
     /// A template from jinja source (for tests and user-supplied templates).
@@ -76,14 +85,20 @@ impl ChatTemplate {
     }
 
     /// A template given by name or source, as llama-server's `--chat-template` takes it: the
-    /// built-in `chatml` or `gemma`, else jinja source.
-    pub fn named(name_or_src: &str, bos: &str, eos: &str) -> Result<ChatTemplate, Error> {
-        let builtin = |kind| Ok(ChatTemplate { kind, hermes: false, thinking: false, bos: bos.into(), eos: eos.into() });
+    /// built-in `chatml` or `gemma`, else jinja source; `tok`'s special tokens as the model's
+    /// own template gets them.
+    pub fn named(name_or_src: &str, tok: &crate::Tokenizer) -> Result<ChatTemplate, Error> {
+        let (bos, eos) = special_texts(tok);
         match name_or_src {
-            "chatml" => builtin(Kind::ChatMl),
-            "gemma" => builtin(Kind::Gemma),
-            src => Self::from_jinja(src, bos, eos),
+            "chatml" => Ok(Self::builtin(Kind::ChatMl, bos, eos)),
+            "gemma" => Ok(Self::builtin(Kind::Gemma, bos, eos)),
+            src => Self::from_jinja(src, &bos, &eos),
         }
+    }
+
+    /// Whether `name_or_src` names a built-in format rather than giving jinja source.
+    pub fn is_builtin_name(name_or_src: &str) -> bool {
+        matches!(name_or_src, "chatml" | "gemma")
     }
 
     /// Whether the template's answers may hold reasoning blocks (`crate::reasoning`).

@@ -48,10 +48,7 @@ pub(crate) async fn whole(job: &mut crate::Job) -> Result<Whole, String> {
     if let FinishReason::Error(e) = &finish.reason {
         return Err(e.clone());
     }
-    let (reasoning, text) = match job.reasoning {
-        Some(open) => corelm_engine::reasoning::split(&text, open),
-        None => (None, text),
-    };
+    let (reasoning, text) = crate::split_reasoning(job.reasoning, text);
     let (content, calls) = match &job.tools {
         Some(t) => t.read(&text),
         None => (Some(text), vec![]),

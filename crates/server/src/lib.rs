@@ -116,11 +116,7 @@ pub fn app(engine: Engine, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, 
 /// (in place of `cfg.lookup`'s).
 pub fn app_drafted(engine: Engine, draft: Option<DraftModel>, tok: Tokenizer, cfg: ServeConfig) -> Result<(Router, std::thread::JoinHandle<()>), String> {
     let (template, template_source) = match &cfg.chat_template {
-        Some(t) => {
-            let text = |id: Option<u32>| id.map(|b| tok.text(b).to_string()).unwrap_or_default();
-            let template = ChatTemplate::named(t, &text(tok.bos), &text(tok.eos)).map_err(|e| e.to_string())?;
-            (template, Some(t.clone()).filter(|t| !matches!(t.as_str(), "chatml" | "gemma")))
-        }
+        Some(t) => (ChatTemplate::named(t, &tok).map_err(|e| e.to_string())?, Some(t.clone()).filter(|t| !ChatTemplate::is_builtin_name(t))),
         None => (
             ChatTemplate::from_gguf(engine.gguf(), &tok).map_err(|e| e.to_string())?,
             engine.gguf().opt_str("tokenizer.chat_template").ok().flatten().map(str::to_string),
@@ -506,6 +502,15 @@ fn submit(
     Ok(Job { choices, params, logprobs, id: format!("{prefix}-{:x}{n:06x}", st.created), tools: None, echo: vec![], reasoning: None })
 }
 
+/// A chat answer's reasoning, where its job reads it apart (`Job::reasoning`), and the rest,
+/// its content.
+pub(crate) fn split_reasoning(reasoning: Option<bool>, text: String) -> (Option<String>, String) {
+    match reasoning {
+        Some(open) => corelm_engine::reasoning::split(&text, open),
+        None => (None, text),
+    }
+}
+
 static REQ_ID: AtomicU64 = AtomicU64::new(0);
 
 /// 429: the queue bound (`--max-queue`) would be passed by `count` more requests.
@@ -621,14 +626,21 @@ fn chat_prompt(st: &AppState, req: &ChatRequest, params: &mut GenParams, logprob
     Ok(ChatPrompt { text, tools, reasoning })
 }
 
-/// A chat request (`body`, parsed: another API's request rewritten into one) submitted as the
-/// chat endpoint submits it, its ids prefixed `prefix`; and its prompt's tokens.
-fn submit_chat(st: &Arc<AppState>, body: &serde_json::Value, prefix: &str) -> Result<(Job, usize), ApiError> {
+/// A chat request (`body`, parsed) read as the chat endpoint reads it: its parameters, its
+/// prompt and the prompt's tokens.
+fn prepare_chat(st: &AppState, body: &serde_json::Value) -> Result<(GenParams, ChatPrompt, Vec<u32>), ApiError> {
     let (common, req): (api::Common, ChatRequest) = (api::fields(body)?, api::fields(body)?);
     check_model(st, &common.model)?;
     let mut params = common.params(&st.cfg.defaults)?;
     let p = chat_prompt(st, &req, &mut params, None)?;
     let prompt = encode(st, &p.text, "messages")?;
+    Ok((params, p, prompt))
+}
+
+/// A chat request (`body`, parsed: another API's request rewritten into one) submitted as the
+/// chat endpoint submits it, its ids prefixed `prefix`; and its prompt's tokens.
+fn submit_chat(st: &Arc<AppState>, body: &serde_json::Value, prefix: &str) -> Result<(Job, usize), ApiError> {
+    let (params, p, prompt) = prepare_chat(st, body)?;
     let n = prompt.len();
     let mut job = submit(st, vec![prompt], params, None, prefix, "messages")?;
     (job.tools, job.reasoning) = (p.tools, p.reasoning);
@@ -637,11 +649,7 @@ fn submit_chat(st: &Arc<AppState>, body: &serde_json::Value, prefix: &str) -> Re
 
 /// Tokens of the prompt a chat request (`body`, parsed) computes before its answer.
 fn prompt_tokens(st: &AppState, body: &serde_json::Value) -> Result<usize, ApiError> {
-    let (common, req): (api::Common, ChatRequest) = (api::fields(body)?, api::fields(body)?);
-    check_model(st, &common.model)?;
-    let mut params = common.params(&st.cfg.defaults)?;
-    let p = chat_prompt(st, &req, &mut params, None)?;
-    Ok(encode(st, &p.text, "messages")?.len())
+    Ok(prepare_chat(st, body)?.2.len())
 }
 
 /// `POST /v1/chat/completions/input_tokens` (llama-server's): `{"input_tokens", "object"}`.

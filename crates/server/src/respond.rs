@@ -230,10 +230,7 @@ async fn whole(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
         }
         usage.add(c, job.params.n, &fin);
         let lp = lps.as_mut().map_or(Value::Null, Logprobs::take);
-        let (reasoning, text) = match job.reasoning {
-            Some(open) => corelm_engine::reasoning::split(&text, open),
-            None => (None, text),
-        };
+        let (reasoning, text) = crate::split_reasoning(job.reasoning, text);
         let mut choice = match (kind, &job.tools) {
             (Kind::Chat, Some(t)) => {
                 let (content, calls) = t.read(&text);

@@ -262,6 +262,11 @@ fn message_id(job: &Job) -> String {
     format!("msg_{}", job.id.rsplit('_').next().unwrap_or(&job.id))
 }
 
+/// Id of the answer's reasoning item.
+fn reasoning_id(job: &Job) -> String {
+    format!("rs_{}", job.id.rsplit('_').next().unwrap_or(&job.id))
+}
+
 fn call_ids(job_id: &str, i: usize) -> (String, String) {
     let id = job_id.rsplit('_').next().unwrap_or(job_id);
     (format!("fc_{id}_{i}"), format!("call_{id}_{i}"))
@@ -269,7 +274,7 @@ fn call_ids(job_id: &str, i: usize) -> (String, String) {
 
 /// The answer's reasoning as an item (its text as one `reasoning_text` part once done).
 fn reasoning_item(job: &Job, text: &str, status: &str) -> Value {
-    let id = format!("rs_{}", job.id.rsplit('_').next().unwrap_or(&job.id));
+    let id = reasoning_id(job);
     let content = if status == "in_progress" { json!([]) } else { json!([{"type": "reasoning_text", "text": text}]) };
     json!({"type": "reasoning", "id": id, "summary": [], "content": content, "status": status})
 }
@@ -354,7 +359,7 @@ impl Blocks for Output<'_> {
             self.event("response.output_item.added", json!({"output_index": index, "item": reasoning_item(self.job, "", "in_progress")}));
             self.open = Some(Open::Reasoning { text: String::new() });
         }
-        let id = reasoning_item(self.job, "", "in_progress")["id"].clone();
+        let id = reasoning_id(self.job);
         if let Some(Open::Reasoning { text }) = &mut self.open {
             text.push_str(t);
             self.event("response.reasoning_text.delta", json!({"item_id": id, "output_index": index, "content_index": 0, "delta": t}));
