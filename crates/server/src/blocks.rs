@@ -1,7 +1,7 @@
 //! An answer split, as it streams, into the blocks of the APIs that send reasoning, text and
 //! tool calls as separate items (Anthropic's content blocks, the Responses API's output items):
-//! reasoning, text, a call's start, more of its arguments — the chat stream's reading of calls
-//! (`respond.rs`'s module doc), given to a [`Blocks`] instead of written as chunks.
+//! reasoning, text, a call's start, more of its arguments — and the chat stream, whose chunks
+//! are its blocks too (`respond.rs`'s module doc: how calls are read while they are written).
 
 use crate::respond::ToolAnswer;
 use axum::response::sse::Event as Sse;
@@ -20,6 +20,14 @@ pub(crate) trait Blocks {
     fn call(&mut self, i: usize, name: &str);
     /// More of the last call's arguments (JSON text).
     fn args(&mut self, piece: &str);
+    /// Calls `first..` whole, at the end: those the reader did not follow while they were
+    /// written. By default each one's start and then all of its arguments.
+    fn calls(&mut self, first: usize, calls: &[ToolCall]) {
+        for (i, c) in calls.iter().enumerate() {
+            self.call(first + i, &c.name);
+            self.args(&c.arguments);
+        }
+    }
     /// The events made so far, to send.
     fn drain(&mut self) -> Vec<Sse>;
 }
@@ -180,10 +188,15 @@ impl Split {
         if streamed == 0 && calls.is_empty() && self.sent < self.full.len() {
             out.text(&self.full[self.sent..]);
         }
-        for (i, c) in calls.iter().enumerate().skip(streamed) {
-            out.call(i, &c.name);
-            out.args(&c.arguments);
+        if let Some(rest) = calls.get(streamed..).filter(|r| !r.is_empty()) {
+            out.calls(streamed, rest);
         }
         calls.len().max(streamed)
+    }
+
+    /// Whether every call the reader followed closed its arguments (an answer cut inside one
+    /// did not end with calls).
+    pub(crate) fn all_closed(&self) -> bool {
+        self.reader.all_closed()
     }
 }

@@ -27,8 +27,8 @@ use crate::{AppState, Job};
 use axum::response::sse::{Event as Sse, Sse as SseResponse};
 use axum::response::{IntoResponse, Response};
 use corelm_engine::batcher::{Event, Finish, FinishReason, TokenLogprob};
-use corelm_engine::reasoning::Splitter;
-use corelm_engine::tools::{self, Answer, CallDelta, CallReader, Tool, ToolCall};
+use crate::blocks::{Blocks, Split};
+use corelm_engine::tools::{self, Answer, Tool, ToolCall};
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -261,6 +261,84 @@ async fn whole(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
     .into_response()
 }
 
+/// A stream's chunk: its `choices` (and `usage`) with the job's id, object, time and model.
+type ChunkOf = Arc<dyn Fn(Value, Option<Value>) -> Sse + Send + Sync>;
+
+/// One choice's stream chunks, as the blocks a [`Split`] reads out of its answer.
+struct Chunks {
+    c: usize,
+    kind: Kind,
+    job_id: Arc<str>,
+    chunk: ChunkOf,
+    /// The token's log-probabilities, until a chunk of its text carries them.
+    lp: Value,
+    /// The call whose arguments come next.
+    call: usize,
+    out: Vec<Sse>,
+}
+
+impl Chunks {
+    fn push(&mut self, choices: Value) {
+        self.out.push((self.chunk)(choices, None));
+    }
+
+    /// A text chunk (`None`: none, where the finish or log-probabilities alone go out).
+    fn choice(&self, text: Option<&str>, lp: Value, finish: Value) -> Value {
+        let c = self.c;
+        match self.kind {
+            Kind::Chat => {
+                let delta = text.map_or(json!({}), |t| json!({"content": t}));
+                json!([{"index": c, "delta": delta, "logprobs": lp, "finish_reason": finish}])
+            }
+            Kind::Text => json!([{"index": c, "text": text.unwrap_or(""), "logprobs": lp, "finish_reason": finish}]),
+        }
+    }
+
+    /// The token's log-probabilities where no text of it went out (text held back, or all
+    /// reasoning): in a chunk of no text.
+    fn flush_logprobs(&mut self) {
+        if !self.lp.is_null() {
+            let lp = std::mem::take(&mut self.lp);
+            let v = self.choice(Some(""), lp, Value::Null);
+            self.push(v);
+        }
+    }
+}
+
+impl Blocks for Chunks {
+    fn reasoning(&mut self, t: &str) {
+        let v = reasoning_delta(self.c, t);
+        self.push(v);
+    }
+
+    fn text(&mut self, t: &str) {
+        let lp = std::mem::take(&mut self.lp);
+        let v = self.choice(Some(t), lp, Value::Null);
+        self.push(v);
+    }
+
+    fn call(&mut self, i: usize, name: &str) {
+        self.call = i;
+        let v = tool_delta(self.c, json!([tool_call(&self.job_id, self.c, i, name, "")]));
+        self.push(v);
+    }
+
+    fn args(&mut self, piece: &str) {
+        let v = tool_delta(self.c, json!([{"index": self.call, "function": {"arguments": piece}}]));
+        self.push(v);
+    }
+
+    /// The calls the reader did not follow go out in one chunk, each whole.
+    fn calls(&mut self, first: usize, calls: &[ToolCall]) {
+        let v = tool_delta(self.c, tool_calls(&self.job_id, self.c, first, calls));
+        self.push(v);
+    }
+
+    fn drain(&mut self) -> Vec<Sse> {
+        std::mem::take(&mut self.out)
+    }
+}
+
 /// A streamed choice's state.
 struct Streamed {
     lps: Option<Logprobs>,
@@ -269,13 +347,9 @@ struct Streamed {
     offset: usize,
     /// `echo`: the prompt's text, until it goes out as the choice's first chunk.
     echo: Option<String>,
-    /// With tools: the whole text so far, how much of it went out as content, and the calls
-    /// read in the rest as it comes.
-    full: String,
-    sent: usize,
-    calls: CallReader,
-    /// Where reasoning is read apart: the answer's reader.
-    think: Option<Splitter>,
+    /// Its answer read apart: reasoning, text and calls.
+    split: Split,
+    chunks: Chunks,
 }
 
 /// SSE: engine events are converted to chunks on a task; when the client goes, the SSE body is
@@ -283,22 +357,15 @@ struct Streamed {
 fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Sse, Infallible>>(64);
     let object = if kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
-    let chunk = {
+    let chunk: ChunkOf = {
         let (id, created, model) = (job.id.clone(), st.created, st.cfg.model_id.clone());
-        move |choices: Value, usage: Option<Value>| {
+        Arc::new(move |choices: Value, usage: Option<Value>| {
             let mut v = json!({"id": id, "object": object, "created": created, "model": model, "choices": choices});
             if let Some(u) = usage {
                 v["usage"] = u;
             }
             Sse::default().data(v.to_string())
-        }
-    };
-    let choice = move |c: usize, text: Option<&str>, lp: Value, finish: Value| match kind {
-        Kind::Chat => {
-            let delta = text.map_or(json!({}), |t| json!({"content": t}));
-            json!([{"index": c, "delta": delta, "logprobs": lp, "finish_reason": finish}])
-        }
-        Kind::Text => json!([{"index": c, "text": text.unwrap_or(""), "logprobs": lp, "finish_reason": finish}]),
+        })
     };
     let mut events = tokio_stream::StreamMap::new();
     for (c, r) in std::mem::take(&mut job.choices).into_iter().enumerate() {
@@ -316,17 +383,17 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
                 }
             }
         }
+        let job_id: Arc<str> = job.id.as_str().into();
         let mut state: Vec<Streamed> = (0..count)
             .map(|c| Streamed {
                 lps: job.logprobs.map(|_| Logprobs::new(kind)),
                 offset: 0,
                 echo: job.echo.get(c / job.params.n).cloned(),
-                full: String::new(),
-                sent: 0,
-                calls: CallReader::default(),
-                think: job.reasoning.map(Splitter::new),
+                split: Split::new(job.reasoning),
+                chunks: Chunks { c, kind, job_id: job_id.clone(), chunk: chunk.clone(), lp: Value::Null, call: 0, out: vec![] },
             })
             .collect();
+        let tools = job.tools.as_ref();
         let (mut usage, mut ended) = (Usage::default(), 0);
         loop {
             let Some((c, event)) = events.next().await else { return };
@@ -341,108 +408,55 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
             if let (Some(e), false) = (s.echo.take(), matches!(&event, Event::Done(f) if matches!(f.reason, FinishReason::Error(_)))) {
                 s.offset = e.chars().count();
                 let lp = s.lps.as_mut().map_or(Value::Null, Logprobs::take);
-                if send(chunk(choice(c, Some(&e), lp, Value::Null), None)).await.is_err() {
+                let v = s.chunks.choice(Some(&e), lp, Value::Null);
+                if send(chunk(v, None)).await.is_err() {
                     return;
                 }
             }
-            let (piece, lp) = match event {
+            let done = match event {
                 Event::Prompt { .. } => continue, // taken above
                 Event::Token { id, text, logprob } => {
-                    let lp = match (s.lps.as_mut(), logprob.as_ref()) {
-                        (Some(l), Some(p)) => {
-                            l.push(&st, id, p, s.offset);
-                            l.take()
-                        }
-                        _ => Value::Null,
-                    };
-                    (text, lp)
+                    if let (Some(l), Some(p)) = (s.lps.as_mut(), logprob.as_ref()) {
+                        l.push(&st, id, p, s.offset);
+                        s.chunks.lp = l.take();
+                    }
+                    s.offset += text.chars().count();
+                    s.split.piece(tools, &text, &mut s.chunks);
+                    s.chunks.flush_logprobs();
+                    None
                 }
-                Event::Text(t) => (t, Value::Null),
-                Event::Done(f) => {
-                    // What the reasoning reader held: reasoning, or a tag's start that was content.
-                    if let Some(p) = s.think.as_mut().map(Splitter::finish) {
-                        if !p.reasoning.is_empty() {
-                            let _ = send(chunk(reasoning_delta(c, &p.reasoning), None)).await;
-                        }
-                        match &job.tools {
-                            Some(_) => s.full.push_str(&p.content),
-                            None if !p.content.is_empty() => {
-                                let _ = send(chunk(choice(c, Some(&p.content), Value::Null, Value::Null), None)).await;
-                            }
-                            None => {}
-                        }
-                    }
-                    if let FinishReason::Error(e) = &f.reason {
-                        let err = json!({"error": {"message": e, "type": "server_error"}});
-                        let _ = send(Sse::default().data(err.to_string())).await;
-                        let _ = send(Sse::default().data("[DONE]")).await;
-                        return;
-                    }
-                    let mut finish = finish_reason(&f.reason);
-                    if let Some(t) = &job.tools {
-                        let (_, calls) = t.read(&s.full);
-                        let streamed = s.calls.started();
-                        if !calls.is_empty() && s.calls.all_closed() {
-                            finish = "tool_calls";
-                        }
-                        let last = if streamed == 0 && calls.is_empty() {
-                            (s.sent < s.full.len()).then(|| choice(c, Some(&s.full[s.sent..]), Value::Null, Value::Null))
-                        } else {
-                            // The calls the reader did not follow (those it did went out).
-                            let rest = calls.get(streamed..).filter(|r| !r.is_empty());
-                            rest.map(|r| tool_delta(c, tool_calls(&job.id, c, streamed, r)))
-                        };
-                        if let Some(last) = last {
-                            let _ = send(chunk(last, None)).await;
-                        }
-                    }
-                    let _ = send(chunk(choice(c, None, Value::Null, json!(finish)), None)).await;
-                    usage.add(c, job.params.n, &f);
-                    ended += 1;
-                    if ended < count {
-                        continue;
-                    }
-                    if job.params.include_usage {
-                        let _ = send(chunk(json!([]), Some(usage.json()))).await;
-                    }
+                Event::Text(t) => {
+                    s.offset += t.chars().count();
+                    s.split.piece(tools, &t, &mut s.chunks);
+                    None
+                }
+                Event::Done(f) => Some(f),
+            };
+            if let Some(f) = done {
+                if let FinishReason::Error(e) = &f.reason {
+                    let err = json!({"error": {"message": e, "type": "server_error"}});
+                    let _ = send(Sse::default().data(err.to_string())).await;
                     let _ = send(Sse::default().data("[DONE]")).await;
                     return;
                 }
-            };
-            s.offset += piece.chars().count();
-            // Reasoning goes out as `reasoning_content`; the rest is the content.
-            let piece = match s.think.as_mut().map(|t| t.push(&piece)) {
-                Some(p) => {
-                    if !p.reasoning.is_empty() && send(chunk(reasoning_delta(c, &p.reasoning), None)).await.is_err() {
-                        return;
-                    }
-                    p.content
-                }
-                None => piece,
-            };
-            let mut deltas = vec![];
-            let piece = match &job.tools {
-                Some(t) => {
-                    s.full.push_str(&piece);
-                    let plain = t.plain(&s.full).max(s.sent);
-                    let out = s.full[s.sent..plain].to_string();
-                    s.sent = plain;
-                    s.calls.feed(&s.full, s.sent, &t.tools, &mut deltas);
-                    out
-                }
-                None => piece,
-            };
-            if !(piece.is_empty() && lp.is_null()) && send(chunk(choice(c, Some(&piece), lp, Value::Null), None)).await.is_err() {
-                return; // client gone: dropping the receivers cancels the sequences
+                let calls = s.split.end(tools, &mut s.chunks);
+                let finish = if calls > 0 && s.split.all_closed() { "tool_calls" } else { finish_reason(&f.reason) };
+                let v = s.chunks.choice(None, Value::Null, json!(finish));
+                s.chunks.push(v);
+                usage.add(c, job.params.n, &f);
+                ended += 1;
             }
-            for d in deltas {
-                let call = match d {
-                    CallDelta::Start { index, name } => tool_call(&job.id, c, index, &name, ""),
-                    CallDelta::Args { index, text } => json!({"index": index, "function": {"arguments": text}}),
-                };
-                if send(chunk(tool_delta(c, json!([call])), None)).await.is_err() {
-                    return;
+            for e in s.chunks.drain() {
+                if send(e).await.is_err() {
+                    return; // client gone: dropping the receivers cancels the sequences
                 }
+            }
+            if ended == count {
+                if job.params.include_usage {
+                    let _ = send(chunk(json!([]), Some(usage.json()))).await;
+                }
+                let _ = send(Sse::default().data("[DONE]")).await;
+                return;
             }
         }
     });
