@@ -60,6 +60,10 @@ pub struct ServeArgs {
     /// `reasoning_format` overrides it.
     #[arg(long, default_value = "auto", value_parser = ["auto", "deepseek", "none"])]
     reasoning_format: String,
+    /// Let `POST /slots/{id}?action=save|restore` write and read slots' KV caches as files in
+    /// this directory (llama-server's --slot-save-path); without it those actions are a 501.
+    #[arg(long)]
+    slot_save_path: Option<PathBuf>,
     /// Require the key on /v1 endpoints (`Authorization: Bearer <key>` or `x-api-key: <key>`).
     #[arg(long, env = "CORELM_API_KEY")]
     api_key: Option<String>,
@@ -189,7 +193,11 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
             (None, Some(f)) => Some(std::fs::read_to_string(f).with_context(|| format!("reading the chat template {}", f.display()))?),
             (None, None) => None,
         },
-        reasoning: a.reasoning_format != "none", template_kwargs: a.chat_template_kwargs.clone().unwrap_or_default() };
+        reasoning: a.reasoning_format != "none", template_kwargs: a.chat_template_kwargs.clone().unwrap_or_default(),
+        slot_save_path: match &a.slot_save_path {
+            Some(d) if !d.is_dir() => anyhow::bail!("--slot-save-path {}: not a directory", d.display()),
+            d => d.clone(),
+        } };
     let (router, engine_thread) = corelm_server::app_drafted(engine, draft, tok, scfg).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {

@@ -146,6 +146,51 @@ impl KvCache {
         unsafe { (self.k.as_ptr().add(l * self.layer_bytes.0), self.v.as_ptr().add(l * self.layer_bytes.1)) }
     }
 
+    /// Bytes of one block's rows over every layer and KV head, keys and values.
+    pub fn block_bytes(&self) -> usize {
+        let (krb, vrb) = self.row_bytes();
+        self.n_layer * self.n_kv_head * BLOCK * (krb + vrb)
+    }
+
+    /// Block `b`'s rows in any key layout (a head's rows of a block are contiguous in each):
+    /// per layer, each head's keys, then each head's values. The inverse of
+    /// [`KvCache::write_block`].
+    pub fn read_block(&self, b: u32, out: &mut Vec<u8>) {
+        self.block_spans(b, |bytes, at, n| {
+            // SAFETY: the span lies inside the buffer (`block_spans`); `&self` excludes writers
+            // through this cache.
+            out.extend_from_slice(unsafe { std::slice::from_raw_parts(bytes.add(at), n) });
+        });
+    }
+
+    /// Write block `b`'s rows from `data` as [`KvCache::read_block`] gives them (`data` is
+    /// [`KvCache::block_bytes`] long).
+    pub fn write_block(&mut self, b: u32, data: &[u8]) {
+        assert_eq!(data.len(), self.block_bytes(), "a block's bytes");
+        let mut from = 0;
+        self.block_spans(b, |bytes, at, n| {
+            // SAFETY: the span lies inside the buffer (`block_spans`); `&mut self` makes this
+            // the only access to the cache.
+            unsafe { std::ptr::copy_nonoverlapping(data[from..from + n].as_ptr(), bytes.add(at), n) };
+            from += n;
+        });
+    }
+
+    /// Each span of block `b`'s bytes in file order: (buffer base, offset, length).
+    fn block_spans(&self, b: u32, mut f: impl FnMut(*mut u8, usize, usize)) {
+        assert!((b as usize) < self.blocks.n_blocks, "block {b} of {}", self.blocks.n_blocks);
+        let (krb, vrb) = self.row_bytes();
+        for l in 0..self.n_layer {
+            for (buf, rb, lb) in [(&self.k, krb, self.layer_bytes.0), (&self.v, vrb, self.layer_bytes.1)] {
+                for h in 0..self.n_kv_head {
+                    // Layer l, head h, cells b·BLOCK.. : inside the buffer (n_layer layers of
+                    // n_kv_head · n_cells rows, b < n_blocks).
+                    f(buf.as_ptr(), l * lb + (h * self.n_cells + b as usize * BLOCK) * rb, BLOCK * rb);
+                }
+            }
+        }
+    }
+
     /// Bytes of one K row and one V row.
     pub fn row_bytes(&self) -> (usize, usize) {
         (corelm_kernels::row_bytes(self.k_type, self.head_dim), corelm_kernels::row_bytes(self.v_type, self.head_dim))
@@ -262,6 +307,9 @@ pub struct Blocks {
     lens: Vec<usize>,
     /// Key of the last full block of each sequence.
     tips: Vec<u64>,
+    /// Keys of the full blocks each sequence held when it was last released, in order (what
+    /// a saved slot holds: [`Blocks::chain`]).
+    last: Vec<Vec<u64>>,
     /// Tokens served from cached blocks, and blocks evicted, since creation.
     pub hits: u64,
     pub evictions: u64,
@@ -285,6 +333,7 @@ impl Blocks {
             tables: (0..n_seq).map(|_| Vec::with_capacity(n_blocks)).collect(),
             lens: vec![0; n_seq],
             tips: vec![ROOT; n_seq],
+            last: (0..n_seq).map(|_| Vec::with_capacity(n_blocks)).collect(),
             hits: 0,
             evictions: 0,
         }
@@ -389,6 +438,15 @@ impl Blocks {
     /// Drop `seq`'s references; its blocks become free, or cached if registered.
     pub fn release(&mut self, seq: usize) {
         let mut table = std::mem::take(&mut self.tables[seq]);
+        let mut last = std::mem::take(&mut self.last[seq]);
+        last.clear();
+        let mut tip = ROOT;
+        for &b in &table[..self.lens[seq] / BLOCK] {
+            let bu = b as usize;
+            tip = chain(tip, &self.tokens[bu * BLOCK..(bu + 1) * BLOCK]);
+            last.push(tip);
+        }
+        self.last[seq] = last;
         for &b in &table {
             let bu = b as usize;
             self.refs[bu] -= 1;
@@ -455,6 +513,88 @@ impl Blocks {
             *k = None;
         }
         self.map.clear();
+    }
+
+    /// The cached blocks holding `seq`'s tokens — those it holds, or, where it holds none,
+    /// those it held when last released — from the first on, as far as they are still cached:
+    /// what a saved slot writes. Partly filled blocks are never cached, so these are whole.
+    pub fn chain(&self, seq: usize) -> Vec<u32> {
+        let keys: Vec<u64> = if self.lens[seq] > 0 {
+            let mut tip = ROOT;
+            self.tables[seq][..self.lens[seq] / BLOCK]
+                .iter()
+                .map(|&b| {
+                    tip = chain(tip, &self.tokens[b as usize * BLOCK..(b as usize + 1) * BLOCK]);
+                    tip
+                })
+                .collect()
+        } else {
+            self.last[seq].clone()
+        };
+        let mut parent = ROOT;
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            match self.map.get(&k) {
+                Some(&b) if self.parent[b as usize] == parent => out.push(b),
+                _ => break,
+            }
+            parent = k;
+        }
+        out
+    }
+
+    /// Tokens of block `b`.
+    pub fn block_tokens(&self, b: u32) -> &[u32] {
+        &self.tokens[b as usize * BLOCK..(b as usize + 1) * BLOCK]
+    }
+
+    /// Forget what `seq` last held: its blocks that no sequence references leave the prefix
+    /// cache. Returns the tokens it last held (0 while it holds some: nothing is done then).
+    pub fn erase_last(&mut self, seq: usize) -> usize {
+        if self.lens[seq] > 0 {
+            return 0;
+        }
+        let chain = self.chain(seq);
+        for &b in &chain {
+            if self.refs[b as usize] == 0 {
+                self.lru_unlink(b);
+                self.unregister(b);
+                self.free.push(b);
+            }
+        }
+        let n = self.last[seq].len() * BLOCK;
+        self.last[seq].clear();
+        n
+    }
+
+    /// A full block of `tokens` after the prefix keyed `parent`, read back from a file into
+    /// the prefix cache: `Some((block, key, true))` for a block taken for it, whose rows the
+    /// caller then writes; `(…, false)` where the cache holds it already; `None` where no
+    /// block can be taken without evicting one of `keep` (those restored before it), or the
+    /// key is another prefix's.
+    pub fn restore(&mut self, parent: u64, tokens: &[u32], keep: &[u32]) -> Option<(u32, u64, bool)> {
+        assert_eq!(tokens.len(), BLOCK, "a restored block is full");
+        let k = chain(parent, tokens);
+        if let Some(&b) = self.map.get(&k) {
+            let bu = b as usize;
+            return (self.parent[bu] == parent && self.tokens[bu * BLOCK..(bu + 1) * BLOCK] == *tokens).then_some((b, k, false));
+        }
+        if self.free.is_empty() && (self.lru_head == NIL || keep.contains(&self.lru_head)) {
+            return None;
+        }
+        let b = self.take()?;
+        let bu = b as usize;
+        self.tokens[bu * BLOCK..(bu + 1) * BLOCK].copy_from_slice(tokens);
+        self.parent[bu] = parent;
+        self.key[bu] = Some(k);
+        self.map.insert(k, b);
+        self.lru_push(b);
+        Some((b, k, true))
+    }
+
+    /// The key of the empty prefix (a restored chain's first parent).
+    pub fn root() -> u64 {
+        ROOT
     }
 
     fn take(&mut self) -> Option<u32> {
@@ -596,6 +736,41 @@ mod tests {
         fill(&mut b, 0, &[5; BLOCK]);
         b.truncate(0, 0);
         assert_eq!((b.len(0), b.used(), b.tips[0]), (0, 0, ROOT));
+    }
+
+    /// A released sequence's chain is what it held, as far as it is still cached; restored
+    /// blocks (another cache's) attach as computed ones do, never evicting each other; erasing
+    /// drops the unreferenced ones.
+    #[test]
+    fn chains_restore_and_erase() {
+        let mut b = Blocks::new(4, 2);
+        let toks: Vec<u32> = (0..3 * BLOCK as u32 + 2).collect();
+        fill(&mut b, 0, &toks);
+        assert_eq!(b.chain(0), &b.table(0)[..3]);
+        b.release(0);
+        let chain = b.chain(0);
+        assert_eq!(chain.len(), 3);
+        let mut other = Blocks::new(3, 1);
+        fill(&mut other, 0, &[9; 2]); // one block held: two free
+        let (mut parent, mut kept) = (Blocks::root(), vec![]);
+        for &c in &chain {
+            let Some((blk, key, fresh)) = other.restore(parent, b.block_tokens(c), &kept) else { break };
+            assert!(fresh);
+            kept.push(blk);
+            parent = key;
+        }
+        assert_eq!(kept.len(), 2, "no room for the third without evicting the first");
+        assert_eq!(other.restore(Blocks::root(), b.block_tokens(chain[0]), &[]), Some((kept[0], chain_key(&b, &chain[..1]), false)));
+        assert_eq!(other.attach_prefix(0, &toks), 0, "sequence 0 is not empty");
+        other.release(0);
+        assert_eq!(other.attach_prefix(0, &toks), 2 * BLOCK);
+        // Erasing: the blocks no sequence holds leave the cache.
+        assert_eq!(b.erase_last(0), 3 * BLOCK);
+        assert_eq!((b.cached(), b.attach_prefix(1, &toks)), (0, 0));
+    }
+
+    fn chain_key(b: &Blocks, blocks: &[u32]) -> u64 {
+        blocks.iter().fold(ROOT, |k, &x| chain(k, b.block_tokens(x)))
     }
 
     /// Rows stored for scattered cells read back as stored (f32 exactly; F16 and Q8_0 within

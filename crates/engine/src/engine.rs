@@ -17,6 +17,9 @@ pub use crate::setup::expert_count;
 use crate::setup::{build_graph, check_accel_split, finish_graph, matrix_classes, plan_places, tp_plan};
 use crate::Error;
 use corelm_core::kv::BLOCK;
+
+mod slot_file;
+pub use slot_file::SlotIo;
 use corelm_core::memory::Place;
 use corelm_core::tp::TpPlan;
 use corelm_core::{BatchView, Executor, Graph, NumaMode, Placement, KvCache, PackedWeights, PoolConfig, Pools, Profile, ThreadPool, Weights};

@@ -97,4 +97,7 @@ pub enum Error {
     Grammar(String),
     #[error("golden case: {0}")]
     Case(String),
+    /// A slot's KV cache could not be saved, restored or erased.
+    #[error("{0}")]
+    Slot(String),
 }

@@ -33,6 +33,7 @@ mod native;
 pub mod metrics;
 mod respond;
 mod responses;
+mod slots;
 
 use api::{ApiError, ChatRequest, CompletionRequest, GenParams, Prompt};
 use axum::body::Bytes;
@@ -77,6 +78,8 @@ pub struct ServeConfig {
     /// Template variables of every request, under its own `chat_template_kwargs`
     /// (`--chat-template-kwargs`).
     pub template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Where `POST /slots/{id}` saves and restores slots (`--slot-save-path`; `None`: a 501).
+    pub slot_save_path: Option<std::path::PathBuf>,
 }
 
 pub struct AppState {
@@ -180,8 +183,8 @@ pub fn app_drafted(engine: Engine, draft: Option<DraftModel>, tok: Tokenizer, cf
         .route("/completion", post(native::completion))
         .route("/completions", post(native::completion))
         .route("/props", get(native::props).post(native::set_props))
-        .route("/slots", get(native::slots))
-        .route("/slots/{id}", post(native::slot_action))
+        .route("/slots", get(slots::slots))
+        .route("/slots/{id}", post(slots::slot_action))
         .route("/apply-template", post(native::apply_template))
         .route("/infill", post(native::infill))
         .route("/lora-adapters", get(lora::list).post(lora::set))

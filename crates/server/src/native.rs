@@ -24,8 +24,7 @@
 //! tokens the chain cut left out: llama-server's shape. A token chosen without a draw
 //! (temperature 0) has probability 1 and is its own only alternative.
 //!
-//! Also llama-server's `GET /slots` (each sequence slot's state and its request's progress;
-//! `POST /slots/{id}` actions are a 501), `GET /props` (the default generation settings, slots, context, chat
+//! Also llama-server's `GET /props` (the default generation settings, slots, context, chat
 //! template, BOS/EOS; `POST /props` changes nothing and says so) and `POST /apply-template`
 //! (a chat request's messages, and tools, rendered as the prompt the chat endpoint would
 //! generate after: `{"prompt"}`).
@@ -33,8 +32,7 @@
 use crate::api::{self, ApiError};
 use crate::{AppState, Job, S};
 use axum::body::Bytes;
-use axum::extract::{Query, State};
-use std::collections::HashMap;
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as Sse, Sse as SseResponse};
 use axum::response::{IntoResponse, Response};
@@ -304,50 +302,6 @@ pub(crate) async fn props(State(st): S, headers: HeaderMap) -> Response {
         .into_response()
     });
     crate::counted(&st, "props", r)
-}
-
-/// llama-server's `GET /slots`: each sequence slot, whether it is processing, and its
-/// request's progress (the last request's when idle); `?fail_on_no_slot=1` answers 503 when
-/// none is idle.
-pub(crate) async fn slots(State(st): S, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> Response {
-    let r = crate::check_auth(&st, &headers).and_then(|_| {
-        use std::sync::atomic::Ordering::Relaxed;
-        let slots = &st.stats.slots;
-        if q.get("fail_on_no_slot").is_some_and(|v| !v.is_empty()) && slots.iter().all(|s| s.busy.load(Relaxed)) {
-            return Err(ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", None, "no slot available"));
-        }
-        let all: Vec<Value> = slots
-            .iter()
-            .enumerate()
-            .map(|(id, s)| {
-                let busy = s.busy.load(Relaxed);
-                let mut v = json!({"id": id, "n_ctx": st.cfg.ctx_size, "speculative": st.speculative, "is_processing": busy});
-                let task = s.task.load(Relaxed);
-                if task > 0 {
-                    v["id_task"] = json!(task);
-                    v["n_prompt_tokens"] = json!(s.n_prompt.load(Relaxed));
-                    v["n_prompt_tokens_processed"] = json!(s.n_prompt_processed.load(Relaxed));
-                    v["n_prompt_tokens_cache"] = json!(s.n_prompt_cached.load(Relaxed));
-                    let (remain, decoded) = (s.n_remain.load(Relaxed), s.n_decoded.load(Relaxed));
-                    v["next_token"] = json!([{"has_next_token": busy, "n_remain": remain, "n_decoded": decoded}]);
-                }
-                v
-            })
-            .collect();
-        Ok(axum::Json(Value::Array(all)).into_response())
-    });
-    crate::counted(&st, "slots", r)
-}
-
-/// llama-server's `POST /slots/{id}?action=save|restore|erase`: not here (prompts live in a
-/// prefix cache shared by all slots, not in a slot of their own).
-pub(crate) async fn slot_action(State(st): S, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> Response {
-    let r = crate::check_auth(&st, &headers).and_then(|_| {
-        let action = q.get("action").map_or("", String::as_str);
-        let msg = format!("slot action {action:?} is not supported: prompts are kept in a prefix cache shared by every slot, which reuses them by itself");
-        Err(ApiError { param: Some("action".into()), ..ApiError::new(axum::http::StatusCode::NOT_IMPLEMENTED, "not_supported_error", None, msg) })
-    });
-    crate::counted(&st, "slots", r)
 }
 
 /// llama-server's `POST /props`: nothing here can be changed while serving.

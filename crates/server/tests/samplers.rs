@@ -258,6 +258,7 @@ fn slots_show_what_each_sequence_does() {
         let full = get(&srv, "/slots?fail_on_no_slot=1");
         assert_eq!((full.status, full.json()["error"]["message"].as_str()), (503, Some("no slot available")), "{}", full.body);
     });
-    let a = post(&srv, "/slots/0?action=erase", json!({}));
-    assert_eq!((a.status, a.json()["error"]["param"].as_str()), (501, Some("action")), "{}", a.body);
+    // The last request's whole blocks (its prompt and answer) leave the prefix cache.
+    let a = post(&srv, "/slots/0?action=erase", json!({})).json();
+    assert!(a["n_erased"].as_u64().is_some_and(|n| n > 0 && n % 16 == 0), "{a}");
 }

@@ -47,7 +47,7 @@ mod request;
 
 pub use cost::StepCost;
 pub use embed::{EmbedRequest, EmbedSink};
-pub use request::{finish_now, token_logprob, Event, Finish, FinishReason, Request, Sink, SlotStat, Stats, TokenLogprob, Work};
+pub use request::{finish_now, token_logprob, Event, Finish, FinishReason, Request, Sink, SlotAction, SlotOp, SlotStat, Stats, TokenLogprob, Work};
 
 use crate::generate::TextOut;
 use crate::constraint::{Mask, Vocabs};
@@ -755,6 +755,28 @@ impl Batcher {
                     req.sink.answer(Err(e));
                 }
             }
+            Work::Slot(a) => {
+                let r = self.slot_action(a.slot, &a.op, &a.model);
+                (a.reply)(r);
+            }
         }
+    }
+
+    /// Save, restore or erase slot `slot`'s KV cache (`Engine::save_slot`): a running slot
+    /// saves the whole blocks it holds so far; it cannot be erased while it runs.
+    fn slot_action(&mut self, slot: usize, op: &SlotOp, model: &str) -> Result<crate::engine::SlotIo, Error> {
+        let n = self.slots.len();
+        if slot >= n {
+            return Err(Error::Slot(format!("there are only {n} slots")));
+        }
+        let busy = self.slots[slot].is_some() || self.embeds.holds(slot);
+        let r = match op {
+            SlotOp::Save(path) => self.engine.save_slot(slot as i32, path, model),
+            SlotOp::Restore(path) => self.engine.restore_slot(path, model),
+            SlotOp::Erase if busy => Err(Error::Slot("it is processing a request".into())),
+            SlotOp::Erase => Ok(crate::engine::SlotIo { n_tokens: self.engine.erase_slot(slot as i32), n_bytes: 0 }),
+        };
+        self.publish();
+        r
     }
 }

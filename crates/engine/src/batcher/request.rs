@@ -11,6 +11,26 @@ use std::time::Instant;
 pub enum Work {
     Generate(Box<Request>),
     Embed(EmbedRequest),
+    /// Save, restore or erase a slot's KV cache, between steps.
+    Slot(SlotAction),
+}
+
+/// What to do with a slot's KV cache (`Engine::save_slot` and its siblings).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotOp {
+    Save(std::path::PathBuf),
+    Restore(std::path::PathBuf),
+    Erase,
+}
+
+/// A slot action and where its answer goes: the tokens and bytes moved (erase: the tokens
+/// forgotten, no bytes).
+pub struct SlotAction {
+    pub slot: usize,
+    pub op: SlotOp,
+    /// The model's name, written in a saved file and checked on restore.
+    pub model: String,
+    pub reply: Box<dyn FnOnce(Result<crate::engine::SlotIo, crate::Error>) + Send>,
 }
 
 /// A generation request (tokens in, events out).

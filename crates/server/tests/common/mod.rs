@@ -84,7 +84,7 @@ fn start_with(
     let engine = Engine::load(&path, cfg).unwrap();
     let tok = Tokenizer::from_gguf(engine.gguf()).unwrap();
     let scfg = ServeConfig { model_id: model.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1), pooling: corelm_engine::embed::Pooling::Mean, lookup: 0, defaults, chat_template: chat_template.as_ref().map(|t| t.0.into()), reasoning: true,
-        template_kwargs: chat_template.and_then(|t| t.1.as_object().cloned()).unwrap_or_default() };
+        template_kwargs: chat_template.and_then(|t| t.1.as_object().cloned()).unwrap_or_default(), slot_save_path: Some(slot_dir()) };
     let draft = draft.map(|(path, n_max)| {
         let params = corelm_engine::draft::DraftParams { n_max, ..Default::default() };
         corelm_engine::draft::DraftModel::load(path, &engine, &tok, params).unwrap()
@@ -95,6 +95,13 @@ fn start_with(
     let addr = listener.local_addr().unwrap();
     rt.spawn(async move { axum::serve(listener, router).await });
     Server { addr, _rt: rt }
+}
+
+/// The test servers' `--slot-save-path`: one directory per test process.
+pub fn slot_dir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("corelm-test-slots-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
 }
 
 pub struct Reply {
