@@ -8,8 +8,8 @@
 //! whose prompt opens with those tokens, on any slot, attaches them instead of computing them.
 //!
 //! File: `CORELMKV`, a little-endian `u32` version, a `u32` length and that many bytes of JSON
-//! [`Header`] (the model, the cache's geometry and the adapters' scales, all checked on
-//! restore), the tokens (`u32` each), then each block's rows as `KvCache::read_block` gives
+//! [`Header`] (the model, the cache's geometry, the adapters' scales and the sparsity, all
+//! checked on restore), the tokens (`u32` each), then each block's rows as `KvCache::read_block` gives
 //! them.
 
 use super::Engine;
@@ -39,6 +39,10 @@ struct Header {
     tp: usize,
     /// The LoRA adapters' scales.
     lora: Vec<f32>,
+    /// The sparse feed-forwards' thresholds (`--sparsity`; empty: dense) and whether a
+    /// predictor chose their gates: both change every layer's input after the first.
+    sparsity: Vec<f32>,
+    predictor: bool,
     n_tokens: usize,
 }
 
@@ -65,6 +69,8 @@ impl Engine {
             k_layout: format!("{:?}", kv.k_layout),
             tp: self.tp_degree(),
             lora: self.lora_adapters().iter().map(|a| a.scale).collect(),
+            sparsity: self.cfg.sparsity.as_ref().map_or(vec![], |s| s.thresholds.clone()),
+            predictor: self.cfg.sparsity.as_ref().is_some_and(|s| s.predictor.is_some()),
             n_tokens,
         }
     }
