@@ -15,8 +15,9 @@ cargo build --release -q -p corelm-cli
 LOG=$(mktemp)
 trap 'kill ${PID:-} 2>/dev/null || true; rm -f "$LOG"' EXIT
 . scripts/serve_bg.sh
-# With prompt-lookup drafts on: they change no answer, so every check holds with them.
-serve_bg "$LOG" --ctx-size 1024 --parallel 2 --no-pin --lookup 4
+# With prompt-lookup drafts on: they change no answer, so every check holds with them. A
+# second name for the model (`--alias`), the first the file's.
+serve_bg "$LOG" --ctx-size 1024 --parallel 2 --no-pin --lookup 4 --alias SmolLM2-135M-Instruct.Q4_1,gpt-4o-mini
 for t in test_openai_client test_anthropic_client; do
     CORELM_BASE_URL="http://127.0.0.1:$PORT/v1" CORELM_MODEL_ID="SmolLM2-135M-Instruct.Q4_1" \
         "$VENV/bin/python" "tests/python/$t.py"

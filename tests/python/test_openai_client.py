@@ -245,6 +245,10 @@ try:
     check("unknown model -> NotFoundError", False, "no error")
 except openai.NotFoundError as e:
     check("unknown model -> NotFoundError", e.status_code == 404)
+# The server runs with `--alias MODEL,gpt-4o-mini`: the second name is taken too.
+aliased = client.chat.completions.create(model="gpt-4o-mini", messages=messages, max_tokens=3, temperature=0)
+check("a model --alias is taken, answered as the first alias", aliased.model == MODEL and aliased.choices[0].message.content, aliased)
+check("models.list gives the aliases", getattr(models.data[0], "aliases", None) == [MODEL, "gpt-4o-mini"], models)
 
 try:
     client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10**6)

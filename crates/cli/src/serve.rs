@@ -60,6 +60,10 @@ pub struct ServeArgs {
     /// `reasoning_format` overrides it.
     #[arg(long, default_value = "auto", value_parser = ["auto", "deepseek", "none"])]
     reasoning_format: String,
+    /// Other names requests may give the model, comma-separated (llama-server's -a/--alias);
+    /// the first is the name answers and /v1/models report. The file's name is always taken.
+    #[arg(short = 'a', long, value_delimiter = ',')]
+    alias: Vec<String>,
     /// Let `POST /slots/{id}?action=save|restore` write and read slots' KV caches as files in
     /// this directory (llama-server's --slot-save-path); without it those actions are a 501.
     #[arg(long)]
@@ -186,7 +190,8 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
     }
     let defaults = corelm_server::api::RequestDefaults { sampling: a.chain.params(None, a.ctx_size), dry_breakers: a.chain.breaker_texts() };
     defaults.sampling.validate().context("the sampling flags")?;
-    let scfg = ServeConfig { model_id: model_id.clone(), max_queue: a.max_queue, ctx_size: a.ctx_size, api_key: a.api_key,
+    let aliases: Vec<String> = a.alias.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+    let scfg = ServeConfig { model_id: model_id.clone(), aliases: aliases.clone(), max_queue: a.max_queue, ctx_size: a.ctx_size, api_key: a.api_key,
         tpot_target: Some(a.tpot_target_ms / 1e3).filter(|t| *t > 0.0), pooling, lookup: a.lookup, defaults,
         chat_template: match (&a.chat_template, &a.chat_template_file) {
             (Some(t), _) => Some(t.clone()),
@@ -205,7 +210,8 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
             .await
             .with_context(|| format!("binding {host}:{}", a.port))?;
         eprintln!(
-            "corelm serving {model_id} on http://{} (parallel {}, context {} per request, KV {kv} tokens, {})",
+            "corelm serving {} on http://{} (parallel {}, context {} per request, KV {kv} tokens, {})",
+            aliases.first().unwrap_or(&model_id),
             listener.local_addr()?,
             a.parallel,
             a.ctx_size,

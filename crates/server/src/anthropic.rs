@@ -283,7 +283,7 @@ async fn whole(st: &AppState, mut job: Job) -> Response {
     blocks.extend(w.calls.iter().enumerate().map(|(i, c)| tool_use(&job.id, i, c)));
     let (reason, sequence) = stop_reason(&w.finish, w.calls.len());
     axum::Json(json!({
-        "id": job.id, "type": "message", "role": "assistant", "model": st.cfg.model_id, "content": blocks,
+        "id": job.id, "type": "message", "role": "assistant", "model": st.model_name(), "content": blocks,
         "stop_reason": reason, "stop_sequence": sequence, "usage": usage(&w.finish),
     }))
     .into_response()
@@ -375,7 +375,7 @@ fn stream(st: Arc<AppState>, mut job: Job, n: usize) -> Response {
     let events = job.choices.remove(0);
     crate::blocks::sse(move |tx| async move {
         let mut b = Content { job_id: &job.id, open: None, next: 0, out: vec![] };
-        let start = json!({"id": job.id, "type": "message", "role": "assistant", "model": st.cfg.model_id, "content": [],
+        let start = json!({"id": job.id, "type": "message", "role": "assistant", "model": st.model_name(), "content": [],
             "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": n, "output_tokens": 0}});
         b.event("message_start", json!({"type": "message_start", "message": start}));
         crate::blocks::pump(events, (job.tools.as_ref(), job.reasoning), &mut b, &tx, |b, end| match end {

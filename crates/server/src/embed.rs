@@ -139,7 +139,7 @@ pub(crate) async fn embeddings(State(st): S, headers: HeaderMap, body: Bytes) ->
             })
             .collect();
         let usage = Usage { prompt_tokens: n_tokens, total_tokens: n_tokens };
-        Ok(axum::Json(Answered { object: "list", data, model: &st.cfg.model_id, usage }).into_response())
+        Ok(axum::Json(Answered { object: "list", data, model: st.model_name(), usage }).into_response())
     }
     .await;
     counted(&st, "embeddings", r)

@@ -56,8 +56,12 @@ use std::time::Instant;
 /// Server settings (the engine's own are in its `EngineConfig`).
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
-    /// Model id reported by `/v1/models` and required in requests' `model` field.
+    /// The model's id (its file name without `.gguf`): a request's `model` may name it, and
+    /// slot files record it.
     pub model_id: String,
+    /// Other names a request's `model` may give (`--alias`); the first is the name answers
+    /// and `/v1/models` report, as llama-server's.
+    pub aliases: Vec<String>,
     /// Most requests accepted and still without a first token; beyond, 429.
     pub max_queue: usize,
     /// Longest prompt + completion of one request.
@@ -223,15 +227,22 @@ fn check_auth(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+impl AppState {
+    /// The name answers report: the first `--alias`, else the model's id.
+    fn model_name(&self) -> &str {
+        self.cfg.aliases.first().unwrap_or(&self.cfg.model_id)
+    }
+}
+
 fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
     match model {
-        Some(m) if *m != st.cfg.model_id => Err(ApiError {
+        Some(m) if *m != st.cfg.model_id && !st.cfg.aliases.contains(m) => Err(ApiError {
             param: Some("model".into()),
             ..ApiError::new(
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 Some("model_not_found"),
-                format!("model {m:?} does not exist; this server serves {:?}", st.cfg.model_id),
+                format!("model {m:?} does not exist; this server serves {:?}", st.model_name()),
             )
         }),
         _ => Ok(()),
@@ -263,7 +274,7 @@ async fn metrics_text(State(st): S) -> Response {
 /// The served model as `/v1/models` lists it.
 fn model_card(st: &AppState) -> serde_json::Value {
     serde_json::json!({
-        "id": st.cfg.model_id, "object": "model", "created": st.created, "owned_by": "corelm",
+        "id": st.model_name(), "aliases": st.cfg.aliases, "object": "model", "created": st.created, "owned_by": "corelm",
         "meta": {"n_ctx": st.cfg.ctx_size, "n_vocab": st.tok.n_vocab()},
     })
 }

@@ -181,7 +181,7 @@ fn final_object(st: &AppState, content: &str, f: &Finish) -> Value {
     let per_second = |n: usize, ms: f64| if ms > 0.0 { 1000.0 * n as f64 / ms } else { 0.0 };
     let evaluated = f.prompt_tokens.saturating_sub(f.cached_tokens);
     json!({
-        "index": 0, "content": content, "tokens": [], "stop": true, "model": st.cfg.model_id,
+        "index": 0, "content": content, "tokens": [], "stop": true, "model": st.model_name(),
         "tokens_predicted": f.completion_tokens, "tokens_evaluated": f.prompt_tokens, "tokens_cached": f.cached_tokens,
         "stop_type": stop_type, "stopping_word": f.stop_word.as_deref().unwrap_or_default(), "has_new_line": content.contains('\n'),
         "timings": {
@@ -290,7 +290,7 @@ pub(crate) async fn props(State(st): S, headers: HeaderMap) -> Response {
         axum::Json(json!({
             "default_generation_settings": {"params": params, "n_ctx": st.cfg.ctx_size},
             "total_slots": st.slots,
-            "model_alias": st.cfg.model_id,
+            "model_alias": st.model_name(),
             "model_path": st.cfg.model_id,
             "modalities": {"vision": false, "audio": false, "video": false},
             "chat_template": st.template_source.clone().unwrap_or_default(),

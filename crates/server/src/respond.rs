@@ -255,7 +255,7 @@ async fn whole(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
     }
     let object = if kind == Kind::Chat { "chat.completion" } else { "text_completion" };
     axum::Json(json!({
-        "id": job.id, "object": object, "created": st.created, "model": st.cfg.model_id,
+        "id": job.id, "object": object, "created": st.created, "model": st.model_name(),
         "choices": choices, "usage": usage.json(),
     }))
     .into_response()
@@ -358,7 +358,7 @@ fn stream(st: Arc<AppState>, mut job: Job, kind: Kind) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Sse, Infallible>>(64);
     let object = if kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
     let chunk: ChunkOf = {
-        let (id, created, model) = (job.id.clone(), st.created, st.cfg.model_id.clone());
+        let (id, created, model) = (job.id.clone(), st.created, st.model_name().to_string());
         Arc::new(move |choices: Value, usage: Option<Value>| {
             let mut v = json!({"id": id, "object": object, "created": created, "model": model, "choices": choices});
             if let Some(u) = usage {

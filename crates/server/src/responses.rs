@@ -248,7 +248,7 @@ fn response(st: &AppState, job: &Job, echo: &Value, output: Vec<Value>, f: Optio
         }
         Some(_) => "completed",
     };
-    for (k, v) in [("id", json!(job.id)), ("object", json!("response")), ("created_at", json!(st.created)), ("model", json!(st.cfg.model_id)), ("status", json!(status)), ("output", json!(output))] {
+    for (k, v) in [("id", json!(job.id)), ("object", json!("response")), ("created_at", json!(st.created)), ("model", json!(st.model_name())), ("status", json!(status)), ("output", json!(output))] {
         r[k] = v;
     }
     if let Some(f) = f {

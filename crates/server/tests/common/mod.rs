@@ -83,7 +83,7 @@ fn start_with(
     };
     let engine = Engine::load(&path, cfg).unwrap();
     let tok = Tokenizer::from_gguf(engine.gguf()).unwrap();
-    let scfg = ServeConfig { model_id: model.into(), max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1), pooling: corelm_engine::embed::Pooling::Mean, lookup: 0, defaults, chat_template: chat_template.as_ref().map(|t| t.0.into()), reasoning: true,
+    let scfg = ServeConfig { model_id: model.into(), aliases: vec![], max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1), pooling: corelm_engine::embed::Pooling::Mean, lookup: 0, defaults, chat_template: chat_template.as_ref().map(|t| t.0.into()), reasoning: true,
         template_kwargs: chat_template.and_then(|t| t.1.as_object().cloned()).unwrap_or_default(), slot_save_path: Some(slot_dir()) };
     let draft = draft.map(|(path, n_max)| {
         let params = corelm_engine::draft::DraftParams { n_max, ..Default::default() };
