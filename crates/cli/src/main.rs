@@ -18,6 +18,7 @@ mod draft;
 mod embed;
 mod lora;
 mod profile;
+mod prompt_cache;
 mod roofline;
 mod sampling;
 mod sparsity;
@@ -229,6 +230,8 @@ enum Cmd {
         /// Print time per operation kind after the run.
         #[arg(long)]
         profile: bool,
+        #[command(flatten)]
+        cache: prompt_cache::PromptCacheArgs,
     },
     /// Interactive chat; the conversation stays in the KV cache between turns.
     Chat {
@@ -441,7 +444,8 @@ fn main() -> Result<()> {
         corelm_kernels::dispatch::set_default_isa(isa)?;
     }
     match cli.cmd {
-        Cmd::Run { model, sample, prompt, prompt_ids, chat, suffix, profile } => {
+        Cmd::Run { model, sample, prompt, prompt_ids, chat, suffix, profile, cache } => {
+            let model_id = resolve_model(&model.model)?.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned());
             let (mut engine, tok) = load(&model, 1)?;
             if profile {
                 engine.profile = Some(Default::default());
@@ -464,8 +468,10 @@ fn main() -> Result<()> {
             };
             let params = sampling::gen_params(&sample, &tok, engine.config().n_ctx)?;
             let mut draft = sample.draft.load(&engine, &tok)?;
-            let g = generate_drafted(&mut engine, draft.as_mut(), &tok, &ids, &params, print_stream)?;
+            let reused = cache.restore(&mut engine, params.seq, &model_id, &ids)?;
+            let g = generate_drafted(&mut engine, draft.as_mut(), &tok, &ids[reused..], &params, print_stream)?;
             println!();
+            cache.save(&engine, params.seq, &model_id, ids.len())?;
             eprintln!(
                 "[{} prompt tokens in {:.3} s = {:.1} t/s; {} generated in {:.3} s = {:.1} t/s; stop: {:?}; {} threads, {} kernels]",
                 g.n_prompt,

@@ -442,3 +442,34 @@ fn serve_without_batch_invariance_takes_the_fast_prefill() {
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && err.contains("--no-batch-invariant"), "{err}");
 }
+
+/// `run --prompt-cache`: the first run writes the prompt's whole blocks, the second takes
+/// them from the file and computes the rest, with the same greedy text (batch-invariant, so
+/// the shorter pass gives the same bits); `--prompt-cache-ro` never writes.
+#[test]
+fn run_reuses_a_prompt_cache_file() {
+    let dir = std::env::temp_dir().join(format!("corelm-prompt-cache-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("p.kv");
+    let prompt = "The keeper of the northern lighthouse wrote in his log every night. ".repeat(5);
+    let run = |extra: &[&str]| {
+        let out = corelm()
+            .args(["run", "--model", &smol(), "-p", &prompt, "-n", "12", "--temp", "0", "--no-pin", "--batch-invariant"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let f = file.to_str().unwrap();
+    let (plain, _) = run(&[]);
+    let (first, log) = run(&["--prompt-cache", f]);
+    assert_eq!(first, plain);
+    assert!(log.contains("tokens written") && !log.contains("reused"), "{log}");
+    let written = std::fs::metadata(&file).unwrap().modified().unwrap();
+    let (second, log) = run(&["--prompt-cache", f, "--prompt-cache-ro"]);
+    assert_eq!(second, plain, "the text from the cached prompt");
+    let line = log.lines().find(|l| l.contains("reused")).unwrap_or_else(|| panic!("{log}"));
+    assert!(!line.contains(" 0 of"), "{line}");
+    assert_eq!(std::fs::metadata(&file).unwrap().modified().unwrap(), written, "read-only");
+}

@@ -85,9 +85,15 @@ impl Engine {
     /// Write what sequence `seq` holds (or last held) to `path` (see the module doc), for the
     /// model named `model`.
     pub fn save_slot(&self, seq: i32, path: &Path, model: &str) -> Result<SlotIo, Error> {
+        self.save_slot_upto(seq, path, model, usize::MAX)
+    }
+
+    /// [`Engine::save_slot`] of the sequence's first `n_tokens` at most (its prompt alone).
+    pub fn save_slot_upto(&self, seq: i32, path: &Path, model: &str, n_tokens: usize) -> Result<SlotIo, Error> {
         self.slot_files_supported()?;
         let s = self.seq_index(seq).ok_or_else(|| Error::Slot(format!("there is no sequence {seq}")))?;
-        let chain = self.kv.blocks.chain(s);
+        let mut chain = self.kv.blocks.chain(s);
+        chain.truncate(n_tokens / BLOCK);
         let header = serde_json::to_vec(&self.slot_header(model, chain.len() * BLOCK)).expect("a header serializes");
         let mut out = Vec::with_capacity(16 + header.len() + chain.len() * (BLOCK * 4 + self.kv.block_bytes()));
         out.extend_from_slice(MAGIC);
