@@ -60,6 +60,10 @@ pub struct ServeArgs {
     /// `reasoning_format` overrides it.
     #[arg(long, default_value = "auto", value_parser = ["auto", "deepseek", "none"])]
     reasoning_format: String,
+    /// Most tokens a request that sets no limit (`max_tokens`, `n_predict`, …) generates; -1:
+    /// the rest of its context (llama-server's -n/--n-predict).
+    #[arg(short = 'n', long, default_value_t = -1, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
+    n_predict: i64,
     /// Other names requests may give the model, comma-separated (llama-server's -a/--alias);
     /// the first is the name answers and /v1/models report. The file's name is always taken.
     #[arg(short = 'a', long, value_delimiter = ',')]
@@ -188,7 +192,8 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
     if a.api_key.is_none() && host != "127.0.0.1" && host != "localhost" && host != "::1" {
         eprintln!("warning: serving on {host} without --api-key: anyone who can reach it can use it");
     }
-    let defaults = corelm_server::api::RequestDefaults { sampling: a.chain.params(None, a.ctx_size), dry_breakers: a.chain.breaker_texts() };
+    let max_tokens = usize::try_from(a.n_predict).ok();
+    let defaults = corelm_server::api::RequestDefaults { sampling: a.chain.params(None, a.ctx_size), dry_breakers: a.chain.breaker_texts(), max_tokens };
     defaults.sampling.validate().context("the sampling flags")?;
     let aliases: Vec<String> = a.alias.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
     let scfg = ServeConfig { model_id: model_id.clone(), aliases: aliases.clone(), max_queue: a.max_queue, ctx_size: a.ctx_size, api_key: a.api_key,

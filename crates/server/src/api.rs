@@ -316,11 +316,14 @@ pub struct RequestDefaults {
     pub sampling: SamplingParams,
     /// DRY's breaker texts (found in the vocabulary at start when DRY is on by default).
     pub dry_breakers: Vec<String>,
+    /// Most tokens a request that sets no limit generates (`serve -n`; `None`: the rest of the
+    /// context), as llama-server's `--n-predict`.
+    pub max_tokens: Option<usize>,
 }
 
 impl Default for RequestDefaults {
     fn default() -> Self {
-        RequestDefaults { sampling: SamplingParams::default(), dry_breakers: Breakers::DEFAULT.map(String::from).to_vec() }
+        RequestDefaults { sampling: SamplingParams::default(), dry_breakers: Breakers::DEFAULT.map(String::from).to_vec(), max_tokens: None }
     }
 }
 

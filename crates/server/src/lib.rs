@@ -454,7 +454,9 @@ fn submit(
         if let Some(&t) = prompt.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(ApiError::bad(&field, format!("token id {t} is outside the vocabulary of {n_vocab}")));
         }
-        let m = params.max_tokens.unwrap_or(ctx.saturating_sub(prompt.len()));
+        // Unset: the server's `-n`, within the rest of the context.
+        let room = ctx.saturating_sub(prompt.len());
+        let m = params.max_tokens.unwrap_or_else(|| st.cfg.defaults.max_tokens.map_or(room, |d| d.min(room)));
         if (m == 0 && params.max_tokens.is_none()) || prompt.len().saturating_add(m) > ctx {
             let mut e = ApiError::bad(
                 &field,

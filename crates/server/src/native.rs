@@ -274,7 +274,7 @@ pub(crate) async fn props(State(st): S, headers: HeaderMap) -> Response {
     let r = crate::check_auth(&st, &headers).map(|_| {
         let d = &st.cfg.defaults.sampling;
         let params = json!({
-            "n_predict": -1, "seed": -1, "temperature": d.temperature, "dynatemp_range": d.dynatemp_range,
+            "n_predict": st.cfg.defaults.max_tokens.map_or(-1, |n| n as i64), "seed": -1, "temperature": d.temperature, "dynatemp_range": d.dynatemp_range,
             "dynatemp_exponent": d.dynatemp_exponent, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p,
             "top_n_sigma": d.top_n_sigma, "xtc_probability": d.xtc_probability, "xtc_threshold": d.xtc_threshold,
             "typical_p": d.typical_p, "repeat_last_n": d.repeat_last_n, "repeat_penalty": d.repeat_penalty,

@@ -212,7 +212,7 @@ fn server_defaults_fill_the_fields_a_request_leaves_out() {
     use corelm_engine::sample::{Dry, SamplingParams};
     use corelm_server::api::RequestDefaults;
     let sampling = SamplingParams { temperature: 0.0, dry: Dry { multiplier: 1.0, ..Dry::default() }, ..Default::default() };
-    let srv = start_defaults(1, RequestDefaults { sampling, ..Default::default() });
+    let srv = start_defaults(1, RequestDefaults { sampling, max_tokens: Some(5), ..Default::default() });
     let plain = start(1, 16, None);
     let prompt = "Write the line \"the cat sat on the mat\" five times:\n";
     let got = post(&srv, "/v1/completions", json!({"prompt": prompt, "max_tokens": 32}));
@@ -226,6 +226,10 @@ fn server_defaults_fill_the_fields_a_request_leaves_out() {
     let props = get(&srv, "/props").json();
     assert_eq!(props["default_generation_settings"]["params"]["temperature"], 0.0);
     assert_eq!(props["default_generation_settings"]["params"]["dry_multiplier"], 1.0);
+    // `-n 5`: a request without a limit stops after five tokens; one with its own goes on.
+    let r = post(&srv, "/v1/completions", json!({"prompt": prompt, "ignore_eos": true})).json();
+    assert_eq!((r["usage"]["completion_tokens"].as_u64(), r["choices"][0]["finish_reason"].as_str()), (Some(5), Some("length")), "{r}");
+    assert_eq!(props["default_generation_settings"]["params"]["n_predict"], 5);
 }
 
 /// llama-server's `/slots`: each slot idle or processing, its request's progress (kept when
