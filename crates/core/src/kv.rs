@@ -12,7 +12,9 @@
 //! registered under a key chaining its tokens with its predecessor's key, so a later sequence
 //! starting with the same tokens attaches the same block instead of recomputing it (prefix
 //! caching). A registered block nobody references stays cached, on an LRU list, until a fresh
-//! block is needed and no free block is left.
+//! block is needed and no free block is left; a released sequence's blocks join the list last
+//! block first, so eviction shortens a cached prefix from its tail and what is left of it
+//! still attaches.
 //!
 //! Invariants: storage is sized once at creation and never reallocated; the block tables, the
 //! key map and the LRU list are preallocated too, so appending tokens allocates nothing. A
@@ -447,7 +449,9 @@ impl Blocks {
             last.push(tip);
         }
         self.last[seq] = last;
-        for &b in &table {
+        // Last block first: a prefix is only found from its first block, so its tail goes
+        // before its head when blocks are evicted (as vLLM frees them).
+        for &b in table.iter().rev() {
             let bu = b as usize;
             self.refs[bu] -= 1;
             if self.refs[bu] == 0 {
@@ -590,6 +594,17 @@ impl Blocks {
         self.map.insert(k, b);
         self.lru_push(b);
         Some((b, k, true))
+    }
+
+    /// Make `chain`'s unreferenced blocks the most recently used, its last block first, so
+    /// that eviction takes a restored prefix from its tail, as [`Blocks::release`] leaves one.
+    pub fn touch_chain(&mut self, chain: &[u32]) {
+        for &b in chain.iter().rev() {
+            if self.refs[b as usize] == 0 && self.key[b as usize].is_some() {
+                self.lru_unlink(b);
+                self.lru_push(b);
+            }
+        }
     }
 
     /// The key of the empty prefix (a restored chain's first parent).
@@ -767,6 +782,21 @@ mod tests {
         // Erasing: the blocks no sequence holds leave the cache.
         assert_eq!(b.erase_last(0), 3 * BLOCK);
         assert_eq!((b.cached(), b.attach_prefix(1, &toks)), (0, 0));
+    }
+
+    /// Under pressure a released prefix loses its last blocks first, so what is left of it
+    /// still attaches.
+    #[test]
+    fn eviction_takes_a_prefix_from_its_tail() {
+        let mut b = Blocks::new(4, 2);
+        let toks: Vec<u32> = (0..3 * BLOCK as u32 + 1).collect();
+        fill(&mut b, 0, &toks);
+        b.release(0);
+        assert_eq!(b.cached(), 3);
+        fill(&mut b, 1, &[7; 2 * BLOCK]); // a free block and one evicted
+        assert_eq!((b.evictions, b.cached()), (1, 2));
+        b.release(1);
+        assert_eq!(b.attach_prefix(0, &toks), 2 * BLOCK, "the prefix's first two blocks are left");
     }
 
     fn chain_key(b: &Blocks, blocks: &[u32]) -> u64 {

@@ -157,6 +157,7 @@ impl Engine {
             restored.push(b);
             parent = key;
         }
+        self.kv.blocks.touch_chain(&restored);
         Ok(SlotIo { n_tokens: restored.len() * BLOCK, n_bytes: data.len() })
     }
 
