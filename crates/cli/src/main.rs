@@ -372,6 +372,12 @@ fn resolve_model(m: &Option<PathBuf>) -> Result<PathBuf> {
     Ok(p)
 }
 
+/// The model's id: its file name without `.gguf` (what `serve` answers to, and slot files
+/// record).
+fn model_id(path: &std::path::Path) -> String {
+    path.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned())
+}
+
 fn load(m: &ModelArgs, n_seq: usize) -> Result<(Engine, Tokenizer)> {
     let path = resolve_model(&m.model)?;
     if m.place.plan.is_some() && (m.threads.is_some() || m.place.tp.is_some()) {
@@ -445,7 +451,7 @@ fn main() -> Result<()> {
     }
     match cli.cmd {
         Cmd::Run { model, sample, prompt, prompt_ids, chat, suffix, profile, cache } => {
-            let model_id = resolve_model(&model.model)?.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned());
+            let model_id = model_id(&resolve_model(&model.model)?);
             let (mut engine, tok) = load(&model, 1)?;
             if profile {
                 engine.profile = Some(Default::default());

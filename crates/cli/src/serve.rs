@@ -187,7 +187,7 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         Some(p) => p,
         None => corelm_engine::embed::Pooling::from_gguf(engine.gguf())?.unwrap_or(corelm_engine::embed::Pooling::Mean),
     };
-    let model_id = model.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned());
+    let model_id = crate::model_id(&model);
     let host = a.host.clone().unwrap_or_else(|| if a.api_key.is_some() { "0.0.0.0" } else { "127.0.0.1" }.into());
     if a.api_key.is_none() && host != "127.0.0.1" && host != "localhost" && host != "::1" {
         eprintln!("warning: serving on {host} without --api-key: anyone who can reach it can use it");

@@ -421,7 +421,7 @@ impl Blocks {
             let k = chain(tip, chunk);
             let Some(&b) = self.map.get(&k) else { break };
             let bu = b as usize;
-            if self.parent[bu] != tip || self.tokens[bu * BLOCK..(bu + 1) * BLOCK] != *chunk {
+            if !self.holds(b, tip, chunk) {
                 break; // a key collision: treat as a miss
             }
             if self.refs[bu] == 0 {
@@ -439,16 +439,11 @@ impl Blocks {
 
     /// Drop `seq`'s references; its blocks become free, or cached if registered.
     pub fn release(&mut self, seq: usize) {
-        let mut table = std::mem::take(&mut self.tables[seq]);
         let mut last = std::mem::take(&mut self.last[seq]);
         last.clear();
-        let mut tip = ROOT;
-        for &b in &table[..self.lens[seq] / BLOCK] {
-            let bu = b as usize;
-            tip = chain(tip, &self.tokens[bu * BLOCK..(bu + 1) * BLOCK]);
-            last.push(tip);
-        }
+        last.extend(self.table_keys(seq));
         self.last[seq] = last;
+        let mut table = std::mem::take(&mut self.tables[seq]);
         // Last block first: a prefix is only found from its first block, so its tail goes
         // before its head when blocks are evicted (as vLLM frees them).
         for &b in table.iter().rev() {
@@ -524,14 +519,7 @@ impl Blocks {
     /// what a saved slot writes. Partly filled blocks are never cached, so these are whole.
     pub fn chain(&self, seq: usize) -> Vec<u32> {
         let keys: Vec<u64> = if self.lens[seq] > 0 {
-            let mut tip = ROOT;
-            self.tables[seq][..self.lens[seq] / BLOCK]
-                .iter()
-                .map(|&b| {
-                    tip = chain(tip, &self.tokens[b as usize * BLOCK..(b as usize + 1) * BLOCK]);
-                    tip
-                })
-                .collect()
+            self.table_keys(seq).collect()
         } else {
             self.last[seq].clone()
         };
@@ -550,6 +538,20 @@ impl Blocks {
     /// Tokens of block `b`.
     pub fn block_tokens(&self, b: u32) -> &[u32] {
         &self.tokens[b as usize * BLOCK..(b as usize + 1) * BLOCK]
+    }
+
+    /// The prefix keys of `seq`'s full blocks, in order.
+    fn table_keys(&self, seq: usize) -> impl Iterator<Item = u64> + '_ {
+        self.tables[seq][..self.lens[seq] / BLOCK].iter().scan(ROOT, |tip, &b| {
+            *tip = chain(*tip, self.block_tokens(b));
+            Some(*tip)
+        })
+    }
+
+    /// Whether block `b` (found under a key) holds `tokens` after the prefix keyed `parent`:
+    /// not, on a key collision.
+    fn holds(&self, b: u32, parent: u64, tokens: &[u32]) -> bool {
+        self.parent[b as usize] == parent && self.block_tokens(b) == tokens
     }
 
     /// Forget what `seq` last held: its blocks that no sequence references leave the prefix
@@ -580,8 +582,7 @@ impl Blocks {
         assert_eq!(tokens.len(), BLOCK, "a restored block is full");
         let k = chain(parent, tokens);
         if let Some(&b) = self.map.get(&k) {
-            let bu = b as usize;
-            return (self.parent[bu] == parent && self.tokens[bu * BLOCK..(bu + 1) * BLOCK] == *tokens).then_some((b, k, false));
+            return self.holds(b, parent, tokens).then_some((b, k, false));
         }
         if self.free.is_empty() && (self.lru_head == NIL || keep.contains(&self.lru_head)) {
             return None;
