@@ -497,6 +497,9 @@ fn main() -> Result<()> {
                 let what = if draft.is_some() { "draft model" } else { "lookup" };
                 eprintln!("[{what} drafts: {} fed, {} kept]", g.drafted, g.kept);
             }
+            if g.shifts > 0 {
+                eprintln!("[context shifts: {} in {:.1} ms]", g.shifts, 1e3 * g.shift_secs);
+            }
             if let Some(p) = &engine.profile {
                 let total = p.total_secs();
                 eprintln!("{:<20} {:>10} {:>8} {:>7} {:>8}", "op", "ms", "nodes", "share", "GB/s");

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use corelm_engine::constraint::{Constraint, Lazy, Trigger};
-use corelm_engine::generate::GenerateParams;
+use corelm_engine::generate::{ContextShift, GenerateParams};
 use corelm_engine::grammar::Grammar;
 use corelm_engine::json::Schema;
 use corelm_engine::sample::{Breakers, Dry, InfillVocab, Item, Mirostat, SamplingParams, Stage, DEFAULT_ORDER};
@@ -54,6 +54,14 @@ pub(crate) struct SampleArgs {
     /// answer is the one without drafts (bit for bit with --batch-invariant).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub(crate) lookup: usize,
+    /// Context shift, llama.cpp's: when the context fills, drop half of the tokens after the
+    /// first `--keep` and go on generating (the rows after the dropped ones move down, their
+    /// keys rotated to their new positions) instead of stopping. Not with a draft model.
+    #[arg(long, conflicts_with = "spec_draft_model")]
+    pub(crate) context_shift: bool,
+    /// With --context-shift: tokens of the prompt always kept, besides a BOS (-1: all of it).
+    #[arg(long, value_name = "N", default_value_t = 0, allow_negative_numbers = true, requires = "context_shift")]
+    pub(crate) keep: i64,
     #[command(flatten)]
     pub(crate) draft: crate::draft::DraftArgs,
 }
@@ -89,6 +97,7 @@ pub(crate) fn gen_params(s: &SampleArgs, tok: &Tokenizer, n_ctx: usize) -> Resul
         ignore_eos: s.ignore_eos,
         constraint,
         lookup: s.lookup,
+        context_shift: s.context_shift.then_some(ContextShift { n_keep: s.keep, n_discard: 0, n_ctx: 0 }),
     })
 }
 

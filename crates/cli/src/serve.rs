@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use corelm_engine::generate::ContextShift;
 use corelm_engine::{Engine, EngineConfig, Tokenizer};
 use corelm_server::ServeConfig;
 use std::path::PathBuf;
@@ -43,6 +44,15 @@ pub struct ServeArgs {
     lookup: usize,
     #[command(flatten)]
     draft: crate::draft::DraftArgs,
+    /// Context shift, llama-server's: an answer may pass the context; when its sequence fills
+    /// it, half of the tokens after the first `--keep` are dropped (a request's `n_keep` and
+    /// `n_discard` override) and it goes on. Off: answers end at the context. Not with a
+    /// draft model (its cache is not shifted).
+    #[arg(long, conflicts_with = "spec_draft_model")]
+    context_shift: bool,
+    /// With --context-shift: prompt tokens always kept, besides a BOS (-1: the whole prompt).
+    #[arg(long, value_name = "N", default_value_t = 0, allow_negative_numbers = true, requires = "context_shift")]
+    keep: i64,
     /// The chat template: `chatml`, `gemma`, or jinja source (default: the model's), as
     /// llama-server's --chat-template.
     #[arg(long, conflicts_with = "chat_template_file")]
@@ -183,6 +193,9 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
     }
     let tok = Tokenizer::from_gguf(engine.gguf()).with_context(|| format!("tokenizer of {}", model.display()))?;
     let draft = a.draft.load(&engine, &tok)?;
+    if a.context_shift {
+        engine.can_shift().context("--context-shift")?;
+    }
     let pooling = match a.pooling {
         Some(p) => p,
         None => corelm_engine::embed::Pooling::from_gguf(engine.gguf())?.unwrap_or(corelm_engine::embed::Pooling::Mean),
@@ -207,7 +220,9 @@ pub fn serve(a: ServeArgs, model: PathBuf) -> Result<()> {
         slot_save_path: match &a.slot_save_path {
             Some(d) if !d.is_dir() => anyhow::bail!("--slot-save-path {}: not a directory", d.display()),
             d => d.clone(),
-        } };
+        },
+        context_shift: a.context_shift.then_some(ContextShift { n_keep: a.keep, n_discard: 0, n_ctx: a.ctx_size }) };
+
     let (router, engine_thread) = corelm_server::app_drafted(engine, draft, tok, scfg).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {

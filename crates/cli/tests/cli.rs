@@ -66,6 +66,22 @@ fn tokenize_and_run() {
 }
 
 #[test]
+fn run_shifts_the_context_when_asked() {
+    let model = smol();
+    let run = |shift: &[&str]| {
+        let mut args = vec!["run", "--model", &model, "-p", "Once upon a time", "-n", "100", "-c", "64", "--temp", "0", "--ignore-eos", "--no-pin"];
+        args.extend_from_slice(shift);
+        let out = corelm().args(&args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let err = run(&[]);
+    assert!(err.contains("stop: ContextFull"), "{err}");
+    let err = run(&["--context-shift", "--keep", "-1"]);
+    assert!(err.contains("100 generated") && err.contains("stop: MaxTokens") && err.contains("[context shifts: 2 in "), "{err}");
+}
+
+#[test]
 fn chat_keeps_the_conversation() {
     let mut child = corelm()
         .args(["chat", "--model", &smol(), "-n", "24", "--temp", "0", "--no-pin"])

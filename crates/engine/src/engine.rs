@@ -18,7 +18,9 @@ use crate::setup::{build_graph, check_accel_split, finish_graph, matrix_classes,
 use crate::Error;
 use corelm_core::kv::BLOCK;
 
+mod shift;
 mod slot_file;
+pub use shift::shift_cut;
 pub use slot_file::SlotIo;
 use corelm_core::memory::Place;
 use corelm_core::tp::TpPlan;

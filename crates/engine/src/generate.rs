@@ -29,11 +29,33 @@ pub struct GenerateParams {
     /// fed beside each token (0: off). The answer is the one without drafts (bit for bit under
     /// `batch_invariant`, where a row's logits do not depend on the rows beside it).
     pub lookup: usize,
+    /// Context shift (`--context-shift`): when the sequence fills its context, drop tokens
+    /// after the first kept ones and go on ([`Engine::shift_seq`]) instead of stopping.
+    pub context_shift: Option<ContextShift>,
 }
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        GenerateParams { max_tokens: 128, sampling: SamplingParams::default(), stop: vec![], seq: 0, ignore_eos: false, constraint: None, lookup: 0 }
+        GenerateParams { max_tokens: 128, sampling: SamplingParams::default(), stop: vec![], seq: 0, ignore_eos: false, constraint: None, lookup: 0, context_shift: None }
+    }
+}
+
+/// Where a context shift cuts (llama.cpp's `--keep` and `n_discard`; [`crate::shift_cut`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ContextShift {
+    /// Tokens of the prompt kept (besides a BOS); negative: the whole prompt.
+    pub n_keep: i64,
+    /// Tokens dropped after them (0: half of the rest).
+    pub n_discard: usize,
+    /// The context a sequence fills before it shifts (a server's per-request context; 0: the
+    /// engine's).
+    pub n_ctx: usize,
+}
+
+impl ContextShift {
+    /// The context a sequence fills before it shifts, in an engine of context `engine_ctx`.
+    pub fn limit(&self, engine_ctx: usize) -> usize {
+        if self.n_ctx == 0 { engine_ctx } else { self.n_ctx.min(engine_ctx) }
     }
 }
 
@@ -64,6 +86,10 @@ pub struct Generation {
     /// Prompt-lookup draft tokens fed, and kept (`GenerateParams::lookup`).
     pub drafted: usize,
     pub kept: usize,
+    /// Context shifts made (`GenerateParams::context_shift`), and their time (part of
+    /// `decode_secs`).
+    pub shifts: usize,
+    pub shift_secs: f64,
 }
 
 /// Feed `tokens` to sequence `seq` starting at its current length; returns the logits row of
@@ -196,6 +222,14 @@ pub fn generate_drafted(
     }
     let t0 = Instant::now();
     let mut logits = Vec::with_capacity(engine.hyper().n_vocab);
+    let n_context = engine.seq_len(seq) + prompt.len();
+    if params.context_shift.is_some() {
+        if model.is_some() {
+            return Err(Error::Config("context shift with a draft model: the draft's cache is not shifted".into()));
+        }
+        engine.can_shift()?;
+    }
+    let (mut shifts, mut shift_secs) = (0, 0.0);
     prefill(engine, params.seq, prompt, &mut logits)?;
     let prefill_secs = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
@@ -270,15 +304,35 @@ pub fn generate_drafted(
         }
         kept += cut_draft(engine, seq, rows, row)?;
         (row, rows) = (0, 1);
-        if engine.room(seq) == 0 {
-            reason = StopReason::ContextFull;
-            break;
+        // With context shift, llama.cpp's rule: shift when the next token would take the context's
+        // last cell.
+        let full = |e: &Engine| e.room(seq) == 0 || params.context_shift.is_some_and(|c| e.seq_len(seq) + 1 >= c.limit(e.config().n_ctx));
+        if full(engine) {
+            if let Some(c) = params.context_shift {
+                let (len, n_ctx) = (engine.seq_len(seq), c.limit(engine.config().n_ctx));
+                // llama-completion's `--keep`: past the prompt (or -1) the prompt, BOS included;
+                // else a BOS besides.
+                let whole = c.n_keep < 0 || c.n_keep as usize > n_context;
+                let n_keep = if whole { -1 } else { c.n_keep };
+                let (keep, discard) = crate::shift_cut(len, n_context, n_keep, c.n_discard, tok.add_bos && !whole, n_ctx);
+                if discard > 0 {
+                    let ts = Instant::now();
+                    engine.shift_seq(seq, keep, discard)?;
+                    shift_secs += ts.elapsed().as_secs_f64();
+                    shifts += 1;
+                }
+            }
+            if full(engine) {
+                reason = StopReason::ContextFull;
+                break;
+            }
         }
         // This step's draft: within the context, the batch and the answer's limit; a lookup
         // draft only as long as pays by the timed steps (the longest until steps of several
         // sizes are timed), a draft model's as its parameters say.
         let n = model.as_ref().map_or(params.lookup, |m| m.params().n_max);
-        let most = n.min(engine.room(seq) - 1).min(engine.config().n_batch - 1).min(params.max_tokens - tokens.len() - 1);
+        let limit = params.context_shift.map_or(usize::MAX, |c| c.limit(engine.config().n_ctx) - engine.seq_len(seq));
+        let most = n.min(engine.room(seq).min(limit) - 1).min(engine.config().n_batch - 1).min(params.max_tokens - tokens.len() - 1);
         match model.as_deref_mut() {
             Some(m) => m.draft(|_| DraftRequest { seq, history: &history, max: most }, std::slice::from_mut(&mut draft)),
             None => {
@@ -321,6 +375,8 @@ pub fn generate_drafted(
         mask_secs,
         drafted,
         kept,
+        shifts,
+        shift_secs,
     })
 }
 

@@ -52,7 +52,7 @@ pub mod sparsity;
 pub mod tokenizer;
 pub mod tools;
 
-pub use engine::{parse_cache_type, parse_kv_layout, Batch, Engine, EngineConfig, Hidden, Logits, Outputs};
+pub use engine::{parse_cache_type, parse_kv_layout, shift_cut, Batch, Engine, EngineConfig, Hidden, Logits, Outputs};
 pub use tokenizer::{Tokenizer, Utf8Stream};
 pub use corelm_core::graph::TpSync;
 pub use corelm_core::tp::TpKv;

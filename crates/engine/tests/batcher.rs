@@ -43,6 +43,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, cancel_after: Option<usize>) -> 
         lora: None,
         prompt_logprobs: None,
         constraint: None,
+        context_shift: None,
         sink,
         arrived: Instant::now(),
     };

@@ -134,6 +134,7 @@ fn batched_embedding_passes_equal_each_input_alone() {
             lora: None,
             prompt_logprobs: None,
             constraint: None,
+            context_shift: None,
             sink: Box::new(move |e: Event| tx.send(e).is_ok()),
             arrived: Instant::now(),
         };

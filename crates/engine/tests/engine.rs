@@ -286,7 +286,7 @@ fn utf8_stream_never_splits_a_character() {
 fn generation_stops_on_stop_strings_and_limits() {
     let (mut engine, tok) = load(SMOL, test_config(2));
     let ids = tok.encode("1, 2, 3, 4, 5,", false, true).unwrap();
-    let params = GenerateParams { max_tokens: 40, sampling: SamplingParams::greedy(), stop: vec!["9".into()], seq: 0, ignore_eos: false, constraint: None, lookup: 0 };
+    let params = GenerateParams { max_tokens: 40, sampling: SamplingParams::greedy(), stop: vec!["9".into()], seq: 0, ignore_eos: false, constraint: None, lookup: 0, context_shift: None };
     let mut streamed = String::new();
     let g = generate(&mut engine, &tok, &ids, &params, |t| {
         streamed.push_str(t);

@@ -457,6 +457,10 @@ impl Model for PreNorm {
         })
     }
 
+    fn key_rope(&self, il: usize) -> Option<crate::KeyRope> {
+        (il < self.layers.len()).then(|| crate::KeyRope { rope: self.cfg.rope, freqs: self.cfg.freqs.clone() })
+    }
+
     fn build(&self, b: &mut Builder) -> Bundle {
         let h = &self.h;
         let te = b.weight(&self.tok_embd);

@@ -93,6 +93,10 @@ impl Model for Gemma3 {
         })
     }
 
+    fn key_rope(&self, il: usize) -> Option<crate::KeyRope> {
+        (il < self.layers.len()).then(|| crate::KeyRope { rope: self.attn_cfg(il).rope, freqs: None })
+    }
+
     fn build(&self, b: &mut Builder) -> Bundle {
         let h = &self.h;
         let te = b.weight(&self.tok_embd);

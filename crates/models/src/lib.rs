@@ -63,6 +63,19 @@ pub trait Model: Send + Sync {
     fn device_layer(&self, _il: usize) -> Option<DeviceLayerSpec> {
         None
     }
+    /// How layer `il`'s keys were rotated before they were stored, so a context shift can
+    /// rotate them again (`--context-shift`); `None` where a plain RoPE does not say it.
+    fn key_rope(&self, _il: usize) -> Option<KeyRope> {
+        None
+    }
+}
+
+/// The RoPE a layer applied to its keys: its parameters and per-frequency divisors (an F32
+/// weight of the model file, Llama 3's `rope_freqs.weight`).
+#[derive(Clone, Debug)]
+pub struct KeyRope {
+    pub rope: corelm_core::RopeParams,
+    pub freqs: Option<corelm_core::WeightRef>,
 }
 
 pub use corelm_core::DeviceLayerSpec;

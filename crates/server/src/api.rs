@@ -160,6 +160,11 @@ pub struct StreamOptions {
 pub struct Common {
     #[serde(default)]
     pub model: Option<String>,
+    /// Context shift's cut (llama-server's fields; `GenParams::n_keep`).
+    #[serde(default)]
+    pub n_keep: Option<i64>,
+    #[serde(default)]
+    pub n_discard: Option<u64>,
     #[serde(default)]
     pub stream: bool,
     #[serde(default)]
@@ -305,6 +310,10 @@ pub struct GenParams {
     pub dry_breakers: Option<Vec<String>>,
     /// The request's `lora` field, read against the adapters at admission (`crate::lora`).
     pub lora: Option<serde_json::Value>,
+    /// llama-server's `n_keep` and `n_discard`: where a context shift cuts (with
+    /// `serve --context-shift`; `None`: the server's).
+    pub n_keep: Option<i64>,
+    pub n_discard: Option<usize>,
 }
 
 /// What a request that leaves a sampling field out gets (`serve`'s sampling flags; by
@@ -461,6 +470,8 @@ impl Common {
             chain_probs: false,
             dry_breakers,
             lora: self.lora.clone(),
+            n_keep: self.n_keep,
+            n_discard: self.n_discard.map(|n| n.min(u32::MAX as u64) as usize),
         })
     }
 

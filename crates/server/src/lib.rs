@@ -45,6 +45,7 @@ use axum::Router;
 use corelm_engine::batcher::{self, Batcher, Event, Request, Stats, Work};
 use corelm_engine::constraint::Constraint;
 use corelm_engine::embed::Pooling;
+use corelm_engine::generate::ContextShift;
 use corelm_engine::sample::{Breakers, InfillVocab, Stage};
 use corelm_engine::chat::ChatTemplate;
 use corelm_engine::draft::DraftModel;
@@ -84,6 +85,10 @@ pub struct ServeConfig {
     pub template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// Where `POST /slots/{id}` saves and restores slots (`--slot-save-path`; `None`: a 501).
     pub slot_save_path: Option<std::path::PathBuf>,
+    /// Context shift (`--context-shift`, with `--keep`'s default): an answer may pass the
+    /// context, dropping tokens after the first kept ones when it fills; a request's
+    /// `n_keep` and `n_discard` override the cut. `None`: answers end at the context.
+    pub context_shift: Option<corelm_engine::generate::ContextShift>,
 }
 
 pub struct AppState {
@@ -457,7 +462,9 @@ fn submit(
         // Unset: the server's `-n`, within the rest of the context.
         let room = ctx.saturating_sub(prompt.len());
         let m = params.max_tokens.unwrap_or_else(|| st.cfg.defaults.max_tokens.map_or(room, |d| d.min(room)));
-        if (m == 0 && params.max_tokens.is_none()) || prompt.len().saturating_add(m) > ctx {
+        // With context shift, a limit past the context is taken (the prompt must leave room).
+        let past = if st.cfg.context_shift.is_some() && room > 0 { 0 } else { m };
+        if (m == 0 && params.max_tokens.is_none()) || prompt.len().saturating_add(past) > ctx {
             let mut e = ApiError::bad(
                 &field,
                 format!("this model's maximum context length is {ctx} tokens; the request has {} prompt tokens and asks for {} completion tokens", prompt.len(), m.max(1)),
@@ -503,6 +510,7 @@ fn submit(
             prompt_logprobs: params.prompt_logprobs,
             constraint: params.constraint.clone(),
             lora: lora.clone(),
+            context_shift: st.cfg.context_shift.map(|d| ContextShift { n_keep: params.n_keep.unwrap_or(d.n_keep), n_discard: params.n_discard.unwrap_or(d.n_discard), n_ctx: ctx }),
             sink,
             arrived: Instant::now(),
         };

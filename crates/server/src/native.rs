@@ -184,6 +184,7 @@ fn final_object(st: &AppState, content: &str, f: &Finish) -> Value {
         "index": 0, "content": content, "tokens": [], "stop": true, "model": st.model_name(),
         "tokens_predicted": f.completion_tokens, "tokens_evaluated": f.prompt_tokens, "tokens_cached": f.cached_tokens,
         "stop_type": stop_type, "stopping_word": f.stop_word.as_deref().unwrap_or_default(), "has_new_line": content.contains('\n'),
+        "truncated": f.dropped_tokens > 0,
         "timings": {
             "prompt_n": evaluated, "prompt_ms": prompt_ms, "prompt_per_second": per_second(evaluated, prompt_ms),
             "predicted_n": f.completion_tokens, "predicted_ms": predicted_ms, "predicted_per_second": per_second(f.completion_tokens.saturating_sub(1), predicted_ms),
@@ -283,6 +284,7 @@ pub(crate) async fn props(State(st): S, headers: HeaderMap) -> Response {
             "dry_penalty_last_n": d.dry.last_n, "dry_sequence_breakers": st.cfg.defaults.dry_breakers,
             "mirostat": match d.mirostat { Mirostat::Off => 0, Mirostat::V1 => 1, Mirostat::V2 => 2 },
             "mirostat_tau": d.mirostat_tau, "mirostat_eta": d.mirostat_eta, "n_probs": 0, "min_keep": 0,
+            "n_keep": st.cfg.context_shift.map_or(0, |c| c.n_keep), "n_discard": 0, "context_shift": st.cfg.context_shift.is_some(),
             "stop": [], "ignore_eos": false, "stream": false, "post_sampling_probs": false,
             "samplers": d.order.iter().map(|s| s.name()).collect::<Vec<_>>(),
         });

@@ -44,6 +44,7 @@ mod embed;
 use crate::draft::{DraftModel, DraftRequest};
 use crate::lookup;
 mod request;
+mod shift;
 
 pub use cost::StepCost;
 pub use embed::{EmbedRequest, EmbedSink};
@@ -78,6 +79,8 @@ struct Running {
     reserved: usize,
     /// Prompt and generated tokens, for prompt-lookup drafts (empty when they are off).
     history: Vec<u32>,
+    /// Tokens its context shifts dropped (`Request::context_shift`).
+    dropped: usize,
     /// How often its draft tokens are kept.
     accept: lookup::Acceptance,
     admitted: Instant,
@@ -219,7 +222,11 @@ impl Batcher {
     /// the reason (so the caller can still answer on the request's sink).
     #[allow(clippy::result_large_err)]
     pub fn submit(&mut self, req: Request) -> Result<(), (Request, Error)> {
-        let total = req.prompt.len() + req.max_tokens;
+        let mut total = req.prompt.len() + req.max_tokens;
+        // With context shift, an answer past the context keeps the sequence within it.
+        if let Some(limit) = req.context_shift.map(|c| c.limit(self.engine.config().n_ctx)).filter(|&l| req.prompt.len() < l) {
+            total = total.min(limit);
+        }
         if req.prompt.is_empty() {
             return Err((req, Error::Batch("empty prompt".into())));
         }
@@ -350,7 +357,10 @@ impl Batcher {
             let seq = slot as i32;
             let cached = if req.prompt_logprobs.is_some() { 0 } else { self.engine.attach_prefix(seq, &req.prompt) };
             let have = self.engine.blocks().table(slot).len();
-            let reserved = (req.prompt.len() + req.max_tokens).div_ceil(BLOCK);
+            // With context shift an answer may pass the context; its table never does.
+            let n_ctx = self.engine.config().n_ctx;
+            let limit = req.context_shift.map_or(n_ctx, |c| c.limit(n_ctx));
+            let reserved = (req.prompt.len() + req.max_tokens).min(limit).div_ceil(BLOCK);
             let fresh = reserved - have;
             if fresh + self.outstanding() > self.engine.blocks().available() {
                 self.engine.clear_seq(seq);
@@ -372,7 +382,7 @@ impl Batcher {
             let text = TextOut::new(req.stop.clone(), req.max_tokens.min(4096) * 8);
             let mut history = vec![];
             if self.lookup > 0 || self.model.is_some() {
-                history.reserve_exact(req.prompt.len() + req.max_tokens);
+                history.reserve_exact((req.prompt.len() + req.max_tokens).min(4 * self.engine.config().n_ctx));
                 history.extend_from_slice(&req.prompt);
             }
             if let Some(c) = &req.constraint {
@@ -392,6 +402,7 @@ impl Batcher {
                 text,
                 reserved,
                 history,
+                dropped: 0,
                 accept: lookup::Acceptance(lookup::Acceptance::PRIOR),
                 admitted: now,
                 first: None,
@@ -416,6 +427,7 @@ impl Batcher {
     /// work was done.
     pub fn step(&mut self) -> bool {
         self.admit();
+        self.shift_full();
         let budget = self.engine.config().n_batch;
         let generating = self.slots.iter().any(Option::is_some);
         if self.embeds.has_lanes() && (self.embed_turn || !generating) {
@@ -444,6 +456,8 @@ impl Batcher {
                     self.rows.push((r.seq, Row::Next));
                     // Drafts no longer than the answer's room (the reserved blocks) or the budget.
                     let room = budget.saturating_sub(self.batch.len() + left);
+                    let n_ctx = self.engine.config().n_ctx;
+                    let room = room.min(r.req.context_shift.map_or(n_ctx, |c| c.limit(n_ctx)).saturating_sub(pos + 1));
                     let most = self.lookup.min(r.req.max_tokens.saturating_sub(r.generated + 1)).min(room);
                     if self.model.is_some() {
                         let p = &self.proposals[r.seq as usize];
@@ -555,7 +569,7 @@ impl Batcher {
                     if ends && !self.done.iter().any(|d| d.0 == seq) && matches!(what, Row::Next | Row::Draft(_)) {
                         self.stats.drafts_kept.fetch_add(kept as u64, Ordering::Relaxed);
                         r.accept.observe(fed, kept);
-                        self.cuts.push((seq, r.req.prompt.len() + r.generated - 1));
+                        self.cuts.push((seq, r.req.prompt.len() + r.generated - 1 - r.dropped));
                     }
                 }
             }
@@ -569,19 +583,24 @@ impl Batcher {
         self.cuts.clear();
         for i in 0..self.done.len() {
             let (seq, reason) = self.done[i].clone();
-            if let Some(r) = self.slots[seq as usize].take() {
-                self.engine.clear_seq(seq);
-                if let Some(m) = self.model.as_mut() {
-                    m.forget(seq);
-                }
-                record(&self.stats.slots[seq as usize], &r);
-                self.publish(); // before the client hears of the end
-                finish(r, reason);
-            }
+            self.end(seq, reason);
         }
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
         self.publish();
         true
+    }
+
+    /// Release `seq`'s running request and deliver its end.
+    fn end(&mut self, seq: i32, reason: FinishReason) {
+        if let Some(r) = self.slots[seq as usize].take() {
+            self.engine.clear_seq(seq);
+            if let Some(m) = self.model.as_mut() {
+                m.forget(seq);
+            }
+            record(&self.stats.slots[seq as usize], &r);
+            self.publish(); // before the client hears of the end
+            finish(r, reason);
+        }
     }
 
     /// Cancel everything (shutdown).
@@ -702,6 +721,7 @@ fn finish(mut r: Running, reason: FinishReason) {
         queue_secs: (r.admitted - arrived).as_secs_f64(),
         ttft_secs: (first - arrived).as_secs_f64(),
         tpot_secs: tpot,
+        dropped_tokens: r.dropped,
     };
     (r.req.sink)(Event::Done(f));
 }

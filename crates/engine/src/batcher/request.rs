@@ -60,6 +60,10 @@ pub struct Request {
     /// has). Requests of other scales do not share steps: one waits until the running ones
     /// finish, then the engine switches ([`crate::Engine::set_lora_scales`]).
     pub lora: Option<Vec<f32>>,
+    /// Context shift (`serve --context-shift`): when the sequence fills the context, tokens
+    /// after the first kept ones are dropped and it goes on; `max_tokens` may then pass the
+    /// context. `None`: it ends with `Length` there.
+    pub context_shift: Option<crate::generate::ContextShift>,
     pub sink: Sink,
     /// When the request arrived (for queueing time and TTFT).
     pub arrived: Instant,
@@ -111,6 +115,9 @@ pub struct Finish {
     pub ttft_secs: f64,
     /// Mean time per generated token after the first.
     pub tpot_secs: f64,
+    /// Tokens context shifts dropped (`Request::context_shift`; llama-server's `truncated`
+    /// when not 0).
+    pub dropped_tokens: usize,
 }
 
 /// Live counters for metrics (read from other threads).
@@ -125,6 +132,8 @@ pub struct Stats {
     /// Prompt-lookup draft tokens fed, and kept (since the batcher was made).
     pub drafted: AtomicU64,
     pub drafts_kept: AtomicU64,
+    /// Context shifts made (`Request::context_shift`).
+    pub shifts: AtomicU64,
     /// One per sequence slot (llama-server's `/slots`).
     pub slots: Box<[SlotStat]>,
 }
@@ -158,6 +167,7 @@ pub fn finish_now(mut req: Request, reason: FinishReason) {
         queue_secs: waited,
         ttft_secs: waited,
         tpot_secs: 0.0,
+        dropped_tokens: 0,
     };
     (req.sink)(Event::Done(f));
 }

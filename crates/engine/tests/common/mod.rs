@@ -12,7 +12,7 @@ use std::time::Instant;
 /// A greedy batcher request of `prompt` held to `constraint`: up to `max_tokens`, with
 /// `logprobs` alternatives per token, its events to `sink`.
 pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize, logprobs: Option<usize>, constraint: Option<Constraint>, sink: Sink) -> Request {
-    Request { prompt, max_tokens, sampling: SamplingParams::greedy(), stop: vec![], ignore_eos: false, logprobs, chain_probs: false, prompt_logprobs: None, constraint, lora: None, sink, arrived: Instant::now() }
+    Request { prompt, max_tokens, sampling: SamplingParams::greedy(), stop: vec![], ignore_eos: false, logprobs, chain_probs: false, prompt_logprobs: None, constraint, lora: None, context_shift: None, sink, arrived: Instant::now() }
 }
 
 /// (golden directory name, model file name, logit tolerance from ../shared/golden/README.md)

@@ -36,24 +36,30 @@ pub fn start_defaults(parallel: usize, defaults: corelm_server::api::RequestDefa
 }
 
 fn start_cfg(model: &str, parallel: usize, max_queue: usize, api_key: Option<&str>, tp: usize, defaults: corelm_server::api::RequestDefaults) -> Server {
-    start_with(model, parallel, max_queue, api_key, tp, defaults, vec![], None, None)
+    start_with(model, parallel, max_queue, api_key, tp, defaults, vec![], None, None, None)
 }
 
 /// A server of SmolLM2 with LoRA adapters loaded (`serve --lora`).
 pub fn start_lora(parallel: usize, lora: Vec<corelm_engine::lora::LoraSpec>) -> Server {
-    start_with(MODEL, parallel, 16, None, 1, Default::default(), lora, None, None)
+    start_with(MODEL, parallel, 16, None, 1, Default::default(), lora, None, None, None)
 }
 
 /// A server of SmolLM2 with `template` as its chat template (`serve --chat-template`) and
 /// `kwargs` its variables (`--chat-template-kwargs`).
 pub fn start_template(template: &str, kwargs: Value) -> Server {
-    start_with(MODEL, 1, 16, None, 1, Default::default(), vec![], None, Some((template, kwargs)))
+    start_with(MODEL, 1, 16, None, 1, Default::default(), vec![], None, Some((template, kwargs)), None)
+}
+
+/// A server of SmolLM2 with `--context-shift` (its `--keep` in `shift`) and a context of
+/// `ctx` tokens.
+pub fn start_shift(parallel: usize, ctx: usize, shift: corelm_engine::generate::ContextShift) -> Server {
+    start_with(MODEL, parallel, 16, None, 1, Default::default(), vec![], None, None, Some((ctx, shift)))
 }
 
 /// A server of SmolLM2 with a draft model (`serve --spec-draft-model`), proposing up to
 /// `n_max` tokens a step.
 pub fn start_draft(parallel: usize, draft: &std::path::Path, n_max: usize) -> Server {
-    start_with(MODEL, parallel, 16, None, 1, Default::default(), vec![], Some((draft, n_max)), None)
+    start_with(MODEL, parallel, 16, None, 1, Default::default(), vec![], Some((draft, n_max)), None, None)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -67,12 +73,14 @@ fn start_with(
     lora: Vec<corelm_engine::lora::LoraSpec>,
     draft: Option<(&std::path::Path, usize)>,
     chat_template: Option<(&str, Value)>,
+    shift: Option<(usize, corelm_engine::generate::ContextShift)>,
 ) -> Server {
+    let ctx = shift.map_or(1024, |s| s.0);
     let path = corelm_engine::models_dir().join(format!("{model}.gguf"));
     assert!(path.exists(), "{} missing: run scripts/fetch_models.py all", path.display());
     let cfg = EngineConfig {
         lora,
-        n_ctx: 1024 * parallel,
+        n_ctx: ctx * parallel,
         n_batch: 64,
         n_seq_max: parallel,
         n_threads: 2,
@@ -83,7 +91,7 @@ fn start_with(
     };
     let engine = Engine::load(&path, cfg).unwrap();
     let tok = Tokenizer::from_gguf(engine.gguf()).unwrap();
-    let scfg = ServeConfig { model_id: model.into(), aliases: vec![], max_queue, ctx_size: 1024, api_key: api_key.map(Into::into), tpot_target: Some(0.1), pooling: corelm_engine::embed::Pooling::Mean, lookup: 0, defaults, chat_template: chat_template.as_ref().map(|t| t.0.into()), reasoning: true,
+    let scfg = ServeConfig { context_shift: shift.map(|s| s.1), model_id: model.into(), aliases: vec![], max_queue, ctx_size: ctx, api_key: api_key.map(Into::into), tpot_target: Some(0.1), pooling: corelm_engine::embed::Pooling::Mean, lookup: 0, defaults, chat_template: chat_template.as_ref().map(|t| t.0.into()), reasoning: true,
         template_kwargs: chat_template.and_then(|t| t.1.as_object().cloned()).unwrap_or_default(), slot_save_path: Some(slot_dir()) };
     let draft = draft.map(|(path, n_max)| {
         let params = corelm_engine::draft::DraftParams { n_max, ..Default::default() };

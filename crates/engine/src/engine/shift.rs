@@ -1,0 +1,108 @@
+//! Context shift (`--context-shift`, llama.cpp's): a sequence that has filled its context
+//! drops `discard` tokens after its first `keep` and generates on. The cache moves the later
+//! rows down (`KvCache::shift`); here each layer's keys are rotated back by `discard`
+//! positions with the RoPE the model applied to them ([`corelm_models::Model::key_rope`]):
+//! angles for position `-discard` from `rope_cache`, applied by the same `rope_apply` as a
+//! pass, so a key stored in F16 comes out as llama.cpp's shift leaves it.
+
+use super::Engine;
+use crate::Error;
+use corelm_kernels::rope::{rope_apply, rope_cache};
+
+/// Where a context shift cuts: llama-server's rule. `n_keep` tokens of the prompt are kept
+/// (negative: the whole prompt), one more for a BOS token the tokenizer added, at most
+/// `n_ctx - 4`; of the `len - keep` after them, `n_discard` are dropped (0: half), at least
+/// one and all but one at most. Returns `(keep, discard)`.
+pub fn shift_cut(len: usize, n_prompt: usize, n_keep: i64, n_discard: usize, add_bos: bool, n_ctx: usize) -> (usize, usize) {
+    let keep = if n_keep < 0 { n_prompt } else { n_keep as usize } + usize::from(add_bos);
+    let keep = keep.min(n_ctx.saturating_sub(4)).min(len);
+    let left = len - keep;
+    let discard = if n_discard == 0 { left / 2 } else { n_discard };
+    (keep, discard.min(left.saturating_sub(1)))
+}
+
+impl Engine {
+    /// Whether this engine can shift a sequence's context, or why not (checked before
+    /// generating, so a refusal comes before any token): not with layers on the device, keys
+    /// in columns, or a model whose keys are not rotated by a plain RoPE.
+    pub fn can_shift(&self) -> Result<(), Error> {
+        let why = if self.device_layers.is_some() {
+            "the cache of layers on the device (--accel-layers) is not shifted".to_string()
+        } else if self.kv.k_layout == corelm_kernels::attention::KeyLayout::Columns {
+            "keys are rewritten in rows; this cache has keys in columns (--kv-layout columns)".to_string()
+        } else if (0..self.hyper().n_layer).any(|il| self.model.key_rope(il).is_none()) {
+            format!("the {} model's keys are not rotated by a plain RoPE", self.hyper().arch)
+        } else {
+            return Ok(());
+        };
+        Err(Error::Config(format!("context shift: {why}")))
+    }
+
+    /// Drop tokens `keep..keep + discard` of sequence `seq`: the tokens after them move down
+    /// to position `keep`, and the next token goes to `seq_len(seq)`. Their rows are not what
+    /// a prefill of the remaining tokens gives (they saw the dropped ones), so the sequence
+    /// adds nothing to the prefix cache until it is cleared. Refused, changing nothing, with
+    /// layers on the device, keys in columns, a model whose keys are not rotated by a plain
+    /// RoPE, or too few free blocks to copy the shared blocks the shift writes.
+    pub fn shift_seq(&mut self, seq: i32, keep: usize, discard: usize) -> Result<(), Error> {
+        self.can_shift()?;
+        let Some(s) = self.seq_index(seq) else {
+            return Err(Error::Config(format!("context shift: sequence id {seq} outside 0..{}", self.cfg.n_seq_max)));
+        };
+        let n_layer = self.hyper().n_layer;
+        let mut caches = Vec::with_capacity(n_layer);
+        for il in 0..n_layer {
+            let r = self.model.key_rope(il).expect("checked by can_shift");
+            let freqs = match &r.freqs {
+                None => None,
+                Some(w) => {
+                    let t = self.gguf.tensor(&w.name).ok_or_else(|| Error::Config(format!("context shift: no tensor {}", w.name)))?;
+                    Some(self.gguf.tensor_data(t).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect::<Vec<_>>())
+                }
+            };
+            let mut cache = vec![0f32; r.rope.n_rot];
+            rope_cache(-(discard as i32), r.rope.n_rot, r.rope.base, r.rope.freq_scale, freqs.as_deref(), &mut cache);
+            caches.push((cache, r.rope.n_rot, r.rope.neox));
+        }
+        let kernels = self.kernels;
+        let mut rotate = |l: usize, key: &mut [f32]| {
+            let (cache, n_rot, neox) = &caches[l];
+            rope_apply(kernels, key, cache, *n_rot, *neox);
+        };
+        self.kv.shift(kernels, s, keep, discard, &mut rotate).map_err(|e| Error::Config(format!("context shift: {e}")))
+    }
+}
+
+impl Engine {
+    /// Layer `layer`'s key and value rows of position `pos` of sequence `seq`, as f32 (each
+    /// `[kv_slots, head_dim]`), for inspecting the cache; `None` out of range or with keys in
+    /// columns.
+    pub fn kv_cell(&self, seq: i32, pos: usize, layer: usize) -> Option<(Vec<f32>, Vec<f32>)> {
+        let s = self.seq_index(seq)?;
+        let kv = &self.kv;
+        if pos >= kv.blocks.len(s) || layer >= kv.n_layer || kv.k_layout != corelm_kernels::attention::KeyLayout::Rows {
+            return None;
+        }
+        let cell = kv.blocks.table(s)[pos / corelm_core::kv::BLOCK] * corelm_core::kv::BLOCK as u32 + (pos % corelm_core::kv::BLOCK) as u32;
+        let n = kv.n_kv_head * kv.head_dim;
+        let (mut k, mut v) = (vec![0f32; n], vec![0f32; n]);
+        kv.load_cells(self.kernels, layer, &[cell], &mut k, &mut v);
+        Some((k, v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shift_cut;
+
+    #[test]
+    fn the_cut_is_llama_servers() {
+        // n_keep 0 with a BOS: keep 1, drop half of the rest.
+        assert_eq!(shift_cut(2048, 10, 0, 0, true, 2048), (1, 1023));
+        // The whole prompt kept; a stated drop, held to all but one of the rest.
+        assert_eq!(shift_cut(512, 100, -1, 0, false, 512), (100, 206));
+        assert_eq!(shift_cut(512, 100, -1, 1000, false, 512), (100, 411));
+        // keep at most n_ctx - 4.
+        assert_eq!(shift_cut(64, 64, -1, 0, false, 64), (60, 2));
+    }
+}

@@ -1,0 +1,136 @@
+//! Context shift (`Engine::shift_seq`): the rows after the dropped tokens move down with
+//! their keys rotated back, so layer 0's rows (which depend on a token and its position only)
+//! match those a prefill of the remaining tokens computes — values to the bit, keys within
+//! F16 rounding; a block shared with another sequence is copied, not written.
+
+mod common;
+
+use common::*;
+use corelm_engine::batcher::{Batcher, Event, Finish, FinishReason, Request};
+use corelm_engine::generate::{generate, ContextShift, GenerateParams, StopReason};
+use corelm_engine::sample::SamplingParams;
+use corelm_engine::{shift_cut, Engine, EngineConfig};
+use corelm_kernels::attention::KeyLayout;
+use std::sync::{Arc, Mutex};
+
+const SMOL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+fn last(e: &mut Engine, seq: i32, toks: &[u32]) -> Vec<f32> {
+    let mut out = vec![];
+    e.feed(seq, toks, false, |l| out = l.row(0).to_vec()).unwrap();
+    out
+}
+
+#[test]
+fn shifted_rows_are_the_rows_of_the_shifted_tokens() {
+    let cfg = || EngineConfig { batch_invariant: true, ..test_config(2) };
+    let (mut a, tok) = load(SMOL, cfg());
+    let text = "Seven ravens crossed the valley at dawn, and the shepherd counted them twice before the frost. ".repeat(4);
+    let ids = tok.encode(&text, true, true).unwrap();
+    assert!(ids.len() > 60, "{} tokens", ids.len());
+    let (keep, discard) = (5, 20);
+    last(&mut a, 0, &ids);
+    // Sequence 1 shares the first blocks; the shift writes block 0 from row 5 on.
+    let shared = a.attach_prefix(1, &ids[..40]);
+    assert_eq!(shared, 32);
+    let before = last(&mut a, 1, &ids[shared..40]);
+    a.shift_seq(0, keep, discard).unwrap();
+    assert_eq!(a.seq_len(0), ids.len() - discard);
+    a.clear_seq(1);
+    assert_eq!(a.attach_prefix(1, &ids[..40]), shared);
+    assert_eq!(last(&mut a, 1, &ids[shared..40]), before, "a shared block was written");
+
+    let kept: Vec<u32> = ids[..keep].iter().chain(&ids[keep + discard..]).copied().collect();
+    let (mut b, _) = load(SMOL, cfg());
+    last(&mut b, 0, &kept);
+    let mut worst = 0f32;
+    for pos in 0..kept.len() {
+        let ((ka, va), (kb, vb)) = (a.kv_cell(0, pos, 0).unwrap(), b.kv_cell(0, pos, 0).unwrap());
+        assert_eq!(va, vb, "layer 0's values at position {pos}");
+        let scale = kb.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let diff = ka.iter().zip(&kb).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        if pos < keep {
+            assert_eq!(diff, 0.0, "a kept key moved");
+        }
+        worst = worst.max(diff / scale);
+    }
+    assert!(worst < 4e-3, "layer 0's keys off by {worst} of their largest element");
+    // Later layers saw the dropped tokens: their rows differ, but the kept ones do not.
+    assert_eq!(a.kv_cell(0, keep - 1, 20), b.kv_cell(0, keep - 1, 20));
+    assert_ne!(a.kv_cell(0, keep + 3, 20), b.kv_cell(0, keep + 3, 20));
+    // The sequence goes on from its new length.
+    let n = a.seq_len(0);
+    last(&mut a, 0, &ids[..1]);
+    assert_eq!(a.seq_len(0), n + 1);
+    assert!(a.shift_seq(0, n, 5).is_err());
+    assert_eq!(shift_cut(n, 10, 0, 0, true, n), (1, (n - 1) / 2));
+    // Keys in columns are refused by name, before anything is generated.
+    let (c, _) = load(SMOL, EngineConfig { kv_layout: KeyLayout::Columns, ..test_config(2) });
+    let e = c.can_shift().unwrap_err().to_string();
+    assert!(e.contains("--kv-layout columns"), "{e}");
+}
+
+type Answer = Arc<Mutex<(Vec<u32>, Option<Finish>)>>;
+
+fn shifting_request(prompt: Vec<u32>, max_tokens: usize, shift: ContextShift) -> (Request, Answer) {
+    let log: Answer = Arc::default();
+    let l = log.clone();
+    let sink = Box::new(move |e: Event| {
+        let mut g = l.lock().unwrap();
+        match e {
+            Event::Token { id, .. } => g.0.push(id),
+            Event::Done(f) => g.1 = Some(f),
+            _ => {}
+        }
+        true
+    });
+    let mut r = greedy_request(prompt, max_tokens, None, None, sink);
+    r.ignore_eos = true;
+    r.context_shift = Some(shift);
+    (r, log)
+}
+
+#[test]
+fn serving_shifts_as_generate_does() {
+    let cfg = EngineConfig { n_ctx: 256, n_seq_max: 2, n_batch: 32, batch_invariant: true, ..test_config(2) };
+    let (mut engine, tok) = load(SMOL, cfg);
+    let p = tok.encode("Write a long story about an old lighthouse keeper, his dog, and all the ships he saw pass:", true, true).unwrap();
+    let q: Vec<u32> = p.iter().chain(&p[1..6]).copied().collect();
+    assert!(p.len() > 16 && p.len() < 32, "{} tokens", p.len());
+    // Keep nothing, so the first shift writes the prompt's first block, which the second
+    // request shares.
+    let shift = ContextShift { n_keep: 0, n_discard: 0, n_ctx: 64 };
+    let params = GenerateParams { max_tokens: 100, sampling: SamplingParams::greedy(), ignore_eos: true, context_shift: Some(shift), ..Default::default() };
+    let mut want = vec![];
+    for prompt in [&p, &q] {
+        let g = generate(&mut engine, &tok, prompt, &params, |_| true).unwrap();
+        assert_eq!((g.tokens.len(), g.reason), (100, StopReason::MaxTokens));
+        assert!(g.shifts >= 2, "{} shifts", g.shifts);
+        want.push(g.tokens);
+        engine.clear_seq(0);
+    }
+    let mut b = Batcher::new(engine, Arc::new(tok));
+    let logs: Vec<Answer> = [&p, &q]
+        .iter()
+        .map(|prompt| {
+            let (r, log) = shifting_request(prompt.to_vec(), 100, shift);
+            b.submit(r).map_err(|e| e.1).unwrap();
+            log
+        })
+        .collect();
+    let mut steps = 0;
+    while !b.is_idle() {
+        b.step();
+        steps += 1;
+        assert!(steps < 1000);
+    }
+    for (log, want) in logs.iter().zip(&want) {
+        let (tokens, f) = log.lock().unwrap().clone();
+        let f = f.unwrap();
+        assert_eq!(f.reason, FinishReason::Length);
+        assert!(f.dropped_tokens > 0);
+        assert_eq!(&tokens, want, "served tokens differ from generate's");
+    }
+    assert!(b.stats().shifts.load(std::sync::atomic::Ordering::Relaxed) >= 4);
+    assert_eq!(b.engine().blocks().used(), 0);
+}
