@@ -108,6 +108,20 @@ pub fn prefill(engine: &mut Engine, seq: i32, tokens: &[u32], last: &mut Vec<f32
     })
 }
 
+/// Shift `seq`'s context by llama-completion's cut, its first `n_context` tokens being the
+/// prompt; `false` where the cut drops nothing.
+fn shift(engine: &mut Engine, tok: &Tokenizer, seq: i32, c: ContextShift, n_context: usize) -> Result<bool, Error> {
+    let (len, n_ctx) = (engine.seq_len(seq), c.limit(engine.config().n_ctx));
+    // `--keep` past the prompt, or -1: the prompt, BOS included; else a BOS besides.
+    let whole = c.n_keep < 0 || c.n_keep as usize > n_context;
+    let n_keep = if whole { -1 } else { c.n_keep };
+    let (keep, discard) = crate::shift_cut(len, n_context, n_keep, c.n_discard, tok.add_bos && !whole, n_ctx);
+    if discard > 0 {
+        engine.shift_seq(seq, keep, discard)?;
+    }
+    Ok(discard > 0)
+}
+
 /// After a step that fed `rows` rows (its token and a draft) to `seq`, of which the model took
 /// the rows up to `row`: the rest leave the KV cache. The draft tokens kept.
 fn cut_draft(engine: &mut Engine, seq: i32, rows: usize, row: usize) -> Result<usize, Error> {
@@ -230,6 +244,16 @@ pub fn generate_drafted(
         engine.can_shift()?;
     }
     let (mut shifts, mut shift_secs) = (0, 0.0);
+    // A session's next prompt that does not fit: what the sequence holds is shifted first (its
+    // kept part counted from what it held).
+    if let Some(c) = params.context_shift {
+        let ts = Instant::now();
+        let held = engine.seq_len(seq);
+        while engine.seq_len(seq) > 0 && engine.seq_len(seq) + prompt.len() + 1 > c.limit(engine.config().n_ctx) && shift(engine, tok, seq, c, held)? {
+            shifts += 1;
+        }
+        shift_secs += ts.elapsed().as_secs_f64();
+    }
     prefill(engine, params.seq, prompt, &mut logits)?;
     let prefill_secs = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
@@ -309,15 +333,8 @@ pub fn generate_drafted(
         let full = |e: &Engine| e.room(seq) == 0 || params.context_shift.is_some_and(|c| e.seq_len(seq) + 1 >= c.limit(e.config().n_ctx));
         if full(engine) {
             if let Some(c) = params.context_shift {
-                let (len, n_ctx) = (engine.seq_len(seq), c.limit(engine.config().n_ctx));
-                // llama-completion's `--keep`: past the prompt (or -1) the prompt, BOS included;
-                // else a BOS besides.
-                let whole = c.n_keep < 0 || c.n_keep as usize > n_context;
-                let n_keep = if whole { -1 } else { c.n_keep };
-                let (keep, discard) = crate::shift_cut(len, n_context, n_keep, c.n_discard, tok.add_bos && !whole, n_ctx);
-                if discard > 0 {
-                    let ts = Instant::now();
-                    engine.shift_seq(seq, keep, discard)?;
+                let ts = Instant::now();
+                if shift(engine, tok, seq, c, n_context)? {
                     shift_secs += ts.elapsed().as_secs_f64();
                     shifts += 1;
                 }

@@ -134,3 +134,19 @@ fn serving_shifts_as_generate_does() {
     assert!(b.stats().shifts.load(std::sync::atomic::Ordering::Relaxed) >= 4);
     assert_eq!(b.engine().blocks().used(), 0);
 }
+
+#[test]
+fn a_session_prompt_that_does_not_fit_shifts_what_is_held_first() {
+    let (mut e, tok) = load(SMOL, EngineConfig { n_ctx: 64, ..test_config(2) });
+    let p = tok.encode("Tell me about the ships the old lighthouse keeper saw.", true, true).unwrap();
+    let shift = ContextShift { n_keep: 4, n_discard: 0, n_ctx: 0 };
+    let mut params = GenerateParams { max_tokens: 50, sampling: SamplingParams::greedy(), ignore_eos: true, ..Default::default() };
+    generate(&mut e, &tok, &p, &params, |_| true).unwrap();
+    let held = e.seq_len(0);
+    assert!(held + p.len() + 1 > 64, "{held} + {}", p.len());
+    // Without context shift the next prompt does not fit; with it, the session goes on.
+    assert!(matches!(generate(&mut e, &tok, &p, &params, |_| true), Err(corelm_engine::Error::PromptTooLong { .. })));
+    params.context_shift = Some(shift);
+    let g = generate(&mut e, &tok, &p, &params, |_| true).unwrap();
+    assert!(g.shifts >= 1 && g.tokens.len() == 50, "{} shifts, {} tokens", g.shifts, g.tokens.len());
+}
