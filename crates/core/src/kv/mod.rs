@@ -265,24 +265,77 @@ impl KvCache {
     }
 
     /// Every KV head's key and value of each of `cells` in `layer` as f32 (`k`, `v`:
-    /// `[cells.len(), n_kv_head, head_dim]`), for a cache with keys in rows: what
+    /// `[cells.len(), n_kv_head, head_dim]`), keys in either layout: what
     /// [`Self::store_cells`] stores, read back.
     pub fn load_cells(&self, kernels: &Kernels, layer: usize, cells: &[u32], k: &mut [f32], v: &mut [f32]) {
         let (hd, kvd) = (self.head_dim, self.n_kv_head * self.head_dim);
         assert!(k.len() == cells.len() * kvd && v.len() == k.len(), "{} cells of {} heads of {hd}", cells.len(), self.n_kv_head);
-        assert_eq!(self.k_layout, KeyLayout::Rows, "reading keys back from a cache with keys in rows");
         let deq = |t| kernels.to_float(t).expect("KV cache type checked at start-up");
         let (dk, dv) = (deq(self.k_type), deq(self.v_type));
-        let (kb, vb) = (&self.k.as_slice()[layer * self.layer_bytes.0..][..self.layer_bytes.0], &self.v.as_slice()[layer * self.layer_bytes.1..][..self.layer_bytes.1]);
+        let vb = &self.v.as_slice()[layer * self.layer_bytes.1..][..self.layer_bytes.1];
         let (krb, vrb) = self.row_bytes();
+        let (kp, mut key) = (self.layer_ptrs(layer).0, [0u8; 2 * COLUMNS_MAX_HEAD_DIM]);
+        assert!(krb <= key.len(), "keys read back up to a head dimension of {COLUMNS_MAX_HEAD_DIM}");
+        let key = &mut key[..krb];
         for (i, &cell) in cells.iter().enumerate() {
             let cell = cell as usize;
             assert!(cell < self.n_cells, "cell {cell} of {}", self.n_cells);
             for h in 0..self.n_kv_head {
                 let row = h * self.n_cells + cell;
                 let out = i * kvd + h * hd..i * kvd + (h + 1) * hd;
-                dk(&kb[row * krb..(row + 1) * krb], &mut k[out.clone()]);
+                // SAFETY: the row lies in layer `layer` (cell < n_cells, h < n_kv_head); `&self`
+                // excludes writers through this cache.
+                unsafe { self.key_bytes(kp, row, key) };
+                dk(key, &mut k[out.clone()]);
                 dv(&vb[row * vrb..(row + 1) * vrb], &mut v[out]);
+            }
+        }
+    }
+}
+
+impl KvCache {
+    /// Row `row`'s key of the layer whose keys start at `kp`, as the row writer made it (F16,
+    /// Q8_0 or Q4_0 bytes), in either key layout.
+    ///
+    /// # Safety
+    /// `kp` is a layer's key storage ([`KvCache::layer_ptrs`]), `row < n_kv_head · n_cells`,
+    /// `out` is `row_bytes().0` long, and no one writes the row meanwhile.
+    unsafe fn key_bytes(&self, kp: *mut u8, row: usize, out: &mut [u8]) {
+        let krb = out.len();
+        // SAFETY: the row (or its cell of the column block) lies in the layer (the contract).
+        unsafe {
+            match self.k_layout {
+                KeyLayout::Rows => std::ptr::copy_nonoverlapping(kp.add(row * krb), out.as_mut_ptr(), krb),
+                KeyLayout::Columns => {
+                    let (block, j) = (kp.add((row - row % BLOCK) * krb), row % BLOCK);
+                    match self.k_type {
+                        DType::Q8_0 => attention::matrix::load_key_q8_at(block, j, out),
+                        DType::Q4_0 => attention::matrix::load_key_q4_at(block, j, out),
+                        _ => attention::matrix::load_key_at(block, j, out),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Write row `row`'s key bytes (as [`Self::key_bytes`] reads them).
+    ///
+    /// # Safety
+    /// As [`Self::key_bytes`], and no one reads the row meanwhile.
+    unsafe fn put_key_bytes(&self, kp: *mut u8, row: usize, key: &[u8]) {
+        let krb = key.len();
+        // SAFETY: as for `key_bytes`.
+        unsafe {
+            match self.k_layout {
+                KeyLayout::Rows => std::ptr::copy_nonoverlapping(key.as_ptr(), kp.add(row * krb), krb),
+                KeyLayout::Columns => {
+                    let (block, j) = (kp.add((row - row % BLOCK) * krb), row % BLOCK);
+                    match self.k_type {
+                        DType::Q8_0 => attention::matrix::store_key_q8_at(block, j, key),
+                        DType::Q4_0 => attention::matrix::store_key_q4_at(block, j, key),
+                        _ => attention::matrix::store_key_at(block, j, key),
+                    }
+                }
             }
         }
     }

@@ -13,7 +13,6 @@
 //! Invariant: a shift writes only blocks that one sequence references and no key names.
 
 use super::{Blocks, KvCache, BLOCK, NIL};
-use corelm_kernels::attention::KeyLayout;
 use corelm_kernels::Kernels;
 
 /// Why a context shift was refused; nothing is changed then.
@@ -23,8 +22,6 @@ pub enum ShiftError {
     Range { keep: usize, discard: usize, len: usize },
     #[error("a context shift needs {needed} free blocks to copy shared blocks of the sequence, {free} are free")]
     NoRoom { needed: usize, free: usize },
-    #[error("a context shift rewrites keys in rows: the cache has keys in columns (--kv-layout columns)")]
-    Columns,
 }
 
 impl Blocks {
@@ -92,9 +89,6 @@ impl KvCache {
     /// on the way, which rotates it back by `discard` positions; values are copied as they are.
     /// Keys in F16 or quantized are converted to f32 and back, as llama.cpp's shift does.
     pub fn shift(&mut self, kernels: &Kernels, seq: usize, keep: usize, discard: usize, rotate: &mut dyn FnMut(usize, &mut [f32])) -> Result<(), ShiftError> {
-        if self.k_layout == KeyLayout::Columns {
-            return Err(ShiftError::Columns);
-        }
         let first = keep / BLOCK;
         let (old, release) = self.blocks.shift_tables(seq, keep, discard)?;
         let new_len = self.blocks.lens[seq];
@@ -111,6 +105,7 @@ impl KvCache {
         let to_f32 = kernels.to_float(self.k_type).expect("KV cache type checked at start-up");
         let (qk, _) = self.converters(kernels);
         let mut key = vec![0f32; self.head_dim];
+        let mut bytes = vec![0u8; krb];
         for l in 0..self.n_layer {
             let (kp, vp) = self.layer_ptrs(l);
             for h in 0..self.n_kv_head {
@@ -122,17 +117,16 @@ impl KvCache {
                     let (from, to) = (base + from, base + to);
                     debug_assert!(from != to || i < n_kept);
                     // SAFETY: both rows lie inside layer l's storage (cells < n_cells, head <
-                    // n_kv_head); `&mut self` makes this the only access to the cache; `from`
-                    // and `to` are different rows, or the same one copied onto itself.
+                    // n_kv_head); `&mut self` makes this the only access to the cache; the key
+                    // is read whole before it is written.
                     unsafe {
-                        let (ks, kd) = (kp.add(from * krb), kp.add(to * krb));
-                        if i < n_kept {
-                            std::ptr::copy(ks, kd, krb);
-                        } else {
-                            to_f32(std::slice::from_raw_parts(ks, krb), &mut key);
+                        self.key_bytes(kp, from, &mut bytes);
+                        if i >= n_kept {
+                            to_f32(&bytes, &mut key);
                             rotate(l, &mut key);
-                            qk(&key, std::slice::from_raw_parts_mut(kd, krb));
+                            qk(&key, &mut bytes);
                         }
+                        self.put_key_bytes(kp, to, &bytes);
                         std::ptr::copy(vp.add(from * vrb), vp.add(to * vrb), vrb);
                     }
                 }

@@ -23,13 +23,11 @@ pub fn shift_cut(len: usize, n_prompt: usize, n_keep: i64, n_discard: usize, add
 
 impl Engine {
     /// Whether this engine can shift a sequence's context, or why not (checked before
-    /// generating, so a refusal comes before any token): not with layers on the device, keys
-    /// in columns, or a model whose keys are not rotated by a plain RoPE.
+    /// generating, so a refusal comes before any token): not with layers on the device or a
+    /// model whose keys are not rotated by a plain RoPE.
     pub fn can_shift(&self) -> Result<(), Error> {
         let why = if self.device_layers.is_some() {
             "the cache of layers on the device (--accel-layers) is not shifted".to_string()
-        } else if self.kv.k_layout == corelm_kernels::attention::KeyLayout::Columns {
-            "keys are rewritten in rows; this cache has keys in columns (--kv-layout columns)".to_string()
         } else if (0..self.hyper().n_layer).any(|il| self.model.key_rope(il).is_none()) {
             format!("the {} model's keys are not rotated by a plain RoPE", self.hyper().arch)
         } else {
@@ -42,8 +40,8 @@ impl Engine {
     /// to position `keep`, and the next token goes to `seq_len(seq)`. Their rows are not what
     /// a prefill of the remaining tokens gives (they saw the dropped ones), so the sequence
     /// adds nothing to the prefix cache until it is cleared. Refused, changing nothing, with
-    /// layers on the device, keys in columns, a model whose keys are not rotated by a plain
-    /// RoPE, or too few free blocks to copy the shared blocks the shift writes.
+    /// layers on the device, a model whose keys are not rotated by a plain RoPE, or too few
+    /// free blocks to copy the shared blocks the shift writes.
     pub fn shift_seq(&mut self, seq: i32, keep: usize, discard: usize) -> Result<(), Error> {
         self.can_shift()?;
         let Some(s) = self.seq_index(seq) else {
@@ -75,12 +73,11 @@ impl Engine {
 
 impl Engine {
     /// Layer `layer`'s key and value rows of position `pos` of sequence `seq`, as f32 (each
-    /// `[kv_slots, head_dim]`), for inspecting the cache; `None` out of range or with keys in
-    /// columns.
+    /// `[kv_slots, head_dim]`), for inspecting the cache; `None` out of range.
     pub fn kv_cell(&self, seq: i32, pos: usize, layer: usize) -> Option<(Vec<f32>, Vec<f32>)> {
         let s = self.seq_index(seq)?;
         let kv = &self.kv;
-        if pos >= kv.blocks.len(s) || layer >= kv.n_layer || kv.k_layout != corelm_kernels::attention::KeyLayout::Rows {
+        if pos >= kv.blocks.len(s) || layer >= kv.n_layer {
             return None;
         }
         let cell = kv.blocks.table(s)[pos / corelm_core::kv::BLOCK] * corelm_core::kv::BLOCK as u32 + (pos % corelm_core::kv::BLOCK) as u32;

@@ -17,6 +17,7 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod drive;
+mod gather;
 mod model;
 mod pipe;
 mod portable;
@@ -31,6 +32,7 @@ mod x86;
 use super::types::{AttnScratch, Cells, KvRows, ROWS_MAX_VECTORS};
 pub use pipe::{PipeItem, Pipeline, Role, TILE_BLOCKS};
 use model::C;
+pub use gather::{load_key_at, load_key_q4_at, load_key_q8_at};
 pub use widen::{store_key_q4_at, store_key_q8_at};
 
 /// Cell `j` of a Q4_0 column block (`block`: that KV head's `9 · head_dim` bytes) gets `key`,
