@@ -57,6 +57,12 @@ impl ContextShift {
     pub fn limit(&self, engine_ctx: usize) -> usize {
         if self.n_ctx == 0 { engine_ctx } else { self.n_ctx.min(engine_ctx) }
     }
+
+    /// Whether a sequence of `len` tokens shifts before its next token, llama.cpp's rule: when
+    /// that token would take the context's last cell.
+    pub fn is_due(&self, len: usize, engine_ctx: usize) -> bool {
+        len + 1 >= self.limit(engine_ctx)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -328,9 +334,7 @@ pub fn generate_drafted(
         }
         kept += cut_draft(engine, seq, rows, row)?;
         (row, rows) = (0, 1);
-        // With context shift, llama.cpp's rule: shift when the next token would take the context's
-        // last cell.
-        let full = |e: &Engine| e.room(seq) == 0 || params.context_shift.is_some_and(|c| e.seq_len(seq) + 1 >= c.limit(e.config().n_ctx));
+        let full = |e: &Engine| e.room(seq) == 0 || params.context_shift.is_some_and(|c| c.is_due(e.seq_len(seq), e.config().n_ctx));
         if full(engine) {
             if let Some(c) = params.context_shift {
                 let ts = Instant::now();

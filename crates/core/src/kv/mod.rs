@@ -222,17 +222,10 @@ impl KvCache {
                 // The row's F16, Q8_0 or Q4_0 from the row writer's converter, then scattered.
                 let key = &mut key_row[..krb];
                 qk(k, key);
-                let (block, j) = ((row - row % BLOCK) * krb, row % BLOCK);
                 // SAFETY: the cell's block of this head (BLOCK rows' bytes) lies inside the
                 // storage (cells is a whole number of blocks); the caller makes this thread the
                 // row's only writer.
-                unsafe {
-                    match self.k_type {
-                        DType::Q8_0 => attention::matrix::store_key_q8_at(kp.add(block), j, key),
-                        DType::Q4_0 => attention::matrix::store_key_q4_at(kp.add(block), j, key),
-                        _ => attention::matrix::store_key_at(kp.add(block), j, key),
-                    }
-                };
+                unsafe { self.put_key_bytes(kp, row, key) };
             } else {
                 // SAFETY: row < n_kv_head · n_cells (asserted), inside the layer's storage; the
                 // caller makes this thread the row's only writer.
@@ -438,6 +431,11 @@ impl Blocks {
     /// Fresh blocks `seq` needs to store `n` more tokens.
     pub fn needed(&self, seq: usize, n: usize) -> usize {
         (self.lens[seq] + n).div_ceil(BLOCK) - self.tables[seq].len()
+    }
+
+    /// The cell (row of each head) holding position `pos` of `seq`.
+    pub fn cell(&self, seq: usize, pos: usize) -> usize {
+        cell_in(&self.tables[seq], pos)
     }
 
     /// Tokens `seq` could still append before running out of blocks.
@@ -731,6 +729,11 @@ impl Blocks {
         self.lru_unlink(b);
         Some(b)
     }
+}
+
+/// The cell holding position `pos` of a sequence whose block table is `table`.
+fn cell_in(table: &[u32], pos: usize) -> usize {
+    table[pos / BLOCK] as usize * BLOCK + pos % BLOCK
 }
 
 /// Key of a block holding `tokens` after the prefix keyed `parent`.

@@ -12,7 +12,7 @@
 //!
 //! Invariant: a shift writes only blocks that one sequence references and no key names.
 
-use super::{Blocks, KvCache, BLOCK, NIL};
+use super::{cell_in, Blocks, KvCache, BLOCK, NIL};
 use corelm_kernels::Kernels;
 
 /// Why a context shift was refused; nothing is changed then.
@@ -69,13 +69,12 @@ impl Blocks {
         }
         release.extend_from_slice(&old[kept..]);
         self.tables[seq].truncate(kept);
-        let row = |t: &[u32], p: usize| t[p / BLOCK] as usize * BLOCK + p % BLOCK;
         // Rows of a copied block before `keep` (the block holding it) keep their tokens.
         for p in first * BLOCK..keep {
-            self.tokens[row(&self.tables[seq], p)] = self.tokens[row(&old, p)];
+            self.tokens[cell_in(&self.tables[seq], p)] = self.tokens[cell_in(&old, p)];
         }
         for p in keep..new_len {
-            self.tokens[row(&self.tables[seq], p)] = self.tokens[row(&old, p + discard)];
+            self.tokens[cell_in(&self.tables[seq], p)] = self.tokens[cell_in(&old, p + discard)];
         }
         self.lens[seq] = new_len;
         self.shifted[seq] = true;
@@ -93,12 +92,11 @@ impl KvCache {
         let (old, release) = self.blocks.shift_tables(seq, keep, discard)?;
         let new_len = self.blocks.lens[seq];
         let table = &self.blocks.tables[seq];
-        let cell = |t: &[u32], p: usize| t[p / BLOCK] as usize * BLOCK + p % BLOCK;
         // (from, to) cells: the kept rows of a copied block, then the moved rows.
         let moves: Vec<(usize, usize)> = (first * BLOCK..keep)
             .filter(|&p| table[p / BLOCK] != old[p / BLOCK])
-            .map(|p| (cell(&old, p), cell(table, p)))
-            .chain((keep..new_len).map(|p| (cell(&old, p + discard), cell(table, p))))
+            .map(|p| (cell_in(&old, p), cell_in(table, p)))
+            .chain((keep..new_len).map(|p| (cell_in(&old, p + discard), cell_in(table, p))))
             .collect();
         let n_kept = moves.len() - (new_len - keep);
         let (krb, vrb) = self.row_bytes();
@@ -167,7 +165,7 @@ mod tests {
         assert_eq!(b.table(0).len(), new_len.div_ceil(BLOCK));
         assert_eq!(release, vec![t0[1], t0[3]]);
         let expect: Vec<u32> = toks[..keep].iter().chain(&toks[keep + discard..]).copied().collect();
-        let got: Vec<u32> = (0..new_len).map(|p| b.tokens[b.table(0)[p / BLOCK] as usize * BLOCK + p % BLOCK]).collect();
+        let got: Vec<u32> = (0..new_len).map(|p| b.tokens[b.cell(0, p)]).collect();
         assert_eq!(got, expect);
         for &r in &release {
             b.unref(r);

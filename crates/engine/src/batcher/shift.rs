@@ -16,8 +16,7 @@ impl Batcher {
         for s in 0..self.slots.len() {
             let Some(r) = self.slots[s].as_ref() else { continue };
             let len = self.engine.seq_len(r.seq);
-            // llama-server's rule: when the next token would take the context's last cell.
-            let Some(c) = r.req.context_shift.filter(|c| r.next.is_some() && len + 1 >= c.limit(n_ctx)) else { continue };
+            let Some(c) = r.req.context_shift.filter(|c| r.next.is_some() && c.is_due(len, n_ctx)) else { continue };
             let n_ctx = c.limit(n_ctx);
             let (seq, n_prompt) = (r.seq, r.req.prompt.len());
             let (keep, discard) = shift_cut(len, n_prompt, c.n_keep, c.n_discard, self.tok.add_bos, n_ctx);

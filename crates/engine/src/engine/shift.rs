@@ -49,17 +49,18 @@ impl Engine {
         };
         let n_layer = self.hyper().n_layer;
         let mut caches = Vec::with_capacity(n_layer);
+        // The divisors' weight, read once (every layer names the same one).
+        let mut freqs: Option<(String, Vec<f32>)> = None;
         for il in 0..n_layer {
             let r = self.model.key_rope(il).expect("checked by can_shift");
-            let freqs = match &r.freqs {
-                None => None,
-                Some(w) => {
-                    let t = self.gguf.tensor(&w.name).ok_or_else(|| Error::Config(format!("context shift: no tensor {}", w.name)))?;
-                    Some(self.gguf.tensor_data(t).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect::<Vec<_>>())
-                }
-            };
+            if let Some(w) = r.freqs.as_ref().filter(|w| freqs.as_ref().is_none_or(|f| f.0 != w.name)) {
+                let t = self.gguf.tensor(&w.name).ok_or_else(|| Error::Config(format!("context shift: no tensor {}", w.name)))?;
+                let v = self.gguf.tensor_data(t).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                freqs = Some((w.name.clone(), v));
+            }
+            let divisors = r.freqs.as_ref().and(freqs.as_ref()).map(|f| &f.1[..]);
             let mut cache = vec![0f32; r.rope.n_rot];
-            rope_cache(-(discard as i32), r.rope.n_rot, r.rope.base, r.rope.freq_scale, freqs.as_deref(), &mut cache);
+            rope_cache(-(discard as i32), r.rope.n_rot, r.rope.base, r.rope.freq_scale, divisors, &mut cache);
             caches.push((cache, r.rope.n_rot, r.rope.neox));
         }
         let kernels = self.kernels;
@@ -80,7 +81,7 @@ impl Engine {
         if pos >= kv.blocks.len(s) || layer >= kv.n_layer {
             return None;
         }
-        let cell = kv.blocks.table(s)[pos / corelm_core::kv::BLOCK] * corelm_core::kv::BLOCK as u32 + (pos % corelm_core::kv::BLOCK) as u32;
+        let cell = kv.blocks.cell(s, pos) as u32;
         let n = kv.n_kv_head * kv.head_dim;
         let (mut k, mut v) = (vec![0f32; n], vec![0f32; n]);
         kv.load_cells(self.kernels, layer, &[cell], &mut k, &mut v);

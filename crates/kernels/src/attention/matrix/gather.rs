@@ -3,10 +3,7 @@
 //! the few readers that need one key whole (a context shift rotating keys in place).
 
 use super::model::C;
-
-/// Bytes of a Q8_0 / Q4_0 block.
-const Q8_BLOCK: usize = 34;
-const Q4_BLOCK: usize = 18;
+use super::widen::{Q4_BLOCK, Q8_BLOCK};
 
 /// Cell `j`'s F16 key out of its column block at `block` (`[hd][16]` F16) into `key` (`hd` F16
 /// as bytes).

@@ -70,9 +70,9 @@ pub(crate) fn block(w: Widen, t: DType, keys: bool, src: &[u8], hd: usize, dst: 
 }
 
 /// Bytes of a Q8_0 block (an F16 scale and 32 int8 values).
-const Q8_BLOCK: usize = size_of::<BlockQ8_0>();
+pub(super) const Q8_BLOCK: usize = size_of::<BlockQ8_0>();
 /// Bytes of a Q4_0 block (an F16 scale and 32 nibbles).
-const Q4_BLOCK: usize = size_of::<BlockQ4_0>();
+pub(super) const Q4_BLOCK: usize = size_of::<BlockQ4_0>();
 
 /// Cell `j`'s key (`key`: one Q4_0 row, as the row writer quantizes it) into its Q4_0 column
 /// block at `block` (`9 · hd` bytes).
