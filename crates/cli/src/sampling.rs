@@ -56,8 +56,9 @@ pub(crate) struct SampleArgs {
     pub(crate) lookup: usize,
     /// Context shift, llama.cpp's: when the context fills, drop half of the tokens after the
     /// first `--keep` and go on generating (the rows after the dropped ones move down, their
-    /// keys rotated to their new positions) instead of stopping. Not with a draft model.
-    #[arg(long, conflicts_with = "spec_draft_model")]
+    /// keys rotated to their new positions) instead of stopping; a draft model's cache drops
+    /// the same tokens.
+    #[arg(long)]
     pub(crate) context_shift: bool,
     /// With --context-shift: tokens of the prompt always kept, besides a BOS (-1: all of it).
     #[arg(long, value_name = "N", default_value_t = 0, allow_negative_numbers = true, requires = "context_shift")]

@@ -46,9 +46,9 @@ pub struct ServeArgs {
     draft: crate::draft::DraftArgs,
     /// Context shift, llama-server's: an answer may pass the context; when its sequence fills
     /// it, half of the tokens after the first `--keep` are dropped (a request's `n_keep` and
-    /// `n_discard` override) and it goes on. Off: answers end at the context. Not with a
-    /// draft model (its cache is not shifted).
-    #[arg(long, conflicts_with = "spec_draft_model")]
+    /// `n_discard` override) and it goes on (a draft model's cache drops the same tokens).
+    /// Off: answers end at the context.
+    #[arg(long)]
     context_shift: bool,
     /// With --context-shift: prompt tokens always kept, besides a BOS (-1: the whole prompt).
     #[arg(long, value_name = "N", default_value_t = 0, allow_negative_numbers = true, requires = "context_shift")]

@@ -21,6 +21,10 @@
 //! * **Vocabularies must match** as llama.cpp checks them: the same tokenizer kind, BOS/EOS
 //!   use and ids, sizes within 128 tokens, and the same text for every token from id 5 on.
 //!
+//! * **Context shift** ([`DraftModel::shift`]): where the target drops tokens from a
+//!   sequence, the draft's cache drops the same ones (its own RoPE rotates its keys), so the
+//!   draft goes on from where it was instead of feeding the context again.
+//!
 //! A draft that fails (its cache full) proposes nothing for that step: drafts never decide an
 //! answer, only how many tokens a pass gives.
 
@@ -149,6 +153,28 @@ impl DraftModel {
         if let Some(s) = usize::try_from(seq).ok().filter(|&s| s < self.cached.len()) {
             self.cached[s].clear();
             self.attached[s] = 0;
+        }
+    }
+
+    /// The target dropped `seq`'s tokens `keep..keep + discard` (a context shift,
+    /// [`Engine::shift_seq`]): the draft's cache drops the same ones, its later rows shifted
+    /// where it holds them all and can, else cut back to the kept tokens (the next call feeds
+    /// the rest).
+    pub fn shift(&mut self, seq: i32, keep: usize, discard: usize) {
+        let Some(s) = usize::try_from(seq).ok().filter(|&s| s < self.cached.len()) else { return };
+        let held = self.cached[s].len();
+        if held <= keep || discard == 0 {
+            return;
+        }
+        if keep + discard <= held && self.engine.shift_seq(seq, keep, discard).is_ok() {
+            self.cached[s].drain(keep..keep + discard);
+            self.attached[s] = self.attached[s].min(keep);
+        } else if keep >= self.attached[s] && keep > 0 {
+            // Cannot fail: the draft's engine has no layers on a device.
+            let _ = self.engine.truncate_seq(seq, keep);
+            self.cached[s].truncate(keep);
+        } else {
+            self.forget(seq);
         }
     }
 

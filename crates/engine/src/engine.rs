@@ -20,6 +20,7 @@ use corelm_core::kv::BLOCK;
 
 mod shift;
 mod slot_file;
+pub(crate) use shift::drop_shifted;
 pub use shift::shift_cut;
 pub use slot_file::SlotIo;
 use corelm_core::memory::Place;

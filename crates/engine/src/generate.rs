@@ -115,17 +115,22 @@ pub fn prefill(engine: &mut Engine, seq: i32, tokens: &[u32], last: &mut Vec<f32
 }
 
 /// Shift `seq`'s context by llama-completion's cut, its first `n_context` tokens being the
-/// prompt; `false` where the cut drops nothing.
-fn shift(engine: &mut Engine, tok: &Tokenizer, seq: i32, c: ContextShift, n_context: usize) -> Result<bool, Error> {
+/// prompt, and a draft model's cache with it; the cut `(keep, discard)`, `None` where it drops
+/// nothing.
+fn shift(engine: &mut Engine, draft: Option<&mut DraftModel>, tok: &Tokenizer, seq: i32, c: ContextShift, n_context: usize) -> Result<Option<(usize, usize)>, Error> {
     let (len, n_ctx) = (engine.seq_len(seq), c.limit(engine.config().n_ctx));
     // `--keep` past the prompt, or -1: the prompt, BOS included; else a BOS besides.
     let whole = c.n_keep < 0 || c.n_keep as usize > n_context;
     let n_keep = if whole { -1 } else { c.n_keep };
     let (keep, discard) = crate::shift_cut(len, n_context, n_keep, c.n_discard, tok.add_bos && !whole, n_ctx);
-    if discard > 0 {
-        engine.shift_seq(seq, keep, discard)?;
+    if discard == 0 {
+        return Ok(None);
     }
-    Ok(discard > 0)
+    engine.shift_seq(seq, keep, discard)?;
+    if let Some(m) = draft {
+        m.shift(seq, keep, discard);
+    }
+    Ok(Some((keep, discard)))
 }
 
 /// After a step that fed `rows` rows (its token and a draft) to `seq`, of which the model took
@@ -231,22 +236,11 @@ pub fn generate_drafted(
     for &t in prompt {
         sampler.accept(t);
     }
-    // Drafts (prompt lookup's or a draft model's) see the sequence's tokens: with a draft
-    // model, also those of earlier calls on it (a chat session) that its cache still holds.
     let (seq, n_vocab) = (params.seq, engine.hyper().n_vocab);
-    let spec = params.lookup > 0 || model.is_some();
-    let prior = model.as_ref().map_or(&[][..], |m| m.cached(seq));
-    let mut history = prior[..prior.len().min(engine.seq_len(seq))].to_vec();
-    if spec {
-        history.extend_from_slice(prompt);
-    }
     let t0 = Instant::now();
     let mut logits = Vec::with_capacity(engine.hyper().n_vocab);
     let n_context = engine.seq_len(seq) + prompt.len();
     if params.context_shift.is_some() {
-        if model.is_some() {
-            return Err(Error::Config("context shift with a draft model: the draft's cache is not shifted".into()));
-        }
         engine.can_shift()?;
     }
     let (mut shifts, mut shift_secs) = (0, 0.0);
@@ -255,10 +249,18 @@ pub fn generate_drafted(
     if let Some(c) = params.context_shift {
         let ts = Instant::now();
         let held = engine.seq_len(seq);
-        while engine.seq_len(seq) > 0 && engine.seq_len(seq) + prompt.len() + 1 > c.limit(engine.config().n_ctx) && shift(engine, tok, seq, c, held)? {
+        while engine.seq_len(seq) > 0 && engine.seq_len(seq) + prompt.len() + 1 > c.limit(engine.config().n_ctx) && shift(engine, model.as_deref_mut(), tok, seq, c, held)?.is_some() {
             shifts += 1;
         }
         shift_secs += ts.elapsed().as_secs_f64();
+    }
+    // Drafts (prompt lookup's or a draft model's) see the sequence's tokens: with a draft
+    // model, also those of earlier calls on it (a chat session) that its cache still holds.
+    let spec = params.lookup > 0 || model.is_some();
+    let prior = model.as_ref().map_or(&[][..], |m| m.cached(seq));
+    let mut history = prior[..prior.len().min(engine.seq_len(seq))].to_vec();
+    if spec {
+        history.extend_from_slice(prompt);
     }
     prefill(engine, params.seq, prompt, &mut logits)?;
     let prefill_secs = t0.elapsed().as_secs_f64();
@@ -337,8 +339,10 @@ pub fn generate_drafted(
         let full = |e: &Engine| e.room(seq) == 0 || params.context_shift.is_some_and(|c| c.is_due(e.seq_len(seq), e.config().n_ctx));
         if full(engine) {
             if let Some(c) = params.context_shift {
-                let ts = Instant::now();
-                if shift(engine, tok, seq, c, n_context)? {
+                let (ts, next) = (Instant::now(), engine.seq_len(seq));
+                if let Some((keep, discard)) = shift(engine, model.as_deref_mut(), tok, seq, c, n_context)? {
+                    // The drafts' history (`t` goes to `next`) drops the same tokens.
+                    crate::engine::drop_shifted(&mut history, next, keep, discard);
                     shift_secs += ts.elapsed().as_secs_f64();
                     shifts += 1;
                 }
@@ -352,7 +356,9 @@ pub fn generate_drafted(
         // draft only as long as pays by the timed steps (the longest until steps of several
         // sizes are timed), a draft model's as its parameters say.
         let n = model.as_ref().map_or(params.lookup, |m| m.params().n_max);
-        let limit = params.context_shift.map_or(usize::MAX, |c| c.limit(engine.config().n_ctx) - engine.seq_len(seq));
+        // With context shift, a step ends at most one token short of the limit, so the shift
+        // comes at the length it would without drafts (and cuts the same tokens).
+        let limit = params.context_shift.map_or(usize::MAX, |c| c.limit(engine.config().n_ctx) - 1 - engine.seq_len(seq));
         let most = n.min(engine.room(seq).min(limit) - 1).min(engine.config().n_batch - 1).min(params.max_tokens - tokens.len() - 1);
         match model.as_deref_mut() {
             Some(m) => m.draft(|_| DraftRequest { seq, history: &history, max: most }, std::slice::from_mut(&mut draft)),

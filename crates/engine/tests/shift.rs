@@ -7,7 +7,8 @@ mod common;
 
 use common::*;
 use corelm_engine::batcher::{Batcher, Event, Finish, FinishReason, Request};
-use corelm_engine::generate::{generate, ContextShift, GenerateParams, StopReason};
+use corelm_engine::draft::{DraftModel, DraftParams};
+use corelm_engine::generate::{generate, generate_drafted, ContextShift, GenerateParams, StopReason};
 use corelm_engine::sample::SamplingParams;
 use corelm_engine::{shift_cut, Engine, EngineConfig};
 use corelm_kernels::attention::KeyLayout;
@@ -158,4 +159,62 @@ fn a_session_prompt_that_does_not_fit_shifts_what_is_held_first() {
     params.context_shift = Some(shift);
     let g = generate(&mut e, &tok, &p, &params, |_| true).unwrap();
     assert!(g.shifts >= 1 && g.tokens.len() == 50, "{} shifts, {} tokens", g.shifts, g.tokens.len());
+}
+
+/// A draft model beside context shift: its cache drops the tokens the target drops (its keys
+/// rotated by its own RoPE), so the model as its own draft still proposes exactly the target's
+/// tokens after each shift, every proposal kept; the answer is the one without drafts, in
+/// `generate` and served.
+#[test]
+fn a_draft_models_cache_shifts_with_its_target() {
+    let cfg = EngineConfig { n_ctx: 128, n_seq_max: 2, n_batch: 32, batch_invariant: true, ..test_config(2) };
+    let (mut engine, tok) = load(SMOL, cfg);
+    let p = tok.encode("Write a long story about an old lighthouse keeper, his dog, and all the ships he saw pass:", true, true).unwrap();
+    let shift = ContextShift { n_keep: 0, n_discard: 0, n_ctx: 0 };
+    let params = GenerateParams { max_tokens: 200, sampling: SamplingParams::greedy(), ignore_eos: true, context_shift: Some(shift), ..Default::default() };
+    let plain = generate(&mut engine, &tok, &p, &params, |_| true).unwrap();
+    assert!(plain.shifts >= 2, "{} shifts", plain.shifts);
+    engine.clear_seq(0);
+    let params_draft = DraftParams { n_max: 4, ..Default::default() };
+    let mut model = DraftModel::load(&model_path(SMOL), &engine, &tok, params_draft).unwrap();
+    let g = generate_drafted(&mut engine, Some(&mut model), &tok, &p, &params, |_| true).unwrap();
+    assert_eq!((&g.tokens, g.reason), (&plain.tokens, plain.reason), "drafted tokens differ from the plain answer's");
+    assert_eq!(g.shifts, plain.shifts);
+    assert!(g.drafted > 100 && g.kept == g.drafted, "{} of {} proposals kept", g.kept, g.drafted);
+    // The draft's cache holds the target's tokens (a BOS where the tokenizer adds one, then
+    // the latest fed: all but the last answer token), the dropped ones gone.
+    let (held, n, keep) = (engine.seq_len(0), g.tokens.len(), usize::from(tok.add_bos));
+    assert!(model.cached(0).len() >= held - 4, "{} of {held}", model.cached(0).len());
+    let want = [&p[..keep], &g.tokens[n + keep - held - 1..n - 1]].concat();
+    let m = model.cached(0).len().min(held);
+    assert_eq!(model.cached(0)[..m], want[..m]);
+    engine.clear_seq(0);
+    model.forget(0);
+
+    // Served: two requests, each shifting, their drafts from the same model.
+    let serve_shift = ContextShift { n_ctx: 128, ..shift };
+    let mut b = Batcher::new(engine, Arc::new(tok));
+    b.set_draft_model(model).unwrap();
+    let logs: Vec<Answer> = (0..2)
+        .map(|_| {
+            let (r, log) = shifting_request(p.clone(), 200, serve_shift);
+            b.submit(r).map_err(|e| e.1).unwrap();
+            log
+        })
+        .collect();
+    let mut steps = 0;
+    while !b.is_idle() {
+        b.step();
+        steps += 1;
+        assert!(steps < 1000);
+    }
+    for log in &logs {
+        let (tokens, f) = log.lock().unwrap().clone();
+        assert!(f.unwrap().dropped_tokens > 0);
+        assert_eq!(tokens, plain.tokens, "served drafted tokens differ from the plain answer's");
+    }
+    let st = b.stats();
+    let (drafted, kept) = (st.drafted.load(std::sync::atomic::Ordering::Relaxed), st.drafts_kept.load(std::sync::atomic::Ordering::Relaxed));
+    assert!(drafted > 100 && kept == drafted, "{kept} of {drafted} proposals kept");
+    assert_eq!(b.engine().blocks().used(), 0);
 }

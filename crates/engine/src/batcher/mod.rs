@@ -457,7 +457,8 @@ impl Batcher {
                     // Drafts no longer than the answer's room (the reserved blocks) or the budget.
                     let room = budget.saturating_sub(self.batch.len() + left);
                     let n_ctx = self.engine.config().n_ctx;
-                    let room = room.min(r.req.context_shift.map_or(n_ctx, |c| c.limit(n_ctx)).saturating_sub(pos + 1));
+                    // With context shift, one short of its limit: it shifts as without drafts.
+                    let room = room.min(r.req.context_shift.map_or(n_ctx + 1, |c| c.limit(n_ctx)).saturating_sub(pos + 2));
                     let most = self.lookup.min(r.req.max_tokens.saturating_sub(r.generated + 1)).min(room);
                     if self.model.is_some() {
                         let p = &self.proposals[r.seq as usize];
@@ -562,6 +563,8 @@ impl Batcher {
                         }
                     };
                     if let Some(reason) = reason {
+                        // Its drafts kept so far count (its later rows are passed over).
+                        self.stats.drafts_kept.fetch_add(if matches!(what, Row::Draft(_)) { kept as u64 } else { 0 }, Ordering::Relaxed);
                         self.done.push((seq, reason));
                     }
                     // After a sequence's last row: the rejected drafts leave the KV cache.

@@ -4,9 +4,11 @@
 //! on. Its table shrinks, so the blocks it may still take grow back to its reservation; the
 //! shared blocks the shift copies or leaves behind come out of the free blocks no admitted
 //! request is owed, and where those do not cover them the answer ends with `Length`, as it
-//! would without a shift.
+//! would without a shift. Drafts follow: the sequence's history and a draft model's cache
+//! drop the same tokens.
 
 use super::{Batcher, FinishReason};
+use crate::engine::drop_shifted;
 use crate::shift_cut;
 
 impl Batcher {
@@ -28,7 +30,14 @@ impl Batcher {
             }
             match self.engine.shift_seq(seq, keep, discard) {
                 Ok(()) => {
-                    self.slots[s].as_mut().expect("running").dropped += discard;
+                    let r = self.slots[s].as_mut().expect("running");
+                    r.dropped += discard;
+                    // The drafts' history (its last token, `next`, goes to `len`) and the
+                    // draft model's cache drop the same tokens.
+                    drop_shifted(&mut r.history, len, keep, discard);
+                    if let Some(m) = self.model.as_mut() {
+                        m.shift(seq, keep, discard);
+                    }
                     self.stats.shifts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 Err(e) => self.end(seq, FinishReason::Error(e.to_string())),

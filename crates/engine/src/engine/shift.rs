@@ -21,6 +21,16 @@ pub fn shift_cut(len: usize, n_prompt: usize, n_keep: i64, n_discard: usize, add
     (keep, discard.min(left.saturating_sub(1)))
 }
 
+/// A shift dropped positions `keep..keep + discard`: remove them from `history`, a sequence's
+/// tokens whose last one goes to position `next` (so `history[0]` sits at `next + 1 -
+/// history.len()`; a history starting later loses only what it holds of the range).
+pub(crate) fn drop_shifted(history: &mut Vec<u32>, next: usize, keep: usize, discard: usize) {
+    let first = (next + 1).saturating_sub(history.len());
+    let at = |p: usize| p.saturating_sub(first).min(history.len());
+    let (lo, hi) = (at(keep), at(keep + discard));
+    history.drain(lo..hi);
+}
+
 impl Engine {
     /// Whether this engine can shift a sequence's context, or why not (checked before
     /// generating, so a refusal comes before any token): not with layers on the device or a
@@ -91,7 +101,23 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
-    use super::shift_cut;
+    use super::{drop_shifted, shift_cut};
+
+    #[test]
+    fn a_history_loses_the_dropped_positions() {
+        // Positions 0..10, the last one (9) the next token: drop 2..5.
+        let mut h: Vec<u32> = (0..10).collect();
+        drop_shifted(&mut h, 9, 2, 3);
+        assert_eq!(h, [0, 1, 5, 6, 7, 8, 9]);
+        // A history from position 4 on (a session's later turn): it holds only 4 of 2..5.
+        let mut h: Vec<u32> = (4..10).collect();
+        drop_shifted(&mut h, 9, 2, 3);
+        assert_eq!(h, [5, 6, 7, 8, 9]);
+        // From past the range: nothing of it.
+        let mut h: Vec<u32> = (7..10).collect();
+        drop_shifted(&mut h, 9, 2, 3);
+        assert_eq!(h, [7, 8, 9]);
+    }
 
     #[test]
     fn the_cut_is_llama_servers() {
