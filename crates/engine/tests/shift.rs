@@ -100,6 +100,25 @@ fn shifting_request(prompt: Vec<u32>, max_tokens: usize, shift: ContextShift) ->
     (r, log)
 }
 
+/// Serve one shifting request per prompt until all are done; their answers.
+fn serve_all(b: &mut Batcher, prompts: &[&Vec<u32>], max_tokens: usize, shift: ContextShift) -> Vec<Answer> {
+    let logs: Vec<Answer> = prompts
+        .iter()
+        .map(|prompt| {
+            let (r, log) = shifting_request(prompt.to_vec(), max_tokens, shift);
+            b.submit(r).map_err(|e| e.1).unwrap();
+            log
+        })
+        .collect();
+    let mut steps = 0;
+    while !b.is_idle() {
+        b.step();
+        steps += 1;
+        assert!(steps < 1000);
+    }
+    logs
+}
+
 #[test]
 fn serving_shifts_as_generate_does() {
     let cfg = EngineConfig { n_ctx: 256, n_seq_max: 2, n_batch: 32, batch_invariant: true, ..test_config(2) };
@@ -120,20 +139,7 @@ fn serving_shifts_as_generate_does() {
         engine.clear_seq(0);
     }
     let mut b = Batcher::new(engine, Arc::new(tok));
-    let logs: Vec<Answer> = [&p, &q]
-        .iter()
-        .map(|prompt| {
-            let (r, log) = shifting_request(prompt.to_vec(), 100, shift);
-            b.submit(r).map_err(|e| e.1).unwrap();
-            log
-        })
-        .collect();
-    let mut steps = 0;
-    while !b.is_idle() {
-        b.step();
-        steps += 1;
-        assert!(steps < 1000);
-    }
+    let logs = serve_all(&mut b, &[&p, &q], 100, shift);
     for (log, want) in logs.iter().zip(&want) {
         let (tokens, f) = log.lock().unwrap().clone();
         let f = f.unwrap();
@@ -195,19 +201,7 @@ fn a_draft_models_cache_shifts_with_its_target() {
     let serve_shift = ContextShift { n_ctx: 128, ..shift };
     let mut b = Batcher::new(engine, Arc::new(tok));
     b.set_draft_model(model).unwrap();
-    let logs: Vec<Answer> = (0..2)
-        .map(|_| {
-            let (r, log) = shifting_request(p.clone(), 200, serve_shift);
-            b.submit(r).map_err(|e| e.1).unwrap();
-            log
-        })
-        .collect();
-    let mut steps = 0;
-    while !b.is_idle() {
-        b.step();
-        steps += 1;
-        assert!(steps < 1000);
-    }
+    let logs = serve_all(&mut b, &[&p, &p], 200, serve_shift);
     for log in &logs {
         let (tokens, f) = log.lock().unwrap().clone();
         assert!(f.unwrap().dropped_tokens > 0);
