@@ -39,7 +39,7 @@ use crate::device::{grid, AccelError, Gpu, Shape};
 use crate::ffn::FileMatrix;
 use crate::matrix::{Addend, Input, Matrix, Place, GEMM_MIN_TOKENS};
 use corelm_core::DeviceLayerSpec;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The shape and settings every device layer shares.
 #[derive(Clone, Copy, Debug)]
@@ -154,9 +154,9 @@ pub struct DeviceLayers {
     slots: wgpu::Buffer,
     tables: wgpu::Buffer,
     staging: wgpu::Buffer,
-    /// `read_cells`' staging, `[layer][key, value][max_tokens][kvd]` f32 (only where asked:
-    /// `with_cache_read_back`).
-    cache_staging: Option<wgpu::Buffer>,
+    /// `read_cells`' staging, `[layer][key, value][max_tokens][kvd]` f32 (made when first
+    /// needed: `with_cache_read_back`, a shift).
+    cache_staging: OnceLock<wgpu::Buffer>,
     params: Params,
     cache_bytes: u64,
     /// Every product through the GEMV, so a token's results do not depend on its batch.
@@ -345,23 +345,67 @@ impl DeviceLayers {
         drop((xn, qkv_buf, att, o, g, u, a));
         // The tiled attention of this head dimension compiled now, at load, not in a pass.
         let _ = gpu.layer.attention_tiles(&gpu.device, s.head_dim);
-        Ok(DeviceLayers { gpu, shape, max_tokens, max_table, layers: out, x, pos, slots, tables, staging, cache_staging: None, params, cache_bytes, batch_invariant, lock: Mutex::new(()), times: Mutex::new(PassTimes::default()), clock: Mutex::new(None) })
+        Ok(DeviceLayers { gpu, shape, max_tokens, max_table, layers: out, x, pos, slots, tables, staging, cache_staging: OnceLock::new(), params, cache_bytes, batch_invariant, lock: Mutex::new(()), times: Mutex::new(PassTimes::default()), clock: Mutex::new(None) })
     }
 
-    /// Room to read a pass's cache rows back ([`Self::read_cells`]): `max_tokens` cells of
-    /// every layer, allocated here, once.
-    pub fn with_cache_read_back(mut self) -> Result<DeviceLayers, AccelError> {
+    /// Room to read a pass's cache rows back ([`Self::read_cells`]) allocated now, not at the
+    /// first read.
+    pub fn with_cache_read_back(self) -> Result<DeviceLayers, AccelError> {
+        self.cache_staging()?;
+        Ok(self)
+    }
+
+    /// `read_cells`' staging: `max_tokens` cells of every layer, allocated once.
+    pub fn cache_staging(&self) -> Result<&wgpu::Buffer, AccelError> {
+        if let Some(b) = self.cache_staging.get() {
+            return Ok(b);
+        }
         let len = (self.layers.len() * 2 * self.max_tokens * self.kvd() * 4) as u64;
         if len > self.gpu.max_buffer {
             return Err(AccelError::TooLarge { what: "the cache rows of a pass".into(), need: len, max: self.gpu.max_buffer });
         }
-        self.cache_staging = Some(self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        let b = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("layers cache staging"),
             size: len.max(4),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
-        }));
-        Ok(self)
+        });
+        Ok(self.cache_staging.get_or_init(|| b))
+    }
+
+    /// Move cache rows `(from, to)` of every layer, in order (a context shift: each row is
+    /// read before any move lands on it), the keys of the moves from `copied` on passed
+    /// through `rotate(layer, key)` one KV head (`head_dim` values) at a time. Through the
+    /// host, `max_tokens` rows a round: read back, rotated, written through the queue.
+    pub fn move_cells(&self, moves: &[(u32, u32)], copied: usize, rotate: &mut dyn FnMut(usize, &mut [f32])) -> Result<(), AccelError> {
+        let (kvd, hd) = (self.kvd(), self.shape.head_dim);
+        let mut rows = Vec::new();
+        let mut from = Vec::with_capacity(self.max_tokens.min(moves.len()));
+        for (c, chunk) in moves.chunks(self.max_tokens).enumerate() {
+            // Every source of the round is read before any of its rows is written; an earlier
+            // round's writes land on no later source (the order above).
+            from.clear();
+            from.extend(chunk.iter().map(|m| m.0));
+            self.read_cells(&from, |r| {
+                rows.clear();
+                rows.extend_from_slice(r);
+            })?;
+            let n = chunk.len();
+            for (l, layer) in rows.chunks_exact_mut(2 * n * kvd).enumerate() {
+                let (k, v) = layer.split_at_mut(n * kvd);
+                // This round's copies keep their keys.
+                let kept = copied.saturating_sub(c * self.max_tokens).min(n);
+                k[kept * kvd..].chunks_exact_mut(hd).for_each(|key| rotate(l, key));
+                // One write per run of consecutive destination cells.
+                let mut i = 0;
+                while i < n {
+                    let j = (i + 1..n).find(|&j| chunk[j].1 != chunk[j - 1].1 + 1).unwrap_or(n);
+                    self.write_cells(l, chunk[i].1, &k[i * kvd..j * kvd], &v[i * kvd..j * kvd]);
+                    i = j;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Values of one cache row: every KV head's `head_dim`.
@@ -381,11 +425,11 @@ impl DeviceLayers {
 
     /// Read back the cache rows of `cells` (at most `max_tokens`) of every layer and hand them,
     /// mapped, to `f`: `[layer][key, value][cells.len()][kvd]` f32. One copy per layer and run
-    /// of consecutive cells, one submission and a wait. Needs [`Self::with_cache_read_back`].
+    /// of consecutive cells, one submission and a wait.
     pub fn read_cells(&self, cells: &[u32], f: impl FnOnce(&[f32])) -> Result<(), AccelError> {
         let (n, kvd) = (cells.len(), self.kvd());
         assert!(n <= self.max_tokens, "{n} cells, at most {}", self.max_tokens);
-        let staging = self.cache_staging.as_ref().expect("DeviceLayers::with_cache_read_back before read_cells");
+        let staging = self.cache_staging()?;
         if n == 0 {
             f(&[]);
             return Ok(());

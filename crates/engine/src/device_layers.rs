@@ -6,7 +6,8 @@
 //! The device keeps those layers' KV cache, written and read through the CPU cache's block
 //! tables (each pass uploads its tokens' cache rows and their sequences' tables), so every
 //! sequence, release and shared prefix the CPU's cache tracks holds on the device too. The
-//! CPU's cache still has room for those layers (unused).
+//! CPU's cache still has room for those layers (unused). A context shift's moves are repeated
+//! in the device's cache (its rows read back, keys rotated on the host, written again).
 //!
 //! `--accel-min-tokens T`: passes of fewer than T tokens (decode steps) run those layers on the
 //! CPU instead — the accelerator where a pass is compute-bound, the CPU where one round trip
@@ -293,6 +294,40 @@ impl LayersOnDevice {
         if let Err(e) = self.layers.read_cells(slots, store) {
             panic!("--accel-layers: reading the accelerator's cache rows back failed ({e}); the CPU's cache misses them, so the run cannot go on");
         }
+    }
+
+    /// The model's layers held (its first ones).
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Whether a context shift can move the device's rows: room to read them back (allocated
+    /// here, once), else why not.
+    pub(crate) fn can_shift(&self) -> Result<(), Error> {
+        self.layers.cache_staging().map(|_| ()).map_err(|e| Error::Config(format!("context shift with --accel-layers: {e}")))
+    }
+
+    /// A context shift's moves (the CPU cache's, [`KvCache::shift`]) repeated in the device's
+    /// cache, which the CPU's block tables index too; its keys rotated by `rotate` (f32 rows,
+    /// so llama.cpp's shift of an F32 cache). The caller uploads the rows CPU passes wrote
+    /// ([`Self::upload_stale`]) before the CPU's cache moves them.
+    pub(crate) fn shift(&self, moved: &corelm_core::kv::Moved, rotate: &mut dyn FnMut(usize, &mut [f32])) {
+        if let Err(e) = self.layers.move_cells(&moved.cells, moved.copied, rotate) {
+            panic!("--accel-layers: moving the accelerator's cache rows for a context shift failed ({e}); its layers' cache no longer matches the CPU's, so the run cannot go on");
+        }
+    }
+
+    /// Layer `layer`'s key and value rows of cache cell `cell` on the device (`[kvd]` f32 each).
+    pub(crate) fn cell(&self, layer: usize, cell: u32) -> Result<(Vec<f32>, Vec<f32>), Error> {
+        let mut out = (vec![], vec![]);
+        let n_layers = self.layers.len();
+        self.layers
+            .read_cells(&[cell], |rows| {
+                let kvd = rows.len() / (2 * n_layers);
+                out = (rows[2 * layer * kvd..(2 * layer + 1) * kvd].to_vec(), rows[(2 * layer + 1) * kvd..(2 * layer + 2) * kvd].to_vec());
+            })
+            .map_err(|e| Error::Config(format!("--accel-layers: reading a cache row back: {e}")))?;
+        Ok(out)
     }
 
     /// `N layers, X MB of weights and Y MB of cache on <device>`.

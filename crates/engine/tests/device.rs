@@ -419,3 +419,62 @@ fn device_clock_times_each_dispatch_by_kind() {
     let t = e.device_layers().unwrap().take_times();
     assert_eq!((t.passes, t.device.passes), (1, 0), "timing off: nothing timed");
 }
+
+/// Context shift with layers on the accelerator: the device's cache moves the same rows as
+/// the CPU's (read back, keys rotated on the host, written again), so layer 0's rows there
+/// after dropping 20 tokens are a prefill's of the remaining ones — values bit for bit (every
+/// product through the GEMV), keys within f32 rounding of the two rotations — and the kept
+/// rows of a block copied away from a sequence sharing it come along. Under
+/// `--accel-min-tokens` the rows CPU passes wrote go up before the move.
+#[test]
+fn a_context_shift_moves_the_accelerators_rows() {
+    let cfg = || EngineConfig { accel_layers: 2, batch_invariant: true, ..test_config(2) };
+    let (mut a, tok) = load(SMOL, cfg());
+    let ids = tok.encode(&"Seven ravens crossed the valley at dawn, and the shepherd counted them twice. ".repeat(4), true, true).unwrap();
+    let (keep, discard) = (5, 20);
+    let feed = |e: &mut Engine, seq: i32, t: &[u32]| e.feed(seq, t, false, |_| {}).unwrap();
+    feed(&mut a, 0, &ids);
+    assert_eq!(a.attach_prefix(1, &ids[..40]), 32, "sequence 1 shares the first blocks");
+    a.shift_seq(0, keep, discard).unwrap();
+    let kept: Vec<u32> = ids[..keep].iter().chain(&ids[keep + discard..]).copied().collect();
+    let (mut b, _) = load(SMOL, cfg());
+    feed(&mut b, 0, &kept);
+    let mut worst = 0f32;
+    for pos in 0..kept.len() {
+        let ((ka, va), (kb, vb)) = (a.kv_cell(0, pos, 0).unwrap(), b.kv_cell(0, pos, 0).unwrap());
+        assert_eq!(va, vb, "layer 0's values on the device at position {pos}");
+        let scale = kb.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let diff = ka.iter().zip(&kb).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        if pos < keep {
+            assert_eq!(diff, 0.0, "a kept key moved at {pos}");
+        }
+        worst = worst.max(diff / scale);
+    }
+    assert!(worst < 1e-5, "layer 0's keys on the device off by {worst} of their largest element");
+    // Layer 1 (on the device) saw the dropped tokens; layer 2 is the CPU's, shifted there.
+    assert_eq!(a.kv_cell(0, keep - 1, 1), b.kv_cell(0, keep - 1, 1));
+    assert_ne!(a.kv_cell(0, keep + 3, 1), b.kv_cell(0, keep + 3, 1));
+    assert_eq!(a.kv_cell(0, keep - 1, 2).unwrap().1, b.kv_cell(0, keep - 1, 2).unwrap().1);
+
+    // Prefill on the device, decode on the CPU: the rows one-token passes wrote (positions 20
+    // on, all the moved ones) reach the device before it moves them. The reference computes
+    // every row on the CPU, then a device pass of another sequence uploads them.
+    let alt = EngineConfig { accel_layers: 2, accel_min_tokens: 16, ..test_config(2) };
+    let (mut c, _) = load(SMOL, alt.clone());
+    feed(&mut c, 0, &ids[..20]);
+    for &t in &ids[20..] {
+        feed(&mut c, 0, &[t]);
+    }
+    c.shift_seq(0, keep, discard).unwrap();
+    let (mut d, _) = load(SMOL, alt);
+    for &t in &kept {
+        feed(&mut d, 0, &[t]);
+    }
+    feed(&mut d, 1, &ids[..16]);
+    for pos in keep..kept.len() {
+        let ((kc, vc), (kd, vd)) = (c.kv_cell(0, pos, 0).unwrap(), d.kv_cell(0, pos, 0).unwrap());
+        assert_eq!(vc, vd, "values at {pos}");
+        let scale = kd.iter().fold(0f32, |m, x| m.max(x.abs()));
+        assert!(kc.iter().zip(&kd).all(|(x, y)| (x - y).abs() <= 4e-3 * scale), "keys at {pos}");
+    }
+}

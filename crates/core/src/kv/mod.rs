@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
 mod shift;
-pub use shift::ShiftError;
+pub use shift::{Moved, ShiftError};
 
 /// log2 of the rows per block.
 pub const BLOCK_SHIFT: u32 = 4;

@@ -24,6 +24,16 @@ pub enum ShiftError {
     NoRoom { needed: usize, free: usize },
 }
 
+/// The rows a shift moved, in the order it moved them (each row read before any move lands on
+/// it): `(from, to)` cells, the first `copied` of them kept rows copied out of a shared block
+/// (their keys not rotated), the rest the rows after the dropped tokens. Another cache indexed
+/// by the same cells (the accelerator's layers) repeats them.
+#[derive(Debug, Default, PartialEq)]
+pub struct Moved {
+    pub cells: Vec<(u32, u32)>,
+    pub copied: usize,
+}
+
 impl Blocks {
     /// Whether `seq`'s context was shifted since it was last empty.
     pub fn is_shifted(&self, seq: usize) -> bool {
@@ -87,7 +97,8 @@ impl KvCache {
     /// positions, each key (`head_dim` f32 of one KV head) passed through `rotate(layer, key)`
     /// on the way, which rotates it back by `discard` positions; values are copied as they are.
     /// Keys in F16 or quantized are converted to f32 and back, as llama.cpp's shift does.
-    pub fn shift(&mut self, kernels: &Kernels, seq: usize, keep: usize, discard: usize, rotate: &mut dyn FnMut(usize, &mut [f32])) -> Result<(), ShiftError> {
+    /// Returns the moves made.
+    pub fn shift(&mut self, kernels: &Kernels, seq: usize, keep: usize, discard: usize, rotate: &mut dyn FnMut(usize, &mut [f32])) -> Result<Moved, ShiftError> {
         let first = keep / BLOCK;
         let (old, release) = self.blocks.shift_tables(seq, keep, discard)?;
         let new_len = self.blocks.lens[seq];
@@ -134,7 +145,7 @@ impl KvCache {
             self.blocks.unref(b);
         }
         debug_assert!(self.blocks.tables[seq].iter().all(|&b| b != NIL));
-        Ok(())
+        Ok(Moved { cells: moves.iter().map(|&(f, t)| (f as u32, t as u32)).collect(), copied: n_kept })
     }
 }
 

@@ -3,7 +3,8 @@
 //! rows down (`KvCache::shift`); here each layer's keys are rotated back by `discard`
 //! positions with the RoPE the model applied to them ([`corelm_models::Model::key_rope`]):
 //! angles for position `-discard` from `rope_cache`, applied by the same `rope_apply` as a
-//! pass, so a key stored in F16 comes out as llama.cpp's shift leaves it.
+//! pass, so a key stored in F16 comes out as llama.cpp's shift leaves it. Layers on the
+//! accelerator (`--accel-layers`) repeat the moves in their cache.
 
 use super::Engine;
 use crate::Error;
@@ -33,17 +34,13 @@ pub(crate) fn drop_shifted(history: &mut Vec<u32>, next: usize, keep: usize, dis
 
 impl Engine {
     /// Whether this engine can shift a sequence's context, or why not (checked before
-    /// generating, so a refusal comes before any token): not with layers on the device or a
-    /// model whose keys are not rotated by a plain RoPE.
+    /// generating, so a refusal comes before any token): not with a model whose keys are not
+    /// rotated by a plain RoPE, nor with layers on a device that cannot read its rows back.
     pub fn can_shift(&self) -> Result<(), Error> {
-        let why = if self.device_layers.is_some() {
-            "the cache of layers on the device (--accel-layers) is not shifted".to_string()
-        } else if (0..self.hyper().n_layer).any(|il| self.model.key_rope(il).is_none()) {
-            format!("the {} model's keys are not rotated by a plain RoPE", self.hyper().arch)
-        } else {
-            return Ok(());
-        };
-        Err(Error::Config(format!("context shift: {why}")))
+        if (0..self.hyper().n_layer).any(|il| self.model.key_rope(il).is_none()) {
+            return Err(Error::Config(format!("context shift: the {} model's keys are not rotated by a plain RoPE", self.hyper().arch)));
+        }
+        self.device_layers.as_ref().map_or(Ok(()), |d| d.can_shift())
     }
 
     /// Drop tokens `keep..keep + discard` of sequence `seq`: the tokens after them move down
@@ -78,13 +75,23 @@ impl Engine {
             let (cache, n_rot, neox) = &caches[l];
             rope_apply(kernels, key, cache, *n_rot, *neox);
         };
-        self.kv.shift(kernels, s, keep, discard, &mut rotate).map_err(|e| Error::Config(format!("context shift: {e}")))
+        // The device's layers (their rows indexed by the same cells) move the same rows, once
+        // it holds those CPU passes wrote (`--accel-min-tokens`), read before the CPU's move.
+        if let Some(d) = &self.device_layers {
+            d.upload_stale(&self.kv, kernels);
+        }
+        let moved = self.kv.shift(kernels, s, keep, discard, &mut rotate).map_err(|e| Error::Config(format!("context shift: {e}")))?;
+        if let Some(d) = &self.device_layers {
+            d.shift(&moved, &mut rotate);
+        }
+        Ok(())
     }
 }
 
 impl Engine {
     /// Layer `layer`'s key and value rows of position `pos` of sequence `seq`, as f32 (each
-    /// `[kv_slots, head_dim]`), for inspecting the cache; `None` out of range.
+    /// `[kv_slots, head_dim]`), for inspecting the cache (a layer on the device: its rows
+    /// there); `None` out of range or where the device cannot be read.
     pub fn kv_cell(&self, seq: i32, pos: usize, layer: usize) -> Option<(Vec<f32>, Vec<f32>)> {
         let s = self.seq_index(seq)?;
         let kv = &self.kv;
@@ -92,6 +99,9 @@ impl Engine {
             return None;
         }
         let cell = kv.blocks.cell(s, pos) as u32;
+        if let Some(d) = self.device_layers.as_ref().filter(|d| layer < d.n_layers()) {
+            return d.cell(layer, cell).ok();
+        }
         let n = kv.n_kv_head * kv.head_dim;
         let (mut k, mut v) = (vec![0f32; n], vec![0f32; n]);
         kv.load_cells(self.kernels, layer, &[cell], &mut k, &mut v);
