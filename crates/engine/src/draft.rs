@@ -5,7 +5,8 @@
 //! target's alone, whatever the draft proposes.
 //!
 //! * **One pool.** The draft's engine runs on its target's workers ([`Engine::from_gguf_on`]):
-//!   the two models take turns, never compete for cores.
+//!   the two models take turns, never compete for cores. Under `--tp` the draft is not cut:
+//!   it runs on a view of the pool that joins the shard groups into one.
 //! * **Its cache follows the target's tokens.** Per sequence the draft keeps the tokens it was
 //!   fed; each call is given the sequence's whole history (prompt, answer, and the token about
 //!   to be fed) and keeps the longest common prefix, cutting the rest (rejected draft tokens,
@@ -92,10 +93,6 @@ impl DraftModel {
         }
         if !(0.0..=1.0).contains(&params.p_min) {
             return Err(Error::Config(format!("--spec-draft-p-min must be within 0..1, got {}", params.p_min)));
-        }
-        if target.tp_degree() > 1 {
-            // Its workers are split into shard groups; the draft's graph is not cut for them.
-            return Err(Error::Config(format!("a draft model with --tp {}: not supported (drafts run on one group of all the workers)", target.tp_degree())));
         }
         let gguf = Arc::new(Gguf::open(path).map_err(|e| Error::Config(format!("draft model {}: {e}", path.display())))?);
         let tok = Tokenizer::from_gguf(&gguf).map_err(|e| Error::Config(format!("draft model {}: {e}", path.display())))?;

@@ -18,6 +18,7 @@ use crate::setup::{build_graph, check_accel_split, finish_graph, matrix_classes,
 use crate::Error;
 use corelm_core::kv::BLOCK;
 
+mod seqs;
 mod shift;
 mod slot_file;
 pub(crate) use shift::drop_shifted;
@@ -65,6 +66,11 @@ pub struct Engine {
     /// The plan's decode view of the pool, and the view the last pass ran on (0: all workers).
     decode_view: Option<usize>,
     last_view: usize,
+    /// The view passes run on otherwise (0; an engine on another's pool: that pool's
+    /// `whole_view`), and the view of every worker as one group this pool lends such an
+    /// engine (0 unless view 0 is split into shard groups).
+    base_view: usize,
+    whole_view: usize,
     pub profile: Option<Profile>,
     /// The accelerator's hot neurons (`--accel-mem`).
     accel: Option<Arc<corelm_accel::HotFfn>>,
@@ -94,8 +100,8 @@ impl Engine {
 
     /// As [`Engine::from_gguf`], on `shared`'s workers where given (a draft model's engine on
     /// its target's pool: all its workers, one group).
-    pub(crate) fn from_gguf_on(gguf: Arc<Gguf>, mut cfg: EngineConfig, shared: Option<Arc<ThreadPool>>) -> Result<Engine, Error> {
-        if let Some(p) = shared.as_ref().filter(|p| p.n_threads() != cfg.n_threads || cfg.tp > 1 || cfg.plan.is_some()) {
+    pub(crate) fn from_gguf_on(gguf: Arc<Gguf>, mut cfg: EngineConfig, shared: Option<(Arc<ThreadPool>, usize)>) -> Result<Engine, Error> {
+        if let Some((p, _)) = shared.as_ref().filter(|(p, _)| p.n_threads() != cfg.n_threads || cfg.tp > 1 || cfg.plan.is_some()) {
             return Err(Error::Config(format!("an engine on another's {} workers runs on all of them, without --tp or a plan", p.n_threads())));
         }
         // A plan fixes the workers: its prefill configuration's cores, one group per shard.
@@ -331,8 +337,8 @@ impl Engine {
             return Err(Error::Config("--attn-pipeline pipelines the column-key kernels: it needs --kv-layout columns".into()));
         }
         let cpus = if cfg.pin { worker_cpus } else { vec![] };
-        let (pool, decode_view) = match shared {
-            Some(p) => (p, None),
+        let (pool, decode_view, base_view, whole_view) = match shared {
+            Some((p, view)) => (p, None, view, 0),
             None => {
                 let mut pool = ThreadPool::new(PoolConfig { n_threads: cfg.n_threads, cpus });
                 if tp.is_some() {
@@ -344,11 +350,13 @@ impl Engine {
                     Some(groups) => Some(pool.add_view(groups).map_err(Error::Config)?),
                     None => None,
                 };
-                (Arc::new(pool), decode_view)
+                // Every worker as one group, for a draft model's engine on this pool.
+                let whole_view = if pool.groups().len() > 1 { pool.add_view(std::slice::from_ref(&(0..cfg.n_threads))).map_err(Error::Config)? } else { 0 };
+                (Arc::new(pool), decode_view, 0, whole_view)
             }
         };
         // The smallest group of any view sizes the per-worker scratch.
-        let views = std::iter::once(0).chain(decode_view);
+        let views = std::iter::once(base_view).chain(decode_view);
         let mut group_threads = views.flat_map(|v| pool.view_groups(v).iter().map(|g| g.len())).min().unwrap_or(cfg.n_threads);
         if cfg.roofline.is_some() {
             // A roofline plan may cap a node at one worker, which then takes all its rows.
@@ -410,7 +418,9 @@ impl Engine {
             out_rows: Vec::with_capacity(cfg.n_batch),
             n_out: 0,
             decode_view,
-            last_view: 0,
+            last_view: base_view,
+            base_view,
+            whole_view,
             cfg,
             profile: None,
             accel,
@@ -427,8 +437,10 @@ impl Engine {
         &self.pool
     }
 
-    pub(crate) fn shared_pool(&self) -> Arc<ThreadPool> {
-        self.pool.clone()
+    /// This engine's workers for another engine (a draft model's), with the view that runs
+    /// them as one group.
+    pub(crate) fn shared_pool(&self) -> (Arc<ThreadPool>, usize) {
+        (self.pool.clone(), self.whole_view)
     }
 
     pub(crate) fn exec_mut(&mut self) -> &mut Executor {
@@ -525,7 +537,8 @@ impl Engine {
         &self.graphs[&key]
     }
 
-    /// The pool view the last pass ran on: 0 for every worker, else the plan's decode view.
+    /// The pool view the last pass ran on: 0 for every worker (an engine on another's pool:
+    /// its view of them as one group), else the plan's decode view.
     pub fn last_view(&self) -> usize {
         self.last_view
     }
@@ -565,59 +578,6 @@ impl Engine {
         self.kv.bytes() / self.kv.n_cells.max(1)
     }
 
-    /// `seq` as an index, if it names one of the `n_seq_max` sequences.
-    fn seq_index(&self, seq: i32) -> Option<usize> {
-        usize::try_from(seq).ok().filter(|&s| s < self.cfg.n_seq_max)
-    }
-
-    /// Tokens stored for a sequence (its next position).
-    pub fn seq_len(&self, seq: i32) -> usize {
-        self.seq_index(seq).map_or(0, |s| self.kv.blocks.len(s))
-    }
-
-    /// Cells in blocks no sequence holds (free or cached-evictable).
-    pub fn free_cells(&self) -> usize {
-        self.kv.blocks.available() * BLOCK
-    }
-
-    /// Tokens `seq` can still append: the rest of its last block plus the available blocks,
-    /// capped by `n_ctx`.
-    pub fn room(&self, seq: i32) -> usize {
-        self.seq_index(seq)
-            .map_or(0, |s| self.kv.blocks.room(s).min(self.cfg.n_ctx.saturating_sub(self.kv.blocks.len(s))))
-    }
-
-    /// The paged KV cache's block accounting (tables, prefix cache, counters).
-    pub fn blocks(&self) -> &corelm_core::kv::Blocks {
-        &self.kv.blocks
-    }
-
-    /// Start the empty sequence `seq` on cached blocks holding a prefix of `tokens`; returns
-    /// how many leading tokens are already in the cache (a multiple of the block size, and
-    /// always less than `tokens.len()`). Feed the rest.
-    pub fn attach_prefix(&mut self, seq: i32, tokens: &[u32]) -> usize {
-        self.seq_index(seq).map_or(0, |s| self.kv.blocks.attach_prefix(s, tokens))
-    }
-
-    /// Forget a sequence: release its blocks (full ones stay cached for prefix reuse).
-    pub fn clear_seq(&mut self, seq: i32) {
-        if let Some(s) = self.seq_index(seq) {
-            self.kv.blocks.release(s);
-        }
-    }
-
-    /// Cut sequence `seq` back to its first `len` tokens (draft tokens a pass rejected); the
-    /// next token goes to position `len`. Not with layers on the device (their cache is not cut).
-    pub fn truncate_seq(&mut self, seq: i32, len: usize) -> Result<(), Error> {
-        if self.device_layers.is_some() {
-            return Err(Error::Config("draft tokens cannot be taken back from layers on the device".into()));
-        }
-        if let Some(s) = self.seq_index(seq) {
-            self.kv.blocks.truncate(s, len);
-        }
-        Ok(())
-    }
-
     /// The LoRA adapters loaded (`--lora`), in order, with their scales.
     pub fn lora_adapters(&self) -> &[crate::lora::Adapter] {
         self.adapters.as_ref().map_or(&[], |a| a.list())
@@ -646,14 +606,6 @@ impl Engine {
             self.kv.blocks.clear_cache();
         }
         Ok(())
-    }
-
-    /// Forget every sequence and every cached prefix.
-    pub fn clear_all(&mut self) {
-        for s in 0..self.cfg.n_seq_max as i32 {
-            self.clear_seq(s);
-        }
-        self.kv.blocks.clear_cache();
     }
 
     fn validate(&mut self, batch: &Batch) -> Result<(), Error> {
@@ -727,7 +679,7 @@ impl Engine {
         // The plan's rule: short passes on the decode view, the rest on every worker.
         self.last_view = match (&self.cfg.plan, self.decode_view) {
             (Some(p), Some(v)) if !p.prefill_for(n) => v,
-            _ => 0,
+            _ => self.base_view,
         };
         // --accel-min-tokens: a pass on the device first gets the rows CPU passes wrote.
         let on_device = self.cfg.device_layers_for(n) > 0;

@@ -403,3 +403,32 @@ fn a_shared_kv_head_is_projected_once_with_the_same_bits() {
         assert_eq!(rows, want_rows, "{file} --tp {tp}: K and V rows per shard");
     }
 }
+
+/// A draft model beside `--tp 2`: the draft is not cut, it runs on the pool's view of all the
+/// workers as one group, between the target's sharded passes. The answer is the target's
+/// without drafts (batch-invariant arithmetic), with a session's next turn in the same
+/// sequence too, and the draft (the same weights, uncut) has most proposals kept.
+#[test]
+fn a_draft_model_runs_beside_tensor_parallelism() {
+    use corelm_engine::draft::{DraftModel, DraftParams};
+    use corelm_engine::generate::{generate_drafted, GenerateParams};
+    use corelm_engine::sample::SamplingParams;
+    let file = "SmolLM2-135M-Instruct.Q4_1.gguf";
+    let (mut e, tok) = load(file, EngineConfig { tp: 2, batch_invariant: true, n_batch: 32, ..test_config(2) });
+    let prompt = tok.encode("Copy the list exactly, three times:\n- red apple\n- green pear\n- blue plum\n", true, true).unwrap();
+    let params = GenerateParams { max_tokens: 60, sampling: SamplingParams::greedy(), ignore_eos: true, ..Default::default() };
+    let more = tok.encode("\nAgain:", false, true).unwrap();
+    let answer = |e: &mut Engine, mut m: Option<&mut DraftModel>| {
+        e.clear_all();
+        let a = generate_drafted(e, m.as_deref_mut(), &tok, &prompt, &params, |_| true).unwrap();
+        let b = generate_drafted(e, m, &tok, &more, &GenerateParams { max_tokens: 20, ..params.clone() }, |_| true).unwrap();
+        (a, b)
+    };
+    let plain = answer(&mut e, None);
+    let mut model = DraftModel::load(&model_path(file), &e, &tok, DraftParams { n_max: 4, ..Default::default() }).unwrap();
+    let (a, b) = answer(&mut e, Some(&mut model));
+    assert_eq!((&a.tokens, &b.tokens), (&plain.0.tokens, &plain.1.tokens));
+    assert!(a.drafted > 40 && 2 * a.kept > a.drafted, "{} of {} proposals kept", a.kept, a.drafted);
+    assert_eq!(e.last_view(), 0, "the target's passes run on its shard groups");
+    assert_ne!(model.engine().last_view(), 0, "the draft's passes on the view of one group");
+}
