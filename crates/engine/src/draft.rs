@@ -167,8 +167,7 @@ impl DraftModel {
             self.cached[s].drain(keep..keep + discard);
             self.attached[s] = self.attached[s].min(keep);
         } else if keep >= self.attached[s] && keep > 0 {
-            // Cannot fail: the draft's engine has no layers on a device.
-            let _ = self.engine.truncate_seq(seq, keep);
+            self.engine.truncate_seq(seq, keep);
             self.cached[s].truncate(keep);
         } else {
             self.forget(seq);
@@ -213,8 +212,7 @@ impl DraftModel {
         let common = self.cached[s].iter().zip(want).take_while(|(a, b)| a == b).count();
         if common < self.cached[s].len() || self.cached[s].is_empty() {
             if common >= self.attached[s] && !self.cached[s].is_empty() {
-                // Cannot fail: the draft's engine has no layers on a device.
-                let _ = self.engine.truncate_seq(seq, common);
+                self.engine.truncate_seq(seq, common);
                 self.cached[s].truncate(common);
             } else {
                 self.engine.clear_seq(seq);

@@ -135,11 +135,11 @@ fn shift(engine: &mut Engine, draft: Option<&mut DraftModel>, tok: &Tokenizer, s
 
 /// After a step that fed `rows` rows (its token and a draft) to `seq`, of which the model took
 /// the rows up to `row`: the rest leave the KV cache. The draft tokens kept.
-fn cut_draft(engine: &mut Engine, seq: i32, rows: usize, row: usize) -> Result<usize, Error> {
+fn cut_draft(engine: &mut Engine, seq: i32, rows: usize, row: usize) -> usize {
     if rows > row + 1 {
-        engine.truncate_seq(seq, engine.seq_len(seq) - (rows - 1 - row))?;
+        engine.truncate_seq(seq, engine.seq_len(seq) - (rows - 1 - row));
     }
-    Ok(row)
+    row
 }
 
 /// Incremental detokenizer with stop strings: pieces go in, text that can no longer become
@@ -278,10 +278,6 @@ pub fn generate_drafted(
     let mut mask_secs = 0.0;
     // Drafts: `draft` was fed after the step's first token, so the step left `rows` logits
     // rows; `row` is the one sampled next.
-    if spec {
-        // Refused (before anything is generated) where the cache cannot be cut.
-        engine.truncate_seq(seq, engine.seq_len(seq))?;
-    }
     let (mut draft, mut row, mut rows) = (Vec::new(), 0, 1);
     let (mut cost, mut accept) = (RowCost::default(), Acceptance(Acceptance::PRIOR));
     let (mut drafted, mut kept) = (0, 0);
@@ -334,7 +330,7 @@ pub fn generate_drafted(
             // (A step without drafts lets the acceptance drift back, so drafting is retried.)
             accept.observe(rows - 1, row);
         }
-        kept += cut_draft(engine, seq, rows, row)?;
+        kept += cut_draft(engine, seq, rows, row);
         (row, rows) = (0, 1);
         let full = |e: &Engine| e.room(seq) == 0 || params.context_shift.is_some_and(|c| c.is_due(e.seq_len(seq), e.config().n_ctx));
         if full(engine) {
@@ -385,7 +381,7 @@ pub fn generate_drafted(
         (row, rows, drafted) = (0, batch.len(), drafted + draft.len());
     }
     // A session goes on from the last token taken.
-    kept += cut_draft(engine, seq, rows, row)?;
+    kept += cut_draft(engine, seq, rows, row);
     if !matches!(reason, StopReason::StopString | StopReason::Cancelled) {
         let rest = out.finish();
         if !rest.is_empty() {

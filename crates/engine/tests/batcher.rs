@@ -395,7 +395,7 @@ fn prompt_lookup_drafts_change_nothing_but_the_passes() {
     let run = |b: &mut Batcher| four_requests(b, &tok);
     let plain = run(&mut b);
     for adaptive in [false, true] {
-        b.set_lookup(6, adaptive).unwrap();
+        b.set_lookup(6, adaptive);
         let counts = |b: &Batcher| (b.stats().drafted.load(Relaxed), b.stats().drafts_kept.load(Relaxed));
         let before = counts(&b);
         let drafted = run(&mut b);
@@ -430,7 +430,7 @@ fn a_draft_model_changes_nothing_but_the_passes() {
     let mut b = Batcher::new(engine, tok.clone());
     let run = |b: &mut Batcher| four_requests(b, &tok);
     let plain = run(&mut b);
-    b.set_draft_model(model).unwrap();
+    b.set_draft_model(model);
     let drafted = run(&mut b);
     for (i, (a, d)) in plain.iter().zip(&drafted).enumerate() {
         assert_eq!((&a.0, &a.1, &a.2), (&d.0, &d.1, &d.2), "request {i}: tokens, text, finish");

@@ -478,3 +478,29 @@ fn a_context_shift_moves_the_accelerators_rows() {
         assert!(kc.iter().zip(&kd).all(|(x, y)| (x - y).abs() <= 4e-3 * scale), "keys at {pos}");
     }
 }
+
+/// Drafts beside layers on the accelerator: rejected draft tokens leave the device's cache as
+/// they leave the CPU's (its rows are indexed by the same block tables), so prompt-lookup
+/// drafts and a draft model change nothing but the passes — the answer is the one without,
+/// bit for bit under `--batch-invariant`, and most of the draft model's proposals are kept.
+#[test]
+fn drafts_beside_layers_on_the_accelerator_change_nothing_but_the_passes() {
+    use corelm_engine::draft::{DraftModel, DraftParams};
+    use corelm_engine::generate::{generate_drafted, GenerateParams};
+    use corelm_engine::sample::SamplingParams;
+    let (mut e, tok) = load(SMOL, EngineConfig { accel_layers: 2, batch_invariant: true, n_batch: 32, ..test_config(2) });
+    let prompt = tok.encode("Copy the list exactly, three times:\n- red apple\n- green pear\n- blue plum\n", true, true).unwrap();
+    let params = GenerateParams { max_tokens: 40, sampling: SamplingParams::greedy(), ignore_eos: true, ..Default::default() };
+    let answer = |e: &mut Engine, m: Option<&mut DraftModel>, lookup: usize| {
+        e.clear_all();
+        generate_drafted(e, m, &tok, &prompt, &GenerateParams { lookup, ..params.clone() }, |_| true).unwrap()
+    };
+    let plain = answer(&mut e, None, 0);
+    let looked = answer(&mut e, None, 4);
+    let mut model = DraftModel::load(&model_path(SMOL), &e, &tok, DraftParams { n_max: 4, ..Default::default() }).unwrap();
+    let drafted = answer(&mut e, Some(&mut model), 0);
+    assert_eq!(looked.tokens, plain.tokens, "lookup");
+    assert!(looked.drafted > 0);
+    assert_eq!(drafted.tokens, plain.tokens, "draft model");
+    assert!(drafted.drafted > 10 && 2 * drafted.kept > drafted.drafted, "{} of {} kept", drafted.kept, drafted.drafted);
+}

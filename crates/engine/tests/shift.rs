@@ -200,7 +200,7 @@ fn a_draft_models_cache_shifts_with_its_target() {
     // Served: two requests, each shifting, their drafts from the same model.
     let serve_shift = ContextShift { n_ctx: 128, ..shift };
     let mut b = Batcher::new(engine, Arc::new(tok));
-    b.set_draft_model(model).unwrap();
+    b.set_draft_model(model);
     let logs = serve_all(&mut b, &[&p, &p], 200, serve_shift);
     for log in &logs {
         let (tokens, f) = log.lock().unwrap().clone();

@@ -140,10 +140,10 @@ pub fn app_drafted(engine: Engine, draft: Option<DraftModel>, tok: Tokenizer, cf
     let mut cfg = cfg;
     let mut b = Batcher::new(engine, tok.clone());
     b.set_tpot_target(cfg.tpot_target);
-    b.set_lookup(cfg.lookup, true).map_err(|e| e.to_string())?;
+    b.set_lookup(cfg.lookup, true);
     let speculative = cfg.lookup > 0 || draft.is_some();
     if let Some(d) = draft {
-        b.set_draft_model(d).map_err(|e| e.to_string())?;
+        b.set_draft_model(d);
     }
     cfg.ctx_size = cfg.ctx_size.min(b.max_context());
     let stats = b.stats();

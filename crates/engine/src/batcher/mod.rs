@@ -179,26 +179,17 @@ impl Batcher {
 
     /// Prompt-lookup speculative decoding: each decoding sequence feeds up to `n` draft tokens
     /// per step ([`lookup`]), as many as pay by the timed step costs when `adaptive`, else
-    /// always `n` where its history has them; 0 turns it off. Not with layers on the device.
-    pub fn set_lookup(&mut self, n: usize, adaptive: bool) -> Result<(), Error> {
-        if n > 0 && self.engine.device_layers().is_some() {
-            return Err(Error::Config("--lookup: draft tokens cannot be taken back from layers on the device".into()));
-        }
+    /// always `n` where its history has them; 0 turns it off.
+    pub fn set_lookup(&mut self, n: usize, adaptive: bool) {
         (self.lookup, self.lookup_adaptive) = (n, adaptive);
-        Ok(())
     }
 
     /// Speculative decoding with a draft model ([`crate::draft`]): each decoding sequence
-    /// feeds the model's proposal beside its next token (in place of prompt lookup's). Not
-    /// with layers on the device.
-    pub fn set_draft_model(&mut self, model: DraftModel) -> Result<(), Error> {
-        if self.engine.device_layers().is_some() {
-            return Err(Error::Config("a draft model: draft tokens cannot be taken back from layers on the device".into()));
-        }
+    /// feeds the model's proposal beside its next token (in place of prompt lookup's).
+    pub fn set_draft_model(&mut self, model: DraftModel) {
         let n = model.params().n_max;
         self.proposals.iter_mut().for_each(|p| p.reserve(n));
         self.model = Some(model);
-        Ok(())
     }
 
     pub fn draft_model(&self) -> Option<&DraftModel> {
@@ -579,8 +570,7 @@ impl Batcher {
         }
         for &(seq, fed) in &self.cuts {
             if self.engine.seq_len(seq) > fed {
-                // Cannot fail: drafts are off with layers on the device.
-                let _ = self.engine.truncate_seq(seq, fed);
+                self.engine.truncate_seq(seq, fed);
             }
         }
         self.cuts.clear();

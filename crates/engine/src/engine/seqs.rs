@@ -2,7 +2,6 @@
 //! or forgotten. A sequence id names one of `n_seq_max` block tables.
 
 use super::Engine;
-use crate::Error;
 use corelm_core::kv::BLOCK;
 
 impl Engine {
@@ -48,15 +47,12 @@ impl Engine {
     }
 
     /// Cut sequence `seq` back to its first `len` tokens (draft tokens a pass rejected); the
-    /// next token goes to position `len`. Not with layers on the device (their cache is not cut).
-    pub fn truncate_seq(&mut self, seq: i32, len: usize) -> Result<(), Error> {
-        if self.device_layers.is_some() {
-            return Err(Error::Config("draft tokens cannot be taken back from layers on the device".into()));
-        }
+    /// next token goes to position `len`. Layers on the device need nothing more: their cache
+    /// is indexed by the same block tables, and the next pass writes those positions' rows.
+    pub fn truncate_seq(&mut self, seq: i32, len: usize) {
         if let Some(s) = self.seq_index(seq) {
             self.kv.blocks.truncate(s, len);
         }
-        Ok(())
     }
 
     /// Forget every sequence and every cached prefix.
