@@ -456,6 +456,11 @@ impl DeviceLayers {
         self.gpu.read_back_with(staging, self.layers.len() * 2 * n * kvd, f)
     }
 
+    /// Most tokens a pass takes, and cells a read-back ([`Self::read_cells`]) takes.
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
     /// Layers held.
     pub fn len(&self) -> usize {
         self.layers.len()

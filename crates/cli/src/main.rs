@@ -477,7 +477,7 @@ fn main() -> Result<()> {
             let reused = cache.restore(&mut engine, params.seq, &model_id, &ids)?;
             let g = generate_drafted(&mut engine, draft.as_mut(), &tok, &ids[reused..], &params, print_stream)?;
             println!();
-            cache.save(&engine, params.seq, &model_id, ids.len())?;
+            cache.save(&mut engine, params.seq, &model_id, ids.len())?;
             eprintln!(
                 "[{} prompt tokens in {:.3} s = {:.1} t/s; {} generated in {:.3} s = {:.1} t/s; stop: {:?}; {} threads, {} kernels]",
                 g.n_prompt,

@@ -34,7 +34,7 @@ impl PromptCacheArgs {
 
     /// Write sequence `seq`'s blocks — the first `n_prompt` tokens', or with
     /// `--prompt-cache-all` every one — unless the cache is read-only.
-    pub fn save(&self, engine: &Engine, seq: i32, model: &str, n_prompt: usize) -> Result<()> {
+    pub fn save(&self, engine: &mut Engine, seq: i32, model: &str, n_prompt: usize) -> Result<()> {
         let Some(path) = self.prompt_cache.as_ref().filter(|_| !self.prompt_cache_ro) else { return Ok(()) };
         let upto = if self.prompt_cache_all { usize::MAX } else { n_prompt };
         let io = engine.save_slot_upto(seq, path, model, upto).with_context(|| format!("--prompt-cache {}", path.display()))?;

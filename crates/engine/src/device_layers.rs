@@ -260,22 +260,57 @@ impl LayersOnDevice {
         let Sync { stale, k, v, .. } = &mut *guard;
         stale.sort_unstable();
         stale.dedup();
+        self.upload(kv, kernels, stale, k, v);
+        stale.clear();
+    }
+
+    /// The CPU cache's rows of `cells` (ascending) onto the device, a run of consecutive cells
+    /// at a time through `k` and `v` (`UPLOAD_CELLS` rows each).
+    fn upload(&self, kv: &KvCache, kernels: &Kernels, cells: &[u32], k: &mut [f32], v: &mut [f32]) {
         let kvd = kv.n_kv_head * kv.head_dim;
         let mut i = 0;
-        while i < stale.len() {
+        while i < cells.len() {
             // A run of consecutive cells from i, at most UPLOAD_CELLS.
             let mut j = i + 1;
-            while j < stale.len() && j - i < UPLOAD_CELLS && stale[j] == stale[j - 1] + 1 {
+            while j < cells.len() && j - i < UPLOAD_CELLS && cells[j] == cells[j - 1] + 1 {
                 j += 1;
             }
             let n = (j - i) * kvd;
             for layer in 0..self.layers.len() {
-                kv.load_cells(kernels, layer, &stale[i..j], &mut k[..n], &mut v[..n]);
-                self.layers.write_cells(layer, stale[i], &k[..n], &v[..n]);
+                kv.load_cells(kernels, layer, &cells[i..j], &mut k[..n], &mut v[..n]);
+                self.layers.write_cells(layer, cells[i], &k[..n], &v[..n]);
             }
             i = j;
         }
-        stale.clear();
+    }
+
+    /// Slot files (`Engine::save_slot`) are written from the CPU's cache: the device's rows
+    /// of `cells` into it first, converted to its type. Where both caches hold every row
+    /// (`--accel-min-tokens`), the CPU's are current already.
+    pub(crate) fn pull(&self, kv: &mut KvCache, kernels: &Kernels, cells: &[u32]) -> Result<(), Error> {
+        if self.sync.is_some() {
+            return Ok(());
+        }
+        cells.chunks(self.layers.max_tokens()).try_for_each(|c| self.read_into(kv, kernels, c)).map_err(|e| Error::Slot(format!("reading the accelerator's cache rows: {e}")))
+    }
+
+    /// Rows of the CPU's cache (a restored slot file's) onto the device.
+    pub(crate) fn push(&self, kv: &KvCache, kernels: &Kernels, cells: &[u32]) {
+        let kvd = kv.n_kv_head * kv.head_dim;
+        let (mut k, mut v) = (vec![0f32; UPLOAD_CELLS * kvd], vec![0f32; UPLOAD_CELLS * kvd]);
+        self.upload(kv, kernels, cells, &mut k, &mut v);
+    }
+
+    /// The device's rows of `cells` (at most `max_tokens`) into the CPU's cache.
+    fn read_into(&self, kv: &mut KvCache, kernels: &Kernels, cells: &[u32]) -> Result<(), corelm_accel::AccelError> {
+        let n = cells.len() * kv.n_kv_head * kv.head_dim;
+        // Converted straight from the mapped read-back buffer.
+        self.layers.read_cells(cells, |rows: &[f32]| {
+            for (layer, rows) in rows.chunks_exact(2 * n).enumerate() {
+                let (k, v) = rows.split_at(n);
+                kv.store_cells(kernels, layer, cells, k, v);
+            }
+        })
     }
 
     /// After a pass on the device: its cells' rows (`slots`) into the CPU's cache.
@@ -283,15 +318,7 @@ impl LayersOnDevice {
         if self.sync.is_none() || slots.is_empty() {
             return;
         }
-        let n = slots.len() * kv.n_kv_head * kv.head_dim;
-        // Converted straight from the mapped read-back buffer.
-        let store = |rows: &[f32]| {
-            for (layer, rows) in rows.chunks_exact(2 * n).enumerate() {
-                let (k, v) = rows.split_at(n);
-                kv.store_cells(kernels, layer, slots, k, v);
-            }
-        };
-        if let Err(e) = self.layers.read_cells(slots, store) {
+        if let Err(e) = self.read_into(kv, kernels, slots) {
             panic!("--accel-layers: reading the accelerator's cache rows back failed ({e}); the CPU's cache misses them, so the run cannot go on");
         }
     }

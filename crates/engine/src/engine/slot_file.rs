@@ -10,7 +10,9 @@
 //! File: `CORELMKV`, a little-endian `u32` version, a `u32` length and that many bytes of JSON
 //! [`Header`] (the model, the cache's geometry, the adapters' scales and the sparsity, all
 //! checked on restore), the tokens (`u32` each), then each block's rows as `KvCache::read_block` gives
-//! them.
+//! them. Layers on the accelerator (`--accel-layers`) are saved from the CPU's cache once
+//! their rows are read back into it (in its type, so an F16 cache rounds the device's f32
+//! rows), and restored rows are uploaded there.
 
 use super::Engine;
 use crate::Error;
@@ -75,25 +77,22 @@ impl Engine {
         }
     }
 
-    fn slot_files_supported(&self) -> Result<(), Error> {
-        match self.device_layers {
-            Some(_) => Err(Error::Slot("layers on the accelerator keep their KV rows on the device (--accel-layers): slots cannot be saved or restored".into())),
-            None => Ok(()),
-        }
-    }
-
     /// Write what sequence `seq` holds (or last held) to `path` (see the module doc), for the
     /// model named `model`.
-    pub fn save_slot(&self, seq: i32, path: &Path, model: &str) -> Result<SlotIo, Error> {
+    pub fn save_slot(&mut self, seq: i32, path: &Path, model: &str) -> Result<SlotIo, Error> {
         self.save_slot_upto(seq, path, model, usize::MAX)
     }
 
     /// [`Engine::save_slot`] of the sequence's first `n_tokens` at most (its prompt alone).
-    pub fn save_slot_upto(&self, seq: i32, path: &Path, model: &str, n_tokens: usize) -> Result<SlotIo, Error> {
-        self.slot_files_supported()?;
+    pub fn save_slot_upto(&mut self, seq: i32, path: &Path, model: &str, n_tokens: usize) -> Result<SlotIo, Error> {
         let s = self.seq_index(seq).ok_or_else(|| Error::Slot(format!("there is no sequence {seq}")))?;
         let mut chain = self.kv.blocks.chain(s);
         chain.truncate(n_tokens / BLOCK);
+        if let Some(d) = &self.device_layers {
+            // Layers on the device: their rows into the CPU's cache, which the file is written from.
+            let cells: Vec<u32> = chain.iter().flat_map(|&b| b * BLOCK as u32..(b + 1) * BLOCK as u32).collect();
+            d.pull(&mut self.kv, self.kernels, &cells)?;
+        }
         let header = serde_json::to_vec(&self.slot_header(model, chain.len() * BLOCK)).expect("a header serializes");
         let mut out = Vec::with_capacity(16 + header.len() + chain.len() * (BLOCK * 4 + self.kv.block_bytes()));
         out.extend_from_slice(MAGIC);
@@ -119,7 +118,6 @@ impl Engine {
     /// already are kept; where the cache has no room for the rest (without evicting what this
     /// restore brought), the tokens restored so far are what is reported.
     pub fn restore_slot(&mut self, path: &Path, model: &str) -> Result<SlotIo, Error> {
-        self.slot_files_supported()?;
         let bad = |what: String| Error::Slot(format!("{}: {what}", path.display()));
         let mut data = Vec::new();
         std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut data)).map_err(|e| bad(e.to_string()))?;
@@ -148,14 +146,20 @@ impl Engine {
         if let Some(t) = tokens.iter().find(|&&t| t as usize >= header.n_vocab) {
             return Err(bad(format!("token {t} is outside the vocabulary of {}", header.n_vocab)));
         }
-        let (mut parent, mut restored) = (Blocks::root(), Vec::with_capacity(n_blocks));
+        let (mut parent, mut restored, mut fresh_cells) = (Blocks::root(), Vec::with_capacity(n_blocks), vec![]);
         for (i, toks) in tokens.chunks_exact(BLOCK).enumerate() {
             let Some((b, key, fresh)) = self.kv.blocks.restore(parent, toks, &restored) else { break };
             if fresh {
                 self.kv.write_block(b, &data[rows_at + i * block_bytes..][..block_bytes]);
+                fresh_cells.extend(b * BLOCK as u32..(b + 1) * BLOCK as u32);
             }
             restored.push(b);
             parent = key;
+        }
+        if let Some(d) = &self.device_layers {
+            // Layers on the device read their rows there.
+            fresh_cells.sort_unstable();
+            d.push(&self.kv, self.kernels, &fresh_cells);
         }
         self.kv.blocks.touch_chain(&restored);
         Ok(SlotIo { n_tokens: restored.len() * BLOCK, n_bytes: data.len() })
