@@ -254,12 +254,12 @@ pub fn generate_drafted(
         }
         shift_secs += ts.elapsed().as_secs_f64();
     }
-    // Drafts (prompt lookup's or a draft model's) see the sequence's tokens: with a draft
-    // model, also those of earlier calls on it (a chat session) that its cache still holds.
+    // Drafts (prompt lookup's or a draft model's) see the sequence's tokens: those it holds
+    // (a chat session's earlier turns, a prompt cache's blocks), then the prompt.
     let spec = params.lookup > 0 || model.is_some();
-    let prior = model.as_ref().map_or(&[][..], |m| m.cached(seq));
-    let mut history = prior[..prior.len().min(engine.seq_len(seq))].to_vec();
+    let mut history = vec![];
     if spec {
+        history = engine.seq_tokens(seq);
         history.extend_from_slice(prompt);
     }
     prefill(engine, params.seq, prompt, &mut logits)?;

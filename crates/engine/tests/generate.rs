@@ -258,3 +258,21 @@ fn a_draft_model_of_another_vocabulary_is_refused() {
     let e = DraftModel::load(&own, &engine, &tok, DraftParams { n_max: 0, ..Default::default() }).err().unwrap().to_string();
     assert!(e.contains("--spec-draft-n-max"), "{e}");
 }
+
+/// Drafts see the tokens a sequence holds before the prompt (here blocks attached from the
+/// prefix cache, as `--prompt-cache` and `serve` attach them): the model as its own draft
+/// then proposes exactly the target's tokens, every proposal kept.
+#[test]
+fn drafts_see_the_tokens_a_sequence_holds_before_its_prompt() {
+    let cfg = EngineConfig { batch_invariant: true, ..test_config(2) };
+    let (mut engine, tok) = load("SmolLM2-135M-Instruct.Q4_1.gguf", cfg);
+    let prompt = tok.encode(&format!("{}Copy that sentence three times:", "The keeper of the lighthouse wrote in his log every night. ".repeat(5)), true, true).unwrap();
+    engine.feed(0, &prompt, false, |_| {}).unwrap();
+    engine.clear_seq(0);
+    let reused = engine.attach_prefix(1, &prompt);
+    assert!(reused >= 48, "{reused} tokens attached");
+    let mut model = DraftModel::load(&model_path("SmolLM2-135M-Instruct.Q4_1.gguf"), &engine, &tok, DraftParams::default()).unwrap();
+    let params = GenerateParams { max_tokens: 40, seq: 1, sampling: SamplingParams::greedy(), ignore_eos: true, ..Default::default() };
+    let g = generate_drafted(&mut engine, Some(&mut model), &tok, &prompt[reused..], &params, |_| true).unwrap();
+    assert!(g.drafted > 20 && g.kept == g.drafted, "{} of {} proposals kept", g.kept, g.drafted);
+}

@@ -15,6 +15,12 @@ impl Engine {
         self.seq_index(seq).map_or(0, |s| self.kv.blocks.len(s))
     }
 
+    /// The tokens sequence `seq` holds, in position order (after a context shift, the ones
+    /// it kept).
+    pub fn seq_tokens(&self, seq: i32) -> Vec<u32> {
+        self.seq_index(seq).map_or(vec![], |s| self.kv.blocks.seq_tokens(s).collect())
+    }
+
     /// Cells in blocks no sequence holds (free or cached-evictable).
     pub fn free_cells(&self) -> usize {
         self.kv.blocks.available() * BLOCK
