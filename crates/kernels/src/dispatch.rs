@@ -9,9 +9,9 @@ use crate::matmul::{FromFloat, ToFloat, TypeOps, VecDot};
 #[cfg(target_arch = "x86_64")]
 use crate::matmul::TilePacking;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-use crate::matmul::{BatchDot, IlTiles, InterleavedOps, VecDotFew, Widened};
+use crate::matmul::{BatchDot, IlTiles, InterleavedOps, Widened};
 #[cfg(target_arch = "x86_64")]
-use crate::matmul::{DecodedTiles, IlFew};
+use crate::matmul::{DecodedTiles, IlFew, VecDotFew};
 use crate::quant::portable as pq;
 use crate::DType;
 
