@@ -139,7 +139,7 @@ impl DraftModel {
         self.failed
     }
 
-    /// The tokens the draft's cache holds for `seq` (a chat session's earlier turns).
+    /// The tokens the draft's cache holds for `seq`.
     pub fn cached(&self, seq: i32) -> &[u32] {
         usize::try_from(seq).ok().and_then(|s| self.cached.get(s)).map_or(&[], |c| c.as_slice())
     }

@@ -51,12 +51,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, cancel_after: Option<usize>) -> 
 }
 
 fn drain(b: &mut Batcher) {
-    let mut steps = 0;
-    while !b.is_idle() {
-        b.step();
-        steps += 1;
-        assert!(steps < 10_000, "batcher does not finish");
-    }
+    drain_within(b, 10_000);
 }
 
 fn prompts(tok: &corelm_engine::Tokenizer, n: usize) -> Vec<Vec<u32>> {

@@ -158,12 +158,7 @@ fn batched_embedding_passes_equal_each_input_alone() {
     b.submit_embed(cls_req).map_err(|e| e.1).unwrap();
     let (empty, _) = embed_request(vec![vec![]], Pooling::Mean);
     assert!(b.submit_embed(empty).map_err(|e| e.1).unwrap_err().contains("input 0 has no tokens"));
-    let mut steps = 0;
-    while !b.is_idle() {
-        b.step();
-        steps += 1;
-        assert!(steps < 1000, "batcher does not finish");
-    }
+    drain_within(&mut b, 1000);
     assert!(mean.lock().unwrap().take().unwrap().unwrap() == alone, "mean vectors differ from each input's alone");
     assert!(last.lock().unwrap().take().unwrap().unwrap() == last_alone, "last-token vectors differ from each input's alone");
     assert!(cls.lock().unwrap().take().unwrap().unwrap() == cls_alone, "first-token vectors differ from each input's alone");

@@ -116,12 +116,7 @@ fn lazy_grammars_are_free_until_their_trigger() {
             let req = greedy_request(prompt.clone(), 40, Some(1), Some(c), sink);
             b.submit(req).map_err(|e| e.1).unwrap();
         }
-        let mut steps = 0;
-        while !b.is_idle() {
-            b.step();
-            steps += 1;
-            assert!(steps < 1_000, "batcher does not finish");
-        }
+        drain_within(&mut b, 1_000);
         let (one, two) = (logs[0].lock().unwrap(), logs[1].lock().unwrap());
         assert_eq!((&one.0, &one.2), (&got, &Some(FinishReason::Stop)), "{file} batched");
         assert_eq!(two.0, got2, "{file} batched, again");

@@ -120,12 +120,7 @@ fn greedy_answers_under_grammars_equal_llama_cpp() {
             let req = greedy_request(c.prompt.clone(), c.max_tokens, None, Some(Constraint::Grammar(c.grammar.clone())), sink);
             b.submit(req).map_err(|e| e.1).unwrap();
         }
-        let mut steps = 0;
-        while !b.is_idle() {
-            b.step();
-            steps += 1;
-            assert!(steps < 10_000, "batcher does not finish");
-        }
+        drain_within(&mut b, 10_000);
         assert!(parted <= 1, "{file}: {parted} of {} answers part from llama.cpp's at near ties", mine.len());
         for (c, log) in mine.iter().zip(&logs) {
             let g = log.lock().unwrap();

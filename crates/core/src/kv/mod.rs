@@ -587,12 +587,12 @@ impl Blocks {
         out
     }
 
-    /// Tokens of block `b`.
     /// The tokens `seq` holds, in position order.
     pub fn seq_tokens(&self, seq: usize) -> impl Iterator<Item = u32> + '_ {
         (0..self.lens[seq]).map(move |p| self.tokens[self.cell(seq, p)])
     }
 
+    /// Tokens of block `b`.
     pub fn block_tokens(&self, b: u32) -> &[u32] {
         &self.tokens[b as usize * BLOCK..(b as usize + 1) * BLOCK]
     }

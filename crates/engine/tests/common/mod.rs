@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use corelm_engine::batcher::{Request, Sink};
+use corelm_engine::batcher::{Batcher, Request, Sink};
 use corelm_engine::constraint::Constraint;
 use corelm_engine::sample::SamplingParams;
 use corelm_engine::{Batch, Engine, EngineConfig, Tokenizer};
@@ -144,4 +144,32 @@ impl Drop for DraftFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
+}
+
+/// Step `b` until it is idle, within `max_steps` steps.
+pub fn drain_within(b: &mut Batcher, max_steps: usize) {
+    let mut steps = 0;
+    while !b.is_idle() {
+        b.step();
+        steps += 1;
+        assert!(steps < max_steps, "batcher does not finish");
+    }
+}
+
+/// Layer 0's rows of sequence 0 in `a` (shifted) against `b` (a prefill of the kept tokens)
+/// at positions `0..n`: values bit for bit, the first `keep` keys too. Returns the worst key
+/// difference relative to the key's largest element.
+pub fn shifted_key_error(a: &Engine, b: &Engine, n: usize, keep: usize) -> f32 {
+    let mut worst = 0f32;
+    for pos in 0..n {
+        let ((ka, va), (kb, vb)) = (a.kv_cell(0, pos, 0).unwrap(), b.kv_cell(0, pos, 0).unwrap());
+        assert_eq!(va, vb, "layer 0's values at position {pos}");
+        let scale = kb.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let diff = ka.iter().zip(&kb).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        if pos < keep {
+            assert_eq!(diff, 0.0, "a kept key moved at {pos}");
+        }
+        worst = worst.max(diff / scale);
+    }
+    worst
 }
