@@ -79,4 +79,6 @@ for vl in 32 64; do
     "$CARGO" test --release --target $T -p corelm-engine --test classes -q
 done
 "$CARGO" test --release --target $T -p corelm-plan --test profile -q
-"$CARGO" test --release --target $T "${GOLDEN[@]}" -q golden_smollm2_p01 -- --exact --nocapture
+# The SME table on the real model (its tiles and panel GEMM); the portable, NEON and sdot
+# tables' golden checks ran under the CPU models above.
+CORELM_GOLDEN_ISAS=sme "$CARGO" test --release --target $T "${GOLDEN[@]}" -q golden_smollm2_p01 -- --exact --nocapture

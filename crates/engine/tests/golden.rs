@@ -214,7 +214,16 @@ fn golden_kquants_avx2() {
 fn golden_smollm2_p01() {
     use corelm_kernels::Isa;
     let (d, f, t) = MODELS[0];
-    for isa in Isa::ALL.into_iter().filter(|&i| corelm_kernels::dispatch::check(i).is_ok()) {
+    // `CORELM_GOLDEN_ISAS=sme` keeps only the tables named (comma-separated): the last
+    // emulated run of `scripts/test_arm.sh` checks the SME table alone, the others having run
+    // under the CPU models before it.
+    let only: Option<Vec<Isa>> = std::env::var("CORELM_GOLDEN_ISAS")
+        .ok()
+        .map(|v| v.split(',').map(|n| n.trim().parse().unwrap_or_else(|e| panic!("CORELM_GOLDEN_ISAS: {e}"))).collect());
+    let wanted = |i: Isa| only.as_ref().is_none_or(|o| o.contains(&i));
+    let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|&i| wanted(i) && corelm_kernels::dispatch::check(i).is_ok()).collect();
+    assert!(!isas.is_empty(), "no table of CORELM_GOLDEN_ISAS runs on this CPU");
+    for isa in isas {
         let tol = if isa == Isa::Portable { 1.5 * t } else { t };
         check_model_cfg(d, f, tol, corelm_engine::EngineConfig { n_batch: 512, isa: Some(isa), ..test_config(2) }, &["p01"]);
         if matches!(isa, Isa::Sme | Isa::Dotprod) {
