@@ -6,7 +6,10 @@
 //! * `tokenizer.ggml.model = llama`: SentencePiece-style BPE. Merges are derived from the piece
 //!   scores (every split of a piece into two pieces, ranked by the merged piece's score, which is
 //!   what SentencePiece's bigram merging does); unknown characters fall back to `<0xXX>` bytes;
-//!   spaces become `▁`.
+//!   spaces become `▁`, and with `tokenizer.ggml.add_space_prefix` (true unless the file says
+//!   otherwise, as in llama.cpp) each run of text between special tokens starts with one.
+//!   Pieces keep their leading space when decoded, as llama.cpp's `token_to_piece` and
+//!   `llama-server` give them.
 //! * Control tokens (type 3) are special tokens, recognised in prompts only when parsing of
 //!   special tokens is asked for; user-defined tokens (type 4) are always recognised.
 //! * Detokenization is byte-exact per token ([`Tokenizer::piece`]), so a stream can be cut at
@@ -16,7 +19,7 @@ use crate::Error;
 use corelm_gguf::{Array, Gguf};
 use std::collections::HashMap;
 use tokenizers::models::bpe::BPE;
-use tokenizers::normalizers::Replace;
+use tokenizers::normalizers::{NormalizerWrapper, Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
@@ -240,10 +243,16 @@ impl Tokenizer {
                     _ => return Err(Error::Tokenizer("SentencePiece vocabulary needs f32 scores per token".into())),
                 };
                 let bpe = spm_as_bpe(tokens, &scores, &token_type)?;
-                if g.opt_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true) {
-                    return Err(Error::Tokenizer("SentencePiece with add_space_prefix is not supported yet".into()));
-                }
-                let norm = Replace::new(" ", "▁").map_err(tok_err)?;
+                let spaces: NormalizerWrapper = Replace::new(" ", "▁").map_err(tok_err)?.into();
+                // llama.cpp's default for SentencePiece vocabularies (Llama 2, Mistral,
+                // TinyLlama; Gemma's files say false): a space before every run of text, which
+                // is always the first or follows a special token. The normalizer runs on each
+                // run between added tokens, so prepending there is the same.
+                let norm = if g.opt_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true) {
+                    NormalizerSequence::new(vec![Prepend::new("▁".into()).into(), spaces]).into()
+                } else {
+                    spaces
+                };
                 (VocabKind::Spm, bpe, Some(norm), None)
             }
             other => return Err(Error::Tokenizer(format!("unsupported tokenizer model '{other}'"))),
