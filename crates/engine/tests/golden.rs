@@ -321,3 +321,61 @@ fn golden_tensor_parallel() {
         }
     }
 }
+
+/// Every byte-level pre-tokenizer of llama.cpp's table that corelm keeps
+/// (`tokenizer::pre::TABLE`), against llama.cpp's tokenization under it
+/// (`fixtures/pre_tokenizer_golden.json`, written by `scripts/make_pre_tokenizer_golden.py`):
+/// SmolLM2's vocabulary relabelled with each name, `add_bos_token` removed (each name's BOS
+/// default shows) and three merges removed (so `ignore_merges` shows). One name per row is
+/// tokenized here; llama.cpp gave each row's names the same ids (checked from the file).
+#[test]
+fn pre_tokenizers_split_as_llama_cpp() {
+    use corelm_engine::tokenizer::pre::TABLE;
+    use corelm_gguf::{Array, Value as Meta};
+    let g = corelm_engine::engine::open_gguf(model_path(MODELS[0].1)).unwrap();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/pre_tokenizer_golden.json");
+    let raw: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let removed: Vec<String> = serde_json::from_value(raw["removed_merges"].clone()).unwrap();
+    let texts: Vec<String> = serde_json::from_value(raw["texts"].clone()).unwrap();
+    let names = raw["names"].as_object().unwrap();
+    let case = |name: &str| names.get(name).unwrap_or_else(|| panic!("no golden case for pre-tokenizer {name:?}: rerun the script"));
+    let mut bad = Vec::new();
+    for pre in TABLE {
+        let first = case(pre.names[0]);
+        for n in pre.names {
+            assert_eq!(case(n), first, "llama.cpp splits {n:?} unlike {:?}, in the same row", pre.names[0]);
+        }
+        let mut w = corelm_gguf::writer::Writer::new();
+        for (k, v) in g.metadata.iter() {
+            match (k.as_str(), v) {
+                ("tokenizer.ggml.add_bos_token", _) => {}
+                ("tokenizer.ggml.pre", _) => {
+                    w.kv(k, Meta::String(pre.names[0].to_string()));
+                }
+                ("tokenizer.ggml.merges", Meta::Array(Array::String(m))) => {
+                    assert!(removed.iter().all(|r| m.contains(r)));
+                    w.kv(k, Meta::Array(Array::String(m.iter().filter(|x| !removed.contains(x)).cloned().collect())));
+                }
+                _ => {
+                    w.kv(k, v.clone());
+                }
+            }
+        }
+        let tok = corelm_engine::Tokenizer::from_gguf(&corelm_gguf::Gguf::from_bytes(w.to_bytes()).unwrap()).unwrap();
+        let want = &raw["outputs"][first["output"].as_u64().unwrap() as usize];
+        for (i, text) in texts.iter().enumerate() {
+            let ids = tok.encode(text, false, true).unwrap();
+            let w: Vec<u32> = serde_json::from_value(want[i].clone()).unwrap();
+            if ids != w {
+                bad.push(format!("{}: {text:?}: {ids:?} vs llama.cpp's {w:?}", pre.names[0]));
+            }
+        }
+        let hello: Vec<u32> = serde_json::from_value(first["hello_with_special"].clone()).unwrap();
+        let ids = tok.encode("Hello", true, true).unwrap();
+        if ids != hello {
+            bad.push(format!("{}: BOS: {ids:?} vs llama.cpp's {hello:?}", pre.names[0]));
+        }
+    }
+    assert_eq!(names.len(), TABLE.iter().map(|p| p.names.len()).sum::<usize>(), "golden names the table lacks");
+    assert!(bad.is_empty(), "{} pre-tokenizer mismatches:\n{}", bad.len(), bad[..bad.len().min(12)].join("\n"));
+}

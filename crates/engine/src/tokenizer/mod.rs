@@ -1,8 +1,8 @@
 //! Tokenizer built from the GGUF vocabulary with the Hugging Face `tokenizers` crate.
 //!
 //! * `tokenizer.ggml.model = gpt2`: byte-level BPE over the file's vocabulary and merges. The
-//!   split regex is not in the file: it is chosen by `tokenizer.ggml.pre` from a table (the same
-//!   table llama.cpp keeps).
+//!   split regexes are not in the file: they are chosen by `tokenizer.ggml.pre` from llama.cpp's
+//!   table ([`pre`]), with its `ignore_merges` and BOS defaults.
 //! * `tokenizer.ggml.model = llama`: SentencePiece-style BPE. Merges are derived from the piece
 //!   scores (every split of a piece into two pieces, ranked by the merged piece's score, which is
 //!   what SentencePiece's bigram merging does); unknown characters fall back to `<0xXX>` bytes;
@@ -14,6 +14,8 @@
 //!   special tokens is asked for; user-defined tokens (type 4) are always recognised.
 //! * Detokenization is byte-exact per token ([`Tokenizer::piece`]), so a stream can be cut at
 //!   any token; [`Utf8Stream`] then holds back incomplete UTF-8 sequences.
+
+pub mod pre;
 
 use crate::Error;
 use corelm_gguf::{Array, Gguf};
@@ -59,20 +61,6 @@ const TOKEN_USER_DEFINED: i64 = 4;
 const TOKEN_UNKNOWN: i64 = 2;
 const TOKEN_UNUSED: i64 = 5;
 const TOKEN_BYTE: i64 = 6;
-
-/// Pre-tokenizer split regexes by `tokenizer.ggml.pre` (applied in order).
-fn pre_regexes(pre: &str) -> Option<&'static [&'static str]> {
-    const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
-    const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-    const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-    Some(match pre {
-        "gpt-2" | "gpt2" | "default" | "phi-2" | "jina-es" | "jina-de" | "jina-v2-es" | "jina-v2-de" => &[GPT2],
-        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => &[r"\p{N}", GPT2],
-        "llama3" | "llama-bpe" | "llama-v3" | "falcon3" | "pixtral" | "smaug-bpe" => &[LLAMA3],
-        "qwen2" | "deepseek-r1-qwen" | "megrez" | "hunyuan" => &[QWEN2],
-        _ => return None,
-    })
-}
 
 /// GPT-2's byte ↔ printable-character map used by byte-level vocabularies.
 fn byte_level_chars() -> [char; 256] {
@@ -210,11 +198,14 @@ impl Tokenizer {
                 }
             }
         }
+        // BOS where the file does not say: SentencePiece's default, and some pre-tokenizers'.
+        let mut pre_bos = false;
         let (kind, bpe, normalizer, pre) = match model {
             "gpt2" => {
                 let pre_name = g.opt_str("tokenizer.ggml.pre")?.unwrap_or("default");
-                let regexes = pre_regexes(pre_name)
+                let p = pre::pre_tokenizer(pre_name)
                     .ok_or_else(|| Error::Tokenizer(format!("unknown pre-tokenizer '{pre_name}'")))?;
+                pre_bos = p.add_bos;
                 let merges = strings(g, "tokenizer.ggml.merges")?
                     .iter()
                     .map(|m| {
@@ -225,8 +216,9 @@ impl Tokenizer {
                     .collect::<Result<Vec<_>, _>>()?;
                 let vocab: tokenizers::models::bpe::Vocab =
                     tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-                let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(tok_err)?;
-                let mut splits: Vec<PreTokenizerWrapper> = regexes
+                let bpe = BPE::builder().vocab_and_merges(vocab, merges).ignore_merges(p.ignore_merges).build().map_err(tok_err)?;
+                let mut splits: Vec<PreTokenizerWrapper> = p
+                    .regexes
                     .iter()
                     .map(|r| {
                         Split::new(SplitPattern::Regex((*r).to_string()), SplitDelimiterBehavior::Isolated, false)
@@ -282,7 +274,7 @@ impl Tokenizer {
         let pieces = (0..n)
             .map(|i| piece_bytes(&tokens[i], token_type[i], kind, &inv))
             .collect();
-        let add_bos = g.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(kind == VocabKind::Spm);
+        let add_bos = g.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(kind == VocabKind::Spm || pre_bos);
         let add_eos = g.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
         let bos = id("tokenizer.ggml.bos_token_id")?;
         let eos = id("tokenizer.ggml.eos_token_id")?;
