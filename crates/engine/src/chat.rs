@@ -1,7 +1,8 @@
 //! Chat templates: the GGUF's `tokenizer.chat_template` rendered with minijinja (Python-jinja
-//! compatible: trim_blocks, lstrip_blocks, pycompat methods, `raise_exception`), or — when the
-//! file has none — a built-in template for the family, as llama.cpp does (Gemma's format folds
-//! the system text into the first user turn; otherwise ChatML).
+//! compatible: trim_blocks, lstrip_blocks, pycompat methods, `raise_exception`, llama.cpp's
+//! `strftime_now`), or — when the file has none — a built-in template for the family, as
+//! llama.cpp does (Gemma's format folds the system text into the first user turn; otherwise
+//! ChatML).
 
 use crate::Error;
 use corelm_gguf::Gguf;
@@ -125,6 +126,7 @@ impl ChatTemplate {
             Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
         });
         env.add_filter("tojson", tojson);
+        env.add_function("strftime_now", strftime_now);
         env.add_template_owned("chat", src.to_string()).map_err(render_err)?;
         Ok(env)
     }
@@ -192,6 +194,17 @@ fn tojson(v: minijinja::Value, kwargs: minijinja::value::Kwargs) -> Result<Strin
     Ok(String::from_utf8(out).unwrap_or_default())
 }
 
+/// llama.cpp's `strftime_now(format)`: the local time now, by C `strftime`'s specifiers. Llama
+/// 3.x's templates date their system turn with it (where it is undefined they write a fixed
+/// "26 Jul 2024").
+fn strftime_now(format: String) -> Result<String, minijinja::Error> {
+    use std::fmt::Write;
+    let mut out = String::new();
+    write!(out, "{}", chrono::Local::now().format(&format))
+        .map_err(|_| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, format!("strftime_now: cannot format {format:?}")))?;
+    Ok(out)
+}
+
 /// Python `json.dumps`'s default separators.
 struct Spaced;
 
@@ -240,4 +253,25 @@ fn gemma(messages: &[Message], add_generation_prompt: bool) -> String {
         s.push_str("<start_of_turn>model\n");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Llama 3.2's date line: today's date through `strftime_now`, as llama.cpp renders it, not
+    /// the template's fallback; a format chrono cannot write is an error, not a panic.
+    #[test]
+    fn strftime_now_dates_the_system_turn() {
+        let src = r#"{%- if strftime_now is defined %}{%- set date_string = strftime_now("%d %b %Y") %}{%- else %}{%- set date_string = "26 Jul 2024" %}{%- endif %}Today Date: {{ date_string }}"#;
+        let t = ChatTemplate::from_jinja(src, "", "").unwrap();
+        let before = chrono::Local::now().format("%d %b %Y").to_string();
+        let got = t.render(&[Message::new("user", "hi")], false).unwrap();
+        let after = chrono::Local::now().format("%d %b %Y").to_string();
+        assert!(got == format!("Today Date: {before}") || got == format!("Today Date: {after}"), "{got}");
+        assert_ne!(got, "Today Date: 26 Jul 2024");
+        let bad = ChatTemplate::from_jinja(r#"{{ strftime_now("%Q") }}"#, "", "").unwrap();
+        let e = bad.render(&[Message::new("user", "hi")], false).unwrap_err().to_string();
+        assert!(e.contains("strftime_now"), "{e}");
+    }
 }
