@@ -252,6 +252,12 @@ impl LayersOnDevice {
         s.stale.extend_from_slice(slots);
     }
 
+    /// Do CPU passes run these layers too (`--accel-min-tokens`), so that the CPU cache's rows
+    /// of them are read?
+    pub(crate) fn keeps_cpu_rows(&self) -> bool {
+        self.sync.is_some()
+    }
+
     /// Before a pass on the device: upload the rows the CPU wrote since the last one, from the
     /// CPU's cache (`kv`).
     pub(crate) fn upload_stale(&self, kv: &KvCache, kernels: &Kernels) {

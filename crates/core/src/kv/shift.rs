@@ -97,8 +97,10 @@ impl KvCache {
     /// positions, each key (`head_dim` f32 of one KV head) passed through `rotate(layer, key)`
     /// on the way, which rotates it back by `discard` positions; values are copied as they are.
     /// Keys in F16 or quantized are converted to f32 and back, as llama.cpp's shift does.
-    /// Returns the moves made.
-    pub fn shift(&mut self, kernels: &Kernels, seq: usize, keep: usize, discard: usize, rotate: &mut dyn FnMut(usize, &mut [f32])) -> Result<Moved, ShiftError> {
+    /// Rows move in `layers` only (the others' rows, of layers an accelerator runs with its own
+    /// cache, are read by no one). Returns the moves made.
+    pub fn shift(&mut self, kernels: &Kernels, seq: usize, keep: usize, discard: usize, layers: std::ops::Range<usize>, rotate: &mut dyn FnMut(usize, &mut [f32])) -> Result<Moved, ShiftError> {
+        assert!(layers.end <= self.n_layer, "layers {layers:?} of {}", self.n_layer);
         let first = keep / BLOCK;
         let (old, release) = self.blocks.shift_tables(seq, keep, discard)?;
         let new_len = self.blocks.lens[seq];
@@ -115,7 +117,7 @@ impl KvCache {
         let (qk, _) = self.converters(kernels);
         let mut key = vec![0f32; self.head_dim];
         let mut bytes = vec![0u8; krb];
-        for l in 0..self.n_layer {
+        for l in layers {
             let (kp, vp) = self.layer_ptrs(l);
             for h in 0..self.n_kv_head {
                 let base = h * self.n_cells;

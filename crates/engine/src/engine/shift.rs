@@ -80,7 +80,13 @@ impl Engine {
         if let Some(d) = &self.device_layers {
             d.upload_stale(&self.kv, kernels);
         }
-        let moved = self.kv.shift(kernels, s, keep, discard, &mut rotate).map_err(|e| Error::Config(format!("context shift: {e}")))?;
+        // The CPU cache's rows of the device's layers are read only where CPU passes run them
+        // too (`--accel-min-tokens`); elsewhere they are not moved.
+        let cpu_layers = match &self.device_layers {
+            Some(d) if !d.keeps_cpu_rows() => d.n_layers()..n_layer,
+            _ => 0..n_layer,
+        };
+        let moved = self.kv.shift(kernels, s, keep, discard, cpu_layers, &mut rotate).map_err(|e| Error::Config(format!("context shift: {e}")))?;
         if let Some(d) = &self.device_layers {
             d.shift(&moved, &mut rotate);
         }
