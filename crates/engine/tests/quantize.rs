@@ -1,7 +1,7 @@
 //! `corelm quantize` end to end: the file it writes parses, carries the metadata, holds ggml's
 //! own bytes for every type (fixtures/quants.gguf has ggml_quantize_chunk's output for the
 //! same input), and a quantized model still computes what the F16 one does, within each
-//! type's error.
+//! type's error. Also a model split in files as `gguf-split` writes them.
 
 mod common;
 
@@ -169,4 +169,40 @@ fn tensor_type_rules_parse_or_say_what_is_wrong() {
     let src = fixtures().join("mistral.gguf");
     let e = quantize_file_with(&src, &tmp("never.gguf"), DType::Q4_0, &[("ffn_up".into(), DType::Q2K)], false, 2).unwrap_err();
     assert!(e.to_string().contains("Q2_K") || e.to_string().contains("q2_k"), "{e}");
+}
+
+/// A model split in three files as llama.cpp's `gguf-split` writes them (the metadata in the
+/// first, `split.no`, `split.count` and `split.tensors.count` in each, the tensors in file
+/// order), opened from its first file: the whole file's logits, bit for bit. (Files split by
+/// `llama-gguf-split` itself gave `corelm eval` the whole files' output on SmolLM2 and Gemma 3,
+/// checked by hand.)
+#[test]
+fn a_split_model_computes_the_whole_files_logits() {
+    use corelm_gguf::{writer::Writer, Value};
+    let src = corelm_engine::models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let g = Gguf::open(&src).unwrap();
+    let n = g.tensors.len();
+    let cut = [0, n / 3, 2 * n / 3, n];
+    let paths: Vec<PathBuf> = (1..=3).map(|i| tmp(&format!("split-{i:05}-of-00003.gguf"))).collect();
+    for (f, path) in paths.iter().enumerate() {
+        let mut w = Writer::new();
+        if f == 0 {
+            for (k, v) in &g.metadata {
+                w.kv(k, v.clone());
+            }
+        }
+        w.kv("split.no", Value::U16(f as u16));
+        w.kv("split.count", Value::U16(3));
+        w.kv("split.tensors.count", Value::I32(n as i32));
+        for t in &g.tensors[cut[f]..cut[f + 1]] {
+            w.tensor(&t.name, &t.shape[..t.n_dims], t.dtype, g.tensor_data(t).to_vec());
+        }
+        std::fs::write(path, w.to_bytes()).unwrap();
+    }
+    let tokens: Vec<u32> = vec![1, 504, 3458, 282, 4649, 314, 7042, 30, 378, 3458, 282, 6717, 314, 10709, 30, 378];
+    let bits = |l: Vec<Vec<f32>>| -> Vec<u32> { l.into_iter().flatten().map(f32::to_bits).collect() };
+    assert_eq!(bits(logits(&paths[0], &tokens)), bits(logits(&src, &tokens)));
+    for p in &paths {
+        std::fs::remove_file(p).ok();
+    }
 }

@@ -11,10 +11,14 @@
 //! than a small multiple of its own size. Every error names the field (metadata key, tensor name
 //! and dimension) or offset that was wrong.
 //!
+//! A model split in several files (llama.cpp's `gguf-split`) is opened from its first file and
+//! reads as one (`split`).
+//!
 //! Invariant: after [`Gguf::open`] succeeds, every tensor's `[offset, offset + n_bytes)` lies
 //! inside the data section, so [`Gguf::tensor_data`] cannot read out of bounds.
 
 mod parse;
+mod split;
 mod types;
 mod value;
 
@@ -54,6 +58,8 @@ pub enum Error {
     MissingKey(String),
     #[error("metadata key '{key}' is a {found}, expected {expected}")]
     WrongType { key: String, found: &'static str, expected: &'static str },
+    #[error("in split file '{path}': {source}")]
+    InSplit { path: String, source: Box<Error> },
 }
 
 /// One entry of the tensor directory.
@@ -75,9 +81,12 @@ impl TensorInfo {
     }
 }
 
-/// Storage behind a parsed file: a read-only mapping, or owned bytes (tests, in-memory files).
+/// Storage behind a parsed file: a read-only mapping, the mappings of a split model's files
+/// side by side, or owned bytes (tests, in-memory files).
 enum Bytes {
     Mmap(memmap2::Mmap),
+    #[cfg(unix)]
+    Joined(split::Joined),
     Owned(Vec<u8>),
 }
 
@@ -86,6 +95,8 @@ impl std::ops::Deref for Bytes {
     fn deref(&self) -> &[u8] {
         match self {
             Bytes::Mmap(m) => m,
+            #[cfg(unix)]
+            Bytes::Joined(j) => j,
             Bytes::Owned(v) => v,
         }
     }
@@ -113,7 +124,14 @@ impl Gguf {
         // SAFETY: the mapping is read-only and private to this process; we accept that another
         // process truncating the file while mapped is outside our control (as every mmap reader).
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        Self::parse(Bytes::Mmap(map))
+        let head = Header::parse(&map)?;
+        match split::count(&head)? {
+            1 => Ok(Self::assemble(Bytes::Mmap(map), head)),
+            n => {
+                drop(map);
+                split::open(path, head, n)
+            }
+        }
     }
 
     /// Fault the whole mapping into memory now (`MADV_POPULATE_READ` on Linux), so that the
@@ -123,6 +141,8 @@ impl Gguf {
         match &self.bytes {
             #[cfg(target_os = "linux")]
             Bytes::Mmap(m) => m.advise(memmap2::Advice::PopulateRead).is_ok(),
+            #[cfg(target_os = "linux")]
+            Bytes::Joined(j) => j.populate(),
             _ => false,
         }
     }
@@ -143,15 +163,43 @@ impl Gguf {
                 let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
             }
         }
+        #[cfg(target_os = "linux")]
+        if let Bytes::Joined(j) = &self.bytes {
+            j.release(offset, len);
+        }
     }
 
     /// Parse a file held in memory.
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Gguf, Error> {
-        Self::parse(Bytes::Owned(bytes))
+        let head = Header::parse(&bytes)?;
+        Ok(Self::assemble(Bytes::Owned(bytes), head))
     }
 
-    fn parse(bytes: Bytes) -> Result<Gguf, Error> {
-        let mut c = parse::Cursor::new(&bytes);
+    fn assemble(bytes: Bytes, h: Header) -> Gguf {
+        let Header { version, alignment, metadata, index, tensors, tensor_index, data_start } = h;
+        Gguf { bytes, version, alignment, metadata, index, tensors, tensor_index, data_start }
+    }
+}
+
+/// What a file's header says: its metadata and tensor directory, every tensor checked to lie
+/// inside the file's data section.
+struct Header {
+    version: u32,
+    alignment: u64,
+    metadata: Vec<(String, Value)>,
+    index: HashMap<String, usize>,
+    tensors: Vec<TensorInfo>,
+    tensor_index: HashMap<String, usize>,
+    data_start: u64,
+}
+
+impl Header {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.index.get(key).map(|&i| &self.metadata[i].1)
+    }
+
+    fn parse(bytes: &[u8]) -> Result<Header, Error> {
+        let mut c = parse::Cursor::new(bytes);
         let magic_field = || "magic".to_string();
         let magic = c.u32(&magic_field)?.to_le_bytes();
         if &magic != MAGIC {
@@ -218,9 +266,11 @@ impl Gguf {
                 });
             }
         }
-        Ok(Gguf { bytes, version, alignment, metadata, index, tensors, tensor_index, data_start })
+        Ok(Header { version, alignment, metadata, index, tensors, tensor_index, data_start })
     }
+}
 
+impl Gguf {
     /// Raw metadata value.
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.index.get(key).map(|&i| &self.metadata[i].1)
