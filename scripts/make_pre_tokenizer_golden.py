@@ -20,10 +20,11 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from make_spm_prefix_golden import tokenize  # llama-tokenize on a text: its ids
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -72,18 +73,6 @@ def relabel(llama_cpp: Path, src: Path, dst: Path, pre: str):
     copy_with_new_metadata(reader, writer, new, ["tokenizer.ggml.add_bos_token"])
 
 
-def tokenize(tool: Path, model: Path, text: str, bos: bool) -> list:
-    with tempfile.NamedTemporaryFile("wb", suffix=".txt", delete=False) as t:
-        t.write(text.encode())
-    try:
-        args = [str(tool), "-m", str(model), "-f", t.name, "--no-escape", "--ids", "--log-disable"]
-        args += [] if bos else ["--no-bos"]
-        out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
-    finally:
-        os.unlink(t.name)
-    return json.loads([l for l in out.splitlines() if l.startswith("[")][-1])
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-cpp", required=True, type=Path, help="the sdist's vendor/llama.cpp, built")
@@ -99,7 +88,7 @@ def main():
         model = Path(d) / "pre.gguf"
         for name in names_from_table():
             relabel(a.llama_cpp, Path(a.models) / MODEL, model, name)
-            ids = tokenize(tool, model, SEP.join(texts), False)
+            ids = tokenize(str(tool), model, SEP.join(texts), False, True)
             per_text, cur = [], []
             for i in ids:
                 if i == SEP_ID:
@@ -111,7 +100,7 @@ def main():
             assert len(per_text) == len(texts), f"{name}: {len(per_text)} pieces for {len(texts)} texts"
             if per_text not in outputs:
                 outputs.append(per_text)
-            names[name] = {"output": outputs.index(per_text), "hello_with_special": tokenize(tool, model, "Hello", True)}
+            names[name] = {"output": outputs.index(per_text), "hello_with_special": tokenize(str(tool), model, "Hello", True, True)}
             print(f"{name}: output {names[name]['output']}, BOS {names[name]['hello_with_special'][:1]}")
     out = {"model_file": MODEL, "changed": "tokenizer.ggml.pre = <name>; tokenizer.ggml.add_bos_token removed; removed_merges removed",
            "removed_merges": REMOVED_MERGES,

@@ -171,12 +171,7 @@ fn add_eos_token_appends_eos_to_special_tokenization() {
     // SmolLM2's vocabulary, its metadata copied with `add_eos_token` set (as embedding models
     // with last-token pooling state it).
     let g = corelm_gguf::Gguf::open(model_path(SMOL)).unwrap();
-    let mut w = corelm_gguf::writer::Writer::new();
-    for (k, v) in g.metadata.iter().filter(|(k, _)| k != "tokenizer.ggml.add_eos_token") {
-        w.kv(k, v.clone());
-    }
-    w.kv("tokenizer.ggml.add_eos_token", corelm_gguf::Value::Bool(true));
-    let with_eos = corelm_engine::Tokenizer::from_gguf(&corelm_gguf::Gguf::from_bytes(w.to_bytes()).unwrap()).unwrap();
+    let with_eos = tokenizer_edited(&g, &[("tokenizer.ggml.add_eos_token", Some(corelm_gguf::Value::Bool(true)))]);
     let plain = corelm_engine::Tokenizer::from_gguf(&g).unwrap();
     let text = "The cat sat.";
     let ids = plain.encode(text, true, true).unwrap();

@@ -153,19 +153,22 @@ impl Gguf {
     /// bytes or ranges outside the mapping.
     pub fn release(&self, offset: usize, len: usize) {
         #[cfg(target_os = "linux")]
-        if let Bytes::Mmap(m) = &self.bytes {
-            const PAGE: usize = 4096;
-            let start = offset.next_multiple_of(PAGE);
-            let end = offset.saturating_add(len).min(m.len()) / PAGE * PAGE;
-            if end > start {
-                // SAFETY: a read-only file mapping never holds changes of ours, so
-                // discarding its pages only means rereading them from the file on next access.
-                let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+        {
+            let page = split::page_size();
+            let start = offset.next_multiple_of(page);
+            let end = offset.saturating_add(len).min(self.bytes.len()) / page * page;
+            if end <= start {
+                return;
             }
-        }
-        #[cfg(target_os = "linux")]
-        if let Bytes::Joined(j) = &self.bytes {
-            j.release(offset, len);
+            match &self.bytes {
+                Bytes::Mmap(m) => {
+                    // SAFETY: a read-only file mapping never holds changes of ours, so
+                    // discarding its pages only means rereading them from the file on next access.
+                    let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+                }
+                Bytes::Joined(j) => j.drop_pages(start, end - start),
+                Bytes::Owned(_) => {}
+            }
         }
     }
 

@@ -45,6 +45,13 @@ fn paths(first: &Path, n: usize) -> Result<Vec<PathBuf>, Error> {
     Ok((1..=n).map(|i| PathBuf::from(format!("{prefix}-{i:05}-of-{n:05}.gguf"))).collect())
 }
 
+/// The system's page size.
+#[cfg(unix)]
+pub(crate) fn page_size() -> usize {
+    // SAFETY: sysconf only reads a system constant.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize
+}
+
 /// Open a model split in `n` files from its first (`head`: the first file's header).
 #[cfg(unix)]
 pub(crate) fn open(first: &Path, head: Header, n: usize) -> Result<Gguf, Error> {
@@ -56,20 +63,22 @@ pub(crate) fn open(first: &Path, head: Header, n: usize) -> Result<Gguf, Error> 
     let paths = paths(first, n)?;
     let joined = Joined::map(&paths)?;
     let in_file = |p: &Path, e: Error| Error::InSplit { path: p.display().to_string(), source: Box::new(e) };
+    // The other files' headers, each checked against its place and the first file's alignment.
+    let mut rest = Vec::with_capacity(n - 1);
+    for (i, p) in paths.iter().enumerate().skip(1) {
+        let h = Header::parse(joined.file(i)).map_err(|e| in_file(p, e))?;
+        let no = number(&h, "split.no", p)?;
+        if no != i as u64 {
+            return Err(in_file(p, invalid("split.no", format!("{no}, expected {i}"))));
+        }
+        if h.alignment != head.alignment {
+            return Err(in_file(p, invalid("general.alignment", format!("{}, the first file's is {}", h.alignment, head.alignment))));
+        }
+        rest.push(h);
+    }
     let mut tensors: Vec<TensorInfo> = Vec::new();
     let mut tensor_index = HashMap::new();
-    for (i, p) in paths.iter().enumerate() {
-        let h = if i == 0 { None } else { Some(Header::parse(joined.file(i)).map_err(|e| in_file(p, e))?) };
-        let h = h.as_ref().unwrap_or(&head);
-        if i > 0 {
-            let no = number(h, "split.no", p)?;
-            if no != i as u64 {
-                return Err(in_file(p, invalid("split.no", format!("{no}, expected {i}"))));
-            }
-            if h.alignment != head.alignment {
-                return Err(in_file(p, invalid("general.alignment", format!("{}, the first file's is {}", h.alignment, head.alignment))));
-            }
-        }
+    for (i, (p, h)) in paths.iter().zip(std::iter::once(&head).chain(&rest)).enumerate() {
         // The file's data section as an offset from the first file's.
         let shift = (joined.starts[i] as u64 + h.data_start) - head.data_start;
         for t in &h.tensors {
@@ -124,8 +133,7 @@ impl Joined {
             }
             files.push((f, len));
         }
-        // SAFETY: sysconf only reads a system constant.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        let page = page_size();
         let mut starts = Vec::with_capacity(files.len());
         let mut total = 0usize;
         for (_, len) in &files {
@@ -163,19 +171,14 @@ impl Joined {
         unsafe { libc::madvise(self.base as *mut libc::c_void, self.len, libc::MADV_POPULATE_READ) == 0 }
     }
 
-    /// Drop the whole pages inside `offset .. offset + len` (`MADV_DONTNEED`): a later read
-    /// faults them back in from their file.
+    /// Drop the pages of `start .. start + len` (`MADV_DONTNEED`; whole pages, inside the
+    /// range): a later read faults them back in from their file.
     #[cfg(target_os = "linux")]
-    pub(crate) fn release(&self, offset: usize, len: usize) {
-        // SAFETY: sysconf only reads a system constant.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-        let start = offset.next_multiple_of(page);
-        let end = offset.saturating_add(len).min(self.len) / page * page;
-        if end > start {
-            // SAFETY: whole pages of our own read-only private file mappings, which hold no
-            // changes of ours: dropping them only means rereading them from the files.
-            unsafe { libc::madvise(self.base.add(start) as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
-        }
+    pub(crate) fn drop_pages(&self, start: usize, len: usize) {
+        debug_assert!(start.is_multiple_of(page_size()) && start + len <= self.len);
+        // SAFETY: whole pages of our own read-only private file mappings, which hold no
+        // changes of ours: dropping them only means rereading them from the files.
+        unsafe { libc::madvise(self.base.add(start) as *mut libc::c_void, len, libc::MADV_DONTNEED) };
     }
 }
 

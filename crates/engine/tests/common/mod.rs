@@ -15,6 +15,30 @@ pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize, logprobs: Option<usiz
     Request { prompt, max_tokens, sampling: SamplingParams::greedy(), stop: vec![], ignore_eos: false, logprobs, chain_probs: false, prompt_logprobs: None, constraint, lora: None, context_shift: None, sink, arrived: Instant::now() }
 }
 
+/// The tokenizer of `g`'s metadata with `edits` made: each listed key set to its value (added
+/// where `g` lacks it), or left out where the value is `None`. For tokenizer variants the
+/// golden models lack.
+pub fn tokenizer_edited(g: &corelm_gguf::Gguf, edits: &[(&str, Option<corelm_gguf::Value>)]) -> Tokenizer {
+    let mut w = corelm_gguf::writer::Writer::new();
+    for (k, v) in &g.metadata {
+        match edits.iter().find(|(e, _)| e == k) {
+            Some((_, None)) => {}
+            Some((_, Some(new))) => {
+                w.kv(k, new.clone());
+            }
+            None => {
+                w.kv(k, v.clone());
+            }
+        }
+    }
+    for (k, v) in edits.iter().filter(|(k, _)| g.get(k).is_none()) {
+        if let Some(v) = v {
+            w.kv(k, v.clone());
+        }
+    }
+    Tokenizer::from_gguf(&corelm_gguf::Gguf::from_bytes(w.to_bytes()).unwrap()).unwrap()
+}
+
 /// (golden directory name, model file name, logit tolerance from ../shared/golden/README.md)
 pub const MODELS: [(&str, &str, f32); 3] = [
     ("SmolLM2-135M-Instruct.Q4_1", "SmolLM2-135M-Instruct.Q4_1.gguf", 1.0),
