@@ -48,7 +48,7 @@ def vocab():
 class Spec:
     def __init__(self, name, arch, n_embd=64, n_head=4, n_kv=2, head_dim=16, n_ff=128, n_layer=2,
                  rope_base=300.0, tied=True, freqs=None, qk_norm=False, bias=False, fused=False,
-                 experts=None, q_scale=False, shared_ff=None):
+                 experts=None, q_scale=False, shared_ff=None, n_rot=None, longrope=None):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -63,7 +63,17 @@ SPECS = [
     # Heads of 128 values, wider than the model (4 × 128 over 64): the device's attention tiles
     # of two threads a row.
     Spec("llama128", "llama", n_kv=2, head_dim=128, tied=False, rope_base=1000.0),
+    # Phi-3 LongRoPE as Phi-4-mini has it (grouped-query, tied, 3/4 of each head rotated): short
+    # and long divisors that differ, an attention factor, trained first on 256 positions, so
+    # llama.cpp takes the short factors at n_ctx 128 (padded to 256) and the long at 512.
+    Spec("phi3long", "phi3", n_kv=2, fused=True, tied=True, n_rot=12,
+         longrope=dict(orig=256, attn=1.19, short=[1.0, 1.1, 1.4, 2.0, 3.0, 4.5],
+                       long=[1.0, 1.7, 3.3, 6.0, 11.0, 21.0])),
 ]
+
+# llama.cpp's context for the fixtures' logits; LONG_CTX for a LongRoPE fixture's long factors.
+N_CTX = 128
+LONG_CTX = 512
 
 
 def write(spec, path, rng):
@@ -73,14 +83,17 @@ def write(spec, path, rng):
     # Not the family name: llama.cpp keys tokenizer quirks on `general.name` ("phi3" → RSTRIP).
     w.add_name("corelm test fixture")
     w.add_block_count(spec.n_layer)
-    w.add_context_length(256)
+    w.add_context_length(4096 if spec.longrope else 256)
     w.add_embedding_length(spec.n_embd)
     w.add_feed_forward_length(spec.n_ff)
     w.add_head_count(spec.n_head)
     w.add_head_count_kv(spec.n_kv)
     w.add_key_length(spec.head_dim)
     w.add_value_length(spec.head_dim)
-    w.add_rope_dimension_count(spec.head_dim)
+    w.add_rope_dimension_count(spec.n_rot or spec.head_dim)
+    if spec.longrope:
+        w.add_rope_scaling_orig_ctx_len(spec.longrope["orig"])
+        w.add_rope_scaling_attn_factors(spec.longrope["attn"])
     w.add_rope_freq_base(spec.rope_base)
     w.add_layer_norm_rms_eps(1e-5)
     if spec.experts:
@@ -116,6 +129,9 @@ def write(spec, path, rng):
         w.add_tensor("output.weight", mat(N_VOCAB, e, 2.0))
     if spec.freqs:
         w.add_tensor("rope_freqs.weight", np.array(spec.freqs, dtype=np.float32))
+    if spec.longrope:
+        for which in ("short", "long"):
+            w.add_tensor(f"rope_factors_{which}.weight", np.array(spec.longrope[which], dtype=np.float32))
     for il in range(spec.n_layer):
         p = f"blk.{il}."
         w.add_tensor(p + "attn_norm.weight", norm(e))
@@ -159,12 +175,12 @@ def write(spec, path, rng):
     w.close()
 
 
-def reference(path, tokens, kv_type=None):
+def reference(path, tokens, kv_type=None, n_ctx=N_CTX):
     """Prompt logits, greedy ids and greedy-step logits from llama.cpp (`kv_type`: ggml type
     id of the K and V cache, F16 when None)."""
     from llama_cpp import Llama
     kv = {"type_k": kv_type, "type_v": kv_type} if kv_type is not None else {}
-    llm = Llama(model_path=path, n_ctx=128, n_batch=64, n_ubatch=64, n_threads=2,
+    llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=64, n_ubatch=64, n_threads=2,
                 logits_all=True, verbose=False, seed=0, flash_attn=True, **kv)
     llm.eval(tokens)
     prompt = np.array(llm.scores[: len(tokens)], dtype=np.float32)
@@ -199,6 +215,13 @@ def make_all(out, only=None):
             "greedy_ids": ids,
             "greedy_logits": np.round(steps.astype(np.float64), 4).tolist(),
         }
+        if spec.longrope:
+            p, i, st = reference(path, tokens, n_ctx=LONG_CTX)
+            rec["long_n_ctx"] = LONG_CTX
+            rec["long_prompt_logits"] = np.round(p.astype(np.float64), 4).tolist()
+            rec["long_greedy_ids"] = i
+            rec["long_greedy_logits"] = np.round(st.astype(np.float64), 4).tolist()
+            print(f"{spec.name:9} long factors: max |Δlogit| from the short ones {np.abs(p - prompt).max():.3f}")
         if spec.head_dim % 32 == 0 and spec.name == "qwen3":
             # Quantized KV cache (llama.cpp's --cache-type-k/-v): prompt logits only.
             for name, tid in [("q8_0", 8), ("q4_0", 2)]:

@@ -107,6 +107,9 @@ pub struct RopeParams {
     pub n_rot: usize,
     pub base: f32,
     pub freq_scale: f32,
+    /// Multiplies every cosine and sine (ggml's `attn_factor`: Phi-3 LongRoPE's attention
+    /// factor, so q·k grows by its square); 1 for a plain rotation.
+    pub mscale: f32,
     /// NeoX pairing `(i, i + n_rot/2)` instead of adjacent pairs.
     pub neox: bool,
 }

@@ -139,7 +139,7 @@ impl Engine {
             crate::device_layers::check(&cfg)?;
         }
         let placement = corelm_core::placement::this_machine(cfg.numa).map_err(Error::Config)?;
-        let model = corelm_models::load(&gguf, kernels)?;
+        let model = corelm_models::load(&gguf, kernels, corelm_models::LoadOptions { n_ctx: cfg.n_ctx })?;
         // Weights resident before the first request (llama.cpp maps with MAP_POPULATE too).
         gguf.populate();
         let h = model.hyper().clone();

@@ -60,12 +60,18 @@ fn check_tp(name: &str, batch_invariant: bool, tp: usize) {
 
 /// The checks on `cfg` (its context, batch and sequences set here), logits within `tol`.
 fn check_cfg(name: &str, cfg: EngineConfig, tol: f32) {
+    check_at(name, cfg, tol, 128, "");
+}
+
+/// [`check_cfg`] with a context of `n_ctx` cells, against the fixture's records named with
+/// `prefix` (llama.cpp's at that context).
+fn check_at(name: &str, cfg: EngineConfig, tol: f32, n_ctx: usize, prefix: &str) {
     let tp = cfg.tp;
     let (path, want) = fixture(name);
-    let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, pin: false, ..cfg };
+    let cfg = EngineConfig { n_ctx, n_batch: 64, n_seq_max: 1, pin: false, ..cfg };
     let mut e = Engine::load(&path, cfg).unwrap_or_else(|err| panic!("{name}: {err}"));
     let tokens: Vec<u32> = serde_json::from_value(want["tokens"].clone()).unwrap();
-    let gold = rows(&want["prompt_logits"]);
+    let gold = rows(&want[format!("{prefix}prompt_logits")]);
     let mut worst = 0f32;
     let prompt = prompt_logits(&mut e, &tokens);
     assert_eq!(prompt.len(), gold.len(), "{name}: prompt rows");
@@ -74,8 +80,8 @@ fn check_cfg(name: &str, cfg: EngineConfig, tol: f32) {
         worst = worst.max(d);
         assert!(d <= tol, "{name}: prompt position {i}: max |Δlogit| {d}");
     }
-    let gold_ids: Vec<u32> = serde_json::from_value(want["greedy_ids"].clone()).unwrap();
-    let gold_steps = rows(&want["greedy_logits"]);
+    let gold_ids: Vec<u32> = serde_json::from_value(want[format!("{prefix}greedy_ids")].clone()).unwrap();
+    let gold_steps = rows(&want[format!("{prefix}greedy_logits")]);
     let mut last = prompt[tokens.len() - 1].clone();
     for (k, g) in gold_steps.iter().enumerate() {
         let d = max_diff(&last, g);
@@ -85,7 +91,7 @@ fn check_cfg(name: &str, cfg: EngineConfig, tol: f32) {
         assert_eq!(id, gold_ids[k], "{name}: greedy step {k}");
         last = prompt_logits(&mut e, &[id]).pop().unwrap();
     }
-    eprintln!("{name} --tp {tp}: worst |Δlogit| vs llama.cpp {worst:.5}");
+    eprintln!("{name} --tp {tp} n_ctx {n_ctx}: worst |Δlogit| vs llama.cpp {worst:.5}");
 }
 
 /// Tensor parallelism on every fixture architecture — fused Q/K/V and gate/up (Phi-3), Q/K/V
@@ -241,6 +247,25 @@ fn qwen2_moe_shared_expert() {
 #[test]
 fn phi3_fused() {
     check("phi3", false);
+}
+
+/// Phi-3 LongRoPE in Phi-4-mini's shape (grouped-query, tied, 12 of 16 values rotated): the
+/// short factors at a 128-cell context and the long ones at 512 (trained first on 256), each
+/// against llama.cpp at that context, with the attention factor; alone, batch-invariant and
+/// with two shards. The two contexts' logits differ far beyond the tolerance, so taking the
+/// other factors, or leaving the attention factor out, fails.
+#[test]
+fn phi3_longrope_by_context() {
+    let (_, want) = fixture("phi3long");
+    let (short, long) = (rows(&want["prompt_logits"]), rows(&want["long_prompt_logits"]));
+    let apart = short.iter().zip(&long).map(|(a, b)| max_diff(a, b)).fold(0.0, f32::max);
+    assert!(apart > 20.0 * TOL, "the fixture's factors barely matter: {apart}");
+    let long_ctx = want["long_n_ctx"].as_u64().unwrap() as usize;
+    for (invariant, tp) in [(false, 1), (true, 1), (false, 2)] {
+        let cfg = || EngineConfig { n_threads: 2, batch_invariant: invariant, tp, ..Default::default() };
+        check_at("phi3long", cfg(), TOL, 128, "");
+        check_at("phi3long", cfg(), TOL, long_ctx, "long_");
+    }
 }
 
 /// `corelm perplexity`'s protocol on SmolLM2 against llama.cpp's figure for the same text,

@@ -419,6 +419,7 @@ impl PreNorm {
                 n_rot: h.n_rot,
                 base: h.rope_base,
                 freq_scale,
+                mscale: 1.0,
                 neox: spec.neox,
             },
             scale: if spec.scale_q { 1.0 } else { scale },
@@ -437,14 +438,28 @@ impl PreNorm {
     }
 }
 
+impl PreNorm {
+    pub(crate) fn hyper_ref(&self) -> &Hyper {
+        &self.h
+    }
+
+    /// Every layer's RoPE divides its frequencies by `freqs` (`n_rot / 2` F32 values) and
+    /// multiplies its cosines and sines by `mscale` (Phi-3 LongRoPE).
+    pub(crate) fn set_rope_factors(&mut self, freqs: WeightRef, mscale: f32) {
+        self.cfg.freqs = Some(freqs);
+        self.cfg.rope.mscale = mscale;
+    }
+}
+
 impl Model for PreNorm {
     fn hyper(&self) -> &Hyper {
         &self.h
     }
 
     fn device_layer(&self, il: usize) -> Option<crate::DeviceLayerSpec> {
-        // Not: Llama 3's per-frequency RoPE divisors, queries scaled as a node (Phi-3, whose
-        // Q/K/V are one fused matrix too), mixtures of experts.
+        // Not: per-frequency RoPE divisors (Llama 3, Phi-3 LongRoPE, whose attention factor
+        // the device's RoPE has not either), queries scaled as a node (Phi-3, whose Q/K/V are
+        // one fused matrix too), mixtures of experts.
         let c = &self.cfg;
         let dense = matches!(self.layers.get(il)?.ffn, Ffn::Dense { .. });
         (dense && c.freqs.is_none() && c.q_scale.is_none()).then_some(crate::DeviceLayerSpec {

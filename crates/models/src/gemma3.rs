@@ -66,6 +66,7 @@ impl Gemma3 {
                 n_rot: h.n_rot,
                 base: if swa { ROPE_BASE_SWA } else { h.rope_base },
                 freq_scale: if swa { 1.0 } else { self.freq_scale_global },
+                mscale: 1.0,
                 neox: true,
             },
             scale: 1.0,

@@ -83,8 +83,15 @@ pub use corelm_core::DeviceLayerSpec;
 /// `general.architecture` values this build runs.
 pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma3";
 
+/// What a model's graph depends on besides its file.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// The longest context one sequence may reach (Phi-3 LongRoPE chooses its factors by it).
+    pub n_ctx: usize,
+}
+
 /// Pick the architecture named by `general.architecture` and resolve its weights.
-pub fn load(g: &Gguf, kernels: &Kernels) -> Result<Box<dyn Model>, ModelError> {
+pub fn load(g: &Gguf, kernels: &Kernels, opts: LoadOptions) -> Result<Box<dyn Model>, ModelError> {
     let arch = g.str("general.architecture")?;
     match arch {
         "llama" => Ok(Box::new(llama::load(g, kernels)?)),
@@ -92,7 +99,7 @@ pub fn load(g: &Gguf, kernels: &Kernels) -> Result<Box<dyn Model>, ModelError> {
         "qwen2moe" => Ok(Box::new(qwen2::load(g, kernels, true)?)),
         "qwen3" => Ok(Box::new(qwen3::load(g, kernels, false)?)),
         "qwen3moe" => Ok(Box::new(qwen3::load(g, kernels, true)?)),
-        "phi3" => Ok(Box::new(phi3::load(g, kernels)?)),
+        "phi3" => Ok(Box::new(phi3::load(g, kernels, opts)?)),
         "gemma3" => Ok(Box::new(gemma3::Gemma3::load(g, kernels)?)),
         other => Err(ModelError::UnknownArch(other.to_string())),
     }

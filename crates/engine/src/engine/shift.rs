@@ -67,7 +67,10 @@ impl Engine {
             }
             let divisors = r.freqs.as_ref().and(freqs.as_ref()).map(|f| &f.1[..]);
             let mut cache = vec![0f32; r.rope.n_rot];
-            rope_cache(-(discard as i32), r.rope.n_rot, r.rope.base, r.rope.freq_scale, divisors, &mut cache);
+            // A rotation only: the attention factor (LongRoPE's `mscale`) is in the stored keys
+            // already. (llama.cpp 4df29be's shift applies it again, so its keys grow by the
+            // factor at every shift; corelm's keep the length a fresh prefill gives them.)
+            rope_cache(-(discard as i32), r.rope.n_rot, r.rope.base, r.rope.freq_scale, divisors, 1.0, &mut cache);
             caches.push((cache, r.rope.n_rot, r.rope.neox));
         }
         let kernels = self.kernels;

@@ -12,10 +12,11 @@ pub mod aarch64;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 
-/// Cosines and sines for one position: `cache[i] = cos θ_i`, `cache[n_rot/2 + i] = sin θ_i`,
+/// Cosines and sines for one position: `cache[i] = m · cos θ_i`, `cache[n_rot/2 + i] = m · sin θ_i`,
 /// with `θ_i = pos · freq_scale · base^(-2i/n_rot)` computed by repeated multiplication as ggml
-/// does.
-pub fn rope_cache(pos: i32, n_rot: usize, base: f32, freq_scale: f32, freq_factors: Option<&[f32]>, cache: &mut [f32]) {
+/// does, and `m` = `mscale`, ggml's `attn_factor` (LongRoPE's attention factor; 1 for a plain
+/// rotation, where the product is exact).
+pub fn rope_cache(pos: i32, n_rot: usize, base: f32, freq_scale: f32, freq_factors: Option<&[f32]>, mscale: f32, cache: &mut [f32]) {
     let theta_scale = base.powf(-2.0 / n_rot as f32);
     let mut theta = pos as f32;
     let half = n_rot / 2;
@@ -23,8 +24,8 @@ pub fn rope_cache(pos: i32, n_rot: usize, base: f32, freq_scale: f32, freq_facto
         // Per-frequency divisors (Llama 3 `rope_freqs`, Phi-3 rope factors), as ggml applies them.
         let ff = freq_factors.map_or(1.0, |f| f[i]);
         let t = freq_scale * (theta / ff);
-        cache[i] = t.cos();
-        cache[half + i] = t.sin();
+        cache[i] = t.cos() * mscale;
+        cache[half + i] = t.sin() * mscale;
         theta *= theta_scale;
     }
 }
