@@ -48,7 +48,7 @@ def vocab():
 class Spec:
     def __init__(self, name, arch, n_embd=64, n_head=4, n_kv=2, head_dim=16, n_ff=128, n_layer=2,
                  rope_base=300.0, tied=True, freqs=None, qk_norm=False, bias=False, fused=False,
-                 experts=None, q_scale=False, shared_ff=None, n_rot=None, longrope=None):
+                 experts=None, q_scale=False, shared_ff=None, n_rot=None, longrope=None, floats=None):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -69,6 +69,13 @@ SPECS = [
     Spec("phi3long", "phi3", n_kv=2, fused=True, tied=True, n_rot=12,
          longrope=dict(orig=256, attn=1.19, short=[1.0, 1.1, 1.4, 2.0, 3.0, 4.5],
                        long=[1.0, 1.7, 3.3, 6.0, 11.0, 21.0])),
+    # Gemma (1): one KV head (Gemma 2B's), heads wider than the model (4 × 32 over 64).
+    Spec("gemma", "gemma", n_kv=1, head_dim=32, tied=True, rope_base=1000.0),
+    # SmolLM3: four layers, so the fourth runs without RoPE.
+    Spec("smollm3", "smollm3", n_layer=4, tied=True, rope_base=1000.0),
+    # Granite: its four multipliers, far from 1 (and an attention scale far from 1/√16).
+    Spec("granite", "granite", tied=True, floats={"embedding_scale": 6.0, "residual_scale": 0.3,
+                                                   "attention.scale": 0.09, "logit_scale": 4.0}),
 ]
 
 # llama.cpp's context for the fixtures' logits; LONG_CTX for a LongRoPE fixture's long factors.
@@ -96,6 +103,8 @@ def write(spec, path, rng):
         w.add_rope_scaling_attn_factors(spec.longrope["attn"])
     w.add_rope_freq_base(spec.rope_base)
     w.add_layer_norm_rms_eps(1e-5)
+    for k, v in (spec.floats or {}).items():
+        w.add_float32(f"{a}.{k}", v)
     if spec.experts:
         n_exp, n_used, ff = spec.experts
         w.add_expert_count(n_exp)

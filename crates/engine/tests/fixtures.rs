@@ -1,6 +1,6 @@
 //! Architectures no small real model covers here (Llama 3 with `rope_freqs`, Mistral-style
 //! GQA, Qwen3 QK-norm with head_dim ≠ n_embd/n_head, heads of 128 values, Qwen3-MoE, Qwen2-MoE with a shared
-//! expert and Q/K/V biases, Phi-3 fused tensors), checked
+//! expert and Q/K/V biases, Phi-3 fused tensors and LongRoPE, Gemma, SmolLM3, Granite), checked
 //! against llama.cpp on tiny random-weight GGUFs in `fixtures/` (written by
 //! `scripts/make_fixtures.py models`, which records llama.cpp's logits next to each file).
 //!
@@ -78,7 +78,7 @@ fn check_at(name: &str, cfg: EngineConfig, tol: f32, n_ctx: usize, prefix: &str)
     for (i, (l, g)) in prompt.iter().zip(&gold).enumerate() {
         let d = max_diff(l, g);
         worst = worst.max(d);
-        assert!(d <= tol, "{name}: prompt position {i}: max |Δlogit| {d}");
+        assert!(d <= tol, "{name}: prompt position {i}: max |Δlogit| {d}: {:?} against {:?}", &l[..4], &g[..4]);
     }
     let gold_ids: Vec<u32> = serde_json::from_value(want[format!("{prefix}greedy_ids")].clone()).unwrap();
     let gold_steps = rows(&want[format!("{prefix}greedy_logits")]);
@@ -247,6 +247,18 @@ fn qwen2_moe_shared_expert() {
 #[test]
 fn phi3_fused() {
     check("phi3", false);
+}
+
+/// Gemma (1: one KV head, heads wider than the model), SmolLM3 (its fourth layer without
+/// RoPE) and Granite (embedding, residual, attention and logit multipliers far from 1):
+/// alone, batch-invariant and with two shards.
+#[test]
+fn gemma_smollm3_granite() {
+    for name in ["gemma", "smollm3", "granite"] {
+        check(name, false);
+        check(name, true);
+        check_tp(name, false, 2);
+    }
 }
 
 /// Phi-3 LongRoPE in Phi-4-mini's shape (grouped-query, tied, 12 of 16 values rotated): the

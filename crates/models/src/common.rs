@@ -1,7 +1,7 @@
 //! Pieces shared by the architectures: per-layer weights of a pre-norm transformer block and
 //! the attention and feed-forward sub-graphs.
 
-use crate::{Hyper, Loader, Model, ModelError};
+use crate::{Hyper, Loader, ModelError};
 use corelm_core::graph::{Split, SPARSE_UP_MAX_TOKENS};
 use corelm_core::{AttnParams, Builder, Bundle, Glu, MoeParams, RopeParams, WeightForm, WeightRef};
 
@@ -121,6 +121,7 @@ impl LayerWeights {
 }
 
 /// Per-layer attention settings.
+#[derive(Clone)]
 pub struct AttnCfg {
     pub rope: RopeParams,
     /// Multiplies q·k inside attention.
@@ -164,12 +165,18 @@ pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &B
         q = b.rms_norm(&q, &qn, h.eps);
         k = b.rms_norm(&k, &kn, h.eps);
     }
-    let freqs = cfg.freqs.as_ref().map(|f| b.weight(f));
-    let mut q = b.rope_ext(&q, RopeParams { n_head: h.n_head, ..cfg.rope }, freqs.as_ref());
-    if let Some(s) = cfg.q_scale {
-        q = b.scale(&q, s);
-    }
-    let k = b.rope_ext(&k, RopeParams { n_head: h.n_kv_head, ..cfg.rope }, freqs.as_ref());
+    // A rotated width of 0: a layer without RoPE (SmolLM3's every fourth).
+    let (q, k) = if cfg.rope.n_rot > 0 {
+        let freqs = cfg.freqs.as_ref().map(|f| b.weight(f));
+        let q = b.rope_ext(&q, RopeParams { n_head: h.n_head, ..cfg.rope }, freqs.as_ref());
+        (q, b.rope_ext(&k, RopeParams { n_head: h.n_kv_head, ..cfg.rope }, freqs.as_ref()))
+    } else {
+        (q, k)
+    };
+    let q = match cfg.q_scale {
+        Some(s) => b.scale(&q, s),
+        None => q,
+    };
     b.kv_store(il, &k, &v);
     let p = AttnParams {
         n_head: h.n_head,
@@ -346,29 +353,45 @@ pub fn load_layers(l: &Loader, h: &Hyper, x: Extras) -> Result<Vec<LayerWeights>
     (0..h.n_layer).map(|il| LayerWeights::load(l, h, il, x)).collect()
 }
 
-/// One pre-norm transformer block (LLaMA, Qwen2):
-/// `x1 = x + attn(norm(x))`, `out = x1 + ffn(norm(x1))`, all `[n_tokens, n_embd]`.
-pub fn pre_norm_block(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &Bundle, cfg: &AttnCfg, glu: Glu) -> Bundle {
-    let an = b.weight(&lw.attn_norm);
-    let hn = b.rms_norm(x, &an, h.eps);
-    let a = attention(b, h, lw, il, &hn, cfg);
-    let x1 = b.add(&a, x);
-    let fnw = b.weight(&lw.ffn_norm);
-    let hn = b.rms_norm(&x1, &fnw, h.eps);
-    let f = ffn(b, lw, &hn, glu);
-    b.add(&f, &x1)
+/// The token embeddings, `[n_tokens, n_embd]`, times `scale` where given (Gemma's √n_embd,
+/// Granite's `embedding_scale`), then the first layers whole on the accelerator
+/// (`--accel-layers`); returns the rows and how many layers the accelerator ran.
+pub fn embed_input(b: &mut Builder, tok_embd: &WeightRef, scale: Option<f32>) -> (Bundle, usize) {
+    let te = b.weight(tok_embd);
+    let mut x = b.embed(&te); // [n_tokens, n_embd]
+    if let Some(s) = scale {
+        x = b.scale(&x, s);
+    }
+    let on_device = b.device_layers();
+    if on_device > 0 {
+        x = b.device_block(&x); // [n_tokens, n_embd]
+    }
+    (x, on_device)
 }
 
 /// Final norm and LM head over the output rows: `[n_outputs, n_vocab]` logits — or, for a
 /// graph of hidden states (`Builder::with_hidden_output`, embeddings), the normed rows
 /// themselves, `[n_outputs, n_embd]` (llama.cpp's `t_embd`).
 pub fn head(b: &mut Builder, h: &Hyper, x: &Bundle, norm: &WeightRef, output: &WeightRef) -> Bundle {
+    head_scaled(b, h, x, norm, output, None)
+}
+
+/// [`head`], the logits multiplied by `scale` where given (Granite's 1/`logit_scale`): then
+/// one product over the whole vocabulary (not cut by shards), and the scale node writes the
+/// output pool.
+pub fn head_scaled(b: &mut Builder, h: &Hyper, x: &Bundle, norm: &WeightRef, output: &WeightRef, scale: Option<f32>) -> Bundle {
     b.begin_layer(h.n_layer);
     let x = b.select_outputs(x); // [n_outputs, n_embd]
     let nw = b.weight(norm);
     let x = b.rms_norm(&x, &nw, h.eps);
     if b.hidden_output() {
         return b.hidden_to_output(&x); // [n_outputs, n_embd]
+    }
+    if let Some(s) = scale {
+        let w = b.weight(output);
+        let y = b.matmul(&w, &x); // [n_outputs, n_vocab]
+        let y = b.scale(&y, s);
+        return b.hidden_to_output(&y);
     }
     // Tensor parallel: each shard computes its vocabulary rows' logits.
     let x = b.scatter(&x);
@@ -380,115 +403,4 @@ pub fn head(b: &mut Builder, h: &Hyper, x: &Bundle, norm: &WeightRef, output: &W
 pub fn output_weight(l: &Loader, h: &Hyper) -> Result<WeightRef, ModelError> {
     let name = if l.has("output.weight") { "output.weight" } else { "token_embd.weight" };
     l.weight(name, [h.n_embd, h.n_vocab])
-}
-
-/// What distinguishes the pre-norm families (LLaMA, Mistral, Qwen2, Qwen3, Qwen3-MoE, Phi-3).
-pub struct PreNormSpec {
-    pub extras: Extras,
-    /// NeoX RoPE pairing (all but LLaMA's permuted layout).
-    pub neox: bool,
-    /// Scale queries by 1/√head_dim as a node of its own (Phi-3) instead of inside attention.
-    pub scale_q: bool,
-}
-
-/// A pre-norm decoder: embeddings, `n_layer` × [`pre_norm_block`], final norm and LM head.
-pub struct PreNorm {
-    h: Hyper,
-    tok_embd: WeightRef,
-    layers: Vec<LayerWeights>,
-    norm: WeightRef,
-    output: WeightRef,
-    cfg: AttnCfg,
-}
-
-impl PreNorm {
-    pub(crate) fn load(l: &Loader, spec: PreNormSpec) -> Result<Self, ModelError> {
-        let h = l.hyper()?;
-        let layers = load_layers(l, &h, spec.extras)?;
-        let freq_scale = match l.opt_f("rope.scaling.factor")? {
-            Some(f) if f > 0.0 => 1.0 / f,
-            _ => 1.0,
-        };
-        // Llama 3.x stores its `llama3` RoPE scaling as per-frequency divisors.
-        let freqs = if l.has("rope_freqs.weight") { Some(l.vector("rope_freqs.weight", h.n_rot / 2)?) } else { None };
-        let scale = 1.0 / (h.head_dim as f32).sqrt();
-        let cfg = AttnCfg {
-            rope: RopeParams {
-                n_head: h.n_head,
-                head_dim: h.head_dim,
-                n_rot: h.n_rot,
-                base: h.rope_base,
-                freq_scale,
-                mscale: 1.0,
-                neox: spec.neox,
-            },
-            scale: if spec.scale_q { 1.0 } else { scale },
-            q_scale: spec.scale_q.then_some(scale),
-            window: None,
-            freqs,
-        };
-        Ok(PreNorm {
-            tok_embd: l.weight("token_embd.weight", [h.n_embd, h.n_vocab])?,
-            norm: l.vector("output_norm.weight", h.n_embd)?,
-            output: output_weight(l, &h)?,
-            layers,
-            h,
-            cfg,
-        })
-    }
-}
-
-impl PreNorm {
-    pub(crate) fn hyper_ref(&self) -> &Hyper {
-        &self.h
-    }
-
-    /// Every layer's RoPE divides its frequencies by `freqs` (`n_rot / 2` F32 values) and
-    /// multiplies its cosines and sines by `mscale` (Phi-3 LongRoPE).
-    pub(crate) fn set_rope_factors(&mut self, freqs: WeightRef, mscale: f32) {
-        self.cfg.freqs = Some(freqs);
-        self.cfg.rope.mscale = mscale;
-    }
-}
-
-impl Model for PreNorm {
-    fn hyper(&self) -> &Hyper {
-        &self.h
-    }
-
-    fn device_layer(&self, il: usize) -> Option<crate::DeviceLayerSpec> {
-        // Not: per-frequency RoPE divisors (Llama 3, Phi-3 LongRoPE, whose attention factor
-        // the device's RoPE has not either), queries scaled as a node (Phi-3, whose Q/K/V are
-        // one fused matrix too), mixtures of experts.
-        let c = &self.cfg;
-        let dense = matches!(self.layers.get(il)?.ffn, Ffn::Dense { .. });
-        (dense && c.freqs.is_none() && c.q_scale.is_none()).then_some(crate::DeviceLayerSpec {
-            rope_base: c.rope.base,
-            freq_scale: c.rope.freq_scale,
-            neox: c.rope.neox,
-            window: None,
-            gelu: false,
-            scale: c.scale,
-        })
-    }
-
-    fn key_rope(&self, il: usize) -> Option<crate::KeyRope> {
-        (il < self.layers.len()).then(|| crate::KeyRope { rope: self.cfg.rope, freqs: self.cfg.freqs.clone() })
-    }
-
-    fn build(&self, b: &mut Builder) -> Bundle {
-        let h = &self.h;
-        let te = b.weight(&self.tok_embd);
-        let mut x = b.embed(&te); // [n_tokens, n_embd]
-        // `--accel-layers`: the first layers whole on the accelerator, the rest here.
-        let on_device = b.device_layers();
-        if on_device > 0 {
-            x = b.device_block(&x); // [n_tokens, n_embd]
-        }
-        for (il, lw) in self.layers.iter().enumerate().skip(on_device) {
-            b.begin_layer(il);
-            x = pre_norm_block(b, h, lw, il, &x, &self.cfg, Glu::Silu); // [n_tokens, n_embd]
-        }
-        head(b, h, &x, &self.norm, &self.output)
-    }
 }

@@ -6,11 +6,14 @@
 //! [`load`], so building a graph cannot fail on a missing tensor.
 
 mod common;
-pub mod gemma3;
+pub mod gemma;
+pub mod granite;
 pub mod llama;
 pub mod phi3;
+mod prenorm;
 pub mod qwen2;
 pub mod qwen3;
+pub mod smollm3;
 
 use corelm_core::{Builder, Bundle, WeightRef};
 use corelm_gguf::Gguf;
@@ -81,7 +84,7 @@ pub struct KeyRope {
 pub use corelm_core::DeviceLayerSpec;
 
 /// `general.architecture` values this build runs.
-pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma3";
+pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), smollm3, granite, qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma, gemma3";
 
 /// What a model's graph depends on besides its file.
 #[derive(Clone, Copy, Debug)]
@@ -100,7 +103,10 @@ pub fn load(g: &Gguf, kernels: &Kernels, opts: LoadOptions) -> Result<Box<dyn Mo
         "qwen3" => Ok(Box::new(qwen3::load(g, kernels, false)?)),
         "qwen3moe" => Ok(Box::new(qwen3::load(g, kernels, true)?)),
         "phi3" => Ok(Box::new(phi3::load(g, kernels, opts)?)),
-        "gemma3" => Ok(Box::new(gemma3::Gemma3::load(g, kernels)?)),
+        "gemma" => Ok(Box::new(gemma::Gemma::load(g, kernels, gemma::Family::Gemma)?)),
+        "gemma3" => Ok(Box::new(gemma::Gemma::load(g, kernels, gemma::Family::Gemma3)?)),
+        "smollm3" => Ok(Box::new(smollm3::load(g, kernels)?)),
+        "granite" => Ok(Box::new(granite::load(g, kernels)?)),
         other => Err(ModelError::UnknownArch(other.to_string())),
     }
 }

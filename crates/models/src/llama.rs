@@ -4,7 +4,8 @@
 //! `llama3` RoPE scaling arrives as `rope_freqs.weight` (per-frequency divisors); linear
 //! scaling as `rope.scaling.factor`.
 
-use crate::common::{Extras, PreNorm, PreNormSpec};
+use crate::common::Extras;
+use crate::prenorm::{PreNorm, PreNormSpec};
 use crate::{Loader, ModelError};
 use corelm_gguf::Gguf;
 use corelm_kernels::Kernels;

@@ -11,7 +11,8 @@
 //! grows by its square. Only the context decides: a 128k model run with a 4k context keeps
 //! the short factors at every position.
 
-use crate::common::{Extras, PreNorm, PreNormSpec};
+use crate::common::Extras;
+use crate::prenorm::{PreNorm, PreNormSpec};
 use crate::{LoadOptions, Loader, ModelError};
 use corelm_gguf::Gguf;
 use corelm_kernels::Kernels;

@@ -3,7 +3,8 @@
 //! router, their weights not renormalised (unless `expert_weights_norm` says so), plus a
 //! shared expert gated by `sigmoid(ffn_gate_inp_shexp · x)`.
 
-use crate::common::{Extras, PreNorm, PreNormSpec};
+use crate::common::Extras;
+use crate::prenorm::{PreNorm, PreNormSpec};
 use crate::{Loader, ModelError};
 use corelm_gguf::Gguf;
 use corelm_kernels::Kernels;

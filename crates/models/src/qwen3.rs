@@ -7,7 +7,8 @@
 //! probabilities are renormalised to sum to one (llama.cpp hard-codes this for the family; an
 //! `expert_weights_norm` key overrides it). No shared experts.
 
-use crate::common::{Extras, PreNorm, PreNormSpec};
+use crate::common::Extras;
+use crate::prenorm::{PreNorm, PreNormSpec};
 use crate::{Loader, ModelError};
 use corelm_core::MoeParams;
 use corelm_gguf::Gguf;

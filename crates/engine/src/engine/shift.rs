@@ -76,7 +76,11 @@ impl Engine {
         let kernels = self.kernels;
         let mut rotate = |l: usize, key: &mut [f32]| {
             let (cache, n_rot, neox) = &caches[l];
-            rope_apply(kernels, key, cache, *n_rot, *neox);
+            // (A layer without RoPE, SmolLM3's every fourth, rotates nothing: llama.cpp 4df29be's
+            // shift rotates those keys too.)
+            if *n_rot > 0 {
+                rope_apply(kernels, key, cache, *n_rot, *neox);
+            }
         };
         // The device's layers (their rows indexed by the same cells) move the same rows, once
         // it holds those CPU passes wrote (`--accel-min-tokens`), read before the CPU's move.

@@ -1,0 +1,48 @@
+//! IBM Granite 3.x (`granite`): the LLaMA block with four multipliers where llama.cpp's graph
+//! puts them — the embeddings times `embedding_scale`, attention's and the feed-forward's
+//! outputs times `residual_scale` before each residual add, q·k times `attention.scale`
+//! (instead of 1/√head_dim), the logits times 1/`logit_scale` — and RoPE only where
+//! `rope.scaling.finetuned` (default true) says so. Biases on Wo or the feed-forward (none
+//! in the released dense models) and the mixture-of-experts and hybrid variants (`granitemoe`,
+//! `granitehybrid`: other architecture names) are refused by name.
+
+use crate::common::Extras;
+use crate::prenorm::{PreNorm, PreNormSpec, Tweaks};
+use crate::{Loader, ModelError};
+use corelm_gguf::Gguf;
+use corelm_kernels::Kernels;
+
+pub fn load(g: &Gguf, k: &Kernels) -> Result<PreNorm, ModelError> {
+    let l = Loader::new(g, k)?;
+    if l.opt_u("expert_count")?.is_some_and(|n| n > 0) {
+        return Err(ModelError::Unsupported("granite with experts".into()));
+    }
+    let n_layer = l.u("block_count")?;
+    for il in 0..n_layer {
+        for t in ["attn_output", "ffn_gate", "ffn_up", "ffn_down"] {
+            let name = format!("blk.{il}.{t}.bias");
+            if l.has(&name) {
+                return Err(ModelError::Unsupported(format!("granite bias {name}")));
+            }
+        }
+    }
+    let mut m = PreNorm::load(&l, PreNormSpec { extras: Extras::default(), neox: false, scale_q: false })?;
+    // llama.cpp applies a multiplier only where it is non-zero; the logit scale it requires.
+    let nonzero = |key: &str| -> Result<Option<f32>, ModelError> { Ok(l.opt_f(key)?.filter(|&v| v != 0.0)) };
+    let logit_scale = l.f("logit_scale")?;
+    if !(logit_scale.is_finite() && logit_scale != 0.0) {
+        return Err(ModelError::BadHyper(format!("granite.logit_scale = {logit_scale}")));
+    }
+    if let Some(s) = nonzero("attention.scale")? {
+        m.set_attention_scale(s);
+    }
+    let rope = l.g.opt_bool(&format!("{}.rope.scaling.finetuned", l.arch))?.unwrap_or(true);
+    m.set_tweaks(Tweaks {
+        embd_scale: nonzero("embedding_scale")?,
+        residual_scale: nonzero("residual_scale")?,
+        logit_scale: Some(logit_scale),
+        // Every layer without RoPE where the file turns it off.
+        no_rope_every: (!rope).then_some(1),
+    });
+    Ok(m)
+}

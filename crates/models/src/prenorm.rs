@@ -1,0 +1,186 @@
+//! The one pre-norm decoder (LLaMA, Mistral, Qwen2/3 and their mixtures of experts, Phi-3,
+//! SmolLM3, Granite): embeddings, `n_layer` × [`pre_norm_block`], final norm and LM head.
+//! What the families change is data, not code: [`PreNormSpec`] (optional tensors, RoPE pairing,
+//! where the queries are scaled) and [`Tweaks`] (Granite's four multipliers, SmolLM3's layers
+//! without RoPE), each applied where llama.cpp's graph for the family applies it.
+
+use crate::common::{attention, embed_input, ffn, head_scaled, load_layers, output_weight, AttnCfg, Extras, Ffn, LayerWeights};
+use crate::{Hyper, Loader, Model, ModelError};
+use corelm_core::{Builder, Bundle, Glu, RopeParams, WeightRef};
+
+/// What distinguishes the pre-norm families' tensors and attention.
+pub struct PreNormSpec {
+    pub extras: Extras,
+    /// NeoX RoPE pairing (all but LLaMA's permuted layout).
+    pub neox: bool,
+    /// Scale queries by 1/√head_dim as a node of its own (Phi-3) instead of inside attention.
+    pub scale_q: bool,
+}
+
+/// Departures from the plain block, all off for LLaMA, Qwen and Phi-3.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Tweaks {
+    /// Multiplies the token embeddings (Granite's `embedding_scale`).
+    pub embd_scale: Option<f32>,
+    /// Multiplies attention's and the feed-forward's outputs before each residual add
+    /// (Granite's `residual_scale`).
+    pub residual_scale: Option<f32>,
+    /// The logits are multiplied by its reciprocal (Granite's `logit_scale`).
+    pub logit_scale: Option<f32>,
+    /// Layers `il` with `(il + 1) % n == 0` have no RoPE (SmolLM3: every fourth).
+    pub no_rope_every: Option<usize>,
+}
+
+/// One pre-norm transformer block (LLaMA, Qwen2):
+/// `x1 = x + r·attn(norm(x))`, `out = x1 + r·ffn(norm(x1))`, all `[n_tokens, n_embd]`, `r` the
+/// residual scale where there is one.
+#[allow(clippy::too_many_arguments)]
+pub fn pre_norm_block(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &Bundle, cfg: &AttnCfg, glu: Glu, residual: Option<f32>) -> Bundle {
+    let an = b.weight(&lw.attn_norm);
+    let hn = b.rms_norm(x, &an, h.eps);
+    let mut a = attention(b, h, lw, il, &hn, cfg);
+    if let Some(r) = residual {
+        a = b.scale(&a, r);
+    }
+    let x1 = b.add(&a, x);
+    let fnw = b.weight(&lw.ffn_norm);
+    let hn = b.rms_norm(&x1, &fnw, h.eps);
+    let mut f = ffn(b, lw, &hn, glu);
+    if let Some(r) = residual {
+        f = b.scale(&f, r);
+    }
+    b.add(&f, &x1)
+}
+
+/// A pre-norm decoder: embeddings, `n_layer` × [`pre_norm_block`], final norm and LM head.
+pub struct PreNorm {
+    h: Hyper,
+    tok_embd: WeightRef,
+    layers: Vec<LayerWeights>,
+    norm: WeightRef,
+    output: WeightRef,
+    cfg: AttnCfg,
+    tweaks: Tweaks,
+}
+
+impl PreNorm {
+    pub(crate) fn load(l: &Loader, spec: PreNormSpec) -> Result<Self, ModelError> {
+        let h = l.hyper()?;
+        let layers = load_layers(l, &h, spec.extras)?;
+        let freq_scale = match l.opt_f("rope.scaling.factor")? {
+            Some(f) if f > 0.0 => 1.0 / f,
+            _ => 1.0,
+        };
+        // Llama 3.x stores its `llama3` RoPE scaling as per-frequency divisors.
+        let freqs = if l.has("rope_freqs.weight") { Some(l.vector("rope_freqs.weight", h.n_rot / 2)?) } else { None };
+        let scale = 1.0 / (h.head_dim as f32).sqrt();
+        let cfg = AttnCfg {
+            rope: RopeParams {
+                n_head: h.n_head,
+                head_dim: h.head_dim,
+                n_rot: h.n_rot,
+                base: h.rope_base,
+                freq_scale,
+                mscale: 1.0,
+                neox: spec.neox,
+            },
+            scale: if spec.scale_q { 1.0 } else { scale },
+            q_scale: spec.scale_q.then_some(scale),
+            window: None,
+            freqs,
+        };
+        Ok(PreNorm {
+            tok_embd: l.weight("token_embd.weight", [h.n_embd, h.n_vocab])?,
+            norm: l.vector("output_norm.weight", h.n_embd)?,
+            output: output_weight(l, &h)?,
+            layers,
+            h,
+            cfg,
+            tweaks: Tweaks::default(),
+        })
+    }
+
+    pub(crate) fn hyper_ref(&self) -> &Hyper {
+        &self.h
+    }
+
+    /// Every layer's RoPE divides its frequencies by `freqs` (`n_rot / 2` F32 values) and
+    /// multiplies its cosines and sines by `mscale` (Phi-3 LongRoPE).
+    pub(crate) fn set_rope_factors(&mut self, freqs: WeightRef, mscale: f32) {
+        self.cfg.freqs = Some(freqs);
+        self.cfg.rope.mscale = mscale;
+    }
+
+    /// q·k multiplied by `scale` inside attention instead of 1/√head_dim (Granite's and
+    /// SmolLM3's `attention.scale`).
+    pub(crate) fn set_attention_scale(&mut self, scale: f32) {
+        assert!(self.cfg.q_scale.is_none(), "queries scaled by a node of their own");
+        self.cfg.scale = scale;
+    }
+
+    pub(crate) fn set_tweaks(&mut self, t: Tweaks) {
+        self.tweaks = t;
+    }
+
+    /// Whether layer `il` rotates its queries and keys.
+    fn has_rope(&self, il: usize) -> bool {
+        self.tweaks.no_rope_every.is_none_or(|n| !(il + 1).is_multiple_of(n))
+    }
+
+    /// Layer `il`'s attention: the model's, without RoPE where the layer has none (a rotated
+    /// width of 0).
+    fn attn_cfg(&self, il: usize) -> AttnCfg {
+        let mut c = self.cfg.clone();
+        if !self.has_rope(il) {
+            c.rope.n_rot = 0;
+            c.freqs = None;
+        }
+        c
+    }
+}
+
+impl Model for PreNorm {
+    fn hyper(&self) -> &Hyper {
+        &self.h
+    }
+
+    fn device_layer(&self, il: usize) -> Option<crate::DeviceLayerSpec> {
+        // Not: per-frequency RoPE divisors (Llama 3, Phi-3 LongRoPE, whose attention factor
+        // the device's RoPE has not either), queries scaled as a node (Phi-3, whose Q/K/V are
+        // one fused matrix too), mixtures of experts, Granite's multipliers and SmolLM3's
+        // layers without RoPE (the device's layer has neither).
+        let c = &self.cfg;
+        let t = &self.tweaks;
+        let plain = t.embd_scale.is_none() && t.residual_scale.is_none() && t.no_rope_every.is_none();
+        let dense = matches!(self.layers.get(il)?.ffn, Ffn::Dense { .. });
+        (plain && dense && c.freqs.is_none() && c.q_scale.is_none()).then_some(crate::DeviceLayerSpec {
+            rope_base: c.rope.base,
+            freq_scale: c.rope.freq_scale,
+            neox: c.rope.neox,
+            window: None,
+            gelu: false,
+            scale: c.scale,
+        })
+    }
+
+    fn key_rope(&self, il: usize) -> Option<crate::KeyRope> {
+        // A layer without RoPE: a rotated width of 0, so a context shift leaves its keys.
+        (il < self.layers.len()).then(|| {
+            let c = self.attn_cfg(il);
+            crate::KeyRope { rope: c.rope, freqs: c.freqs }
+        })
+    }
+
+    fn build(&self, b: &mut Builder) -> Bundle {
+        let h = &self.h;
+        let t = &self.tweaks;
+        let (mut x, on_device) = embed_input(b, &self.tok_embd, t.embd_scale); // [n_tokens, n_embd]
+        for (il, lw) in self.layers.iter().enumerate().skip(on_device) {
+            b.begin_layer(il);
+            let cfg = self.attn_cfg(il);
+            x = pre_norm_block(b, h, lw, il, &x, &cfg, Glu::Silu, t.residual_scale); // [n_tokens, n_embd]
+        }
+        // llama.cpp multiplies by the reciprocal, rounded to f32 once.
+        head_scaled(b, h, &x, &self.norm, &self.output, t.logit_scale.map(|s| 1.0 / s)) // [n_outputs, n_vocab]
+    }
+}
