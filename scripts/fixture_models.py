@@ -48,7 +48,8 @@ def vocab():
 class Spec:
     def __init__(self, name, arch, n_embd=64, n_head=4, n_kv=2, head_dim=16, n_ff=128, n_layer=2,
                  rope_base=300.0, tied=True, freqs=None, qk_norm=False, bias=False, fused=False,
-                 experts=None, q_scale=False, shared_ff=None, n_rot=None, longrope=None, floats=None):
+                 experts=None, q_scale=False, shared_ff=None, n_rot=None, longrope=None, floats=None,
+                 window=None, post_norms=False):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -76,6 +77,10 @@ SPECS = [
     # Granite: its four multipliers, far from 1 (and an attention scale far from 1/√16).
     Spec("granite", "granite", tied=True, floats={"embedding_scale": 6.0, "residual_scale": 0.3,
                                                    "attention.scale": 0.09, "logit_scale": 4.0}),
+    # Gemma 2: caps low enough that the random scores and logits reach them, a sliding window
+    # of 8 on layer 0 (layer 1 global), norms after attention and the feed-forward.
+    Spec("gemma2", "gemma2", n_kv=2, head_dim=32, tied=True, rope_base=1000.0, window=8, post_norms=True,
+         floats={"attn_logit_softcapping": 1.5, "final_logit_softcapping": 3.0}),
 ]
 
 # llama.cpp's context for the fixtures' logits; LONG_CTX for a LongRoPE fixture's long factors.
@@ -103,6 +108,8 @@ def write(spec, path, rng):
         w.add_rope_scaling_attn_factors(spec.longrope["attn"])
     w.add_rope_freq_base(spec.rope_base)
     w.add_layer_norm_rms_eps(1e-5)
+    if spec.window:
+        w.add_sliding_window(spec.window)
     for k, v in (spec.floats or {}).items():
         w.add_float32(f"{a}.{k}", v)
     if spec.experts:
@@ -158,6 +165,9 @@ def write(spec, path, rng):
             w.add_tensor(p + "attn_q_norm.weight", norm(hd))
             w.add_tensor(p + "attn_k_norm.weight", norm(hd))
         w.add_tensor(p + "attn_output.weight", mat(e, qd))
+        if spec.post_norms:
+            w.add_tensor(p + "post_attention_norm.weight", norm(e))
+            w.add_tensor(p + "post_ffw_norm.weight", norm(e))
         w.add_tensor(p + "ffn_norm.weight", norm(e))
         if spec.experts:
             n_exp, _, ff = spec.experts
@@ -231,7 +241,7 @@ def make_all(out, only=None):
             rec["long_greedy_ids"] = i
             rec["long_greedy_logits"] = np.round(st.astype(np.float64), 4).tolist()
             print(f"{spec.name:9} long factors: max |Δlogit| from the short ones {np.abs(p - prompt).max():.3f}")
-        if spec.head_dim % 32 == 0 and spec.name == "qwen3":
+        if spec.head_dim % 32 == 0 and spec.name in ("qwen3", "gemma2"):
             # Quantized KV cache (llama.cpp's --cache-type-k/-v): prompt logits only.
             for name, tid in [("q8_0", 8), ("q4_0", 2)]:
                 p, _, _ = reference(path, tokens, tid)

@@ -573,6 +573,15 @@ impl<'k> Builder<'k> {
         })
     }
 
+    /// `cap · tanh(x / cap)` elementwise (Gemma 2's final logits; [`Op::Softcap`]).
+    pub fn softcap(&mut self, x: &Bundle, cap: f32) -> Bundle {
+        self.zip(&[x], |b, t| {
+            b.check_src(t[0]);
+            let ne = b.t(t[0]).ne;
+            b.node(ne, DType::F32, Op::Softcap { x: t[0], cap }).single()
+        })
+    }
+
     /// `x` quantized for the dot product of weight type `wt`; one node per (x, type), shared by
     /// every matrix that reads `x` (Q/K/V share one, gate/up share one). A serial `x` is
     /// quantized by a serial node even inside parallel subgraphs, once for every shard.

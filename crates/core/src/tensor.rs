@@ -122,6 +122,9 @@ pub struct AttnParams {
     pub head_dim: usize,
     /// Multiplies q·k before the softmax.
     pub scale: f32,
+    /// Where not 0, each score `s` becomes `softcap · tanh(s / softcap)` (Gemma 2's
+    /// attention logit soft-capping, `attention::Scale`).
+    pub softcap: f32,
     /// Sliding window: a query at position p sees keys at positions > p - window.
     pub window: Option<u32>,
 }
@@ -177,6 +180,9 @@ pub enum Op {
     Add { a: TensorId, b: TensorId },
     /// `x · s`.
     Scale { x: TensorId, s: f32 },
+    /// `cap · tanh(x · (1 / cap))` elementwise: ggml's scale, tanh and scale (Gemma 2's final
+    /// logit soft-capping), each rounded as there, `tanh` the C library's `tanhf`.
+    Softcap { x: TensorId, cap: f32 },
     /// `a + b · s`, the product rounded before the sum: a [`Op::Scale`] then an [`Op::Add`]
     /// in one pass (a LoRA adapter's term, `graph::lora`).
     AddScaled { a: TensorId, b: TensorId, s: f32 },
@@ -284,6 +290,7 @@ impl Op {
             Op::Add { .. } => "add",
             Op::AddScaled { .. } => "add_scaled",
             Op::Scale { .. } => "scale",
+            Op::Softcap { .. } => "softcap",
             Op::Quantize { .. } => "quantize",
             Op::MatMul { .. } => "matmul",
             Op::Rope { .. } => "rope",

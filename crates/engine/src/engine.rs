@@ -333,6 +333,9 @@ impl Engine {
                 h.head_dim
             )));
         }
+        if cfg.kv_layout == KeyLayout::Columns && model.attn_softcap() {
+            return Err(Error::Config(format!("--kv-layout columns: the column-key kernels have no soft-capped attention scores, which this {} model has; use --kv-layout rows", h.arch)));
+        }
         if cfg.attn_pipeline && cfg.kv_layout != KeyLayout::Columns {
             return Err(Error::Config("--attn-pipeline pipelines the column-key kernels: it needs --kv-layout columns".into()));
         }

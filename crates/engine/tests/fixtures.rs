@@ -261,6 +261,34 @@ fn gemma_smollm3_granite() {
     }
 }
 
+/// Gemma 2: soft-capped attention scores and logits (caps of 1.5 and 3, which the random
+/// weights reach), a sliding window of 8 on layer 0: alone, batch-invariant (the reference
+/// kernels) and with two shards; over Q8_0 and Q4_0 caches against llama.cpp's with those
+/// caches, the prompt in one pass and token by token. Keys in columns are refused by name.
+#[test]
+fn gemma2_soft_caps() {
+    check("gemma2", false);
+    check("gemma2", true);
+    check_tp("gemma2", false, 2);
+    let (path, want) = fixture("gemma2");
+    let tokens: Vec<u32> = serde_json::from_value(want["tokens"].clone()).unwrap();
+    let cfg = |t: DType| EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, cache_type_k: t, cache_type_v: t, ..Default::default() };
+    for (name, t) in [("q8_0", DType::Q8_0), ("q4_0", DType::Q4_0)] {
+        let gold = rows(&want[format!("kv_{name}_prompt_logits")]);
+        let mut e = Engine::load(&path, cfg(t)).unwrap();
+        let l = prompt_logits(&mut e, &tokens);
+        let mut e = Engine::load(&path, cfg(t)).unwrap();
+        for (i, g) in gold.iter().enumerate() {
+            assert!(max_diff(&l[i], g) <= TOL, "KV {name}: prompt position {i}: max |Δlogit| {}", max_diff(&l[i], g));
+            let one = prompt_logits(&mut e, &[tokens[i]]).pop().unwrap();
+            assert!(max_diff(&one, g) <= TOL, "KV {name}: token {i} alone: max |Δlogit| {}", max_diff(&one, g));
+        }
+    }
+    let columns = EngineConfig { kv_layout: corelm_kernels::attention::KeyLayout::Columns, ..cfg(DType::F16) };
+    let err = Engine::load(&path, columns).err().expect("refused").to_string();
+    assert!(err.contains("no soft-capped attention"), "{err}");
+}
+
 /// Phi-3 LongRoPE in Phi-4-mini's shape (grouped-query, tied, 12 of 16 values rotated): the
 /// short factors at a 128-cell context and the long ones at 512 (trained first on 256), each
 /// against llama.cpp at that context, with the attention factor; alone, batch-invariant and

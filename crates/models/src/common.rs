@@ -130,6 +130,8 @@ pub struct AttnCfg {
     /// attention kernel rounds queries to F16, so where the scale is applied shows in the bits.
     pub q_scale: Option<f32>,
     pub window: Option<u32>,
+    /// Soft cap of the attention scores (Gemma 2; 0: none, `AttnParams::softcap`).
+    pub softcap: f32,
     /// Per-frequency RoPE divisors (Llama 3 `rope_freqs.weight`).
     pub freqs: Option<WeightRef>,
 }
@@ -183,6 +185,7 @@ pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &B
         n_kv_head: h.n_kv_head,
         head_dim: h.head_dim,
         scale: cfg.scale,
+        softcap: cfg.softcap,
         window: cfg.window,
     };
     let a = b.attention(il, &q, p); // [n_tokens, n_head * head_dim]
@@ -369,17 +372,21 @@ pub fn embed_input(b: &mut Builder, tok_embd: &WeightRef, scale: Option<f32>) ->
     (x, on_device)
 }
 
-/// Final norm and LM head over the output rows: `[n_outputs, n_vocab]` logits — or, for a
-/// graph of hidden states (`Builder::with_hidden_output`, embeddings), the normed rows
-/// themselves, `[n_outputs, n_embd]` (llama.cpp's `t_embd`).
-pub fn head(b: &mut Builder, h: &Hyper, x: &Bundle, norm: &WeightRef, output: &WeightRef) -> Bundle {
-    head_scaled(b, h, x, norm, output, None)
+/// What the logits go through before they are written (Granite, Gemma 2).
+#[derive(Clone, Copy, Debug)]
+pub enum LogitsPost {
+    /// Multiplied by this (Granite's 1/`logit_scale`).
+    Scale(f32),
+    /// `cap · tanh(l / cap)` (Gemma 2's `final_logit_softcapping`).
+    Softcap(f32),
 }
 
-/// [`head`], the logits multiplied by `scale` where given (Granite's 1/`logit_scale`): then
-/// one product over the whole vocabulary (not cut by shards), and the scale node writes the
-/// output pool.
-pub fn head_scaled(b: &mut Builder, h: &Hyper, x: &Bundle, norm: &WeightRef, output: &WeightRef, scale: Option<f32>) -> Bundle {
+/// Final norm and LM head over the output rows: `[n_outputs, n_vocab]` logits — or, for a
+/// graph of hidden states (`Builder::with_hidden_output`, embeddings), the normed rows
+/// themselves, `[n_outputs, n_embd]` (llama.cpp's `t_embd`). The logits then go through
+/// `post` where given: one product over the whole vocabulary (not cut by shards), and the
+/// node of `post` writes the output pool.
+pub fn head_then(b: &mut Builder, h: &Hyper, x: &Bundle, norm: &WeightRef, output: &WeightRef, post: Option<LogitsPost>) -> Bundle {
     b.begin_layer(h.n_layer);
     let x = b.select_outputs(x); // [n_outputs, n_embd]
     let nw = b.weight(norm);
@@ -387,10 +394,13 @@ pub fn head_scaled(b: &mut Builder, h: &Hyper, x: &Bundle, norm: &WeightRef, out
     if b.hidden_output() {
         return b.hidden_to_output(&x); // [n_outputs, n_embd]
     }
-    if let Some(s) = scale {
+    if let Some(post) = post {
         let w = b.weight(output);
         let y = b.matmul(&w, &x); // [n_outputs, n_vocab]
-        let y = b.scale(&y, s);
+        let y = match post {
+            LogitsPost::Scale(s) => b.scale(&y, s),
+            LogitsPost::Softcap(c) => b.softcap(&y, c),
+        };
         return b.hidden_to_output(&y);
     }
     // Tensor parallel: each shard computes its vocabulary rows' logits.

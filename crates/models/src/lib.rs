@@ -71,6 +71,12 @@ pub trait Model: Send + Sync {
     fn key_rope(&self, _il: usize) -> Option<KeyRope> {
         None
     }
+    /// Whether attention scores are soft-capped (Gemma 2): the keys-in-columns kernels and the
+    /// accelerator's attention have no cap (the engine refuses `--kv-layout columns`;
+    /// `device_layer` refuses the layers).
+    fn attn_softcap(&self) -> bool {
+        false
+    }
 }
 
 /// The RoPE a layer applied to its keys: its parameters and per-frequency divisors (an F32
@@ -84,7 +90,7 @@ pub struct KeyRope {
 pub use corelm_core::DeviceLayerSpec;
 
 /// `general.architecture` values this build runs.
-pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), smollm3, granite, qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma, gemma3";
+pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), smollm3, granite, qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3";
 
 /// What a model's graph depends on besides its file.
 #[derive(Clone, Copy, Debug)]
@@ -104,6 +110,7 @@ pub fn load(g: &Gguf, kernels: &Kernels, opts: LoadOptions) -> Result<Box<dyn Mo
         "qwen3moe" => Ok(Box::new(qwen3::load(g, kernels, true)?)),
         "phi3" => Ok(Box::new(phi3::load(g, kernels, opts)?)),
         "gemma" => Ok(Box::new(gemma::Gemma::load(g, kernels, gemma::Family::Gemma)?)),
+        "gemma2" => Ok(Box::new(gemma::Gemma::load(g, kernels, gemma::Family::Gemma2)?)),
         "gemma3" => Ok(Box::new(gemma::Gemma::load(g, kernels, gemma::Family::Gemma3)?)),
         "smollm3" => Ok(Box::new(smollm3::load(g, kernels)?)),
         "granite" => Ok(Box::new(granite::load(g, kernels)?)),

@@ -4,7 +4,7 @@
 //! where the queries are scaled) and [`Tweaks`] (Granite's four multipliers, SmolLM3's layers
 //! without RoPE), each applied where llama.cpp's graph for the family applies it.
 
-use crate::common::{attention, embed_input, ffn, head_scaled, load_layers, output_weight, AttnCfg, Extras, Ffn, LayerWeights};
+use crate::common::{attention, embed_input, ffn, head_then, load_layers, output_weight, AttnCfg, Extras, Ffn, LayerWeights, LogitsPost};
 use crate::{Hyper, Loader, Model, ModelError};
 use corelm_core::{Builder, Bundle, Glu, RopeParams, WeightRef};
 
@@ -87,6 +87,7 @@ impl PreNorm {
             scale: if spec.scale_q { 1.0 } else { scale },
             q_scale: spec.scale_q.then_some(scale),
             window: None,
+            softcap: 0.0,
             freqs,
         };
         Ok(PreNorm {
@@ -181,6 +182,6 @@ impl Model for PreNorm {
             x = pre_norm_block(b, h, lw, il, &x, &cfg, Glu::Silu, t.residual_scale); // [n_tokens, n_embd]
         }
         // llama.cpp multiplies by the reciprocal, rounded to f32 once.
-        head_scaled(b, h, &x, &self.norm, &self.output, t.logit_scale.map(|s| 1.0 / s)) // [n_outputs, n_vocab]
+        head_then(b, h, &x, &self.norm, &self.output, t.logit_scale.map(|s| LogitsPost::Scale(1.0 / s))) // [n_outputs, n_vocab]
     }
 }

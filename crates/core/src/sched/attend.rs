@@ -17,6 +17,7 @@ impl Ctx<'_> {
         let AttnWorker { ith, nth, scratch, plans } = w;
         let [ne0, rows] = t.ne;
         let q = self.f32s(q);
+        let scale = attention::Scale::new(p.scale, p.softcap);
         let kv = self.kv;
         let (kp, vp) = kv.layer_ptrs(layer);
         let (hd, cells) = (p.head_dim, kv.n_cells);
@@ -108,7 +109,7 @@ impl Ctx<'_> {
             // these items; an item's outputs are its rows' heads of its KV head inside this
             // node's tensor, disjoint between items; no other node runs at the same time on
             // this group, the only one using this pipeline.
-            unsafe { attention::matrix::attend_pipelined(self.kernels, pipe, role, ith, nth, blocks * n_kv, &item, p.scale, scratch) };
+            unsafe { attention::matrix::attend_pipelined(self.kernels, pipe, role, ith, nth, blocks * n_kv, &item, { assert_eq!(p.softcap, 0.0, "soft-capped attention in the column-key pipeline"); p.scale }, scratch) };
             return;
         }
         let mut items = attention_items(blocks, p.n_head, shard, ith, nth).peekable();
@@ -143,7 +144,7 @@ impl Ctx<'_> {
                 let n = r1 - r0;
                 let (q_rows, out_rows) = (&qs[..n], &mut outs[..n]);
                 let kind = self.kv_split(kind, self.batch.pos[r0] as usize, nth);
-                attention::attend_rows(kind, self.kernels, q_rows, heads.len(), &spans[..n], &rows_kv, p.scale, scratch, out_rows);
+                attention::attend_rows(kind, self.kernels, q_rows, heads.len(), &spans[..n], &rows_kv, scale, scratch, out_rows);
                 r0 = r1;
             }
         }
@@ -180,6 +181,7 @@ impl Ctx<'_> {
     ) -> bool {
         let AttnWorker { ith, nth, scratch, plans } = w;
         let [ne0, rows] = t.ne;
+        let scale = attention::Scale::new(p.scale, p.softcap);
         // Plans for every row in the worker's room for them (an attention node's rows at most).
         if rows > plans.capacity() {
             return false;
@@ -240,7 +242,7 @@ impl Ctx<'_> {
                 // SAFETY: (row, KV head, range, head) units are dealt to exactly one worker;
                 // a whole row's range is its one range.
                 let out = unsafe { self.out_f32(t, at, heads.len() * hd) };
-                attention::attend_rows(plan.kind, self.kernels, &[qs], heads.len(), std::slice::from_ref(&plan.span), &kvr, p.scale, scratch, &mut [out]);
+                attention::attend_rows(plan.kind, self.kernels, &[qs], heads.len(), std::slice::from_ref(&plan.span), &kvr, scale, scratch, &mut [out]);
                 continue;
             }
             // SAFETY: the (row, range, head) slots of this call are written by this worker
@@ -248,7 +250,7 @@ impl Ctx<'_> {
             // count completes.
             let (states, acc) = unsafe { self.split_parts.slots(plan.slot, i, model(heads.clone()), hd) };
             let cells = attention::Cells { kv: &kvr, n: plan.span.end, visible: attention::Visible::From(plan.span.start) };
-            attention::attend_split_range(self.kernels, qs, cells, p.scale, plan.chunk, i, scratch, states, acc);
+            attention::attend_split_range(self.kernels, qs, cells, scale, plan.chunk, i, scratch, states, acc);
             let group = model(heads_of(j));
             if !self.split_parts.written(plan.slot, group.start, heads.len(), (plan.ranges - plan.first) * group.len()) {
                 continue;

@@ -614,6 +614,16 @@ impl Ctx<'_> {
                     y.iter_mut().zip(&x[r * ne0..]).for_each(|(o, &v)| *o = v * s);
                 }
             }
+            Op::Softcap { x, cap } => {
+                let x = self.f32s(x);
+                // ggml's three nodes: x times 1/cap (rounded once), tanhf, times cap.
+                let inv = 1.0 / cap;
+                for r in split(rows, ith, nth) {
+                    // SAFETY: row r belongs to this worker only.
+                    let y = unsafe { self.out_f32(t, r * ne0, ne0) };
+                    y.iter_mut().zip(&x[r * ne0..]).for_each(|(o, &v)| *o = (v * inv).tanh() * cap);
+                }
+            }
             Op::Quantize { x, pad } => {
                 // Rows of `w` values, after `pad` zeros where they are padded (`ne0 > w`).
                 let w = self.t(x).ne[0];

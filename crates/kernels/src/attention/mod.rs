@@ -7,9 +7,11 @@
 //! [`AttnKernel::Wide`] is the one-chunk kernel with an F32 value accumulator over an F16
 //! cache (not llama.cpp's bits: `--fast-prefill`'s decode steps), on the same drivers.
 //! Every kernel takes what a query reads as one [`Cells`]: the KV head's rows, how many
-//! logical cells, and which of them are visible. A cache whose keys are stored in columns
-//! ([`KeyLayout::Columns`], opt-in) is read only by [`matrix`]'s kernels, whatever the
-//! algorithm asked for.
+//! logical cells, and which of them are visible; and how a dot product becomes a score as one
+//! [`Scale`] (a multiplier, and Gemma 2's soft cap `c · tanh(s / c)`, which each kernel applies
+//! to its scores before the softmax, scalar, as ggml does). A cache whose keys are stored in
+//! columns ([`KeyLayout::Columns`], opt-in) is read only by [`matrix`]'s kernels, whatever the
+//! algorithm asked for; they have no soft cap.
 
 #[cfg(target_arch = "aarch64")]
 pub mod aarch64;
@@ -25,7 +27,7 @@ pub mod x86;
 pub use portable::softmax_steps;
 use portable::{attend_reference, attend_tiled};
 use quant::{attend_quant, attend_quant_group};
-pub use types::{key_transposes, AttnKernel, AttnScratch, Cells, GroupBuffers, KeyLayout, KvRows, KEY_COLUMNS, ReferenceBuffers, RowsScratch, TileWork, DECODE_CHUNK, KV_TILE, ROWS_MAX_VECTORS, TILED_MIN_ROWS, Visible};
+pub use types::{key_transposes, AttnKernel, Scale, AttnScratch, Cells, GroupBuffers, KeyLayout, KvRows, KEY_COLUMNS, ReferenceBuffers, RowsScratch, TileWork, DECODE_CHUNK, KV_TILE, ROWS_MAX_VECTORS, TILED_MIN_ROWS, Visible};
 
 /// Fused attention for one query head over an F16 KV cache, with online softmax (one pass, no
 /// score matrix): `out = Σ_c softmax(scale · q·k_c) v_c` over the logical cells `c < n_cells`
@@ -35,13 +37,14 @@ pub fn attend_row(
     kernels: &crate::Kernels,
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: impl Into<Scale>,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
+    let scale: Scale = scale.into();
     let Cells { kv, .. } = cells;
     if kv.k_layout == KeyLayout::Columns {
-        return matrix::attend_heads(kernels, q, cells, scale, scratch, out);
+        return matrix::attend_heads(kernels, q, cells, plain(scale), scratch, out);
     }
     if !kv.is_f16() {
         return attend_quant(kernels, q, cells, scale, scratch, out);
@@ -79,10 +82,11 @@ pub fn attend_heads(
     kernels: &crate::Kernels,
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: impl Into<Scale>,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
+    let scale: Scale = scale.into();
     attend_heads_from(kind, kernels, q, cells, scale, scratch, out, Rows::Memory)
 }
 
@@ -102,14 +106,14 @@ fn attend_heads_from(
     kernels: &crate::Kernels,
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     scratch: &mut AttnScratch,
     out: &mut [f32],
     rows: Rows,
 ) {
     let Cells { kv, .. } = cells;
     if kv.k_layout == KeyLayout::Columns {
-        return matrix::attend_heads(kernels, q, cells, scale, scratch, out);
+        return matrix::attend_heads(kernels, q, cells, plain(scale), scratch, out);
     }
     if kind == AttnKernel::Tiled && tiled_group(kernels, q, cells, scale, scratch, out) {
         return;
@@ -141,6 +145,13 @@ fn attend_heads_from(
     }
 }
 
+/// The multiplier of a scale without a cap: the keys-in-columns kernels ([`matrix`]) have no
+/// soft-capped scores (the engine refuses that pairing before any pass).
+fn plain(scale: Scale) -> f32 {
+    assert_eq!(scale.softcap, 0.0, "soft-capped attention over keys in columns");
+    scale.mul
+}
+
 /// Whether this table runs SIMD twins of the attention kernels (`x86` with AVX2 or AVX-512,
 /// `aarch64` with NEON: the two-phase decode kernel and the multi-row tiled kernel) rather
 /// than only the portable ones.
@@ -160,7 +171,7 @@ pub(crate) fn attend_decode(
     kernels: &crate::Kernels,
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     split: usize,
     only: Option<usize>,
     f16_acc: bool,
@@ -229,12 +240,13 @@ pub fn attend_rows(
     heads: usize,
     spans: &[std::ops::Range<usize>],
     kv: &KvRows,
-    scale: f32,
+    scale: impl Into<Scale>,
     scratch: &mut AttnScratch,
     out: &mut [&mut [f32]],
 ) {
+    let scale: Scale = scale.into();
     if kv.k_layout == KeyLayout::Columns {
-        return matrix::attend_rows(kernels, q, heads, spans, kv, scale, scratch, out);
+        return matrix::attend_rows(kernels, q, heads, spans, kv, plain(scale), scratch, out);
     }
     if kind == AttnKernel::Tiled
         && has_simd(kernels)
@@ -280,7 +292,7 @@ fn tiled_group(
     kernels: &crate::Kernels,
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) -> bool {
@@ -320,13 +332,14 @@ pub fn attend_split_range(
     kernels: &crate::Kernels,
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: impl Into<Scale>,
     chunk: usize,
     r: usize,
     scratch: &mut AttnScratch,
     state: &mut [[f32; 2]],
     acc: &mut [f32],
 ) {
+    let scale: Scale = scale.into();
     let (hd, chunk) = (cells.kv.head_dim, chunk.max(1));
     let heads = q.len() / hd;
     assert!(cells.kv.is_f16() && cells.kv.k_layout == KeyLayout::Rows, "split-KV decode reads an F16 cache of key rows");
@@ -357,7 +370,7 @@ fn attend_split(
     kernels: &crate::Kernels,
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     chunk: usize,
     scratch: &mut AttnScratch,
     out: &mut [f32],

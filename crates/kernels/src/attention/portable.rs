@@ -20,6 +20,7 @@
 //! The decode kernels (`x86::decode*`) run the chunks and [`fold`] the partials as they
 //! finish; without them each head goes through the portable reference per chunk.
 
+use crate::attention::Scale;
 use super::tiles::tile_step;
 use super::types::{AttnScratch, Cells, KvRows, Visible, DECODE_CHUNK, KV_TILE};
 use crate::exp::expf_ggml;
@@ -70,7 +71,7 @@ pub(crate) fn normalize_heads(acc: &[f32], state: &[[f32; 2]], head_dim: usize, 
 pub(crate) fn attend_reference(
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     wide: bool,
     scratch: &mut AttnScratch,
     out: &mut [f32],
@@ -95,7 +96,7 @@ pub(crate) fn reference_partial(
     q: &[f32],
     kv: &KvRows,
     cells: std::ops::Range<usize>,
-    scale: f32,
+    scale: Scale,
     visible: Visible,
     wide: bool,
     scratch: &mut AttnScratch,
@@ -113,7 +114,7 @@ pub(crate) fn reference_partial(
         if !visible.at(c) {
             continue;
         }
-        let score = dot_f16_ggml(kv.k(c), &scratch.q16) * scale;
+        let score = scale.score(dot_f16_ggml(kv.k(c), &scratch.q16));
         let (mut ms, mut vs) = (1f32, 1f32);
         if score > m {
             let old = m;
@@ -146,7 +147,7 @@ pub(crate) fn reference_partial(
 pub(crate) fn attend_tiled(
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
@@ -158,7 +159,7 @@ pub(crate) fn attend_tiled(
         let t1 = (t0 + KV_TILE).min(n_cells);
         for c in t0..t1 {
             scratch.scores[c - t0] = if visible.at(c) {
-                kv.k(c).iter().zip(q).fold(0f32, |acc, (&kk, &qq)| kk.to_f32().mul_add(qq, acc)) * scale
+                scale.score(kv.k(c).iter().zip(q).fold(0f32, |acc, (&kk, &qq)| kk.to_f32().mul_add(qq, acc)))
             } else {
                 f32::NEG_INFINITY
             };
@@ -227,7 +228,7 @@ pub(crate) fn finish(fin: [f32; 2], out: &mut [f32]) {
 pub(crate) fn attend_split_range(
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     chunk: usize,
     r: usize,
     scratch: &mut AttnScratch,
@@ -243,7 +244,7 @@ pub(crate) fn attend_split_range(
 
 /// One head's partial over range `r` of `chunk` cells ([`reference_partial`] restarted):
 /// returns (maximum, sum) and leaves the unnormalised values, widened, in `scratch.acc[..hd]`.
-fn range_partial(qh: &[f32], cells: Cells, scale: f32, chunk: usize, r: usize, scratch: &mut AttnScratch) -> [f32; 2] {
+fn range_partial(qh: &[f32], cells: Cells, scale: Scale, chunk: usize, r: usize, scratch: &mut AttnScratch) -> [f32; 2] {
     let Cells { kv, n: n_cells, visible } = cells;
     let a = (r * chunk).min(n_cells);
     let st = reference_partial(qh, kv, a..(a + chunk).min(n_cells), scale, visible, false, scratch);
@@ -258,7 +259,7 @@ fn range_partial(qh: &[f32], cells: Cells, scale: f32, chunk: usize, r: usize, s
 pub(crate) fn attend_split(
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     chunk: usize,
     scratch: &mut AttnScratch,
     out: &mut [f32],

@@ -3,6 +3,7 @@
 //! for the rows of a prefill block with their heads ([`attend_quant_rows`]), the same bits per
 //! head.
 
+use crate::attention::Scale;
 use super::chunks::prefetch_ahead;
 use super::portable::{normalize_heads, softmax_step, softmax_steps};
 use super::types::{AttnScratch, Cells, KvRows, RowsScratch, DECODE_CHUNK, ROWS_MAX_VECTORS};
@@ -15,7 +16,7 @@ pub(super) fn attend_quant(
     kernels: &crate::Kernels,
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
@@ -35,7 +36,7 @@ fn attend_quant_fma(
     kernels: &crate::Kernels,
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
@@ -47,7 +48,7 @@ fn attend_quant_body(
     kernels: &crate::Kernels,
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
@@ -65,7 +66,7 @@ fn attend_quant_body(
         if !visible.at(c) {
             continue;
         }
-        let score = (kops.vec_dot)(kv.k_bytes(c), qq) * scale;
+        let score = scale.score((kops.vec_dot)(kv.k_bytes(c), qq));
         let (mut ms, mut vs) = (1f32, 1f32);
         if score > m {
             let old = m;
@@ -110,7 +111,7 @@ pub(super) fn attend_quant_group(
     kernels: &crate::Kernels,
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     scratch: &mut AttnScratch,
     out: &mut [f32],
     ahead: bool,
@@ -129,7 +130,7 @@ fn attend_quant_group_avx2(
     kernels: &crate::Kernels,
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     scratch: &mut AttnScratch,
     out: &mut [f32],
     ahead: bool,
@@ -143,7 +144,7 @@ fn attend_quant_group_body<const X86: bool>(
     kernels: &crate::Kernels,
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     scratch: &mut AttnScratch,
     out: &mut [f32],
     ahead: bool,
@@ -184,7 +185,7 @@ fn attend_quant_group_body<const X86: bool>(
         for (i, &cell) in cells[..n].iter().enumerate() {
             let k = kv.k_bytes(cell);
             for (h, qb) in qq.chunks_exact(qrb).enumerate() {
-                gscores[h * DECODE_CHUNK + i] = (kops.vec_dot)(k, qb) * scale;
+                gscores[h * DECODE_CHUNK + i] = scale.score((kops.vec_dot)(k, qb));
             }
         }
         softmax_steps(gscores, dgrow, state, n, exps);
@@ -244,7 +245,7 @@ fn value_step(a: &mut [f32], v: &[f32], ms: f32, vs: f32, v_f16: bool, tmp: &mut
 /// then each value row converted to f32 once for all the vectors (where each row used to convert
 /// it again).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn attend_quant_rows(kernels: &crate::Kernels, q: &[&[f32]], heads: usize, spans: &[std::ops::Range<usize>], kv: &KvRows, scale: f32, scratch: &mut AttnScratch, out: &mut [&mut [f32]]) {
+pub(super) fn attend_quant_rows(kernels: &crate::Kernels, q: &[&[f32]], heads: usize, spans: &[std::ops::Range<usize>], kv: &KvRows, scale: Scale, scratch: &mut AttnScratch, out: &mut [&mut [f32]]) {
     #[cfg(target_arch = "x86_64")]
     if kernels.isa() >= crate::Isa::Avx2 {
         // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
@@ -256,14 +257,14 @@ pub(super) fn attend_quant_rows(kernels: &crate::Kernels, q: &[&[f32]], heads: u
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-fn attend_quant_rows_avx2(kernels: &crate::Kernels, q: &[&[f32]], heads: usize, spans: &[std::ops::Range<usize>], kv: &KvRows, scale: f32, scratch: &mut AttnScratch, out: &mut [&mut [f32]]) {
+fn attend_quant_rows_avx2(kernels: &crate::Kernels, q: &[&[f32]], heads: usize, spans: &[std::ops::Range<usize>], kv: &KvRows, scale: Scale, scratch: &mut AttnScratch, out: &mut [&mut [f32]]) {
     attend_quant_rows_body::<true>(kernels, q, heads, spans, kv, scale, scratch, out)
 }
 
 /// `X86`: compiled inside [`attend_quant_rows_avx2`] (AVX2, FMA and F16C available).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attend_quant_rows_body<const X86: bool>(kernels: &crate::Kernels, q: &[&[f32]], heads: usize, spans: &[std::ops::Range<usize>], kv: &KvRows, scale: f32, scratch: &mut AttnScratch, out: &mut [&mut [f32]]) {
+fn attend_quant_rows_body<const X86: bool>(kernels: &crate::Kernels, q: &[&[f32]], heads: usize, spans: &[std::ops::Range<usize>], kv: &KvRows, scale: Scale, scratch: &mut AttnScratch, out: &mut [&mut [f32]]) {
     const CH: usize = DECODE_CHUNK;
     let hd = kv.head_dim;
     let n = q.len() * heads;
@@ -297,7 +298,7 @@ fn attend_quant_rows_body<const X86: bool>(kernels: &crate::Kernels, q: &[&[f32]
             for (r, span) in spans.iter().enumerate() {
                 if span.contains(&c) {
                     for i in r * heads..(r + 1) * heads {
-                        scores[i * CH + c - c0] = (kops.vec_dot)(k, &qq[i * qrb..(i + 1) * qrb]) * scale;
+                        scores[i * CH + c - c0] = scale.score((kops.vec_dot)(k, &qq[i * qrb..(i + 1) * qrb]));
                     }
                 }
             }

@@ -6,6 +6,7 @@
 //! exponentials, products) is each ISA's [`TileOps`]; the order of every operation is the
 //! portable `attention::portable::attend_tiled`'s, per vector.
 
+use crate::attention::Scale;
 use super::types::{KvRows, RowsScratch, TileWork, KV_TILE, ROWS_MAX_VECTORS as MAX_VECTORS};
 use std::ops::Range;
 
@@ -80,7 +81,7 @@ pub(crate) trait TileOps {
     /// per lane over the dimensions in order) where row `v / heads` sees the cell, -∞
     /// elsewhere; counts in `sc.work` each 8 cells of it that some row sees.
     #[allow(clippy::too_many_arguments)]
-    fn chunk_scores(&self, ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize);
+    fn chunk_scores(&self, ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, c0: usize, w: usize, sc: &mut RowsScratch, col: usize);
     /// [`tile_step`] for one vector.
     fn tile_step(&self, sh: &mut [f32], len: usize, st: &mut [f32; 2], acc: &mut [f32]) -> bool;
     /// The value rows of cells `t0..t1` widened into `v32` (`[t1 - t0][head_dim]` f32).
@@ -96,7 +97,7 @@ pub(crate) trait TileOps {
 /// `q.len() · heads ≤ MAX_VECTORS`, `head_dim % 8 == 0`, F16 cache.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_tiled_rows<O: TileOps>(ops: &O, q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
+pub(crate) fn attend_tiled_rows<O: TileOps>(ops: &O, q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
     let hd = kv.head_dim;
     let nv = q.len() * heads;
     assert!(nv <= MAX_VECTORS && hd.is_multiple_of(8) && spans.len() == q.len() && out.len() == q.len());

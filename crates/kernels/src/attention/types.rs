@@ -37,6 +37,55 @@ pub enum AttnKernel {
 /// `attend_quant_group`); their grow masks are `u64`.
 pub const DECODE_CHUNK: usize = 64;
 
+/// How a query's dot product with a key becomes its score: `dot · mul`, then where `softcap`
+/// is not 0, `softcap · tanh(dot · mul)` — Gemma 2's soft-capped attention logits, as ggml's
+/// flash attention computes them (the layer's scale divided by the cap is `mul`; the tanh is
+/// the C library's `tanhf`, which `f32::tanh` calls). Hidden cells stay −∞ whatever the cap.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scale {
+    pub mul: f32,
+    pub softcap: f32,
+}
+
+impl Scale {
+    /// q·k times `scale`, soft-capped at `softcap` where it is not 0.
+    pub fn new(scale: f32, softcap: f32) -> Self {
+        Scale { mul: if softcap != 0.0 { scale / softcap } else { scale }, softcap }
+    }
+
+    /// The score of one dot product.
+    #[inline(always)]
+    pub fn score(self, dot: f32) -> f32 {
+        self.cap_one(dot * self.mul)
+    }
+
+    /// A score already multiplied by `mul`, capped (−∞ left as it is).
+    #[inline(always)]
+    pub fn cap_one(self, s: f32) -> f32 {
+        if self.softcap != 0.0 && s != f32::NEG_INFINITY {
+            self.softcap * s.tanh()
+        } else {
+            s
+        }
+    }
+
+    /// [`Scale::cap_one`] over scores a SIMD kernel multiplied by `mul` (and set to −∞ where
+    /// hidden); nothing without a cap.
+    #[inline]
+    pub fn cap(self, scores: &mut [f32]) {
+        if self.softcap != 0.0 {
+            scores.iter_mut().for_each(|s| *s = self.cap_one(*s));
+        }
+    }
+}
+
+impl From<f32> for Scale {
+    /// A plain scale, no cap.
+    fn from(mul: f32) -> Self {
+        Scale { mul, softcap: 0.0 }
+    }
+}
+
 /// Key rows the AVX-512 decode kernel scores together (`x86::decode`): widened once, their dot
 /// products reduced across registers.
 pub const DECODE_KEYS: usize = 16;

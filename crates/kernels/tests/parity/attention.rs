@@ -562,3 +562,86 @@ fn quantized_cache_rows_equal_per_row() {
         }
     }
 }
+
+/// Soft-capped scores (Gemma 2: `Scale::new(scale, cap)`, each score `cap · tanh(q·k · scale
+/// / cap)`): with every table, decode over a GQA group (`Reference`, `Wide`, split-KV), the
+/// tiled kernel per head and over a block of rows give each head the bits of the portable
+/// per-head kernel with the same cap, a Q8_0 cache grouped and per row those of the table's
+/// own per-head kernel; hidden cells stay
+/// hidden. The portable one-chunk result is an f64 softmax over the capped scores within F16
+/// accumulation error, and far from the uncapped one (a cap of 2.5 at scores up to ~20).
+#[test]
+fn soft_capped_scores_equal_portable() {
+    use corelm_kernels::attention::{attend_heads, attend_row, attend_rows, AttnKernel, AttnScratch, KeyLayout, KvRows, Scale};
+    let mut rng = Rng(1977);
+    let port = Kernels::portable();
+    let (scale, cap) = (0.125, 2.5);
+    let sc = Scale::new(scale, cap);
+    for (hd, heads, cells) in [(64usize, 3usize, 130usize), (128, 2, 70), (64, 1, 9), (256, 4, 40)] {
+        let (q, k, v) = decode_case(&mut rng, hd, heads, cells);
+        let ident: Vec<u32> = (0..cells as u32).collect();
+        let kvr = KvRows::contiguous(&k, &v, hd, &ident);
+        let vis = |c: usize| c % 7 != 2;
+        let (kf, vf): (Vec<f32>, Vec<f32>) = (k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect());
+        let (kb, vb) = (kv_rows_of(&port, DType::Q8_0, &kf, hd), kv_rows_of(&port, DType::Q8_0, &vf, hd));
+        let q8 = KvRows { k: &kb, v: &vb, k_type: DType::Q8_0, v_type: DType::Q8_0, head_dim: hd, table: &ident, shift: 0, k_layout: KeyLayout::Rows };
+        for fast in tables() {
+            for (kv, kinds) in [(&kvr, &[AttnKernel::Reference, AttnKernel::Wide, AttnKernel::Tiled, AttnKernel::Split(32)][..]), (&q8, &[AttnKernel::Reference][..])] {
+                // A quantized cache's dot products are the table's own (their bits differ
+                // between tables): its single-head calls with the same table.
+                let single = if kv.k_type == DType::F16 { &port } else { &fast };
+                for &kind in kinds {
+                    let mut s = AttnScratch::with_heads(hd, heads);
+                    let mut grouped = vec![f32::NAN; heads * hd];
+                    attend_heads(kind, &fast, &q, Cells { kv, n: cells, visible: Visible::Mask(&vis) }, sc, &mut s, &mut grouped);
+                    for h in 0..heads {
+                        let mut one = vec![0f32; hd];
+                        attend_row(kind, single, &q[h * hd..(h + 1) * hd], Cells { kv, n: cells, visible: Visible::Mask(&vis) }, sc, &mut s, &mut one);
+                        let g = &grouped[h * hd..(h + 1) * hd];
+                        assert!(g.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{} {kind:?} {} hd {hd} heads {heads} head {h}", fast.isa(), kv.k_type);
+                    }
+                }
+                // A block of rows (prefill), each row's span causal up to its cell.
+                let rows = 5.min(cells);
+                let spans: Vec<_> = (0..rows).map(|r| 0..cells - rows + 1 + r).collect();
+                let qs: Vec<&[f32]> = (0..rows).map(|_| &q[..]).collect();
+                let mut out = vec![0f32; rows * heads * hd];
+                let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(heads * hd).collect();
+                let mut s = AttnScratch::with_heads(hd, heads);
+                let kind = if kv.k_type == DType::F16 { AttnKernel::Tiled } else { AttnKernel::Reference };
+                attend_rows(kind, &fast, &qs, heads, &spans, kv, sc, &mut s, &mut outs);
+                for (r, span) in spans.iter().enumerate() {
+                    for h in 0..heads {
+                        let mut one = vec![0f32; hd];
+                        attend_row(kind, single, &q[h * hd..(h + 1) * hd], Cells { kv, n: span.end, visible: Visible::From(0) }, sc, &mut s, &mut one);
+                        let got = &out[(r * heads + h) * hd..][..hd];
+                        assert!(got.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{} rows {} hd {hd} row {r} head {h}", fast.isa(), kv.k_type);
+                    }
+                }
+            }
+        }
+        // Head 0 against f64 attention over the capped scores (the query rounded to F16 as
+        // the one-chunk kernel rounds it), and away from the uncapped result.
+        let mut s = AttnScratch::new(hd);
+        let mut got = vec![0f32; hd];
+        attend_row(AttnKernel::Reference, &port, &q[..hd], Cells { kv: &kvr, n: cells, visible: Visible::Mask(&vis) }, sc, &mut s, &mut got);
+        let attend64 = |capped: bool| -> Vec<f64> {
+            let sc: Vec<(usize, f64)> = (0..cells)
+                .filter(|&c| vis(c))
+                .map(|c| {
+                    let d = (0..hd).map(|i| kf[c * hd + i] as f64 * f16::from_f32(q[i]).to_f64()).sum::<f64>() * scale as f64;
+                    (c, if capped { cap as f64 * (d / cap as f64).tanh() } else { d })
+                })
+                .collect();
+            let mx = sc.iter().map(|s| s.1).fold(f64::MIN, f64::max);
+            let z: f64 = sc.iter().map(|s| (s.1 - mx).exp()).sum();
+            (0..hd).map(|d| sc.iter().map(|&(c, x)| (x - mx).exp() / z * vf[c * hd + d] as f64).sum()).collect()
+        };
+        let (want, uncapped) = (attend64(true), attend64(false));
+        for d in 0..hd {
+            assert!((got[d] as f64 - want[d]).abs() < 0.05 + 2e-3 * want[d].abs(), "hd {hd} dim {d}: {} vs f64 {}", got[d], want[d]);
+        }
+        let apart = (0..hd).map(|d| (want[d] - uncapped[d]).abs()).fold(0f64, f64::max);
+        assert!(apart > 1.0, "hd {hd}: the cap changes little ({apart})");
+    }
+}

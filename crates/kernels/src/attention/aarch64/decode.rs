@@ -15,6 +15,7 @@
 // Register arrays are indexed in plain loops with constant bounds (fully unrolled).
 #![allow(clippy::needless_range_loop)]
 
+use crate::attention::Scale;
 use crate::attention::chunks::{ask_share, drive, ChunkRows};
 use crate::attention::portable::softmax_steps;
 use crate::attention::types::{Cells, DecodeBuffers, DECODE_CHUNK as CHUNK};
@@ -33,7 +34,7 @@ const HEADS: usize = 16;
 pub fn attend_decode_group<const R: bool>(
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     split: usize,
     bufs: DecodeBuffers,
     out: &mut [f32],
@@ -69,7 +70,7 @@ fn keep<const R: bool>(x: float32x4_t) -> float32x4_t {
 /// Both phases over one chunk's key and value rows (head_dim = 64·S); the rows read after it
 /// are asked for during phase 1.
 #[inline]
-unsafe fn chunk<const S: usize, const R: bool>(rows: &ChunkRows, b: &mut DecodeBuffers, heads: usize, scale: f32) {
+unsafe fn chunk<const S: usize, const R: bool>(rows: &ChunkRows, b: &mut DecodeBuffers, heads: usize, scale: Scale) {
     let vr = rows.v;
     // SAFETY (caller): rows of 64·S F16 values; buffers for `heads` heads.
     unsafe { chunk_scores::<S>(rows, b.qf, heads, scale, b.scores) };
@@ -81,7 +82,7 @@ unsafe fn chunk<const S: usize, const R: bool>(rows: &ChunkRows, b: &mut DecodeB
 /// Phase 1: `scores[h][i] = (q_h · k_i) · scale` for the chunk's key rows; the rows read
 /// after the chunk are asked for meanwhile.
 #[inline]
-unsafe fn chunk_scores<const S: usize>(rows: &ChunkRows, qf: &[f32], heads: usize, scale: f32, scores: &mut [f32]) {
+unsafe fn chunk_scores<const S: usize>(rows: &ChunkRows, qf: &[f32], heads: usize, scale: Scale, scores: &mut [f32]) {
     let (hd, kr) = (64 * S, rows.k);
     assert!(qf.len() >= heads * hd && scores.len() >= heads * CHUNK);
     let zero = vdupq_n_f32(0.0);
@@ -115,7 +116,7 @@ unsafe fn chunk_scores<const S: usize>(rows: &ChunkRows, qf: &[f32], heads: usiz
                 }
             }
             for h in 0..nh {
-                scores[(h0 + h) * CHUNK + i] = reduce_add_16x4(t[h]) * scale;
+                scores[(h0 + h) * CHUNK + i] = scale.score(reduce_add_16x4(t[h]));
             }
         }
     }

@@ -18,6 +18,7 @@
 // Register arrays are indexed in plain loops with constant bounds (fully unrolled).
 #![allow(clippy::needless_range_loop)]
 
+use crate::attention::Scale;
 use crate::attention::tiles::{self, TileOps};
 use crate::attention::types::{KvRows, RowsScratch, KV_TILE, ROWS_MAX_VECTORS as MAX_VECTORS};
 use crate::exp::aarch64::expf_ggml4;
@@ -90,7 +91,7 @@ fn transpose_keys(kv: &KvRows, c0: usize, w: usize, zero: &[f16], kt: &mut [f32]
 /// into `scores[v][col..][..8]`: `q·k × scale` where row `v / heads` sees the cell, -∞
 /// elsewhere.
 #[allow(clippy::too_many_arguments)]
-fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
+fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
     let hd = kv.head_dim;
     let nv = ptrs.len();
     let any = tiles::chunk_seen(spans, c0, w, &mut sc.work);
@@ -121,9 +122,10 @@ fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &
                 let dst = sc.scores[(v + i) * KV_TILE + col..][..8].as_mut_ptr();
                 for half in 0..2 {
                     let vis = vandq_u32(vcgeq_u32(lanes[half], lo), vcltq_u32(lanes[half], hi));
-                    let val = vbslq_f32(vis, vmulq_n_f32(o[half], scale), ninf);
+                    let val = vbslq_f32(vis, vmulq_n_f32(o[half], scale.mul), ninf);
                     vst1q_f32(dst.add(4 * half), val);
                 }
+                scale.cap(&mut sc.scores[(v + i) * KV_TILE + col..][..8]);
             }
             v += n;
         }
@@ -238,7 +240,7 @@ struct NeonOps;
 impl TileOps for NeonOps {
     const CHUNK: usize = 8;
 
-    fn chunk_scores(&self, ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
+    fn chunk_scores(&self, ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
         chunk_scores(ptrs, heads, spans, kv, scale, c0, w, sc, col)
     }
 
@@ -271,6 +273,6 @@ impl TileOps for NeonOps {
 /// cells `spans[r]` of `kv`: `out[r]` gets, per head, exactly what
 /// `attention::portable::attend_tiled` gives that head alone (`attention::tiles` drives).
 /// `q.len() · heads ≤ MAX_VECTORS`, `head_dim % 8 == 0`, F16 cache.
-pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
+pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
     tiles::attend_tiled_rows(&NeonOps, q, heads, spans, kv, scale, sc, out)
 }

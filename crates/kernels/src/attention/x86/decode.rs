@@ -32,6 +32,7 @@
 //! with the AVX2 twin, `super::decode_avx2`, and NEON's (`attention::chunks`).
 #![allow(clippy::missing_safety_doc)]
 
+use crate::attention::Scale;
 use crate::attention::chunks::{ask_share, drive, ChunkRows};
 use crate::attention::types::{Cells, DecodeBuffers, DECODE_CHUNK as CHUNK, DECODE_KEYS as KEYS};
 use crate::exp::x86::expf16;
@@ -50,7 +51,7 @@ use std::arch::x86_64::*;
 pub fn attend_decode_group<const R: bool>(
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     split: usize,
     bufs: DecodeBuffers,
     out: &mut [f32],
@@ -77,7 +78,7 @@ pub fn attend_decode_group<const R: bool>(
 /// are asked for meanwhile, keys in phase 1, values in phase 2.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-unsafe fn chunk<const S: usize, const R: bool>(rows: &ChunkRows, b: &mut DecodeBuffers, heads: usize, scale: f32) {
+unsafe fn chunk<const S: usize, const R: bool>(rows: &ChunkRows, b: &mut DecodeBuffers, heads: usize, scale: Scale) {
     // SAFETY (caller): rows of 64·S F16 values; buffers for `heads` heads.
     unsafe {
         if S == 1 {
@@ -132,11 +133,11 @@ const ORDER: [usize; KEYS] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 
 /// into L2 meanwhile.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-unsafe fn chunk_scores<const S: usize>(rows: &ChunkRows, qf: &[f32], heads: usize, scale: f32, keys: &mut [f32], scores: &mut [f32]) {
+unsafe fn chunk_scores<const S: usize>(rows: &ChunkRows, qf: &[f32], heads: usize, scale: Scale, keys: &mut [f32], scores: &mut [f32]) {
     let (kr, vr) = (rows.k, rows.v);
     let (n, hd) = (kr.len(), 64 * S);
     assert!(keys.len() >= KEYS * hd && qf.len() >= heads * hd && scores.len() >= heads * CHUNK && n <= CHUNK);
-    let sv = _mm512_set1_ps(scale);
+    let sv = _mm512_set1_ps(scale.mul);
     for g in (0..n).step_by(KEYS) {
         let m = (n - g).min(KEYS);
         for (i, &kp) in kr[g..g + m].iter().enumerate() {
@@ -160,6 +161,7 @@ unsafe fn chunk_scores<const S: usize>(rows: &ChunkRows, qf: &[f32], heads: usiz
             let f = _mm512_mul_ps(reduce16(t), sv);
             // SAFETY: h·CHUNK + g + m <= heads·CHUNK <= scores.len() (asserted); masked store.
             unsafe { _mm512_mask_storeu_ps(scores.as_mut_ptr().add(h * CHUNK + g), first_lanes(m), f) };
+            scale.cap(&mut scores[h * CHUNK + g..h * CHUNK + g + m]);
         }
     }
 }
@@ -172,7 +174,7 @@ unsafe fn chunk_scores<const S: usize>(rows: &ChunkRows, qf: &[f32], heads: usiz
 /// 21.1 ns per (head, cell), 256 with 4 heads 26.6 against 35.3).
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-unsafe fn chunk_scores_rows<const S: usize>(rows: &ChunkRows, qf: &[f32], heads: usize, scale: f32, scores: &mut [f32]) {
+unsafe fn chunk_scores_rows<const S: usize>(rows: &ChunkRows, qf: &[f32], heads: usize, scale: Scale, scores: &mut [f32]) {
     let (kr, vr) = (rows.k, rows.v);
     for (i, &kp) in kr.iter().enumerate() {
         prefetch_row::<S>(vr[i]);
@@ -195,7 +197,7 @@ unsafe fn chunk_scores_rows<const S: usize>(rows: &ChunkRows, qf: &[f32], heads:
                 }
             }
             let t = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
-            scores[h * CHUNK + i] = reduce_add_ps16(t) * scale;
+            scores[h * CHUNK + i] = scale.score(reduce_add_ps16(t));
         }
     }
 }

@@ -27,6 +27,7 @@
 //! memory) 45.2 → 42.5.
 #![allow(clippy::missing_safety_doc)]
 
+use crate::attention::Scale;
 use crate::attention::chunks::{ask_share, drive};
 use crate::attention::types::{Cells, DecodeBuffers, DECODE_CHUNK};
 use crate::exp::x86::expf8;
@@ -47,7 +48,7 @@ const _: () = assert!(KEYS <= crate::attention::types::DECODE_KEYS && DECODE_CHU
 pub fn attend_decode_group_avx2<const R: bool>(
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     split: usize,
     bufs: DecodeBuffers,
     out: &mut [f32],
@@ -79,7 +80,8 @@ pub fn attend_decode_group_avx2<const R: bool>(
                     // The keys past `m` are zeros, their scores not stored.
                     // SAFETY: 8i + 8 <= KEYS · 8 = t.len(); unaligned load.
                     let t: [__m256; KEYS] = std::array::from_fn(|i| if i < m { unsafe { _mm256_loadu_ps(t.as_ptr().add(8 * i)) } } else { _mm256_setzero_ps() });
-                    store_scores(_mm256_mul_ps(reduce8(&t), _mm256_set1_ps(scale)), &mut b.scores[h * DECODE_CHUNK + g..h * DECODE_CHUNK + g + m]);
+                    store_scores(_mm256_mul_ps(reduce8(&t), _mm256_set1_ps(scale.mul)), &mut b.scores[h * DECODE_CHUNK + g..h * DECODE_CHUNK + g + m]);
+                    scale.cap(&mut b.scores[h * DECODE_CHUNK + g..h * DECODE_CHUNK + g + m]);
                 }
                 continue;
             }
@@ -101,7 +103,8 @@ pub fn attend_decode_group_avx2<const R: bool>(
                 for (i, ti) in t.iter_mut().enumerate().take(m) {
                     *ti = fold(&b.keys[i * hd..(i + 1) * hd], qh);
                 }
-                store_scores(_mm256_mul_ps(reduce8(&t), _mm256_set1_ps(scale)), &mut b.scores[h * DECODE_CHUNK + g..h * DECODE_CHUNK + g + m]);
+                store_scores(_mm256_mul_ps(reduce8(&t), _mm256_set1_ps(scale.mul)), &mut b.scores[h * DECODE_CHUNK + g..h * DECODE_CHUNK + g + m]);
+                    scale.cap(&mut b.scores[h * DECODE_CHUNK + g..h * DECODE_CHUNK + g + m]);
             }
         }
         for ((st, g), sc) in b.state[..heads].iter_mut().zip(b.grow.iter_mut()).zip(b.scores.chunks_exact_mut(DECODE_CHUNK)) {

@@ -8,6 +8,7 @@
 //!   order), ggml's softmax step on 8 lanes (`softmax_tile`).
 #![allow(clippy::missing_safety_doc)]
 
+use crate::attention::Scale;
 use super::softmax::tile_softmax;
 use crate::attention::types::{AttnScratch, Cells, GroupBuffers, KvRows, ReferenceBuffers, KV_TILE};
 use crate::matmul::x86::avx2::dot_f16_ggml;
@@ -20,7 +21,7 @@ use std::arch::x86_64::*;
 pub fn attend_reference(
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
@@ -37,7 +38,7 @@ pub fn attend_reference(
         if !visible.at(c) {
             continue;
         }
-        let score = dot_f16_ggml(kv.k(c), q16) * scale;
+        let score = scale.score(dot_f16_ggml(kv.k(c), q16));
         let vc = kv.v(c);
         widen(&vc[..body], &mut v32[..body]);
         let (ms, vs) = reference_cell(score, &mut st, &mut acc16[..body], &v32[..body]);
@@ -125,7 +126,7 @@ fn dot_widened_f16_ggml(x: &[f32], y: &[f32]) -> f32 {
 pub fn attend_reference_group(
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     bufs: ReferenceBuffers,
     out: &mut [f32],
 ) {
@@ -144,7 +145,7 @@ pub fn attend_reference_group(
         widen(kv.k(c), k32);
         widen(kv.v(c), v32);
         for (h, st) in state[..heads].iter_mut().enumerate() {
-            let score = dot_widened_f16_ggml(k32, &qf[h * hd..(h + 1) * hd]) * scale;
+            let score = scale.score(dot_widened_f16_ggml(k32, &qf[h * hd..(h + 1) * hd]));
             reference_cell(score, st, &mut acc16[h * hd..(h + 1) * hd], v32);
         }
     }
@@ -202,7 +203,7 @@ fn scores8_heads(q: &[f32], kv: &KvRows, c0: usize, out: &mut [f32], stride: usi
 pub fn attend_tiled_group(
     q: &[f32],
     cells: Cells,
-    scale: f32,
+    scale: Scale,
     bufs: GroupBuffers,
     out: &mut [f32],
 ) {
@@ -223,7 +224,7 @@ pub fn attend_tiled_group(
                     let vis = visible.at(c + j);
                     for h in 0..heads {
                         let p = &mut scores[h * KV_TILE + c + j - t0];
-                        *p = if vis { *p * scale } else { f32::NEG_INFINITY };
+                        *p = if vis { scale.score(*p) } else { f32::NEG_INFINITY };
                     }
                 }
                 c += 8;
@@ -233,7 +234,7 @@ pub fn attend_tiled_group(
             for h in 0..heads {
                 let qh = &q[h * hd..(h + 1) * hd];
                 scores[h * KV_TILE + c - t0] = if vis {
-                    kv.k(c).iter().zip(qh).fold(0f32, |a, (&kk, &qq)| h2f(kk).mul_add(qq, a)) * scale
+                    scale.score(kv.k(c).iter().zip(qh).fold(0f32, |a, (&kk, &qq)| h2f(kk).mul_add(qq, a)))
                 } else {
                     f32::NEG_INFINITY
                 };

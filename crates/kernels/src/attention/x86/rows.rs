@@ -21,6 +21,7 @@
 // `target_feature` functions.
 #![allow(clippy::needless_range_loop)]
 
+use crate::attention::Scale;
 use super::softmax::tile_softmax;
 use crate::attention::tiles::{self, TileOps};
 use crate::attention::types::{KvRows, RowsScratch, KV_TILE, ROWS_MAX_VECTORS};
@@ -119,7 +120,7 @@ fn transpose_keys(kv: &KvRows, c0: usize, w: usize, zero: &[half::f16], kt: &mut
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
+fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
     let hd = kv.head_dim;
     let nv = ptrs.len();
     let lanes = _mm256_add_epi32(_mm256_set1_epi32(c0 as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -149,10 +150,11 @@ fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &
                 _mm256_cmpgt_epi32(_mm256_set1_epi32(s.start as i32), lanes),
                 _mm256_cmpgt_epi32(_mm256_set1_epi32(s.end as i32), lanes),
             );
-            let val = _mm256_blendv_ps(ninf, _mm256_mul_ps(*o, _mm256_set1_ps(scale)), _mm256_castsi256_ps(vis));
+            let val = _mm256_blendv_ps(ninf, _mm256_mul_ps(*o, _mm256_set1_ps(scale.mul)), _mm256_castsi256_ps(vis));
             let dst = &mut sc.scores[(v + i) * KV_TILE + col..][..8];
             // SAFETY: 8 f32 writable.
             unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), val) };
+            scale.cap(dst);
         }
         v += n;
     }
@@ -166,7 +168,7 @@ impl TileOps for Avx2Ops {
     const CHUNK: usize = 8;
 
     #[inline(always)]
-    fn chunk_scores(&self, ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
+    fn chunk_scores(&self, ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
         // SAFETY: an `Avx2Ops` exists only under `attend_tiled_rows`' contract (AVX2, FMA, F16C).
         unsafe { chunk_scores(ptrs, heads, spans, kv, scale, c0, w, sc, col) }
     }
@@ -198,7 +200,7 @@ impl TileOps for Avx2Ops {
 /// `attention::portable::attend_tiled` gives that head alone (`attention::tiles` drives).
 /// `q.len() · heads ≤ MAX_VECTORS`, `head_dim % 8 == 0`, F16 cache.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
+pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
     tiles::attend_tiled_rows(&Avx2Ops(()), q, heads, spans, kv, scale, sc, out)
 }
 
@@ -240,7 +242,7 @@ mod tests {
     use half::f16;
 
     /// One of the two multi-row kernels (`rows`, `rows512`).
-    type Kernel = unsafe fn(&[&[f32]], usize, &[Range<usize>], &KvRows, f32, &mut RowsScratch, &mut [&mut [f32]]);
+    type Kernel = unsafe fn(&[&[f32]], usize, &[Range<usize>], &KvRows, Scale, &mut RowsScratch, &mut [&mut [f32]]);
 
     /// A 1024-cell prefill in blocks of 16 rows (one head of 64 dimensions) through `kernel`;
     /// each block's spans from `span(position)`. The work summed over the blocks of `blocks`.
@@ -258,7 +260,7 @@ mod tests {
             let qs: Vec<&[f32]> = q.chunks_exact(hd).collect();
             let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(hd).collect();
             // SAFETY: the caller checked that the CPU has what the kernel enables.
-            unsafe { kernel(&qs, 1, &spans, &kv, 0.125, &mut sc, &mut outs) };
+            unsafe { kernel(&qs, 1, &spans, &kv, Scale::from(0.125), &mut sc, &mut outs) };
         }
         sc.work
     }

@@ -18,6 +18,7 @@
 // `target_feature` functions.
 #![allow(clippy::needless_range_loop)]
 
+use crate::attention::Scale;
 use super::rows;
 use super::softmax::tile_softmax16;
 use crate::attention::tiles::{self, TileOps};
@@ -120,7 +121,7 @@ fn transpose_keys(kv: &KvRows, c0: usize, w: usize, zero: &[half::f16], kt: &mut
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
+fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
     let hd = kv.head_dim;
     let nv = ptrs.len();
     let lanes = _mm512_add_epi32(_mm512_set1_epi32(c0 as i32), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
@@ -147,10 +148,11 @@ fn chunk_scores(ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &
         for (i, o) in out.iter().enumerate().take(n.min(nv - v)) {
             let s = &spans[(v + i) / heads];
             let vis = _mm512_cmpge_epi32_mask(lanes, _mm512_set1_epi32(s.start as i32)) & _mm512_cmplt_epi32_mask(lanes, _mm512_set1_epi32(s.end as i32));
-            let val = _mm512_mask_blend_ps(vis, ninf, _mm512_mul_ps(*o, _mm512_set1_ps(scale)));
+            let val = _mm512_mask_blend_ps(vis, ninf, _mm512_mul_ps(*o, _mm512_set1_ps(scale.mul)));
             let dst = &mut sc.scores[(v + i) * KV_TILE + col..][..W];
             // SAFETY: 16 f32 writable.
             unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), val) };
+            scale.cap(dst);
         }
         v += n;
     }
@@ -224,7 +226,7 @@ impl TileOps for Avx512Ops {
     const CHUNK: usize = W;
 
     #[inline(always)]
-    fn chunk_scores(&self, ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
+    fn chunk_scores(&self, ptrs: &[*const f32], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, c0: usize, w: usize, sc: &mut RowsScratch, col: usize) {
         // SAFETY: an `Avx512Ops` exists only under `attend_tiled_rows`' contract.
         unsafe { chunk_scores(ptrs, heads, spans, kv, scale, c0, w, sc, col) }
     }
@@ -271,6 +273,6 @@ fn widen16(src: &[half::f16], dst: &mut [f32]) {
 /// [`super::rows::attend_tiled_rows`] with AVX-512: the same bits per head.
 /// `q.len() · heads ≤ MAX_VECTORS`, `head_dim % 8 == 0`, F16 cache.
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: f32, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
+pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
     tiles::attend_tiled_rows(&Avx512Ops(()), q, heads, spans, kv, scale, sc, out)
 }
