@@ -49,7 +49,7 @@ class Spec:
     def __init__(self, name, arch, n_embd=64, n_head=4, n_kv=2, head_dim=16, n_ff=128, n_layer=2,
                  rope_base=300.0, tied=True, freqs=None, qk_norm=False, bias=False, fused=False,
                  experts=None, q_scale=False, shared_ff=None, n_rot=None, longrope=None, floats=None,
-                 window=None, post_norms=False):
+                 window=None, post_norms=False, yarn=None):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -81,6 +81,9 @@ SPECS = [
     # of 8 on layer 0 (layer 1 global), norms after attention and the feed-forward.
     Spec("gemma2", "gemma2", n_kv=2, head_dim=32, tied=True, rope_base=1000.0, window=8, post_norms=True,
          floats={"attn_logit_softcapping": 1.5, "final_logit_softcapping": 3.0}),
+    # Qwen2 with YaRN (Qwen2.5's long-context setting): factor 4 over an original context of
+    # 64, so the ramp between interpolated and extrapolated angles falls inside the 8 pairs.
+    Spec("qwen2yarn", "qwen2", bias=True, tied=False, rope_base=10000.0, yarn=(4.0, 64)),
 ]
 
 # llama.cpp's context for the fixtures' logits; LONG_CTX for a LongRoPE fixture's long factors.
@@ -110,6 +113,10 @@ def write(spec, path, rng):
     w.add_layer_norm_rms_eps(1e-5)
     if spec.window:
         w.add_sliding_window(spec.window)
+    if spec.yarn:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(spec.yarn[0])
+        w.add_rope_scaling_orig_ctx_len(spec.yarn[1])
     for k, v in (spec.floats or {}).items():
         w.add_float32(f"{a}.{k}", v)
     if spec.experts:

@@ -10,9 +10,9 @@
 use crate::tensor::RopeParams;
 use corelm_kernels::rope;
 
-/// What a table depends on besides the position: base, frequency scale, attention factor,
-/// rotated width and the frequency-factor weight (by address; weights do not move).
-type Key = (u32, u32, u32, usize, usize);
+/// What a table depends on besides the position: the angles' parameters (`rope::Angles`, as
+/// bits), the rotated width and the frequency-factor weight (by address; weights do not move).
+type Key = ([u32; 6], usize, usize);
 
 struct Table {
     key: Option<Key>,
@@ -41,7 +41,8 @@ impl RopeTables {
     pub fn get(&mut self, pos: &[i32], p: &RopeParams, freqs: Option<&[f32]>) -> &[f32] {
         let n = p.n_rot;
         assert!(n <= self.max_rot && pos.len() <= self.tables[0].pos.len(), "rope table sized at planning");
-        let key = (p.base.to_bits(), p.freq_scale.to_bits(), p.mscale.to_bits(), n, freqs.map_or(0, |f| f.as_ptr() as usize));
+        let a = p.angles();
+        let key = ([a.base, a.freq_scale, a.mscale, a.ext_factor, a.corr_dims[0], a.corr_dims[1]].map(f32::to_bits), n, freqs.map_or(0, |f| f.as_ptr() as usize));
         let slot = match self.tables.iter().position(|t| t.key == Some(key)) {
             Some(s) => s,
             None => {
@@ -56,7 +57,7 @@ impl RopeTables {
         let t = &mut self.tables[slot];
         for (i, &ps) in pos.iter().enumerate() {
             if t.pos[i] != ps {
-                rope::rope_cache(ps, n, p.base, p.freq_scale, freqs, p.mscale, &mut t.data[i * n..(i + 1) * n]);
+                rope::rope_cache(ps, n, &a, freqs, &mut t.data[i * n..(i + 1) * n]);
                 t.pos[i] = ps;
             }
         }
@@ -69,7 +70,7 @@ mod tests {
     use super::*;
 
     fn params(base: f32, n_rot: usize) -> RopeParams {
-        RopeParams { n_head: 1, head_dim: n_rot, n_rot, base, freq_scale: 1.0, mscale: 1.0, neox: true }
+        RopeParams::plain(1, n_rot, n_rot, base, 1.0, true)
     }
 
     /// Entries equal a fresh `rope_cache` whatever the sequence of lookups: positions moving,
@@ -84,7 +85,7 @@ mod tests {
             let got = t.get(pos, p, None).to_vec();
             for (i, &ps) in pos.iter().enumerate() {
                 let mut want = vec![0f32; p.n_rot];
-                rope::rope_cache(ps, p.n_rot, p.base, p.freq_scale, None, p.mscale, &mut want);
+                rope::rope_cache(ps, p.n_rot, &p.angles(), None, &mut want);
                 assert_eq!(&got[i * p.n_rot..(i + 1) * p.n_rot], &want[..], "pos {ps} base {}", p.base);
             }
         }

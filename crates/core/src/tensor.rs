@@ -107,11 +107,28 @@ pub struct RopeParams {
     pub n_rot: usize,
     pub base: f32,
     pub freq_scale: f32,
-    /// Multiplies every cosine and sine (ggml's `attn_factor`: Phi-3 LongRoPE's attention
-    /// factor, so q·k grows by its square); 1 for a plain rotation.
+    /// Multiplies every cosine and sine (ggml's `attn_factor`, YaRN's magnitude correction
+    /// folded in: Phi-3 LongRoPE's and YaRN's attention factors, so q·k grows by its square);
+    /// 1 for a plain rotation.
     pub mscale: f32,
+    /// YaRN's mix of extrapolated angles (0: none) and its correction dimensions
+    /// (`rope::Angles`).
+    pub ext_factor: f32,
+    pub corr_dims: [f32; 2],
     /// NeoX pairing `(i, i + n_rot/2)` instead of adjacent pairs.
     pub neox: bool,
+}
+
+impl RopeParams {
+    /// A plain rotation: no attention factor, no YaRN.
+    pub fn plain(n_head: usize, head_dim: usize, n_rot: usize, base: f32, freq_scale: f32, neox: bool) -> Self {
+        RopeParams { n_head, head_dim, n_rot, base, freq_scale, mscale: 1.0, ext_factor: 0.0, corr_dims: [0.0; 2], neox }
+    }
+
+    /// What the angles depend on besides the position.
+    pub fn angles(&self) -> corelm_kernels::rope::Angles {
+        corelm_kernels::rope::Angles { base: self.base, freq_scale: self.freq_scale, mscale: self.mscale, ext_factor: self.ext_factor, corr_dims: self.corr_dims }
+    }
 }
 
 /// Attention parameters of one `attention` node.

@@ -289,6 +289,17 @@ fn gemma2_soft_caps() {
     assert!(err.contains("no soft-capped attention"), "{err}");
 }
 
+/// YaRN (`rope.scaling.type = yarn`, Qwen2.5's long-context setting: factor 4 over an original
+/// context of 64): angles ramped between interpolated and extrapolated, llama.cpp's attention
+/// factor; alone, batch-invariant and with two shards. (Before, the file's factor was taken as
+/// linear scaling: the logits were off by more than 1.)
+#[test]
+fn qwen2_yarn() {
+    check("qwen2yarn", false);
+    check("qwen2yarn", true);
+    check_tp("qwen2yarn", false, 2);
+}
+
 /// Phi-3 LongRoPE in Phi-4-mini's shape (grouped-query, tied, 12 of 16 values rotated): the
 /// short factors at a 128-cell context and the long ones at 512 (trained first on 256), each
 /// against llama.cpp at that context, with the attention factor; alone, batch-invariant and

@@ -69,10 +69,13 @@ impl Gemma {
             Family::Gemma3 => (l.u("attention.sliding_window")?, l.opt_u("attention.sliding_window_pattern")?.unwrap_or(DEFAULT_SWA_PATTERN)),
         };
         let window = u32::try_from(window).map_err(|_| ModelError::BadHyper(format!("sliding window {window}")))?;
-        let freq_scale_global = match l.opt_f("rope.scaling.factor")? {
-            Some(f) if f > 0.0 => 1.0 / f,
-            _ => 1.0,
-        };
+        // Linear scaling of the global layers (Gemma 3's larger models); YaRN and attention
+        // factors, which llama.cpp would apply to the local layers too, are refused.
+        let scaling = l.rope_scaling(h.n_rot, h.rope_base, h.n_ctx_train)?;
+        if scaling.ext_factor != 0.0 || scaling.mscale != 1.0 {
+            return Err(ModelError::Unsupported(format!("{} with YaRN or a RoPE attention factor", l.arch)));
+        }
+        let freq_scale_global = scaling.freq_scale;
         // Gemma 2's local layers rotate as its global ones unless the file gives them a base.
         let rope_swa = if v2 { (l.opt_f("rope.freq_base_swa")?.unwrap_or(h.rope_base), freq_scale_global) } else { (ROPE_BASE_SWA, 1.0) };
         let q_scale = if v2 && h.n_layer == GEMMA2_27B_LAYERS { 1.0 / ((h.n_embd / h.n_head) as f32).sqrt() } else { 1.0 / (h.head_dim as f32).sqrt() };
@@ -110,15 +113,14 @@ impl Gemma {
     fn attn_cfg(&self, il: usize) -> AttnCfg {
         let (h, swa) = (&self.h, self.is_swa(il));
         AttnCfg {
-            rope: RopeParams {
-                n_head: h.n_head,
-                head_dim: h.head_dim,
-                n_rot: h.n_rot,
-                base: if swa { self.rope_swa.0 } else { h.rope_base },
-                freq_scale: if swa { self.rope_swa.1 } else { self.freq_scale_global },
-                mscale: 1.0,
-                neox: true,
-            },
+            rope: RopeParams::plain(
+                h.n_head,
+                h.head_dim,
+                h.n_rot,
+                if swa { self.rope_swa.0 } else { h.rope_base },
+                if swa { self.rope_swa.1 } else { self.freq_scale_global },
+                true,
+            ),
             scale: 1.0,
             q_scale: Some(self.q_scale),
             window: swa.then_some(self.window),

@@ -198,6 +198,42 @@ impl<'a> Loader<'a> {
         })
     }
 
+    /// The file's RoPE scaling (`rope.scaling.*`) as llama.cpp applies it to every layer of a
+    /// model with `n_rot` rotated values and base `base`: linear (the default: angles times
+    /// 1/`factor`), `none`, or YaRN (llama.cpp's defaults for the families without YaRN keys
+    /// of their own: β_fast 32, β_slow 1, the attention factor `get_mscale(factor)` over
+    /// `1 + 0.1·ln(factor)` times the file's `attn_factor`, each rounded as its f32 code
+    /// rounds it); `longrope` scales as linear (its factors are Phi-3's tensors). Anything
+    /// else is refused by name.
+    pub fn rope_scaling(&self, n_rot: usize, base: f32, n_ctx_train: usize) -> Result<corelm_core::RopeParams, ModelError> {
+        let kind = self.g.opt_str(&format!("{}.rope.scaling.type", self.arch))?.unwrap_or("linear");
+        let factor = self.opt_f("rope.scaling.factor")?.filter(|&f| f != 0.0);
+        let freq_scale = match (kind, factor) {
+            ("none", _) | (_, None) => 1.0,
+            (_, Some(f)) => 1.0 / f,
+        };
+        let mut p = corelm_core::RopeParams::plain(0, n_rot, n_rot, base, freq_scale, false);
+        let attn_factor = self.opt_f("rope.scaling.attn_factor")?.unwrap_or(1.0);
+        if !(attn_factor.is_finite() && attn_factor > 0.0) {
+            return Err(ModelError::BadHyper(format!("{}.rope.scaling.attn_factor = {attn_factor}", self.arch)));
+        }
+        match kind {
+            "none" | "linear" | "longrope" => p.mscale = attn_factor,
+            "yarn" => {
+                let orig = self.opt_u("rope.scaling.original_context_length")?.unwrap_or(n_ctx_train);
+                let factor = 1.0 / freq_scale;
+                let get_mscale = |s: f32| if s <= 1.0 { 1.0 } else { 0.1 * 1.0 * s.ln() + 1.0 };
+                let attn = get_mscale(factor) * (1.0 / (1.0 + 0.1 * factor.ln())) * attn_factor;
+                // ggml's `rope_yarn` multiplies it by its magnitude correction (an FMA there).
+                p.mscale = attn * 0.1f32.mul_add((1.0 / freq_scale).ln(), 1.0);
+                p.ext_factor = 1.0;
+                p.corr_dims = corelm_kernels::rope::yarn_corr_dims(n_rot, orig, base, 32.0, 1.0);
+            }
+            other => return Err(ModelError::Unsupported(format!("RoPE scaling type '{other}'"))),
+        }
+        Ok(p)
+    }
+
     /// A weight by name with its expected GGML shape `[ne0, ne1]` (`ne1 = 1` for vectors).
     pub fn weight(&self, name: &str, ne: [usize; 2]) -> Result<WeightRef, ModelError> {
         let shape: &[usize] = if ne[1] == 1 { &ne[..1] } else { &ne };

@@ -33,10 +33,6 @@ pub fn load(g: &Gguf, k: &Kernels, opts: LoadOptions) -> Result<PreNorm, ModelEr
         return Err(ModelError::MissingTensor(name.into()));
     }
     let freqs = l.vector(name, h.n_rot / 2)?;
-    let mscale = l.opt_f("rope.scaling.attn_factor")?.unwrap_or(1.0);
-    if !(mscale.is_finite() && mscale > 0.0) {
-        return Err(ModelError::BadHyper(format!("rope.scaling.attn_factor = {mscale}")));
-    }
-    m.set_rope_factors(freqs, mscale);
+    m.set_rope_factors(freqs);
     Ok(m)
 }

@@ -67,23 +67,11 @@ impl PreNorm {
     pub(crate) fn load(l: &Loader, spec: PreNormSpec) -> Result<Self, ModelError> {
         let h = l.hyper()?;
         let layers = load_layers(l, &h, spec.extras)?;
-        let freq_scale = match l.opt_f("rope.scaling.factor")? {
-            Some(f) if f > 0.0 => 1.0 / f,
-            _ => 1.0,
-        };
         // Llama 3.x stores its `llama3` RoPE scaling as per-frequency divisors.
         let freqs = if l.has("rope_freqs.weight") { Some(l.vector("rope_freqs.weight", h.n_rot / 2)?) } else { None };
         let scale = 1.0 / (h.head_dim as f32).sqrt();
         let cfg = AttnCfg {
-            rope: RopeParams {
-                n_head: h.n_head,
-                head_dim: h.head_dim,
-                n_rot: h.n_rot,
-                base: h.rope_base,
-                freq_scale,
-                mscale: 1.0,
-                neox: spec.neox,
-            },
+            rope: RopeParams { n_head: h.n_head, head_dim: h.head_dim, neox: spec.neox, ..l.rope_scaling(h.n_rot, h.rope_base, h.n_ctx_train)? },
             scale: if spec.scale_q { 1.0 } else { scale },
             q_scale: spec.scale_q.then_some(scale),
             window: None,
@@ -105,11 +93,10 @@ impl PreNorm {
         &self.h
     }
 
-    /// Every layer's RoPE divides its frequencies by `freqs` (`n_rot / 2` F32 values) and
-    /// multiplies its cosines and sines by `mscale` (Phi-3 LongRoPE).
-    pub(crate) fn set_rope_factors(&mut self, freqs: WeightRef, mscale: f32) {
+    /// Every layer's RoPE divides its frequencies by `freqs` (`n_rot / 2` F32 values: Phi-3
+    /// LongRoPE's; its attention factor is `rope.scaling.attn_factor`, read for every model).
+    pub(crate) fn set_rope_factors(&mut self, freqs: WeightRef) {
         self.cfg.freqs = Some(freqs);
-        self.cfg.rope.mscale = mscale;
     }
 
     /// q·k multiplied by `scale` inside attention instead of 1/√head_dim (Granite's and
@@ -149,12 +136,13 @@ impl Model for PreNorm {
         // Not: per-frequency RoPE divisors (Llama 3, Phi-3 LongRoPE, whose attention factor
         // the device's RoPE has not either), queries scaled as a node (Phi-3, whose Q/K/V are
         // one fused matrix too), mixtures of experts, Granite's multipliers and SmolLM3's
-        // layers without RoPE (the device's layer has neither).
+        // layers without RoPE (the device's layer has neither), YaRN and attention factors.
         let c = &self.cfg;
         let t = &self.tweaks;
         let plain = t.embd_scale.is_none() && t.residual_scale.is_none() && t.no_rope_every.is_none();
         let dense = matches!(self.layers.get(il)?.ffn, Ffn::Dense { .. });
-        (plain && dense && c.freqs.is_none() && c.q_scale.is_none()).then_some(crate::DeviceLayerSpec {
+        let rotation = c.rope.mscale == 1.0 && c.rope.ext_factor == 0.0;
+        (plain && rotation && dense && c.freqs.is_none() && c.q_scale.is_none()).then_some(crate::DeviceLayerSpec {
             rope_base: c.rope.base,
             freq_scale: c.rope.freq_scale,
             neox: c.rope.neox,

@@ -8,7 +8,7 @@
 
 use super::Engine;
 use crate::Error;
-use corelm_kernels::rope::{rope_apply, rope_cache};
+use corelm_kernels::rope::{rope_apply, rope_cache, Angles};
 
 /// Where a context shift cuts: llama-server's rule. `n_keep` tokens of the prompt are kept
 /// (negative: the whole prompt), one more for a BOS token the tokenizer added, at most
@@ -67,10 +67,10 @@ impl Engine {
             }
             let divisors = r.freqs.as_ref().and(freqs.as_ref()).map(|f| &f.1[..]);
             let mut cache = vec![0f32; r.rope.n_rot];
-            // A rotation only: the attention factor (LongRoPE's `mscale`) is in the stored keys
-            // already. (llama.cpp 4df29be's shift applies it again, so its keys grow by the
-            // factor at every shift; corelm's keep the length a fresh prefill gives them.)
-            rope_cache(-(discard as i32), r.rope.n_rot, r.rope.base, r.rope.freq_scale, divisors, 1.0, &mut cache);
+            // A rotation only: the attention factor (LongRoPE's and YaRN's `mscale`) is in the
+            // stored keys already. (llama.cpp 4df29be's shift applies it again, so its keys grow
+            // by the factor at every shift; corelm's keep the length a fresh prefill gives them.)
+            rope_cache(-(discard as i32), r.rope.n_rot, &Angles { mscale: 1.0, ..r.rope.angles() }, divisors, &mut cache);
             caches.push((cache, r.rope.n_rot, r.rope.neox));
         }
         let kernels = self.kernels;

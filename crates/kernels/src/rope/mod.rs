@@ -12,22 +12,68 @@ pub mod aarch64;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 
+/// What a RoPE's angles depend on besides the position: ggml's `rope_yarn` parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Angles {
+    pub base: f32,
+    /// Multiplies every angle (linear scaling's 1/factor; YaRN's interpolated angles).
+    pub freq_scale: f32,
+    /// Multiplies every cosine and sine: ggml's `attn_factor`, with YaRN's magnitude
+    /// correction `1 + 0.1·ln(1/freq_scale)` folded in (LongRoPE's and YaRN's attention
+    /// factors; 1 for a plain rotation, where the product is exact).
+    pub mscale: f32,
+    /// YaRN's mix of interpolated and extrapolated angles (0: none, every angle interpolated).
+    pub ext_factor: f32,
+    /// YaRN's correction dimensions ([`yarn_corr_dims`]): below the first the angles are
+    /// extrapolated, past the second interpolated, ramped between.
+    pub corr_dims: [f32; 2],
+}
+
+impl Angles {
+    /// Plain RoPE of `base`, angles times `freq_scale`.
+    pub fn plain(base: f32, freq_scale: f32) -> Self {
+        Angles { base, freq_scale, mscale: 1.0, ext_factor: 0.0, corr_dims: [0.0; 2] }
+    }
+}
+
 /// Cosines and sines for one position: `cache[i] = m · cos θ_i`, `cache[n_rot/2 + i] = m · sin θ_i`,
-/// with `θ_i = pos · freq_scale · base^(-2i/n_rot)` computed by repeated multiplication as ggml
-/// does, and `m` = `mscale`, ggml's `attn_factor` (LongRoPE's attention factor; 1 for a plain
-/// rotation, where the product is exact).
-pub fn rope_cache(pos: i32, n_rot: usize, base: f32, freq_scale: f32, freq_factors: Option<&[f32]>, mscale: f32, cache: &mut [f32]) {
-    let theta_scale = base.powf(-2.0 / n_rot as f32);
+/// with `θ_i = pos · base^(-2i/n_rot)` computed by repeated multiplication as ggml does,
+/// divided by the frequency factor where given, then scaled (`freq_scale`) or, with YaRN,
+/// ramped between scaled and not by dimension; `m` = `a.mscale`.
+pub fn rope_cache(pos: i32, n_rot: usize, a: &Angles, freq_factors: Option<&[f32]>, cache: &mut [f32]) {
+    let theta_scale = a.base.powf(-2.0 / n_rot as f32);
     let mut theta = pos as f32;
     let half = n_rot / 2;
     for i in 0..half {
         // Per-frequency divisors (Llama 3 `rope_freqs`, Phi-3 rope factors), as ggml applies them.
         let ff = freq_factors.map_or(1.0, |f| f[i]);
-        let t = freq_scale * (theta / ff);
-        cache[i] = t.cos() * mscale;
-        cache[half + i] = t.sin() * mscale;
+        let extrap = theta / ff;
+        let interp = a.freq_scale * extrap;
+        let t = if a.ext_factor != 0.0 {
+            let mix = yarn_ramp(a.corr_dims, i) * a.ext_factor;
+            // ggml is built with FMA contraction: the first product is fused.
+            interp.mul_add(1.0 - mix, extrap * mix)
+        } else {
+            interp
+        };
+        cache[i] = t.cos() * a.mscale;
+        cache[half + i] = t.sin() * a.mscale;
         theta *= theta_scale;
     }
+}
+
+/// ggml's `rope_yarn_ramp` for the pair `i`: 1 below the first correction dimension, 0 past
+/// the second, linear between.
+fn yarn_ramp(dims: [f32; 2], i: usize) -> f32 {
+    let y = (i as f32 - dims[0]) / 0.001f32.max(dims[1] - dims[0]);
+    1.0 - y.clamp(0.0, 1.0)
+}
+
+/// ggml's `ggml_rope_yarn_corr_dims`: the dimensions where rotations of `beta_fast` and
+/// `beta_slow` turns over `n_ctx_orig` positions fall, floored and ceiled into `0..n_dims`.
+pub fn yarn_corr_dims(n_dims: usize, n_ctx_orig: usize, base: f32, beta_fast: f32, beta_slow: f32) -> [f32; 2] {
+    let dim = |beta: f32| n_dims as f32 * (n_ctx_orig as f32 / (beta * 2.0 * std::f32::consts::PI)).ln() / (2.0 * base.ln());
+    [dim(beta_fast).floor().max(0.0), dim(beta_slow).ceil().min(n_dims as f32 - 1.0)]
 }
 
 /// Rotate one head in place. `neox`: pairs `(i, i + n_rot/2)` (GPT-NeoX, Qwen, Gemma); otherwise

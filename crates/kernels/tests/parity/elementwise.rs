@@ -152,7 +152,7 @@ fn rope_simd_equals_scalar() {
         for neox in [false, true] {
             for pos in [0i32, 1, 17, 511, 4095] {
                 let mut cache = vec![0f32; n_rot];
-                rope_cache(pos, n_rot, 10000.0, 1.0, None, 1.0, &mut cache);
+                rope_cache(pos, n_rot, &corelm_kernels::rope::Angles::plain(10000.0, 1.0), None, &mut cache);
                 let x: Vec<f32> = (0..hd).map(|_| rng.f32() * 8.0).collect();
                 let mut b = x.clone();
                 rope_apply_scalar(&mut b, &cache, n_rot, neox);
