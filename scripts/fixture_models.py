@@ -84,6 +84,9 @@ SPECS = [
     # Qwen2 with YaRN (Qwen2.5's long-context setting): factor 4 over an original context of
     # 64, so the ramp between interpolated and extrapolated angles falls inside the 8 pairs.
     Spec("qwen2yarn", "qwen2", bias=True, tied=False, rope_base=10000.0, yarn=(4.0, 64)),
+    # ERNIE 4.5 (tied, as the 0.3B model) and EXAONE 3.x (NeoX pairs, Llama 3-style factors).
+    Spec("ernie4_5", "ernie4_5", tied=True, rope_base=500.0),
+    Spec("exaone", "exaone", n_kv=1, tied=False, rope_base=700.0, freqs=[1.0, 1.3, 2.0, 3.5, 5.0, 7.0, 8.0, 8.0]),
 ]
 
 # llama.cpp's context for the fixtures' logits; LONG_CTX for a LongRoPE fixture's long factors.

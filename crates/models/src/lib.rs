@@ -90,7 +90,7 @@ pub struct KeyRope {
 pub use corelm_core::DeviceLayerSpec;
 
 /// `general.architecture` values this build runs.
-pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), smollm3, granite, qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3";
+pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), smollm3, granite, ernie4_5, exaone, qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3";
 
 /// What a model's graph depends on besides its file.
 #[derive(Clone, Copy, Debug)]
@@ -113,6 +113,8 @@ pub fn load(g: &Gguf, kernels: &Kernels, opts: LoadOptions) -> Result<Box<dyn Mo
         "gemma2" => Ok(Box::new(gemma::Gemma::load(g, kernels, gemma::Family::Gemma2)?)),
         "gemma3" => Ok(Box::new(gemma::Gemma::load(g, kernels, gemma::Family::Gemma3)?)),
         "smollm3" => Ok(Box::new(smollm3::load(g, kernels)?)),
+        "ernie4_5" => Ok(Box::new(llama::load_llama_block(g, kernels, false)?)),
+        "exaone" => Ok(Box::new(llama::load_llama_block(g, kernels, true)?)),
         "granite" => Ok(Box::new(granite::load(g, kernels)?)),
         other => Err(ModelError::UnknownArch(other.to_string())),
     }

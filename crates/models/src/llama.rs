@@ -5,7 +5,7 @@
 //! scaling as `rope.scaling.factor`.
 
 use crate::common::Extras;
-use crate::prenorm::{PreNorm, PreNormSpec};
+use crate::prenorm::{refuse_biases, PreNorm, PreNormSpec};
 use crate::{Loader, ModelError};
 use corelm_gguf::Gguf;
 use corelm_kernels::Kernels;
@@ -16,4 +16,14 @@ pub fn load(g: &Gguf, k: &Kernels) -> Result<PreNorm, ModelError> {
         return Err(ModelError::Unsupported("llama-architecture mixture of experts (Mixtral)".into()));
     }
     PreNorm::load(&l, PreNormSpec { extras: Extras::default(), neox: false, scale_q: false })
+}
+
+/// ERNIE 4.5 (`ernie4_5`, the dense models) and EXAONE 3.x (`exaone`): the LLaMA block as
+/// llama.cpp builds it for them, RoPE on adjacent pairs (ERNIE) or NeoX pairs (EXAONE; its
+/// optional `rope_freqs` as Llama 3's). A bias on Wo, which ERNIE's loader allows and the
+/// released models do not have, is refused by name.
+pub fn load_llama_block(g: &Gguf, k: &Kernels, neox: bool) -> Result<PreNorm, ModelError> {
+    let l = Loader::new(g, k)?;
+    refuse_biases(&l, &["attn_output"])?;
+    PreNorm::load(&l, PreNormSpec { extras: Extras::default(), neox, scale_q: false })
 }

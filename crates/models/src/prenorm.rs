@@ -31,6 +31,20 @@ pub struct Tweaks {
     pub no_rope_every: Option<usize>,
 }
 
+/// Refuses, by name, a file whose layers have a bias on one of `matrices` (`attn_output`, …):
+/// the families that allow them where corelm's block has none.
+pub fn refuse_biases(l: &Loader, matrices: &[&str]) -> Result<(), ModelError> {
+    for il in 0..l.u("block_count")? {
+        for t in matrices {
+            let name = format!("blk.{il}.{t}.bias");
+            if l.has(&name) {
+                return Err(ModelError::Unsupported(format!("{} bias {name}", l.arch)));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// One pre-norm transformer block (LLaMA, Qwen2):
 /// `x1 = x + r·attn(norm(x))`, `out = x1 + r·ffn(norm(x1))`, all `[n_tokens, n_embd]`, `r` the
 /// residual scale where there is one.
