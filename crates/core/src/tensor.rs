@@ -146,6 +146,13 @@ pub struct AttnParams {
     pub window: Option<u32>,
 }
 
+impl AttnParams {
+    /// How the kernels turn a dot product into a score: the scale, and the soft cap.
+    pub fn scores(&self) -> corelm_kernels::attention::Scale {
+        corelm_kernels::attention::Scale::new(self.scale, self.softcap)
+    }
+}
+
 /// Which query heads and KV cache rows an `attention` node covers: all of them in serial mode,
 /// a tensor-parallel shard's otherwise.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

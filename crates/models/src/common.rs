@@ -356,6 +356,37 @@ pub fn load_layers(l: &Loader, h: &Hyper, x: Extras) -> Result<Vec<LayerWeights>
     (0..h.n_layer).map(|il| LayerWeights::load(l, h, il, x)).collect()
 }
 
+/// One pre-norm transformer block, `[n_tokens, n_embd]` → the same:
+/// `x1 = x + r·post(attn(norm(x)))`, `out = x1 + r·post(ffn(norm(x1)))`, where `post` is the
+/// layer's norm after attention or the feed-forward where it has one (Gemma 2 and 3) and `r`
+/// the residual scale where there is one (Granite).
+#[allow(clippy::too_many_arguments)]
+pub fn pre_norm_block(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &Bundle, cfg: &AttnCfg, glu: Glu, residual: Option<f32>) -> Bundle {
+    let finish = |b: &mut Builder, y: Bundle, post: &Option<WeightRef>| {
+        let y = match post {
+            Some(w) => {
+                let w = b.weight(w);
+                b.rms_norm(&y, &w, h.eps)
+            }
+            None => y,
+        };
+        match residual {
+            Some(r) => b.scale(&y, r),
+            None => y,
+        }
+    };
+    let an = b.weight(&lw.attn_norm);
+    let hn = b.rms_norm(x, &an, h.eps);
+    let a = attention(b, h, lw, il, &hn, cfg); // Q/K norms inside, where the layer has them
+    let a = finish(b, a, &lw.attn_post_norm);
+    let x1 = b.add(&a, x);
+    let fnw = b.weight(&lw.ffn_norm);
+    let hn = b.rms_norm(&x1, &fnw, h.eps);
+    let f = ffn(b, lw, &hn, glu);
+    let f = finish(b, f, &lw.ffn_post_norm);
+    b.add(&f, &x1)
+}
+
 /// The token embeddings, `[n_tokens, n_embd]`, times `scale` where given (Gemma's √n_embd,
 /// Granite's `embedding_scale`), then the first layers whole on the accelerator
 /// (`--accel-layers`); returns the rows and how many layers the accelerator ran.

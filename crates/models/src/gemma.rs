@@ -8,7 +8,7 @@
 //! by 1/√head_dim (the 27B model: 1/√(n_embd / n_head)); Gemma 3 has an RMS norm on Q and K
 //! per head and a RoPE base of its own (10 000) in the sliding-window layers.
 
-use crate::common::{attention, embed_input, ffn, head_then, load_layers, output_weight, AttnCfg, Extras, LayerWeights, LogitsPost};
+use crate::common::{embed_input, head_then, load_layers, output_weight, pre_norm_block, AttnCfg, Extras, LayerWeights, LogitsPost};
 use crate::{Hyper, Loader, Model, ModelError};
 use corelm_core::{Builder, Bundle, Glu, RopeParams, WeightRef};
 use corelm_gguf::Gguf;
@@ -161,23 +161,7 @@ impl Model for Gemma {
         let (mut x, on_device) = embed_input(b, &self.tok_embd, Some((h.n_embd as f32).sqrt())); // [n_tokens, n_embd]
         for (il, lw) in self.layers.iter().enumerate().skip(on_device) {
             b.begin_layer(il);
-            let cfg = self.attn_cfg(il);
-            let an = b.weight(&lw.attn_norm);
-            let hn = b.rms_norm(&x, &an, h.eps);
-            let mut a = attention(b, h, lw, il, &hn, &cfg); // Gemma 3's Q/K norms inside
-            if let Some(pn) = &lw.attn_post_norm {
-                let pn = b.weight(pn);
-                a = b.rms_norm(&a, &pn, h.eps);
-            }
-            let x1 = b.add(&a, &x);
-            let fnw = b.weight(&lw.ffn_norm);
-            let hn = b.rms_norm(&x1, &fnw, h.eps);
-            let mut f = ffn(b, lw, &hn, Glu::GeluTanh);
-            if let Some(pf) = &lw.ffn_post_norm {
-                let pf = b.weight(pf);
-                f = b.rms_norm(&f, &pf, h.eps);
-            }
-            x = b.add(&f, &x1);
+            x = pre_norm_block(b, h, lw, il, &x, &self.attn_cfg(il), Glu::GeluTanh, None); // [n_tokens, n_embd]
         }
         head_then(b, h, &x, &self.norm, &self.output, self.final_softcap.map(LogitsPost::Softcap)) // [n_outputs, n_vocab]
     }

@@ -20,8 +20,7 @@ use corelm_kernels::Kernels;
 pub fn load(g: &Gguf, k: &Kernels, opts: LoadOptions) -> Result<PreNorm, ModelError> {
     let l = Loader::new(g, k)?;
     let mut m = PreNorm::load(&l, PreNormSpec { extras: Extras::default(), neox: true, scale_q: true })?;
-    let (long, short) = (l.has("rope_factors_long.weight"), l.has("rope_factors_short.weight"));
-    if !(long || short) {
+    if !(l.has("rope_factors_long.weight") || l.has("rope_factors_short.weight")) {
         return Ok(m);
     }
     let h = m.hyper_ref();
@@ -29,9 +28,7 @@ pub fn load(g: &Gguf, k: &Kernels, opts: LoadOptions) -> Result<PreNorm, ModelEr
     // llama.cpp's choice (`get_rope_factors`): the context of one sequence, padded as its
     // context is, against the length the model was first trained on.
     let name = if opts.n_ctx.next_multiple_of(256) > orig { "rope_factors_long.weight" } else { "rope_factors_short.weight" };
-    if !l.has(name) {
-        return Err(ModelError::MissingTensor(name.into()));
-    }
+    // (`vector` names it as missing where the file has only the other one.)
     let freqs = l.vector(name, h.n_rot / 2)?;
     m.set_rope_factors(freqs);
     Ok(m)

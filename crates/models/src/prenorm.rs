@@ -4,7 +4,7 @@
 //! where the queries are scaled) and [`Tweaks`] (Granite's four multipliers, SmolLM3's layers
 //! without RoPE), each applied where llama.cpp's graph for the family applies it.
 
-use crate::common::{attention, embed_input, ffn, head_then, load_layers, output_weight, AttnCfg, Extras, Ffn, LayerWeights, LogitsPost};
+use crate::common::{embed_input, head_then, load_layers, pre_norm_block, output_weight, AttnCfg, Extras, Ffn, LayerWeights, LogitsPost};
 use crate::{Hyper, Loader, Model, ModelError};
 use corelm_core::{Builder, Bundle, Glu, RopeParams, WeightRef};
 
@@ -43,27 +43,6 @@ pub fn refuse_biases(l: &Loader, matrices: &[&str]) -> Result<(), ModelError> {
         }
     }
     Ok(())
-}
-
-/// One pre-norm transformer block (LLaMA, Qwen2):
-/// `x1 = x + r·attn(norm(x))`, `out = x1 + r·ffn(norm(x1))`, all `[n_tokens, n_embd]`, `r` the
-/// residual scale where there is one.
-#[allow(clippy::too_many_arguments)]
-pub fn pre_norm_block(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &Bundle, cfg: &AttnCfg, glu: Glu, residual: Option<f32>) -> Bundle {
-    let an = b.weight(&lw.attn_norm);
-    let hn = b.rms_norm(x, &an, h.eps);
-    let mut a = attention(b, h, lw, il, &hn, cfg);
-    if let Some(r) = residual {
-        a = b.scale(&a, r);
-    }
-    let x1 = b.add(&a, x);
-    let fnw = b.weight(&lw.ffn_norm);
-    let hn = b.rms_norm(&x1, &fnw, h.eps);
-    let mut f = ffn(b, lw, &hn, glu);
-    if let Some(r) = residual {
-        f = b.scale(&f, r);
-    }
-    b.add(&f, &x1)
 }
 
 /// A pre-norm decoder: embeddings, `n_layer` × [`pre_norm_block`], final norm and LM head.

@@ -17,7 +17,7 @@ impl Ctx<'_> {
         let AttnWorker { ith, nth, scratch, plans } = w;
         let [ne0, rows] = t.ne;
         let q = self.f32s(q);
-        let scale = attention::Scale::new(p.scale, p.softcap);
+        let scale = p.scores();
         let kv = self.kv;
         let (kp, vp) = kv.layer_ptrs(layer);
         let (hd, cells) = (p.head_dim, kv.n_cells);
@@ -109,7 +109,7 @@ impl Ctx<'_> {
             // these items; an item's outputs are its rows' heads of its KV head inside this
             // node's tensor, disjoint between items; no other node runs at the same time on
             // this group, the only one using this pipeline.
-            unsafe { attention::matrix::attend_pipelined(self.kernels, pipe, role, ith, nth, blocks * n_kv, &item, { assert_eq!(p.softcap, 0.0, "soft-capped attention in the column-key pipeline"); p.scale }, scratch) };
+            unsafe { attention::matrix::attend_pipelined(self.kernels, pipe, role, ith, nth, blocks * n_kv, &item, scale.uncapped(), scratch) };
             return;
         }
         let mut items = attention_items(blocks, p.n_head, shard, ith, nth).peekable();
@@ -181,7 +181,7 @@ impl Ctx<'_> {
     ) -> bool {
         let AttnWorker { ith, nth, scratch, plans } = w;
         let [ne0, rows] = t.ne;
-        let scale = attention::Scale::new(p.scale, p.softcap);
+        let scale = p.scores();
         // Plans for every row in the worker's room for them (an attention node's rows at most).
         if rows > plans.capacity() {
             return false;

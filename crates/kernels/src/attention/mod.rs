@@ -44,7 +44,7 @@ pub fn attend_row(
     let scale: Scale = scale.into();
     let Cells { kv, .. } = cells;
     if kv.k_layout == KeyLayout::Columns {
-        return matrix::attend_heads(kernels, q, cells, plain(scale), scratch, out);
+        return matrix::attend_heads(kernels, q, cells, scale.uncapped(), scratch, out);
     }
     if !kv.is_f16() {
         return attend_quant(kernels, q, cells, scale, scratch, out);
@@ -113,7 +113,7 @@ fn attend_heads_from(
 ) {
     let Cells { kv, .. } = cells;
     if kv.k_layout == KeyLayout::Columns {
-        return matrix::attend_heads(kernels, q, cells, plain(scale), scratch, out);
+        return matrix::attend_heads(kernels, q, cells, scale.uncapped(), scratch, out);
     }
     if kind == AttnKernel::Tiled && tiled_group(kernels, q, cells, scale, scratch, out) {
         return;
@@ -143,13 +143,6 @@ fn attend_heads_from(
     for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
         attend_row(kind, kernels, qh, cells, scale, scratch, oh);
     }
-}
-
-/// The multiplier of a scale without a cap: the keys-in-columns kernels ([`matrix`]) have no
-/// soft-capped scores (the engine refuses that pairing before any pass).
-fn plain(scale: Scale) -> f32 {
-    assert_eq!(scale.softcap, 0.0, "soft-capped attention over keys in columns");
-    scale.mul
 }
 
 /// Whether this table runs SIMD twins of the attention kernels (`x86` with AVX2 or AVX-512,
@@ -246,7 +239,7 @@ pub fn attend_rows(
 ) {
     let scale: Scale = scale.into();
     if kv.k_layout == KeyLayout::Columns {
-        return matrix::attend_rows(kernels, q, heads, spans, kv, plain(scale), scratch, out);
+        return matrix::attend_rows(kernels, q, heads, spans, kv, scale.uncapped(), scratch, out);
     }
     if kind == AttnKernel::Tiled
         && has_simd(kernels)

@@ -59,6 +59,13 @@ impl Scale {
         self.cap_one(dot * self.mul)
     }
 
+    /// The multiplier of a scale that has no cap: for kernels that cannot cap (the column-key
+    /// ones; the engine refuses that pairing before any pass).
+    pub fn uncapped(self) -> f32 {
+        assert_eq!(self.softcap, 0.0, "soft-capped attention over keys in columns");
+        self.mul
+    }
+
     /// A score already multiplied by `mul`, capped (−∞ left as it is).
     #[inline(always)]
     pub fn cap_one(self, s: f32) -> f32 {
