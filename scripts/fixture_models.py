@@ -49,7 +49,7 @@ class Spec:
     def __init__(self, name, arch, n_embd=64, n_head=4, n_kv=2, head_dim=16, n_ff=128, n_layer=2,
                  rope_base=300.0, tied=True, freqs=None, qk_norm=False, bias=False, fused=False,
                  experts=None, q_scale=False, shared_ff=None, n_rot=None, longrope=None, floats=None,
-                 window=None, post_norms=False, yarn=None):
+                 window=None, post_norms=False, yarn=None, quants=None):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -87,6 +87,16 @@ SPECS = [
     # ERNIE 4.5 (tied, as the 0.3B model) and EXAONE 3.x (NeoX pairs, Llama 3-style factors).
     Spec("ernie4_5", "ernie4_5", tied=True, rope_base=500.0),
     Spec("exaone", "exaone", n_kv=1, tied=False, rope_base=700.0, freqs=[1.0, 1.3, 2.0, 3.5, 5.0, 7.0, 8.0, 8.0]),
+    # The 1- to 3-bit i-quants, each in two matrices of different shapes (rows of 256 and 512:
+    # whole super-blocks), the embeddings too (rows looked up by dequantization).
+    Spec("iquants", "llama", n_embd=256, n_head=4, n_kv=2, head_dim=64, n_ff=512, tied=False, rope_base=1000.0,
+         quants={"token_embd": "IQ3_S", "output.": "IQ4_XS",
+                 "blk.0.attn_q": "IQ2_XXS", "blk.0.attn_k": "IQ2_XS", "blk.0.attn_v": "IQ2_S",
+                 "blk.0.attn_output": "IQ3_XXS", "blk.0.ffn_gate": "IQ3_S", "blk.0.ffn_up": "IQ1_S",
+                 "blk.0.ffn_down": "IQ1_M",
+                 "blk.1.attn_q": "IQ1_M", "blk.1.attn_k": "IQ1_S", "blk.1.attn_v": "IQ3_XXS",
+                 "blk.1.attn_output": "IQ2_S", "blk.1.ffn_gate": "IQ2_XXS", "blk.1.ffn_up": "IQ2_XS",
+                 "blk.1.ffn_down": "IQ3_S"}),
 ]
 
 # llama.cpp's context for the fixtures' logits; LONG_CTX for a LongRoPE fixture's long factors.
@@ -139,6 +149,16 @@ def write(spec, path, rng):
     w.add_eos_token_id(N_VOCAB - 1)
     w.add_add_bos_token(False)
 
+    def add(name, a):
+        """A tensor, quantized by ggml where `spec.quants` names a type for it."""
+        t = next((t for k, t in (spec.quants or {}).items() if name.startswith(k)), None)
+        if t is None:
+            return w.add_tensor(name, a)
+        import make_fixtures
+        tid = make_fixtures.TYPES[t]
+        q = make_fixtures.quantize(make_fixtures.libggml(), tid, a.astype(np.float32))
+        w.add_tensor(name, q.reshape(a.shape[0], -1), raw_dtype=gguf.GGMLQuantizationType(tid))
+
     e, hd = spec.n_embd, spec.head_dim
     qd, kvd = spec.n_head * hd, spec.n_kv * hd
 
@@ -149,55 +169,55 @@ def write(spec, path, rng):
         return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
 
     # Small embeddings: logits (tied) stay O(1) and the layers, not the input token, dominate.
-    w.add_tensor("token_embd.weight", (0.3 * rng.standard_normal((N_VOCAB, e))).astype(np.float16))
-    w.add_tensor("output_norm.weight", norm(e))
+    add("token_embd.weight", (0.3 * rng.standard_normal((N_VOCAB, e))).astype(np.float16))
+    add("output_norm.weight", norm(e))
     if not spec.tied:
-        w.add_tensor("output.weight", mat(N_VOCAB, e, 2.0))
+        add("output.weight", mat(N_VOCAB, e, 2.0))
     if spec.freqs:
-        w.add_tensor("rope_freqs.weight", np.array(spec.freqs, dtype=np.float32))
+        add("rope_freqs.weight", np.array(spec.freqs, dtype=np.float32))
     if spec.longrope:
         for which in ("short", "long"):
-            w.add_tensor(f"rope_factors_{which}.weight", np.array(spec.longrope[which], dtype=np.float32))
+            add(f"rope_factors_{which}.weight", np.array(spec.longrope[which], dtype=np.float32))
     for il in range(spec.n_layer):
         p = f"blk.{il}."
-        w.add_tensor(p + "attn_norm.weight", norm(e))
+        add(p + "attn_norm.weight", norm(e))
         if spec.fused:
-            w.add_tensor(p + "attn_qkv.weight", mat(qd + 2 * kvd, e, 1.5))
+            add(p + "attn_qkv.weight", mat(qd + 2 * kvd, e, 1.5))
         else:
-            w.add_tensor(p + "attn_q.weight", mat(qd, e, 1.5))
-            w.add_tensor(p + "attn_k.weight", mat(kvd, e, 1.5))
-            w.add_tensor(p + "attn_v.weight", mat(kvd, e))
+            add(p + "attn_q.weight", mat(qd, e, 1.5))
+            add(p + "attn_k.weight", mat(kvd, e, 1.5))
+            add(p + "attn_v.weight", mat(kvd, e))
         if spec.bias:
-            w.add_tensor(p + "attn_q.bias", (0.3 * rng.standard_normal(qd)).astype(np.float32))
-            w.add_tensor(p + "attn_k.bias", (0.3 * rng.standard_normal(kvd)).astype(np.float32))
-            w.add_tensor(p + "attn_v.bias", (0.3 * rng.standard_normal(kvd)).astype(np.float32))
+            add(p + "attn_q.bias", (0.3 * rng.standard_normal(qd)).astype(np.float32))
+            add(p + "attn_k.bias", (0.3 * rng.standard_normal(kvd)).astype(np.float32))
+            add(p + "attn_v.bias", (0.3 * rng.standard_normal(kvd)).astype(np.float32))
         if spec.qk_norm:
-            w.add_tensor(p + "attn_q_norm.weight", norm(hd))
-            w.add_tensor(p + "attn_k_norm.weight", norm(hd))
-        w.add_tensor(p + "attn_output.weight", mat(e, qd))
+            add(p + "attn_q_norm.weight", norm(hd))
+            add(p + "attn_k_norm.weight", norm(hd))
+        add(p + "attn_output.weight", mat(e, qd))
         if spec.post_norms:
-            w.add_tensor(p + "post_attention_norm.weight", norm(e))
-            w.add_tensor(p + "post_ffw_norm.weight", norm(e))
-        w.add_tensor(p + "ffn_norm.weight", norm(e))
+            add(p + "post_attention_norm.weight", norm(e))
+            add(p + "post_ffw_norm.weight", norm(e))
+        add(p + "ffn_norm.weight", norm(e))
         if spec.experts:
             n_exp, _, ff = spec.experts
-            w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((n_exp, e)) / np.sqrt(e) * 3).astype(np.float32))
-            w.add_tensor(p + "ffn_gate_exps.weight", np.stack([mat(ff, e) for _ in range(n_exp)]))
-            w.add_tensor(p + "ffn_up_exps.weight", np.stack([mat(ff, e) for _ in range(n_exp)]))
-            w.add_tensor(p + "ffn_down_exps.weight", np.stack([mat(e, ff) for _ in range(n_exp)]))
+            add(p + "ffn_gate_inp.weight", (rng.standard_normal((n_exp, e)) / np.sqrt(e) * 3).astype(np.float32))
+            add(p + "ffn_gate_exps.weight", np.stack([mat(ff, e) for _ in range(n_exp)]))
+            add(p + "ffn_up_exps.weight", np.stack([mat(ff, e) for _ in range(n_exp)]))
+            add(p + "ffn_down_exps.weight", np.stack([mat(e, ff) for _ in range(n_exp)]))
             if spec.shared_ff:
                 sf = spec.shared_ff
-                w.add_tensor(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(e) / np.sqrt(e) * 2).astype(np.float32))
-                w.add_tensor(p + "ffn_gate_shexp.weight", mat(sf, e))
-                w.add_tensor(p + "ffn_up_shexp.weight", mat(sf, e))
-                w.add_tensor(p + "ffn_down_shexp.weight", mat(e, sf))
+                add(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(e) / np.sqrt(e) * 2).astype(np.float32))
+                add(p + "ffn_gate_shexp.weight", mat(sf, e))
+                add(p + "ffn_up_shexp.weight", mat(sf, e))
+                add(p + "ffn_down_shexp.weight", mat(e, sf))
         elif spec.fused:
-            w.add_tensor(p + "ffn_up.weight", mat(2 * spec.n_ff, e))
-            w.add_tensor(p + "ffn_down.weight", mat(e, spec.n_ff))
+            add(p + "ffn_up.weight", mat(2 * spec.n_ff, e))
+            add(p + "ffn_down.weight", mat(e, spec.n_ff))
         else:
-            w.add_tensor(p + "ffn_gate.weight", mat(spec.n_ff, e))
-            w.add_tensor(p + "ffn_up.weight", mat(spec.n_ff, e))
-            w.add_tensor(p + "ffn_down.weight", mat(e, spec.n_ff))
+            add(p + "ffn_gate.weight", mat(spec.n_ff, e))
+            add(p + "ffn_up.weight", mat(spec.n_ff, e))
+            add(p + "ffn_down.weight", mat(e, spec.n_ff))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -9,8 +9,10 @@ Run by hand (never in CI), with the llama-cpp-python venv that bench_compare.py 
     /work/cache/llama-venv/bin/python scripts/make_fixtures.py models [--only NAME ...]
 
 `quants` writes fixtures/quants.gguf: one f32 input matrix, and for each weight type the bytes
-ggml's own quantizer (`ggml_quantize_chunk`, no importance matrix) makes of it, and ggml's own
-dequantization of those bytes (`type_traits.to_float`). Tests check our dequantizers against
+ggml's own quantizer (`ggml_quantize_chunk`; no importance matrix, except a flat one of ones
+for the types ggml refuses to quantize without: IQ2_XXS, IQ2_XS, IQ1_S, IQ1_M) makes of it, and ggml's own
+dequantization of those bytes (`type_traits.to_float`); for the 1- to 3-bit i-quants also
+ggml-cpu's activations and `vec_dot` of each row (`ggml_dots`). Tests check our dequantizers against
 the latter bit for bit and our quantizer (`corelm quantize`) against the former.
 
 `models` writes tiny random-weight GGUFs, one per architecture (see models.py beside this
@@ -32,6 +34,7 @@ OUT = os.path.join(ROOT, "fixtures")
 TYPES = {
     "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11,
     "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "F16": 1, "BF16": 30,
+    "IQ2_XXS": 16, "IQ2_XS": 17, "IQ3_XXS": 18, "IQ1_S": 19, "IQ3_S": 21, "IQ2_S": 22, "IQ1_M": 29,
 }
 
 
@@ -60,7 +63,57 @@ def libggml():
     lib.ggml_get_type_traits.argtypes = [ctypes.c_int]
     lib.ggml_row_size.restype = ctypes.c_size_t
     lib.ggml_row_size.argtypes = [ctypes.c_int, ctypes.c_int64]
+    lib.ggml_quantize_requires_imatrix.restype = ctypes.c_bool
+    lib.ggml_quantize_requires_imatrix.argtypes = [ctypes.c_int]
     return lib
+
+
+def quantize(lib, tid, x):
+    """ggml's bytes for the f32 rows `x` as type `tid` (a flat importance matrix where ggml
+    requires one)."""
+    rows, cols = x.shape
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    q = np.zeros(rows * lib.ggml_row_size(tid, cols), dtype=np.uint8)
+    im = np.ones(cols, dtype=np.float32)
+    imp = im.ctypes.data if lib.ggml_quantize_requires_imatrix(tid) else None
+    n = lib.ggml_quantize_chunk(tid, x.ctypes.data, q.ctypes.data, 0, rows, cols, imp)
+    assert n == q.size, (tid, n, q.size)
+    return q
+
+
+class TypeTraitsCpu(ctypes.Structure):
+    _fields_ = [
+        ("from_float", ctypes.c_void_p),
+        ("vec_dot", ctypes.c_void_p),
+        ("vec_dot_type", ctypes.c_int),
+        ("nrows", ctypes.c_int64),
+    ]
+
+
+def ggml_dots(tid, q, x):
+    """ggml-cpu's own `vec_dot` of each row of the quantized `q` against its `from_float` of
+    `x` (rows alike): the activations' bytes and the dots, in the order this build's SIMD
+    kernels sum them (the venv's llama.cpp is built for AVX2)."""
+    import llama_cpp
+    cpu = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-cpu.so"))[0])
+    cpu.ggml_cpu_init()
+    cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(TypeTraitsCpu)
+    tt = cpu.ggml_get_type_traits_cpu(tid).contents
+    lib = libggml()
+    rows, cols = x.shape
+    vrs = lib.ggml_row_size(tt.vec_dot_type, cols)
+    xq = np.zeros((rows, vrs), dtype=np.uint8)
+    act = cpu.ggml_get_type_traits_cpu(tt.vec_dot_type).contents
+    from_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(act.from_float)
+    vec_dot = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                               ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)(tt.vec_dot)
+    rs = q.size // rows
+    out = np.zeros(rows, dtype=np.float32)
+    for r in range(rows):
+        xr = np.ascontiguousarray(x[r], dtype=np.float32)
+        from_float(xr.ctypes.data, xq[r].ctypes.data, cols)
+        vec_dot(cols, out[r:].ctypes.data, 0, q[r * rs:].ctypes.data, 0, xq[r].ctypes.data, 0, 1)
+    return tt.vec_dot_type, xq, out
 
 
 def quant_input(rows=4, cols=512, seed=7):
@@ -84,9 +137,7 @@ def make_quants():
     w.add_tensor("input", x)
     for name, tid in TYPES.items():
         rs = lib.ggml_row_size(tid, cols)
-        q = np.zeros(rows * rs, dtype=np.uint8)
-        n = lib.ggml_quantize_chunk(tid, x.ctypes.data, q.ctypes.data, 0, rows, cols, None)
-        assert n == rows * rs, (name, n, rows * rs)
+        q = quantize(lib, tid, x)
         tt = lib.ggml_get_type_traits(tid).contents
         to_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(tt.to_float)
         deq = np.zeros((rows, cols), dtype=np.float32)
@@ -94,6 +145,11 @@ def make_quants():
         qtype = gguf.GGMLQuantizationType(tid)
         w.add_tensor(f"{name}.q", q.reshape(rows, rs), raw_dtype=qtype)
         w.add_tensor(f"{name}.deq", deq)
+        if name.startswith("IQ") and name not in ("IQ4_NL", "IQ4_XS"):
+            # The activations as `dot_products_of_ggml_rows_within_bounds` makes them.
+            vdt, xq, dots = ggml_dots(tid, q, x[:, ::-1] * 10.0)
+            w.add_tensor(f"{name}.act", xq, raw_dtype=gguf.GGMLQuantizationType(vdt))
+            w.add_tensor(f"{name}.dot", dots)
         err = np.abs(deq - x).max(axis=1) / np.abs(x).max(axis=1)
         print(f"{name:7} {rs:5} bytes/row  max rel err per row {np.round(err, 4)}")
     w.write_header_to_file()

@@ -1,6 +1,6 @@
 //! Architectures no small real model covers here (Llama 3 with `rope_freqs`, Mistral-style
 //! GQA, Qwen3 QK-norm with head_dim ≠ n_embd/n_head, heads of 128 values, Qwen3-MoE, Qwen2-MoE with a shared
-//! expert and Q/K/V biases, Phi-3 fused tensors and LongRoPE, Gemma, SmolLM3, Granite), checked
+//! expert and Q/K/V biases, Phi-3 fused tensors and LongRoPE, Gemma, SmolLM3, Granite, the 1- to 3-bit i-quants), checked
 //! against llama.cpp on tiny random-weight GGUFs in `fixtures/` (written by
 //! `scripts/make_fixtures.py models`, which records llama.cpp's logits next to each file).
 //!
@@ -66,6 +66,14 @@ fn check_cfg(name: &str, cfg: EngineConfig, tol: f32) {
 /// [`check_cfg`] with a context of `n_ctx` cells, against the fixture's records named with
 /// `prefix` (llama.cpp's at that context).
 fn check_at(name: &str, cfg: EngineConfig, tol: f32, n_ctx: usize, prefix: &str) {
+    check_spikes(name, cfg, tol, (0, tol), n_ctx, prefix);
+}
+
+/// [`check_at`] letting up to `spikes.0` logit rows (prompt positions and greedy steps) lie
+/// within `spikes.1` rather than `tol`: where activations are quantized (8-bit rows before
+/// each quantized weight), a last-bit difference between our float kernels and those of the
+/// llama.cpp build that wrote the fixture can round one activation to the next step.
+fn check_spikes(name: &str, cfg: EngineConfig, tol: f32, spikes: (usize, f32), n_ctx: usize, prefix: &str) {
     let tp = cfg.tp;
     let (path, want) = fixture(name);
     let cfg = EngineConfig { n_ctx, n_batch: 64, n_seq_max: 1, pin: false, ..cfg };
@@ -73,12 +81,19 @@ fn check_at(name: &str, cfg: EngineConfig, tol: f32, n_ctx: usize, prefix: &str)
     let tokens: Vec<u32> = serde_json::from_value(want["tokens"].clone()).unwrap();
     let gold = rows(&want[format!("{prefix}prompt_logits")]);
     let mut worst = 0f32;
+    let mut spiked = 0;
+    let mut within = |d: f32, what: &str| {
+        if d > tol {
+            spiked += 1;
+            assert!(spiked <= spikes.0 && d <= spikes.1, "{name}: {what}: max |Δlogit| {d} (rows past {tol}: {spiked})");
+        }
+    };
     let prompt = prompt_logits(&mut e, &tokens);
     assert_eq!(prompt.len(), gold.len(), "{name}: prompt rows");
     for (i, (l, g)) in prompt.iter().zip(&gold).enumerate() {
         let d = max_diff(l, g);
         worst = worst.max(d);
-        assert!(d <= tol, "{name}: prompt position {i}: max |Δlogit| {d}: {:?} against {:?}", &l[..4], &g[..4]);
+        within(d, &format!("prompt position {i}"));
     }
     let gold_ids: Vec<u32> = serde_json::from_value(want[format!("{prefix}greedy_ids")].clone()).unwrap();
     let gold_steps = rows(&want[format!("{prefix}greedy_logits")]);
@@ -86,7 +101,7 @@ fn check_at(name: &str, cfg: EngineConfig, tol: f32, n_ctx: usize, prefix: &str)
     for (k, g) in gold_steps.iter().enumerate() {
         let d = max_diff(&last, g);
         worst = worst.max(d);
-        assert!(d <= tol, "{name}: greedy step {k}: max |Δlogit| {d}");
+        within(d, &format!("greedy step {k}"));
         let id = argmax(&last);
         assert_eq!(id, gold_ids[k], "{name}: greedy step {k}");
         last = prompt_logits(&mut e, &[id]).pop().unwrap();
@@ -260,6 +275,31 @@ fn gemma_smollm3_granite_ernie_exaone() {
         check(name, true);
         check_tp(name, false, 2);
     }
+}
+
+/// The 1- to 3-bit i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M), each in
+/// two matrices of different shapes, the embeddings in IQ3_S, the output matrix in IQ4_XS:
+/// quantized by ggml, run by llama.cpp for the logits. Every matrix product is exact integer
+/// sums in ggml's order, so 39 of the 40 rows equal llama.cpp's to the fixture's 4 decimals;
+/// one (prompt position 23) lies 0.071 off on every table, the portable one included: an
+/// 8-bit activation rounded to the neighbouring step after a last-bit difference upstream
+/// (the same fixture with only its output matrix quantized and F16 elsewhere is 0.01–0.04
+/// off at every row). Alone and batch-invariant; with two shards, whose Wo cuts fall inside
+/// super-blocks and quantize each shard's activations with zeros beside them (not as
+/// llama.cpp does): every prompt row within 0.5 (0.34 measured), where a broken shard would
+/// be units off.
+#[test]
+fn iquants() {
+    let one = |batch_invariant| EngineConfig { n_threads: 2, batch_invariant, ..Default::default() };
+    check_spikes("iquants", one(false), TOL, (1, 0.1), 128, "");
+    check_spikes("iquants", one(true), TOL, (1, 0.1), 128, "");
+    let (path, want) = fixture("iquants");
+    let tokens: Vec<u32> = serde_json::from_value(want["tokens"].clone()).unwrap();
+    let cfg = EngineConfig { tp: 2, n_ctx: 128, n_batch: 64, n_seq_max: 1, pin: false, ..one(false) };
+    let got = prompt_logits(&mut Engine::load(&path, cfg).unwrap(), &tokens);
+    let worst = got.iter().zip(rows(&want["prompt_logits"])).map(|(l, g)| max_diff(l, &g)).fold(0f32, f32::max);
+    eprintln!("iquants --tp 2: worst prompt |Δlogit| {worst:.4}");
+    assert!(worst <= 0.5, "iquants --tp 2: {worst}");
 }
 
 /// Gemma 2: soft-capped attention scores and logits (caps of 1.5 and 3, which the random

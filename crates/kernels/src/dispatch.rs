@@ -12,6 +12,7 @@ use crate::matmul::TilePacking;
 use crate::matmul::{BatchDot, IlTiles, InterleavedOps, Widened};
 #[cfg(target_arch = "x86_64")]
 use crate::matmul::{DecodedTiles, IlFew, VecDotFew};
+use crate::quant::iq;
 use crate::quant::portable as pq;
 use crate::DType;
 
@@ -112,7 +113,7 @@ pub struct Kernels {
 }
 
 /// Weight types this build computes with.
-pub const WEIGHT_TYPES: [DType; 15] = [
+pub const WEIGHT_TYPES: [DType; 22] = [
     DType::F32,
     DType::F16,
     DType::Q4_1,
@@ -128,7 +129,39 @@ pub const WEIGHT_TYPES: [DType; 15] = [
     DType::IQ4NL,
     DType::IQ4XS,
     DType::BF16,
+    DType::IQ2XXS,
+    DType::IQ2XS,
+    DType::IQ2S,
+    DType::IQ3XXS,
+    DType::IQ3S,
+    DType::IQ1S,
+    DType::IQ1M,
 ];
+
+/// The i-quants' dots in ggml's AVX2 order, portable code (`matmul::lanes`): what the SIMD
+/// tables run for these types where they have no kernel of their own, so every table gives
+/// the same values.
+const IQ_LANES: [(DType, VecDot); 7] = {
+    use crate::matmul::lanes::dot_iq_q8_k as dot;
+    use iq::IqType as T;
+    [
+        (DType::IQ2XXS, |x, y| dot(T::IQ2XXS, x, y)),
+        (DType::IQ2XS, |x, y| dot(T::IQ2XS, x, y)),
+        (DType::IQ2S, |x, y| dot(T::IQ2S, x, y)),
+        (DType::IQ3XXS, |x, y| dot(T::IQ3XXS, x, y)),
+        (DType::IQ3S, |x, y| dot(T::IQ3S, x, y)),
+        (DType::IQ1S, |x, y| dot(T::IQ1S, x, y)),
+        (DType::IQ1M, |x, y| dot(T::IQ1M, x, y)),
+    ]
+};
+
+/// Put `dot` in `k`'s row and tile slots of each listed type.
+fn set_dots(k: &mut Kernels, dots: &[(DType, VecDot)]) {
+    for &(t, f) in dots {
+        let o = &mut k.ops[slot(t).unwrap()];
+        (o.vec_dot, o.vec_dot_tile) = (f, f);
+    }
+}
 
 fn slot(t: DType) -> Option<usize> {
     WEIGHT_TYPES.iter().position(|&x| x == t)
@@ -174,6 +207,13 @@ impl Kernels {
                 op(DType::Q8_0, pd::dot_iq4_nl_q8_0, pq::dequant_iq4_nl, None),
                 op(DType::Q8K, pd::dot_iq4_xs_q8_k, pq::dequant_iq4_xs, None),
                 op(DType::BF16, pd::dot_bf16, pq::dequant_bf16, Some(pq::quant_bf16)),
+                op(DType::Q8K, |x, y| pd::dot_iq_q8_k(iq::IqType::IQ2XXS, x, y), iq::dequant_iq2_xxs, None),
+                op(DType::Q8K, |x, y| pd::dot_iq_q8_k(iq::IqType::IQ2XS, x, y), iq::dequant_iq2_xs, None),
+                op(DType::Q8K, |x, y| pd::dot_iq_q8_k(iq::IqType::IQ2S, x, y), iq::dequant_iq2_s, None),
+                op(DType::Q8K, |x, y| pd::dot_iq_q8_k(iq::IqType::IQ3XXS, x, y), iq::dequant_iq3_xxs, None),
+                op(DType::Q8K, |x, y| pd::dot_iq_q8_k(iq::IqType::IQ3S, x, y), iq::dequant_iq3_s, None),
+                op(DType::Q8K, |x, y| pd::dot_iq_q8_k(iq::IqType::IQ1S, x, y), iq::dequant_iq1_s, None),
+                op(DType::Q8K, |x, y| pd::dot_iq_q8_k(iq::IqType::IQ1M, x, y), iq::dequant_iq1_m, None),
             ],
         }
     }
@@ -351,6 +391,7 @@ impl Kernels {
     fn avx2() -> Kernels {
         #[allow(unused_mut)]
         let mut k = Kernels::portable();
+        set_dots(&mut k, &IQ_LANES);
         #[cfg(target_arch = "x86_64")]
         {
             use crate::matmul::x86::avx2;
@@ -443,6 +484,7 @@ impl Kernels {
     fn aarch64(isa: Isa) -> Kernels {
         #[allow(unused_mut)]
         let mut k = Kernels::portable();
+        set_dots(&mut k, &IQ_LANES);
         #[cfg(target_arch = "aarch64")]
         {
             use crate::matmul::aarch64::neon::{dotprod, kind, neon};

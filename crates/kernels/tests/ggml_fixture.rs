@@ -13,7 +13,7 @@ fn fixture() -> Gguf {
 }
 
 /// Names in the fixture and our types.
-pub const TYPES: [(&str, DType); 14] = [
+pub const TYPES: [(&str, DType); 21] = [
     ("Q4_0", DType::Q4_0),
     ("Q4_1", DType::Q4_1),
     ("Q5_0", DType::Q5_0),
@@ -28,6 +28,13 @@ pub const TYPES: [(&str, DType); 14] = [
     ("IQ4_XS", DType::IQ4XS),
     ("F16", DType::F16),
     ("BF16", DType::BF16),
+    ("IQ2_XXS", DType::IQ2XXS),
+    ("IQ2_XS", DType::IQ2XS),
+    ("IQ2_S", DType::IQ2S),
+    ("IQ3_XXS", DType::IQ3XXS),
+    ("IQ3_S", DType::IQ3S),
+    ("IQ1_S", DType::IQ1S),
+    ("IQ1_M", DType::IQ1M),
 ];
 
 #[test]
@@ -114,7 +121,9 @@ fn quantization_error_within_per_type_bounds() {
     let cols = g.tensor("input").unwrap().shape[0] as usize;
     // Measured worst rows (the one with outliers): Q2_K 0.29, Q3_K 0.15, Q4_0 0.12, Q4_1 0.13,
     // IQ4_NL/XS 0.11, Q4_K 0.087, Q5_0 0.082, Q5_1 0.055, Q5_K 0.050, Q6_K 0.037, Q8_0 0.012,
-    // BF16 0.0017, F16 0.0002; bounds leave ~25% headroom.
+    // BF16 0.0017, F16 0.0002; bounds leave ~25% headroom. The i-quants (a flat importance
+    // matrix; their worst row is the one with outliers, which their grids fit badly): IQ2_XXS
+    // 0.86, IQ2_XS 0.65, IQ2_S 0.66, IQ3_XXS 0.37, IQ3_S 0.29, IQ1_S 0.75, IQ1_M 0.62.
     let bound = |t: DType| match t {
         DType::Q2K => 0.37,
         DType::Q3K => 0.19,
@@ -126,6 +135,13 @@ fn quantization_error_within_per_type_bounds() {
         DType::Q8_0 => 0.016,
         DType::BF16 => 0.0025,
         DType::F16 => 0.0003,
+        DType::IQ2XXS => 1.08,
+        DType::IQ2XS => 0.81,
+        DType::IQ2S => 0.83,
+        DType::IQ3XXS => 0.47,
+        DType::IQ3S => 0.37,
+        DType::IQ1S => 0.94,
+        DType::IQ1M => 0.78,
         _ => unreachable!(),
     };
     for (name, t) in TYPES {
@@ -138,4 +154,37 @@ fn quantization_error_within_per_type_bounds() {
             assert!(err <= bound(t) * rms, "{name} row {r}: relative RMS error {:.4} above {}", err / rms, bound(t));
         }
     }
+}
+
+/// The 1- to 3-bit i-quants against ggml-cpu's own `vec_dot` (an AVX2 build): our Q8_K
+/// activations equal ggml's bytes, and the lane-order dot (`matmul::lanes`, what every SIMD
+/// table computes) equals ggml's result bit for bit; the detected table's dot too.
+#[test]
+fn iquant_dots_equal_ggml_avx2_bit_for_bit() {
+    use corelm_kernels::matmul::lanes;
+    use corelm_kernels::quant::iq::IqType;
+    let g = fixture();
+    let (fast, port) = (Kernels::detect(), Kernels::portable());
+    let input: &[f32] = as_blocks(g.tensor_data(g.tensor("input").unwrap()));
+    let cols = g.tensor("input").unwrap().shape[0] as usize;
+    let mut checked = 0;
+    for (name, t) in TYPES.into_iter().filter(|(n, _)| g.tensor(&format!("{n}.dot")).is_some()) {
+        let q = g.tensor_data(g.tensor(&format!("{name}.q")).unwrap());
+        let act = g.tensor_data(g.tensor(&format!("{name}.act")).unwrap());
+        let want: &[f32] = as_blocks(g.tensor_data(g.tensor(&format!("{name}.dot")).unwrap()));
+        let (rb, ab) = (q.len() / want.len(), act.len() / want.len());
+        for (r, &w) in want.iter().enumerate() {
+            let x: Vec<f32> = input[r * cols..(r + 1) * cols].iter().rev().map(|v| v * 10.0).collect();
+            let mut xq = vec![0u8; ab];
+            port.from_float(DType::Q8K).unwrap()(&x, &mut xq);
+            assert_eq!(xq, &act[r * ab..(r + 1) * ab], "{name} row {r}: Q8_K activations differ from ggml's");
+            let wr = &q[r * rb..(r + 1) * rb];
+            let ours = lanes::dot_iq_q8_k(IqType::of(t).unwrap(), wr, &xq);
+            assert_eq!(ours.to_bits(), w.to_bits(), "{name} row {r}: lane order {ours} vs ggml {w}");
+            let simd = (fast.ops(t).unwrap().vec_dot)(wr, &xq);
+            assert_eq!(simd.to_bits(), w.to_bits(), "{name} row {r} ({}): {simd} vs ggml {w}", fast.isa());
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 28, "7 types × 4 rows");
 }

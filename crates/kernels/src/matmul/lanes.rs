@@ -236,3 +236,39 @@ pub fn dot_f32(x: &[u8], y: &[u8]) -> f32 {
     }
     s
 }
+
+/// An i-quant row against Q8_K in ggml's AVX2 order (`x86::avx2_iq`): per super-block eight
+/// exact lane sums, lane `L` over values `4L‥4L+4` of each 32 times their scale, one FMA per
+/// lane; the type's constant times `hsum_8` at the end. IQ1_S adds `Σ d·(Σ ls·±Σ y)` (one
+/// float a super-block, the sums from `bsums`) at 1/8; IQ1_M keeps its shifts in eight lanes
+/// of their own, added at 1/8 after both sums.
+pub fn dot_iq_q8_k(t: crate::quant::iq::IqType, x: &[u8], y: &[u8]) -> f32 {
+    use crate::quant::iq::IqType;
+    let y = as_blocks::<BlockQ8K>(y);
+    let (mut acc, mut acc2, mut shifts1) = ([0f32; 8], [0f32; 8], 0f32);
+    for (xb, b) in x.chunks_exact(t.block_bytes()).zip(y) {
+        let q = t.decode(xb);
+        let d = q.d * b.d;
+        let (mut lanes, mut lanes2, mut sumi1) = ([0i32; 8], [0i32; 8], 0i32);
+        for c in 0..QK_K / 32 {
+            for (l, (s, s2)) in lanes.iter_mut().zip(&mut lanes2).enumerate() {
+                let (i, ls) = (32 * c + 4 * l, q.ls[2 * c + l / 4] as i32);
+                *s += ls * (i..i + 4).map(|j| q.v[j] as i32 * b.qs[j] as i32).sum::<i32>();
+                *s2 += ls * q.shift[i / 8] as i32 * (i..i + 4).map(|j| b.qs[j] as i32).sum::<i32>();
+            }
+            if t == IqType::IQ1S {
+                sumi1 += (b.bsums[2 * c] as i32 + b.bsums[2 * c + 1] as i32) * q.shift[4 * c] as i32 * q.ls[2 * c] as i32;
+            }
+        }
+        for l in 0..8 {
+            acc[l] = d.mul_add(lanes[l] as f32, acc[l]);
+            acc2[l] = d.mul_add(lanes2[l] as f32, acc2[l]);
+        }
+        shifts1 += d * sumi1 as f32;
+    }
+    match t {
+        IqType::IQ1S => hsum_8(&acc) + 0.125 * shifts1,
+        IqType::IQ1M => hsum_8(&acc) + 0.125 * hsum_8(&acc2),
+        _ => t.c() * hsum_8(&acc),
+    }
+}

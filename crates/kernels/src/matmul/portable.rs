@@ -344,3 +344,29 @@ pub fn dot_f16_ggml(x: &[f16], y: &[f16]) -> f32 {
     }
     sum as f32
 }
+
+/// An i-quant row against Q8_K activations in ggml's generic order (`quant::iq`): per
+/// super-block the exact `Σ ls·Σ v·y`, one float multiply-add, the type's constant at the end;
+/// IQ1 adds its shifts' `Σ ls·±Σ y` at 1/8 inside the super-block's product.
+pub fn dot_iq_q8_k(t: crate::quant::iq::IqType, x: &[u8], y: &[u8]) -> f32 {
+    let y = as_blocks::<BlockQ8K>(y);
+    let mut sumf = 0f32;
+    for (xb, b) in x.chunks_exact(t.block_bytes()).zip(y) {
+        let q = t.decode(xb);
+        let (mut sumi, mut shifts) = (0i32, 0i32);
+        for g in 0..QK_K / 16 {
+            let (v, ys) = (&q.v[16 * g..16 * g + 16], &b.qs[16 * g..16 * g + 16]);
+            sumi += q.ls[g] as i32 * v.iter().zip(ys).map(|(&a, &c)| a as i32 * c as i32).sum::<i32>();
+            if t.shifted() {
+                let s8 = |h: usize| q.shift[2 * g + h] as i32 * ys[8 * h..8 * h + 8].iter().map(|&c| c as i32).sum::<i32>();
+                shifts += q.ls[g] as i32 * (s8(0) + s8(1));
+            }
+        }
+        if t.shifted() {
+            sumf += q.d * b.d * (sumi as f32 + 0.125 * shifts as f32);
+        } else {
+            sumf += q.d * b.d * sumi as f32;
+        }
+    }
+    t.c() * sumf
+}

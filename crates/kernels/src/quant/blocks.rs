@@ -134,6 +134,77 @@ pub struct BlockIQ4XS {
     pub qs: [u8; QK_K / 2],
 }
 
+/// 256 weights in 8 sub-blocks of 32 (IQ2_XXS): per sub-block four `u16`s, the first two
+/// four 8-value grid indices (bytes), the last two four 7-bit sign sets and a 4-bit scale
+/// (bits 28‥32): `x = d · (2s+1)/8 · ±grid`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockIQ2XXS {
+    pub d: f16,
+    pub qs: [u16; QK_K / 8],
+}
+
+/// IQ2_XS: per 8 values a `u16` of a 9-bit grid index and 7 sign bits; a 4-bit scale per 16.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockIQ2XS {
+    pub d: f16,
+    pub qs: [u16; QK_K / 8],
+    pub scales: [u8; QK_K / 32],
+}
+
+/// IQ2_S: per 8 values an index byte (`qs[..32]`) with 2 high bits in `qh`, a sign byte
+/// (`qs[32..]`); a 4-bit scale per 16.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockIQ2S {
+    pub d: f16,
+    pub qs: [u8; QK_K / 4],
+    pub qh: [u8; QK_K / 32],
+    pub scales: [u8; QK_K / 32],
+}
+
+/// IQ3_XXS: per 4 values a grid index byte (`qs[..64]`); per sub-block of 32 a `u32` of four
+/// 7-bit sign sets and a 4-bit scale (`qs[64..]`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockIQ3XXS {
+    pub d: f16,
+    pub qs: [u8; 3 * QK_K / 8],
+}
+
+/// IQ3_S: per 4 values an index byte with a ninth bit in `qh`; a sign bit per value; a 4-bit
+/// scale per 32.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockIQ3S {
+    pub d: f16,
+    pub qs: [u8; QK_K / 4],
+    pub qh: [u8; QK_K / 32],
+    pub signs: [u8; QK_K / 8],
+    pub scales: [u8; QK_K / 64],
+}
+
+/// IQ1_S: per 8 values an 11-bit index into the ternary grid (8 bits in `qs`, 3 in `qh`); per
+/// sub-block of 32 a `u16` of those high bits, a 3-bit scale and the sign of a ±1/8 shift.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockIQ1S {
+    pub d: f16,
+    pub qs: [u8; QK_K / 8],
+    pub qh: [u16; QK_K / 32],
+}
+
+/// IQ1_M: as IQ1_S with a shift sign per 8 values (in `qh`), a 3-bit scale per 16, and the
+/// super-block's f16 scale spread over the top nibbles of the four `u16`s of `scales`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockIQ1M {
+    pub qs: [u8; QK_K / 8],
+    pub qh: [u8; QK_K / 16],
+    pub scales: [u8; QK_K / 32],
+}
+
 /// 256 weights in 16 sub-blocks of 16: `x = d * sc * (q - 32)`, q 6-bit, sc i8.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -167,6 +238,13 @@ const _: () = assert!(std::mem::size_of::<BlockQ8_1>() == 36);
 const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
 const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
+const _: () = assert!(std::mem::size_of::<BlockIQ2XXS>() == 66);
+const _: () = assert!(std::mem::size_of::<BlockIQ2XS>() == 74);
+const _: () = assert!(std::mem::size_of::<BlockIQ2S>() == 82);
+const _: () = assert!(std::mem::size_of::<BlockIQ3XXS>() == 98);
+const _: () = assert!(std::mem::size_of::<BlockIQ3S>() == 110);
+const _: () = assert!(std::mem::size_of::<BlockIQ1S>() == 50);
+const _: () = assert!(std::mem::size_of::<BlockIQ1M>() == 56);
 
 /// Plain-old-data block types that may be viewed from raw bytes.
 ///
@@ -205,6 +283,20 @@ unsafe impl Block for BlockQ4K {}
 unsafe impl Block for BlockQ6K {}
 // SAFETY: as above.
 unsafe impl Block for BlockQ8K {}
+// SAFETY: as above (the i-quants: f16 and u16 fields at even offsets, sizes asserted).
+unsafe impl Block for BlockIQ2XXS {}
+// SAFETY: as above.
+unsafe impl Block for BlockIQ2XS {}
+// SAFETY: as above.
+unsafe impl Block for BlockIQ2S {}
+// SAFETY: as above.
+unsafe impl Block for BlockIQ3XXS {}
+// SAFETY: as above.
+unsafe impl Block for BlockIQ3S {}
+// SAFETY: as above.
+unsafe impl Block for BlockIQ1S {}
+// SAFETY: as above (bytes only).
+unsafe impl Block for BlockIQ1M {}
 // SAFETY: primitive.
 unsafe impl Block for f32 {}
 // SAFETY: f16 is repr(transparent) over u16.

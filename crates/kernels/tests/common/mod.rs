@@ -56,6 +56,19 @@ pub fn random_row(t: DType, n: usize, rng: &mut Rng) -> Vec<u8> {
             x.dmin = sc(rng);
         }),
         DType::IQ4XS => as_blocks_mut::<BlockIQ4XS>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::IQ2XXS => as_blocks_mut::<BlockIQ2XXS>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::IQ2XS => as_blocks_mut::<BlockIQ2XS>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::IQ2S => as_blocks_mut::<BlockIQ2S>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::IQ3XXS => as_blocks_mut::<BlockIQ3XXS>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::IQ3S => as_blocks_mut::<BlockIQ3S>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        DType::IQ1S => as_blocks_mut::<BlockIQ1S>(&mut b).iter_mut().for_each(|x| x.d = sc(rng)),
+        // The f16 scale's four nibbles sit at the top of the four u16s of `scales`.
+        DType::IQ1M => as_blocks_mut::<BlockIQ1M>(&mut b).iter_mut().for_each(|x| {
+            let d = sc(rng).to_bits();
+            for i in 0..4 {
+                x.scales[2 * i + 1] = (x.scales[2 * i + 1] & 0x0F) | (((d >> (4 * i)) & 0xF) << 4) as u8;
+            }
+        }),
         DType::BF16 => as_blocks_mut::<u16>(&mut b)
             .iter_mut()
             .for_each(|x| *x = (rng.f32().to_bits() >> 16) as u16),

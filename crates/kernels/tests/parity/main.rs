@@ -58,8 +58,9 @@ fn dot_products_match_portable_and_f32_reference() {
 #[test]
 fn simd_dots_equal_the_lane_order_reference() {
     use corelm_kernels::matmul::{lanes, portable};
+    use corelm_kernels::quant::iq::IqType;
     type Dot = fn(&[u8], &[u8]) -> f32;
-    let refs: [(DType, Dot, Dot); 12] = [
+    let refs: [(DType, Dot, Dot); 19] = [
         (DType::Q4_0, lanes::dot_q4_0_q8_0, lanes::dot_q4_0_q8_0),
         (DType::Q4_1, lanes::dot_q4_1_q8_1, lanes::dot_q4_1_q8_1),
         (DType::Q5_0, lanes::dot_q5_0_q8_0, lanes::dot_q5_0_q8_0),
@@ -72,6 +73,13 @@ fn simd_dots_equal_the_lane_order_reference() {
         (DType::Q5K, lanes::dot_q5_k_q8_k, lanes::dot_q5_k_q8_k),
         (DType::Q2K, lanes::dot_q2_k_q8_k, lanes::dot_q2_k_q8_k),
         (DType::Q3K, lanes::dot_q3_k_q8_k, lanes::dot_q3_k_q8_k),
+        (DType::IQ2XXS, |x, y| lanes::dot_iq_q8_k(IqType::IQ2XXS, x, y), |x, y| lanes::dot_iq_q8_k(IqType::IQ2XXS, x, y)),
+        (DType::IQ2XS, |x, y| lanes::dot_iq_q8_k(IqType::IQ2XS, x, y), |x, y| lanes::dot_iq_q8_k(IqType::IQ2XS, x, y)),
+        (DType::IQ2S, |x, y| lanes::dot_iq_q8_k(IqType::IQ2S, x, y), |x, y| lanes::dot_iq_q8_k(IqType::IQ2S, x, y)),
+        (DType::IQ3XXS, |x, y| lanes::dot_iq_q8_k(IqType::IQ3XXS, x, y), |x, y| lanes::dot_iq_q8_k(IqType::IQ3XXS, x, y)),
+        (DType::IQ3S, |x, y| lanes::dot_iq_q8_k(IqType::IQ3S, x, y), |x, y| lanes::dot_iq_q8_k(IqType::IQ3S, x, y)),
+        (DType::IQ1S, |x, y| lanes::dot_iq_q8_k(IqType::IQ1S, x, y), |x, y| lanes::dot_iq_q8_k(IqType::IQ1S, x, y)),
+        (DType::IQ1M, |x, y| lanes::dot_iq_q8_k(IqType::IQ1M, x, y), |x, y| lanes::dot_iq_q8_k(IqType::IQ1M, x, y)),
     ];
     let port = Kernels::portable();
     let mut rng = Rng(0x1A7E_5EED);

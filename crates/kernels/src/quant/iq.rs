@@ -1,0 +1,290 @@
+//! The 1-, 2- and 3-bit i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M):
+//! each super-block of 256 values decoded into one plain form, [`Decoded`], which the
+//! dequantizers here and the portable dot products (`matmul::portable`, ggml's generic order;
+//! `matmul::lanes`, ggml's AVX2 order) share. The SIMD kernels decode the same bits their own
+//! way and are tested equal to these.
+//!
+//! Every type stores groups of 4 or 8 values as an index into a lattice grid
+//! ([`super::iq_grids`]) plus, for the 2- and 3-bit types, a sign per value, and an odd scale
+//! `ls = 2s + 1` per 16 or 32 values. A value is `d · ls · C · (±grid)` with `C` the type's
+//! constant ([`IqType::c`]); IQ1 grids are −1, 0, 1 and each value gains a shift of ±1/8:
+//! `d · ls · (grid ± 1/8)`.
+
+use super::blocks::*;
+use super::iq_grids::*;
+use half::f16;
+
+/// The sign byte of a 7-bit sign set: bit 7 makes the count of set bits even (ggml's
+/// `ksigns_iq2xs`).
+#[inline]
+pub const fn ksigns(s: u32) -> u8 {
+    let s = (s & 127) as u8;
+    s | (((s.count_ones() & 1) as u8) << 7)
+}
+
+/// The i-quant types and what differs between them in the arithmetic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IqType {
+    IQ2XXS,
+    IQ2XS,
+    IQ2S,
+    IQ3XXS,
+    IQ3S,
+    IQ1S,
+    IQ1M,
+}
+
+impl IqType {
+    /// The i-quant type `t` is, if it is one of these.
+    pub fn of(t: crate::DType) -> Option<IqType> {
+        use crate::DType as D;
+        Some(match t {
+            D::IQ2XXS => IqType::IQ2XXS,
+            D::IQ2XS => IqType::IQ2XS,
+            D::IQ2S => IqType::IQ2S,
+            D::IQ3XXS => IqType::IQ3XXS,
+            D::IQ3S => IqType::IQ3S,
+            D::IQ1S => IqType::IQ1S,
+            D::IQ1M => IqType::IQ1M,
+            _ => return None,
+        })
+    }
+
+    /// The constant each value (and each dot product) is scaled by: `d · ls · C`.
+    pub fn c(self) -> f32 {
+        match self {
+            IqType::IQ2XXS | IqType::IQ2XS | IqType::IQ2S => 0.125,
+            IqType::IQ3XXS => 0.25,
+            IqType::IQ3S | IqType::IQ1S | IqType::IQ1M => 1.0,
+        }
+    }
+
+    /// Bytes of one super-block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            IqType::IQ2XXS => 66,
+            IqType::IQ2XS => 74,
+            IqType::IQ2S => 82,
+            IqType::IQ3XXS => 98,
+            IqType::IQ3S => 110,
+            IqType::IQ1S => 50,
+            IqType::IQ1M => 56,
+        }
+    }
+
+    /// Decode one super-block (`block_bytes` bytes).
+    pub fn decode(self, b: &[u8]) -> Decoded {
+        match self {
+            IqType::IQ2XXS => iq2_xxs(&as_blocks::<BlockIQ2XXS>(b)[0]),
+            IqType::IQ2XS => iq2_xs(&as_blocks::<BlockIQ2XS>(b)[0]),
+            IqType::IQ2S => iq2_s(&as_blocks::<BlockIQ2S>(b)[0]),
+            IqType::IQ3XXS => iq3_xxs(&as_blocks::<BlockIQ3XXS>(b)[0]),
+            IqType::IQ3S => iq3_s(&as_blocks::<BlockIQ3S>(b)[0]),
+            IqType::IQ1S => iq1_s(&as_blocks::<BlockIQ1S>(b)[0]),
+            IqType::IQ1M => iq1_m(&as_blocks::<BlockIQ1M>(b)[0]),
+        }
+    }
+
+    /// Whether values carry the IQ1 shift ([`Decoded::shift`]).
+    pub fn shifted(self) -> bool {
+        matches!(self, IqType::IQ1S | IqType::IQ1M)
+    }
+}
+
+/// One super-block in plain form.
+#[derive(Clone, Copy, Debug)]
+pub struct Decoded {
+    /// The super-block's scale.
+    pub d: f32,
+    /// The 256 grid values, signs applied (|v| ≤ 62; IQ1: −1, 0, 1).
+    pub v: [i8; QK_K],
+    /// The odd scale `2s + 1` of each 16 values.
+    pub ls: [u8; QK_K / 16],
+    /// IQ1 only: the sign (±1) of the 1/8 shift of each 8 values; 0 for the other types.
+    pub shift: [i8; QK_K / 8],
+}
+
+impl Decoded {
+    fn new(d: f32) -> Decoded {
+        Decoded { d, v: [0; QK_K], ls: [0; QK_K / 16], shift: [0; QK_K / 8] }
+    }
+
+    /// Eight values at `8g` from grid bytes `grid` (little-endian) and a sign byte.
+    #[inline]
+    fn put8(&mut self, g: usize, grid: u64, signs: u8) {
+        for j in 0..8 {
+            let m = (grid >> (8 * j)) as u8 as i8;
+            self.v[8 * g + j] = if signs >> j & 1 != 0 { -m } else { m };
+        }
+    }
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+fn iq2_xxs(b: &BlockIQ2XXS) -> Decoded {
+    let mut o = Decoded::new(b.d.to_f32());
+    for ib in 0..QK_K / 32 {
+        let q = &b.qs[4 * ib..4 * ib + 4];
+        let (idx, sg) = (q[0] as u32 | (q[1] as u32) << 16, q[2] as u32 | (q[3] as u32) << 16);
+        o.ls[2 * ib] = (2 * (sg >> 28) + 1) as u8;
+        o.ls[2 * ib + 1] = o.ls[2 * ib];
+        for l in 0..4 {
+            o.put8(4 * ib + l, IQ2XXS_GRID[(idx >> (8 * l) & 255) as usize], ksigns(sg >> (7 * l)));
+        }
+    }
+    o
+}
+
+fn iq2_xs(b: &BlockIQ2XS) -> Decoded {
+    let mut o = Decoded::new(b.d.to_f32());
+    for ib in 0..QK_K / 32 {
+        o.ls[2 * ib] = 2 * (b.scales[ib] & 15) + 1;
+        o.ls[2 * ib + 1] = 2 * (b.scales[ib] >> 4) + 1;
+        for l in 0..4 {
+            let q = b.qs[4 * ib + l];
+            o.put8(4 * ib + l, IQ2XS_GRID[(q & 511) as usize], ksigns((q >> 9) as u32));
+        }
+    }
+    o
+}
+
+fn iq2_s(b: &BlockIQ2S) -> Decoded {
+    let mut o = Decoded::new(b.d.to_f32());
+    let (qs, signs) = b.qs.split_at(QK_K / 8);
+    for ib in 0..QK_K / 32 {
+        o.ls[2 * ib] = 2 * (b.scales[ib] & 15) + 1;
+        o.ls[2 * ib + 1] = 2 * (b.scales[ib] >> 4) + 1;
+        for l in 0..4 {
+            let idx = qs[4 * ib + l] as usize | ((b.qh[ib] as usize) << (8 - 2 * l) & 0x300);
+            o.put8(4 * ib + l, IQ2S_GRID[idx], signs[4 * ib + l]);
+        }
+    }
+    o
+}
+
+fn iq3_xxs(b: &BlockIQ3XXS) -> Decoded {
+    let mut o = Decoded::new(b.d.to_f32());
+    let (qs, gas) = b.qs.split_at(QK_K / 4);
+    for ib in 0..QK_K / 32 {
+        let sg = u32_at(gas, 4 * ib);
+        o.ls[2 * ib] = (2 * (sg >> 28) + 1) as u8;
+        o.ls[2 * ib + 1] = o.ls[2 * ib];
+        for l in 0..4 {
+            let g1 = IQ3XXS_GRID[qs[8 * ib + 2 * l] as usize] as u64;
+            let g2 = IQ3XXS_GRID[qs[8 * ib + 2 * l + 1] as usize] as u64;
+            o.put8(4 * ib + l, g1 | g2 << 32, ksigns(sg >> (7 * l)));
+        }
+    }
+    o
+}
+
+fn iq3_s(b: &BlockIQ3S) -> Decoded {
+    let mut o = Decoded::new(b.d.to_f32());
+    for ib in 0..QK_K / 32 {
+        let ls = 2 * (b.scales[ib / 2] >> (4 * (ib % 2)) & 15) + 1;
+        (o.ls[2 * ib], o.ls[2 * ib + 1]) = (ls, ls);
+        let qh = b.qh[ib] as usize;
+        for l in 0..4 {
+            let i1 = b.qs[8 * ib + 2 * l] as usize | (qh << (8 - 2 * l) & 256);
+            let i2 = b.qs[8 * ib + 2 * l + 1] as usize | (qh << (7 - 2 * l) & 256);
+            let grid = IQ3S_GRID[i1] as u64 | (IQ3S_GRID[i2] as u64) << 32;
+            o.put8(4 * ib + l, grid, b.signs[4 * ib + l]);
+        }
+    }
+    o
+}
+
+fn iq1_s(b: &BlockIQ1S) -> Decoded {
+    let mut o = Decoded::new(b.d.to_f32());
+    for ib in 0..QK_K / 32 {
+        let qh = b.qh[ib] as usize;
+        let ls = (2 * ((qh >> 12) & 7) + 1) as u8;
+        (o.ls[2 * ib], o.ls[2 * ib + 1]) = (ls, ls);
+        for l in 0..4 {
+            o.shift[4 * ib + l] = if qh & 0x8000 != 0 { -1 } else { 1 };
+            o.put8(4 * ib + l, IQ1S_GRID[b.qs[4 * ib + l] as usize | ((qh >> (3 * l)) & 7) << 8], 0);
+        }
+    }
+    o
+}
+
+/// The f16 scale of an IQ1_M super-block, spread over the top nibbles of its four `u16`s.
+pub fn iq1_m_scale(scales: &[u8; QK_K / 32]) -> f16 {
+    let sc = |i: usize| u16::from_le_bytes([scales[2 * i], scales[2 * i + 1]]);
+    f16::from_bits((sc(0) >> 12) | ((sc(1) >> 8) & 0x00f0) | ((sc(2) >> 4) & 0x0f00) | (sc(3) & 0xf000))
+}
+
+fn iq1_m(b: &BlockIQ1M) -> Decoded {
+    let mut o = Decoded::new(iq1_m_scale(&b.scales).to_f32());
+    let sc = |i: usize| u16::from_le_bytes([b.scales[2 * i], b.scales[2 * i + 1]]);
+    for ib in 0..QK_K / 32 {
+        let s = sc(ib / 2) >> (6 * (ib % 2));
+        o.ls[2 * ib] = (2 * (s & 7) + 1) as u8;
+        o.ls[2 * ib + 1] = (2 * ((s >> 3) & 7) + 1) as u8;
+        for l in 0..4 {
+            let qh = b.qh[2 * ib + l / 2] as usize >> (4 * (l % 2));
+            o.shift[4 * ib + l] = if qh & 0x08 != 0 { -1 } else { 1 };
+            o.put8(4 * ib + l, IQ1S_GRID[b.qs[4 * ib + l] as usize | (qh & 7) << 8], 0);
+        }
+    }
+    o
+}
+
+/// Dequantize a row of `t` as ggml does, bit for bit: `(d·ls)·C·v`, IQ1 `(d·ls)·(v ± 1/8)`.
+pub fn dequant(t: IqType, x: &[u8], y: &mut [f32]) {
+    for (b, out) in x.chunks_exact(t.block_bytes()).zip(y.chunks_exact_mut(QK_K)) {
+        let q = t.decode(b);
+        for (i, o) in out.iter_mut().enumerate() {
+            let dl = q.d * q.ls[i / 16] as f32;
+            *o = if t.shifted() { dl * (q.v[i] as f32 + 0.125 * q.shift[i / 8] as f32) } else { dl * t.c() * q.v[i] as f32 };
+        }
+    }
+}
+
+pub fn dequant_iq2_xxs(x: &[u8], y: &mut [f32]) {
+    dequant(IqType::IQ2XXS, x, y)
+}
+pub fn dequant_iq2_xs(x: &[u8], y: &mut [f32]) {
+    dequant(IqType::IQ2XS, x, y)
+}
+pub fn dequant_iq2_s(x: &[u8], y: &mut [f32]) {
+    dequant(IqType::IQ2S, x, y)
+}
+pub fn dequant_iq3_xxs(x: &[u8], y: &mut [f32]) {
+    dequant(IqType::IQ3XXS, x, y)
+}
+pub fn dequant_iq3_s(x: &[u8], y: &mut [f32]) {
+    dequant(IqType::IQ3S, x, y)
+}
+pub fn dequant_iq1_s(x: &[u8], y: &mut [f32]) {
+    dequant(IqType::IQ1S, x, y)
+}
+pub fn dequant_iq1_m(x: &[u8], y: &mut [f32]) {
+    dequant(IqType::IQ1M, x, y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ksigns_matches_ggml_table_start() {
+        // ggml-common.h's ksigns_iq2xs[0..8] and [120..128].
+        assert_eq!((0..8).map(ksigns).collect::<Vec<_>>(), [0, 129, 130, 3, 132, 5, 6, 135]);
+        assert_eq!((120..128).map(ksigns).collect::<Vec<_>>(), [120, 249, 250, 123, 252, 125, 126, 255]);
+    }
+
+    #[test]
+    fn grids_match_ggml_entries() {
+        // Entries of ggml's tables: first, middle, last.
+        assert_eq!((IQ2XXS_GRID[0], IQ2XXS_GRID[128], IQ2XXS_GRID[255]), (0x0808080808080808, 0x082b2b0808082b08, 0x2b2b2b1908081908));
+        assert_eq!((IQ2XS_GRID[256], IQ2XS_GRID[511]), (0x190808080808192b, 0x2b2b2b2b2b2b2b2b));
+        assert_eq!((IQ2S_GRID[512], IQ2S_GRID[1023]), (0x19080819082b1919, 0x2b2b2b2b2b2b2b2b));
+        assert_eq!((IQ3S_GRID[256], IQ3S_GRID[511]), (0x05090507, 0x0f0f0101));
+        assert_eq!((IQ1S_GRID[1024], IQ1S_GRID[2047]), (0x0000000000ff0100, 0x0101010101010101));
+        assert_eq!(IQ3XXS_GRID[..6], [0x04040404, 0x04040414, 0x04040424, 0x04040c0c, 0x04040c1c, 0x04040c3e]);
+        assert_eq!(IQ1S_GRID[..4], [0xffffffffffffffff, 0xffffffffffffff01, 0xffffffffffff0000, 0xffffffffffff01ff]);
+    }
+}
