@@ -138,9 +138,9 @@ pub const WEIGHT_TYPES: [DType; 22] = [
     DType::IQ1M,
 ];
 
-/// The i-quants' dots in ggml's AVX2 order, portable code (`matmul::lanes`): what the SIMD
-/// tables run for these types where they have no kernel of their own, so every table gives
-/// the same values.
+/// The i-quants' dots in ggml's AVX2 order, portable code (`matmul::lanes`): what the NEON
+/// tables run for these types (no NEON kernel of their own yet), so every table gives the same
+/// values; the x86 tables replace them with `x86::avx2_iq`.
 const IQ_LANES: [(DType, VecDot); 7] = {
     use crate::matmul::lanes::dot_iq_q8_k as dot;
     use iq::IqType as T;
@@ -431,6 +431,25 @@ impl Kernels {
             set(&mut k, DType::Q5K, |x, y| unsafe { ext::dot_q5_k_q8_k(x, y) });
             set(&mut k, DType::IQ4XS, |x, y| unsafe { ext::dot_iq4_xs_q8_k(x, y) });
             set(&mut k, DType::BF16, |x, y| unsafe { ext::dot_bf16(x, y) });
+            use crate::matmul::x86::avx2_iq as iqk;
+            set(&mut k, DType::IQ2XXS, |x, y| unsafe { iqk::dot_iq2_xxs_q8_k(x, y) });
+            set(&mut k, DType::IQ2XS, |x, y| unsafe { iqk::dot_iq2_xs_q8_k(x, y) });
+            set(&mut k, DType::IQ2S, |x, y| unsafe { iqk::dot_iq2_s_q8_k(x, y) });
+            set(&mut k, DType::IQ3XXS, |x, y| unsafe { iqk::dot_iq3_xxs_q8_k(x, y) });
+            set(&mut k, DType::IQ3S, |x, y| unsafe { iqk::dot_iq3_s_q8_k(x, y) });
+            set(&mut k, DType::IQ1S, |x, y| unsafe { iqk::dot_iq1_s_q8_k(x, y) });
+            set(&mut k, DType::IQ1M, |x, y| unsafe { iqk::dot_iq1_m_q8_k(x, y) });
+            for (t, f) in [
+                (DType::IQ2XXS, (|x, y, o| unsafe { iqk::dot4_iq2_xxs_q8_k(x, y, o) }) as crate::matmul::VecDot4),
+                (DType::IQ2XS, |x, y, o| unsafe { iqk::dot4_iq2_xs_q8_k(x, y, o) }),
+                (DType::IQ2S, |x, y, o| unsafe { iqk::dot4_iq2_s_q8_k(x, y, o) }),
+                (DType::IQ3XXS, |x, y, o| unsafe { iqk::dot4_iq3_xxs_q8_k(x, y, o) }),
+                (DType::IQ3S, |x, y, o| unsafe { iqk::dot4_iq3_s_q8_k(x, y, o) }),
+                (DType::IQ1S, |x, y, o| unsafe { iqk::dot4_iq1_s_q8_k(x, y, o) }),
+                (DType::IQ1M, |x, y, o| unsafe { iqk::dot4_iq1_m_q8_k(x, y, o) }),
+            ] {
+                k.ops[slot(t).unwrap()].vec_dot4 = Some(f);
+            }
             k.ops[slot(DType::Q8_0).unwrap()].to_float = |x, y| unsafe { crate::quant::x86::dequant_q8_0(x, y) };
             k.ops[slot(DType::F16).unwrap()].to_float = |x, y| unsafe { crate::quant::x86::dequant_f16(x, y) };
             // Matrices of these types are repacked at load (`matmul::layout`) for these kernels.

@@ -13,6 +13,7 @@ pub mod avx2;
 pub mod avx2_ext;
 pub mod avx2_il;
 pub mod avx2_il_k;
+pub mod avx2_iq;
 pub mod avx512;
 pub mod avx512_dense;
 pub mod avx512_il;
