@@ -92,7 +92,7 @@ class TypeTraitsCpu(ctypes.Structure):
 
 def ggml_dots(tid, q, x):
     """ggml-cpu's own `vec_dot` of each row of the quantized `q` against its `from_float` of
-    `x` (rows alike): the activations' bytes and the dots, in the order this build's SIMD
+    `x` (row by row): the activations' bytes and the dots, in the order this build's SIMD
     kernels sum them (the venv's llama.cpp is built for AVX2)."""
     import llama_cpp
     cpu = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-cpu.so"))[0])
@@ -135,6 +135,11 @@ def make_quants():
     w = gguf.GGUFWriter(os.path.join(OUT, "quants.gguf"), "corelm-quant-fixture")
     w.add_string("fixture.source", "ggml_quantize_chunk / type_traits.to_float, llama.cpp 4df29be")
     w.add_tensor("input", x)
+    # The i-quants' dots: weight and activation rows of 4096 values.
+    rng = np.random.default_rng(11)
+    dot_w = rng.standard_normal((4, 4096)).astype(np.float32) * 0.02
+    dot_x = rng.standard_normal((4, 4096)).astype(np.float32)
+    w.add_tensor("dot_x", dot_x)
     for name, tid in TYPES.items():
         rs = lib.ggml_row_size(tid, cols)
         q = quantize(lib, tid, x)
@@ -146,8 +151,10 @@ def make_quants():
         w.add_tensor(f"{name}.q", q.reshape(rows, rs), raw_dtype=qtype)
         w.add_tensor(f"{name}.deq", deq)
         if name.startswith("IQ") and name not in ("IQ4_NL", "IQ4_XS"):
-            # The activations as `dot_products_of_ggml_rows_within_bounds` makes them.
-            vdt, xq, dots = ggml_dots(tid, q, x[:, ::-1] * 10.0)
+            # Rows of 16 super-blocks, so every float step of a dot repeats.
+            wq = quantize(lib, tid, dot_w)
+            vdt, xq, dots = ggml_dots(tid, wq, dot_x)
+            w.add_tensor(f"{name}.dw", wq.reshape(dot_w.shape[0], -1), raw_dtype=qtype)
             w.add_tensor(f"{name}.act", xq, raw_dtype=gguf.GGMLQuantizationType(vdt))
             w.add_tensor(f"{name}.dot", dots)
         err = np.abs(deq - x).max(axis=1) / np.abs(x).max(axis=1)

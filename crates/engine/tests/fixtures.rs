@@ -281,10 +281,11 @@ fn gemma_smollm3_granite_ernie_exaone() {
 /// two matrices of different shapes, the embeddings in IQ3_S, the output matrix in IQ4_XS:
 /// quantized by ggml, run by llama.cpp for the logits. Every matrix product is exact integer
 /// sums in ggml's order, so 39 of the 40 rows equal llama.cpp's to the fixture's 4 decimals;
-/// one (prompt position 23) lies 0.071 off on every table, the portable one included: an
-/// 8-bit activation rounded to the neighbouring step after a last-bit difference upstream
-/// (the same fixture with only its output matrix quantized and F16 elsewhere is 0.01–0.04
-/// off at every row). Alone and batch-invariant; with two shards, whose Wo cuts fall inside
+/// one (prompt position 23) lies 0.071 off on every table, the portable one included. Not
+/// tracked down: it needs both IQ1_S matrices (with either one as IQ2_XXS instead, all 40
+/// rows equal), whose dots equal ggml-cpu's bit for bit (`ggml_fixture.rs`, and 400 random
+/// rows checked by hand), and SmolLM2 with an IQ1_S `ffn_down` scores llama-perplexity's
+/// figure to every printed digit. Alone and batch-invariant; with two shards, whose Wo cuts fall inside
 /// super-blocks and quantize each shard's activations with zeros beside them (not as
 /// llama.cpp does): every prompt row within 0.5 (0.34 measured), where a broken shard would
 /// be units off.

@@ -138,31 +138,6 @@ pub const WEIGHT_TYPES: [DType; 22] = [
     DType::IQ1M,
 ];
 
-/// The i-quants' dots in ggml's AVX2 order, portable code (`matmul::lanes`): what the NEON
-/// tables run for these types (no NEON kernel of their own yet), so every table gives the same
-/// values; the x86 tables replace them with `x86::avx2_iq`.
-const IQ_LANES: [(DType, VecDot); 7] = {
-    use crate::matmul::lanes::dot_iq_q8_k as dot;
-    use iq::IqType as T;
-    [
-        (DType::IQ2XXS, |x, y| dot(T::IQ2XXS, x, y)),
-        (DType::IQ2XS, |x, y| dot(T::IQ2XS, x, y)),
-        (DType::IQ2S, |x, y| dot(T::IQ2S, x, y)),
-        (DType::IQ3XXS, |x, y| dot(T::IQ3XXS, x, y)),
-        (DType::IQ3S, |x, y| dot(T::IQ3S, x, y)),
-        (DType::IQ1S, |x, y| dot(T::IQ1S, x, y)),
-        (DType::IQ1M, |x, y| dot(T::IQ1M, x, y)),
-    ]
-};
-
-/// Put `dot` in `k`'s row and tile slots of each listed type.
-fn set_dots(k: &mut Kernels, dots: &[(DType, VecDot)]) {
-    for &(t, f) in dots {
-        let o = &mut k.ops[slot(t).unwrap()];
-        (o.vec_dot, o.vec_dot_tile) = (f, f);
-    }
-}
-
 fn slot(t: DType) -> Option<usize> {
     WEIGHT_TYPES.iter().position(|&x| x == t)
 }
@@ -391,7 +366,6 @@ impl Kernels {
     fn avx2() -> Kernels {
         #[allow(unused_mut)]
         let mut k = Kernels::portable();
-        set_dots(&mut k, &IQ_LANES);
         #[cfg(target_arch = "x86_64")]
         {
             use crate::matmul::x86::avx2;
@@ -432,23 +406,18 @@ impl Kernels {
             set(&mut k, DType::IQ4XS, |x, y| unsafe { ext::dot_iq4_xs_q8_k(x, y) });
             set(&mut k, DType::BF16, |x, y| unsafe { ext::dot_bf16(x, y) });
             use crate::matmul::x86::avx2_iq as iqk;
-            set(&mut k, DType::IQ2XXS, |x, y| unsafe { iqk::dot_iq2_xxs_q8_k(x, y) });
-            set(&mut k, DType::IQ2XS, |x, y| unsafe { iqk::dot_iq2_xs_q8_k(x, y) });
-            set(&mut k, DType::IQ2S, |x, y| unsafe { iqk::dot_iq2_s_q8_k(x, y) });
-            set(&mut k, DType::IQ3XXS, |x, y| unsafe { iqk::dot_iq3_xxs_q8_k(x, y) });
-            set(&mut k, DType::IQ3S, |x, y| unsafe { iqk::dot_iq3_s_q8_k(x, y) });
-            set(&mut k, DType::IQ1S, |x, y| unsafe { iqk::dot_iq1_s_q8_k(x, y) });
-            set(&mut k, DType::IQ1M, |x, y| unsafe { iqk::dot_iq1_m_q8_k(x, y) });
-            for (t, f) in [
-                (DType::IQ2XXS, (|x, y, o| unsafe { iqk::dot4_iq2_xxs_q8_k(x, y, o) }) as crate::matmul::VecDot4),
-                (DType::IQ2XS, |x, y, o| unsafe { iqk::dot4_iq2_xs_q8_k(x, y, o) }),
-                (DType::IQ2S, |x, y, o| unsafe { iqk::dot4_iq2_s_q8_k(x, y, o) }),
-                (DType::IQ3XXS, |x, y, o| unsafe { iqk::dot4_iq3_xxs_q8_k(x, y, o) }),
-                (DType::IQ3S, |x, y, o| unsafe { iqk::dot4_iq3_s_q8_k(x, y, o) }),
-                (DType::IQ1S, |x, y, o| unsafe { iqk::dot4_iq1_s_q8_k(x, y, o) }),
-                (DType::IQ1M, |x, y, o| unsafe { iqk::dot4_iq1_m_q8_k(x, y, o) }),
+            use iq::IqType as T;
+            for (t, f, f4) in [
+                (DType::IQ2XXS, (|x, y| unsafe { iqk::dot::<{ T::IQ2XXS as usize }>(x, y) }) as VecDot, (|x, y, o| unsafe { iqk::dot4::<{ T::IQ2XXS as usize }>(x, y, o) }) as crate::matmul::VecDot4),
+                (DType::IQ2XS, |x, y| unsafe { iqk::dot::<{ T::IQ2XS as usize }>(x, y) }, |x, y, o| unsafe { iqk::dot4::<{ T::IQ2XS as usize }>(x, y, o) }),
+                (DType::IQ2S, |x, y| unsafe { iqk::dot::<{ T::IQ2S as usize }>(x, y) }, |x, y, o| unsafe { iqk::dot4::<{ T::IQ2S as usize }>(x, y, o) }),
+                (DType::IQ3XXS, |x, y| unsafe { iqk::dot::<{ T::IQ3XXS as usize }>(x, y) }, |x, y, o| unsafe { iqk::dot4::<{ T::IQ3XXS as usize }>(x, y, o) }),
+                (DType::IQ3S, |x, y| unsafe { iqk::dot::<{ T::IQ3S as usize }>(x, y) }, |x, y, o| unsafe { iqk::dot4::<{ T::IQ3S as usize }>(x, y, o) }),
+                (DType::IQ1S, |x, y| unsafe { iqk::dot::<{ T::IQ1S as usize }>(x, y) }, |x, y, o| unsafe { iqk::dot4::<{ T::IQ1S as usize }>(x, y, o) }),
+                (DType::IQ1M, |x, y| unsafe { iqk::dot::<{ T::IQ1M as usize }>(x, y) }, |x, y, o| unsafe { iqk::dot4::<{ T::IQ1M as usize }>(x, y, o) }),
             ] {
-                k.ops[slot(t).unwrap()].vec_dot4 = Some(f);
+                set(&mut k, t, f);
+                k.ops[slot(t).unwrap()].vec_dot4 = Some(f4);
             }
             k.ops[slot(DType::Q8_0).unwrap()].to_float = |x, y| unsafe { crate::quant::x86::dequant_q8_0(x, y) };
             k.ops[slot(DType::F16).unwrap()].to_float = |x, y| unsafe { crate::quant::x86::dequant_f16(x, y) };
@@ -503,7 +472,6 @@ impl Kernels {
     fn aarch64(isa: Isa) -> Kernels {
         #[allow(unused_mut)]
         let mut k = Kernels::portable();
-        set_dots(&mut k, &IQ_LANES);
         #[cfg(target_arch = "aarch64")]
         {
             use crate::matmul::aarch64::neon::{dotprod, kind, neon};
@@ -549,6 +517,25 @@ impl Kernels {
                 wide: Some(Widened { widen: dense::widen_f16, tile: dense::tiles_f32, few: None }),
                 step: 16,
             });
+            // The i-quants (`matmul::aarch64::neon_iq`), their 4-row forms too.
+            {
+                use crate::matmul::aarch64::neon_iq as niq;
+                use crate::matmul::VecDot4;
+                use iq::IqType as T;
+                let pick4 = |n: VecDot4, d: VecDot4| if dot { d } else { n };
+                for (t, f, f4) in [
+                    (DType::IQ2XXS, pick(niq::neon::<{ T::IQ2XXS as usize }>, |x, y| unsafe { niq::dotprod::<{ T::IQ2XXS as usize }>(x, y) }), pick4(niq::neon4::<{ T::IQ2XXS as usize }>, |x, y, o| unsafe { niq::dotprod4::<{ T::IQ2XXS as usize }>(x, y, o) })),
+                    (DType::IQ2XS, pick(niq::neon::<{ T::IQ2XS as usize }>, |x, y| unsafe { niq::dotprod::<{ T::IQ2XS as usize }>(x, y) }), pick4(niq::neon4::<{ T::IQ2XS as usize }>, |x, y, o| unsafe { niq::dotprod4::<{ T::IQ2XS as usize }>(x, y, o) })),
+                    (DType::IQ2S, pick(niq::neon::<{ T::IQ2S as usize }>, |x, y| unsafe { niq::dotprod::<{ T::IQ2S as usize }>(x, y) }), pick4(niq::neon4::<{ T::IQ2S as usize }>, |x, y, o| unsafe { niq::dotprod4::<{ T::IQ2S as usize }>(x, y, o) })),
+                    (DType::IQ3XXS, pick(niq::neon::<{ T::IQ3XXS as usize }>, |x, y| unsafe { niq::dotprod::<{ T::IQ3XXS as usize }>(x, y) }), pick4(niq::neon4::<{ T::IQ3XXS as usize }>, |x, y, o| unsafe { niq::dotprod4::<{ T::IQ3XXS as usize }>(x, y, o) })),
+                    (DType::IQ3S, pick(niq::neon::<{ T::IQ3S as usize }>, |x, y| unsafe { niq::dotprod::<{ T::IQ3S as usize }>(x, y) }), pick4(niq::neon4::<{ T::IQ3S as usize }>, |x, y, o| unsafe { niq::dotprod4::<{ T::IQ3S as usize }>(x, y, o) })),
+                    (DType::IQ1S, pick(niq::neon::<{ T::IQ1S as usize }>, |x, y| unsafe { niq::dotprod::<{ T::IQ1S as usize }>(x, y) }), pick4(niq::neon4::<{ T::IQ1S as usize }>, |x, y, o| unsafe { niq::dotprod4::<{ T::IQ1S as usize }>(x, y, o) })),
+                    (DType::IQ1M, pick(niq::neon::<{ T::IQ1M as usize }>, |x, y| unsafe { niq::dotprod::<{ T::IQ1M as usize }>(x, y) }), pick4(niq::neon4::<{ T::IQ1M as usize }>, |x, y, o| unsafe { niq::dotprod4::<{ T::IQ1M as usize }>(x, y, o) })),
+                ] {
+                    let o = &mut k.ops[slot(t).unwrap()];
+                    (o.vec_dot, o.vec_dot_tile, o.vec_dot4) = (f, f, Some(f4));
+                }
+            }
             k.ops[slot(DType::Q4K).unwrap()].vec_dot_tile = pick(neon::<{ kind::Q4_K_TILE }>, |x, y| unsafe { dotprod::<{ kind::Q4_K_TILE }>(x, y) });
             // Interleaved kernels (`matmul::aarch64::neon_il`): Q4_K's tiles in its tile order.
             for (t, il) in [

@@ -156,33 +156,39 @@ fn quantization_error_within_per_type_bounds() {
     }
 }
 
-/// The 1- to 3-bit i-quants against ggml-cpu's own `vec_dot` (an AVX2 build): our Q8_K
-/// activations equal ggml's bytes, and the lane-order dot (`matmul::lanes`, what every SIMD
-/// table computes) equals ggml's result bit for bit; the detected table's dot too.
+/// The 1- to 3-bit i-quants against ggml-cpu's own `vec_dot` (an AVX2 build) on rows of 16
+/// super-blocks: our Q8_K activations equal ggml's bytes, and the lane-order dot
+/// (`matmul::lanes`, what every SIMD table computes) and the detected table's dot and 4-row
+/// dot equal ggml's result bit for bit.
 #[test]
 fn iquant_dots_equal_ggml_avx2_bit_for_bit() {
     use corelm_kernels::matmul::lanes;
     use corelm_kernels::quant::iq::IqType;
     let g = fixture();
     let (fast, port) = (Kernels::detect(), Kernels::portable());
-    let input: &[f32] = as_blocks(g.tensor_data(g.tensor("input").unwrap()));
-    let cols = g.tensor("input").unwrap().shape[0] as usize;
+    let input: &[f32] = as_blocks(g.tensor_data(g.tensor("dot_x").unwrap()));
+    let cols = g.tensor("dot_x").unwrap().shape[0] as usize;
     let mut checked = 0;
     for (name, t) in TYPES.into_iter().filter(|(n, _)| g.tensor(&format!("{n}.dot")).is_some()) {
-        let q = g.tensor_data(g.tensor(&format!("{name}.q")).unwrap());
+        let q = g.tensor_data(g.tensor(&format!("{name}.dw")).unwrap());
         let act = g.tensor_data(g.tensor(&format!("{name}.act")).unwrap());
         let want: &[f32] = as_blocks(g.tensor_data(g.tensor(&format!("{name}.dot")).unwrap()));
         let (rb, ab) = (q.len() / want.len(), act.len() / want.len());
+        let mut xq = vec![0u8; ab];
         for (r, &w) in want.iter().enumerate() {
-            let x: Vec<f32> = input[r * cols..(r + 1) * cols].iter().rev().map(|v| v * 10.0).collect();
-            let mut xq = vec![0u8; ab];
-            port.from_float(DType::Q8K).unwrap()(&x, &mut xq);
+            port.from_float(DType::Q8K).unwrap()(&input[r * cols..(r + 1) * cols], &mut xq);
             assert_eq!(xq, &act[r * ab..(r + 1) * ab], "{name} row {r}: Q8_K activations differ from ggml's");
             let wr = &q[r * rb..(r + 1) * rb];
             let ours = lanes::dot_iq_q8_k(IqType::of(t).unwrap(), wr, &xq);
             assert_eq!(ours.to_bits(), w.to_bits(), "{name} row {r}: lane order {ours} vs ggml {w}");
-            let simd = (fast.ops(t).unwrap().vec_dot)(wr, &xq);
+            let ops = fast.ops(t).unwrap();
+            let simd = (ops.vec_dot)(wr, &xq);
             assert_eq!(simd.to_bits(), w.to_bits(), "{name} row {r} ({}): {simd} vs ggml {w}", fast.isa());
+            if let Some(dot4) = ops.vec_dot4 {
+                let mut o = [0f32; 4];
+                dot4(wr, [&xq, &xq, &xq, &xq], &mut o);
+                assert!(o.iter().all(|v| v.to_bits() == w.to_bits()), "{name} row {r}: 4-row dot {o:?} vs ggml {w}");
+            }
             checked += 1;
         }
     }

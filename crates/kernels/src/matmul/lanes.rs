@@ -240,7 +240,7 @@ pub fn dot_f32(x: &[u8], y: &[u8]) -> f32 {
 /// An i-quant row against Q8_K in ggml's AVX2 order (`x86::avx2_iq`): per super-block eight
 /// exact lane sums, lane `L` over values `4L‥4L+4` of each 32 times their scale, one FMA per
 /// lane; the type's constant times `hsum_8` at the end. IQ1_S adds `Σ d·(Σ ls·±Σ y)` (one
-/// float a super-block, the sums from `bsums`) at 1/8; IQ1_M keeps its shifts in eight lanes
+/// fused multiply-add a super-block, the sums from `bsums`) at 1/8; IQ1_M keeps its shifts in eight lanes
 /// of their own, added at 1/8 after both sums.
 pub fn dot_iq_q8_k(t: crate::quant::iq::IqType, x: &[u8], y: &[u8]) -> f32 {
     use crate::quant::iq::IqType;
@@ -264,7 +264,8 @@ pub fn dot_iq_q8_k(t: crate::quant::iq::IqType, x: &[u8], y: &[u8]) -> f32 {
             acc[l] = d.mul_add(lanes[l] as f32, acc[l]);
             acc2[l] = d.mul_add(lanes2[l] as f32, acc2[l]);
         }
-        shifts1 += d * sumi1 as f32;
+        // ggml's build contracts `accum1 += d * sumi1` into an FMA.
+        shifts1 = d.mul_add(sumi1 as f32, shifts1);
     }
     match t {
         IqType::IQ1S => hsum_8(&acc) + 0.125 * shifts1,

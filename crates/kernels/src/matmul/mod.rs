@@ -15,7 +15,7 @@
 //! | `x86/common.rs` | block decoders and integer sums shared by the x86 dots; the interleaved 32-blocks' decoding (`IlBlock`) |
 //! | `x86/avx2.rs` | AVX2 dots of the golden models' types (Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, F16, F32), four-row dots |
 //! | `x86/avx2_ext.rs` | AVX2 dots of the other types (Q4_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS, BF16) |
-//! | `x86/avx2_iq.rs` | AVX2 dots of the 1- to 3-bit i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) in ggml's AVX2 order; NEON runs `lanes`' portable form of the same order |
+//! | `x86/avx2_iq.rs` | AVX2 dots of the 1- to 3-bit i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) and their 4-row forms, in ggml's AVX2 order |
 //! | `x86/avx2_il.rs` | AVX2 GEMV and tiles on the interleaved layout: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (row pairs per 256-bit vector; Q5 column blocks decoded once per batch) |
 //! | `x86/avx2_il_k.rs` | the same for Q4_K, Q6_K and IQ4_XS (Q6_K column blocks decoded once per batch) |
 //! | `x86/avx512.rs` | AVX-512 VNNI on plain rows: Q5_0 dot, Q4_1/Q5_0/Q8_0 tiles and GEMVs |
@@ -23,6 +23,7 @@
 //! | `x86/avx512_il.rs` | AVX-512 VNNI GEMV and tiles on the interleaved layout: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL |
 //! | `x86/avx512_il_k.rs` | the same for Q4_K, Q6_K and IQ4_XS |
 //! | `aarch64/neon.rs` | NEON dots of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS in the x86 lane order, `sdot` (dotprod) or widening multiplies |
+//! | `aarch64/neon_iq.rs` | NEON dots of the 1- to 3-bit i-quants and their 4-row forms, the x86 lane order (`sdot` or widening multiplies) |
 //! | `aarch64/neon_dense.rs` | NEON dots of F32 and F16 (ggml's AVX-512 orders) and BF16 (ggml's AVX2 order); F32/F16 batch dots and tiles (tinyBLAS's AVX-512 order) |
 //! | `aarch64/neon_il.rs` | NEON GEMV and tiles on the interleaved layout, all nine types (`sdot` or widening multiplies) |
 //! | `aarch64/sme.rs` | Arm SME: the panel GEMM's integer outer-product tile kernel, an f32 GEMM on `FMOPA`, their start-up self-test |

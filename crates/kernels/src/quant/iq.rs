@@ -22,6 +22,22 @@ pub const fn ksigns(s: u32) -> u8 {
     s | (((s.count_ones() & 1) as u8) << 7)
 }
 
+/// For each sign byte, eight bytes of 1 or −1 (bit j set: byte j is −1): the SIMD kernels'
+/// sign operand (`vpsignb`'s on x86, a multiplier on NEON).
+pub static SIGN_MASKS: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut s = 0;
+    while s < 256 {
+        let mut j = 0;
+        while j < 8 {
+            t[s] |= (if s >> j & 1 != 0 { 0xff } else { 0x01 }) << (8 * j);
+            j += 1;
+        }
+        s += 1;
+    }
+    t
+};
+
 /// The i-quant types and what differs between them in the arithmetic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IqType {
@@ -35,6 +51,10 @@ pub enum IqType {
 }
 
 impl IqType {
+    /// Every type, each at its own discriminant (`ALL[t as usize] == t`): the SIMD kernels
+    /// take the type as a constant index, so each instance decodes one type.
+    pub const ALL: [IqType; 7] = [IqType::IQ2XXS, IqType::IQ2XS, IqType::IQ2S, IqType::IQ3XXS, IqType::IQ3S, IqType::IQ1S, IqType::IQ1M];
+
     /// The i-quant type `t` is, if it is one of these.
     pub fn of(t: crate::DType) -> Option<IqType> {
         use crate::DType as D;
@@ -74,14 +94,89 @@ impl IqType {
 
     /// Decode one super-block (`block_bytes` bytes).
     pub fn decode(self, b: &[u8]) -> Decoded {
+        let mut o = Decoded { d: self.d(b), v: [0; QK_K], ls: [0; QK_K / 16], shift: [0; QK_K / 8] };
+        for ib in 0..QK_K / 32 {
+            let s = self.sub_block(b, ib);
+            (o.ls[2 * ib], o.ls[2 * ib + 1]) = (s.ls[0], s.ls[1]);
+            o.shift[4 * ib..4 * ib + 4].copy_from_slice(&s.shift);
+            for (l, (&grid, &signs)) in s.grid.iter().zip(&s.signs).enumerate() {
+                for j in 0..8 {
+                    let m = (grid >> (8 * j)) as u8 as i8;
+                    o.v[32 * ib + 8 * l + j] = if signs >> j & 1 != 0 { -m } else { m };
+                }
+            }
+        }
+        o
+    }
+
+    /// The super-block scale of `b` (IQ1_M's spread over its scales' top nibbles).
+    #[inline(always)]
+    pub fn d(self, b: &[u8]) -> f32 {
         match self {
-            IqType::IQ2XXS => iq2_xxs(&as_blocks::<BlockIQ2XXS>(b)[0]),
-            IqType::IQ2XS => iq2_xs(&as_blocks::<BlockIQ2XS>(b)[0]),
-            IqType::IQ2S => iq2_s(&as_blocks::<BlockIQ2S>(b)[0]),
-            IqType::IQ3XXS => iq3_xxs(&as_blocks::<BlockIQ3XXS>(b)[0]),
-            IqType::IQ3S => iq3_s(&as_blocks::<BlockIQ3S>(b)[0]),
-            IqType::IQ1S => iq1_s(&as_blocks::<BlockIQ1S>(b)[0]),
-            IqType::IQ1M => iq1_m(&as_blocks::<BlockIQ1M>(b)[0]),
+            IqType::IQ1M => iq1_m_scale(&as_blocks::<BlockIQ1M>(b)[0].scales).to_f32(),
+            _ => f16::from_le_bytes([b[0], b[1]]).to_f32(),
+        }
+    }
+
+    /// Sub-block `ib` (values `32·ib‥32·ib + 32`) of super-block `b` as every kernel takes it
+    /// (the SIMD ones inline this with `self` constant, so the match folds away).
+    #[inline(always)]
+    pub fn sub_block(self, b: &[u8], ib: usize) -> Sub {
+        let ksigns4 = |sg: u32| [ksigns(sg), ksigns(sg >> 7), ksigns(sg >> 14), ksigns(sg >> 21)];
+        let halves = |sc: u8| [2 * (sc & 15) + 1, 2 * (sc >> 4) + 1];
+        let (none, flat) = ([0u8; 4], [0i8; 4]);
+        match self {
+            IqType::IQ2XXS => {
+                let q = &as_blocks::<BlockIQ2XXS>(b)[0].qs[4 * ib..4 * ib + 4];
+                let (idx, sg) = (q[0] as usize | (q[1] as usize) << 16, q[2] as u32 | (q[3] as u32) << 16);
+                let ls = (2 * (sg >> 28) + 1) as u8;
+                Sub { grid: [0, 1, 2, 3].map(|l| IQ2XXS_GRID[idx >> (8 * l) & 255]), signs: ksigns4(sg), ls: [ls, ls], shift: flat }
+            }
+            IqType::IQ2XS => {
+                let a = &as_blocks::<BlockIQ2XS>(b)[0];
+                let q = &a.qs[4 * ib..4 * ib + 4];
+                Sub { grid: [0, 1, 2, 3].map(|l| IQ2XS_GRID[(q[l] & 511) as usize]), signs: [0, 1, 2, 3].map(|l| ksigns((q[l] >> 9) as u32)), ls: halves(a.scales[ib]), shift: flat }
+            }
+            IqType::IQ2S => {
+                let a = &as_blocks::<BlockIQ2S>(b)[0];
+                let qh = a.qh[ib] as usize;
+                let grid = [0, 1, 2, 3].map(|l| IQ2S_GRID[a.qs[4 * ib + l] as usize | (qh << (8 - 2 * l) & 0x300)]);
+                let signs = a.qs[QK_K / 8 + 4 * ib..QK_K / 8 + 4 * ib + 4].try_into().unwrap();
+                Sub { grid, signs, ls: halves(a.scales[ib]), shift: flat }
+            }
+            IqType::IQ3XXS => {
+                let a = &as_blocks::<BlockIQ3XXS>(b)[0];
+                let q = &a.qs[8 * ib..8 * ib + 8];
+                let sg = u32::from_le_bytes(a.qs[QK_K / 4 + 4 * ib..QK_K / 4 + 4 * ib + 4].try_into().unwrap());
+                let ls = (2 * (sg >> 28) + 1) as u8;
+                let grid = [0, 1, 2, 3].map(|l| IQ3XXS_GRID[q[2 * l] as usize] as u64 | (IQ3XXS_GRID[q[2 * l + 1] as usize] as u64) << 32);
+                Sub { grid, signs: ksigns4(sg), ls: [ls, ls], shift: flat }
+            }
+            IqType::IQ3S => {
+                let a = &as_blocks::<BlockIQ3S>(b)[0];
+                let (q, qh) = (&a.qs[8 * ib..8 * ib + 8], a.qh[ib] as usize);
+                let grid = [0, 1, 2, 3].map(|l| {
+                    let (i1, i2) = (q[2 * l] as usize | (qh << (8 - 2 * l) & 256), q[2 * l + 1] as usize | (qh << (7 - 2 * l) & 256));
+                    IQ3S_GRID[i1] as u64 | (IQ3S_GRID[i2] as u64) << 32
+                });
+                let ls = 2 * (a.scales[ib / 2] >> (4 * (ib % 2)) & 15) + 1;
+                Sub { grid, signs: a.signs[4 * ib..4 * ib + 4].try_into().unwrap(), ls: [ls, ls], shift: flat }
+            }
+            IqType::IQ1S => {
+                let a = &as_blocks::<BlockIQ1S>(b)[0];
+                let qh = a.qh[ib] as usize;
+                let ls = (2 * ((qh >> 12) & 7) + 1) as u8;
+                let grid = [0, 1, 2, 3].map(|l| IQ1S_GRID[a.qs[4 * ib + l] as usize | ((qh >> (3 * l)) & 7) << 8]);
+                Sub { grid, signs: none, ls: [ls, ls], shift: [if qh & 0x8000 != 0 { -1 } else { 1 }; 4] }
+            }
+            IqType::IQ1M => {
+                let a = &as_blocks::<BlockIQ1M>(b)[0];
+                let s = u16::from_le_bytes([a.scales[ib / 2 * 2], a.scales[ib / 2 * 2 + 1]]) >> (6 * (ib % 2));
+                let qh = |l: usize| a.qh[2 * ib + l / 2] as usize >> (4 * (l % 2));
+                let grid = [0, 1, 2, 3].map(|l| IQ1S_GRID[a.qs[4 * ib + l] as usize | (qh(l) & 7) << 8]);
+                let shift = [0, 1, 2, 3].map(|l| if qh(l) & 8 != 0 { -1 } else { 1 });
+                Sub { grid, signs: none, ls: [(2 * (s & 7) + 1) as u8, (2 * ((s >> 3) & 7) + 1) as u8], shift }
+            }
         }
     }
 
@@ -104,132 +199,24 @@ pub struct Decoded {
     pub shift: [i8; QK_K / 8],
 }
 
-impl Decoded {
-    fn new(d: f32) -> Decoded {
-        Decoded { d, v: [0; QK_K], ls: [0; QK_K / 16], shift: [0; QK_K / 8] }
-    }
-
-    /// Eight values at `8g` from grid bytes `grid` (little-endian) and a sign byte.
-    #[inline]
-    fn put8(&mut self, g: usize, grid: u64, signs: u8) {
-        for j in 0..8 {
-            let m = (grid >> (8 * j)) as u8 as i8;
-            self.v[8 * g + j] = if signs >> j & 1 != 0 { -m } else { m };
-        }
-    }
-}
-
-fn u32_at(b: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
-}
-
-fn iq2_xxs(b: &BlockIQ2XXS) -> Decoded {
-    let mut o = Decoded::new(b.d.to_f32());
-    for ib in 0..QK_K / 32 {
-        let q = &b.qs[4 * ib..4 * ib + 4];
-        let (idx, sg) = (q[0] as u32 | (q[1] as u32) << 16, q[2] as u32 | (q[3] as u32) << 16);
-        o.ls[2 * ib] = (2 * (sg >> 28) + 1) as u8;
-        o.ls[2 * ib + 1] = o.ls[2 * ib];
-        for l in 0..4 {
-            o.put8(4 * ib + l, IQ2XXS_GRID[(idx >> (8 * l) & 255) as usize], ksigns(sg >> (7 * l)));
-        }
-    }
-    o
-}
-
-fn iq2_xs(b: &BlockIQ2XS) -> Decoded {
-    let mut o = Decoded::new(b.d.to_f32());
-    for ib in 0..QK_K / 32 {
-        o.ls[2 * ib] = 2 * (b.scales[ib] & 15) + 1;
-        o.ls[2 * ib + 1] = 2 * (b.scales[ib] >> 4) + 1;
-        for l in 0..4 {
-            let q = b.qs[4 * ib + l];
-            o.put8(4 * ib + l, IQ2XS_GRID[(q & 511) as usize], ksigns((q >> 9) as u32));
-        }
-    }
-    o
-}
-
-fn iq2_s(b: &BlockIQ2S) -> Decoded {
-    let mut o = Decoded::new(b.d.to_f32());
-    let (qs, signs) = b.qs.split_at(QK_K / 8);
-    for ib in 0..QK_K / 32 {
-        o.ls[2 * ib] = 2 * (b.scales[ib] & 15) + 1;
-        o.ls[2 * ib + 1] = 2 * (b.scales[ib] >> 4) + 1;
-        for l in 0..4 {
-            let idx = qs[4 * ib + l] as usize | ((b.qh[ib] as usize) << (8 - 2 * l) & 0x300);
-            o.put8(4 * ib + l, IQ2S_GRID[idx], signs[4 * ib + l]);
-        }
-    }
-    o
-}
-
-fn iq3_xxs(b: &BlockIQ3XXS) -> Decoded {
-    let mut o = Decoded::new(b.d.to_f32());
-    let (qs, gas) = b.qs.split_at(QK_K / 4);
-    for ib in 0..QK_K / 32 {
-        let sg = u32_at(gas, 4 * ib);
-        o.ls[2 * ib] = (2 * (sg >> 28) + 1) as u8;
-        o.ls[2 * ib + 1] = o.ls[2 * ib];
-        for l in 0..4 {
-            let g1 = IQ3XXS_GRID[qs[8 * ib + 2 * l] as usize] as u64;
-            let g2 = IQ3XXS_GRID[qs[8 * ib + 2 * l + 1] as usize] as u64;
-            o.put8(4 * ib + l, g1 | g2 << 32, ksigns(sg >> (7 * l)));
-        }
-    }
-    o
-}
-
-fn iq3_s(b: &BlockIQ3S) -> Decoded {
-    let mut o = Decoded::new(b.d.to_f32());
-    for ib in 0..QK_K / 32 {
-        let ls = 2 * (b.scales[ib / 2] >> (4 * (ib % 2)) & 15) + 1;
-        (o.ls[2 * ib], o.ls[2 * ib + 1]) = (ls, ls);
-        let qh = b.qh[ib] as usize;
-        for l in 0..4 {
-            let i1 = b.qs[8 * ib + 2 * l] as usize | (qh << (8 - 2 * l) & 256);
-            let i2 = b.qs[8 * ib + 2 * l + 1] as usize | (qh << (7 - 2 * l) & 256);
-            let grid = IQ3S_GRID[i1] as u64 | (IQ3S_GRID[i2] as u64) << 32;
-            o.put8(4 * ib + l, grid, b.signs[4 * ib + l]);
-        }
-    }
-    o
-}
-
-fn iq1_s(b: &BlockIQ1S) -> Decoded {
-    let mut o = Decoded::new(b.d.to_f32());
-    for ib in 0..QK_K / 32 {
-        let qh = b.qh[ib] as usize;
-        let ls = (2 * ((qh >> 12) & 7) + 1) as u8;
-        (o.ls[2 * ib], o.ls[2 * ib + 1]) = (ls, ls);
-        for l in 0..4 {
-            o.shift[4 * ib + l] = if qh & 0x8000 != 0 { -1 } else { 1 };
-            o.put8(4 * ib + l, IQ1S_GRID[b.qs[4 * ib + l] as usize | ((qh >> (3 * l)) & 7) << 8], 0);
-        }
-    }
-    o
+/// One sub-block of 32 values as the kernels take it ([`IqType::sub_block`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Sub {
+    /// Four 8-value grid entries, little-endian bytes (IQ3: two 4-byte entries each; IQ1:
+    /// bytes −1, 0, 1).
+    pub grid: [u64; 4],
+    /// Per entry, bit j set: its value j is negative (0 for IQ1, whose grid is signed).
+    pub signs: [u8; 4],
+    /// The odd scales of the first and second 16 values.
+    pub ls: [u8; 2],
+    /// IQ1: the sign (±1) of each entry's 1/8 shift; 0 otherwise.
+    pub shift: [i8; 4],
 }
 
 /// The f16 scale of an IQ1_M super-block, spread over the top nibbles of its four `u16`s.
 pub fn iq1_m_scale(scales: &[u8; QK_K / 32]) -> f16 {
     let sc = |i: usize| u16::from_le_bytes([scales[2 * i], scales[2 * i + 1]]);
     f16::from_bits((sc(0) >> 12) | ((sc(1) >> 8) & 0x00f0) | ((sc(2) >> 4) & 0x0f00) | (sc(3) & 0xf000))
-}
-
-fn iq1_m(b: &BlockIQ1M) -> Decoded {
-    let mut o = Decoded::new(iq1_m_scale(&b.scales).to_f32());
-    let sc = |i: usize| u16::from_le_bytes([b.scales[2 * i], b.scales[2 * i + 1]]);
-    for ib in 0..QK_K / 32 {
-        let s = sc(ib / 2) >> (6 * (ib % 2));
-        o.ls[2 * ib] = (2 * (s & 7) + 1) as u8;
-        o.ls[2 * ib + 1] = (2 * ((s >> 3) & 7) + 1) as u8;
-        for l in 0..4 {
-            let qh = b.qh[2 * ib + l / 2] as usize >> (4 * (l % 2));
-            o.shift[4 * ib + l] = if qh & 0x08 != 0 { -1 } else { 1 };
-            o.put8(4 * ib + l, IQ1S_GRID[b.qs[4 * ib + l] as usize | (qh & 7) << 8], 0);
-        }
-    }
-    o
 }
 
 /// Dequantize a row of `t` as ggml does, bit for bit: `(d·ls)·C·v`, IQ1 `(d·ls)·(v ± 1/8)`.

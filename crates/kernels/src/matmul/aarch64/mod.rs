@@ -14,4 +14,5 @@ pub mod neon;
 pub mod neon_dense;
 pub mod neon_il;
 pub mod neon_il_k;
+pub mod neon_iq;
 pub mod sme;
