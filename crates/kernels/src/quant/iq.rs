@@ -130,17 +130,17 @@ impl IqType {
                 let q = &as_blocks::<BlockIQ2XXS>(b)[0].qs[4 * ib..4 * ib + 4];
                 let (idx, sg) = (q[0] as usize | (q[1] as usize) << 16, q[2] as u32 | (q[3] as u32) << 16);
                 let ls = (2 * (sg >> 28) + 1) as u8;
-                Sub { grid: [0, 1, 2, 3].map(|l| IQ2XXS_GRID[idx >> (8 * l) & 255]), signs: ksigns4(sg), ls: [ls, ls], shift: flat }
+                Sub { grid: each4(|l: usize| IQ2XXS_GRID[idx >> (8 * l) & 255]), signs: ksigns4(sg), ls: [ls, ls], shift: flat }
             }
             IqType::IQ2XS => {
                 let a = &as_blocks::<BlockIQ2XS>(b)[0];
                 let q = &a.qs[4 * ib..4 * ib + 4];
-                Sub { grid: [0, 1, 2, 3].map(|l| IQ2XS_GRID[(q[l] & 511) as usize]), signs: [0, 1, 2, 3].map(|l| ksigns((q[l] >> 9) as u32)), ls: halves(a.scales[ib]), shift: flat }
+                Sub { grid: each4(|l: usize| IQ2XS_GRID[(q[l] & 511) as usize]), signs: each4(|l: usize| ksigns((q[l] >> 9) as u32)), ls: halves(a.scales[ib]), shift: flat }
             }
             IqType::IQ2S => {
                 let a = &as_blocks::<BlockIQ2S>(b)[0];
                 let qh = a.qh[ib] as usize;
-                let grid = [0, 1, 2, 3].map(|l| IQ2S_GRID[a.qs[4 * ib + l] as usize | (qh << (8 - 2 * l) & 0x300)]);
+                let grid = each4(|l: usize| IQ2S_GRID[a.qs[4 * ib + l] as usize | (qh << (8 - 2 * l) & 0x300)]);
                 let signs = a.qs[QK_K / 8 + 4 * ib..QK_K / 8 + 4 * ib + 4].try_into().unwrap();
                 Sub { grid, signs, ls: halves(a.scales[ib]), shift: flat }
             }
@@ -149,13 +149,13 @@ impl IqType {
                 let q = &a.qs[8 * ib..8 * ib + 8];
                 let sg = u32::from_le_bytes(a.qs[QK_K / 4 + 4 * ib..QK_K / 4 + 4 * ib + 4].try_into().unwrap());
                 let ls = (2 * (sg >> 28) + 1) as u8;
-                let grid = [0, 1, 2, 3].map(|l| IQ3XXS_GRID[q[2 * l] as usize] as u64 | (IQ3XXS_GRID[q[2 * l + 1] as usize] as u64) << 32);
+                let grid = each4(|l: usize| IQ3XXS_GRID[q[2 * l] as usize] as u64 | (IQ3XXS_GRID[q[2 * l + 1] as usize] as u64) << 32);
                 Sub { grid, signs: ksigns4(sg), ls: [ls, ls], shift: flat }
             }
             IqType::IQ3S => {
                 let a = &as_blocks::<BlockIQ3S>(b)[0];
                 let (q, qh) = (&a.qs[8 * ib..8 * ib + 8], a.qh[ib] as usize);
-                let grid = [0, 1, 2, 3].map(|l| {
+                let grid = each4(|l: usize| {
                     let (i1, i2) = (q[2 * l] as usize | (qh << (8 - 2 * l) & 256), q[2 * l + 1] as usize | (qh << (7 - 2 * l) & 256));
                     IQ3S_GRID[i1] as u64 | (IQ3S_GRID[i2] as u64) << 32
                 });
@@ -166,15 +166,15 @@ impl IqType {
                 let a = &as_blocks::<BlockIQ1S>(b)[0];
                 let qh = a.qh[ib] as usize;
                 let ls = (2 * ((qh >> 12) & 7) + 1) as u8;
-                let grid = [0, 1, 2, 3].map(|l| IQ1S_GRID[a.qs[4 * ib + l] as usize | ((qh >> (3 * l)) & 7) << 8]);
+                let grid = each4(|l: usize| IQ1S_GRID[a.qs[4 * ib + l] as usize | ((qh >> (3 * l)) & 7) << 8]);
                 Sub { grid, signs: none, ls: [ls, ls], shift: [if qh & 0x8000 != 0 { -1 } else { 1 }; 4] }
             }
             IqType::IQ1M => {
                 let a = &as_blocks::<BlockIQ1M>(b)[0];
                 let s = u16::from_le_bytes([a.scales[ib / 2 * 2], a.scales[ib / 2 * 2 + 1]]) >> (6 * (ib % 2));
                 let qh = |l: usize| a.qh[2 * ib + l / 2] as usize >> (4 * (l % 2));
-                let grid = [0, 1, 2, 3].map(|l| IQ1S_GRID[a.qs[4 * ib + l] as usize | (qh(l) & 7) << 8]);
-                let shift = [0, 1, 2, 3].map(|l| if qh(l) & 8 != 0 { -1 } else { 1 });
+                let grid = each4(|l: usize| IQ1S_GRID[a.qs[4 * ib + l] as usize | (qh(l) & 7) << 8]);
+                let shift = each4(|l: usize| if qh(l) & 8 != 0 { -1 } else { 1 });
                 Sub { grid, signs: none, ls: [(2 * (s & 7) + 1) as u8, (2 * ((s >> 3) & 7) + 1) as u8], shift }
             }
         }
@@ -197,6 +197,13 @@ pub struct Decoded {
     pub ls: [u8; QK_K / 16],
     /// IQ1 only: the sign (±1) of the 1/8 shift of each 8 values; 0 for the other types.
     pub shift: [i8; QK_K / 8],
+}
+
+/// `[f(0), f(1), f(2), f(3)]` (not `array::map`, which the SIMD kernels' instances do not
+/// inline).
+#[inline(always)]
+pub(crate) fn each4<T>(f: impl Fn(usize) -> T) -> [T; 4] {
+    [f(0), f(1), f(2), f(3)]
 }
 
 /// One sub-block of 32 values as the kernels take it ([`IqType::sub_block`]).

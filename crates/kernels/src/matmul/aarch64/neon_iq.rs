@@ -11,7 +11,7 @@
 
 use super::neon::{hsum8, lanes_fma, Dot4, Sdot, Widen};
 use crate::quant::blocks::*;
-use crate::quant::iq::{IqType, SIGN_MASKS};
+use crate::quant::iq::{each4, IqType, SIGN_MASKS};
 use std::arch::aarch64::*;
 
 /// Two 8-byte entries as one vector, the first in the low half.
@@ -37,11 +37,11 @@ unsafe fn rows<D: Dot4, const K: usize, const R: usize>(x: &[u8], ys: [&[u8]; R]
                 let s = t.sub_block(a, ib);
                 let (mut v0, mut v1) = (pair(s.grid[0], s.grid[1]), pair(s.grid[2], s.grid[3]));
                 if !t.shifted() {
-                    let m = s.signs.map(|b| SIGN_MASKS[b as usize]);
+                    let m = each4(|l| SIGN_MASKS[s.signs[l] as usize]);
                     (v0, v1) = (vmulq_s8(v0, pair(m[0], m[1])), vmulq_s8(v1, pair(m[2], m[3])));
                 }
-                let m = s.shift.map(|d| SIGN_MASKS[if d < 0 { 255 } else { 0 }]);
-                let (h0, h1) = (pair(m[0], m[1]), pair(m[2], m[3]));
+                let m = each4(|l| SIGN_MASKS[if s.shift[l] < 0 { 255 } else { 0 }]);
+                let (h0, h1) = (pair(m[0], m[1]), pair(m[2], m[3])); // IQ1_M's only
                 let (l0, l1) = (s.ls[0] as i32, s.ls[1] as i32);
                 for (r, y) in ys.iter().enumerate() {
                     let b = &y[i];
