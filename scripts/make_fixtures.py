@@ -16,7 +16,10 @@ ggml-cpu's activations and `vec_dot` of each row (`ggml_dots`). Tests check our 
 the latter bit for bit and our quantizer (`corelm quantize`) against the former.
 
 `models` writes tiny random-weight GGUFs, one per architecture (see models.py beside this
-file), and the logits llama.cpp computes on them.
+file), and the logits llama.cpp computes on them. `iquants`' logits come from an AVX-512
+build of the same llama.cpp, as the golden data's (`LLAMA_CPP_LIB_PATH=<its bin/>`, which
+llama-cpp-python loads instead of its own): the venv's AVX2 build differs from it at one
+prompt position by 0.071, where corelm agrees with the AVX-512 build.
 """
 import argparse
 import ctypes

@@ -66,14 +66,6 @@ fn check_cfg(name: &str, cfg: EngineConfig, tol: f32) {
 /// [`check_cfg`] with a context of `n_ctx` cells, against the fixture's records named with
 /// `prefix` (llama.cpp's at that context).
 fn check_at(name: &str, cfg: EngineConfig, tol: f32, n_ctx: usize, prefix: &str) {
-    check_spikes(name, cfg, tol, (0, tol), n_ctx, prefix);
-}
-
-/// [`check_at`] letting up to `spikes.0` logit rows (prompt positions and greedy steps) lie
-/// within `spikes.1` rather than `tol`: where activations are quantized (8-bit rows before
-/// each quantized weight), a last-bit difference between our float kernels and those of the
-/// llama.cpp build that wrote the fixture can round one activation to the next step.
-fn check_spikes(name: &str, cfg: EngineConfig, tol: f32, spikes: (usize, f32), n_ctx: usize, prefix: &str) {
     let tp = cfg.tp;
     let (path, want) = fixture(name);
     let cfg = EngineConfig { n_ctx, n_batch: 64, n_seq_max: 1, pin: false, ..cfg };
@@ -81,19 +73,12 @@ fn check_spikes(name: &str, cfg: EngineConfig, tol: f32, spikes: (usize, f32), n
     let tokens: Vec<u32> = serde_json::from_value(want["tokens"].clone()).unwrap();
     let gold = rows(&want[format!("{prefix}prompt_logits")]);
     let mut worst = 0f32;
-    let mut spiked = 0;
-    let mut within = |d: f32, what: &str| {
-        if d > tol {
-            spiked += 1;
-            assert!(spiked <= spikes.0 && d <= spikes.1, "{name}: {what}: max |Δlogit| {d} (rows past {tol}: {spiked})");
-        }
-    };
     let prompt = prompt_logits(&mut e, &tokens);
     assert_eq!(prompt.len(), gold.len(), "{name}: prompt rows");
     for (i, (l, g)) in prompt.iter().zip(&gold).enumerate() {
         let d = max_diff(l, g);
         worst = worst.max(d);
-        within(d, &format!("prompt position {i}"));
+        assert!(d <= tol, "{name}: prompt position {i}: max |Δlogit| {d}: {:?} against {:?}", &l[..4], &g[..4]);
     }
     let gold_ids: Vec<u32> = serde_json::from_value(want[format!("{prefix}greedy_ids")].clone()).unwrap();
     let gold_steps = rows(&want[format!("{prefix}greedy_logits")]);
@@ -101,7 +86,7 @@ fn check_spikes(name: &str, cfg: EngineConfig, tol: f32, spikes: (usize, f32), n
     for (k, g) in gold_steps.iter().enumerate() {
         let d = max_diff(&last, g);
         worst = worst.max(d);
-        within(d, &format!("greedy step {k}"));
+        assert!(d <= tol, "{name}: greedy step {k}: max |Δlogit| {d}");
         let id = argmax(&last);
         assert_eq!(id, gold_ids[k], "{name}: greedy step {k}");
         last = prompt_logits(&mut e, &[id]).pop().unwrap();
@@ -280,20 +265,19 @@ fn gemma_smollm3_granite_ernie_exaone() {
 /// The 1- to 3-bit i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M), each in
 /// two matrices of different shapes, the embeddings in IQ3_S, the output matrix in IQ4_XS:
 /// quantized by ggml, run by llama.cpp for the logits. Every matrix product is exact integer
-/// sums in ggml's order, so 39 of the 40 rows equal llama.cpp's to the fixture's 4 decimals;
-/// one (prompt position 23) lies 0.071 off on every table, the portable one included. Not
-/// tracked down: it needs both IQ1_S matrices (with either one as IQ2_XXS instead, all 40
-/// rows equal), whose dots equal ggml-cpu's bit for bit (`ggml_fixture.rs`, and 400 random
-/// rows checked by hand), and SmolLM2 with an IQ1_S `ffn_down` scores llama-perplexity's
-/// figure to every printed digit. Alone and batch-invariant; with two shards, whose Wo cuts fall inside
+/// sums in ggml's order, so every row equals llama.cpp's to the fixture's 4 decimals. The
+/// logits are those of an AVX-512 build of llama.cpp (as the golden data's): the AVX2 build
+/// differs from it at prompt position 23 by 0.071 (not traced to an operation; the two
+/// builds' float kernels differ in last bits, which an 8-bit activation can turn into a whole
+/// step), where corelm's SIMD tables give the AVX-512 build's values. Alone and batch-invariant; with two shards, whose Wo cuts fall inside
 /// super-blocks and quantize each shard's activations with zeros beside them (not as
 /// llama.cpp does): every prompt row within 0.5 (0.34 measured), where a broken shard would
 /// be units off.
 #[test]
 fn iquants() {
     let one = |batch_invariant| EngineConfig { n_threads: 2, batch_invariant, ..Default::default() };
-    check_spikes("iquants", one(false), TOL, (1, 0.1), 128, "");
-    check_spikes("iquants", one(true), TOL, (1, 0.1), 128, "");
+    check_cfg("iquants", one(false), TOL);
+    check_cfg("iquants", one(true), TOL);
     let (path, want) = fixture("iquants");
     let tokens: Vec<u32> = serde_json::from_value(want["tokens"].clone()).unwrap();
     let cfg = EngineConfig { tp: 2, n_ctx: 128, n_batch: 64, n_seq_max: 1, pin: false, ..one(false) };
