@@ -44,7 +44,7 @@ export CARGO_TARGET_DIR=target/aarch64-cross
 export CARGO_PROFILE_RELEASE_DEBUG=0
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 CARGO=/usr/bin/cargo
-TESTS=(-p corelm-kernels --test parity --test interleave --test dense_dots --test sme --test matrix_attention --test sparse --lib)
+TESTS=(-p corelm-kernels --test parity --test ggml_fixture --test interleave --test dense_dots --test sme --test matrix_attention --test sparse --lib)
 GOLDEN=(-p corelm-engine --test golden)
 # SmolLM2 requantized to F16: the AVX-512 table's logits bit for bit (a hash).
 F16=(-p corelm-engine --test quantize)

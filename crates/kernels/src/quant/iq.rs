@@ -1,8 +1,9 @@
-//! The 1-, 2- and 3-bit i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M):
-//! each super-block of 256 values decoded into one plain form, [`Decoded`], which the
-//! dequantizers here and the portable dot products (`matmul::portable`, ggml's generic order;
-//! `matmul::lanes`, ggml's AVX2 order) share. The SIMD kernels decode the same bits their own
-//! way and are tested equal to these.
+//! The 1-, 2- and 3-bit i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M).
+//! One decoder of a 32-value sub-block, [`IqType::sub_block`] (grid entries, sign bytes,
+//! scales, IQ1's shifts), serves every kernel: the SIMD ones (`matmul::x86::avx2_iq`,
+//! `matmul::aarch64::neon_iq`) inline it per type; [`IqType::decode`] builds from it a whole
+//! super-block in plain form, [`Decoded`], for the dequantizers here and the portable dots
+//! (`matmul::portable`, ggml's generic order; `matmul::lanes`, ggml's AVX2 order).
 //!
 //! Every type stores groups of 4 or 8 values as an index into a lattice grid
 //! ([`super::iq_grids`]) plus, for the 2- and 3-bit types, a sign per value, and an odd scale
