@@ -25,6 +25,17 @@ fn four(e: [u64; 4]) -> __m256i {
     _mm256_set_epi64x(e[3] as i64, e[2] as i64, e[1] as i64, e[0] as i64)
 }
 
+/// Four sign bytes as `vpsignb`'s operand: byte `8e + j` is −1 where bit j of byte e is set,
+/// else 1 (each byte broadcast to its 8 lanes, its bits tested in place).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn sign_mask(s: [u8; 4]) -> __m256i {
+    let spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(u32::from_le_bytes(s) as i32), spread), bits);
+    _mm256_or_si256(_mm256_cmpeq_epi8(b, bits), _mm256_set1_epi8(1))
+}
+
 /// `madd(maddubs(grid, sign(y, signs)), scales)`: eight i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -60,7 +71,7 @@ fn rows<const K: usize, const R: usize>(x: &[u8], ys: [&[u8]; R], out: &mut [f32
         for ib in 0..QK_K / 32 {
             let s: Sub = t.sub_block(a, ib);
             let (grid, sc) = (four(s.grid), scales(s.ls));
-            let sv = if t.shifted() { grid } else { four(each4(|l| SIGN_MASKS[s.signs[l] as usize])) };
+            let sv = if t.shifted() { grid } else { sign_mask(s.signs) };
             let shift = if t == IqType::IQ1M { four(each4(|l| SIGN_MASKS[if s.shift[l] < 0 { 255 } else { 0 }])) } else { grid };
             for (r, y) in ys.iter().enumerate() {
                 let b = &y[i];
