@@ -269,10 +269,10 @@ fn gemma_smollm3_granite_ernie_exaone() {
 /// logits are those of an AVX-512 build of llama.cpp (as the golden data's): the AVX2 build
 /// differs from it at prompt position 23 by 0.071 (not traced to an operation; the two
 /// builds' float kernels differ in last bits, which an 8-bit activation can turn into a whole
-/// step), where corelm's SIMD tables give the AVX-512 build's values. Alone and batch-invariant; with two shards, whose Wo cuts fall inside
-/// super-blocks and quantize each shard's activations with zeros beside them (not as
-/// llama.cpp does): every prompt row within 0.5 (0.34 measured), where a broken shard would
-/// be units off.
+/// step), where corelm's SIMD tables give the AVX-512 build's values. Alone and
+/// batch-invariant; with two shards, whose Wo cuts fall inside super-blocks and quantize each
+/// shard's activations with zeros beside them (not as llama.cpp does): every prompt row within
+/// 0.5 (0.34 measured), where a broken shard would be units off.
 #[test]
 fn iquants() {
     let one = |batch_invariant| EngineConfig { n_threads: 2, batch_invariant, ..Default::default() };

@@ -23,8 +23,8 @@ pub const fn ksigns(s: u32) -> u8 {
     s | (((s.count_ones() & 1) as u8) << 7)
 }
 
-/// For each sign byte, eight bytes of 1 or −1 (bit j set: byte j is −1): the SIMD kernels'
-/// sign operand (`vpsignb`'s on x86, a multiplier on NEON).
+/// For each sign byte, eight bytes of 1 or −1 (bit j set: byte j is −1): the NEON kernels'
+/// sign multiplier (the x86 ones build the same bytes in registers, `avx2_iq::sign_mask`).
 pub static SIGN_MASKS: [u64; 256] = {
     let mut t = [0u64; 256];
     let mut s = 0;
@@ -56,19 +56,15 @@ impl IqType {
     /// take the type as a constant index, so each instance decodes one type.
     pub const ALL: [IqType; 7] = [IqType::IQ2XXS, IqType::IQ2XS, IqType::IQ2S, IqType::IQ3XXS, IqType::IQ3S, IqType::IQ1S, IqType::IQ1M];
 
+    /// The GGML type of each of [`Self::ALL`], in the same order.
+    const DTYPES: [crate::DType; 7] = {
+        use crate::DType as D;
+        [D::IQ2XXS, D::IQ2XS, D::IQ2S, D::IQ3XXS, D::IQ3S, D::IQ1S, D::IQ1M]
+    };
+
     /// The i-quant type `t` is, if it is one of these.
     pub fn of(t: crate::DType) -> Option<IqType> {
-        use crate::DType as D;
-        Some(match t {
-            D::IQ2XXS => IqType::IQ2XXS,
-            D::IQ2XS => IqType::IQ2XS,
-            D::IQ2S => IqType::IQ2S,
-            D::IQ3XXS => IqType::IQ3XXS,
-            D::IQ3S => IqType::IQ3S,
-            D::IQ1S => IqType::IQ1S,
-            D::IQ1M => IqType::IQ1M,
-            _ => return None,
-        })
+        Self::DTYPES.iter().position(|&d| d == t).map(|i| Self::ALL[i])
     }
 
     /// The constant each value (and each dot product) is scaled by: `d · ls · C`.
@@ -80,17 +76,10 @@ impl IqType {
         }
     }
 
-    /// Bytes of one super-block.
+    /// Bytes of one super-block (its GGML type's block size).
+    #[inline(always)]
     pub fn block_bytes(self) -> usize {
-        match self {
-            IqType::IQ2XXS => 66,
-            IqType::IQ2XS => 74,
-            IqType::IQ2S => 82,
-            IqType::IQ3XXS => 98,
-            IqType::IQ3S => 110,
-            IqType::IQ1S => 50,
-            IqType::IQ1M => 56,
-        }
+        Self::DTYPES[self as usize].type_size()
     }
 
     /// Decode one super-block (`block_bytes` bytes).
@@ -236,28 +225,6 @@ pub fn dequant(t: IqType, x: &[u8], y: &mut [f32]) {
             *o = if t.shifted() { dl * (q.v[i] as f32 + 0.125 * q.shift[i / 8] as f32) } else { dl * t.c() * q.v[i] as f32 };
         }
     }
-}
-
-pub fn dequant_iq2_xxs(x: &[u8], y: &mut [f32]) {
-    dequant(IqType::IQ2XXS, x, y)
-}
-pub fn dequant_iq2_xs(x: &[u8], y: &mut [f32]) {
-    dequant(IqType::IQ2XS, x, y)
-}
-pub fn dequant_iq2_s(x: &[u8], y: &mut [f32]) {
-    dequant(IqType::IQ2S, x, y)
-}
-pub fn dequant_iq3_xxs(x: &[u8], y: &mut [f32]) {
-    dequant(IqType::IQ3XXS, x, y)
-}
-pub fn dequant_iq3_s(x: &[u8], y: &mut [f32]) {
-    dequant(IqType::IQ3S, x, y)
-}
-pub fn dequant_iq1_s(x: &[u8], y: &mut [f32]) {
-    dequant(IqType::IQ1S, x, y)
-}
-pub fn dequant_iq1_m(x: &[u8], y: &mut [f32]) {
-    dequant(IqType::IQ1M, x, y)
 }
 
 #[cfg(test)]

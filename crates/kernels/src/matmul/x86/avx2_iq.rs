@@ -14,7 +14,7 @@
 
 use super::common::{bytes_of_i8, load32u};
 use crate::quant::blocks::*;
-use crate::quant::iq::{each4, IqType, Sub, SIGN_MASKS};
+use crate::quant::iq::{each4, IqType, Sub};
 use crate::simd::x86::hsum_f32x8;
 use std::arch::x86_64::*;
 
@@ -72,7 +72,7 @@ fn rows<const K: usize, const R: usize>(x: &[u8], ys: [&[u8]; R], out: &mut [f32
             let s: Sub = t.sub_block(a, ib);
             let (grid, sc) = (four(s.grid), scales(s.ls));
             let sv = if t.shifted() { grid } else { sign_mask(s.signs) };
-            let shift = if t == IqType::IQ1M { four(each4(|l| SIGN_MASKS[if s.shift[l] < 0 { 255 } else { 0 }])) } else { grid };
+            let shift = if t == IqType::IQ1M { sign_mask(each4(|l| if s.shift[l] < 0 { 255 } else { 0 })) } else { grid };
             for (r, y) in ys.iter().enumerate() {
                 let b = &y[i];
                 let yv = load32u(bytes_of_i8(&b.qs[32 * ib..32 * ib + 32]));
