@@ -97,6 +97,13 @@ SPECS = [
                  "blk.1.attn_q": "IQ1_M", "blk.1.attn_k": "IQ1_S", "blk.1.attn_v": "IQ3_XXS",
                  "blk.1.attn_output": "IQ2_S", "blk.1.ffn_gate": "IQ2_XXS", "blk.1.ffn_up": "IQ2_XS",
                  "blk.1.ffn_down": "IQ3_S"}),
+    # Mistral 3 (Ministral 3): YaRN with its own betas and log multiplier, set far from the
+    # defaults so each shows (the ramp over pairs 1..4 instead of 0..1), and the queries'
+    # temperature stepping every 16 positions (the original context), so the prompt and the
+    # greedy steps cross two steps.
+    Spec("mistral3", "mistral3", n_kv=1, tied=False, rope_base=10000.0, yarn=(4.0, 16),
+         floats={"attention.temperature_scale": 0.5, "rope.scaling.yarn_beta_fast": 0.5,
+                 "rope.scaling.yarn_beta_slow": 0.05, "rope.scaling.yarn_log_multiplier": 0.7}),
 ]
 
 # llama.cpp's context for the fixtures' logits; LONG_CTX for a LongRoPE fixture's long factors.
@@ -229,8 +236,11 @@ def reference(path, tokens, kv_type=None, n_ctx=N_CTX):
     id of the K and V cache, F16 when None)."""
     from llama_cpp import Llama
     kv = {"type_k": kv_type, "type_v": kv_type} if kv_type is not None else {}
+    # YaRN's betas from the model, as llama.cpp's own tools take them (the wrapper's defaults,
+    # 32 and 1, would override a Mistral 3 file's).
     llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=64, n_ubatch=64, n_threads=2,
-                logits_all=True, verbose=False, seed=0, flash_attn=True, **kv)
+                logits_all=True, verbose=False, seed=0, flash_attn=True,
+                yarn_beta_fast=-1.0, yarn_beta_slow=-1.0, **kv)
     llm.eval(tokens)
     prompt = np.array(llm.scores[: len(tokens)], dtype=np.float32)
     ids, steps = [], []

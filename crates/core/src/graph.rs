@@ -39,6 +39,7 @@ mod attend;
 mod col_split;
 mod elide;
 mod lora;
+mod pointwise;
 pub(crate) use col_split::quantize_padded;
 mod sparse;
 pub use lora::{AdapterMatrix, Lora, LoraPair};
@@ -544,44 +545,6 @@ impl<'k> Builder<'k> {
         self.node([ne0, self.n_tokens], DType::F32, Op::Embed { table: t })
     }
 
-    pub fn rms_norm(&mut self, x: &Bundle, w: &Bundle, eps: f32) -> Bundle {
-        self.zip(&[x, w], |b, t| {
-            let (x, w) = (t[0], t[1]);
-            b.check_src(x);
-            let ne = b.t(x).ne;
-            assert!(ne[0] % b.t(w).ne[0] == 0, "norm weight does not divide rows");
-            b.node(ne, DType::F32, Op::RmsNorm { x, w, eps }).single()
-        })
-    }
-
-    pub fn add(&mut self, a: &Bundle, b: &Bundle) -> Bundle {
-        self.zip(&[a, b], |bl, t| {
-            let (a, b) = (t[0], t[1]);
-            bl.check_src(a);
-            bl.check_src(b);
-            let (na, nb) = (bl.t(a).ne, bl.t(b).ne);
-            assert!(na[0] == nb[0] && (nb[1] == na[1] || nb[1] == 1), "add shapes {na:?} {nb:?}");
-            bl.node(na, DType::F32, Op::Add { a, b }).single()
-        })
-    }
-
-    pub fn scale(&mut self, x: &Bundle, s: f32) -> Bundle {
-        self.zip(&[x], |b, t| {
-            b.check_src(t[0]);
-            let ne = b.t(t[0]).ne;
-            b.node(ne, DType::F32, Op::Scale { x: t[0], s }).single()
-        })
-    }
-
-    /// `cap · tanh(x / cap)` elementwise (Gemma 2's final logits; [`Op::Softcap`]).
-    pub fn softcap(&mut self, x: &Bundle, cap: f32) -> Bundle {
-        self.zip(&[x], |b, t| {
-            b.check_src(t[0]);
-            let ne = b.t(t[0]).ne;
-            b.node(ne, DType::F32, Op::Softcap { x: t[0], cap }).single()
-        })
-    }
-
     /// `x` quantized for the dot product of weight type `wt`; one node per (x, type), shared by
     /// every matrix that reads `x` (Q/K/V share one, gate/up share one). A serial `x` is
     /// quantized by a serial node even inside parallel subgraphs, once for every shard.
@@ -714,16 +677,6 @@ impl<'k> Builder<'k> {
         })
     }
 
-    /// `x · sigmoid(g)` with `g` one value per row: `[ne0, rows]`, `[1, rows]` → `[ne0, rows]`.
-    pub fn sigmoid_mul(&mut self, x: &Bundle, g: &Bundle) -> Bundle {
-        let (x, g) = (x.single(), g.single());
-        self.check_src(x);
-        self.check_src(g);
-        let (nx, ng) = (self.t(x).ne, self.t(g).ne);
-        assert!(ng[0] == 1 && ng[1] == nx[1], "sigmoid_mul shapes {nx:?} {ng:?}");
-        self.node(nx, DType::F32, Op::SigmoidMul { x, g })
-    }
-
     /// Weighted sum of each token's expert outputs: `[ne0, n_tokens·n_used]` → `[ne0, n_tokens]`
     /// (a shard's: over its experts only, a partial sum for the gather).
     pub fn moe_combine(&mut self, y: &Bundle, route: &Bundle, p: MoeParams) -> Bundle {
@@ -740,17 +693,6 @@ impl<'k> Builder<'k> {
     /// The tensor-parallel plan while inside parallel subgraphs.
     fn shard_plan(&self) -> Option<Arc<TpPlan>> {
         self.tp.clone().filter(|_| self.mode == Mode::Parallel)
-    }
-
-    pub fn glu(&mut self, gate: &Bundle, up: &Bundle, kind: Glu) -> Bundle {
-        self.zip(&[gate, up], |b, t| {
-            let (gate, up) = (t[0], t[1]);
-            b.check_src(gate);
-            b.check_src(up);
-            let ne = b.t(gate).ne;
-            assert_eq!(ne, b.t(up).ne, "glu shapes");
-            b.node(ne, DType::F32, Op::Glu { gate, up, kind }).single()
-        })
     }
 
     /// Keep only the rows whose outputs the batch asks for: `[ne0, n_outputs]`.

@@ -204,6 +204,11 @@ pub enum Op {
     Add { a: TensorId, b: TensorId },
     /// `x · s`.
     Scale { x: TensorId, s: f32 },
+    /// Each row times its batch position's `1 + scale · ln(⌊pos / floor⌋ + 1)`: the queries'
+    /// attention temperature of Llama 4 and Mistral 3 (llama.cpp's `attn_scale` input, each
+    /// row's factor computed as there: the quotient and its floor in f32, the logarithm and
+    /// the rest in f64, rounded to f32 once; then one f32 product per value).
+    TempScale { x: TensorId, scale: f32, floor: u32 },
     /// `cap · tanh(x · (1 / cap))` elementwise: ggml's scale, tanh and scale (Gemma 2's final
     /// logit soft-capping), each rounded as there, `tanh` the C library's `tanhf`.
     Softcap { x: TensorId, cap: f32 },
@@ -314,6 +319,7 @@ impl Op {
             Op::Add { .. } => "add",
             Op::AddScaled { .. } => "add_scaled",
             Op::Scale { .. } => "scale",
+            Op::TempScale { .. } => "temp_scale",
             Op::Softcap { .. } => "softcap",
             Op::Quantize { .. } => "quantize",
             Op::MatMul { .. } => "matmul",

@@ -119,7 +119,7 @@ impl LayersOnDevice {
             .map(|il| {
                 model.device_layer(il).ok_or_else(|| {
                     refuse(format!(
-                        "layer {il} of this {} model cannot run on the accelerator (it runs LLaMA, Qwen2, Qwen3 and Gemma 3 layers: not RoPE with per-frequency factors, fused Q/K/V or experts)",
+                        "layer {il} of this {} model cannot run on the accelerator (it runs LLaMA, Qwen2, Qwen3 and Gemma 3 layers: not RoPE with per-frequency factors or YaRN, fused Q/K/V, experts or a query temperature)",
                         h.arch
                     ))
                 })

@@ -326,6 +326,19 @@ fn qwen2_yarn() {
     check_tp("qwen2yarn", false, 2);
 }
 
+/// Mistral 3 (`mistral3`, Ministral 3): YaRN with the file's betas (0.5 and 0.05: the ramp over
+/// rotary pairs 1..4, where the defaults give 0..1) and `yarn_log_multiplier` (0.7: an
+/// attention factor of 1.038 where 1 gives 1.0), and the queries times their position's
+/// temperature (scale 0.5, a step every 16 positions: the prompt's second half and the
+/// greedy steps past 32 at 1.35 and 1.55). Alone, batch-invariant and with two shards.
+/// Leaving out the temperature, or the betas, fails here.
+#[test]
+fn mistral3_yarn_betas_and_query_temperature() {
+    check("mistral3", false);
+    check("mistral3", true);
+    check_tp("mistral3", false, 2);
+}
+
 /// Phi-3 LongRoPE in Phi-4-mini's shape (grouped-query, tied, 12 of 16 values rotated): the
 /// short factors at a 128-cell context and the long ones at 512 (trained first on 256), each
 /// against llama.cpp at that context, with the attention factor; alone, batch-invariant and

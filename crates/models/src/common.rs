@@ -134,6 +134,9 @@ pub struct AttnCfg {
     pub softcap: f32,
     /// Per-frequency RoPE divisors (Llama 3 `rope_freqs.weight`).
     pub freqs: Option<WeightRef>,
+    /// The queries' attention temperature `(scale, floor)` after RoPE (Mistral 3,
+    /// `Op::TempScale`): each query times `1 + scale · ln(⌊pos / floor⌋ + 1)`.
+    pub temp: Option<(f32, u32)>,
 }
 
 /// `x_in [n_tokens, n_embd]` → attention output `[n_tokens, n_embd]` (before the residual add).
@@ -174,6 +177,10 @@ pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &B
         (q, b.rope_ext(&k, RopeParams { n_head: h.n_kv_head, ..cfg.rope }, freqs.as_ref()))
     } else {
         (q, k)
+    };
+    let q = match cfg.temp {
+        Some((scale, floor)) => b.temp_scale(&q, scale, floor),
+        None => q,
     };
     let q = match cfg.q_scale {
         Some(s) => b.scale(&q, s),

@@ -126,6 +126,7 @@ impl Gemma {
             window: swa.then_some(self.window),
             softcap: self.softcap,
             freqs: None,
+            temp: None,
         }
     }
 }

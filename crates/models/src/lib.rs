@@ -90,7 +90,7 @@ pub struct KeyRope {
 pub use corelm_core::DeviceLayerSpec;
 
 /// `general.architecture` values this build runs.
-pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), smollm3, granite, ernie4_5, exaone, qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3";
+pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), mistral3 (Ministral 3), smollm3, granite, ernie4_5, exaone, qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3";
 
 /// What a model's graph depends on besides its file.
 #[derive(Clone, Copy, Debug)]
@@ -104,6 +104,7 @@ pub fn load(g: &Gguf, kernels: &Kernels, opts: LoadOptions) -> Result<Box<dyn Mo
     let arch = g.str("general.architecture")?;
     match arch {
         "llama" => Ok(Box::new(llama::load(g, kernels)?)),
+        "mistral3" => Ok(Box::new(llama::load_mistral3(g, kernels)?)),
         "qwen2" => Ok(Box::new(qwen2::load(g, kernels, false)?)),
         "qwen2moe" => Ok(Box::new(qwen2::load(g, kernels, true)?)),
         "qwen3" => Ok(Box::new(qwen3::load(g, kernels, false)?)),
@@ -224,12 +225,22 @@ impl<'a> Loader<'a> {
             "yarn" => {
                 let orig = self.opt_u("rope.scaling.original_context_length")?.unwrap_or(n_ctx_train);
                 let factor = 1.0 / freq_scale;
-                let get_mscale = |s: f32| if s <= 1.0 { 1.0 } else { 0.1 * 1.0 * s.ln() + 1.0 };
-                let attn = get_mscale(factor) * (1.0 / (1.0 + 0.1 * factor.ln())) * attn_factor;
+                // llama.cpp reads YaRN's betas and `yarn_log_multiplier` (transformers'
+                // `mscale_all_dim`) for Mistral 3 only, of the families here; the others take
+                // its defaults (32, 1, none).
+                let own = |key: &str, default: f32| -> Result<f32, ModelError> {
+                    let v = if self.arch == "mistral3" { self.opt_f(key)?.unwrap_or(default) } else { default };
+                    if v.is_finite() { Ok(v) } else { Err(ModelError::BadHyper(format!("{}.{key} = {v}", self.arch))) }
+                };
+                let (beta_fast, beta_slow) = (own("rope.scaling.yarn_beta_fast", 32.0)?, own("rope.scaling.yarn_beta_slow", 1.0)?);
+                let log_mul = own("rope.scaling.yarn_log_multiplier", 0.0)?;
+                let get_mscale = |s: f32, m: f32| if s <= 1.0 { 1.0 } else { 0.1 * m * s.ln() + 1.0 };
+                let yarn = if log_mul != 0.0 { get_mscale(factor, 1.0) / get_mscale(factor, log_mul) } else { get_mscale(factor, 1.0) };
+                let attn = yarn * (1.0 / (1.0 + 0.1 * factor.ln())) * attn_factor;
                 // ggml's `rope_yarn` multiplies it by its magnitude correction (an FMA there).
                 p.mscale = attn * 0.1f32.mul_add((1.0 / freq_scale).ln(), 1.0);
                 p.ext_factor = 1.0;
-                p.corr_dims = corelm_kernels::rope::yarn_corr_dims(n_rot, orig, base, 32.0, 1.0);
+                p.corr_dims = corelm_kernels::rope::yarn_corr_dims(n_rot, orig, base, beta_fast, beta_slow);
             }
             other => return Err(ModelError::Unsupported(format!("RoPE scaling type '{other}'"))),
         }

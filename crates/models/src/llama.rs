@@ -1,4 +1,5 @@
-//! LLaMA family (SmolLM2, Llama 2, Llama 3.x, Mistral — all `llama` in GGUF): pre-norm blocks,
+//! LLaMA family (SmolLM2, Llama 2, Llama 3.x, Mistral — all `llama` in GGUF; Ministral 3,
+//! `mistral3`): pre-norm blocks,
 //! RoPE on adjacent pairs (GGUF stores Q/K permuted for it), SwiGLU feed-forward, grouped-query
 //! attention, LM head tied to the embedding if the file has no `output.weight`. Llama 3.x's
 //! `llama3` RoPE scaling arrives as `rope_freqs.weight` (per-frequency divisors); linear
@@ -26,4 +27,31 @@ pub fn load_llama_block(g: &Gguf, k: &Kernels, neox: bool) -> Result<PreNorm, Mo
     let l = Loader::new(g, k)?;
     refuse_biases(&l, &["attn_output"])?;
     PreNorm::load(&l, PreNormSpec { extras: Extras::default(), neox, scale_q: false })
+}
+
+/// Mistral 3 (`mistral3`: Ministral 3 3B, 8B, 14B): the LLaMA block with YaRN RoPE (its betas
+/// and `yarn_log_multiplier` read, `Loader::rope_scaling`) and, where the file sets
+/// `attention.temperature_scale`, Llama 4's temperature on the queries after RoPE, stepping
+/// every `rope.scaling.original_context_length` positions (the training context without it),
+/// as llama.cpp builds it. Biases (which its loader allows and the released models do not
+/// have), LongRoPE factors and experts are refused by name.
+pub fn load_mistral3(g: &Gguf, k: &Kernels) -> Result<PreNorm, ModelError> {
+    let l = Loader::new(g, k)?;
+    if l.opt_u("expert_count")?.is_some_and(|n| n > 0) {
+        return Err(ModelError::Unsupported("mistral3 with experts".into()));
+    }
+    refuse_biases(&l, &["attn_output", "ffn_gate", "ffn_up", "ffn_down"])?;
+    if l.g.opt_str("mistral3.rope.scaling.type")? == Some("longrope") {
+        return Err(ModelError::Unsupported("mistral3 with LongRoPE factors".into()));
+    }
+    let mut m = PreNorm::load(&l, PreNormSpec { extras: Extras::default(), neox: false, scale_q: false })?;
+    if let Some(scale) = l.opt_f("attention.temperature_scale")?.filter(|&s| s != 0.0) {
+        if !scale.is_finite() {
+            return Err(ModelError::BadHyper(format!("mistral3.attention.temperature_scale = {scale}")));
+        }
+        let floor = l.opt_u("rope.scaling.original_context_length")?.unwrap_or(m.hyper_ref().n_ctx_train);
+        let floor = u32::try_from(floor).map_err(|_| ModelError::BadHyper(format!("mistral3.rope.scaling.original_context_length = {floor}")))?;
+        m.set_temperature(scale, floor);
+    }
+    Ok(m)
 }

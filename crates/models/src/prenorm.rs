@@ -1,4 +1,4 @@
-//! The one pre-norm decoder (LLaMA, Mistral, Qwen2/3 and their mixtures of experts, Phi-3,
+//! The one pre-norm decoder (LLaMA, Mistral 1–3, Qwen2/3 and their mixtures of experts, Phi-3,
 //! SmolLM3, Granite): embeddings, `n_layer` × [`pre_norm_block`], final norm and LM head.
 //! What the families change is data, not code: [`PreNormSpec`] (optional tensors, RoPE pairing,
 //! where the queries are scaled) and [`Tweaks`] (Granite's four multipliers, SmolLM3's layers
@@ -70,6 +70,7 @@ impl PreNorm {
             window: None,
             softcap: 0.0,
             freqs,
+            temp: None,
         };
         Ok(PreNorm {
             tok_embd: l.weight("token_embd.weight", [h.n_embd, h.n_vocab])?,
@@ -97,6 +98,12 @@ impl PreNorm {
     pub(crate) fn set_attention_scale(&mut self, scale: f32) {
         assert!(self.cfg.q_scale.is_none(), "queries scaled by a node of their own");
         self.cfg.scale = scale;
+    }
+
+    /// Every layer's queries times their position's attention temperature after RoPE
+    /// (Mistral 3: `1 + scale · ln(⌊pos / floor⌋ + 1)`, `Op::TempScale`).
+    pub(crate) fn set_temperature(&mut self, scale: f32, floor: u32) {
+        self.cfg.temp = Some((scale, floor));
     }
 
     pub(crate) fn set_tweaks(&mut self, t: Tweaks) {
@@ -129,13 +136,14 @@ impl Model for PreNorm {
         // Not: per-frequency RoPE divisors (Llama 3, Phi-3 LongRoPE, whose attention factor
         // the device's RoPE has not either), queries scaled as a node (Phi-3, whose Q/K/V are
         // one fused matrix too), mixtures of experts, Granite's multipliers and SmolLM3's
-        // layers without RoPE (the device's layer has neither), YaRN and attention factors.
+        // layers without RoPE (the device's layer has neither), YaRN and attention factors,
+        // Mistral 3's query temperature.
         let c = &self.cfg;
         let t = &self.tweaks;
         let plain = t.embd_scale.is_none() && t.residual_scale.is_none() && t.no_rope_every.is_none();
         let dense = matches!(self.layers.get(il)?.ffn, Ffn::Dense { .. });
         let rotation = c.rope.mscale == 1.0 && c.rope.ext_factor == 0.0;
-        (plain && rotation && dense && c.freqs.is_none() && c.q_scale.is_none()).then_some(crate::DeviceLayerSpec {
+        (plain && rotation && dense && c.freqs.is_none() && c.q_scale.is_none() && c.temp.is_none()).then_some(crate::DeviceLayerSpec {
             rope_base: c.rope.base,
             freq_scale: c.rope.freq_scale,
             neox: c.rope.neox,

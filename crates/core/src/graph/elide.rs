@@ -135,14 +135,14 @@ impl Graph {
 /// Operations that split their rows with `sched::split(rows, ith, nth)` and read each input
 /// row `r` only for their own row `r` (an add's one-row bias is caught by the row counts).
 fn row_local(op: &Op) -> bool {
-    matches!(op, Op::RmsNorm { .. } | Op::Quantize { .. } | Op::Add { .. } | Op::AddScaled { .. } | Op::Scale { .. } | Op::Softcap { .. } | Op::Glu { .. } | Op::Rope { .. })
+    matches!(op, Op::RmsNorm { .. } | Op::Quantize { .. } | Op::Add { .. } | Op::AddScaled { .. } | Op::Scale { .. } | Op::TempScale { .. } | Op::Softcap { .. } | Op::Glu { .. } | Op::Rope { .. })
 }
 
 /// The tensors a plain node reads.
 fn inputs(op: &Op) -> Vec<TensorId> {
     match *op {
         Op::RmsNorm { x, w, .. } => vec![x, w],
-        Op::Quantize { x, .. } | Op::Scale { x, .. } | Op::Softcap { x, .. } => vec![x],
+        Op::Quantize { x, .. } | Op::Scale { x, .. } | Op::TempScale { x, .. } | Op::Softcap { x, .. } => vec![x],
         Op::Add { a, b } | Op::AddScaled { a, b, .. } => vec![a, b],
         Op::Glu { gate, up, .. } => vec![gate, up],
         Op::Rope { x, freqs, .. } => std::iter::once(x).chain(freqs).collect(),

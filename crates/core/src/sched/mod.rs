@@ -24,6 +24,7 @@ mod attend;
 mod dense;
 mod device;
 mod partials;
+mod pointwise;
 pub mod experts;
 pub mod matmul;
 mod profile;
@@ -585,45 +586,7 @@ impl Ctx<'_> {
                 let y = unsafe { self.out_f32(t, rs.start * ne0, rs.len() * ne0) };
                 norm::rms_norm_groups(self.kernels, &x[rs.start * ne0..rs.end * ne0], g, eps, y);
             }
-            Op::Add { a, b } => {
-                let (a, b, b_rows) = (self.f32s(a), self.f32s(b), self.t(b).ne[1]);
-                for r in split(rows, ith, nth) {
-                    // SAFETY: row r belongs to this worker only.
-                    let y = unsafe { self.out_f32(t, r * ne0, ne0) };
-                    let br = if b_rows == 1 { 0 } else { r };
-                    for ((o, &p), &q) in y.iter_mut().zip(&a[r * ne0..]).zip(&b[br * ne0..(br + 1) * ne0]) {
-                        *o = p + q;
-                    }
-                }
-            }
-            Op::AddScaled { a, b, s } => {
-                let (a, b) = (self.f32s(a), self.f32s(b));
-                for r in split(rows, ith, nth) {
-                    // SAFETY: row r belongs to this worker only.
-                    let y = unsafe { self.out_f32(t, r * ne0, ne0) };
-                    for ((o, &p), &q) in y.iter_mut().zip(&a[r * ne0..]).zip(&b[r * ne0..(r + 1) * ne0]) {
-                        *o = p + q * s;
-                    }
-                }
-            }
-            Op::Scale { x, s } => {
-                let x = self.f32s(x);
-                for r in split(rows, ith, nth) {
-                    // SAFETY: row r belongs to this worker only.
-                    let y = unsafe { self.out_f32(t, r * ne0, ne0) };
-                    y.iter_mut().zip(&x[r * ne0..]).for_each(|(o, &v)| *o = v * s);
-                }
-            }
-            Op::Softcap { x, cap } => {
-                let x = self.f32s(x);
-                // ggml's three nodes: x times 1/cap (rounded once), tanhf, times cap.
-                let inv = 1.0 / cap;
-                for r in split(rows, ith, nth) {
-                    // SAFETY: row r belongs to this worker only.
-                    let y = unsafe { self.out_f32(t, r * ne0, ne0) };
-                    y.iter_mut().zip(&x[r * ne0..]).for_each(|(o, &v)| *o = (v * inv).tanh() * cap);
-                }
-            }
+            Op::Add { .. } | Op::AddScaled { .. } | Op::Scale { .. } | Op::TempScale { .. } | Op::Softcap { .. } | Op::SigmoidMul { .. } => self.pointwise(t, ith, nth),
             Op::Quantize { x, pad } => {
                 // Rows of `w` values, after `pad` zeros where they are padded (`ne0 > w`).
                 let w = self.t(x).ne[0];
@@ -706,15 +669,6 @@ impl Ctx<'_> {
                 }
             }
             Op::MoeSelect { .. } | Op::MoeRoute { .. } | Op::MatMulId { .. } | Op::MoeCombine { .. } => self.moe(id, t, ith, nth, &mut scratch.mm),
-            Op::SigmoidMul { x, g } => {
-                let (x, g) = (self.f32s(x), self.f32s(g));
-                for r in split(rows, ith, nth) {
-                    let s = 1.0 / (1.0 + (-g[r]).exp());
-                    // SAFETY: row r belongs to this worker only.
-                    let y = unsafe { self.out_f32(t, r * ne0, ne0) };
-                    y.iter_mut().zip(&x[r * ne0..]).for_each(|(o, &v)| *o = v * s);
-                }
-            }
             Op::SelectOutputs { x } => {
                 let x = self.f32s(x);
                 for i in split(rows, ith, nth) {
