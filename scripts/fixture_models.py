@@ -49,7 +49,7 @@ class Spec:
     def __init__(self, name, arch, n_embd=64, n_head=4, n_kv=2, head_dim=16, n_ff=128, n_layer=2,
                  rope_base=300.0, tied=True, freqs=None, qk_norm=False, bias=False, fused=False,
                  experts=None, q_scale=False, shared_ff=None, n_rot=None, longrope=None, floats=None,
-                 window=None, post_norms=False, yarn=None, quants=None):
+                 window=None, post_norms=False, yarn=None, quants=None, pre_norms=True, row_qk_norm=False):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -104,6 +104,12 @@ SPECS = [
     Spec("mistral3", "mistral3", n_kv=1, tied=False, rope_base=10000.0, yarn=(4.0, 16),
          floats={"attention.temperature_scale": 0.5, "rope.scaling.yarn_beta_fast": 0.5,
                  "rope.scaling.yarn_beta_slow": 0.05, "rope.scaling.yarn_log_multiplier": 0.7}),
+    # OLMo 2: norms only after attention and the feed-forward, Q/K norms over whole rows.
+    Spec("olmo2", "olmo2", tied=False, rope_base=1000.0, qk_norm=True, row_qk_norm=True,
+         post_norms=True, pre_norms=False),
+    # OLMo 3: the same with a window of 8 on layers 0-2 (plain RoPE) and YaRN on layer 3.
+    Spec("olmo3", "olmo2", n_layer=4, tied=False, rope_base=10000.0, qk_norm=True, row_qk_norm=True,
+         post_norms=True, pre_norms=False, window=8, yarn=(4.0, 64)),
 ]
 
 # llama.cpp's context for the fixtures' logits; LONG_CTX for a LongRoPE fixture's long factors.
@@ -187,7 +193,8 @@ def write(spec, path, rng):
             add(f"rope_factors_{which}.weight", np.array(spec.longrope[which], dtype=np.float32))
     for il in range(spec.n_layer):
         p = f"blk.{il}."
-        add(p + "attn_norm.weight", norm(e))
+        if spec.pre_norms:
+            add(p + "attn_norm.weight", norm(e))
         if spec.fused:
             add(p + "attn_qkv.weight", mat(qd + 2 * kvd, e, 1.5))
         else:
@@ -199,13 +206,14 @@ def write(spec, path, rng):
             add(p + "attn_k.bias", (0.3 * rng.standard_normal(kvd)).astype(np.float32))
             add(p + "attn_v.bias", (0.3 * rng.standard_normal(kvd)).astype(np.float32))
         if spec.qk_norm:
-            add(p + "attn_q_norm.weight", norm(hd))
-            add(p + "attn_k_norm.weight", norm(hd))
+            add(p + "attn_q_norm.weight", norm(qd if spec.row_qk_norm else hd))
+            add(p + "attn_k_norm.weight", norm(kvd if spec.row_qk_norm else hd))
         add(p + "attn_output.weight", mat(e, qd))
         if spec.post_norms:
             add(p + "post_attention_norm.weight", norm(e))
             add(p + "post_ffw_norm.weight", norm(e))
-        add(p + "ffn_norm.weight", norm(e))
+        if spec.pre_norms:
+            add(p + "ffn_norm.weight", norm(e))
         if spec.experts:
             n_exp, _, ff = spec.experts
             add(p + "ffn_gate_inp.weight", (rng.standard_normal((n_exp, e)) / np.sqrt(e) * 3).astype(np.float32))

@@ -339,6 +339,25 @@ fn mistral3_yarn_betas_and_query_temperature() {
     check_tp("mistral3", false, 2);
 }
 
+/// OLMo 2 (`olmo2`): norms after attention and the feed-forward only, RMS norms over whole Q
+/// and K rows; and OLMo 3's file shape (the same architecture name): a window of 8 on layers
+/// 0-2 with plain RoPE, YaRN (factor 4 over 64) on layer 3. Alone and batch-invariant against
+/// llama.cpp; `--tp 2` and `--accel-layers` are refused by name (a row's Q/K norm spans the
+/// heads the shards split; the device's layer has norms before, per head).
+#[test]
+fn olmo2_post_norms_and_olmo3_windows() {
+    for name in ["olmo2", "olmo3"] {
+        check(name, false);
+        check(name, true);
+        let (path, _) = fixture(name);
+        let base = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, ..Default::default() };
+        let err = Engine::load(&path, EngineConfig { tp: 2, ..base.clone() }).err().expect("--tp refused").to_string();
+        assert!(err.contains("--tp 2: this olmo2 model's Q/K norms span every head"), "{err}");
+        let err = Engine::load(&path, EngineConfig { accel_layers: 1, ..base }).err().expect("device refused").to_string();
+        assert!(err.contains("layer 0 of this olmo2 model cannot run on the accelerator"), "{err}");
+    }
+}
+
 /// Phi-3 LongRoPE in Phi-4-mini's shape (grouped-query, tied, 12 of 16 values rotated): the
 /// short factors at a 128-cell context and the long ones at 512 (trained first on 256), each
 /// against llama.cpp at that context, with the attention factor; alone, batch-invariant and

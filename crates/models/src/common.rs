@@ -7,7 +7,8 @@ use corelm_core::{AttnParams, Builder, Bundle, Glu, MoeParams, RopeParams, Weigh
 
 /// Weights of one transformer layer. Optional tensors are those only some families have.
 pub struct LayerWeights {
-    pub attn_norm: WeightRef,
+    /// The norm before attention (all but OLMo 2, whose norms come after).
+    pub attn_norm: Option<WeightRef>,
     pub wq: WeightRef,
     pub wk: WeightRef,
     pub wv: WeightRef,
@@ -15,10 +16,12 @@ pub struct LayerWeights {
     pub bq: Option<WeightRef>,
     pub bk: Option<WeightRef>,
     pub bv: Option<WeightRef>,
+    /// Q/K RMS norms: over each head (Qwen3, Gemma 3: `head_dim` values) or over the whole
+    /// projection row (OLMo 2: all heads at once).
     pub q_norm: Option<WeightRef>,
     pub k_norm: Option<WeightRef>,
     pub attn_post_norm: Option<WeightRef>,
-    pub ffn_norm: WeightRef,
+    pub ffn_norm: Option<WeightRef>,
     pub ffn: Ffn,
     pub ffn_post_norm: Option<WeightRef>,
 }
@@ -46,7 +49,11 @@ pub struct Shared {
 pub struct Extras {
     pub qkv_bias: bool,
     pub qk_norm: bool,
+    /// The Q/K norms span the whole projection row instead of one head (OLMo 2).
+    pub row_qk_norm: bool,
     pub post_norms: bool,
+    /// No norms before attention and the feed-forward, only after (OLMo 2).
+    pub no_pre_norms: bool,
     /// Experts instead of a dense feed-forward.
     pub moe: Option<MoeParams>,
 }
@@ -101,8 +108,9 @@ impl LayerWeights {
                 down: l.weight(&n("ffn_down"), [h.n_ff, e])?,
             },
         };
+        let (qn, kn) = if x.row_qk_norm { (qd, kvd) } else { (h.head_dim, h.head_dim) };
         Ok(LayerWeights {
-            attn_norm: l.vector(&n("attn_norm"), e)?,
+            attn_norm: opt(!x.no_pre_norms, n("attn_norm"), e)?,
             wq,
             wk,
             wv,
@@ -110,10 +118,10 @@ impl LayerWeights {
             bq: opt(x.qkv_bias, b("attn_q"), qd)?,
             bk: opt(x.qkv_bias, b("attn_k"), kvd)?,
             bv: opt(x.qkv_bias, b("attn_v"), kvd)?,
-            q_norm: opt(x.qk_norm, n("attn_q_norm"), h.head_dim)?,
-            k_norm: opt(x.qk_norm, n("attn_k_norm"), h.head_dim)?,
+            q_norm: opt(x.qk_norm, n("attn_q_norm"), qn)?,
+            k_norm: opt(x.qk_norm, n("attn_k_norm"), kn)?,
             attn_post_norm: opt(x.post_norms, n("post_attention_norm"), e)?,
-            ffn_norm: l.vector(&n("ffn_norm"), e)?,
+            ffn_norm: opt(!x.no_pre_norms, n("ffn_norm"), e)?,
             ffn,
             ffn_post_norm: opt(x.post_norms, n("post_ffw_norm"), e)?,
         })
@@ -165,7 +173,8 @@ pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &B
         }
     }
     if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-        // Per-head RMS norm: the weight's length (head_dim) sets the group size.
+        // RMS norm per head, or per row (OLMo 2; never under `--tp`, whose shards hold only
+        // some heads of a row): the weight's length sets the group size.
         let (qn, kn) = (b.weight(qn), b.weight(kn));
         q = b.rms_norm(&q, &qn, h.eps);
         k = b.rms_norm(&k, &kn, h.eps);
@@ -364,9 +373,10 @@ pub fn load_layers(l: &Loader, h: &Hyper, x: Extras) -> Result<Vec<LayerWeights>
 }
 
 /// One pre-norm transformer block, `[n_tokens, n_embd]` → the same:
-/// `x1 = x + r·post(attn(norm(x)))`, `out = x1 + r·post(ffn(norm(x1)))`, where `post` is the
-/// layer's norm after attention or the feed-forward where it has one (Gemma 2 and 3) and `r`
-/// the residual scale where there is one (Granite).
+/// `x1 = x + r·post(attn(norm(x)))`, `out = x1 + r·post(ffn(norm(x1)))`, where `norm` is the
+/// layer's norm before attention or the feed-forward (all but OLMo 2), `post` its norm after
+/// them where it has one (Gemma 2 and 3, OLMo 2) and `r` the residual scale where there is one
+/// (Granite).
 #[allow(clippy::too_many_arguments)]
 pub fn pre_norm_block(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &Bundle, cfg: &AttnCfg, glu: Glu, residual: Option<f32>) -> Bundle {
     let finish = |b: &mut Builder, y: Bundle, post: &Option<WeightRef>| {
@@ -382,13 +392,18 @@ pub fn pre_norm_block(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, 
             None => y,
         }
     };
-    let an = b.weight(&lw.attn_norm);
-    let hn = b.rms_norm(x, &an, h.eps);
+    let pre = |b: &mut Builder, x: &Bundle, norm: &Option<WeightRef>| match norm {
+        Some(w) => {
+            let w = b.weight(w);
+            b.rms_norm(x, &w, h.eps)
+        }
+        None => x.clone(),
+    };
+    let hn = pre(b, x, &lw.attn_norm);
     let a = attention(b, h, lw, il, &hn, cfg); // Q/K norms inside, where the layer has them
     let a = finish(b, a, &lw.attn_post_norm);
     let x1 = b.add(&a, x);
-    let fnw = b.weight(&lw.ffn_norm);
-    let hn = b.rms_norm(&x1, &fnw, h.eps);
+    let hn = pre(b, &x1, &lw.ffn_norm);
     let f = ffn(b, lw, &hn, glu);
     let f = finish(b, f, &lw.ffn_post_norm);
     b.add(&f, &x1)

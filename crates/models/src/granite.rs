@@ -35,6 +35,7 @@ pub fn load(g: &Gguf, k: &Kernels) -> Result<PreNorm, ModelError> {
         logit_scale: Some(logit_scale),
         // Every layer without RoPE where the file turns it off.
         no_rope_every: (!rope).then_some(1),
+        swa: None,
     });
     Ok(m)
 }

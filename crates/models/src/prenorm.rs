@@ -29,6 +29,24 @@ pub struct Tweaks {
     pub logit_scale: Option<f32>,
     /// Layers `il` with `(il + 1) % n == 0` have no RoPE (SmolLM3: every fourth).
     pub no_rope_every: Option<usize>,
+    /// Sliding-window layers (OLMo 3).
+    pub swa: Option<Swa>,
+}
+
+/// Sliding-window attention on all but the last layer of every `pattern` (llama.cpp's
+/// `set_swa_pattern`; 0: on every layer), those layers rotating by `rope` instead of the
+/// model's RoPE.
+#[derive(Clone, Copy, Debug)]
+pub struct Swa {
+    pub window: u32,
+    pub pattern: usize,
+    pub rope: RopeParams,
+}
+
+impl Swa {
+    pub fn covers(&self, il: usize) -> bool {
+        self.pattern == 0 || il % self.pattern < self.pattern - 1
+    }
 }
 
 /// Refuses, by name, a file whose layers have a bias on one of `matrices` (`attn_output`, …):
@@ -116,12 +134,16 @@ impl PreNorm {
     }
 
     /// Layer `il`'s attention: the model's, without RoPE where the layer has none (a rotated
-    /// width of 0).
+    /// width of 0), windowed with its own RoPE on a sliding-window layer.
     fn attn_cfg(&self, il: usize) -> AttnCfg {
         let mut c = self.cfg.clone();
         if !self.has_rope(il) {
             c.rope.n_rot = 0;
             c.freqs = None;
+        }
+        if let Some(swa) = self.tweaks.swa.filter(|s| s.covers(il)) {
+            c.window = Some(swa.window);
+            c.rope = swa.rope;
         }
         c
     }
@@ -140,10 +162,13 @@ impl Model for PreNorm {
         // Mistral 3's query temperature.
         let c = &self.cfg;
         let t = &self.tweaks;
-        let plain = t.embd_scale.is_none() && t.residual_scale.is_none() && t.no_rope_every.is_none();
-        let dense = matches!(self.layers.get(il)?.ffn, Ffn::Dense { .. });
+        let plain = t.embd_scale.is_none() && t.residual_scale.is_none() && t.no_rope_every.is_none() && t.swa.is_none();
+        let lw = self.layers.get(il)?;
+        let dense = matches!(lw.ffn, Ffn::Dense { .. });
+        // Norms before attention and the feed-forward, none after, Q/K norms per head.
+        let norms = lw.attn_norm.is_some() && lw.attn_post_norm.is_none() && lw.q_norm.as_ref().is_none_or(|w| w.ne[0] == self.h.head_dim);
         let rotation = c.rope.mscale == 1.0 && c.rope.ext_factor == 0.0;
-        (plain && rotation && dense && c.freqs.is_none() && c.q_scale.is_none() && c.temp.is_none()).then_some(crate::DeviceLayerSpec {
+        (plain && norms && rotation && dense && c.freqs.is_none() && c.q_scale.is_none() && c.temp.is_none()).then_some(crate::DeviceLayerSpec {
             rope_base: c.rope.base,
             freq_scale: c.rope.freq_scale,
             neox: c.rope.neox,
@@ -159,6 +184,11 @@ impl Model for PreNorm {
             let c = self.attn_cfg(il);
             crate::KeyRope { rope: c.rope, freqs: c.freqs }
         })
+    }
+
+    fn tp_refusal(&self) -> Option<String> {
+        let rows = self.layers.iter().any(|lw| lw.q_norm.as_ref().is_some_and(|w| w.ne[0] != self.h.head_dim));
+        rows.then(|| format!("this {} model's Q/K norms span every head of a row, which no shard holds whole", self.h.arch))
     }
 
     fn build(&self, b: &mut Builder) -> Bundle {
