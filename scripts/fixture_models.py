@@ -49,7 +49,8 @@ class Spec:
     def __init__(self, name, arch, n_embd=64, n_head=4, n_kv=2, head_dim=16, n_ff=128, n_layer=2,
                  rope_base=300.0, tied=True, freqs=None, qk_norm=False, bias=False, fused=False,
                  experts=None, q_scale=False, shared_ff=None, n_rot=None, longrope=None, floats=None,
-                 window=None, post_norms=False, yarn=None, quants=None, pre_norms=True, row_qk_norm=False):
+                 window=None, post_norms=False, yarn=None, quants=None, pre_norms=True, row_qk_norm=False,
+                 q8_layers=False):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -110,6 +111,15 @@ SPECS = [
     # OLMo 3: the same with a window of 8 on layers 0-2 (plain RoPE) and YaRN on layer 3.
     Spec("olmo3", "olmo2", n_layer=4, tied=False, rope_base=10000.0, qk_norm=True, row_qk_norm=True,
          post_norms=True, pre_norms=False, window=8, yarn=(4.0, 64)),
+    # EXAONE 4 (1.2B's shape: no window): norms after only, per-head Q/K norms, Llama 3-style
+    # factors.
+    Spec("exaone4", "exaone4", n_kv=1, tied=False, rope_base=700.0, qk_norm=True, post_norms=True,
+         pre_norms=False, freqs=[1.0, 1.3, 2.0, 3.5, 5.0, 7.0, 8.0, 8.0]),
+    # EXAONE 4 at 64 layers (32B's depth, where llama.cpp windows three layers of four and the
+    # fourth has no RoPE): narrow, its matrices Q8_0, a window of 8.
+    Spec("exaone4swa", "exaone4", n_embd=32, n_head=2, n_kv=1, head_dim=16, n_ff=64, n_layer=64,
+         tied=False, rope_base=700.0, qk_norm=True, post_norms=True, pre_norms=False, window=8,
+         q8_layers=True),
 ]
 
 # llama.cpp's context for the fixtures' logits; LONG_CTX for a LongRoPE fixture's long factors.
@@ -165,6 +175,8 @@ def write(spec, path, rng):
     def add(name, a):
         """A tensor, quantized by ggml where `spec.quants` names a type for it."""
         t = next((t for k, t in (spec.quants or {}).items() if name.startswith(k)), None)
+        if spec.q8_layers and name.startswith("blk.") and a.ndim == 2:
+            t = "Q8_0"  # every layer matrix (a deep fixture kept small)
         if t is None:
             return w.add_tensor(name, a)
         import make_fixtures

@@ -358,6 +358,20 @@ fn olmo2_post_norms_and_olmo3_windows() {
     }
 }
 
+/// EXAONE 4 (`exaone4`): norms after attention and the feed-forward only, per-head Q/K norms,
+/// Llama 3-style RoPE factors; alone, batch-invariant and with two shards. At 64 layers (the
+/// 32B model's depth, where llama.cpp windows them; narrow, Q8_0 matrices) layers 3, 7, …
+/// attend globally without RoPE and the others within a window of 8: alone and
+/// batch-invariant.
+#[test]
+fn exaone4_post_norms_and_windows_at_64_layers() {
+    check("exaone4", false);
+    check("exaone4", true);
+    check_tp("exaone4", false, 2);
+    check("exaone4swa", false);
+    check("exaone4swa", true);
+}
+
 /// Phi-3 LongRoPE in Phi-4-mini's shape (grouped-query, tied, 12 of 16 values rotated): the
 /// short factors at a 128-cell context and the long ones at 512 (trained first on 256), each
 /// against llama.cpp at that context, with the attention factor; alone, batch-invariant and

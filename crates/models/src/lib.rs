@@ -9,8 +9,8 @@ mod common;
 pub mod gemma;
 pub mod granite;
 pub mod llama;
-pub mod olmo2;
 pub mod phi3;
+pub mod postnorm;
 mod prenorm;
 pub mod qwen2;
 pub mod qwen3;
@@ -96,7 +96,7 @@ pub struct KeyRope {
 pub use corelm_core::DeviceLayerSpec;
 
 /// `general.architecture` values this build runs.
-pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), mistral3 (Ministral 3), olmo2 (OLMo 2 and 3), smollm3, granite, ernie4_5, exaone, qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3";
+pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), mistral3 (Ministral 3), olmo2 (OLMo 2 and 3), exaone4, smollm3, granite, ernie4_5, exaone, qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3";
 
 /// What a model's graph depends on besides its file.
 #[derive(Clone, Copy, Debug)]
@@ -111,7 +111,8 @@ pub fn load(g: &Gguf, kernels: &Kernels, opts: LoadOptions) -> Result<Box<dyn Mo
     match arch {
         "llama" => Ok(Box::new(llama::load(g, kernels)?)),
         "mistral3" => Ok(Box::new(llama::load_mistral3(g, kernels)?)),
-        "olmo2" => Ok(Box::new(olmo2::load(g, kernels)?)),
+        "olmo2" => Ok(Box::new(postnorm::load_olmo2(g, kernels)?)),
+        "exaone4" => Ok(Box::new(postnorm::load_exaone4(g, kernels)?)),
         "qwen2" => Ok(Box::new(qwen2::load(g, kernels, false)?)),
         "qwen2moe" => Ok(Box::new(qwen2::load(g, kernels, true)?)),
         "qwen3" => Ok(Box::new(qwen3::load(g, kernels, false)?)),

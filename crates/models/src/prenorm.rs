@@ -34,13 +34,16 @@ pub struct Tweaks {
 }
 
 /// Sliding-window attention on all but the last layer of every `pattern` (llama.cpp's
-/// `set_swa_pattern`; 0: on every layer), those layers rotating by `rope` instead of the
-/// model's RoPE.
+/// `set_swa_pattern`; 0: on every layer).
 #[derive(Clone, Copy, Debug)]
 pub struct Swa {
     pub window: u32,
     pub pattern: usize,
-    pub rope: RopeParams,
+    /// The windowed layers' own RoPE, without per-frequency divisors (OLMo 3); `None`: the
+    /// model's.
+    pub rope: Option<RopeParams>,
+    /// Whether the other (global) layers rotate: false for EXAONE 4's, which have no RoPE.
+    pub global_rope: bool,
 }
 
 impl Swa {
@@ -134,16 +137,27 @@ impl PreNorm {
     }
 
     /// Layer `il`'s attention: the model's, without RoPE where the layer has none (a rotated
-    /// width of 0), windowed with its own RoPE on a sliding-window layer.
+    /// width of 0), windowed on a sliding-window layer (with its own RoPE where it has one),
+    /// without RoPE on a global layer of a model whose global layers have none.
     fn attn_cfg(&self, il: usize) -> AttnCfg {
         let mut c = self.cfg.clone();
         if !self.has_rope(il) {
             c.rope.n_rot = 0;
             c.freqs = None;
         }
-        if let Some(swa) = self.tweaks.swa.filter(|s| s.covers(il)) {
-            c.window = Some(swa.window);
-            c.rope = swa.rope;
+        match self.tweaks.swa {
+            Some(swa) if swa.covers(il) => {
+                c.window = Some(swa.window);
+                if let Some(rope) = swa.rope {
+                    c.rope = rope;
+                    c.freqs = None;
+                }
+            }
+            Some(swa) if !swa.global_rope => {
+                c.rope.n_rot = 0;
+                c.freqs = None;
+            }
+            _ => {}
         }
         c
     }
