@@ -120,6 +120,8 @@ SPECS = [
     Spec("exaone4swa", "exaone4", n_embd=32, n_head=2, n_kv=1, head_dim=16, n_ff=64, n_layer=64,
          tied=False, rope_base=700.0, qk_norm=True, post_norms=True, pre_norms=False, window=8,
          q8_layers=True),
+    # LLaMA with Q/K/V biases, which llama.cpp adds for every family whose file has them.
+    Spec("llamabias", "llama", n_kv=2, tied=False, rope_base=1000.0, bias=True),
 ]
 
 # llama.cpp's context for the fixtures' logits; LONG_CTX for a LongRoPE fixture's long factors.

@@ -372,6 +372,34 @@ fn exaone4_post_norms_and_windows_at_64_layers() {
     check("exaone4swa", true);
 }
 
+/// Q/K/V biases in a family that does not always have them (`llama`): added where the file has
+/// them, as llama.cpp's `create_tensor_qkv` and `build_qkv` do for every family (before, corelm
+/// read them only for Qwen2 and dropped them silently elsewhere). A bias corelm's block has no
+/// place for (Wo's, the feed-forward's) is refused by name.
+#[test]
+fn qkv_biases_wherever_present_and_other_biases_refused() {
+    check("llamabias", false);
+    check("llamabias", true);
+    check_tp("llamabias", false, 2);
+    let (path, _) = fixture("mistral");
+    let g = corelm_gguf::Gguf::open(&path).unwrap();
+    let mut w = corelm_gguf::writer::Writer::new();
+    w.alignment = g.alignment;
+    for (k, v) in &g.metadata {
+        w.kv(k, v.clone());
+    }
+    for t in &g.tensors {
+        w.tensor(&t.name, &t.shape[..t.n_dims], t.dtype, g.tensor_data(t).to_vec());
+    }
+    let n_embd = g.tensor("blk.1.attn_output.weight").unwrap().shape[1];
+    w.tensor("blk.1.attn_output.bias", &[n_embd], DType::F32, vec![0u8; 4 * n_embd as usize]);
+    let file = std::env::temp_dir().join(format!("corelm-wo-bias-{}.gguf", std::process::id()));
+    std::fs::write(&file, w.to_bytes()).unwrap();
+    let e = Engine::load(&file, EngineConfig { n_threads: 1, pin: false, ..Default::default() }).err().expect("refused").to_string();
+    std::fs::remove_file(&file).ok();
+    assert!(e.contains("llama bias blk.1.attn_output.bias"), "{e}");
+}
+
 /// Phi-3 LongRoPE in Phi-4-mini's shape (grouped-query, tied, 12 of 16 values rotated): the
 /// short factors at a 128-cell context and the long ones at 512 (trained first on 256), each
 /// against llama.cpp at that context, with the attention factor; alone, batch-invariant and

@@ -66,13 +66,31 @@ impl LayerWeights {
         let opt = |cond: bool, name: String, len: usize| -> Result<Option<WeightRef>, ModelError> {
             cond.then(|| l.vector(&name, len)).transpose()
         };
-        // Q, K and V as separate matrices or one fused `attn_qkv` (Phi-3), split by rows.
-        let (wq, wk, wv) = if l.has(&n("attn_qkv")) {
+        // Biases corelm's block has no place for are refused by name (llama.cpp adds them
+        // where a file has them).
+        for t in ["attn_output", "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] {
+            if l.has(&b(t)) {
+                return Err(ModelError::Unsupported(format!("{} bias {}", l.arch, b(t))));
+            }
+        }
+        // Q, K and V as separate matrices or one fused `attn_qkv` (Phi-3), split by rows; their
+        // biases wherever the file has them, as llama.cpp's `create_tensor_qkv` reads them for
+        // every family (required where the family always has them, Qwen2's).
+        let fused = l.has(&n("attn_qkv"));
+        let (wq, wk, wv) = if fused {
             let name = n("attn_qkv");
             let total = qd + 2 * kvd;
             (l.rows(&name, e, total, 0, qd)?, l.rows(&name, e, total, qd, kvd)?, l.rows(&name, e, total, qd + kvd, kvd)?)
         } else {
             (l.weight(&n("attn_q"), [e, qd])?, l.weight(&n("attn_k"), [e, kvd])?, l.weight(&n("attn_v"), [e, kvd])?)
+        };
+        let (bq, bk, bv) = if fused && l.has(&b("attn_qkv")) {
+            let name = b("attn_qkv");
+            let total = qd + 2 * kvd;
+            (Some(l.vector_part(&name, total, 0, qd)?), Some(l.vector_part(&name, total, qd, kvd)?), Some(l.vector_part(&name, total, qd + kvd, kvd)?))
+        } else {
+            let bias = |t: &str, len: usize| opt(x.qkv_bias || l.has(&b(t)), b(t), len);
+            (bias("attn_q", qd)?, bias("attn_k", kvd)?, bias("attn_v", kvd)?)
         };
         let ffn = match x.moe {
             Some(p) => {
@@ -115,9 +133,9 @@ impl LayerWeights {
             wk,
             wv,
             wo: l.weight(&n("attn_output"), [qd, e])?,
-            bq: opt(x.qkv_bias, b("attn_q"), qd)?,
-            bk: opt(x.qkv_bias, b("attn_k"), kvd)?,
-            bv: opt(x.qkv_bias, b("attn_v"), kvd)?,
+            bq,
+            bk,
+            bv,
             q_norm: opt(x.qk_norm, n("attn_q_norm"), qn)?,
             k_norm: opt(x.qk_norm, n("attn_k_norm"), kn)?,
             attn_post_norm: opt(x.post_norms, n("post_attention_norm"), e)?,

@@ -7,7 +7,7 @@
 //! `granitehybrid`: other architecture names) are refused by name.
 
 use crate::common::Extras;
-use crate::prenorm::{refuse_biases, PreNorm, PreNormSpec, Tweaks};
+use crate::prenorm::{PreNorm, PreNormSpec, Tweaks};
 use crate::{Loader, ModelError};
 use corelm_gguf::Gguf;
 use corelm_kernels::Kernels;
@@ -17,7 +17,6 @@ pub fn load(g: &Gguf, k: &Kernels) -> Result<PreNorm, ModelError> {
     if l.opt_u("expert_count")?.is_some_and(|n| n > 0) {
         return Err(ModelError::Unsupported("granite with experts".into()));
     }
-    refuse_biases(&l, &["attn_output", "ffn_gate", "ffn_up", "ffn_down"])?;
     let mut m = PreNorm::load(&l, PreNormSpec { extras: Extras::default(), neox: false, scale_q: false })?;
     // llama.cpp applies a multiplier only where it is non-zero; the logit scale it requires.
     let nonzero = |key: &str| -> Result<Option<f32>, ModelError> { Ok(l.opt_f(key)?.filter(|&v| v != 0.0)) };

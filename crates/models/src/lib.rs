@@ -310,6 +310,12 @@ impl<'a> Loader<'a> {
         Ok(w)
     }
 
+    /// Values `start .. start + n` of an F32 vector of `total` (one part of a fused bias).
+    pub fn vector_part(&self, name: &str, total: usize, start: usize, n: usize) -> Result<WeightRef, ModelError> {
+        let w = self.vector(name, total)?;
+        Ok(WeightRef { offset: w.offset + 4 * start, len: 4 * n, ne: [n, 1], ..w })
+    }
+
     pub fn has(&self, name: &str) -> bool {
         self.g.tensor(name).is_some()
     }

@@ -6,7 +6,7 @@
 //! scaling as `rope.scaling.factor`.
 
 use crate::common::Extras;
-use crate::prenorm::{refuse_biases, PreNorm, PreNormSpec};
+use crate::prenorm::{PreNorm, PreNormSpec};
 use crate::{Loader, ModelError};
 use corelm_gguf::Gguf;
 use corelm_kernels::Kernels;
@@ -25,7 +25,6 @@ pub fn load(g: &Gguf, k: &Kernels) -> Result<PreNorm, ModelError> {
 /// released models do not have, is refused by name.
 pub fn load_llama_block(g: &Gguf, k: &Kernels, neox: bool) -> Result<PreNorm, ModelError> {
     let l = Loader::new(g, k)?;
-    refuse_biases(&l, &["attn_output"])?;
     PreNorm::load(&l, PreNormSpec { extras: Extras::default(), neox, scale_q: false })
 }
 
@@ -40,7 +39,6 @@ pub fn load_mistral3(g: &Gguf, k: &Kernels) -> Result<PreNorm, ModelError> {
     if l.opt_u("expert_count")?.is_some_and(|n| n > 0) {
         return Err(ModelError::Unsupported("mistral3 with experts".into()));
     }
-    refuse_biases(&l, &["attn_output", "ffn_gate", "ffn_up", "ffn_down"])?;
     if l.g.opt_str("mistral3.rope.scaling.type")? == Some("longrope") {
         return Err(ModelError::Unsupported("mistral3 with LongRoPE factors".into()));
     }

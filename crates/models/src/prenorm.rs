@@ -52,20 +52,6 @@ impl Swa {
     }
 }
 
-/// Refuses, by name, a file whose layers have a bias on one of `matrices` (`attn_output`, …):
-/// the families that allow them where corelm's block has none.
-pub fn refuse_biases(l: &Loader, matrices: &[&str]) -> Result<(), ModelError> {
-    for il in 0..l.u("block_count")? {
-        for t in matrices {
-            let name = format!("blk.{il}.{t}.bias");
-            if l.has(&name) {
-                return Err(ModelError::Unsupported(format!("{} bias {name}", l.arch)));
-            }
-        }
-    }
-    Ok(())
-}
-
 /// A pre-norm decoder: embeddings, `n_layer` × [`pre_norm_block`], final norm and LM head.
 pub struct PreNorm {
     h: Hyper,
