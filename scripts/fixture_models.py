@@ -50,7 +50,7 @@ class Spec:
                  rope_base=300.0, tied=True, freqs=None, qk_norm=False, bias=False, fused=False,
                  experts=None, q_scale=False, shared_ff=None, n_rot=None, longrope=None, floats=None,
                  window=None, post_norms=False, yarn=None, quants=None, pre_norms=True, row_qk_norm=False,
-                 q8_layers=False):
+                 q8_layers=False, sections=None, ints=None):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -122,6 +122,14 @@ SPECS = [
          q8_layers=True),
     # LLaMA with Q/K/V biases, which llama.cpp adds for every family whose file has them.
     Spec("llamabias", "llama", n_kv=2, tied=False, rope_base=1000.0, bias=True),
+    # The Qwen-VL language models on text: M-RoPE sections (three positions the token's, the
+    # fourth 0: Qwen3-VL's interleaved sections leave pairs 12 and 15 still), Qwen3-VL with a
+    # deepstack layer (zeros added for text).
+    Spec("qwen2vl", "qwen2vl", bias=True, tied=False, rope_base=1000.0, sections=[2, 3, 3, 0]),
+    Spec("qwen3vl", "qwen3vl", head_dim=32, qk_norm=True, tied=True, sections=[4, 6, 6, 0],
+         ints={"n_deepstack_layers": 1}),
+    Spec("qwen3vlmoe", "qwen3vlmoe", head_dim=32, qk_norm=True, tied=False, experts=(8, 2, 48),
+         sections=[4, 6, 6, 0], ints={"n_deepstack_layers": 1}),
 ]
 
 # llama.cpp's context for the fixtures' logits; LONG_CTX for a LongRoPE fixture's long factors.
@@ -157,6 +165,10 @@ def write(spec, path, rng):
         w.add_rope_scaling_orig_ctx_len(spec.yarn[1])
     for k, v in (spec.floats or {}).items():
         w.add_float32(f"{a}.{k}", v)
+    for k, v in (spec.ints or {}).items():
+        w.add_uint32(f"{a}.{k}", v)
+    if spec.sections:
+        w.add_rope_dimension_sections(spec.sections)
     if spec.experts:
         n_exp, n_used, ff = spec.experts
         w.add_expert_count(n_exp)

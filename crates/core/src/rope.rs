@@ -12,7 +12,7 @@ use corelm_kernels::rope;
 
 /// What a table depends on besides the position: the angles' parameters (`rope::Angles`, as
 /// bits), the rotated width and the frequency-factor weight (by address; weights do not move).
-type Key = ([u32; 6], usize, usize);
+type Key = ([u32; 6], usize, usize, u128);
 
 struct Table {
     key: Option<Key>,
@@ -42,7 +42,7 @@ impl RopeTables {
         let n = p.n_rot;
         assert!(n <= self.max_rot && pos.len() <= self.tables[0].pos.len(), "rope table sized at planning");
         let a = p.angles();
-        let key = ([a.base, a.freq_scale, a.mscale, a.ext_factor, a.corr_dims[0], a.corr_dims[1]].map(f32::to_bits), n, freqs.map_or(0, |f| f.as_ptr() as usize));
+        let key = ([a.base, a.freq_scale, a.mscale, a.ext_factor, a.corr_dims[0], a.corr_dims[1]].map(f32::to_bits), n, freqs.map_or(0, |f| f.as_ptr() as usize), a.still);
         let slot = match self.tables.iter().position(|t| t.key == Some(key)) {
             Some(s) => s,
             None => {

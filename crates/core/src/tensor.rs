@@ -117,17 +117,19 @@ pub struct RopeParams {
     pub corr_dims: [f32; 2],
     /// NeoX pairing `(i, i + n_rot/2)` instead of adjacent pairs.
     pub neox: bool,
+    /// Pairs that never turn (`rope::Angles::still`: Qwen3-VL's fourth M-RoPE section on text).
+    pub still: u128,
 }
 
 impl RopeParams {
     /// A plain rotation: no attention factor, no YaRN.
     pub fn plain(n_head: usize, head_dim: usize, n_rot: usize, base: f32, freq_scale: f32, neox: bool) -> Self {
-        RopeParams { n_head, head_dim, n_rot, base, freq_scale, mscale: 1.0, ext_factor: 0.0, corr_dims: [0.0; 2], neox }
+        RopeParams { n_head, head_dim, n_rot, base, freq_scale, mscale: 1.0, ext_factor: 0.0, corr_dims: [0.0; 2], neox, still: 0 }
     }
 
     /// What the angles depend on besides the position.
     pub fn angles(&self) -> corelm_kernels::rope::Angles {
-        corelm_kernels::rope::Angles { base: self.base, freq_scale: self.freq_scale, mscale: self.mscale, ext_factor: self.ext_factor, corr_dims: self.corr_dims }
+        corelm_kernels::rope::Angles { base: self.base, freq_scale: self.freq_scale, mscale: self.mscale, ext_factor: self.ext_factor, corr_dims: self.corr_dims, still: self.still }
     }
 }
 

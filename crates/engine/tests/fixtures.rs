@@ -400,6 +400,18 @@ fn qkv_biases_wherever_present_and_other_biases_refused() {
     assert!(e.contains("llama bias blk.1.attn_output.bias"), "{e}");
 }
 
+/// The Qwen-VL language models on text (`qwen2vl`, `qwen3vl` with a deepstack layer,
+/// `qwen3vlmoe`): M-RoPE with every section at the token's position is NeoX RoPE, bit for bit
+/// in ggml; alone, batch-invariant and with two shards, against llama.cpp.
+#[test]
+fn qwen_vl_language_models_on_text() {
+    for name in ["qwen2vl", "qwen3vl", "qwen3vlmoe"] {
+        check(name, false);
+        check(name, true);
+        check_tp(name, false, 2);
+    }
+}
+
 /// Phi-3 LongRoPE in Phi-4-mini's shape (grouped-query, tied, 12 of 16 values rotated): the
 /// short factors at a 128-cell context and the long ones at 512 (trained first on 256), each
 /// against llama.cpp at that context, with the attention factor; alone, batch-invariant and

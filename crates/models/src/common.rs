@@ -94,7 +94,11 @@ impl LayerWeights {
         };
         let ffn = match x.moe {
             Some(p) => {
-                let ff = l.u("expert_feed_forward_length")?;
+                // Without the key, llama.cpp's Qwen3 families take n_ff / n_used.
+                let ff = match l.opt_u("expert_feed_forward_length")? {
+                    Some(ff) => ff,
+                    None => h.n_ff / p.n_used,
+                };
                 Ffn::Moe {
                     router: l.weight(&n("ffn_gate_inp"), [e, p.n_expert])?,
                     gate: l.weight3(&n("ffn_gate_exps"), [e, ff, p.n_expert])?,

@@ -96,7 +96,7 @@ pub struct KeyRope {
 pub use corelm_core::DeviceLayerSpec;
 
 /// `general.architecture` values this build runs.
-pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), mistral3 (Ministral 3), olmo2 (OLMo 2 and 3), exaone4, smollm3, granite, ernie4_5, exaone, qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma, gemma2, gemma3";
+pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), mistral3 (Ministral 3), olmo2 (OLMo 2 and 3), exaone4, smollm3, granite, ernie4_5, exaone, qwen2, qwen2moe, qwen3, qwen3moe, qwen2vl, qwen3vl, qwen3vlmoe (their language models, on text), phi3, gemma, gemma2, gemma3";
 
 /// What a model's graph depends on besides its file.
 #[derive(Clone, Copy, Debug)]
@@ -117,6 +117,9 @@ pub fn load(g: &Gguf, kernels: &Kernels, opts: LoadOptions) -> Result<Box<dyn Mo
         "qwen2moe" => Ok(Box::new(qwen2::load(g, kernels, true)?)),
         "qwen3" => Ok(Box::new(qwen3::load(g, kernels, false)?)),
         "qwen3moe" => Ok(Box::new(qwen3::load(g, kernels, true)?)),
+        "qwen2vl" => Ok(Box::new(qwen2::load_vl(g, kernels)?)),
+        "qwen3vl" => Ok(Box::new(qwen3::load_vl(g, kernels, false)?)),
+        "qwen3vlmoe" => Ok(Box::new(qwen3::load_vl(g, kernels, true)?)),
         "phi3" => Ok(Box::new(phi3::load(g, kernels, opts)?)),
         "gemma" => Ok(Box::new(gemma::Gemma::load(g, kernels, gemma::Family::Gemma)?)),
         "gemma2" => Ok(Box::new(gemma::Gemma::load(g, kernels, gemma::Family::Gemma2)?)),

@@ -113,6 +113,11 @@ impl PreNorm {
         self.cfg.temp = Some((scale, floor));
     }
 
+    /// Rotary pairs that never turn (`RopeParams::still`: M-RoPE's fourth section on text).
+    pub(crate) fn set_still_pairs(&mut self, still: u128) {
+        self.cfg.rope.still = still;
+    }
+
     pub(crate) fn set_tweaks(&mut self, t: Tweaks) {
         self.tweaks = t;
     }
@@ -167,7 +172,7 @@ impl Model for PreNorm {
         let dense = matches!(lw.ffn, Ffn::Dense { .. });
         // Norms before attention and the feed-forward, none after, Q/K norms per head.
         let norms = lw.attn_norm.is_some() && lw.attn_post_norm.is_none() && lw.q_norm.as_ref().is_none_or(|w| w.ne[0] == self.h.head_dim);
-        let rotation = c.rope.mscale == 1.0 && c.rope.ext_factor == 0.0;
+        let rotation = c.rope.mscale == 1.0 && c.rope.ext_factor == 0.0 && c.rope.still == 0;
         (plain && norms && rotation && dense && c.freqs.is_none() && c.q_scale.is_none() && c.temp.is_none()).then_some(crate::DeviceLayerSpec {
             rope_base: c.rope.base,
             freq_scale: c.rope.freq_scale,

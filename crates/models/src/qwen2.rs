@@ -1,7 +1,8 @@
 //! Qwen2 / Qwen2.5: the LLaMA block with biases on Q, K and V, NeoX-style RoPE, and (usually) an
 //! LM head of its own. Qwen2-MoE (`qwen2moe`): the same attention; experts chosen by a softmax
 //! router, their weights not renormalised (unless `expert_weights_norm` says so), plus a
-//! shared expert gated by `sigmoid(ffn_gate_inp_shexp · x)`.
+//! shared expert gated by `sigmoid(ffn_gate_inp_shexp · x)`. Qwen2-VL and Qwen2.5-VL
+//! (`qwen2vl`): their language model on text, as [`crate::qwen3::mrope_sections`] explains.
 
 use crate::common::Extras;
 use crate::prenorm::{PreNorm, PreNormSpec};
@@ -14,4 +15,18 @@ pub fn load(g: &Gguf, k: &Kernels, moe: bool) -> Result<PreNorm, ModelError> {
     let moe = if moe { Some(crate::qwen3::moe_params(&l, false)?) } else { None };
     let extras = Extras { qkv_bias: true, moe, ..Extras::default() };
     PreNorm::load(&l, PreNormSpec { extras, neox: true, scale_q: false })
+}
+
+/// Qwen2-VL / Qwen2.5-VL's language model (`qwen2vl`) on text: Qwen2's block, its M-RoPE
+/// sections checked. An output bias (which llama.cpp's loader allows) is refused by name.
+pub fn load_vl(g: &Gguf, k: &Kernels) -> Result<PreNorm, ModelError> {
+    let l = Loader::new(g, k)?;
+    let sections = crate::qwen3::mrope_sections(&l)?;
+    if l.has("output.bias") {
+        return Err(ModelError::Unsupported("qwen2vl output bias output.bias".into()));
+    }
+    let extras = Extras { qkv_bias: true, ..Extras::default() };
+    let mut m = PreNorm::load(&l, PreNormSpec { extras, neox: true, scale_q: false })?;
+    m.set_still_pairs(crate::qwen3::mrope_still(sections, m.hyper_ref().n_rot / 2, false));
+    Ok(m)
 }

@@ -27,19 +27,23 @@ pub struct Angles {
     /// YaRN's correction dimensions ([`yarn_corr_dims`]): below the first the angles are
     /// extrapolated, past the second interpolated, ramped between.
     pub corr_dims: [f32; 2],
+    /// Pairs whose angle stays 0 at every position (bit i: pair i): the pairs of interleaved
+    /// M-RoPE (Qwen3-VL) turned by the fourth position, which llama.cpp sets to 0 for text.
+    pub still: u128,
 }
 
 impl Angles {
     /// Plain RoPE of `base`, angles times `freq_scale`.
     pub fn plain(base: f32, freq_scale: f32) -> Self {
-        Angles { base, freq_scale, mscale: 1.0, ext_factor: 0.0, corr_dims: [0.0; 2] }
+        Angles { base, freq_scale, mscale: 1.0, ext_factor: 0.0, corr_dims: [0.0; 2], still: 0 }
     }
 }
 
 /// Cosines and sines for one position: `cache[i] = m · cos θ_i`, `cache[n_rot/2 + i] = m · sin θ_i`,
 /// with `θ_i = pos · base^(-2i/n_rot)` computed by repeated multiplication as ggml does,
 /// divided by the frequency factor where given, then scaled (`freq_scale`) or, with YaRN,
-/// ramped between scaled and not by dimension; `m` = `a.mscale`.
+/// ramped between scaled and not by dimension; `m` = `a.mscale`. A still pair (`a.still`)
+/// has θ = 0, as ggml's M-RoPE cache gives a pair of a position 0 (`0 / ff` is 0).
 pub fn rope_cache(pos: i32, n_rot: usize, a: &Angles, freq_factors: Option<&[f32]>, cache: &mut [f32]) {
     let theta_scale = a.base.powf(-2.0 / n_rot as f32);
     let mut theta = pos as f32;
@@ -47,7 +51,7 @@ pub fn rope_cache(pos: i32, n_rot: usize, a: &Angles, freq_factors: Option<&[f32
     for i in 0..half {
         // Per-frequency divisors (Llama 3 `rope_freqs`, Phi-3 rope factors), as ggml applies them.
         let ff = freq_factors.map_or(1.0, |f| f[i]);
-        let extrap = theta / ff;
+        let extrap = if a.still >> i & 1 == 1 { 0.0 } else { theta / ff };
         let interp = a.freq_scale * extrap;
         let t = if a.ext_factor != 0.0 {
             let mix = yarn_ramp(a.corr_dims, i) * a.ext_factor;
