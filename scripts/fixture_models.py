@@ -50,7 +50,7 @@ class Spec:
                  rope_base=300.0, tied=True, freqs=None, qk_norm=False, bias=False, fused=False,
                  experts=None, q_scale=False, shared_ff=None, n_rot=None, longrope=None, floats=None,
                  window=None, post_norms=False, yarn=None, quants=None, pre_norms=True, row_qk_norm=False,
-                 q8_layers=False, sections=None, ints=None):
+                 q8_layers=False, sections=None, ints=None, shared_gate=True):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -130,6 +130,12 @@ SPECS = [
          ints={"n_deepstack_layers": 1}),
     Spec("qwen3vlmoe", "qwen3vlmoe", head_dim=32, qk_norm=True, tied=False, experts=(8, 2, 48),
          sections=[4, 6, 6, 0], ints={"n_deepstack_layers": 1}),
+    # Granite MoE with a shared expert (GraniteMoeShared: added ungated), its multipliers far
+    # from 1; `expert_weights_scale`, which llama.cpp does not read for the family, set too.
+    # (Its experts are feed_forward_length wide in llama.cpp.)
+    Spec("granitemoe", "granitemoe", tied=True, n_ff=32, experts=(8, 2, 32), shared_ff=48, shared_gate=False,
+         floats={"embedding_scale": 6.0, "residual_scale": 0.3, "attention.scale": 0.09,
+                 "logit_scale": 4.0, "expert_weights_scale": 2.5}),
 ]
 
 # llama.cpp's context for the fixtures' logits; LONG_CTX for a LongRoPE fixture's long factors.
@@ -248,7 +254,8 @@ def write(spec, path, rng):
             add(p + "ffn_down_exps.weight", np.stack([mat(e, ff) for _ in range(n_exp)]))
             if spec.shared_ff:
                 sf = spec.shared_ff
-                add(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(e) / np.sqrt(e) * 2).astype(np.float32))
+                if spec.shared_gate:
+                    add(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(e) / np.sqrt(e) * 2).astype(np.float32))
                 add(p + "ffn_gate_shexp.weight", mat(sf, e))
                 add(p + "ffn_up_shexp.weight", mat(sf, e))
                 add(p + "ffn_down_shexp.weight", mat(e, sf))

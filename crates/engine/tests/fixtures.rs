@@ -250,12 +250,12 @@ fn phi3_fused() {
 }
 
 /// Gemma (1: one KV head, heads wider than the model), SmolLM3 (its fourth layer without
-/// RoPE), Granite (embedding, residual, attention and logit multipliers far from 1), ERNIE 4.5
-/// and EXAONE (NeoX pairs with Llama 3-style factors): alone, batch-invariant and with two
-/// shards.
+/// RoPE), Granite (embedding, residual, attention and logit multipliers far from 1), Granite
+/// MoE (the same with experts and an ungated shared expert), ERNIE 4.5 and EXAONE (NeoX pairs
+/// with Llama 3-style factors): alone, batch-invariant and with two shards.
 #[test]
 fn gemma_smollm3_granite_ernie_exaone() {
-    for name in ["gemma", "smollm3", "granite", "ernie4_5", "exaone"] {
+    for name in ["gemma", "smollm3", "granite", "granitemoe", "ernie4_5", "exaone"] {
         check(name, false);
         check(name, true);
         check_tp(name, false, 2);

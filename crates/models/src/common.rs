@@ -36,9 +36,10 @@ pub enum Ffn {
     Moe { router: WeightRef, gate: WeightRef, up: WeightRef, down: WeightRef, p: MoeParams, shared: Option<Shared> },
 }
 
-/// A shared expert every token goes through, scaled by `sigmoid(gate_inp · x)` (Qwen2-MoE).
+/// A shared expert every token goes through, scaled by `sigmoid(gate_inp · x)` where the file
+/// has that gate (Qwen2-MoE), else added as it is (Granite MoE).
 pub struct Shared {
-    pub gate_inp: WeightRef,
+    pub gate_inp: Option<WeightRef>,
     pub gate: WeightRef,
     pub up: WeightRef,
     pub down: WeightRef,
@@ -56,6 +57,9 @@ pub struct Extras {
     pub no_pre_norms: bool,
     /// Experts instead of a dense feed-forward.
     pub moe: Option<MoeParams>,
+    /// The experts are `feed_forward_length` wide, whatever `expert_feed_forward_length` says
+    /// (Granite MoE, as llama.cpp reads it).
+    pub experts_n_ff: bool,
 }
 
 impl LayerWeights {
@@ -96,6 +100,7 @@ impl LayerWeights {
             Some(p) => {
                 // Without the key, llama.cpp's Qwen3 families take n_ff / n_used.
                 let ff = match l.opt_u("expert_feed_forward_length")? {
+                    _ if x.experts_n_ff => h.n_ff,
                     Some(ff) => ff,
                     None => h.n_ff / p.n_used,
                 };
@@ -108,7 +113,7 @@ impl LayerWeights {
                     shared: if l.has(&n("ffn_gate_shexp")) {
                         let sf = l.opt_u("expert_shared_feed_forward_length")?.unwrap_or(h.n_ff);
                         Some(Shared {
-                            gate_inp: l.weight(&n("ffn_gate_inp_shexp"), [e, 1])?,
+                            gate_inp: if l.has(&n("ffn_gate_inp_shexp")) { Some(l.weight(&n("ffn_gate_inp_shexp"), [e, 1])?) } else { None },
                             gate: l.weight(&n("ffn_gate_shexp"), [e, sf])?,
                             up: l.weight(&n("ffn_up_shexp"), [e, sf])?,
                             down: l.weight(&n("ffn_down_shexp"), [sf, e])?,
@@ -275,10 +280,15 @@ pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle 
             let moe = b.gather_sum(&moe);
             let Some(sh) = shared else { return moe };
             let s = dense_ffn(b, &sh.gate, &sh.up, &sh.down, x, kind); // [n_tokens, n_embd]
-            let wgi = b.weight(&sh.gate_inp);
-            let g = b.matmul(&wgi, x); // [n_tokens, 1]
-            let g = b.lora(&sh.gate_inp, x, g);
-            let s = b.sigmoid_mul(&s, &g);
+            let s = match &sh.gate_inp {
+                Some(gate_inp) => {
+                    let wgi = b.weight(gate_inp);
+                    let g = b.matmul(&wgi, x); // [n_tokens, 1]
+                    let g = b.lora(gate_inp, x, g);
+                    b.sigmoid_mul(&s, &g)
+                }
+                None => s,
+            };
             b.add(&moe, &s)
         }
     }

@@ -3,8 +3,13 @@
 //! outputs times `residual_scale` before each residual add, q·k times `attention.scale`
 //! (instead of 1/√head_dim), the logits times 1/`logit_scale` — and RoPE only where
 //! `rope.scaling.finetuned` (default true) says so. Biases on Wo or the feed-forward (none
-//! in the released dense models) and the mixture-of-experts and hybrid variants (`granitemoe`,
-//! `granitehybrid`: other architecture names) are refused by name.
+//! in the released dense models) are refused by name.
+//!
+//! Granite MoE (`granitemoe`: Granite 3.x 1B-A400M, 3B-A800M): the same block with experts —
+//! `feed_forward_length` wide, a softmax router, the chosen experts' weights renormalised
+//! (llama.cpp hard-codes it for the family) — and, where the file has them
+//! (GraniteMoeShared), a shared expert added ungated. The hybrid variant (`granitehybrid`,
+//! Mamba layers) is another architecture name, refused as unknown.
 
 use crate::common::Extras;
 use crate::prenorm::{PreNorm, PreNormSpec, Tweaks};
@@ -12,12 +17,14 @@ use crate::{Loader, ModelError};
 use corelm_gguf::Gguf;
 use corelm_kernels::Kernels;
 
-pub fn load(g: &Gguf, k: &Kernels) -> Result<PreNorm, ModelError> {
+pub fn load(g: &Gguf, k: &Kernels, moe: bool) -> Result<PreNorm, ModelError> {
     let l = Loader::new(g, k)?;
-    if l.opt_u("expert_count")?.is_some_and(|n| n > 0) {
-        return Err(ModelError::Unsupported("granite with experts".into()));
+    if !moe && l.opt_u("expert_count")?.is_some_and(|n| n > 0) {
+        return Err(ModelError::Unsupported("granite with experts (a granitemoe file names its architecture so)".into()));
     }
-    let mut m = PreNorm::load(&l, PreNormSpec { extras: Extras::default(), neox: false, scale_q: false })?;
+    let moe = if moe { Some(crate::qwen3::moe_params(&l, true)?) } else { None };
+    let extras = Extras { moe, experts_n_ff: true, ..Extras::default() };
+    let mut m = PreNorm::load(&l, PreNormSpec { extras, neox: false, scale_q: false })?;
     // llama.cpp applies a multiplier only where it is non-zero; the logit scale it requires.
     let nonzero = |key: &str| -> Result<Option<f32>, ModelError> { Ok(l.opt_f(key)?.filter(|&v| v != 0.0)) };
     let logit_scale = l.f("logit_scale")?;

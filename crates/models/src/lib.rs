@@ -96,7 +96,7 @@ pub struct KeyRope {
 pub use corelm_core::DeviceLayerSpec;
 
 /// `general.architecture` values this build runs.
-pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), mistral3 (Ministral 3), olmo2 (OLMo 2 and 3), exaone4, smollm3, granite, ernie4_5, exaone, qwen2, qwen2moe, qwen3, qwen3moe, qwen2vl, qwen3vl, qwen3vlmoe (their language models, on text), phi3, gemma, gemma2, gemma3";
+pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), mistral3 (Ministral 3), olmo2 (OLMo 2 and 3), exaone4, smollm3, granite, granitemoe, ernie4_5, exaone, qwen2, qwen2moe, qwen3, qwen3moe, qwen2vl, qwen3vl, qwen3vlmoe (their language models, on text), phi3, gemma, gemma2, gemma3";
 
 /// What a model's graph depends on besides its file.
 #[derive(Clone, Copy, Debug)]
@@ -127,7 +127,8 @@ pub fn load(g: &Gguf, kernels: &Kernels, opts: LoadOptions) -> Result<Box<dyn Mo
         "smollm3" => Ok(Box::new(smollm3::load(g, kernels)?)),
         "ernie4_5" => Ok(Box::new(llama::load_llama_block(g, kernels, false)?)),
         "exaone" => Ok(Box::new(llama::load_llama_block(g, kernels, true)?)),
-        "granite" => Ok(Box::new(granite::load(g, kernels)?)),
+        "granite" => Ok(Box::new(granite::load(g, kernels, false)?)),
+        "granitemoe" => Ok(Box::new(granite::load(g, kernels, true)?)),
         other => Err(ModelError::UnknownArch(other.to_string())),
     }
 }

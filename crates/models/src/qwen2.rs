@@ -1,6 +1,6 @@
 //! Qwen2 / Qwen2.5: the LLaMA block with biases on Q, K and V, NeoX-style RoPE, and (usually) an
 //! LM head of its own. Qwen2-MoE (`qwen2moe`): the same attention; experts chosen by a softmax
-//! router, their weights not renormalised (unless `expert_weights_norm` says so), plus a
+//! router, their weights not renormalised (hard-coded, as in llama.cpp), plus a
 //! shared expert gated by `sigmoid(ffn_gate_inp_shexp · x)`. Qwen2-VL and Qwen2.5-VL
 //! (`qwen2vl`): their language model on text, as [`crate::qwen3::mrope_sections`] explains.
 
@@ -14,6 +14,15 @@ pub fn load(g: &Gguf, k: &Kernels, moe: bool) -> Result<PreNorm, ModelError> {
     let l = Loader::new(g, k)?;
     let moe = if moe { Some(crate::qwen3::moe_params(&l, false)?) } else { None };
     let extras = Extras { qkv_bias: true, moe, ..Extras::default() };
+    // Qwen2-MoE's shared expert always has its gate (llama.cpp requires it).
+    if moe.is_some() {
+        for il in 0..l.u("block_count")? {
+            let (sh, gate) = (format!("blk.{il}.ffn_gate_shexp.weight"), format!("blk.{il}.ffn_gate_inp_shexp.weight"));
+            if l.has(&sh) && !l.has(&gate) {
+                return Err(ModelError::MissingTensor(gate));
+            }
+        }
+    }
     PreNorm::load(&l, PreNormSpec { extras, neox: true, scale_q: false })
 }
 

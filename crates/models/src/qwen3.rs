@@ -4,8 +4,8 @@
 //!
 //! Qwen3-MoE (`qwen3moe`) replaces every feed-forward with `expert_count` SwiGLU experts of
 //! `expert_feed_forward_length`: a softmax router picks `expert_used_count` per token and their
-//! probabilities are renormalised to sum to one (llama.cpp hard-codes this for the family; an
-//! `expert_weights_norm` key overrides it). No shared experts.
+//! probabilities are renormalised to sum to one (llama.cpp hard-codes this for the family and
+//! reads no `expert_weights_norm` key for it). No shared experts.
 //!
 //! Qwen3-VL (`qwen3vl`, `qwen3vlmoe`): the language model of the vision-language release on
 //! text, which is what corelm feeds it. Its rotation is M-RoPE (sections of the rotary pairs
@@ -79,19 +79,17 @@ pub(crate) fn mrope_sections(l: &Loader) -> Result<[i64; 4], ModelError> {
     Ok(s)
 }
 
-/// Expert counts and weight handling from `<arch>.expert_*` keys.
-pub(crate) fn moe_params(l: &Loader, default_norm: bool) -> Result<MoeParams, ModelError> {
+/// Expert counts from `<arch>.expert_*` keys; the weights renormalised or not as the family's
+/// graph in llama.cpp hard-codes it (`norm_w`: Qwen3-MoE and Granite MoE yes, Qwen2-MoE no),
+/// and not scaled: llama.cpp reads neither `expert_weights_norm` nor `expert_weights_scale`
+/// for these families, so a file's keys change nothing there or here.
+pub(crate) fn moe_params(l: &Loader, norm_w: bool) -> Result<MoeParams, ModelError> {
     let n_expert = l.u("expert_count")?;
     let n_used = l.u("expert_used_count")?;
     if n_used > n_expert || n_expert > corelm_core::moe::MAX_EXPERTS || n_used > corelm_core::moe::MAX_USED {
         return Err(ModelError::BadHyper(format!("{n_used} of {n_expert} experts per token")));
     }
-    let norm_w = match l.g.opt_bool(&format!("{}.expert_weights_norm", l.arch))? {
-        Some(v) => v,
-        None => default_norm,
-    };
-    let w_scale = l.opt_f("expert_weights_scale")?.unwrap_or(1.0);
-    Ok(MoeParams { n_expert, n_used, norm_w, w_scale })
+    Ok(MoeParams { n_expert, n_used, norm_w, w_scale: 1.0 })
 }
 
 #[cfg(test)]
