@@ -1,8 +1,11 @@
-//! The one pre-norm decoder (LLaMA, Mistral 1–3, Qwen2/3 and their mixtures of experts, Phi-3,
-//! SmolLM3, Granite): embeddings, `n_layer` × [`pre_norm_block`], final norm and LM head.
-//! What the families change is data, not code: [`PreNormSpec`] (optional tensors, RoPE pairing,
-//! where the queries are scaled) and [`Tweaks`] (Granite's four multipliers, SmolLM3's layers
-//! without RoPE), each applied where llama.cpp's graph for the family applies it.
+//! The one decoder of the LLaMA-like families (LLaMA, Mistral 1–3, Qwen2/3, the Qwen-VL
+//! language models and the mixtures of experts, Phi-3, SmolLM3, Granite, ERNIE 4.5, EXAONE 3
+//! and 4, OLMo 2 and 3): embeddings, `n_layer` × [`pre_norm_block`], final norm and LM head.
+//! What the families change is data, not code: [`PreNormSpec`] (optional tensors — norms
+//! before or only after each half, Q/K norms per head or per row —, RoPE pairing, where the
+//! queries are scaled) and [`Tweaks`] (Granite's four multipliers, SmolLM3's layers without
+//! RoPE, sliding windows), plus the RoPE's still pairs and Mistral 3's query temperature, each
+//! applied where llama.cpp's graph for the family applies it.
 
 use crate::common::{embed_input, head_then, load_layers, pre_norm_block, output_weight, AttnCfg, Extras, Ffn, LayerWeights, LogitsPost};
 use crate::{Hyper, Loader, Model, ModelError};
