@@ -375,29 +375,34 @@ fn exaone4_post_norms_and_windows_at_64_layers() {
 /// Q/K/V biases in a family that does not always have them (`llama`): added where the file has
 /// them, as llama.cpp's `create_tensor_qkv` and `build_qkv` do for every family (before, corelm
 /// read them only for Qwen2 and dropped them silently elsewhere). A bias corelm's block has no
-/// place for (Wo's, the feed-forward's) is refused by name.
+/// place for (Wo's, the feed-forward's) is refused by name, as is any tensor the graph does
+/// not read.
 #[test]
 fn qkv_biases_wherever_present_and_other_biases_refused() {
     check("llamabias", false);
     check("llamabias", true);
     check_tp("llamabias", false, 2);
-    let (path, _) = fixture("mistral");
-    let g = corelm_gguf::Gguf::open(&path).unwrap();
-    let mut w = corelm_gguf::writer::Writer::new();
-    w.alignment = g.alignment;
-    for (k, v) in &g.metadata {
-        w.kv(k, v.clone());
+    // The `mistral` fixture with one tensor more: a Wo bias (refused by name as a bias), or a
+    // tensor no LLaMA graph reads (refused as unread).
+    for (extra, why) in [("blk.1.attn_output.bias", "llama bias blk.1.attn_output.bias"), ("blk.0.attn_q_norm.weight", "tensor 'blk.0.attn_q_norm.weight' (1 unread in all) is not read by corelm's llama graph")] {
+        let (path, _) = fixture("mistral");
+        let g = corelm_gguf::Gguf::open(&path).unwrap();
+        let mut w = corelm_gguf::writer::Writer::new();
+        w.alignment = g.alignment;
+        for (k, v) in &g.metadata {
+            w.kv(k, v.clone());
+        }
+        for t in &g.tensors {
+            w.tensor(&t.name, &t.shape[..t.n_dims], t.dtype, g.tensor_data(t).to_vec());
+        }
+        let n = g.tensor("blk.1.attn_output.weight").unwrap().shape[1];
+        w.tensor(extra, &[n], DType::F32, vec![0u8; 4 * n as usize]);
+        let file = std::env::temp_dir().join(format!("corelm-extra-tensor-{}.gguf", std::process::id()));
+        std::fs::write(&file, w.to_bytes()).unwrap();
+        let e = Engine::load(&file, EngineConfig { n_threads: 1, pin: false, ..Default::default() }).err().expect("refused").to_string();
+        std::fs::remove_file(&file).ok();
+        assert!(e.contains(why), "{e}");
     }
-    for t in &g.tensors {
-        w.tensor(&t.name, &t.shape[..t.n_dims], t.dtype, g.tensor_data(t).to_vec());
-    }
-    let n_embd = g.tensor("blk.1.attn_output.weight").unwrap().shape[1];
-    w.tensor("blk.1.attn_output.bias", &[n_embd], DType::F32, vec![0u8; 4 * n_embd as usize]);
-    let file = std::env::temp_dir().join(format!("corelm-wo-bias-{}.gguf", std::process::id()));
-    std::fs::write(&file, w.to_bytes()).unwrap();
-    let e = Engine::load(&file, EngineConfig { n_threads: 1, pin: false, ..Default::default() }).err().expect("refused").to_string();
-    std::fs::remove_file(&file).ok();
-    assert!(e.contains("llama bias blk.1.attn_output.bias"), "{e}");
 }
 
 /// The Qwen-VL language models on text (`qwen2vl`, `qwen3vl` with a deepstack layer,

@@ -11,8 +11,6 @@
 use crate::common::{embed_input, head_then, load_layers, output_weight, pre_norm_block, AttnCfg, Extras, LayerWeights, LogitsPost};
 use crate::{Hyper, Loader, Model, ModelError};
 use corelm_core::{Builder, Bundle, Glu, RopeParams, WeightRef};
-use corelm_gguf::Gguf;
-use corelm_kernels::Kernels;
 
 /// RoPE base of the sliding-window layers (llama.cpp hard-codes it for Gemma 3).
 const ROPE_BASE_SWA: f32 = 10_000.0;
@@ -57,12 +55,11 @@ pub struct Gemma {
 }
 
 impl Gemma {
-    pub fn load(g: &Gguf, k: &Kernels, family: Family) -> Result<Self, ModelError> {
-        let l = Loader::new(g, k)?;
+    pub(crate) fn load(l: &Loader, family: Family) -> Result<Self, ModelError> {
         let h = l.hyper()?;
         let (v2, v3) = (family == Family::Gemma2, family == Family::Gemma3);
         let extras = Extras { qk_norm: v3, post_norms: v2 || v3, ..Extras::default() };
-        let layers = load_layers(&l, &h, extras)?;
+        let layers = load_layers(l, &h, extras)?;
         let (window, pattern) = match family {
             Family::Gemma => (0, 1),
             Family::Gemma2 => (l.opt_u("attention.sliding_window")?.unwrap_or(GEMMA2_WINDOW), l.opt_u("attention.sliding_window_pattern")?.unwrap_or(GEMMA2_SWA_PATTERN)),
@@ -90,7 +87,7 @@ impl Gemma {
         Ok(Gemma {
             tok_embd: l.weight("token_embd.weight", [h.n_embd, h.n_vocab])?,
             norm: l.vector("output_norm.weight", h.n_embd)?,
-            output: output_weight(&l, &h)?,
+            output: output_weight(l, &h)?,
             layers,
             h,
             window,

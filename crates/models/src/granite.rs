@@ -14,17 +14,14 @@
 use crate::common::Extras;
 use crate::prenorm::{PreNorm, PreNormSpec, Tweaks};
 use crate::{Loader, ModelError};
-use corelm_gguf::Gguf;
-use corelm_kernels::Kernels;
 
-pub fn load(g: &Gguf, k: &Kernels, moe: bool) -> Result<PreNorm, ModelError> {
-    let l = Loader::new(g, k)?;
+pub(crate) fn load(l: &Loader, moe: bool) -> Result<PreNorm, ModelError> {
     if !moe && l.opt_u("expert_count")?.is_some_and(|n| n > 0) {
         return Err(ModelError::Unsupported("granite with experts (a granitemoe file names its architecture so)".into()));
     }
-    let moe = if moe { Some(crate::qwen3::moe_params(&l, true)?) } else { None };
+    let moe = if moe { Some(crate::qwen3::moe_params(l, true)?) } else { None };
     let extras = Extras { moe, experts_n_ff: true, ..Extras::default() };
-    let mut m = PreNorm::load(&l, PreNormSpec { extras, neox: false, scale_q: false })?;
+    let mut m = PreNorm::load(l, PreNormSpec { extras, neox: false, scale_q: false })?;
     // llama.cpp applies a multiplier only where it is non-zero; the logit scale it requires.
     let nonzero = |key: &str| -> Result<Option<f32>, ModelError> { Ok(l.opt_f(key)?.filter(|&v| v != 0.0)) };
     let logit_scale = l.f("logit_scale")?;

@@ -3,7 +3,8 @@
 //! no kernels, no threads.
 //!
 //! Invariant: every weight a graph uses is resolved (and its type and shape checked) in
-//! [`load`], so building a graph cannot fail on a missing tensor.
+//! [`load`], so building a graph cannot fail on a missing tensor; and every tensor of the file
+//! is one of them, else [`load`] refuses the file naming it (`ModelError::UnusedTensor`).
 
 mod common;
 pub mod gemma;
@@ -32,6 +33,8 @@ pub enum ModelError {
     BadShape { name: String, found: Vec<u64>, expected: Vec<u64> },
     #[error("tensor '{name}' has type {dtype}, which this build cannot compute with")]
     UnsupportedType { name: String, dtype: DType },
+    #[error("tensor '{name}' ({count} unread in all) is not read by corelm's {arch} graph: refused rather than run without it (llama.cpp computes with every tensor its loader creates and refuses a file with others)")]
+    UnusedTensor { arch: String, name: String, count: usize },
     #[error("bad hyper-parameter: {0}")]
     BadHyper(String),
     #[error(transparent)]
@@ -108,29 +111,39 @@ pub struct LoadOptions {
 /// Pick the architecture named by `general.architecture` and resolve its weights.
 pub fn load(g: &Gguf, kernels: &Kernels, opts: LoadOptions) -> Result<Box<dyn Model>, ModelError> {
     let arch = g.str("general.architecture")?;
-    match arch {
-        "llama" => Ok(Box::new(llama::load(g, kernels)?)),
-        "mistral3" => Ok(Box::new(llama::load_mistral3(g, kernels)?)),
-        "olmo2" => Ok(Box::new(postnorm::load_olmo2(g, kernels)?)),
-        "exaone4" => Ok(Box::new(postnorm::load_exaone4(g, kernels)?)),
-        "qwen2" => Ok(Box::new(qwen2::load(g, kernels, false)?)),
-        "qwen2moe" => Ok(Box::new(qwen2::load(g, kernels, true)?)),
-        "qwen3" => Ok(Box::new(qwen3::load(g, kernels, false)?)),
-        "qwen3moe" => Ok(Box::new(qwen3::load(g, kernels, true)?)),
-        "qwen2vl" => Ok(Box::new(qwen2::load_vl(g, kernels)?)),
-        "qwen3vl" => Ok(Box::new(qwen3::load_vl(g, kernels, false)?)),
-        "qwen3vlmoe" => Ok(Box::new(qwen3::load_vl(g, kernels, true)?)),
-        "phi3" => Ok(Box::new(phi3::load(g, kernels, opts)?)),
-        "gemma" => Ok(Box::new(gemma::Gemma::load(g, kernels, gemma::Family::Gemma)?)),
-        "gemma2" => Ok(Box::new(gemma::Gemma::load(g, kernels, gemma::Family::Gemma2)?)),
-        "gemma3" => Ok(Box::new(gemma::Gemma::load(g, kernels, gemma::Family::Gemma3)?)),
-        "smollm3" => Ok(Box::new(smollm3::load(g, kernels)?)),
-        "ernie4_5" => Ok(Box::new(llama::load_llama_block(g, kernels, false)?)),
-        "exaone" => Ok(Box::new(llama::load_llama_block(g, kernels, true)?)),
-        "granite" => Ok(Box::new(granite::load(g, kernels, false)?)),
-        "granitemoe" => Ok(Box::new(granite::load(g, kernels, true)?)),
-        other => Err(ModelError::UnknownArch(other.to_string())),
+    let l = Loader::new(g, kernels)?;
+    let model: Box<dyn Model> = match arch {
+        "llama" => Box::new(llama::load(&l)?),
+        "mistral3" => Box::new(llama::load_mistral3(&l)?),
+        "olmo2" => Box::new(postnorm::load_olmo2(&l)?),
+        "exaone4" => Box::new(postnorm::load_exaone4(&l)?),
+        "qwen2" => Box::new(qwen2::load(&l, false)?),
+        "qwen2moe" => Box::new(qwen2::load(&l, true)?),
+        "qwen3" => Box::new(qwen3::load(&l, false)?),
+        "qwen3moe" => Box::new(qwen3::load(&l, true)?),
+        "qwen2vl" => Box::new(qwen2::load_vl(&l)?),
+        "qwen3vl" => Box::new(qwen3::load_vl(&l, false)?),
+        "qwen3vlmoe" => Box::new(qwen3::load_vl(&l, true)?),
+        "phi3" => Box::new(phi3::load(&l, opts)?),
+        "gemma" => Box::new(gemma::Gemma::load(&l, gemma::Family::Gemma)?),
+        "gemma2" => Box::new(gemma::Gemma::load(&l, gemma::Family::Gemma2)?),
+        "gemma3" => Box::new(gemma::Gemma::load(&l, gemma::Family::Gemma3)?),
+        "smollm3" => Box::new(smollm3::load(&l)?),
+        "ernie4_5" => Box::new(llama::load_llama_block(&l, false)?),
+        "exaone" => Box::new(llama::load_llama_block(&l, true)?),
+        "granite" => Box::new(granite::load(&l, false)?),
+        "granitemoe" => Box::new(granite::load(&l, true)?),
+        other => return Err(ModelError::UnknownArch(other.to_string())),
+    };
+    // Every tensor of the file must be part of the graph: llama.cpp refuses a file with a
+    // tensor its loader does not create, and computes with those it creates, so a tensor
+    // corelm leaves unread is one llama.cpp would use (a bias, a norm) — refused by name
+    // rather than run without.
+    if let Some(t) = g.tensors.iter().find(|t| !l.used(&t.name)) {
+        let n = g.tensors.iter().filter(|t| !l.used(&t.name)).count();
+        return Err(ModelError::UnusedTensor { arch: arch.to_string(), name: t.name.clone(), count: n });
     }
+    Ok(model)
 }
 
 /// Reads hyper-parameters and weights of one file, checking as it goes.
@@ -138,6 +151,8 @@ pub(crate) struct Loader<'a> {
     pub g: &'a Gguf,
     pub kernels: &'a Kernels,
     pub arch: String,
+    /// Names of the tensors the graph reads (every checked lookup).
+    used: std::cell::RefCell<std::collections::HashSet<String>>,
 }
 
 impl<'a> Loader<'a> {
@@ -147,7 +162,7 @@ impl<'a> Loader<'a> {
         if let Some(t) = g.tensors.iter().find(|t| kernels.ops(t.dtype).is_none()) {
             return Err(ModelError::UnsupportedType { name: t.name.clone(), dtype: t.dtype });
         }
-        Ok(Loader { g, kernels, arch: g.str("general.architecture")?.to_string() })
+        Ok(Loader { g, kernels, arch: g.str("general.architecture")?.to_string(), used: Default::default() })
     }
 
     /// `<arch>.<key>` as an integer.
@@ -281,6 +296,7 @@ impl<'a> Loader<'a> {
     /// with and whole blocks per row; referenced as a matrix `ne`.
     fn checked(&self, name: &str, shape: &[usize], ne: [usize; 2]) -> Result<WeightRef, ModelError> {
         let t = self.g.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        self.used.borrow_mut().insert(name.to_string());
         let found = t.shape[..t.n_dims].to_vec();
         let expected: Vec<u64> = shape.iter().map(|&v| v as u64).collect();
         if found != expected {
@@ -318,6 +334,11 @@ impl<'a> Loader<'a> {
     pub fn vector_part(&self, name: &str, total: usize, start: usize, n: usize) -> Result<WeightRef, ModelError> {
         let w = self.vector(name, total)?;
         Ok(WeightRef { offset: w.offset + 4 * start, len: 4 * n, ne: [n, 1], ..w })
+    }
+
+    /// Whether a checked lookup has read tensor `name`.
+    pub fn used(&self, name: &str) -> bool {
+        self.used.borrow().contains(name)
     }
 
     pub fn has(&self, name: &str) -> bool {

@@ -8,24 +8,20 @@
 use crate::common::Extras;
 use crate::prenorm::{PreNorm, PreNormSpec};
 use crate::{Loader, ModelError};
-use corelm_gguf::Gguf;
-use corelm_kernels::Kernels;
 
-pub fn load(g: &Gguf, k: &Kernels) -> Result<PreNorm, ModelError> {
-    let l = Loader::new(g, k)?;
+pub(crate) fn load(l: &Loader) -> Result<PreNorm, ModelError> {
     if l.opt_u("expert_count")?.is_some_and(|n| n > 0) {
         return Err(ModelError::Unsupported("llama-architecture mixture of experts (Mixtral)".into()));
     }
-    PreNorm::load(&l, PreNormSpec { extras: Extras::default(), neox: false, scale_q: false })
+    PreNorm::load(l, PreNormSpec { extras: Extras::default(), neox: false, scale_q: false })
 }
 
 /// ERNIE 4.5 (`ernie4_5`, the dense models) and EXAONE 3.x (`exaone`): the LLaMA block as
 /// llama.cpp builds it for them, RoPE on adjacent pairs (ERNIE) or NeoX pairs (EXAONE; its
 /// optional `rope_freqs` as Llama 3's). A bias on Wo, which ERNIE's loader allows and the
 /// released models do not have, is refused by name.
-pub fn load_llama_block(g: &Gguf, k: &Kernels, neox: bool) -> Result<PreNorm, ModelError> {
-    let l = Loader::new(g, k)?;
-    PreNorm::load(&l, PreNormSpec { extras: Extras::default(), neox, scale_q: false })
+pub(crate) fn load_llama_block(l: &Loader, neox: bool) -> Result<PreNorm, ModelError> {
+    PreNorm::load(l, PreNormSpec { extras: Extras::default(), neox, scale_q: false })
 }
 
 /// Mistral 3 (`mistral3`: Ministral 3 3B, 8B, 14B): the LLaMA block with YaRN RoPE (its betas
@@ -34,15 +30,14 @@ pub fn load_llama_block(g: &Gguf, k: &Kernels, neox: bool) -> Result<PreNorm, Mo
 /// every `rope.scaling.original_context_length` positions (the training context without it),
 /// as llama.cpp builds it. Biases (which its loader allows and the released models do not
 /// have), LongRoPE factors and experts are refused by name.
-pub fn load_mistral3(g: &Gguf, k: &Kernels) -> Result<PreNorm, ModelError> {
-    let l = Loader::new(g, k)?;
+pub(crate) fn load_mistral3(l: &Loader) -> Result<PreNorm, ModelError> {
     if l.opt_u("expert_count")?.is_some_and(|n| n > 0) {
         return Err(ModelError::Unsupported("mistral3 with experts".into()));
     }
     if l.g.opt_str("mistral3.rope.scaling.type")? == Some("longrope") {
         return Err(ModelError::Unsupported("mistral3 with LongRoPE factors".into()));
     }
-    let mut m = PreNorm::load(&l, PreNormSpec { extras: Extras::default(), neox: false, scale_q: false })?;
+    let mut m = PreNorm::load(l, PreNormSpec { extras: Extras::default(), neox: false, scale_q: false })?;
     if let Some(scale) = l.opt_f("attention.temperature_scale")?.filter(|&s| s != 0.0) {
         if !scale.is_finite() {
             return Err(ModelError::BadHyper(format!("mistral3.attention.temperature_scale = {scale}")));

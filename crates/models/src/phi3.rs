@@ -14,12 +14,9 @@
 use crate::common::Extras;
 use crate::prenorm::{PreNorm, PreNormSpec};
 use crate::{LoadOptions, Loader, ModelError};
-use corelm_gguf::Gguf;
-use corelm_kernels::Kernels;
 
-pub fn load(g: &Gguf, k: &Kernels, opts: LoadOptions) -> Result<PreNorm, ModelError> {
-    let l = Loader::new(g, k)?;
-    let mut m = PreNorm::load(&l, PreNormSpec { extras: Extras::default(), neox: true, scale_q: true })?;
+pub(crate) fn load(l: &Loader, opts: LoadOptions) -> Result<PreNorm, ModelError> {
+    let mut m = PreNorm::load(l, PreNormSpec { extras: Extras::default(), neox: true, scale_q: true })?;
     if !(l.has("rope_factors_long.weight") || l.has("rope_factors_short.weight")) {
         return Ok(m);
     }
@@ -28,8 +25,14 @@ pub fn load(g: &Gguf, k: &Kernels, opts: LoadOptions) -> Result<PreNorm, ModelEr
     // llama.cpp's choice (`get_rope_factors`): the context of one sequence, padded as its
     // context is, against the length the model was first trained on.
     let name = if opts.n_ctx.next_multiple_of(256) > orig { "rope_factors_long.weight" } else { "rope_factors_short.weight" };
-    // (`vector` names it as missing where the file has only the other one.)
+    // (`vector` names it as missing where the file has only the other one.) The other set is
+    // read too, checked as llama.cpp checks it: a file carries both.
     let freqs = l.vector(name, h.n_rot / 2)?;
+    for other in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+        if other != name && l.has(other) {
+            l.vector(other, h.n_rot / 2)?;
+        }
+    }
     m.set_rope_factors(freqs);
     Ok(m)
 }

@@ -17,8 +17,7 @@ use crate::common::Extras;
 use crate::prenorm::{PreNorm, PreNormSpec, Swa, Tweaks};
 use crate::{Loader, ModelError};
 use corelm_core::RopeParams;
-use corelm_gguf::{Gguf, Value};
-use corelm_kernels::Kernels;
+use corelm_gguf::Value;
 
 /// llama.cpp's sliding-window pattern for OLMo 3 and EXAONE 4 where the file gives none (or
 /// an array).
@@ -28,31 +27,29 @@ const EXAONE4_WINDOW: u64 = 4096;
 /// The depth at which llama.cpp windows EXAONE 4's layers (the 32B model).
 const EXAONE4_SWA_LAYERS: usize = 64;
 
-pub fn load_olmo2(g: &Gguf, k: &Kernels) -> Result<PreNorm, ModelError> {
-    let l = Loader::new(g, k)?;
+pub(crate) fn load_olmo2(l: &Loader) -> Result<PreNorm, ModelError> {
     let extras = Extras { qk_norm: true, row_qk_norm: true, post_norms: true, no_pre_norms: true, ..Extras::default() };
-    let mut m = PreNorm::load(&l, PreNormSpec { extras, neox: true, scale_q: false })?;
+    let mut m = PreNorm::load(l, PreNormSpec { extras, neox: true, scale_q: false })?;
     // A window of 0 (or none) is no sliding window, as llama.cpp reads it.
-    let window = g.opt_u64("olmo2.attention.sliding_window")?.unwrap_or(0);
+    let window = l.g.opt_u64("olmo2.attention.sliding_window")?.unwrap_or(0);
     if window > 0 {
         let h = m.hyper_ref();
         let rope = RopeParams::plain(h.n_head, h.head_dim, h.n_rot, h.rope_base, 1.0, true);
-        let swa = Swa { window: window_u32(&l, window)?, pattern: pattern(&l)?, rope: Some(rope), global_rope: true };
+        let swa = Swa { window: window_u32(l, window)?, pattern: pattern(l)?, rope: Some(rope), global_rope: true };
         m.set_tweaks(Tweaks { swa: Some(swa), ..Tweaks::default() });
     }
     Ok(m)
 }
 
-pub fn load_exaone4(g: &Gguf, k: &Kernels) -> Result<PreNorm, ModelError> {
-    let l = Loader::new(g, k)?;
-    if g.opt_u64("exaone4.nextn_predict_layers")?.is_some_and(|n| n > 0) {
+pub(crate) fn load_exaone4(l: &Loader) -> Result<PreNorm, ModelError> {
+    if l.g.opt_u64("exaone4.nextn_predict_layers")?.is_some_and(|n| n > 0) {
         return Err(ModelError::Unsupported("exaone4 with next-token-prediction layers (nextn_predict_layers)".into()));
     }
     let extras = Extras { qk_norm: true, post_norms: true, no_pre_norms: true, ..Extras::default() };
-    let mut m = PreNorm::load(&l, PreNormSpec { extras, neox: true, scale_q: false })?;
+    let mut m = PreNorm::load(l, PreNormSpec { extras, neox: true, scale_q: false })?;
     if m.hyper_ref().n_layer == EXAONE4_SWA_LAYERS {
-        let window = g.opt_u64("exaone4.attention.sliding_window")?.unwrap_or(EXAONE4_WINDOW);
-        let swa = Swa { window: window_u32(&l, window)?, pattern: pattern(&l)?, rope: None, global_rope: false };
+        let window = l.g.opt_u64("exaone4.attention.sliding_window")?.unwrap_or(EXAONE4_WINDOW);
+        let swa = Swa { window: window_u32(l, window)?, pattern: pattern(l)?, rope: None, global_rope: false };
         m.set_tweaks(Tweaks { swa: Some(swa), ..Tweaks::default() });
     }
     Ok(m)

@@ -7,12 +7,9 @@
 use crate::common::Extras;
 use crate::prenorm::{PreNorm, PreNormSpec};
 use crate::{Loader, ModelError};
-use corelm_gguf::Gguf;
-use corelm_kernels::Kernels;
 
-pub fn load(g: &Gguf, k: &Kernels, moe: bool) -> Result<PreNorm, ModelError> {
-    let l = Loader::new(g, k)?;
-    let moe = if moe { Some(crate::qwen3::moe_params(&l, false)?) } else { None };
+pub(crate) fn load(l: &Loader, moe: bool) -> Result<PreNorm, ModelError> {
+    let moe = if moe { Some(crate::qwen3::moe_params(l, false)?) } else { None };
     let extras = Extras { qkv_bias: true, moe, ..Extras::default() };
     // Qwen2-MoE's shared expert always has its gate (llama.cpp requires it).
     if moe.is_some() {
@@ -23,19 +20,18 @@ pub fn load(g: &Gguf, k: &Kernels, moe: bool) -> Result<PreNorm, ModelError> {
             }
         }
     }
-    PreNorm::load(&l, PreNormSpec { extras, neox: true, scale_q: false })
+    PreNorm::load(l, PreNormSpec { extras, neox: true, scale_q: false })
 }
 
 /// Qwen2-VL / Qwen2.5-VL's language model (`qwen2vl`) on text: Qwen2's block, its M-RoPE
 /// sections checked. An output bias (which llama.cpp's loader allows) is refused by name.
-pub fn load_vl(g: &Gguf, k: &Kernels) -> Result<PreNorm, ModelError> {
-    let l = Loader::new(g, k)?;
-    let sections = crate::qwen3::mrope_sections(&l)?;
+pub(crate) fn load_vl(l: &Loader) -> Result<PreNorm, ModelError> {
+    let sections = crate::qwen3::mrope_sections(l)?;
     if l.has("output.bias") {
         return Err(ModelError::Unsupported("qwen2vl output bias output.bias".into()));
     }
     let extras = Extras { qkv_bias: true, ..Extras::default() };
-    let mut m = PreNorm::load(&l, PreNormSpec { extras, neox: true, scale_q: false })?;
+    let mut m = PreNorm::load(l, PreNormSpec { extras, neox: true, scale_q: false })?;
     m.set_still_pairs(crate::qwen3::mrope_still(sections, m.hyper_ref().n_rot / 2, false));
     Ok(m)
 }

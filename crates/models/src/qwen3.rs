@@ -23,24 +23,20 @@ use crate::common::Extras;
 use crate::prenorm::{PreNorm, PreNormSpec};
 use crate::{Loader, ModelError};
 use corelm_core::MoeParams;
-use corelm_gguf::Gguf;
-use corelm_kernels::Kernels;
 
-pub fn load(g: &Gguf, k: &Kernels, moe: bool) -> Result<PreNorm, ModelError> {
-    let l = Loader::new(g, k)?;
-    let moe = if moe { Some(moe_params(&l, true)?) } else { None };
+pub(crate) fn load(l: &Loader, moe: bool) -> Result<PreNorm, ModelError> {
+    let moe = if moe { Some(moe_params(l, true)?) } else { None };
     let extras = Extras { qk_norm: true, moe, ..Extras::default() };
-    PreNorm::load(&l, PreNormSpec { extras, neox: true, scale_q: false })
+    PreNorm::load(l, PreNormSpec { extras, neox: true, scale_q: false })
 }
 
 /// Qwen3-VL's language model (`qwen3vl`; `qwen3vlmoe` with `moe`) on text: Qwen3's block,
 /// its M-RoPE sections checked.
-pub fn load_vl(g: &Gguf, k: &Kernels, moe: bool) -> Result<PreNorm, ModelError> {
-    let l = Loader::new(g, k)?;
-    let sections = mrope_sections(&l)?;
-    let moe = if moe { Some(moe_params(&l, true)?) } else { None };
+pub(crate) fn load_vl(l: &Loader, moe: bool) -> Result<PreNorm, ModelError> {
+    let sections = mrope_sections(l)?;
+    let moe = if moe { Some(moe_params(l, true)?) } else { None };
     let extras = Extras { qk_norm: true, moe, ..Extras::default() };
-    let mut m = PreNorm::load(&l, PreNormSpec { extras, neox: true, scale_q: false })?;
+    let mut m = PreNorm::load(l, PreNormSpec { extras, neox: true, scale_q: false })?;
     m.set_still_pairs(mrope_still(sections, m.hyper_ref().n_rot / 2, true));
     Ok(m)
 }

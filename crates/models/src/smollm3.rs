@@ -5,15 +5,12 @@
 use crate::common::Extras;
 use crate::prenorm::{PreNorm, PreNormSpec, Tweaks};
 use crate::{Loader, ModelError};
-use corelm_gguf::Gguf;
-use corelm_kernels::Kernels;
 
 /// Layers `il` with `(il + 1) % NO_ROPE_STEP == 0` are not rotated.
 const NO_ROPE_STEP: usize = 4;
 
-pub fn load(g: &Gguf, k: &Kernels) -> Result<PreNorm, ModelError> {
-    let l = Loader::new(g, k)?;
-    let mut m = PreNorm::load(&l, PreNormSpec { extras: Extras::default(), neox: false, scale_q: false })?;
+pub(crate) fn load(l: &Loader) -> Result<PreNorm, ModelError> {
+    let mut m = PreNorm::load(l, PreNormSpec { extras: Extras::default(), neox: false, scale_q: false })?;
     m.set_tweaks(Tweaks { no_rope_every: Some(NO_ROPE_STEP), ..Tweaks::default() });
     Ok(m)
 }
