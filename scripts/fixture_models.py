@@ -50,7 +50,7 @@ class Spec:
                  rope_base=300.0, tied=True, freqs=None, qk_norm=False, bias=False, fused=False,
                  experts=None, q_scale=False, shared_ff=None, n_rot=None, longrope=None, floats=None,
                  window=None, post_norms=False, yarn=None, quants=None, pre_norms=True, row_qk_norm=False,
-                 q8_layers=False, sections=None, ints=None, shared_gate=True):
+                 q8_layers=False, sections=None, ints=None, shared_gate=True, ffn_norm_name="ffn_norm"):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -136,6 +136,9 @@ SPECS = [
     Spec("granitemoe", "granitemoe", tied=True, n_ff=32, experts=(8, 2, 32), shared_ff=48, shared_gate=False,
          floats={"embedding_scale": 6.0, "residual_scale": 0.3, "attention.scale": 0.09,
                  "logit_scale": 4.0, "expert_weights_scale": 2.5}),
+    # Seed-OSS: NeoX RoPE, Q/K/V biases, the norm before the feed-forward named
+    # post_attention_norm.
+    Spec("seed_oss", "seed_oss", n_kv=1, tied=False, rope_base=1000.0, bias=True, ffn_norm_name="post_attention_norm"),
 ]
 
 # llama.cpp's context for the fixtures' logits; LONG_CTX for a LongRoPE fixture's long factors.
@@ -245,7 +248,7 @@ def write(spec, path, rng):
             add(p + "post_attention_norm.weight", norm(e))
             add(p + "post_ffw_norm.weight", norm(e))
         if spec.pre_norms:
-            add(p + "ffn_norm.weight", norm(e))
+            add(p + spec.ffn_norm_name + ".weight", norm(e))
         if spec.experts:
             n_exp, _, ff = spec.experts
             add(p + "ffn_gate_inp.weight", (rng.standard_normal((n_exp, e)) / np.sqrt(e) * 3).astype(np.float32))

@@ -405,6 +405,20 @@ fn qkv_biases_wherever_present_and_other_biases_refused() {
     }
 }
 
+/// Seed-OSS (`seed_oss`): NeoX RoPE, Q/K/V biases, the norm before the feed-forward stored as
+/// `post_attention_norm`; alone, batch-invariant and with two shards; `--accel-layers` refused
+/// by name (the device's layer reads LLaMA's tensor names).
+#[test]
+fn seed_oss_norm_names() {
+    check("seed_oss", false);
+    check("seed_oss", true);
+    check_tp("seed_oss", false, 2);
+    let (path, _) = fixture("seed_oss");
+    let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, accel_layers: 1, ..Default::default() };
+    let err = Engine::load(&path, cfg).err().expect("refused").to_string();
+    assert!(err.contains("layer 0 of this seed_oss model cannot run on the accelerator"), "{err}");
+}
+
 /// The Qwen-VL language models on text (`qwen2vl`, `qwen3vl` with a deepstack layer,
 /// `qwen3vlmoe`): M-RoPE with every section at the token's position is NeoX RoPE, bit for bit
 /// in ggml; alone, batch-invariant and with two shards, against llama.cpp.

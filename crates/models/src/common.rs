@@ -60,6 +60,9 @@ pub struct Extras {
     /// The experts are `feed_forward_length` wide, whatever `expert_feed_forward_length` says
     /// (Granite MoE, as llama.cpp reads it).
     pub experts_n_ff: bool,
+    /// The norm before the feed-forward is stored as `post_attention_norm` (Seed-OSS), not
+    /// `ffn_norm`.
+    pub ffn_norm_post_attention: bool,
 }
 
 impl LayerWeights {
@@ -148,7 +151,7 @@ impl LayerWeights {
             q_norm: opt(x.qk_norm, n("attn_q_norm"), qn)?,
             k_norm: opt(x.qk_norm, n("attn_k_norm"), kn)?,
             attn_post_norm: opt(x.post_norms, n("post_attention_norm"), e)?,
-            ffn_norm: opt(!x.no_pre_norms, n("ffn_norm"), e)?,
+            ffn_norm: opt(!x.no_pre_norms, n(if x.ffn_norm_post_attention { "post_attention_norm" } else { "ffn_norm" }), e)?,
             ffn,
             ffn_post_norm: opt(x.post_norms, n("post_ffw_norm"), e)?,
         })

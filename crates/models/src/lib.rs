@@ -99,7 +99,7 @@ pub struct KeyRope {
 pub use corelm_core::DeviceLayerSpec;
 
 /// `general.architecture` values this build runs.
-pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), mistral3 (Ministral 3), olmo2 (OLMo 2 and 3), exaone4, smollm3, granite, granitemoe, ernie4_5, exaone, qwen2, qwen2moe, qwen3, qwen3moe, qwen2vl, qwen3vl, qwen3vlmoe (their language models, on text), phi3, gemma, gemma2, gemma3";
+pub const SUPPORTED_ARCHS: &str = "llama (Llama 2/3.x, Mistral, SmolLM), mistral3 (Ministral 3), seed_oss, olmo2 (OLMo 2 and 3), exaone4, smollm3, granite, granitemoe, ernie4_5, exaone, qwen2, qwen2moe, qwen3, qwen3moe, qwen2vl, qwen3vl, qwen3vlmoe (their language models, on text), phi3, gemma, gemma2, gemma3";
 
 /// What a model's graph depends on besides its file.
 #[derive(Clone, Copy, Debug)]
@@ -115,6 +115,7 @@ pub fn load(g: &Gguf, kernels: &Kernels, opts: LoadOptions) -> Result<Box<dyn Mo
     let model: Box<dyn Model> = match arch {
         "llama" => Box::new(llama::load(&l)?),
         "mistral3" => Box::new(llama::load_mistral3(&l)?),
+        "seed_oss" => Box::new(llama::load_seed_oss(&l)?),
         "olmo2" => Box::new(postnorm::load_olmo2(&l)?),
         "exaone4" => Box::new(postnorm::load_exaone4(&l)?),
         "qwen2" => Box::new(qwen2::load(&l, false)?),

@@ -48,3 +48,11 @@ pub(crate) fn load_mistral3(l: &Loader) -> Result<PreNorm, ModelError> {
     }
     Ok(m)
 }
+
+/// Seed-OSS (`seed_oss`, ByteDance's 36B): the LLaMA block with NeoX RoPE, Q/K/V biases where
+/// the file has them, and the norm before the feed-forward stored as `post_attention_norm`,
+/// as llama.cpp builds it. `--accel-layers` is refused (the device reads LLaMA's names).
+pub(crate) fn load_seed_oss(l: &Loader) -> Result<PreNorm, ModelError> {
+    let extras = Extras { ffn_norm_post_attention: true, ..Extras::default() };
+    PreNorm::load(l, PreNormSpec { extras, neox: true, scale_q: false })
+}

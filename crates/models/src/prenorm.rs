@@ -64,6 +64,9 @@ pub struct PreNorm {
     output: WeightRef,
     cfg: AttnCfg,
     tweaks: Tweaks,
+    /// Whether every layer's tensors carry LLaMA's names, which the accelerator's layer loader
+    /// reads (not Seed-OSS's `post_attention_norm` before the feed-forward).
+    llama_names: bool,
 }
 
 impl PreNorm {
@@ -90,6 +93,7 @@ impl PreNorm {
             h,
             cfg,
             tweaks: Tweaks::default(),
+            llama_names: !spec.extras.ffn_norm_post_attention,
         })
     }
 
@@ -170,7 +174,7 @@ impl Model for PreNorm {
         // Mistral 3's query temperature.
         let c = &self.cfg;
         let t = &self.tweaks;
-        let plain = t.embd_scale.is_none() && t.residual_scale.is_none() && t.no_rope_every.is_none() && t.swa.is_none();
+        let plain = self.llama_names && t.embd_scale.is_none() && t.residual_scale.is_none() && t.no_rope_every.is_none() && t.swa.is_none();
         let lw = self.layers.get(il)?;
         let dense = matches!(lw.ffn, Ffn::Dense { .. });
         // Norms before attention and the feed-forward, none after, Q/K norms per head.
