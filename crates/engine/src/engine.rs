@@ -154,10 +154,7 @@ impl Engine {
             Some(w) => w.group_sizes.clone(),
             None => (0..degree).map(|s| corelm_core::tp::balanced(cfg.n_threads, s, degree).len()).collect(),
         };
-        if let (true, Some(why)) = (group_sizes.len() > 1, model.tp_refusal()) {
-            return Err(Error::Config(format!("--tp {}: {why}", group_sizes.len())));
-        }
-        let tp = tp_plan(&gguf, &h, &cfg, &group_sizes)?;
+        let tp = tp_plan(&gguf, model.as_ref(), &cfg, &group_sizes)?;
         // Sparsity and hot neurons skip or move neurons of dense feed-forwards.
         let n_expert = expert_count(&gguf);
         if n_expert > 0 && (cfg.sparsity.is_some() || cfg.accel.is_some()) {

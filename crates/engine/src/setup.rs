@@ -129,12 +129,16 @@ pub fn expert_count(g: &Gguf) -> usize {
 
 /// The shard plan of `--tp` for this model over worker groups of `groups` workers (one per
 /// shard), or why that degree cannot work (`None` at 1).
-pub(crate) fn tp_plan(gguf: &Gguf, h: &corelm_models::Hyper, cfg: &EngineConfig, groups: &[usize]) -> Result<Option<Arc<TpPlan>>, Error> {
+pub(crate) fn tp_plan(gguf: &Gguf, model: &dyn corelm_models::Model, cfg: &EngineConfig, groups: &[usize]) -> Result<Option<Arc<TpPlan>>, Error> {
     let degree = groups.len();
     if degree <= 1 {
         return Ok(None);
     }
     let refuse = |why: String| Err(Error::Config(format!("--tp {degree}: {why}")));
+    if let Some(why) = model.tp_refusal() {
+        return refuse(why);
+    }
+    let h = model.hyper();
     if degree > cfg.n_threads {
         return refuse(format!("needs at least {degree} worker threads, one per shard; got {}", cfg.n_threads));
     }

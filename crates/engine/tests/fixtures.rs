@@ -385,24 +385,33 @@ fn qkv_biases_wherever_present_and_other_biases_refused() {
     // The `mistral` fixture with one tensor more: a Wo bias (refused by name as a bias), or a
     // tensor no LLaMA graph reads (refused as unread).
     for (extra, why) in [("blk.1.attn_output.bias", "llama bias blk.1.attn_output.bias"), ("blk.0.attn_q_norm.weight", "tensor 'blk.0.attn_q_norm.weight' (1 unread in all) is not read by corelm's llama graph")] {
-        let (path, _) = fixture("mistral");
-        let g = corelm_gguf::Gguf::open(&path).unwrap();
-        let mut w = corelm_gguf::writer::Writer::new();
-        w.alignment = g.alignment;
-        for (k, v) in &g.metadata {
-            w.kv(k, v.clone());
-        }
-        for t in &g.tensors {
-            w.tensor(&t.name, &t.shape[..t.n_dims], t.dtype, g.tensor_data(t).to_vec());
-        }
-        let n = g.tensor("blk.1.attn_output.weight").unwrap().shape[1];
-        w.tensor(extra, &[n], DType::F32, vec![0u8; 4 * n as usize]);
-        let file = std::env::temp_dir().join(format!("corelm-extra-tensor-{}.gguf", std::process::id()));
-        std::fs::write(&file, w.to_bytes()).unwrap();
-        let e = Engine::load(&file, EngineConfig { n_threads: 1, pin: false, ..Default::default() }).err().expect("refused").to_string();
-        std::fs::remove_file(&file).ok();
+        let e = load_error_of_edited("mistral", extra, |_, v| v.clone(), |w, g| {
+            let n = g.tensor("blk.1.attn_output.weight").unwrap().shape[1];
+            w.tensor(extra, &[n], DType::F32, vec![0u8; 4 * n as usize]);
+        });
         assert!(e.contains(why), "{e}");
     }
+}
+
+/// The error `Engine::load` gives for fixture `name` rewritten: each metadata value through
+/// `kv`, every tensor as it is, then `add`'s extra tensors (`tag` names the temporary file).
+fn load_error_of_edited(name: &str, tag: &str, kv: impl Fn(&str, &corelm_gguf::Value) -> corelm_gguf::Value, add: impl FnOnce(&mut corelm_gguf::writer::Writer, &corelm_gguf::Gguf)) -> String {
+    let (path, _) = fixture(name);
+    let g = corelm_gguf::Gguf::open(&path).unwrap();
+    let mut w = corelm_gguf::writer::Writer::new();
+    w.alignment = g.alignment;
+    for (k, v) in &g.metadata {
+        w.kv(k, kv(k, v));
+    }
+    for t in &g.tensors {
+        w.tensor(&t.name, &t.shape[..t.n_dims], t.dtype, g.tensor_data(t).to_vec());
+    }
+    add(&mut w, &g);
+    let file = std::env::temp_dir().join(format!("corelm-edited-{name}-{tag}-{}.gguf", std::process::id()));
+    std::fs::write(&file, w.to_bytes()).unwrap();
+    let e = Engine::load(&file, EngineConfig { n_threads: 1, pin: false, ..Default::default() }).err().expect("refused").to_string();
+    std::fs::remove_file(&file).ok();
+    e
 }
 
 /// Seed-OSS (`seed_oss`): NeoX RoPE, Q/K/V biases, the norm before the feed-forward stored as
@@ -479,27 +488,11 @@ fn perplexity_matches_llama_cpp() {
 /// refused at load with an error that names them, not a panic when its graph is built.
 #[test]
 fn impossible_expert_counts_are_refused() {
-    let (path, _) = fixture("qwen3moe");
-    let g = corelm_gguf::Gguf::open(&path).unwrap();
-    let dir = std::env::temp_dir().join(format!("corelm-moe-counts-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     for used in [0u32, 9] {
-        let mut w = corelm_gguf::writer::Writer::new();
-        w.alignment = g.alignment;
-        for (k, v) in &g.metadata {
-            let v = if k == "qwen3moe.expert_used_count" { corelm_gguf::Value::U32(used) } else { v.clone() };
-            w.kv(k, v);
-        }
-        for t in &g.tensors {
-            w.tensor(&t.name, &t.shape[..t.n_dims], t.dtype, g.tensor_data(t).to_vec());
-        }
-        let file = dir.join(format!("used-{used}.gguf"));
-        std::fs::write(&file, w.to_bytes()).unwrap();
-        let e = Engine::load(&file, EngineConfig { n_threads: 1, pin: false, ..Default::default() }).err().expect("refused").to_string();
+        let e = load_error_of_edited("qwen3moe", &format!("used-{used}"), |k, v| if k == "qwen3moe.expert_used_count" { corelm_gguf::Value::U32(used) } else { v.clone() }, |_, _| {});
         let why = if used == 0 { "expert_used_count = 0".to_string() } else { format!("{used} of 8 experts per token") };
         assert!(e.contains(&why), "{e}");
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// Sparsity skips neurons of dense feed-forwards: on a mixture-of-experts model `--sparsity`

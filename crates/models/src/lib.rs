@@ -140,9 +140,9 @@ pub fn load(g: &Gguf, kernels: &Kernels, opts: LoadOptions) -> Result<Box<dyn Mo
     // tensor its loader does not create, and computes with those it creates, so a tensor
     // corelm leaves unread is one llama.cpp would use (a bias, a norm) — refused by name
     // rather than run without.
-    if let Some(t) = g.tensors.iter().find(|t| !l.used(&t.name)) {
-        let n = g.tensors.iter().filter(|t| !l.used(&t.name)).count();
-        return Err(ModelError::UnusedTensor { arch: arch.to_string(), name: t.name.clone(), count: n });
+    let unread: Vec<&str> = g.tensors.iter().map(|t| t.name.as_str()).filter(|&n| !l.used(n)).collect();
+    if let Some(&name) = unread.first() {
+        return Err(ModelError::UnusedTensor { arch: arch.to_string(), name: name.to_string(), count: unread.len() });
     }
     Ok(model)
 }
