@@ -38,6 +38,7 @@ TYPES = {
     "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11,
     "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "F16": 1, "BF16": 30,
     "IQ2_XXS": 16, "IQ2_XS": 17, "IQ3_XXS": 18, "IQ1_S": 19, "IQ3_S": 21, "IQ2_S": 22, "IQ1_M": 29,
+    "MXFP4": 39,
 }
 
 
@@ -153,8 +154,8 @@ def make_quants():
         qtype = gguf.GGMLQuantizationType(tid)
         w.add_tensor(f"{name}.q", q.reshape(rows, rs), raw_dtype=qtype)
         w.add_tensor(f"{name}.deq", deq)
-        if name.startswith("IQ") and name not in ("IQ4_NL", "IQ4_XS"):
-            # Rows of 16 super-blocks, so every float step of a dot repeats.
+        if (name.startswith("IQ") and name not in ("IQ4_NL", "IQ4_XS")) or name == "MXFP4":
+            # Rows of 16 super-blocks (MXFP4: 128 blocks), so every float step of a dot repeats.
             wq = quantize(lib, tid, dot_w)
             vdt, xq, dots = ggml_dots(tid, wq, dot_x)
             w.add_tensor(f"{name}.dw", wq.reshape(dot_w.shape[0], -1), raw_dtype=qtype)

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Write i-quant variants of a GGUF model for benchmarks (never run in CI).
+"""Write i-quant (or MXFP4) variants of a GGUF model for benchmarks (never run in CI).
 
-Every matrix whose rows are whole 256-value super-blocks (on SmolLM2, Qwen2.5 and Gemma 3
-only `ffn_down`: their model widths 576, 896 and 640 are not) is dequantized and requantized
-by ggml's own quantizer to TYPE, with a flat importance matrix where ggml requires one;
-everything else is copied as it is, as llama-quantize falls back for such rows.
+Every matrix whose rows are whole blocks of TYPE (256-value super-blocks for the i-quants: on
+SmolLM2, Qwen2.5 and Gemma 3 only `ffn_down`, their model widths 576, 896 and 640 are not;
+32-value blocks for MXFP4: every layer matrix) is dequantized and requantized by ggml's own
+quantizer to TYPE, with a flat importance matrix where ggml requires one; everything else
+(the token embeddings always) is copied as it is, as llama-quantize falls back for such rows.
 
     /work/cache/llama-venv/bin/python scripts/make_iq_models.py MODEL.gguf OUT.gguf IQ3_S
 """
@@ -19,7 +20,8 @@ import make_fixtures  # noqa: E402
 
 
 # llama.h's LLAMA_FTYPE_MOSTLY_* of each type (`general.file_type`, what llama-bench prints).
-FTYPES = {"IQ2_XXS": 19, "IQ2_XS": 20, "IQ3_XXS": 23, "IQ1_S": 24, "IQ3_S": 26, "IQ2_S": 28, "IQ1_M": 31}
+FTYPES = {"IQ2_XXS": 19, "IQ2_XS": 20, "IQ3_XXS": 23, "IQ1_S": 24, "IQ3_S": 26, "IQ2_S": 28, "IQ1_M": 31,
+          "MXFP4": 38}
 
 
 def main():
@@ -54,9 +56,10 @@ def main():
         else:
             w.add_key_value(f.name, f.parts[-1].tolist()[0], vt)
     moved = 0
+    block = 32 if a.type == "MXFP4" else 256
     for t in r.tensors:
         shape = [int(d) for d in t.shape]  # ggml order: shape[0] is the row length
-        if len(shape) == 2 and shape[0] % 256 == 0 and shape[1] > 1 and "token_embd" not in t.name:
+        if len(shape) == 2 and shape[0] % block == 0 and shape[1] > 1 and "token_embd" not in t.name and t.name != "output.weight":
             x = dequantize(t.data, t.tensor_type).reshape(shape[1], shape[0]).astype(np.float32)
             q = make_fixtures.quantize(lib, tid, x)
             w.add_tensor(t.name, q.reshape(shape[1], -1), raw_dtype=gguf.GGMLQuantizationType(tid))

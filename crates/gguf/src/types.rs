@@ -27,6 +27,8 @@ pub enum GgmlType {
     IQ3S,
     IQ1S,
     IQ1M,
+    /// OCP microscaling FP4 (gpt-oss): an E8M0 exponent and 32 E2M1 nibbles.
+    MXFP4,
     I8,
     I16,
     I32,
@@ -72,13 +74,14 @@ impl GgmlType {
             28 => F64,
             29 => IQ1M,
             30 => BF16,
+            39 => MXFP4,
             _ => return None,
         })
     }
 
     /// The type named `name` (as [`Self::name`] writes it, any case); `None` for other names.
     pub fn from_name(name: &str) -> Option<Self> {
-        (0..=30).filter_map(Self::from_id).find(|t| t.name().eq_ignore_ascii_case(name))
+        (0..=39).filter_map(Self::from_id).find(|t| t.name().eq_ignore_ascii_case(name))
     }
 
     /// GGUF type id.
@@ -108,6 +111,7 @@ impl GgmlType {
             IQ3S => 21,
             IQ2S => 22,
             IQ1M => 29,
+            MXFP4 => 39,
             I8 => 24,
             I16 => 25,
             I32 => 26,
@@ -144,6 +148,7 @@ impl GgmlType {
             IQ3S => "IQ3_S",
             IQ1S => "IQ1_S",
             IQ1M => "IQ1_M",
+            MXFP4 => "MXFP4",
             I8 => "I8",
             I16 => "I16",
             I32 => "I32",
@@ -158,7 +163,7 @@ impl GgmlType {
         use GgmlType::*;
         match self {
             F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4NL => 32,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4NL | MXFP4 => 32,
             Q2K | Q3K | Q4K | Q5K | Q6K | Q8K | IQ4XS | IQ2XXS | IQ2XS | IQ2S | IQ3XXS | IQ3S | IQ1S | IQ1M => QK_K,
         }
     }
@@ -178,6 +183,7 @@ impl GgmlType {
             Q8_0 => 34,
             Q8_1 => 36,
             IQ4NL => 18,
+            MXFP4 => 17,
             Q2K => 84,
             Q3K => 110,
             Q4K => 144,

@@ -113,7 +113,7 @@ pub struct Kernels {
 }
 
 /// Weight types this build computes with.
-pub const WEIGHT_TYPES: [DType; 22] = [
+pub const WEIGHT_TYPES: [DType; 23] = [
     DType::F32,
     DType::F16,
     DType::Q4_1,
@@ -136,6 +136,7 @@ pub const WEIGHT_TYPES: [DType; 22] = [
     DType::IQ3S,
     DType::IQ1S,
     DType::IQ1M,
+    DType::MXFP4,
 ];
 
 fn slot(t: DType) -> Option<usize> {
@@ -189,6 +190,7 @@ impl Kernels {
                 op(DType::Q8K, |x, y| pd::dot_iq_q8_k(iq::IqType::IQ3S, x, y), |x, y| iq::dequant(iq::IqType::IQ3S, x, y), None),
                 op(DType::Q8K, |x, y| pd::dot_iq_q8_k(iq::IqType::IQ1S, x, y), |x, y| iq::dequant(iq::IqType::IQ1S, x, y), None),
                 op(DType::Q8K, |x, y| pd::dot_iq_q8_k(iq::IqType::IQ1M, x, y), |x, y| iq::dequant(iq::IqType::IQ1M, x, y), None),
+                op(DType::Q8_0, pd::dot_mxfp4_q8_0, pq::dequant_mxfp4, None),
             ],
         }
     }
@@ -400,6 +402,8 @@ impl Kernels {
             set(&mut k, DType::Q4_0, |x, y| unsafe { ext::dot_q4_0_q8_0(x, y) });
             set(&mut k, DType::Q5_1, |x, y| unsafe { ext::dot_q5_1_q8_1(x, y) });
             set(&mut k, DType::IQ4NL, |x, y| unsafe { ext::dot_iq4_nl_q8_0(x, y) });
+            set(&mut k, DType::MXFP4, |x, y| unsafe { ext::dot_mxfp4_q8_0(x, y) });
+            k.ops[slot(DType::MXFP4).unwrap()].vec_dot4 = Some(|x, y, o| unsafe { ext::dot4_mxfp4_q8_0(x, y, o) });
             set(&mut k, DType::Q2K, |x, y| unsafe { ext::dot_q2_k_q8_k(x, y) });
             set(&mut k, DType::Q3K, |x, y| unsafe { ext::dot_q3_k_q8_k(x, y) });
             set(&mut k, DType::Q5K, |x, y| unsafe { ext::dot_q5_k_q8_k(x, y) });
@@ -536,6 +540,10 @@ impl Kernels {
                     (o.vec_dot, o.vec_dot_tile, o.vec_dot4) = (f, f, Some(f4));
                 }
             }
+            // MXFP4 has no NEON kernel yet: the x86 lane order written out (`matmul::lanes`), so
+            // an aarch64 machine gives the x86 tables' bits.
+            let o = &mut k.ops[slot(DType::MXFP4).unwrap()];
+            (o.vec_dot, o.vec_dot_tile) = (crate::matmul::lanes::dot_mxfp4_q8_0, crate::matmul::lanes::dot_mxfp4_q8_0);
             k.ops[slot(DType::Q4K).unwrap()].vec_dot_tile = pick(neon::<{ kind::Q4_K_TILE }>, |x, y| unsafe { dotprod::<{ kind::Q4_K_TILE }>(x, y) });
             // Interleaved kernels (`matmul::aarch64::neon_il`): Q4_K's tiles in its tile order.
             for (t, il) in [

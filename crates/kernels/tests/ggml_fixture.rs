@@ -13,7 +13,7 @@ fn fixture() -> Gguf {
 }
 
 /// Names in the fixture and our types.
-pub const TYPES: [(&str, DType); 21] = [
+pub const TYPES: [(&str, DType); 22] = [
     ("Q4_0", DType::Q4_0),
     ("Q4_1", DType::Q4_1),
     ("Q5_0", DType::Q5_0),
@@ -35,6 +35,7 @@ pub const TYPES: [(&str, DType); 21] = [
     ("IQ3_S", DType::IQ3S),
     ("IQ1_S", DType::IQ1S),
     ("IQ1_M", DType::IQ1M),
+    ("MXFP4", DType::MXFP4),
 ];
 
 #[test]
@@ -123,7 +124,7 @@ fn quantization_error_within_per_type_bounds() {
     // IQ4_NL/XS 0.11, Q4_K 0.087, Q5_0 0.082, Q5_1 0.055, Q5_K 0.050, Q6_K 0.037, Q8_0 0.012,
     // BF16 0.0017, F16 0.0002; bounds leave ~25% headroom. The i-quants (a flat importance
     // matrix; their worst row is the one with outliers, which their grids fit badly): IQ2_XXS
-    // 0.86, IQ2_XS 0.65, IQ2_S 0.66, IQ3_XXS 0.37, IQ3_S 0.29, IQ1_S 0.75, IQ1_M 0.62.
+    // 0.86, IQ2_XS 0.65, IQ2_S 0.66, IQ3_XXS 0.37, IQ3_S 0.29, IQ1_S 0.75, IQ1_M 0.62; MXFP4 0.149 (a power-of-two scale, no fitting).
     let bound = |t: DType| match t {
         DType::Q2K => 0.37,
         DType::Q3K => 0.19,
@@ -142,6 +143,7 @@ fn quantization_error_within_per_type_bounds() {
         DType::IQ3S => 0.37,
         DType::IQ1S => 0.94,
         DType::IQ1M => 0.78,
+        DType::MXFP4 => 0.19,
         _ => unreachable!(),
     };
     for (name, t) in TYPES {
@@ -156,10 +158,10 @@ fn quantization_error_within_per_type_bounds() {
     }
 }
 
-/// The 1- to 3-bit i-quants against ggml-cpu's own `vec_dot` (an AVX2 build) on rows of 16
-/// super-blocks: our Q8_K activations equal ggml's bytes, and the lane-order dot
-/// (`matmul::lanes`, what every SIMD table computes) and the detected table's dot and 4-row
-/// dot equal ggml's result bit for bit.
+/// The 1- to 3-bit i-quants and MXFP4 against ggml-cpu's own `vec_dot` (an AVX2 build) on
+/// rows of 4096 values: our activations (Q8_K; MXFP4's Q8_0) equal ggml's bytes, and the
+/// lane-order dot (`matmul::lanes`, what every SIMD table computes) and the detected table's
+/// dot and 4-row dot equal ggml's result bit for bit.
 #[test]
 fn iquant_dots_equal_ggml_avx2_bit_for_bit() {
     use corelm_kernels::matmul::lanes;
@@ -176,10 +178,14 @@ fn iquant_dots_equal_ggml_avx2_bit_for_bit() {
         let (rb, ab) = (q.len() / want.len(), act.len() / want.len());
         let mut xq = vec![0u8; ab];
         for (r, &w) in want.iter().enumerate() {
-            port.from_float(DType::Q8K).unwrap()(&input[r * cols..(r + 1) * cols], &mut xq);
-            assert_eq!(xq, &act[r * ab..(r + 1) * ab], "{name} row {r}: Q8_K activations differ from ggml's");
+            let vdt = port.ops(t).unwrap().vec_dot_type;
+            port.from_float(vdt).unwrap()(&input[r * cols..(r + 1) * cols], &mut xq);
+            assert_eq!(xq, &act[r * ab..(r + 1) * ab], "{name} row {r}: {vdt} activations differ from ggml's");
             let wr = &q[r * rb..(r + 1) * rb];
-            let ours = lanes::dot_iq_q8_k(IqType::of(t).unwrap(), wr, &xq);
+            let ours = match IqType::of(t) {
+                Some(iq) => lanes::dot_iq_q8_k(iq, wr, &xq),
+                None => lanes::dot_mxfp4_q8_0(wr, &xq),
+            };
             assert_eq!(ours.to_bits(), w.to_bits(), "{name} row {r}: lane order {ours} vs ggml {w}");
             let ops = fast.ops(t).unwrap();
             let simd = (ops.vec_dot)(wr, &xq);
@@ -192,5 +198,5 @@ fn iquant_dots_equal_ggml_avx2_bit_for_bit() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 28, "7 types × 4 rows");
+    assert_eq!(checked, 32, "7 i-quants and MXFP4 × 4 rows");
 }

@@ -85,6 +85,30 @@ pub fn dot_iq4_nl_q8_0(x: &[u8], y: &[u8]) -> f32 {
     hsum_8(&acc)
 }
 
+/// ggml's AVX2 MXFP4 order (`ggml_vec_dot_mxfp4_q8_0`): blocks in pairs, the first of each
+/// pair into one set of eight lanes and the second into another (`acc_L = fma(d_y·d_w, sum,
+/// acc_L)`, `d_w` = [`e8m0_half`]), the two sets added lane by lane and summed
+/// (`hsum_f32x8`); an odd last block then added as one float, as its scalar tail does.
+pub fn dot_mxfp4_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockMXFP4>(x), as_blocks::<BlockQ8_0>(y));
+    let (mut a1, mut a2) = ([0f32; 8], [0f32; 8]);
+    let pairs = x.len() / 2;
+    for i in 0..pairs {
+        for (acc, j) in [(&mut a1, 2 * i), (&mut a2, 2 * i + 1)] {
+            let (a, b) = (&x[j], &y[j]);
+            block(acc, b.d.to_f32() * e8m0_half(a.e), &widen(mxfp4_values(&a.qs)), &b.qs);
+        }
+    }
+    let sum: [f32; 8] = std::array::from_fn(|l| a1[l] + a2[l]);
+    let mut s = hsum_8(&sum);
+    if let (Some(a), Some(b)) = (x.get(2 * pairs), y.get(2 * pairs)) {
+        let v = mxfp4_values(&a.qs);
+        let sumi: i32 = (0..32).map(|i| b.qs[i] as i32 * v[i] as i32).sum();
+        s += b.d.to_f32() * e8m0_half(a.e) * sumi as f32;
+    }
+    s
+}
+
 /// ggml's AVX2 IQ4_XS order: per super-block, lane L sums over the eight 32-value sub-blocks
 /// the products of values `4L‥4L+4` of the sub-block's first (L < 4) or second half, times the
 /// sub-block's scale; then `acc_L = fma(d_w·d_y, lane, acc_L)`.

@@ -233,6 +233,12 @@ pub fn dot_q5_1_q8_1(x: &[u8], y: &[u8]) -> f32 {
     sum
 }
 
+/// ggml's `ggml_vec_dot_mxfp4_q8_0_generic`: per block `d_y · e8m0_half(e) · Σ v·y`.
+pub fn dot_mxfp4_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockMXFP4>(x), as_blocks::<BlockQ8_0>(y));
+    x.iter().zip(y).map(|(a, b)| b.d.to_f32() * e8m0_half(a.e) * isum(&mxfp4_values(&a.qs), &b.qs) as f32).sum()
+}
+
 pub fn dot_iq4_nl_q8_0(x: &[u8], y: &[u8]) -> f32 {
     let (x, y) = (as_blocks::<BlockIQ4NL>(x), as_blocks::<BlockQ8_0>(y));
     x.iter().zip(y).map(|(a, b)| a.d.to_f32() * b.d.to_f32() * isum(&iq4_nl_values(&a.qs), &b.qs) as f32).sum()

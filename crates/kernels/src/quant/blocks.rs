@@ -63,6 +63,29 @@ pub struct BlockIQ4NL {
 /// The non-linear 4-bit grid of IQ4_NL and IQ4_XS (ggml `kvalues_iq4nl`).
 pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
+/// 32 weights of OCP microscaling FP4 (MXFP4, gpt-oss): `x = 2^(e − 127) · E2M1[q]`, kept as
+/// ggml keeps it — doubled values [`KVALUES_MXFP4`] times half the scale ([`e8m0_half`]) —
+/// nibbles as in [`BlockQ4_1`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockMXFP4 {
+    /// The shared exponent (E8M0: no sign, no mantissa, bias 127).
+    pub e: u8,
+    pub qs: [u8; 16],
+}
+
+/// The E2M1 values doubled (ggml `kvalues_mxfp4`): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their
+/// negatives, times two.
+pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half of the E8M0 scale `2^(e − 127)`, the factor [`KVALUES_MXFP4`]'s doubled values take
+/// (ggml's `ggml_e8m0_to_fp32_half`: subnormal for e < 2; e = 255 is not NaN here either).
+#[inline]
+pub fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 { 0x0020_0000u32 << e } else { ((e - 1) as u32) << 23 };
+    f32::from_bits(bits)
+}
+
 /// 32 values: `x = d * q`, q in -127..=127.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -228,6 +251,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == 18);
 const _: () = assert!(std::mem::size_of::<BlockQ4_1>() == 20);
 const _: () = assert!(std::mem::size_of::<BlockQ5_1>() == 24);
 const _: () = assert!(std::mem::size_of::<BlockIQ4NL>() == 18);
+const _: () = assert!(std::mem::size_of::<BlockMXFP4>() == 17);
 const _: () = assert!(std::mem::size_of::<BlockQ2K>() == 84);
 const _: () = assert!(std::mem::size_of::<BlockQ3K>() == 110);
 const _: () = assert!(std::mem::size_of::<BlockQ5K>() == 176);
@@ -263,6 +287,8 @@ unsafe impl Block for BlockQ4_0 {}
 unsafe impl Block for BlockQ5_1 {}
 // SAFETY: as above.
 unsafe impl Block for BlockIQ4NL {}
+// SAFETY: as above (bytes only).
+unsafe impl Block for BlockMXFP4 {}
 // SAFETY: as above.
 unsafe impl Block for BlockQ2K {}
 // SAFETY: as above.

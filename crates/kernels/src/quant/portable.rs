@@ -158,12 +158,34 @@ pub fn dequant_q5_1(x: &[u8], y: &mut [f32]) {
 /// Grid values of one IQ4_NL block, in element order.
 #[inline]
 pub fn iq4_nl_values(qs: &[u8; 16]) -> [i8; 32] {
+    grid_values(&KVALUES_IQ4NL, qs)
+}
+
+/// The doubled E2M1 values of one MXFP4 block, in element order.
+#[inline]
+pub fn mxfp4_values(qs: &[u8; 16]) -> [i8; 32] {
+    grid_values(&KVALUES_MXFP4, qs)
+}
+
+/// 32 nibbles (low halves first, as [`BlockQ4_1`]) looked up in a 16-entry grid.
+#[inline]
+fn grid_values(grid: &[i8; 16], qs: &[u8; 16]) -> [i8; 32] {
     let mut v = [0i8; 32];
     for j in 0..16 {
-        v[j] = KVALUES_IQ4NL[(qs[j] & 0xF) as usize];
-        v[j + 16] = KVALUES_IQ4NL[(qs[j] >> 4) as usize];
+        v[j] = grid[(qs[j] & 0xF) as usize];
+        v[j + 16] = grid[(qs[j] >> 4) as usize];
     }
     v
+}
+
+/// ggml's `dequantize_row_mxfp4`: each doubled value times half the block's scale.
+pub fn dequant_mxfp4(x: &[u8], y: &mut [f32]) {
+    for (b, out) in as_blocks::<BlockMXFP4>(x).iter().zip(y.chunks_exact_mut(32)) {
+        let d = e8m0_half(b.e);
+        for (o, q) in out.iter_mut().zip(mxfp4_values(&b.qs)) {
+            *o = q as f32 * d;
+        }
+    }
 }
 
 pub fn dequant_iq4_nl(x: &[u8], y: &mut [f32]) {

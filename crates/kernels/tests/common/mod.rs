@@ -69,6 +69,8 @@ pub fn random_row(t: DType, n: usize, rng: &mut Rng) -> Vec<u8> {
                 x.scales[2 * i + 1] = (x.scales[2 * i + 1] & 0x0F) | (((d >> (4 * i)) & 0xF) << 4) as u8;
             }
         }),
+        // Exponents around 2^0, the range gpt-oss's blocks take.
+        DType::MXFP4 => as_blocks_mut::<BlockMXFP4>(&mut b).iter_mut().for_each(|x| x.e = 118 + (x.e % 16)),
         DType::BF16 => as_blocks_mut::<u16>(&mut b)
             .iter_mut()
             .for_each(|x| *x = (rng.f32().to_bits() >> 16) as u16),

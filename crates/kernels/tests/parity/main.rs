@@ -60,7 +60,7 @@ fn simd_dots_equal_the_lane_order_reference() {
     use corelm_kernels::matmul::{lanes, portable};
     use corelm_kernels::quant::iq::IqType;
     type Dot = fn(&[u8], &[u8]) -> f32;
-    let refs: [(DType, Dot, Dot); 19] = [
+    let refs: [(DType, Dot, Dot); 20] = [
         (DType::Q4_0, lanes::dot_q4_0_q8_0, lanes::dot_q4_0_q8_0),
         (DType::Q4_1, lanes::dot_q4_1_q8_1, lanes::dot_q4_1_q8_1),
         (DType::Q5_0, lanes::dot_q5_0_q8_0, lanes::dot_q5_0_q8_0),
@@ -80,6 +80,7 @@ fn simd_dots_equal_the_lane_order_reference() {
         (DType::IQ3S, |x, y| lanes::dot_iq_q8_k(IqType::IQ3S, x, y), |x, y| lanes::dot_iq_q8_k(IqType::IQ3S, x, y)),
         (DType::IQ1S, |x, y| lanes::dot_iq_q8_k(IqType::IQ1S, x, y), |x, y| lanes::dot_iq_q8_k(IqType::IQ1S, x, y)),
         (DType::IQ1M, |x, y| lanes::dot_iq_q8_k(IqType::IQ1M, x, y), |x, y| lanes::dot_iq_q8_k(IqType::IQ1M, x, y)),
+        (DType::MXFP4, lanes::dot_mxfp4_q8_0, lanes::dot_mxfp4_q8_0),
     ];
     let port = Kernels::portable();
     let mut rng = Rng(0x1A7E_5EED);

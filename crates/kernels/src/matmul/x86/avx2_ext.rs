@@ -1,5 +1,5 @@
 //! AVX2 dot products for the weight types the golden models do not use but Hub files do:
-//! Q4_0, Q5_1, IQ4_NL (32-blocks against Q8_0/Q8_1), Q2_K, Q3_K, Q5_K, IQ4_XS (super-blocks
+//! Q4_0, Q5_1, IQ4_NL, MXFP4 (32-blocks against Q8_0/Q8_1), Q2_K, Q3_K, Q5_K, IQ4_XS (super-blocks
 //! against Q8_K) and BF16. Same integer sums as the portable twins (`matmul::portable`); only the
 //! float summation order differs.
 #![allow(clippy::missing_safety_doc)]
@@ -51,6 +51,62 @@ pub fn dot_iq4_nl_q8_0(x: &[u8], y: &[u8]) -> f32 {
         acc = _mm256_fmadd_ps(d, mul_sum_i8(qx, load32(&b.qs)), acc);
     }
     hsum_f32x8(acc)
+}
+
+/// ggml's AVX2 `ggml_vec_dot_mxfp4_q8_0`: blocks in pairs into two accumulators, an odd last
+/// block as one float (`lanes::dot_mxfp4_q8_0` writes the order out).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot_mxfp4_q8_0(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockMXFP4>(x), as_blocks::<BlockQ8_0>(y));
+    // SAFETY: AVX2 enabled on this function.
+    let table = unsafe { mxfp4_grid() };
+    let (mut acc1, mut acc2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let pairs = x.len().min(y.len()) / 2;
+    for i in 0..pairs {
+        let (a1, b1, a2, b2) = (&x[2 * i], &y[2 * i], &x[2 * i + 1], &y[2 * i + 1]);
+        let p1 = mul_sum_i8(_mm256_shuffle_epi8(table, nibbles_32(&a1.qs)), load32(&b1.qs));
+        let p2 = mul_sum_i8(_mm256_shuffle_epi8(table, nibbles_32(&a2.qs)), load32(&b2.qs));
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b1.d) * e8m0_half(a1.e)), p1, acc1);
+        acc2 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b2.d) * e8m0_half(a2.e)), p2, acc2);
+    }
+    let mut s = hsum_f32x8(_mm256_add_ps(acc1, acc2));
+    if let (Some(a), Some(b)) = (x.get(2 * pairs), y.get(2 * pairs)) {
+        let v = crate::quant::portable::mxfp4_values(&a.qs);
+        let sumi: i32 = v.iter().zip(&b.qs).map(|(&w, &q)| w as i32 * q as i32).sum();
+        s += h2f(b.d) * e8m0_half(a.e) * sumi as f32;
+    }
+    s
+}
+
+/// Four-row twin of [`dot_mxfp4_q8_0`] (prefill): each block's values looked up once for the
+/// four activation rows, each row's sums in its own pair of accumulators, so each row gets
+/// the bits of the one-row dot.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn dot4_mxfp4_q8_0(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4]) {
+    let a = as_blocks::<BlockMXFP4>(x);
+    let b: [&[BlockQ8_0]; 4] = y.map(as_blocks::<BlockQ8_0>);
+    // SAFETY: AVX2 enabled on this function.
+    let table = unsafe { mxfp4_grid() };
+    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+    let pairs = a.len() / 2;
+    for (i, blk) in a[..2 * pairs].iter().enumerate() {
+        let qx = _mm256_shuffle_epi8(table, nibbles_32(&blk.qs));
+        let ax = _mm256_sign_epi8(qx, qx);
+        let dw = e8m0_half(blk.e);
+        for (row, acc) in b.iter().zip(acc.iter_mut()) {
+            let sy = _mm256_sign_epi8(load32(&row[i].qs), qx);
+            acc[i & 1] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(row[i].d) * dw), mul_sum_us8(ax, sy), acc[i & 1]);
+        }
+    }
+    for ((o, row), acc) in out.iter_mut().zip(&b).zip(&acc) {
+        let mut s = hsum_f32x8(_mm256_add_ps(acc[0], acc[1]));
+        if let (Some(a), Some(b)) = (a.get(2 * pairs), row.get(2 * pairs)) {
+            let v = crate::quant::portable::mxfp4_values(&a.qs);
+            let sumi: i32 = v.iter().zip(&b.qs).map(|(&w, &q)| w as i32 * q as i32).sum();
+            s += h2f(b.d) * e8m0_half(a.e) * sumi as f32;
+        }
+        *o = s;
+    }
 }
 
 /// i8×i8 products summed in pairs to 16 i16 lanes (no overflow: |x|, |y| ≤ 127).

@@ -162,6 +162,16 @@ pub(crate) unsafe fn iq4_grid() -> __m256i {
     unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i)) }
 }
 
+/// The MXFP4 grid (doubled E2M1 values) in both 128-bit lanes, for `shuffle_epi8` lookups.
+///
+/// # Safety
+/// AVX2 present (inlined into the kernel).
+#[inline(always)]
+pub(crate) unsafe fn mxfp4_grid() -> __m256i {
+    // SAFETY: KVALUES_MXFP4 is 16 readable bytes; unaligned load; the caller's AVX2.
+    unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i)) }
+}
+
 /// The IQ4_NL/IQ4_XS grid in all four 128-bit lanes.
 ///
 /// # Safety
