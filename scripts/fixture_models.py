@@ -50,7 +50,8 @@ class Spec:
                  rope_base=300.0, tied=True, freqs=None, qk_norm=False, bias=False, fused=False,
                  experts=None, q_scale=False, shared_ff=None, n_rot=None, longrope=None, floats=None,
                  window=None, post_norms=False, yarn=None, quants=None, pre_norms=True, row_qk_norm=False,
-                 q8_layers=False, sections=None, ints=None, shared_gate=True, ffn_norm_name="ffn_norm"):
+                 q8_layers=False, sections=None, ints=None, shared_gate=True, ffn_norm_name="ffn_norm",
+                 oai=False):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -139,6 +140,13 @@ SPECS = [
     # Seed-OSS: NeoX RoPE, Q/K/V biases, the norm before the feed-forward named
     # post_attention_norm.
     Spec("seed_oss", "seed_oss", n_kv=1, tied=False, rope_base=1000.0, bias=True, ffn_norm_name="post_attention_norm"),
+    # gpt-oss: Q/K/V and Wo biases, an attention sink per head, a window of 8 on the even
+    # layers, YaRN, 3 of 8 experts weighted by a softmax over the chosen logits, the router's
+    # and every expert's biases, the clamped SwiGLU; the experts in MXFP4 as the released files
+    # (gain 4: gate and up reach the clamp at 7).
+    Spec("gpt_oss", "gpt-oss", n_layer=4, tied=False, rope_base=1000.0, bias=True, window=8, yarn=(4.0, 64),
+         experts=(8, 3, 64), ffn_norm_name="post_attention_norm", oai=True,
+         quants={f"blk.{i}.ffn_{m}_exps.weight": "MXFP4" for i in range(4) for m in ("gate", "up", "down")}),
 ]
 
 # llama.cpp's context for the fixtures' logits; LONG_CTX for a LongRoPE fixture's long factors.
@@ -204,8 +212,9 @@ def write(spec, path, rng):
             return w.add_tensor(name, a)
         import make_fixtures
         tid = make_fixtures.TYPES[t]
-        q = make_fixtures.quantize(make_fixtures.libggml(), tid, a.astype(np.float32))
-        w.add_tensor(name, q.reshape(a.shape[0], -1), raw_dtype=gguf.GGMLQuantizationType(tid))
+        # Stacked experts quantized row by row; the stack's shape kept.
+        q = make_fixtures.quantize(make_fixtures.libggml(), tid, a.reshape(-1, a.shape[-1]).astype(np.float32))
+        w.add_tensor(name, q.reshape(*a.shape[:-1], -1), raw_dtype=gguf.GGMLQuantizationType(tid))
 
     e, hd = spec.n_embd, spec.head_dim
     qd, kvd = spec.n_head * hd, spec.n_kv * hd
@@ -244,6 +253,10 @@ def write(spec, path, rng):
             add(p + "attn_q_norm.weight", norm(qd if spec.row_qk_norm else hd))
             add(p + "attn_k_norm.weight", norm(kvd if spec.row_qk_norm else hd))
         add(p + "attn_output.weight", mat(e, qd))
+        if spec.oai:
+            add(p + "attn_output.bias", (0.3 * rng.standard_normal(e)).astype(np.float32))
+            # Sinks about the scores' size: some heads' softmax dominated by them, some not.
+            add(p + "attn_sinks.weight", (1.5 * rng.standard_normal(spec.n_head)).astype(np.float32))
         if spec.post_norms:
             add(p + "post_attention_norm.weight", norm(e))
             add(p + "post_ffw_norm.weight", norm(e))
@@ -252,9 +265,18 @@ def write(spec, path, rng):
         if spec.experts:
             n_exp, _, ff = spec.experts
             add(p + "ffn_gate_inp.weight", (rng.standard_normal((n_exp, e)) / np.sqrt(e) * 3).astype(np.float32))
-            add(p + "ffn_gate_exps.weight", np.stack([mat(ff, e) for _ in range(n_exp)]))
-            add(p + "ffn_up_exps.weight", np.stack([mat(ff, e) for _ in range(n_exp)]))
-            add(p + "ffn_down_exps.weight", np.stack([mat(e, ff) for _ in range(n_exp)]))
+            if spec.oai:
+                add(p + "ffn_gate_exps.weight", np.stack([mat(ff, e, 4.0) for _ in range(n_exp)]))
+                add(p + "ffn_up_exps.weight", np.stack([mat(ff, e, 4.0) for _ in range(n_exp)]))
+                add(p + "ffn_down_exps.weight", np.stack([mat(e, ff, 0.3) for _ in range(n_exp)]))
+                add(p + "ffn_gate_inp.bias", rng.standard_normal(n_exp).astype(np.float32))
+                add(p + "ffn_gate_exps.bias", (0.5 * rng.standard_normal((n_exp, ff))).astype(np.float32))
+                add(p + "ffn_up_exps.bias", (0.5 * rng.standard_normal((n_exp, ff))).astype(np.float32))
+                add(p + "ffn_down_exps.bias", (0.3 * rng.standard_normal((n_exp, e))).astype(np.float32))
+            else:
+                add(p + "ffn_gate_exps.weight", np.stack([mat(ff, e) for _ in range(n_exp)]))
+                add(p + "ffn_up_exps.weight", np.stack([mat(ff, e) for _ in range(n_exp)]))
+                add(p + "ffn_down_exps.weight", np.stack([mat(e, ff) for _ in range(n_exp)]))
             if spec.shared_ff:
                 sf = spec.shared_ff
                 if spec.shared_gate:

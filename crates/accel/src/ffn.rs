@@ -222,6 +222,9 @@ impl HotFfn {
         let kind = match kind {
             Glu::Silu => 0,
             Glu::GeluTanh => 1,
+            // Only dense feed-forwards go to the device; gpt-oss's clamped SwiGLU is a
+            // mixture of experts' (`ModelSetup` refuses `--accel` sparsity for it).
+            Glu::SwigluOai => unreachable!("a feed-forward with gpt-oss's clamped SwiGLU offloaded"),
         };
         self.act_params.set(gpu, [n, kind, thr.to_bits(), 0, 0, 0, 0, 0]);
         let (rows, slices) = (l.down.rows as u32, l.slices as u32);

@@ -72,6 +72,7 @@ impl Model {
                     let a = match kind {
                         Glu::Silu => gv / (1.0 + (-gv).exp()),
                         Glu::GeluTanh => 0.5 * gv * (1.0 + (0.7978845608028654 * gv * (1.0 + 0.044715 * gv * gv)).tanh()),
+                        Glu::SwigluOai => unreachable!("not offloaded"),
                     };
                     // Neurons within 1e-4 of the threshold may go either way in f32.
                     if (a.abs() - thr as f64).abs() < 1e-4 {

@@ -690,6 +690,20 @@ impl<'k> Builder<'k> {
         })
     }
 
+    /// Each routed pair's row of `x` (`[ne0, n_tokens·n_used]`, position order) plus its
+    /// expert's row of `bias` (`[ne0, n_expert]`; a shard's: its experts' rows), over the pairs
+    /// of the shard's experts (ggml's `add_id`: gpt-oss's per-expert biases).
+    pub fn add_expert_bias(&mut self, x: &Bundle, bias: &Bundle, route: &Bundle, p: MoeParams) -> Bundle {
+        self.zip(&[x, bias, route], |b, t| {
+            let (x, bias, route) = (t[0], t[1], t[2]);
+            b.check_src(x);
+            let (ne, nb) = (b.t(x).ne, b.t(bias).ne);
+            let (e0, e1) = b.experts(p.n_expert);
+            assert!(ne[1] == b.n_tokens * p.n_used && nb == [ne[0], (e1 - e0) as usize], "expert bias shape");
+            b.node(ne, DType::F32, Op::AddId { x, bias, route, p, e0, e1 }).single()
+        })
+    }
+
     /// The tensor-parallel plan while inside parallel subgraphs.
     fn shard_plan(&self) -> Option<Arc<TpPlan>> {
         self.tp.clone().filter(|_| self.mode == Mode::Parallel)

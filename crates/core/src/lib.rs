@@ -37,5 +37,5 @@ pub use memory::{Buffer, Place, Pools};
 pub use packed::PackedWeights;
 pub use placement::{NumaMode, Placement};
 pub use sched::{BatchView, DeviceLayerSpec, DeviceLayers, DeviceMatmul, Executor, Offload, Profile, ProfileEntry, Tap, Weights};
-pub use tensor::{AttnParams, AttnShard, Bundle, ClassSplit, DeviceSplit, Glu, MoeParams, Op, RopeParams, Storage, Tensor, TensorId, WeightForm, WeightRef};
+pub use tensor::{AttnParams, AttnShard, Bundle, ClassSplit, DeviceSplit, Glu, MoeGating, MoeParams, Op, RopeParams, Storage, Tensor, TensorId, WeightForm, WeightRef};
 pub use threads::{PoolConfig, ThreadPool, Worker};

@@ -14,7 +14,7 @@
 //! Invariant: every `[pairs][n]` tensor between the first expert matmul and [`combine`] is in
 //! position order.
 
-use crate::tensor::MoeParams;
+use crate::tensor::{MoeGating, MoeParams};
 use std::ops::Range;
 
 /// The routing table, an `i32` array:
@@ -72,40 +72,55 @@ pub fn route(logits: &[f32], n_tokens: usize, p: MoeParams, table: &mut [i32]) {
 /// One token's routing from its router logits `[n_expert]`: softmax over all experts, the
 /// `n_used` most probable into `ids` (best first; ties to the lower id), their probabilities
 /// optionally divided by their sum (clamped below at 2^-14, as llama.cpp) and scaled, as f32
-/// bits into `weights`.
+/// bits into `weights`. With [`MoeGating::SoftmaxWeight`] the `n_used` largest logits are
+/// chosen and a softmax over those alone gives their weights.
 pub fn select(logits: &[f32], p: MoeParams, ids: &mut [i32], weights: &mut [i32]) {
     let k = p.n_used;
     let mut row = ProbRow::default();
-    let probs = row.softmax(logits);
+    // What the experts are ranked by: their probabilities, or (softmax-weight) their logits.
+    let scores = match p.gating {
+        MoeGating::Softmax => row.softmax(logits),
+        MoeGating::SoftmaxWeight => logits,
+    };
     // Top-k by insertion into a descending list: an expert goes before the first one of
-    // lower probability, so equal ones stay in id order.
+    // lower score, so equal ones stay in id order.
     let mut chosen = [0usize; MAX_USED];
     let mut n = 0;
-    for (e, &pr) in probs.iter().enumerate() {
-        if n == k && pr.partial_cmp(&probs[chosen[k - 1]]) != Some(std::cmp::Ordering::Greater) {
+    for (e, &pr) in scores.iter().enumerate() {
+        if n == k && pr.partial_cmp(&scores[chosen[k - 1]]) != Some(std::cmp::Ordering::Greater) {
             continue;
         }
         let mut at = n.min(k - 1);
-        while at > 0 && pr > probs[chosen[at - 1]] {
+        while at > 0 && pr > scores[chosen[at - 1]] {
             chosen[at] = chosen[at - 1];
             at -= 1;
         }
         chosen[at] = e;
         n = (n + 1).min(k);
     }
-    let wsum: f32 = chosen[..k].iter().fold(0f32, |a, &e| a + probs[e]);
+    // Each slot's weight before renormalising: its probability, or its share of a softmax
+    // over the chosen logits alone (ggml's `soft_max` of the `[n_used]` row).
+    let mut top = ProbRow::default();
+    let w: [f32; MAX_USED] = match p.gating {
+        MoeGating::Softmax => std::array::from_fn(|s| if s < k { scores[chosen[s]] } else { 0.0 }),
+        MoeGating::SoftmaxWeight => {
+            let picked: [f32; MAX_USED] = std::array::from_fn(|s| if s < k { logits[chosen[s]] } else { 0.0 });
+            let sm = top.softmax(&picked[..k]);
+            std::array::from_fn(|s| if s < k { sm[s] } else { 0.0 })
+        }
+    };
+    let wsum: f32 = w[..k].iter().fold(0f32, |a, &v| a + v);
     let div = if p.norm_w { wsum.max(6.103_515_6e-5) } else { 1.0 };
     for s in 0..k {
-        let e = chosen[s];
-        let mut w = probs[e];
+        let mut v = w[s];
         if p.norm_w {
-            w /= div;
+            v /= div;
         }
         if p.w_scale != 0.0 && p.w_scale != 1.0 {
-            w *= p.w_scale;
+            v *= p.w_scale;
         }
-        ids[s] = e as i32;
-        weights[s] = w.to_bits() as i32;
+        ids[s] = chosen[s] as i32;
+        weights[s] = v.to_bits() as i32;
     }
 }
 
@@ -216,7 +231,7 @@ mod tests {
             let k = (1 + (next() % 8) as usize).min(ne);
             // Few distinct values, so ties are common.
             let logits: Vec<f32> = (0..ne).map(|_| (next() % 5) as f32 * 0.5 - (case % 3) as f32).collect();
-            let p = MoeParams { n_expert: ne, n_used: k, norm_w: case % 2 == 0, w_scale: 1.0 };
+            let p = MoeParams { n_expert: ne, n_used: k, norm_w: case % 2 == 0, w_scale: 1.0, gating: MoeGating::Softmax };
             let (mut ids, mut w) = (vec![0; k], vec![0; k]);
             select(&logits, p, &mut ids, &mut w);
             let mut row = ProbRow::default();
@@ -233,7 +248,7 @@ mod tests {
 
     #[test]
     fn route_picks_top_k_normalises_and_groups_by_expert() {
-        let p = MoeParams { n_expert: 4, n_used: 2, norm_w: true, w_scale: 1.0 };
+        let p = MoeParams { n_expert: 4, n_used: 2, norm_w: true, w_scale: 1.0, gating: MoeGating::Softmax };
         // Token 0 prefers experts 2 then 0; token 1 prefers 0 then 3; token 2: 2 then 3.
         let logits = [1.0, -1.0, 2.0, 0.0, 3.0, 0.0, 1.0, 2.0, 0.0, 0.0, 5.0, 4.0];
         let mut table = vec![0i32; Route::len(3, p)];

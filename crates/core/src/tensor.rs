@@ -97,6 +97,9 @@ pub enum Glu {
     Silu,
     /// `gelu_tanh(gate) · up` (Gemma).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU (ggml `swiglu_oai`, α = 1.702, limit 7, as llama.cpp hard-codes
+    /// them): `x = min(gate, 7)`, `y = clamp(up, −7, 7)`, `x · σ(α·x) · (y + 1)`.
+    SwigluOai,
 }
 
 /// RoPE parameters of one `rope` node.
@@ -234,7 +237,9 @@ pub enum Op {
     /// slots (`TpPlan::k_heads`).
     KvStore { layer: u32, k: Option<TensorId>, v: Option<TensorId>, c0: u32, width: u32, kv_base: u32, keys: KeyLayout },
     /// Fused attention of each query head over the cache (`p` counts the node's own heads).
-    Attention { layer: u32, q: TensorId, p: AttnParams, shard: AttnShard },
+    /// `sinks`: per query head of the model (`[n_head]` f32), a logit each head's softmax
+    /// counts in its denominator with no value (gpt-oss's attention sinks).
+    Attention { layer: u32, q: TensorId, p: AttnParams, shard: AttnShard, sinks: Option<TensorId> },
     /// Gated activation.
     Glu { gate: TensorId, up: TensorId, kind: Glu },
     /// Sparse FFN, up projection of a small batch: `h = a · (w_i · x)` for each neuron `i` whose
@@ -294,6 +299,10 @@ pub enum Op {
     /// `out[token] = Σ_slot weight · y[pair]`, slots in order, over the slots whose expert is in
     /// `e0 .. e1` (all of them in serial mode; a shard's, whose partial sums a gather adds).
     MoeCombine { y: TensorId, route: TensorId, p: MoeParams, e0: u32, e1: u32 },
+    /// `y[pos] = x[pos] + bias[expert(pos)]` over the rows (in position order) of the pairs
+    /// routed to experts `e0 .. e1`, whose bias rows `bias` stacks (ggml's `add_id`: per-expert
+    /// biases, gpt-oss).
+    AddId { x: TensorId, bias: TensorId, route: TensorId, p: MoeParams, e0: u32, e1: u32 },
     /// Gather of tensor parallelism: the element-wise sum of the shards' partial results
     /// (`Graph::lists[list]`, added in shard order).
     GatherSum { list: u32 },
@@ -309,6 +318,18 @@ pub struct MoeParams {
     pub norm_w: bool,
     /// Multiply the weights by this (1 = none).
     pub w_scale: f32,
+    /// How router logits become the chosen experts' weights.
+    pub gating: MoeGating,
+}
+
+/// How a router's logits become weights (llama.cpp's `llama_expert_gating_func_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeGating {
+    /// A softmax over every expert; the `n_used` most probable chosen, their probabilities
+    /// the weights.
+    Softmax,
+    /// The `n_used` largest logits chosen, a softmax over those alone the weights (gpt-oss).
+    SoftmaxWeight,
 }
 
 impl Op {
@@ -342,6 +363,7 @@ impl Op {
             Op::MoeRoute { .. } => "moe_route",
             Op::MatMulId { .. } => "matmul_id",
             Op::MoeCombine { .. } => "moe_combine",
+            Op::AddId { .. } => "add_id",
             Op::SigmoidMul { .. } => "sigmoid_mul",
             Op::GatherSum { .. } => "gather_sum",
         }

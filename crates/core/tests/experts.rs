@@ -11,7 +11,7 @@ use common::values;
 use corelm_core::moe::{route, Route};
 use corelm_core::sched::experts::Experts;
 use corelm_core::sched::matmul::{self, Mode, Operands, WorkerClass};
-use corelm_core::tensor::{ClassSplit, MoeParams};
+use corelm_core::tensor::{ClassSplit, MoeGating, MoeParams};
 use corelm_kernels::matmul::gemm;
 use corelm_kernels::quant::reference::quantizer;
 use corelm_kernels::{row_bytes, DType, Isa, Kernels};
@@ -46,7 +46,7 @@ fn dense(kernels: &Kernels, t: DType, w: &[u8], il: Option<&[u8]>, k: usize, x: 
 
 #[test]
 fn each_expert_is_the_dense_matmul_of_its_rows() {
-    let p = MoeParams { n_expert: N_EXPERT, n_used: 2, norm_w: true, w_scale: 1.0 };
+    let p = MoeParams { n_expert: N_EXPERT, n_used: 2, norm_w: true, w_scale: 1.0, gating: MoeGating::Softmax };
     let mut checked = 0;
     for kernels in Isa::ALL.into_iter().filter_map(|i| Kernels::for_isa(i).ok()) {
         for t in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q6K, DType::F16] {
@@ -129,7 +129,7 @@ fn each_expert_is_the_dense_matmul_of_its_rows() {
 /// expert's positions are left alone, and the shard's rows equal the whole run's.
 #[test]
 fn a_shard_computes_only_its_experts() {
-    let p = MoeParams { n_expert: N_EXPERT, n_used: 2, norm_w: false, w_scale: 1.0 };
+    let p = MoeParams { n_expert: N_EXPERT, n_used: 2, norm_w: false, w_scale: 1.0, gating: MoeGating::Softmax };
     let kernels = Kernels::for_isa(Isa::Portable).unwrap();
     let t = DType::Q8_0;
     let k = 64;
@@ -176,7 +176,7 @@ fn a_shard_computes_only_its_experts() {
 fn experts_cut_by_routed_pairs_give_the_panel_bits() {
     let levels: Vec<Isa> = Isa::ALL.into_iter().rev().filter(|&i| Kernels::for_isa(i).is_ok()).collect();
     let best = Kernels::for_isa(levels[0]).unwrap();
-    let p = MoeParams { n_expert: N_EXPERT, n_used: 2, norm_w: true, w_scale: 1.0 };
+    let p = MoeParams { n_expert: N_EXPERT, n_used: 2, norm_w: true, w_scale: 1.0, gating: MoeGating::Softmax };
     let mode = Mode { batch_invariant: false, panel_gemm: true };
     let n_tokens = 29;
     let tab = table(n_tokens, p);

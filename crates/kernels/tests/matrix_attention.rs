@@ -137,7 +137,7 @@ fn prefill(k: &Kernels, q: &[f32], heads: usize, spans: &[std::ops::Range<usize>
     let mut out = vec![0f32; q.len()];
     let qs: Vec<&[f32]> = q.chunks_exact(per).collect();
     let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(per).collect();
-    attend_rows(AttnKernel::Tiled, k, &qs, heads, spans, kv, 0.125, s, &mut outs);
+    attend_rows(AttnKernel::Tiled, k, &qs, heads, spans, kv, 0.125, None, s, &mut outs);
     out
 }
 
@@ -268,7 +268,7 @@ fn the_pipeline_gives_the_fused_bits() {
                     let (rs, j) = (item_rows(i), i % n_kv);
                     let qs: Vec<&[f32]> = rs.clone().map(|r| q_of(r, j)).collect();
                     let mut outs: Vec<&mut [f32]> = want.chunks_exact_mut(heads * hd).skip(rs.start).take(rs.len()).map(|o| &mut o[j * group * hd..(j + 1) * group * hd]).collect();
-                    attend_rows(AttnKernel::Tiled, &k, &qs, group, &spans[rs], &view(j), 0.125, &mut s, &mut outs);
+                    attend_rows(AttnKernel::Tiled, &k, &qs, group, &spans[rs], &view(j), 0.125, None, &mut s, &mut outs);
                 }
                 for nth in 1..=3usize {
                     for roles in [[Role::Any; 3], [Role::Matrix, Role::Vector, Role::Vector], [Role::Vector, Role::Matrix, Role::Any]] {

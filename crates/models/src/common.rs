@@ -21,6 +21,10 @@ pub struct LayerWeights {
     pub q_norm: Option<WeightRef>,
     pub k_norm: Option<WeightRef>,
     pub attn_post_norm: Option<WeightRef>,
+    /// Wo's bias (gpt-oss).
+    pub bo: Option<WeightRef>,
+    /// One attention-sink logit per query head (gpt-oss, `attn_sinks`: `[n_head]` f32).
+    pub sinks: Option<WeightRef>,
     pub ffn_norm: Option<WeightRef>,
     pub ffn: Ffn,
     pub ffn_post_norm: Option<WeightRef>,
@@ -33,7 +37,16 @@ pub enum Ffn {
     Dense { gate: WeightRef, up: WeightRef, down: WeightRef },
     /// Mixture of experts: a router (`[n_embd, n_expert]`) and the experts' matrices stacked
     /// (`[n_embd, n_ff_exp · n_expert]`, expert `e` at rows `e · n_ff_exp ..`).
-    Moe { router: WeightRef, gate: WeightRef, up: WeightRef, down: WeightRef, p: MoeParams, shared: Option<Shared> },
+    Moe { router: WeightRef, gate: WeightRef, up: WeightRef, down: WeightRef, p: MoeParams, shared: Option<Shared>, biases: Option<MoeBiases> },
+}
+
+/// gpt-oss's biases of a mixture of experts: the router's (`[n_expert]`) and each expert's
+/// gate, up (`[n_ff_exp, n_expert]`) and down (`[n_embd, n_expert]`) rows.
+pub struct MoeBiases {
+    pub router: WeightRef,
+    pub gate: WeightRef,
+    pub up: WeightRef,
+    pub down: WeightRef,
 }
 
 /// A shared expert every token goes through, scaled by `sigmoid(gate_inp · x)` where the file
@@ -63,6 +76,8 @@ pub struct Extras {
     /// The norm before the feed-forward is stored as `post_attention_norm` (Seed-OSS), not
     /// `ffn_norm`.
     pub ffn_norm_post_attention: bool,
+    /// gpt-oss's tensors: Wo's bias, the router's and the experts' biases, attention sinks.
+    pub oai: bool,
 }
 
 impl LayerWeights {
@@ -75,8 +90,10 @@ impl LayerWeights {
         };
         // Biases corelm's block has no place for are refused by name (llama.cpp adds them
         // where a file has them).
+        // gpt-oss reads Wo's and the experts' (below).
+        let read = |t: &str| x.oai && ["attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"].contains(&t);
         for t in ["attn_output", "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] {
-            if l.has(&b(t)) {
+            if l.has(&b(t)) && !read(t) {
                 return Err(ModelError::Unsupported(format!("{} bias {}", l.arch, b(t))));
             }
         }
@@ -124,6 +141,16 @@ impl LayerWeights {
                     } else {
                         None
                     },
+                    biases: if x.oai {
+                        Some(MoeBiases {
+                            router: l.vector(&b("ffn_gate_inp"), p.n_expert)?,
+                            gate: l.weight(&b("ffn_gate_exps"), [ff, p.n_expert])?,
+                            up: l.weight(&b("ffn_up_exps"), [ff, p.n_expert])?,
+                            down: l.weight(&b("ffn_down_exps"), [e, p.n_expert])?,
+                        })
+                    } else {
+                        None
+                    },
                 }
             }
             // Gate and up fused in one `ffn_up` of 2·n_ff rows, gate first (Phi-3).
@@ -151,6 +178,8 @@ impl LayerWeights {
             q_norm: opt(x.qk_norm, n("attn_q_norm"), qn)?,
             k_norm: opt(x.qk_norm, n("attn_k_norm"), kn)?,
             attn_post_norm: opt(x.post_norms, n("post_attention_norm"), e)?,
+            bo: opt(x.oai, b("attn_output"), e)?,
+            sinks: opt(x.oai, n("attn_sinks"), h.n_head)?,
             ffn_norm: opt(!x.no_pre_norms, n(if x.ffn_norm_post_attention { "post_attention_norm" } else { "ffn_norm" }), e)?,
             ffn,
             ffn_post_norm: opt(x.post_norms, n("post_ffw_norm"), e)?,
@@ -234,10 +263,18 @@ pub fn attention(b: &mut Builder, h: &Hyper, lw: &LayerWeights, il: usize, x: &B
         softcap: cfg.softcap,
         window: cfg.window,
     };
-    let a = b.attention(il, &q, p); // [n_tokens, n_head * head_dim]
+    let sinks = lw.sinks.as_ref().map(|w| b.weight(w));
+    let a = b.attention_sinks(il, &q, p, sinks.as_ref()); // [n_tokens, n_head * head_dim]
     let y = b.matmul_cols(&lw.wo, &a, Split::HeadCols); // [n_tokens, n_embd] (per shard: a partial sum)
     let y = b.lora(&lw.wo, &a, y);
-    b.gather_sum(&y)
+    let y = b.gather_sum(&y);
+    match &lw.bo {
+        Some(bo) => {
+            let bo = b.weight(bo);
+            b.add(&y, &bo)
+        }
+        None => y,
+    }
 }
 
 /// Gated feed-forward: `down(act(gate x) · up x)`, `[n_tokens, n_embd]` → same; with
@@ -265,20 +302,35 @@ pub fn ffn(b: &mut Builder, lw: &LayerWeights, x: &Bundle, kind: Glu) -> Bundle 
             let y = b.lora(down, &a, y);
             b.gather_sum(&y) // [n_tokens, n_embd]
         }
-        Ffn::Moe { router, gate, up, down, p, shared } => {
+        Ffn::Moe { router, gate, up, down, p, shared, biases } => {
             let wr = b.weight(router);
             let logits = b.matmul(&wr, x); // [n_tokens, n_expert]
-            let logits = b.lora(router, x, logits);
+            let mut logits = b.lora(router, x, logits);
+            if let Some(bs) = biases {
+                let rb = b.weight(&bs.router);
+                logits = b.add(&logits, &rb);
+            }
             let route = b.moe_route(&logits, *p); // routing table
             // Tensor parallel: each shard computes the pairs routed to its experts and their
             // weighted sum; the gather adds the shards' sums.
             let xs = b.scatter(x);
             let (wg, wu) = (b.weight_split(gate, Split::Experts), b.weight_split(up, Split::Experts));
             let wd = b.weight_split(down, Split::Experts);
+            // gpt-oss: each pair's product plus its expert's bias row.
+            let biased = |b: &mut Builder, y: Bundle, bias: Option<&WeightRef>| match bias {
+                Some(w) => {
+                    let w = b.weight_split(w, Split::Experts);
+                    b.add_expert_bias(&y, &w, &route, *p)
+                }
+                None => y,
+            };
             let g = b.matmul_id(&wg, &xs, &route, *p, false); // [n_tokens · n_used, n_ff_exp]
+            let g = biased(b, g, biases.as_ref().map(|bs| &bs.gate));
             let u = b.matmul_id(&wu, &xs, &route, *p, false); // [n_tokens · n_used, n_ff_exp]
+            let u = biased(b, u, biases.as_ref().map(|bs| &bs.up));
             let a = b.glu(&g, &u, kind);
             let y = b.matmul_id(&wd, &a, &route, *p, true); // [n_tokens · n_used, n_embd]
+            let y = biased(b, y, biases.as_ref().map(|bs| &bs.down));
             let moe = b.moe_combine(&y, &route, *p); // [n_tokens, n_embd]
             let moe = b.gather_sum(&moe);
             let Some(sh) = shared else { return moe };

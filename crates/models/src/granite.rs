@@ -39,6 +39,7 @@ pub(crate) fn load(l: &Loader, moe: bool) -> Result<PreNorm, ModelError> {
         // Every layer without RoPE where the file turns it off.
         no_rope_every: (!rope).then_some(1),
         swa: None,
+        glu: None,
     });
     Ok(m)
 }

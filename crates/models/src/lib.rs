@@ -8,6 +8,7 @@
 
 mod common;
 pub mod gemma;
+pub mod gpt_oss;
 pub mod granite;
 pub mod llama;
 pub mod phi3;
@@ -86,6 +87,11 @@ pub trait Model: Send + Sync {
     fn tp_refusal(&self) -> Option<String> {
         None
     }
+    /// Whether attention counts a sink logit per head in its softmax (gpt-oss): only the F16
+    /// cache of key rows' kernels do (the engine refuses quantized caches and keys in columns).
+    fn attn_sinks(&self) -> bool {
+        false
+    }
 }
 
 /// The RoPE a layer applied to its keys: its parameters and per-frequency divisors (an F32
@@ -134,6 +140,7 @@ pub fn load(g: &Gguf, kernels: &Kernels, opts: LoadOptions) -> Result<Box<dyn Mo
         "exaone" => Box::new(llama::load_llama_block(&l, true)?),
         "granite" => Box::new(granite::load(&l, false)?),
         "granitemoe" => Box::new(granite::load(&l, true)?),
+        "gpt-oss" => Box::new(gpt_oss::load(&l)?),
         other => return Err(ModelError::UnknownArch(other.to_string())),
     };
     // Every tensor of the file must be part of the graph: llama.cpp refuses a file with a

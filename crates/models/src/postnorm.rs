@@ -35,7 +35,7 @@ pub(crate) fn load_olmo2(l: &Loader) -> Result<PreNorm, ModelError> {
     if window > 0 {
         let h = m.hyper_ref();
         let rope = RopeParams::plain(h.n_head, h.head_dim, h.n_rot, h.rope_base, 1.0, true);
-        let swa = Swa { window: window_u32(l, window)?, pattern: pattern(l)?, rope: Some(rope), global_rope: true };
+        let swa = Swa { window: window_u32(l, window)?, pattern: pattern(l, DEFAULT_SWA_PATTERN)?, rope: Some(rope), global_rope: true };
         m.set_tweaks(Tweaks { swa: Some(swa), ..Tweaks::default() });
     }
     Ok(m)
@@ -49,22 +49,22 @@ pub(crate) fn load_exaone4(l: &Loader) -> Result<PreNorm, ModelError> {
     let mut m = PreNorm::load(l, PreNormSpec { extras, neox: true, scale_q: false })?;
     if m.hyper_ref().n_layer == EXAONE4_SWA_LAYERS {
         let window = l.g.opt_u64("exaone4.attention.sliding_window")?.unwrap_or(EXAONE4_WINDOW);
-        let swa = Swa { window: window_u32(l, window)?, pattern: pattern(l)?, rope: None, global_rope: false };
+        let swa = Swa { window: window_u32(l, window)?, pattern: pattern(l, DEFAULT_SWA_PATTERN)?, rope: None, global_rope: false };
         m.set_tweaks(Tweaks { swa: Some(swa), ..Tweaks::default() });
     }
     Ok(m)
 }
 
-fn window_u32(l: &Loader, window: u64) -> Result<u32, ModelError> {
+pub(crate) fn window_u32(l: &Loader, window: u64) -> Result<u32, ModelError> {
     u32::try_from(window).map_err(|_| ModelError::BadHyper(format!("{}.attention.sliding_window = {window}", l.arch)))
 }
 
 /// `attention.sliding_window_pattern` as llama.cpp reads it: one number (0: every layer
-/// windowed); absent or an array, its default.
-fn pattern(l: &Loader) -> Result<usize, ModelError> {
+/// windowed); absent or an array, the family's default.
+pub(crate) fn pattern(l: &Loader, default: usize) -> Result<usize, ModelError> {
     let key = format!("{}.attention.sliding_window_pattern", l.arch);
     match l.g.get(&key) {
-        None | Some(Value::Array(_)) => Ok(DEFAULT_SWA_PATTERN),
+        None | Some(Value::Array(_)) => Ok(default),
         Some(_) => usize::try_from(l.g.u64(&key)?).map_err(|_| ModelError::BadHyper(key)),
     }
 }

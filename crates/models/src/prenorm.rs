@@ -1,6 +1,6 @@
 //! The one decoder of the LLaMA-like families (LLaMA, Mistral 1–3, Qwen2/3, the Qwen-VL
 //! language models and the mixtures of experts, Phi-3, SmolLM3, Granite, ERNIE 4.5, EXAONE 3
-//! and 4, OLMo 2 and 3): embeddings, `n_layer` × [`pre_norm_block`], final norm and LM head.
+//! and 4, OLMo 2 and 3, Seed-OSS, gpt-oss): embeddings, `n_layer` × [`pre_norm_block`], final norm and LM head.
 //! What the families change is data, not code: [`PreNormSpec`] (optional tensors — norms
 //! before or only after each half, Q/K norms per head or per row —, RoPE pairing, where the
 //! queries are scaled) and [`Tweaks`] (Granite's four multipliers, SmolLM3's layers without
@@ -32,8 +32,10 @@ pub struct Tweaks {
     pub logit_scale: Option<f32>,
     /// Layers `il` with `(il + 1) % n == 0` have no RoPE (SmolLM3: every fourth).
     pub no_rope_every: Option<usize>,
-    /// Sliding-window layers (OLMo 3).
+    /// Sliding-window layers (OLMo 3, gpt-oss).
     pub swa: Option<Swa>,
+    /// The feed-forward's gated activation where it is not SwiGLU (gpt-oss's clamped one).
+    pub glu: Option<Glu>,
 }
 
 /// Sliding-window attention on all but the last layer of every `pattern` (llama.cpp's
@@ -198,6 +200,10 @@ impl Model for PreNorm {
         })
     }
 
+    fn attn_sinks(&self) -> bool {
+        self.layers.iter().any(|lw| lw.sinks.is_some())
+    }
+
     fn tp_refusal(&self) -> Option<String> {
         let rows = self.layers.iter().any(|lw| lw.q_norm.as_ref().is_some_and(|w| w.ne[0] != self.h.head_dim));
         rows.then(|| format!("this {} model's Q/K norms span every head of a row, which no shard holds whole", self.h.arch))
@@ -210,7 +216,7 @@ impl Model for PreNorm {
         for (il, lw) in self.layers.iter().enumerate().skip(on_device) {
             b.begin_layer(il);
             let cfg = self.attn_cfg(il);
-            x = pre_norm_block(b, h, lw, il, &x, &cfg, Glu::Silu, t.residual_scale); // [n_tokens, n_embd]
+            x = pre_norm_block(b, h, lw, il, &x, &cfg, t.glu.unwrap_or(Glu::Silu), t.residual_scale); // [n_tokens, n_embd]
         }
         // llama.cpp multiplies by the reciprocal, rounded to f32 once.
         head_then(b, h, &x, &self.norm, &self.output, t.logit_scale.map(|s| LogitsPost::Scale(1.0 / s))) // [n_outputs, n_vocab]

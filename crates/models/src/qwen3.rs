@@ -22,7 +22,7 @@
 use crate::common::Extras;
 use crate::prenorm::{PreNorm, PreNormSpec};
 use crate::{Loader, ModelError};
-use corelm_core::MoeParams;
+use corelm_core::{MoeGating, MoeParams};
 
 pub(crate) fn load(l: &Loader, moe: bool) -> Result<PreNorm, ModelError> {
     let moe = if moe { Some(moe_params(l, true)?) } else { None };
@@ -85,7 +85,7 @@ pub(crate) fn moe_params(l: &Loader, norm_w: bool) -> Result<MoeParams, ModelErr
     if n_used > n_expert || n_expert > corelm_core::moe::MAX_EXPERTS || n_used > corelm_core::moe::MAX_USED {
         return Err(ModelError::BadHyper(format!("{n_used} of {n_expert} experts per token")));
     }
-    Ok(MoeParams { n_expert, n_used, norm_w, w_scale: 1.0 })
+    Ok(MoeParams { n_expert, n_used, norm_w, w_scale: 1.0, gating: MoeGating::Softmax })
 }
 
 #[cfg(test)]

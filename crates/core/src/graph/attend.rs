@@ -57,11 +57,26 @@ impl Builder<'_> {
     /// Attention of the query heads of `q` (`p` gives the model's head counts; a shard covers
     /// its own query heads and the KV heads they read).
     pub fn attention(&mut self, layer: usize, q: &Bundle, p: AttnParams) -> Bundle {
+        self.attention_sinks(layer, q, p, None)
+    }
+
+    /// [`Builder::attention`] with an attention sink per query head (`sinks`: the model's
+    /// `[n_head]` f32 logits, whole; each shard reads its heads' from `AttnShard::q_head0`).
+    pub fn attention_sinks(&mut self, layer: usize, q: &Bundle, p: AttnParams, sinks: Option<&Bundle>) -> Bundle {
         assert!(p.n_kv_head > 0 && p.n_head.is_multiple_of(p.n_kv_head), "heads not a multiple of KV heads");
         let group = p.n_head / p.n_kv_head;
         self.max_head_dim = self.max_head_dim.max(p.head_dim);
-        self.zip(&[q], |b, t| {
+        if let Some(s) = sinks {
+            let ne = self.t(s.single()).ne;
+            assert!(ne == [p.n_head, 1] && self.t(s.single()).dtype == DType::F32, "attention sinks: one f32 per query head");
+        }
+        let srcs: Vec<&Bundle> = match sinks {
+            Some(s) => vec![q, s],
+            None => vec![q],
+        };
+        self.zip(&srcs, |b, t| {
             let q = t[0];
+            let sinks = t.get(1).copied();
             b.check_src(q);
             let ne = b.t(q).ne;
             let (p, shard) = match b.shard() {
@@ -73,7 +88,7 @@ impl Builder<'_> {
                 None => (p, AttnShard { q_head0: 0, group, kv_base: 0 }),
             };
             assert_eq!(ne[0], p.n_head * p.head_dim, "attention query row length");
-            b.node(ne, DType::F32, Op::Attention { layer: layer as u32, q, p, shard }).single()
+            b.node(ne, DType::F32, Op::Attention { layer: layer as u32, q, p, shard, sinks }).single()
         })
     }
 }

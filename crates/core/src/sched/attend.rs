@@ -13,7 +13,8 @@ use corelm_kernels::DType;
 impl Ctx<'_> {
     /// Worker `w.ith` of `w.nth`'s share of the attention node `t` of layer `layer` (queries
     /// `q`).
-    pub(super) fn attention(&self, t: &Tensor, layer: usize, q: TensorId, p: AttnParams, shard: AttnShard, w: AttnWorker) {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attention(&self, t: &Tensor, layer: usize, q: TensorId, p: AttnParams, shard: AttnShard, sinks: Option<TensorId>, w: AttnWorker) {
         let AttnWorker { ith, nth, scratch, plans } = w;
         let [ne0, rows] = t.ne;
         let q = self.f32s(q);
@@ -63,6 +64,27 @@ impl Ctx<'_> {
             let pos = self.batch.pos[r] as usize;
             p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize))..pos + 1
         };
+        // Attention sinks (gpt-oss), each query head's from the model's `[n_head]`: ggml's
+        // tiled kernel counts them at its end (the item loop below, `attend_rows`); its
+        // one-chunk kernel — decode, batch-invariant rows — here, each (row, KV head) item as
+        // one range of split-KV decode (`attention::attend_with_sinks`). Both on an F16 cache of
+        // key rows, which the engine requires of such a model.
+        let sinks = sinks.map(|s| &self.f32s(s)[shard.q_head0..]);
+        if let (Some(sinks), true) = (sinks, per_block == 1) {
+            let mut state = [[0f32; 2]; attention::MAX_SINK_HEADS];
+            for (r, kvh, heads) in attention_items(rows, p.n_head, shard, ith, nth) {
+                let kv_rows = rows_of(self.batch.seq[r], shard.kv_base + kvh);
+                let span = span_of(r);
+                let cells = attention::Cells { kv: &kv_rows, n: span.end, visible: attention::Visible::From(span.start) };
+                let at = r * ne0 + heads.start * hd;
+                // SAFETY: (row, KV head) items are dealt to exactly one worker; the item's
+                // query heads of the row are its own part of this node's tensor.
+                let out = unsafe { self.out_f32(t, at, heads.len() * hd) };
+                let q = &q[at..at + heads.len() * hd];
+                attention::attend_with_sinks(self.kernels, q, cells, scale, &sinks[heads.clone()], scratch, &mut state, out);
+            }
+            return;
+        }
         // A decode step (a query row per sequence, over key rows): its (row, KV head, range,
         // query head) units dealt to the workers by their cells (`decode_dealt`).
         if per_block == 1 && kv.k_layout == KeyLayout::Rows && self.decode_dealt(t, q, &rows_of, &span_of, kind, p, shard, AttnWorker { ith, nth, scratch: &mut *scratch, plans }) {
@@ -144,7 +166,8 @@ impl Ctx<'_> {
                 let n = r1 - r0;
                 let (q_rows, out_rows) = (&qs[..n], &mut outs[..n]);
                 let kind = self.kv_split(kind, self.batch.pos[r0] as usize, nth);
-                attention::attend_rows(kind, self.kernels, q_rows, heads.len(), &spans[..n], &rows_kv, scale, scratch, out_rows);
+                let sinks = sinks.map(|s| &s[heads.clone()]);
+                attention::attend_rows(kind, self.kernels, q_rows, heads.len(), &spans[..n], &rows_kv, scale, sinks, scratch, out_rows);
                 r0 = r1;
             }
         }
@@ -242,7 +265,7 @@ impl Ctx<'_> {
                 // SAFETY: (row, KV head, range, head) units are dealt to exactly one worker;
                 // a whole row's range is its one range.
                 let out = unsafe { self.out_f32(t, at, heads.len() * hd) };
-                attention::attend_rows(plan.kind, self.kernels, &[qs], heads.len(), std::slice::from_ref(&plan.span), &kvr, scale, scratch, &mut [out]);
+                attention::attend_rows(plan.kind, self.kernels, &[qs], heads.len(), std::slice::from_ref(&plan.span), &kvr, scale, None, scratch, &mut [out]);
                 continue;
             }
             // SAFETY: the (row, range, head) slots of this call are written by this worker

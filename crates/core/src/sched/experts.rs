@@ -161,6 +161,23 @@ impl Ctx<'_> {
                     crate::moe::combine(y, table, p, r, e0 as usize..e1 as usize, o);
                 }
             }
+            Op::AddId { x, bias, route, p, e0, e1 } => {
+                let (x, table) = (self.f32s(x), self.i32s(route));
+                let bias = self.f32s(bias);
+                let n_pairs = Route::n_pairs(table, p);
+                // Each worker its share of the experts' positions, expert by expert.
+                for e in e0 as usize..e1 as usize {
+                    let at = Route::positions_of(table, n_pairs, e);
+                    let b = &bias[(e - e0 as usize) * ne0..(e - e0 as usize + 1) * ne0];
+                    for pos in split(at.len(), ith, nth).map(|i| at.start + i) {
+                        // SAFETY: position `pos` (a row of this node) belongs to this worker only.
+                        let o = unsafe { self.out_f32(t, pos * ne0, ne0) };
+                        for ((o, &v), &c) in o.iter_mut().zip(&x[pos * ne0..(pos + 1) * ne0]).zip(b) {
+                            *o = v + c;
+                        }
+                    }
+                }
+            }
             _ => unreachable!("not a MoE node: {}", t.op.name()),
         }
     }

@@ -622,7 +622,7 @@ impl Ctx<'_> {
                 assert_eq!(keys, self.kv.k_layout, "a graph planned for another key layout than its cache's");
                 self.kv_store(layer as usize, [k, v], c0 as usize..(c0 + width) as usize, kv_base as usize, ith, nth)
             }
-            Op::Attention { layer, q, p, shard } => self.attention(t, layer as usize, q, p, shard, attend::AttnWorker { ith, nth, scratch: &mut scratch.attn, plans: &mut scratch.plans }),
+            Op::Attention { layer, q, p, shard, sinks } => self.attention(t, layer as usize, q, p, shard, sinks, attend::AttnWorker { ith, nth, scratch: &mut scratch.attn, plans: &mut scratch.plans }),
             Op::Glu { gate, up, kind } => {
                 let (g, u) = (self.f32s(gate), self.f32s(up));
                 for r in split(rows, ith, nth) {
@@ -632,6 +632,7 @@ impl Ctx<'_> {
                     match kind {
                         Glu::Silu => act::swiglu(self.kernels, gr, ur, y),
                         Glu::GeluTanh => act::geglu(self.kernels, gr, ur, y),
+                        Glu::SwigluOai => act::swiglu_oai(gr, ur, y),
                     }
                 }
             }
@@ -668,7 +669,7 @@ impl Ctx<'_> {
                     self.device_layers.expect("a graph with device layers runs with a DeviceLayers").forward(y, &self.batch, self.kv);
                 }
             }
-            Op::MoeSelect { .. } | Op::MoeRoute { .. } | Op::MatMulId { .. } | Op::MoeCombine { .. } => self.moe(id, t, ith, nth, &mut scratch.mm),
+            Op::MoeSelect { .. } | Op::MoeRoute { .. } | Op::MatMulId { .. } | Op::MoeCombine { .. } | Op::AddId { .. } => self.moe(id, t, ith, nth, &mut scratch.mm),
             Op::SelectOutputs { x } => {
                 let x = self.f32s(x);
                 for i in split(rows, ith, nth) {

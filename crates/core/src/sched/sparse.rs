@@ -131,6 +131,11 @@ pub fn gate_activation(k: &Kernels, kind: Glu, g: &[f32], ones: &[f32], a: &mut 
     match kind {
         Glu::Silu => act::swiglu(k, g, &ones[..g.len()], a),
         Glu::GeluTanh => act::geglu(k, g, &ones[..g.len()], a),
+        // `up` of 1 doubles what the gate gives (`v + 1`); halved back, exactly.
+        Glu::SwigluOai => {
+            act::swiglu_oai(g, &ones[..g.len()], a);
+            a.iter_mut().for_each(|v| *v *= 0.5);
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! Gated activations of the FFN as ggml-cpu computes them: SwiGLU (`silu(g) · u`, SiLU through
 //! ggml's `expf`) and GeGLU (`gelu_tanh(g) · u`, GELU read from ggml's F16 table); portable
 //! versions here, 8/16-lane twins in [`x86`] and 4-lane ones in [`aarch64`], the same bits.
+//! gpt-oss's clamped SwiGLU ([`swiglu_oai`]) is scalar on every table, as ggml-cpu's is.
 
 use crate::{Isa, Kernels};
 
@@ -10,7 +11,7 @@ pub mod portable;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 
-pub use portable::{geglu_scalar_table, gelu_tanh, swiglu_scalar};
+pub use portable::{geglu_scalar_table, gelu_tanh, swiglu_oai, swiglu_scalar};
 
 /// `y = silu(g) · u`: sixteen, eight or four lanes at a time with an AVX-512, AVX2 or NEON
 /// table (`x86::swiglu_avx512`, `x86::swiglu`, `aarch64::swiglu`; same bits).

@@ -46,6 +46,21 @@ const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
 const GELU_COEF_A: f32 = 0.044715;
 
+/// α and the clamp of gpt-oss's SwiGLU, as llama.cpp hard-codes them (`LLM_FFN_SWIGLU_OAI_MOE`).
+pub const OAI_ALPHA: f32 = 1.702;
+pub const OAI_LIMIT: f32 = 7.0;
+
+/// gpt-oss's clamped SwiGLU, ggml-cpu's `swiglu_oai` step for step (scalar there too):
+/// `x = min(g, 7)`, `v = clamp(u, −7, 7)`, `y = x / (1 + exp(α·(−x))) · (v + 1)`.
+pub fn swiglu_oai(g: &[f32], u: &[f32], y: &mut [f32]) {
+    for ((o, &g), &u) in y.iter_mut().zip(g).zip(u) {
+        let x = g.min(OAI_LIMIT);
+        let v = u.clamp(-OAI_LIMIT, OAI_LIMIT);
+        let glu = x / (1.0 + (OAI_ALPHA * -x).exp());
+        *o = glu * (v + 1.0);
+    }
+}
+
 /// GELU (tanh approximation) as ggml-cpu computes it: input and output rounded through f16, as
 /// its lookup table does, exact outside (-10, 10).
 #[inline(always)]

@@ -225,6 +225,9 @@ pub(crate) fn attend_decode(
 /// = c >= spans[r].start`. With a SIMD table ([`has_simd`]), an F16 cache, the tiled kernel
 /// and at most [`ROWS_MAX_VECTORS`] rows × heads, the rows go through the cells together
 /// (`x86::rows`, `x86::rows512` with AVX-512, `aarch64::rows`); otherwise row by row.
+/// `sinks` (gpt-oss, one per head): each head's attention sink counted in its softmax as ggml
+/// counts it — by the multi-row tiled kernels where they run, else row by row by the one-chunk
+/// kernel ([`attend_with_sinks`]); an F16 cache of key rows only.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_rows(
     kind: AttnKernel,
@@ -234,33 +237,44 @@ pub fn attend_rows(
     spans: &[std::ops::Range<usize>],
     kv: &KvRows,
     scale: impl Into<Scale>,
+    sinks: Option<&[f32]>,
     scratch: &mut AttnScratch,
     out: &mut [&mut [f32]],
 ) {
     let scale: Scale = scale.into();
-    if kv.k_layout == KeyLayout::Columns {
-        return matrix::attend_rows(kernels, q, heads, spans, kv, scale.uncapped(), scratch, out);
-    }
-    if kind == AttnKernel::Tiled
+    assert!(sinks.is_none() || (kv.is_f16() && kv.k_layout == KeyLayout::Rows), "attention sinks need an F16 cache of key rows");
+    let tiled = kind == AttnKernel::Tiled
         && has_simd(kernels)
         && kv.is_f16()
         && kv.head_dim.is_multiple_of(8)
         && q.len() * heads <= ROWS_MAX_VECTORS
-        && scratch.rows.zero.len() >= kv.head_dim
-    {
+        && scratch.rows.zero.len() >= kv.head_dim;
+    if let (Some(sinks), false) = (sinks, tiled) {
+        assert!(heads <= MAX_SINK_HEADS, "{heads} query heads per KV head with attention sinks");
+        let mut state = [[0f32; 2]; MAX_SINK_HEADS];
+        for ((qr, or), span) in q.iter().zip(out.iter_mut()).zip(spans) {
+            let cells = Cells { kv, n: span.end, visible: Visible::From(span.start) };
+            attend_with_sinks(kernels, qr, cells, scale, sinks, scratch, &mut state, or);
+        }
+        return;
+    }
+    if kv.k_layout == KeyLayout::Columns {
+        return matrix::attend_rows(kernels, q, heads, spans, kv, scale.uncapped(), scratch, out);
+    }
+    if tiled {
         let before = scratch.rows.work.chunks_scored;
         #[cfg(target_arch = "x86_64")]
         if kernels.isa().avx512() {
             // SAFETY: an Avx512 table is only built after detecting AVX-512 F/BW/VL/VNNI (and
             // AVX2, FMA, F16C).
-            unsafe { x86::rows512::attend_tiled_rows(q, heads, spans, kv, scale, &mut scratch.rows, out) };
+            unsafe { x86::rows512::attend_tiled_rows(q, heads, spans, kv, scale, sinks, &mut scratch.rows, out) };
         } else {
             // SAFETY: an x86 SIMD table (Avx2 and above) is only built after detecting AVX2,
             // FMA and F16C.
-            unsafe { x86::rows::attend_tiled_rows(q, heads, spans, kv, scale, &mut scratch.rows, out) };
+            unsafe { x86::rows::attend_tiled_rows(q, heads, spans, kv, scale, sinks, &mut scratch.rows, out) };
         }
         #[cfg(target_arch = "aarch64")]
-        aarch64::rows::attend_tiled_rows(q, heads, spans, kv, scale, &mut scratch.rows, out);
+        aarch64::rows::attend_tiled_rows(q, heads, spans, kv, scale, sinks, &mut scratch.rows, out);
         types::note_key_transposes(scratch.rows.work.chunks_scored - before);
         #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         return;
@@ -342,6 +356,32 @@ pub fn attend_split_range(
         return;
     }
     portable::attend_split_range(q, cells, scale, chunk, r, scratch, state, acc)
+}
+
+/// Most query heads per KV head the attention-sink paths take (gpt-oss: 8).
+pub const MAX_SINK_HEADS: usize = 64;
+
+/// One query head's attention with an attention sink (gpt-oss): its partial over the visible
+/// cells of an F16 cache of key rows — [`attend_split_range`] with one range of all of them,
+/// the decode kernels — and the sink logit counted in the softmax as ggml counts it
+/// (`portable::sink_finish`). `q`, `out`: the heads of one KV head (`heads × head_dim`);
+/// `sinks[h]` is head `h`'s; `state` at least `heads` long.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_with_sinks(
+    kernels: &crate::Kernels,
+    q: &[f32],
+    cells: Cells,
+    scale: impl Into<Scale>,
+    sinks: &[f32],
+    scratch: &mut AttnScratch,
+    state: &mut [[f32; 2]],
+    out: &mut [f32],
+) {
+    let hd = cells.kv.head_dim;
+    attend_split_range(kernels, q, cells, scale, cells.n.max(1), 0, scratch, state, out);
+    for ((o, &st), &sink) in out.chunks_exact_mut(hd).zip(state.iter()).zip(sinks) {
+        portable::sink_finish(st, sink, o);
+    }
 }
 
 /// Split-KV decode's partials of one head, given in range order as (maximum, sum) and

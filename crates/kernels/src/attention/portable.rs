@@ -222,6 +222,17 @@ pub(crate) fn finish(fin: [f32; 2], out: &mut [f32]) {
     }
 }
 
+/// One head's partial (`st` = (maximum, sum), `acc` its unnormalised values) finished with an
+/// attention sink `sink` counted in the softmax — a logit with no value — as ggml's flash
+/// attention counts it (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`): a sink above
+/// the maximum rescales the values and the sum to it, one below adds `exp(sink − max)` to the
+/// sum; then the values divided by the sum.
+pub(crate) fn sink_finish(mut st: [f32; 2], sink: f32, acc: &mut [f32]) {
+    super::tiles::sink_step(&mut st, sink, acc);
+    let inv = if st[1] == 0.0 { 0.0 } else { 1.0 / st[1] };
+    acc.iter_mut().for_each(|v| *v *= inv);
+}
+
 /// One range of [`attend_split`] alone (cells `r·chunk ..`): per head its partial, `state[h]`
 /// and the unnormalised values in `acc[h·hd..]`, for [`fold`] in range order.
 #[allow(clippy::too_many_arguments)]

@@ -4,7 +4,9 @@
 //! spans, scored a chunk of 8 or 16 cells at a time, softmax per vector, values widened and accumulated once
 //! per tile for the vectors that saw anything, outputs normalised. The arithmetic (scores,
 //! exponentials, products) is each ISA's [`TileOps`]; the order of every operation is the
-//! portable `attention::portable::attend_tiled`'s, per vector.
+//! portable `attention::portable::attend_tiled`'s, per vector. Attention sinks (gpt-oss) are
+//! counted by [`sink_step`] before the outputs are normalised, here and after the one-chunk
+//! kernel (`portable::sink_finish`).
 
 use crate::attention::Scale;
 use super::types::{KvRows, RowsScratch, TileWork, KV_TILE, ROWS_MAX_VECTORS as MAX_VECTORS};
@@ -60,6 +62,22 @@ pub(crate) fn chunk_seen(spans: &[Range<usize>], c0: usize, w: usize, work: &mut
     any
 }
 
+/// The sink's step alone: `st` = (maximum, sum) and the unnormalised `acc` rescaled to a sink
+/// above the maximum, the sink's `exp(sink − max)` added to the sum otherwise (ggml's
+/// `ms`/`vs`, one `S·ms + vs`).
+pub(crate) fn sink_step(st: &mut [f32; 2], sink: f32, acc: &mut [f32]) {
+    let [m, s] = *st;
+    let (ms, vs) = if sink > m {
+        let ms = (m - sink).exp();
+        acc.iter_mut().for_each(|v| *v *= ms);
+        st[0] = sink;
+        (ms, 1.0)
+    } else {
+        (1.0, (sink - m).exp())
+    };
+    st[1] = s * ms + vs;
+}
+
 /// The next pass of the score phase from vector `v` of `ptrs`: eight vectors where eight are
 /// left, else four (past the last, the last again); the pass's width and its query pointers.
 #[inline(always)]
@@ -94,10 +112,12 @@ pub(crate) trait TileOps {
 /// Attention of `q.len()` query rows of one sequence, each `heads × head_dim` values over the
 /// cells `spans[r]` of `kv`: `out[r]` gets, per head, exactly what
 /// `attention::portable::attend_tiled` gives that head alone, given `ops` that keep its order.
-/// `q.len() · heads ≤ MAX_VECTORS`, `head_dim % 8 == 0`, F16 cache.
+/// `q.len() · heads ≤ MAX_VECTORS`, `head_dim % 8 == 0`, F16 cache. `sinks` (one per head):
+/// each head's attention sink counted in its softmax before the outputs are normalised, as
+/// ggml's tiled kernel counts it ([`sink_step`]).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_tiled_rows<O: TileOps>(ops: &O, q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
+pub(crate) fn attend_tiled_rows<O: TileOps>(ops: &O, q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, sinks: Option<&[f32]>, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
     let hd = kv.head_dim;
     let nv = q.len() * heads;
     assert!(nv <= MAX_VECTORS && hd.is_multiple_of(8) && spans.len() == q.len() && out.len() == q.len());
@@ -133,6 +153,9 @@ pub(crate) fn attend_tiled_rows<O: TileOps>(ops: &O, q: &[&[f32]], heads: usize,
         t0 = t1;
     }
     for v in 0..nv {
+        if let Some(sinks) = sinks {
+            sink_step(&mut sc.state[v], sinks[v % heads], &mut sc.acc[v * hd..(v + 1) * hd]);
+        }
         let [_, s] = sc.state[v];
         let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
         let o = &mut out[v / heads][v % heads * hd..(v % heads + 1) * hd];

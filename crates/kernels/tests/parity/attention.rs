@@ -240,7 +240,7 @@ fn row_block_attention_with(fast: &Kernels) {
             let qs: Vec<&[f32]> = q.chunks_exact(heads * hd).collect();
             let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(heads * hd).collect();
             let before = s.tile_work().chunks_scored;
-            attend_rows(AttnKernel::Tiled, &fast, &qs, heads, &spans, &kvr, 0.125, &mut s, &mut outs);
+            attend_rows(AttnKernel::Tiled, &fast, &qs, heads, &spans, &kvr, 0.125, None, &mut s, &mut outs);
             // The SIMD kernel ran (only it counts chunks), not the portable fallback.
             assert!(!attention::has_simd(&fast) || hd % 8 != 0 || s.tile_work().chunks_scored > before, "hd {hd}: no SIMD rows kernel");
             for (r, span) in spans.iter().enumerate() {
@@ -545,7 +545,7 @@ fn quantized_cache_rows_equal_per_row() {
                     let qs: Vec<&[f32]> = q.chunks_exact(heads * hd).collect();
                     let mut got = vec![f32::NAN; rows * heads * hd];
                     let mut outs: Vec<&mut [f32]> = got.chunks_exact_mut(heads * hd).collect();
-                    attend_rows(kind, &ks, &qs, heads, &spans, &kv, 0.125, &mut s, &mut outs);
+                    attend_rows(kind, &ks, &qs, heads, &spans, &kv, 0.125, None, &mut s, &mut outs);
                     for (r, span) in spans.iter().enumerate() {
                         for h in 0..heads {
                             let mut one = vec![0f32; hd];
@@ -609,7 +609,7 @@ fn soft_capped_scores_equal_portable() {
                 let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(heads * hd).collect();
                 let mut s = AttnScratch::with_heads(hd, heads);
                 let kind = if kv.k_type == DType::F16 { AttnKernel::Tiled } else { AttnKernel::Reference };
-                attend_rows(kind, &fast, &qs, heads, &spans, kv, sc, &mut s, &mut outs);
+                attend_rows(kind, &fast, &qs, heads, &spans, kv, sc, None, &mut s, &mut outs);
                 for (r, span) in spans.iter().enumerate() {
                     for h in 0..heads {
                         let mut one = vec![0f32; hd];
@@ -643,5 +643,47 @@ fn soft_capped_scores_equal_portable() {
         }
         let apart = (0..hd).map(|d| (want[d] - uncapped[d]).abs()).fold(0f64, f64::max);
         assert!(apart > 1.0, "hd {hd}: the cap changes little ({apart})");
+    }
+}
+
+/// Attention sinks (gpt-oss): every table's one-chunk path (`attend_with_sinks`) and tiled
+/// path (`attend_rows` with the tiled kernel) against an f64 softmax whose denominator
+/// counts each head's sink — sinks far below the scores (no effect), among them, and far above
+/// (the values scaled down to the sink) — within F16 accumulation error.
+#[test]
+fn attention_sinks_count_in_the_softmax() {
+    use corelm_kernels::attention::{attend_rows, attend_with_sinks, AttnKernel, AttnScratch, KvRows, MAX_SINK_HEADS};
+    let mut rng = Rng(4242);
+    let (hd, heads, cells) = (64usize, 4usize, 70usize);
+    let (q, k, v) = decode_case(&mut rng, hd, heads, cells);
+    let ident: Vec<u32> = (0..cells as u32).collect();
+    let kvr = KvRows::contiguous(&k, &v, hd, &ident);
+    for shift in [-60.0f32, 0.0, 40.0] {
+        let sinks: Vec<f32> = (0..heads).map(|h| shift + h as f32 - 1.5).collect();
+        // f64 reference per head over cells 0..cells, queries rounded to F16 as ggml's kernel.
+        let reference = |h: usize| -> Vec<f64> {
+            let qh = &q[h * hd..(h + 1) * hd];
+            let sc: Vec<f64> = (0..cells).map(|c| (0..hd).map(|d| k[c * hd + d].to_f64() * f16::from_f32(qh[d]).to_f64()).sum::<f64>() * 0.125).collect();
+            let mx = sc.iter().copied().fold(sinks[h] as f64, f64::max);
+            let z: f64 = sc.iter().map(|s| (s - mx).exp()).sum::<f64>() + (sinks[h] as f64 - mx).exp();
+            (0..hd).map(|d| (0..cells).map(|c| (sc[c] - mx).exp() / z * v[c * hd + d].to_f64()).sum()).collect()
+        };
+        for ks in tables() {
+            let mut s = AttnScratch::with_heads(hd, heads);
+            let mut state = [[0f32; 2]; MAX_SINK_HEADS];
+            let mut one = vec![f32::NAN; heads * hd];
+            attend_with_sinks(&ks, &q, Cells { kv: &kvr, n: cells, visible: Visible::From(0) }, 0.125, &sinks, &mut s, &mut state, &mut one);
+            let mut tiled = vec![f32::NAN; heads * hd];
+            attend_rows(AttnKernel::Tiled, &ks, &[&q], heads, std::slice::from_ref(&(0..cells)), &kvr, 0.125, Some(&sinks), &mut s, &mut [&mut tiled]);
+            for h in 0..heads {
+                let r = reference(h);
+                let mag = r.iter().fold(1e-3f64, |m, x| m.max(x.abs()));
+                for (what, got) in [("one-chunk", &one), ("tiled", &tiled)] {
+                    let g = &got[h * hd..(h + 1) * hd];
+                    let worst = g.iter().zip(&r).map(|(&a, &b)| (a as f64 - b).abs()).fold(0f64, f64::max);
+                    assert!(worst <= 2e-2 * mag, "{} {what} sink shift {shift} head {h}: off by {worst} (magnitude {mag})", ks.isa());
+                }
+            }
+        }
     }
 }

@@ -273,6 +273,7 @@ impl TileOps for NeonOps {
 /// cells `spans[r]` of `kv`: `out[r]` gets, per head, exactly what
 /// `attention::portable::attend_tiled` gives that head alone (`attention::tiles` drives).
 /// `q.len() · heads ≤ MAX_VECTORS`, `head_dim % 8 == 0`, F16 cache.
-pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
-    tiles::attend_tiled_rows(&NeonOps, q, heads, spans, kv, scale, sc, out)
+#[allow(clippy::too_many_arguments)]
+pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, sinks: Option<&[f32]>, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
+    tiles::attend_tiled_rows(&NeonOps, q, heads, spans, kv, scale, sinks, sc, out)
 }

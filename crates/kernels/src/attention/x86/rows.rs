@@ -200,8 +200,9 @@ impl TileOps for Avx2Ops {
 /// `attention::portable::attend_tiled` gives that head alone (`attention::tiles` drives).
 /// `q.len() · heads ≤ MAX_VECTORS`, `head_dim % 8 == 0`, F16 cache.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
-    tiles::attend_tiled_rows(&Avx2Ops(()), q, heads, spans, kv, scale, sc, out)
+#[allow(clippy::too_many_arguments)]
+pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, sinks: Option<&[f32]>, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
+    tiles::attend_tiled_rows(&Avx2Ops(()), q, heads, spans, kv, scale, sinks, sc, out)
 }
 
 /// The probability-weighted values of one tile (`cells` cells in `v32`) into the accumulators
@@ -242,7 +243,7 @@ mod tests {
     use half::f16;
 
     /// One of the two multi-row kernels (`rows`, `rows512`).
-    type Kernel = unsafe fn(&[&[f32]], usize, &[Range<usize>], &KvRows, Scale, &mut RowsScratch, &mut [&mut [f32]]);
+    type Kernel = unsafe fn(&[&[f32]], usize, &[Range<usize>], &KvRows, Scale, Option<&[f32]>, &mut RowsScratch, &mut [&mut [f32]]);
 
     /// A 1024-cell prefill in blocks of 16 rows (one head of 64 dimensions) through `kernel`;
     /// each block's spans from `span(position)`. The work summed over the blocks of `blocks`.
@@ -260,7 +261,7 @@ mod tests {
             let qs: Vec<&[f32]> = q.chunks_exact(hd).collect();
             let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(hd).collect();
             // SAFETY: the caller checked that the CPU has what the kernel enables.
-            unsafe { kernel(&qs, 1, &spans, &kv, Scale::from(0.125), &mut sc, &mut outs) };
+            unsafe { kernel(&qs, 1, &spans, &kv, Scale::from(0.125), None, &mut sc, &mut outs) };
         }
         sc.work
     }

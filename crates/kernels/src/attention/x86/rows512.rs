@@ -273,6 +273,7 @@ fn widen16(src: &[half::f16], dst: &mut [f32]) {
 /// [`super::rows::attend_tiled_rows`] with AVX-512: the same bits per head.
 /// `q.len() · heads ≤ MAX_VECTORS`, `head_dim % 8 == 0`, F16 cache.
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
-    tiles::attend_tiled_rows(&Avx512Ops(()), q, heads, spans, kv, scale, sc, out)
+#[allow(clippy::too_many_arguments)]
+pub fn attend_tiled_rows(q: &[&[f32]], heads: usize, spans: &[Range<usize>], kv: &KvRows, scale: Scale, sinks: Option<&[f32]>, sc: &mut RowsScratch, out: &mut [&mut [f32]]) {
+    tiles::attend_tiled_rows(&Avx512Ops(()), q, heads, spans, kv, scale, sinks, sc, out)
 }
