@@ -404,6 +404,7 @@ impl Kernels {
             set(&mut k, DType::IQ4NL, |x, y| unsafe { ext::dot_iq4_nl_q8_0(x, y) });
             set(&mut k, DType::MXFP4, |x, y| unsafe { ext::dot_mxfp4_q8_0(x, y) });
             k.ops[slot(DType::MXFP4).unwrap()].vec_dot4 = Some(|x, y, o| unsafe { ext::dot4_mxfp4_q8_0(x, y, o) });
+            k.ops[slot(DType::MXFP4).unwrap()].vec_dot_rows = Some(|x, xrb, y, o| unsafe { ext::rows_mxfp4_q8_0(x, xrb, y, o) });
             set(&mut k, DType::Q2K, |x, y| unsafe { ext::dot_q2_k_q8_k(x, y) });
             set(&mut k, DType::Q3K, |x, y| unsafe { ext::dot_q3_k_q8_k(x, y) });
             set(&mut k, DType::Q5K, |x, y| unsafe { ext::dot_q5_k_q8_k(x, y) });

@@ -200,6 +200,39 @@ fn four_row_dots_equal_single_row_dots() {
     eprintln!("{checked} types' 4-row dots checked on {}", k.isa());
 }
 
+/// Decode's many-rows kernels of the quantized types without tiles (MXFP4) give each row
+/// `vec_dot`'s bits on every table: 1 to 9 blocks (odd counts leave the scalar tail), 12 rows
+/// (three groups of four) and 7 (a short last group).
+#[test]
+fn rows_kernels_without_tiles_equal_row_dots() {
+    let mut rng = Rng(0x0A55);
+    let mut checked = 0;
+    for k in tables() {
+        for t in [DType::MXFP4] {
+            let ops = k.ops(t).unwrap();
+            let Some(rows) = ops.vec_dot_rows else { continue };
+            for nb in 1..=9 {
+                let n = t.block_size() * nb;
+                let rb = row_bytes(t, n);
+                let w: Vec<u8> = (0..12).flat_map(|_| random_row(t, n, &mut rng)).collect();
+                let x: Vec<f32> = (0..n).map(|_| rng.f32() * 2.0).collect();
+                let mut y = vec![0u8; row_bytes(ops.vec_dot_type, n)];
+                k.from_float(ops.vec_dot_type).unwrap()(&x, &mut y);
+                for n_rows in [12usize, 7] {
+                    let mut g = vec![0f32; n_rows];
+                    rows(&w[..n_rows * rb], rb, &y, &mut g);
+                    for (r, &v) in g.iter().enumerate() {
+                        let want = (ops.vec_dot)(&w[r * rb..(r + 1) * rb], &y);
+                        assert_eq!(v.to_bits(), want.to_bits(), "{} {t} {nb} blocks, weight row {r} of {n_rows}", k.isa());
+                    }
+                }
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} rows kernels checked");
+}
+
 /// The 4×4 register-blocked tiles (default prefill) give each pair exactly the tile dot's
 /// value, for row lengths of 1 to 9 blocks and extreme values (all fifth bits set or clear,
 /// ±127 activations), packed once or decoded on every pass; decode's many-rows kernels give

@@ -69,13 +69,18 @@ pub fn dot_mxfp4_q8_0(x: &[u8], y: &[u8]) -> f32 {
         acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b1.d) * e8m0_half(a1.e)), p1, acc1);
         acc2 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b2.d) * e8m0_half(a2.e)), p2, acc2);
     }
-    let mut s = hsum_f32x8(_mm256_add_ps(acc1, acc2));
-    if let (Some(a), Some(b)) = (x.get(2 * pairs), y.get(2 * pairs)) {
-        let v = crate::quant::portable::mxfp4_values(&a.qs);
-        let sumi: i32 = v.iter().zip(&b.qs).map(|(&w, &q)| w as i32 * q as i32).sum();
-        s += h2f(b.d) * e8m0_half(a.e) * sumi as f32;
-    }
-    s
+    mxfp4_tail(hsum_f32x8(_mm256_add_ps(acc1, acc2)), x.get(2 * pairs), y.get(2 * pairs))
+}
+
+/// `s` plus the MXFP4 dots' scalar tail, as ggml's AVX2 `vec_dot` adds an odd last block: the
+/// block's `d_y · d_w · Σ v·y` as one float (`s` as it is where there is none).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mxfp4_tail(s: f32, a: Option<&BlockMXFP4>, b: Option<&BlockQ8_0>) -> f32 {
+    let (Some(a), Some(b)) = (a, b) else { return s };
+    let v = crate::quant::portable::mxfp4_values(&a.qs);
+    let sumi: i32 = v.iter().zip(&b.qs).map(|(&w, &q)| w as i32 * q as i32).sum();
+    s + h2f(b.d) * e8m0_half(a.e) * sumi as f32
 }
 
 /// Four-row twin of [`dot_mxfp4_q8_0`] (prefill): each block's values looked up once for the
@@ -99,13 +104,44 @@ pub fn dot4_mxfp4_q8_0(x: &[u8], y: [&[u8]; 4], out: &mut [f32; 4]) {
         }
     }
     for ((o, row), acc) in out.iter_mut().zip(&b).zip(&acc) {
-        let mut s = hsum_f32x8(_mm256_add_ps(acc[0], acc[1]));
-        if let (Some(a), Some(b)) = (a.get(2 * pairs), row.get(2 * pairs)) {
-            let v = crate::quant::portable::mxfp4_values(&a.qs);
-            let sumi: i32 = v.iter().zip(&b.qs).map(|(&w, &q)| w as i32 * q as i32).sum();
-            s += h2f(b.d) * e8m0_half(a.e) * sumi as f32;
+        *o = mxfp4_tail(hsum_f32x8(_mm256_add_ps(acc[0], acc[1])), a.get(2 * pairs), row.get(2 * pairs));
+    }
+}
+
+/// Decode's GEMV of MXFP4 rows (`vec_dot_rows`): `out[c]` is [`dot_mxfp4_q8_0`] of row `c`
+/// of `x` (rows of `xrb` bytes) against `y`, bit for bit — four rows a pass sharing each
+/// activation block's loads, each row's two accumulators as alone —, the rows
+/// [`STREAM_AHEAD`](crate::simd::STREAM_AHEAD) bytes on asked for into L1 as it goes.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn rows_mxfp4_q8_0(x: &[u8], xrb: usize, y: &[u8], out: &mut [f32]) {
+    use crate::simd::{prefetch_lines, CacheLevel, STREAM_AHEAD};
+    let bs = std::mem::size_of::<BlockMXFP4>();
+    let nb = xrb / bs;
+    let b = &as_blocks::<BlockQ8_0>(y)[..nb];
+    // SAFETY: AVX2 enabled on this function.
+    let table = unsafe { mxfp4_grid() };
+    let pairs = nb / 2;
+    let full = out.len() / 4 * 4;
+    for (c, o) in out[..full].chunks_exact_mut(4).enumerate() {
+        let w = &x[4 * c * xrb..4 * (c + 1) * xrb];
+        let a: [&[BlockMXFP4]; 4] = std::array::from_fn(|r| &as_blocks::<BlockMXFP4>(&w[r * xrb..(r + 1) * xrb])[..nb]);
+        prefetch_lines(w.as_ptr().wrapping_add(STREAM_AHEAD), 4 * xrb, CacheLevel::L1);
+        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+        for (i, blk) in b[..2 * pairs].iter().enumerate() {
+            let qy = load32(&blk.qs);
+            let dy = h2f(blk.d);
+            for (row, acc) in a.iter().zip(acc.iter_mut()) {
+                let qx = _mm256_shuffle_epi8(table, nibbles_32(&row[i].qs));
+                let p = mul_sum_i8(qx, qy);
+                acc[i & 1] = _mm256_fmadd_ps(_mm256_set1_ps(dy * e8m0_half(row[i].e)), p, acc[i & 1]);
+            }
         }
-        *o = s;
+        for ((v, row), acc) in o.iter_mut().zip(&a).zip(&acc) {
+            *v = mxfp4_tail(hsum_f32x8(_mm256_add_ps(acc[0], acc[1])), row.get(2 * pairs), b.get(2 * pairs));
+        }
+    }
+    for (c, v) in out.iter_mut().enumerate().skip(full) {
+        *v = dot_mxfp4_q8_0(&x[c * xrb..(c + 1) * xrb], y);
     }
 }
 
