@@ -100,11 +100,11 @@ pub fn select(logits: &[f32], p: MoeParams, ids: &mut [i32], weights: &mut [i32]
     }
     // Each slot's weight before renormalising: its probability, or its share of a softmax
     // over the chosen logits alone (ggml's `soft_max` of the `[n_used]` row).
-    let mut top = ProbRow::default();
     let w: [f32; MAX_USED] = match p.gating {
         MoeGating::Softmax => std::array::from_fn(|s| if s < k { scores[chosen[s]] } else { 0.0 }),
         MoeGating::SoftmaxWeight => {
             let picked: [f32; MAX_USED] = std::array::from_fn(|s| if s < k { logits[chosen[s]] } else { 0.0 });
+            let mut top = ProbRow::default();
             let sm = top.softmax(&picked[..k]);
             std::array::from_fn(|s| if s < k { sm[s] } else { 0.0 })
         }

@@ -64,30 +64,15 @@ impl Ctx<'_> {
             let pos = self.batch.pos[r] as usize;
             p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize))..pos + 1
         };
-        // Attention sinks (gpt-oss), each query head's from the model's `[n_head]`: ggml's
-        // tiled kernel counts them at its end (the item loop below, `attend_rows`); its
-        // one-chunk kernel — decode, batch-invariant rows — here, each (row, KV head) item as
-        // one range of split-KV decode (`attention::attend_with_sinks`). Both on an F16 cache of
-        // key rows, which the engine requires of such a model.
+        // Attention sinks (gpt-oss), each query head's from the model's `[n_head]`: counted by
+        // `attend_rows` in the item loop below — ggml's tiled kernel at its end, its one-chunk
+        // kernel (decode, batch-invariant rows) after each row as one split-KV range — so such
+        // a node takes neither the dealt decode nor the pipeline (an F16 cache of key rows,
+        // which the engine requires of such a model).
         let sinks = sinks.map(|s| &self.f32s(s)[shard.q_head0..]);
-        if let (Some(sinks), true) = (sinks, per_block == 1) {
-            let mut state = [[0f32; 2]; attention::MAX_SINK_HEADS];
-            for (r, kvh, heads) in attention_items(rows, p.n_head, shard, ith, nth) {
-                let kv_rows = rows_of(self.batch.seq[r], shard.kv_base + kvh);
-                let span = span_of(r);
-                let cells = attention::Cells { kv: &kv_rows, n: span.end, visible: attention::Visible::From(span.start) };
-                let at = r * ne0 + heads.start * hd;
-                // SAFETY: (row, KV head) items are dealt to exactly one worker; the item's
-                // query heads of the row are its own part of this node's tensor.
-                let out = unsafe { self.out_f32(t, at, heads.len() * hd) };
-                let q = &q[at..at + heads.len() * hd];
-                attention::attend_with_sinks(self.kernels, q, cells, scale, &sinks[heads.clone()], scratch, &mut state, out);
-            }
-            return;
-        }
         // A decode step (a query row per sequence, over key rows): its (row, KV head, range,
         // query head) units dealt to the workers by their cells (`decode_dealt`).
-        if per_block == 1 && kv.k_layout == KeyLayout::Rows && self.decode_dealt(t, q, &rows_of, &span_of, kind, p, shard, AttnWorker { ith, nth, scratch: &mut *scratch, plans }) {
+        if per_block == 1 && sinks.is_none() && kv.k_layout == KeyLayout::Rows && self.decode_dealt(t, q, &rows_of, &span_of, kind, p, shard, AttnWorker { ith, nth, scratch: &mut *scratch, plans }) {
             return;
         }
         // A prefill of one sequence over keys in columns: the pipeline of the node's worker
@@ -95,7 +80,7 @@ impl Ctx<'_> {
         // runs on the pool's only group).
         let seq0 = self.batch.seq[0];
         if let Some(pipe) = self.pipelines.get(t.group.map_or(0, usize::from)).filter(|pp| {
-            kind == attention::AttnKernel::Tiled && kv.k_layout == KeyLayout::Columns && pp.head_dim() == hd && self.batch.seq[..rows].iter().all(|&s| s == seq0)
+            sinks.is_none() && kind == attention::AttnKernel::Tiled && kv.k_layout == KeyLayout::Columns && pp.head_dim() == hd && self.batch.seq[..rows].iter().all(|&s| s == seq0)
         }) {
             let (n_kv, heads_of) = kv_heads(p.n_head, shard);
             let out = self.base(t) as *mut f32;
