@@ -520,6 +520,8 @@ fn gpt_oss_sinks_biases_and_mxfp4_experts() {
     for (batch_invariant, tp) in [(false, 1), (true, 1), (false, 2)] {
         check_cfg("gpt_oss", EngineConfig { n_threads: 2, batch_invariant, tp, ..Default::default() }, GPT_OSS_TOL);
     }
+    // `--fast-prefill`: the MXFP4 experts' rows of the prompt through the panel GEMM.
+    check_cfg("gpt_oss", EngineConfig { n_threads: 2, fast_prefill: true, ..Default::default() }, GPT_OSS_TOL);
     let (path, _) = fixture("gpt_oss");
     for cfg in [
         EngineConfig { cache_type_k: DType::Q8_0, ..Default::default() },

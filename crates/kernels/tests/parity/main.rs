@@ -316,7 +316,7 @@ fn panel_gemm_matches_row_dots() {
     use corelm_kernels::matmul::schedule::{Schedule, PANEL_MR};
     let port = Kernels::portable();
     let mut rng = Rng(1234);
-    for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
+    for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::MXFP4, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
         assert!(supported(t));
         let shapes: &[(usize, usize, usize)] = if t.block_size() == 256 {
             &[(256, 3, 1), (512, 13, 7), (768, 16, 9), (256, 10, 21), (512, 40, 9)]

@@ -1,6 +1,8 @@
 //! Panel GEMM for prefill: `out[r][c] = w[c] · x[r]` over many activation rows at once, for the
-//! weight types with one scale (and min) per 32 elements: Q4_0, Q5_0, Q8_0 (Q8_0 activations),
-//! Q4_1, Q5_1 (Q8_1) and the K-quants Q4_K, Q5_K (Q8_K; sub-block scale and min folded to f32);
+//! weight types with one scale (and min) per 32 elements: Q4_0, Q5_0, Q8_0, MXFP4 (Q8_0
+//! activations; MXFP4's doubled E2M1 values `−12 ..= 12` as codes, half its E8M0 scale as the
+//! block scale), Q4_1, Q5_1 (Q8_1) and the K-quants Q4_K, Q5_K (Q8_K; sub-block scale and min
+//! folded to f32);
 //! and Q6_K (Q8_K), whose scales cover 16 elements: its blocks carry two scales in place of a
 //! scale and a min, and the integer sums of the two halves are kept apart ([`split16`]).
 //!
@@ -27,7 +29,7 @@
 //! which have only that copy, the panel too.
 
 use crate::quant::blocks::*;
-use crate::quant::portable::{q4_0_values, q5_0_values, q5_1_values, q6_k_values};
+use crate::quant::portable::{mxfp4_values, q4_0_values, q5_0_values, q5_1_values, q6_k_values};
 use crate::matmul::schedule::Schedule;
 use crate::simd::Isa;
 use crate::DType;
@@ -48,7 +50,7 @@ use tile::{pack_rows, row_scalars, PairJob, TileJob, TileUnit, PAIR_ROWS, ROW_SC
 
 /// Weight types the panel GEMM handles.
 pub fn supported(t: DType) -> bool {
-    matches!(t, DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K | DType::Q6K)
+    matches!(t, DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::MXFP4 | DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K | DType::Q6K)
 }
 
 /// Whether the panel GEMM of `t` runs a SIMD kernel under `isa`'s table (AVX-512, AVX2, SME
@@ -173,16 +175,18 @@ fn offset(t: DType) -> i32 {
         DType::Q4_0 => 8,
         DType::Q5_0 => 16,
         DType::Q8_0 => 128,
+        DType::MXFP4 => 12,
         DType::Q6K => 32,
         _ => 0,
     }
 }
 
-/// The largest unsigned code `u` of a type's packed panels (its values' bits).
+/// The largest unsigned code `u` of a type's packed panels (its values' bits; MXFP4's codes
+/// reach 24, so they take the 5-bit types' kernels).
 fn umax(t: DType) -> i32 {
     match t {
         DType::Q4_0 | DType::Q4_1 | DType::Q4K => 15,
-        DType::Q5_0 | DType::Q5_1 | DType::Q5K => 31,
+        DType::Q5_0 | DType::Q5_1 | DType::Q5K | DType::MXFP4 => 31,
         DType::Q6K => 63,
         _ => 255,
     }
@@ -290,6 +294,11 @@ fn pack(t: DType, w: &[u8], k: usize, c0: usize, n: usize, panel: &mut [u8]) {
                         let x = &as_blocks::<BlockQ8_0>(row)[b];
                         d[col] = x.d.to_f32();
                         u = x.qs.map(|v| (v as i32 + 128) as u8);
+                    }
+                    DType::MXFP4 => {
+                        let x = &as_blocks::<BlockMXFP4>(row)[b];
+                        d[col] = e8m0_half(x.e);
+                        u = mxfp4_values(&x.qs).map(|v| (v + 12) as u8);
                     }
                     DType::Q4_1 => {
                         let x = &as_blocks::<BlockQ4_1>(row)[b];

@@ -22,6 +22,18 @@ fn random_rows(seed: &mut u64, n: usize) -> Vec<u8> {
     w
 }
 
+/// [`random_rows`] of a `t` matrix: MXFP4's E8M0 exponents (its blocks' first bytes, at odd
+/// offsets too) kept within 2^±8, where random ones reach 2^127 and the sums overflow.
+fn random_matrix(t: DType, seed: &mut u64, n: usize) -> Vec<u8> {
+    let mut w = random_rows(seed, n);
+    if t == DType::MXFP4 {
+        for b in w.chunks_exact_mut(std::mem::size_of::<BlockMXFP4>()) {
+            b[0] = 120 + b[0] % 16;
+        }
+    }
+    w
+}
+
 /// A portable activation quantizer: values in, one row of blocks out.
 type Quantize = fn(&[f32], &mut [u8]);
 
@@ -44,7 +56,7 @@ fn avx2_panel_sums_stay_exact_at_extreme_codes() {
     if !Isa::Avx2.missing().is_empty() {
         return;
     }
-    for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
+    for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::MXFP4, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
         let (act, o, split) = (act_of(t), offset(t), split16(t));
         let k = 256;
         let nb = k / 32;
@@ -93,11 +105,11 @@ fn avx2_panel_kernels_equal_portable() {
     }
     let vnni = is_x86_feature_detected!("avxvnni");
     let mut seed = 0x1234_5678_9ABC_DEF1u64;
-    for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
+    for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::MXFP4, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
         let (act, o, split) = (act_of(t), offset(t), split16(t));
         let k = 512;
         let nb = k / 32;
-        let w = random_rows(&mut seed, 16 * crate::row_bytes(t, k));
+        let w = random_matrix(t, &mut seed, 16 * crate::row_bytes(t, k));
         let (mut p0, mut p1) = (vec![0u8; nb * PACKED_BLOCK], vec![0u8; nb * PACKED_BLOCK]);
         pack(t, &w, k, 0, PANEL, &mut p0);
         pack(t, &w, k, PANEL, PANEL, &mut p1);
@@ -154,9 +166,9 @@ fn simd_pack_equals_scalar_pack() {
         return;
     }
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
+    for t in [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::MXFP4, DType::Q4_1, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
         let k = if t.block_size() == 256 { 512 } else { 96 };
-        let w = random_rows(&mut seed, 10 * crate::row_bytes(t, k));
+        let w = random_matrix(t, &mut seed, 10 * crate::row_bytes(t, k));
         for n in 1..=PANEL {
             let (mut a, mut b) = (vec![0u8; k / 32 * PACKED_BLOCK], vec![1u8; k / 32 * PACKED_BLOCK]);
             pack(t, &w, k, 10 - n, n, &mut a);

@@ -148,6 +148,14 @@ unsafe fn codes(t: DType, row: &[u8], b: usize) -> (__m256i, f32, f32) {
             let q = unsafe { _mm256_loadu_si256(x.qs.as_ptr() as *const __m256i) };
             (_mm256_xor_si256(q, _mm256_set1_epi8(-128)), f(x.d), 0.0)
         }
+        DType::MXFP4 => {
+            let x = &as_blocks::<BlockMXFP4>(row)[b];
+            // The nibbles looked up in the doubled E2M1 values plus the offset 12 (0 ..= 24).
+            let grid = KVALUES_MXFP4.map(|v| (v + 12) as u8);
+            // SAFETY: 16 bytes of `grid`.
+            let lut = unsafe { _mm_loadu_si128(grid.as_ptr() as *const __m128i) };
+            (_mm256_shuffle_epi8(_mm256_set_m128i(lut, lut), nibbles_32(&x.qs)), e8m0_half(x.e), 0.0)
+        }
         DType::Q4K | DType::Q5K => {
             let (j, d, m, qs, qh) = super::k_sub_block(t, row, b);
             // SAFETY: qs holds 128 bytes, 32·(j/2) + 32 ≤ 128; qh 32 bytes.
@@ -264,7 +272,7 @@ const Q8K: u8 = 2;
 
 /// The kernel instance of the job's activation kind, code offset and scale split, and on AVX2
 /// of the groups `G` whose `maddubs` add as i16 (1: Q8_0's signed bytes). Every supported
-/// weight type is one of these (Q4_0/Q5_0/Q8_0; Q4_1/Q5_1; Q4_K/Q5_K; Q6_K); anything else
+/// weight type is one of these (Q4_0/Q5_0/Q8_0/MXFP4; Q4_1/Q5_1; Q4_K/Q5_K; Q6_K); anything else
 /// runs the portable twin, with the same bits.
 ///
 /// # Safety
