@@ -55,7 +55,7 @@
 
 use super::panel::{Act, PanelJob, PanelLayout, PACKED_BLOCK, PANEL};
 use super::tile::ROW_SCALARS;
-use crate::matmul::x86::common::{bits_32, nibbles_32, q6_group};
+use crate::matmul::x86::common::{bits_32, mxfp4_grid, nibbles_32, q6_group};
 use crate::quant::blocks::*;
 use crate::simd::x86::h2f;
 use crate::DType;
@@ -150,11 +150,10 @@ unsafe fn codes(t: DType, row: &[u8], b: usize) -> (__m256i, f32, f32) {
         }
         DType::MXFP4 => {
             let x = &as_blocks::<BlockMXFP4>(row)[b];
-            // The nibbles looked up in the doubled E2M1 values plus the offset 12 (0 ..= 24).
-            let grid = KVALUES_MXFP4.map(|v| (v + 12) as u8);
-            // SAFETY: 16 bytes of `grid`.
-            let lut = unsafe { _mm_loadu_si128(grid.as_ptr() as *const __m128i) };
-            (_mm256_shuffle_epi8(_mm256_set_m128i(lut, lut), nibbles_32(&x.qs)), e8m0_half(x.e), 0.0)
+            // The nibbles looked up in the doubled E2M1 values, plus the offset 12 (0 ..= 24).
+            // SAFETY: the caller's AVX2.
+            let v = _mm256_shuffle_epi8(unsafe { mxfp4_grid() }, nibbles_32(&x.qs));
+            (_mm256_add_epi8(v, _mm256_set1_epi8(12)), e8m0_half(x.e), 0.0)
         }
         DType::Q4K | DType::Q5K => {
             let (j, d, m, qs, qh) = super::k_sub_block(t, row, b);
