@@ -541,10 +541,17 @@ impl Kernels {
                     (o.vec_dot, o.vec_dot_tile, o.vec_dot4) = (f, f, Some(f4));
                 }
             }
-            // MXFP4 has no NEON kernel yet: the x86 lane order written out (`matmul::lanes`), so
-            // an aarch64 machine gives the x86 tables' bits.
-            let o = &mut k.ops[slot(DType::MXFP4).unwrap()];
-            (o.vec_dot, o.vec_dot_tile) = (crate::matmul::lanes::dot_mxfp4_q8_0, crate::matmul::lanes::dot_mxfp4_q8_0);
+            // MXFP4 (`matmul::aarch64::neon_mxfp4`): the x86 tables' order, one activation row,
+            // four, and decode's many weight rows.
+            {
+                use crate::matmul::aarch64::neon_mxfp4 as mx;
+                let o = &mut k.ops[slot(DType::MXFP4).unwrap()];
+                let f = pick(mx::neon, |x, y| unsafe { mx::dotprod(x, y) });
+                (o.vec_dot, o.vec_dot_tile) = (f, f);
+                let f4: crate::matmul::VecDot4 = if dot { |x, y, o| unsafe { mx::dotprod4(x, y, o) } } else { mx::neon4 };
+                let rows: crate::matmul::VecDotRows = if dot { |x, xrb, y, o| unsafe { mx::dotprod_rows(x, xrb, y, o) } } else { mx::neon_rows };
+                (o.vec_dot4, o.vec_dot_rows) = (Some(f4), Some(rows));
+            }
             k.ops[slot(DType::Q4K).unwrap()].vec_dot_tile = pick(neon::<{ kind::Q4_K_TILE }>, |x, y| unsafe { dotprod::<{ kind::Q4_K_TILE }>(x, y) });
             // Interleaved kernels (`matmul::aarch64::neon_il`): Q4_K's tiles in its tile order.
             for (t, il) in [

@@ -15,4 +15,5 @@ pub mod neon_dense;
 pub mod neon_il;
 pub mod neon_il_k;
 pub mod neon_iq;
+pub mod neon_mxfp4;
 pub mod sme;
