@@ -147,6 +147,11 @@ SPECS = [
     Spec("gpt_oss", "gpt-oss", n_layer=4, tied=False, rope_base=1000.0, bias=True, window=8, yarn=(4.0, 64),
          experts=(8, 3, 64), ffn_norm_name="post_attention_norm", oai=True,
          quants={f"blk.{i}.ffn_{m}_exps.weight": "MXFP4" for i in range(4) for m in ("gate", "up", "down")}),
+    # gpt-oss again with heads of 32 values, which quantized caches take (their blocks are 32
+    # values): its sinks over Q8_0 and Q4_0 caches.
+    Spec("gpt_oss32", "gpt-oss", n_layer=2, head_dim=32, tied=False, rope_base=1000.0, bias=True, window=8,
+         yarn=(4.0, 64), experts=(8, 3, 64), ffn_norm_name="post_attention_norm", oai=True,
+         quants={f"blk.{i}.ffn_{m}_exps.weight": "MXFP4" for i in range(2) for m in ("gate", "up", "down")}),
 ]
 
 # llama.cpp's context for the fixtures' logits; LONG_CTX for a LongRoPE fixture's long factors.
@@ -320,6 +325,36 @@ def reference(path, tokens, kv_type=None, n_ctx=N_CTX):
     return prompt, ids, np.array(steps)
 
 
+# Fixtures whose quantized-cache records hold the greedy steps too (`kv_q8_0_greedy_ids`, …),
+# as the F16 cache's: gpt-oss's attention sinks on the one-chunk kernel, decode included.
+KV_GREEDY = ("gpt_oss32",)
+
+
+def kv_records(path, tokens):
+    """llama.cpp's prompt logits, greedy ids and greedy-step logits with Q8_0 and with Q4_0 K
+    and V caches, as `kv_<type>_…` records."""
+    rec = {}
+    for name, tid in [("q8_0", 8), ("q4_0", 2)]:
+        p, ids, steps = reference(path, tokens, tid)
+        rec[f"kv_{name}_prompt_logits"] = np.round(p.astype(np.float64), 4).tolist()
+        rec[f"kv_{name}_greedy_ids"] = ids
+        rec[f"kv_{name}_greedy_logits"] = np.round(steps.astype(np.float64), 4).tolist()
+        print(f"{os.path.basename(path)} KV {name}: max |Δlogit| from the F16 cache's {np.abs(p - reference(path, tokens)[0]).max():.3f}, greedy {ids}")
+    return rec
+
+
+def add_kv(out, names):
+    """Add the quantized-cache records to existing fixtures (their GGUF and every other record
+    kept as they are)."""
+    for name in names:
+        jpath = os.path.join(out, f"{name}.json")
+        with open(jpath) as f:
+            rec = json.load(f)
+        rec.update(kv_records(os.path.join(out, rec["model"]), rec["tokens"]))
+        with open(jpath, "w") as f:
+            json.dump(rec, f, separators=(",", ":"))
+
+
 def make_all(out, only=None):
     """Every fixture, or those named in `only` (each keeps its seed: its place in SPECS)."""
     import llama_cpp
@@ -352,6 +387,8 @@ def make_all(out, only=None):
             for name, tid in [("q8_0", 8), ("q4_0", 2)]:
                 p, _, _ = reference(path, tokens, tid)
                 rec[f"kv_{name}_prompt_logits"] = np.round(p.astype(np.float64), 4).tolist()
+        if spec.name in KV_GREEDY:
+            rec.update(kv_records(path, tokens))
         with open(os.path.join(out, f"{spec.name}.json"), "w") as f:
             json.dump(rec, f, separators=(",", ":"))
         spread = prompt.max(axis=1) - prompt.min(axis=1)

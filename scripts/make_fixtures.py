@@ -15,6 +15,9 @@ dequantization of those bytes (`type_traits.to_float`); for the 1- to 3-bit i-qu
 ggml-cpu's activations and `vec_dot` of each row (`ggml_dots`). Tests check our dequantizers against
 the latter bit for bit and our quantizer (`corelm quantize`) against the former.
 
+`kv` adds llama.cpp's Q8_0- and Q4_0-cache records (prompt and greedy steps) to the existing
+fixtures of `fixture_models.KV_GREEDY` (gpt-oss with heads of 32 values), the GGUF and the other records unchanged.
+
 `models` writes tiny random-weight GGUFs, one per architecture (see models.py beside this
 file), and the logits llama.cpp computes on them. `iquants`' logits come from an AVX-512
 build of the same llama.cpp, as the golden data's (`LLAMA_CPP_LIB_PATH=<its bin/>`, which
@@ -56,7 +59,8 @@ class TypeTraits(ctypes.Structure):
 
 def libggml():
     import llama_cpp
-    libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    # The library llama-cpp-python itself loads: LLAMA_CPP_LIB_PATH's where set, else its own.
+    libdir = os.environ.get("LLAMA_CPP_LIB_PATH") or os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
     path = glob.glob(os.path.join(libdir, "libggml-base.so"))[0]
     lib = ctypes.CDLL(path)
     lib.ggml_quantize_chunk.restype = ctypes.c_size_t
@@ -171,7 +175,7 @@ def make_quants():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["quants", "models", "all"])
+    ap.add_argument("what", choices=["quants", "models", "all", "kv"])
     ap.add_argument("--only", nargs="+", metavar="NAME", help="models: only these fixtures (e.g. a new one)")
     a = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
@@ -181,6 +185,10 @@ def main():
         sys.path.insert(0, HERE)
         import fixture_models
         fixture_models.make_all(OUT, a.only)
+    if a.what == "kv":
+        sys.path.insert(0, HERE)
+        import fixture_models
+        fixture_models.add_kv(OUT, a.only or list(fixture_models.KV_GREEDY))
 
 
 if __name__ == "__main__":

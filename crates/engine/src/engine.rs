@@ -297,12 +297,6 @@ impl Engine {
         // Under `--numa tp` each shard's activation regions are bound to its node.
         let pools = Pools::new(&g.act, g.out_bytes, &placement.memory, &shard_places)
             .map_err(|e| Error::Config(format!("activation pools for a batch of {}: {e}", cfg.n_batch)))?;
-        if model.attn_sinks() && (cfg.kv_layout == KeyLayout::Columns || (cfg.cache_type_k, cfg.cache_type_v) != (DType::F16, DType::F16)) {
-            return Err(Error::Config(format!(
-                "this {} model's attention sinks run only on an F16 cache of key rows: use --kv-layout rows and --cache-type-k/-v f16",
-                h.arch
-            )));
-        }
         for (what, t) in [("K", cfg.cache_type_k), ("V", cfg.cache_type_v)] {
             if !corelm_core::kv::KV_TYPES.contains(&t) {
                 return Err(Error::Config(format!("KV cache type {t} for {what} is not supported (F16, Q8_0, Q4_0)")));

@@ -513,24 +513,38 @@ fn sparsity_is_refused_on_mixtures_of_experts() {
 /// even layers, YaRN, 3 of 8 experts in MXFP4 weighted by a softmax over the chosen logits,
 /// the router's and each expert's biases, the clamped SwiGLU (gate and up reach its clamp);
 /// alone, batch-invariant and with two shards (each reads its heads' sinks and its experts'
-/// biases) against llama.cpp, within [`GPT_OSS_TOL`]. The sinks run only on an F16 cache of
-/// key rows: the other caches are refused by name.
+/// biases) against llama.cpp, within [`GPT_OSS_TOL`]. Over Q8_0 and Q4_0 caches (ggml's
+/// one-chunk kernel, each head's sink counted after its last cell; `gpt_oss32`, heads of 32
+/// values) against llama.cpp with the same caches, prompt and greedy steps (llama.cpp's own
+/// logits move by 0.59 and 5.7 from its F16 cache's); with keys in columns (the column-key
+/// algorithm, not ggml's, its sinks counted in its last step) within twice that of llama.cpp's
+/// F16 cache's logits, plus llama.cpp's own shift for a Q8_0 cache.
 #[test]
 fn gpt_oss_sinks_biases_and_mxfp4_experts() {
+    use corelm_kernels::attention::KeyLayout;
     for (batch_invariant, tp) in [(false, 1), (true, 1), (false, 2)] {
         check_cfg("gpt_oss", EngineConfig { n_threads: 2, batch_invariant, tp, ..Default::default() }, GPT_OSS_TOL);
     }
     // `--fast-prefill`: the MXFP4 experts' rows of the prompt through the panel GEMM.
     check_cfg("gpt_oss", EngineConfig { n_threads: 2, fast_prefill: true, ..Default::default() }, GPT_OSS_TOL);
-    let (path, _) = fixture("gpt_oss");
-    for cfg in [
-        EngineConfig { cache_type_k: DType::Q8_0, ..Default::default() },
-        EngineConfig { kv_layout: corelm_kernels::attention::KeyLayout::Columns, ..Default::default() },
-    ] {
-        let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, ..cfg };
-        let err = Engine::load(&path, cfg).err().expect("refused").to_string();
-        assert!(err.contains("this gpt-oss model's attention sinks run only on an F16 cache of key rows"), "{err}");
+    // Heads of 32 values (`gpt_oss32`), which quantized caches take.
+    check_cfg("gpt_oss32", EngineConfig { n_threads: 2, ..Default::default() }, GPT_OSS_TOL);
+    for (t, tp, prefix) in [(DType::Q8_0, 1, "kv_q8_0_"), (DType::Q8_0, 2, "kv_q8_0_"), (DType::Q4_0, 1, "kv_q4_0_")] {
+        check_at("gpt_oss32", EngineConfig { n_threads: 2, cache_type_k: t, cache_type_v: t, tp, ..Default::default() }, GPT_OSS_TOL, 128, prefix);
     }
+    check_cfg("gpt_oss32", EngineConfig { n_threads: 2, kv_layout: KeyLayout::Columns, ..Default::default() }, 2.0 * GPT_OSS_TOL);
+    // Keys in columns over a Q8_0 cache: their query is not quantized, ggml's is, so (as in
+    // `quantized_kv_cache`) within 10 % of llama.cpp's own shift from its F16 cache, plus twice
+    // the bound, of its F16 cache's logits.
+    let (path, want) = fixture("gpt_oss32");
+    let tokens: Vec<u32> = serde_json::from_value(want["tokens"].clone()).unwrap();
+    let (f16_gold, q8_gold) = (rows(&want["prompt_logits"]), rows(&want["kv_q8_0_prompt_logits"]));
+    let q_shift = q8_gold.iter().zip(&f16_gold).map(|(a, b)| max_diff(a, b)).fold(0f32, common::max_nan);
+    let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, kv_layout: KeyLayout::Columns, cache_type_k: DType::Q8_0, cache_type_v: DType::Q8_0, ..Default::default() };
+    let l = prompt_logits(&mut Engine::load(&path, cfg).unwrap(), &tokens);
+    let from_f16 = l.iter().zip(&f16_gold).map(|(a, b)| max_diff(a, b)).fold(0f32, common::max_nan);
+    assert!(from_f16 <= 1.1 * q_shift + 2.0 * GPT_OSS_TOL, "Q8_0 keys in columns: max |Δlogit| {from_f16} from the F16 cache, llama.cpp's Q8_0 cache {q_shift}");
+    eprintln!("gpt_oss32 Q8_0 keys in columns: max |Δlogit| from llama.cpp's F16 cache {from_f16:.4} (its Q8_0 cache: {q_shift:.4})");
 }
 
 /// The gpt-oss fixture's bound. Its random layers amplify rounding far more than the others':

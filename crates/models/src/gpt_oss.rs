@@ -9,8 +9,9 @@
 //! bias row, joined by the clamped SwiGLU (`Glu::SwigluOai`).
 //!
 //! Attention with sinks runs on the F16 cache of key rows' split-KV decode kernels, one range
-//! per row (`attention::attend_with_sinks`); quantized caches and keys in columns are refused
-//! by the engine (`Model::attn_sinks`).
+//! per row (`attention::attend_with_sinks`), or ggml's tiled kernel for prefill; on a quantized
+//! cache its one-chunk kernel counts them after the last cell, and over keys in columns the
+//! column kernels' last step does (`attention::attend_rows`).
 
 use crate::common::Extras;
 use crate::postnorm::{pattern, window_u32};

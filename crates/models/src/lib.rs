@@ -87,11 +87,6 @@ pub trait Model: Send + Sync {
     fn tp_refusal(&self) -> Option<String> {
         None
     }
-    /// Whether attention counts a sink logit per head in its softmax (gpt-oss): only the F16
-    /// cache of key rows' kernels do (the engine refuses quantized caches and keys in columns).
-    fn attn_sinks(&self) -> bool {
-        false
-    }
 }
 
 /// The RoPE a layer applied to its keys: its parameters and per-frequency divisors (an F32

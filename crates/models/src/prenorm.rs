@@ -200,10 +200,6 @@ impl Model for PreNorm {
         })
     }
 
-    fn attn_sinks(&self) -> bool {
-        self.layers.iter().any(|lw| lw.sinks.is_some())
-    }
-
     fn tp_refusal(&self) -> Option<String> {
         let rows = self.layers.iter().any(|lw| lw.q_norm.as_ref().is_some_and(|w| w.ne[0] != self.h.head_dim));
         rows.then(|| format!("this {} model's Q/K norms span every head of a row, which no shard holds whole", self.h.arch))

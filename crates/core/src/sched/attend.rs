@@ -66,9 +66,9 @@ impl Ctx<'_> {
         };
         // Attention sinks (gpt-oss), each query head's from the model's `[n_head]`: counted by
         // `attend_rows` in the item loop below — ggml's tiled kernel at its end, its one-chunk
-        // kernel (decode, batch-invariant rows) after each row as one split-KV range — so such
-        // a node takes neither the dealt decode nor the pipeline (an F16 cache of key rows,
-        // which the engine requires of such a model).
+        // kernel (decode, batch-invariant rows) after each row as one split-KV range, or after
+        // the last cell over a quantized cache; the column kernels at their end — so such a
+        // node takes neither the dealt decode nor the pipeline.
         let sinks = sinks.map(|s| &self.f32s(s)[shard.q_head0..]);
         // A decode step (a query row per sequence, over key rows): its (row, KV head, range,
         // query head) units dealt to the workers by their cells (`decode_dealt`).

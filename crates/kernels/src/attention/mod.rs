@@ -130,7 +130,7 @@ fn attend_heads_from(
     // A quantized cache always takes ggml's one-chunk path (`attend_row` ignores `kind` for it),
     // all the heads of the group at once.
     if !kv.is_f16() && q.len() / hd <= scratch.gstate.len() {
-        return attend_quant_group(kernels, q, cells, scale, scratch, out, rows == Rows::Memory);
+        return attend_quant_group(kernels, q, cells, scale, scratch, out, rows == Rows::Memory, None);
     }
     #[cfg(target_arch = "x86_64")]
     if kind == AttnKernel::Reference && kernels.isa() >= crate::Isa::Avx2 && kv.is_f16() && hd.is_multiple_of(8) && q.len() > hd {
@@ -227,7 +227,8 @@ pub(crate) fn attend_decode(
 /// (`x86::rows`, `x86::rows512` with AVX-512, `aarch64::rows`); otherwise row by row.
 /// `sinks` (gpt-oss, one per head): each head's attention sink counted in its softmax as ggml
 /// counts it — by the multi-row tiled kernels where they run, else row by row by the one-chunk
-/// kernel ([`attend_with_sinks`]); an F16 cache of key rows only.
+/// kernel ([`attend_with_sinks`]); over a quantized cache, after the last cell of ggml's
+/// one-chunk kernel; over keys in columns, by the column kernels' last step (`matrix::model`).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_rows(
     kind: AttnKernel,
@@ -242,15 +243,28 @@ pub fn attend_rows(
     out: &mut [&mut [f32]],
 ) {
     let scale: Scale = scale.into();
-    assert!(sinks.is_none() || (kv.is_f16() && kv.k_layout == KeyLayout::Rows), "attention sinks need an F16 cache of key rows");
     let tiled = kind == AttnKernel::Tiled
         && has_simd(kernels)
         && kv.is_f16()
         && kv.head_dim.is_multiple_of(8)
         && q.len() * heads <= ROWS_MAX_VECTORS
         && scratch.rows.zero.len() >= kv.head_dim;
-    if let (Some(sinks), false) = (sinks, tiled) {
+    if let (Some(sinks), false, KeyLayout::Rows) = (sinks, tiled, kv.k_layout) {
         assert!(heads <= MAX_SINK_HEADS, "{heads} query heads per KV head with attention sinks");
+        if !kv.is_f16() {
+            // A quantized cache: ggml's one-chunk kernel, each head's sink counted after its
+            // last cell — a prefill block's rows at once, or row by row (decode's grouped
+            // kernel, which asks for its rows ahead).
+            if q.len() > 1 && q.len() * heads <= ROWS_MAX_VECTORS && scratch.rows.v32.len() >= DECODE_CHUNK * kv.head_dim {
+                return quant::attend_quant_rows(kernels, q, heads, spans, kv, scale, Some(sinks), scratch, out);
+            }
+            assert!(heads <= scratch.gstate.len(), "{heads} query heads per KV head over a quantized cache with attention sinks");
+            for (i, ((qr, or), span)) in q.iter().zip(out.iter_mut()).zip(spans).enumerate() {
+                let cells = Cells { kv, n: span.end, visible: Visible::From(span.start) };
+                attend_quant_group(kernels, qr, cells, scale, scratch, or, i == 0, Some(sinks));
+            }
+            return;
+        }
         let mut state = [[0f32; 2]; MAX_SINK_HEADS];
         for ((qr, or), span) in q.iter().zip(out.iter_mut()).zip(spans) {
             let cells = Cells { kv, n: span.end, visible: Visible::From(span.start) };
@@ -259,7 +273,7 @@ pub fn attend_rows(
         return;
     }
     if kv.k_layout == KeyLayout::Columns {
-        return matrix::attend_rows(kernels, q, heads, spans, kv, scale.uncapped(), scratch, out);
+        return matrix::attend_rows(kernels, q, heads, spans, kv, scale.uncapped(), sinks, scratch, out);
     }
     if tiled {
         let before = scratch.rows.work.chunks_scored;
@@ -282,7 +296,7 @@ pub fn attend_rows(
     // A quantized cache: ggml's one-chunk kernel for all the rows of a prefill block at once
     // (a single row, decode's, takes the grouped kernel, which asks for its rows ahead).
     if !kv.is_f16() && q.len() > 1 && q.len() * heads <= ROWS_MAX_VECTORS && scratch.rows.v32.len() >= DECODE_CHUNK * kv.head_dim {
-        return quant::attend_quant_rows(kernels, q, heads, spans, kv, scale, scratch, out);
+        return quant::attend_quant_rows(kernels, q, heads, spans, kv, scale, None, scratch, out);
     }
     // The first row reads the cells from memory, the others (of the same sequence, mostly the
     // same cells) from cache.

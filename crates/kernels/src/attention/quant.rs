@@ -106,7 +106,9 @@ fn attend_quant_body(
 /// accumulators updated (`acc · ms` where the maximum grew, then `fma(v, vs, acc)`; with F16
 /// values each result rounded to F16, ggml's F16 accumulator, kept here as f32 values that F16
 /// represents exactly). `ahead`: ask for the KV rows a chunk before they are read (they are in
-/// memory, not in cache).
+/// memory, not in cache). `sinks` (gpt-oss, one per head): each head's attention sink counted
+/// after the last cell, as ggml's one-chunk kernel counts it ([`finish_heads`]).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn attend_quant_group(
     kernels: &crate::Kernels,
     q: &[f32],
@@ -115,17 +117,19 @@ pub(super) fn attend_quant_group(
     scratch: &mut AttnScratch,
     out: &mut [f32],
     ahead: bool,
+    sinks: Option<&[f32]>,
 ) {
     #[cfg(target_arch = "x86_64")]
     if kernels.isa() >= crate::Isa::Avx2 {
         // SAFETY: an Avx2 table is only built after detecting AVX2 and FMA.
-        return unsafe { attend_quant_group_avx2(kernels, q, cells, scale, scratch, out, ahead) };
+        return unsafe { attend_quant_group_avx2(kernels, q, cells, scale, scratch, out, ahead, sinks) };
     }
-    attend_quant_group_body::<false>(kernels, q, cells, scale, scratch, out, ahead)
+    attend_quant_group_body::<false>(kernels, q, cells, scale, scratch, out, ahead, sinks)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
 fn attend_quant_group_avx2(
     kernels: &crate::Kernels,
     q: &[f32],
@@ -134,12 +138,14 @@ fn attend_quant_group_avx2(
     scratch: &mut AttnScratch,
     out: &mut [f32],
     ahead: bool,
+    sinks: Option<&[f32]>,
 ) {
-    attend_quant_group_body::<true>(kernels, q, cells, scale, scratch, out, ahead)
+    attend_quant_group_body::<true>(kernels, q, cells, scale, scratch, out, ahead, sinks)
 }
 
 /// `X86`: compiled inside [`attend_quant_group_avx2`] (AVX2, FMA and F16C available).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn attend_quant_group_body<const X86: bool>(
     kernels: &crate::Kernels,
     q: &[f32],
@@ -148,6 +154,7 @@ fn attend_quant_group_body<const X86: bool>(
     scratch: &mut AttnScratch,
     out: &mut [f32],
     ahead: bool,
+    sinks: Option<&[f32]>,
 ) {
     let span = cells.span();
     let Cells { kv, n: n_cells, visible } = cells;
@@ -199,7 +206,7 @@ fn attend_quant_group_body<const X86: bool>(
         }
         n = 0;
     }
-    normalize_heads(acc, state, hd, out);
+    finish_heads(acc, state, hd, sinks, out);
 }
 
 
@@ -243,28 +250,28 @@ fn value_step(a: &mut [f32], v: &[f32], ms: f32, vs: f32, v_f16: bool, tmp: &mut
 /// [`attend_quant`] call: per chunk of [`DECODE_CHUNK`] cells, each cell's key scored against
 /// the query of every vector that sees it, each vector's softmax step over the cells it sees,
 /// then each value row converted to f32 once for all the vectors (where each row used to convert
-/// it again).
+/// it again). `sinks`: each of the `heads` heads' attention sink, as in [`attend_quant_group`].
 #[allow(clippy::too_many_arguments)]
-pub(super) fn attend_quant_rows(kernels: &crate::Kernels, q: &[&[f32]], heads: usize, spans: &[std::ops::Range<usize>], kv: &KvRows, scale: Scale, scratch: &mut AttnScratch, out: &mut [&mut [f32]]) {
+pub(super) fn attend_quant_rows(kernels: &crate::Kernels, q: &[&[f32]], heads: usize, spans: &[std::ops::Range<usize>], kv: &KvRows, scale: Scale, sinks: Option<&[f32]>, scratch: &mut AttnScratch, out: &mut [&mut [f32]]) {
     #[cfg(target_arch = "x86_64")]
     if kernels.isa() >= crate::Isa::Avx2 {
         // SAFETY: an Avx2 table is only built after detecting AVX2, FMA and F16C.
-        return unsafe { attend_quant_rows_avx2(kernels, q, heads, spans, kv, scale, scratch, out) };
+        return unsafe { attend_quant_rows_avx2(kernels, q, heads, spans, kv, scale, sinks, scratch, out) };
     }
-    attend_quant_rows_body::<false>(kernels, q, heads, spans, kv, scale, scratch, out)
+    attend_quant_rows_body::<false>(kernels, q, heads, spans, kv, scale, sinks, scratch, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-fn attend_quant_rows_avx2(kernels: &crate::Kernels, q: &[&[f32]], heads: usize, spans: &[std::ops::Range<usize>], kv: &KvRows, scale: Scale, scratch: &mut AttnScratch, out: &mut [&mut [f32]]) {
-    attend_quant_rows_body::<true>(kernels, q, heads, spans, kv, scale, scratch, out)
+fn attend_quant_rows_avx2(kernels: &crate::Kernels, q: &[&[f32]], heads: usize, spans: &[std::ops::Range<usize>], kv: &KvRows, scale: Scale, sinks: Option<&[f32]>, scratch: &mut AttnScratch, out: &mut [&mut [f32]]) {
+    attend_quant_rows_body::<true>(kernels, q, heads, spans, kv, scale, sinks, scratch, out)
 }
 
 /// `X86`: compiled inside [`attend_quant_rows_avx2`] (AVX2, FMA and F16C available).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attend_quant_rows_body<const X86: bool>(kernels: &crate::Kernels, q: &[&[f32]], heads: usize, spans: &[std::ops::Range<usize>], kv: &KvRows, scale: Scale, scratch: &mut AttnScratch, out: &mut [&mut [f32]]) {
+fn attend_quant_rows_body<const X86: bool>(kernels: &crate::Kernels, q: &[&[f32]], heads: usize, spans: &[std::ops::Range<usize>], kv: &KvRows, scale: Scale, sinks: Option<&[f32]>, scratch: &mut AttnScratch, out: &mut [&mut [f32]]) {
     const CH: usize = DECODE_CHUNK;
     let hd = kv.head_dim;
     let n = q.len() * heads;
@@ -321,7 +328,21 @@ fn attend_quant_rows_body<const X86: bool>(kernels: &crate::Kernels, q: &[&[f32]
         }
     }
     for (r, o) in out.iter_mut().enumerate() {
-        normalize_heads(&acc[r * heads * hd..(r + 1) * heads * hd], &state[r * heads..(r + 1) * heads], hd, o);
+        finish_heads(&mut acc[r * heads * hd..(r + 1) * heads * hd], &state[r * heads..(r + 1) * heads], hd, sinks, o);
+    }
+}
+
+/// Each head's output from its unnormalised values `acc` and its (maximum, sum) `state`
+/// ([`normalize_heads`]); with `sinks`, head `h`'s sink `sinks[h]` counted first in its softmax
+/// as ggml's one-chunk kernel counts it after its last cell (`tiles::sink_step`: a sink above
+/// the maximum rescales the values and the sum, one below adds to the sum).
+fn finish_heads(acc: &mut [f32], state: &[[f32; 2]], hd: usize, sinks: Option<&[f32]>, out: &mut [f32]) {
+    let Some(sinks) = sinks else { return normalize_heads(acc, state, hd, out) };
+    assert!(sinks.len() == state.len(), "{} sinks for {} heads", sinks.len(), state.len());
+    for (((a, &st), &sink), o) in acc.chunks_exact_mut(hd).zip(state).zip(sinks).zip(out.chunks_exact_mut(hd)) {
+        let mut st = st;
+        super::tiles::sink_step(&mut st, sink, a);
+        normalize_heads(a, &[st], hd, o);
     }
 }
 

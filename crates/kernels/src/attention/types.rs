@@ -155,6 +155,9 @@ pub struct MatrixScratch {
     pub(crate) corr: Vec<f32>,
     /// `[vector][head_dim]` accumulators.
     pub(crate) acc: Vec<f32>,
+    /// Per vector: its attention sink (gpt-oss), counted in its softmax when it finishes;
+    /// `None` without sinks. Set by the call that runs the vectors (`matrix::run`).
+    pub(crate) sinks: Option<[f32; ROWS_MAX_VECTORS]>,
     /// `[head_dim]` one vector's products with the current block's values (the portable form).
     pub(crate) part: Vec<f32>,
     /// `[head_dim][lanes]` queries transposed, `[KEY_COLUMNS][lanes]` probabilities transposed
@@ -187,6 +190,7 @@ impl MatrixScratch {
             p: vec![[0.0; KEY_COLUMNS]; n],
             corr: vec![0.0; n],
             acc: vec![0.0; n * head_dim],
+            sinks: None,
             part: vec![0.0; head_dim],
             qt: vec![0.0; head_dim * lanes],
             pt: vec![0.0; KEY_COLUMNS * lanes],

@@ -139,11 +139,11 @@ pub(crate) fn attend_heads(kernels: &crate::Kernels, q: &[f32], cells: Cells, sc
 fn attend_cells(v: Version, q: &[f32], cells: Cells, scale: f32, s: &mut AttnScratch, out: &mut [f32]) {
     let Cells { kv, n, visible } = cells;
     let mask = |_: usize, t: usize| (0..C).filter(|&j| t * C + j < n && visible.at(t * C + j)).fold(0u16, |m, j| m | 1 << j);
-    attend_heads_masked(v, q, q.len() / kv.head_dim, &mask, n.div_ceil(C), kv, scale, s, out);
+    attend_heads_masked(v, q, q.len() / kv.head_dim, &mask, n.div_ceil(C), kv, scale, None, s, out);
 }
 
 /// Rows of one sequence (prefill): row `r`'s `heads` query heads (`q[r]`, `out[r]`) see the
-/// logical cells `spans[r]`.
+/// logical cells `spans[r]`; `sinks` (gpt-oss): each of the `heads` heads' attention sink.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_rows(
     kernels: &crate::Kernels,
@@ -152,6 +152,7 @@ pub(crate) fn attend_rows(
     spans: &[std::ops::Range<usize>],
     kv: &KvRows,
     scale: f32,
+    sinks: Option<&[f32]>,
     s: &mut AttnScratch,
     out: &mut [&mut [f32]],
 ) {
@@ -159,30 +160,31 @@ pub(crate) fn attend_rows(
     let n_blocks = spans.iter().map(|s| s.end.div_ceil(C)).max().unwrap_or(0);
     let v = version(kernels, kv.head_dim);
     if q.len() * heads <= ROWS_MAX_VECTORS {
-        run(v, q, heads, &mask, n_blocks, kv, scale, s, out);
+        run(v, q, heads, &mask, n_blocks, kv, scale, sinks, s, out);
     } else {
         for (r, (qr, or)) in q.iter().zip(out.iter_mut()).enumerate() {
             let mask = |_: usize, t: usize| model::span_mask(t, &spans[r]);
-            attend_heads_masked(v, qr, heads, &mask, spans[r].end.div_ceil(C), kv, scale, s, or);
+            attend_heads_masked(v, qr, heads, &mask, spans[r].end.div_ceil(C), kv, scale, sinks, s, or);
         }
     }
 }
 
 /// One row of `heads` heads (any number: [`ROWS_MAX_VECTORS`] at a time).
 #[allow(clippy::too_many_arguments)]
-fn attend_heads_masked(v: Version, q: &[f32], heads: usize, mask: &dyn Fn(usize, usize) -> u16, n_blocks: usize, kv: &KvRows, scale: f32, s: &mut AttnScratch, out: &mut [f32]) {
+fn attend_heads_masked(v: Version, q: &[f32], heads: usize, mask: &dyn Fn(usize, usize) -> u16, n_blocks: usize, kv: &KvRows, scale: f32, sinks: Option<&[f32]>, s: &mut AttnScratch, out: &mut [f32]) {
     let hd = kv.head_dim;
-    let per = ROWS_MAX_VECTORS.min(heads).max(1) * hd;
-    for (qh, oh) in q.chunks(per).zip(out.chunks_mut(per)) {
-        run(v, &[qh], qh.len() / hd, mask, n_blocks, kv, scale, s, &mut [oh]);
+    let per = ROWS_MAX_VECTORS.min(heads).max(1);
+    for (i, (qh, oh)) in q.chunks(per * hd).zip(out.chunks_mut(per * hd)).enumerate() {
+        run(v, &[qh], qh.len() / hd, mask, n_blocks, kv, scale, sinks.map(|z| &z[i * per..]), s, &mut [oh]);
     }
 }
 
 /// `rows × heads ≤ ROWS_MAX_VECTORS` vectors on version `v`; `mask(r, t)`: the cells of block
-/// `t` row `r` sees.
+/// `t` row `r` sees; `sinks[h]`: head `h`'s sink, every row's.
 #[allow(clippy::too_many_arguments)]
-fn run(v: Version, q: &[&[f32]], heads: usize, mask: &dyn Fn(usize, usize) -> u16, n_blocks: usize, kv: &KvRows, scale: f32, s: &mut AttnScratch, out: &mut [&mut [f32]]) {
+fn run(v: Version, q: &[&[f32]], heads: usize, mask: &dyn Fn(usize, usize) -> u16, n_blocks: usize, kv: &KvRows, scale: f32, sinks: Option<&[f32]>, s: &mut AttnScratch, out: &mut [&mut [f32]]) {
     let ms = &mut s.matrix;
+    ms.sinks = sinks.map(|z| std::array::from_fn(|i| if i < q.len() * heads { z[i % heads] } else { 0.0 }));
     // The matrix unit's kernels read F16 blocks in place; a quantized cache runs on NEON there.
     #[cfg(target_arch = "aarch64")]
     let v = if v == Version::Sme && !kv.is_f16() { Version::Neon } else { v };

@@ -13,6 +13,10 @@
 //! out   = a / Σ l (the 16 sums reduced as `simd::reduce_add_16`), zeros if nothing is visible
 //! ```
 //!
+//! With an attention sink `z` (gpt-oss) the last line counts it as ggml does: where `z > m`,
+//! `a · expf(m − z)` over `Σ l · expf(m − z) + 1`, else `a` over `Σ l + expf(z − m)` (libm's
+//! `expf`; `tiles::sink_step`).
+//!
 //! `expf` is ggml's (`exp::expf_ggml`), keys and values are F16 widened exactly (Q8_0 and
 //! Q4_0 keys and values first become F16 per block, `widen.rs`), the query stays f32. The
 //! products of a block are chains of fused multiply-adds over one index in order — exactly what an outer-product unit computes (`FMOPA`: one `d` per instruction
@@ -94,11 +98,19 @@ pub(crate) fn rescale_add(acc: &mut [f32], corr: f32, part: &[f32]) {
 }
 
 /// Write the results of the `heads` vectors from vector `first`: accumulators over the reduced
-/// sums.
+/// sums, each vector's sink counted first where the call has sinks (`ms.sinks`).
 pub(crate) fn finish(ms: &MatrixScratch, first: usize, heads: usize, hd: usize, out: &mut [f32]) {
     for (o, h) in (first..first + heads).enumerate() {
-        let l = reduce_add_16(&ms.l[h]);
+        let mut l = reduce_add_16(&ms.l[h]);
         let (a, o) = (&ms.acc[h * hd..(h + 1) * hd], &mut out[o * hd..(o + 1) * hd]);
+        if let Some(sinks) = &ms.sinks {
+            o.copy_from_slice(a);
+            let mut st = [ms.m[h], l];
+            crate::attention::tiles::sink_step(&mut st, sinks[h], o);
+            l = st[1];
+            o.iter_mut().for_each(|x| *x /= l);
+            continue;
+        }
         if l == 0.0 {
             o.fill(0.0);
         } else {
