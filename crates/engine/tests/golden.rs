@@ -240,9 +240,8 @@ fn golden_kquants_avx2() {
 fn golden_smollm2_p01() {
     use corelm_kernels::Isa;
     let (d, f, t) = MODELS[0];
-    // `CORELM_GOLDEN_ISAS=sme` keeps only the tables named (comma-separated): the last
-    // emulated run of `scripts/test_arm.sh` checks the SME table alone, the others having run
-    // under the CPU models before it.
+    // `CORELM_GOLDEN_ISAS=sme` keeps only the tables named (comma-separated):
+    // `scripts/test_arm.sh` runs each table once, under the one CPU model it names for it.
     let only: Option<Vec<Isa>> = std::env::var("CORELM_GOLDEN_ISAS")
         .ok()
         .map(|v| v.split(',').map(|n| n.trim().parse().unwrap_or_else(|e| panic!("CORELM_GOLDEN_ISAS: {e}"))).collect());
