@@ -330,16 +330,17 @@ def reference(path, tokens, kv_type=None, n_ctx=N_CTX):
 KV_GREEDY = ("gpt_oss32",)
 
 
-def kv_records(path, tokens):
+def kv_records(path, tokens, f16_prompt):
     """llama.cpp's prompt logits, greedy ids and greedy-step logits with Q8_0 and with Q4_0 K
-    and V caches, as `kv_<type>_…` records."""
+    and V caches, as `kv_<type>_…` records (`f16_prompt`: its F16 cache's prompt logits, for
+    the shift printed)."""
     rec = {}
     for name, tid in [("q8_0", 8), ("q4_0", 2)]:
         p, ids, steps = reference(path, tokens, tid)
         rec[f"kv_{name}_prompt_logits"] = np.round(p.astype(np.float64), 4).tolist()
         rec[f"kv_{name}_greedy_ids"] = ids
         rec[f"kv_{name}_greedy_logits"] = np.round(steps.astype(np.float64), 4).tolist()
-        print(f"{os.path.basename(path)} KV {name}: max |Δlogit| from the F16 cache's {np.abs(p - reference(path, tokens)[0]).max():.3f}, greedy {ids}")
+        print(f"{os.path.basename(path)} KV {name}: max |Δlogit| from the F16 cache's {np.abs(p - f16_prompt).max():.3f}, greedy {ids}")
     return rec
 
 
@@ -350,7 +351,7 @@ def add_kv(out, names):
         jpath = os.path.join(out, f"{name}.json")
         with open(jpath) as f:
             rec = json.load(f)
-        rec.update(kv_records(os.path.join(out, rec["model"]), rec["tokens"]))
+        rec.update(kv_records(os.path.join(out, rec["model"]), rec["tokens"], np.array(rec["prompt_logits"])))
         with open(jpath, "w") as f:
             json.dump(rec, f, separators=(",", ":"))
 
@@ -388,7 +389,7 @@ def make_all(out, only=None):
                 p, _, _ = reference(path, tokens, tid)
                 rec[f"kv_{name}_prompt_logits"] = np.round(p.astype(np.float64), 4).tolist()
         if spec.name in KV_GREEDY:
-            rec.update(kv_records(path, tokens))
+            rec.update(kv_records(path, tokens, prompt))
         with open(os.path.join(out, f"{spec.name}.json"), "w") as f:
             json.dump(rec, f, separators=(",", ":"))
         spread = prompt.max(axis=1) - prompt.min(axis=1)

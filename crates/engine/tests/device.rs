@@ -217,8 +217,9 @@ fn prefill_attention_in_tiles_agrees_with_one_token_attention() {
 /// Tiles of heads of 256 values (S = 4 threads a row, 16 tokens a tile) with Gemma 3's sliding
 /// window (512 cells in five layers of six): a pass of 32 tokens at positions 496–527 (the last
 /// 16 past the window) against the same tokens one pass each (the one-token shader), after the
-/// same 496-token prefill (the sequence cut back to it), all 18 layers on the device (with the CPU's layers in the pass, its
-/// batched and one-token paths alone differ by 0.05 of the largest logit). Measured 4.2·10⁻⁵;
+/// same 496-token prefill (the sequence cut back to it), all 18 layers on the device (with the
+/// CPU's layers in the pass, its batched and one-token paths alone differ by 0.05 of the
+/// largest logit). Measured 4.2·10⁻⁵;
 /// fails with the window left out of the tiles (0.020; 0.19 over the 64 tokens at 480–543 this
 /// test took before, which cost 1.5× its time).
 #[test]
@@ -236,7 +237,7 @@ fn gemma3_attention_in_tiles_keeps_its_window() {
     }
     let l = e.decode(&batch).unwrap();
     let tiles: Vec<Vec<f32>> = (0..l.rows()).map(|r| l.row(r).to_vec()).collect();
-    // Back to the prefill's 480 cells (the device's rows sit at the same cells), then the same
+    // Back to the prefill's cells (the device's rows sit at the same cells), then the same
     // tokens one pass each.
     e.truncate_seq(0, head.len());
     let mut one = Vec::new();

@@ -32,6 +32,12 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, common::max_nan)
 }
 
+/// [`max_diff`] over the rows `b` has, against `a`'s first rows.
+fn max_rows_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert!(a.len() >= b.len());
+    a.iter().zip(b).map(|(x, y)| max_diff(x, y)).fold(0f32, common::max_nan)
+}
+
 /// The logits of every position of `tokens`, fed after what sequence 0 holds (`Engine::feed`).
 fn prompt_logits(e: &mut Engine, tokens: &[u32]) -> Vec<Vec<f32>> {
     let mut out = Vec::new();
@@ -192,13 +198,13 @@ fn quantized_kv_cache() {
     let f16_gold = rows(&want["prompt_logits"]);
     for (kt, vt, tp) in [(DType::Q8_0, DType::Q8_0, 1), (DType::Q8_0, DType::F16, 1), (DType::Q8_0, DType::Q8_0, 2), (DType::Q4_0, DType::Q4_0, 1), (DType::Q4_0, DType::F16, 2)] {
         let q_gold = rows(&want[format!("kv_{}_prompt_logits", kt.name().to_lowercase())]);
-        let q_shift = q_gold.iter().zip(&f16_gold).map(|(a, b)| max_diff(a, b)).fold(0f32, common::max_nan);
+        let q_shift = max_rows_diff(&q_gold, &f16_gold);
         let layout = KeyLayout::Columns;
         let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, cache_type_k: kt, cache_type_v: vt, kv_layout: layout, tp, ..Default::default() };
         let mut e = Engine::load(&path, cfg).unwrap();
         let l = prompt_logits(&mut e, &tokens);
-        let from_f16 = f16_gold.iter().enumerate().map(|(i, g)| max_diff(&l[i], g)).fold(0f32, common::max_nan);
-        let from_q = q_gold.iter().enumerate().map(|(i, g)| max_diff(&l[i], g)).fold(0f32, common::max_nan);
+        let from_f16 = max_rows_diff(&l, &f16_gold);
+        let from_q = max_rows_diff(&l, &q_gold);
         assert!(from_f16 <= 1.1 * q_shift + 2.0 * TOL, "KV {kt} keys in columns, {vt} values, --tp {tp}: max |Δlogit| {from_f16} from the F16 cache, llama.cpp's {kt} cache {q_shift}");
         // Token by token (the decode path) gives what the prompt in one pass gave.
         let mut e = Engine::load(&path, EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, cache_type_k: kt, cache_type_v: vt, kv_layout: layout, tp, ..Default::default() }).unwrap();
@@ -539,10 +545,10 @@ fn gpt_oss_sinks_biases_and_mxfp4_experts() {
     let (path, want) = fixture("gpt_oss32");
     let tokens: Vec<u32> = serde_json::from_value(want["tokens"].clone()).unwrap();
     let (f16_gold, q8_gold) = (rows(&want["prompt_logits"]), rows(&want["kv_q8_0_prompt_logits"]));
-    let q_shift = q8_gold.iter().zip(&f16_gold).map(|(a, b)| max_diff(a, b)).fold(0f32, common::max_nan);
+    let q_shift = max_rows_diff(&q8_gold, &f16_gold);
     let cfg = EngineConfig { n_ctx: 128, n_batch: 64, n_seq_max: 1, n_threads: 2, pin: false, kv_layout: KeyLayout::Columns, cache_type_k: DType::Q8_0, cache_type_v: DType::Q8_0, ..Default::default() };
     let l = prompt_logits(&mut Engine::load(&path, cfg).unwrap(), &tokens);
-    let from_f16 = l.iter().zip(&f16_gold).map(|(a, b)| max_diff(a, b)).fold(0f32, common::max_nan);
+    let from_f16 = max_rows_diff(&l, &f16_gold);
     assert!(from_f16 <= 1.1 * q_shift + 2.0 * GPT_OSS_TOL, "Q8_0 keys in columns: max |Δlogit| {from_f16} from the F16 cache, llama.cpp's Q8_0 cache {q_shift}");
     eprintln!("gpt_oss32 Q8_0 keys in columns: max |Δlogit| from llama.cpp's F16 cache {from_f16:.4} (its Q8_0 cache: {q_shift:.4})");
 }

@@ -100,13 +100,19 @@ pub fn dot_mxfp4_q8_0(x: &[u8], y: &[u8]) -> f32 {
         }
     }
     let sum: [f32; 8] = std::array::from_fn(|l| a1[l] + a2[l]);
-    let mut s = hsum_8(&sum);
-    if let (Some(a), Some(b)) = (x.get(2 * pairs), y.get(2 * pairs)) {
-        let v = mxfp4_values(&a.qs);
-        let sumi: i32 = (0..32).map(|i| b.qs[i] as i32 * v[i] as i32).sum();
-        s += b.d.to_f32() * e8m0_half(a.e) * sumi as f32;
+    let s = hsum_8(&sum);
+    match (x.get(2 * pairs), y.get(2 * pairs)) {
+        (Some(a), Some(b)) => s + mxfp4_odd_block(a, b),
+        _ => s,
     }
-    s
+}
+
+/// The MXFP4 dots' odd last block as one float, as ggml's AVX2 scalar tail computes it:
+/// `d_y · d_w · Σ v·y` (the NEON kernels add it the same way).
+pub(crate) fn mxfp4_odd_block(a: &BlockMXFP4, b: &BlockQ8_0) -> f32 {
+    let v = mxfp4_values(&a.qs);
+    let sumi: i32 = v.iter().zip(&b.qs).map(|(&w, &q)| w as i32 * q as i32).sum();
+    b.d.to_f32() * e8m0_half(a.e) * sumi as f32
 }
 
 /// ggml's AVX2 IQ4_XS order: per super-block, lane L sums over the eight 32-value sub-blocks

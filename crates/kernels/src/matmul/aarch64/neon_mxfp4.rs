@@ -42,10 +42,7 @@ unsafe fn halves(b: &BlockQ8_0) -> (int8x16_t, int8x16_t) {
 unsafe fn finish(acc: &[Lanes; 2], last: Option<(&BlockMXFP4, &BlockQ8_0)>) -> f32 {
     // SAFETY: NEON present (the caller's contract).
     let s = unsafe { hsum8([vaddq_f32(acc[0][0], acc[1][0]), vaddq_f32(acc[0][1], acc[1][1])]) };
-    let Some((a, b)) = last else { return s };
-    let v = crate::quant::portable::mxfp4_values(&a.qs);
-    let sumi: i32 = v.iter().zip(&b.qs).map(|(&w, &q)| w as i32 * q as i32).sum();
-    s + b.d.to_f32() * e8m0_half(a.e) * sumi as f32
+    last.map_or(s, |(a, b)| s + crate::matmul::lanes::mxfp4_odd_block(a, b))
 }
 
 /// One weight row against `R` activation rows, each as alone.
